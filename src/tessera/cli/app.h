@@ -1,0 +1,16 @@
+#pragma once
+// The `tessera` command line: every verb, parsed with CLI11. RunCli is main() minus the process, so
+// tests can call it in-process. Exit codes: 0 success, 1 the operation failed (e.g. no driver),
+// 2 bad usage or bad input (flags, files).
+
+#include <ostream>
+
+namespace tessera::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace tessera::cli

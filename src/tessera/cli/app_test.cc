@@ -1,0 +1,163 @@
+#include "tessera/cli/app.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tessera::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result Cli(std::vector<const char*> args) {
+  args.insert(args.begin(), "tessera");
+  std::ostringstream out, err;
+  int code = RunCli(static_cast<int>(args.size()), args.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST(Cli, GpusJsonListsEightNvlinkedH100s) {
+  Result r = Cli({"gpus", "-o", "json", "--simulate", "dgx-h100"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["simulated"], true);
+  ASSERT_EQ(j["gpus"].size(), 8u);
+  EXPECT_EQ(j["gpus"][3]["model"], "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(j["gpus"][3]["compute_capability"], "9.0");
+  EXPECT_EQ(j["gpus"][3]["device_node"], "/dev/nvidia3");
+  EXPECT_EQ(j["gpus"][3]["answers"], true);
+  ASSERT_EQ(j["links"].size(), 28u);
+  for (const auto& l : j["links"]) {
+    EXPECT_EQ(l["label"], "NV18");
+    EXPECT_EQ(l["nvlinks"], 18);
+  }
+}
+
+TEST(Cli, GpusYamlCarriesTheSameData) {
+  Result r = Cli({"gpus", "-o", "yaml", "--simulate", "t4x2"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  YAML::Node y = YAML::Load(r.out);
+  EXPECT_EQ(y["simulated"].as<bool>(), true);
+  EXPECT_EQ(y["gpus"].size(), 2u);
+  EXPECT_EQ(y["gpus"][1]["model"].as<std::string>(), "Tesla T4");
+  EXPECT_EQ(y["gpus"][1]["memory_mib"].as<int>(), 15360);
+  EXPECT_EQ(y["links"][0]["pcie"].as<std::string>(), "NODE");
+}
+
+TEST(Cli, GpusTableSaysSimulated) {
+  Result r = Cli({"gpus", "--simulate", "mixed-a100-t4"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SIMULATED machine"));
+  EXPECT_THAT(r.out, HasSubstr("NVIDIA A100 80GB PCIe"));
+  EXPECT_THAT(r.out, HasSubstr("Tesla T4"));
+  EXPECT_THAT(r.out, HasSubstr("80 GiB"));
+}
+
+TEST(Cli, TopoShowsSocketSplit) {
+  Result r = Cli({"topo", "--simulate", "pcie-l40s-2socket"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("NUMA node 0: GPU0 GPU1 GPU2 GPU3"));
+  EXPECT_THAT(r.out, HasSubstr("NUMA node 1: GPU4 GPU5 GPU6 GPU7"));
+  EXPECT_THAT(r.out, HasSubstr("Legend:"));
+  EXPECT_THAT(r.out, HasSubstr("SYS  = through the interconnect between NUMA nodes"));
+  // GPU0's row: X, PIX to GPU1, NODE to GPU2/3, SYS to the other socket, NUMA 0.
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("GPU0 +X +PIX +NODE +NODE +SYS +SYS +SYS +SYS +0"));
+}
+
+TEST(Cli, TopoJsonMatrix) {
+  Result r = Cli({"topo", "-o", "json", "--simulate", "hgx-a100"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["matrix"][0][0], "X");
+  EXPECT_EQ(j["matrix"][0][1], "NV12");
+  EXPECT_EQ(j["numa_nodes"][7], 1);
+}
+
+TEST(Cli, NoDriverFailsWithHintUnlessFallback) {
+  setenv("TESSERA_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+  Result r = Cli({"gpus"});
+  EXPECT_EQ(r.code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("no NVIDIA driver"));
+  EXPECT_THAT(r.err, HasSubstr("--simulate"));
+  Result fb = Cli({"gpus", "--fallback-simulate", "t4x2", "-o", "json"});
+  EXPECT_EQ(fb.code, kExitOk) << fb.err;
+  EXPECT_THAT(fb.err, HasSubstr("SIMULATED machine 't4x2'"));
+  EXPECT_EQ(nlohmann::json::parse(fb.out)["gpus"].size(), 2u);
+  unsetenv("TESSERA_NVML_LIBRARY");
+}
+
+TEST(Cli, UsesTheDriverWhenItLoads) {
+  std::string dir = std::filesystem::temp_directory_path() / ("tessera-cli-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/s.json")
+      << R"({"devices": [{"uuid": "GPU-real-0", "name": "NVIDIA L4", "cc": [8, 9]}]})";
+  setenv("FAKE_NVML_SCENARIO", (dir + "/s.json").c_str(), 1);
+  setenv("TESSERA_NVML_LIBRARY", TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1", 1);
+  Result r = Cli({"gpus", "-o", "json", "--fallback-simulate", "t4x2"});
+  unsetenv("TESSERA_NVML_LIBRARY");
+  unsetenv("FAKE_NVML_SCENARIO");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["simulated"], false);
+  EXPECT_EQ(j["source"], "nvml");
+  EXPECT_EQ(j["gpus"][0]["uuid"], "GPU-real-0");
+  EXPECT_EQ(j["gpus"][0]["model"], "NVIDIA L4");
+}
+
+TEST(Cli, BadInventoryFileIsExitTwoWithFileLine) {
+  std::string path = std::filesystem::temp_directory_path() / ("tessera-bad-" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(path) << "name: x\ngpus:\n  - {model: X, count: two, memory: 1GiB, compute_capability: \"8.0\"}\n";
+  Result r = Cli({"gpus", "--simulate", path.c_str()});
+  std::filesystem::remove(path);
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_THAT(r.err, HasSubstr(path + ":3: count: expected an integer 1..64, got 'two'"));
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(Cli, UnknownPresetAndBadFlagsAreExitTwo) {
+  EXPECT_EQ(Cli({"gpus", "--simulate", "nope"}).code, kExitBadInput);
+  EXPECT_EQ(Cli({"gpus", "--simulate", "/no/such.yaml"}).code, kExitBadInput);
+  Result bad_format = Cli({"gpus", "-o", "xml", "--simulate", "t4x2"});
+  EXPECT_EQ(bad_format.code, kExitBadInput);
+  EXPECT_THAT(bad_format.err, HasSubstr("xml"));
+  EXPECT_EQ(Cli({"frobnicate"}).code, kExitBadInput);
+  EXPECT_EQ(Cli({}).code, kExitBadInput);
+  EXPECT_EQ(Cli({"presets", "--show", "nope"}).code, kExitBadInput);
+}
+
+TEST(Cli, HelpEverywhere) {
+  for (std::vector<const char*> args :
+       {std::vector<const char*>{"--help"}, {"gpus", "--help"}, {"topo", "--help"}, {"version", "--help"},
+        {"presets", "--help"}}) {
+    Result r = Cli(args);
+    EXPECT_EQ(r.code, kExitOk) << args.back();
+    EXPECT_THAT(r.out, HasSubstr("Usage")) << args.front();
+  }
+  EXPECT_THAT(Cli({"gpus", "--help"}).out, HasSubstr("--simulate"));
+}
+
+TEST(Cli, VersionAndPresets) {
+  Result v = Cli({"version", "-o", "json"});
+  ASSERT_EQ(v.code, kExitOk);
+  EXPECT_FALSE(nlohmann::json::parse(v.out)["version"].get<std::string>().empty());
+  Result p = Cli({"presets"});
+  ASSERT_EQ(p.code, kExitOk);
+  EXPECT_THAT(p.out, HasSubstr("pcie-l40s-2socket"));
+  Result show = Cli({"presets", "--show", "t4x2"});
+  ASSERT_EQ(show.code, kExitOk);
+  EXPECT_THAT(show.out, HasSubstr("name: t4x2"));
+}
+
+}  // namespace
+}  // namespace tessera::cli

@@ -1,0 +1,84 @@
+#include "tessera/cli/output.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace tessera::cli {
+namespace {
+
+void ToYaml(const nlohmann::ordered_json& v, YAML::Emitter& e) {
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::object:
+      e << YAML::BeginMap;
+      for (const auto& [key, value] : v.items()) {
+        e << YAML::Key << key << YAML::Value;
+        ToYaml(value, e);
+      }
+      e << YAML::EndMap;
+      break;
+    case nlohmann::ordered_json::value_t::array:
+      // Short lists of scalars read best on one line.
+      if (!v.empty() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_primitive(); }) &&
+          v.size() <= 16) {
+        e << YAML::Flow;
+      }
+      e << YAML::BeginSeq;
+      for (const auto& item : v) ToYaml(item, e);
+      e << YAML::EndSeq;
+      break;
+    case nlohmann::ordered_json::value_t::string:
+      e << YAML::DoubleQuoted << v.get<std::string>();
+      break;
+    case nlohmann::ordered_json::value_t::boolean:
+      e << (v.get<bool>() ? "true" : "false");
+      break;
+    case nlohmann::ordered_json::value_t::null:
+      e << YAML::Null;
+      break;
+    default:
+      e << v.dump();
+      break;
+  }
+}
+
+}  // namespace
+
+std::optional<Format> ParseFormat(const std::string& text) {
+  if (text == "table") return Format::kTable;
+  if (text == "json") return Format::kJson;
+  if (text == "yaml") return Format::kYaml;
+  return std::nullopt;
+}
+
+void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ostream& out) {
+  if (format == Format::kYaml) {
+    YAML::Emitter e;
+    ToYaml(value, e);
+    out << e.c_str() << "\n";
+  } else {
+    out << value.dump(2) << "\n";
+  }
+}
+
+void Table::Print(std::ostream& out) const {
+  std::vector<size_t> width(header_.size(), 0);
+  auto measure = [&](const std::vector<std::string>& row) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  };
+  measure(header_);
+  for (const auto& r : rows_) measure(r);
+  auto print = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  };
+  print(header_);
+  for (const auto& r : rows_) print(r);
+}
+
+}  // namespace tessera::cli

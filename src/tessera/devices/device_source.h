@@ -1,0 +1,52 @@
+#pragma once
+// DeviceSource: where a machine's GPUs come from. Two implementations: NvmlSource (a real driver loaded at
+// run time) and SimulatedSource (an inventory file). Implementations are thread-safe: one thread may wait
+// for health events while another discovers or probes.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tessera/core/gpu.h"
+
+namespace tessera::devices {
+
+// A raw health signal from a source, before policy (ignored XIDs, recovery) is applied.
+struct HealthEvent {
+  enum class Kind {
+    kXid,             // an XID error; `xid` holds its number
+    kEccDoubleBit,    // an uncorrectable memory error
+    kEccSingleBit,    // a corrected memory error
+    kUnavailable,     // the driver says the GPU is gone / needs reset
+  };
+  int gpu = -1;  // GPU index
+  Kind kind = Kind::kXid;
+  uint64_t xid = 0;
+  std::string detail;
+
+  friend bool operator==(const HealthEvent&, const HealthEvent&) = default;
+};
+
+std::string_view HealthEventKindName(HealthEvent::Kind kind);
+
+class DeviceSource {
+ public:
+  virtual ~DeviceSource() = default;
+
+  // The machine's GPUs, their attributes and topology. On failure (the driver broke), an error with
+  // context; attributes a driver cannot tell are left unknown instead.
+  virtual absl::StatusOr<core::NodeInventory> Discover() = 0;
+
+  // Waits at most `timeout` for health events and returns those that arrived, possibly none. An error
+  // means the event stream itself failed; the caller should then probe every GPU.
+  virtual absl::StatusOr<std::vector<HealthEvent>> WaitHealthEvents(
+      std::chrono::milliseconds timeout) = 0;
+
+  // Asks GPU `index` something cheap. An error means it does not answer.
+  virtual absl::Status Probe(int index) = 0;
+};
+
+}  // namespace tessera::devices

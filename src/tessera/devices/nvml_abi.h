@@ -1,0 +1,92 @@
+#pragma once
+// Our own declarations of the subset of the NVML C ABI that Tessera calls (see shared/reference/nvml.md).
+// No NVIDIA header is needed to build: symbols are resolved with dlsym at run time. Field order is ABI.
+
+#include <cstdint>
+
+extern "C" {
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st* nvmlDevice_t;
+typedef struct nvmlEventSet_st* nvmlEventSet_t;
+
+enum : int {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_UNINITIALIZED = 1,
+  NVML_ERROR_INVALID_ARGUMENT = 2,
+  NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_NO_PERMISSION = 4,
+  NVML_ERROR_ALREADY_INITIALIZED = 5,
+  NVML_ERROR_NOT_FOUND = 6,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
+  NVML_ERROR_DRIVER_NOT_LOADED = 9,
+  NVML_ERROR_TIMEOUT = 10,
+  NVML_ERROR_GPU_IS_LOST = 15,
+  NVML_ERROR_UNKNOWN = 999,
+};
+
+enum : int {
+  NVML_TOPOLOGY_INTERNAL = 0,
+  NVML_TOPOLOGY_SINGLE = 10,
+  NVML_TOPOLOGY_MULTIPLE = 20,
+  NVML_TOPOLOGY_HOSTBRIDGE = 30,
+  NVML_TOPOLOGY_NODE = 40,
+  NVML_TOPOLOGY_SYSTEM = 50,
+};
+
+// nvmlIntNvLinkDeviceType_t
+enum : int {
+  NVML_NVLINK_DEVICE_TYPE_GPU = 0,
+  NVML_NVLINK_DEVICE_TYPE_IBMNPU = 1,
+  NVML_NVLINK_DEVICE_TYPE_SWITCH = 2,
+  NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF,
+};
+
+constexpr unsigned long long nvmlEventTypeSingleBitEccError = 0x1ULL;
+constexpr unsigned long long nvmlEventTypeDoubleBitEccError = 0x2ULL;
+constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8ULL;
+constexpr unsigned long long nvmlEventTypeGpuUnavailableError = 0x4000ULL;
+
+constexpr unsigned kNvmlDeviceNameBufferSize = 96;
+constexpr unsigned kNvmlUuidBufferSize = 96;
+constexpr unsigned kNvmlDriverVersionBufferSize = 80;
+
+typedef struct {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+} nvmlMemory_v2_t;
+constexpr unsigned kNvmlMemoryV2Version = sizeof(nvmlMemory_v2_t) | (2u << 24);
+
+typedef struct {
+  char busIdLegacy[16];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pciDeviceId;
+  unsigned int pciSubSystemId;
+  char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+  unsigned int gpu;
+  unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+  nvmlDevice_t device;
+  unsigned long long eventType;
+  unsigned long long eventData;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+}  // extern "C"

@@ -1,0 +1,534 @@
+// A fake libnvidia-ml.so.1 for tests: a real shared library exporting the nvml* symbols Tessera uses.
+// What it reports is scripted by the JSON scenario file named in $FAKE_NVML_SCENARIO, read at the first
+// nvmlInit (see tests/fakes/nvml/README.md for the format). Versioned builds export subsets of the
+// symbols (a version script per variant) to exercise the loader's fallbacks.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/devices/nvml_abi.h"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct NvLink {
+  std::string remote_bus;
+  int type = NVML_NVLINK_DEVICE_TYPE_GPU;
+  bool active = true;
+};
+
+struct Device {
+  std::string uuid, name, bus_id;
+  unsigned long long memory_total = 0;
+  int cc_major = 0, cc_minor = 0;
+  int ecc = 1, mig = -1;  // -1: MIG not supported
+  int numa = -1;          // -1: nvmlDeviceGetNumaNodeId not supported
+  unsigned minor = 0;
+  unsigned utilization = 0, temperature = 40, power_mw = 100000;
+  std::vector<NvLink> nvlinks;
+  std::map<std::string, int> errors;
+  long lost_from_ms = -1, lost_until_ms = -1;
+};
+
+struct Event {
+  long at_ms;
+  unsigned device;
+  unsigned long long type, data;
+};
+
+struct EventSet {
+  std::map<unsigned, unsigned long long> registered;  // device -> event types
+  size_t cursor = 0;
+};
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;
+  int init_refs = 0;
+  Clock::time_point init_time;
+  json scenario;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::vector<std::vector<int>> topology;
+  std::vector<Event> events;
+  std::map<std::string, int> errors;
+  std::map<std::string, long> calls;
+  long shutdowns = 0;
+  std::vector<std::unique_ptr<EventSet>> sets;
+};
+
+State& S() {
+  static State s;
+  return s;
+}
+
+long ElapsedMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - S().init_time).count();
+}
+
+void Count(const char* fn) {
+  std::lock_guard lock(S().mu);
+  ++S().calls[fn];
+}
+
+// Returns the scripted error of `fn` (globally or for `dev`), or GPU_IS_LOST in the device's lost window.
+int Scripted(const char* fn, const Device* dev = nullptr) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  ++s.calls[fn];
+  if (s.init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  if (auto it = s.errors.find(fn); it != s.errors.end()) return it->second;
+  if (dev != nullptr) {
+    if (auto it = dev->errors.find(fn); it != dev->errors.end()) return it->second;
+    long t = ElapsedMs();
+    if (dev->lost_from_ms >= 0 && t >= dev->lost_from_ms &&
+        (dev->lost_until_ms < 0 || t < dev->lost_until_ms)) {
+      return NVML_ERROR_GPU_IS_LOST;
+    }
+  }
+  return NVML_SUCCESS;
+}
+
+Device* Dev(nvmlDevice_t handle) {
+  for (auto& d : S().devices) {
+    if (reinterpret_cast<nvmlDevice_t>(d.get()) == handle) return d.get();
+  }
+  return nullptr;
+}
+
+int LoadScenario(State& s) {
+  const char* path = std::getenv("FAKE_NVML_SCENARIO");
+  s.scenario = json::object();
+  if (path != nullptr && *path) {
+    std::ifstream in(path);
+    if (!in) {
+      std::fprintf(stderr, "fake nvml: cannot read scenario %s\n", path);
+      return NVML_ERROR_UNKNOWN;
+    }
+    try {
+      s.scenario = json::parse(in);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fake nvml: bad scenario %s: %s\n", path, e.what());
+      return NVML_ERROR_UNKNOWN;
+    }
+  }
+  const json& j = s.scenario;
+  s.devices.clear();
+  s.events.clear();
+  s.errors.clear();
+  s.sets.clear();
+  if (j.contains("errors")) s.errors = j["errors"].get<std::map<std::string, int>>();
+  int index = 0;
+  for (const json& d : j.value("devices", json::array())) {
+    auto dev = std::make_unique<Device>();
+    char uuid[64];
+    std::snprintf(uuid, sizeof uuid, "GPU-fa4e0000-0000-0000-0000-%012d", index);
+    dev->uuid = d.value("uuid", std::string(uuid));
+    dev->name = d.value("name", std::string("NVIDIA Fake GPU"));
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "00000000:%02X:00.0", 0x10 + index);
+    dev->bus_id = d.value("pci_bus_id", std::string(bus));
+    dev->memory_total = d.value("memory_total", 16ull << 30);
+    if (d.contains("cc")) {
+      dev->cc_major = d["cc"][0];
+      dev->cc_minor = d["cc"][1];
+    } else {
+      dev->cc_major = 8;
+    }
+    dev->ecc = d.value("ecc", 1);
+    dev->mig = d.value("mig", -1);
+    dev->numa = d.value("numa", -1);
+    dev->minor = d.value("minor", index);
+    dev->utilization = d.value("utilization", 0u);
+    dev->temperature = d.value("temperature", 40u);
+    dev->power_mw = d.value("power_mw", 100000u);
+    if (d.contains("errors")) dev->errors = d["errors"].get<std::map<std::string, int>>();
+    dev->lost_from_ms = d.value("lost_from_ms", -1L);
+    dev->lost_until_ms = d.value("lost_until_ms", -1L);
+    for (const json& l : d.value("nvlinks", json::array())) {
+      dev->nvlinks.push_back(NvLink{l.value("remote", std::string()),
+                                    l.value("type", int(NVML_NVLINK_DEVICE_TYPE_GPU)),
+                                    l.value("active", true)});
+    }
+    // Shorthand: N links into an NVSwitch fabric.
+    for (int k = 0; k < d.value("nvswitch_links", 0); ++k) {
+      dev->nvlinks.push_back(NvLink{"00000000:C0:00.0", NVML_NVLINK_DEVICE_TYPE_SWITCH, true});
+    }
+    s.devices.push_back(std::move(dev));
+    ++index;
+  }
+  s.topology.clear();
+  if (j.contains("topology")) s.topology = j["topology"].get<std::vector<std::vector<int>>>();
+  for (const json& e : j.value("events", json::array())) {
+    s.events.push_back(Event{e.value("at_ms", 0L), e.value("device", 0u),
+                             e.value("type", nvmlEventTypeXidCriticalError),
+                             e.value("data", 0ull)});
+  }
+  return j.value("init_error", 0);
+}
+
+void CopyString(char* dst, unsigned len, const std::string& src) {
+  if (len == 0) return;
+  std::snprintf(dst, len, "%s", src.c_str());
+}
+
+// The nvmlPciInfo_t layout before _v3: the bus id first, in 16 bytes.
+struct LegacyPciInfo {
+  char busId[16];
+  unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+  unsigned reserved[4];
+};
+
+void FillPci(const std::string& bus_id, nvmlPciInfo_t* pci) {
+  std::memset(pci, 0, sizeof *pci);
+  CopyString(pci->busId, sizeof pci->busId, bus_id);
+  CopyString(pci->busIdLegacy, sizeof pci->busIdLegacy, bus_id.substr(4));
+  std::sscanf(bus_id.c_str(), "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+}
+
+void FillLegacyPci(const std::string& bus_id, LegacyPciInfo* pci) {
+  std::memset(pci, 0, sizeof *pci);
+  CopyString(pci->busId, sizeof pci->busId, bus_id.substr(4));
+  std::sscanf(bus_id.c_str(), "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+}
+
+nvmlReturn_t InitImpl(const char* name) {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  ++s.calls[name];
+  if (s.init_refs == 0) {
+    s.calls.clear();
+    s.calls[name] = 1;
+    int err = LoadScenario(s);
+    if (err != 0) return err;
+    s.init_time = Clock::now();
+  }
+  ++s.init_refs;
+  return NVML_SUCCESS;
+}
+
+}  // namespace
+
+// Test hooks, not part of NVML.
+EXPORT long fakeNvmlCallCount(const char* fn) {
+  std::lock_guard lock(S().mu);
+  auto it = S().calls.find(fn);
+  return it == S().calls.end() ? 0 : it->second;
+}
+EXPORT long fakeNvmlShutdownCount() {
+  std::lock_guard lock(S().mu);
+  return S().shutdowns;
+}
+EXPORT int fakeNvmlInitRefs() {
+  std::lock_guard lock(S().mu);
+  return S().init_refs;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2() { return InitImpl("nvmlInit_v2"); }
+EXPORT nvmlReturn_t nvmlInit() { return InitImpl("nvmlInit"); }
+
+EXPORT nvmlReturn_t nvmlShutdown() {
+  State& s = S();
+  std::lock_guard lock(s.mu);
+  ++s.calls["nvmlShutdown"];
+  if (s.init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  --s.init_refs;
+  ++s.shutdowns;
+  s.cv.notify_all();
+  return NVML_SUCCESS;
+}
+
+EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
+  switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+  }
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char* buf, unsigned len) {
+  if (int e = Scripted("nvmlSystemGetDriverVersion")) return e;
+  CopyString(buf, len, S().scenario.value("driver_version", std::string("550.00.00")));
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* v) {
+  if (int e = Scripted("nvmlSystemGetCudaDriverVersion_v2")) return e;
+  *v = S().scenario.value("cuda_driver_version", 12040);
+  return NVML_SUCCESS;
+}
+
+static nvmlReturn_t CountImpl(const char* name, unsigned* count) {
+  if (int e = Scripted(name)) return e;
+  *count = static_cast<unsigned>(S().devices.size());
+  return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned* c) { return CountImpl("nvmlDeviceGetCount_v2", c); }
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned* c) { return CountImpl("nvmlDeviceGetCount", c); }
+
+static nvmlReturn_t HandleImpl(const char* name, unsigned i, nvmlDevice_t* h) {
+  if (int e = Scripted(name)) return e;
+  if (i >= S().devices.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  *h = reinterpret_cast<nvmlDevice_t>(S().devices[i].get());
+  return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t* h) {
+  return HandleImpl("nvmlDeviceGetHandleByIndex_v2", i, h);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned i, nvmlDevice_t* h) {
+  return HandleImpl("nvmlDeviceGetHandleByIndex", i, h);
+}
+
+#define DEVICE_OR_FAIL(fn)                                   \
+  Device* d = Dev(dev);                                      \
+  if (d == nullptr) {                                        \
+    Count(fn);                                               \
+    return NVML_ERROR_INVALID_ARGUMENT;                      \
+  }                                                          \
+  if (int e = Scripted(fn, d)) return e;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char* buf, unsigned len) {
+  DEVICE_OR_FAIL("nvmlDeviceGetUUID");
+  CopyString(buf, len, d->uuid);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char* buf, unsigned len) {
+  DEVICE_OR_FAIL("nvmlDeviceGetName");
+  CopyString(buf, len, d->name);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
+  DEVICE_OR_FAIL("nvmlDeviceGetMemoryInfo");
+  m->total = d->memory_total;
+  m->used = d->memory_total / 100;
+  m->free = m->total - m->used;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
+  DEVICE_OR_FAIL("nvmlDeviceGetMemoryInfo_v2");
+  if (m->version != kNvmlMemoryV2Version) return NVML_ERROR_INVALID_ARGUMENT;
+  m->total = d->memory_total;
+  m->reserved = d->memory_total / 200;
+  m->used = d->memory_total / 100;
+  m->free = m->total - m->used - m->reserved;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t* pci) {
+  DEVICE_OR_FAIL("nvmlDeviceGetPciInfo_v3");
+  FillPci(d->bus_id, pci);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, LegacyPciInfo* pci) {
+  DEVICE_OR_FAIL("nvmlDeviceGetPciInfo");
+  FillLegacyPci(d->bus_id, pci);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int* major, int* minor) {
+  DEVICE_OR_FAIL("nvmlDeviceGetCudaComputeCapability");
+  *major = d->cc_major;
+  *minor = d->cc_minor;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, int* current, int* pending) {
+  DEVICE_OR_FAIL("nvmlDeviceGetEccMode");
+  *current = *pending = d->ecc;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned* current, unsigned* pending) {
+  DEVICE_OR_FAIL("nvmlDeviceGetMigMode");
+  if (d->mig < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *current = *pending = static_cast<unsigned>(d->mig);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t dev, unsigned* node) {
+  DEVICE_OR_FAIL("nvmlDeviceGetNumaNodeId");
+  if (d->numa < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *node = static_cast<unsigned>(d->numa);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned* minor) {
+  DEVICE_OR_FAIL("nvmlDeviceGetMinorNumber");
+  *minor = d->minor;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int* level) {
+  Device* da = Dev(a);
+  Device* db = Dev(b);
+  if (int e = Scripted("nvmlDeviceGetTopologyCommonAncestor", da)) return e;
+  if (da == nullptr || db == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  size_t ia = 0, ib = 0;
+  for (size_t i = 0; i < S().devices.size(); ++i) {
+    if (S().devices[i].get() == da) ia = i;
+    if (S().devices[i].get() == db) ib = i;
+  }
+  const auto& t = S().topology;
+  *level = (ia < t.size() && ib < t[ia].size()) ? t[ia][ib] : NVML_TOPOLOGY_SYSTEM;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned link, int* active) {
+  DEVICE_OR_FAIL("nvmlDeviceGetNvLinkState");
+  if (d->nvlinks.empty()) return NVML_ERROR_NOT_SUPPORTED;
+  if (link >= d->nvlinks.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  *active = d->nvlinks[link].active ? 1 : 0;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t dev, unsigned link,
+                                                        nvmlPciInfo_t* pci) {
+  DEVICE_OR_FAIL("nvmlDeviceGetNvLinkRemotePciInfo_v2");
+  if (link >= d->nvlinks.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  FillPci(d->nvlinks[link].remote_bus, pci);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t dev, unsigned link,
+                                                     LegacyPciInfo* pci) {
+  DEVICE_OR_FAIL("nvmlDeviceGetNvLinkRemotePciInfo");
+  if (link >= d->nvlinks.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  FillLegacyPci(d->nvlinks[link].remote_bus, pci);
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned link, int* type) {
+  DEVICE_OR_FAIL("nvmlDeviceGetNvLinkRemoteDeviceType");
+  if (link >= d->nvlinks.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  *type = d->nvlinks[link].type;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t* u) {
+  DEVICE_OR_FAIL("nvmlDeviceGetUtilizationRates");
+  u->gpu = d->utilization;
+  u->memory = d->utilization / 2;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned* t) {
+  DEVICE_OR_FAIL("nvmlDeviceGetTemperature");
+  if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+  *t = d->temperature;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned* mw) {
+  DEVICE_OR_FAIL("nvmlDeviceGetPowerUsage");
+  *mw = d->power_mw;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) {
+  if (int e = Scripted("nvmlEventSetCreate")) return e;
+  std::lock_guard lock(S().mu);
+  S().sets.push_back(std::make_unique<EventSet>());
+  *set = reinterpret_cast<nvmlEventSet_t>(S().sets.back().get());
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+  Count("nvmlEventSetFree");
+  std::lock_guard lock(S().mu);
+  auto& sets = S().sets;
+  for (auto it = sets.begin(); it != sets.end(); ++it) {
+    if (reinterpret_cast<nvmlEventSet_t>(it->get()) == set) {
+      sets.erase(it);
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long* types) {
+  DEVICE_OR_FAIL("nvmlDeviceGetSupportedEventTypes");
+  *types = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError |
+           nvmlEventTypeSingleBitEccError;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types,
+                                             nvmlEventSet_t set) {
+  DEVICE_OR_FAIL("nvmlDeviceRegisterEvents");
+  std::lock_guard lock(S().mu);
+  auto* es = reinterpret_cast<EventSet*>(set);
+  for (size_t i = 0; i < S().devices.size(); ++i) {
+    if (S().devices[i].get() == d) es->registered[static_cast<unsigned>(i)] |= types;
+  }
+  return NVML_SUCCESS;
+}
+
+static nvmlReturn_t WaitImpl(const char* name, nvmlEventSet_t set, nvmlEventData_t* data,
+                             unsigned timeout_ms) {
+  if (int e = Scripted(name)) return e;
+  State& s = S();
+  std::unique_lock lock(s.mu);
+  auto* es = reinterpret_cast<EventSet*>(set);
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    // Skip events this set did not register for.
+    while (es->cursor < s.events.size()) {
+      const Event& ev = s.events[es->cursor];
+      auto it = es->registered.find(ev.device);
+      if (it != es->registered.end() && (it->second & ev.type)) break;
+      ++es->cursor;
+    }
+    if (s.init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+    auto now = Clock::now();
+    if (es->cursor < s.events.size()) {
+      const Event& ev = s.events[es->cursor];
+      auto due = s.init_time + std::chrono::milliseconds(ev.at_ms);
+      if (due <= now) {
+        ++es->cursor;
+        data->device = reinterpret_cast<nvmlDevice_t>(s.devices.at(ev.device).get());
+        data->eventType = ev.type;
+        data->eventData = ev.data;
+        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+        return NVML_SUCCESS;
+      }
+      if (due < deadline) {
+        s.cv.wait_until(lock, due);
+        continue;
+      }
+    }
+    if (now >= deadline) return NVML_ERROR_TIMEOUT;
+    s.cv.wait_until(lock, deadline);
+  }
+}
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned ms) {
+  return WaitImpl("nvmlEventSetWait_v2", set, data, ms);
+}
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t* data, unsigned ms) {
+  return WaitImpl("nvmlEventSetWait", set, data, ms);
+}
