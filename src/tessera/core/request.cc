@@ -1,0 +1,43 @@
+#include "tessera/core/request.h"
+
+namespace tessera::core {
+
+std::string ValidateRequest(const Request& r) {
+  if (r.cpu_milli < 0) return "cpu_milli: must not be negative";
+  if (r.memory_mib < 0) return "memory_mib: must not be negative";
+  if (r.gpus < 0 || r.gpus > 64) return "gpus: expected 0..64, got " + std::to_string(r.gpus);
+  if (r.gpus > 0 && (r.gpu_milli != 0 || r.gpu_memory_mib != 0)) {
+    return "a request asks for whole GPUs or a share of one, not both";
+  }
+  if (r.gpu_milli < 0 || r.gpu_milli >= kMilliPerGpu) {
+    return "gpu_milli: expected 1..999 (a share of one GPU), got " + std::to_string(r.gpu_milli);
+  }
+  if (r.gpu_memory_mib < 0) return "gpu_memory_mib: must not be negative";
+  if (r.min_gpu_memory_mib < 0) return "min_gpu_memory_mib: must not be negative";
+  if (r.gang_size < 0) return "gang_size: must not be negative";
+  if (!r.gang.empty() && r.gang_size < 1) return "gang_size: a gang member needs the gang's size";
+  if (r.topology != TopologyMode::kNone && r.gpus < 2) {
+    return "topology: a wish about links needs 2 or more whole GPUs";
+  }
+  return "";
+}
+
+NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib) {
+  NodeSpec n;
+  n.name = inv.hostname;
+  n.cpu_milli = cpu_milli;
+  n.memory_mib = memory_mib;
+  for (const Gpu& g : inv.gpus) {
+    NodeGpu ng;
+    ng.model = g.model;
+    ng.memory_mib = g.memory_bytes ? static_cast<int64_t>(*g.memory_bytes >> 20) : 0;
+    ng.compute_capability = g.compute_capability.value_or(ComputeCapability{});
+    ng.numa_node = g.numa_node.value_or(-1);
+    ng.uuid = g.uuid;
+    n.gpus.push_back(std::move(ng));
+  }
+  n.topology = inv.topology;
+  return n;
+}
+
+}  // namespace tessera::core

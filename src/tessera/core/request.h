@@ -1,0 +1,78 @@
+#pragma once
+// What a workload asks of the scheduler (Request) and what a node offers (NodeSpec). Plain values.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/core/gpu.h"
+
+namespace tessera::core {
+
+enum class TopologyMode : uint8_t { kNone, kPrefer, kRequire };
+enum class TopologyScope : uint8_t {
+  kNvlink,    // every pair of chosen GPUs linked by NVLink
+  kNumaNode,  // every chosen GPU on one NUMA node
+};
+
+inline constexpr int kMilliPerGpu = 1000;
+
+struct Request {
+  std::string id;  // unique among live allocations
+  int64_t cpu_milli = 0;
+  int64_t memory_mib = 0;
+
+  // Either whole GPUs...
+  int gpus = 0;
+  // ...or one fractional share of one GPU: a compute share in thousandths (1..999) and/or GPU memory.
+  int gpu_milli = 0;
+  int64_t gpu_memory_mib = 0;
+
+  // Attribute selector: acceptable models (empty: any), least memory per GPU, least compute capability.
+  std::vector<std::string> models;
+  int64_t min_gpu_memory_mib = 0;
+  std::optional<ComputeCapability> min_compute_capability;
+
+  TopologyMode topology = TopologyMode::kNone;
+  TopologyScope topology_scope = TopologyScope::kNvlink;
+
+  int priority = 0;
+  bool preemptible = true;
+  std::string owner;  // namespace/user, for quotas
+  std::string gang;   // gang id; members are placed all together or not at all
+  int gang_size = 0;
+
+  bool fractional() const { return gpus == 0 && (gpu_milli > 0 || gpu_memory_mib > 0); }
+  bool wants_gpu() const { return gpus > 0 || fractional(); }
+  // GPU compute asked for, in thousandths of a GPU.
+  int64_t gpu_milli_total() const { return int64_t{gpus} * kMilliPerGpu + gpu_milli; }
+};
+
+// Why a request is malformed ("gpu_milli: expected 1..999 with gpus = 0, got 1200"); empty when fine.
+std::string ValidateRequest(const Request& r);
+
+struct NodeGpu {
+  std::string model;
+  int64_t memory_mib = 0;
+  ComputeCapability compute_capability;
+  int numa_node = -1;
+  std::string uuid;
+  friend bool operator==(const NodeGpu&, const NodeGpu&) = default;
+};
+
+struct NodeSpec {
+  std::string name;
+  int64_t cpu_milli = 0;
+  int64_t memory_mib = 0;
+  std::vector<std::pair<std::string, std::string>> labels;
+  std::vector<NodeGpu> gpus;
+  // Links between this node's GPUs; size 0 when unknown (then all GPUs count as equally linked).
+  Topology topology;
+};
+
+// A node for the scheduling model from a discovered inventory.
+NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib);
+
+}  // namespace tessera::core

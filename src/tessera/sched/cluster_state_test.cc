@@ -1,0 +1,94 @@
+#include "tessera/sched/cluster_state.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/sched/test_util.h"
+
+namespace tessera::sched {
+namespace {
+
+using testing::Node;
+
+Allocation Alloc(const std::string& id, NodeId node, std::vector<int> gpus, int milli, int64_t cpu) {
+  Allocation a;
+  a.id = id;
+  a.node = node;
+  a.gpus = std::move(gpus);
+  a.milli_per_gpu = milli;
+  a.request.id = id;
+  a.request.cpu_milli = cpu;
+  return a;
+}
+
+TEST(ClusterState, IdenticalNodesShareAClass) {
+  ClusterState s;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(s.AddNode(Node("n" + std::to_string(i), 8)).ok());
+  ASSERT_TRUE(s.AddNode(Node("small", 2)).ok());
+  EXPECT_EQ(s.live_classes().size(), 2u);
+  ASSERT_TRUE(s.Apply(Alloc("a", 3, {5}, 500, 1000)).ok());
+  EXPECT_EQ(s.live_classes().size(), 3u);
+  EXPECT_EQ(s.class_members(s.node_class(3)).size(), 1u);
+}
+
+TEST(ClusterState, GpuOrderDoesNotSplitClassesWithoutTopology) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 4)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 300, 0)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("y", 1, {3}, 300, 0)).ok());
+  EXPECT_EQ(s.node_class(0), s.node_class(1));
+  // Position 0 in class order is the used GPU (less free sorts first) on each node.
+  EXPECT_THAT(s.GpusForPositions(0, {0}), ::testing::ElementsAre(0));
+  EXPECT_THAT(s.GpusForPositions(1, {0}), ::testing::ElementsAre(3));
+}
+
+TEST(ClusterState, RemoveRestoresExactState) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ClassId before = s.node_class(0);
+  ASSERT_TRUE(s.Apply(Alloc("x", 0, {1}, 250, 500)).ok());
+  EXPECT_EQ(s.gpu_use(0, 1).milli, 250);
+  EXPECT_EQ(s.cpu_used(0), 500);
+  auto removed = s.Remove("x");
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(s.gpu_use(0, 1), GpuUse{});
+  EXPECT_EQ(s.cpu_used(0), 0);
+  EXPECT_EQ(s.node_class(0), before);
+  EXPECT_EQ(s.Remove("x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClusterState, ApplyRefusesOverAllocationAndChangesNothing) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1, 4000)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 700, 1000)).ok());
+  EXPECT_FALSE(s.Apply(Alloc("y", 0, {0}, 400, 1000)).ok());
+  EXPECT_FALSE(s.Apply(Alloc("z", 0, {}, 0, 3500)).ok());
+  EXPECT_FALSE(s.Apply(Alloc("x", 0, {}, 0, 0)).ok()) << "duplicate id";
+  EXPECT_FALSE(s.Apply(Alloc("w", 0, {0, 0}, 100, 0)).ok()) << "same GPU twice";
+  EXPECT_EQ(s.gpu_use(0, 0).milli, 700);
+  EXPECT_EQ(s.cpu_used(0), 1000);
+}
+
+TEST(ClusterState, RejectsBadNodes) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  EXPECT_FALSE(s.AddNode(Node("a", 1)).ok());
+  EXPECT_FALSE(s.AddNode(Node("", 1)).ok());
+  core::NodeSpec bad = Node("b", 2);
+  bad.topology = core::Topology(3);
+  EXPECT_FALSE(s.AddNode(bad).ok());
+}
+
+TEST(ClusterState, EmptiedClassesAreRecycled) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 100, 0)).ok());
+  ASSERT_TRUE(s.Remove("x").ok());
+  ASSERT_TRUE(s.Apply(Alloc("y", 0, {0}, 200, 0)).ok());
+  EXPECT_FALSE(s.recycled_classes().empty());
+  EXPECT_LE(s.class_capacity(), 2);
+}
+
+}  // namespace
+}  // namespace tessera::sched

@@ -1,0 +1,126 @@
+#include "tessera/sched/fragmentation.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace tessera::sched {
+
+std::vector<TypicalRequest> TypicalRequests(const std::vector<core::Request>& requests,
+                                            double coverage) {
+  using Key = std::tuple<int64_t, int32_t, int, std::vector<std::string>>;
+  std::map<Key, double> counts;
+  double total = 0;
+  for (const core::Request& r : requests) {
+    if (!r.wants_gpu()) continue;
+    int32_t milli = r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
+    int gpus = r.fractional() ? 1 : r.gpus;
+    std::vector<std::string> models = r.models;
+    std::sort(models.begin(), models.end());
+    counts[Key{r.cpu_milli, milli, gpus, models}] += 1;
+    total += 1;
+  }
+  std::vector<TypicalRequest> out;
+  for (const auto& [k, n] : counts) {
+    out.push_back(TypicalRequest{std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), n});
+  }
+  // Most frequent first; ties in key order (the map's), so the result is deterministic.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.frequency > b.frequency; });
+  double kept = 0;
+  size_t keep = 0;
+  while (keep < out.size() && (keep == 0 || kept < coverage * total - 1e-9)) kept += out[keep++].frequency;
+  out.resize(keep);
+  for (TypicalRequest& t : out) t.frequency /= kept;
+  return out;
+}
+
+Fragmentation::Fragmentation(std::vector<TypicalRequest> typical) : typical_(std::move(typical)) {
+  for (const TypicalRequest& t : typical_) cpu_levels_.push_back(t.cpu_milli);
+  std::sort(cpu_levels_.begin(), cpu_levels_.end());
+  cpu_levels_.erase(std::unique(cpu_levels_.begin(), cpu_levels_.end()), cpu_levels_.end());
+}
+
+size_t Fragmentation::KeyHash::operator()(const std::vector<uint64_t>& k) const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t w : k) {
+    h ^= w;
+    h *= 0x100000001b3ull;
+    h ^= h >> 31;
+  }
+  return static_cast<size_t>(h);
+}
+
+uint64_t Fragmentation::Accepted(const NodeShape& shape, ShapeId shape_id, size_t t) {
+  if (static_cast<size_t>(shape_id) >= accepted_.size()) accepted_.resize(shape_id + 1);
+  auto& row = accepted_[shape_id];
+  if (row.empty()) {
+    row.resize(typical_.size());
+    for (size_t i = 0; i < typical_.size(); ++i) {
+      uint64_t mask = 0;
+      for (size_t k = 0; k < shape.kinds.size() && k < 64; ++k) {
+        const auto& models = typical_[i].models;
+        if (models.empty() ||
+            std::find(models.begin(), models.end(), shape.kinds[k].model) != models.end()) {
+          mask |= 1ull << k;
+        }
+      }
+      row[i] = mask;
+    }
+  }
+  return row[t];
+}
+
+double Fragmentation::Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                         const std::vector<ClassGpu>& gpus) {
+  if (typical_.empty()) return 0;
+  // CPU matters only through which typical sizes fit.
+  uint64_t cpu_rank = static_cast<uint64_t>(
+      std::upper_bound(cpu_levels_.begin(), cpu_levels_.end(), cpu_left) - cpu_levels_.begin());
+  std::vector<uint64_t> key;
+  key.reserve(gpus.size() + 1);
+  key.push_back((uint64_t(shape_id) << 32) | cpu_rank);
+  for (const ClassGpu& g : gpus) {
+    if (!g.healthy) continue;
+    key.push_back((uint64_t{g.kind} << 16) | static_cast<uint64_t>(g.milli_left));
+  }
+  std::sort(key.begin() + 1, key.end());
+  auto it = memo_.find(key);
+  if (it != memo_.end()) return it->second;
+  double v = Compute(shape, shape_id, cpu_left, gpus);
+  memo_.emplace(std::move(key), v);
+  return v;
+}
+
+double Fragmentation::Compute(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                              const std::vector<ClassGpu>& gpus) {
+  int64_t total = 0;
+  for (const ClassGpu& g : gpus) {
+    if (g.healthy) total += g.milli_left;
+  }
+  if (total == 0) return 0;
+  double frag = 0;
+  for (size_t t = 0; t < typical_.size(); ++t) {
+    const TypicalRequest& tr = typical_[t];
+    uint64_t accepted = Accepted(shape, shape_id, t);
+    int fitting = 0;
+    int64_t unusable = 0;  // free compute on GPUs this request cannot use
+    for (const ClassGpu& g : gpus) {
+      if (!g.healthy) continue;
+      bool ok = (accepted >> g.kind) & 1;
+      if (ok && g.milli_left >= tr.milli_per_gpu) {
+        ++fitting;
+      } else {
+        unusable += g.milli_left;
+      }
+    }
+    if (fitting >= tr.gpus && cpu_left >= tr.cpu_milli) {
+      frag += tr.frequency * static_cast<double>(unusable);
+    } else {
+      frag += tr.frequency * static_cast<double>(total);
+    }
+  }
+  return frag;
+}
+
+}  // namespace tessera::sched

@@ -1,0 +1,256 @@
+// Each policy alone on small hand-made clusters where the right answer is obvious.
+#include "tessera/sched/policy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/sched/scheduler.h"
+#include "tessera/sched/test_util.h"
+
+namespace tessera::sched {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Node;
+using testing::Share;
+using testing::Whole;
+
+std::unique_ptr<Scheduler> Make(const std::string& policies, bool random_ties = false) {
+  SchedulerConfig c;
+  c.policies = *ParsePolicies(policies);
+  c.random_ties = random_ties;
+  return std::make_unique<Scheduler>(c);
+}
+
+std::string NodeOf(Scheduler& s, const core::Request& r) {
+  Decision d = s.Decide(r);
+  return d.placed ? s.state().node_name(d.node) : "none: " + d.why_not;
+}
+
+TEST(Policies, ParseNamesWeightsAndErrors) {
+  auto p = ParsePolicies("fgd,topology:0.5");
+  ASSERT_TRUE(p.ok());
+  ASSERT_EQ(p->size(), 2u);
+  EXPECT_EQ((*p)[1].kind, PolicyKind::kTopology);
+  EXPECT_DOUBLE_EQ((*p)[1].weight, 0.5);
+  EXPECT_EQ(ParsePolicies("all")->size(), AllPolicyKinds().size());
+  EXPECT_THAT(std::string(ParsePolicies("fgd,bogus").status().message()),
+              HasSubstr("unknown policy 'bogus'"));
+  EXPECT_FALSE(ParsePolicies("fgd:-1").ok());
+  EXPECT_FALSE(ParsePolicies("").ok());
+}
+
+// Two nodes, one half full: binpack fills it, spread avoids it.
+void HalfFull(Scheduler& s) {
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 4)).ok());
+  auto placed = s.Place(Whole("first", 2));
+  ASSERT_TRUE(placed.ok());
+}
+
+TEST(Policies, BinpackFillsTheBusyNode) {
+  auto s = Make("binpack");
+  HalfFull(*s);
+  std::string busy = s->state().node_name(s->state().Find("first")->node);
+  EXPECT_EQ(NodeOf(*s, Whole("x", 1)), busy);
+}
+
+TEST(Policies, SpreadAvoidsTheBusyNode) {
+  auto s = Make("spread");
+  HalfFull(*s);
+  std::string busy = s->state().node_name(s->state().Find("first")->node);
+  EXPECT_NE(NodeOf(*s, Whole("x", 1)), busy);
+}
+
+TEST(Policies, BestFitLeavesTheLeastOver) {
+  auto s = Make("bestfit");
+  ASSERT_TRUE(s->AddNode(Node("big", 8)).ok());
+  ASSERT_TRUE(s->AddNode(Node("small", 2)).ok());
+  EXPECT_EQ(NodeOf(*s, Whole("x", 2)), "small");
+}
+
+TEST(Policies, GpuPackingPrefersSharedGpus) {
+  auto s = Make("gpupacking");
+  ASSERT_TRUE(s->AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s->AddNode(Node("b", 2)).ok());
+  auto first = s->Place(Share("s1", 300));
+  ASSERT_TRUE(first.ok());
+  Decision d = s->Decide(Share("s2", 300));
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.node, first->node);
+  EXPECT_EQ(d.gpus, first->gpus) << "the GPU already shared";
+}
+
+TEST(Policies, GpuClusteringGroupsSameSizedWork) {
+  auto s = Make("gpuclustering");
+  ASSERT_TRUE(s->AddNode(Node("a", 8)).ok());
+  ASSERT_TRUE(s->AddNode(Node("b", 8)).ok());
+  ASSERT_TRUE(s->AddNode(Node("c", 8)).ok());
+  auto two = s->Place(Whole("two", 2));
+  auto share = s->Place(Share("share", 500));
+  ASSERT_TRUE(two.ok() && share.ok());
+  EXPECT_EQ(s->Decide(Whole("two-b", 2)).node, two->node);
+  EXPECT_EQ(s->Decide(Share("share-b", 200)).node, share->node);
+}
+
+TEST(Policies, FgdPutsSharesWhereTheyFragmentLeast) {
+  auto s = Make("fgd");
+  ASSERT_TRUE(s->AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s->AddNode(Node("b", 1)).ok());
+  // The workload is whole-GPU jobs and 500/1000 shares in equal numbers.
+  s->SetTypicalRequests({{1000, 1000, 1, {}, 0.5}, {1000, 500, 1, {}, 0.5}});
+  auto first = s->Place(Share("s1", 500));
+  ASSERT_TRUE(first.ok());
+  // A second half share completes the half-used GPU instead of breaking a whole one.
+  EXPECT_EQ(s->Decide(Share("s2", 500)).node, first->node);
+}
+
+TEST(Policies, FgdChoosesTheGpuWithinANode) {
+  auto s = Make("fgd");
+  ASSERT_TRUE(s->AddNode(Node("a", 2)).ok());
+  s->SetTypicalRequests({{1000, 1000, 1, {}, 0.5}, {1000, 400, 1, {}, 0.5}});
+  auto first = s->Place(Share("s1", 600));
+  ASSERT_TRUE(first.ok());
+  Decision d = s->Decide(Share("s2", 400));
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.gpus, first->gpus) << "filling the used GPU keeps a whole one free";
+}
+
+TEST(Policies, DotProductPrefersComplementaryNodes) {
+  auto s = Make("dotprod");
+  core::NodeSpec cpu_heavy = Node("cpu-free", 2, 64000);
+  core::NodeSpec gpu_heavy = Node("gpu-free", 2, 64000);
+  ASSERT_TRUE(s->AddNode(cpu_heavy).ok());
+  ASSERT_TRUE(s->AddNode(gpu_heavy).ok());
+  core::Request eat_cpu = Whole("eat-cpu", 0, 60000);
+  core::Request eat_gpu = Whole("eat-gpu", 2, 1000);
+  // Make "gpu-free" short of CPU and "cpu-free" short of GPUs.
+  ASSERT_TRUE(s->Place(eat_cpu).ok());
+  ASSERT_TRUE(s->Place(eat_gpu).ok());
+  // Both fit a 2000m CPU-only request; its dot product with free resources is lower on the node
+  // whose free resources are mostly GPU.
+  Decision d = s->Decide(Whole("cpu-job", 0, 2000));
+  ASSERT_TRUE(d.placed);
+  EXPECT_EQ(d.node, s->state().Find("eat-cpu")->node);
+}
+
+TEST(Policies, RandomIsSeededAndCoversFeasibleNodes) {
+  auto pick = [](uint64_t seed) {
+    SchedulerConfig c;
+    c.policies = *ParsePolicies("random");
+    c.seed = seed;
+    Scheduler s(c);
+    for (int i = 0; i < 8; ++i) (void)s.AddNode(Node("n" + std::to_string(i), 1));
+    std::vector<int> nodes;
+    for (int i = 0; i < 8; ++i) {
+      auto a = s.Place(Whole("j" + std::to_string(i), 1));
+      nodes.push_back(a.ok() ? a->node : -1);
+    }
+    return nodes;
+  };
+  EXPECT_EQ(pick(7), pick(7));
+  EXPECT_NE(pick(7), pick(8));
+  auto nodes = pick(7);
+  std::sort(nodes.begin(), nodes.end());
+  EXPECT_EQ(nodes, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7})) << "8 jobs fill all 8 nodes";
+}
+
+core::NodeSpec L40sBox(const std::string& name) {
+  // Two sockets; per socket two PCIe switches of two GPUs each (like the pcie-l40s-2socket preset).
+  core::NodeSpec n = Node(name, 8, 128000, 1 << 20, "L40S", 46068);
+  n.topology = core::Topology(8);
+  for (int a = 0; a < 8; ++a) {
+    n.gpus[a].numa_node = a / 4;
+    for (int b = a + 1; b < 8; ++b) {
+      core::PcieLevel l = a / 4 != b / 4   ? core::PcieLevel::kSystem
+                          : a / 2 != b / 2 ? core::PcieLevel::kNumaNode
+                                           : core::PcieLevel::kSingleSwitch;
+      n.topology.SetLink(a, b, core::GpuLink{.pcie = l});
+    }
+  }
+  return n;
+}
+
+TEST(Policies, TopologyChoosesLinkedGpusAndKeepsGoodSetsIntact) {
+  auto s = Make("topology");
+  ASSERT_TRUE(s->AddNode(L40sBox("box")).ok());
+  auto pair = s->Place(Whole("pair", 2));
+  ASSERT_TRUE(pair.ok());
+  EXPECT_EQ(pair->gpus[1], pair->gpus[0] + 1);
+  EXPECT_EQ(pair->gpus[0] % 2, 0) << "a switch pair";
+  auto quad = s->Place(Whole("quad", 4));
+  ASSERT_TRUE(quad.ok());
+  // The other socket is whole: the quad goes there, one NUMA node, two switch pairs.
+  int socket = quad->gpus[0] / 4;
+  for (int g : quad->gpus) EXPECT_EQ(g / 4, socket);
+  EXPECT_NE(socket, pair->gpus[0] / 4);
+  auto pair2 = s->Place(Whole("pair2", 2));
+  ASSERT_TRUE(pair2.ok());
+  EXPECT_EQ(pair2->gpus[0] / 2, pair2->gpus[1] / 2) << "the remaining switch pair, not a split";
+}
+
+TEST(Policies, RequiredNvlinkFiltersWithReason) {
+  auto s = Make("fgd");
+  ASSERT_TRUE(s->AddNode(L40sBox("pcie-only")).ok());
+  core::Request r = Whole("nv", 2);
+  r.topology = core::TopologyMode::kRequire;
+  Decision d = s->Decide(r);
+  EXPECT_FALSE(d.placed);
+  EXPECT_THAT(d.why_not, HasSubstr("no 2 free GPUs all linked by NVLink"));
+  r.topology_scope = core::TopologyScope::kNumaNode;
+  EXPECT_TRUE(s->Decide(r).placed);
+}
+
+TEST(Policies, PreferredNvlinkWinsOverPcie) {
+  auto s = Make("topology");
+  ASSERT_TRUE(s->AddNode(L40sBox("pcie")).ok());
+  core::NodeSpec nv = L40sBox("nvlink");
+  nv.name = "nvlink";
+  for (int a = 0; a < 8; ++a) {
+    for (int b = a + 1; b < 8; ++b) {
+      core::GpuLink l = nv.topology.link(a, b);
+      l.nvlinks = 18;
+      l.via_nvswitch = true;
+      nv.topology.SetLink(a, b, l);
+    }
+  }
+  ASSERT_TRUE(s->AddNode(nv).ok());
+  core::Request r = Whole("job", 4);
+  r.topology = core::TopologyMode::kPrefer;
+  EXPECT_EQ(NodeOf(*s, r), "nvlink");
+}
+
+TEST(Policies, AttributeSelectorAndHealthFilter) {
+  auto s = Make("bestfit");
+  ASSERT_TRUE(s->AddNode(Node("t4", 2, 64000, 1 << 18, "T4", 15360)).ok());
+  ASSERT_TRUE(s->AddNode(Node("a100", 2, 64000, 1 << 18, "A100", 81920)).ok());
+  core::Request r = Whole("x", 1);
+  r.models = {"A100"};
+  EXPECT_EQ(NodeOf(*s, r), "a100");
+  r.models.clear();
+  r.min_gpu_memory_mib = 40000;
+  EXPECT_EQ(NodeOf(*s, r), "a100");
+  r.min_gpu_memory_mib = 0;
+  r.min_compute_capability = core::ComputeCapability{9, 0};
+  EXPECT_THAT(s->Decide(r).why_not, HasSubstr("no GPU matches the selector (2 nodes"));
+  ASSERT_TRUE(s->SetGpuHealth(1, 0, false).ok());
+  ASSERT_TRUE(s->SetGpuHealth(1, 1, false).ok());
+  core::Request a100 = Whole("y", 1);
+  a100.models = {"A100"};
+  Decision d = s->Decide(a100);
+  EXPECT_FALSE(d.placed);
+  EXPECT_THAT(d.why_not, HasSubstr("0 healthy GPUs free, wants 1 (2 unhealthy)"));
+}
+
+TEST(Policies, WhyNotNamesTheNodeAndTheShortfall) {
+  auto s = Make("fgd");
+  ASSERT_TRUE(s->AddNode(Node("node-17", 2)).ok());
+  Decision d = s->Decide(Whole("big", 4));
+  EXPECT_FALSE(d.placed);
+  EXPECT_EQ(d.why_not, "node-17: 2 healthy GPUs free, wants 4");
+  Decision cpu = s->Decide(Whole("cpu", 1, 100000));
+  EXPECT_EQ(cpu.why_not, "node-17: 64000m CPU free, wants 100000m");
+}
+
+}  // namespace
+}  // namespace tessera::sched

@@ -1,0 +1,54 @@
+#pragma once
+// Quotas per owner (namespace/user): hard limits on whole GPUs, GPU compute share and GPU memory, and
+// optional borrowing of quota other owners leave idle. Borrowed usage is marked so that preemption can
+// reclaim it for its rightful owner. Not thread-safe.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tessera::sched {
+
+// Amounts of GPU resources. In limits, a negative value means unlimited.
+struct GpuAmount {
+  int64_t gpus = 0;        // whole GPUs
+  int64_t gpu_milli = 0;   // compute, thousandths of a GPU (whole GPUs count 1000 each)
+  int64_t gpu_memory_mib = 0;
+
+  GpuAmount& operator+=(const GpuAmount& o);
+  GpuAmount& operator-=(const GpuAmount& o);
+  friend bool operator==(const GpuAmount&, const GpuAmount&) = default;
+};
+
+struct OwnerQuota {
+  GpuAmount limit{-1, -1, -1};  // the owner's own quota
+  bool borrow = false;          // may exceed `limit` with idle quota of others...
+  GpuAmount borrow_limit{-1, -1, -1};  // ...up to this ceiling
+};
+
+enum class QuotaVerdict { kAllowed, kBorrowing, kDenied };
+
+class QuotaManager {
+ public:
+  void Set(const std::string& owner, const OwnerQuota& quota) { quotas_[owner] = quota; }
+  const OwnerQuota* Get(const std::string& owner) const;
+
+  // Whether `owner` may add `delta`. On kDenied, `why` says which limit ("owner alice: 3 of 4 GPUs
+  // used, wants 2 more").
+  QuotaVerdict Check(const std::string& owner, const GpuAmount& delta, std::string* why) const;
+
+  void Add(const std::string& owner, const GpuAmount& delta) { used_[owner] += delta; }
+  void Sub(const std::string& owner, const GpuAmount& delta) { used_[owner] -= delta; }
+  GpuAmount Used(const std::string& owner) const;
+  // True when `owner` uses less than its own limit in every dimension after adding `delta`.
+  bool WithinOwnLimit(const std::string& owner, const GpuAmount& delta) const;
+
+ private:
+  // Quota that owners other than `owner` hold but do not use.
+  GpuAmount IdleElsewhere(const std::string& owner) const;
+
+  std::map<std::string, OwnerQuota> quotas_;
+  std::map<std::string, GpuAmount> used_;
+};
+
+}  // namespace tessera::sched

@@ -1,0 +1,421 @@
+#include "tessera/sched/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "fmt/format.h"
+
+namespace tessera::sched {
+namespace {
+
+constexpr double kTieEpsilon = 1e-12;
+
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerConfig config)
+    : config_(std::move(config)), policies_(config_.policies, &fragmentation_), rng_(config_.seed) {}
+
+absl::StatusOr<NodeId> Scheduler::AddNode(core::NodeSpec spec) {
+  int64_t gpu_milli = static_cast<int64_t>(spec.gpus.size()) * core::kMilliPerGpu;
+  int64_t cpu = spec.cpu_milli;
+  auto id = state_.AddNode(std::move(spec));
+  if (!id.ok()) return id;
+  if (cpu > scale_.max_cpu_milli || gpu_milli > scale_.max_gpu_milli) {
+    scale_.max_cpu_milli = std::max(scale_.max_cpu_milli, cpu);
+    scale_.max_gpu_milli = std::max(scale_.max_gpu_milli, gpu_milli);
+    ResetCaches();  // scores normalised by the largest node changed
+  }
+  return id;
+}
+
+void Scheduler::SetTypicalRequests(std::vector<TypicalRequest> typical) {
+  fragmentation_ = Fragmentation(std::move(typical));
+  ResetCaches();
+}
+
+absl::Status Scheduler::SetGpuHealth(NodeId node, int gpu, bool healthy) {
+  return state_.SetGpuHealth(node, gpu, healthy);
+}
+
+void Scheduler::ResetCaches() {
+  for (auto& row : cache_) row.assign(row.size(), Entry{});
+}
+
+void Scheduler::SyncCaches() {
+  const auto& recycled = state_.recycled_classes();
+  for (; recycled_seen_ < recycled.size(); ++recycled_seen_) {
+    ClassId c = recycled[recycled_seen_];
+    for (auto& row : cache_) {
+      if (static_cast<size_t>(c) < row.size()) row[c] = Entry{};
+    }
+  }
+}
+
+int Scheduler::InternRequestShape(const core::Request& r) {
+  std::string key;
+  key.reserve(96);
+  auto add = [&](int64_t v) {
+    key.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
+  add(r.cpu_milli);
+  add(r.memory_mib);
+  add(r.gpus);
+  add(r.gpu_milli);
+  add(r.gpu_memory_mib);
+  add(r.min_gpu_memory_mib);
+  add(r.min_compute_capability ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor
+                               : -1);
+  add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
+  for (const std::string& m : r.models) {
+    key += m;
+    key.push_back('\0');
+  }
+  auto [it, fresh] = request_shapes_.emplace(std::move(key), static_cast<int>(cache_.size()));
+  if (fresh) cache_.emplace_back();
+  return it->second;
+}
+
+NodeView Scheduler::ViewOf(ClassId c) const {
+  NodeView v;
+  v.shape_id = state_.class_shape(c);
+  v.shape = &state_.shape(v.shape_id);
+  v.cpu_left = state_.class_cpu_left(c);
+  v.memory_left = state_.class_memory_left(c);
+  v.tags = state_.class_tags(c);
+  v.gpus = &state_.class_gpus(c);
+  return v;
+}
+
+const Scheduler::Entry& Scheduler::EntryFor(int shape, ClassId c, const core::Request& r) {
+  auto& row = cache_[shape];
+  if (row.size() <= static_cast<size_t>(c)) row.resize(state_.class_capacity());
+  Entry& e = row[c];
+  if (e.state == 0) {
+    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, false);
+    e.state = ev.feasible ? 1 : -1;
+    e.score = ev.score;
+    e.choice = 0;
+    for (int p : ev.positions) e.choice |= 1ull << p;
+  }
+  return e;
+}
+
+Decision Scheduler::Decide(const core::Request& r) {
+  SyncCaches();
+  Decision d;
+  const int shape = InternRequestShape(r);
+  ClassId chosen = -1;
+  double best = 0;
+  uint64_t tie_weight = 0;
+  for (ClassId c : state_.live_classes()) {
+    const Entry& e = EntryFor(shape, c, r);
+    if (e.state < 0) continue;
+    uint64_t members = state_.class_members(c).size();
+    if (chosen < 0 || e.score > best + kTieEpsilon) {
+      chosen = c;
+      best = e.score;
+      tie_weight = members;
+    } else if (e.score >= best - kTieEpsilon && config_.random_ties) {
+      // Node-uniform choice among equals: keep c with probability members / all tied so far.
+      tie_weight += members;
+      if (rng_() % tie_weight < members) chosen = c;
+    }
+  }
+  if (chosen < 0) {
+    d.why_not = WhyNot(r);
+    return d;
+  }
+  const auto& members = state_.class_members(chosen);
+  NodeId node = config_.random_ties && members.size() > 1 ? members[rng_() % members.size()]
+                                                          : members[0];
+  const Entry& e = cache_[shape][chosen];
+  std::vector<int> positions;
+  for (int p = 0; p < 64; ++p) {
+    if (e.choice >> p & 1) positions.push_back(p);
+  }
+  d.placed = true;
+  d.node = node;
+  d.score = e.score;
+  d.gpus = state_.GpusForPositions(node, positions);
+  return d;
+}
+
+std::string Scheduler::WhyNot(const core::Request& r) {
+  if (state_.node_count() == 0) return "the cluster has no nodes";
+  std::map<std::string, std::pair<int, NodeId>> reasons;
+  for (ClassId c : state_.live_classes()) {
+    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, true);
+    auto& slot = reasons[ev.reason];
+    if (slot.first == 0) slot.second = state_.class_members(c)[0];
+    slot.first += static_cast<int>(state_.class_members(c).size());
+  }
+  std::vector<std::tuple<int, std::string, NodeId>> sorted;
+  for (const auto& [reason, v] : reasons) sorted.emplace_back(v.first, reason, v.second);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::string out;
+  for (size_t i = 0; i < sorted.size() && i < 4; ++i) {
+    const auto& [count, reason, example] = sorted[i];
+    if (!out.empty()) out += "; ";
+    if (count == 1) {
+      out += fmt::format("{}: {}", state_.node_name(example), reason);
+    } else {
+      out += fmt::format("{} ({} nodes, e.g. {})", reason, count, state_.node_name(example));
+    }
+  }
+  if (sorted.size() > 4) out += fmt::format("; and {} other reasons", sorted.size() - 4);
+  return out;
+}
+
+GpuAmount Scheduler::QuotaAmount(const core::Request& r, NodeId node,
+                                 const std::vector<int>& gpus) const {
+  GpuAmount a;
+  a.gpus = r.gpus;
+  a.gpu_milli = r.gpu_milli_total();
+  if (r.fractional()) {
+    a.gpu_memory_mib = r.gpu_memory_mib;
+  } else {
+    for (int g : gpus) a.gpu_memory_mib += state_.node_spec(node).gpus[g].memory_mib;
+  }
+  return a;
+}
+
+absl::StatusOr<Allocation> Scheduler::Place(const core::Request& r, double now) {
+  if (std::string bad = core::ValidateRequest(r); !bad.empty()) {
+    return absl::InvalidArgumentError(fmt::format("request {}: {}", r.id, bad));
+  }
+  if (r.id.empty()) return absl::InvalidArgumentError("request: id must not be empty");
+  if (state_.Find(r.id) != nullptr) {
+    return absl::InvalidArgumentError(fmt::format("request {}: id already placed", r.id));
+  }
+  Decision d = Decide(r);
+  if (!d.placed) {
+    return absl::ResourceExhaustedError(fmt::format("request {}: no node fits: {}", r.id, d.why_not));
+  }
+  GpuAmount amount = QuotaAmount(r, d.node, d.gpus);
+  std::string why;
+  QuotaVerdict verdict = quotas_.Check(r.owner, amount, &why);
+  if (verdict == QuotaVerdict::kDenied) {
+    return absl::ResourceExhaustedError(fmt::format("request {}: quota: {}", r.id, why));
+  }
+  Allocation a;
+  a.id = r.id;
+  a.node = d.node;
+  a.gpus = d.gpus;
+  a.milli_per_gpu = r.fractional() ? r.gpu_milli : (r.gpus > 0 ? core::kMilliPerGpu : 0);
+  a.memory_mib_per_gpu = 0;
+  if (r.fractional()) {
+    a.memory_mib_per_gpu = r.gpu_memory_mib;
+  } else if (!d.gpus.empty()) {
+    a.memory_mib_per_gpu = state_.node_spec(d.node).gpus[d.gpus[0]].memory_mib;
+  }
+  a.request = r;
+  a.start_time = now;
+  a.borrowed = verdict == QuotaVerdict::kBorrowing;
+  if (r.gpus > 0) {
+    // Whole GPUs take all of each GPU's memory, whatever its size.
+    for (int g : d.gpus) {
+      if (state_.node_spec(d.node).gpus[g].memory_mib != a.memory_mib_per_gpu) {
+        a.memory_mib_per_gpu = 0;
+        break;
+      }
+    }
+  }
+  if (absl::Status st = state_.Apply(a); !st.ok()) return st;
+  quotas_.Add(r.owner, amount);
+  return a;
+}
+
+absl::StatusOr<std::vector<Allocation>> Scheduler::PlaceGang(
+    const std::vector<core::Request>& members, double now) {
+  if (members.empty()) return absl::InvalidArgumentError("gang: no members");
+  const std::string& gang = members[0].gang;
+  if (gang.empty()) return absl::InvalidArgumentError("gang: members need a gang id");
+  for (const core::Request& m : members) {
+    if (m.gang != gang || m.gang_size != static_cast<int>(members.size())) {
+      return absl::InvalidArgumentError(fmt::format(
+          "gang {}: member {} says gang '{}' of {}, but {} members were given", gang, m.id, m.gang,
+          m.gang_size, members.size()));
+    }
+  }
+  std::vector<Allocation> placed;
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto a = Place(members[i], now);
+    if (!a.ok()) {
+      for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
+        auto undone = Release(it->id);
+        (void)undone;
+      }
+      return absl::Status(a.status().code(),
+                          fmt::format("gang {}: member {} of {} cannot be placed, so none is: {}",
+                                      gang, i + 1, members.size(), std::string(a.status().message())));
+    }
+    placed.push_back(std::move(*a));
+  }
+  return placed;
+}
+
+absl::StatusOr<Allocation> Scheduler::Release(const std::string& id) {
+  const Allocation* found = state_.Find(id);
+  if (found == nullptr) return absl::NotFoundError(fmt::format("allocation {}: not found", id));
+  GpuAmount amount = QuotaAmount(found->request, found->node, found->gpus);
+  auto a = state_.Remove(id);
+  if (a.ok()) quotas_.Sub(a->request.owner, amount);
+  return a;
+}
+
+PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
+  PreemptionPlan plan;
+  if (std::string bad = core::ValidateRequest(r); !bad.empty()) {
+    plan.why_not = bad;
+    return plan;
+  }
+  Decision direct = Decide(r);
+  if (direct.placed) {
+    plan.possible = true;
+    plan.node = direct.node;
+    plan.gpus = direct.gpus;
+    return plan;
+  }
+  // Gangs by id, for expanding a victim to its whole gang.
+  std::map<std::string, std::vector<const Allocation*>> gangs;
+  for (const auto& [id, a] : state_.allocations()) {
+    if (!a.request.gang.empty()) gangs[a.request.gang].push_back(&a);
+  }
+  bool requester_within_quota = quotas_.WithinOwnLimit(r.owner, QuotaAmount(r, 0, {}));
+  auto eligible = [&](const Allocation& a) {
+    if (!a.request.preemptible) return false;
+    if (a.request.priority < r.priority) return true;
+    return a.borrowed && a.request.owner != r.owner && requester_within_quota;
+  };
+  using Cost = std::tuple<size_t, int, int64_t, double>;  // victims, max priority, sum, work lost
+  Cost best_cost{};
+  for (NodeId n = 0; n < state_.node_count(); ++n) {
+    const NodeShape& shape = state_.shape(state_.node_shape(n));
+    if (shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib ||
+        static_cast<int>(shape.gpus.size()) < r.gpus) {
+      continue;
+    }
+    std::vector<const Allocation*> candidates;
+    for (const Allocation* a : state_.AllocationsOn(n)) {
+      if (eligible(*a)) candidates.push_back(a);
+    }
+    if (candidates.empty()) continue;
+    // Cheapest victims first: lowest priority, then least work done.
+    std::stable_sort(candidates.begin(), candidates.end(), [&](const auto* a, const auto* b) {
+      if (a->request.priority != b->request.priority) return a->request.priority < b->request.priority;
+      return a->start_time > b->start_time;
+    });
+    // The node as it would be with a set of allocations gone, GPUs in index order.
+    std::vector<ClassGpu> base(shape.gpus.size());
+    for (size_t g = 0; g < base.size(); ++g) {
+      const GpuUse& u = state_.gpu_use(n, static_cast<int>(g));
+      base[g] = ClassGpu{shape.gpu_kind[g], u.healthy, core::kMilliPerGpu - u.milli,
+                         shape.gpus[g].memory_mib - u.memory_mib};
+    }
+    auto fits_without = [&](const std::vector<bool>& gone, Evaluation* out) {
+      std::vector<ClassGpu> gpus = base;
+      int64_t cpu_left = shape.cpu_milli - state_.cpu_used(n);
+      int64_t mem_left = shape.memory_mib - state_.memory_used(n);
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        if (!gone[i]) continue;
+        const Allocation* a = candidates[i];
+        cpu_left += a->request.cpu_milli;
+        mem_left += a->request.memory_mib;
+        for (int g : a->gpus) {
+          gpus[g].milli_left += a->milli_per_gpu;
+          gpus[g].memory_left_mib += a->memory_mib_per_gpu;
+        }
+      }
+      // Whole-GPU holders with memory_mib_per_gpu 0 (mixed sizes) free all of the GPU's memory.
+      for (size_t g = 0; g < gpus.size(); ++g) {
+        if (gpus[g].milli_left == core::kMilliPerGpu) gpus[g].memory_left_mib = shape.gpus[g].memory_mib;
+      }
+      NodeView v;
+      v.shape = &shape;
+      v.shape_id = state_.node_shape(n);
+      v.cpu_left = cpu_left;
+      v.memory_left = mem_left;
+      v.gpus = &gpus;
+      *out = policies_.Evaluate(v, r, scale_, false);
+      return out->feasible;
+    };
+    std::vector<bool> gone(candidates.size(), false);
+    Evaluation ev;
+    bool fits = false;
+    for (size_t i = 0; i < candidates.size() && !fits; ++i) {
+      gone[i] = true;
+      fits = fits_without(gone, &ev);
+    }
+    if (!fits) continue;
+    // Reprieve: give back victims, most valuable first, while the request still fits.
+    for (size_t i = candidates.size(); i-- > 0;) {
+      if (!gone[i]) continue;
+      gone[i] = false;
+      Evaluation trial;
+      if (!fits_without(gone, &trial)) gone[i] = true;
+    }
+    fits_without(gone, &ev);
+    std::set<std::string> victims;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (!gone[i]) continue;
+      victims.insert(candidates[i]->id);
+      if (!candidates[i]->request.gang.empty()) {
+        for (const Allocation* mate : gangs[candidates[i]->request.gang]) victims.insert(mate->id);
+      }
+    }
+    int max_priority = std::numeric_limits<int>::min();
+    int64_t sum_priority = 0;
+    double work = 0;
+    bool protected_victim = false;
+    for (const std::string& id : victims) {
+      const Allocation* a = state_.Find(id);
+      protected_victim |= !a->request.preemptible;
+      max_priority = std::max(max_priority, a->request.priority);
+      sum_priority += a->request.priority;
+      work += std::max(0.0, now - a->start_time) * std::max<int64_t>(1, a->request.gpu_milli_total());
+    }
+    if (protected_victim) continue;  // a gang mate that must not be evicted
+    Cost cost{victims.size(), max_priority, sum_priority, work};
+    if (!plan.possible || cost < best_cost) {
+      plan.possible = true;
+      best_cost = cost;
+      plan.node = n;
+      plan.gpus.clear();
+      for (int p : ev.positions) plan.gpus.push_back(p);
+      plan.victims.assign(victims.begin(), victims.end());
+    }
+  }
+  if (!plan.possible) {
+    plan.why_not = fmt::format("no set of lower-priority preemptible work makes it fit ({})",
+                               direct.why_not);
+  }
+  return plan;
+}
+
+std::vector<std::pair<std::string, std::string>> Scheduler::Explain(const core::Request& r) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (NodeId n = 0; n < state_.node_count(); ++n) {
+    ClassId c = state_.node_class(n);
+    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, true);
+    if (ev.feasible) {
+      out.emplace_back(state_.node_name(n),
+                       fmt::format("fits (score {:.4f}, GPUs {})", ev.score,
+                                   JoinInts(state_.GpusForPositions(n, ev.positions))));
+    } else {
+      out.emplace_back(state_.node_name(n), ev.reason);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::sched

@@ -1,0 +1,111 @@
+#pragma once
+// Scheduler: the decisions of Tessera. Places requests (whole GPUs or a share of one) on a ClusterState
+// by the configured filters and weighted scores, places gangs all-or-nothing, enforces quotas, and plans
+// (never executes) preemption. The same code serves the simulator, the standalone server and the
+// Kubernetes extender. Deterministic for a given seed and call sequence. Not thread-safe.
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/sched/cluster_state.h"
+#include "tessera/sched/fragmentation.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sched/quota.h"
+
+namespace tessera::sched {
+
+struct SchedulerConfig {
+  std::vector<WeightedPolicy> policies = {{PolicyKind::kFgd, 1}, {PolicyKind::kTopology, 0.5}};
+  uint64_t seed = 42;
+  // Equal best scores are broken at random (seeded), node-uniformly, like kube-scheduler; otherwise
+  // the first node wins.
+  bool random_ties = true;
+};
+
+struct Decision {
+  bool placed = false;
+  NodeId node = -1;
+  std::vector<int> gpus;  // GPU indices on the node
+  double score = 0;
+  std::string why_not;    // when not placed: the reasons, with how many nodes gave each
+};
+
+struct PreemptionPlan {
+  bool possible = false;
+  NodeId node = -1;
+  std::vector<int> gpus;             // where the request would go once the victims are gone
+  std::vector<std::string> victims;  // allocation ids, gang mates included
+  std::string why_not;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerConfig config = {});
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Adds a node (see ClusterState::AddNode).
+  absl::StatusOr<NodeId> AddNode(core::NodeSpec spec);
+  // Sets the workload FGD measures fragmentation against. Without it FGD scores every node alike.
+  void SetTypicalRequests(std::vector<TypicalRequest> typical);
+  absl::Status SetGpuHealth(NodeId node, int gpu, bool healthy);
+
+  const ClusterState& state() const { return state_; }
+  QuotaManager& quotas() { return quotas_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  // Where `r` would go now, without changing anything. Quotas are not consulted.
+  Decision Decide(const core::Request& r);
+
+  // Decides and records. kInvalidArgument for a malformed request or an id in use;
+  // kResourceExhausted when nothing fits or a quota says no (the message says why).
+  absl::StatusOr<Allocation> Place(const core::Request& r, double now = 0);
+  // All members or none. Members share `gang` and `gang_size` == members.size().
+  absl::StatusOr<std::vector<Allocation>> PlaceGang(const std::vector<core::Request>& members,
+                                                    double now = 0);
+  // Gives an allocation's resources back; kNotFound if unknown.
+  absl::StatusOr<Allocation> Release(const std::string& id);
+
+  // For a request that does not fit: the node and victims that would make it fit, fewest victims
+  // first, then the lowest priorities, then the least work lost. Victims are lower-priority preemptible
+  // allocations, and allocations on borrowed quota when the requester is within its own quota; a
+  // victim's gang goes with it. Changes nothing.
+  PreemptionPlan PlanPreemption(const core::Request& r, double now = 0);
+
+  // Every node's verdict for `r`: "fits (score 0.83, GPUs 2,3)" or why not. For people and logs.
+  std::vector<std::pair<std::string, std::string>> Explain(const core::Request& r);
+
+  // The GPU amounts an allocation counts against its owner's quota.
+  GpuAmount QuotaAmount(const core::Request& r, NodeId node, const std::vector<int>& gpus) const;
+
+ private:
+  struct Entry {
+    double score = 0;
+    uint64_t choice = 0;  // GPU positions in class order
+    int8_t state = 0;     // 0 unknown, 1 feasible, -1 infeasible
+  };
+  int InternRequestShape(const core::Request& r);
+  void SyncCaches();
+  NodeView ViewOf(ClassId c) const;
+  const Entry& EntryFor(int shape, ClassId c, const core::Request& r);
+  std::string WhyNot(const core::Request& r);
+  void ResetCaches();
+
+  SchedulerConfig config_;
+  ClusterState state_;
+  QuotaManager quotas_;
+  Fragmentation fragmentation_;
+  PolicySet policies_;
+  ClusterScale scale_;
+  std::mt19937_64 rng_;
+
+  std::unordered_map<std::string, int> request_shapes_;
+  std::vector<std::vector<Entry>> cache_;  // [request shape][class]
+  size_t recycled_seen_ = 0;
+};
+
+}  // namespace tessera::sched
