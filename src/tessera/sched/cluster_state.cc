@@ -162,6 +162,7 @@ void ClusterState::Reclassify(NodeId n) {
     old.members[node.pos_in_class] = last;
     nodes_[last].pos_in_class = node.pos_in_class;
     old.members.pop_back();
+    --sizes_[node.cls];
     if (old.members.empty()) {
       ClassId dead = node.cls;
       ClassId moved = live_.back();
@@ -185,6 +186,7 @@ void ClusterState::Reclassify(NodeId n) {
     } else {
       c = static_cast<ClassId>(classes_.size());
       classes_.emplace_back();
+      sizes_.push_back(0);
     }
     Class& cls = classes_[c];
     cls.key = key;
@@ -205,6 +207,7 @@ void ClusterState::Reclassify(NodeId n) {
   node.cls = c;
   node.pos_in_class = static_cast<int32_t>(cls.members.size());
   cls.members.push_back(n);
+  ++sizes_[c];
 }
 
 absl::Status ClusterState::Apply(Allocation a) {

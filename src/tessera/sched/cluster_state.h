@@ -111,6 +111,8 @@ class ClusterState {
   ClassId node_class(NodeId n) const { return nodes_[n].cls; }
   // Ids of classes that emptied and were reused, in order; caches keyed by class id drop these.
   const std::vector<ClassId>& recycled_classes() const { return recycled_; }
+  // Members per class id (0 for a dead class), for scans in class-id order.
+  const std::vector<int32_t>& class_sizes() const { return sizes_; }
   int class_capacity() const { return static_cast<int>(classes_.size()); }
 
   // Maps a choice of GPU positions in a class's GPU order to GPU indices of node `n` in that class.
@@ -163,6 +165,7 @@ class ClusterState {
   std::vector<ClassId> live_;
   std::vector<ClassId> free_classes_;
   std::vector<ClassId> recycled_;
+  std::vector<int32_t> sizes_;
 };
 
 }  // namespace tessera::sched

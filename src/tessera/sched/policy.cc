@@ -58,7 +58,8 @@ int64_t GpuCapacity(const NodeView& n) {
 // the position carries no index; links are then uniform, so any index serves.
 int ShapeIndex(const NodeView& n, int p) { return p; }
 
-bool SatisfiesScope(const NodeView& n, const std::vector<int>& set, core::TopologyScope scope) {
+bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
+                    core::TopologyScope scope) {
   const NodeShape& s = *n.shape;
   for (size_t i = 0; i < set.size(); ++i) {
     for (size_t j = i + 1; j < set.size(); ++j) {
@@ -75,8 +76,9 @@ bool SatisfiesScope(const NodeView& n, const std::vector<int>& set, core::Topolo
 
 // Chooses `k` of the free GPUs: the best-linked set (that satisfies a required scope), and among equals
 // the one that leaves the remaining free GPUs best linked. Returns false if no set qualifies.
-bool ChooseLinkedSet(const NodeView& n, const std::vector<int>& free, int k, const core::Request& r,
-                     std::vector<int>& out) {
+using Gpus = absl::InlinedVector<int, 8>;
+
+bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Request& r, Gpus& out) {
   const core::Topology& topo = n.shape->topology;
   bool need = r.topology == core::TopologyMode::kRequire;
   const int m = static_cast<int>(free.size());
@@ -85,10 +87,10 @@ bool ChooseLinkedSet(const NodeView& n, const std::vector<int>& free, int k, con
   for (int i = 0; i < k; ++i) combos = combos * (m - i) / (i + 1);
   double best_cost = 0, best_rest = 0;
   bool found = false;
-  auto consider = [&](const std::vector<int>& set) {
+  auto consider = [&](const Gpus& set) {
     if (need && !SatisfiesScope(n, set, r.topology_scope)) return;
     double cost = LinkCost(topo, set);
-    std::vector<int> rest;
+    Gpus rest;
     for (int f : free) {
       if (std::find(set.begin(), set.end(), f) == set.end()) rest.push_back(f);
     }
@@ -105,7 +107,7 @@ bool ChooseLinkedSet(const NodeView& n, const std::vector<int>& free, int k, con
   if (combos <= 5000) {
     std::vector<int> idx(k);
     for (int i = 0; i < k; ++i) idx[i] = i;
-    std::vector<int> set(k);
+    Gpus set(k);
     for (;;) {
       for (int i = 0; i < k; ++i) set[i] = free[idx[i]];
       consider(set);
@@ -117,7 +119,7 @@ bool ChooseLinkedSet(const NodeView& n, const std::vector<int>& free, int k, con
     }
   } else {
     for (int seed : free) {
-      std::vector<int> set = {seed};
+      Gpus set = {seed};
       while (static_cast<int>(set.size()) < k) {
         int best = -1;
         double best_add = 0;
@@ -202,7 +204,7 @@ bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r)
   return true;
 }
 
-double LinkCost(const core::Topology& topo, const std::vector<int>& gpus) {
+double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& gpus) {
   if (gpus.size() < 2) return 0;
   double cost = 0;
   for (size_t i = 0; i < gpus.size(); ++i) {
@@ -234,7 +236,7 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
   const NodeShape& shape = *node.shape;
   const std::vector<ClassGpu>& gpus = *node.gpus;
   if (r.gpus > 0) {
-    std::vector<int> free;
+    Gpus free;
     int accepted = 0, sick = 0;
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
@@ -274,7 +276,7 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
       ev.positions.assign(free.begin(), free.begin() + r.gpus);
     }
   } else if (r.fractional()) {
-    std::vector<int> candidates;
+    Gpus candidates;
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
       // A GPU held whole (no compute left) takes no share, not even a memory-only one.
@@ -326,7 +328,8 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
 }
 
 double PolicySet::Score(PolicyKind kind, const NodeView& node, const core::Request& r,
-                        const std::vector<int>& positions, const ClusterScale& scale) const {
+                        const absl::InlinedVector<int, 8>& positions,
+                        const ClusterScale& scale) const {
   const NodeShape& shape = *node.shape;
   const std::vector<ClassGpu>& gpus = *node.gpus;
   const int64_t req_gpu = r.gpu_milli_total();
@@ -404,7 +407,7 @@ double PolicySet::Score(PolicyKind kind, const NodeView& node, const core::Reque
     case PolicyKind::kFgd: {
       if (frag_ == nullptr || frag_->empty() || !r.wants_gpu()) return 0.5;
       double before = frag_->Of(shape, node.shape_id, node.cpu_left, gpus);
-      std::vector<ClassGpu> after = gpus;
+      std::vector<ClassGpu> after(gpus.begin(), gpus.end());
       for (int p : positions) {
         after[p].milli_left -= r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
       }

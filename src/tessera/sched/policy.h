@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "tessera/core/request.h"
 #include "tessera/sched/cluster_state.h"
@@ -52,7 +53,7 @@ struct NodeView {
 struct Evaluation {
   bool feasible = false;
   double score = 0;            // higher is better
-  std::vector<int> positions;  // chosen GPUs, as positions in the view's GPU order
+  absl::InlinedVector<int, 8> positions;  // chosen GPUs, as positions in the view's GPU order
   std::string reason;          // why not, when infeasible
 };
 
@@ -76,7 +77,7 @@ class PolicySet {
 
  private:
   double Score(PolicyKind kind, const NodeView& node, const core::Request& r,
-               const std::vector<int>& positions, const ClusterScale& scale) const;
+               const absl::InlinedVector<int, 8>& positions, const ClusterScale& scale) const;
 
   std::vector<WeightedPolicy> policies_;
   Fragmentation* frag_;
@@ -87,6 +88,6 @@ bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r)
 
 // Link cost of a GPU set on a node (lower is better): summed over pairs, NVLink cheapest (more links
 // cheaper), then PCIe levels in order. 0 for fewer than two GPUs or unknown topology.
-double LinkCost(const core::Topology& topo, const std::vector<int>& gpus);
+double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& gpus);
 
 }  // namespace tessera::sched

@@ -99,10 +99,9 @@ const Scheduler::Entry& Scheduler::EntryFor(int shape, ClassId c, const core::Re
   auto& row = cache_[shape];
   if (row.size() <= static_cast<size_t>(c)) row.resize(state_.class_capacity());
   Entry& e = row[c];
-  if (e.state == 0) {
+  if (std::isnan(e.score)) {
     Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, false);
-    e.state = ev.feasible ? 1 : -1;
-    e.score = ev.score;
+    e.score = ev.feasible ? ev.score : -std::numeric_limits<double>::infinity();
     e.choice = 0;
     for (int p : ev.positions) e.choice |= 1ull << p;
   }
@@ -113,25 +112,30 @@ Decision Scheduler::Decide(const core::Request& r) {
   SyncCaches();
   Decision d;
   const int shape = InternRequestShape(r);
+  const int capacity = state_.class_capacity();
+  if (cache_[shape].size() < static_cast<size_t>(capacity)) cache_[shape].resize(capacity);
+  // Scan classes in id order: the cache row is read sequentially, which the hardware prefetches.
+  const int32_t* sizes = state_.class_sizes().data();
   ClassId chosen = -1;
   double best = 0;
   uint64_t tie_weight = 0;
-  for (ClassId c : state_.live_classes()) {
+  for (ClassId c = 0; c < capacity; ++c) {
+    if (sizes[c] == 0) continue;
     const Entry& e = EntryFor(shape, c, r);
-    if (e.state < 0) continue;
-    uint64_t members = state_.class_members(c).size();
+    if (e.score == -std::numeric_limits<double>::infinity()) continue;
     if (chosen < 0 || e.score > best + kTieEpsilon) {
       chosen = c;
       best = e.score;
-      tie_weight = members;
+      tie_weight = static_cast<uint64_t>(sizes[c]);
     } else if (e.score >= best - kTieEpsilon && config_.random_ties) {
       // Node-uniform choice among equals: keep c with probability members / all tied so far.
+      uint64_t members = static_cast<uint64_t>(sizes[c]);
       tie_weight += members;
       if (rng_() % tie_weight < members) chosen = c;
     }
   }
   if (chosen < 0) {
-    d.why_not = WhyNot(r);
+    d.why_not = config_.explain_failures ? WhyNot(r) : "no node fits";
     return d;
   }
   const auto& members = state_.class_members(chosen);
@@ -410,7 +414,8 @@ std::vector<std::pair<std::string, std::string>> Scheduler::Explain(const core::
     if (ev.feasible) {
       out.emplace_back(state_.node_name(n),
                        fmt::format("fits (score {:.4f}, GPUs {})", ev.score,
-                                   JoinInts(state_.GpusForPositions(n, ev.positions))));
+                                   JoinInts(state_.GpusForPositions(
+                                       n, std::vector<int>(ev.positions.begin(), ev.positions.end())))));
     } else {
       out.emplace_back(state_.node_name(n), ev.reason);
     }

@@ -5,6 +5,7 @@
 // Kubernetes extender. Deterministic for a given seed and call sequence. Not thread-safe.
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,9 @@ struct SchedulerConfig {
   // Equal best scores are broken at random (seeded), node-uniformly, like kube-scheduler; otherwise
   // the first node wins.
   bool random_ties = true;
+  // Whether a placement that fails says why per node (Decision::why_not and the error message).
+  // Costs a pass over the cluster per failure; a simulator that only counts failures turns it off.
+  bool explain_failures = true;
 };
 
 struct Decision {
@@ -83,10 +87,10 @@ class Scheduler {
   GpuAmount QuotaAmount(const core::Request& r, NodeId node, const std::vector<int>& gpus) const;
 
  private:
+  // A cached evaluation: score NaN = not evaluated yet, -infinity = infeasible.
   struct Entry {
-    double score = 0;
+    double score = std::numeric_limits<double>::quiet_NaN();
     uint64_t choice = 0;  // GPU positions in class order
-    int8_t state = 0;     // 0 unknown, 1 feasible, -1 infeasible
   };
   int InternRequestShape(const core::Request& r);
   void SyncCaches();

@@ -1,0 +1,247 @@
+#include "tessera/sim/openb.h"
+
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "fmt/format.h"
+
+namespace tessera::sim {
+namespace {
+
+struct ParseError {
+  std::string message;
+};
+
+// Splits one CSV line (the trace has no quoting) into fields.
+std::vector<std::string_view> Fields(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (;;) {
+    size_t comma = line.find(',', start);
+    out.push_back(line.substr(start, comma == std::string_view::npos ? std::string_view::npos
+                                                                     : comma - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+class Csv {
+ public:
+  Csv(std::string_view text, std::string_view filename, std::vector<std::string> required,
+      std::vector<std::string> optional)
+      : text_(text), filename_(filename) {
+    std::string_view header;
+    if (!NextLine(header)) Fail(1, "the file is empty (expected a header line)");
+    auto names = Fields(header);
+    for (size_t i = 0; i < names.size(); ++i) {
+      std::string name(names[i]);
+      if (columns_.contains(name)) Fail(1, fmt::format("column '{}' appears twice", name));
+      columns_[name] = i;
+    }
+    for (const std::string& r : required) {
+      if (!columns_.contains(r)) Fail(1, fmt::format("missing column '{}'", r));
+    }
+    std::set<std::string> known(required.begin(), required.end());
+    known.insert(optional.begin(), optional.end());
+    for (const auto& [name, i] : columns_) {
+      if (!known.contains(name)) Fail(1, fmt::format("unknown column '{}'", name));
+    }
+    width_ = names.size();
+  }
+
+  // Advances to the next non-empty row; false at the end.
+  bool Next() {
+    std::string_view line;
+    while (NextLine(line)) {
+      if (line.empty()) continue;
+      row_ = Fields(line);
+      if (row_.size() != width_) {
+        Fail(line_, fmt::format("expected {} fields, got {}", width_, row_.size()));
+      }
+      return true;
+    }
+    return false;
+  }
+
+  bool Has(const std::string& column) const { return columns_.contains(column); }
+  std::string_view Get(const std::string& column) const { return row_[columns_.at(column)]; }
+
+  int64_t Int(const std::string& column, int64_t lo, int64_t hi) const {
+    std::string_view s = Get(column);
+    int64_t v = 0;
+    auto res = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size() || v < lo || v > hi) {
+      Fail(line_, fmt::format("{}: expected an integer {}..{}, got '{}'", column, lo, hi, s));
+    }
+    return v;
+  }
+
+  std::optional<int64_t> OptionalInt(const std::string& column, int64_t lo, int64_t hi) const {
+    if (!Has(column) || Get(column).empty()) return std::nullopt;
+    return Int(column, lo, hi);
+  }
+
+  [[noreturn]] void Fail(size_t line, const std::string& what) const {
+    throw ParseError{fmt::format("{}:{}: {}", filename_, line, what)};
+  }
+  size_t line() const { return line_; }
+
+ private:
+  bool NextLine(std::string_view& out) {
+    if (pos_ >= text_.size()) return false;
+    size_t nl = text_.find('\n', pos_);
+    out = text_.substr(pos_, nl == std::string_view::npos ? std::string_view::npos : nl - pos_);
+    pos_ = nl == std::string_view::npos ? text_.size() : nl + 1;
+    if (!out.empty() && out.back() == '\r') out.remove_suffix(1);
+    ++line_;
+    return true;
+  }
+
+  std::string_view text_;
+  std::string_view filename_;
+  size_t pos_ = 0;
+  size_t line_ = 0;
+  size_t width_ = 0;
+  std::map<std::string, size_t> columns_;
+  std::vector<std::string_view> row_;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(fmt::format("{}: cannot open for reading", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+bool ValidName(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t OpenbGpuMemoryMib(std::string_view model) {
+  static const std::map<std::string_view, int64_t> kMemory = {
+      {"V100M16", 16384}, {"V100M32", 32768}, {"P100", 16384}, {"T4", 15360}, {"A10", 23028},
+      {"P4", 7611},       {"A100", 81920}};
+  auto it = kMemory.find(model);
+  return it == kMemory.end() ? 0 : it->second;
+}
+
+absl::StatusOr<std::vector<core::NodeSpec>> ParseOpenbNodes(std::string_view csv,
+                                                            std::string_view filename) {
+  try {
+    Csv c(csv, filename, {"sn", "cpu_milli", "memory_mib", "gpu", "model"}, {});
+    std::vector<core::NodeSpec> nodes;
+    std::set<std::string, std::less<>> names;
+    while (c.Next()) {
+      core::NodeSpec n;
+      std::string_view sn = c.Get("sn");
+      if (!ValidName(sn)) c.Fail(c.line(), fmt::format("sn: not a node name: '{}'", sn));
+      if (!names.emplace(sn).second) c.Fail(c.line(), fmt::format("sn: node '{}' listed twice", sn));
+      n.name = std::string(sn);
+      n.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
+      n.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
+      int64_t gpus = c.Int("gpu", 0, 64);
+      std::string model(c.Get("model"));
+      if (gpus > 0 && model.empty()) c.Fail(c.line(), "model: a node with GPUs needs a model");
+      if (gpus == 0 && !model.empty()) c.Fail(c.line(), "model: a node without GPUs has no model");
+      for (int64_t g = 0; g < gpus; ++g) {
+        n.gpus.push_back(core::NodeGpu{model, OpenbGpuMemoryMib(model), {}, -1,
+                                       fmt::format("{}-gpu{}", n.name, g)});
+      }
+      nodes.push_back(std::move(n));
+    }
+    return nodes;
+  } catch (const ParseError& e) {
+    return absl::InvalidArgumentError(e.message);
+  }
+}
+
+absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::string_view filename) {
+  try {
+    Csv c(csv, filename, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"},
+          {"gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"});
+    std::vector<TracePod> pods;
+    std::set<std::string, std::less<>> names;
+    while (c.Next()) {
+      TracePod p;
+      core::Request& r = p.request;
+      std::string_view name = c.Get("name");
+      if (!ValidName(name)) c.Fail(c.line(), fmt::format("name: not a pod name: '{}'", name));
+      if (!names.emplace(name).second) c.Fail(c.line(), fmt::format("name: pod '{}' listed twice", name));
+      r.id = std::string(name);
+      r.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
+      r.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
+      int64_t num_gpu = c.Int("num_gpu", 0, 8);
+      int64_t milli = c.Int("gpu_milli", 0, 1000);
+      if (num_gpu == 0 && milli != 0) {
+        c.Fail(c.line(), fmt::format("gpu_milli: expected 0 with num_gpu 0, got {}", milli));
+      }
+      if (num_gpu == 1 && milli == 0) c.Fail(c.line(), "gpu_milli: expected 1..1000 with num_gpu 1, got 0");
+      if (num_gpu > 1 && milli != 1000) {
+        c.Fail(c.line(), fmt::format("gpu_milli: expected 1000 with num_gpu {}, got {}", num_gpu, milli));
+      }
+      if (num_gpu == 1 && milli < 1000) {
+        r.gpu_milli = static_cast<int>(milli);
+      } else {
+        r.gpus = static_cast<int>(num_gpu);
+      }
+      if (c.Has("gpu_spec") && !c.Get("gpu_spec").empty()) {
+        if (num_gpu == 0) c.Fail(c.line(), "gpu_spec: a pod without GPUs cannot ask for a model");
+        std::string_view spec = c.Get("gpu_spec");
+        size_t start = 0;
+        for (;;) {
+          size_t bar = spec.find('|', start);
+          std::string_view m = spec.substr(start, bar == std::string_view::npos ? bar : bar - start);
+          if (m.empty()) c.Fail(c.line(), fmt::format("gpu_spec: empty model in '{}'", spec));
+          r.models.emplace_back(m);
+          if (bar == std::string_view::npos) break;
+          start = bar + 1;
+        }
+      }
+      if (c.Has("qos")) {
+        p.qos = std::string(c.Get("qos"));
+        static const std::set<std::string, std::less<>> kQos = {"", "LS", "BE", "Burstable",
+                                                                "Guaranteed"};
+        if (!kQos.contains(p.qos)) {
+          c.Fail(c.line(), fmt::format("qos: expected LS, BE, Burstable or Guaranteed, got '{}'", p.qos));
+        }
+      }
+      if (c.Has("pod_phase")) p.phase = std::string(c.Get("pod_phase"));
+      p.creation_time = c.OptionalInt("creation_time", 0, 1LL << 40);
+      p.deletion_time = c.OptionalInt("deletion_time", 0, 1LL << 40);
+      p.scheduled_time = c.OptionalInt("scheduled_time", 0, 1LL << 40);
+      if (p.creation_time && p.deletion_time && *p.deletion_time < *p.creation_time) {
+        c.Fail(c.line(), fmt::format("deletion_time: {} is before creation_time {}", *p.deletion_time,
+                                     *p.creation_time));
+      }
+      pods.push_back(std::move(p));
+    }
+    return pods;
+  } catch (const ParseError& e) {
+    return absl::InvalidArgumentError(e.message);
+  }
+}
+
+absl::StatusOr<std::vector<core::NodeSpec>> LoadOpenbNodes(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseOpenbNodes(*text, path);
+}
+
+absl::StatusOr<std::vector<TracePod>> LoadOpenbPods(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return ParseOpenbPods(*text, path);
+}
+
+}  // namespace tessera::sim
