@@ -79,7 +79,6 @@ std::string CheckInvariants(const Scheduler& s) {
       u.milli += a.milli_per_gpu;
       u.memory_mib += a.memory_mib_per_gpu;
       ++u.holders;
-      if (!st.gpu_use(a.node, g).healthy && false) return "placed on a sick GPU";
     }
     if (a.request.gpus > 0 && static_cast<int>(a.gpus.size()) != a.request.gpus) {
       return fmt::format("{}: {} GPUs for {}", id, a.gpus.size(), a.request.gpus);
@@ -149,7 +148,6 @@ std::string RunCase(uint64_t seed, PolicyKind policy, std::string* failure) {
     } else if (kind < 7 && !live.empty()) {
       // Release restores the exact state: place-and-release leaves no trace.
       size_t i = rng() % live.size();
-      ClusterState before = s.state();
       auto released = s.Release(live[i]);
       if (!released.ok()) {
         *failure = "release failed";
@@ -162,7 +160,6 @@ std::string RunCase(uint64_t seed, PolicyKind policy, std::string* failure) {
       }
       auto re = s.Place(released->request, op);
       if (re.ok()) live[i] = re->id; else live.erase(live.begin() + i);
-      (void)before;
     } else if (kind < 8) {
       int size = 2 + rng() % 3;
       std::vector<core::Request> members;
