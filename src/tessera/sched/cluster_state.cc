@@ -163,6 +163,7 @@ void ClusterState::Reclassify(NodeId n) {
     nodes_[last].pos_in_class = node.pos_in_class;
     old.members.pop_back();
     --sizes_[node.cls];
+    LogChange(node.cls);
     if (old.members.empty()) {
       ClassId dead = node.cls;
       ClassId moved = live_.back();
@@ -182,11 +183,12 @@ void ClusterState::Reclassify(NodeId n) {
     if (!free_classes_.empty()) {
       c = free_classes_.back();
       free_classes_.pop_back();
-      recycled_.push_back(c);
+      ++generations_[c];
     } else {
       c = static_cast<ClassId>(classes_.size());
       classes_.emplace_back();
       sizes_.push_back(0);
+      generations_.push_back(0);
     }
     Class& cls = classes_[c];
     cls.key = key;
@@ -208,6 +210,15 @@ void ClusterState::Reclassify(NodeId n) {
   node.pos_in_class = static_cast<int32_t>(cls.members.size());
   cls.members.push_back(n);
   ++sizes_[c];
+  LogChange(c);
+}
+
+void ClusterState::LogChange(ClassId c) {
+  if (changes_.size() >= 4096 + 4 * classes_.size()) {
+    change_base_ += changes_.size();
+    changes_.clear();
+  }
+  changes_.push_back(c);
 }
 
 absl::Status ClusterState::Apply(Allocation a) {

@@ -109,8 +109,15 @@ class ClusterState {
   uint16_t class_tags(ClassId c) const { return classes_[c].tags; }
   const std::vector<ClassGpu>& class_gpus(ClassId c) const { return classes_[c].gpus; }
   ClassId node_class(NodeId n) const { return nodes_[n].cls; }
-  // Ids of classes that emptied and were reused, in order; caches keyed by class id drop these.
-  const std::vector<ClassId>& recycled_classes() const { return recycled_; }
+  // Generation of a class id: bumped when an emptied class id is reused for another state, so caches
+  // keyed by class id can tell a stale entry.
+  uint32_t class_generation(ClassId c) const { return generations_[c]; }
+  // Log of class ids whose membership changed (or that were reused), for incremental consumers. Entry i
+  // of the log has sequence number change_base() + i. The log is bounded: when it grows past a few
+  // times the class count it is dropped and change_base() moves on, so a consumer whose cursor is
+  // behind change_base() must rescan every class.
+  const std::vector<ClassId>& class_changes() const { return changes_; }
+  uint64_t change_base() const { return change_base_; }
   // Members per class id (0 for a dead class), for scans in class-id order.
   const std::vector<int32_t>& class_sizes() const { return sizes_; }
   int class_capacity() const { return static_cast<int>(classes_.size()); }
@@ -164,8 +171,11 @@ class ClusterState {
   std::unordered_map<std::vector<uint64_t>, ClassId, KeyHash> class_index_;
   std::vector<ClassId> live_;
   std::vector<ClassId> free_classes_;
-  std::vector<ClassId> recycled_;
+  std::vector<uint32_t> generations_;
+  std::vector<ClassId> changes_;
+  uint64_t change_base_ = 0;
   std::vector<int32_t> sizes_;
+  void LogChange(ClassId c);
 };
 
 }  // namespace tessera::sched

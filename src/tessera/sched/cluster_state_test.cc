@@ -83,11 +83,42 @@ TEST(ClusterState, RejectsBadNodes) {
 TEST(ClusterState, EmptiedClassesAreRecycled) {
   ClusterState s;
   ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  ClassId first = s.node_class(0);
+  uint32_t gen = s.class_generation(first);
+  // The only node leaves its class, which empties; the new state reuses that id with a new generation.
   ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 100, 0)).ok());
+  EXPECT_EQ(s.node_class(0), first);
+  EXPECT_EQ(s.class_generation(first), gen + 1);
   ASSERT_TRUE(s.Remove("x").ok());
   ASSERT_TRUE(s.Apply(Alloc("y", 0, {0}, 200, 0)).ok());
-  EXPECT_FALSE(s.recycled_classes().empty());
-  EXPECT_LE(s.class_capacity(), 2);
+  EXPECT_EQ(s.class_capacity(), 1);
+  EXPECT_EQ(s.class_generation(first), gen + 3);
+}
+
+TEST(ClusterState, LogsEveryMembershipChange) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 1)).ok());
+  const size_t before = s.class_changes().size();
+  ClassId from = s.node_class(1);
+  ASSERT_TRUE(s.Apply(Alloc("x", 1, {0}, 100, 0)).ok());
+  ClassId to = s.node_class(1);
+  ASSERT_EQ(s.class_changes().size(), before + 2);
+  EXPECT_EQ(s.class_changes()[before], from);
+  EXPECT_EQ(s.class_changes()[before + 1], to);
+  EXPECT_EQ(s.class_sizes()[from], 1);
+  EXPECT_EQ(s.class_sizes()[to], 1);
+}
+
+TEST(ClusterState, ChangeLogStaysBounded) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  for (int i = 0; i < 10000; ++i) {
+    ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 100, 0)).ok());
+    ASSERT_TRUE(s.Remove("x").ok());
+  }
+  EXPECT_LE(s.class_changes().size(), 4096u + 4u * s.class_capacity());
+  EXPECT_EQ(s.change_base() + s.class_changes().size(), 1u + 40000u);
 }
 
 }  // namespace

@@ -204,6 +204,11 @@ bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r)
   return true;
 }
 
+bool NodeView::Accepts(uint16_t kind, const core::Request& r) const {
+  if (accepted_kinds >= 0) return (accepted_kinds >> kind) & 1;
+  return KindAccepted(*shape, kind, r);
+}
+
 double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& gpus) {
   if (gpus.size() < 2) return 0;
   double cost = 0;
@@ -240,7 +245,7 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     int accepted = 0, sick = 0;
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
-      if (!KindAccepted(shape, g.kind, r)) continue;
+      if (!node.Accepts(g.kind, r)) continue;
       ++accepted;
       if (!g.healthy) {
         ++sick;
@@ -280,7 +285,7 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
       // A GPU held whole (no compute left) takes no share, not even a memory-only one.
-      if (g.healthy && KindAccepted(shape, g.kind, r) && g.milli_left >= std::max(r.gpu_milli, 1) &&
+      if (g.healthy && node.Accepts(g.kind, r) && g.milli_left >= std::max(r.gpu_milli, 1) &&
           g.memory_left_mib >= r.gpu_memory_mib) {
         candidates.push_back(static_cast<int>(p));
       }

@@ -48,6 +48,10 @@ struct NodeView {
   int64_t memory_left = 0;
   uint16_t tags = 0;
   const std::vector<ClassGpu>* gpus = nullptr;
+  // GPU kinds of the shape the request's selector accepts, bit per kind, when the caller has worked
+  // them out (the scheduler does once per request and node shape); -1 = check each kind.
+  int64_t accepted_kinds = -1;
+  bool Accepts(uint16_t kind, const core::Request& r) const;
 };
 
 struct Evaluation {

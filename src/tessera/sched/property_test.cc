@@ -2,6 +2,7 @@
 // whatever the policy: no over-allocation, quotas kept, gangs whole, release restores, determinism.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -140,6 +141,14 @@ std::string RunCase(uint64_t seed, PolicyKind policy, std::string* failure) {
     int kind = rng() % 10;
     if (kind < 5) {
       core::Request r = RandomRequest(rng, fmt::format("r{}", op));
+      // The incremental per-shape caches agree with evaluating every node afresh.
+      Decision d = s.Decide(r);
+      std::optional<double> truth = s.BestScoreUncached(r);
+      if (d.placed != truth.has_value() || (truth && std::abs(d.score - *truth) > 1e-9)) {
+        *failure = fmt::format("op {}: cached best {} ({}), uncached {}", op, d.score, d.placed,
+                               truth.value_or(-1));
+        return log;
+      }
       auto a = s.Place(r, op);
       if (a.ok()) {
         live.push_back(a->id);
@@ -232,6 +241,44 @@ TEST_P(PolicyProperties, SameSeedSameDecisions) {
 
 INSTANTIATE_TEST_SUITE_P(All, PolicyProperties, ::testing::ValuesIn(AllPolicyKinds()),
                          [](const auto& info) { return std::string(PolicyName(info.param)); });
+
+// Few request shapes on a larger cluster, so Decide mostly updates its per-shape trees from the class
+// change log instead of rebuilding them: the best score must still match a scan of every node.
+TEST_P(PolicyProperties, IncrementalCachesMatchFullEvaluation) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    std::mt19937_64 rng(seed);
+    SchedulerConfig config;
+    config.policies = {{GetParam(), 1}};
+    Scheduler s(config);
+    // Nodes of a few kinds, so classes hold many members and change without emptying.
+    std::vector<core::NodeSpec> kinds;
+    for (int i = 0; i < 4; ++i) kinds.push_back(RandomNode(rng, i));
+    for (int i = 0; i < 60; ++i) {
+      core::NodeSpec n = kinds[rng() % kinds.size()];
+      n.name = fmt::format("n{}", i);
+      (void)s.AddNode(n);
+    }
+    std::vector<core::Request> shapes;
+    for (int i = 0; i < 6; ++i) shapes.push_back(RandomRequest(rng, ""));
+    s.SetTypicalRequests(TypicalRequests(shapes));
+    std::vector<std::string> live;
+    for (int op = 0; op < 1500; ++op) {
+      if (live.empty() || rng() % 3 != 0) {
+        core::Request r = shapes[rng() % shapes.size()];
+        r.id = fmt::format("r{}", op);
+        Decision d = s.Decide(r);
+        std::optional<double> truth = s.BestScoreUncached(r);
+        ASSERT_EQ(d.placed, truth.has_value()) << "seed " << seed << " op " << op;
+        if (truth) ASSERT_NEAR(d.score, *truth, 1e-9) << "seed " << seed << " op " << op;
+        if (auto a = s.Place(r, op); a.ok()) live.push_back(a->id);
+      } else {
+        size_t i = rng() % live.size();
+        ASSERT_TRUE(s.Release(live[i]).ok());
+        live.erase(live.begin() + i);
+      }
+    }
+  }
+}
 
 TEST(ReleaseRestores, PlaceThenReleaseLeavesIdenticalState) {
   std::mt19937_64 rng(99);

@@ -47,16 +47,9 @@ absl::Status Scheduler::SetGpuHealth(NodeId node, int gpu, bool healthy) {
 }
 
 void Scheduler::ResetCaches() {
-  for (auto& row : cache_) row.assign(row.size(), Entry{});
-}
-
-void Scheduler::SyncCaches() {
-  const auto& recycled = state_.recycled_classes();
-  for (; recycled_seen_ < recycled.size(); ++recycled_seen_) {
-    ClassId c = recycled[recycled_seen_];
-    for (auto& row : cache_) {
-      if (static_cast<size_t>(c) < row.size()) row[c] = Entry{};
-    }
+  for (Row& row : cache_) {
+    row.entries.clear();
+    row.built = false;
   }
 }
 
@@ -95,53 +88,157 @@ NodeView Scheduler::ViewOf(ClassId c) const {
   return v;
 }
 
-const Scheduler::Entry& Scheduler::EntryFor(int shape, ClassId c, const core::Request& r) {
-  auto& row = cache_[shape];
-  if (row.size() <= static_cast<size_t>(c)) row.resize(state_.class_capacity());
-  Entry& e = row[c];
-  if (std::isnan(e.score)) {
-    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, false);
-    e.score = ev.feasible ? ev.score : -std::numeric_limits<double>::infinity();
-    e.choice = 0;
-    for (int p : ev.positions) e.choice |= 1ull << p;
+namespace {
+
+// Ties (within kTieEpsilon) add up their weights and keep the left (lower class id) score.
+inline Scheduler::Best Combine(const Scheduler::Best& a, const Scheduler::Best& b) {
+  if (b.weight == 0) return a;
+  if (a.weight == 0) return b;
+  if (b.score > a.score + kTieEpsilon) return b;
+  if (a.score > b.score + kTieEpsilon) return a;
+  return {a.score, a.weight + b.weight};
+}
+
+}  // namespace
+
+void Scheduler::Ensure(Row& row, ClassId c, const core::Request& r) {
+  Best& leaf = row.tree[row.leaves + c];
+  const int32_t size = state_.class_sizes()[c];
+  if (size == 0) {  // dead classes are never evaluated
+    leaf = Best{};
+    return;
   }
-  return e;
+  Entry& e = row.entries[c];
+  const uint32_t gen = state_.class_generation(c);
+  if (!e.valid || e.generation != gen) {
+    int64_t kinds = ShapeKinds(row, state_.class_shape(c), r);
+    e.choice = 0;
+    if (kinds == kNeverFits) {
+      e.score = -std::numeric_limits<double>::infinity();
+    } else {
+      NodeView view = ViewOf(c);
+      view.accepted_kinds = kinds;
+      Evaluation ev = policies_.Evaluate(view, r, scale_, false);
+      e.score = ev.feasible ? ev.score : -std::numeric_limits<double>::infinity();
+      for (int p : ev.positions) e.choice |= 1ull << p;
+    }
+    e.generation = gen;
+    e.valid = true;
+  }
+  leaf = e.score == -std::numeric_limits<double>::infinity()
+             ? Best{}
+             : Best{e.score, static_cast<uint64_t>(size)};
+}
+
+int64_t Scheduler::ShapeKinds(Row& row, ShapeId s, const core::Request& r) {
+  if (row.shape_kinds.size() <= static_cast<size_t>(s)) row.shape_kinds.resize(s + 1, kUnknown);
+  int64_t& k = row.shape_kinds[s];
+  if (k != kUnknown) return k;
+  const NodeShape& shape = state_.shape(s);
+  int64_t mask = 0;
+  int accepted = 0;
+  for (size_t i = 0; i < shape.kinds.size() && i < 62; ++i) {
+    if (KindAccepted(shape, static_cast<uint16_t>(i), r)) mask |= int64_t{1} << i;
+  }
+  for (uint16_t kind : shape.gpu_kind) accepted += (mask >> kind) & 1;
+  bool never = shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib ||
+               accepted < r.gpus || (r.fractional() && accepted == 0) || shape.kinds.size() > 62;
+  if (shape.kinds.size() > 62) never = false, mask = -1;  // too many kinds for a mask: check each
+  k = never ? kNeverFits : mask;
+  return k;
+}
+
+void Scheduler::Rebuild(Row& row, const core::Request& r) {
+  const int capacity = state_.class_capacity();
+  row.entries.resize(capacity);
+  if (row.leaves < capacity || row.leaves < 2) {
+    row.leaves = 2;
+    while (row.leaves < capacity) row.leaves *= 2;
+    row.tree.assign(2 * static_cast<size_t>(row.leaves), Best{});
+  }
+  for (ClassId c = 0; c < capacity; ++c) Ensure(row, c, r);
+  Best* t = row.tree.data();
+  for (int i = row.leaves - 1; i >= 1; --i) t[i] = Combine(t[2 * i], t[2 * i + 1]);
+  row.cursor = state_.change_base() + state_.class_changes().size();
+  row.built = true;
+}
+
+void Scheduler::Refresh(Row& row, const core::Request& r) {
+  const auto& log = state_.class_changes();
+  const uint64_t base = state_.change_base();
+  const uint64_t end = base + log.size();
+  const int capacity = state_.class_capacity();
+  if (!row.built || row.leaves < capacity || row.cursor < base ||
+      end - row.cursor > static_cast<uint64_t>(capacity)) {
+    Rebuild(row, r);
+    return;
+  }
+  if (row.cursor == end) return;
+  if (row.entries.size() < static_cast<size_t>(capacity)) row.entries.resize(capacity);
+  // Re-evaluate the changed classes, then recompute their ancestors level by level, each once: a
+  // shape seen rarely pays for the union of the changed paths, not a walk per change.
+  if (dirty_.size() < static_cast<size_t>(row.leaves)) dirty_.resize(row.leaves, 0);
+  Best* t = row.tree.data();
+  level_.clear();
+  for (uint64_t seq = row.cursor; seq < end; ++seq) {
+    ClassId c = log[seq - base];
+    const Best before = t[row.leaves + c];
+    Ensure(row, c, r);
+    const Best& after = t[row.leaves + c];
+    if (after.weight == before.weight && after.score == before.score) continue;
+    int parent = (row.leaves + c) / 2;
+    if (!dirty_[parent]) {
+      dirty_[parent] = 1;
+      level_.push_back(parent);
+    }
+  }
+  while (!level_.empty()) {
+    next_level_.clear();
+    for (int i : level_) {
+      t[i] = Combine(t[2 * i], t[2 * i + 1]);
+      dirty_[i] = 0;
+      int parent = i / 2;
+      if (parent >= 1 && !dirty_[parent]) {
+        dirty_[parent] = 1;
+        next_level_.push_back(parent);
+      }
+    }
+    level_.swap(next_level_);
+  }
+  row.cursor = end;
 }
 
 Decision Scheduler::Decide(const core::Request& r) {
-  SyncCaches();
   Decision d;
-  const int shape = InternRequestShape(r);
-  const int capacity = state_.class_capacity();
-  if (cache_[shape].size() < static_cast<size_t>(capacity)) cache_[shape].resize(capacity);
-  // Scan classes in id order: the cache row is read sequentially, which the hardware prefetches.
-  const int32_t* sizes = state_.class_sizes().data();
-  ClassId chosen = -1;
-  double best = 0;
-  uint64_t tie_weight = 0;
-  for (ClassId c = 0; c < capacity; ++c) {
-    if (sizes[c] == 0) continue;
-    const Entry& e = EntryFor(shape, c, r);
-    if (e.score == -std::numeric_limits<double>::infinity()) continue;
-    if (chosen < 0 || e.score > best + kTieEpsilon) {
-      chosen = c;
-      best = e.score;
-      tie_weight = static_cast<uint64_t>(sizes[c]);
-    } else if (e.score >= best - kTieEpsilon && config_.random_ties) {
-      // Node-uniform choice among equals: keep c with probability members / all tied so far.
-      uint64_t members = static_cast<uint64_t>(sizes[c]);
-      tie_weight += members;
-      if (rng_() % tie_weight < members) chosen = c;
-    }
-  }
-  if (chosen < 0) {
+  Row& row = cache_[InternRequestShape(r)];
+  Refresh(row, r);
+  const Best root = row.tree[1];
+  if (root.weight == 0) {
     d.why_not = config_.explain_failures ? WhyNot(r) : "no node fits";
     return d;
   }
+  // Walk down to a class with the best score: node-uniformly at random among ties (seeded), like
+  // kube-scheduler, or the lowest class id.
+  uint64_t u = config_.random_ties ? rng_() % root.weight : 0;
+  int index = 1;
+  while (index < row.leaves) {
+    const Best& left = row.tree[2 * index];
+    const Best& right = row.tree[2 * index + 1];
+    bool left_ok = left.weight > 0 && left.score >= root.score - kTieEpsilon;
+    bool right_ok = right.weight > 0 && right.score >= root.score - kTieEpsilon;
+    if (left_ok && (u < left.weight || !right_ok)) {
+      u = u < left.weight ? u : u % left.weight;
+      index = 2 * index;
+    } else {
+      if (left_ok) u -= left.weight;
+      if (right.weight > 0 && u >= right.weight) u %= right.weight;
+      index = 2 * index + 1;
+    }
+  }
+  const ClassId chosen = index - row.leaves;
   const auto& members = state_.class_members(chosen);
-  NodeId node = config_.random_ties && members.size() > 1 ? members[rng_() % members.size()]
-                                                          : members[0];
-  const Entry& e = cache_[shape][chosen];
+  NodeId node = members[u % members.size()];
+  const Entry& e = row.entries[chosen];
   std::vector<int> positions;
   for (int p = 0; p < 64; ++p) {
     if (e.choice >> p & 1) positions.push_back(p);
@@ -151,6 +248,15 @@ Decision Scheduler::Decide(const core::Request& r) {
   d.score = e.score;
   d.gpus = state_.GpusForPositions(node, positions);
   return d;
+}
+
+std::optional<double> Scheduler::BestScoreUncached(const core::Request& r) {
+  std::optional<double> best;
+  for (ClassId c : state_.live_classes()) {
+    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, false);
+    if (ev.feasible && (!best || ev.score > *best)) best = ev.score;
+  }
+  return best;
 }
 
 std::string Scheduler::WhyNot(const core::Request& r) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -83,19 +84,49 @@ class Scheduler {
   // Every node's verdict for `r`: "fits (score 0.83, GPUs 2,3)" or why not. For people and logs.
   std::vector<std::pair<std::string, std::string>> Explain(const core::Request& r);
 
+  // The best score any node offers `r`, by evaluating every class afresh (no cache); nullopt if no node
+  // fits. Slow: for tests and consistency checks of the incremental caches Decide uses.
+  std::optional<double> BestScoreUncached(const core::Request& r);
+
   // The GPU amounts an allocation counts against its owner's quota.
   GpuAmount QuotaAmount(const core::Request& r, NodeId node, const std::vector<int>& gpus) const;
 
- private:
-  // A cached evaluation: score NaN = not evaluated yet, -infinity = infeasible.
-  struct Entry {
-    double score = std::numeric_limits<double>::quiet_NaN();
-    uint64_t choice = 0;  // GPU positions in class order
+ // The best of a subtree of classes: its score and how many nodes share it (0 = none feasible).
+  struct Best {
+    double score = -std::numeric_limits<double>::infinity();
+    uint64_t weight = 0;
   };
+
+ private:
+  // A cached evaluation of one class for one request shape: valid while `generation` matches the
+  // class's; score -infinity = infeasible.
+  struct Entry {
+    double score = 0;
+    uint64_t choice = 0;  // GPU positions in class order
+    uint32_t generation = 0;
+    bool valid = false;
+  };
+  // Per request shape: every class's cached evaluation and a tournament tree over them, kept current
+  // from the cluster's class change log, so a decision costs O(changed classes x log classes)
+  // instead of a scan of every class.
+  struct Row {
+    std::vector<Entry> entries;
+    std::vector<Best> tree;  // 1-based heap: internal nodes 1..leaves-1, class c at leaves + c
+    int leaves = 0;
+    uint64_t cursor = 0;  // next change-log sequence number to apply
+    bool built = false;
+    // Per node shape: the accepted GPU kinds (NodeView::accepted_kinds), kNeverFits when no node of
+    // that shape could take the request even empty, kUnknown before the first look.
+    std::vector<int64_t> shape_kinds;
+  };
+  static constexpr int64_t kUnknown = -2;
+  static constexpr int64_t kNeverFits = -3;
+  int64_t ShapeKinds(Row& row, ShapeId s, const core::Request& r);
   int InternRequestShape(const core::Request& r);
-  void SyncCaches();
   NodeView ViewOf(ClassId c) const;
-  const Entry& EntryFor(int shape, ClassId c, const core::Request& r);
+  void Ensure(Row& row, ClassId c, const core::Request& r);
+  void Rebuild(Row& row, const core::Request& r);
+  void Refresh(Row& row, const core::Request& r);
   std::string WhyNot(const core::Request& r);
   void ResetCaches();
 
@@ -108,8 +139,9 @@ class Scheduler {
   std::mt19937_64 rng_;
 
   std::unordered_map<std::string, int> request_shapes_;
-  std::vector<std::vector<Entry>> cache_;  // [request shape][class]
-  size_t recycled_seen_ = 0;
+  std::vector<Row> cache_;  // [request shape]
+  std::vector<uint8_t> dirty_;  // scratch for Refresh: internal tree nodes queued
+  std::vector<int> level_, next_level_;
 };
 
 }  // namespace tessera::sched
