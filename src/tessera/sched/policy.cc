@@ -158,6 +158,10 @@ std::vector<PolicyKind> AllPolicyKinds() {
   return out;
 }
 
+std::vector<WeightedPolicy> DefaultPolicies() {
+  return {{PolicyKind::kFgd, 1}, {PolicyKind::kBestFit, 0.01}, {PolicyKind::kTopology, 0.5}};
+}
+
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text) {
   std::vector<WeightedPolicy> out;
   if (text == "all") {
@@ -179,13 +183,18 @@ absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& tex
             fmt::format("policy '{}': weight must be a positive number", item));
       }
     }
+    if (name == "tessera") {
+      for (WeightedPolicy p : DefaultPolicies()) out.push_back({p.kind, p.weight * weight});
+      if (end == text.size()) break;
+      continue;
+    }
     auto it = std::find_if(std::begin(kNames), std::end(kNames),
                            [&](const KindName& k) { return k.name == name; });
     if (it == std::end(kNames)) {
       std::string known;
       for (const KindName& k : kNames) known += (known.empty() ? "" : ", ") + std::string(k.name);
       return absl::InvalidArgumentError(
-          fmt::format("unknown policy '{}' (known: {}, or all)", name, known));
+          fmt::format("unknown policy '{}' (known: {}, tessera, or all)", name, known));
     }
     out.push_back({it->kind, weight});
     if (end == text.size()) break;
@@ -410,7 +419,8 @@ double PolicySet::Score(PolicyKind kind, const NodeView& node, const core::Reque
       return double(base + offset) / 100.0;
     }
     case PolicyKind::kFgd: {
-      if (frag_ == nullptr || frag_->empty() || !r.wants_gpu()) return 0.5;
+      // CPU-only requests are scored too: the CPU they take can strand a node's GPUs.
+      if (frag_ == nullptr || frag_->empty()) return 0.5;
       double before = frag_->Of(shape, node.shape_id, node.cpu_left, gpus);
       std::vector<ClassGpu> after(gpus.begin(), gpus.end());
       for (int p : positions) {

@@ -39,6 +39,8 @@ struct WeightedPolicy {
 // the unknown policy or bad weight.
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text);
 std::vector<PolicyKind> AllPolicyKinds();
+// Tessera's default policy set: fgd:1, bestfit:0.01, topology:0.5 (see docs/simulator.md for why).
+std::vector<WeightedPolicy> DefaultPolicies();
 
 // One node's state, GPUs in class order (sorted for interchangeable GPUs, index order otherwise).
 struct NodeView {

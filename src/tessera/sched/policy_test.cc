@@ -37,6 +37,12 @@ TEST(Policies, ParseNamesWeightsAndErrors) {
   EXPECT_THAT(std::string(ParsePolicies("fgd,bogus").status().message()),
               HasSubstr("unknown policy 'bogus'"));
   EXPECT_FALSE(ParsePolicies("fgd:-1").ok());
+  // "tessera" expands to the default set, scaled by its weight.
+  auto t = ParsePolicies("tessera:2");
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->size(), DefaultPolicies().size());
+  EXPECT_EQ((*t)[0].kind, PolicyKind::kFgd);
+  EXPECT_DOUBLE_EQ((*t)[1].weight, 2 * DefaultPolicies()[1].weight);
   EXPECT_FALSE(ParsePolicies("").ok());
 }
 
@@ -103,6 +109,16 @@ TEST(Policies, FgdPutsSharesWhereTheyFragmentLeast) {
   ASSERT_TRUE(first.ok());
   // A second half share completes the half-used GPU instead of breaking a whole one.
   EXPECT_EQ(s->Decide(Share("s2", 500)).node, first->node);
+}
+
+TEST(Policies, FgdKeepsCpuOnlyWorkFromStrandingGpus) {
+  auto s = Make("fgd");
+  // "small" has just enough CPU for its GPU's typical job; "big" has plenty.
+  ASSERT_TRUE(s->AddNode(Node("small", 1, 8000)).ok());
+  ASSERT_TRUE(s->AddNode(Node("big", 1, 64000)).ok());
+  s->SetTypicalRequests({{4000, 1000, 1, {}, 1.0}});
+  // A CPU-only job on "small" would leave 2 cores there: its GPU could then take no typical job.
+  EXPECT_EQ(NodeOf(*s, Whole("cpu-job", 0, 6000)), "big");
 }
 
 TEST(Policies, FgdChoosesTheGpuWithinANode) {

@@ -21,7 +21,9 @@
 namespace tessera::sched {
 
 struct SchedulerConfig {
-  std::vector<WeightedPolicy> policies = {{PolicyKind::kFgd, 1}, {PolicyKind::kTopology, 0.5}};
+  // Tessera's default ("tessera" in ParsePolicies): FGD, with best fit as a light tie-breaker (FGD's
+  // differences are often tiny or nil; packing the fuller node keeps empty ones whole), and topology.
+  std::vector<WeightedPolicy> policies = DefaultPolicies();
   uint64_t seed = 42;
   // Equal best scores are broken at random (seeded), node-uniformly, like kube-scheduler; otherwise
   // the first node wins.
