@@ -9,6 +9,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
+#include "tessera/cli/sim_cmd.h"
 #include "tessera/cli/version.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/devices/open.h"
@@ -205,6 +206,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->check(CLI::IsMember({"table", "json", "yaml"}));
   version->callback([&] { action = [&] { return RunVersion(version_output, out); }; });
 
+  std::shared_ptr<void> sim_state = AddSimCommands(app, action, out, err);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -216,9 +219,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   } catch (const CLI::ParseError& e) {
     // Help asked on a subcommand comes here too, as CallForHelp from that subcommand.
     if (e.get_exit_code() == 0) {
-      const CLI::App* sub = nullptr;
-      for (const CLI::App* s : app.get_subcommands()) sub = s;
-      out << (sub ? sub->help() : app.help());
+      // The innermost subcommand that was named (`tessera sim inflate --help`).
+      const CLI::App* sub = &app;
+      for (;;) {
+        auto subs = sub->get_subcommands();
+        if (subs.empty()) break;
+        sub = subs.back();
+      }
+      out << sub->help();
       return kExitOk;
     }
     err << "tessera: " << e.what() << "\nRun 'tessera --help' for usage.\n";

@@ -92,6 +92,16 @@ double Fragmentation::Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_l
   return v;
 }
 
+double Fragmentation::OfCluster(const ClusterState& st) {
+  double total = 0;
+  for (ClassId c : st.live_classes()) {
+    ShapeId s = st.class_shape(c);
+    total += Of(st.shape(s), s, st.class_cpu_left(c), st.class_gpus(c)) *
+             static_cast<double>(st.class_members(c).size());
+  }
+  return total;
+}
+
 double Fragmentation::Compute(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
                               const std::vector<ClassGpu>& gpus) {
   int64_t total = 0;

@@ -42,6 +42,9 @@ class Fragmentation {
   double Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
             const std::vector<ClassGpu>& gpus);
 
+  // The whole cluster's fragmentation (sum over nodes, thousandths of a GPU).
+  double OfCluster(const ClusterState& state);
+
   size_t memo_size() const { return memo_.size(); }
 
  private:

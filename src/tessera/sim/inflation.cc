@@ -15,20 +15,6 @@ std::string RequestKind(const core::Request& r) {
   return fmt::format("{}-gpu", r.gpus);
 }
 
-namespace {
-
-double FragmentedMilli(const sched::ClusterState& st, sched::Fragmentation& frag) {
-  double total = 0;
-  for (sched::ClassId c : st.live_classes()) {
-    sched::ShapeId s = st.class_shape(c);
-    total += frag.Of(st.shape(s), s, st.class_cpu_left(c), st.class_gpus(c)) *
-             static_cast<double>(st.class_members(c).size());
-  }
-  return total;
-}
-
-}  // namespace
-
 InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
                              const std::vector<core::Request>& pods,
                              const std::vector<sched::TypicalRequest>& typical,
@@ -60,7 +46,7 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
     p.arrived = capacity > 0 ? arrived_milli / capacity : 0;
     p.allocated = capacity > 0 ? allocated_milli / capacity : 0;
     p.unallocated_gpus = (capacity - static_cast<double>(allocated_milli)) / core::kMilliPerGpu;
-    p.fragmented_gpus = FragmentedMilli(s.state(), frag) / core::kMilliPerGpu;
+    p.fragmented_gpus = frag.OfCluster(s.state()) / core::kMilliPerGpu;
     p.pods_arrived = pods_arrived;
     p.pods_failed = pods_failed;
     return p;

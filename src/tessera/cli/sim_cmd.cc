@@ -1,0 +1,474 @@
+#include "tessera/cli/sim_cmd.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/cli/app.h"
+#include "tessera/cli/output.h"
+#include "tessera/sched/fragmentation.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sim/inflation.h"
+#include "tessera/sim/replay.h"
+#include "tessera/sim/report.h"
+#include "tessera/sim/trace.h"
+
+namespace tessera::cli {
+namespace {
+
+// The FGD paper's figures for openb_pod_list_default at 130% arrived demand, mean of seeds 42..51.
+const std::map<std::string, double> kPaperDefault = {
+    {"random", 87.47}, {"dotprod", 90.85}, {"gpuclustering", 91.88},
+    {"gpupacking", 92.00}, {"bestfit", 93.08}, {"fgd", 95.39}};
+
+struct SimFlags {
+  std::string nodes, pods, format = "auto", policies = "all", output = "table", out_dir;
+  int jobs = 0;
+  bool progress = true;
+  uint64_t seed = 42;
+};
+
+struct PolicyRun {
+  std::string label;
+  std::vector<sched::WeightedPolicy> policies;
+};
+
+// "fgd,bestfit,fgd+topology:0.5" -> one run per item; '+' joins policies within an item. "all" is
+// the paper's six baselines and Tessera's default; "paper" the six alone.
+absl::StatusOr<std::vector<PolicyRun>> ParsePolicyRuns(const std::string& text) {
+  std::string expanded = text;
+  if (text == "all") expanded = "random,dotprod,gpuclustering,gpupacking,bestfit,fgd,tessera";
+  if (text == "paper") expanded = "random,dotprod,gpuclustering,gpupacking,bestfit,fgd";
+  std::vector<PolicyRun> out;
+  size_t start = 0;
+  while (start <= expanded.size()) {
+    size_t end = expanded.find(',', start);
+    if (end == std::string::npos) end = expanded.size();
+    std::string item = expanded.substr(start, end - start);
+    std::string joined = item;
+    std::replace(joined.begin(), joined.end(), '+', ',');
+    auto p = sched::ParsePolicies(joined);
+    if (!p.ok()) return absl::InvalidArgumentError(fmt::format("--policies: {}", std::string(p.status().message())));
+    for (const PolicyRun& r : out) {
+      if (r.label == item) return absl::InvalidArgumentError(fmt::format("--policies: '{}' twice", item));
+    }
+    out.push_back({item, *p});
+    start = end + 1;
+    if (end == expanded.size()) break;
+  }
+  return out;
+}
+
+std::string DefaultTrace(const std::string& file) {
+  const char* env = std::getenv("TESSERA_TRACES");
+  if (env && *env) return std::string(env) + "/" + file;
+  return "";
+}
+
+// A progress line on stderr, redrawn in place; only on a terminal.
+class Progress {
+ public:
+  Progress(std::ostream& err, int total, bool enabled)
+      : err_(err), total_(total), enabled_(enabled && isatty(STDERR_FILENO)),
+        start_(std::chrono::steady_clock::now()) {}
+  void Done(const std::string& what) {
+    std::lock_guard lock(mu_);
+    ++done_;
+    if (!enabled_) return;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    int width = 30, filled = total_ ? width * done_ / total_ : width;
+    err_ << fmt::format("\r[{}{}] {}/{} runs, {:.1f}s, last: {:<30}", std::string(filled, '='),
+                        std::string(width - filled, ' '), done_, total_, s, what.substr(0, 30))
+         << std::flush;
+    if (done_ == total_) err_ << "\n";
+  }
+
+ private:
+  std::ostream& err_;
+  int total_, done_ = 0;
+  bool enabled_;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mu_;
+};
+
+// Runs fn(i) for i in [0, n) on `threads` threads.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  threads = std::max(1, std::min(threads, n));
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+int Threads(int asked) {
+  if (asked > 0) return asked;
+  unsigned hc = std::thread::hardware_concurrency();
+  return hc == 0 ? 1 : static_cast<int>(hc);
+}
+
+struct Loaded {
+  std::vector<core::NodeSpec> nodes;
+  std::vector<sim::SimJob> jobs;
+  std::vector<core::Request> requests;
+  std::vector<sched::TypicalRequest> typical;
+};
+
+std::optional<int> Load(const SimFlags& f, Loaded& l, std::ostream& err) {
+  auto format = sim::ParseTraceFormat(f.format);
+  if (!format.ok()) {
+    err << "tessera: --format: " << format.status().message() << "\n";
+    return kExitBadInput;
+  }
+  std::string nodes = f.nodes.empty() ? DefaultTrace("openb_node_list_gpu_node.csv") : f.nodes;
+  std::string pods = f.pods.empty() ? DefaultTrace("openb_pod_list_default.csv") : f.pods;
+  if (nodes.empty() || pods.empty()) {
+    err << "tessera: --nodes and --pods are required (or set TESSERA_TRACES to a folder holding "
+           "the openb CSVs)\n";
+    return kExitBadInput;
+  }
+  auto n = sim::LoadNodes(nodes, *format);
+  if (!n.ok()) {
+    err << "tessera: " << n.status().message() << "\n";
+    return kExitBadInput;
+  }
+  auto j = sim::LoadJobs(pods, *format);
+  if (!j.ok()) {
+    err << "tessera: " << j.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (n->empty()) {
+    err << "tessera: " << nodes << ": no nodes\n";
+    return kExitBadInput;
+  }
+  if (j->empty()) {
+    err << "tessera: " << pods << ": no jobs\n";
+    return kExitBadInput;
+  }
+  l.nodes = std::move(*n);
+  l.jobs = std::move(*j);
+  for (const sim::SimJob& job : l.jobs) l.requests.push_back(job.request);
+  l.typical = sched::TypicalRequests(l.requests);
+  spdlog::info("sim: {} nodes from {}, {} jobs from {}, {} typical request shapes", l.nodes.size(),
+               nodes, l.jobs.size(), pods, l.typical.size());
+  return std::nullopt;
+}
+
+std::optional<int> WriteFile(const std::filesystem::path& path, const std::string& text,
+                             std::ostream& err) {
+  std::ofstream o(path, std::ios::binary | std::ios::trunc);
+  o << text;
+  o.close();
+  if (!o) {
+    err << "tessera: cannot write " << path.string() << "\n";
+    return kExitFailure;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> MakeOutDir(const std::string& dir, std::ostream& err) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    err << "tessera: --out " << dir << ": " << ec.message() << "\n";
+    return kExitFailure;
+  }
+  return std::nullopt;
+}
+
+int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ostream& out,
+               std::ostream& err) {
+  auto runs = ParsePolicyRuns(f.policies);
+  if (!runs.ok()) {
+    err << "tessera: " << runs.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (!f.out_dir.empty()) {
+    if (auto rc = MakeOutDir(f.out_dir, err)) return *rc;
+  }
+  Loaded l;
+  if (auto rc = Load(f, l, err)) return *rc;
+  std::vector<std::pair<const PolicyRun*, uint64_t>> specs;
+  for (const PolicyRun& r : *runs) {
+    for (int s = 0; s < seeds; ++s) specs.emplace_back(&r, f.seed + static_cast<uint64_t>(s));
+  }
+  std::vector<sim::InflationResult> results(specs.size());
+  Progress progress(err, static_cast<int>(specs.size()), f.progress);
+  auto t0 = std::chrono::steady_clock::now();
+  ParallelFor(static_cast<int>(specs.size()), Threads(f.jobs), [&](int i) {
+    sim::InflationConfig c;
+    c.label = specs[i].first->label;
+    c.policies = specs[i].first->policies;
+    c.seed = specs[i].second;
+    c.ratio = ratio;
+    c.step = step;
+    results[i] = sim::RunInflation(l.nodes, l.requests, l.typical, c);
+    progress.Done(fmt::format("{} seed {}", c.label, c.seed));
+  });
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("sim: {} inflation runs in {:.2f}s on {} threads", specs.size(), wall, Threads(f.jobs));
+  bool paper = std::filesystem::path(f.pods.empty() ? DefaultTrace("openb_pod_list_default.csv")
+                                                    : f.pods)
+                       .filename() == "openb_pod_list_default.csv" &&
+               std::abs(ratio - 1.3) < 1e-9;
+  auto summaries = sim::SummarizeInflation(results);
+  if (!f.out_dir.empty()) {
+    std::filesystem::path dir(f.out_dir);
+    std::string subtitle = fmt::format(
+        "{} nodes, {} jobs; pods drawn with replacement until arrived GPU demand reaches {:.0f}% "
+        "of capacity; seeds {}..{}.",
+        l.nodes.size(), l.jobs.size(), 100 * ratio, f.seed, f.seed + seeds - 1);
+    for (auto [name, text] : {std::pair{"inflation_curve.csv", sim::InflationCurveCsv(results)},
+                              std::pair{"inflation_runs.csv", sim::InflationRunsCsv(results)},
+                              std::pair{"inflation_failed.csv", sim::InflationFailedCsv(results)},
+                              std::pair{"report.html", sim::HtmlReport("Tessera simulator: workload "
+                                                                       "inflation",
+                                                                       subtitle, results, {})}}) {
+      if (auto rc = WriteFile(dir / name, text, err)) return *rc;
+    }
+    spdlog::info("sim: wrote {}/{{inflation_curve,inflation_runs,inflation_failed}}.csv and report.html",
+                 f.out_dir);
+  }
+  Format format = *ParseFormat(f.output);
+  if (format == Format::kTable) {
+    std::vector<std::string> header = {"POLICY", "RUNS", "GPU ALLOC", "SD", "UNALLOCATED GPUS",
+                                       "FRAGMENTED GPUS", "FAILED PODS", "SECONDS/RUN"};
+    if (paper) header.push_back("PAPER");
+    Table t(header);
+    for (const sim::InflationSummary& s : summaries) {
+      std::vector<std::string> row = {s.label,
+                                      std::to_string(s.runs),
+                                      fmt::format("{:.2f}%", 100 * s.allocated),
+                                      fmt::format("{:.2f}", 100 * s.allocated_sd),
+                                      fmt::format("{:.1f}", s.unallocated_gpus),
+                                      fmt::format("{:.1f}", s.fragmented_gpus),
+                                      fmt::format("{:.0f} of {:.0f}", s.pods_failed, s.pods_arrived),
+                                      fmt::format("{:.2f}", s.seconds / s.runs)};
+      if (paper) {
+        auto it = kPaperDefault.find(s.label);
+        row.push_back(it == kPaperDefault.end() ? "-" : fmt::format("{:.2f}%", it->second));
+      }
+      t.AddRow(row);
+    }
+    t.Print(out);
+    out << fmt::format("{} runs in {:.1f}s{}\n", specs.size(), wall,
+                       f.out_dir.empty() ? "" : "; CSV and report.html in " + f.out_dir);
+  } else {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const sim::InflationSummary& s : summaries) {
+      nlohmann::ordered_json e;
+      e["policy"] = s.label;
+      e["runs"] = s.runs;
+      e["allocatedRatio"] = s.allocated;
+      e["allocatedRatioSd"] = s.allocated_sd;
+      e["unallocatedGpus"] = s.unallocated_gpus;
+      e["fragmentedGpus"] = s.fragmented_gpus;
+      e["podsArrived"] = s.pods_arrived;
+      e["podsFailed"] = s.pods_failed;
+      nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+      for (const auto& [k, v] : s.by_kind) kinds[k] = {{"arrived", v.first}, {"failed", v.second}};
+      e["byKind"] = kinds;
+      if (paper && kPaperDefault.contains(s.label)) e["paperAllocatedRatio"] = kPaperDefault.at(s.label) / 100;
+      j.push_back(e);
+    }
+    EmitStructured(j, format, out);
+  }
+  return kExitOk;
+}
+
+int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double compression,
+                 std::ostream& out, std::ostream& err) {
+  auto runs = ParsePolicyRuns(f.policies == "all" ? "bestfit,fgd,tessera" : f.policies);
+  if (!runs.ok()) {
+    err << "tessera: " << runs.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (!f.out_dir.empty()) {
+    if (auto rc = MakeOutDir(f.out_dir, err)) return *rc;
+  }
+  Loaded l;
+  if (auto rc = Load(f, l, err)) return *rc;
+  if (std::none_of(l.jobs.begin(), l.jobs.end(), [](const sim::SimJob& j) { return j.duration >= 0; })) {
+    err << "tessera: no job in the pod list has a duration (openb: deletion_time; Tessera CSV: "
+           "duration), so there is nothing to replay over time; `tessera sim inflate` needs none\n";
+    return kExitBadInput;
+  }
+  // Compressing arrivals raises the load: a sampled trace is often far lighter than its cluster.
+  if (compression != 1) {
+    for (sim::SimJob& j : l.jobs) j.submit /= compression;
+  }
+  std::vector<sim::ReplayResult> results(runs->size());
+  Progress progress(err, static_cast<int>(runs->size()), f.progress);
+  auto t0 = std::chrono::steady_clock::now();
+  ParallelFor(static_cast<int>(runs->size()), Threads(f.jobs), [&](int i) {
+    sim::ReplayConfig c;
+    c.label = (*runs)[i].label;
+    c.policies = (*runs)[i].policies;
+    c.seed = f.seed;
+    c.preemption = !no_preemption;
+    c.samples = samples;
+    results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
+    progress.Done(c.label);
+  });
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!f.out_dir.empty()) {
+    std::filesystem::path dir(f.out_dir);
+    std::string subtitle =
+        fmt::format("{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x.",
+                    l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression);
+    for (auto [name, text] :
+         {std::pair{"replay_series.csv", sim::ReplaySeriesCsv(results)},
+          std::pair{"replay_runs.csv", sim::ReplayRunsCsv(results)},
+          std::pair{"report.html",
+                    sim::HtmlReport("Tessera simulator: time-based replay", subtitle, {}, results)}}) {
+      if (auto rc = WriteFile(dir / name, text, err)) return *rc;
+    }
+  }
+  Format format = *ParseFormat(f.output);
+  if (format == Format::kTable) {
+    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "MEAN ALLOC", "PEAK ALLOC",
+             "WAIT MEAN",
+             "WAIT P50", "WAIT P95", "WAIT P99", "JCT MEAN", "SECONDS"});
+    for (const sim::ReplayResult& r : results) {
+      t.AddRow({r.label, std::to_string(r.jobs), std::to_string(r.finished),
+                std::to_string(r.never_started), std::to_string(r.preemptions),
+                fmt::format("{:.2f}%", 100 * r.mean_allocated),
+                fmt::format("{:.2f}%", 100 * r.peak_allocated), fmt::format("{:.0f}s", r.wait.mean),
+                fmt::format("{:.0f}s", r.wait.p50), fmt::format("{:.0f}s", r.wait.p95),
+                fmt::format("{:.0f}s", r.wait.p99), fmt::format("{:.0f}s", r.jct.mean),
+                fmt::format("{:.2f}", r.seconds)});
+    }
+    t.Print(out);
+    out << fmt::format("{} runs in {:.1f}s{}\n", results.size(), wall,
+                       f.out_dir.empty() ? "" : "; CSV and report.html in " + f.out_dir);
+  } else {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    auto dist = [](const sim::Distribution& d) {
+      return nlohmann::ordered_json{{"count", d.count}, {"mean", d.mean}, {"p50", d.p50},
+                                    {"p95", d.p95},     {"p99", d.p99},   {"max", d.max}};
+    };
+    for (const sim::ReplayResult& r : results) {
+      j.push_back({{"policy", r.label},
+                   {"seed", r.seed},
+                   {"jobs", r.jobs},
+                   {"finished", r.finished},
+                   {"neverStarted", r.never_started},
+                   {"queuedAtEnd", r.queued_at_end},
+                   {"preemptions", r.preemptions},
+                   {"meanAllocatedRatio", r.mean_allocated},
+                   {"peakAllocatedRatio", r.peak_allocated},
+                   {"waitSeconds", dist(r.wait)},
+                   {"jctSeconds", dist(r.jct)}});
+    }
+    EmitStructured(j, format, out);
+  }
+  return kExitOk;
+}
+
+void AddCommon(CLI::App* cmd, SimFlags& f) {
+  cmd->add_option("--nodes", f.nodes,
+                  "Node list CSV (openb or Tessera format); default $TESSERA_TRACES/"
+                  "openb_node_list_gpu_node.csv");
+  cmd->add_option("--pods", f.pods,
+                  "Pod/job list CSV (openb or Tessera format); default $TESSERA_TRACES/"
+                  "openb_pod_list_default.csv");
+  cmd->add_option("--format", f.format, "Input format: auto (by header), openb or tessera")
+      ->check(CLI::IsMember({"auto", "openb", "tessera"}));
+  cmd->add_option("--out", f.out_dir, "Folder for the CSV files and report.html (created if missing)");
+  cmd->add_option("-j,--jobs", f.jobs, "Runs in parallel (default: one per CPU)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("!--no-progress", f.progress, "No progress bar (it is shown only on a terminal)");
+  cmd->add_option("-o,--output", f.output, "Output format: table, json or yaml")
+      ->check(CLI::IsMember({"table", "json", "yaml"}));
+}
+
+}  // namespace
+
+std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action, std::ostream& out,
+                                     std::ostream& err) {
+  struct State {
+    SimFlags inflate_flags, replay_flags;
+    int seeds = 10;
+    double ratio = 1.3, step = 0.01;
+    bool no_preemption = false;
+    int samples = 200;
+    double compression = 1;
+  };
+  auto st = std::make_shared<State>();
+  SimFlags& inflate_flags = st->inflate_flags;
+  SimFlags& replay_flags = st->replay_flags;
+  int& seeds = st->seeds;
+  double& ratio = st->ratio;
+  double& step = st->step;
+  bool& no_preemption = st->no_preemption;
+  int& samples = st->samples;
+  CLI::App* sim = app.add_subcommand(
+      "sim", "Replay cluster traces through the scheduling core and compare policies");
+  sim->require_subcommand(1);
+
+  CLI::App* inflate = sim->add_subcommand(
+      "inflate",
+      "Workload inflation (the FGD paper's experiment): pods drawn with replacement arrive until "
+      "their GPU demand reaches --ratio of capacity; report GPU allocation per policy");
+  AddCommon(inflate, inflate_flags);
+  inflate->add_option("--policies", inflate_flags.policies,
+                      "Policies side by side, comma-separated; '+' combines within one run "
+                      "(fgd+topology:0.5); 'all' = the paper's six and tessera; 'paper' = the six")
+      ->capture_default_str();
+  inflate->add_option("--seeds", seeds, "Runs per policy, seeds --seed, --seed+1, ...")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  inflate->add_option("--seed", inflate_flags.seed, "First seed")->capture_default_str();
+  inflate->add_option("--ratio", ratio, "Arrived GPU demand at the end, as a share of capacity")
+      ->check(CLI::Range(0.01, 10.0))
+      ->capture_default_str();
+  inflate->add_option("--step", step, "Curve resolution, as a share of capacity")
+      ->check(CLI::Range(0.001, 1.0))
+      ->capture_default_str();
+  inflate->callback([&action, &out, &err, st] {
+    action = [&out, &err, st] {
+      return RunInflate(st->inflate_flags, st->seeds, st->ratio, st->step, out, err);
+    };
+  });
+
+  CLI::App* replay = sim->add_subcommand(
+      "replay",
+      "Time-based replay: jobs arrive at their submit times, queue by priority, run for their "
+      "durations; report queueing delay, JCT, allocation and fragmentation over time");
+  AddCommon(replay, replay_flags);
+  replay_flags.policies = "all";
+  replay->add_option("--policies", replay_flags.policies,
+                     "Policies side by side (as for inflate); 'all' = bestfit,fgd,tessera")
+      ->capture_default_str();
+  replay->add_option("--seed", replay_flags.seed, "Seed for random tie-breaks")->capture_default_str();
+  replay->add_flag("--no-preemption", no_preemption, "Never preempt lower-priority jobs");
+  replay->add_option("--compress", st->compression,
+                     "Divide submit times by this factor (durations unchanged) to raise the load")
+      ->check(CLI::Range(0.001, 1e6))
+      ->capture_default_str();
+  replay->add_option("--samples", samples, "Points of each time series")
+      ->check(CLI::Range(2, 100000))
+      ->capture_default_str();
+  replay->callback([&action, &out, &err, st] {
+    action = [&out, &err, st] {
+      return RunReplayCmd(st->replay_flags, st->no_preemption, st->samples, st->compression, out,
+                          err);
+    };
+  });
+  return st;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,60 @@
+#pragma once
+// Time-based replay: jobs arrive at their submit times, wait in a queue ordered by priority then
+// arrival, run for their durations and leave. Each time something changes the queue is scanned in
+// order (later jobs may start ahead of a blocked one: backfill); a job that fits nowhere may preempt
+// lower-priority preemptible jobs (the production Scheduler's plan), which go back to the queue and
+// start over. Uses the production Scheduler. Deterministic for given inputs and seed.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/sched/fragmentation.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sim/trace.h"
+
+namespace tessera::sim {
+
+struct ReplayConfig {
+  std::string label;
+  std::vector<sched::WeightedPolicy> policies;
+  uint64_t seed = 42;
+  bool preemption = true;
+  int samples = 200;  // points of the time series over the replay
+};
+
+struct ReplaySample {
+  double time = 0;
+  double allocated = 0;         // allocated GPU compute / capacity
+  double fragmented_gpus = 0;
+  int64_t queued = 0;
+  int64_t running = 0;
+};
+
+struct Distribution {
+  int64_t count = 0;
+  double mean = 0, p50 = 0, p95 = 0, p99 = 0, max = 0;
+};
+Distribution Summarize(std::vector<double> values);
+
+struct ReplayResult {
+  std::string label;
+  uint64_t seed = 0;
+  std::vector<ReplaySample> series;
+  Distribution wait;           // seconds from submit to (last) start, jobs that started
+  Distribution jct;            // seconds from submit to finish, jobs that finished
+  int64_t jobs = 0;
+  int64_t finished = 0;
+  int64_t never_started = 0;   // never ran (still queued at the end, or larger than any node)
+  int64_t queued_at_end = 0;   // waiting when the replay ended (preempted jobs included)
+  int64_t preemptions = 0;     // evictions
+  double mean_allocated = 0;   // time-weighted over the replay
+  double peak_allocated = 0;
+  double end_time = 0;
+  double seconds = 0;          // wall time
+};
+
+ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
+                       const std::vector<sched::TypicalRequest>& typical, const ReplayConfig& config);
+
+}  // namespace tessera::sim

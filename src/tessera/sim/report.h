@@ -1,0 +1,50 @@
+#pragma once
+// Reports of simulator runs: per-policy summaries over seeds, CSV for every series (fixed formatting,
+// so equal runs give byte-identical files) and a self-contained HTML report with SVG plots.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/sim/inflation.h"
+#include "tessera/sim/replay.h"
+
+namespace tessera::sim {
+
+struct InflationSummary {
+  std::string label;
+  int runs = 0;
+  double allocated = 0, allocated_sd = 0;  // final GPU allocation ratio, mean and sample s.d.
+  double unallocated_gpus = 0;
+  double fragmented_gpus = 0;
+  double pods_arrived = 0, pods_failed = 0;
+  std::map<std::string, std::pair<double, double>> by_kind;  // kind -> (arrived, failed), means
+  std::vector<double> arrived, curve;                        // mean allocation ratio per step
+  double seconds = 0;                                        // summed wall time
+};
+
+// One summary per label, in the order labels first appear.
+std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResult>& runs);
+
+std::string InflationCurveCsv(const std::vector<InflationResult>& runs);
+std::string InflationRunsCsv(const std::vector<InflationResult>& runs);
+std::string InflationFailedCsv(const std::vector<InflationResult>& runs);
+std::string ReplaySeriesCsv(const std::vector<ReplayResult>& runs);
+std::string ReplayRunsCsv(const std::vector<ReplayResult>& runs);
+
+struct PlotSeries {
+  std::string name;
+  std::vector<double> x, y;
+};
+// A line chart as inline SVG.
+std::string SvgLineChart(const std::string& title, const std::string& x_label,
+                         const std::string& y_label, const std::vector<PlotSeries>& series);
+
+// The whole report: summary tables and plots. `subtitle` says what ran (inputs, seeds).
+std::string HtmlReport(const std::string& title, const std::string& subtitle,
+                       const std::vector<InflationResult>& inflation,
+                       const std::vector<ReplayResult>& replay);
+
+std::string HtmlEscape(const std::string& s);
+
+}  // namespace tessera::sim

@@ -1,0 +1,39 @@
+#pragma once
+// What the simulator replays: a cluster (nodes) and jobs with arrival times and durations, loaded from
+// the Alibaba openb CSVs or from Tessera's own documented CSV format (docs/simulator.md). Malformed
+// rows are errors naming the file, line and column. Pure functions apart from reading the files.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/core/request.h"
+
+namespace tessera::sim {
+
+enum class TraceFormat { kAuto, kOpenb, kTessera };
+absl::StatusOr<TraceFormat> ParseTraceFormat(std::string_view text);  // auto, openb, tessera
+
+struct SimJob {
+  core::Request request;  // id, resources, priority, preemptible
+  double submit = 0;      // seconds on the trace's clock
+  double duration = -1;   // seconds; < 0 when unknown (the job runs to the end of the replay)
+};
+
+// openb qos -> priority: LS 3, Guaranteed 2, Burstable 1, BE 0 (and empty 1); BE and Burstable are
+// preemptible.
+int OpenbPriority(std::string_view qos);
+
+// Tessera CSV. Nodes: name,cpu_milli,memory_mib,gpus[,gpu_model][,gpu_memory_mib][,count] - count > 1
+// makes that many nodes named name-0, name-1, ... Jobs: name,cpu_milli,memory_mib[,gpus][,gpu_milli]
+// [,gpu_memory_mib][,gpu_models][,priority][,preemptible][,submit_time][,duration].
+absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view csv,
+                                                              std::string_view filename);
+absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv, std::string_view filename);
+
+// Reads a node or job file in the given format; kAuto tells the formats apart by their header.
+absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format);
+absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format);
+
+}  // namespace tessera::sim
