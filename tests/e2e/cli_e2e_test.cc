@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -58,6 +62,116 @@ TEST(TesseraBinary, FakeDriverThroughDlopen) {
 
 TEST(TesseraBinary, BadFlagIsExitTwo) {
   EXPECT_EQ(Tessera("gpus --no-such-flag 2>/dev/null").code, 2);
+}
+
+
+
+// ---- tessera sim ----
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  std::string dir = "/tmp/tessera-e2e-sim-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const char* kNodes =
+    "name,cpu_milli,memory_mib,gpus,gpu_model,count\n"
+    "g8,96000,393216,8,A100,6\n"
+    "g2,32000,131072,2,T4,10\n";
+const char* kJobs =
+    "name,cpu_milli,memory_mib,gpus,gpu_milli,gpu_models,priority,submit_time,duration\n"
+    "a,8000,16384,1,,,0,0,100\n"
+    "b,4000,8192,,500,,0,5,50\n"
+    "c,16000,65536,4,,A100,2,10,300\n"
+    "d,2000,4096,,250,T4,1,12,20\n"
+    "e,1000,2048,,,,0,15,10\n";
+
+TEST(TesseraSim, InflateWritesIdenticalCsvForTheSameSeeds) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  std::string out1 = nodes + ".out1", out2 = nodes + ".out2";
+  std::string args = "sim inflate --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd,bestfit,tessera --seeds 3 -o json --out ";
+  Result a = Tessera(args + out1);
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto j = nlohmann::json::parse(a.out);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["policy"], "fgd");
+  EXPECT_EQ(j[0]["runs"], 3);
+  EXPECT_GT(j[0]["allocatedRatio"].get<double>(), 0.5);
+  EXPECT_LE(j[0]["allocatedRatio"].get<double>(), 1.0);
+  ASSERT_EQ(Tessera(args + out2).code, 0);
+  for (const char* f : {"inflation_curve.csv", "inflation_runs.csv", "inflation_failed.csv"}) {
+    std::string first = ReadAll(out1 + "/" + f);
+    EXPECT_FALSE(first.empty()) << f;
+    EXPECT_EQ(first, ReadAll(out2 + "/" + f)) << f << " differs between equal runs";
+  }
+  std::string html = ReadAll(out1 + "/report.html");
+  EXPECT_THAT(html, ::testing::HasSubstr("<svg"));
+  EXPECT_THAT(html, ::testing::HasSubstr("tessera"));
+}
+
+TEST(TesseraSim, InflateTableAndYaml) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  Result t = Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random --seeds 2");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("GPU ALLOC"));
+  EXPECT_THAT(t.out, ::testing::HasSubstr("random"));
+  Result y = Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random -o yaml");
+  ASSERT_EQ(y.code, 0);
+  EXPECT_THAT(y.out, ::testing::HasSubstr("- policy: \"random\"\n  runs: 10\n"));
+}
+
+TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  std::string out = nodes + ".replay";
+  Result r = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd,spread -o json --samples 5 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["jobs"], 5);
+  EXPECT_EQ(j[0]["finished"], 5);
+  EXPECT_EQ(j[0]["waitSeconds"]["count"], 5);
+  std::string series = ReadAll(out + "/replay_series.csv");
+  EXPECT_THAT(series, ::testing::StartsWith("policy,seed,time,allocated_ratio"));
+  EXPECT_GE(std::count(series.begin(), series.end(), '\n'), 11);  // header + 5 per policy
+}
+
+TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes);
+  std::string bad = WriteTemp("bad.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,-3\n");
+  Result r = Tessera("sim inflate --nodes " + nodes + " --pods " + bad + " 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("bad.csv:2: gpus: expected an integer 0..64, got '-3'"));
+  Result p = Tessera("sim inflate --nodes " + nodes + " --pods " + bad + " --policies fgd,nope 2>&1");
+  EXPECT_EQ(p.code, 2);
+  EXPECT_THAT(p.out, ::testing::HasSubstr("unknown policy 'nope'"));
+  Result missing = Tessera("sim inflate --nodes /nonexistent.csv --pods " + bad + " 2>&1");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_THAT(missing.out, ::testing::HasSubstr("/nonexistent.csv: cannot open"));
+  std::string untimed = WriteTemp("untimed.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,1\n");
+  Result replay = Tessera("sim replay --nodes " + nodes + " --pods " + untimed + " 2>&1");
+  EXPECT_EQ(replay.code, 2);
+  EXPECT_THAT(replay.out, ::testing::HasSubstr("no job in the pod list has a duration"));
+}
+
+TEST(TesseraSim, HelpForEachSubcommand) {
+  for (const char* cmd : {"sim --help", "sim inflate --help", "sim replay --help"}) {
+    Result r = Tessera(cmd);
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_THAT(r.out, ::testing::HasSubstr("--")) << cmd;
+  }
+  EXPECT_THAT(Tessera("sim inflate --help").out, ::testing::HasSubstr("--ratio"));
+  EXPECT_THAT(Tessera("sim replay --help").out, ::testing::HasSubstr("--compress"));
 }
 
 }  // namespace

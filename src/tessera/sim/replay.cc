@@ -94,8 +94,10 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   const double span = std::max(horizon - start_time, 1.0);
   int next_sample = 0;
   double last_time = start_time, area = 0;
+  // A sample every span/(samples-1) seconds; the grid goes on past the estimated end when waiting
+  // made the replay longer.
   auto sample_until = [&](double t) {
-    while (next_sample < samples) {
+    for (;;) {
       double ts = start_time + span * next_sample / (samples - 1);
       if (ts > t) break;
       ReplaySample p;
@@ -196,7 +198,6 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   }
   double end_time = std::max(last_time, horizon);
   advance(end_time);
-  sample_until(std::numeric_limits<double>::infinity());
   out.end_time = end_time;
   out.mean_allocated = end_time > start_time ? area / (end_time - start_time) : 0;
   for (size_t i = 0; i < jobs.size(); ++i) {

@@ -20,7 +20,9 @@ struct ReplayConfig {
   std::vector<sched::WeightedPolicy> policies;
   uint64_t seed = 42;
   bool preemption = true;
-  int samples = 200;  // points of the time series over the replay
+  // Points of the time series over the span the trace asks for (last submit + duration); more when
+  // queueing makes the replay run longer.
+  int samples = 200;
 };
 
 struct ReplaySample {

@@ -1,0 +1,283 @@
+// Simulator: the Tessera CSV format, workload inflation and time-based replay on small hand-made
+// clusters where the right numbers are obvious, determinism, and the reports.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/sched/test_util.h"
+#include "tessera/sim/inflation.h"
+#include "tessera/sim/replay.h"
+#include "tessera/sim/report.h"
+#include "tessera/sim/trace.h"
+
+namespace tessera::sim {
+namespace {
+
+using ::testing::HasSubstr;
+using sched::testing::Node;
+
+TEST(TesseraCsv, NodesWithCountAndModelMemory) {
+  auto nodes = ParseTesseraNodes(
+      "name,cpu_milli,memory_mib,gpus,gpu_model,gpu_memory_mib,count\n"
+      "big,96000,393216,8,A100,81920,3\n"
+      "cpu,32000,65536,0,,,\n",
+      "nodes.csv");
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_EQ(nodes->size(), 4u);
+  EXPECT_EQ((*nodes)[0].name, "big-0");
+  EXPECT_EQ((*nodes)[2].name, "big-2");
+  EXPECT_EQ((*nodes)[1].gpus.size(), 8u);
+  EXPECT_EQ((*nodes)[1].gpus[0].memory_mib, 81920);
+  EXPECT_EQ((*nodes)[3].name, "cpu");
+  EXPECT_TRUE((*nodes)[3].gpus.empty());
+}
+
+TEST(TesseraCsv, JobsWithSharesModelsAndTimes) {
+  auto jobs = ParseTesseraJobs(
+      "name,cpu_milli,memory_mib,gpus,gpu_milli,gpu_memory_mib,gpu_models,priority,preemptible,"
+      "submit_time,duration\n"
+      "train,8000,32768,4,,,A100|H100,5,0,10,3600\n"
+      "notebook,2000,8192,,300,10240,,0,1,20.5,\n",
+      "jobs.csv");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  const SimJob& train = (*jobs)[0];
+  EXPECT_EQ(train.request.gpus, 4);
+  EXPECT_THAT(train.request.models, ::testing::ElementsAre("A100", "H100"));
+  EXPECT_EQ(train.request.priority, 5);
+  EXPECT_FALSE(train.request.preemptible);
+  EXPECT_EQ(train.submit, 10);
+  EXPECT_EQ(train.duration, 3600);
+  const SimJob& nb = (*jobs)[1];
+  EXPECT_TRUE(nb.request.fractional());
+  EXPECT_EQ(nb.request.gpu_milli, 300);
+  EXPECT_EQ(nb.request.gpu_memory_mib, 10240);
+  EXPECT_DOUBLE_EQ(nb.submit, 20.5);
+  EXPECT_LT(nb.duration, 0) << "no duration: runs to the end";
+}
+
+struct BadCase {
+  const char* text;
+  const char* error;
+};
+
+class BadTesseraCsv : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadTesseraCsv, NamesFileLineAndColumn) {
+  auto jobs = ParseTesseraJobs(GetParam().text, "jobs.csv");
+  ASSERT_FALSE(jobs.ok());
+  EXPECT_THAT(std::string(jobs.status().message()), HasSubstr(GetParam().error));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rows, BadTesseraCsv,
+    ::testing::Values(
+        BadCase{"name,cpu_milli\n", "jobs.csv:1: missing column 'memory_mib'"},
+        BadCase{"name,cpu_milli,memory_mib,colour\n", "jobs.csv:1: unknown column 'colour'"},
+        BadCase{"name,cpu_milli,memory_mib,gpus,gpu_milli\na,1,1,2,500\n",
+                "jobs.csv:2: gpus: whole GPUs and a share"},
+        BadCase{"name,cpu_milli,memory_mib\na,1,1\na,2,2\n", "jobs.csv:3: name: job 'a' listed twice"},
+        BadCase{"name,cpu_milli,memory_mib,submit_time\na,1,1,yesterday\n",
+                "jobs.csv:2: submit_time: expected seconds >= 0, got 'yesterday'"},
+        BadCase{"name,cpu_milli,memory_mib,duration\na,1,1,-5\n", "jobs.csv:2: duration"},
+        BadCase{"name,cpu_milli,memory_mib,gpu_models\na,1,1,A100\n",
+                "jobs.csv:2: gpu_models: a job without GPUs"},
+        BadCase{"name,cpu_milli,memory_mib\na,1\n", "jobs.csv:2: expected 3 fields, got 2"}));
+
+TEST(TesseraCsv, BadNodesNameTheLine) {
+  auto n = ParseTesseraNodes("name,cpu_milli,memory_mib,gpus\nx,1000,1000,2\n", "n.csv");
+  ASSERT_FALSE(n.ok());
+  EXPECT_THAT(std::string(n.status().message()), HasSubstr("n.csv:2: gpu_model: a node with GPUs"));
+  auto dup = ParseTesseraNodes(
+      "name,cpu_milli,memory_mib,gpus,count\nx,1,1,0,2\nx-1,1,1,0,\n", "n.csv");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("n.csv:3: name: node 'x-1' listed twice"));
+}
+
+core::Request Gpus(const std::string& id, int n, int64_t cpu = 1000) {
+  return sched::testing::Whole(id, n, cpu);
+}
+
+std::vector<core::NodeSpec> TwoNodes() { return {Node("a", 4), Node("b", 4)}; }
+
+InflationConfig Config(const std::string& policy, uint64_t seed = 42) {
+  InflationConfig c;
+  c.label = policy;
+  c.policies = *sched::ParsePolicies(policy);
+  c.seed = seed;
+  return c;
+}
+
+TEST(Inflation, OneGpuPodsFillTheClusterExactly) {
+  // 8 GPUs, 1-GPU pods: arrivals stop at 130% (11 pods: 10.4 > 10.4 is false, so the 11th passes it);
+  // every GPU gets used, and the rest fail.
+  std::vector<core::Request> pods = {Gpus("p", 1)};
+  InflationResult r = RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit"));
+  EXPECT_EQ(r.capacity_milli, 8000);
+  EXPECT_EQ(r.final.pods_arrived, 11);
+  EXPECT_DOUBLE_EQ(r.final.allocated, 1.0);
+  EXPECT_DOUBLE_EQ(r.final.unallocated_gpus, 0);
+  EXPECT_EQ(r.final.pods_failed, 3);
+  EXPECT_EQ(r.failed_by_kind.at("1-gpu"), 3);
+  // A curve point per 1% of arrived demand, up to 130%.
+  ASSERT_EQ(r.curve.size(), 130u);
+  EXPECT_NEAR(r.curve.back().arrived, 1.3, 1e-9);
+  for (size_t i = 1; i < r.curve.size(); ++i) {
+    EXPECT_GE(r.curve[i].allocated, r.curve[i - 1].allocated) << "pods never leave";
+    EXPECT_LE(r.curve[i].allocated, 1.0);
+  }
+}
+
+TEST(Inflation, FragmentationStrandsGpusUnderSpreadButNotBestFit) {
+  // Pods of 3 GPUs on two 4-GPU nodes: any policy fits two; the leftover single GPUs are fragments
+  // for a workload of 3-GPU pods.
+  std::vector<core::Request> pods = {Gpus("p", 3)};
+  InflationResult r = RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("spread"));
+  EXPECT_DOUBLE_EQ(r.final.allocated, 0.75);
+  EXPECT_DOUBLE_EQ(r.final.unallocated_gpus, 2);
+  EXPECT_DOUBLE_EQ(r.final.fragmented_gpus, 2) << "a 3-GPU pod fits neither leftover GPU";
+}
+
+TEST(Inflation, SameSeedSameCsvOtherSeedOtherDraw) {
+  std::vector<core::Request> pods = {Gpus("a", 1), Gpus("b", 2), sched::testing::Share("c", 300),
+                                     Gpus("d", 0, 4000)};
+  auto typical = sched::TypicalRequests(pods);
+  std::vector<core::NodeSpec> nodes;
+  for (int i = 0; i < 20; ++i) nodes.push_back(Node("n" + std::to_string(i), 1 + i % 8, 16000));
+  auto once = [&](uint64_t seed) {
+    std::vector<InflationResult> runs = {RunInflation(nodes, pods, typical, Config("fgd", seed)),
+                                         RunInflation(nodes, pods, typical, Config("random", seed))};
+    return InflationCurveCsv(runs) + InflationRunsCsv(runs) + InflationFailedCsv(runs);
+  };
+  EXPECT_EQ(once(7), once(7));
+  EXPECT_NE(once(7), once(8));
+}
+
+TEST(Inflation, SummaryAveragesSeeds) {
+  std::vector<core::Request> pods = {Gpus("p", 1), Gpus("q", 3)};
+  std::vector<InflationResult> runs;
+  for (uint64_t seed : {1, 2, 3}) {
+    runs.push_back(RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit", seed)));
+  }
+  auto s = SummarizeInflation(runs);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].runs, 3);
+  double mean = (runs[0].final.allocated + runs[1].final.allocated + runs[2].final.allocated) / 3;
+  EXPECT_NEAR(s[0].allocated, mean, 1e-12);
+  EXPECT_EQ(s[0].curve.size(), runs[0].curve.size());
+}
+
+SimJob Job(const std::string& id, int gpus, double submit, double duration, int priority = 0,
+           bool preemptible = true) {
+  SimJob j;
+  j.request = Gpus(id, gpus);
+  j.request.priority = priority;
+  j.request.preemptible = preemptible;
+  j.submit = submit;
+  j.duration = duration;
+  return j;
+}
+
+ReplayConfig ReplayWith(bool preemption = true) {
+  ReplayConfig c;
+  c.label = "bestfit";
+  c.policies = *sched::ParsePolicies("bestfit");
+  c.preemption = preemption;
+  c.samples = 11;
+  return c;
+}
+
+TEST(Replay, SecondJobWaitsForTheFirst) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  std::vector<SimJob> jobs = {Job("x", 1, 0, 10), Job("y", 1, 0, 10)};
+  ReplayResult r = RunReplay(nodes, jobs, {}, ReplayWith());
+  EXPECT_EQ(r.finished, 2);
+  EXPECT_EQ(r.wait.count, 2);
+  EXPECT_DOUBLE_EQ(r.wait.max, 10);
+  EXPECT_DOUBLE_EQ(r.wait.mean, 5);
+  EXPECT_DOUBLE_EQ(r.jct.mean, 15);
+  EXPECT_DOUBLE_EQ(r.end_time, 20);
+  EXPECT_DOUBLE_EQ(r.mean_allocated, 1.0);
+  // The trace asks for 10 s (11 samples, 1 s apart); queueing makes it 20 s, and sampling goes on.
+  ASSERT_EQ(r.series.size(), 21u);
+  EXPECT_EQ(r.series[2].queued, 1);  // t = 2: y waits
+  EXPECT_EQ(r.series[12].queued, 0);  // t = 12: y runs
+  EXPECT_EQ(r.series[12].running, 1);
+  EXPECT_DOUBLE_EQ(r.series[20].time, 20);
+}
+
+TEST(Replay, HigherPriorityGoesFirstAndBackfillUsesTheRest) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  // t=0: "long" takes 1 GPU. t=1: "big" (2 GPUs, low priority) waits; "vip" (1 GPU, high) arrives at
+  // t=2 and starts at once on the free GPU, ahead of "big".
+  std::vector<SimJob> jobs = {Job("long", 1, 0, 100), Job("big", 2, 1, 10), Job("vip", 1, 2, 5, 9)};
+  ReplayResult r = RunReplay(nodes, jobs, {}, ReplayWith(false));
+  EXPECT_EQ(r.finished, 3);
+  EXPECT_EQ(r.preemptions, 0);
+  // big starts at 100 when long ends: waits 99; vip waits 0.
+  EXPECT_DOUBLE_EQ(r.wait.max, 99);
+  EXPECT_DOUBLE_EQ(r.wait.p50, 0);
+}
+
+TEST(Replay, PreemptionEvictsLowerPriorityWorkWhichStartsOver) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  std::vector<SimJob> jobs = {Job("low", 1, 0, 10, 0, true), Job("high", 1, 5, 10, 5)};
+  ReplayResult on = RunReplay(nodes, jobs, {}, ReplayWith(true));
+  EXPECT_EQ(on.preemptions, 1);
+  EXPECT_EQ(on.finished, 2);
+  // high runs 5..15, low restarts at 15 and ends at 25.
+  EXPECT_DOUBLE_EQ(on.end_time, 25);
+  EXPECT_DOUBLE_EQ(on.jct.max, 25);
+  ReplayResult off = RunReplay(nodes, jobs, {}, ReplayWith(false));
+  EXPECT_EQ(off.preemptions, 0);
+  EXPECT_DOUBLE_EQ(off.end_time, 20);
+  // Non-preemptible work is never evicted.
+  jobs[0].request.preemptible = false;
+  EXPECT_EQ(RunReplay(nodes, jobs, {}, ReplayWith(true)).preemptions, 0);
+}
+
+TEST(Replay, JobLargerThanAnyNodeNeverStarts) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  std::vector<SimJob> jobs = {Job("huge", 8, 0, 10), Job("ok", 1, 0, 10)};
+  ReplayResult r = RunReplay(nodes, jobs, {}, ReplayWith());
+  EXPECT_EQ(r.never_started, 1);
+  EXPECT_EQ(r.finished, 1);
+}
+
+TEST(Replay, Deterministic) {
+  std::vector<core::NodeSpec> nodes;
+  for (int i = 0; i < 10; ++i) nodes.push_back(Node("n" + std::to_string(i), 4));
+  std::vector<SimJob> jobs;
+  for (int i = 0; i < 200; ++i) {
+    jobs.push_back(Job("j" + std::to_string(i), 1 + i % 4, i * 0.5, 5 + i % 17, i % 3));
+  }
+  ReplayConfig c = ReplayWith();
+  c.policies = *sched::ParsePolicies("random");
+  auto a = RunReplay(nodes, jobs, {}, c), b = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(ReplaySeriesCsv({a}) + ReplayRunsCsv({a}), ReplaySeriesCsv({b}) + ReplayRunsCsv({b}));
+}
+
+TEST(Report, PercentilesAreNearestRank) {
+  Distribution d = Summarize({5, 1, 4, 2, 3, 6, 7, 8, 9, 10});
+  EXPECT_EQ(d.count, 10);
+  EXPECT_DOUBLE_EQ(d.mean, 5.5);
+  EXPECT_DOUBLE_EQ(d.p50, 5);
+  EXPECT_DOUBLE_EQ(d.p95, 10);
+  EXPECT_DOUBLE_EQ(d.max, 10);
+  EXPECT_EQ(Summarize({}).count, 0);
+}
+
+TEST(Report, HtmlIsSelfContainedWithPlotsAndEscapes) {
+  std::vector<core::Request> pods = {Gpus("p", 1)};
+  InflationConfig c = Config("bestfit");
+  c.label = "<b>&";
+  std::vector<InflationResult> runs = {
+      RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), c)};
+  std::string html = HtmlReport("t", "s", runs, {});
+  EXPECT_THAT(html, HasSubstr("<svg"));
+  EXPECT_THAT(html, HasSubstr("&lt;b&gt;&amp;"));
+  EXPECT_THAT(html, ::testing::Not(HasSubstr("<script")));
+  EXPECT_THAT(html, ::testing::Not(HasSubstr("http://cdn")));
+}
+
+}  // namespace
+}  // namespace tessera::sim
