@@ -22,7 +22,9 @@ std::string JoinInts(const std::vector<int>& v) {
 }  // namespace
 
 Scheduler::Scheduler(SchedulerConfig config)
-    : config_(std::move(config)), policies_(config_.policies, &fragmentation_), rng_(config_.seed) {}
+    : config_(std::move(config)), policies_(config_.policies, &fragmentation_), rng_(config_.seed) {
+  spread_only_ = config_.policies.size() == 1 && config_.policies[0].kind == PolicyKind::kSpread;
+}
 
 absl::StatusOr<NodeId> Scheduler::AddNode(core::NodeSpec spec) {
   int64_t gpu_milli = static_cast<int64_t>(spec.gpus.size()) * core::kMilliPerGpu;
@@ -101,13 +103,7 @@ inline Scheduler::Best Combine(const Scheduler::Best& a, const Scheduler::Best& 
 
 }  // namespace
 
-void Scheduler::Ensure(Row& row, ClassId c, const core::Request& r) {
-  Best& leaf = row.tree[row.leaves + c];
-  const int32_t size = state_.class_sizes()[c];
-  if (size == 0) {  // dead classes are never evaluated
-    leaf = Best{};
-    return;
-  }
+const Scheduler::Entry& Scheduler::Evaluated(Row& row, ClassId c, const core::Request& r) {
   Entry& e = row.entries[c];
   const uint32_t gen = state_.class_generation(c);
   if (!e.valid || e.generation != gen) {
@@ -125,6 +121,17 @@ void Scheduler::Ensure(Row& row, ClassId c, const core::Request& r) {
     e.generation = gen;
     e.valid = true;
   }
+  return e;
+}
+
+void Scheduler::Ensure(Row& row, ClassId c, const core::Request& r) {
+  Best& leaf = row.tree[row.leaves + c];
+  const int32_t size = state_.class_sizes()[c];
+  if (size == 0) {  // dead classes are never evaluated
+    leaf = Best{};
+    return;
+  }
+  const Entry& e = Evaluated(row, c, r);
   leaf = e.score == -std::numeric_limits<double>::infinity()
              ? Best{}
              : Best{e.score, static_cast<uint64_t>(size)};
@@ -211,6 +218,7 @@ void Scheduler::Refresh(Row& row, const core::Request& r) {
 Decision Scheduler::Decide(const core::Request& r) {
   Decision d;
   Row& row = cache_[InternRequestShape(r)];
+  if (spread_only_ && DecideSpread(row, r, d)) return d;
   Refresh(row, r);
   const Best root = row.tree[1];
   if (root.weight == 0) {
@@ -236,9 +244,13 @@ Decision Scheduler::Decide(const core::Request& r) {
     }
   }
   const ClassId chosen = index - row.leaves;
+  return Placed(chosen, u, row.entries[chosen]);
+}
+
+Decision Scheduler::Placed(ClassId chosen, uint64_t u, const Entry& e) {
+  Decision d;
   const auto& members = state_.class_members(chosen);
   NodeId node = members[u % members.size()];
-  const Entry& e = row.entries[chosen];
   std::vector<int> positions;
   for (int p = 0; p < 64; ++p) {
     if (e.choice >> p & 1) positions.push_back(p);
@@ -248,6 +260,146 @@ Decision Scheduler::Decide(const core::Request& r) {
   d.score = e.score;
   d.gpus = state_.GpusForPositions(node, positions);
   return d;
+}
+
+double Scheduler::SpreadKey(ClassId c) const {
+  // How used the class is, as PolicyKind::kSpread measures it for an empty request.
+  const NodeShape& shape = state_.shape(state_.class_shape(c));
+  double used = 0;
+  int dims = 0;
+  if (shape.cpu_milli > 0) {
+    used += double(shape.cpu_milli - state_.class_cpu_left(c)) / double(shape.cpu_milli);
+    ++dims;
+  }
+  if (shape.memory_mib > 0) {
+    used += double(shape.memory_mib - state_.class_memory_left(c)) / double(shape.memory_mib);
+    ++dims;
+  }
+  const auto& gpus = state_.class_gpus(c);
+  if (!gpus.empty()) {
+    int64_t left = 0;
+    for (const ClassGpu& g : gpus) left += g.healthy ? g.milli_left : 0;
+    double cap = double(gpus.size()) * core::kMilliPerGpu;
+    used += (cap - double(left)) / cap;
+    ++dims;
+  }
+  return dims > 0 ? used / dims : 0;
+}
+
+void Scheduler::SyncSpreadOrder() {
+  const auto& log = state_.class_changes();
+  const uint64_t base = state_.change_base();
+  const int capacity = state_.class_capacity();
+  if (spread_key_.size() < static_cast<size_t>(capacity)) {
+    spread_key_.resize(capacity, std::numeric_limits<double>::quiet_NaN());
+    spread_shape_.resize(capacity, 0);
+  }
+  auto update = [&](ClassId c) {
+    if (!std::isnan(spread_key_[c])) {
+      // A reused class id may have another shape now: erase from the set it was put in.
+      spread_order_[spread_shape_[c]].erase({spread_key_[c], c});
+    }
+    spread_key_[c] = std::numeric_limits<double>::quiet_NaN();
+    if (state_.class_sizes()[c] > 0) {
+      ShapeId s = state_.class_shape(c);
+      if (spread_order_.size() <= static_cast<size_t>(s)) spread_order_.resize(s + 1);
+      double k = SpreadKey(c);
+      spread_order_[s].insert({k, c});
+      spread_key_[c] = k;
+      spread_shape_[c] = s;
+      if (spread_inserted_.size() <= static_cast<size_t>(s)) spread_inserted_.resize(s + 1);
+      spread_inserted_[s].emplace_back(c, state_.class_generation(c));
+    }
+  };
+  // The insertion logs are bounded like the change log: past a size, drop them and start a new epoch
+  // (every no-fit memo then lapses).
+  size_t inserted_total = 0;
+  for (const auto& v : spread_inserted_) inserted_total += v.size();
+  if (inserted_total > 4096 + 4 * static_cast<size_t>(capacity)) {
+    for (auto& v : spread_inserted_) v.clear();
+    ++spread_epoch_;
+  }
+  if (spread_cursor_ < base) {
+    for (auto& set : spread_order_) set.clear();
+    std::fill(spread_key_.begin(), spread_key_.end(), std::numeric_limits<double>::quiet_NaN());
+    for (ClassId c = 0; c < capacity; ++c) update(c);
+  } else {
+    for (uint64_t seq = spread_cursor_; seq < base + log.size(); ++seq) update(log[seq - base]);
+  }
+  spread_cursor_ = base + log.size();
+}
+
+bool Scheduler::DecideSpread(Row& row, const core::Request& r, Decision& d) {
+  constexpr double kKeyTie = 1e-9;
+  SyncSpreadOrder();
+  if (row.entries.size() < static_cast<size_t>(state_.class_capacity())) {
+    row.entries.resize(state_.class_capacity());
+  }
+  if (row.none_fit.size() < spread_order_.size()) row.none_fit.resize(spread_order_.size());
+  double best = -std::numeric_limits<double>::infinity();
+  absl::InlinedVector<ClassId, 8> tied;
+  auto consider = [&](ClassId c, const Entry& e) {
+    if (tied.empty() || e.score > best + kTieEpsilon) {
+      tied.clear();
+      tied.push_back(c);
+      best = e.score;
+    } else if (e.score >= best - kTieEpsilon) {
+      tied.push_back(c);
+    }
+  };
+  for (size_t s = 0; s < spread_order_.size(); ++s) {
+    const auto& order = spread_order_[s];
+    if (order.empty() || ShapeKinds(row, static_cast<ShapeId>(s), r) == kNeverFits) continue;
+    const auto& inserted = spread_inserted_[s];
+    NoneFit& memo = row.none_fit[s];
+    if (memo.epoch == spread_epoch_ && memo.valid) {
+      // No class of this shape fitted when `memo.seen` classes had been inserted; classes only leave
+      // or arrive, so only those inserted since can fit now.
+      bool any = false;
+      for (size_t i = memo.seen; i < inserted.size(); ++i) {
+        auto [c, gen] = inserted[i];
+        if (state_.class_sizes()[c] == 0 || state_.class_generation(c) != gen) continue;
+        const Entry& e = Evaluated(row, c, r);
+        if (e.score == -std::numeric_limits<double>::infinity()) continue;
+        consider(c, e);
+        any = true;
+      }
+      if (!any) memo.seen = inserted.size();
+      continue;
+    }
+    double first_key = std::numeric_limits<double>::quiet_NaN();
+    for (const auto& [key, c] : order) {
+      if (!std::isnan(first_key) && key > first_key + kKeyTie) break;
+      const Entry& e = Evaluated(row, c, r);
+      if (e.score == -std::numeric_limits<double>::infinity()) continue;
+      if (std::isnan(first_key)) first_key = key;
+      consider(c, e);
+    }
+    if (std::isnan(first_key)) memo = {spread_epoch_, inserted.size(), true};
+  }
+  if (tied.empty()) {
+    d.why_not = config_.explain_failures ? WhyNot(r) : "no node fits";
+    return true;
+  }
+  ClassId chosen = tied[0];
+  uint64_t u = 0;
+  if (config_.random_ties) {
+    uint64_t weight = 0;
+    for (ClassId c : tied) weight += static_cast<uint64_t>(state_.class_sizes()[c]);
+    u = rng_() % weight;
+    for (ClassId c : tied) {
+      uint64_t w = static_cast<uint64_t>(state_.class_sizes()[c]);
+      if (u < w) {
+        chosen = c;
+        break;
+      }
+      u -= w;
+    }
+  } else {
+    for (ClassId c : tied) chosen = std::min(chosen, c);
+  }
+  d = Placed(chosen, u, row.entries[chosen]);
+  return true;
 }
 
 std::optional<double> Scheduler::BestScoreUncached(const core::Request& r) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -108,6 +109,12 @@ class Scheduler {
     uint32_t generation = 0;
     bool valid = false;
   };
+  // Spread: "no class of this node shape fits" as of `seen` insertions in epoch `epoch`.
+  struct NoneFit {
+    uint64_t epoch = 0;
+    size_t seen = 0;
+    bool valid = false;
+  };
   // Per request shape: every class's cached evaluation and a tournament tree over them, kept current
   // from the cluster's class change log, so a decision costs O(changed classes x log classes)
   // instead of a scan of every class.
@@ -120,11 +127,21 @@ class Scheduler {
     // Per node shape: the accepted GPU kinds (NodeView::accepted_kinds), kNeverFits when no node of
     // that shape could take the request even empty, kUnknown before the first look.
     std::vector<int64_t> shape_kinds;
+    std::vector<NoneFit> none_fit;  // by node shape (spread only)
   };
   static constexpr int64_t kUnknown = -2;
   static constexpr int64_t kNeverFits = -3;
   int64_t ShapeKinds(Row& row, ShapeId s, const core::Request& r);
   int InternRequestShape(const core::Request& r);
+  const Entry& Evaluated(Row& row, ClassId c, const core::Request& r);
+  // Spread alone: its score is a per-(request, node shape) constant minus how used the class is, so
+  // within a node shape the classes can be kept in one request-independent order, and a decision
+  // probes each node shape's least-used classes until one fits; a node shape where none fits is
+  // remembered per request shape, so later decisions look only at its classes created since.
+  bool DecideSpread(Row& row, const core::Request& r, Decision& d);
+  void SyncSpreadOrder();
+  double SpreadKey(ClassId c) const;
+  Decision Placed(ClassId chosen, uint64_t u, const Entry& e);
   NodeView ViewOf(ClassId c) const;
   void Ensure(Row& row, ClassId c, const core::Request& r);
   void Rebuild(Row& row, const core::Request& r);
@@ -143,6 +160,14 @@ class Scheduler {
   std::unordered_map<std::string, int> request_shapes_;
   std::vector<Row> cache_;  // [request shape]
   std::vector<uint8_t> dirty_;  // scratch for Refresh: internal tree nodes queued
+  bool spread_only_ = false;
+  std::vector<std::set<std::pair<double, ClassId>>> spread_order_;  // by node shape, least used first
+  std::vector<double> spread_key_;                                 // by class; NaN = not ordered
+  std::vector<ShapeId> spread_shape_;                              // by class: the set it is in
+  uint64_t spread_cursor_ = 0;
+  // Classes inserted into each node shape's order (with their generation), for the no-fit memos.
+  std::vector<std::vector<std::pair<ClassId, uint32_t>>> spread_inserted_;
+  uint64_t spread_epoch_ = 1;
   std::vector<int> level_, next_level_;
 };
 
