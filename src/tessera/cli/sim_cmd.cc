@@ -189,20 +189,28 @@ std::optional<int> MakeOutDir(const std::string& dir, std::ostream& err) {
   return std::nullopt;
 }
 
-int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ostream& out,
-               std::ostream& err) {
-  auto runs = ParsePolicyRuns(f.policies);
-  if (!runs.ok()) {
-    err << "tessera: " << runs.status().message() << "\n";
+// Parses the policies, creates the output folder and loads the inputs; an exit code on failure.
+std::optional<int> Prepare(const SimFlags& f, const std::string& policies, std::vector<PolicyRun>& runs,
+                           Loaded& l, std::ostream& err) {
+  auto parsed = ParsePolicyRuns(policies);
+  if (!parsed.ok()) {
+    err << "tessera: " << parsed.status().message() << "\n";
     return kExitBadInput;
   }
+  runs = std::move(*parsed);
   if (!f.out_dir.empty()) {
-    if (auto rc = MakeOutDir(f.out_dir, err)) return *rc;
+    if (auto rc = MakeOutDir(f.out_dir, err)) return rc;
   }
+  return Load(f, l, err);
+}
+
+int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ostream& out,
+               std::ostream& err) {
+  std::vector<PolicyRun> runs;
   Loaded l;
-  if (auto rc = Load(f, l, err)) return *rc;
+  if (auto rc = Prepare(f, f.policies, runs, l, err)) return *rc;
   std::vector<std::pair<const PolicyRun*, uint64_t>> specs;
-  for (const PolicyRun& r : *runs) {
+  for (const PolicyRun& r : runs) {
     for (int s = 0; s < seeds; ++s) specs.emplace_back(&r, f.seed + static_cast<uint64_t>(s));
   }
   std::vector<sim::InflationResult> results(specs.size());
@@ -291,16 +299,11 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
 
 int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double compression,
                  std::ostream& out, std::ostream& err) {
-  auto runs = ParsePolicyRuns(f.policies == "all" ? "bestfit,fgd,tessera" : f.policies);
-  if (!runs.ok()) {
-    err << "tessera: " << runs.status().message() << "\n";
-    return kExitBadInput;
-  }
-  if (!f.out_dir.empty()) {
-    if (auto rc = MakeOutDir(f.out_dir, err)) return *rc;
-  }
+  std::vector<PolicyRun> runs;
   Loaded l;
-  if (auto rc = Load(f, l, err)) return *rc;
+  if (auto rc = Prepare(f, f.policies == "all" ? "bestfit,fgd,tessera" : f.policies, runs, l, err)) {
+    return *rc;
+  }
   if (std::none_of(l.jobs.begin(), l.jobs.end(), [](const sim::SimJob& j) { return j.duration >= 0; })) {
     err << "tessera: no job in the pod list has a duration (openb: deletion_time; Tessera CSV: "
            "duration), so there is nothing to replay over time; `tessera sim inflate` needs none\n";
@@ -310,13 +313,13 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
   if (compression != 1) {
     for (sim::SimJob& j : l.jobs) j.submit /= compression;
   }
-  std::vector<sim::ReplayResult> results(runs->size());
-  Progress progress(err, static_cast<int>(runs->size()), f.progress);
+  std::vector<sim::ReplayResult> results(runs.size());
+  Progress progress(err, static_cast<int>(runs.size()), f.progress);
   auto t0 = std::chrono::steady_clock::now();
-  ParallelFor(static_cast<int>(runs->size()), Threads(f.jobs), [&](int i) {
+  ParallelFor(static_cast<int>(runs.size()), Threads(f.jobs), [&](int i) {
     sim::ReplayConfig c;
-    c.label = (*runs)[i].label;
-    c.policies = (*runs)[i].policies;
+    c.label = runs[i].label;
+    c.policies = runs[i].policies;
     c.seed = f.seed;
     c.preemption = !no_preemption;
     c.samples = samples;

@@ -93,6 +93,22 @@ class Csv {
     return Int(column, lo, hi);
   }
 
+  // "A100|H100" -> {"A100", "H100"}; an empty model is an error.
+  std::vector<std::string> Models(const std::string& column) const {
+    std::vector<std::string> out;
+    std::string_view spec = Get(column);
+    size_t start = 0;
+    for (;;) {
+      size_t bar = spec.find('|', start);
+      std::string_view m = spec.substr(start, bar == std::string_view::npos ? bar : bar - start);
+      if (m.empty()) Fail(line_, fmt::format("{}: empty model in '{}'", column, spec));
+      out.emplace_back(m);
+      if (bar == std::string_view::npos) break;
+      start = bar + 1;
+    }
+    return out;
+  }
+
   [[noreturn]] void Fail(size_t line, const std::string& what) const {
     throw ParseError{fmt::format("{}:{}: {}", filename_, line, what)};
   }

@@ -88,16 +88,7 @@ absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::
       }
       if (c.Has("gpu_spec") && !c.Get("gpu_spec").empty()) {
         if (num_gpu == 0) c.Fail(c.line(), "gpu_spec: a pod without GPUs cannot ask for a model");
-        std::string_view spec = c.Get("gpu_spec");
-        size_t start = 0;
-        for (;;) {
-          size_t bar = spec.find('|', start);
-          std::string_view m = spec.substr(start, bar == std::string_view::npos ? bar : bar - start);
-          if (m.empty()) c.Fail(c.line(), fmt::format("gpu_spec: empty model in '{}'", spec));
-          r.models.emplace_back(m);
-          if (bar == std::string_view::npos) break;
-          start = bar + 1;
-        }
+        r.models = c.Models("gpu_spec");
       }
       if (c.Has("qos")) {
         p.qos = std::string(c.Get("qos"));

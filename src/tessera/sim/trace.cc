@@ -109,16 +109,7 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text, std:
         c.Fail(c.line(), "gpus: whole GPUs and a share (gpu_milli, gpu_memory_mib) are exclusive");
       }
       if (c.Has("gpu_models") && !c.Get("gpu_models").empty()) {
-        std::string_view spec = c.Get("gpu_models");
-        size_t start = 0;
-        for (;;) {
-          size_t bar = spec.find('|', start);
-          std::string_view m = spec.substr(start, bar == std::string_view::npos ? bar : bar - start);
-          if (m.empty()) c.Fail(c.line(), fmt::format("gpu_models: empty model in '{}'", spec));
-          r.models.emplace_back(m);
-          if (bar == std::string_view::npos) break;
-          start = bar + 1;
-        }
+        r.models = c.Models("gpu_models");
         if (!r.wants_gpu()) c.Fail(c.line(), "gpu_models: a job without GPUs cannot ask for a model");
       }
       r.priority = static_cast<int>(c.OptionalInt("priority", -1000, 1000).value_or(0));
