@@ -253,7 +253,7 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
   Format format = *ParseFormat(f.output);
   if (format == Format::kTable) {
     std::vector<std::string> header = {"POLICY", "RUNS", "GPU ALLOC", "SD", "UNALLOCATED GPUS",
-                                       "FRAGMENTED GPUS", "FAILED PODS", "SECONDS/RUN"};
+                                       "FRAGMENTED GPUS", "FRAG RATIO", "FAILED PODS", "SECONDS/RUN"};
     if (paper) header.push_back("PAPER");
     Table t(header);
     for (const sim::InflationSummary& s : summaries) {
@@ -263,6 +263,7 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
                                       fmt::format("{:.2f}", 100 * s.allocated_sd),
                                       fmt::format("{:.1f}", s.unallocated_gpus),
                                       fmt::format("{:.1f}", s.fragmented_gpus),
+                                      fmt::format("{:.1f}%", 100 * s.fragmentation_ratio),
                                       fmt::format("{:.0f} of {:.0f}", s.pods_failed, s.pods_arrived),
                                       fmt::format("{:.2f}", s.seconds / s.runs)};
       if (paper) {
@@ -284,6 +285,7 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
       e["allocatedRatioSd"] = s.allocated_sd;
       e["unallocatedGpus"] = s.unallocated_gpus;
       e["fragmentedGpus"] = s.fragmented_gpus;
+      e["fragmentationRatio"] = s.fragmentation_ratio;
       e["podsArrived"] = s.pods_arrived;
       e["podsFailed"] = s.pods_failed;
       nlohmann::ordered_json kinds = nlohmann::ordered_json::object();

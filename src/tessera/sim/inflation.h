@@ -30,6 +30,10 @@ struct InflationPoint {
   double allocated = 0;        // allocated GPU compute / capacity
   double unallocated_gpus = 0; // capacity - allocated, in GPUs
   double fragmented_gpus = 0;  // FGD's measure against the pod list's distribution, in GPUs
+  // Fragmented share of the unallocated GPU capacity (the paper's fragmentation ratio); 0 when full.
+  double fragmentation_ratio() const {
+    return unallocated_gpus > 1e-9 ? fragmented_gpus / unallocated_gpus : 0;
+  }
   int64_t pods_arrived = 0;
   int64_t pods_failed = 0;
 };

@@ -66,6 +66,7 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
       allocs.push_back(r.final.allocated);
       s.unallocated_gpus += r.final.unallocated_gpus;
       s.fragmented_gpus += r.final.fragmented_gpus;
+      s.fragmentation_ratio += r.final.fragmentation_ratio();
       s.pods_arrived += static_cast<double>(r.final.pods_arrived);
       s.pods_failed += static_cast<double>(r.final.pods_failed);
       s.seconds += r.seconds;
@@ -75,8 +76,10 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
         s.curve.resize(r.curve.size(), 0);
         s.arrived.resize(r.curve.size(), 0);
       }
+      if (s.frag_curve.size() < r.curve.size()) s.frag_curve.resize(r.curve.size(), 0);
       for (size_t i = 0; i < r.curve.size(); ++i) {
         s.curve[i] += r.curve[i].allocated;
+        s.frag_curve[i] += r.curve[i].fragmented_gpus;
         s.arrived[i] = r.curve[i].arrived;
       }
     }
@@ -89,6 +92,8 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
     }
     s.unallocated_gpus /= n;
     s.fragmented_gpus /= n;
+    s.fragmentation_ratio /= n;
+    for (double& f : s.frag_curve) f /= n;
     s.pods_arrived /= n;
     s.pods_failed /= n;
     for (auto& [kind, v] : s.by_kind) v = {v.first / n, v.second / n};
@@ -100,12 +105,12 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
 
 std::string InflationCurveCsv(const std::vector<InflationResult>& runs) {
   std::string out = "policy,seed,arrived_ratio,allocated_ratio,unallocated_gpus,fragmented_gpus,"
-                    "pods_arrived,pods_failed\n";
+                    "fragmentation_ratio,pods_arrived,pods_failed\n";
   for (const InflationResult& r : runs) {
     for (const InflationPoint& p : r.curve) {
-      out += fmt::format("{},{},{:.4f},{:.6f},{:.3f},{:.3f},{},{}\n", Field(r.label), r.seed, p.arrived,
-                         p.allocated, p.unallocated_gpus, p.fragmented_gpus, p.pods_arrived,
-                         p.pods_failed);
+      out += fmt::format("{},{},{:.4f},{:.6f},{:.3f},{:.3f},{:.6f},{},{}\n", Field(r.label), r.seed,
+                         p.arrived, p.allocated, p.unallocated_gpus, p.fragmented_gpus,
+                         p.fragmentation_ratio(), p.pods_arrived, p.pods_failed);
     }
   }
   return out;
@@ -113,12 +118,12 @@ std::string InflationCurveCsv(const std::vector<InflationResult>& runs) {
 
 std::string InflationRunsCsv(const std::vector<InflationResult>& runs) {
   std::string out = "policy,seed,gpu_capacity,arrived_ratio,allocated_ratio,unallocated_gpus,"
-                    "fragmented_gpus,pods_arrived,pods_failed\n";
+                    "fragmented_gpus,fragmentation_ratio,pods_arrived,pods_failed\n";
   for (const InflationResult& r : runs) {
     const InflationPoint& p = r.final;
-    out += fmt::format("{},{},{},{:.6f},{:.6f},{:.3f},{:.3f},{},{}\n", Field(r.label), r.seed,
+    out += fmt::format("{},{},{},{:.6f},{:.6f},{:.3f},{:.3f},{:.6f},{},{}\n", Field(r.label), r.seed,
                        r.capacity_milli / 1000.0, p.arrived, p.allocated, p.unallocated_gpus,
-                       p.fragmented_gpus, p.pods_arrived, p.pods_failed);
+                       p.fragmented_gpus, p.fragmentation_ratio(), p.pods_arrived, p.pods_failed);
   }
   return out;
 }
@@ -234,12 +239,14 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
     auto summaries = SummarizeInflation(inflation);
     h += "<h2>Workload inflation</h2>\n<table><tr><th>policy</th><th>runs</th>"
          "<th>GPU allocation (mean)</th><th>s.d.</th><th>unallocated GPUs</th>"
-         "<th>fragmented GPUs</th><th>pods arrived</th><th>pods failed</th></tr>\n";
+         "<th>fragmented GPUs</th><th>fragmentation ratio</th><th>pods arrived</th>"
+         "<th>pods failed</th></tr>\n";
     for (const InflationSummary& s : summaries) {
       h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}%</td><td>{:.2f}</td><td>{:.1f}</td>"
-                       "<td>{:.1f}</td><td>{:.0f}</td><td>{:.0f}</td></tr>\n",
+                       "<td>{:.1f}</td><td>{:.1f}%</td><td>{:.0f}</td><td>{:.0f}</td></tr>\n",
                        HtmlEscape(s.label), s.runs, 100 * s.allocated, 100 * s.allocated_sd,
-                       s.unallocated_gpus, s.fragmented_gpus, s.pods_arrived, s.pods_failed);
+                       s.unallocated_gpus, s.fragmented_gpus, 100 * s.fragmentation_ratio,
+                       s.pods_arrived, s.pods_failed);
     }
     h += "</table>\n";
     std::vector<PlotSeries> curves;
@@ -267,6 +274,17 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
     }
     h += SvgLineChart("The same, from 80% arrived", "arrived GPU demand, % of capacity",
                       "GPUs allocated, % of capacity", zoom);
+    std::vector<PlotSeries> frag;
+    for (const InflationSummary& s : summaries) {
+      PlotSeries p{s.label, {}, {}};
+      for (size_t i = 0; i < s.frag_curve.size(); ++i) {
+        p.x.push_back(100 * s.arrived[i]);
+        p.y.push_back(s.frag_curve[i]);
+      }
+      frag.push_back(std::move(p));
+    }
+    h += SvgLineChart("Fragmented GPUs vs arrived workload (mean over seeds)",
+                      "arrived GPU demand, % of capacity", "fragmented GPUs", frag);
     h += "<h3>Failed pods by kind (mean per run)</h3>\n<table><tr><th>policy</th>";
     std::set<std::string> kinds;
     for (const InflationSummary& s : summaries) {

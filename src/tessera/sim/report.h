@@ -17,9 +17,11 @@ struct InflationSummary {
   double allocated = 0, allocated_sd = 0;  // final GPU allocation ratio, mean and sample s.d.
   double unallocated_gpus = 0;
   double fragmented_gpus = 0;
+  double fragmentation_ratio = 0;  // fragmented / unallocated, mean
   double pods_arrived = 0, pods_failed = 0;
   std::map<std::string, std::pair<double, double>> by_kind;  // kind -> (arrived, failed), means
   std::vector<double> arrived, curve;                        // mean allocation ratio per step
+  std::vector<double> frag_curve;                            // mean fragmented GPUs per step
   double seconds = 0;                                        // summed wall time
 };
 

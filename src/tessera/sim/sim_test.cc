@@ -135,6 +135,8 @@ TEST(Inflation, FragmentationStrandsGpusUnderSpreadButNotBestFit) {
   EXPECT_DOUBLE_EQ(r.final.allocated, 0.75);
   EXPECT_DOUBLE_EQ(r.final.unallocated_gpus, 2);
   EXPECT_DOUBLE_EQ(r.final.fragmented_gpus, 2) << "a 3-GPU pod fits neither leftover GPU";
+  EXPECT_DOUBLE_EQ(r.final.fragmentation_ratio(), 1.0);
+  EXPECT_THAT(InflationRunsCsv({r}), HasSubstr(",2.000,2.000,1.000000,"));
 }
 
 TEST(Inflation, SameSeedSameCsvOtherSeedOtherDraw) {
