@@ -1,0 +1,104 @@
+#pragma once
+// Our own minimal declarations of the CUDA driver API subset the intercept library hooks and the test
+// double implements (types, result codes, signatures), matching the ABI of libcuda.so.1 (CUDA 12):
+// 64-bit CUdeviceptr, the _v2 entry points, cuGetProcAddress (4 arguments) and cuGetProcAddress_v2
+// (5 arguments). Plain C so both sides can include it.
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int CUresult;
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_UNKNOWN = 999,
+};
+
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef uint64_t cuuint64_t;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUstream_st* CUstream;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUarray_st* CUarray;
+typedef struct CUmipmappedArray_st* CUmipmappedArray;
+typedef struct CUmemPoolHandle_st* CUmemoryPool;
+typedef struct CUgraphExec_st* CUgraphExec;
+typedef struct CUmemAllocationProp_st CUmemAllocationProp;  // opaque here
+typedef struct CUlaunchConfig_st CUlaunchConfig;            // opaque here
+typedef int CUdriverProcAddressQueryResult;
+
+typedef enum {
+  CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+  CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+  CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+  CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+  CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+  CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+  CU_AD_FORMAT_HALF = 0x10,
+  CU_AD_FORMAT_FLOAT = 0x20,
+} CUarray_format;
+
+typedef struct {
+  size_t Width;
+  size_t Height;
+  CUarray_format Format;
+  unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct {
+  size_t Width;
+  size_t Height;
+  size_t Depth;
+  CUarray_format Format;
+  unsigned int NumChannels;
+  unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+// The hooked entry points, as function pointer types (name_fn).
+typedef CUresult (*cuInit_fn)(unsigned int);
+typedef CUresult (*cuMemAlloc_v2_fn)(CUdeviceptr*, size_t);
+typedef CUresult (*cuMemAllocPitch_v2_fn)(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
+typedef CUresult (*cuMemAllocManaged_fn)(CUdeviceptr*, size_t, unsigned int);
+typedef CUresult (*cuMemAllocAsync_fn)(CUdeviceptr*, size_t, CUstream);
+typedef CUresult (*cuMemAllocFromPoolAsync_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*cuMemFree_v2_fn)(CUdeviceptr);
+typedef CUresult (*cuMemFreeAsync_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                                   unsigned long long);
+typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*cuArrayCreate_v2_fn)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
+typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
+typedef CUresult (*cuArrayDestroy_fn)(CUarray);
+typedef CUresult (*cuMipmappedArrayCreate_fn)(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*,
+                                              unsigned int);
+typedef CUresult (*cuMipmappedArrayDestroy_fn)(CUmipmappedArray);
+typedef CUresult (*cuMemGetInfo_v2_fn)(size_t*, size_t*);
+typedef CUresult (*cuDeviceTotalMem_v2_fn)(size_t*, CUdevice);
+typedef CUresult (*cuCtxGetDevice_fn)(CUdevice*);
+typedef CUresult (*cuLaunchKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                                      unsigned int, unsigned int, unsigned int, CUstream, void**,
+                                      void**);
+typedef CUresult (*cuLaunchKernelEx_fn)(const CUlaunchConfig*, CUfunction, void**, void**);
+typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int,
+                                                 unsigned int, unsigned int, unsigned int,
+                                                 unsigned int, CUstream, void**);
+typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*cuGetProcAddress_fn)(const char*, void**, int, cuuint64_t);
+typedef CUresult (*cuGetProcAddress_v2_fn)(const char*, void**, int, cuuint64_t,
+                                           CUdriverProcAddressQueryResult*);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,274 @@
+#include "tessera/shim/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <new>
+
+namespace tessera::shim {
+namespace {
+
+void SetError(char* err, size_t len, const char* what, const char* path) {
+  if (err == nullptr || len == 0) return;
+  snprintf(err, len, "%s%s%s%s%s", path ? path : "", path ? ": " : "", what, errno ? ": " : "",
+           errno ? strerror(errno) : "");
+}
+
+void Init(RegionData* d, const uint64_t* limits, int count) {
+  memset(static_cast<void*>(d), 0, sizeof(RegionData));
+  d->device_count = static_cast<uint32_t>(count < 0 ? 0 : count > kMaxDevices ? kMaxDevices : count);
+  for (uint32_t i = 0; i < d->device_count; ++i) d->limit[i] = limits[i];
+  d->version = kRegionVersion;
+  d->magic = kRegionMagic;
+}
+
+bool Alive(const ProcSlot& s) {
+  int32_t pid = s.pid.load();
+  if (pid <= 0) return false;
+  if (kill(pid, 0) == -1 && errno == ESRCH) return false;
+  uint64_t start = ProcessStartTime(pid);
+  return start != 0 && start == s.start_time.load();
+}
+
+uint64_t ParseBytes(const char* s, const char** end) {
+  if (*s < '0' || *s > '9') {  // strtoull would take a sign or spaces
+    *end = s;
+    return 0;
+  }
+  char* e = nullptr;
+  errno = 0;
+  unsigned long long v = strtoull(s, &e, 10);
+  if (e == s || errno) {
+    *end = s;
+    return 0;
+  }
+  uint64_t mult = 1;
+  if (strncmp(e, "KiB", 3) == 0) mult = 1ull << 10, e += 3;
+  else if (strncmp(e, "MiB", 3) == 0) mult = 1ull << 20, e += 3;
+  else if (strncmp(e, "GiB", 3) == 0) mult = 1ull << 30, e += 3;
+  else if (strncmp(e, "TiB", 3) == 0) mult = 1ull << 40, e += 3;
+  *end = e;
+  return static_cast<uint64_t>(v) * mult;
+}
+
+}  // namespace
+
+uint64_t ProcessStartTime(int pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  // The command name is in parentheses and may hold spaces: count fields after the last ')'.
+  char* p = strrchr(buf, ')');
+  if (p == nullptr) return 0;
+  int field = 2;
+  for (++p; *p && field < 22; ++p) {
+    if (*p == ' ') ++field;
+  }
+  return strtoull(p, nullptr, 10);
+}
+
+bool ParseLimits(const char* text, uint64_t* limits, int* count) {
+  *count = 0;
+  if (text == nullptr || *text == 0) return false;
+  const char* p = text;
+  if (strchr(text, ':') == nullptr) {  // one limit for every device
+    const char* end;
+    uint64_t v = ParseBytes(p, &end);
+    if (end == p || *end != 0) return false;
+    for (int i = 0; i < kMaxDevices; ++i) limits[i] = v;
+    *count = kMaxDevices;
+    return true;
+  }
+  for (int i = 0; i < kMaxDevices; ++i) limits[i] = 0;
+  while (*p) {
+    char* e = nullptr;
+    if (*p < '0' || *p > '9') return false;
+    long dev = strtol(p, &e, 10);
+    if (e == p || *e != ':' || dev < 0 || dev >= kMaxDevices) return false;
+    p = e + 1;
+    const char* end;
+    uint64_t v = ParseBytes(p, &end);
+    if (end == p || (*end != 0 && *end != ',')) return false;
+    limits[dev] = v;
+    if (dev + 1 > *count) *count = static_cast<int>(dev + 1);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return *count > 0;
+}
+
+Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+  errno = 0;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    SetError(err, err_len, "cannot open the shared region", path);
+    return nullptr;
+  }
+  if (flock(fd, LOCK_EX) != 0) {
+    SetError(err, err_len, "cannot lock the shared region", path);
+    close(fd);
+    return nullptr;
+  }
+  struct stat st;
+  bool fresh = fstat(fd, &st) == 0 && st.st_size == 0;
+  if (fresh && ftruncate(fd, sizeof(RegionData)) != 0) {
+    SetError(err, err_len, "cannot size the shared region", path);
+    close(fd);
+    return nullptr;
+  }
+  if (!fresh && static_cast<size_t>(st.st_size) != sizeof(RegionData)) {
+    errno = 0;
+    SetError(err, err_len, "not a Tessera shared region of this version (wrong size)", path);
+    close(fd);
+    return nullptr;
+  }
+  void* m = mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    SetError(err, err_len, "cannot map the shared region", path);
+    close(fd);
+    return nullptr;
+  }
+  auto* d = static_cast<RegionData*>(m);
+  if (fresh) {
+    Init(d, limits, count);
+  } else if (d->magic != kRegionMagic || d->version != kRegionVersion) {
+    errno = 0;
+    SetError(err, err_len, "not a Tessera shared region of this version", path);
+    munmap(m, sizeof(RegionData));
+    close(fd);
+    return nullptr;
+  }
+  Region* r = new (std::nothrow) Region(d, fd);
+  if (r == nullptr) {
+    errno = ENOMEM;
+    SetError(err, err_len, "out of memory", path);
+    munmap(m, sizeof(RegionData));
+    close(fd);
+    return nullptr;
+  }
+  r->ReclaimDeadLocked();
+  bool ok = r->ClaimSlot();
+  flock(fd, LOCK_UN);
+  if (!ok) {
+    errno = 0;
+    SetError(err, err_len, "no free process slot in the shared region", path);
+    return nullptr;
+  }
+  d->attaches.fetch_add(1);
+  return r;
+}
+
+Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err_len) {
+  void* m = mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
+    SetError(err, err_len, "cannot map a private region", nullptr);
+    return nullptr;
+  }
+  auto* d = static_cast<RegionData*>(m);
+  Init(d, limits, count);
+  Region* r = new (std::nothrow) Region(d, -1);
+  if (r == nullptr) {
+    munmap(m, sizeof(RegionData));
+    return nullptr;
+  }
+  r->ClaimSlot();
+  return r;
+}
+
+bool Region::ClaimSlot() {
+  int32_t me = static_cast<int32_t>(getpid());
+  for (ProcSlot& s : data_->procs) {
+    int32_t expected = 0;
+    if (s.pid.compare_exchange_strong(expected, me)) {
+      s.start_time.store(ProcessStartTime(me));
+      for (auto& u : s.used) u.store(0);
+      s.kernel_launches.store(0);
+      slot_ = &s;
+      return true;
+    }
+  }
+  slot_ = nullptr;
+  return false;
+}
+
+void Region::ReclaimDeadLocked() {
+  for (ProcSlot& s : data_->procs) {
+    if (s.pid.load() == 0 || Alive(s)) continue;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      uint64_t bytes = s.used[d].exchange(0);
+      if (bytes == 0) continue;
+      uint64_t cur = data_->used[d].load();
+      while (!data_->used[d].compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
+      }
+      data_->reclaimed_bytes.fetch_add(bytes);
+    }
+    s.pid.store(0);
+    ++reclaimed_slots_;
+  }
+}
+
+int Region::ReclaimDead() {
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  int before = reclaimed_slots_;
+  ReclaimDeadLocked();
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+  return reclaimed_slots_ - before;
+}
+
+void Region::ReattachAfterFork() {
+  // The parent's slot stays the parent's; the child starts with nothing allocated.
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  ClaimSlot();
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+}
+
+bool Region::Reserve(int device, uint64_t bytes) {
+  if (device < 0 || device >= kMaxDevices) return false;
+  const uint64_t limit = data_->limit[device];
+  uint64_t cur = data_->used[device].load(std::memory_order_relaxed);
+  for (;;) {
+    if (limit != 0 && (bytes > limit || cur > limit - bytes)) return false;
+    if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel)) break;
+  }
+  // Counted in the total first: a crash between the two steps can only over-count (never lets the
+  // job exceed its limit); the slot is what a reclaim gives back.
+  if (slot_ != nullptr) slot_->used[device].fetch_add(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void Region::Release(int device, uint64_t bytes) {
+  if (device < 0 || device >= kMaxDevices) return;
+  auto sub = [bytes](std::atomic<uint64_t>& a) {
+    uint64_t cur = a.load(std::memory_order_relaxed);
+    while (!a.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {
+    }
+  };
+  if (slot_ != nullptr) sub(slot_->used[device]);
+  sub(data_->used[device]);
+}
+
+void Region::CountLaunch() {
+  if (slot_ != nullptr) slot_->kernel_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Region::Limit(int device) const {
+  return device >= 0 && device < kMaxDevices ? data_->limit[device] : 0;
+}
+
+uint64_t Region::Used(int device) const {
+  return device >= 0 && device < kMaxDevices ? data_->used[device].load() : 0;
+}
+
+}  // namespace tessera::shim

@@ -1,0 +1,81 @@
+#pragma once
+// The shared accounting region: a small file mapped by every process of a job (and read by the server
+// or agent). It holds the job's GPU memory limit per device, the bytes in use per device, and one slot
+// per attached process (pid, its start time, its bytes per device, its kernel time) so a crashed
+// process's memory can be given back. Updates are lock-free atomics; creation and the reclaiming of
+// dead processes' slots take an flock on the file. Layout is versioned; a file of another version is
+// refused. No exceptions, no allocation after Attach: usable from the intercept library.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::shim {
+
+inline constexpr uint64_t kRegionMagic = 0x4e4f494745525354ull;  // "TSREGION"
+inline constexpr uint32_t kRegionVersion = 1;
+inline constexpr int kMaxDevices = 16;
+inline constexpr int kMaxProcs = 1024;
+
+struct ProcSlot {
+  std::atomic<int32_t> pid;
+  uint32_t reserved;
+  std::atomic<uint64_t> start_time;  // /proc/<pid>/stat field 22, to tell a reused pid
+  std::atomic<uint64_t> used[kMaxDevices];
+  std::atomic<uint64_t> kernel_launches;
+};
+
+struct RegionData {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t device_count;
+  uint64_t limit[kMaxDevices];          // bytes; 0 = no limit on that device
+  std::atomic<uint64_t> used[kMaxDevices];
+  std::atomic<uint64_t> attaches;
+  std::atomic<uint64_t> reclaimed_bytes;  // given back from dead processes, in all
+  ProcSlot procs[kMaxProcs];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
+
+class Region {
+ public:
+  // Maps the region file at `path`, creating and initialising it with `limits` (bytes per device,
+  // `count` of them) when it does not exist or is empty, and claims a slot for this process after
+  // giving back the memory of dead processes. Returns nullptr and writes why into `err` on failure.
+  static Region* Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len);
+  // A region private to this process (no file), for a job without one.
+  static Region* Private(const uint64_t* limits, int count, char* err, size_t err_len);
+
+  // Takes `bytes` on `device` if the total stays within the limit; false (nothing taken) otherwise.
+  // Safe under concurrent calls from any number of processes.
+  bool Reserve(int device, uint64_t bytes);
+  // Gives `bytes` back; never takes the counters below zero.
+  void Release(int device, uint64_t bytes);
+  void CountLaunch();
+
+  uint64_t Limit(int device) const;  // 0 = none
+  uint64_t Used(int device) const;
+  // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file lock.
+  int ReclaimDead();
+  // After fork(): the child is a new process and needs a slot of its own.
+  void ReattachAfterFork();
+  RegionData* data() { return data_; }
+
+ private:
+  Region(RegionData* data, int fd) : data_(data), fd_(fd) {}
+  bool ClaimSlot();
+  void ReclaimDeadLocked();
+  RegionData* data_;
+  int fd_;
+  ProcSlot* slot_ = nullptr;
+  int reclaimed_slots_ = 0;
+};
+
+// Start time of `pid` (clock ticks since boot), 0 if it does not exist.
+uint64_t ProcessStartTime(int pid);
+
+// "1073741824", "1GiB", "512MiB", "0:1GiB,1:2GiB" -> bytes per device. False on a malformed text.
+bool ParseLimits(const char* text, uint64_t* limits, int* count);
+
+}  // namespace tessera::shim

@@ -1,0 +1,109 @@
+// The shared accounting region in one process (and a child that dies): limits, saturation, reclaim.
+#include "tessera/shim/region.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessera::shim {
+namespace {
+
+std::string Path(const std::string& name) {
+  std::string p = ::testing::TempDir() + "region-test-" + std::to_string(getpid()) + "-" + name;
+  std::filesystem::remove(p);
+  return p;
+}
+
+TEST(Limits, ParseOneForAllOrPerDevice) {
+  uint64_t l[kMaxDevices];
+  int n = 0;
+  ASSERT_TRUE(ParseLimits("1GiB", l, &n));
+  EXPECT_EQ(n, kMaxDevices);
+  EXPECT_EQ(l[0], 1ull << 30);
+  EXPECT_EQ(l[15], 1ull << 30);
+  ASSERT_TRUE(ParseLimits("0:512MiB,2:1073741824", l, &n));
+  EXPECT_EQ(n, 3);
+  EXPECT_EQ(l[0], 512ull << 20);
+  EXPECT_EQ(l[1], 0u);
+  EXPECT_EQ(l[2], 1ull << 30);
+  for (const char* bad : {"", "lots", "1GB", "0:", "99:1GiB", "0:1GiB;1:2GiB", "-1"}) {
+    EXPECT_FALSE(ParseLimits(bad, l, &n)) << bad;
+  }
+}
+
+TEST(Region, ReserveStopsAtTheLimitAndReleaseNeverUnderflows) {
+  uint64_t limits[1] = {1000};
+  char err[128];
+  Region* r = Region::Attach(Path("a").c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  EXPECT_TRUE(r->Reserve(0, 600));
+  EXPECT_FALSE(r->Reserve(0, 401));
+  EXPECT_TRUE(r->Reserve(0, 400));
+  EXPECT_EQ(r->Used(0), 1000u);
+  EXPECT_FALSE(r->Reserve(0, UINT64_MAX)) << "no wrap-around";
+  r->Release(0, 5000);
+  EXPECT_EQ(r->Used(0), 0u) << "clamped at zero, not a huge number";
+  EXPECT_TRUE(r->Reserve(1, 1ull << 40)) << "device 1 has no limit";
+  EXPECT_FALSE(r->Reserve(kMaxDevices, 1));
+}
+
+TEST(Region, ThreadsRacingNeverExceedTheLimit) {
+  uint64_t limits[1] = {10'000};
+  char err[128];
+  Region* r = Region::Attach(Path("race").c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  std::atomic<int> granted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10'000; ++i) granted += r->Reserve(0, 7);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(granted.load(), 10'000 / 7);
+  EXPECT_EQ(r->Used(0), uint64_t(10'000 / 7 * 7));
+}
+
+TEST(Region, DeadProcessMemoryIsReclaimedAtAttach) {
+  std::string path = Path("dead");
+  uint64_t limits[1] = {1000};
+  pid_t child = fork();
+  if (child == 0) {
+    char err[128];
+    Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+    _exit(r != nullptr && r->Reserve(0, 900) ? 0 : 1);  // exits holding 900
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  char err[128];
+  Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  EXPECT_EQ(r->Used(0), 0u);
+  EXPECT_EQ(r->data()->reclaimed_bytes.load(), 900u);
+  EXPECT_TRUE(r->Reserve(0, 900));
+}
+
+TEST(Region, RefusesAFileOfAnotherKind) {
+  std::string path = Path("junk");
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("junk", f);
+  fclose(f);
+  uint64_t limits[1] = {1};
+  char err[256] = "";
+  EXPECT_EQ(Region::Attach(path.c_str(), limits, 1, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("not a Tessera shared region"), std::string::npos) << err;
+}
+
+TEST(Region, StartTimeTellsAReusedPid) {
+  EXPECT_GT(ProcessStartTime(getpid()), 0u);
+  EXPECT_EQ(ProcessStartTime(999'999'999), 0u);
+}
+
+}  // namespace
+}  // namespace tessera::shim

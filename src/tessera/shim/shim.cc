@@ -1,0 +1,429 @@
+// libtessera-cuda.so: the CUDA driver-API intercept library (see docs/sharing.md). Loaded by LD_PRELOAD;
+// finds the real driver with dlopen("libcuda.so.1") and forwards every call, counting GPU memory against
+// the job's limit in the shared region. Hooked functions stay hooked however they are reached: by
+// linking, by dlsym (hooked here too) and by cuGetProcAddress(_v2), whose answers are mapped back to our
+// hooks by comparing them with the real entry points. Plain C ABI; nothing throws across it.
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+#include "tessera/shim/cuda_abi.h"
+#include "tessera/shim/region.h"
+
+#define TESSERA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace tessera::shim {
+namespace {
+
+using DlsymFn = void* (*)(void*, const char*);
+DlsymFn real_dlsym = nullptr;
+
+DlsymFn RealDlsym() {
+  if (real_dlsym == nullptr) {
+    // glibc 2.34 moved dlsym into libc with a new version; older ones have only GLIBC_2.2.5.
+    void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    real_dlsym = reinterpret_cast<DlsymFn>(f);
+  }
+  return real_dlsym;
+}
+
+// The real driver's entry points, by the names we hook.
+#define TESSERA_HOOKED(X)   \
+  X(cuMemAlloc_v2)          \
+  X(cuMemAllocPitch_v2)     \
+  X(cuMemAllocManaged)      \
+  X(cuMemAllocAsync)        \
+  X(cuMemAllocFromPoolAsync) \
+  X(cuMemFree_v2)           \
+  X(cuMemFreeAsync)         \
+  X(cuMemCreate)            \
+  X(cuMemRelease)           \
+  X(cuArrayCreate_v2)       \
+  X(cuArray3DCreate_v2)     \
+  X(cuArrayDestroy)         \
+  X(cuMipmappedArrayCreate) \
+  X(cuMipmappedArrayDestroy) \
+  X(cuMemGetInfo_v2)        \
+  X(cuDeviceTotalMem_v2)    \
+  X(cuLaunchKernel)         \
+  X(cuLaunchKernelEx)       \
+  X(cuLaunchCooperativeKernel) \
+  X(cuGraphLaunch)          \
+  X(cuGetProcAddress)       \
+  X(cuGetProcAddress_v2)
+
+struct Real {
+  void* handle = nullptr;
+  cuCtxGetDevice_fn cuCtxGetDevice = nullptr;
+#define TESSERA_FIELD(name) name##_fn name = nullptr;
+  TESSERA_HOOKED(TESSERA_FIELD)
+#undef TESSERA_FIELD
+};
+Real real;
+Region* region = nullptr;
+pthread_once_t init_once = PTHREAD_ONCE_INIT;
+bool verbose = false;
+
+enum Kind : int { kDevicePtr, kHandle, kArray, kMipmapped, kKinds };
+struct Held {
+  uint64_t bytes;
+  int device;
+};
+// Allocations of this process by kind and address/handle. Leaked on purpose at exit: the host
+// process's static destructors may still call into the driver.
+std::mutex* held_mu = nullptr;
+std::unordered_map<uint64_t, Held>* held = nullptr;
+
+void Log(const char* fmt, const char* a, const char* b = "") {
+  if (verbose) fprintf(stderr, fmt, a, b);
+}
+
+void AfterForkChild() {
+  if (region != nullptr) region->ReattachAfterFork();
+  if (held != nullptr) {
+    new (held_mu) std::mutex();
+    for (int k = 0; k < kKinds; ++k) held[k].clear();
+  }
+}
+
+void Init() {
+  verbose = getenv("TESSERA_CUDA_LOG") != nullptr;
+  const char* lib = getenv("TESSERA_CUDA_LIBRARY");
+  real.handle = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (real.handle == nullptr) {
+    fprintf(stderr, "tessera-cuda: cannot load the CUDA driver: %s\n", dlerror());
+  } else {
+    DlsymFn sym = RealDlsym();
+    real.cuCtxGetDevice = reinterpret_cast<cuCtxGetDevice_fn>(sym(real.handle, "cuCtxGetDevice"));
+#define TESSERA_RESOLVE(name) real.name = reinterpret_cast<name##_fn>(sym(real.handle, #name));
+    TESSERA_HOOKED(TESSERA_RESOLVE)
+#undef TESSERA_RESOLVE
+  }
+  uint64_t limits[kMaxDevices] = {};
+  int count = 0;
+  const char* limit_text = getenv("TESSERA_CUDA_MEM_LIMIT");
+  if (limit_text && *limit_text && !ParseLimits(limit_text, limits, &count)) {
+    fprintf(stderr, "tessera-cuda: TESSERA_CUDA_MEM_LIMIT='%s' is not a size (1GiB, 0:1GiB,1:2GiB)\n",
+            limit_text);
+  }
+  char err[256] = "";
+  const char* path = getenv("TESSERA_CUDA_REGION");
+  if (path && *path) region = Region::Attach(path, limits, count, err, sizeof err);
+  if (region == nullptr) {
+    if (path && *path) fprintf(stderr, "tessera-cuda: %s; limits apply to this process alone\n", err);
+    region = Region::Private(limits, count, err, sizeof err);
+  }
+  held_mu = new (std::nothrow) std::mutex();
+  held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
+  pthread_atfork(nullptr, nullptr, AfterForkChild);
+  Log("tessera-cuda: loaded (%s%s)\n", path ? path : "private region");
+}
+
+inline bool Ready() {
+  pthread_once(&init_once, Init);
+  return real.handle != nullptr && region != nullptr && held != nullptr;
+}
+
+int CurrentDevice() {
+  CUdevice d = 0;
+  if (real.cuCtxGetDevice == nullptr || real.cuCtxGetDevice(&d) != CUDA_SUCCESS) return 0;
+  return d;
+}
+
+bool Remember(Kind kind, uint64_t key, uint64_t bytes, int device) {
+  try {
+    std::lock_guard lock(*held_mu);
+    held[kind][key] = Held{bytes, device};
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool Forget(Kind kind, uint64_t key, Held* out) {
+  std::lock_guard lock(*held_mu);
+  auto it = held[kind].find(key);
+  if (it == held[kind].end()) return false;
+  *out = it->second;
+  held[kind].erase(it);
+  return true;
+}
+
+// Reserves, allocates with `call`, remembers; gives the reservation back when anything fails.
+template <typename Call>
+CUresult Counted(Kind kind, uint64_t bytes, Call call, uint64_t (*key_of)(void*), void* out) {
+  const int device = CurrentDevice();
+  if (!region->Reserve(device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = call();
+  if (rc != CUDA_SUCCESS) {
+    region->Release(device, bytes);
+    return rc;
+  }
+  if (!Remember(kind, key_of(out), bytes, device)) {
+    region->Release(device, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return rc;
+}
+
+uint64_t PtrKey(void* p) { return *static_cast<CUdeviceptr*>(p); }
+uint64_t HandleKey(void* p) { return *static_cast<CUmemGenericAllocationHandle*>(p); }
+uint64_t ObjectKey(void* p) { return reinterpret_cast<uint64_t>(*static_cast<void**>(p)); }
+
+CUresult Uncount(Kind kind, uint64_t key) {
+  Held h;
+  if (Forget(kind, key, &h)) region->Release(h.device, h.bytes);
+  return CUDA_SUCCESS;
+}
+
+uint64_t FormatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;  // 32-bit formats; other formats are at most this per channel
+  }
+}
+
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels) {
+  return static_cast<uint64_t>(w) * (h ? h : 1) * (d ? d : 1) * FormatBytes(f) * (channels ? channels : 1);
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
+using namespace tessera::shim;
+
+TESSERA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  if (!Ready() || real.cuMemAlloc_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey, dptr);
+}
+
+TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                          unsigned int element) {
+  if (!Ready() || real.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // The pitch is known only afterwards: reserve the least it can be, then the padding.
+  const int device = CurrentDevice();
+  uint64_t least = static_cast<uint64_t>(width) * height;
+  if (!region->Reserve(device, least)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = real.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
+  if (rc != CUDA_SUCCESS) {
+    region->Release(device, least);
+    return rc;
+  }
+  uint64_t bytes = static_cast<uint64_t>(*pitch) * height;
+  if (bytes > least && !region->Reserve(device, bytes - least)) {
+    real.cuMemFree_v2(*dptr);
+    region->Release(device, least);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (!Remember(kDevicePtr, *dptr, bytes > least ? bytes : least, device)) {
+    real.cuMemFree_v2(*dptr);
+    region->Release(device, bytes > least ? bytes : least);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
+  if (!Ready() || real.cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // Managed memory may all migrate to the GPU: counted as device memory.
+  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAllocManaged(dptr, bytes, flags); }, PtrKey,
+                 dptr);
+}
+
+TESSERA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  if (!Ready() || real.cuMemAllocAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAllocAsync(dptr, bytes, stream); }, PtrKey,
+                 dptr);
+}
+
+TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                               CUstream stream) {
+  if (!Ready() || real.cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(kDevicePtr, bytes,
+                 [&] { return real.cuMemAllocFromPoolAsync(dptr, bytes, pool, stream); }, PtrKey, dptr);
+}
+
+TESSERA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  if (!Ready() || real.cuMemFree_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemFree_v2(dptr);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  if (!Ready() || real.cuMemFreeAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemFreeAsync(dptr, stream);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                                   const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (!Ready() || real.cuMemCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(kHandle, bytes, [&] { return real.cuMemCreate(handle, bytes, prop, flags); }, HandleKey,
+                 handle);
+}
+
+TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (!Ready() || real.cuMemRelease == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemRelease(handle);
+  if (rc == CUDA_SUCCESS) Uncount(kHandle, handle);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  if (!Ready() || real.cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuArrayCreate_v2(array, desc);
+  uint64_t bytes = ArrayBytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+  return Counted(kArray, bytes, [&] { return real.cuArrayCreate_v2(array, desc); }, ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  if (!Ready() || real.cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuArray3DCreate_v2(array, desc);
+  uint64_t bytes = ArrayBytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+  return Counted(kArray, bytes, [&] { return real.cuArray3DCreate_v2(array, desc); }, ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuArrayDestroy(CUarray array) {
+  if (!Ready() || real.cuArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuArrayDestroy(array);
+  if (rc == CUDA_SUCCESS) Uncount(kArray, reinterpret_cast<uint64_t>(array));
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                              unsigned int levels) {
+  if (!Ready() || real.cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuMipmappedArrayCreate(array, desc, levels);
+  uint64_t bytes = 0;
+  size_t w = desc->Width, h = desc->Height, d = desc->Depth;
+  for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
+    bytes += ArrayBytes(w, h, d, desc->Format, desc->NumChannels);
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : h;
+    d = d > 1 ? d / 2 : d;
+  }
+  return Counted(kMipmapped, bytes, [&] { return real.cuMipmappedArrayCreate(array, desc, levels); },
+                 ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+  if (!Ready() || real.cuMipmappedArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMipmappedArrayDestroy(array);
+  if (rc == CUDA_SUCCESS) Uncount(kMipmapped, reinterpret_cast<uint64_t>(array));
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  if (!Ready() || real.cuMemGetInfo_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemGetInfo_v2(free_bytes, total_bytes);
+  if (rc != CUDA_SUCCESS) return rc;
+  const int device = CurrentDevice();
+  uint64_t limit = region->Limit(device);
+  if (limit == 0) return rc;
+  uint64_t used = region->Used(device);
+  uint64_t left = used >= limit ? 0 : limit - used;  // clamped: never "negative" free memory
+  if (free_bytes != nullptr && left < *free_bytes) *free_bytes = left;
+  if (total_bytes != nullptr && limit < *total_bytes) *total_bytes = limit;
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+  if (!Ready() || real.cuDeviceTotalMem_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDeviceTotalMem_v2(bytes, device);
+  uint64_t limit = region->Limit(device);
+  if (rc == CUDA_SUCCESS && bytes != nullptr && limit != 0 && limit < *bytes) *bytes = limit;
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                      unsigned int bx, unsigned int by, unsigned int bz,
+                                      unsigned int shared, CUstream stream, void** params, void** extra) {
+  if (!Ready() || real.cuLaunchKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  region->CountLaunch();
+  return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                                        void** extra) {
+  if (!Ready() || real.cuLaunchKernelEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  region->CountLaunch();
+  return real.cuLaunchKernelEx(config, f, params, extra);
+}
+
+TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                                 unsigned int gz, unsigned int bx, unsigned int by,
+                                                 unsigned int bz, unsigned int shared, CUstream stream,
+                                                 void** params) {
+  if (!Ready() || real.cuLaunchCooperativeKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  region->CountLaunch();
+  return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+}
+
+TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
+  if (!Ready() || real.cuGraphLaunch == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  region->CountLaunch();
+  return real.cuGraphLaunch(graph, stream);
+}
+
+TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags);
+TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult* status);
+
+namespace tessera::shim {
+namespace {
+
+// A real entry point -> our hook for it; anything else unchanged.
+void* Redirect(void* fn) {
+  if (fn == nullptr) return fn;
+#define TESSERA_REDIRECT(name) \
+  if (fn == reinterpret_cast<void*>(real.name)) return reinterpret_cast<void*>(&::name);
+  TESSERA_HOOKED(TESSERA_REDIRECT)
+#undef TESSERA_REDIRECT
+  return fn;
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
+TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  if (!Ready() || real.cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuGetProcAddress(symbol, pfn, version, flags);
+  if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                           CUdriverProcAddressQueryResult* status) {
+  if (!Ready() || real.cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+  if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
+  return rc;
+}
+
+// dlsym is hooked so that a program (or the CUDA runtime) that dlopens libcuda.so.1 and looks entry
+// points up by name gets our hooks too.
+TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
+  DlsymFn sym = RealDlsym();
+  if (sym == nullptr) return nullptr;
+  void* fn = sym(handle, name);
+  if (fn != nullptr && name[0] == 'c' && name[1] == 'u' && Ready()) {
+    fn = Redirect(fn);
+  }
+  return fn;
+}

@@ -1,0 +1,250 @@
+// A fake libcuda.so.1 for the tests: a virtual GPU whose device memory is host memory (so a leak or a
+// double free shows), with the entry points the intercept library hooks, cuGetProcAddress(_v2) mapping
+// base names to versioned entry points as the real driver does, and hooks for the tests.
+//   FAKE_CUDA_DEVICES      number of devices (default 1)
+//   FAKE_CUDA_MEMORY_MIB   memory per device (default 16384)
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "tessera/shim/cuda_abi.h"
+
+#define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+int Devices() {
+  const char* e = getenv("FAKE_CUDA_DEVICES");
+  return e ? atoi(e) : 1;
+}
+uint64_t MemoryPerDevice() {
+  const char* e = getenv("FAKE_CUDA_MEMORY_MIB");
+  return (e ? strtoull(e, nullptr, 10) : 16384ull) << 20;
+}
+
+std::mutex mu;
+std::unordered_map<uint64_t, std::pair<uint64_t, int>>& Live() {  // address/handle -> bytes, device
+  static auto* m = new std::unordered_map<uint64_t, std::pair<uint64_t, int>>();
+  return *m;
+}
+std::atomic<uint64_t> used[16];
+std::atomic<uint64_t> launches{0};
+std::atomic<int> initialized{0};
+thread_local int current_device = 0;
+
+CUresult Take(uint64_t bytes, unsigned long long* key_out) {
+  int dev = current_device;
+  uint64_t cur = used[dev].load();
+  do {
+    if (cur + bytes > MemoryPerDevice()) return CUDA_ERROR_OUT_OF_MEMORY;
+  } while (!used[dev].compare_exchange_weak(cur, cur + bytes));
+  void* p = malloc(bytes ? bytes : 1);  // untouched pages cost nothing
+  if (p == nullptr) {
+    used[dev].fetch_sub(bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  std::lock_guard lock(mu);
+  Live()[reinterpret_cast<uint64_t>(p)] = {bytes, dev};
+  *key_out = reinterpret_cast<uint64_t>(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult Give(uint64_t key) {
+  std::pair<uint64_t, int> v;
+  {
+    std::lock_guard lock(mu);
+    auto it = Live().find(key);
+    if (it == Live().end()) return CUDA_ERROR_INVALID_VALUE;
+    v = it->second;
+    Live().erase(it);
+  }
+  used[v.second].fetch_sub(v.first);
+  free(reinterpret_cast<void*>(key));
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FAKE_EXPORT CUresult cuInit(unsigned int) {
+  initialized = 1;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDriverGetVersion(int* v) {
+  *v = 12040;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceGetCount(int* n) {
+  *n = Devices();
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal < 0 || ordinal >= Devices()) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice* d) {
+  *d = current_device;
+  return CUDA_SUCCESS;
+}
+// Test hook standing in for making another device's context current.
+FAKE_EXPORT void fakeCudaSetDevice(int d) { current_device = d; }
+FAKE_EXPORT uint64_t fakeCudaUsedBytes(int d) { return used[d].load(); }
+FAKE_EXPORT uint64_t fakeCudaLaunches() { return launches.load(); }
+
+FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
+  if (d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = MemoryPerDevice();
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  *total = MemoryPerDevice();
+  *free_bytes = MemoryPerDevice() - used[current_device].load();
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  return Take(bytes, p);
+}
+FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t width, size_t height,
+                                       unsigned int) {
+  if (p == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  *pitch = (width + 511) / 512 * 512;  // rows padded to 512 bytes
+  return Take(*pitch * height, p);
+}
+FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int) {
+  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
+}
+FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
+  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
+}
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream) {
+  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
+}
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return Give(p); }
+FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return Give(p); }
+FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes, const CUmemAllocationProp*,
+                                unsigned long long) {
+  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, h);
+}
+FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return Give(h); }
+
+namespace {
+uint64_t ElementBytes(CUarray_format f) {
+  return f == CU_AD_FORMAT_UNSIGNED_INT8 || f == CU_AD_FORMAT_SIGNED_INT8   ? 1
+         : f == CU_AD_FORMAT_UNSIGNED_INT16 || f == CU_AD_FORMAT_SIGNED_INT16 ||
+                 f == CU_AD_FORMAT_HALF
+             ? 2
+             : 4;
+}
+}  // namespace
+
+FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
+  if (a == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long key;
+  CUresult rc = Take(d->Width * (d->Height ? d->Height : 1) * ElementBytes(d->Format) * d->NumChannels, &key);
+  if (rc == CUDA_SUCCESS) *a = reinterpret_cast<CUarray>(key);
+  return rc;
+}
+FAKE_EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  if (a == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long key;
+  CUresult rc = Take(d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) *
+                         ElementBytes(d->Format) * d->NumChannels,
+                     &key);
+  if (rc == CUDA_SUCCESS) *a = reinterpret_cast<CUarray>(key);
+  return rc;
+}
+FAKE_EXPORT CUresult cuArrayDestroy(CUarray a) { return Give(reinterpret_cast<uint64_t>(a)); }
+FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* a, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                           unsigned int levels) {
+  if (a == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t bytes = 0;
+  size_t w = d->Width, h = d->Height, z = d->Depth;
+  for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
+    bytes += w * (h ? h : 1) * (z ? z : 1) * ElementBytes(d->Format) * d->NumChannels;
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : h;
+    z = z > 1 ? z / 2 : z;
+  }
+  unsigned long long key;
+  CUresult rc = Take(bytes, &key);
+  if (rc == CUDA_SUCCESS) *a = reinterpret_cast<CUmipmappedArray>(key);
+  return rc;
+}
+FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
+  return Give(reinterpret_cast<uint64_t>(a));
+}
+
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                                   unsigned int, unsigned int, unsigned int, CUstream, void**, void**) {
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) {
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int,
+                                              unsigned int, unsigned int, unsigned int, unsigned int,
+                                              CUstream, void**) {
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream) {
+  launches.fetch_add(1, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
+                                        CUdriverProcAddressQueryResult*);
+
+namespace {
+// Base name -> entry point, as the driver resolves it for CUDA 12 callers (the _v2 versions).
+void* Lookup(const std::string& name, int version) {
+  static const std::unordered_map<std::string, void*> kTable = {
+      {"cuInit", (void*)&cuInit},
+      {"cuDriverGetVersion", (void*)&cuDriverGetVersion},
+      {"cuDeviceGetCount", (void*)&cuDeviceGetCount},
+      {"cuDeviceGet", (void*)&cuDeviceGet},
+      {"cuCtxGetDevice", (void*)&cuCtxGetDevice},
+      {"cuDeviceTotalMem", (void*)&cuDeviceTotalMem_v2},
+      {"cuMemGetInfo", (void*)&cuMemGetInfo_v2},
+      {"cuMemAlloc", (void*)&cuMemAlloc_v2},
+      {"cuMemAllocPitch", (void*)&cuMemAllocPitch_v2},
+      {"cuMemAllocManaged", (void*)&cuMemAllocManaged},
+      {"cuMemAllocAsync", (void*)&cuMemAllocAsync},
+      {"cuMemAllocFromPoolAsync", (void*)&cuMemAllocFromPoolAsync},
+      {"cuMemFree", (void*)&cuMemFree_v2},
+      {"cuMemFreeAsync", (void*)&cuMemFreeAsync},
+      {"cuMemCreate", (void*)&cuMemCreate},
+      {"cuMemRelease", (void*)&cuMemRelease},
+      {"cuArrayCreate", (void*)&cuArrayCreate_v2},
+      {"cuArray3DCreate", (void*)&cuArray3DCreate_v2},
+      {"cuArrayDestroy", (void*)&cuArrayDestroy},
+      {"cuMipmappedArrayCreate", (void*)&cuMipmappedArrayCreate},
+      {"cuMipmappedArrayDestroy", (void*)&cuMipmappedArrayDestroy},
+      {"cuLaunchKernel", (void*)&cuLaunchKernel},
+      {"cuLaunchKernelEx", (void*)&cuLaunchKernelEx},
+      {"cuLaunchCooperativeKernel", (void*)&cuLaunchCooperativeKernel},
+      {"cuGraphLaunch", (void*)&cuGraphLaunch},
+      {"cuGetProcAddress", (void*)&cuGetProcAddress_v2},
+  };
+  auto it = kTable.find(name);
+  return it == kTable.end() || version < 3020 ? nullptr : it->second;
+}
+}  // namespace
+
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t,
+                                        CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = Lookup(symbol, version);
+  if (status) *status = *pfn ? 0 : 1;
+  return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+FAKE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}

@@ -1,0 +1,251 @@
+// A small CUDA driver-API program for the intercept-library tests. It reaches the driver one of four
+// ways, as real programs do, then runs commands, printing one line each:
+//   cuda_client ROUTE CMD...
+//   ROUTE: link (called directly, linked against libcuda.so.1) | dlsym (dlopen + dlsym) |
+//          procaddr (dlsym("cuGetProcAddress"), then every entry point through it, as the CUDA 12
+//          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
+//   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
+//          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
+//          device:D  hold  crash
+// Results: "ok", "oom", "err <code>", numbers for info/total/fill.
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "tessera/shim/cuda_abi.h"
+
+extern "C" {
+CUresult cuInit(unsigned int);
+CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr*, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr*, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuArrayCreate_v2(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
+CUresult cuArray3DCreate_v2(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult cuMemGetInfo_v2(size_t*, size_t*);
+CUresult cuDeviceTotalMem_v2(size_t*, CUdevice);
+CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                        unsigned int, unsigned int, CUstream, void**, void**);
+void fakeCudaSetDevice(int);
+}
+
+namespace {
+
+struct Api {
+  cuMemAlloc_v2_fn MemAlloc;
+  cuMemAllocPitch_v2_fn MemAllocPitch;
+  cuMemAllocManaged_fn MemAllocManaged;
+  cuMemAllocAsync_fn MemAllocAsync;
+  cuMemAllocFromPoolAsync_fn MemAllocFromPoolAsync;
+  cuMemFree_v2_fn MemFree;
+  cuMemFreeAsync_fn MemFreeAsync;
+  cuMemCreate_fn MemCreate;
+  cuMemRelease_fn MemRelease;
+  cuArrayCreate_v2_fn ArrayCreate;
+  cuArray3DCreate_v2_fn Array3DCreate;
+  cuArrayDestroy_fn ArrayDestroy;
+  cuMipmappedArrayCreate_fn MipmappedArrayCreate;
+  cuMipmappedArrayDestroy_fn MipmappedArrayDestroy;
+  cuMemGetInfo_v2_fn MemGetInfo;
+  cuDeviceTotalMem_v2_fn DeviceTotalMem;
+  cuLaunchKernel_fn LaunchKernel;
+};
+
+Api Linked() {
+  return {cuMemAlloc_v2,   cuMemAllocPitch_v2, cuMemAllocManaged,      cuMemAllocAsync,
+          cuMemAllocFromPoolAsync, cuMemFree_v2, cuMemFreeAsync, cuMemCreate,
+          cuMemRelease,    cuArrayCreate_v2,   cuArray3DCreate_v2,     cuArrayDestroy,
+          cuMipmappedArrayCreate, cuMipmappedArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
+          cuLaunchKernel};
+}
+
+template <typename F>
+void Get(F& out, void* lib, const char* versioned, cuGetProcAddress_v2_fn gpa, const char* base,
+         bool v2) {
+  void* p = nullptr;
+  if (gpa == nullptr) {
+    p = dlsym(lib, versioned);
+  } else if (v2) {
+    CUdriverProcAddressQueryResult status;
+    gpa(base, &p, 12040, 0, &status);
+  } else {
+    reinterpret_cast<cuGetProcAddress_fn>(gpa)(base, &p, 12040, 0);
+  }
+  if (p == nullptr) {
+    fprintf(stderr, "cuda_client: cannot resolve %s\n", versioned);
+    exit(3);
+  }
+  out = reinterpret_cast<F>(p);
+}
+
+Api Resolved(const std::string& route) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    fprintf(stderr, "cuda_client: %s\n", dlerror());
+    exit(3);
+  }
+  cuGetProcAddress_v2_fn gpa = nullptr;
+  bool v2 = route == "procaddr2";
+  if (route != "dlsym") {
+    gpa = reinterpret_cast<cuGetProcAddress_v2_fn>(dlsym(lib, v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress"));
+    if (gpa == nullptr) exit(3);
+  }
+  Api a;
+  Get(a.MemAlloc, lib, "cuMemAlloc_v2", gpa, "cuMemAlloc", v2);
+  Get(a.MemAllocPitch, lib, "cuMemAllocPitch_v2", gpa, "cuMemAllocPitch", v2);
+  Get(a.MemAllocManaged, lib, "cuMemAllocManaged", gpa, "cuMemAllocManaged", v2);
+  Get(a.MemAllocAsync, lib, "cuMemAllocAsync", gpa, "cuMemAllocAsync", v2);
+  Get(a.MemAllocFromPoolAsync, lib, "cuMemAllocFromPoolAsync", gpa, "cuMemAllocFromPoolAsync", v2);
+  Get(a.MemFree, lib, "cuMemFree_v2", gpa, "cuMemFree", v2);
+  Get(a.MemFreeAsync, lib, "cuMemFreeAsync", gpa, "cuMemFreeAsync", v2);
+  Get(a.MemCreate, lib, "cuMemCreate", gpa, "cuMemCreate", v2);
+  Get(a.MemRelease, lib, "cuMemRelease", gpa, "cuMemRelease", v2);
+  Get(a.ArrayCreate, lib, "cuArrayCreate_v2", gpa, "cuArrayCreate", v2);
+  Get(a.Array3DCreate, lib, "cuArray3DCreate_v2", gpa, "cuArray3DCreate", v2);
+  Get(a.ArrayDestroy, lib, "cuArrayDestroy", gpa, "cuArrayDestroy", v2);
+  Get(a.MipmappedArrayCreate, lib, "cuMipmappedArrayCreate", gpa, "cuMipmappedArrayCreate", v2);
+  Get(a.MipmappedArrayDestroy, lib, "cuMipmappedArrayDestroy", gpa, "cuMipmappedArrayDestroy", v2);
+  Get(a.MemGetInfo, lib, "cuMemGetInfo_v2", gpa, "cuMemGetInfo", v2);
+  Get(a.DeviceTotalMem, lib, "cuDeviceTotalMem_v2", gpa, "cuDeviceTotalMem", v2);
+  Get(a.LaunchKernel, lib, "cuLaunchKernel", gpa, "cuLaunchKernel", v2);
+  return a;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t c = s.find(':', start);
+    out.push_back(s.substr(start, c == std::string::npos ? c : c - start));
+    if (c == std::string::npos) return out;
+    start = c + 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: cuda_client link|dlsym|procaddr|procaddr2 CMD...\n");
+    return 2;
+  }
+  std::string route = argv[1];
+  cuInit(0);
+  Api api = route == "link" ? Linked() : Resolved(route);
+  std::vector<CUdeviceptr> ptrs;
+  std::vector<CUmemGenericAllocationHandle> handles;
+  std::vector<CUarray> arrays;
+  std::vector<CUmipmappedArray> mipmaps;
+  auto report = [](CUresult rc) {
+    if (rc == CUDA_SUCCESS) puts("ok");
+    else if (rc == CUDA_ERROR_OUT_OF_MEMORY) puts("oom");
+    else printf("err %d\n", rc);
+  };
+  const size_t MiB = 1 << 20;
+  for (int i = 2; i < argc; ++i) {
+    std::vector<std::string> c = Split(argv[i]);
+    auto n = [&](size_t k) { return static_cast<size_t>(strtoull(c.at(k).c_str(), nullptr, 10)); };
+    CUdeviceptr p = 0;
+    if (c[0] == "alloc") {
+      CUresult rc = api.MemAlloc(&p, n(1) * MiB);
+      if (rc == CUDA_SUCCESS) ptrs.push_back(p);
+      report(rc);
+    } else if (c[0] == "pitch") {
+      size_t pitch = 0;
+      CUresult rc = api.MemAllocPitch(&p, &pitch, n(1), n(2), 4);
+      if (rc == CUDA_SUCCESS) ptrs.push_back(p);
+      report(rc);
+    } else if (c[0] == "managed" || c[0] == "async" || c[0] == "pool") {
+      CUresult rc = c[0] == "managed" ? api.MemAllocManaged(&p, n(1) * MiB, 1)
+                    : c[0] == "async" ? api.MemAllocAsync(&p, n(1) * MiB, nullptr)
+                                      : api.MemAllocFromPoolAsync(&p, n(1) * MiB, nullptr, nullptr);
+      if (rc == CUDA_SUCCESS) ptrs.push_back(p);
+      report(rc);
+    } else if (c[0] == "create") {
+      CUmemGenericAllocationHandle h;
+      CUresult rc = api.MemCreate(&h, n(1) * MiB, nullptr, 0);
+      if (rc == CUDA_SUCCESS) handles.push_back(h);
+      report(rc);
+    } else if (c[0] == "array") {
+      CUDA_ARRAY_DESCRIPTOR d{n(1), n(2), CU_AD_FORMAT_FLOAT, 1};
+      CUarray a;
+      CUresult rc = api.ArrayCreate(&a, &d);
+      if (rc == CUDA_SUCCESS) arrays.push_back(a);
+      report(rc);
+    } else if (c[0] == "array3d") {
+      CUDA_ARRAY3D_DESCRIPTOR d{n(1), n(2), n(3), CU_AD_FORMAT_FLOAT, 1, 0};
+      CUarray a;
+      CUresult rc = api.Array3DCreate(&a, &d);
+      if (rc == CUDA_SUCCESS) arrays.push_back(a);
+      report(rc);
+    } else if (c[0] == "mipmap") {
+      CUDA_ARRAY3D_DESCRIPTOR d{n(1), n(2), 0, CU_AD_FORMAT_FLOAT, 1, 0};
+      CUmipmappedArray a;
+      CUresult rc = api.MipmappedArrayCreate(&a, &d, static_cast<unsigned>(n(3)));
+      if (rc == CUDA_SUCCESS) mipmaps.push_back(a);
+      report(rc);
+    } else if (c[0] == "launch") {
+      for (size_t k = 0; k < n(1); ++k) api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+      puts("ok");
+    } else if (c[0] == "freeall") {
+      for (size_t k = 0; k < ptrs.size(); ++k) {
+        if (k % 2) api.MemFreeAsync(ptrs[k], nullptr); else api.MemFree(ptrs[k]);
+      }
+      for (auto h : handles) api.MemRelease(h);
+      for (auto a : arrays) api.ArrayDestroy(a);
+      for (auto m : mipmaps) api.MipmappedArrayDestroy(m);
+      ptrs.clear(), handles.clear(), arrays.clear(), mipmaps.clear();
+      puts("ok");
+    } else if (c[0] == "info") {
+      size_t f = 0, t = 0;
+      CUresult rc = api.MemGetInfo(&f, &t);
+      if (rc != CUDA_SUCCESS) report(rc); else printf("%zu %zu\n", f / MiB, t / MiB);
+    } else if (c[0] == "total") {
+      size_t t = 0;
+      api.DeviceTotalMem(&t, 0);
+      printf("%zu\n", t / MiB);
+    } else if (c[0] == "fill") {
+      int count = 0;
+      while (api.MemAlloc(&p, n(1) * MiB) == CUDA_SUCCESS) {
+        ptrs.push_back(p);
+        ++count;
+      }
+      printf("%d\n", count);
+    } else if (c[0] == "cycle") {
+      int failures = 0;
+      for (size_t k = 0; k < n(1); ++k) {
+        if (api.MemAlloc(&p, n(2) * MiB) != CUDA_SUCCESS || api.MemFree(p) != CUDA_SUCCESS) ++failures;
+      }
+      printf("%d\n", failures);
+    } else if (c[0] == "device") {
+      fakeCudaSetDevice(static_cast<int>(n(1)));
+      puts("ok");
+    } else if (c[0] == "hold") {
+      puts("holding");
+      fflush(stdout);
+      pause();
+    } else if (c[0] == "crash") {
+      fflush(stdout);
+      raise(SIGKILL);
+    } else {
+      fprintf(stderr, "cuda_client: unknown command %s\n", argv[i]);
+      return 2;
+    }
+    fflush(stdout);
+  }
+  return 0;
+}

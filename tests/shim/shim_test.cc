@@ -1,0 +1,170 @@
+// libtessera-cuda.so against the fake libcuda.so.1, through LD_PRELOAD as in production: a CUDA
+// driver-API program (cuda_client) reaches the driver by linking, dlsym and cuGetProcAddress(_v2).
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+std::string TempPath(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "tessera-shim-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+struct Env {
+  std::string limit;
+  std::string region;
+  bool preload = true;
+  std::string extra;
+};
+
+std::string Command(const Env& env, const std::string& route, const std::string& cmds) {
+  std::string c = "env LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR;
+  if (env.preload) c += " LD_PRELOAD=" TESSERA_SHIM_LIBRARY;
+  if (!env.limit.empty()) c += " TESSERA_CUDA_MEM_LIMIT=" + env.limit;
+  if (!env.region.empty()) c += " TESSERA_CUDA_REGION=" + env.region;
+  c += " " + env.extra + " " TESSERA_CUDA_CLIENT " " + route + " " + cmds;
+  return c;
+}
+
+// Runs the client to completion; stdout (and stderr with 2>&1 in cmds).
+std::string RunClient(const Env& env, const std::string& route, const std::string& cmds) {
+  FILE* p = popen(Command(env, route, cmds).c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// A client left running: its first line is read; Stop() kills it.
+struct Running {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  std::string first_line;
+  void Stop() {
+    if (pid > 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
+    if (out) fclose(out);
+    pid = -1, out = nullptr;
+  }
+};
+
+Running Start(const Env& env, const std::string& route, const std::string& cmds) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  std::string cmd = "exec " + Command(env, route, cmds);
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  Running r;
+  posix_spawn(&r.pid, "/bin/sh", &fa, nullptr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  r.out = fdopen(fds[0], "r");
+  char line[256] = "";
+  if (fgets(line, sizeof line, r.out)) r.first_line = line;
+  return r;
+}
+
+const char* kRoutes[] = {"link", "dlsym", "procaddr", "procaddr2"};
+
+TEST(Shim, WithoutTheLibraryTheFakeDriverAllowsEverything) {
+  Env env{.limit = "1GiB", .preload = false};
+  EXPECT_EQ(RunClient(env, "link", "alloc:600 alloc:500"), "ok\nok\n");
+}
+
+TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
+  for (const char* route : kRoutes) {
+    Env env{.limit = "1GiB"};
+    EXPECT_EQ(RunClient(env, route, "alloc:600 alloc:500 freeall alloc:500"), "ok\noom\nok\nok\n") << route;
+  }
+}
+
+TEST(Shim, EveryAllocationPathIsCounted) {
+  // Each path takes about 60 MiB of a 100 MiB limit; a further 60 MiB must then fail.
+  const char* paths[] = {"alloc:60",         "pitch:1000:61440", "managed:60",
+                         "async:60",         "pool:60",          "create:60",
+                         "array:4096:3840",  "array3d:1024:1024:15", "mipmap:4096:3072:4"};
+  for (const char* route : {"link", "procaddr2"}) {
+    for (const char* path : paths) {
+      Env env{.limit = "100MiB"};
+      EXPECT_EQ(RunClient(env, route, std::string(path) + " alloc:60 freeall alloc:60"), "ok\noom\nok\nok\n")
+          << route << " " << path;
+    }
+  }
+}
+
+TEST(Shim, MemoryInfoReportsTheLimit) {
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "procaddr", "info alloc:300 info total"), "1024 1024\nok\n724 1024\n1024\n");
+  // Without a limit the driver's own figures pass through (the fake has 16 GiB).
+  EXPECT_EQ(RunClient(Env{}, "link", "info"), "16384 16384\n");
+}
+
+TEST(Shim, LimitsPerDevice) {
+  Env env{.limit = "0:100MiB,1:1GiB", .extra = "FAKE_CUDA_DEVICES=2"};
+  EXPECT_EQ(RunClient(env, "link", "alloc:200 device:1 alloc:200 info"), "oom\nok\nok\n824 1024\n");
+}
+
+TEST(Shim, ConcurrentProcessesNeverExceedTheSharedLimit) {
+  std::string region = TempPath("concurrent.region");
+  std::filesystem::remove(region);
+  Env env{.limit = "1000MiB", .region = region};
+  std::vector<Running> procs;
+  for (int i = 0; i < 8; ++i) procs.push_back(Start(env, i % 2 ? "link" : "procaddr2", "fill:10 hold"));
+  int chunks = 0;
+  for (Running& r : procs) chunks += atoi(r.first_line.c_str());
+  for (Running& r : procs) r.Stop();
+  // 100 chunks of 10 MiB fit exactly; the eight processes raced for them.
+  EXPECT_EQ(chunks, 100);
+}
+
+TEST(Shim, CrashedProcessMemoryIsGivenBack) {
+  std::string region = TempPath("crash.region");
+  std::filesystem::remove(region);
+  Env env{.limit = "1000MiB", .region = region};
+  Running holder = Start(env, "link", "alloc:800 hold");
+  EXPECT_EQ(holder.first_line, "ok\n");
+  EXPECT_EQ(RunClient(env, "link", "alloc:800"), "oom\n") << "the live holder's memory counts";
+  holder.Stop();  // SIGKILL: no chance to free anything
+  EXPECT_EQ(RunClient(env, "link", "alloc:800"), "ok\n") << "a dead process's memory is reclaimed";
+  RunClient(env, "link", "alloc:900 crash");
+  EXPECT_EQ(RunClient(env, "link", "alloc:900"), "ok\n");
+}
+
+TEST(Shim, NoLeakAfterTenThousandCycles) {
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "link", "cycle:10000:1 info"), "0\n1024 1024\n");
+}
+
+TEST(Shim, BadRegionFileIsSaidAndLimitsStillApply) {
+  std::string region = TempPath("bad.region");
+  std::ofstream(region) << "not a region";
+  Env env{.limit = "100MiB", .region = region};
+  std::string out = RunClient(env, "link", "alloc:60 alloc:60 2>&1");
+  EXPECT_THAT(out, ::testing::HasSubstr("not a Tessera shared region"));
+  EXPECT_THAT(out, ::testing::HasSubstr("ok\noom\n"));
+}
+
+TEST(Shim, KernelLaunchesPassThrough) {
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "procaddr2", "launch:100 alloc:1"), "ok\nok\n");
+}
+
+}  // namespace
