@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <new>
@@ -21,20 +22,28 @@ void SetError(char* err, size_t len, const char* what, const char* path) {
            errno ? strerror(errno) : "");
 }
 
+// The file (or anonymous mapping) starts zeroed: only the header is written, so creating a region
+// touches one page, and the magic goes last.
 void Init(RegionData* d, const uint64_t* limits, int count) {
-  memset(static_cast<void*>(d), 0, sizeof(RegionData));
   d->device_count = static_cast<uint32_t>(count < 0 ? 0 : count > kMaxDevices ? kMaxDevices : count);
   for (uint32_t i = 0; i < d->device_count; ++i) d->limit[i] = limits[i];
   d->version = kRegionVersion;
-  d->magic = kRegionMagic;
+  d->magic.store(kRegionMagic, std::memory_order_release);
+}
+
+void SleepMicros(long us) {
+  timespec t{0, us * 1000};
+  nanosleep(&t, nullptr);
 }
 
 bool Alive(const ProcSlot& s) {
   int32_t pid = s.pid.load();
   if (pid <= 0) return false;
   if (kill(pid, 0) == -1 && errno == ESRCH) return false;
+  uint64_t recorded = s.start_time.load();
+  if (recorded == 0) return true;  // being claimed right now
   uint64_t start = ProcessStartTime(pid);
-  return start != 0 && start == s.start_time.load();
+  return start != 0 && start == recorded;
 }
 
 uint64_t ParseBytes(const char* s, const char** end) {
@@ -111,60 +120,61 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
 
 Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
   errno = 0;
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  bool creator = true;
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    creator = false;
+    fd = open(path, O_RDWR | O_CLOEXEC);
+  }
   if (fd < 0) {
     SetError(err, err_len, "cannot open the shared region", path);
     return nullptr;
   }
-  if (flock(fd, LOCK_EX) != 0) {
-    SetError(err, err_len, "cannot lock the shared region", path);
+  auto fail = [&](const char* what, bool with_errno) {
+    if (!with_errno) errno = 0;
+    SetError(err, err_len, what, path);
     close(fd);
     return nullptr;
-  }
-  struct stat st;
-  bool fresh = fstat(fd, &st) == 0 && st.st_size == 0;
-  if (fresh && ftruncate(fd, sizeof(RegionData)) != 0) {
-    SetError(err, err_len, "cannot size the shared region", path);
-    close(fd);
-    return nullptr;
-  }
-  if (!fresh && static_cast<size_t>(st.st_size) != sizeof(RegionData)) {
-    errno = 0;
-    SetError(err, err_len, "not a Tessera shared region of this version (wrong size)", path);
-    close(fd);
-    return nullptr;
+  };
+  if (creator) {
+    if (ftruncate(fd, sizeof(RegionData)) != 0) return fail("cannot size the shared region", true);
+  } else {
+    // A creator may be between open and ftruncate: an empty file is waited for, briefly.
+    struct stat st;
+    for (int i = 0;; ++i) {
+      if (fstat(fd, &st) != 0) return fail("cannot stat the shared region", true);
+      if (st.st_size != 0 || i == 2000) break;
+      SleepMicros(100);
+    }
+    if (static_cast<size_t>(st.st_size) != sizeof(RegionData)) {
+      return fail("not a Tessera shared region of this version (wrong size)", false);
+    }
   }
   void* m = mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
-    SetError(err, err_len, "cannot map the shared region", path);
-    close(fd);
-    return nullptr;
-  }
+  if (m == MAP_FAILED) return fail("cannot map the shared region", true);
   auto* d = static_cast<RegionData*>(m);
-  if (fresh) {
+  if (creator) {
     Init(d, limits, count);
-  } else if (d->magic != kRegionMagic || d->version != kRegionVersion) {
-    errno = 0;
-    SetError(err, err_len, "not a Tessera shared region of this version", path);
-    munmap(m, sizeof(RegionData));
-    close(fd);
-    return nullptr;
+  } else {
+    for (int i = 0; d->magic.load(std::memory_order_acquire) == 0 && i < 2000; ++i) SleepMicros(100);
+    if (d->magic.load(std::memory_order_acquire) != kRegionMagic || d->version != kRegionVersion) {
+      munmap(m, sizeof(RegionData));
+      return fail("not a Tessera shared region of this version", false);
+    }
   }
   Region* r = new (std::nothrow) Region(d, fd);
   if (r == nullptr) {
-    errno = ENOMEM;
-    SetError(err, err_len, "out of memory", path);
     munmap(m, sizeof(RegionData));
-    close(fd);
-    return nullptr;
+    return fail("out of memory", false);
   }
-  r->ReclaimDeadLocked();
-  bool ok = r->ClaimSlot();
-  flock(fd, LOCK_UN);
-  if (!ok) {
-    errno = 0;
-    SetError(err, err_len, "no free process slot in the shared region", path);
-    return nullptr;
+  if (!r->ClaimSlot()) {
+    // Perhaps dead processes hold every slot.
+    r->ReclaimDead();
+    if (!r->ClaimSlot()) {
+      errno = 0;
+      SetError(err, err_len, "no free process slot in the shared region", path);
+      return nullptr;
+    }
   }
   d->attaches.fetch_add(1);
   return r;
@@ -189,10 +199,11 @@ Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err
 
 bool Region::ClaimSlot() {
   int32_t me = static_cast<int32_t>(getpid());
+  const uint64_t start = ProcessStartTime(me);
   for (ProcSlot& s : data_->procs) {
     int32_t expected = 0;
     if (s.pid.compare_exchange_strong(expected, me)) {
-      s.start_time.store(ProcessStartTime(me));
+      s.start_time.store(start);
       for (auto& u : s.used) u.store(0);
       s.kernel_launches.store(0);
       slot_ = &s;
@@ -214,6 +225,7 @@ void Region::ReclaimDeadLocked() {
       }
       data_->reclaimed_bytes.fetch_add(bytes);
     }
+    s.start_time.store(0);
     s.pid.store(0);
     ++reclaimed_slots_;
   }
@@ -235,6 +247,12 @@ void Region::ReattachAfterFork() {
 }
 
 bool Region::Reserve(int device, uint64_t bytes) {
+  if (TryReserve(device, bytes)) return true;
+  // Before saying no, give back what dead processes still hold.
+  return ReclaimDead() > 0 && TryReserve(device, bytes);
+}
+
+bool Region::TryReserve(int device, uint64_t bytes) {
   if (device < 0 || device >= kMaxDevices) return false;
   const uint64_t limit = data_->limit[device];
   uint64_t cur = data_->used[device].load(std::memory_order_relaxed);

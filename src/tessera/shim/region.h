@@ -1,10 +1,12 @@
 #pragma once
 // The shared accounting region: a small file mapped by every process of a job (and read by the server
 // or agent). It holds the job's GPU memory limit per device, the bytes in use per device, and one slot
-// per attached process (pid, its start time, its bytes per device, its kernel time) so a crashed
-// process's memory can be given back. Updates are lock-free atomics; creation and the reclaiming of
-// dead processes' slots take an flock on the file. Layout is versioned; a file of another version is
-// refused. No exceptions, no allocation after Attach: usable from the intercept library.
+// per attached process (pid, its start time, its bytes per device, its kernel launches) so a crashed
+// process's memory can be given back. Attaching and accounting are lock-free (the creator publishes
+// the region by writing its magic last; slots are claimed by compare-and-swap); only the reclaiming of
+// dead processes' slots takes an flock on the file, and it runs when an allocation would not fit or
+// memory is asked about, not on every start. Layout is versioned; a file of another version is refused.
+// No exceptions, no allocation after Attach: usable from the intercept library.
 
 #include <atomic>
 #include <cstddef>
@@ -26,7 +28,7 @@ struct ProcSlot {
 };
 
 struct RegionData {
-  uint64_t magic;
+  std::atomic<uint64_t> magic;  // written last by the creator: the region is ready once it is set
   uint32_t version;
   uint32_t device_count;
   uint64_t limit[kMaxDevices];          // bytes; 0 = no limit on that device
@@ -47,8 +49,9 @@ class Region {
   // A region private to this process (no file), for a job without one.
   static Region* Private(const uint64_t* limits, int count, char* err, size_t err_len);
 
-  // Takes `bytes` on `device` if the total stays within the limit; false (nothing taken) otherwise.
-  // Safe under concurrent calls from any number of processes.
+  // Takes `bytes` on `device` if the total stays within the limit (after giving back dead processes'
+  // memory when it would not); false (nothing taken) otherwise. Safe under concurrent calls from any
+  // number of processes.
   bool Reserve(int device, uint64_t bytes);
   // Gives `bytes` back; never takes the counters below zero.
   void Release(int device, uint64_t bytes);
@@ -57,6 +60,7 @@ class Region {
   uint64_t Limit(int device) const;  // 0 = none
   uint64_t Used(int device) const;
   // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file lock.
+  // Runs by itself when a reservation would not fit.
   int ReclaimDead();
   // After fork(): the child is a new process and needs a slot of its own.
   void ReattachAfterFork();
@@ -65,6 +69,7 @@ class Region {
  private:
   Region(RegionData* data, int fd) : data_(data), fd_(fd) {}
   bool ClaimSlot();
+  bool TryReserve(int device, uint64_t bytes);
   void ReclaimDeadLocked();
   RegionData* data_;
   int fd_;

@@ -336,6 +336,7 @@ TESSERA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes)
   const int device = CurrentDevice();
   uint64_t limit = region->Limit(device);
   if (limit == 0) return rc;
+  region->ReclaimDead();  // rare call: report what is really free
   uint64_t used = region->Used(device);
   uint64_t left = used >= limit ? 0 : limit - used;  // clamped: never "negative" free memory
   if (free_bytes != nullptr && left < *free_bytes) *free_bytes = left;
