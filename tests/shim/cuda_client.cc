@@ -74,14 +74,13 @@ Api Linked() {
 }
 
 template <typename F>
-void Get(F& out, void* lib, const char* versioned, cuGetProcAddress_v2_fn gpa, const char* base,
-         bool v2) {
+void Get(F& out, void* lib, const char* versioned, void* gpa, const char* base, bool v2) {
   void* p = nullptr;
   if (gpa == nullptr) {
     p = dlsym(lib, versioned);
   } else if (v2) {
     CUdriverProcAddressQueryResult status;
-    gpa(base, &p, 12040, 0, &status);
+    reinterpret_cast<cuGetProcAddress_v2_fn>(gpa)(base, &p, 12040, 0, &status);
   } else {
     reinterpret_cast<cuGetProcAddress_fn>(gpa)(base, &p, 12040, 0);
   }
@@ -98,10 +97,10 @@ Api Resolved(const std::string& route) {
     fprintf(stderr, "cuda_client: %s\n", dlerror());
     exit(3);
   }
-  cuGetProcAddress_v2_fn gpa = nullptr;
+  void* gpa = nullptr;
   bool v2 = route == "procaddr2";
   if (route != "dlsym") {
-    gpa = reinterpret_cast<cuGetProcAddress_v2_fn>(dlsym(lib, v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress"));
+    gpa = dlsym(lib, v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
     if (gpa == nullptr) exit(3);
   }
   Api a;

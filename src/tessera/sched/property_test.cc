@@ -269,7 +269,9 @@ TEST_P(PolicyProperties, IncrementalCachesMatchFullEvaluation) {
         Decision d = s.Decide(r);
         std::optional<double> truth = s.BestScoreUncached(r);
         ASSERT_EQ(d.placed, truth.has_value()) << "seed " << seed << " op " << op;
-        if (truth) ASSERT_NEAR(d.score, *truth, 1e-9) << "seed " << seed << " op " << op;
+        if (truth) {
+          ASSERT_NEAR(d.score, *truth, 1e-9) << "seed " << seed << " op " << op;
+        }
         if (auto a = s.Place(r, op); a.ok()) live.push_back(a->id);
       } else {
         size_t i = rng() % live.size();
