@@ -6,7 +6,7 @@
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
-//          device:D  hold  crash
+//          device:D  nvml:INDEX (NVML's memory figures, v1 then v2: total free used MiB)  hold  crash
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
 #include <signal.h>
@@ -230,6 +230,29 @@ int main(int argc, char** argv) {
         if (api.MemAlloc(&p, n(2) * MiB) != CUDA_SUCCESS || api.MemFree(p) != CUDA_SUCCESS) ++failures;
       }
       printf("%d\n", failures);
+    } else if (c[0] == "nvml") {
+      void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+      if (nvml == nullptr) {
+        printf("err nvml\n");
+        continue;
+      }
+      struct Mem { unsigned long long total, free, used; };
+      struct Mem2 { unsigned int version; unsigned long long total, reserved, free, used; };
+      auto init = reinterpret_cast<int (*)()>(dlsym(nvml, "nvmlInit_v2"));
+      auto get = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
+      auto info = reinterpret_cast<int (*)(void*, Mem*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
+      auto info2 = reinterpret_cast<int (*)(void*, Mem2*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2"));
+      void* dev = nullptr;
+      Mem m{};
+      Mem2 m2{};
+      m2.version = sizeof(Mem2) | (2u << 24);
+      if (init() != 0 || get(static_cast<unsigned>(n(1)), &dev) != 0 || info(dev, &m) != 0 ||
+          info2(dev, &m2) != 0) {
+        printf("err nvml\n");
+        continue;
+      }
+      printf("%llu %llu %llu | %llu %llu %llu\n", m.total / MiB, m.free / MiB, m.used / MiB,
+             m2.total / MiB, m2.free / MiB, m2.used / MiB);
     } else if (c[0] == "device") {
       fakeCudaSetDevice(static_cast<int>(n(1)));
       puts("ok");

@@ -162,6 +162,29 @@ TEST(Shim, BadRegionFileIsSaidAndLimitsStillApply) {
   EXPECT_THAT(out, ::testing::HasSubstr("ok\noom\n"));
 }
 
+std::string NvmlScenario() {
+  std::string path = TempPath("nvml.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000"},
+                                          {"uuid": "GPU-bbbb0000-0000-0000-0000-000000000000"}]})";
+  return "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" + path;
+}
+
+TEST(Shim, NvmlMemoryInfoReportsTheLimit) {
+  // Without a limit NVML's own figures (the fake: 16 GiB, 1% used, 0.5% reserved in v2) pass through.
+  Env plain{.extra = NvmlScenario()};
+  EXPECT_EQ(RunClient(plain, "link", "nvml:0"), "16384 16220 163 | 16384 16138 163\n");
+  Env env{.limit = "1GiB", .extra = NvmlScenario()};
+  EXPECT_EQ(RunClient(env, "link", "alloc:300 nvml:0"), "ok\n1024 724 300 | 1024 724 300\n");
+}
+
+TEST(Shim, NvmlDevicesMapToCudaOrdinalsThroughVisibleDevices) {
+  // CUDA sees only NVML device 1, as its device 0: the limit of ordinal 0 applies to NVML index 1.
+  Env env{.limit = "0:1GiB",
+          .extra = NvmlScenario() + " CUDA_VISIBLE_DEVICES=GPU-bbbb0000-0000-0000-0000-000000000000"};
+  EXPECT_EQ(RunClient(env, "link", "nvml:1 nvml:0"),
+            "1024 1024 0 | 1024 1024 0\n16384 16220 163 | 16384 16138 163\n");
+}
+
 TEST(Shim, KernelLaunchesPassThrough) {
   Env env{.limit = "1GiB"};
   EXPECT_EQ(RunClient(env, "procaddr2", "launch:100 alloc:1"), "ok\nok\n");

@@ -11,8 +11,10 @@
 
 #include <mutex>
 #include <new>
+#include <type_traits>
 #include <unordered_map>
 
+#include "tessera/devices/nvml_abi.h"  // declarations only: the shim links nothing of Tessera
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/region.h"
 
@@ -417,14 +419,117 @@ TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int 
   return rc;
 }
 
+namespace tessera::shim {
+namespace {
+
+// NVML, for nvmlDeviceGetMemoryInfo(_v2): the real library and the few calls needed to tell which
+// CUDA device an NVML handle is.
+struct RealNvml {
+  void* handle = nullptr;
+  nvmlReturn_t (*GetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*GetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t*) = nullptr;
+  nvmlReturn_t (*GetCount)(unsigned*) = nullptr;
+  nvmlReturn_t (*GetHandleByIndex)(unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*GetUUID)(nvmlDevice_t, char*, unsigned) = nullptr;
+};
+RealNvml real_nvml;
+pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+
+void InitNvml() {
+  real_nvml.handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (real_nvml.handle == nullptr) return;
+  DlsymFn sym = RealDlsym();
+  auto get = [&](auto& f, const char* name) { f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(sym(real_nvml.handle, name)); };
+  get(real_nvml.GetMemoryInfo, "nvmlDeviceGetMemoryInfo");
+  get(real_nvml.GetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
+  get(real_nvml.GetCount, "nvmlDeviceGetCount_v2");
+  if (real_nvml.GetCount == nullptr) get(real_nvml.GetCount, "nvmlDeviceGetCount");
+  get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2");
+  if (real_nvml.GetHandleByIndex == nullptr) get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex");
+  get(real_nvml.GetUUID, "nvmlDeviceGetUUID");
+}
+
+// The CUDA ordinal of an NVML device as this process sees it: its position in CUDA_VISIBLE_DEVICES
+// (entries are UUIDs, UUID prefixes or NVML indices), or its NVML index when that is unset; -1 when
+// the device is not visible to CUDA here.
+int CudaOrdinal(nvmlDevice_t dev) {
+  if (real_nvml.GetCount == nullptr || real_nvml.GetHandleByIndex == nullptr) return -1;
+  unsigned count = 0, index = 0;
+  if (real_nvml.GetCount(&count) != NVML_SUCCESS) return -1;
+  for (index = 0; index < count; ++index) {
+    nvmlDevice_t h;
+    if (real_nvml.GetHandleByIndex(index, &h) == NVML_SUCCESS && h == dev) break;
+  }
+  if (index == count) return -1;
+  const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr || *visible == 0) return static_cast<int>(index);
+  char uuid[kNvmlUuidBufferSize] = "";
+  if (real_nvml.GetUUID != nullptr) real_nvml.GetUUID(dev, uuid, sizeof uuid);
+  int ordinal = 0;
+  for (const char* p = visible; *p;) {
+    const char* end = strchr(p, ',');
+    size_t len = end ? static_cast<size_t>(end - p) : strlen(p);
+    if (len > 0) {
+      if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0) {
+        if (strncmp(uuid, p, len) == 0) return ordinal;
+      } else if (static_cast<unsigned>(atoi(p)) == index) {
+        return ordinal;
+      }
+    }
+    ++ordinal;
+    p = end ? end + 1 : p + len;
+  }
+  return -1;
+}
+
+// Applies the job's limit to NVML's figures for `dev`.
+void Limit(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free_bytes,
+           unsigned long long* used) {
+  if (!Ready()) return;
+  int ordinal = CudaOrdinal(dev);
+  uint64_t limit = region->Limit(ordinal);
+  if (ordinal < 0 || limit == 0 || limit >= *total) return;
+  region->ReclaimDead();
+  uint64_t in_use = region->Used(ordinal);
+  *total = limit;
+  *used = in_use < limit ? in_use : limit;
+  *free_bytes = limit - *used;
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
+TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
+  pthread_once(&nvml_once, InitNvml);
+  if (real_nvml.GetMemoryInfo == nullptr) return NVML_ERROR_UNINITIALIZED;
+  nvmlReturn_t rc = real_nvml.GetMemoryInfo(dev, m);
+  if (rc == NVML_SUCCESS && m != nullptr) Limit(dev, &m->total, &m->free, &m->used);
+  return rc;
+}
+
+TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
+  pthread_once(&nvml_once, InitNvml);
+  if (real_nvml.GetMemoryInfo_v2 == nullptr) return NVML_ERROR_UNINITIALIZED;
+  nvmlReturn_t rc = real_nvml.GetMemoryInfo_v2(dev, m);
+  if (rc == NVML_SUCCESS && m != nullptr) {
+    unsigned long long used = m->used;
+    Limit(dev, &m->total, &m->free, &used);
+    if (used != m->used) m->used = used, m->reserved = 0;
+  }
+  return rc;
+}
+
 // dlsym is hooked so that a program (or the CUDA runtime) that dlopens libcuda.so.1 and looks entry
 // points up by name gets our hooks too.
 TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   DlsymFn sym = RealDlsym();
   if (sym == nullptr) return nullptr;
   void* fn = sym(handle, name);
-  if (fn != nullptr && name[0] == 'c' && name[1] == 'u' && Ready()) {
-    fn = Redirect(fn);
+  if (fn == nullptr) return fn;
+  if (name[0] == 'c' && name[1] == 'u' && Ready()) return Redirect(fn);
+  if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0) return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo);
+  if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0) {
+    return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo_v2);
   }
   return fn;
 }
