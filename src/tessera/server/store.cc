@@ -1,0 +1,315 @@
+#include "tessera/server/store.h"
+
+#include <sqlite3.h>
+
+#include "fmt/format.h"
+
+namespace tessera::server {
+namespace {
+
+constexpr const char* kStateNames[] = {"queued",    "running",   "succeeded", "failed",
+                                       "cancelled", "preempted", "lost"};
+
+absl::Status SqlError(sqlite3* db, std::string_view what) {
+  return absl::InternalError(fmt::format("store: {}: {}", what, sqlite3_errmsg(db)));
+}
+
+// A prepared statement, finalized on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
+  ~Stmt() { sqlite3_finalize(s_); }
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return s_; }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void Bind(int i, double v) { sqlite3_bind_double(s_, i, v); }
+  void Bind(int i, std::string_view v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  template <typename T>
+  void Bind(int i, const std::optional<T>& v) {
+    if (v) Bind(i, *v); else sqlite3_bind_null(s_, i);
+  }
+  int Step() { return sqlite3_step(s_); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* s_ = nullptr;
+  int rc_;
+};
+
+std::string Text(sqlite3_stmt* s, int col) {
+  const unsigned char* t = sqlite3_column_text(s, col);
+  return t ? reinterpret_cast<const char*>(t) : "";
+}
+
+std::optional<double> OptDouble(sqlite3_stmt* s, int col) {
+  if (sqlite3_column_type(s, col) == SQLITE_NULL) return std::nullopt;
+  return sqlite3_column_double(s, col);
+}
+
+constexpr const char* kJobColumns =
+    "id, name, owner_uid, owner, spec, priority, state, submitted_at, started_at, ended_at, "
+    "exit_code, placement, pid, pid_start_time, reason";
+
+JobRecord ReadJob(sqlite3_stmt* s) {
+  JobRecord r;
+  r.id = sqlite3_column_int64(s, 0);
+  r.name = Text(s, 1);
+  r.owner_uid = static_cast<uint32_t>(sqlite3_column_int64(s, 2));
+  r.owner = Text(s, 3);
+  r.spec_json = Text(s, 4);
+  r.priority = sqlite3_column_int(s, 5);
+  r.state = ParseJobState(Text(s, 6)).value_or(JobState::kLost);
+  r.submitted_at = sqlite3_column_double(s, 7);
+  r.started_at = OptDouble(s, 8);
+  r.ended_at = OptDouble(s, 9);
+  if (sqlite3_column_type(s, 10) != SQLITE_NULL) r.exit_code = sqlite3_column_int(s, 10);
+  r.placement_json = Text(s, 11);
+  r.pid = sqlite3_column_int64(s, 12);
+  r.pid_start_time = static_cast<uint64_t>(sqlite3_column_int64(s, 13));
+  r.reason = Text(s, 14);
+  return r;
+}
+
+}  // namespace
+
+std::string_view JobStateName(JobState s) { return kStateNames[static_cast<int>(s)]; }
+
+std::optional<JobState> ParseJobState(std::string_view name) {
+  for (int i = 0; i < 7; ++i) {
+    if (name == kStateNames[i]) return static_cast<JobState>(i);
+  }
+  return std::nullopt;
+}
+
+bool IsTerminal(JobState s) {
+  return s == JobState::kSucceeded || s == JobState::kFailed || s == JobState::kCancelled;
+}
+
+bool TransitionAllowed(JobState from, JobState to) {
+  using S = JobState;
+  switch (from) {
+    case S::kQueued:
+      return to == S::kRunning || to == S::kCancelled;
+    case S::kRunning:
+      return to == S::kSucceeded || to == S::kFailed || to == S::kCancelled || to == S::kPreempted ||
+             to == S::kLost;
+    case S::kPreempted:
+    case S::kLost:
+      return to == S::kQueued || to == S::kCancelled;
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                                  SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::InternalError(fmt::format("store: cannot open {}: {}", path, msg));
+  }
+  std::unique_ptr<Store> store(new Store(db));
+  sqlite3_busy_timeout(db, 5000);
+  // A file that is not a database fails here, on its first read.
+  if (absl::Status st = store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; "
+                                    "PRAGMA foreign_keys=ON;");
+      !st.ok()) {
+    return absl::InvalidArgumentError(fmt::format("store: {} is not a usable database: {}", path,
+                                                  std::string(st.message())));
+  }
+  int version = 0;
+  {
+    Stmt s(db, "PRAGMA user_version");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "reading the schema version");
+    version = sqlite3_column_int(s.get(), 0);
+  }
+  if (version > kSchemaVersion) {
+    return absl::InvalidArgumentError(fmt::format(
+        "store: {} has schema version {}, newer than this build's {}", path, version, kSchemaVersion));
+  }
+  if (version == 0) {
+    // A new file, or one that is not ours: refuse a database with other tables.
+    Stmt s(db, "SELECT count(*) FROM sqlite_master WHERE type='table'");
+    if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "reading the schema");
+    if (sqlite3_column_int(s.get(), 0) != 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("store: {} is a database of something else (it has tables but no Tessera "
+                      "schema version)", path));
+    }
+    absl::Status st = store->Exec(
+        "BEGIN;"
+        "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+        "  owner_uid INTEGER NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL, "
+        "  priority INTEGER NOT NULL, state TEXT NOT NULL, submitted_at REAL NOT NULL, "
+        "  started_at REAL, ended_at REAL, exit_code INTEGER, placement TEXT NOT NULL DEFAULT '', "
+        "  pid INTEGER NOT NULL DEFAULT 0, pid_start_time INTEGER NOT NULL DEFAULT 0, "
+        "  reason TEXT NOT NULL DEFAULT '');"
+        "CREATE INDEX jobs_state ON jobs(state, id);"
+        "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "  job_id INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, state TEXT NOT NULL, "
+        "  reason TEXT NOT NULL);"
+        "CREATE INDEX events_job ON events(job_id, id);"
+        "PRAGMA user_version=1;"
+        "COMMIT;");
+    if (!st.ok()) {
+      (void)store->Exec("ROLLBACK");
+      return st;
+    }
+  }
+  return store;
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+absl::Status Store::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    return absl::InternalError(fmt::format("store: {}", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  int64_t id = 0;
+  {
+    Stmt s(db_,
+           "INSERT INTO jobs (name, owner_uid, owner, spec, priority, state, submitted_at, reason) "
+           "VALUES (?, ?, ?, ?, ?, 'queued', ?, 'submitted')");
+    if (!s.ok()) return SqlError(db_, "preparing insert");
+    s.Bind(1, r.name);
+    s.Bind(2, static_cast<int64_t>(r.owner_uid));
+    s.Bind(3, r.owner);
+    s.Bind(4, r.spec_json);
+    s.Bind(5, static_cast<int64_t>(r.priority));
+    s.Bind(6, now);
+    if (s.Step() != SQLITE_DONE) {
+      absl::Status st = SqlError(db_, "inserting a job");
+      (void)Exec("ROLLBACK");
+      return st;
+    }
+    id = sqlite3_last_insert_rowid(db_);
+  }
+  {
+    Stmt s(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', 'submitted')");
+    s.Bind(1, id);
+    s.Bind(2, now);
+    if (!s.ok() || s.Step() != SQLITE_DONE) {
+      absl::Status st = SqlError(db_, "recording an event");
+      (void)Exec("ROLLBACK");
+      return st;
+    }
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+    (void)Exec("ROLLBACK");
+    return st;
+  }
+  return id;
+}
+
+absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason, double now,
+                               const TransitionFields& f) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto rollback = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  JobState from;
+  {
+    Stmt s(db_, "SELECT state FROM jobs WHERE id = ?");
+    s.Bind(1, id);
+    if (!s.ok()) return rollback(SqlError(db_, "preparing a read"));
+    if (s.Step() != SQLITE_ROW) return rollback(absl::NotFoundError(fmt::format("job {}: not found", id)));
+    from = ParseJobState(Text(s.get(), 0)).value_or(JobState::kLost);
+  }
+  if (!TransitionAllowed(from, to)) {
+    return rollback(absl::FailedPreconditionError(fmt::format(
+        "job {}: cannot go from {} to {}", id, JobStateName(from), JobStateName(to))));
+  }
+  {
+    Stmt s(db_,
+           "UPDATE jobs SET state = ?, reason = ?, started_at = coalesce(?, started_at), "
+           "ended_at = coalesce(?, ended_at), exit_code = coalesce(?, exit_code), "
+           "placement = coalesce(?, placement), pid = coalesce(?, pid), "
+           "pid_start_time = coalesce(?, pid_start_time) WHERE id = ?");
+    if (!s.ok()) return rollback(SqlError(db_, "preparing an update"));
+    s.Bind(1, JobStateName(to));
+    s.Bind(2, reason);
+    s.Bind(3, f.started_at);
+    s.Bind(4, f.ended_at);
+    s.Bind(5, f.exit_code ? std::optional<int64_t>(*f.exit_code) : std::nullopt);
+    s.Bind(6, f.placement_json);
+    s.Bind(7, f.pid);
+    s.Bind(8, f.pid_start_time ? std::optional<int64_t>(static_cast<int64_t>(*f.pid_start_time))
+                               : std::nullopt);
+    s.Bind(9, id);
+    if (s.Step() != SQLITE_DONE) return rollback(SqlError(db_, "updating a job"));
+  }
+  {
+    Stmt s(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, ?, ?)");
+    if (!s.ok()) return rollback(SqlError(db_, "preparing an event"));
+    s.Bind(1, id);
+    s.Bind(2, now);
+    s.Bind(3, JobStateName(to));
+    s.Bind(4, reason);
+    if (s.Step() != SQLITE_DONE) return rollback(SqlError(db_, "recording an event"));
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) return rollback(st);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRecord> Store::Get(int64_t id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobColumns).c_str());
+  if (!s.ok()) return SqlError(db_, "preparing a read");
+  s.Bind(1, id);
+  int rc = s.Step();
+  if (rc == SQLITE_DONE) return absl::NotFoundError(fmt::format("job {}: not found", id));
+  if (rc != SQLITE_ROW) return SqlError(db_, "reading a job");
+  return ReadJob(s.get());
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& states, int limit) {
+  std::lock_guard lock(mu_);
+  std::string sql = fmt::format("SELECT {} FROM jobs", kJobColumns);
+  if (!states.empty()) {
+    sql += " WHERE state IN (";
+    for (size_t i = 0; i < states.size(); ++i) sql += i ? ",?" : "?";
+    sql += ")";
+  }
+  sql += " ORDER BY id";
+  if (limit > 0) sql += fmt::format(" LIMIT {}", limit);
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return SqlError(db_, "preparing a list");
+  for (size_t i = 0; i < states.size(); ++i) s.Bind(static_cast<int>(i + 1), JobStateName(states[i]));
+  std::vector<JobRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadJob(s.get()));
+  if (rc != SQLITE_DONE) return SqlError(db_, "listing jobs");
+  return out;
+}
+
+absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "SELECT job_id, at, state, reason FROM events WHERE job_id = ? ORDER BY id");
+  if (!s.ok()) return SqlError(db_, "preparing a read");
+  s.Bind(1, id);
+  std::vector<JobEvent> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
+                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "reading events");
+  return out;
+}
+
+}  // namespace tessera::server

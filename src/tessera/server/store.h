@@ -1,0 +1,92 @@
+#pragma once
+// The standalone server's durable state: jobs and the events of their lives, in SQLite (WAL mode,
+// synchronous=FULL, so a job is on disk when Insert returns). Every state change is a transaction that
+// checks the transition is allowed and records an event with its reason. Schema versioned and migrated
+// on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and small).
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+struct sqlite3;
+
+namespace tessera::server {
+
+enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled, kPreempted, kLost };
+std::string_view JobStateName(JobState s);
+std::optional<JobState> ParseJobState(std::string_view name);
+bool IsTerminal(JobState s);
+// queued -> running | cancelled; running -> succeeded | failed | cancelled | preempted | lost;
+// preempted -> queued (re-queued) | cancelled; lost -> queued (re-queued after a restart).
+bool TransitionAllowed(JobState from, JobState to);
+
+struct JobRecord {
+  int64_t id = 0;
+  std::string name;
+  uint32_t owner_uid = 0;
+  std::string owner;          // user name (or "uid:1234")
+  std::string spec_json;      // the accepted request: command, env, resources... (validated upstream)
+  int priority = 0;
+  JobState state = JobState::kQueued;
+  double submitted_at = 0;    // seconds since the epoch
+  std::optional<double> started_at, ended_at;
+  std::optional<int> exit_code;
+  std::string placement_json;  // devices given, when running
+  int64_t pid = 0;             // process group leader while running
+  uint64_t pid_start_time = 0; // to tell a reused pid after a restart
+  std::string reason;          // of the last transition
+};
+
+struct JobEvent {
+  int64_t job_id = 0;
+  double at = 0;
+  JobState state = JobState::kQueued;
+  std::string reason;
+};
+
+// What a transition may set besides the state.
+struct TransitionFields {
+  std::optional<double> started_at, ended_at;
+  std::optional<int> exit_code;
+  std::optional<std::string> placement_json;
+  std::optional<int64_t> pid;
+  std::optional<uint64_t> pid_start_time;
+};
+
+class Store {
+ public:
+  // Opens (creating if needed) the database at `path` (":memory:" for tests). kInvalidArgument for a
+  // file that is not a Tessera store or is of a newer schema; kInternal for SQLite failures.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Stores a new queued job (ignoring record.id/state) and its first event; returns its id. Durable
+  // when it returns.
+  absl::StatusOr<int64_t> Insert(const JobRecord& record, double now);
+  // Moves a job to `to`, with the reason and fields; kNotFound, or kFailedPrecondition naming both
+  // states when the transition is not allowed. Nothing changes on failure.
+  absl::Status Transition(int64_t id, JobState to, std::string_view reason, double now,
+                          const TransitionFields& fields = {});
+  absl::StatusOr<JobRecord> Get(int64_t id);
+  // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
+  absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {}, int limit = 0);
+  absl::StatusOr<std::vector<JobEvent>> Events(int64_t id);
+
+  static constexpr int kSchemaVersion = 1;
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+  absl::Status Exec(const char* sql);
+  sqlite3* db_;
+  std::mutex mu_;
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,202 @@
+// The job store: durable inserts, allowed and refused transitions with events, reopening, bad files.
+#include "tessera/server/store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempDb(const std::string& name) {
+  std::string dir = ::testing::TempDir() + "store-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/" + name;
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + "-wal");
+  std::filesystem::remove(path + "-shm");
+  return path;
+}
+
+JobRecord Job(const std::string& name, int priority = 0) {
+  JobRecord r;
+  r.name = name;
+  r.owner_uid = 1000;
+  r.owner = "alice";
+  r.spec_json = R"({"command":["sleep","1"]})";
+  r.priority = priority;
+  return r;
+}
+
+TEST(Store, InsertedJobsSurviveReopening) {
+  std::string path = TempDb("jobs.db");
+  int64_t id;
+  {
+    auto store = Store::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto inserted = (*store)->Insert(Job("train", 5), 100.0);
+    ASSERT_TRUE(inserted.ok()) << inserted.status();
+    id = *inserted;
+    ASSERT_TRUE((*store)->Transition(id, JobState::kRunning, "placed on GPU 0", 101.0,
+                                     {.started_at = 101.0, .placement_json = R"({"gpus":[0]})",
+                                      .pid = 4242, .pid_start_time = 777})
+                    .ok());
+  }
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->Get(id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->name, "train");
+  EXPECT_EQ(job->owner, "alice");
+  EXPECT_EQ(job->priority, 5);
+  EXPECT_EQ(job->state, JobState::kRunning);
+  EXPECT_EQ(job->started_at, 101.0);
+  EXPECT_EQ(job->pid, 4242);
+  EXPECT_EQ(job->pid_start_time, 777u);
+  EXPECT_EQ(job->placement_json, R"({"gpus":[0]})");
+  EXPECT_EQ(job->reason, "placed on GPU 0");
+  auto events = (*store)->Events(id);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].state, JobState::kQueued);
+  EXPECT_EQ((*events)[1].state, JobState::kRunning);
+  EXPECT_EQ((*events)[1].at, 101.0);
+}
+
+TEST(Store, RefusedTransitionChangesNothing) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  int64_t id = *(*store)->Insert(Job("a"), 1);
+  absl::Status st = (*store)->Transition(id, JobState::kSucceeded, "done?", 2, {.exit_code = 0});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("cannot go from queued to succeeded"));
+  auto job = (*store)->Get(id);
+  EXPECT_EQ(job->state, JobState::kQueued);
+  EXPECT_FALSE(job->exit_code.has_value());
+  EXPECT_EQ((*store)->Events(id)->size(), 1u);
+  EXPECT_EQ((*store)->Transition(999, JobState::kRunning, "", 2).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Store, LifecycleWithPreemptionAndRequeue) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  int64_t id = *(*store)->Insert(Job("a"), 1);
+  Store& s = **store;
+  ASSERT_TRUE(s.Transition(id, JobState::kRunning, "started", 2).ok());
+  ASSERT_TRUE(s.Transition(id, JobState::kPreempted, "preempted by job 7", 3).ok());
+  ASSERT_TRUE(s.Transition(id, JobState::kQueued, "re-queued", 3).ok());
+  ASSERT_TRUE(s.Transition(id, JobState::kRunning, "started", 4).ok());
+  ASSERT_TRUE(s.Transition(id, JobState::kSucceeded, "exit 0", 9, {.ended_at = 9.0, .exit_code = 0}).ok());
+  EXPECT_FALSE(s.Transition(id, JobState::kCancelled, "too late", 10).ok()) << "terminal";
+  auto job = s.Get(id);
+  EXPECT_EQ(job->exit_code, 0);
+  EXPECT_EQ(job->ended_at, 9.0);
+  EXPECT_EQ(s.Events(id)->size(), 6u);
+}
+
+TEST(Store, ListsByStateOldestFirst) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  Store& s = **store;
+  int64_t a = *s.Insert(Job("a"), 1), b = *s.Insert(Job("b"), 2), c = *s.Insert(Job("c"), 3);
+  ASSERT_TRUE(s.Transition(b, JobState::kRunning, "", 4).ok());
+  auto queued = s.List({JobState::kQueued});
+  ASSERT_TRUE(queued.ok());
+  ASSERT_EQ(queued->size(), 2u);
+  EXPECT_EQ((*queued)[0].id, a);
+  EXPECT_EQ((*queued)[1].id, c);
+  EXPECT_EQ(s.List()->size(), 3u);
+  EXPECT_EQ(s.List({}, 1)->size(), 1u);
+}
+
+TEST(Store, RefusesFilesThatAreNotItsOwn) {
+  std::string junk = TempDb("junk.db");
+  std::ofstream(junk) << "this is not a database, just text that is long enough to be a header....";
+  auto bad = Store::Open(junk);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("not a usable database"));
+
+  // Someone else's database: tables but no Tessera schema version.
+  std::string foreign = TempDb("foreign.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE t(x)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto f = Store::Open(foreign);
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(std::string(f.status().message()), HasSubstr("database of something else"));
+}
+
+TEST(Store, RefusesANewerSchema) {
+  std::string path = TempDb("newer.db");
+  {
+    auto s = Store::Open(path);
+    ASSERT_TRUE(s.ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version=99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto s = Store::Open(path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("schema version 99, newer"));
+}
+
+TEST(Store, KilledWriterLosesNothingItAcknowledged) {
+  // A child inserts and transitions jobs as fast as it can and reports each id once Insert returned;
+  // it is killed with SIGKILL mid-stream. Every reported job must be there after reopening.
+  std::string path = TempDb("kill.db");
+  { ASSERT_TRUE(Store::Open(path).ok()); }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    auto store = Store::Open(path);
+    if (!store.ok()) _exit(1);
+    for (int i = 0;; ++i) {
+      auto id = (*store)->Insert(Job("j" + std::to_string(i)), i);
+      if (!id.ok()) _exit(2);
+      (void)(*store)->Transition(*id, JobState::kRunning, "started", i);
+      if (write(fds[1], &*id, sizeof(int64_t)) != sizeof(int64_t)) _exit(3);
+    }
+  }
+  close(fds[1]);
+  std::vector<int64_t> acknowledged;
+  int64_t id;
+  while (acknowledged.size() < 40 && read(fds[0], &id, sizeof id) == sizeof id) acknowledged.push_back(id);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  while (read(fds[0], &id, sizeof id) == sizeof id) acknowledged.push_back(id);
+  close(fds[0]);
+  ASSERT_GE(acknowledged.size(), 40u);
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int64_t a : acknowledged) {
+    auto job = (*store)->Get(a);
+    ASSERT_TRUE(job.ok()) << "job " << a << " was acknowledged but is gone";
+  }
+  auto all = (*store)->List();
+  ASSERT_TRUE(all.ok());
+  EXPECT_GE(all->size(), acknowledged.size());
+}
+
+TEST(Store, StateNamesRoundTrip) {
+  for (JobState st : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                      JobState::kCancelled, JobState::kPreempted, JobState::kLost}) {
+    EXPECT_EQ(ParseJobState(JobStateName(st)), st);
+  }
+  EXPECT_FALSE(ParseJobState("paused").has_value());
+}
+
+}  // namespace
+}  // namespace tessera::server
