@@ -6,7 +6,7 @@
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
-//          device:D  nvml:INDEX (NVML's memory figures, v1 then v2: total free used MiB)  hold  crash
+//          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory figures, v1 then v2: total free used MiB)  hold  crash
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
 #include <signal.h>
@@ -37,6 +37,10 @@ CUresult cuArrayDestroy(CUarray);
 CUresult cuMipmappedArrayCreate(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, unsigned int);
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 CUresult cuMemGetInfo_v2(size_t*, size_t*);
+CUresult cuCtxCreate_v2(CUcontext*, unsigned int, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuDeviceTotalMem_v2(size_t*, CUdevice);
 CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                         unsigned int, unsigned int, CUstream, void**, void**);
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
   std::vector<CUmemGenericAllocationHandle> handles;
   std::vector<CUarray> arrays;
   std::vector<CUmipmappedArray> mipmaps;
+  std::vector<CUcontext> contexts;
   auto report = [](CUresult rc) {
     if (rc == CUDA_SUCCESS) puts("ok");
     else if (rc == CUDA_ERROR_OUT_OF_MEMORY) puts("oom");
@@ -253,6 +258,19 @@ int main(int argc, char** argv) {
       }
       printf("%llu %llu %llu | %llu %llu %llu\n", m.total / MiB, m.free / MiB, m.used / MiB,
              m2.total / MiB, m2.free / MiB, m2.used / MiB);
+    } else if (c[0] == "ctx") {
+      CUcontext ctx;
+      CUresult rc = cuCtxCreate_v2(&ctx, 0, static_cast<CUdevice>(n(1)));
+      if (rc == CUDA_SUCCESS) contexts.push_back(ctx);
+      report(rc);
+    } else if (c[0] == "ctxdestroy") {
+      report(contexts.empty() ? CUDA_ERROR_INVALID_CONTEXT : cuCtxDestroy_v2(contexts.back()));
+      if (!contexts.empty()) contexts.pop_back();
+    } else if (c[0] == "primary") {
+      CUcontext ctx;
+      report(cuDevicePrimaryCtxRetain(&ctx, static_cast<CUdevice>(n(1))));
+    } else if (c[0] == "primaryrelease") {
+      report(cuDevicePrimaryCtxRelease_v2(static_cast<CUdevice>(n(1))));
     } else if (c[0] == "device") {
       fakeCudaSetDevice(static_cast<int>(n(1)));
       puts("ok");

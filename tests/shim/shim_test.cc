@@ -185,6 +185,19 @@ TEST(Shim, NvmlDevicesMapToCudaOrdinalsThroughVisibleDevices) {
             "1024 1024 0 | 1024 1024 0\n16384 16220 163 | 16384 16138 163\n");
 }
 
+TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
+  Env env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
+  // Two contexts on device 0 cost the overhead once; it comes back when the last one goes.
+  EXPECT_EQ(RunClient(env, "link", "ctx:0 ctx:0 info ctxdestroy info ctxdestroy info"),
+            "ok\nok\n724 1024\nok\n724 1024\nok\n1024 1024\n");
+  EXPECT_EQ(RunClient(env, "link", "primary:0 primary:0 alloc:800 primaryrelease:0 primaryrelease:0 "
+                                   "alloc:200"),
+            "ok\nok\noom\nok\nok\nok\n");
+  // A context that would not fit is refused like an allocation.
+  Env small{.limit = "200MiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
+  EXPECT_EQ(RunClient(small, "link", "ctx:0"), "oom\n");
+}
+
 TEST(Shim, KernelLaunchesPassThrough) {
   Env env{.limit = "1GiB"};
   EXPECT_EQ(RunClient(env, "procaddr2", "launch:100 alloc:1"), "ok\nok\n");

@@ -87,6 +87,10 @@ typedef CUresult (*cuMipmappedArrayDestroy_fn)(CUmipmappedArray);
 typedef CUresult (*cuMemGetInfo_v2_fn)(size_t*, size_t*);
 typedef CUresult (*cuDeviceTotalMem_v2_fn)(size_t*, CUdevice);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice*);
+typedef CUresult (*cuCtxCreate_v2_fn)(CUcontext*, unsigned int, CUdevice);
+typedef CUresult (*cuCtxDestroy_v2_fn)(CUcontext);
+typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext*, CUdevice);
+typedef CUresult (*cuDevicePrimaryCtxRelease_v2_fn)(CUdevice);
 typedef CUresult (*cuLaunchKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                       unsigned int, unsigned int, unsigned int, CUstream, void**,
                                       void**);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <mutex>
 #include <new>
 #include <type_traits>
@@ -53,6 +54,10 @@ DlsymFn RealDlsym() {
   X(cuMipmappedArrayCreate) \
   X(cuMipmappedArrayDestroy) \
   X(cuMemGetInfo_v2)        \
+  X(cuCtxCreate_v2)         \
+  X(cuCtxDestroy_v2)        \
+  X(cuDevicePrimaryCtxRetain) \
+  X(cuDevicePrimaryCtxRelease_v2) \
   X(cuDeviceTotalMem_v2)    \
   X(cuLaunchKernel)         \
   X(cuLaunchKernelEx)       \
@@ -70,6 +75,10 @@ struct Real {
 };
 Real real;
 Region* region = nullptr;
+// Context overhead (bytes per device this process holds a context on), counted once per device while
+// any context of this process lives there.
+uint64_t context_overhead = 0;
+std::atomic<int> contexts_on[kMaxDevices];
 pthread_once_t init_once = PTHREAD_ONCE_INIT;
 bool verbose = false;
 
@@ -121,6 +130,16 @@ void Init() {
   if (region == nullptr) {
     if (path && *path) fprintf(stderr, "tessera-cuda: %s; limits apply to this process alone\n", err);
     region = Region::Private(limits, count, err, sizeof err);
+  }
+  const char* overhead = getenv("TESSERA_CUDA_CONTEXT_OVERHEAD");
+  if (overhead && *overhead) {
+    uint64_t v[kMaxDevices];
+    int n = 0;
+    if (ParseLimits(overhead, v, &n) && n == kMaxDevices) {
+      context_overhead = v[0];
+    } else {
+      fprintf(stderr, "tessera-cuda: TESSERA_CUDA_CONTEXT_OVERHEAD='%s' is not a size\n", overhead);
+    }
   }
   held_mu = new (std::nothrow) std::mutex();
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
@@ -351,6 +370,86 @@ TESSERA_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
   CUresult rc = real.cuDeviceTotalMem_v2(bytes, device);
   uint64_t limit = region->Limit(device);
   if (rc == CUDA_SUCCESS && bytes != nullptr && limit != 0 && limit < *bytes) *bytes = limit;
+  return rc;
+}
+
+namespace tessera::shim {
+namespace {
+
+// The first context of this process on `device` takes the overhead from the job's limit.
+bool TakeContext(int device) {
+  if (device < 0 || device >= kMaxDevices) return true;
+  if (contexts_on[device].fetch_add(1) == 0 && context_overhead > 0 &&
+      !region->Reserve(device, context_overhead)) {
+    contexts_on[device].fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+void DropContext(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  int before = contexts_on[device].load();
+  while (before > 0 && !contexts_on[device].compare_exchange_weak(before, before - 1)) {
+  }
+  if (before == 1 && context_overhead > 0) region->Release(device, context_overhead);
+}
+
+std::mutex context_mu;
+std::unordered_map<CUcontext, int>* context_device = nullptr;  // created contexts -> device
+
+}  // namespace
+}  // namespace tessera::shim
+
+TESSERA_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = real.cuCtxCreate_v2(ctx, flags, device);
+  if (rc != CUDA_SUCCESS) {
+    DropContext(device);
+    return rc;
+  }
+  try {
+    std::lock_guard lock(context_mu);
+    if (context_device == nullptr) context_device = new std::unordered_map<CUcontext, int>();
+    (*context_device)[*ctx] = device;
+  } catch (...) {
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  if (!Ready() || real.cuCtxDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuCtxDestroy_v2(ctx);
+  if (rc == CUDA_SUCCESS) {
+    int device = -1;
+    {
+      std::lock_guard lock(context_mu);
+      if (context_device != nullptr) {
+        auto it = context_device->find(ctx);
+        if (it != context_device->end()) {
+          device = it->second;
+          context_device->erase(it);
+        }
+      }
+    }
+    DropContext(device);
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
+  if (!Ready() || real.cuDevicePrimaryCtxRetain == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, device);
+  if (rc != CUDA_SUCCESS) DropContext(device);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  if (!Ready() || real.cuDevicePrimaryCtxRelease_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDevicePrimaryCtxRelease_v2(device);
+  if (rc == CUDA_SUCCESS) DropContext(device);
   return rc;
 }
 

@@ -95,6 +95,27 @@ FAKE_EXPORT void fakeCudaSetDevice(int d) { current_device = d; }
 FAKE_EXPORT uint64_t fakeCudaUsedBytes(int d) { return used[d].load(); }
 FAKE_EXPORT uint64_t fakeCudaLaunches() { return launches.load(); }
 
+// Contexts: opaque tokens; creating one makes its device current for the calling thread.
+FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int, CUdevice d) {
+  if (ctx == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  static std::atomic<uintptr_t> next{0x1000};
+  *ctx = reinterpret_cast<CUcontext>(next.fetch_add(16));
+  current_device = d;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return ctx == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
+  if (ctx == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = reinterpret_cast<CUcontext>(static_cast<uintptr_t>(0x100 + d));
+  current_device = d;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+  return d < 0 || d >= Devices() ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
 FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
   if (d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = MemoryPerDevice();
@@ -211,6 +232,10 @@ void* Lookup(const std::string& name, int version) {
       {"cuDeviceGetCount", (void*)&cuDeviceGetCount},
       {"cuDeviceGet", (void*)&cuDeviceGet},
       {"cuCtxGetDevice", (void*)&cuCtxGetDevice},
+      {"cuCtxCreate", (void*)&cuCtxCreate_v2},
+      {"cuCtxDestroy", (void*)&cuCtxDestroy_v2},
+      {"cuDevicePrimaryCtxRetain", (void*)&cuDevicePrimaryCtxRetain},
+      {"cuDevicePrimaryCtxRelease", (void*)&cuDevicePrimaryCtxRelease_v2},
       {"cuDeviceTotalMem", (void*)&cuDeviceTotalMem_v2},
       {"cuMemGetInfo", (void*)&cuMemGetInfo_v2},
       {"cuMemAlloc", (void*)&cuMemAlloc_v2},
