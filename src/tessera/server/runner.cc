@@ -1,0 +1,183 @@
+#include "tessera/server/runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fmt/format.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+namespace {
+
+std::string Join(const std::vector<std::string>& v, char sep) {
+  std::string out;
+  for (const std::string& s : v) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
+// What the child reports through the exec pipe when it cannot start the job.
+struct ChildError {
+  int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec
+  int err;
+};
+
+constexpr const char* kSteps[] = {"cannot enter the working directory", "cannot open the stdout log",
+                                  "cannot open the stderr log", "cannot switch group",
+                                  "cannot switch user", "cannot execute"};
+
+}  // namespace
+
+std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
+  std::map<std::string, std::string> env = spec.env;
+  if (!env.contains("PATH")) env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
+  std::string devices = spec.gpu_uuids.empty() ? "" : Join(spec.gpu_uuids, ',');
+  // Empty means "no GPU" to CUDA; NVIDIA's container tooling wants "void" for that.
+  env["CUDA_VISIBLE_DEVICES"] = devices;
+  env["NVIDIA_VISIBLE_DEVICES"] = devices.empty() ? "void" : devices;
+  env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  env["TESSERA_JOB_ID"] = std::to_string(spec.job_id);
+  if (spec.share) {
+    std::string preload = spec.share->library;
+    if (auto it = env.find("LD_PRELOAD"); it != env.end() && !it->second.empty()) {
+      preload += ":" + it->second;
+    }
+    env["LD_PRELOAD"] = preload;
+    env["TESSERA_CUDA_REGION"] = spec.share->region;
+    env["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(spec.share->memory_bytes);
+  }
+  return env;
+}
+
+absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
+  if (spec.argv.empty() || spec.argv[0].empty()) {
+    return absl::InvalidArgumentError(fmt::format("job {}: no command", spec.job_id));
+  }
+  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
+  std::map<std::string, std::string> env = JobEnvironment(spec);
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = spec.argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  // execvpe searches the PATH of the calling process; search the job's PATH ourselves.
+  std::string program = spec.argv[0];
+  std::vector<std::string> candidates;
+  if (program.find('/') != std::string::npos) {
+    candidates.push_back(program);
+  } else {
+    const std::string& path = env["PATH"];
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t colon = path.find(':', start);
+      std::string dir = path.substr(start, colon == std::string::npos ? colon : colon - start);
+      candidates.push_back((dir.empty() ? "." : dir) + "/" + program);
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+  }
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(fmt::format("job {}: pipe: {}", spec.job_id, strerror(errno)));
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return absl::InternalError(fmt::format("job {}: fork: {}", spec.job_id, strerror(e)));
+  }
+  if (pid == 0) {
+    auto fail = [&](int step) {
+      ChildError ce{step, errno};
+      ssize_t w = write(pipe_fds[1], &ce, sizeof ce);
+      (void)w;
+      _exit(127);
+    };
+    setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);
+    if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
+    int in = open("/dev/null", O_RDONLY);
+    if (in >= 0) dup2(in, 0);
+    if (!spec.stdout_path.empty()) {
+      int fd = open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+      if (fd < 0) fail(1);
+      dup2(fd, 1);
+    }
+    if (!spec.stderr_path.empty()) {
+      int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+      if (fd < 0) fail(2);
+      dup2(fd, 2);
+    }
+    if (spec.gid && (setgroups(0, nullptr) != 0 || setgid(*spec.gid) != 0)) fail(3);
+    if (spec.uid && setuid(*spec.uid) != 0) fail(4);
+    int last_errno = ENOENT;
+    for (const std::string& c : candidates) {
+      execve(c.c_str(), argv.data(), envp.data());
+      if (errno != ENOENT) last_errno = errno;
+    }
+    errno = last_errno;
+    fail(5);
+  }
+  close(pipe_fds[1]);
+  // Also set the group from the parent: either side may run first.
+  setpgid(pid, pid);
+  ChildError ce;
+  ssize_t n;
+  do {
+    n = read(pipe_fds[0], &ce, sizeof ce);
+  } while (n < 0 && errno == EINTR);
+  close(pipe_fds[0]);
+  if (n == sizeof ce) {
+    waitpid(pid, nullptr, 0);
+    std::string what = ce.step == 5 ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
+                       : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
+                                      : kSteps[ce.step];
+    return absl::InvalidArgumentError(
+        fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err)));
+  }
+  Launched l;
+  l.pid = pid;
+  l.start_time = shim::ProcessStartTime(pid);
+  return l;
+}
+
+bool SignalGroup(pid_t pgid, int sig) { return pgid > 0 && kill(-pgid, sig) == 0; }
+
+std::optional<int> Reap(pid_t pid) {
+  int status = 0;
+  pid_t r = waitpid(pid, &status, WNOHANG);
+  if (r != pid) return std::nullopt;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return std::nullopt;
+}
+
+bool SameProcess(pid_t pid, uint64_t start_time) {
+  if (pid <= 0) return false;
+  uint64_t now = shim::ProcessStartTime(pid);
+  if (now == 0 || now != start_time) return false;
+  // A zombie (ended, not yet reaped) is not running.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512] = "";
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* p = strrchr(buf, ')');
+  return p != nullptr && p[1] == ' ' && p[2] != 'Z';
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,60 @@
+#pragma once
+// Starts and stops job processes for the standalone server. Each job runs in its own process group
+// (so a stop reaches everything it started), with the environment it was submitted with plus the
+// devices it was given (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES by UUID, CUDA_DEVICE_ORDER) and,
+// for a share of a GPU, the intercept library and its limits; stdout and stderr go to log files. When
+// the server runs as root the job runs as its owner. Thread-compatible; the caller reaps its children.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tessera::server {
+
+struct ShareLimits {
+  std::string library;      // path of libtessera-cuda.so
+  std::string region;       // the job's shared region file
+  uint64_t memory_bytes = 0;
+};
+
+struct LaunchSpec {
+  std::vector<std::string> argv;              // argv[0] is looked up in the job's PATH
+  std::map<std::string, std::string> env;     // the job's environment, as submitted
+  std::string workdir;                        // empty: the server's
+  std::string stdout_path, stderr_path;       // created (appended to) before the job starts
+  std::vector<std::string> gpu_uuids;         // given devices; empty = none visible
+  std::optional<ShareLimits> share;           // a fraction of one GPU
+  std::optional<uid_t> uid;                   // run as this user (needs root)
+  std::optional<gid_t> gid;
+  int64_t job_id = 0;
+};
+
+struct Launched {
+  pid_t pid = 0;              // also the process group id
+  uint64_t start_time = 0;    // /proc/<pid>/stat start time, to re-adopt the right process later
+};
+
+// The environment a job gets: its own plus Tessera's variables (which win).
+std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec);
+
+// Starts the job. kInvalidArgument naming the command when it cannot be executed (not found, not
+// executable, bad workdir), with nothing left running; kInternal for fork/pipe failures.
+absl::StatusOr<Launched> Start(const LaunchSpec& spec);
+
+// Signals the job's whole process group (SIGTERM to ask, SIGKILL to end). False if it is gone.
+bool SignalGroup(pid_t pgid, int sig);
+
+// Reaps the job if it has ended: its exit code, or 128 + the signal that ended it; nullopt while it
+// runs (or if it is not our child).
+std::optional<int> Reap(pid_t pid);
+
+// Whether `pid` is still the process that was started at `start_time` (not a reused pid).
+bool SameProcess(pid_t pid, uint64_t start_time);
+
+}  // namespace tessera::server

@@ -1,0 +1,146 @@
+// The runner with real processes: environment and devices, logs, exec failures, stopping a process
+// group, and telling a live job from a reused pid.
+#include "tessera/server/runner.h"
+
+#include "tessera/shim/region.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Dir() {
+  std::string d = ::testing::TempDir() + "runner-test-" + std::to_string(getpid());
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int WaitExit(pid_t pid, double seconds = 10) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto code = Reap(pid)) return *code;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return -1;
+}
+
+LaunchSpec Shell(const std::string& script, const std::string& name) {
+  LaunchSpec s;
+  s.argv = {"sh", "-c", script};
+  s.env = {{"HOME", "/tmp"}, {"GREETING", "hello"}};
+  s.stdout_path = Dir() + "/" + name + ".out";
+  s.stderr_path = Dir() + "/" + name + ".err";
+  std::filesystem::remove(s.stdout_path);
+  std::filesystem::remove(s.stderr_path);
+  s.job_id = 7;
+  return s;
+}
+
+TEST(Runner, JobSeesItsEnvironmentDevicesAndLogs) {
+  LaunchSpec s = Shell("echo $GREETING $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES $TESSERA_JOB_ID; "
+                       "echo oops >&2; exit 3",
+                       "env");
+  s.gpu_uuids = {"GPU-aaaa", "GPU-bbbb"};
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(WaitExit(l->pid), 3);
+  EXPECT_EQ(ReadAll(s.stdout_path), "hello GPU-aaaa,GPU-bbbb GPU-aaaa,GPU-bbbb 7\n");
+  EXPECT_EQ(ReadAll(s.stderr_path), "oops\n");
+}
+
+TEST(Runner, NoDevicesMeansNoneVisible) {
+  LaunchSpec s = Shell("echo \"[$CUDA_VISIBLE_DEVICES] $NVIDIA_VISIBLE_DEVICES\"", "none");
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(WaitExit(l->pid), 0);
+  EXPECT_EQ(ReadAll(s.stdout_path), "[] void\n");
+}
+
+TEST(Runner, ShareAddsTheInterceptLibraryAndLimits) {
+  LaunchSpec s;
+  s.env = {{"LD_PRELOAD", "/opt/other.so"}};
+  s.share = ShareLimits{"/usr/lib/libtessera-cuda.so", "/run/tessera/7.region", 10ull << 30};
+  auto env = JobEnvironment(s);
+  EXPECT_EQ(env["LD_PRELOAD"], "/usr/lib/libtessera-cuda.so:/opt/other.so");
+  EXPECT_EQ(env["TESSERA_CUDA_REGION"], "/run/tessera/7.region");
+  EXPECT_EQ(env["TESSERA_CUDA_MEM_LIMIT"], std::to_string(10ull << 30));
+  EXPECT_EQ(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+}
+
+TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
+  LaunchSpec s = Shell("", "missing");
+  s.argv = {"no-such-command-tessera"};
+  auto l = Start(s);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(l.status().message()),
+              HasSubstr("job 7: cannot execute 'no-such-command-tessera': No such file or directory"));
+  LaunchSpec d = Shell("true", "workdir");
+  d.workdir = "/nonexistent/dir";
+  auto w = Start(d);
+  ASSERT_FALSE(w.ok());
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("cannot enter the working directory"));
+  LaunchSpec e;
+  EXPECT_FALSE(Start(e).ok()) << "no command";
+}
+
+TEST(Runner, StopReachesTheWholeProcessGroup) {
+  // The job ignores SIGTERM and has a child: SIGTERM changes nothing, SIGKILL of the group ends both.
+  std::string pidfile = Dir() + "/child.pid";
+  std::filesystem::remove(pidfile);
+  LaunchSpec s = Shell("trap '' TERM; sleep 30 & echo $! > " + pidfile + "; wait", "group");
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  for (int i = 0; i < 400 && ReadAll(pidfile).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid_t child = std::stoi(ReadAll(pidfile));
+  EXPECT_TRUE(SignalGroup(l->pid, SIGTERM));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(Reap(l->pid).has_value()) << "SIGTERM ignored: still running";
+  EXPECT_TRUE(SignalGroup(l->pid, SIGKILL));
+  EXPECT_EQ(WaitExit(l->pid), 128 + SIGKILL);
+  // The grandchild was in the group too (reparented to init, so poll for it to go).
+  bool gone = false;
+  for (int i = 0; i < 400 && !gone; ++i) {
+    gone = kill(child, 0) != 0 || !SameProcess(child, shim::ProcessStartTime(child));
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST(Runner, SameProcessTellsLiveFromEndedAndReused) {
+  LaunchSpec s = Shell("sleep 30", "same");
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(SameProcess(l->pid, l->start_time));
+  EXPECT_FALSE(SameProcess(l->pid, l->start_time + 1)) << "another start time: a reused pid";
+  SignalGroup(l->pid, SIGKILL);
+  // Ended but not reaped yet (a zombie) is not running.
+  for (int i = 0; i < 200 && SameProcess(l->pid, l->start_time); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(SameProcess(l->pid, l->start_time));
+  EXPECT_EQ(WaitExit(l->pid), 128 + SIGKILL);
+}
+
+}  // namespace
+}  // namespace tessera::server
