@@ -142,17 +142,16 @@ int64_t Scheduler::ShapeKinds(Row& row, ShapeId s, const core::Request& r) {
   int64_t& k = row.shape_kinds[s];
   if (k != kUnknown) return k;
   const NodeShape& shape = state_.shape(s);
+  if (shape.kinds.size() > 62) return k = -1;  // too many kinds for a mask: Evaluate checks each
   int64_t mask = 0;
-  int accepted = 0;
-  for (size_t i = 0; i < shape.kinds.size() && i < 62; ++i) {
+  for (size_t i = 0; i < shape.kinds.size(); ++i) {
     if (KindAccepted(shape, static_cast<uint16_t>(i), r)) mask |= int64_t{1} << i;
   }
+  int accepted = 0;
   for (uint16_t kind : shape.gpu_kind) accepted += (mask >> kind) & 1;
   bool never = shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib ||
-               accepted < r.gpus || (r.fractional() && accepted == 0) || shape.kinds.size() > 62;
-  if (shape.kinds.size() > 62) never = false, mask = -1;  // too many kinds for a mask: check each
-  k = never ? kNeverFits : mask;
-  return k;
+               accepted < r.gpus || (r.fractional() && accepted == 0);
+  return k = never ? kNeverFits : mask;
 }
 
 void Scheduler::Rebuild(Row& row, const core::Request& r) {
@@ -309,14 +308,14 @@ void Scheduler::SyncSpreadOrder() {
       spread_shape_[c] = s;
       if (spread_inserted_.size() <= static_cast<size_t>(s)) spread_inserted_.resize(s + 1);
       spread_inserted_[s].emplace_back(c, state_.class_generation(c));
+      ++spread_inserted_total_;
     }
   };
   // The insertion logs are bounded like the change log: past a size, drop them and start a new epoch
   // (every no-fit memo then lapses).
-  size_t inserted_total = 0;
-  for (const auto& v : spread_inserted_) inserted_total += v.size();
-  if (inserted_total > 4096 + 4 * static_cast<size_t>(capacity)) {
+  if (spread_inserted_total_ > 4096 + 4 * static_cast<size_t>(capacity)) {
     for (auto& v : spread_inserted_) v.clear();
+    spread_inserted_total_ = 0;
     ++spread_epoch_;
   }
   if (spread_cursor_ < base) {

@@ -91,6 +91,10 @@ class Scheduler {
   // fits. Slow: for tests and consistency checks of the incremental caches Decide uses.
   std::optional<double> BestScoreUncached(const core::Request& r);
 
+  // The cluster's fragmentation now, by FGD's measure against the typical requests (thousandths of a
+  // GPU); 0 without typical requests.
+  double FragmentedMilli() { return fragmentation_.OfCluster(state_); }
+
   // The GPU amounts an allocation counts against its owner's quota.
   GpuAmount QuotaAmount(const core::Request& r, NodeId node, const std::vector<int>& gpus) const;
 
@@ -167,6 +171,7 @@ class Scheduler {
   uint64_t spread_cursor_ = 0;
   // Classes inserted into each node shape's order (with their generation), for the no-fit memos.
   std::vector<std::vector<std::pair<ClassId, uint32_t>>> spread_inserted_;
+  size_t spread_inserted_total_ = 0;
   uint64_t spread_epoch_ = 1;
   std::vector<int> level_, next_level_;
 };
