@@ -5,7 +5,7 @@
 #include <random>
 
 #include "fmt/format.h"
-#include "tessera/sched/scheduler.h"
+#include "tessera/sim/cluster.h"
 
 namespace tessera::sim {
 
@@ -23,17 +23,8 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
   InflationResult out;
   out.label = config.label;
   out.seed = config.seed;
-  sched::SchedulerConfig sc;
-  sc.policies = config.policies;
-  sc.seed = config.seed;
-  sc.explain_failures = false;
-  sched::Scheduler s(sc);
-  for (const core::NodeSpec& n : nodes) {
-    (void)s.AddNode(n);  // the loaders checked the nodes
-    out.capacity_milli += static_cast<int64_t>(n.gpus.size()) * core::kMilliPerGpu;
-  }
-  s.SetTypicalRequests(typical);
-  sched::Fragmentation frag(typical);
+  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &out.capacity_milli);
+  sched::Scheduler& s = *scheduler;
 
   // The draw of pods has its own stream, so every policy sees the same arrivals for a seed.
   std::mt19937_64 draw(config.seed);
@@ -46,7 +37,7 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
     p.arrived = capacity > 0 ? arrived_milli / capacity : 0;
     p.allocated = capacity > 0 ? allocated_milli / capacity : 0;
     p.unallocated_gpus = (capacity - static_cast<double>(allocated_milli)) / core::kMilliPerGpu;
-    p.fragmented_gpus = frag.OfCluster(s.state()) / core::kMilliPerGpu;
+    p.fragmented_gpus = s.FragmentedMilli() / core::kMilliPerGpu;
     p.pods_arrived = pods_arrived;
     p.pods_failed = pods_failed;
     return p;

@@ -8,7 +8,7 @@
 #include <unordered_set>
 
 #include "fmt/format.h"
-#include "tessera/sched/scheduler.h"
+#include "tessera/sim/cluster.h"
 
 namespace tessera::sim {
 namespace {
@@ -52,18 +52,9 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   out.label = config.label;
   out.seed = config.seed;
   out.jobs = static_cast<int64_t>(jobs.size());
-  sched::SchedulerConfig sc;
-  sc.policies = config.policies;
-  sc.seed = config.seed;
-  sc.explain_failures = false;
-  sched::Scheduler s(sc);
   int64_t capacity = 0;
-  for (const core::NodeSpec& n : nodes) {
-    (void)s.AddNode(n);
-    capacity += static_cast<int64_t>(n.gpus.size()) * core::kMilliPerGpu;
-  }
-  s.SetTypicalRequests(typical);
-  sched::Fragmentation frag(typical);
+  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &capacity);
+  sched::Scheduler& s = *scheduler;
 
   std::vector<size_t> order(jobs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -103,7 +94,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       ReplaySample p;
       p.time = ts;
       p.allocated = capacity > 0 ? double(allocated_milli) / double(capacity) : 0;
-      p.fragmented_gpus = frag.OfCluster(s.state()) / core::kMilliPerGpu;
+      p.fragmented_gpus = s.FragmentedMilli() / core::kMilliPerGpu;
       p.queued = static_cast<int64_t>(queue.size());
       p.running = running;
       out.series.push_back(p);
