@@ -164,20 +164,11 @@ std::optional<int> Reap(pid_t pid) {
 }
 
 bool SameProcess(pid_t pid, uint64_t start_time) {
-  if (pid <= 0) return false;
-  uint64_t now = shim::ProcessStartTime(pid);
-  if (now == 0 || now != start_time) return false;
+  char state;
+  uint64_t now = 0;
   // A zombie (ended, not yet reaped) is not running.
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE* f = fopen(path, "r");
-  if (f == nullptr) return false;
-  char buf[512] = "";
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  const char* p = strrchr(buf, ')');
-  return p != nullptr && p[1] == ' ' && p[2] != 'Z';
+  return pid > 0 && shim::ReadProcessStat(pid, &state, &now) && now != 0 && now == start_time &&
+         state != 'Z';
 }
 
 }  // namespace tessera::server

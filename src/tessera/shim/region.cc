@@ -69,24 +69,32 @@ uint64_t ParseBytes(const char* s, const char** end) {
 
 }  // namespace
 
-uint64_t ProcessStartTime(int pid) {
+bool ReadProcessStat(int pid, char* state, uint64_t* start_time) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return false;
   char buf[1024];
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return false;
   buf[n] = 0;
   // The command name is in parentheses and may hold spaces: count fields after the last ')'.
   char* p = strrchr(buf, ')');
-  if (p == nullptr) return 0;
+  if (p == nullptr || p[1] != ' ') return false;
+  *state = p[2];  // field 3
   int field = 2;
   for (++p; *p && field < 22; ++p) {
     if (*p == ' ') ++field;
   }
-  return strtoull(p, nullptr, 10);
+  *start_time = strtoull(p, nullptr, 10);
+  return true;
+}
+
+uint64_t ProcessStartTime(int pid) {
+  char state;
+  uint64_t start = 0;
+  return ReadProcessStat(pid, &state, &start) ? start : 0;
 }
 
 bool ParseLimits(const char* text, uint64_t* limits, int* count) {

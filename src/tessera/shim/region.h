@@ -77,6 +77,9 @@ class Region {
   int reclaimed_slots_ = 0;
 };
 
+// /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks since
+// boot); false if there is no such process.
+bool ReadProcessStat(int pid, char* state, uint64_t* start_time);
 // Start time of `pid` (clock ticks since boot), 0 if it does not exist.
 uint64_t ProcessStartTime(int pid);
 
