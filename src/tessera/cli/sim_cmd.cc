@@ -121,6 +121,7 @@ int Threads(int asked) {
 }
 
 struct Loaded {
+  std::string pods_path;  // the pod list actually read (the default when --pods was not given)
   std::vector<core::NodeSpec> nodes;
   std::vector<sim::SimJob> jobs;
   std::vector<core::Request> requests;
@@ -158,6 +159,7 @@ std::optional<int> Load(const SimFlags& f, Loaded& l, std::ostream& err) {
     err << "tessera: " << pods << ": no jobs\n";
     return kExitBadInput;
   }
+  l.pods_path = pods;
   l.nodes = std::move(*n);
   l.jobs = std::move(*j);
   for (const sim::SimJob& job : l.jobs) l.requests.push_back(job.request);
@@ -228,9 +230,7 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
   });
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("sim: {} inflation runs in {:.2f}s on {} threads", specs.size(), wall, Threads(f.jobs));
-  bool paper = std::filesystem::path(f.pods.empty() ? DefaultTrace("openb_pod_list_default.csv")
-                                                    : f.pods)
-                       .filename() == "openb_pod_list_default.csv" &&
+  bool paper = std::filesystem::path(l.pods_path).filename() == "openb_pod_list_default.csv" &&
                std::abs(ratio - 1.3) < 1e-9;
   auto summaries = sim::SummarizeInflation(results);
   if (!f.out_dir.empty()) {
