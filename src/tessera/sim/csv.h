@@ -37,6 +37,14 @@ inline std::vector<std::string_view> Fields(std::string_view line) {
   return out;
 }
 
+inline bool ValidName(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f) return false;
+  }
+  return true;
+}
+
 class Csv {
  public:
   Csv(std::string_view text, std::string_view filename, std::vector<std::string> required,
@@ -93,6 +101,18 @@ class Csv {
     return Int(column, lo, hi);
   }
 
+  // The row's name in `column`, checked to be a name (printable, no spaces, at most 253 bytes) and,
+  // with `seen`, not listed before: "sn: not a node name: '...'", "name: pod 'a' listed twice".
+  std::string_view Name(const std::string& column, std::string_view what,
+                        std::set<std::string, std::less<>>* seen) const {
+    std::string_view name = Get(column);
+    if (!ValidName(name)) Fail(line_, fmt::format("{}: not a {} name: '{}'", column, what, name));
+    if (seen != nullptr && !seen->emplace(name).second) {
+      Fail(line_, fmt::format("{}: {} '{}' listed twice", column, what, name));
+    }
+    return name;
+  }
+
   // "A100|H100" -> {"A100", "H100"}; an empty model is an error.
   std::vector<std::string> Models(const std::string& column) const {
     std::vector<std::string> out;
@@ -142,13 +162,6 @@ inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return buf.str();
 }
 
-inline bool ValidName(std::string_view s) {
-  if (s.empty() || s.size() > 253) return false;
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f) return false;
-  }
-  return true;
-}
 
 
 }  // namespace tessera::sim::csv

@@ -15,7 +15,6 @@ namespace {
 using csv::Csv;
 using csv::ParseError;
 using csv::ReadFile;
-using csv::ValidName;
 
 }  // namespace
 
@@ -35,10 +34,7 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseOpenbNodes(std::string_view csv
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
       core::NodeSpec n;
-      std::string_view sn = c.Get("sn");
-      if (!ValidName(sn)) c.Fail(c.line(), fmt::format("sn: not a node name: '{}'", sn));
-      if (!names.emplace(sn).second) c.Fail(c.line(), fmt::format("sn: node '{}' listed twice", sn));
-      n.name = std::string(sn);
+      n.name = std::string(c.Name("sn", "node", &names));
       n.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
       n.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
       int64_t gpus = c.Int("gpu", 0, 64);
@@ -66,10 +62,7 @@ absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::
     while (c.Next()) {
       TracePod p;
       core::Request& r = p.request;
-      std::string_view name = c.Get("name");
-      if (!ValidName(name)) c.Fail(c.line(), fmt::format("name: not a pod name: '{}'", name));
-      if (!names.emplace(name).second) c.Fail(c.line(), fmt::format("name: pod '{}' listed twice", name));
-      r.id = std::string(name);
+      r.id = std::string(c.Name("name", "pod", &names));
       r.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
       r.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
       int64_t num_gpu = c.Int("num_gpu", 0, 8);

@@ -54,8 +54,7 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view t
     std::vector<core::NodeSpec> nodes;
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
-      std::string_view name = c.Get("name");
-      if (!csv::ValidName(name)) c.Fail(c.line(), fmt::format("name: not a node name: '{}'", name));
+      std::string_view name = c.Name("name", "node", nullptr);  // uniqueness: per expanded name below
       core::NodeSpec n;
       n.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
       n.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
@@ -96,10 +95,7 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text, std:
     while (c.Next()) {
       SimJob j;
       core::Request& r = j.request;
-      std::string_view name = c.Get("name");
-      if (!csv::ValidName(name)) c.Fail(c.line(), fmt::format("name: not a job name: '{}'", name));
-      if (!names.emplace(name).second) c.Fail(c.line(), fmt::format("name: job '{}' listed twice", name));
-      r.id = std::string(name);
+      r.id = std::string(c.Name("name", "job", &names));
       r.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
       r.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
       r.gpus = static_cast<int>(c.OptionalInt("gpus", 0, 64).value_or(0));
