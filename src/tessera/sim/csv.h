@@ -162,6 +162,4 @@ inline absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return buf.str();
 }
 
-
-
 }  // namespace tessera::sim::csv
