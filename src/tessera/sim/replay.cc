@@ -124,12 +124,15 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   std::unordered_map<std::string, size_t> index_of;
   for (size_t i = 0; i < jobs.size(); ++i) index_of[jobs[i].request.id] = i;
 
+  // Jobs of one shape (resources and priority) fit or not alike: a pass tries each shape once.
+  std::vector<std::string> shape_of(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) shape_of[i] = ShapeKey(jobs[i].request);
   auto schedule_pass = [&](double now) {
-    std::unordered_set<std::string> failed_shapes;
+    std::unordered_set<std::string_view> failed_shapes;
     for (auto it = queue.begin(); it != queue.end();) {
       size_t i = std::get<2>(*it);
       const core::Request& r = jobs[i].request;
-      std::string shape = ShapeKey(r);
+      std::string_view shape = shape_of[i];
       if (failed_shapes.contains(shape)) {
         ++it;
         continue;
@@ -153,7 +156,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
         }
       }
       if (!placed.ok()) {
-        failed_shapes.insert(std::move(shape));
+        failed_shapes.insert(shape);
         ++it;
         continue;
       }
