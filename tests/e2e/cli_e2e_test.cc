@@ -158,6 +158,12 @@ TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
   Result missing = Tessera("sim inflate --nodes /nonexistent.csv --pods " + bad + " 2>&1");
   EXPECT_EQ(missing.code, 2);
   EXPECT_THAT(missing.out, ::testing::HasSubstr("/nonexistent.csv: cannot open"));
+  for (const char* flag : {"--ratio 0", "--seeds 0", "--step 2", "--format csv", "-o xml"}) {
+    Result f = Tessera("sim inflate --nodes " + nodes + " --pods " + nodes + " " + flag + " 2>&1");
+    EXPECT_EQ(f.code, 2) << flag;
+    EXPECT_THAT(f.out, ::testing::HasSubstr(std::string(flag).substr(0, std::string(flag).find(' '))))
+        << flag;
+  }
   std::string untimed = WriteTemp("untimed.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,1\n");
   Result replay = Tessera("sim replay --nodes " + nodes + " --pods " + untimed + " 2>&1");
   EXPECT_EQ(replay.code, 2);

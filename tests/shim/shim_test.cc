@@ -198,6 +198,14 @@ TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
   EXPECT_EQ(RunClient(small, "link", "ctx:0"), "oom\n");
 }
 
+TEST(Shim, MalformedSettingsAreSaidAndIgnored) {
+  Env env{.limit = "lots", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=-5"};
+  std::string out = RunClient(env, "link", "ctx:0 alloc:600 2>&1");
+  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_MEM_LIMIT='lots' is not a size"));
+  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_CONTEXT_OVERHEAD='-5' is not a size"));
+  EXPECT_THAT(out, ::testing::EndsWith("ok\nok\n")) << "no limit, no overhead";
+}
+
 TEST(Shim, KernelLaunchesPassThrough) {
   Env env{.limit = "1GiB"};
   EXPECT_EQ(RunClient(env, "procaddr2", "launch:100 alloc:1"), "ok\nok\n");
