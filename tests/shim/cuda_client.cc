@@ -7,12 +7,17 @@
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory figures, v1 then v2: total free used MiB)  hold  crash
+//          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH kernels
+//            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
+//            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and TO_MS
+//            after the start (G: their kernels' virtual GPU time)
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <string>
@@ -44,6 +49,11 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuDeviceTotalMem_v2(size_t*, CUdevice);
 CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                         unsigned int, unsigned int, CUstream, void**, void**);
+CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                                   unsigned int, unsigned int, unsigned int, CUstream, void**);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuCtxSynchronize();
 void fakeCudaSetDevice(int);
 }
 
@@ -274,6 +284,33 @@ int main(int argc, char** argv) {
     } else if (c[0] == "device") {
       fakeCudaSetDevice(static_cast<int>(n(1)));
       puts("ok");
+    } else if (c[0] == "work") {
+      auto now_ms = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
+      };
+      const double start = now_ms();
+      const unsigned kernel_us = static_cast<unsigned>(n(2));
+      const std::string kind = c.size() > 7 ? c[7] : "kernel";
+      const char* graph = getenv("FAKE_CUDA_GRAPH_US");
+      const unsigned long long each = kind == "graph" ? (graph ? strtoull(graph, nullptr, 10) : 1000) : kernel_us;
+      unsigned long long gpu_us = 0, batches = 0;
+      CUlaunchConfig config{};
+      config.gridDimX = kernel_us;
+      while (now_ms() - start < n(1)) {
+        for (size_t k = 0; k < n(3); ++k) {
+          if (kind == "ex") cuLaunchKernelEx(&config, nullptr, nullptr, nullptr);
+          else if (kind == "coop") cuLaunchCooperativeKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr);
+          else if (kind == "graph") cuGraphLaunch(nullptr, nullptr);
+          else api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+        }
+        cuCtxSynchronize();
+        double t = now_ms() - start;
+        if (t >= n(5) && t < n(6)) gpu_us += each * n(3), ++batches;
+        if (n(4)) usleep(static_cast<useconds_t>(n(4)));
+      }
+      printf("gpu_us %llu batches %llu\n", gpu_us, batches);
     } else if (c[0] == "hold") {
       puts("holding");
       fflush(stdout);

@@ -1,5 +1,7 @@
 // libtessera-cuda.so against the fake libcuda.so.1, through LD_PRELOAD as in production: a CUDA
 // driver-API program (cuda_client) reaches the driver by linking, dlsym and cuGetProcAddress(_v2).
+#include "client_util.h"
+
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,73 +16,9 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
-
 namespace {
 
-std::string TempPath(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "tessera-shim-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  return dir + "/" + name;
-}
-
-struct Env {
-  std::string limit;
-  std::string region;
-  bool preload = true;
-  std::string extra;
-};
-
-std::string Command(const Env& env, const std::string& route, const std::string& cmds) {
-  std::string c = "env LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR;
-  if (env.preload) c += " LD_PRELOAD=" TESSERA_SHIM_LIBRARY;
-  if (!env.limit.empty()) c += " TESSERA_CUDA_MEM_LIMIT=" + env.limit;
-  if (!env.region.empty()) c += " TESSERA_CUDA_REGION=" + env.region;
-  c += " " + env.extra + " " TESSERA_CUDA_CLIENT " " + route + " " + cmds;
-  return c;
-}
-
-// Runs the client to completion; stdout (and stderr with 2>&1 in cmds).
-std::string RunClient(const Env& env, const std::string& route, const std::string& cmds) {
-  FILE* p = popen(Command(env, route, cmds).c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
-
-// A client left running: its first line is read; Stop() kills it.
-struct Running {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-  std::string first_line;
-  void Stop() {
-    if (pid > 0) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
-    if (out) fclose(out);
-    pid = -1, out = nullptr;
-  }
-};
-
-Running Start(const Env& env, const std::string& route, const std::string& cmds) {
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::string cmd = "exec " + Command(env, route, cmds);
-  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-  Running r;
-  posix_spawn(&r.pid, "/bin/sh", &fa, nullptr, const_cast<char**>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  r.out = fdopen(fds[0], "r");
-  char line[256] = "";
-  if (fgets(line, sizeof line, r.out)) r.first_line = line;
-  return r;
-}
+using namespace tessera::shim_test;
 
 const char* kRoutes[] = {"link", "dlsym", "procaddr", "procaddr2"};
 

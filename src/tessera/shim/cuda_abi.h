@@ -36,7 +36,16 @@ typedef struct CUmipmappedArray_st* CUmipmappedArray;
 typedef struct CUmemPoolHandle_st* CUmemoryPool;
 typedef struct CUgraphExec_st* CUgraphExec;
 typedef struct CUmemAllocationProp_st CUmemAllocationProp;  // opaque here
-typedef struct CUlaunchConfig_st CUlaunchConfig;            // opaque here
+typedef struct CUevent_st* CUevent;
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;  // opaque here
+typedef struct CUlaunchConfig_st {
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned int numAttrs;
+} CUlaunchConfig;
 typedef int CUdriverProcAddressQueryResult;
 
 typedef enum {
@@ -99,6 +108,9 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, unsigned int,
                                                  unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*cuCtxSynchronize_fn)(void);
+typedef CUresult (*cuStreamSynchronize_fn)(CUstream);
+typedef CUresult (*cuEventSynchronize_fn)(CUevent);
 typedef CUresult (*cuGetProcAddress_fn)(const char*, void**, int, cuuint64_t);
 typedef CUresult (*cuGetProcAddress_v2_fn)(const char*, void**, int, cuuint64_t,
                                            CUdriverProcAddressQueryResult*);

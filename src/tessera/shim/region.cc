@@ -24,9 +24,10 @@ void SetError(char* err, size_t len, const char* what, const char* path) {
 
 // The file (or anonymous mapping) starts zeroed: only the header is written, so creating a region
 // touches one page, and the magic goes last.
-void Init(RegionData* d, const uint64_t* limits, int count) {
+void Init(RegionData* d, const uint64_t* limits, int count, bool publish) {
   d->device_count = static_cast<uint32_t>(count < 0 ? 0 : count > kMaxDevices ? kMaxDevices : count);
   for (uint32_t i = 0; i < d->device_count; ++i) d->limit[i] = limits[i];
+  if (!publish) return;
   d->version = kRegionVersion;
   d->magic.store(kRegionMagic, std::memory_order_release);
 }
@@ -126,7 +127,9 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
   return *count > 0;
 }
 
-Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic, uint32_t version,
+                    void (*init)(void* mem, const void* arg), const void* arg, int* fd_out, char* err,
+                    size_t err_len) {
   errno = 0;
   bool creator = true;
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -135,46 +138,77 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
     fd = open(path, O_RDWR | O_CLOEXEC);
   }
   if (fd < 0) {
-    SetError(err, err_len, "cannot open the shared region", path);
+    char msg[160];
+    snprintf(msg, sizeof msg, "cannot open the %s", kind);
+    SetError(err, err_len, msg, path);
     return nullptr;
   }
-  auto fail = [&](const char* what, bool with_errno) {
+  auto fail = [&](const char* what, bool with_errno) -> void* {
     if (!with_errno) errno = 0;
-    SetError(err, err_len, what, path);
+    char msg[160];
+    snprintf(msg, sizeof msg, what, kind);
+    SetError(err, err_len, msg, path);
     close(fd);
     return nullptr;
   };
   if (creator) {
-    if (ftruncate(fd, sizeof(RegionData)) != 0) return fail("cannot size the shared region", true);
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("cannot size the %s", true);
   } else {
     // A creator may be between open and ftruncate: an empty file is waited for, briefly.
     struct stat st;
     for (int i = 0;; ++i) {
-      if (fstat(fd, &st) != 0) return fail("cannot stat the shared region", true);
+      if (fstat(fd, &st) != 0) return fail("cannot stat the %s", true);
       if (st.st_size != 0 || i == 2000) break;
       SleepMicros(100);
     }
-    if (static_cast<size_t>(st.st_size) != sizeof(RegionData)) {
-      return fail("not a Tessera shared region of this version (wrong size)", false);
+    if (static_cast<size_t>(st.st_size) != size) {
+      return fail("not a Tessera %s of this version (wrong size)", false);
     }
   }
-  void* m = mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) return fail("cannot map the shared region", true);
-  auto* d = static_cast<RegionData*>(m);
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return fail("cannot map the %s", true);
+  // Every shared file starts with its magic (written last by the creator) and its version.
+  auto* head = static_cast<std::atomic<uint64_t>*>(m);
+  auto* head_version = reinterpret_cast<uint32_t*>(static_cast<char*>(m) + sizeof(uint64_t));
   if (creator) {
-    Init(d, limits, count);
+    init(m, arg);
+    *head_version = version;
+    head->store(magic, std::memory_order_release);
   } else {
-    for (int i = 0; d->magic.load(std::memory_order_acquire) == 0 && i < 2000; ++i) SleepMicros(100);
-    if (d->magic.load(std::memory_order_acquire) != kRegionMagic || d->version != kRegionVersion) {
-      munmap(m, sizeof(RegionData));
-      return fail("not a Tessera shared region of this version", false);
+    for (int i = 0; head->load(std::memory_order_acquire) == 0 && i < 2000; ++i) SleepMicros(100);
+    if (head->load(std::memory_order_acquire) != magic || *head_version != version) {
+      munmap(m, size);
+      return fail("not a Tessera %s of this version", false);
     }
   }
-  Region* r = new (std::nothrow) Region(d, fd);
-  if (r == nullptr) {
+  *fd_out = fd;
+  return m;
+}
+
+Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+  struct Arg {
+    const uint64_t* limits;
+    int count;
+  } arg{limits, count};
+  int fd = -1;
+  void* m = MapSharedFile(
+      path, "shared region", sizeof(RegionData), kRegionMagic, kRegionVersion,
+      [](void* mem, const void* a) {
+        auto* p = static_cast<const Arg*>(a);
+        Init(static_cast<RegionData*>(mem), p->limits, p->count, false);
+      },
+      &arg, &fd, err, err_len);
+  if (m == nullptr) return nullptr;
+  auto* d = static_cast<RegionData*>(m);
+  auto fail = [&](const char* what) {
+    errno = 0;
+    SetError(err, err_len, what, path);
     munmap(m, sizeof(RegionData));
-    return fail("out of memory", false);
-  }
+    close(fd);
+    return nullptr;
+  };
+  Region* r = new (std::nothrow) Region(d, fd);
+  if (r == nullptr) return fail("out of memory");
   if (!r->ClaimSlot()) {
     // Perhaps dead processes hold every slot.
     r->ReclaimDead();
@@ -195,7 +229,7 @@ Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err
     return nullptr;
   }
   auto* d = static_cast<RegionData*>(m);
-  Init(d, limits, count);
+  Init(d, limits, count, true);
   Region* r = new (std::nothrow) Region(d, -1);
   if (r == nullptr) {
     munmap(m, sizeof(RegionData));

@@ -77,6 +77,14 @@ class Region {
   int reclaimed_slots_ = 0;
 };
 
+// Maps the shared file at `path` (`kind` names it in errors) of `size` bytes, creating it when it does not
+// exist: the creator sizes it, runs `init` on the zeroed memory, then writes `version` and last `magic`
+// (the file's first 8 and next 4 bytes); others wait briefly for that and refuse another magic, version
+// or size. Returns the mapping and its descriptor in `fd_out`, or nullptr with why in `err`.
+void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic, uint32_t version,
+                    void (*init)(void* mem, const void* arg), const void* arg, int* fd_out, char* err,
+                    size_t err_len);
+
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks since
 // boot); false if there is no such process.
 bool ReadProcessStat(int pid, char* state, uint64_t* start_time);

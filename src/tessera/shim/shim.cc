@@ -4,6 +4,7 @@
 // linking, by dlsym (hooked here too) and by cuGetProcAddress(_v2), whose answers are mapped back to our
 // hooks by comparing them with the real entry points. Plain C ABI; nothing throws across it.
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unordered_map>
 
 #include "tessera/devices/nvml_abi.h"  // declarations only: the shim links nothing of Tessera
+#include "tessera/shim/arbiter.h"
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/region.h"
 
@@ -63,6 +65,9 @@ DlsymFn RealDlsym() {
   X(cuLaunchKernelEx)       \
   X(cuLaunchCooperativeKernel) \
   X(cuGraphLaunch)          \
+  X(cuCtxSynchronize)       \
+  X(cuStreamSynchronize)    \
+  X(cuEventSynchronize)     \
   X(cuGetProcAddress)       \
   X(cuGetProcAddress_v2)
 
@@ -75,6 +80,9 @@ struct Real {
 };
 Real real;
 Region* region = nullptr;
+// Compute share and priority: the machine's GPU arbiter, when the job has one (TESSERA_CUDA_ARBITER).
+Arbiter* arbiter = nullptr;
+int physical_gpu[kMaxDevices];  // CUDA ordinal here -> the arbiter's GPU index
 // Context overhead (bytes per device this process holds a context on), counted once per device while
 // any context of this process lives there.
 uint64_t context_overhead = 0;
@@ -101,6 +109,63 @@ void AfterForkChild() {
   if (held != nullptr) {
     new (held_mu) std::mutex();
     for (int k = 0; k < kKinds; ++k) held[k].clear();
+  }
+}
+
+uint64_t Fnv1a(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
+  return h ? h : 1;
+}
+
+// TESSERA_CUDA_ARBITER and the settings that go with it; a bad setting is said and left at its default.
+void InitArbiter(const char* region_path) {
+  const char* path = getenv("TESSERA_CUDA_ARBITER");
+  if (path == nullptr || *path == 0) return;
+  ArbiterConfig c;
+  if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE"); v && *v && !ParseShare(v, &c.share_permille)) {
+    fprintf(stderr, "tessera-cuda: TESSERA_CUDA_COMPUTE_SHARE='%s' is not a share (30%%, 0.3); using 100%%\n", v);
+  }
+  auto number = [](const char* name, long lo, long hi, auto* out) {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == 0) return;
+    char* end = nullptr;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end != 0 || x < lo || x > hi) {
+      fprintf(stderr, "tessera-cuda: %s='%s' is not a whole number in [%ld, %ld]; ignored\n", name, v, lo, hi);
+      return;
+    }
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(x);
+  };
+  number("TESSERA_CUDA_PRIORITY", -1000000, 1000000, &c.priority);
+  number("TESSERA_CUDA_TIMESLICE_US", 100, 10000000, &c.slice_us);
+  number("TESSERA_CUDA_IDLE_US", 50, 10000000, &c.idle_us);
+  int conserving = 1;
+  number("TESSERA_CUDA_WORK_CONSERVING", 0, 1, &conserving);
+  c.work_conserving = conserving != 0;
+  for (int i = 0; i < kMaxDevices; ++i) physical_gpu[i] = i;
+  if (const char* v = getenv("TESSERA_CUDA_ARBITER_GPUS"); v && *v) {
+    int i = 0;
+    bool ok = true;
+    for (const char* p = v; *p && ok; ++i) {
+      char* end = nullptr;
+      long x = strtol(p, &end, 10);
+      ok = end != p && x >= 0 && x < kArbiterGpus && i < kMaxDevices && (*end == ',' || *end == 0);
+      if (ok) physical_gpu[i] = static_cast<int>(x), p = *end ? end + 1 : end;
+    }
+    if (!ok) {
+      fprintf(stderr, "tessera-cuda: TESSERA_CUDA_ARBITER_GPUS='%s' is not a list of GPU indices; using 0,1,...\n", v);
+      for (int k = 0; k < kMaxDevices; ++k) physical_gpu[k] = k;
+    }
+  }
+  const char* job = getenv("TESSERA_JOB_ID");
+  uint64_t key = job && *job ? Fnv1a(job) : region_path && *region_path ? Fnv1a(region_path)
+                                                                       : static_cast<uint64_t>(getpid());
+  char err[256] = "";
+  arbiter = Arbiter::Attach(path, key, c, err, sizeof err);
+  if (arbiter == nullptr) {
+    fprintf(stderr, "tessera-cuda: %s; kernel launches are not paced\n", err);
   }
 }
 
@@ -141,6 +206,7 @@ void Init() {
       fprintf(stderr, "tessera-cuda: TESSERA_CUDA_CONTEXT_OVERHEAD='%s' is not a size\n", overhead);
     }
   }
+  InitArbiter(path);
   held_mu = new (std::nothrow) std::mutex();
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
   pthread_atfork(nullptr, nullptr, AfterForkChild);
@@ -453,18 +519,50 @@ TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   return rc;
 }
 
+namespace tessera::shim {
+namespace {
+
+int ArbiterGpu() {
+  int d = CurrentDevice();
+  return d >= 0 && d < kMaxDevices ? physical_gpu[d] : -1;
+}
+
+void Drain() {
+  if (real.cuCtxSynchronize != nullptr) real.cuCtxSynchronize();
+}
+
+// Every launch: counted, then (with an arbiter) held until this job holds the GPU.
+inline void Pace() {
+  region->CountLaunch();
+  if (arbiter != nullptr) arbiter->BeforeLaunch(ArbiterGpu(), Drain);
+}
+
+// A thread waiting for its own GPU work keeps its job from looking idle to the arbiter.
+struct SyncScope {
+  int gpu = arbiter ? ArbiterGpu() : -1;
+  SyncScope() {
+    if (gpu >= 0) arbiter->EnterSync(gpu);
+  }
+  ~SyncScope() {
+    if (gpu >= 0) arbiter->LeaveSync(gpu);
+  }
+};
+
+}  // namespace
+}  // namespace tessera::shim
+
 TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                       unsigned int bx, unsigned int by, unsigned int bz,
                                       unsigned int shared, CUstream stream, void** params, void** extra) {
   if (!Ready() || real.cuLaunchKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  region->CountLaunch();
+  Pace();
   return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
 }
 
 TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                         void** extra) {
   if (!Ready() || real.cuLaunchKernelEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  region->CountLaunch();
+  Pace();
   return real.cuLaunchKernelEx(config, f, params, extra);
 }
 
@@ -473,14 +571,32 @@ TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx,
                                                  unsigned int bz, unsigned int shared, CUstream stream,
                                                  void** params) {
   if (!Ready() || real.cuLaunchCooperativeKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  region->CountLaunch();
+  Pace();
   return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
 }
 
 TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
   if (!Ready() || real.cuGraphLaunch == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  region->CountLaunch();
+  Pace();
   return real.cuGraphLaunch(graph, stream);
+}
+
+TESSERA_EXPORT CUresult cuCtxSynchronize() {
+  if (!Ready() || real.cuCtxSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  SyncScope scope;
+  return real.cuCtxSynchronize();
+}
+
+TESSERA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+  if (!Ready() || real.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  SyncScope scope;
+  return real.cuStreamSynchronize(stream);
+}
+
+TESSERA_EXPORT CUresult cuEventSynchronize(CUevent event) {
+  if (!Ready() || real.cuEventSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  SyncScope scope;
+  return real.cuEventSynchronize(event);
 }
 
 TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags);

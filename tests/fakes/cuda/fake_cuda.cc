@@ -3,7 +3,19 @@
 // base names to versioned entry points as the real driver does, and hooks for the tests.
 //   FAKE_CUDA_DEVICES      number of devices (default 1)
 //   FAKE_CUDA_MEMORY_MIB   memory per device (default 16384)
+//   FAKE_CUDA_CLOCK        a file shared by all processes holding each device's virtual clock, so that
+//                          kernels of different processes contend for the same virtual GPU time
+//                          (without it each process has a GPU of its own)
+//   FAKE_CUDA_GRAPH_US     virtual time of one cuGraphLaunch (default 1000)
+// Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in launch
+// order across processes (first come, first served, as one GPU's queue), asynchronously: a launch
+// returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until this
+// process's kernels on the current device are done.
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 #include <string.h>
 
 #include <atomic>
@@ -200,25 +212,90 @@ FAKE_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
   return Give(reinterpret_cast<uint64_t>(a));
 }
 
-FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+namespace {
+
+struct VirtualClock {
+  std::atomic<uint64_t> busy_until[16];  // ns, CLOCK_MONOTONIC
+};
+
+VirtualClock* Clock() {
+  static VirtualClock* c = [] {
+    const char* path = getenv("FAKE_CUDA_CLOCK");
+    void* m = MAP_FAILED;
+    if (path && *path) {
+      int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd >= 0 && ftruncate(fd, sizeof(VirtualClock)) == 0) {  // zero-filled when new
+        m = mmap(nullptr, sizeof(VirtualClock), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      if (fd >= 0) close(fd);
+    }
+    if (m == MAP_FAILED) {
+      m = mmap(nullptr, sizeof(VirtualClock), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    }
+    return static_cast<VirtualClock*>(m);
+  }();
+  return c;
+}
+
+uint64_t NowNs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+
+std::atomic<uint64_t> my_done[16];     // when this process's last kernel per device ends
+std::atomic<uint64_t> my_kernel_ns{0};  // virtual GPU time this process has launched
+
+CUresult Occupy(uint64_t us) {
+  launches.fetch_add(1, std::memory_order_relaxed);
+  const int dev = current_device;
+  auto& busy = Clock()->busy_until[dev];
+  const uint64_t now = NowNs();
+  uint64_t b = busy.load();
+  uint64_t end;
+  do {
+    end = (b > now ? b : now) + us * 1000;
+  } while (!busy.compare_exchange_weak(b, end));
+  uint64_t d = my_done[dev].load();
+  while (d < end && !my_done[dev].compare_exchange_weak(d, end)) {
+  }
+  my_kernel_ns.fetch_add(us * 1000, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+CUresult WaitMine() {
+  const uint64_t done = my_done[current_device].load();
+  for (uint64_t now = NowNs(); now < done; now = NowNs()) {
+    uint64_t left = done - now;
+    timespec t{static_cast<time_t>(left / 1000000000ull), static_cast<long>(left % 1000000000ull)};
+    nanosleep(&t, nullptr);
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FAKE_EXPORT uint64_t fakeCudaKernelNs() { return my_kernel_ns.load(); }
+
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, unsigned int, unsigned int,
                                    unsigned int, unsigned int, unsigned int, CUstream, void**, void**) {
-  launches.fetch_add(1, std::memory_order_relaxed);
-  return CUDA_SUCCESS;
+  return Occupy(gx);
 }
-FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) {
-  launches.fetch_add(1, std::memory_order_relaxed);
-  return CUDA_SUCCESS;
+FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction, void**, void**) {
+  return config == nullptr ? CUDA_ERROR_INVALID_VALUE : Occupy(config->gridDimX);
 }
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int,
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int gx, unsigned int, unsigned int,
                                               unsigned int, unsigned int, unsigned int, unsigned int,
                                               CUstream, void**) {
-  launches.fetch_add(1, std::memory_order_relaxed);
-  return CUDA_SUCCESS;
+  return Occupy(gx);
 }
 FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream) {
-  launches.fetch_add(1, std::memory_order_relaxed);
-  return CUDA_SUCCESS;
+  const char* e = getenv("FAKE_CUDA_GRAPH_US");
+  return Occupy(e ? strtoull(e, nullptr, 10) : 1000);
 }
+FAKE_EXPORT CUresult cuCtxSynchronize() { return WaitMine(); }
+FAKE_EXPORT CUresult cuStreamSynchronize(CUstream) { return WaitMine(); }
+FAKE_EXPORT CUresult cuEventSynchronize(CUevent) { return WaitMine(); }
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
                                         CUdriverProcAddressQueryResult*);
@@ -256,6 +333,9 @@ void* Lookup(const std::string& name, int version) {
       {"cuLaunchKernelEx", (void*)&cuLaunchKernelEx},
       {"cuLaunchCooperativeKernel", (void*)&cuLaunchCooperativeKernel},
       {"cuGraphLaunch", (void*)&cuGraphLaunch},
+      {"cuCtxSynchronize", (void*)&cuCtxSynchronize},
+      {"cuStreamSynchronize", (void*)&cuStreamSynchronize},
+      {"cuEventSynchronize", (void*)&cuEventSynchronize},
       {"cuGetProcAddress", (void*)&cuGetProcAddress_v2},
   };
   auto it = kTable.find(name);

@@ -1,0 +1,260 @@
+#include "tessera/shim/arbiter.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <new>
+
+#include "tessera/shim/region.h"
+
+namespace tessera::shim {
+namespace {
+
+constexpr uint64_t kEndMask = (1ull << 48) - 1;
+constexpr uint64_t kActiveUs = 2000;         // a waiter refreshes its wish every poll; stale after this
+constexpr uint64_t kBoundedForUs = 1000000;  // a higher-priority job counts as around for this long
+constexpr uint64_t kDeadAfterUs = 10000000;  // a slot of a dead process unused this long is reclaimed
+
+int Holder(uint64_t lease) { return static_cast<int>(lease >> 48) - 1; }
+uint64_t End(uint64_t lease) { return lease & kEndMask; }
+uint64_t Lease(int slot, uint64_t end) { return (static_cast<uint64_t>(slot + 1) << 48) | (end & kEndMask); }
+
+void SleepMicros(uint64_t us) {
+  timespec t{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+  nanosleep(&t, nullptr);
+}
+
+bool ProcessGone(int32_t pid) { return pid <= 0 || (kill(pid, 0) == -1 && errno == ESRCH); }
+
+}  // namespace
+
+uint64_t Arbiter::NowMicros() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
+}
+
+bool ParseShare(const char* text, uint32_t* permille) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  char* end = nullptr;
+  errno = 0;
+  double v = strtod(text, &end);
+  if (errno || end == text) return false;
+  bool fraction = strchr(text, '.') != nullptr && *end != '%';
+  if (*end == '%') ++end;
+  if (*end != 0) return false;
+  double p = fraction ? v * 1000 : v * 10;
+  if (!(p >= 1 && p <= 1000)) return false;
+  *permille = static_cast<uint32_t>(p + 0.5);
+  return true;
+}
+
+Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig& config, char* err,
+                         size_t err_len) {
+  int fd = -1;
+  void* m = MapSharedFile(
+      path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
+      [](void*, const void*) {}, nullptr, &fd, err, err_len);
+  if (m == nullptr) return nullptr;
+  close(fd);  // the mapping stays; nothing here takes the file lock
+  ArbiterConfig c = config;
+  if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
+  if (c.slice_us == 0) c.slice_us = 1;
+  return new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
+}
+
+bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
+  ArbiterJob& j = g.jobs[slot];
+  uint64_t expected = 0;
+  if (!j.key.compare_exchange_strong(expected, key_)) return expected == key_;
+  j.priority.store(config_.priority);
+  j.share.store(config_.share_permille);
+  j.capped.store(config_.work_conserving ? 0 : 1);
+  j.in_sync.store(0);
+  j.eligible_us.store(0);
+  j.busy_us.store(0);
+  j.waits.store(0);
+  j.last_launch_us.store(0);
+  j.want_us.store(0);
+  // A newcomer starts level with the least-served job there, not with credit for its absence.
+  uint64_t least = UINT64_MAX;
+  for (int i = 0; i < kArbiterJobs; ++i) {
+    if (i != slot && g.jobs[i].key.load() != 0) least = std::min(least, g.jobs[i].vtime.load());
+  }
+  j.vtime.store(least == UINT64_MAX ? 0 : least);
+  return true;
+}
+
+int Arbiter::Slot(int gpu) {
+  if (gpu < 0 || gpu >= kArbiterGpus) return -1;
+  int cached = slot_[gpu].load(std::memory_order_relaxed) - 1;
+  ArbiterGpu& g = data_->gpus[gpu];
+  if (cached >= 0 && g.jobs[cached].key.load(std::memory_order_relaxed) == key_) return cached;
+  const int32_t me = static_cast<int32_t>(getpid());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < kArbiterJobs; ++i) {  // the job's own slot first, then a free one
+      if (g.jobs[i].key.load() == key_ && TryClaim(g, i)) {
+        g.jobs[i].pid.store(me);
+        slot_[gpu].store(i + 1);
+        return i;
+      }
+    }
+    for (int i = 0; i < kArbiterJobs; ++i) {
+      if (g.jobs[i].key.load() == 0 && TryClaim(g, i)) {
+        g.jobs[i].pid.store(me);
+        slot_[gpu].store(i + 1);
+        return i;
+      }
+    }
+    // Full: give back the slots of jobs whose process is gone and that have not run for a while.
+    const uint64_t now = NowMicros();
+    for (int i = 0; i < kArbiterJobs; ++i) {
+      ArbiterJob& j = g.jobs[i];
+      uint64_t k = j.key.load();
+      uint64_t last = std::max(j.want_us.load(), j.last_launch_us.load());
+      if (k != 0 && now > last + kDeadAfterUs && ProcessGone(j.pid.load())) j.key.compare_exchange_strong(k, 0);
+    }
+  }
+  return -1;
+}
+
+void Arbiter::Charge(ArbiterJob& j, uint64_t now) const {
+  uint64_t start = j.lease_start_us.load();
+  if (now <= start) return;
+  uint64_t used = now - start;
+  j.busy_us.fetch_add(used, std::memory_order_relaxed);
+  uint32_t share = j.share.load();
+  if (share == 0) share = 1000;
+  j.vtime.fetch_add(used * 1000 / share, std::memory_order_relaxed);
+  if (j.capped.load()) {
+    uint64_t from = std::max(j.eligible_us.load(), now);
+    j.eligible_us.store(from + used * (1000 - share) / share);
+  }
+  j.lease_start_us.store(now);
+}
+
+void Arbiter::Granted(ArbiterGpu& g, int slot, uint64_t now) {
+  ArbiterJob& j = g.jobs[slot];
+  j.lease_start_us.store(now);
+  j.last_launch_us.store(now);
+  g.handovers.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The job that should hold the GPU next: among `self`, `rival` (a holder still busy) and the jobs waiting now, the highest priority,
+// then the lowest virtual time; capped jobs only once eligible. -1: nobody may.
+int Arbiter::PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const {
+  int best = -1;
+  int32_t best_priority = 0;
+  uint64_t best_vtime = 0;
+  for (int i = 0; i < kArbiterJobs; ++i) {
+    const ArbiterJob& j = g.jobs[i];
+    if (j.key.load(std::memory_order_relaxed) == 0) continue;
+    if (i != self && i != rival && now > j.want_us.load(std::memory_order_relaxed) + kActiveUs) continue;
+    if (j.capped.load(std::memory_order_relaxed) && j.eligible_us.load(std::memory_order_relaxed) > now) {
+      continue;
+    }
+    int32_t p = j.priority.load(std::memory_order_relaxed);
+    uint64_t v = j.vtime.load(std::memory_order_relaxed);
+    if (best < 0 || p > best_priority || (p == best_priority && v < best_vtime)) {
+      best = i, best_priority = p, best_vtime = v;
+    }
+  }
+  return best;
+}
+
+void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
+  int self = Slot(gpu);
+  if (self < 0) return;  // no slot: not arbitrated (said once by the caller's log)
+  ArbiterGpu& g = data_->gpus[gpu];
+  ArbiterJob& me = g.jobs[self];
+  uint64_t now = NowMicros();
+  uint64_t lease = g.lease.load(std::memory_order_acquire);
+  if (Holder(lease) == self && now < End(lease)) {  // the fast path: holding the GPU
+    if (bounded_[gpu].load(std::memory_order_relaxed) && drain) drain();
+    me.last_launch_us.store(now, std::memory_order_relaxed);
+    return;
+  }
+  bool counted = false;
+  for (;;) {
+    now = NowMicros();
+    lease = g.lease.load(std::memory_order_acquire);
+    const int holder = Holder(lease);
+    if (holder == self) {
+      if (now < End(lease)) break;
+      // The slice is over: charge it, then keep the GPU, hand it over or (capped, nobody eligible)
+      // let it go.
+      Charge(me, now);
+      int next = PickNext(g, now, self, -1);
+      if (next == self) {
+        if (g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
+          me.last_launch_us.store(now);
+          break;
+        }
+        continue;
+      }
+      if (drain) drain();  // what this job queued runs on its own slice
+      uint64_t t = NowMicros();
+      uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
+      if (g.lease.compare_exchange_strong(lease, to)) {
+        Charge(me, t);
+        if (next >= 0) Granted(g, next, t);
+      }
+      continue;
+    }
+    // Somebody else's (or nobody's): say this job wants it, then see whether it may take it.
+    me.want_us.store(now);
+    if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
+    // A holder past its slice is left alone while it waits for the work it queued in the slice (it
+    // hands over at its next launch), unless it is gone for far longer (crashed inside the wait).
+    bool take = holder < 0;
+    int rival = -1;  // the holder, while it still counts as wanting the GPU
+    if (!take) {
+      ArbiterJob& h = g.jobs[holder];
+      const bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
+      const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
+      const bool outranked = h.priority.load() < me.priority.load();
+      take = idle || stuck || outranked || h.key.load() == 0;
+      if (!idle && !stuck) rival = holder;
+    }
+    if (take && PickNext(g, now, self, rival) == self &&
+        g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
+      if (holder >= 0) Charge(g.jobs[holder], now);
+      Granted(g, self, now);
+      break;
+    }
+    SleepMicros(config_.poll_us);
+  }
+  // Holding the GPU: is a job of higher priority around? Then keep one launch in flight at a time.
+  bool around = false;
+  const int32_t mine = me.priority.load();
+  for (int i = 0; i < kArbiterJobs && !around; ++i) {
+    const ArbiterJob& j = g.jobs[i];
+    if (i == self || j.key.load() == 0 || j.priority.load() <= mine) continue;
+    around = now < std::max(j.want_us.load(), j.last_launch_us.load()) + kBoundedForUs;
+  }
+  bounded_[gpu].store(around, std::memory_order_relaxed);
+  if (around && drain) drain();
+  me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+}
+
+void Arbiter::EnterSync(int gpu) {
+  int self = Slot(gpu);
+  if (self >= 0) data_->gpus[gpu].jobs[self].in_sync.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Arbiter::LeaveSync(int gpu) {
+  int self = Slot(gpu);
+  if (self < 0) return;
+  ArbiterJob& j = data_->gpus[gpu].jobs[self];
+  j.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+  int32_t cur = j.in_sync.load();
+  while (cur > 0 && !j.in_sync.compare_exchange_weak(cur, cur - 1)) {
+  }
+}
+
+}  // namespace tessera::shim

@@ -1,0 +1,106 @@
+#pragma once
+// The GPU time-slice arbiter: how the intercept library paces kernel launches so that jobs sharing a GPU
+// get GPU time in proportion to their compute shares, and higher-priority jobs go first. One file per
+// machine (TESSERA_CUDA_ARBITER), shared by every job's processes, with one section per physical GPU.
+//
+// Control method (docs/sharing.md has the why): a job launches only while it holds the GPU's lease, a
+// time slice. Whoever holds it launches freely; everyone else waits in the launch call. When a lease
+// runs out its holder picks the next holder among the jobs waiting: the highest priority first, then
+// the lowest virtual time (GPU time charged / share, i.e. weighted fair queueing), and before handing
+// over it drains its own queued work (cuCtxSynchronize), so the slice it is charged for is the GPU time
+// it really used. A waiting job of higher priority takes the lease at once; a waiter also takes it when
+// the holder has gone idle (no launch and no synchronize for a while) or did not hand over in time.
+// While a job of higher priority is around, a lower one keeps at most one launch in flight, so taking
+// the GPU from it costs at most one of its kernels. Not work-conserving (a hard cap): after a slice a
+// job may not launch again before its share of the time has passed, even when the GPU is idle.
+// No exceptions, no allocation after Attach: usable from the intercept library.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::shim {
+
+inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
+inline constexpr uint32_t kArbiterVersion = 1;
+inline constexpr int kArbiterGpus = 16;  // physical GPUs of a machine
+inline constexpr int kArbiterJobs = 64;  // jobs per GPU
+
+struct ArbiterJob {
+  std::atomic<uint64_t> key;  // the job (0: a free slot)
+  std::atomic<int32_t> pid;   // a process of the job, to tell a dead slot
+  std::atomic<int32_t> priority;
+  std::atomic<uint32_t> share;    // permille of GPU time, 1..1000
+  std::atomic<uint32_t> capped;   // 1: not work-conserving
+  std::atomic<int32_t> in_sync;   // the job's threads inside a synchronize call
+  uint32_t reserved;
+  std::atomic<uint64_t> want_us;         // last time the job waited for the GPU
+  std::atomic<uint64_t> last_launch_us;  // last launch or synchronize return
+  std::atomic<uint64_t> lease_start_us;
+  std::atomic<uint64_t> eligible_us;  // capped jobs: may not launch before
+  std::atomic<uint64_t> vtime;        // charged GPU time in us * 1000 / share
+  std::atomic<uint64_t> busy_us;      // GPU time charged, in all (usage counter for the server)
+  std::atomic<uint64_t> waits;        // launches that had to wait (usage counter)
+};
+
+struct ArbiterGpu {
+  std::atomic<uint64_t> lease;  // holder slot + 1 in the top 16 bits (0: nobody), end time (us) below
+  std::atomic<uint64_t> handovers;
+  ArbiterJob jobs[kArbiterJobs];
+};
+
+struct ArbiterData {
+  std::atomic<uint64_t> magic;  // written last by the creator
+  uint32_t version;
+  uint32_t reserved;
+  ArbiterGpu gpus[kArbiterGpus];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct ArbiterConfig {
+  uint32_t share_permille = 1000;  // 1..1000
+  int32_t priority = 0;            // higher first
+  bool work_conserving = true;     // may use idle GPU time beyond the share
+  uint64_t slice_us = 5000;        // lease length
+  uint64_t idle_us = 1000;         // a holder this long without launching or synchronizing is idle
+  uint64_t poll_us = 100;          // how often a waiting launch looks again
+};
+
+// Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
+using DrainFn = void (*)();
+
+class Arbiter {
+ public:
+  // Maps (creating when needed) the arbiter file for job `job_key` (not 0). nullptr + `err` on failure.
+  static Arbiter* Attach(const char* path, uint64_t job_key, const ArbiterConfig& config, char* err,
+                         size_t err_len);
+
+  // Before a kernel launch on physical GPU `gpu`: returns at once while this job holds the GPU's lease,
+  // otherwise waits until it does. `drain` waits for this process's queued work.
+  void BeforeLaunch(int gpu, DrainFn drain);
+  // Around a synchronize call: a job waiting for its own work is not idle.
+  void EnterSync(int gpu);
+  void LeaveSync(int gpu);
+
+  // The caller's slot on `gpu` (claimed on first use), -1 when every slot is taken.
+  int Slot(int gpu);
+  ArbiterData* data() { return data_; }
+  static uint64_t NowMicros();
+
+ private:
+  Arbiter(ArbiterData* d, uint64_t key, const ArbiterConfig& c) : data_(d), key_(key), config_(c) {}
+  bool TryClaim(ArbiterGpu& g, int slot);
+  int PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const;
+  void Charge(ArbiterJob& j, uint64_t now) const;
+  void Granted(ArbiterGpu& g, int slot, uint64_t now);
+  ArbiterData* data_;
+  uint64_t key_;
+  ArbiterConfig config_;
+  std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
+  std::atomic<bool> bounded_[kArbiterGpus] = {};  // a higher-priority job is around: one launch in flight
+};
+
+// "30%", "30", "0.3" -> permille (300). False when malformed or outside (0, 100%].
+bool ParseShare(const char* text, uint32_t* permille);
+
+}  // namespace tessera::shim
