@@ -1,0 +1,68 @@
+#include "tessera/shim/arbiter.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+namespace tessera::shim {
+namespace {
+
+TEST(ArbiterShare, Parses) {
+  uint32_t p = 0;
+  EXPECT_TRUE(ParseShare("30%", &p));
+  EXPECT_EQ(p, 300u);
+  EXPECT_TRUE(ParseShare("30", &p));
+  EXPECT_EQ(p, 300u);
+  EXPECT_TRUE(ParseShare("0.3", &p));
+  EXPECT_EQ(p, 300u);
+  EXPECT_TRUE(ParseShare("100%", &p));
+  EXPECT_EQ(p, 1000u);
+  EXPECT_TRUE(ParseShare("12.5%", &p));
+  EXPECT_EQ(p, 125u);
+  for (const char* bad : {"", "0", "0%", "101%", "1.5", "-30%", " 30", "30 %", "30%x", "lots"}) {
+    EXPECT_FALSE(ParseShare(bad, &p)) << bad;
+  }
+}
+
+std::string TempFile(const char* name) {
+  return ::testing::TempDir() + "arbiter-" + std::to_string(getpid()) + "-" + name;
+}
+
+TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {
+  std::string path = TempFile("alone");
+  unlink(path.c_str());
+  char err[256] = "";
+  ArbiterConfig c;
+  c.slice_us = 1000;
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 42, c, err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  const uint64_t t0 = Arbiter::NowMicros();
+  while (Arbiter::NowMicros() < t0 + 20000) a->BeforeLaunch(3, nullptr);  // never waits: alone
+  const ArbiterGpu& g = a->data()->gpus[3];
+  const int slot = a->Slot(3);
+  ASSERT_GE(slot, 0);
+  EXPECT_EQ(g.jobs[slot].key.load(), 42u);
+  EXPECT_EQ(g.jobs[slot].waits.load(), 1u) << "only the first launch looked for the lease";
+  // Renewed about every slice, charged for each: about 19 ms of the 20 (the last slice is still open).
+  EXPECT_GE(g.jobs[slot].busy_us.load(), 15000u);
+  EXPECT_LE(g.jobs[slot].busy_us.load(), 20000u);
+  EXPECT_EQ(a->data()->gpus[0].handovers.load(), 0u) << "other GPUs untouched";
+  unlink(path.c_str());
+}
+
+TEST(Arbiter, RefusesAnotherFile) {
+  std::string path = TempFile("bad");
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("something else", f);
+  fclose(f);
+  char err[256] = "";
+  EXPECT_EQ(Arbiter::Attach(path.c_str(), 1, ArbiterConfig{}, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("not a Tessera GPU arbiter file"), std::string::npos) << err;
+  unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace tessera::shim
