@@ -10,6 +10,7 @@
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
 #include "tessera/cli/sim_cmd.h"
+#include "tessera/cli/server_cmd.h"
 #include "tessera/cli/version.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/devices/open.h"
@@ -158,7 +159,7 @@ int RunVersion(const std::string& output, std::ostream& out) {
 }
 
 void ConfigureLogging(const std::string& level, std::ostream& err) {
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(err);
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(err, true);
   auto logger = std::make_shared<spdlog::logger>("tessera", sink);
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
   logger->set_level(spdlog::level::from_str(level));
@@ -172,7 +173,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   app.require_subcommand(1);
   app.fallthrough();
   std::string log_level = "warn";
-  if (const char* env = std::getenv("TESSERA_LOG"); env && *env) log_level = env;
+  bool log_level_set = false;
+  if (const char* env = std::getenv("TESSERA_LOG"); env && *env) log_level = env, log_level_set = true;
   app.add_option("--log-level", log_level, "Log level: trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
 
@@ -207,6 +209,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   version->callback([&] { action = [&] { return RunVersion(version_output, out); }; });
 
   std::shared_ptr<void> sim_state = AddSimCommands(app, action, out, err);
+  std::shared_ptr<void> server_state = AddServerCommands(app, action, out, err);
 
   try {
     app.parse(argc, argv);
@@ -232,6 +235,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     err << "tessera: " << e.what() << "\nRun 'tessera --help' for usage.\n";
     return kExitBadInput;
   }
+  // The server says what it does by default; the other commands only warn.
+  if (!log_level_set && app.got_subcommand("server") && app.count("--log-level") == 0) log_level = "info";
   ConfigureLogging(log_level, err);
   return action ? action() : kExitBadInput;
 }

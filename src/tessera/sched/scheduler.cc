@@ -525,6 +525,13 @@ absl::StatusOr<std::vector<Allocation>> Scheduler::PlaceGang(
   return placed;
 }
 
+absl::Status Scheduler::Restore(const Allocation& a) {
+  GpuAmount amount = QuotaAmount(a.request, a.node, a.gpus);
+  if (absl::Status st = state_.Apply(a); !st.ok()) return st;
+  quotas_.Add(a.request.owner, amount);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Allocation> Scheduler::Release(const std::string& id) {
   const Allocation* found = state_.Find(id);
   if (found == nullptr) return absl::NotFoundError(fmt::format("allocation {}: not found", id));

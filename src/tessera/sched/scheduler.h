@@ -75,6 +75,9 @@ class Scheduler {
   // All members or none. Members share `gang` and `gang_size` == members.size().
   absl::StatusOr<std::vector<Allocation>> PlaceGang(const std::vector<core::Request>& members,
                                                     double now = 0);
+  // Records an allocation decided earlier (a server re-adopting its running jobs after a restart):
+  // the same checks as ClusterState::Apply, and the owner's quota use. Ignores the quota limits.
+  absl::Status Restore(const Allocation& a);
   // Gives an allocation's resources back; kNotFound if unknown.
   absl::StatusOr<Allocation> Release(const std::string& id);
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,7 +52,16 @@ std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
     }
     env["LD_PRELOAD"] = preload;
     env["TESSERA_CUDA_REGION"] = spec.share->region;
-    env["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(spec.share->memory_bytes);
+    if (spec.share->memory_bytes > 0) env["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(spec.share->memory_bytes);
+    if (spec.share->context_overhead_bytes > 0) {
+      env["TESSERA_CUDA_CONTEXT_OVERHEAD"] = std::to_string(spec.share->context_overhead_bytes);
+    }
+    if (!spec.share->arbiter.empty() && spec.share->share_milli > 0) {
+      env["TESSERA_CUDA_ARBITER"] = spec.share->arbiter;
+      env["TESSERA_CUDA_ARBITER_GPUS"] = std::to_string(spec.share->physical_gpu);
+      env["TESSERA_CUDA_PRIORITY"] = std::to_string(spec.share->priority);
+      env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{}", spec.share->share_milli / 1000.0);
+    }
   }
   return env;
 }
@@ -97,15 +107,54 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     close(pipe_fds[1]);
     return absl::InternalError(fmt::format("job {}: fork: {}", spec.job_id, strerror(e)));
   }
+  std::string exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
   if (pid == 0) {
+    setpgid(0, 0);
+    if (!spec.exit_path.empty()) {
+      // The shepherd: the group leader, waiting for the job (its child) to record how it ended.
+      pid_t job = fork();
+      if (job < 0) _exit(127);
+      if (job > 0) {
+        // Nothing of the server's (listening sockets, the database) stays open in the shepherd.
+        close_range(3, ~0U, 0);
+        signal(SIGTERM, SIG_IGN);  // stops are for the job; SIGKILL still ends the shepherd
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        int status = 0;
+        while (waitpid(job, &status, 0) < 0 && errno == EINTR) {
+        }
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
+        char digits[16];
+        int n = 0;
+        int v = code;
+        char rev[16];
+        do {
+          rev[n++] = static_cast<char>('0' + v % 10);
+          v /= 10;
+        } while (v > 0);
+        for (int k = 0; k < n; ++k) digits[k] = rev[n - 1 - k];
+        digits[n++] = '\n';
+        int fd = open(exit_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+          ssize_t w = write(fd, digits, static_cast<size_t>(n));
+          (void)w;
+          fsync(fd);
+          close(fd);
+          rename(exit_tmp.c_str(), spec.exit_path.c_str());
+        }
+        _exit(code);
+      }
+    }
     auto fail = [&](int step) {
       ChildError ce{step, errno};
       ssize_t w = write(pipe_fds[1], &ce, sizeof ce);
       (void)w;
       _exit(127);
     };
-    setpgid(0, 0);
     signal(SIGPIPE, SIG_DFL);
+    // Nor in the job: every descriptor but the exec-error pipe goes.
+    if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
+    close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);
     if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
     int in = open("/dev/null", O_RDONLY);
     if (in >= 0) dup2(in, 0);
@@ -150,6 +199,19 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   l.pid = pid;
   l.start_time = shim::ProcessStartTime(pid);
   return l;
+}
+
+std::optional<int> ReadExitFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buf[32] = {};
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return std::nullopt;
+  char* end = nullptr;
+  long v = strtol(buf, &end, 10);
+  if (end == buf || v < 0 || v > 255 + 128) return std::nullopt;
+  return static_cast<int>(v);
 }
 
 bool SignalGroup(pid_t pgid, int sig) { return pgid > 0 && kill(-pgid, sig) == 0; }

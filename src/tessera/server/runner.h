@@ -20,7 +20,12 @@ namespace tessera::server {
 struct ShareLimits {
   std::string library;      // path of libtessera-cuda.so
   std::string region;       // the job's shared region file
-  uint64_t memory_bytes = 0;
+  uint64_t memory_bytes = 0;  // 0: no memory limit
+  std::string arbiter;      // the machine's GPU arbiter file; empty: launches not paced
+  int share_milli = 0;      // compute share, thousandths of the GPU; 0: none asked
+  int priority = 0;
+  int physical_gpu = 0;     // the arbiter's index of the job's GPU
+  uint64_t context_overhead_bytes = 0;
 };
 
 struct LaunchSpec {
@@ -33,7 +38,14 @@ struct LaunchSpec {
   std::optional<uid_t> uid;                   // run as this user (needs root)
   std::optional<gid_t> gid;
   int64_t job_id = 0;
+  // When set, the job runs under a shepherd (the group leader) that waits for it and writes its exit
+  // code here (written to a temporary name, then renamed), so a server restarted while the job ran can
+  // still learn how it ended. The shepherd exits with the job's code.
+  std::string exit_path;
 };
+
+// The exit code a shepherd wrote at `path`, nullopt when there is none (yet).
+std::optional<int> ReadExitFile(const std::string& path);
 
 struct Launched {
   pid_t pid = 0;              // also the process group id

@@ -266,6 +266,18 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
   return absl::OkStatus();
 }
 
+absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
+  std::lock_guard lock(mu_);
+  Stmt s(db_, "UPDATE jobs SET pid = ?, pid_start_time = ? WHERE id = ? AND state = 'running'");
+  if (!s.ok()) return SqlError(db_, "preparing an update");
+  s.Bind(1, pid);
+  s.Bind(2, static_cast<int64_t>(start_time));
+  s.Bind(3, id);
+  if (s.Step() != SQLITE_DONE) return SqlError(db_, "updating a job's process");
+  if (sqlite3_changes(db_) != 1) return absl::NotFoundError(fmt::format("job {}: not running", id));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobRecord> Store::Get(int64_t id) {
   std::lock_guard lock(mu_);
   Stmt s(db_, fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobColumns).c_str());

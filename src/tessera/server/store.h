@@ -75,6 +75,9 @@ class Store {
   // states when the transition is not allowed. Nothing changes on failure.
   absl::Status Transition(int64_t id, JobState to, std::string_view reason, double now,
                           const TransitionFields& fields = {});
+  // Records the process of a running job (started after its transition to running was stored, so a
+  // crash in between leaves a running job without a process: lost, never started twice).
+  absl::Status SetProcess(int64_t id, int64_t pid, uint64_t start_time);
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
   absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {}, int limit = 0);

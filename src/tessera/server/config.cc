@@ -1,0 +1,173 @@
+// The server's YAML config file (docs/server.md). Strict: unknown keys and bad values are errors naming
+// the file, the line and the key.
+#include <yaml-cpp/yaml.h>
+
+#include "fmt/format.h"
+#include "tessera/core/gpu.h"
+#include "tessera/server/server.h"
+
+namespace tessera::server {
+namespace {
+
+absl::Status At(const std::string& file, const YAML::Node& n, const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(fmt::format("{}:{}: {}: {}", file, n.Mark().line + 1, key, what));
+}
+
+absl::Status Known(const std::string& file, const YAML::Node& map, std::initializer_list<std::string_view> keys,
+                   const std::string& where) {
+  for (const auto& kv : map) {
+    std::string k = kv.first.as<std::string>();
+    bool ok = false;
+    for (std::string_view x : keys) ok = ok || k == x;
+    if (!ok) return At(file, kv.first, where.empty() ? k : where + "." + k, "unknown key");
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Get(const std::string& file, const YAML::Node& n, const std::string& key, T* out) {
+  try {
+    *out = n.as<T>();
+    return absl::OkStatus();
+  } catch (const YAML::Exception&) {
+    return At(file, n, key, "wrong type or value");
+  }
+}
+
+absl::Status Amount(const std::string& file, const YAML::Node& q, const std::string& key, sched::GpuAmount* a) {
+  if (!q.IsMap()) return At(file, q, key, "expected a map of gpus, gpu_share, gpu_memory");
+  if (absl::Status st = Known(file, q, {"gpus", "gpu_share", "gpu_memory"}, key); !st.ok()) return st;
+  if (q["gpus"]) {
+    int64_t v = 0;
+    if (absl::Status st = Get(file, q["gpus"], key + ".gpus", &v); !st.ok() || v < 0) {
+      return At(file, q["gpus"], key + ".gpus", "expected a whole number >= 0");
+    }
+    a->gpus = v;
+  }
+  if (q["gpu_share"]) {  // in GPUs: 2.5 = two and a half GPUs of compute
+    double v = 0;
+    if (absl::Status st = Get(file, q["gpu_share"], key + ".gpu_share", &v); !st.ok() || v < 0) {
+      return At(file, q["gpu_share"], key + ".gpu_share", "expected GPUs of compute >= 0 (2.5)");
+    }
+    a->gpu_milli = static_cast<int64_t>(v * 1000 + 0.5);
+  }
+  if (q["gpu_memory"]) {
+    auto b = core::ParseBytes(q["gpu_memory"].as<std::string>(""));
+    if (!b) return At(file, q["gpu_memory"], key + ".gpu_memory", "expected a size such as 40GiB");
+    a->gpu_memory_mib = static_cast<int64_t>(*b >> 20);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return absl::NotFoundError(fmt::format("{}: cannot read the config file", path));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(fmt::format("{}:{}: {}", path, e.mark.line + 1, e.msg));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
+  if (absl::Status st = Known(path, root,
+                              {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
+                               "policy", "admins", "quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
+                               "intercept_library", "context_overhead", "poll_interval_s"},
+                              "");
+      !st.ok()) {
+    return st;
+  }
+  for (const char* key : {"socket", "state_dir", "simulate", "fallback_simulate", "nvml_library", "policy",
+                          "intercept_library"}) {
+    if (!root[key]) continue;
+    std::string v;
+    if (absl::Status st = Get(path, root[key], key, &v); !st.ok()) return st;
+    std::string k = key;
+    if (k == "socket") c->socket = v;
+    else if (k == "state_dir") c->state_dir = v;
+    else if (k == "simulate") c->simulate = v;
+    else if (k == "fallback_simulate") c->fallback_simulate = v;
+    else if (k == "nvml_library") c->nvml_library = v;
+    else if (k == "policy") c->policy = v;
+    else c->intercept_library = v;
+  }
+  if (const YAML::Node t = root["tcp"]) {
+    if (!t.IsMap()) return At(path, t, "tcp", "expected a map with listen and tokens");
+    if (absl::Status st = Known(path, t, {"listen", "tokens"}, "tcp"); !st.ok()) return st;
+    if (t["listen"] && !Get(path, t["listen"], "tcp.listen", &c->tcp_listen).ok()) {
+      return At(path, t["listen"], "tcp.listen", "expected host:port");
+    }
+    if (const YAML::Node toks = t["tokens"]) {
+      if (!toks.IsSequence()) return At(path, toks, "tcp.tokens", "expected a list of {token, user, admin}");
+      for (const YAML::Node& tok : toks) {
+        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, "tcp.tokens[]"); !st.ok()) return st;
+        ApiToken a;
+        a.token = tok["token"].as<std::string>("");
+        a.user = tok["user"].as<std::string>("");
+        a.admin = tok["admin"].as<bool>(false);
+        if (a.token.size() < 16) return At(path, tok, "tcp.tokens[].token", "at least 16 characters");
+        if (a.user.empty()) return At(path, tok, "tcp.tokens[].user", "required");
+        c->tokens.push_back(a);
+      }
+    }
+    if (!c->tcp_listen.empty() && c->tokens.empty()) {
+      return At(path, t, "tcp", "a TCP listener needs at least one token");
+    }
+  }
+  if (const YAML::Node a = root["admins"]) {
+    if (!a.IsSequence()) return At(path, a, "admins", "expected a list of user names");
+    for (const YAML::Node& u : a) c->admins.insert(u.as<std::string>());
+  }
+  if (const YAML::Node q = root["quotas"]) {
+    if (!q.IsMap()) return At(path, q, "quotas", "expected a map of user: {gpus, gpu_share, gpu_memory}");
+    for (const auto& kv : q) {
+      std::string user = kv.first.as<std::string>();
+      sched::OwnerQuota oq;
+      if (absl::Status st = Amount(path, kv.second, "quotas." + user, &oq.limit); !st.ok()) return st;
+      c->quotas[user] = oq;
+    }
+  }
+  if (const YAML::Node p = root["preemption"]) {
+    if (!p.IsMap()) return At(path, p, "preemption", "expected a map with requeue and grace_period_s");
+    if (absl::Status st = Known(path, p, {"requeue", "grace_period_s"}, "preemption"); !st.ok()) return st;
+    if (p["requeue"] && !Get(path, p["requeue"], "preemption.requeue", &c->requeue_preempted).ok()) {
+      return At(path, p["requeue"], "preemption.requeue", "expected true or false");
+    }
+    if (p["grace_period_s"]) {
+      if (!Get(path, p["grace_period_s"], "preemption.grace_period_s", &c->grace_period_s).ok() ||
+          c->grace_period_s < 0 || c->grace_period_s > 3600) {
+        return At(path, p["grace_period_s"], "preemption.grace_period_s", "expected seconds in 0..3600");
+      }
+    }
+  }
+  if (const YAML::Node u = root["unhealthy_gpu"]) {
+    c->unhealthy_action = u.as<std::string>("");
+    if (c->unhealthy_action != "requeue" && c->unhealthy_action != "fail") {
+      return At(path, u, "unhealthy_gpu", "expected requeue or fail");
+    }
+  }
+  if (const YAML::Node m = root["max_body_bytes"]) {
+    int64_t v = 0;
+    if (!Get(path, m, "max_body_bytes", &v).ok() || v < 1024 || v > (int64_t{1} << 30)) {
+      return At(path, m, "max_body_bytes", "expected 1024..1073741824");
+    }
+    c->max_body_bytes = static_cast<size_t>(v);
+  }
+  if (const YAML::Node o = root["context_overhead"]) {
+    auto b = core::ParseBytes(o.as<std::string>(""));
+    if (!b) return At(path, o, "context_overhead", "expected a size such as 300MiB");
+    c->context_overhead_bytes = *b;
+  }
+  if (const YAML::Node p = root["poll_interval_s"]) {
+    if (!Get(path, p, "poll_interval_s", &c->poll_interval_s).ok() || c->poll_interval_s < 0.01 ||
+        c->poll_interval_s > 10) {
+      return At(path, p, "poll_interval_s", "expected 0.01..10");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::server

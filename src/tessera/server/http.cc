@@ -1,0 +1,337 @@
+#include "tessera/server/http.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+
+#include "fmt/format.h"
+
+namespace tessera::server {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using local = asio::local::stream_protocol;
+using tcp = asio::ip::tcp;
+
+std::string UrlDecode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+namespace {
+
+void SplitTarget(const std::string& target, HttpRequest& r) {
+  size_t q = target.find('?');
+  r.path = UrlDecode(target.substr(0, q));
+  if (q == std::string::npos) return;
+  std::string_view rest = std::string_view(target).substr(q + 1);
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view kv = rest.substr(0, amp);
+    size_t eq = kv.find('=');
+    r.query[UrlDecode(kv.substr(0, eq))] = eq == std::string_view::npos ? "" : UrlDecode(kv.substr(eq + 1));
+    if (amp == std::string_view::npos) break;
+    rest = rest.substr(amp + 1);
+  }
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  HttpHandler handler;
+  asio::io_context io;
+  std::unique_ptr<local::acceptor> unix_acceptor;
+  std::unique_ptr<tcp::acceptor> tcp_acceptor;
+  std::thread unix_thread, tcp_thread;
+  std::atomic<bool> stopping{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<int> open_fds;  // live connections, shut down on Stop
+  int live = 0;
+
+  HttpResponse Error(int status, const std::string& message) {
+    if (options.error_response) return options.error_response(status, message);
+    return HttpResponse{status, "text/plain", message};
+  }
+
+  template <typename Socket>
+  void Serve(Socket sock, Peer peer) {
+    beast::flat_buffer buffer;
+    for (;;) {
+      http::request_parser<http::string_body> parser;
+      parser.body_limit(options.max_body_bytes);
+      parser.header_limit(16 * 1024);
+      beast::error_code ec;
+      http::read(sock, buffer, parser, ec);
+      HttpResponse res;
+      bool keep_alive = false;
+      unsigned version = 11;
+      if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset) {
+        break;
+      } else if (ec == http::error::body_limit) {
+        res = Error(413, fmt::format("request body over the limit of {} bytes", options.max_body_bytes));
+      } else if (ec == http::error::header_limit) {
+        res = Error(431, "request headers over the limit of 16 KiB");
+      } else if (ec) {
+        if (parser.got_some() && !stopping) res = Error(400, "malformed HTTP request: " + ec.message());
+        else break;
+      } else {
+        auto& msg = parser.get();
+        HttpRequest req;
+        req.method = std::string(msg.method_string());
+        req.target = std::string(msg.target());
+        SplitTarget(req.target, req);
+        req.authorization = std::string(msg[http::field::authorization]);
+        req.content_type = std::string(msg[http::field::content_type]);
+        req.body = std::move(msg.body());
+        req.peer = peer;
+        keep_alive = msg.keep_alive();
+        version = msg.version();
+        try {
+          res = handler(req);
+        } catch (const std::exception& e) {
+          res = Error(500, std::string("internal error: ") + e.what());
+        }
+      }
+      http::response<http::string_body> out{static_cast<http::status>(res.status), version};
+      out.set(http::field::server, "tessera");
+      out.set(http::field::content_type, res.content_type);
+      out.keep_alive(keep_alive);
+      out.body() = std::move(res.body);
+      out.prepare_payload();
+      http::write(sock, out, ec);
+      if (ec || !keep_alive) break;
+    }
+    beast::error_code ignored;
+    sock.shutdown(Socket::shutdown_both, ignored);
+    sock.close(ignored);
+  }
+
+  template <typename Socket>
+  void Spawn(Socket sock, Peer peer) {
+    const int fd = sock.native_handle();
+    {
+      std::lock_guard lock(mu);
+      open_fds.insert(fd);
+      ++live;
+    }
+    std::thread([this, s = std::move(sock), peer, fd]() mutable {
+      Serve(std::move(s), peer);
+      std::lock_guard lock(mu);
+      open_fds.erase(fd);
+      --live;
+      cv.notify_all();
+    }).detach();
+  }
+
+  void AcceptUnix() {
+    while (!stopping) {
+      beast::error_code ec;
+      local::socket sock(io);
+      unix_acceptor->accept(sock, ec);
+      if (ec) {
+        if (stopping) return;
+        continue;
+      }
+      Peer peer;
+      peer.unix_socket = true;
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      if (getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        peer.uid = cred.uid, peer.gid = cred.gid, peer.pid = cred.pid;
+      } else {
+        continue;  // no credentials, no identity: refuse the connection
+      }
+      Spawn(std::move(sock), peer);
+    }
+  }
+
+  void AcceptTcp() {
+    while (!stopping) {
+      beast::error_code ec;
+      tcp::socket sock(io);
+      tcp_acceptor->accept(sock, ec);
+      if (ec) {
+        if (stopping) return;
+        continue;
+      }
+      Peer peer;
+      auto ep = sock.remote_endpoint(ec);
+      if (!ec) peer.address = fmt::format("{}:{}", ep.address().to_string(), ep.port());
+      Spawn(std::move(sock), peer);
+    }
+  }
+};
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options, HttpHandler handler) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->handler = std::move(handler);
+  const std::string& path = impl->options.unix_path;
+  if (path.empty()) return absl::InvalidArgumentError("no unix socket path");
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(fmt::format("socket path {} is too long for a unix socket", path));
+  }
+  // A socket file left by a server that is gone is replaced; a live server's is not.
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(fmt::format("{} exists and is not a socket", path));
+    }
+    local::socket probe(impl->io);
+    beast::error_code ec;
+    probe.connect(local::endpoint(path), ec);
+    if (!ec) return absl::FailedPreconditionError(fmt::format("a server is already listening on {}", path));
+    unlink(path.c_str());
+  }
+  beast::error_code ec;
+  impl->unix_acceptor = std::make_unique<local::acceptor>(impl->io);
+  impl->unix_acceptor->open(local::endpoint(path).protocol(), ec);
+  if (!ec) impl->unix_acceptor->bind(local::endpoint(path), ec);
+  if (!ec) impl->unix_acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return absl::UnavailableError(fmt::format("cannot listen on {}: {}", path, ec.message()));
+  // Anyone on the machine may connect: who they are comes from the peer credentials.
+  chmod(path.c_str(), 0666);
+  int port = 0;
+  if (!impl->options.tcp_address.empty()) {
+    const std::string& a = impl->options.tcp_address;
+    size_t colon = a.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(fmt::format("TCP address '{}': expected host:port", a));
+    }
+    std::string host = a.substr(0, colon);
+    int want = 0;
+    try {
+      want = std::stoi(a.substr(colon + 1));
+    } catch (...) {
+      want = -1;
+    }
+    if (want < 0 || want > 65535) return absl::InvalidArgumentError(fmt::format("TCP address '{}': bad port", a));
+    auto address = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
+    if (ec) return absl::InvalidArgumentError(fmt::format("TCP address '{}': {}", a, ec.message()));
+    tcp::endpoint ep(address, static_cast<unsigned short>(want));
+    impl->tcp_acceptor = std::make_unique<tcp::acceptor>(impl->io);
+    impl->tcp_acceptor->open(ep.protocol(), ec);
+    if (!ec) impl->tcp_acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) impl->tcp_acceptor->bind(ep, ec);
+    if (!ec) impl->tcp_acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return absl::UnavailableError(fmt::format("cannot listen on {}: {}", a, ec.message()));
+    port = impl->tcp_acceptor->local_endpoint().port();
+  }
+  Impl* raw = impl.get();
+  raw->unix_thread = std::thread([raw] { raw->AcceptUnix(); });
+  if (raw->tcp_acceptor) raw->tcp_thread = std::thread([raw] { raw->AcceptTcp(); });
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(impl)));
+  server->tcp_port_ = port;
+  return server;
+}
+
+void HttpServer::Stop() {
+  if (!impl_ || impl_->stopping.exchange(true)) return;
+  // Wake the blocked accepts, then every connection, and wait for their threads.
+  ::shutdown(impl_->unix_acceptor->native_handle(), SHUT_RDWR);
+  if (impl_->tcp_acceptor) ::shutdown(impl_->tcp_acceptor->native_handle(), SHUT_RDWR);
+  if (impl_->unix_thread.joinable()) impl_->unix_thread.join();
+  if (impl_->tcp_thread.joinable()) impl_->tcp_thread.join();
+  beast::error_code ec;
+  impl_->unix_acceptor->close(ec);
+  if (impl_->tcp_acceptor) impl_->tcp_acceptor->close(ec);
+  unlink(impl_->options.unix_path.c_str());
+  std::unique_lock lock(impl_->mu);
+  for (int fd : impl_->open_fds) ::shutdown(fd, SHUT_RDWR);
+  impl_->cv.wait(lock, [&] { return impl_->live == 0; });
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+// ---- client ----
+
+struct HttpClient::Conn {
+  asio::io_context io;
+  std::unique_ptr<local::socket> unix_sock;
+  std::unique_ptr<tcp::socket> tcp_sock;
+  beast::flat_buffer buffer;
+};
+
+HttpClient::HttpClient(std::string endpoint, std::string bearer_token)
+    : endpoint_(std::move(endpoint)), token_(std::move(bearer_token)) {}
+HttpClient::~HttpClient() = default;
+
+absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const std::string& target,
+                                              const std::string& body) {
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, "tessera");
+  req.set(http::field::user_agent, "tessera-cli");
+  if (!token_.empty()) req.set(http::field::authorization, "Bearer " + token_);
+  if (!body.empty()) req.set(http::field::content_type, "application/json");
+  req.keep_alive(true);
+  req.body() = body;
+  req.prepare_payload();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    beast::error_code ec;
+    if (!conn_) {
+      conn_ = std::make_unique<Conn>();
+      if (endpoint_.rfind("tcp://", 0) == 0) {
+        std::string hp = endpoint_.substr(6);
+        size_t colon = hp.rfind(':');
+        tcp::resolver resolver(conn_->io);
+        auto results = resolver.resolve(hp.substr(0, colon), colon == std::string::npos ? "80" : hp.substr(colon + 1), ec);
+        conn_->tcp_sock = std::make_unique<tcp::socket>(conn_->io);
+        if (!ec) asio::connect(*conn_->tcp_sock, results, ec);
+      } else {
+        conn_->unix_sock = std::make_unique<local::socket>(conn_->io);
+        conn_->unix_sock->connect(local::endpoint(endpoint_), ec);
+      }
+      if (ec) {
+        conn_.reset();
+        return absl::UnavailableError(
+            fmt::format("cannot reach the Tessera server at {}: {} (is `tessera server` running?)", endpoint_,
+                        ec.message()));
+      }
+    }
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(1ull << 30);
+    if (conn_->unix_sock) {
+      http::write(*conn_->unix_sock, req, ec);
+      if (!ec) http::read(*conn_->unix_sock, conn_->buffer, parser, ec);
+    } else {
+      http::write(*conn_->tcp_sock, req, ec);
+      if (!ec) http::read(*conn_->tcp_sock, conn_->buffer, parser, ec);
+    }
+    if (ec) {
+      conn_.reset();  // a kept-alive connection the server closed: once more on a new one
+      if (attempt == 0) continue;
+      return absl::UnavailableError(fmt::format("request to {} failed: {}", endpoint_, ec.message()));
+    }
+    auto& msg = parser.get();
+    HttpResponse r;
+    r.status = static_cast<int>(msg.result_int());
+    r.content_type = std::string(msg[http::field::content_type]);
+    r.body = std::move(msg.body());
+    if (!msg.keep_alive()) conn_.reset();
+    return r;
+  }
+  return absl::UnavailableError("unreachable");
+}
+
+}  // namespace tessera::server

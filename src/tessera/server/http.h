@@ -1,0 +1,93 @@
+#pragma once
+// HTTP/1.1 for the standalone server, on a unix socket (the caller's identity from the socket's peer
+// credentials) and optionally TCP. Built on Boost.Beast: one thread per connection, keep-alive, a body
+// size limit (413) and a header size limit; Stop closes every connection. The client side
+// is what the CLI and the tests use. Knows nothing of the API: a handler turns requests into responses.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace tessera::server {
+
+struct Peer {
+  bool unix_socket = false;  // true: uid/gid/pid are the kernel's word for who connected
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+  std::string address;  // TCP: "ip:port"
+};
+
+struct HttpRequest {
+  std::string method;  // "GET"
+  std::string target;  // "/v1/jobs?state=running"
+  std::string path;    // "/v1/jobs"
+  std::map<std::string, std::string> query;  // decoded
+  std::string authorization;                 // the Authorization header
+  std::string content_type;
+  std::string body;
+  Peer peer;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+
+struct HttpServerOptions {
+  std::string unix_path;         // required; replaced if a stale socket file is there
+  std::string tcp_address;       // "127.0.0.1:8080", ":0" for any free port; empty: no TCP
+  size_t max_body_bytes = 1 << 20;
+  // Answer for bodies over the limit and unreadable requests; the handler never sees them.
+  std::function<HttpResponse(int status, const std::string& message)> error_response;
+};
+
+class HttpServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options, HttpHandler handler);
+  ~HttpServer();
+  void Stop();
+  int tcp_port() const { return tcp_port_; }
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  int tcp_port_ = 0;
+};
+
+// A blocking client for one server: a unix socket path, or "tcp://host:port".
+class HttpClient {
+ public:
+  explicit HttpClient(std::string endpoint, std::string bearer_token = "");
+  ~HttpClient();
+  // Sends one request on a kept-alive connection (reconnecting when needed). kUnavailable when the
+  // server cannot be reached, naming the endpoint.
+  absl::StatusOr<HttpResponse> Send(const std::string& method, const std::string& target,
+                                    const std::string& body = "");
+
+  struct Conn;
+
+ private:
+  std::string endpoint_;
+  std::string token_;
+  std::unique_ptr<Conn> conn_;
+};
+
+// "a%20b" -> "a b"; "+" is kept.
+std::string UrlDecode(std::string_view s);
+
+}  // namespace tessera::server

@@ -1,0 +1,45 @@
+#pragma once
+// A job as submitted to the standalone server (POST /v1/jobs): parsed strictly from JSON - wrong types,
+// out-of-range values and unknown fields are refused with the field's name - and turned into a
+// scheduling request.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+#include "tessera/core/request.h"
+
+namespace tessera::server {
+
+struct JobSpec {
+  std::vector<std::string> command;  // argv; required
+  std::map<std::string, std::string> env;
+  std::string workdir;  // absolute; empty: the server's state directory
+  std::string name;
+  std::map<std::string, std::string> labels;
+  // Resources: whole GPUs, or a fraction of one (compute share in thousandths and/or memory).
+  int gpus = 0;
+  int gpu_milli = 0;
+  int64_t gpu_memory_mib = 0;
+  std::vector<std::string> models;  // acceptable GPU models (substring match); empty: any
+  int64_t min_gpu_memory_mib = 0;
+  std::string topology = "none";  // none | prefer | require (NVLink between the GPUs)
+  int priority = 0;               // -1000..1000, higher first
+  bool preemptible = true;
+  double max_runtime_s = 0;  // 0: none
+  std::string image;         // run in a container (podman) with the GPUs as CDI devices
+};
+
+// kInvalidArgument naming the field ("resources.gpu_share: expected a share between 1% and 100%").
+absl::StatusOr<JobSpec> ParseJobSpec(std::string_view json);
+absl::StatusOr<JobSpec> JobSpecFromJson(const nlohmann::json& j);
+nlohmann::json JobSpecToJson(const JobSpec& spec);
+
+// The scheduling request for a job.
+core::Request RequestOf(const JobSpec& spec, int64_t job_id, const std::string& owner);
+
+}  // namespace tessera::server

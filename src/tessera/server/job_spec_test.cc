@@ -1,0 +1,68 @@
+#include "tessera/server/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(JobSpec, ParsesAFullSpec) {
+  auto s = ParseJobSpec(R"({"command": ["python", "train.py"], "env": {"A": "1"}, "workdir": "/data",
+      "name": "t", "labels": {"team": "nlp"}, "priority": 5, "preemptible": false, "max_runtime_s": 60,
+      "resources": {"gpu_memory": "10GiB", "gpu_share": "30%", "model": "H100"}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->command, (std::vector<std::string>{"python", "train.py"}));
+  EXPECT_EQ(s->gpu_memory_mib, 10240);
+  EXPECT_EQ(s->gpu_milli, 300);
+  EXPECT_EQ(s->models, std::vector<std::string>{"H100"});
+  EXPECT_EQ(s->priority, 5);
+  EXPECT_FALSE(s->preemptible);
+  // Round trip through the stored form.
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*s));
+  core::Request r = RequestOf(*s, 7, "alice");
+  EXPECT_EQ(r.id, "7");
+  EXPECT_TRUE(r.fractional());
+  EXPECT_EQ(r.owner, "alice");
+}
+
+TEST(JobSpec, RefusesBadInputNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"", "malformed JSON"},
+      {"{", "malformed JSON"},
+      {"[]", "expected a JSON object"},
+      {"{}", "command: required"},
+      {R"({"command": []})", "command: expected a non-empty array"},
+      {R"({"command": "ls"})", "command: expected a non-empty array"},
+      {R"({"command": [1]})", "command[0]: expected a string, got number"},
+      {R"({"command": ["ls"], "gpus": 1})", "unknown field 'gpus'"},
+      {R"({"command": ["ls"], "resources": {"gpu": 1}})", "resources: unknown field 'gpu'"},
+      {R"({"command": ["ls"], "resources": {"gpus": "2"}})", "resources.gpus: expected a whole number, got string"},
+      {R"({"command": ["ls"], "resources": {"gpus": 65}})", "resources.gpus: expected 0..64"},
+      {R"({"command": ["ls"], "resources": {"gpu_share": 150}})", "resources.gpu_share"},
+      {R"({"command": ["ls"], "resources": {"gpu_memory": "lots"}})", "resources.gpu_memory"},
+      {R"({"command": ["ls"], "resources": {"gpus": 1, "gpu_share": 30}})", "not both"},
+      {R"({"command": ["ls"], "resources": {"gpus": 1, "topology": "require"}})", "2 or more whole GPUs"},
+      {R"({"command": ["ls"], "priority": 1.5})", "priority: expected a whole number"},
+      {R"({"command": ["ls"], "priority": 5000})", "priority: expected -1000..1000"},
+      {R"({"command": ["ls"], "env": {"A": 1}})", "env.A: expected a string"},
+      {R"({"command": ["ls"], "env": {"A=B": "1"}})", "env: bad name"},
+      {R"({"command": ["ls"], "workdir": "rel"})", "workdir: expected an absolute path"},
+      {R"({"command": ["ls"], "max_runtime_s": -1})", "max_runtime_s"},
+      {R"({"command": ["ls"], "preemptible": "yes"})", "preemptible: expected true or false"},
+  };
+  for (const auto& [text, want] : cases) {
+    auto s = ParseJobSpec(text);
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(want)) << text;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::server

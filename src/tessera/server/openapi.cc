@@ -1,0 +1,72 @@
+#include "tessera/server/openapi.h"
+
+namespace tessera::server {
+
+std::string_view OpenApiDocument() {
+  static constexpr std::string_view kDoc = R"json({
+  "openapi": "3.0.3",
+  "info": {"title": "Tessera standalone server", "version": "1",
+           "description": "Jobs on a shared GPU machine. Unix socket (identity from peer credentials) or TCP with a bearer token. Errors are {code, message} with a 4xx/5xx status."},
+  "paths": {
+    "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
+    "/v1/info": {"get": {"summary": "Server, machine (simulated or not) and caller", "responses": {"200": {"description": "info"}}}},
+    "/v1/gpus": {"get": {"summary": "GPUs with health, allocation and jobs", "responses": {"200": {"description": "GPUs"}}}},
+    "/v1/jobs": {
+      "get": {"summary": "Jobs, oldest first",
+              "parameters": [{"name": "state", "in": "query", "schema": {"type": "string"}, "description": "comma-separated states"},
+                             {"name": "user", "in": "query", "schema": {"type": "string"}},
+                             {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100000}, "description": "the newest N"}],
+              "responses": {"200": {"description": "{jobs: [Job]}"}, "400": {"$ref": "#/components/responses/Error"}}},
+      "post": {"summary": "Submit a job; stored durably before the answer",
+               "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}},
+               "responses": {"201": {"description": "the Job"}, "400": {"$ref": "#/components/responses/Error"},
+                             "403": {"$ref": "#/components/responses/Error"}, "413": {"$ref": "#/components/responses/Error"},
+                             "415": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}": {"get": {"summary": "A job with its events", "parameters": [{"$ref": "#/components/parameters/Id"}],
+                              "responses": {"200": {"description": "Job"}, "404": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}/events": {"get": {"summary": "Every transition with its reason", "parameters": [{"$ref": "#/components/parameters/Id"}],
+                                     "responses": {"200": {"description": "{events: [...]}"}, "404": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}/logs": {"get": {"summary": "Output from a byte offset (at most 1 MiB per call)",
+                                   "parameters": [{"$ref": "#/components/parameters/Id"},
+                                                  {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
+                                                  {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
+                                   "responses": {"200": {"description": "{data, offset, next_offset, ended, state}"}, "404": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}/cancel": {"post": {"summary": "Cancel (owner or admin): SIGTERM, then SIGKILL after the grace period",
+                                      "parameters": [{"$ref": "#/components/parameters/Id"}],
+                                      "responses": {"200": {"description": "Job"}, "403": {"$ref": "#/components/responses/Error"},
+                                                    "404": {"$ref": "#/components/responses/Error"}, "409": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3"}}}},
+    "/metrics": {"get": {"summary": "Prometheus text format (docs/metrics.md)", "responses": {"200": {"description": "metrics"}}}}
+  },
+  "components": {
+    "parameters": {"Id": {"name": "id", "in": "path", "required": true, "schema": {"type": "integer", "minimum": 1}}},
+    "responses": {"Error": {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+    "schemas": {
+      "Error": {"type": "object", "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}}},
+      "JobSpec": {"type": "object", "additionalProperties": false, "required": ["command"],
+        "properties": {
+          "command": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+          "env": {"type": "object", "additionalProperties": {"type": "string"}},
+          "workdir": {"type": "string", "description": "absolute path"},
+          "name": {"type": "string", "maxLength": 128},
+          "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+          "resources": {"type": "object", "additionalProperties": false,
+            "properties": {
+              "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
+              "gpu_memory": {"oneOf": [{"type": "string", "example": "10GiB"}, {"type": "integer", "description": "MiB"}]},
+              "gpu_share": {"oneOf": [{"type": "string", "example": "30%"}, {"type": "number", "description": "percent"}]},
+              "model": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+              "min_gpu_memory": {"type": "string"},
+              "topology": {"type": "string", "enum": ["none", "prefer", "require"]}}},
+          "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
+          "preemptible": {"type": "boolean"},
+          "max_runtime_s": {"type": "number", "exclusiveMinimum": 0},
+          "image": {"type": "string", "description": "not built yet: refused"}}}
+    }
+  }
+})json";
+  return kDoc;
+}
+
+}  // namespace tessera::server

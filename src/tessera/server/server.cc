@@ -1,0 +1,944 @@
+#include "tessera/server/server.h"
+
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/core/clock.h"
+#include "tessera/devices/health.h"
+#include "tessera/devices/open.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sched/scheduler.h"
+#include "tessera/server/openapi.h"
+#include "tessera/server/runner.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+HttpResponse JsonResponse(int status, const json& j) {
+  return HttpResponse{status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace)};
+}
+
+HttpResponse Error(int status, const std::string& message) {
+  static const std::map<int, std::string> kCodes = {
+      {400, "bad_request"}, {401, "unauthorized"}, {403, "forbidden"},      {404, "not_found"},
+      {405, "method_not_allowed"}, {409, "conflict"}, {413, "payload_too_large"},
+      {415, "unsupported_media_type"}, {431, "headers_too_large"}, {500, "internal"}, {503, "unavailable"}};
+  auto it = kCodes.find(status);
+  return JsonResponse(status, json{{"code", it == kCodes.end() ? "error" : it->second}, {"message", message}});
+}
+
+std::string UserName(uid_t uid) {
+  passwd pw;
+  passwd* found = nullptr;
+  char buf[4096];
+  if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) return pw.pw_name;
+  return fmt::format("uid:{}", uid);
+}
+
+std::string Hostname() {
+  char buf[256] = "";
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Compares two secrets in time that depends only on their length.
+bool SameSecret(const std::string& a, const std::string& b) {
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::optional<int64_t> ParseId(std::string_view s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v > 0 ? std::optional(v) : std::nullopt;
+}
+
+std::string Escape(std::string_view v) {  // a Prometheus label value
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+json JobJson(const JobRecord& r) {
+  json j;
+  j["id"] = r.id;
+  j["name"] = r.name;
+  j["owner"] = r.owner;
+  j["state"] = std::string(JobStateName(r.state));
+  j["priority"] = r.priority;
+  j["submitted_at"] = r.submitted_at;
+  j["started_at"] = r.started_at ? json(*r.started_at) : json(nullptr);
+  j["ended_at"] = r.ended_at ? json(*r.ended_at) : json(nullptr);
+  j["exit_code"] = r.exit_code ? json(*r.exit_code) : json(nullptr);
+  j["reason"] = r.reason;
+  j["placement"] = r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
+  j["spec"] = json::parse(r.spec_json, nullptr, false);
+  return j;
+}
+
+}  // namespace
+
+std::string DefaultSocketPath() {
+  if (geteuid() == 0) return "/run/tessera/tessera.sock";
+  const char* xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg && *xdg) return std::string(xdg) + "/tessera.sock";
+  return fmt::format("/tmp/tessera-{}.sock", geteuid());
+}
+
+ServerConfig DefaultServerConfig() {
+  ServerConfig c;
+  c.socket = DefaultSocketPath();
+  if (geteuid() == 0) {
+    c.state_dir = "/var/lib/tessera";
+  } else {
+    const char* home = getenv("HOME");
+    c.state_dir = std::string(home && *home ? home : "/tmp") + "/.local/state/tessera";
+  }
+  return c;
+}
+
+// ---- the daemon ----
+
+Server::Server(ServerConfig config) : config_(std::move(config)) {
+  latency_buckets_ = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  latency_counts_.assign(latency_buckets_.size(), 0);
+}
+
+Server::~Server() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
+  std::unique_ptr<Server> s(new Server(std::move(config)));
+  const ServerConfig& c = s->config_;
+  std::error_code ec;
+  for (const char* sub : {"", "/logs", "/regions", "/exit"}) {
+    fs::create_directories(c.state_dir + sub, ec);
+    if (ec) return absl::FailedPreconditionError(fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
+  }
+  fs::create_directories(fs::path(c.socket).parent_path(), ec);
+  auto store = Store::Open(c.state_dir + "/tessera.db");
+  if (!store.ok()) return store.status();
+  s->store_ = std::move(*store);
+
+  devices::OpenOptions open;
+  open.simulate = c.simulate;
+  open.fallback_simulate = c.fallback_simulate;
+  open.nvml_library = c.nvml_library;
+  auto opened = devices::OpenDeviceSource(open);
+  if (!opened.ok()) return opened.status();
+  s->source_ = std::move(opened->source);
+  s->fallback_reason_ = opened->fallback_reason;
+  auto inv = s->source_->Discover();
+  if (!inv.ok()) return inv.status();
+  s->inventory_ = *inv;
+  s->hostname_ = s->inventory_.hostname.empty() ? Hostname() : s->inventory_.hostname;
+
+  sched::SchedulerConfig sc;
+  auto policies = sched::ParsePolicies(c.policy);
+  if (!policies.ok()) return absl::InvalidArgumentError(fmt::format("policy: {}", std::string(policies.status().message())));
+  sc.policies = *policies;
+  s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,
+                                                static_cast<int64_t>(pages) * page / (1 << 20));
+  if (auto n = s->scheduler_->AddNode(node); !n.ok()) return n.status();
+  for (const auto& [user, q] : c.quotas) s->scheduler_->quotas().Set(user, q);
+  const size_t n = s->inventory_.gpus.size();
+  s->gpu_healthy_.assign(n, true);
+  s->gpu_health_reason_.assign(n, "");
+  s->gpu_xids_.assign(n, 0);
+  return s;
+}
+
+int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }
+
+absl::Status Server::Recover() {
+  const double now = Now();
+  auto jobs = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
+  if (!jobs.ok()) return jobs.status();
+  int adopted = 0, requeued = 0, ended = 0;
+  std::lock_guard lock(mu_);
+  for (const JobRecord& r : *jobs) {
+    auto spec = ParseJobSpec(r.spec_json);
+    if (!spec.ok()) {
+      spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id, std::string(spec.status().message()));
+      continue;
+    }
+    if (r.state == JobState::kPreempted) {
+      if (!config_.requeue_preempted) continue;
+      if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok()) ++requeued;
+    }
+    if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
+      if (r.state == JobState::kPreempted && !config_.requeue_preempted) continue;
+      queued_[r.id] = Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, "recovered after a restart"};
+      submitted_at_[r.id] = r.submitted_at;
+      continue;
+    }
+    // Running when the last server stopped.
+    const std::string exit_path = fmt::format("{}/exit/{}", config_.state_dir, r.id);
+    if (r.pid > 0 && SameProcess(static_cast<pid_t>(r.pid), r.pid_start_time)) {
+      json placement = json::parse(r.placement_json, nullptr, false);
+      sched::Allocation a;
+      a.id = std::to_string(r.id);
+      a.node = 0;
+      a.request = RequestOf(*spec, r.id, r.owner);
+      if (placement.is_object()) {
+        for (const auto& g : placement.value("gpus", json::array())) a.gpus.push_back(g.value("index", 0));
+        a.milli_per_gpu = placement.value("milli_per_gpu", 0);
+        a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
+      }
+      a.start_time = r.started_at.value_or(now);
+      if (absl::Status st = scheduler_->Restore(a); !st.ok()) {
+        spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id, std::string(st.message()));
+        SignalGroup(static_cast<pid_t>(r.pid), SIGKILL);
+        (void)store_->Transition(r.id, JobState::kLost, fmt::format("cannot re-adopt: {}", std::string(st.message())), now);
+        continue;
+      }
+      Running run;
+      run.id = r.id;
+      run.pid = static_cast<pid_t>(r.pid);
+      run.start_time = r.pid_start_time;
+      run.adopted = true;
+      run.gpus = a.gpus;
+      run.started = r.started_at.value_or(now);
+      run.max_runtime_s = spec->max_runtime_s;
+      run.memory_limit_mib = spec->gpu_memory_mib;
+      run.gpu_milli = spec->gpu_milli;
+      if (spec->gpus == 0 && (spec->gpu_milli > 0 || spec->gpu_memory_mib > 0)) {
+        run.region = fmt::format("{}/regions/{}.region", config_.state_dir, r.id);
+      }
+      running_[r.id] = run;
+      ++adopted;
+      spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
+      continue;
+    }
+    ++ended;
+    std::optional<int> code = r.pid > 0 ? ReadExitFile(exit_path) : std::nullopt;
+    TransitionFields f;
+    f.ended_at = now;
+    if (code) {
+      f.exit_code = *code;
+      (void)store_->Transition(r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
+                               fmt::format("ended with exit code {} while the server was down", *code), now, f);
+    } else {
+      (void)store_->Transition(r.id, JobState::kLost,
+                               r.pid > 0 ? "its process ended while the server was down, exit status unknown"
+                                         : "the server stopped while starting it",
+                               now, f);
+    }
+    std::error_code ec;
+    fs::remove(exit_path, ec);
+  }
+  spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down", queued_.size(),
+               adopted, requeued, ended);
+  return absl::OkStatus();
+}
+
+absl::Status Server::Start() {
+  if (!inventory_.simulated) {
+    spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version, inventory_.gpus.size());
+  } else if (!fallback_reason_.empty()) {
+    spdlog::warn("SIMULATED machine ({}) because {}: jobs get no real GPU", inventory_.source, fallback_reason_);
+  } else {
+    spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
+  }
+  if (absl::Status st = Recover(); !st.ok()) return st;
+  devices::HealthPolicy hp;
+  health_ = std::make_unique<devices::HealthWatch>(
+      *source_, static_cast<int>(inventory_.gpus.size()), hp, core::SteadyClock::Get(),
+      [this](int gpu, const devices::GpuHealth& h) { OnHealth(gpu, h.healthy, h.reason); });
+  health_->Start();
+  loop_ = std::thread([this] { Loop(); });
+  HttpServerOptions ho;
+  ho.unix_path = config_.socket;
+  ho.tcp_address = config_.tcp_listen;
+  ho.max_body_bytes = config_.max_body_bytes;
+  ho.error_response = [](int status, const std::string& message) { return Error(status, message); };
+  auto http = HttpServer::Start(ho, [this](const HttpRequest& r) { return Handle(r); });
+  if (!http.ok()) {
+    Stop();
+    return http.status();
+  }
+  http_ = std::move(*http);
+  spdlog::info("listening on {}{}", config_.socket,
+               config_.tcp_listen.empty() ? "" : fmt::format(" and tcp port {}", http_->tcp_port()));
+  return absl::OkStatus();
+}
+
+void Server::Stop() {
+  if (stop_.exchange(true)) return;
+  if (http_) http_->Stop();
+  wake_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  if (health_) health_->Stop();
+  // Jobs keep running: a restarted server re-adopts them.
+}
+
+void Server::OnHealth(int gpu, bool healthy, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  if (gpu < 0 || gpu >= static_cast<int>(gpu_healthy_.size())) return;
+  gpu_healthy_[gpu] = healthy;
+  gpu_health_reason_[gpu] = reason;
+  (void)scheduler_->SetGpuHealth(0, gpu, healthy);
+  if (healthy) {
+    spdlog::info("GPU {} is healthy again", gpu);
+  } else {
+    spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
+    const double now = Now();
+    for (auto& [id, r] : running_) {
+      if (std::find(r.gpus.begin(), r.gpus.end(), gpu) != r.gpus.end()) {
+        RequestStop(r, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason), now);
+      }
+    }
+  }
+  dirty_ = true;
+  wake_.notify_all();
+}
+
+void Server::Loop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    const double now = Now();
+    CheckRunning(now);
+    if (dirty_) {
+      dirty_ = false;
+      auto t0 = std::chrono::steady_clock::now();
+      SchedulePass(now);
+      last_pass_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++passes_;
+    }
+    if (dirty_) continue;
+    wake_.wait_for(lock, std::chrono::duration<double>(config_.poll_interval_s));
+  }
+}
+
+void Server::RequestStop(Running& r, const std::string& why, const std::string& reason, double now) {
+  if (!r.stop.empty()) return;
+  r.stop = why;
+  r.stop_reason = reason;
+  r.stop_at = now;
+  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason, config_.grace_period_s);
+  if (!SignalGroup(r.pid, SIGTERM)) SignalGroup(r.pid, SIGKILL);
+}
+
+void Server::CheckRunning(double now) {
+  std::vector<std::pair<int64_t, std::optional<int>>> ended;
+  for (auto& [id, r] : running_) {
+    std::optional<int> code;
+    bool gone = false;
+    if (!r.adopted) {
+      code = Reap(r.pid);
+      gone = code.has_value();
+    } else if (!SameProcess(r.pid, r.start_time)) {
+      gone = true;
+      code = ReadExitFile(fmt::format("{}/exit/{}", config_.state_dir, id));
+    }
+    if (gone) {
+      ended.emplace_back(id, code);
+      continue;
+    }
+    if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
+      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s), now);
+    }
+    if (!r.stop.empty() && !r.killed && now - r.stop_at >= config_.grace_period_s) {
+      spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, config_.grace_period_s);
+      SignalGroup(r.pid, SIGKILL);
+      r.killed = true;
+    }
+  }
+  for (auto& [id, code] : ended) {
+    Finish(running_[id], code.value_or(-1), code.has_value(), now);
+    running_.erase(id);
+  }
+}
+
+void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
+  (void)scheduler_->Release(std::to_string(r.id));
+  std::error_code ec;
+  fs::remove(fmt::format("{}/exit/{}", config_.state_dir, r.id), ec);
+  if (!r.region.empty()) fs::remove(r.region, ec);
+  TransitionFields f;
+  f.ended_at = now;
+  if (exit_known) f.exit_code = exit_code;
+  JobState to;
+  std::string reason;
+  bool requeue = false;
+  if (r.stop == "cancel") {
+    to = JobState::kCancelled, reason = r.stop_reason;
+  } else if (r.stop == "preempt") {
+    to = JobState::kPreempted, reason = r.stop_reason, requeue = config_.requeue_preempted;
+  } else if (r.stop == "unhealthy") {
+    requeue = config_.unhealthy_action == "requeue";
+    to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
+  } else if (r.stop == "timeout") {
+    to = JobState::kFailed, reason = r.stop_reason;
+  } else if (!exit_known) {
+    to = JobState::kLost, reason = "its process ended while the server was not its parent; exit status unknown";
+  } else if (exit_code == 0) {
+    to = JobState::kSucceeded, reason = "exit code 0";
+  } else {
+    to = JobState::kFailed;
+    reason = exit_code > 128 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
+                             : fmt::format("exit code {}", exit_code);
+  }
+  if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
+    spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
+    return;
+  }
+  spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
+  if (requeue) {
+    auto rec = store_->Get(r.id);
+    auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
+    if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
+      queued_[r.id] = Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, "re-queued"};
+      submitted_at_[r.id] = now;
+    }
+  }
+  dirty_ = true;
+}
+
+absl::Status Server::StartJob(Queued& q, double now) {
+  const sched::Allocation* a = scheduler_->state().Find(std::to_string(q.id));
+  json placement;
+  placement["gpus"] = json::array();
+  std::vector<std::string> uuids;
+  for (int g : a->gpus) {
+    const core::Gpu& gpu = inventory_.gpus[g];
+    placement["gpus"].push_back({{"index", g}, {"uuid", gpu.uuid}, {"model", gpu.model}});
+    uuids.push_back(gpu.uuid);
+  }
+  placement["milli_per_gpu"] = a->milli_per_gpu;
+  placement["memory_mib_per_gpu"] = a->memory_mib_per_gpu;
+  std::string where = a->gpus.empty() ? "no GPU" : fmt::format("GPU {}", fmt::join(a->gpus, ","));
+  TransitionFields f;
+  f.started_at = now;
+  f.placement_json = placement.dump();
+  if (absl::Status st = store_->Transition(q.id, JobState::kRunning, "placed on " + where, now, f); !st.ok()) {
+    return st;
+  }
+  LaunchSpec ls;
+  ls.job_id = q.id;
+  ls.argv = q.spec.command;
+  ls.env = q.spec.env;
+  ls.workdir = q.spec.workdir;
+  ls.stdout_path = fmt::format("{}/logs/{}.out", config_.state_dir, q.id);
+  ls.stderr_path = fmt::format("{}/logs/{}.err", config_.state_dir, q.id);
+  ls.gpu_uuids = uuids;
+  ls.exit_path = fmt::format("{}/exit/{}", config_.state_dir, q.id);
+  Running run;
+  run.id = q.id;
+  run.gpus = a->gpus;
+  run.started = now;
+  run.max_runtime_s = q.spec.max_runtime_s;
+  run.memory_limit_mib = q.spec.gpu_memory_mib;
+  run.gpu_milli = q.spec.gpu_milli;
+  if (a->request.fractional() && !a->gpus.empty()) {
+    ShareLimits share;
+    share.library = config_.intercept_library;
+    share.region = fmt::format("{}/regions/{}.region", config_.state_dir, q.id);
+    std::error_code ec;
+    fs::remove(share.region, ec);
+    share.memory_bytes = static_cast<uint64_t>(q.spec.gpu_memory_mib) << 20;
+    share.arbiter = config_.state_dir + "/gpu.arbiter";
+    share.share_milli = q.spec.gpu_milli;
+    share.priority = q.priority;
+    share.physical_gpu = a->gpus[0];
+    share.context_overhead_bytes = config_.context_overhead_bytes;
+    run.region = share.region;
+    ls.share = share;
+  }
+  if (geteuid() == 0 && q.uid != 0) {
+    ls.uid = q.uid;
+    passwd pw;
+    passwd* found = nullptr;
+    char buf[4096];
+    if (getpwuid_r(q.uid, &pw, buf, sizeof buf, &found) == 0 && found) ls.gid = pw.pw_gid;
+    for (const std::string& p : {ls.stdout_path, ls.stderr_path}) {
+      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+      if (fd >= 0) {
+        if (fchown(fd, q.uid, ls.gid.value_or(0)) != 0) spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
+        close(fd);
+      }
+    }
+  }
+  auto launched = server::Start(ls);
+  if (!launched.ok()) {
+    TransitionFields ff;
+    ff.ended_at = now;
+    (void)store_->Transition(q.id, JobState::kFailed, std::string(launched.status().message()), now, ff);
+    (void)scheduler_->Release(std::to_string(q.id));
+    spdlog::info("job {}: failed to start: {}", q.id, std::string(launched.status().message()));
+    return absl::OkStatus();
+  }
+  run.pid = launched->pid;
+  run.start_time = launched->start_time;
+  if (absl::Status st = store_->SetProcess(q.id, run.pid, run.start_time); !st.ok()) {
+    spdlog::error("job {}: recording its process: {}", q.id, std::string(st.message()));
+  }
+  running_[q.id] = run;
+  spdlog::info("job {}: running on {} (pid {})", q.id, where, run.pid);
+  if (auto it = submitted_at_.find(q.id); it != submitted_at_.end()) {
+    double latency = std::max(0.0, now - it->second);
+    for (size_t i = 0; i < latency_buckets_.size(); ++i) {
+      if (latency <= latency_buckets_[i]) ++latency_counts_[i];
+    }
+    latency_sum_ += latency;
+    ++latency_count_;
+    submitted_at_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+void Server::SchedulePass(double now) {
+  std::vector<Queued*> order;
+  order.reserve(queued_.size());
+  for (auto& [id, q] : queued_) order.push_back(&q);
+  std::stable_sort(order.begin(), order.end(), [](const Queued* a, const Queued* b) { return a->priority > b->priority; });
+  std::vector<int64_t> started;
+  // Requests of a shape that did not fit are not tried again in this pass (nothing was freed since).
+  std::set<std::string> no_fit;
+  for (Queued* q : order) {
+    core::Request r = RequestOf(q->spec, q->id, q->owner);
+    std::string shape = fmt::format("{}/{}/{}/{}/{}/{}/{}", r.gpus, r.gpu_milli, r.gpu_memory_mib,
+                                    fmt::join(r.models, ","), r.min_gpu_memory_mib, static_cast<int>(r.topology),
+                                    r.priority);
+    if (no_fit.contains(shape)) continue;
+    auto placed = scheduler_->Place(r, now);
+    if (placed.ok()) {
+      if (absl::Status st = StartJob(*q, now); !st.ok()) {
+        spdlog::error("job {}: {}", q->id, std::string(st.message()));
+        (void)scheduler_->Release(r.id);
+        continue;
+      }
+      started.push_back(q->id);
+      continue;
+    }
+    std::string msg(placed.status().message());
+    if (size_t p = msg.find(": "); p != std::string::npos) msg = msg.substr(p + 2);  // drop "request N: "
+    q->waiting = msg;
+    if (msg.rfind("quota", 0) == 0) continue;
+    // Higher priority than something running and preemptible: make room.
+    sched::PreemptionPlan plan = scheduler_->PlanPreemption(r, now);
+    if (plan.possible) {
+      for (const std::string& victim : plan.victims) {
+        auto it = running_.find(std::stoll(victim));
+        if (it != running_.end()) {
+          RequestStop(it->second, "preempt", fmt::format("preempted for job {} (priority {})", q->id, q->priority),
+                      now);
+        }
+      }
+      q->waiting = fmt::format("waiting for {} preempted job(s) to stop", plan.victims.size());
+    } else {
+      no_fit.insert(shape);
+    }
+  }
+  for (int64_t id : started) queued_.erase(id);
+}
+
+// ---- API ----
+
+HttpResponse Server::Handle(const HttpRequest& req) {
+  // Who is asking.
+  std::string user;
+  uint32_t uid = 0, gid = 0;
+  bool admin = false;
+  if (req.peer.unix_socket) {
+    uid = req.peer.uid, gid = req.peer.gid;
+    user = UserName(uid);
+    admin = uid == 0 || uid == geteuid() || config_.admins.contains(user);
+  } else {
+    const std::string prefix = "Bearer ";
+    if (req.authorization.rfind(prefix, 0) != 0) {
+      return Error(401, "TCP clients need 'Authorization: Bearer <token>'");
+    }
+    std::string token = req.authorization.substr(prefix.size());
+    const ApiToken* found = nullptr;
+    for (const ApiToken& t : config_.tokens) {
+      if (t.token.size() == token.size() && SameSecret(t.token, token)) found = &t;
+    }
+    if (found == nullptr) return Error(401, "unknown bearer token");
+    user = found->user;
+    admin = found->admin;
+    uid = geteuid(), gid = getegid();
+    if (passwd* pw = getpwnam(user.c_str()); pw != nullptr && geteuid() == 0) uid = pw->pw_uid, gid = pw->pw_gid;
+  }
+  const std::string& path = req.path;
+  const std::string& m = req.method;
+  auto only = [&](std::initializer_list<const char*> methods) -> std::optional<HttpResponse> {
+    for (const char* x : methods) {
+      if (m == x) return std::nullopt;
+    }
+    return Error(405, fmt::format("{} does not take {}", path, m));
+  };
+  if (path == "/metrics") {
+    if (auto e = only({"GET"})) return *e;
+    return HttpResponse{200, "text/plain; version=0.0.4", RenderMetrics()};
+  }
+  if (path == "/v1/health") {
+    if (auto e = only({"GET"})) return *e;
+    return JsonResponse(200, json{{"status", "ok"}});
+  }
+  if (path == "/v1/openapi.json") {
+    if (auto e = only({"GET"})) return *e;
+    return HttpResponse{200, "application/json", std::string(OpenApiDocument())};
+  }
+  if (path == "/v1/info") {
+    if (auto e = only({"GET"})) return *e;
+    HttpResponse r = Info();
+    json j = json::parse(r.body);
+    j["caller"] = {{"user", user}, {"admin", admin}};
+    return JsonResponse(200, j);
+  }
+  if (path == "/v1/gpus") {
+    if (auto e = only({"GET"})) return *e;
+    return Gpus();
+  }
+  if (path == "/v1/jobs") {
+    if (auto e = only({"GET", "POST"})) return *e;
+    return m == "POST" ? Submit(req, user, uid, gid) : ListJobs(req);
+  }
+  const std::string jobs_prefix = "/v1/jobs/";
+  if (path.rfind(jobs_prefix, 0) == 0) {
+    std::string rest = path.substr(jobs_prefix.size());
+    std::string tail;
+    if (size_t slash = rest.find('/'); slash != std::string::npos) tail = rest.substr(slash + 1), rest.resize(slash);
+    auto id = ParseId(rest);
+    if (!id) return Error(400, fmt::format("job id '{}' is not a positive whole number", rest));
+    if (tail.empty()) {
+      if (auto e = only({"GET"})) return *e;
+      return GetJob(*id);
+    }
+    if (tail == "cancel") {
+      if (auto e = only({"POST"})) return *e;
+      return Cancel(*id, user, admin);
+    }
+    if (tail == "logs") {
+      if (auto e = only({"GET"})) return *e;
+      return Logs(req, *id);
+    }
+    if (tail == "events") {
+      if (auto e = only({"GET"})) return *e;
+      auto ev = store_->Events(*id);
+      if (!ev.ok()) return Error(500, std::string(ev.status().message()));
+      if (ev->empty()) return Error(404, fmt::format("job {}: not found", *id));
+      json out = json::array();
+      for (const JobEvent& e : *ev) out.push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
+      return JsonResponse(200, json{{"events", out}});
+    }
+  }
+  return Error(404, fmt::format("no such endpoint: {} (see /v1/openapi.json)", path));
+}
+
+HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid, uint32_t gid) {
+  (void)gid;
+  if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
+    return Error(415, fmt::format("expected Content-Type application/json, got {}", req.content_type));
+  }
+  auto spec = ParseJobSpec(req.body);
+  if (!spec.ok()) return Error(400, std::string(spec.status().message()));
+  if (!spec->image.empty()) {
+    return Error(400, "image: running jobs in containers is not built yet; submit the command directly");
+  }
+  if (geteuid() != 0 && uid != geteuid()) {
+    return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}", UserName(geteuid()), user));
+  }
+  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue.
+  core::Request r = RequestOf(*spec, 1, user);
+  int matching = 0;
+  for (const core::Gpu& g : inventory_.gpus) {
+    bool model_ok = r.models.empty();
+    for (const std::string& mname : r.models) model_ok = model_ok || g.model.find(mname) != std::string::npos;
+    const int64_t mem = g.memory_bytes ? static_cast<int64_t>(*g.memory_bytes >> 20) : 0;
+    if (model_ok && mem >= r.min_gpu_memory_mib && mem >= r.gpu_memory_mib) ++matching;
+  }
+  if ((r.gpus > 0 && matching < r.gpus) || (r.fractional() && matching == 0)) {
+    return Error(400, fmt::format("resources: this machine has {} matching GPU(s) of {}; the job could never start",
+                                  matching, inventory_.gpus.size()));
+  }
+  JobRecord rec;
+  rec.name = spec->name;
+  rec.owner_uid = uid;
+  rec.owner = user;
+  rec.spec_json = JobSpecToJson(*spec).dump();
+  rec.priority = spec->priority;
+  const double now = Now();
+  auto id = store_->Insert(rec, now);  // durable before the answer
+  if (!id.ok()) return Error(500, std::string(id.status().message()));
+  {
+    std::lock_guard lock(mu_);
+    queued_[*id] = Queued{*id, spec->priority, user, uid, *spec, "not yet considered"};
+    submitted_at_[*id] = now;
+    dirty_ = true;
+  }
+  wake_.notify_all();
+  spdlog::info("job {}: submitted by {}: {}", *id, user, fmt::join(spec->command, " "));
+  auto stored = store_->Get(*id);
+  if (!stored.ok()) return Error(500, std::string(stored.status().message()));
+  return JsonResponse(201, JobJson(*stored));
+}
+
+HttpResponse Server::ListJobs(const HttpRequest& req) {
+  std::vector<JobState> states;
+  if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
+    std::string_view rest = it->second;
+    while (!rest.empty()) {
+      size_t c = rest.find(',');
+      std::string_view name = rest.substr(0, c);
+      auto s = ParseJobState(name);
+      if (!s) return Error(400, fmt::format("state: unknown state '{}'", name));
+      states.push_back(*s);
+      if (c == std::string_view::npos) break;
+      rest = rest.substr(c + 1);
+    }
+  }
+  int limit = 0;
+  if (auto it = req.query.find("limit"); it != req.query.end()) {
+    auto v = ParseId(it->second);
+    if (!v || *v > 100000) return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
+    limit = static_cast<int>(*v);
+  }
+  for (const auto& [k, v] : req.query) {
+    if (k != "state" && k != "limit" && k != "user") return Error(400, fmt::format("unknown query parameter '{}'", k));
+  }
+  auto jobs = store_->List(states, 0);
+  if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
+  std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
+  json out = json::array();
+  std::lock_guard lock(mu_);
+  // Newest last; with a limit, the newest `limit`.
+  std::vector<const JobRecord*> picked;
+  for (const JobRecord& r : *jobs) {
+    if (!only_user.empty() && r.owner != only_user) continue;
+    picked.push_back(&r);
+  }
+  size_t from = limit > 0 && picked.size() > static_cast<size_t>(limit) ? picked.size() - limit : 0;
+  for (size_t i = from; i < picked.size(); ++i) {
+    json j = JobJson(*picked[i]);
+    if (auto q = queued_.find(picked[i]->id); q != queued_.end()) j["waiting"] = q->second.waiting;
+    out.push_back(j);
+  }
+  return JsonResponse(200, json{{"jobs", out}});
+}
+
+HttpResponse Server::GetJob(int64_t id) {
+  auto r = store_->Get(id);
+  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  json j = JobJson(*r);
+  auto ev = store_->Events(id);
+  if (ev.ok()) {
+    j["events"] = json::array();
+    for (const JobEvent& e : *ev) j["events"].push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
+  }
+  std::lock_guard lock(mu_);
+  if (auto q = queued_.find(id); q != queued_.end()) j["waiting"] = q->second.waiting;
+  if (auto it = running_.find(id); it != running_.end()) {
+    j["pid"] = it->second.pid;
+    if (!it->second.stop.empty()) j["stopping"] = it->second.stop_reason;
+  }
+  return JsonResponse(200, j);
+}
+
+HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
+  auto r = store_->Get(id);
+  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  if (r->owner != user && !admin) {
+    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it", id, r->owner));
+  }
+  const double now = Now();
+  {
+    std::lock_guard lock(mu_);
+    if (auto q = queued_.find(id); q != queued_.end()) {
+      if (absl::Status st = store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now); !st.ok()) {
+        return Error(500, std::string(st.message()));
+      }
+      queued_.erase(q);
+      submitted_at_.erase(id);
+      dirty_ = true;
+    } else if (auto it = running_.find(id); it != running_.end()) {
+      RequestStop(it->second, "cancel", "cancelled by " + user, now);
+    } else if (IsTerminal(r->state)) {
+      return Error(409, fmt::format("job {} has already ended ({})", id, JobStateName(r->state)));
+    } else if (r->state == JobState::kPreempted || r->state == JobState::kLost) {
+      if (absl::Status st = store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now); !st.ok()) {
+        return Error(500, std::string(st.message()));
+      }
+    }
+  }
+  wake_.notify_all();
+  return GetJob(id);
+}
+
+HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
+  auto r = store_->Get(id);
+  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
+  if (stream != "stdout" && stream != "stderr") return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
+  int64_t offset = 0;
+  if (auto it = req.query.find("offset"); it != req.query.end() && it->second != "0") {
+    auto v = ParseId(it->second);
+    if (!v) return Error(400, fmt::format("offset: expected a byte offset, got '{}'", it->second));
+    offset = *v;
+  }
+  const size_t kMax = 1 << 20;
+  std::string data;
+  std::ifstream in(fmt::format("{}/logs/{}.{}", config_.state_dir, id, stream == "stdout" ? "out" : "err"),
+                   std::ios::binary);
+  if (in) {
+    in.seekg(offset);
+    data.resize(kMax);
+    in.read(data.data(), static_cast<std::streamsize>(kMax));
+    data.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  }
+  return JsonResponse(200, json{{"data", data},
+                                {"offset", offset},
+                                {"next_offset", offset + static_cast<int64_t>(data.size())},
+                                {"ended", IsTerminal(r->state)},
+                                {"state", JobStateName(r->state)}});
+}
+
+HttpResponse Server::Info() {
+  json j;
+  j["version"] = PROJECT_VERSION_STRING;
+  j["hostname"] = hostname_;
+  j["simulated"] = inventory_.simulated;
+  j["source"] = inventory_.source;
+  j["fallback_reason"] = fallback_reason_;
+  j["gpus"] = inventory_.gpus.size();
+  j["policy"] = config_.policy;
+  std::lock_guard lock(mu_);
+  j["queued"] = queued_.size();
+  j["running"] = running_.size();
+  return JsonResponse(200, j);
+}
+
+HttpResponse Server::Gpus() {
+  json out = json::array();
+  std::lock_guard lock(mu_);
+  const auto& state = scheduler_->state();
+  for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
+    const core::Gpu& gpu = inventory_.gpus[g];
+    json jobs = json::array();
+    for (const auto& [id, r] : running_) {
+      if (std::find(r.gpus.begin(), r.gpus.end(), static_cast<int>(g)) != r.gpus.end()) jobs.push_back(id);
+    }
+    const auto& use = state.gpu_use(0, static_cast<int>(g));
+    out.push_back({{"index", g},
+                   {"uuid", gpu.uuid},
+                   {"model", gpu.model},
+                   {"memory_bytes", gpu.memory_bytes.value_or(0)},
+                   {"healthy", gpu_healthy_[g]},
+                   {"health_reason", gpu_health_reason_[g]},
+                   {"allocated_milli", use.milli},
+                   {"allocated_memory_mib", use.memory_mib},
+                   {"jobs", jobs}});
+  }
+  return JsonResponse(200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
+}
+
+std::string Server::RenderMetrics() {
+  std::string o;
+  auto help = [&](const char* name, const char* type, const char* text) {
+    o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, text, name, type);
+  };
+  std::vector<devices::GpuHealth> health = health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
+  std::lock_guard lock(mu_);
+  auto labels = [&](size_t g) {
+    const core::Gpu& gpu = inventory_.gpus[g];
+    return fmt::format("gpu=\"{}\",uuid=\"{}\",model=\"{}\",hostname=\"{}\"", g, Escape(gpu.uuid), Escape(gpu.model),
+                       Escape(hostname_));
+  };
+  const size_t n = inventory_.gpus.size();
+  help("tessera_gpu_simulated", "gauge", "1 when the GPUs are a simulated machine, not a driver's.");
+  o += fmt::format("tessera_gpu_simulated{{hostname=\"{}\"}} {}\n", Escape(hostname_), inventory_.simulated ? 1 : 0);
+  help("tessera_gpu_healthy", "gauge", "1 when the GPU takes work, 0 when it turned unhealthy.");
+  for (size_t g = 0; g < n; ++g) o += fmt::format("tessera_gpu_healthy{{{}}} {}\n", labels(g), gpu_healthy_[g] ? 1 : 0);
+  help("tessera_gpu_xid_errors_total", "counter", "XID errors seen on the GPU, ignored ones included.");
+  for (size_t g = 0; g < n; ++g) {
+    o += fmt::format("tessera_gpu_xid_errors_total{{{}}} {}\n", labels(g), g < health.size() ? health[g].xid_count : 0);
+  }
+  help("tessera_gpu_memory_total_bytes", "gauge", "GPU memory.");
+  for (size_t g = 0; g < n; ++g) {
+    o += fmt::format("tessera_gpu_memory_total_bytes{{{}}} {}\n", labels(g), inventory_.gpus[g].memory_bytes.value_or(0));
+  }
+  help("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
+  help("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
+  const auto& state = scheduler_->state();
+  for (size_t g = 0; g < n; ++g) {
+    const auto& use = state.gpu_use(0, static_cast<int>(g));
+    o += fmt::format("tessera_gpu_allocated_share{{{}}} {:g}\n", labels(g), use.milli / 1000.0);
+    o += fmt::format("tessera_gpu_allocated_memory_bytes{{{}}} {}\n", labels(g), use.memory_mib * (int64_t{1} << 20));
+  }
+  help("tessera_job_gpu_memory_used_bytes", "gauge", "GPU memory a fractional job's processes hold (intercept library).");
+  help("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
+  help("tessera_job_gpu_share", "gauge", "A job's compute share of its GPU (0..1; whole GPUs 1).");
+  for (const auto& [id, r] : running_) {
+    std::string l = fmt::format("job=\"{}\",gpu=\"{}\",hostname=\"{}\"", id, r.gpus.empty() ? -1 : r.gpus[0], Escape(hostname_));
+    o += fmt::format("tessera_job_gpu_share{{{}}} {:g}\n", l, r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0);
+    if (r.region.empty()) continue;
+    o += fmt::format("tessera_job_gpu_memory_limit_bytes{{{}}} {}\n", l, r.memory_limit_mib * (int64_t{1} << 20));
+    uint64_t used = 0;
+    int fd = open(r.region.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
+      struct stat st;
+      if (m != MAP_FAILED && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
+        const auto* d = static_cast<const shim::RegionData*>(m);
+        if (d->magic.load() == shim::kRegionMagic) used = d->used[0].load();
+      }
+      if (m != MAP_FAILED) munmap(m, sizeof(shim::RegionData));
+      close(fd);
+    }
+    o += fmt::format("tessera_job_gpu_memory_used_bytes{{{}}} {}\n", l, used);
+  }
+  help("tessera_queue_length", "gauge", "Jobs waiting to start.");
+  o += fmt::format("tessera_queue_length {}\n", queued_.size());
+  help("tessera_jobs_running", "gauge", "Jobs running.");
+  o += fmt::format("tessera_jobs_running {}\n", running_.size());
+  help("tessera_scheduling_latency_seconds", "histogram", "From submission (or re-queueing) to start.");
+  for (size_t i = 0; i < latency_buckets_.size(); ++i) {
+    o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"{:g}\"}} {}\n", latency_buckets_[i], latency_counts_[i]);
+  }
+  o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
+  o += fmt::format("tessera_scheduling_latency_seconds_sum {:g}\n", latency_sum_);
+  o += fmt::format("tessera_scheduling_latency_seconds_count {}\n", latency_count_);
+  help("tessera_scheduling_pass_seconds", "gauge", "Duration of the last scheduling pass.");
+  o += fmt::format("tessera_scheduling_pass_seconds {:g}\n", last_pass_s_);
+  help("tessera_scheduling_passes_total", "counter", "Scheduling passes run.");
+  o += fmt::format("tessera_scheduling_passes_total {}\n", passes_);
+  return o;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,162 @@
+#pragma once
+// `tessera server`: the standalone daemon of one shared GPU machine. Jobs come in over the HTTP API (a
+// unix socket; optionally TCP with bearer tokens), are stored durably (SQLite) before the answer goes
+// out, placed by the scheduling core on the machine's GPUs (real through NVML, or a simulated machine
+// said as such), started by the runner and watched until they end. After a crash the next start keeps
+// every accepted job and re-adopts the jobs still running. See docs/server.md.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/core/gpu.h"
+#include "tessera/sched/quota.h"
+#include "tessera/server/http.h"
+#include "tessera/server/job_spec.h"
+#include "tessera/server/store.h"
+
+namespace tessera::devices {
+class DeviceSource;
+class HealthWatch;
+}  // namespace tessera::devices
+namespace tessera::sched {
+class Scheduler;
+}
+
+namespace tessera::server {
+
+struct ApiToken {
+  std::string token;
+  std::string user;
+  bool admin = false;
+};
+
+struct ServerConfig {
+  std::string socket;     // unix socket path
+  std::string state_dir;  // database, logs, shared regions
+  std::string tcp_listen; // "127.0.0.1:7070"; empty: no TCP
+  std::vector<ApiToken> tokens;
+  std::string simulate;            // a preset or inventory file instead of the driver
+  std::string fallback_simulate;   // used when there is no driver; empty: fail
+  std::string nvml_library;        // empty: the default
+  std::string policy = "tessera";  // as `--policies` takes it
+  std::set<std::string> admins;    // users who may cancel anyone's job (root always may)
+  std::map<std::string, sched::OwnerQuota> quotas;  // per user
+  bool requeue_preempted = true;
+  double grace_period_s = 10;      // SIGTERM, then SIGKILL after this
+  std::string unhealthy_action = "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
+  size_t max_body_bytes = 1 << 20;
+  std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
+  uint64_t context_overhead_bytes = 0;
+  double poll_interval_s = 0.2;    // how often running jobs are checked
+};
+
+// Reads a YAML config file (documented in docs/server.md); unknown keys and bad values are errors
+// naming the file, line and key. Fields the file does not set keep the values already in `config`.
+absl::Status LoadServerConfig(const std::string& path, ServerConfig* config);
+// Defaults for whoever runs the server: root gets /run/tessera and /var/lib/tessera, others
+// $XDG_RUNTIME_DIR (or /tmp) and ~/.local/state/tessera.
+ServerConfig DefaultServerConfig();
+std::string DefaultSocketPath();
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerConfig config);
+  ~Server();
+
+  // Recovers state, starts the health watch, the scheduling loop and the listeners.
+  absl::Status Start();
+  void Stop();
+  // Answers one API request (what the HTTP listeners call).
+  HttpResponse Handle(const HttpRequest& req);
+
+  const core::NodeInventory& inventory() const { return inventory_; }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  int tcp_port() const;
+
+ private:
+  struct Running {
+    int64_t id = 0;
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    bool adopted = false;  // started by an earlier server process: not our child
+    std::vector<int> gpus;
+    std::string stop;      // why a stop was asked: cancel | preempt | timeout | unhealthy; empty: none
+    std::string stop_reason;
+    double stop_at = 0;    // when SIGTERM went out
+    bool killed = false;
+    double started = 0;
+    double max_runtime_s = 0;
+    int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
+    int gpu_milli = 0;
+    std::string region;
+  };
+  struct Queued {
+    int64_t id = 0;
+    int priority = 0;
+    std::string owner;
+    uint32_t uid = 0;
+    JobSpec spec;
+    std::string waiting;  // why it is not running yet
+  };
+
+  explicit Server(ServerConfig config);
+  absl::Status Recover();
+  void Loop();
+  void CheckRunning(double now);
+  void SchedulePass(double now);
+  void Finish(Running& r, int exit_code, bool exit_known, double now);
+  absl::Status StartJob(Queued& q, double now);
+  void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
+  void OnHealth(int gpu, bool healthy, const std::string& reason);
+  std::string RenderMetrics();
+
+  // API
+  HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid, uint32_t gid);
+  HttpResponse ListJobs(const HttpRequest& req);
+  HttpResponse GetJob(int64_t id);
+  HttpResponse Cancel(int64_t id, const std::string& user, bool admin);
+  HttpResponse Logs(const HttpRequest& req, int64_t id);
+  HttpResponse Gpus();
+  HttpResponse Info();
+
+  ServerConfig config_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<devices::DeviceSource> source_;
+  std::unique_ptr<devices::HealthWatch> health_;
+  std::string fallback_reason_;
+  core::NodeInventory inventory_;
+  std::unique_ptr<HttpServer> http_;
+  std::string hostname_;
+
+  std::mutex mu_;  // everything below
+  std::condition_variable wake_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::map<int64_t, Running> running_;
+  std::map<int64_t, Queued> queued_;
+  std::vector<bool> gpu_healthy_;
+  std::vector<std::string> gpu_health_reason_;
+  std::vector<uint64_t> gpu_xids_;
+  bool dirty_ = true;  // something changed that may let a queued job start
+  std::vector<double> latency_buckets_;   // scheduling latency histogram (submit to start), seconds
+  std::vector<uint64_t> latency_counts_;
+  double latency_sum_ = 0;
+  uint64_t latency_count_ = 0;
+  std::map<int64_t, double> submitted_at_;  // queued jobs, for the latency histogram
+  uint64_t passes_ = 0;
+  double last_pass_s_ = 0;
+
+  std::atomic<bool> stop_{false};
+  std::thread loop_;
+};
+
+}  // namespace tessera::server

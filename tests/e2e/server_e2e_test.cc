@@ -1,0 +1,352 @@
+// The real `tessera server` binary on a temporary socket with a simulated machine: real processes
+// (shell commands) submitted through the API and the CLI, then placement, environment, logs, cancel,
+// preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <pwd.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "tessera/server/http.h"
+
+extern char** environ;
+
+namespace {
+
+using nlohmann::json;
+using tessera::server::HttpClient;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr char kToken[] = "bob-token-0123456789";
+
+class Daemon {
+ public:
+  explicit Daemon(const std::string& name, const std::string& config_yaml = "",
+                  const std::string& simulate = "t4x2") {
+    dir_ = ::testing::TempDir() + "tessera-e2e-" + std::to_string(getpid()) + "-" + name;
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    socket_ = dir_ + "/s.sock";
+    config_ = dir_ + "/server.yaml";
+    std::ofstream(config_) << "preemption: {grace_period_s: 1}\npoll_interval_s: 0.05\n" << config_yaml;
+    simulate_ = simulate;
+    Start();
+  }
+  ~Daemon() { Kill(SIGTERM); }
+
+  void Start() {
+    std::string log = dir_ + "/server.log";
+    std::string cmd = std::string("exec ") + TESSERA_BINARY + " server --socket " + socket_ + " --state-dir " +
+                      dir_ + "/state --simulate " + simulate_ + " -c " + config_ + " >>" + log + " 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    for (int i = 0; i < 200; ++i) {
+      HttpClient c(socket_);
+      auto r = c.Send("GET", "/v1/health");
+      if (r.ok() && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    FAIL() << "server did not come up; log:\n" << Log();
+  }
+  void Kill(int sig) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string Log() const {
+    std::ifstream in(dir_ + "/server.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string& socket() const { return socket_; }
+  const std::string& dir() const { return dir_; }
+
+  json Call(const std::string& method, const std::string& target, const std::string& body = "",
+            int* status = nullptr) {
+    HttpClient c(socket_);
+    auto r = c.Send(method, target, body);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return json();
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  int64_t Submit(const json& spec) {
+    int status = 0;
+    json j = Call("POST", "/v1/jobs", spec.dump(), &status);
+    EXPECT_EQ(status, 201) << j.dump();
+    return j.value("id", int64_t{0});
+  }
+  // Polls until the job is in `state`; its JSON.
+  json WaitFor(int64_t id, const std::string& state, double seconds = 15) {
+    json j;
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < until) {
+      j = Call("GET", "/v1/jobs/" + std::to_string(id));
+      if (j.value("state", "") == state) return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    ADD_FAILURE() << "job " << id << " never became " << state << ": " << j.dump() << "\nlog:\n" << Log();
+    return j;
+  }
+  std::string Logs(int64_t id, const std::string& stream = "stdout") {
+    return Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=" + stream).value("data", "");
+  }
+
+ private:
+  std::string dir_, socket_, config_, simulate_;
+  pid_t pid_ = -1;
+};
+
+json Shell(const std::string& script, json resources = json::object()) {
+  return json{{"command", {"/bin/sh", "-c", script}}, {"resources", resources}};
+}
+
+std::string Cli(const Daemon& d, const std::string& args) {
+  std::string cmd = "TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
+  Daemon d("basic");
+  json info = d.Call("GET", "/v1/info");
+  EXPECT_TRUE(info["simulated"].get<bool>()) << "a simulated machine is said in the API";
+  int64_t id = d.Submit(Shell("echo gpu=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES job=$TESSERA_JOB_ID; "
+                              "echo oops >&2; exit 3",
+                              {{"gpus", 1}}));
+  json j = d.WaitFor(id, "failed");
+  EXPECT_EQ(j["exit_code"], 3);
+  EXPECT_EQ(j["reason"], "exit code 3");
+  std::string uuid = j["placement"]["gpus"][0]["uuid"];
+  EXPECT_THAT(uuid, HasSubstr("GPU-"));
+  EXPECT_EQ(d.Logs(id), "gpu=" + uuid + " nv=" + uuid + " job=" + std::to_string(id) + "\n");
+  EXPECT_EQ(d.Logs(id, "stderr"), "oops\n");
+  std::vector<std::string> states;
+  for (const json& e : j["events"]) states.push_back(e["state"]);
+  EXPECT_EQ(states, (std::vector<std::string>{"queued", "running", "failed"}));
+  // A job without GPUs sees none.
+  int64_t none = d.Submit(Shell("echo [$CUDA_VISIBLE_DEVICES] $NVIDIA_VISIBLE_DEVICES"));
+  d.WaitFor(none, "succeeded");
+  EXPECT_EQ(d.Logs(none), "[] void\n");
+}
+
+TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
+  Daemon d("fraction");
+  int64_t id = d.Submit(Shell("echo $LD_PRELOAD; echo $TESSERA_CUDA_MEM_LIMIT $TESSERA_CUDA_COMPUTE_SHARE",
+                              {{"gpu_memory", "4GiB"}, {"gpu_share", "30%"}}));
+  d.WaitFor(id, "succeeded");
+  std::string out = d.Logs(id);
+  EXPECT_THAT(out, HasSubstr("libtessera-cuda.so\n"));
+  EXPECT_THAT(out, HasSubstr(std::to_string(4ull << 30) + " 0.3\n"));
+  // Three 30% shares fit on two GPUs without a whole GPU being taken: the fourth still fits.
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(d.Submit(Shell("sleep 30", {{"gpu_share", 30}})));
+  for (int64_t x : ids) d.WaitFor(x, "running");
+  json gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_EQ(gpus["gpus"][0]["allocated_milli"].get<int>() + gpus["gpus"][1]["allocated_milli"].get<int>(), 1800);
+  for (int64_t x : ids) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
+}
+
+TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {
+  Daemon d("cancel");
+  int64_t id = d.Submit(Shell("sleep 60 & echo $! > child; wait", {{"gpus", 1}}));
+  json j = d.WaitFor(id, "running");
+  std::string out = Cli(d, "cancel " + std::to_string(id));
+  EXPECT_THAT(out, HasSubstr("SIGTERM sent"));
+  j = d.WaitFor(id, "cancelled");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("cancelled by"));
+  // Cancelling again is a conflict, an unknown job is not found.
+  int status = 0;
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", "", &status);
+  EXPECT_EQ(status, 409);
+  d.Call("POST", "/v1/jobs/999/cancel", "", &status);
+  EXPECT_EQ(status, 404);
+}
+
+TEST(TesseraServer, HigherPriorityPreemptsAndThePreemptedJobIsRequeued) {
+  Daemon d("preempt");
+  int64_t low1 = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  int64_t low2 = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitFor(low1, "running");
+  d.WaitFor(low2, "running");
+  json high = Shell("sleep 60", {{"gpus", 1}});
+  high["priority"] = 10;
+  int64_t h = d.Submit(high);
+  d.WaitFor(h, "running");
+  // One of the low jobs went preempted -> queued (re-queued), the other still runs.
+  json a = d.Call("GET", "/v1/jobs/" + std::to_string(low1));
+  json b = d.Call("GET", "/v1/jobs/" + std::to_string(low2));
+  json victim = a["state"] == "queued" ? a : b;
+  EXPECT_EQ(victim["state"], "queued");
+  EXPECT_EQ((a["state"] == "running") + (b["state"] == "running"), 1);
+  std::vector<std::string> states;
+  for (const json& e : victim["events"]) states.push_back(e["state"]);
+  EXPECT_EQ(states, (std::vector<std::string>{"queued", "running", "preempted", "queued"}));
+  EXPECT_THAT(victim["events"][2]["reason"].get<std::string>(), HasSubstr("preempted for job " + std::to_string(h)));
+  for (int64_t x : {low1, low2, h}) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
+}
+
+TEST(TesseraServer, QuotaKeepsAUsersJobsQueued) {
+  passwd* me = getpwuid(geteuid());
+  ASSERT_NE(me, nullptr);
+  Daemon d("quota", std::string("quotas: {") + me->pw_name + ": {gpus: 1}}\n");
+  int64_t a = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  int64_t b = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitFor(a, "running");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  json j = d.Call("GET", "/v1/jobs/" + std::to_string(b));
+  EXPECT_EQ(j["state"], "queued");
+  EXPECT_THAT(j["waiting"].get<std::string>(), HasSubstr("quota"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(a) + "/cancel");
+  d.WaitFor(b, "running");
+  d.Call("POST", "/v1/jobs/" + std::to_string(b) + "/cancel");
+}
+
+TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {
+  Daemon d("restart");
+  int64_t running = d.Submit(Shell("sleep 1.5; echo done", {{"gpus", 1}}));
+  int64_t ends_while_down = d.Submit(Shell("sleep 0.3; exit 4", {{"gpus", 1}}));
+  d.WaitFor(running, "running");
+  d.WaitFor(ends_while_down, "running");
+  int64_t queued = d.Submit(Shell("echo later", {{"gpus", 2}}));  // waits: both GPUs are busy
+  d.Kill(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the short job ends meanwhile
+  d.Start();
+  json j = d.Call("GET", "/v1/jobs/" + std::to_string(running));
+  EXPECT_EQ(j["state"], "running") << "still running, re-adopted";
+  EXPECT_THAT(d.Log(), HasSubstr("re-adopted"));
+  j = d.WaitFor(ends_while_down, "failed");
+  EXPECT_EQ(j["exit_code"], 4) << "its exit code was kept by its shepherd";
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("while the server was down"));
+  j = d.WaitFor(running, "succeeded");
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_EQ(d.Logs(running), "done\n");
+  d.WaitFor(queued, "succeeded");
+  EXPECT_EQ(d.Logs(queued), "later\n");
+}
+
+TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
+  std::string inv = ::testing::TempDir() + "unhealthy-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(inv) << "name: two\ngpus:\n  - {model: Tesla T4, count: 2, memory: 15GiB, compute_capability: \"7.5\"}\n"
+                        "health_events:\n  - {after: 1500ms, gpu: 0, xid: 79}\n";
+  Daemon d("unhealthy", "", inv);
+  int64_t id = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  json j = d.WaitFor(id, "running");
+  ASSERT_EQ(j["placement"]["gpus"][0]["index"], 0);
+  // XID 79 on GPU 0: the job is stopped and re-queued, and runs again on GPU 1.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (std::chrono::steady_clock::now() < until) {
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+    if (j["state"] == "running" && j["placement"]["gpus"][0]["index"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
+  bool preempted = false;
+  for (const json& e : j["events"]) preempted |= e["state"] == "preempted" && e["reason"].get<std::string>().find("unhealthy") != std::string::npos;
+  EXPECT_TRUE(preempted) << j.dump();
+  json gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_FALSE(gpus["gpus"][0]["healthy"].get<bool>());
+  HttpClient c(d.socket());
+  std::string metrics = c.Send("GET", "/metrics")->body;
+  EXPECT_THAT(metrics, HasSubstr("tessera_gpu_healthy{gpu=\"0\""));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_healthy\\{gpu=\"0\"[^}]*\\} 0"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_xid_errors_total\\{gpu=\"0\"[^}]*\\} 1"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+}
+
+TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
+  Daemon d("bad", "max_body_bytes: 4096\n");
+  auto count = [&] { return d.Call("GET", "/v1/jobs")["jobs"].size(); };
+  const size_t before = count();
+  HttpClient c(d.socket());
+  struct Case {
+    std::string method, target, body;
+    int status;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"POST", "/v1/jobs", "{not json", 400, "malformed JSON"},
+      {"POST", "/v1/jobs", "[1,2]", 400, "expected a JSON object"},
+      {"POST", "/v1/jobs", R"({"command": "ls"})", 400, "command: expected a non-empty array"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "colour": "red"})", 400, "unknown field 'colour'"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": "1"}})", 400, "resources.gpus"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400, "could never start"},
+      {"POST", "/v1/jobs", std::string(8000, ' '), 413, "over the limit"},
+      {"GET", "/v1/jobs?state=sleeping", "", 400, "unknown state 'sleeping'"},
+      {"GET", "/v1/jobs?colour=red", "", 400, "unknown query parameter"},
+      {"GET", "/v1/jobs/abc", "", 400, "not a positive whole number"},
+      {"GET", "/v1/jobs/12345", "", 404, "not found"},
+      {"DELETE", "/v1/jobs", "", 405, "does not take DELETE"},
+      {"GET", "/v1/jobs/1/cancel", "", 405, "does not take GET"},
+      {"GET", "/v1/jobs/12345/logs", "", 404, "not found"},
+      {"GET", "/v2/jobs", "", 404, "no such endpoint"},
+  };
+  for (const Case& k : cases) {
+    auto r = c.Send(k.method, k.target, k.body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, k.status) << k.method << " " << k.target << ": " << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_THAT(j["message"].get<std::string>(), HasSubstr(k.message)) << k.target;
+    EXPECT_FALSE(j["code"].get<std::string>().empty());
+  }
+  EXPECT_EQ(count(), before) << "no job was created by a bad request";
+  // The server still answers after all that.
+  EXPECT_EQ(d.Call("GET", "/v1/health")["status"], "ok");
+}
+
+TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
+  Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") + kToken +
+                      ", user: bob}\n");
+  int64_t mine = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitFor(mine, "running");
+  // The port is in the log.
+  std::string log = d.Log();
+  size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string endpoint = "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9)));
+  HttpClient anonymous(endpoint);
+  EXPECT_EQ(anonymous.Send("GET", "/v1/jobs")->status, 401);
+  HttpClient bob(endpoint, kToken);
+  auto r = bob.Send("POST", "/v1/jobs/" + std::to_string(mine) + "/cancel");
+  EXPECT_EQ(r->status, 403) << r->body;
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(mine))["state"], "running");
+  d.Call("POST", "/v1/jobs/" + std::to_string(mine) + "/cancel");
+}
+
+TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
+  Daemon d("cli");
+  std::string out = Cli(d, "submit --gpus 1 --name hello --no-env -- /bin/echo hi there");
+  EXPECT_THAT(out, HasSubstr("submitted job 1"));
+  d.WaitFor(1, "succeeded");
+  EXPECT_EQ(Cli(d, "logs 1"), "hi there\n");
+  EXPECT_THAT(Cli(d, "ls"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
+  json j = json::parse(Cli(d, "show 1 -o json"));
+  EXPECT_EQ(j["state"], "succeeded");
+  EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
+  EXPECT_THAT(Cli(d, "top --once"), HasSubstr("[SIMULATED GPUs]"));
+  EXPECT_THAT(Cli(d, "submit --gpus 1"), HasSubstr("needs a command"));
+  json api = d.Call("GET", "/v1/openapi.json");
+  EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
+  EXPECT_TRUE(api["paths"].contains("/metrics"));
+  std::string metrics = HttpClient(d.socket()).Send("GET", "/metrics")->body;
+  EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
+}
+
+}  // namespace
