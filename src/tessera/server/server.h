@@ -57,7 +57,7 @@ struct ServerConfig {
   size_t max_body_bytes = 1 << 20;
   std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
-  double poll_interval_s = 0.2;    // how often running jobs are checked
+  double poll_interval_s = 0.05;   // how often running jobs are checked (reaped, timed out)
 };
 
 // Reads a YAML config file (documented in docs/server.md); unknown keys and bad values are errors

@@ -1,0 +1,117 @@
+// The standalone server in-process on a simulated DGX H100, state on /dev/shm (the database's fsyncs are
+// the disk's business, not ours): submit-to-running latency of a job that fits (median, p99), API read
+// throughput on the unix socket (GET /v1/jobs/1, keep-alive, 1 and 2 client threads), and one scheduling
+// pass over 10,000 queued jobs that cannot start (identical, and 2,001 distinct shapes).
+//   build/bench/bench/server_bench
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spdlog/spdlog.h"
+#include "tessera/server/http.h"
+#include "tessera/server/server.h"
+
+using nlohmann::json;
+using tessera::server::HttpClient;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preemptible = true) {
+  return json{{"command", {"/bin/sh", "-c", cmd}},
+              {"resources", {{"gpus", gpus}}},
+              {"priority", priority},
+              {"preemptible", preemptible}}
+      .dump();
+}
+
+double PassSeconds(HttpClient& c) {
+  std::string m = c.Send("GET", "/metrics")->body;
+  size_t at = m.find("\ntessera_scheduling_pass_seconds ");
+  return at == std::string::npos ? -1 : std::stod(m.substr(at + 33));
+}
+
+}  // namespace
+
+int main() {
+  spdlog::set_level(spdlog::level::warn);
+  std::string dir = "/dev/shm/tessera-server-bench-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  tessera::server::ServerConfig config;
+  config.socket = dir + "/s.sock";
+  config.state_dir = dir + "/state";
+  config.simulate = "dgx-h100";
+  auto server = tessera::server::Server::Create(config);
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server\n");
+    return 1;
+  }
+  HttpClient c(config.socket);
+
+  // Submit-to-running.
+  std::vector<double> lat;
+  for (int i = 0; i < 300; ++i) {
+    auto t0 = Clock::now();
+    auto r = c.Send("POST", "/v1/jobs", Job("exit 0", 1));
+    int64_t id = json::parse(r->body)["id"];
+    for (;;) {
+      std::string st = json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(id))->body)["state"];
+      if (st != "queued") break;
+    }
+    lat.push_back(Since(t0) * 1000);
+  }
+  std::sort(lat.begin(), lat.end());
+  printf("submit to running (300 jobs, 1 GPU each, polled): median %.2f ms, p99 %.2f ms, max %.2f ms\n",
+         lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+
+  // API reads.
+  for (int threads : {1, 2}) {
+    std::atomic<long> done{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> ts;
+    auto t0 = Clock::now();
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&] {
+        HttpClient mine(config.socket);
+        while (!stop) {
+          if (mine.Send("GET", "/v1/jobs/1")->status == 200) ++done;
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    stop = true;
+    for (auto& t : ts) t.join();
+    printf("API reads, GET /v1/jobs/1, %d client thread(s): %.0f requests/s\n", threads, done / Since(t0));
+  }
+
+  // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
+  c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false));
+  for (int variant = 0; variant < 2; ++variant) {
+    auto t0 = Clock::now();
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 10000; ++i) {
+      int priority = variant == 0 ? 0 : (i % 2001) - 1000;
+      ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8, priority))->body)["id"]);
+    }
+    double submit_s = Since(t0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    printf("scheduling pass over %zu queued jobs (%s): %.1f ms (10,000 submitted in %.1f s)\n", ids.size() + 1,
+           variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000, submit_s);
+    for (int64_t id : ids) c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  }
+  (*server)->Stop();
+  std::filesystem::remove_all(dir);
+  return 0;
+}
