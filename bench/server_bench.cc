@@ -98,7 +98,7 @@ int main() {
   }
 
   // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
-  c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false));
+  int64_t blocker = json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
   for (int variant = 0; variant < 2; ++variant) {
     auto t0 = Clock::now();
     std::vector<int64_t> ids;
@@ -114,6 +114,8 @@ int main() {
            variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000, submit_s);
     for (int64_t id : ids) c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   }
+  c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*server)->Stop();
   std::filesystem::remove_all(dir);
   return 0;
