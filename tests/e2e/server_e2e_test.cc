@@ -139,6 +139,9 @@ TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
   std::vector<std::string> states;
   for (const json& e : j["events"]) states.push_back(e["state"]);
   EXPECT_EQ(states, (std::vector<std::string>{"queued", "running", "failed"}));
+  // A model named as the machine names it is placed.
+  json by_model = Shell("true", {{"gpus", 1}, {"model", "Tesla T4"}});
+  d.WaitFor(d.Submit(by_model), "succeeded");
   // A job without GPUs sees none.
   int64_t none = d.Submit(Shell("echo [$CUDA_VISIBLE_DEVICES] $NVIDIA_VISIBLE_DEVICES"));
   d.WaitFor(none, "succeeded");
@@ -286,6 +289,9 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
       {"POST", "/v1/jobs", R"({"command": ["ls"], "colour": "red"})", 400, "unknown field 'colour'"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": "1"}})", 400, "resources.gpus"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400, "could never start"},
+      // Models match exactly, as the scheduler matches them: a part of the name is no model here.
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "T4"}})", 400,
+       "0 matching GPU(s)"},
       {"POST", "/v1/jobs", std::string(8000, ' '), 413, "over the limit"},
       {"GET", "/v1/jobs?state=sleeping", "", 400, "unknown state 'sleeping'"},
       {"GET", "/v1/jobs?colour=red", "", 400, "unknown query parameter"},

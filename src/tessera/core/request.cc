@@ -1,5 +1,7 @@
 #include "tessera/core/request.h"
 
+#include <algorithm>
+
 namespace tessera::core {
 
 std::string ValidateRequest(const Request& r) {
@@ -20,6 +22,15 @@ std::string ValidateRequest(const Request& r) {
     return "topology: a wish about links needs 2 or more whole GPUs";
   }
   return "";
+}
+
+bool GpuAccepted(const NodeGpu& gpu, const Request& r) {
+  if (!r.models.empty() && std::find(r.models.begin(), r.models.end(), gpu.model) == r.models.end()) {
+    return false;
+  }
+  if (gpu.memory_mib < r.min_gpu_memory_mib) return false;
+  if (r.min_compute_capability && gpu.compute_capability < *r.min_compute_capability) return false;
+  return true;
 }
 
 NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib) {

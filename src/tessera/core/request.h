@@ -72,6 +72,11 @@ struct NodeSpec {
   Topology topology;
 };
 
+// Whether a GPU of this kind satisfies the request's attribute selector: its model is one of
+// `r.models` (exact names; any when empty), it has at least `r.min_gpu_memory_mib` and at least
+// `r.min_compute_capability`.
+bool GpuAccepted(const NodeGpu& gpu, const Request& r);
+
 // A node for the scheduling model from a discovered inventory.
 NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib);
 

@@ -204,13 +204,7 @@ absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& tex
 }
 
 bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r) {
-  const core::NodeGpu& k = shape.kinds[kind];
-  if (!r.models.empty() && std::find(r.models.begin(), r.models.end(), k.model) == r.models.end()) {
-    return false;
-  }
-  if (k.memory_mib < r.min_gpu_memory_mib) return false;
-  if (r.min_compute_capability && k.compute_capability < *r.min_compute_capability) return false;
-  return true;
+  return core::GpuAccepted(shape.kinds[kind], r);
 }
 
 bool NodeView::Accepts(uint16_t kind, const core::Request& r) const {

@@ -25,7 +25,7 @@ struct JobSpec {
   int gpus = 0;
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
-  std::vector<std::string> models;  // acceptable GPU models (substring match); empty: any
+  std::vector<std::string> models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;
   std::string topology = "none";  // none | prefer | require (NVLink between the GPUs)
   int priority = 0;               // -1000..1000, higher first

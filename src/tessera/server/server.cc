@@ -675,14 +675,15 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   if (geteuid() != 0 && uid != geteuid()) {
     return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}", UserName(geteuid()), user));
   }
-  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue.
+  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue:
+  // by the scheduler's own test of a GPU against the request.
   core::Request r = RequestOf(*spec, 1, user);
   int matching = 0;
-  for (const core::Gpu& g : inventory_.gpus) {
-    bool model_ok = r.models.empty();
-    for (const std::string& mname : r.models) model_ok = model_ok || g.model.find(mname) != std::string::npos;
-    const int64_t mem = g.memory_bytes ? static_cast<int64_t>(*g.memory_bytes >> 20) : 0;
-    if (model_ok && mem >= r.min_gpu_memory_mib && mem >= r.gpu_memory_mib) ++matching;
+  {
+    std::lock_guard lock(mu_);
+    for (const core::NodeGpu& g : scheduler_->state().node_spec(0).gpus) {
+      if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) ++matching;
+    }
   }
   if ((r.gpus > 0 && matching < r.gpus) || (r.fractional() && matching == 0)) {
     return Error(400, fmt::format("resources: this machine has {} matching GPU(s) of {}; the job could never start",
