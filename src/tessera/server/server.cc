@@ -92,6 +92,17 @@ std::string Escape(std::string_view v) {  // a Prometheus label value
   return out;
 }
 
+// 404 for a job that is not there, 500 for anything else the store says.
+HttpResponse StatusError(const absl::Status& st) {
+  return Error(st.code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(st.message()));
+}
+
+json EventsJson(const std::vector<JobEvent>& events) {
+  json out = json::array();
+  for (const JobEvent& e : events) out.push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
+  return out;
+}
+
 json JobJson(const JobRecord& r) {
   json j;
   j["id"] = r.id;
@@ -183,6 +194,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   return s;
 }
 
+std::string Server::JobFile(const char* dir, int64_t id, const char* suffix) const {
+  return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
+}
+
+Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const {
+  Running run;
+  run.id = id;
+  run.gpus = std::move(gpus);
+  run.started = started;
+  run.max_runtime_s = spec.max_runtime_s;
+  run.memory_limit_mib = spec.gpu_memory_mib;
+  run.gpu_milli = spec.gpu_milli;
+  if (RequestOf(spec, id, "").fractional() && !run.gpus.empty()) run.region = JobFile("regions", id, ".region");
+  return run;
+}
+
 int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }
 
 absl::Status Server::Recover() {
@@ -202,13 +229,11 @@ absl::Status Server::Recover() {
       if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok()) ++requeued;
     }
     if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      if (r.state == JobState::kPreempted && !config_.requeue_preempted) continue;
-      queued_[r.id] = Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, "recovered after a restart"};
-      submitted_at_[r.id] = r.submitted_at;
+      queued_[r.id] = Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, "recovered after a restart", r.submitted_at};
       continue;
     }
     // Running when the last server stopped.
-    const std::string exit_path = fmt::format("{}/exit/{}", config_.state_dir, r.id);
+    const std::string exit_path = JobFile("exit", r.id);
     if (r.pid > 0 && SameProcess(static_cast<pid_t>(r.pid), r.pid_start_time)) {
       json placement = json::parse(r.placement_json, nullptr, false);
       sched::Allocation a;
@@ -227,19 +252,10 @@ absl::Status Server::Recover() {
         (void)store_->Transition(r.id, JobState::kLost, fmt::format("cannot re-adopt: {}", std::string(st.message())), now);
         continue;
       }
-      Running run;
-      run.id = r.id;
+      Running run = NewRunning(r.id, *spec, a.gpus, r.started_at.value_or(now));
       run.pid = static_cast<pid_t>(r.pid);
       run.start_time = r.pid_start_time;
       run.adopted = true;
-      run.gpus = a.gpus;
-      run.started = r.started_at.value_or(now);
-      run.max_runtime_s = spec->max_runtime_s;
-      run.memory_limit_mib = spec->gpu_memory_mib;
-      run.gpu_milli = spec->gpu_milli;
-      if (spec->gpus == 0 && (spec->gpu_milli > 0 || spec->gpu_memory_mib > 0)) {
-        run.region = fmt::format("{}/regions/{}.region", config_.state_dir, r.id);
-      }
       running_[r.id] = run;
       ++adopted;
       spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
@@ -364,7 +380,7 @@ void Server::CheckRunning(double now) {
       gone = code.has_value();
     } else if (!SameProcess(r.pid, r.start_time)) {
       gone = true;
-      code = ReadExitFile(fmt::format("{}/exit/{}", config_.state_dir, id));
+      code = ReadExitFile(JobFile("exit", id));
     }
     if (gone) {
       ended.emplace_back(id, code);
@@ -388,7 +404,7 @@ void Server::CheckRunning(double now) {
 void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
   (void)scheduler_->Release(std::to_string(r.id));
   std::error_code ec;
-  fs::remove(fmt::format("{}/exit/{}", config_.state_dir, r.id), ec);
+  fs::remove(JobFile("exit", r.id), ec);
   if (!r.region.empty()) fs::remove(r.region, ec);
   TransitionFields f;
   f.ended_at = now;
@@ -423,8 +439,7 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      queued_[r.id] = Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, "re-queued"};
-      submitted_at_[r.id] = now;
+      queued_[r.id] = Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, "re-queued", now};
     }
   }
   dirty_ = true;
@@ -454,21 +469,15 @@ absl::Status Server::StartJob(Queued& q, double now) {
   ls.argv = q.spec.command;
   ls.env = q.spec.env;
   ls.workdir = q.spec.workdir;
-  ls.stdout_path = fmt::format("{}/logs/{}.out", config_.state_dir, q.id);
-  ls.stderr_path = fmt::format("{}/logs/{}.err", config_.state_dir, q.id);
+  ls.stdout_path = JobFile("logs", q.id, ".out");
+  ls.stderr_path = JobFile("logs", q.id, ".err");
   ls.gpu_uuids = uuids;
-  ls.exit_path = fmt::format("{}/exit/{}", config_.state_dir, q.id);
-  Running run;
-  run.id = q.id;
-  run.gpus = a->gpus;
-  run.started = now;
-  run.max_runtime_s = q.spec.max_runtime_s;
-  run.memory_limit_mib = q.spec.gpu_memory_mib;
-  run.gpu_milli = q.spec.gpu_milli;
-  if (a->request.fractional() && !a->gpus.empty()) {
+  ls.exit_path = JobFile("exit", q.id);
+  Running run = NewRunning(q.id, q.spec, a->gpus, now);
+  if (!run.region.empty()) {
     ShareLimits share;
     share.library = config_.intercept_library;
-    share.region = fmt::format("{}/regions/{}.region", config_.state_dir, q.id);
+    share.region = run.region;
     std::error_code ec;
     fs::remove(share.region, ec);
     share.memory_bytes = static_cast<uint64_t>(q.spec.gpu_memory_mib) << 20;
@@ -477,7 +486,6 @@ absl::Status Server::StartJob(Queued& q, double now) {
     share.priority = q.priority;
     share.physical_gpu = a->gpus[0];
     share.context_overhead_bytes = config_.context_overhead_bytes;
-    run.region = share.region;
     ls.share = share;
   }
   if (geteuid() == 0 && q.uid != 0) {
@@ -510,15 +518,12 @@ absl::Status Server::StartJob(Queued& q, double now) {
   }
   running_[q.id] = run;
   spdlog::info("job {}: running on {} (pid {})", q.id, where, run.pid);
-  if (auto it = submitted_at_.find(q.id); it != submitted_at_.end()) {
-    double latency = std::max(0.0, now - it->second);
-    for (size_t i = 0; i < latency_buckets_.size(); ++i) {
-      if (latency <= latency_buckets_[i]) ++latency_counts_[i];
-    }
-    latency_sum_ += latency;
-    ++latency_count_;
-    submitted_at_.erase(it);
+  const double latency = std::max(0.0, now - q.since);
+  for (size_t i = 0; i < latency_buckets_.size(); ++i) {
+    if (latency <= latency_buckets_[i]) ++latency_counts_[i];
   }
+  latency_sum_ += latency;
+  ++latency_count_;
   return absl::OkStatus();
 }
 
@@ -573,10 +578,10 @@ void Server::SchedulePass(double now) {
 HttpResponse Server::Handle(const HttpRequest& req) {
   // Who is asking.
   std::string user;
-  uint32_t uid = 0, gid = 0;
+  uint32_t uid = 0;
   bool admin = false;
   if (req.peer.unix_socket) {
-    uid = req.peer.uid, gid = req.peer.gid;
+    uid = req.peer.uid;
     user = UserName(uid);
     admin = uid == 0 || uid == geteuid() || config_.admins.contains(user);
   } else {
@@ -592,8 +597,8 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     if (found == nullptr) return Error(401, "unknown bearer token");
     user = found->user;
     admin = found->admin;
-    uid = geteuid(), gid = getegid();
-    if (passwd* pw = getpwnam(user.c_str()); pw != nullptr && geteuid() == 0) uid = pw->pw_uid, gid = pw->pw_gid;
+    uid = geteuid();
+    if (passwd* pw = getpwnam(user.c_str()); pw != nullptr && geteuid() == 0) uid = pw->pw_uid;
   }
   const std::string& path = req.path;
   const std::string& m = req.method;
@@ -617,8 +622,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   }
   if (path == "/v1/info") {
     if (auto e = only({"GET"})) return *e;
-    HttpResponse r = Info();
-    json j = json::parse(r.body);
+    json j = Info();
     j["caller"] = {{"user", user}, {"admin", admin}};
     return JsonResponse(200, j);
   }
@@ -628,7 +632,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   }
   if (path == "/v1/jobs") {
     if (auto e = only({"GET", "POST"})) return *e;
-    return m == "POST" ? Submit(req, user, uid, gid) : ListJobs(req);
+    return m == "POST" ? Submit(req, user, uid) : ListJobs(req);
   }
   const std::string jobs_prefix = "/v1/jobs/";
   if (path.rfind(jobs_prefix, 0) == 0) {
@@ -654,16 +658,13 @@ HttpResponse Server::Handle(const HttpRequest& req) {
       auto ev = store_->Events(*id);
       if (!ev.ok()) return Error(500, std::string(ev.status().message()));
       if (ev->empty()) return Error(404, fmt::format("job {}: not found", *id));
-      json out = json::array();
-      for (const JobEvent& e : *ev) out.push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
-      return JsonResponse(200, json{{"events", out}});
+      return JsonResponse(200, json{{"events", EventsJson(*ev)}});
     }
   }
   return Error(404, fmt::format("no such endpoint: {} (see /v1/openapi.json)", path));
 }
 
-HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid, uint32_t gid) {
-  (void)gid;
+HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid) {
   if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
     return Error(415, fmt::format("expected Content-Type application/json, got {}", req.content_type));
   }
@@ -700,8 +701,7 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   if (!id.ok()) return Error(500, std::string(id.status().message()));
   {
     std::lock_guard lock(mu_);
-    queued_[*id] = Queued{*id, spec->priority, user, uid, *spec, "not yet considered"};
-    submitted_at_[*id] = now;
+    queued_[*id] = Queued{*id, spec->priority, user, uid, *spec, "not yet considered", now};
     dirty_ = true;
   }
   wake_.notify_all();
@@ -756,13 +756,10 @@ HttpResponse Server::ListJobs(const HttpRequest& req) {
 
 HttpResponse Server::GetJob(int64_t id) {
   auto r = store_->Get(id);
-  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  if (!r.ok()) return StatusError(r.status());
   json j = JobJson(*r);
   auto ev = store_->Events(id);
-  if (ev.ok()) {
-    j["events"] = json::array();
-    for (const JobEvent& e : *ev) j["events"].push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
-  }
+  if (ev.ok()) j["events"] = EventsJson(*ev);
   std::lock_guard lock(mu_);
   if (auto q = queued_.find(id); q != queued_.end()) j["waiting"] = q->second.waiting;
   if (auto it = running_.find(id); it != running_.end()) {
@@ -774,7 +771,7 @@ HttpResponse Server::GetJob(int64_t id) {
 
 HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
   auto r = store_->Get(id);
-  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  if (!r.ok()) return StatusError(r.status());
   if (r->owner != user && !admin) {
     return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it", id, r->owner));
   }
@@ -786,7 +783,6 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
         return Error(500, std::string(st.message()));
       }
       queued_.erase(q);
-      submitted_at_.erase(id);
       dirty_ = true;
     } else if (auto it = running_.find(id); it != running_.end()) {
       RequestStop(it->second, "cancel", "cancelled by " + user, now);
@@ -804,7 +800,7 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
 
 HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
   auto r = store_->Get(id);
-  if (!r.ok()) return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(r.status().message()));
+  if (!r.ok()) return StatusError(r.status());
   std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
   if (stream != "stdout" && stream != "stderr") return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
   int64_t offset = 0;
@@ -815,8 +811,7 @@ HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
   }
   const size_t kMax = 1 << 20;
   std::string data;
-  std::ifstream in(fmt::format("{}/logs/{}.{}", config_.state_dir, id, stream == "stdout" ? "out" : "err"),
-                   std::ios::binary);
+  std::ifstream in(JobFile("logs", id, stream == "stdout" ? ".out" : ".err"), std::ios::binary);
   if (in) {
     in.seekg(offset);
     data.resize(kMax);
@@ -830,7 +825,7 @@ HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
                                 {"state", JobStateName(r->state)}});
 }
 
-HttpResponse Server::Info() {
+json Server::Info() {
   json j;
   j["version"] = PROJECT_VERSION_STRING;
   j["hostname"] = hostname_;
@@ -842,7 +837,7 @@ HttpResponse Server::Info() {
   std::lock_guard lock(mu_);
   j["queued"] = queued_.size();
   j["running"] = running_.size();
-  return JsonResponse(200, j);
+  return j;
 }
 
 HttpResponse Server::Gpus() {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
 #include "tessera/sched/quota.h"
 #include "tessera/server/http.h"
@@ -107,9 +108,14 @@ class Server {
     uint32_t uid = 0;
     JobSpec spec;
     std::string waiting;  // why it is not running yet
+    double since = 0;     // submitted or re-queued at: the start of its scheduling latency
   };
 
   explicit Server(ServerConfig config);
+  // <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file.
+  std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
+  // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
+  Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
   absl::Status Recover();
   void Loop();
   void CheckRunning(double now);
@@ -121,13 +127,13 @@ class Server {
   std::string RenderMetrics();
 
   // API
-  HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid, uint32_t gid);
+  HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid);
   HttpResponse ListJobs(const HttpRequest& req);
   HttpResponse GetJob(int64_t id);
   HttpResponse Cancel(int64_t id, const std::string& user, bool admin);
   HttpResponse Logs(const HttpRequest& req, int64_t id);
   HttpResponse Gpus();
-  HttpResponse Info();
+  nlohmann::json Info();
 
   ServerConfig config_;
   std::unique_ptr<Store> store_;
@@ -151,7 +157,6 @@ class Server {
   std::vector<uint64_t> latency_counts_;
   double latency_sum_ = 0;
   uint64_t latency_count_ = 0;
-  std::map<int64_t, double> submitted_at_;  // queued jobs, for the latency histogram
   uint64_t passes_ = 0;
   double last_pass_s_ = 0;
 
