@@ -10,6 +10,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <condition_variable>
+#include <optional>
 
 #include "fmt/format.h"
 
@@ -65,7 +66,6 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::set<int> open_fds;  // live connections, shut down on Stop
-  int live = 0;
 
   HttpResponse Error(int status, const std::string& message) {
     if (options.error_response) return options.error_response(status, message);
@@ -131,53 +131,48 @@ struct HttpServer::Impl {
     {
       std::lock_guard lock(mu);
       open_fds.insert(fd);
-      ++live;
     }
     std::thread([this, s = std::move(sock), peer, fd]() mutable {
       Serve(std::move(s), peer);
       std::lock_guard lock(mu);
       open_fds.erase(fd);
-      --live;
       cv.notify_all();
     }).detach();
   }
 
-  void AcceptUnix() {
+  // Accepts until Stop; `peer_of` says who connected, or nullopt to refuse the connection.
+  template <typename Socket, typename Acceptor, typename PeerOf>
+  void Accept(Acceptor& acceptor, PeerOf peer_of) {
     while (!stopping) {
       beast::error_code ec;
-      local::socket sock(io);
-      unix_acceptor->accept(sock, ec);
+      Socket sock(io);
+      acceptor.accept(sock, ec);
       if (ec) {
         if (stopping) return;
         continue;
       }
-      Peer peer;
-      peer.unix_socket = true;
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      if (getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-        peer.uid = cred.uid, peer.gid = cred.gid, peer.pid = cred.pid;
-      } else {
-        continue;  // no credentials, no identity: refuse the connection
-      }
-      Spawn(std::move(sock), peer);
+      if (std::optional<Peer> peer = peer_of(sock)) Spawn(std::move(sock), *peer);
     }
   }
 
-  void AcceptTcp() {
-    while (!stopping) {
-      beast::error_code ec;
-      tcp::socket sock(io);
-      tcp_acceptor->accept(sock, ec);
-      if (ec) {
-        if (stopping) return;
-        continue;
-      }
-      Peer peer;
-      auto ep = sock.remote_endpoint(ec);
-      if (!ec) peer.address = fmt::format("{}:{}", ep.address().to_string(), ep.port());
-      Spawn(std::move(sock), peer);
+  static std::optional<Peer> UnixPeer(local::socket& sock) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      return std::nullopt;  // no credentials, no identity
     }
+    Peer peer;
+    peer.unix_socket = true;
+    peer.uid = cred.uid, peer.gid = cred.gid, peer.pid = cred.pid;
+    return peer;
+  }
+
+  static std::optional<Peer> TcpPeer(tcp::socket& sock) {
+    Peer peer;
+    beast::error_code ec;
+    auto ep = sock.remote_endpoint(ec);
+    if (!ec) peer.address = fmt::format("{}:{}", ep.address().to_string(), ep.port());
+    return peer;
   }
 };
 
@@ -239,8 +234,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     port = impl->tcp_acceptor->local_endpoint().port();
   }
   Impl* raw = impl.get();
-  raw->unix_thread = std::thread([raw] { raw->AcceptUnix(); });
-  if (raw->tcp_acceptor) raw->tcp_thread = std::thread([raw] { raw->AcceptTcp(); });
+  raw->unix_thread = std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
+  if (raw->tcp_acceptor) {
+    raw->tcp_thread = std::thread([raw] { raw->Accept<tcp::socket>(*raw->tcp_acceptor, Impl::TcpPeer); });
+  }
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(impl)));
   server->tcp_port_ = port;
   return server;
@@ -259,7 +256,7 @@ void HttpServer::Stop() {
   unlink(impl_->options.unix_path.c_str());
   std::unique_lock lock(impl_->mu);
   for (int fd : impl_->open_fds) ::shutdown(fd, SHUT_RDWR);
-  impl_->cv.wait(lock, [&] { return impl_->live == 0; });
+  impl_->cv.wait(lock, [&] { return impl_->open_fds.empty(); });
 }
 
 HttpServer::~HttpServer() { Stop(); }
