@@ -12,23 +12,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "../capture.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
+using Result = tessera::test::Captured;
 
 // Runs `args` through the shell with the tessera binary; captures stdout (stderr with 2>&1 in args).
 Result Tessera(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " " + TESSERA_BINARY + " " + args;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return tessera::test::Capture(env + " " + TESSERA_BINARY + " " + args);
 }
 
 TEST(TesseraBinary, GpusJsonOnSimulatedDgx) {

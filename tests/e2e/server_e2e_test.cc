@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "../capture.h"
 #include "tessera/server/http.h"
 
 extern char** environ;
@@ -112,14 +113,7 @@ json Shell(const std::string& script, json resources = json::object()) {
 }
 
 std::string Cli(const Daemon& d, const std::string& args) {
-  std::string cmd = "TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
+  return tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args + " 2>&1").out;
 }
 
 TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <string>
 
+#include "../capture.h"
+
 extern char** environ;
 
 namespace tessera::shim_test {
@@ -38,13 +40,7 @@ inline std::string Command(const Env& env, const std::string& route, const std::
 
 // Runs the client to completion; stdout (and stderr with 2>&1 in cmds).
 inline std::string RunClient(const Env& env, const std::string& route, const std::string& cmds) {
-  FILE* p = popen(Command(env, route, cmds).c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
+  return tessera::test::Capture(Command(env, route, cmds)).out;
 }
 
 // A client left running: its first line is read; Stop() kills it.
