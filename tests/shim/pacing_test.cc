@@ -83,7 +83,10 @@ TEST(Pacing, WorkConservingUsesIdleTimeCappedDoesNot) {
   EXPECT_GT(alone[0], 0.6 * kWindowUs) << "alone, a 30% job may use the whole GPU by default";
   std::vector<double> capped =
       Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30% TESSERA_CUDA_WORK_CONSERVING=0", kSaturate}});
-  EXPECT_NEAR(100 * capped[0] / kWindowUs, 30, 5) << "capped: its share even when the GPU is idle";
+  // The share is of the GPU time the job can use: measured against the same job running uncapped
+  // alone, so the client's own time between kernels (sync wake-ups, 10-20% of the window on a busy
+  // 2-core machine) is not counted against the library.
+  EXPECT_NEAR(100 * capped[0] / alone[0], 30, 5) << "capped: its share even when the GPU is idle";
 }
 
 TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
