@@ -341,12 +341,25 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
   EXPECT_THAT(Cli(d, "top --once"), HasSubstr("[SIMULATED GPUs]"));
   EXPECT_THAT(Cli(d, "submit --gpus 1"), HasSubstr("needs a command"));
+  EXPECT_THAT(Cli(d, "submit --env FOO -- true"), HasSubstr("--env FOO: expected NAME=VALUE"));
+  EXPECT_THAT(Cli(d, "submit --label team -- true"), HasSubstr("--label team: expected KEY=VALUE"));
+  EXPECT_THAT(Cli(d, "submit --gpu-share 300% -- true"), HasSubstr("resources.gpu_share"));
+  EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
+  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 1u) << "none of the bad submissions was stored";
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
   EXPECT_TRUE(api["paths"].contains("/metrics"));
   std::string metrics = HttpClient(d.socket()).Send("GET", "/metrics")->body;
   EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 1"));
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
+}
+
+TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {
+  std::string path = ::testing::TempDir() + "bad-server-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(path) << "socket: /tmp/x.sock\npreemption: {grace_period_s: forever}\n";
+  tessera::test::Captured r = tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr(path + ":2: preemption.grace_period_s"));
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "tessera/server/server.h"
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Write(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "server-config-" + std::to_string(getpid()) + "-" + name + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServerConfig, ReadsEverySetting) {
+  ServerConfig c = DefaultServerConfig();
+  std::string path = Write("full", R"(socket: /tmp/t.sock
+state_dir: /tmp/state
+tcp:
+  listen: "127.0.0.1:7070"
+  tokens:
+    - {token: "0123456789abcdef", user: ci, admin: true}
+simulate: t4x2
+policy: fgd
+admins: [alice]
+quotas:
+  bob: {gpus: 2, gpu_share: 2.5, gpu_memory: 100GiB}
+preemption: {requeue: false, grace_period_s: 3}
+unhealthy_gpu: fail
+max_body_bytes: 4096
+context_overhead: 300MiB
+poll_interval_s: 0.1
+)");
+  ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  EXPECT_EQ(c.socket, "/tmp/t.sock");
+  EXPECT_EQ(c.tcp_listen, "127.0.0.1:7070");
+  ASSERT_EQ(c.tokens.size(), 1u);
+  EXPECT_TRUE(c.tokens[0].admin);
+  EXPECT_EQ(c.quotas.at("bob").limit.gpus, 2);
+  EXPECT_EQ(c.quotas.at("bob").limit.gpu_milli, 2500);
+  EXPECT_EQ(c.quotas.at("bob").limit.gpu_memory_mib, 102400);
+  EXPECT_FALSE(c.requeue_preempted);
+  EXPECT_EQ(c.grace_period_s, 3);
+  EXPECT_EQ(c.unhealthy_action, "fail");
+  EXPECT_EQ(c.max_body_bytes, 4096u);
+  EXPECT_EQ(c.context_overhead_bytes, 300ull << 20);
+  EXPECT_TRUE(c.admins.contains("alice"));
+}
+
+TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"sockett: /x\n", ":1: sockett: unknown key"},
+      {"socket: /x\npreemption: {requeue: maybe}\n", ":2: preemption.requeue: expected true or false"},
+      {"preemption: {grace: 3}\n", "preemption.grace: unknown key"},
+      {"quotas: {bob: {gpus: -1}}\n", "quotas.bob.gpus: expected a whole number >= 0"},
+      {"quotas: {bob: {gpu_memory: lots}}\n", "quotas.bob.gpu_memory: expected a size"},
+      {"quotas: {bob: {cpus: 1}}\n", "quotas.bob.cpus: unknown key"},
+      {"tcp: {listen: \":7070\"}\n", "tcp: a TCP listener needs at least one token"},
+      {"tcp: {listen: \":7070\", tokens: [{token: short, user: ci}]}\n", "at least 16 characters"},
+      {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},
+      {"max_body_bytes: 10\n", "max_body_bytes: expected 1024..1073741824"},
+      {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},
+      {"socket: [a\n", "server-config"},
+      {"- a\n- b\n", "expected a map of settings"},
+  };
+  int i = 0;
+  for (const auto& [text, want] : cases) {
+    ServerConfig c = DefaultServerConfig();
+    std::string path = Write("bad" + std::to_string(i++), text);
+    absl::Status st = LoadServerConfig(path, &c);
+    ASSERT_FALSE(st.ok()) << text;
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(want)) << text;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(path)) << "names the file: " << st.message();
+  }
+  ServerConfig c;
+  EXPECT_EQ(LoadServerConfig("/nonexistent/server.yaml", &c).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tessera::server
