@@ -24,8 +24,8 @@ extern char** environ;
 namespace tessera::cli {
 namespace {
 
-using nlohmann::json;
-using nlohmann::ordered_json;
+// Ordered: answers are shown with the server's key order, and go to EmitStructured as they are.
+using json = nlohmann::ordered_json;
 
 struct ClientFlags {
   std::string socket;
@@ -115,7 +115,7 @@ void JobsTable(const json& jobs, std::ostream& out) {
 }
 
 void Emit(const json& j, const std::string& format, std::ostream& out) {
-  EmitStructured(ordered_json::parse(j.dump()), *ParseFormat(format), out);
+  EmitStructured(j, *ParseFormat(format), out);
 }
 
 struct State {
