@@ -26,6 +26,7 @@ namespace {
 using nlohmann::json;
 using tessera::server::HttpClient;
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 constexpr char kToken[] = "bob-token-0123456789";
@@ -47,8 +48,10 @@ class Daemon {
 
   void Start() {
     std::string log = dir_ + "/server.log";
+    // No machine to simulate: the driver (the config names which NVML library).
     std::string cmd = std::string("exec ") + TESSERA_BINARY + " server --socket " + socket_ + " --state-dir " +
-                      dir_ + "/state --simulate " + simulate_ + " -c " + config_ + " >>" + log + " 2>&1";
+                      dir_ + "/state" + (simulate_.empty() ? "" : " --simulate " + simulate_) + " -c " + config_ +
+                      " >>" + log + " 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
     for (int i = 0; i < 200; ++i) {
@@ -264,6 +267,53 @@ TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_healthy\\{gpu=\"0\"[^}]*\\} 0"));
   EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_xid_errors_total\\{gpu=\"0\"[^}]*\\} 1"));
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+}
+
+// The real NVML path (the fake libnvidia-ml.so.1 through dlopen): GPUs by UUID, and each GPU's
+// utilization, memory used, temperature and power in /metrics, /v1/gpus and `tessera top`.
+TEST(TesseraServer, DriverGpusReportTelemetry) {
+  const std::string scenario = ::testing::TempDir() + "telemetry-" + std::to_string(getpid()) + ".json";
+  json devices = {{{"uuid", "GPU-11111111-aaaa"}, {"name", "NVIDIA A100-SXM4-40GB"}, {"memory_total", 42949672960ull},
+                   {"utilization", 73}, {"memory_utilization", 21}, {"memory_used", 5000000000ull},
+                   {"temperature", 64}, {"power_mw", 312500}},
+                  {{"uuid", "GPU-22222222-bbbb"}, {"name", "NVIDIA A100-SXM4-40GB"}, {"memory_total", 42949672960ull},
+                   {"utilization", 0}, {"temperature", 35}, {"errors", {{"nvmlDeviceGetPowerUsage", 3}}}}};
+  std::ofstream(scenario) << json{{"devices", devices}}.dump();
+  setenv("FAKE_NVML_SCENARIO", scenario.c_str(), 1);
+  Daemon d("telemetry",
+           "nvml_library: " TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1\nfallback_simulate: \"\"\n", "");
+  unsetenv("FAKE_NVML_SCENARIO");
+
+  json info = d.Call("GET", "/v1/info");
+  EXPECT_FALSE(info["simulated"].get<bool>()) << info.dump();
+  int64_t id = d.Submit(Shell("echo $CUDA_VISIBLE_DEVICES", {{"gpus", 1}}));
+  d.WaitFor(id, "succeeded");
+  EXPECT_EQ(d.Logs(id), "GPU-11111111-aaaa\n");
+
+  HttpClient c(d.socket());
+  std::string metrics = c.Send("GET", "/metrics")->body;
+  const std::string gpu0 = "gpu=\"0\",uuid=\"GPU-11111111-aaaa\",model=\"NVIDIA A100-SXM4-40GB\"";
+  EXPECT_THAT(metrics, HasSubstr("tessera_gpu_utilization_ratio{" + gpu0));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.73\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"1\"[^}]*\\} 0\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_memory_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.21\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_memory_used_bytes\\{gpu=\"0\"[^}]*\\} 5000000000\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_temperature_celsius\\{gpu=\"1\"[^}]*\\} 35\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_power_watts\\{gpu=\"0\"[^}]*\\} 312.5\n"));
+  EXPECT_THAT(metrics, Not(::testing::ContainsRegex("tessera_gpu_power_watts\\{gpu=\"1\"")))
+      << "a reading the driver does not offer is left out, not reported as 0";
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_simulated\\{[^}]*\\} 0\n"));
+
+  json gpus = d.Call("GET", "/v1/gpus")["gpus"];
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_DOUBLE_EQ(gpus[0]["utilization"].get<double>(), 0.73);
+  EXPECT_DOUBLE_EQ(gpus[0]["power_watts"].get<double>(), 312.5);
+  EXPECT_EQ(gpus[0]["memory_used_bytes"].get<uint64_t>(), 5000000000u);
+  EXPECT_TRUE(gpus[1]["power_watts"].is_null());
+
+  std::string top = Cli(d, "top --once");
+  EXPECT_THAT(top, ::testing::ContainsRegex("0 +NVIDIA A100-SXM4-40GB +ok .* 73% +64C +312W"));
+  EXPECT_THAT(top, ::testing::ContainsRegex("1 +NVIDIA A100-SXM4-40GB +ok .* 0% +35C +- "));
 }
 
 TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {

@@ -354,7 +354,12 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
                        (*info)["hostname"].get<std::string>(),
                        (*info)["simulated"].get<bool>() ? "  [SIMULATED GPUs]" : "", (*info)["running"].get<int>(),
                        (*info)["queued"].get<int>());
-    Table g({"GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "JOBS"});
+    // Allocation (what jobs were given) beside the driver's readings (what the GPU is doing; "-" when
+    // the driver does not tell, as on a simulated machine).
+    auto reading = [](const json& v, const char* format, double scale = 1) {
+      return v.is_number() ? fmt::format(fmt::runtime(format), v.get<double>() * scale) : std::string("-");
+    };
+    Table g({"GPU", "MODEL", "HEALTH", "ALLOCATED", "MEMORY ALLOCATED", "UTIL", "TEMP", "POWER", "MEM USED", "JOBS"});
     for (const json& x : (*gpus)["gpus"]) {
       const int milli = x["allocated_milli"].get<int>();
       const int bar = milli * 20 / 1000;
@@ -366,6 +371,10 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
                 fmt::format("{} {:3d}%", meter, milli / 10),
                 fmt::format("{} / {}", core::FormatBytes(static_cast<uint64_t>(x["allocated_memory_mib"].get<int64_t>()) << 20),
                             core::FormatBytes(x["memory_bytes"].get<uint64_t>())),
+                reading(x.value("utilization", json()), "{:.0f}%", 100), reading(x.value("temperature_celsius", json()), "{:.0f}C"),
+                reading(x.value("power_watts", json()), "{:.0f}W"),
+                x.value("memory_used_bytes", json()).is_number() ? core::FormatBytes(x["memory_used_bytes"].get<uint64_t>())
+                                                                 : std::string("-"),
                 fmt::format("{}", fmt::join(ids, ","))});
     }
     g.Print(out);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,17 @@ struct HealthEvent {
 
 std::string_view HealthEventKindName(HealthEvent::Kind kind);
 
+// What a GPU says about itself now. A field the driver cannot tell (not supported, no permission) is empty.
+struct GpuTelemetry {
+  std::optional<double> utilization;         // share of the last sample period a kernel ran, 0..1
+  std::optional<double> memory_utilization;  // share of it device memory was read or written, 0..1
+  std::optional<uint64_t> memory_used_bytes;
+  std::optional<double> temperature_celsius;
+  std::optional<double> power_watts;
+
+  friend bool operator==(const GpuTelemetry&, const GpuTelemetry&) = default;
+};
+
 class DeviceSource {
  public:
   virtual ~DeviceSource() = default;
@@ -47,6 +59,11 @@ class DeviceSource {
 
   // Asks GPU `index` something cheap. An error means it does not answer.
   virtual absl::Status Probe(int index) = 0;
+
+  // Reads GPU `index`'s utilization, memory in use, temperature and power. Errors: kInvalidArgument for
+  // no such GPU, kUnavailable when the GPU does not answer. A simulated GPU has nothing to report: every
+  // field is empty.
+  virtual absl::StatusOr<GpuTelemetry> ReadTelemetry(int index) = 0;
 };
 
 }  // namespace tessera::devices

@@ -22,6 +22,7 @@ enum : int {
   NVML_ERROR_DRIVER_NOT_LOADED = 9,
   NVML_ERROR_TIMEOUT = 10,
   NVML_ERROR_GPU_IS_LOST = 15,
+  NVML_ERROR_RESET_REQUIRED = 16,
   NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -46,6 +47,9 @@ constexpr unsigned long long nvmlEventTypeSingleBitEccError = 0x1ULL;
 constexpr unsigned long long nvmlEventTypeDoubleBitEccError = 0x2ULL;
 constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8ULL;
 constexpr unsigned long long nvmlEventTypeGpuUnavailableError = 0x4000ULL;
+
+// nvmlTemperatureSensors_t: the GPU die sensor.
+constexpr int kNvmlTemperatureGpu = 0;
 
 constexpr unsigned kNvmlDeviceNameBufferSize = 96;
 constexpr unsigned kNvmlUuidBufferSize = 96;

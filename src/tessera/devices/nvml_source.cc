@@ -364,4 +364,50 @@ absl::Status NvmlSource::Probe(int index) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
+  if (index < 0 || static_cast<size_t>(index) >= handles_.size()) {
+    return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", index));
+  }
+  const NvmlApi& api = lib_->api();
+  nvmlDevice_t dev = handles_[index];
+  GpuTelemetry t;
+  // A reading the driver does not offer (not supported, no permission) stays empty; a GPU that has
+  // fallen off the bus or needs a reset is an error, as for Probe.
+  absl::Status failed;
+  auto ok = [&](nvmlReturn_t ret, const char* what) {
+    if (ret == NVML_SUCCESS) return true;
+    if (ret == NVML_ERROR_GPU_IS_LOST || ret == NVML_ERROR_RESET_REQUIRED) {
+      if (failed.ok()) failed = lib_->ToStatus(ret, fmt::format("gpu {}: {}", index, what));
+    }
+    return false;
+  };
+  if (api.DeviceGetUtilizationRates) {
+    nvmlUtilization_t u = {};
+    if (ok(api.DeviceGetUtilizationRates(dev, &u), "utilization")) {
+      t.utilization = std::min(u.gpu, 100u) / 100.0;
+      t.memory_utilization = std::min(u.memory, 100u) / 100.0;
+    }
+  }
+  bool have_memory = false;
+  if (api.DeviceGetMemoryInfo_v2) {
+    nvmlMemory_v2_t mem = {};
+    mem.version = kNvmlMemoryV2Version;
+    if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory")) t.memory_used_bytes = mem.used, have_memory = true;
+  }
+  if (!have_memory && api.DeviceGetMemoryInfo) {
+    nvmlMemory_t mem = {};
+    if (ok(api.DeviceGetMemoryInfo(dev, &mem), "memory")) t.memory_used_bytes = mem.used;
+  }
+  if (api.DeviceGetTemperature) {
+    unsigned celsius = 0;
+    if (ok(api.DeviceGetTemperature(dev, kNvmlTemperatureGpu, &celsius), "temperature")) t.temperature_celsius = celsius;
+  }
+  if (api.DeviceGetPowerUsage) {
+    unsigned milliwatts = 0;
+    if (ok(api.DeviceGetPowerUsage(dev, &milliwatts), "power")) t.power_watts = milliwatts / 1000.0;
+  }
+  if (!failed.ok()) return absl::UnavailableError(failed.message());
+  return t;
+}
+
 }  // namespace tessera::devices

@@ -29,6 +29,7 @@ class NvmlSource final : public DeviceSource {
   absl::StatusOr<std::vector<HealthEvent>> WaitHealthEvents(
       std::chrono::milliseconds timeout) override;
   absl::Status Probe(int index) override;
+  absl::StatusOr<GpuTelemetry> ReadTelemetry(int index) override;
 
  private:
   NvmlSource(std::unique_ptr<NvmlLibrary> lib, NvmlSourceOptions options,

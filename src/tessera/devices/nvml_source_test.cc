@@ -362,6 +362,74 @@ TEST_F(NvmlSourceTest, FailedEventWaitProbesEveryGpu) {
       << "only the GPU that does not answer is sick, not every GPU";
 }
 
+TEST_F(NvmlSourceTest, ReadsTelemetryInSiUnits) {
+  json s = TwoGpus();
+  s["devices"][0].update({{"utilization", 73}, {"memory_utilization", 21}, {"memory_used", 5000000000ull},
+                          {"temperature", 64}, {"power_mw", 312500}});
+  s["devices"][1].update({{"utilization", 0}, {"memory_used", 0}, {"temperature", 31}, {"power_mw", 61000}});
+  Scenario(s);
+  auto src = Open();
+  auto t0 = src->ReadTelemetry(0);
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  EXPECT_DOUBLE_EQ(t0->utilization.value(), 0.73);
+  EXPECT_DOUBLE_EQ(t0->memory_utilization.value(), 0.21);
+  EXPECT_EQ(t0->memory_used_bytes, 5000000000ull);
+  EXPECT_DOUBLE_EQ(t0->temperature_celsius.value(), 64);
+  EXPECT_DOUBLE_EQ(t0->power_watts.value(), 312.5);
+  auto t1 = src->ReadTelemetry(1);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_DOUBLE_EQ(t1->utilization.value(), 0.0) << "an idle GPU reads 0, not unknown";
+  EXPECT_EQ(t1->memory_used_bytes, 0u);
+  EXPECT_DOUBLE_EQ(t1->power_watts.value(), 61);
+  EXPECT_EQ(src->ReadTelemetry(2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(src->ReadTelemetry(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(NvmlSourceTest, TelemetryTheDriverDoesNotOfferStaysUnknown) {
+  json s = TwoGpus();
+  s["devices"][0]["utilization"] = 40;
+  s["devices"][0]["errors"] = {{"nvmlDeviceGetPowerUsage", 3}, {"nvmlDeviceGetTemperature", 4}};
+  Scenario(s);
+  auto src = Open();
+  auto t = src->ReadTelemetry(0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->power_watts, std::nullopt) << "NOT_SUPPORTED";
+  EXPECT_EQ(t->temperature_celsius, std::nullopt) << "NO_PERMISSION";
+  EXPECT_DOUBLE_EQ(t->utilization.value(), 0.4);
+  EXPECT_TRUE(t->memory_used_bytes.has_value());
+
+  // A library without the telemetry symbols: nothing known, and not an error.
+  Scenario(TwoGpus());
+  auto minimal = Open("minimal");
+  ASSERT_NE(minimal, nullptr);
+  auto m = minimal->ReadTelemetry(1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(*m, GpuTelemetry{});
+}
+
+TEST_F(NvmlSourceTest, LegacyLibraryReportsMemoryUsedThroughTheOldCall) {
+  json s = TwoGpus();
+  s["devices"][1]["memory_used"] = 123456789;
+  Scenario(s);
+  auto src = Open("legacy");
+  ASSERT_NE(src, nullptr);
+  auto t = src->ReadTelemetry(1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->memory_used_bytes, 123456789u);
+}
+
+TEST_F(NvmlSourceTest, TelemetryOfALostGpuIsAnError) {
+  json s = TwoGpus();
+  s["devices"][1]["lost_from_ms"] = 0;
+  Scenario(s);
+  auto src = Open();
+  EXPECT_TRUE(src->ReadTelemetry(0).ok());
+  auto t = src->ReadTelemetry(1);
+  ASSERT_EQ(t.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("gpu 1: utilization"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("GPU is lost"));
+}
+
 TEST(CanonicalPciBusId, NormalisesForms) {
   EXPECT_EQ(CanonicalPciBusId("0000:18:00.0"), "00000000:18:00.0");
   EXPECT_EQ(CanonicalPciBusId("00000000:2a:00.0"), "00000000:2A:00.0");

@@ -63,6 +63,11 @@ absl::Status SimulatedSource::Probe(int index) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<GpuTelemetry> SimulatedSource::ReadTelemetry(int index) {
+  if (absl::Status st = Probe(index); !st.ok()) return st;
+  return GpuTelemetry{};
+}
+
 absl::Status SimulatedSource::Inject(const HealthEvent& event) {
   if (event.gpu < 0 || static_cast<size_t>(event.gpu) >= lost_.size()) {
     return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", event.gpu));

@@ -24,6 +24,7 @@ class SimulatedSource final : public DeviceSource {
   absl::StatusOr<std::vector<HealthEvent>> WaitHealthEvents(
       std::chrono::milliseconds timeout) override;
   absl::Status Probe(int index) override;
+  absl::StatusOr<GpuTelemetry> ReadTelemetry(int index) override;
 
   // Queues `event` for the next WaitHealthEvents. kInvalidArgument if its GPU does not exist.
   absl::Status Inject(const HealthEvent& event);

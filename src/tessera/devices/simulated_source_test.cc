@@ -60,6 +60,18 @@ TEST(SimulatedSource, RejectsUnknownGpus) {
   EXPECT_EQ(source.Inject({.gpu = 2}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(source.SetLost(-1, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(source.Probe(5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(source.ReadTelemetry(2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SimulatedSource, TelemetryIsUnknownAndFailsWhileLost) {
+  auto m = LoadSimulatedMachine("t4x2");
+  ASSERT_TRUE(m.ok());
+  SimulatedSource source(*m);
+  auto t = source.ReadTelemetry(1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, GpuTelemetry{}) << "a simulated GPU invents no readings";
+  ASSERT_TRUE(source.SetLost(1, true).ok());
+  EXPECT_EQ(source.ReadTelemetry(1).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

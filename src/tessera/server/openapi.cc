@@ -10,7 +10,7 @@ std::string_view OpenApiDocument() {
   "paths": {
     "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
     "/v1/info": {"get": {"summary": "Server, machine (simulated or not) and caller", "responses": {"200": {"description": "info"}}}},
-    "/v1/gpus": {"get": {"summary": "GPUs with health, allocation and jobs", "responses": {"200": {"description": "GPUs"}}}},
+    "/v1/gpus": {"get": {"summary": "GPUs with health, allocation, jobs and the driver's readings (utilization, memory_used_bytes, temperature_celsius, power_watts; null when unknown)", "responses": {"200": {"description": "GPUs"}}}},
     "/v1/jobs": {
       "get": {"summary": "Jobs, oldest first",
               "parameters": [{"name": "state", "in": "query", "schema": {"type": "string"}, "description": "comma-separated states"},

@@ -840,8 +840,35 @@ json Server::Info() {
   return j;
 }
 
+namespace {
+constexpr double kTelemetryMaxAgeS = 1.0;
+
+template <typename T>
+json OrNull(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+}  // namespace
+
+std::vector<devices::GpuTelemetry> Server::Telemetry() {
+  std::lock_guard lock(telemetry_mu_);
+  const double now = Now();
+  if (telemetry_at_ >= 0 && now - telemetry_at_ < kTelemetryMaxAgeS) return telemetry_;
+  telemetry_.assign(inventory_.gpus.size(), devices::GpuTelemetry{});
+  for (size_t g = 0; g < telemetry_.size(); ++g) {
+    auto t = source_->ReadTelemetry(static_cast<int>(g));
+    if (t.ok()) {
+      telemetry_[g] = *t;
+    } else {
+      spdlog::debug("gpu {}: no telemetry: {}", g, std::string(t.status().message()));
+    }
+  }
+  telemetry_at_ = now;
+  return telemetry_;
+}
+
 HttpResponse Server::Gpus() {
   json out = json::array();
+  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   std::lock_guard lock(mu_);
   const auto& state = scheduler_->state();
   for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
@@ -859,6 +886,11 @@ HttpResponse Server::Gpus() {
                    {"health_reason", gpu_health_reason_[g]},
                    {"allocated_milli", use.milli},
                    {"allocated_memory_mib", use.memory_mib},
+                   {"utilization", OrNull(telemetry[g].utilization)},
+                   {"memory_utilization", OrNull(telemetry[g].memory_utilization)},
+                   {"memory_used_bytes", OrNull(telemetry[g].memory_used_bytes)},
+                   {"temperature_celsius", OrNull(telemetry[g].temperature_celsius)},
+                   {"power_watts", OrNull(telemetry[g].power_watts)},
                    {"jobs", jobs}});
   }
   return JsonResponse(200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
@@ -870,6 +902,7 @@ std::string Server::RenderMetrics() {
     o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, text, name, type);
   };
   std::vector<devices::GpuHealth> health = health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
+  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   std::lock_guard lock(mu_);
   auto labels = [&](size_t g) {
     const core::Gpu& gpu = inventory_.gpus[g];
@@ -889,6 +922,21 @@ std::string Server::RenderMetrics() {
   for (size_t g = 0; g < n; ++g) {
     o += fmt::format("tessera_gpu_memory_total_bytes{{{}}} {}\n", labels(g), inventory_.gpus[g].memory_bytes.value_or(0));
   }
+  // Readings the driver does not give are left out (no sample), not reported as 0.
+  auto reading = [&](const char* name, const char* text, auto field) {
+    help(name, "gauge", text);
+    for (size_t g = 0; g < n; ++g) {
+      if (const auto& v = telemetry[g].*field) o += fmt::format("{}{{{}}} {}\n", name, labels(g), *v);
+    }
+  };
+  reading("tessera_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0..1).",
+          &devices::GpuTelemetry::utilization);
+  reading("tessera_gpu_memory_utilization_ratio", "Share of the last sample period GPU memory was read or written (0..1).",
+          &devices::GpuTelemetry::memory_utilization);
+  reading("tessera_gpu_memory_used_bytes", "GPU memory in use, by every process (driver's count).",
+          &devices::GpuTelemetry::memory_used_bytes);
+  reading("tessera_gpu_temperature_celsius", "GPU die temperature.", &devices::GpuTelemetry::temperature_celsius);
+  reading("tessera_gpu_power_watts", "GPU power draw.", &devices::GpuTelemetry::power_watts);
   help("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
   help("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
   const auto& state = scheduler_->state();

@@ -20,13 +20,13 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
+#include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/store.h"
 
 namespace tessera::devices {
-class DeviceSource;
 class HealthWatch;
 }  // namespace tessera::devices
 namespace tessera::sched {
@@ -125,6 +125,9 @@ class Server {
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();
+  // Every GPU's utilization, memory used, temperature and power, read from the driver at most once per
+  // kTelemetryMaxAgeS however often it is asked; a GPU that does not answer gets empty readings.
+  std::vector<devices::GpuTelemetry> Telemetry();
 
   // API
   HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid);
@@ -159,6 +162,10 @@ class Server {
   uint64_t latency_count_ = 0;
   uint64_t passes_ = 0;
   double last_pass_s_ = 0;
+
+  std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
+  double telemetry_at_ = -1;
+  std::vector<devices::GpuTelemetry> telemetry_;
 
   std::atomic<bool> stop_{false};
   std::thread loop_;

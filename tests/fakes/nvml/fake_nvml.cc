@@ -40,7 +40,8 @@ struct Device {
   int ecc = 1, mig = -1;  // -1: MIG not supported
   int numa = -1;          // -1: nvmlDeviceGetNumaNodeId not supported
   unsigned minor = 0;
-  unsigned utilization = 0, temperature = 40, power_mw = 100000;
+  unsigned utilization = 0, memory_utilization = 0, temperature = 40, power_mw = 100000;
+  unsigned long long memory_used = 0;
   std::vector<NvLink> nvlinks;
   std::map<std::string, int> errors;
   long lost_from_ms = -1, lost_until_ms = -1;
@@ -155,6 +156,8 @@ int LoadScenario(State& s) {
     dev->numa = d.value("numa", -1);
     dev->minor = d.value("minor", index);
     dev->utilization = d.value("utilization", 0u);
+    dev->memory_utilization = d.value("memory_utilization", dev->utilization / 2);
+    dev->memory_used = d.value("memory_used", dev->memory_total / 100);
     dev->temperature = d.value("temperature", 40u);
     dev->power_mw = d.value("power_mw", 100000u);
     if (d.contains("errors")) dev->errors = d["errors"].get<std::map<std::string, int>>();
@@ -324,7 +327,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char* buf, unsigned len)
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
   DEVICE_OR_FAIL("nvmlDeviceGetMemoryInfo");
   m->total = d->memory_total;
-  m->used = d->memory_total / 100;
+  m->used = d->memory_used;
   m->free = m->total - m->used;
   return NVML_SUCCESS;
 }
@@ -334,7 +337,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t
   if (m->version != kNvmlMemoryV2Version) return NVML_ERROR_INVALID_ARGUMENT;
   m->total = d->memory_total;
   m->reserved = d->memory_total / 200;
-  m->used = d->memory_total / 100;
+  m->used = d->memory_used;
   m->free = m->total - m->used - m->reserved;
   return NVML_SUCCESS;
 }
@@ -433,7 +436,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsign
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t* u) {
   DEVICE_OR_FAIL("nvmlDeviceGetUtilizationRates");
   u->gpu = d->utilization;
-  u->memory = d->utilization / 2;
+  u->memory = d->memory_utilization;
   return NVML_SUCCESS;
 }
 
