@@ -40,7 +40,9 @@ class Daemon {
     fs::create_directories(dir_);
     socket_ = dir_ + "/s.sock";
     config_ = dir_ + "/server.yaml";
-    std::ofstream(config_) << "preemption: {grace_period_s: 1}\npoll_interval_s: 0.05\n" << config_yaml;
+    std::ofstream(config_) << "preemption: {grace_period_s: 1}\npoll_interval_s: 0.05\n" << config_yaml
+                           // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
+                           << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n" : "");
     simulate_ = simulate;
     Start();
   }
@@ -314,6 +316,125 @@ TEST(TesseraServer, DriverGpusReportTelemetry) {
   std::string top = Cli(d, "top --once");
   EXPECT_THAT(top, ::testing::ContainsRegex("0 +NVIDIA A100-SXM4-40GB +ok .* 73% +64C +312W"));
   EXPECT_THAT(top, ::testing::ContainsRegex("1 +NVIDIA A100-SXM4-40GB +ok .* 0% +35C +- "));
+}
+
+// A podman wrapper around the fake podman (tests/fakes/podman), which knows the images `images`.
+std::string FakePodmanDir(const std::string& name, const std::string& images) {
+  const std::string dir = ::testing::TempDir() + "tessera-e2e-podman-" + std::to_string(getpid()) + "-" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/state");
+  std::ofstream(dir + "/state/images") << images;
+  std::ofstream(dir + "/podman") << "#!/bin/sh\nexec " TESSERA_TEST_FAKES_DIR "/podman/fake_podman --fake-state "
+                                 << dir << "/state \"$@\"\n";
+  fs::permissions(dir + "/podman", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  return dir;
+}
+
+json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in, nullptr, false);
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Jobs with an image run under podman with their GPUs as CDI devices from the spec the server wrote;
+// a stop reaches the container; podman's own failures are told apart from the job's.
+TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
+  const std::string p = FakePodmanDir("run", "example/train:1\n");
+  Daemon d("containers", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi, run_args: [--pull=never]}\n");
+  json info = d.Call("GET", "/v1/info");
+  ASSERT_TRUE(info["containers"]["available"].get<bool>()) << info.dump() << d.Log();
+  EXPECT_EQ(info["containers"]["cdi_spec"], p + "/cdi/tessera.io-gpu.json");
+  json gpus = d.Call("GET", "/v1/gpus")["gpus"];
+  json spec = ReadJson(p + "/cdi/tessera.io-gpu.json");
+  ASSERT_EQ(spec["kind"], "tessera.io/gpu");
+  std::vector<std::string> names;
+  for (const json& dev : spec["devices"]) names.push_back(dev["name"]);
+  EXPECT_THAT(names, ::testing::IsSupersetOf({gpus[0]["uuid"].get<std::string>(), gpus[1]["uuid"].get<std::string>()}));
+
+  // Whole GPU: the device by UUID; the job's env goes in with --env, not into podman's own.
+  json whole = Shell("echo dev=$CUDA_VISIBLE_DEVICES foo=$FOO path=$PATH; env | grep '^TESSERA_GPU_'", {{"gpus", 1}});
+  whole["image"] = "example/train:1";
+  whole["env"] = {{"FOO", "bar"}};
+  int64_t id = d.Submit(whole);
+  json j = d.WaitFor(id, "succeeded");
+  const int gpu = j["placement"]["gpus"][0]["index"];
+  const std::string uuid = j["placement"]["gpus"][0]["uuid"];
+  EXPECT_EQ(d.Logs(id), "dev=" + uuid + " foo=bar path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" +
+                            "TESSERA_GPU_" + std::to_string(gpu) + "_UUID=" + uuid + "\n")
+      << "the image's PATH, the CDI device's environment";
+  json rec = ReadJson(p + "/state/tessera-job-" + std::to_string(id) + ".json");
+  EXPECT_EQ(rec["devices"], json::array({"tessera.io/gpu=" + uuid}));
+  EXPECT_EQ(rec["image"], "example/train:1");
+  EXPECT_THAT(rec["flags"].get<std::vector<std::string>>(),
+              ::testing::ElementsAre("--rm", "--label io.tessera.job=" + std::to_string(id), "--pull=never"));
+  for (const json& e : rec["podman_env"]) EXPECT_THAT(e.get<std::string>(), Not(HasSubstr("FOO=")));
+  EXPECT_EQ(rec["global"], json::array({"--fake-state", p + "/state", "--cdi-spec-dir", p + "/cdi"}))
+      << "this podman takes the spec folder";
+
+  // A share of a GPU: the intercept library, the job's region (made before it starts) and the arbiter
+  // are bound into the container.
+  json frac = Shell("test -s \"$TESSERA_CUDA_REGION\" && echo region-ok preload=$LD_PRELOAD",
+                    {{"gpu_memory", "1GiB"}, {"gpu_share", "30%"}});
+  frac["image"] = "example/train:1";
+  id = d.Submit(frac);
+  d.WaitFor(id, "succeeded");
+  rec = ReadJson(p + "/state/tessera-job-" + std::to_string(id) + ".json");
+  const std::string lib = rec["env"]["LD_PRELOAD"];
+  EXPECT_EQ(d.Logs(id), "region-ok preload=" + lib + "\n");
+  const std::string region = rec["env"]["TESSERA_CUDA_REGION"], arbiter = rec["env"]["TESSERA_CUDA_ARBITER"];
+  EXPECT_THAT(rec["volumes"].get<std::vector<std::string>>(),
+              ::testing::ElementsAre(lib + ":" + lib + ":ro", region + ":" + region + ":rw", arbiter + ":" + arbiter + ":rw"));
+
+  // Cancel: SIGTERM is passed on; a container that ignores it is killed and removed by name.
+  id = d.Submit([] {
+    json k = Shell("trap '' TERM; echo started; sleep 30", {{"gpus", 1}});
+    k["image"] = "example/train:1";
+    return k;
+  }());
+  d.WaitFor(id, "running");
+  for (int i = 0; i < 200 && d.Logs(id).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  int status = 0;
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", "", &status);
+  EXPECT_EQ(status, 200);
+  d.WaitFor(id, "cancelled");
+  std::string rm;
+  for (int i = 0; i < 250 && rm.find("tessera-job-" + std::to_string(id)) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    rm = ReadText(p + "/state/rm.log");
+  }
+  EXPECT_THAT(rm, HasSubstr("rm --force --ignore --time 0 tessera-job-" + std::to_string(id)));
+
+  // podman's own failures (exit 125): an unknown image; a device the runtime cannot resolve.
+  json unknown = Shell("true", {{"gpus", 1}});
+  unknown["image"] = "example/missing:2";
+  id = d.Submit(unknown);
+  j = d.WaitFor(id, "failed");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("podman could not run the container (exit code 125"));
+  EXPECT_THAT(d.Logs(id, "stderr"), HasSubstr("example/missing:2: image not known"));
+  fs::remove(p + "/cdi/tessera.io-gpu.json");
+  id = d.Submit(whole);
+  d.WaitFor(id, "failed");
+  EXPECT_THAT(d.Logs(id, "stderr"), HasSubstr("unresolvable CDI devices tessera.io/gpu=GPU-"));
+}
+
+TEST(TesseraServer, ImageWithoutPodmanIsRefusedAndSaid) {
+  Daemon d("nopodman", "containers: {podman: /nonexistent/podman}\n");
+  json info = d.Call("GET", "/v1/info");
+  EXPECT_FALSE(info["containers"]["available"].get<bool>());
+  EXPECT_THAT(info["containers"]["reason"].get<std::string>(), HasSubstr("/nonexistent/podman is not an executable file"));
+  json spec = Shell("true", {{"gpus", 1}});
+  spec["image"] = "example/train:1";
+  int status = 0;
+  json e = d.Call("POST", "/v1/jobs", spec.dump(), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("image: this server cannot run containers: podman:"));
+  EXPECT_TRUE(d.Call("GET", "/v1/jobs")["jobs"].empty());
+  std::string out = Cli(d, "submit --gpus 1 --image example/train:1 -- true");
+  EXPECT_THAT(out, HasSubstr("cannot run containers"));
 }
 
 TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {

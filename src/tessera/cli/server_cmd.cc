@@ -125,7 +125,7 @@ struct State {
   std::string socket, state_dir, simulate, fallback_simulate = "dgx-h100", tcp;
   // submit
   int gpus = 0;
-  std::string gpu_mem, gpu_share, name, workdir;
+  std::string gpu_mem, gpu_share, name, workdir, image;
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
   bool no_preempt = false, no_env = false;
@@ -199,7 +199,8 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   json spec;
   spec["command"] = s.command;
   json env = json::object();
-  if (!s.no_env) {
+  // A container gets only what --env says: this shell's PATH, HOME and the like mean nothing in its image.
+  if (!s.no_env && s.image.empty()) {
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
       size_t eq = kv.find('=');
@@ -226,7 +227,12 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   }
   if (!labels.empty()) spec["labels"] = labels;
   std::error_code ec;
-  spec["workdir"] = s.workdir.empty() ? std::filesystem::current_path(ec).string() : s.workdir;
+  if (!s.image.empty()) {
+    spec["image"] = s.image;
+    if (!s.workdir.empty()) spec["workdir"] = s.workdir;  // else the image's
+  } else {
+    spec["workdir"] = s.workdir.empty() ? std::filesystem::current_path(ec).string() : s.workdir;
+  }
   if (!s.name.empty()) spec["name"] = s.name;
   json res = json::object();
   if (s.gpus > 0) res["gpus"] = s.gpus;
@@ -407,15 +413,21 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   sub->add_option("--gpus", st.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
   sub->add_option("--gpu-mem", st.gpu_mem, "A fraction of one GPU: this much of its memory (10GiB)");
   sub->add_option("--gpu-share", st.gpu_share, "A fraction of one GPU: this share of its compute (30%)");
-  sub->add_option("--model", st.models, "Acceptable GPU model(s), the exact name `tessera gpus` shows, e.g. 'NVIDIA H100 80GB HBM3'");
+  sub->add_option("--model", st.models, "Acceptable GPU model(s), the exact name `tessera gpus` shows, e.g. 'NVIDIA H100 80GB HBM3'")
+      ->allow_extra_args(false);
   sub->add_option("--priority", st.priority, "Priority, -1000..1000 (higher first; may preempt lower)");
   sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");
   sub->add_option("--name", st.name, "A name for the job");
   sub->add_option("--max-runtime", st.max_runtime, "Stop the job after this many seconds");
-  sub->add_option("--env", st.envs, "Set NAME=VALUE in the job's environment (repeatable)");
+  sub->add_option("--env", st.envs, "Set NAME=VALUE in the job's environment (repeatable)")
+      ->allow_extra_args(false);
   sub->add_flag("--no-env", st.no_env, "Do not pass this shell's environment to the job");
-  sub->add_option("--label", st.labels, "KEY=VALUE label (repeatable)");
-  sub->add_option("--workdir", st.workdir, "Working directory (default: the current one)");
+  sub->add_option("--label", st.labels, "KEY=VALUE label (repeatable)")
+      ->allow_extra_args(false);
+  sub->add_option("--workdir", st.workdir, "Working directory (default: the current one; with --image, the image's)");
+  sub->add_option("--image", st.image,
+                  "Run in a container of this image (podman; the GPUs handed over as CDI devices). "
+                  "Only --env variables go in, not this shell's");
   sub->add_option("command", st.command, "The command and its arguments, after --");
   st.client.AddTo(sub);
   sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });

@@ -75,7 +75,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (absl::Status st = Known(path, root,
                               {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
                                "policy", "admins", "quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
-                               "intercept_library", "context_overhead", "poll_interval_s"},
+                               "intercept_library", "context_overhead", "poll_interval_s", "containers"},
                               "");
       !st.ok()) {
     return st;
@@ -160,6 +160,27 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     auto b = core::ParseBytes(o.as<std::string>(""));
     if (!b) return At(path, o, "context_overhead", "expected a size such as 300MiB");
     c->context_overhead_bytes = *b;
+  }
+  if (const YAML::Node k = root["containers"]) {
+    if (!k.IsMap()) return At(path, k, "containers", "expected a map with podman, cdi_spec_dir and run_args");
+    if (absl::Status st = Known(path, k, {"podman", "cdi_spec_dir", "run_args"}, "containers"); !st.ok()) return st;
+    if (k["podman"] && !Get(path, k["podman"], "containers.podman", &c->podman).ok()) {
+      return At(path, k["podman"], "containers.podman", "expected a program name or path (\"\" turns containers off)");
+    }
+    if (k["cdi_spec_dir"]) {
+      if (!Get(path, k["cdi_spec_dir"], "containers.cdi_spec_dir", &c->cdi_spec_dir).ok() ||
+          c->cdi_spec_dir.empty() || c->cdi_spec_dir[0] != '/') {
+        return At(path, k["cdi_spec_dir"], "containers.cdi_spec_dir", "expected an absolute folder path");
+      }
+    }
+    if (const YAML::Node a = k["run_args"]) {
+      if (!a.IsSequence()) return At(path, a, "containers.run_args", "expected a list of podman run arguments");
+      c->podman_run_args.clear();
+      for (const YAML::Node& arg : a) {
+        if (!arg.IsScalar()) return At(path, arg, "containers.run_args[]", "expected a string");
+        c->podman_run_args.push_back(arg.as<std::string>());
+      }
+    }
   }
   if (const YAML::Node p = root["poll_interval_s"]) {
     if (!Get(path, p, "poll_interval_s", &c->poll_interval_s).ok() || c->poll_interval_s < 0.01 ||

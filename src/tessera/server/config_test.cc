@@ -36,6 +36,7 @@ unhealthy_gpu: fail
 max_body_bytes: 4096
 context_overhead: 300MiB
 poll_interval_s: 0.1
+containers: {podman: /opt/podman/bin/podman, cdi_spec_dir: /etc/cdi, run_args: [--pull=never, --runtime, runc]}
 )");
   ASSERT_TRUE(LoadServerConfig(path, &c).ok());
   EXPECT_EQ(c.socket, "/tmp/t.sock");
@@ -51,6 +52,9 @@ poll_interval_s: 0.1
   EXPECT_EQ(c.max_body_bytes, 4096u);
   EXPECT_EQ(c.context_overhead_bytes, 300ull << 20);
   EXPECT_TRUE(c.admins.contains("alice"));
+  EXPECT_EQ(c.podman, "/opt/podman/bin/podman");
+  EXPECT_EQ(c.cdi_spec_dir, "/etc/cdi");
+  EXPECT_THAT(c.podman_run_args, ::testing::ElementsAre("--pull=never", "--runtime", "runc"));
 }
 
 TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
@@ -66,6 +70,11 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},
       {"max_body_bytes: 10\n", "max_body_bytes: expected 1024..1073741824"},
       {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},
+      {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
+      {"containers: {docker: x}\n", "containers.docker: unknown key"},
+      {"containers: {cdi_spec_dir: cdi}\n", "containers.cdi_spec_dir: expected an absolute folder path"},
+      {"containers: {run_args: --rm}\n", "containers.run_args: expected a list"},
+      {"containers: {run_args: [[a]]}\n", "containers.run_args[]: expected a string"},
       {"socket: [a\n", "server-config"},
       {"- a\n- b\n", "expected a map of settings"},
   };

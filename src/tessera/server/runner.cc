@@ -71,7 +71,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     return absl::InvalidArgumentError(fmt::format("job {}: no command", spec.job_id));
   }
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
-  std::map<std::string, std::string> env = JobEnvironment(spec);
+  std::map<std::string, std::string> env = spec.env_as_is ? spec.env : JobEnvironment(spec);
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
   std::vector<char*> envp, argv;

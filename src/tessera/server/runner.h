@@ -31,6 +31,8 @@ struct ShareLimits {
 struct LaunchSpec {
   std::vector<std::string> argv;              // argv[0] is looked up in the job's PATH
   std::map<std::string, std::string> env;     // the job's environment, as submitted
+  bool env_as_is = false;                     // true: `env` is the whole environment (no Tessera variables
+                                              // added: a podman client whose job gets them with --env)
   std::string workdir;                        // empty: the server's
   std::string stdout_path, stderr_path;       // created (appended to) before the job starts
   std::vector<std::string> gpu_uuids;         // given devices; empty = none visible

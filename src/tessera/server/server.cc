@@ -17,12 +17,14 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tessera/core/clock.h"
+#include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
+#include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::server {
@@ -187,12 +189,62 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
                                                 static_cast<int64_t>(pages) * page / (1 << 20));
   if (auto n = s->scheduler_->AddNode(node); !n.ok()) return n.status();
   for (const auto& [user, q] : c.quotas) s->scheduler_->quotas().Set(user, q);
+  s->SetUpSharing();
+  s->SetUpContainers();
   const size_t n = s->inventory_.gpus.size();
   s->gpu_healthy_.assign(n, true);
   s->gpu_health_reason_.assign(n, "");
   s->gpu_xids_.assign(n, 0);
   return s;
 }
+
+void Server::SetUpSharing() {
+  // The arbiter file is shared by the fractional jobs of every user: the server makes it, open to all,
+  // rather than the first job (whose user may not write the state folder, and whose file would be its own).
+  const std::string arbiter = ArbiterFile();
+  char err[256] = {};
+  if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
+    spdlog::warn("GPU arbiter file {}: {}; compute shares will not be enforced", arbiter, err);
+    return;
+  }
+  if (chmod(arbiter.c_str(), 0666) != 0) spdlog::warn("chmod {}: {}", arbiter, strerror(errno));
+}
+
+void Server::SetUpContainers() {
+  if (config_.podman.empty()) {
+    containers_off_ = "containers are turned off in the config (containers.podman is empty)";
+    return;
+  }
+  const std::string dir = !config_.cdi_spec_dir.empty() ? config_.cdi_spec_dir
+                          : geteuid() == 0              ? std::string("/var/run/cdi")
+                                                        : config_.state_dir + "/cdi";
+  auto rt = FindPodman(config_.podman, dir, config_.podman_run_args);
+  if (!rt.ok()) {
+    containers_off_ = fmt::format("podman: {}", std::string(rt.status().message()));
+    if (rt.status().code() == absl::StatusCode::kNotFound) {
+      spdlog::info("containers: {}; jobs with an image are refused", containers_off_);
+    } else {
+      spdlog::warn("containers: {}; jobs with an image are refused", containers_off_);
+    }
+    return;
+  }
+  // A simulated machine has no driver to hand over: its devices carry only their environment.
+  const devices::DriverFiles files = inventory_.simulated ? devices::DriverFiles{} : devices::FindDriverFiles(inventory_);
+  auto path = devices::WriteCdiSpec(dir, devices::BuildCdiSpec(inventory_, files));
+  if (!path.ok()) {
+    containers_off_ = std::string(path.status().message());
+    spdlog::warn("containers: {}; jobs with an image are refused", containers_off_);
+    return;
+  }
+  cdi_spec_path_ = *path;
+  containers_ = *rt;
+  size_t nodes = files.control_nodes.size();
+  for (const std::string& n : files.gpu_nodes) nodes += n.empty() ? 0 : 1;
+  spdlog::info("containers: {} at {}; CDI spec {} ({} GPUs as {}=<uuid>, {} device nodes, {} driver files)",
+               rt->version, rt->podman, *path, inventory_.gpus.size(), devices::kCdiKind, nodes, files.mounts.size());
+}
+
+std::string Server::ArbiterFile() const { return config_.state_dir + "/gpu.arbiter"; }
 
 std::string Server::JobFile(const char* dir, int64_t id, const char* suffix) const {
   return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
@@ -207,6 +259,7 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
   run.memory_limit_mib = spec.gpu_memory_mib;
   run.gpu_milli = spec.gpu_milli;
   if (RequestOf(spec, id, "").fractional() && !run.gpus.empty()) run.region = JobFile("regions", id, ".region");
+  run.container = !spec.image.empty();
   return run;
 }
 
@@ -277,6 +330,8 @@ absl::Status Server::Recover() {
     }
     std::error_code ec;
     fs::remove(exit_path, ec);
+    // Its container may have outlived the podman client (killed with the server's group, say).
+    if (!spec->image.empty() && containers_) RemoveContainer(*containers_, r.id);
   }
   spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down", queued_.size(),
                adopted, requeued, ended);
@@ -392,6 +447,8 @@ void Server::CheckRunning(double now) {
     if (!r.stop.empty() && !r.killed && now - r.stop_at >= config_.grace_period_s) {
       spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, config_.grace_period_s);
       SignalGroup(r.pid, SIGKILL);
+      // Killing podman's client leaves the container to its monitor: remove it by name.
+      if (r.container && containers_) RemoveContainer(*containers_, id);
       r.killed = true;
     }
   }
@@ -425,11 +482,20 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     to = JobState::kLost, reason = "its process ended while the server was not its parent; exit status unknown";
   } else if (exit_code == 0) {
     to = JobState::kSucceeded, reason = "exit code 0";
+  } else if (r.container && exit_code >= 125 && exit_code <= 127) {
+    // podman's own codes: it could not run the container, or the command in it.
+    to = JobState::kFailed;
+    reason = exit_code == 125 ? "podman could not run the container (exit code 125; its error is in the job's stderr log)"
+             : exit_code == 126 ? "the command cannot be run in the container (exit code 126)"
+                                : "the command was not found in the container (exit code 127)";
   } else {
     to = JobState::kFailed;
     reason = exit_code > 128 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
                              : fmt::format("exit code {}", exit_code);
   }
+  // A container left behind: its client was stopped, or ended while another server was its parent.
+  // (One killed after the grace period was removed then.)
+  if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known)) RemoveContainer(*containers_, r.id);
   if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
     spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
     return;
@@ -502,6 +568,18 @@ absl::Status Server::StartJob(Queued& q, double now) {
       }
     }
   }
+  if (ls.share) {
+    // The server makes the job's region (owned by the job's user), so that the job needs no right to
+    // create files in the state folder, and a container has a file to bind.
+    char err[256] = {};
+    const uint64_t limit = ls.share->memory_bytes;
+    if (!shim::CreateRegionFile(ls.share->region.c_str(), &limit, 1, err, sizeof err)) {
+      spdlog::warn("job {}: shared region {}: {}", q.id, ls.share->region, err);
+    } else if (ls.uid && chown(ls.share->region.c_str(), *ls.uid, ls.gid.value_or(0)) != 0) {
+      spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
+    }
+  }
+  if (run.container) ContainerLaunch(q, ls);
   auto launched = server::Start(ls);
   if (!launched.ok()) {
     TransitionFields ff;
@@ -525,6 +603,31 @@ absl::Status Server::StartJob(Queued& q, double now) {
   latency_sum_ += latency;
   ++latency_count_;
   return absl::OkStatus();
+}
+
+void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
+  // The job's process becomes podman's client; what the job itself gets goes in through podman.
+  ContainerJob c;
+  c.job_id = q.id;
+  c.image = q.spec.image;
+  c.command = q.spec.command;
+  c.env = JobEnvironment(ls);
+  if (!q.spec.env.contains("PATH")) c.env.erase("PATH");  // the image's own PATH, unless one was asked
+  c.workdir = ls.workdir;
+  for (const std::string& uuid : ls.gpu_uuids) c.cdi_devices.push_back(fmt::format("{}={}", devices::kCdiKind, uuid));
+  if (ls.share) {
+    c.read_only_files.push_back(ls.share->library);
+    c.writable_files.push_back(ls.share->region);
+    if (c.env.contains("TESSERA_CUDA_ARBITER")) c.writable_files.push_back(ls.share->arbiter);
+  }
+  if (ls.uid) c.user = fmt::format("{}:{}", *ls.uid, ls.gid.value_or(*ls.uid));
+  ls.argv = PodmanRunArgv(*containers_, c);
+  ls.env = PodmanProcessEnvironment();
+  ls.env_as_is = true;
+  ls.workdir.clear();
+  // Root's podman starts the container as the job's user (--user); the client itself stays root.
+  ls.uid.reset();
+  ls.gid.reset();
 }
 
 void Server::SchedulePass(double now) {
@@ -670,8 +773,8 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   }
   auto spec = ParseJobSpec(req.body);
   if (!spec.ok()) return Error(400, std::string(spec.status().message()));
-  if (!spec->image.empty()) {
-    return Error(400, "image: running jobs in containers is not built yet; submit the command directly");
+  if (!spec->image.empty() && !containers_) {
+    return Error(400, fmt::format("image: this server cannot run containers: {}", containers_off_));
   }
   if (geteuid() != 0 && uid != geteuid()) {
     return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}", UserName(geteuid()), user));
@@ -834,6 +937,12 @@ json Server::Info() {
   j["fallback_reason"] = fallback_reason_;
   j["gpus"] = inventory_.gpus.size();
   j["policy"] = config_.policy;
+  if (containers_) {
+    j["containers"] = {{"available", true}, {"runtime", containers_->version}, {"podman", containers_->podman},
+                       {"cdi_spec", cdi_spec_path_}, {"cdi_kind", devices::kCdiKind}};
+  } else {
+    j["containers"] = {{"available", false}, {"reason", containers_off_}};
+  }
   std::lock_guard lock(mu_);
   j["queued"] = queued_.size();
   j["running"] = running_.size();

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,8 +23,10 @@
 #include "tessera/core/gpu.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
+#include "tessera/server/container.h"
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/runner.h"
 #include "tessera/server/store.h"
 
 namespace tessera::devices {
@@ -59,6 +62,9 @@ struct ServerConfig {
   std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
   double poll_interval_s = 0.05;   // how often running jobs are checked (reaped, timed out)
+  std::string podman = "podman";   // for jobs with an image; empty: containers off
+  std::string cdi_spec_dir;        // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
+  std::vector<std::string> podman_run_args;  // added to every `podman run`
 };
 
 // Reads a YAML config file (documented in docs/server.md); unknown keys and bad values are errors
@@ -100,6 +106,7 @@ class Server {
     int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
     int gpu_milli = 0;
     std::string region;
+    bool container = false;  // runs in a podman container (named ContainerName(id))
   };
   struct Queued {
     int64_t id = 0;
@@ -116,12 +123,19 @@ class Server {
   std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
   // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
   Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
+  // The GPU arbiter file, made at start for the fractional jobs of every user.
+  void SetUpSharing();
+  std::string ArbiterFile() const;
+  // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
+  void SetUpContainers();
   absl::Status Recover();
   void Loop();
   void CheckRunning(double now);
   void SchedulePass(double now);
   void Finish(Running& r, int exit_code, bool exit_known, double now);
   absl::Status StartJob(Queued& q, double now);
+  // Turns the launch of a job with an image into that of its podman client.
+  void ContainerLaunch(const Queued& q, LaunchSpec& ls) const;
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();
@@ -145,6 +159,9 @@ class Server {
   std::string fallback_reason_;
   core::NodeInventory inventory_;
   std::unique_ptr<HttpServer> http_;
+  std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
+  std::string containers_off_;                  // why not, when they cannot
+  std::string cdi_spec_path_;
   std::string hostname_;
 
   std::mutex mu_;  // everything below

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,6 +67,17 @@ Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig
   if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
   if (c.slice_us == 0) c.slice_us = 1;
   return new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
+}
+
+bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
+  int fd = -1;
+  void* m = MapSharedFile(
+      path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
+      [](void*, const void*) {}, nullptr, &fd, err, err_len);
+  if (m == nullptr) return false;
+  munmap(m, sizeof(ArbiterData));
+  close(fd);
+  return true;
 }
 
 bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {

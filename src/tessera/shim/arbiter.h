@@ -100,6 +100,10 @@ class Arbiter {
   std::atomic<bool> bounded_[kArbiterGpus] = {};  // a higher-priority job is around: one launch in flight
 };
 
+// Creates (when missing) the arbiter file at `path` without joining it, so that a server can prepare it
+// for jobs of several users. False with why in `err`.
+bool CreateArbiterFile(const char* path, char* err, size_t err_len);
+
 // "30%", "30", "0.3" -> permille (300). False when malformed or outside (0, 100%].
 bool ParseShare(const char* text, uint32_t* permille);
 

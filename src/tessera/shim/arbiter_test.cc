@@ -72,6 +72,23 @@ TEST(Arbiter, RefusesAnotherFile) {
   char err[256] = "";
   EXPECT_EQ(Arbiter::Attach(path.c_str(), 1, ArbiterConfig{}, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("not a Tessera GPU arbiter file"), std::string::npos) << err;
+  err[0] = 0;
+  EXPECT_FALSE(CreateArbiterFile(path.c_str(), err, sizeof err));
+  EXPECT_NE(std::string(err).find("not a Tessera GPU arbiter file"), std::string::npos) << err;
+  unlink(path.c_str());
+}
+
+TEST(Arbiter, CreatedAheadForJobsToJoin) {
+  std::string path = TempFile("ahead");
+  unlink(path.c_str());
+  char err[256] = "";
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << err;
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << "an existing file is kept: " << err;
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 7, ArbiterConfig{}, err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  EXPECT_EQ(a->data()->gpus[0].jobs[0].key.load(), 0u) << "creating it joined nobody";
+  a->BeforeLaunch(0, nullptr);
+  EXPECT_EQ(a->data()->gpus[0].jobs[a->Slot(0)].key.load(), 7u);
   unlink(path.c_str());
 }
 

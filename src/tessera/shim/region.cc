@@ -185,19 +185,26 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
   return m;
 }
 
-Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+namespace {
+// The region file at `path`, created for `limits` when missing.
+void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, char* err, size_t err_len) {
   struct Arg {
     const uint64_t* limits;
     int count;
   } arg{limits, count};
-  int fd = -1;
-  void* m = MapSharedFile(
+  return MapSharedFile(
       path, "shared region", sizeof(RegionData), kRegionMagic, kRegionVersion,
       [](void* mem, const void* a) {
         auto* p = static_cast<const Arg*>(a);
         Init(static_cast<RegionData*>(mem), p->limits, p->count, false);
       },
-      &arg, &fd, err, err_len);
+      &arg, fd, err, err_len);
+}
+}  // namespace
+
+Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+  int fd = -1;
+  void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
   if (m == nullptr) return nullptr;
   auto* d = static_cast<RegionData*>(m);
   auto fail = [&](const char* what) {
@@ -220,6 +227,15 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
   }
   d->attaches.fetch_add(1);
   return r;
+}
+
+bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+  int fd = -1;
+  void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
+  if (m == nullptr) return false;
+  munmap(m, sizeof(RegionData));
+  close(fd);
+  return true;
 }
 
 Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err_len) {

@@ -77,6 +77,11 @@ class Region {
   int reclaimed_slots_ = 0;
 };
 
+// Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no slot:
+// for a server that prepares the file before the job starts (so that the job needs no right to create
+// files there). False with why in `err` when it cannot, or when a file there is not a region.
+bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err, size_t err_len);
+
 // Maps the shared file at `path` (`kind` names it in errors) of `size` bytes, creating it when it does not
 // exist: the creator sizes it, runs `init` on the zeroed memory, then writes `version` and last `magic`
 // (the file's first 8 and next 4 bytes); others wait briefly for that and refuse another magic, version

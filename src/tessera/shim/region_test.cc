@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,6 +100,28 @@ TEST(Region, RefusesAFileOfAnotherKind) {
   char err[256] = "";
   EXPECT_EQ(Region::Attach(path.c_str(), limits, 1, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("not a Tessera shared region"), std::string::npos) << err;
+}
+
+TEST(Region, CreatedAheadForAJobThatThenAttaches) {
+  const std::string path = Path("ahead");
+  uint64_t limits[1] = {4096};
+  char err[128] = {};
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
+  EXPECT_EQ(std::filesystem::file_size(path), sizeof(RegionData));
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << "an existing region is kept: " << err;
+  // The job attaches with other limits: the file's (the server's) hold, and no slot was taken ahead.
+  uint64_t other[1] = {1};
+  Region* r = Region::Attach(path.c_str(), other, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  EXPECT_EQ(r->Limit(0), 4096u);
+  EXPECT_TRUE(r->Reserve(0, 4096));
+  int taken = 0;
+  for (const ProcSlot& s : r->data()->procs) taken += s.pid.load() != 0;
+  EXPECT_EQ(taken, 1);
+  const std::string junk = Path("junk");
+  { std::ofstream(junk) << "not a region"; }
+  EXPECT_FALSE(CreateRegionFile(junk.c_str(), limits, 1, err, sizeof err));
+  EXPECT_NE(std::string(err).find("not a Tessera"), std::string::npos) << err;
 }
 
 TEST(Region, StartTimeTellsAReusedPid) {

@@ -1,0 +1,165 @@
+#include "tessera/devices/cdi.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+
+namespace tessera::devices {
+namespace {
+
+using nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+// The user-space driver a CUDA program loads (by SONAME, as the dynamic loader asks for them) and
+// the tools people expect in a GPU container.
+constexpr const char* kLibraries[] = {
+    "libcuda.so.1",           "libcudadebugger.so.1",     "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4", "libnvidia-opencl.so.1",
+    "libnvidia-cfg.so.1",     "libnvidia-allocator.so.1",
+};
+// Libraries only named with the driver version (loaded by that name from the ones above).
+constexpr const char* kVersionedLibraries[] = {"libnvidia-gpucomp.so", "libnvidia-nvvm.so"};
+constexpr const char* kBinaries[] = {"nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control",
+                                     "nvidia-cuda-mps-server"};
+constexpr const char* kControlNodes[] = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                                         "/dev/nvidia-modeset"};
+constexpr const char* kPersistencedSocket = "/run/nvidia-persistenced/socket";
+
+std::string Under(const std::string& root, const std::string& path) {
+  if (root.empty() || root == "/") return path;
+  return (fs::path(root) / fs::path(path).relative_path()).string();
+}
+
+bool IsCharDevice(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsSocket(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// The first of `dirs` holding a regular file (links followed) called `name`, as a path under "/".
+std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs, const std::string& name) {
+  for (const std::string& d : dirs) {
+    std::string p = d + "/" + name;
+    if (IsFile(Under(s.root, p))) return p;
+  }
+  return "";
+}
+
+}  // namespace
+
+DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSearch& search) {
+  DriverFiles f;
+  for (const core::Gpu& g : inventory.gpus) {
+    std::string node = g.minor ? fmt::format("/dev/nvidia{}", *g.minor) : "";
+    f.gpu_nodes.push_back(!node.empty() && IsCharDevice(Under(search.root, node)) ? node : "");
+  }
+  for (const char* n : kControlNodes) {
+    if (IsCharDevice(Under(search.root, n))) f.control_nodes.push_back(n);
+  }
+  std::set<std::string> seen;
+  auto add = [&](const std::string& p) {
+    if (!p.empty() && seen.insert(p).second) f.mounts.push_back(p);
+  };
+  for (const char* lib : kLibraries) add(FindIn(search, search.library_dirs, lib));
+  if (!inventory.driver_version.empty()) {
+    for (const char* lib : kVersionedLibraries) {
+      add(FindIn(search, search.library_dirs, fmt::format("{}.{}", lib, inventory.driver_version)));
+    }
+  }
+  for (const char* bin : kBinaries) add(FindIn(search, search.binary_dirs, bin));
+  if (IsSocket(Under(search.root, kPersistencedSocket))) add(kPersistencedSocket);
+  return f;
+}
+
+std::string CdiDeviceName(const core::Gpu& gpu) { return fmt::format("{}={}", kCdiKind, gpu.uuid); }
+
+std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles& files) {
+  ordered_json devices = ordered_json::array();
+  ordered_json all_nodes = ordered_json::array(), all_env = ordered_json::array();
+  for (size_t i = 0; i < inventory.gpus.size(); ++i) {
+    const core::Gpu& g = inventory.gpus[i];
+    ordered_json edits;
+    std::string env = fmt::format("TESSERA_GPU_{}_UUID={}", g.index, g.uuid);
+    edits["env"] = {env};
+    all_env.push_back(env);
+    if (i < files.gpu_nodes.size() && !files.gpu_nodes[i].empty()) {
+      edits["deviceNodes"] = {{{"path", files.gpu_nodes[i]}}};
+      all_nodes.push_back({{"path", files.gpu_nodes[i]}});
+    }
+    // The same GPU under its UUID (stable; what Tessera hands out) and its index (for people).
+    devices.push_back({{"name", g.uuid}, {"containerEdits", edits}});
+    devices.push_back({{"name", std::to_string(g.index)}, {"containerEdits", edits}});
+  }
+  ordered_json all_edits;
+  all_edits["env"] = all_env;
+  if (!all_nodes.empty()) all_edits["deviceNodes"] = all_nodes;
+  devices.push_back({{"name", "all"}, {"containerEdits", all_edits}});
+
+  ordered_json spec;
+  spec["cdiVersion"] = "0.3.0";
+  spec["kind"] = kCdiKind;
+  spec["devices"] = devices;
+  ordered_json common = ordered_json::object();
+  if (!files.control_nodes.empty()) {
+    common["deviceNodes"] = ordered_json::array();
+    for (const std::string& n : files.control_nodes) common["deviceNodes"].push_back({{"path", n}});
+  }
+  if (!files.mounts.empty()) {
+    common["mounts"] = ordered_json::array();
+    for (const std::string& m : files.mounts) {
+      common["mounts"].push_back(
+          {{"hostPath", m}, {"containerPath", m}, {"options", {"ro", "nosuid", "nodev", "bind"}}});
+    }
+  }
+  if (!common.empty()) spec["containerEdits"] = common;
+  return spec.dump(2) + "\n";
+}
+
+absl::StatusOr<std::string> WriteCdiSpec(const std::string& dir, const std::string& spec) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(fmt::format("CDI spec folder {}: {}", dir, ec.message()));
+  const std::string path = dir + "/tessera.io-gpu.json";
+  const std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(errno)));
+  size_t off = 0;
+  while (off < spec.size()) {
+    ssize_t w = write(fd, spec.data() + off, spec.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(e)));
+    }
+    off += static_cast<size_t>(w);
+  }
+  fchmod(fd, 0644);  // whatever the umask: runtimes of every user read it
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    unlink(tmp.c_str());
+    return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", path, strerror(e)));
+  }
+  return path;
+}
+
+}  // namespace tessera::devices

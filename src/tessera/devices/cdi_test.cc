@@ -1,0 +1,131 @@
+// The CDI spec writer: what it finds of a driver (in a made-up root), the spec it builds, the file.
+#include "tessera/devices/cdi.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tessera/devices/inventory.h"
+
+namespace tessera::devices {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::ElementsAre;
+
+class CdiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) / ("tessera-cdi-" + std::to_string(getpid()) + "-" +
+                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "dev");
+    fs::create_directories(root_ / "usr/lib/x86_64-linux-gnu");
+    fs::create_directories(root_ / "usr/bin");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A character device at `path` under the root: a link to /dev/null (tests cannot mknod).
+  void CharDevice(const std::string& path) { fs::create_symlink("/dev/null", root_ / fs::path(path).relative_path()); }
+  void File(const std::string& path) { std::ofstream(root_ / fs::path(path).relative_path()) << "x"; }
+
+  static core::NodeInventory TwoGpus() {
+    core::NodeInventory inv;
+    inv.driver_version = "550.54.15";
+    for (int i = 0; i < 2; ++i) {
+      core::Gpu g;
+      g.index = i;
+      g.uuid = "GPU-" + std::to_string(i) + "aaa";
+      g.minor = i + 4;
+      inv.gpus.push_back(g);
+    }
+    return inv;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(CdiTest, FindsOnlyTheDriverFilesThatExist) {
+  CharDevice("/dev/nvidia4");
+  File("/dev/nvidia5");  // not a character device: left out
+  CharDevice("/dev/nvidiactl");
+  CharDevice("/dev/nvidia-uvm");
+  File("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+  fs::create_symlink("libcuda.so.550.54.15", root_ / "usr/lib/x86_64-linux-gnu/libcuda.so.1");
+  File("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  File("/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15");
+  File("/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.535.1");  // another driver's: not ours
+  fs::create_symlink("missing.so", root_ / "usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1");  // dangling
+  File("/usr/bin/nvidia-smi");
+  DriverSearch s;
+  s.root = root_.string();
+  DriverFiles f = FindDriverFiles(TwoGpus(), s);
+  EXPECT_THAT(f.gpu_nodes, ElementsAre("/dev/nvidia4", ""));
+  EXPECT_THAT(f.control_nodes, ElementsAre("/dev/nvidiactl", "/dev/nvidia-uvm"));
+  EXPECT_THAT(f.mounts, ElementsAre("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                                    "/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15", "/usr/bin/nvidia-smi"));
+}
+
+TEST_F(CdiTest, SpecNamesEveryGpuByUuidAndIndexWithItsNode) {
+  DriverFiles f;
+  f.gpu_nodes = {"/dev/nvidia4", ""};
+  f.control_nodes = {"/dev/nvidiactl"};
+  f.mounts = {"/usr/lib/x86_64-linux-gnu/libcuda.so.1"};
+  json spec = json::parse(BuildCdiSpec(TwoGpus(), f));
+  EXPECT_EQ(spec["cdiVersion"], "0.3.0");
+  EXPECT_EQ(spec["kind"], "tessera.io/gpu");
+  std::vector<std::string> names;
+  for (const json& d : spec["devices"]) names.push_back(d["name"]);
+  EXPECT_THAT(names, ElementsAre("GPU-0aaa", "0", "GPU-1aaa", "1", "all"));
+  const json& gpu0 = spec["devices"][0]["containerEdits"];
+  EXPECT_EQ(gpu0["deviceNodes"], json::parse(R"([{"path": "/dev/nvidia4"}])"));
+  EXPECT_EQ(gpu0["env"], json::parse(R"(["TESSERA_GPU_0_UUID=GPU-0aaa"])"));
+  EXPECT_FALSE(spec["devices"][2]["containerEdits"].contains("deviceNodes")) << "GPU 1 has no node";
+  EXPECT_EQ(spec["devices"][4]["containerEdits"]["env"].size(), 2u);
+  EXPECT_EQ(spec["containerEdits"]["deviceNodes"], json::parse(R"([{"path": "/dev/nvidiactl"}])"));
+  EXPECT_EQ(spec["containerEdits"]["mounts"][0],
+            json::parse(R"({"hostPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                            "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                            "options": ["ro", "nosuid", "nodev", "bind"]})"));
+  EXPECT_EQ(CdiDeviceName(TwoGpus().gpus[1]), "tessera.io/gpu=GPU-1aaa");
+}
+
+TEST_F(CdiTest, SimulatedMachineGetsEnvironmentOnlyDevices) {
+  auto m = LoadSimulatedMachine("t4x2");
+  ASSERT_TRUE(m.ok());
+  DriverSearch s;
+  s.root = root_.string();  // no driver in it
+  DriverFiles f = FindDriverFiles(m->inventory, s);
+  json spec = json::parse(BuildCdiSpec(m->inventory, f));
+  ASSERT_EQ(spec["devices"].size(), 5u);
+  for (const json& d : spec["devices"]) {
+    EXPECT_FALSE(d["containerEdits"].contains("deviceNodes")) << d.dump();
+    EXPECT_FALSE(d["containerEdits"]["env"].empty()) << "a device with no edits is refused by CDI loaders";
+  }
+}
+
+TEST_F(CdiTest, WritesTheSpecAtomicallyReadableByAll) {
+  const std::string dir = (root_ / "etc/cdi").string();
+  auto path = WriteCdiSpec(dir, "{\"cdiVersion\": \"0.3.0\"}\n");
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, dir + "/tessera.io-gpu.json");
+  std::ifstream in(*path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "{\"cdiVersion\": \"0.3.0\"}\n");
+  struct stat st;
+  ASSERT_EQ(stat(path->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_FALSE(fs::exists(*path + ".tmp"));
+  File("/blocker");
+  auto bad = WriteCdiSpec((root_ / "blocker/cdi").string(), "{}");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("blocker/cdi"));
+}
+
+}  // namespace
+}  // namespace tessera::devices

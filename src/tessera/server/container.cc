@@ -1,0 +1,200 @@
+#include "tessera/server/container.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "fmt/format.h"
+
+extern char** environ;
+
+namespace tessera::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Output {
+  int status = -1;  // exit code, -1 when it did not end normally
+  std::string text;
+};
+
+// Runs argv (no shell) with stdin from /dev/null, and collects stdout and stderr together; kills it
+// after `timeout`.
+absl::StatusOr<Output> RunCapture(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return absl::FailedPreconditionError(fmt::format("cannot run {}: {}", args[0], strerror(rc)));
+  }
+  Output out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int r = poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (out.text.size() < (1 << 20)) out.text.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
+  return out;
+}
+
+std::string LookUp(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (!dir.empty()) {
+      std::string candidate = dir + "/" + name;
+      struct stat st;
+      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
+        return candidate;
+      }
+    }
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return "";
+}
+
+std::string FirstLine(const std::string& s) {
+  std::string line = s.substr(0, s.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+}  // namespace
+
+absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman, const std::string& cdi_spec_dir,
+                                            std::vector<std::string> extra_args) {
+  ContainerRuntime rt;
+  rt.podman = LookUp(podman);
+  if (rt.podman.empty()) {
+    return absl::NotFoundError(podman.find('/') != std::string::npos
+                                   ? fmt::format("{} is not an executable file", podman)
+                                   : fmt::format("'{}' is not in PATH", podman));
+  }
+  auto version = RunCapture({rt.podman, "--version"}, std::chrono::seconds(20));
+  if (!version.ok()) return version.status();
+  if (version->status != 0) {
+    return absl::FailedPreconditionError(
+        fmt::format("{} --version failed (exit {}): {}", rt.podman, version->status, FirstLine(version->text)));
+  }
+  rt.version = FirstLine(version->text);
+  auto help = RunCapture({rt.podman, "--help"}, std::chrono::seconds(20));
+  rt.pass_cdi_spec_dir = help.ok() && help->text.find("--cdi-spec-dir") != std::string::npos;
+  rt.cdi_spec_dir = cdi_spec_dir;
+  fs::path normal = fs::path(cdi_spec_dir).lexically_normal();
+  if (normal.has_parent_path() && normal.filename().empty()) normal = normal.parent_path();  // "a/b/" -> "a/b"
+  const std::string canonical = normal.string();
+  if (!rt.pass_cdi_spec_dir && canonical != "/etc/cdi" && canonical != "/var/run/cdi" && canonical != "/run/cdi") {
+    return absl::FailedPreconditionError(fmt::format(
+        "{} ({}) reads CDI specs only from /etc/cdi and /var/run/cdi (it has no --cdi-spec-dir), and "
+        "containers.cdi_spec_dir is {}", rt.podman, rt.version, cdi_spec_dir));
+  }
+  rt.extra_args = std::move(extra_args);
+  return rt;
+}
+
+std::string ContainerName(int64_t job_id) { return fmt::format("tessera-job-{}", job_id); }
+
+std::vector<std::string> PodmanRunArgv(const ContainerRuntime& rt, const ContainerJob& job) {
+  std::vector<std::string> a = {rt.podman};
+  if (rt.pass_cdi_spec_dir) a.insert(a.end(), {"--cdi-spec-dir", rt.cdi_spec_dir});
+  a.insert(a.end(), {"run", "--rm", "--name", ContainerName(job.job_id), "--label",
+                     fmt::format("io.tessera.job={}", job.job_id)});
+  if (!job.user.empty()) a.insert(a.end(), {"--user", job.user});
+  if (!job.workdir.empty()) a.insert(a.end(), {"--workdir", job.workdir});
+  for (const std::string& d : job.cdi_devices) a.insert(a.end(), {"--device", d});
+  for (const std::string& f : job.read_only_files) a.insert(a.end(), {"--volume", f + ":" + f + ":ro"});
+  for (const std::string& f : job.writable_files) a.insert(a.end(), {"--volume", f + ":" + f + ":rw"});
+  for (const auto& [k, v] : job.env) a.insert(a.end(), {"--env", k + "=" + v});
+  a.insert(a.end(), rt.extra_args.begin(), rt.extra_args.end());
+  a.push_back(job.image);
+  a.insert(a.end(), job.command.begin(), job.command.end());
+  return a;
+}
+
+std::map<std::string, std::string> PodmanProcessEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    std::string k(kv.substr(0, eq));
+    if (k == "PATH" || k == "HOME" || k == "USER" || k == "LOGNAME" || k == "TMPDIR" || k.rfind("XDG_", 0) == 0 ||
+        k.rfind("CONTAINERS_", 0) == 0) {
+      env[k] = std::string(kv.substr(eq + 1));
+    }
+  }
+  if (!env.contains("PATH")) env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  return env;
+}
+
+void RemoveContainer(const ContainerRuntime& rt, int64_t job_id) {
+  // Everything is prepared before fork: the server has threads, so the child makes no allocation.
+  std::vector<std::string> args = {rt.podman};
+  if (rt.pass_cdi_spec_dir) args.insert(args.end(), {"--cdi-spec-dir", rt.cdi_spec_dir});
+  args.insert(args.end(), {"rm", "--force", "--ignore", "--time", "0", ContainerName(job_id)});
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  // Twice forked: the server does not wait for it, and init reaps it.
+  pid_t pid = fork();
+  if (pid < 0) return;
+  if (pid == 0) {
+    if (fork() != 0) _exit(0);
+    setsid();
+    close_range(3, ~0U, 0);
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, 0);
+      dup2(null, 1);
+      dup2(null, 2);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace tessera::server
