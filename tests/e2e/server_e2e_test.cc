@@ -511,17 +511,22 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_EQ(j["state"], "succeeded");
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
   EXPECT_THAT(Cli(d, "top --once"), HasSubstr("[SIMULATED GPUs]"));
+  // Repeatable options end at --: the command's own flags (-c) are not taken for tessera's.
+  out = Cli(d, "submit --gpus 1 --no-env --env A=1 --env B=2 --label k=v -- /bin/sh -c 'echo $A$B'");
+  EXPECT_THAT(out, HasSubstr("submitted job 2"));
+  d.WaitFor(2, "succeeded");
+  EXPECT_EQ(Cli(d, "logs 2"), "12\n");
   EXPECT_THAT(Cli(d, "submit --gpus 1"), HasSubstr("needs a command"));
   EXPECT_THAT(Cli(d, "submit --env FOO -- true"), HasSubstr("--env FOO: expected NAME=VALUE"));
   EXPECT_THAT(Cli(d, "submit --label team -- true"), HasSubstr("--label team: expected KEY=VALUE"));
   EXPECT_THAT(Cli(d, "submit --gpu-share 300% -- true"), HasSubstr("resources.gpu_share"));
   EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
-  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 1u) << "none of the bad submissions was stored";
+  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 2u) << "none of the bad submissions was stored";
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
   EXPECT_TRUE(api["paths"].contains("/metrics"));
   std::string metrics = HttpClient(d.socket()).Send("GET", "/metrics")->body;
-  EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 2"));
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
 }
 
