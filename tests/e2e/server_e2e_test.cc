@@ -454,9 +454,11 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
       {"POST", "/v1/jobs", R"({"command": ["ls"], "colour": "red"})", 400, "unknown field 'colour'"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": "1"}})", 400, "resources.gpus"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400, "could never start"},
-      // Models match exactly, as the scheduler matches them: a part of the name is no model here.
-      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "T4"}})", 400,
-       "0 matching GPU(s)"},
+      // A model this machine lacks (whole words of a name; "T4" would be its Tesla T4).
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "H100"}})", 400,
+       "'H100' is none of this machine's GPU models (Tesla T4)"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "T"}})", 400,
+       "'T' is none of this machine's GPU models"},
       {"POST", "/v1/jobs", std::string(8000, ' '), 413, "over the limit"},
       {"GET", "/v1/jobs?state=sleeping", "", 400, "unknown state 'sleeping'"},
       {"GET", "/v1/jobs?colour=red", "", 400, "unknown query parameter"},
@@ -512,9 +514,10 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
   EXPECT_THAT(Cli(d, "top --once"), HasSubstr("[SIMULATED GPUs]"));
   // Repeatable options end at --: the command's own flags (-c) are not taken for tessera's.
-  out = Cli(d, "submit --gpus 1 --no-env --env A=1 --env B=2 --label k=v -- /bin/sh -c 'echo $A$B'");
+  out = Cli(d, "submit --gpus 1 --model t4 --no-env --env A=1 --env B=2 --label k=v -- /bin/sh -c 'echo $A$B'");
   EXPECT_THAT(out, HasSubstr("submitted job 2"));
-  d.WaitFor(2, "succeeded");
+  j = d.WaitFor(2, "succeeded");
+  EXPECT_EQ(j["spec"]["resources"]["model"], json::array({"Tesla T4"})) << "a part of a name is stored as the exact one";
   EXPECT_EQ(Cli(d, "logs 2"), "12\n");
   EXPECT_THAT(Cli(d, "submit --gpus 1"), HasSubstr("needs a command"));
   EXPECT_THAT(Cli(d, "submit --env FOO -- true"), HasSubstr("--env FOO: expected NAME=VALUE"));

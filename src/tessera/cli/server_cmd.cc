@@ -413,7 +413,7 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   sub->add_option("--gpus", st.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
   sub->add_option("--gpu-mem", st.gpu_mem, "A fraction of one GPU: this much of its memory (10GiB)");
   sub->add_option("--gpu-share", st.gpu_share, "A fraction of one GPU: this share of its compute (30%)");
-  sub->add_option("--model", st.models, "Acceptable GPU model(s), the exact name `tessera gpus` shows, e.g. 'NVIDIA H100 80GB HBM3'")
+  sub->add_option("--model", st.models, "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of one (H100, 'A100 80GB')")
       ->allow_extra_args(false);
   sub->add_option("--priority", st.priority, "Priority, -1000..1000 (higher first; may preempt lower)");
   sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");

@@ -1,8 +1,11 @@
 #include "tessera/server/job_spec.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
 
@@ -249,6 +252,54 @@ json JobSpecToJson(const JobSpec& s) {
   if (s.max_runtime_s > 0) j["max_runtime_s"] = s.max_runtime_s;
   if (!s.image.empty()) j["image"] = s.image;
   return j;
+}
+
+namespace {
+
+// Whether `part` occurs in `model` from the start of a word to the end of one, case aside.
+bool HasWords(const std::string& model, const std::string& part) {
+  if (part.empty() || part.size() > model.size()) return false;
+  auto lower = [](std::string v) {
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return v;
+  };
+  const std::string m = lower(model), p = lower(part);
+  for (size_t at = m.find(p); at != std::string::npos; at = m.find(p, at + 1)) {
+    const size_t end = at + p.size();
+    if ((at == 0 || m[at - 1] == ' ' || m[at - 1] == '-') && (end == m.size() || m[end] == ' ' || m[end] == '-')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& available) {
+  std::vector<std::string> resolved;
+  auto add = [&](const std::string& m) {
+    if (std::find(resolved.begin(), resolved.end(), m) == resolved.end()) resolved.push_back(m);
+  };
+  std::vector<std::string> distinct;
+  for (const std::string& a : available) {
+    if (std::find(distinct.begin(), distinct.end(), a) == distinct.end()) distinct.push_back(a);
+  }
+  for (const std::string& asked : spec->models) {
+    if (std::find(distinct.begin(), distinct.end(), asked) != distinct.end()) {
+      add(asked);
+      continue;
+    }
+    size_t before = resolved.size();
+    for (const std::string& a : distinct) {
+      if (HasWords(a, asked)) add(a);
+    }
+    if (resolved.size() == before) {
+      return absl::InvalidArgumentError(fmt::format("resources.model: '{}' is none of this machine's GPU models ({})",
+                                                    asked, fmt::join(distinct, ", ")));
+    }
+  }
+  spec->models = resolved;
+  return absl::OkStatus();
 }
 
 core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& owner) {

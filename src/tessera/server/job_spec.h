@@ -39,6 +39,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view json);
 absl::StatusOr<JobSpec> JobSpecFromJson(const nlohmann::json& j);
 nlohmann::json JobSpecToJson(const JobSpec& spec);
 
+// Turns each of `spec`'s models into exact names of `available` (the machine's models): an exact name
+// stays; otherwise the models that contain it as whole words, case aside ("H100", "a100", "T4", "H100
+// 80GB"; not "100"), so that what is stored and scheduled is exact. kInvalidArgument naming the model
+// and the machine's models when one matches none.
+absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& available);
+
 // The scheduling request for a job.
 core::Request RequestOf(const JobSpec& spec, int64_t job_id, const std::string& owner);
 

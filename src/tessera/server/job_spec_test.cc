@@ -66,3 +66,32 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
 
 }  // namespace
 }  // namespace tessera::server
+
+namespace tessera::server {
+namespace {
+
+TEST(JobSpecModels, PartsOfANameResolveToTheMachinesExactModels) {
+  const std::vector<std::string> machine = {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB",
+                                            "Tesla T4", "NVIDIA H100 80GB HBM3"};
+  auto resolve = [&](std::vector<std::string> asked) {
+    JobSpec s;
+    s.models = std::move(asked);
+    absl::Status st = ResolveModels(&s, machine);
+    return st.ok() ? s.models : std::vector<std::string>{"error: " + std::string(st.message())};
+  };
+  EXPECT_THAT(resolve({"NVIDIA H100 80GB HBM3"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(resolve({"H100"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(resolve({"h100 80gb"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(resolve({"A100"}), ::testing::ElementsAre("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"));
+  EXPECT_THAT(resolve({"A100-SXM4-80GB", "T4"}), ::testing::ElementsAre("NVIDIA A100-SXM4-80GB", "Tesla T4"));
+  EXPECT_THAT(resolve({"H100", "NVIDIA H100 80GB HBM3"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(resolve({}), ::testing::IsEmpty());
+  // Whole words only: "100" is in every A100 and H100, and means none of them.
+  EXPECT_THAT(resolve({"100"})[0], ::testing::HasSubstr("'100' is none of this machine's GPU models"));
+  EXPECT_THAT(resolve({"V100"})[0],
+              ::testing::HasSubstr("(NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB, Tesla T4)"));
+  EXPECT_THAT(resolve({"T4", "L4"})[0], ::testing::HasSubstr("resources.model: 'L4'"));
+}
+
+}  // namespace
+}  // namespace tessera::server

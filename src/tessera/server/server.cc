@@ -779,6 +779,11 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   if (geteuid() != 0 && uid != geteuid()) {
     return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}", UserName(geteuid()), user));
   }
+  // A part of a model's name ("H100") stands for the machine's models that have it; what is stored and
+  // scheduled is exact.
+  std::vector<std::string> machine_models;
+  for (const core::Gpu& g : inventory_.gpus) machine_models.push_back(g.model);
+  if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok()) return Error(400, std::string(st.message()));
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue:
   // by the scheduler's own test of a GPU against the request.
   core::Request r = RequestOf(*spec, 1, user);
