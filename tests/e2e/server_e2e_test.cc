@@ -3,6 +3,7 @@
 // preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
@@ -217,6 +218,31 @@ TEST(TesseraServer, QuotaKeepsAUsersJobsQueued) {
   d.Call("POST", "/v1/jobs/" + std::to_string(a) + "/cancel");
   d.WaitFor(b, "running");
   d.Call("POST", "/v1/jobs/" + std::to_string(b) + "/cancel");
+}
+
+TEST(TesseraServer, GroupQuotaHoldsItsMembersJobsTogether) {
+  passwd* me = getpwuid(geteuid());
+  ASSERT_NE(me, nullptr);
+  group* primary = getgrgid(me->pw_gid);
+  ASSERT_NE(primary, nullptr);
+  const std::string group_name = primary->gr_name;
+  Daemon d("group-quota", "group_quotas: {" + group_name + ": {gpu_share: 1.5}}\n");
+  int64_t a = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  int64_t b = d.Submit(Shell("sleep 60", {{"gpu_share", "40%"}}));
+  int64_t c = d.Submit(Shell("sleep 60", {{"gpu_share", "20%"}}));
+  d.WaitFor(a, "running");
+  d.WaitFor(b, "running");
+  json j = d.Call("GET", "/v1/jobs/" + std::to_string(c));
+  for (int i = 0; i < 20 && j["waiting"].get<std::string>().find("quota") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(c));
+  }
+  EXPECT_EQ(j["state"], "queued") << "1 + 0.4 of the group's 1.5 GPUs are used";
+  EXPECT_THAT(j["waiting"].get<std::string>(), HasSubstr("group:" + group_name));
+  d.Call("POST", "/v1/jobs/" + std::to_string(b) + "/cancel");
+  d.WaitFor(c, "running");
+  d.Call("POST", "/v1/jobs/" + std::to_string(a) + "/cancel");
+  d.Call("POST", "/v1/jobs/" + std::to_string(c) + "/cancel");
 }
 
 TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {

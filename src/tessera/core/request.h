@@ -41,6 +41,9 @@ struct Request {
   int priority = 0;
   bool preemptible = true;
   std::string owner;  // namespace/user, for quotas
+  // Further quota accounts the request counts against, each checked like the owner's (the standalone
+  // server's Unix groups: "group:ml").
+  std::vector<std::string> quota_groups;
   std::string gang;   // gang id; members are placed all together or not at all
   int gang_size = 0;
 

@@ -465,6 +465,11 @@ absl::StatusOr<Allocation> Scheduler::Place(const core::Request& r, double now) 
   GpuAmount amount = QuotaAmount(r, d.node, d.gpus);
   std::string why;
   QuotaVerdict verdict = quotas_.Check(r.owner, amount, &why);
+  for (const std::string& group : r.quota_groups) {
+    if (verdict == QuotaVerdict::kDenied) break;
+    QuotaVerdict v = quotas_.Check(group, amount, &why);
+    if (v != QuotaVerdict::kAllowed) verdict = v;
+  }
   if (verdict == QuotaVerdict::kDenied) {
     return absl::ResourceExhaustedError(fmt::format("request {}: quota: {}", r.id, why));
   }
@@ -492,7 +497,7 @@ absl::StatusOr<Allocation> Scheduler::Place(const core::Request& r, double now) 
     }
   }
   if (absl::Status st = state_.Apply(a); !st.ok()) return st;
-  quotas_.Add(r.owner, amount);
+  Charge(r, amount, +1);
   return a;
 }
 
@@ -525,10 +530,22 @@ absl::StatusOr<std::vector<Allocation>> Scheduler::PlaceGang(
   return placed;
 }
 
+void Scheduler::Charge(const core::Request& r, const GpuAmount& amount, int sign) {
+  auto apply = [&](const std::string& account) {
+    if (sign > 0) {
+      quotas_.Add(account, amount);
+    } else {
+      quotas_.Sub(account, amount);
+    }
+  };
+  apply(r.owner);
+  for (const std::string& group : r.quota_groups) apply(group);
+}
+
 absl::Status Scheduler::Restore(const Allocation& a) {
   GpuAmount amount = QuotaAmount(a.request, a.node, a.gpus);
   if (absl::Status st = state_.Apply(a); !st.ok()) return st;
-  quotas_.Add(a.request.owner, amount);
+  Charge(a.request, amount, +1);
   return absl::OkStatus();
 }
 
@@ -537,7 +554,7 @@ absl::StatusOr<Allocation> Scheduler::Release(const std::string& id) {
   if (found == nullptr) return absl::NotFoundError(fmt::format("allocation {}: not found", id));
   GpuAmount amount = QuotaAmount(found->request, found->node, found->gpus);
   auto a = state_.Remove(id);
-  if (a.ok()) quotas_.Sub(a->request.owner, amount);
+  if (a.ok()) Charge(a->request, amount, -1);
   return a;
 }
 

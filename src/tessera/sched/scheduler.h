@@ -155,6 +155,8 @@ class Scheduler {
   void Refresh(Row& row, const core::Request& r);
   std::string WhyNot(const core::Request& r);
   void ResetCaches();
+  // Adds (sign +1) or takes back (-1) `amount` on the request's owner and each of its quota groups.
+  void Charge(const core::Request& r, const GpuAmount& amount, int sign);
 
   SchedulerConfig config_;
   ClusterState state_;

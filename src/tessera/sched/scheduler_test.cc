@@ -76,6 +76,35 @@ TEST(Scheduler, QuotaDeniesAndBorrowedWorkIsMarked) {
   EXPECT_EQ(s.quotas().Used("bob"), GpuAmount{});
 }
 
+TEST(Scheduler, GroupQuotaLimitsItsMembersTogether) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 8)).ok());
+  s.quotas().Set("group:ml", OwnerQuota{.limit = {3, -1, -1}});
+  auto member = [](const std::string& id, const std::string& owner, int gpus) {
+    core::Request r = Whole(id, gpus);
+    r.owner = owner;
+    r.quota_groups = {"group:ml"};
+    return r;
+  };
+  ASSERT_TRUE(s.Place(member("a1", "alice", 2)).ok());
+  auto over = s.Place(member("b1", "bob", 2));  // bob has no quota of his own; the group has 1 GPU left
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("group:ml: 2 of 3 whole GPUs"));
+  ASSERT_TRUE(s.Place(member("b2", "bob", 1)).ok());
+  EXPECT_EQ(s.quotas().Used("group:ml").gpus, 3);
+  EXPECT_EQ(s.quotas().Used("bob").gpus, 1);
+  core::Request outsider = Whole("c1", 2);
+  outsider.owner = "carol";
+  EXPECT_TRUE(s.Place(outsider).ok()) << "not in the group: not limited by it";
+  ASSERT_TRUE(s.Release("a1").ok());
+  EXPECT_EQ(s.quotas().Used("group:ml").gpus, 1);
+  // Restored allocations (a restarted server) are charged to the group too.
+  auto released = s.Release("b2");
+  ASSERT_TRUE(released.ok());
+  ASSERT_TRUE(s.Restore(*released).ok());
+  EXPECT_EQ(s.quotas().Used("group:ml").gpus, 1);
+}
+
 TEST(Scheduler, GangIsAllOrNothing) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());

@@ -74,7 +74,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (!root.IsMap()) return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
   if (absl::Status st = Known(path, root,
                               {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
-                               "policy", "admins", "quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
+                               "policy", "admins", "quotas", "group_quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
                                "intercept_library", "context_overhead", "poll_interval_s", "containers"},
                               "");
       !st.ok()) {
@@ -121,13 +121,18 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     if (!a.IsSequence()) return At(path, a, "admins", "expected a list of user names");
     for (const YAML::Node& u : a) c->admins.insert(u.as<std::string>());
   }
-  if (const YAML::Node q = root["quotas"]) {
-    if (!q.IsMap()) return At(path, q, "quotas", "expected a map of user: {gpus, gpu_share, gpu_memory}");
+  for (const char* key : {"quotas", "group_quotas"}) {
+    const YAML::Node q = root[key];
+    if (!q) continue;
+    const bool groups = std::string_view(key) == "group_quotas";
+    if (!q.IsMap()) {
+      return At(path, q, key, fmt::format("expected a map of {}: {{gpus, gpu_share, gpu_memory}}", groups ? "group" : "user"));
+    }
     for (const auto& kv : q) {
-      std::string user = kv.first.as<std::string>();
+      std::string name = kv.first.as<std::string>();
       sched::OwnerQuota oq;
-      if (absl::Status st = Amount(path, kv.second, "quotas." + user, &oq.limit); !st.ok()) return st;
-      c->quotas[user] = oq;
+      if (absl::Status st = Amount(path, kv.second, std::string(key) + "." + name, &oq.limit); !st.ok()) return st;
+      (groups ? c->group_quotas : c->quotas)[name] = oq;
     }
   }
   if (const YAML::Node p = root["preemption"]) {

@@ -31,6 +31,8 @@ policy: fgd
 admins: [alice]
 quotas:
   bob: {gpus: 2, gpu_share: 2.5, gpu_memory: 100GiB}
+group_quotas:
+  ml: {gpus: 4}
 preemption: {requeue: false, grace_period_s: 3}
 unhealthy_gpu: fail
 max_body_bytes: 4096
@@ -46,6 +48,8 @@ containers: {podman: /opt/podman/bin/podman, cdi_spec_dir: /etc/cdi, run_args: [
   EXPECT_EQ(c.quotas.at("bob").limit.gpus, 2);
   EXPECT_EQ(c.quotas.at("bob").limit.gpu_milli, 2500);
   EXPECT_EQ(c.quotas.at("bob").limit.gpu_memory_mib, 102400);
+  EXPECT_EQ(c.group_quotas.at("ml").limit.gpus, 4);
+  EXPECT_EQ(c.group_quotas.at("ml").limit.gpu_milli, -1) << "what is not set is unlimited";
   EXPECT_FALSE(c.requeue_preempted);
   EXPECT_EQ(c.grace_period_s, 3);
   EXPECT_EQ(c.unhealthy_action, "fail");
@@ -65,6 +69,8 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"quotas: {bob: {gpus: -1}}\n", "quotas.bob.gpus: expected a whole number >= 0"},
       {"quotas: {bob: {gpu_memory: lots}}\n", "quotas.bob.gpu_memory: expected a size"},
       {"quotas: {bob: {cpus: 1}}\n", "quotas.bob.cpus: unknown key"},
+      {"group_quotas: {ml: {gpus: many}}\n", "group_quotas.ml.gpus: expected a whole number >= 0"},
+      {"group_quotas: [ml]\n", "group_quotas: expected a map of group: {gpus, gpu_share, gpu_memory}"},
       {"tcp: {listen: \":7070\"}\n", "tcp: a TCP listener needs at least one token"},
       {"tcp: {listen: \":7070\", tokens: [{token: short, user: ci}]}\n", "at least 16 characters"},
       {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},

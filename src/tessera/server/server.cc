@@ -1,6 +1,7 @@
 #include "tessera/server/server.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -189,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
                                                 static_cast<int64_t>(pages) * page / (1 << 20));
   if (auto n = s->scheduler_->AddNode(node); !n.ok()) return n.status();
   for (const auto& [user, q] : c.quotas) s->scheduler_->quotas().Set(user, q);
+  for (const auto& [group, q] : c.group_quotas) s->scheduler_->quotas().Set("group:" + group, q);
   s->SetUpSharing();
   s->SetUpContainers();
   const size_t n = s->inventory_.gpus.size();
@@ -263,6 +265,42 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
   return run;
 }
 
+core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner, uint32_t uid) {
+  core::Request r = RequestOf(spec, id, owner);
+  r.quota_groups = QuotaGroups(uid);
+  return r;
+}
+
+std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
+  if (config_.group_quotas.empty()) return {};
+  std::lock_guard lock(groups_mu_);
+  if (auto it = quota_groups_.find(uid); it != quota_groups_.end()) return it->second;
+  std::vector<std::string> out;
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    int n = 64;
+    std::vector<gid_t> gids(static_cast<size_t>(n));
+    if (getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
+      gids.resize(static_cast<size_t>(n));
+      getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
+    }
+    gids.resize(static_cast<size_t>(std::max(n, 0)));
+    for (gid_t gid : gids) {
+      group gr;
+      group* g = nullptr;
+      std::vector<char> gbuf(16384);
+      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g && config_.group_quotas.contains(g->gr_name)) {
+        std::string key = std::string("group:") + g->gr_name;
+        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
+      }
+    }
+  }
+  quota_groups_[uid] = out;
+  return out;
+}
+
 int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }
 
 absl::Status Server::Recover() {
@@ -292,7 +330,7 @@ absl::Status Server::Recover() {
       sched::Allocation a;
       a.id = std::to_string(r.id);
       a.node = 0;
-      a.request = RequestOf(*spec, r.id, r.owner);
+      a.request = RequestFor(*spec, r.id, r.owner, r.owner_uid);
       if (placement.is_object()) {
         for (const auto& g : placement.value("gpus", json::array())) a.gpus.push_back(g.value("index", 0));
         a.milli_per_gpu = placement.value("milli_per_gpu", 0);
@@ -639,7 +677,7 @@ void Server::SchedulePass(double now) {
   // Requests of a shape that did not fit are not tried again in this pass (nothing was freed since).
   std::set<std::string> no_fit;
   for (Queued* q : order) {
-    core::Request r = RequestOf(q->spec, q->id, q->owner);
+    core::Request r = RequestFor(q->spec, q->id, q->owner, q->uid);
     std::string shape = fmt::format("{}/{}/{}/{}/{}/{}/{}", r.gpus, r.gpu_milli, r.gpu_memory_mib,
                                     fmt::join(r.models, ","), r.min_gpu_memory_mib, static_cast<int>(r.topology),
                                     r.priority);
@@ -786,7 +824,7 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok()) return Error(400, std::string(st.message()));
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue:
   // by the scheduler's own test of a GPU against the request.
-  core::Request r = RequestOf(*spec, 1, user);
+  core::Request r = RequestFor(*spec, 1, user, uid);
   int matching = 0;
   {
     std::lock_guard lock(mu_);

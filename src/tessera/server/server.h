@@ -55,6 +55,7 @@ struct ServerConfig {
   std::string policy = "tessera";  // as `--policies` takes it
   std::set<std::string> admins;    // users who may cancel anyone's job (root always may)
   std::map<std::string, sched::OwnerQuota> quotas;  // per user
+  std::map<std::string, sched::OwnerQuota> group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
   double grace_period_s = 10;      // SIGTERM, then SIGKILL after this
   std::string unhealthy_action = "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
@@ -129,6 +130,10 @@ class Server {
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();
+  // The scheduling request of a job: RequestOf, plus the quota groups of its owner.
+  core::Request RequestFor(const JobSpec& spec, int64_t id, const std::string& owner, uint32_t uid);
+  // "group:<name>" for each group of `uid` (primary and supplementary) that has a quota; cached.
+  std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
   void CheckRunning(double now);
   void SchedulePass(double now);
@@ -179,6 +184,9 @@ class Server {
   uint64_t latency_count_ = 0;
   uint64_t passes_ = 0;
   double last_pass_s_ = 0;
+
+  std::mutex groups_mu_;  // the quota groups cache; never held while taking mu_
+  std::map<uint32_t, std::vector<std::string>> quota_groups_;
 
   std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ = -1;
