@@ -41,7 +41,8 @@ class Daemon {
     fs::create_directories(dir_);
     socket_ = dir_ + "/s.sock";
     config_ = dir_ + "/server.yaml";
-    std::ofstream(config_) << "preemption: {grace_period_s: 1}\npoll_interval_s: 0.05\n" << config_yaml
+    // The default poll interval: ended jobs are noticed through their pidfds, not by polling.
+    std::ofstream(config_) << "preemption: {grace_period_s: 1}\n" << config_yaml
                            // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
                            << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n" : "");
     simulate_ = simulate;

@@ -6,6 +6,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -231,6 +234,81 @@ bool SameProcess(pid_t pid, uint64_t start_time) {
   // A zombie (ended, not yet reaped) is not running.
   return pid > 0 && shim::ReadProcessStat(pid, &state, &now) && now != 0 && now == start_time &&
          state != 'Z';
+}
+
+ExitWatcher::ExitWatcher(std::function<void()> on_exit) : on_exit_(std::move(on_exit)) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || stop_fd_ < 0) return;  // Watch then says no: callers poll
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = ~uint64_t{0};
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  thread_ = std::thread([this] { Run(); });
+}
+
+ExitWatcher::~ExitWatcher() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    ssize_t w = write(stop_fd_, &one, sizeof one);
+    (void)w;
+    thread_.join();
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& [key, fd] : fds_) close(fd);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+bool ExitWatcher::Watch(int64_t key, pid_t pid) {
+  if (!thread_.joinable() || pid <= 0) return false;
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return false;
+  fcntl(fd, F_SETFD, FD_CLOEXEC);  // pidfds are close-on-exec already; jobs must never inherit one
+  std::lock_guard lock(mu_);
+  if (auto it = fds_.find(key); it != fds_.end()) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second, nullptr);
+    close(it->second);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLONESHOT;  // once: the owner reaps it and unwatches
+  ev.data.u64 = static_cast<uint64_t>(key);
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    close(fd);
+    fds_.erase(key);
+    return false;
+  }
+  fds_[key] = fd;
+  return true;
+}
+
+void ExitWatcher::Unwatch(int64_t key) {
+  std::lock_guard lock(mu_);
+  auto it = fds_.find(key);
+  if (it == fds_.end()) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second, nullptr);
+  close(it->second);
+  fds_.erase(it);
+}
+
+size_t ExitWatcher::watched() const {
+  std::lock_guard lock(mu_);
+  return fds_.size();
+}
+
+void ExitWatcher::Run() {
+  epoll_event events[16];
+  for (;;) {
+    int n = epoll_wait(epoll_fd_, events, 16, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    bool exited = false;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == ~uint64_t{0}) return;
+      exited = true;
+    }
+    if (exited) on_exit_();
+  }
 }
 
 }  // namespace tessera::server

@@ -8,9 +8,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -70,5 +73,30 @@ std::optional<int> Reap(pid_t pid);
 
 // Whether `pid` is still the process that was started at `start_time` (not a reused pid).
 bool SameProcess(pid_t pid, uint64_t start_time);
+
+// Calls `on_exit` (from its own thread) soon after a watched process ends, so that jobs are reaped when
+// they end rather than at the next poll. Works for children and for processes adopted from an earlier
+// server alike (a pidfd per process, in one epoll set). Thread-safe.
+class ExitWatcher {
+ public:
+  explicit ExitWatcher(std::function<void()> on_exit);
+  ~ExitWatcher();
+  ExitWatcher(const ExitWatcher&) = delete;
+  ExitWatcher& operator=(const ExitWatcher&) = delete;
+
+  // False when the process cannot be watched (gone already, or a kernel without pidfds): poll it.
+  bool Watch(int64_t key, pid_t pid);
+  void Unwatch(int64_t key);
+  size_t watched() const;
+
+ private:
+  void Run();
+  std::function<void()> on_exit_;
+  int epoll_fd_ = -1;
+  int stop_fd_ = -1;  // an eventfd that ends the thread
+  mutable std::mutex mu_;
+  std::map<int64_t, int> fds_;  // key -> pidfd
+  std::thread thread_;
+};
 
 }  // namespace tessera::server

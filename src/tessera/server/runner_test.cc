@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -140,6 +142,42 @@ TEST(Runner, SameProcessTellsLiveFromEndedAndReused) {
   }
   EXPECT_FALSE(SameProcess(l->pid, l->start_time));
   EXPECT_EQ(WaitExit(l->pid), 128 + SIGKILL);
+}
+
+TEST(ExitWatcher, SaysWhenAWatchedProcessEnds) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  ExitWatcher w([&] {
+    std::lock_guard lock(mu);
+    ++calls;
+    cv.notify_all();
+  });
+  auto ends = Start(Shell("exit 0", "watch-ends"));
+  auto stays = Start(Shell("sleep 30", "watch-stays"));
+  ASSERT_TRUE(ends.ok() && stays.ok());
+  ASSERT_TRUE(w.Watch(1, ends->pid));
+  ASSERT_TRUE(w.Watch(2, stays->pid));
+  EXPECT_EQ(w.watched(), 2u);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls > 0; }))
+        << "no word of the ended process";
+  }
+  EXPECT_EQ(WaitExit(ends->pid), 0) << "the watcher does not reap: its owner does";
+  w.Unwatch(1);
+  w.Unwatch(1);  // twice, or a key never watched: nothing happens
+  w.Unwatch(99);
+  EXPECT_EQ(w.watched(), 1u);
+  EXPECT_TRUE(SameProcess(stays->pid, stays->start_time)) << "a live process raised nothing";
+  SignalGroup(stays->pid, SIGKILL);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls > 1; }));
+  }
+  EXPECT_EQ(WaitExit(stays->pid), 128 + SIGKILL);
+  EXPECT_FALSE(w.Watch(3, stays->pid)) << "a process that is gone cannot be watched";
+  EXPECT_FALSE(w.Watch(4, 0));
 }
 
 }  // namespace

@@ -348,6 +348,7 @@ absl::Status Server::Recover() {
       run.start_time = r.pid_start_time;
       run.adopted = true;
       running_[r.id] = run;
+      exits_->Watch(r.id, run.pid);
       ++adopted;
       spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
       continue;
@@ -384,6 +385,10 @@ absl::Status Server::Start() {
   } else {
     spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
   }
+  exits_ = std::make_unique<ExitWatcher>([this] {
+    std::lock_guard lock(mu_);
+    wake_.notify_all();
+  });
   if (absl::Status st = Recover(); !st.ok()) return st;
   devices::HealthPolicy hp;
   health_ = std::make_unique<devices::HealthWatch>(
@@ -412,6 +417,7 @@ void Server::Stop() {
   if (http_) http_->Stop();
   wake_.notify_all();
   if (loop_.joinable()) loop_.join();
+  exits_.reset();  // not under mu_: its thread may be waiting for it
   if (health_) health_->Stop();
   // Jobs keep running: a restarted server re-adopts them.
 }
@@ -491,6 +497,7 @@ void Server::CheckRunning(double now) {
     }
   }
   for (auto& [id, code] : ended) {
+    exits_->Unwatch(id);
     Finish(running_[id], code.value_or(-1), code.has_value(), now);
     running_.erase(id);
   }
@@ -633,6 +640,7 @@ absl::Status Server::StartJob(Queued& q, double now) {
     spdlog::error("job {}: recording its process: {}", q.id, std::string(st.message()));
   }
   running_[q.id] = run;
+  exits_->Watch(q.id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", q.id, where, run.pid);
   const double latency = std::max(0.0, now - q.since);
   for (size_t i = 0; i < latency_buckets_.size(); ++i) {

@@ -62,7 +62,8 @@ struct ServerConfig {
   size_t max_body_bytes = 1 << 20;
   std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
-  double poll_interval_s = 0.05;   // how often running jobs are checked (reaped, timed out)
+  double poll_interval_s = 0.25;   // how often running jobs are checked (timed out, stop escalated);
+                                   // ended jobs are reaped at once (ExitWatcher), this is the fallback
   std::string podman = "podman";   // for jobs with an image; empty: containers off
   std::string cdi_spec_dir;        // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
@@ -191,6 +192,8 @@ class Server {
   std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ = -1;
   std::vector<devices::GpuTelemetry> telemetry_;
+
+  std::unique_ptr<ExitWatcher> exits_;  // wakes the loop when a job's process ends
 
   std::atomic<bool> stop_{false};
   std::thread loop_;
