@@ -401,6 +401,7 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   for (const json& e : rec["podman_env"]) EXPECT_THAT(e.get<std::string>(), Not(HasSubstr("FOO=")));
   EXPECT_EQ(rec["global"], json::array({"--fake-state", p + "/state", "--cdi-spec-dir", p + "/cdi"}))
       << "this podman takes the spec folder";
+  EXPECT_THAT(Cli(d, "show " + std::to_string(id)), HasSubstr("image        example/train:1 (podman)"));
 
   // A share of a GPU: the intercept library, the job's region (made before it starts) and the arbiter
   // are bound into the container.

@@ -288,6 +288,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
   field("priority", std::to_string(j->value("priority", 0)));
   field("asks", Resources((*j)["spec"]));
   field("gpus", Where(*j));
+  if ((*j)["spec"].contains("image")) field("image", (*j)["spec"]["image"].get<std::string>() + " (podman)");
   field("command", fmt::format("{}", fmt::join((*j)["spec"]["command"].get<std::vector<std::string>>(), " ")));
   if (!(*j)["exit_code"].is_null()) field("exit code", std::to_string((*j)["exit_code"].get<int>()));
   out << "events:\n";
