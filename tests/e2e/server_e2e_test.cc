@@ -449,6 +449,24 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   EXPECT_THAT(d.Logs(id, "stderr"), HasSubstr("unresolvable CDI devices tessera.io/gpu=GPU-"));
 }
 
+TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
+  const std::string p = FakePodmanDir("restart", "example/train:1\n");
+  Daemon d("image-restart", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi}\n");
+  int64_t blocker = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
+  d.WaitFor(blocker, "running");
+  json spec = Shell("true", {{"gpus", 1}});
+  spec["image"] = "example/train:1";
+  int64_t id = d.Submit(spec);
+  d.Kill(SIGKILL);
+  std::ofstream(d.dir() + "/server.yaml") << "preemption: {grace_period_s: 1}\ncontainers: {podman: \"\"}\n";
+  d.Start();
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "queued");
+  d.Call("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
+  json j = d.WaitFor(id, "failed");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("this server cannot run containers: containers are turned off"));
+  EXPECT_EQ(d.Call("GET", "/v1/info")["running"], 0) << "its GPU was given back";
+}
+
 TEST(TesseraServer, ImageWithoutPodmanIsRefusedAndSaid) {
   Daemon d("nopodman", "containers: {podman: /nonexistent/podman}\n");
   json info = d.Call("GET", "/v1/info");

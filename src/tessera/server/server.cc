@@ -624,8 +624,14 @@ absl::Status Server::StartJob(Queued& q, double now) {
       spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
     }
   }
-  if (run.container) ContainerLaunch(q, ls);
-  auto launched = server::Start(ls);
+  absl::StatusOr<Launched> launched;
+  if (run.container && !containers_) {
+    // Accepted by a server that had podman (kept across a restart); this one has none.
+    launched = absl::FailedPreconditionError(fmt::format("this server cannot run containers: {}", containers_off_));
+  } else {
+    if (run.container) ContainerLaunch(q, ls);
+    launched = server::Start(ls);
+  }
   if (!launched.ok()) {
     TransitionFields ff;
     ff.ended_at = now;
