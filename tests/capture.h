@@ -1,9 +1,11 @@
 #pragma once
 // For the tests that run programs: one shell command line to completion, its stdout (stderr too with
-// 2>&1 in the line) and its exit status.
+// 2>&1 in the line) and its exit status; and what a program wrote to a file.
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace tessera::test {
@@ -23,6 +25,12 @@ inline Captured Capture(const std::string& command_line) {
   int status = pclose(p);
   c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return c;
+}
+
+// The whole file at `path`; empty when it cannot be read.
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace tessera::test

@@ -7,7 +7,6 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -68,12 +67,6 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 const char* kNodes =
     "name,cpu_milli,memory_mib,gpus,gpu_model,count\n"
@@ -102,11 +95,11 @@ TEST(TesseraSim, InflateWritesIdenticalCsvForTheSameSeeds) {
   EXPECT_LE(j[0]["allocatedRatio"].get<double>(), 1.0);
   ASSERT_EQ(Tessera(args + out2).code, 0);
   for (const char* f : {"inflation_curve.csv", "inflation_runs.csv", "inflation_failed.csv"}) {
-    std::string first = ReadAll(out1 + "/" + f);
+    std::string first = tessera::test::ReadFile(out1 + "/" + f);
     EXPECT_FALSE(first.empty()) << f;
-    EXPECT_EQ(first, ReadAll(out2 + "/" + f)) << f << " differs between equal runs";
+    EXPECT_EQ(first, tessera::test::ReadFile(out2 + "/" + f)) << f << " differs between equal runs";
   }
-  std::string html = ReadAll(out1 + "/report.html");
+  std::string html = tessera::test::ReadFile(out1 + "/report.html");
   EXPECT_THAT(html, ::testing::HasSubstr("<svg"));
   EXPECT_THAT(html, ::testing::HasSubstr("tessera"));
 }
@@ -133,7 +126,7 @@ TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
   EXPECT_EQ(j[0]["jobs"], 5);
   EXPECT_EQ(j[0]["finished"], 5);
   EXPECT_EQ(j[0]["waitSeconds"]["count"], 5);
-  std::string series = ReadAll(out + "/replay_series.csv");
+  std::string series = tessera::test::ReadFile(out + "/replay_series.csv");
   EXPECT_THAT(series, ::testing::StartsWith("policy,seed,time,allocated_ratio"));
   EXPECT_GE(std::count(series.begin(), series.end(), '\n'), 11);  // header + 5 per policy
 }

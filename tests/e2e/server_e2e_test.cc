@@ -72,10 +72,7 @@ class Daemon {
     waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
-  std::string Log() const {
-    std::ifstream in(dir_ + "/server.log");
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string Log() const { return tessera::test::ReadFile(dir_ + "/server.log"); }
   const std::string& socket() const { return socket_; }
   const std::string& dir() const { return dir_; }
 
@@ -362,11 +359,6 @@ json ReadJson(const std::string& path) {
   return json::parse(in, nullptr, false);
 }
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // Jobs with an image run under podman with their GPUs as CDI devices from the spec the server wrote;
 // a stop reaches the container; podman's own failures are told apart from the job's.
 TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
@@ -432,7 +424,7 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   std::string rm;
   for (int i = 0; i < 250 && rm.find("tessera-job-" + std::to_string(id)) == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    rm = ReadText(p + "/state/rm.log");
+    rm = tessera::test::ReadFile(p + "/state/rm.log");
   }
   EXPECT_THAT(rm, HasSubstr("rm --force --ignore --time 0 tessera-job-" + std::to_string(id)));
 
