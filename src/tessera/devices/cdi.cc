@@ -88,7 +88,7 @@ DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSe
   return f;
 }
 
-std::string CdiDeviceName(const core::Gpu& gpu) { return fmt::format("{}={}", kCdiKind, gpu.uuid); }
+std::string CdiDeviceName(std::string_view gpu_uuid) { return fmt::format("{}={}", kCdiKind, gpu_uuid); }
 
 std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles& files) {
   ordered_json devices = ordered_json::array();

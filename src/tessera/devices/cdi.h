@@ -36,7 +36,7 @@ struct DriverSearch {
 DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSearch& search = {});
 
 // "tessera.io/gpu=<uuid>": how a job's GPU is asked of the runtime.
-std::string CdiDeviceName(const core::Gpu& gpu);
+std::string CdiDeviceName(std::string_view gpu_uuid);
 
 // The spec (JSON text) for `inventory`: a device per GPU under its UUID and its index, and "all".
 // Each GPU's edits are its device node and TESSERA_GPU_<index>_UUID; the spec-wide edits, shared by

@@ -93,7 +93,7 @@ TEST_F(CdiTest, SpecNamesEveryGpuByUuidAndIndexWithItsNode) {
             json::parse(R"({"hostPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
                             "containerPath": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
                             "options": ["ro", "nosuid", "nodev", "bind"]})"));
-  EXPECT_EQ(CdiDeviceName(TwoGpus().gpus[1]), "tessera.io/gpu=GPU-1aaa");
+  EXPECT_EQ(CdiDeviceName(TwoGpus().gpus[1].uuid), "tessera.io/gpu=GPU-1aaa");
 }
 
 TEST_F(CdiTest, SimulatedMachineGetsEnvironmentOnlyDevices) {

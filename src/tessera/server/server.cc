@@ -666,7 +666,7 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   c.env = JobEnvironment(ls);
   if (!q.spec.env.contains("PATH")) c.env.erase("PATH");  // the image's own PATH, unless one was asked
   c.workdir = ls.workdir;
-  for (const std::string& uuid : ls.gpu_uuids) c.cdi_devices.push_back(fmt::format("{}={}", devices::kCdiKind, uuid));
+  for (const std::string& uuid : ls.gpu_uuids) c.cdi_devices.push_back(devices::CdiDeviceName(uuid));
   if (ls.share) {
     c.read_only_files.push_back(ls.share->library);
     c.writable_files.push_back(ls.share->region);
