@@ -571,6 +571,31 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
 }
 
+TEST(TesseraServer, CancelSendsSigtermThatAJobCanTrapToSaveACheckpoint) {
+  // The server blocks SIGTERM for itself; its jobs must not inherit that. The job asks for a long grace
+  // period of its own, so only a SIGTERM that reaches it can end it in time for the wait below.
+  Daemon d("sigterm");
+  json spec = Shell("grep -E '^Sig(Blk|Ign)' /proc/self/status; trap 'echo checkpoint saved; exit 0' TERM; "
+                    "echo ready; while :; do sleep 0.05; done",
+                    {{"gpus", 1}});
+  spec["grace_period_s"] = 300;
+  int64_t id = d.Submit(spec);
+  d.WaitFor(id, "running");
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (d.Logs(id).find("ready") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string out = d.Logs(id);
+  EXPECT_THAT(out, HasSubstr("SigBlk:\t0000000000000000"));
+  EXPECT_THAT(out, HasSubstr("SigIgn:\t0000000000000000"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  json j = d.WaitFor(id, "cancelled", 20);
+  EXPECT_THAT(d.Logs(id), HasSubstr("checkpoint saved"));
+  EXPECT_EQ(j["spec"]["grace_period_s"], 300);
+  EXPECT_THAT(d.Log(), HasSubstr("SIGKILL after 300 s"));
+  EXPECT_THAT(d.Log(), Not(HasSubstr("still running 300 s after SIGTERM")));
+}
+
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {
   std::string path = ::testing::TempDir() + "bad-server-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(path) << "socket: /tmp/x.sock\npreemption: {grace_period_s: forever}\n";

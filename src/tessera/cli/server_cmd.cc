@@ -130,6 +130,7 @@ struct State {
   int priority = 0;
   bool no_preempt = false, no_env = false;
   double max_runtime = 0;
+  double grace = -1;
   // ls / show / logs / cancel / top
   std::string states;
   int limit = 50;
@@ -243,6 +244,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   spec["priority"] = s.priority;
   spec["preemptible"] = !s.no_preempt;
   if (s.max_runtime > 0) spec["max_runtime_s"] = s.max_runtime;
+  if (s.grace >= 0) spec["grace_period_s"] = s.grace;
   server::HttpClient c(s.client.Endpoint(), s.client.Token());
   int code = kExitOk;
   auto job = Call(c, "POST", "/v1/jobs", spec.dump(), err, &code);
@@ -420,6 +422,9 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");
   sub->add_option("--name", st.name, "A name for the job");
   sub->add_option("--max-runtime", st.max_runtime, "Stop the job after this many seconds");
+  sub->add_option("--grace", st.grace,
+                  "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
+      ->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--env", st.envs, "Set NAME=VALUE in the job's environment (repeatable)")
       ->allow_extra_args(false);
   sub->add_flag("--no-env", st.no_env, "Do not pass this shell's environment to the job");

@@ -105,7 +105,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
 absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError(fmt::format("expected a JSON object, got {}", TypeName(j)));
   if (absl::Status st = Unknown(j, {"command", "env", "workdir", "name", "labels", "resources", "priority",
-                                    "preemptible", "max_runtime_s", "image"},
+                                    "preemptible", "max_runtime_s", "grace_period_s", "image"},
                                 "");
       !st.ok()) {
     return st;
@@ -155,6 +155,13 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       return Bad("max_runtime_s", fmt::format("expected seconds > 0, got {}", v.dump()));
     }
     s.max_runtime_s = v.get<double>();
+  }
+  if (j.contains("grace_period_s")) {
+    const json& v = j["grace_period_s"];
+    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 3600) {
+      return Bad("grace_period_s", fmt::format("expected seconds in 0..3600, got {}", v.dump()));
+    }
+    s.grace_period_s = v.get<double>();
   }
   if (j.contains("resources")) {
     const json& r = j["resources"];
@@ -250,6 +257,7 @@ json JobSpecToJson(const JobSpec& s) {
   j["priority"] = s.priority;
   j["preemptible"] = s.preemptible;
   if (s.max_runtime_s > 0) j["max_runtime_s"] = s.max_runtime_s;
+  if (s.grace_period_s >= 0) j["grace_period_s"] = s.grace_period_s;
   if (!s.image.empty()) j["image"] = s.image;
   return j;
 }

@@ -31,6 +31,9 @@ struct JobSpec {
   int priority = 0;               // -1000..1000, higher first
   bool preemptible = true;
   double max_runtime_s = 0;  // 0: none
+  // Seconds between the SIGTERM of a stop (cancel, preemption, timeout) and the SIGKILL; negative:
+  // the server's default (preemption.grace_period_s).
+  double grace_period_s = -1;
   std::string image;         // run in a container (podman) with the GPUs as CDI devices
 };
 

@@ -13,7 +13,7 @@ using ::testing::HasSubstr;
 TEST(JobSpec, ParsesAFullSpec) {
   auto s = ParseJobSpec(R"({"command": ["python", "train.py"], "env": {"A": "1"}, "workdir": "/data",
       "name": "t", "labels": {"team": "nlp"}, "priority": 5, "preemptible": false, "max_runtime_s": 60,
-      "resources": {"gpu_memory": "10GiB", "gpu_share": "30%", "model": "H100"}})");
+      "grace_period_s": 120, "resources": {"gpu_memory": "10GiB", "gpu_share": "30%", "model": "H100"}})");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->command, (std::vector<std::string>{"python", "train.py"}));
   EXPECT_EQ(s->gpu_memory_mib, 10240);
@@ -21,6 +21,8 @@ TEST(JobSpec, ParsesAFullSpec) {
   EXPECT_EQ(s->models, std::vector<std::string>{"H100"});
   EXPECT_EQ(s->priority, 5);
   EXPECT_FALSE(s->preemptible);
+  EXPECT_EQ(s->grace_period_s, 120);
+  EXPECT_LT(ParseJobSpec(R"({"command": ["ls"]})")->grace_period_s, 0) << "unset: the server's default";
   // Round trip through the stored form.
   auto again = JobSpecFromJson(JobSpecToJson(*s));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -54,6 +56,9 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
       {R"({"command": ["ls"], "env": {"A=B": "1"}})", "env: bad name"},
       {R"({"command": ["ls"], "workdir": "rel"})", "workdir: expected an absolute path"},
       {R"({"command": ["ls"], "max_runtime_s": -1})", "max_runtime_s"},
+      {R"({"command": ["ls"], "grace_period_s": -1})", "grace_period_s: expected seconds in 0..3600"},
+      {R"({"command": ["ls"], "grace_period_s": 4000})", "grace_period_s: expected seconds in 0..3600"},
+      {R"({"command": ["ls"], "grace_period_s": "30s"})", "grace_period_s"},
       {R"({"command": ["ls"], "preemptible": "yes"})", "preemptible: expected true or false"},
   };
   for (const auto& [text, want] : cases) {

@@ -62,6 +62,7 @@ std::string_view OpenApiDocument() {
           "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
           "preemptible": {"type": "boolean"},
           "max_runtime_s": {"type": "number", "exclusiveMinimum": 0},
+          "grace_period_s": {"type": "number", "minimum": 0, "maximum": 3600},
           "image": {"type": "string", "description": "run in a container of this image (podman, GPUs as CDI devices tessera.io/gpu=<uuid>); 400 when the server has no podman"}}}
     }
   }

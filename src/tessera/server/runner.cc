@@ -33,6 +33,26 @@ struct ChildError {
   int err;
 };
 
+// Every catchable signal back to its default action and an empty signal mask. Async-signal-safe
+// (system calls only), for use between fork and exec.
+void ResetSignals() {
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    if (sigaction(sig, &dfl, nullptr) == 0) continue;
+    // glibc refuses the signals it keeps for itself (32 and 33, for thread cancellation and set*id),
+    // yet an ignored disposition of those survives exec too: ask the kernel directly. Its struct
+    // starts with the handler; all else zero (no flags, no restorer, empty mask).
+    unsigned long kernel_action[4] = {reinterpret_cast<unsigned long>(SIG_DFL), 0, 0, 0};
+    syscall(SYS_rt_sigaction, sig, kernel_action, nullptr, sizeof(unsigned long));
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
 constexpr const char* kSteps[] = {"cannot enter the working directory", "cannot open the stdout log",
                                   "cannot open the stderr log", "cannot switch group",
                                   "cannot switch user", "cannot execute"};
@@ -113,16 +133,23 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   std::string exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
   if (pid == 0) {
     setpgid(0, 0);
+    // The server blocks SIGTERM/SIGINT (it takes them with sigwait) and ignores SIGPIPE; both a
+    // mask and ignored dispositions survive exec, so a job would never see the SIGTERM that asks it
+    // to stop. Start from a clean slate: every signal default, none blocked.
+    ResetSignals();
     if (!spec.exit_path.empty()) {
       // The shepherd: the group leader, waiting for the job (its child) to record how it ended.
+      // Stops are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a stop
+      // sent to the group the moment the job exists cannot end the shepherd first.
+      signal(SIGTERM, SIG_IGN);
+      signal(SIGINT, SIG_IGN);
+      signal(SIGHUP, SIG_IGN);
       pid_t job = fork();
       if (job < 0) _exit(127);
+      if (job == 0) ResetSignals();
       if (job > 0) {
         // Nothing of the server's (listening sockets, the database) stays open in the shepherd.
         close_range(3, ~0U, 0);
-        signal(SIGTERM, SIG_IGN);  // stops are for the job; SIGKILL still ends the shepherd
-        signal(SIGINT, SIG_IGN);
-        signal(SIGHUP, SIG_IGN);
         int status = 0;
         while (waitpid(job, &status, 0) < 0 && errno == EINTR) {
         }
@@ -154,7 +181,6 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
       (void)w;
       _exit(127);
     };
-    signal(SIGPIPE, SIG_DFL);
     // Nor in the job: every descriptor but the exec-error pipe goes.
     if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
     close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);

@@ -129,6 +129,66 @@ TEST(Runner, StopReachesTheWholeProcessGroup) {
   EXPECT_TRUE(gone);
 }
 
+// Starts `s` from a thread whose signal state is the server's: SIGTERM and SIGINT blocked (taken by
+// sigwait) and SIGPIPE ignored. Restores this thread's state afterwards.
+absl::StatusOr<Launched> StartLikeTheServer(const LaunchSpec& s) {
+  sigset_t set, old;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, &old);
+  struct sigaction ign = {}, old_pipe = {};
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ign, &old_pipe);
+  auto l = Start(s);
+  sigaction(SIGPIPE, &old_pipe, nullptr);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  return l;
+}
+
+// Polls (with a deadline) until `path` holds `text`.
+bool WaitForText(const std::string& path, const std::string& text, double seconds = 10) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (ReadAll(path).find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TEST(Runner, JobStartsWithNoSignalBlockedOrIgnoredWhateverTheServerHas) {
+  for (bool shepherd : {false, true}) {
+    SCOPED_TRACE(shepherd ? "under a shepherd" : "bare");
+    LaunchSpec s = Shell("exec grep -E '^Sig(Blk|Ign)' /proc/self/status", "sigmask");
+    if (shepherd) {
+      s.exit_path = Dir() + "/sigmask.exit";
+      std::filesystem::remove(s.exit_path);
+    }
+    auto l = StartLikeTheServer(s);
+    ASSERT_TRUE(l.ok()) << l.status();
+    ASSERT_EQ(WaitExit(l->pid), 0);
+    std::string out = ReadAll(s.stdout_path);
+    EXPECT_THAT(out, HasSubstr("SigBlk:\t0000000000000000")) << out;
+    EXPECT_THAT(out, HasSubstr("SigIgn:\t0000000000000000")) << out;
+  }
+}
+
+TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
+  // A training script saving a checkpoint on SIGTERM: the stop must reach it, not the shepherd's
+  // ignore or the server's mask, and its own exit code is what is recorded.
+  LaunchSpec s = Shell(
+      "trap 'echo checkpoint saved; exit 0' TERM; echo ready; while :; do sleep 0.05; done", "trap");
+  s.exit_path = Dir() + "/trap.exit";
+  std::filesystem::remove(s.exit_path);
+  auto l = StartLikeTheServer(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_TRUE(WaitForText(s.stdout_path, "ready"));
+  EXPECT_TRUE(SignalGroup(l->pid, SIGTERM));
+  EXPECT_EQ(WaitExit(l->pid), 0) << "the shepherd exits with the job's own code";
+  EXPECT_THAT(ReadAll(s.stdout_path), HasSubstr("checkpoint saved"));
+  EXPECT_EQ(ReadExitFile(s.exit_path), 0);
+}
+
 TEST(Runner, SameProcessTellsLiveFromEndedAndReused) {
   LaunchSpec s = Shell("sleep 30", "same");
   auto l = Start(s);

@@ -258,6 +258,7 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
   run.gpus = std::move(gpus);
   run.started = started;
   run.max_runtime_s = spec.max_runtime_s;
+  run.grace_period_s = spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s;
   run.memory_limit_mib = spec.gpu_memory_mib;
   run.gpu_milli = spec.gpu_milli;
   if (RequestOf(spec, id, "").fractional() && !run.gpus.empty()) run.region = JobFile("regions", id, ".region");
@@ -465,7 +466,7 @@ void Server::RequestStop(Running& r, const std::string& why, const std::string& 
   r.stop = why;
   r.stop_reason = reason;
   r.stop_at = now;
-  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason, config_.grace_period_s);
+  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason, r.grace_period_s);
   if (!SignalGroup(r.pid, SIGTERM)) SignalGroup(r.pid, SIGKILL);
 }
 
@@ -488,8 +489,8 @@ void Server::CheckRunning(double now) {
     if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
       RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s), now);
     }
-    if (!r.stop.empty() && !r.killed && now - r.stop_at >= config_.grace_period_s) {
-      spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, config_.grace_period_s);
+    if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
+      spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, r.grace_period_s);
       SignalGroup(r.pid, SIGKILL);
       // Killing podman's client leaves the container to its monitor: remove it by name.
       if (r.container && containers_) RemoveContainer(*containers_, id);

@@ -57,7 +57,7 @@ struct ServerConfig {
   std::map<std::string, sched::OwnerQuota> quotas;  // per user
   std::map<std::string, sched::OwnerQuota> group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
-  double grace_period_s = 10;      // SIGTERM, then SIGKILL after this
+  double grace_period_s = 30;      // SIGTERM, then SIGKILL after this (a job may ask for its own)
   std::string unhealthy_action = "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
   std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
@@ -105,6 +105,7 @@ class Server {
     bool killed = false;
     double started = 0;
     double max_runtime_s = 0;
+    double grace_period_s = 0;  // SIGTERM, then SIGKILL after this
     int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
     int gpu_milli = 0;
     std::string region;
