@@ -42,7 +42,10 @@ class Daemon {
     socket_ = dir_ + "/s.sock";
     config_ = dir_ + "/server.yaml";
     // The default poll interval: ended jobs are noticed through their pidfds, not by polling.
-    std::ofstream(config_) << "preemption: {grace_period_s: 1}\n" << config_yaml
+    // Tests run as root in CI: their jobs are root's unless a test says otherwise.
+    std::ofstream(config_) << "preemption: {grace_period_s: 1}\n"
+                           << (config_yaml.find("allow_root_jobs") == std::string::npos ? "allow_root_jobs: true\n" : "")
+                           << config_yaml
                            // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
                            << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n" : "");
     simulate_ = simulate;
@@ -450,7 +453,8 @@ TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
   spec["image"] = "example/train:1";
   int64_t id = d.Submit(spec);
   d.Kill(SIGKILL);
-  std::ofstream(d.dir() + "/server.yaml") << "preemption: {grace_period_s: 1}\ncontainers: {podman: \"\"}\n";
+  std::ofstream(d.dir() + "/server.yaml")
+      << "preemption: {grace_period_s: 1}\nallow_root_jobs: true\ncontainers: {podman: \"\"}\n";
   d.Start();
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "queued");
   d.Call("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
@@ -523,7 +527,7 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
 
 TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
   Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") + kToken +
-                      ", user: bob}\n");
+                      ", user: nobody}\n");
   int64_t mine = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   d.WaitFor(mine, "running");
   // The port is in the log.
@@ -594,6 +598,34 @@ TEST(TesseraServer, CancelSendsSigtermThatAJobCanTrapToSaveACheckpoint) {
   EXPECT_EQ(j["spec"]["grace_period_s"], 300);
   EXPECT_THAT(d.Log(), HasSubstr("SIGKILL after 300 s"));
   EXPECT_THAT(d.Log(), Not(HasSubstr("still running 300 s after SIGTERM")));
+}
+
+TEST(TesseraServer, RootJobsRunOnlyWhenTheConfigAllowsThem) {
+  Daemon d("root-jobs", "allow_root_jobs: false\n");
+  int status = 0;
+  json j = d.Call("POST", "/v1/jobs", Shell("id -u", {{"gpus", 1}}).dump(), &status);
+  if (geteuid() == 0) {
+    // This test's process is root, and so is the server: the job would run as root.
+    EXPECT_EQ(status, 403) << j.dump();
+    EXPECT_THAT(j.value("message", ""), HasSubstr("jobs do not run as root"));
+    EXPECT_TRUE(d.Call("GET", "/v1/jobs")["jobs"].empty()) << "nothing stored";
+  } else {
+    // A server that is not root runs every job as itself, never as root.
+    EXPECT_EQ(status, 201) << j.dump();
+    d.WaitFor(j.value("id", int64_t{0}), "succeeded");
+    EXPECT_EQ(d.Logs(j.value("id", int64_t{0})), std::to_string(geteuid()) + "\n");
+  }
+}
+
+TEST(TesseraServer, TokenWithoutALocalAccountIsRefusedAtStart) {
+  // Before: the token was accepted and its jobs ran as root.
+  std::string path = ::testing::TempDir() + "token-server-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(path) << "tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: " << kToken
+                      << ", user: nobody}\n    - {token: " << kToken << "-ci, user: tessera-no-such-account}\n";
+  tessera::test::Captured r = tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
+  fs::remove(path);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr(path + ":5: tcp.tokens[1].user: 'tessera-no-such-account' has no local account"));
 }
 
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {

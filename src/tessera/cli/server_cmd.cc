@@ -123,6 +123,7 @@ struct State {
   // server
   std::string config_path;
   std::string socket, state_dir, simulate, fallback_simulate = "dgx-h100", tcp;
+  bool allow_root_jobs = false;
   // submit
   int gpus = 0;
   std::string gpu_mem, gpu_share, name, workdir, image;
@@ -156,6 +157,7 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
   if (!s.state_dir.empty()) c.state_dir = s.state_dir;
   if (!s.simulate.empty()) c.simulate = s.simulate;
   if (!s.tcp.empty()) c.tcp_listen = s.tcp;
+  if (s.allow_root_jobs) c.allow_root_jobs = true;
   if (!c.tcp_listen.empty() && c.tokens.empty()) {
     err << "tessera: a TCP listener needs tokens (tcp.tokens in the config file)\n";
     return kExitBadInput;
@@ -185,6 +187,10 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
     return kExitFailure;
   }
   spdlog::info("tessera server ready: socket {}, state in {}", c.socket, c.state_dir);
+  if (geteuid() == 0) {
+    spdlog::info(c.allow_root_jobs ? "jobs of root run as root (allow_root_jobs)"
+                                   : "jobs run as their submitting user; root's are refused (allow_root_jobs is off)");
+  }
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (running jobs keep running and are re-adopted at the next start)", sig);
@@ -410,6 +416,8 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   srv->add_option("--fallback-simulate", st.fallback_simulate,
                   "Preset to simulate when no NVIDIA driver is found (default dgx-h100; empty: fail)");
   srv->add_option("--tcp", st.tcp, "Also listen on TCP host:port (needs tokens in the config file)");
+  srv->add_flag("--allow-root-jobs", st.allow_root_jobs,
+                "Let root (on the socket, or a token for root) run jobs as root (config: allow_root_jobs)");
   srv->callback([&, s] { action = [&, s] { return RunServer(*s, out, err); }; });
 
   CLI::App* sub = app.add_subcommand("submit", "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");

@@ -1,6 +1,10 @@
 // The server's YAML config file (docs/server.md). Strict: unknown keys and bad values are errors naming
 // the file, the line and the key.
+#include <pwd.h>
 #include <yaml-cpp/yaml.h>
+
+#include <optional>
+#include <vector>
 
 #include "fmt/format.h"
 #include "tessera/core/gpu.h"
@@ -59,6 +63,15 @@ absl::Status Amount(const std::string& file, const YAML::Node& q, const std::str
   return absl::OkStatus();
 }
 
+// The uid of local account `user`, nullopt when there is none.
+std::optional<uint32_t> AccountUid(const std::string& user) {
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return std::nullopt;
+  return pw.pw_uid;
+}
+
 }  // namespace
 
 absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
@@ -75,7 +88,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (absl::Status st = Known(path, root,
                               {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
                                "policy", "admins", "quotas", "group_quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
-                               "intercept_library", "context_overhead", "poll_interval_s", "containers"},
+                               "intercept_library", "context_overhead", "poll_interval_s", "containers", "allow_root_jobs"},
                               "");
       !st.ok()) {
     return st;
@@ -94,6 +107,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     else if (k == "policy") c->policy = v;
     else c->intercept_library = v;
   }
+  std::vector<int> token_lines;  // the file's line of each token's user, for errors found later
   if (const YAML::Node t = root["tcp"]) {
     if (!t.IsMap()) return At(path, t, "tcp", "expected a map with listen and tokens");
     if (absl::Status st = Known(path, t, {"listen", "tokens"}, "tcp"); !st.ok()) return st;
@@ -102,19 +116,53 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     }
     if (const YAML::Node toks = t["tokens"]) {
       if (!toks.IsSequence()) return At(path, toks, "tcp.tokens", "expected a list of {token, user, admin}");
-      for (const YAML::Node& tok : toks) {
-        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, "tcp.tokens[]"); !st.ok()) return st;
+      for (size_t i = 0; i < toks.size(); ++i) {
+        const YAML::Node& tok = toks[i];
+        const std::string where = fmt::format("tcp.tokens[{}]", i);
+        if (!tok.IsMap()) return At(path, tok, where, "expected a map with token, user and admin");
+        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, where); !st.ok()) return st;
         ApiToken a;
-        a.token = tok["token"].as<std::string>("");
-        a.user = tok["user"].as<std::string>("");
-        a.admin = tok["admin"].as<bool>(false);
-        if (a.token.size() < 16) return At(path, tok, "tcp.tokens[].token", "at least 16 characters");
-        if (a.user.empty()) return At(path, tok, "tcp.tokens[].user", "required");
+        if (tok["token"] && !Get(path, tok["token"], where + ".token", &a.token).ok()) {
+          return At(path, tok["token"], where + ".token", "expected a string");
+        }
+        if (tok["user"] && !Get(path, tok["user"], where + ".user", &a.user).ok()) {
+          return At(path, tok["user"], where + ".user", "expected a user name");
+        }
+        if (tok["admin"] && !Get(path, tok["admin"], where + ".admin", &a.admin).ok()) {
+          return At(path, tok["admin"], where + ".admin", "expected true or false");
+        }
+        if (a.token.size() < 16) return At(path, tok, where + ".token", "at least 16 characters");
+        if (a.user.empty()) return At(path, tok, where + ".user", "required: the local account its jobs run as");
+        // A token's jobs run as its user: one without a local account would run as whoever the server
+        // is (root, most often). Refused here rather than discovered in a job.
+        std::optional<uint32_t> uid = AccountUid(a.user);
+        if (!uid) {
+          return At(path, tok["user"], where + ".user",
+                    fmt::format("'{}' has no local account; a token's jobs run as its user, so it must be one "
+                                "of this machine's accounts",
+                                a.user));
+        }
+        a.uid = *uid;
+        token_lines.push_back(tok["user"].Mark().line + 1);
         c->tokens.push_back(a);
       }
     }
     if (!c->tcp_listen.empty() && c->tokens.empty()) {
       return At(path, t, "tcp", "a TCP listener needs at least one token");
+    }
+  }
+  if (const YAML::Node a = root["allow_root_jobs"]) {
+    if (!Get(path, a, "allow_root_jobs", &c->allow_root_jobs).ok()) {
+      return At(path, a, "allow_root_jobs", "expected true or false");
+    }
+  }
+  for (size_t i = 0; i < token_lines.size(); ++i) {
+    const ApiToken& t = c->tokens[c->tokens.size() - token_lines.size() + i];
+    if (t.uid == 0 && !c->allow_root_jobs) {
+      return absl::InvalidArgumentError(fmt::format(
+          "{}:{}: tcp.tokens[{}].user: '{}' is root: this token's jobs would run as root; use an ordinary "
+          "account, or set allow_root_jobs: true if that is meant",
+          path, token_lines[i], i, t.user));
     }
   }
   if (const YAML::Node a = root["admins"]) {

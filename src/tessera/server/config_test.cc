@@ -1,5 +1,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -25,7 +26,7 @@ state_dir: /tmp/state
 tcp:
   listen: "127.0.0.1:7070"
   tokens:
-    - {token: "0123456789abcdef", user: ci, admin: true}
+    - {token: "0123456789abcdef", user: nobody, admin: true}
 simulate: t4x2
 policy: fgd
 admins: [alice]
@@ -40,11 +41,15 @@ context_overhead: 300MiB
 poll_interval_s: 0.1
 containers: {podman: /opt/podman/bin/podman, cdi_spec_dir: /etc/cdi, run_args: [--pull=never, --runtime, runc]}
 )");
-  ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  absl::Status st = LoadServerConfig(path, &c);
+  ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(c.socket, "/tmp/t.sock");
   EXPECT_EQ(c.tcp_listen, "127.0.0.1:7070");
   ASSERT_EQ(c.tokens.size(), 1u);
   EXPECT_TRUE(c.tokens[0].admin);
+  ASSERT_NE(getpwnam("nobody"), nullptr);
+  EXPECT_EQ(c.tokens[0].uid, getpwnam("nobody")->pw_uid) << "a token runs as its local account";
+  EXPECT_FALSE(c.allow_root_jobs) << "root's jobs are refused unless the file says otherwise";
   EXPECT_EQ(c.quotas.at("bob").limit.gpus, 2);
   EXPECT_EQ(c.quotas.at("bob").limit.gpu_milli, 2500);
   EXPECT_EQ(c.quotas.at("bob").limit.gpu_memory_mib, 102400);
@@ -72,7 +77,15 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"group_quotas: {ml: {gpus: many}}\n", "group_quotas.ml.gpus: expected a whole number >= 0"},
       {"group_quotas: [ml]\n", "group_quotas: expected a map of group: {gpus, gpu_share, gpu_memory}"},
       {"tcp: {listen: \":7070\"}\n", "tcp: a TCP listener needs at least one token"},
-      {"tcp: {listen: \":7070\", tokens: [{token: short, user: ci}]}\n", "at least 16 characters"},
+      {"tcp: {listen: \":7070\", tokens: [{token: short, user: nobody}]}\n", "at least 16 characters"},
+      {"tcp:\n  listen: \":7070\"\n  tokens:\n    - {token: 0123456789abcdef, user: nobody}\n"
+       "    - {token: 0123456789abcdefg, user: ci-no-such-account}\n",
+       ":5: tcp.tokens[1].user: 'ci-no-such-account' has no local account"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef}]}\n", "tcp.tokens[0].user: required"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: root}]}\n",
+       ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
+      {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
+      {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
       {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},
       {"max_body_bytes: 10\n", "max_body_bytes: expected 1024..1073741824"},
       {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},
@@ -96,6 +109,16 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
   }
   ServerConfig c;
   EXPECT_EQ(LoadServerConfig("/nonexistent/server.yaml", &c).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ServerConfig, TokenForRootOnlyWhenRootJobsAreAllowed) {
+  ServerConfig c = DefaultServerConfig();
+  std::string path = Write("root-token", "tcp:\n  listen: \":7070\"\n  tokens: [{token: 0123456789abcdef, user: root}]\n"
+                                         "allow_root_jobs: true\n");
+  ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  EXPECT_TRUE(c.allow_root_jobs);
+  ASSERT_EQ(c.tokens.size(), 1u);
+  EXPECT_EQ(c.tokens[0].uid, 0u);
 }
 
 }  // namespace

@@ -123,6 +123,9 @@ json JobJson(const JobRecord& r) {
   return j;
 }
 
+// Whether a job of `uid` would run as root: the server switches to the job's user only when it is root.
+bool RunsAsRoot(uint32_t uid) { return geteuid() == 0 && uid == 0; }
+
 }  // namespace
 
 std::string DefaultSocketPath() {
@@ -629,6 +632,9 @@ absl::Status Server::StartJob(Queued& q, double now) {
   if (run.container && !containers_) {
     // Accepted by a server that had podman (kept across a restart); this one has none.
     launched = absl::FailedPreconditionError(fmt::format("this server cannot run containers: {}", containers_off_));
+  } else if (RunsAsRoot(q.uid) && !config_.allow_root_jobs) {
+    // Accepted under a config that allowed it (kept across a restart); this one does not.
+    launched = absl::PermissionDeniedError("jobs do not run as root on this server (allow_root_jobs is off)");
   } else {
     if (run.container) ContainerLaunch(q, ls);
     launched = server::Start(ls);
@@ -753,8 +759,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     if (found == nullptr) return Error(401, "unknown bearer token");
     user = found->user;
     admin = found->admin;
-    uid = geteuid();
-    if (passwd* pw = getpwnam(user.c_str()); pw != nullptr && geteuid() == 0) uid = pw->pw_uid;
+    uid = found->uid;  // a local account, checked at config load
   }
   const std::string& path = req.path;
   const std::string& m = req.method;
@@ -837,6 +842,10 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   std::vector<std::string> machine_models;
   for (const core::Gpu& g : inventory_.gpus) machine_models.push_back(g.model);
   if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok()) return Error(400, std::string(st.message()));
+  if (RunsAsRoot(uid) && !config_.allow_root_jobs) {
+    return Error(403, "jobs do not run as root on this server: submit as an ordinary user, or set "
+                      "allow_root_jobs: true in the server's config");
+  }
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue:
   // by the scheduler's own test of a GPU against the request.
   core::Request r = RequestFor(*spec, 1, user, uid);

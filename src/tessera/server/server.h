@@ -38,10 +38,13 @@ class Scheduler;
 
 namespace tessera::server {
 
+// A bearer token for the TCP listener. Its user is a local account (checked at config load), whose
+// uid and groups the token's jobs run with when the server runs as root.
 struct ApiToken {
   std::string token;
   std::string user;
   bool admin = false;
+  uint32_t uid = 0;  // the account's, resolved at load
 };
 
 struct ServerConfig {
@@ -54,6 +57,9 @@ struct ServerConfig {
   std::string nvml_library;        // empty: the default
   std::string policy = "tessera";  // as `--policies` takes it
   std::set<std::string> admins;    // users who may cancel anyone's job (root always may)
+  // Whether a root server may run jobs as root (a root caller on the socket, or a token for root).
+  // Off: such a submission is refused (403) and a token for root is refused at config load.
+  bool allow_root_jobs = false;
   std::map<std::string, sched::OwnerQuota> quotas;  // per user
   std::map<std::string, sched::OwnerQuota> group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
