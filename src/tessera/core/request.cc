@@ -24,6 +24,25 @@ std::string ValidateRequest(const Request& r) {
   return "";
 }
 
+std::string RequestShapeKey(const Request& r) {
+  std::string key;
+  key.reserve(96);
+  auto add = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  add(r.cpu_milli);
+  add(r.memory_mib);
+  add(r.gpus);
+  add(r.gpu_milli);
+  add(r.gpu_memory_mib);
+  add(r.min_gpu_memory_mib);
+  add(r.min_compute_capability ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor : -1);
+  add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
+  for (const std::string& m : r.models) {
+    key += m;
+    key.push_back('\0');
+  }
+  return key;
+}
+
 bool GpuAccepted(const NodeGpu& gpu, const Request& r) {
   if (!r.models.empty() && std::find(r.models.begin(), r.models.end(), gpu.model) == r.models.end()) {
     return false;

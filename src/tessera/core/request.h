@@ -80,6 +80,13 @@ struct NodeSpec {
 // `r.min_compute_capability`.
 bool GpuAccepted(const NodeGpu& gpu, const Request& r);
 
+// The request's shape: the fields that decide where, and whether, it fits on a given cluster state and
+// how each place scores (resources, attribute selector, topology wish), as a compact byte string.
+// Requests of one shape fit or fail alike; the scheduler's caches and the scheduling cycle's "this
+// shape did not fit" memo both key on it. Priority, owner and gang are not part of it: a caller that
+// also depends on them (preemption depends on priority) adds them itself.
+std::string RequestShapeKey(const Request& r);
+
 // A node for the scheduling model from a discovered inventory.
 NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib);
 

@@ -4,22 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <queue>
-#include <set>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "fmt/format.h"
+#include "tessera/sched/cycle.h"
 #include "tessera/sim/cluster.h"
 
 namespace tessera::sim {
 namespace {
-
-
-std::string ShapeKey(const core::Request& r) {
-  std::string k = fmt::format("{}/{}/{}/{}/{}/{}", r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli,
-                              r.gpu_memory_mib, r.priority);
-  for (const std::string& m : r.models) k += "/" + m;
-  return k;
-}
 
 double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
@@ -72,12 +64,15 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   };
   std::vector<State> state(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
-  // Queue: higher priority first, then earlier submission, then trace order.
-  using QueueKey = std::tuple<int, double, size_t>;
-  std::set<QueueKey> queue;
-  auto key_of = [&](size_t i) { return QueueKey{-jobs[i].request.priority, jobs[i].submit, i}; };
+  // The queue, its order, backfill and preemption planning are the production cycle's.
+  sched::Cycle cycle(s, {.preemption = config.preemption});
+  auto enqueue = [&](size_t i) {
+    (void)cycle.Enqueue(sched::QueueEntry{jobs[i].request, jobs[i].submit, static_cast<uint64_t>(i)});
+  };
   using Departure = std::tuple<double, size_t, int>;  // end time, job, epoch
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
+  // Victims asked to stop: they hold their resources until the stop latency has passed.
+  std::priority_queue<Departure, std::vector<Departure>, std::greater<>> stops;
   int64_t running = 0, allocated_milli = 0;
   std::vector<double> waits, jcts;
 
@@ -95,7 +90,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       p.time = ts;
       p.allocated = capacity > 0 ? double(allocated_milli) / double(capacity) : 0;
       p.fragmented_gpus = s.FragmentedMilli() / core::kMilliPerGpu;
-      p.queued = static_cast<int64_t>(queue.size());
+      p.queued = static_cast<int64_t>(cycle.size());
       p.running = running;
       out.series.push_back(p);
       ++next_sample;
@@ -117,78 +112,63 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     if (state[i].remaining >= 0) departures.emplace(now + state[i].remaining, i, state[i].epoch);
   };
   auto stop = [&](size_t i) {
+    (void)s.Release(jobs[i].request.id);
     state[i].running = false;
     --running;
     allocated_milli -= jobs[i].request.gpu_milli_total();
   };
   std::unordered_map<std::string, size_t> index_of;
   for (size_t i = 0; i < jobs.size(); ++i) index_of[jobs[i].request.id] = i;
-
-  // Jobs of one shape (resources and priority) fit or not alike: a pass tries each shape once.
-  std::vector<std::string> shape_of(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) shape_of[i] = ShapeKey(jobs[i].request);
-  auto schedule_pass = [&](double now) {
-    std::unordered_set<std::string_view> failed_shapes;
-    for (auto it = queue.begin(); it != queue.end();) {
-      size_t i = std::get<2>(*it);
-      const core::Request& r = jobs[i].request;
-      std::string_view shape = shape_of[i];
-      if (failed_shapes.contains(shape)) {
-        ++it;
+  auto step = [&](double now) {
+    for (const sched::CycleDecision& d : cycle.Step(now)) {
+      if (d.kind == sched::CycleDecision::Kind::kStart) {
+        start(index_of.at(d.id), now);
         continue;
       }
-      auto placed = s.Place(r, now);
-      if (!placed.ok() && config.preemption) {
-        sched::PreemptionPlan plan = s.PlanPreemption(r, now);
-        if (plan.possible && !plan.victims.empty()) {
-          for (const std::string& v : plan.victims) {
-            auto victim = index_of.find(v);
-            if (victim == index_of.end() || !state[victim->second].running) continue;
-            if (!s.Release(v).ok()) continue;
-            size_t vi = victim->second;
-            stop(vi);
-            ++state[vi].epoch;
-            state[vi].remaining = jobs[vi].duration;
-            queue.insert(key_of(vi));
-            ++out.preemptions;
-          }
-          placed = s.Place(r, now);
-        }
+      for (const std::string& v : d.victims) {
+        auto victim = index_of.find(v);
+        if (victim == index_of.end() || !state[victim->second].running) continue;
+        stops.emplace(now + config.stop_latency_s, victim->second, state[victim->second].epoch);
       }
-      if (!placed.ok()) {
-        failed_shapes.insert(shape);
-        ++it;
-        continue;
-      }
-      it = queue.erase(it);
-      start(i, now);
     }
+  };
+  auto next_time = [](const auto& q) {
+    return q.empty() ? std::numeric_limits<double>::infinity() : std::get<0>(q.top());
   };
 
   size_t next_arrival = 0;
-  while (next_arrival < order.size() || !departures.empty()) {
-    double now = std::numeric_limits<double>::infinity();
-    if (next_arrival < order.size()) now = jobs[order[next_arrival]].submit;
-    if (!departures.empty()) now = std::min(now, std::get<0>(departures.top()));
+  while (next_arrival < order.size() || !departures.empty() || !stops.empty()) {
+    double now = std::min(next_time(departures), next_time(stops));
+    if (next_arrival < order.size()) now = std::min(now, jobs[order[next_arrival]].submit);
     advance(now);
     bool changed = false;
     while (!departures.empty() && std::get<0>(departures.top()) <= now) {
       auto [end, i, epoch] = departures.top();
       departures.pop();
       if (epoch != state[i].epoch || !state[i].running) continue;  // preempted meanwhile
-      (void)s.Release(jobs[i].request.id);
       stop(i);
       state[i].finished = true;
       ++out.finished;
       jcts.push_back(end - jobs[i].submit);
       changed = true;
     }
+    while (!stops.empty() && std::get<0>(stops.top()) <= now) {
+      auto [when, i, epoch] = stops.top();
+      stops.pop();
+      if (epoch != state[i].epoch || !state[i].running) continue;  // ended before the stop took
+      stop(i);
+      ++state[i].epoch;
+      state[i].remaining = jobs[i].duration;  // a preempted job starts over
+      enqueue(i);
+      ++out.preemptions;
+      changed = true;
+    }
     while (next_arrival < order.size() && jobs[order[next_arrival]].submit <= now) {
-      queue.insert(key_of(order[next_arrival]));
+      enqueue(order[next_arrival]);
       ++next_arrival;
       changed = true;
     }
-    if (changed) schedule_pass(now);
+    if (changed) step(now);
   }
   double end_time = std::max(last_time, horizon);
   advance(end_time);
@@ -201,7 +181,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       ++out.never_started;
     }
   }
-  out.queued_at_end = static_cast<int64_t>(queue.size());
+  out.queued_at_end = static_cast<int64_t>(cycle.size());
   out.wait = Summarize(std::move(waits));
   out.jct = Summarize(std::move(jcts));
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,9 +1,10 @@
 #pragma once
-// Time-based replay: jobs arrive at their submit times, wait in a queue ordered by priority then
-// arrival, run for their durations and leave. Each time something changes the queue is scanned in
-// order (later jobs may start ahead of a blocked one: backfill); a job that fits nowhere may preempt
-// lower-priority preemptible jobs (the production Scheduler's plan), which go back to the queue and
-// start over. Uses the production Scheduler. Deterministic for given inputs and seed.
+// Time-based replay: jobs arrive at their submit times, run for their durations and leave. Each time
+// something changes, the production scheduling cycle (sched::Cycle: queue order, backfill, the shape
+// memo, preemption planning) takes a step at the simulated time, exactly as the standalone server
+// does; the replay carries out its decisions. A preempted job stops `stop_latency_s` after it was
+// asked (holding its resources until then), goes back to the queue and starts over. Uses the
+// production Scheduler. Deterministic for given inputs and seed.
 
 #include <cstdint>
 #include <string>
@@ -20,6 +21,8 @@ struct ReplayConfig {
   std::vector<sched::WeightedPolicy> policies;
   uint64_t seed = 42;
   bool preemption = true;
+  // Seconds a preempted job takes to stop (SIGTERM to exit) and give its resources back.
+  double stop_latency_s = 0;
   // Points of the time series over the span the trace asks for (last submit + duration); more when
   // queueing makes the replay run longer.
   int samples = 200;

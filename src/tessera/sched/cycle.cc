@@ -1,0 +1,194 @@
+#include "tessera/sched/cycle.h"
+
+#include <unordered_set>
+
+#include <algorithm>
+
+#include "fmt/format.h"
+
+namespace tessera::sched {
+namespace {
+
+// The Scheduler's messages start "request <id>: " or "gang <id>: "; the cycle's reasons are about the
+// entry already.
+std::string WithoutSubject(std::string_view message) {
+  size_t p = message.find(": ");
+  return std::string(p == std::string_view::npos ? message : message.substr(p + 2));
+}
+
+// The memo key of a pass: requests of one shape and priority fit, fail or make room alike.
+std::string MemoKey(const core::Request& r) {
+  std::string key = core::RequestShapeKey(r);
+  int64_t priority = r.priority;
+  key.append(reinterpret_cast<const char*>(&priority), sizeof priority);
+  return key;
+}
+
+}  // namespace
+
+Cycle::Cycle(Scheduler& scheduler, CycleOptions options) : scheduler_(scheduler), options_(options) {}
+
+Cycle::Key Cycle::KeyOf(const QueueEntry& e) {
+  return Key{-e.request.priority, e.submitted, e.seq, e.request.id};
+}
+
+absl::Status Cycle::Enqueue(QueueEntry entry) {
+  if (entry.request.id.empty()) return absl::InvalidArgumentError("queue: a request needs an id");
+  if (std::string bad = core::ValidateRequest(entry.request); !bad.empty()) {
+    return absl::InvalidArgumentError(fmt::format("request {}: {}", entry.request.id, bad));
+  }
+  if (entries_.contains(entry.request.id)) {
+    return absl::AlreadyExistsError(fmt::format("request {}: already queued", entry.request.id));
+  }
+  // A victim put back in the queue has stopped, even if its id is placed again before the requests
+  // that waited for it look.
+  stopping_.erase(entry.request.id);
+  Key key = KeyOf(entry);
+  std::string id = entry.request.id;
+  order_.insert(key);
+  entries_.emplace(std::move(id), Entry{std::move(entry), std::move(key)});
+  return absl::OkStatus();
+}
+
+bool Cycle::Remove(const std::string& id) {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  order_.erase(it->second.key);
+  entries_.erase(it);
+  return true;
+}
+
+const std::string* Cycle::Waiting(const std::string& id) const {
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : &it->second.waiting;
+}
+
+std::vector<std::string> Cycle::Order() const {
+  std::vector<std::string> ids;
+  ids.reserve(order_.size());
+  for (const Key& k : order_) ids.push_back(std::get<3>(k));
+  return ids;
+}
+
+const std::string* Cycle::Overlap(const Allocation& a, const std::vector<Reservation>& reserved) {
+  for (const Reservation& r : reserved) {
+    if (r.node != a.node) continue;
+    for (int g : a.gpus) {
+      if (std::find(r.gpus->begin(), r.gpus->end(), g) != r.gpus->end()) return r.holder;
+    }
+  }
+  return nullptr;
+}
+
+bool Cycle::StillHeld(const std::string& allocation_id) const {
+  return stopping_.contains(allocation_id) && scheduler_.state().Find(allocation_id) != nullptr;
+}
+
+void Cycle::StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
+                     std::set<std::string>& done) {
+  const core::Request& r = first.queued.request;
+  std::vector<Entry*> members;
+  for (const Key& k : order_) {
+    Entry& e = entries_.at(std::get<3>(k));
+    if (e.queued.request.gang == r.gang) members.push_back(&e);
+  }
+  std::string why;
+  if (static_cast<int>(members.size()) < r.gang_size) {
+    why = fmt::format("gang {}: {} of {} members queued", r.gang, members.size(), r.gang_size);
+  } else {
+    std::vector<core::Request> requests;
+    for (const Entry* e : members) requests.push_back(e->queued.request);
+    auto placed = scheduler_.PlaceGang(requests, now);
+    if (placed.ok()) {
+      for (Allocation& a : *placed) {
+        done.insert(a.id);
+        CycleDecision d;
+        d.kind = CycleDecision::Kind::kStart;
+        d.id = a.id;
+        d.allocation = std::move(a);
+        out.push_back(std::move(d));
+      }
+      return;
+    }
+    why = std::string(placed.status().message());
+  }
+  for (Entry* e : members) e->waiting = why;
+}
+
+std::vector<CycleDecision> Cycle::Step(double now) {
+  std::vector<CycleDecision> out;
+  for (auto it = stopping_.begin(); it != stopping_.end();) {
+    it = scheduler_.state().Find(*it) != nullptr ? std::next(it) : stopping_.erase(it);
+  }
+  // Reasons of the memo keys that neither fit nor could make room in this pass.
+  std::unordered_map<std::string, std::string> no_fit;
+  std::set<std::string> gangs_seen, started;
+  std::vector<Reservation> reserved;  // of the requests earlier in this pass that wait for victims
+  for (const Key& k : order_) {
+    Entry& e = entries_.at(std::get<3>(k));
+    const core::Request& r = e.queued.request;
+    if (!r.gang.empty()) {
+      if (gangs_seen.insert(r.gang).second) StepGang(e, now, out, started);
+      continue;
+    }
+    if (!e.awaiting.empty()) {
+      std::erase_if(e.awaiting, [&](const std::string& v) { return !StillHeld(v); });
+      if (!e.awaiting.empty()) {
+        e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+        reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
+        continue;
+      }
+      e.reserved_gpus.clear();
+    }
+    std::string memo = MemoKey(r);
+    if (auto m = no_fit.find(memo); m != no_fit.end()) {
+      e.waiting = m->second;
+      continue;
+    }
+    absl::StatusOr<Allocation> placed = scheduler_.Place(r, now);
+    if (placed.ok()) {
+      if (const std::string* holder = Overlap(*placed, reserved)) {
+        // Room made for an earlier request by preemption is its own; this one waits (not memoized:
+        // another of its shape may fit elsewhere, the reservation is about the place, not the shape).
+        (void)scheduler_.Release(r.id);
+        e.waiting = fmt::format("the free GPUs are reserved for {}, which preempted to get them", *holder);
+        continue;
+      }
+      started.insert(r.id);
+      CycleDecision d;
+      d.kind = CycleDecision::Kind::kStart;
+      d.id = r.id;
+      d.allocation = std::move(*placed);
+      out.push_back(std::move(d));
+      continue;
+    }
+    e.waiting = WithoutSubject(std::string(placed.status().message()));
+    // A quota says no for this owner only: others of the same shape may still fit.
+    if (e.waiting.rfind("quota", 0) == 0) continue;
+    if (options_.preemption) {
+      PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
+      if (plan.possible && !plan.victims.empty()) {
+        CycleDecision d;
+        d.kind = CycleDecision::Kind::kPreempt;
+        d.id = r.id;
+        d.reason = fmt::format("preempted for {} (priority {})", r.id, r.priority);
+        // A victim already stopping for another request is not asked twice; this one waits for it too.
+        for (const std::string& v : plan.victims) {
+          if (stopping_.insert(v).second) d.victims.push_back(v);
+        }
+        e.awaiting = std::move(plan.victims);
+        e.reserved_node = plan.node;
+        e.reserved_gpus = std::move(plan.gpus);
+        reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
+        e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+        if (!d.victims.empty()) out.push_back(std::move(d));
+        continue;
+      }
+    }
+    no_fit.emplace(std::move(memo), e.waiting);
+  }
+  for (const std::string& id : started) Remove(id);
+  return out;
+}
+
+}  // namespace tessera::sched

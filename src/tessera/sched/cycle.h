@@ -1,0 +1,112 @@
+#pragma once
+// The scheduling cycle: Tessera's one queue policy, driven by the simulator, the standalone server and
+// the Kubernetes extender alike. A Cycle holds the queue of waiting requests; Step(now) walks it in
+// order (higher priority first, then earlier submission, then lower sequence number) against the
+// Scheduler's cluster state and returns what to do: start a request (its allocation is already
+// recorded in the Scheduler), or stop running allocations to make room for one (preemption). What is
+// left waiting says why (Waiting()). The cycle executes nothing and reads no clock: each consumer
+// drives it with its own time and carries out its decisions.
+//
+// Preemption is not instant: a victim keeps its resources until the consumer has seen it stop and
+// calls Scheduler::Release (and Enqueue again, to requeue it under the same id). Meanwhile the request
+// it was stopped for waits for exactly those victims instead of choosing more, and the GPUs its plan
+// counts on (the victims' and any already free) are reserved for it: requests after it in the queue
+// are not started on them.
+//
+// Deterministic for a given Scheduler seed and call sequence. Not thread-safe; the Scheduler it drives
+// must outlive it and is changed only through it or with Release/Restore by the same consumer.
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tessera/sched/scheduler.h"
+
+namespace tessera::sched {
+
+struct QueueEntry {
+  core::Request request;  // request.id names the entry
+  double submitted = 0;   // second sort key
+  uint64_t seq = 0;       // third sort key: a job number or a trace position
+};
+
+struct CycleOptions {
+  // Whether a request that fits nowhere may stop lower-priority preemptible allocations
+  // (Scheduler::PlanPreemption).
+  bool preemption = true;
+};
+
+struct CycleDecision {
+  enum class Kind { kStart, kPreempt };
+  Kind kind = Kind::kStart;
+  std::string id;                    // the queued request
+  Allocation allocation;             // kStart: where it now runs (recorded in the Scheduler)
+  std::vector<std::string> victims;  // kPreempt: allocations to stop, gang mates included
+  std::string reason;                // kPreempt: for the victims' records
+};
+
+class Cycle {
+ public:
+  explicit Cycle(Scheduler& scheduler, CycleOptions options = {});
+  Cycle(const Cycle&) = delete;
+  Cycle& operator=(const Cycle&) = delete;
+
+  // Adds a request to the queue. kAlreadyExists when its id is queued; kInvalidArgument when it is
+  // malformed (core::ValidateRequest) or has no id. A victim enqueued again counts as stopped.
+  absl::Status Enqueue(QueueEntry entry);
+  // Takes a request out of the queue (cancelled); false when it was not queued.
+  bool Remove(const std::string& id);
+
+  // One pass over the queue at time `now`: the requests started (removed from the queue, their
+  // allocations recorded) and the preemptions asked, in queue order. Requests of a shape (resources
+  // and priority) that neither fit nor could make room are not tried again in the same pass: nothing
+  // is freed during a pass.
+  std::vector<CycleDecision> Step(double now);
+
+  // Why a queued request waits, as of the last Step that looked at it ("not yet considered" before);
+  // nullptr when it is not queued.
+  const std::string* Waiting(const std::string& id) const;
+  bool Queued(const std::string& id) const { return entries_.contains(id); }
+  size_t size() const { return entries_.size(); }
+  // Allocations asked to stop whose resources are still held.
+  size_t stopping() const { return stopping_.size(); }
+  // Queued ids in queue order.
+  std::vector<std::string> Order() const;
+
+ private:
+  // (-priority, submitted, seq, id): std::set order is the queue order.
+  using Key = std::tuple<int, double, uint64_t, std::string>;
+  struct Entry {
+    QueueEntry queued;
+    Key key;
+    std::string waiting = "not yet considered";
+    std::vector<std::string> awaiting;  // victims stopped for it that still hold resources
+    NodeId reserved_node = -1;          // while awaiting: where its preemption plan puts it
+    std::vector<int> reserved_gpus;
+  };
+  struct Reservation {
+    NodeId node;
+    const std::vector<int>* gpus;
+    const std::string* holder;
+  };
+  // The holder of a reservation that `a` overlaps, nullptr when none.
+  static const std::string* Overlap(const Allocation& a, const std::vector<Reservation>& reserved);
+  static Key KeyOf(const QueueEntry& e);
+  // Places the whole gang of `first` (all its members must be queued) or says why not.
+  void StepGang(Entry& first, double now, std::vector<CycleDecision>& out, std::set<std::string>& done);
+  // Whether a victim asked to stop still holds its resources.
+  bool StillHeld(const std::string& allocation_id) const;
+
+  Scheduler& scheduler_;
+  CycleOptions options_;
+  std::set<Key> order_;
+  std::unordered_map<std::string, Entry> entries_;
+  std::set<std::string> stopping_;  // victims asked to stop, until their allocation is released
+};
+
+}  // namespace tessera::sched

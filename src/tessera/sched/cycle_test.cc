@@ -1,0 +1,198 @@
+// The scheduling cycle: queue order, the shape memo, quotas, preemption that waits for its victims to
+// stop, gangs, and bad input.
+#include "tessera/sched/cycle.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/sched/test_util.h"
+
+namespace tessera::sched {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::Node;
+using testing::Whole;
+
+core::Request Prio(core::Request r, int priority, bool preemptible = true) {
+  r.priority = priority;
+  r.preemptible = preemptible;
+  return r;
+}
+
+QueueEntry Entry(core::Request r, double submitted, uint64_t seq) { return QueueEntry{std::move(r), submitted, seq}; }
+
+std::vector<std::string> Started(const std::vector<CycleDecision>& ds) {
+  std::vector<std::string> ids;
+  for (const CycleDecision& d : ds) {
+    if (d.kind == CycleDecision::Kind::kStart) ids.push_back(d.id);
+  }
+  return ids;
+}
+
+TEST(Cycle, OrdersByPriorityThenSubmitTimeThenSequence) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("late-low", 1), 0), 5, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("early-low-b", 1), 0), 1, 3)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("early-low-a", 1), 0), 1, 2)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("high", 1), 9), 9, 4)).ok());
+  EXPECT_THAT(c.Order(), ElementsAre("high", "early-low-a", "early-low-b", "late-low"));
+  // One GPU: the first in order gets it, the rest wait, saying why.
+  EXPECT_THAT(Started(c.Step(10)), ElementsAre("high"));
+  EXPECT_EQ(c.size(), 3u);
+  EXPECT_THAT(*c.Waiting("late-low"), HasSubstr("no node fits"));
+  ASSERT_TRUE(s.Release("high").ok());
+  EXPECT_THAT(Started(c.Step(11)), ElementsAre("early-low-a"));
+}
+
+TEST(Cycle, LaterSmallerRequestsBackfillAroundABlockedOne) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  ASSERT_TRUE(s.Place(Whole("running", 2)).ok());
+  Cycle c(s, {.preemption = false});
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("big", 4), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("big-twin", 4), 2, 2)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("small", 1), 3, 3)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  EXPECT_THAT(Started(ds), ElementsAre("small"));
+  // The twin of a shape that did not fit was not tried again, and says the same.
+  EXPECT_EQ(*c.Waiting("big-twin"), *c.Waiting("big"));
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].allocation.gpus.size(), 1u);
+  EXPECT_NE(s.state().Find("small"), nullptr) << "a start is recorded in the scheduler";
+}
+
+TEST(Cycle, QuotaRefusalOfOneOwnerDoesNotBlockTheSameShapeOfAnother) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  OwnerQuota q;
+  q.limit.gpus = 1;
+  s.quotas().Set("alice", q);
+  core::Request a1 = Whole("a1", 1), a2 = Whole("a2", 1), b1 = Whole("b1", 1);
+  a1.owner = a2.owner = "alice";
+  b1.owner = "bob";
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(a1, 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(a2, 2, 2)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(b1, 3, 3)).ok());
+  EXPECT_THAT(Started(c.Step(5)), ElementsAre("a1", "b1"));
+  EXPECT_THAT(*c.Waiting("a2"), HasSubstr("quota"));
+}
+
+TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low", 2), 0)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 2), 10), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent-too", 2), 10), 2, 2)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u) << "the second urgent request waits for the same victim, asking nothing more";
+  EXPECT_EQ(ds[0].kind, CycleDecision::Kind::kPreempt);
+  EXPECT_EQ(ds[0].id, "urgent");
+  EXPECT_THAT(ds[0].victims, ElementsAre("low"));
+  EXPECT_THAT(ds[0].reason, HasSubstr("preempted for urgent (priority 10)"));
+  EXPECT_EQ(c.stopping(), 1u);
+  EXPECT_THAT(*c.Waiting("urgent"), HasSubstr("waiting for 1 preempted job(s) to stop"));
+  // The victim has not stopped yet: nothing new is asked, nothing starts.
+  EXPECT_TRUE(c.Step(6).empty());
+  EXPECT_NE(s.state().Find("low"), nullptr) << "a victim keeps its resources until it stopped";
+  // It stopped: the consumer releases it and requeues it; the request it made room for starts.
+  ASSERT_TRUE(s.Release("low").ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("low", 2), 0), 0, 0)).ok());
+  ds = c.Step(7);
+  EXPECT_THAT(Started(ds), ElementsAre("urgent"));
+  EXPECT_EQ(c.stopping(), 0u);
+  EXPECT_THAT(*c.Waiting("urgent-too"), HasSubstr("no node fits"))
+      << "equal priority: 'urgent' is not a victim for 'urgent-too'";
+}
+
+TEST(Cycle, RoomMadeByPreemptionIsNotTakenByALaterRequest) {
+  // 4 GPUs: a low-priority 2-GPU job runs, 2 are free. The urgent 4-GPU request's plan counts on the
+  // free two as well as the victim's; a later small request must not take them meanwhile (it would,
+  // and the urgent request would preempt again for ever).
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low", 2), 0)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 4), 10), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("small", 2), 0), 2, 2)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].kind, CycleDecision::Kind::kPreempt);
+  EXPECT_THAT(*c.Waiting("small"), HasSubstr("reserved for urgent"));
+  EXPECT_EQ(s.state().Find("small"), nullptr);
+  ASSERT_TRUE(s.Release("low").ok());
+  EXPECT_THAT(Started(c.Step(6)), ElementsAre("urgent"));
+  EXPECT_THAT(*c.Waiting("small"), HasSubstr("no node fits"));
+}
+
+TEST(Cycle, NoPreemptionWhenOff) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low", 1), 0)).ok());
+  Cycle c(s, {.preemption = false});
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 1), 10), 1, 1)).ok());
+  EXPECT_TRUE(c.Step(2).empty());
+  EXPECT_EQ(c.stopping(), 0u);
+}
+
+TEST(Cycle, GangStartsWhenAllMembersAreQueuedAndFit) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 2)).ok());
+  auto member = [](int i) {
+    core::Request r = Whole("w" + std::to_string(i), 2);
+    r.gang = "train";
+    r.gang_size = 2;
+    return r;
+  };
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(member(0), 1, 1)).ok());
+  EXPECT_TRUE(c.Step(2).empty());
+  EXPECT_THAT(*c.Waiting("w0"), HasSubstr("gang train: 1 of 2 members queued"));
+  ASSERT_TRUE(c.Enqueue(Entry(member(1), 2, 2)).ok());
+  EXPECT_THAT(Started(c.Step(3)), ElementsAre("w0", "w1"));
+  EXPECT_EQ(c.size(), 0u);
+}
+
+TEST(Cycle, RefusesMalformedAndDuplicateEntries) {
+  Scheduler s;
+  Cycle c(s);
+  EXPECT_EQ(c.Enqueue(Entry(Whole("", 1), 0, 0)).code(), absl::StatusCode::kInvalidArgument);
+  core::Request bad = Whole("bad", 1);
+  bad.gpu_milli = 300;  // whole GPUs and a share at once
+  absl::Status st = c.Enqueue(Entry(bad, 0, 0));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("request bad: "));
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("x", 1), 0, 0)).ok());
+  EXPECT_EQ(c.Enqueue(Entry(Whole("x", 1), 0, 0)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(c.Remove("x"));
+  EXPECT_FALSE(c.Remove("x"));
+  EXPECT_EQ(c.Waiting("x"), nullptr);
+}
+
+TEST(RequestShapeKey, CountsEveryPlacementFieldAndNotTheIdentity) {
+  core::Request a = Whole("a", 2), b = Whole("b", 2);
+  b.owner = "someone";
+  b.priority = 7;
+  EXPECT_EQ(core::RequestShapeKey(a), core::RequestShapeKey(b));
+  auto differs = [&](auto change) {
+    core::Request c = a;
+    change(c);
+    return core::RequestShapeKey(c) != core::RequestShapeKey(a);
+  };
+  EXPECT_TRUE(differs([](core::Request& r) { r.cpu_milli += 1; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.memory_mib += 1; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.gpus = 3; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.min_gpu_memory_mib = 1; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.min_compute_capability = core::ComputeCapability{9, 0}; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.topology = core::TopologyMode::kRequire; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.models = {"H100"}; }));
+}
+
+}  // namespace
+}  // namespace tessera::sched
