@@ -21,6 +21,7 @@
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
+#include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
 #include "tessera/server/openapi.h"
@@ -187,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   if (!policies.ok()) return absl::InvalidArgumentError(fmt::format("policy: {}", std::string(policies.status().message())));
   sc.policies = *policies;
   s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
+  s->cycle_ = std::make_unique<sched::Cycle>(*s->scheduler_);
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,
@@ -324,7 +326,7 @@ absl::Status Server::Recover() {
       if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok()) ++requeued;
     }
     if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      queued_[r.id] = Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, "recovered after a restart", r.submitted_at};
+      Enqueue(Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, r.submitted_at, r.submitted_at});
       continue;
     }
     // Running when the last server stopped.
@@ -554,7 +556,7 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      queued_[r.id] = Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, "re-queued", now};
+      Enqueue(Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, rec->submitted_at, now});
     }
   }
   dirty_ = true;
@@ -689,50 +691,44 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   ls.gid.reset();
 }
 
+void Server::Enqueue(Queued q) {
+  sched::QueueEntry e{RequestFor(q.spec, q.id, q.owner, q.uid), q.submitted, static_cast<uint64_t>(q.id)};
+  if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
+    spdlog::error("job {}: cannot queue it: {}", q.id, std::string(st.message()));
+  }
+  queued_[q.id] = std::move(q);
+}
+
+std::string Server::WaitingReason(int64_t id) const {
+  const std::string* why = cycle_->Waiting(std::to_string(id));
+  return why ? *why : "";
+}
+
 void Server::SchedulePass(double now) {
-  std::vector<Queued*> order;
-  order.reserve(queued_.size());
-  for (auto& [id, q] : queued_) order.push_back(&q);
-  std::stable_sort(order.begin(), order.end(), [](const Queued* a, const Queued* b) { return a->priority > b->priority; });
-  std::vector<int64_t> started;
-  // Requests of a shape that did not fit are not tried again in this pass (nothing was freed since).
-  std::set<std::string> no_fit;
-  for (Queued* q : order) {
-    core::Request r = RequestFor(q->spec, q->id, q->owner, q->uid);
-    std::string shape = fmt::format("{}/{}/{}/{}/{}/{}/{}", r.gpus, r.gpu_milli, r.gpu_memory_mib,
-                                    fmt::join(r.models, ","), r.min_gpu_memory_mib, static_cast<int>(r.topology),
-                                    r.priority);
-    if (no_fit.contains(shape)) continue;
-    auto placed = scheduler_->Place(r, now);
-    if (placed.ok()) {
-      if (absl::Status st = StartJob(*q, now); !st.ok()) {
-        spdlog::error("job {}: {}", q->id, std::string(st.message()));
-        (void)scheduler_->Release(r.id);
-        continue;
+  for (sched::CycleDecision& d : cycle_->Step(now)) {
+    const int64_t id = std::stoll(d.id);
+    auto q = queued_.find(id);
+    if (q == queued_.end()) continue;  // the cycle only holds what queued_ holds
+    if (d.kind == sched::CycleDecision::Kind::kPreempt) {
+      for (const std::string& victim : d.victims) {
+        auto it = running_.find(std::stoll(victim));
+        if (it == running_.end()) continue;
+        RequestStop(it->second, "preempt",
+                    fmt::format("preempted for job {} (priority {})", id, q->second.priority), now);
       }
-      started.push_back(q->id);
       continue;
     }
-    std::string msg(placed.status().message());
-    if (size_t p = msg.find(": "); p != std::string::npos) msg = msg.substr(p + 2);  // drop "request N: "
-    q->waiting = msg;
-    if (msg.rfind("quota", 0) == 0) continue;
-    // Higher priority than something running and preemptible: make room.
-    sched::PreemptionPlan plan = scheduler_->PlanPreemption(r, now);
-    if (plan.possible) {
-      for (const std::string& victim : plan.victims) {
-        auto it = running_.find(std::stoll(victim));
-        if (it != running_.end()) {
-          RequestStop(it->second, "preempt", fmt::format("preempted for job {} (priority {})", q->id, q->priority),
-                      now);
-        }
-      }
-      q->waiting = fmt::format("waiting for {} preempted job(s) to stop", plan.victims.size());
-    } else {
-      no_fit.insert(shape);
+    if (absl::Status st = StartJob(q->second, now); !st.ok()) {
+      // Not started (the store refused the transition): back in the queue for the next pass.
+      spdlog::error("job {}: {}", id, std::string(st.message()));
+      (void)scheduler_->Release(d.id);
+      Queued again = std::move(q->second);
+      queued_.erase(q);
+      Enqueue(std::move(again));
+      continue;
     }
+    queued_.erase(q);
   }
-  for (int64_t id : started) queued_.erase(id);
 }
 
 // ---- API ----
@@ -871,7 +867,7 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   if (!id.ok()) return Error(500, std::string(id.status().message()));
   {
     std::lock_guard lock(mu_);
-    queued_[*id] = Queued{*id, spec->priority, user, uid, *spec, "not yet considered", now};
+    Enqueue(Queued{*id, spec->priority, user, uid, *spec, now, now});
     dirty_ = true;
   }
   wake_.notify_all();
@@ -918,7 +914,7 @@ HttpResponse Server::ListJobs(const HttpRequest& req) {
   size_t from = limit > 0 && picked.size() > static_cast<size_t>(limit) ? picked.size() - limit : 0;
   for (size_t i = from; i < picked.size(); ++i) {
     json j = JobJson(*picked[i]);
-    if (auto q = queued_.find(picked[i]->id); q != queued_.end()) j["waiting"] = q->second.waiting;
+    if (queued_.contains(picked[i]->id)) j["waiting"] = WaitingReason(picked[i]->id);
     out.push_back(j);
   }
   return JsonResponse(200, json{{"jobs", out}});
@@ -931,7 +927,7 @@ HttpResponse Server::GetJob(int64_t id) {
   auto ev = store_->Events(id);
   if (ev.ok()) j["events"] = EventsJson(*ev);
   std::lock_guard lock(mu_);
-  if (auto q = queued_.find(id); q != queued_.end()) j["waiting"] = q->second.waiting;
+  if (queued_.contains(id)) j["waiting"] = WaitingReason(id);
   if (auto it = running_.find(id); it != running_.end()) {
     j["pid"] = it->second.pid;
     if (!it->second.stop.empty()) j["stopping"] = it->second.stop_reason;
@@ -953,6 +949,7 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
         return Error(500, std::string(st.message()));
       }
       queued_.erase(q);
+      cycle_->Remove(std::to_string(id));
       dirty_ = true;
     } else if (auto it = running_.find(id); it != running_.end()) {
       RequestStop(it->second, "cancel", "cancelled by " + user, now);

@@ -33,6 +33,7 @@ namespace tessera::devices {
 class HealthWatch;
 }  // namespace tessera::devices
 namespace tessera::sched {
+class Cycle;
 class Scheduler;
 }
 
@@ -123,8 +124,8 @@ class Server {
     std::string owner;
     uint32_t uid = 0;
     JobSpec spec;
-    std::string waiting;  // why it is not running yet
-    double since = 0;     // submitted or re-queued at: the start of its scheduling latency
+    double submitted = 0;  // when it was submitted: its place in the queue, kept when re-queued
+    double since = 0;      // submitted or re-queued at: the start of its scheduling latency
   };
 
   explicit Server(ServerConfig config);
@@ -144,6 +145,11 @@ class Server {
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
   void CheckRunning(double now);
+  // Puts a job in the queue (the cycle's and queued_), under mu_.
+  void Enqueue(Queued q);
+  // Why a queued job waits, from the cycle; empty when it is not queued.
+  std::string WaitingReason(int64_t id) const;
+  // One step of the scheduling cycle, carried out: starts and preemption stops.
   void SchedulePass(double now);
   void Finish(Running& r, int exit_code, bool exit_known, double now);
   absl::Status StartJob(Queued& q, double now);
@@ -180,6 +186,7 @@ class Server {
   std::mutex mu_;  // everything below
   std::condition_variable wake_;
   std::unique_ptr<sched::Scheduler> scheduler_;
+  std::unique_ptr<sched::Cycle> cycle_;  // the queue: sched's, shared with the simulator
   std::map<int64_t, Running> running_;
   std::map<int64_t, Queued> queued_;
   std::vector<bool> gpu_healthy_;
