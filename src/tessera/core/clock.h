@@ -27,6 +27,22 @@ class SteadyClock final : public Clock {
   }
 };
 
+// Wall time: a TimePoint counted from the Unix epoch (what is stored and shown as a date), for code
+// that records when things happened. Thread-safe.
+class SystemClock final : public Clock {
+ public:
+  TimePoint Now() const override {
+    return TimePoint(std::chrono::duration_cast<Duration>(std::chrono::system_clock::now().time_since_epoch()));
+  }
+  static SystemClock& Get() {
+    static SystemClock clock;
+    return clock;
+  }
+};
+
+// Seconds of a TimePoint since its clock's epoch.
+inline double Seconds(TimePoint t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
+
 class FakeClock final : public Clock {
  public:
   explicit FakeClock(TimePoint start = TimePoint(std::chrono::hours(1))) : now_(start.time_since_epoch().count()) {}

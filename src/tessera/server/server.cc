@@ -35,10 +35,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 HttpResponse JsonResponse(int status, const json& j) {
   return HttpResponse{status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
@@ -150,15 +146,19 @@ ServerConfig DefaultServerConfig() {
 
 // ---- the daemon ----
 
-Server::Server(ServerConfig config) : config_(std::move(config)) {
+Server::Server(ServerConfig config, ServerDeps deps)
+    : config_(std::move(config)),
+      clock_(deps.clock ? deps.clock : &core::SystemClock::Get()),
+      launcher_(deps.launcher ? deps.launcher : &process_launcher_),
+      source_(std::move(deps.source)) {
   latency_buckets_ = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   latency_counts_.assign(latency_buckets_.size(), 0);
 }
 
 Server::~Server() { Stop(); }
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
-  std::unique_ptr<Server> s(new Server(std::move(config)));
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, ServerDeps deps) {
+  std::unique_ptr<Server> s(new Server(std::move(config), std::move(deps)));
   const ServerConfig& c = s->config_;
   std::error_code ec;
   for (const char* sub : {"", "/logs", "/regions", "/exit"}) {
@@ -170,14 +170,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config) {
   if (!store.ok()) return store.status();
   s->store_ = std::move(*store);
 
-  devices::OpenOptions open;
-  open.simulate = c.simulate;
-  open.fallback_simulate = c.fallback_simulate;
-  open.nvml_library = c.nvml_library;
-  auto opened = devices::OpenDeviceSource(open);
-  if (!opened.ok()) return opened.status();
-  s->source_ = std::move(opened->source);
-  s->fallback_reason_ = opened->fallback_reason;
+  if (!s->source_) {
+    devices::OpenOptions open;
+    open.simulate = c.simulate;
+    open.fallback_simulate = c.fallback_simulate;
+    open.nvml_library = c.nvml_library;
+    auto opened = devices::OpenDeviceSource(open);
+    if (!opened.ok()) return opened.status();
+    s->source_ = std::move(opened->source);
+    s->fallback_reason_ = opened->fallback_reason;
+  }
   auto inv = s->source_->Discover();
   if (!inv.ok()) return inv.status();
   s->inventory_ = *inv;
@@ -331,7 +333,7 @@ absl::Status Server::Recover() {
     }
     // Running when the last server stopped.
     const std::string exit_path = JobFile("exit", r.id);
-    if (r.pid > 0 && SameProcess(static_cast<pid_t>(r.pid), r.pid_start_time)) {
+    if (r.pid > 0 && launcher_->Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
       json placement = json::parse(r.placement_json, nullptr, false);
       sched::Allocation a;
       a.id = std::to_string(r.id);
@@ -345,7 +347,7 @@ absl::Status Server::Recover() {
       a.start_time = r.started_at.value_or(now);
       if (absl::Status st = scheduler_->Restore(a); !st.ok()) {
         spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id, std::string(st.message()));
-        SignalGroup(static_cast<pid_t>(r.pid), SIGKILL);
+        launcher_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
         (void)store_->Transition(r.id, JobState::kLost, fmt::format("cannot re-adopt: {}", std::string(st.message())), now);
         continue;
       }
@@ -354,7 +356,7 @@ absl::Status Server::Recover() {
       run.start_time = r.pid_start_time;
       run.adopted = true;
       running_[r.id] = run;
-      exits_->Watch(r.id, run.pid);
+      if (exits_) exits_->Watch(r.id, run.pid);
       ++adopted;
       spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
       continue;
@@ -383,7 +385,7 @@ absl::Status Server::Recover() {
   return absl::OkStatus();
 }
 
-absl::Status Server::Start() {
+absl::Status Server::Start(StartOptions options) {
   if (!inventory_.simulated) {
     spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version, inventory_.gpus.size());
   } else if (!fallback_reason_.empty()) {
@@ -391,17 +393,22 @@ absl::Status Server::Start() {
   } else {
     spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
   }
-  exits_ = std::make_unique<ExitWatcher>([this] {
-    std::lock_guard lock(mu_);
-    wake_.notify_all();
-  });
+  if (launcher_->WatchableByPidfd()) {
+    exits_ = std::make_unique<ExitWatcher>([this] {
+      std::lock_guard lock(mu_);
+      wake_.notify_all();
+    });
+  }
   if (absl::Status st = Recover(); !st.ok()) return st;
-  devices::HealthPolicy hp;
-  health_ = std::make_unique<devices::HealthWatch>(
-      *source_, static_cast<int>(inventory_.gpus.size()), hp, core::SteadyClock::Get(),
-      [this](int gpu, const devices::GpuHealth& h) { OnHealth(gpu, h.healthy, h.reason); });
-  health_->Start();
-  loop_ = std::thread([this] { Loop(); });
+  if (options.health) {
+    devices::HealthPolicy hp;
+    health_ = std::make_unique<devices::HealthWatch>(
+        *source_, static_cast<int>(inventory_.gpus.size()), hp, core::SteadyClock::Get(),
+        [this](int gpu, const devices::GpuHealth& h) { OnHealth(gpu, h.healthy, h.reason); });
+    health_->Start();
+  }
+  if (options.loop) loop_ = std::thread([this] { Loop(); });
+  if (!options.listen) return absl::OkStatus();
   HttpServerOptions ho;
   ho.unix_path = config_.socket;
   ho.tcp_address = config_.tcp_listen;
@@ -449,18 +456,29 @@ void Server::OnHealth(int gpu, bool healthy, const std::string& reason) {
   wake_.notify_all();
 }
 
+bool Server::Turn() {
+  const double now = Now();
+  CheckRunning(now);
+  if (!dirty_) return false;
+  dirty_ = false;
+  auto t0 = std::chrono::steady_clock::now();
+  SchedulePass(now);
+  last_pass_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++passes_;
+  return true;
+}
+
+bool Server::RunOnce() {
+  std::lock_guard lock(mu_);
+  return Turn();
+}
+
+const core::NodeSpec& Server::node() const { return scheduler_->state().node_spec(0); }
+
 void Server::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
-    const double now = Now();
-    CheckRunning(now);
-    if (dirty_) {
-      dirty_ = false;
-      auto t0 = std::chrono::steady_clock::now();
-      SchedulePass(now);
-      last_pass_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ++passes_;
-    }
+    Turn();
     if (dirty_) continue;
     wake_.wait_for(lock, std::chrono::duration<double>(config_.poll_interval_s));
   }
@@ -472,7 +490,7 @@ void Server::RequestStop(Running& r, const std::string& why, const std::string& 
   r.stop_reason = reason;
   r.stop_at = now;
   spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason, r.grace_period_s);
-  if (!SignalGroup(r.pid, SIGTERM)) SignalGroup(r.pid, SIGKILL);
+  if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
 }
 
 void Server::CheckRunning(double now) {
@@ -481,9 +499,9 @@ void Server::CheckRunning(double now) {
     std::optional<int> code;
     bool gone = false;
     if (!r.adopted) {
-      code = Reap(r.pid);
+      code = launcher_->Reap(r.pid);
       gone = code.has_value();
-    } else if (!SameProcess(r.pid, r.start_time)) {
+    } else if (!launcher_->Alive(r.pid, r.start_time)) {
       gone = true;
       code = ReadExitFile(JobFile("exit", id));
     }
@@ -496,14 +514,14 @@ void Server::CheckRunning(double now) {
     }
     if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
       spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, r.grace_period_s);
-      SignalGroup(r.pid, SIGKILL);
+      launcher_->Signal(r.pid, SIGKILL);
       // Killing podman's client leaves the container to its monitor: remove it by name.
       if (r.container && containers_) RemoveContainer(*containers_, id);
       r.killed = true;
     }
   }
   for (auto& [id, code] : ended) {
-    exits_->Unwatch(id);
+    if (exits_) exits_->Unwatch(id);
     Finish(running_[id], code.value_or(-1), code.has_value(), now);
     running_.erase(id);
   }
@@ -639,7 +657,7 @@ absl::Status Server::StartJob(Queued& q, double now) {
     launched = absl::PermissionDeniedError("jobs do not run as root on this server (allow_root_jobs is off)");
   } else {
     if (run.container) ContainerLaunch(q, ls);
-    launched = server::Start(ls);
+    launched = launcher_->Start(ls);
   }
   if (!launched.ok()) {
     TransitionFields ff;
@@ -655,7 +673,7 @@ absl::Status Server::StartJob(Queued& q, double now) {
     spdlog::error("job {}: recording its process: {}", q.id, std::string(st.message()));
   }
   running_[q.id] = run;
-  exits_->Watch(q.id, run.pid);
+  if (exits_) exits_->Watch(q.id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", q.id, where, run.pid);
   const double latency = std::max(0.0, now - q.since);
   for (size_t i = 0; i < latency_buckets_.size(); ++i) {

@@ -24,8 +24,10 @@
 #include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
 #include "tessera/server/container.h"
+#include "tessera/core/clock.h"
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/launcher.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
 
@@ -84,16 +86,36 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* config);
 ServerConfig DefaultServerConfig();
 std::string DefaultSocketPath();
 
+// What the server works through; each left empty gets the real one. Tests pass fakes.
+struct ServerDeps {
+  const core::Clock* clock = nullptr;  // wall time (core::SystemClock); must outlive the server
+  Launcher* launcher = nullptr;        // job processes (ProcessLauncher); must outlive the server
+  std::unique_ptr<devices::DeviceSource> source;  // the GPUs; default: from config (NVML or simulated)
+};
+
+struct StartOptions {
+  bool listen = true;  // the HTTP listeners (unix socket, TCP)
+  bool loop = true;    // the scheduling thread; without it, RunOnce() is the loop, called by hand
+  bool health = true;  // the GPU health watch thread
+};
+
 class Server {
  public:
-  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerConfig config);
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerConfig config, ServerDeps deps = {});
   ~Server();
 
-  // Recovers state, starts the health watch, the scheduling loop and the listeners.
-  absl::Status Start();
+  // Recovers state, then starts what `options` says: the health watch, the scheduling loop, the
+  // listeners.
+  absl::Status Start(StartOptions options = {});
   void Stop();
   // Answers one API request (what the HTTP listeners call).
   HttpResponse Handle(const HttpRequest& req);
+  // One turn of the scheduling loop at the clock's time: ended jobs are reaped, overdue stops
+  // escalated, and, when something changed, the scheduling cycle takes a step. Returns whether the
+  // cycle ran. What the loop thread does; tests with a fake clock call it instead.
+  bool RunOnce();
+  // The machine as the scheduler sees it (one node).
+  const core::NodeSpec& node() const;
 
   const core::NodeInventory& inventory() const { return inventory_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
@@ -128,7 +150,9 @@ class Server {
     double since = 0;      // submitted or re-queued at: the start of its scheduling latency
   };
 
-  explicit Server(ServerConfig config);
+  Server(ServerConfig config, ServerDeps deps);
+  // Wall time in seconds since the epoch, from the clock.
+  double Now() const { return core::Seconds(clock_->Now()); }
   // <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file.
   std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
   // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
@@ -144,6 +168,7 @@ class Server {
   // "group:<name>" for each group of `uid` (primary and supplementary) that has a quota; cached.
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
+  bool Turn();  // RunOnce under mu_
   void CheckRunning(double now);
   // Puts a job in the queue (the cycle's and queued_), under mu_.
   void Enqueue(Queued q);
@@ -172,6 +197,9 @@ class Server {
   nlohmann::json Info();
 
   ServerConfig config_;
+  const core::Clock* clock_;
+  ProcessLauncher process_launcher_;
+  Launcher* launcher_;  // process_launcher_ unless a test gave one
   std::unique_ptr<Store> store_;
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<devices::HealthWatch> health_;

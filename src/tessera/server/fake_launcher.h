@@ -1,0 +1,128 @@
+#pragma once
+// FakeLauncher: a Launcher for tests that starts no process. A job "sleep N" runs N seconds of the
+// given clock (a core::FakeClock the test advances) and exits 0; "false" exits 1 at once; any other
+// command cannot be executed. SIGTERM ends a job `stop_latency_s` later (exit 143), SIGKILL at once
+// (137). Like a shepherd, it writes the job's exit file when a job that is not reaped as a child (a
+// re-adopted one) is seen to have ended. Records every start and signal. Thread-safe.
+
+#include <signal.h>
+
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fmt/format.h"
+#include "tessera/core/clock.h"
+#include "tessera/server/launcher.h"
+
+namespace tessera::server {
+
+class FakeLauncher final : public Launcher {
+ public:
+  struct Started {
+    int64_t job_id;
+    double at;
+    std::vector<std::string> gpu_uuids;
+  };
+
+  explicit FakeLauncher(const core::Clock& clock, double stop_latency_s = 0)
+      : clock_(clock), stop_latency_s_(stop_latency_s) {}
+
+  absl::StatusOr<Launched> Start(const LaunchSpec& spec) override {
+    std::lock_guard lock(mu_);
+    const double now = Now();
+    Job j;
+    if (spec.argv.size() == 2 && spec.argv[0] == "sleep") {
+      j.end = now + std::stod(spec.argv[1]);
+    } else if (spec.argv.size() == 1 && spec.argv[0] == "false") {
+      j.end = now;
+      j.code = 1;
+    } else {
+      return absl::InvalidArgumentError(
+          fmt::format("job {}: cannot execute '{}': No such file or directory", spec.job_id, spec.argv[0]));
+    }
+    j.exit_path = spec.exit_path;
+    const pid_t pid = next_pid_++;
+    jobs_[pid] = j;
+    started_.push_back({spec.job_id, now, spec.gpu_uuids});
+    return Launched{pid, static_cast<uint64_t>(pid)};
+  }
+
+  bool Signal(pid_t pgid, int sig) override {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(pgid);
+    if (it == jobs_.end() || it->second.end <= Now()) return false;
+    signals_.emplace_back(pgid, sig);
+    Job& j = it->second;
+    if (sig == SIGKILL) {
+      j.end = Now(), j.code = 128 + SIGKILL;
+    } else if (sig == SIGTERM && Now() + stop_latency_s_ < j.end) {
+      j.end = Now() + stop_latency_s_, j.code = 128 + SIGTERM;
+    }
+    return true;
+  }
+
+  std::optional<int> Reap(pid_t pid) override {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(pid);
+    if (it == jobs_.end() || it->second.end > Now()) return std::nullopt;
+    int code = it->second.code;
+    jobs_.erase(it);
+    return code;
+  }
+
+  bool Alive(pid_t pid, uint64_t) override {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(pid);
+    if (it == jobs_.end()) return false;
+    if (it->second.end > Now()) return true;
+    if (!it->second.exit_path.empty()) std::ofstream(it->second.exit_path) << it->second.code << "\n";
+    jobs_.erase(it);
+    return false;
+  }
+
+  bool WatchableByPidfd() const override { return false; }
+
+  // How long jobs started from now on take to stop after SIGTERM.
+  void set_stop_latency(double seconds) {
+    std::lock_guard lock(mu_);
+    stop_latency_s_ = seconds;
+  }
+
+  // When the next running job ends; infinity when none runs.
+  double NextEnd() const {
+    std::lock_guard lock(mu_);
+    double t = std::numeric_limits<double>::infinity();
+    for (const auto& [pid, j] : jobs_) t = std::min(t, j.end);
+    return t;
+  }
+  std::vector<Started> started() const {
+    std::lock_guard lock(mu_);
+    return started_;
+  }
+  std::vector<std::pair<pid_t, int>> signals() const {
+    std::lock_guard lock(mu_);
+    return signals_;
+  }
+
+ private:
+  struct Job {
+    double end = 0;
+    int code = 0;
+    std::string exit_path;
+  };
+  double Now() const { return core::Seconds(clock_.Now()); }
+
+  const core::Clock& clock_;
+  double stop_latency_s_;
+  mutable std::mutex mu_;
+  std::map<pid_t, Job> jobs_;  // running (or ended, not yet reaped)
+  std::vector<Started> started_;
+  std::vector<std::pair<pid_t, int>> signals_;
+  pid_t next_pid_ = 1000;
+};
+
+}  // namespace tessera::server

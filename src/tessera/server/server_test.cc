@@ -1,0 +1,201 @@
+// The server on a fake clock with a fake launcher: queue order, preemption, stop escalation, max
+// runtime, quotas and recovery after a restart, each driven turn by turn (RunOnce) with no sleep.
+#include "tessera/server/server.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <pwd.h>
+
+#include "tessera/server/fake_launcher.h"
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "tessera-server-test-" + std::to_string(getpid());
+    fs::remove_all(dir_);
+    config_.socket = dir_ + "/s.sock";
+    config_.state_dir = dir_ + "/state";
+    config_.simulate = "t4x2";  // two GPUs
+    config_.podman = "";
+    config_.allow_root_jobs = true;  // the test's jobs are its own user's, root in CI
+  }
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void StartServer() {
+    server_.reset();
+    ServerDeps deps;
+    deps.clock = &clock_;
+    deps.launcher = &launcher_;
+    auto s = Server::Create(config_, std::move(deps));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    ASSERT_TRUE(server_->Start({.listen = false, .loop = false, .health = false}).ok());
+  }
+
+  json Call(const std::string& method, const std::string& path, const json& body = nullptr, int* status = nullptr) {
+    HttpRequest r;
+    r.method = method;
+    r.path = r.target = path;
+    r.content_type = "application/json";
+    if (!body.is_null()) r.body = body.dump();
+    r.peer.unix_socket = true;
+    r.peer.uid = geteuid();
+    HttpResponse out = server_->Handle(r);
+    if (status) *status = out.status;
+    return json::parse(out.body, nullptr, false);
+  }
+  int64_t Submit(int gpus, double seconds, int priority = 0, json extra = json::object()) {
+    json spec = {{"command", {"sleep", std::to_string(seconds)}}, {"priority", priority}};
+    if (gpus > 0) spec["resources"] = {{"gpus", gpus}};
+    spec.update(extra);
+    int status = 0;
+    json j = Call("POST", "/v1/jobs", spec, &status);
+    EXPECT_EQ(status, 201) << j.dump();
+    return j.value("id", int64_t{0});
+  }
+  json Job(int64_t id) { return Call("GET", "/v1/jobs/" + std::to_string(id)); }
+  std::string State(int64_t id) { return Job(id).value("state", ""); }
+  void Advance(double seconds) {
+    clock_.Advance(std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(seconds)));
+  }
+  // Turns the loop until it has nothing more to do at this time.
+  void Settle() {
+    for (int i = 0; i < 100 && server_->RunOnce(); ++i) {
+    }
+  }
+  std::vector<int64_t> StartedJobs() const {
+    std::vector<int64_t> ids;
+    for (const auto& s : launcher_.started()) ids.push_back(s.job_id);
+    return ids;
+  }
+
+  std::string dir_;
+  ServerConfig config_;
+  core::FakeClock clock_{core::TimePoint(std::chrono::seconds(1'800'000'000))};
+  FakeLauncher launcher_{clock_, /*stop_latency_s=*/2};
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(ServerTest, QueueOrderIsPriorityThenSubmitTime) {
+  StartServer();
+  int64_t a = Submit(2, 10, 0, {{"preemptible", false}});
+  Settle();
+  Advance(1);
+  int64_t early = Submit(2, 5, 0);
+  Advance(1);
+  int64_t urgent = Submit(2, 5, 5);
+  Advance(1);
+  int64_t late = Submit(2, 5, 0);
+  Settle();
+  EXPECT_EQ(State(a), "running");
+  EXPECT_THAT(Job(early).value("waiting", ""), HasSubstr("no node fits"));
+  Advance(7);  // a ends at 10 s
+  Settle();
+  EXPECT_EQ(State(a), "succeeded");
+  EXPECT_EQ(State(urgent), "running") << "priority first";
+  Advance(5);
+  Settle();
+  EXPECT_EQ(State(early), "running") << "then the earlier submission";
+  EXPECT_EQ(State(late), "queued");
+  EXPECT_THAT(StartedJobs(), ::testing::ElementsAre(a, urgent, early));
+}
+
+TEST_F(ServerTest, PreemptionSendsSigtermWaitsForTheVictimAndRequeuesIt) {
+  StartServer();
+  int64_t low = Submit(2, 100);
+  Settle();
+  int64_t high = Submit(2, 10, 10);
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 1u);
+  EXPECT_EQ(launcher_.signals()[0].second, SIGTERM);
+  EXPECT_THAT(Job(high).value("waiting", ""), HasSubstr("waiting for 1 preempted job(s) to stop"));
+  EXPECT_EQ(State(low), "running") << "the victim holds its GPUs until it has stopped";
+  Advance(2);  // the fake job's stop latency
+  Settle();
+  EXPECT_EQ(State(high), "running");
+  json victim = Job(low);
+  EXPECT_EQ(victim["state"], "queued") << "re-queued";
+  std::string events = victim["events"].dump();
+  EXPECT_THAT(events, HasSubstr("preempted for job " + std::to_string(high) + " (priority 10)"));
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(low), "running") << "it starts again when the GPUs are free";
+}
+
+TEST_F(ServerTest, StopEscalatesToSigkillAfterTheJobsGracePeriod) {
+  launcher_.set_stop_latency(1000);  // a job that ignores SIGTERM
+  StartServer();
+  int64_t id = Submit(1, 500, 0, {{"grace_period_s", 5}});
+  Settle();
+  Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  Settle();
+  Advance(4.9);
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 1u) << "only SIGTERM within the grace period";
+  Advance(0.2);
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 2u);
+  EXPECT_EQ(launcher_.signals()[1].second, SIGKILL);
+  Settle();
+  EXPECT_EQ(State(id), "cancelled");
+}
+
+TEST_F(ServerTest, MaxRuntimeStopsTheJobAndSaysWhy) {
+  StartServer();
+  int64_t id = Submit(1, 500, 0, {{"max_runtime_s", 30}});
+  Settle();
+  Advance(30.5);
+  Settle();
+  EXPECT_EQ(State(id), "running") << "SIGTERM sent; the job has 2 s to stop";
+  Advance(2);
+  Settle();
+  json j = Job(id);
+  EXPECT_EQ(j["state"], "failed");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("max runtime of 30 s"));
+}
+
+TEST_F(ServerTest, QuotaKeepsAJobWaitingAndSaysWhy) {
+  StartServer();
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];  // who the server says we are
+  sched::OwnerQuota q;
+  q.limit.gpus = 1;
+  config_.quotas[me] = q;
+  StartServer();
+  int64_t first = Submit(1, 50), second = Submit(1, 50);
+  Settle();
+  EXPECT_EQ(State(first), "running");
+  EXPECT_THAT(Job(second).value("waiting", ""), HasSubstr("quota"));
+  Advance(50);
+  Settle();
+  EXPECT_EQ(State(second), "running");
+}
+
+TEST_F(ServerTest, RestartReadoptsRunningJobsAndKeepsTheQueue) {
+  StartServer();
+  int64_t running = Submit(2, 50), queued = Submit(2, 10);
+  Settle();
+  ASSERT_EQ(State(running), "running");
+  StartServer();  // a new server on the same state; the fake job runs on
+  EXPECT_EQ(State(running), "running") << "re-adopted";
+  EXPECT_EQ(State(queued), "queued");
+  Advance(50);
+  Settle();
+  EXPECT_EQ(State(running), "succeeded") << "its exit code came through the exit file";
+  EXPECT_EQ(State(queued), "running");
+}
+
+}  // namespace
+}  // namespace tessera::server
