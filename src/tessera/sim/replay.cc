@@ -122,13 +122,19 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   auto step = [&](double now) {
     for (const sched::CycleDecision& d : cycle.Step(now)) {
       if (d.kind == sched::CycleDecision::Kind::kStart) {
+        if (config.record_runs) out.runs.push_back({d.id, now, d.allocation.node, d.allocation.gpus});
         start(index_of.at(d.id), now);
         continue;
       }
       for (const std::string& v : d.victims) {
         auto victim = index_of.find(v);
         if (victim == index_of.end() || !state[victim->second].running) continue;
-        stops.emplace(now + config.stop_latency_s, victim->second, state[victim->second].epoch);
+        // Asked to stop, a job is preempted when it ends, even if it would have finished first: like
+        // the server, which cannot tell a checkpoint-and-exit from a natural end, it starts over.
+        State& vs = state[victim->second];
+        ++vs.epoch;  // its departure no longer counts
+        const double natural_end = vs.remaining >= 0 ? vs.started + vs.remaining : now + config.stop_latency_s;
+        stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch);
       }
     }
   };
@@ -155,7 +161,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     while (!stops.empty() && std::get<0>(stops.top()) <= now) {
       auto [when, i, epoch] = stops.top();
       stops.pop();
-      if (epoch != state[i].epoch || !state[i].running) continue;  // ended before the stop took
+      if (epoch != state[i].epoch || !state[i].running) continue;
       stop(i);
       ++state[i].epoch;
       state[i].remaining = jobs[i].duration;  // a preempted job starts over

@@ -3,13 +3,15 @@
 // something changes, the production scheduling cycle (sched::Cycle: queue order, backfill, the shape
 // memo, preemption planning) takes a step at the simulated time, exactly as the standalone server
 // does; the replay carries out its decisions. A preempted job stops `stop_latency_s` after it was
-// asked (holding its resources until then), goes back to the queue and starts over. Uses the
+// asked, or at its natural end if that comes first (holding its resources until then), goes back to
+// the queue and starts over - as the server re-queues a job that ends after it was asked to stop. Uses the
 // production Scheduler. Deterministic for given inputs and seed.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "tessera/sched/cluster_state.h"
 #include "tessera/sched/fragmentation.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/trace.h"
@@ -23,6 +25,8 @@ struct ReplayConfig {
   bool preemption = true;
   // Seconds a preempted job takes to stop (SIGTERM to exit) and give its resources back.
   double stop_latency_s = 0;
+  // Whether the result lists every start (ReplayResult::runs).
+  bool record_runs = false;
   // Points of the time series over the span the trace asks for (last submit + duration); more when
   // queueing makes the replay run longer.
   int samples = 200;
@@ -34,6 +38,14 @@ struct ReplaySample {
   double fragmented_gpus = 0;
   int64_t queued = 0;
   int64_t running = 0;
+};
+
+// One start of a job: where and when (a preempted job starts again, with a run of its own).
+struct ReplayRun {
+  std::string id;
+  double start = 0;
+  sched::NodeId node = -1;
+  std::vector<int> gpus;
 };
 
 struct Distribution {
@@ -57,6 +69,7 @@ struct ReplayResult {
   double peak_allocated = 0;
   double end_time = 0;
   double seconds = 0;          // wall time
+  std::vector<ReplayRun> runs; // in start order, when ReplayConfig::record_runs
 };
 
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
