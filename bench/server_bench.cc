@@ -1,9 +1,11 @@
 // The standalone server in-process on a simulated DGX H100, state on /dev/shm (the database's fsyncs are
 // the disk's business, not ours): submit-to-running latency of a job that fits (median, p99), API read
 // throughput on the unix socket (GET /v1/jobs/1, keep-alive, 1 and 2 client threads), the hand-over of
-// all GPUs from a job that ends to one that waits for them, and one scheduling
-// pass over 10,000 queued jobs that cannot start (identical, and 2,001 distinct shapes).
-//   build/bench/bench/server_bench
+// all GPUs from a job that ends to one that waits for them, one scheduling pass over 10,000 queued
+// jobs that cannot start (identical, and 2,001 distinct shapes), and the latency of API reads while 200
+// jobs are submitted and started at once.
+//   build/bench/bench/server_bench            everything
+//   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +38,40 @@ std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preempt
       .dump();
 }
 
+// One reader times GET /v1/info and GET /v1/jobs/1 (both need the server's state) while 200 jobs
+// without GPUs are submitted at once, so that the loop starts them in one burst of forks and execs.
+void ReadsDuringBurst(const std::string& socket) {
+  HttpClient c(socket);
+  c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
+  std::atomic<bool> stop{false};
+  std::vector<double> lat;
+  std::thread reader([&] {
+    HttpClient mine(socket);
+    for (int i = 0; !stop; ++i) {
+      auto t0 = Clock::now();
+      mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
+      lat.push_back(Since(t0) * 1000);
+    }
+  });
+  std::vector<int64_t> ids;
+  auto t0 = Clock::now();
+  for (int i = 0; i < 200; ++i) {
+    ids.push_back(json::parse(c.Send("POST", "/v1/jobs", json{{"command", {"sleep", "0.5"}}}.dump())->body)["id"]);
+  }
+  // Until the last of them has started.
+  for (;;) {
+    std::string st = json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(ids.back()))->body)["state"];
+    if (st != "queued") break;
+  }
+  double burst_s = Since(t0);
+  stop = true;
+  reader.join();
+  std::sort(lat.begin(), lat.end());
+  printf("API reads during a burst of 200 job starts (%.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+         burst_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // let them end
+}
+
 double PassSeconds(HttpClient& c) {
   std::string m = c.Send("GET", "/metrics")->body;
   size_t at = m.find("\ntessera_scheduling_pass_seconds ");
@@ -44,7 +80,8 @@ double PassSeconds(HttpClient& c) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
   spdlog::set_level(spdlog::level::warn);
   std::string dir = "/dev/shm/tessera-server-bench-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
@@ -61,6 +98,12 @@ int main() {
     return 1;
   }
   HttpClient c(config.socket);
+  if (burst_only) {
+    ReadsDuringBurst(config.socket);
+    (*server)->Stop();
+    std::filesystem::remove_all(dir);
+    return 0;
+  }
 
   // Submit-to-running.
   std::vector<double> lat;
@@ -124,6 +167,8 @@ int main() {
     for (auto& t : ts) t.join();
     printf("API reads, GET /v1/jobs/1, %d client thread(s): %.0f requests/s\n", threads, done / Since(t0));
   }
+
+  ReadsDuringBurst(config.socket);
 
   // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
   int64_t blocker = json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
