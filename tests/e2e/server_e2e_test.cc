@@ -106,6 +106,16 @@ class Daemon {
     ADD_FAILURE() << "job " << id << " never became " << state << ": " << j.dump() << "\nlog:\n" << Log();
     return j;
   }
+  // Polls until the job's process exists (its pid is recorded): "running" is said just before launch.
+  void WaitForProcess(int64_t id) {
+    json j = WaitFor(id, "running");
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (j["pid"].is_null() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      j = Call("GET", "/v1/jobs/" + std::to_string(id));
+    }
+    EXPECT_FALSE(j["pid"].is_null()) << j.dump();
+  }
   std::string Logs(int64_t id, const std::string& stream = "stdout") {
     return Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=" + stream).value("data", "");
   }
@@ -250,8 +260,8 @@ TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {
   Daemon d("restart");
   int64_t running = d.Submit(Shell("sleep 1.5; echo done", {{"gpus", 1}}));
   int64_t ends_while_down = d.Submit(Shell("sleep 0.3; exit 4", {{"gpus", 1}}));
-  d.WaitFor(running, "running");
-  d.WaitFor(ends_while_down, "running");
+  d.WaitForProcess(running);
+  d.WaitForProcess(ends_while_down);
   int64_t queued = d.Submit(Shell("echo later", {{"gpus", 2}}));  // waits: both GPUs are busy
   d.Kill(SIGKILL);
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the short job ends meanwhile
@@ -448,7 +458,7 @@ TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
   const std::string p = FakePodmanDir("restart", "example/train:1\n");
   Daemon d("image-restart", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi}\n");
   int64_t blocker = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
-  d.WaitFor(blocker, "running");
+  d.WaitForProcess(blocker);
   json spec = Shell("true", {{"gpus", 1}});
   spec["image"] = "example/train:1";
   int64_t id = d.Submit(spec);

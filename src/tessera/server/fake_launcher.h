@@ -7,6 +7,8 @@
 
 #include <signal.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -32,7 +34,13 @@ class FakeLauncher final : public Launcher {
       : clock_(clock), stop_latency_s_(stop_latency_s) {}
 
   absl::StatusOr<Launched> Start(const LaunchSpec& spec) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    if (hold_starts_) {
+      ++held_;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return !hold_starts_; });
+      --held_;
+    }
     const double now = Now();
     Job j;
     if (spec.argv.size() == 2 && spec.argv[0] == "sleep") {
@@ -86,6 +94,22 @@ class FakeLauncher final : public Launcher {
 
   bool WatchableByPidfd() const override { return false; }
 
+  // While on, Start blocks (a slow fork/exec) until ReleaseStarts.
+  void HoldStarts() {
+    std::lock_guard lock(mu_);
+    hold_starts_ = true;
+  }
+  void ReleaseStarts() {
+    std::lock_guard lock(mu_);
+    hold_starts_ = false;
+    changed_.notify_all();
+  }
+  // Waits (up to `seconds` of real time) until a Start is being held.
+  bool WaitForHeldStart(double seconds) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return held_ > 0; });
+  }
+
   // How long jobs started from now on take to stop after SIGTERM.
   void set_stop_latency(double seconds) {
     std::lock_guard lock(mu_);
@@ -119,6 +143,9 @@ class FakeLauncher final : public Launcher {
   const core::Clock& clock_;
   double stop_latency_s_;
   mutable std::mutex mu_;
+  std::condition_variable changed_;
+  bool hold_starts_ = false;
+  int held_ = 0;
   std::map<pid_t, Job> jobs_;  // running (or ended, not yet reaped)
   std::vector<Started> started_;
   std::vector<std::pair<pid_t, int>> signals_;

@@ -114,6 +114,8 @@ json JobJson(const JobRecord& r) {
   j["started_at"] = r.started_at ? json(*r.started_at) : json(nullptr);
   j["ended_at"] = r.ended_at ? json(*r.ended_at) : json(nullptr);
   j["exit_code"] = r.exit_code ? json(*r.exit_code) : json(nullptr);
+  // Set once the job's process exists (a job is marked running just before it is launched).
+  j["pid"] = r.pid > 0 ? json(r.pid) : json(nullptr);
   j["reason"] = r.reason;
   j["placement"] = r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
   j["spec"] = json::parse(r.spec_json, nullptr, false);
@@ -456,21 +458,21 @@ void Server::OnHealth(int gpu, bool healthy, const std::string& reason) {
   wake_.notify_all();
 }
 
-bool Server::Turn() {
+bool Server::Turn(std::unique_lock<std::mutex>& lock) {
   const double now = Now();
   CheckRunning(now);
   if (!dirty_) return false;
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();
-  SchedulePass(now);
+  SchedulePass(now, lock);
   last_pass_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++passes_;
   return true;
 }
 
 bool Server::RunOnce() {
-  std::lock_guard lock(mu_);
-  return Turn();
+  std::unique_lock lock(mu_);
+  return Turn(lock);
 }
 
 const core::NodeSpec& Server::node() const { return scheduler_->state().node_spec(0); }
@@ -478,7 +480,7 @@ const core::NodeSpec& Server::node() const { return scheduler_->state().node_spe
 void Server::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
-    Turn();
+    Turn(lock);
     if (dirty_) continue;
     wake_.wait_for(lock, std::chrono::duration<double>(config_.poll_interval_s));
   }
@@ -580,26 +582,21 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
   dirty_ = true;
 }
 
-absl::Status Server::StartJob(Queued& q, double now) {
-  const sched::Allocation* a = scheduler_->state().Find(std::to_string(q.id));
+Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, double now) const {
+  Launch l;
   json placement;
   placement["gpus"] = json::array();
   std::vector<std::string> uuids;
-  for (int g : a->gpus) {
+  for (int g : a.gpus) {
     const core::Gpu& gpu = inventory_.gpus[g];
     placement["gpus"].push_back({{"index", g}, {"uuid", gpu.uuid}, {"model", gpu.model}});
     uuids.push_back(gpu.uuid);
   }
-  placement["milli_per_gpu"] = a->milli_per_gpu;
-  placement["memory_mib_per_gpu"] = a->memory_mib_per_gpu;
-  std::string where = a->gpus.empty() ? "no GPU" : fmt::format("GPU {}", fmt::join(a->gpus, ","));
-  TransitionFields f;
-  f.started_at = now;
-  f.placement_json = placement.dump();
-  if (absl::Status st = store_->Transition(q.id, JobState::kRunning, "placed on " + where, now, f); !st.ok()) {
-    return st;
-  }
-  LaunchSpec ls;
+  placement["milli_per_gpu"] = a.milli_per_gpu;
+  placement["memory_mib_per_gpu"] = a.memory_mib_per_gpu;
+  l.placement_json = placement.dump();
+  l.where = a.gpus.empty() ? "no GPU" : fmt::format("GPU {}", fmt::join(a.gpus, ","));
+  LaunchSpec& ls = l.spec;
   ls.job_id = q.id;
   ls.argv = q.spec.command;
   ls.env = q.spec.env;
@@ -608,18 +605,16 @@ absl::Status Server::StartJob(Queued& q, double now) {
   ls.stderr_path = JobFile("logs", q.id, ".err");
   ls.gpu_uuids = uuids;
   ls.exit_path = JobFile("exit", q.id);
-  Running run = NewRunning(q.id, q.spec, a->gpus, now);
-  if (!run.region.empty()) {
+  l.run = NewRunning(q.id, q.spec, a.gpus, now);
+  if (!l.run.region.empty()) {
     ShareLimits share;
     share.library = config_.intercept_library;
-    share.region = run.region;
-    std::error_code ec;
-    fs::remove(share.region, ec);
+    share.region = l.run.region;
     share.memory_bytes = static_cast<uint64_t>(q.spec.gpu_memory_mib) << 20;
     share.arbiter = config_.state_dir + "/gpu.arbiter";
     share.share_milli = q.spec.gpu_milli;
     share.priority = q.priority;
-    share.physical_gpu = a->gpus[0];
+    share.physical_gpu = a.gpus[0];
     share.context_overhead_bytes = config_.context_overhead_bytes;
     ls.share = share;
   }
@@ -629,10 +624,31 @@ absl::Status Server::StartJob(Queued& q, double now) {
     passwd* found = nullptr;
     char buf[4096];
     if (getpwuid_r(q.uid, &pw, buf, sizeof buf, &found) == 0 && found) ls.gid = pw.pw_gid;
+  }
+  if (l.run.container && !containers_) {
+    // Accepted by a server that had podman (kept across a restart); this one has none.
+    l.refused = absl::FailedPreconditionError(fmt::format("this server cannot run containers: {}", containers_off_));
+  } else if (RunsAsRoot(q.uid) && !config_.allow_root_jobs) {
+    // Accepted under a config that allowed it (kept across a restart); this one does not.
+    l.refused = absl::PermissionDeniedError("jobs do not run as root on this server (allow_root_jobs is off)");
+  }
+  l.queued = std::move(q);
+  return l;
+}
+
+void Server::ExecuteLaunch(Launch& l, double now) {
+  const Queued& q = l.queued;
+  LaunchSpec& ls = l.spec;
+  TransitionFields f;
+  f.started_at = now;
+  f.placement_json = l.placement_json;
+  l.recorded = store_->Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
+  if (!l.recorded.ok()) return;
+  if (ls.uid) {
     for (const std::string& p : {ls.stdout_path, ls.stderr_path}) {
       int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
       if (fd >= 0) {
-        if (fchown(fd, q.uid, ls.gid.value_or(0)) != 0) spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
+        if (fchown(fd, *ls.uid, ls.gid.value_or(0)) != 0) spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
         close(fd);
       }
     }
@@ -640,6 +656,8 @@ absl::Status Server::StartJob(Queued& q, double now) {
   if (ls.share) {
     // The server makes the job's region (owned by the job's user), so that the job needs no right to
     // create files in the state folder, and a container has a file to bind.
+    std::error_code ec;
+    fs::remove(ls.share->region, ec);
     char err[256] = {};
     const uint64_t limit = ls.share->memory_bytes;
     if (!shim::CreateRegionFile(ls.share->region.c_str(), &limit, 1, err, sizeof err)) {
@@ -648,40 +666,53 @@ absl::Status Server::StartJob(Queued& q, double now) {
       spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
     }
   }
-  absl::StatusOr<Launched> launched;
-  if (run.container && !containers_) {
-    // Accepted by a server that had podman (kept across a restart); this one has none.
-    launched = absl::FailedPreconditionError(fmt::format("this server cannot run containers: {}", containers_off_));
-  } else if (RunsAsRoot(q.uid) && !config_.allow_root_jobs) {
-    // Accepted under a config that allowed it (kept across a restart); this one does not.
-    launched = absl::PermissionDeniedError("jobs do not run as root on this server (allow_root_jobs is off)");
+  if (!l.refused.ok()) {
+    l.launched = l.refused;
   } else {
-    if (run.container) ContainerLaunch(q, ls);
-    launched = launcher_->Start(ls);
+    if (l.run.container) ContainerLaunch(q, ls);
+    l.launched = launcher_->Start(ls);
   }
-  if (!launched.ok()) {
+  if (!l.launched.ok()) {
     TransitionFields ff;
     ff.ended_at = now;
-    (void)store_->Transition(q.id, JobState::kFailed, std::string(launched.status().message()), now, ff);
-    (void)scheduler_->Release(std::to_string(q.id));
-    spdlog::info("job {}: failed to start: {}", q.id, std::string(launched.status().message()));
-    return absl::OkStatus();
+    (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()), now, ff);
+    return;
   }
-  run.pid = launched->pid;
-  run.start_time = launched->start_time;
-  if (absl::Status st = store_->SetProcess(q.id, run.pid, run.start_time); !st.ok()) {
+  l.run.pid = l.launched->pid;
+  l.run.start_time = l.launched->start_time;
+  if (absl::Status st = store_->SetProcess(q.id, l.run.pid, l.run.start_time); !st.ok()) {
     spdlog::error("job {}: recording its process: {}", q.id, std::string(st.message()));
   }
-  running_[q.id] = run;
-  if (exits_) exits_->Watch(q.id, run.pid);
-  spdlog::info("job {}: running on {} (pid {})", q.id, where, run.pid);
-  const double latency = std::max(0.0, now - q.since);
+}
+
+void Server::CommitLaunch(Launch& l, double now) {
+  const int64_t id = l.queued.id;
+  std::string cancelled_by = std::move(starting_[id]);
+  starting_.erase(id);
+  if (!l.recorded.ok()) {
+    // Not started (the store refused the transition): back in the queue for the next pass.
+    spdlog::error("job {}: {}", id, std::string(l.recorded.message()));
+    (void)scheduler_->Release(std::to_string(id));
+    Enqueue(std::move(l.queued));
+    dirty_ = true;
+    return;
+  }
+  if (!l.launched.ok()) {
+    (void)scheduler_->Release(std::to_string(id));
+    spdlog::info("job {}: failed to start: {}", id, std::string(l.launched.status().message()));
+    dirty_ = true;
+    return;
+  }
+  Running& run = running_[id] = std::move(l.run);
+  if (exits_) exits_->Watch(id, run.pid);
+  spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
+  const double latency = std::max(0.0, now - l.queued.since);
   for (size_t i = 0; i < latency_buckets_.size(); ++i) {
     if (latency <= latency_buckets_[i]) ++latency_counts_[i];
   }
   latency_sum_ += latency;
   ++latency_count_;
-  return absl::OkStatus();
+  if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
 }
 
 void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
@@ -722,7 +753,8 @@ std::string Server::WaitingReason(int64_t id) const {
   return why ? *why : "";
 }
 
-void Server::SchedulePass(double now) {
+void Server::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
+  std::vector<Launch> launches;
   for (sched::CycleDecision& d : cycle_->Step(now)) {
     const int64_t id = std::stoll(d.id);
     auto q = queued_.find(id);
@@ -736,17 +768,17 @@ void Server::SchedulePass(double now) {
       }
       continue;
     }
-    if (absl::Status st = StartJob(q->second, now); !st.ok()) {
-      // Not started (the store refused the transition): back in the queue for the next pass.
-      spdlog::error("job {}: {}", id, std::string(st.message()));
-      (void)scheduler_->Release(d.id);
-      Queued again = std::move(q->second);
-      queued_.erase(q);
-      Enqueue(std::move(again));
-      continue;
-    }
+    launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
     queued_.erase(q);
+    starting_[id];  // a cancel meanwhile is kept here
   }
+  if (launches.empty()) return;
+  // The store's writes (fsync) and the forks and execs go on without the lock: API reads, submissions
+  // and cancels do not wait for them.
+  lock.unlock();
+  for (Launch& l : launches) ExecuteLaunch(l, now);
+  lock.lock();
+  for (Launch& l : launches) CommitLaunch(l, now);
 }
 
 // ---- API ----
@@ -971,6 +1003,8 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
       dirty_ = true;
     } else if (auto it = running_.find(id); it != running_.end()) {
       RequestStop(it->second, "cancel", "cancelled by " + user, now);
+    } else if (auto s = starting_.find(id); s != starting_.end()) {
+      s->second = "cancelled by " + user;  // stopped as soon as its process exists
     } else if (IsTerminal(r->state)) {
       return Error(409, fmt::format("job {} has already ended ({})", id, JobStateName(r->state)));
     } else if (r->state == JobState::kPreempted || r->state == JobState::kLost) {

@@ -35,6 +35,7 @@ namespace tessera::devices {
 class HealthWatch;
 }  // namespace tessera::devices
 namespace tessera::sched {
+struct Allocation;
 class Cycle;
 class Scheduler;
 }
@@ -168,16 +169,29 @@ class Server {
   // "group:<name>" for each group of `uid` (primary and supplementary) that has a quota; cached.
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
-  bool Turn();  // RunOnce under mu_
+  bool Turn(std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
   void CheckRunning(double now);
   // Puts a job in the queue (the cycle's and queued_), under mu_.
   void Enqueue(Queued q);
   // Why a queued job waits, from the cycle; empty when it is not queued.
   std::string WaitingReason(int64_t id) const;
-  // One step of the scheduling cycle, carried out: starts and preemption stops.
-  void SchedulePass(double now);
+  // One step of the scheduling cycle, carried out: starts and preemption stops. Releases `lock` (on
+  // mu_) while the store records the starts and the processes are launched.
+  void SchedulePass(double now, std::unique_lock<std::mutex>& lock);
+  // A start decided under mu_ and carried out without it.
+  struct Launch {
+    Queued queued;
+    LaunchSpec spec;
+    Running run;
+    std::string where, placement_json;
+    absl::Status refused;                          // why it must not run (decided under mu_)
+    absl::Status recorded;                         // the store's transition to running
+    absl::StatusOr<Launched> launched = Launched{};
+  };
+  Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const;  // under mu_
+  void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
+  void CommitLaunch(Launch& l, double now);   // under mu_
   void Finish(Running& r, int exit_code, bool exit_known, double now);
-  absl::Status StartJob(Queued& q, double now);
   // Turns the launch of a job with an image into that of its podman client.
   void ContainerLaunch(const Queued& q, LaunchSpec& ls) const;
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
@@ -217,6 +231,8 @@ class Server {
   std::unique_ptr<sched::Cycle> cycle_;  // the queue: sched's, shared with the simulator
   std::map<int64_t, Running> running_;
   std::map<int64_t, Queued> queued_;
+  // Jobs being launched outside mu_: the user who cancelled one meanwhile, else empty.
+  std::map<int64_t, std::string> starting_;
   std::vector<bool> gpu_healthy_;
   std::vector<std::string> gpu_health_reason_;
   std::vector<uint64_t> gpu_xids_;

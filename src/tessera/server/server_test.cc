@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 #include <pwd.h>
 
 #include "tessera/server/fake_launcher.h"
@@ -133,6 +134,32 @@ TEST_F(ServerTest, PreemptionSendsSigtermWaitsForTheVictimAndRequeuesIt) {
   Advance(10);
   Settle();
   EXPECT_EQ(State(low), "running") << "it starts again when the GPUs are free";
+}
+
+TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
+  StartServer();
+  launcher_.HoldStarts();  // the launch hangs, as a slow fork/exec would
+  int64_t id = Submit(1, 100);
+  std::thread loop([&] { server_->RunOnce(); });
+  ASSERT_TRUE(launcher_.WaitForHeldStart(10));
+  // The loop is inside the launch: reads, submissions and a cancel are answered all the same.
+  int status = 0;
+  Call("GET", "/v1/info", nullptr, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(State(id), "running") << "marked running just before its launch";
+  EXPECT_TRUE(Job(id)["pid"].is_null()) << "no process yet";
+  int64_t other = Submit(1, 5);
+  Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", nullptr, &status);
+  EXPECT_EQ(status, 200);
+  launcher_.ReleaseStarts();
+  loop.join();
+  // The cancel reached the process as soon as it existed.
+  ASSERT_EQ(launcher_.signals().size(), 1u);
+  EXPECT_EQ(launcher_.signals()[0].second, SIGTERM);
+  Advance(2);
+  Settle();
+  EXPECT_EQ(State(id), "cancelled");
+  EXPECT_EQ(State(other), "running");
 }
 
 TEST_F(ServerTest, StopEscalatesToSigkillAfterTheJobsGracePeriod) {
