@@ -1,7 +1,8 @@
-// Placement throughput of the scheduling core, per policy, on the real openb cluster (1,213 nodes, pods
-// drawn from openb_pod_list_default.csv) and on a synthetic 10,000-node cluster (the openb node list
-// repeated). One placement = one Scheduler::Place call of a pod drawn at random (seeded), as in the FGD
-// paper's workload inflation; the cluster is rebuilt, untimed, once arrived GPU demand passes 130%.
+// Placement throughput of the scheduling core, per policy, on the real openb cluster (1,213 nodes,
+// pods drawn from openb_pod_list_default.csv) and on a synthetic 10,000-node cluster (the openb
+// node list repeated). One placement = one Scheduler::Place call of a pod drawn at random (seeded),
+// as in the FGD paper's workload inflation; the cluster is rebuilt, untimed, once arrived GPU
+// demand passes 130%.
 //   build/bench/bench/sched_bench --benchmark_min_time=2
 // Traces: $TESSERA_TRACES or ../shared/traces/openb beside the checkout.
 #include <benchmark/benchmark.h>
@@ -60,7 +61,8 @@ std::vector<core::NodeSpec> Synthetic(int count) {
   return out;
 }
 
-std::unique_ptr<sched::Scheduler> Build(sched::PolicyKind policy, const std::vector<core::NodeSpec>& nodes,
+std::unique_ptr<sched::Scheduler> Build(sched::PolicyKind policy,
+                                        const std::vector<core::NodeSpec>& nodes,
                                         int64_t* gpu_capacity) {
   sched::SchedulerConfig c;
   c.policies = {{policy, 1}};
@@ -75,7 +77,8 @@ std::unique_ptr<sched::Scheduler> Build(sched::PolicyKind policy, const std::vec
   return s;
 }
 
-void Place(benchmark::State& state, sched::PolicyKind policy, const std::vector<core::NodeSpec>& nodes) {
+void Place(benchmark::State& state, sched::PolicyKind policy,
+           const std::vector<core::NodeSpec>& nodes) {
   int64_t capacity = 0;
   auto s = Build(policy, nodes, &capacity);
   std::mt19937_64 rng(42);
@@ -108,12 +111,12 @@ void Register() {
   static const std::vector<core::NodeSpec> synthetic = Synthetic(10000);
   for (sched::PolicyKind k : sched::AllPolicyKinds()) {
     std::string name(sched::PolicyName(k));
-    benchmark::RegisterBenchmark(("Place/openb/" + name).c_str(),
-                                 [k](benchmark::State& st) { Place(st, k, OpenbNodes()); })
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("Place/synthetic10k/" + name).c_str(),
-                                 [k](benchmark::State& st) { Place(st, k, synthetic); })
-        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Place/openb/" + name).c_str(), [k](benchmark::State& st) {
+      Place(st, k, OpenbNodes());
+    })->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Place/synthetic10k/" + name).c_str(), [k](benchmark::State& st) {
+      Place(st, k, synthetic);
+    })->Unit(benchmark::kMicrosecond);
   }
 }
 

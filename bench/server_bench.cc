@@ -1,9 +1,9 @@
-// The standalone server in-process on a simulated DGX H100, state on /dev/shm (the database's fsyncs are
-// the disk's business, not ours): submit-to-running latency of a job that fits (median, p99), API read
-// throughput on the unix socket (GET /v1/jobs/1, keep-alive, 1 and 2 client threads), the hand-over of
-// all GPUs from a job that ends to one that waits for them, one scheduling pass over 10,000 queued
-// jobs that cannot start (identical, and 2,001 distinct shapes), and the latency of API reads while 200
-// jobs are submitted and started at once.
+// The standalone server in-process on a simulated DGX H100, state on /dev/shm (the database's
+// fsyncs are the disk's business, not ours): submit-to-running latency of a job that fits (median,
+// p99), API read throughput on the unix socket (GET /v1/jobs/1, keep-alive, 1 and 2 client
+// threads), the hand-over of all GPUs from a job that ends to one that waits for them, one
+// scheduling pass over 10,000 queued jobs that cannot start (identical, and 2,001 distinct shapes),
+// and the latency of API reads while 200 jobs are submitted and started at once.
 //   build/bench/bench/server_bench            everything
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 #include <unistd.h>
@@ -28,7 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preemptible = true) {
   return json{{"command", {"/bin/sh", "-c", cmd}},
@@ -56,19 +58,23 @@ void ReadsDuringBurst(const std::string& socket) {
   std::vector<int64_t> ids;
   auto t0 = Clock::now();
   for (int i = 0; i < 200; ++i) {
-    ids.push_back(json::parse(c.Send("POST", "/v1/jobs", json{{"command", {"sleep", "0.5"}}}.dump())->body)["id"]);
+    ids.push_back(json::parse(
+        c.Send("POST", "/v1/jobs", json{{"command", {"sleep", "0.5"}}}.dump())->body)["id"]);
   }
   // Until the last of them has started.
   for (;;) {
-    std::string st = json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(ids.back()))->body)["state"];
+    std::string st =
+        json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(ids.back()))->body)["state"];
     if (st != "queued") break;
   }
   double burst_s = Since(t0);
   stop = true;
   reader.join();
   std::sort(lat.begin(), lat.end());
-  printf("API reads during a burst of 200 job starts (%.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-         burst_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  printf(
+      "API reads during a burst of 200 job starts (%.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, "
+      "max %.2f ms\n",
+      burst_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // let them end
 }
 
@@ -118,11 +124,14 @@ int main(int argc, char** argv) {
     lat.push_back(Since(t0) * 1000);
   }
   std::sort(lat.begin(), lat.end());
-  printf("submit to running (300 jobs, 1 GPU each, polled): median %.2f ms, p99 %.2f ms, max %.2f ms\n",
-         lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  printf(
+      "submit to running (300 jobs, 1 GPU each, polled): median %.2f ms, p99 %.2f ms, max %.2f "
+      "ms\n",
+      lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
 
-  // Hand-over: a job waiting for every GPU starts when the job holding them ends. Both write the time
-  // (CLOCK_REALTIME, ns) as their last and first act: the gap is the server's reaping and starting.
+  // Hand-over: a job waiting for every GPU starts when the job holding them ends. Both write the
+  // time (CLOCK_REALTIME, ns) as their last and first act: the gap is the server's reaping and
+  // starting.
   std::vector<double> gap;
   for (int i = 0; i < 50; ++i) {
     const std::string a = dir + "/a" + std::to_string(i), b = dir + "/b" + std::to_string(i);
@@ -145,8 +154,10 @@ int main(int argc, char** argv) {
     gap.push_back((read_ns(b) - read_ns(a)) / 1e6);
   }
   std::sort(gap.begin(), gap.end());
-  printf("hand-over to a waiting job (50, all 8 GPUs): median %.2f ms, p99 %.2f ms, max %.2f ms (poll interval %.2f s)\n",
-         gap[gap.size() / 2], gap[gap.size() * 99 / 100], gap.back(), config.poll_interval_s);
+  printf(
+      "hand-over to a waiting job (50, all 8 GPUs): median %.2f ms, p99 %.2f ms, max %.2f ms (poll "
+      "interval %.2f s)\n",
+      gap[gap.size() / 2], gap[gap.size() * 99 / 100], gap.back(), config.poll_interval_s);
 
   // API reads.
   for (int threads : {1, 2}) {
@@ -165,13 +176,15 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     stop = true;
     for (auto& t : ts) t.join();
-    printf("API reads, GET /v1/jobs/1, %d client thread(s): %.0f requests/s\n", threads, done / Since(t0));
+    printf("API reads, GET /v1/jobs/1, %d client thread(s): %.0f requests/s\n", threads,
+           done / Since(t0));
   }
 
   ReadsDuringBurst(config.socket);
 
   // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
-  int64_t blocker = json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
+  int64_t blocker =
+      json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
   for (int variant = 0; variant < 2; ++variant) {
     auto t0 = Clock::now();
     std::vector<int64_t> ids;
@@ -183,11 +196,13 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    printf("scheduling pass over %zu queued jobs (%s): %.1f ms (10,000 submitted in %.1f s)\n", ids.size() + 1,
-           variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000, submit_s);
+    printf("scheduling pass over %zu queued jobs (%s): %.1f ms (10,000 submitted in %.1f s)\n",
+           ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000,
+           submit_s);
     for (int64_t id : ids) c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   }
-  c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
+  c.Send("POST",
+         "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*server)->Stop();
   std::filesystem::remove_all(dir);

@@ -1,7 +1,7 @@
-// Cost of libtessera-cuda.so per hooked call against the fake driver, as a ratio to calling the driver
-// directly, measured in one run: the program re-executes itself without and with LD_PRELOAD (and with a
-// compute share on a GPU arbiter, where launches take the lease holder's fast path). Then the
-// shared-region attach time with 1 and with 64 processes starting at once.
+// Cost of libtessera-cuda.so per hooked call against the fake driver, as a ratio to calling the
+// driver directly, measured in one run: the program re-executes itself without and with LD_PRELOAD
+// (and with a compute share on a GPU arbiter, where launches take the lease holder's fast path).
+// Then the shared-region attach time with 1 and with 64 processes starting at once.
 //   build/bench/bench/shim_bench
 #include <dlfcn.h>
 #include <spawn.h>
@@ -42,7 +42,8 @@ int Calls() {
   double best_launch = 1e9, best_alloc = 1e9;
   for (int rep = 0; rep < 5; ++rep) {
     double t0 = Now();
-    for (int i = 0; i < kLaunches; ++i) launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+    for (int i = 0; i < kLaunches; ++i)
+      launch(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
     best_launch = std::min(best_launch, (Now() - t0) / kLaunches * 1e9);
     t0 = Now();
     for (int i = 0; i < kAllocs; ++i) {
@@ -57,9 +58,10 @@ int Calls() {
 }
 
 std::string RunSelf(const char* self, bool preload, const std::string& extra = "") {
-  std::string cmd = std::string("LD_LIBRARY_PATH=") + TESSERA_FAKE_CUDA_DIR +
-                    (preload ? " LD_PRELOAD=" TESSERA_SHIM_LIBRARY " TESSERA_CUDA_MEM_LIMIT=64GiB" : "") +
-                    " " + extra + " " + self + " calls";
+  std::string cmd =
+      std::string("LD_LIBRARY_PATH=") + TESSERA_FAKE_CUDA_DIR +
+      (preload ? " LD_PRELOAD=" TESSERA_SHIM_LIBRARY " TESSERA_CUDA_MEM_LIMIT=64GiB" : "") + " " +
+      extra + " " + self + " calls";
   FILE* p = popen(cmd.c_str(), "r");
   char buf[256] = "";
   if (fgets(buf, sizeof buf, p) == nullptr) buf[0] = 0;
@@ -82,7 +84,8 @@ std::vector<double> Attach(int n) {
       uint64_t limits[1] = {1ull << 30};
       char err[128];
       double t0 = Now();
-      tessera::shim::Region* r = tessera::shim::Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+      tessera::shim::Region* r =
+          tessera::shim::Region::Attach(path.c_str(), limits, 1, err, sizeof err);
       double us = (Now() - t0) * 1e6;
       if (r == nullptr) _exit(1);
       if (write(back[1], &us, sizeof us) != sizeof us) _exit(1);
@@ -114,11 +117,12 @@ int main(int argc, char** argv) {
     fprintf(stderr, "shim_bench: a child run failed\n");
     return 1;
   }
-  // Paced: the job has a compute share on an arbiter and holds the GPU (alone on it), so launches take
-  // the arbiter's fast path.
+  // Paced: the job has a compute share on an arbiter and holds the GPU (alone on it), so launches
+  // take the arbiter's fast path.
   std::string arbiter = "/tmp/shim-bench-" + std::to_string(getpid()) + ".arbiter";
   double paced_launch, paced_alloc;
-  if (sscanf(RunSelf(argv[0], true, "TESSERA_CUDA_ARBITER=" + arbiter + " TESSERA_CUDA_COMPUTE_SHARE=50%")
+  if (sscanf(RunSelf(argv[0], true,
+                     "TESSERA_CUDA_ARBITER=" + arbiter + " TESSERA_CUDA_COMPUTE_SHARE=50%")
                  .c_str(),
              "%lf %lf", &paced_launch, &paced_alloc) != 2) {
     fprintf(stderr, "shim_bench: the paced child run failed\n");

@@ -1,6 +1,6 @@
 #pragma once
-// For the tests that run programs: one shell command line to completion, its stdout (stderr too with
-// 2>&1 in the line) and its exit status; and what a program wrote to a file.
+// For the tests that run programs: one shell command line to completion, its stdout (stderr too
+// with 2>&1 in the line) and its exit status; and what a program wrote to a file.
 #include <sys/wait.h>
 
 #include <cstdio>

@@ -42,13 +42,15 @@ std::vector<StreamJob> Stream(uint64_t seed, int n) {
     StreamJob j;
     j.submit = t;
     j.duration = pick(5, 60);
-    j.spec = {{"command", {"sleep", std::to_string(static_cast<int>(j.duration))}}, {"priority", pick(0, 2)}};
+    j.spec = {{"command", {"sleep", std::to_string(static_cast<int>(j.duration))}},
+              {"priority", pick(0, 2)}};
     int shape = pick(0, 9);
     if (shape < 6) {
       static constexpr int kGpus[] = {1, 1, 2, 2, 4, 8};
       j.spec["resources"] = {{"gpus", kGpus[shape]}};
     } else {
-      j.spec["resources"] = {{"gpu_share", std::to_string(pick(1, 6) * 10) + "%"}, {"gpu_memory", "8GiB"}};
+      j.spec["resources"] = {{"gpu_share", std::to_string(pick(1, 6) * 10) + "%"},
+                             {"gpu_memory", "8GiB"}};
     }
     if (pick(0, 9) == 0) j.spec["preemptible"] = false;
     jobs.push_back(std::move(j));
@@ -75,10 +77,11 @@ std::string Events(server::Server& srv, const std::string& id) {
   r.peer.unix_socket = true;
   r.peer.uid = geteuid();
   json j = json::parse(srv.Handle(r).body);
-  std::string out = "\njob " + id + " (priority " + std::to_string(j["priority"].get<int>()) + ", " +
-                    j["spec"]["resources"].dump() + "):";
+  std::string out = "\njob " + id + " (priority " + std::to_string(j["priority"].get<int>()) +
+                    ", " + j["spec"]["resources"].dump() + "):";
   for (const json& e : j["events"]) {
-    out += fmt::format("\n  {:.0f} {}", e["at"].get<double>() - kEpoch, e["reason"].get<std::string>());
+    out += fmt::format("\n  {:.0f} {}", e["at"].get<double>() - kEpoch,
+                       e["reason"].get<std::string>());
   }
   return out;
 }
@@ -121,7 +124,8 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
     double t = next < stream.size() ? stream[next].submit : std::numeric_limits<double>::infinity();
     t = std::min(t, launcher.NextEnd() - kEpoch);
     ASSERT_LT(t, 1e6) << "the stream never drains";
-    clock.Advance(std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(t - now())));
+    clock.Advance(
+        std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(t - now())));
     while (next < stream.size() && stream[next].submit <= now()) {
       server::HttpRequest r;
       r.method = "POST";
@@ -141,7 +145,8 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   }
   std::vector<Start> server_starts;
   std::map<std::string, int> index_of;
-  for (size_t g = 0; g < srv.inventory().gpus.size(); ++g) index_of[srv.inventory().gpus[g].uuid] = static_cast<int>(g);
+  for (size_t g = 0; g < srv.inventory().gpus.size(); ++g)
+    index_of[srv.inventory().gpus[g].uuid] = static_cast<int>(g);
   for (const server::FakeLauncher::Started& s : launcher.started()) {
     Start st{std::to_string(s.job_id), s.at - kEpoch, {}};
     for (const std::string& uuid : s.gpu_uuids) st.gpus.push_back(index_of.at(uuid));
@@ -177,8 +182,9 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   EXPECT_EQ(replay.finished, static_cast<int64_t>(stream.size()));
   // The first start where they part is the one worth reading.
   for (size_t i = 0; i < std::min(server_starts.size(), sim_starts.size()); ++i) {
-    ASSERT_EQ(server_starts[i], sim_starts[i]) << "start #" << i << " (server, then replay)"
-        << Events(srv, server_starts[i].id) << Events(srv, sim_starts[i].id);
+    ASSERT_EQ(server_starts[i], sim_starts[i])
+        << "start #" << i << " (server, then replay)" << Events(srv, server_starts[i].id)
+        << Events(srv, sim_starts[i].id);
   }
   EXPECT_EQ(server_starts.size(), sim_starts.size());
 }

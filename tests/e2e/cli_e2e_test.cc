@@ -1,13 +1,14 @@
-// The tessera binary as users run it: a separate process, real exit codes, real dlopen of the fake NVML.
+// The tessera binary as users run it: a separate process, real exit codes, real dlopen of the fake
+// NVML.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -17,7 +18,8 @@ namespace {
 
 using Result = tessera::test::Captured;
 
-// Runs `args` through the shell with the tessera binary; captures stdout (stderr with 2>&1 in args).
+// Runs `args` through the shell with the tessera binary; captures stdout (stderr with 2>&1 in
+// args).
 Result Tessera(const std::string& args, const std::string& env = "") {
   return tessera::test::Capture(env + " " + TESSERA_BINARY + " " + args);
 }
@@ -41,9 +43,9 @@ TEST(TesseraBinary, FakeDriverThroughDlopen) {
   FILE* f = fopen(scenario.c_str(), "w");
   fputs(R"({"devices": [{"name": "NVIDIA A10", "nvswitch_links": 0}, {"name": "NVIDIA A10"}]})", f);
   fclose(f);
-  Result r = Tessera("topo -o json",
-                     "FAKE_NVML_SCENARIO=" + scenario + " TESSERA_NVML_LIBRARY=" TESSERA_TEST_FAKES_DIR
-                     "/nvml-full/libnvidia-ml.so.1");
+  Result r = Tessera("topo -o json", "FAKE_NVML_SCENARIO=" + scenario +
+                                         " TESSERA_NVML_LIBRARY=" TESSERA_TEST_FAKES_DIR
+                                         "/nvml-full/libnvidia-ml.so.1");
   remove(scenario.c_str());
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
@@ -55,8 +57,6 @@ TEST(TesseraBinary, BadFlagIsExitTwo) {
   EXPECT_EQ(Tessera("gpus --no-such-flag 2>/dev/null").code, 2);
 }
 
-
-
 // ---- tessera sim ----
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
@@ -66,7 +66,6 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
   std::ofstream(path) << text;
   return path;
 }
-
 
 const char* kNodes =
     "name,cpu_milli,memory_mib,gpus,gpu_model,count\n"
@@ -106,11 +105,13 @@ TEST(TesseraSim, InflateWritesIdenticalCsvForTheSameSeeds) {
 
 TEST(TesseraSim, InflateTableAndYaml) {
   std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
-  Result t = Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random --seeds 2");
+  Result t =
+      Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random --seeds 2");
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_THAT(t.out, ::testing::HasSubstr("GPU ALLOC"));
   EXPECT_THAT(t.out, ::testing::HasSubstr("random"));
-  Result y = Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random -o yaml");
+  Result y =
+      Tessera("sim inflate --nodes " + nodes + " --pods " + jobs + " --policies random -o yaml");
   ASSERT_EQ(y.code, 0);
   EXPECT_THAT(y.out, ::testing::HasSubstr("- policy: \"random\"\n  runs: 10\n"));
 }
@@ -137,7 +138,8 @@ TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
   Result r = Tessera("sim inflate --nodes " + nodes + " --pods " + bad + " 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, ::testing::HasSubstr("bad.csv:2: gpus: expected an integer 0..64, got '-3'"));
-  Result p = Tessera("sim inflate --nodes " + nodes + " --pods " + bad + " --policies fgd,nope 2>&1");
+  Result p =
+      Tessera("sim inflate --nodes " + nodes + " --pods " + bad + " --policies fgd,nope 2>&1");
   EXPECT_EQ(p.code, 2);
   EXPECT_THAT(p.out, ::testing::HasSubstr("unknown policy 'nope'"));
   Result missing = Tessera("sim inflate --nodes /nonexistent.csv --pods " + bad + " 2>&1");
@@ -146,7 +148,8 @@ TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
   for (const char* flag : {"--ratio 0", "--seeds 0", "--step 2", "--format csv", "-o xml"}) {
     Result f = Tessera("sim inflate --nodes " + nodes + " --pods " + nodes + " " + flag + " 2>&1");
     EXPECT_EQ(f.code, 2) << flag;
-    EXPECT_THAT(f.out, ::testing::HasSubstr(std::string(flag).substr(0, std::string(flag).find(' '))))
+    EXPECT_THAT(f.out,
+                ::testing::HasSubstr(std::string(flag).substr(0, std::string(flag).find(' '))))
         << flag;
   }
   std::string untimed = WriteTemp("untimed.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,1\n");

@@ -1,9 +1,9 @@
 // The real `tessera server` binary on a temporary socket with a simulated machine: real processes
-// (shell commands) submitted through the API and the CLI, then placement, environment, logs, cancel,
-// preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
+// (shell commands) submitted through the API and the CLI, then placement, environment, logs,
+// cancel, preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
@@ -43,11 +43,14 @@ class Daemon {
     config_ = dir_ + "/server.yaml";
     // The default poll interval: ended jobs are noticed through their pidfds, not by polling.
     // Tests run as root in CI: their jobs are root's unless a test says otherwise.
-    std::ofstream(config_) << "preemption: {grace_period_s: 1}\n"
-                           << (config_yaml.find("allow_root_jobs") == std::string::npos ? "allow_root_jobs: true\n" : "")
-                           << config_yaml
-                           // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
-                           << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n" : "");
+    std::ofstream(config_)
+        << "preemption: {grace_period_s: 1}\n"
+        << (config_yaml.find("allow_root_jobs") == std::string::npos ? "allow_root_jobs: true\n"
+                                                                     : "")
+        << config_yaml
+        // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
+        << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n"
+                                                                 : "");
     simulate_ = simulate;
     Start();
   }
@@ -56,11 +59,13 @@ class Daemon {
   void Start() {
     std::string log = dir_ + "/server.log";
     // No machine to simulate: the driver (the config names which NVML library).
-    std::string cmd = std::string("exec ") + TESSERA_BINARY + " server --socket " + socket_ + " --state-dir " +
-                      dir_ + "/state" + (simulate_.empty() ? "" : " --simulate " + simulate_) + " -c " + config_ +
+    std::string cmd = std::string("exec ") + TESSERA_BINARY + " server --socket " + socket_ +
+                      " --state-dir " + dir_ + "/state" +
+                      (simulate_.empty() ? "" : " --simulate " + simulate_) + " -c " + config_ +
                       " >>" + log + " 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
+              0);
     for (int i = 0; i < 200; ++i) {
       HttpClient c(socket_);
       auto r = c.Send("GET", "/v1/health");
@@ -103,10 +108,12 @@ class Daemon {
       if (j.value("state", "") == state) return j;
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
     }
-    ADD_FAILURE() << "job " << id << " never became " << state << ": " << j.dump() << "\nlog:\n" << Log();
+    ADD_FAILURE() << "job " << id << " never became " << state << ": " << j.dump() << "\nlog:\n"
+                  << Log();
     return j;
   }
-  // Polls until the job's process exists (its pid is recorded): "running" is said just before launch.
+  // Polls until the job's process exists (its pid is recorded): "running" is said just before
+  // launch.
   void WaitForProcess(int64_t id) {
     json j = WaitFor(id, "running");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -117,7 +124,8 @@ class Daemon {
     EXPECT_FALSE(j["pid"].is_null()) << j.dump();
   }
   std::string Logs(int64_t id, const std::string& stream = "stdout") {
-    return Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=" + stream).value("data", "");
+    return Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=" + stream)
+        .value("data", "");
   }
 
  private:
@@ -130,16 +138,19 @@ json Shell(const std::string& script, json resources = json::object()) {
 }
 
 std::string Cli(const Daemon& d, const std::string& args) {
-  return tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args + " 2>&1").out;
+  return tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args +
+                                " 2>&1")
+      .out;
 }
 
 TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
   Daemon d("basic");
   json info = d.Call("GET", "/v1/info");
   EXPECT_TRUE(info["simulated"].get<bool>()) << "a simulated machine is said in the API";
-  int64_t id = d.Submit(Shell("echo gpu=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES job=$TESSERA_JOB_ID; "
-                              "echo oops >&2; exit 3",
-                              {{"gpus", 1}}));
+  int64_t id = d.Submit(
+      Shell("echo gpu=$CUDA_VISIBLE_DEVICES nv=$NVIDIA_VISIBLE_DEVICES job=$TESSERA_JOB_ID; "
+            "echo oops >&2; exit 3",
+            {{"gpus", 1}}));
   json j = d.WaitFor(id, "failed");
   EXPECT_EQ(j["exit_code"], 3);
   EXPECT_EQ(j["reason"], "exit code 3");
@@ -161,8 +172,9 @@ TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
 
 TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
   Daemon d("fraction");
-  int64_t id = d.Submit(Shell("echo $LD_PRELOAD; echo $TESSERA_CUDA_MEM_LIMIT $TESSERA_CUDA_COMPUTE_SHARE",
-                              {{"gpu_memory", "4GiB"}, {"gpu_share", "30%"}}));
+  int64_t id =
+      d.Submit(Shell("echo $LD_PRELOAD; echo $TESSERA_CUDA_MEM_LIMIT $TESSERA_CUDA_COMPUTE_SHARE",
+                     {{"gpu_memory", "4GiB"}, {"gpu_share", "30%"}}));
   d.WaitFor(id, "succeeded");
   std::string out = d.Logs(id);
   EXPECT_THAT(out, HasSubstr("libtessera-cuda.so\n"));
@@ -172,7 +184,9 @@ TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
   for (int i = 0; i < 6; ++i) ids.push_back(d.Submit(Shell("sleep 30", {{"gpu_share", 30}})));
   for (int64_t x : ids) d.WaitFor(x, "running");
   json gpus = d.Call("GET", "/v1/gpus");
-  EXPECT_EQ(gpus["gpus"][0]["allocated_milli"].get<int>() + gpus["gpus"][1]["allocated_milli"].get<int>(), 1800);
+  EXPECT_EQ(
+      gpus["gpus"][0]["allocated_milli"].get<int>() + gpus["gpus"][1]["allocated_milli"].get<int>(),
+      1800);
   for (int64_t x : ids) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
 }
 
@@ -211,7 +225,8 @@ TEST(TesseraServer, HigherPriorityPreemptsAndThePreemptedJobIsRequeued) {
   std::vector<std::string> states;
   for (const json& e : victim["events"]) states.push_back(e["state"]);
   EXPECT_EQ(states, (std::vector<std::string>{"queued", "running", "preempted", "queued"}));
-  EXPECT_THAT(victim["events"][2]["reason"].get<std::string>(), HasSubstr("preempted for job " + std::to_string(h)));
+  EXPECT_THAT(victim["events"][2]["reason"].get<std::string>(),
+              HasSubstr("preempted for job " + std::to_string(h)));
   for (int64_t x : {low1, low2, h}) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
 }
 
@@ -222,10 +237,17 @@ TEST(TesseraServer, QuotaKeepsAUsersJobsQueued) {
   int64_t a = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   int64_t b = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   d.WaitFor(a, "running");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Until the scheduler has looked at b and said why it waits (a poll with a deadline, not a
+  // sleep).
   json j = d.Call("GET", "/v1/jobs/" + std::to_string(b));
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (j.value("waiting", "").find("quota") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(b));
+  }
   EXPECT_EQ(j["state"], "queued");
-  EXPECT_THAT(j["waiting"].get<std::string>(), HasSubstr("quota"));
+  EXPECT_THAT(j.value("waiting", ""), HasSubstr("quota"));
   d.Call("POST", "/v1/jobs/" + std::to_string(a) + "/cancel");
   d.WaitFor(b, "running");
   d.Call("POST", "/v1/jobs/" + std::to_string(b) + "/cancel");
@@ -244,7 +266,8 @@ TEST(TesseraServer, GroupQuotaHoldsItsMembersJobsTogether) {
   d.WaitFor(a, "running");
   d.WaitFor(b, "running");
   json j = d.Call("GET", "/v1/jobs/" + std::to_string(c));
-  for (int i = 0; i < 20 && j["waiting"].get<std::string>().find("quota") == std::string::npos; ++i) {
+  for (int i = 0; i < 20 && j["waiting"].get<std::string>().find("quota") == std::string::npos;
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     j = d.Call("GET", "/v1/jobs/" + std::to_string(c));
   }
@@ -264,7 +287,13 @@ TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {
   d.WaitForProcess(ends_while_down);
   int64_t queued = d.Submit(Shell("echo later", {{"gpus", 2}}));  // waits: both GPUs are busy
   d.Kill(SIGKILL);
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the short job ends meanwhile
+  // The short job ends while the server is down: its shepherd writes its exit file.
+  const std::string exit_file = d.dir() + "/state/exit/" + std::to_string(ends_while_down);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!fs::exists(exit_file) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(fs::exists(exit_file));
   d.Start();
   json j = d.Call("GET", "/v1/jobs/" + std::to_string(running));
   EXPECT_EQ(j["state"], "running") << "still running, re-adopted";
@@ -281,7 +310,8 @@ TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {
 
 TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   std::string inv = ::testing::TempDir() + "unhealthy-" + std::to_string(getpid()) + ".yaml";
-  std::ofstream(inv) << "name: two\ngpus:\n  - {model: Tesla T4, count: 2, memory: 15GiB, compute_capability: \"7.5\"}\n"
+  std::ofstream(inv) << "name: two\ngpus:\n  - {model: Tesla T4, count: 2, memory: 15GiB, "
+                        "compute_capability: \"7.5\"}\n"
                         "health_events:\n  - {after: 1500ms, gpu: 0, xid: 79}\n";
   Daemon d("unhealthy", "", inv);
   int64_t id = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
@@ -296,7 +326,9 @@ TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   }
   EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
   bool preempted = false;
-  for (const json& e : j["events"]) preempted |= e["state"] == "preempted" && e["reason"].get<std::string>().find("unhealthy") != std::string::npos;
+  for (const json& e : j["events"])
+    preempted |= e["state"] == "preempted" &&
+                 e["reason"].get<std::string>().find("unhealthy") != std::string::npos;
   EXPECT_TRUE(preempted) << j.dump();
   json gpus = d.Call("GET", "/v1/gpus");
   EXPECT_FALSE(gpus["gpus"][0]["healthy"].get<bool>());
@@ -304,23 +336,36 @@ TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   std::string metrics = c.Send("GET", "/metrics")->body;
   EXPECT_THAT(metrics, HasSubstr("tessera_gpu_healthy{gpu=\"0\""));
   EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_healthy\\{gpu=\"0\"[^}]*\\} 0"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_xid_errors_total\\{gpu=\"0\"[^}]*\\} 1"));
+  EXPECT_THAT(metrics,
+              ::testing::ContainsRegex("tessera_gpu_xid_errors_total\\{gpu=\"0\"[^}]*\\} 1"));
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
 }
 
 // The real NVML path (the fake libnvidia-ml.so.1 through dlopen): GPUs by UUID, and each GPU's
 // utilization, memory used, temperature and power in /metrics, /v1/gpus and `tessera top`.
 TEST(TesseraServer, DriverGpusReportTelemetry) {
-  const std::string scenario = ::testing::TempDir() + "telemetry-" + std::to_string(getpid()) + ".json";
-  json devices = {{{"uuid", "GPU-11111111-aaaa"}, {"name", "NVIDIA A100-SXM4-40GB"}, {"memory_total", 42949672960ull},
-                   {"utilization", 73}, {"memory_utilization", 21}, {"memory_used", 5000000000ull},
-                   {"temperature", 64}, {"power_mw", 312500}},
-                  {{"uuid", "GPU-22222222-bbbb"}, {"name", "NVIDIA A100-SXM4-40GB"}, {"memory_total", 42949672960ull},
-                   {"utilization", 0}, {"temperature", 35}, {"errors", {{"nvmlDeviceGetPowerUsage", 3}}}}};
+  const std::string scenario =
+      ::testing::TempDir() + "telemetry-" + std::to_string(getpid()) + ".json";
+  json devices = {{{"uuid", "GPU-11111111-aaaa"},
+                   {"name", "NVIDIA A100-SXM4-40GB"},
+                   {"memory_total", 42949672960ull},
+                   {"utilization", 73},
+                   {"memory_utilization", 21},
+                   {"memory_used", 5000000000ull},
+                   {"temperature", 64},
+                   {"power_mw", 312500}},
+                  {{"uuid", "GPU-22222222-bbbb"},
+                   {"name", "NVIDIA A100-SXM4-40GB"},
+                   {"memory_total", 42949672960ull},
+                   {"utilization", 0},
+                   {"temperature", 35},
+                   {"errors", {{"nvmlDeviceGetPowerUsage", 3}}}}};
   std::ofstream(scenario) << json{{"devices", devices}}.dump();
   setenv("FAKE_NVML_SCENARIO", scenario.c_str(), 1);
   Daemon d("telemetry",
-           "nvml_library: " TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1\nfallback_simulate: \"\"\n", "");
+           "nvml_library: " TESSERA_TEST_FAKES_DIR
+           "/nvml-full/libnvidia-ml.so.1\nfallback_simulate: \"\"\n",
+           "");
   unsetenv("FAKE_NVML_SCENARIO");
 
   json info = d.Call("GET", "/v1/info");
@@ -333,12 +378,18 @@ TEST(TesseraServer, DriverGpusReportTelemetry) {
   std::string metrics = c.Send("GET", "/metrics")->body;
   const std::string gpu0 = "gpu=\"0\",uuid=\"GPU-11111111-aaaa\",model=\"NVIDIA A100-SXM4-40GB\"";
   EXPECT_THAT(metrics, HasSubstr("tessera_gpu_utilization_ratio{" + gpu0));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.73\n"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"1\"[^}]*\\} 0\n"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_memory_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.21\n"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_memory_used_bytes\\{gpu=\"0\"[^}]*\\} 5000000000\n"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_temperature_celsius\\{gpu=\"1\"[^}]*\\} 35\n"));
-  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_power_watts\\{gpu=\"0\"[^}]*\\} 312.5\n"));
+  EXPECT_THAT(metrics,
+              ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.73\n"));
+  EXPECT_THAT(metrics,
+              ::testing::ContainsRegex("tessera_gpu_utilization_ratio\\{gpu=\"1\"[^}]*\\} 0\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           "tessera_gpu_memory_utilization_ratio\\{gpu=\"0\"[^}]*\\} 0.21\n"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           "tessera_gpu_memory_used_bytes\\{gpu=\"0\"[^}]*\\} 5000000000\n"));
+  EXPECT_THAT(metrics,
+              ::testing::ContainsRegex("tessera_gpu_temperature_celsius\\{gpu=\"1\"[^}]*\\} 35\n"));
+  EXPECT_THAT(metrics,
+              ::testing::ContainsRegex("tessera_gpu_power_watts\\{gpu=\"0\"[^}]*\\} 312.5\n"));
   EXPECT_THAT(metrics, Not(::testing::ContainsRegex("tessera_gpu_power_watts\\{gpu=\"1\"")))
       << "a reading the driver does not offer is left out, not reported as 0";
   EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_simulated\\{[^}]*\\} 0\n"));
@@ -357,13 +408,16 @@ TEST(TesseraServer, DriverGpusReportTelemetry) {
 
 // A podman wrapper around the fake podman (tests/fakes/podman), which knows the images `images`.
 std::string FakePodmanDir(const std::string& name, const std::string& images) {
-  const std::string dir = ::testing::TempDir() + "tessera-e2e-podman-" + std::to_string(getpid()) + "-" + name;
+  const std::string dir =
+      ::testing::TempDir() + "tessera-e2e-podman-" + std::to_string(getpid()) + "-" + name;
   fs::remove_all(dir);
   fs::create_directories(dir + "/state");
   std::ofstream(dir + "/state/images") << images;
-  std::ofstream(dir + "/podman") << "#!/bin/sh\nexec " TESSERA_TEST_FAKES_DIR "/podman/fake_podman --fake-state "
+  std::ofstream(dir + "/podman") << "#!/bin/sh\nexec " TESSERA_TEST_FAKES_DIR
+                                    "/podman/fake_podman --fake-state "
                                  << dir << "/state \"$@\"\n";
-  fs::permissions(dir + "/podman", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+  fs::permissions(dir + "/podman",
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
   return dir;
 }
 
@@ -372,11 +426,12 @@ json ReadJson(const std::string& path) {
   return json::parse(in, nullptr, false);
 }
 
-// Jobs with an image run under podman with their GPUs as CDI devices from the spec the server wrote;
-// a stop reaches the container; podman's own failures are told apart from the job's.
+// Jobs with an image run under podman with their GPUs as CDI devices from the spec the server
+// wrote; a stop reaches the container; podman's own failures are told apart from the job's.
 TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   const std::string p = FakePodmanDir("run", "example/train:1\n");
-  Daemon d("containers", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi, run_args: [--pull=never]}\n");
+  Daemon d("containers", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p +
+                             "/cdi, run_args: [--pull=never]}\n");
   json info = d.Call("GET", "/v1/info");
   ASSERT_TRUE(info["containers"]["available"].get<bool>()) << info.dump() << d.Log();
   EXPECT_EQ(info["containers"]["cdi_spec"], p + "/cdi/tessera.io-gpu.json");
@@ -385,31 +440,39 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   ASSERT_EQ(spec["kind"], "tessera.io/gpu");
   std::vector<std::string> names;
   for (const json& dev : spec["devices"]) names.push_back(dev["name"]);
-  EXPECT_THAT(names, ::testing::IsSupersetOf({gpus[0]["uuid"].get<std::string>(), gpus[1]["uuid"].get<std::string>()}));
+  EXPECT_THAT(names, ::testing::IsSupersetOf(
+                         {gpus[0]["uuid"].get<std::string>(), gpus[1]["uuid"].get<std::string>()}));
 
   // Whole GPU: the device by UUID; the job's env goes in with --env, not into podman's own.
-  json whole = Shell("echo dev=$CUDA_VISIBLE_DEVICES foo=$FOO path=$PATH; env | grep '^TESSERA_GPU_'", {{"gpus", 1}});
+  json whole =
+      Shell("echo dev=$CUDA_VISIBLE_DEVICES foo=$FOO path=$PATH; env | grep '^TESSERA_GPU_'",
+            {{"gpus", 1}});
   whole["image"] = "example/train:1";
   whole["env"] = {{"FOO", "bar"}};
   int64_t id = d.Submit(whole);
   json j = d.WaitFor(id, "succeeded");
   const int gpu = j["placement"]["gpus"][0]["index"];
   const std::string uuid = j["placement"]["gpus"][0]["uuid"];
-  EXPECT_EQ(d.Logs(id), "dev=" + uuid + " foo=bar path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" +
-                            "TESSERA_GPU_" + std::to_string(gpu) + "_UUID=" + uuid + "\n")
+  EXPECT_EQ(d.Logs(id),
+            "dev=" + uuid +
+                " foo=bar path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" +
+                "TESSERA_GPU_" + std::to_string(gpu) + "_UUID=" + uuid + "\n")
       << "the image's PATH, the CDI device's environment";
   json rec = ReadJson(p + "/state/tessera-job-" + std::to_string(id) + ".json");
   EXPECT_EQ(rec["devices"], json::array({"tessera.io/gpu=" + uuid}));
   EXPECT_EQ(rec["image"], "example/train:1");
   EXPECT_THAT(rec["flags"].get<std::vector<std::string>>(),
-              ::testing::ElementsAre("--rm", "--label io.tessera.job=" + std::to_string(id), "--pull=never"));
+              ::testing::ElementsAre("--rm", "--label io.tessera.job=" + std::to_string(id),
+                                     "--pull=never"));
   for (const json& e : rec["podman_env"]) EXPECT_THAT(e.get<std::string>(), Not(HasSubstr("FOO=")));
-  EXPECT_EQ(rec["global"], json::array({"--fake-state", p + "/state", "--cdi-spec-dir", p + "/cdi"}))
+  EXPECT_EQ(rec["global"],
+            json::array({"--fake-state", p + "/state", "--cdi-spec-dir", p + "/cdi"}))
       << "this podman takes the spec folder";
-  EXPECT_THAT(Cli(d, "show " + std::to_string(id)), HasSubstr("image        example/train:1 (podman)"));
+  EXPECT_THAT(Cli(d, "show " + std::to_string(id)),
+              HasSubstr("image        example/train:1 (podman)"));
 
-  // A share of a GPU: the intercept library, the job's region (made before it starts) and the arbiter
-  // are bound into the container.
+  // A share of a GPU: the intercept library, the job's region (made before it starts) and the
+  // arbiter are bound into the container.
   json frac = Shell("test -s \"$TESSERA_CUDA_REGION\" && echo region-ok preload=$LD_PRELOAD",
                     {{"gpu_memory", "1GiB"}, {"gpu_share", "30%"}});
   frac["image"] = "example/train:1";
@@ -418,9 +481,11 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   rec = ReadJson(p + "/state/tessera-job-" + std::to_string(id) + ".json");
   const std::string lib = rec["env"]["LD_PRELOAD"];
   EXPECT_EQ(d.Logs(id), "region-ok preload=" + lib + "\n");
-  const std::string region = rec["env"]["TESSERA_CUDA_REGION"], arbiter = rec["env"]["TESSERA_CUDA_ARBITER"];
+  const std::string region = rec["env"]["TESSERA_CUDA_REGION"],
+                    arbiter = rec["env"]["TESSERA_CUDA_ARBITER"];
   EXPECT_THAT(rec["volumes"].get<std::vector<std::string>>(),
-              ::testing::ElementsAre(lib + ":" + lib + ":ro", region + ":" + region + ":rw", arbiter + ":" + arbiter + ":rw"));
+              ::testing::ElementsAre(lib + ":" + lib + ":ro", region + ":" + region + ":rw",
+                                     arbiter + ":" + arbiter + ":rw"));
 
   // Cancel: SIGTERM is passed on; a container that ignores it is killed and removed by name.
   id = d.Submit([] {
@@ -429,13 +494,15 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
     return k;
   }());
   d.WaitFor(id, "running");
-  for (int i = 0; i < 200 && d.Logs(id).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 200 && d.Logs(id).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   int status = 0;
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", "", &status);
   EXPECT_EQ(status, 200);
   d.WaitFor(id, "cancelled");
   std::string rm;
-  for (int i = 0; i < 250 && rm.find("tessera-job-" + std::to_string(id)) == std::string::npos; ++i) {
+  for (int i = 0; i < 250 && rm.find("tessera-job-" + std::to_string(id)) == std::string::npos;
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     rm = tessera::test::ReadFile(p + "/state/rm.log");
   }
@@ -446,7 +513,8 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   unknown["image"] = "example/missing:2";
   id = d.Submit(unknown);
   j = d.WaitFor(id, "failed");
-  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("podman could not run the container (exit code 125"));
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("podman could not run the container (exit code 125"));
   EXPECT_THAT(d.Logs(id, "stderr"), HasSubstr("example/missing:2: image not known"));
   fs::remove(p + "/cdi/tessera.io-gpu.json");
   id = d.Submit(whole);
@@ -456,7 +524,8 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
 
 TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
   const std::string p = FakePodmanDir("restart", "example/train:1\n");
-  Daemon d("image-restart", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi}\n");
+  Daemon d("image-restart",
+           "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p + "/cdi}\n");
   int64_t blocker = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
   d.WaitForProcess(blocker);
   json spec = Shell("true", {{"gpus", 1}});
@@ -469,7 +538,8 @@ TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "queued");
   d.Call("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
   json j = d.WaitFor(id, "failed");
-  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("this server cannot run containers: containers are turned off"));
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("this server cannot run containers: containers are turned off"));
   EXPECT_EQ(d.Call("GET", "/v1/info")["running"], 0) << "its GPU was given back";
 }
 
@@ -477,13 +547,15 @@ TEST(TesseraServer, ImageWithoutPodmanIsRefusedAndSaid) {
   Daemon d("nopodman", "containers: {podman: /nonexistent/podman}\n");
   json info = d.Call("GET", "/v1/info");
   EXPECT_FALSE(info["containers"]["available"].get<bool>());
-  EXPECT_THAT(info["containers"]["reason"].get<std::string>(), HasSubstr("/nonexistent/podman is not an executable file"));
+  EXPECT_THAT(info["containers"]["reason"].get<std::string>(),
+              HasSubstr("/nonexistent/podman is not an executable file"));
   json spec = Shell("true", {{"gpus", 1}});
   spec["image"] = "example/train:1";
   int status = 0;
   json e = d.Call("POST", "/v1/jobs", spec.dump(), &status);
   EXPECT_EQ(status, 400);
-  EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("image: this server cannot run containers: podman:"));
+  EXPECT_THAT(e["message"].get<std::string>(),
+              HasSubstr("image: this server cannot run containers: podman:"));
   EXPECT_TRUE(d.Call("GET", "/v1/jobs")["jobs"].empty());
   std::string out = Cli(d, "submit --gpus 1 --image example/train:1 -- true");
   EXPECT_THAT(out, HasSubstr("cannot run containers"));
@@ -503,9 +575,12 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
       {"POST", "/v1/jobs", "{not json", 400, "malformed JSON"},
       {"POST", "/v1/jobs", "[1,2]", 400, "expected a JSON object"},
       {"POST", "/v1/jobs", R"({"command": "ls"})", 400, "command: expected a non-empty array"},
-      {"POST", "/v1/jobs", R"({"command": ["ls"], "colour": "red"})", 400, "unknown field 'colour'"},
-      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": "1"}})", 400, "resources.gpus"},
-      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400, "could never start"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "colour": "red"})", 400,
+       "unknown field 'colour'"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": "1"}})", 400,
+       "resources.gpus"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400,
+       "could never start"},
       // A model this machine lacks (whole words of a name; "T4" would be its Tesla T4).
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "H100"}})", 400,
        "'H100' is none of this machine's GPU models (Tesla T4)"},
@@ -536,8 +611,8 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
 }
 
 TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
-  Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") + kToken +
-                      ", user: nobody}\n");
+  Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
+                      kToken + ", user: nobody}\n");
   int64_t mine = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   d.WaitFor(mine, "running");
   // The port is in the log.
@@ -566,17 +641,21 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
   EXPECT_THAT(Cli(d, "top --once"), HasSubstr("[SIMULATED GPUs]"));
   // Repeatable options end at --: the command's own flags (-c) are not taken for tessera's.
-  out = Cli(d, "submit --gpus 1 --model t4 --no-env --env A=1 --env B=2 --label k=v -- /bin/sh -c 'echo $A$B'");
+  out = Cli(d,
+            "submit --gpus 1 --model t4 --no-env --env A=1 --env B=2 --label k=v -- /bin/sh -c "
+            "'echo $A$B'");
   EXPECT_THAT(out, HasSubstr("submitted job 2"));
   j = d.WaitFor(2, "succeeded");
-  EXPECT_EQ(j["spec"]["resources"]["model"], json::array({"Tesla T4"})) << "a part of a name is stored as the exact one";
+  EXPECT_EQ(j["spec"]["resources"]["model"], json::array({"Tesla T4"}))
+      << "a part of a name is stored as the exact one";
   EXPECT_EQ(Cli(d, "logs 2"), "12\n");
   EXPECT_THAT(Cli(d, "submit --gpus 1"), HasSubstr("needs a command"));
   EXPECT_THAT(Cli(d, "submit --env FOO -- true"), HasSubstr("--env FOO: expected NAME=VALUE"));
   EXPECT_THAT(Cli(d, "submit --label team -- true"), HasSubstr("--label team: expected KEY=VALUE"));
   EXPECT_THAT(Cli(d, "submit --gpu-share 300% -- true"), HasSubstr("resources.gpu_share"));
   EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
-  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 2u) << "none of the bad submissions was stored";
+  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 2u)
+      << "none of the bad submissions was stored";
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
   EXPECT_TRUE(api["paths"].contains("/metrics"));
@@ -586,17 +665,20 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
 }
 
 TEST(TesseraServer, CancelSendsSigtermThatAJobCanTrapToSaveACheckpoint) {
-  // The server blocks SIGTERM for itself; its jobs must not inherit that. The job asks for a long grace
-  // period of its own, so only a SIGTERM that reaches it can end it in time for the wait below.
+  // The server blocks SIGTERM for itself; its jobs must not inherit that. The job asks for a long
+  // grace period of its own, so only a SIGTERM that reaches it can end it in time for the wait
+  // below.
   Daemon d("sigterm");
-  json spec = Shell("grep -E '^Sig(Blk|Ign)' /proc/self/status; trap 'echo checkpoint saved; exit 0' TERM; "
-                    "echo ready; while :; do sleep 0.05; done",
-                    {{"gpus", 1}});
+  json spec = Shell(
+      "grep -E '^Sig(Blk|Ign)' /proc/self/status; trap 'echo checkpoint saved; exit 0' TERM; "
+      "echo ready; while :; do sleep 0.05; done",
+      {{"gpus", 1}});
   spec["grace_period_s"] = 300;
   int64_t id = d.Submit(spec);
   d.WaitFor(id, "running");
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (d.Logs(id).find("ready") == std::string::npos && std::chrono::steady_clock::now() < until) {
+  while (d.Logs(id).find("ready") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::string out = d.Logs(id);
@@ -631,17 +713,22 @@ TEST(TesseraServer, TokenWithoutALocalAccountIsRefusedAtStart) {
   // Before: the token was accepted and its jobs ran as root.
   std::string path = ::testing::TempDir() + "token-server-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(path) << "tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: " << kToken
-                      << ", user: nobody}\n    - {token: " << kToken << "-ci, user: tessera-no-such-account}\n";
-  tessera::test::Captured r = tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
+                      << ", user: nobody}\n    - {token: " << kToken
+                      << "-ci, user: tessera-no-such-account}\n";
+  tessera::test::Captured r =
+      tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
   fs::remove(path);
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_THAT(r.out, HasSubstr(path + ":5: tcp.tokens[1].user: 'tessera-no-such-account' has no local account"));
+  EXPECT_THAT(
+      r.out,
+      HasSubstr(path + ":5: tcp.tokens[1].user: 'tessera-no-such-account' has no local account"));
 }
 
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {
   std::string path = ::testing::TempDir() + "bad-server-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(path) << "socket: /tmp/x.sock\npreemption: {grace_period_s: forever}\n";
-  tessera::test::Captured r = tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
+  tessera::test::Captured r =
+      tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr(path + ":2: preemption.grace_period_s"));
 }

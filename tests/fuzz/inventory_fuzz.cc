@@ -1,5 +1,6 @@
 // libFuzzer target: the inventory parser must turn any bytes into a machine or a clean error, never
-// crash, hang or leak. Built with clang by scripts/fuzz; the corpus is replayed by ctest in every build.
+// crash, hang or leak. Built with clang by scripts/fuzz; the corpus is replayed by ctest in every
+// build.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -1,6 +1,6 @@
 // libFuzzer target: the server's job format (POST /v1/jobs bodies) on arbitrary bytes: a spec or an
-// invalid-argument error, never a crash; an accepted spec is a valid request and survives its stored
-// form unchanged.
+// invalid-argument error, never a crash; an accepted spec is a valid request and survives its
+// stored form unchanged.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (spec.status().code() != absl::StatusCode::kInvalidArgument) __builtin_trap();
     return 0;
   }
-  if (!tessera::core::ValidateRequest(tessera::server::RequestOf(*spec, 1, "u")).empty()) __builtin_trap();
+  if (!tessera::core::ValidateRequest(tessera::server::RequestOf(*spec, 1, "u")).empty())
+    __builtin_trap();
   auto stored = tessera::server::JobSpecToJson(*spec);
   auto again = tessera::server::JobSpecFromJson(stored);
   if (!again.ok() || tessera::server::JobSpecToJson(*again) != stored) __builtin_trap();

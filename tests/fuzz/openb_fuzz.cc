@@ -1,5 +1,5 @@
-// libFuzzer target: the openb trace loaders (pods, then nodes) on arbitrary bytes: a result or an error
-// that names the file and line, never a crash.
+// libFuzzer target: the openb trace loaders (pods, then nodes) on arbitrary bytes: a result or an
+// error that names the file and line, never a crash.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -12,7 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!pods.ok() && pods.status().message().substr(0, 6) != "f.csv:") __builtin_trap();
   if (pods.ok()) {
     for (const auto& p : *pods) {
-      if (p.request.gpu_milli < 0 || p.request.gpu_milli >= 1000 || p.request.gpus > 8) __builtin_trap();
+      if (p.request.gpu_milli < 0 || p.request.gpu_milli >= 1000 || p.request.gpus > 8)
+        __builtin_trap();
     }
   }
   auto nodes = tessera::sim::ParseOpenbNodes(text, "f.csv");

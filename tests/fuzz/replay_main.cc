@@ -1,5 +1,5 @@
-// Runs a libFuzzer target over the files given on the command line (files or directories), so that the
-// fuzz corpus is a regression test in builds without libFuzzer.
+// Runs a libFuzzer target over the files given on the command line (files or directories), so that
+// the fuzz corpus is a regression test in builds without libFuzzer.
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>

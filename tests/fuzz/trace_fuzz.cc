@@ -1,5 +1,6 @@
-// libFuzzer target: the Tessera CSV loaders (jobs, then nodes) on arbitrary bytes: a result or an error
-// that names the file and line, never a crash, and results that satisfy the request invariants.
+// libFuzzer target: the Tessera CSV loaders (jobs, then nodes) on arbitrary bytes: a result or an
+// error that names the file and line, never a crash, and results that satisfy the request
+// invariants.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -1,5 +1,6 @@
 #pragma once
-// Running tests/shim/cuda_client under the intercept library against the fake driver, for the tests.
+// Running tests/shim/cuda_client under the intercept library against the fake driver, for the
+// tests.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>

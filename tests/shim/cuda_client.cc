@@ -1,16 +1,18 @@
-// A small CUDA driver-API program for the intercept-library tests. It reaches the driver one of four
-// ways, as real programs do, then runs commands, printing one line each:
+// A small CUDA driver-API program for the intercept-library tests. It reaches the driver one of
+// four ways, as real programs do, then runs commands, printing one line each:
 //   cuda_client ROUTE CMD...
 //   ROUTE: link (called directly, linked against libcuda.so.1) | dlsym (dlopen + dlsym) |
 //          procaddr (dlsym("cuGetProcAddress"), then every entry point through it, as the CUDA 12
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
-//          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory figures, v1 then v2: total free used MiB)  hold  crash
-//          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH kernels
+//          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
+//          figures, v1 then v2: total free used MiB)  hold  crash
+//          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
+//          kernels
 //            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
-//            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and TO_MS
-//            after the start (G: their kernels' virtual GPU time)
+//            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and
+//            TO_MS after the start (G: their kernels' virtual GPU time)
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
 #include <signal.h>
@@ -34,7 +36,8 @@ CUresult cuMemAllocAsync(CUdeviceptr*, size_t, CUstream);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
+CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuArrayCreate_v2(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 CUresult cuArray3DCreate_v2(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
@@ -47,11 +50,12 @@ CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuDeviceTotalMem_v2(size_t*, CUdevice);
-CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
-                        unsigned int, unsigned int, CUstream, void**, void**);
+CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+                        unsigned int, unsigned int, unsigned int, CUstream, void**, void**);
 CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**);
-CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
-                                   unsigned int, unsigned int, unsigned int, CUstream, void**);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsigned int,
+                                   unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
+                                   void**);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuCtxSynchronize();
 void fakeCudaSetDevice(int);
@@ -80,10 +84,22 @@ struct Api {
 };
 
 Api Linked() {
-  return {cuMemAlloc_v2,   cuMemAllocPitch_v2, cuMemAllocManaged,      cuMemAllocAsync,
-          cuMemAllocFromPoolAsync, cuMemFree_v2, cuMemFreeAsync, cuMemCreate,
-          cuMemRelease,    cuArrayCreate_v2,   cuArray3DCreate_v2,     cuArrayDestroy,
-          cuMipmappedArrayCreate, cuMipmappedArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2,
+  return {cuMemAlloc_v2,
+          cuMemAllocPitch_v2,
+          cuMemAllocManaged,
+          cuMemAllocAsync,
+          cuMemAllocFromPoolAsync,
+          cuMemFree_v2,
+          cuMemFreeAsync,
+          cuMemCreate,
+          cuMemRelease,
+          cuArrayCreate_v2,
+          cuArray3DCreate_v2,
+          cuArrayDestroy,
+          cuMipmappedArrayCreate,
+          cuMipmappedArrayDestroy,
+          cuMemGetInfo_v2,
+          cuDeviceTotalMem_v2,
           cuLaunchKernel};
 }
 
@@ -165,9 +181,12 @@ int main(int argc, char** argv) {
   std::vector<CUmipmappedArray> mipmaps;
   std::vector<CUcontext> contexts;
   auto report = [](CUresult rc) {
-    if (rc == CUDA_SUCCESS) puts("ok");
-    else if (rc == CUDA_ERROR_OUT_OF_MEMORY) puts("oom");
-    else printf("err %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+      puts("ok");
+    else if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+      puts("oom");
+    else
+      printf("err %d\n", rc);
   };
   const size_t MiB = 1 << 20;
   for (int i = 2; i < argc; ++i) {
@@ -213,11 +232,15 @@ int main(int argc, char** argv) {
       if (rc == CUDA_SUCCESS) mipmaps.push_back(a);
       report(rc);
     } else if (c[0] == "launch") {
-      for (size_t k = 0; k < n(1); ++k) api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+      for (size_t k = 0; k < n(1); ++k)
+        api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
       puts("ok");
     } else if (c[0] == "freeall") {
       for (size_t k = 0; k < ptrs.size(); ++k) {
-        if (k % 2) api.MemFreeAsync(ptrs[k], nullptr); else api.MemFree(ptrs[k]);
+        if (k % 2)
+          api.MemFreeAsync(ptrs[k], nullptr);
+        else
+          api.MemFree(ptrs[k]);
       }
       for (auto h : handles) api.MemRelease(h);
       for (auto a : arrays) api.ArrayDestroy(a);
@@ -227,7 +250,10 @@ int main(int argc, char** argv) {
     } else if (c[0] == "info") {
       size_t f = 0, t = 0;
       CUresult rc = api.MemGetInfo(&f, &t);
-      if (rc != CUDA_SUCCESS) report(rc); else printf("%zu %zu\n", f / MiB, t / MiB);
+      if (rc != CUDA_SUCCESS)
+        report(rc);
+      else
+        printf("%zu %zu\n", f / MiB, t / MiB);
     } else if (c[0] == "total") {
       size_t t = 0;
       api.DeviceTotalMem(&t, 0);
@@ -242,7 +268,8 @@ int main(int argc, char** argv) {
     } else if (c[0] == "cycle") {
       int failures = 0;
       for (size_t k = 0; k < n(1); ++k) {
-        if (api.MemAlloc(&p, n(2) * MiB) != CUDA_SUCCESS || api.MemFree(p) != CUDA_SUCCESS) ++failures;
+        if (api.MemAlloc(&p, n(2) * MiB) != CUDA_SUCCESS || api.MemFree(p) != CUDA_SUCCESS)
+          ++failures;
       }
       printf("%d\n", failures);
     } else if (c[0] == "nvml") {
@@ -251,12 +278,19 @@ int main(int argc, char** argv) {
         printf("err nvml\n");
         continue;
       }
-      struct Mem { unsigned long long total, free, used; };
-      struct Mem2 { unsigned int version; unsigned long long total, reserved, free, used; };
+      struct Mem {
+        unsigned long long total, free, used;
+      };
+      struct Mem2 {
+        unsigned int version;
+        unsigned long long total, reserved, free, used;
+      };
       auto init = reinterpret_cast<int (*)()>(dlsym(nvml, "nvmlInit_v2"));
-      auto get = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
+      auto get =
+          reinterpret_cast<int (*)(unsigned, void**)>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
       auto info = reinterpret_cast<int (*)(void*, Mem*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
-      auto info2 = reinterpret_cast<int (*)(void*, Mem2*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2"));
+      auto info2 =
+          reinterpret_cast<int (*)(void*, Mem2*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2"));
       void* dev = nullptr;
       Mem m{};
       Mem2 m2{};
@@ -294,16 +328,21 @@ int main(int argc, char** argv) {
       const unsigned kernel_us = static_cast<unsigned>(n(2));
       const std::string kind = c.size() > 7 ? c[7] : "kernel";
       const char* graph = getenv("FAKE_CUDA_GRAPH_US");
-      const unsigned long long each = kind == "graph" ? (graph ? strtoull(graph, nullptr, 10) : 1000) : kernel_us;
+      const unsigned long long each =
+          kind == "graph" ? (graph ? strtoull(graph, nullptr, 10) : 1000) : kernel_us;
       unsigned long long gpu_us = 0, batches = 0;
       CUlaunchConfig config{};
       config.gridDimX = kernel_us;
       while (now_ms() - start < n(1)) {
         for (size_t k = 0; k < n(3); ++k) {
-          if (kind == "ex") cuLaunchKernelEx(&config, nullptr, nullptr, nullptr);
-          else if (kind == "coop") cuLaunchCooperativeKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr);
-          else if (kind == "graph") cuGraphLaunch(nullptr, nullptr);
-          else api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+          if (kind == "ex")
+            cuLaunchKernelEx(&config, nullptr, nullptr, nullptr);
+          else if (kind == "coop")
+            cuLaunchCooperativeKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr);
+          else if (kind == "graph")
+            cuGraphLaunch(nullptr, nullptr);
+          else
+            api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
         }
         cuCtxSynchronize();
         double t = now_ms() - start;

@@ -1,8 +1,8 @@
-// Compute shares and priority: cuda_client processes under the intercept library contend for the fake
-// driver's virtual GPU, whose clock is shared between processes (FAKE_CUDA_CLOCK), so the GPU time each
-// job gets is decided by the arbiter, not by the test. Each run measures the virtual GPU time of the
-// kernels a process finished in the same window (300-1800 ms after its start). These tests run alone
-// (RUN_SERIAL): they measure time.
+// Compute shares and priority: cuda_client processes under the intercept library contend for the
+// fake driver's virtual GPU, whose clock is shared between processes (FAKE_CUDA_CLOCK), so the GPU
+// time each job gets is decided by the arbiter, not by the test. Each run measures the virtual GPU
+// time of the kernels a process finished in the same window (300-1800 ms after its start). These
+// tests run alone (RUN_SERIAL): they measure time.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,8 +33,8 @@ std::vector<double> Contend(const std::vector<Job>& jobs, bool preload = true) {
   std::vector<FILE*> pipes;
   for (size_t i = 0; i < jobs.size(); ++i) {
     Env env{.preload = preload,
-            .extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter + " TESSERA_JOB_ID=job" +
-                     std::to_string(i) + " " + jobs[i].settings};
+            .extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
+                     " TESSERA_JOB_ID=job" + std::to_string(i) + " " + jobs[i].settings};
     pipes.push_back(popen(Command(env, "link", jobs[i].work + " 2>&1").c_str(), "r"));
   }
   std::vector<double> out;
@@ -69,9 +69,10 @@ TEST(Pacing, WithoutTheLibraryTheGpuIsSharedByQueueing) {
 
 TEST(Pacing, EveryLaunchKindIsPaced) {
   // Cooperative launches and graphs against extended launches: none escapes the shares.
-  std::vector<double> us = Contend(
-      {{"TESSERA_CUDA_COMPUTE_SHARE=70% FAKE_CUDA_GRAPH_US=500", "work:2000:500:4:0:300:1800:graph"},
-       {"TESSERA_CUDA_COMPUTE_SHARE=30%", "work:2000:500:4:0:300:1800:coop"}});
+  std::vector<double> us =
+      Contend({{"TESSERA_CUDA_COMPUTE_SHARE=70% FAKE_CUDA_GRAPH_US=500",
+                "work:2000:500:4:0:300:1800:graph"},
+               {"TESSERA_CUDA_COMPUTE_SHARE=30%", "work:2000:500:4:0:300:1800:coop"}});
   EXPECT_NEAR(100 * us[1] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
   us = Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30%", "work:2000:500:4:0:300:1800:ex"},
                 {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate}});
@@ -97,7 +98,8 @@ TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
   const double high_alone = Contend({high})[0];
   const double low_alone = Contend({low})[0];
   std::vector<double> unpaced = Contend({high, low}, /*preload=*/false);
-  EXPECT_LT(unpaced[0], 0.9 * high_alone) << "without the library the low job's queue slows the high one";
+  EXPECT_LT(unpaced[0], 0.9 * high_alone)
+      << "without the library the low job's queue slows the high one";
   std::vector<double> both = Contend({high, low});
   EXPECT_GE(both[0], 0.95 * high_alone) << both[0] << " of " << high_alone;
   EXPECT_GE(both[1], 0.20 * low_alone) << both[1] << " of " << low_alone;
@@ -126,12 +128,14 @@ TEST(Pacing, MalformedSettingsAreSaid) {
   fputs("not an arbiter", f);
   fclose(f);
   Env env{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +
-                   " TESSERA_CUDA_COMPUTE_SHARE=lots TESSERA_CUDA_PRIORITY=high TESSERA_CUDA_ARBITER_GPUS=3,x"};
+                   " TESSERA_CUDA_COMPUTE_SHARE=lots TESSERA_CUDA_PRIORITY=high "
+                   "TESSERA_CUDA_ARBITER_GPUS=3,x"};
   std::string out = RunClient(env, "link", "launch:3 2>&1");
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_COMPUTE_SHARE='lots' is not a share"));
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_PRIORITY='high' is not a whole number"));
   EXPECT_THAT(out, ::testing::HasSubstr("not a Tessera GPU arbiter file"));
-  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_ARBITER_GPUS='3,x' is not a list of GPU indices"));
+  EXPECT_THAT(out,
+              ::testing::HasSubstr("TESSERA_CUDA_ARBITER_GPUS='3,x' is not a list of GPU indices"));
   EXPECT_THAT(out, ::testing::EndsWith("ok\n")) << "launches still go through, unpaced";
 }
 

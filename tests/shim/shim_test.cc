@@ -1,7 +1,5 @@
 // libtessera-cuda.so against the fake libcuda.so.1, through LD_PRELOAD as in production: a CUDA
 // driver-API program (cuda_client) reaches the driver by linking, dlsym and cuGetProcAddress(_v2).
-#include "client_util.h"
-
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,6 +13,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "client_util.h"
 
 namespace {
 
@@ -30,19 +30,21 @@ TEST(Shim, WithoutTheLibraryTheFakeDriverAllowsEverything) {
 TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
   for (const char* route : kRoutes) {
     Env env{.limit = "1GiB"};
-    EXPECT_EQ(RunClient(env, route, "alloc:600 alloc:500 freeall alloc:500"), "ok\noom\nok\nok\n") << route;
+    EXPECT_EQ(RunClient(env, route, "alloc:600 alloc:500 freeall alloc:500"), "ok\noom\nok\nok\n")
+        << route;
   }
 }
 
 TEST(Shim, EveryAllocationPathIsCounted) {
   // Each path takes about 60 MiB of a 100 MiB limit; a further 60 MiB must then fail.
-  const char* paths[] = {"alloc:60",         "pitch:1000:61440", "managed:60",
-                         "async:60",         "pool:60",          "create:60",
-                         "array:4096:3840",  "array3d:1024:1024:15", "mipmap:4096:3072:4"};
+  const char* paths[] = {
+      "alloc:60",  "pitch:1000:61440", "managed:60",           "async:60",          "pool:60",
+      "create:60", "array:4096:3840",  "array3d:1024:1024:15", "mipmap:4096:3072:4"};
   for (const char* route : {"link", "procaddr2"}) {
     for (const char* path : paths) {
       Env env{.limit = "100MiB"};
-      EXPECT_EQ(RunClient(env, route, std::string(path) + " alloc:60 freeall alloc:60"), "ok\noom\nok\nok\n")
+      EXPECT_EQ(RunClient(env, route, std::string(path) + " alloc:60 freeall alloc:60"),
+                "ok\noom\nok\nok\n")
           << route << " " << path;
     }
   }
@@ -50,7 +52,8 @@ TEST(Shim, EveryAllocationPathIsCounted) {
 
 TEST(Shim, MemoryInfoReportsTheLimit) {
   Env env{.limit = "1GiB"};
-  EXPECT_EQ(RunClient(env, "procaddr", "info alloc:300 info total"), "1024 1024\nok\n724 1024\n1024\n");
+  EXPECT_EQ(RunClient(env, "procaddr", "info alloc:300 info total"),
+            "1024 1024\nok\n724 1024\n1024\n");
   // Without a limit the driver's own figures pass through (the fake has 16 GiB).
   EXPECT_EQ(RunClient(Env{}, "link", "info"), "16384 16384\n");
 }
@@ -65,7 +68,8 @@ TEST(Shim, ConcurrentProcessesNeverExceedTheSharedLimit) {
   std::filesystem::remove(region);
   Env env{.limit = "1000MiB", .region = region};
   std::vector<Running> procs;
-  for (int i = 0; i < 8; ++i) procs.push_back(Start(env, i % 2 ? "link" : "procaddr2", "fill:10 hold"));
+  for (int i = 0; i < 8; ++i)
+    procs.push_back(Start(env, i % 2 ? "link" : "procaddr2", "fill:10 hold"));
   int chunks = 0;
   for (Running& r : procs) chunks += atoi(r.first_line.c_str());
   for (Running& r : procs) r.Stop();
@@ -104,11 +108,13 @@ std::string NvmlScenario() {
   std::string path = TempPath("nvml.json");
   std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000"},
                                           {"uuid": "GPU-bbbb0000-0000-0000-0000-000000000000"}]})";
-  return "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" + path;
+  return "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" +
+         path;
 }
 
 TEST(Shim, NvmlMemoryInfoReportsTheLimit) {
-  // Without a limit NVML's own figures (the fake: 16 GiB, 1% used, 0.5% reserved in v2) pass through.
+  // Without a limit NVML's own figures (the fake: 16 GiB, 1% used, 0.5% reserved in v2) pass
+  // through.
   Env plain{.extra = NvmlScenario()};
   EXPECT_EQ(RunClient(plain, "link", "nvml:0"), "16384 16220 163 | 16384 16138 163\n");
   Env env{.limit = "1GiB", .extra = NvmlScenario()};
@@ -117,8 +123,9 @@ TEST(Shim, NvmlMemoryInfoReportsTheLimit) {
 
 TEST(Shim, NvmlDevicesMapToCudaOrdinalsThroughVisibleDevices) {
   // CUDA sees only NVML device 1, as its device 0: the limit of ordinal 0 applies to NVML index 1.
-  Env env{.limit = "0:1GiB",
-          .extra = NvmlScenario() + " CUDA_VISIBLE_DEVICES=GPU-bbbb0000-0000-0000-0000-000000000000"};
+  Env env{
+      .limit = "0:1GiB",
+      .extra = NvmlScenario() + " CUDA_VISIBLE_DEVICES=GPU-bbbb0000-0000-0000-0000-000000000000"};
   EXPECT_EQ(RunClient(env, "link", "nvml:1 nvml:0"),
             "1024 1024 0 | 1024 1024 0\n16384 16220 163 | 16384 16138 163\n");
 }
@@ -128,8 +135,9 @@ TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
   // Two contexts on device 0 cost the overhead once; it comes back when the last one goes.
   EXPECT_EQ(RunClient(env, "link", "ctx:0 ctx:0 info ctxdestroy info ctxdestroy info"),
             "ok\nok\n724 1024\nok\n724 1024\nok\n1024 1024\n");
-  EXPECT_EQ(RunClient(env, "link", "primary:0 primary:0 alloc:800 primaryrelease:0 primaryrelease:0 "
-                                   "alloc:200"),
+  EXPECT_EQ(RunClient(env, "link",
+                      "primary:0 primary:0 alloc:800 primaryrelease:0 primaryrelease:0 "
+                      "alloc:200"),
             "ok\nok\noom\nok\nok\nok\n");
   // A context that would not fit is refused like an allocation.
   Env small{.limit = "200MiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};

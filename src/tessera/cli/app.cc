@@ -9,8 +9,8 @@
 #include "spdlog/spdlog.h"
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
-#include "tessera/cli/sim_cmd.h"
 #include "tessera/cli/server_cmd.h"
+#include "tessera/cli/sim_cmd.h"
 #include "tessera/cli/version.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/devices/open.h"
@@ -131,10 +131,12 @@ int RunPresets(const std::string& output, bool show, const std::string& name, st
     }
     std::vector<std::string> models;
     for (const core::Gpu& g : m->inventory.gpus) {
-      if (std::find(models.begin(), models.end(), g.model) == models.end()) models.push_back(g.model);
+      if (std::find(models.begin(), models.end(), g.model) == models.end())
+        models.push_back(g.model);
     }
     list.push_back({{"name", preset}, {"gpus", m->inventory.gpus.size()}, {"models", models}});
-    table.AddRow({preset, std::to_string(m->inventory.gpus.size()), fmt::format("{}", fmt::join(models, ", "))});
+    table.AddRow({preset, std::to_string(m->inventory.gpus.size()),
+                  fmt::format("{}", fmt::join(models, ", "))});
   }
   Format format = *ParseFormat(output);
   if (format == Format::kTable) {
@@ -147,8 +149,10 @@ int RunPresets(const std::string& output, bool show, const std::string& name, st
 
 int RunVersion(const std::string& output, std::ostream& out) {
   Format format = *ParseFormat(output);
-  nlohmann::ordered_json v = {{"version", kVersion}, {"commit", kGitCommit}, {"compiler", kCompiler},
-                      {"build_type", kBuildType}};
+  nlohmann::ordered_json v = {{"version", kVersion},
+                              {"commit", kGitCommit},
+                              {"compiler", kCompiler},
+                              {"build_type", kBuildType}};
   if (format == Format::kTable) {
     out << fmt::format("tessera {} (commit {}, {}, {})\n", kVersion, kGitCommit, kCompiler,
                        kBuildType);
@@ -174,7 +178,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   app.fallthrough();
   std::string log_level = "warn";
   bool log_level_set = false;
-  if (const char* env = std::getenv("TESSERA_LOG"); env && *env) log_level = env, log_level_set = true;
+  if (const char* env = std::getenv("TESSERA_LOG"); env && *env)
+    log_level = env, log_level_set = true;
   app.add_option("--log-level", log_level, "Log level: trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
 
@@ -236,7 +241,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return kExitBadInput;
   }
   // The server says what it does by default; the other commands only warn.
-  if (!log_level_set && app.got_subcommand("server") && app.count("--log-level") == 0) log_level = "info";
+  if (!log_level_set && app.got_subcommand("server") && app.count("--log-level") == 0)
+    log_level = "info";
   ConfigureLogging(log_level, err);
   return action ? action() : kExitBadInput;
 }

@@ -97,7 +97,8 @@ TEST(Cli, NoDriverFailsWithHintUnlessFallback) {
 }
 
 TEST(Cli, UsesTheDriverWhenItLoads) {
-  std::string dir = std::filesystem::temp_directory_path() / ("tessera-cli-" + std::to_string(getpid()));
+  std::string dir =
+      std::filesystem::temp_directory_path() / ("tessera-cli-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/s.json")
       << R"({"devices": [{"uuid": "GPU-real-0", "name": "NVIDIA L4", "cc": [8, 9]}]})";
@@ -116,8 +117,10 @@ TEST(Cli, UsesTheDriverWhenItLoads) {
 }
 
 TEST(Cli, BadInventoryFileIsExitTwoWithFileLine) {
-  std::string path = std::filesystem::temp_directory_path() / ("tessera-bad-" + std::to_string(getpid()) + ".yaml");
-  std::ofstream(path) << "name: x\ngpus:\n  - {model: X, count: two, memory: 1GiB, compute_capability: \"8.0\"}\n";
+  std::string path = std::filesystem::temp_directory_path() /
+                     ("tessera-bad-" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(path)
+      << "name: x\ngpus:\n  - {model: X, count: two, memory: 1GiB, compute_capability: \"8.0\"}\n";
   Result r = Cli({"gpus", "--simulate", path.c_str()});
   std::filesystem::remove(path);
   EXPECT_EQ(r.code, kExitBadInput);
@@ -137,9 +140,11 @@ TEST(Cli, UnknownPresetAndBadFlagsAreExitTwo) {
 }
 
 TEST(Cli, HelpEverywhere) {
-  for (std::vector<const char*> args :
-       {std::vector<const char*>{"--help"}, {"gpus", "--help"}, {"topo", "--help"}, {"version", "--help"},
-        {"presets", "--help"}}) {
+  for (std::vector<const char*> args : {std::vector<const char*>{"--help"},
+                                        {"gpus", "--help"},
+                                        {"topo", "--help"},
+                                        {"version", "--help"},
+                                        {"presets", "--help"}}) {
     Result r = Cli(args);
     EXPECT_EQ(r.code, kExitOk) << args.back();
     EXPECT_THAT(r.out, HasSubstr("Usage")) << args.front();

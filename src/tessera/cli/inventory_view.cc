@@ -46,13 +46,17 @@ nlohmann::ordered_json InventoryToJson(const core::NodeInventory& inv, const Pro
     nlohmann::ordered_json j;
     j["index"] = g.index;
     j["uuid"] = g.uuid;
-    j["model"] = g.model.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(g.model);
+    j["model"] =
+        g.model.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(g.model);
     j["memory_bytes"] = OrNull(g.memory_bytes);
-    j["memory_mib"] = g.memory_bytes ? nlohmann::ordered_json(*g.memory_bytes >> 20) : nlohmann::ordered_json(nullptr);
-    j["compute_capability"] = g.compute_capability
-                                  ? nlohmann::ordered_json(core::FormatComputeCapability(*g.compute_capability))
-                                  : nlohmann::ordered_json(nullptr);
-    j["pci_bus_id"] = g.pci_bus_id.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(g.pci_bus_id);
+    j["memory_mib"] = g.memory_bytes ? nlohmann::ordered_json(*g.memory_bytes >> 20)
+                                     : nlohmann::ordered_json(nullptr);
+    j["compute_capability"] =
+        g.compute_capability
+            ? nlohmann::ordered_json(core::FormatComputeCapability(*g.compute_capability))
+            : nlohmann::ordered_json(nullptr);
+    j["pci_bus_id"] = g.pci_bus_id.empty() ? nlohmann::ordered_json(nullptr)
+                                           : nlohmann::ordered_json(g.pci_bus_id);
     j["numa_node"] = OrNull(g.numa_node);
     j["minor"] = OrNull(g.minor);
     j["device_node"] = g.minor ? nlohmann::ordered_json(fmt::format("/dev/nvidia{}", *g.minor))
@@ -69,8 +73,8 @@ nlohmann::ordered_json InventoryToJson(const core::NodeInventory& inv, const Pro
   out["hostname"] = inv.hostname;
   out["simulated"] = inv.simulated;
   out["source"] = inv.source;
-  out["driver_version"] =
-      inv.driver_version.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(inv.driver_version);
+  out["driver_version"] = inv.driver_version.empty() ? nlohmann::ordered_json(nullptr)
+                                                     : nlohmann::ordered_json(inv.driver_version);
   out["cuda_driver_version"] = inv.cuda_driver_version.empty()
                                    ? nlohmann::ordered_json(nullptr)
                                    : nlohmann::ordered_json(inv.cuda_driver_version);
@@ -95,7 +99,7 @@ nlohmann::ordered_json TopologyToJson(const core::NodeInventory& inv) {
   nlohmann::ordered_json numa = nlohmann::ordered_json::array();
   for (const core::Gpu& g : inv.gpus) numa.push_back(OrNull(g.numa_node));
   return {{"simulated", inv.simulated}, {"source", inv.source}, {"gpu_count", inv.gpus.size()},
-          {"numa_nodes", numa},         {"matrix", matrix},      {"links", links}};
+          {"numa_nodes", numa},         {"matrix", matrix},     {"links", links}};
 }
 
 void PrintGpuTable(const core::NodeInventory& inv, const ProbeResults& probes, std::ostream& out) {
@@ -103,8 +107,8 @@ void PrintGpuTable(const core::NodeInventory& inv, const ProbeResults& probes, s
   out << fmt::format("host {}  driver {}  CUDA {}  {} GPU{}\n\n", OrDash(inv.hostname),
                      OrDash(inv.driver_version), OrDash(inv.cuda_driver_version), inv.gpus.size(),
                      inv.gpus.size() == 1 ? "" : "s");
-  Table table({"IDX", "MODEL", "MEMORY", "CC", "NUMA", "PCI BUS ID", "DEV", "ECC", "MIG", "STATE",
-               "UUID"});
+  Table table(
+      {"IDX", "MODEL", "MEMORY", "CC", "NUMA", "PCI BUS ID", "DEV", "ECC", "MIG", "STATE", "UUID"});
   for (const core::Gpu& g : inv.gpus) {
     std::string state = "ok";
     if (static_cast<size_t>(g.index) < probes.size() && !probes[g.index].empty()) {
@@ -158,9 +162,9 @@ void PrintTopologyMatrix(const core::NodeInventory& inv, std::ostream& out) {
          "  X    = self\n"
          "  NV#  = NVLink with # links"
       << (any_nvswitch ? " (here through the NVSwitch fabric)" : "") << "\n";
-  for (core::PcieLevel level : {core::PcieLevel::kBoard, core::PcieLevel::kSingleSwitch,
-                                core::PcieLevel::kMultipleSwitches, core::PcieLevel::kHostBridge,
-                                core::PcieLevel::kNumaNode, core::PcieLevel::kSystem}) {
+  for (core::PcieLevel level :
+       {core::PcieLevel::kBoard, core::PcieLevel::kSingleSwitch, core::PcieLevel::kMultipleSwitches,
+        core::PcieLevel::kHostBridge, core::PcieLevel::kNumaNode, core::PcieLevel::kSystem}) {
     out << fmt::format("  {:<4} = through {}\n", core::PcieLevelCode(level),
                        core::PcieLevelDescription(level));
   }

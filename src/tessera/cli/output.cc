@@ -20,7 +20,8 @@ void ToYaml(const nlohmann::ordered_json& v, YAML::Emitter& e) {
       break;
     case nlohmann::ordered_json::value_t::array:
       // Short lists of scalars read best on one line.
-      if (!v.empty() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_primitive(); }) &&
+      if (!v.empty() &&
+          std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_primitive(); }) &&
           v.size() <= 16) {
         e << YAML::Flow;
       }
@@ -65,7 +66,8 @@ void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ost
 void Table::Print(std::ostream& out) const {
   std::vector<size_t> width(header_.size(), 0);
   auto measure = [&](const std::vector<std::string>& row) {
-    for (size_t i = 0; i < row.size() && i < width.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i)
+      width[i] = std::max(width[i], row[i].size());
   };
   measure(header_);
   for (const auto& r : rows_) measure(r);

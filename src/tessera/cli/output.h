@@ -1,6 +1,6 @@
 #pragma once
-// Output for every command: -o table|json|yaml. Structured data is built once as JSON; YAML is rendered
-// from the same tree, so the two never disagree. Table is a small column aligner.
+// Output for every command: -o table|json|yaml. Structured data is built once as JSON; YAML is
+// rendered from the same tree, so the two never disagree. Table is a small column aligner.
 
 #include <nlohmann/json_fwd.hpp>
 #include <optional>

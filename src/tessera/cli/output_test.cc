@@ -10,8 +10,13 @@ namespace tessera::cli {
 namespace {
 
 TEST(Output, YamlRoundTripsJsonTypes) {
-  nlohmann::json j = {{"s", "08"}, {"n", 8}, {"f", 1.5}, {"b", false}, {"null", nullptr},
-                      {"list", {1, 2}}, {"nested", {{"k", "v: w"}}}};
+  nlohmann::json j = {{"s", "08"},
+                      {"n", 8},
+                      {"f", 1.5},
+                      {"b", false},
+                      {"null", nullptr},
+                      {"list", {1, 2}},
+                      {"nested", {{"k", "v: w"}}}};
   std::ostringstream out;
   EmitStructured(j, Format::kYaml, out);
   YAML::Node y = YAML::Load(out.str());

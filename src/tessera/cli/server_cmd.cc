@@ -32,9 +32,10 @@ struct ClientFlags {
   std::string token;
   std::string output = "table";
   void AddTo(CLI::App* c, bool with_output = true) {
-    c->add_option("--socket", socket,
-                  "Server to talk to: a unix socket path or tcp://host:port (default $TESSERA_SOCKET, else " +
-                      server::DefaultSocketPath() + ")");
+    c->add_option(
+        "--socket", socket,
+        "Server to talk to: a unix socket path or tcp://host:port (default $TESSERA_SOCKET, else " +
+            server::DefaultSocketPath() + ")");
     c->add_option("--token", token, "Bearer token for a tcp:// server (default $TESSERA_TOKEN)");
     if (with_output) {
       c->add_option("-o,--output", output, "Output format: table, json or yaml")
@@ -54,8 +55,9 @@ struct ClientFlags {
 };
 
 // One API call; on failure says why on `err` and returns nullopt with the exit code set.
-std::optional<json> Call(server::HttpClient& c, const std::string& method, const std::string& target,
-                         const std::string& body, std::ostream& err, int* code) {
+std::optional<json> Call(server::HttpClient& c, const std::string& method,
+                         const std::string& target, const std::string& body, std::ostream& err,
+                         int* code) {
   auto r = c.Send(method, target, body);
   if (!r.ok()) {
     err << "tessera: " << r.status().message() << "\n";
@@ -64,7 +66,8 @@ std::optional<json> Call(server::HttpClient& c, const std::string& method, const
   }
   json j = json::parse(r->body, nullptr, false);
   if (r->status >= 400) {
-    std::string msg = j.is_object() && j.contains("message") ? j["message"].get<std::string>() : r->body;
+    std::string msg =
+        j.is_object() && j.contains("message") ? j["message"].get<std::string>() : r->body;
     err << "tessera: " << msg << "\n";
     *code = r->status < 500 ? kExitBadInput : kExitFailure;
     return std::nullopt;
@@ -90,7 +93,8 @@ std::string Resources(const json& spec) {
   if (r.contains("gpus")) return fmt::format("{} GPU", r["gpus"].get<int>());
   std::string out;
   if (r.contains("gpu_share")) out += r["gpu_share"].get<std::string>();
-  if (r.contains("gpu_memory")) out += (out.empty() ? "" : " ") + r["gpu_memory"].get<std::string>();
+  if (r.contains("gpu_memory"))
+    out += (out.empty() ? "" : " ") + r["gpu_memory"].get<std::string>();
   return out.empty() ? "-" : out;
 }
 
@@ -105,11 +109,12 @@ std::string Where(const json& job) {
 void JobsTable(const json& jobs, std::ostream& out) {
   Table t({"ID", "NAME", "USER", "STATE", "PRIO", "ASKS", "GPU", "AGE", "REASON"});
   for (const json& j : jobs) {
-    std::string reason = j.contains("waiting") ? j["waiting"].get<std::string>() : j.value("reason", "");
+    std::string reason =
+        j.contains("waiting") ? j["waiting"].get<std::string>() : j.value("reason", "");
     if (reason.size() > 60) reason = reason.substr(0, 57) + "...";
     t.AddRow({std::to_string(j["id"].get<int64_t>()), j.value("name", ""), j.value("owner", ""),
-              j.value("state", ""), std::to_string(j.value("priority", 0)), Resources(j["spec"]), Where(j),
-              Age(j.value("submitted_at", 0.0)), reason});
+              j.value("state", ""), std::to_string(j.value("priority", 0)), Resources(j["spec"]),
+              Where(j), Age(j.value("submitted_at", 0.0)), reason});
   }
   t.Print(out);
 }
@@ -188,25 +193,30 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
   }
   spdlog::info("tessera server ready: socket {}, state in {}", c.socket, c.state_dir);
   if (geteuid() == 0) {
-    spdlog::info(c.allow_root_jobs ? "jobs of root run as root (allow_root_jobs)"
-                                   : "jobs run as their submitting user; root's are refused (allow_root_jobs is off)");
+    spdlog::info(
+        c.allow_root_jobs
+            ? "jobs of root run as root (allow_root_jobs)"
+            : "jobs run as their submitting user; root's are refused (allow_root_jobs is off)");
   }
   int sig = 0;
   sigwait(&set, &sig);
-  spdlog::info("signal {}: stopping (running jobs keep running and are re-adopted at the next start)", sig);
+  spdlog::info(
+      "signal {}: stopping (running jobs keep running and are re-adopted at the next start)", sig);
   (*srv)->Stop();
   return kExitOk;
 }
 
 int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   if (s.command.empty()) {
-    err << "tessera: submit needs a command after --, e.g. tessera submit --gpus 1 -- python train.py\n";
+    err << "tessera: submit needs a command after --, e.g. tessera submit --gpus 1 -- python "
+           "train.py\n";
     return kExitBadInput;
   }
   json spec;
   spec["command"] = s.command;
   json env = json::object();
-  // A container gets only what --env says: this shell's PATH, HOME and the like mean nothing in its image.
+  // A container gets only what --env says: this shell's PATH, HOME and the like mean nothing in its
+  // image.
   if (!s.no_env && s.image.empty()) {
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
@@ -287,18 +297,24 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
     Emit(*j, s.client.output, out);
     return kExitOk;
   }
-  auto field = [&](const char* k, const std::string& v) { out << fmt::format("{:<12} {}\n", k, v); };
+  auto field = [&](const char* k, const std::string& v) {
+    out << fmt::format("{:<12} {}\n", k, v);
+  };
   field("id", std::to_string((*j)["id"].get<int64_t>()));
   field("name", j->value("name", ""));
   field("owner", j->value("owner", ""));
   field("state", j->value("state", ""));
-  field("reason", j->contains("waiting") ? (*j)["waiting"].get<std::string>() : j->value("reason", ""));
+  field("reason",
+        j->contains("waiting") ? (*j)["waiting"].get<std::string>() : j->value("reason", ""));
   field("priority", std::to_string(j->value("priority", 0)));
   field("asks", Resources((*j)["spec"]));
   field("gpus", Where(*j));
-  if ((*j)["spec"].contains("image")) field("image", (*j)["spec"]["image"].get<std::string>() + " (podman)");
-  field("command", fmt::format("{}", fmt::join((*j)["spec"]["command"].get<std::vector<std::string>>(), " ")));
-  if (!(*j)["exit_code"].is_null()) field("exit code", std::to_string((*j)["exit_code"].get<int>()));
+  if ((*j)["spec"].contains("image"))
+    field("image", (*j)["spec"]["image"].get<std::string>() + " (podman)");
+  field("command",
+        fmt::format("{}", fmt::join((*j)["spec"]["command"].get<std::vector<std::string>>(), " ")));
+  if (!(*j)["exit_code"].is_null())
+    field("exit code", std::to_string((*j)["exit_code"].get<int>()));
   out << "events:\n";
   Table t({"AT", "STATE", "REASON"});
   for (const json& e : (*j)["events"]) {
@@ -317,8 +333,8 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
   for (;;) {
     int code = kExitOk;
     auto r = Call(c, "GET",
-                  fmt::format("/v1/jobs/{}/logs?stream={}&offset={}", s.id, s.stderr_stream ? "stderr" : "stdout",
-                              offset),
+                  fmt::format("/v1/jobs/{}/logs?stream={}&offset={}", s.id,
+                              s.stderr_stream ? "stderr" : "stdout", offset),
                   "", err, &code);
     if (!r) return code;
     std::string data = (*r)["data"].get<std::string>();
@@ -361,36 +377,45 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
     auto jobs = Call(c, "GET", "/v1/jobs?state=running,queued", "", err, &code);
     if (!jobs) return code;
     if (s.client.output != "table") {
-      Emit(json{{"info", *info}, {"gpus", (*gpus)["gpus"]}, {"jobs", (*jobs)["jobs"]}}, s.client.output, out);
+      Emit(json{{"info", *info}, {"gpus", (*gpus)["gpus"]}, {"jobs", (*jobs)["jobs"]}},
+           s.client.output, out);
       return kExitOk;
     }
     if (tty) out << "\x1b[H\x1b[2J";
-    out << fmt::format("tessera {} on {}{}  -  {} running, {} queued\n\n", (*info)["version"].get<std::string>(),
+    out << fmt::format("tessera {} on {}{}  -  {} running, {} queued\n\n",
+                       (*info)["version"].get<std::string>(),
                        (*info)["hostname"].get<std::string>(),
-                       (*info)["simulated"].get<bool>() ? "  [SIMULATED GPUs]" : "", (*info)["running"].get<int>(),
-                       (*info)["queued"].get<int>());
-    // Allocation (what jobs were given) beside the driver's readings (what the GPU is doing; "-" when
-    // the driver does not tell, as on a simulated machine).
+                       (*info)["simulated"].get<bool>() ? "  [SIMULATED GPUs]" : "",
+                       (*info)["running"].get<int>(), (*info)["queued"].get<int>());
+    // Allocation (what jobs were given) beside the driver's readings (what the GPU is doing; "-"
+    // when the driver does not tell, as on a simulated machine).
     auto reading = [](const json& v, const char* format, double scale = 1) {
-      return v.is_number() ? fmt::format(fmt::runtime(format), v.get<double>() * scale) : std::string("-");
+      return v.is_number() ? fmt::format(fmt::runtime(format), v.get<double>() * scale)
+                           : std::string("-");
     };
-    Table g({"GPU", "MODEL", "HEALTH", "ALLOCATED", "MEMORY ALLOCATED", "UTIL", "TEMP", "POWER", "MEM USED", "JOBS"});
+    Table g({"GPU", "MODEL", "HEALTH", "ALLOCATED", "MEMORY ALLOCATED", "UTIL", "TEMP", "POWER",
+             "MEM USED", "JOBS"});
     for (const json& x : (*gpus)["gpus"]) {
       const int milli = x["allocated_milli"].get<int>();
       const int bar = milli * 20 / 1000;
       std::string meter = "[" + std::string(bar, '#') + std::string(20 - bar, '.') + "]";
       std::vector<std::string> ids;
       for (const json& id : x["jobs"]) ids.push_back(std::to_string(id.get<int64_t>()));
-      g.AddRow({std::to_string(x["index"].get<int>()), x["model"].get<std::string>(),
-                x["healthy"].get<bool>() ? "ok" : "UNHEALTHY: " + x["health_reason"].get<std::string>(),
-                fmt::format("{} {:3d}%", meter, milli / 10),
-                fmt::format("{} / {}", core::FormatBytes(static_cast<uint64_t>(x["allocated_memory_mib"].get<int64_t>()) << 20),
-                            core::FormatBytes(x["memory_bytes"].get<uint64_t>())),
-                reading(x.value("utilization", json()), "{:.0f}%", 100), reading(x.value("temperature_celsius", json()), "{:.0f}C"),
-                reading(x.value("power_watts", json()), "{:.0f}W"),
-                x.value("memory_used_bytes", json()).is_number() ? core::FormatBytes(x["memory_used_bytes"].get<uint64_t>())
-                                                                 : std::string("-"),
-                fmt::format("{}", fmt::join(ids, ","))});
+      g.AddRow(
+          {std::to_string(x["index"].get<int>()), x["model"].get<std::string>(),
+           x["healthy"].get<bool>() ? "ok" : "UNHEALTHY: " + x["health_reason"].get<std::string>(),
+           fmt::format("{} {:3d}%", meter, milli / 10),
+           fmt::format("{} / {}",
+                       core::FormatBytes(
+                           static_cast<uint64_t>(x["allocated_memory_mib"].get<int64_t>()) << 20),
+                       core::FormatBytes(x["memory_bytes"].get<uint64_t>())),
+           reading(x.value("utilization", json()), "{:.0f}%", 100),
+           reading(x.value("temperature_celsius", json()), "{:.0f}C"),
+           reading(x.value("power_watts", json()), "{:.0f}W"),
+           x.value("memory_used_bytes", json()).is_number()
+               ? core::FormatBytes(x["memory_used_bytes"].get<uint64_t>())
+               : std::string("-"),
+           fmt::format("{}", fmt::join(ids, ","))});
     }
     g.Print(out);
     out << "\n";
@@ -403,42 +428,57 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
 
 }  // namespace
 
-std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& action, std::ostream& out,
-                                        std::ostream& err) {
+std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& action,
+                                        std::ostream& out, std::ostream& err) {
   auto s = std::make_shared<State>();
   State& st = *s;
 
-  CLI::App* srv = app.add_subcommand("server", "Run the standalone server: this machine's GPUs shared by many users");
-  srv->add_option("-c,--config", st.config_path, "YAML config file (docs/server.md); none needed for the defaults");
-  srv->add_option("--socket", st.socket, "Unix socket to listen on (default " + server::DefaultSocketPath() + ")");
+  CLI::App* srv = app.add_subcommand(
+      "server", "Run the standalone server: this machine's GPUs shared by many users");
+  srv->add_option("-c,--config", st.config_path,
+                  "YAML config file (docs/server.md); none needed for the defaults");
+  srv->add_option("--socket", st.socket,
+                  "Unix socket to listen on (default " + server::DefaultSocketPath() + ")");
   srv->add_option("--state-dir", st.state_dir, "Where the database, logs and shared regions live");
-  srv->add_option("--simulate", st.simulate, "Simulate this machine (a preset or inventory file) instead of the driver");
-  srv->add_option("--fallback-simulate", st.fallback_simulate,
-                  "Preset to simulate when no NVIDIA driver is found (default dgx-h100; empty: fail)");
-  srv->add_option("--tcp", st.tcp, "Also listen on TCP host:port (needs tokens in the config file)");
-  srv->add_flag("--allow-root-jobs", st.allow_root_jobs,
-                "Let root (on the socket, or a token for root) run jobs as root (config: allow_root_jobs)");
+  srv->add_option("--simulate", st.simulate,
+                  "Simulate this machine (a preset or inventory file) instead of the driver");
+  srv->add_option(
+      "--fallback-simulate", st.fallback_simulate,
+      "Preset to simulate when no NVIDIA driver is found (default dgx-h100; empty: fail)");
+  srv->add_option("--tcp", st.tcp,
+                  "Also listen on TCP host:port (needs tokens in the config file)");
+  srv->add_flag(
+      "--allow-root-jobs", st.allow_root_jobs,
+      "Let root (on the socket, or a token for root) run jobs as root (config: allow_root_jobs)");
   srv->callback([&, s] { action = [&, s] { return RunServer(*s, out, err); }; });
 
-  CLI::App* sub = app.add_subcommand("submit", "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
+  CLI::App* sub = app.add_subcommand(
+      "submit",
+      "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
   sub->add_option("--gpus", st.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
-  sub->add_option("--gpu-mem", st.gpu_mem, "A fraction of one GPU: this much of its memory (10GiB)");
-  sub->add_option("--gpu-share", st.gpu_share, "A fraction of one GPU: this share of its compute (30%)");
-  sub->add_option("--model", st.models, "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of one (H100, 'A100 80GB')")
+  sub->add_option("--gpu-mem", st.gpu_mem,
+                  "A fraction of one GPU: this much of its memory (10GiB)");
+  sub->add_option("--gpu-share", st.gpu_share,
+                  "A fraction of one GPU: this share of its compute (30%)");
+  sub->add_option("--model", st.models,
+                  "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
+                  "one (H100, 'A100 80GB')")
       ->allow_extra_args(false);
-  sub->add_option("--priority", st.priority, "Priority, -1000..1000 (higher first; may preempt lower)");
+  sub->add_option("--priority", st.priority,
+                  "Priority, -1000..1000 (higher first; may preempt lower)");
   sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");
   sub->add_option("--name", st.name, "A name for the job");
   sub->add_option("--max-runtime", st.max_runtime, "Stop the job after this many seconds");
-  sub->add_option("--grace", st.grace,
-                  "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
+  sub->add_option(
+         "--grace", st.grace,
+         "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
       ->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--env", st.envs, "Set NAME=VALUE in the job's environment (repeatable)")
       ->allow_extra_args(false);
   sub->add_flag("--no-env", st.no_env, "Do not pass this shell's environment to the job");
-  sub->add_option("--label", st.labels, "KEY=VALUE label (repeatable)")
-      ->allow_extra_args(false);
-  sub->add_option("--workdir", st.workdir, "Working directory (default: the current one; with --image, the image's)");
+  sub->add_option("--label", st.labels, "KEY=VALUE label (repeatable)")->allow_extra_args(false);
+  sub->add_option("--workdir", st.workdir,
+                  "Working directory (default: the current one; with --image, the image's)");
   sub->add_option("--image", st.image,
                   "Run in a container of this image (podman; the GPUs handed over as CDI devices). "
                   "Only --env variables go in, not this shell's");
@@ -448,7 +488,8 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
 
   CLI::App* ls = app.add_subcommand("ls", "List jobs (newest last)");
   ls->add_option("--state", st.states, "Only these states, comma-separated (queued,running,...)");
-  ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")->check(CLI::Range(1, 100000));
+  ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")
+      ->check(CLI::Range(1, 100000));
   st.client.AddTo(ls);
   ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
 
@@ -464,14 +505,16 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   st.client.AddTo(logs, false);
   logs->callback([&, s] { action = [&, s] { return RunLogs(*s, out, err); }; });
 
-  CLI::App* cancel = app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
+  CLI::App* cancel =
+      app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
   cancel->add_option("ids", st.ids, "Job ids")->required()->check(CLI::PositiveNumber);
   st.client.AddTo(cancel);
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
 
   CLI::App* top = app.add_subcommand("top", "A live view of the GPUs and jobs");
   top->add_flag("--once", st.once, "Print one screen and exit");
-  top->add_option("--interval", st.interval, "Seconds between refreshes (default 1)")->check(CLI::Range(0.1, 3600.0));
+  top->add_option("--interval", st.interval, "Seconds between refreshes (default 1)")
+      ->check(CLI::Range(0.1, 3600.0));
   st.client.AddTo(top);
   top->callback([&, s] { action = [&, s] { return RunTop(*s, out, err); }; });
   return s;

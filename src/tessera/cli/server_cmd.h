@@ -11,9 +11,9 @@ class App;
 
 namespace tessera::cli {
 
-// Adds the commands to `app`; a parsed one sets `action`. The returned object holds the flags and must
-// outlive parsing and the action.
-std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& action, std::ostream& out,
-                                        std::ostream& err);
+// Adds the commands to `app`; a parsed one sets `action`. The returned object holds the flags and
+// must outlive parsing and the action.
+std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& action,
+                                        std::ostream& out, std::ostream& err);
 
 }  // namespace tessera::cli

@@ -28,7 +28,7 @@ namespace {
 
 // The FGD paper's figures for openb_pod_list_default at 130% arrived demand, mean of seeds 42..51.
 const std::map<std::string, double> kPaperDefault = {
-    {"random", 87.47}, {"dotprod", 90.85}, {"gpuclustering", 91.88},
+    {"random", 87.47},     {"dotprod", 90.85}, {"gpuclustering", 91.88},
     {"gpupacking", 92.00}, {"bestfit", 93.08}, {"fgd", 95.39}};
 
 struct SimFlags {
@@ -58,9 +58,12 @@ absl::StatusOr<std::vector<PolicyRun>> ParsePolicyRuns(const std::string& text) 
     std::string joined = item;
     std::replace(joined.begin(), joined.end(), '+', ',');
     auto p = sched::ParsePolicies(joined);
-    if (!p.ok()) return absl::InvalidArgumentError(fmt::format("--policies: {}", std::string(p.status().message())));
+    if (!p.ok())
+      return absl::InvalidArgumentError(
+          fmt::format("--policies: {}", std::string(p.status().message())));
     for (const PolicyRun& r : out) {
-      if (r.label == item) return absl::InvalidArgumentError(fmt::format("--policies: '{}' twice", item));
+      if (r.label == item)
+        return absl::InvalidArgumentError(fmt::format("--policies: '{}' twice", item));
     }
     out.push_back({item, *p});
     start = end + 1;
@@ -79,7 +82,9 @@ std::string DefaultTrace(const std::string& file) {
 class Progress {
  public:
   Progress(std::ostream& err, int total, bool enabled)
-      : err_(err), total_(total), enabled_(enabled && isatty(STDERR_FILENO)),
+      : err_(err),
+        total_(total),
+        enabled_(enabled && isatty(STDERR_FILENO)),
         start_(std::chrono::steady_clock::now()) {}
   void Done(const std::string& what) {
     std::lock_guard lock(mu_);
@@ -192,8 +197,8 @@ std::optional<int> MakeOutDir(const std::string& dir, std::ostream& err) {
 }
 
 // Parses the policies, creates the output folder and loads the inputs; an exit code on failure.
-std::optional<int> Prepare(const SimFlags& f, const std::string& policies, std::vector<PolicyRun>& runs,
-                           Loaded& l, std::ostream& err) {
+std::optional<int> Prepare(const SimFlags& f, const std::string& policies,
+                           std::vector<PolicyRun>& runs, Loaded& l, std::ostream& err) {
   auto parsed = ParsePolicyRuns(policies);
   if (!parsed.ok()) {
     err << "tessera: " << parsed.status().message() << "\n";
@@ -229,7 +234,8 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
     progress.Done(fmt::format("{} seed {}", c.label, c.seed));
   });
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("sim: {} inflation runs in {:.2f}s on {} threads", specs.size(), wall, Threads(f.jobs));
+  spdlog::info("sim: {} inflation runs in {:.2f}s on {} threads", specs.size(), wall,
+               Threads(f.jobs));
   bool paper = std::filesystem::path(l.pods_path).filename() == "openb_pod_list_default.csv" &&
                std::abs(ratio - 1.3) < 1e-9;
   auto summaries = sim::SummarizeInflation(results);
@@ -239,33 +245,37 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
         "{} nodes, {} jobs; pods drawn with replacement until arrived GPU demand reaches {:.0f}% "
         "of capacity; seeds {}..{}.",
         l.nodes.size(), l.jobs.size(), 100 * ratio, f.seed, f.seed + seeds - 1);
-    for (auto [name, text] : {std::pair{"inflation_curve.csv", sim::InflationCurveCsv(results)},
-                              std::pair{"inflation_runs.csv", sim::InflationRunsCsv(results)},
-                              std::pair{"inflation_failed.csv", sim::InflationFailedCsv(results)},
-                              std::pair{"report.html", sim::HtmlReport("Tessera simulator: workload "
-                                                                       "inflation",
-                                                                       subtitle, results, {})}}) {
+    for (auto [name, text] :
+         {std::pair{"inflation_curve.csv", sim::InflationCurveCsv(results)},
+          std::pair{"inflation_runs.csv", sim::InflationRunsCsv(results)},
+          std::pair{"inflation_failed.csv", sim::InflationFailedCsv(results)},
+          std::pair{"report.html", sim::HtmlReport("Tessera simulator: workload "
+                                                   "inflation",
+                                                   subtitle, results, {})}}) {
       if (auto rc = WriteFile(dir / name, text, err)) return *rc;
     }
-    spdlog::info("sim: wrote {}/{{inflation_curve,inflation_runs,inflation_failed}}.csv and report.html",
-                 f.out_dir);
+    spdlog::info(
+        "sim: wrote {}/{{inflation_curve,inflation_runs,inflation_failed}}.csv and report.html",
+        f.out_dir);
   }
   Format format = *ParseFormat(f.output);
   if (format == Format::kTable) {
-    std::vector<std::string> header = {"POLICY", "RUNS", "GPU ALLOC", "SD", "UNALLOCATED GPUS",
-                                       "FRAGMENTED GPUS", "FRAG RATIO", "FAILED PODS", "SECONDS/RUN"};
+    std::vector<std::string> header = {
+        "POLICY",          "RUNS",       "GPU ALLOC",   "SD",         "UNALLOCATED GPUS",
+        "FRAGMENTED GPUS", "FRAG RATIO", "FAILED PODS", "SECONDS/RUN"};
     if (paper) header.push_back("PAPER");
     Table t(header);
     for (const sim::InflationSummary& s : summaries) {
-      std::vector<std::string> row = {s.label,
-                                      std::to_string(s.runs),
-                                      fmt::format("{:.2f}%", 100 * s.allocated),
-                                      fmt::format("{:.2f}", 100 * s.allocated_sd),
-                                      fmt::format("{:.1f}", s.unallocated_gpus),
-                                      fmt::format("{:.1f}", s.fragmented_gpus),
-                                      fmt::format("{:.1f}%", 100 * s.fragmentation_ratio),
-                                      fmt::format("{:.0f} of {:.0f}", s.pods_failed, s.pods_arrived),
-                                      fmt::format("{:.2f}", s.seconds / s.runs)};
+      std::vector<std::string> row = {
+          s.label,
+          std::to_string(s.runs),
+          fmt::format("{:.2f}%", 100 * s.allocated),
+          fmt::format("{:.2f}", 100 * s.allocated_sd),
+          fmt::format("{:.1f}", s.unallocated_gpus),
+          fmt::format("{:.1f}", s.fragmented_gpus),
+          fmt::format("{:.1f}%", 100 * s.fragmentation_ratio),
+          fmt::format("{:.0f} of {:.0f}", s.pods_failed, s.pods_arrived),
+          fmt::format("{:.2f}", s.seconds / s.runs)};
       if (paper) {
         auto it = kPaperDefault.find(s.label);
         row.push_back(it == kPaperDefault.end() ? "-" : fmt::format("{:.2f}%", it->second));
@@ -291,7 +301,8 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
       nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
       for (const auto& [k, v] : s.by_kind) kinds[k] = {{"arrived", v.first}, {"failed", v.second}};
       e["byKind"] = kinds;
-      if (paper && kPaperDefault.contains(s.label)) e["paperAllocatedRatio"] = kPaperDefault.at(s.label) / 100;
+      if (paper && kPaperDefault.contains(s.label))
+        e["paperAllocatedRatio"] = kPaperDefault.at(s.label) / 100;
       j.push_back(e);
     }
     EmitStructured(j, format, out);
@@ -303,10 +314,12 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
                  std::ostream& out, std::ostream& err) {
   std::vector<PolicyRun> runs;
   Loaded l;
-  if (auto rc = Prepare(f, f.policies == "all" ? "bestfit,fgd,tessera" : f.policies, runs, l, err)) {
+  if (auto rc =
+          Prepare(f, f.policies == "all" ? "bestfit,fgd,tessera" : f.policies, runs, l, err)) {
     return *rc;
   }
-  if (std::none_of(l.jobs.begin(), l.jobs.end(), [](const sim::SimJob& j) { return j.duration >= 0; })) {
+  if (std::none_of(l.jobs.begin(), l.jobs.end(),
+                   [](const sim::SimJob& j) { return j.duration >= 0; })) {
     err << "tessera: no job in the pod list has a duration (openb: deletion_time; Tessera CSV: "
            "duration), so there is nothing to replay over time; `tessera sim inflate` needs none\n";
     return kExitBadInput;
@@ -331,22 +344,21 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!f.out_dir.empty()) {
     std::filesystem::path dir(f.out_dir);
-    std::string subtitle =
-        fmt::format("{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x.",
-                    l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression);
+    std::string subtitle = fmt::format(
+        "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x.", l.nodes.size(),
+        l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression);
     for (auto [name, text] :
          {std::pair{"replay_series.csv", sim::ReplaySeriesCsv(results)},
           std::pair{"replay_runs.csv", sim::ReplayRunsCsv(results)},
-          std::pair{"report.html",
-                    sim::HtmlReport("Tessera simulator: time-based replay", subtitle, {}, results)}}) {
+          std::pair{"report.html", sim::HtmlReport("Tessera simulator: time-based replay", subtitle,
+                                                   {}, results)}}) {
       if (auto rc = WriteFile(dir / name, text, err)) return *rc;
     }
   }
   Format format = *ParseFormat(f.output);
   if (format == Format::kTable) {
-    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "MEAN ALLOC", "PEAK ALLOC",
-             "WAIT MEAN",
-             "WAIT P50", "WAIT P95", "WAIT P99", "JCT MEAN", "SECONDS"});
+    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "MEAN ALLOC",
+             "PEAK ALLOC", "WAIT MEAN", "WAIT P50", "WAIT P95", "WAIT P99", "JCT MEAN", "SECONDS"});
     for (const sim::ReplayResult& r : results) {
       t.AddRow({r.label, std::to_string(r.jobs), std::to_string(r.finished),
                 std::to_string(r.never_started), std::to_string(r.preemptions),
@@ -392,7 +404,8 @@ void AddCommon(CLI::App* cmd, SimFlags& f) {
                   "openb_pod_list_default.csv");
   cmd->add_option("--format", f.format, "Input format: auto (by header), openb or tessera")
       ->check(CLI::IsMember({"auto", "openb", "tessera"}));
-  cmd->add_option("--out", f.out_dir, "Folder for the CSV files and report.html (created if missing)");
+  cmd->add_option("--out", f.out_dir,
+                  "Folder for the CSV files and report.html (created if missing)");
   cmd->add_option("-j,--jobs", f.jobs, "Runs in parallel (default: one per CPU)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("!--no-progress", f.progress, "No progress bar (it is shown only on a terminal)");
@@ -429,9 +442,10 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
       "Workload inflation (the FGD paper's experiment): pods drawn with replacement arrive until "
       "their GPU demand reaches --ratio of capacity; report GPU allocation per policy");
   AddCommon(inflate, inflate_flags);
-  inflate->add_option("--policies", inflate_flags.policies,
-                      "Policies side by side, comma-separated; '+' combines within one run "
-                      "(fgd+topology:0.5); 'all' = the paper's six and tessera; 'paper' = the six")
+  inflate
+      ->add_option("--policies", inflate_flags.policies,
+                   "Policies side by side, comma-separated; '+' combines within one run "
+                   "(fgd+topology:0.5); 'all' = the paper's six and tessera; 'paper' = the six")
       ->capture_default_str();
   inflate->add_option("--seeds", seeds, "Runs per policy, seeds --seed, --seed+1, ...")
       ->check(CLI::Range(1, 1000))
@@ -455,13 +469,16 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
       "durations; report queueing delay, JCT, allocation and fragmentation over time");
   AddCommon(replay, replay_flags);
   replay_flags.policies = "all";
-  replay->add_option("--policies", replay_flags.policies,
-                     "Policies side by side (as for inflate); 'all' = bestfit,fgd,tessera")
+  replay
+      ->add_option("--policies", replay_flags.policies,
+                   "Policies side by side (as for inflate); 'all' = bestfit,fgd,tessera")
       ->capture_default_str();
-  replay->add_option("--seed", replay_flags.seed, "Seed for random tie-breaks")->capture_default_str();
+  replay->add_option("--seed", replay_flags.seed, "Seed for random tie-breaks")
+      ->capture_default_str();
   replay->add_flag("--no-preemption", no_preemption, "Never preempt lower-priority jobs");
-  replay->add_option("--compress", st->compression,
-                     "Divide submit times by this factor (durations unchanged) to raise the load")
+  replay
+      ->add_option("--compress", st->compression,
+                   "Divide submit times by this factor (durations unchanged) to raise the load")
       ->check(CLI::Range(0.001, 1e6))
       ->capture_default_str();
   replay->add_option("--samples", samples, "Points of each time series")

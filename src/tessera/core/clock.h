@@ -1,7 +1,7 @@
 #pragma once
 // Clock: the one seam for "now". Production code takes a Clock& so tests can drive time by hand.
-// SteadyClock is thread-safe; FakeClock is thread-safe too (an atomic), so a test thread may advance it
-// while the code under test reads it.
+// SteadyClock is thread-safe; FakeClock is thread-safe too (an atomic), so a test thread may
+// advance it while the code under test reads it.
 
 #include <atomic>
 #include <chrono>
@@ -32,7 +32,8 @@ class SteadyClock final : public Clock {
 class SystemClock final : public Clock {
  public:
   TimePoint Now() const override {
-    return TimePoint(std::chrono::duration_cast<Duration>(std::chrono::system_clock::now().time_since_epoch()));
+    return TimePoint(
+        std::chrono::duration_cast<Duration>(std::chrono::system_clock::now().time_since_epoch()));
   }
   static SystemClock& Get() {
     static SystemClock clock;
@@ -41,11 +42,14 @@ class SystemClock final : public Clock {
 };
 
 // Seconds of a TimePoint since its clock's epoch.
-inline double Seconds(TimePoint t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); }
+inline double Seconds(TimePoint t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
 
 class FakeClock final : public Clock {
  public:
-  explicit FakeClock(TimePoint start = TimePoint(std::chrono::hours(1))) : now_(start.time_since_epoch().count()) {}
+  explicit FakeClock(TimePoint start = TimePoint(std::chrono::hours(1)))
+      : now_(start.time_since_epoch().count()) {}
   TimePoint Now() const override { return TimePoint(Duration(now_.load())); }
   void Advance(Duration d) { now_ += d.count(); }
 

@@ -28,9 +28,7 @@ constexpr std::array<LevelInfo, 8> kLevels = {{
 
 }  // namespace
 
-std::string_view PcieLevelCode(PcieLevel level) {
-  return kLevels[static_cast<size_t>(level)].code;
-}
+std::string_view PcieLevelCode(PcieLevel level) { return kLevels[static_cast<size_t>(level)].code; }
 
 std::string_view PcieLevelDescription(PcieLevel level) {
   return kLevels[static_cast<size_t>(level)].description;

@@ -1,6 +1,7 @@
 #pragma once
-// The vocabulary of GPU inventory: what a GPU is, how two GPUs are linked, and what one machine holds.
-// Plain values with no I/O; safe to share between threads for reading, not for concurrent writing.
+// The vocabulary of GPU inventory: what a GPU is, how two GPUs are linked, and what one machine
+// holds. Plain values with no I/O; safe to share between threads for reading, not for concurrent
+// writing.
 
 #include <cstdint>
 #include <optional>
@@ -10,8 +11,8 @@
 
 namespace tessera::core {
 
-// Where the PCIe paths of two GPUs meet, nearest first. The order matches NVML's topology levels, so a
-// smaller value is a better link.
+// Where the PCIe paths of two GPUs meet, nearest first. The order matches NVML's topology levels,
+// so a smaller value is a better link.
 enum class PcieLevel : uint8_t {
   kSelf = 0,          // the same GPU
   kBoard,             // two GPUs on one board (NVML "INTERNAL")
@@ -30,7 +31,8 @@ std::string_view PcieLevelDescription(PcieLevel level);
 // Parses a code as printed by PcieLevelCode; nullopt if it is none of them.
 std::optional<PcieLevel> ParsePcieLevelCode(std::string_view code);
 
-// How two GPUs are connected: NVLink lanes (direct or through an NVSwitch fabric) and the PCIe level.
+// How two GPUs are connected: NVLink lanes (direct or through an NVSwitch fabric) and the PCIe
+// level.
 struct GpuLink {
   int nvlinks = 0;  // active NVLink links between the pair; 0 when none
   bool via_nvswitch = false;
@@ -72,8 +74,8 @@ struct ComputeCapability {
 std::string FormatComputeCapability(const ComputeCapability& cc);
 std::optional<ComputeCapability> ParseComputeCapability(std::string_view text);
 
-// One GPU as discovered. Attributes a driver could not tell are nullopt (or empty strings): unknown, not
-// zero.
+// One GPU as discovered. Attributes a driver could not tell are nullopt (or empty strings):
+// unknown, not zero.
 struct Gpu {
   int index = 0;
   std::string uuid;   // "GPU-8f2c...", the stable identity
@@ -104,7 +106,8 @@ struct NodeInventory {
 
 // 81559 MiB -> "79.6 GiB"; bytes are shown in the largest binary unit that keeps a value >= 1.
 std::string FormatBytes(uint64_t bytes);
-// Parses "80GiB", "512 MiB", "1.5GB", "81920" (MiB when no unit): returns bytes, nullopt when malformed.
+// Parses "80GiB", "512 MiB", "1.5GB", "81920" (MiB when no unit): returns bytes, nullopt when
+// malformed.
 std::optional<uint64_t> ParseBytes(std::string_view text);
 
 }  // namespace tessera::core

@@ -34,7 +34,9 @@ std::string RequestShapeKey(const Request& r) {
   add(r.gpu_milli);
   add(r.gpu_memory_mib);
   add(r.min_gpu_memory_mib);
-  add(r.min_compute_capability ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor : -1);
+  add(r.min_compute_capability
+          ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor
+          : -1);
   add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
   for (const std::string& m : r.models) {
     key += m;
@@ -44,7 +46,8 @@ std::string RequestShapeKey(const Request& r) {
 }
 
 bool GpuAccepted(const NodeGpu& gpu, const Request& r) {
-  if (!r.models.empty() && std::find(r.models.begin(), r.models.end(), gpu.model) == r.models.end()) {
+  if (!r.models.empty() &&
+      std::find(r.models.begin(), r.models.end(), gpu.model) == r.models.end()) {
     return false;
   }
   if (gpu.memory_mib < r.min_gpu_memory_mib) return false;

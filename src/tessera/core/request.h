@@ -26,11 +26,13 @@ struct Request {
 
   // Either whole GPUs...
   int gpus = 0;
-  // ...or one fractional share of one GPU: a compute share in thousandths (1..999) and/or GPU memory.
+  // ...or one fractional share of one GPU: a compute share in thousandths (1..999) and/or GPU
+  // memory.
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
 
-  // Attribute selector: acceptable models (empty: any), least memory per GPU, least compute capability.
+  // Attribute selector: acceptable models (empty: any), least memory per GPU, least compute
+  // capability.
   std::vector<std::string> models;
   int64_t min_gpu_memory_mib = 0;
   std::optional<ComputeCapability> min_compute_capability;
@@ -41,10 +43,10 @@ struct Request {
   int priority = 0;
   bool preemptible = true;
   std::string owner;  // namespace/user, for quotas
-  // Further quota accounts the request counts against, each checked like the owner's (the standalone
-  // server's Unix groups: "group:ml").
+  // Further quota accounts the request counts against, each checked like the owner's (the
+  // standalone server's Unix groups: "group:ml").
   std::vector<std::string> quota_groups;
-  std::string gang;   // gang id; members are placed all together or not at all
+  std::string gang;  // gang id; members are placed all together or not at all
   int gang_size = 0;
 
   bool fractional() const { return gpus == 0 && (gpu_milli > 0 || gpu_memory_mib > 0); }
@@ -53,7 +55,8 @@ struct Request {
   int64_t gpu_milli_total() const { return int64_t{gpus} * kMilliPerGpu + gpu_milli; }
 };
 
-// Why a request is malformed ("gpu_milli: expected 1..999 with gpus = 0, got 1200"); empty when fine.
+// Why a request is malformed ("gpu_milli: expected 1..999 with gpus = 0, got 1200"); empty when
+// fine.
 std::string ValidateRequest(const Request& r);
 
 struct NodeGpu {
@@ -80,11 +83,11 @@ struct NodeSpec {
 // `r.min_compute_capability`.
 bool GpuAccepted(const NodeGpu& gpu, const Request& r);
 
-// The request's shape: the fields that decide where, and whether, it fits on a given cluster state and
-// how each place scores (resources, attribute selector, topology wish), as a compact byte string.
-// Requests of one shape fit or fail alike; the scheduler's caches and the scheduling cycle's "this
-// shape did not fit" memo both key on it. Priority, owner and gang are not part of it: a caller that
-// also depends on them (preemption depends on priority) adds them itself.
+// The request's shape: the fields that decide where, and whether, it fits on a given cluster state
+// and how each place scores (resources, attribute selector, topology wish), as a compact byte
+// string. Requests of one shape fit or fail alike; the scheduler's caches and the scheduling
+// cycle's "this shape did not fit" memo both key on it. Priority, owner and gang are not part of
+// it: a caller that also depends on them (preemption depends on priority) adds them itself.
 std::string RequestShapeKey(const Request& r);
 
 // A node for the scheduling model from a discovered inventory.

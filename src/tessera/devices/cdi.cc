@@ -21,16 +21,17 @@ namespace fs = std::filesystem;
 // The user-space driver a CUDA program loads (by SONAME, as the dynamic loader asks for them) and
 // the tools people expect in a GPU container.
 constexpr const char* kLibraries[] = {
-    "libcuda.so.1",           "libcudadebugger.so.1",     "libnvidia-ml.so.1",
-    "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4", "libnvidia-opencl.so.1",
-    "libnvidia-cfg.so.1",     "libnvidia-allocator.so.1",
+    "libcuda.so.1",        "libcudadebugger.so.1",
+    "libnvidia-ml.so.1",   "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so.4", "libnvidia-opencl.so.1",
+    "libnvidia-cfg.so.1",  "libnvidia-allocator.so.1",
 };
 // Libraries only named with the driver version (loaded by that name from the ones above).
 constexpr const char* kVersionedLibraries[] = {"libnvidia-gpucomp.so", "libnvidia-nvvm.so"};
 constexpr const char* kBinaries[] = {"nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control",
                                      "nvidia-cuda-mps-server"};
-constexpr const char* kControlNodes[] = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                                         "/dev/nvidia-modeset"};
+constexpr const char* kControlNodes[] = {"/dev/nvidiactl", "/dev/nvidia-uvm",
+                                         "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"};
 constexpr const char* kPersistencedSocket = "/run/nvidia-persistenced/socket";
 
 std::string Under(const std::string& root, const std::string& path) {
@@ -54,7 +55,8 @@ bool IsSocket(const std::string& path) {
 }
 
 // The first of `dirs` holding a regular file (links followed) called `name`, as a path under "/".
-std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs, const std::string& name) {
+std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs,
+                   const std::string& name) {
   for (const std::string& d : dirs) {
     std::string p = d + "/" + name;
     if (IsFile(Under(s.root, p))) return p;
@@ -88,7 +90,9 @@ DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSe
   return f;
 }
 
-std::string CdiDeviceName(std::string_view gpu_uuid) { return fmt::format("{}={}", kCdiKind, gpu_uuid); }
+std::string CdiDeviceName(std::string_view gpu_uuid) {
+  return fmt::format("{}={}", kCdiKind, gpu_uuid);
+}
 
 std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles& files) {
   ordered_json devices = ordered_json::array();
@@ -135,11 +139,13 @@ std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles
 absl::StatusOr<std::string> WriteCdiSpec(const std::string& dir, const std::string& spec) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::FailedPreconditionError(fmt::format("CDI spec folder {}: {}", dir, ec.message()));
+  if (ec)
+    return absl::FailedPreconditionError(fmt::format("CDI spec folder {}: {}", dir, ec.message()));
   const std::string path = dir + "/tessera.io-gpu.json";
   const std::string tmp = path + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(errno)));
+  if (fd < 0)
+    return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(errno)));
   size_t off = 0;
   while (off < spec.size()) {
     ssize_t w = write(fd, spec.data() + off, spec.size() - off);

@@ -1,9 +1,9 @@
 #pragma once
-// CDI (Container Device Interface) specs for this machine's GPUs, so that a container runtime (podman,
-// containerd, CRI-O) hands a container exactly the GPUs it was given: their device nodes, the driver's
-// control nodes, and the user-space driver libraries and tools bound read-only at their host paths.
-// Devices are named `tessera.io/gpu=<uuid>` (what Tessera uses), `tessera.io/gpu=<index>` and
-// `tessera.io/gpu=all`. See docs/server.md ("Containers").
+// CDI (Container Device Interface) specs for this machine's GPUs, so that a container runtime
+// (podman, containerd, CRI-O) hands a container exactly the GPUs it was given: their device nodes,
+// the driver's control nodes, and the user-space driver libraries and tools bound read-only at
+// their host paths. Devices are named `tessera.io/gpu=<uuid>` (what Tessera uses),
+// `tessera.io/gpu=<index>` and `tessera.io/gpu=all`. See docs/server.md ("Containers").
 
 #include <string>
 #include <string_view>
@@ -25,14 +25,16 @@ struct DriverFiles {
 };
 
 struct DriverSearch {
-  std::string root = "/";  // what "/" is (tests point it elsewhere); paths found are given as under "/"
-  std::vector<std::string> library_dirs = {"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
-                                           "/usr/lib/aarch64-linux-gnu", "/usr/lib"};
+  std::string root =
+      "/";  // what "/" is (tests point it elsewhere); paths found are given as under "/"
+  std::vector<std::string> library_dirs = {"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu",
+                                           "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib"};
   std::vector<std::string> binary_dirs = {"/usr/bin", "/usr/local/bin", "/usr/sbin"};
 };
 
-// Looks for the driver files of `inventory`'s GPUs (device nodes by their minor number; libraries by
-// SONAME, plus those only named with the driver version). Device nodes must be character devices.
+// Looks for the driver files of `inventory`'s GPUs (device nodes by their minor number; libraries
+// by SONAME, plus those only named with the driver version). Device nodes must be character
+// devices.
 DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSearch& search = {});
 
 // "tessera.io/gpu=<uuid>": how a job's GPU is asked of the runtime.
@@ -44,8 +46,8 @@ std::string CdiDeviceName(std::string_view gpu_uuid);
 // every field used (0.3.0).
 std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles& files);
 
-// Writes `spec` to <dir>/tessera.io-gpu.json (created with its folder, replaced atomically, mode 0644);
-// returns the file's path. kFailedPrecondition naming the path when it cannot.
+// Writes `spec` to <dir>/tessera.io-gpu.json (created with its folder, replaced atomically, mode
+// 0644); returns the file's path. kFailedPrecondition naming the path when it cannot.
 absl::StatusOr<std::string> WriteCdiSpec(const std::string& dir, const std::string& spec);
 
 }  // namespace tessera::devices

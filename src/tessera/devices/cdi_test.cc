@@ -22,8 +22,9 @@ using ::testing::ElementsAre;
 class CdiTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) / ("tessera-cdi-" + std::to_string(getpid()) + "-" +
-                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root_ = fs::path(::testing::TempDir()) /
+            ("tessera-cdi-" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_ / "dev");
     fs::create_directories(root_ / "usr/lib/x86_64-linux-gnu");
@@ -32,8 +33,12 @@ class CdiTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(root_); }
 
   // A character device at `path` under the root: a link to /dev/null (tests cannot mknod).
-  void CharDevice(const std::string& path) { fs::create_symlink("/dev/null", root_ / fs::path(path).relative_path()); }
-  void File(const std::string& path) { std::ofstream(root_ / fs::path(path).relative_path()) << "x"; }
+  void CharDevice(const std::string& path) {
+    fs::create_symlink("/dev/null", root_ / fs::path(path).relative_path());
+  }
+  void File(const std::string& path) {
+    std::ofstream(root_ / fs::path(path).relative_path()) << "x";
+  }
 
   static core::NodeInventory TwoGpus() {
     core::NodeInventory inv;
@@ -61,15 +66,18 @@ TEST_F(CdiTest, FindsOnlyTheDriverFilesThatExist) {
   File("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
   File("/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15");
   File("/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.535.1");  // another driver's: not ours
-  fs::create_symlink("missing.so", root_ / "usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1");  // dangling
+  fs::create_symlink("missing.so",
+                     root_ / "usr/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.1");  // dangling
   File("/usr/bin/nvidia-smi");
   DriverSearch s;
   s.root = root_.string();
   DriverFiles f = FindDriverFiles(TwoGpus(), s);
   EXPECT_THAT(f.gpu_nodes, ElementsAre("/dev/nvidia4", ""));
   EXPECT_THAT(f.control_nodes, ElementsAre("/dev/nvidiactl", "/dev/nvidia-uvm"));
-  EXPECT_THAT(f.mounts, ElementsAre("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-                                    "/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15", "/usr/bin/nvidia-smi"));
+  EXPECT_THAT(f.mounts, ElementsAre("/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                                    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                                    "/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15",
+                                    "/usr/bin/nvidia-smi"));
 }
 
 TEST_F(CdiTest, SpecNamesEveryGpuByUuidAndIndexWithItsNode) {
@@ -106,7 +114,8 @@ TEST_F(CdiTest, SimulatedMachineGetsEnvironmentOnlyDevices) {
   ASSERT_EQ(spec["devices"].size(), 5u);
   for (const json& d : spec["devices"]) {
     EXPECT_FALSE(d["containerEdits"].contains("deviceNodes")) << d.dump();
-    EXPECT_FALSE(d["containerEdits"]["env"].empty()) << "a device with no edits is refused by CDI loaders";
+    EXPECT_FALSE(d["containerEdits"]["env"].empty())
+        << "a device with no edits is refused by CDI loaders";
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// DeviceSource: where a machine's GPUs come from. Two implementations: NvmlSource (a real driver loaded at
-// run time) and SimulatedSource (an inventory file). Implementations are thread-safe: one thread may wait
-// for health events while another discovers or probes.
+// DeviceSource: where a machine's GPUs come from. Two implementations: NvmlSource (a real driver
+// loaded at run time) and SimulatedSource (an inventory file). Implementations are thread-safe: one
+// thread may wait for health events while another discovers or probes.
 
 #include <chrono>
 #include <cstdint>
@@ -18,10 +18,10 @@ namespace tessera::devices {
 // A raw health signal from a source, before policy (ignored XIDs, recovery) is applied.
 struct HealthEvent {
   enum class Kind {
-    kXid,             // an XID error; `xid` holds its number
-    kEccDoubleBit,    // an uncorrectable memory error
-    kEccSingleBit,    // a corrected memory error
-    kUnavailable,     // the driver says the GPU is gone / needs reset
+    kXid,           // an XID error; `xid` holds its number
+    kEccDoubleBit,  // an uncorrectable memory error
+    kEccSingleBit,  // a corrected memory error
+    kUnavailable,   // the driver says the GPU is gone / needs reset
   };
   int gpu = -1;  // GPU index
   Kind kind = Kind::kXid;
@@ -33,7 +33,8 @@ struct HealthEvent {
 
 std::string_view HealthEventKindName(HealthEvent::Kind kind);
 
-// What a GPU says about itself now. A field the driver cannot tell (not supported, no permission) is empty.
+// What a GPU says about itself now. A field the driver cannot tell (not supported, no permission)
+// is empty.
 struct GpuTelemetry {
   std::optional<double> utilization;         // share of the last sample period a kernel ran, 0..1
   std::optional<double> memory_utilization;  // share of it device memory was read or written, 0..1
@@ -52,17 +53,17 @@ class DeviceSource {
   // context; attributes a driver cannot tell are left unknown instead.
   virtual absl::StatusOr<core::NodeInventory> Discover() = 0;
 
-  // Waits at most `timeout` for health events and returns those that arrived, possibly none. An error
-  // means the event stream itself failed; the caller should then probe every GPU.
+  // Waits at most `timeout` for health events and returns those that arrived, possibly none. An
+  // error means the event stream itself failed; the caller should then probe every GPU.
   virtual absl::StatusOr<std::vector<HealthEvent>> WaitHealthEvents(
       std::chrono::milliseconds timeout) = 0;
 
   // Asks GPU `index` something cheap. An error means it does not answer.
   virtual absl::Status Probe(int index) = 0;
 
-  // Reads GPU `index`'s utilization, memory in use, temperature and power. Errors: kInvalidArgument for
-  // no such GPU, kUnavailable when the GPU does not answer. A simulated GPU has nothing to report: every
-  // field is empty.
+  // Reads GPU `index`'s utilization, memory in use, temperature and power. Errors: kInvalidArgument
+  // for no such GPU, kUnavailable when the GPU does not answer. A simulated GPU has nothing to
+  // report: every field is empty.
   virtual absl::StatusOr<GpuTelemetry> ReadTelemetry(int index) = 0;
 };
 

@@ -82,8 +82,8 @@ bool HealthTracker::OnProbe(int gpu, const absl::Status& result, core::TimePoint
 bool HealthTracker::ProbeDue(int gpu, core::TimePoint now) const {
   const GpuHealth& g = gpus_[gpu];
   if (!g.healthy) {
-    // A sick GPU is probed only to find out whether it recovered: at once when its quiet period ends,
-    // then every probe interval.
+    // A sick GPU is probed only to find out whether it recovered: at once when its quiet period
+    // ends, then every probe interval.
     if (policy_.recovery_quiet_period == core::Duration::zero()) return false;
     core::TimePoint quiet_end = g.last_critical + policy_.recovery_quiet_period;
     if (now < quiet_end) return false;

@@ -1,6 +1,6 @@
 #pragma once
-// Health of a machine's GPUs. HealthTracker is the policy (which events make a GPU sick, when it may
-// recover), a pure state machine driven by events, probe results and a time; not thread-safe.
+// Health of a machine's GPUs. HealthTracker is the policy (which events make a GPU sick, when it
+// may recover), a pure state machine driven by events, probe results and a time; not thread-safe.
 // HealthWatch runs it against a DeviceSource, on its own thread or step by step; thread-safe.
 
 #include <atomic>
@@ -18,15 +18,16 @@
 namespace tessera::devices {
 
 // XIDs that application bugs cause (13 graphics engine exception, 31 MMU fault, 43 stopped channel,
-// 45 preemptive cleanup, 68 video decoder exception, 109 context switch timeout): a GPU stays healthy.
+// 45 preemptive cleanup, 68 video decoder exception, 109 context switch timeout): a GPU stays
+// healthy.
 std::set<uint64_t> DefaultIgnoredXids();
 
 struct HealthPolicy {
   std::set<uint64_t> ignored_xids = DefaultIgnoredXids();
   // Corrected (single-bit) ECC errors are normally harmless.
   bool single_bit_ecc_is_critical = false;
-  // A sick GPU is healthy again after this long without a critical event and a successful probe. Zero
-  // keeps it sick until the process restarts (the behaviour of NVIDIA's device plugin).
+  // A sick GPU is healthy again after this long without a critical event and a successful probe.
+  // Zero keeps it sick until the process restarts (the behaviour of NVIDIA's device plugin).
   core::Duration recovery_quiet_period = std::chrono::minutes(5);
   // How often every GPU is probed (a GPU that stops answering is sick).
   core::Duration probe_interval = std::chrono::seconds(10);
@@ -34,11 +35,11 @@ struct HealthPolicy {
 
 struct GpuHealth {
   bool healthy = true;
-  std::string reason;          // why it is sick: the last critical event or failed probe
-  core::TimePoint since{};     // when the current state began
+  std::string reason;       // why it is sick: the last critical event or failed probe
+  core::TimePoint since{};  // when the current state began
   core::TimePoint last_critical{};
   core::TimePoint last_probe{};
-  uint64_t xid_count = 0;      // every XID seen on it, ignored ones included
+  uint64_t xid_count = 0;  // every XID seen on it, ignored ones included
   uint64_t critical_events = 0;
 };
 
@@ -46,11 +47,11 @@ class HealthTracker {
  public:
   HealthTracker(int gpu_count, HealthPolicy policy, core::TimePoint start);
 
-  // Apply an event seen at `now`. Returns true when the GPU's state changed. Events for an unknown GPU
-  // change nothing (the watch probes every GPU then).
+  // Apply an event seen at `now`. Returns true when the GPU's state changed. Events for an unknown
+  // GPU change nothing (the watch probes every GPU then).
   bool OnEvent(const HealthEvent& event, core::TimePoint now);
-  // Apply a probe result. A failure makes the GPU sick; a success heals a sick GPU whose quiet period
-  // has passed. Returns true when the state changed.
+  // Apply a probe result. A failure makes the GPU sick; a success heals a sick GPU whose quiet
+  // period has passed. Returns true when the state changed.
   bool OnProbe(int gpu, const absl::Status& result, core::TimePoint now);
   // Whether `gpu` should be probed at `now`.
   bool ProbeDue(int gpu, core::TimePoint now) const;

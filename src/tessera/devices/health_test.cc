@@ -136,9 +136,9 @@ class HealthWatchTest : public ::testing::Test {
     HealthPolicy p;
     p.recovery_quiet_period = 30s;
     p.probe_interval = 5s;
-    watch_ = std::make_unique<HealthWatch>(*source_, 2, p, clock_, [this](int gpu, const GpuHealth& h) {
-      changes_.emplace_back(gpu, h.healthy);
-    });
+    watch_ = std::make_unique<HealthWatch>(
+        *source_, 2, p, clock_,
+        [this](int gpu, const GpuHealth& h) { changes_.emplace_back(gpu, h.healthy); });
   }
   core::FakeClock clock_;
   std::unique_ptr<SimulatedSource> source_;
@@ -176,7 +176,9 @@ TEST_F(HealthWatchTest, RunsOnItsOwnThread) {
   ASSERT_TRUE(m.ok());
   SimulatedSource source(*m);
   HealthWatch watch(source, 2, HealthPolicy{}, core::SteadyClock::Get(),
-                    [&](int, const GpuHealth& h) { if (!h.healthy) ++seen; });
+                    [&](int, const GpuHealth& h) {
+                      if (!h.healthy) ++seen;
+                    });
   watch.Start();
   ASSERT_TRUE(source.Inject(Xid(0, 94)).ok());
   for (int i = 0; i < 200 && seen == 0; ++i) std::this_thread::sleep_for(5ms);

@@ -46,7 +46,8 @@ std::string Describe(const YAML::Node& node) {
 // Checks that `node` is a mapping whose keys are all in `allowed`, each once.
 void CheckMap(const YAML::Node& node, std::string_view what,
               std::initializer_list<std::string_view> allowed) {
-  if (!node.IsMap()) Fail(node, fmt::format("{}: expected a mapping, got {}", what, Describe(node)));
+  if (!node.IsMap())
+    Fail(node, fmt::format("{}: expected a mapping, got {}", what, Describe(node)));
   std::set<std::string> seen;
   for (const auto& kv : node) {
     if (!kv.first.IsScalar()) Fail(kv.first, fmt::format("{}: keys must be plain words", what));
@@ -56,7 +57,8 @@ void CheckMap(const YAML::Node& node, std::string_view what,
       for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
       Fail(kv.first, fmt::format("unknown key '{}' in {} (expected one of: {})", key, what, list));
     }
-    if (!seen.insert(key).second) Fail(kv.first, fmt::format("{}: key '{}' given twice", what, key));
+    if (!seen.insert(key).second)
+      Fail(kv.first, fmt::format("{}: key '{}' given twice", what, key));
   }
 }
 
@@ -155,7 +157,8 @@ class Parser {
     inv.simulated = true;
     inv.source = "simulated:" + name_;
     inv.hostname = root["hostname"] ? GetString(root["hostname"], "hostname") : "sim-" + name;
-    if (root["driver_version"]) inv.driver_version = GetString(root["driver_version"], "driver_version");
+    if (root["driver_version"])
+      inv.driver_version = GetString(root["driver_version"], "driver_version");
     if (root["cuda_driver_version"]) {
       inv.cuda_driver_version = GetString(root["cuda_driver_version"], "cuda_driver_version");
     }
@@ -192,8 +195,9 @@ class Parser {
       const YAML::Node& mem_node = Require(g, "memory", "gpu group");
       std::optional<uint64_t> memory = core::ParseBytes(GetString(mem_node, "memory"));
       if (!memory || *memory < (256ull << 20) || *memory > (4ull << 40)) {
-        Fail(mem_node, fmt::format("memory: expected a size between 256MiB and 4TiB like 80GiB, got {}",
-                                   Describe(mem_node)));
+        Fail(mem_node,
+             fmt::format("memory: expected a size between 256MiB and 4TiB like 80GiB, got {}",
+                         Describe(mem_node)));
       }
       const YAML::Node& cc_node = Require(g, "compute_capability", "gpu group");
       auto cc = core::ParseComputeCapability(GetString(cc_node, "compute_capability"));
@@ -228,12 +232,14 @@ class Parser {
 
   void Place(const YAML::Node& gpus_node, const Placement& where) {
     if (!gpus_node.IsSequence()) {
-      Fail(gpus_node, fmt::format("gpus: expected a list of GPU indices, got {}", Describe(gpus_node)));
+      Fail(gpus_node,
+           fmt::format("gpus: expected a list of GPU indices, got {}", Describe(gpus_node)));
     }
     for (const YAML::Node& g : gpus_node) {
       int idx = GpuIndex(g, "gpus");
       if (placements_[idx].socket >= 0) {
-        Fail(g, fmt::format("gpu {} is placed twice (first at line {})", idx, placements_[idx].line));
+        Fail(g,
+             fmt::format("gpu {} is placed twice (first at line {})", idx, placements_[idx].line));
       }
       placements_[idx] = where;
       placements_[idx].line = LineOf(g);
@@ -242,14 +248,16 @@ class Parser {
 
   void ParseSwitch(const YAML::Node& node, Placement where) {
     CheckMap(node, "PCIe switch", {"gpus", "switches"});
-    if (!node["gpus"] && !node["switches"]) Fail(node, "PCIe switch: has neither gpus nor switches");
+    if (!node["gpus"] && !node["switches"])
+      Fail(node, "PCIe switch: has neither gpus nor switches");
     where.switches.push_back(next_switch_++);
     if (node["gpus"]) Place(node["gpus"], where);
     if (node["switches"]) ParseSwitches(node["switches"], where);
   }
 
   void ParseSwitches(const YAML::Node& node, const Placement& where) {
-    if (!node.IsSequence()) Fail(node, fmt::format("switches: expected a list, got {}", Describe(node)));
+    if (!node.IsSequence())
+      Fail(node, fmt::format("switches: expected a list, got {}", Describe(node)));
     for (const YAML::Node& s : node) ParseSwitch(s, where);
   }
 
@@ -266,11 +274,12 @@ class Parser {
       if (!sockets.insert(where.socket).second) {
         Fail(s["socket"], fmt::format("socket {} is listed twice", where.socket));
       }
-      where.numa_node = s["numa_node"] ? static_cast<int>(GetInt(s["numa_node"], "numa_node", 0, 1023))
-                                       : where.socket;
+      where.numa_node = s["numa_node"]
+                            ? static_cast<int>(GetInt(s["numa_node"], "numa_node", 0, 1023))
+                            : where.socket;
       if (auto [it, fresh] = numa_line.emplace(where.numa_node, LineOf(s)); !fresh) {
-        Fail(s, fmt::format("NUMA node {} already belongs to the socket at line {}", where.numa_node,
-                            it->second));
+        Fail(s, fmt::format("NUMA node {} already belongs to the socket at line {}",
+                            where.numa_node, it->second));
       }
       const YAML::Node& hbs = Require(s, "host_bridges", "socket");
       if (!hbs.IsSequence() || hbs.size() == 0) {
@@ -293,7 +302,8 @@ class Parser {
   }
 
   void ParseBoards(const YAML::Node& node) {
-    if (!node.IsSequence()) Fail(node, fmt::format("boards: expected a list, got {}", Describe(node)));
+    if (!node.IsSequence())
+      Fail(node, fmt::format("boards: expected a list, got {}", Describe(node)));
     int board = 0;
     for (const YAML::Node& b : node) {
       if (!b.IsSequence() || b.size() < 2) {
@@ -340,7 +350,8 @@ class Parser {
           GetInt(Require(sw, "links", "nvswitch"), "nvswitch.links", 1, kMaxNvlinksPerGpu));
       std::vector<int> members;
       if (sw["gpus"]) {
-        if (!sw["gpus"].IsSequence()) Fail(sw["gpus"], "nvswitch.gpus: expected a list of GPU indices");
+        if (!sw["gpus"].IsSequence())
+          Fail(sw["gpus"], "nvswitch.gpus: expected a list of GPU indices");
         for (const YAML::Node& g : sw["gpus"]) {
           int idx = GpuIndex(g, "nvswitch.gpus");
           if (fabric[idx]) Fail(g, fmt::format("nvswitch.gpus: gpu {} listed twice", idx));
@@ -374,7 +385,8 @@ class Parser {
         int count = static_cast<int>(GetInt(l[2], "nvlink.links count", 1, kMaxNvlinksPerGpu));
         if (a == b) Fail(l, fmt::format("nvlink.links: gpu {} cannot link to itself", a));
         if (topo.link(a, b).via_nvswitch) {
-          Fail(l, fmt::format("nvlink.links: gpu {} and gpu {} already meet through the NVSwitch", a, b));
+          Fail(l, fmt::format("nvlink.links: gpu {} and gpu {} already meet through the NVSwitch",
+                              a, b));
         }
         if (topo.link(a, b).nvlinks > 0) {
           Fail(l, fmt::format("nvlink.links: gpu {} and gpu {} are linked twice", a, b));
@@ -383,8 +395,9 @@ class Parser {
         used[b] += count;
         for (int g : {a, b}) {
           if (used[g] > kMaxNvlinksPerGpu) {
-            Fail(l, fmt::format("nvlink: gpu {} would have {} NVLink links; no GPU has more than {}",
-                                g, used[g], kMaxNvlinksPerGpu));
+            Fail(l,
+                 fmt::format("nvlink: gpu {} would have {} NVLink links; no GPU has more than {}",
+                             g, used[g], kMaxNvlinksPerGpu));
           }
         }
         core::GpuLink link = topo.link(a, b);

@@ -1,6 +1,7 @@
 #pragma once
-// The simulated machine: an inventory file (YAML, documented in docs/inventory.md) parsed into the same
-// NodeInventory a driver would give, plus scripted health events. Pure functions; thread-compatible.
+// The simulated machine: an inventory file (YAML, documented in docs/inventory.md) parsed into the
+// same NodeInventory a driver would give, plus scripted health events. Pure functions;
+// thread-compatible.
 
 #include <chrono>
 #include <string>
@@ -26,7 +27,7 @@ struct ScriptedHealthEvent {
 };
 
 struct SimulatedMachine {
-  core::NodeInventory inventory;  // `simulated` is always true
+  core::NodeInventory inventory;                   // `simulated` is always true
   std::vector<ScriptedHealthEvent> health_events;  // sorted by `after`
 };
 
@@ -38,8 +39,8 @@ inline constexpr int kMaxNvlinksPerGpu = 18;
 // "<filename>:<line>: <what is wrong>" (unknown keys, wrong types, impossible topologies).
 absl::StatusOr<SimulatedMachine> ParseInventory(std::string_view yaml, std::string_view filename);
 
-// `spec` is a bundled preset name (see PresetNames) or a path to an inventory file. kInvalidArgument for a
-// bad file or an unknown preset, kNotFound when a file cannot be read.
+// `spec` is a bundled preset name (see PresetNames) or a path to an inventory file.
+// kInvalidArgument for a bad file or an unknown preset, kNotFound when a file cannot be read.
 absl::StatusOr<SimulatedMachine> LoadSimulatedMachine(const std::string& spec);
 
 // Bundled presets, sorted by name, and the YAML text of one (empty if there is no such preset).

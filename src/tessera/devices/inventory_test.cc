@@ -8,8 +8,8 @@
 namespace tessera::devices {
 namespace {
 
-using ::testing::HasSubstr;
 using core::PcieLevel;
+using ::testing::HasSubstr;
 
 SimulatedMachine MustLoad(const std::string& spec) {
   auto m = LoadSimulatedMachine(spec);
@@ -19,8 +19,8 @@ SimulatedMachine MustLoad(const std::string& spec) {
 
 TEST(Presets, AllParseAndAreLabelledSimulated) {
   std::vector<std::string> names = PresetNames();
-  EXPECT_THAT(names, ::testing::IsSupersetOf({"dgx-h100", "hgx-a100", "pcie-l40s-2socket", "t4x2",
-                                              "mixed-a100-t4"}));
+  EXPECT_THAT(names, ::testing::IsSupersetOf(
+                         {"dgx-h100", "hgx-a100", "pcie-l40s-2socket", "t4x2", "mixed-a100-t4"}));
   for (const std::string& name : names) {
     SimulatedMachine m = MustLoad(name);
     EXPECT_TRUE(m.inventory.simulated) << name;
@@ -85,8 +85,9 @@ TEST(Inventory, UuidsAreStableAndUnique) {
   std::set<std::string> uuids;
   for (size_t i = 0; i < a.inventory.gpus.size(); ++i) {
     EXPECT_EQ(a.inventory.gpus[i].uuid, b.inventory.gpus[i].uuid);
-    EXPECT_THAT(a.inventory.gpus[i].uuid, ::testing::MatchesRegex(
-        "GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"));
+    EXPECT_THAT(a.inventory.gpus[i].uuid,
+                ::testing::MatchesRegex(
+                    "GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"));
     uuids.insert(a.inventory.gpus[i].uuid);
     uuids.insert(c.inventory.gpus[i].uuid);
   }
@@ -94,8 +95,10 @@ TEST(Inventory, UuidsAreStableAndUnique) {
 }
 
 TEST(Inventory, MinimalFileDefaultsToOneHostBridge) {
-  auto m = ParseInventory("name: box\ngpus:\n  - {model: X, count: 2, memory: 16GiB, "
-                          "compute_capability: \"8.6\"}\n", "box.yaml");
+  auto m = ParseInventory(
+      "name: box\ngpus:\n  - {model: X, count: 2, memory: 16GiB, "
+      "compute_capability: \"8.6\"}\n",
+      "box.yaml");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->inventory.hostname, "sim-box");
   EXPECT_EQ(m->inventory.topology.link(0, 1).pcie, PcieLevel::kHostBridge);
@@ -112,7 +115,8 @@ health_events:
   - {after: 500ms, gpu: 0, xid: 79}
   - {after: 1m, gpu: 1, lost: false}
   - {after: 3s, gpu: 0, ecc: double_bit}
-)", "box.yaml");
+)",
+                          "box.yaml");
   ASSERT_TRUE(m.ok()) << m.status();
   const auto& ev = m->health_events;
   ASSERT_EQ(ev.size(), 4u);
@@ -155,31 +159,41 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"Empty", "", "bad.yaml:1: the inventory is empty"},
         BadCase{"NotYaml", "name: [unclosed\n", "bad.yaml:2: not valid YAML"},
         BadCase{"TopLevelList", "- a\n- b\n", "bad.yaml:1: inventory: expected a mapping"},
-        BadCase{"UnknownTopKey", "HEADcolour: red\n", "bad.yaml:7: unknown key 'colour' in inventory"},
-        BadCase{"UnknownGroupKey", "HEAD    memroy: 1GiB\n", "bad.yaml:7: unknown key 'memroy' in gpu group"},
-        BadCase{"DuplicateKey", "HEADname: again\n", "bad.yaml:7: inventory: key 'name' given twice"},
+        BadCase{"UnknownTopKey", "HEADcolour: red\n",
+                "bad.yaml:7: unknown key 'colour' in inventory"},
+        BadCase{"UnknownGroupKey", "HEAD    memroy: 1GiB\n",
+                "bad.yaml:7: unknown key 'memroy' in gpu group"},
+        BadCase{"DuplicateKey", "HEADname: again\n",
+                "bad.yaml:7: inventory: key 'name' given twice"},
         BadCase{"MissingName", "gpus: []\n", "bad.yaml:1: inventory: 'name' is required"},
         BadCase{"CountNotInt",
                 "name: b\ngpus:\n  - model: X\n    count: eight\n    memory: 1GiB\n    "
                 "compute_capability: \"8.0\"\n",
                 "bad.yaml:4: count: expected an integer 1..64, got 'eight'"},
         BadCase{"CountTooBig",
-                "name: b\ngpus:\n  - {model: X, count: 65, memory: 1GiB, compute_capability: \"8.0\"}\n",
+                "name: b\ngpus:\n  - {model: X, count: 65, memory: 1GiB, compute_capability: "
+                "\"8.0\"}\n",
                 "bad.yaml:3: count: expected an integer 1..64, got '65'"},
         BadCase{"MemoryUnit",
-                "name: b\ngpus:\n  - {model: X, count: 1, memory: 16 furlongs, compute_capability: \"8.0\"}\n",
+                "name: b\ngpus:\n  - {model: X, count: 1, memory: 16 furlongs, compute_capability: "
+                "\"8.0\"}\n",
                 "bad.yaml:3: memory: expected a size"},
-        BadCase{"ComputeCapability",
-                "name: b\ngpus:\n  - {model: X, count: 1, memory: 1GiB, compute_capability: nine}\n",
-                "bad.yaml:3: compute_capability: expected MAJOR.MINOR"},
+        BadCase{
+            "ComputeCapability",
+            "name: b\ngpus:\n  - {model: X, count: 1, memory: 1GiB, compute_capability: nine}\n",
+            "bad.yaml:3: compute_capability: expected MAJOR.MINOR"},
         BadCase{"EccNotBool",
-                "name: b\ngpus:\n  - {model: X, count: 1, memory: 1GiB, compute_capability: \"8.0\", ecc: maybe}\n",
+                "name: b\ngpus:\n  - {model: X, count: 1, memory: 1GiB, compute_capability: "
+                "\"8.0\", ecc: maybe}\n",
                 "bad.yaml:3: ecc: expected true or false, got 'maybe'"},
-        BadCase{"GpusNotList", "name: b\ngpus: 4\n", "bad.yaml:2: gpus: expected a list of GPU groups"},
+        BadCase{"GpusNotList", "name: b\ngpus: 4\n",
+                "bad.yaml:2: gpus: expected a list of GPU groups"},
         BadCase{"PlacedTwice",
-                "HEADpcie:\n  - socket: 0\n    host_bridges:\n      - gpus: [0, 1, 2, 3]\n      - gpus: [2]\n",
+                "HEADpcie:\n  - socket: 0\n    host_bridges:\n      - gpus: [0, 1, 2, 3]\n      - "
+                "gpus: [2]\n",
                 "bad.yaml:11: gpu 2 is placed twice (first at line 10)"},
-        BadCase{"NotPlaced", "HEADpcie:\n  - socket: 0\n    host_bridges:\n      - gpus: [0, 1, 2]\n",
+        BadCase{"NotPlaced",
+                "HEADpcie:\n  - socket: 0\n    host_bridges:\n      - gpus: [0, 1, 2]\n",
                 "bad.yaml:8: pcie: gpu 3 is not placed under any socket"},
         BadCase{"PlacedOutOfRange",
                 "HEADpcie:\n  - socket: 0\n    host_bridges:\n      - gpus: [0, 1, 2, 3, 4]\n",
@@ -192,13 +206,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "HEADpcie:\n  - {socket: 0, host_bridges: [{gpus: [0, 1]}]}\n"
                 "  - {socket: 0, host_bridges: [{gpus: [2, 3]}]}\n",
                 "bad.yaml:9: socket 0 is listed twice"},
-        BadCase{"EmptySwitch",
-                "HEADpcie:\n  - {socket: 0, host_bridges: [{switches: [{}]}]}\n",
+        BadCase{"EmptySwitch", "HEADpcie:\n  - {socket: 0, host_bridges: [{switches: [{}]}]}\n",
                 "bad.yaml:8: PCIe switch: has neither gpus nor switches"},
         BadCase{"NvlinkSelf", "HEADnvlink:\n  links: [[1, 1, 4]]\n",
                 "bad.yaml:8: nvlink.links: gpu 1 cannot link to itself"},
-        BadCase{"NvlinkTooMany",
-                "HEADnvlink:\n  links:\n    - [0, 1, 12]\n    - [0, 2, 12]\n",
+        BadCase{"NvlinkTooMany", "HEADnvlink:\n  links:\n    - [0, 1, 12]\n    - [0, 2, 12]\n",
                 "bad.yaml:10: nvlink: gpu 0 would have 24 NVLink links; no GPU has more than 18"},
         BadCase{"NvlinkTwice", "HEADnvlink:\n  links: [[0, 1, 2], [1, 0, 2]]\n",
                 "bad.yaml:8: nvlink.links: gpu 1 and gpu 0 are linked twice"},
@@ -213,7 +225,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "HEADpcie:\n  - {socket: 0, host_bridges: [{gpus: [0, 1]}, {gpus: [2, 3]}]}\n"
                 "boards: [[1, 2]]\n",
                 "bad.yaml:9: boards: gpu 2 and gpu 1 share a board but not a PCIe parent"},
-        BadCase{"EventTwoKinds", "HEADhealth_events:\n  - {after: 1s, gpu: 0, xid: 79, lost: true}\n",
+        BadCase{"EventTwoKinds",
+                "HEADhealth_events:\n  - {after: 1s, gpu: 0, xid: 79, lost: true}\n",
                 "bad.yaml:8: health event: give exactly one of xid, ecc, lost"},
         BadCase{"EventBadDuration", "HEADhealth_events:\n  - {after: soon, gpu: 0, xid: 79}\n",
                 "bad.yaml:8: after: expected a duration like 500ms, 2s or 1m, got 'soon'"},

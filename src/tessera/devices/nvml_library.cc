@@ -87,9 +87,9 @@ absl::StatusOr<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load(const std::string
   Resolve(handle, a.DeviceGetName, {"nvmlDeviceGetName"});
   Resolve(handle, a.DeviceGetMemoryInfo_v2, {"nvmlDeviceGetMemoryInfo_v2"});
   Resolve(handle, a.DeviceGetMemoryInfo, {"nvmlDeviceGetMemoryInfo"});
-  a.pci_info_version = 3 - Resolve(handle, a.DeviceGetPciInfo,
-                                   {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2",
-                                    "nvmlDeviceGetPciInfo"});
+  a.pci_info_version =
+      3 - Resolve(handle, a.DeviceGetPciInfo,
+                  {"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", "nvmlDeviceGetPciInfo"});
   Resolve(handle, a.DeviceGetCudaComputeCapability, {"nvmlDeviceGetCudaComputeCapability"});
   Resolve(handle, a.DeviceGetEccMode, {"nvmlDeviceGetEccMode"});
   Resolve(handle, a.DeviceGetMigMode, {"nvmlDeviceGetMigMode"});
@@ -97,11 +97,13 @@ absl::StatusOr<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load(const std::string
   Resolve(handle, a.DeviceGetMinorNumber, {"nvmlDeviceGetMinorNumber"});
   Resolve(handle, a.DeviceGetTopologyCommonAncestor, {"nvmlDeviceGetTopologyCommonAncestor"});
   Resolve(handle, a.DeviceGetNvLinkState, {"nvmlDeviceGetNvLinkState"});
-  // nvmlDeviceGetNvLinkRemotePciInfo_v2 writes today's nvmlPciInfo_t; the unversioned one the old layout.
+  // nvmlDeviceGetNvLinkRemotePciInfo_v2 writes today's nvmlPciInfo_t; the unversioned one the old
+  // layout.
   a.nvlink_remote_pci_info_version =
       Resolve(handle, a.DeviceGetNvLinkRemotePciInfo,
-              {"nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"}) == 0 ? 3
-                                                                                             : 1;
+              {"nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemotePciInfo"}) == 0
+          ? 3
+          : 1;
   Resolve(handle, a.DeviceGetNvLinkRemoteDeviceType, {"nvmlDeviceGetNvLinkRemoteDeviceType"});
   Resolve(handle, a.DeviceGetUtilizationRates, {"nvmlDeviceGetUtilizationRates"});
   Resolve(handle, a.DeviceGetTemperature, {"nvmlDeviceGetTemperature"});

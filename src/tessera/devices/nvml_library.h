@@ -1,7 +1,7 @@
 #pragma once
-// NvmlLibrary: libnvidia-ml.so.1 opened with dlopen, its entry points resolved, NVML initialised once and
-// shut down (and the library closed) when the object is destroyed. Owns the handle; not copyable.
-// NVML itself is thread-safe, and so are the function pointers once Load() returned.
+// NvmlLibrary: libnvidia-ml.so.1 opened with dlopen, its entry points resolved, NVML initialised
+// once and shut down (and the library closed) when the object is destroyed. Owns the handle; not
+// copyable. NVML itself is thread-safe, and so are the function pointers once Load() returned.
 
 #include <memory>
 #include <string>
@@ -12,8 +12,8 @@
 
 namespace tessera::devices {
 
-// The NVML entry points Tessera uses. Required ones are never null after Load(); optional ones are null
-// when the library lacks them, which makes the attribute they report unknown.
+// The NVML entry points Tessera uses. Required ones are never null after Load(); optional ones are
+// null when the library lacks them, which makes the attribute they report unknown.
 struct NvmlApi {
   // Required.
   nvmlReturn_t (*Init)() = nullptr;
@@ -29,8 +29,8 @@ struct NvmlApi {
   nvmlReturn_t (*DeviceGetName)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*DeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t*) = nullptr;
   nvmlReturn_t (*DeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
-  // Before _v3, NVML filled an older struct whose bus id sits where busIdLegacy is now: the versions
-  // below say which layout the resolved function writes.
+  // Before _v3, NVML filled an older struct whose bus id sits where busIdLegacy is now: the
+  // versions below say which layout the resolved function writes.
   nvmlReturn_t (*DeviceGetPciInfo)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
   int pci_info_version = 0;
   nvmlReturn_t (*DeviceGetCudaComputeCapability)(nvmlDevice_t, int*, int*) = nullptr;
@@ -58,10 +58,11 @@ class NvmlLibrary {
   // The library a production build opens: found through the dynamic linker's search path.
   static constexpr const char* kDefaultPath = "libnvidia-ml.so.1";
 
-  // Opens `path` (a file name for the linker's search, or a path), resolves the entry points (preferring
-  // the newest versioned name of each), and initialises NVML. On failure the status says why in one
-  // line: kNotFound when the library cannot be opened (no driver installed), kFailedPrecondition when a
-  // required symbol is missing, kUnavailable when nvmlInit fails (e.g. the driver is not loaded).
+  // Opens `path` (a file name for the linker's search, or a path), resolves the entry points
+  // (preferring the newest versioned name of each), and initialises NVML. On failure the status
+  // says why in one line: kNotFound when the library cannot be opened (no driver installed),
+  // kFailedPrecondition when a required symbol is missing, kUnavailable when nvmlInit fails (e.g.
+  // the driver is not loaded).
   static absl::StatusOr<std::unique_ptr<NvmlLibrary>> Load(const std::string& path = kDefaultPath);
 
   ~NvmlLibrary();

@@ -54,9 +54,7 @@ std::string BusIdOf(nvmlPciInfo_t& pci, int version) {
   return canonical.empty() ? raw : canonical;
 }
 
-std::string CudaVersionText(int v) {
-  return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
-}
+std::string CudaVersionText(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
 
 }  // namespace
 
@@ -68,7 +66,8 @@ std::string CanonicalPciBusId(std::string_view bus_id) {
     out = 0;
     for (char c : bus_id.substr(0, end)) {
       if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
-      out = out * 16 + (std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10));
+      out = out * 16 +
+            (std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10));
     }
     bus_id.remove_prefix(sep ? end + 1 : end);
     return out <= max;
@@ -115,7 +114,8 @@ absl::StatusOr<core::NodeInventory> NvmlSource::Discover() {
   }
   if (api.SystemGetCudaDriverVersion) {
     int v = 0;
-    if (api.SystemGetCudaDriverVersion(&v) == NVML_SUCCESS) inv.cuda_driver_version = CudaVersionText(v);
+    if (api.SystemGetCudaDriverVersion(&v) == NVML_SUCCESS)
+      inv.cuda_driver_version = CudaVersionText(v);
   }
 
   for (size_t i = 0; i < handles_.size(); ++i) {
@@ -124,7 +124,8 @@ absl::StatusOr<core::NodeInventory> NvmlSource::Discover() {
     gpu.index = static_cast<int>(i);
     char buf[kNvmlUuidBufferSize] = {};
     nvmlReturn_t ret = api.DeviceGetUUID(dev, buf, sizeof buf);
-    if (ret != NVML_SUCCESS) return lib_->ToStatus(ret, fmt::format("gpu {}: nvmlDeviceGetUUID", i));
+    if (ret != NVML_SUCCESS)
+      return lib_->ToStatus(ret, fmt::format("gpu {}: nvmlDeviceGetUUID", i));
     gpu.uuid = buf;
 
     if (api.DeviceGetName) {
@@ -158,14 +159,16 @@ absl::StatusOr<core::NodeInventory> NvmlSource::Discover() {
     }
     if (api.DeviceGetNumaNodeId) {
       unsigned node = 0;
-      if (api.DeviceGetNumaNodeId(dev, &node) == NVML_SUCCESS) gpu.numa_node = static_cast<int>(node);
+      if (api.DeviceGetNumaNodeId(dev, &node) == NVML_SUCCESS)
+        gpu.numa_node = static_cast<int>(node);
     }
     if (!gpu.numa_node && !gpu.pci_bus_id.empty()) {
       gpu.numa_node = NumaFromSysfs(options_.sysfs_root, gpu.pci_bus_id);
     }
     if (api.DeviceGetMinorNumber) {
       unsigned minor = 0;
-      if (api.DeviceGetMinorNumber(dev, &minor) == NVML_SUCCESS) gpu.minor = static_cast<int>(minor);
+      if (api.DeviceGetMinorNumber(dev, &minor) == NVML_SUCCESS)
+        gpu.minor = static_cast<int>(minor);
     }
     if (api.DeviceGetEccMode) {
       int current = 0, pending = 0;
@@ -201,8 +204,8 @@ core::Topology NvmlSource::ProbeTopology(const std::vector<core::Gpu>& gpus) con
   std::vector<std::vector<int>> direct(n, std::vector<int>(n, 0));
   std::vector<int> switch_links(n, 0);
   if (api.DeviceGetNvLinkState) {
-    // Link counts differ across GPU generations (6, 12, 18, ...): probe until the driver says there is
-    // no such link. The cap guards against a driver that never says so.
+    // Link counts differ across GPU generations (6, 12, 18, ...): probe until the driver says there
+    // is no such link. The cap guards against a driver that never says so.
     constexpr unsigned kMaxLinksProbed = 64;
     for (int i = 0; i < n; ++i) {
       for (unsigned link = 0; link < kMaxLinksProbed; ++link) {
@@ -270,10 +273,9 @@ absl::Status NvmlSource::EnsureEventSet() {
     event_set_status_ = lib_->ToStatus(ret, "nvmlEventSetCreate");
     return event_set_status_;
   }
-  constexpr unsigned long long kWanted = nvmlEventTypeXidCriticalError |
-                                         nvmlEventTypeDoubleBitEccError |
-                                         nvmlEventTypeSingleBitEccError |
-                                         nvmlEventTypeGpuUnavailableError;
+  constexpr unsigned long long kWanted =
+      nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError |
+      nvmlEventTypeSingleBitEccError | nvmlEventTypeGpuUnavailableError;
   for (size_t i = 0; i < handles_.size(); ++i) {
     unsigned long long types = kWanted;
     if (api.DeviceGetSupportedEventTypes) {
@@ -392,7 +394,8 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
   if (api.DeviceGetMemoryInfo_v2) {
     nvmlMemory_v2_t mem = {};
     mem.version = kNvmlMemoryV2Version;
-    if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory")) t.memory_used_bytes = mem.used, have_memory = true;
+    if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory"))
+      t.memory_used_bytes = mem.used, have_memory = true;
   }
   if (!have_memory && api.DeviceGetMemoryInfo) {
     nvmlMemory_t mem = {};
@@ -400,7 +403,8 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
   }
   if (api.DeviceGetTemperature) {
     unsigned celsius = 0;
-    if (ok(api.DeviceGetTemperature(dev, kNvmlTemperatureGpu, &celsius), "temperature")) t.temperature_celsius = celsius;
+    if (ok(api.DeviceGetTemperature(dev, kNvmlTemperatureGpu, &celsius), "temperature"))
+      t.temperature_celsius = celsius;
   }
   if (api.DeviceGetPowerUsage) {
     unsigned milliwatts = 0;

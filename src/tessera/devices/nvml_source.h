@@ -50,7 +50,8 @@ class NvmlSource final : public DeviceSource {
   absl::Status event_set_status_ ABSL_GUARDED_BY(mu_);
 };
 
-// "00000000:18:00.0", "0000:18:00.0" and lower-case forms -> "00000000:18:00.0"; empty if malformed.
+// "00000000:18:00.0", "0000:18:00.0" and lower-case forms -> "00000000:18:00.0"; empty if
+// malformed.
 std::string CanonicalPciBusId(std::string_view bus_id);
 
 }  // namespace tessera::devices

@@ -15,8 +15,8 @@ namespace tessera::devices {
 namespace {
 
 using namespace std::chrono_literals;
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 std::string FakeNvml(const std::string& variant) {
   return std::string(TESSERA_TEST_FAKES_DIR) + "/nvml-" + variant + "/libnvidia-ml.so.1";
@@ -64,11 +64,22 @@ class NvmlSourceTest : public ::testing::Test {
     return {{"driver_version", "550.54.15"},
             {"cuda_driver_version", 12040},
             {"devices",
-             {{{"uuid", "GPU-aaaa"}, {"name", "NVIDIA H100 80GB HBM3"}, {"memory_total", 85899345920ull},
-               {"pci_bus_id", "00000000:18:00.0"}, {"cc", {9, 0}}, {"ecc", 1}, {"mig", 0},
-               {"numa", 0}, {"minor", 3}},
-              {{"uuid", "GPU-bbbb"}, {"name", "NVIDIA H100 80GB HBM3"}, {"memory_total", 85899345920ull},
-               {"pci_bus_id", "00000000:2a:00.0"}, {"cc", {9, 0}}, {"ecc", 0}, {"numa", -1},
+             {{{"uuid", "GPU-aaaa"},
+               {"name", "NVIDIA H100 80GB HBM3"},
+               {"memory_total", 85899345920ull},
+               {"pci_bus_id", "00000000:18:00.0"},
+               {"cc", {9, 0}},
+               {"ecc", 1},
+               {"mig", 0},
+               {"numa", 0},
+               {"minor", 3}},
+              {{"uuid", "GPU-bbbb"},
+               {"name", "NVIDIA H100 80GB HBM3"},
+               {"memory_total", 85899345920ull},
+               {"pci_bus_id", "00000000:2a:00.0"},
+               {"cc", {9, 0}},
+               {"ecc", 0},
+               {"numa", -1},
                {"minor", 4}}}},
             {"topology", {{0, 10}, {10, 0}}}};
   }
@@ -268,10 +279,12 @@ TEST_F(NvmlSourceTest, DirectNvlinksAreCountedNotAssumed) {
   s["devices"] = json::array();
   for (int i = 0; i < 3; ++i) s["devices"].push_back(json::object());
   // GPU0 has 4 links to GPU1, one of them down; GPU2 has none.
-  s["devices"][0]["nvlinks"] = {{{"remote", "00000000:11:00.0"}}, {{"remote", "00000000:11:00.0"}},
+  s["devices"][0]["nvlinks"] = {{{"remote", "00000000:11:00.0"}},
+                                {{"remote", "00000000:11:00.0"}},
                                 {{"remote", "00000000:11:00.0"}},
                                 {{"remote", "00000000:11:00.0"}, {"active", false}}};
-  s["devices"][1]["nvlinks"] = {{{"remote", "00000000:10:00.0"}}, {{"remote", "00000000:10:00.0"}},
+  s["devices"][1]["nvlinks"] = {{{"remote", "00000000:10:00.0"}},
+                                {{"remote", "00000000:10:00.0"}},
                                 {{"remote", "00000000:10:00.0"}},
                                 {{"remote", "00000000:10:00.0"}, {"active", false}}};
   Scenario(s);
@@ -364,9 +377,13 @@ TEST_F(NvmlSourceTest, FailedEventWaitProbesEveryGpu) {
 
 TEST_F(NvmlSourceTest, ReadsTelemetryInSiUnits) {
   json s = TwoGpus();
-  s["devices"][0].update({{"utilization", 73}, {"memory_utilization", 21}, {"memory_used", 5000000000ull},
-                          {"temperature", 64}, {"power_mw", 312500}});
-  s["devices"][1].update({{"utilization", 0}, {"memory_used", 0}, {"temperature", 31}, {"power_mw", 61000}});
+  s["devices"][0].update({{"utilization", 73},
+                          {"memory_utilization", 21},
+                          {"memory_used", 5000000000ull},
+                          {"temperature", 64},
+                          {"power_mw", 312500}});
+  s["devices"][1].update(
+      {{"utilization", 0}, {"memory_used", 0}, {"temperature", 31}, {"power_mw", 61000}});
   Scenario(s);
   auto src = Open();
   auto t0 = src->ReadTelemetry(0);

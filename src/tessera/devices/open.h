@@ -1,6 +1,6 @@
 #pragma once
-// Choosing a DeviceSource: a simulated machine when asked for, else NVML, else (when allowed) a simulated
-// fallback that is labelled as such. Used by every command and daemon that needs GPUs.
+// Choosing a DeviceSource: a simulated machine when asked for, else NVML, else (when allowed) a
+// simulated fallback that is labelled as such. Used by every command and daemon that needs GPUs.
 
 #include <memory>
 #include <string>

@@ -1,6 +1,7 @@
 #pragma once
-// The simulated machines bundled into the binary. Their text comes from presets/*.yaml, embedded at build
-// time (cmake/EmbedPresets.cmake), so the files in the tree are the documentation of each preset.
+// The simulated machines bundled into the binary. Their text comes from presets/*.yaml, embedded at
+// build time (cmake/EmbedPresets.cmake), so the files in the tree are the documentation of each
+// preset.
 
 #include <span>
 #include <string_view>

@@ -1,7 +1,7 @@
 #pragma once
-// SimulatedSource: the DeviceSource of a simulated machine (an inventory file or preset). Its GPUs can be
-// made sick and well again by scripted events (from the file) or by calls (Inject, SetLost), so that the
-// layers above can be tested without a GPU. Thread-safe.
+// SimulatedSource: the DeviceSource of a simulated machine (an inventory file or preset). Its GPUs
+// can be made sick and well again by scripted events (from the file) or by calls (Inject, SetLost),
+// so that the layers above can be tested without a GPU. Thread-safe.
 
 #include <condition_variable>
 #include <deque>

@@ -15,7 +15,8 @@ health_events:
   - {after: 1s, gpu: 1, xid: 79}
   - {after: 2s, gpu: 0, lost: true}
   - {after: 3s, gpu: 0, lost: false}
-)", "box.yaml");
+)",
+                          "box.yaml");
   ASSERT_TRUE(m.ok()) << m.status();
   core::FakeClock clock;
   SimulatedSource source(*m, clock);

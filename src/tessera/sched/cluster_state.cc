@@ -11,8 +11,8 @@ namespace {
 
 uint64_t GpuWord(uint16_t kind, const GpuUse& use, const core::NodeGpu& gpu) {
   uint64_t milli_left = static_cast<uint64_t>(core::kMilliPerGpu - use.milli) & 0x7ff;
-  uint64_t mem_left = static_cast<uint64_t>(std::clamp<int64_t>(gpu.memory_mib - use.memory_mib, 0,
-                                                                0xffffffffll));
+  uint64_t mem_left =
+      static_cast<uint64_t>(std::clamp<int64_t>(gpu.memory_mib - use.memory_mib, 0, 0xffffffffll));
   return (uint64_t{kind} << 48) | (uint64_t{use.healthy} << 47) | (milli_left << 32) | mem_left;
 }
 
@@ -85,11 +85,13 @@ absl::StatusOr<NodeId> ClusterState::AddNode(core::NodeSpec spec) {
   }
   if (spec.topology.size() != 0 && spec.topology.size() != static_cast<int>(spec.gpus.size())) {
     return absl::InvalidArgumentError(fmt::format("node {}: topology of {} GPUs for {} GPUs",
-                                                  spec.name, spec.topology.size(), spec.gpus.size()));
+                                                  spec.name, spec.topology.size(),
+                                                  spec.gpus.size()));
   }
   for (const core::NodeGpu& g : spec.gpus) {
     if (g.memory_mib < 0) {
-      return absl::InvalidArgumentError(fmt::format("node {}: GPU with negative memory", spec.name));
+      return absl::InvalidArgumentError(
+          fmt::format("node {}: GPU with negative memory", spec.name));
     }
   }
   NodeId id = static_cast<NodeId>(nodes_.size());

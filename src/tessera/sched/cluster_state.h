@@ -1,8 +1,9 @@
 #pragma once
-// ClusterState: the scheduling model of a cluster. Nodes (static NodeSpec + what is allocated on them),
-// live allocations, and the partition of nodes into classes of identical state: two nodes in one class
-// have the same shape and the same free resources, so every policy scores them alike. Policies score
-// classes, not nodes, which keeps exact placement fast on large clusters. Not thread-safe.
+// ClusterState: the scheduling model of a cluster. Nodes (static NodeSpec + what is allocated on
+// them), live allocations, and the partition of nodes into classes of identical state: two nodes in
+// one class have the same shape and the same free resources, so every policy scores them alike.
+// Policies score classes, not nodes, which keeps exact placement fast on large clusters. Not
+// thread-safe.
 
 #include <cstdint>
 #include <string>
@@ -28,8 +29,8 @@ struct NodeShape {
   // GPU kinds: distinct (model, memory, compute capability, NUMA node); gpu_kind[i] indexes them.
   std::vector<core::NodeGpu> kinds;
   std::vector<uint16_t> gpu_kind;
-  // True when GPU positions matter (links or NUMA differ between GPUs): class keys then keep GPUs in
-  // index order instead of sorting them.
+  // True when GPU positions matter (links or NUMA differ between GPUs): class keys then keep GPUs
+  // in index order instead of sorting them.
   bool positional = false;
 };
 
@@ -49,12 +50,12 @@ inline constexpr int kAffinityTags = 11;
 struct Allocation {
   std::string id;
   NodeId node = -1;
-  std::vector<int> gpus;       // GPU indices on the node
-  int32_t milli_per_gpu = 0;   // 1000 for whole GPUs
+  std::vector<int> gpus;      // GPU indices on the node
+  int32_t milli_per_gpu = 0;  // 1000 for whole GPUs
   int64_t memory_mib_per_gpu = 0;
   core::Request request;
-  double start_time = 0;       // caller's clock, seconds
-  bool borrowed = false;       // placed on quota borrowed from other owners (reclaimable)
+  double start_time = 0;  // caller's clock, seconds
+  bool borrowed = false;  // placed on quota borrowed from other owners (reclaimable)
 };
 
 // A class of nodes in identical state, decoded for policies.
@@ -87,8 +88,8 @@ class ClusterState {
   // Node by name, -1 if none.
   NodeId FindNode(const std::string& name) const;
 
-  // Records `a` (its request's resources on a.node and a.gpus). kInvalidArgument if the id is taken or
-  // the resources do not fit: nothing changes then.
+  // Records `a` (its request's resources on a.node and a.gpus). kInvalidArgument if the id is taken
+  // or the resources do not fit: nothing changes then.
   absl::Status Apply(Allocation a);
   // Removes an allocation and gives its resources back; kNotFound if there is none with that id.
   absl::StatusOr<Allocation> Remove(const std::string& id);
@@ -109,13 +110,13 @@ class ClusterState {
   uint16_t class_tags(ClassId c) const { return classes_[c].tags; }
   const std::vector<ClassGpu>& class_gpus(ClassId c) const { return classes_[c].gpus; }
   ClassId node_class(NodeId n) const { return nodes_[n].cls; }
-  // Generation of a class id: bumped when an emptied class id is reused for another state, so caches
-  // keyed by class id can tell a stale entry.
+  // Generation of a class id: bumped when an emptied class id is reused for another state, so
+  // caches keyed by class id can tell a stale entry.
   uint32_t class_generation(ClassId c) const { return generations_[c]; }
-  // Log of class ids whose membership changed (or that were reused), for incremental consumers. Entry i
-  // of the log has sequence number change_base() + i. The log is bounded: when it grows past a few
-  // times the class count it is dropped and change_base() moves on, so a consumer whose cursor is
-  // behind change_base() must rescan every class.
+  // Log of class ids whose membership changed (or that were reused), for incremental consumers.
+  // Entry i of the log has sequence number change_base() + i. The log is bounded: when it grows
+  // past a few times the class count it is dropped and change_base() moves on, so a consumer whose
+  // cursor is behind change_base() must rescan every class.
   const std::vector<ClassId>& class_changes() const { return changes_; }
   uint64_t change_base() const { return change_base_; }
   // Members per class id (0 for a dead class), for scans in class-id order.

@@ -10,7 +10,8 @@ namespace {
 
 using testing::Node;
 
-Allocation Alloc(const std::string& id, NodeId node, std::vector<int> gpus, int milli, int64_t cpu) {
+Allocation Alloc(const std::string& id, NodeId node, std::vector<int> gpus, int milli,
+                 int64_t cpu) {
   Allocation a;
   a.id = id;
   a.node = node;
@@ -85,7 +86,8 @@ TEST(ClusterState, EmptiedClassesAreRecycled) {
   ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
   ClassId first = s.node_class(0);
   uint32_t gen = s.class_generation(first);
-  // The only node leaves its class, which empties; the new state reuses that id with a new generation.
+  // The only node leaves its class, which empties; the new state reuses that id with a new
+  // generation.
   ASSERT_TRUE(s.Apply(Alloc("x", 0, {0}, 100, 0)).ok());
   EXPECT_EQ(s.node_class(0), first);
   EXPECT_EQ(s.class_generation(first), gen + 1);

@@ -1,16 +1,15 @@
 #include "tessera/sched/cycle.h"
 
-#include <unordered_set>
-
 #include <algorithm>
+#include <unordered_set>
 
 #include "fmt/format.h"
 
 namespace tessera::sched {
 namespace {
 
-// The Scheduler's messages start "request <id>: " or "gang <id>: "; the cycle's reasons are about the
-// entry already.
+// The Scheduler's messages start "request <id>: " or "gang <id>: "; the cycle's reasons are about
+// the entry already.
 std::string WithoutSubject(std::string_view message) {
   size_t p = message.find(": ");
   return std::string(p == std::string_view::npos ? message : message.substr(p + 2));
@@ -26,7 +25,8 @@ std::string MemoKey(const core::Request& r) {
 
 }  // namespace
 
-Cycle::Cycle(Scheduler& scheduler, CycleOptions options) : scheduler_(scheduler), options_(options) {}
+Cycle::Cycle(Scheduler& scheduler, CycleOptions options)
+    : scheduler_(scheduler), options_(options) {}
 
 Cycle::Key Cycle::KeyOf(const QueueEntry& e) {
   return Key{-e.request.priority, e.submitted, e.seq, e.request.id};
@@ -149,9 +149,11 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     if (placed.ok()) {
       if (const std::string* holder = Overlap(*placed, reserved)) {
         // Room made for an earlier request by preemption is its own; this one waits (not memoized:
-        // another of its shape may fit elsewhere, the reservation is about the place, not the shape).
+        // another of its shape may fit elsewhere, the reservation is about the place, not the
+        // shape).
         (void)scheduler_.Release(r.id);
-        e.waiting = fmt::format("the free GPUs are reserved for {}, which preempted to get them", *holder);
+        e.waiting =
+            fmt::format("the free GPUs are reserved for {}, which preempted to get them", *holder);
         continue;
       }
       started.insert(r.id);
@@ -172,7 +174,8 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         d.kind = CycleDecision::Kind::kPreempt;
         d.id = r.id;
         d.reason = fmt::format("preempted for {} (priority {})", r.id, r.priority);
-        // A victim already stopping for another request is not asked twice; this one waits for it too.
+        // A victim already stopping for another request is not asked twice; this one waits for it
+        // too.
         for (const std::string& v : plan.victims) {
           if (stopping_.insert(v).second) d.victims.push_back(v);
         }

@@ -1,20 +1,21 @@
 #pragma once
-// The scheduling cycle: Tessera's one queue policy, driven by the simulator, the standalone server and
-// the Kubernetes extender alike. A Cycle holds the queue of waiting requests; Step(now) walks it in
-// order (higher priority first, then earlier submission, then lower sequence number) against the
-// Scheduler's cluster state and returns what to do: start a request (its allocation is already
-// recorded in the Scheduler), or stop running allocations to make room for one (preemption). What is
-// left waiting says why (Waiting()). The cycle executes nothing and reads no clock: each consumer
-// drives it with its own time and carries out its decisions.
+// The scheduling cycle: Tessera's one queue policy, driven by the simulator, the standalone server
+// and the Kubernetes extender alike. A Cycle holds the queue of waiting requests; Step(now) walks
+// it in order (higher priority first, then earlier submission, then lower sequence number) against
+// the Scheduler's cluster state and returns what to do: start a request (its allocation is already
+// recorded in the Scheduler), or stop running allocations to make room for one (preemption). What
+// is left waiting says why (Waiting()). The cycle executes nothing and reads no clock: each
+// consumer drives it with its own time and carries out its decisions.
 //
 // Preemption is not instant: a victim keeps its resources until the consumer has seen it stop and
-// calls Scheduler::Release (and Enqueue again, to requeue it under the same id). Meanwhile the request
-// it was stopped for waits for exactly those victims instead of choosing more, and the GPUs its plan
-// counts on (the victims' and any already free) are reserved for it: requests after it in the queue
-// are not started on them.
+// calls Scheduler::Release (and Enqueue again, to requeue it under the same id). Meanwhile the
+// request it was stopped for waits for exactly those victims instead of choosing more, and the GPUs
+// its plan counts on (the victims' and any already free) are reserved for it: requests after it in
+// the queue are not started on them.
 //
-// Deterministic for a given Scheduler seed and call sequence. Not thread-safe; the Scheduler it drives
-// must outlive it and is changed only through it or with Release/Restore by the same consumer.
+// Deterministic for a given Scheduler seed and call sequence. Not thread-safe; the Scheduler it
+// drives must outlive it and is changed only through it or with Release/Restore by the same
+// consumer.
 
 #include <cstdint>
 #include <map>
@@ -64,12 +65,12 @@ class Cycle {
 
   // One pass over the queue at time `now`: the requests started (removed from the queue, their
   // allocations recorded) and the preemptions asked, in queue order. Requests of a shape (resources
-  // and priority) that neither fit nor could make room are not tried again in the same pass: nothing
-  // is freed during a pass.
+  // and priority) that neither fit nor could make room are not tried again in the same pass:
+  // nothing is freed during a pass.
   std::vector<CycleDecision> Step(double now);
 
-  // Why a queued request waits, as of the last Step that looked at it ("not yet considered" before);
-  // nullptr when it is not queued.
+  // Why a queued request waits, as of the last Step that looked at it ("not yet considered"
+  // before); nullptr when it is not queued.
   const std::string* Waiting(const std::string& id) const;
   bool Queued(const std::string& id) const { return entries_.contains(id); }
   size_t size() const { return entries_.size(); }
@@ -98,7 +99,8 @@ class Cycle {
   static const std::string* Overlap(const Allocation& a, const std::vector<Reservation>& reserved);
   static Key KeyOf(const QueueEntry& e);
   // Places the whole gang of `first` (all its members must be queued) or says why not.
-  void StepGang(Entry& first, double now, std::vector<CycleDecision>& out, std::set<std::string>& done);
+  void StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
+                std::set<std::string>& done);
   // Whether a victim asked to stop still holds its resources.
   bool StillHeld(const std::string& allocation_id) const;
 

@@ -1,5 +1,5 @@
-// The scheduling cycle: queue order, the shape memo, quotas, preemption that waits for its victims to
-// stop, gangs, and bad input.
+// The scheduling cycle: queue order, the shape memo, quotas, preemption that waits for its victims
+// to stop, gangs, and bad input.
 #include "tessera/sched/cycle.h"
 
 #include <gmock/gmock.h>
@@ -21,7 +21,9 @@ core::Request Prio(core::Request r, int priority, bool preemptible = true) {
   return r;
 }
 
-QueueEntry Entry(core::Request r, double submitted, uint64_t seq) { return QueueEntry{std::move(r), submitted, seq}; }
+QueueEntry Entry(core::Request r, double submitted, uint64_t seq) {
+  return QueueEntry{std::move(r), submitted, seq};
+}
 
 std::vector<std::string> Started(const std::vector<CycleDecision>& ds) {
   std::vector<std::string> ids;
@@ -90,7 +92,8 @@ TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
   ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 2), 10), 1, 1)).ok());
   ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent-too", 2), 10), 2, 2)).ok());
   std::vector<CycleDecision> ds = c.Step(5);
-  ASSERT_EQ(ds.size(), 1u) << "the second urgent request waits for the same victim, asking nothing more";
+  ASSERT_EQ(ds.size(), 1u)
+      << "the second urgent request waits for the same victim, asking nothing more";
   EXPECT_EQ(ds[0].kind, CycleDecision::Kind::kPreempt);
   EXPECT_EQ(ds[0].id, "urgent");
   EXPECT_THAT(ds[0].victims, ElementsAre("low"));
@@ -111,9 +114,9 @@ TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
 }
 
 TEST(Cycle, RoomMadeByPreemptionIsNotTakenByALaterRequest) {
-  // 4 GPUs: a low-priority 2-GPU job runs, 2 are free. The urgent 4-GPU request's plan counts on the
-  // free two as well as the victim's; a later small request must not take them meanwhile (it would,
-  // and the urgent request would preempt again for ever).
+  // 4 GPUs: a low-priority 2-GPU job runs, 2 are free. The urgent 4-GPU request's plan counts on
+  // the free two as well as the victim's; a later small request must not take them meanwhile (it
+  // would, and the urgent request would preempt again for ever).
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
   ASSERT_TRUE(s.Place(Prio(Whole("low", 2), 0)).ok());
@@ -189,7 +192,9 @@ TEST(RequestShapeKey, CountsEveryPlacementFieldAndNotTheIdentity) {
   EXPECT_TRUE(differs([](core::Request& r) { r.memory_mib += 1; }));
   EXPECT_TRUE(differs([](core::Request& r) { r.gpus = 3; }));
   EXPECT_TRUE(differs([](core::Request& r) { r.min_gpu_memory_mib = 1; }));
-  EXPECT_TRUE(differs([](core::Request& r) { r.min_compute_capability = core::ComputeCapability{9, 0}; }));
+  EXPECT_TRUE(differs([](core::Request& r) {
+    r.min_compute_capability = core::ComputeCapability{9, 0};
+  }));
   EXPECT_TRUE(differs([](core::Request& r) { r.topology = core::TopologyMode::kRequire; }));
   EXPECT_TRUE(differs([](core::Request& r) { r.models = {"H100"}; }));
 }

@@ -22,14 +22,16 @@ std::vector<TypicalRequest> TypicalRequests(const std::vector<core::Request>& re
   }
   std::vector<TypicalRequest> out;
   for (const auto& [k, n] : counts) {
-    out.push_back(TypicalRequest{std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), n});
+    out.push_back(
+        TypicalRequest{std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), n});
   }
   // Most frequent first; ties in key order (the map's), so the result is deterministic.
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.frequency > b.frequency; });
   double kept = 0;
   size_t keep = 0;
-  while (keep < out.size() && (keep == 0 || kept < coverage * total - 1e-9)) kept += out[keep++].frequency;
+  while (keep < out.size() && (keep == 0 || kept < coverage * total - 1e-9))
+    kept += out[keep++].frequency;
   out.resize(keep);
   for (TypicalRequest& t : out) t.frequency /= kept;
   return out;

@@ -1,9 +1,10 @@
 #pragma once
-// GPU fragmentation as defined by FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23): how much of
-// a node's free GPU compute cannot be used by the workload's typical requests. For each typical request t
-// with frequency f: if the node cannot host t (too few fitting GPUs, too little CPU, or no acceptable
-// model), all its free GPU compute is fragment (weighted by f); if it can, the free compute on GPUs too
-// full for t is. Values are in thousandths of a GPU. Not thread-safe (the memo is mutable).
+// GPU fragmentation as defined by FGD (Weng et al., "Beware of Fragmentation", USENIX ATC'23): how
+// much of a node's free GPU compute cannot be used by the workload's typical requests. For each
+// typical request t with frequency f: if the node cannot host t (too few fitting GPUs, too little
+// CPU, or no acceptable model), all its free GPU compute is fragment (weighted by f); if it can,
+// the free compute on GPUs too full for t is. Values are in thousandths of a GPU. Not thread-safe
+// (the memo is mutable).
 
 #include <cstdint>
 #include <string>
@@ -24,8 +25,8 @@ struct TypicalRequest {
 };
 
 // The distribution of GPU requests in `requests` (CPU-only requests are left out: they change every
-// node's fragmentation alike). Requests of equal shape are merged; the `coverage` most frequent shapes
-// (fraction of requests, 0..1] are kept and renormalised.
+// node's fragmentation alike). Requests of equal shape are merged; the `coverage` most frequent
+// shapes (fraction of requests, 0..1] are kept and renormalised.
 std::vector<TypicalRequest> TypicalRequests(const std::vector<core::Request>& requests,
                                             double coverage = 1.0);
 

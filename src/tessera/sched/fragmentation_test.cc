@@ -29,7 +29,8 @@ TEST(Fragmentation, CountsWhatTypicalRequestsCannotUse) {
   NodeShape s = Shape(2);
   // GPUs with 1000 and 500 free: both requests fit on the free GPU; the 500 is useless to both.
   EXPECT_DOUBLE_EQ(f.Of(s, 0, 64000, Gpus({1000, 500})), 500);
-  // 700 and 500: the whole-GPU request cannot fit at all (all 1200 count), the share wastes the 500.
+  // 700 and 500: the whole-GPU request cannot fit at all (all 1200 count), the share wastes the
+  // 500.
   EXPECT_DOUBLE_EQ(f.Of(s, 0, 64000, Gpus({700, 500})), 0.5 * 1200 + 0.5 * 500);
   // No CPU left: nothing fits, everything is fragment.
   EXPECT_DOUBLE_EQ(f.Of(s, 0, 500, Gpus({1000, 500})), 1500);

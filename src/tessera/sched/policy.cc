@@ -15,10 +15,14 @@ struct KindName {
   std::string_view name;
 };
 constexpr KindName kNames[] = {
-    {PolicyKind::kRandom, "random"},         {PolicyKind::kSpread, "spread"},
-    {PolicyKind::kBinpack, "binpack"},       {PolicyKind::kBestFit, "bestfit"},
-    {PolicyKind::kDotProduct, "dotprod"},    {PolicyKind::kGpuPacking, "gpupacking"},
-    {PolicyKind::kGpuClustering, "gpuclustering"}, {PolicyKind::kFgd, "fgd"},
+    {PolicyKind::kRandom, "random"},
+    {PolicyKind::kSpread, "spread"},
+    {PolicyKind::kBinpack, "binpack"},
+    {PolicyKind::kBestFit, "bestfit"},
+    {PolicyKind::kDotProduct, "dotprod"},
+    {PolicyKind::kGpuPacking, "gpupacking"},
+    {PolicyKind::kGpuClustering, "gpuclustering"},
+    {PolicyKind::kFgd, "fgd"},
     {PolicyKind::kTopology, "topology"},
 };
 
@@ -54,8 +58,8 @@ int64_t GpuCapacity(const NodeView& n) {
   return static_cast<int64_t>(n.gpus->size()) * core::kMilliPerGpu;
 }
 
-// GPU index (in the shape) of view position p: the identity for positional shapes. For sorted shapes
-// the position carries no index; links are then uniform, so any index serves.
+// GPU index (in the shape) of view position p: the identity for positional shapes. For sorted
+// shapes the position carries no index; links are then uniform, so any index serves.
 int ShapeIndex(const NodeView& n, int p) { return p; }
 
 bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
@@ -74,11 +78,13 @@ bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
   return true;
 }
 
-// Chooses `k` of the free GPUs: the best-linked set (that satisfies a required scope), and among equals
-// the one that leaves the remaining free GPUs best linked. Returns false if no set qualifies.
+// Chooses `k` of the free GPUs: the best-linked set (that satisfies a required scope), and among
+// equals the one that leaves the remaining free GPUs best linked. Returns false if no set
+// qualifies.
 using Gpus = absl::InlinedVector<int, 8>;
 
-bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Request& r, Gpus& out) {
+bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Request& r,
+                     Gpus& out) {
   const core::Topology& topo = n.shape->topology;
   bool need = r.topology == core::TopologyMode::kRequire;
   const int m = static_cast<int>(free.size());
@@ -94,8 +100,8 @@ bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Req
     for (int f : free) {
       if (std::find(set.begin(), set.end(), f) == set.end()) rest.push_back(f);
     }
-    double rest_cost = rest.size() > 1 ? LinkCost(topo, rest) / (rest.size() * (rest.size() - 1) / 2)
-                                       : 0;
+    double rest_cost =
+        rest.size() > 1 ? LinkCost(topo, rest) / (rest.size() * (rest.size() - 1) / 2) : 0;
     if (!found || cost < best_cost - 1e-9 ||
         (cost < best_cost + 1e-9 && rest_cost < best_rest - 1e-9)) {
       found = true;
@@ -254,7 +260,8 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
         ++sick;
         continue;
       }
-      if (g.milli_left == core::kMilliPerGpu && g.memory_left_mib == shape.kinds[g.kind].memory_mib) {
+      if (g.milli_left == core::kMilliPerGpu &&
+          g.memory_left_mib == shape.kinds[g.kind].memory_mib) {
         free.push_back(static_cast<int>(p));
       }
     }
@@ -273,10 +280,10 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     if (r.gpus >= 2 && (shape.positional || r.topology == core::TopologyMode::kRequire)) {
       if (!ChooseLinkedSet(node, free, r.gpus, r, ev.positions)) {
         if (want_reason) {
-          ev.reason = fmt::format("no {} free GPUs {}", r.gpus,
-                                  r.topology_scope == core::TopologyScope::kNvlink
-                                      ? "all linked by NVLink"
-                                      : "on one NUMA node");
+          ev.reason =
+              fmt::format("no {} free GPUs {}", r.gpus,
+                          r.topology_scope == core::TopologyScope::kNvlink ? "all linked by NVLink"
+                                                                           : "on one NUMA node");
         }
         return ev;
       }

@@ -1,8 +1,8 @@
 #pragma once
 // Placement policies: the filters every placement passes (resources, attributes, health, topology
 // requirement) and the scores that rank the nodes that pass, each selectable alone or combined with
-// weights. Everything here is a pure function of one node's state and the request, so the scheduler can
-// evaluate a class of identical nodes once. Not thread-safe (FGD memoises).
+// weights. Everything here is a pure function of one node's state and the request, so the scheduler
+// can evaluate a class of identical nodes once. Not thread-safe (FGD memoises).
 
 #include <cstdint>
 #include <string>
@@ -35,8 +35,8 @@ struct WeightedPolicy {
   double weight = 1;
 };
 
-// "fgd", "bestfit,topology:0.5", "all" (each policy once, weight 1) -> policies. kInvalidArgument naming
-// the unknown policy or bad weight.
+// "fgd", "bestfit,topology:0.5", "all" (each policy once, weight 1) -> policies. kInvalidArgument
+// naming the unknown policy or bad weight.
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text);
 std::vector<PolicyKind> AllPolicyKinds();
 // Tessera's default policy set: fgd:1, bestfit:0.01, topology:0.5 (see docs/simulator.md for why).
@@ -58,9 +58,9 @@ struct NodeView {
 
 struct Evaluation {
   bool feasible = false;
-  double score = 0;            // higher is better
+  double score = 0;                       // higher is better
   absl::InlinedVector<int, 8> positions;  // chosen GPUs, as positions in the view's GPU order
-  std::string reason;          // why not, when infeasible
+  std::string reason;                     // why not, when infeasible
 };
 
 // Cluster-wide constants some scores normalise by.
@@ -92,8 +92,8 @@ class PolicySet {
 // Whether GPU kind `k` of `shape` meets the request's attribute selector.
 bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r);
 
-// Link cost of a GPU set on a node (lower is better): summed over pairs, NVLink cheapest (more links
-// cheaper), then PCIe levels in order. 0 for fewer than two GPUs or unknown topology.
+// Link cost of a GPU set on a node (lower is better): summed over pairs, NVLink cheapest (more
+// links cheaper), then PCIe levels in order. 0 for fewer than two GPUs or unknown topology.
 double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& gpus);
 
 }  // namespace tessera::sched

@@ -1,5 +1,6 @@
-// Property tests: random clusters and request streams (fixed seeds) against invariants that must hold
-// whatever the policy: no over-allocation, quotas kept, gangs whole, release restores, determinism.
+// Property tests: random clusters and request streams (fixed seeds) against invariants that must
+// hold whatever the policy: no over-allocation, quotas kept, gangs whole, release restores,
+// determinism.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -55,7 +56,8 @@ core::Request RandomRequest(std::mt19937_64& rng, const std::string& id) {
       r.gpus = 1 << (rng() % 4);
       if (r.gpus >= 2 && rng() % 4 == 0) {
         r.topology = rng() % 2 ? core::TopologyMode::kRequire : core::TopologyMode::kPrefer;
-        r.topology_scope = rng() % 2 ? core::TopologyScope::kNvlink : core::TopologyScope::kNumaNode;
+        r.topology_scope =
+            rng() % 2 ? core::TopologyScope::kNvlink : core::TopologyScope::kNumaNode;
       }
   }
   if (rng() % 5 == 0) r.models = {rng() % 2 ? "A100" : "T4"};
@@ -109,8 +111,10 @@ std::string CheckInvariants(const Scheduler& s) {
   }
   for (const auto& [owner, used] : owners) {
     const OwnerQuota* q = const_cast<Scheduler&>(s).quotas().Get(owner);
-    if (!(const_cast<Scheduler&>(s).quotas().Used(owner) == used)) return owner + ": quota usage drifted";
-    if (q && !q->borrow && q->limit.gpus >= 0 && used.gpus > q->limit.gpus) return owner + ": over quota";
+    if (!(const_cast<Scheduler&>(s).quotas().Used(owner) == used))
+      return owner + ": quota usage drifted";
+    if (q && !q->borrow && q->limit.gpus >= 0 && used.gpus > q->limit.gpus)
+      return owner + ": over quota";
     if (q && !q->borrow && q->limit.gpu_milli >= 0 && used.gpu_milli > q->limit.gpu_milli) {
       return owner + ": over share quota";
     }
@@ -131,7 +135,8 @@ std::string RunCase(uint64_t seed, PolicyKind policy, std::string* failure) {
   int nodes = 1 + rng() % 6;
   for (int i = 0; i < nodes; ++i) (void)s.AddNode(RandomNode(rng, i));
   s.quotas().Set("team0", OwnerQuota{.limit = {6, 4000, -1}});
-  s.quotas().Set("team1", OwnerQuota{.limit = {4, -1, -1}, .borrow = true, .borrow_limit = {8, -1, -1}});
+  s.quotas().Set("team1",
+                 OwnerQuota{.limit = {4, -1, -1}, .borrow = true, .borrow_limit = {8, -1, -1}});
   std::vector<core::Request> history;
   for (int i = 0; i < 20; ++i) history.push_back(RandomRequest(rng, fmt::format("h{}", i)));
   s.SetTypicalRequests(TypicalRequests(history));
@@ -168,7 +173,10 @@ std::string RunCase(uint64_t seed, PolicyKind policy, std::string* failure) {
         (void)back;
       }
       auto re = s.Place(released->request, op);
-      if (re.ok()) live[i] = re->id; else live.erase(live.begin() + i);
+      if (re.ok())
+        live[i] = re->id;
+      else
+        live.erase(live.begin() + i);
     } else if (kind < 8) {
       int size = 2 + rng() % 3;
       std::vector<core::Request> members;
@@ -242,8 +250,9 @@ TEST_P(PolicyProperties, SameSeedSameDecisions) {
 INSTANTIATE_TEST_SUITE_P(All, PolicyProperties, ::testing::ValuesIn(AllPolicyKinds()),
                          [](const auto& info) { return std::string(PolicyName(info.param)); });
 
-// Few request shapes on a larger cluster, so Decide mostly updates its per-shape trees from the class
-// change log instead of rebuilding them: the best score must still match a scan of every node.
+// Few request shapes on a larger cluster, so Decide mostly updates its per-shape trees from the
+// class change log instead of rebuilding them: the best score must still match a scan of every
+// node.
 TEST_P(PolicyProperties, IncrementalCachesMatchFullEvaluation) {
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     std::mt19937_64 rng(seed);

@@ -41,7 +41,8 @@ GpuAmount QuotaManager::IdleElsewhere(const std::string& owner) const {
     if (name == owner) continue;
     GpuAmount used = Used(name);
     if (q.limit.gpus > 0) idle.gpus += std::max<int64_t>(0, q.limit.gpus - used.gpus);
-    if (q.limit.gpu_milli > 0) idle.gpu_milli += std::max<int64_t>(0, q.limit.gpu_milli - used.gpu_milli);
+    if (q.limit.gpu_milli > 0)
+      idle.gpu_milli += std::max<int64_t>(0, q.limit.gpu_milli - used.gpu_milli);
     if (q.limit.gpu_memory_mib > 0) {
       idle.gpu_memory_mib += std::max<int64_t>(0, q.limit.gpu_memory_mib - used.gpu_memory_mib);
     }
@@ -89,7 +90,9 @@ QuotaVerdict QuotaManager::Check(const std::string& owner, const GpuAmount& delt
     return QuotaVerdict::kDenied;
   }
   GpuAmount idle = IdleElsewhere(owner);
-  auto excess = [](int64_t limit, int64_t value) { return limit >= 0 ? std::max<int64_t>(0, value - limit) : 0; };
+  auto excess = [](int64_t limit, int64_t value) {
+    return limit >= 0 ? std::max<int64_t>(0, value - limit) : 0;
+  };
   if (excess(q->limit.gpus, after.gpus) > idle.gpus ||
       excess(q->limit.gpu_milli, after.gpu_milli) > idle.gpu_milli ||
       excess(q->limit.gpu_memory_mib, after.gpu_memory_mib) > idle.gpu_memory_mib) {

@@ -1,7 +1,7 @@
 #pragma once
-// Quotas per owner (namespace/user): hard limits on whole GPUs, GPU compute share and GPU memory, and
-// optional borrowing of quota other owners leave idle. Borrowed usage is marked so that preemption can
-// reclaim it for its rightful owner. Not thread-safe.
+// Quotas per owner (namespace/user): hard limits on whole GPUs, GPU compute share and GPU memory,
+// and optional borrowing of quota other owners leave idle. Borrowed usage is marked so that
+// preemption can reclaim it for its rightful owner. Not thread-safe.
 
 #include <cstdint>
 #include <map>
@@ -11,8 +11,8 @@ namespace tessera::sched {
 
 // Amounts of GPU resources. In limits, a negative value means unlimited.
 struct GpuAmount {
-  int64_t gpus = 0;        // whole GPUs
-  int64_t gpu_milli = 0;   // compute, thousandths of a GPU (whole GPUs count 1000 each)
+  int64_t gpus = 0;       // whole GPUs
+  int64_t gpu_milli = 0;  // compute, thousandths of a GPU (whole GPUs count 1000 each)
   int64_t gpu_memory_mib = 0;
 
   GpuAmount& operator+=(const GpuAmount& o);
@@ -21,8 +21,8 @@ struct GpuAmount {
 };
 
 struct OwnerQuota {
-  GpuAmount limit{-1, -1, -1};  // the owner's own quota
-  bool borrow = false;          // may exceed `limit` with idle quota of others...
+  GpuAmount limit{-1, -1, -1};         // the owner's own quota
+  bool borrow = false;                 // may exceed `limit` with idle quota of others...
   GpuAmount borrow_limit{-1, -1, -1};  // ...up to this ceiling
 };
 

@@ -56,7 +56,8 @@ void Scheduler::ResetCaches() {
 }
 
 int Scheduler::InternRequestShape(const core::Request& r) {
-  auto [it, fresh] = request_shapes_.emplace(core::RequestShapeKey(r), static_cast<int>(cache_.size()));
+  auto [it, fresh] =
+      request_shapes_.emplace(core::RequestShapeKey(r), static_cast<int>(cache_.size()));
   if (fresh) cache_.emplace_back();
   return it->second;
 }
@@ -293,8 +294,8 @@ void Scheduler::SyncSpreadOrder() {
       ++spread_inserted_total_;
     }
   };
-  // The insertion logs are bounded like the change log: past a size, drop them and start a new epoch
-  // (every no-fit memo then lapses).
+  // The insertion logs are bounded like the change log: past a size, drop them and start a new
+  // epoch (every no-fit memo then lapses).
   if (spread_inserted_total_ > 4096 + 4 * static_cast<size_t>(capacity)) {
     for (auto& v : spread_inserted_) v.clear();
     spread_inserted_total_ = 0;
@@ -334,8 +335,8 @@ bool Scheduler::DecideSpread(Row& row, const core::Request& r, Decision& d) {
     const auto& inserted = spread_inserted_[s];
     NoneFit& memo = row.none_fit[s];
     if (memo.epoch == spread_epoch_ && memo.valid) {
-      // No class of this shape fitted when `memo.seen` classes had been inserted; classes only leave
-      // or arrive, so only those inserted since can fit now.
+      // No class of this shape fitted when `memo.seen` classes had been inserted; classes only
+      // leave or arrive, so only those inserted since can fit now.
       bool any = false;
       for (size_t i = memo.seen; i < inserted.size(); ++i) {
         auto [c, gen] = inserted[i];
@@ -442,7 +443,8 @@ absl::StatusOr<Allocation> Scheduler::Place(const core::Request& r, double now) 
   }
   Decision d = Decide(r);
   if (!d.placed) {
-    return absl::ResourceExhaustedError(fmt::format("request {}: no node fits: {}", r.id, d.why_not));
+    return absl::ResourceExhaustedError(
+        fmt::format("request {}: no node fits: {}", r.id, d.why_not));
   }
   GpuAmount amount = QuotaAmount(r, d.node, d.gpus);
   std::string why;
@@ -490,9 +492,9 @@ absl::StatusOr<std::vector<Allocation>> Scheduler::PlaceGang(
   if (gang.empty()) return absl::InvalidArgumentError("gang: members need a gang id");
   for (const core::Request& m : members) {
     if (m.gang != gang || m.gang_size != static_cast<int>(members.size())) {
-      return absl::InvalidArgumentError(fmt::format(
-          "gang {}: member {} says gang '{}' of {}, but {} members were given", gang, m.id, m.gang,
-          m.gang_size, members.size()));
+      return absl::InvalidArgumentError(
+          fmt::format("gang {}: member {} says gang '{}' of {}, but {} members were given", gang,
+                      m.id, m.gang, m.gang_size, members.size()));
     }
   }
   std::vector<Allocation> placed;
@@ -503,9 +505,10 @@ absl::StatusOr<std::vector<Allocation>> Scheduler::PlaceGang(
         auto undone = Release(it->id);
         (void)undone;
       }
-      return absl::Status(a.status().code(),
-                          fmt::format("gang {}: member {} of {} cannot be placed, so none is: {}",
-                                      gang, i + 1, members.size(), std::string(a.status().message())));
+      return absl::Status(
+          a.status().code(),
+          fmt::format("gang {}: member {} of {} cannot be placed, so none is: {}", gang, i + 1,
+                      members.size(), std::string(a.status().message())));
     }
     placed.push_back(std::move(*a));
   }
@@ -579,7 +582,8 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
     if (candidates.empty()) continue;
     // Cheapest victims first: lowest priority, then least work done.
     std::stable_sort(candidates.begin(), candidates.end(), [&](const auto* a, const auto* b) {
-      if (a->request.priority != b->request.priority) return a->request.priority < b->request.priority;
+      if (a->request.priority != b->request.priority)
+        return a->request.priority < b->request.priority;
       return a->start_time > b->start_time;
     });
     // The node as it would be with a set of allocations gone, GPUs in index order.
@@ -605,7 +609,8 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
       }
       // Whole-GPU holders with memory_mib_per_gpu 0 (mixed sizes) free all of the GPU's memory.
       for (size_t g = 0; g < gpus.size(); ++g) {
-        if (gpus[g].milli_left == core::kMilliPerGpu) gpus[g].memory_left_mib = shape.gpus[g].memory_mib;
+        if (gpus[g].milli_left == core::kMilliPerGpu)
+          gpus[g].memory_left_mib = shape.gpus[g].memory_mib;
       }
       NodeView v;
       v.shape = &shape;
@@ -649,7 +654,8 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
       protected_victim |= !a->request.preemptible;
       max_priority = std::max(max_priority, a->request.priority);
       sum_priority += a->request.priority;
-      work += std::max(0.0, now - a->start_time) * std::max<int64_t>(1, a->request.gpu_milli_total());
+      work +=
+          std::max(0.0, now - a->start_time) * std::max<int64_t>(1, a->request.gpu_milli_total());
     }
     if (protected_victim) continue;  // a gang mate that must not be evicted
     Cost cost{victims.size(), max_priority, sum_priority, work};
@@ -663,8 +669,8 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
     }
   }
   if (!plan.possible) {
-    plan.why_not = fmt::format("no set of lower-priority preemptible work makes it fit ({})",
-                               direct.why_not);
+    plan.why_not =
+        fmt::format("no set of lower-priority preemptible work makes it fit ({})", direct.why_not);
   }
   return plan;
 }
@@ -675,10 +681,11 @@ std::vector<std::pair<std::string, std::string>> Scheduler::Explain(const core::
     ClassId c = state_.node_class(n);
     Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, true);
     if (ev.feasible) {
-      out.emplace_back(state_.node_name(n),
-                       fmt::format("fits (score {:.4f}, GPUs {})", ev.score,
-                                   JoinInts(state_.GpusForPositions(
-                                       n, std::vector<int>(ev.positions.begin(), ev.positions.end())))));
+      out.emplace_back(
+          state_.node_name(n),
+          fmt::format("fits (score {:.4f}, GPUs {})", ev.score,
+                      JoinInts(state_.GpusForPositions(
+                          n, std::vector<int>(ev.positions.begin(), ev.positions.end())))));
     } else {
       out.emplace_back(state_.node_name(n), ev.reason);
     }

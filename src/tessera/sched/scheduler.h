@@ -1,8 +1,9 @@
 #pragma once
-// Scheduler: the decisions of Tessera. Places requests (whole GPUs or a share of one) on a ClusterState
-// by the configured filters and weighted scores, places gangs all-or-nothing, enforces quotas, and plans
-// (never executes) preemption. The same code serves the simulator, the standalone server and the
-// Kubernetes extender. Deterministic for a given seed and call sequence. Not thread-safe.
+// Scheduler: the decisions of Tessera. Places requests (whole GPUs or a share of one) on a
+// ClusterState by the configured filters and weighted scores, places gangs all-or-nothing, enforces
+// quotas, and plans (never executes) preemption. The same code serves the simulator, the standalone
+// server and the Kubernetes extender. Deterministic for a given seed and call sequence. Not
+// thread-safe.
 
 #include <cstdint>
 #include <limits>
@@ -22,8 +23,9 @@
 namespace tessera::sched {
 
 struct SchedulerConfig {
-  // Tessera's default ("tessera" in ParsePolicies): FGD, with best fit as a light tie-breaker (FGD's
-  // differences are often tiny or nil; packing the fuller node keeps empty ones whole), and topology.
+  // Tessera's default ("tessera" in ParsePolicies): FGD, with best fit as a light tie-breaker
+  // (FGD's differences are often tiny or nil; packing the fuller node keeps empty ones whole), and
+  // topology.
   std::vector<WeightedPolicy> policies = DefaultPolicies();
   uint64_t seed = 42;
   // Equal best scores are broken at random (seeded), node-uniformly, like kube-scheduler; otherwise
@@ -39,7 +41,7 @@ struct Decision {
   NodeId node = -1;
   std::vector<int> gpus;  // GPU indices on the node
   double score = 0;
-  std::string why_not;    // when not placed: the reasons, with how many nodes gave each
+  std::string why_not;  // when not placed: the reasons, with how many nodes gave each
 };
 
 struct PreemptionPlan {
@@ -82,26 +84,26 @@ class Scheduler {
   absl::StatusOr<Allocation> Release(const std::string& id);
 
   // For a request that does not fit: the node and victims that would make it fit, fewest victims
-  // first, then the lowest priorities, then the least work lost. Victims are lower-priority preemptible
-  // allocations, and allocations on borrowed quota when the requester is within its own quota; a
-  // victim's gang goes with it. Changes nothing.
+  // first, then the lowest priorities, then the least work lost. Victims are lower-priority
+  // preemptible allocations, and allocations on borrowed quota when the requester is within its own
+  // quota; a victim's gang goes with it. Changes nothing.
   PreemptionPlan PlanPreemption(const core::Request& r, double now = 0);
 
   // Every node's verdict for `r`: "fits (score 0.83, GPUs 2,3)" or why not. For people and logs.
   std::vector<std::pair<std::string, std::string>> Explain(const core::Request& r);
 
-  // The best score any node offers `r`, by evaluating every class afresh (no cache); nullopt if no node
-  // fits. Slow: for tests and consistency checks of the incremental caches Decide uses.
+  // The best score any node offers `r`, by evaluating every class afresh (no cache); nullopt if no
+  // node fits. Slow: for tests and consistency checks of the incremental caches Decide uses.
   std::optional<double> BestScoreUncached(const core::Request& r);
 
-  // The cluster's fragmentation now, by FGD's measure against the typical requests (thousandths of a
-  // GPU); 0 without typical requests.
+  // The cluster's fragmentation now, by FGD's measure against the typical requests (thousandths of
+  // a GPU); 0 without typical requests.
   double FragmentedMilli() { return fragmentation_.OfCluster(state_); }
 
   // The GPU amounts an allocation counts against its owner's quota.
   GpuAmount QuotaAmount(const core::Request& r, NodeId node, const std::vector<int>& gpus) const;
 
- // The best of a subtree of classes: its score and how many nodes share it (0 = none feasible).
+  // The best of a subtree of classes: its score and how many nodes share it (0 = none feasible).
   struct Best {
     double score = -std::numeric_limits<double>::infinity();
     uint64_t weight = 0;
@@ -122,9 +124,9 @@ class Scheduler {
     size_t seen = 0;
     bool valid = false;
   };
-  // Per request shape: every class's cached evaluation and a tournament tree over them, kept current
-  // from the cluster's class change log, so a decision costs O(changed classes x log classes)
-  // instead of a scan of every class.
+  // Per request shape: every class's cached evaluation and a tournament tree over them, kept
+  // current from the cluster's class change log, so a decision costs O(changed classes x log
+  // classes) instead of a scan of every class.
   struct Row {
     std::vector<Entry> entries;
     std::vector<Best> tree;  // 1-based heap: internal nodes 1..leaves-1, class c at leaves + c
@@ -167,12 +169,13 @@ class Scheduler {
   std::mt19937_64 rng_;
 
   std::unordered_map<std::string, int> request_shapes_;
-  std::vector<Row> cache_;  // [request shape]
+  std::vector<Row> cache_;      // [request shape]
   std::vector<uint8_t> dirty_;  // scratch for Refresh: internal tree nodes queued
   bool spread_only_ = false;
-  std::vector<std::set<std::pair<double, ClassId>>> spread_order_;  // by node shape, least used first
-  std::vector<double> spread_key_;                                 // by class; NaN = not ordered
-  std::vector<ShapeId> spread_shape_;                              // by class: the set it is in
+  std::vector<std::set<std::pair<double, ClassId>>>
+      spread_order_;                   // by node shape, least used first
+  std::vector<double> spread_key_;     // by class; NaN = not ordered
+  std::vector<ShapeId> spread_shape_;  // by class: the set it is in
   uint64_t spread_cursor_ = 0;
   // Classes inserted into each node shape's order (with their generation), for the no-fit memos.
   std::vector<std::vector<std::pair<ClassId, uint32_t>>> spread_inserted_;

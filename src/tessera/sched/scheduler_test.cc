@@ -9,9 +9,9 @@ namespace tessera::sched {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::UnorderedElementsAre;
 using testing::Node;
 using testing::Share;
+using ::testing::UnorderedElementsAre;
 using testing::Whole;
 
 core::Request Prio(core::Request r, int priority, bool preemptible = true) {
@@ -48,14 +48,16 @@ TEST(Scheduler, NoFitIsResourceExhaustedWithReason) {
   ASSERT_TRUE(s.AddNode(Node("node-17", 2)).ok());
   auto r = s.Place(Whole("big", 4));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("node-17: 2 healthy GPUs free, wants 4"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("node-17: 2 healthy GPUs free, wants 4"));
 }
 
 TEST(Scheduler, QuotaDeniesAndBorrowedWorkIsMarked) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 8)).ok());
   s.quotas().Set("alice", OwnerQuota{.limit = {2, -1, -1}});
-  s.quotas().Set("bob", OwnerQuota{.limit = {2, -1, -1}, .borrow = true, .borrow_limit = {4, -1, -1}});
+  s.quotas().Set("bob",
+                 OwnerQuota{.limit = {2, -1, -1}, .borrow = true, .borrow_limit = {4, -1, -1}});
   core::Request r = Whole("a1", 2);
   r.owner = "alice";
   ASSERT_TRUE(s.Place(r).ok());
@@ -87,7 +89,8 @@ TEST(Scheduler, GroupQuotaLimitsItsMembersTogether) {
     return r;
   };
   ASSERT_TRUE(s.Place(member("a1", "alice", 2)).ok());
-  auto over = s.Place(member("b1", "bob", 2));  // bob has no quota of his own; the group has 1 GPU left
+  auto over =
+      s.Place(member("b1", "bob", 2));  // bob has no quota of his own; the group has 1 GPU left
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(over.status().message()), HasSubstr("group:ml: 2 of 3 whole GPUs"));
   ASSERT_TRUE(s.Place(member("b2", "bob", 1)).ok());
@@ -180,7 +183,8 @@ TEST(Scheduler, BorrowedWorkIsReclaimedForTheOwner) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
   s.quotas().Set("owner", OwnerQuota{.limit = {2, -1, -1}});
-  s.quotas().Set("guest", OwnerQuota{.limit = {2, -1, -1}, .borrow = true, .borrow_limit = {4, -1, -1}});
+  s.quotas().Set("guest",
+                 OwnerQuota{.limit = {2, -1, -1}, .borrow = true, .borrow_limit = {4, -1, -1}});
   core::Request g = Whole("guest-job", 4);
   g.owner = "guest";
   g.priority = 5;

@@ -1,5 +1,5 @@
-// The server's YAML config file (docs/server.md). Strict: unknown keys and bad values are errors naming
-// the file, the line and the key.
+// The server's YAML config file (docs/server.md). Strict: unknown keys and bad values are errors
+// naming the file, the line and the key.
 #include <pwd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -13,12 +13,14 @@
 namespace tessera::server {
 namespace {
 
-absl::Status At(const std::string& file, const YAML::Node& n, const std::string& key, const std::string& what) {
-  return absl::InvalidArgumentError(fmt::format("{}:{}: {}: {}", file, n.Mark().line + 1, key, what));
+absl::Status At(const std::string& file, const YAML::Node& n, const std::string& key,
+                const std::string& what) {
+  return absl::InvalidArgumentError(
+      fmt::format("{}:{}: {}: {}", file, n.Mark().line + 1, key, what));
 }
 
-absl::Status Known(const std::string& file, const YAML::Node& map, std::initializer_list<std::string_view> keys,
-                   const std::string& where) {
+absl::Status Known(const std::string& file, const YAML::Node& map,
+                   std::initializer_list<std::string_view> keys, const std::string& where) {
   for (const auto& kv : map) {
     std::string k = kv.first.as<std::string>();
     bool ok = false;
@@ -38,9 +40,11 @@ absl::Status Get(const std::string& file, const YAML::Node& n, const std::string
   }
 }
 
-absl::Status Amount(const std::string& file, const YAML::Node& q, const std::string& key, sched::GpuAmount* a) {
+absl::Status Amount(const std::string& file, const YAML::Node& q, const std::string& key,
+                    sched::GpuAmount* a) {
   if (!q.IsMap()) return At(file, q, key, "expected a map of gpus, gpu_share, gpu_memory");
-  if (absl::Status st = Known(file, q, {"gpus", "gpu_share", "gpu_memory"}, key); !st.ok()) return st;
+  if (absl::Status st = Known(file, q, {"gpus", "gpu_share", "gpu_memory"}, key); !st.ok())
+    return st;
   if (q["gpus"]) {
     int64_t v = 0;
     if (absl::Status st = Get(file, q["gpus"], key + ".gpus", &v); !st.ok() || v < 0) {
@@ -68,7 +72,8 @@ std::optional<uint32_t> AccountUid(const std::string& user) {
   passwd pw;
   passwd* found = nullptr;
   std::vector<char> buf(16384);
-  if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return std::nullopt;
+  if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+    return std::nullopt;
   return pw.pw_uid;
 }
 
@@ -84,28 +89,38 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     return absl::InvalidArgumentError(fmt::format("{}:{}: {}", path, e.mark.line + 1, e.msg));
   }
   if (root.IsNull()) return absl::OkStatus();
-  if (!root.IsMap()) return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
-  if (absl::Status st = Known(path, root,
-                              {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
-                               "policy", "admins", "quotas", "group_quotas", "preemption", "unhealthy_gpu", "max_body_bytes",
-                               "intercept_library", "context_overhead", "poll_interval_s", "containers", "allow_root_jobs"},
-                              "");
+  if (!root.IsMap())
+    return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
+  if (absl::Status st =
+          Known(path, root,
+                {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
+                 "policy", "admins", "quotas", "group_quotas", "preemption", "unhealthy_gpu",
+                 "max_body_bytes", "intercept_library", "context_overhead", "poll_interval_s",
+                 "containers", "allow_root_jobs"},
+                "");
       !st.ok()) {
     return st;
   }
-  for (const char* key : {"socket", "state_dir", "simulate", "fallback_simulate", "nvml_library", "policy",
-                          "intercept_library"}) {
+  for (const char* key : {"socket", "state_dir", "simulate", "fallback_simulate", "nvml_library",
+                          "policy", "intercept_library"}) {
     if (!root[key]) continue;
     std::string v;
     if (absl::Status st = Get(path, root[key], key, &v); !st.ok()) return st;
     std::string k = key;
-    if (k == "socket") c->socket = v;
-    else if (k == "state_dir") c->state_dir = v;
-    else if (k == "simulate") c->simulate = v;
-    else if (k == "fallback_simulate") c->fallback_simulate = v;
-    else if (k == "nvml_library") c->nvml_library = v;
-    else if (k == "policy") c->policy = v;
-    else c->intercept_library = v;
+    if (k == "socket")
+      c->socket = v;
+    else if (k == "state_dir")
+      c->state_dir = v;
+    else if (k == "simulate")
+      c->simulate = v;
+    else if (k == "fallback_simulate")
+      c->fallback_simulate = v;
+    else if (k == "nvml_library")
+      c->nvml_library = v;
+    else if (k == "policy")
+      c->policy = v;
+    else
+      c->intercept_library = v;
   }
   std::vector<int> token_lines;  // the file's line of each token's user, for errors found later
   if (const YAML::Node t = root["tcp"]) {
@@ -115,12 +130,14 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       return At(path, t["listen"], "tcp.listen", "expected host:port");
     }
     if (const YAML::Node toks = t["tokens"]) {
-      if (!toks.IsSequence()) return At(path, toks, "tcp.tokens", "expected a list of {token, user, admin}");
+      if (!toks.IsSequence())
+        return At(path, toks, "tcp.tokens", "expected a list of {token, user, admin}");
       for (size_t i = 0; i < toks.size(); ++i) {
         const YAML::Node& tok = toks[i];
         const std::string where = fmt::format("tcp.tokens[{}]", i);
         if (!tok.IsMap()) return At(path, tok, where, "expected a map with token, user and admin");
-        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, where); !st.ok()) return st;
+        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, where); !st.ok())
+          return st;
         ApiToken a;
         if (tok["token"] && !Get(path, tok["token"], where + ".token", &a.token).ok()) {
           return At(path, tok["token"], where + ".token", "expected a string");
@@ -132,15 +149,18 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
           return At(path, tok["admin"], where + ".admin", "expected true or false");
         }
         if (a.token.size() < 16) return At(path, tok, where + ".token", "at least 16 characters");
-        if (a.user.empty()) return At(path, tok, where + ".user", "required: the local account its jobs run as");
-        // A token's jobs run as its user: one without a local account would run as whoever the server
-        // is (root, most often). Refused here rather than discovered in a job.
+        if (a.user.empty())
+          return At(path, tok, where + ".user", "required: the local account its jobs run as");
+        // A token's jobs run as its user: one without a local account would run as whoever the
+        // server is (root, most often). Refused here rather than discovered in a job.
         std::optional<uint32_t> uid = AccountUid(a.user);
         if (!uid) {
-          return At(path, tok["user"], where + ".user",
-                    fmt::format("'{}' has no local account; a token's jobs run as its user, so it must be one "
-                                "of this machine's accounts",
-                                a.user));
+          return At(
+              path, tok["user"], where + ".user",
+              fmt::format(
+                  "'{}' has no local account; a token's jobs run as its user, so it must be one "
+                  "of this machine's accounts",
+                  a.user));
         }
         a.uid = *uid;
         token_lines.push_back(tok["user"].Mark().line + 1);
@@ -159,10 +179,11 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   for (size_t i = 0; i < token_lines.size(); ++i) {
     const ApiToken& t = c->tokens[c->tokens.size() - token_lines.size() + i];
     if (t.uid == 0 && !c->allow_root_jobs) {
-      return absl::InvalidArgumentError(fmt::format(
-          "{}:{}: tcp.tokens[{}].user: '{}' is root: this token's jobs would run as root; use an ordinary "
-          "account, or set allow_root_jobs: true if that is meant",
-          path, token_lines[i], i, t.user));
+      return absl::InvalidArgumentError(
+          fmt::format("{}:{}: tcp.tokens[{}].user: '{}' is root: this token's jobs would run as "
+                      "root; use an ordinary "
+                      "account, or set allow_root_jobs: true if that is meant",
+                      path, token_lines[i], i, t.user));
     }
   }
   if (const YAML::Node a = root["admins"]) {
@@ -174,25 +195,33 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     if (!q) continue;
     const bool groups = std::string_view(key) == "group_quotas";
     if (!q.IsMap()) {
-      return At(path, q, key, fmt::format("expected a map of {}: {{gpus, gpu_share, gpu_memory}}", groups ? "group" : "user"));
+      return At(path, q, key,
+                fmt::format("expected a map of {}: {{gpus, gpu_share, gpu_memory}}",
+                            groups ? "group" : "user"));
     }
     for (const auto& kv : q) {
       std::string name = kv.first.as<std::string>();
       sched::OwnerQuota oq;
-      if (absl::Status st = Amount(path, kv.second, std::string(key) + "." + name, &oq.limit); !st.ok()) return st;
+      if (absl::Status st = Amount(path, kv.second, std::string(key) + "." + name, &oq.limit);
+          !st.ok())
+        return st;
       (groups ? c->group_quotas : c->quotas)[name] = oq;
     }
   }
   if (const YAML::Node p = root["preemption"]) {
-    if (!p.IsMap()) return At(path, p, "preemption", "expected a map with requeue and grace_period_s");
-    if (absl::Status st = Known(path, p, {"requeue", "grace_period_s"}, "preemption"); !st.ok()) return st;
-    if (p["requeue"] && !Get(path, p["requeue"], "preemption.requeue", &c->requeue_preempted).ok()) {
+    if (!p.IsMap())
+      return At(path, p, "preemption", "expected a map with requeue and grace_period_s");
+    if (absl::Status st = Known(path, p, {"requeue", "grace_period_s"}, "preemption"); !st.ok())
+      return st;
+    if (p["requeue"] &&
+        !Get(path, p["requeue"], "preemption.requeue", &c->requeue_preempted).ok()) {
       return At(path, p["requeue"], "preemption.requeue", "expected true or false");
     }
     if (p["grace_period_s"]) {
       if (!Get(path, p["grace_period_s"], "preemption.grace_period_s", &c->grace_period_s).ok() ||
           c->grace_period_s < 0 || c->grace_period_s > 3600) {
-        return At(path, p["grace_period_s"], "preemption.grace_period_s", "expected seconds in 0..3600");
+        return At(path, p["grace_period_s"], "preemption.grace_period_s",
+                  "expected seconds in 0..3600");
       }
     }
   }
@@ -215,19 +244,25 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     c->context_overhead_bytes = *b;
   }
   if (const YAML::Node k = root["containers"]) {
-    if (!k.IsMap()) return At(path, k, "containers", "expected a map with podman, cdi_spec_dir and run_args");
-    if (absl::Status st = Known(path, k, {"podman", "cdi_spec_dir", "run_args"}, "containers"); !st.ok()) return st;
+    if (!k.IsMap())
+      return At(path, k, "containers", "expected a map with podman, cdi_spec_dir and run_args");
+    if (absl::Status st = Known(path, k, {"podman", "cdi_spec_dir", "run_args"}, "containers");
+        !st.ok())
+      return st;
     if (k["podman"] && !Get(path, k["podman"], "containers.podman", &c->podman).ok()) {
-      return At(path, k["podman"], "containers.podman", "expected a program name or path (\"\" turns containers off)");
+      return At(path, k["podman"], "containers.podman",
+                "expected a program name or path (\"\" turns containers off)");
     }
     if (k["cdi_spec_dir"]) {
       if (!Get(path, k["cdi_spec_dir"], "containers.cdi_spec_dir", &c->cdi_spec_dir).ok() ||
           c->cdi_spec_dir.empty() || c->cdi_spec_dir[0] != '/') {
-        return At(path, k["cdi_spec_dir"], "containers.cdi_spec_dir", "expected an absolute folder path");
+        return At(path, k["cdi_spec_dir"], "containers.cdi_spec_dir",
+                  "expected an absolute folder path");
       }
     }
     if (const YAML::Node a = k["run_args"]) {
-      if (!a.IsSequence()) return At(path, a, "containers.run_args", "expected a list of podman run arguments");
+      if (!a.IsSequence())
+        return At(path, a, "containers.run_args", "expected a list of podman run arguments");
       c->podman_run_args.clear();
       for (const YAML::Node& arg : a) {
         if (!arg.IsScalar()) return At(path, arg, "containers.run_args[]", "expected a string");

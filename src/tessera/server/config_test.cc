@@ -14,7 +14,8 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string Write(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + "server-config-" + std::to_string(getpid()) + "-" + name + ".yaml";
+  std::string path =
+      ::testing::TempDir() + "server-config-" + std::to_string(getpid()) + "-" + name + ".yaml";
   std::ofstream(path) << text;
   return path;
 }
@@ -39,7 +40,10 @@ unhealthy_gpu: fail
 max_body_bytes: 4096
 context_overhead: 300MiB
 poll_interval_s: 0.1
-containers: {podman: /opt/podman/bin/podman, cdi_spec_dir: /etc/cdi, run_args: [--pull=never, --runtime, runc]}
+containers:
+  podman: /opt/podman/bin/podman
+  cdi_spec_dir: /etc/cdi
+  run_args: [--pull=never, --runtime, runc]
 )");
   absl::Status st = LoadServerConfig(path, &c);
   ASSERT_TRUE(st.ok()) << st;
@@ -69,19 +73,23 @@ containers: {podman: /opt/podman/bin/podman, cdi_spec_dir: /etc/cdi, run_args: [
 TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
   const std::pair<const char*, const char*> cases[] = {
       {"sockett: /x\n", ":1: sockett: unknown key"},
-      {"socket: /x\npreemption: {requeue: maybe}\n", ":2: preemption.requeue: expected true or false"},
+      {"socket: /x\npreemption: {requeue: maybe}\n",
+       ":2: preemption.requeue: expected true or false"},
       {"preemption: {grace: 3}\n", "preemption.grace: unknown key"},
       {"quotas: {bob: {gpus: -1}}\n", "quotas.bob.gpus: expected a whole number >= 0"},
       {"quotas: {bob: {gpu_memory: lots}}\n", "quotas.bob.gpu_memory: expected a size"},
       {"quotas: {bob: {cpus: 1}}\n", "quotas.bob.cpus: unknown key"},
       {"group_quotas: {ml: {gpus: many}}\n", "group_quotas.ml.gpus: expected a whole number >= 0"},
-      {"group_quotas: [ml]\n", "group_quotas: expected a map of group: {gpus, gpu_share, gpu_memory}"},
+      {"group_quotas: [ml]\n",
+       "group_quotas: expected a map of group: {gpus, gpu_share, gpu_memory}"},
       {"tcp: {listen: \":7070\"}\n", "tcp: a TCP listener needs at least one token"},
-      {"tcp: {listen: \":7070\", tokens: [{token: short, user: nobody}]}\n", "at least 16 characters"},
+      {"tcp: {listen: \":7070\", tokens: [{token: short, user: nobody}]}\n",
+       "at least 16 characters"},
       {"tcp:\n  listen: \":7070\"\n  tokens:\n    - {token: 0123456789abcdef, user: nobody}\n"
        "    - {token: 0123456789abcdefg, user: ci-no-such-account}\n",
        ":5: tcp.tokens[1].user: 'ci-no-such-account' has no local account"},
-      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef}]}\n", "tcp.tokens[0].user: required"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef}]}\n",
+       "tcp.tokens[0].user: required"},
       {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: root}]}\n",
        ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
       {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
@@ -91,7 +99,8 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},
       {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
       {"containers: {docker: x}\n", "containers.docker: unknown key"},
-      {"containers: {cdi_spec_dir: cdi}\n", "containers.cdi_spec_dir: expected an absolute folder path"},
+      {"containers: {cdi_spec_dir: cdi}\n",
+       "containers.cdi_spec_dir: expected an absolute folder path"},
       {"containers: {run_args: --rm}\n", "containers.run_args: expected a list"},
       {"containers: {run_args: [[a]]}\n", "containers.run_args[]: expected a string"},
       {"socket: [a\n", "server-config"},
@@ -113,8 +122,10 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
 
 TEST(ServerConfig, TokenForRootOnlyWhenRootJobsAreAllowed) {
   ServerConfig c = DefaultServerConfig();
-  std::string path = Write("root-token", "tcp:\n  listen: \":7070\"\n  tokens: [{token: 0123456789abcdef, user: root}]\n"
-                                         "allow_root_jobs: true\n");
+  std::string path =
+      Write("root-token",
+            "tcp:\n  listen: \":7070\"\n  tokens: [{token: 0123456789abcdef, user: root}]\n"
+            "allow_root_jobs: true\n");
   ASSERT_TRUE(LoadServerConfig(path, &c).ok());
   EXPECT_TRUE(c.allow_root_jobs);
   ASSERT_EQ(c.tokens.size(), 1u);

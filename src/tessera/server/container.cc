@@ -29,9 +29,11 @@ struct Output {
 
 // Runs argv (no shell) with stdin from /dev/null, and collects stdout and stderr together; kills it
 // after `timeout`.
-absl::StatusOr<Output> RunCapture(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+absl::StatusOr<Output> RunCapture(const std::vector<std::string>& args,
+                                  std::chrono::milliseconds timeout) {
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -52,7 +54,8 @@ absl::StatusOr<Output> RunCapture(const std::vector<std::string>& args, std::chr
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   char buf[4096];
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       kill(pid, SIGKILL);
       break;
@@ -81,11 +84,13 @@ std::string LookUp(const std::string& name) {
   size_t start = 0;
   while (start <= dirs.size()) {
     size_t colon = dirs.find(':', start);
-    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string dir =
+        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     if (!dir.empty()) {
       std::string candidate = dir + "/" + name;
       struct stat st;
-      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0) {
+      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          access(candidate.c_str(), X_OK) == 0) {
         return candidate;
       }
     }
@@ -103,7 +108,8 @@ std::string FirstLine(const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman, const std::string& cdi_spec_dir,
+absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman,
+                                            const std::string& cdi_spec_dir,
                                             std::vector<std::string> extra_args) {
   ContainerRuntime rt;
   rt.podman = LookUp(podman);
@@ -115,20 +121,24 @@ absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman, const std
   auto version = RunCapture({rt.podman, "--version"}, std::chrono::seconds(20));
   if (!version.ok()) return version.status();
   if (version->status != 0) {
-    return absl::FailedPreconditionError(
-        fmt::format("{} --version failed (exit {}): {}", rt.podman, version->status, FirstLine(version->text)));
+    return absl::FailedPreconditionError(fmt::format("{} --version failed (exit {}): {}", rt.podman,
+                                                     version->status, FirstLine(version->text)));
   }
   rt.version = FirstLine(version->text);
   auto help = RunCapture({rt.podman, "--help"}, std::chrono::seconds(20));
   rt.pass_cdi_spec_dir = help.ok() && help->text.find("--cdi-spec-dir") != std::string::npos;
   rt.cdi_spec_dir = cdi_spec_dir;
   fs::path normal = fs::path(cdi_spec_dir).lexically_normal();
-  if (normal.has_parent_path() && normal.filename().empty()) normal = normal.parent_path();  // "a/b/" -> "a/b"
+  if (normal.has_parent_path() && normal.filename().empty())
+    normal = normal.parent_path();  // "a/b/" -> "a/b"
   const std::string canonical = normal.string();
-  if (!rt.pass_cdi_spec_dir && canonical != "/etc/cdi" && canonical != "/var/run/cdi" && canonical != "/run/cdi") {
-    return absl::FailedPreconditionError(fmt::format(
-        "{} ({}) reads CDI specs only from /etc/cdi and /var/run/cdi (it has no --cdi-spec-dir), and "
-        "containers.cdi_spec_dir is {}", rt.podman, rt.version, cdi_spec_dir));
+  if (!rt.pass_cdi_spec_dir && canonical != "/etc/cdi" && canonical != "/var/run/cdi" &&
+      canonical != "/run/cdi") {
+    return absl::FailedPreconditionError(
+        fmt::format("{} ({}) reads CDI specs only from /etc/cdi and /var/run/cdi (it has no "
+                    "--cdi-spec-dir), and "
+                    "containers.cdi_spec_dir is {}",
+                    rt.podman, rt.version, cdi_spec_dir));
   }
   rt.extra_args = std::move(extra_args);
   return rt;
@@ -144,8 +154,10 @@ std::vector<std::string> PodmanRunArgv(const ContainerRuntime& rt, const Contain
   if (!job.user.empty()) a.insert(a.end(), {"--user", job.user});
   if (!job.workdir.empty()) a.insert(a.end(), {"--workdir", job.workdir});
   for (const std::string& d : job.cdi_devices) a.insert(a.end(), {"--device", d});
-  for (const std::string& f : job.read_only_files) a.insert(a.end(), {"--volume", f + ":" + f + ":ro"});
-  for (const std::string& f : job.writable_files) a.insert(a.end(), {"--volume", f + ":" + f + ":rw"});
+  for (const std::string& f : job.read_only_files)
+    a.insert(a.end(), {"--volume", f + ":" + f + ":ro"});
+  for (const std::string& f : job.writable_files)
+    a.insert(a.end(), {"--volume", f + ":" + f + ":rw"});
   for (const auto& [k, v] : job.env) a.insert(a.end(), {"--env", k + "=" + v});
   a.insert(a.end(), rt.extra_args.begin(), rt.extra_args.end());
   a.push_back(job.image);
@@ -160,12 +172,13 @@ std::map<std::string, std::string> PodmanProcessEnvironment() {
     size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
     std::string k(kv.substr(0, eq));
-    if (k == "PATH" || k == "HOME" || k == "USER" || k == "LOGNAME" || k == "TMPDIR" || k.rfind("XDG_", 0) == 0 ||
-        k.rfind("CONTAINERS_", 0) == 0) {
+    if (k == "PATH" || k == "HOME" || k == "USER" || k == "LOGNAME" || k == "TMPDIR" ||
+        k.rfind("XDG_", 0) == 0 || k.rfind("CONTAINERS_", 0) == 0) {
       env[k] = std::string(kv.substr(eq + 1));
     }
   }
-  if (!env.contains("PATH")) env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  if (!env.contains("PATH"))
+    env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   return env;
 }
 

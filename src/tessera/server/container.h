@@ -1,9 +1,10 @@
 #pragma once
-// Jobs in containers: a job submitted with an image runs under `podman run`, its GPUs handed over as
-// CDI devices (the spec Tessera writes, devices/cdi.h), its environment and sharing limits passed in,
-// the files the intercept library needs bound at their own paths. Podman's client is the job's process
-// (in the job's process group, under the shepherd); it forwards signals to the container, and a
-// container that outlives its client is removed by name. See docs/server.md ("Containers").
+// Jobs in containers: a job submitted with an image runs under `podman run`, its GPUs handed over
+// as CDI devices (the spec Tessera writes, devices/cdi.h), its environment and sharing limits
+// passed in, the files the intercept library needs bound at their own paths. Podman's client is the
+// job's process (in the job's process group, under the shepherd); it forwards signals to the
+// container, and a container that outlives its client is removed by name. See docs/server.md
+// ("Containers").
 
 #include <map>
 #include <string>
@@ -14,18 +15,20 @@
 namespace tessera::server {
 
 struct ContainerRuntime {
-  std::string podman;               // absolute path
-  std::string version;              // as `podman --version` says it
-  std::string cdi_spec_dir;         // where the spec is written
-  bool pass_cdi_spec_dir = false;   // podman takes --cdi-spec-dir (newer versions); else it reads only
-                                    // /etc/cdi and /var/run/cdi, and the spec must be in one of them
+  std::string podman;        // absolute path
+  std::string version;       // as `podman --version` says it
+  std::string cdi_spec_dir;  // where the spec is written
+  bool pass_cdi_spec_dir =
+      false;  // podman takes --cdi-spec-dir (newer versions); else it reads only
+              // /etc/cdi and /var/run/cdi, and the spec must be in one of them
   std::vector<std::string> extra_args;  // added to every `podman run` (config: containers.run_args)
 };
 
 // Finds podman (`podman` is a path, or a name looked up in PATH), asks its version and whether it
-// takes --cdi-spec-dir. kNotFound when it is not installed; kFailedPrecondition when it does not run,
-// or when `cdi_spec_dir` is not a folder this podman reads.
-absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman, const std::string& cdi_spec_dir,
+// takes --cdi-spec-dir. kNotFound when it is not installed; kFailedPrecondition when it does not
+// run, or when `cdi_spec_dir` is not a folder this podman reads.
+absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman,
+                                            const std::string& cdi_spec_dir,
                                             std::vector<std::string> extra_args);
 
 struct ContainerJob {
@@ -37,13 +40,14 @@ struct ContainerJob {
   std::vector<std::string> cdi_devices;      // fully qualified CDI names
   std::vector<std::string> read_only_files;  // bound at the same path (the intercept library)
   std::vector<std::string> writable_files;   // bound at the same path (its region, the arbiter)
-  std::string user;                          // "uid:gid"; empty: the image's (rootless: the server's)
+  std::string user;  // "uid:gid"; empty: the image's (rootless: the server's)
 };
 
 // The container's name: tessera-job-<id>.
 std::string ContainerName(int64_t job_id);
 
-// podman's command line for `job`: `podman [--cdi-spec-dir D] run --rm --name N --label ... [--user]
+// podman's command line for `job`: `podman [--cdi-spec-dir D] run --rm --name N --label ...
+// [--user]
 // [-w] --device ... -v ... -e ... <extra args> IMAGE COMMAND...`.
 std::vector<std::string> PodmanRunArgv(const ContainerRuntime& runtime, const ContainerJob& job);
 
@@ -51,8 +55,8 @@ std::vector<std::string> PodmanRunArgv(const ContainerRuntime& runtime, const Co
 // settings and nothing else (the job's environment goes in with -e).
 std::map<std::string, std::string> PodmanProcessEnvironment();
 
-// Removes the job's container if it is still there (`podman rm -f -i -t 0 NAME`), in the background:
-// for a container whose client was killed or whose job was lost.
+// Removes the job's container if it is still there (`podman rm -f -i -t 0 NAME`), in the
+// background: for a container whose client was killed or whose job was lost.
 void RemoveContainer(const ContainerRuntime& runtime, int64_t job_id);
 
 }  // namespace tessera::server

@@ -22,8 +22,9 @@ std::string FakePodman(const std::string& name, bool old) {
   const std::string dir = ::testing::TempDir() + "tessera-podman-" + std::to_string(getpid());
   fs::create_directories(dir + "/state");
   const std::string path = dir + "/" + name;
-  std::ofstream(path) << "#!/bin/sh\nexec " TESSERA_TEST_FAKES_DIR "/podman/fake_podman --fake-state " << dir
-                      << "/state" << (old ? " --old" : "") << " \"$@\"\n";
+  std::ofstream(path) << "#!/bin/sh\nexec " TESSERA_TEST_FAKES_DIR
+                         "/podman/fake_podman --fake-state "
+                      << dir << "/state" << (old ? " --old" : "") << " \"$@\"\n";
   chmod(path.c_str(), 0755);
   return path;
 }
@@ -44,14 +45,16 @@ TEST(Container, RunArgvHandsOverDevicesFilesAndEnvironment) {
   j.read_only_files = {"/opt/tessera/libtessera-cuda.so"};
   j.writable_files = {"/var/lib/tessera/regions/42.region"};
   j.user = "1000:1000";
-  EXPECT_THAT(PodmanRunArgv(rt, j),
-              ElementsAre("/usr/bin/podman", "--cdi-spec-dir", "/srv/cdi", "run", "--rm", "--name", "tessera-job-42",
-                          "--label", "io.tessera.job=42", "--user", "1000:1000", "--workdir", "/workspace",
-                          "--device", "tessera.io/gpu=GPU-a", "--volume",
-                          "/opt/tessera/libtessera-cuda.so:/opt/tessera/libtessera-cuda.so:ro", "--volume",
-                          "/var/lib/tessera/regions/42.region:/var/lib/tessera/regions/42.region:rw", "--env",
-                          "CUDA_VISIBLE_DEVICES=GPU-a", "--env", "LD_PRELOAD=/opt/tessera/libtessera-cuda.so",
-                          "--pull=never", "nvcr.io/nvidia/pytorch:24.05-py3", "python", "train.py", "--lr", "0.1"));
+  EXPECT_THAT(
+      PodmanRunArgv(rt, j),
+      ElementsAre("/usr/bin/podman", "--cdi-spec-dir", "/srv/cdi", "run", "--rm", "--name",
+                  "tessera-job-42", "--label", "io.tessera.job=42", "--user", "1000:1000",
+                  "--workdir", "/workspace", "--device", "tessera.io/gpu=GPU-a", "--volume",
+                  "/opt/tessera/libtessera-cuda.so:/opt/tessera/libtessera-cuda.so:ro", "--volume",
+                  "/var/lib/tessera/regions/42.region:/var/lib/tessera/regions/42.region:rw",
+                  "--env", "CUDA_VISIBLE_DEVICES=GPU-a", "--env",
+                  "LD_PRELOAD=/opt/tessera/libtessera-cuda.so", "--pull=never",
+                  "nvcr.io/nvidia/pytorch:24.05-py3", "python", "train.py", "--lr", "0.1"));
   rt.pass_cdi_spec_dir = false;
   j.user.clear();
   j.workdir.clear();
@@ -85,7 +88,8 @@ TEST(Container, FindsPodmanAndWhetherItTakesASpecFolder) {
   const std::string old = FakePodman("podman-old", true);
   auto bad = FindPodman(old, "/srv/cdi", {});
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("only from /etc/cdi and /var/run/cdi"));
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("only from /etc/cdi and /var/run/cdi"));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("4.3.1-fake"));
   auto ok = FindPodman(old, "/var/run/cdi/", {});
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -95,7 +99,8 @@ TEST(Container, FindsPodmanAndWhetherItTakesASpecFolder) {
 TEST(Container, MissingOrBrokenPodmanIsSaid) {
   auto none = FindPodman("/nonexistent/podman", "/etc/cdi", {});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(none.status().message()), HasSubstr("/nonexistent/podman is not an executable file"));
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("/nonexistent/podman is not an executable file"));
   auto unnamed = FindPodman("tessera-no-such-podman", "/etc/cdi", {});
   EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(unnamed.status().message()), HasSubstr("not in PATH"));
@@ -104,7 +109,8 @@ TEST(Container, MissingOrBrokenPodmanIsSaid) {
   chmod(broken.c_str(), 0755);
   auto b = FindPodman(broken, "/etc/cdi", {});
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(b.status().message()), HasSubstr("--version failed (exit 3): cannot open storage"));
+  EXPECT_THAT(std::string(b.status().message()),
+              HasSubstr("--version failed (exit 3): cannot open storage"));
   EXPECT_EQ(ContainerName(7), "tessera-job-7");
 }
 

@@ -49,8 +49,8 @@ class FakeLauncher final : public Launcher {
       j.end = now;
       j.code = 1;
     } else {
-      return absl::InvalidArgumentError(
-          fmt::format("job {}: cannot execute '{}': No such file or directory", spec.job_id, spec.argv[0]));
+      return absl::InvalidArgumentError(fmt::format(
+          "job {}: cannot execute '{}': No such file or directory", spec.job_id, spec.argv[0]));
     }
     j.exit_path = spec.exit_path;
     const pid_t pid = next_pid_++;
@@ -87,7 +87,8 @@ class FakeLauncher final : public Launcher {
     auto it = jobs_.find(pid);
     if (it == jobs_.end()) return false;
     if (it->second.end > Now()) return true;
-    if (!it->second.exit_path.empty()) std::ofstream(it->second.exit_path) << it->second.code << "\n";
+    if (!it->second.exit_path.empty())
+      std::ofstream(it->second.exit_path) << it->second.code << "\n";
     jobs_.erase(it);
     return false;
   }
@@ -107,7 +108,8 @@ class FakeLauncher final : public Launcher {
   // Waits (up to `seconds` of real time) until a Start is being held.
   bool WaitForHeldStart(double seconds) {
     std::unique_lock lock(mu_);
-    return changed_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return held_ > 0; });
+    return changed_.wait_for(lock, std::chrono::duration<double>(seconds),
+                             [&] { return held_ > 0; });
   }
 
   // How long jobs started from now on take to stop after SIGTERM.

@@ -47,7 +47,8 @@ void SplitTarget(const std::string& target, HttpRequest& r) {
     size_t amp = rest.find('&');
     std::string_view kv = rest.substr(0, amp);
     size_t eq = kv.find('=');
-    r.query[UrlDecode(kv.substr(0, eq))] = eq == std::string_view::npos ? "" : UrlDecode(kv.substr(eq + 1));
+    r.query[UrlDecode(kv.substr(0, eq))] =
+        eq == std::string_view::npos ? "" : UrlDecode(kv.substr(eq + 1));
     if (amp == std::string_view::npos) break;
     rest = rest.substr(amp + 1);
   }
@@ -84,15 +85,19 @@ struct HttpServer::Impl {
       HttpResponse res;
       bool keep_alive = false;
       unsigned version = 11;
-      if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset) {
+      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+          ec == asio::error::connection_reset) {
         break;
       } else if (ec == http::error::body_limit) {
-        res = Error(413, fmt::format("request body over the limit of {} bytes", options.max_body_bytes));
+        res = Error(413,
+                    fmt::format("request body over the limit of {} bytes", options.max_body_bytes));
       } else if (ec == http::error::header_limit) {
         res = Error(431, "request headers over the limit of 16 KiB");
       } else if (ec) {
-        if (parser.got_some() && !stopping) res = Error(400, "malformed HTTP request: " + ec.message());
-        else break;
+        if (parser.got_some() && !stopping)
+          res = Error(400, "malformed HTTP request: " + ec.message());
+        else
+          break;
       } else {
         auto& msg = parser.get();
         HttpRequest req;
@@ -178,14 +183,16 @@ struct HttpServer::Impl {
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options, HttpHandler handler) {
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options,
+                                                              HttpHandler handler) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   impl->handler = std::move(handler);
   const std::string& path = impl->options.unix_path;
   if (path.empty()) return absl::InvalidArgumentError("no unix socket path");
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
-    return absl::InvalidArgumentError(fmt::format("socket path {} is too long for a unix socket", path));
+    return absl::InvalidArgumentError(
+        fmt::format("socket path {} is too long for a unix socket", path));
   }
   // A socket file left by a server that is gone is replaced; a live server's is not.
   struct stat st;
@@ -196,7 +203,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     local::socket probe(impl->io);
     beast::error_code ec;
     probe.connect(local::endpoint(path), ec);
-    if (!ec) return absl::FailedPreconditionError(fmt::format("a server is already listening on {}", path));
+    if (!ec)
+      return absl::FailedPreconditionError(
+          fmt::format("a server is already listening on {}", path));
     unlink(path.c_str());
   }
   beast::error_code ec;
@@ -221,7 +230,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     } catch (...) {
       want = -1;
     }
-    if (want < 0 || want > 65535) return absl::InvalidArgumentError(fmt::format("TCP address '{}': bad port", a));
+    if (want < 0 || want > 65535)
+      return absl::InvalidArgumentError(fmt::format("TCP address '{}': bad port", a));
     auto address = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
     if (ec) return absl::InvalidArgumentError(fmt::format("TCP address '{}': {}", a, ec.message()));
     tcp::endpoint ep(address, static_cast<unsigned short>(want));
@@ -234,9 +244,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     port = impl->tcp_acceptor->local_endpoint().port();
   }
   Impl* raw = impl.get();
-  raw->unix_thread = std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
+  raw->unix_thread =
+      std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
   if (raw->tcp_acceptor) {
-    raw->tcp_thread = std::thread([raw] { raw->Accept<tcp::socket>(*raw->tcp_acceptor, Impl::TcpPeer); });
+    raw->tcp_thread =
+        std::thread([raw] { raw->Accept<tcp::socket>(*raw->tcp_acceptor, Impl::TcpPeer); });
   }
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(impl)));
   server->tcp_port_ = port;
@@ -292,7 +304,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
         std::string hp = endpoint_.substr(6);
         size_t colon = hp.rfind(':');
         tcp::resolver resolver(conn_->io);
-        auto results = resolver.resolve(hp.substr(0, colon), colon == std::string::npos ? "80" : hp.substr(colon + 1), ec);
+        auto results = resolver.resolve(
+            hp.substr(0, colon), colon == std::string::npos ? "80" : hp.substr(colon + 1), ec);
         conn_->tcp_sock = std::make_unique<tcp::socket>(conn_->io);
         if (!ec) asio::connect(*conn_->tcp_sock, results, ec);
       } else {
@@ -302,8 +315,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
       if (ec) {
         conn_.reset();
         return absl::UnavailableError(
-            fmt::format("cannot reach the Tessera server at {}: {} (is `tessera server` running?)", endpoint_,
-                        ec.message()));
+            fmt::format("cannot reach the Tessera server at {}: {} (is `tessera server` running?)",
+                        endpoint_, ec.message()));
       }
     }
     http::response_parser<http::string_body> parser;
@@ -318,7 +331,8 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
     if (ec) {
       conn_.reset();  // a kept-alive connection the server closed: once more on a new one
       if (attempt == 0) continue;
-      return absl::UnavailableError(fmt::format("request to {} failed: {}", endpoint_, ec.message()));
+      return absl::UnavailableError(
+          fmt::format("request to {} failed: {}", endpoint_, ec.message()));
     }
     auto& msg = parser.get();
     HttpResponse r;

@@ -1,8 +1,9 @@
 #pragma once
-// HTTP/1.1 for the standalone server, on a unix socket (the caller's identity from the socket's peer
-// credentials) and optionally TCP. Built on Boost.Beast: one thread per connection, keep-alive, a body
-// size limit (413) and a header size limit; Stop closes every connection. The client side
-// is what the CLI and the tests use. Knows nothing of the API: a handler turns requests into responses.
+// HTTP/1.1 for the standalone server, on a unix socket (the caller's identity from the socket's
+// peer credentials) and optionally TCP. Built on Boost.Beast: one thread per connection,
+// keep-alive, a body size limit (413) and a header size limit; Stop closes every connection. The
+// client side is what the CLI and the tests use. Knows nothing of the API: a handler turns requests
+// into responses.
 
 #include <sys/types.h>
 
@@ -28,9 +29,9 @@ struct Peer {
 };
 
 struct HttpRequest {
-  std::string method;  // "GET"
-  std::string target;  // "/v1/jobs?state=running"
-  std::string path;    // "/v1/jobs"
+  std::string method;                        // "GET"
+  std::string target;                        // "/v1/jobs?state=running"
+  std::string path;                          // "/v1/jobs"
   std::map<std::string, std::string> query;  // decoded
   std::string authorization;                 // the Authorization header
   std::string content_type;
@@ -47,8 +48,8 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpServerOptions {
-  std::string unix_path;         // required; replaced if a stale socket file is there
-  std::string tcp_address;       // "127.0.0.1:8080", ":0" for any free port; empty: no TCP
+  std::string unix_path;    // required; replaced if a stale socket file is there
+  std::string tcp_address;  // "127.0.0.1:8080", ":0" for any free port; empty: no TCP
   size_t max_body_bytes = 1 << 20;
   // Answer for bodies over the limit and unreadable requests; the handler never sees them.
   std::function<HttpResponse(int status, const std::string& message)> error_response;
@@ -56,7 +57,8 @@ struct HttpServerOptions {
 
 class HttpServer {
  public:
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options, HttpHandler handler);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options,
+                                                           HttpHandler handler);
   ~HttpServer();
   void Stop();
   int tcp_port() const { return tcp_port_; }

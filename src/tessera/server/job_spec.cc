@@ -20,13 +20,15 @@ absl::Status Bad(std::string_view field, std::string_view what) {
 
 std::string TypeName(const json& v) { return v.type_name(); }
 
-absl::Status Unknown(const json& obj, std::initializer_list<std::string_view> known, std::string_view where) {
+absl::Status Unknown(const json& obj, std::initializer_list<std::string_view> known,
+                     std::string_view where) {
   for (const auto& [k, v] : obj.items()) {
     bool ok = false;
     for (std::string_view n : known) ok = ok || k == n;
     if (!ok) {
-      return absl::InvalidArgumentError(
-          where.empty() ? fmt::format("unknown field '{}'", k) : fmt::format("{}: unknown field '{}'", where, k));
+      return absl::InvalidArgumentError(where.empty()
+                                            ? fmt::format("unknown field '{}'", k)
+                                            : fmt::format("{}: unknown field '{}'", where, k));
     }
   }
   return absl::OkStatus();
@@ -39,9 +41,10 @@ absl::Status String(const json& v, std::string_view field, std::string* out, siz
   return absl::OkStatus();
 }
 
-absl::Status StringMap(const json& v, std::string_view field, std::map<std::string, std::string>* out,
-                       bool env_names) {
-  if (!v.is_object()) return Bad(field, fmt::format("expected an object of strings, got {}", TypeName(v)));
+absl::Status StringMap(const json& v, std::string_view field,
+                       std::map<std::string, std::string>* out, bool env_names) {
+  if (!v.is_object())
+    return Bad(field, fmt::format("expected an object of strings, got {}", TypeName(v)));
   if (v.size() > 1000) return Bad(field, "more than 1000 entries");
   for (const auto& [k, val] : v.items()) {
     if (k.empty() || k.size() > 256 || (env_names && k.find('=') != std::string::npos) ||
@@ -49,17 +52,20 @@ absl::Status StringMap(const json& v, std::string_view field, std::map<std::stri
       return Bad(field, fmt::format("bad name '{}'", k));
     }
     std::string s;
-    if (absl::Status st = String(val, fmt::format("{}.{}", field, k), &s, 65536); !st.ok()) return st;
-    if (s.find('\0') != std::string::npos) return Bad(fmt::format("{}.{}", field, k), "contains a NUL byte");
+    if (absl::Status st = String(val, fmt::format("{}.{}", field, k), &s, 65536); !st.ok())
+      return st;
+    if (s.find('\0') != std::string::npos)
+      return Bad(fmt::format("{}.{}", field, k), "contains a NUL byte");
     (*out)[k] = s;
   }
   return absl::OkStatus();
 }
 
 absl::Status Integer(const json& v, std::string_view field, int64_t lo, int64_t hi, int64_t* out) {
-  if (!v.is_number_integer()) return Bad(field, fmt::format("expected a whole number, got {}", TypeName(v)));
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() < lo ||
-                                                                                   v.get<int64_t>() > hi) {
+  if (!v.is_number_integer())
+    return Bad(field, fmt::format("expected a whole number, got {}", TypeName(v)));
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                             : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
     return Bad(field, fmt::format("expected {}..{}, got {}", lo, hi, v.dump()));
   }
   *out = v.get<int64_t>();
@@ -75,10 +81,12 @@ absl::Status Memory(const json& v, std::string_view field, int64_t* mib) {
     *mib = m;
     return absl::OkStatus();
   }
-  if (!v.is_string()) return Bad(field, fmt::format("expected a size such as \"10GiB\", got {}", TypeName(v)));
+  if (!v.is_string())
+    return Bad(field, fmt::format("expected a size such as \"10GiB\", got {}", TypeName(v)));
   auto parsed = core::ParseBytes(v.get<std::string>());
   if (!parsed || *parsed < (1u << 20) || *parsed > (uint64_t{1} << 50)) {
-    return Bad(field, fmt::format("expected a size between 1MiB and 1PiB such as \"10GiB\", got {}", v.dump()));
+    return Bad(field, fmt::format("expected a size between 1MiB and 1PiB such as \"10GiB\", got {}",
+                                  v.dump()));
   }
   bytes = *parsed;
   *mib = static_cast<int64_t>(bytes >> 20);
@@ -103,22 +111,28 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
 }
 
 absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
-  if (!j.is_object()) return absl::InvalidArgumentError(fmt::format("expected a JSON object, got {}", TypeName(j)));
-  if (absl::Status st = Unknown(j, {"command", "env", "workdir", "name", "labels", "resources", "priority",
-                                    "preemptible", "max_runtime_s", "grace_period_s", "image"},
-                                "");
+  if (!j.is_object())
+    return absl::InvalidArgumentError(fmt::format("expected a JSON object, got {}", TypeName(j)));
+  if (absl::Status st =
+          Unknown(j,
+                  {"command", "env", "workdir", "name", "labels", "resources", "priority",
+                   "preemptible", "max_runtime_s", "grace_period_s", "image"},
+                  "");
       !st.ok()) {
     return st;
   }
   JobSpec s;
   if (!j.contains("command")) return Bad("command", "required: the program and its arguments");
   const json& cmd = j["command"];
-  if (!cmd.is_array() || cmd.empty()) return Bad("command", "expected a non-empty array of strings");
+  if (!cmd.is_array() || cmd.empty())
+    return Bad("command", "expected a non-empty array of strings");
   if (cmd.size() > 10000) return Bad("command", "more than 10000 arguments");
   for (size_t i = 0; i < cmd.size(); ++i) {
     std::string a;
-    if (absl::Status st = String(cmd[i], fmt::format("command[{}]", i), &a, 1 << 17); !st.ok()) return st;
-    if (a.find('\0') != std::string::npos) return Bad(fmt::format("command[{}]", i), "contains a NUL byte");
+    if (absl::Status st = String(cmd[i], fmt::format("command[{}]", i), &a, 1 << 17); !st.ok())
+      return st;
+    if (a.find('\0') != std::string::npos)
+      return Bad(fmt::format("command[{}]", i), "contains a NUL byte");
     s.command.push_back(std::move(a));
   }
   if (s.command[0].empty()) return Bad("command[0]", "empty program name");
@@ -130,7 +144,8 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (j.contains("workdir")) {
     if (absl::Status st = String(j["workdir"], "workdir", &s.workdir); !st.ok()) return st;
-    if (!s.workdir.empty() && s.workdir[0] != '/') return Bad("workdir", "expected an absolute path");
+    if (!s.workdir.empty() && s.workdir[0] != '/')
+      return Bad("workdir", "expected an absolute path");
   }
   if (j.contains("name")) {
     if (absl::Status st = String(j["name"], "name", &s.name, 128); !st.ok()) return st;
@@ -145,7 +160,8 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (j.contains("preemptible")) {
     if (!j["preemptible"].is_boolean()) {
-      return Bad("preemptible", fmt::format("expected true or false, got {}", TypeName(j["preemptible"])));
+      return Bad("preemptible",
+                 fmt::format("expected true or false, got {}", TypeName(j["preemptible"])));
     }
     s.preemptible = j["preemptible"].get<bool>();
   }
@@ -165,9 +181,11 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (j.contains("resources")) {
     const json& r = j["resources"];
-    if (!r.is_object()) return Bad("resources", fmt::format("expected an object, got {}", TypeName(r)));
+    if (!r.is_object())
+      return Bad("resources", fmt::format("expected an object, got {}", TypeName(r)));
     if (absl::Status st =
-            Unknown(r, {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory", "topology"}, "resources");
+            Unknown(r, {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory", "topology"},
+                    "resources");
         !st.ok()) {
       return st;
     }
@@ -177,7 +195,9 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       s.gpus = static_cast<int>(g);
     }
     if (r.contains("gpu_memory")) {
-      if (absl::Status st = Memory(r["gpu_memory"], "resources.gpu_memory", &s.gpu_memory_mib); !st.ok()) return st;
+      if (absl::Status st = Memory(r["gpu_memory"], "resources.gpu_memory", &s.gpu_memory_mib);
+          !st.ok())
+        return st;
     }
     if (r.contains("gpu_share")) {
       const json& v = r["gpu_share"];
@@ -196,10 +216,12 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
         }
       }
       if (!(pct >= 0.1 && pct < 100)) {
-        return Bad("resources.gpu_share",
-                   fmt::format("expected a share of one GPU between 0.1% and 99.9% (\"30%\" or 30), got {}; "
-                               "ask for whole GPUs with resources.gpus",
-                               v.dump()));
+        return Bad(
+            "resources.gpu_share",
+            fmt::format(
+                "expected a share of one GPU between 0.1% and 99.9% (\"30%\" or 30), got {}; "
+                "ask for whole GPUs with resources.gpus",
+                v.dump()));
       }
       s.gpu_milli = static_cast<int>(std::lround(pct * 10));
     }
@@ -210,32 +232,42 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       } else if (v.is_array()) {
         for (size_t i = 0; i < v.size(); ++i) {
           std::string m;
-          if (absl::Status st = String(v[i], fmt::format("resources.model[{}]", i), &m, 128); !st.ok()) return st;
+          if (absl::Status st = String(v[i], fmt::format("resources.model[{}]", i), &m, 128);
+              !st.ok())
+            return st;
           s.models.push_back(m);
         }
       } else {
-        return Bad("resources.model", fmt::format("expected a string or an array of strings, got {}", TypeName(v)));
+        return Bad("resources.model",
+                   fmt::format("expected a string or an array of strings, got {}", TypeName(v)));
       }
       for (const std::string& m : s.models) {
         if (m.empty()) return Bad("resources.model", "empty model name");
       }
     }
     if (r.contains("min_gpu_memory")) {
-      if (absl::Status st = Memory(r["min_gpu_memory"], "resources.min_gpu_memory", &s.min_gpu_memory_mib); !st.ok()) {
+      if (absl::Status st =
+              Memory(r["min_gpu_memory"], "resources.min_gpu_memory", &s.min_gpu_memory_mib);
+          !st.ok()) {
         return st;
       }
     }
     if (r.contains("topology")) {
-      if (absl::Status st = String(r["topology"], "resources.topology", &s.topology, 16); !st.ok()) return st;
+      if (absl::Status st = String(r["topology"], "resources.topology", &s.topology, 16); !st.ok())
+        return st;
       if (s.topology != "none" && s.topology != "prefer" && s.topology != "require") {
-        return Bad("resources.topology", fmt::format("expected none, prefer or require, got '{}'", s.topology));
+        return Bad("resources.topology",
+                   fmt::format("expected none, prefer or require, got '{}'", s.topology));
       }
     }
     if (s.gpus > 0 && (s.gpu_milli > 0 || s.gpu_memory_mib > 0)) {
-      return Bad("resources", "ask for whole GPUs (gpus) or a fraction of one (gpu_memory, gpu_share), not both");
+      return Bad(
+          "resources",
+          "ask for whole GPUs (gpus) or a fraction of one (gpu_memory, gpu_share), not both");
     }
   }
-  if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty()) return Bad("resources", why);
+  if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
+    return Bad("resources", why);
   return s;
 }
 
@@ -274,7 +306,8 @@ bool HasWords(const std::string& model, const std::string& part) {
   const std::string m = lower(model), p = lower(part);
   for (size_t at = m.find(p); at != std::string::npos; at = m.find(p, at + 1)) {
     const size_t end = at + p.size();
-    if ((at == 0 || m[at - 1] == ' ' || m[at - 1] == '-') && (end == m.size() || m[end] == ' ' || m[end] == '-')) {
+    if ((at == 0 || m[at - 1] == ' ' || m[at - 1] == '-') &&
+        (end == m.size() || m[end] == ' ' || m[end] == '-')) {
       return true;
     }
   }
@@ -302,8 +335,9 @@ absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& availa
       if (HasWords(a, asked)) add(a);
     }
     if (resolved.size() == before) {
-      return absl::InvalidArgumentError(fmt::format("resources.model: '{}' is none of this machine's GPU models ({})",
-                                                    asked, fmt::join(distinct, ", ")));
+      return absl::InvalidArgumentError(
+          fmt::format("resources.model: '{}' is none of this machine's GPU models ({})", asked,
+                      fmt::join(distinct, ", ")));
     }
   }
   spec->models = resolved;

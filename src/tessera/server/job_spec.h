@@ -1,7 +1,7 @@
 #pragma once
-// A job as submitted to the standalone server (POST /v1/jobs): parsed strictly from JSON - wrong types,
-// out-of-range values and unknown fields are refused with the field's name - and turned into a
-// scheduling request.
+// A job as submitted to the standalone server (POST /v1/jobs): parsed strictly from JSON - wrong
+// types, out-of-range values and unknown fields are refused with the field's name - and turned into
+// a scheduling request.
 
 #include <cstdint>
 #include <map>
@@ -25,7 +25,8 @@ struct JobSpec {
   int gpus = 0;
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
-  std::vector<std::string> models;  // acceptable GPU models, exact names as NVML gives them; empty: any
+  std::vector<std::string>
+      models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;
   std::string topology = "none";  // none | prefer | require (NVLink between the GPUs)
   int priority = 0;               // -1000..1000, higher first
@@ -34,7 +35,7 @@ struct JobSpec {
   // Seconds between the SIGTERM of a stop (cancel, preemption, timeout) and the SIGKILL; negative:
   // the server's default (preemption.grace_period_s).
   double grace_period_s = -1;
-  std::string image;         // run in a container (podman) with the GPUs as CDI devices
+  std::string image;  // run in a container (podman) with the GPUs as CDI devices
 };
 
 // kInvalidArgument naming the field ("resources.gpu_share: expected a share between 1% and 100%").
@@ -42,10 +43,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view json);
 absl::StatusOr<JobSpec> JobSpecFromJson(const nlohmann::json& j);
 nlohmann::json JobSpecToJson(const JobSpec& spec);
 
-// Turns each of `spec`'s models into exact names of `available` (the machine's models): an exact name
-// stays; otherwise the models that contain it as whole words, case aside ("H100", "a100", "T4", "H100
-// 80GB"; not "100"), so that what is stored and scheduled is exact. kInvalidArgument naming the model
-// and the machine's models when one matches none.
+// Turns each of `spec`'s models into exact names of `available` (the machine's models): an exact
+// name stays; otherwise the models that contain it as whole words, case aside ("H100", "a100",
+// "T4", "H100 80GB"; not "100"), so that what is stored and scheduled is exact. kInvalidArgument
+// naming the model and the machine's models when one matches none.
 absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& available);
 
 // The scheduling request for a job.

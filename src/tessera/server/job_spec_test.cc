@@ -11,9 +11,11 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(JobSpec, ParsesAFullSpec) {
-  auto s = ParseJobSpec(R"({"command": ["python", "train.py"], "env": {"A": "1"}, "workdir": "/data",
-      "name": "t", "labels": {"team": "nlp"}, "priority": 5, "preemptible": false, "max_runtime_s": 60,
-      "grace_period_s": 120, "resources": {"gpu_memory": "10GiB", "gpu_share": "30%", "model": "H100"}})");
+  auto s =
+      ParseJobSpec(R"({"command": ["python", "train.py"], "env": {"A": "1"}, "workdir": "/data",
+      "name": "t", "labels": {"team": "nlp"}, "priority": 5, "preemptible": false,
+      "max_runtime_s": 60, "grace_period_s": 120,
+      "resources": {"gpu_memory": "10GiB", "gpu_share": "30%", "model": "H100"}})");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->command, (std::vector<std::string>{"python", "train.py"}));
   EXPECT_EQ(s->gpu_memory_mib, 10240);
@@ -22,7 +24,8 @@ TEST(JobSpec, ParsesAFullSpec) {
   EXPECT_EQ(s->priority, 5);
   EXPECT_FALSE(s->preemptible);
   EXPECT_EQ(s->grace_period_s, 120);
-  EXPECT_LT(ParseJobSpec(R"({"command": ["ls"]})")->grace_period_s, 0) << "unset: the server's default";
+  EXPECT_LT(ParseJobSpec(R"({"command": ["ls"]})")->grace_period_s, 0)
+      << "unset: the server's default";
   // Round trip through the stored form.
   auto again = JobSpecFromJson(JobSpecToJson(*s));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -44,20 +47,24 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
       {R"({"command": [1]})", "command[0]: expected a string, got number"},
       {R"({"command": ["ls"], "gpus": 1})", "unknown field 'gpus'"},
       {R"({"command": ["ls"], "resources": {"gpu": 1}})", "resources: unknown field 'gpu'"},
-      {R"({"command": ["ls"], "resources": {"gpus": "2"}})", "resources.gpus: expected a whole number, got string"},
+      {R"({"command": ["ls"], "resources": {"gpus": "2"}})",
+       "resources.gpus: expected a whole number, got string"},
       {R"({"command": ["ls"], "resources": {"gpus": 65}})", "resources.gpus: expected 0..64"},
       {R"({"command": ["ls"], "resources": {"gpu_share": 150}})", "resources.gpu_share"},
       {R"({"command": ["ls"], "resources": {"gpu_memory": "lots"}})", "resources.gpu_memory"},
       {R"({"command": ["ls"], "resources": {"gpus": 1, "gpu_share": 30}})", "not both"},
-      {R"({"command": ["ls"], "resources": {"gpus": 1, "topology": "require"}})", "2 or more whole GPUs"},
+      {R"({"command": ["ls"], "resources": {"gpus": 1, "topology": "require"}})",
+       "2 or more whole GPUs"},
       {R"({"command": ["ls"], "priority": 1.5})", "priority: expected a whole number"},
       {R"({"command": ["ls"], "priority": 5000})", "priority: expected -1000..1000"},
       {R"({"command": ["ls"], "env": {"A": 1}})", "env.A: expected a string"},
       {R"({"command": ["ls"], "env": {"A=B": "1"}})", "env: bad name"},
       {R"({"command": ["ls"], "workdir": "rel"})", "workdir: expected an absolute path"},
       {R"({"command": ["ls"], "max_runtime_s": -1})", "max_runtime_s"},
-      {R"({"command": ["ls"], "grace_period_s": -1})", "grace_period_s: expected seconds in 0..3600"},
-      {R"({"command": ["ls"], "grace_period_s": 4000})", "grace_period_s: expected seconds in 0..3600"},
+      {R"({"command": ["ls"], "grace_period_s": -1})",
+       "grace_period_s: expected seconds in 0..3600"},
+      {R"({"command": ["ls"], "grace_period_s": 4000})",
+       "grace_period_s: expected seconds in 0..3600"},
       {R"({"command": ["ls"], "grace_period_s": "30s"})", "grace_period_s"},
       {R"({"command": ["ls"], "preemptible": "yes"})", "preemptible: expected true or false"},
   };
@@ -76,8 +83,9 @@ namespace tessera::server {
 namespace {
 
 TEST(JobSpecModels, PartsOfANameResolveToTheMachinesExactModels) {
-  const std::vector<std::string> machine = {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB",
-                                            "Tesla T4", "NVIDIA H100 80GB HBM3"};
+  const std::vector<std::string> machine = {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB",
+                                            "NVIDIA A100-SXM4-80GB", "Tesla T4",
+                                            "NVIDIA H100 80GB HBM3"};
   auto resolve = [&](std::vector<std::string> asked) {
     JobSpec s;
     s.models = std::move(asked);
@@ -87,14 +95,20 @@ TEST(JobSpecModels, PartsOfANameResolveToTheMachinesExactModels) {
   EXPECT_THAT(resolve({"NVIDIA H100 80GB HBM3"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
   EXPECT_THAT(resolve({"H100"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
   EXPECT_THAT(resolve({"h100 80gb"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
-  EXPECT_THAT(resolve({"A100"}), ::testing::ElementsAre("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"));
-  EXPECT_THAT(resolve({"A100-SXM4-80GB", "T4"}), ::testing::ElementsAre("NVIDIA A100-SXM4-80GB", "Tesla T4"));
-  EXPECT_THAT(resolve({"H100", "NVIDIA H100 80GB HBM3"}), ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
+  EXPECT_THAT(resolve({"A100"}),
+              ::testing::ElementsAre("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB"));
+  EXPECT_THAT(resolve({"A100-SXM4-80GB", "T4"}),
+              ::testing::ElementsAre("NVIDIA A100-SXM4-80GB", "Tesla T4"));
+  EXPECT_THAT(resolve({"H100", "NVIDIA H100 80GB HBM3"}),
+              ::testing::ElementsAre("NVIDIA H100 80GB HBM3"));
   EXPECT_THAT(resolve({}), ::testing::IsEmpty());
   // Whole words only: "100" is in every A100 and H100, and means none of them.
-  EXPECT_THAT(resolve({"100"})[0], ::testing::HasSubstr("'100' is none of this machine's GPU models"));
-  EXPECT_THAT(resolve({"V100"})[0],
-              ::testing::HasSubstr("(NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB, Tesla T4)"));
+  EXPECT_THAT(resolve({"100"})[0],
+              ::testing::HasSubstr("'100' is none of this machine's GPU models"));
+  EXPECT_THAT(
+      resolve({"V100"})[0],
+      ::testing::HasSubstr(
+          "(NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-40GB, NVIDIA A100-SXM4-80GB, Tesla T4)"));
   EXPECT_THAT(resolve({"T4", "L4"})[0], ::testing::HasSubstr("resources.model: 'L4'"));
 }
 

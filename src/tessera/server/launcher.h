@@ -1,8 +1,8 @@
 #pragma once
-// Launcher: the server's one seam to job processes - start, signal, reap, and tell a live process from
-// an ended one. ProcessLauncher is the real thing (runner.h: process groups, shepherds, setuid); tests
-// drive the server with a fake one that runs jobs on a fake clock. Implementations are called from the
-// server's scheduling thread and its API threads; they must be thread-safe.
+// Launcher: the server's one seam to job processes - start, signal, reap, and tell a live process
+// from an ended one. ProcessLauncher is the real thing (runner.h: process groups, shepherds,
+// setuid); tests drive the server with a fake one that runs jobs on a fake clock. Implementations
+// are called from the server's scheduling thread and its API threads; they must be thread-safe.
 
 #include <sys/types.h>
 

@@ -42,9 +42,9 @@ void ResetSignals() {
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
     if (sigaction(sig, &dfl, nullptr) == 0) continue;
-    // glibc refuses the signals it keeps for itself (32 and 33, for thread cancellation and set*id),
-    // yet an ignored disposition of those survives exec too: ask the kernel directly. Its struct
-    // starts with the handler; all else zero (no flags, no restorer, empty mask).
+    // glibc refuses the signals it keeps for itself (32 and 33, for thread cancellation and
+    // set*id), yet an ignored disposition of those survives exec too: ask the kernel directly. Its
+    // struct starts with the handler; all else zero (no flags, no restorer, empty mask).
     unsigned long kernel_action[4] = {reinterpret_cast<unsigned long>(SIG_DFL), 0, 0, 0};
     syscall(SYS_rt_sigaction, sig, kernel_action, nullptr, sizeof(unsigned long));
   }
@@ -53,9 +53,12 @@ void ResetSignals() {
   sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-constexpr const char* kSteps[] = {"cannot enter the working directory", "cannot open the stdout log",
-                                  "cannot open the stderr log", "cannot switch group",
-                                  "cannot switch user", "cannot execute"};
+constexpr const char* kSteps[] = {"cannot enter the working directory",
+                                  "cannot open the stdout log",
+                                  "cannot open the stderr log",
+                                  "cannot switch group",
+                                  "cannot switch user",
+                                  "cannot execute"};
 
 }  // namespace
 
@@ -75,7 +78,8 @@ std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
     }
     env["LD_PRELOAD"] = preload;
     env["TESSERA_CUDA_REGION"] = spec.share->region;
-    if (spec.share->memory_bytes > 0) env["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(spec.share->memory_bytes);
+    if (spec.share->memory_bytes > 0)
+      env["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(spec.share->memory_bytes);
     if (spec.share->context_overhead_bytes > 0) {
       env["TESSERA_CUDA_CONTEXT_OVERHEAD"] = std::to_string(spec.share->context_overhead_bytes);
     }
@@ -153,7 +157,9 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
         int status = 0;
         while (waitpid(job, &status, 0) < 0 && errno == EINTR) {
         }
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255;
+        int code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                         : 255;
         char digits[16];
         int n = 0;
         int v = code;
@@ -218,7 +224,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   close(pipe_fds[0]);
   if (n == sizeof ce) {
     waitpid(pid, nullptr, 0);
-    std::string what = ce.step == 5 ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
+    std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
                        : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
                                       : kSteps[ce.step];
     return absl::InvalidArgumentError(

@@ -1,9 +1,10 @@
 #pragma once
 // Starts and stops job processes for the standalone server. Each job runs in its own process group
 // (so a stop reaches everything it started), with the environment it was submitted with plus the
-// devices it was given (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES by UUID, CUDA_DEVICE_ORDER) and,
-// for a share of a GPU, the intercept library and its limits; stdout and stderr go to log files. When
-// the server runs as root the job runs as its owner. Thread-compatible; the caller reaps its children.
+// devices it was given (CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES by UUID, CUDA_DEVICE_ORDER)
+// and, for a share of a GPU, the intercept library and its limits; stdout and stderr go to log
+// files. When the server runs as root the job runs as its owner. Thread-compatible; the caller
+// reaps its children.
 
 #include <sys/types.h>
 
@@ -21,31 +22,31 @@
 namespace tessera::server {
 
 struct ShareLimits {
-  std::string library;      // path of libtessera-cuda.so
-  std::string region;       // the job's shared region file
+  std::string library;        // path of libtessera-cuda.so
+  std::string region;         // the job's shared region file
   uint64_t memory_bytes = 0;  // 0: no memory limit
-  std::string arbiter;      // the machine's GPU arbiter file; empty: launches not paced
-  int share_milli = 0;      // compute share, thousandths of the GPU; 0: none asked
+  std::string arbiter;        // the machine's GPU arbiter file; empty: launches not paced
+  int share_milli = 0;        // compute share, thousandths of the GPU; 0: none asked
   int priority = 0;
-  int physical_gpu = 0;     // the arbiter's index of the job's GPU
+  int physical_gpu = 0;  // the arbiter's index of the job's GPU
   uint64_t context_overhead_bytes = 0;
 };
 
 struct LaunchSpec {
-  std::vector<std::string> argv;              // argv[0] is looked up in the job's PATH
-  std::map<std::string, std::string> env;     // the job's environment, as submitted
-  bool env_as_is = false;                     // true: `env` is the whole environment (no Tessera variables
-                                              // added: a podman client whose job gets them with --env)
-  std::string workdir;                        // empty: the server's
-  std::string stdout_path, stderr_path;       // created (appended to) before the job starts
-  std::vector<std::string> gpu_uuids;         // given devices; empty = none visible
-  std::optional<ShareLimits> share;           // a fraction of one GPU
-  std::optional<uid_t> uid;                   // run as this user (needs root)
+  std::vector<std::string> argv;           // argv[0] is looked up in the job's PATH
+  std::map<std::string, std::string> env;  // the job's environment, as submitted
+  bool env_as_is = false;  // true: `env` is the whole environment (no Tessera variables
+                           // added: a podman client whose job gets them with --env)
+  std::string workdir;     // empty: the server's
+  std::string stdout_path, stderr_path;  // created (appended to) before the job starts
+  std::vector<std::string> gpu_uuids;    // given devices; empty = none visible
+  std::optional<ShareLimits> share;      // a fraction of one GPU
+  std::optional<uid_t> uid;              // run as this user (needs root)
   std::optional<gid_t> gid;
   int64_t job_id = 0;
-  // When set, the job runs under a shepherd (the group leader) that waits for it and writes its exit
-  // code here (written to a temporary name, then renamed), so a server restarted while the job ran can
-  // still learn how it ended. The shepherd exits with the job's code.
+  // When set, the job runs under a shepherd (the group leader) that waits for it and writes its
+  // exit code here (written to a temporary name, then renamed), so a server restarted while the job
+  // ran can still learn how it ended. The shepherd exits with the job's code.
   std::string exit_path;
 };
 
@@ -53,8 +54,8 @@ struct LaunchSpec {
 std::optional<int> ReadExitFile(const std::string& path);
 
 struct Launched {
-  pid_t pid = 0;              // also the process group id
-  uint64_t start_time = 0;    // /proc/<pid>/stat start time, to re-adopt the right process later
+  pid_t pid = 0;            // also the process group id
+  uint64_t start_time = 0;  // /proc/<pid>/stat start time, to re-adopt the right process later
 };
 
 // The environment a job gets: its own plus Tessera's variables (which win).
@@ -74,9 +75,9 @@ std::optional<int> Reap(pid_t pid);
 // Whether `pid` is still the process that was started at `start_time` (not a reused pid).
 bool SameProcess(pid_t pid, uint64_t start_time);
 
-// Calls `on_exit` (from its own thread) soon after a watched process ends, so that jobs are reaped when
-// they end rather than at the next poll. Works for children and for processes adopted from an earlier
-// server alike (a pidfd per process, in one epoll set). Thread-safe.
+// Calls `on_exit` (from its own thread) soon after a watched process ends, so that jobs are reaped
+// when they end rather than at the next poll. Works for children and for processes adopted from an
+// earlier server alike (a pidfd per process, in one epoll set). Thread-safe.
 class ExitWatcher {
  public:
   explicit ExitWatcher(std::function<void()> on_exit);

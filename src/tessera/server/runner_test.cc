@@ -2,8 +2,6 @@
 // group, and telling a live job from a reused pid.
 #include "tessera/server/runner.h"
 
-#include "tessera/shim/region.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -11,11 +9,13 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
+
+#include "tessera/shim/region.h"
 
 namespace tessera::server {
 namespace {
@@ -57,9 +57,10 @@ LaunchSpec Shell(const std::string& script, const std::string& name) {
 }
 
 TEST(Runner, JobSeesItsEnvironmentDevicesAndLogs) {
-  LaunchSpec s = Shell("echo $GREETING $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES $TESSERA_JOB_ID; "
-                       "echo oops >&2; exit 3",
-                       "env");
+  LaunchSpec s = Shell(
+      "echo $GREETING $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES $TESSERA_JOB_ID; "
+      "echo oops >&2; exit 3",
+      "env");
   s.gpu_uuids = {"GPU-aaaa", "GPU-bbbb"};
   auto l = Start(s);
   ASSERT_TRUE(l.ok()) << l.status();
@@ -93,8 +94,9 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
   auto l = Start(s);
   ASSERT_FALSE(l.ok());
   EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(l.status().message()),
-              HasSubstr("job 7: cannot execute 'no-such-command-tessera': No such file or directory"));
+  EXPECT_THAT(
+      std::string(l.status().message()),
+      HasSubstr("job 7: cannot execute 'no-such-command-tessera': No such file or directory"));
   LaunchSpec d = Shell("true", "workdir");
   d.workdir = "/nonexistent/dir";
   auto w = Start(d);
@@ -105,7 +107,8 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
 }
 
 TEST(Runner, StopReachesTheWholeProcessGroup) {
-  // The job ignores SIGTERM and has a child: SIGTERM changes nothing, SIGKILL of the group ends both.
+  // The job ignores SIGTERM and has a child: SIGTERM changes nothing, SIGKILL of the group ends
+  // both.
   std::string pidfile = Dir() + "/child.pid";
   std::filesystem::remove(pidfile);
   LaunchSpec s = Shell("trap '' TERM; sleep 30 & echo $! > " + pidfile + "; wait", "group");
@@ -176,8 +179,9 @@ TEST(Runner, JobStartsWithNoSignalBlockedOrIgnoredWhateverTheServerHas) {
 TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
   // A training script saving a checkpoint on SIGTERM: the stop must reach it, not the shepherd's
   // ignore or the server's mask, and its own exit code is what is recorded.
-  LaunchSpec s = Shell(
-      "trap 'echo checkpoint saved; exit 0' TERM; echo ready; while :; do sleep 0.05; done", "trap");
+  LaunchSpec s =
+      Shell("trap 'echo checkpoint saved; exit 0' TERM; echo ready; while :; do sleep 0.05; done",
+            "trap");
   s.exit_path = Dir() + "/trap.exit";
   std::filesystem::remove(s.exit_path);
   auto l = StartLikeTheServer(s);

@@ -36,16 +36,21 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 HttpResponse JsonResponse(int status, const json& j) {
-  return HttpResponse{status, "application/json", j.dump(-1, ' ', false, json::error_handler_t::replace)};
+  return HttpResponse{status, "application/json",
+                      j.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
 HttpResponse Error(int status, const std::string& message) {
   static const std::map<int, std::string> kCodes = {
-      {400, "bad_request"}, {401, "unauthorized"}, {403, "forbidden"},      {404, "not_found"},
-      {405, "method_not_allowed"}, {409, "conflict"}, {413, "payload_too_large"},
-      {415, "unsupported_media_type"}, {431, "headers_too_large"}, {500, "internal"}, {503, "unavailable"}};
+      {400, "bad_request"},        {401, "unauthorized"},
+      {403, "forbidden"},          {404, "not_found"},
+      {405, "method_not_allowed"}, {409, "conflict"},
+      {413, "payload_too_large"},  {415, "unsupported_media_type"},
+      {431, "headers_too_large"},  {500, "internal"},
+      {503, "unavailable"}};
   auto it = kCodes.find(status);
-  return JsonResponse(status, json{{"code", it == kCodes.end() ? "error" : it->second}, {"message", message}});
+  return JsonResponse(
+      status, json{{"code", it == kCodes.end() ? "error" : it->second}, {"message", message}});
 }
 
 std::string UserName(uid_t uid) {
@@ -99,7 +104,8 @@ HttpResponse StatusError(const absl::Status& st) {
 
 json EventsJson(const std::vector<JobEvent>& events) {
   json out = json::array();
-  for (const JobEvent& e : events) out.push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
+  for (const JobEvent& e : events)
+    out.push_back({{"at", e.at}, {"state", JobStateName(e.state)}, {"reason", e.reason}});
   return out;
 }
 
@@ -117,12 +123,14 @@ json JobJson(const JobRecord& r) {
   // Set once the job's process exists (a job is marked running just before it is launched).
   j["pid"] = r.pid > 0 ? json(r.pid) : json(nullptr);
   j["reason"] = r.reason;
-  j["placement"] = r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
+  j["placement"] =
+      r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
   j["spec"] = json::parse(r.spec_json, nullptr, false);
   return j;
 }
 
-// Whether a job of `uid` would run as root: the server switches to the job's user only when it is root.
+// Whether a job of `uid` would run as root: the server switches to the job's user only when it is
+// root.
 bool RunsAsRoot(uint32_t uid) { return geteuid() == 0 && uid == 0; }
 
 }  // namespace
@@ -165,7 +173,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
   std::error_code ec;
   for (const char* sub : {"", "/logs", "/regions", "/exit"}) {
     fs::create_directories(c.state_dir + sub, ec);
-    if (ec) return absl::FailedPreconditionError(fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
+    if (ec)
+      return absl::FailedPreconditionError(
+          fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
   }
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
   auto store = Store::Open(c.state_dir + "/tessera.db");
@@ -189,7 +199,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
 
   sched::SchedulerConfig sc;
   auto policies = sched::ParsePolicies(c.policy);
-  if (!policies.ok()) return absl::InvalidArgumentError(fmt::format("policy: {}", std::string(policies.status().message())));
+  if (!policies.ok())
+    return absl::InvalidArgumentError(
+        fmt::format("policy: {}", std::string(policies.status().message())));
   sc.policies = *policies;
   s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
   s->cycle_ = std::make_unique<sched::Cycle>(*s->scheduler_);
@@ -210,8 +222,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
 }
 
 void Server::SetUpSharing() {
-  // The arbiter file is shared by the fractional jobs of every user: the server makes it, open to all,
-  // rather than the first job (whose user may not write the state folder, and whose file would be its own).
+  // The arbiter file is shared by the fractional jobs of every user: the server makes it, open to
+  // all, rather than the first job (whose user may not write the state folder, and whose file would
+  // be its own).
   const std::string arbiter = ArbiterFile();
   char err[256] = {};
   if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
@@ -240,7 +253,8 @@ void Server::SetUpContainers() {
     return;
   }
   // A simulated machine has no driver to hand over: its devices carry only their environment.
-  const devices::DriverFiles files = inventory_.simulated ? devices::DriverFiles{} : devices::FindDriverFiles(inventory_);
+  const devices::DriverFiles files =
+      inventory_.simulated ? devices::DriverFiles{} : devices::FindDriverFiles(inventory_);
   auto path = devices::WriteCdiSpec(dir, devices::BuildCdiSpec(inventory_, files));
   if (!path.ok()) {
     containers_off_ = std::string(path.status().message());
@@ -251,8 +265,10 @@ void Server::SetUpContainers() {
   containers_ = *rt;
   size_t nodes = files.control_nodes.size();
   for (const std::string& n : files.gpu_nodes) nodes += n.empty() ? 0 : 1;
-  spdlog::info("containers: {} at {}; CDI spec {} ({} GPUs as {}=<uuid>, {} device nodes, {} driver files)",
-               rt->version, rt->podman, *path, inventory_.gpus.size(), devices::kCdiKind, nodes, files.mounts.size());
+  spdlog::info(
+      "containers: {} at {}; CDI spec {} ({} GPUs as {}=<uuid>, {} device nodes, {} driver files)",
+      rt->version, rt->podman, *path, inventory_.gpus.size(), devices::kCdiKind, nodes,
+      files.mounts.size());
 }
 
 std::string Server::ArbiterFile() const { return config_.state_dir + "/gpu.arbiter"; }
@@ -261,7 +277,8 @@ std::string Server::JobFile(const char* dir, int64_t id, const char* suffix) con
   return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
 }
 
-Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const {
+Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus,
+                                   double started) const {
   Running run;
   run.id = id;
   run.gpus = std::move(gpus);
@@ -270,12 +287,14 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
   run.grace_period_s = spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s;
   run.memory_limit_mib = spec.gpu_memory_mib;
   run.gpu_milli = spec.gpu_milli;
-  if (RequestOf(spec, id, "").fractional() && !run.gpus.empty()) run.region = JobFile("regions", id, ".region");
+  if (RequestOf(spec, id, "").fractional() && !run.gpus.empty())
+    run.region = JobFile("regions", id, ".region");
   run.container = !spec.image.empty();
   return run;
 }
 
-core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner, uint32_t uid) {
+core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner,
+                                 uint32_t uid) {
   core::Request r = RequestOf(spec, id, owner);
   r.quota_groups = QuotaGroups(uid);
   return r;
@@ -301,7 +320,8 @@ std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
       group gr;
       group* g = nullptr;
       std::vector<char> gbuf(16384);
-      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g && config_.group_quotas.contains(g->gr_name)) {
+      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g &&
+          config_.group_quotas.contains(g->gr_name)) {
         std::string key = std::string("group:") + g->gr_name;
         if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
       }
@@ -322,15 +342,18 @@ absl::Status Server::Recover() {
   for (const JobRecord& r : *jobs) {
     auto spec = ParseJobSpec(r.spec_json);
     if (!spec.ok()) {
-      spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id, std::string(spec.status().message()));
+      spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id,
+                    std::string(spec.status().message()));
       continue;
     }
     if (r.state == JobState::kPreempted) {
       if (!config_.requeue_preempted) continue;
-      if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok()) ++requeued;
+      if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok())
+        ++requeued;
     }
     if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      Enqueue(Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, r.submitted_at, r.submitted_at});
+      Enqueue(
+          Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, r.submitted_at, r.submitted_at});
       continue;
     }
     // Running when the last server stopped.
@@ -342,15 +365,19 @@ absl::Status Server::Recover() {
       a.node = 0;
       a.request = RequestFor(*spec, r.id, r.owner, r.owner_uid);
       if (placement.is_object()) {
-        for (const auto& g : placement.value("gpus", json::array())) a.gpus.push_back(g.value("index", 0));
+        for (const auto& g : placement.value("gpus", json::array()))
+          a.gpus.push_back(g.value("index", 0));
         a.milli_per_gpu = placement.value("milli_per_gpu", 0);
         a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
       }
       a.start_time = r.started_at.value_or(now);
       if (absl::Status st = scheduler_->Restore(a); !st.ok()) {
-        spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id, std::string(st.message()));
+        spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
+                     std::string(st.message()));
         launcher_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
-        (void)store_->Transition(r.id, JobState::kLost, fmt::format("cannot re-adopt: {}", std::string(st.message())), now);
+        (void)store_->Transition(r.id, JobState::kLost,
+                                 fmt::format("cannot re-adopt: {}", std::string(st.message())),
+                                 now);
         continue;
       }
       Running run = NewRunning(r.id, *spec, a.gpus, r.started_at.value_or(now));
@@ -369,29 +396,33 @@ absl::Status Server::Recover() {
     f.ended_at = now;
     if (code) {
       f.exit_code = *code;
-      (void)store_->Transition(r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
-                               fmt::format("ended with exit code {} while the server was down", *code), now, f);
+      (void)store_->Transition(
+          r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
+          fmt::format("ended with exit code {} while the server was down", *code), now, f);
     } else {
-      (void)store_->Transition(r.id, JobState::kLost,
-                               r.pid > 0 ? "its process ended while the server was down, exit status unknown"
-                                         : "the server stopped while starting it",
-                               now, f);
+      (void)store_->Transition(
+          r.id, JobState::kLost,
+          r.pid > 0 ? "its process ended while the server was down, exit status unknown"
+                    : "the server stopped while starting it",
+          now, f);
     }
     std::error_code ec;
     fs::remove(exit_path, ec);
     // Its container may have outlived the podman client (killed with the server's group, say).
     if (!spec->image.empty() && containers_) RemoveContainer(*containers_, r.id);
   }
-  spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down", queued_.size(),
-               adopted, requeued, ended);
+  spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down",
+               queued_.size(), adopted, requeued, ended);
   return absl::OkStatus();
 }
 
 absl::Status Server::Start(StartOptions options) {
   if (!inventory_.simulated) {
-    spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version, inventory_.gpus.size());
+    spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version,
+                 inventory_.gpus.size());
   } else if (!fallback_reason_.empty()) {
-    spdlog::warn("SIMULATED machine ({}) because {}: jobs get no real GPU", inventory_.source, fallback_reason_);
+    spdlog::warn("SIMULATED machine ({}) because {}: jobs get no real GPU", inventory_.source,
+                 fallback_reason_);
   } else {
     spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
   }
@@ -422,8 +453,9 @@ absl::Status Server::Start(StartOptions options) {
     return http.status();
   }
   http_ = std::move(*http);
-  spdlog::info("listening on {}{}", config_.socket,
-               config_.tcp_listen.empty() ? "" : fmt::format(" and tcp port {}", http_->tcp_port()));
+  spdlog::info(
+      "listening on {}{}", config_.socket,
+      config_.tcp_listen.empty() ? "" : fmt::format(" and tcp port {}", http_->tcp_port()));
   return absl::OkStatus();
 }
 
@@ -486,12 +518,14 @@ void Server::Loop() {
   }
 }
 
-void Server::RequestStop(Running& r, const std::string& why, const std::string& reason, double now) {
+void Server::RequestStop(Running& r, const std::string& why, const std::string& reason,
+                         double now) {
   if (!r.stop.empty()) return;
   r.stop = why;
   r.stop_reason = reason;
   r.stop_at = now;
-  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason, r.grace_period_s);
+  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
+               r.grace_period_s);
   if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
 }
 
@@ -512,7 +546,8 @@ void Server::CheckRunning(double now) {
       continue;
     }
     if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
-      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s), now);
+      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),
+                  now);
     }
     if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
       spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, r.grace_period_s);
@@ -550,23 +585,27 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
   } else if (r.stop == "timeout") {
     to = JobState::kFailed, reason = r.stop_reason;
   } else if (!exit_known) {
-    to = JobState::kLost, reason = "its process ended while the server was not its parent; exit status unknown";
+    to = JobState::kLost,
+    reason = "its process ended while the server was not its parent; exit status unknown";
   } else if (exit_code == 0) {
     to = JobState::kSucceeded, reason = "exit code 0";
   } else if (r.container && exit_code >= 125 && exit_code <= 127) {
     // podman's own codes: it could not run the container, or the command in it.
     to = JobState::kFailed;
-    reason = exit_code == 125 ? "podman could not run the container (exit code 125; its error is in the job's stderr log)"
+    reason = exit_code == 125   ? "podman could not run the container (exit code 125; its error is "
+                                  "in the job's stderr log)"
              : exit_code == 126 ? "the command cannot be run in the container (exit code 126)"
                                 : "the command was not found in the container (exit code 127)";
   } else {
     to = JobState::kFailed;
-    reason = exit_code > 128 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
-                             : fmt::format("exit code {}", exit_code);
+    reason = exit_code > 128
+                 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
+                 : fmt::format("exit code {}", exit_code);
   }
   // A container left behind: its client was stopped, or ended while another server was its parent.
   // (One killed after the grace period was removed then.)
-  if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known)) RemoveContainer(*containers_, r.id);
+  if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known))
+    RemoveContainer(*containers_, r.id);
   if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
     spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
     return;
@@ -576,7 +615,8 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      Enqueue(Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, rec->submitted_at, now});
+      Enqueue(
+          Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, rec->submitted_at, now});
     }
   }
   dirty_ = true;
@@ -627,10 +667,12 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
   }
   if (l.run.container && !containers_) {
     // Accepted by a server that had podman (kept across a restart); this one has none.
-    l.refused = absl::FailedPreconditionError(fmt::format("this server cannot run containers: {}", containers_off_));
+    l.refused = absl::FailedPreconditionError(
+        fmt::format("this server cannot run containers: {}", containers_off_));
   } else if (RunsAsRoot(q.uid) && !config_.allow_root_jobs) {
     // Accepted under a config that allowed it (kept across a restart); this one does not.
-    l.refused = absl::PermissionDeniedError("jobs do not run as root on this server (allow_root_jobs is off)");
+    l.refused = absl::PermissionDeniedError(
+        "jobs do not run as root on this server (allow_root_jobs is off)");
   }
   l.queued = std::move(q);
   return l;
@@ -648,14 +690,15 @@ void Server::ExecuteLaunch(Launch& l, double now) {
     for (const std::string& p : {ls.stdout_path, ls.stderr_path}) {
       int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
       if (fd >= 0) {
-        if (fchown(fd, *ls.uid, ls.gid.value_or(0)) != 0) spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
+        if (fchown(fd, *ls.uid, ls.gid.value_or(0)) != 0)
+          spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
         close(fd);
       }
     }
   }
   if (ls.share) {
-    // The server makes the job's region (owned by the job's user), so that the job needs no right to
-    // create files in the state folder, and a container has a file to bind.
+    // The server makes the job's region (owned by the job's user), so that the job needs no right
+    // to create files in the state folder, and a container has a file to bind.
     std::error_code ec;
     fs::remove(ls.share->region, ec);
     char err[256] = {};
@@ -675,7 +718,8 @@ void Server::ExecuteLaunch(Launch& l, double now) {
   if (!l.launched.ok()) {
     TransitionFields ff;
     ff.ended_at = now;
-    (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()), now, ff);
+    (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()),
+                             now, ff);
     return;
   }
   l.run.pid = l.launched->pid;
@@ -722,9 +766,11 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   c.image = q.spec.image;
   c.command = q.spec.command;
   c.env = JobEnvironment(ls);
-  if (!q.spec.env.contains("PATH")) c.env.erase("PATH");  // the image's own PATH, unless one was asked
+  if (!q.spec.env.contains("PATH"))
+    c.env.erase("PATH");  // the image's own PATH, unless one was asked
   c.workdir = ls.workdir;
-  for (const std::string& uuid : ls.gpu_uuids) c.cdi_devices.push_back(devices::CdiDeviceName(uuid));
+  for (const std::string& uuid : ls.gpu_uuids)
+    c.cdi_devices.push_back(devices::CdiDeviceName(uuid));
   if (ls.share) {
     c.read_only_files.push_back(ls.share->library);
     c.writable_files.push_back(ls.share->region);
@@ -741,7 +787,8 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
 }
 
 void Server::Enqueue(Queued q) {
-  sched::QueueEntry e{RequestFor(q.spec, q.id, q.owner, q.uid), q.submitted, static_cast<uint64_t>(q.id)};
+  sched::QueueEntry e{RequestFor(q.spec, q.id, q.owner, q.uid), q.submitted,
+                      static_cast<uint64_t>(q.id)};
   if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
     spdlog::error("job {}: cannot queue it: {}", q.id, std::string(st.message()));
   }
@@ -773,8 +820,8 @@ void Server::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
     starting_[id];  // a cancel meanwhile is kept here
   }
   if (launches.empty()) return;
-  // The store's writes (fsync) and the forks and execs go on without the lock: API reads, submissions
-  // and cancels do not wait for them.
+  // The store's writes (fsync) and the forks and execs go on without the lock: API reads,
+  // submissions and cancels do not wait for them.
   lock.unlock();
   for (Launch& l : launches) ExecuteLaunch(l, now);
   lock.lock();
@@ -845,7 +892,8 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   if (path.rfind(jobs_prefix, 0) == 0) {
     std::string rest = path.substr(jobs_prefix.size());
     std::string tail;
-    if (size_t slash = rest.find('/'); slash != std::string::npos) tail = rest.substr(slash + 1), rest.resize(slash);
+    if (size_t slash = rest.find('/'); slash != std::string::npos)
+      tail = rest.substr(slash + 1), rest.resize(slash);
     auto id = ParseId(rest);
     if (!id) return Error(400, fmt::format("job id '{}' is not a positive whole number", rest));
     if (tail.empty()) {
@@ -873,7 +921,8 @@ HttpResponse Server::Handle(const HttpRequest& req) {
 
 HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid) {
   if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
-    return Error(415, fmt::format("expected Content-Type application/json, got {}", req.content_type));
+    return Error(415,
+                 fmt::format("expected Content-Type application/json, got {}", req.content_type));
   }
   auto spec = ParseJobSpec(req.body);
   if (!spec.ok()) return Error(400, std::string(spec.status().message()));
@@ -881,19 +930,22 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
     return Error(400, fmt::format("image: this server cannot run containers: {}", containers_off_));
   }
   if (geteuid() != 0 && uid != geteuid()) {
-    return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}", UserName(geteuid()), user));
+    return Error(403, fmt::format("this server runs as {} and cannot start jobs as {}",
+                                  UserName(geteuid()), user));
   }
-  // A part of a model's name ("H100") stands for the machine's models that have it; what is stored and
-  // scheduled is exact.
+  // A part of a model's name ("H100") stands for the machine's models that have it; what is stored
+  // and scheduled is exact.
   std::vector<std::string> machine_models;
   for (const core::Gpu& g : inventory_.gpus) machine_models.push_back(g.model);
-  if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok()) return Error(400, std::string(st.message()));
+  if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok())
+    return Error(400, std::string(st.message()));
   if (RunsAsRoot(uid) && !config_.allow_root_jobs) {
-    return Error(403, "jobs do not run as root on this server: submit as an ordinary user, or set "
-                      "allow_root_jobs: true in the server's config");
+    return Error(403,
+                 "jobs do not run as root on this server: submit as an ordinary user, or set "
+                 "allow_root_jobs: true in the server's config");
   }
-  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the queue:
-  // by the scheduler's own test of a GPU against the request.
+  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the
+  // queue: by the scheduler's own test of a GPU against the request.
   core::Request r = RequestFor(*spec, 1, user, uid);
   int matching = 0;
   {
@@ -903,8 +955,10 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
     }
   }
   if ((r.gpus > 0 && matching < r.gpus) || (r.fractional() && matching == 0)) {
-    return Error(400, fmt::format("resources: this machine has {} matching GPU(s) of {}; the job could never start",
-                                  matching, inventory_.gpus.size()));
+    return Error(
+        400, fmt::format(
+                 "resources: this machine has {} matching GPU(s) of {}; the job could never start",
+                 matching, inventory_.gpus.size()));
   }
   JobRecord rec;
   rec.name = spec->name;
@@ -944,11 +998,13 @@ HttpResponse Server::ListJobs(const HttpRequest& req) {
   int limit = 0;
   if (auto it = req.query.find("limit"); it != req.query.end()) {
     auto v = ParseId(it->second);
-    if (!v || *v > 100000) return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
+    if (!v || *v > 100000)
+      return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
     limit = static_cast<int>(*v);
   }
   for (const auto& [k, v] : req.query) {
-    if (k != "state" && k != "limit" && k != "user") return Error(400, fmt::format("unknown query parameter '{}'", k));
+    if (k != "state" && k != "limit" && k != "user")
+      return Error(400, fmt::format("unknown query parameter '{}'", k));
   }
   auto jobs = store_->List(states, 0);
   if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
@@ -989,13 +1045,16 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
   auto r = store_->Get(id);
   if (!r.ok()) return StatusError(r.status());
   if (r->owner != user && !admin) {
-    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it", id, r->owner));
+    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it",
+                                  id, r->owner));
   }
   const double now = Now();
   {
     std::lock_guard lock(mu_);
     if (auto q = queued_.find(id); q != queued_.end()) {
-      if (absl::Status st = store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now); !st.ok()) {
+      if (absl::Status st =
+              store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now);
+          !st.ok()) {
         return Error(500, std::string(st.message()));
       }
       queued_.erase(q);
@@ -1008,7 +1067,9 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
     } else if (IsTerminal(r->state)) {
       return Error(409, fmt::format("job {} has already ended ({})", id, JobStateName(r->state)));
     } else if (r->state == JobState::kPreempted || r->state == JobState::kLost) {
-      if (absl::Status st = store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now); !st.ok()) {
+      if (absl::Status st =
+              store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now);
+          !st.ok()) {
         return Error(500, std::string(st.message()));
       }
     }
@@ -1021,7 +1082,8 @@ HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
   auto r = store_->Get(id);
   if (!r.ok()) return StatusError(r.status());
   std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
-  if (stream != "stdout" && stream != "stderr") return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
+  if (stream != "stdout" && stream != "stderr")
+    return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
   int64_t offset = 0;
   if (auto it = req.query.find("offset"); it != req.query.end() && it->second != "0") {
     auto v = ParseId(it->second);
@@ -1054,8 +1116,11 @@ json Server::Info() {
   j["gpus"] = inventory_.gpus.size();
   j["policy"] = config_.policy;
   if (containers_) {
-    j["containers"] = {{"available", true}, {"runtime", containers_->version}, {"podman", containers_->podman},
-                       {"cdi_spec", cdi_spec_path_}, {"cdi_kind", devices::kCdiKind}};
+    j["containers"] = {{"available", true},
+                       {"runtime", containers_->version},
+                       {"podman", containers_->podman},
+                       {"cdi_spec", cdi_spec_path_},
+                       {"cdi_kind", devices::kCdiKind}};
   } else {
     j["containers"] = {{"available", false}, {"reason", containers_off_}};
   }
@@ -1100,7 +1165,8 @@ HttpResponse Server::Gpus() {
     const core::Gpu& gpu = inventory_.gpus[g];
     json jobs = json::array();
     for (const auto& [id, r] : running_) {
-      if (std::find(r.gpus.begin(), r.gpus.end(), static_cast<int>(g)) != r.gpus.end()) jobs.push_back(id);
+      if (std::find(r.gpus.begin(), r.gpus.end(), static_cast<int>(g)) != r.gpus.end())
+        jobs.push_back(id);
     }
     const auto& use = state.gpu_use(0, static_cast<int>(g));
     out.push_back({{"index", g},
@@ -1118,7 +1184,8 @@ HttpResponse Server::Gpus() {
                    {"power_watts", OrNull(telemetry[g].power_watts)},
                    {"jobs", jobs}});
   }
-  return JsonResponse(200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
+  return JsonResponse(
+      200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
 }
 
 std::string Server::RenderMetrics() {
@@ -1126,41 +1193,52 @@ std::string Server::RenderMetrics() {
   auto help = [&](const char* name, const char* type, const char* text) {
     o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, text, name, type);
   };
-  std::vector<devices::GpuHealth> health = health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
+  std::vector<devices::GpuHealth> health =
+      health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   std::lock_guard lock(mu_);
   auto labels = [&](size_t g) {
     const core::Gpu& gpu = inventory_.gpus[g];
-    return fmt::format("gpu=\"{}\",uuid=\"{}\",model=\"{}\",hostname=\"{}\"", g, Escape(gpu.uuid), Escape(gpu.model),
-                       Escape(hostname_));
+    return fmt::format("gpu=\"{}\",uuid=\"{}\",model=\"{}\",hostname=\"{}\"", g, Escape(gpu.uuid),
+                       Escape(gpu.model), Escape(hostname_));
   };
   const size_t n = inventory_.gpus.size();
-  help("tessera_gpu_simulated", "gauge", "1 when the GPUs are a simulated machine, not a driver's.");
-  o += fmt::format("tessera_gpu_simulated{{hostname=\"{}\"}} {}\n", Escape(hostname_), inventory_.simulated ? 1 : 0);
+  help("tessera_gpu_simulated", "gauge",
+       "1 when the GPUs are a simulated machine, not a driver's.");
+  o += fmt::format("tessera_gpu_simulated{{hostname=\"{}\"}} {}\n", Escape(hostname_),
+                   inventory_.simulated ? 1 : 0);
   help("tessera_gpu_healthy", "gauge", "1 when the GPU takes work, 0 when it turned unhealthy.");
-  for (size_t g = 0; g < n; ++g) o += fmt::format("tessera_gpu_healthy{{{}}} {}\n", labels(g), gpu_healthy_[g] ? 1 : 0);
-  help("tessera_gpu_xid_errors_total", "counter", "XID errors seen on the GPU, ignored ones included.");
+  for (size_t g = 0; g < n; ++g)
+    o += fmt::format("tessera_gpu_healthy{{{}}} {}\n", labels(g), gpu_healthy_[g] ? 1 : 0);
+  help("tessera_gpu_xid_errors_total", "counter",
+       "XID errors seen on the GPU, ignored ones included.");
   for (size_t g = 0; g < n; ++g) {
-    o += fmt::format("tessera_gpu_xid_errors_total{{{}}} {}\n", labels(g), g < health.size() ? health[g].xid_count : 0);
+    o += fmt::format("tessera_gpu_xid_errors_total{{{}}} {}\n", labels(g),
+                     g < health.size() ? health[g].xid_count : 0);
   }
   help("tessera_gpu_memory_total_bytes", "gauge", "GPU memory.");
   for (size_t g = 0; g < n; ++g) {
-    o += fmt::format("tessera_gpu_memory_total_bytes{{{}}} {}\n", labels(g), inventory_.gpus[g].memory_bytes.value_or(0));
+    o += fmt::format("tessera_gpu_memory_total_bytes{{{}}} {}\n", labels(g),
+                     inventory_.gpus[g].memory_bytes.value_or(0));
   }
   // Readings the driver does not give are left out (no sample), not reported as 0.
   auto reading = [&](const char* name, const char* text, auto field) {
     help(name, "gauge", text);
     for (size_t g = 0; g < n; ++g) {
-      if (const auto& v = telemetry[g].*field) o += fmt::format("{}{{{}}} {}\n", name, labels(g), *v);
+      if (const auto& v = telemetry[g].*field)
+        o += fmt::format("{}{{{}}} {}\n", name, labels(g), *v);
     }
   };
-  reading("tessera_gpu_utilization_ratio", "Share of the last sample period a kernel ran on the GPU (0..1).",
+  reading("tessera_gpu_utilization_ratio",
+          "Share of the last sample period a kernel ran on the GPU (0..1).",
           &devices::GpuTelemetry::utilization);
-  reading("tessera_gpu_memory_utilization_ratio", "Share of the last sample period GPU memory was read or written (0..1).",
+  reading("tessera_gpu_memory_utilization_ratio",
+          "Share of the last sample period GPU memory was read or written (0..1).",
           &devices::GpuTelemetry::memory_utilization);
   reading("tessera_gpu_memory_used_bytes", "GPU memory in use, by every process (driver's count).",
           &devices::GpuTelemetry::memory_used_bytes);
-  reading("tessera_gpu_temperature_celsius", "GPU die temperature.", &devices::GpuTelemetry::temperature_celsius);
+  reading("tessera_gpu_temperature_celsius", "GPU die temperature.",
+          &devices::GpuTelemetry::temperature_celsius);
   reading("tessera_gpu_power_watts", "GPU power draw.", &devices::GpuTelemetry::power_watts);
   help("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
   help("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
@@ -1168,22 +1246,28 @@ std::string Server::RenderMetrics() {
   for (size_t g = 0; g < n; ++g) {
     const auto& use = state.gpu_use(0, static_cast<int>(g));
     o += fmt::format("tessera_gpu_allocated_share{{{}}} {:g}\n", labels(g), use.milli / 1000.0);
-    o += fmt::format("tessera_gpu_allocated_memory_bytes{{{}}} {}\n", labels(g), use.memory_mib * (int64_t{1} << 20));
+    o += fmt::format("tessera_gpu_allocated_memory_bytes{{{}}} {}\n", labels(g),
+                     use.memory_mib * (int64_t{1} << 20));
   }
-  help("tessera_job_gpu_memory_used_bytes", "gauge", "GPU memory a fractional job's processes hold (intercept library).");
+  help("tessera_job_gpu_memory_used_bytes", "gauge",
+       "GPU memory a fractional job's processes hold (intercept library).");
   help("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
   help("tessera_job_gpu_share", "gauge", "A job's compute share of its GPU (0..1; whole GPUs 1).");
   for (const auto& [id, r] : running_) {
-    std::string l = fmt::format("job=\"{}\",gpu=\"{}\",hostname=\"{}\"", id, r.gpus.empty() ? -1 : r.gpus[0], Escape(hostname_));
-    o += fmt::format("tessera_job_gpu_share{{{}}} {:g}\n", l, r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0);
+    std::string l = fmt::format("job=\"{}\",gpu=\"{}\",hostname=\"{}\"", id,
+                                r.gpus.empty() ? -1 : r.gpus[0], Escape(hostname_));
+    o += fmt::format("tessera_job_gpu_share{{{}}} {:g}\n", l,
+                     r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0);
     if (r.region.empty()) continue;
-    o += fmt::format("tessera_job_gpu_memory_limit_bytes{{{}}} {}\n", l, r.memory_limit_mib * (int64_t{1} << 20));
+    o += fmt::format("tessera_job_gpu_memory_limit_bytes{{{}}} {}\n", l,
+                     r.memory_limit_mib * (int64_t{1} << 20));
     uint64_t used = 0;
     int fd = open(r.region.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
       void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
       struct stat st;
-      if (m != MAP_FAILED && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
+      if (m != MAP_FAILED && fstat(fd, &st) == 0 &&
+          static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
         const auto* d = static_cast<const shim::RegionData*>(m);
         if (d->magic.load() == shim::kRegionMagic) used = d->used[0].load();
       }
@@ -1196,9 +1280,11 @@ std::string Server::RenderMetrics() {
   o += fmt::format("tessera_queue_length {}\n", queued_.size());
   help("tessera_jobs_running", "gauge", "Jobs running.");
   o += fmt::format("tessera_jobs_running {}\n", running_.size());
-  help("tessera_scheduling_latency_seconds", "histogram", "From submission (or re-queueing) to start.");
+  help("tessera_scheduling_latency_seconds", "histogram",
+       "From submission (or re-queueing) to start.");
   for (size_t i = 0; i < latency_buckets_.size(); ++i) {
-    o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"{:g}\"}} {}\n", latency_buckets_[i], latency_counts_[i]);
+    o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"{:g}\"}} {}\n",
+                     latency_buckets_[i], latency_counts_[i]);
   }
   o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
   o += fmt::format("tessera_scheduling_latency_seconds_sum {:g}\n", latency_sum_);

@@ -1,9 +1,9 @@
 #pragma once
-// `tessera server`: the standalone daemon of one shared GPU machine. Jobs come in over the HTTP API (a
-// unix socket; optionally TCP with bearer tokens), are stored durably (SQLite) before the answer goes
-// out, placed by the scheduling core on the machine's GPUs (real through NVML, or a simulated machine
-// said as such), started by the runner and watched until they end. After a crash the next start keeps
-// every accepted job and re-adopts the jobs still running. See docs/server.md.
+// `tessera server`: the standalone daemon of one shared GPU machine. Jobs come in over the HTTP API
+// (a unix socket; optionally TCP with bearer tokens), are stored durably (SQLite) before the answer
+// goes out, placed by the scheduling core on the machine's GPUs (real through NVML, or a simulated
+// machine said as such), started by the runner and watched until they end. After a crash the next
+// start keeps every accepted job and re-adopts the jobs still running. See docs/server.md.
 
 #include <sys/types.h>
 
@@ -20,11 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
 #include "tessera/server/container.h"
-#include "tessera/core/clock.h"
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/launcher.h"
@@ -38,7 +38,7 @@ namespace tessera::sched {
 struct Allocation;
 class Cycle;
 class Scheduler;
-}
+}  // namespace tessera::sched
 
 namespace tessera::server {
 
@@ -52,9 +52,9 @@ struct ApiToken {
 };
 
 struct ServerConfig {
-  std::string socket;     // unix socket path
-  std::string state_dir;  // database, logs, shared regions
-  std::string tcp_listen; // "127.0.0.1:7070"; empty: no TCP
+  std::string socket;      // unix socket path
+  std::string state_dir;   // database, logs, shared regions
+  std::string tcp_listen;  // "127.0.0.1:7070"; empty: no TCP
   std::vector<ApiToken> tokens;
   std::string simulate;            // a preset or inventory file instead of the driver
   std::string fallback_simulate;   // used when there is no driver; empty: fail
@@ -65,17 +65,20 @@ struct ServerConfig {
   // Off: such a submission is refused (403) and a token for root is refused at config load.
   bool allow_root_jobs = false;
   std::map<std::string, sched::OwnerQuota> quotas;  // per user
-  std::map<std::string, sched::OwnerQuota> group_quotas;  // per Unix group: its members' jobs together
+  std::map<std::string, sched::OwnerQuota>
+      group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
-  double grace_period_s = 30;      // SIGTERM, then SIGKILL after this (a job may ask for its own)
-  std::string unhealthy_action = "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
+  double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
+  std::string unhealthy_action =
+      "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
-  std::string intercept_library;   // libtessera-cuda.so for fractional jobs; empty: found beside us
+  std::string intercept_library;  // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
-  double poll_interval_s = 0.25;   // how often running jobs are checked (timed out, stop escalated);
-                                   // ended jobs are reaped at once (ExitWatcher), this is the fallback
-  std::string podman = "podman";   // for jobs with an image; empty: containers off
-  std::string cdi_spec_dir;        // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
+  double poll_interval_s =
+      0.25;  // how often running jobs are checked (timed out, stop escalated);
+             // ended jobs are reaped at once (ExitWatcher), this is the fallback
+  std::string podman = "podman";  // for jobs with an image; empty: containers off
+  std::string cdi_spec_dir;  // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
 };
 
@@ -91,7 +94,8 @@ std::string DefaultSocketPath();
 struct ServerDeps {
   const core::Clock* clock = nullptr;  // wall time (core::SystemClock); must outlive the server
   Launcher* launcher = nullptr;        // job processes (ProcessLauncher); must outlive the server
-  std::unique_ptr<devices::DeviceSource> source;  // the GPUs; default: from config (NVML or simulated)
+  std::unique_ptr<devices::DeviceSource>
+      source;  // the GPUs; default: from config (NVML or simulated)
 };
 
 struct StartOptions {
@@ -129,13 +133,13 @@ class Server {
     uint64_t start_time = 0;
     bool adopted = false;  // started by an earlier server process: not our child
     std::vector<int> gpus;
-    std::string stop;      // why a stop was asked: cancel | preempt | timeout | unhealthy; empty: none
+    std::string stop;  // why a stop was asked: cancel | preempt | timeout | unhealthy; empty: none
     std::string stop_reason;
-    double stop_at = 0;    // when SIGTERM went out
+    double stop_at = 0;  // when SIGTERM went out
     bool killed = false;
     double started = 0;
     double max_runtime_s = 0;
-    double grace_period_s = 0;  // SIGTERM, then SIGKILL after this
+    double grace_period_s = 0;     // SIGTERM, then SIGKILL after this
     int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
     int gpu_milli = 0;
     std::string region;
@@ -169,7 +173,8 @@ class Server {
   // "group:<name>" for each group of `uid` (primary and supplementary) that has a quota; cached.
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
-  bool Turn(std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
+  bool Turn(
+      std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
   void CheckRunning(double now);
   // Puts a job in the queue (the cycle's and queued_), under mu_.
   void Enqueue(Queued q);
@@ -184,8 +189,8 @@ class Server {
     LaunchSpec spec;
     Running run;
     std::string where, placement_json;
-    absl::Status refused;                          // why it must not run (decided under mu_)
-    absl::Status recorded;                         // the store's transition to running
+    absl::Status refused;   // why it must not run (decided under mu_)
+    absl::Status recorded;  // the store's transition to running
     absl::StatusOr<Launched> launched = Launched{};
   };
   Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const;  // under mu_
@@ -197,8 +202,9 @@ class Server {
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();
-  // Every GPU's utilization, memory used, temperature and power, read from the driver at most once per
-  // kTelemetryMaxAgeS however often it is asked; a GPU that does not answer gets empty readings.
+  // Every GPU's utilization, memory used, temperature and power, read from the driver at most once
+  // per kTelemetryMaxAgeS however often it is asked; a GPU that does not answer gets empty
+  // readings.
   std::vector<devices::GpuTelemetry> Telemetry();
 
   // API
@@ -236,8 +242,8 @@ class Server {
   std::vector<bool> gpu_healthy_;
   std::vector<std::string> gpu_health_reason_;
   std::vector<uint64_t> gpu_xids_;
-  bool dirty_ = true;  // something changed that may let a queued job start
-  std::vector<double> latency_buckets_;   // scheduling latency histogram (submit to start), seconds
+  bool dirty_ = true;                    // something changed that may let a queued job start
+  std::vector<double> latency_buckets_;  // scheduling latency histogram (submit to start), seconds
   std::vector<uint64_t> latency_counts_;
   double latency_sum_ = 0;
   uint64_t latency_count_ = 0;

@@ -4,19 +4,19 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <thread>
-#include <pwd.h>
 
 #include "tessera/server/fake_launcher.h"
 
 namespace tessera::server {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 class ServerTest : public ::testing::Test {
@@ -46,7 +46,8 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start({.listen = false, .loop = false, .health = false}).ok());
   }
 
-  json Call(const std::string& method, const std::string& path, const json& body = nullptr, int* status = nullptr) {
+  json Call(const std::string& method, const std::string& path, const json& body = nullptr,
+            int* status = nullptr) {
     HttpRequest r;
     r.method = method;
     r.path = r.target = path;
@@ -70,7 +71,8 @@ class ServerTest : public ::testing::Test {
   json Job(int64_t id) { return Call("GET", "/v1/jobs/" + std::to_string(id)); }
   std::string State(int64_t id) { return Job(id).value("state", ""); }
   void Advance(double seconds) {
-    clock_.Advance(std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(seconds)));
+    clock_.Advance(
+        std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(seconds)));
   }
   // Turns the loop until it has nothing more to do at this time.
   void Settle() {

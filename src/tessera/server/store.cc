@@ -17,7 +17,9 @@ absl::Status SqlError(sqlite3* db, std::string_view what) {
 // A prepared statement, finalized on scope exit.
 class Stmt {
  public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr); }
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr);
+  }
   ~Stmt() { sqlite3_finalize(s_); }
   bool ok() const { return rc_ == SQLITE_OK; }
   sqlite3_stmt* get() { return s_; }
@@ -28,7 +30,10 @@ class Stmt {
   }
   template <typename T>
   void Bind(int i, const std::optional<T>& v) {
-    if (v) Bind(i, *v); else sqlite3_bind_null(s_, i);
+    if (v)
+      Bind(i, *v);
+    else
+      sqlite3_bind_null(s_, i);
   }
   int Step() { return sqlite3_step(s_); }
 
@@ -93,8 +98,8 @@ bool TransitionAllowed(JobState from, JobState to) {
     case S::kQueued:
       return to == S::kRunning || to == S::kCancelled;
     case S::kRunning:
-      return to == S::kSucceeded || to == S::kFailed || to == S::kCancelled || to == S::kPreempted ||
-             to == S::kLost;
+      return to == S::kSucceeded || to == S::kFailed || to == S::kCancelled ||
+             to == S::kPreempted || to == S::kLost;
     case S::kPreempted:
     case S::kLost:
       return to == S::kQueued || to == S::kCancelled;
@@ -105,8 +110,9 @@ bool TransitionAllowed(JobState from, JobState to) {
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                                                  SQLITE_OPEN_FULLMUTEX, nullptr);
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
@@ -118,8 +124,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   if (absl::Status st = store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; "
                                     "PRAGMA foreign_keys=ON;");
       !st.ok()) {
-    return absl::InvalidArgumentError(fmt::format("store: {} is not a usable database: {}", path,
-                                                  std::string(st.message())));
+    return absl::InvalidArgumentError(
+        fmt::format("store: {} is not a usable database: {}", path, std::string(st.message())));
   }
   int version = 0;
   {
@@ -128,8 +134,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     version = sqlite3_column_int(s.get(), 0);
   }
   if (version > kSchemaVersion) {
-    return absl::InvalidArgumentError(fmt::format(
-        "store: {} has schema version {}, newer than this build's {}", path, version, kSchemaVersion));
+    return absl::InvalidArgumentError(
+        fmt::format("store: {} has schema version {}, newer than this build's {}", path, version,
+                    kSchemaVersion));
   }
   if (version == 0) {
     // A new file, or one that is not ours: refuse a database with other tables.
@@ -138,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     if (sqlite3_column_int(s.get(), 0) != 0) {
       return absl::InvalidArgumentError(
           fmt::format("store: {} is a database of something else (it has tables but no Tessera "
-                      "schema version)", path));
+                      "schema version)",
+                      path));
     }
     absl::Status st = store->Exec(
         "BEGIN;"
@@ -198,7 +206,8 @@ absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now) {
     id = sqlite3_last_insert_rowid(db_);
   }
   {
-    Stmt s(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', 'submitted')");
+    Stmt s(db_,
+           "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', 'submitted')");
     s.Bind(1, id);
     s.Bind(2, now);
     if (!s.ok() || s.Step() != SQLITE_DONE) {
@@ -227,12 +236,13 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
     Stmt s(db_, "SELECT state FROM jobs WHERE id = ?");
     s.Bind(1, id);
     if (!s.ok()) return rollback(SqlError(db_, "preparing a read"));
-    if (s.Step() != SQLITE_ROW) return rollback(absl::NotFoundError(fmt::format("job {}: not found", id)));
+    if (s.Step() != SQLITE_ROW)
+      return rollback(absl::NotFoundError(fmt::format("job {}: not found", id)));
     from = ParseJobState(Text(s.get(), 0)).value_or(JobState::kLost);
   }
   if (!TransitionAllowed(from, to)) {
-    return rollback(absl::FailedPreconditionError(fmt::format(
-        "job {}: cannot go from {} to {}", id, JobStateName(from), JobStateName(to))));
+    return rollback(absl::FailedPreconditionError(
+        fmt::format("job {}: cannot go from {} to {}", id, JobStateName(from), JobStateName(to))));
   }
   {
     Stmt s(db_,
@@ -301,7 +311,8 @@ absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& 
   if (limit > 0) sql += fmt::format(" LIMIT {}", limit);
   Stmt s(db_, sql.c_str());
   if (!s.ok()) return SqlError(db_, "preparing a list");
-  for (size_t i = 0; i < states.size(); ++i) s.Bind(static_cast<int>(i + 1), JobStateName(states[i]));
+  for (size_t i = 0; i < states.size(); ++i)
+    s.Bind(static_cast<int>(i + 1), JobStateName(states[i]));
   std::vector<JobRecord> out;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadJob(s.get()));

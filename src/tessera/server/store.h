@@ -1,8 +1,9 @@
 #pragma once
 // The standalone server's durable state: jobs and the events of their lives, in SQLite (WAL mode,
-// synchronous=FULL, so a job is on disk when Insert returns). Every state change is a transaction that
-// checks the transition is allowed and records an event with its reason. Schema versioned and migrated
-// on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and small).
+// synchronous=FULL, so a job is on disk when Insert returns). Every state change is a transaction
+// that checks the transition is allowed and records an event with its reason. Schema versioned and
+// migrated on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and
+// small).
 
 #include <cstdint>
 #include <memory>
@@ -30,17 +31,17 @@ struct JobRecord {
   int64_t id = 0;
   std::string name;
   uint32_t owner_uid = 0;
-  std::string owner;          // user name (or "uid:1234")
-  std::string spec_json;      // the accepted request: command, env, resources... (validated upstream)
+  std::string owner;      // user name (or "uid:1234")
+  std::string spec_json;  // the accepted request: command, env, resources... (validated upstream)
   int priority = 0;
   JobState state = JobState::kQueued;
-  double submitted_at = 0;    // seconds since the epoch
+  double submitted_at = 0;  // seconds since the epoch
   std::optional<double> started_at, ended_at;
   std::optional<int> exit_code;
-  std::string placement_json;  // devices given, when running
-  int64_t pid = 0;             // process group leader while running
-  uint64_t pid_start_time = 0; // to tell a reused pid after a restart
-  std::string reason;          // of the last transition
+  std::string placement_json;   // devices given, when running
+  int64_t pid = 0;              // process group leader while running
+  uint64_t pid_start_time = 0;  // to tell a reused pid after a restart
+  std::string reason;           // of the last transition
 };
 
 struct JobEvent {
@@ -61,8 +62,8 @@ struct TransitionFields {
 
 class Store {
  public:
-  // Opens (creating if needed) the database at `path` (":memory:" for tests). kInvalidArgument for a
-  // file that is not a Tessera store or is of a newer schema; kInternal for SQLite failures.
+  // Opens (creating if needed) the database at `path` (":memory:" for tests). kInvalidArgument for
+  // a file that is not a Tessera store or is of a newer schema; kInternal for SQLite failures.
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
   Store(const Store&) = delete;
@@ -80,7 +81,8 @@ class Store {
   absl::Status SetProcess(int64_t id, int64_t pid, uint64_t start_time);
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
-  absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {}, int limit = 0);
+  absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {},
+                                              int limit = 0);
   absl::StatusOr<std::vector<JobEvent>> Events(int64_t id);
 
   static constexpr int kSchemaVersion = 1;

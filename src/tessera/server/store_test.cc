@@ -1,13 +1,13 @@
-// The job store: durable inserts, allowed and refused transitions with events, reopening, bad files.
+// The job store: durable inserts, allowed and refused transitions with events, reopening, bad
+// files.
 #include "tessera/server/store.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <sqlite3.h>
 
 #include <filesystem>
 #include <fstream>
@@ -46,9 +46,12 @@ TEST(Store, InsertedJobsSurviveReopening) {
     auto inserted = (*store)->Insert(Job("train", 5), 100.0);
     ASSERT_TRUE(inserted.ok()) << inserted.status();
     id = *inserted;
-    ASSERT_TRUE((*store)->Transition(id, JobState::kRunning, "placed on GPU 0", 101.0,
-                                     {.started_at = 101.0, .placement_json = R"({"gpus":[0]})",
-                                      .pid = 4242, .pid_start_time = 777})
+    ASSERT_TRUE((*store)
+                    ->Transition(id, JobState::kRunning, "placed on GPU 0", 101.0,
+                                 {.started_at = 101.0,
+                                  .placement_json = R"({"gpus":[0]})",
+                                  .pid = 4242,
+                                  .pid_start_time = 777})
                     .ok());
   }
   auto store = Store::Open(path);
@@ -83,7 +86,8 @@ TEST(Store, RefusedTransitionChangesNothing) {
   EXPECT_EQ(job->state, JobState::kQueued);
   EXPECT_FALSE(job->exit_code.has_value());
   EXPECT_EQ((*store)->Events(id)->size(), 1u);
-  EXPECT_EQ((*store)->Transition(999, JobState::kRunning, "", 2).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Transition(999, JobState::kRunning, "", 2).code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(Store, LifecycleWithPreemptionAndRequeue) {
@@ -95,7 +99,8 @@ TEST(Store, LifecycleWithPreemptionAndRequeue) {
   ASSERT_TRUE(s.Transition(id, JobState::kPreempted, "preempted by job 7", 3).ok());
   ASSERT_TRUE(s.Transition(id, JobState::kQueued, "re-queued", 3).ok());
   ASSERT_TRUE(s.Transition(id, JobState::kRunning, "started", 4).ok());
-  ASSERT_TRUE(s.Transition(id, JobState::kSucceeded, "exit 0", 9, {.ended_at = 9.0, .exit_code = 0}).ok());
+  ASSERT_TRUE(
+      s.Transition(id, JobState::kSucceeded, "exit 0", 9, {.ended_at = 9.0, .exit_code = 0}).ok());
   EXPECT_FALSE(s.Transition(id, JobState::kCancelled, "too late", 10).ok()) << "terminal";
   auto job = s.Get(id);
   EXPECT_EQ(job->exit_code, 0);
@@ -152,8 +157,9 @@ TEST(Store, RefusesANewerSchema) {
 }
 
 TEST(Store, KilledWriterLosesNothingItAcknowledged) {
-  // A child inserts and transitions jobs as fast as it can and reports each id once Insert returned;
-  // it is killed with SIGKILL mid-stream. Every reported job must be there after reopening.
+  // A child inserts and transitions jobs as fast as it can and reports each id once Insert
+  // returned; it is killed with SIGKILL mid-stream. Every reported job must be there after
+  // reopening.
   std::string path = TempDb("kill.db");
   { ASSERT_TRUE(Store::Open(path).ok()); }
   int fds[2];
@@ -173,7 +179,8 @@ TEST(Store, KilledWriterLosesNothingItAcknowledged) {
   close(fds[1]);
   std::vector<int64_t> acknowledged;
   int64_t id;
-  while (acknowledged.size() < 40 && read(fds[0], &id, sizeof id) == sizeof id) acknowledged.push_back(id);
+  while (acknowledged.size() < 40 && read(fds[0], &id, sizeof id) == sizeof id)
+    acknowledged.push_back(id);
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   while (read(fds[0], &id, sizeof id) == sizeof id) acknowledged.push_back(id);
@@ -191,8 +198,9 @@ TEST(Store, KilledWriterLosesNothingItAcknowledged) {
 }
 
 TEST(Store, StateNamesRoundTrip) {
-  for (JobState st : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
-                      JobState::kCancelled, JobState::kPreempted, JobState::kLost}) {
+  for (JobState st :
+       {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+        JobState::kCancelled, JobState::kPreempted, JobState::kLost}) {
     EXPECT_EQ(ParseJobState(JobStateName(st)), st);
   }
   EXPECT_FALSE(ParseJobState("paused").has_value());

@@ -17,13 +17,16 @@ namespace tessera::shim {
 namespace {
 
 constexpr uint64_t kEndMask = (1ull << 48) - 1;
-constexpr uint64_t kActiveUs = 2000;         // a waiter refreshes its wish every poll; stale after this
+constexpr uint64_t kActiveUs = 2000;  // a waiter refreshes its wish every poll; stale after this
 constexpr uint64_t kBoundedForUs = 1000000;  // a higher-priority job counts as around for this long
-constexpr uint64_t kDeadAfterUs = 10000000;  // a slot of a dead process unused this long is reclaimed
+constexpr uint64_t kDeadAfterUs =
+    10000000;  // a slot of a dead process unused this long is reclaimed
 
 int Holder(uint64_t lease) { return static_cast<int>(lease >> 48) - 1; }
 uint64_t End(uint64_t lease) { return lease & kEndMask; }
-uint64_t Lease(int slot, uint64_t end) { return (static_cast<uint64_t>(slot + 1) << 48) | (end & kEndMask); }
+uint64_t Lease(int slot, uint64_t end) {
+  return (static_cast<uint64_t>(slot + 1) << 48) | (end & kEndMask);
+}
 
 void SleepMicros(uint64_t us) {
   timespec t{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
@@ -129,7 +132,8 @@ int Arbiter::Slot(int gpu) {
       ArbiterJob& j = g.jobs[i];
       uint64_t k = j.key.load();
       uint64_t last = std::max(j.want_us.load(), j.last_launch_us.load());
-      if (k != 0 && now > last + kDeadAfterUs && ProcessGone(j.pid.load())) j.key.compare_exchange_strong(k, 0);
+      if (k != 0 && now > last + kDeadAfterUs && ProcessGone(j.pid.load()))
+        j.key.compare_exchange_strong(k, 0);
     }
   }
   return -1;
@@ -157,8 +161,9 @@ void Arbiter::Granted(ArbiterGpu& g, int slot, uint64_t now) {
   g.handovers.fetch_add(1, std::memory_order_relaxed);
 }
 
-// The job that should hold the GPU next: among `self`, `rival` (a holder still busy) and the jobs waiting now, the highest priority,
-// then the lowest virtual time; capped jobs only once eligible. -1: nobody may.
+// The job that should hold the GPU next: among `self`, `rival` (a holder still busy) and the jobs
+// waiting now, the highest priority, then the lowest virtual time; capped jobs only once eligible.
+// -1: nobody may.
 int Arbiter::PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const {
   int best = -1;
   int32_t best_priority = 0;
@@ -166,8 +171,10 @@ int Arbiter::PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const {
   for (int i = 0; i < kArbiterJobs; ++i) {
     const ArbiterJob& j = g.jobs[i];
     if (j.key.load(std::memory_order_relaxed) == 0) continue;
-    if (i != self && i != rival && now > j.want_us.load(std::memory_order_relaxed) + kActiveUs) continue;
-    if (j.capped.load(std::memory_order_relaxed) && j.eligible_us.load(std::memory_order_relaxed) > now) {
+    if (i != self && i != rival && now > j.want_us.load(std::memory_order_relaxed) + kActiveUs)
+      continue;
+    if (j.capped.load(std::memory_order_relaxed) &&
+        j.eligible_us.load(std::memory_order_relaxed) > now) {
       continue;
     }
     int32_t p = j.priority.load(std::memory_order_relaxed);

@@ -1,19 +1,21 @@
 #pragma once
-// The GPU time-slice arbiter: how the intercept library paces kernel launches so that jobs sharing a GPU
-// get GPU time in proportion to their compute shares, and higher-priority jobs go first. One file per
-// machine (TESSERA_CUDA_ARBITER), shared by every job's processes, with one section per physical GPU.
+// The GPU time-slice arbiter: how the intercept library paces kernel launches so that jobs sharing
+// a GPU get GPU time in proportion to their compute shares, and higher-priority jobs go first. One
+// file per machine (TESSERA_CUDA_ARBITER), shared by every job's processes, with one section per
+// physical GPU.
 //
-// Control method (docs/sharing.md has the why): a job launches only while it holds the GPU's lease, a
-// time slice. Whoever holds it launches freely; everyone else waits in the launch call. When a lease
-// runs out its holder picks the next holder among the jobs waiting: the highest priority first, then
-// the lowest virtual time (GPU time charged / share, i.e. weighted fair queueing), and before handing
-// over it drains its own queued work (cuCtxSynchronize), so the slice it is charged for is the GPU time
-// it really used. A waiting job of higher priority takes the lease at once; a waiter also takes it when
-// the holder has gone idle (no launch and no synchronize for a while) or did not hand over in time.
-// While a job of higher priority is around, a lower one keeps at most one launch in flight, so taking
-// the GPU from it costs at most one of its kernels. Not work-conserving (a hard cap): after a slice a
-// job may not launch again before its share of the time has passed, even when the GPU is idle.
-// No exceptions, no allocation after Attach: usable from the intercept library.
+// Control method (docs/sharing.md has the why): a job launches only while it holds the GPU's lease,
+// a time slice. Whoever holds it launches freely; everyone else waits in the launch call. When a
+// lease runs out its holder picks the next holder among the jobs waiting: the highest priority
+// first, then the lowest virtual time (GPU time charged / share, i.e. weighted fair queueing), and
+// before handing over it drains its own queued work (cuCtxSynchronize), so the slice it is charged
+// for is the GPU time it really used. A waiting job of higher priority takes the lease at once; a
+// waiter also takes it when the holder has gone idle (no launch and no synchronize for a while) or
+// did not hand over in time. While a job of higher priority is around, a lower one keeps at most
+// one launch in flight, so taking the GPU from it costs at most one of its kernels. Not
+// work-conserving (a hard cap): after a slice a job may not launch again before its share of the
+// time has passed, even when the GPU is idle. No exceptions, no allocation after Attach: usable
+// from the intercept library.
 
 #include <atomic>
 #include <cstddef>
@@ -30,9 +32,9 @@ struct ArbiterJob {
   std::atomic<uint64_t> key;  // the job (0: a free slot)
   std::atomic<int32_t> pid;   // a process of the job, to tell a dead slot
   std::atomic<int32_t> priority;
-  std::atomic<uint32_t> share;    // permille of GPU time, 1..1000
-  std::atomic<uint32_t> capped;   // 1: not work-conserving
-  std::atomic<int32_t> in_sync;   // the job's threads inside a synchronize call
+  std::atomic<uint32_t> share;   // permille of GPU time, 1..1000
+  std::atomic<uint32_t> capped;  // 1: not work-conserving
+  std::atomic<int32_t> in_sync;  // the job's threads inside a synchronize call
   uint32_t reserved;
   std::atomic<uint64_t> want_us;         // last time the job waited for the GPU
   std::atomic<uint64_t> last_launch_us;  // last launch or synchronize return
@@ -44,7 +46,8 @@ struct ArbiterJob {
 };
 
 struct ArbiterGpu {
-  std::atomic<uint64_t> lease;  // holder slot + 1 in the top 16 bits (0: nobody), end time (us) below
+  std::atomic<uint64_t>
+      lease;  // holder slot + 1 in the top 16 bits (0: nobody), end time (us) below
   std::atomic<uint64_t> handovers;
   ArbiterJob jobs[kArbiterJobs];
 };
@@ -71,12 +74,13 @@ using DrainFn = void (*)();
 
 class Arbiter {
  public:
-  // Maps (creating when needed) the arbiter file for job `job_key` (not 0). nullptr + `err` on failure.
+  // Maps (creating when needed) the arbiter file for job `job_key` (not 0). nullptr + `err` on
+  // failure.
   static Arbiter* Attach(const char* path, uint64_t job_key, const ArbiterConfig& config, char* err,
                          size_t err_len);
 
-  // Before a kernel launch on physical GPU `gpu`: returns at once while this job holds the GPU's lease,
-  // otherwise waits until it does. `drain` waits for this process's queued work.
+  // Before a kernel launch on physical GPU `gpu`: returns at once while this job holds the GPU's
+  // lease, otherwise waits until it does. `drain` waits for this process's queued work.
   void BeforeLaunch(int gpu, DrainFn drain);
   // Around a synchronize call: a job waiting for its own work is not idle.
   void EnterSync(int gpu);
@@ -97,11 +101,12 @@ class Arbiter {
   uint64_t key_;
   ArbiterConfig config_;
   std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
-  std::atomic<bool> bounded_[kArbiterGpus] = {};  // a higher-priority job is around: one launch in flight
+  std::atomic<bool> bounded_[kArbiterGpus] =
+      {};  // a higher-priority job is around: one launch in flight
 };
 
-// Creates (when missing) the arbiter file at `path` without joining it, so that a server can prepare it
-// for jobs of several users. False with why in `err`.
+// Creates (when missing) the arbiter file at `path` without joining it, so that a server can
+// prepare it for jobs of several users. False with why in `err`.
 bool CreateArbiterFile(const char* path, char* err, size_t err_len);
 
 // "30%", "30", "0.3" -> permille (300). False when malformed or outside (0, 100%].

@@ -83,7 +83,8 @@ TEST(Arbiter, CreatedAheadForJobsToJoin) {
   unlink(path.c_str());
   char err[256] = "";
   ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << err;
-  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << "an existing file is kept: " << err;
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err))
+      << "an existing file is kept: " << err;
   std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 7, ArbiterConfig{}, err, sizeof err));
   ASSERT_NE(a, nullptr) << err;
   EXPECT_EQ(a->data()->gpus[0].jobs[0].key.load(), 0u) << "creating it joined nobody";

@@ -1,8 +1,8 @@
 #pragma once
-// Our own minimal declarations of the CUDA driver API subset the intercept library hooks and the test
-// double implements (types, result codes, signatures), matching the ABI of libcuda.so.1 (CUDA 12):
-// 64-bit CUdeviceptr, the _v2 entry points, cuGetProcAddress (4 arguments) and cuGetProcAddress_v2
-// (5 arguments). Plain C so both sides can include it.
+// Our own minimal declarations of the CUDA driver API subset the intercept library hooks and the
+// test double implements (types, result codes, signatures), matching the ABI of libcuda.so.1 (CUDA
+// 12): 64-bit CUdeviceptr, the _v2 entry points, cuGetProcAddress (4 arguments) and
+// cuGetProcAddress_v2 (5 arguments). Plain C so both sides can include it.
 
 #include <stddef.h>
 #include <stdint.h>
@@ -84,8 +84,8 @@ typedef CUresult (*cuMemAllocAsync_fn)(CUdeviceptr*, size_t, CUstream);
 typedef CUresult (*cuMemAllocFromPoolAsync_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 typedef CUresult (*cuMemFree_v2_fn)(CUdeviceptr);
 typedef CUresult (*cuMemFreeAsync_fn)(CUdeviceptr, CUstream);
-typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
-                                   unsigned long long);
+typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle*, size_t,
+                                   const CUmemAllocationProp*, unsigned long long);
 typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle);
 typedef CUresult (*cuArrayCreate_v2_fn)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
@@ -100,13 +100,13 @@ typedef CUresult (*cuCtxCreate_v2_fn)(CUcontext*, unsigned int, CUdevice);
 typedef CUresult (*cuCtxDestroy_v2_fn)(CUcontext);
 typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext*, CUdevice);
 typedef CUresult (*cuDevicePrimaryCtxRelease_v2_fn)(CUdevice);
-typedef CUresult (*cuLaunchKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
-                                      unsigned int, unsigned int, unsigned int, CUstream, void**,
-                                      void**);
+typedef CUresult (*cuLaunchKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int,
+                                      unsigned int, unsigned int, unsigned int, unsigned int,
+                                      CUstream, void**, void**);
 typedef CUresult (*cuLaunchKernelEx_fn)(const CUlaunchConfig*, CUfunction, void**, void**);
-typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsigned int, unsigned int,
+typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, unsigned int,
-                                                 unsigned int, CUstream, void**);
+                                                 unsigned int, unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
 typedef CUresult (*cuCtxSynchronize_fn)(void);
 typedef CUresult (*cuStreamSynchronize_fn)(CUstream);

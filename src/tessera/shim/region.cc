@@ -25,7 +25,9 @@ void SetError(char* err, size_t len, const char* what, const char* path) {
 // The file (or anonymous mapping) starts zeroed: only the header is written, so creating a region
 // touches one page, and the magic goes last.
 void Init(RegionData* d, const uint64_t* limits, int count, bool publish) {
-  d->device_count = static_cast<uint32_t>(count < 0 ? 0 : count > kMaxDevices ? kMaxDevices : count);
+  d->device_count = static_cast<uint32_t>(count < 0             ? 0
+                                          : count > kMaxDevices ? kMaxDevices
+                                                                : count);
   for (uint32_t i = 0; i < d->device_count; ++i) d->limit[i] = limits[i];
   if (!publish) return;
   d->version = kRegionVersion;
@@ -60,10 +62,14 @@ uint64_t ParseBytes(const char* s, const char** end) {
     return 0;
   }
   uint64_t mult = 1;
-  if (strncmp(e, "KiB", 3) == 0) mult = 1ull << 10, e += 3;
-  else if (strncmp(e, "MiB", 3) == 0) mult = 1ull << 20, e += 3;
-  else if (strncmp(e, "GiB", 3) == 0) mult = 1ull << 30, e += 3;
-  else if (strncmp(e, "TiB", 3) == 0) mult = 1ull << 40, e += 3;
+  if (strncmp(e, "KiB", 3) == 0)
+    mult = 1ull << 10, e += 3;
+  else if (strncmp(e, "MiB", 3) == 0)
+    mult = 1ull << 20, e += 3;
+  else if (strncmp(e, "GiB", 3) == 0)
+    mult = 1ull << 30, e += 3;
+  else if (strncmp(e, "TiB", 3) == 0)
+    mult = 1ull << 40, e += 3;
   *end = e;
   return static_cast<uint64_t>(v) * mult;
 }
@@ -127,9 +133,9 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
   return *count > 0;
 }
 
-void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic, uint32_t version,
-                    void (*init)(void* mem, const void* arg), const void* arg, int* fd_out, char* err,
-                    size_t err_len) {
+void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
+                    uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
+                    int* fd_out, char* err, size_t err_len) {
   errno = 0;
   bool creator = true;
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -187,7 +193,8 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
 
 namespace {
 // The region file at `path`, created for `limits` when missing.
-void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, char* err, size_t err_len) {
+void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, char* err,
+                    size_t err_len) {
   struct Arg {
     const uint64_t* limits;
     int count;
@@ -202,7 +209,8 @@ void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd
 }
 }  // namespace
 
-Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err,
+                       size_t err_len) {
   int fd = -1;
   void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
   if (m == nullptr) return nullptr;
@@ -229,7 +237,8 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
   return r;
 }
 
-bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err, size_t err_len) {
+bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err,
+                      size_t err_len) {
   int fd = -1;
   void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
   if (m == nullptr) return false;
@@ -239,7 +248,8 @@ bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char*
 }
 
 Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err_len) {
-  void* m = mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* m =
+      mmap(nullptr, sizeof(RegionData), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) {
     SetError(err, err_len, "cannot map a private region", nullptr);
     return nullptr;
@@ -316,7 +326,8 @@ bool Region::TryReserve(int device, uint64_t bytes) {
   uint64_t cur = data_->used[device].load(std::memory_order_relaxed);
   for (;;) {
     if (limit != 0 && (bytes > limit || cur > limit - bytes)) return false;
-    if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel)) break;
+    if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel))
+      break;
   }
   // Counted in the total first: a crash between the two steps can only over-count (never lets the
   // job exceed its limit); the slot is what a reclaim gives back.
@@ -328,7 +339,8 @@ void Region::Release(int device, uint64_t bytes) {
   if (device < 0 || device >= kMaxDevices) return;
   auto sub = [bytes](std::atomic<uint64_t>& a) {
     uint64_t cur = a.load(std::memory_order_relaxed);
-    while (!a.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {
+    while (
+        !a.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {
     }
   };
   if (slot_ != nullptr) sub(slot_->used[device]);

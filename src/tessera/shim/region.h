@@ -1,12 +1,13 @@
 #pragma once
-// The shared accounting region: a small file mapped by every process of a job (and read by the server
-// or agent). It holds the job's GPU memory limit per device, the bytes in use per device, and one slot
-// per attached process (pid, its start time, its bytes per device, its kernel launches) so a crashed
-// process's memory can be given back. Attaching and accounting are lock-free (the creator publishes
-// the region by writing its magic last; slots are claimed by compare-and-swap); only the reclaiming of
-// dead processes' slots takes an flock on the file, and it runs when an allocation would not fit or
-// memory is asked about, not on every start. Layout is versioned; a file of another version is refused.
-// No exceptions, no allocation after Attach: usable from the intercept library.
+// The shared accounting region: a small file mapped by every process of a job (and read by the
+// server or agent). It holds the job's GPU memory limit per device, the bytes in use per device,
+// and one slot per attached process (pid, its start time, its bytes per device, its kernel
+// launches) so a crashed process's memory can be given back. Attaching and accounting are lock-free
+// (the creator publishes the region by writing its magic last; slots are claimed by
+// compare-and-swap); only the reclaiming of dead processes' slots takes an flock on the file, and
+// it runs when an allocation would not fit or memory is asked about, not on every start. Layout is
+// versioned; a file of another version is refused. No exceptions, no allocation after Attach:
+// usable from the intercept library.
 
 #include <atomic>
 #include <cstddef>
@@ -31,7 +32,7 @@ struct RegionData {
   std::atomic<uint64_t> magic;  // written last by the creator: the region is ready once it is set
   uint32_t version;
   uint32_t device_count;
-  uint64_t limit[kMaxDevices];          // bytes; 0 = no limit on that device
+  uint64_t limit[kMaxDevices];  // bytes; 0 = no limit on that device
   std::atomic<uint64_t> used[kMaxDevices];
   std::atomic<uint64_t> attaches;
   std::atomic<uint64_t> reclaimed_bytes;  // given back from dead processes, in all
@@ -45,13 +46,14 @@ class Region {
   // Maps the region file at `path`, creating and initialising it with `limits` (bytes per device,
   // `count` of them) when it does not exist or is empty, and claims a slot for this process after
   // giving back the memory of dead processes. Returns nullptr and writes why into `err` on failure.
-  static Region* Attach(const char* path, const uint64_t* limits, int count, char* err, size_t err_len);
+  static Region* Attach(const char* path, const uint64_t* limits, int count, char* err,
+                        size_t err_len);
   // A region private to this process (no file), for a job without one.
   static Region* Private(const uint64_t* limits, int count, char* err, size_t err_len);
 
-  // Takes `bytes` on `device` if the total stays within the limit (after giving back dead processes'
-  // memory when it would not); false (nothing taken) otherwise. Safe under concurrent calls from any
-  // number of processes.
+  // Takes `bytes` on `device` if the total stays within the limit (after giving back dead
+  // processes' memory when it would not); false (nothing taken) otherwise. Safe under concurrent
+  // calls from any number of processes.
   bool Reserve(int device, uint64_t bytes);
   // Gives `bytes` back; never takes the counters below zero.
   void Release(int device, uint64_t bytes);
@@ -59,8 +61,8 @@ class Region {
 
   uint64_t Limit(int device) const;  // 0 = none
   uint64_t Used(int device) const;
-  // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file lock.
-  // Runs by itself when a reservation would not fit.
+  // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file
+  // lock. Runs by itself when a reservation would not fit.
   int ReclaimDead();
   // After fork(): the child is a new process and needs a slot of its own.
   void ReattachAfterFork();
@@ -77,21 +79,24 @@ class Region {
   int reclaimed_slots_ = 0;
 };
 
-// Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no slot:
-// for a server that prepares the file before the job starts (so that the job needs no right to create
-// files there). False with why in `err` when it cannot, or when a file there is not a region.
-bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err, size_t err_len);
+// Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no
+// slot: for a server that prepares the file before the job starts (so that the job needs no right
+// to create files there). False with why in `err` when it cannot, or when a file there is not a
+// region.
+bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err,
+                      size_t err_len);
 
-// Maps the shared file at `path` (`kind` names it in errors) of `size` bytes, creating it when it does not
-// exist: the creator sizes it, runs `init` on the zeroed memory, then writes `version` and last `magic`
-// (the file's first 8 and next 4 bytes); others wait briefly for that and refuse another magic, version
-// or size. Returns the mapping and its descriptor in `fd_out`, or nullptr with why in `err`.
-void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic, uint32_t version,
-                    void (*init)(void* mem, const void* arg), const void* arg, int* fd_out, char* err,
-                    size_t err_len);
+// Maps the shared file at `path` (`kind` names it in errors) of `size` bytes, creating it when it
+// does not exist: the creator sizes it, runs `init` on the zeroed memory, then writes `version` and
+// last `magic` (the file's first 8 and next 4 bytes); others wait briefly for that and refuse
+// another magic, version or size. Returns the mapping and its descriptor in `fd_out`, or nullptr
+// with why in `err`.
+void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
+                    uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
+                    int* fd_out, char* err, size_t err_len);
 
-// /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks since
-// boot); false if there is no such process.
+// /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks
+// since boot); false if there is no such process.
 bool ReadProcessStat(int pid, char* state, uint64_t* start_time);
 // Start time of `pid` (clock ticks since boot), 0 if it does not exist.
 uint64_t ProcessStartTime(int pid);

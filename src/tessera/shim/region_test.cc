@@ -108,8 +108,10 @@ TEST(Region, CreatedAheadForAJobThatThenAttaches) {
   char err[128] = {};
   ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
   EXPECT_EQ(std::filesystem::file_size(path), sizeof(RegionData));
-  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << "an existing region is kept: " << err;
-  // The job attaches with other limits: the file's (the server's) hold, and no slot was taken ahead.
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err))
+      << "an existing region is kept: " << err;
+  // The job attaches with other limits: the file's (the server's) hold, and no slot was taken
+  // ahead.
   uint64_t other[1] = {1};
   Region* r = Region::Attach(path.c_str(), other, 1, err, sizeof err);
   ASSERT_NE(r, nullptr) << err;

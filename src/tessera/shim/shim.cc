@@ -1,8 +1,9 @@
-// libtessera-cuda.so: the CUDA driver-API intercept library (see docs/sharing.md). Loaded by LD_PRELOAD;
-// finds the real driver with dlopen("libcuda.so.1") and forwards every call, counting GPU memory against
-// the job's limit in the shared region. Hooked functions stay hooked however they are reached: by
-// linking, by dlsym (hooked here too) and by cuGetProcAddress(_v2), whose answers are mapped back to our
-// hooks by comparing them with the real entry points. Plain C ABI; nothing throws across it.
+// libtessera-cuda.so: the CUDA driver-API intercept library (see docs/sharing.md). Loaded by
+// LD_PRELOAD; finds the real driver with dlopen("libcuda.so.1") and forwards every call, counting
+// GPU memory against the job's limit in the shared region. Hooked functions stay hooked however
+// they are reached: by linking, by dlsym (hooked here too) and by cuGetProcAddress(_v2), whose
+// answers are mapped back to our hooks by comparing them with the real entry points. Plain C ABI;
+// nothing throws across it.
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -40,35 +41,35 @@ DlsymFn RealDlsym() {
 }
 
 // The real driver's entry points, by the names we hook.
-#define TESSERA_HOOKED(X)   \
-  X(cuMemAlloc_v2)          \
-  X(cuMemAllocPitch_v2)     \
-  X(cuMemAllocManaged)      \
-  X(cuMemAllocAsync)        \
-  X(cuMemAllocFromPoolAsync) \
-  X(cuMemFree_v2)           \
-  X(cuMemFreeAsync)         \
-  X(cuMemCreate)            \
-  X(cuMemRelease)           \
-  X(cuArrayCreate_v2)       \
-  X(cuArray3DCreate_v2)     \
-  X(cuArrayDestroy)         \
-  X(cuMipmappedArrayCreate) \
-  X(cuMipmappedArrayDestroy) \
-  X(cuMemGetInfo_v2)        \
-  X(cuCtxCreate_v2)         \
-  X(cuCtxDestroy_v2)        \
-  X(cuDevicePrimaryCtxRetain) \
+#define TESSERA_HOOKED(X)         \
+  X(cuMemAlloc_v2)                \
+  X(cuMemAllocPitch_v2)           \
+  X(cuMemAllocManaged)            \
+  X(cuMemAllocAsync)              \
+  X(cuMemAllocFromPoolAsync)      \
+  X(cuMemFree_v2)                 \
+  X(cuMemFreeAsync)               \
+  X(cuMemCreate)                  \
+  X(cuMemRelease)                 \
+  X(cuArrayCreate_v2)             \
+  X(cuArray3DCreate_v2)           \
+  X(cuArrayDestroy)               \
+  X(cuMipmappedArrayCreate)       \
+  X(cuMipmappedArrayDestroy)      \
+  X(cuMemGetInfo_v2)              \
+  X(cuCtxCreate_v2)               \
+  X(cuCtxDestroy_v2)              \
+  X(cuDevicePrimaryCtxRetain)     \
   X(cuDevicePrimaryCtxRelease_v2) \
-  X(cuDeviceTotalMem_v2)    \
-  X(cuLaunchKernel)         \
-  X(cuLaunchKernelEx)       \
-  X(cuLaunchCooperativeKernel) \
-  X(cuGraphLaunch)          \
-  X(cuCtxSynchronize)       \
-  X(cuStreamSynchronize)    \
-  X(cuEventSynchronize)     \
-  X(cuGetProcAddress)       \
+  X(cuDeviceTotalMem_v2)          \
+  X(cuLaunchKernel)               \
+  X(cuLaunchKernelEx)             \
+  X(cuLaunchCooperativeKernel)    \
+  X(cuGraphLaunch)                \
+  X(cuCtxSynchronize)             \
+  X(cuStreamSynchronize)          \
+  X(cuEventSynchronize)           \
+  X(cuGetProcAddress)             \
   X(cuGetProcAddress_v2)
 
 struct Real {
@@ -80,11 +81,12 @@ struct Real {
 };
 Real real;
 Region* region = nullptr;
-// Compute share and priority: the machine's GPU arbiter, when the job has one (TESSERA_CUDA_ARBITER).
+// Compute share and priority: the machine's GPU arbiter, when the job has one
+// (TESSERA_CUDA_ARBITER).
 Arbiter* arbiter = nullptr;
 int physical_gpu[kMaxDevices];  // CUDA ordinal here -> the arbiter's GPU index
-// Context overhead (bytes per device this process holds a context on), counted once per device while
-// any context of this process lives there.
+// Context overhead (bytes per device this process holds a context on), counted once per device
+// while any context of this process lives there.
 uint64_t context_overhead = 0;
 std::atomic<int> contexts_on[kMaxDevices];
 pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -118,13 +120,18 @@ uint64_t Fnv1a(const char* s) {
   return h ? h : 1;
 }
 
-// TESSERA_CUDA_ARBITER and the settings that go with it; a bad setting is said and left at its default.
+// TESSERA_CUDA_ARBITER and the settings that go with it; a bad setting is said and left at its
+// default.
 void InitArbiter(const char* region_path) {
   const char* path = getenv("TESSERA_CUDA_ARBITER");
   if (path == nullptr || *path == 0) return;
   ArbiterConfig c;
-  if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE"); v && *v && !ParseShare(v, &c.share_permille)) {
-    fprintf(stderr, "tessera-cuda: TESSERA_CUDA_COMPUTE_SHARE='%s' is not a share (30%%, 0.3); using 100%%\n", v);
+  if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE");
+      v && *v && !ParseShare(v, &c.share_permille)) {
+    fprintf(
+        stderr,
+        "tessera-cuda: TESSERA_CUDA_COMPUTE_SHARE='%s' is not a share (30%%, 0.3); using 100%%\n",
+        v);
   }
   auto number = [](const char* name, long lo, long hi, auto* out) {
     const char* v = getenv(name);
@@ -133,7 +140,8 @@ void InitArbiter(const char* region_path) {
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || end == v || *end != 0 || x < lo || x > hi) {
-      fprintf(stderr, "tessera-cuda: %s='%s' is not a whole number in [%ld, %ld]; ignored\n", name, v, lo, hi);
+      fprintf(stderr, "tessera-cuda: %s='%s' is not a whole number in [%ld, %ld]; ignored\n", name,
+              v, lo, hi);
       return;
     }
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(x);
@@ -155,13 +163,17 @@ void InitArbiter(const char* region_path) {
       if (ok) physical_gpu[i] = static_cast<int>(x), p = *end ? end + 1 : end;
     }
     if (!ok) {
-      fprintf(stderr, "tessera-cuda: TESSERA_CUDA_ARBITER_GPUS='%s' is not a list of GPU indices; using 0,1,...\n", v);
+      fprintf(stderr,
+              "tessera-cuda: TESSERA_CUDA_ARBITER_GPUS='%s' is not a list of GPU indices; using "
+              "0,1,...\n",
+              v);
       for (int k = 0; k < kMaxDevices; ++k) physical_gpu[k] = k;
     }
   }
   const char* job = getenv("TESSERA_JOB_ID");
-  uint64_t key = job && *job ? Fnv1a(job) : region_path && *region_path ? Fnv1a(region_path)
-                                                                       : static_cast<uint64_t>(getpid());
+  uint64_t key = job && *job                   ? Fnv1a(job)
+                 : region_path && *region_path ? Fnv1a(region_path)
+                                               : static_cast<uint64_t>(getpid());
   char err[256] = "";
   arbiter = Arbiter::Attach(path, key, c, err, sizeof err);
   if (arbiter == nullptr) {
@@ -186,14 +198,16 @@ void Init() {
   int count = 0;
   const char* limit_text = getenv("TESSERA_CUDA_MEM_LIMIT");
   if (limit_text && *limit_text && !ParseLimits(limit_text, limits, &count)) {
-    fprintf(stderr, "tessera-cuda: TESSERA_CUDA_MEM_LIMIT='%s' is not a size (1GiB, 0:1GiB,1:2GiB)\n",
+    fprintf(stderr,
+            "tessera-cuda: TESSERA_CUDA_MEM_LIMIT='%s' is not a size (1GiB, 0:1GiB,1:2GiB)\n",
             limit_text);
   }
   char err[256] = "";
   const char* path = getenv("TESSERA_CUDA_REGION");
   if (path && *path) region = Region::Attach(path, limits, count, err, sizeof err);
   if (region == nullptr) {
-    if (path && *path) fprintf(stderr, "tessera-cuda: %s; limits apply to this process alone\n", err);
+    if (path && *path)
+      fprintf(stderr, "tessera-cuda: %s; limits apply to this process alone\n", err);
     region = Region::Private(limits, count, err, sizeof err);
   }
   const char* overhead = getenv("TESSERA_CUDA_CONTEXT_OVERHEAD");
@@ -285,7 +299,8 @@ uint64_t FormatBytes(CUarray_format f) {
 }
 
 uint64_t ArrayBytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels) {
-  return static_cast<uint64_t>(w) * (h ? h : 1) * (d ? d : 1) * FormatBytes(f) * (channels ? channels : 1);
+  return static_cast<uint64_t>(w) * (h ? h : 1) * (d ? d : 1) * FormatBytes(f) *
+         (channels ? channels : 1);
 }
 
 }  // namespace
@@ -295,11 +310,12 @@ using namespace tessera::shim;
 
 TESSERA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   if (!Ready() || real.cuMemAlloc_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey, dptr);
+  return Counted(
+      kDevicePtr, bytes, [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey, dptr);
 }
 
-TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
-                                          unsigned int element) {
+TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                                           size_t height, unsigned int element) {
   if (!Ready() || real.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   // The pitch is known only afterwards: reserve the least it can be, then the padding.
   const int device = CurrentDevice();
@@ -327,21 +343,22 @@ TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
 TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
   if (!Ready() || real.cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   // Managed memory may all migrate to the GPU: counted as device memory.
-  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAllocManaged(dptr, bytes, flags); }, PtrKey,
-                 dptr);
+  return Counted(
+      kDevicePtr, bytes, [&] { return real.cuMemAllocManaged(dptr, bytes, flags); }, PtrKey, dptr);
 }
 
 TESSERA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   if (!Ready() || real.cuMemAllocAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(kDevicePtr, bytes, [&] { return real.cuMemAllocAsync(dptr, bytes, stream); }, PtrKey,
-                 dptr);
+  return Counted(
+      kDevicePtr, bytes, [&] { return real.cuMemAllocAsync(dptr, bytes, stream); }, PtrKey, dptr);
 }
 
 TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
-                                               CUstream stream) {
+                                                CUstream stream) {
   if (!Ready() || real.cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(kDevicePtr, bytes,
-                 [&] { return real.cuMemAllocFromPoolAsync(dptr, bytes, pool, stream); }, PtrKey, dptr);
+  return Counted(
+      kDevicePtr, bytes, [&] { return real.cuMemAllocFromPoolAsync(dptr, bytes, pool, stream); },
+      PtrKey, dptr);
 }
 
 TESSERA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -359,10 +376,11 @@ TESSERA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
 }
 
 TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
-                                   const CUmemAllocationProp* prop, unsigned long long flags) {
+                                    const CUmemAllocationProp* prop, unsigned long long flags) {
   if (!Ready() || real.cuMemCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(kHandle, bytes, [&] { return real.cuMemCreate(handle, bytes, prop, flags); }, HandleKey,
-                 handle);
+  return Counted(
+      kHandle, bytes, [&] { return real.cuMemCreate(handle, bytes, prop, flags); }, HandleKey,
+      handle);
 }
 
 TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -376,14 +394,17 @@ TESSERA_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRI
   if (!Ready() || real.cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (desc == nullptr) return real.cuArrayCreate_v2(array, desc);
   uint64_t bytes = ArrayBytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
-  return Counted(kArray, bytes, [&] { return real.cuArrayCreate_v2(array, desc); }, ObjectKey, array);
+  return Counted(
+      kArray, bytes, [&] { return real.cuArrayCreate_v2(array, desc); }, ObjectKey, array);
 }
 
 TESSERA_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
   if (!Ready() || real.cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (desc == nullptr) return real.cuArray3DCreate_v2(array, desc);
-  uint64_t bytes = ArrayBytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-  return Counted(kArray, bytes, [&] { return real.cuArray3DCreate_v2(array, desc); }, ObjectKey, array);
+  uint64_t bytes =
+      ArrayBytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+  return Counted(
+      kArray, bytes, [&] { return real.cuArray3DCreate_v2(array, desc); }, ObjectKey, array);
 }
 
 TESSERA_EXPORT CUresult cuArrayDestroy(CUarray array) {
@@ -393,8 +414,9 @@ TESSERA_EXPORT CUresult cuArrayDestroy(CUarray array) {
   return rc;
 }
 
-TESSERA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc,
-                                              unsigned int levels) {
+TESSERA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array,
+                                               const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                               unsigned int levels) {
   if (!Ready() || real.cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (desc == nullptr) return real.cuMipmappedArrayCreate(array, desc, levels);
   uint64_t bytes = 0;
@@ -405,8 +427,9 @@ TESSERA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array, const CU
     h = h > 1 ? h / 2 : h;
     d = d > 1 ? d / 2 : d;
   }
-  return Counted(kMipmapped, bytes, [&] { return real.cuMipmappedArrayCreate(array, desc, levels); },
-                 ObjectKey, array);
+  return Counted(
+      kMipmapped, bytes, [&] { return real.cuMipmappedArrayCreate(array, desc, levels); },
+      ObjectKey, array);
 }
 
 TESSERA_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
@@ -551,25 +574,26 @@ struct SyncScope {
 }  // namespace
 }  // namespace tessera::shim
 
-TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                      unsigned int bx, unsigned int by, unsigned int bz,
-                                      unsigned int shared, CUstream stream, void** params, void** extra) {
+TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                       unsigned int gz, unsigned int bx, unsigned int by,
+                                       unsigned int bz, unsigned int shared, CUstream stream,
+                                       void** params, void** extra) {
   if (!Ready() || real.cuLaunchKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
 }
 
 TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
-                                        void** extra) {
+                                         void** extra) {
   if (!Ready() || real.cuLaunchKernelEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuLaunchKernelEx(config, f, params, extra);
 }
 
 TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
-                                                 unsigned int gz, unsigned int bx, unsigned int by,
-                                                 unsigned int bz, unsigned int shared, CUstream stream,
-                                                 void** params) {
+                                                  unsigned int gz, unsigned int bx, unsigned int by,
+                                                  unsigned int bz, unsigned int shared,
+                                                  CUstream stream, void** params) {
   if (!Ready() || real.cuLaunchCooperativeKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
@@ -599,9 +623,11 @@ TESSERA_EXPORT CUresult cuEventSynchronize(CUevent event) {
   return real.cuEventSynchronize(event);
 }
 
-TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags);
-TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
-                                           CUdriverProcAddressQueryResult* status);
+TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                         cuuint64_t flags);
+TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult* status);
 
 namespace tessera::shim {
 namespace {
@@ -619,15 +645,17 @@ void* Redirect(void* fn) {
 }  // namespace
 }  // namespace tessera::shim
 
-TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                         cuuint64_t flags) {
   if (!Ready() || real.cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuGetProcAddress(symbol, pfn, version, flags);
   if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
   return rc;
 }
 
-TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
-                                           CUdriverProcAddressQueryResult* status) {
+TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                            cuuint64_t flags,
+                                            CUdriverProcAddressQueryResult* status) {
   if (!Ready() || real.cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
   if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
@@ -654,13 +682,16 @@ void InitNvml() {
   real_nvml.handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (real_nvml.handle == nullptr) return;
   DlsymFn sym = RealDlsym();
-  auto get = [&](auto& f, const char* name) { f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(sym(real_nvml.handle, name)); };
+  auto get = [&](auto& f, const char* name) {
+    f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(sym(real_nvml.handle, name));
+  };
   get(real_nvml.GetMemoryInfo, "nvmlDeviceGetMemoryInfo");
   get(real_nvml.GetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2");
   get(real_nvml.GetCount, "nvmlDeviceGetCount_v2");
   if (real_nvml.GetCount == nullptr) get(real_nvml.GetCount, "nvmlDeviceGetCount");
   get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex_v2");
-  if (real_nvml.GetHandleByIndex == nullptr) get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex");
+  if (real_nvml.GetHandleByIndex == nullptr)
+    get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex");
   get(real_nvml.GetUUID, "nvmlDeviceGetUUID");
 }
 
@@ -742,7 +773,8 @@ TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   void* fn = sym(handle, name);
   if (fn == nullptr) return fn;
   if (name[0] == 'c' && name[1] == 'u' && Ready()) return Redirect(fn);
-  if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0) return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo);
+  if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0)
+    return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo);
   if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0) {
     return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo_v2);
   }

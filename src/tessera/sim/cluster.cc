@@ -2,10 +2,9 @@
 
 namespace tessera::sim {
 
-std::unique_ptr<sched::Scheduler> NewSimScheduler(const std::vector<core::NodeSpec>& nodes,
-                                                  const std::vector<sched::TypicalRequest>& typical,
-                                                  const std::vector<sched::WeightedPolicy>& policies,
-                                                  uint64_t seed, int64_t* capacity_milli) {
+std::unique_ptr<sched::Scheduler> NewSimScheduler(
+    const std::vector<core::NodeSpec>& nodes, const std::vector<sched::TypicalRequest>& typical,
+    const std::vector<sched::WeightedPolicy>& policies, uint64_t seed, int64_t* capacity_milli) {
   sched::SchedulerConfig config;
   config.policies = policies;
   config.seed = seed;

@@ -12,11 +12,10 @@
 
 namespace tessera::sim {
 
-// `capacity_milli` receives the cluster's GPU capacity in thousandths of a GPU. The nodes are assumed
-// valid (the loaders checked them).
-std::unique_ptr<sched::Scheduler> NewSimScheduler(const std::vector<core::NodeSpec>& nodes,
-                                                  const std::vector<sched::TypicalRequest>& typical,
-                                                  const std::vector<sched::WeightedPolicy>& policies,
-                                                  uint64_t seed, int64_t* capacity_milli);
+// `capacity_milli` receives the cluster's GPU capacity in thousandths of a GPU. The nodes are
+// assumed valid (the loaders checked them).
+std::unique_ptr<sched::Scheduler> NewSimScheduler(
+    const std::vector<core::NodeSpec>& nodes, const std::vector<sched::TypicalRequest>& typical,
+    const std::vector<sched::WeightedPolicy>& policies, uint64_t seed, int64_t* capacity_milli);
 
 }  // namespace tessera::sim

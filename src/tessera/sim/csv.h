@@ -1,7 +1,7 @@
 #pragma once
-// Internal: a small CSV reader for the trace loaders. Columns by header name (required and optional;
-// unknown ones refused), no quoting (the traces have none), errors as "file:line: what" thrown as
-// ParseError and turned into a Status by the loader.
+// Internal: a small CSV reader for the trace loaders. Columns by header name (required and
+// optional; unknown ones refused), no quoting (the traces have none), errors as "file:line: what"
+// thrown as ParseError and turned into a Status by the loader.
 
 #include <charconv>
 #include <cstdint>
@@ -29,8 +29,8 @@ inline std::vector<std::string_view> Fields(std::string_view line) {
   size_t start = 0;
   for (;;) {
     size_t comma = line.find(',', start);
-    out.push_back(line.substr(start, comma == std::string_view::npos ? std::string_view::npos
-                                                                     : comma - start));
+    out.push_back(line.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }

@@ -23,7 +23,8 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
   InflationResult out;
   out.label = config.label;
   out.seed = config.seed;
-  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &out.capacity_milli);
+  auto scheduler =
+      NewSimScheduler(nodes, typical, config.policies, config.seed, &out.capacity_milli);
   sched::Scheduler& s = *scheduler;
 
   // The draw of pods has its own stream, so every policy sees the same arrivals for a seed.

@@ -20,8 +20,8 @@ using csv::ReadFile;
 
 int64_t OpenbGpuMemoryMib(std::string_view model) {
   static const std::map<std::string_view, int64_t> kMemory = {
-      {"V100M16", 16384}, {"V100M32", 32768}, {"P100", 16384}, {"T4", 15360}, {"A10", 23028},
-      {"P4", 7611},       {"A100", 81920}};
+      {"V100M16", 16384}, {"V100M32", 32768}, {"P100", 16384}, {"T4", 15360},
+      {"A10", 23028},     {"P4", 7611},       {"A100", 81920}};
   auto it = kMemory.find(model);
   return it == kMemory.end() ? 0 : it->second;
 }
@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseOpenbNodes(std::string_view csv
       if (gpus > 0 && model.empty()) c.Fail(c.line(), "model: a node with GPUs needs a model");
       if (gpus == 0 && !model.empty()) c.Fail(c.line(), "model: a node without GPUs has no model");
       for (int64_t g = 0; g < gpus; ++g) {
-        n.gpus.push_back(core::NodeGpu{model, OpenbGpuMemoryMib(model), {}, -1,
-                                       fmt::format("{}-gpu{}", n.name, g)});
+        n.gpus.push_back(core::NodeGpu{
+            model, OpenbGpuMemoryMib(model), {}, -1, fmt::format("{}-gpu{}", n.name, g)});
       }
       nodes.push_back(std::move(n));
     }
@@ -53,7 +53,8 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseOpenbNodes(std::string_view csv
   }
 }
 
-absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::string_view filename) {
+absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv,
+                                                     std::string_view filename) {
   try {
     Csv c(csv, filename, {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"},
           {"gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"});
@@ -70,9 +71,11 @@ absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::
       if (num_gpu == 0 && milli != 0) {
         c.Fail(c.line(), fmt::format("gpu_milli: expected 0 with num_gpu 0, got {}", milli));
       }
-      if (num_gpu == 1 && milli == 0) c.Fail(c.line(), "gpu_milli: expected 1..1000 with num_gpu 1, got 0");
+      if (num_gpu == 1 && milli == 0)
+        c.Fail(c.line(), "gpu_milli: expected 1..1000 with num_gpu 1, got 0");
       if (num_gpu > 1 && milli != 1000) {
-        c.Fail(c.line(), fmt::format("gpu_milli: expected 1000 with num_gpu {}, got {}", num_gpu, milli));
+        c.Fail(c.line(),
+               fmt::format("gpu_milli: expected 1000 with num_gpu {}, got {}", num_gpu, milli));
       }
       if (num_gpu == 1 && milli < 1000) {
         r.gpu_milli = static_cast<int>(milli);
@@ -88,7 +91,8 @@ absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::
         static const std::set<std::string, std::less<>> kQos = {"", "LS", "BE", "Burstable",
                                                                 "Guaranteed"};
         if (!kQos.contains(p.qos)) {
-          c.Fail(c.line(), fmt::format("qos: expected LS, BE, Burstable or Guaranteed, got '{}'", p.qos));
+          c.Fail(c.line(),
+                 fmt::format("qos: expected LS, BE, Burstable or Guaranteed, got '{}'", p.qos));
         }
       }
       if (c.Has("pod_phase")) p.phase = std::string(c.Get("pod_phase"));
@@ -96,8 +100,8 @@ absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::
       p.deletion_time = c.OptionalInt("deletion_time", 0, 1LL << 40);
       p.scheduled_time = c.OptionalInt("scheduled_time", 0, 1LL << 40);
       if (p.creation_time && p.deletion_time && *p.deletion_time < *p.creation_time) {
-        c.Fail(c.line(), fmt::format("deletion_time: {} is before creation_time {}", *p.deletion_time,
-                                     *p.creation_time));
+        c.Fail(c.line(), fmt::format("deletion_time: {} is before creation_time {}",
+                                     *p.deletion_time, *p.creation_time));
       }
       pods.push_back(std::move(p));
     }

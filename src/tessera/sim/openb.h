@@ -1,7 +1,7 @@
 #pragma once
-// Loaders for the Alibaba GPU cluster trace (cluster-trace-gpu-v2023, "openb"): the node list and the pod
-// list CSVs. Columns are found by their header name; a malformed row is an error naming the file, the
-// line and the column ("pods.csv:812: num_gpu: expected 0..8, got 12"). Pure functions.
+// Loaders for the Alibaba GPU cluster trace (cluster-trace-gpu-v2023, "openb"): the node list and
+// the pod list CSVs. Columns are found by their header name; a malformed row is an error naming the
+// file, the line and the column ("pods.csv:812: num_gpu: expected 0..8, got 12"). Pure functions.
 
 #include <optional>
 #include <string>
@@ -27,7 +27,8 @@ int64_t OpenbGpuMemoryMib(std::string_view model);
 
 absl::StatusOr<std::vector<core::NodeSpec>> ParseOpenbNodes(std::string_view csv,
                                                             std::string_view filename);
-absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv, std::string_view filename);
+absl::StatusOr<std::vector<TracePod>> ParseOpenbPods(std::string_view csv,
+                                                     std::string_view filename);
 
 // Read a file, then parse. kNotFound when the file cannot be read.
 absl::StatusOr<std::vector<core::NodeSpec>> LoadOpenbNodes(const std::string& path);

@@ -19,7 +19,8 @@ std::string TraceDir() {
 const std::string kTraces = TraceDir();
 
 TEST(Openb, LoadsTheRealNodeList) {
-  ASSERT_TRUE(std::filesystem::exists(kTraces)) << "no traces at " << kTraces << " (set TESSERA_TRACES)";
+  ASSERT_TRUE(std::filesystem::exists(kTraces))
+      << "no traces at " << kTraces << " (set TESSERA_TRACES)";
   auto nodes = LoadOpenbNodes(kTraces + "/openb_node_list_gpu_node.csv");
   ASSERT_TRUE(nodes.ok()) << nodes.status();
   EXPECT_EQ(nodes->size(), 1213u);
@@ -32,7 +33,8 @@ TEST(Openb, LoadsTheRealNodeList) {
 }
 
 TEST(Openb, LoadsEveryPodList) {
-  ASSERT_TRUE(std::filesystem::exists(kTraces)) << "no traces at " << kTraces << " (set TESSERA_TRACES)";
+  ASSERT_TRUE(std::filesystem::exists(kTraces))
+      << "no traces at " << kTraces << " (set TESSERA_TRACES)";
   for (const char* f : {"default", "gpushare40", "multigpu20", "gpuspec20"}) {
     auto pods = LoadOpenbPods(kTraces + "/openb_pod_list_" + f + ".csv");
     ASSERT_TRUE(pods.ok()) << pods.status();
@@ -77,40 +79,49 @@ TEST_P(BadPods, NamesFileLineAndColumn) {
   EXPECT_THAT(std::string(pods.status().message()), HasSubstr(GetParam().error));
 }
 
-
 INSTANTIATE_TEST_SUITE_P(
     Rows, BadPods,
     ::testing::Values(
         Bad{"", "pods.csv:1: the file is empty"},
         Bad{"name,cpu_milli\n", "pods.csv:1: missing column 'memory_mib'"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,colour\n", "pods.csv:1: unknown column 'colour'"},
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,colour\n",
+            "pods.csv:1: unknown column 'colour'"},
         Bad{"name,name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", "column 'name' appears twice"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,12,1000\n",
             "pods.csv:2: num_gpu: expected an integer 0..8, got '12'"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,x,1,1,1000\n",
             "pods.csv:2: cpu_milli: expected an integer"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1\n", "pods.csv:2: expected 5 fields, got 4"},
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1\n",
+            "pods.csv:2: expected 5 fields, got 4"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,2,500\n",
             "pods.csv:2: gpu_milli: expected 1000 with num_gpu 2, got 500"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,0,300\n",
             "gpu_milli: expected 0 with num_gpu 0"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,0\n", "expected 1..1000 with num_gpu 1"},
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,0\n",
+            "expected 1..1000 with num_gpu 1"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,1000\na,1,1,1,1000\n",
             "pods.csv:3: name: pod 'a' listed twice"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n,1,1,1,1000\n", "pods.csv:2: name: not a pod name"},
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n,1,1,1,1000\n",
+            "pods.csv:2: name: not a pod name"},
         Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,1,1,1,1000,T4|\n",
             "gpu_spec: empty model"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,qos\na,1,1,1,1000,Urgent\n", "qos: expected LS"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\na,1,1,1,1000,50,10\n",
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,qos\na,1,1,1,1000,Urgent\n",
+            "qos: expected LS"},
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\na,1,1,1,1000,"
+            "50,10\n",
             "deletion_time: 10 is before creation_time 50"},
-        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,-5,1,1,1000\n", "cpu_milli: expected an integer 0.."}));
+        Bad{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,-5,1,1,1000\n",
+            "cpu_milli: expected an integer 0.."}));
 
 TEST(Openb, BadNodeRows) {
   auto n = ParseOpenbNodes("sn,cpu_milli,memory_mib,gpu,model\nx,1000,100,2,\n", "nodes.csv");
   ASSERT_FALSE(n.ok());
-  EXPECT_THAT(std::string(n.status().message()), HasSubstr("nodes.csv:2: model: a node with GPUs needs a model"));
-  auto dup = ParseOpenbNodes("sn,cpu_milli,memory_mib,gpu,model\nx,1,1,0,\nx,1,1,0,\n", "nodes.csv");
-  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("nodes.csv:3: sn: node 'x' listed twice"));
+  EXPECT_THAT(std::string(n.status().message()),
+              HasSubstr("nodes.csv:2: model: a node with GPUs needs a model"));
+  auto dup =
+      ParseOpenbNodes("sn,cpu_milli,memory_mib,gpu,model\nx,1,1,0,\nx,1,1,0,\n", "nodes.csv");
+  EXPECT_THAT(std::string(dup.status().message()),
+              HasSubstr("nodes.csv:3: sn: node 'x' listed twice"));
   auto big = ParseOpenbNodes("sn,cpu_milli,memory_mib,gpu,model\nx,1,1,99,T4\n", "nodes.csv");
   EXPECT_THAT(std::string(big.status().message()), HasSubstr("gpu: expected an integer 0..64"));
   EXPECT_EQ(LoadOpenbNodes("/no/such.csv").status().code(), absl::StatusCode::kNotFound);

@@ -38,7 +38,8 @@ Distribution Summarize(std::vector<double> values) {
 }
 
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
-                       const std::vector<sched::TypicalRequest>& typical, const ReplayConfig& config) {
+                       const std::vector<sched::TypicalRequest>& typical,
+                       const ReplayConfig& config) {
   auto t0 = std::chrono::steady_clock::now();
   ReplayResult out;
   out.label = config.label;
@@ -67,7 +68,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   // The queue, its order, backfill and preemption planning are the production cycle's.
   sched::Cycle cycle(s, {.preemption = config.preemption});
   auto enqueue = [&](size_t i) {
-    (void)cycle.Enqueue(sched::QueueEntry{jobs[i].request, jobs[i].submit, static_cast<uint64_t>(i)});
+    (void)cycle.Enqueue(
+        sched::QueueEntry{jobs[i].request, jobs[i].submit, static_cast<uint64_t>(i)});
   };
   using Departure = std::tuple<double, size_t, int>;  // end time, job, epoch
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
@@ -122,18 +124,21 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   auto step = [&](double now) {
     for (const sched::CycleDecision& d : cycle.Step(now)) {
       if (d.kind == sched::CycleDecision::Kind::kStart) {
-        if (config.record_runs) out.runs.push_back({d.id, now, d.allocation.node, d.allocation.gpus});
+        if (config.record_runs)
+          out.runs.push_back({d.id, now, d.allocation.node, d.allocation.gpus});
         start(index_of.at(d.id), now);
         continue;
       }
       for (const std::string& v : d.victims) {
         auto victim = index_of.find(v);
         if (victim == index_of.end() || !state[victim->second].running) continue;
-        // Asked to stop, a job is preempted when it ends, even if it would have finished first: like
-        // the server, which cannot tell a checkpoint-and-exit from a natural end, it starts over.
+        // Asked to stop, a job is preempted when it ends, even if it would have finished first:
+        // like the server, which cannot tell a checkpoint-and-exit from a natural end, it starts
+        // over.
         State& vs = state[victim->second];
         ++vs.epoch;  // its departure no longer counts
-        const double natural_end = vs.remaining >= 0 ? vs.started + vs.remaining : now + config.stop_latency_s;
+        const double natural_end =
+            vs.remaining >= 0 ? vs.started + vs.remaining : now + config.stop_latency_s;
         stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch);
       }
     }

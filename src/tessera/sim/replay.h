@@ -1,11 +1,11 @@
 #pragma once
-// Time-based replay: jobs arrive at their submit times, run for their durations and leave. Each time
-// something changes, the production scheduling cycle (sched::Cycle: queue order, backfill, the shape
-// memo, preemption planning) takes a step at the simulated time, exactly as the standalone server
-// does; the replay carries out its decisions. A preempted job stops `stop_latency_s` after it was
-// asked, or at its natural end if that comes first (holding its resources until then), goes back to
-// the queue and starts over - as the server re-queues a job that ends after it was asked to stop. Uses the
-// production Scheduler. Deterministic for given inputs and seed.
+// Time-based replay: jobs arrive at their submit times, run for their durations and leave. Each
+// time something changes, the production scheduling cycle (sched::Cycle: queue order, backfill, the
+// shape memo, preemption planning) takes a step at the simulated time, exactly as the standalone
+// server does; the replay carries out its decisions. A preempted job stops `stop_latency_s` after
+// it was asked, or at its natural end if that comes first (holding its resources until then), goes
+// back to the queue and starts over - as the server re-queues a job that ends after it was asked to
+// stop. Uses the production Scheduler. Deterministic for given inputs and seed.
 
 #include <cstdint>
 #include <string>
@@ -34,7 +34,7 @@ struct ReplayConfig {
 
 struct ReplaySample {
   double time = 0;
-  double allocated = 0;         // allocated GPU compute / capacity
+  double allocated = 0;  // allocated GPU compute / capacity
   double fragmented_gpus = 0;
   int64_t queued = 0;
   int64_t running = 0;
@@ -58,21 +58,22 @@ struct ReplayResult {
   std::string label;
   uint64_t seed = 0;
   std::vector<ReplaySample> series;
-  Distribution wait;           // seconds from submit to (last) start, jobs that started
-  Distribution jct;            // seconds from submit to finish, jobs that finished
+  Distribution wait;  // seconds from submit to (last) start, jobs that started
+  Distribution jct;   // seconds from submit to finish, jobs that finished
   int64_t jobs = 0;
   int64_t finished = 0;
-  int64_t never_started = 0;   // never ran (still queued at the end, or larger than any node)
-  int64_t queued_at_end = 0;   // waiting when the replay ended (preempted jobs included)
-  int64_t preemptions = 0;     // evictions
-  double mean_allocated = 0;   // time-weighted over the replay
+  int64_t never_started = 0;  // never ran (still queued at the end, or larger than any node)
+  int64_t queued_at_end = 0;  // waiting when the replay ended (preempted jobs included)
+  int64_t preemptions = 0;    // evictions
+  double mean_allocated = 0;  // time-weighted over the replay
   double peak_allocated = 0;
   double end_time = 0;
-  double seconds = 0;          // wall time
-  std::vector<ReplayRun> runs; // in start order, when ReplayConfig::record_runs
+  double seconds = 0;           // wall time
+  std::vector<ReplayRun> runs;  // in start order, when ReplayConfig::record_runs
 };
 
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
-                       const std::vector<sched::TypicalRequest>& typical, const ReplayConfig& config);
+                       const std::vector<sched::TypicalRequest>& typical,
+                       const ReplayConfig& config);
 
 }  // namespace tessera::sim

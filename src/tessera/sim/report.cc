@@ -44,11 +44,20 @@ std::string HtmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -70,8 +79,10 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
       s.pods_arrived += static_cast<double>(r.final.pods_arrived);
       s.pods_failed += static_cast<double>(r.final.pods_failed);
       s.seconds += r.seconds;
-      for (const auto& [kind, n] : r.arrived_by_kind) s.by_kind[kind].first += static_cast<double>(n);
-      for (const auto& [kind, n] : r.failed_by_kind) s.by_kind[kind].second += static_cast<double>(n);
+      for (const auto& [kind, n] : r.arrived_by_kind)
+        s.by_kind[kind].first += static_cast<double>(n);
+      for (const auto& [kind, n] : r.failed_by_kind)
+        s.by_kind[kind].second += static_cast<double>(n);
       if (s.curve.size() < r.curve.size()) {
         s.curve.resize(r.curve.size(), 0);
         s.arrived.resize(r.curve.size(), 0);
@@ -104,8 +115,9 @@ std::vector<InflationSummary> SummarizeInflation(const std::vector<InflationResu
 }
 
 std::string InflationCurveCsv(const std::vector<InflationResult>& runs) {
-  std::string out = "policy,seed,arrived_ratio,allocated_ratio,unallocated_gpus,fragmented_gpus,"
-                    "fragmentation_ratio,pods_arrived,pods_failed\n";
+  std::string out =
+      "policy,seed,arrived_ratio,allocated_ratio,unallocated_gpus,fragmented_gpus,"
+      "fragmentation_ratio,pods_arrived,pods_failed\n";
   for (const InflationResult& r : runs) {
     for (const InflationPoint& p : r.curve) {
       out += fmt::format("{},{},{:.4f},{:.6f},{:.3f},{:.3f},{:.6f},{},{}\n", Field(r.label), r.seed,
@@ -117,13 +129,15 @@ std::string InflationCurveCsv(const std::vector<InflationResult>& runs) {
 }
 
 std::string InflationRunsCsv(const std::vector<InflationResult>& runs) {
-  std::string out = "policy,seed,gpu_capacity,arrived_ratio,allocated_ratio,unallocated_gpus,"
-                    "fragmented_gpus,fragmentation_ratio,pods_arrived,pods_failed\n";
+  std::string out =
+      "policy,seed,gpu_capacity,arrived_ratio,allocated_ratio,unallocated_gpus,"
+      "fragmented_gpus,fragmentation_ratio,pods_arrived,pods_failed\n";
   for (const InflationResult& r : runs) {
     const InflationPoint& p = r.final;
-    out += fmt::format("{},{},{},{:.6f},{:.6f},{:.3f},{:.3f},{:.6f},{},{}\n", Field(r.label), r.seed,
-                       r.capacity_milli / 1000.0, p.arrived, p.allocated, p.unallocated_gpus,
-                       p.fragmented_gpus, p.fragmentation_ratio(), p.pods_arrived, p.pods_failed);
+    out +=
+        fmt::format("{},{},{},{:.6f},{:.6f},{:.3f},{:.3f},{:.6f},{},{}\n", Field(r.label), r.seed,
+                    r.capacity_milli / 1000.0, p.arrived, p.allocated, p.unallocated_gpus,
+                    p.fragmented_gpus, p.fragmentation_ratio(), p.pods_arrived, p.pods_failed);
   }
   return out;
 }
@@ -152,15 +166,18 @@ std::string ReplaySeriesCsv(const std::vector<ReplayResult>& runs) {
 }
 
 std::string ReplayRunsCsv(const std::vector<ReplayResult>& runs) {
-  std::string out = "policy,seed,jobs,finished,never_started,queued_at_end,preemptions,"
-                    "mean_allocated_ratio,peak_allocated_ratio,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_max_s,"
-                    "jct_mean_s,jct_p50_s,jct_p95_s,jct_p99_s\n";
+  std::string out =
+      "policy,seed,jobs,finished,never_started,queued_at_end,preemptions,"
+      "mean_allocated_ratio,peak_allocated_ratio,wait_mean_s,wait_p50_s,wait_p95_s,wait_p99_s,wait_"
+      "max_s,"
+      "jct_mean_s,jct_p50_s,jct_p95_s,jct_p99_s\n";
   for (const ReplayResult& r : runs) {
-    out += fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},"
-                       "{:.1f},{:.1f}\n",
-                       Field(r.label), r.seed, r.jobs, r.finished, r.never_started, r.queued_at_end,
-                       r.preemptions, r.mean_allocated, r.peak_allocated, r.wait.mean, r.wait.p50, r.wait.p95,
-                       r.wait.p99, r.wait.max, r.jct.mean, r.jct.p50, r.jct.p95, r.jct.p99);
+    out += fmt::format(
+        "{},{},{},{},{},{},{},{:.6f},{:.6f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},{:.1f},"
+        "{:.1f},{:.1f}\n",
+        Field(r.label), r.seed, r.jobs, r.finished, r.never_started, r.queued_at_end, r.preemptions,
+        r.mean_allocated, r.peak_allocated, r.wait.mean, r.wait.p50, r.wait.p95, r.wait.p99,
+        r.wait.max, r.jct.mean, r.jct.p50, r.jct.p95, r.jct.p99);
   }
   return out;
 }
@@ -192,22 +209,26 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
   svg += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", L,
                      HtmlEscape(title));
   // Axes and ticks.
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n",
-                     L, T, W - L - R, H - T - B);
+  svg += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", L, T,
+      W - L - R, H - T - B);
   for (int i = 0; i <= 5; ++i) {
     double xv = x0 + (x1 - x0) * i / 5, yv = y0 + (y1 - y0) * i / 5;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>"
-                       "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
-                       px(xv), T, H - B, H - B + 16, Num(xv));
-    svg += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>"
-                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
-                       py(yv), L, W - R, L - 6, py(yv) + 4, Num(yv));
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+        px(xv), T, H - B, H - B + 16, Num(xv));
+    svg += fmt::format(
+        "<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+        py(yv), L, W - R, L - 6, py(yv) + 4, Num(yv));
   }
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", (L + W - R) / 2,
                      H - 12, HtmlEscape(x_label));
-  svg += fmt::format("<text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">"
-                     "{}</text>\n",
-                     (T + H - B) / 2, (T + H - B) / 2, HtmlEscape(y_label));
+  svg += fmt::format(
+      "<text x=\"16\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {})\">"
+      "{}</text>\n",
+      (T + H - B) / 2, (T + H - B) / 2, HtmlEscape(y_label));
   for (size_t k = 0; k < series.size(); ++k) {
     const PlotSeries& s = series[k];
     const char* color = kColors[k % std::size(kColors)];
@@ -218,9 +239,10 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
     svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
                        color, points);
     double ly = T + 10 + 18 * static_cast<double>(k);
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>"
-                       "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
-                       W - R + 12, ly, W - R + 32, color, W - R + 38, ly + 4, HtmlEscape(s.name));
+    svg += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>"
+        "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
+        W - R + 12, ly, W - R + 32, color, W - R + 38, ly + 4, HtmlEscape(s.name));
   }
   svg += "</svg>\n";
   return svg;
@@ -229,7 +251,8 @@ std::string SvgLineChart(const std::string& title, const std::string& x_label,
 std::string HtmlReport(const std::string& title, const std::string& subtitle,
                        const std::vector<InflationResult>& inflation,
                        const std::vector<ReplayResult>& replay) {
-  std::string h = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + HtmlEscape(title) +
+  std::string h = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" +
+                  HtmlEscape(title) +
                   "</title>\n<style>body{font-family:sans-serif;margin:24px;max-width:1000px}"
                   "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;"
                   "padding:4px 10px;text-align:right}th{background:#f4f4f4}td:first-child,"
@@ -242,11 +265,11 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
          "<th>fragmented GPUs</th><th>fragmentation ratio</th><th>pods arrived</th>"
          "<th>pods failed</th></tr>\n";
     for (const InflationSummary& s : summaries) {
-      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}%</td><td>{:.2f}</td><td>{:.1f}</td>"
-                       "<td>{:.1f}</td><td>{:.1f}%</td><td>{:.0f}</td><td>{:.0f}</td></tr>\n",
-                       HtmlEscape(s.label), s.runs, 100 * s.allocated, 100 * s.allocated_sd,
-                       s.unallocated_gpus, s.fragmented_gpus, 100 * s.fragmentation_ratio,
-                       s.pods_arrived, s.pods_failed);
+      h += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{:.2f}%</td><td>{:.2f}</td><td>{:.1f}</td>"
+          "<td>{:.1f}</td><td>{:.1f}%</td><td>{:.0f}</td><td>{:.0f}</td></tr>\n",
+          HtmlEscape(s.label), s.runs, 100 * s.allocated, 100 * s.allocated_sd, s.unallocated_gpus,
+          s.fragmented_gpus, 100 * s.fragmentation_ratio, s.pods_arrived, s.pods_failed);
     }
     h += "</table>\n";
     std::vector<PlotSeries> curves;
@@ -296,9 +319,9 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
       h += "<tr><td>" + HtmlEscape(s.label) + "</td>";
       for (const std::string& k : kinds) {
         auto it = s.by_kind.find(k);
-        h += it == s.by_kind.end() ? "<td>-</td>"
-                                   : fmt::format("<td>{:.1f} of {:.1f}</td>", it->second.second,
-                                                 it->second.first);
+        h += it == s.by_kind.end()
+                 ? "<td>-</td>"
+                 : fmt::format("<td>{:.1f} of {:.1f}</td>", it->second.second, it->second.first);
       }
       h += "</tr>\n";
     }
@@ -310,12 +333,12 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
          "<th>wait mean</th><th>wait p50</th><th>wait p95</th><th>wait p99</th><th>JCT mean</th>"
          "</tr>\n";
     for (const ReplayResult& r : replay) {
-      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                       "<td>{:.2f}%</td><td>{:.0f} s</td><td>{:.0f} s</td><td>{:.0f} s</td>"
-                       "<td>{:.0f} s</td><td>{:.0f} s</td></tr>\n",
-                       HtmlEscape(r.label), r.seed, r.jobs, r.finished, r.never_started,
-                       r.preemptions, 100 * r.mean_allocated, r.wait.mean, r.wait.p50, r.wait.p95,
-                       r.wait.p99, r.jct.mean);
+      h += fmt::format(
+          "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+          "<td>{:.2f}%</td><td>{:.0f} s</td><td>{:.0f} s</td><td>{:.0f} s</td>"
+          "<td>{:.0f} s</td><td>{:.0f} s</td></tr>\n",
+          HtmlEscape(r.label), r.seed, r.jobs, r.finished, r.never_started, r.preemptions,
+          100 * r.mean_allocated, r.wait.mean, r.wait.p50, r.wait.p95, r.wait.p99, r.jct.mean);
     }
     h += "</table>\n";
     auto chart = [&](const std::string& title, const std::string& y_label, auto value) {
@@ -323,7 +346,8 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
       for (const ReplayResult& r : replay) {
         PlotSeries p{replay.size() > Labels(replay).size() ? fmt::format("{} #{}", r.label, r.seed)
                                                            : r.label,
-                     {}, {}};
+                     {},
+                     {}};
         double t0 = r.series.empty() ? 0 : r.series.front().time;
         for (const ReplaySample& s : r.series) {
           p.x.push_back((s.time - t0) / 3600.0);
@@ -335,8 +359,10 @@ std::string HtmlReport(const std::string& title, const std::string& subtitle,
     };
     chart("GPU allocation over time", "GPUs allocated, % of capacity",
           [](const ReplaySample& s) { return 100 * s.allocated; });
-    chart("Fragmentation over time", "fragmented GPUs", [](const ReplaySample& s) { return s.fragmented_gpus; });
-    chart("Queue length over time", "jobs waiting", [](const ReplaySample& s) { return double(s.queued); });
+    chart("Fragmentation over time", "fragmented GPUs",
+          [](const ReplaySample& s) { return s.fragmented_gpus; });
+    chart("Queue length over time", "jobs waiting",
+          [](const ReplaySample& s) { return double(s.queued); });
   }
   h += "</body></html>\n";
   return h;

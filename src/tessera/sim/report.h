@@ -1,6 +1,7 @@
 #pragma once
-// Reports of simulator runs: per-policy summaries over seeds, CSV for every series (fixed formatting,
-// so equal runs give byte-identical files) and a self-contained HTML report with SVG plots.
+// Reports of simulator runs: per-policy summaries over seeds, CSV for every series (fixed
+// formatting, so equal runs give byte-identical files) and a self-contained HTML report with SVG
+// plots.
 
 #include <map>
 #include <string>

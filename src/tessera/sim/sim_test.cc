@@ -12,8 +12,8 @@
 namespace tessera::sim {
 namespace {
 
-using ::testing::HasSubstr;
 using sched::testing::Node;
+using ::testing::HasSubstr;
 
 TEST(TesseraCsv, NodesWithCountAndModelMemory) {
   auto nodes = ParseTesseraNodes(
@@ -75,7 +75,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"name,cpu_milli,memory_mib,colour\n", "jobs.csv:1: unknown column 'colour'"},
         BadCase{"name,cpu_milli,memory_mib,gpus,gpu_milli\na,1,1,2,500\n",
                 "jobs.csv:2: gpus: whole GPUs and a share"},
-        BadCase{"name,cpu_milli,memory_mib\na,1,1\na,2,2\n", "jobs.csv:3: name: job 'a' listed twice"},
+        BadCase{"name,cpu_milli,memory_mib\na,1,1\na,2,2\n",
+                "jobs.csv:3: name: job 'a' listed twice"},
         BadCase{"name,cpu_milli,memory_mib,submit_time\na,1,1,yesterday\n",
                 "jobs.csv:2: submit_time: expected seconds >= 0, got 'yesterday'"},
         BadCase{"name,cpu_milli,memory_mib,duration\na,1,1,-5\n", "jobs.csv:2: duration"},
@@ -87,10 +88,11 @@ TEST(TesseraCsv, BadNodesNameTheLine) {
   auto n = ParseTesseraNodes("name,cpu_milli,memory_mib,gpus\nx,1000,1000,2\n", "n.csv");
   ASSERT_FALSE(n.ok());
   EXPECT_THAT(std::string(n.status().message()), HasSubstr("n.csv:2: gpu_model: a node with GPUs"));
-  auto dup = ParseTesseraNodes(
-      "name,cpu_milli,memory_mib,gpus,count\nx,1,1,0,2\nx-1,1,1,0,\n", "n.csv");
+  auto dup =
+      ParseTesseraNodes("name,cpu_milli,memory_mib,gpus,count\nx,1,1,0,2\nx-1,1,1,0,\n", "n.csv");
   ASSERT_FALSE(dup.ok());
-  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("n.csv:3: name: node 'x-1' listed twice"));
+  EXPECT_THAT(std::string(dup.status().message()),
+              HasSubstr("n.csv:3: name: node 'x-1' listed twice"));
 }
 
 core::Request Gpus(const std::string& id, int n, int64_t cpu = 1000) {
@@ -108,10 +110,11 @@ InflationConfig Config(const std::string& policy, uint64_t seed = 42) {
 }
 
 TEST(Inflation, OneGpuPodsFillTheClusterExactly) {
-  // 8 GPUs, 1-GPU pods: arrivals stop at 130% (11 pods: 10.4 > 10.4 is false, so the 11th passes it);
-  // every GPU gets used, and the rest fail.
+  // 8 GPUs, 1-GPU pods: arrivals stop at 130% (11 pods: 10.4 > 10.4 is false, so the 11th passes
+  // it); every GPU gets used, and the rest fail.
   std::vector<core::Request> pods = {Gpus("p", 1)};
-  InflationResult r = RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit"));
+  InflationResult r =
+      RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit"));
   EXPECT_EQ(r.capacity_milli, 8000);
   EXPECT_EQ(r.final.pods_arrived, 11);
   EXPECT_DOUBLE_EQ(r.final.allocated, 1.0);
@@ -131,7 +134,8 @@ TEST(Inflation, FragmentationStrandsGpusUnderSpreadButNotBestFit) {
   // Pods of 3 GPUs on two 4-GPU nodes: any policy fits two; the leftover single GPUs are fragments
   // for a workload of 3-GPU pods.
   std::vector<core::Request> pods = {Gpus("p", 3)};
-  InflationResult r = RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("spread"));
+  InflationResult r =
+      RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("spread"));
   EXPECT_DOUBLE_EQ(r.final.allocated, 0.75);
   EXPECT_DOUBLE_EQ(r.final.unallocated_gpus, 2);
   EXPECT_DOUBLE_EQ(r.final.fragmented_gpus, 2) << "a 3-GPU pod fits neither leftover GPU";
@@ -146,8 +150,9 @@ TEST(Inflation, SameSeedSameCsvOtherSeedOtherDraw) {
   std::vector<core::NodeSpec> nodes;
   for (int i = 0; i < 20; ++i) nodes.push_back(Node("n" + std::to_string(i), 1 + i % 8, 16000));
   auto once = [&](uint64_t seed) {
-    std::vector<InflationResult> runs = {RunInflation(nodes, pods, typical, Config("fgd", seed)),
-                                         RunInflation(nodes, pods, typical, Config("random", seed))};
+    std::vector<InflationResult> runs = {
+        RunInflation(nodes, pods, typical, Config("fgd", seed)),
+        RunInflation(nodes, pods, typical, Config("random", seed))};
     return InflationCurveCsv(runs) + InflationRunsCsv(runs) + InflationFailedCsv(runs);
   };
   EXPECT_EQ(once(7), once(7));
@@ -158,7 +163,8 @@ TEST(Inflation, SummaryAveragesSeeds) {
   std::vector<core::Request> pods = {Gpus("p", 1), Gpus("q", 3)};
   std::vector<InflationResult> runs;
   for (uint64_t seed : {1, 2, 3}) {
-    runs.push_back(RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit", seed)));
+    runs.push_back(
+        RunInflation(TwoNodes(), pods, sched::TypicalRequests(pods), Config("bestfit", seed)));
   }
   auto s = SummarizeInflation(runs);
   ASSERT_EQ(s.size(), 1u);
@@ -201,7 +207,7 @@ TEST(Replay, SecondJobWaitsForTheFirst) {
   EXPECT_DOUBLE_EQ(r.mean_allocated, 1.0);
   // The trace asks for 10 s (11 samples, 1 s apart); queueing makes it 20 s, and sampling goes on.
   ASSERT_EQ(r.series.size(), 21u);
-  EXPECT_EQ(r.series[2].queued, 1);  // t = 2: y waits
+  EXPECT_EQ(r.series[2].queued, 1);   // t = 2: y waits
   EXPECT_EQ(r.series[12].queued, 0);  // t = 12: y runs
   EXPECT_EQ(r.series[12].running, 1);
   EXPECT_DOUBLE_EQ(r.series[20].time, 20);
@@ -209,8 +215,8 @@ TEST(Replay, SecondJobWaitsForTheFirst) {
 
 TEST(Replay, HigherPriorityGoesFirstAndBackfillUsesTheRest) {
   std::vector<core::NodeSpec> nodes = {Node("a", 2)};
-  // t=0: "long" takes 1 GPU. t=1: "big" (2 GPUs, low priority) waits; "vip" (1 GPU, high) arrives at
-  // t=2 and starts at once on the free GPU, ahead of "big".
+  // t=0: "long" takes 1 GPU. t=1: "big" (2 GPUs, low priority) waits; "vip" (1 GPU, high) arrives
+  // at t=2 and starts at once on the free GPU, ahead of "big".
   std::vector<SimJob> jobs = {Job("long", 1, 0, 100), Job("big", 2, 1, 10), Job("vip", 1, 2, 5, 9)};
   ReplayResult r = RunReplay(nodes, jobs, {}, ReplayWith(false));
   EXPECT_EQ(r.finished, 3);

@@ -23,7 +23,8 @@ double Seconds(const Csv& c, const std::string& column) {
   std::string_view s = c.Get(column);
   double v = 0;
   auto res = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size() || !(v >= 0) || v > 1e12) {
+  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size() || !(v >= 0) ||
+      v > 1e12) {
     c.Fail(c.line(), fmt::format("{}: expected seconds >= 0, got '{}'", column, s));
   }
   return v;
@@ -54,7 +55,8 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view t
     std::vector<core::NodeSpec> nodes;
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
-      std::string_view name = c.Name("name", "node", nullptr);  // uniqueness: per expanded name below
+      std::string_view name =
+          c.Name("name", "node", nullptr);  // uniqueness: per expanded name below
       core::NodeSpec n;
       n.cpu_milli = c.Int("cpu_milli", 0, 10'000'000);
       n.memory_mib = c.Int("memory_mib", 0, 1LL << 32);
@@ -73,7 +75,10 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view t
           c.Fail(c.line(), fmt::format("name: node '{}' listed twice", node.name));
         }
         for (int64_t g = 0; g < gpus; ++g) {
-          node.gpus.push_back(core::NodeGpu{model, gpu_mem.value_or(OpenbGpuMemoryMib(model)), {}, -1,
+          node.gpus.push_back(core::NodeGpu{model,
+                                            gpu_mem.value_or(OpenbGpuMemoryMib(model)),
+                                            {},
+                                            -1,
                                             fmt::format("{}-gpu{}", node.name, g)});
         }
         nodes.push_back(std::move(node));
@@ -85,7 +90,8 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view t
   }
 }
 
-absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text, std::string_view filename) {
+absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
+                                                     std::string_view filename) {
   try {
     Csv c(text, filename, {"name", "cpu_milli", "memory_mib"},
           {"gpus", "gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "preemptible",
@@ -106,11 +112,13 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text, std:
       }
       if (c.Has("gpu_models") && !c.Get("gpu_models").empty()) {
         r.models = c.Models("gpu_models");
-        if (!r.wants_gpu()) c.Fail(c.line(), "gpu_models: a job without GPUs cannot ask for a model");
+        if (!r.wants_gpu())
+          c.Fail(c.line(), "gpu_models: a job without GPUs cannot ask for a model");
       }
       r.priority = static_cast<int>(c.OptionalInt("priority", -1000, 1000).value_or(0));
       r.preemptible = c.OptionalInt("preemptible", 0, 1).value_or(1) == 1;
-      if (c.Has("submit_time") && !c.Get("submit_time").empty()) j.submit = Seconds(c, "submit_time");
+      if (c.Has("submit_time") && !c.Get("submit_time").empty())
+        j.submit = Seconds(c, "submit_time");
       if (c.Has("duration") && !c.Get("duration").empty()) j.duration = Seconds(c, "duration");
       if (std::string bad = core::ValidateRequest(r); !bad.empty()) c.Fail(c.line(), bad);
       jobs.push_back(std::move(j));
@@ -127,7 +135,8 @@ absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, T
   if (format == TraceFormat::kAuto) {
     format = IsOpenbHeader(FirstLine(*text), "sn") ? TraceFormat::kOpenb : TraceFormat::kTessera;
   }
-  return format == TraceFormat::kOpenb ? ParseOpenbNodes(*text, path) : ParseTesseraNodes(*text, path);
+  return format == TraceFormat::kOpenb ? ParseOpenbNodes(*text, path)
+                                       : ParseTesseraNodes(*text, path);
 }
 
 absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format) {
@@ -136,7 +145,7 @@ absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceForma
   if (format == TraceFormat::kAuto) {
     std::string_view header = FirstLine(*text);
     format = header.find("num_gpu") != std::string_view::npos ? TraceFormat::kOpenb
-                                                               : TraceFormat::kTessera;
+                                                              : TraceFormat::kTessera;
   }
   if (format == TraceFormat::kTessera) return ParseTesseraJobs(*text, path);
   auto pods = ParseOpenbPods(*text, path);
@@ -151,7 +160,7 @@ absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceForma
     j.submit = static_cast<double>(p.creation_time.value_or(0));
     if (p.deletion_time) {
       int64_t start = p.scheduled_time && *p.scheduled_time > 0 ? *p.scheduled_time
-                                                               : p.creation_time.value_or(0);
+                                                                : p.creation_time.value_or(0);
       j.duration = static_cast<double>(std::max<int64_t>(*p.deletion_time - start, 0));
     }
     jobs.push_back(std::move(j));

@@ -1,7 +1,8 @@
 #pragma once
-// What the simulator replays: a cluster (nodes) and jobs with arrival times and durations, loaded from
-// the Alibaba openb CSVs or from Tessera's own documented CSV format (docs/simulator.md). Malformed
-// rows are errors naming the file, line and column. Pure functions apart from reading the files.
+// What the simulator replays: a cluster (nodes) and jobs with arrival times and durations, loaded
+// from the Alibaba openb CSVs or from Tessera's own documented CSV format (docs/simulator.md).
+// Malformed rows are errors naming the file, line and column. Pure functions apart from reading the
+// files.
 
 #include <string>
 #include <string_view>
@@ -25,12 +26,14 @@ struct SimJob {
 // preemptible.
 int OpenbPriority(std::string_view qos);
 
-// Tessera CSV. Nodes: name,cpu_milli,memory_mib,gpus[,gpu_model][,gpu_memory_mib][,count] - count > 1
-// makes that many nodes named name-0, name-1, ... Jobs: name,cpu_milli,memory_mib[,gpus][,gpu_milli]
+// Tessera CSV. Nodes: name,cpu_milli,memory_mib,gpus[,gpu_model][,gpu_memory_mib][,count] - count >
+// 1 makes that many nodes named name-0, name-1, ... Jobs:
+// name,cpu_milli,memory_mib[,gpus][,gpu_milli]
 // [,gpu_memory_mib][,gpu_models][,priority][,preemptible][,submit_time][,duration].
 absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view csv,
                                                               std::string_view filename);
-absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv, std::string_view filename);
+absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv,
+                                                     std::string_view filename);
 
 // Reads a node or job file in the given format; kAuto tells the formats apart by their header.
 absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format);

@@ -1,7 +1,8 @@
-// The simulator against the FGD paper (Weng et al., USENIX ATC'23) on the real openb traces: workload
-// inflation to 130%, seeds 42..51. Policies whose implementation follows the paper's simulator must land
-// within one percentage point of its published allocation ratios; Tessera's default must leave fewer
-// GPUs unallocated than FGD on every pod list. (docs/simulator.md explains the policies that differ.)
+// The simulator against the FGD paper (Weng et al., USENIX ATC'23) on the real openb traces:
+// workload inflation to 130%, seeds 42..51. Policies whose implementation follows the paper's
+// simulator must land within one percentage point of its published allocation ratios; Tessera's
+// default must leave fewer GPUs unallocated than FGD on every pod list. (docs/simulator.md explains
+// the policies that differ.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -45,7 +46,8 @@ Mean Inflate(const std::string& pod_list, const std::string& policy, int seeds) 
 }
 
 TEST(PaperValidation, MatchedPoliciesWithinOnePoint) {
-  const std::pair<const char*, double> kPaper[] = {{"random", 87.47}, {"bestfit", 93.08}, {"fgd", 95.39}};
+  const std::pair<const char*, double> kPaper[] = {
+      {"random", 87.47}, {"bestfit", 93.08}, {"fgd", 95.39}};
   for (const auto& [policy, paper] : kPaper) {
     EXPECT_NEAR(Inflate("openb_pod_list_default.csv", policy, 10).allocated, paper, 1.0) << policy;
   }

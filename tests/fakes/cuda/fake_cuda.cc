@@ -1,22 +1,23 @@
-// A fake libcuda.so.1 for the tests: a virtual GPU whose device memory is host memory (so a leak or a
-// double free shows), with the entry points the intercept library hooks, cuGetProcAddress(_v2) mapping
-// base names to versioned entry points as the real driver does, and hooks for the tests.
+// A fake libcuda.so.1 for the tests: a virtual GPU whose device memory is host memory (so a leak or
+// a double free shows), with the entry points the intercept library hooks, cuGetProcAddress(_v2)
+// mapping base names to versioned entry points as the real driver does, and hooks for the tests.
 //   FAKE_CUDA_DEVICES      number of devices (default 1)
 //   FAKE_CUDA_MEMORY_MIB   memory per device (default 16384)
-//   FAKE_CUDA_CLOCK        a file shared by all processes holding each device's virtual clock, so that
+//   FAKE_CUDA_CLOCK        a file shared by all processes holding each device's virtual clock, so
+//   that
 //                          kernels of different processes contend for the same virtual GPU time
 //                          (without it each process has a GPU of its own)
 //   FAKE_CUDA_GRAPH_US     virtual time of one cuGraphLaunch (default 1000)
-// Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in launch
-// order across processes (first come, first served, as one GPU's queue), asynchronously: a launch
-// returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until this
-// process's kernels on the current device are done.
+// Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
+// launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
+// launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
+// this process's kernels on the current device are done.
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#include <string.h>
 
 #include <atomic>
 #include <mutex>
@@ -143,8 +144,9 @@ FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
   return Take(bytes, p);
 }
 FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t width, size_t height,
-                                       unsigned int) {
-  if (p == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+                                        unsigned int) {
+  if (p == nullptr || pitch == nullptr || width == 0 || height == 0)
+    return CUDA_ERROR_INVALID_VALUE;
   *pitch = (width + 511) / 512 * 512;  // rows padded to 512 bytes
   return Take(*pitch * height, p);
 }
@@ -159,15 +161,15 @@ FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmem
 }
 FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return Give(p); }
 FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return Give(p); }
-FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes, const CUmemAllocationProp*,
-                                unsigned long long) {
+FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes,
+                                 const CUmemAllocationProp*, unsigned long long) {
   return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, h);
 }
 FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return Give(h); }
 
 namespace {
 uint64_t ElementBytes(CUarray_format f) {
-  return f == CU_AD_FORMAT_UNSIGNED_INT8 || f == CU_AD_FORMAT_SIGNED_INT8   ? 1
+  return f == CU_AD_FORMAT_UNSIGNED_INT8 || f == CU_AD_FORMAT_SIGNED_INT8 ? 1
          : f == CU_AD_FORMAT_UNSIGNED_INT16 || f == CU_AD_FORMAT_SIGNED_INT16 ||
                  f == CU_AD_FORMAT_HALF
              ? 2
@@ -178,7 +180,8 @@ uint64_t ElementBytes(CUarray_format f) {
 FAKE_EXPORT CUresult cuArrayCreate_v2(CUarray* a, const CUDA_ARRAY_DESCRIPTOR* d) {
   if (a == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
   unsigned long long key;
-  CUresult rc = Take(d->Width * (d->Height ? d->Height : 1) * ElementBytes(d->Format) * d->NumChannels, &key);
+  CUresult rc =
+      Take(d->Width * (d->Height ? d->Height : 1) * ElementBytes(d->Format) * d->NumChannels, &key);
   if (rc == CUDA_SUCCESS) *a = reinterpret_cast<CUarray>(key);
   return rc;
 }
@@ -193,7 +196,7 @@ FAKE_EXPORT CUresult cuArray3DCreate_v2(CUarray* a, const CUDA_ARRAY3D_DESCRIPTO
 }
 FAKE_EXPORT CUresult cuArrayDestroy(CUarray a) { return Give(reinterpret_cast<uint64_t>(a)); }
 FAKE_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* a, const CUDA_ARRAY3D_DESCRIPTOR* d,
-                                           unsigned int levels) {
+                                            unsigned int levels) {
   if (a == nullptr || d == nullptr || d->Width == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t bytes = 0;
   size_t w = d->Width, h = d->Height, z = d->Depth;
@@ -230,7 +233,8 @@ VirtualClock* Clock() {
       if (fd >= 0) close(fd);
     }
     if (m == MAP_FAILED) {
-      m = mmap(nullptr, sizeof(VirtualClock), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      m = mmap(nullptr, sizeof(VirtualClock), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+               -1, 0);
     }
     return static_cast<VirtualClock*>(m);
   }();
@@ -243,7 +247,7 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
 }
 
-std::atomic<uint64_t> my_done[16];     // when this process's last kernel per device ends
+std::atomic<uint64_t> my_done[16];      // when this process's last kernel per device ends
 std::atomic<uint64_t> my_kernel_ns{0};  // virtual GPU time this process has launched
 
 CUresult Occupy(uint64_t us) {
@@ -277,16 +281,17 @@ CUresult WaitMine() {
 
 FAKE_EXPORT uint64_t fakeCudaKernelNs() { return my_kernel_ns.load(); }
 
-FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, unsigned int, unsigned int,
-                                   unsigned int, unsigned int, unsigned int, CUstream, void**, void**) {
+FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, unsigned int,
+                                    unsigned int, unsigned int, unsigned int, unsigned int,
+                                    CUstream, void**, void**) {
   return Occupy(gx);
 }
 FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction, void**, void**) {
   return config == nullptr ? CUDA_ERROR_INVALID_VALUE : Occupy(config->gridDimX);
 }
-FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int gx, unsigned int, unsigned int,
-                                              unsigned int, unsigned int, unsigned int, unsigned int,
-                                              CUstream, void**) {
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int gx, unsigned int,
+                                               unsigned int, unsigned int, unsigned int,
+                                               unsigned int, unsigned int, CUstream, void**) {
   return Occupy(gx);
 }
 FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream) {
@@ -298,7 +303,7 @@ FAKE_EXPORT CUresult cuStreamSynchronize(CUstream) { return WaitMine(); }
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent) { return WaitMine(); }
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
-                                        CUdriverProcAddressQueryResult*);
+                                         CUdriverProcAddressQueryResult*);
 
 namespace {
 // Base name -> entry point, as the driver resolves it for CUDA 12 callers (the _v2 versions).
@@ -344,12 +349,13 @@ void* Lookup(const std::string& name, int version) {
 }  // namespace
 
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t,
-                                        CUdriverProcAddressQueryResult* status) {
+                                         CUdriverProcAddressQueryResult* status) {
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *pfn = Lookup(symbol, version);
   if (status) *status = *pfn ? 0 : 1;
   return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
-FAKE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+FAKE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                      cuuint64_t flags) {
   return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
 }

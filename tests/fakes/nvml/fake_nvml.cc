@@ -1,7 +1,7 @@
-// A fake libnvidia-ml.so.1 for tests: a real shared library exporting the nvml* symbols Tessera uses.
-// What it reports is scripted by the JSON scenario file named in $FAKE_NVML_SCENARIO, read at the first
-// nvmlInit (see tests/fakes/nvml/README.md for the format). Versioned builds export subsets of the
-// symbols (a version script per variant) to exercise the loader's fallbacks.
+// A fake libnvidia-ml.so.1 for tests: a real shared library exporting the nvml* symbols Tessera
+// uses. What it reports is scripted by the JSON scenario file named in $FAKE_NVML_SCENARIO, read at
+// the first nvmlInit (see tests/fakes/nvml/README.md for the format). Versioned builds export
+// subsets of the symbols (a version script per variant) to exercise the loader's fallbacks.
 
 #include <chrono>
 #include <condition_variable>
@@ -13,10 +13,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessera/devices/nvml_abi.h"
 
@@ -79,7 +78,8 @@ State& S() {
 }
 
 long ElapsedMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - S().init_time).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - S().init_time)
+      .count();
 }
 
 void Count(const char* fn) {
@@ -87,7 +87,8 @@ void Count(const char* fn) {
   ++S().calls[fn];
 }
 
-// Returns the scripted error of `fn` (globally or for `dev`), or GPU_IS_LOST in the device's lost window.
+// Returns the scripted error of `fn` (globally or for `dev`), or GPU_IS_LOST in the device's lost
+// window.
 int Scripted(const char* fn, const Device* dev = nullptr) {
   State& s = S();
   std::lock_guard lock(s.mu);
@@ -258,16 +259,26 @@ EXPORT nvmlReturn_t nvmlShutdown() {
 
 EXPORT const char* nvmlErrorString(nvmlReturn_t r) {
   switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    default: return "Unknown Error";
+    case NVML_SUCCESS:
+      return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+      return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+      return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+      return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+      return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND:
+      return "Not Found";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+      return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+      return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST:
+      return "GPU is lost";
+    default:
+      return "Unknown Error";
   }
 }
 
@@ -288,7 +299,9 @@ static nvmlReturn_t CountImpl(const char* name, unsigned* count) {
   *count = static_cast<unsigned>(S().devices.size());
   return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned* c) { return CountImpl("nvmlDeviceGetCount_v2", c); }
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned* c) {
+  return CountImpl("nvmlDeviceGetCount_v2", c);
+}
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned* c) { return CountImpl("nvmlDeviceGetCount", c); }
 
 static nvmlReturn_t HandleImpl(const char* name, unsigned i, nvmlDevice_t* h) {
@@ -304,12 +317,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned i, nvmlDevice_t* h) {
   return HandleImpl("nvmlDeviceGetHandleByIndex", i, h);
 }
 
-#define DEVICE_OR_FAIL(fn)                                   \
-  Device* d = Dev(dev);                                      \
-  if (d == nullptr) {                                        \
-    Count(fn);                                               \
-    return NVML_ERROR_INVALID_ARGUMENT;                      \
-  }                                                          \
+#define DEVICE_OR_FAIL(fn)              \
+  Device* d = Dev(dev);                 \
+  if (d == nullptr) {                   \
+    Count(fn);                          \
+    return NVML_ERROR_INVALID_ARGUMENT; \
+  }                                     \
   if (int e = Scripted(fn, d)) return e;
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char* buf, unsigned len) {
@@ -387,7 +400,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned* minor) 
   return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int* level) {
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b,
+                                                        int* level) {
   Device* da = Dev(a);
   Device* db = Dev(b);
   if (int e = Scripted("nvmlDeviceGetTopologyCommonAncestor", da)) return e;
@@ -426,7 +440,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t dev, unsigned 
   return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned link, int* type) {
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t dev, unsigned link,
+                                                        int* type) {
   DEVICE_OR_FAIL("nvmlDeviceGetNvLinkRemoteDeviceType");
   if (link >= d->nvlinks.size()) return NVML_ERROR_INVALID_ARGUMENT;
   *type = d->nvlinks[link].type;

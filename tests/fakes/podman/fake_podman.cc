@@ -1,8 +1,9 @@
-// A fake `podman` for the server's tests: the subset of its command line Tessera uses, with podman's
-// own checks where they matter - every --device must resolve to a device of a CDI spec in the spec
-// folders (podman's error text and exit code 125 otherwise), bound files must exist, the image must be
-// known - and then the command runs as a plain child process (no isolation) with the container's
-// environment: CDI edits, then --env. Signals are passed on to it as podman's sig-proxy does.
+// A fake `podman` for the server's tests: the subset of its command line Tessera uses, with
+// podman's own checks where they matter - every --device must resolve to a device of a CDI spec in
+// the spec folders (podman's error text and exit code 125 otherwise), bound files must exist, the
+// image must be known - and then the command runs as a plain child process (no isolation) with the
+// container's environment: CDI edits, then --env. Signals are passed on to it as podman's sig-proxy
+// does.
 //
 //   fake_podman --fake-state DIR [--old] <podman arguments>
 //
@@ -22,11 +23,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -61,8 +61,8 @@ std::vector<std::string> ReadLines(const std::string& path) {
 
 // "kind=name" -> the device's edits followed by its spec's edits, from every *.json spec in `dirs`.
 // Specs must parse and name a kind; devices need a name and edits, as CDI loaders demand.
-bool LoadCdi(const std::vector<std::string>& dirs, std::map<std::string, std::vector<json>>* devices,
-             std::string* error) {
+bool LoadCdi(const std::vector<std::string>& dirs,
+             std::map<std::string, std::vector<json>>* devices, std::string* error) {
   for (const std::string& dir : dirs) {
     DIR* d = opendir(dir.c_str());
     if (!d) continue;
@@ -71,13 +71,15 @@ bool LoadCdi(const std::vector<std::string>& dirs, std::map<std::string, std::ve
       if (name.size() < 5 || name.substr(name.size() - 5) != ".json") continue;
       std::ifstream in(dir + "/" + name);
       json spec = json::parse(in, nullptr, false);
-      if (spec.is_discarded() || !spec.contains("cdiVersion") || !spec.contains("kind") || !spec.contains("devices")) {
+      if (spec.is_discarded() || !spec.contains("cdiVersion") || !spec.contains("kind") ||
+          !spec.contains("devices")) {
         *error = "CDI spec " + dir + "/" + name + ": malformed";
         closedir(d);
         return false;
       }
       for (const json& dev : spec["devices"]) {
-        if (!dev.contains("name") || !dev.contains("containerEdits") || dev["containerEdits"].empty()) {
+        if (!dev.contains("name") || !dev.contains("containerEdits") ||
+            dev["containerEdits"].empty()) {
           *error = "CDI spec " + dir + "/" + name + ": invalid device, empty device edits";
           closedir(d);
           return false;
@@ -92,8 +94,8 @@ bool LoadCdi(const std::vector<std::string>& dirs, std::map<std::string, std::ve
   return true;
 }
 
-int Run(const std::string& state, const std::vector<std::string>& global, const std::vector<std::string>& cdi_dirs,
-        const std::vector<std::string>& args) {
+int Run(const std::string& state, const std::vector<std::string>& global,
+        const std::vector<std::string>& cdi_dirs, const std::vector<std::string>& args) {
   json record;
   record["global"] = global;  // before `run` (the wrapper's --fake-state included)
   record["argv"] = args;
@@ -108,22 +110,38 @@ int Run(const std::string& state, const std::vector<std::string>& global, const 
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("-", 0) != 0) break;
-    if (a == "--rm") flags.push_back(a);
-    else if (a == "--name") name = value(a);
-    else if (a == "--label") flags.push_back("--label " + value(a));
-    else if (a == "--user") user = value(a);
-    else if (a == "--workdir") workdir = value(a);
-    else if (a == "--device") devices.push_back(value(a));
-    else if (a == "--volume") volumes.push_back(value(a));
-    else if (a == "--env") envs.push_back(value(a));
-    else if (a.find('=') != std::string::npos) flags.push_back(a);  // --opt=value from the config
-    else return Fail("fake podman: unknown flag " + a + " (use --flag=value)");
+    if (a == "--rm")
+      flags.push_back(a);
+    else if (a == "--name")
+      name = value(a);
+    else if (a == "--label")
+      flags.push_back("--label " + value(a));
+    else if (a == "--user")
+      user = value(a);
+    else if (a == "--workdir")
+      workdir = value(a);
+    else if (a == "--device")
+      devices.push_back(value(a));
+    else if (a == "--volume")
+      volumes.push_back(value(a));
+    else if (a == "--env")
+      envs.push_back(value(a));
+    else if (a.find('=') != std::string::npos)
+      flags.push_back(a);  // --opt=value from the config
+    else
+      return Fail("fake podman: unknown flag " + a + " (use --flag=value)");
   }
   if (i >= args.size()) return Fail("fake podman: no image");
   image = args[i++];
   std::vector<std::string> command(args.begin() + static_cast<long>(i), args.end());
-  record.update({{"name", name}, {"image", image}, {"user", user}, {"workdir", workdir}, {"devices", devices},
-                 {"volumes", volumes}, {"flags", flags}, {"command", command}});
+  record.update({{"name", name},
+                 {"image", image},
+                 {"user", user},
+                 {"workdir", workdir},
+                 {"devices", devices},
+                 {"volumes", volumes},
+                 {"flags", flags},
+                 {"command", command}});
   std::vector<std::string> own_env;
   for (char** e = environ; *e; ++e) own_env.push_back(*e);
   record["podman_env"] = own_env;
@@ -135,8 +153,10 @@ int Run(const std::string& state, const std::vector<std::string>& global, const 
   std::map<std::string, std::vector<json>> cdi;
   std::string error;
   if (!LoadCdi(cdi_dirs, &cdi, &error)) return Fail("setting up CDI devices: " + error);
-  std::map<std::string, std::string> env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-                                            {"container", "podman"}, {"HOSTNAME", name}};
+  std::map<std::string, std::string> env = {
+      {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+      {"container", "podman"},
+      {"HOSTNAME", name}};
   std::set<std::string> spec_wide_applied;
   for (const std::string& d : devices) {
     auto it = cdi.find(d);
@@ -148,7 +168,8 @@ int Run(const std::string& state, const std::vector<std::string>& global, const 
       }
       for (const json& m : edits.value("mounts", json::array())) {
         if (!Exists(m["hostPath"].get<std::string>())) {
-          return Fail("CDI mount " + m["hostPath"].get<std::string>() + ": no such file or directory");
+          return Fail("CDI mount " + m["hostPath"].get<std::string>() +
+                      ": no such file or directory");
         }
       }
     }
@@ -185,19 +206,20 @@ int Run(const std::string& state, const std::vector<std::string>& global, const 
       size_t start = 0;
       while (start <= path.size()) {
         size_t colon = path.find(':', start);
-        std::string p = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start) + "/" + command[0];
+        std::string p =
+            path.substr(start, colon == std::string::npos ? std::string::npos : colon - start) +
+            "/" + command[0];
         execve(p.c_str(), argv.data(), envp.data());
         if (colon == std::string::npos) break;
         start = colon + 1;
       }
     }
-    std::fprintf(stderr, "Error: crun: executable file `%s` not found in $PATH: No such file or directory\n",
-                 command[0].c_str());
+    std::fprintf(
+        stderr, "Error: crun: executable file `%s` not found in $PATH: No such file or directory\n",
+        command[0].c_str());
     _exit(127);
   }
-  {
-    std::ofstream(state + "/" + name + ".pid") << child << "\n";
-  }
+  { std::ofstream(state + "/" + name + ".pid") << child << "\n"; }
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
@@ -253,7 +275,9 @@ int main(int argc, char** argv) {
   }
   if (state.empty()) return Fail("fake podman: --fake-state DIR is required");
   if (cdi_dirs.empty()) cdi_dirs = {"/etc/cdi", "/var/run/cdi"};
-  if (verb == "run") return Run(state, std::vector<std::string>(args.begin(), args.begin() + static_cast<long>(i)), cdi_dirs, rest);
+  if (verb == "run")
+    return Run(state, std::vector<std::string>(args.begin(), args.begin() + static_cast<long>(i)),
+               cdi_dirs, rest);
   if (verb == "rm") return Remove(state, rest);
   return Fail("fake podman: unsupported command " + verb);
 }
