@@ -129,6 +129,16 @@ json JobJson(const JobRecord& r) {
   return j;
 }
 
+// What of a job only its owner and admins see: its environment (tokens, keys), working directory
+// and logs. Others see the rest (who, what shape, state, why).
+void HideDetails(json& job) {
+  if (job.contains("spec") && job["spec"].is_object()) {
+    job["spec"].erase("env");
+    job["spec"].erase("workdir");
+  }
+  job["details_hidden"] = "env, workdir and logs are shown to the job's owner and admins only";
+}
+
 // Whether a job of `uid` would run as root: the server switches to the job's user only when it is
 // root.
 bool RunsAsRoot(uint32_t uid) { return geteuid() == 0 && uid == 0; }
@@ -886,7 +896,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   }
   if (path == "/v1/jobs") {
     if (auto e = only({"GET", "POST"})) return *e;
-    return m == "POST" ? Submit(req, user, uid) : ListJobs(req);
+    return m == "POST" ? Submit(req, user, uid) : ListJobs(req, user, admin);
   }
   const std::string jobs_prefix = "/v1/jobs/";
   if (path.rfind(jobs_prefix, 0) == 0) {
@@ -898,7 +908,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     if (!id) return Error(400, fmt::format("job id '{}' is not a positive whole number", rest));
     if (tail.empty()) {
       if (auto e = only({"GET"})) return *e;
-      return GetJob(*id);
+      return GetJob(*id, user, admin);
     }
     if (tail == "cancel") {
       if (auto e = only({"POST"})) return *e;
@@ -906,7 +916,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     }
     if (tail == "logs") {
       if (auto e = only({"GET"})) return *e;
-      return Logs(req, *id);
+      return Logs(req, *id, user, admin);
     }
     if (tail == "events") {
       if (auto e = only({"GET"})) return *e;
@@ -981,7 +991,7 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   return JsonResponse(201, JobJson(*stored));
 }
 
-HttpResponse Server::ListJobs(const HttpRequest& req) {
+HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, bool admin) {
   std::vector<JobState> states;
   if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
     std::string_view rest = it->second;
@@ -1021,15 +1031,17 @@ HttpResponse Server::ListJobs(const HttpRequest& req) {
   for (size_t i = from; i < picked.size(); ++i) {
     json j = JobJson(*picked[i]);
     if (queued_.contains(picked[i]->id)) j["waiting"] = WaitingReason(picked[i]->id);
+    if (!admin && picked[i]->owner != user) HideDetails(j);
     out.push_back(j);
   }
   return JsonResponse(200, json{{"jobs", out}});
 }
 
-HttpResponse Server::GetJob(int64_t id) {
+HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
   auto r = store_->Get(id);
   if (!r.ok()) return StatusError(r.status());
   json j = JobJson(*r);
+  if (!admin && r->owner != user) HideDetails(j);
   auto ev = store_->Events(id);
   if (ev.ok()) j["events"] = EventsJson(*ev);
   std::lock_guard lock(mu_);
@@ -1075,12 +1087,17 @@ HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
     }
   }
   wake_.notify_all();
-  return GetJob(id);
+  return GetJob(id, user, admin);
 }
 
-HttpResponse Server::Logs(const HttpRequest& req, int64_t id) {
+HttpResponse Server::Logs(const HttpRequest& req, int64_t id, const std::string& user, bool admin) {
   auto r = store_->Get(id);
   if (!r.ok()) return StatusError(r.status());
+  if (!admin && r->owner != user) {
+    return Error(
+        403, fmt::format("job {} belongs to {}; its logs are shown to its owner and admins only",
+                         id, r->owner));
+  }
   std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
   if (stream != "stdout" && stream != "stderr")
     return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");

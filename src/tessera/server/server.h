@@ -209,10 +209,11 @@ class Server {
 
   // API
   HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid);
-  HttpResponse ListJobs(const HttpRequest& req);
-  HttpResponse GetJob(int64_t id);
+  // Others' jobs without their details (env, workdir); logs only for the owner and admins.
+  HttpResponse ListJobs(const HttpRequest& req, const std::string& user, bool admin);
+  HttpResponse GetJob(int64_t id, const std::string& user, bool admin);
   HttpResponse Cancel(int64_t id, const std::string& user, bool admin);
-  HttpResponse Logs(const HttpRequest& req, int64_t id);
+  HttpResponse Logs(const HttpRequest& req, int64_t id, const std::string& user, bool admin);
   HttpResponse Gpus();
   nlohmann::json Info();
 

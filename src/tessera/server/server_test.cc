@@ -164,6 +164,42 @@ TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
   EXPECT_EQ(State(other), "running");
 }
 
+TEST_F(ServerTest, OthersSeeAJobButNotItsEnvironmentWorkdirOrLogs) {
+  StartServer();
+  int64_t id = Submit(1, 100, 0, {{"env", {{"HF_TOKEN", "secret"}}}, {"workdir", "/tmp"}});
+  Settle();
+  auto as = [&](uid_t uid, const std::string& path, int* status) {
+    HttpRequest r;
+    r.method = "GET";
+    r.path = r.target = path;
+    r.peer.unix_socket = true;
+    r.peer.uid = uid;
+    HttpResponse out = server_->Handle(r);
+    *status = out.status;
+    return json::parse(out.body, nullptr, false);
+  };
+  const uid_t stranger = 65534;  // nobody: neither the owner, root nor the server's user here
+  ASSERT_NE(stranger, geteuid());
+  int status = 0;
+  json theirs = as(stranger, "/v1/jobs/" + std::to_string(id), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(theirs["state"], "running") << "the job itself is no secret";
+  EXPECT_FALSE(theirs["spec"].contains("env"));
+  EXPECT_FALSE(theirs["spec"].contains("workdir"));
+  EXPECT_THAT(theirs.dump(), ::testing::Not(HasSubstr("secret")));
+  json list = as(stranger, "/v1/jobs", &status);
+  EXPECT_THAT(list.dump(), ::testing::Not(HasSubstr("secret")));
+  json logs = as(stranger, "/v1/jobs/" + std::to_string(id) + "/logs", &status);
+  EXPECT_EQ(status, 403);
+  EXPECT_THAT(logs.value("message", ""), HasSubstr("shown to its owner and admins only"));
+  // The owner sees everything.
+  json mine = Job(id);
+  EXPECT_EQ(mine["spec"]["env"]["HF_TOKEN"], "secret");
+  EXPECT_EQ(mine["spec"]["workdir"], "/tmp");
+  Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs", nullptr, &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST_F(ServerTest, StopEscalatesToSigkillAfterTheJobsGracePeriod) {
   launcher_.set_stop_latency(1000);  // a job that ignores SIGTERM
   StartServer();
