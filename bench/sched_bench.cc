@@ -61,7 +61,7 @@ std::vector<core::NodeSpec> Synthetic(int count) {
   return out;
 }
 
-std::unique_ptr<sched::Scheduler> Build(sched::PolicyKind policy,
+std::unique_ptr<sched::Scheduler> Build(const std::string& policy,
                                         const std::vector<core::NodeSpec>& nodes,
                                         int64_t* gpu_capacity) {
   sched::SchedulerConfig c;
@@ -77,7 +77,7 @@ std::unique_ptr<sched::Scheduler> Build(sched::PolicyKind policy,
   return s;
 }
 
-void Place(benchmark::State& state, sched::PolicyKind policy,
+void Place(benchmark::State& state, const std::string& policy,
            const std::vector<core::NodeSpec>& nodes) {
   int64_t capacity = 0;
   auto s = Build(policy, nodes, &capacity);
@@ -109,8 +109,8 @@ void Place(benchmark::State& state, sched::PolicyKind policy,
 
 void Register() {
   static const std::vector<core::NodeSpec> synthetic = Synthetic(10000);
-  for (sched::PolicyKind k : sched::AllPolicyKinds()) {
-    std::string name(sched::PolicyName(k));
+  for (const std::string& k : sched::AllPolicyNames()) {
+    const std::string& name = k;
     benchmark::RegisterBenchmark(("Place/openb/" + name).c_str(), [k](benchmark::State& st) {
       Place(st, k, OpenbNodes());
     })->Unit(benchmark::kMicrosecond);

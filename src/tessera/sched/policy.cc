@@ -10,22 +10,6 @@
 namespace tessera::sched {
 namespace {
 
-struct KindName {
-  PolicyKind kind;
-  std::string_view name;
-};
-constexpr KindName kNames[] = {
-    {PolicyKind::kRandom, "random"},
-    {PolicyKind::kSpread, "spread"},
-    {PolicyKind::kBinpack, "binpack"},
-    {PolicyKind::kBestFit, "bestfit"},
-    {PolicyKind::kDotProduct, "dotprod"},
-    {PolicyKind::kGpuPacking, "gpupacking"},
-    {PolicyKind::kGpuClustering, "gpuclustering"},
-    {PolicyKind::kFgd, "fgd"},
-    {PolicyKind::kTopology, "topology"},
-};
-
 double PairCost(const core::GpuLink& l) {
   if (l.nvlinks > 0) return 0.5 - std::min(l.nvlinks, 63) / 128.0;
   switch (l.pcie) {
@@ -44,38 +28,6 @@ double PairCost(const core::GpuLink& l) {
     default:
       return 6;
   }
-}
-
-int64_t GpuLeftTotal(const NodeView& n) {
-  int64_t total = 0;
-  for (const ClassGpu& g : *n.gpus) {
-    if (g.healthy) total += g.milli_left;
-  }
-  return total;
-}
-
-int64_t GpuCapacity(const NodeView& n) {
-  return static_cast<int64_t>(n.gpus->size()) * core::kMilliPerGpu;
-}
-
-// GPU index (in the shape) of view position p: the identity for positional shapes. For sorted
-// shapes the position carries no index; links are then uniform, so any index serves.
-int ShapeIndex(const NodeView& n, int p) { return p; }
-
-bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
-                    core::TopologyScope scope) {
-  const NodeShape& s = *n.shape;
-  for (size_t i = 0; i < set.size(); ++i) {
-    for (size_t j = i + 1; j < set.size(); ++j) {
-      int a = ShapeIndex(n, set[i]), b = ShapeIndex(n, set[j]);
-      if (scope == core::TopologyScope::kNvlink) {
-        if (s.topology.size() == 0 || s.topology.link(a, b).nvlinks == 0) return false;
-      } else if (s.gpus[a].numa_node < 0 || s.gpus[a].numa_node != s.gpus[b].numa_node) {
-        return false;
-      }
-    }
-  }
-  return true;
 }
 
 // Chooses `k` of the free GPUs: the best-linked set (that satisfies a required scope), and among
@@ -147,31 +99,54 @@ bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Req
   return found;
 }
 
-double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
 }  // namespace
 
-std::string_view PolicyName(PolicyKind kind) {
-  for (const KindName& k : kNames) {
-    if (k.kind == kind) return k.name;
+int64_t GpuLeftTotal(const NodeView& n) {
+  int64_t total = 0;
+  for (const ClassGpu& g : *n.gpus) {
+    if (g.healthy) total += g.milli_left;
   }
-  return "?";
+  return total;
 }
 
-std::vector<PolicyKind> AllPolicyKinds() {
-  std::vector<PolicyKind> out;
-  for (const KindName& k : kNames) out.push_back(k.kind);
+int64_t GpuCapacity(const NodeView& n) {
+  return static_cast<int64_t>(n.gpus->size()) * core::kMilliPerGpu;
+}
+
+// GPU index (in the shape) of view position p: the identity for positional shapes. For sorted
+// shapes the position carries no index; links are then uniform, so any index serves.
+static int ShapeIndex(const NodeView& n, int p) { return p; }
+
+bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
+                    core::TopologyScope scope) {
+  const NodeShape& s = *n.shape;
+  for (size_t i = 0; i < set.size(); ++i) {
+    for (size_t j = i + 1; j < set.size(); ++j) {
+      int a = ShapeIndex(n, set[i]), b = ShapeIndex(n, set[j]);
+      if (scope == core::TopologyScope::kNvlink) {
+        if (s.topology.size() == 0 || s.topology.link(a, b).nvlinks == 0) return false;
+      } else if (s.gpus[a].numa_node < 0 || s.gpus[a].numa_node != s.gpus[b].numa_node) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::vector<std::string> AllPolicyNames() {
+  std::vector<std::string> out;
+  for (const PolicyDef& d : ScorePolicies()) out.emplace_back(d.name);
   return out;
 }
 
 std::vector<WeightedPolicy> DefaultPolicies() {
-  return {{PolicyKind::kFgd, 1}, {PolicyKind::kBestFit, 0.01}, {PolicyKind::kTopology, 0.5}};
+  return {{"fgd", 1}, {"bestfit", 0.01}, {"topology", 0.5}};
 }
 
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text) {
   std::vector<WeightedPolicy> out;
   if (text == "all") {
-    for (PolicyKind k : AllPolicyKinds()) out.push_back({k, 1});
+    for (const std::string& name : AllPolicyNames()) out.push_back({name, 1});
     return out;
   }
   size_t start = 0;
@@ -190,19 +165,17 @@ absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& tex
       }
     }
     if (name == "tessera") {
-      for (WeightedPolicy p : DefaultPolicies()) out.push_back({p.kind, p.weight * weight});
+      for (const WeightedPolicy& p : DefaultPolicies()) out.push_back({p.name, p.weight * weight});
       if (end == text.size()) break;
       continue;
     }
-    auto it = std::find_if(std::begin(kNames), std::end(kNames),
-                           [&](const KindName& k) { return k.name == name; });
-    if (it == std::end(kNames)) {
+    if (FindScorePolicy(name) == nullptr) {
       std::string known;
-      for (const KindName& k : kNames) known += (known.empty() ? "" : ", ") + std::string(k.name);
+      for (const std::string& k : AllPolicyNames()) known += (known.empty() ? "" : ", ") + k;
       return absl::InvalidArgumentError(
           fmt::format("unknown policy '{}' (known: {}, tessera, or all)", name, known));
     }
-    out.push_back({it->kind, weight});
+    out.push_back({name, weight});
     if (end == text.size()) break;
   }
   if (out.empty()) return absl::InvalidArgumentError("no policy given");
@@ -229,23 +202,35 @@ double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& g
   return cost;
 }
 
+PolicySet::PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragmentation)
+    : policies_(std::move(policies)) {
+  for (const WeightedPolicy& p : policies_) {
+    const PolicyDef* def = FindScorePolicy(p.name);
+    // Names come from ParsePolicies or the code's own lists; an unknown one is a programming error.
+    if (def == nullptr) {
+      fmt::print(stderr, "tessera: unknown policy '{}'\n", p.name);
+      std::abort();
+    }
+    scores_.push_back(def->make(fragmentation));
+    if (share_chooser_ == nullptr && scores_.back()->ChoosesShareGpu())
+      share_chooser_ = scores_.back().get();
+  }
+}
+
 bool PolicySet::random_only() const {
   return std::all_of(policies_.begin(), policies_.end(),
-                     [](const WeightedPolicy& p) { return p.kind == PolicyKind::kRandom; });
+                     [](const WeightedPolicy& p) { return p.name == "random"; });
 }
 
 Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
                                const ClusterScale& scale, bool want_reason) const {
   Evaluation ev;
-  if (node.cpu_left < r.cpu_milli) {
-    if (want_reason) ev.reason = fmt::format("{}m CPU free, wants {}m", node.cpu_left, r.cpu_milli);
-    return ev;
-  }
-  if (node.memory_left < r.memory_mib) {
-    if (want_reason) {
-      ev.reason = fmt::format("{} MiB memory free, wants {} MiB", node.memory_left, r.memory_mib);
+  for (const std::unique_ptr<FilterPlugin>& f : Filters()) {
+    std::string why = f->Filter(node, r, want_reason);
+    if (!why.empty()) {
+      if (want_reason) ev.reason = std::move(why);
+      return ev;
     }
-    return ev;
   }
   const NodeShape& shape = *node.shape;
   const std::vector<ClassGpu>& gpus = *node.gpus;
@@ -310,21 +295,13 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     }
     // The first policy with a GPU preference chooses; otherwise the fullest GPU that fits (packing
     // within the node keeps whole GPUs free).
-    PolicyKind chooser = PolicyKind::kBestFit;
-    for (const WeightedPolicy& p : policies_) {
-      if (p.kind == PolicyKind::kFgd || p.kind == PolicyKind::kDotProduct) {
-        chooser = p.kind;
-        break;
-      }
-    }
     int best = -1;
     double best_value = 0;
     for (int p : candidates) {
       double value;
-      if (chooser == PolicyKind::kFgd && frag_ != nullptr) {
-        value = Score(PolicyKind::kFgd, node, r, {p}, scale);
-      } else if (chooser == PolicyKind::kDotProduct) {
-        value = Score(PolicyKind::kDotProduct, node, r, {p}, scale);
+      if (share_chooser_ != nullptr) {
+        const Gpus one = {p};
+        value = share_chooser_->Score(ScoreInput{node, r, one, scale});
       } else {
         value = -(gpus[p].milli_left * 1e7 + static_cast<double>(gpus[p].memory_left_mib));
       }
@@ -336,113 +313,10 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     ev.positions = {best};
   }
   ev.feasible = true;
-  for (const WeightedPolicy& p : policies_) {
-    ev.score += p.weight * Score(p.kind, node, r, ev.positions, scale);
-  }
+  const ScoreInput in{node, r, ev.positions, scale};
+  for (size_t i = 0; i < scores_.size(); ++i)
+    ev.score += policies_[i].weight * scores_[i]->Score(in);
   return ev;
-}
-
-double PolicySet::Score(PolicyKind kind, const NodeView& node, const core::Request& r,
-                        const absl::InlinedVector<int, 8>& positions,
-                        const ClusterScale& scale) const {
-  const NodeShape& shape = *node.shape;
-  const std::vector<ClassGpu>& gpus = *node.gpus;
-  const int64_t req_gpu = r.gpu_milli_total();
-  switch (kind) {
-    case PolicyKind::kRandom:
-      return 0;
-    case PolicyKind::kSpread:
-    case PolicyKind::kBinpack: {
-      double used = 0;
-      int dims = 0;
-      if (shape.cpu_milli > 0) {
-        used += double(shape.cpu_milli - node.cpu_left + r.cpu_milli) / shape.cpu_milli;
-        ++dims;
-      }
-      if (shape.memory_mib > 0) {
-        used += double(shape.memory_mib - node.memory_left + r.memory_mib) / shape.memory_mib;
-        ++dims;
-      }
-      if (!gpus.empty()) {
-        used += double(GpuCapacity(node) - GpuLeftTotal(node) + req_gpu) / GpuCapacity(node);
-        ++dims;
-      }
-      double u = dims ? used / dims : 0;
-      return kind == PolicyKind::kBinpack ? u : 1 - u;
-    }
-    case PolicyKind::kBestFit: {
-      double s = 0.5 * double(node.cpu_left - r.cpu_milli) / scale.max_cpu_milli +
-                 0.5 * double(GpuLeftTotal(node) - req_gpu) / scale.max_gpu_milli;
-      return 1 - s;
-    }
-    case PolicyKind::kDotProduct: {
-      if (shape.cpu_milli == 0) return 0;
-      double free_cpu = double(node.cpu_left) / shape.cpu_milli;
-      double want_cpu = double(r.cpu_milli) / shape.cpu_milli;
-      double free_gpu = 0, want_gpu = 0;
-      if (r.fractional() && !positions.empty()) {
-        free_gpu = gpus[positions[0]].milli_left / 1000.0;
-        want_gpu = r.gpu_milli / 1000.0;
-      } else if (!gpus.empty()) {
-        free_gpu = double(GpuLeftTotal(node)) / GpuCapacity(node);
-        want_gpu = double(req_gpu) / GpuCapacity(node);
-      }
-      return 1 - (free_cpu * want_cpu + free_gpu * want_gpu) / 2;
-    }
-    case PolicyKind::kGpuPacking: {
-      if (!r.wants_gpu()) return 0;
-      int fully_free = 0;
-      for (const ClassGpu& g : gpus) fully_free += g.healthy && g.milli_left == core::kMilliPerGpu;
-      if (fully_free == static_cast<int>(gpus.size())) {
-        return std::max(100 / 3 - fully_free, fully_free) / 100.0;
-      }
-      int free_used = 0;
-      int64_t free_ratio = 0;
-      for (int p : positions) {
-        if (gpus[p].milli_left == core::kMilliPerGpu) ++free_used;
-        free_ratio += gpus[p].milli_left * 100 / core::kMilliPerGpu;
-      }
-      if (free_used > 0) return std::max<int64_t>(100 / 2 - free_used, 100 / 3) / 100.0;
-      return std::max<int64_t>(100 - free_ratio / 10, 100 / 2) / 100.0;
-    }
-    case PolicyKind::kGpuClustering: {
-      int tag = AffinityTag(r);
-      if (tag == 0) return 0;
-      uint16_t gpu_tags = node.tags & ~uint16_t{1};  // CPU-only work does not count
-      int64_t left = GpuLeftTotal(node);
-      int64_t base = 100 / 4 * (scale.max_gpu_milli - left) / scale.max_gpu_milli;
-      int64_t offset;
-      if (gpu_tags & (1u << tag)) {
-        offset = std::popcount(gpu_tags) == 1 ? 75 : 50;
-      } else {
-        offset = gpu_tags == 0 ? 25 : 0;
-      }
-      return double(base + offset) / 100.0;
-    }
-    case PolicyKind::kFgd: {
-      // CPU-only requests are scored too: the CPU they take can strand a node's GPUs.
-      if (frag_ == nullptr || frag_->empty()) return 0.5;
-      double before = frag_->Of(shape, node.shape_id, node.cpu_left, gpus);
-      std::vector<ClassGpu> after(gpus.begin(), gpus.end());
-      for (int p : positions) {
-        after[p].milli_left -= r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
-      }
-      double frag_after = frag_->Of(shape, node.shape_id, node.cpu_left - r.cpu_milli, after);
-      return Sigmoid((before - frag_after) / 1000.0);
-    }
-    case PolicyKind::kTopology: {
-      if (r.gpus < 2) return 1;
-      double pairs = double(positions.size()) * (positions.size() - 1) / 2;
-      double avg = LinkCost(shape.topology, positions) / pairs;
-      double quality = 1.0 / (1.0 + avg);
-      if (r.topology == core::TopologyMode::kPrefer) {
-        bool ok = shape.topology.size() > 0 && SatisfiesScope(node, positions, r.topology_scope);
-        return 0.5 * quality + (ok ? 0.5 : 0);
-      }
-      return quality;
-    }
-  }
-  return 0;
 }
 
 }  // namespace tessera::sched

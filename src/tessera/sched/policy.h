@@ -5,6 +5,7 @@
 // can evaluate a class of identical nodes once. Not thread-safe (FGD memoises).
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,29 +17,17 @@
 
 namespace tessera::sched {
 
-enum class PolicyKind : uint8_t {
-  kRandom,         // uniformly random among feasible nodes (seeded)
-  kSpread,         // least allocated after placement (kube-scheduler LeastAllocated)
-  kBinpack,        // most allocated after placement (MostAllocated)
-  kBestFit,        // least CPU and GPU left over, normalised by the largest node
-  kDotProduct,     // Tetris: smallest dot product of free and requested resources
-  kGpuPacking,     // shared GPUs first, then used nodes, then idle nodes
-  kGpuClustering,  // nodes already running work of the same GPU size
-  kFgd,            // fragmentation gradient descent: least growth of fragmentation
-  kTopology,       // best-linked GPU set; satisfies "prefer" topology wishes
-};
-
-std::string_view PolicyName(PolicyKind kind);
-
+// A policy by name ("fgd", "bestfit", ... as the registry below knows them) and its weight.
 struct WeightedPolicy {
-  PolicyKind kind;
+  std::string name;
   double weight = 1;
 };
 
 // "fgd", "bestfit,topology:0.5", "all" (each policy once, weight 1) -> policies. kInvalidArgument
 // naming the unknown policy or bad weight.
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text);
-std::vector<PolicyKind> AllPolicyKinds();
+// Every registered policy's name, in registry order.
+std::vector<std::string> AllPolicyNames();
 // Tessera's default policy set: fgd:1, bestfit:0.01, topology:0.5 (see docs/simulator.md for why).
 std::vector<WeightedPolicy> DefaultPolicies();
 
@@ -69,10 +58,58 @@ struct ClusterScale {
   int64_t max_gpu_milli = 1;
 };
 
+// What a score sees: one node's state, the request, the GPUs chosen for it there (positions in the
+// view's GPU order) and the cluster-wide constants.
+struct ScoreInput {
+  const NodeView& node;
+  const core::Request& request;
+  const absl::InlinedVector<int, 8>& positions;
+  const ClusterScale& scale;
+};
+
+// A score plugin, in the spirit of kube-scheduler's framework: how good a feasible place is (higher
+// is better), a pure function of its input, evaluated once per class of identical nodes. A new
+// policy is a ScorePlugin in a file of its own plus one line in policy_registry.cc. May memoise;
+// not thread-safe.
+class ScorePlugin {
+ public:
+  virtual ~ScorePlugin() = default;
+  virtual double Score(const ScoreInput& in) const = 0;
+  // Whether this score also picks the GPU a share of one goes on: the first such policy of a set
+  // does (by its score of each candidate GPU); with none, the fullest GPU that fits.
+  virtual bool ChoosesShareGpu() const { return false; }
+};
+
+// A filter plugin: a condition a node must meet besides fitting the request's GPUs (which choosing
+// GPUs checks: count, attributes, health, topology requirement). Empty: passes; otherwise why not.
+class FilterPlugin {
+ public:
+  virtual ~FilterPlugin() = default;
+  virtual std::string Filter(const NodeView& node, const core::Request& r,
+                             bool want_reason) const = 0;
+};
+
+// The registry: every score policy `--policies` knows, and the filters every placement passes.
+struct PolicyDef {
+  std::string_view name;
+  std::string_view summary;
+  std::unique_ptr<ScorePlugin> (*make)(Fragmentation* fragmentation);
+};
+const std::vector<PolicyDef>& ScorePolicies();
+const PolicyDef* FindScorePolicy(std::string_view name);
+const std::vector<std::unique_ptr<FilterPlugin>>& Filters();
+
+// Helpers for plugins: healthy free GPU compute of a node and its capacity (thousandths), and
+// whether a GPU set satisfies a topology scope.
+int64_t GpuLeftTotal(const NodeView& n);
+int64_t GpuCapacity(const NodeView& n);
+bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
+                    core::TopologyScope scope);
+
 class PolicySet {
  public:
-  PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragmentation)
-      : policies_(std::move(policies)), frag_(fragmentation) {}
+  // `policies` must name registered policies (ParsePolicies checks); FGD reads `fragmentation`.
+  PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragmentation);
 
   // Filters, chooses GPUs, scores. `want_reason` fills Evaluation::reason when infeasible.
   Evaluation Evaluate(const NodeView& node, const core::Request& r, const ClusterScale& scale,
@@ -82,11 +119,9 @@ class PolicySet {
   bool random_only() const;
 
  private:
-  double Score(PolicyKind kind, const NodeView& node, const core::Request& r,
-               const absl::InlinedVector<int, 8>& positions, const ClusterScale& scale) const;
-
   std::vector<WeightedPolicy> policies_;
-  Fragmentation* frag_;
+  std::vector<std::unique_ptr<ScorePlugin>> scores_;  // one per policy, same order
+  const ScorePlugin* share_chooser_ = nullptr;        // the first that ChoosesShareGpu
 };
 
 // Whether GPU kind `k` of `shape` meets the request's attribute selector.

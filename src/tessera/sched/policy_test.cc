@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "tessera/sched/scheduler.h"
 #include "tessera/sched/test_util.h"
 
@@ -31,9 +33,9 @@ TEST(Policies, ParseNamesWeightsAndErrors) {
   auto p = ParsePolicies("fgd,topology:0.5");
   ASSERT_TRUE(p.ok());
   ASSERT_EQ(p->size(), 2u);
-  EXPECT_EQ((*p)[1].kind, PolicyKind::kTopology);
+  EXPECT_EQ((*p)[1].name, "topology");
   EXPECT_DOUBLE_EQ((*p)[1].weight, 0.5);
-  EXPECT_EQ(ParsePolicies("all")->size(), AllPolicyKinds().size());
+  EXPECT_EQ(ParsePolicies("all")->size(), AllPolicyNames().size());
   EXPECT_THAT(std::string(ParsePolicies("fgd,bogus").status().message()),
               HasSubstr("unknown policy 'bogus'"));
   EXPECT_FALSE(ParsePolicies("fgd:-1").ok());
@@ -41,9 +43,28 @@ TEST(Policies, ParseNamesWeightsAndErrors) {
   auto t = ParsePolicies("tessera:2");
   ASSERT_TRUE(t.ok());
   ASSERT_EQ(t->size(), DefaultPolicies().size());
-  EXPECT_EQ((*t)[0].kind, PolicyKind::kFgd);
+  EXPECT_EQ((*t)[0].name, "fgd");
   EXPECT_DOUBLE_EQ((*t)[1].weight, 2 * DefaultPolicies()[1].weight);
   EXPECT_FALSE(ParsePolicies("").ok());
+}
+
+TEST(Policies, RegistryNamesEachPolicyOnceAndBuildsItsPlugin) {
+  std::set<std::string> names;
+  Fragmentation frag;
+  for (const PolicyDef& d : ScorePolicies()) {
+    EXPECT_TRUE(names.insert(std::string(d.name)).second) << "twice: " << d.name;
+    EXPECT_FALSE(d.summary.empty()) << d.name;
+    EXPECT_NE(d.make(&frag), nullptr) << d.name;
+    EXPECT_EQ(FindScorePolicy(d.name), &d);
+  }
+  EXPECT_EQ(names.size(), 9u);
+  EXPECT_EQ(FindScorePolicy("bogus"), nullptr);
+  // Only the policies with a GPU preference choose where a share goes.
+  EXPECT_TRUE(FindScorePolicy("fgd")->make(&frag)->ChoosesShareGpu());
+  EXPECT_TRUE(FindScorePolicy("dotprod")->make(&frag)->ChoosesShareGpu());
+  EXPECT_FALSE(FindScorePolicy("binpack")->make(&frag)->ChoosesShareGpu());
+  // The unknown-policy error lists what is known, from the registry.
+  EXPECT_THAT(std::string(ParsePolicies("nope").status().message()), HasSubstr("gpuclustering"));
 }
 
 // Two nodes, one half full: binpack fills it, spread avoids it.

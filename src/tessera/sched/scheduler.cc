@@ -23,7 +23,7 @@ std::string JoinInts(const std::vector<int>& v) {
 
 Scheduler::Scheduler(SchedulerConfig config)
     : config_(std::move(config)), policies_(config_.policies, &fragmentation_), rng_(config_.seed) {
-  spread_only_ = config_.policies.size() == 1 && config_.policies[0].kind == PolicyKind::kSpread;
+  spread_only_ = config_.policies.size() == 1 && config_.policies[0].name == "spread";
 }
 
 absl::StatusOr<NodeId> Scheduler::AddNode(core::NodeSpec spec) {
@@ -245,7 +245,7 @@ Decision Scheduler::Placed(ClassId chosen, uint64_t u, const Entry& e) {
 }
 
 double Scheduler::SpreadKey(ClassId c) const {
-  // How used the class is, as PolicyKind::kSpread measures it for an empty request.
+  // How used the class is, as the spread score measures it for an empty request.
   const NodeShape& shape = state_.shape(state_.class_shape(c));
   double used = 0;
   int dims = 0;

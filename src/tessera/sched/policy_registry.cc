@@ -1,0 +1,76 @@
+// The registry of placement policies. A new score policy: a ScorePlugin in a file of its own, its
+// factory declared below, and one line in ScorePolicies(). Order is the order `--policies all` and
+// the benchmarks use.
+#include <algorithm>
+
+#include "fmt/format.h"
+#include "tessera/sched/policy.h"
+
+namespace tessera::sched {
+
+std::unique_ptr<ScorePlugin> NewRandomScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewSpreadScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewBinpackScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewBestFitScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewDotProductScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewGpuPackingScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewGpuClusteringScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewFgdScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewTopologyScore(Fragmentation*);
+
+const std::vector<PolicyDef>& ScorePolicies() {
+  static const std::vector<PolicyDef> kPolicies = {
+      {"random", "uniformly random among feasible nodes (seeded)", NewRandomScore},
+      {"spread", "least allocated after placement (kube-scheduler LeastAllocated)", NewSpreadScore},
+      {"binpack", "most allocated after placement (MostAllocated)", NewBinpackScore},
+      {"bestfit", "least CPU and GPU left over, normalised by the largest node", NewBestFitScore},
+      {"dotprod", "Tetris: smallest dot product of free and requested resources",
+       NewDotProductScore},
+      {"gpupacking", "shared GPUs first, then used nodes, then idle nodes", NewGpuPackingScore},
+      {"gpuclustering", "nodes already running work of the same GPU size", NewGpuClusteringScore},
+      {"fgd", "fragmentation gradient descent: least growth of fragmentation", NewFgdScore},
+      {"topology", "best-linked GPU set; satisfies 'prefer' topology wishes", NewTopologyScore},
+  };
+  return kPolicies;
+}
+
+const PolicyDef* FindScorePolicy(std::string_view name) {
+  const std::vector<PolicyDef>& all = ScorePolicies();
+  auto it =
+      std::find_if(all.begin(), all.end(), [&](const PolicyDef& d) { return d.name == name; });
+  return it == all.end() ? nullptr : &*it;
+}
+
+namespace {
+
+class CpuFilter final : public FilterPlugin {
+ public:
+  std::string Filter(const NodeView& n, const core::Request& r, bool want_reason) const override {
+    if (n.cpu_left >= r.cpu_milli) return "";
+    return want_reason ? fmt::format("{}m CPU free, wants {}m", n.cpu_left, r.cpu_milli) : "cpu";
+  }
+};
+
+class MemoryFilter final : public FilterPlugin {
+ public:
+  std::string Filter(const NodeView& n, const core::Request& r, bool want_reason) const override {
+    if (n.memory_left >= r.memory_mib) return "";
+    return want_reason
+               ? fmt::format("{} MiB memory free, wants {} MiB", n.memory_left, r.memory_mib)
+               : "memory";
+  }
+};
+
+}  // namespace
+
+const std::vector<std::unique_ptr<FilterPlugin>>& Filters() {
+  static const std::vector<std::unique_ptr<FilterPlugin>> kFilters = [] {
+    std::vector<std::unique_ptr<FilterPlugin>> f;
+    f.push_back(std::make_unique<CpuFilter>());
+    f.push_back(std::make_unique<MemoryFilter>());
+    return f;
+  }();
+  return kFilters;
+}
+
+}  // namespace tessera::sched
