@@ -26,6 +26,18 @@ Result Cli(std::vector<const char*> args) {
   return {code, out.str(), err.str()};
 }
 
+TEST(Cli, JobIdsThatAreNotNumbersAreSaidPlainly) {
+  // Before: "Value abc not in range 0.000000 to 1797693134862315...". Refused before any server
+  // is asked.
+  for (auto args : std::vector<std::vector<const char*>>{
+           {"show", "abc"}, {"logs", "-1"}, {"cancel", "3", "x7"}, {"show", "0"}}) {
+    Result r = Cli(args);
+    EXPECT_EQ(r.code, 2) << args[0];
+    EXPECT_THAT(r.err + r.out, HasSubstr("is not a positive whole number")) << args[0];
+    EXPECT_THAT(r.err + r.out, ::testing::Not(HasSubstr("not in range"))) << args[0];
+  }
+}
+
 TEST(Cli, GpusJsonListsEightNvlinkedH100s) {
   Result r = Cli({"gpus", "-o", "json", "--simulate", "dgx-h100"});
   ASSERT_EQ(r.code, kExitOk) << r.err;

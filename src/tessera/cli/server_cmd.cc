@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -428,6 +429,20 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
 
 }  // namespace
 
+// A job id on the command line: a positive whole number, or a message that says so ("job id 'abc'
+// is not a positive whole number") instead of CLI11's range text.
+CLI::Validator JobId() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        bool digits = !v.empty() && v.size() <= 18 &&
+                      std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || std::stoll(v) <= 0)
+          return "job id '" + v + "' is not a positive whole number";
+        return "";
+      },
+      "ID");
+}
+
 std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& action,
                                         std::ostream& out, std::ostream& err) {
   auto s = std::make_shared<State>();
@@ -494,12 +509,12 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
 
   CLI::App* show = app.add_subcommand("show", "Show one job with its events");
-  show->add_option("id", st.id, "Job id")->required()->check(CLI::PositiveNumber);
+  show->add_option("id", st.id, "Job id")->required()->check(JobId());
   st.client.AddTo(show);
   show->callback([&, s] { action = [&, s] { return RunShow(*s, out, err); }; });
 
   CLI::App* logs = app.add_subcommand("logs", "Print a job's output");
-  logs->add_option("id", st.id, "Job id")->required()->check(CLI::PositiveNumber);
+  logs->add_option("id", st.id, "Job id")->required()->check(JobId());
   logs->add_flag("-f,--follow", st.follow, "Keep printing until the job ends");
   logs->add_flag("--stderr", st.stderr_stream, "The job's stderr instead of stdout");
   st.client.AddTo(logs, false);
@@ -507,7 +522,7 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
 
   CLI::App* cancel =
       app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
-  cancel->add_option("ids", st.ids, "Job ids")->required()->check(CLI::PositiveNumber);
+  cancel->add_option("ids", st.ids, "Job ids")->required()->check(JobId());
   st.client.AddTo(cancel);
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
 

@@ -227,8 +227,18 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
                        : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
                                       : kSteps[ce.step];
-    return absl::InvalidArgumentError(
-        fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err)));
+    std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
+    // Also where the user looks first: the job's stderr log (when it can be opened at all).
+    if (!spec.stderr_path.empty() && ce.step != 2) {
+      int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+      if (fd >= 0) {
+        std::string line = "tessera: " + message + "\n";
+        ssize_t w = write(fd, line.data(), line.size());
+        (void)w;
+        close(fd);
+      }
+    }
+    return absl::InvalidArgumentError(message);
   }
   Launched l;
   l.pid = pid;

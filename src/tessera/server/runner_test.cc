@@ -97,6 +97,9 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
   EXPECT_THAT(
       std::string(l.status().message()),
       HasSubstr("job 7: cannot execute 'no-such-command-tessera': No such file or directory"));
+  EXPECT_EQ(ReadAll(s.stderr_path),
+            "tessera: job 7: cannot execute 'no-such-command-tessera': No such file or directory\n")
+      << "the reason is in the job's stderr log too, not only in its state";
   LaunchSpec d = Shell("true", "workdir");
   d.workdir = "/nonexistent/dir";
   auto w = Start(d);
