@@ -80,13 +80,14 @@ class ScorePlugin {
   virtual bool ChoosesShareGpu() const { return false; }
 };
 
-// A filter plugin: a condition a node must meet besides fitting the request's GPUs (which choosing
-// GPUs checks: count, attributes, health, topology requirement). Empty: passes; otherwise why not.
+// A filter plugin: a condition a node must meet besides the core's own checks (CPU, memory, and the
+// GPU fit that choosing GPUs checks: count, attributes, health, topology requirement). On the hot
+// path of every evaluation: returns whether the node passes, and says why not in `why` only when it
+// is given.
 class FilterPlugin {
  public:
   virtual ~FilterPlugin() = default;
-  virtual std::string Filter(const NodeView& node, const core::Request& r,
-                             bool want_reason) const = 0;
+  virtual bool Passes(const NodeView& node, const core::Request& r, std::string* why) const = 0;
 };
 
 // The registry: every score policy `--policies` knows, and the filters every placement passes.
@@ -121,7 +122,8 @@ class PolicySet {
  private:
   std::vector<WeightedPolicy> policies_;
   std::vector<std::unique_ptr<ScorePlugin>> scores_;  // one per policy, same order
-  const ScorePlugin* share_chooser_ = nullptr;        // the first that ChoosesShareGpu
+  const std::vector<std::unique_ptr<FilterPlugin>>* filters_;
+  const ScorePlugin* share_chooser_ = nullptr;  // the first that ChoosesShareGpu
 };
 
 // Whether GPU kind `k` of `shape` meets the request's attribute selector.
