@@ -42,6 +42,9 @@ struct Request {
 
   int priority = 0;
   bool preemptible = true;
+  // Whether it may preempt lower-priority work of other owners (the standalone server's preemption
+  // rights); its own owner's work it always may.
+  bool preempts_others = true;
   std::string owner;  // namespace/user, for quotas
   // Further quota accounts the request counts against, each checked like the owner's (the
   // standalone server's Unix groups: "group:ml").

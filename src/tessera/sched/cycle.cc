@@ -15,11 +15,13 @@ std::string WithoutSubject(std::string_view message) {
   return std::string(p == std::string_view::npos ? message : message.substr(p + 2));
 }
 
-// The memo key of a pass: requests of one shape and priority fit, fail or make room alike.
+// The memo key of a pass: requests of one shape, priority and preemption right fit, fail or make
+// room alike.
 std::string MemoKey(const core::Request& r) {
   std::string key = core::RequestShapeKey(r);
   int64_t priority = r.priority;
   key.append(reinterpret_cast<const char*>(&priority), sizeof priority);
+  key.push_back(r.preempts_others ? 'o' : '-');
   return key;
 }
 

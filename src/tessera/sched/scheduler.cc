@@ -564,7 +564,7 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
   bool requester_within_quota = quotas_.WithinOwnLimit(r.owner, QuotaAmount(r, 0, {}));
   auto eligible = [&](const Allocation& a) {
     if (!a.request.preemptible) return false;
-    if (a.request.priority < r.priority) return true;
+    if (a.request.priority < r.priority) return r.preempts_others || a.request.owner == r.owner;
     return a.borrowed && a.request.owner != r.owner && requester_within_quota;
   };
   using Cost = std::tuple<size_t, int, int64_t, double>;  // victims, max priority, sum, work lost

@@ -85,8 +85,9 @@ class Scheduler {
 
   // For a request that does not fit: the node and victims that would make it fit, fewest victims
   // first, then the lowest priorities, then the least work lost. Victims are lower-priority
-  // preemptible allocations, and allocations on borrowed quota when the requester is within its own
-  // quota; a victim's gang goes with it. Changes nothing.
+  // preemptible allocations (of its own owner only, unless Request::preempts_others), and
+  // allocations on borrowed quota when the requester is within its own quota; a victim's gang goes
+  // with it. Changes nothing.
   PreemptionPlan PlanPreemption(const core::Request& r, double now = 0);
 
   // Every node's verdict for `r`: "fits (score 0.83, GPUs 2,3)" or why not. For people and logs.

@@ -152,6 +152,26 @@ TEST(Scheduler, PreemptionChoosesFewestLowestVictims) {
   EXPECT_EQ(s.state().allocations().size(), 5u) << "a plan changes nothing";
 }
 
+TEST(Scheduler, PreemptionOfOtherOwnersWorkNeedsTheRight) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  core::Request alices = Prio(Whole("alice-low", 1), 0), bobs = Prio(Whole("bob-low", 1), 0);
+  alices.owner = "alice";
+  bobs.owner = "bob";
+  ASSERT_TRUE(s.Place(alices).ok());
+  ASSERT_TRUE(s.Place(bobs).ok());
+  core::Request urgent = Prio(Whole("bob-urgent", 1), 10);
+  urgent.owner = "bob";
+  urgent.preempts_others = false;
+  PreemptionPlan plan = s.PlanPreemption(urgent);
+  ASSERT_TRUE(plan.possible) << plan.why_not;
+  EXPECT_THAT(plan.victims, ::testing::ElementsAre("bob-low")) << "only bob's own work";
+  urgent.gpus = 2;
+  EXPECT_FALSE(s.PlanPreemption(urgent).possible) << "alice's job is not his to stop";
+  urgent.preempts_others = true;
+  EXPECT_TRUE(s.PlanPreemption(urgent).possible);
+}
+
 TEST(Scheduler, PreemptionNeverTakesProtectedOrHigherWork) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());

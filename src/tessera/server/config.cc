@@ -91,13 +91,29 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap())
     return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
-  if (absl::Status st =
-          Known(path, root,
-                {"socket", "state_dir", "tcp", "simulate", "fallback_simulate", "nvml_library",
-                 "policy", "admins", "quotas", "group_quotas", "preemption", "unhealthy_gpu",
-                 "max_body_bytes", "intercept_library", "context_overhead", "poll_interval_s",
-                 "containers", "allow_root_jobs"},
-                "");
+  if (absl::Status st = Known(path, root,
+                              {"socket",
+                               "state_dir",
+                               "tcp",
+                               "simulate",
+                               "fallback_simulate",
+                               "nvml_library",
+                               "policy",
+                               "admins",
+                               "quotas",
+                               "group_quotas",
+                               "preemption",
+                               "unhealthy_gpu",
+                               "max_body_bytes",
+                               "intercept_library",
+                               "context_overhead",
+                               "poll_interval_s",
+                               "containers",
+                               "allow_root_jobs",
+                               "priority_ceiling",
+                               "priority_ceilings",
+                               "preempt_others"},
+                              "");
       !st.ok()) {
     return st;
   }
@@ -169,6 +185,44 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
     }
     if (!c->tcp_listen.empty() && c->tokens.empty()) {
       return At(path, t, "tcp", "a TCP listener needs at least one token");
+    }
+  }
+  auto priority = [&](const YAML::Node& n, const std::string& key, int* out) -> absl::Status {
+    int v = 0;
+    if (!Get(path, n, key, &v).ok() || v < -1000 || v > 1000) {
+      return At(path, n, key, "expected a priority in -1000..1000");
+    }
+    *out = v;
+    return absl::OkStatus();
+  };
+  if (const YAML::Node p = root["priority_ceiling"]) {
+    if (absl::Status st = priority(p, "priority_ceiling", &c->priority_ceiling); !st.ok())
+      return st;
+  }
+  if (const YAML::Node p = root["priority_ceilings"]) {
+    if (!p.IsMap()) {
+      return At(path, p, "priority_ceilings",
+                "expected a map of user or group:<name> to a priority");
+    }
+    for (const auto& kv : p) {
+      std::string who = kv.first.as<std::string>();
+      if (absl::Status st =
+              priority(kv.second, "priority_ceilings." + who, &c->priority_ceilings[who]);
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  if (const YAML::Node p = root["preempt_others"]) {
+    if (!p.IsSequence()) {
+      return At(path, p, "preempt_others", "expected a list of users and group:<name> entries");
+    }
+    for (const YAML::Node& u : p) {
+      std::string who;
+      if (!u.IsScalar() || !Get(path, u, "preempt_others[]", &who).ok() || who.empty()) {
+        return At(path, u, "preempt_others[]", "expected a user or group:<name>");
+      }
+      c->preempt_others.insert(who);
     }
   }
   if (const YAML::Node a = root["allow_root_jobs"]) {

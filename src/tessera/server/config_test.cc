@@ -40,6 +40,9 @@ unhealthy_gpu: fail
 max_body_bytes: 4096
 context_overhead: 300MiB
 poll_interval_s: 0.1
+priority_ceiling: 10
+priority_ceilings: {alice: 500, "group:ml": 100}
+preempt_others: [alice, "group:ml"]
 containers:
   podman: /opt/podman/bin/podman
   cdi_spec_dir: /etc/cdi
@@ -61,6 +64,10 @@ containers:
   EXPECT_EQ(c.group_quotas.at("ml").limit.gpu_milli, -1) << "what is not set is unlimited";
   EXPECT_FALSE(c.requeue_preempted);
   EXPECT_EQ(c.grace_period_s, 3);
+  EXPECT_EQ(c.priority_ceiling, 10);
+  EXPECT_EQ(c.priority_ceilings.at("alice"), 500);
+  EXPECT_EQ(c.priority_ceilings.at("group:ml"), 100);
+  EXPECT_TRUE(c.preempt_others.contains("group:ml"));
   EXPECT_EQ(c.unhealthy_action, "fail");
   EXPECT_EQ(c.max_body_bytes, 4096u);
   EXPECT_EQ(c.context_overhead_bytes, 300ull << 20);
@@ -94,6 +101,11 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
        ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
       {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
+      {"priority_ceiling: 2000\n", ":1: priority_ceiling: expected a priority in -1000..1000"},
+      {"priority_ceilings: {alice: high}\n", "priority_ceilings.alice: expected a priority"},
+      {"priority_ceilings: [alice]\n", "priority_ceilings: expected a map"},
+      {"preempt_others: alice\n", "preempt_others: expected a list"},
+      {"preempt_others: [[a]]\n", "preempt_others[]: expected a user or group:<name>"},
       {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},
       {"max_body_bytes: 10\n", "max_body_bytes: expected 1024..1073741824"},
       {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},

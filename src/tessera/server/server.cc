@@ -307,13 +307,13 @@ core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::str
                                  uint32_t uid) {
   core::Request r = RequestOf(spec, id, owner);
   r.quota_groups = QuotaGroups(uid);
+  r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
   return r;
 }
 
-std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
-  if (config_.group_quotas.empty()) return {};
+std::vector<std::string> Server::UserGroups(uint32_t uid) {
   std::lock_guard lock(groups_mu_);
-  if (auto it = quota_groups_.find(uid); it != quota_groups_.end()) return it->second;
+  if (auto it = user_groups_.find(uid); it != user_groups_.end()) return it->second;
   std::vector<std::string> out;
   passwd pw;
   passwd* found = nullptr;
@@ -330,15 +330,51 @@ std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
       group gr;
       group* g = nullptr;
       std::vector<char> gbuf(16384);
-      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g &&
-          config_.group_quotas.contains(g->gr_name)) {
+      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g) {
         std::string key = std::string("group:") + g->gr_name;
         if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
       }
     }
   }
-  quota_groups_[uid] = out;
+  user_groups_[uid] = out;
   return out;
+}
+
+std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
+  if (config_.group_quotas.empty()) return {};
+  std::vector<std::string> out;
+  for (const std::string& g : UserGroups(uid)) {
+    if (config_.group_quotas.contains(g.substr(6))) out.push_back(g);
+  }
+  return out;
+}
+
+bool Server::IsAdmin(const std::string& user, uint32_t uid) const {
+  if (uid == 0 || uid == geteuid() || config_.admins.contains(user)) return true;
+  return std::any_of(config_.tokens.begin(), config_.tokens.end(),
+                     [&](const ApiToken& t) { return t.admin && t.user == user; });
+}
+
+int Server::PriorityCeiling(const std::string& user, uint32_t uid, bool admin) {
+  if (admin) return 1000;
+  int ceiling = config_.priority_ceiling;
+  if (auto it = config_.priority_ceilings.find(user); it != config_.priority_ceilings.end()) {
+    ceiling = std::max(ceiling, it->second);
+  }
+  for (const std::string& g : UserGroups(uid)) {
+    if (auto it = config_.priority_ceilings.find(g); it != config_.priority_ceilings.end()) {
+      ceiling = std::max(ceiling, it->second);
+    }
+  }
+  return ceiling;
+}
+
+bool Server::MayPreemptOthers(const std::string& user, uint32_t uid, bool admin) {
+  if (admin || config_.preempt_others.contains(user)) return true;
+  for (const std::string& g : UserGroups(uid)) {
+    if (config_.preempt_others.contains(g)) return true;
+  }
+  return false;
 }
 
 int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }
@@ -848,7 +884,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   if (req.peer.unix_socket) {
     uid = req.peer.uid;
     user = UserName(uid);
-    admin = uid == 0 || uid == geteuid() || config_.admins.contains(user);
+    admin = IsAdmin(user, uid);
   } else {
     const std::string prefix = "Bearer ";
     if (req.authorization.rfind(prefix, 0) != 0) {
@@ -896,7 +932,7 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   }
   if (path == "/v1/jobs") {
     if (auto e = only({"GET", "POST"})) return *e;
-    return m == "POST" ? Submit(req, user, uid) : ListJobs(req, user, admin);
+    return m == "POST" ? Submit(req, user, uid, admin) : ListJobs(req, user, admin);
   }
   const std::string jobs_prefix = "/v1/jobs/";
   if (path.rfind(jobs_prefix, 0) == 0) {
@@ -929,13 +965,19 @@ HttpResponse Server::Handle(const HttpRequest& req) {
   return Error(404, fmt::format("no such endpoint: {} (see /v1/openapi.json)", path));
 }
 
-HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid) {
+HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uint32_t uid,
+                            bool admin) {
   if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
     return Error(415,
                  fmt::format("expected Content-Type application/json, got {}", req.content_type));
   }
   auto spec = ParseJobSpec(req.body);
   if (!spec.ok()) return Error(400, std::string(spec.status().message()));
+  if (int ceiling = PriorityCeiling(user, uid, admin); spec->priority > ceiling) {
+    return Error(403, fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling and "
+                                  "priority_ceilings in the server's config)",
+                                  spec->priority, user, ceiling));
+  }
   if (!spec->image.empty() && !containers_) {
     return Error(400, fmt::format("image: this server cannot run containers: {}", containers_off_));
   }

@@ -61,6 +61,13 @@ struct ServerConfig {
   std::string nvml_library;        // empty: the default
   std::string policy = "tessera";  // as `--policies` takes it
   std::set<std::string> admins;    // users who may cancel anyone's job (root always may)
+  // Priorities: the highest a user who is not an admin may ask, and higher ceilings for some users
+  // and groups ("alice", "group:ml"); a user gets the highest that applies. Admins: 1000.
+  int priority_ceiling = 0;
+  std::map<std::string, int> priority_ceilings;
+  // Who may preempt other users' jobs ("alice", "group:ml"); admins always may. Anyone may preempt
+  // their own lower-priority jobs.
+  std::set<std::string> preempt_others;
   // Whether a root server may run jobs as root (a root caller on the socket, or a token for root).
   // Off: such a submission is refused (403) and a token for root is refused at config load.
   bool allow_root_jobs = false;
@@ -170,8 +177,16 @@ class Server {
   absl::Status Recover();
   // The scheduling request of a job: RequestOf, plus the quota groups of its owner.
   core::Request RequestFor(const JobSpec& spec, int64_t id, const std::string& owner, uint32_t uid);
-  // "group:<name>" for each group of `uid` (primary and supplementary) that has a quota; cached.
+  // "group:<name>" for each group of `uid` (primary and supplementary); cached.
+  std::vector<std::string> UserGroups(uint32_t uid);
+  // Those of them that have a quota.
   std::vector<std::string> QuotaGroups(uint32_t uid);
+  // The highest priority `user` may ask (admins 1000), and whether their jobs may preempt others'.
+  int PriorityCeiling(const std::string& user, uint32_t uid, bool admin);
+  bool MayPreemptOthers(const std::string& user, uint32_t uid, bool admin);
+  // Whether the owner of a job is an admin: root, the server's own user, listed in `admins`, or the
+  // user of a token marked admin.
+  bool IsAdmin(const std::string& user, uint32_t uid) const;
   void Loop();
   bool Turn(
       std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
@@ -208,7 +223,7 @@ class Server {
   std::vector<devices::GpuTelemetry> Telemetry();
 
   // API
-  HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid);
+  HttpResponse Submit(const HttpRequest& req, const std::string& user, uint32_t uid, bool admin);
   // Others' jobs without their details (env, workdir); logs only for the owner and admins.
   HttpResponse ListJobs(const HttpRequest& req, const std::string& user, bool admin);
   HttpResponse GetJob(int64_t id, const std::string& user, bool admin);
@@ -252,7 +267,7 @@ class Server {
   double last_pass_s_ = 0;
 
   std::mutex groups_mu_;  // the quota groups cache; never held while taking mu_
-  std::map<uint32_t, std::vector<std::string>> quota_groups_;
+  std::map<uint32_t, std::vector<std::string>> user_groups_;
 
   std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ = -1;

@@ -200,6 +200,67 @@ TEST_F(ServerTest, OthersSeeAJobButNotItsEnvironmentWorkdirOrLogs) {
   EXPECT_EQ(status, 200);
 }
 
+// A submission as another local user (the kernel's peer credentials, set by hand here).
+json SubmitAs(Server& server, uid_t uid, const json& spec, int* status) {
+  HttpRequest r;
+  r.method = "POST";
+  r.path = r.target = "/v1/jobs";
+  r.content_type = "application/json";
+  r.body = spec.dump();
+  r.peer.unix_socket = true;
+  r.peer.uid = uid;
+  HttpResponse out = server.Handle(r);
+  *status = out.status;
+  return json::parse(out.body, nullptr, false);
+}
+
+TEST_F(ServerTest, OrdinaryUsersStayUnderTheirPriorityCeiling) {
+  config_.priority_ceilings["group:tessera-no-such-group"] = 900;  // a group nobody is in
+  StartServer();
+  const uid_t nobody = 65534;
+  ASSERT_NE(nobody, geteuid());
+  int status = 0;
+  json j = SubmitAs(*server_, nobody, {{"command", {"sleep", "5"}}, {"priority", 5}}, &status);
+  EXPECT_EQ(status, 403) << j.dump();
+  EXPECT_THAT(j.value("message", ""), HasSubstr("priority 5 is above nobody's ceiling of 0"));
+  // An admin (this test's own user: root, or the server's user) may ask for any priority.
+  EXPECT_GT(Submit(1, 5, 1000), 0);
+  config_.priority_ceilings["nobody"] = 10;
+  StartServer();
+  j = SubmitAs(*server_, nobody, {{"command", {"sleep", "5"}}, {"priority", 5}}, &status);
+  if (geteuid() == 0) {
+    EXPECT_EQ(status, 201) << j.dump();
+  } else {
+    // Past the ceiling; a server that is not root runs no one's jobs but its own user's.
+    EXPECT_THAT(j.value("message", ""), HasSubstr("cannot start jobs as"));
+  }
+}
+
+TEST_F(ServerTest, OnlyUsersWithTheRightPreemptOthersJobs) {
+  if (geteuid() != 0) GTEST_SKIP() << "acting as two other users needs a root server";
+  const uid_t daemon_uid = 1, nobody = 65534;  // two ordinary accounts of every Debian system
+  config_.priority_ceilings["daemon"] = 10;
+  StartServer();
+  int status = 0;
+  json low = SubmitAs(*server_, nobody,
+                      {{"command", {"sleep", "100"}}, {"resources", {{"gpus", 2}}}}, &status);
+  ASSERT_EQ(status, 201) << low.dump();
+  Settle();
+  json high = SubmitAs(
+      *server_, daemon_uid,
+      {{"command", {"sleep", "5"}}, {"priority", 10}, {"resources", {{"gpus", 2}}}}, &status);
+  ASSERT_EQ(status, 201) << high.dump();
+  Settle();
+  EXPECT_TRUE(launcher_.signals().empty()) << "daemon may not stop nobody's job";
+  EXPECT_THAT(Job(high["id"]).value("waiting", ""), HasSubstr("no node fits"));
+  // Given the right, the same request preempts.
+  config_.preempt_others.insert("daemon");
+  StartServer();
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 1u);
+  EXPECT_EQ(launcher_.signals()[0].second, SIGTERM);
+}
+
 TEST_F(ServerTest, StopEscalatesToSigkillAfterTheJobsGracePeriod) {
   launcher_.set_stop_latency(1000);  // a job that ignores SIGTERM
   StartServer();
