@@ -1,6 +1,11 @@
 #include "tessera/server/store.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fmt/format.h"
 
@@ -109,6 +114,19 @@ bool TransitionAllowed(JobState from, JobState to) {
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  // Jobs carry their users' environments (tokens, keys): the database is the server's alone. SQLite
+  // gives its -wal and -shm files the database's mode, so creating it 0600 covers all three; files
+  // of an older server are tightened.
+  if (int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+    if (fchmod(fd, 0600) != 0) {
+      int e = errno;
+      close(fd);
+      return absl::PermissionDeniedError(
+          fmt::format("store: cannot make {} private: {}", path, strerror(e)));
+    }
+    close(fd);
+  }
+  for (const char* suffix : {"-wal", "-shm"}) chmod((path + suffix).c_str(), 0600);
   sqlite3* db = nullptr;
   int rc =
       sqlite3_open_v2(path.c_str(), &db,

@@ -37,6 +37,24 @@ JobRecord Job(const std::string& name, int priority = 0) {
   return r;
 }
 
+TEST(Store, DatabaseAndItsWalAreTheServersAlone) {
+  std::string path = TempDb("private.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Insert(Job("secret-env"), 1).ok());  // the WAL exists now
+  for (const std::string& f : {path, path + "-wal"}) {
+    ASSERT_TRUE(std::filesystem::exists(f)) << f;
+    auto mode = std::filesystem::status(f).permissions() & std::filesystem::perms::all;
+    EXPECT_EQ(mode, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write) << f;
+  }
+  // A database an older server left readable by all is tightened at open.
+  store->reset();
+  std::filesystem::permissions(path, std::filesystem::perms(0644));
+  ASSERT_TRUE(Store::Open(path).ok());
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
+
 TEST(Store, InsertedJobsSurviveReopening) {
   std::string path = TempDb("jobs.db");
   int64_t id;
