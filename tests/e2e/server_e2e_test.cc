@@ -656,6 +656,10 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
   EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 2u)
       << "none of the bad submissions was stored";
+  // ls is your own jobs unless asked: another user's list is empty here, --all has everyone's.
+  EXPECT_EQ(json::parse(Cli(d, "ls --user nobody -o json")).size(), 0u);
+  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 2u);
+  EXPECT_THAT(Cli(d, "ls --all --user nobody"), HasSubstr("excludes"));
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
   EXPECT_TRUE(api["paths"].contains("/metrics"));

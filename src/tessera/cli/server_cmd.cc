@@ -140,6 +140,8 @@ struct State {
   double grace = -1;
   // ls / show / logs / cancel / top
   std::string states;
+  std::string ls_user;
+  bool ls_all = false;
   int limit = 50;
   int64_t id = 0;
   std::vector<int64_t> ids;
@@ -279,6 +281,14 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
   int code = kExitOk;
   std::string target = fmt::format("/v1/jobs?limit={}", s.limit);
   if (!s.states.empty()) target += "&state=" + s.states;
+  // Your own jobs unless asked otherwise; the server says who you are (socket or token).
+  std::string user = s.ls_user;
+  if (user.empty() && !s.ls_all) {
+    auto info = Call(c, "GET", "/v1/info", "", err, &code);
+    if (!info) return code;
+    user = (*info)["caller"].value("user", "");
+  }
+  if (!user.empty()) target += "&user=" + user;
   auto r = Call(c, "GET", target, "", err, &code);
   if (!r) return code;
   if (s.client.output == "table") {
@@ -505,6 +515,8 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   ls->add_option("--state", st.states, "Only these states, comma-separated (queued,running,...)");
   ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")
       ->check(CLI::Range(1, 100000));
+  auto* ls_all = ls->add_flag("--all", st.ls_all, "Every user's jobs (default: your own)");
+  ls->add_option("--user", st.ls_user, "This user's jobs (default: your own)")->excludes(ls_all);
   st.client.AddTo(ls);
   ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
 
