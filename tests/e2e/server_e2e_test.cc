@@ -4,9 +4,12 @@
 #include <gmock/gmock.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -726,6 +729,67 @@ TEST(TesseraServer, TokenWithoutALocalAccountIsRefusedAtStart) {
   EXPECT_THAT(
       r.out,
       HasSubstr(path + ":5: tcp.tokens[1].user: 'tessera-no-such-account' has no local account"));
+}
+
+// A raw connection to the daemon's socket; -1 on failure.
+int RawConnect(const std::string& socket_path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", socket_path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes the connection, waiting at most `seconds`.
+std::string ReadUntilClosed(int fd, double seconds) {
+  std::string got;
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    until - std::chrono::steady_clock::now())
+                                    .count());
+    if (left <= 0) return got + "<still open>";
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, left) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
+  Daemon d("listener", "listener: {request_timeout_s: 0.5, max_connections_per_peer: 3}\n");
+  // A body announced and never sent: 408, and the connection is closed (it was held for ever).
+  int half = RawConnect(d.socket());
+  ASSERT_GE(half, 0);
+  std::string head = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n";
+  ASSERT_EQ(write(half, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  std::string got = ReadUntilClosed(half, 10);
+  close(half);
+  EXPECT_THAT(got, HasSubstr("408"));
+  EXPECT_THAT(got, HasSubstr("request not complete within 0.5 s"));
+  // Connections from one peer are capped: three idle ones are kept, the fourth is told why.
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(RawConnect(d.socket()));
+  int fourth = RawConnect(d.socket());
+  ASSERT_GE(fourth, 0);
+  got = ReadUntilClosed(fourth, 10);
+  close(fourth);
+  EXPECT_THAT(got, HasSubstr("503"));
+  EXPECT_THAT(got, HasSubstr("connections open from you, the limit"));
+  for (int fd : idle) close(fd);
+  // Once they are gone, the server answers again.
+  json health;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    health = d.Call("GET", "/v1/health");
+  } while (health.value("status", "") != "ok" && std::chrono::steady_clock::now() < until);
+  EXPECT_EQ(health.value("status", ""), "ok");
 }
 
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {

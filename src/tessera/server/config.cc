@@ -112,7 +112,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "allow_root_jobs",
                                "priority_ceiling",
                                "priority_ceilings",
-                               "preempt_others"},
+                               "preempt_others",
+                               "listener"},
                               "");
       !st.ok()) {
     return st;
@@ -223,6 +224,34 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         return At(path, u, "preempt_others[]", "expected a user or group:<name>");
       }
       c->preempt_others.insert(who);
+    }
+  }
+  if (const YAML::Node l = root["listener"]) {
+    if (!l.IsMap())
+      return At(path, l, "listener", "expected a map of timeouts and connection limits");
+    if (absl::Status st = Known(
+            path, l,
+            {"idle_timeout_s", "request_timeout_s", "max_connections", "max_connections_per_peer"},
+            "listener");
+        !st.ok()) {
+      return st;
+    }
+    for (const char* k : {"idle_timeout_s", "request_timeout_s"}) {
+      if (!l[k]) continue;
+      double v = 0;
+      if (!Get(path, l[k], std::string("listener.") + k, &v).ok() || !(v >= 0.05) || v > 3600) {
+        return At(path, l[k], std::string("listener.") + k, "expected seconds in 0.05..3600");
+      }
+      (std::string(k) == "idle_timeout_s" ? c->idle_timeout_s : c->request_timeout_s) = v;
+    }
+    for (const char* k : {"max_connections", "max_connections_per_peer"}) {
+      if (!l[k]) continue;
+      int64_t v = 0;
+      if (!Get(path, l[k], std::string("listener.") + k, &v).ok() || v < 1 || v > 100000) {
+        return At(path, l[k], std::string("listener.") + k, "expected a count in 1..100000");
+      }
+      (std::string(k) == "max_connections" ? c->max_connections : c->max_connections_per_peer) =
+          static_cast<size_t>(v);
     }
   }
   if (const YAML::Node a = root["allow_root_jobs"]) {

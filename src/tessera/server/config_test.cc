@@ -43,6 +43,11 @@ poll_interval_s: 0.1
 priority_ceiling: 10
 priority_ceilings: {alice: 500, "group:ml": 100}
 preempt_others: [alice, "group:ml"]
+listener:
+  idle_timeout_s: 30
+  request_timeout_s: 5
+  max_connections: 100
+  max_connections_per_peer: 8
 containers:
   podman: /opt/podman/bin/podman
   cdi_spec_dir: /etc/cdi
@@ -65,6 +70,10 @@ containers:
   EXPECT_FALSE(c.requeue_preempted);
   EXPECT_EQ(c.grace_period_s, 3);
   EXPECT_EQ(c.priority_ceiling, 10);
+  EXPECT_EQ(c.idle_timeout_s, 30);
+  EXPECT_EQ(c.request_timeout_s, 5);
+  EXPECT_EQ(c.max_connections, 100u);
+  EXPECT_EQ(c.max_connections_per_peer, 8u);
   EXPECT_EQ(c.priority_ceilings.at("alice"), 500);
   EXPECT_EQ(c.priority_ceilings.at("group:ml"), 100);
   EXPECT_TRUE(c.preempt_others.contains("group:ml"));
@@ -101,6 +110,9 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
        ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
       {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
+      {"listener: {request_timeout_s: 0}\n", "listener.request_timeout_s: expected seconds"},
+      {"listener: {max_connections: 0}\n", "listener.max_connections: expected a count"},
+      {"listener: {keepalive: 1}\n", "listener.keepalive: unknown key"},
       {"priority_ceiling: 2000\n", ":1: priority_ceiling: expected a priority in -1000..1000"},
       {"priority_ceilings: {alice: high}\n", "priority_ceilings.alice: expected a priority"},
       {"priority_ceilings: [alice]\n", "priority_ceilings: expected a map"},

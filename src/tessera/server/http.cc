@@ -1,5 +1,6 @@
 #include "tessera/server/http.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <optional>
 
@@ -67,6 +69,49 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::set<int> open_fds;  // live connections, shut down on Stop
+  // Per live connection: its peer key, and the time by which it must have read what it waits for
+  // (the reaper shuts its reading side then, which ends the blocked read).
+  struct Conn {
+    std::string peer_key;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::map<int, Conn> conns;
+  std::map<std::string, size_t> per_peer;
+  std::thread reaper;
+  std::condition_variable reaper_cv;
+
+  void SetDeadline(int fd, double seconds) {
+    std::lock_guard lock(mu);
+    if (auto it = conns.find(fd); it != conns.end()) {
+      it->second.deadline = std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(seconds));
+    }
+    reaper_cv.notify_all();
+  }
+
+  // Shuts the reading side of every connection past its deadline; wakes at the earliest deadline.
+  void Reap() {
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      auto now = std::chrono::steady_clock::now();
+      auto next = now + std::chrono::seconds(1);
+      for (auto& [fd, c] : conns) {
+        if (c.deadline <= now) {
+          ::shutdown(fd, SHUT_RD);
+          c.deadline = std::chrono::steady_clock::time_point::max();
+        } else {
+          next = std::min(next, c.deadline);
+        }
+      }
+      reaper_cv.wait_until(lock, next);
+    }
+  }
+
+  static std::string PeerKey(const Peer& p) {
+    if (p.unix_socket) return fmt::format("uid:{}", p.uid);
+    return p.address.substr(0, p.address.rfind(':'));
+  }
 
   HttpResponse Error(int status, const std::string& message) {
     if (options.error_response) return options.error_response(status, message);
@@ -76,17 +121,36 @@ struct HttpServer::Impl {
   template <typename Socket>
   void Serve(Socket sock, Peer peer) {
     beast::flat_buffer buffer;
+    const int fd = sock.native_handle();
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(options.max_body_bytes);
       parser.header_limit(16 * 1024);
       beast::error_code ec;
+      // Idle until the next request begins (or is already buffered), then the request's own limit.
+      if (buffer.size() == 0) {
+        SetDeadline(fd, options.idle_timeout_s);
+        pollfd p{fd, POLLIN, 0};
+        while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+        }
+      }
+      SetDeadline(fd, options.request_timeout_s);
+      bool timed_out = false;
       http::read(sock, buffer, parser, ec);
+      if (ec) {
+        std::lock_guard lock(mu);
+        auto it = conns.find(fd);
+        timed_out = it != conns.end() &&
+                    it->second.deadline == std::chrono::steady_clock::time_point::max();
+      }
       HttpResponse res;
       bool keep_alive = false;
       unsigned version = 11;
-      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-          ec == asio::error::connection_reset) {
+      if (ec && timed_out && parser.got_some() && !stopping) {
+        res = Error(408,
+                    fmt::format("request not complete within {:g} s", options.request_timeout_s));
+      } else if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+                 ec == asio::error::connection_reset || (ec && timed_out)) {
         break;
       } else if (ec == http::error::body_limit) {
         res = Error(413,
@@ -133,14 +197,36 @@ struct HttpServer::Impl {
   template <typename Socket>
   void Spawn(Socket sock, Peer peer) {
     const int fd = sock.native_handle();
+    const std::string key = PeerKey(peer);
     {
       std::lock_guard lock(mu);
+      std::string refused;
+      if (conns.size() >= options.max_connections) {
+        refused = fmt::format("the server has {} connections open, its limit", conns.size());
+      } else if (per_peer[key] >= options.max_connections_per_peer) {
+        refused = fmt::format("{} connections open from you, the limit", per_peer[key]);
+      }
+      if (!refused.empty()) {
+        // Said, not just dropped: a short answer on a fresh socket does not block.
+        HttpResponse res = Error(503, refused);
+        std::string out = fmt::format(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: {}\r\nContent-Length: {}\r\n"
+            "Connection: close\r\n\r\n{}",
+            res.content_type, res.body.size(), res.body);
+        ssize_t w = ::send(fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+        return;  // the socket closes as `sock` goes
+      }
       open_fds.insert(fd);
+      conns[fd] = Conn{key, std::chrono::steady_clock::time_point::max()};
+      ++per_peer[key];
     }
-    std::thread([this, s = std::move(sock), peer, fd]() mutable {
+    std::thread([this, s = std::move(sock), peer, fd, key]() mutable {
       Serve(std::move(s), peer);
       std::lock_guard lock(mu);
       open_fds.erase(fd);
+      conns.erase(fd);
+      if (--per_peer[key] == 0) per_peer.erase(key);
       cv.notify_all();
     }).detach();
   }
@@ -244,6 +330,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     port = impl->tcp_acceptor->local_endpoint().port();
   }
   Impl* raw = impl.get();
+  raw->reaper = std::thread([raw] { raw->Reap(); });
   raw->unix_thread =
       std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
   if (raw->tcp_acceptor) {
@@ -269,6 +356,9 @@ void HttpServer::Stop() {
   std::unique_lock lock(impl_->mu);
   for (int fd : impl_->open_fds) ::shutdown(fd, SHUT_RDWR);
   impl_->cv.wait(lock, [&] { return impl_->open_fds.empty(); });
+  impl_->reaper_cv.notify_all();
+  lock.unlock();
+  if (impl_->reaper.joinable()) impl_->reaper.join();
 }
 
 HttpServer::~HttpServer() { Stop(); }

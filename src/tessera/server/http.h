@@ -51,6 +51,15 @@ struct HttpServerOptions {
   std::string unix_path;    // required; replaced if a stale socket file is there
   std::string tcp_address;  // "127.0.0.1:8080", ":0" for any free port; empty: no TCP
   size_t max_body_bytes = 1 << 20;
+  // A kept-alive connection with no request for this long is closed.
+  double idle_timeout_s = 60;
+  // Once a request's first byte has come, the whole request must within this (else 408, closed):
+  // a client that sends a Content-Length and no body holds no thread for long.
+  double request_timeout_s = 10;
+  // Connections open at once, in all and from one peer (a uid on the socket, an address on TCP);
+  // one over either gets 503 and is closed.
+  size_t max_connections = 512;
+  size_t max_connections_per_peer = 64;
   // Answer for bodies over the limit and unreadable requests; the handler never sees them.
   std::function<HttpResponse(int status, const std::string& message)> error_response;
 };

@@ -492,6 +492,10 @@ absl::Status Server::Start(StartOptions options) {
   ho.unix_path = config_.socket;
   ho.tcp_address = config_.tcp_listen;
   ho.max_body_bytes = config_.max_body_bytes;
+  ho.idle_timeout_s = config_.idle_timeout_s;
+  ho.request_timeout_s = config_.request_timeout_s;
+  ho.max_connections = config_.max_connections;
+  ho.max_connections_per_peer = config_.max_connections_per_peer;
   ho.error_response = [](int status, const std::string& message) { return Error(status, message); };
   auto http = HttpServer::Start(ho, [this](const HttpRequest& r) { return Handle(r); });
   if (!http.ok()) {

@@ -79,6 +79,12 @@ struct ServerConfig {
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
+  // The listener's limits (HttpServerOptions): idle keep-alive, time to send one request,
+  // connections in all and per peer.
+  double idle_timeout_s = 60;
+  double request_timeout_s = 10;
+  size_t max_connections = 512;
+  size_t max_connections_per_peer = 64;
   std::string intercept_library;  // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
   double poll_interval_s =
