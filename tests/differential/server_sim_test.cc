@@ -86,14 +86,20 @@ std::string Events(server::Server& srv, const std::string& id) {
   return out;
 }
 
-class Differential : public ::testing::TestWithParam<uint64_t> {
+// A seed, and whether fair share between owners is on (the same half-life on both sides).
+class Differential : public ::testing::TestWithParam<std::tuple<uint64_t, bool>> {
  protected:
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_ = ::testing::TempDir() + "tessera-differential-" + std::to_string(getpid());
 };
 
 TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus) {
-  const std::vector<StreamJob> stream = Stream(GetParam(), 80);
+  const auto [seed, fair_share] = GetParam();
+  const std::vector<StreamJob> stream = Stream(seed, 80);
+  // Several owners when the test may act as other users (root, as in CI): root, daemon and nobody
+  // in turn; otherwise this user alone.
+  const std::vector<uid_t> uids =
+      geteuid() == 0 ? std::vector<uid_t>{0, 1, 65534} : std::vector<uid_t>{geteuid()};
 
   // The server: submissions through its API at their times, its loop turned until idle at each
   // event, jobs run by the fake launcher for their durations.
@@ -104,6 +110,9 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   config.simulate = "dgx-h100";
   config.podman = "";
   config.allow_root_jobs = true;
+  config.priority_ceiling = 1000;                // the stream's priorities, for every owner
+  config.preempt_others = {"daemon", "nobody"};  // as in the replay, anyone may preempt
+  config.fair_share_half_life_s = fair_share ? 600 : 0;
   core::FakeClock clock{core::TimePoint(std::chrono::seconds(static_cast<int64_t>(kEpoch)))};
   server::FakeLauncher launcher(clock, kStopLatency);
   server::ServerDeps deps;
@@ -118,7 +127,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
     for (int i = 0; i < 1000 && srv.RunOnce(); ++i) {
     }
   };
-  std::string owner;
+  std::vector<std::string> owners;
   size_t next = 0;
   while (next < stream.size() || launcher.NextEnd() < std::numeric_limits<double>::infinity()) {
     double t = next < stream.size() ? stream[next].submit : std::numeric_limits<double>::infinity();
@@ -133,12 +142,12 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
       r.content_type = "application/json";
       r.body = stream[next].spec.dump();
       r.peer.unix_socket = true;
-      r.peer.uid = geteuid();
+      r.peer.uid = uids[next % uids.size()];
       server::HttpResponse out = srv.Handle(r);
       ASSERT_EQ(out.status, 201) << out.body;
       json j = json::parse(out.body);
       ASSERT_EQ(j["id"], static_cast<int64_t>(next + 1));
-      owner = j["owner"];
+      owners.push_back(j["owner"]);
       ++next;
     }
     settle();
@@ -159,7 +168,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
     auto spec = server::JobSpecFromJson(stream[i].spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
     sim::SimJob j;
-    j.request = server::RequestOf(*spec, static_cast<int64_t>(i + 1), owner);
+    j.request = server::RequestOf(*spec, static_cast<int64_t>(i + 1), owners[i]);
     j.submit = stream[i].submit;
     j.duration = stream[i].duration;
     jobs.push_back(j);
@@ -169,6 +178,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   rc.seed = sched::SchedulerConfig{}.seed;
   rc.stop_latency_s = kStopLatency;
   rc.record_runs = true;
+  rc.fair_share_half_life_s = config.fair_share_half_life_s;
   sim::ReplayResult replay = sim::RunReplay({srv.node()}, jobs, {}, rc);
   std::vector<Start> sim_starts;
   for (const sim::ReplayRun& r : replay.runs) {
@@ -189,7 +199,8 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   EXPECT_EQ(server_starts.size(), sim_starts.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, Differential, ::testing::Values(1, 2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Seeds, Differential,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Bool()));
 
 }  // namespace
 }  // namespace tessera

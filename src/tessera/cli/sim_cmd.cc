@@ -311,7 +311,7 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
 }
 
 int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double compression,
-                 std::ostream& out, std::ostream& err) {
+                 double stop_latency, double fair_share, std::ostream& out, std::ostream& err) {
   std::vector<PolicyRun> runs;
   Loaded l;
   if (auto rc =
@@ -338,6 +338,8 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
     c.seed = f.seed;
     c.preemption = !no_preemption;
     c.samples = samples;
+    c.stop_latency_s = stop_latency;
+    c.fair_share_half_life_s = fair_share;
     results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
     progress.Done(c.label);
   });
@@ -424,6 +426,8 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
     bool no_preemption = false;
     int samples = 200;
     double compression = 1;
+    double stop_latency = 0;
+    double fair_share = 0;
   };
   auto st = std::make_shared<State>();
   SimFlags& inflate_flags = st->inflate_flags;
@@ -481,13 +485,24 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
                    "Divide submit times by this factor (durations unchanged) to raise the load")
       ->check(CLI::Range(0.001, 1e6))
       ->capture_default_str();
+  replay
+      ->add_option("--stop-latency", st->stop_latency,
+                   "Seconds a preempted job takes to stop and give its GPUs back")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  replay
+      ->add_option("--fair-share-half-life", st->fair_share,
+                   "Order equal priorities by each owner's recent GPU use, decaying by half every "
+                   "this many seconds (0: off, submission order)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
   replay->add_option("--samples", samples, "Points of each time series")
       ->check(CLI::Range(2, 100000))
       ->capture_default_str();
   replay->callback([&action, &out, &err, st] {
     action = [&out, &err, st] {
-      return RunReplayCmd(st->replay_flags, st->no_preemption, st->samples, st->compression, out,
-                          err);
+      return RunReplayCmd(st->replay_flags, st->no_preemption, st->samples, st->compression,
+                          st->stop_latency, st->fair_share, out, err);
     };
   });
   return st;

@@ -1,6 +1,7 @@
 #include "tessera/sched/cycle.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "fmt/format.h"
@@ -68,8 +69,51 @@ const std::string* Cycle::Waiting(const std::string& id) const {
 std::vector<std::string> Cycle::Order() const {
   std::vector<std::string> ids;
   ids.reserve(order_.size());
-  for (const Key& k : order_) ids.push_back(std::get<3>(k));
+  for (const std::string* id : OrderedIds()) ids.push_back(*id);
   return ids;
+}
+
+double Cycle::Usage(const std::string& owner) const {
+  auto it = usage_.find(owner);
+  return it == usage_.end() ? 0 : it->second;
+}
+
+void Cycle::Account(double now) {
+  if (options_.fair_share_half_life_s <= 0) return;
+  if (accounted_at_ >= 0 && now > accounted_at_) {
+    // The interval since the last step is charged at the rate in force when it began (what ran
+    // after that step's starts): work that ended meanwhile is charged to the end of the interval,
+    // which the consumer closes by stepping when something ends.
+    const double dt = now - accounted_at_;
+    const double decay = std::exp2(-dt / options_.fair_share_half_life_s);
+    for (auto& [owner, used] : usage_) used *= decay;
+    for (const auto& [owner, gpus] : rate_) usage_[owner] += dt * gpus;
+  }
+  accounted_at_ = std::max(accounted_at_, now);
+}
+
+void Cycle::SetRate() {
+  if (options_.fair_share_half_life_s <= 0) return;
+  rate_.clear();
+  for (const auto& [id, a] : scheduler_.state().allocations()) {
+    rate_[a.request.owner] += double(a.request.gpu_milli_total()) / core::kMilliPerGpu;
+  }
+}
+
+std::vector<const std::string*> Cycle::OrderedIds() const {
+  std::vector<const std::string*> out;
+  out.reserve(order_.size());
+  for (const Key& k : order_) out.push_back(&std::get<3>(k));
+  if (options_.fair_share_half_life_s > 0) {
+    // Within a priority, the owner who used the least lately first; the rest of the order stays.
+    std::stable_sort(out.begin(), out.end(), [&](const std::string* a, const std::string* b) {
+      const core::Request& x = entries_.at(*a).queued.request;
+      const core::Request& y = entries_.at(*b).queued.request;
+      if (x.priority != y.priority) return x.priority > y.priority;
+      return Usage(x.owner) < Usage(y.owner);
+    });
+  }
+  return out;
 }
 
 const std::string* Cycle::Overlap(const Allocation& a, const std::vector<Reservation>& reserved) {
@@ -90,8 +134,8 @@ void Cycle::StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
                      std::set<std::string>& done) {
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
-  for (const Key& k : order_) {
-    Entry& e = entries_.at(std::get<3>(k));
+  for (const std::string* id : OrderedIds()) {
+    Entry& e = entries_.at(*id);
     if (e.queued.request.gang == r.gang) members.push_back(&e);
   }
   std::string why;
@@ -126,8 +170,9 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   std::unordered_map<std::string, std::string> no_fit;
   std::set<std::string> gangs_seen, started;
   std::vector<Reservation> reserved;  // of the requests earlier in this pass that wait for victims
-  for (const Key& k : order_) {
-    Entry& e = entries_.at(std::get<3>(k));
+  Account(now);
+  for (const std::string* id : OrderedIds()) {
+    Entry& e = entries_.at(*id);
     const core::Request& r = e.queued.request;
     if (!r.gang.empty()) {
       if (gangs_seen.insert(r.gang).second) StepGang(e, now, out, started);
@@ -193,6 +238,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     no_fit.emplace(std::move(memo), e.waiting);
   }
   for (const std::string& id : started) Remove(id);
+  SetRate();
   return out;
 }
 

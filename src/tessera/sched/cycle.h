@@ -40,6 +40,10 @@ struct CycleOptions {
   // Whether a request that fits nowhere may stop lower-priority preemptible allocations
   // (Scheduler::PlanPreemption).
   bool preemption = true;
+  // Fair share: > 0 orders requests of equal priority by their owner's recent GPU use first (the
+  // GPU-seconds of its allocations, decaying by half every this many seconds), then by submission.
+  // 0: off (priority, submission, sequence only).
+  double fair_share_half_life_s = 0;
 };
 
 struct CycleDecision {
@@ -76,8 +80,10 @@ class Cycle {
   size_t size() const { return entries_.size(); }
   // Allocations asked to stop whose resources are still held.
   size_t stopping() const { return stopping_.size(); }
-  // Queued ids in queue order.
+  // Queued ids in queue order (with fair share: as of the last Step's usage).
   std::vector<std::string> Order() const;
+  // An owner's recent GPU use as fair share counts it: decayed GPU-seconds, as of the last Step.
+  double Usage(const std::string& owner) const;
 
  private:
   // (-priority, submitted, seq, id): std::set order is the queue order.
@@ -103,12 +109,21 @@ class Cycle {
                 std::set<std::string>& done);
   // Whether a victim asked to stop still holds its resources.
   bool StillHeld(const std::string& allocation_id) const;
+  // Charges the GPUs running since the last Step to their owners and decays older use.
+  void Account(double now);
+  // The GPUs each owner holds now (after a Step's starts): the rate of the next interval.
+  void SetRate();
+  // The queued ids in this Step's order.
+  std::vector<const std::string*> OrderedIds() const;
 
   Scheduler& scheduler_;
   CycleOptions options_;
   std::set<Key> order_;
   std::unordered_map<std::string, Entry> entries_;
   std::set<std::string> stopping_;  // victims asked to stop, until their allocation is released
+  std::unordered_map<std::string, double> usage_;  // owner -> decayed GPU-seconds (fair share)
+  std::unordered_map<std::string, double> rate_;   // owner -> GPUs held since the last Step
+  double accounted_at_ = -1;
 };
 
 }  // namespace tessera::sched

@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tessera/sched/test_util.h"
 
 namespace tessera::sched {
@@ -131,6 +133,43 @@ TEST(Cycle, RoomMadeByPreemptionIsNotTakenByALaterRequest) {
   ASSERT_TRUE(s.Release("low").ok());
   EXPECT_THAT(Started(c.Step(6)), ElementsAre("urgent"));
   EXPECT_THAT(*c.Waiting("small"), HasSubstr("no node fits"));
+}
+
+TEST(Cycle, FairShareServesTheOwnerWhoUsedLeastFirstWithinAPriority) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  Cycle c(s, {.preemption = false, .fair_share_half_life_s = 3600});
+  auto owned = [](const std::string& id, const std::string& owner, int priority = 0) {
+    core::Request r = Prio(Whole(id, 2), priority);
+    r.owner = owner;
+    return r;
+  };
+  // Alice holds both GPUs for an hour.
+  ASSERT_TRUE(c.Enqueue(Entry(owned("a1", "alice"), 0, 1)).ok());
+  EXPECT_THAT(Started(c.Step(0)), ElementsAre("a1"));
+  // Alice's next job was submitted before Bob's; Bob has used nothing.
+  ASSERT_TRUE(c.Enqueue(Entry(owned("a2", "alice"), 10, 2)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(owned("b1", "bob"), 20, 3)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(owned("urgent", "alice", 5), 30, 4)).ok());
+  EXPECT_TRUE(c.Step(3600).empty());
+  EXPECT_NEAR(c.Usage("alice"), 2 * 3600, 1e-6) << "two GPUs for an hour";
+  EXPECT_EQ(c.Usage("bob"), 0);
+  EXPECT_THAT(c.Order(), ElementsAre("urgent", "b1", "a2")) << "priority first, then least use";
+  ASSERT_TRUE(s.Release("a1").ok());
+  EXPECT_THAT(Started(c.Step(3601)), ElementsAre("urgent"));
+  ASSERT_TRUE(s.Release("urgent").ok());
+  EXPECT_THAT(Started(c.Step(3602)), ElementsAre("b1"));
+  // Use decays by half every half-life.
+  const double d = std::exp2(-1.0 / 3600);  // one second of decay
+  EXPECT_NEAR(c.Usage("alice"), (2 * 3600 * d + 2) * d + 2, 1e-6)
+      << "decayed by the second, plus what she ran each second (urgent: 2 GPUs for 1 s)";
+  // Off: submission order decides.
+  Scheduler s2;
+  ASSERT_TRUE(s2.AddNode(Node("a", 2)).ok());
+  Cycle plain(s2, {.preemption = false});
+  ASSERT_TRUE(plain.Enqueue(Entry(owned("a2", "alice"), 10, 2)).ok());
+  ASSERT_TRUE(plain.Enqueue(Entry(owned("b1", "bob"), 20, 3)).ok());
+  EXPECT_THAT(plain.Order(), ElementsAre("a2", "b1"));
 }
 
 TEST(Cycle, NoPreemptionWhenOff) {

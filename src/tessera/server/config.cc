@@ -113,7 +113,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "priority_ceiling",
                                "priority_ceilings",
                                "preempt_others",
-                               "listener"},
+                               "listener",
+                               "fair_share"},
                               "");
       !st.ok()) {
     return st;
@@ -224,6 +225,18 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         return At(path, u, "preempt_others[]", "expected a user or group:<name>");
       }
       c->preempt_others.insert(who);
+    }
+  }
+  if (const YAML::Node f = root["fair_share"]) {
+    if (!f.IsMap()) return At(path, f, "fair_share", "expected a map with half_life_s");
+    if (absl::Status st = Known(path, f, {"half_life_s"}, "fair_share"); !st.ok()) return st;
+    if (f["half_life_s"]) {
+      double v = 0;
+      if (!Get(path, f["half_life_s"], "fair_share.half_life_s", &v).ok() || v < 0 || v > 1e9) {
+        return At(path, f["half_life_s"], "fair_share.half_life_s",
+                  "expected seconds >= 0 (0: off)");
+      }
+      c->fair_share_half_life_s = v;
     }
   }
   if (const YAML::Node l = root["listener"]) {

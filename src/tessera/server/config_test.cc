@@ -43,6 +43,7 @@ poll_interval_s: 0.1
 priority_ceiling: 10
 priority_ceilings: {alice: 500, "group:ml": 100}
 preempt_others: [alice, "group:ml"]
+fair_share: {half_life_s: 7200}
 listener:
   idle_timeout_s: 30
   request_timeout_s: 5
@@ -70,6 +71,7 @@ containers:
   EXPECT_FALSE(c.requeue_preempted);
   EXPECT_EQ(c.grace_period_s, 3);
   EXPECT_EQ(c.priority_ceiling, 10);
+  EXPECT_EQ(c.fair_share_half_life_s, 7200);
   EXPECT_EQ(c.idle_timeout_s, 30);
   EXPECT_EQ(c.request_timeout_s, 5);
   EXPECT_EQ(c.max_connections, 100u);
@@ -110,6 +112,8 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
        ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
       {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
+      {"fair_share: {half_life_s: -1}\n", "fair_share.half_life_s: expected seconds >= 0"},
+      {"fair_share: 3600\n", "fair_share: expected a map with half_life_s"},
       {"listener: {request_timeout_s: 0}\n", "listener.request_timeout_s: expected seconds"},
       {"listener: {max_connections: 0}\n", "listener.max_connections: expected a count"},
       {"listener: {keepalive: 1}\n", "listener.keepalive: unknown key"},

@@ -214,7 +214,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
         fmt::format("policy: {}", std::string(policies.status().message())));
   sc.policies = *policies;
   s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
-  s->cycle_ = std::make_unique<sched::Cycle>(*s->scheduler_);
+  s->cycle_ = std::make_unique<sched::Cycle>(
+      *s->scheduler_, sched::CycleOptions{.fair_share_half_life_s = c.fair_share_half_life_s});
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,

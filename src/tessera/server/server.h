@@ -75,6 +75,9 @@ struct ServerConfig {
   std::map<std::string, sched::OwnerQuota>
       group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
+  // Fair share between users (sched::CycleOptions::fair_share_half_life_s): equal priorities go to
+  // whoever used the GPUs least lately. 0: off, submission order.
+  double fair_share_half_life_s = 0;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy

@@ -66,7 +66,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   std::vector<State> state(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
   // The queue, its order, backfill and preemption planning are the production cycle's.
-  sched::Cycle cycle(s, {.preemption = config.preemption});
+  sched::Cycle cycle(s, {.preemption = config.preemption,
+                         .fair_share_half_life_s = config.fair_share_half_life_s});
   auto enqueue = [&](size_t i) {
     (void)cycle.Enqueue(
         sched::QueueEntry{jobs[i].request, jobs[i].submit, static_cast<uint64_t>(i)});

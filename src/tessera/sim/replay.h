@@ -25,6 +25,8 @@ struct ReplayConfig {
   bool preemption = true;
   // Seconds a preempted job takes to stop (SIGTERM to exit) and give its resources back.
   double stop_latency_s = 0;
+  // Fair share between owners (sched::CycleOptions::fair_share_half_life_s); 0: off.
+  double fair_share_half_life_s = 0;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of the time series over the span the trace asks for (last submit + duration); more when
