@@ -79,6 +79,9 @@ struct HttpServer::Impl {
   std::map<std::string, size_t> per_peer;
   std::thread reaper;
   std::condition_variable reaper_cv;
+  // When the reaper means to look next; a deadline before it wakes it, others wait their turn (so a
+  // request does not cost a wake-up of the reaper thread).
+  std::chrono::steady_clock::time_point reaper_wake = std::chrono::steady_clock::time_point::max();
 
   void SetDeadline(int fd, double seconds) {
     std::lock_guard lock(mu);
@@ -86,8 +89,8 @@ struct HttpServer::Impl {
       it->second.deadline = std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                 std::chrono::duration<double>(seconds));
+      if (it->second.deadline < reaper_wake) reaper_cv.notify_all();
     }
-    reaper_cv.notify_all();
   }
 
   // Shuts the reading side of every connection past its deadline; wakes at the earliest deadline.
@@ -104,6 +107,7 @@ struct HttpServer::Impl {
           next = std::min(next, c.deadline);
         }
       }
+      reaper_wake = next;
       reaper_cv.wait_until(lock, next);
     }
   }
