@@ -60,7 +60,7 @@ TEST(TesseraBinary, BadFlagIsExitTwo) {
 // ---- tessera sim ----
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  std::string dir = "/tmp/tessera-e2e-sim-" + std::to_string(getpid());
+  std::string dir = ::testing::TempDir() + "tessera-e2e-sim";
   std::filesystem::create_directories(dir);
   std::string path = dir + "/" + name;
   std::ofstream(path) << text;
