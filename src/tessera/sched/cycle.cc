@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
 
 #include "fmt/format.h"
 
@@ -14,6 +13,14 @@ namespace {
 std::string WithoutSubject(std::string_view message) {
   size_t p = message.find(": ");
   return std::string(p == std::string_view::npos ? message : message.substr(p + 2));
+}
+
+CycleDecision StartOf(Allocation a) {
+  CycleDecision d;
+  d.kind = CycleDecision::Kind::kStart;
+  d.id = a.id;
+  d.allocation = std::move(a);
+  return d;
 }
 
 // The memo key of a pass: requests of one shape, priority and preemption right fit, fail or make
@@ -130,11 +137,11 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
   return stopping_.contains(allocation_id) && scheduler_.state().Find(allocation_id) != nullptr;
 }
 
-void Cycle::StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
-                     std::set<std::string>& done) {
+void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
+                     std::vector<CycleDecision>& out, std::set<std::string>& done) {
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
-  for (const std::string* id : OrderedIds()) {
+  for (const std::string* id : order) {
     Entry& e = entries_.at(*id);
     if (e.queued.request.gang == r.gang) members.push_back(&e);
   }
@@ -148,11 +155,7 @@ void Cycle::StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
     if (placed.ok()) {
       for (Allocation& a : *placed) {
         done.insert(a.id);
-        CycleDecision d;
-        d.kind = CycleDecision::Kind::kStart;
-        d.id = a.id;
-        d.allocation = std::move(a);
-        out.push_back(std::move(d));
+        out.push_back(StartOf(std::move(a)));
       }
       return;
     }
@@ -171,11 +174,12 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   std::set<std::string> gangs_seen, started;
   std::vector<Reservation> reserved;  // of the requests earlier in this pass that wait for victims
   Account(now);
-  for (const std::string* id : OrderedIds()) {
+  const std::vector<const std::string*> order = OrderedIds();
+  for (const std::string* id : order) {
     Entry& e = entries_.at(*id);
     const core::Request& r = e.queued.request;
     if (!r.gang.empty()) {
-      if (gangs_seen.insert(r.gang).second) StepGang(e, now, out, started);
+      if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, out, started);
       continue;
     }
     if (!e.awaiting.empty()) {
@@ -204,11 +208,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         continue;
       }
       started.insert(r.id);
-      CycleDecision d;
-      d.kind = CycleDecision::Kind::kStart;
-      d.id = r.id;
-      d.allocation = std::move(*placed);
-      out.push_back(std::move(d));
+      out.push_back(StartOf(std::move(*placed)));
       continue;
     }
     e.waiting = WithoutSubject(std::string(placed.status().message()));

@@ -104,9 +104,9 @@ class Cycle {
   // The holder of a reservation that `a` overlaps, nullptr when none.
   static const std::string* Overlap(const Allocation& a, const std::vector<Reservation>& reserved);
   static Key KeyOf(const QueueEntry& e);
-  // Places the whole gang of `first` (all its members must be queued) or says why not.
-  void StepGang(Entry& first, double now, std::vector<CycleDecision>& out,
-                std::set<std::string>& done);
+  // Places the whole gang of `first` (its members found in this pass's `order`) or says why not.
+  void StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
+                std::vector<CycleDecision>& out, std::set<std::string>& done);
   // Whether a victim asked to stop still holds its resources.
   bool StillHeld(const std::string& allocation_id) const;
   // Charges the GPUs running since the last Step to their owners and decays older use.
