@@ -345,7 +345,8 @@ std::vector<std::string> Server::QuotaGroups(uint32_t uid) {
   if (config_.group_quotas.empty()) return {};
   std::vector<std::string> out;
   for (const std::string& g : UserGroups(uid)) {
-    if (config_.group_quotas.contains(g.substr(6))) out.push_back(g);
+    if (config_.group_quotas.contains(g.substr(std::string_view("group:").size())))
+      out.push_back(g);
   }
   return out;
 }
@@ -356,14 +357,17 @@ bool Server::IsAdmin(const std::string& user, uint32_t uid) const {
                      [&](const ApiToken& t) { return t.admin && t.user == user; });
 }
 
+std::vector<std::string> Server::Principals(const std::string& user, uint32_t uid) {
+  std::vector<std::string> out = UserGroups(uid);
+  out.insert(out.begin(), user);
+  return out;
+}
+
 int Server::PriorityCeiling(const std::string& user, uint32_t uid, bool admin) {
   if (admin) return 1000;
   int ceiling = config_.priority_ceiling;
-  if (auto it = config_.priority_ceilings.find(user); it != config_.priority_ceilings.end()) {
-    ceiling = std::max(ceiling, it->second);
-  }
-  for (const std::string& g : UserGroups(uid)) {
-    if (auto it = config_.priority_ceilings.find(g); it != config_.priority_ceilings.end()) {
+  for (const std::string& who : Principals(user, uid)) {
+    if (auto it = config_.priority_ceilings.find(who); it != config_.priority_ceilings.end()) {
       ceiling = std::max(ceiling, it->second);
     }
   }
@@ -371,11 +375,10 @@ int Server::PriorityCeiling(const std::string& user, uint32_t uid, bool admin) {
 }
 
 bool Server::MayPreemptOthers(const std::string& user, uint32_t uid, bool admin) {
-  if (admin || config_.preempt_others.contains(user)) return true;
-  for (const std::string& g : UserGroups(uid)) {
-    if (config_.preempt_others.contains(g)) return true;
-  }
-  return false;
+  if (admin) return true;
+  const std::vector<std::string> who = Principals(user, uid);
+  return std::any_of(who.begin(), who.end(),
+                     [&](const std::string& p) { return config_.preempt_others.contains(p); });
 }
 
 int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }

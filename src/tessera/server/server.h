@@ -190,6 +190,8 @@ class Server {
   std::vector<std::string> UserGroups(uint32_t uid);
   // Those of them that have a quota.
   std::vector<std::string> QuotaGroups(uint32_t uid);
+  // `user` and "group:<name>" for each of their groups: whom per-user and per-group settings name.
+  std::vector<std::string> Principals(const std::string& user, uint32_t uid);
   // The highest priority `user` may ask (admins 1000), and whether their jobs may preempt others'.
   int PriorityCeiling(const std::string& user, uint32_t uid, bool admin);
   bool MayPreemptOthers(const std::string& user, uint32_t uid, bool admin);
