@@ -151,6 +151,22 @@ TEST(Cli, UnknownPresetAndBadFlagsAreExitTwo) {
   EXPECT_EQ(Cli({"presets", "--show", "nope"}).code, kExitBadInput);
 }
 
+TEST(Cli, OutOfRangeNewFlagsAreExitTwoNamingTheFlag) {
+  // Refused before any server or trace is read.
+  const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
+      {{"submit", "--grace", "-5", "--", "true"}, "--grace"},
+      {{"submit", "--grace", "4000", "--", "true"}, "--grace"},
+      {{"sim", "replay", "--stop-latency", "-1"}, "--stop-latency"},
+      {{"sim", "replay", "--fair-share-half-life", "-3"}, "--fair-share-half-life"},
+      {{"ls", "--all", "--user", "nobody"}, "excludes"},
+  };
+  for (const auto& [args, flag] : cases) {
+    Result r = Cli(args);
+    EXPECT_EQ(r.code, kExitBadInput) << flag;
+    EXPECT_THAT(r.err + r.out, HasSubstr(flag)) << r.err;
+  }
+}
+
 TEST(Cli, HelpEverywhere) {
   for (std::vector<const char*> args : {std::vector<const char*>{"--help"},
                                         {"gpus", "--help"},
