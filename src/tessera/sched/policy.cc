@@ -30,23 +30,24 @@ double PairCost(const core::GpuLink& l) {
   }
 }
 
-// Chooses `k` of the free GPUs: the best-linked set (that satisfies a required scope), and among
-// equals the one that leaves the remaining free GPUs best linked. Returns false if no set
-// qualifies.
+// Chooses `k` of the free GPUs, `must` among them: the best-linked set that `accept` takes, and
+// among equals the one that leaves the remaining free GPUs best linked. Returns false if no set
+// qualifies. A template on `accept` so the scheduler's hot path pays no indirect call.
 using Gpus = absl::InlinedVector<int, 8>;
 
-bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Request& r,
-                     Gpus& out) {
-  const core::Topology& topo = n.shape->topology;
-  bool need = r.topology == core::TopologyMode::kRequire;
+template <typename Accept>
+bool ChooseBestLinked(const core::Topology& topo, const Gpus& free, const Gpus& must, int k,
+                      const Accept& accept, Gpus& out) {
   const int m = static_cast<int>(free.size());
+  const int pick = k - static_cast<int>(must.size());
+  if (pick < 0 || pick > m) return false;
   // Exhaustive over combinations when small (8 GPUs: at most 70 sets), greedy otherwise.
   double combos = 1;
-  for (int i = 0; i < k; ++i) combos = combos * (m - i) / (i + 1);
+  for (int i = 0; i < pick; ++i) combos = combos * (m - i) / (i + 1);
   double best_cost = 0, best_rest = 0;
   bool found = false;
   auto consider = [&](const Gpus& set) {
-    if (need && !SatisfiesScope(n, set, r.topology_scope)) return;
+    if (!accept(set)) return;
     double cost = LinkCost(topo, set);
     Gpus rest;
     for (int f : free) {
@@ -63,21 +64,24 @@ bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Req
     }
   };
   if (combos <= 5000) {
-    std::vector<int> idx(k);
-    for (int i = 0; i < k; ++i) idx[i] = i;
-    Gpus set(k);
+    std::vector<int> idx(pick);
+    for (int i = 0; i < pick; ++i) idx[i] = i;
+    Gpus set(must.begin(), must.end());
+    set.resize(k);
+    const int base = static_cast<int>(must.size());
     for (;;) {
-      for (int i = 0; i < k; ++i) set[i] = free[idx[i]];
+      for (int i = 0; i < pick; ++i) set[base + i] = free[idx[i]];
       consider(set);
-      int i = k - 1;
-      while (i >= 0 && idx[i] == m - k + i) --i;
+      int i = pick - 1;
+      while (i >= 0 && idx[i] == m - pick + i) --i;
       if (i < 0) break;
       ++idx[i];
-      for (int j = i + 1; j < k; ++j) idx[j] = idx[j - 1] + 1;
+      for (int j = i + 1; j < pick; ++j) idx[j] = idx[j - 1] + 1;
     }
   } else {
-    for (int seed : free) {
-      Gpus set = {seed};
+    for (int seed : must.empty() ? free : must) {
+      Gpus set(must.begin(), must.end());
+      if (must.empty()) set.push_back(seed);
       while (static_cast<int>(set.size()) < k) {
         int best = -1;
         double best_add = 0;
@@ -94,9 +98,21 @@ bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Req
       }
       std::sort(set.begin(), set.end());
       consider(set);
+      if (!must.empty()) break;  // the greedy fill from the required GPUs is one candidate
     }
   }
   return found;
+}
+
+bool ChooseLinkedSet(const NodeView& n, const Gpus& free, int k, const core::Request& r,
+                     Gpus& out) {
+  if (r.topology != core::TopologyMode::kRequire) {
+    return ChooseBestLinked(
+        n.shape->topology, free, {}, k, [](const Gpus&) { return true; }, out);
+  }
+  return ChooseBestLinked(
+      n.shape->topology, free, {}, k,
+      [&](const Gpus& set) { return SatisfiesScope(n, set, r.topology_scope); }, out);
 }
 
 }  // namespace
@@ -131,6 +147,27 @@ bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
     }
   }
   return true;
+}
+
+std::vector<int> PreferredGpuSet(const core::Topology& topology, const std::vector<int>& available,
+                                 const std::vector<int>& must_include, int size) {
+  Gpus must(must_include.begin(), must_include.end());
+  std::sort(must.begin(), must.end());
+  must.erase(std::unique(must.begin(), must.end()), must.end());
+  Gpus free;
+  for (int g : available) {
+    if (!std::binary_search(must.begin(), must.end(), g)) free.push_back(g);
+  }
+  std::sort(free.begin(), free.end());
+  free.erase(std::unique(free.begin(), free.end()), free.end());
+  Gpus out;
+  if (size <= 0 || !ChooseBestLinked(
+                       topology, free, must, size, [](const Gpus&) { return true; }, out)) {
+    return {};
+  }
+  std::vector<int> result(out.begin(), out.end());
+  std::sort(result.begin(), result.end());
+  return result;
 }
 
 std::vector<std::string> AllPolicyNames() {

@@ -133,4 +133,11 @@ bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r)
 // links cheaper), then PCIe levels in order. 0 for fewer than two GPUs or unknown topology.
 double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& gpus);
 
+// The GPUs a device of `size` should get on one node (sorted indices): `must_include` plus the
+// rest from `available`, the best-linked set that leaves the remaining GPUs best linked (the same
+// choice the scheduler makes when placing). Empty when `size` cannot be met. Used by the device
+// plugin's GetPreferredAllocation.
+std::vector<int> PreferredGpuSet(const core::Topology& topology, const std::vector<int>& available,
+                                 const std::vector<int>& must_include, int size);
+
 }  // namespace tessera::sched
