@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tessera/cli/agent_cmd.h"
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
 #include "tessera/cli/server_cmd.h"
@@ -215,6 +216,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
   std::shared_ptr<void> sim_state = AddSimCommands(app, action, out, err);
   std::shared_ptr<void> server_state = AddServerCommands(app, action, out, err);
+  std::shared_ptr<void> agent_state = AddAgentCommand(app, action, out, err);
 
   try {
     app.parse(argc, argv);
@@ -241,7 +243,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return kExitBadInput;
   }
   // The server says what it does by default; the other commands only warn.
-  if (!log_level_set && app.got_subcommand("server") && app.count("--log-level") == 0)
+  if (!log_level_set && (app.got_subcommand("server") || app.got_subcommand("agent")) &&
+      app.count("--log-level") == 0)
     log_level = "info";
   ConfigureLogging(log_level, err);
   return action ? action() : kExitBadInput;

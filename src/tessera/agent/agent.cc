@@ -1,0 +1,220 @@
+#include "tessera/agent/agent.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/agent/metrics.h"
+#include "tessera/core/clock.h"
+#include "tessera/devices/cdi.h"
+#include "tessera/server/http.h"
+#include "tessera/shim/arbiter.h"
+
+namespace tessera::agent {
+namespace {
+
+const core::SystemClock& Clock() {
+  static const core::SystemClock clock;
+  return clock;
+}
+
+int64_t NowUnix() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
+
+Agent::~Agent() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
+  std::unique_ptr<Agent> a(new Agent(std::move(options)));
+  AgentOptions& o = a->options_;
+  auto opened = devices::OpenDeviceSource(o.source);
+  if (!opened.ok()) return opened.status();
+  if (!opened->fallback_reason.empty()) {
+    spdlog::warn("{}: using a simulated machine", opened->fallback_reason);
+  }
+  a->source_ = std::move(opened->source);
+  auto inventory = a->source_->Discover();
+  if (!inventory.ok()) return inventory.status();
+  if (o.node_name.empty()) o.node_name = inventory->hostname;
+  spdlog::info("node {}: {} GPU(s) from {}", o.node_name, inventory->gpus.size(),
+               inventory->source);
+
+  o.plugin.driver_files = devices::FindDriverFiles(*inventory);
+  if (!o.cdi_dir.empty()) {
+    auto path =
+        devices::WriteCdiSpec(o.cdi_dir, devices::BuildCdiSpec(*inventory, o.plugin.driver_files));
+    if (!path.ok()) return path.status();
+    spdlog::info("CDI spec written to {}", *path);
+  }
+  if (!o.plugin.shim_library.empty()) {
+    if (access(o.plugin.shim_library.c_str(), R_OK) != 0) {
+      return absl::InvalidArgumentError(
+          fmt::format("--shim-library {}: {}", o.plugin.shim_library, strerror(errno)));
+    }
+  }
+  auto state = DeviceState::Create(*inventory, o.plugin);
+  if (!state.ok()) return state.status();
+  a->state_ = std::move(*state);
+  if (!o.plugin.shim_library.empty()) {
+    // Every container given shares paces its launches through this one file.
+    std::string arbiter = o.plugin.state_dir + "/gpu.arbiter";
+    char err[256] = "";
+    if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
+      spdlog::warn("GPU arbiter {}: {}; compute shares will not be enforced", arbiter, err);
+    } else {
+      chmod(arbiter.c_str(), 0666);
+    }
+  }
+
+  const int n = static_cast<int>(inventory->gpus.size());
+  a->health_changes_ = std::vector<std::atomic<uint64_t>>(n);
+  Agent* self = a.get();
+  a->health_ = std::make_unique<devices::HealthWatch>(
+      *a->source_, n, o.health, Clock(), [self](int gpu, const devices::GpuHealth& h) {
+        if (gpu < 0 || gpu >= static_cast<int>(self->health_changes_.size())) return;
+        ++self->health_changes_[gpu];
+        const core::Gpu& g = self->state_->inventory().gpus[gpu];
+        if (h.healthy) {
+          spdlog::info("GPU {} ({}) is healthy again", gpu, g.uuid);
+        } else {
+          spdlog::warn("GPU {} ({}) is unhealthy: {}", gpu, g.uuid, h.reason);
+        }
+        self->state_->SetHealth(gpu, h.healthy, h.reason);
+      });
+
+  if (!o.pod_resources_socket.empty()) {
+    a->pod_resources_ = std::make_unique<PodResourcesClient>(o.pod_resources_socket);
+  }
+  a->plugin_ =
+      std::make_unique<PluginServer>(*a->state_, o.server, nullptr, [self] { self->Reconcile(); });
+  if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
+  a->health_->Start();
+
+  server::HttpServerOptions http;
+  http.unix_path = o.plugin.state_dir + "/agent.sock";
+  http.tcp_address = o.metrics_address;
+  auto srv = server::HttpServer::Start(http, [self](const server::HttpRequest& r) {
+    server::HttpResponse resp;
+    if (r.method != "GET") {
+      resp.status = 405;
+      resp.content_type = "text/plain";
+      resp.body = "only GET\n";
+    } else if (r.path == "/metrics") {
+      resp.content_type = "text/plain; version=0.0.4";
+      resp.body = self->Metrics();
+    } else if (r.path == "/healthz") {
+      resp.content_type = "text/plain";
+      resp.body = "ok\n";
+    } else {
+      resp.status = 404;
+      resp.content_type = "text/plain";
+      resp.body = "not found: try /metrics or /healthz\n";
+    }
+    return resp;
+  });
+  if (!srv.ok()) return srv.status();
+  a->http_ = std::move(*srv);
+  if (!o.metrics_address.empty()) {
+    spdlog::info("metrics on {} (port {})", o.metrics_address, a->http_->tcp_port());
+  }
+  if (a->pod_resources_) {
+    a->reconcile_thread_ = std::thread([self] {
+      std::unique_lock lock(self->mu_);
+      while (!self->stop_) {
+        self->cv_.wait_for(lock, self->options_.reconcile_interval);
+        if (self->stop_) break;
+        lock.unlock();
+        self->Reconcile();
+        lock.lock();
+      }
+    });
+  }
+  return a;
+}
+
+void Agent::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (reconcile_thread_.joinable()) reconcile_thread_.join();
+  if (state_) state_->Shutdown();
+  if (plugin_) plugin_->Stop();
+  if (health_) health_->Stop();
+  if (http_) http_->Stop();
+}
+
+int Agent::metrics_port() const { return http_ ? http_->tcp_port() : 0; }
+
+bool Agent::Reconcile() {
+  if (!pod_resources_) return false;
+  std::lock_guard lock(reconcile_mu_);
+  auto held = pod_resources_->List({kGpuResource, kShareResource});
+  if (!held.ok()) {
+    if (pod_resources_errors_++ == 0) spdlog::warn("{}", std::string(held.status().message()));
+    return false;
+  }
+  std::set<std::string> in_use;
+  for (const auto& [id, c] : *held) in_use.insert(id);
+  state_->Release(in_use, NowUnix() - options_.release_grace.count());
+  return true;
+}
+
+std::string Agent::Metrics() {
+  DeviceHolders holders;
+  if (pod_resources_) {
+    auto held = pod_resources_->List({kGpuResource, kShareResource});
+    if (held.ok()) {
+      holders = std::move(*held);
+    } else {
+      ++pod_resources_errors_;
+    }
+  }
+  const core::NodeInventory& inv = state_->inventory();
+  std::vector<devices::GpuHealth> health = health_->Snapshot();
+  std::vector<GpuSample> gpus(inv.gpus.size());
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    gpus[i].gpu = &inv.gpus[i];
+    if (i < health.size()) gpus[i].health = health[i];
+    gpus[i].health_changes = health_changes_[i];
+    auto t = source_->ReadTelemetry(static_cast<int>(i));
+    if (t.ok()) gpus[i].telemetry = *t;
+  }
+  for (const auto& [id, c] : holders) {
+    std::optional<int> g = state_->GpuOf(id);
+    if (!g) continue;
+    auto& list = gpus[*g].holders;
+    if (std::find(list.begin(), list.end(), c) == list.end()) list.push_back(c);
+  }
+  std::vector<ShareSample> shares;
+  AgentCountersSample counters;
+  for (const Allocation& a : state_->Allocations()) {
+    (a.resource == Resource::kGpu ? counters.whole_allocations : counters.share_allocations)++;
+    if (a.resource != Resource::kShare) continue;
+    ShareSample s;
+    s.allocation = a;
+    for (const std::string& id : a.device_ids) {
+      if (auto it = holders.find(id); it != holders.end()) s.holder = it->second;
+    }
+    ReadRegion(a.region, &s.used, &s.limit);
+    shares.push_back(std::move(s));
+  }
+  const PluginCounters& pc = plugin_->counters();
+  counters.registrations = pc.registrations;
+  counters.allocations = pc.allocations;
+  counters.allocation_errors = pc.allocation_errors;
+  counters.preferred = pc.preferred;
+  counters.pod_resources_errors = pod_resources_errors_;
+  return RenderMetrics(options_.node_name, gpus, shares, counters);
+}
+
+}  // namespace tessera::agent

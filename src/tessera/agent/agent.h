@@ -1,0 +1,81 @@
+#pragma once
+// `tessera agent`: one per Kubernetes GPU node. Discovers the GPUs (NVML or a simulated machine),
+// writes the node's CDI spec, serves the device plugin to the kubelet (plugin_server.h), watches
+// health and reports it through ListAndWatch, releases the allocations of ended pods
+// (PodResources), and serves /metrics joined to pods. See docs/kubernetes.md.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/agent/device_state.h"
+#include "tessera/agent/plugin_server.h"
+#include "tessera/agent/pod_resources.h"
+#include "tessera/devices/health.h"
+#include "tessera/devices/open.h"
+
+namespace tessera::server {
+class HttpServer;
+}
+
+namespace tessera::agent {
+
+struct AgentOptions {
+  std::string node_name;  // labels metrics; default: the host name
+  devices::OpenOptions source;
+  PluginOptions plugin;
+  PluginServerOptions server;
+  // The kubelet's PodResources socket; empty: no pod join, allocations kept until Allocate reuses
+  // their IDs.
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string cdi_dir = "/var/run/cdi";  // empty: no CDI spec written
+  // /metrics on TCP ("0.0.0.0:9400", ":0" for any port); empty: only on <state_dir>/agent.sock.
+  std::string metrics_address = "0.0.0.0:9400";
+  devices::HealthPolicy health;
+  std::chrono::milliseconds reconcile_interval{10000};
+  // An allocation the kubelet does not list yet is kept this long (it records it after Allocate).
+  std::chrono::seconds release_grace{60};
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Start(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  void Stop();
+  int metrics_port() const;
+  std::string Metrics();
+  // Asks PodResources what is in use and releases ended allocations; false when it cannot tell.
+  bool Reconcile();
+  DeviceState& state() { return *state_; }
+  const core::NodeInventory& inventory() const { return state_->inventory(); }
+
+ private:
+  explicit Agent(AgentOptions options);
+
+  AgentOptions options_;
+  std::unique_ptr<devices::DeviceSource> source_;
+  std::unique_ptr<DeviceState> state_;
+  std::unique_ptr<devices::HealthWatch> health_;
+  std::unique_ptr<PluginServer> plugin_;
+  std::unique_ptr<PodResourcesClient> pod_resources_;
+  std::unique_ptr<server::HttpServer> http_;
+  std::vector<std::atomic<uint64_t>> health_changes_;
+  std::atomic<uint64_t> pod_resources_errors_{0};
+  std::mutex reconcile_mu_;  // one reconcile at a time
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread reconcile_thread_;
+};
+
+}  // namespace tessera::agent

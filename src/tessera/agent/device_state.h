@@ -1,0 +1,148 @@
+#pragma once
+// The node agent's device plugin logic, apart from gRPC: which device IDs each resource advertises
+// and their health, the preferred allocation (the scheduler's topology choice), what Allocate
+// answers (CDI names, visible devices, and for shares the intercept library with its limits), and
+// the checkpoint of allocations that survives an agent restart. Thread-safe.
+//
+// Resources (docs/kubernetes.md): `tessera.io/gpu`, one device per GPU (ID = the GPU's UUID), and
+// `tessera.io/gpu-share`, `shares_per_gpu` devices per GPU (ID = "<UUID>::<k>"). Every ID maps back
+// to one physical GPU. A GPU given whole is not given in shares at the same time, nor the other way
+// round: its devices of the other resource are reported Unhealthy while it is in use, and Allocate
+// refuses a mix.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "deviceplugin/v1beta1/api.pb.h"
+#include "tessera/core/gpu.h"
+#include "tessera/devices/cdi.h"
+
+namespace tessera::agent {
+
+inline constexpr char kGpuResource[] = "tessera.io/gpu";
+inline constexpr char kShareResource[] = "tessera.io/gpu-share";
+
+enum class Resource { kGpu, kShare };
+std::string_view ResourceName(Resource r);
+
+// Where the intercept library and the shared files are inside every container given shares.
+inline constexpr char kContainerShim[] = "/usr/local/lib/tessera/libtessera-cuda.so";
+inline constexpr char kContainerRegion[] = "/var/run/tessera/region";
+inline constexpr char kContainerArbiter[] = "/var/run/tessera/gpu.arbiter";
+
+struct PluginOptions {
+  int shares_per_gpu = 10;  // 1..100
+  // Checkpoint, shared regions and the arbiter live here (created 0711).
+  std::string state_dir;
+  // The intercept library on the host, mounted into containers given shares. Empty: no share
+  // resource is served.
+  std::string shim_library;
+  int default_priority = 0;           // TESSERA_CUDA_PRIORITY of a share without a pod annotation
+  devices::DriverFiles driver_files;  // device nodes handed over as DeviceSpecs, when they exist
+};
+
+// What the scheduler extender chose for a pod (its annotations), when there is such a pod.
+struct PodHint {
+  std::string pod_namespace;
+  std::string pod_name;
+  std::vector<std::string> gpus;   // UUIDs, for whole GPUs or for the GPU(s) of a share
+  std::optional<uint64_t> memory;  // bytes per GPU, for shares
+  std::optional<int> priority;     // for shares
+};
+
+// One container's allocation, as the checkpoint keeps it.
+struct Allocation {
+  std::string id;  // "a<number>", names the region file too
+  Resource resource = Resource::kGpu;
+  std::vector<std::string> device_ids;  // sorted
+  std::vector<std::string> gpus;        // UUIDs, in container ordinal order
+  std::string region;                   // host path of the shared region; shares only
+  std::string pod;                      // "namespace/name" when the extender named it
+  int64_t created_unix = 0;
+};
+
+class DeviceState {
+ public:
+  // Loads the checkpoint from `options.state_dir` (kept allocations whose GPUs are still here) and
+  // prepares the folder. kInvalidArgument for bad options, kFailedPrecondition when the folder or a
+  // corrupt checkpoint cannot be used (the file is named).
+  static absl::StatusOr<std::unique_ptr<DeviceState>> Create(core::NodeInventory inventory,
+                                                             PluginOptions options);
+
+  const core::NodeInventory& inventory() const { return inventory_; }
+  const PluginOptions& options() const { return options_; }
+  bool serves(Resource r) const { return r == Resource::kGpu || !options_.shim_library.empty(); }
+
+  // The devices of resource `r` as ListAndWatch sends them.
+  v1beta1::ListAndWatchResponse List(Resource r) const;
+  // Bumped on every change a ListAndWatch stream must send.
+  uint64_t generation() const;
+  // Waits until generation() differs from `seen`, `timeout` passes or Shutdown; returns
+  // generation().
+  uint64_t WaitForChange(uint64_t seen, std::chrono::milliseconds timeout) const;
+  void Shutdown();
+
+  // Health from the watch. Returns whether it changed.
+  bool SetHealth(int gpu, bool healthy, const std::string& reason);
+  bool healthy(int gpu) const;
+
+  // GetPreferredAllocation. kInvalidArgument naming a bad ID or size.
+  absl::StatusOr<v1beta1::PreferredAllocationResponse> Preferred(
+      Resource r, const v1beta1::PreferredAllocationRequest& request,
+      const PodHint* hint = nullptr) const;
+
+  // Allocate. Every container request is checked before anything changes: kInvalidArgument for an
+  // unknown or repeated ID, an ID of another resource, more IDs than the node has; kUnavailable for
+  // an unhealthy GPU; kFailedPrecondition when a GPU is in use by the other resource, or when
+  // `hint` names GPUs that the kubelet's IDs disagree with. The checkpoint is written before
+  // answering.
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(Resource r,
+                                                     const v1beta1::AllocateRequest& request,
+                                                     const PodHint* hint = nullptr);
+
+  // Forgets the allocations made before `made_before_unix` none of whose IDs is in `in_use` (what
+  // the kubelet's PodResources says live pods hold): their regions are removed and their GPUs free
+  // for the other resource. A young allocation is kept: the kubelet records it only after Allocate
+  // answers. Returns how many were released.
+  int Release(const std::set<std::string>& in_use, int64_t made_before_unix);
+
+  std::vector<Allocation> Allocations() const;
+  // The GPU index an advertised ID belongs to; nullopt for an unknown ID.
+  std::optional<int> GpuOf(const std::string& device_id, Resource* resource = nullptr) const;
+  std::string checkpoint_path() const { return options_.state_dir + "/checkpoint.json"; }
+
+ private:
+  DeviceState(core::NodeInventory inventory, PluginOptions options);
+  absl::Status Load();
+  absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether GPU `g` is held by an allocation of the resource other than `r`.
+  bool HeldByOtherLocked(int g, Resource r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateOneLocked(
+      Resource r, const std::vector<std::string>& ids, const PodHint* hint,
+      std::vector<Allocation>& made) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const core::NodeInventory inventory_;
+  const PluginOptions options_;
+  std::map<std::string, int> by_uuid_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
+  std::vector<Allocation> allocations_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace tessera::agent

@@ -1,0 +1,197 @@
+#include "tessera/agent/metrics.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fmt/format.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::agent {
+namespace {
+
+std::string Escape(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+std::string Render(const Labels& labels) {
+  std::string out = "{";
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (i) out += ',';
+    out += fmt::format("{}=\"{}\"", labels[i].first, Escape(labels[i].second));
+  }
+  return out + "}";
+}
+
+class Page {
+ public:
+  void Family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    name_ = name;
+  }
+  void Sample(const Labels& labels, double value) {
+    out_ += fmt::format("{}{} {}\n", name_, labels.empty() ? "" : Render(labels), value);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+  std::string name_;
+};
+
+Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
+  Labels l = {{"gpu", std::to_string(g.index)},
+              {"UUID", g.uuid},
+              {"device", fmt::format("nvidia{}", g.minor.value_or(g.index))},
+              {"model_name", g.model},
+              {"Hostname", host}};
+  l.push_back({"container", c ? c->container : ""});
+  l.push_back({"namespace", c ? c->pod_namespace : ""});
+  l.push_back({"pod", c ? c->pod : ""});
+  return l;
+}
+
+}  // namespace
+
+std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSample>& gpus,
+                          const std::vector<ShareSample>& shares,
+                          const AgentCountersSample& counters) {
+  Page p;
+  // One series per holder, or one without pod labels when nobody holds the GPU.
+  auto per_holder = [&](const GpuSample& s, double value) {
+    if (s.holders.empty()) {
+      p.Sample(GpuLabels(hostname, *s.gpu, nullptr), value);
+      return;
+    }
+    for (const ContainerRef& c : s.holders) p.Sample(GpuLabels(hostname, *s.gpu, &c), value);
+  };
+  struct Telemetry {
+    const char* name;
+    const char* help;
+    std::optional<double> (*get)(const devices::GpuTelemetry&);
+  };
+  const Telemetry telemetry[] = {
+      {"DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
+       [](const devices::GpuTelemetry& t) {
+         return t.utilization ? std::optional<double>(*t.utilization * 100) : std::nullopt;
+       }},
+      {"DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).",
+       [](const devices::GpuTelemetry& t) {
+         return t.memory_utilization ? std::optional<double>(*t.memory_utilization * 100)
+                                     : std::nullopt;
+       }},
+      {"DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+       [](const devices::GpuTelemetry& t) {
+         return t.memory_used_bytes ? std::optional<double>(*t.memory_used_bytes / 1048576.0)
+                                    : std::nullopt;
+       }},
+      {"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).",
+       [](const devices::GpuTelemetry& t) { return t.temperature_celsius; }},
+      {"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",
+       [](const devices::GpuTelemetry& t) { return t.power_watts; }},
+  };
+  for (const Telemetry& t : telemetry) {
+    bool any = false;
+    for (const GpuSample& s : gpus) any |= s.telemetry && t.get(*s.telemetry).has_value();
+    if (!any) continue;
+    p.Family(t.name, "gauge", t.help);
+    for (const GpuSample& s : gpus) {
+      if (!s.telemetry) continue;
+      if (auto v = t.get(*s.telemetry)) per_holder(s, *v);
+    }
+  }
+  p.Family("tessera_gpu_healthy", "gauge",
+           "1 while the GPU is healthy (advertised to the kubelet as Healthy), else 0.");
+  for (const GpuSample& s : gpus) per_holder(s, s.health.healthy ? 1 : 0);
+  p.Family("tessera_gpu_xid_errors_total", "counter",
+           "XID errors seen on the GPU since the agent started, ignored ones included.");
+  for (const GpuSample& s : gpus) {
+    p.Sample(GpuLabels(hostname, *s.gpu, nullptr), static_cast<double>(s.health.xid_count));
+  }
+  p.Family("tessera_gpu_health_changes_total", "counter",
+           "Times the GPU went from healthy to unhealthy or back since the agent started.");
+  for (const GpuSample& s : gpus) {
+    p.Sample(GpuLabels(hostname, *s.gpu, nullptr), static_cast<double>(s.health_changes));
+  }
+  auto share_labels = [&](const ShareSample& s, size_t i) {
+    Labels l = {
+        {"allocation", s.allocation.id}, {"UUID", s.allocation.gpus[i]}, {"Hostname", hostname}};
+    l.push_back({"container", s.holder ? s.holder->container : ""});
+    l.push_back({"namespace", s.holder ? s.holder->pod_namespace : ""});
+    l.push_back({"pod", s.holder ? s.holder->pod : ""});
+    return l;
+  };
+  p.Family("tessera_share_memory_used_bytes", "gauge",
+           "GPU memory in use by a fractional allocation's processes, from its shared region.");
+  for (const ShareSample& s : shares) {
+    for (size_t i = 0; i < s.used.size() && i < s.allocation.gpus.size(); ++i) {
+      p.Sample(share_labels(s, i), static_cast<double>(s.used[i]));
+    }
+  }
+  p.Family("tessera_share_memory_limit_bytes", "gauge",
+           "GPU memory limit of a fractional allocation (0: none).");
+  for (const ShareSample& s : shares) {
+    for (size_t i = 0; i < s.limit.size() && i < s.allocation.gpus.size(); ++i) {
+      p.Sample(share_labels(s, i), static_cast<double>(s.limit[i]));
+    }
+  }
+  p.Family("tessera_agent_allocations", "gauge", "Allocations the agent holds, by resource.");
+  p.Sample({{"resource", kGpuResource}}, static_cast<double>(counters.whole_allocations));
+  p.Sample({{"resource", kShareResource}}, static_cast<double>(counters.share_allocations));
+  p.Family("tessera_agent_allocate_requests_total", "counter",
+           "Allocate calls from the kubelet, by result.");
+  p.Sample({{"result", "ok"}}, static_cast<double>(counters.allocations));
+  p.Sample({{"result", "error"}}, static_cast<double>(counters.allocation_errors));
+  p.Family("tessera_agent_preferred_allocation_requests_total", "counter",
+           "GetPreferredAllocation calls from the kubelet.");
+  p.Sample({}, static_cast<double>(counters.preferred));
+  p.Family("tessera_agent_registrations_total", "counter",
+           "Successful registrations with the kubelet (one per resource and kubelet start).");
+  p.Sample({}, static_cast<double>(counters.registrations));
+  p.Family("tessera_agent_pod_resources_errors_total", "counter",
+           "PodResources List calls that failed.");
+  p.Sample({}, static_cast<double>(counters.pod_resources_errors));
+  return p.Take();
+}
+
+bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
+                std::vector<uint64_t>* limit) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = false;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
+    void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      const auto* d = static_cast<const shim::RegionData*>(m);
+      if (d->magic.load() == shim::kRegionMagic && d->device_count <= shim::kMaxDevices) {
+        used->clear();
+        limit->clear();
+        for (uint32_t i = 0; i < d->device_count; ++i) {
+          used->push_back(d->used[i].load());
+          limit->push_back(d->limit[i]);
+        }
+        ok = true;
+      }
+      munmap(m, sizeof(shim::RegionData));
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+}  // namespace tessera::agent

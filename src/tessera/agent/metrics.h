@@ -1,0 +1,55 @@
+#pragma once
+// The agent's /metrics page (Prometheus text format 0.0.4): per-GPU telemetry named as
+// dcgm-exporter names it (DCGM_FI_DEV_*, labels gpu, UUID, device, Hostname; the model as
+// model_name, not dcgm-exporter's modelName, which promtool's lint refuses) with the pod, namespace
+// and container holding the GPU joined from the kubelet's PodResources, one series per holder as
+// dcgm-exporter does for a shared GPU; health and XIDs; the fractional allocations' GPU memory in
+// use and limit from their shared regions; the agent's own counters. A pure function of its input.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/agent/device_state.h"
+#include "tessera/agent/pod_resources.h"
+#include "tessera/devices/device_source.h"
+#include "tessera/devices/health.h"
+
+namespace tessera::agent {
+
+struct GpuSample {
+  const core::Gpu* gpu = nullptr;
+  devices::GpuHealth health;
+  uint64_t health_changes = 0;
+  std::optional<devices::GpuTelemetry> telemetry;  // empty when the GPU did not answer
+  std::vector<ContainerRef> holders;               // containers given it (whole or shares)
+};
+
+struct ShareSample {
+  Allocation allocation;
+  std::optional<ContainerRef> holder;
+  std::vector<uint64_t> used;   // per GPU of the allocation, from its region
+  std::vector<uint64_t> limit;  // idem
+};
+
+struct AgentCountersSample {
+  uint64_t registrations = 0;
+  uint64_t allocations = 0;
+  uint64_t allocation_errors = 0;
+  uint64_t preferred = 0;
+  uint64_t pod_resources_errors = 0;
+  size_t whole_allocations = 0;
+  size_t share_allocations = 0;
+};
+
+std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSample>& gpus,
+                          const std::vector<ShareSample>& shares,
+                          const AgentCountersSample& counters);
+
+// Reads the memory in use and the limit per device of a shared region file; false when it cannot
+// be read or is not a region.
+bool ReadRegion(const std::string& path, std::vector<uint64_t>* used, std::vector<uint64_t>* limit);
+
+}  // namespace tessera::agent

@@ -1,0 +1,144 @@
+#include "tessera/cli/agent_cmd.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "spdlog/spdlog.h"
+#include "tessera/agent/agent.h"
+#include "tessera/cli/app.h"
+
+namespace tessera::cli {
+namespace {
+
+struct AgentFlags {
+  agent::AgentOptions o;
+  std::string fallback_simulate;
+  double recovery_s = 300;
+  double probe_s = 10;
+  double reconcile_s = 10;
+  double release_grace_s = 60;
+  bool no_shares = false;
+};
+
+std::string DefaultShimLibrary() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (auto p : {self.parent_path() / "libtessera-cuda.so",
+                 self.parent_path().parent_path() / "lib/libtessera-cuda.so"}) {
+    if (std::filesystem::exists(p, ec)) return p.string();
+  }
+  return "";
+}
+
+int RunAgent(AgentFlags& f, std::ostream& err) {
+  agent::AgentOptions o = f.o;
+  if (o.plugin.shim_library.empty() && !f.no_shares) o.plugin.shim_library = DefaultShimLibrary();
+  if (f.no_shares) o.plugin.shim_library.clear();
+  if (o.plugin.shim_library.empty() && !f.no_shares) {
+    err << "tessera: no libtessera-cuda.so next to this binary: name it with --shim-library, or "
+           "serve whole GPUs only with --no-shares\n";
+    return kExitBadInput;
+  }
+  o.health.recovery_quiet_period =
+      std::chrono::milliseconds(static_cast<int64_t>(f.recovery_s * 1000));
+  o.health.probe_interval = std::chrono::milliseconds(static_cast<int64_t>(f.probe_s * 1000));
+  o.reconcile_interval = std::chrono::milliseconds(static_cast<int64_t>(f.reconcile_s * 1000));
+  o.release_grace = std::chrono::seconds(static_cast<int64_t>(f.release_grace_s));
+  o.source.fallback_simulate = f.fallback_simulate;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  auto a = agent::Agent::Start(o);
+  if (!a.ok()) {
+    err << "tessera: " << a.status().message() << "\n";
+    return a.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure;
+  }
+  spdlog::info("tessera agent ready: {} GPU(s), plugins in {}, state in {}",
+               (*a)->inventory().gpus.size(), o.server.plugin_dir, o.plugin.state_dir);
+  int sig = 0;
+  sigwait(&set, &sig);
+  spdlog::info("signal {}: stopping (allocations stay in the checkpoint)", sig);
+  (*a)->Stop();
+  return kExitOk;
+}
+
+}  // namespace
+
+std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& action,
+                                      std::ostream& out, std::ostream& err) {
+  auto s = std::make_shared<AgentFlags>();
+  AgentFlags& f = *s;
+  f.o.plugin.state_dir = "/var/lib/tessera/agent";
+  CLI::App* a = app.add_subcommand(
+      "agent",
+      "Run the Kubernetes node agent: device plugin for tessera.io/gpu and tessera.io/gpu-share, "
+      "health, CDI spec, per-pod metrics (docs/kubernetes.md)");
+  a->add_option("--node-name", f.o.node_name,
+                "This node's name in metrics (default: $NODE_NAME, else the host name)")
+      ->envname("NODE_NAME");
+  a->add_option("--simulate", f.o.source.simulate,
+                "Simulate this machine (a preset or inventory file) instead of the driver");
+  a->add_option("--fallback-simulate", f.fallback_simulate,
+                "Preset to simulate when no NVIDIA driver is found (default: fail)");
+  a->add_option(
+      "--nvml-library", f.o.source.nvml_library,
+      "The NVML library to load (default: $TESSERA_NVML_LIBRARY, else libnvidia-ml.so.1)");
+  a->add_option("--device-plugin-dir", f.o.server.plugin_dir,
+                "The kubelet's device-plugin folder (our sockets go there; kubelet.sock in it)")
+      ->capture_default_str();
+  a->add_option("--kubelet-socket", f.o.server.kubelet_socket,
+                "The kubelet's registration socket (default: <device-plugin-dir>/kubelet.sock)");
+  a->add_option("--pod-resources-socket", f.o.pod_resources_socket,
+                "The kubelet's PodResources socket, for per-pod metrics and releasing ended "
+                "allocations; empty: none")
+      ->capture_default_str();
+  a->add_option("--state-dir", f.o.plugin.state_dir,
+                "Checkpoint of allocations, shared regions and the GPU arbiter")
+      ->capture_default_str();
+  a->add_option("--cdi-dir", f.o.cdi_dir, "Where the node's CDI spec is written; empty: none")
+      ->capture_default_str();
+  a->add_option("--metrics-address", f.o.metrics_address,
+                "host:port for /metrics and /healthz (:0 any free port; empty: only the unix "
+                "socket <state-dir>/agent.sock)")
+      ->capture_default_str();
+  a->add_option("--shares-per-gpu", f.o.plugin.shares_per_gpu,
+                "tessera.io/gpu-share devices per GPU: one share is 1/N of its compute and memory")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  a->add_option("--shim-library", f.o.plugin.shim_library,
+                "libtessera-cuda.so on the host, mounted into containers given shares (default: "
+                "the one next to this binary)");
+  a->add_flag("--no-shares", f.no_shares, "Serve whole GPUs only (no tessera.io/gpu-share)");
+  a->add_option("--default-priority", f.o.plugin.default_priority,
+                "Time-slice priority of shares whose pod names none")
+      ->check(CLI::Range(-1000, 1000))
+      ->capture_default_str();
+  a->add_option("--health-recovery", f.recovery_s,
+                "Seconds without a critical event (and a good probe) before a sick GPU is healthy "
+                "again; 0: never")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  a->add_option("--health-probe", f.probe_s, "Seconds between probes of every GPU")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  a->add_option("--reconcile-interval", f.reconcile_s,
+                "Seconds between PodResources checks that release ended pods' allocations")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  a->add_option("--release-grace", f.release_grace_s,
+                "Seconds an allocation is kept although PodResources does not list it (the kubelet "
+                "records it only after Allocate answers)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  a->callback([&, s] { action = [&, s] { return RunAgent(*s, err); }; });
+  (void)out;
+  return s;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,306 @@
+// The real `tessera agent` binary as its own process, with the fake libnvidia-ml.so.1 underneath
+// and a fake kubelet (real gRPC over unix sockets) above: registration, the device lists, an XID
+// seen as Unhealthy and recovery, Allocate with CDI and the intercept library, a kubelet restart,
+// an agent restart that keeps allocations, ended pods released, metrics joined to pods, bad input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "../capture.h"
+#include "fake_kubelet.h"
+#include "tessera/server/http.h"
+
+extern char** environ;
+
+namespace {
+
+using tessera::test::FakeKubelet;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+using Plugins = std::map<std::string, FakeKubelet::Plugin>;
+
+constexpr char kGpu[] = "tessera.io/gpu";
+constexpr char kShare[] = "tessera.io/gpu-share";
+
+std::string Uuid(int i) { return "GPU-00000000-0000-0000-0000-00000000000" + std::to_string(i); }
+
+class AgentE2e : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Short: a unix socket's path has at most 107 bytes.
+    static int n = 0;
+    dir_ = ::testing::TempDir() + "ag" + std::to_string(++n);
+    fs::remove_all(dir_);
+    for (const char* sub : {"/dp", "/pr", "/state", "/cdi"}) fs::create_directories(dir_ + sub);
+    // Four A100s; GPU 2 reports XID 79 (fallen off the bus) 1.5 s after the agent's nvmlInit.
+    nlohmann::json scenario = {{"driver_version", "550.54.15"}, {"cuda_driver_version", 12040}};
+    for (int i = 0; i < 4; ++i) {
+      scenario["devices"].push_back({{"uuid", Uuid(i)},
+                                     {"name", "NVIDIA A100-SXM4-40GB"},
+                                     {"memory_total", 42949672960},
+                                     {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
+                                     {"numa", i / 2},
+                                     {"minor", i},
+                                     {"utilization", 10 * (i + 1)},
+                                     {"nvswitch_links", 0}});
+    }
+    // Two PCIe switches (GPUs 0-1 and 2-3), one per socket.
+    scenario["topology"] = {{0, 10, 50, 50}, {10, 0, 50, 50}, {50, 50, 0, 10}, {50, 50, 10, 0}};
+    scenario["events"] = {{{"at_ms", 1500}, {"device", 2}, {"type", 8}, {"data", 79}}};
+    std::ofstream(dir_ + "/scenario.json") << scenario.dump();
+  }
+  void TearDown() override {
+    StopAgent(SIGTERM);
+    kubelet_.reset();
+  }
+
+  void StartKubelet() {
+    if (!kubelet_)
+      kubelet_ = std::make_unique<FakeKubelet>(dir_ + "/dp", dir_ + "/pr/kubelet.sock");
+    kubelet_->Start();
+  }
+  void StartAgent(const std::string& extra = "") {
+    std::string cmd =
+        std::string("FAKE_NVML_SCENARIO=") + dir_ + "/scenario.json exec " + TESSERA_BINARY +
+        " agent --nvml-library " TESSERA_TEST_FAKES_DIR
+        "/nvml-full/libnvidia-ml.so.1 --node-name node-a --device-plugin-dir " +
+        dir_ + "/dp --pod-resources-socket " + dir_ + "/pr/kubelet.sock --state-dir " + dir_ +
+        "/state --cdi-dir " + dir_ + "/cdi --metrics-address '' " +
+        "--shares-per-gpu 4 --health-recovery 0.5 --health-probe 0.1 " + extra + " >>" + dir_ +
+        "/agent.log 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
+              0);
+  }
+  void StopAgent(int sig) {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string Log() const { return tessera::test::ReadFile(dir_ + "/agent.log"); }
+  // Waits for `registrations` in all and a device list from both resources since the last.
+  bool WaitRegistered(int registrations) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (kubelet_->registrations() < registrations && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return kubelet_->registrations() >= registrations &&
+           kubelet_->WaitFor(
+               [&](const Plugins& p) {
+                 return p.contains(kGpu) && p.contains(kShare) && p.at(kGpu).lists > 0 &&
+                        p.at(kShare).lists > 0;
+               },
+               std::chrono::seconds(15));
+  }
+  std::string Metrics() {
+    tessera::server::HttpClient c(dir_ + "/state/agent.sock");
+    auto r = c.Send("GET", "/metrics");
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->body : "";
+  }
+
+  std::string dir_;
+  pid_t pid_ = -1;
+  std::unique_ptr<FakeKubelet> kubelet_;
+};
+
+TEST_F(AgentE2e, RegistersListsDevicesAndReportsAnXidAsUnhealthyUntilRecovery) {
+  StartKubelet();
+  StartAgent();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  Plugins p = kubelet_->plugins();
+  EXPECT_EQ(p.at(kGpu).request.version(), "v1beta1");
+  EXPECT_EQ(p.at(kGpu).request.endpoint(), "tessera-gpu.sock");
+  EXPECT_TRUE(p.at(kGpu).options.get_preferred_allocation_available());
+  ASSERT_EQ(p.at(kGpu).devices.size(), 4u);
+  EXPECT_EQ(p.at(kGpu).devices[3].id(), Uuid(3));
+  EXPECT_EQ(p.at(kGpu).devices[3].topology().nodes(0).id(), 1);
+  EXPECT_EQ(p.at(kShare).devices.size(), 16u);
+  EXPECT_TRUE(kubelet_->register_errors().empty());
+  // The XID: GPU 2 Unhealthy in both resources, then Healthy again after the quiet period.
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    return p.at(kGpu).ever_unhealthy.contains(Uuid(2)) &&
+           p.at(kShare).ever_unhealthy.contains(Uuid(2) + "::0");
+  })) << Log();
+  EXPECT_EQ(kubelet_->plugins().at(kGpu).ever_unhealthy.size(), 1u);
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    return p.at(kGpu).devices.size() == 4 && p.at(kGpu).devices[2].health() == "Healthy";
+  })) << Log();
+  std::string log = Log();
+  EXPECT_THAT(log, HasSubstr("unhealthy: XID 79"));
+  EXPECT_THAT(log, HasSubstr("healthy again"));
+  // The node's CDI spec names every GPU.
+  std::string cdi = tessera::test::ReadFile(dir_ + "/cdi/tessera.io-gpu.json");
+  EXPECT_THAT(cdi, HasSubstr(Uuid(3)));
+}
+
+TEST_F(AgentE2e, AllocatesWholeGpusWithCdiAndSharesWithTheInterceptLibrary) {
+  StartKubelet();
+  StartAgent();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  std::vector<std::string> preferred;
+  ASSERT_TRUE(
+      kubelet_->Preferred(kGpu, {Uuid(0), Uuid(1), Uuid(2), Uuid(3)}, {Uuid(3)}, 2, &preferred)
+          .ok());
+  EXPECT_THAT(preferred, ::testing::UnorderedElementsAre(Uuid(2), Uuid(3)));  // same NUMA node
+  v1beta1::AllocateResponse whole;
+  grpc::Status s = kubelet_->Allocate(kGpu, {{Uuid(0), Uuid(1)}}, &whole);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto& c = whole.container_responses(0);
+  EXPECT_EQ(c.cdi_devices(0).name(), "tessera.io/gpu=" + Uuid(0));
+  EXPECT_EQ(c.envs().at("NVIDIA_VISIBLE_DEVICES"), Uuid(0) + "," + Uuid(1));
+  v1beta1::AllocateResponse share;
+  s = kubelet_->Allocate(kShare, {{Uuid(3) + "::0"}}, &share);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto& sc = share.container_responses(0);
+  EXPECT_EQ(sc.envs().at("LD_PRELOAD"), "/usr/local/lib/tessera/libtessera-cuda.so");
+  EXPECT_EQ(sc.envs().at("TESSERA_CUDA_MEM_LIMIT"), "0:10737418240");  // a quarter of 40 GiB
+  EXPECT_EQ(sc.envs().at("TESSERA_CUDA_COMPUTE_SHARE"), "0.25");
+  EXPECT_EQ(sc.envs().at("TESSERA_CUDA_ARBITER_GPUS"), "3");
+  std::map<std::string, std::string> mounts;
+  for (const auto& m : sc.mounts()) mounts[m.container_path()] = m.host_path();
+  // Every host path handed to the runtime exists: the library, the region, the arbiter.
+  for (const auto& [in, host] : mounts) EXPECT_TRUE(fs::exists(host)) << in << " <- " << host;
+  EXPECT_THAT(mounts.at("/usr/local/lib/tessera/libtessera-cuda.so"),
+              HasSubstr("libtessera-cuda.so"));
+  // GPUs 0 and 1 are no longer offered as shares; GPU 3 no longer whole.
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    const auto& shares = p.at(kShare).devices;
+    const auto& gpus = p.at(kGpu).devices;
+    return shares.size() == 16 && shares[0].health() == "Unhealthy" &&
+           shares[4].health() == "Unhealthy" && gpus[3].health() == "Unhealthy";
+  })) << Log();
+}
+
+TEST_F(AgentE2e, BadAllocateRequestsGetAClearErrorAndTheAgentKeepsServing) {
+  StartKubelet();
+  StartAgent();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse out;
+  grpc::Status s = kubelet_->Allocate(kGpu, {{"GPU-not-here"}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("unknown device ID 'GPU-not-here'"));
+  s = kubelet_->Allocate(kGpu, {{Uuid(0), Uuid(1), Uuid(2), Uuid(3), "GPU-5"}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = kubelet_->Allocate(kShare, {{Uuid(1)}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("not tessera.io/gpu-share"));
+  EXPECT_THAT(Log(), HasSubstr("refused: unknown device ID 'GPU-not-here'"));
+  // Still serving, and nothing was allocated by the refusals.
+  s = kubelet_->Allocate(kGpu, {{Uuid(1)}}, &out);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::string checkpoint = tessera::test::ReadFile(dir_ + "/state/checkpoint.json");
+  EXPECT_EQ(nlohmann::json::parse(checkpoint)["allocations"].size(), 1u);
+}
+
+TEST_F(AgentE2e, KubeletRestartDeletesTheSocketsAndTheAgentRegistersAgain) {
+  StartKubelet();
+  StartAgent();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  kubelet_->Restart();
+  ASSERT_TRUE(WaitRegistered(4)) << Log();
+  EXPECT_EQ(kubelet_->registrations(), 4) << Log();
+  EXPECT_TRUE(fs::exists(dir_ + "/dp/tessera-gpu.sock"));
+  v1beta1::AllocateResponse out;
+  EXPECT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
+}
+
+TEST_F(AgentE2e, AKubeletThatIsNotUpYetIsWaitedFor) {
+  StartAgent();
+  // The agent serves before anyone registers it.
+  for (int i = 0; i < 200 && !fs::exists(dir_ + "/dp/tessera-gpu.sock"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(fs::exists(dir_ + "/dp/tessera-gpu.sock")) << Log();
+  StartKubelet();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  EXPECT_THAT(Log(), HasSubstr("retrying"));
+}
+
+TEST_F(AgentE2e, AnAgentRestartKeepsEveryAllocationAndRegion) {
+  StartKubelet();
+  StartAgent();
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse first;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(1) + "::2", Uuid(1) + "::3"}}, &first).ok());
+  std::string id = first.container_responses(0).annotations().at("tessera.io/allocation");
+  StopAgent(SIGKILL);
+  StartAgent();
+  // The new process serves fresh sockets and registers both resources again; GPU 1, held in
+  // shares before the restart, is still not offered whole.
+  ASSERT_TRUE(WaitRegistered(4)) << Log();
+  EXPECT_EQ(kubelet_->plugins().at(kGpu).devices[1].health(), "Unhealthy");
+  EXPECT_THAT(Log(), HasSubstr("1 allocation(s) kept"));
+  v1beta1::AllocateResponse again;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(1) + "::3", Uuid(1) + "::2"}}, &again).ok());
+  EXPECT_EQ(again.container_responses(0).annotations().at("tessera.io/allocation"), id);
+}
+
+TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
+  StartKubelet();
+  StartAgent("--reconcile-interval 0.1 --release-grace 0");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse out;
+  ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
+  ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(1)}}, &out).ok());
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    const auto& s = p.at(kShare).devices;
+    return s.size() == 16 && s[4].health() == "Unhealthy";
+  })) << Log();
+  kubelet_->SetPods({{"team-a", "train-0", "main", kGpu, {Uuid(0)}},
+                     {"team-b", "notebook", "nb", kShare, {Uuid(3) + "::1"}}});
+  // GPU 1's pod is not listed: once the grace is over it is released and offered in shares again.
+  ASSERT_TRUE(kubelet_->WaitFor(
+      [](const Plugins& p) {
+        const auto& s = p.at(kShare).devices;
+        return s.size() == 16 && s[4].health() == "Healthy" && s[0].health() == "Unhealthy";
+      },
+      std::chrono::seconds(10)))
+      << Log();
+  EXPECT_THAT(Log(), HasSubstr("ended: releasing"));
+  std::string m = Metrics();
+  EXPECT_THAT(m, HasSubstr("gpu=\"0\",UUID=\"" + Uuid(0) + "\",device=\"nvidia0\""));
+  EXPECT_THAT(m, HasSubstr("Hostname=\"node-a\",container=\"main\",namespace=\"team-a\","
+                           "pod=\"train-0\"} 10"));  // GPU 0's utilization, 10%
+  EXPECT_THAT(m, HasSubstr("DCGM_FI_DEV_GPU_TEMP{"));
+  EXPECT_THAT(m, HasSubstr("container=\"nb\",namespace=\"team-b\",pod=\"notebook\"} 40"));
+  EXPECT_THAT(m, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a2\",UUID=\"" + Uuid(3) +
+                           "\",Hostname=\"node-a\",container=\"nb\""));
+  EXPECT_THAT(m, HasSubstr("tessera_agent_allocate_requests_total{result=\"ok\"} 3"));
+  std::ofstream(dir_ + "/metrics.txt") << m;
+  auto check = tessera::test::Capture("promtool check metrics < " + dir_ + "/metrics.txt 2>&1");
+  EXPECT_EQ(check.code, 0) << check.out;
+}
+
+TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
+  auto r = tessera::test::Capture(std::string(TESSERA_BINARY) +
+                                  " agent --simulate t4x2 --shares-per-gpu 0 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--shares-per-gpu"));
+  r = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --simulate t4x2 --state-dir " +
+                             dir_ + "/state --cdi-dir '' --metrics-address '' " +
+                             "--device-plugin-dir " + dir_ + "/nope 2>&1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr(dir_ + "/nope"));
+  r = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--device-plugin-dir", "--pod-resources-socket", "--shares-per-gpu",
+                           "--shim-library", "--health-recovery", "--metrics-address"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+}  // namespace
