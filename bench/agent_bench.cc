@@ -70,7 +70,7 @@ class SignalSource : public devices::DeviceSource {
 }  // namespace
 
 int main() {
-  spdlog::set_level(spdlog::level::warn);
+  spdlog::set_level(spdlog::level::err);
   namespace fs = std::filesystem;
   std::string dir = fs::temp_directory_path() / ("tessera-agent-bench-" + std::to_string(getpid()));
   fs::create_directories(dir + "/dp");
@@ -132,42 +132,40 @@ int main() {
   Report("Allocate tessera.io/gpu-share (1-4 shares)", shares);
   (*state)->Release({}, INT64_MAX);
 
-  // Health: XID 79 on GPU g, then recovery, 200 times.
+  // Health: XID 79 on each GPU in turn, 25 rounds of 8; a fresh watch per round (its tracker keeps
+  // a GPU sick until the quiet period passes), the devices put back to Healthy by hand.
   SignalSource source;
   core::SystemClock clock;
-  devices::HealthPolicy policy;
-  policy.recovery_quiet_period = std::chrono::milliseconds(0);  // recovery done by hand below
-  devices::HealthWatch watch(
-      source, static_cast<int>(inv.gpus.size()), policy, clock,
-      [&](int gpu, const devices::GpuHealth& h) { (*state)->SetHealth(gpu, h.healthy, h.reason); });
-  watch.Start();
   std::vector<double> health;
-  for (int i = 0; i < 200; ++i) {
-    int g = i % 8;
-    std::string uuid = inv.gpus[g].uuid;
-    auto t0 = Clock::now();
-    source.Push({g, devices::HealthEvent::Kind::kXid, 79, "fell off the bus"});
-    bool seen = kubelet.WaitFor([&](const auto& p) {
-      for (const auto& d : p.at("tessera.io/gpu").devices) {
-        if (d.id() == uuid) return d.health() == "Unhealthy";
+  for (int round = 0; round < 25; ++round) {
+    devices::HealthWatch watch(source, static_cast<int>(inv.gpus.size()), devices::HealthPolicy{},
+                               clock, [&](int gpu, const devices::GpuHealth& h) {
+                                 (*state)->SetHealth(gpu, h.healthy, h.reason);
+                               });
+    watch.Start();
+    for (int g = 0; g < 8; ++g) {
+      std::string uuid = inv.gpus[g].uuid;
+      auto health_of = [&](const std::string& want) {
+        return [&, want](const auto& p) {
+          for (const auto& d : p.at("tessera.io/gpu").devices) {
+            if (d.id() == uuid) return d.health() == want;
+          }
+          return false;
+        };
+      };
+      auto t0 = Clock::now();
+      source.Push({g, devices::HealthEvent::Kind::kXid, 79, "fell off the bus"});
+      bool seen = kubelet.WaitFor(health_of("Unhealthy"));
+      health.push_back(Ms(Clock::now() - t0));
+      if (!seen) {
+        std::fprintf(stderr, "Unhealthy never seen\n");
+        return 1;
       }
-      return false;
-    });
-    health.push_back(Ms(Clock::now() - t0));
-    if (!seen) {
-      std::fprintf(stderr, "Unhealthy never seen\n");
-      return 1;
+      (*state)->SetHealth(g, true, "");
+      kubelet.WaitFor(health_of("Healthy"));
     }
-    // Back to healthy for the next round (the watch never heals with a zero quiet period).
-    (*state)->SetHealth(g, true, "");
-    kubelet.WaitFor([&](const auto& p) {
-      for (const auto& d : p.at("tessera.io/gpu").devices) {
-        if (d.id() == uuid) return d.health() == "Healthy";
-      }
-      return false;
-    });
+    watch.Stop();
   }
-  watch.Stop();
   Report("XID -> Unhealthy at the kubelet client", health);
   plugin.Stop();
   kubelet.Stop();
