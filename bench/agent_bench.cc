@@ -74,6 +74,11 @@ int main() {
   namespace fs = std::filesystem;
   std::string dir = fs::temp_directory_path() / ("tessera-agent-bench-" + std::to_string(getpid()));
   fs::create_directories(dir + "/dp");
+  // Removed on every way out, early failures included.
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() { std::filesystem::remove_all(dir); }
+  } remove_dir{dir};
   auto machine = devices::LoadSimulatedMachine("dgx-h100");
   if (!machine.ok()) return 1;
   const core::NodeInventory& inv = machine->inventory;
@@ -169,6 +174,5 @@ int main() {
   Report("XID -> Unhealthy at the kubelet client", health);
   plugin.Stop();
   kubelet.Stop();
-  fs::remove_all(dir);
   return 0;
 }

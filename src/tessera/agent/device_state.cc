@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/devices/atomic_file.h"
 #include "tessera/sched/policy.h"
 #include "tessera/shim/region.h"
 
@@ -33,32 +34,6 @@ int64_t NowUnix() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Writes `text` to `path` through a temporary file, fsynced and renamed: a crash leaves the old
-// file or the new one, never half of one. Mode 0600.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::FailedPreconditionError(fmt::format("{}: {}", tmp, strerror(errno)));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      close(fd);
-      return absl::FailedPreconditionError(fmt::format("{}: {}", tmp, strerror(e)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    return absl::FailedPreconditionError(fmt::format("{}: {}", tmp, strerror(errno)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::FailedPreconditionError(fmt::format("{}: {}", path, strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -509,7 +484,7 @@ absl::Status DeviceState::SaveLocked() const {
                                 {"pod", a.pod},
                                 {"created_unix", a.created_unix}});
   }
-  return WriteFileAtomically(checkpoint_path(), j.dump(1) + "\n");
+  return devices::WriteFileAtomically(checkpoint_path(), j.dump(1) + "\n", 0600);
 }
 
 absl::Status DeviceState::Load() {

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <filesystem>
 
 #include "spdlog/spdlog.h"
 #include "tessera/agent/agent.h"
@@ -23,19 +22,9 @@ struct AgentFlags {
   bool no_shares = false;
 };
 
-std::string DefaultShimLibrary() {
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  for (auto p : {self.parent_path() / "libtessera-cuda.so",
-                 self.parent_path().parent_path() / "lib/libtessera-cuda.so"}) {
-    if (std::filesystem::exists(p, ec)) return p.string();
-  }
-  return "";
-}
-
 int RunAgent(AgentFlags& f, std::ostream& err) {
   agent::AgentOptions o = f.o;
-  if (o.plugin.shim_library.empty() && !f.no_shares) o.plugin.shim_library = DefaultShimLibrary();
+  if (o.plugin.shim_library.empty() && !f.no_shares) o.plugin.shim_library = FindInterceptLibrary();
   if (f.no_shares) o.plugin.shim_library.clear();
   if (o.plugin.shim_library.empty() && !f.no_shares) {
     err << "tessera: no libtessera-cuda.so next to this binary: name it with --shim-library, or "
@@ -48,12 +37,8 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.reconcile_interval = std::chrono::milliseconds(static_cast<int64_t>(f.reconcile_s * 1000));
   o.release_grace = std::chrono::seconds(static_cast<int64_t>(f.release_grace_s));
   o.source.fallback_simulate = f.fallback_simulate;
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Stop on SIGTERM/SIGINT, taken synchronously; the agent's threads never see them.
+  sigset_t set = BlockStopSignals();
   auto a = agent::Agent::Start(o);
   if (!a.ok()) {
     err << "tessera: " << a.status().message() << "\n";

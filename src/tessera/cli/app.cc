@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "fmt/format.h"
@@ -248,6 +249,26 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     log_level = "info";
   ConfigureLogging(log_level, err);
   return action ? action() : kExitBadInput;
+}
+
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return set;
+}
+
+std::string FindInterceptLibrary() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (const auto& p : {self.parent_path() / "libtessera-cuda.so",
+                        self.parent_path().parent_path() / "lib/libtessera-cuda.so"}) {
+    if (std::filesystem::exists(p, ec)) return p.string();
+  }
+  return "";
 }
 
 }  // namespace tessera::cli

@@ -3,7 +3,10 @@
 // tests can call it in-process. Exit codes: 0 success, 1 the operation failed (e.g. no driver),
 // 2 bad usage or bad input (flags, files).
 
+#include <signal.h>
+
 #include <ostream>
+#include <string>
 
 namespace tessera::cli {
 
@@ -12,5 +15,12 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+// For the daemons (server, agent): blocks SIGTERM and SIGINT in this thread and the threads it
+// starts, and ignores SIGPIPE; returns the set to sigwait on.
+sigset_t BlockStopSignals();
+
+// libtessera-cuda.so next to this binary, else in ../lib; "" when neither exists.
+std::string FindInterceptLibrary();
 
 }  // namespace tessera::cli

@@ -170,21 +170,9 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
     err << "tessera: a TCP listener needs tokens (tcp.tokens in the config file)\n";
     return kExitBadInput;
   }
-  if (c.intercept_library.empty()) {
-    std::error_code ec;
-    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    c.intercept_library = (self.parent_path() / "libtessera-cuda.so").string();
-    if (!std::filesystem::exists(c.intercept_library)) {
-      c.intercept_library = (self.parent_path().parent_path() / "lib/libtessera-cuda.so").string();
-    }
-  }
+  if (c.intercept_library.empty()) c.intercept_library = FindInterceptLibrary();
   // Stop on SIGTERM/SIGINT, taken synchronously; the server's threads never see them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sigset_t set = BlockStopSignals();
   auto srv = server::Server::Create(c);
   if (!srv.ok()) {
     err << "tessera: " << srv.status().message() << "\n";

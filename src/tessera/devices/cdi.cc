@@ -11,6 +11,7 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "tessera/devices/atomic_file.h"
 
 namespace tessera::devices {
 namespace {
@@ -142,28 +143,9 @@ absl::StatusOr<std::string> WriteCdiSpec(const std::string& dir, const std::stri
   if (ec)
     return absl::FailedPreconditionError(fmt::format("CDI spec folder {}: {}", dir, ec.message()));
   const std::string path = dir + "/tessera.io-gpu.json";
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(errno)));
-  size_t off = 0;
-  while (off < spec.size()) {
-    ssize_t w = write(fd, spec.data() + off, spec.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", tmp, strerror(e)));
-    }
-    off += static_cast<size_t>(w);
-  }
-  fchmod(fd, 0644);  // whatever the umask: runtimes of every user read it
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    unlink(tmp.c_str());
-    return absl::FailedPreconditionError(fmt::format("CDI spec {}: {}", path, strerror(e)));
+  // 0644 whatever the umask: runtimes of every user read it.
+  if (absl::Status st = WriteFileAtomically(path, spec, 0644); !st.ok()) {
+    return absl::FailedPreconditionError(fmt::format("CDI spec {}", std::string(st.message())));
   }
   return path;
 }

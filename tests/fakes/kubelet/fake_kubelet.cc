@@ -127,6 +127,13 @@ struct FakeKubelet::Impl : public v1beta1::Registration::Service,
     return grpc::Status::OK;
   }
 
+  // The client of the plugin registered for `resource`; null when none is.
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> StubOf(const std::string& resource) {
+    std::lock_guard lock(mu);
+    auto it = stubs.find(resource);
+    return it == stubs.end() ? nullptr : it->second;
+  }
+
   void Serve() {
     stopping = false;
     std::string sock = dir + "/kubelet.sock";
@@ -216,14 +223,9 @@ std::vector<std::string> FakeKubelet::register_errors() {
 grpc::Status FakeKubelet::Allocate(const std::string& resource,
                                    const std::vector<std::vector<std::string>>& ids,
                                    v1beta1::AllocateResponse* out) {
-  std::shared_ptr<v1beta1::DevicePlugin::Stub> stub;
-  {
-    std::lock_guard lock(impl_->mu);
-    auto it = impl_->stubs.find(resource);
-    if (it == impl_->stubs.end()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, resource + " is not registered");
-    }
-    stub = it->second;
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> stub = impl_->StubOf(resource);
+  if (!stub) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, resource + " is not registered");
   }
   v1beta1::AllocateRequest req;
   for (const auto& c : ids) {
@@ -239,14 +241,9 @@ grpc::Status FakeKubelet::Preferred(const std::string& resource,
                                     const std::vector<std::string>& available,
                                     const std::vector<std::string>& must, int size,
                                     std::vector<std::string>* out) {
-  std::shared_ptr<v1beta1::DevicePlugin::Stub> stub;
-  {
-    std::lock_guard lock(impl_->mu);
-    auto it = impl_->stubs.find(resource);
-    if (it == impl_->stubs.end()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, resource + " is not registered");
-    }
-    stub = it->second;
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> stub = impl_->StubOf(resource);
+  if (!stub) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, resource + " is not registered");
   }
   v1beta1::PreferredAllocationRequest req;
   auto* c = req.add_container_requests();
