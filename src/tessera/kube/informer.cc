@@ -1,0 +1,210 @@
+#include "tessera/kube/informer.h"
+
+#include <random>
+
+#include "spdlog/spdlog.h"
+
+namespace tessera::kube {
+
+std::string ObjectKey(const nlohmann::json& object) {
+  const auto& meta = object.contains("metadata") ? object["metadata"] : nlohmann::json();
+  if (!meta.is_object()) return "";
+  std::string name = meta.value("name", "");
+  std::string ns = meta.value("namespace", "");
+  return ns.empty() ? name : ns + "/" + name;
+}
+
+namespace {
+std::string ResourceVersionOf(const nlohmann::json& object) {
+  const auto& meta = object.contains("metadata") ? object["metadata"] : nlohmann::json();
+  if (!meta.is_object() || !meta.contains("resourceVersion")) return "";
+  const auto& rv = meta["resourceVersion"];
+  return rv.is_string() ? rv.get<std::string>() : "";
+}
+}  // namespace
+
+Informer::Informer(Client& client, InformerOptions options, Handler handler)
+    : client_(client), options_(std::move(options)), handler_(std::move(handler)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Informer::~Informer() { Stop(); }
+
+void Informer::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  stop_flag_ = true;
+  cv_.notify_all();
+  client_.Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Informer::WaitForSync(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return synced_ || stop_; }) && synced_;
+}
+
+bool Informer::synced() const {
+  std::lock_guard lock(mu_);
+  return synced_;
+}
+
+std::vector<nlohmann::json> Informer::Snapshot() const {
+  std::lock_guard lock(mu_);
+  std::vector<nlohmann::json> out;
+  out.reserve(objects_.size());
+  for (const auto& [k, v] : objects_) out.push_back(v);
+  return out;
+}
+
+std::optional<nlohmann::json> Informer::Get(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Informer::resource_version() const {
+  std::lock_guard lock(mu_);
+  return resource_version_;
+}
+
+std::string Informer::last_error() const {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
+
+void Informer::SleepBackoff(std::chrono::milliseconds& backoff) {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  auto jittered = std::chrono::milliseconds(
+      backoff.count() / 2 + std::uniform_int_distribution<int64_t>(0, backoff.count() / 2)(rng));
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, jittered, [&] { return stop_; });
+  backoff = std::min(backoff * 2, options_.max_backoff);
+}
+
+bool Informer::Relist() {
+  ++counters_.lists;
+  ListOptions lo;
+  lo.label_selector = options_.label_selector;
+  lo.field_selector = options_.field_selector;
+  auto list = client_.List(options_.path, lo);
+  if (!list.ok()) {
+    ++counters_.errors;
+    std::string err(list.status().message());
+    spdlog::warn("informer {}: list failed: {}", options_.path, err);
+    std::lock_guard lock(mu_);
+    last_error_ = err;
+    return false;
+  }
+  std::map<std::string, nlohmann::json> fresh;
+  for (auto& item : list->items) {
+    std::string key = ObjectKey(item);
+    if (key.empty()) continue;
+    fresh[key] = std::move(item);
+  }
+  // The difference against what the handler has seen, as events.
+  std::vector<std::pair<EventType, nlohmann::json>> events;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [k, v] : objects_) {
+      if (!fresh.contains(k)) events.emplace_back(EventType::kDeleted, v);
+    }
+    for (const auto& [k, v] : fresh) {
+      auto it = objects_.find(k);
+      if (it == objects_.end()) {
+        events.emplace_back(EventType::kAdded, v);
+      } else if (it->second != v) {
+        events.emplace_back(EventType::kModified, v);
+      }
+    }
+    objects_ = std::move(fresh);
+    resource_version_ = list->resource_version;
+    last_error_.clear();
+  }
+  for (const auto& [t, o] : events) {
+    if (handler_) handler_(t, o);
+  }
+  {
+    std::lock_guard lock(mu_);
+    synced_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Informer::Apply(EventType type, const nlohmann::json& object) {
+  std::string key = ObjectKey(object);
+  std::string rv = ResourceVersionOf(object);
+  {
+    std::lock_guard lock(mu_);
+    if (!rv.empty()) resource_version_ = rv;
+    if (type == EventType::kBookmark || key.empty()) return;
+    if (type == EventType::kDeleted) {
+      objects_.erase(key);
+    } else {
+      objects_[key] = object;
+    }
+  }
+  ++counters_.events;
+  if (handler_) handler_(type, object);
+}
+
+void Informer::Run() {
+  std::chrono::milliseconds backoff{100};
+  bool need_list = true;
+  while (!stop_flag_) {
+    if (need_list) {
+      if (!Relist()) {
+        SleepBackoff(backoff);
+        continue;
+      }
+      need_list = false;
+    }
+    ++counters_.watches;
+    WatchOptions wo;
+    wo.resource_version = resource_version();
+    wo.label_selector = options_.label_selector;
+    wo.field_selector = options_.field_selector;
+    wo.timeout_seconds = options_.watch_timeout_seconds;
+    wo.cancel = &stop_flag_;
+    bool got_event = false;
+    auto started = std::chrono::steady_clock::now();
+    absl::Status s = client_.Watch(options_.path, wo, [&](const WatchEvent& e) {
+      got_event = true;
+      Apply(e.type, e.object);
+      return !stop_flag_;
+    });
+    if (stop_flag_) break;
+    if (got_event) backoff = std::chrono::milliseconds(100);
+    if (s.ok()) {
+      // The server ended the stream: watch on from the last version (after a pause when it ended
+      // at once and empty, so a server that closes every stream is not hammered).
+      if (!got_event && std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) {
+        SleepBackoff(backoff);
+      }
+      continue;
+    }
+    if (IsGone(s)) {
+      ++counters_.relists_gone;
+      spdlog::info("informer {}: resource version {} expired, listing again", options_.path,
+                   wo.resource_version);
+      need_list = true;
+      continue;
+    }
+    ++counters_.errors;
+    std::string err(s.message());
+    spdlog::warn("informer {}: watch failed: {}", options_.path, err);
+    {
+      std::lock_guard lock(mu_);
+      last_error_ = err;
+    }
+    SleepBackoff(backoff);
+    // A server that keeps failing the watch may have lost our version: list again on the next try
+    // only when it says so (410); otherwise the cache stays and the watch resumes.
+  }
+}
+
+}  // namespace tessera::kube

@@ -1,0 +1,739 @@
+#include "fake_apiserver.h"
+
+#include <httplib.h>
+#include <openssl/ec.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+namespace tessera::fakes {
+namespace {
+
+using nlohmann::json;
+
+json StatusBody(int code, const std::string& reason, const std::string& message) {
+  return {{"kind", "Status"},
+          {"apiVersion", "v1"},
+          {"metadata", json::object()},
+          {"status", code < 300 ? "Success" : "Failure"},
+          {"message", message},
+          {"reason", reason},
+          {"code", code}};
+}
+
+void Reply(httplib::Response& res, int code, const json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+void Fail(httplib::Response& res, int code, const std::string& reason, const std::string& msg) {
+  Reply(res, code, StatusBody(code, reason, msg));
+}
+
+// A parsed API path.
+struct Target {
+  bool ok = false;
+  std::string group_version;  // "v1", "scheduling.x-k8s.io/v1alpha1"
+  std::string resource;       // "pods"
+  std::string ns;             // empty: cluster-scoped or all namespaces
+  std::string name;
+  std::string sub;  // "binding", "status"
+  std::string store() const { return group_version + "/" + resource; }
+  std::string rbac_resource() const {
+    auto slash = group_version.find('/');
+    std::string r =
+        slash == std::string::npos ? resource : resource + "." + group_version.substr(0, slash);
+    return sub.empty() ? r : r + "/" + sub;
+  }
+  std::string key() const { return ns.empty() ? name : ns + "/" + name; }
+};
+
+Target ParsePath(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '/');) {
+    if (!p.empty()) parts.push_back(p);
+  }
+  Target t;
+  size_t i = 0;
+  if (parts.size() >= 2 && parts[0] == "api") {
+    t.group_version = parts[1];
+    i = 2;
+  } else if (parts.size() >= 3 && parts[0] == "apis") {
+    t.group_version = parts[1] + "/" + parts[2];
+    i = 3;
+  } else {
+    return t;
+  }
+  if (i + 2 < parts.size() && parts[i] == "namespaces") {
+    t.ns = parts[i + 1];
+    i += 2;
+  }
+  if (i >= parts.size()) return t;
+  t.resource = parts[i++];
+  if (i < parts.size()) t.name = parts[i++];
+  if (i < parts.size()) t.sub = parts[i++];
+  t.ok = i == parts.size();
+  return t;
+}
+
+std::string FieldOf(const json& obj, const std::string& dotted) {
+  const json* cur = &obj;
+  std::stringstream ss(dotted);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!cur->is_object() || !cur->contains(part)) return "";
+    cur = &(*cur)[part];
+  }
+  if (cur->is_string()) return cur->get<std::string>();
+  if (cur->is_null()) return "";
+  return cur->dump();
+}
+
+struct Term {
+  std::string key;
+  std::string op;  // "=", "!=", "exists", "!exists"
+  std::string value;
+};
+
+// Equality-based selectors ("a=b,c!=d,e,!f"); false for anything else.
+bool ParseSelector(const std::string& text, std::vector<Term>& out) {
+  std::stringstream ss(text);
+  for (std::string t; std::getline(ss, t, ',');) {
+    while (!t.empty() && t.front() == ' ') t.erase(0, 1);
+    while (!t.empty() && t.back() == ' ') t.pop_back();
+    if (t.empty()) return false;
+    Term term;
+    if (auto p = t.find("!="); p != std::string::npos) {
+      term = {t.substr(0, p), "!=", t.substr(p + 2)};
+    } else if (auto q = t.find("=="); q != std::string::npos) {
+      term = {t.substr(0, q), "=", t.substr(q + 2)};
+    } else if (auto r = t.find('='); r != std::string::npos) {
+      term = {t.substr(0, r), "=", t.substr(r + 1)};
+    } else if (t[0] == '!') {
+      term = {t.substr(1), "!exists", ""};
+    } else {
+      term = {t, "exists", ""};
+    }
+    if (term.key.empty() || term.key.find_first_of(" ()") != std::string::npos) return false;
+    out.push_back(term);
+  }
+  return true;
+}
+
+bool LabelsMatch(const json& obj, const std::vector<Term>& terms) {
+  json labels = obj.contains("metadata") && obj["metadata"].contains("labels")
+                    ? obj["metadata"]["labels"]
+                    : json::object();
+  for (const Term& t : terms) {
+    bool has = labels.is_object() && labels.contains(t.key) && labels[t.key].is_string();
+    std::string v = has ? labels[t.key].get<std::string>() : "";
+    if (t.op == "exists" && !has) return false;
+    if (t.op == "!exists" && has) return false;
+    if (t.op == "=" && (!has || v != t.value)) return false;
+    if (t.op == "!=" && has && v == t.value) return false;
+  }
+  return true;
+}
+
+bool FieldsMatch(const json& obj, const std::vector<Term>& terms) {
+  for (const Term& t : terms) {
+    std::string v = FieldOf(obj, t.key);
+    if (t.op == "=" && v != t.value) return false;
+    if (t.op == "!=" && v == t.value) return false;
+  }
+  return true;
+}
+
+std::string KindOf(const std::string& resource) {
+  static const std::map<std::string, std::string> m = {
+      {"nodes", "Node"},         {"pods", "Pod"},     {"configmaps", "ConfigMap"},
+      {"podgroups", "PodGroup"}, {"events", "Event"}, {"namespaces", "Namespace"},
+      {"bindings", "Binding"},   {"leases", "Lease"}};
+  auto it = m.find(resource);
+  if (it != m.end()) return it->second;
+  std::string k = resource;
+  if (!k.empty() && k.back() == 's') k.pop_back();
+  if (!k.empty()) k[0] = static_cast<char>(std::toupper(k[0]));
+  return k;
+}
+
+std::string Now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// A self-signed certificate for 127.0.0.1 and localhost, its own CA.
+void MakeCertificate(X509** cert_out, EVP_PKEY** key_out, std::string& pem) {
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* cert = X509_new();
+  X509_set_version(cert, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(cert), 86400);
+  X509_set_pubkey(cert, key);
+  X509_NAME* name = X509_get_subject_name(cert);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("tessera-fake-apiserver"), -1,
+                             -1, 0);
+  X509_set_issuer_name(cert, name);
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
+  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
+                            std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+    X509_add_ext(cert, ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  X509_sign(cert, key, EVP_sha256());
+  BIO* bio = BIO_new(BIO_s_mem());
+  PEM_write_bio_X509(bio, cert);
+  char* data = nullptr;
+  long len = BIO_get_mem_data(bio, &data);
+  pem.assign(data, len);
+  BIO_free(bio);
+  *cert_out = cert;
+  *key_out = key;
+}
+
+}  // namespace
+
+FakeApiServer::FakeApiServer(FakeApiServerOptions options) : options_(std::move(options)) {
+  if (options_.tls) {
+    X509* cert = nullptr;
+    EVP_PKEY* key = nullptr;
+    MakeCertificate(&cert, &key, ca_pem_);
+    server_ = std::make_unique<httplib::SSLServer>(cert, key);
+    X509_free(cert);
+    EVP_PKEY_free(key);
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+  // Watches hold a thread each for their whole life.
+  server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
+  server_->set_keep_alive_max_count(1000);
+  auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
+  server_->Get(".*", handler);
+  server_->Post(".*", handler);
+  server_->Put(".*", handler);
+  server_->Patch(".*", handler);
+  server_->Delete(".*", handler);
+  port_ = server_->bind_to_any_port("127.0.0.1");
+  if (port_ <= 0) {
+    std::fprintf(stderr, "fake apiserver: cannot listen on 127.0.0.1\n");
+    std::abort();
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  WaitFor([this] { return server_->is_running(); });
+}
+
+FakeApiServer::~FakeApiServer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string FakeApiServer::url() const {
+  return (options_.tls ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(port_);
+}
+
+std::string FakeApiServer::WriteKubeconfig(const std::string& path, const std::string& token,
+                                           const std::string& ns) const {
+  std::ofstream out(path);
+  out << "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+      << "clusters:\n- name: fake\n  cluster:\n    server: " << url() << "\n";
+  if (options_.tls) {
+    std::string b64;
+    static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t i = 0;
+    for (; i + 2 < ca_pem_.size(); i += 3) {
+      uint32_t n =
+          (uint8_t(ca_pem_[i]) << 16) | (uint8_t(ca_pem_[i + 1]) << 8) | uint8_t(ca_pem_[i + 2]);
+      for (int k = 3; k >= 0; --k) b64 += tbl[(n >> (6 * k)) & 63];
+    }
+    if (i < ca_pem_.size()) {
+      uint32_t n = uint8_t(ca_pem_[i]) << 16;
+      if (i + 1 < ca_pem_.size()) n |= uint8_t(ca_pem_[i + 1]) << 8;
+      b64 += tbl[(n >> 18) & 63];
+      b64 += tbl[(n >> 12) & 63];
+      b64 += i + 1 < ca_pem_.size() ? tbl[(n >> 6) & 63] : '=';
+      b64 += '=';
+    }
+    out << "    certificate-authority-data: " << b64 << "\n";
+  }
+  out << "users:\n- name: fake\n  user:\n    token: " << token << "\n"
+      << "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n"
+      << "    namespace: " << ns << "\n";
+  return path;
+}
+
+json FakeApiServer::StampLocked(const std::string& store, json object, const json* old) {
+  auto& meta = object["metadata"];
+  if (!meta.is_object()) meta = json::object();
+  meta["resourceVersion"] = std::to_string(++rv_);
+  if (old && old->contains("metadata")) {
+    const json& om = (*old)["metadata"];
+    if (om.contains("uid")) meta["uid"] = om["uid"];
+    if (om.contains("creationTimestamp")) meta["creationTimestamp"] = om["creationTimestamp"];
+  } else {
+    meta["uid"] = "uid-" + std::to_string(++uid_);
+    if (!meta.contains("creationTimestamp")) meta["creationTimestamp"] = Now();
+  }
+  history_.push_back({rv_, old ? "MODIFIED" : "ADDED", store, old ? *old : json(nullptr), object});
+  changed_.notify_all();
+  return object;
+}
+
+json FakeApiServer::Put(const std::string& collection, json object) {
+  Target t = ParsePath(collection + "/x");
+  std::lock_guard lock(mu_);
+  if (!t.ns.empty()) object["metadata"]["namespace"] = t.ns;
+  std::string name = object["metadata"].value("name", "");
+  std::string ns = object["metadata"].value("namespace", "");
+  std::string key = ns.empty() ? name : ns + "/" + name;
+  if (!object.contains("kind")) object["kind"] = KindOf(t.resource);
+  if (!object.contains("apiVersion")) object["apiVersion"] = t.group_version;
+  auto& objs = objects_[t.store()];
+  auto it = objs.find(key);
+  json stored = StampLocked(t.store(), object, it == objs.end() ? nullptr : &it->second);
+  objs[key] = stored;
+  return stored;
+}
+
+bool FakeApiServer::Delete(const std::string& collection, const std::string& name) {
+  Target t = ParsePath(collection + "/" + name);
+  std::lock_guard lock(mu_);
+  auto& objs = objects_[t.store()];
+  auto it = objs.find(t.key());
+  if (it == objs.end()) return false;
+  json last = it->second;
+  objs.erase(it);
+  last["metadata"]["resourceVersion"] = std::to_string(++rv_);
+  history_.push_back({rv_, "DELETED", t.store(), last, last});
+  changed_.notify_all();
+  return true;
+}
+
+std::optional<json> FakeApiServer::Get(const std::string& collection,
+                                       const std::string& name) const {
+  Target t = ParsePath(collection + "/" + name);
+  std::lock_guard lock(mu_);
+  auto s = objects_.find(t.store());
+  if (s == objects_.end()) return std::nullopt;
+  auto it = s->second.find(t.key());
+  if (it == s->second.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<json> FakeApiServer::List(const std::string& collection) const {
+  Target t = ParsePath(collection + "/x");
+  std::lock_guard lock(mu_);
+  std::vector<json> out;
+  auto s = objects_.find(t.store());
+  if (s == objects_.end()) return out;
+  for (const auto& [k, v] : s->second) {
+    if (t.ns.empty() || FieldOf(v, "metadata.namespace") == t.ns) out.push_back(v);
+  }
+  return out;
+}
+
+uint64_t FakeApiServer::resource_version() const {
+  std::lock_guard lock(mu_);
+  return rv_;
+}
+
+void FakeApiServer::Compact() {
+  std::lock_guard lock(mu_);
+  compacted_rv_ = rv_;
+  history_.clear();
+}
+
+void FakeApiServer::SetGarbage(bool garbage) {
+  std::lock_guard lock(mu_);
+  garbage_ = garbage;
+}
+
+void FakeApiServer::SetFailStatus(int http) {
+  std::lock_guard lock(mu_);
+  fail_status_ = http;
+}
+
+void FakeApiServer::CloseWatches() {
+  {
+    std::lock_guard lock(mu_);
+    ++watch_epoch_;
+  }
+  changed_.notify_all();
+}
+
+void FakeApiServer::SendBookmarks() {
+  {
+    std::lock_guard lock(mu_);
+    ++bookmark_epoch_;
+  }
+  changed_.notify_all();
+}
+
+int FakeApiServer::open_watches() const {
+  std::lock_guard lock(mu_);
+  return open_watches_;
+}
+
+std::vector<ApiRequest> FakeApiServer::Requests() const {
+  std::lock_guard lock(mu_);
+  return requests_;
+}
+
+void FakeApiServer::ClearRequests() {
+  std::lock_guard lock(mu_);
+  requests_.clear();
+}
+
+bool FakeApiServer::WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void FakeApiServer::Record(ApiRequest r) {
+  std::lock_guard lock(mu_);
+  requests_.push_back(std::move(r));
+}
+
+void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) {
+  ApiRequest rec;
+  rec.method = req.method;
+  rec.path = req.target;
+  rec.content_type = req.get_header_value("Content-Type");
+  rec.body = req.body;
+  Target t = ParsePath(req.path);
+  rec.resource = t.ok ? t.rbac_resource() : "";
+  bool watch = req.get_param_value("watch") == "1" || req.get_param_value("watch") == "true";
+  if (req.method == "GET") {
+    rec.verb = watch ? "watch" : t.name.empty() ? "list" : "get";
+  } else if (req.method == "POST") {
+    rec.verb = "create";
+  } else if (req.method == "PUT") {
+    rec.verb = "update";
+  } else if (req.method == "PATCH") {
+    rec.verb = "patch";
+  } else if (req.method == "DELETE") {
+    rec.verb = "delete";
+  }
+  auto finish = [&](int status) {
+    rec.status = status;
+    Record(rec);
+  };
+
+  std::string auth = req.get_header_value("Authorization");
+  const std::string bearer = "Bearer ";
+  if (auth.rfind(bearer, 0) == 0) {
+    auto it = options_.tokens.find(auth.substr(bearer.size()));
+    if (it != options_.tokens.end()) rec.user = it->second;
+  }
+  if (rec.user.empty()) {
+    Fail(res, 401, "Unauthorized", "Unauthorized");
+    return finish(401);
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (garbage_) {
+      res.status = 200;
+      res.set_content("<html><body>502 Bad Gateway (not an API server)</body></html>", "text/html");
+      requests_.push_back(rec);
+      requests_.back().status = 200;
+      return;
+    }
+    if (fail_status_) {
+      Fail(res, fail_status_, "InternalError", "injected failure");
+      requests_.push_back(rec);
+      requests_.back().status = fail_status_;
+      return;
+    }
+  }
+  if (!t.ok) {
+    Fail(res, 404, "NotFound", "the server could not find the requested resource");
+    return finish(404);
+  }
+  const std::string store = t.store();
+  std::vector<Term> labels, fields;
+  if (!ParseSelector(req.get_param_value("labelSelector"), labels) &&
+      req.has_param("labelSelector") && !req.get_param_value("labelSelector").empty()) {
+    Fail(res, 400, "BadRequest",
+         "unable to parse requirement: " + req.get_param_value("labelSelector"));
+    return finish(400);
+  }
+  if (!ParseSelector(req.get_param_value("fieldSelector"), fields) &&
+      req.has_param("fieldSelector") && !req.get_param_value("fieldSelector").empty()) {
+    Fail(res, 400, "BadRequest", "invalid field selector: " + req.get_param_value("fieldSelector"));
+    return finish(400);
+  }
+  // By value: a watch's stream outlives this call.
+  auto in_scope = [ns = t.ns, labels, fields](const json& o) {
+    if (!ns.empty() && FieldOf(o, "metadata.namespace") != ns) return false;
+    return LabelsMatch(o, labels) && FieldsMatch(o, fields);
+  };
+
+  if (req.method == "GET" && t.name.empty() && !watch) {
+    std::lock_guard lock(mu_);
+    json items = json::array();
+    int limit = req.has_param("limit") ? std::atoi(req.get_param_value("limit").c_str()) : 0;
+    std::string after = req.get_param_value("continue");
+    std::string last;
+    bool more = false;
+    for (const auto& [k, v] : objects_[store]) {
+      if (!after.empty() && k <= after) continue;
+      if (!in_scope(v)) continue;
+      if (limit > 0 && static_cast<int>(items.size()) == limit) {
+        more = true;
+        break;
+      }
+      items.push_back(v);
+      last = k;
+    }
+    json meta = {{"resourceVersion", std::to_string(rv_)}};
+    if (more) meta["continue"] = last;
+    Reply(res, 200,
+          {{"kind", KindOf(t.resource) + "List"},
+           {"apiVersion", t.group_version},
+           {"metadata", meta},
+           {"items", items}});
+    requests_.push_back(rec);
+    requests_.back().status = 200;
+    return;
+  }
+
+  if (req.method == "GET" && watch) {
+    std::string from = req.get_param_value("resourceVersion");
+    int timeout_s = req.has_param("timeoutSeconds")
+                        ? std::atoi(req.get_param_value("timeoutSeconds").c_str())
+                        : 1800;
+    bool bookmarks = req.get_param_value("allowWatchBookmarks") == "true";
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    std::vector<std::string> initial;
+    uint64_t cursor = 0;
+    uint64_t epoch = 0, bookmark_epoch = 0;
+    {
+      std::lock_guard lock(mu_);
+      epoch = watch_epoch_;
+      bookmark_epoch = bookmark_epoch_;
+      ++open_watches_;
+      if (from.empty() || from == "0") {
+        for (const auto& [k, v] : objects_[store]) {
+          if (in_scope(v)) initial.push_back(json{{"type", "ADDED"}, {"object", v}}.dump());
+        }
+        cursor = rv_;
+      } else {
+        uint64_t n = std::strtoull(from.c_str(), nullptr, 10);
+        if (n < compacted_rv_) {
+          initial.push_back(json{{"type", "ERROR"},
+                                 {"object", StatusBody(410, "Expired",
+                                                       "too old resource version: " + from + " (" +
+                                                           std::to_string(compacted_rv_) + ")")}}
+                                .dump());
+          cursor = UINT64_MAX;  // nothing more: the stream ends after the error
+        } else {
+          cursor = n;
+        }
+      }
+    }
+    rec.status = 200;
+    Record(rec);
+    res.status = 200;
+    res.set_chunked_content_provider(
+        "application/json",
+        [this, initial = std::move(initial), cursor, epoch, bookmark_epoch, bookmarks, deadline,
+         store, in_scope, sent_initial = false](size_t, httplib::DataSink& sink) mutable {
+          if (!sent_initial) {
+            sent_initial = true;
+            for (const std::string& line : initial) {
+              std::string l = line + "\n";
+              if (!sink.write(l.data(), l.size())) return false;
+            }
+            if (cursor == UINT64_MAX) {
+              sink.done();
+              return true;
+            }
+          }
+          std::vector<std::string> lines;
+          {
+            std::unique_lock lock(mu_);
+            changed_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                             std::chrono::milliseconds(100)));
+            if (stopping_ || watch_epoch_ != epoch) return false;  // the connection breaks
+            for (const Event& e : history_) {
+              if (e.rv <= cursor || e.store != store) continue;
+              bool was = !e.old_object.is_null() && in_scope(e.old_object);
+              bool is = e.type != "DELETED" && in_scope(e.object);
+              std::string type = e.type;
+              if (e.type == "DELETED") {
+                if (!was) continue;
+              } else if (was && !is) {
+                type = "DELETED";
+              } else if (!was && is) {
+                type = "ADDED";
+              } else if (!is) {
+                continue;
+              }
+              lines.push_back(json{{"type", type}, {"object", e.object}}.dump());
+            }
+            if (!history_.empty()) cursor = std::max(cursor, history_.back().rv);
+            if (bookmarks && bookmark_epoch_ != bookmark_epoch) {
+              bookmark_epoch = bookmark_epoch_;
+              lines.push_back(json{{"type", "BOOKMARK"},
+                                   {"object",
+                                    {{"kind", KindOf(store.substr(store.rfind('/') + 1))},
+                                     {"metadata", {{"resourceVersion", std::to_string(rv_)}}}}}}
+                                  .dump());
+            }
+          }
+          for (const std::string& line : lines) {
+            std::string l = line + "\n";
+            if (!sink.write(l.data(), l.size())) return false;
+          }
+          if (std::chrono::steady_clock::now() >= deadline) sink.done();
+          return true;
+        },
+        [this](bool) {
+          std::lock_guard lock(mu_);
+          --open_watches_;
+        });
+    return;
+  }
+
+  std::lock_guard lock(mu_);
+  auto& objs = objects_[store];
+  auto reply = [&](int code, const json& body) {
+    Reply(res, code, body);
+    rec.status = code;
+    requests_.push_back(rec);
+  };
+  auto fail = [&](int code, const std::string& reason, const std::string& msg) {
+    reply(code, StatusBody(code, reason, msg));
+  };
+  const std::string what = t.resource + " \"" + t.name + "\"";
+
+  if (req.method == "GET") {
+    auto it = objs.find(t.key());
+    if (it == objs.end()) return fail(404, "NotFound", what + " not found");
+    return reply(200, it->second);
+  }
+
+  json body;
+  if (req.method != "DELETE") {
+    try {
+      body = json::parse(req.body);
+    } catch (const json::exception& e) {
+      return fail(400, "BadRequest", std::string("the body is not JSON: ") + e.what());
+    }
+    if (!body.is_object()) return fail(400, "BadRequest", "the body is not a JSON object");
+    if (body.contains("metadata") && !body["metadata"].is_object()) {
+      return fail(422, "Invalid", "metadata: expected an object");
+    }
+  }
+
+  if (req.method == "POST" && t.resource == "pods" && t.sub == "binding") {
+    auto it = objs.find(t.key());
+    if (it == objs.end()) return fail(404, "NotFound", what + " not found");
+    std::string node = body.contains("target") ? body["target"].value("name", "") : "";
+    if (node.empty()) return fail(400, "BadRequest", "binding: target.name is required");
+    std::string bound = FieldOf(it->second, "spec.nodeName");
+    if (!bound.empty()) {
+      return fail(409, "Conflict",
+                  "pod " + t.name + " is already assigned to node \"" + bound + "\"");
+    }
+    json updated = it->second;
+    updated["spec"]["nodeName"] = node;
+    if (body.contains("metadata") && body["metadata"].contains("annotations")) {
+      for (auto& [k, v] : body["metadata"]["annotations"].items()) {
+        updated["metadata"]["annotations"][k] = v;
+      }
+    }
+    it->second = StampLocked(store, updated, &it->second);
+    return reply(201, StatusBody(201, "", ""));
+  }
+  if (!t.sub.empty() && t.sub != "status") {
+    return fail(404, "NotFound", "no subresource " + t.sub + " for " + t.resource);
+  }
+
+  if (req.method == "POST") {
+    if (!t.name.empty()) return fail(405, "MethodNotAllowed", "POST to an object");
+    if (!body.contains("metadata")) body["metadata"] = json::object();
+    std::string name = FieldOf(body, "metadata.name");
+    if (name.empty() && body["metadata"].contains("generateName")) {
+      name = body["metadata"]["generateName"].get<std::string>() + std::to_string(uid_ + 1);
+      body["metadata"]["name"] = name;
+    }
+    if (name.empty()) return fail(422, "Invalid", "metadata.name: Required value");
+    if (!t.ns.empty()) body["metadata"]["namespace"] = t.ns;
+    std::string key = t.ns.empty() ? name : t.ns + "/" + name;
+    if (objs.contains(key)) {
+      return fail(409, "AlreadyExists", t.resource + " \"" + name + "\" already exists");
+    }
+    if (!body.contains("kind")) body["kind"] = KindOf(t.resource);
+    if (!body.contains("apiVersion")) body["apiVersion"] = t.group_version;
+    objs[key] = StampLocked(store, body, nullptr);
+    return reply(201, objs[key]);
+  }
+
+  auto it = objs.find(t.key());
+  if (it == objs.end()) return fail(404, "NotFound", what + " not found");
+  if (req.method == "DELETE") {
+    json last = it->second;
+    objs.erase(it);
+    last["metadata"]["resourceVersion"] = std::to_string(++rv_);
+    history_.push_back({rv_, "DELETED", store, last, last});
+    changed_.notify_all();
+    return reply(200, last);
+  }
+  auto check_version = [&](const json& b) {
+    if (!b.contains("metadata") || !b["metadata"].is_object() ||
+        !b["metadata"].contains("resourceVersion")) {
+      return true;
+    }
+    return b["metadata"]["resourceVersion"] == it->second["metadata"]["resourceVersion"];
+  };
+  if (!check_version(body)) {
+    return fail(409, "Conflict",
+                "Operation cannot be fulfilled on " + what +
+                    ": the object has been modified; please apply your changes to the latest "
+                    "version and try again");
+  }
+  json updated;
+  if (req.method == "PUT") {
+    updated = body;
+  } else {
+    std::string ct = rec.content_type;
+    if (ct.find("application/merge-patch+json") == 0 ||
+        ct.find("application/strategic-merge-patch+json") == 0) {
+      updated = it->second;
+      updated.merge_patch(body);
+    } else {
+      return fail(415, "UnsupportedMediaType", "the patch type " + ct + " is not supported");
+    }
+  }
+  if (FieldOf(updated, "metadata.name") != t.name) {
+    return fail(422, "Invalid", "metadata.name: cannot be changed");
+  }
+  it->second = StampLocked(store, updated, &it->second);
+  return reply(200, it->second);
+}
+
+}  // namespace tessera::fakes

@@ -1,0 +1,125 @@
+#pragma once
+// A fake Kubernetes API server for tests: real HTTP (or HTTPS with a generated CA) on 127.0.0.1
+// port 0, speaking the REST paths, JSON and watch streams of the real one for any resource:
+// get, list (label and field selectors, limit/continue pages), watch (from a resource version,
+// replayed from history; ERROR 410 Expired once compacted; objects leaving a selector are sent as
+// DELETED; timeoutSeconds; bookmarks), create, replace, JSON merge patch, delete, and the pod
+// `binding` subresource. Every request needs `Authorization: Bearer <token>` of a known user (else
+// 401). Faults for tests: garbage answers, a forced HTTP status, compaction, closing every watch.
+// Every request is recorded with the Kubernetes verb and resource it used. Thread-safe.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace tessera::fakes {
+
+struct FakeApiServerOptions {
+  bool tls = false;
+  // Bearer tokens and the user each one stands for.
+  std::map<std::string, std::string> tokens = {{"test-token", "tester"}};
+};
+
+struct ApiRequest {
+  std::string user;      // "" when unauthenticated
+  std::string method;    // "GET"
+  std::string verb;      // get, list, watch, create, update, patch, delete
+  std::string resource;  // "pods", "nodes", "pods/binding", "podgroups.scheduling.x-k8s.io"
+  std::string path;      // with the query
+  std::string content_type;
+  std::string body;
+  int status = 0;
+};
+
+class FakeApiServer {
+ public:
+  // Listens on 127.0.0.1, port 0. Aborts the test process if it cannot.
+  explicit FakeApiServer(FakeApiServerOptions options = {});
+  ~FakeApiServer();
+  FakeApiServer(const FakeApiServer&) = delete;
+  FakeApiServer& operator=(const FakeApiServer&) = delete;
+
+  std::string url() const;  // "http://127.0.0.1:34567"
+  std::string ca_pem() const { return ca_pem_; }
+  // Writes a kubeconfig for this server and `token` (with the CA when TLS) and returns `path`.
+  std::string WriteKubeconfig(const std::string& path, const std::string& token = "test-token",
+                              const std::string& ns = "default") const;
+
+  // Objects by API path of their collection: "/api/v1/nodes", "/api/v1/namespaces/a/pods",
+  // "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/a/podgroups". Put creates or replaces,
+  // stamping metadata (resourceVersion, uid, creationTimestamp, namespace) and records a watch
+  // event; returns the stored object.
+  nlohmann::json Put(const std::string& collection, nlohmann::json object);
+  bool Delete(const std::string& collection, const std::string& name);
+  std::optional<nlohmann::json> Get(const std::string& collection, const std::string& name) const;
+  std::vector<nlohmann::json> List(const std::string& collection) const;
+  uint64_t resource_version() const;
+
+  // Faults.
+  void Compact();                 // every version before now is gone (watches from it: 410)
+  void SetGarbage(bool garbage);  // answer every request 200 with a body that is not JSON
+  void SetFailStatus(int http);   // answer every request with this status (0: normal)
+  void CloseWatches();            // ends every open watch stream
+  void SendBookmarks();           // a BOOKMARK on every watch that asked for them
+  int open_watches() const;
+
+  std::vector<ApiRequest> Requests() const;
+  void ClearRequests();
+  // Polls `pred` every 5 ms until it holds or `timeout` passes.
+  static bool WaitFor(const std::function<bool()>& pred,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+  struct Event {
+    uint64_t rv;
+    std::string type;           // ADDED, MODIFIED, DELETED
+    std::string store;          // the collection's store key
+    nlohmann::json old_object;  // null for ADDED
+    nlohmann::json object;
+  };
+
+ private:
+  void Handle(const httplib::Request& req, httplib::Response& res);
+  void Record(ApiRequest r);
+  nlohmann::json StampLocked(const std::string& store, nlohmann::json object,
+                             const nlohmann::json* old);
+
+  FakeApiServerOptions options_;
+  std::string ca_pem_;
+  std::unique_ptr<httplib::Server> server_;
+  int port_ = 0;
+  std::thread thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  uint64_t rv_ = 100;
+  uint64_t compacted_rv_ = 0;
+  uint64_t watch_epoch_ = 0;     // bumped by CloseWatches
+  uint64_t bookmark_epoch_ = 0;  // bumped by SendBookmarks
+  int open_watches_ = 0;
+  bool garbage_ = false;
+  int fail_status_ = 0;
+  uint64_t uid_ = 0;
+  // store key ("v1/pods") -> "ns/name" or "name" -> object
+  std::map<std::string, std::map<std::string, nlohmann::json>> objects_;
+  std::vector<Event> history_;
+  std::vector<ApiRequest> requests_;
+};
+
+}  // namespace tessera::fakes
