@@ -1,7 +1,9 @@
 // The real `tessera agent` binary as its own process, with the fake libnvidia-ml.so.1 underneath
 // and a fake kubelet (real gRPC over unix sockets) above: registration, the device lists, an XID
 // seen as Unhealthy and recovery, Allocate with CDI and the intercept library, a kubelet restart,
-// an agent restart that keeps allocations, ended pods released, metrics joined to pods, bad input.
+// an agent restart that keeps allocations, ended pods released, metrics joined to pods, bad input;
+// and with a fake API server: node labels applied, kept current and cleaned, the extender's GPU
+// choice (a pod annotation) preferred, enforced and marked, an unusable API server survived.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "tessera/server/http.h"
 
@@ -25,6 +28,7 @@ extern char** environ;
 
 namespace {
 
+using tessera::fakes::FakeApiServer;
 using tessera::test::FakeKubelet;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -71,14 +75,16 @@ class AgentE2e : public ::testing::Test {
     kubelet_->Start();
   }
   void StartAgent(const std::string& extra = "") {
-    std::string cmd =
-        std::string("FAKE_NVML_SCENARIO=") + dir_ + "/scenario.json exec " + TESSERA_BINARY +
-        " agent --nvml-library " TESSERA_TEST_FAKES_DIR
-        "/nvml-full/libnvidia-ml.so.1 --node-name node-a --device-plugin-dir " +
-        dir_ + "/dp --pod-resources-socket " + dir_ + "/pr/kubelet.sock --state-dir " + dir_ +
-        "/state --cdi-dir " + dir_ + "/cdi --metrics-address '' " +
-        "--shares-per-gpu 4 --health-recovery 0.5 --health-probe 0.1 " + extra + " >>" + dir_ +
-        "/agent.log 2>&1";
+    // Hermetic: no API server unless a test names one with --kubeconfig.
+    std::string cmd = std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") +
+                      dir_ + "/scenario.json exec " + TESSERA_BINARY +
+                      " agent --nvml-library " TESSERA_TEST_FAKES_DIR
+                      "/nvml-full/libnvidia-ml.so.1 --node-name node-a --device-plugin-dir " +
+                      dir_ + "/dp --pod-resources-socket " + dir_ +
+                      "/pr/kubelet.sock --state-dir " + dir_ + "/state --cdi-dir " + dir_ +
+                      "/cdi --metrics-address '' " +
+                      "--shares-per-gpu 4 --health-recovery 0.5 --health-probe 0.1 " + extra +
+                      " >>" + dir_ + "/agent.log 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
               0);
@@ -285,6 +291,111 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
+nlohmann::json PendingPod(const std::string& name, const std::vector<std::string>& gpus) {
+  nlohmann::json assignment = {
+      {"node", "node-a"},
+      {"assignedAt", 1},
+      {"containers",
+       {{{"container", "main"}, {"resource", kGpu}, {"gpus", gpus}, {"count", gpus.size()}}}}};
+  return {{"metadata",
+           {{"name", name}, {"annotations", {{"tessera.io/assignment", assignment.dump()}}}}},
+          {"spec", {{"nodeName", "node-a"}}},
+          {"status", {{"phase", "Pending"}}}};
+}
+
+std::string Label(FakeApiServer& api, const std::string& key) {
+  auto node = api.Get("/api/v1/nodes", "node-a");
+  if (!node) return "";
+  const auto& labels = (*node)["metadata"].value("labels", nlohmann::json::object());
+  return labels.contains(key) ? labels[key].get<std::string>() : "";
+}
+
+TEST_F(AgentE2e, LabelsTheNodeAndAllocatesTheExtendersChoice) {
+  FakeApiServer api;
+  api.Put("/api/v1/nodes",
+          {{"metadata",
+            {{"name", "node-a"},
+             {"labels", {{"tessera.io/gpu.stale", "1"}, {"team", "vision"}}},
+             {"annotations", {{"tessera.io/agent-labels", "tessera.io/gpu.stale"}}}}}});
+  StartKubelet();
+  StartAgent("--kubeconfig " + api.WriteKubeconfig(dir_ + "/kubeconfig"));
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Label(api, "tessera.io/gpu.count") == "4"; }))
+      << Log();
+  EXPECT_EQ(Label(api, "tessera.io/gpu.product"), "NVIDIA-A100-SXM4-40GB");
+  EXPECT_EQ(Label(api, "tessera.io/gpu.memory"), "40960");
+  EXPECT_EQ(Label(api, "tessera.io/driver.version"), "550.54.15");
+  EXPECT_EQ(Label(api, "tessera.io/cuda.version"), "12.4");
+  EXPECT_EQ(Label(api, "tessera.io/gpu.nvlink"), "false");
+  EXPECT_EQ(Label(api, "tessera.io/gpu.stale"), "");  // ours before, not now: removed
+  EXPECT_EQ(Label(api, "team"), "vision");            // not ours: kept
+  // The scenario's XID on GPU 2 shows in the healthy count, and recovery too.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Label(api, "tessera.io/gpu.healthy") == "3"; }))
+      << Log();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Label(api, "tessera.io/gpu.healthy") == "4"; }))
+      << Log();
+
+  // The extender chose GPUs 1 and 3 (on different switches; the topology alone would not).
+  api.Put("/api/v1/namespaces/team-a/pods", PendingPod("train", {Uuid(1), Uuid(3)}));
+  std::vector<std::string> preferred;
+  ASSERT_TRUE(
+      kubelet_->Preferred(kGpu, {Uuid(0), Uuid(1), Uuid(2), Uuid(3)}, {}, 2, &preferred).ok());
+  EXPECT_THAT(preferred, ::testing::UnorderedElementsAre(Uuid(1), Uuid(3)));
+  v1beta1::AllocateResponse out;
+  grpc::Status s = kubelet_->Allocate(kGpu, {{Uuid(0), Uuid(1)}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("team-a/train"));
+  EXPECT_THAT(s.error_message(), HasSubstr("the scheduler chose"));
+  s = kubelet_->Allocate(kGpu, {{Uuid(3), Uuid(1)}}, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    auto pod = api.Get("/api/v1/namespaces/team-a/pods", "train");
+    return pod && (*pod)["metadata"]["annotations"].value("tessera.io/allocated", "") == "0";
+  })) << Log();
+  EXPECT_THAT(Log(), HasSubstr("for pod team-a/train"));
+
+  // A choice naming a GPU this node does not have: refused, said, and nothing changes.
+  api.Put("/api/v1/namespaces/team-a/pods", PendingPod("lost", {"GPU-elsewhere"}));
+  s = kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("'GPU-elsewhere', which is not on this node"));
+  std::string checkpoint = tessera::test::ReadFile(dir_ + "/state/checkpoint.json");
+  EXPECT_EQ(nlohmann::json::parse(checkpoint)["allocations"].size(), 1u);
+  std::string m = Metrics();
+  EXPECT_THAT(m, HasSubstr("tessera_agent_api_server_configured 1"));
+  EXPECT_THAT(m, HasSubstr("tessera_agent_pod_hints_total{result=\"found\"}"));
+}
+
+TEST_F(AgentE2e, AnUnusableApiServerIsLoggedAndTheKubeletIsStillServed) {
+  // An unreadable kubeconfig: said once, and the device plugin works without labels or hints.
+  StartKubelet();
+  StartAgent("--kubeconfig " + dir_ + "/no-such-kubeconfig");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  EXPECT_THAT(Log(), HasSubstr(dir_ + "/no-such-kubeconfig"));
+  v1beta1::AllocateResponse out;
+  EXPECT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_agent_api_server_configured 0"));
+  StopAgent(SIGTERM);
+
+  // An API server that answers garbage: errors counted and logged, Allocate still answers.
+  FakeApiServer api;
+  api.SetGarbage(true);
+  StartAgent("--kubeconfig " + api.WriteKubeconfig(dir_ + "/kubeconfig"));
+  ASSERT_TRUE(WaitRegistered(4)) << Log();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return Metrics().find("tessera_agent_node_label_errors_total 0") == std::string::npos;
+  })) << Log();
+  EXPECT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(1)}}, &out).ok());
+  EXPECT_THAT(Log(), HasSubstr("not JSON"));
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_agent_node_labels_current 0"));
+  // Once it answers properly the node is labelled without a restart.
+  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+  api.SetGarbage(false);
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Label(api, "tessera.io/gpu.count") == "4"; },
+                                     std::chrono::seconds(60)))
+      << Log();
+}
+
 TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
   auto r = tessera::test::Capture(std::string(TESSERA_BINARY) +
                                   " agent --simulate t4x2 --shares-per-gpu 0 2>&1");
@@ -298,7 +409,8 @@ TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
   r = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --help");
   EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--device-plugin-dir", "--pod-resources-socket", "--shares-per-gpu",
-                           "--shim-library", "--health-recovery", "--metrics-address"}) {
+                           "--shim-library", "--health-recovery", "--metrics-address",
+                           "--kubeconfig", "--no-api-server", "--label-resync"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }

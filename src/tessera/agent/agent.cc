@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/agent/metrics.h"
@@ -87,13 +89,21 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
           spdlog::warn("GPU {} ({}) is unhealthy: {}", gpu, g.uuid, h.reason);
         }
         self->state_->SetHealth(gpu, h.healthy, h.reason);
+        if (self->node_sync_) self->node_sync_->Poke();
       });
 
   if (!o.pod_resources_socket.empty()) {
     a->pod_resources_ = std::make_unique<PodResourcesClient>(o.pod_resources_socket);
   }
-  a->plugin_ =
-      std::make_unique<PluginServer>(*a->state_, o.server, nullptr, [self] { self->Reconcile(); });
+  a->ConnectApiServer();
+  PluginServer::HintLookup hint;
+  PluginServer::HintUsed hint_used;
+  if (a->node_sync_) {
+    hint = [self](Resource r, int count) { return self->node_sync_->Hint(r, count); };
+    hint_used = [self](const PodHint& h) { self->node_sync_->Allocated(h); };
+  }
+  a->plugin_ = std::make_unique<PluginServer>(
+      *a->state_, o.server, hint, [self] { self->Reconcile(); }, hint_used);
   if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
   a->health_->Start();
 
@@ -149,8 +159,39 @@ void Agent::Stop() {
   if (reconcile_thread_.joinable()) reconcile_thread_.join();
   if (state_) state_->Shutdown();
   if (plugin_) plugin_->Stop();
+  if (node_sync_) node_sync_->Stop();
+  if (kube_) kube_->Shutdown();
   if (health_) health_->Stop();
   if (http_) http_->Stop();
+}
+
+void Agent::ConnectApiServer() {
+  const AgentOptions& o = options_;
+  if (!o.use_api_server) return;
+  const char* env_kubeconfig = std::getenv("KUBECONFIG");
+  const char* env_host = std::getenv("KUBERNETES_SERVICE_HOST");
+  if (o.kubeconfig.empty() && !(env_kubeconfig && *env_kubeconfig) && !(env_host && *env_host)) {
+    kube_error_ = "no API server configured (--kubeconfig, KUBECONFIG or a pod's service account)";
+    spdlog::info("{}: node labels and the extender's GPU choices are off", kube_error_);
+    return;
+  }
+  auto config = kube::LoadDefault(o.kubeconfig, o.kube_context);
+  absl::StatusOr<std::unique_ptr<kube::Client>> client =
+      config.ok() ? kube::Client::Create(*config) : config.status();
+  if (!client.ok()) {
+    kube_error_ = std::string(client.status().message());
+    spdlog::error(
+        "API server: {}; the agent serves the kubelet without node labels or the "
+        "extender's GPU choices",
+        kube_error_);
+    return;
+  }
+  kube_ = std::move(*client);
+  spdlog::info("API server {} ({})", config->server, config->origin);
+  NodeSyncOptions so;
+  so.node_name = o.node_name;
+  so.resync = o.label_resync;
+  node_sync_ = std::make_unique<NodeSync>(*kube_, *state_, so);
 }
 
 int Agent::metrics_port() const { return http_ ? http_->tcp_port() : 0; }
@@ -214,6 +255,18 @@ std::string Agent::Metrics() {
   counters.allocation_errors = pc.allocation_errors;
   counters.preferred = pc.preferred;
   counters.pod_resources_errors = pod_resources_errors_;
+  counters.api_server_configured = node_sync_ != nullptr;
+  if (node_sync_) {
+    const NodeSyncCounters& nc = node_sync_->counters();
+    counters.labels_current = node_sync_->labels_current();
+    counters.label_updates = nc.label_updates;
+    counters.label_errors = nc.label_errors;
+    counters.hints_found = nc.hints_found;
+    counters.hints_none = nc.hints_none;
+    counters.hint_errors = nc.hint_errors;
+    counters.allocated_marks = nc.allocated_marks;
+    counters.mark_errors = nc.mark_errors;
+  }
   return RenderMetrics(options_.node_name, gpus, shares, counters);
 }
 

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/agent/device_state.h"
+#include "tessera/agent/node_sync.h"
 #include "tessera/agent/plugin_server.h"
 #include "tessera/agent/pod_resources.h"
 #include "tessera/devices/health.h"
@@ -41,6 +42,13 @@ struct AgentOptions {
   std::chrono::milliseconds reconcile_interval{10000};
   // An allocation the kubelet does not list yet is kept this long (it records it after Allocate).
   std::chrono::seconds release_grace{60};
+  // The API server, for node labels and the extender's GPU choices: `kubeconfig` (else
+  // $KUBECONFIG, else the in-cluster service account when running in a pod). A config that cannot
+  // be used is logged and the agent serves without (use_api_server=false: never).
+  bool use_api_server = true;
+  std::string kubeconfig;
+  std::string kube_context;
+  std::chrono::milliseconds label_resync{60000};
 };
 
 class Agent {
@@ -56,10 +64,12 @@ class Agent {
   // Asks PodResources what is in use and releases ended allocations; false when it cannot tell.
   bool Reconcile();
   DeviceState& state() { return *state_; }
+  NodeSync* node_sync() { return node_sync_.get(); }
   const core::NodeInventory& inventory() const { return state_->inventory(); }
 
  private:
   explicit Agent(AgentOptions options);
+  void ConnectApiServer();
 
   AgentOptions options_;
   std::unique_ptr<devices::DeviceSource> source_;
@@ -67,6 +77,9 @@ class Agent {
   std::unique_ptr<devices::HealthWatch> health_;
   std::unique_ptr<PluginServer> plugin_;
   std::unique_ptr<PodResourcesClient> pod_resources_;
+  std::unique_ptr<kube::Client> kube_;
+  std::unique_ptr<NodeSync> node_sync_;
+  std::string kube_error_;  // why there is no API server connection
   std::unique_ptr<server::HttpServer> http_;
   std::vector<std::atomic<uint64_t>> health_changes_;
   std::atomic<uint64_t> pod_resources_errors_{0};

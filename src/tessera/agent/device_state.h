@@ -59,6 +59,8 @@ struct PodHint {
   std::vector<std::string> gpus;   // UUIDs, for whole GPUs or for the GPU(s) of a share
   std::optional<uint64_t> memory;  // bytes per GPU, for shares
   std::optional<int> priority;     // for shares
+  std::string pod_uid;             // with container_index, what Allocate marks as done
+  int container_index = -1;        // into the pod's tessera.io/assignment containers
 };
 
 // One container's allocation, as the checkpoint keeps it.

@@ -165,6 +165,27 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
   p.Family("tessera_agent_pod_resources_errors_total", "counter",
            "PodResources List calls that failed.");
   p.Sample({}, static_cast<double>(counters.pod_resources_errors));
+  p.Family("tessera_agent_api_server_configured", "gauge",
+           "1 when the agent has an API server to label its node and read the extender's choices.");
+  p.Sample({}, counters.api_server_configured ? 1 : 0);
+  p.Family("tessera_agent_node_labels_current", "gauge",
+           "1 when the last check of the node's labels and annotations succeeded.");
+  p.Sample({}, counters.labels_current ? 1 : 0);
+  p.Family("tessera_agent_node_label_updates_total", "counter",
+           "Merge patches that changed the node's labels or annotations.");
+  p.Sample({}, static_cast<double>(counters.label_updates));
+  p.Family("tessera_agent_node_label_errors_total", "counter",
+           "Failed reads or writes of the node's labels.");
+  p.Sample({}, static_cast<double>(counters.label_errors));
+  p.Family("tessera_agent_pod_hints_total", "counter",
+           "Lookups of the extender's GPU choice for an Allocate, by result.");
+  p.Sample({{"result", "found"}}, static_cast<double>(counters.hints_found));
+  p.Sample({{"result", "none"}}, static_cast<double>(counters.hints_none));
+  p.Sample({{"result", "error"}}, static_cast<double>(counters.hint_errors));
+  p.Family("tessera_agent_pod_allocated_marks_total", "counter",
+           "Pods marked tessera.io/allocated, by result.");
+  p.Sample({{"result", "ok"}}, static_cast<double>(counters.allocated_marks));
+  p.Sample({{"result", "error"}}, static_cast<double>(counters.mark_errors));
   return p.Take();
 }
 

@@ -40,6 +40,15 @@ struct AgentCountersSample {
   uint64_t allocation_errors = 0;
   uint64_t preferred = 0;
   uint64_t pod_resources_errors = 0;
+  bool api_server_configured = false;
+  bool labels_current = false;
+  uint64_t label_updates = 0;
+  uint64_t label_errors = 0;
+  uint64_t hints_found = 0;
+  uint64_t hints_none = 0;
+  uint64_t hint_errors = 0;
+  uint64_t allocated_marks = 0;
+  uint64_t mark_errors = 0;
   size_t whole_allocations = 0;
   size_t share_allocations = 0;
 };

@@ -35,8 +35,14 @@ std::string Ids(const v1beta1::AllocateRequest& r) {
 class Service final : public v1beta1::DevicePlugin::Service {
  public:
   Service(DeviceState& state, Resource r, PluginServer::HintLookup& hint,
-          PluginServer::Reconcile& reconcile, PluginCounters& counters)
-      : state_(state), r_(r), hint_(hint), reconcile_(reconcile), counters_(counters) {}
+          PluginServer::Reconcile& reconcile, PluginServer::HintUsed& hint_used,
+          PluginCounters& counters)
+      : state_(state),
+        r_(r),
+        hint_(hint),
+        reconcile_(reconcile),
+        hint_used_(hint_used),
+        counters_(counters) {}
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* out) override {
@@ -71,7 +77,9 @@ class Service final : public v1beta1::DevicePlugin::Service {
                                       const v1beta1::PreferredAllocationRequest* req,
                                       v1beta1::PreferredAllocationResponse* out) override {
     ++counters_.preferred;
-    std::optional<PodHint> hint = hint_ ? hint_(r_) : std::nullopt;
+    int count =
+        req->container_requests_size() > 0 ? req->container_requests(0).allocation_size() : 0;
+    std::optional<PodHint> hint = hint_ ? hint_(r_, count) : std::nullopt;
     auto resp = state_.Preferred(r_, *req, hint ? &*hint : nullptr);
     if (!resp.ok()) {
       spdlog::warn("GetPreferredAllocation {}: {}", ResourceName(r_),
@@ -84,7 +92,9 @@ class Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
                         v1beta1::AllocateResponse* out) override {
-    std::optional<PodHint> hint = hint_ ? hint_(r_) : std::nullopt;
+    int count =
+        req->container_requests_size() > 0 ? req->container_requests(0).devices_ids_size() : 0;
+    std::optional<PodHint> hint = hint_ ? hint_(r_, count) : std::nullopt;
     const PodHint* h = hint ? &*hint : nullptr;
     auto resp = state_.Allocate(r_, *req, h);
     // A GPU held by the other resource may belong to a pod that has ended since: ask the kubelet
@@ -101,6 +111,7 @@ class Service final : public v1beta1::DevicePlugin::Service {
       return ToGrpc(resp.status());
     }
     ++counters_.allocations;
+    if (h && hint_used_) hint_used_(*h);
     spdlog::info("Allocate {} {}{}", ResourceName(r_), Ids(*req),
                  h ? " for pod " + h->pod_namespace + "/" + h->pod_name : "");
     *out = std::move(*resp);
@@ -119,6 +130,7 @@ class Service final : public v1beta1::DevicePlugin::Service {
   const Resource r_;
   PluginServer::HintLookup& hint_;
   PluginServer::Reconcile& reconcile_;
+  PluginServer::HintUsed& hint_used_;
   PluginCounters& counters_;
   std::atomic<bool> stopped_{false};
 };
@@ -144,11 +156,12 @@ struct PluginServer::Endpoint {
 };
 
 PluginServer::PluginServer(DeviceState& state, PluginServerOptions options, HintLookup hint,
-                           Reconcile reconcile)
+                           Reconcile reconcile, HintUsed hint_used)
     : state_(state),
       options_(std::move(options)),
       hint_(std::move(hint)),
-      reconcile_(std::move(reconcile)) {
+      reconcile_(std::move(reconcile)),
+      hint_used_(std::move(hint_used)) {
   if (options_.kubelet_socket.empty())
     options_.kubelet_socket = options_.plugin_dir + "/kubelet.sock";
   for (Resource r : {Resource::kGpu, Resource::kShare}) {
@@ -179,7 +192,8 @@ absl::Status PluginServer::Serve(Endpoint& e) {
         "socket path {} is {} bytes, over the 107 a unix socket may have", path, path.size()));
   }
   unlink(path.c_str());
-  e.service = std::make_unique<Service>(state_, e.resource, hint_, reconcile_, counters_);
+  e.service =
+      std::make_unique<Service>(state_, e.resource, hint_, reconcile_, hint_used_, counters_);
   grpc::ServerBuilder b;
   b.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   b.RegisterService(e.service.get());

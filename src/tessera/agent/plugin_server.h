@@ -35,13 +35,16 @@ struct PluginCounters {
 
 class PluginServer {
  public:
-  // The pending pod the extender chose GPUs for (its annotations), if any; may be empty.
-  using HintLookup = std::function<std::optional<PodHint>(Resource)>;
+  // The pending pod the extender chose GPUs for (its annotations) whose next container needs
+  // `count` devices of the resource, if any; may be empty.
+  using HintLookup = std::function<std::optional<PodHint>(Resource, int count)>;
+  // Called after an Allocate that followed a hint succeeded; may be empty.
+  using HintUsed = std::function<void(const PodHint&)>;
   // Brings the allocations up to date with the kubelet's PodResources (releases ended ones).
   using Reconcile = std::function<void()>;
 
   PluginServer(DeviceState& state, PluginServerOptions options, HintLookup hint,
-               Reconcile reconcile);
+               Reconcile reconcile, HintUsed hint_used = nullptr);
   ~PluginServer();
   PluginServer(const PluginServer&) = delete;
   PluginServer& operator=(const PluginServer&) = delete;
@@ -66,6 +69,7 @@ class PluginServer {
   PluginServerOptions options_;
   HintLookup hint_;
   Reconcile reconcile_;
+  HintUsed hint_used_;
   PluginCounters counters_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<bool> stop_{false};

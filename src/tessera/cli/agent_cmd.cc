@@ -20,6 +20,8 @@ struct AgentFlags {
   double reconcile_s = 10;
   double release_grace_s = 60;
   bool no_shares = false;
+  bool no_api_server = false;
+  double label_resync_s = 60;
 };
 
 int RunAgent(AgentFlags& f, std::ostream& err) {
@@ -37,6 +39,8 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.reconcile_interval = std::chrono::milliseconds(static_cast<int64_t>(f.reconcile_s * 1000));
   o.release_grace = std::chrono::seconds(static_cast<int64_t>(f.release_grace_s));
   o.source.fallback_simulate = f.fallback_simulate;
+  o.use_api_server = !f.no_api_server;
+  o.label_resync = std::chrono::milliseconds(static_cast<int64_t>(f.label_resync_s * 1000));
   // Stop on SIGTERM/SIGINT, taken synchronously; the agent's threads never see them.
   sigset_t set = BlockStopSignals();
   auto a = agent::Agent::Start(o);
@@ -91,6 +95,18 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
   a->add_option("--metrics-address", f.o.metrics_address,
                 "host:port for /metrics and /healthz (:0 any free port; empty: only the unix "
                 "socket <state-dir>/agent.sock)")
+      ->capture_default_str();
+  a->add_option("--kubeconfig", f.o.kubeconfig,
+                "kubeconfig for the API server (node labels, the extender's GPU choices); default: "
+                "$KUBECONFIG, else the pod's service account; none: the agent serves the kubelet "
+                "without them");
+  a->add_option("--kube-context", f.o.kube_context,
+                "Context of the kubeconfig to use (default: its current-context)");
+  a->add_flag("--no-api-server", f.no_api_server,
+              "Never talk to the API server: no node labels, Allocate ignores pod annotations");
+  a->add_option("--label-resync", f.label_resync_s,
+                "Seconds between checks of the node's labels when nothing changed")
+      ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
   a->add_option("--shares-per-gpu", f.o.plugin.shares_per_gpu,
                 "tessera.io/gpu-share devices per GPU: one share is 1/N of its compute and memory")

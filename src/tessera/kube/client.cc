@@ -195,7 +195,8 @@ absl::StatusOr<std::string> Client::Perform(const std::string& method, const std
                                             const std::string& content_type,
                                             const std::string& body,
                                             const std::function<bool(std::string_view)>* on_data,
-                                            const std::atomic<bool>* cancel) {
+                                            const std::atomic<bool>* cancel,
+                                            std::chrono::milliseconds timeout) {
   const bool stream = on_data != nullptr;
   auto cancelled = [&] { return shutdown_ || (cancel && cancel->load()); };
   std::string what = fmt::format("{} {}", method, path);
@@ -243,7 +244,8 @@ absl::StatusOr<std::string> Client::Perform(const std::string& method, const std
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(options_.connect_timeout.count()));
   if (!stream) {
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.request_timeout.count()));
+    auto limit = timeout.count() > 0 ? timeout : options_.request_timeout;
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(limit.count()));
   }
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 30L);
@@ -363,7 +365,7 @@ absl::StatusOr<ObjectList> Client::List(const std::string& path, const ListOptio
     AddQuery(p, "fieldSelector", options.field_selector);
     if (options.page_size > 0) AddQuery(p, "limit", std::to_string(options.page_size));
     AddQuery(p, "continue", cont);
-    auto body = Perform("GET", p, "", "", nullptr, nullptr);
+    auto body = Perform("GET", p, "", "", nullptr, nullptr, options.timeout);
     if (!body.ok()) return body.status();
     auto j = ParseObject("GET " + p, *body);
     if (!j.ok()) return j.status();

@@ -25,6 +25,7 @@ struct ListOptions {
   std::string label_selector;  // "app=x,tier!=y"
   std::string field_selector;  // "spec.nodeName=gpu-3"
   int page_size = 500;         // `limit`; the client follows `continue` until the last page
+  std::chrono::milliseconds timeout{0};  // per page; 0: ClientOptions::request_timeout
 };
 
 struct ObjectList {
@@ -97,7 +98,8 @@ class Client {
   absl::StatusOr<std::string> Perform(const std::string& method, const std::string& path,
                                       const std::string& content_type, const std::string& body,
                                       const std::function<bool(std::string_view)>* on_data,
-                                      const std::atomic<bool>* cancel);
+                                      const std::atomic<bool>* cancel,
+                                      std::chrono::milliseconds timeout = {});
 
   const ClusterConfig config_;
   const ClientOptions options_;

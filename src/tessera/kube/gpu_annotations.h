@@ -1,0 +1,61 @@
+#pragma once
+// The contract between the scheduler extender and the node agent, written on Kubernetes objects
+// (docs/kubernetes.md): the agent publishes its node's GPUs on the Node (annotation
+// `tessera.io/gpus`), the extender records the GPUs it chose on the Pod (`tessera.io/assignment`),
+// and the agent marks the containers it has allocated (`tessera.io/allocated`). Pure functions;
+// the parsers take untrusted text (anyone allowed to edit a pod can write an annotation) and
+// answer kInvalidArgument naming the field.
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/core/gpu.h"
+
+namespace tessera::kube {
+
+inline constexpr char kNodeGpusAnnotation[] = "tessera.io/gpus";
+inline constexpr char kAssignmentAnnotation[] = "tessera.io/assignment";
+inline constexpr char kAllocatedAnnotation[] = "tessera.io/allocated";
+
+// One container's GPUs as the extender chose them.
+struct ContainerAssignment {
+  std::string container;           // the container's name
+  std::string resource;            // "tessera.io/gpu" or "tessera.io/gpu-share"
+  std::vector<std::string> gpus;   // UUIDs: the whole GPUs, or the GPU(s) the shares are on
+  int count = 0;                   // devices of `resource` the container requests
+  std::optional<uint64_t> memory;  // shares: bytes of GPU memory per GPU
+  std::optional<int> priority;     // shares: the time-slice priority
+  friend bool operator==(const ContainerAssignment&, const ContainerAssignment&) = default;
+};
+
+struct Assignment {
+  std::string node;
+  int64_t assigned_unix_ms = 0;  // when the extender bound the pod; orders pending pods
+  std::vector<ContainerAssignment> containers;
+  friend bool operator==(const Assignment&, const Assignment&) = default;
+};
+
+std::string FormatAssignment(const Assignment& a);
+absl::StatusOr<Assignment> ParseAssignment(std::string_view text);
+
+// `tessera.io/allocated`: the indices (into Assignment::containers) already allocated, "0,2".
+std::string FormatAllocated(const std::set<int>& done);
+absl::StatusOr<std::set<int>> ParseAllocated(std::string_view text);
+
+// What a node has, for the extender: every GPU with its health, the links between them, and how
+// many shares the agent divides a GPU into.
+struct NodeGpus {
+  core::NodeInventory inventory;
+  std::vector<bool> healthy;
+  int shares_per_gpu = 0;  // 0: no share resource served
+};
+
+std::string FormatNodeGpus(const NodeGpus& n);
+absl::StatusOr<NodeGpus> ParseNodeGpus(std::string_view text);
+
+}  // namespace tessera::kube
