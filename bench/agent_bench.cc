@@ -2,12 +2,16 @@
 //  - Allocate latency on an 8-GPU node (whole GPUs, 1..8 per call; shares, 1..4 per call), each
 //    call a new allocation (checkpoint fsynced before the answer), p50/p99;
 //  - health: from a critical XID handed to the health watch by the device source to the Unhealthy
-//    list arriving at the kubelet client, p50/p99 (NVML's own event delivery not included).
+//    list arriving at the kubelet client, p50/p99 (NVML's own event delivery not included);
+//  - Allocate with an API server (the fake one, over HTTP on loopback, 100 running pods on the
+//    node): following the extender's choice for a pending pod, and for a pod the extender did not
+//    place (its own pod watch tells; a fresh list of the node's pods when it has not shown it yet).
 // Prints a table; no Google Benchmark (these are latencies of a whole path, not loops).
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -17,13 +21,16 @@
 #include <string>
 #include <vector>
 
+#include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "spdlog/spdlog.h"
 #include "tessera/agent/device_state.h"
+#include "tessera/agent/node_sync.h"
 #include "tessera/agent/plugin_server.h"
 #include "tessera/core/clock.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/inventory.h"
+#include "tessera/kube/gpu_annotations.h"
 
 namespace {
 
@@ -93,7 +100,18 @@ int main() {
   so.plugin_dir = dir + "/dp";
   test::FakeKubelet kubelet(dir + "/dp", "");
   kubelet.Start();
-  agent::PluginServer plugin(**state, so, nullptr, nullptr);
+  // The API-server phase sets `sync`; before it no hint is looked up.
+  std::atomic<agent::NodeSync*> sync{nullptr};
+  agent::PluginServer plugin(
+      **state, so,
+      [&](agent::Resource r, int count) -> std::optional<agent::PodHint> {
+        agent::NodeSync* s = sync.load();
+        return s ? s->Hint(r, count) : std::nullopt;
+      },
+      nullptr,
+      [&](const agent::PodHint& h) {
+        if (agent::NodeSync* s = sync.load()) s->Allocated(h);
+      });
   if (!plugin.Start().ok()) return 1;
   kubelet.WaitFor([](const auto& p) {
     return p.contains("tessera.io/gpu") && p.at("tessera.io/gpu").lists > 0 &&
@@ -172,7 +190,80 @@ int main() {
     watch.Stop();
   }
   Report("XID -> Unhealthy at the kubelet client", health);
+
+  // The health rounds' watches are gone: every GPU healthy again for what follows.
+  for (int g = 0; g < static_cast<int>(inv.gpus.size()); ++g) (*state)->SetHealth(g, true, "");
+
+  // With an API server: 100 running pods on the node, then one pending pod at a time that the
+  // extender placed on two GPUs.
+  fakes::FakeApiServer api;
+  const std::string node = "bench-node";
+  api.Put("/api/v1/nodes", {{"metadata", {{"name", node}}}});
+  for (int i = 0; i < 100; ++i) {
+    api.Put("/api/v1/namespaces/bench/pods",
+            {{"metadata", {{"name", "running-" + std::to_string(i)}}},
+             {"spec", {{"nodeName", node}}},
+             {"status", {{"phase", "Running"}}}});
+  }
+  kube::ClusterConfig kc;
+  kc.server = api.url();
+  kc.token = "test-token";
+  auto client = kube::Client::Create(kc);
+  if (!client.ok()) return 1;
+  agent::NodeSyncOptions nso;
+  nso.node_name = node;
+  agent::NodeSync node_sync(**client, **state, nso);
+  sync = &node_sync;
+  std::vector<double> hinted, unhinted;
+  for (int i = 0; i < 300; ++i) {
+    int a = (i * 2) % 8, b = (i * 2 + 1) % 8;
+    kube::Assignment asg;
+    asg.node = node;
+    asg.assigned_unix_ms = i + 1;
+    asg.containers.push_back(
+        {"main", "tessera.io/gpu", {inv.gpus[a].uuid, inv.gpus[b].uuid}, 2, {}, {}});
+    std::string name = "pending-" + std::to_string(i);
+    api.Put("/api/v1/namespaces/bench/pods",
+            {{"metadata",
+              {{"name", name},
+               {"annotations", {{kube::kAssignmentAnnotation, kube::FormatAssignment(asg)}}}}},
+             {"spec", {{"nodeName", node}}},
+             {"status", {{"phase", "Pending"}}}});
+    v1beta1::AllocateResponse out;
+    auto t0 = Clock::now();
+    grpc::Status s =
+        kubelet.Allocate("tessera.io/gpu", {{inv.gpus[b].uuid, inv.gpus[a].uuid}}, &out);
+    hinted.push_back(Ms(Clock::now() - t0));
+    if (!s.ok()) {
+      std::fprintf(stderr, "Allocate with a hint: %s\n", s.error_message().c_str());
+      return 1;
+    }
+    api.Delete("/api/v1/namespaces/bench/pods", name);
+  }
+  Report("Allocate 2 GPUs, the extender's choice (API)", hinted);
+  for (int i = 0; i < 300; ++i) {
+    std::string name = "plain-" + std::to_string(i);
+    api.Put("/api/v1/namespaces/bench/pods",
+            {{"metadata", {{"name", name}}},
+             {"spec",
+              {{"nodeName", node},
+               {"containers",
+                {{{"name", "main"}, {"resources", {{"limits", {{"tessera.io/gpu", "1"}}}}}}}}}},
+             {"status", {{"phase", "Pending"}}}});
+    v1beta1::AllocateResponse out;
+    auto t0 = Clock::now();
+    grpc::Status s = kubelet.Allocate("tessera.io/gpu", {{inv.gpus[i % 8].uuid}}, &out);
+    unhinted.push_back(Ms(Clock::now() - t0));
+    if (!s.ok()) {
+      std::fprintf(stderr, "Allocate without a hint: %s\n", s.error_message().c_str());
+      return 1;
+    }
+    api.Delete("/api/v1/namespaces/bench/pods", name);
+  }
+  Report("Allocate 1 GPU, a pod not placed by it (API)", unhinted);
+  sync = nullptr;
   plugin.Stop();
+  node_sync.Stop();
   kubelet.Stop();
   return 0;
 }

@@ -87,6 +87,30 @@ std::optional<PodHint> ChooseHint(const std::vector<json>& pods, const std::stri
   return best;
 }
 
+bool UnplacedCandidate(const std::vector<json>& pods, const std::string& node_name, Resource r,
+                       int count) {
+  const std::string resource(ResourceName(r));
+  for (const json& pod : pods) {
+    if (!Str(pod, {"metadata", "annotations", kube::kAssignmentAnnotation}).empty()) continue;
+    std::string phase = Str(pod, {"status", "phase"});
+    if ((!phase.empty() && phase != "Pending") || Str(pod, {"spec", "nodeName"}) != node_name) {
+      continue;
+    }
+    if (!pod.contains("spec") || !pod["spec"].is_object()) continue;
+    for (const char* list : {"initContainers", "containers"}) {
+      if (!pod["spec"].contains(list) || !pod["spec"][list].is_array()) continue;
+      for (const json& c : pod["spec"][list]) {
+        // Extended resources have limits equal to requests; either names the count.
+        for (const char* kind : {"limits", "requests"}) {
+          std::string n = c.is_object() ? Str(c, {"resources", kind, resource.c_str()}) : "";
+          if (!n.empty() && n == std::to_string(count)) return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 NodeSync::NodeSync(kube::Client& client, DeviceState& state, NodeSyncOptions options)
     : client_(client), state_(state), options_(std::move(options)) {
   kube::InformerOptions node;
@@ -136,10 +160,13 @@ std::optional<PodHint> NodeSync::Hint(Resource r, int count) {
   }
   std::vector<std::string> problems;
   std::optional<PodHint> hint;
+  bool unplaced = false;
   if (pod_informer_->synced()) {
-    hint = ChooseHint(pod_informer_->Snapshot(), options_.node_name, r, count, done, &problems);
+    std::vector<json> pods = pod_informer_->Snapshot();
+    hint = ChooseHint(pods, options_.node_name, r, count, done, &problems);
+    unplaced = !hint && UnplacedCandidate(pods, options_.node_name, r, count);
   }
-  if (!hint) {
+  if (!hint && !unplaced) {
     // The kubelet may have seen the pod before our watch did: ask the API server itself, briefly.
     kube::ListOptions lo;
     lo.field_selector = "spec.nodeName=" + options_.node_name;

@@ -53,6 +53,11 @@ std::optional<PodHint> ChooseHint(const std::vector<nlohmann::json>& pods,
                                   const std::map<std::string, std::set<int>>& done,
                                   std::vector<std::string>* problems);
 
+// Whether a pending pod on this node that the extender did not place asks for `count` devices of
+// `r` in one container: the kubelet is most likely admitting that one, so no hint is due.
+bool UnplacedCandidate(const std::vector<nlohmann::json>& pods, const std::string& node_name,
+                       Resource r, int count);
+
 class NodeSync {
  public:
   // Starts the informers and the writer thread. `client` and `state` must outlive it.

@@ -78,6 +78,25 @@ TEST(ChooseHint, OldestPendingPodWhoseNextContainerFits) {
   EXPECT_EQ(s->priority, 5);
 }
 
+TEST(UnplacedCandidate, APendingPodThatAsksForTheCountWithoutAnAssignment) {
+  json plain = {
+      {"metadata", {{"name", "p"}}},
+      {"spec",
+       {{"nodeName", kNode},
+        {"containers", {{{"name", "a"}, {"resources", {{"limits", {{"tessera.io/gpu", "2"}}}}}}}}}},
+      {"status", {{"phase", "Pending"}}}};
+  EXPECT_TRUE(UnplacedCandidate({plain}, kNode, Resource::kGpu, 2));
+  EXPECT_FALSE(UnplacedCandidate({plain}, kNode, Resource::kGpu, 1));
+  EXPECT_FALSE(UnplacedCandidate({plain}, kNode, Resource::kShare, 2));
+  EXPECT_FALSE(UnplacedCandidate({plain}, "other-node", Resource::kGpu, 2));
+  json placed = plain;
+  placed["metadata"]["annotations"][kube::kAssignmentAnnotation] = "{}";
+  EXPECT_FALSE(UnplacedCandidate({placed}, kNode, Resource::kGpu, 2));
+  json running = plain;
+  running["status"]["phase"] = "Running";
+  EXPECT_FALSE(UnplacedCandidate({running}, kNode, Resource::kGpu, 2));
+}
+
 class NodeSyncTest : public ::testing::Test {
  protected:
   void SetUp() override {

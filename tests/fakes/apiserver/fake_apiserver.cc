@@ -1,11 +1,14 @@
 #include "fake_apiserver.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -222,6 +225,13 @@ FakeApiServer::FakeApiServer(FakeApiServerOptions options) : options_(std::move(
   // Watches hold a thread each for their whole life.
   server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
   server_->set_keep_alive_max_count(1000);
+  // As the real API server (Go) does: no Nagle delay between a response's header and body writes.
+  // Accepted sockets inherit the listening socket's options on Linux.
+  server_->set_socket_options([](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  });
   auto handler = [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res); };
   server_->Get(".*", handler);
   server_->Post(".*", handler);
