@@ -1,0 +1,293 @@
+#include "tessera/extender/objects.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "fmt/format.h"
+#include "tessera/kube/gpu_annotations.h"
+
+namespace tessera::extender {
+namespace {
+
+using nlohmann::json;
+
+const json* At(const json& obj, std::initializer_list<const char*> path) {
+  const json* cur = &obj;
+  for (const char* k : path) {
+    if (!cur->is_object() || !cur->contains(k)) return nullptr;
+    cur = &(*cur)[k];
+  }
+  return cur;
+}
+
+std::string Str(const json& obj, std::initializer_list<const char*> path) {
+  const json* v = At(obj, path);
+  return v && v->is_string() ? v->get<std::string>() : "";
+}
+
+// A quantity field: a string as Kubernetes writes it, or a bare number.
+absl::StatusOr<int64_t> QuantityField(const json* v, double scale, const std::string& where) {
+  if (!v || v->is_null()) return 0;
+  std::optional<int64_t> q;
+  if (v->is_string()) {
+    q = ParseQuantity(v->get<std::string>(), scale);
+  } else if (v->is_number()) {
+    q = ParseQuantity(v->dump(), scale);
+  }
+  if (!q)
+    return absl::InvalidArgumentError(fmt::format("{}: not a quantity: {}", where, v->dump()));
+  return *q;
+}
+
+}  // namespace
+
+std::optional<int64_t> ParseQuantity(std::string_view text, double scale) {
+  size_t i = 0;
+  if (i < text.size() && text[i] == '+') ++i;
+  size_t digits_start = i;
+  bool dot = false;
+  while (i < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[i])) || (text[i] == '.' && !dot))) {
+    dot = dot || text[i] == '.';
+    ++i;
+  }
+  std::string number(text.substr(digits_start, i - digits_start));
+  if (number.empty() || number == "." || number.size() > 40) return std::nullopt;
+  long double value = std::strtold(number.c_str(), nullptr);
+  std::string_view suffix = text.substr(i);
+  long double mult = 1;
+  static const std::pair<std::string_view, long double> kSuffixes[] = {
+      {"Ki", 1024.0L},
+      {"Mi", 1048576.0L},
+      {"Gi", 1073741824.0L},
+      {"Ti", 1099511627776.0L},
+      {"Pi", 1125899906842624.0L},
+      {"Ei", 1152921504606846976.0L},
+      {"n", 1e-9L},
+      {"u", 1e-6L},
+      {"m", 1e-3L},
+      {"k", 1e3L},
+      {"M", 1e6L},
+      {"G", 1e9L},
+      {"T", 1e12L},
+      {"P", 1e15L},
+      {"E", 1e18L},
+      {"", 1.0L}};
+  bool matched = false;
+  for (const auto& [s, m] : kSuffixes) {
+    if (suffix == s) {
+      mult = m;
+      matched = true;
+      break;
+    }
+  }
+  if (!matched) {
+    // Exponent form: "1e3", "2E-2".
+    if (suffix.size() < 2 || (suffix[0] != 'e' && suffix[0] != 'E')) return std::nullopt;
+    std::string_view exp = suffix.substr(1);
+    size_t j = exp[0] == '-' || exp[0] == '+' ? 1 : 0;
+    if (j == exp.size() || exp.size() > 4) return std::nullopt;
+    for (size_t k = j; k < exp.size(); ++k) {
+      if (!std::isdigit(static_cast<unsigned char>(exp[k]))) return std::nullopt;
+    }
+    mult = std::pow(10.0L, std::stoi(std::string(exp)));
+  }
+  long double scaled = value * mult * static_cast<long double>(scale);
+  if (!std::isfinite(scaled) || scaled < 0 ||
+      scaled > static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {
+    return std::nullopt;
+  }
+  // Round up, as Kubernetes does when a quantity is read at a coarser scale; a tiny tolerance keeps
+  // "0.1" * 1000 at 100 despite binary floating point.
+  return static_cast<int64_t>(std::ceil(scaled - 1e-9L));
+}
+
+absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
+  std::string name = Str(node, {"metadata", "name"});
+  if (name.empty()) return absl::InvalidArgumentError("node: metadata.name is missing");
+  NodeGpusInfo out;
+  out.spec.name = name;
+  std::string where = "node " + name;
+  auto cpu = QuantityField(At(node, {"status", "allocatable", "cpu"}), 1000,
+                           where + ": status.allocatable.cpu");
+  if (!cpu.ok()) return cpu.status();
+  auto mem = QuantityField(At(node, {"status", "allocatable", "memory"}), 1.0 / (1 << 20),
+                           where + ": status.allocatable.memory");
+  if (!mem.ok()) return mem.status();
+  out.spec.cpu_milli = *cpu;
+  out.spec.memory_mib = *mem;
+  if (const json* labels = At(node, {"metadata", "labels"}); labels && labels->is_object()) {
+    for (const auto& [k, v] : labels->items()) {
+      if (v.is_string()) out.spec.labels.emplace_back(k, v.get<std::string>());
+    }
+  }
+  std::string gpus = Str(node, {"metadata", "annotations", kube::kNodeGpusAnnotation});
+  if (gpus.empty()) return out;
+  auto parsed = kube::ParseNodeGpus(gpus);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("{}: {}", where, std::string(parsed.status().message())));
+  }
+  out.has_agent = true;
+  out.healthy = parsed->healthy;
+  out.shares_per_gpu = parsed->shares_per_gpu;
+  for (const core::Gpu& g : parsed->inventory.gpus) {
+    core::NodeGpu ng;
+    ng.model = g.model;
+    ng.memory_mib = g.memory_bytes ? static_cast<int64_t>(*g.memory_bytes >> 20) : 0;
+    if (g.compute_capability) ng.compute_capability = *g.compute_capability;
+    ng.numa_node = g.numa_node.value_or(-1);
+    ng.uuid = g.uuid;
+    out.spec.gpus.push_back(std::move(ng));
+  }
+  out.spec.topology = parsed->inventory.topology;
+  return out;
+}
+
+absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
+  std::string name = Str(pod, {"metadata", "name"});
+  std::string ns = Str(pod, {"metadata", "namespace"});
+  if (name.empty()) return absl::InvalidArgumentError("pod: metadata.name is missing");
+  if (ns.empty()) ns = "default";
+  const std::string where = "pod " + ns + "/" + name;
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(fmt::format("{}: {}", where, what));
+  };
+  PodDemand d;
+  core::Request& r = d.request;
+  r.id = ns + "/" + name;
+  r.owner = ns;
+
+  int64_t init_cpu = 0, init_mem = 0;
+  int whole = 0;
+  std::vector<ContainerDemand> shares;
+  for (const char* list : {"initContainers", "containers"}) {
+    const json* cs = At(pod, {"spec", list});
+    if (!cs) continue;
+    if (!cs->is_array()) return bad(fmt::format("spec.{}: expected a list", list));
+    for (size_t i = 0; i < cs->size(); ++i) {
+      const json& c = (*cs)[i];
+      std::string cw = fmt::format("spec.{}[{}]", list, i);
+      if (!c.is_object()) return bad(cw + ": expected an object");
+      std::string cname = Str(c, {"name"});
+      // Requests default to limits for extended resources (they must be equal).
+      auto amount = [&](const char* res, double scale) -> absl::StatusOr<int64_t> {
+        const json* v = At(c, {"resources", "requests", res});
+        if (!v) v = At(c, {"resources", "limits", res});
+        return QuantityField(v, scale, fmt::format("{}: {}.resources {}", where, cw, res));
+      };
+      auto cpu = amount("cpu", 1000);
+      if (!cpu.ok()) return cpu.status();
+      auto mem = amount("memory", 1.0 / (1 << 20));
+      if (!mem.ok()) return mem.status();
+      if (std::string(list) == "initContainers") {
+        init_cpu = std::max(init_cpu, *cpu);
+        init_mem = std::max(init_mem, *mem);
+      } else {
+        r.cpu_milli += *cpu;
+        r.memory_mib += *mem;
+      }
+      for (const char* res : {"tessera.io/gpu", "tessera.io/gpu-share"}) {
+        auto n = amount(res, 1);
+        if (!n.ok()) return n.status();
+        if (*n == 0) continue;
+        if (*n > 1000) return bad(fmt::format("{}: {} {} is more than any node has", cw, res, *n));
+        ContainerDemand cd{cname, res, static_cast<int>(*n)};
+        if (std::string(res) == "tessera.io/gpu") {
+          whole += cd.count;
+        } else {
+          shares.push_back(cd);
+        }
+        d.containers.push_back(cd);
+      }
+    }
+  }
+  r.cpu_milli = std::max(r.cpu_milli, init_cpu);
+  r.memory_mib = std::max(r.memory_mib, init_mem);
+  if (d.containers.empty()) return bad("requests neither tessera.io/gpu nor tessera.io/gpu-share");
+  if (whole > 0 && !shares.empty()) {
+    return bad("asks for whole GPUs and shares together; Tessera places one or the other per pod");
+  }
+  if (shares.size() > 1) return bad("asks for shares in more than one container");
+  const json* ann = At(pod, {"metadata", "annotations"});
+  auto annotation = [&](const char* key) -> std::string {
+    return ann && ann->is_object() ? Str(*ann, {key}) : "";
+  };
+  if (whole > 0) {
+    r.gpus = whole;
+  } else {
+    if (shares_per_gpu <= 0) return bad("asks for shares, but no node serves tessera.io/gpu-share");
+    int count = shares[0].count;
+    if (count >= shares_per_gpu) {
+      return bad(fmt::format("asks for {} shares of {} per GPU: ask for tessera.io/gpu instead",
+                             count, shares_per_gpu));
+    }
+    r.gpu_milli = count * core::kMilliPerGpu / shares_per_gpu;
+    if (r.gpu_milli < 1) r.gpu_milli = 1;
+    if (std::string m = annotation(kGpuMemoryAnnotation); !m.empty()) {
+      auto mib = ParseQuantity(m, 1.0 / (1 << 20));
+      if (!mib || *mib <= 0) {
+        return bad(fmt::format("annotation {}: expected a quantity such as 10Gi, got \"{}\"",
+                               kGpuMemoryAnnotation, m));
+      }
+      r.gpu_memory_mib = *mib;
+    }
+  }
+  if (const json* p = At(pod, {"spec", "priority"}); p && !p->is_null()) {
+    if (!p->is_number_integer()) return bad("spec.priority: expected a whole number");
+    int64_t v = p->get<int64_t>();
+    r.priority = static_cast<int>(std::clamp<int64_t>(v, -2000000000, 2000000000));
+  }
+  if (std::string models = annotation(kGpuModelAnnotation); !models.empty()) {
+    size_t start = 0;
+    while (start <= models.size()) {
+      size_t comma = models.find(',', start);
+      if (comma == std::string::npos) comma = models.size();
+      std::string m = models.substr(start, comma - start);
+      if (m.empty()) {
+        return bad(fmt::format("annotation {}: an empty model name", kGpuModelAnnotation));
+      }
+      r.models.push_back(m);
+      start = comma + 1;
+    }
+  }
+  if (std::string t = annotation(kTopologyAnnotation); !t.empty()) {
+    if (t == "prefer-nvlink" || t == "require-nvlink" || t == "prefer-numa" ||
+        t == "require-numa") {
+      r.topology =
+          t.rfind("prefer", 0) == 0 ? core::TopologyMode::kPrefer : core::TopologyMode::kRequire;
+      r.topology_scope = t.find("nvlink") != std::string::npos ? core::TopologyScope::kNvlink
+                                                               : core::TopologyScope::kNumaNode;
+    } else {
+      return bad(fmt::format(
+          "annotation {}: expected prefer-nvlink, require-nvlink, prefer-numa or require-numa, "
+          "got \"{}\"",
+          kTopologyAnnotation, t));
+    }
+  }
+  if (std::string p = annotation(kPreemptibleAnnotation); !p.empty()) {
+    if (p != "true" && p != "false") {
+      return bad(fmt::format("annotation {}: expected true or false", kPreemptibleAnnotation));
+    }
+    r.preemptible = p == "true";
+  }
+  d.pod_group = Str(pod, {"metadata", "labels", kPodGroupLabel});
+  if (std::string g = annotation(kGangAnnotation); !g.empty()) {
+    std::string size = annotation(kGangSizeAnnotation);
+    int n = 0;
+    auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), n);
+    if (ec != std::errc() || end != size.data() + size.size() || n < 1 || n > 10000) {
+      return bad(fmt::format("annotation {}: expected 1..10000 with {}", kGangSizeAnnotation,
+                             kGangAnnotation));
+    }
+    r.gang = ns + "/" + g;
+    r.gang_size = n;
+  }
+  if (std::string err = core::ValidateRequest(r); !err.empty()) return bad(err);
+  return d;
+}
+
+}  // namespace tessera::extender

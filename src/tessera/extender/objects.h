@@ -1,0 +1,64 @@
+#pragma once
+// Kubernetes objects in the scheduling core's vocabulary, for the scheduler extender (issue 15):
+// a Node (its allocatable CPU and memory, labels, and the GPUs its agent published in the
+// `tessera.io/gpus` annotation) as a core::NodeSpec, and a Pod (its containers' requests of
+// `tessera.io/gpu` / `tessera.io/gpu-share` and Tessera's annotations) as a core::Request plus
+// the per-container split the assignment annotation needs. Pure functions over untrusted JSON:
+// kInvalidArgument naming the object and the field.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tessera/core/request.h"
+
+namespace tessera::extender {
+
+// A Kubernetes resource quantity ("500m", "2", "1.5Gi", "16G", "1e3") scaled by `scale` and
+// rounded up: Quantity("500m", 1000) = 500 (milli), Quantity("1Gi", 1.0 / (1 << 20)) = 1024 (MiB).
+// nullopt when malformed, negative or out of range.
+std::optional<int64_t> ParseQuantity(std::string_view text, double scale = 1.0);
+
+// Pod annotations the extender reads (docs/kubernetes.md).
+inline constexpr char kGpuMemoryAnnotation[] = "tessera.io/gpu-memory";  // a share's memory
+inline constexpr char kGpuModelAnnotation[] = "tessera.io/gpu-model";    // "A100,H100"
+inline constexpr char kTopologyAnnotation[] = "tessera.io/topology";     // prefer-nvlink, ...
+inline constexpr char kPreemptibleAnnotation[] = "tessera.io/preemptible";
+inline constexpr char kGangAnnotation[] = "tessera.io/gang";
+inline constexpr char kGangSizeAnnotation[] = "tessera.io/gang-size";
+inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
+
+struct NodeGpusInfo {
+  core::NodeSpec spec;
+  std::vector<bool> healthy;  // per GPU
+  int shares_per_gpu = 0;     // 0: the node serves no shares
+  bool has_agent = false;     // the node carries a tessera.io/gpus annotation
+};
+
+// A Node object. A node without the annotation has no GPUs for Tessera (has_agent false).
+absl::StatusOr<NodeGpusInfo> NodeOf(const nlohmann::json& node);
+
+// One container's part of a pod's GPU request.
+struct ContainerDemand {
+  std::string container;
+  std::string resource;  // "tessera.io/gpu" or "tessera.io/gpu-share"
+  int count = 0;
+};
+
+struct PodDemand {
+  core::Request request;                    // id "namespace/name", owner the namespace
+  std::vector<ContainerDemand> containers;  // in the kubelet's allocation order
+  std::string pod_group;                    // the scheduling.x-k8s.io/pod-group label, when set
+};
+
+// A Pod object. `shares_per_gpu` converts a share count to compute thousandths (the node's; the
+// extender checks them per node, this uses the cluster's common value). kInvalidArgument for what
+// Tessera cannot place: no GPU request, whole GPUs and shares together, shares in more than one
+// container, a bad annotation.
+absl::StatusOr<PodDemand> PodDemandOf(const nlohmann::json& pod, int shares_per_gpu);
+
+}  // namespace tessera::extender
