@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tessera/kube/gpu_annotations.h"
+#include "tessera/kube/object.h"
 
 namespace tessera::agent {
 namespace {
@@ -13,11 +14,6 @@ namespace {
 bool Alnum(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; }
 
 std::string Major(const std::string& version) { return version.substr(0, version.find('.')); }
-
-std::string StringOr(const nlohmann::json& obj, const std::string& key) {
-  if (!obj.is_object() || !obj.contains(key) || !obj[key].is_string()) return "";
-  return obj[key].get<std::string>();
-}
 
 }  // namespace
 
@@ -97,31 +93,29 @@ std::map<std::string, std::string> DesiredAnnotations(const NodeFacts& facts) {
 std::optional<nlohmann::json> NodePatch(const nlohmann::json& node,
                                         const std::map<std::string, std::string>& labels,
                                         const std::map<std::string, std::string>& annotations) {
-  const nlohmann::json meta =
-      node.is_object() && node.contains("metadata") ? node["metadata"] : nlohmann::json::object();
-  const nlohmann::json have_labels =
-      meta.is_object() && meta.contains("labels") ? meta["labels"] : nlohmann::json::object();
-  const nlohmann::json have_annotations = meta.is_object() && meta.contains("annotations")
-                                              ? meta["annotations"]
-                                              : nlohmann::json::object();
+  static const nlohmann::json kNone = nlohmann::json::object();
+  const nlohmann::json* l = kube::FieldAt(node, {"metadata", "labels"});
+  const nlohmann::json* a = kube::FieldAt(node, {"metadata", "annotations"});
+  const nlohmann::json& have_labels = l && l->is_object() ? *l : kNone;
+  const nlohmann::json& have_annotations = a && a->is_object() ? *a : kNone;
   nlohmann::json patch_labels = nlohmann::json::object();
   nlohmann::json patch_annotations = nlohmann::json::object();
   for (const auto& [k, v] : labels) {
-    if (StringOr(have_labels, k) != v) patch_labels[k] = v;
+    if (kube::StringAt(have_labels, {k.c_str()}) != v) patch_labels[k] = v;
   }
   // Remove what we set before and no longer set; nothing else.
-  std::string owned_before = StringOr(have_annotations, kOwnedLabelsAnnotation);
+  std::string owned_before = kube::StringAt(have_annotations, {kOwnedLabelsAnnotation});
   for (const auto& k : absl::StrSplit(owned_before, ',', absl::SkipEmpty())) {
     std::string key(k);
     if (key.rfind(kLabelPrefix, 0) != 0 || labels.contains(key)) continue;
-    if (have_labels.is_object() && have_labels.contains(key)) patch_labels[key] = nullptr;
+    if (have_labels.contains(key)) patch_labels[key] = nullptr;
   }
   std::vector<std::string> keys;
   for (const auto& [k, v] : labels) keys.push_back(k);
   std::map<std::string, std::string> want_annotations = annotations;
   want_annotations[kOwnedLabelsAnnotation] = absl::StrJoin(keys, ",");
   for (const auto& [k, v] : want_annotations) {
-    if (StringOr(have_annotations, k) != v) patch_annotations[k] = v;
+    if (kube::StringAt(have_annotations, {k.c_str()}) != v) patch_annotations[k] = v;
   }
   if (patch_labels.empty() && patch_annotations.empty()) return std::nullopt;
   nlohmann::json patch = {{"metadata", nlohmann::json::object()}};

@@ -7,28 +7,18 @@
 #include "spdlog/spdlog.h"
 #include "tessera/agent/node_labels.h"
 #include "tessera/kube/gpu_annotations.h"
+#include "tessera/kube/object.h"
 
 namespace tessera::agent {
 namespace {
 
+using kube::FieldAt;
+using kube::StringAt;
 using nlohmann::json;
 
-std::string Str(const json& obj, std::initializer_list<const char*> path) {
-  const json* cur = &obj;
-  for (const char* k : path) {
-    if (!cur->is_object() || !cur->contains(k)) return "";
-    cur = &(*cur)[k];
-  }
-  return cur->is_string() ? cur->get<std::string>() : "";
-}
-
 uint64_t VersionOf(const json& obj) {
-  std::string rv = Str(obj, {"metadata", "resourceVersion"});
+  std::string rv = StringAt(obj, {"metadata", "resourceVersion"});
   return rv.empty() ? 0 : std::strtoull(rv.c_str(), nullptr, 10);
-}
-
-bool HasKey(const json& obj, const char* a, const char* b) {
-  return obj.is_object() && obj.contains(a) && obj[a].is_object() && obj[a].contains(b);
 }
 
 }  // namespace
@@ -41,15 +31,15 @@ std::optional<PodHint> ChooseHint(const std::vector<json>& pods, const std::stri
   std::optional<PodHint> best;
   std::tuple<int64_t, std::string, std::string> best_key;
   for (const json& pod : pods) {
-    std::string text = Str(pod, {"metadata", "annotations", kube::kAssignmentAnnotation});
+    std::string text = StringAt(pod, {"metadata", "annotations", kube::kAssignmentAnnotation});
     if (text.empty()) continue;
-    std::string ns = Str(pod, {"metadata", "namespace"});
-    std::string name = Str(pod, {"metadata", "name"});
-    std::string uid = Str(pod, {"metadata", "uid"});
-    std::string phase = Str(pod, {"status", "phase"});
+    std::string ns = StringAt(pod, {"metadata", "namespace"});
+    std::string name = StringAt(pod, {"metadata", "name"});
+    std::string uid = StringAt(pod, {"metadata", "uid"});
+    std::string phase = StringAt(pod, {"status", "phase"});
     if (!phase.empty() && phase != "Pending") continue;
-    if (HasKey(pod, "metadata", "deletionTimestamp")) continue;
-    if (Str(pod, {"spec", "nodeName"}) != node_name) continue;
+    if (FieldAt(pod, {"metadata", "deletionTimestamp"})) continue;
+    if (StringAt(pod, {"spec", "nodeName"}) != node_name) continue;
     auto a = kube::ParseAssignment(text);
     if (!a.ok()) {
       if (problems)
@@ -64,8 +54,8 @@ std::optional<PodHint> ChooseHint(const std::vector<json>& pods, const std::stri
       }
       continue;
     }
-    auto allocated =
-        kube::ParseAllocated(Str(pod, {"metadata", "annotations", kube::kAllocatedAnnotation}));
+    auto allocated = kube::ParseAllocated(
+        StringAt(pod, {"metadata", "annotations", kube::kAllocatedAnnotation}));
     std::set<int> finished = allocated.ok() ? *allocated : std::set<int>{};
     if (auto it = done.find(uid); it != done.end())
       finished.insert(it->second.begin(), it->second.end());
@@ -74,8 +64,8 @@ std::optional<PodHint> ChooseHint(const std::vector<json>& pods, const std::stri
       const kube::ContainerAssignment& c = a->containers[i];
       if (c.resource != resource || finished.contains(static_cast<int>(i))) continue;
       if (c.count == count) {
-        auto key = std::make_tuple(a->assigned_unix_ms, Str(pod, {"metadata", "creationTimestamp"}),
-                                   ns + "/" + name);
+        auto key = std::make_tuple(
+            a->assigned_unix_ms, StringAt(pod, {"metadata", "creationTimestamp"}), ns + "/" + name);
         if (!best || key < best_key) {
           best_key = key;
           best = PodHint{ns, name, c.gpus, c.memory, c.priority, uid, static_cast<int>(i)};
@@ -91,9 +81,10 @@ bool UnplacedCandidate(const std::vector<json>& pods, const std::string& node_na
                        int count) {
   const std::string resource(ResourceName(r));
   for (const json& pod : pods) {
-    if (!Str(pod, {"metadata", "annotations", kube::kAssignmentAnnotation}).empty()) continue;
-    std::string phase = Str(pod, {"status", "phase"});
-    if ((!phase.empty() && phase != "Pending") || Str(pod, {"spec", "nodeName"}) != node_name) {
+    if (!StringAt(pod, {"metadata", "annotations", kube::kAssignmentAnnotation}).empty()) continue;
+    std::string phase = StringAt(pod, {"status", "phase"});
+    if ((!phase.empty() && phase != "Pending") ||
+        StringAt(pod, {"spec", "nodeName"}) != node_name) {
       continue;
     }
     if (!pod.contains("spec") || !pod["spec"].is_object()) continue;
@@ -102,7 +93,7 @@ bool UnplacedCandidate(const std::vector<json>& pods, const std::string& node_na
       for (const json& c : pod["spec"][list]) {
         // Extended resources have limits equal to requests; either names the count.
         for (const char* kind : {"limits", "requests"}) {
-          std::string n = c.is_object() ? Str(c, {"resources", kind, resource.c_str()}) : "";
+          std::string n = c.is_object() ? StringAt(c, {"resources", kind, resource.c_str()}) : "";
           if (!n.empty() && n == std::to_string(count)) return true;
         }
       }
@@ -125,7 +116,7 @@ NodeSync::NodeSync(kube::Client& client, DeviceState& state, NodeSyncOptions opt
       std::make_unique<kube::Informer>(client_, pods, [this](kube::EventType t, const json& pod) {
         if (t != kube::EventType::kDeleted) return;
         std::lock_guard lock(mu_);
-        done_.erase(Str(pod, {"metadata", "uid"}));
+        done_.erase(StringAt(pod, {"metadata", "uid"}));
       });
   thread_ = std::thread([this] { Run(); });
 }
@@ -206,21 +197,23 @@ void NodeSync::Allocated(const PodHint& hint) {
 }
 
 bool NodeSync::SyncLabels() {
+  // Counted every time, logged once per distinct error.
+  auto fail = [&](const std::string& err) {
+    ++counters_.label_errors;
+    labels_current_ = false;
+    if (err != last_label_error_) spdlog::error("node labels: {}", err);
+    last_label_error_ = err;
+    return false;
+  };
   std::optional<json> node;
   if (node_informer_->synced()) node = node_informer_->Get(options_.node_name);
   if (!node) {
     auto got = client_.Get("/api/v1/nodes/" + options_.node_name);
     if (!got.ok()) {
-      ++counters_.label_errors;
-      labels_current_ = false;
       std::string err(got.status().message());
-      if (got.status().code() == absl::StatusCode::kNotFound) {
-        err = fmt::format("node {} is not in the API server (is --node-name right?): {}",
-                          options_.node_name, err);
-      }
-      if (err != last_label_error_) spdlog::error("node labels: {}", err);
-      last_label_error_ = err;
-      return false;
+      if (got.status().code() != absl::StatusCode::kNotFound) return fail(err);
+      return fail(fmt::format("node {} is not in the API server (is --node-name right?): {}",
+                              options_.node_name, err));
     }
     node = *got;
   }
@@ -235,14 +228,7 @@ bool NodeSync::SyncLabels() {
   auto patch = NodePatch(*node, DesiredLabels(facts), DesiredAnnotations(facts));
   if (patch) {
     auto r = client_.MergePatch("/api/v1/nodes/" + options_.node_name, *patch);
-    if (!r.ok()) {
-      ++counters_.label_errors;
-      labels_current_ = false;
-      std::string err(r.status().message());
-      if (err != last_label_error_) spdlog::error("node labels: {}", err);
-      last_label_error_ = err;
-      return false;
-    }
+    if (!r.ok()) return fail(std::string(r.status().message()));
     ++counters_.label_updates;
     last_written_ = *r;
     if (patch->contains("metadata") && (*patch)["metadata"].contains("labels")) {
@@ -271,9 +257,9 @@ bool NodeSync::FlushMarks() {
     auto pod = client_.Get(path);
     absl::Status s = pod.status();
     if (pod.ok()) {
-      if (Str(*pod, {"metadata", "uid"}) == m.uid) {
+      if (StringAt(*pod, {"metadata", "uid"}) == m.uid) {
         auto have = kube::ParseAllocated(
-            Str(*pod, {"metadata", "annotations", kube::kAllocatedAnnotation}));
+            StringAt(*pod, {"metadata", "annotations", kube::kAllocatedAnnotation}));
         if (have.ok()) done.insert(have->begin(), have->end());
         json patch = {
             {"metadata",

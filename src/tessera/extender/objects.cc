@@ -8,25 +8,14 @@
 #include "absl/status/status.h"
 #include "fmt/format.h"
 #include "tessera/kube/gpu_annotations.h"
+#include "tessera/kube/object.h"
 
 namespace tessera::extender {
 namespace {
 
+using kube::FieldAt;
+using kube::StringAt;
 using nlohmann::json;
-
-const json* At(const json& obj, std::initializer_list<const char*> path) {
-  const json* cur = &obj;
-  for (const char* k : path) {
-    if (!cur->is_object() || !cur->contains(k)) return nullptr;
-    cur = &(*cur)[k];
-  }
-  return cur;
-}
-
-std::string Str(const json& obj, std::initializer_list<const char*> path) {
-  const json* v = At(obj, path);
-  return v && v->is_string() ? v->get<std::string>() : "";
-}
 
 // A quantity field: a string as Kubernetes writes it, or a bare number.
 absl::StatusOr<int64_t> QuantityField(const json* v, double scale, const std::string& where) {
@@ -106,25 +95,25 @@ std::optional<int64_t> ParseQuantity(std::string_view text, double scale) {
 }
 
 absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
-  std::string name = Str(node, {"metadata", "name"});
+  std::string name = StringAt(node, {"metadata", "name"});
   if (name.empty()) return absl::InvalidArgumentError("node: metadata.name is missing");
   NodeGpusInfo out;
   out.spec.name = name;
   std::string where = "node " + name;
-  auto cpu = QuantityField(At(node, {"status", "allocatable", "cpu"}), 1000,
+  auto cpu = QuantityField(FieldAt(node, {"status", "allocatable", "cpu"}), 1000,
                            where + ": status.allocatable.cpu");
   if (!cpu.ok()) return cpu.status();
-  auto mem = QuantityField(At(node, {"status", "allocatable", "memory"}), 1.0 / (1 << 20),
+  auto mem = QuantityField(FieldAt(node, {"status", "allocatable", "memory"}), 1.0 / (1 << 20),
                            where + ": status.allocatable.memory");
   if (!mem.ok()) return mem.status();
   out.spec.cpu_milli = *cpu;
   out.spec.memory_mib = *mem;
-  if (const json* labels = At(node, {"metadata", "labels"}); labels && labels->is_object()) {
+  if (const json* labels = FieldAt(node, {"metadata", "labels"}); labels && labels->is_object()) {
     for (const auto& [k, v] : labels->items()) {
       if (v.is_string()) out.spec.labels.emplace_back(k, v.get<std::string>());
     }
   }
-  std::string gpus = Str(node, {"metadata", "annotations", kube::kNodeGpusAnnotation});
+  std::string gpus = StringAt(node, {"metadata", "annotations", kube::kNodeGpusAnnotation});
   if (gpus.empty()) return out;
   auto parsed = kube::ParseNodeGpus(gpus);
   if (!parsed.ok()) {
@@ -148,8 +137,8 @@ absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
 }
 
 absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
-  std::string name = Str(pod, {"metadata", "name"});
-  std::string ns = Str(pod, {"metadata", "namespace"});
+  std::string name = StringAt(pod, {"metadata", "name"});
+  std::string ns = StringAt(pod, {"metadata", "namespace"});
   if (name.empty()) return absl::InvalidArgumentError("pod: metadata.name is missing");
   if (ns.empty()) ns = "default";
   const std::string where = "pod " + ns + "/" + name;
@@ -165,18 +154,18 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
   int whole = 0;
   std::vector<ContainerDemand> shares;
   for (const char* list : {"initContainers", "containers"}) {
-    const json* cs = At(pod, {"spec", list});
+    const json* cs = FieldAt(pod, {"spec", list});
     if (!cs) continue;
     if (!cs->is_array()) return bad(fmt::format("spec.{}: expected a list", list));
     for (size_t i = 0; i < cs->size(); ++i) {
       const json& c = (*cs)[i];
       std::string cw = fmt::format("spec.{}[{}]", list, i);
       if (!c.is_object()) return bad(cw + ": expected an object");
-      std::string cname = Str(c, {"name"});
+      std::string cname = StringAt(c, {"name"});
       // Requests default to limits for extended resources (they must be equal).
       auto amount = [&](const char* res, double scale) -> absl::StatusOr<int64_t> {
-        const json* v = At(c, {"resources", "requests", res});
-        if (!v) v = At(c, {"resources", "limits", res});
+        const json* v = FieldAt(c, {"resources", "requests", res});
+        if (!v) v = FieldAt(c, {"resources", "limits", res});
         return QuantityField(v, scale, fmt::format("{}: {}.resources {}", where, cw, res));
       };
       auto cpu = amount("cpu", 1000);
@@ -212,9 +201,9 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     return bad("asks for whole GPUs and shares together; Tessera places one or the other per pod");
   }
   if (shares.size() > 1) return bad("asks for shares in more than one container");
-  const json* ann = At(pod, {"metadata", "annotations"});
+  const json* ann = FieldAt(pod, {"metadata", "annotations"});
   auto annotation = [&](const char* key) -> std::string {
-    return ann && ann->is_object() ? Str(*ann, {key}) : "";
+    return ann && ann->is_object() ? StringAt(*ann, {key}) : "";
   };
   if (whole > 0) {
     r.gpus = whole;
@@ -236,7 +225,7 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
       r.gpu_memory_mib = *mib;
     }
   }
-  if (const json* p = At(pod, {"spec", "priority"}); p && !p->is_null()) {
+  if (const json* p = FieldAt(pod, {"spec", "priority"}); p && !p->is_null()) {
     if (!p->is_number_integer()) return bad("spec.priority: expected a whole number");
     int64_t v = p->get<int64_t>();
     r.priority = static_cast<int>(std::clamp<int64_t>(v, -2000000000, 2000000000));
@@ -274,7 +263,7 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     }
     r.preemptible = p == "true";
   }
-  d.pod_group = Str(pod, {"metadata", "labels", kPodGroupLabel});
+  d.pod_group = StringAt(pod, {"metadata", "labels", kPodGroupLabel});
   if (std::string g = annotation(kGangAnnotation); !g.empty()) {
     std::string size = annotation(kGangSizeAnnotation);
     int n = 0;

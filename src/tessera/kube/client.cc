@@ -100,14 +100,11 @@ int HttpStatusOf(const absl::Status& status) {
 bool IsGone(const absl::Status& status) { return HttpStatusOf(status) == 410; }
 
 std::string QueryEscape(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
+  // libcurl's escaping (RFC 3986 unreserved characters kept); it needs no handle since 7.82.
+  char* escaped = curl_easy_escape(nullptr, s.data(), static_cast<int>(s.size()));
+  if (!escaped) return "";
+  std::string out(escaped);
+  curl_free(escaped);
   return out;
 }
 

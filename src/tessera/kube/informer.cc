@@ -3,25 +3,15 @@
 #include <random>
 
 #include "spdlog/spdlog.h"
+#include "tessera/kube/object.h"
 
 namespace tessera::kube {
 
 std::string ObjectKey(const nlohmann::json& object) {
-  const auto& meta = object.contains("metadata") ? object["metadata"] : nlohmann::json();
-  if (!meta.is_object()) return "";
-  std::string name = meta.value("name", "");
-  std::string ns = meta.value("namespace", "");
+  std::string name = StringAt(object, {"metadata", "name"});
+  std::string ns = StringAt(object, {"metadata", "namespace"});
   return ns.empty() ? name : ns + "/" + name;
 }
-
-namespace {
-std::string ResourceVersionOf(const nlohmann::json& object) {
-  const auto& meta = object.contains("metadata") ? object["metadata"] : nlohmann::json();
-  if (!meta.is_object() || !meta.contains("resourceVersion")) return "";
-  const auto& rv = meta["resourceVersion"];
-  return rv.is_string() ? rv.get<std::string>() : "";
-}
-}  // namespace
 
 Informer::Informer(Client& client, InformerOptions options, Handler handler)
     : client_(client), options_(std::move(options)), handler_(std::move(handler)) {
@@ -32,10 +22,9 @@ Informer::~Informer() { Stop(); }
 
 void Informer::Stop() {
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(mu_);  // so a waiter cannot miss it between its check and its wait
     stop_ = true;
   }
-  stop_flag_ = true;
   cv_.notify_all();
   client_.Wake();
   if (thread_.joinable()) thread_.join();
@@ -43,7 +32,7 @@ void Informer::Stop() {
 
 bool Informer::WaitForSync(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return synced_ || stop_; }) && synced_;
+  return cv_.wait_for(lock, timeout, [&] { return synced_ || stop_.load(); }) && synced_;
 }
 
 bool Informer::synced() const {
@@ -81,7 +70,7 @@ void Informer::SleepBackoff(std::chrono::milliseconds& backoff) {
   auto jittered = std::chrono::milliseconds(
       backoff.count() / 2 + std::uniform_int_distribution<int64_t>(0, backoff.count() / 2)(rng));
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, jittered, [&] { return stop_; });
+  cv_.wait_for(lock, jittered, [&] { return stop_.load(); });
   backoff = std::min(backoff * 2, options_.max_backoff);
 }
 
@@ -137,7 +126,7 @@ bool Informer::Relist() {
 
 void Informer::Apply(EventType type, const nlohmann::json& object) {
   std::string key = ObjectKey(object);
-  std::string rv = ResourceVersionOf(object);
+  std::string rv = StringAt(object, {"metadata", "resourceVersion"});
   {
     std::lock_guard lock(mu_);
     if (!rv.empty()) resource_version_ = rv;
@@ -155,7 +144,7 @@ void Informer::Apply(EventType type, const nlohmann::json& object) {
 void Informer::Run() {
   std::chrono::milliseconds backoff{100};
   bool need_list = true;
-  while (!stop_flag_) {
+  while (!stop_) {
     if (need_list) {
       if (!Relist()) {
         SleepBackoff(backoff);
@@ -169,15 +158,15 @@ void Informer::Run() {
     wo.label_selector = options_.label_selector;
     wo.field_selector = options_.field_selector;
     wo.timeout_seconds = options_.watch_timeout_seconds;
-    wo.cancel = &stop_flag_;
+    wo.cancel = &stop_;
     bool got_event = false;
     auto started = std::chrono::steady_clock::now();
     absl::Status s = client_.Watch(options_.path, wo, [&](const WatchEvent& e) {
       got_event = true;
       Apply(e.type, e.object);
-      return !stop_flag_;
+      return !stop_;
     });
-    if (stop_flag_) break;
+    if (stop_) break;
     if (got_event) backoff = std::chrono::milliseconds(100);
     if (s.ok()) {
       // The server ended the stream: watch on from the last version (after a pause when it ended

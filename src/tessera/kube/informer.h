@@ -74,10 +74,10 @@ class Informer {
   Handler handler_;
   InformerCounters counters_;
 
-  std::atomic<bool> stop_flag_{false};  // for the client's watch
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Written under mu_ (for the condition variable), read without it by the client's watch.
+  std::atomic<bool> stop_{false};
   bool synced_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, nlohmann::json> objects_ ABSL_GUARDED_BY(mu_);
   std::string resource_version_ ABSL_GUARDED_BY(mu_);

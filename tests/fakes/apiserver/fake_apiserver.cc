@@ -267,22 +267,11 @@ std::string FakeApiServer::WriteKubeconfig(const std::string& path, const std::s
   out << "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
       << "clusters:\n- name: fake\n  cluster:\n    server: " << url() << "\n";
   if (options_.tls) {
-    std::string b64;
-    static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    size_t i = 0;
-    for (; i + 2 < ca_pem_.size(); i += 3) {
-      uint32_t n =
-          (uint8_t(ca_pem_[i]) << 16) | (uint8_t(ca_pem_[i + 1]) << 8) | uint8_t(ca_pem_[i + 2]);
-      for (int k = 3; k >= 0; --k) b64 += tbl[(n >> (6 * k)) & 63];
-    }
-    if (i < ca_pem_.size()) {
-      uint32_t n = uint8_t(ca_pem_[i]) << 16;
-      if (i + 1 < ca_pem_.size()) n |= uint8_t(ca_pem_[i + 1]) << 8;
-      b64 += tbl[(n >> 18) & 63];
-      b64 += tbl[(n >> 12) & 63];
-      b64 += i + 1 < ca_pem_.size() ? tbl[(n >> 6) & 63] : '=';
-      b64 += '=';
-    }
+    std::string b64(4 * ((ca_pem_.size() + 2) / 3) + 1, '\0');
+    int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()),
+                            reinterpret_cast<const unsigned char*>(ca_pem_.data()),
+                            static_cast<int>(ca_pem_.size()));
+    b64.resize(n);
     out << "    certificate-authority-data: " << b64 << "\n";
   }
   out << "users:\n- name: fake\n  user:\n    token: " << token << "\n"
