@@ -401,6 +401,10 @@ TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
                                   " agent --simulate t4x2 --shares-per-gpu 0 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr("--shares-per-gpu"));
+  r = tessera::test::Capture(std::string(TESSERA_BINARY) +
+                             " agent --simulate t4x2 --label-resync 0 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--label-resync"));
   r = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --simulate t4x2 --state-dir " +
                              dir_ + "/state --cdi-dir '' --metrics-address '' " +
                              "--device-plugin-dir " + dir_ + "/nope 2>&1");
