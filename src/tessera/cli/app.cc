@@ -9,6 +9,7 @@
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "tessera/cli/agent_cmd.h"
+#include "tessera/cli/extender_cmd.h"
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
 #include "tessera/cli/server_cmd.h"
@@ -218,6 +219,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::shared_ptr<void> sim_state = AddSimCommands(app, action, out, err);
   std::shared_ptr<void> server_state = AddServerCommands(app, action, out, err);
   std::shared_ptr<void> agent_state = AddAgentCommand(app, action, out, err);
+  std::shared_ptr<void> extender_state = AddExtenderCommand(app, action, out, err);
 
   try {
     app.parse(argc, argv);
@@ -244,7 +246,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return kExitBadInput;
   }
   // The server says what it does by default; the other commands only warn.
-  if (!log_level_set && (app.got_subcommand("server") || app.got_subcommand("agent")) &&
+  if (!log_level_set &&
+      (app.got_subcommand("server") || app.got_subcommand("agent") ||
+       app.got_subcommand("extender")) &&
       app.count("--log-level") == 0)
     log_level = "info";
   ConfigureLogging(log_level, err);

@@ -30,6 +30,11 @@ std::string MemoKey(const core::Request& r) {
   int64_t priority = r.priority;
   key.append(reinterpret_cast<const char*>(&priority), sizeof priority);
   key.push_back(r.preempts_others ? 'o' : '-');
+  // Whose it is decides what it may preempt: its own owner's work, and borrowed quota when the
+  // owner is within its own (a lender reclaiming), so one owner's failure says nothing of
+  // another's.
+  key.append(r.owner).push_back('\0');
+  for (const std::string& g : r.quota_groups) key.append(g).push_back('\0');
   return key;
 }
 
@@ -172,7 +177,16 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   // Reasons of the memo keys that neither fit nor could make room in this pass.
   std::unordered_map<std::string, std::string> no_fit;
   std::set<std::string> gangs_seen, started;
-  std::vector<Reservation> reserved;  // of the requests earlier in this pass that wait for victims
+  // Room made by preemption belongs to the request it was made for. Requests after it in this
+  // pass do not take it (`reserved`, in queue order), and neither do requests before it that
+  // preempted nothing themselves (`prior`): a borrower queued earlier must not take back what its
+  // lender just reclaimed.
+  std::vector<Reservation> reserved, prior;
+  for (const auto& [id, e] : entries_) {
+    if (e.reserved_node >= 0 && !e.reserved_gpus.empty()) {
+      prior.push_back({e.reserved_node, &e.reserved_gpus, &id});
+    }
+  }
   Account(now);
   const std::vector<const std::string*> order = OrderedIds();
   for (const std::string* id : order) {
@@ -182,6 +196,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, out, started);
       continue;
     }
+    bool preempted = false;  // it made room by preemption itself
     if (!e.awaiting.empty()) {
       std::erase_if(e.awaiting, [&](const std::string& v) { return !StillHeld(v); });
       if (!e.awaiting.empty()) {
@@ -189,7 +204,9 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
         continue;
       }
-      e.reserved_gpus.clear();
+      e.reserved_gpus.clear();  // its room is free: no longer reserved against itself
+      e.reserved_node = -1;
+      preempted = true;
     }
     std::string memo = MemoKey(r);
     if (auto m = no_fit.find(memo); m != no_fit.end()) {
@@ -198,7 +215,9 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     }
     absl::StatusOr<Allocation> placed = scheduler_.Place(r, now);
     if (placed.ok()) {
-      if (const std::string* holder = Overlap(*placed, reserved)) {
+      const std::string* holder = Overlap(*placed, reserved);
+      if (!holder && !preempted) holder = Overlap(*placed, prior);
+      if (holder) {
         // Room made for an earlier request by preemption is its own; this one waits (not memoized:
         // another of its shape may fit elsewhere, the reservation is about the place, not the
         // shape).

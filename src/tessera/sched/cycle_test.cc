@@ -115,6 +115,34 @@ TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
       << "equal priority: 'urgent' is not a victim for 'urgent-too'";
 }
 
+TEST(Cycle, ALenderReclaimsItsQuotaAndAnEarlierBorrowerDoesNotTakeItBack) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  s.quotas().Set("a",
+                 OwnerQuota{.limit = {1, -1, -1}, .borrow = true, .borrow_limit = {2, -1, -1}});
+  s.quotas().Set("b", OwnerQuota{.limit = {1, -1, -1}});
+  auto owned = [](core::Request r, const char* owner) {
+    r.owner = owner;
+    return r;
+  };
+  ASSERT_TRUE(s.Place(owned(Whole("a1", 1), "a")).ok());
+  auto borrowed = s.Place(owned(Whole("a2", 1), "a"));
+  ASSERT_TRUE(borrowed.ok());
+  EXPECT_TRUE(borrowed->borrowed);
+  Cycle c(s);
+  // a's next request queues first; b's (same shape, same priority) must not share its memo.
+  ASSERT_TRUE(c.Enqueue(Entry(owned(Whole("a3", 1), "a"), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(owned(Whole("b1", 1), "b"), 2, 2)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].id, "b1");
+  EXPECT_THAT(ds[0].victims, ElementsAre("a2"));
+  ASSERT_TRUE(s.Release("a2").ok());
+  // The freed GPU is b1's, though a3 comes first in the queue and a could borrow again.
+  EXPECT_THAT(Started(c.Step(6)), ElementsAre("b1"));
+  EXPECT_TRUE(c.Queued("a3"));
+}
+
 TEST(Cycle, RoomMadeByPreemptionIsNotTakenByALaterRequest) {
   // 4 GPUs: a low-priority 2-GPU job runs, 2 are free. The urgent 4-GPU request's plan counts on
   // the free two as well as the victim's; a later small request must not take them meanwhile (it

@@ -36,17 +36,21 @@ GpuAmount QuotaManager::Used(const std::string& owner) const {
 }
 
 GpuAmount QuotaManager::IdleElsewhere(const std::string& owner) const {
+  const OwnerQuota* mine = Get(owner);
+  const std::string cohort = mine ? mine->cohort : "";
   GpuAmount idle;
+  // Idle quota of the lenders, less what the cohort's other borrowers already use beyond theirs.
+  auto lend = [](int64_t limit, int64_t used) { return limit >= 0 ? limit - used : 0; };
   for (const auto& [name, q] : quotas_) {
-    if (name == owner) continue;
+    if (name == owner || q.cohort != cohort) continue;
     GpuAmount used = Used(name);
-    if (q.limit.gpus > 0) idle.gpus += std::max<int64_t>(0, q.limit.gpus - used.gpus);
-    if (q.limit.gpu_milli > 0)
-      idle.gpu_milli += std::max<int64_t>(0, q.limit.gpu_milli - used.gpu_milli);
-    if (q.limit.gpu_memory_mib > 0) {
-      idle.gpu_memory_mib += std::max<int64_t>(0, q.limit.gpu_memory_mib - used.gpu_memory_mib);
-    }
+    idle.gpus += lend(q.limit.gpus, used.gpus);
+    idle.gpu_milli += lend(q.limit.gpu_milli, used.gpu_milli);
+    idle.gpu_memory_mib += lend(q.limit.gpu_memory_mib, used.gpu_memory_mib);
   }
+  idle.gpus = std::max<int64_t>(0, idle.gpus);
+  idle.gpu_milli = std::max<int64_t>(0, idle.gpu_milli);
+  idle.gpu_memory_mib = std::max<int64_t>(0, idle.gpu_memory_mib);
   return idle;
 }
 

@@ -24,6 +24,8 @@ struct OwnerQuota {
   GpuAmount limit{-1, -1, -1};         // the owner's own quota
   bool borrow = false;                 // may exceed `limit` with idle quota of others...
   GpuAmount borrow_limit{-1, -1, -1};  // ...up to this ceiling
+  // Owners lend and borrow only within their cohort ("" is a cohort too: all owners without one).
+  std::string cohort;
 };
 
 enum class QuotaVerdict { kAllowed, kBorrowing, kDenied };
@@ -32,6 +34,9 @@ class QuotaManager {
  public:
   void Set(const std::string& owner, const OwnerQuota& quota) { quotas_[owner] = quota; }
   const OwnerQuota* Get(const std::string& owner) const;
+  const std::map<std::string, OwnerQuota>& all() const { return quotas_; }
+  // Replaces every quota at once (usage is kept).
+  void Replace(std::map<std::string, OwnerQuota> quotas) { quotas_ = std::move(quotas); }
 
   // Whether `owner` may add `delta`. On kDenied, `why` says which limit ("owner alice: 3 of 4 GPUs
   // used, wants 2 more").
@@ -44,7 +49,8 @@ class QuotaManager {
   bool WithinOwnLimit(const std::string& owner, const GpuAmount& delta) const;
 
  private:
-  // Quota that owners other than `owner` hold but do not use.
+  // Quota that owners of `owner`'s cohort other than itself hold and neither use nor lend already
+  // (what other borrowers of the cohort have taken beyond their own limits is not idle).
   GpuAmount IdleElsewhere(const std::string& owner) const;
 
   std::map<std::string, OwnerQuota> quotas_;

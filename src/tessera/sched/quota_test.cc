@@ -42,5 +42,30 @@ TEST(Quota, BorrowsOnlyIdleQuotaUpToTheCeiling) {
   EXPECT_THAT(why, ::testing::HasSubstr("not enough idle quota"));
 }
 
+TEST(Quota, BorrowsOnlyWithinItsCohortAndNotWhatAnotherBorrowed) {
+  QuotaManager q;
+  OwnerQuota borrower{.limit = {1, -1, -1}, .borrow = true, .borrow_limit = {8, -1, -1}};
+  borrower.cohort = "research";
+  q.Set("a", borrower);
+  q.Set("c", borrower);
+  OwnerQuota lender{.limit = {4, -1, -1}};
+  lender.cohort = "research";
+  q.Set("b", lender);
+  OwnerQuota stranger{.limit = {16, -1, -1}};
+  stranger.cohort = "prod";
+  q.Set("p", stranger);  // 16 idle GPUs, but in another cohort
+  q.Add("a", {1, 1000, 0});
+  q.Add("c", {1, 1000, 0});
+  std::string why;
+  // b lends 4: a may borrow them...
+  EXPECT_EQ(q.Check("a", {4, 4000, 0}, &why), QuotaVerdict::kBorrowing);
+  EXPECT_EQ(q.Check("a", {5, 5000, 0}, &why), QuotaVerdict::kDenied);
+  EXPECT_THAT(why, ::testing::HasSubstr("not enough idle quota"));
+  // ...and once c has borrowed 3 of them, a may borrow only the one left.
+  q.Add("c", {3, 3000, 0});
+  EXPECT_EQ(q.Check("a", {1, 1000, 0}, &why), QuotaVerdict::kBorrowing);
+  EXPECT_EQ(q.Check("a", {2, 2000, 0}, &why), QuotaVerdict::kDenied);
+}
+
 }  // namespace
 }  // namespace tessera::sched

@@ -677,9 +677,15 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
 
 std::vector<std::pair<std::string, std::string>> Scheduler::Explain(const core::Request& r) {
   std::vector<std::pair<std::string, std::string>> out;
+  // Nodes of one class get one verdict: each class is evaluated once.
+  std::unordered_map<ClassId, Evaluation> by_class;
   for (NodeId n = 0; n < state_.node_count(); ++n) {
     ClassId c = state_.node_class(n);
-    Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, true);
+    auto it = by_class.find(c);
+    if (it == by_class.end()) {
+      it = by_class.emplace(c, policies_.Evaluate(ViewOf(c), r, scale_, true)).first;
+    }
+    const Evaluation& ev = it->second;
     if (ev.feasible) {
       out.emplace_back(
           state_.node_name(n),

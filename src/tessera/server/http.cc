@@ -10,6 +10,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <optional>
@@ -64,6 +65,7 @@ struct HttpServer::Impl {
   asio::io_context io;
   std::unique_ptr<local::acceptor> unix_acceptor;
   std::unique_ptr<tcp::acceptor> tcp_acceptor;
+  std::unique_ptr<asio::ssl::context> tls;  // set: TCP connections speak TLS
   std::thread unix_thread, tcp_thread;
   std::atomic<bool> stopping{false};
   std::mutex mu;
@@ -122,17 +124,29 @@ struct HttpServer::Impl {
     return HttpResponse{status, "text/plain", message};
   }
 
-  template <typename Socket>
-  void Serve(Socket sock, Peer peer) {
+  // Bytes the TLS layer has decrypted and not handed out yet: poll() on the socket does not see
+  // them.
+  template <typename Stream>
+  static bool Buffered(Stream& s) {
+    if constexpr (std::is_same_v<Stream, beast::ssl_stream<tcp::socket>>) {
+      return SSL_pending(s.native_handle()) > 0;
+    } else {
+      (void)s;
+      return false;
+    }
+  }
+
+  template <typename Stream>
+  void Serve(Stream& sock, Peer peer) {
     beast::flat_buffer buffer;
-    const int fd = sock.native_handle();
+    const int fd = beast::get_lowest_layer(sock).native_handle();
     for (;;) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(options.max_body_bytes);
       parser.header_limit(16 * 1024);
       beast::error_code ec;
       // Idle until the next request begins (or is already buffered), then the request's own limit.
-      if (buffer.size() == 0) {
+      if (buffer.size() == 0 && !Buffered(sock)) {
         SetDeadline(fd, options.idle_timeout_s);
         pollfd p{fd, POLLIN, 0};
         while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
@@ -194,8 +208,24 @@ struct HttpServer::Impl {
       if (ec || !keep_alive) break;
     }
     beast::error_code ignored;
-    sock.shutdown(Socket::shutdown_both, ignored);
-    sock.close(ignored);
+    auto& raw = beast::get_lowest_layer(sock);
+    raw.shutdown(std::remove_reference_t<decltype(raw)>::shutdown_both, ignored);
+    raw.close(ignored);
+  }
+
+  // A TCP connection under TLS: the handshake must complete within the request timeout.
+  void ServeTls(tcp::socket sock, Peer peer) {
+    const int fd = sock.native_handle();
+    beast::ssl_stream<tcp::socket> stream(std::move(sock), *tls);
+    SetDeadline(fd, options.request_timeout_s);
+    beast::error_code ec;
+    stream.handshake(asio::ssl::stream_base::server, ec);
+    if (ec) {
+      beast::error_code ignored;
+      beast::get_lowest_layer(stream).close(ignored);
+      return;
+    }
+    Serve(stream, std::move(peer));
   }
 
   template <typename Socket>
@@ -226,7 +256,15 @@ struct HttpServer::Impl {
       ++per_peer[key];
     }
     std::thread([this, s = std::move(sock), peer, fd, key]() mutable {
-      Serve(std::move(s), peer);
+      if constexpr (std::is_same_v<Socket, tcp::socket>) {
+        if (tls) {
+          ServeTls(std::move(s), peer);
+        } else {
+          Serve(s, peer);
+        }
+      } else {
+        Serve(s, peer);
+      }
       std::lock_guard lock(mu);
       open_fds.erase(fd);
       conns.erase(fd);
@@ -279,14 +317,39 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->options = std::move(options);
   impl->handler = std::move(handler);
   const std::string& path = impl->options.unix_path;
-  if (path.empty()) return absl::InvalidArgumentError("no unix socket path");
-  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+  if (path.empty() && impl->options.tcp_address.empty()) {
+    return absl::InvalidArgumentError("neither a unix socket path nor a TCP address");
+  }
+  if (impl->options.tls_cert_file.empty() != impl->options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate and its key");
+  }
+  if (!impl->options.tls_cert_file.empty()) {
+    if (impl->options.tcp_address.empty()) {
+      return absl::InvalidArgumentError("TLS is for the TCP listener, and there is none");
+    }
+    impl->tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    impl->tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                           asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                           asio::ssl::context::no_tlsv1_1);
+    beast::error_code ec;
+    impl->tls->use_certificate_chain_file(impl->options.tls_cert_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          fmt::format("TLS certificate {}: {}", impl->options.tls_cert_file, ec.message()));
+    }
+    impl->tls->use_private_key_file(impl->options.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          fmt::format("TLS key {}: {}", impl->options.tls_key_file, ec.message()));
+    }
+  }
+  if (!path.empty() && path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(
         fmt::format("socket path {} is too long for a unix socket", path));
   }
   // A socket file left by a server that is gone is replaced; a live server's is not.
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
+  if (!path.empty() && lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(fmt::format("{} exists and is not a socket", path));
     }
@@ -299,13 +362,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     unlink(path.c_str());
   }
   beast::error_code ec;
-  impl->unix_acceptor = std::make_unique<local::acceptor>(impl->io);
-  impl->unix_acceptor->open(local::endpoint(path).protocol(), ec);
-  if (!ec) impl->unix_acceptor->bind(local::endpoint(path), ec);
-  if (!ec) impl->unix_acceptor->listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return absl::UnavailableError(fmt::format("cannot listen on {}: {}", path, ec.message()));
-  // Anyone on the machine may connect: who they are comes from the peer credentials.
-  chmod(path.c_str(), 0666);
+  if (!path.empty()) {
+    impl->unix_acceptor = std::make_unique<local::acceptor>(impl->io);
+    impl->unix_acceptor->open(local::endpoint(path).protocol(), ec);
+    if (!ec) impl->unix_acceptor->bind(local::endpoint(path), ec);
+    if (!ec) impl->unix_acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(fmt::format("cannot listen on {}: {}", path, ec.message()));
+    }
+    // Anyone on the machine may connect: who they are comes from the peer credentials.
+    chmod(path.c_str(), 0666);
+  }
   int port = 0;
   if (!impl->options.tcp_address.empty()) {
     const std::string& a = impl->options.tcp_address;
@@ -335,8 +402,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   }
   Impl* raw = impl.get();
   raw->reaper = std::thread([raw] { raw->Reap(); });
-  raw->unix_thread =
-      std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
+  if (raw->unix_acceptor) {
+    raw->unix_thread =
+        std::thread([raw] { raw->Accept<local::socket>(*raw->unix_acceptor, Impl::UnixPeer); });
+  }
   if (raw->tcp_acceptor) {
     raw->tcp_thread =
         std::thread([raw] { raw->Accept<tcp::socket>(*raw->tcp_acceptor, Impl::TcpPeer); });
@@ -349,14 +418,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
 void HttpServer::Stop() {
   if (!impl_ || impl_->stopping.exchange(true)) return;
   // Wake the blocked accepts, then every connection, and wait for their threads.
-  ::shutdown(impl_->unix_acceptor->native_handle(), SHUT_RDWR);
+  if (impl_->unix_acceptor) ::shutdown(impl_->unix_acceptor->native_handle(), SHUT_RDWR);
   if (impl_->tcp_acceptor) ::shutdown(impl_->tcp_acceptor->native_handle(), SHUT_RDWR);
   if (impl_->unix_thread.joinable()) impl_->unix_thread.join();
   if (impl_->tcp_thread.joinable()) impl_->tcp_thread.join();
   beast::error_code ec;
-  impl_->unix_acceptor->close(ec);
+  if (impl_->unix_acceptor) {
+    impl_->unix_acceptor->close(ec);
+    unlink(impl_->options.unix_path.c_str());
+  }
   if (impl_->tcp_acceptor) impl_->tcp_acceptor->close(ec);
-  unlink(impl_->options.unix_path.c_str());
   std::unique_lock lock(impl_->mu);
   for (int fd : impl_->open_fds) ::shutdown(fd, SHUT_RDWR);
   impl_->cv.wait(lock, [&] { return impl_->open_fds.empty(); });

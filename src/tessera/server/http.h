@@ -1,9 +1,9 @@
 #pragma once
-// HTTP/1.1 for the standalone server, on a unix socket (the caller's identity from the socket's
-// peer credentials) and optionally TCP. Built on Boost.Beast: one thread per connection,
-// keep-alive, a body size limit (413) and a header size limit; Stop closes every connection. The
-// client side is what the CLI and the tests use. Knows nothing of the API: a handler turns requests
-// into responses.
+// HTTP/1.1 for the standalone server, the agent and the extender, on a unix socket (the caller's
+// identity from the socket's peer credentials) and/or TCP, optionally under TLS. Built on
+// Boost.Beast: one thread per connection, keep-alive, a body size limit (413) and a header size
+// limit; Stop closes every connection. The client side is what the CLI and the tests use. Knows
+// nothing of the API: a handler turns requests into responses.
 
 #include <sys/types.h>
 
@@ -48,8 +48,11 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpServerOptions {
-  std::string unix_path;    // required; replaced if a stale socket file is there
+  std::string unix_path;    // replaced if a stale socket file is there; empty: no unix socket
   std::string tcp_address;  // "127.0.0.1:8080", ":0" for any free port; empty: no TCP
+  // PEM files: both set, the TCP listener speaks TLS (1.2 or later) only.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   size_t max_body_bytes = 1 << 20;
   // A kept-alive connection with no request for this long is closed.
   double idle_timeout_s = 60;

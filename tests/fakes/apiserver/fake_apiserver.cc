@@ -211,6 +211,24 @@ void MakeCertificate(X509** cert_out, EVP_PKEY** key_out, std::string& pem) {
 
 }  // namespace
 
+std::string WriteTestCertificate(const std::string& cert_path, const std::string& key_path) {
+  X509* cert = nullptr;
+  EVP_PKEY* key = nullptr;
+  std::string pem;
+  MakeCertificate(&cert, &key, pem);
+  BIO* bio = BIO_new(BIO_s_mem());
+  PEM_write_bio_PrivateKey(bio, key, nullptr, nullptr, 0, nullptr, nullptr);
+  char* data = nullptr;
+  long len = BIO_get_mem_data(bio, &data);
+  std::string key_pem(data, len);
+  BIO_free(bio);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  std::ofstream(cert_path) << pem;
+  std::ofstream(key_path) << key_pem;
+  return pem;
+}
+
 FakeApiServer::FakeApiServer(FakeApiServerOptions options) : options_(std::move(options)) {
   if (options_.tls) {
     X509* cert = nullptr;
@@ -666,6 +684,30 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
       }
     }
     it->second = StampLocked(store, updated, &it->second);
+    return reply(201, StatusBody(201, "", ""));
+  }
+  if (req.method == "POST" && t.resource == "pods" && t.sub == "eviction") {
+    // policy/v1 Eviction: deletes the pod (no PodDisruptionBudgets here), honouring a UID
+    // precondition as the real one does.
+    if (body.value("kind", "") != "Eviction") {
+      return fail(400, "BadRequest", "eviction: kind must be Eviction");
+    }
+    auto it = objs.find(t.key());
+    if (it == objs.end()) return fail(404, "NotFound", what + " not found");
+    const json* pre = nullptr;
+    if (body.contains("deleteOptions") && body["deleteOptions"].is_object() &&
+        body["deleteOptions"].contains("preconditions")) {
+      pre = &body["deleteOptions"]["preconditions"];
+    }
+    if (pre && pre->is_object() && pre->contains("uid") &&
+        (*pre)["uid"] != it->second["metadata"].value("uid", "")) {
+      return fail(409, "Conflict", "the UID in the precondition does not match " + what);
+    }
+    json last = it->second;
+    objs.erase(it);
+    last["metadata"]["resourceVersion"] = std::to_string(++rv_);
+    history_.push_back({rv_, "DELETED", store, last, last});
+    changed_.notify_all();
     return reply(201, StatusBody(201, "", ""));
   }
   if (!t.sub.empty() && t.sub != "status") {

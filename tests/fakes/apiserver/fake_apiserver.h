@@ -47,6 +47,10 @@ struct ApiRequest {
   int status = 0;
 };
 
+// Writes a self-signed certificate for 127.0.0.1 and localhost (its own CA) and its private key as
+// PEM files, for tests of TLS servers; returns the certificate's PEM (the CA to trust).
+std::string WriteTestCertificate(const std::string& cert_path, const std::string& key_path);
+
 class FakeApiServer {
  public:
   // Listens on 127.0.0.1, port 0. Aborts the test process if it cannot.

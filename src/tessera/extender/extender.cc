@@ -1,0 +1,846 @@
+#include "tessera/extender/extender.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "spdlog/spdlog.h"
+#include "tessera/kube/object.h"
+#include "yaml-cpp/yaml.h"
+
+namespace tessera::extender {
+namespace {
+
+using kube::FieldAt;
+using kube::StringAt;
+using nlohmann::json;
+
+constexpr char kNoAgent[] =
+    "no Tessera GPUs: the node has no tessera.io/gpus annotation (is tessera agent running there?)";
+
+std::string PodId(const json& pod) {
+  std::string ns = StringAt(pod, {"metadata", "namespace"});
+  return (ns.empty() ? "default" : ns) + "/" + StringAt(pod, {"metadata", "name"});
+}
+
+// RFC 3339 seconds ("2026-11-23T10:00:00Z"); 0 when absent or malformed.
+double CreationSeconds(const json& pod) {
+  std::string t = StringAt(pod, {"metadata", "creationTimestamp"});
+  struct tm tm {};
+  if (t.empty() || strptime(t.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
+  return static_cast<double>(timegm(&tm));
+}
+
+bool Terminal(const json& pod) {
+  std::string phase = StringAt(pod, {"status", "phase"});
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+// What of a node the scheduling model is built from, health left out (that changes in place).
+std::string Fingerprint(const NodeGpusInfo& n) {
+  std::string f = fmt::format("{}|{}|{}|{}", n.spec.cpu_milli, n.spec.memory_mib, n.shares_per_gpu,
+                              n.spec.topology.size());
+  for (const auto& g : n.spec.gpus) {
+    f += fmt::format("|{},{},{}.{},{},{}", g.model, g.memory_mib, g.compute_capability.major,
+                     g.compute_capability.minor, g.numa_node, g.uuid);
+  }
+  for (int i = 0; i < n.spec.topology.size(); ++i) {
+    for (int j = 0; j < n.spec.topology.size(); ++j) {
+      f += "," + core::LinkLabel(n.spec.topology.link(i, j));
+    }
+  }
+  return f;
+}
+
+std::string WaitKind(const std::string& why) {
+  if (why.rfind("gang", 0) == 0) return "gang";
+  if (why.rfind("quota", 0) == 0) return "quota";
+  if (why.find("preempt") != std::string::npos) return "preemption";
+  return "no-fit";
+}
+
+}  // namespace
+
+Extender::Extender(ExtenderOptions options, const core::Clock& clock)
+    : options_(std::move(options)), clock_(clock) {
+  scheduler_ = std::make_unique<sched::Scheduler>(options_.scheduler);
+  cycle_ = std::make_unique<sched::Cycle>(*scheduler_, options_.cycle);
+}
+
+// ---- the model ----
+
+void Extender::Rebuild() {
+  ++rebuilds_;
+  std::vector<sched::Allocation> held;
+  for (const auto& [id, a] : scheduler_->state().allocations()) held.push_back(a);
+  std::sort(held.begin(), held.end(),
+            [](const sched::Allocation& a, const sched::Allocation& b) { return a.id < b.id; });
+  std::vector<std::string> queued = cycle_->Order();
+  cycle_.reset();
+  scheduler_ = std::make_unique<sched::Scheduler>(options_.scheduler);
+  scheduler_->SetTypicalRequests(typical_);
+  scheduler_->quotas().Replace(quotas_);
+  std::map<std::string, std::string> old_names;  // old node id -> name, by allocation
+  for (const auto& [name, n] : nodes_) {
+    auto id = scheduler_->AddNode(n.info.spec);
+    if (!id.ok()) {
+      spdlog::error("extender: node {} left out of the model: {}", name,
+                    std::string(id.status().message()));
+      continue;
+    }
+    for (size_t g = 0; g < n.info.healthy.size(); ++g) {
+      if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
+    }
+  }
+  cycle_ = std::make_unique<sched::Cycle>(*scheduler_, options_.cycle);
+  for (sched::Allocation& a : held) {
+    auto it = pods_.find(a.id);
+    if (it == pods_.end()) continue;
+    PodRec& p = it->second;
+    // The allocation's node index is the old model's: find the node by the pod's record.
+    std::string node = p.node;
+    if (node.empty()) node = p.reserved_node;
+    a.node = scheduler_->state().FindNode(node);
+    absl::Status st = a.node < 0 ? absl::NotFoundError("its node is gone") : scheduler_->Restore(a);
+    if (!st.ok()) {
+      spdlog::warn("extender: pod {} lost its GPUs in the rebuilt model: {}", a.id,
+                   std::string(st.message()));
+      p.allocated = false;
+      p.reserved_at = -1;
+    }
+  }
+  for (const std::string& id : queued) {
+    auto it = pods_.find(id);
+    if (it == pods_.end() || it->second.allocated) continue;
+    (void)cycle_->Enqueue({it->second.demand.request, it->second.created, it->second.seq});
+  }
+  dirty_ = false;
+}
+
+void Extender::RebuildIfNeeded() {
+  if (dirty_) Rebuild();
+}
+
+int Extender::SharesPerGpu() const {
+  for (const auto& [name, n] : nodes_) {
+    if (n.info.shares_per_gpu > 0) return n.info.shares_per_gpu;
+  }
+  return 0;
+}
+
+void Extender::OnNode(kube::EventType type, const json& node) {
+  if (type == kube::EventType::kBookmark) return;
+  std::string name = StringAt(node, {"metadata", "name"});
+  if (name.empty()) return;
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(name);
+  std::optional<NodeGpusInfo> info;
+  if (type != kube::EventType::kDeleted) {
+    auto parsed = NodeOf(node);
+    if (!parsed.ok()) {
+      spdlog::warn("extender: node {} has no usable GPUs for Tessera: {}", name,
+                   std::string(parsed.status().message()));
+    } else if (parsed->has_agent && !parsed->spec.gpus.empty()) {
+      info = std::move(*parsed);
+    }
+  }
+  if (!info) {
+    if (it != nodes_.end()) {
+      spdlog::info("extender: node {} {}", name,
+                   type == kube::EventType::kDeleted ? "deleted" : "no longer has Tessera GPUs");
+      nodes_.erase(it);
+      dirty_ = true;
+    }
+    return;
+  }
+  std::string fp = Fingerprint(*info);
+  if (it == nodes_.end()) {
+    NodeRec& n = nodes_[name];
+    n.info = std::move(*info);
+    n.fingerprint = std::move(fp);
+    if (dirty_) return;
+    auto id = scheduler_->AddNode(n.info.spec);
+    if (!id.ok()) {
+      spdlog::error("extender: node {}: {}", name, std::string(id.status().message()));
+      nodes_.erase(name);
+      return;
+    }
+    for (size_t g = 0; g < n.info.healthy.size(); ++g) {
+      if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
+    }
+    spdlog::info("extender: node {} with {} GPUs", name, n.info.spec.gpus.size());
+    return;
+  }
+  NodeRec& n = it->second;
+  if (n.fingerprint != fp) {
+    spdlog::info("extender: node {} changed its GPUs; rebuilding the model", name);
+    n.info = std::move(*info);
+    n.fingerprint = std::move(fp);
+    dirty_ = true;
+    return;
+  }
+  if (n.info.healthy != info->healthy) {
+    sched::NodeId id = scheduler_->state().FindNode(name);
+    for (size_t g = 0; g < info->healthy.size() && id >= 0 && !dirty_; ++g) {
+      if (g < n.info.healthy.size() && n.info.healthy[g] == info->healthy[g]) continue;
+      spdlog::info("extender: node {} GPU {} is now {}", name, g,
+                   info->healthy[g] ? "healthy" : "unhealthy");
+      (void)scheduler_->SetGpuHealth(id, static_cast<int>(g), info->healthy[g]);
+    }
+    n.info.healthy = info->healthy;
+  }
+}
+
+void Extender::OnPodGroup(kube::EventType type, const json& group) {
+  if (type == kube::EventType::kBookmark) return;
+  std::string key = PodId(group);
+  std::lock_guard lock(mu_);
+  if (type == kube::EventType::kDeleted) {
+    pod_groups_.erase(key);
+    placed_gangs_.erase(key);
+    return;
+  }
+  const json* m = FieldAt(group, {"spec", "minMember"});
+  int min = m && m->is_number_integer() ? m->get<int>() : 0;
+  if (min < 1 || min > 10000) {
+    spdlog::warn("extender: PodGroup {}: spec.minMember must be 1..10000; ignored", key);
+    pod_groups_.erase(key);
+    return;
+  }
+  pod_groups_[key] = min;
+}
+
+absl::StatusOr<PodDemand> Extender::DemandOf(const json& pod) {
+  auto d = PodDemandOf(pod, SharesPerGpu());
+  if (!d.ok()) return d.status();
+  std::string ns = StringAt(pod, {"metadata", "namespace"});
+  if (ns.empty()) ns = "default";
+  if (!d->pod_group.empty()) {
+    std::string key = ns + "/" + d->pod_group;
+    auto g = pod_groups_.find(key);
+    if (g == pod_groups_.end()) {
+      return absl::InvalidArgumentError(
+          fmt::format("pod {}: label {} names pod group {}, but there is no PodGroup {} "
+                      "(scheduling.x-k8s.io/v1alpha1)",
+                      PodId(pod), kPodGroupLabel, d->pod_group, key));
+    }
+    d->request.gang = key;
+    d->request.gang_size = g->second;
+  }
+  // A gang already started: later pods of its group (beyond minMember) are placed on their own.
+  if (!d->request.gang.empty() && placed_gangs_.contains(d->request.gang)) {
+    d->request.gang.clear();
+    d->request.gang_size = 0;
+  }
+  return d;
+}
+
+void Extender::NoteTypical(const core::Request& r) {
+  if (typical_fixed_ || options_.typical_refresh_pods <= 0) return;
+  seen_requests_.push_back(r);
+  if (seen_requests_.size() > 4096)
+    seen_requests_.erase(seen_requests_.begin(), seen_requests_.begin() + 2048);
+  ++seen_since_refresh_;
+  // Refreshed at 1, 2, 4, ... pods seen, then every typical_refresh_pods.
+  size_t due = std::min<size_t>(options_.typical_refresh_pods,
+                                std::max<size_t>(1, seen_requests_.size() / 2));
+  if (seen_since_refresh_ < due) return;
+  seen_since_refresh_ = 0;
+  typical_ = sched::TypicalRequests(seen_requests_);
+  scheduler_->SetTypicalRequests(typical_);
+}
+
+void Extender::SetTypicalRequests(std::vector<sched::TypicalRequest> typical) {
+  std::lock_guard lock(mu_);
+  typical_ = std::move(typical);
+  typical_fixed_ = true;
+  scheduler_->SetTypicalRequests(typical_);
+}
+
+void Extender::Release(const std::string& id, PodRec& p, const char* why) {
+  if (p.allocated) {
+    auto a = scheduler_->Release(id);
+    if (a.ok()) {
+      spdlog::info("extender: pod {} gives back GPUs {} of {}: {}", id, fmt::join(a->gpus, ","),
+                   scheduler_->state().node_name(a->node), why);
+    }
+  }
+  p.allocated = false;
+  p.reserved_at = -1;
+  p.reserved_node.clear();
+}
+
+absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json* pod) {
+  sched::NodeId n = scheduler_->state().FindNode(p.node);
+  if (n < 0) {
+    return absl::NotFoundError(fmt::format("node {} has no Tessera GPUs", p.node));
+  }
+  const core::Request& r = p.demand.request;
+  const core::NodeSpec& spec = scheduler_->state().node_spec(n);
+  sched::Allocation a;
+  a.id = id;
+  a.node = n;
+  a.request = r;
+  a.start_time = Now();
+  a.milli_per_gpu = r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
+  a.memory_mib_per_gpu = r.fractional() ? r.gpu_memory_mib : 0;
+  // The GPUs from the assignment written at bind, else the first with room (a pod bound by
+  // another scheduler, or whose annotation was lost).
+  const json* ann =
+      pod ? FieldAt(*pod, {"metadata", "annotations", kube::kAssignmentAnnotation}) : nullptr;
+  if (ann && ann->is_string()) {
+    auto as = kube::ParseAssignment(ann->get<std::string>());
+    if (as.ok() && as->node == p.node) {
+      for (const auto& c : as->containers) {
+        for (const std::string& uuid : c.gpus) {
+          for (size_t g = 0; g < spec.gpus.size(); ++g) {
+            if (spec.gpus[g].uuid == uuid &&
+                std::find(a.gpus.begin(), a.gpus.end(), static_cast<int>(g)) == a.gpus.end()) {
+              a.gpus.push_back(static_cast<int>(g));
+            }
+          }
+        }
+      }
+    }
+  }
+  const int want = r.fractional() ? 1 : r.gpus;
+  if (static_cast<int>(a.gpus.size()) != want) {
+    a.gpus.clear();
+    for (int g = 0;
+         g < static_cast<int>(spec.gpus.size()) && static_cast<int>(a.gpus.size()) < want; ++g) {
+      const sched::GpuUse& u = scheduler_->state().gpu_use(n, g);
+      if (u.milli + a.milli_per_gpu <= core::kMilliPerGpu &&
+          u.memory_mib + a.memory_mib_per_gpu <= spec.gpus[g].memory_mib) {
+        a.gpus.push_back(g);
+      }
+    }
+  }
+  absl::Status st = scheduler_->Restore(a);
+  if (!st.ok()) {
+    // CPU and memory are kube-scheduler's to check; the GPUs are what the model must hold.
+    a.request.cpu_milli = 0;
+    a.request.memory_mib = 0;
+    st = scheduler_->Restore(a);
+  }
+  if (st.ok()) p.allocated = true;
+  return st;
+}
+
+void Extender::OnPod(kube::EventType type, const json& pod) {
+  if (type == kube::EventType::kBookmark) return;
+  std::string id = PodId(pod);
+  std::string uid = StringAt(pod, {"metadata", "uid"});
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(id);
+  if (type == kube::EventType::kDeleted || Terminal(pod)) {
+    if (it == pods_.end()) return;
+    if (!uid.empty() && !it->second.uid.empty() && uid != it->second.uid) return;  // an older pod
+    Release(id, it->second, type == kube::EventType::kDeleted ? "deleted" : "finished");
+    cycle_->Remove(id);
+    pods_.erase(it);
+    return;
+  }
+  std::string node = StringAt(pod, {"spec", "nodeName"});
+  if (it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid) {
+    Release(id, it->second, "replaced by a new pod of the same name");
+    cycle_->Remove(id);
+    pods_.erase(it);
+    it = pods_.end();
+  }
+  if (it == pods_.end()) {
+    auto d = DemandOf(pod);
+    if (!d.ok()) return;  // not a Tessera pod, or one filter will explain
+    PodRec p;
+    p.uid = uid;
+    p.tessera = true;
+    p.demand = std::move(*d);
+    p.created = CreationSeconds(pod);
+    p.seq = ++seq_;
+    it = pods_.emplace(id, std::move(p)).first;
+    NoteTypical(it->second.demand.request);
+  }
+  PodRec& p = it->second;
+  if (p.uid.empty()) p.uid = uid;
+  if (node.empty() || !p.node.empty()) return;
+  // Bound: the reservation is confirmed, or the pod was bound without one.
+  RebuildIfNeeded();
+  p.node = node;
+  cycle_->Remove(id);
+  if (p.allocated) {
+    const sched::Allocation* a = scheduler_->state().Find(id);
+    if (a && scheduler_->state().node_name(a->node) == node) {
+      p.reserved_at = -1;
+      return;
+    }
+    Release(id, p, fmt::format("bound to {}, not to the node reserved", node).c_str());
+  }
+  if (absl::Status st = RestoreBound(id, p, &pod); !st.ok()) {
+    spdlog::warn("extender: pod {} runs on {} but its GPUs cannot be accounted: {}", id, node,
+                 std::string(st.message()));
+  } else {
+    spdlog::info("extender: pod {} found bound to {} (GPUs {})", id, node,
+                 fmt::join(scheduler_->state().Find(id)->gpus, ","));
+  }
+}
+
+// ---- quotas ----
+
+absl::StatusOr<std::map<std::string, sched::OwnerQuota>> ParseQuotas(const std::string& text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(fmt::format("quotas.yaml: not YAML: {}", e.what()));
+  }
+  std::map<std::string, sched::OwnerQuota> out;
+  if (root.IsNull()) return out;
+  if (!root.IsMap()) return absl::InvalidArgumentError("quotas.yaml: expected a mapping");
+  for (const auto& top : root) {
+    std::string key = top.first.as<std::string>("");
+    if (key != "namespaces") {
+      return absl::InvalidArgumentError(
+          fmt::format("quotas.yaml: unknown key '{}' (expected namespaces)", key));
+    }
+  }
+  YAML::Node nss = root["namespaces"];
+  if (!nss || nss.IsNull()) return out;
+  if (!nss.IsMap())
+    return absl::InvalidArgumentError("quotas.yaml: namespaces: expected a mapping");
+  for (const auto& entry : nss) {
+    std::string ns = entry.first.as<std::string>("");
+    std::string where = "quotas.yaml: namespaces." + ns;
+    if (ns.empty()) return absl::InvalidArgumentError("quotas.yaml: an empty namespace name");
+    const YAML::Node& q = entry.second;
+    if (!q.IsMap()) return absl::InvalidArgumentError(where + ": expected a mapping");
+    auto amount = [&](const char* field) -> absl::StatusOr<std::optional<sched::GpuAmount>> {
+      YAML::Node a = q[field];
+      if (!a) return std::optional<sched::GpuAmount>();
+      std::string w = where + "." + field;
+      if (!a.IsMap()) return absl::InvalidArgumentError(w + ": expected a mapping");
+      sched::GpuAmount out{-1, -1, -1};
+      for (const auto& kv : a) {
+        std::string k = kv.first.as<std::string>("");
+        std::string v = kv.second.IsScalar() ? kv.second.Scalar() : "";
+        std::optional<int64_t> n;
+        if (k == "gpus") {
+          n = ParseQuantity(v, 1.0);
+          if (n && std::to_string(*n) != v) n.reset();  // whole GPUs: an integer
+          if (n) out.gpus = *n;
+        } else if (k == "gpuCompute") {
+          n = ParseQuantity(v, core::kMilliPerGpu);
+          if (n) out.gpu_milli = *n;
+        } else if (k == "gpuMemory") {
+          n = ParseQuantity(v, 1.0 / (1 << 20));
+          if (n) out.gpu_memory_mib = *n;
+        } else {
+          return absl::InvalidArgumentError(
+              fmt::format("{}: unknown key '{}' (expected gpus, gpuCompute, gpuMemory)", w, k));
+        }
+        if (!n) {
+          return absl::InvalidArgumentError(
+              fmt::format("{}.{}: expected a non-negative {}, got '{}'", w, k,
+                          k == "gpus" ? "whole number" : "quantity", v));
+        }
+      }
+      return std::optional<sched::GpuAmount>(out);
+    };
+    for (const auto& kv : q) {
+      std::string k = kv.first.as<std::string>("");
+      if (k != "guaranteed" && k != "limit" && k != "cohort") {
+        return absl::InvalidArgumentError(
+            fmt::format("{}: unknown key '{}' (expected guaranteed, limit, cohort)", where, k));
+      }
+    }
+    auto guaranteed = amount("guaranteed");
+    if (!guaranteed.ok()) return guaranteed.status();
+    auto limit = amount("limit");
+    if (!limit.ok()) return limit.status();
+    if (!*guaranteed && !*limit) {
+      return absl::InvalidArgumentError(where + ": needs guaranteed, limit or both");
+    }
+    sched::OwnerQuota oq;
+    oq.limit = guaranteed->value_or(**limit);
+    if (*limit) {
+      const sched::GpuAmount& l = **limit;
+      const sched::GpuAmount& g = oq.limit;
+      auto below = [](int64_t lim, int64_t guar) { return lim >= 0 && (guar < 0 || lim < guar); };
+      if (below(l.gpus, g.gpus) || below(l.gpu_milli, g.gpu_milli) ||
+          below(l.gpu_memory_mib, g.gpu_memory_mib)) {
+        return absl::InvalidArgumentError(where + ": limit is below guaranteed");
+      }
+      oq.borrow = !(l == g);
+      oq.borrow_limit = l;
+    }
+    if (YAML::Node c = q["cohort"]) {
+      if (!c.IsScalar()) return absl::InvalidArgumentError(where + ".cohort: expected a name");
+      oq.cohort = c.Scalar();
+    }
+    out[ns] = oq;
+  }
+  return out;
+}
+
+absl::Status Extender::SetQuotas(const json* configmap) {
+  std::map<std::string, sched::OwnerQuota> quotas;
+  if (configmap) {
+    const json* data = FieldAt(*configmap, {"data", "quotas.yaml"});
+    if (!data || !data->is_string()) {
+      absl::Status st = absl::InvalidArgumentError(
+          fmt::format("ConfigMap {}: no data key quotas.yaml", PodId(*configmap)));
+      std::lock_guard lock(mu_);
+      quota_error_ = std::string(st.message());
+      return st;
+    }
+    auto parsed = ParseQuotas(data->get<std::string>());
+    if (!parsed.ok()) {
+      absl::Status st = absl::InvalidArgumentError(fmt::format(
+          "ConfigMap {}: {}", PodId(*configmap), std::string(parsed.status().message())));
+      std::lock_guard lock(mu_);
+      quota_error_ = std::string(st.message());
+      return st;
+    }
+    quotas = std::move(*parsed);
+  }
+  std::lock_guard lock(mu_);
+  quota_error_.clear();
+  quotas_ = quotas;
+  scheduler_->quotas().Replace(std::move(quotas));
+  spdlog::info("extender: {} namespace quota(s) in force", quotas_.size());
+  return absl::OkStatus();
+}
+
+// ---- the verbs ----
+
+void Extender::ExpireLocked(double now) {
+  for (auto& [id, p] : pods_) {
+    if (p.reserved_at < 0 || !p.node.empty() ||
+        now - p.reserved_at <= options_.reservation_timeout_s) {
+      continue;
+    }
+    Release(id, p, "reservation not bound in time");
+    cycle_->Remove(id);
+    p.queued_kind.clear();
+  }
+}
+
+void Extender::Expire() {
+  std::lock_guard lock(mu_);
+  ExpireLocked(Now());
+}
+
+void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now) {
+  for (const sched::CycleDecision& d : decisions) {
+    auto it = pods_.find(d.id);
+    if (it == pods_.end()) continue;
+    PodRec& p = it->second;
+    if (d.kind == sched::CycleDecision::Kind::kStart) {
+      p.allocated = true;
+      p.reserved_at = now;
+      p.reserved_node = scheduler_->state().node_name(d.allocation.node);
+      p.queued_kind.clear();
+      if (!d.allocation.request.gang.empty()) placed_gangs_.insert(d.allocation.request.gang);
+      spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", d.id, p.reserved_node,
+                   fmt::join(d.allocation.gpus, ","),
+                   d.allocation.borrowed ? " (on borrowed quota)" : "",
+                   d.allocation.request.gang.empty() ? "" : " gang " + d.allocation.request.gang);
+      continue;
+    }
+    for (const std::string& v : d.victims) {
+      auto vi = pods_.find(v);
+      if (vi == pods_.end()) continue;
+      size_t slash = v.find('/');
+      const sched::Allocation* a = scheduler_->state().Find(v);
+      Victim victim{v.substr(0, slash), v.substr(slash + 1), vi->second.uid,
+                    a ? scheduler_->state().node_name(a->node) : "", d.reason};
+      spdlog::info("extender: preempting pod {} on {}: {}", v, victim.node, d.reason);
+      evictions_.push_back(std::move(victim));
+    }
+  }
+}
+
+FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& candidates,
+                               const std::string& why) {
+  FilterResult out;
+  out.reason = why;
+  out.wait_kind = WaitKind(why);
+  std::unordered_map<std::string, std::string> verdicts;
+  if (out.wait_kind == "no-fit") {
+    for (auto& [node, v] : scheduler_->Explain(p.demand.request)) verdicts[node] = std::move(v);
+  }
+  for (const std::string& c : candidates) {
+    if (!nodes_.contains(c)) {
+      out.unresolvable[c] = kNoAgent;
+      continue;
+    }
+    auto v = verdicts.find(c);
+    out.failed[c] = v == verdicts.end() || v->second.rfind("fits", 0) == 0 ? why : v->second;
+  }
+  return out;
+}
+
+FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
+  std::lock_guard lock(mu_);
+  const double now = Now();
+  RebuildIfNeeded();
+  ExpireLocked(now);
+  FilterResult out;
+  auto d = DemandOf(pod);
+  if (!d.ok()) {
+    out.error = std::string(d.status().message());
+    out.reason = out.error;
+    out.wait_kind = "invalid";
+    return out;
+  }
+  const std::string id = d->request.id;
+  auto it = pods_.find(id);
+  std::string uid = StringAt(pod, {"metadata", "uid"});
+  if (it != pods_.end() && !uid.empty() && !it->second.uid.empty() && it->second.uid != uid) {
+    Release(id, it->second, "replaced by a new pod of the same name");
+    cycle_->Remove(id);
+    pods_.erase(it);
+    it = pods_.end();
+  }
+  if (it == pods_.end()) {
+    PodRec p;
+    p.uid = uid;
+    p.tessera = true;
+    p.demand = *d;
+    p.created = CreationSeconds(pod);
+    p.seq = ++seq_;
+    it = pods_.emplace(id, std::move(p)).first;
+    NoteTypical(it->second.demand.request);
+  }
+  PodRec& p = it->second;
+  const std::unordered_set<std::string> allowed(candidates.begin(), candidates.end());
+  if (!p.node.empty()) {
+    out.error = fmt::format("pod {} is already bound to {}", id, p.node);
+    out.reason = out.error;
+    out.wait_kind = "invalid";
+    return out;
+  }
+  if (p.allocated) {
+    if (allowed.contains(p.reserved_node)) {
+      out.nodes = {p.reserved_node};
+      out.reason = "reserved earlier";
+      p.reserved_at = now;
+      return out;
+    }
+    Release(id, p, "kube-scheduler no longer offers the node reserved");
+  }
+  if (!cycle_->Queued(id)) {
+    p.demand = std::move(*d);
+    if (absl::Status st = cycle_->Enqueue({p.demand.request, p.created, p.seq}); !st.ok()) {
+      out.error = std::string(st.message());
+      out.reason = out.error;
+      out.wait_kind = "invalid";
+      return out;
+    }
+  }
+  // Nodes kube-scheduler ruled out (taints, affinity, CPU) take nothing in this step.
+  std::vector<std::pair<sched::NodeId, int>> fenced;
+  if (allowed.size() < nodes_.size() || candidates.size() != allowed.size()) {
+    for (const auto& [name, n] : nodes_) {
+      if (allowed.contains(name)) continue;
+      sched::NodeId nid = scheduler_->state().FindNode(name);
+      if (nid < 0) continue;
+      for (int g = 0; g < scheduler_->state().gpu_count(nid); ++g) {
+        if (scheduler_->state().gpu_use(nid, g).healthy) {
+          (void)scheduler_->SetGpuHealth(nid, g, false);
+          fenced.emplace_back(nid, g);
+        }
+      }
+    }
+  }
+  std::vector<sched::CycleDecision> decisions = cycle_->Step(now);
+  for (auto [nid, g] : fenced) (void)scheduler_->SetGpuHealth(nid, g, true);
+  ApplyDecisions(decisions, now);
+  if (p.allocated) {
+    out.nodes = {p.reserved_node};
+    out.reason = "placed";
+    return out;
+  }
+  const std::string* why = cycle_->Waiting(id);
+  out = Explain(p, candidates, why ? *why : "not placed");
+  p.queued_kind = out.wait_kind;
+  if (p.queued_at < 0) p.queued_at = now;
+  return out;
+}
+
+std::vector<std::pair<std::string, int>> Extender::Prioritize(
+    const json& pod, const std::vector<std::string>& candidates) {
+  std::lock_guard lock(mu_);
+  std::string chosen;
+  if (auto it = pods_.find(PodId(pod)); it != pods_.end() && it->second.allocated) {
+    chosen = it->second.reserved_node.empty() ? it->second.node : it->second.reserved_node;
+  }
+  std::vector<std::pair<std::string, int>> out;
+  out.reserve(candidates.size());
+  for (const std::string& c : candidates) out.emplace_back(c, c == chosen ? 10 : 0);
+  return out;
+}
+
+absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std::string& name,
+                                               const std::string& uid, const std::string& node) {
+  std::lock_guard lock(mu_);
+  const std::string id = ns + "/" + name;
+  auto it = pods_.find(id);
+  if (it == pods_.end() || !it->second.allocated) {
+    return absl::FailedPreconditionError(fmt::format(
+        "pod {} has no GPUs reserved (the extender restarted or the reservation expired); "
+        "kube-scheduler will schedule it again",
+        id));
+  }
+  PodRec& p = it->second;
+  if (!uid.empty() && !p.uid.empty() && uid != p.uid) {
+    return absl::FailedPreconditionError(
+        fmt::format("pod {}: UID {} is not the pod the GPUs were reserved for", id, uid));
+  }
+  const sched::Allocation* a = scheduler_->state().Find(id);
+  const std::string reserved = a ? scheduler_->state().node_name(a->node) : "";
+  if (reserved != node) {
+    Release(id, p, "kube-scheduler binds it elsewhere");
+    return absl::FailedPreconditionError(fmt::format(
+        "pod {}: its GPUs were reserved on node {}, not {}; released", id, reserved, node));
+  }
+  const core::NodeSpec& spec = scheduler_->state().node_spec(a->node);
+  BindPlan plan;
+  plan.pod_id = id;
+  plan.assignment.node = node;
+  plan.assignment.assigned_unix_ms =
+      static_cast<int64_t>(core::Seconds(core::SystemClock::Get().Now()) * 1000);
+  size_t next = 0;
+  for (const ContainerDemand& c : p.demand.containers) {
+    kube::ContainerAssignment ca;
+    ca.container = c.container;
+    ca.resource = c.resource;
+    ca.count = c.count;
+    if (c.resource == "tessera.io/gpu") {
+      for (int i = 0; i < c.count && next < a->gpus.size(); ++i, ++next) {
+        ca.gpus.push_back(spec.gpus[a->gpus[next]].uuid);
+      }
+    } else if (!a->gpus.empty()) {
+      ca.gpus.push_back(spec.gpus[a->gpus[0]].uuid);
+      if (a->memory_mib_per_gpu > 0) {
+        ca.memory = static_cast<uint64_t>(a->memory_mib_per_gpu) << 20;
+      }
+    }
+    plan.assignment.containers.push_back(std::move(ca));
+  }
+  p.reserved_at = Now();  // the bind is under way: not expired meanwhile
+  return plan;
+}
+
+void Extender::BindFailed(const std::string& pod_id, const std::string& why) {
+  std::lock_guard lock(mu_);
+  auto it = pods_.find(pod_id);
+  if (it == pods_.end() || !it->second.node.empty()) return;
+  spdlog::warn("extender: bind of pod {} failed: {}", pod_id, why);
+  Release(pod_id, it->second, "bind failed");
+}
+
+PreemptResult Extender::Preempt(const json& pod,
+                                const std::map<std::string, std::vector<std::string>>& candidates) {
+  std::lock_guard lock(mu_);
+  RebuildIfNeeded();
+  PreemptResult out;
+  auto d = DemandOf(pod);
+  if (!d.ok()) {
+    out.error = std::string(d.status().message());
+    return out;
+  }
+  if (auto it = pods_.find(d->request.id); it != pods_.end() && it->second.allocated) {
+    return out;  // it has its GPUs: nothing to preempt for
+  }
+  sched::PreemptionPlan plan = scheduler_->PlanPreemption(d->request, Now());
+  if (!plan.possible || plan.victims.empty()) {
+    spdlog::info("extender: no preemption for pod {}: {}", d->request.id,
+                 plan.why_not.empty() ? "nothing to preempt" : plan.why_not);
+    return out;
+  }
+  const std::string node = scheduler_->state().node_name(plan.node);
+  if (!candidates.contains(node)) {
+    spdlog::info(
+        "extender: pod {}: Tessera would preempt on {}, which kube-scheduler did not offer",
+        d->request.id, node);
+    return out;
+  }
+  std::vector<std::string>& uids = out.victims[node];
+  for (const std::string& v : plan.victims) {
+    auto it = pods_.find(v);
+    if (it != pods_.end() && !it->second.uid.empty()) uids.push_back(it->second.uid);
+  }
+  spdlog::info("extender: pod {}: preempt on {}: {}", d->request.id, node,
+               fmt::join(plan.victims, ", "));
+  return out;
+}
+
+std::vector<Victim> Extender::TakeEvictions() {
+  std::lock_guard lock(mu_);
+  std::vector<Victim> out;
+  out.swap(evictions_);
+  return out;
+}
+
+// ---- introspection ----
+
+Extender::Stats Extender::stats() const {
+  std::lock_guard lock(mu_);
+  Stats s;
+  const sched::ClusterState& st = scheduler_->state();
+  s.nodes = static_cast<int>(nodes_.size());
+  for (sched::NodeId n = 0; n < st.node_count(); ++n) {
+    for (int g = 0; g < st.gpu_count(n); ++g) {
+      ++s.gpus;
+      s.gpus_healthy += st.gpu_use(n, g).healthy;
+      s.gpu_milli_allocated += st.gpu_use(n, g).milli;
+    }
+  }
+  std::set<std::string> gangs;
+  for (const auto& [id, p] : pods_) {
+    if (p.allocated && p.node.empty()) ++s.reserved;
+    if (p.allocated && !p.node.empty()) ++s.bound;
+    if (cycle_->Queued(id)) {
+      ++s.queued;
+      ++s.pending_by_reason[p.queued_kind.empty() ? "not-yet-considered" : p.queued_kind];
+      if (!p.demand.request.gang.empty()) gangs.insert(p.demand.request.gang);
+    }
+  }
+  s.gangs_waiting = static_cast<int>(gangs.size());
+  s.rebuilds = rebuilds_;
+  s.quota_error = quota_error_;
+  return s;
+}
+
+std::map<std::string, QuotaUse> Extender::quota_use() const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, QuotaUse> out;
+  for (const auto& [ns, q] : quotas_) {
+    QuotaUse& u = out[ns];
+    u.quota = q;
+    u.has_quota = true;
+  }
+  for (const auto& [id, a] : scheduler_->state().allocations()) {
+    out[a.request.owner].used = scheduler_->quotas().Used(a.request.owner);
+  }
+  for (auto& [ns, u] : out) u.used = scheduler_->quotas().Used(ns);
+  return out;
+}
+
+std::optional<sched::Allocation> Extender::AllocationOf(const std::string& pod_id) const {
+  std::lock_guard lock(mu_);
+  const sched::Allocation* a = scheduler_->state().Find(pod_id);
+  if (!a) return std::nullopt;
+  return *a;
+}
+
+std::optional<std::string> Extender::Waiting(const std::string& pod_id) const {
+  std::lock_guard lock(mu_);
+  const std::string* w = cycle_->Waiting(pod_id);
+  if (!w) return std::nullopt;
+  return *w;
+}
+
+}  // namespace tessera::extender

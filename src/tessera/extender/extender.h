@@ -1,0 +1,202 @@
+#pragma once
+// The scheduler extender's decisions (issue 15), with no I/O: the cluster as the API server shows
+// it (nodes with the agents' GPUs, Tessera pods, PodGroups, the quota ConfigMap) kept in a
+// sched::Scheduler, and kube-scheduler's four verbs answered by the same sched::Cycle the
+// simulator and the standalone server drive.
+//
+// How kube-scheduler's calls map onto the cycle:
+// - filter: the pod joins the cycle's queue (priority, then creation time), the cycle steps, and
+//   the pod is answered the one node where the cycle started it. Starting means reserving: the
+//   allocation is recorded at once, so the next pod's filter sees those GPUs taken. A pod that
+//   does not start stays queued and is answered, per node, why not (FailedNodes). A step may also
+//   start other queued pods (the rest of a gang when its last member arrives; a pod whose
+//   preemption victims are gone): they hold their reservation until kube-scheduler asks again.
+// - prioritize: 10 for the reserved node, 0 for the others (the decision was made in filter).
+// - bind: the reservation becomes the pod's `tessera.io/assignment` (the service writes it, then
+//   the Binding); a reservation not bound within `reservation_timeout_s` is released.
+// - preempt: the victims the core chose (Scheduler::PlanPreemption, through the cycle) on the
+//   node the core chose, when kube-scheduler offered that node. Victims the cycle asks for are
+//   also handed to the service to evict (TakeEvictions): kube-scheduler's own preemption only
+//   considers lower priorities, so reclaiming borrowed quota at equal priority is ours to do.
+//
+// Thread-safe: one lock around the model (kube-scheduler's filter and bind calls overlap).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tessera/core/clock.h"
+#include "tessera/extender/objects.h"
+#include "tessera/kube/client.h"
+#include "tessera/kube/gpu_annotations.h"
+#include "tessera/sched/cycle.h"
+#include "tessera/sched/scheduler.h"
+
+namespace tessera::extender {
+
+struct ExtenderOptions {
+  sched::SchedulerConfig scheduler;
+  sched::CycleOptions cycle;
+  // A pod started (reserved) by the cycle and not bound within this many seconds gives its GPUs
+  // back and leaves the queue (kube-scheduler dropped it, or another scheduler took it).
+  double reservation_timeout_s = 60;
+  // FGD's typical workload: recomputed from the Tessera pods seen, each time this many more have
+  // been seen (0: only what SetTypicalRequests gives).
+  int typical_refresh_pods = 256;
+};
+
+// A filter answer, as kube-scheduler's ExtenderFilterResult has it.
+struct FilterResult {
+  std::vector<std::string> nodes;                   // the chosen node (empty: none)
+  std::map<std::string, std::string> failed;        // may fit later
+  std::map<std::string, std::string> unresolvable;  // no Tessera GPUs there: retrying won't help
+  std::string error;                                // the pod cannot be placed as written
+  // For logs and metrics: why it waits, and its class ("gang", "quota", "preemption", "no-fit",
+  // "nodes") when not placed.
+  std::string reason;
+  std::string wait_kind;
+};
+
+// A running pod the cycle asked to stop.
+struct Victim {
+  std::string ns, name, uid, node;
+  std::string reason;
+};
+
+struct PreemptResult {
+  std::map<std::string, std::vector<std::string>> victims;  // node -> victim pod UIDs
+  std::string error;
+};
+
+// A bind the service should carry out: write `assignment` on the pod, then create its Binding.
+struct BindPlan {
+  kube::Assignment assignment;
+  std::string pod_id;  // "ns/name"
+};
+
+struct QuotaUse {
+  sched::GpuAmount used;
+  sched::OwnerQuota quota;
+  bool has_quota = false;
+};
+
+class Extender {
+ public:
+  Extender(ExtenderOptions options, const core::Clock& clock);
+  Extender(const Extender&) = delete;
+  Extender& operator=(const Extender&) = delete;
+
+  // Informer events (`object` is the last state for kDeleted).
+  void OnNode(kube::EventType type, const nlohmann::json& node);
+  void OnPod(kube::EventType type, const nlohmann::json& pod);
+  void OnPodGroup(kube::EventType type, const nlohmann::json& group);
+  // The quota ConfigMap (docs/kubernetes.md); nullptr when there is none (no quotas). On error
+  // the quotas in force stay and the error names the key and field.
+  absl::Status SetQuotas(const nlohmann::json* configmap);
+  void SetTypicalRequests(std::vector<sched::TypicalRequest> typical);
+
+  // kube-scheduler's verbs. `candidates`: the nodes kube-scheduler's own filters passed.
+  FilterResult Filter(const nlohmann::json& pod, const std::vector<std::string>& candidates);
+  std::vector<std::pair<std::string, int>> Prioritize(const nlohmann::json& pod,
+                                                      const std::vector<std::string>& candidates);
+  // The assignment for a reserved pod, or why not (then its reservation is released and the pod
+  // requeued by kube-scheduler). kFailedPrecondition: no reservation or another node.
+  absl::StatusOr<BindPlan> PrepareBind(const std::string& ns, const std::string& name,
+                                       const std::string& uid, const std::string& node);
+  // The service could not write the assignment or the Binding: the reservation is released.
+  void BindFailed(const std::string& pod_id, const std::string& why);
+  // `candidates`: node -> the UIDs of the victims kube-scheduler proposes there.
+  PreemptResult Preempt(const nlohmann::json& pod,
+                        const std::map<std::string, std::vector<std::string>>& candidates);
+  // Victims asked to stop since the last call, for the service to evict.
+  std::vector<Victim> TakeEvictions();
+  // Releases reservations older than the timeout. Filter calls it too.
+  void Expire();
+
+  // For metrics, logs and tests.
+  struct Stats {
+    int nodes = 0;  // with Tessera GPUs
+    int gpus = 0;   // on them
+    int gpus_healthy = 0;
+    int64_t gpu_milli_allocated = 0;
+    int queued = 0;                                // pods waiting in the cycle
+    int reserved = 0;                              // started, not yet bound
+    int bound = 0;                                 // running or bound, holding GPUs
+    std::map<std::string, int> pending_by_reason;  // wait_kind -> pods queued
+    int gangs_waiting = 0;
+    uint64_t rebuilds = 0;
+    std::string quota_error;  // the last quota ConfigMap's error, "" when it was fine
+  };
+  Stats stats() const;
+  std::map<std::string, QuotaUse> quota_use() const;
+  // A pod's allocation (reserved or bound), if any.
+  std::optional<sched::Allocation> AllocationOf(const std::string& pod_id) const;
+  // Why a queued pod waits, if it is queued.
+  std::optional<std::string> Waiting(const std::string& pod_id) const;
+
+ private:
+  struct NodeRec {
+    NodeGpusInfo info;
+    std::string fingerprint;  // what changes the scheduling model (not health)
+  };
+  struct PodRec {
+    std::string uid;
+    std::string node;  // spec.nodeName ("" while pending)
+    bool tessera = false;
+    PodDemand demand;         // when tessera
+    std::string gang_group;   // the pod-group label's group, "ns/name"
+    bool allocated = false;   // holds an allocation in the scheduler
+    double reserved_at = -1;  // >= 0: reserved by filter, not bound yet
+    std::string reserved_node;
+    uint64_t seq = 0;         // arrival order (queue tie-break)
+    std::string queued_kind;  // wait kind while queued
+    double created = 0;       // metadata.creationTimestamp, seconds (queue order)
+    double queued_at = -1;
+  };
+
+  double Now() const { return core::Seconds(clock_.Now()); }
+  void Rebuild();  // a fresh model from nodes_ and pods_ (after a node changed shape or went)
+  void RebuildIfNeeded();
+  absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod);
+  void Release(const std::string& id, PodRec& p, const char* why);
+  void ExpireLocked(double now);
+  int SharesPerGpu() const;
+  absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod);
+  void ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now);
+  void NoteTypical(const core::Request& r);
+  FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,
+                       const std::string& why);
+
+  ExtenderOptions options_;
+  const core::Clock& clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, NodeRec> nodes_;
+  std::unordered_map<std::string, PodRec> pods_;  // "ns/name"
+  std::map<std::string, int> pod_groups_;         // "ns/name" -> minMember
+  std::set<std::string> placed_gangs_;            // gangs whose members were started
+  std::map<std::string, sched::OwnerQuota> quotas_;
+  std::string quota_error_;
+  std::vector<sched::TypicalRequest> typical_;
+  bool typical_fixed_ = false;
+  std::vector<core::Request> seen_requests_;  // recent Tessera pod requests, for FGD
+  size_t seen_since_refresh_ = 0;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::unique_ptr<sched::Cycle> cycle_;
+  bool dirty_ = false;  // the model no longer matches nodes_: rebuild before the next decision
+  uint64_t rebuilds_ = 0;
+  uint64_t seq_ = 0;
+  std::vector<Victim> evictions_;
+};
+
+// The quota ConfigMap's `quotas.yaml` (docs/kubernetes.md) as owner quotas per namespace.
+absl::StatusOr<std::map<std::string, sched::OwnerQuota>> ParseQuotas(const std::string& yaml);
+
+}  // namespace tessera::extender

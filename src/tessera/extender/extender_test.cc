@@ -1,0 +1,377 @@
+#include "tessera/extender/extender.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/extender/test_objects.h"
+
+namespace tessera::extender {
+namespace {
+
+using nlohmann::json;
+using ::testing::ElementsAre;
+using testing::GpuNode;
+using testing::GpuPod;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using testing::PodOptions;
+using Ev = kube::EventType;
+
+class ExtenderTest : public ::testing::Test {
+ protected:
+  ExtenderTest() { Make({}); }
+  void Make(ExtenderOptions o) {
+    o.scheduler.random_ties = false;
+    o.reservation_timeout_s = 30;
+    ex_ = std::make_unique<Extender>(o, clock_);
+  }
+  // A pod as kube-scheduler would see it after bind: on its node, with the annotation.
+  json Bound(json pod, const BindPlan& plan) {
+    pod["spec"]["nodeName"] = plan.assignment.node;
+    pod["metadata"]["annotations"][kube::kAssignmentAnnotation] =
+        kube::FormatAssignment(plan.assignment);
+    pod["status"]["phase"] = "Running";
+    return pod;
+  }
+  // filter + bind, as kube-scheduler does for a pod that fits; returns the node.
+  std::string Schedule(const json& pod, const std::vector<std::string>& nodes) {
+    FilterResult f = ex_->Filter(pod, nodes);
+    if (f.nodes.size() != 1) return "";
+    auto plan = ex_->PrepareBind(pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                 pod["metadata"]["uid"], f.nodes[0]);
+    if (!plan.ok()) return "";
+    ex_->OnPod(Ev::kModified, Bound(pod, *plan));
+    return f.nodes[0];
+  }
+
+  core::FakeClock clock_;
+  std::unique_ptr<Extender> ex_;
+};
+
+TEST_F(ExtenderTest, FilterChoosesOneNodeAndBindRecordsTheGpus) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json pod = GpuPod("ml", "train", {.gpus = 1});
+  ex_->OnPod(Ev::kAdded, pod);
+  FilterResult f = ex_->Filter(pod, {"a", "b"});
+  ASSERT_EQ(f.nodes.size(), 1u) << f.reason;
+  EXPECT_TRUE(f.error.empty());
+  EXPECT_THAT(f.failed, IsEmpty());
+  // The decision is made: prioritize points at it.
+  auto scores = ex_->Prioritize(pod, {"a", "b"});
+  ASSERT_EQ(scores.size(), 2u);
+  for (auto& [node, score] : scores) EXPECT_EQ(score, node == f.nodes[0] ? 10 : 0);
+
+  auto plan = ex_->PrepareBind("ml", "train", "uid-ml-train", f.nodes[0]);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->assignment.node, f.nodes[0]);
+  ASSERT_EQ(plan->assignment.containers.size(), 1u);
+  const auto& c = plan->assignment.containers[0];
+  EXPECT_EQ(c.container, "main");
+  EXPECT_EQ(c.resource, "tessera.io/gpu");
+  EXPECT_EQ(c.count, 1);
+  ASSERT_EQ(c.gpus.size(), 1u);
+  EXPECT_THAT(c.gpus[0], HasSubstr("GPU-"));
+
+  // Best fit packs: the next one-GPU pod goes to the same node, the other GPU.
+  ex_->OnPod(Ev::kModified, Bound(pod, *plan));
+  json second = GpuPod("ml", "second", {.gpus = 1});
+  EXPECT_EQ(Schedule(second, {"a", "b"}), f.nodes[0]);
+  auto a1 = ex_->AllocationOf("ml/train");
+  auto a2 = ex_->AllocationOf("ml/second");
+  ASSERT_TRUE(a1 && a2);
+  EXPECT_NE(a1->gpus, a2->gpus);
+  Extender::Stats s = ex_->stats();
+  EXPECT_EQ(s.bound, 2);
+  EXPECT_EQ(s.reserved, 0);
+  EXPECT_EQ(s.gpu_milli_allocated, 2000);
+
+  // The pods end: their GPUs come back.
+  json done = Bound(pod, *plan);
+  done["status"]["phase"] = "Succeeded";
+  ex_->OnPod(Ev::kModified, done);
+  EXPECT_FALSE(ex_->AllocationOf("ml/train"));
+  ex_->OnPod(Ev::kDeleted, second);
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
+}
+
+TEST_F(ExtenderTest, FractionalPodsGetOneGpuWithMemory) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+  json pod =
+      GpuPod("ml", "small", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "2Gi"}}});
+  FilterResult f = ex_->Filter(pod, {"a"});
+  ASSERT_EQ(f.nodes, std::vector<std::string>{"a"}) << f.reason;
+  auto plan = ex_->PrepareBind("ml", "small", "", "a");
+  ASSERT_TRUE(plan.ok());
+  const auto& c = plan->assignment.containers.at(0);
+  EXPECT_EQ(c.resource, "tessera.io/gpu-share");
+  EXPECT_EQ(c.count, 1);
+  EXPECT_EQ(c.gpus.size(), 1u);
+  EXPECT_EQ(c.memory, uint64_t{2} << 30);
+  auto a = ex_->AllocationOf("ml/small");
+  EXPECT_EQ(a->milli_per_gpu, 250);  // one of four shares
+}
+
+TEST_F(ExtenderTest, UnplacedPodsSayWhyPerNode) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  json big = GpuPod("ml", "big", {.gpus = 4});
+  FilterResult f = ex_->Filter(big, {"a", "cpu-only"});
+  EXPECT_THAT(f.nodes, IsEmpty());
+  EXPECT_EQ(f.wait_kind, "no-fit");
+  ASSERT_TRUE(f.failed.contains("a"));
+  EXPECT_THAT(f.failed["a"], HasSubstr("GPU"));
+  ASSERT_TRUE(f.unresolvable.contains("cpu-only"));
+  EXPECT_THAT(f.unresolvable["cpu-only"], HasSubstr("tessera.io/gpus"));
+  EXPECT_EQ(ex_->stats().queued, 1);
+
+  // A pod that asks for nothing of Tessera's is an error, and changes nothing.
+  json plain = GpuPod("ml", "plain", {});
+  FilterResult e = ex_->Filter(plain, {"a"});
+  EXPECT_THAT(e.error, HasSubstr("requests neither tessera.io/gpu"));
+  EXPECT_EQ(ex_->stats().queued, 1);
+}
+
+TEST_F(ExtenderTest, OnlyNodesKubeSchedulerOfferedAreChosen) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  ASSERT_EQ(Schedule(GpuPod("ml", "p1", {.gpus = 1}), {"a", "b"}), "a");
+  // Best fit would pick a again; kube-scheduler ruled it out.
+  EXPECT_EQ(Schedule(GpuPod("ml", "p2", {.gpus = 1}), {"b"}), "b");
+  // The fence is lifted after the decision: a still has a free GPU.
+  EXPECT_EQ(Schedule(GpuPod("ml", "p3", {.gpus = 1}), {"a", "b"}), "b");  // b is fuller: 1 free
+  EXPECT_EQ(Schedule(GpuPod("ml", "p4", {.gpus = 1}), {"a", "b"}), "a");
+}
+
+TEST_F(ExtenderTest, UnboundReservationsExpire) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  json pod = GpuPod("ml", "p", {.gpus = 2});
+  ASSERT_EQ(ex_->Filter(pod, {"a"}).nodes.size(), 1u);
+  json other = GpuPod("ml", "other", {.gpus = 1});
+  EXPECT_THAT(ex_->Filter(other, {"a"}).nodes, IsEmpty());
+  clock_.Advance(std::chrono::seconds(31));
+  ex_->Expire();
+  EXPECT_FALSE(ex_->AllocationOf("ml/p"));
+  EXPECT_EQ(ex_->Filter(other, {"a"}).nodes, std::vector<std::string>{"a"});
+  // A bind after expiry is refused: kube-scheduler tries the pod again.
+  auto late = ex_->PrepareBind("ml", "p", "", "a");
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("no GPUs reserved"));
+}
+
+TEST_F(ExtenderTest, BindToAnotherNodeReleasesTheReservation) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json pod = GpuPod("ml", "p", {.gpus = 1});
+  auto f = ex_->Filter(pod, {"a", "b"});
+  ASSERT_EQ(f.nodes.size(), 1u);
+  std::string other = f.nodes[0] == "a" ? "b" : "a";
+  auto plan = ex_->PrepareBind("ml", "p", "", other);
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("reserved on node " + f.nodes[0]));
+  EXPECT_FALSE(ex_->AllocationOf("ml/p"));
+}
+
+TEST_F(ExtenderTest, PodsBoundByOthersAreAccountedFromTheirAssignment) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  json pod = GpuPod("ml", "elsewhere", {.gpus = 1});
+  pod["spec"]["nodeName"] = "a";
+  auto node = NodeOf(GpuNode("a"));
+  kube::Assignment as{"a", 1, {{"main", "tessera.io/gpu", {node->spec.gpus[1].uuid}, 1}}};
+  pod["metadata"]["annotations"][kube::kAssignmentAnnotation] = kube::FormatAssignment(as);
+  ex_->OnPod(Ev::kAdded, pod);
+  auto a = ex_->AllocationOf("ml/elsewhere");
+  ASSERT_TRUE(a);
+  EXPECT_THAT(a->gpus, ElementsAre(1));
+  // Without an annotation: the first free GPU.
+  json bare = GpuPod("ml", "bare", {.gpus = 1});
+  bare["spec"]["nodeName"] = "a";
+  ex_->OnPod(Ev::kAdded, bare);
+  EXPECT_THAT(ex_->AllocationOf("ml/bare")->gpus, ElementsAre(0));
+  EXPECT_THAT(ex_->Filter(GpuPod("ml", "more", {.gpus = 1}), {"a"}).nodes, IsEmpty());
+}
+
+TEST_F(ExtenderTest, UnhealthyGpusTakeNoNewPods) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kModified, GpuNode("a", "t4x2", {0, 1}));
+  FilterResult f = ex_->Filter(GpuPod("ml", "p", {.gpus = 1}), {"a"});
+  EXPECT_THAT(f.nodes, IsEmpty());
+  EXPECT_THAT(f.failed["a"], HasSubstr("unhealthy"));
+  EXPECT_EQ(ex_->stats().gpus_healthy, 0);
+  ex_->OnNode(Ev::kModified, GpuNode("a", "t4x2", {1}));
+  EXPECT_EQ(ex_->Filter(GpuPod("ml", "p", {.gpus = 1}), {"a"}).nodes,
+            std::vector<std::string>{"a"});
+  EXPECT_EQ(ex_->AllocationOf("ml/p")->gpus, std::vector<int>{0});
+  EXPECT_EQ(ex_->stats().rebuilds, 0u);  // health changes in place
+}
+
+TEST_F(ExtenderTest, NodeChangesAndDeletionsRebuildTheModel) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  ASSERT_EQ(Schedule(GpuPod("ml", "on-a", {.gpus = 2}), {"a", "b"}), "a");
+  ASSERT_EQ(Schedule(GpuPod("ml", "on-b", {.gpus = 1}), {"a", "b"}), "b");
+  ex_->OnNode(Ev::kDeleted, GpuNode("a"));
+  // b keeps its pod through the rebuild; a's pod lost its node.
+  EXPECT_EQ(ex_->Filter(GpuPod("ml", "next", {.gpus = 1}), {"b"}).nodes,
+            std::vector<std::string>{"b"});
+  EXPECT_EQ(ex_->stats().rebuilds, 1u);
+  EXPECT_TRUE(ex_->AllocationOf("ml/on-b"));
+  EXPECT_FALSE(ex_->AllocationOf("ml/on-a"));
+  EXPECT_EQ(ex_->stats().nodes, 1);
+  // A node whose agent now reports another machine is rebuilt too.
+  ex_->OnNode(Ev::kModified, GpuNode("b", "dgx-h100"));
+  EXPECT_EQ(ex_->Filter(GpuPod("ml", "wide", {.gpus = 4}), {"b"}).nodes,
+            std::vector<std::string>{"b"});
+  EXPECT_EQ(ex_->stats().rebuilds, 2u);
+}
+
+TEST_F(ExtenderTest, GangsArePlacedWholeOrNotAtAll) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  // No PodGroup of that name: the pod says so.
+  json orphan = GpuPod("ml", "orphan", {.gpus = 1, .pod_group = "nosuch"});
+  EXPECT_THAT(ex_->Filter(orphan, {"a", "b"}).error, HasSubstr("no PodGroup ml/nosuch"));
+
+  ex_->OnPodGroup(Ev::kAdded, testing::PodGroup("ml", "job", 3));
+  json w0 = GpuPod("ml", "w0", {.gpus = 2, .pod_group = "job"});
+  json w1 = GpuPod("ml", "w1", {.gpus = 1, .pod_group = "job"});
+  json w2 = GpuPod("ml", "w2", {.gpus = 1, .pod_group = "job"});
+  FilterResult f0 = ex_->Filter(w0, {"a", "b"});
+  EXPECT_THAT(f0.nodes, IsEmpty());
+  EXPECT_EQ(f0.wait_kind, "gang");
+  EXPECT_THAT(f0.failed["a"], HasSubstr("1 of 3 members"));
+  EXPECT_EQ(ex_->stats().gangs_waiting, 1);
+  // Nothing is held while the gang is incomplete.
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
+  EXPECT_THAT(ex_->Filter(w1, {"a", "b"}).nodes, IsEmpty());
+  // The last member completes it: all three are reserved at once.
+  FilterResult f2 = ex_->Filter(w2, {"a", "b"});
+  ASSERT_EQ(f2.nodes.size(), 1u) << f2.reason;
+  EXPECT_EQ(ex_->stats().reserved, 3);
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 4000);
+  // Retried by kube-scheduler, the others get their reserved node.
+  FilterResult again = ex_->Filter(w0, {"a", "b"});
+  ASSERT_EQ(again.nodes.size(), 1u);
+  EXPECT_EQ(again.reason, "reserved earlier");
+  EXPECT_TRUE(ex_->PrepareBind("ml", "w0", "", again.nodes[0]).ok());
+  // The gang's reservation expires as one if kube-scheduler never comes back for the rest.
+  clock_.Advance(std::chrono::seconds(31));
+  ex_->Expire();
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
+}
+
+TEST_F(ExtenderTest, TessseraGangAnnotationsWork) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  json annotations = {{"tessera.io/gang", "g"}, {"tessera.io/gang-size", "2"}};
+  json p0 = GpuPod("ml", "p0", {.gpus = 1, .annotations = annotations});
+  json p1 = GpuPod("ml", "p1", {.gpus = 1, .annotations = annotations});
+  EXPECT_EQ(ex_->Filter(p0, {"a"}).wait_kind, "gang");
+  EXPECT_EQ(ex_->Filter(p1, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_EQ(ex_->Filter(p0, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+TEST_F(ExtenderTest, PriorityPreemptsLowerPriorityPods) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ASSERT_EQ(Schedule(GpuPod("ml", "low", {.gpus = 2, .priority = 1}), {"a"}), "a");
+  json high = GpuPod("ml", "high", {.gpus = 2, .priority = 100});
+  FilterResult f = ex_->Filter(high, {"a"});
+  EXPECT_THAT(f.nodes, IsEmpty());
+  EXPECT_EQ(f.wait_kind, "preemption");
+  auto victims = ex_->TakeEvictions();
+  ASSERT_EQ(victims.size(), 1u);
+  EXPECT_EQ(victims[0].name, "low");
+  EXPECT_EQ(victims[0].uid, "uid-ml-low");
+  EXPECT_EQ(victims[0].node, "a");
+  // kube-scheduler's preempt gets the same victim, on the node the core chose.
+  PreemptResult p = ex_->Preempt(high, {{"a", {"uid-ml-low"}}});
+  EXPECT_EQ(p.victims["a"], std::vector<std::string>{"uid-ml-low"});
+  EXPECT_THAT(ex_->Preempt(high, {{"elsewhere", {}}}).victims, IsEmpty());
+  // The victim goes; the next filter starts the pod.
+  ex_->OnPod(Ev::kDeleted, GpuPod("ml", "low", {.gpus = 2, .priority = 1}));
+  EXPECT_EQ(ex_->Filter(high, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+TEST_F(ExtenderTest, BorrowedQuotaIsReclaimedForTheLender) {
+  ASSERT_TRUE(ex_->SetQuotas(nullptr).ok());
+  json cm = testing::QuotaConfigMap(R"(
+namespaces:
+  team-a: {cohort: lab, guaranteed: {gpus: 1}, limit: {gpus: 2}}
+  team-b: {cohort: lab, guaranteed: {gpus: 1}}
+)");
+  ASSERT_TRUE(ex_->SetQuotas(&cm).ok());
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ASSERT_EQ(Schedule(GpuPod("team-a", "own", {.gpus = 1}), {"a"}), "a");
+  // team-b is idle: team-a borrows its GPU.
+  ASSERT_EQ(Schedule(GpuPod("team-a", "borrowed", {.gpus = 1}), {"a"}), "a");
+  // team-a's next pod finds no room and may not take it back from itself (same priority).
+  FilterResult q = ex_->Filter(GpuPod("team-a", "third", {.gpus = 1}), {"a"});
+  EXPECT_EQ(q.wait_kind, "no-fit");
+  EXPECT_THAT(ex_->TakeEvictions(), IsEmpty());
+  auto use = ex_->quota_use();
+  EXPECT_EQ(use["team-a"].used.gpus, 2);
+  // team-b comes back at the same priority: the borrowed pod is reclaimed, not the owned one.
+  json lender = GpuPod("team-b", "back", {.gpus = 1});
+  EXPECT_THAT(ex_->Filter(lender, {"a"}).nodes, IsEmpty());
+  auto victims = ex_->TakeEvictions();
+  ASSERT_EQ(victims.size(), 1u);
+  EXPECT_EQ(victims[0].ns, "team-a");
+  EXPECT_EQ(victims[0].name, "borrowed");
+  ex_->OnPod(Ev::kDeleted, GpuPod("team-a", "borrowed", {.gpus = 1}));
+  EXPECT_EQ(ex_->Filter(lender, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+TEST_F(ExtenderTest, ABadQuotaConfigMapChangesNothing) {
+  json good = testing::QuotaConfigMap("namespaces:\n  team-a: {guaranteed: {gpus: 1}}\n");
+  ASSERT_TRUE(ex_->SetQuotas(&good).ok());
+  json bad = testing::QuotaConfigMap("namespaces:\n  team-a: {guaranteed: {gpus: lots}}\n");
+  absl::Status st = ex_->SetQuotas(&bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("ConfigMap tessera-system/tessera-quotas: quotas.yaml: "
+                        "namespaces.team-a.guaranteed.gpus"));
+  EXPECT_THAT(ex_->stats().quota_error, HasSubstr("gpus"));
+  // The old quota still holds.
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ASSERT_EQ(Schedule(GpuPod("team-a", "p1", {.gpus = 1}), {"a"}), "a");
+  EXPECT_EQ(ex_->Filter(GpuPod("team-a", "p2", {.gpus = 1}), {"a"}).wait_kind, "quota");
+}
+
+TEST(ParseQuotas, FormAndErrors) {
+  auto q = ParseQuotas(R"(
+namespaces:
+  a: {cohort: lab, guaranteed: {gpus: 2, gpuCompute: "2500m", gpuMemory: 80Gi}, limit: {gpus: 4}}
+  b: {limit: {gpus: 3}}
+)");
+  ASSERT_TRUE(q.ok()) << q.status();
+  const sched::OwnerQuota& a = q->at("a");
+  EXPECT_EQ(a.limit.gpus, 2);
+  EXPECT_EQ(a.limit.gpu_milli, 2500);
+  EXPECT_EQ(a.limit.gpu_memory_mib, 80 * 1024);
+  EXPECT_TRUE(a.borrow);
+  EXPECT_EQ(a.borrow_limit.gpus, 4);
+  EXPECT_EQ(a.cohort, "lab");
+  const sched::OwnerQuota& b = q->at("b");
+  EXPECT_EQ(b.limit.gpus, 3);  // a hard limit alone: no borrowing
+  EXPECT_FALSE(b.borrow);
+  EXPECT_TRUE(ParseQuotas("").ok());
+  struct Case {
+    const char* yaml;
+    const char* error;
+  };
+  for (const Case& c : {
+           Case{"[", "not YAML"},
+           Case{"teams: {}", "unknown key 'teams'"},
+           Case{"namespaces: {a: {}}", "needs guaranteed, limit or both"},
+           Case{"namespaces: {a: {guaranteed: {gpus: 2}, limit: {gpus: 1}}}", "below guaranteed"},
+           Case{"namespaces: {a: {guaranteed: {gpus: 1.5}}}",
+                "gpus: expected a non-negative whole"},
+           Case{"namespaces: {a: {guaranteed: {cpus: 1}}}", "unknown key 'cpus'"},
+           Case{"namespaces: {a: {guaranteed: {gpuMemory: -1Gi}}}", "gpuMemory"},
+           Case{"namespaces: {a: {borrow: true}}", "unknown key 'borrow'"},
+       }) {
+    auto r = ParseQuotas(c.yaml);
+    EXPECT_FALSE(r.ok()) << c.yaml;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.error)) << c.yaml;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::extender

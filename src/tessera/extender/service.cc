@@ -1,0 +1,482 @@
+#include "tessera/extender/service.h"
+
+#include <chrono>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/kube/object.h"
+
+namespace tessera::extender {
+namespace {
+
+using nlohmann::json;
+
+server::HttpResponse JsonReply(int status, const json& body) {
+  return server::HttpResponse{status, "application/json", body.dump()};
+}
+
+// kube-scheduler reads `Error` from every answer; a request it could not have meant is a 400.
+server::HttpResponse BadRequest(const std::string& verb, const std::string& why) {
+  spdlog::warn("extender: bad {} request: {}", verb, why);
+  return JsonReply(400, json{{"Error", fmt::format("{}: {}", verb, why)}});
+}
+
+std::string Escape(const std::string& s) { return kube::QueryEscape(s); }
+
+}  // namespace
+
+Service::Service(kube::Client& client, ServiceOptions options, const core::Clock& clock)
+    : client_(client), options_(std::move(options)), clock_(clock) {
+  extender_ = std::make_unique<Extender>(options_.extender, clock_);
+}
+
+absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
+                                                        ServiceOptions options,
+                                                        const core::Clock& clock) {
+  std::string quota_ns, quota_name;
+  if (!options.quota_configmap.empty()) {
+    size_t slash = options.quota_configmap.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == options.quota_configmap.size()) {
+      return absl::InvalidArgumentError(
+          fmt::format("quota ConfigMap '{}': expected namespace/name", options.quota_configmap));
+    }
+    quota_ns = options.quota_configmap.substr(0, slash);
+    quota_name = options.quota_configmap.substr(slash + 1);
+  }
+  std::unique_ptr<Service> s(new Service(client, std::move(options), clock));
+  Service* self = s.get();
+  Extender* ex = s->extender_.get();
+  auto add = [&](kube::InformerOptions o, kube::Informer::Handler h) {
+    s->informers_.push_back(std::make_unique<kube::Informer>(client, std::move(o), std::move(h)));
+    return s->informers_.back().get();
+  };
+  s->nodes_ =
+      add({.path = "/api/v1/nodes"}, [ex](kube::EventType t, const json& o) { ex->OnNode(t, o); });
+  s->pods_ = add({.path = "/api/v1/pods"}, [ex, self](kube::EventType t, const json& o) {
+    ex->OnPod(t, o);
+    (void)self;
+  });
+  if (s->options_.pod_groups) {
+    add({.path = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"},
+        [ex](kube::EventType t, const json& o) { ex->OnPodGroup(t, o); });
+  }
+  if (!quota_name.empty()) {
+    add({.path = "/api/v1/namespaces/" + Escape(quota_ns) + "/configmaps",
+         .field_selector = "metadata.name=" + quota_name},
+        [ex, self](kube::EventType t, const json& o) {
+          if (t == kube::EventType::kBookmark) return;
+          absl::Status st = ex->SetQuotas(t == kube::EventType::kDeleted ? nullptr : &o);
+          if (st.ok()) {
+            ++self->counters_.quota_loads;
+          } else {
+            ++self->counters_.quota_errors;
+            spdlog::error("extender: quotas unchanged: {}", std::string(st.message()));
+          }
+        });
+  }
+  server::HttpServerOptions http;
+  http.tcp_address = s->options_.listen;
+  http.tls_cert_file = s->options_.tls_cert_file;
+  http.tls_key_file = s->options_.tls_key_file;
+  http.max_body_bytes = 64 << 20;  // a NodeList of thousands of nodes when not node-cache-capable
+  http.error_response = [](int status, const std::string& message) {
+    return JsonReply(status, json{{"Error", message}});
+  };
+  auto srv = server::HttpServer::Start(
+      http, [self](const server::HttpRequest& r) { return self->Handle(r); });
+  if (!srv.ok()) {
+    s->Stop();
+    return srv.status();
+  }
+  s->http_ = std::move(*srv);
+  s->worker_ = std::thread([self] { self->Work(); });
+  spdlog::info("extender: listening on {} (port {}, {})", s->options_.listen, s->port(),
+               s->options_.tls_cert_file.empty() ? "HTTP" : "HTTPS");
+  return s;
+}
+
+Service::~Service() { Stop(); }
+
+void Service::Stop() {
+  if (http_) http_->Stop();
+  for (auto& i : informers_) i->Stop();
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+bool Service::WaitForSync(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto& i : informers_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !i->WaitForSync(left)) return false;
+  }
+  return true;
+}
+
+int Service::port() const { return http_ ? http_->tcp_port() : 0; }
+
+void Service::Observe(double seconds) {
+  int i = 0;
+  while (i < kBucketCount && seconds > kBuckets[i]) ++i;
+  ++latency_counts_[i];
+  latency_sum_us_ += static_cast<uint64_t>(seconds * 1e6);
+}
+
+server::HttpResponse Service::Handle(const server::HttpRequest& r) {
+  // kube-scheduler calls urlPrefix + "/" + verb: the verb is the last path segment.
+  std::string verb = r.path.substr(r.path.rfind('/') + 1);
+  if (r.method == "GET") {
+    if (r.path == "/metrics") {
+      return server::HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
+    }
+    if (r.path == "/healthz" || r.path == "/readyz") {
+      bool ready = nodes_->synced() && pods_->synced();
+      return server::HttpResponse{ready ? 200 : 503, "text/plain",
+                                  ready ? "ok\n" : "listing nodes and pods\n"};
+    }
+    return server::HttpResponse{404, "text/plain",
+                                "not found: POST filter, prioritize, bind, preempt; GET /metrics, "
+                                "/healthz\n"};
+  }
+  if (r.method != "POST") {
+    return JsonReply(405, json{{"Error", "only POST (and GET /metrics, /healthz)"}});
+  }
+  if (verb == "filter") return HandleFilter(r.body, false);
+  if (verb == "prioritize") return HandleFilter(r.body, true);
+  if (verb == "bind") return HandleBind(r.body);
+  if (verb == "preempt") return HandlePreempt(r.body);
+  ++counters_.bad_requests;
+  return BadRequest(verb.empty() ? r.path : verb,
+                    "unknown verb (expected filter, prioritize, bind or preempt)");
+}
+
+server::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
+  const char* verb = prioritize ? "prioritize" : "filter";
+  auto t0 = std::chrono::steady_clock::now();
+  json args = json::parse(body, nullptr, false);
+  if (args.is_discarded() || !args.is_object()) {
+    ++counters_.bad_requests;
+    return BadRequest(verb, "the body is not a JSON object (ExtenderArgs)");
+  }
+  const json* pod = kube::FieldAt(args, {"Pod"});
+  if (!pod || !pod->is_object()) {
+    ++counters_.bad_requests;
+    return BadRequest(verb, "Pod: expected a v1.Pod object");
+  }
+  // NodeNames when kube-scheduler is told the extender caches nodes, else a whole NodeList.
+  std::vector<std::string> names;
+  const json* node_names = kube::FieldAt(args, {"NodeNames"});
+  const json* nodes = kube::FieldAt(args, {"Nodes"});
+  std::map<std::string, const json*> node_objects;
+  if (node_names && node_names->is_array()) {
+    for (const json& n : *node_names) {
+      if (!n.is_string()) {
+        ++counters_.bad_requests;
+        return BadRequest(verb, "NodeNames: expected a list of strings");
+      }
+      names.push_back(n.get<std::string>());
+    }
+  } else if (nodes && nodes->is_object()) {
+    const json* items = kube::FieldAt(*nodes, {"items"});
+    if (items && !items->is_array()) {
+      ++counters_.bad_requests;
+      return BadRequest(verb, "Nodes.items: expected a list of v1.Node");
+    }
+    for (const json& n : items ? *items : json::array()) {
+      std::string name = kube::StringAt(n, {"metadata", "name"});
+      if (name.empty()) {
+        ++counters_.bad_requests;
+        return BadRequest(verb, "Nodes.items: a node without metadata.name");
+      }
+      names.push_back(name);
+      node_objects[name] = &n;
+    }
+  } else {
+    ++counters_.bad_requests;
+    return BadRequest(verb, "neither NodeNames nor Nodes");
+  }
+  const std::string pod_id = kube::ObjectKey(*pod);
+  if (prioritize) {
+    ++counters_.prioritize;
+    json out = json::array();
+    for (auto& [host, score] : extender_->Prioritize(*pod, names)) {
+      out.push_back({{"Host", host}, {"Score", score}});
+    }
+    return JsonReply(200, out);
+  }
+  FilterResult f = extender_->Filter(*pod, names);
+  json out;
+  out["FailedNodes"] = f.failed;
+  out["FailedAndUnresolvableNodes"] = f.unresolvable;
+  out["Error"] = f.error;
+  if (node_names && node_names->is_array()) {
+    out["NodeNames"] = f.nodes;
+    out["Nodes"] = nullptr;
+  } else {
+    json list = {{"apiVersion", "v1"}, {"kind", "NodeList"}, {"items", json::array()}};
+    for (const std::string& n : f.nodes) list["items"].push_back(*node_objects.at(n));
+    out["Nodes"] = std::move(list);
+    out["NodeNames"] = nullptr;
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Observe(seconds);
+  if (!f.error.empty()) {
+    ++counters_.filter_errors;
+    spdlog::warn("extender: filter {}: {}", pod_id, f.error);
+  } else if (f.nodes.empty()) {
+    ++counters_.filter_unplaced;
+    spdlog::info("extender: filter {}: waits ({}): {}", pod_id, f.wait_kind, f.reason);
+  } else {
+    ++counters_.filter_placed;
+    spdlog::info("extender: filter {}: node {} ({}, {:.2f} ms)", pod_id, f.nodes[0], f.reason,
+                 seconds * 1e3);
+  }
+  {
+    std::lock_guard lock(mu_);
+    wake_ = true;  // victims to evict, maybe
+  }
+  cv_.notify_all();
+  return JsonReply(200, out);
+}
+
+server::HttpResponse Service::HandleBind(const std::string& body) {
+  json args = json::parse(body, nullptr, false);
+  if (args.is_discarded() || !args.is_object()) {
+    ++counters_.bad_requests;
+    return BadRequest("bind", "the body is not a JSON object (ExtenderBindingArgs)");
+  }
+  std::string name = kube::StringAt(args, {"PodName"});
+  std::string ns = kube::StringAt(args, {"PodNamespace"});
+  std::string uid = kube::StringAt(args, {"PodUID"});
+  std::string node = kube::StringAt(args, {"Node"});
+  if (name.empty() || ns.empty() || node.empty()) {
+    ++counters_.bad_requests;
+    return BadRequest("bind", "PodName, PodNamespace and Node are required");
+  }
+  auto plan = extender_->PrepareBind(ns, name, uid, node);
+  if (!plan.ok()) {
+    ++counters_.bind_errors;
+    spdlog::warn("extender: bind {}/{} to {}: {}", ns, name, node,
+                 std::string(plan.status().message()));
+    return JsonReply(200, json{{"Error", std::string(plan.status().message())}});
+  }
+  // One call: the API server copies a Binding's annotations onto the pod as it binds it, so the
+  // agent never sees the pod bound without its GPUs.
+  json binding = {{"apiVersion", "v1"},
+                  {"kind", "Binding"},
+                  {"metadata",
+                   {{"name", name},
+                    {"namespace", ns},
+                    {"annotations",
+                     {{kube::kAssignmentAnnotation, kube::FormatAssignment(plan->assignment)}}}}},
+                  {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+  if (!uid.empty()) binding["metadata"]["uid"] = uid;
+  auto created = client_.Create(
+      "/api/v1/namespaces/" + Escape(ns) + "/pods/" + Escape(name) + "/binding", binding);
+  if (!created.ok()) {
+    ++counters_.bind_errors;
+    std::string why = std::string(created.status().message());
+    extender_->BindFailed(plan->pod_id, why);
+    return JsonReply(200, json{{"Error", "binding " + plan->pod_id + ": " + why}});
+  }
+  ++counters_.binds;
+  std::string gpus;
+  for (const auto& c : plan->assignment.containers) {
+    for (const auto& g : c.gpus) gpus += (gpus.empty() ? "" : ",") + g;
+  }
+  spdlog::info("extender: bound {} to {} (GPUs {})", plan->pod_id, node, gpus);
+  return JsonReply(200, json{{"Error", ""}});
+}
+
+server::HttpResponse Service::HandlePreempt(const std::string& body) {
+  json args = json::parse(body, nullptr, false);
+  if (args.is_discarded() || !args.is_object()) {
+    ++counters_.bad_requests;
+    return BadRequest("preempt", "the body is not a JSON object (ExtenderPreemptionArgs)");
+  }
+  const json* pod = kube::FieldAt(args, {"Pod"});
+  if (!pod || !pod->is_object()) {
+    ++counters_.bad_requests;
+    return BadRequest("preempt", "Pod: expected a v1.Pod object");
+  }
+  // Candidates as UIDs per node, from either form.
+  std::map<std::string, std::vector<std::string>> candidates;
+  for (const char* key : {"NodeNameToMetaVictims", "NodeNameToVictims"}) {
+    const json* m = kube::FieldAt(args, {key});
+    if (!m || m->is_null()) continue;
+    if (!m->is_object()) {
+      ++counters_.bad_requests;
+      return BadRequest("preempt", std::string(key) + ": expected an object");
+    }
+    for (auto& [node, victims] : m->items()) {
+      auto& uids = candidates[node];
+      const json* pods = victims.is_object() ? kube::FieldAt(victims, {"Pods"}) : nullptr;
+      if (!pods || !pods->is_array()) continue;
+      for (const json& p : *pods) {
+        std::string uid = kube::StringAt(p, {"UID"});
+        if (uid.empty()) uid = kube::StringAt(p, {"metadata", "uid"});
+        if (!uid.empty()) uids.push_back(uid);
+      }
+    }
+  }
+  ++counters_.preempts;
+  PreemptResult r = extender_->Preempt(*pod, candidates);
+  if (!r.error.empty()) {
+    return JsonReply(200, json{{"NodeNameToMetaVictims", json::object()}, {"Error", r.error}});
+  }
+  json out = json::object();
+  for (auto& [node, uids] : r.victims) {
+    json pods = json::array();
+    for (const std::string& u : uids) pods.push_back({{"UID", u}});
+    counters_.preempt_victims += uids.size();
+    out[node] = {{"Pods", pods}, {"NumPDBViolations", 0}};
+  }
+  return JsonReply(200, json{{"NodeNameToMetaVictims", out}});
+}
+
+void Service::Work() {
+  std::vector<Victim> retry;
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::duration<double>(options_.sweep_interval_s),
+                 [&] { return stop_ || wake_; });
+    if (stop_) break;
+    wake_ = false;
+    lock.unlock();
+    extender_->Expire();
+    std::vector<Victim> victims = extender_->TakeEvictions();
+    victims.insert(victims.end(), retry.begin(), retry.end());
+    retry.clear();
+    for (const Victim& v : victims) {
+      json eviction = {{"apiVersion", "policy/v1"},
+                       {"kind", "Eviction"},
+                       {"metadata", {{"name", v.name}, {"namespace", v.ns}}}};
+      if (!v.uid.empty()) eviction["deleteOptions"] = {{"preconditions", {{"uid", v.uid}}}};
+      auto r = client_.Create(
+          "/api/v1/namespaces/" + Escape(v.ns) + "/pods/" + Escape(v.name) + "/eviction", eviction);
+      int status = r.ok() ? 201 : kube::HttpStatusOf(r.status());
+      if (r.ok() || status == 404 || status == 409) {
+        ++counters_.evictions;
+        spdlog::info("extender: evicted {}/{} from {}: {}", v.ns, v.name, v.node, v.reason);
+      } else {
+        ++counters_.eviction_errors;
+        spdlog::warn("extender: evicting {}/{}: {}; will retry", v.ns, v.name,
+                     std::string(r.status().message()));
+        retry.push_back(v);
+      }
+    }
+    lock.lock();
+  }
+}
+
+std::string Service::Metrics() const {
+  std::string out;
+  auto counter = [&](const char* name, const char* help, uint64_t v, const std::string& labels) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}{} {}\n", name, help, name, name, labels,
+                       v);
+  };
+  auto gauge_header = [&](const char* name, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, help, name);
+  };
+  // Latency histogram.
+  out +=
+      "# HELP tessera_extender_filter_duration_seconds Time to answer kube-scheduler's filter.\n"
+      "# TYPE tessera_extender_filter_duration_seconds histogram\n";
+  uint64_t cumulative = 0;
+  for (int i = 0; i < kBucketCount; ++i) {
+    cumulative += latency_counts_[i].load();
+    out += fmt::format("tessera_extender_filter_duration_seconds_bucket{{le=\"{}\"}} {}\n",
+                       kBuckets[i], cumulative);
+  }
+  cumulative += latency_counts_[kBucketCount].load();
+  out += fmt::format("tessera_extender_filter_duration_seconds_bucket{{le=\"+Inf\"}} {}\n",
+                     cumulative);
+  out += fmt::format("tessera_extender_filter_duration_seconds_sum {}\n",
+                     static_cast<double>(latency_sum_us_.load()) / 1e6);
+  out += fmt::format("tessera_extender_filter_duration_seconds_count {}\n", cumulative);
+
+  out +=
+      "# HELP tessera_extender_filter_total Filter answers by result.\n"
+      "# TYPE tessera_extender_filter_total counter\n";
+  for (auto [result, v] : {std::pair{"placed", counters_.filter_placed.load()},
+                           std::pair{"unplaced", counters_.filter_unplaced.load()},
+                           std::pair{"error", counters_.filter_errors.load()}}) {
+    out += fmt::format("tessera_extender_filter_total{{result=\"{}\"}} {}\n", result, v);
+  }
+  counter("tessera_extender_prioritize_total", "Prioritize calls.", counters_.prioritize, "");
+  out +=
+      "# HELP tessera_extender_bind_total Bind answers by result.\n"
+      "# TYPE tessera_extender_bind_total counter\n";
+  out +=
+      fmt::format("tessera_extender_bind_total{{result=\"bound\"}} {}\n", counters_.binds.load());
+  out += fmt::format("tessera_extender_bind_total{{result=\"error\"}} {}\n",
+                     counters_.bind_errors.load());
+  counter("tessera_extender_preempt_total", "Preempt calls.", counters_.preempts, "");
+  counter("tessera_extender_preempt_victims_total", "Victims answered to preempt.",
+          counters_.preempt_victims, "");
+  out +=
+      "# HELP tessera_extender_evictions_total Pods evicted for preemption or reclaim.\n"
+      "# TYPE tessera_extender_evictions_total counter\n";
+  out += fmt::format("tessera_extender_evictions_total{{result=\"evicted\"}} {}\n",
+                     counters_.evictions.load());
+  out += fmt::format("tessera_extender_evictions_total{{result=\"error\"}} {}\n",
+                     counters_.eviction_errors.load());
+  counter("tessera_extender_bad_requests_total", "Requests refused as malformed.",
+          counters_.bad_requests, "");
+  out +=
+      "# HELP tessera_extender_quota_loads_total Quota ConfigMap loads by result.\n"
+      "# TYPE tessera_extender_quota_loads_total counter\n";
+  out += fmt::format("tessera_extender_quota_loads_total{{result=\"ok\"}} {}\n",
+                     counters_.quota_loads.load());
+  out += fmt::format("tessera_extender_quota_loads_total{{result=\"error\"}} {}\n",
+                     counters_.quota_errors.load());
+
+  Extender::Stats s = extender_->stats();
+  gauge_header("tessera_extender_nodes", "Nodes with Tessera GPUs in the extender's state.");
+  out += fmt::format("tessera_extender_nodes {}\n", s.nodes);
+  gauge_header("tessera_extender_gpus", "GPUs on them, by health.");
+  out += fmt::format("tessera_extender_gpus{{health=\"healthy\"}} {}\n", s.gpus_healthy);
+  out += fmt::format("tessera_extender_gpus{{health=\"unhealthy\"}} {}\n", s.gpus - s.gpus_healthy);
+  gauge_header("tessera_extender_gpu_allocated", "GPU compute allocated, in GPUs.");
+  out += fmt::format("tessera_extender_gpu_allocated {}\n", s.gpu_milli_allocated / 1000.0);
+  gauge_header("tessera_extender_pods", "Tessera pods by state.");
+  out += fmt::format("tessera_extender_pods{{state=\"queued\"}} {}\n", s.queued);
+  out += fmt::format("tessera_extender_pods{{state=\"reserved\"}} {}\n", s.reserved);
+  out += fmt::format("tessera_extender_pods{{state=\"bound\"}} {}\n", s.bound);
+  gauge_header("tessera_extender_pods_pending", "Queued pods by why they wait.");
+  for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
+    auto it = s.pending_by_reason.find(kind);
+    out += fmt::format("tessera_extender_pods_pending{{reason=\"{}\"}} {}\n", kind,
+                       it == s.pending_by_reason.end() ? 0 : it->second);
+  }
+  gauge_header("tessera_extender_gangs_waiting", "Gangs with members queued, not yet placed.");
+  out += fmt::format("tessera_extender_gangs_waiting {}\n", s.gangs_waiting);
+  gauge_header("tessera_extender_model_rebuilds", "Rebuilds of the model after node changes.");
+  out += fmt::format("tessera_extender_model_rebuilds {}\n", s.rebuilds);
+  gauge_header("tessera_extender_quota_error", "1 when the quota ConfigMap has an error.");
+  out += fmt::format("tessera_extender_quota_error {}\n", s.quota_error.empty() ? 0 : 1);
+  auto quotas = extender_->quota_use();
+  gauge_header("tessera_extender_quota_used_gpus", "GPUs in use per namespace (whole + shares).");
+  for (auto& [ns, q] : quotas) {
+    out += fmt::format("tessera_extender_quota_used_gpus{{namespace=\"{}\"}} {}\n", ns,
+                       q.used.gpu_milli / 1000.0);
+  }
+  gauge_header("tessera_extender_quota_guaranteed_gpus",
+               "Guaranteed GPU compute per namespace, in GPUs (-1: none set).");
+  for (auto& [ns, q] : quotas) {
+    if (!q.has_quota) continue;
+    int64_t v = q.quota.limit.gpu_milli >= 0
+                    ? q.quota.limit.gpu_milli
+                    : (q.quota.limit.gpus >= 0 ? q.quota.limit.gpus * 1000 : -1000);
+    out += fmt::format("tessera_extender_quota_guaranteed_gpus{{namespace=\"{}\"}} {}\n", ns,
+                       v / 1000.0);
+  }
+  return out;
+}
+
+}  // namespace tessera::extender

@@ -1,0 +1,99 @@
+#pragma once
+// `tessera extender`: the scheduler extender as kube-scheduler calls it. HTTP (or HTTPS with a
+// certificate pair) with kube-scheduler's JSON (PascalCase, extender/v1): POST /filter,
+// /prioritize, /bind, /preempt, plus GET /metrics and /healthz. The cluster comes from the API
+// server (list + watch of nodes, pods, PodGroups and the quota ConfigMap) into an Extender; bind
+// writes the pod's `tessera.io/assignment` and then creates its Binding; victims the cycle chose
+// are evicted through the Eviction API by a worker thread, which also expires stale reservations.
+// Thread-safe.
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tessera/extender/extender.h"
+#include "tessera/kube/client.h"
+#include "tessera/kube/informer.h"
+#include "tessera/server/http.h"
+
+namespace tessera::extender {
+
+struct ServiceOptions {
+  std::string listen = "0.0.0.0:8888";  // host:port; port 0 picks a free one
+  std::string tls_cert_file;            // both set: HTTPS only
+  std::string tls_key_file;
+  // The quota ConfigMap, "namespace/name"; empty: no quotas.
+  std::string quota_configmap;
+  // Whether to watch scheduling.x-k8s.io/v1alpha1 PodGroups (their minMember makes gangs).
+  bool pod_groups = true;
+  // Seconds between sweeps of expired reservations.
+  double sweep_interval_s = 1;
+  ExtenderOptions extender;
+};
+
+class Service {
+ public:
+  // Starts the informers and the HTTP listener; `client` must outlive the service. Does not wait
+  // for the informers: /healthz says 503 until nodes and pods are listed (WaitForSync).
+  static absl::StatusOr<std::unique_ptr<Service>> Start(kube::Client& client,
+                                                        ServiceOptions options,
+                                                        const core::Clock& clock);
+  ~Service();
+  void Stop();
+
+  bool WaitForSync(std::chrono::milliseconds timeout);
+  int port() const;
+  Extender& extender() { return *extender_; }
+  std::string Metrics() const;
+
+  // The HTTP handler, for tests that skip the socket.
+  server::HttpResponse Handle(const server::HttpRequest& request);
+
+ private:
+  Service(kube::Client& client, ServiceOptions options, const core::Clock& clock);
+  server::HttpResponse HandleFilter(const std::string& body, bool prioritize);
+  server::HttpResponse HandleBind(const std::string& body);
+  server::HttpResponse HandlePreempt(const std::string& body);
+  void Work();  // evictions and reservation expiry
+  void Observe(double seconds);
+
+  kube::Client& client_;
+  ServiceOptions options_;
+  const core::Clock& clock_;
+  std::unique_ptr<Extender> extender_;
+  std::vector<std::unique_ptr<kube::Informer>> informers_;
+  kube::Informer* nodes_ = nullptr;
+  kube::Informer* pods_ = nullptr;
+  std::unique_ptr<server::HttpServer> http_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool wake_ = false;
+  std::thread worker_;
+
+  // Counters for /metrics.
+  struct Counters {
+    std::atomic<uint64_t> filter_placed{0}, filter_unplaced{0}, filter_errors{0};
+    std::atomic<uint64_t> prioritize{0};
+    std::atomic<uint64_t> binds{0}, bind_errors{0};
+    std::atomic<uint64_t> preempts{0}, preempt_victims{0};
+    std::atomic<uint64_t> evictions{0}, eviction_errors{0};
+    std::atomic<uint64_t> bad_requests{0};
+    std::atomic<uint64_t> quota_loads{0}, quota_errors{0};
+  };
+  mutable Counters counters_;
+  // Filter latency histogram (seconds).
+  static constexpr double kBuckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                        0.01,   0.025,   0.05,   0.1,   0.25,   1};
+  static constexpr int kBucketCount = sizeof(kBuckets) / sizeof(kBuckets[0]);
+  std::atomic<uint64_t> latency_counts_[kBucketCount + 1] = {};
+  std::atomic<uint64_t> latency_sum_us_{0};
+};
+
+}  // namespace tessera::extender
