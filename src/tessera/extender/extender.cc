@@ -581,6 +581,30 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
   return out;
 }
 
+Extender::Fence::Fence(Extender& ex, const std::unordered_set<std::string>& allowed) : ex_(ex) {
+  if (allowed.size() >= ex_.nodes_.size()) {
+    bool all = true;
+    for (const auto& [name, n] : ex_.nodes_) all = all && allowed.contains(name);
+    if (all) return;
+  }
+  sched::Scheduler& s = *ex_.scheduler_;
+  for (const auto& [name, n] : ex_.nodes_) {
+    if (allowed.contains(name)) continue;
+    sched::NodeId nid = s.state().FindNode(name);
+    if (nid < 0) continue;
+    for (int g = 0; g < s.state().gpu_count(nid); ++g) {
+      if (s.state().gpu_use(nid, g).healthy) {
+        (void)s.SetGpuHealth(nid, g, false);
+        fenced_.emplace_back(nid, g);
+      }
+    }
+  }
+}
+
+Extender::Fence::~Fence() {
+  for (auto [nid, g] : fenced_) (void)ex_.scheduler_->SetGpuHealth(nid, g, true);
+}
+
 FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
   std::lock_guard lock(mu_);
   const double now = Now();
@@ -639,23 +663,11 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
       return out;
     }
   }
-  // Nodes kube-scheduler ruled out (taints, affinity, CPU) take nothing in this step.
-  std::vector<std::pair<sched::NodeId, int>> fenced;
-  if (allowed.size() < nodes_.size() || candidates.size() != allowed.size()) {
-    for (const auto& [name, n] : nodes_) {
-      if (allowed.contains(name)) continue;
-      sched::NodeId nid = scheduler_->state().FindNode(name);
-      if (nid < 0) continue;
-      for (int g = 0; g < scheduler_->state().gpu_count(nid); ++g) {
-        if (scheduler_->state().gpu_use(nid, g).healthy) {
-          (void)scheduler_->SetGpuHealth(nid, g, false);
-          fenced.emplace_back(nid, g);
-        }
-      }
-    }
+  std::vector<sched::CycleDecision> decisions;
+  {
+    Fence fence(*this, allowed);  // nodes kube-scheduler ruled out take nothing in this step
+    decisions = cycle_->Step(now);
   }
-  std::vector<sched::CycleDecision> decisions = cycle_->Step(now);
-  for (auto [nid, g] : fenced) (void)scheduler_->SetGpuHealth(nid, g, true);
   ApplyDecisions(decisions, now);
   if (p.allocated) {
     out.nodes = {p.reserved_node};
@@ -754,7 +766,13 @@ PreemptResult Extender::Preempt(const json& pod,
   if (auto it = pods_.find(d->request.id); it != pods_.end() && it->second.allocated) {
     return out;  // it has its GPUs: nothing to preempt for
   }
-  sched::PreemptionPlan plan = scheduler_->PlanPreemption(d->request, Now());
+  std::unordered_set<std::string> offered;
+  for (const auto& [node, uids] : candidates) offered.insert(node);
+  sched::PreemptionPlan plan;
+  {
+    Fence fence(*this, offered);
+    plan = scheduler_->PlanPreemption(d->request, Now());
+  }
   if (!plan.possible || plan.victims.empty()) {
     spdlog::info("extender: no preemption for pod {}: {}", d->request.id,
                  plan.why_not.empty() ? "nothing to preempt" : plan.why_not);

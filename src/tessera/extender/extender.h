@@ -29,6 +29,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -160,6 +161,18 @@ class Extender {
     std::string queued_kind;  // wait kind while queued
     double created = 0;       // metadata.creationTimestamp, seconds (queue order)
     double queued_at = -1;
+  };
+
+  // While it lives, the GPUs of nodes outside `allowed` count as unhealthy: nothing is placed or
+  // planned there. Nodes whose GPUs are sick already stay so.
+  class Fence {
+   public:
+    Fence(Extender& ex, const std::unordered_set<std::string>& allowed);
+    ~Fence();
+
+   private:
+    Extender& ex_;
+    std::vector<std::pair<sched::NodeId, int>> fenced_;
   };
 
   double Now() const { return core::Seconds(clock_.Now()); }

@@ -187,7 +187,8 @@ server::HttpResponse Service::HandleFilter(const std::string& body, bool priorit
       ++counters_.bad_requests;
       return BadRequest(verb, "Nodes.items: expected a list of v1.Node");
     }
-    for (const json& n : items ? *items : json::array()) {
+    static const json kNone = json::array();
+    for (const json& n : items ? *items : kNone) {
       std::string name = kube::StringAt(n, {"metadata", "name"});
       if (name.empty()) {
         ++counters_.bad_requests;

@@ -1,0 +1,249 @@
+// The extender over its real wire: kube-scheduler's JSON over HTTP(S) in, the API server (the
+// fake, over real HTTP) for nodes, pods, PodGroups, quotas, Bindings and Evictions.
+#include "tessera/extender/service.h"
+
+#include <curl/curl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "fake_apiserver.h"
+#include "tessera/extender/test_objects.h"
+
+namespace tessera::extender {
+namespace {
+
+using fakes::FakeApiServer;
+using nlohmann::json;
+using testing::GpuNode;
+using testing::GpuPod;
+using ::testing::HasSubstr;
+
+constexpr char kNodes[] = "/api/v1/nodes";
+
+std::string Pods(const std::string& ns) { return "/api/v1/namespaces/" + ns + "/pods"; }
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    api_.Put(kNodes, GpuNode("n1"));
+    api_.Put(kNodes, GpuNode("n2"));
+    api_.Put(kNodes, {{"metadata", {{"name", "cpu-only"}}},
+                      {"status", {{"allocatable", {{"cpu", "8"}}}}}});
+    kube::ClusterConfig c;
+    c.server = api_.url();
+    c.token = "test-token";
+    client_ = std::move(*kube::Client::Create(c));
+  }
+  void Start(ServiceOptions o = {}) {
+    o.listen = "127.0.0.1:0";
+    o.extender.scheduler.random_ties = false;
+    o.sweep_interval_s = 0.05;
+    auto s = Service::Start(*client_, o, clock_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    service_ = std::move(*s);
+    ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
+    http_ = std::make_unique<server::HttpClient>("tcp://127.0.0.1:" +
+                                                 std::to_string(service_->port()));
+  }
+  void TearDown() override {
+    if (service_) service_->Stop();
+    client_->Shutdown();
+  }
+  json Post(const std::string& verb, const json& body, int want_status = 200) {
+    auto r = http_->Send("POST", "/scheduler/" + verb, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return json();
+    EXPECT_EQ(r->status, want_status) << r->body;
+    return json::parse(r->body, nullptr, false);
+  }
+  // The pod as the API server stores it (uid, creationTimestamp stamped).
+  json Create(const json& pod) {
+    return api_.Put(Pods(pod["metadata"]["namespace"]), pod);
+  }
+  bool Eventually(const std::function<bool()>& pred) { return FakeApiServer::WaitFor(pred); }
+
+  FakeApiServer api_;
+  std::unique_ptr<kube::Client> client_;
+  core::FakeClock clock_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<server::HttpClient> http_;
+};
+
+TEST_F(ServiceTest, FilterPrioritizeBindAsKubeSchedulerCallsThem) {
+  Start();
+  EXPECT_TRUE(Eventually([&] { return service_->extender().stats().nodes == 2; }));
+  json pod = Create(GpuPod("ml", "train", {.gpus = 2}));
+  json names = {"n1", "n2", "cpu-only"};
+  json f = Post("filter", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
+  ASSERT_EQ(f["NodeNames"].size(), 1u) << f.dump();
+  std::string node = f["NodeNames"][0];
+  EXPECT_TRUE(f["Nodes"].is_null());
+  EXPECT_EQ(f["Error"], "");
+  EXPECT_TRUE(f["FailedNodes"].empty());  // the others were not chosen, not failed
+  json scores = Post("prioritize", {{"Pod", pod}, {"NodeNames", f["NodeNames"]}});
+  ASSERT_TRUE(scores.is_array());
+  EXPECT_EQ(scores[0]["Host"], node);
+  EXPECT_EQ(scores[0]["Score"], 10);
+
+  json b = Post("bind", {{"PodName", "train"},
+                         {"PodNamespace", "ml"},
+                         {"PodUID", pod["metadata"]["uid"]},
+                         {"Node", node}});
+  EXPECT_EQ(b["Error"], "");
+  // The Binding set the node and carried the assignment onto the pod, in one call.
+  json stored = *api_.Get(Pods("ml"), "train");
+  EXPECT_EQ(stored["spec"]["nodeName"], node);
+  auto as = kube::ParseAssignment(
+      stored["metadata"]["annotations"][kube::kAssignmentAnnotation].get<std::string>());
+  ASSERT_TRUE(as.ok()) << as.status();
+  EXPECT_EQ(as->node, node);
+  EXPECT_EQ(as->containers.at(0).gpus.size(), 2u);
+  EXPECT_TRUE(Eventually([&] { return service_->extender().stats().bound == 1; }));
+
+  // A second bind of the same pod: the API server refuses (409), the answer says so.
+  json again = Post("bind", {{"PodName", "train"}, {"PodNamespace", "ml"}, {"Node", node}});
+  EXPECT_NE(again["Error"], "");
+
+  std::string metrics = service_->Metrics();
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_filter_duration_seconds_count 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_filter_total{result=\"placed\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_bind_total{result=\"bound\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_nodes 2"));
+  auto m = http_->Send("GET", "/metrics");
+  ASSERT_TRUE(m.ok());
+  EXPECT_THAT(m->body, HasSubstr("tessera_extender_pods{state=\"bound\"} 1"));
+}
+
+TEST_F(ServiceTest, NodeListFormWhenNotNodeCacheCapable) {
+  Start();
+  json pod = Create(GpuPod("ml", "p", {.gpus = 1}));
+  json list = {{"items", json::array({*api_.Get(kNodes, "n1"), *api_.Get(kNodes, "n2")})}};
+  json f = Post("filter", {{"Pod", pod}, {"Nodes", list}, {"NodeNames", nullptr}});
+  ASSERT_EQ(f["Nodes"]["items"].size(), 1u) << f.dump();
+  EXPECT_EQ(f["Nodes"]["items"][0]["metadata"]["name"], "n1");
+  EXPECT_TRUE(f["NodeNames"].is_null());
+}
+
+TEST_F(ServiceTest, UnplacedPodsGetReasonsAndBadRequestsAre400) {
+  Start();
+  json big = Create(GpuPod("ml", "big", {.gpus = 3}));
+  json f = Post("filter", {{"Pod", big}, {"NodeNames", {"n1", "n2", "cpu-only"}}});
+  EXPECT_TRUE(f["NodeNames"].empty());
+  EXPECT_THAT(f["FailedNodes"]["n1"].get<std::string>(), HasSubstr("GPU"));
+  EXPECT_THAT(f["FailedAndUnresolvableNodes"]["cpu-only"].get<std::string>(),
+              HasSubstr("no Tessera GPUs"));
+
+  json err = Post("filter", {{"Pod", GpuPod("ml", "plain", {})}, {"NodeNames", {"n1"}}});
+  EXPECT_THAT(err["Error"].get<std::string>(), HasSubstr("requests neither tessera.io/gpu"));
+
+  auto raw = http_->Send("POST", "/filter", "{not json");
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(raw->status, 400);
+  EXPECT_THAT(raw->body, HasSubstr("filter: the body is not a JSON object"));
+  Post("filter", {{"Pod", "x"}, {"NodeNames", {"n1"}}}, 400);
+  Post("filter", {{"Pod", big}}, 400);
+  Post("filter", {{"Pod", big}, {"NodeNames", {1, 2}}}, 400);
+  Post("bind", {{"PodName", "big"}}, 400);
+  Post("preempt", json::array(), 400);
+  Post("schedule", json::object(), 400);
+  // A bind for a pod with nothing reserved is an Error, not a crash.
+  json b = Post("bind", {{"PodName", "ghost"}, {"PodNamespace", "ml"}, {"Node", "n1"}});
+  EXPECT_THAT(b["Error"].get<std::string>(), HasSubstr("no GPUs reserved"));
+  EXPECT_THAT(service_->Metrics(), HasSubstr("tessera_extender_bad_requests_total 7"));
+  // Nothing changed: the pod that waits is still the only one queued.
+  EXPECT_EQ(service_->extender().stats().queued, 1);
+  EXPECT_EQ(service_->extender().stats().reserved, 0);
+}
+
+TEST_F(ServiceTest, PreemptionEvictsThroughTheApiAndThePodStartsAfter) {
+  Start();
+  json low = Create(GpuPod("ml", "low", {.gpus = 2, .priority = 1}));
+  json f = Post("filter", {{"Pod", low}, {"NodeNames", {"n1"}}});
+  ASSERT_EQ(f["NodeNames"][0], "n1");
+  Post("bind", {{"PodName", "low"}, {"PodNamespace", "ml"}, {"Node", "n1"}});
+  json high = Create(GpuPod("ml", "high", {.gpus = 2, .priority = 100}));
+  // kube-scheduler's preempt (called here before any filter) hears the victim the core chooses.
+  json victims = {{"Pods", json::array({json{{"UID", low["metadata"]["uid"]}}})},
+                  {"NumPDBViolations", 0}};
+  json args = {{"Pod", high}, {"NodeNameToMetaVictims", {{"n1", victims}}}};
+  json p = Post("preempt", args);
+  EXPECT_EQ(p["NodeNameToMetaVictims"]["n1"]["Pods"][0]["UID"], low["metadata"]["uid"]);
+  // Filter makes the same choice and the extender evicts the victim itself (kube-scheduler
+  // preempts only for higher priority; reclaiming quota needs no priority).
+  json w = Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
+  EXPECT_THAT(w["FailedNodes"]["n1"].get<std::string>(), HasSubstr("preempted"));
+  // The extender evicted it through the Eviction API.
+  ASSERT_TRUE(Eventually([&] { return !api_.Get(Pods("ml"), "low").has_value(); }));
+  bool evicted = false;
+  for (const auto& r : api_.Requests()) evicted |= r.resource == "pods/eviction";
+  EXPECT_TRUE(evicted);
+  ASSERT_TRUE(Eventually([&] { return !service_->extender().AllocationOf("ml/low"); }));
+  json again = Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
+  EXPECT_EQ(again["NodeNames"][0], "n1");
+}
+
+TEST_F(ServiceTest, QuotasComeFromTheConfigMapAndABadOneIsReported) {
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps",
+           testing::QuotaConfigMap("namespaces:\n  ml: {guaranteed: {gpus: 1}}\n"));
+  ServiceOptions o;
+  o.quota_configmap = "tessera-system/tessera-quotas";
+  Start(o);
+  json p1 = Create(GpuPod("ml", "p1", {.gpus = 1}));
+  json p2 = Create(GpuPod("ml", "p2", {.gpus = 1}));
+  EXPECT_EQ(Post("filter", {{"Pod", p1}, {"NodeNames", {"n1", "n2"}}})["NodeNames"].size(), 1u);
+  json f = Post("filter", {{"Pod", p2}, {"NodeNames", {"n1", "n2"}}});
+  EXPECT_THAT(f["FailedNodes"]["n1"].get<std::string>(), HasSubstr("quota"));
+  EXPECT_THAT(service_->Metrics(),
+              HasSubstr("tessera_extender_quota_used_gpus{namespace=\"ml\"} 1"));
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps",
+           testing::QuotaConfigMap("namespaces:\n  ml: {guaranteed: {gpus: many}}\n"));
+  ASSERT_TRUE(Eventually(
+      [&] { return service_->Metrics().find("tessera_extender_quota_error 1") != std::string::npos; }));
+  // The quota in force stays.
+  EXPECT_THAT(Post("filter", {{"Pod", p2}, {"NodeNames", {"n1", "n2"}}})["FailedNodes"].dump(),
+              HasSubstr("quota"));
+}
+
+size_t Collect(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+TEST_F(ServiceTest, ServesHttpsWithACertificatePair) {
+  std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp");
+  std::string cert = dir + "/extender.crt", key = dir + "/extender.key";
+  fakes::WriteTestCertificate(cert, key);
+  ServiceOptions o;
+  o.tls_cert_file = cert;
+  o.tls_key_file = key;
+  Start(o);
+  std::string url = "https://127.0.0.1:" + std::to_string(service_->port()) + "/healthz";
+  CURL* c = curl_easy_init();
+  std::string body;
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_CAINFO, cert.c_str());
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, Collect);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+  ASSERT_EQ(curl_easy_perform(c), CURLE_OK);
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  EXPECT_EQ(code, 200);
+  EXPECT_EQ(body, "ok\n");
+  curl_easy_cleanup(c);
+  // Plain HTTP on the TLS port gets no answer.
+  auto plain = http_->Send("GET", "/healthz");
+  EXPECT_TRUE(!plain.ok() || plain->status != 200);
+  // A key that does not exist is named.
+  ServiceOptions bad = o;
+  bad.tls_key_file = dir + "/missing.key";
+  bad.listen = "127.0.0.1:0";
+  auto s = Service::Start(*client_, bad, clock_);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("missing.key"));
+}
+
+}  // namespace
+}  // namespace tessera::extender
