@@ -110,6 +110,7 @@ void Extender::Rebuild() {
                    std::string(st.message()));
       p.allocated = false;
       p.reserved_at = -1;
+      reserved_.erase(a.id);
     }
   }
   for (const std::string& id : queued) {
@@ -152,12 +153,14 @@ void Extender::OnNode(kube::EventType type, const json& node) {
       spdlog::info("extender: node {} {}", name,
                    type == kube::EventType::kDeleted ? "deleted" : "no longer has Tessera GPUs");
       nodes_.erase(it);
+      ++nodes_version_;
       dirty_ = true;
     }
     return;
   }
   std::string fp = Fingerprint(*info);
   if (it == nodes_.end()) {
+    ++nodes_version_;
     NodeRec& n = nodes_[name];
     n.info = std::move(*info);
     n.fingerprint = std::move(fp);
@@ -166,6 +169,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     if (!id.ok()) {
       spdlog::error("extender: node {}: {}", name, std::string(id.status().message()));
       nodes_.erase(name);
+      ++nodes_version_;
       return;
     }
     for (size_t g = 0; g < n.info.healthy.size(); ++g) {
@@ -271,6 +275,7 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
   p.allocated = false;
   p.reserved_at = -1;
   p.reserved_node.clear();
+  reserved_.erase(id);
 }
 
 absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json* pod) {
@@ -373,6 +378,7 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
     const sched::Allocation* a = scheduler_->state().Find(id);
     if (a && scheduler_->state().node_name(a->node) == node) {
       p.reserved_at = -1;
+      reserved_.erase(id);
       return;
     }
     Release(id, p, fmt::format("bound to {}, not to the node reserved", node).c_str());
@@ -515,14 +521,26 @@ absl::Status Extender::SetQuotas(const json* configmap) {
 // ---- the verbs ----
 
 void Extender::ExpireLocked(double now) {
-  for (auto& [id, p] : pods_) {
-    if (p.reserved_at < 0 || !p.node.empty() ||
-        now - p.reserved_at <= options_.reservation_timeout_s) {
+  std::vector<std::string> expired;
+  for (const std::string& id : reserved_) {
+    auto it = pods_.find(id);
+    if (it == pods_.end()) {
+      expired.push_back(id);
       continue;
     }
-    Release(id, p, "reservation not bound in time");
+    const PodRec& p = it->second;
+    if (p.reserved_at >= 0 && p.node.empty() &&
+        now - p.reserved_at > options_.reservation_timeout_s) {
+      expired.push_back(id);
+    }
+  }
+  for (const std::string& id : expired) {
+    reserved_.erase(id);
+    auto it = pods_.find(id);
+    if (it == pods_.end()) continue;
+    Release(id, it->second, "reservation not bound in time");
     cycle_->Remove(id);
-    p.queued_kind.clear();
+    it->second.queued_kind.clear();
   }
 }
 
@@ -540,6 +558,7 @@ void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions
       p.allocated = true;
       p.reserved_at = now;
       p.reserved_node = scheduler_->state().node_name(d.allocation.node);
+      reserved_.insert(d.id);
       p.queued_kind.clear();
       if (!d.allocation.request.gang.empty()) placed_gangs_.insert(d.allocation.request.gang);
       spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", d.id, p.reserved_node,
@@ -581,12 +600,28 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
   return out;
 }
 
-Extender::Fence::Fence(Extender& ex, const std::unordered_set<std::string>& allowed) : ex_(ex) {
-  if (allowed.size() >= ex_.nodes_.size()) {
-    bool all = true;
-    for (const auto& [name, n] : ex_.nodes_) all = all && allowed.contains(name);
-    if (all) return;
+const std::unordered_set<std::string>& Extender::Allowed(const std::vector<std::string>& candidates,
+                                                         bool* all) {
+  // kube-scheduler offers the same list pod after pod: the set is built once.
+  if (candidates != last_candidates_) {
+    last_candidates_ = candidates;
+    last_allowed_ = std::unordered_set<std::string>(candidates.begin(), candidates.end());
+    last_all_version_ = ~uint64_t{0};
   }
+  if (last_all_version_ != nodes_version_) {
+    last_all_ = last_allowed_.size() >= nodes_.size();
+    for (auto it = nodes_.begin(); last_all_ && it != nodes_.end(); ++it) {
+      last_all_ = last_allowed_.contains(it->first);
+    }
+    last_all_version_ = nodes_version_;
+  }
+  *all = last_all_;
+  return last_allowed_;
+}
+
+Extender::Fence::Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all)
+    : ex_(ex) {
+  if (all) return;
   sched::Scheduler& s = *ex_.scheduler_;
   for (const auto& [name, n] : ex_.nodes_) {
     if (allowed.contains(name)) continue;
@@ -638,7 +673,8 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
     NoteTypical(it->second.demand.request);
   }
   PodRec& p = it->second;
-  const std::unordered_set<std::string> allowed(candidates.begin(), candidates.end());
+  bool all = false;
+  const std::unordered_set<std::string>& allowed = Allowed(candidates, &all);
   if (!p.node.empty()) {
     out.error = fmt::format("pod {} is already bound to {}", id, p.node);
     out.reason = out.error;
@@ -665,7 +701,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   }
   std::vector<sched::CycleDecision> decisions;
   {
-    Fence fence(*this, allowed);  // nodes kube-scheduler ruled out take nothing in this step
+    Fence fence(*this, allowed, all);  // nodes kube-scheduler ruled out take nothing here
     decisions = cycle_->Step(now);
   }
   ApplyDecisions(decisions, now);
@@ -768,9 +804,11 @@ PreemptResult Extender::Preempt(const json& pod,
   }
   std::unordered_set<std::string> offered;
   for (const auto& [node, uids] : candidates) offered.insert(node);
+  bool all = offered.size() >= nodes_.size();
+  for (auto it = nodes_.begin(); all && it != nodes_.end(); ++it) all = offered.contains(it->first);
   sched::PreemptionPlan plan;
   {
-    Fence fence(*this, offered);
+    Fence fence(*this, offered, all);
     plan = scheduler_->PlanPreemption(d->request, Now());
   }
   if (!plan.possible || plan.victims.empty()) {

@@ -167,7 +167,7 @@ class Extender {
   // planned there. Nodes whose GPUs are sick already stay so.
   class Fence {
    public:
-    Fence(Extender& ex, const std::unordered_set<std::string>& allowed);
+    Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all);
     ~Fence();
 
    private:
@@ -175,6 +175,9 @@ class Extender {
     std::vector<std::pair<sched::NodeId, int>> fenced_;
   };
 
+  // The candidates as a set, and whether they include every node with Tessera GPUs.
+  const std::unordered_set<std::string>& Allowed(const std::vector<std::string>& candidates,
+                                                 bool* all);
   double Now() const { return core::Seconds(clock_.Now()); }
   void Rebuild();  // a fresh model from nodes_ and pods_ (after a node changed shape or went)
   void RebuildIfNeeded();
@@ -193,6 +196,7 @@ class Extender {
   mutable std::mutex mu_;
   std::map<std::string, NodeRec> nodes_;
   std::unordered_map<std::string, PodRec> pods_;  // "ns/name"
+  std::set<std::string> reserved_;                // pods started by filter, not yet bound
   std::map<std::string, int> pod_groups_;         // "ns/name" -> minMember
   std::set<std::string> placed_gangs_;            // gangs whose members were started
   std::map<std::string, sched::OwnerQuota> quotas_;
@@ -207,6 +211,11 @@ class Extender {
   uint64_t rebuilds_ = 0;
   uint64_t seq_ = 0;
   std::vector<Victim> evictions_;
+  uint64_t nodes_version_ = 0;  // bumped when a node comes or goes
+  std::vector<std::string> last_candidates_;
+  std::unordered_set<std::string> last_allowed_;
+  bool last_all_ = false;
+  uint64_t last_all_version_ = ~uint64_t{0};
 };
 
 // The quota ConfigMap's `quotas.yaml` (docs/kubernetes.md) as owner quotas per namespace.

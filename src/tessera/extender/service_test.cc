@@ -30,8 +30,8 @@ class ServiceTest : public ::testing::Test {
   void SetUp() override {
     api_.Put(kNodes, GpuNode("n1"));
     api_.Put(kNodes, GpuNode("n2"));
-    api_.Put(kNodes, {{"metadata", {{"name", "cpu-only"}}},
-                      {"status", {{"allocatable", {{"cpu", "8"}}}}}});
+    api_.Put(kNodes,
+             {{"metadata", {{"name", "cpu-only"}}}, {"status", {{"allocatable", {{"cpu", "8"}}}}}});
     kube::ClusterConfig c;
     c.server = api_.url();
     c.token = "test-token";
@@ -45,8 +45,8 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = std::move(*s);
     ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
-    http_ = std::make_unique<server::HttpClient>("tcp://127.0.0.1:" +
-                                                 std::to_string(service_->port()));
+    http_ =
+        std::make_unique<server::HttpClient>("tcp://127.0.0.1:" + std::to_string(service_->port()));
   }
   void TearDown() override {
     if (service_) service_->Stop();
@@ -60,9 +60,7 @@ class ServiceTest : public ::testing::Test {
     return json::parse(r->body, nullptr, false);
   }
   // The pod as the API server stores it (uid, creationTimestamp stamped).
-  json Create(const json& pod) {
-    return api_.Put(Pods(pod["metadata"]["namespace"]), pod);
-  }
+  json Create(const json& pod) { return api_.Put(Pods(pod["metadata"]["namespace"]), pod); }
   bool Eventually(const std::function<bool()>& pred) { return FakeApiServer::WaitFor(pred); }
 
   FakeApiServer api_;
@@ -200,8 +198,9 @@ TEST_F(ServiceTest, QuotasComeFromTheConfigMapAndABadOneIsReported) {
               HasSubstr("tessera_extender_quota_used_gpus{namespace=\"ml\"} 1"));
   api_.Put("/api/v1/namespaces/tessera-system/configmaps",
            testing::QuotaConfigMap("namespaces:\n  ml: {guaranteed: {gpus: many}}\n"));
-  ASSERT_TRUE(Eventually(
-      [&] { return service_->Metrics().find("tessera_extender_quota_error 1") != std::string::npos; }));
+  ASSERT_TRUE(Eventually([&] {
+    return service_->Metrics().find("tessera_extender_quota_error 1") != std::string::npos;
+  }));
   // The quota in force stays.
   EXPECT_THAT(Post("filter", {{"Pod", p2}, {"NodeNames", {"n1", "n2"}}})["FailedNodes"].dump(),
               HasSubstr("quota"));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tessera/core/request.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/kube/gpu_annotations.h"
 
@@ -73,6 +74,63 @@ inline nlohmann::json QuotaConfigMap(const std::string& yaml) {
           {"kind", "ConfigMap"},
           {"metadata", {{"name", "tessera-quotas"}, {"namespace", "tessera-system"}}},
           {"data", {{"quotas.yaml", yaml}}}};
+}
+
+// A node of a trace as the agent would annotate it, with 100 shares per GPU (the agent's most): a
+// share is 10 thousandths of a GPU, and the openb traces' fractions are all multiples of 10.
+inline nlohmann::json OpenbNode(const core::NodeSpec& n) {
+  kube::NodeGpus g;
+  g.inventory.hostname = n.name;
+  for (size_t i = 0; i < n.gpus.size(); ++i) {
+    core::Gpu gpu;
+    gpu.index = static_cast<int>(i);
+    gpu.uuid = "GPU-" + n.name + "-" + std::to_string(i);
+    gpu.model = n.gpus[i].model;
+    gpu.memory_bytes = static_cast<uint64_t>(n.gpus[i].memory_mib) << 20;
+    if (n.gpus[i].compute_capability.major > 0) {
+      gpu.compute_capability = n.gpus[i].compute_capability;
+    }
+    if (n.gpus[i].numa_node >= 0) gpu.numa_node = n.gpus[i].numa_node;
+    g.inventory.gpus.push_back(gpu);
+  }
+  g.inventory.topology = n.topology;
+  g.healthy.assign(n.gpus.size(), true);
+  g.shares_per_gpu = 100;
+  nlohmann::json node;
+  node["metadata"]["name"] = n.name;
+  node["metadata"]["annotations"][kube::kNodeGpusAnnotation] = kube::FormatNodeGpus(g);
+  node["status"]["allocatable"]["cpu"] = std::to_string(n.cpu_milli) + "m";
+  node["status"]["allocatable"]["memory"] = std::to_string(n.memory_mib) + "Mi";
+  return node;
+}
+
+// A trace's request as a pod in namespace "openb" (see OpenbNode for shares: gpu_milli / 10).
+inline nlohmann::json OpenbPod(const core::Request& r, const std::string& name) {
+  nlohmann::json c;
+  c["name"] = "main";
+  if (r.gpus > 0) c["resources"]["limits"]["tessera.io/gpu"] = std::to_string(r.gpus);
+  if (r.gpu_milli > 0) {
+    c["resources"]["limits"]["tessera.io/gpu-share"] = std::to_string(r.gpu_milli / 10);
+  }
+  c["resources"]["requests"]["cpu"] = std::to_string(r.cpu_milli) + "m";
+  c["resources"]["requests"]["memory"] = std::to_string(r.memory_mib) + "Mi";
+  nlohmann::json pod;
+  pod["metadata"]["name"] = name;
+  pod["metadata"]["namespace"] = "openb";
+  pod["metadata"]["uid"] = "uid-" + name;
+  pod["metadata"]["annotations"] = nlohmann::json::object();
+  if (!r.models.empty()) {
+    std::string models;
+    for (const auto& m : r.models) models += (models.empty() ? "" : ",") + m;
+    pod["metadata"]["annotations"]["tessera.io/gpu-model"] = models;
+  }
+  if (r.gpu_memory_mib > 0) {
+    pod["metadata"]["annotations"]["tessera.io/gpu-memory"] =
+        std::to_string(r.gpu_memory_mib) + "Mi";
+  }
+  pod["spec"]["containers"] = nlohmann::json::array({c});
+  pod["status"]["phase"] = "Pending";
+  return pod;
 }
 
 }  // namespace tessera::extender::testing

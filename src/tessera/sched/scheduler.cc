@@ -556,17 +556,31 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
     plan.gpus = direct.gpus;
     return plan;
   }
-  // Gangs by id, for expanding a victim to its whole gang.
-  std::map<std::string, std::vector<const Allocation*>> gangs;
-  for (const auto& [id, a] : state_.allocations()) {
-    if (!a.request.gang.empty()) gangs[a.request.gang].push_back(&a);
-  }
   bool requester_within_quota = quotas_.WithinOwnLimit(r.owner, QuotaAmount(r, 0, {}));
   auto eligible = [&](const Allocation& a) {
     if (!a.request.preemptible) return false;
     if (a.request.priority < r.priority) return r.preempts_others || a.request.owner == r.owner;
     return a.borrowed && a.request.owner != r.owner && requester_within_quota;
   };
+  // Most failures have no possible victim at all (equal priorities, nothing borrowed): say so
+  // after one cheap pass instead of looking node by node.
+  bool any = false;
+  for (const auto& [id, a] : state_.allocations()) {
+    if (eligible(a)) {
+      any = true;
+      break;
+    }
+  }
+  if (!any) {
+    plan.why_not =
+        fmt::format("no set of lower-priority preemptible work makes it fit ({})", direct.why_not);
+    return plan;
+  }
+  // Gangs by id, for expanding a victim to its whole gang.
+  std::map<std::string, std::vector<const Allocation*>> gangs;
+  for (const auto& [id, a] : state_.allocations()) {
+    if (!a.request.gang.empty()) gangs[a.request.gang].push_back(&a);
+  }
   using Cost = std::tuple<size_t, int, int64_t, double>;  // victims, max priority, sum, work lost
   Cost best_cost{};
   for (NodeId n = 0; n < state_.node_count(); ++n) {
