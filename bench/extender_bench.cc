@@ -2,19 +2,20 @@
 // GPU nodes, annotated as the agent would) kept in the extender's state from the fake API server:
 // for each pod drawn from the openb default trace (its GPU pods, seeded as `sim inflate` draws),
 // POST /filter with every node name (nodeCacheCapable), then POST /bind on another connection and
-// thread (kube-scheduler binds asynchronously), which creates the Binding in the API server; p50/p99 of filter alone and of filter + bind, and the sustained rate of one
-// pod after another, until the drawn GPU demand reaches --fill of the cluster's GPUs.
-// Prints a table; no Google Benchmark (these are latencies of a whole path).
+// thread (kube-scheduler binds asynchronously), which creates the Binding in the API server;
+// p50/p99 of filter alone and of filter + bind, and the sustained rate of one pod after another,
+// until the drawn GPU demand reaches --fill of the cluster's GPUs. Prints a table; no Google
+// Benchmark (these are latencies of a whole path).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_apiserver.h"
@@ -89,7 +90,8 @@ int main(int argc, char** argv) {
     core::Request r = pods[pick(draw)];
     std::string name = "p" + std::to_string(objects.size());
     demand += r.gpu_milli_total();
-    objects.push_back(api.Put("/api/v1/namespaces/openb/pods", extender::testing::OpenbPod(r, name)));
+    objects.push_back(
+        api.Put("/api/v1/namespaces/openb/pods", extender::testing::OpenbPod(r, name)));
   }
   // kube-scheduler runs binding cycles asynchronously: binds go to their own connection and thread
   // while the next pod is filtered.
@@ -125,7 +127,8 @@ int main(int argc, char** argv) {
   auto start = Clock::now();
   for (const json& pod : objects) {
     auto t0 = Clock::now();
-    std::string body = "{\"Pod\":" + pod.dump() + ",\"Nodes\":null,\"NodeNames\":" + names_json + "}";
+    std::string body =
+        "{\"Pod\":" + pod.dump() + ",\"Nodes\":null,\"NodeNames\":" + names_json + "}";
     auto f = http.Send("POST", "/filter", body);
     auto t1 = Clock::now();
     filter_ms.push_back(Ms(t1 - t0));

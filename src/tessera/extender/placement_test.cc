@@ -99,8 +99,8 @@ TEST(Placement, ExtenderMatchesTheSimulatorOnTheOpenbTrace) {
     }
     if (f.nodes.size() != 1 || f.nodes[0] != direct->state().node_name(a->node)) {
       ++mismatches;
-      ADD_FAILURE() << name << ": simulator " << direct->state().node_name(a->node)
-                    << ", extender " << (f.nodes.empty() ? f.reason : f.nodes[0]);
+      ADD_FAILURE() << name << ": simulator " << direct->state().node_name(a->node) << ", extender "
+                    << (f.nodes.empty() ? f.reason : f.nodes[0]);
       break;
     }
     auto plan = ex.PrepareBind("openb", name, "uid-" + name, f.nodes[0]);

@@ -8,9 +8,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "fake_apiserver.h"
 #include "tessera/extender/test_objects.h"
+#include "yaml-cpp/yaml.h"
 
 namespace tessera::extender {
 namespace {
@@ -204,6 +206,57 @@ TEST_F(ServiceTest, QuotasComeFromTheConfigMapAndABadOneIsReported) {
   // The quota in force stays.
   EXPECT_THAT(Post("filter", {{"Pod", p2}, {"NodeNames", {"n1", "n2"}}})["FailedNodes"].dump(),
               HasSubstr("quota"));
+}
+
+// deploy/'s RBAC for the extender grants exactly the (verb, resource) pairs it uses: every flow is
+// run against the fake API server, which records each request's verb and resource.
+TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps",
+           testing::QuotaConfigMap("namespaces:\n  ml: {guaranteed: {gpus: 4}}\n"));
+  api_.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
+           testing::PodGroup("ml", "job", 1));
+  ServiceOptions o;
+  o.quota_configmap = "tessera-system/tessera-quotas";
+  Start(o);
+  json low = Create(GpuPod("ml", "low", {.gpus = 2, .priority = 1, .pod_group = "job"}));
+  ASSERT_TRUE(Eventually([&] {
+    json f = Post("filter", {{"Pod", low}, {"NodeNames", {"n1"}}});
+    return f["NodeNames"].size() == 1;
+  }));
+  Post("bind", {{"PodName", "low"}, {"PodNamespace", "ml"}, {"Node", "n1"}});
+  json high = Create(GpuPod("ml", "high", {.gpus = 2, .priority = 100}));
+  Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
+  ASSERT_TRUE(Eventually([&] { return !api_.Get(Pods("ml"), "low").has_value(); }));
+  service_->Stop();
+
+  std::set<std::string> used;
+  for (const auto& r : api_.Requests()) {
+    if (r.user == "tester" && !r.verb.empty()) used.insert(r.verb + " " + r.resource);
+  }
+  std::set<std::string> granted;
+  for (const YAML::Node& doc :
+       YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/base/rbac-extender.yaml")) {
+    std::string kind = doc["kind"].as<std::string>();
+    if (kind != "ClusterRole" && kind != "Role") continue;
+    for (const YAML::Node& rule : doc["rules"]) {
+      for (const YAML::Node& group : rule["apiGroups"]) {
+        for (const YAML::Node& res : rule["resources"]) {
+          std::string resource = res.as<std::string>();
+          std::string g = group.as<std::string>();
+          if (!g.empty()) {
+            size_t slash = resource.find('/');
+            resource = slash == std::string::npos
+                           ? resource + "." + g
+                           : resource.substr(0, slash) + "." + g + resource.substr(slash);
+          }
+          for (const YAML::Node& verb : rule["verbs"]) {
+            granted.insert(verb.as<std::string>() + " " + resource);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(used, granted);
 }
 
 size_t Collect(char* data, size_t size, size_t n, void* out) {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# deploy/ renders offline with `kubectl kustomize`, and every object it renders is valid against the
+# Kubernetes OpenAPI schemas (npm's kubernetes-models, pinned by tests/deploy/package-lock.json and
+# installed by scripts/test with `npm ci`); the scheduler profile hands Tessera's resources to the
+# extender as kube-scheduler needs; the Helm chart holds the same objects.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+here="$src/tests/deploy"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "deploy_test: $*" >&2; exit 1; }
+
+command -v kubectl >/dev/null || fail "kubectl (with kustomize) is needed to render deploy/"
+[ -d "$here/node_modules/kubernetes-models" ] || fail "no $here/node_modules: run scripts/test (npm ci)"
+
+kubectl kustomize "$src/deploy" >"$tmp/rendered.yaml"
+node "$here/validate.js" <"$tmp/rendered.yaml" >"$tmp/validate.txt" || { cat "$tmp/validate.txt"; fail "invalid objects"; }
+tail -1 "$tmp/validate.txt"
+
+# Each piece is there.
+for want in "kind: DaemonSet" "name: tessera-agent" "name: tessera-extender" "kind: ServiceMonitor" \
+            "name: tessera-grafana-dashboard" "name: tessera-quotas" "name: tessera-scheduler-config"; do
+  grep -q "$want" "$tmp/rendered.yaml" || fail "rendered deploy/ has no '$want'"
+done
+# The scheduler profile: both resources managed and ignored by kube-scheduler's own fit check,
+# node-cache-capable, all four verbs.
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8"));
+const cm = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "tessera-scheduler-config");
+const cfg = yaml.load(cm.data["config.yaml"]);
+const fail = (m) => { console.error("deploy_test: scheduler config: " + m); process.exit(1); };
+if (cfg.kind !== "KubeSchedulerConfiguration") fail("not a KubeSchedulerConfiguration");
+if (!cfg.profiles.some((p) => p.schedulerName === "tessera")) fail("no profile tessera");
+const ex = cfg.extenders && cfg.extenders[0];
+if (!ex) fail("no extender");
+for (const v of ["filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"]) if (!ex[v]) fail("no " + v);
+if (ex.nodeCacheCapable !== true) fail("not nodeCacheCapable");
+for (const r of ["tessera.io/gpu", "tessera.io/gpu-share"]) {
+  const m = ex.managedResources.find((x) => x.name === r);
+  if (!m || m.ignoredByScheduler !== true) fail(r + " must be managed and ignoredByScheduler");
+}
+const dash = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "tessera-grafana-dashboard");
+const board = JSON.parse(dash.data["tessera.json"]);
+if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has too few panels");
+' "$here" "$tmp/rendered.yaml"
+
+# The Helm chart renders the same objects as kustomize: its templates are deploy/base with the
+# image and namespace as values (scripts/helm-sync writes them); compare after substitution.
+chart="$src/deploy/helm/tessera"
+[ -f "$chart/Chart.yaml" ] || fail "no Helm chart at $chart"
+for f in "$src"/deploy/base/*.yaml; do
+  t="$chart/templates/$(basename "$f")"
+  [ -f "$t" ] || fail "the chart has no template for $(basename "$f")"
+  sed -e 's/{{ .Values.namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' "$t" >"$tmp/chart.yaml"
+  diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
+done
+echo "deploy_test: ok"
