@@ -1,0 +1,379 @@
+// Kubernetes scheduling end to end, without a cluster, on the real wires: the fake API server, two
+// GPU nodes each with its own fake NVML, fake kubelet and `tessera agent` process, one
+// `tessera extender` process, and this test playing kube-scheduler (filter, prioritize, bind, in
+// its order and JSON, with NodeNames) and each node's kubelet (GetPreferredAllocation, Allocate).
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "fake_apiserver.h"
+#include "fake_kubelet.h"
+#include "nlohmann/json.hpp"
+#include "tessera/server/http.h"
+#include "../capture.h"
+
+extern char** environ;
+
+namespace {
+
+using nlohmann::json;
+using tessera::fakes::FakeApiServer;
+using tessera::test::FakeKubelet;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+using Plugins = std::map<std::string, FakeKubelet::Plugin>;
+
+constexpr char kGpu[] = "tessera.io/gpu";
+constexpr char kShare[] = "tessera.io/gpu-share";
+constexpr char kPods[] = "/api/v1/namespaces/";
+
+std::string Uuid(char node, int i) {
+  return std::string("GPU-0000000") + node + "-0000-0000-0000-00000000000" + std::to_string(i);
+}
+
+pid_t Spawn(const std::string& cmd) {
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) {
+    return -1;
+  }
+  return pid;
+}
+
+void Stop(pid_t& pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  pid = -1;
+}
+
+bool Until(const std::function<bool()>& pred, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  return FakeApiServer::WaitFor(pred, timeout);
+}
+
+class ExtenderE2e : public ::testing::Test {
+ protected:
+  struct Node {
+    std::string name;
+    char letter = 'a';
+    std::string dir;
+    std::unique_ptr<FakeKubelet> kubelet;
+    pid_t agent = -1;
+  };
+
+  void SetUp() override {
+    static int n = 0;
+    root_ = ::testing::TempDir() + "ex" + std::to_string(++n);
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    kubeconfig_ = api_.WriteKubeconfig(root_ + "/kubeconfig");
+    for (char c : {'a', 'b'}) {
+      Node& node = nodes_[c - 'a'];
+      node.name = std::string("node-") + c;
+      node.letter = c;
+      node.dir = root_ + "/" + c;  // short: unix socket paths have at most 107 bytes
+      for (const char* sub : {"/dp", "/pr", "/state", "/cdi"}) fs::create_directories(node.dir + sub);
+      // The API server knows the nodes (kubelets registered them); the agents annotate them.
+      api_.Put("/api/v1/nodes", {{"metadata", {{"name", node.name}}},
+                                 {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "128Gi"}}}}}});
+    }
+  }
+  void TearDown() override {
+    Stop(extender_);
+    for (Node& n : nodes_) {
+      Stop(n.agent);
+      n.kubelet.reset();
+    }
+  }
+
+  // Two A100-40GB per node; `xid_gpu` >= 0: that GPU of node-b reports XID 79 soon after start.
+  void StartNodes(int xid_gpu = -1) {
+    for (Node& node : nodes_) {
+      json scenario = {{"driver_version", "550.54.15"}, {"cuda_driver_version", 12040}};
+      for (int i = 0; i < 2; ++i) {
+        scenario["devices"].push_back({{"uuid", Uuid(node.letter, i)},
+                                       {"name", "NVIDIA A100-SXM4-40GB"},
+                                       {"memory_total", 42949672960},
+                                       {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
+                                       {"numa", 0},
+                                       {"minor", i},
+                                       {"nvswitch_links", 0}});
+      }
+      scenario["topology"] = {{0, 10}, {10, 0}};
+      if (node.letter == 'b' && xid_gpu >= 0) {
+        scenario["events"] = {{{"at_ms", 300}, {"device", xid_gpu}, {"type", 8}, {"data", 79}}};
+      }
+      std::ofstream(node.dir + "/scenario.json") << scenario.dump();
+      node.kubelet = std::make_unique<FakeKubelet>(node.dir + "/dp", node.dir + "/pr/kubelet.sock");
+      node.kubelet->Start();
+      node.agent = Spawn(
+          std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") + node.dir +
+          "/scenario.json exec " + TESSERA_BINARY + " agent --nvml-library " +
+          TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1 --node-name " + node.name +
+          " --kubeconfig " + kubeconfig_ + " --device-plugin-dir " + node.dir +
+          "/dp --pod-resources-socket " + node.dir + "/pr/kubelet.sock --state-dir " + node.dir +
+          "/state --cdi-dir " + node.dir + "/cdi --metrics-address '' --shares-per-gpu 4 " +
+          "--health-recovery 0 --health-probe 0.1 >>" + node.dir + "/agent.log 2>&1");
+      ASSERT_GT(node.agent, 0);
+    }
+    for (Node& node : nodes_) {
+      ASSERT_TRUE(node.kubelet->WaitFor(
+          [](const Plugins& p) {
+            return p.contains(kGpu) && p.contains(kShare) && p.at(kGpu).lists > 0;
+          },
+          std::chrono::seconds(20)))
+          << Log(node.dir + "/agent.log");
+    }
+  }
+
+  void StartExtender() {
+    extender_ = Spawn(std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; exec ") +
+                      TESSERA_BINARY + " extender --kubeconfig " + kubeconfig_ +
+                      " --listen 127.0.0.1:0 --quota-configmap tessera-system/tessera-quotas" +
+                      " --reservation-timeout 30 >>" + root_ + "/extender.log 2>&1");
+    ASSERT_GT(extender_, 0);
+    std::regex port_re("port ([0-9]+), HTTP");
+    ASSERT_TRUE(Until([&] {
+      std::smatch m;
+      std::string log = Log(root_ + "/extender.log");
+      if (!std::regex_search(log, m, port_re)) return false;
+      port_ = std::stoi(m[1]);
+      return true;
+    })) << Log(root_ + "/extender.log");
+    http_ = std::make_unique<tessera::server::HttpClient>("tcp://127.0.0.1:" +
+                                                          std::to_string(port_));
+    // Both nodes' GPUs known to the extender (the agents' annotations arrived).
+    ASSERT_TRUE(Until([&] {
+      return Metrics().find("tessera_extender_gpus{health=\"healthy\"} 4") != std::string::npos ||
+             Metrics().find("tessera_extender_gpus{health=\"unhealthy\"} 1") != std::string::npos;
+    })) << Metrics() << Log(root_ + "/extender.log");
+  }
+
+  static std::string Log(const std::string& path) { return tessera::test::ReadFile(path); }
+  std::string Metrics() {
+    auto r = http_->Send("GET", "/metrics");
+    return r.ok() ? r->body : "";
+  }
+  json Post(const std::string& verb, const json& body) {
+    auto r = http_->Send("POST", "/" + verb, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r.ok() ? r->status : 0, 200) << (r.ok() ? r->body : "");
+    return r.ok() ? json::parse(r->body, nullptr, false) : json();
+  }
+
+  json PodSpec(const std::string& ns, const std::string& name, const char* resource, int count,
+               json annotations = json::object(), json labels = json::object(),
+               int priority = 0) {
+    return {{"metadata",
+             {{"name", name},
+              {"namespace", ns},
+              {"annotations", annotations},
+              {"labels", labels}}},
+            {"spec",
+             {{"schedulerName", "tessera"},
+              {"priority", priority},
+              {"containers",
+               {{{"name", "main"},
+                 {"image", "train:1"},
+                 {"resources",
+                  {{"limits", {{resource, std::to_string(count)}}},
+                   {"requests", {{"cpu", "1"}}}}}}}}}},
+            {"status", {{"phase", "Pending"}}}};
+  }
+
+  // kube-scheduler's scheduling cycle for one pod: filter (NodeNames: both nodes), prioritize,
+  // bind. The node, or "" when filter placed it nowhere (`why` then holds the answer).
+  std::string Schedule(const json& pod, json* why = nullptr) {
+    json names = {"node-a", "node-b"};
+    json f = Post("filter", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
+    if (why) *why = f;
+    if (!f["NodeNames"].is_array() || f["NodeNames"].size() != 1) return "";
+    std::string node = f["NodeNames"][0];
+    json scores = Post("prioritize", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
+    EXPECT_EQ(scores.size(), 2u);
+    json b = Post("bind", {{"PodName", pod["metadata"]["name"]},
+                           {"PodNamespace", pod["metadata"]["namespace"]},
+                           {"PodUID", pod["metadata"]["uid"]},
+                           {"Node", node}});
+    EXPECT_EQ(b.value("Error", "x"), "") << b.dump();
+    return node;
+  }
+
+  // The pod's assignment (written at bind) as its GPUs' UUIDs.
+  std::set<std::string> Assigned(const std::string& ns, const std::string& name) {
+    auto pod = api_.Get(kPods + ns + "/pods", name);
+    if (!pod) return {};
+    json a = json::parse((*pod)["metadata"]["annotations"].value("tessera.io/assignment", "{}"));
+    std::set<std::string> out;
+    for (const auto& c : a.value("containers", json::array())) {
+      for (const auto& g : c["gpus"]) out.insert(g.get<std::string>());
+    }
+    return out;
+  }
+
+  // The node's kubelet admits the pod: GetPreferredAllocation over what its device list offers as
+  // healthy, then Allocate with what the agent preferred.
+  v1beta1::AllocateResponse Admit(const std::string& node_name, const char* resource,
+                                           int count, grpc::Status* status) {
+    Node& node = nodes_[node_name == "node-a" ? 0 : 1];
+    std::vector<std::string> available;
+    const Plugins plugins = node.kubelet->plugins();
+    for (const auto& d : plugins.at(resource).devices) {
+      if (d.health() == "Healthy") available.push_back(d.id());
+    }
+    std::vector<std::string> preferred;
+    EXPECT_TRUE(node.kubelet->Preferred(resource, available, {}, count, &preferred).ok());
+    v1beta1::AllocateResponse out;
+    *status = node.kubelet->Allocate(resource, {preferred}, &out);
+    return out;
+  }
+
+  FakeApiServer api_;
+  std::string root_, kubeconfig_;
+  Node nodes_[2];
+  pid_t extender_ = -1;
+  int port_ = 0;
+  std::unique_ptr<tessera::server::HttpClient> http_;
+};
+
+std::set<std::string> Split(const std::string& s) {
+  std::set<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.insert(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+TEST_F(ExtenderE2e, WholeFractionalAndGangPodsRunOnTheGpusTheExtenderChose) {
+  StartNodes();
+  StartExtender();
+
+  // Whole GPUs: the kubelet's Allocate gets exactly the GPUs the extender recorded.
+  json train = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "train", kGpu, 2));
+  std::string node = Schedule(train);
+  ASSERT_FALSE(node.empty());
+  std::set<std::string> chosen = Assigned("ml", "train");
+  ASSERT_EQ(chosen.size(), 2u);
+  grpc::Status s;
+  auto whole = Admit(node, kGpu, 2, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message() << Log(root_ + "/" + node.back() + "/agent.log");
+  EXPECT_EQ(Split(whole.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES")), chosen);
+
+  // A share on the other node's GPUs (best fit: the first node is full), with the intercept library.
+  json small = api_.Put(std::string(kPods) + "ml/pods",
+                        PodSpec("ml", "small", kShare, 1, {{"tessera.io/gpu-memory", "5Gi"}}));
+  std::string share_node = Schedule(small);
+  ASSERT_FALSE(share_node.empty());
+  EXPECT_NE(share_node, node);
+  std::set<std::string> share_gpu = Assigned("ml", "small");
+  ASSERT_EQ(share_gpu.size(), 1u);
+  auto share = Admit(share_node, kShare, 1, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto& envs = share.container_responses(0).envs();
+  EXPECT_THAT(envs.at("LD_PRELOAD"), HasSubstr("libtessera-cuda.so"));
+  int index = share_gpu.begin()->back() - '0';
+  EXPECT_EQ(envs.at("TESSERA_CUDA_ARBITER_GPUS"), std::to_string(index));
+  EXPECT_EQ(envs.at("NVIDIA_VISIBLE_DEVICES"), *share_gpu.begin());
+
+  // A gang of two one-share pods (PodGroup, minMember 2): the first waits holding nothing; the
+  // second completes it; both then get their reserved node.
+  api_.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
+           {{"metadata", {{"name", "job"}, {"namespace", "ml"}}}, {"spec", {{"minMember", 2}}}});
+  json labels = {{"scheduling.x-k8s.io/pod-group", "job"}};
+  json w0 = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "w0", kShare, 1, {}, labels));
+  json w1 = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "w1", kShare, 1, {}, labels));
+  json why;
+  ASSERT_TRUE(Until([&] {
+    Schedule(w0, &why);
+    return why.dump().find("1 of 2 members") != std::string::npos;
+  })) << why.dump();
+  std::string n1 = Schedule(w1);
+  ASSERT_FALSE(n1.empty());
+  std::string n0 = Schedule(w0);
+  ASSERT_FALSE(n0.empty());
+  // Only the share's node has room (the other is full with `train`).
+  EXPECT_EQ(n0, share_node);
+  EXPECT_EQ(n1, share_node);
+  ASSERT_EQ(Assigned("ml", "w0").size(), 1u);
+  auto g0 = Admit(n0, kShare, 1, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(g0.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"),
+            *Assigned("ml", "w0").begin());
+  // The agents marked what they allocated.
+  ASSERT_TRUE(Until([&] {
+    auto pod = api_.Get(std::string(kPods) + "ml/pods", "train");
+    return pod && (*pod)["metadata"]["annotations"].value("tessera.io/allocated", "") == "0";
+  }));
+  EXPECT_THAT(Log(root_ + "/extender.log"), HasSubstr("bound ml/train to " + node));
+}
+
+TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps",
+           {{"metadata", {{"name", "tessera-quotas"}, {"namespace", "tessera-system"}}},
+            {"data",
+             {{"quotas.yaml",
+               "namespaces:\n"
+               "  team-a: {cohort: lab, guaranteed: {gpus: 2}, limit: {gpus: 4}}\n"
+               "  team-b: {cohort: lab, guaranteed: {gpus: 2}}\n"}}}});
+  StartNodes();
+  StartExtender();
+  // team-b is away: team-a fills all four GPUs, two of them borrowed.
+  for (int i = 0; i < 4; ++i) {
+    std::string name = "a" + std::to_string(i);
+    json pod = api_.Put(std::string(kPods) + "team-a/pods", PodSpec("team-a", name, kGpu, 1));
+    ASSERT_FALSE(Schedule(pod).empty()) << name;
+  }
+  // team-b comes back within its guarantee: a borrowed pod is evicted through the API server...
+  json b0 = api_.Put(std::string(kPods) + "team-b/pods", PodSpec("team-b", "b0", kGpu, 1));
+  json why;
+  EXPECT_TRUE(Schedule(b0, &why).empty());
+  ASSERT_TRUE(Until([&] { return api_.List(std::string(kPods) + "team-a/pods").size() == 3; }))
+      << Log(root_ + "/extender.log");
+  EXPECT_THAT(Log(root_ + "/extender.log"), HasSubstr("evicted team-a/"));
+  // ...and once the extender has seen it go, team-b's pod takes its GPU.
+  std::string node;
+  ASSERT_TRUE(Until([&] { return !(node = Schedule(b0)).empty(); }))
+      << Log(root_ + "/extender.log");
+  grpc::Status s;
+  auto out = Admit(node, kGpu, 1, &s);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_extender_evictions_total{result=\"evicted\"} 1"));
+}
+
+TEST_F(ExtenderE2e, AnUnhealthyGpuTakesNoNewPods) {
+  StartNodes(/*xid_gpu=*/0);  // node-b's GPU 0 falls off the bus
+  StartExtender();
+  ASSERT_TRUE(Until([&] {
+    return Metrics().find("tessera_extender_gpus{health=\"unhealthy\"} 1") != std::string::npos;
+  })) << Metrics();
+  std::set<std::string> used;
+  for (int i = 0; i < 3; ++i) {
+    std::string name = "p" + std::to_string(i);
+    json pod = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", name, kGpu, 1));
+    ASSERT_FALSE(Schedule(pod).empty()) << name;
+    for (const auto& g : Assigned("ml", name)) used.insert(g);
+  }
+  EXPECT_FALSE(used.contains(Uuid('b', 0)));
+  EXPECT_EQ(used.size(), 3u);
+  json last = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "p3", kGpu, 1));
+  json why;
+  EXPECT_TRUE(Schedule(last, &why).empty());
+  EXPECT_THAT(why["FailedNodes"].dump(), HasSubstr("unhealthy")) << why.dump();
+}
+
+}  // namespace
