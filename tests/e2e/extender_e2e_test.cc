@@ -2,13 +2,12 @@
 // GPU nodes each with its own fake NVML, fake kubelet and `tessera agent` process, one
 // `tessera extender` process, and this test playing kube-scheduler (filter, prioritize, bind, in
 // its order and JSON, with NodeNames) and each node's kubelet (GetPreferredAllocation, Allocate).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,11 +16,11 @@
 #include <set>
 #include <thread>
 
+#include "../capture.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "nlohmann/json.hpp"
 #include "tessera/server/http.h"
-#include "../capture.h"
 
 extern char** environ;
 
@@ -58,7 +57,8 @@ void Stop(pid_t& pid) {
   pid = -1;
 }
 
-bool Until(const std::function<bool()>& pred, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+bool Until(const std::function<bool()>& pred,
+           std::chrono::seconds timeout = std::chrono::seconds(20)) {
   return FakeApiServer::WaitFor(pred, timeout);
 }
 
@@ -83,10 +83,12 @@ class ExtenderE2e : public ::testing::Test {
       node.name = std::string("node-") + c;
       node.letter = c;
       node.dir = root_ + "/" + c;  // short: unix socket paths have at most 107 bytes
-      for (const char* sub : {"/dp", "/pr", "/state", "/cdi"}) fs::create_directories(node.dir + sub);
+      for (const char* sub : {"/dp", "/pr", "/state", "/cdi"})
+        fs::create_directories(node.dir + sub);
       // The API server knows the nodes (kubelets registered them); the agents annotate them.
-      api_.Put("/api/v1/nodes", {{"metadata", {{"name", node.name}}},
-                                 {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "128Gi"}}}}}});
+      api_.Put("/api/v1/nodes",
+               {{"metadata", {{"name", node.name}}},
+                {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "128Gi"}}}}}});
     }
   }
   void TearDown() override {
@@ -151,13 +153,14 @@ class ExtenderE2e : public ::testing::Test {
       port_ = std::stoi(m[1]);
       return true;
     })) << Log(root_ + "/extender.log");
-    http_ = std::make_unique<tessera::server::HttpClient>("tcp://127.0.0.1:" +
-                                                          std::to_string(port_));
+    http_ =
+        std::make_unique<tessera::server::HttpClient>("tcp://127.0.0.1:" + std::to_string(port_));
     // Both nodes' GPUs known to the extender (the agents' annotations arrived).
     ASSERT_TRUE(Until([&] {
       return Metrics().find("tessera_extender_gpus{health=\"healthy\"} 4") != std::string::npos ||
              Metrics().find("tessera_extender_gpus{health=\"unhealthy\"} 1") != std::string::npos;
-    })) << Metrics() << Log(root_ + "/extender.log");
+    })) << Metrics()
+        << Log(root_ + "/extender.log");
   }
 
   static std::string Log(const std::string& path) { return tessera::test::ReadFile(path); }
@@ -173,23 +176,19 @@ class ExtenderE2e : public ::testing::Test {
   }
 
   json PodSpec(const std::string& ns, const std::string& name, const char* resource, int count,
-               json annotations = json::object(), json labels = json::object(),
-               int priority = 0) {
-    return {{"metadata",
-             {{"name", name},
-              {"namespace", ns},
-              {"annotations", annotations},
-              {"labels", labels}}},
-            {"spec",
-             {{"schedulerName", "tessera"},
-              {"priority", priority},
-              {"containers",
-               {{{"name", "main"},
-                 {"image", "train:1"},
-                 {"resources",
-                  {{"limits", {{resource, std::to_string(count)}}},
-                   {"requests", {{"cpu", "1"}}}}}}}}}},
-            {"status", {{"phase", "Pending"}}}};
+               json annotations = json::object(), json labels = json::object(), int priority = 0) {
+    return {
+        {"metadata",
+         {{"name", name}, {"namespace", ns}, {"annotations", annotations}, {"labels", labels}}},
+        {"spec",
+         {{"schedulerName", "tessera"},
+          {"priority", priority},
+          {"containers",
+           {{{"name", "main"},
+             {"image", "train:1"},
+             {"resources",
+              {{"limits", {{resource, std::to_string(count)}}}, {"requests", {{"cpu", "1"}}}}}}}}}},
+        {"status", {{"phase", "Pending"}}}};
   }
 
   // kube-scheduler's scheduling cycle for one pod: filter (NodeNames: both nodes), prioritize,
@@ -224,8 +223,8 @@ class ExtenderE2e : public ::testing::Test {
 
   // The node's kubelet admits the pod: GetPreferredAllocation over what its device list offers as
   // healthy, then Allocate with what the agent preferred.
-  v1beta1::AllocateResponse Admit(const std::string& node_name, const char* resource,
-                                           int count, grpc::Status* status) {
+  v1beta1::AllocateResponse Admit(const std::string& node_name, const char* resource, int count,
+                                  grpc::Status* status) {
     Node& node = nodes_[node_name == "node-a" ? 0 : 1];
     std::vector<std::string> available;
     const Plugins plugins = node.kubelet->plugins();
@@ -274,7 +273,8 @@ TEST_F(ExtenderE2e, WholeFractionalAndGangPodsRunOnTheGpusTheExtenderChose) {
   ASSERT_TRUE(s.ok()) << s.error_message() << Log(root_ + "/" + node.back() + "/agent.log");
   EXPECT_EQ(Split(whole.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES")), chosen);
 
-  // A share on the other node's GPUs (best fit: the first node is full), with the intercept library.
+  // A share on the other node's GPUs (best fit: the first node is full), with the intercept
+  // library.
   json small = api_.Put(std::string(kPods) + "ml/pods",
                         PodSpec("ml", "small", kShare, 1, {{"tessera.io/gpu-memory", "5Gi"}}));
   std::string share_node = Schedule(small);
