@@ -534,13 +534,32 @@ void Extender::ExpireLocked(double now) {
       expired.push_back(id);
     }
   }
+  std::set<std::string> failed_gangs;
   for (const std::string& id : expired) {
     reserved_.erase(id);
     auto it = pods_.find(id);
     if (it == pods_.end()) continue;
+    const std::string& gang = it->second.demand.request.gang;
+    if (!gang.empty()) failed_gangs.insert(gang);
     Release(id, it->second, "reservation not bound in time");
     cycle_->Remove(id);
     it->second.queued_kind.clear();
+  }
+  // A gang runs whole or not at all: when a member's reservation lapsed, the members already bound
+  // are stopped too, and the rest of the gang's reservations given back.
+  for (const std::string& gang : failed_gangs) {
+    placed_gangs_.erase(gang);
+    for (auto& [id, p] : pods_) {
+      if (p.demand.request.gang != gang || !p.allocated) continue;
+      if (p.node.empty()) {
+        Release(id, p, "its gang did not bind whole in time");
+        continue;
+      }
+      size_t slash = id.find('/');
+      std::string why = "gang " + gang + " did not bind whole in time";
+      spdlog::warn("extender: stopping pod {}: {}", id, why);
+      evictions_.push_back({id.substr(0, slash), id.substr(slash + 1), p.uid, p.node, why});
+    }
   }
 }
 
@@ -549,7 +568,8 @@ void Extender::Expire() {
   ExpireLocked(Now());
 }
 
-void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now) {
+void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now,
+                              const std::string& asking) {
   for (const sched::CycleDecision& d : decisions) {
     auto it = pods_.find(d.id);
     if (it == pods_.end()) continue;
@@ -559,6 +579,7 @@ void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions
       p.reserved_at = now;
       p.reserved_node = scheduler_->state().node_name(d.allocation.node);
       reserved_.insert(d.id);
+      if (d.id != asking) nudges_.emplace_back(d.id, p.reserved_node);
       p.queued_kind.clear();
       if (!d.allocation.request.gang.empty()) placed_gangs_.insert(d.allocation.request.gang);
       spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", d.id, p.reserved_node,
@@ -704,7 +725,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
     Fence fence(*this, allowed, all);  // nodes kube-scheduler ruled out take nothing here
     decisions = cycle_->Step(now);
   }
-  ApplyDecisions(decisions, now);
+  ApplyDecisions(decisions, now, id);
   if (p.allocated) {
     out.nodes = {p.reserved_node};
     out.reason = "placed";
@@ -830,6 +851,13 @@ PreemptResult Extender::Preempt(const json& pod,
   }
   spdlog::info("extender: pod {}: preempt on {}: {}", d->request.id, node,
                fmt::join(plan.victims, ", "));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> Extender::TakeNudges() {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  out.swap(nudges_);
   return out;
 }
 

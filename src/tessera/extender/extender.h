@@ -117,8 +117,13 @@ class Extender {
   // `candidates`: node -> the UIDs of the victims kube-scheduler proposes there.
   PreemptResult Preempt(const nlohmann::json& pod,
                         const std::map<std::string, std::vector<std::string>>& candidates);
-  // Victims asked to stop since the last call, for the service to evict.
+  // Victims asked to stop since the last call, for the service to evict. Also the bound members
+  // of a gang whose other members' reservations expired: a gang runs whole or not at all.
   std::vector<Victim> TakeEvictions();
+  // Pods the cycle started while kube-scheduler was asking about another (the rest of a gang):
+  // (pod id, node). The service marks them (annotation tessera.io/reservation), which is a pod
+  // update, so kube-scheduler takes them out of its unschedulable queue and asks again.
+  std::vector<std::pair<std::string, std::string>> TakeNudges();
   // Releases reservations older than the timeout. Filter calls it too.
   void Expire();
 
@@ -186,7 +191,9 @@ class Extender {
   void ExpireLocked(double now);
   int SharesPerGpu() const;
   absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod);
-  void ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now);
+  // `asking`: the pod whose filter stepped the cycle; others started are to be nudged.
+  void ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now,
+                      const std::string& asking);
   void NoteTypical(const core::Request& r);
   FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,
                        const std::string& why);
@@ -211,6 +218,7 @@ class Extender {
   uint64_t rebuilds_ = 0;
   uint64_t seq_ = 0;
   std::vector<Victim> evictions_;
+  std::vector<std::pair<std::string, std::string>> nudges_;
   uint64_t nodes_version_ = 0;  // bumped when a node comes or goes
   std::vector<std::string> last_candidates_;
   std::unordered_set<std::string> last_allowed_;

@@ -251,10 +251,29 @@ TEST_F(ExtenderTest, GangsArePlacedWholeOrNotAtAll) {
   FilterResult again = ex_->Filter(w0, {"a", "b"});
   ASSERT_EQ(again.nodes.size(), 1u);
   EXPECT_EQ(again.reason, "reserved earlier");
-  EXPECT_TRUE(ex_->PrepareBind("ml", "w0", "", again.nodes[0]).ok());
-  // The gang's reservation expires as one if kube-scheduler never comes back for the rest.
+  // w1 and w2 were started by w2's filter: they are to be nudged, w2 (which asked) is not.
+  auto nudges = ex_->TakeNudges();
+  ASSERT_EQ(nudges.size(), 2u);
+  EXPECT_EQ(nudges[0].first == "ml/w0" || nudges[1].first == "ml/w0", true);
+  for (auto& [id, node] : nudges) EXPECT_NE(id, "ml/w2");
+  auto plan = ex_->PrepareBind("ml", "w0", "", again.nodes[0]);
+  ASSERT_TRUE(plan.ok());
+  json bound = w0;
+  bound["spec"]["nodeName"] = again.nodes[0];
+  bound["metadata"]["annotations"][kube::kAssignmentAnnotation] =
+      kube::FormatAssignment(plan->assignment);
+  ex_->OnPod(Ev::kModified, bound);
+  EXPECT_EQ(ex_->stats().bound, 1);
+  // kube-scheduler never comes back for the rest: their reservations lapse, and the member already
+  // bound is stopped too. No partial gang keeps GPUs.
   clock_.Advance(std::chrono::seconds(31));
   ex_->Expire();
+  auto victims = ex_->TakeEvictions();
+  ASSERT_EQ(victims.size(), 1u);
+  EXPECT_EQ(victims[0].name, "w0");
+  EXPECT_THAT(victims[0].reason, HasSubstr("gang ml/job did not bind whole"));
+  EXPECT_EQ(ex_->stats().reserved, 0);
+  ex_->OnPod(Ev::kDeleted, bound);
   EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
 }
 

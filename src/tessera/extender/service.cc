@@ -350,6 +350,19 @@ void Service::Work() {
     wake_ = false;
     lock.unlock();
     extender_->Expire();
+    // Pods started for a gang while kube-scheduler asked about another member: a pod update makes
+    // kube-scheduler try them again now rather than after its unschedulable-pod timeout.
+    for (const auto& [id, node] : extender_->TakeNudges()) {
+      size_t slash = id.find('/');
+      json patch = {{"metadata", {{"annotations", {{"tessera.io/reservation", node}}}}}};
+      auto r = client_.MergePatch("/api/v1/namespaces/" + Escape(id.substr(0, slash)) + "/pods/" +
+                                      Escape(id.substr(slash + 1)),
+                                  patch);
+      if (!r.ok()) {
+        spdlog::warn("extender: marking {} reserved on {}: {}", id, node,
+                     std::string(r.status().message()));
+      }
+    }
     std::vector<Victim> victims = extender_->TakeEvictions();
     victims.insert(victims.end(), retry.begin(), retry.end());
     retry.clear();

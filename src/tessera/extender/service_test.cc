@@ -214,15 +214,24 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
   api_.Put("/api/v1/namespaces/tessera-system/configmaps",
            testing::QuotaConfigMap("namespaces:\n  ml: {guaranteed: {gpus: 4}}\n"));
   api_.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
-           testing::PodGroup("ml", "job", 1));
+           testing::PodGroup("ml", "job", 2));
   ServiceOptions o;
   o.quota_configmap = "tessera-system/tessera-quotas";
   Start(o);
-  json low = Create(GpuPod("ml", "low", {.gpus = 2, .priority = 1, .pod_group = "job"}));
+  // A gang of two on n2: the first waits, the second completes it, the first is marked reserved.
+  json g0 = Create(GpuPod("ml", "g0", {.gpus = 1, .pod_group = "job"}));
+  json g1 = Create(GpuPod("ml", "g1", {.gpus = 1, .pod_group = "job"}));
   ASSERT_TRUE(Eventually([&] {
-    json f = Post("filter", {{"Pod", low}, {"NodeNames", {"n1"}}});
-    return f["NodeNames"].size() == 1;
+    json f = Post("filter", {{"Pod", g0}, {"NodeNames", {"n2"}}});
+    return f["FailedNodes"].dump().find("1 of 2") != std::string::npos;
   }));
+  ASSERT_EQ(Post("filter", {{"Pod", g1}, {"NodeNames", {"n2"}}})["NodeNames"].size(), 1u);
+  ASSERT_TRUE(Eventually([&] {
+    auto pod = api_.Get(Pods("ml"), "g0");
+    return pod && (*pod)["metadata"]["annotations"].value("tessera.io/reservation", "") == "n2";
+  }));
+  json low = Create(GpuPod("ml", "low", {.gpus = 2, .priority = 1}));
+  ASSERT_EQ(Post("filter", {{"Pod", low}, {"NodeNames", {"n1"}}})["NodeNames"].size(), 1u);
   Post("bind", {{"PodName", "low"}, {"PodNamespace", "ml"}, {"Node", "n1"}});
   json high = Create(GpuPod("ml", "high", {.gpus = 2, .priority = 100}));
   Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
