@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "tessera/server/http.h"
+#include "yaml-cpp/yaml.h"
 
 extern char** environ;
 
@@ -364,6 +366,24 @@ TEST_F(AgentE2e, LabelsTheNodeAndAllocatesTheExtendersChoice) {
   std::string m = Metrics();
   EXPECT_THAT(m, HasSubstr("tessera_agent_api_server_configured 1"));
   EXPECT_THAT(m, HasSubstr("tessera_agent_pod_hints_total{result=\"found\"}"));
+
+  // deploy/'s RBAC for the agent grants exactly the (verb, resource) pairs it used here.
+  std::set<std::string> used, granted;
+  for (const auto& r : api.Requests()) {
+    if (r.user == "tester" && !r.verb.empty()) used.insert(r.verb + " " + r.resource);
+  }
+  for (const YAML::Node& doc :
+       YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/base/rbac-agent.yaml")) {
+    if (doc["kind"].as<std::string>() != "ClusterRole") continue;
+    for (const YAML::Node& rule : doc["rules"]) {
+      for (const YAML::Node& res : rule["resources"]) {
+        for (const YAML::Node& verb : rule["verbs"]) {
+          granted.insert(verb.as<std::string>() + " " + res.as<std::string>());
+        }
+      }
+    }
+  }
+  EXPECT_EQ(used, granted);
 }
 
 TEST_F(AgentE2e, AnUnusableApiServerIsLoggedAndTheKubeletIsStillServed) {

@@ -344,7 +344,9 @@ TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
   EXPECT_TRUE(Schedule(b0, &why).empty());
   ASSERT_TRUE(Until([&] { return api_.List(std::string(kPods) + "team-a/pods").size() == 3; }))
       << Log(root_ + "/extender.log");
-  EXPECT_THAT(Log(root_ + "/extender.log"), HasSubstr("evicted team-a/"));
+  EXPECT_TRUE(Until([&] {
+    return Log(root_ + "/extender.log").find("evicted team-a/") != std::string::npos;
+  })) << Log(root_ + "/extender.log");
   // ...and once the extender has seen it go, team-b's pod takes its GPU.
   std::string node;
   ASSERT_TRUE(Until([&] { return !(node = Schedule(b0)).empty(); }))

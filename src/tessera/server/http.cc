@@ -1,6 +1,5 @@
 #include "tessera/server/http.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -124,18 +123,6 @@ struct HttpServer::Impl {
     return HttpResponse{status, "text/plain", message};
   }
 
-  // Bytes the TLS layer has decrypted and not handed out yet: poll() on the socket does not see
-  // them.
-  template <typename Stream>
-  static bool Buffered(Stream& s) {
-    if constexpr (std::is_same_v<Stream, beast::ssl_stream<tcp::socket>>) {
-      return SSL_pending(s.native_handle()) > 0;
-    } else {
-      (void)s;
-      return false;
-    }
-  }
-
   template <typename Stream>
   void Serve(Stream& sock, Peer peer) {
     beast::flat_buffer buffer;
@@ -145,12 +132,15 @@ struct HttpServer::Impl {
       parser.body_limit(options.max_body_bytes);
       parser.header_limit(16 * 1024);
       beast::error_code ec;
-      // Idle until the next request begins (or is already buffered), then the request's own limit.
-      if (buffer.size() == 0 && !Buffered(sock)) {
+      // Idle until the next request's first bytes (read through the stream, not polled on the
+      // socket: TLS may already hold them, read along with the handshake), then the request's own
+      // limit.
+      if (buffer.size() == 0) {
         SetDeadline(fd, options.idle_timeout_s);
-        pollfd p{fd, POLLIN, 0};
-        while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
-        }
+        beast::error_code first;
+        size_t n = sock.read_some(buffer.prepare(16 * 1024), first);
+        if (first || n == 0) break;  // closed, or idle past the limit (the reaper shut it)
+        buffer.commit(n);
       }
       SetDeadline(fd, options.request_timeout_s);
       bool timed_out = false;
