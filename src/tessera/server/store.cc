@@ -117,7 +117,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   // Jobs carry their users' environments (tokens, keys): the database is the server's alone. SQLite
   // gives its -wal and -shm files the database's mode, so creating it 0600 covers all three; files
   // of an older server are tightened.
-  if (int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+  // ":memory:" is SQLite's in-memory database, not a file to create in the working directory.
+  const bool in_memory = path == ":memory:";
+  if (int fd = in_memory ? -1 : open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
     if (fchmod(fd, 0600) != 0) {
       int e = errno;
       close(fd);
@@ -126,7 +128,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     }
     close(fd);
   }
-  for (const char* suffix : {"-wal", "-shm"}) chmod((path + suffix).c_str(), 0600);
+  for (const char* suffix : {"-wal", "-shm"}) {
+    if (!in_memory) chmod((path + suffix).c_str(), 0600);
+  }
   sqlite3* db = nullptr;
   int rc =
       sqlite3_open_v2(path.c_str(), &db,
