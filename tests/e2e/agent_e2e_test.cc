@@ -79,7 +79,7 @@ class AgentE2e : public ::testing::Test {
   void StartAgent(const std::string& extra = "") {
     // Hermetic: no API server unless a test names one with --kubeconfig.
     std::string cmd = std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") +
-                      dir_ + "/scenario.json exec " + TESSERA_BINARY +
+                      dir_ + "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
                       " agent --nvml-library " TESSERA_TEST_FAKES_DIR
                       "/nvml-full/libnvidia-ml.so.1 --node-name node-a --device-plugin-dir " +
                       dir_ + "/dp --pod-resources-socket " + dir_ +

@@ -41,6 +41,8 @@ std::string Uuid(char node, int i) {
   return std::string("GPU-0000000") + node + "-0000-0000-0000-00000000000" + std::to_string(i);
 }
 
+// `cmd` runs the binaries under `setpriv --pdeathsig TERM`: should this test process die before its
+// TearDown, they are stopped too instead of living on.
 pid_t Spawn(const std::string& cmd) {
   const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
   pid_t pid = -1;
@@ -121,7 +123,8 @@ class ExtenderE2e : public ::testing::Test {
       node.kubelet->Start();
       node.agent = Spawn(
           std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") + node.dir +
-          "/scenario.json exec " + TESSERA_BINARY + " agent --nvml-library " +
+          "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
+          " agent --nvml-library " +
           TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1 --node-name " + node.name +
           " --kubeconfig " + kubeconfig_ + " --device-plugin-dir " + node.dir +
           "/dp --pod-resources-socket " + node.dir + "/pr/kubelet.sock --state-dir " + node.dir +
@@ -140,10 +143,11 @@ class ExtenderE2e : public ::testing::Test {
   }
 
   void StartExtender() {
-    extender_ = Spawn(std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; exec ") +
-                      TESSERA_BINARY + " extender --kubeconfig " + kubeconfig_ +
-                      " --listen 127.0.0.1:0 --quota-configmap tessera-system/tessera-quotas" +
-                      " --reservation-timeout 30 >>" + root_ + "/extender.log 2>&1");
+    extender_ = Spawn(
+        std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; exec setpriv --pdeathsig TERM ") +
+        TESSERA_BINARY + " extender --kubeconfig " + kubeconfig_ +
+        " --listen 127.0.0.1:0 --quota-configmap tessera-system/tessera-quotas" +
+        " --reservation-timeout 30 >>" + root_ + "/extender.log 2>&1");
     ASSERT_GT(extender_, 0);
     std::regex port_re("port ([0-9]+), HTTP");
     ASSERT_TRUE(Until([&] {

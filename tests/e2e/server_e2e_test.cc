@@ -62,8 +62,8 @@ class Daemon {
   void Start() {
     std::string log = dir_ + "/server.log";
     // No machine to simulate: the driver (the config names which NVML library).
-    std::string cmd = std::string("exec ") + TESSERA_BINARY + " server --socket " + socket_ +
-                      " --state-dir " + dir_ + "/state" +
+    std::string cmd = std::string("exec setpriv --pdeathsig TERM ") + TESSERA_BINARY +
+                      " server --socket " + socket_ + " --state-dir " + dir_ + "/state" +
                       (simulate_.empty() ? "" : " --simulate " + simulate_) + " -c " + config_ +
                       " >>" + log + " 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
