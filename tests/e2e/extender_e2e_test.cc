@@ -358,7 +358,13 @@ TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
   grpc::Status s;
   auto out = Admit(node, kGpu, 1, &s);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_THAT(Metrics(), HasSubstr("tessera_extender_evictions_total{result=\"evicted\"} 1"));
+  std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_evictions_total{result=\"evicted\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_extender_quota_used_gpus{namespace=\"team-b\"} 1"));
+  // The page is what Prometheus accepts, lint included.
+  std::ofstream(root_ + "/metrics.txt") << metrics;
+  auto check = tessera::test::Capture("promtool check metrics < " + root_ + "/metrics.txt 2>&1");
+  EXPECT_EQ(check.code, 0) << check.out;
 }
 
 TEST_F(ExtenderE2e, AnUnhealthyGpuTakesNoNewPods) {

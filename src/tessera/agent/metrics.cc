@@ -6,52 +6,14 @@
 #include <unistd.h>
 
 #include "fmt/format.h"
+#include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::agent {
 namespace {
 
-std::string Escape(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-using Labels = std::vector<std::pair<std::string, std::string>>;
-
-std::string Render(const Labels& labels) {
-  std::string out = "{";
-  for (size_t i = 0; i < labels.size(); ++i) {
-    if (i) out += ',';
-    out += fmt::format("{}=\"{}\"", labels[i].first, Escape(labels[i].second));
-  }
-  return out + "}";
-}
-
-class Page {
- public:
-  void Family(std::string_view name, std::string_view type, std::string_view help) {
-    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-    name_ = name;
-  }
-  void Sample(const Labels& labels, double value) {
-    out_ += fmt::format("{}{} {}\n", name_, labels.empty() ? "" : Render(labels), value);
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-  std::string name_;
-};
+using Labels = server::MetricsPage::Labels;
+using Page = server::MetricsPage;
 
 Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
   Labels l = {{"gpu", std::to_string(g.index)},

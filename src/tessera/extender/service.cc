@@ -5,6 +5,7 @@
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/kube/object.h"
+#include "tessera/server/prometheus.h"
 
 namespace tessera::extender {
 namespace {
@@ -389,108 +390,80 @@ void Service::Work() {
 }
 
 std::string Service::Metrics() const {
-  std::string out;
-  auto counter = [&](const char* name, const char* help, uint64_t v, const std::string& labels) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}{} {}\n", name, help, name, name, labels,
-                       v);
+  server::MetricsPage p;
+  using Labels = server::MetricsPage::Labels;
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    p.Family(name, type, help);
+    p.Sample({}, v);
   };
-  auto gauge_header = [&](const char* name, const char* help) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, help, name);
+  // A family with one sample per value of label `label`.
+  auto by = [&](const char* name, const char* type, const char* help, const char* label,
+                std::initializer_list<std::pair<const char*, double>> values) {
+    p.Family(name, type, help);
+    for (auto [value, v] : values) p.Sample({{label, value}}, v);
   };
-  // Latency histogram.
-  out +=
-      "# HELP tessera_extender_filter_duration_seconds Time to answer kube-scheduler's filter.\n"
-      "# TYPE tessera_extender_filter_duration_seconds histogram\n";
+
+  p.Family("tessera_extender_filter_duration_seconds", "histogram",
+           "Time to answer kube-scheduler's filter.");
   uint64_t cumulative = 0;
   for (int i = 0; i < kBucketCount; ++i) {
     cumulative += latency_counts_[i].load();
-    out += fmt::format("tessera_extender_filter_duration_seconds_bucket{{le=\"{}\"}} {}\n",
-                       kBuckets[i], cumulative);
+    p.Sample({{"le", fmt::format("{}", kBuckets[i])}}, cumulative, "_bucket");
   }
   cumulative += latency_counts_[kBucketCount].load();
-  out += fmt::format("tessera_extender_filter_duration_seconds_bucket{{le=\"+Inf\"}} {}\n",
-                     cumulative);
-  out += fmt::format("tessera_extender_filter_duration_seconds_sum {}\n",
-                     static_cast<double>(latency_sum_us_.load()) / 1e6);
-  out += fmt::format("tessera_extender_filter_duration_seconds_count {}\n", cumulative);
+  p.Sample({{"le", "+Inf"}}, cumulative, "_bucket");
+  p.Sample({}, static_cast<double>(latency_sum_us_.load()) / 1e6, "_sum");
+  p.Sample({}, cumulative, "_count");
 
-  out +=
-      "# HELP tessera_extender_filter_total Filter answers by result.\n"
-      "# TYPE tessera_extender_filter_total counter\n";
-  for (auto [result, v] : {std::pair{"placed", counters_.filter_placed.load()},
-                           std::pair{"unplaced", counters_.filter_unplaced.load()},
-                           std::pair{"error", counters_.filter_errors.load()}}) {
-    out += fmt::format("tessera_extender_filter_total{{result=\"{}\"}} {}\n", result, v);
-  }
-  counter("tessera_extender_prioritize_total", "Prioritize calls.", counters_.prioritize, "");
-  out +=
-      "# HELP tessera_extender_bind_total Bind answers by result.\n"
-      "# TYPE tessera_extender_bind_total counter\n";
-  out +=
-      fmt::format("tessera_extender_bind_total{{result=\"bound\"}} {}\n", counters_.binds.load());
-  out += fmt::format("tessera_extender_bind_total{{result=\"error\"}} {}\n",
-                     counters_.bind_errors.load());
-  counter("tessera_extender_preempt_total", "Preempt calls.", counters_.preempts, "");
-  counter("tessera_extender_preempt_victims_total", "Victims answered to preempt.",
-          counters_.preempt_victims, "");
-  out +=
-      "# HELP tessera_extender_evictions_total Pods evicted for preemption or reclaim.\n"
-      "# TYPE tessera_extender_evictions_total counter\n";
-  out += fmt::format("tessera_extender_evictions_total{{result=\"evicted\"}} {}\n",
-                     counters_.evictions.load());
-  out += fmt::format("tessera_extender_evictions_total{{result=\"error\"}} {}\n",
-                     counters_.eviction_errors.load());
-  counter("tessera_extender_bad_requests_total", "Requests refused as malformed.",
-          counters_.bad_requests, "");
-  out +=
-      "# HELP tessera_extender_quota_loads_total Quota ConfigMap loads by result.\n"
-      "# TYPE tessera_extender_quota_loads_total counter\n";
-  out += fmt::format("tessera_extender_quota_loads_total{{result=\"ok\"}} {}\n",
-                     counters_.quota_loads.load());
-  out += fmt::format("tessera_extender_quota_loads_total{{result=\"error\"}} {}\n",
-                     counters_.quota_errors.load());
+  const Counters& c = counters_;
+  by("tessera_extender_filter_total", "counter", "Filter answers by result.", "result",
+     {{"placed", c.filter_placed}, {"unplaced", c.filter_unplaced}, {"error", c.filter_errors}});
+  one("tessera_extender_prioritize_total", "counter", "Prioritize calls.", c.prioritize);
+  by("tessera_extender_bind_total", "counter", "Bind answers by result.", "result",
+     {{"bound", c.binds}, {"error", c.bind_errors}});
+  one("tessera_extender_preempt_total", "counter", "Preempt calls.", c.preempts);
+  one("tessera_extender_preempt_victims_total", "counter", "Victims answered to preempt.",
+      c.preempt_victims);
+  by("tessera_extender_evictions_total", "counter", "Pods evicted for preemption or reclaim.",
+     "result", {{"evicted", c.evictions}, {"error", c.eviction_errors}});
+  one("tessera_extender_bad_requests_total", "counter", "Requests refused as malformed.",
+      c.bad_requests);
+  by("tessera_extender_quota_loads_total", "counter", "Quota ConfigMap loads by result.", "result",
+     {{"ok", c.quota_loads}, {"error", c.quota_errors}});
 
   Extender::Stats s = extender_->stats();
-  gauge_header("tessera_extender_nodes", "Nodes with Tessera GPUs in the extender's state.");
-  out += fmt::format("tessera_extender_nodes {}\n", s.nodes);
-  gauge_header("tessera_extender_gpus", "GPUs on them, by health.");
-  out += fmt::format("tessera_extender_gpus{{health=\"healthy\"}} {}\n", s.gpus_healthy);
-  out += fmt::format("tessera_extender_gpus{{health=\"unhealthy\"}} {}\n", s.gpus - s.gpus_healthy);
-  gauge_header("tessera_extender_gpu_allocated", "GPU compute allocated, in GPUs.");
-  out += fmt::format("tessera_extender_gpu_allocated {}\n", s.gpu_milli_allocated / 1000.0);
-  gauge_header("tessera_extender_pods", "Tessera pods by state.");
-  out += fmt::format("tessera_extender_pods{{state=\"queued\"}} {}\n", s.queued);
-  out += fmt::format("tessera_extender_pods{{state=\"reserved\"}} {}\n", s.reserved);
-  out += fmt::format("tessera_extender_pods{{state=\"bound\"}} {}\n", s.bound);
-  gauge_header("tessera_extender_pods_pending", "Queued pods by why they wait.");
+  one("tessera_extender_nodes", "gauge", "Nodes with Tessera GPUs in the extender's state.",
+      s.nodes);
+  by("tessera_extender_gpus", "gauge", "GPUs on them, by health.", "health",
+     {{"healthy", s.gpus_healthy}, {"unhealthy", s.gpus - s.gpus_healthy}});
+  one("tessera_extender_gpu_allocated", "gauge", "GPU compute allocated, in GPUs.",
+      s.gpu_milli_allocated / 1000.0);
+  by("tessera_extender_pods", "gauge", "Tessera pods by state.", "state",
+     {{"queued", s.queued}, {"reserved", s.reserved}, {"bound", s.bound}});
+  p.Family("tessera_extender_pods_pending", "gauge", "Queued pods by why they wait.");
   for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
     auto it = s.pending_by_reason.find(kind);
-    out += fmt::format("tessera_extender_pods_pending{{reason=\"{}\"}} {}\n", kind,
-                       it == s.pending_by_reason.end() ? 0 : it->second);
+    p.Sample({{"reason", kind}}, it == s.pending_by_reason.end() ? 0 : it->second);
   }
-  gauge_header("tessera_extender_gangs_waiting", "Gangs with members queued, not yet placed.");
-  out += fmt::format("tessera_extender_gangs_waiting {}\n", s.gangs_waiting);
-  gauge_header("tessera_extender_model_rebuilds", "Rebuilds of the model after node changes.");
-  out += fmt::format("tessera_extender_model_rebuilds {}\n", s.rebuilds);
-  gauge_header("tessera_extender_quota_error", "1 when the quota ConfigMap has an error.");
-  out += fmt::format("tessera_extender_quota_error {}\n", s.quota_error.empty() ? 0 : 1);
+  one("tessera_extender_gangs_waiting", "gauge", "Gangs with members queued, not yet placed.",
+      s.gangs_waiting);
+  one("tessera_extender_model_rebuilds", "gauge", "Rebuilds of the model after node changes.",
+      static_cast<double>(s.rebuilds));
+  one("tessera_extender_quota_error", "gauge", "1 when the quota ConfigMap has an error.",
+      s.quota_error.empty() ? 0 : 1);
   auto quotas = extender_->quota_use();
-  gauge_header("tessera_extender_quota_used_gpus", "GPUs in use per namespace (whole + shares).");
-  for (auto& [ns, q] : quotas) {
-    out += fmt::format("tessera_extender_quota_used_gpus{{namespace=\"{}\"}} {}\n", ns,
-                       q.used.gpu_milli / 1000.0);
-  }
-  gauge_header("tessera_extender_quota_guaranteed_gpus",
-               "Guaranteed GPU compute per namespace, in GPUs (-1: none set).");
+  p.Family("tessera_extender_quota_used_gpus", "gauge",
+           "GPUs in use per namespace (whole + shares).");
+  for (auto& [ns, q] : quotas) p.Sample(Labels{{"namespace", ns}}, q.used.gpu_milli / 1000.0);
+  p.Family("tessera_extender_quota_guaranteed_gpus", "gauge",
+           "Guaranteed GPU compute per namespace, in GPUs (-1: none set).");
   for (auto& [ns, q] : quotas) {
     if (!q.has_quota) continue;
-    int64_t v = q.quota.limit.gpu_milli >= 0
-                    ? q.quota.limit.gpu_milli
-                    : (q.quota.limit.gpus >= 0 ? q.quota.limit.gpus * 1000 : -1000);
-    out += fmt::format("tessera_extender_quota_guaranteed_gpus{{namespace=\"{}\"}} {}\n", ns,
-                       v / 1000.0);
+    const sched::GpuAmount& g = q.quota.limit;
+    int64_t milli = g.gpu_milli >= 0 ? g.gpu_milli : (g.gpus >= 0 ? g.gpus * 1000 : -1000);
+    p.Sample(Labels{{"namespace", ns}}, milli / 1000.0);
   }
-  return out;
+  return p.Take();
 }
 
 }  // namespace tessera::extender
