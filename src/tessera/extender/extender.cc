@@ -83,7 +83,6 @@ void Extender::Rebuild() {
   scheduler_ = std::make_unique<sched::Scheduler>(options_.scheduler);
   scheduler_->SetTypicalRequests(typical_);
   scheduler_->quotas().Replace(quotas_);
-  std::map<std::string, std::string> old_names;  // old node id -> name, by allocation
   for (const auto& [name, n] : nodes_) {
     auto id = scheduler_->AddNode(n.info.spec);
     if (!id.ok()) {
@@ -278,6 +277,25 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
   reserved_.erase(id);
 }
 
+void Extender::Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why) {
+  Release(it->first, it->second, why);
+  cycle_->Remove(it->first);
+  pods_.erase(it);
+}
+
+std::unordered_map<std::string, Extender::PodRec>::iterator Extender::Track(const std::string& id,
+                                                                            const json& pod,
+                                                                            PodDemand demand) {
+  PodRec p;
+  p.uid = StringAt(pod, {"metadata", "uid"});
+  p.demand = std::move(demand);
+  p.created = CreationSeconds(pod);
+  p.seq = ++seq_;
+  auto it = pods_.emplace(id, std::move(p)).first;
+  NoteTypical(it->second.demand.request);
+  return it;
+}
+
 absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json* pod) {
   sched::NodeId n = scheduler_->state().FindNode(p.node);
   if (n < 0) {
@@ -340,32 +358,24 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   std::string uid = StringAt(pod, {"metadata", "uid"});
   std::lock_guard lock(mu_);
   auto it = pods_.find(id);
+  const bool other =
+      it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid;
   if (type == kube::EventType::kDeleted || Terminal(pod)) {
-    if (it == pods_.end()) return;
-    if (!uid.empty() && !it->second.uid.empty() && uid != it->second.uid) return;  // an older pod
-    Release(id, it->second, type == kube::EventType::kDeleted ? "deleted" : "finished");
-    cycle_->Remove(id);
-    pods_.erase(it);
+    // (the end of an older pod of the same name is no news)
+    if (it != pods_.end() && !other) {
+      Forget(it, type == kube::EventType::kDeleted ? "deleted" : "finished");
+    }
     return;
   }
   std::string node = StringAt(pod, {"spec", "nodeName"});
-  if (it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid) {
-    Release(id, it->second, "replaced by a new pod of the same name");
-    cycle_->Remove(id);
-    pods_.erase(it);
+  if (other) {
+    Forget(it, "replaced by a new pod of the same name");
     it = pods_.end();
   }
   if (it == pods_.end()) {
     auto d = DemandOf(pod);
     if (!d.ok()) return;  // not a Tessera pod, or one filter will explain
-    PodRec p;
-    p.uid = uid;
-    p.tessera = true;
-    p.demand = std::move(*d);
-    p.created = CreationSeconds(pod);
-    p.seq = ++seq_;
-    it = pods_.emplace(id, std::move(p)).first;
-    NoteTypical(it->second.demand.request);
+    it = Track(id, pod, std::move(*d));
   }
   PodRec& p = it->second;
   if (p.uid.empty()) p.uid = uid;
@@ -621,6 +631,14 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
   return out;
 }
 
+bool Extender::CoversAllNodes(const std::unordered_set<std::string>& names) const {
+  if (names.size() < nodes_.size()) return false;
+  for (const auto& [name, n] : nodes_) {
+    if (!names.contains(name)) return false;
+  }
+  return true;
+}
+
 const std::unordered_set<std::string>& Extender::Allowed(const std::vector<std::string>& candidates,
                                                          bool* all) {
   // kube-scheduler offers the same list pod after pod: the set is built once.
@@ -630,10 +648,7 @@ const std::unordered_set<std::string>& Extender::Allowed(const std::vector<std::
     last_all_version_ = ~uint64_t{0};
   }
   if (last_all_version_ != nodes_version_) {
-    last_all_ = last_allowed_.size() >= nodes_.size();
-    for (auto it = nodes_.begin(); last_all_ && it != nodes_.end(); ++it) {
-      last_all_ = last_allowed_.contains(it->first);
-    }
+    last_all_ = CoversAllNodes(last_allowed_);
     last_all_version_ = nodes_version_;
   }
   *all = last_all_;
@@ -678,21 +693,10 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   auto it = pods_.find(id);
   std::string uid = StringAt(pod, {"metadata", "uid"});
   if (it != pods_.end() && !uid.empty() && !it->second.uid.empty() && it->second.uid != uid) {
-    Release(id, it->second, "replaced by a new pod of the same name");
-    cycle_->Remove(id);
-    pods_.erase(it);
+    Forget(it, "replaced by a new pod of the same name");
     it = pods_.end();
   }
-  if (it == pods_.end()) {
-    PodRec p;
-    p.uid = uid;
-    p.tessera = true;
-    p.demand = *d;
-    p.created = CreationSeconds(pod);
-    p.seq = ++seq_;
-    it = pods_.emplace(id, std::move(p)).first;
-    NoteTypical(it->second.demand.request);
-  }
+  if (it == pods_.end()) it = Track(id, pod, *d);
   PodRec& p = it->second;
   bool all = false;
   const std::unordered_set<std::string>& allowed = Allowed(candidates, &all);
@@ -825,11 +829,9 @@ PreemptResult Extender::Preempt(const json& pod,
   }
   std::unordered_set<std::string> offered;
   for (const auto& [node, uids] : candidates) offered.insert(node);
-  bool all = offered.size() >= nodes_.size();
-  for (auto it = nodes_.begin(); all && it != nodes_.end(); ++it) all = offered.contains(it->first);
   sched::PreemptionPlan plan;
   {
-    Fence fence(*this, offered, all);
+    Fence fence(*this, offered, CoversAllNodes(offered));
     plan = scheduler_->PlanPreemption(d->request, Now());
   }
   if (!plan.possible || plan.victims.empty()) {
@@ -906,9 +908,8 @@ std::map<std::string, QuotaUse> Extender::quota_use() const {
     u.quota = q;
     u.has_quota = true;
   }
-  for (const auto& [id, a] : scheduler_->state().allocations()) {
-    out[a.request.owner].used = scheduler_->quotas().Used(a.request.owner);
-  }
+  // Namespaces without a quota appear when they hold GPUs.
+  for (const auto& [id, a] : scheduler_->state().allocations()) out[a.request.owner];
   for (auto& [ns, u] : out) u.used = scheduler_->quotas().Used(ns);
   return out;
 }

@@ -155,8 +155,7 @@ class Extender {
   };
   struct PodRec {
     std::string uid;
-    std::string node;  // spec.nodeName ("" while pending)
-    bool tessera = false;
+    std::string node;         // spec.nodeName ("" while pending)
     PodDemand demand;         // when tessera
     std::string gang_group;   // the pod-group label's group, "ns/name"
     bool allocated = false;   // holds an allocation in the scheduler
@@ -180,6 +179,8 @@ class Extender {
     std::vector<std::pair<sched::NodeId, int>> fenced_;
   };
 
+  // Whether `names` include every node with Tessera GPUs.
+  bool CoversAllNodes(const std::unordered_set<std::string>& names) const;
   // The candidates as a set, and whether they include every node with Tessera GPUs.
   const std::unordered_set<std::string>& Allowed(const std::vector<std::string>& candidates,
                                                  bool* all);
@@ -188,6 +189,12 @@ class Extender {
   void RebuildIfNeeded();
   absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod);
   void Release(const std::string& id, PodRec& p, const char* why);
+  // Releases the pod's GPUs, takes it out of the queue and drops its record.
+  void Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why);
+  // A record for a Tessera pod seen for the first time.
+  std::unordered_map<std::string, PodRec>::iterator Track(const std::string& id,
+                                                          const nlohmann::json& pod,
+                                                          PodDemand demand);
   void ExpireLocked(double now);
   int SharesPerGpu() const;
   absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod);

@@ -53,10 +53,8 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
   };
   s->nodes_ =
       add({.path = "/api/v1/nodes"}, [ex](kube::EventType t, const json& o) { ex->OnNode(t, o); });
-  s->pods_ = add({.path = "/api/v1/pods"}, [ex, self](kube::EventType t, const json& o) {
-    ex->OnPod(t, o);
-    (void)self;
-  });
+  s->pods_ =
+      add({.path = "/api/v1/pods"}, [ex](kube::EventType t, const json& o) { ex->OnPod(t, o); });
   if (s->options_.pod_groups) {
     add({.path = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"},
         [ex](kube::EventType t, const json& o) { ex->OnPodGroup(t, o); });
