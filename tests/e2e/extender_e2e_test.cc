@@ -388,4 +388,31 @@ TEST_F(ExtenderE2e, AnUnhealthyGpuTakesNoNewPods) {
   EXPECT_THAT(why["FailedNodes"].dump(), HasSubstr("unhealthy")) << why.dump();
 }
 
+// Bad flags are exit 2 with the flag or the value named; nothing is served.
+TEST_F(ExtenderE2e, BadFlagsAreExitTwoNamingWhatIsWrong) {
+  const std::string run = std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; ") +
+                          TESSERA_BINARY + " extender --listen 127.0.0.1:0 ";
+  struct Case {
+    std::string flags;
+    std::string says;
+  };
+  for (const Case& c : {
+           Case{"--kubeconfig " + kubeconfig_ + " --policies nosuch", "--policies"},
+           Case{"--kubeconfig " + kubeconfig_ + " --quota-configmap no-slash",
+                "quota ConfigMap 'no-slash': expected namespace/name"},
+           Case{"--kubeconfig " + kubeconfig_ + " --tls-cert " + root_ + "/x.crt",
+                "TLS needs both a certificate and its key"},
+           Case{"--kubeconfig " + kubeconfig_ + " --tls-cert " + root_ + "/x.crt --tls-key " +
+                    root_ + "/x.key",
+                root_ + "/x.crt"},
+           Case{"--kubeconfig " + kubeconfig_ + " --reservation-timeout 0",
+                "--reservation-timeout"},
+           Case{"--kubeconfig " + root_ + "/missing", root_ + "/missing"},
+       }) {
+    auto r = tessera::test::Capture(run + c.flags + " 2>&1");
+    EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(c.says)) << c.flags;
+  }
+}
+
 }  // namespace

@@ -34,7 +34,6 @@ class QuotaManager {
  public:
   void Set(const std::string& owner, const OwnerQuota& quota) { quotas_[owner] = quota; }
   const OwnerQuota* Get(const std::string& owner) const;
-  const std::map<std::string, OwnerQuota>& all() const { return quotas_; }
   // Replaces every quota at once (usage is kept).
   void Replace(std::map<std::string, OwnerQuota> quotas) { quotas_ = std::move(quotas); }
 
