@@ -70,6 +70,7 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::set<int> open_fds;  // live connections, shut down on Stop
+  size_t threads = 0;      // connection threads not yet done with their socket (Stop waits)
   // Per live connection: its peer key, and the time by which it must have read what it waits for
   // (the reaper shuts its reading side then, which ends the blocked read).
   struct Conn {
@@ -197,6 +198,11 @@ struct HttpServer::Impl {
       http::write(sock, out, ec);
       if (ec || !keep_alive) break;
     }
+  }
+
+  // Shuts and closes a served connection's socket.
+  template <typename Stream>
+  static void Close(Stream& sock) {
     beast::error_code ignored;
     auto& raw = beast::get_lowest_layer(sock);
     raw.shutdown(std::remove_reference_t<decltype(raw)>::shutdown_both, ignored);
@@ -204,18 +210,16 @@ struct HttpServer::Impl {
   }
 
   // A TCP connection under TLS: the handshake must complete within the request timeout.
-  void ServeTls(tcp::socket sock, Peer peer) {
+  template <typename Forget>
+  void ServeTls(tcp::socket sock, Peer peer, Forget& forget) {
     const int fd = sock.native_handle();
     beast::ssl_stream<tcp::socket> stream(std::move(sock), *tls);
     SetDeadline(fd, options.request_timeout_s);
     beast::error_code ec;
     stream.handshake(asio::ssl::stream_base::server, ec);
-    if (ec) {
-      beast::error_code ignored;
-      beast::get_lowest_layer(stream).close(ignored);
-      return;
-    }
-    Serve(stream, std::move(peer));
+    if (!ec) Serve(stream, std::move(peer));
+    forget();
+    Close(stream);
   }
 
   template <typename Socket>
@@ -244,21 +248,34 @@ struct HttpServer::Impl {
       open_fds.insert(fd);
       conns[fd] = Conn{key, std::chrono::steady_clock::time_point::max()};
       ++per_peer[key];
+      ++threads;
     }
-    std::thread([this, s = std::move(sock), peer, fd, key]() mutable {
+    auto owned = std::make_unique<Socket>(std::move(sock));
+    std::thread([this, owned = std::move(owned), peer, fd, key]() mutable {
+      auto forget = [&] {
+        std::lock_guard lock(mu);
+        open_fds.erase(fd);
+        conns.erase(fd);
+        if (--per_peer[key] == 0) per_peer.erase(key);
+        cv.notify_all();
+      };
+      // The connection is forgotten before its socket closes: a client that sees the close finds
+      // its slot free at once.
+      bool served = false;
       if constexpr (std::is_same_v<Socket, tcp::socket>) {
         if (tls) {
-          ServeTls(std::move(s), peer);
-        } else {
-          Serve(s, peer);
+          ServeTls(std::move(*owned), peer, forget);
+          served = true;
         }
-      } else {
-        Serve(s, peer);
       }
+      if (!served) {
+        Serve(*owned, peer);
+        forget();
+        Close(*owned);
+      }
+      owned.reset();  // the socket goes while the server's io_context surely lives
       std::lock_guard lock(mu);
-      open_fds.erase(fd);
-      conns.erase(fd);
-      if (--per_peer[key] == 0) per_peer.erase(key);
+      --threads;
       cv.notify_all();
     }).detach();
   }
@@ -420,7 +437,7 @@ void HttpServer::Stop() {
   if (impl_->tcp_acceptor) impl_->tcp_acceptor->close(ec);
   std::unique_lock lock(impl_->mu);
   for (int fd : impl_->open_fds) ::shutdown(fd, SHUT_RDWR);
-  impl_->cv.wait(lock, [&] { return impl_->open_fds.empty(); });
+  impl_->cv.wait(lock, [&] { return impl_->open_fds.empty() && impl_->threads == 0; });
   impl_->reaper_cv.notify_all();
   lock.unlock();
   if (impl_->reaper.joinable()) impl_->reaper.join();
