@@ -105,6 +105,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   // event, jobs run by the fake launcher for their durations.
   fs::remove_all(dir_);
   server::ServerConfig config;
+  config.confinement = "off";  // jobs of the fake launcher are no processes
   config.socket = dir_ + "/s.sock";
   config.state_dir = dir_ + "/state";
   config.simulate = "dgx-h100";

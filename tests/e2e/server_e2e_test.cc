@@ -1,6 +1,7 @@
 // The real `tessera server` binary on a temporary socket with a simulated machine: real processes
 // (shell commands) submitted through the API and the CLI, then placement, environment, logs,
 // cancel, preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +38,37 @@ namespace fs = std::filesystem;
 
 constexpr char kToken[] = "bob-token-0123456789";
 
+// Removes the cgroup subtrees named `name` (a daemon's, see Daemon::Confinement) with whatever
+// still runs in them: jobs outlive their server by design, not the test that started them.
+void RemoveCgroups(const std::string& name) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  fs::recursive_directory_iterator it("/sys/fs/cgroup",
+                                      fs::directory_options::skip_permission_denied, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_directory(ec)) continue;
+    if (it->path().filename() == name) {
+      found.push_back(it->path());
+      it.disable_recursion_pending();
+    } else if (it.depth() >= 3) {
+      it.disable_recursion_pending();
+    }
+  }
+  for (const fs::path& base : found) {
+    for (const auto& job : fs::directory_iterator(base, ec)) {
+      if (!job.is_directory()) continue;
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      do {
+        std::ifstream procs(job.path() / "cgroup.procs");
+        for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
+        if (rmdir(job.path().c_str()) == 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      } while (std::chrono::steady_clock::now() < until);
+    }
+    rmdir(base.c_str());
+  }
+}
+
 class Daemon {
  public:
   explicit Daemon(const std::string& name, const std::string& config_yaml = "",
@@ -53,11 +87,19 @@ class Daemon {
         << config_yaml
         // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
         << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n"
-                                                                 : "");
+                                                                 : "")
+        << (config_yaml.find("confinement:") == std::string::npos ? Confinement() : "");
     simulate_ = simulate;
     Start();
   }
-  ~Daemon() { Kill(SIGTERM); }
+  ~Daemon() {
+    Kill(SIGTERM);
+    RemoveCgroups(fs::path(dir_).filename().string());
+  }
+  // Jobs confined as in production, in a subtree of this daemon's own (tests run in parallel).
+  std::string Confinement() const {
+    return "confinement: {cgroup: " + fs::path(dir_).filename().string() + "}\n";
+  }
 
   void Start() {
     std::string log = dir_ + "/server.log";
@@ -452,6 +494,8 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
             {{"gpus", 1}});
   whole["image"] = "example/train:1";
   whole["env"] = {{"FOO", "bar"}};
+  whole["resources"]["memory"] = "512MiB";
+  whole["resources"]["cpus"] = 2;
   int64_t id = d.Submit(whole);
   json j = d.WaitFor(id, "succeeded");
   const int gpu = j["placement"]["gpus"][0]["index"];
@@ -464,6 +508,8 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   json rec = ReadJson(p + "/state/tessera-job-" + std::to_string(id) + ".json");
   EXPECT_EQ(rec["devices"], json::array({"tessera.io/gpu=" + uuid}));
   EXPECT_EQ(rec["image"], "example/train:1");
+  EXPECT_EQ(rec["limits"], json({{"memory", "536870912"}, {"cpus", "2"}, {"pids-limit", "16384"}}))
+      << "the job's limits, enforced by podman";
   EXPECT_THAT(rec["flags"].get<std::vector<std::string>>(),
               ::testing::ElementsAre("--rm", "--label io.tessera.job=" + std::to_string(id),
                                      "--pull=never"));
@@ -536,7 +582,8 @@ TEST(TesseraServer, QueuedImageJobFailsClearlyAfterARestartWithoutPodman) {
   int64_t id = d.Submit(spec);
   d.Kill(SIGKILL);
   std::ofstream(d.dir() + "/server.yaml")
-      << "preemption: {grace_period_s: 1}\nallow_root_jobs: true\ncontainers: {podman: \"\"}\n";
+      << "preemption: {grace_period_s: 1}\nallow_root_jobs: true\ncontainers: {podman: \"\"}\n"
+      << d.Confinement();
   d.Start();
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "queued");
   d.Call("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
@@ -799,6 +846,125 @@ TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {
       tessera::test::Capture(std::string(TESSERA_BINARY) + " server -c " + path + " 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr(path + ":2: preemption.grace_period_s"));
+}
+
+// ---- confinement (cgroups) ----
+
+std::string CgroupName(const std::string& daemon) {
+  return "tessera-e2e-" + std::to_string(getpid()) + "-" + daemon;
+}
+
+// The path a /v1/info confinement entry names ("cgroup1 cpu /sys/fs/cgroup/cpu/x": the last word).
+std::string BaseOf(const json& entry) {
+  std::string s = entry.get<std::string>();
+  return s.substr(s.rfind(' ') + 1);
+}
+
+class Confined : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Confined, AJobOpensOnlyTheGpusItWasGiven) {
+  const std::string mode = GetParam(), name = "confine-" + mode;
+  const std::string dev = ::testing::TempDir() + "dev-" + std::to_string(getpid()) + "-" + mode;
+  fs::create_directories(dev);
+  // Stand-ins for the driver's nodes (its major, 195). No driver is behind them here: an open the
+  // cgroup lets through fails with ENXIO, one it refuses with EPERM.
+  for (auto [file, minor] : {std::pair{"nvidia0", 0}, {"nvidia1", 1}, {"nvidiactl", 255}}) {
+    ASSERT_EQ(mknod((dev + "/" + file).c_str(), S_IFCHR | 0666, makedev(195, minor)), 0)
+        << file << ": " << strerror(errno);
+  }
+  Daemon d(name, "confinement: {mode: " + mode + ", cgroup: " + CgroupName(name) +
+                     ", device_dir: " + dev + "}\n");
+  json info = d.Call("GET", "/v1/info");
+  ASSERT_EQ(info["confinement"]["mode"], mode) << info.dump() << d.Log();
+  const std::string script =
+      "for f in nvidia0 nvidia1 nvidiactl; do cat \"$D/$f\" 2>&1 | sed \"s|.*: |$f: |\"; done";
+  for (int gpus : {1, 0}) {
+    json spec = Shell(script, {{"gpus", gpus}});
+    spec["env"] = {{"D", dev}};
+    int64_t id = d.Submit(spec);
+    json j = d.WaitFor(id, "succeeded");
+    std::string expect;
+    for (int n : {0, 1}) {
+      const bool given = gpus == 1 && j["placement"]["gpus"][0]["index"] == n;
+      expect += fmt::format("nvidia{}: {}\n", n,
+                            given ? "No such device or address" : "Operation not permitted");
+    }
+    expect += "nvidiactl: No such device or address\n";
+    EXPECT_EQ(d.Logs(id), expect) << "a job with " << gpus << " GPU(s), " << mode;
+  }
+  fs::remove_all(dev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Confined, ::testing::Values("cgroup1", "cgroup2"));
+
+TEST(TesseraServer, AJobOverItsMemoryLimitIsKilledAndItsRecordSaysWhy) {
+  Daemon d("oom");
+  ASSERT_NE(d.Call("GET", "/v1/info")["confinement"]["memory"], "none");
+  // The shell keeps what it reads in memory: far past 32 MiB.
+  int64_t id = d.Submit(
+      Shell("x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo survived", {{"memory", "32MiB"}}));
+  json j = d.WaitFor(id, "failed", 60);
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("over its memory limit of 32 MiB: the kernel killed"));
+  EXPECT_GE(j["usage"].value("oom_kills", 0), 1) << j.dump();
+  EXPECT_LE(j["usage"].value("peak_memory_bytes", int64_t{-1}), int64_t{33} << 20);
+  EXPECT_GT(j["usage"].value("peak_memory_bytes", int64_t{-1}), int64_t{16} << 20);
+  EXPECT_EQ(d.Logs(id), "") << "it never got past the allocation";
+  EXPECT_THAT(Cli(d, "show " + std::to_string(id)), HasSubstr("OOM kills"));
+}
+
+TEST(TesseraServer, AJobsCgroupHasItsLimitsAndTakesWhatItLeftBehind) {
+  Daemon d("cgroup");
+  json conf = d.Call("GET", "/v1/info")["confinement"];
+  ASSERT_NE(conf["cpu"], "none") << conf.dump();
+  ASSERT_NE(conf["pids"], "none") << conf.dump();
+  const bool cpu_v2 = conf["cpu"].get<std::string>().rfind("cgroup2", 0) == 0;
+  const std::string out = d.dir() + "/daemon.pid";
+  // A daemon in a session of its own (out of the job's process group), then the job's limits as
+  // its own cgroup files say them.
+  json spec = Shell(
+      "setsid sleep 300 >/dev/null 2>&1 & echo $! > \"$OUT\"; "
+      "cat \"$CPU/job-$TESSERA_JOB_ID/$CPUFILE\" \"$PIDS/job-$TESSERA_JOB_ID/pids.max\"",
+      {{"cpus", 0.5}});
+  spec["env"] = {{"OUT", out},
+                 {"CPU", BaseOf(conf["cpu"])},
+                 {"CPUFILE", cpu_v2 ? "cpu.max" : "cpu.cfs_quota_us"},
+                 {"PIDS", BaseOf(conf["pids"])}};
+  int64_t id = d.Submit(spec);
+  json j = d.WaitFor(id, "succeeded");
+  EXPECT_EQ(d.Logs(id), std::string(cpu_v2 ? "50000 100000\n" : "50000\n") + "16384\n");
+  EXPECT_GE(j["usage"].value("cpu_seconds", -1.0), 0.0) << j.dump();
+  EXPECT_GT(j["usage"].value("peak_memory_bytes", int64_t{-1}), 0) << j.dump();
+  // The daemon went with the job.
+  pid_t daemon = 0;
+  std::ifstream(out) >> daemon;
+  ASSERT_GT(daemon, 0);
+  auto gone = [&] {
+    std::ifstream stat("/proc/" + std::to_string(daemon) + "/stat");
+    std::string pid, comm, state;
+    return !(stat >> pid >> comm >> state) || state == "Z";
+  };
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!gone() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(gone()) << "pid " << daemon << " outlived its job";
+  if (!gone()) kill(daemon, SIGKILL);
+  // Its cgroup goes once the killed processes are gone (the server's turns retry it).
+  const std::string cgroup = BaseOf(conf["cpu"]) + "/job-" + std::to_string(id);
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (fs::exists(cgroup) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(fs::exists(cgroup)) << "the job's cgroup is removed";
+}
+
+TEST(TesseraServer, WithoutConfinementTheServerSaysSo) {
+  Daemon d("unconfined", "confinement: {mode: off}\n");
+  json conf = d.Call("GET", "/v1/info")["confinement"];
+  EXPECT_EQ(conf["mode"], "none");
+  EXPECT_EQ(conf["reason"], "confinement is off in the config");
+  EXPECT_THAT(Cli(d, "top --once"),
+              HasSubstr("[UNCONFINED: jobs can open any GPU; confinement is off in the config]"));
+  EXPECT_THAT(d.Log(), HasSubstr("jobs are NOT confined to their GPUs"));
 }
 
 }  // namespace

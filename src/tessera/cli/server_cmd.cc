@@ -91,11 +91,14 @@ std::string Age(double since) {
 
 std::string Resources(const json& spec) {
   const json r = spec.value("resources", json::object());
-  if (r.contains("gpus")) return fmt::format("{} GPU", r["gpus"].get<int>());
   std::string out;
+  if (r.contains("gpus")) out = fmt::format("{} GPU", r["gpus"].get<int>());
   if (r.contains("gpu_share")) out += r["gpu_share"].get<std::string>();
   if (r.contains("gpu_memory"))
     out += (out.empty() ? "" : " ") + r["gpu_memory"].get<std::string>();
+  if (r.contains("cpus"))
+    out += (out.empty() ? "" : " ") + fmt::format("{:g} CPU", r["cpus"].get<double>());
+  if (r.contains("memory")) out += (out.empty() ? "" : " ") + r["memory"].get<std::string>();
   return out.empty() ? "-" : out;
 }
 
@@ -132,7 +135,8 @@ struct State {
   bool allow_root_jobs = false;
   // submit
   int gpus = 0;
-  std::string gpu_mem, gpu_share, name, workdir, image;
+  std::string gpu_mem, gpu_share, name, workdir, image, mem;
+  double cpus = 0;
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
   bool no_preempt = false, no_env = false;
@@ -247,6 +251,8 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   if (!s.gpu_mem.empty()) res["gpu_memory"] = s.gpu_mem;
   if (!s.gpu_share.empty()) res["gpu_share"] = s.gpu_share;
   if (!s.models.empty()) res["model"] = s.models;
+  if (s.cpus > 0) res["cpus"] = s.cpus;
+  if (!s.mem.empty()) res["memory"] = s.mem;
   spec["resources"] = res;
   spec["priority"] = s.priority;
   spec["preemptible"] = !s.no_preempt;
@@ -314,6 +320,17 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
         fmt::format("{}", fmt::join((*j)["spec"]["command"].get<std::vector<std::string>>(), " ")));
   if (!(*j)["exit_code"].is_null())
     field("exit code", std::to_string((*j)["exit_code"].get<int>()));
+  if (const json u = j->value("usage", json()); u.is_object()) {
+    std::vector<std::string> parts;
+    if (u.contains("cpu_seconds"))
+      parts.push_back(fmt::format("{:.2f} CPU seconds", u["cpu_seconds"].get<double>()));
+    if (u.contains("peak_memory_bytes"))
+      parts.push_back(
+          fmt::format("peak memory {}", core::FormatBytes(u["peak_memory_bytes"].get<uint64_t>())));
+    if (u.value("oom_kills", 0) > 0)
+      parts.push_back(fmt::format("{} OOM kills", u["oom_kills"].get<int64_t>()));
+    field("used", fmt::format("{}", fmt::join(parts, ", ")));
+  }
   out << "events:\n";
   Table t({"AT", "STATE", "REASON"});
   for (const json& e : (*j)["events"]) {
@@ -381,10 +398,15 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
       return kExitOk;
     }
     if (tty) out << "\x1b[H\x1b[2J";
-    out << fmt::format("tessera {} on {}{}  -  {} running, {} queued\n\n",
+    const json conf = info->value("confinement", json::object());
+    out << fmt::format("tessera {} on {}{}{}  -  {} running, {} queued\n\n",
                        (*info)["version"].get<std::string>(),
                        (*info)["hostname"].get<std::string>(),
                        (*info)["simulated"].get<bool>() ? "  [SIMULATED GPUs]" : "",
+                       conf.value("mode", "none") == "none"
+                           ? "  [UNCONFINED: jobs can open any GPU; " +
+                                 conf.value("reason", std::string("unknown")) + "]"
+                           : "",
                        (*info)["running"].get<int>(), (*info)["queued"].get<int>());
     // Allocation (what jobs were given) beside the driver's readings (what the GPU is doing; "-"
     // when the driver does not tell, as on a simulated machine).
@@ -477,6 +499,12 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
                   "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
                   "one (H100, 'A100 80GB')")
       ->allow_extra_args(false);
+  sub->add_option("--cpus", st.cpus,
+                  "Host CPUs (2, 0.5): scheduled against the machine's and a limit of the job's "
+                  "cgroup")
+      ->check(CLI::Range(0.01, 4096.0));
+  sub->add_option("--mem", st.mem,
+                  "Host memory (16GiB): scheduled, and the job is killed (OOM) above it");
   sub->add_option("--priority", st.priority,
                   "Priority, -1000..1000 (higher first; may preempt lower)");
   sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");

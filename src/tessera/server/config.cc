@@ -94,6 +94,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (absl::Status st = Known(path, root,
                               {"socket",
                                "state_dir",
+                               "confinement",
                                "tcp",
                                "simulate",
                                "fallback_simulate",
@@ -265,6 +266,48 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       }
       (std::string(k) == "max_connections" ? c->max_connections : c->max_connections_per_peer) =
           static_cast<size_t>(v);
+    }
+  }
+  if (const YAML::Node cf = root["confinement"]) {
+    if (!cf.IsMap())
+      return At(path, cf, "confinement", "expected a map: mode, cgroup, device_dir, pids_max");
+    if (absl::Status st =
+            Known(path, cf, {"mode", "cgroup", "device_dir", "pids_max"}, "confinement");
+        !st.ok()) {
+      return st;
+    }
+    if (cf["mode"]) {
+      std::string m;
+      if (!Get(path, cf["mode"], "confinement.mode", &m).ok() ||
+          (m != "auto" && m != "cgroup2" && m != "cgroup1" && m != "off")) {
+        return At(path, cf["mode"], "confinement.mode", "expected auto, cgroup2, cgroup1 or off");
+      }
+      c->confinement = m;
+    }
+    if (cf["cgroup"]) {
+      std::string n;
+      if (!Get(path, cf["cgroup"], "confinement.cgroup", &n).ok() || n.empty() || n.size() > 64 ||
+          n.find('/') != std::string::npos || n[0] == '.') {
+        return At(path, cf["cgroup"], "confinement.cgroup",
+                  "expected a cgroup name (no '/', not starting with '.', at most 64 characters)");
+      }
+      c->cgroup_name = n;
+    }
+    if (cf["device_dir"]) {
+      std::string d;
+      if (!Get(path, cf["device_dir"], "confinement.device_dir", &d).ok() || d.empty() ||
+          d[0] != '/') {
+        return At(path, cf["device_dir"], "confinement.device_dir", "expected an absolute path");
+      }
+      c->device_dir = d;
+    }
+    if (cf["pids_max"]) {
+      int64_t v = 0;
+      if (!Get(path, cf["pids_max"], "confinement.pids_max", &v).ok() || v < 0 || v > 4194304) {
+        return At(path, cf["pids_max"], "confinement.pids_max",
+                  "expected a count of tasks in 0..4194304 (0: no limit)");
+      }
+      c->pids_max = v;
     }
   }
   if (const YAML::Node a = root["allow_root_jobs"]) {

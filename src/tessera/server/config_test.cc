@@ -53,6 +53,7 @@ containers:
   podman: /opt/podman/bin/podman
   cdi_spec_dir: /etc/cdi
   run_args: [--pull=never, --runtime, runc]
+confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 100}
 )");
   absl::Status st = LoadServerConfig(path, &c);
   ASSERT_TRUE(st.ok()) << st;
@@ -86,6 +87,10 @@ containers:
   EXPECT_EQ(c.podman, "/opt/podman/bin/podman");
   EXPECT_EQ(c.cdi_spec_dir, "/etc/cdi");
   EXPECT_THAT(c.podman_run_args, ::testing::ElementsAre("--pull=never", "--runtime", "runc"));
+  EXPECT_EQ(c.confinement, "cgroup2");
+  EXPECT_EQ(c.cgroup_name, "gpu-jobs");
+  EXPECT_EQ(c.device_dir, "/srv/dev");
+  EXPECT_EQ(c.pids_max, 100);
 }
 
 TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
@@ -114,6 +119,12 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
       {"fair_share: {half_life_s: -1}\n", "fair_share.half_life_s: expected seconds >= 0"},
       {"fair_share: 3600\n", "fair_share: expected a map with half_life_s"},
+      {"confinement: {mode: cgroup3}\n",
+       ":1: confinement.mode: expected auto, cgroup2, cgroup1 or off"},
+      {"confinement: {cgroup: a/b}\n", "confinement.cgroup: expected a cgroup name"},
+      {"confinement: {device_dir: dev}\n", "confinement.device_dir: expected an absolute path"},
+      {"confinement: {pids_max: -1}\n", "confinement.pids_max: expected a count of tasks"},
+      {"confinement: {devices: all}\n", "confinement.devices: unknown key"},
       {"listener: {request_timeout_s: 0}\n", "listener.request_timeout_s: expected seconds"},
       {"listener: {max_connections: 0}\n", "listener.max_connections: expected a count"},
       {"listener: {keepalive: 1}\n", "listener.keepalive: unknown key"},

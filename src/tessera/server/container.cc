@@ -152,6 +152,10 @@ std::vector<std::string> PodmanRunArgv(const ContainerRuntime& rt, const Contain
   a.insert(a.end(), {"run", "--rm", "--name", ContainerName(job.job_id), "--label",
                      fmt::format("io.tessera.job={}", job.job_id)});
   if (!job.user.empty()) a.insert(a.end(), {"--user", job.user});
+  if (job.memory_bytes > 0) a.insert(a.end(), {"--memory", std::to_string(job.memory_bytes)});
+  if (job.cpu_milli > 0)
+    a.insert(a.end(), {"--cpus", fmt::format("{:g}", static_cast<double>(job.cpu_milli) / 1000)});
+  if (job.pids_max > 0) a.insert(a.end(), {"--pids-limit", std::to_string(job.pids_max)});
   if (!job.workdir.empty()) a.insert(a.end(), {"--workdir", job.workdir});
   for (const std::string& d : job.cdi_devices) a.insert(a.end(), {"--device", d});
   for (const std::string& f : job.read_only_files)

@@ -40,7 +40,10 @@ struct ContainerJob {
   std::vector<std::string> cdi_devices;      // fully qualified CDI names
   std::vector<std::string> read_only_files;  // bound at the same path (the intercept library)
   std::vector<std::string> writable_files;   // bound at the same path (its region, the arbiter)
-  std::string user;  // "uid:gid"; empty: the image's (rootless: the server's)
+  std::string user;          // "uid:gid"; empty: the image's (rootless: the server's)
+  int64_t memory_bytes = 0;  // --memory; 0: none
+  int64_t cpu_milli = 0;     // --cpus; 0: none
+  int64_t pids_max = 0;      // --pids-limit; 0: podman's default
 };
 
 // The container's name: tessera-job-<id>.

@@ -62,6 +62,19 @@ TEST(Container, RunArgvHandsOverDevicesFilesAndEnvironment) {
   EXPECT_EQ(argv[1], "run") << "an old podman is not given --cdi-spec-dir";
   EXPECT_EQ(std::count(argv.begin(), argv.end(), "--user"), 0);
   EXPECT_EQ(std::count(argv.begin(), argv.end(), "--workdir"), 0);
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "--memory"), 0) << "no limit asked, none given";
+  // The job's host limits are podman's to enforce on the container.
+  j.memory_bytes = int64_t{2} << 30;
+  j.cpu_milli = 1500;
+  j.pids_max = 4096;
+  argv = PodmanRunArgv(rt, j);
+  auto after = [&](const std::string& flag) {
+    auto it = std::find(argv.begin(), argv.end(), flag);
+    return it == argv.end() || it + 1 == argv.end() ? std::string("<missing>") : *(it + 1);
+  };
+  EXPECT_EQ(after("--memory"), "2147483648");
+  EXPECT_EQ(after("--cpus"), "1.5");
+  EXPECT_EQ(after("--pids-limit"), "4096");
 }
 
 TEST(Container, PodmanGetsTheServersSettingsNotTheJobs) {

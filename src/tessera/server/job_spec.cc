@@ -183,9 +183,10 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
     const json& r = j["resources"];
     if (!r.is_object())
       return Bad("resources", fmt::format("expected an object, got {}", TypeName(r)));
-    if (absl::Status st =
-            Unknown(r, {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory", "topology"},
-                    "resources");
+    if (absl::Status st = Unknown(r,
+                                  {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory",
+                                   "topology", "cpus", "memory"},
+                                  "resources");
         !st.ok()) {
       return st;
     }
@@ -252,6 +253,19 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
         return st;
       }
     }
+    if (r.contains("cpus")) {
+      const json& v = r["cpus"];
+      if (!v.is_number() || !(v.get<double>() >= 0.01) || v.get<double>() > 4096) {
+        return Bad(
+            "resources.cpus",
+            fmt::format("expected a number of CPUs between 0.01 and 4096, got {}", v.dump()));
+      }
+      s.cpu_milli = std::llround(v.get<double>() * 1000);
+    }
+    if (r.contains("memory")) {
+      if (absl::Status st = Memory(r["memory"], "resources.memory", &s.memory_mib); !st.ok())
+        return st;
+    }
     if (r.contains("topology")) {
       if (absl::Status st = String(r["topology"], "resources.topology", &s.topology, 16); !st.ok())
         return st;
@@ -285,6 +299,8 @@ json JobSpecToJson(const JobSpec& s) {
   if (!s.models.empty()) r["model"] = s.models;
   if (s.min_gpu_memory_mib > 0) r["min_gpu_memory"] = fmt::format("{}MiB", s.min_gpu_memory_mib);
   if (s.topology != "none") r["topology"] = s.topology;
+  if (s.cpu_milli > 0) r["cpus"] = static_cast<double>(s.cpu_milli) / 1000;
+  if (s.memory_mib > 0) r["memory"] = fmt::format("{}MiB", s.memory_mib);
   j["resources"] = r;
   j["priority"] = s.priority;
   j["preemptible"] = s.preemptible;
@@ -347,6 +363,8 @@ absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& availa
 core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& owner) {
   core::Request r;
   r.id = std::to_string(job_id);
+  r.cpu_milli = s.cpu_milli;
+  r.memory_mib = s.memory_mib;
   r.gpus = s.gpus;
   r.gpu_milli = s.gpu_milli;
   r.gpu_memory_mib = s.gpu_memory_mib;

@@ -29,7 +29,11 @@ struct JobSpec {
       models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;
   std::string topology = "none";  // none | prefer | require (NVLink between the GPUs)
-  int priority = 0;               // -1000..1000, higher first
+  // Host CPU (thousandths of a CPU) and memory: scheduled against the machine's, and limits of
+  // the job's cgroup. 0: not asked (no limit).
+  int64_t cpu_milli = 0;
+  int64_t memory_mib = 0;
+  int priority = 0;  // -1000..1000, higher first
   bool preemptible = true;
   double max_runtime_s = 0;  // 0: none
   // Seconds between the SIGTERM of a stop (cancel, preemption, timeout) and the SIGKILL; negative:

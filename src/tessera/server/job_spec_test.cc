@@ -36,6 +36,20 @@ TEST(JobSpec, ParsesAFullSpec) {
   EXPECT_EQ(r.owner, "alice");
 }
 
+TEST(JobSpec, HostCpusAndMemoryAreScheduledAndRoundTrip) {
+  auto s = ParseJobSpec(R"({"command": ["ls"], "resources": {"cpus": 2.5, "memory": "16GiB"}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->cpu_milli, 2500);
+  EXPECT_EQ(s->memory_mib, 16384);
+  core::Request r = RequestOf(*s, 1, "bob");
+  EXPECT_EQ(r.cpu_milli, 2500);
+  EXPECT_EQ(r.memory_mib, 16384);
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->cpu_milli, 2500);
+  EXPECT_EQ(again->memory_mib, 16384);
+}
+
 TEST(JobSpec, RefusesBadInputNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "malformed JSON"},
@@ -67,6 +81,10 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
        "grace_period_s: expected seconds in 0..3600"},
       {R"({"command": ["ls"], "grace_period_s": "30s"})", "grace_period_s"},
       {R"({"command": ["ls"], "preemptible": "yes"})", "preemptible: expected true or false"},
+      {R"({"command": ["ls"], "resources": {"cpus": 0}})",
+       "resources.cpus: expected a number of CPUs between 0.01 and 4096, got 0"},
+      {R"({"command": ["ls"], "resources": {"cpus": "2"}})", "resources.cpus"},
+      {R"({"command": ["ls"], "resources": {"memory": "lots"}})", "resources.memory"},
   };
   for (const auto& [text, want] : cases) {
     auto s = ParseJobSpec(text);

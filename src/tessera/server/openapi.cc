@@ -87,10 +87,15 @@ std::string_view OpenApiDocument() {
               "model": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": )json"
       R"json("string"}}]},
               "min_gpu_memory": {"type": "string"},
-              "topology": {"type": "string", "enum": ["none", "prefer", "require"]}}},
+              "topology": {"type": "string", "enum": ["none", "prefer", "require"]},
+              "cpus": {"type": "number", "minimum": 0.01, "maximum": 4096, "description": )json"
+      R"json("host CPUs: scheduled, and the job's cgroup CPU limit"},
+              "memory": {"oneOf": [{"type": "string", "example": "16GiB"}, {"type": )json"
+      R"json("integer", "description": "MiB"}], "description": "host memory: scheduled, and )json"
+      R"json(the job's cgroup memory limit (over it the job is killed)"}}},
           "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
           "preemptible": {"type": "boolean"},
-          "max_runtime_s": {"type": "number", "exclusiveMinimum": 0},
+          "max_runtime_s": {"type": "number", "minimum": 0, "exclusiveMinimum": true},
           "grace_period_s": {"type": "number", "minimum": 0, "maximum": 3600},
           "image": {"type": "string", "description": "run in a container of this image )json"
       R"json((podman, GPUs as CDI devices tessera.io/gpu=<uuid>); 400 when the server has no )json"

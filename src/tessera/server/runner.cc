@@ -29,7 +29,7 @@ std::string Join(const std::vector<std::string>& v, char sep) {
 
 // What the child reports through the exec pipe when it cannot start the job.
 struct ChildError {
-  int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec
+  int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec, 6 cgroup
   int err;
 };
 
@@ -58,7 +58,8 @@ constexpr const char* kSteps[] = {"cannot enter the working directory",
                                   "cannot open the stderr log",
                                   "cannot switch group",
                                   "cannot switch user",
-                                  "cannot execute"};
+                                  "cannot execute",
+                                  "cannot enter its cgroup"};
 
 }  // namespace
 
@@ -123,6 +124,11 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
       start = colon + 1;
     }
   }
+  std::vector<const char*> cgroup_files;
+  for (const std::string& f : spec.cgroup_procs) cgroup_files.push_back(f.c_str());
+  // "0" is the writer itself, in cgroup2 and in cgroup1 alike.
+  const char pid_text[] = "0";
+  const size_t pid_len = 1;
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(fmt::format("job {}: pipe: {}", spec.job_id, strerror(errno)));
@@ -135,8 +141,23 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     return absl::InternalError(fmt::format("job {}: fork: {}", spec.job_id, strerror(e)));
   }
   std::string exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
+  auto fail = [&](int step) {
+    ChildError ce{step, errno};
+    ssize_t w = write(pipe_fds[1], &ce, sizeof ce);
+    (void)w;
+    _exit(127);
+  };
   if (pid == 0) {
     setpgid(0, 0);
+    // Into the job's cgroups first, so that the shepherd and everything the job starts are
+    // confined and counted.
+    for (size_t i = 0; i < cgroup_files.size(); ++i) {
+      int fd = open(cgroup_files[i], O_WRONLY | O_CLOEXEC);
+      if (fd < 0) fail(6);
+      ssize_t w = write(fd, pid_text, pid_len);
+      if (w != static_cast<ssize_t>(pid_len)) fail(6);
+      close(fd);
+    }
     // The server blocks SIGTERM/SIGINT (it takes them with sigwait) and ignores SIGPIPE; both a
     // mask and ignored dispositions survive exec, so a job would never see the SIGTERM that asks it
     // to stop. Start from a clean slate: every signal default, none blocked.
@@ -181,12 +202,6 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
         _exit(code);
       }
     }
-    auto fail = [&](int step) {
-      ChildError ce{step, errno};
-      ssize_t w = write(pipe_fds[1], &ce, sizeof ce);
-      (void)w;
-      _exit(127);
-    };
     // Nor in the job: every descriptor but the exec-error pipe goes.
     if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
     close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);

@@ -44,6 +44,9 @@ struct LaunchSpec {
   std::optional<uid_t> uid;              // run as this user (needs root)
   std::optional<gid_t> gid;
   int64_t job_id = 0;
+  // The cgroup.procs files of the job's cgroups (Cgroups::Create): the job's first process joins
+  // them before anything else, so all it starts is confined.
+  std::vector<std::string> cgroup_procs;
   // When set, the job runs under a shepherd (the group leader) that waits for it and writes its
   // exit code here (written to a temporary name, then renamed), so a server restarted while the job
   // ran can still learn how it ended. The shepherd exits with the job's code.

@@ -107,6 +107,15 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
   EXPECT_THAT(std::string(w.status().message()), HasSubstr("cannot enter the working directory"));
   LaunchSpec e;
   EXPECT_FALSE(Start(e).ok()) << "no command";
+  // A cgroup it cannot join: not started at all (never unconfined by accident).
+  const std::string marker = ::testing::TempDir() + "ran-unconfined";
+  LaunchSpec c = Shell("touch " + marker, "cgroup");
+  c.cgroup_procs = {"/nonexistent/cgroup/job-7/cgroup.procs"};
+  auto g = Start(c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("job 7: cannot enter its cgroup: No such file or directory"));
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 TEST(Runner, StopReachesTheWholeProcessGroup) {

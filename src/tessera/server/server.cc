@@ -126,6 +126,7 @@ json JobJson(const JobRecord& r) {
   j["placement"] =
       r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
   j["spec"] = json::parse(r.spec_json, nullptr, false);
+  j["usage"] = r.usage_json.empty() ? json(nullptr) : json::parse(r.usage_json, nullptr, false);
   return j;
 }
 
@@ -191,6 +192,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
   auto store = Store::Open(c.state_dir + "/tessera.db");
   if (!store.ok()) return store.status();
   s->store_ = std::move(*store);
+  s->cgroups_ = Cgroups::Open(CgroupOptions{.mode = c.confinement, .name = c.cgroup_name});
 
   if (!s->source_) {
     devices::OpenOptions open;
@@ -301,6 +303,7 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
   if (RequestOf(spec, id, "").fractional() && !run.gpus.empty())
     run.region = JobFile("regions", id, ".region");
   run.container = !spec.image.empty();
+  run.memory_mib = spec.memory_mib;
   return run;
 }
 
@@ -434,6 +437,7 @@ absl::Status Server::Recover() {
       run.pid = static_cast<pid_t>(r.pid);
       run.start_time = r.pid_start_time;
       run.adopted = true;
+      run.cgroup = !run.container && cgroups_->active();
       running_[r.id] = run;
       if (exits_) exits_->Watch(r.id, run.pid);
       ++adopted;
@@ -483,6 +487,22 @@ absl::Status Server::Start(StartOptions options) {
     });
   }
   if (absl::Status st = Recover(); !st.ok()) return st;
+  if (cgroups_->mode() != "none") {
+    spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", cgroups_->mode(),
+                 cgroups_->Describe()["devices"].get<std::string>(),
+                 cgroups_->Describe()["memory"].get<std::string>(),
+                 cgroups_->Describe()["cpu"].get<std::string>(),
+                 cgroups_->Describe()["pids"].get<std::string>(),
+                 cgroups_->reason().empty() ? "" : " (" + cgroups_->reason() + ")");
+  } else {
+    spdlog::warn("jobs are NOT confined to their GPUs: {}", cgroups_->reason());
+  }
+  {
+    std::set<int64_t> keep;
+    for (const auto& [id, r] : running_) keep.insert(id);
+    if (size_t n = cgroups_->Sweep(keep); n > 0)
+      spdlog::info("confinement: removed the cgroups of {} jobs that ended while down", n);
+  }
   if (options.health) {
     devices::HealthPolicy hp;
     health_ = std::make_unique<devices::HealthWatch>(
@@ -520,6 +540,7 @@ void Server::Stop() {
   if (loop_.joinable()) loop_.join();
   exits_.reset();  // not under mu_: its thread may be waiting for it
   if (health_) health_->Stop();
+  if (cgroups_) cgroups_->Close();  // the subtree goes when no job is left in it
   // Jobs keep running: a restarted server re-adopts them.
 }
 
@@ -611,6 +632,9 @@ void Server::CheckRunning(double now) {
       r.killed = true;
     }
   }
+  for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
+    it = cgroups_->Remove(*it) ? cgroups_left_.erase(it) : std::next(it);
+  }
   for (auto& [id, code] : ended) {
     if (exits_) exits_->Unwatch(id);
     Finish(running_[id], code.value_or(-1), code.has_value(), now);
@@ -626,6 +650,17 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
   TransitionFields f;
   f.ended_at = now;
   if (exit_known) f.exit_code = exit_code;
+  CgroupUsage usage;
+  if (r.cgroup) {
+    usage = cgroups_->Usage(r.id);
+    json u = json::object();
+    if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
+    if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
+    u["oom_kills"] = usage.oom_kills;
+    f.usage_json = u.dump();
+    // What the job left running goes with it; a cgroup still busy is removed on a later turn.
+    if (!cgroups_->Remove(r.id)) cgroups_left_.insert(r.id);
+  }
   JobState to;
   std::string reason;
   bool requeue = false;
@@ -655,6 +690,11 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     reason = exit_code > 128
                  ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
                  : fmt::format("exit code {}", exit_code);
+    if (usage.oom_kills > 0) {
+      reason = fmt::format(
+          "over its memory limit of {} MiB: the kernel killed {} of its processes (OOM); {}",
+          r.memory_mib, usage.oom_kills, reason);
+    }
   }
   // A container left behind: its client was stopped, or ended while another server was its parent.
   // (One killed after the grace period was removed then.)
@@ -719,6 +759,24 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
     char buf[4096];
     if (getpwuid_r(q.uid, &pw, buf, sizeof buf, &found) == 0 && found) ls.gid = pw.pw_gid;
   }
+  if (!l.run.container && cgroups_->active()) {
+    // Its cgroup: the nodes every process needs, the driver's control nodes, its own GPUs.
+    CgroupLimits limits;
+    limits.devices = BaseDeviceRules();
+    for (const char* control : {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}) {
+      if (auto r = RuleFor(config_.device_dir + "/" + control)) limits.devices.push_back(*r);
+    }
+    for (int g : a.gpus) {
+      const std::optional<int>& minor = inventory_.gpus[g].minor;
+      if (!minor) continue;
+      if (auto r = RuleFor(fmt::format("{}/nvidia{}", config_.device_dir, *minor)))
+        limits.devices.push_back(*r);
+    }
+    limits.memory_bytes = q.spec.memory_mib << 20;
+    limits.cpu_milli = q.spec.cpu_milli;
+    limits.pids_max = config_.pids_max;
+    l.limits = std::move(limits);
+  }
   if (l.run.container && !containers_) {
     // Accepted by a server that had podman (kept across a restart); this one has none.
     l.refused = absl::FailedPreconditionError(
@@ -765,6 +823,18 @@ void Server::ExecuteLaunch(Launch& l, double now) {
   }
   if (!l.refused.ok()) {
     l.launched = l.refused;
+  } else if (l.limits) {
+    // Confined, or not started at all: never a job that escapes its devices by accident.
+    auto procs = cgroups_->Create(q.id, *l.limits);
+    if (!procs.ok()) {
+      l.launched = absl::FailedPreconditionError(
+          fmt::format("cannot confine the job: {}", std::string(procs.status().message())));
+    } else {
+      ls.cgroup_procs = *procs;
+      l.run.cgroup = true;
+      l.launched = launcher_->Start(ls);
+      if (!l.launched.ok()) cgroups_->Remove(q.id);
+    }
   } else {
     if (l.run.container) ContainerLaunch(q, ls);
     l.launched = launcher_->Start(ls);
@@ -831,6 +901,10 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
     if (c.env.contains("TESSERA_CUDA_ARBITER")) c.writable_files.push_back(ls.share->arbiter);
   }
   if (ls.uid) c.user = fmt::format("{}:{}", *ls.uid, ls.gid.value_or(*ls.uid));
+  // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.
+  c.memory_bytes = q.spec.memory_mib << 20;
+  c.cpu_milli = q.spec.cpu_milli;
+  c.pids_max = config_.pids_max;
   ls.argv = PodmanRunArgv(*containers_, c);
   ls.env = PodmanProcessEnvironment();
   ls.env_as_is = true;
@@ -1182,6 +1256,7 @@ json Server::Info() {
   j["fallback_reason"] = fallback_reason_;
   j["gpus"] = inventory_.gpus.size();
   j["policy"] = config_.policy;
+  j["confinement"] = cgroups_->Describe();
   if (containers_) {
     j["containers"] = {{"available", true},
                        {"runtime", containers_->version},

@@ -24,6 +24,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
+#include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
@@ -93,6 +94,13 @@ struct ServerConfig {
   double poll_interval_s =
       0.25;  // how often running jobs are checked (timed out, stop escalated);
              // ended jobs are reaped at once (ExitWatcher), this is the fallback
+  // Job confinement by cgroups (cgroup.h): auto | cgroup2 | cgroup1 | off. Each job gets
+  // <the server's cgroup>/<cgroup_name>/job-<id>: its own GPUs' device nodes (under device_dir)
+  // and the control nodes only, its CPU and memory limits, at most pids_max tasks (0: no limit).
+  std::string confinement = "auto";
+  std::string cgroup_name = "tessera";
+  std::string device_dir = "/dev";
+  int64_t pids_max = 16384;
   std::string podman = "podman";  // for jobs with an image; empty: containers off
   std::string cdi_spec_dir;  // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
@@ -160,6 +168,8 @@ class Server {
     int gpu_milli = 0;
     std::string region;
     bool container = false;  // runs in a podman container (named ContainerName(id))
+    int64_t memory_mib = 0;  // its host memory limit (0: none)
+    bool cgroup = false;     // has its own cgroups (Cgroups::Create)
   };
   struct Queued {
     int64_t id = 0;
@@ -218,6 +228,7 @@ class Server {
     absl::Status refused;   // why it must not run (decided under mu_)
     absl::Status recorded;  // the store's transition to running
     absl::StatusOr<Launched> launched = Launched{};
+    std::optional<CgroupLimits> limits;  // its cgroup, when jobs get one
   };
   Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const;  // under mu_
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
@@ -254,7 +265,9 @@ class Server {
   core::NodeInventory inventory_;
   std::unique_ptr<HttpServer> http_;
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
-  std::string containers_off_;                  // why not, when they cannot
+  std::unique_ptr<Cgroups> cgroups_;            // confinement; mode "none" when it cannot be had
+  std::set<int64_t> cgroups_left_;  // of ended jobs, not yet removable (retried each turn)
+  std::string containers_off_;      // why not, when they cannot
   std::string cdi_spec_path_;
   std::string hostname_;
 

@@ -26,7 +26,8 @@ class ServerTest : public ::testing::Test {
     fs::remove_all(dir_);
     config_.socket = dir_ + "/s.sock";
     config_.state_dir = dir_ + "/state";
-    config_.simulate = "t4x2";  // two GPUs
+    config_.confinement = "off";  // jobs of the fake launcher are no processes
+    config_.simulate = "t4x2";    // two GPUs
     config_.podman = "";
     config_.allow_root_jobs = true;  // the test's jobs are its own user's, root in CI
   }

@@ -60,7 +60,7 @@ std::optional<double> OptDouble(sqlite3_stmt* s, int col) {
 
 constexpr const char* kJobColumns =
     "id, name, owner_uid, owner, spec, priority, state, submitted_at, started_at, ended_at, "
-    "exit_code, placement, pid, pid_start_time, reason";
+    "exit_code, placement, pid, pid_start_time, reason, usage, idempotency_key";
 
 JobRecord ReadJob(sqlite3_stmt* s) {
   JobRecord r;
@@ -79,6 +79,8 @@ JobRecord ReadJob(sqlite3_stmt* s) {
   r.pid = sqlite3_column_int64(s, 12);
   r.pid_start_time = static_cast<uint64_t>(sqlite3_column_int64(s, 13));
   r.reason = Text(s, 14);
+  r.usage_json = Text(s, 15);
+  r.idempotency_key = Text(s, 16);
   return r;
 }
 
@@ -189,6 +191,23 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
       (void)store->Exec("ROLLBACK");
       return st;
     }
+    version = 1;
+  }
+  if (version == 1) {
+    // 2: what a job used (its cgroup's accounting), and the key that makes a submission
+    // idempotent (one job per owner and key).
+    absl::Status st = store->Exec(
+        "BEGIN;"
+        "ALTER TABLE jobs ADD COLUMN usage TEXT NOT NULL DEFAULT '';"
+        "ALTER TABLE jobs ADD COLUMN idempotency_key TEXT;"
+        "CREATE UNIQUE INDEX jobs_idempotency ON jobs(owner, idempotency_key) "
+        "  WHERE idempotency_key IS NOT NULL;"
+        "PRAGMA user_version=2;"
+        "COMMIT;");
+    if (!st.ok()) {
+      (void)store->Exec("ROLLBACK");
+      return st;
+    }
   }
   return store;
 }
@@ -205,14 +224,30 @@ absl::Status Store::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now) {
+absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now, bool* existed) {
   std::lock_guard lock(mu_);
+  if (existed) *existed = false;
   if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
   int64_t id = 0;
+  if (!r.idempotency_key.empty()) {
+    {
+      Stmt s(db_, "SELECT id FROM jobs WHERE owner = ? AND idempotency_key = ?");
+      if (s.ok()) {
+        s.Bind(1, r.owner);
+        s.Bind(2, r.idempotency_key);
+        if (s.Step() == SQLITE_ROW) id = sqlite3_column_int64(s.get(), 0);
+      }
+    }
+    if (id > 0) {
+      (void)Exec("ROLLBACK");
+      if (existed) *existed = true;
+      return id;
+    }
+  }
   {
     Stmt s(db_,
-           "INSERT INTO jobs (name, owner_uid, owner, spec, priority, state, submitted_at, reason) "
-           "VALUES (?, ?, ?, ?, ?, 'queued', ?, 'submitted')");
+           "INSERT INTO jobs (name, owner_uid, owner, spec, priority, state, submitted_at, reason, "
+           "idempotency_key) VALUES (?, ?, ?, ?, ?, 'queued', ?, 'submitted', ?)");
     if (!s.ok()) return SqlError(db_, "preparing insert");
     s.Bind(1, r.name);
     s.Bind(2, static_cast<int64_t>(r.owner_uid));
@@ -220,6 +255,7 @@ absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now) {
     s.Bind(4, r.spec_json);
     s.Bind(5, static_cast<int64_t>(r.priority));
     s.Bind(6, now);
+    s.Bind(7, r.idempotency_key.empty() ? std::nullopt : std::optional(r.idempotency_key));
     if (s.Step() != SQLITE_DONE) {
       absl::Status st = SqlError(db_, "inserting a job");
       (void)Exec("ROLLBACK");
@@ -271,7 +307,8 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
            "UPDATE jobs SET state = ?, reason = ?, started_at = coalesce(?, started_at), "
            "ended_at = coalesce(?, ended_at), exit_code = coalesce(?, exit_code), "
            "placement = coalesce(?, placement), pid = coalesce(?, pid), "
-           "pid_start_time = coalesce(?, pid_start_time) WHERE id = ?");
+           "pid_start_time = coalesce(?, pid_start_time), usage = coalesce(?, usage) "
+           "WHERE id = ?");
     if (!s.ok()) return rollback(SqlError(db_, "preparing an update"));
     s.Bind(1, JobStateName(to));
     s.Bind(2, reason);
@@ -282,7 +319,8 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
     s.Bind(7, f.pid);
     s.Bind(8, f.pid_start_time ? std::optional<int64_t>(static_cast<int64_t>(*f.pid_start_time))
                                : std::nullopt);
-    s.Bind(9, id);
+    s.Bind(9, f.usage_json);
+    s.Bind(10, id);
     if (s.Step() != SQLITE_DONE) return rollback(SqlError(db_, "updating a job"));
   }
   {

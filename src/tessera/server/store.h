@@ -42,6 +42,10 @@ struct JobRecord {
   int64_t pid = 0;              // process group leader while running
   uint64_t pid_start_time = 0;  // to tell a reused pid after a restart
   std::string reason;           // of the last transition
+  // What it used, as JSON ({"cpu_seconds", "peak_memory_bytes", "oom_kills"}); empty: not known.
+  std::string usage_json;
+  // The client's key for the submission (Insert answers a repeated key with the job it made).
+  std::string idempotency_key;
 };
 
 struct JobEvent {
@@ -58,6 +62,7 @@ struct TransitionFields {
   std::optional<std::string> placement_json;
   std::optional<int64_t> pid;
   std::optional<uint64_t> pid_start_time;
+  std::optional<std::string> usage_json;
 };
 
 class Store {
@@ -70,8 +75,9 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Stores a new queued job (ignoring record.id/state) and its first event; returns its id. Durable
-  // when it returns.
-  absl::StatusOr<int64_t> Insert(const JobRecord& record, double now);
+  // when it returns. A record with an idempotency key its owner used before stores nothing: the
+  // earlier job's id is returned and *existed says so.
+  absl::StatusOr<int64_t> Insert(const JobRecord& record, double now, bool* existed = nullptr);
   // Moves a job to `to`, with the reason and fields; kNotFound, or kFailedPrecondition naming both
   // states when the transition is not allowed. Nothing changes on failure.
   absl::Status Transition(int64_t id, JobState to, std::string_view reason, double now,
@@ -85,7 +91,7 @@ class Store {
                                               int limit = 0);
   absl::StatusOr<std::vector<JobEvent>> Events(int64_t id);
 
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

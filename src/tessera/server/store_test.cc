@@ -93,6 +93,66 @@ TEST(Store, InsertedJobsSurviveReopening) {
   EXPECT_EQ((*events)[1].at, 101.0);
 }
 
+TEST(Store, AVersionOneDatabaseIsMigratedKeepingItsJobs) {
+  std::string path = TempDb("v1.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    // The schema as version 1 made it.
+    ASSERT_EQ(sqlite3_exec(
+                  db,
+                  "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+                  "owner_uid INTEGER NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL, "
+                  "priority INTEGER NOT NULL, state TEXT NOT NULL, submitted_at REAL NOT NULL, "
+                  "started_at REAL, ended_at REAL, exit_code INTEGER, placement TEXT NOT NULL "
+                  "DEFAULT '', pid INTEGER NOT NULL DEFAULT 0, pid_start_time INTEGER NOT NULL "
+                  "DEFAULT 0, reason TEXT NOT NULL DEFAULT '');"
+                  "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id INTEGER NOT "
+                  "NULL REFERENCES jobs(id), at REAL NOT NULL, state TEXT NOT NULL, reason TEXT "
+                  "NOT NULL);"
+                  "INSERT INTO jobs (name, owner_uid, owner, spec, priority, state, submitted_at) "
+                  "VALUES ('old', 1000, 'alice', '{}', 0, 'queued', 5);"
+                  "PRAGMA user_version=1;",
+                  nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto old = (*store)->Get(1);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->name, "old");
+  EXPECT_EQ(old->usage_json, "");
+  ASSERT_TRUE((*store)
+                  ->Transition(1, JobState::kRunning, "placed", 6,
+                               {.usage_json = std::string(R"({"cpu_seconds":1.5})")})
+                  .ok());
+  EXPECT_EQ((*store)->Get(1)->usage_json, R"({"cpu_seconds":1.5})");
+}
+
+TEST(Store, ARepeatedIdempotencyKeyGivesTheSameJob) {
+  auto store = Store::Open(TempDb("idem.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRecord r = Job("train");
+  r.idempotency_key = "k-1";
+  bool existed = true;
+  auto first = (*store)->Insert(r, 1.0, &existed);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(existed);
+  auto again = (*store)->Insert(r, 2.0, &existed);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(existed);
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ((*store)->List()->size(), 1u) << "stored once";
+  // Keys are per owner, and no key is no deduplication.
+  r.owner = "bob";
+  EXPECT_NE(*(*store)->Insert(r, 3.0, &existed), *first);
+  EXPECT_FALSE(existed);
+  r.idempotency_key.clear();
+  EXPECT_NE(*(*store)->Insert(r, 4.0), *(*store)->Insert(r, 5.0));
+  EXPECT_EQ((*store)->Get(*first)->idempotency_key, "k-1");
+}
+
 TEST(Store, RefusedTransitionChangesNothing) {
   auto store = Store::Open(":memory:");
   ASSERT_TRUE(store.ok()) << store.status();

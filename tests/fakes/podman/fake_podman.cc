@@ -101,6 +101,7 @@ int Run(const std::string& state, const std::vector<std::string>& global,
   record["argv"] = args;
   std::string name, image, user, workdir;
   std::vector<std::string> devices, volumes, envs, flags;
+  std::map<std::string, std::string> limits;  // memory, cpus, pids-limit
   size_t i = 0;
   auto value = [&](const std::string& flag) -> std::string {
     if (i + 1 >= args.size()) return "";
@@ -126,6 +127,8 @@ int Run(const std::string& state, const std::vector<std::string>& global,
       volumes.push_back(value(a));
     else if (a == "--env")
       envs.push_back(value(a));
+    else if (a == "--memory" || a == "--cpus" || a == "--pids-limit")
+      limits[a.substr(2)] = value(a);
     else if (a.find('=') != std::string::npos)
       flags.push_back(a);  // --opt=value from the config
     else
@@ -141,6 +144,7 @@ int Run(const std::string& state, const std::vector<std::string>& global,
                  {"devices", devices},
                  {"volumes", volumes},
                  {"flags", flags},
+                 {"limits", limits},
                  {"command", command}});
   std::vector<std::string> own_env;
   for (char** e = environ; *e; ++e) own_env.push_back(*e);

@@ -1,0 +1,121 @@
+// Cgroups against fake hierarchies (plain folders named by a fake mountinfo): what is found, what
+// is said when nothing can be used, and that a failed Create leaves nothing behind. The real
+// kernel paths (devices refused, OOM, limits, leftovers killed) are tested on the binary in
+// tests/e2e/server_e2e_test.cc.
+
+#include "tessera/server/cgroup.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace tessera::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class FakeHierarchies : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "cgroup-test-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    options_.mountinfo = dir_ + "/mountinfo";
+    options_.self_cgroup = dir_ + "/self";
+    options_.name = "tessera";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // A v1 mount of `controllers` at dir_/<name>, our cgroup in it at `own`.
+  void V1(const std::string& name, const std::string& controllers, const std::string& own = "/") {
+    fs::create_directories(dir_ + "/" + name + own);
+    mountinfo_ += "35 30 0:32 / " + dir_ + "/" + name + " rw,relatime - cgroup cgroup rw," +
+                  controllers + "\n";
+    self_ += std::to_string(++n_) + ":" + controllers + ":" + own + "\n";
+  }
+  std::unique_ptr<Cgroups> Open(const std::string& mode) {
+    std::ofstream(options_.mountinfo) << mountinfo_;
+    std::ofstream(options_.self_cgroup) << self_;
+    options_.mode = mode;
+    return Cgroups::Open(options_);
+  }
+  std::string dir_, mountinfo_, self_;
+  int n_ = 0;
+  CgroupOptions options_;
+};
+
+TEST_F(FakeHierarchies, NothingMountedIsSaidAndNothingIsConfined) {
+  auto auto_mode = Open("auto");
+  EXPECT_EQ(auto_mode->mode(), "none");
+  EXPECT_THAT(auto_mode->reason(), HasSubstr("no cgroup2 hierarchy is mounted"));
+  EXPECT_THAT(auto_mode->reason(), HasSubstr("memory: no controller"));
+  EXPECT_FALSE(auto_mode->active());
+  EXPECT_EQ(auto_mode->Describe()["devices"], "none");
+  EXPECT_EQ(Open("cgroup1")->reason().substr(0, 42), "no cgroup v1 devices controller is mounted");
+  EXPECT_EQ(Open("off")->reason(), "confinement is off in the config");
+}
+
+TEST_F(FakeHierarchies, V1ControllersAreFoundBelowOurOwnCgroup) {
+  V1("devices", "devices");
+  V1("memory", "memory", "/process_api/abc");
+  V1("cpu", "cpu,cpuacct");
+  V1("pids", "pids");
+  auto c = Open("auto");
+  EXPECT_EQ(c->mode(), "cgroup1");
+  EXPECT_EQ(c->reason(), "");
+  nlohmann::json d = c->Describe();
+  EXPECT_EQ(d["devices"], "cgroup1 devices controller " + dir_ + "/devices/tessera");
+  EXPECT_EQ(d["memory"], "cgroup1 memory " + dir_ + "/memory/process_api/abc/tessera");
+  EXPECT_EQ(d["cpu"], "cgroup1 cpu " + dir_ + "/cpu/tessera");
+  EXPECT_TRUE(fs::is_directory(dir_ + "/memory/process_api/abc/tessera"));
+  c->Close();
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/process_api/abc/tessera")) << "the empty subtree goes";
+}
+
+TEST_F(FakeHierarchies, ACreateThatFailsNamesTheFileAndLeavesNothing) {
+  V1("devices", "devices");
+  V1("memory", "memory");
+  auto c = Open("cgroup1");
+  ASSERT_EQ(c->mode(), "cgroup1");
+  // Plain folders have no devices.deny: the write fails as a kernel refusal would.
+  CgroupLimits l;
+  l.devices = BaseDeviceRules();
+  l.memory_bytes = 1 << 30;
+  auto made = c->Create(7, l);
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(std::string(made.status().message()),
+              HasSubstr(dir_ + "/devices/tessera/job-7/devices.deny"));
+  EXPECT_FALSE(fs::exists(dir_ + "/devices/tessera/job-7"));
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-7"));
+}
+
+TEST_F(FakeHierarchies, SweepRemovesTheCgroupsOfJobsNotRunning) {
+  V1("memory", "memory");
+  auto c = Open("auto");
+  for (int id : {3, 4, 9})
+    fs::create_directories(dir_ + "/memory/tessera/job-" + std::to_string(id));
+  fs::create_directories(dir_ + "/memory/tessera/not-a-job");
+  EXPECT_EQ(c->Sweep({4}), 2u);
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-3"));
+  EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/job-4")) << "a re-adopted job keeps its cgroup";
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-9"));
+  EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/not-a-job"));
+}
+
+TEST(DeviceRules, AreWrittenAsTheDevicesControllerReadsThem) {
+  EXPECT_EQ((DeviceRule{'c', 195, 0, "rwm"}.ToString()), "c 195:0 rwm");
+  EXPECT_EQ((DeviceRule{'c', 136, -1, "rwm"}.ToString()), "c 136:* rwm");
+  EXPECT_EQ((DeviceRule{'b', -1, -1, "m"}.ToString()), "b *:* m");
+  auto null = RuleFor("/dev/null");
+  ASSERT_TRUE(null.has_value());
+  EXPECT_EQ(null->ToString(), "c 1:3 rwm");
+  EXPECT_FALSE(RuleFor("/etc/passwd").has_value()) << "not a device";
+  EXPECT_FALSE(RuleFor("/nonexistent").has_value());
+}
+
+}  // namespace
+}  // namespace tessera::server
