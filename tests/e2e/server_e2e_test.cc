@@ -713,6 +713,13 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
   EXPECT_TRUE(api["paths"].contains("/metrics"));
+  // Valid as the version it declares, by a real validator (npm, pinned; installed by scripts/test).
+  std::ofstream(d.dir() + "/openapi.json") << api.dump();
+  tessera::test::Captured v =
+      tessera::test::Capture(std::string("node ") + TESSERA_SOURCE_DIR +
+                             "/tests/deploy/openapi.mjs " + d.dir() + "/openapi.json 2>&1");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_EQ(v.out, "valid OpenAPI " + api["openapi"].get<std::string>().substr(0, 3) + "\n");
   std::string metrics = HttpClient(d.socket()).Send("GET", "/metrics")->body;
   EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 2"));
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
