@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -844,6 +845,90 @@ TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
     health = d.Call("GET", "/v1/health");
   } while (health.value("status", "") != "ok" && std::chrono::steady_clock::now() < until);
   EXPECT_EQ(health.value("status", ""), "ok");
+}
+
+// A proxy in front of the daemon's socket that loses the answer to the first request it passes
+// on (the request reaches the server; the client sees its connection closed), as a crash of the
+// network or of a load balancer would. Later requests pass both ways.
+class LosingProxy {
+ public:
+  LosingProxy(const std::string& path, const std::string& target) : target_(target) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+    unlink(path.c_str());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(listen(fd_, 8), 0);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~LosingProxy() {
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    close(fd_);
+  }
+  int requests() const { return requests_; }
+
+ private:
+  // One request from `fd`: its headers and the body its Content-Length says.
+  static std::string ReadRequest(int fd) {
+    std::string got;
+    char buf[4096];
+    for (;;) {
+      size_t end = got.find("\r\n\r\n");
+      if (end != std::string::npos) {
+        size_t cl = got.find("Content-Length: ");
+        size_t body = cl == std::string::npos || cl > end ? 0 : std::stoul(got.substr(cl + 16));
+        if (got.size() >= end + 4 + body) return got;
+      }
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return "";
+      got.append(buf, static_cast<size_t>(n));
+    }
+  }
+  void Run() {
+    for (;;) {
+      int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) return;
+      std::string request = ReadRequest(client);
+      if (!request.empty()) {
+        // Passed on; the server answers and, the request's writing side shut, closes.
+        int server = RawConnect(target_);
+        ssize_t w = write(server, request.data(), request.size());
+        (void)w;
+        shutdown(server, SHUT_WR);
+        std::string answer = ReadUntilClosed(server, 10);
+        close(server);
+        if (requests_++ > 0) w = write(client, answer.data(), answer.size());
+      }
+      close(client);
+    }
+  }
+  std::string target_;
+  int fd_ = -1;
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+TEST(TesseraServer, ASubmissionWhoseAnswerIsLostIsStoredOnce) {
+  Daemon d("idempotent");
+  LosingProxy proxy(d.dir() + "/proxy.sock", d.socket());
+  // The CLI sends the submission, loses the answer, sends it again with the same key.
+  tessera::test::Captured r = tessera::test::Capture("TESSERA_SOCKET=" + d.dir() + "/proxy.sock " +
+                                                     TESSERA_BINARY + " submit -- true 2>&1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "submitted job 1\n");
+  EXPECT_EQ(proxy.requests(), 2) << "the server got the submission twice";
+  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 1u) << "and stored it once";
+  EXPECT_THAT(d.Log(), HasSubstr("job 1: submitted again by root (same Idempotency-Key)"));
+  // A rerun with the key the user chose: the same job, said; the key for another job: refused.
+  EXPECT_EQ(Cli(d, "submit --idempotency-key nightly-7 -- true"), "submitted job 2\n");
+  EXPECT_EQ(Cli(d, "submit --idempotency-key nightly-7 -- true"),
+            "submitted job 2 (already: this key's submission was stored before)\n");
+  EXPECT_EQ(Cli(d, "submit --idempotency-key nightly-7 -- false"),
+            "tessera: Idempotency-Key 'nightly-7' was used for another submission (job 2)\n");
+  EXPECT_THAT(Cli(d, "submit --idempotency-key 'a b' -- true"), HasSubstr("Idempotency-Key: "));
+  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 2u);
 }
 
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "fmt/format.h"
@@ -58,8 +59,8 @@ struct ClientFlags {
 // One API call; on failure says why on `err` and returns nullopt with the exit code set.
 std::optional<json> Call(server::HttpClient& c, const std::string& method,
                          const std::string& target, const std::string& body, std::ostream& err,
-                         int* code) {
-  auto r = c.Send(method, target, body);
+                         int* code, const std::string& idempotency_key = "") {
+  auto r = c.Send(method, target, body, idempotency_key);
   if (!r.ok()) {
     err << "tessera: " << r.status().message() << "\n";
     *code = kExitFailure;
@@ -135,7 +136,7 @@ struct State {
   bool allow_root_jobs = false;
   // submit
   int gpus = 0;
-  std::string gpu_mem, gpu_share, name, workdir, image, mem;
+  std::string gpu_mem, gpu_share, name, workdir, image, mem, idempotency_key;
   double cpus = 0;
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
@@ -260,10 +261,23 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   if (s.grace >= 0) spec["grace_period_s"] = s.grace;
   server::HttpClient c(s.client.Endpoint(), s.client.Token());
   int code = kExitOk;
-  auto job = Call(c, "POST", "/v1/jobs", spec.dump(), err, &code);
+  // The submission's key: a repeat (this client's own after a lost answer, or a rerun with
+  // --idempotency-key) gets the job the first one made instead of a second job.
+  std::string key = s.idempotency_key;
+  if (key.empty()) {
+    std::random_device rd;
+    key = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+  }
+  auto job = Call(c, "POST", "/v1/jobs", spec.dump(), err, &code, key);
   if (!job) return code;
   if (s.client.output == "table") {
-    out << "submitted job " << (*job)["id"].get<int64_t>() << "\n";
+    out << "submitted job "
+        << (*job)["id"].get<int64_t>()
+        // The user's own key used again (a repeat of this client's own retry is no news).
+        << (job->value("repeated", false) && !s.idempotency_key.empty()
+                ? " (already: this key's submission was stored before)"
+                : "")
+        << "\n";
   } else {
     Emit(*job, s.client.output, out);
   }
@@ -523,6 +537,9 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   sub->add_option("--image", st.image,
                   "Run in a container of this image (podman; the GPUs handed over as CDI devices). "
                   "Only --env variables go in, not this shell's");
+  sub->add_option("--idempotency-key", st.idempotency_key,
+                  "A key for this submission (default: a random one): submitting again with the "
+                  "same key gives the job the first one made, not a second job");
   sub->add_option("command", st.command, "The command and its arguments, after --");
   st.client.AddTo(sub);
   sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });

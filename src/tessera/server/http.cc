@@ -179,6 +179,7 @@ struct HttpServer::Impl {
         SplitTarget(req.target, req);
         req.authorization = std::string(msg[http::field::authorization]);
         req.content_type = std::string(msg[http::field::content_type]);
+        req.idempotency_key = std::string(msg["Idempotency-Key"]);
         req.body = std::move(msg.body());
         req.peer = peer;
         keep_alive = msg.keep_alive();
@@ -459,17 +460,21 @@ HttpClient::HttpClient(std::string endpoint, std::string bearer_token)
 HttpClient::~HttpClient() = default;
 
 absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const std::string& target,
-                                              const std::string& body) {
+                                              const std::string& body,
+                                              const std::string& idempotency_key) {
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, "tessera");
   req.set(http::field::user_agent, "tessera-cli");
   if (!token_.empty()) req.set(http::field::authorization, "Bearer " + token_);
+  if (!idempotency_key.empty()) req.set("Idempotency-Key", idempotency_key);
+  const bool repeatable = method != "POST" || !idempotency_key.empty();
   if (!body.empty()) req.set(http::field::content_type, "application/json");
   req.keep_alive(true);
   req.body() = body;
   req.prepare_payload();
   for (int attempt = 0; attempt < 2; ++attempt) {
     beast::error_code ec;
+    const bool reused = conn_ != nullptr;
     if (!conn_) {
       conn_ = std::make_unique<Conn>();
       if (endpoint_.rfind("tcp://", 0) == 0) {
@@ -493,16 +498,25 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
     }
     http::response_parser<http::string_body> parser;
     parser.body_limit(1ull << 30);
+    bool written = false;
     if (conn_->unix_sock) {
       http::write(*conn_->unix_sock, req, ec);
+      written = !ec;
       if (!ec) http::read(*conn_->unix_sock, conn_->buffer, parser, ec);
     } else {
       http::write(*conn_->tcp_sock, req, ec);
+      written = !ec;
       if (!ec) http::read(*conn_->tcp_sock, conn_->buffer, parser, ec);
     }
     if (ec) {
-      conn_.reset();  // a kept-alive connection the server closed: once more on a new one
-      if (attempt == 0) continue;
+      conn_.reset();
+      // Once more on a new connection: a kept-alive one the server had closed, or a request that
+      // is harmless to repeat. A POST without a key that was sent may have been acted on: said,
+      // never repeated blindly.
+      if (attempt == 0 && (repeatable || (reused && !written) ||
+                           (reused && !parser.got_some() && ec == http::error::end_of_stream))) {
+        continue;
+      }
       return absl::UnavailableError(
           fmt::format("request to {} failed: {}", endpoint_, ec.message()));
     }

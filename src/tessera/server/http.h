@@ -35,6 +35,7 @@ struct HttpRequest {
   std::map<std::string, std::string> query;  // decoded
   std::string authorization;                 // the Authorization header
   std::string content_type;
+  std::string idempotency_key;  // the Idempotency-Key header
   std::string body;
   Peer peer;
 };
@@ -89,9 +90,13 @@ class HttpClient {
   explicit HttpClient(std::string endpoint, std::string bearer_token = "");
   ~HttpClient();
   // Sends one request on a kept-alive connection (reconnecting when needed). kUnavailable when the
-  // server cannot be reached, naming the endpoint.
+  // server cannot be reached, naming the endpoint. A request that fails after it was sent is sent
+  // again once on a new connection only when repeating it is harmless: not a POST, or a POST with
+  // an `idempotency_key` (sent as the Idempotency-Key header; the server answers a repeat with what
+  // the first one made).
   absl::StatusOr<HttpResponse> Send(const std::string& method, const std::string& target,
-                                    const std::string& body = "");
+                                    const std::string& body = "",
+                                    const std::string& idempotency_key = "");
 
   struct Conn;
 

@@ -27,13 +27,18 @@ std::string_view OpenApiDocument() {
               "responses": {"200": {"description": "{jobs: [Job]}"}, "400": {"$ref": )json"
       R"json("#/components/responses/Error"}}},
       "post": {"summary": "Submit a job; stored durably before the answer",
+               "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": )json"
+      R"json("string", "maxLength": 128}, "description": "the client's key: a repeat with the )json"
+      R"json(same key and spec gets the job the first one made (200, repeated: true)"}],
                "requestBody": {"required": true, "content": {"application/json": {"schema": )json"
       R"json({"$ref": "#/components/schemas/JobSpec"}}}},
-               "responses": {"201": {"description": "the Job"}, "400": {"$ref": )json"
+               "responses": {"201": {"description": "the Job"}, "200": {"description": )json"
+      R"json("the Job an earlier submission with this Idempotency-Key made"}, "400": {"$ref": )json"
       R"json("#/components/responses/Error"},
                              "403": {"$ref": "#/components/responses/Error"}, "413": )json"
       R"json({"$ref": "#/components/responses/Error"},
-                             "415": {"$ref": "#/components/responses/Error"}}}},
+                             "415": {"$ref": "#/components/responses/Error"}, "422": )json"
+      R"json({"$ref": "#/components/responses/Error"}}}},
     "/v1/jobs/{id}": {"get": {"summary": "A job with its events", "parameters": [{"$ref": )json"
       R"json("#/components/parameters/Id"}],
                               "responses": {"200": {"description": "Job"}, "404": {"$ref": )json"

@@ -1100,9 +1100,30 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   rec.owner = user;
   rec.spec_json = JobSpecToJson(*spec).dump();
   rec.priority = spec->priority;
+  rec.idempotency_key = req.idempotency_key;
+  if (rec.idempotency_key.size() > 128 ||
+      std::any_of(rec.idempotency_key.begin(), rec.idempotency_key.end(),
+                  [](unsigned char c) { return c < 0x21 || c > 0x7e; })) {
+    return Error(400, "Idempotency-Key: expected at most 128 printable characters without spaces");
+  }
   const double now = Now();
-  auto id = store_->Insert(rec, now);  // durable before the answer
+  bool existed = false;
+  auto id = store_->Insert(rec, now, &existed);  // durable before the answer
   if (!id.ok()) return Error(500, std::string(id.status().message()));
+  if (existed) {
+    // A repeat (the client did not hear the first answer): the job it already made, once.
+    auto first = store_->Get(*id);
+    if (!first.ok()) return Error(500, std::string(first.status().message()));
+    if (first->spec_json != rec.spec_json) {
+      return Error(422, fmt::format("Idempotency-Key '{}' was used for another submission (job {})",
+                                    rec.idempotency_key, *id));
+    }
+    spdlog::info("job {}: submitted again by {} (same Idempotency-Key): not stored twice", *id,
+                 user);
+    json j = JobJson(*first);
+    j["repeated"] = true;
+    return JsonResponse(200, j);
+  }
   {
     std::lock_guard lock(mu_);
     Enqueue(Queued{*id, spec->priority, user, uid, *spec, now, now});
