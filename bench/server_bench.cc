@@ -6,6 +6,8 @@
 // and the latency of API reads while 200 jobs are submitted and started at once.
 //   build/bench/bench/server_bench            everything
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
+//   build/bench/bench/server_bench --submit [DIR]   only durable submits from 8 clients, state in
+//                                                   DIR (default /var/tmp; a disk, not a tmpfs)
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,14 +15,20 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "sqlite3.h"
 #include "tessera/server/http.h"
 #include "tessera/server/server.h"
+#include "tessera/server/store.h"
 
 using nlohmann::json;
 using tessera::server::HttpClient;
@@ -44,14 +52,14 @@ std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preempt
 // without GPUs are submitted at once, so that the loop starts them in one burst of forks and execs.
 void ReadsDuringBurst(const std::string& socket) {
   HttpClient c(socket);
-  c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
+  (void)c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
   std::atomic<bool> stop{false};
   std::vector<double> lat;
   std::thread reader([&] {
     HttpClient mine(socket);
     for (int i = 0; !stop; ++i) {
       auto t0 = Clock::now();
-      mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
+      (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
       lat.push_back(Since(t0) * 1000);
     }
   });
@@ -78,6 +86,115 @@ void ReadsDuringBurst(const std::string& socket) {
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // let them end
 }
 
+// A SQLite VFS that is the default one plus a fixed delay in every sync: a disk whose flush takes
+// that long (a SATA SSD without power-loss protection, a network volume), on any machine.
+std::atomic<int> g_sync_delay_us{0};
+sqlite3_vfs g_slow_vfs;
+sqlite3_vfs* g_real_vfs = nullptr;
+// Each kind of file SQLite opens (database, WAL...) may have its own methods: a slow copy of each,
+// and the real one behind each copy.
+std::mutex g_methods_mu;
+std::map<const sqlite3_io_methods*, std::unique_ptr<sqlite3_io_methods>> g_slow_of;
+std::map<const sqlite3_io_methods*, const sqlite3_io_methods*> g_real_of;
+
+int SlowSync(sqlite3_file* f, int flags) {
+  if (int us = g_sync_delay_us.load(); us > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  const sqlite3_io_methods* real;
+  {
+    std::lock_guard lock(g_methods_mu);
+    real = g_real_of.at(f->pMethods);
+  }
+  return real->xSync(f, flags);
+}
+
+int SlowOpen(sqlite3_vfs*, sqlite3_filename name, sqlite3_file* f, int flags, int* out) {
+  int rc = g_real_vfs->xOpen(g_real_vfs, name, f, flags, out);
+  if (rc == SQLITE_OK && f->pMethods) {
+    std::lock_guard lock(g_methods_mu);
+    auto& slow = g_slow_of[f->pMethods];
+    if (!slow) {
+      slow = std::make_unique<sqlite3_io_methods>(*f->pMethods);
+      slow->xSync = SlowSync;
+      g_real_of[slow.get()] = f->pMethods;
+    }
+    f->pMethods = slow.get();
+  }
+  return rc;
+}
+
+void InstallSlowSyncVfs() {
+  g_real_vfs = sqlite3_vfs_find(nullptr);
+  g_slow_vfs = *g_real_vfs;
+  g_slow_vfs.zName = "slow-sync";
+  g_slow_vfs.xOpen = SlowOpen;
+  sqlite3_vfs_register(&g_slow_vfs, 1);
+}
+
+// Durable submissions from 8 clients at once (each its own connection and thread), with the state
+// on disk (`disk_dir`: fsync is the point here): jobs that queue behind one holding every GPU.
+// Commits grouped (at most `max_batch` jobs each) or, with 1, one per submission.
+void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_delay_us) {
+  std::filesystem::remove_all(disk_dir);
+  std::filesystem::create_directories(disk_dir + "/state");
+  g_sync_delay_us = sync_delay_us;
+  auto store = tessera::server::Store::Open(disk_dir + "/state/tessera.db");
+  if (!store.ok()) {
+    fprintf(stderr, "server_bench: %s\n", std::string(store.status().message()).c_str());
+    return;
+  }
+  (*store)->set_max_batch(max_batch);
+  tessera::server::ServerDeps deps;
+  deps.store = std::move(*store);
+  tessera::server::ServerConfig config;
+  config.socket = disk_dir + "/s.sock";
+  config.state_dir = disk_dir + "/state";
+  config.simulate = "dgx-h100";
+  config.allow_root_jobs = true;
+  config.podman = "";
+  config.confinement = "off";
+  auto server = tessera::server::Server::Create(config, std::move(deps));
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server on %s\n", disk_dir.c_str());
+    return;
+  }
+  HttpClient c(config.socket);
+  int64_t blocker =
+      json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 8, 1000, false))->body)["id"];
+  constexpr int kClients = 8, kEach = 250;
+  std::vector<std::vector<double>> lat(kClients);
+  std::vector<std::thread> ts;
+  std::atomic<int> failed{0};
+  auto t0 = Clock::now();
+  for (int t = 0; t < kClients; ++t) {
+    ts.emplace_back([&, t] {
+      HttpClient mine(config.socket);
+      for (int i = 0; i < kEach; ++i) {
+        auto s0 = Clock::now();
+        auto r = mine.Send("POST", "/v1/jobs", Job("true", 1), fmt::format("bench-{}-{}", t, i));
+        if (!r.ok() || r->status != 201) ++failed;
+        lat[t].push_back(Since(s0) * 1000);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  const double took = Since(t0);
+  std::vector<double> all;
+  for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  printf(
+      "durable submits, %d clients x %d, %s, sync %s: %.0f submits/s, p50 %.2f ms, p99 %.2f ms, "
+      "max %.2f ms, %d failed\n",
+      kClients, kEach, max_batch > 1 ? "grouped commits" : "one commit each  ",
+      sync_delay_us > 0 ? fmt::format("+{} ms", sync_delay_us / 1000).c_str() : "as is ",
+      all.size() / took, all[all.size() / 2], all[all.size() * 99 / 100], all.back(),
+      failed.load());
+  (void)c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (*server)->Stop();
+  std::filesystem::remove_all(disk_dir);
+}
+
 double PassSeconds(HttpClient& c) {
   std::string m = c.Send("GET", "/metrics")->body;
   size_t at = m.find("\ntessera_scheduling_pass_seconds ");
@@ -88,7 +205,19 @@ double PassSeconds(HttpClient& c) {
 
 int main(int argc, char** argv) {
   const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
+  const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
   spdlog::set_level(spdlog::level::warn);
+  if (submit_only) {
+    // On disk: the directory given, or one in /var/tmp (not a tmpfs). This disk's own fsync, then
+    // a flush of 5 ms added to each; one commit per submission against grouped commits, in turn.
+    std::string disk = argc > 2 ? argv[2] : "/var/tmp";
+    disk += "/tessera-submit-bench-" + std::to_string(getpid());
+    InstallSlowSyncVfs();
+    for (int delay_us : {0, 5000}) {
+      for (size_t batch : {size_t{1}, size_t{512}}) SubmitThroughput(disk, batch, delay_us);
+    }
+    return 0;
+  }
   std::string dir = "/dev/shm/tessera-server-bench-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   tessera::server::ServerConfig config;
@@ -135,7 +264,7 @@ int main(int argc, char** argv) {
   std::vector<double> gap;
   for (int i = 0; i < 50; ++i) {
     const std::string a = dir + "/a" + std::to_string(i), b = dir + "/b" + std::to_string(i);
-    c.Send("POST", "/v1/jobs", Job("sleep 0.05; date +%s%N > " + a, 8));
+    (void)c.Send("POST", "/v1/jobs", Job("sleep 0.05; date +%s%N > " + a, 8));
     int64_t id = json::parse(c.Send("POST", "/v1/jobs", Job("date +%s%N > " + b, 8))->body)["id"];
     for (;;) {
       std::string st = json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(id))->body)["state"];
@@ -194,15 +323,15 @@ int main(int argc, char** argv) {
     }
     double submit_s = Since(t0);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
+    (void)c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     printf("scheduling pass over %zu queued jobs (%s): %.1f ms (10,000 submitted in %.1f s)\n",
            ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000,
            submit_s);
-    for (int64_t id : ids) c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+    for (int64_t id : ids) (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   }
-  c.Send("POST",
-         "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
+  (void)c.Send("POST",
+               "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*server)->Stop();
   std::filesystem::remove_all(dir);

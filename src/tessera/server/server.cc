@@ -171,6 +171,7 @@ Server::Server(ServerConfig config, ServerDeps deps)
     : config_(std::move(config)),
       clock_(deps.clock ? deps.clock : &core::SystemClock::Get()),
       launcher_(deps.launcher ? deps.launcher : &process_launcher_),
+      store_(std::move(deps.store)),
       source_(std::move(deps.source)) {
   latency_buckets_ = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   latency_counts_.assign(latency_buckets_.size(), 0);
@@ -189,9 +190,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
           fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
   }
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
-  auto store = Store::Open(c.state_dir + "/tessera.db");
-  if (!store.ok()) return store.status();
-  s->store_ = std::move(*store);
+  if (!s->store_) {
+    auto store = Store::Open(c.state_dir + "/tessera.db");
+    if (!store.ok()) return store.status();
+    s->store_ = std::move(*store);
+  }
   s->cgroups_ = Cgroups::Open(CgroupOptions{.mode = c.confinement, .name = c.cgroup_name});
 
   if (!s->source_) {

@@ -119,7 +119,8 @@ struct ServerDeps {
   const core::Clock* clock = nullptr;  // wall time (core::SystemClock); must outlive the server
   Launcher* launcher = nullptr;        // job processes (ProcessLauncher); must outlive the server
   std::unique_ptr<devices::DeviceSource>
-      source;  // the GPUs; default: from config (NVML or simulated)
+      source;                    // the GPUs; default: from config (NVML or simulated)
+  std::unique_ptr<Store> store;  // the jobs; default: <state_dir>/tessera.db
 };
 
 struct StartOptions {

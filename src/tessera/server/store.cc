@@ -209,10 +209,26 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
       return st;
     }
   }
+  if (!in_memory) {
+    // Reads on a connection of their own: in WAL mode they see every committed job and do not
+    // wait for a commit's fsync (an in-memory database is one connection's alone).
+    sqlite3* reader = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                        nullptr) != SQLITE_OK) {
+      std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+      sqlite3_close(reader);
+      return absl::InternalError(fmt::format("store: cannot open {} to read: {}", path, msg));
+    }
+    sqlite3_busy_timeout(reader, 5000);
+    store->reader_ = reader;
+  }
   return store;
 }
 
-Store::~Store() { sqlite3_close(db_); }
+Store::~Store() {
+  sqlite3_close(reader_);
+  sqlite3_close(db_);
+}
 
 absl::Status Store::Exec(const char* sql) {
   char* err = nullptr;
@@ -225,23 +241,69 @@ absl::Status Store::Exec(const char* sql) {
 }
 
 absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now, bool* existed) {
+  // Group commit: the caller that finds no commit under way takes every insert waiting (its own
+  // among them) into one transaction, one fsync; the others wait for theirs to be done. Nothing
+  // returns before its job is durable.
+  PendingInsert me{&r, now};
+  std::unique_lock g(group_mu_);
+  pending_.push_back(&me);
+  while (!me.done) {
+    if (committing_) {
+      group_cv_.wait(g);
+      continue;
+    }
+    committing_ = true;
+    std::vector<PendingInsert*> batch;
+    while (!pending_.empty() && batch.size() < max_batch_) {
+      batch.push_back(pending_.front());
+      pending_.pop_front();
+    }
+    g.unlock();
+    CommitInserts(batch);
+    g.lock();
+    committing_ = false;
+    for (PendingInsert* p : batch) p->done = true;
+    group_cv_.notify_all();
+  }
+  if (existed) *existed = me.existed;
+  return me.result;
+}
+
+void Store::CommitInserts(const std::vector<PendingInsert*>& batch) {
   std::lock_guard lock(mu_);
-  if (existed) *existed = false;
-  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail_all = [&](const absl::Status& st) {
+    for (PendingInsert* p : batch) p->result = st;
+  };
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return fail_all(st);
+  for (PendingInsert* p : batch) {
+    const JobRecord& r = *p->record;
+    p->result = InsertOne(r, p->now, &p->existed);
+    if (!p->result.ok()) {
+      // This one alone is undone (its savepoint); the others in the transaction stand.
+      (void)Exec("ROLLBACK TO one; RELEASE one");
+    } else {
+      (void)Exec("RELEASE one");
+    }
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+    (void)Exec("ROLLBACK");
+    return fail_all(st);
+  }
+  // Existing jobs' ids were only read: nothing to undo for them.
+}
+
+absl::StatusOr<int64_t> Store::InsertOne(const JobRecord& r, double now, bool* existed) {
+  *existed = false;
+  if (absl::Status st = Exec("SAVEPOINT one"); !st.ok()) return st;
   int64_t id = 0;
   if (!r.idempotency_key.empty()) {
-    {
-      Stmt s(db_, "SELECT id FROM jobs WHERE owner = ? AND idempotency_key = ?");
-      if (s.ok()) {
-        s.Bind(1, r.owner);
-        s.Bind(2, r.idempotency_key);
-        if (s.Step() == SQLITE_ROW) id = sqlite3_column_int64(s.get(), 0);
-      }
-    }
-    if (id > 0) {
-      (void)Exec("ROLLBACK");
-      if (existed) *existed = true;
-      return id;
+    Stmt s(db_, "SELECT id FROM jobs WHERE owner = ? AND idempotency_key = ?");
+    if (!s.ok()) return SqlError(db_, "preparing a read");
+    s.Bind(1, r.owner);
+    s.Bind(2, r.idempotency_key);
+    if (s.Step() == SQLITE_ROW) {
+      *existed = true;
+      return static_cast<int64_t>(sqlite3_column_int64(s.get(), 0));
     }
   }
   {
@@ -256,27 +318,16 @@ absl::StatusOr<int64_t> Store::Insert(const JobRecord& r, double now, bool* exis
     s.Bind(5, static_cast<int64_t>(r.priority));
     s.Bind(6, now);
     s.Bind(7, r.idempotency_key.empty() ? std::nullopt : std::optional(r.idempotency_key));
-    if (s.Step() != SQLITE_DONE) {
-      absl::Status st = SqlError(db_, "inserting a job");
-      (void)Exec("ROLLBACK");
-      return st;
-    }
+    if (s.Step() != SQLITE_DONE) return SqlError(db_, "inserting a job");
     id = sqlite3_last_insert_rowid(db_);
   }
   {
     Stmt s(db_,
            "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', 'submitted')");
+    if (!s.ok()) return SqlError(db_, "preparing an event");
     s.Bind(1, id);
     s.Bind(2, now);
-    if (!s.ok() || s.Step() != SQLITE_DONE) {
-      absl::Status st = SqlError(db_, "recording an event");
-      (void)Exec("ROLLBACK");
-      return st;
-    }
-  }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
-    (void)Exec("ROLLBACK");
-    return st;
+    if (s.Step() != SQLITE_DONE) return SqlError(db_, "recording an event");
   }
   return id;
 }
@@ -349,18 +400,20 @@ absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
 }
 
 absl::StatusOr<JobRecord> Store::Get(int64_t id) {
-  std::lock_guard lock(mu_);
-  Stmt s(db_, fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobColumns).c_str());
-  if (!s.ok()) return SqlError(db_, "preparing a read");
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobColumns).c_str());
+  if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
   int rc = s.Step();
   if (rc == SQLITE_DONE) return absl::NotFoundError(fmt::format("job {}: not found", id));
-  if (rc != SQLITE_ROW) return SqlError(db_, "reading a job");
+  if (rc != SQLITE_ROW) return SqlError(db, "reading a job");
   return ReadJob(s.get());
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& states, int limit) {
-  std::lock_guard lock(mu_);
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
   std::string sql = fmt::format("SELECT {} FROM jobs", kJobColumns);
   if (!states.empty()) {
     sql += " WHERE state IN (";
@@ -369,21 +422,22 @@ absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& 
   }
   sql += " ORDER BY id";
   if (limit > 0) sql += fmt::format(" LIMIT {}", limit);
-  Stmt s(db_, sql.c_str());
-  if (!s.ok()) return SqlError(db_, "preparing a list");
+  Stmt s(db, sql.c_str());
+  if (!s.ok()) return SqlError(db, "preparing a list");
   for (size_t i = 0; i < states.size(); ++i)
     s.Bind(static_cast<int>(i + 1), JobStateName(states[i]));
   std::vector<JobRecord> out;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadJob(s.get()));
-  if (rc != SQLITE_DONE) return SqlError(db_, "listing jobs");
+  if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
   return out;
 }
 
 absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
-  std::lock_guard lock(mu_);
-  Stmt s(db_, "SELECT job_id, at, state, reason FROM events WHERE job_id = ? ORDER BY id");
-  if (!s.ok()) return SqlError(db_, "preparing a read");
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, "SELECT job_id, at, state, reason FROM events WHERE job_id = ? ORDER BY id");
+  if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
   std::vector<JobEvent> out;
   int rc;
@@ -391,7 +445,7 @@ absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
     out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
                    ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3)});
   }
-  if (rc != SQLITE_DONE) return SqlError(db_, "reading events");
+  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
   return out;
 }
 

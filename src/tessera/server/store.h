@@ -5,7 +5,9 @@
 // migrated on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and
 // small).
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,8 +78,11 @@ class Store {
 
   // Stores a new queued job (ignoring record.id/state) and its first event; returns its id. Durable
   // when it returns. A record with an idempotency key its owner used before stores nothing: the
-  // earlier job's id is returned and *existed says so.
+  // earlier job's id is returned and *existed says so. Inserts from several threads at once are
+  // committed together (one transaction, one fsync, at most max_batch jobs).
   absl::StatusOr<int64_t> Insert(const JobRecord& record, double now, bool* existed = nullptr);
+  // 1: every insert its own transaction (for comparison in benchmarks).
+  void set_max_batch(size_t n) { max_batch_ = n < 1 ? 1 : n; }
   // Moves a job to `to`, with the reason and fields; kNotFound, or kFailedPrecondition naming both
   // states when the transition is not allowed. Nothing changes on failure.
   absl::Status Transition(int64_t id, JobState to, std::string_view reason, double now,
@@ -94,10 +99,27 @@ class Store {
   static constexpr int kSchemaVersion = 2;
 
  private:
+  struct PendingInsert {
+    const JobRecord* record;
+    double now;
+    absl::StatusOr<int64_t> result = int64_t{0};
+    bool existed = false;
+    bool done = false;
+  };
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  void CommitInserts(const std::vector<PendingInsert*>& batch);  // one transaction
+  absl::StatusOr<int64_t> InsertOne(const JobRecord& r, double now, bool* existed);  // under mu_
   sqlite3* db_;
-  std::mutex mu_;
+  std::mutex mu_;              // the connection
+  sqlite3* reader_ = nullptr;  // reads (Get, List, Events); null: db_'s (in memory)
+  std::mutex read_mu_;
+  // Group commit: inserts waiting, and whether a caller is committing a batch.
+  std::mutex group_mu_;
+  std::condition_variable group_cv_;
+  std::deque<PendingInsert*> pending_;
+  bool committing_ = false;
+  size_t max_batch_ = 512;
 };
 
 }  // namespace tessera::server

@@ -11,6 +11,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <thread>
+
+#include "fmt/format.h"
 
 namespace tessera::server {
 namespace {
@@ -151,6 +155,43 @@ TEST(Store, ARepeatedIdempotencyKeyGivesTheSameJob) {
   r.idempotency_key.clear();
   EXPECT_NE(*(*store)->Insert(r, 4.0), *(*store)->Insert(r, 5.0));
   EXPECT_EQ((*store)->Get(*first)->idempotency_key, "k-1");
+}
+
+TEST(Store, InsertsFromManyThreadsAreEachStoredOnceWithTheirEvent) {
+  auto store = Store::Open(TempDb("many.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr int kThreads = 8, kEach = 50;
+  std::vector<std::vector<int64_t>> ids(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        JobRecord r = Job(fmt::format("t{}-{}", t, i));
+        // Every thread also repeats one key that all threads share: one job for it in all.
+        if (i == 0) r.idempotency_key = "shared";
+        auto id = (*store)->Insert(r, t * 1000 + i);
+        ASSERT_TRUE(id.ok()) << id.status();
+        ids[t].push_back(*id);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  std::set<int64_t> distinct;
+  std::set<int64_t> shared;
+  for (int t = 0; t < kThreads; ++t) {
+    shared.insert(ids[t][0]);
+    for (int i = 1; i < kEach; ++i) distinct.insert(ids[t][i]);
+  }
+  EXPECT_EQ(distinct.size(), size_t{kThreads * (kEach - 1)}) << "no id given twice";
+  EXPECT_EQ(shared.size(), 1u) << "the shared key made one job";
+  auto all = (*store)->List();
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), distinct.size() + 1);
+  for (const JobRecord& r : *all) {
+    auto events = (*store)->Events(r.id);
+    ASSERT_TRUE(events.ok());
+    EXPECT_EQ(events->size(), 1u) << "job " << r.id << " has its submitted event";
+  }
 }
 
 TEST(Store, RefusedTransitionChangesNothing) {
