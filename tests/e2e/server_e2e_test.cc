@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "fake_apiserver.h"
 #include "tessera/server/http.h"
 
 extern char** environ;
@@ -678,6 +679,46 @@ TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
   EXPECT_EQ(r->status, 403) << r->body;
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(mine))["state"], "running");
   d.Call("POST", "/v1/jobs/" + std::to_string(mine) + "/cancel");
+  EXPECT_THAT(log, Not(HasSubstr("travel in clear"))) << "loopback is not warned about";
+}
+
+TEST(TesseraServer, TcpSpeaksTlsWithACertificateAndWarnsWithout) {
+  const std::string cert = ::testing::TempDir() + "tls-" + std::to_string(getpid()) + ".crt";
+  const std::string key = ::testing::TempDir() + "tls-" + std::to_string(getpid()) + ".key";
+  tessera::fakes::WriteTestCertificate(cert, key);
+  Daemon d("tls", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
+                      kToken + ", user: nobody}\n  tls: {cert: " + cert + ", key: " + key + "}\n");
+  std::string log = d.Log();
+  size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string port = std::to_string(std::stoi(log.substr(at + 9)));
+  EXPECT_THAT(log, HasSubstr("(TLS, " + cert + ")"));
+  EXPECT_THAT(log, Not(HasSubstr("travel in clear")));
+  // The server's certificate checked against the CA given: the token travels encrypted.
+  HttpClient bob("https://127.0.0.1:" + port, kToken, cert);
+  auto r = bob.Send("GET", "/v1/jobs");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200) << r->body;
+  tessera::test::Captured cli = tessera::test::Capture(
+      std::string("TESSERA_SOCKET=https://127.0.0.1:") + port + " TESSERA_TOKEN=" + kToken + " " +
+      TESSERA_BINARY + " ls --all -o json --ca-cert " + cert + " 2>&1");
+  EXPECT_EQ(cli.code, 0) << cli.out;
+  EXPECT_EQ(cli.out, "[]\n");
+  // A certificate no CA of this machine signed is refused; plain HTTP gets no answer.
+  auto untrusted = HttpClient("https://127.0.0.1:" + port, kToken).Send("GET", "/v1/jobs");
+  ASSERT_FALSE(untrusted.ok());
+  EXPECT_THAT(std::string(untrusted.status().message()), HasSubstr("certificate verify failed"));
+  auto plain = HttpClient("tcp://127.0.0.1:" + port, kToken).Send("GET", "/v1/jobs");
+  EXPECT_FALSE(plain.ok() && plain->status == 200);
+  std::remove(cert.c_str());
+  std::remove(key.c_str());
+}
+
+TEST(TesseraServer, PlainTcpOffLoopbackIsWarnedAbout) {
+  Daemon d("clear", std::string("tcp:\n  listen: \"0.0.0.0:0\"\n  tokens:\n    - {token: ") +
+                        kToken + ", user: nobody}\n");
+  EXPECT_THAT(d.Log(), HasSubstr("tcp.listen 0.0.0.0:0 is not a loopback address and has no TLS: "
+                                 "bearer tokens and jobs' environments travel in clear"));
 }
 
 TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {

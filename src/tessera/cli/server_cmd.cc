@@ -32,13 +32,18 @@ using json = nlohmann::ordered_json;
 struct ClientFlags {
   std::string socket;
   std::string token;
+  std::string ca_cert;
   std::string output = "table";
   void AddTo(CLI::App* c, bool with_output = true) {
-    c->add_option(
-        "--socket", socket,
-        "Server to talk to: a unix socket path or tcp://host:port (default $TESSERA_SOCKET, else " +
-            server::DefaultSocketPath() + ")");
-    c->add_option("--token", token, "Bearer token for a tcp:// server (default $TESSERA_TOKEN)");
+    c->add_option("--socket", socket,
+                  "Server to talk to: a unix socket path, https://host:port or tcp://host:port "
+                  "(default $TESSERA_SOCKET, else " +
+                      server::DefaultSocketPath() + ")");
+    c->add_option("--token", token,
+                  "Bearer token for an https:// or tcp:// server (default $TESSERA_TOKEN)");
+    c->add_option("--ca-cert", ca_cert,
+                  "CA certificate (PEM) that an https:// server's certificate must chain to "
+                  "(default $TESSERA_CA_CERT, else the system's CAs)");
     if (with_output) {
       c->add_option("-o,--output", output, "Output format: table, json or yaml")
           ->check(CLI::IsMember({"table", "json", "yaml"}));
@@ -54,6 +59,12 @@ struct ClientFlags {
     const char* e = getenv("TESSERA_TOKEN");
     return e ? e : "";
   }
+  std::string Ca() const {
+    if (!ca_cert.empty()) return ca_cert;
+    const char* e = getenv("TESSERA_CA_CERT");
+    return e ? e : "";
+  }
+  server::HttpClient Client() const { return server::HttpClient(Endpoint(), Token(), Ca()); }
 };
 
 // One API call; on failure says why on `err` and returns nullopt with the exit code set.
@@ -259,7 +270,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   spec["preemptible"] = !s.no_preempt;
   if (s.max_runtime > 0) spec["max_runtime_s"] = s.max_runtime;
   if (s.grace >= 0) spec["grace_period_s"] = s.grace;
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   int code = kExitOk;
   // The submission's key: a repeat (this client's own after a lost answer, or a rerun with
   // --idempotency-key) gets the job the first one made instead of a second job.
@@ -285,7 +296,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunLs(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   int code = kExitOk;
   std::string target = fmt::format("/v1/jobs?limit={}", s.limit);
   if (!s.states.empty()) target += "&state=" + s.states;
@@ -308,7 +319,7 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunShow(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   int code = kExitOk;
   auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", s.id), "", err, &code);
   if (!j) return code;
@@ -358,7 +369,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunLogs(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   int64_t offset = 0;
   for (;;) {
     int code = kExitOk;
@@ -376,7 +387,7 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunCancel(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   int worst = kExitOk;
   for (int64_t id : s.ids) {
     int code = kExitOk;
@@ -396,7 +407,7 @@ int RunCancel(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunTop(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c(s.client.Endpoint(), s.client.Token());
+  server::HttpClient c = s.client.Client();
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
   for (;;) {
     int code = kExitOk;

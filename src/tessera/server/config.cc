@@ -1,8 +1,11 @@
 // The server's YAML config file (docs/server.md). Strict: unknown keys and bad values are errors
 // naming the file, the line and the key.
 #include <pwd.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -143,8 +146,24 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   }
   std::vector<int> token_lines;  // the file's line of each token's user, for errors found later
   if (const YAML::Node t = root["tcp"]) {
-    if (!t.IsMap()) return At(path, t, "tcp", "expected a map with listen and tokens");
-    if (absl::Status st = Known(path, t, {"listen", "tokens"}, "tcp"); !st.ok()) return st;
+    if (!t.IsMap()) return At(path, t, "tcp", "expected a map with listen, tokens and tls");
+    if (absl::Status st = Known(path, t, {"listen", "tokens", "tls"}, "tcp"); !st.ok()) return st;
+    if (const YAML::Node tls = t["tls"]) {
+      if (!tls.IsMap()) return At(path, tls, "tcp.tls", "expected a map with cert and key");
+      if (absl::Status st = Known(path, tls, {"cert", "key"}, "tcp.tls"); !st.ok()) return st;
+      for (const char* k : {"cert", "key"}) {
+        std::string v;
+        if (!tls[k] || !Get(path, tls[k], std::string("tcp.tls.") + k, &v).ok() || v.empty()) {
+          return At(path, tls[k] ? tls[k] : tls, std::string("tcp.tls.") + k,
+                    "required: a PEM file (the certificate chain, and its private key)");
+        }
+        if (access(v.c_str(), R_OK) != 0) {
+          return At(path, tls[k], std::string("tcp.tls.") + k,
+                    fmt::format("cannot read {}: {}", v, strerror(errno)));
+        }
+        (std::string(k) == "cert" ? c->tls_cert_file : c->tls_key_file) = v;
+      }
+    }
     if (t["listen"] && !Get(path, t["listen"], "tcp.listen", &c->tcp_listen).ok()) {
       return At(path, t["listen"], "tcp.listen", "expected host:port");
     }

@@ -119,6 +119,13 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
       {"fair_share: {half_life_s: -1}\n", "fair_share.half_life_s: expected seconds >= 0"},
       {"fair_share: 3600\n", "fair_share: expected a map with half_life_s"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: nobody}], "
+       "tls: {cert: /nonexistent.crt, key: /etc/hostname}}\n",
+       ":1: tcp.tls.cert: cannot read /nonexistent.crt: No such file or directory"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: nobody}], "
+       "tls: {cert: /etc/hostname}}\n",
+       "tcp.tls.key: required: a PEM file"},
+      {"tcp: {tls: [a]}\n", "tcp.tls: expected a map with cert and key"},
       {"confinement: {mode: cgroup3}\n",
        ":1: confinement.mode: expected auto, cgroup2, cgroup1 or off"},
       {"confinement: {cgroup: a/b}\n", "confinement.cgroup: expected a cgroup name"},

@@ -7,6 +7,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
@@ -452,11 +453,22 @@ struct HttpClient::Conn {
   asio::io_context io;
   std::unique_ptr<local::socket> unix_sock;
   std::unique_ptr<tcp::socket> tcp_sock;
+  std::unique_ptr<asio::ssl::context> tls_ctx;
+  std::unique_ptr<beast::ssl_stream<tcp::socket>> tls_sock;
   beast::flat_buffer buffer;
+
+  template <typename Fn>
+  void With(Fn fn) {
+    if (unix_sock) return fn(*unix_sock);
+    if (tls_sock) return fn(*tls_sock);
+    fn(*tcp_sock);
+  }
 };
 
-HttpClient::HttpClient(std::string endpoint, std::string bearer_token)
-    : endpoint_(std::move(endpoint)), token_(std::move(bearer_token)) {}
+HttpClient::HttpClient(std::string endpoint, std::string bearer_token, std::string ca_file)
+    : endpoint_(std::move(endpoint)),
+      token_(std::move(bearer_token)),
+      ca_file_(std::move(ca_file)) {}
 HttpClient::~HttpClient() = default;
 
 absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const std::string& target,
@@ -477,14 +489,39 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
     const bool reused = conn_ != nullptr;
     if (!conn_) {
       conn_ = std::make_unique<Conn>();
-      if (endpoint_.rfind("tcp://", 0) == 0) {
-        std::string hp = endpoint_.substr(6);
+      const bool https = endpoint_.rfind("https://", 0) == 0;
+      if (https || endpoint_.rfind("tcp://", 0) == 0) {
+        std::string hp = endpoint_.substr(https ? 8 : 6);
         size_t colon = hp.rfind(':');
+        const std::string host = hp.substr(0, colon);
         tcp::resolver resolver(conn_->io);
         auto results = resolver.resolve(
-            hp.substr(0, colon), colon == std::string::npos ? "80" : hp.substr(colon + 1), ec);
-        conn_->tcp_sock = std::make_unique<tcp::socket>(conn_->io);
-        if (!ec) asio::connect(*conn_->tcp_sock, results, ec);
+            host, colon == std::string::npos ? (https ? "443" : "80") : hp.substr(colon + 1), ec);
+        if (!https) {
+          conn_->tcp_sock = std::make_unique<tcp::socket>(conn_->io);
+          if (!ec) asio::connect(*conn_->tcp_sock, results, ec);
+        } else {
+          // The server's certificate must chain to the CA and name the host.
+          conn_->tls_ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
+          if (ca_file_.empty())
+            conn_->tls_ctx->set_default_verify_paths(ec);
+          else
+            conn_->tls_ctx->load_verify_file(ca_file_, ec);
+          if (ec) {
+            std::string what = ec.message();
+            conn_.reset();
+            return absl::FailedPreconditionError(
+                fmt::format("cannot load the CA certificates {}: {}",
+                            ca_file_.empty() ? "of this system" : ca_file_, what));
+          }
+          conn_->tls_ctx->set_verify_mode(asio::ssl::verify_peer);
+          conn_->tls_sock =
+              std::make_unique<beast::ssl_stream<tcp::socket>>(conn_->io, *conn_->tls_ctx);
+          conn_->tls_sock->set_verify_callback(asio::ssl::host_name_verification(host));
+          SSL_set_tlsext_host_name(conn_->tls_sock->native_handle(), host.c_str());
+          if (!ec) asio::connect(beast::get_lowest_layer(*conn_->tls_sock), results, ec);
+          if (!ec) conn_->tls_sock->handshake(asio::ssl::stream_base::client, ec);
+        }
       } else {
         conn_->unix_sock = std::make_unique<local::socket>(conn_->io);
         conn_->unix_sock->connect(local::endpoint(endpoint_), ec);
@@ -499,15 +536,11 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
     http::response_parser<http::string_body> parser;
     parser.body_limit(1ull << 30);
     bool written = false;
-    if (conn_->unix_sock) {
-      http::write(*conn_->unix_sock, req, ec);
+    conn_->With([&](auto& stream) {
+      http::write(stream, req, ec);
       written = !ec;
-      if (!ec) http::read(*conn_->unix_sock, conn_->buffer, parser, ec);
-    } else {
-      http::write(*conn_->tcp_sock, req, ec);
-      written = !ec;
-      if (!ec) http::read(*conn_->tcp_sock, conn_->buffer, parser, ec);
-    }
+      if (!ec) http::read(stream, conn_->buffer, parser, ec);
+    });
     if (ec) {
       conn_.reset();
       // Once more on a new connection: a kept-alive one the server had closed, or a request that

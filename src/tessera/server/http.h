@@ -87,7 +87,10 @@ class HttpServer {
 // A blocking client for one server: a unix socket path, or "tcp://host:port".
 class HttpClient {
  public:
-  explicit HttpClient(std::string endpoint, std::string bearer_token = "");
+  // `endpoint`: a unix socket path, tcp://host:port, or https://host:port (TLS; the server's
+  // certificate checked against `ca_file`, or the system's CAs when empty, and its host name).
+  explicit HttpClient(std::string endpoint, std::string bearer_token = "",
+                      std::string ca_file = "");
   ~HttpClient();
   // Sends one request on a kept-alive connection (reconnecting when needed). kUnavailable when the
   // server cannot be reached, naming the endpoint. A request that fails after it was sent is sent
@@ -103,6 +106,7 @@ class HttpClient {
  private:
   std::string endpoint_;
   std::string token_;
+  std::string ca_file_;
   std::unique_ptr<Conn> conn_;
 };
 

@@ -140,6 +140,14 @@ void HideDetails(json& job) {
   job["details_hidden"] = "env, workdir and logs are shown to the job's owner and admins only";
 }
 
+// Whether a "host:port" listens on loopback only (127.0.0.0/8, ::1, localhost).
+bool IsLoopback(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 // Whether a job of `uid` would run as root: the server switches to the job's user only when it is
 // root.
 bool RunsAsRoot(uint32_t uid) { return geteuid() == 0 && uid == 0; }
@@ -523,6 +531,8 @@ absl::Status Server::Start(StartOptions options) {
   ho.request_timeout_s = config_.request_timeout_s;
   ho.max_connections = config_.max_connections;
   ho.max_connections_per_peer = config_.max_connections_per_peer;
+  ho.tls_cert_file = config_.tls_cert_file;
+  ho.tls_key_file = config_.tls_key_file;
   ho.error_response = [](int status, const std::string& message) { return Error(status, message); };
   auto http = HttpServer::Start(ho, [this](const HttpRequest& r) { return Handle(r); });
   if (!http.ok()) {
@@ -530,9 +540,18 @@ absl::Status Server::Start(StartOptions options) {
     return http.status();
   }
   http_ = std::move(*http);
-  spdlog::info(
-      "listening on {}{}", config_.socket,
-      config_.tcp_listen.empty() ? "" : fmt::format(" and tcp port {}", http_->tcp_port()));
+  const bool tls = !config_.tls_cert_file.empty();
+  spdlog::info("listening on {}{}", config_.socket,
+               config_.tcp_listen.empty()
+                   ? ""
+                   : fmt::format(" and tcp port {} ({})", http_->tcp_port(),
+                                 tls ? "TLS, " + config_.tls_cert_file : "plain HTTP"));
+  if (!config_.tcp_listen.empty() && !tls && !IsLoopback(config_.tcp_listen)) {
+    spdlog::warn(
+        "tcp.listen {} is not a loopback address and has no TLS: bearer tokens and jobs' "
+        "environments travel in clear; set tcp.tls {{cert, key}} in the config",
+        config_.tcp_listen);
+  }
   return absl::OkStatus();
 }
 

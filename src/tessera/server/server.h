@@ -57,6 +57,8 @@ struct ServerConfig {
   std::string state_dir;   // database, logs, shared regions
   std::string tcp_listen;  // "127.0.0.1:7070"; empty: no TCP
   std::vector<ApiToken> tokens;
+  // TLS on the TCP listener (PEM files); empty: plain HTTP, warned about unless on loopback.
+  std::string tls_cert_file, tls_key_file;
   std::string simulate;            // a preset or inventory file instead of the driver
   std::string fallback_simulate;   // used when there is no driver; empty: fail
   std::string nvml_library;        // empty: the default
