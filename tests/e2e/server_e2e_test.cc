@@ -21,11 +21,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "../capture.h"
 #include "fake_apiserver.h"
+#include "tessera/server/file_acl.h"
 #include "tessera/server/http.h"
 
 extern char** environ;
@@ -712,6 +714,45 @@ TEST(TesseraServer, TcpSpeaksTlsWithACertificateAndWarnsWithout) {
   EXPECT_FALSE(plain.ok() && plain->status == 200);
   std::remove(cert.c_str());
   std::remove(key.c_str());
+}
+
+TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
+  Daemon d("arbiter", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
+                          kToken + ", user: nobody}\n");
+  json info = d.Call("GET", "/v1/info");
+  EXPECT_THAT(info["arbiter"]["access"].get<std::string>(), HasSubstr("ACL entry per user"));
+  const std::string arbiter = info["arbiter"]["file"];
+  struct stat st;
+  ASSERT_EQ(stat(arbiter.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "not 0666";
+  // Its folders are open to pass through (the test's own temp folder is 0700).
+  for (const std::string& dir : {::testing::TempDir(), d.dir()}) chmod(dir.c_str(), 0711);
+  auto can_write = [&](const std::string& user) {
+    const passwd* pw = getpwnam(user.c_str());
+    return pw && tessera::test::Capture(fmt::format("setpriv --reuid={} --regid={} --clear-groups "
+                                                    "test -w {}",
+                                                    pw->pw_uid, pw->pw_gid, arbiter))
+                         .code == 0;
+  };
+  EXPECT_FALSE(can_write("nobody"));
+  EXPECT_FALSE(can_write("daemon"));
+  // nobody's job with a compute share: nobody may write it while it runs, daemon still not.
+  std::string log = d.Log();
+  const std::string endpoint =
+      "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(log.find("tcp port ") + 9)));
+  auto r = HttpClient(endpoint, kToken)
+               .Send("POST", "/v1/jobs",
+                     Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}).dump());
+  ASSERT_TRUE(r.ok() && r->status == 201) << (r.ok() ? r->body : r.status().ToString());
+  const int64_t id = json::parse(r->body)["id"];
+  d.WaitForProcess(id);
+  EXPECT_TRUE(can_write("nobody"));
+  EXPECT_FALSE(can_write("daemon"));
+  EXPECT_EQ(tessera::server::AclUsers(arbiter), std::set<uid_t>{getpwnam("nobody")->pw_uid});
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.WaitFor(id, "cancelled");
+  EXPECT_FALSE(can_write("nobody")) << "its entry goes with its last such job";
+  EXPECT_TRUE(tessera::server::AclUsers(arbiter).empty());
 }
 
 TEST(TesseraServer, PlainTcpOffLoopbackIsWarnedAbout) {

@@ -24,6 +24,7 @@
 #include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
+#include "tessera/server/file_acl.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
 #include "tessera/shim/arbiter.h"
@@ -253,9 +254,40 @@ void Server::SetUpSharing() {
   char err[256] = {};
   if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
     spdlog::warn("GPU arbiter file {}: {}; compute shares will not be enforced", arbiter, err);
+    arbiter_access_ = fmt::format("none: {}", err);
     return;
   }
+  // The server's alone, and the users with a job using it (an ACL per user, kept as jobs start and
+  // end): another local user cannot overwrite what every fractional job relies on.
+  if (chmod(arbiter.c_str(), 0600) != 0) spdlog::warn("chmod {}: {}", arbiter, strerror(errno));
+  if (geteuid() != 0) {
+    arbiter_access_ = "the server's user only (0600): every job runs as that user";
+    return;
+  }
+  absl::Status st = SetUserAcl(arbiter, {});
+  if (st.ok()) {
+    arbiter_acl_ = true;
+    arbiter_access_ = "0600 plus an ACL entry per user with a running job that has a compute share";
+    return;
+  }
+  // No ACLs where the state lives: open to all, said.
   if (chmod(arbiter.c_str(), 0666) != 0) spdlog::warn("chmod {}: {}", arbiter, strerror(errno));
+  arbiter_access_ = fmt::format("0666, open to every local user: {}", std::string(st.message()));
+  spdlog::warn("GPU arbiter file {} is {}", arbiter, arbiter_access_);
+}
+
+void Server::ArbiterUser(uint32_t uid, int delta) {
+  if (!arbiter_acl_ || uid == 0) return;
+  std::lock_guard lock(arbiter_mu_);
+  int& n = arbiter_users_[uid];
+  const bool was = n > 0;
+  n = std::max(0, n + delta);
+  if (n == 0) arbiter_users_.erase(uid);
+  if (was == (n > 0)) return;
+  std::set<uid_t> users;
+  for (const auto& [u, count] : arbiter_users_) users.insert(u);
+  if (absl::Status st = SetUserAcl(ArbiterFile(), users); !st.ok())
+    spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
 }
 
 void Server::SetUpContainers() {
@@ -449,6 +481,11 @@ absl::Status Server::Recover() {
       run.start_time = r.pid_start_time;
       run.adopted = true;
       run.cgroup = !run.container && cgroups_->active();
+      run.uid = r.owner_uid;
+      if (!run.region.empty() && spec->gpu_milli > 0) {
+        ArbiterUser(run.uid, +1);
+        run.arbiter = true;
+      }
       running_[r.id] = run;
       if (exits_) exits_->Watch(r.id, run.pid);
       ++adopted;
@@ -672,6 +709,7 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
   TransitionFields f;
   f.ended_at = now;
   if (exit_known) f.exit_code = exit_code;
+  if (r.arbiter) ArbiterUser(r.uid, -1);
   CgroupUsage usage;
   if (r.cgroup) {
     usage = cgroups_->Usage(r.id);
@@ -762,6 +800,7 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
   ls.gpu_uuids = uuids;
   ls.exit_path = JobFile("exit", q.id);
   l.run = NewRunning(q.id, q.spec, a.gpus, now);
+  l.run.uid = q.uid;
   if (!l.run.region.empty()) {
     ShareLimits share;
     share.library = config_.intercept_library;
@@ -843,6 +882,11 @@ void Server::ExecuteLaunch(Launch& l, double now) {
       spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
     }
   }
+  // Its owner may write the arbiter while it runs (a job with a compute share uses it).
+  if (l.refused.ok() && ls.share && ls.share->share_milli > 0) {
+    ArbiterUser(q.uid, +1);
+    l.run.arbiter = true;
+  }
   if (!l.refused.ok()) {
     l.launched = l.refused;
   } else if (l.limits) {
@@ -862,6 +906,7 @@ void Server::ExecuteLaunch(Launch& l, double now) {
     l.launched = launcher_->Start(ls);
   }
   if (!l.launched.ok()) {
+    if (l.run.arbiter) ArbiterUser(q.uid, -1);
     TransitionFields ff;
     ff.ended_at = now;
     (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()),
@@ -1300,6 +1345,7 @@ json Server::Info() {
   j["gpus"] = inventory_.gpus.size();
   j["policy"] = config_.policy;
   j["confinement"] = cgroups_->Describe();
+  j["arbiter"] = {{"file", ArbiterFile()}, {"access", arbiter_access_}};
   if (containers_) {
     j["containers"] = {{"available", true},
                        {"runtime", containers_->version},

@@ -173,6 +173,8 @@ class Server {
     bool container = false;  // runs in a podman container (named ContainerName(id))
     int64_t memory_mib = 0;  // its host memory limit (0: none)
     bool cgroup = false;     // has its own cgroups (Cgroups::Create)
+    uint32_t uid = 0;        // its owner's
+    bool arbiter = false;    // its owner may write the GPU arbiter file for it (ArbiterUser)
   };
   struct Queued {
     int64_t id = 0;
@@ -268,9 +270,17 @@ class Server {
   core::NodeInventory inventory_;
   std::unique_ptr<HttpServer> http_;
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
-  std::unique_ptr<Cgroups> cgroups_;            // confinement; mode "none" when it cannot be had
-  std::set<int64_t> cgroups_left_;  // of ended jobs, not yet removable (retried each turn)
-  std::string containers_off_;      // why not, when they cannot
+  // Who may write the GPU arbiter file: the owners of running jobs with a compute share, each
+  // with how many (its ACL names them; `arbiter_access_` says how it is guarded).
+  std::mutex arbiter_mu_;
+  std::map<uint32_t, int> arbiter_users_;
+  bool arbiter_acl_ = false;
+  std::string arbiter_access_;
+  // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
+  void ArbiterUser(uint32_t uid, int delta);
+  std::unique_ptr<Cgroups> cgroups_;  // confinement; mode "none" when it cannot be had
+  std::set<int64_t> cgroups_left_;    // of ended jobs, not yet removable (retried each turn)
+  std::string containers_off_;        // why not, when they cannot
   std::string cdi_spec_path_;
   std::string hostname_;
 

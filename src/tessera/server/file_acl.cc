@@ -1,0 +1,65 @@
+#include "tessera/server/file_acl.h"
+
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fmt/format.h"
+
+namespace tessera::server {
+namespace {
+
+// linux/posix_acl_xattr.h and linux/posix_acl.h.
+constexpr uint32_t kVersion = 2;
+constexpr uint16_t kUserObj = 0x01, kUser = 0x02, kGroupObj = 0x04, kMask = 0x10, kOther = 0x20;
+constexpr uint32_t kUndefinedId = ~uint32_t{0};
+constexpr uint16_t kRead = 4, kWrite = 2;
+constexpr char kAttr[] = "system.posix_acl_access";
+
+struct Entry {
+  uint16_t tag;
+  uint16_t perm;
+  uint32_t id;
+};
+
+}  // namespace
+
+absl::Status SetUserAcl(const std::string& path, const std::set<uid_t>& users) {
+  // Entries in the kernel's order: by tag, then by id.
+  std::vector<Entry> e;
+  e.push_back({kUserObj, kRead | kWrite, kUndefinedId});
+  for (uid_t u : users) e.push_back({kUser, kRead | kWrite, static_cast<uint32_t>(u)});
+  e.push_back({kGroupObj, 0, kUndefinedId});
+  if (!users.empty()) e.push_back({kMask, kRead | kWrite, kUndefinedId});
+  e.push_back({kOther, 0, kUndefinedId});
+  std::vector<char> buf(sizeof(uint32_t) + e.size() * sizeof(Entry));
+  std::memcpy(buf.data(), &kVersion, sizeof kVersion);
+  std::memcpy(buf.data() + sizeof kVersion, e.data(), e.size() * sizeof(Entry));
+  if (setxattr(path.c_str(), kAttr, buf.data(), buf.size(), 0) != 0) {
+    if (errno == ENOTSUP || errno == EOPNOTSUPP) {
+      return absl::FailedPreconditionError(
+          fmt::format("{}: its file system has no POSIX ACLs", path));
+    }
+    return absl::InternalError(fmt::format("setting the ACL of {}: {}", path, strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::set<uid_t> AclUsers(const std::string& path) {
+  std::set<uid_t> out;
+  std::vector<char> buf(4096);
+  ssize_t n = getxattr(path.c_str(), kAttr, buf.data(), buf.size());
+  if (n < static_cast<ssize_t>(sizeof(uint32_t))) return out;
+  for (size_t at = sizeof(uint32_t); at + sizeof(Entry) <= static_cast<size_t>(n);
+       at += sizeof(Entry)) {
+    Entry x;
+    std::memcpy(&x, buf.data() + at, sizeof x);
+    if (x.tag == kUser) out.insert(static_cast<uid_t>(x.id));
+  }
+  return out;
+}
+
+}  // namespace tessera::server
