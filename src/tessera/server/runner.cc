@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,9 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "fmt/format.h"
 #include "tessera/shim/region.h"
@@ -124,6 +128,23 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
       start = colon + 1;
     }
   }
+  // The user's supplementary groups (their data may be readable through one), looked up before the
+  // fork; none when the account has no name.
+  std::vector<gid_t> groups;
+  if (spec.uid && spec.gid) {
+    passwd pw;
+    passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    if (getpwuid_r(*spec.uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+      int n = 64;
+      groups.resize(static_cast<size_t>(n));
+      if (getgrouplist(pw.pw_name, *spec.gid, groups.data(), &n) < 0) {
+        groups.resize(static_cast<size_t>(n));
+        getgrouplist(pw.pw_name, *spec.gid, groups.data(), &n);
+      }
+      groups.resize(static_cast<size_t>(std::max(n, 0)));
+    }
+  }
   std::vector<const char*> cgroup_files;
   for (const std::string& f : spec.cgroup_procs) cgroup_files.push_back(f.c_str());
   // "0" is the writer itself, in cgroup2 and in cgroup1 alike.
@@ -218,7 +239,8 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
       if (fd < 0) fail(2);
       dup2(fd, 2);
     }
-    if (spec.gid && (setgroups(0, nullptr) != 0 || setgid(*spec.gid) != 0)) fail(3);
+    if (spec.gid && (setgroups(groups.size(), groups.data()) != 0 || setgid(*spec.gid) != 0))
+      fail(3);
     if (spec.uid && setuid(*spec.uid) != 0) fail(4);
     int last_errno = ENOENT;
     for (const std::string& c : candidates) {

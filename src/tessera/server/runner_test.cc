@@ -3,10 +3,13 @@
 #include "tessera/server/runner.h"
 
 #include <gmock/gmock.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fmt/format.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::server {
@@ -186,6 +190,30 @@ TEST(Runner, JobStartsWithNoSignalBlockedOrIgnoredWhateverTheServerHas) {
     EXPECT_THAT(out, HasSubstr("SigBlk:\t0000000000000000")) << out;
     EXPECT_THAT(out, HasSubstr("SigIgn:\t0000000000000000")) << out;
   }
+}
+
+TEST(Runner, AJobRunsAsItsUserWithThatUsersGroups) {
+  ASSERT_EQ(geteuid(), 0u) << "the server switches users as root; so does this test";
+  const passwd* pw = getpwnam("nobody");
+  ASSERT_NE(pw, nullptr);
+  LaunchSpec s = Shell("exec grep -E '^(Uid|Gid|Groups):' /proc/self/status", "groups");
+  s.uid = pw->pw_uid;
+  s.gid = pw->pw_gid;
+  s.workdir = "/";
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(WaitExit(l->pid), 0);
+  // Its account's groups (primary and supplementary), not none and not the server's.
+  int n = 64;
+  std::vector<gid_t> want(64);
+  ASSERT_GE(getgrouplist(pw->pw_name, pw->pw_gid, want.data(), &n), 0);
+  want.resize(static_cast<size_t>(n));
+  std::sort(want.begin(), want.end());
+  std::string groups;
+  for (gid_t g : want) groups += std::to_string(g) + " ";
+  const std::string out = ReadAll(s.stdout_path);
+  EXPECT_THAT(out, HasSubstr(fmt::format("Uid:\t{0}\t{0}\t{0}\t{0}", pw->pw_uid))) << out;
+  EXPECT_THAT(out, HasSubstr("Groups:\t" + groups)) << out;
 }
 
 TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
