@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/shim/cuda_abi.h"
@@ -354,6 +355,16 @@ int main(int argc, char** argv) {
       puts("holding");
       fflush(stdout);
       pause();
+    } else if (c[0] == "syncdie") {
+      // A kernel of N us, then SIGKILLed inside the synchronize that waits for it.
+      api.LaunchKernel(nullptr, static_cast<unsigned>(n(1)), 1, 1, 1, 1, 1, 0, nullptr, nullptr,
+                       nullptr);
+      std::thread([] {
+        usleep(2000);
+        raise(SIGKILL);
+      }).detach();
+      cuCtxSynchronize();
+      puts("survived");
     } else if (c[0] == "crash") {
       fflush(stdout);
       raise(SIGKILL);

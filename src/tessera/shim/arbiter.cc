@@ -1,7 +1,9 @@
 #include "tessera/shim/arbiter.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,7 +19,8 @@ namespace tessera::shim {
 namespace {
 
 constexpr uint64_t kEndMask = (1ull << 48) - 1;
-constexpr uint64_t kActiveUs = 2000;  // a waiter refreshes its wish every poll; stale after this
+constexpr uint64_t kActiveUs = 2000;    // a waiter refreshes its wish every poll; stale after this
+constexpr uint64_t kRecentUs = 100000;  // a job that used or wanted the GPU this lately is around
 constexpr uint64_t kBoundedForUs = 1000000;  // a higher-priority job counts as around for this long
 constexpr uint64_t kDeadAfterUs =
     10000000;  // a slot of a dead process unused this long is reclaimed
@@ -34,6 +37,32 @@ void SleepMicros(uint64_t us) {
 }
 
 bool ProcessGone(int32_t pid) { return pid <= 0 || (kill(pid, 0) == -1 && errno == ESRCH); }
+
+// The inode of this process's pid namespace (/proc/self/ns/pid -> "pid:[4026531836]"); 0 unknown.
+uint32_t PidNamespace() {
+  char link[64] = {};
+  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+  if (n <= 0) return 0;
+  const char* open = strchr(link, '[');
+  return open ? static_cast<uint32_t>(strtoul(open + 1, nullptr, 10)) : 0;
+}
+
+// A process's state letter from /proc/<pid>/stat ('R', 'S', 'D', 'T', 't', 'Z'...), 0 when gone.
+// No allocation: usable from the intercept library.
+char ProcessStateOf(int32_t pid) {
+  if (pid <= 0) return 0;
+  char path[32];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[256];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* close_paren = strrchr(buf, ')');
+  return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+}
 
 }  // namespace
 
@@ -69,7 +98,9 @@ Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig
   ArbiterConfig c = config;
   if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
   if (c.slice_us == 0) c.slice_us = 1;
-  return new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
+  Arbiter* a = new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
+  if (a) a->pidns_ = PidNamespace();
+  return a;
 }
 
 bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
@@ -113,8 +144,15 @@ int Arbiter::Slot(int gpu) {
   const int32_t me = static_cast<int32_t>(getpid());
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < kArbiterJobs; ++i) {  // the job's own slot first, then a free one
-      if (g.jobs[i].key.load() == key_ && TryClaim(g, i)) {
-        g.jobs[i].pid.store(me);
+      ArbiterJob& j = g.jobs[i];
+      if (j.key.load() == key_ && TryClaim(g, i)) {
+        // A process of the job that came after one that is gone (a restart): what the gone one
+        // left - a synchronize it never returned from - is not this one's.
+        const int32_t before = j.pid.load();
+        if (before != me && j.pidns.load() == pidns_ && ProcessStateOf(before) == 0)
+          j.in_sync.store(0);
+        j.pid.store(me);
+        j.pidns.store(pidns_);
         slot_[gpu].store(i + 1);
         return i;
       }
@@ -122,6 +160,7 @@ int Arbiter::Slot(int gpu) {
     for (int i = 0; i < kArbiterJobs; ++i) {
       if (g.jobs[i].key.load() == 0 && TryClaim(g, i)) {
         g.jobs[i].pid.store(me);
+        g.jobs[i].pidns.store(pidns_);
         slot_[gpu].store(i + 1);
         return i;
       }
@@ -139,10 +178,25 @@ int Arbiter::Slot(int gpu) {
   return -1;
 }
 
-void Arbiter::Charge(ArbiterJob& j, uint64_t now) const {
+uint64_t Arbiter::ActiveUntil(const ArbiterJob& j, uint64_t now) const {
+  if (j.in_sync.load(std::memory_order_relaxed) > 0) return now;
+  return std::min(now, j.last_launch_us.load(std::memory_order_relaxed) + config_.idle_us);
+}
+
+char Arbiter::HolderState(const ArbiterJob& j) const {
+  // A pid from another pid namespace (another container) means nothing here: running, as far as
+  // this process can tell; the time limits still apply.
+  if (pidns_ == 0 || j.pidns.load() != pidns_) return 'R';
+  char s = ProcessStateOf(j.pid.load());
+  if (s == 'Z' || s == 'X') return 0;
+  return s == 't' ? 'T' : s;
+}
+
+void Arbiter::Charge(ArbiterJob& j, uint64_t until, uint64_t now) const {
   uint64_t start = j.lease_start_us.load();
-  if (now <= start) return;
-  uint64_t used = now - start;
+  j.lease_start_us.store(now);
+  if (until <= start) return;
+  uint64_t used = until - start;
   j.busy_us.fetch_add(used, std::memory_order_relaxed);
   uint32_t share = j.share.load();
   if (share == 0) share = 1000;
@@ -151,7 +205,6 @@ void Arbiter::Charge(ArbiterJob& j, uint64_t now) const {
     uint64_t from = std::max(j.eligible_us.load(), now);
     j.eligible_us.store(from + used * (1000 - share) / share);
   }
-  j.lease_start_us.store(now);
 }
 
 void Arbiter::Granted(ArbiterGpu& g, int slot, uint64_t now) {
@@ -205,9 +258,10 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     const int holder = Holder(lease);
     if (holder == self) {
       if (now < End(lease)) break;
-      // The slice is over: charge it, then keep the GPU, hand it over or (capped, nobody eligible)
-      // let it go.
-      Charge(me, now);
+      // The slice is over: charge it (up to the end of this job's activity: a holder that went
+      // idle is not charged its idle time), then keep the GPU, hand it over or (capped, nobody
+      // eligible) let it go.
+      Charge(me, ActiveUntil(me, now), now);
       int next = PickNext(g, now, self, -1);
       if (next == self) {
         if (g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
@@ -220,12 +274,24 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
       uint64_t t = NowMicros();
       uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
       if (g.lease.compare_exchange_strong(lease, to)) {
-        Charge(me, t);
+        Charge(me, t, t);
         if (next >= 0) Granted(g, next, t);
       }
       continue;
     }
-    // Somebody else's (or nobody's): say this job wants it, then see whether it may take it.
+    // Somebody else's (or nobody's): say this job wants it, then see whether it may take it. A job
+    // back from idling banks no credit: it comes back level with the least-served job that used or
+    // wanted the GPU lately.
+    if (!counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs) {
+      uint64_t least = UINT64_MAX;
+      for (int i = 0; i < kArbiterJobs; ++i) {
+        const ArbiterJob& o = g.jobs[i];
+        if (i == self || o.key.load(std::memory_order_relaxed) == 0) continue;
+        if (now > std::max(o.want_us.load(), o.last_launch_us.load()) + kRecentUs) continue;
+        least = std::min(least, o.vtime.load(std::memory_order_relaxed));
+      }
+      if (least != UINT64_MAX && me.vtime.load() < least) me.vtime.store(least);
+    }
     me.want_us.store(now);
     if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
     // A holder past its slice is left alone while it waits for the work it queued in the slice (it
@@ -234,7 +300,18 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     int rival = -1;  // the holder, while it still counts as wanting the GPU
     if (!take) {
       ArbiterJob& h = g.jobs[holder];
-      const bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
+      bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
+      // A holder inside a synchronize is not idle - unless its process is gone (killed in there:
+      // its count is given back) or stopped (SIGSTOP): then it loses the slice now.
+      if (!idle && h.in_sync.load() > 0) {
+        const char state = HolderState(h);
+        if (state == 0) {
+          h.in_sync.store(0);
+          idle = true;
+        } else if (state == 'T') {
+          idle = true;
+        }
+      }
       const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
       const bool outranked = h.priority.load() < me.priority.load();
       take = idle || stuck || outranked || h.key.load() == 0;
@@ -242,7 +319,7 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     }
     if (take && PickNext(g, now, self, rival) == self &&
         g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
-      if (holder >= 0) Charge(g.jobs[holder], now);
+      if (holder >= 0) Charge(g.jobs[holder], ActiveUntil(g.jobs[holder], now), now);
       Granted(g, self, now);
       break;
     }

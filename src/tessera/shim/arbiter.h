@@ -32,10 +32,10 @@ struct ArbiterJob {
   std::atomic<uint64_t> key;  // the job (0: a free slot)
   std::atomic<int32_t> pid;   // a process of the job, to tell a dead slot
   std::atomic<int32_t> priority;
-  std::atomic<uint32_t> share;   // permille of GPU time, 1..1000
-  std::atomic<uint32_t> capped;  // 1: not work-conserving
-  std::atomic<int32_t> in_sync;  // the job's threads inside a synchronize call
-  uint32_t reserved;
+  std::atomic<uint32_t> share;           // permille of GPU time, 1..1000
+  std::atomic<uint32_t> capped;          // 1: not work-conserving
+  std::atomic<int32_t> in_sync;          // the job's threads inside a synchronize call
+  std::atomic<uint32_t> pidns;           // the pid namespace (inode) `pid` is in; 0: not known
   std::atomic<uint64_t> want_us;         // last time the job waited for the GPU
   std::atomic<uint64_t> last_launch_us;  // last launch or synchronize return
   std::atomic<uint64_t> lease_start_us;
@@ -95,11 +95,20 @@ class Arbiter {
   Arbiter(ArbiterData* d, uint64_t key, const ArbiterConfig& c) : data_(d), key_(key), config_(c) {}
   bool TryClaim(ArbiterGpu& g, int slot);
   int PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const;
-  void Charge(ArbiterJob& j, uint64_t now) const;
+  // Charges the GPU time from the lease's start until `until` (the end of the job's activity: idle
+  // time is never charged); the next charge starts at `now`.
+  void Charge(ArbiterJob& j, uint64_t until, uint64_t now) const;
+  // When `j` last used the GPU: now while it is in a synchronize, else its last launch or
+  // synchronize return plus the idle allowance.
+  uint64_t ActiveUntil(const ArbiterJob& j, uint64_t now) const;
+  // The slot's process seen from here: 'R' running (or unknown: another pid namespace), 'T'
+  // stopped, 0 gone.
+  char HolderState(const ArbiterJob& j) const;
   void Granted(ArbiterGpu& g, int slot, uint64_t now);
   ArbiterData* data_;
   uint64_t key_;
   ArbiterConfig config_;
+  uint32_t pidns_ = 0;                        // this process's pid namespace
   std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
   std::atomic<bool> bounded_[kArbiterGpus] =
       {};  // a higher-priority job is around: one launch in flight
