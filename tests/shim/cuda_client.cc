@@ -58,6 +58,8 @@ CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsig
                                    unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
                                    void**);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuCtxSynchronize();
 void fakeCudaSetDevice(int);
 }
@@ -355,6 +357,22 @@ int main(int argc, char** argv) {
       puts("holding");
       fflush(stdout);
       pause();
+    } else if (c[0] == "capture") {
+      // A CUDA graph recorded (global mode, as PyTorch does) from K kernels of N us on a stream,
+      // each launch going through the library as any other; "captured K", or why not.
+      CUstream stream = reinterpret_cast<CUstream>(uintptr_t{1});
+      CUresult rc = cuStreamBeginCapture_v2(stream, 0);
+      for (size_t k = 0; rc == CUDA_SUCCESS && k < n(2); ++k) {
+        rc = api.LaunchKernel(nullptr, static_cast<unsigned>(n(1)), 1, 1, 1, 1, 1, 0, stream,
+                              nullptr, nullptr);
+        if (c.size() > 3 && c[3] == "sync") cuCtxSynchronize();  // what a capture must not see
+      }
+      CUgraph graph = nullptr;
+      CUresult end = cuStreamEndCapture(stream, &graph);
+      if (rc == CUDA_SUCCESS && end == CUDA_SUCCESS)
+        printf("captured %zu\n", reinterpret_cast<uintptr_t>(graph) - 1);
+      else
+        printf("capture failed: launch %d, end %d\n", rc, end);
     } else if (c[0] == "syncdie") {
       // A kernel of N us, then SIGKILLed inside the synchronize that waits for it.
       api.LaunchKernel(nullptr, static_cast<unsigned>(n(1)), 1, 1, 1, 1, 1, 0, nullptr, nullptr,

@@ -19,8 +19,12 @@ enum {
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_ILLEGAL_STATE = 401,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+  CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+  CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
   CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -35,6 +39,9 @@ typedef struct CUarray_st* CUarray;
 typedef struct CUmipmappedArray_st* CUmipmappedArray;
 typedef struct CUmemPoolHandle_st* CUmemoryPool;
 typedef struct CUgraphExec_st* CUgraphExec;
+typedef struct CUgraph_st* CUgraph;
+typedef int CUstreamCaptureMode;                            // 0 global, 1 thread-local, 2 relaxed
+typedef int CUstreamCaptureStatus;                          // 0 none, 1 active, 2 invalidated
 typedef struct CUmemAllocationProp_st CUmemAllocationProp;  // opaque here
 typedef struct CUevent_st* CUevent;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;  // opaque here
@@ -109,6 +116,8 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
 typedef CUresult (*cuCtxSynchronize_fn)(void);
+typedef CUresult (*cuStreamBeginCapture_v2_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*cuStreamEndCapture_fn)(CUstream, CUgraph*);
 typedef CUresult (*cuStreamSynchronize_fn)(CUstream);
 typedef CUresult (*cuEventSynchronize_fn)(CUevent);
 typedef CUresult (*cuGetProcAddress_fn)(const char*, void**, int, cuuint64_t);

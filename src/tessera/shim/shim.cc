@@ -66,6 +66,8 @@ DlsymFn RealDlsym() {
   X(cuLaunchKernelEx)             \
   X(cuLaunchCooperativeKernel)    \
   X(cuGraphLaunch)                \
+  X(cuStreamBeginCapture_v2)      \
+  X(cuStreamEndCapture)           \
   X(cuCtxSynchronize)             \
   X(cuStreamSynchronize)          \
   X(cuEventSynchronize)           \
@@ -550,14 +552,22 @@ int ArbiterGpu() {
   return d >= 0 && d < kMaxDevices ? physical_gpu[d] : -1;
 }
 
+// Stream captures under way in this process (CUDA graphs being recorded). While there is one, the
+// library makes no synchronize of its own: in the global capture mode (PyTorch's default) any
+// synchronize in the process invalidates the capture.
+std::atomic<int> captures{0};
+
 void Drain() {
-  if (real.cuCtxSynchronize != nullptr) real.cuCtxSynchronize();
+  if (real.cuCtxSynchronize != nullptr && captures.load(std::memory_order_acquire) == 0)
+    real.cuCtxSynchronize();
 }
 
-// Every launch: counted, then (with an arbiter) held until this job holds the GPU.
+// Every launch: counted, then (with an arbiter) held until this job holds the GPU. During a
+// capture launches are recorded, not run (the graph's replay is what is paced): they pass.
 inline void Pace() {
   region->CountLaunch();
-  if (arbiter != nullptr) arbiter->BeforeLaunch(ArbiterGpu(), Drain);
+  if (arbiter != nullptr && captures.load(std::memory_order_relaxed) == 0)
+    arbiter->BeforeLaunch(ArbiterGpu(), Drain);
 }
 
 // A thread waiting for its own GPU work keeps its job from looking idle to the arbiter.
@@ -603,6 +613,26 @@ TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
   if (!Ready() || real.cuGraphLaunch == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuGraphLaunch(graph, stream);
+}
+
+TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  if (!Ready() || real.cuStreamBeginCapture_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuStreamBeginCapture_v2(stream, mode);
+  if (rc == CUDA_SUCCESS) tessera::shim::captures.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  if (!Ready() || real.cuStreamEndCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuStreamEndCapture(stream, graph);
+  // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
+  // thread must end it.
+  if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+    int n = tessera::shim::captures.load();
+    while (n > 0 && !tessera::shim::captures.compare_exchange_weak(n, n - 1)) {
+    }
+  }
+  return rc;
 }
 
 TESSERA_EXPORT CUresult cuCtxSynchronize() {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -267,7 +268,37 @@ CUresult Occupy(uint64_t us) {
   return CUDA_SUCCESS;
 }
 
+// Stream capture, as the driver has it: launches on a capturing stream are recorded, not run; a
+// synchronize while a capture in global mode is under way in the process is refused and
+// invalidates it (what breaks PyTorch's CUDA graphs and vLLM's).
+std::mutex capture_mu;
+struct Capture {
+  CUstreamCaptureMode mode = 0;
+  bool invalidated = false;
+  uint64_t kernels = 0;
+};
+std::map<CUstream, Capture> captures;
+
+bool Recorded(CUstream s) {
+  std::lock_guard lock(capture_mu);
+  auto it = captures.find(s);
+  if (it == captures.end()) return false;
+  ++it->second.kernels;
+  return true;
+}
+
+// Whether a synchronize is refused now (and the global captures invalidated).
+bool SyncBreaksCapture() {
+  std::lock_guard lock(capture_mu);
+  bool broke = false;
+  for (auto& [stream, c] : captures) {
+    if (c.mode == 0) c.invalidated = broke = true;
+  }
+  return broke;
+}
+
 CUresult WaitMine() {
+  if (SyncBreaksCapture()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   const uint64_t done = my_done[current_device].load();
   for (uint64_t now = NowNs(); now < done; now = NowNs()) {
     uint64_t left = done - now;
@@ -283,8 +314,31 @@ FAKE_EXPORT uint64_t fakeCudaKernelNs() { return my_kernel_ns.load(); }
 
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, unsigned int,
                                     unsigned int, unsigned int, unsigned int, unsigned int,
-                                    CUstream, void**, void**) {
-  return Occupy(gx);
+                                    CUstream stream, void**, void**) {
+  return Recorded(stream) ? CUDA_SUCCESS : Occupy(gx);
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  std::lock_guard lock(capture_mu);
+  if (captures.contains(stream)) return CUDA_ERROR_ILLEGAL_STATE;
+  captures[stream] = Capture{mode};
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  std::lock_guard lock(capture_mu);
+  auto it = captures.find(stream);
+  if (it == captures.end()) return CUDA_ERROR_ILLEGAL_STATE;
+  const Capture c = it->second;
+  captures.erase(it);
+  if (c.invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (graph) *graph = reinterpret_cast<CUgraph>(static_cast<uintptr_t>(c.kernels + 1));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  std::lock_guard lock(capture_mu);
+  auto it = captures.find(stream);
+  if (status) *status = it == captures.end() ? 0 : it->second.invalidated ? 2 : 1;
+  return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction, void**, void**) {
   return config == nullptr ? CUDA_ERROR_INVALID_VALUE : Occupy(config->gridDimX);
@@ -338,6 +392,9 @@ void* Lookup(const std::string& name, int version) {
       {"cuLaunchKernelEx", (void*)&cuLaunchKernelEx},
       {"cuLaunchCooperativeKernel", (void*)&cuLaunchCooperativeKernel},
       {"cuGraphLaunch", (void*)&cuGraphLaunch},
+      {"cuStreamBeginCapture", (void*)&cuStreamBeginCapture_v2},
+      {"cuStreamEndCapture", (void*)&cuStreamEndCapture},
+      {"cuStreamIsCapturing", (void*)&cuStreamIsCapturing},
       {"cuCtxSynchronize", (void*)&cuCtxSynchronize},
       {"cuStreamSynchronize", (void*)&cuStreamSynchronize},
       {"cuEventSynchronize", (void*)&cuEventSynchronize},
