@@ -106,6 +106,8 @@ Api Linked() {
           cuLaunchKernel};
 }
 
+cuuint64_t g_flags = 0;  // cuGetProcAddress flags of the route (ptsz: per-thread default stream)
+
 template <typename F>
 void Get(F& out, void* lib, const char* versioned, void* gpa, const char* base, bool v2) {
   void* p = nullptr;
@@ -113,9 +115,9 @@ void Get(F& out, void* lib, const char* versioned, void* gpa, const char* base, 
     p = dlsym(lib, versioned);
   } else if (v2) {
     CUdriverProcAddressQueryResult status;
-    reinterpret_cast<cuGetProcAddress_v2_fn>(gpa)(base, &p, 12040, 0, &status);
+    reinterpret_cast<cuGetProcAddress_v2_fn>(gpa)(base, &p, 12040, g_flags, &status);
   } else {
-    reinterpret_cast<cuGetProcAddress_fn>(gpa)(base, &p, 12040, 0);
+    reinterpret_cast<cuGetProcAddress_fn>(gpa)(base, &p, 12040, g_flags);
   }
   if (p == nullptr) {
     fprintf(stderr, "cuda_client: cannot resolve %s\n", versioned);
@@ -131,7 +133,8 @@ Api Resolved(const std::string& route) {
     exit(3);
   }
   void* gpa = nullptr;
-  bool v2 = route == "procaddr2";
+  bool v2 = route == "procaddr2" || route == "ptsz";
+  if (route == "ptsz") g_flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   if (route != "dlsym") {
     gpa = dlsym(lib, v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
     if (gpa == nullptr) exit(3);
@@ -373,6 +376,74 @@ int main(int argc, char** argv) {
         printf("captured %zu\n", reinterpret_cast<uintptr_t>(graph) - 1);
       else
         printf("capture failed: launch %d, end %d\n", rc, end);
+    } else if (c[0] == "routes") {
+      // Every hooked call through every route (dlsym of its versioned and per-thread names, both
+      // cuGetProcAddress versions with each flag) must give the library's hook - the library's
+      // export of that name, found first in the process - never the driver's own function.
+      struct Hooked {
+        const char* base;
+        const char* versioned;
+        const char* per_thread;  // "" when none
+      };
+      const Hooked hooked[] = {
+          {"cuMemAlloc", "cuMemAlloc_v2", ""},
+          {"cuMemAllocPitch", "cuMemAllocPitch_v2", ""},
+          {"cuMemAllocManaged", "cuMemAllocManaged", ""},
+          {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz"},
+          {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"},
+          {"cuMemFree", "cuMemFree_v2", ""},
+          {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
+          {"cuMemCreate", "cuMemCreate", ""},
+          {"cuMemRelease", "cuMemRelease", ""},
+          {"cuArrayCreate", "cuArrayCreate_v2", ""},
+          {"cuArray3DCreate", "cuArray3DCreate_v2", ""},
+          {"cuArrayDestroy", "cuArrayDestroy", ""},
+          {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate", ""},
+          {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", ""},
+          {"cuMemGetInfo", "cuMemGetInfo_v2", ""},
+          {"cuCtxCreate", "cuCtxCreate_v2", ""},
+          {"cuCtxDestroy", "cuCtxDestroy_v2", ""},
+          {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", ""},
+          {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", ""},
+          {"cuDeviceTotalMem", "cuDeviceTotalMem_v2", ""},
+          {"cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz"},
+          {"cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
+          {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel",
+           "cuLaunchCooperativeKernel_ptsz"},
+          {"cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz"},
+          {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz"},
+          {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz"},
+          {"cuCtxSynchronize", "cuCtxSynchronize", ""},
+          {"cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
+          {"cuEventSynchronize", "cuEventSynchronize", ""},
+      };
+      void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+      auto gpa1 = reinterpret_cast<cuGetProcAddress_fn>(dlsym(lib, "cuGetProcAddress"));
+      auto gpa2 = reinterpret_cast<cuGetProcAddress_v2_fn>(dlsym(lib, "cuGetProcAddress_v2"));
+      int checked = 0;
+      // The driver's own function of that name (the fake says which that is).
+      auto own = reinterpret_cast<void* (*)(const char*)>(dlsym(lib, "fakeCudaOwnSymbol"));
+      auto check = [&](const char* name, const std::string& route, void* got, const char* want) {
+        ++checked;
+        void* hook = dlsym(RTLD_DEFAULT, want);
+        if (got == nullptr || got != hook || (own && got == own(want)))
+          printf("unhooked %s via %s\n", name, route.c_str());
+      };
+      for (const Hooked& h : hooked) {
+        check(h.base, "dlsym", dlsym(lib, h.versioned), h.versioned);
+        if (*h.per_thread) check(h.base, "dlsym ptsz", dlsym(lib, h.per_thread), h.per_thread);
+        for (cuuint64_t flags : {0, 1, 2}) {
+          const char* want = flags == 2 && *h.per_thread ? h.per_thread : h.versioned;
+          void* p = nullptr;
+          if (gpa1) gpa1(h.base, &p, 12040, flags);
+          check(h.base, "cuGetProcAddress flags " + std::to_string(flags), p, want);
+          p = nullptr;
+          CUdriverProcAddressQueryResult status;
+          if (gpa2) gpa2(h.base, &p, 12040, flags, &status);
+          check(h.base, "cuGetProcAddress_v2 flags " + std::to_string(flags), p, want);
+        }
+      }
+      printf("routes %d checked\n", checked);
     } else if (c[0] == "syncdie") {
       // A kernel of N us, then SIGKILLed inside the synchronize that waits for it.
       api.LaunchKernel(nullptr, static_cast<unsigned>(n(1)), 1, 1, 1, 1, 1, 0, nullptr, nullptr,

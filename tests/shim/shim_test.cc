@@ -35,6 +35,24 @@ TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
   }
 }
 
+TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
+  // 29 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
+  // each flag: 29 * 7 + 10 = 213 lookups, none answered with the driver's own function.
+  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 213 checked\n");
+  // The check itself: without the library every answer is the driver's.
+  std::string bare = RunClient(Env{.preload = false}, "link", "routes");
+  EXPECT_THAT(bare,
+              ::testing::HasSubstr("unhooked cuMemAllocAsync via cuGetProcAddress_v2 flags 2"));
+  EXPECT_THAT(bare, ::testing::HasSubstr("unhooked cuLaunchKernel via dlsym ptsz"));
+}
+
+TEST(Shim, PerThreadDefaultStreamEntryPointsHoldTheLimit) {
+  // Asked for with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, the driver hands out the _ptsz
+  // variants: two 600 MiB cuMemAllocAsync under a 1 GiB limit both succeeded that way before.
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "ptsz", "async:600 async:600 freeall async:600"), "ok\noom\nok\nok\n");
+}
+
 TEST(Shim, EveryAllocationPathIsCounted) {
   // Each path takes about 60 MiB of a 100 MiB limit; a further 60 MiB must then fail.
   const char* paths[] = {

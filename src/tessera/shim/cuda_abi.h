@@ -120,6 +120,23 @@ typedef CUresult (*cuStreamBeginCapture_v2_fn)(CUstream, CUstreamCaptureMode);
 typedef CUresult (*cuStreamEndCapture_fn)(CUstream, CUgraph*);
 typedef CUresult (*cuStreamSynchronize_fn)(CUstream);
 typedef CUresult (*cuEventSynchronize_fn)(CUevent);
+// Per-thread default stream variants (what `--default-stream per-thread` code calls, and what
+// cuGetProcAddress hands out with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM): same signatures.
+typedef cuMemAllocAsync_fn cuMemAllocAsync_ptsz_fn;
+typedef cuMemAllocFromPoolAsync_fn cuMemAllocFromPoolAsync_ptsz_fn;
+typedef cuMemFreeAsync_fn cuMemFreeAsync_ptsz_fn;
+typedef cuLaunchKernel_fn cuLaunchKernel_ptsz_fn;
+typedef cuLaunchKernelEx_fn cuLaunchKernelEx_ptsz_fn;
+typedef cuLaunchCooperativeKernel_fn cuLaunchCooperativeKernel_ptsz_fn;
+typedef cuGraphLaunch_fn cuGraphLaunch_ptsz_fn;
+typedef cuStreamSynchronize_fn cuStreamSynchronize_ptsz_fn;
+typedef cuStreamBeginCapture_v2_fn cuStreamBeginCapture_v2_ptsz_fn;
+typedef cuStreamEndCapture_fn cuStreamEndCapture_ptsz_fn;
+enum {
+  CU_GET_PROC_ADDRESS_DEFAULT = 0,
+  CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
+  CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1,
+};
 typedef CUresult (*cuGetProcAddress_fn)(const char*, void**, int, cuuint64_t);
 typedef CUresult (*cuGetProcAddress_v2_fn)(const char*, void**, int, cuuint64_t,
                                            CUdriverProcAddressQueryResult*);

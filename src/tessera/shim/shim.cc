@@ -72,7 +72,21 @@ DlsymFn RealDlsym() {
   X(cuStreamSynchronize)          \
   X(cuEventSynchronize)           \
   X(cuGetProcAddress)             \
-  X(cuGetProcAddress_v2)
+  X(cuGetProcAddress_v2)          \
+  TESSERA_PER_THREAD(X)
+
+// The per-thread default stream variants of the hooked calls that take a stream.
+#define TESSERA_PER_THREAD(X)       \
+  X(cuMemAllocAsync_ptsz)           \
+  X(cuMemAllocFromPoolAsync_ptsz)   \
+  X(cuMemFreeAsync_ptsz)            \
+  X(cuLaunchKernel_ptsz)            \
+  X(cuLaunchKernelEx_ptsz)          \
+  X(cuLaunchCooperativeKernel_ptsz) \
+  X(cuGraphLaunch_ptsz)             \
+  X(cuStreamSynchronize_ptsz)       \
+  X(cuStreamBeginCapture_v2_ptsz)   \
+  X(cuStreamEndCapture_ptsz)
 
 struct Real {
   void* handle = nullptr;
@@ -349,18 +363,45 @@ TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsig
       kDevicePtr, bytes, [&] { return real.cuMemAllocManaged(dptr, bytes, flags); }, PtrKey, dptr);
 }
 
-TESSERA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
-  if (!Ready() || real.cuMemAllocAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+namespace {
+// The hooks of calls that take a stream, given the driver's legacy or per-thread entry point.
+CUresult AllocAsync(cuMemAllocAsync_fn fn, CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return Counted(
-      kDevicePtr, bytes, [&] { return real.cuMemAllocAsync(dptr, bytes, stream); }, PtrKey, dptr);
+      kDevicePtr, bytes, [&] { return fn(dptr, bytes, stream); }, PtrKey, dptr);
+}
+CUresult AllocFromPoolAsync(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr* dptr, size_t bytes,
+                            CUmemoryPool pool, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(
+      kDevicePtr, bytes, [&] { return fn(dptr, bytes, pool, stream); }, PtrKey, dptr);
+}
+CUresult FreeAsync(cuMemFreeAsync_fn fn, CUdeviceptr dptr, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = fn(dptr, stream);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
+  return rc;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return Ready() ? AllocAsync(real.cuMemAllocAsync, dptr, bytes, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return Ready() ? AllocAsync(real.cuMemAllocAsync_ptsz, dptr, bytes, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
                                                 CUstream stream) {
-  if (!Ready() || real.cuMemAllocFromPoolAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(
-      kDevicePtr, bytes, [&] { return real.cuMemAllocFromPoolAsync(dptr, bytes, pool, stream); },
-      PtrKey, dptr);
+  return Ready() ? AllocFromPoolAsync(real.cuMemAllocFromPoolAsync, dptr, bytes, pool, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
+                                                     CUmemoryPool pool, CUstream stream) {
+  return Ready() ? AllocFromPoolAsync(real.cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -371,10 +412,10 @@ TESSERA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 TESSERA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  if (!Ready() || real.cuMemFreeAsync == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult rc = real.cuMemFreeAsync(dptr, stream);
-  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
-  return rc;
+  return Ready() ? FreeAsync(real.cuMemFreeAsync, dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return Ready() ? FreeAsync(real.cuMemFreeAsync_ptsz, dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
@@ -593,11 +634,27 @@ TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned i
   return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
 }
 
+TESSERA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                            unsigned int gz, unsigned int bx, unsigned int by,
+                                            unsigned int bz, unsigned int shared, CUstream stream,
+                                            void** params, void** extra) {
+  if (!Ready() || real.cuLaunchKernel_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Pace();
+  return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
 TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                          void** extra) {
   if (!Ready() || real.cuLaunchKernelEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuLaunchKernelEx(config, f, params, extra);
+}
+
+TESSERA_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
+                                              void** params, void** extra) {
+  if (!Ready() || real.cuLaunchKernelEx_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Pace();
+  return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
 }
 
 TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
@@ -609,10 +666,26 @@ TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx,
   return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
 }
 
+TESSERA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+                                                       unsigned int gy, unsigned int gz,
+                                                       unsigned int bx, unsigned int by,
+                                                       unsigned int bz, unsigned int shared,
+                                                       CUstream stream, void** params) {
+  if (!Ready() || real.cuLaunchCooperativeKernel_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Pace();
+  return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+}
+
 TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
   if (!Ready() || real.cuGraphLaunch == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   Pace();
   return real.cuGraphLaunch(graph, stream);
+}
+
+TESSERA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
+  if (!Ready() || real.cuGraphLaunch_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Pace();
+  return real.cuGraphLaunch_ptsz(graph, stream);
 }
 
 TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
@@ -622,9 +695,29 @@ TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCapture
   return rc;
 }
 
+TESSERA_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  if (!Ready() || real.cuStreamBeginCapture_v2_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuStreamBeginCapture_v2_ptsz(stream, mode);
+  if (rc == CUDA_SUCCESS) tessera::shim::captures.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
 TESSERA_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   if (!Ready() || real.cuStreamEndCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuStreamEndCapture(stream, graph);
+  // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
+  // thread must end it.
+  if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+    int n = tessera::shim::captures.load();
+    while (n > 0 && !tessera::shim::captures.compare_exchange_weak(n, n - 1)) {
+    }
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  if (!Ready() || real.cuStreamEndCapture_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuStreamEndCapture_ptsz(stream, graph);
   // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
   // thread must end it.
   if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
@@ -645,6 +738,12 @@ TESSERA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
   if (!Ready() || real.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   SyncScope scope;
   return real.cuStreamSynchronize(stream);
+}
+
+TESSERA_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  if (!Ready() || real.cuStreamSynchronize_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  SyncScope scope;
+  return real.cuStreamSynchronize_ptsz(stream);
 }
 
 TESSERA_EXPORT CUresult cuEventSynchronize(CUevent event) {
@@ -675,11 +774,95 @@ void* Redirect(void* fn) {
 }  // namespace
 }  // namespace tessera::shim
 
+namespace tessera::shim {
+namespace {
+
+// The hooks by the name a caller asks cuGetProcAddress for, for the versions whose ABI they have:
+// the second line behind the address match (a driver that answers with another alias of the same
+// call, or a per-thread variant we did not resolve, would otherwise get past the limits).
+struct Named {
+  const char* name;
+  int min_version, max_version;  // [min, max): the ABI of our hook
+  void* hook;
+  void** real;       // what the hook calls
+  void* per_thread;  // the per-thread default stream hook; nullptr: none
+  void** real_per_thread;
+};
+
+#define TESSERA_NAMED(base, min, max, hook, ...)                                            \
+  Named {                                                                                   \
+    base, min, max, reinterpret_cast<void*>(&::hook), reinterpret_cast<void**>(&real.hook), \
+        __VA_ARGS__                                                                         \
+  }
+#define TESSERA_PTSZ(hook) reinterpret_cast<void*>(&::hook), reinterpret_cast<void**>(&real.hook)
+
+const Named kNamed[] = {
+    TESSERA_NAMED("cuMemAlloc", 3020, 1 << 30, cuMemAlloc_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuMemAllocPitch", 3020, 1 << 30, cuMemAllocPitch_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuMemAllocManaged", 6000, 1 << 30, cuMemAllocManaged, nullptr, nullptr),
+    TESSERA_NAMED("cuMemAllocAsync", 11020, 1 << 30, cuMemAllocAsync,
+                  TESSERA_PTSZ(cuMemAllocAsync_ptsz)),
+    TESSERA_NAMED("cuMemAllocFromPoolAsync", 11020, 1 << 30, cuMemAllocFromPoolAsync,
+                  TESSERA_PTSZ(cuMemAllocFromPoolAsync_ptsz)),
+    TESSERA_NAMED("cuMemFree", 3020, 1 << 30, cuMemFree_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuMemFreeAsync", 11020, 1 << 30, cuMemFreeAsync,
+                  TESSERA_PTSZ(cuMemFreeAsync_ptsz)),
+    TESSERA_NAMED("cuMemCreate", 10020, 1 << 30, cuMemCreate, nullptr, nullptr),
+    TESSERA_NAMED("cuMemRelease", 10020, 1 << 30, cuMemRelease, nullptr, nullptr),
+    TESSERA_NAMED("cuMemGetInfo", 3020, 1 << 30, cuMemGetInfo_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuLaunchKernel", 4000, 1 << 30, cuLaunchKernel,
+                  TESSERA_PTSZ(cuLaunchKernel_ptsz)),
+    TESSERA_NAMED("cuLaunchKernelEx", 11060, 1 << 30, cuLaunchKernelEx,
+                  TESSERA_PTSZ(cuLaunchKernelEx_ptsz)),
+    TESSERA_NAMED("cuLaunchCooperativeKernel", 9000, 1 << 30, cuLaunchCooperativeKernel,
+                  TESSERA_PTSZ(cuLaunchCooperativeKernel_ptsz)),
+    TESSERA_NAMED("cuGraphLaunch", 10000, 1 << 30, cuGraphLaunch, TESSERA_PTSZ(cuGraphLaunch_ptsz)),
+    TESSERA_NAMED("cuStreamBeginCapture", 10010, 1 << 30, cuStreamBeginCapture_v2,
+                  TESSERA_PTSZ(cuStreamBeginCapture_v2_ptsz)),
+    TESSERA_NAMED("cuStreamEndCapture", 10000, 1 << 30, cuStreamEndCapture,
+                  TESSERA_PTSZ(cuStreamEndCapture_ptsz)),
+    TESSERA_NAMED("cuStreamSynchronize", 2000, 1 << 30, cuStreamSynchronize,
+                  TESSERA_PTSZ(cuStreamSynchronize_ptsz)),
+};
+#undef TESSERA_NAMED
+#undef TESSERA_PTSZ
+
+// What cuGetProcAddress hands out for `symbol`: the hook of the driver's answer (by address), or
+// else the hook of that name for this version and stream flavour (by name), or the answer.
+void* HookFor(const char* symbol, int version, cuuint64_t flags, void* answer) {
+  if (answer == nullptr) return answer;
+  void* by_address = Redirect(answer);
+  if (by_address != answer || symbol == nullptr) return by_address;
+  for (const Named& n : kNamed) {
+    if (strcmp(n.name, symbol) != 0 || version < n.min_version || version >= n.max_version)
+      continue;
+    const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    if (verbose) {
+      fprintf(stderr,
+              "tessera-cuda: cuGetProcAddress(%s, %d, %llu): not an entry point resolved at load; "
+              "handing out the hook by name\n",
+              symbol, version, static_cast<unsigned long long>(flags));
+    }
+    // A hook whose own entry point was not found at load calls the driver's answer.
+    if (per_thread && n.per_thread) {
+      if (*n.real_per_thread == nullptr) *n.real_per_thread = answer;
+      return n.per_thread;
+    }
+    if (*n.real == nullptr) *n.real = answer;
+    return n.hook;
+  }
+  return answer;
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
 TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
                                          cuuint64_t flags) {
   if (!Ready() || real.cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuGetProcAddress(symbol, pfn, version, flags);
-  if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
+  if (rc == CUDA_SUCCESS && pfn != nullptr)
+    *pfn = tessera::shim::HookFor(symbol, version, flags, *pfn);
   return rc;
 }
 
@@ -688,7 +871,8 @@ TESSERA_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int 
                                             CUdriverProcAddressQueryResult* status) {
   if (!Ready() || real.cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-  if (rc == CUDA_SUCCESS && pfn != nullptr) *pfn = Redirect(*pfn);
+  if (rc == CUDA_SUCCESS && pfn != nullptr)
+    *pfn = tessera::shim::HookFor(symbol, version, flags, *pfn);
   return rc;
 }
 

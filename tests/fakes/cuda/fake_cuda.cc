@@ -356,12 +356,113 @@ FAKE_EXPORT CUresult cuCtxSynchronize() { return WaitMine(); }
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream) { return WaitMine(); }
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent) { return WaitMine(); }
 
+// The per-thread default stream variants: their own entry points (as in the real driver), the same
+// work here.
+FAKE_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* p, size_t n, CUstream s) {
+  return cuMemAllocAsync(p, n, s);
+}
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* p, size_t n, CUmemoryPool pool,
+                                                  CUstream s) {
+  return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+FAKE_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                         unsigned int gz, unsigned int bx, unsigned int by,
+                                         unsigned int bz, unsigned int shared, CUstream s,
+                                         void** params, void** extra) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+}
+FAKE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* c, CUfunction f, void** params,
+                                           void** extra) {
+  return cuLaunchKernelEx(c, f, params, extra);
+}
+FAKE_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                                    unsigned int gz, unsigned int bx,
+                                                    unsigned int by, unsigned int bz,
+                                                    unsigned int shared, CUstream s,
+                                                    void** params) {
+  return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, s, params);
+}
+FAKE_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
+FAKE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m) {
+  return cuStreamBeginCapture_v2(s, m);
+}
+FAKE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* g) {
+  return cuStreamEndCapture(s, g);
+}
+
+// This library's own entry point of an exported name - not whatever another library (the intercept
+// library) exports of the same name - for tests that check nobody hands it out; nullptr: none.
+FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
+  static const std::unordered_map<std::string, void*> kOwn = {
+      {"cuMemAlloc_v2", (void*)&cuMemAlloc_v2},
+      {"cuMemAllocPitch_v2", (void*)&cuMemAllocPitch_v2},
+      {"cuMemAllocManaged", (void*)&cuMemAllocManaged},
+      {"cuMemAllocAsync", (void*)&cuMemAllocAsync},
+      {"cuMemAllocAsync_ptsz", (void*)&cuMemAllocAsync_ptsz},
+      {"cuMemAllocFromPoolAsync", (void*)&cuMemAllocFromPoolAsync},
+      {"cuMemAllocFromPoolAsync_ptsz", (void*)&cuMemAllocFromPoolAsync_ptsz},
+      {"cuMemFree_v2", (void*)&cuMemFree_v2},
+      {"cuMemFreeAsync", (void*)&cuMemFreeAsync},
+      {"cuMemFreeAsync_ptsz", (void*)&cuMemFreeAsync_ptsz},
+      {"cuMemCreate", (void*)&cuMemCreate},
+      {"cuMemRelease", (void*)&cuMemRelease},
+      {"cuArrayCreate_v2", (void*)&cuArrayCreate_v2},
+      {"cuArray3DCreate_v2", (void*)&cuArray3DCreate_v2},
+      {"cuArrayDestroy", (void*)&cuArrayDestroy},
+      {"cuMipmappedArrayCreate", (void*)&cuMipmappedArrayCreate},
+      {"cuMipmappedArrayDestroy", (void*)&cuMipmappedArrayDestroy},
+      {"cuMemGetInfo_v2", (void*)&cuMemGetInfo_v2},
+      {"cuCtxCreate_v2", (void*)&cuCtxCreate_v2},
+      {"cuCtxDestroy_v2", (void*)&cuCtxDestroy_v2},
+      {"cuDevicePrimaryCtxRetain", (void*)&cuDevicePrimaryCtxRetain},
+      {"cuDevicePrimaryCtxRelease_v2", (void*)&cuDevicePrimaryCtxRelease_v2},
+      {"cuDeviceTotalMem_v2", (void*)&cuDeviceTotalMem_v2},
+      {"cuLaunchKernel", (void*)&cuLaunchKernel},
+      {"cuLaunchKernel_ptsz", (void*)&cuLaunchKernel_ptsz},
+      {"cuLaunchKernelEx", (void*)&cuLaunchKernelEx},
+      {"cuLaunchKernelEx_ptsz", (void*)&cuLaunchKernelEx_ptsz},
+      {"cuLaunchCooperativeKernel", (void*)&cuLaunchCooperativeKernel},
+      {"cuLaunchCooperativeKernel_ptsz", (void*)&cuLaunchCooperativeKernel_ptsz},
+      {"cuGraphLaunch", (void*)&cuGraphLaunch},
+      {"cuGraphLaunch_ptsz", (void*)&cuGraphLaunch_ptsz},
+      {"cuStreamBeginCapture_v2", (void*)&cuStreamBeginCapture_v2},
+      {"cuStreamBeginCapture_v2_ptsz", (void*)&cuStreamBeginCapture_v2_ptsz},
+      {"cuStreamEndCapture", (void*)&cuStreamEndCapture},
+      {"cuStreamEndCapture_ptsz", (void*)&cuStreamEndCapture_ptsz},
+      {"cuCtxSynchronize", (void*)&cuCtxSynchronize},
+      {"cuStreamSynchronize", (void*)&cuStreamSynchronize},
+      {"cuStreamSynchronize_ptsz", (void*)&cuStreamSynchronize_ptsz},
+      {"cuEventSynchronize", (void*)&cuEventSynchronize},
+  };
+  auto it = name ? kOwn.find(name) : kOwn.end();
+  return it == kOwn.end() ? nullptr : it->second;
+}
+
 FAKE_EXPORT CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t,
                                          CUdriverProcAddressQueryResult*);
 
 namespace {
-// Base name -> entry point, as the driver resolves it for CUDA 12 callers (the _v2 versions).
-void* Lookup(const std::string& name, int version) {
+// Base name -> entry point, as the driver resolves it for CUDA 12 callers (the _v2 versions), the
+// per-thread default stream variant when asked with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.
+void* Lookup(const std::string& name, int version, cuuint64_t flags) {
+  static const std::unordered_map<std::string, void*> kPerThread = {
+      {"cuMemAllocAsync", (void*)&cuMemAllocAsync_ptsz},
+      {"cuMemAllocFromPoolAsync", (void*)&cuMemAllocFromPoolAsync_ptsz},
+      {"cuMemFreeAsync", (void*)&cuMemFreeAsync_ptsz},
+      {"cuLaunchKernel", (void*)&cuLaunchKernel_ptsz},
+      {"cuLaunchKernelEx", (void*)&cuLaunchKernelEx_ptsz},
+      {"cuLaunchCooperativeKernel", (void*)&cuLaunchCooperativeKernel_ptsz},
+      {"cuGraphLaunch", (void*)&cuGraphLaunch_ptsz},
+      {"cuStreamSynchronize", (void*)&cuStreamSynchronize_ptsz},
+      {"cuStreamBeginCapture", (void*)&cuStreamBeginCapture_v2_ptsz},
+      {"cuStreamEndCapture", (void*)&cuStreamEndCapture_ptsz},
+  };
+  if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+    if (auto it = kPerThread.find(name); it != kPerThread.end() && version >= 3020)
+      return it->second;
+  }
   static const std::unordered_map<std::string, void*> kTable = {
       {"cuInit", (void*)&cuInit},
       {"cuDriverGetVersion", (void*)&cuDriverGetVersion},
@@ -405,10 +506,10 @@ void* Lookup(const std::string& name, int version) {
 }
 }  // namespace
 
-FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t,
-                                         CUdriverProcAddressQueryResult* status) {
+FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
   if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pfn = Lookup(symbol, version);
+  *pfn = Lookup(symbol, version, flags);
   if (status) *status = *pfn ? 0 : 1;
   return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
