@@ -301,8 +301,19 @@ int main(int argc, char** argv) {
       Mem m{};
       Mem2 m2{};
       m2.version = sizeof(Mem2) | (2u << 24);
-      if (init() != 0 || get(static_cast<unsigned>(n(1)), &dev) != 0 || info(dev, &m) != 0 ||
-          info2(dev, &m2) != 0) {
+      if (init() != 0 || get(static_cast<unsigned>(n(1)), &dev) != 0) {
+        printf("err nvml\n");
+        continue;
+      }
+      if (c.size() > 2) {  // nvml:GPU:MIG - that GPU's MIG device
+        auto mig = reinterpret_cast<int (*)(void*, unsigned, void**)>(
+            dlsym(nvml, "nvmlDeviceGetMigDeviceHandleByIndex"));
+        if (mig == nullptr || mig(dev, static_cast<unsigned>(n(2)), &dev) != 0) {
+          printf("err nvml mig\n");
+          continue;
+        }
+      }
+      if (info(dev, &m) != 0 || info2(dev, &m2) != 0) {
         printf("err nvml\n");
         continue;
       }

@@ -148,6 +148,27 @@ TEST(Shim, NvmlDevicesMapToCudaOrdinalsThroughVisibleDevices) {
             "1024 1024 0 | 1024 1024 0\n16384 16220 163 | 16384 16138 163\n");
 }
 
+TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
+  // The job was given a MIG instance of NVML device 1 (CUDA_VISIBLE_DEVICES=MIG-...): NVML's
+  // figures for that instance's own handle carry the job's limit; the whole GPU's and the other
+  // instance's do not. (MIG handles are not GPU handles: matched by UUID, they never matched
+  // before.)
+  std::string path = TempPath("nvml-mig.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000"},
+      {"uuid": "GPU-bbbb0000-0000-0000-0000-000000000000", "mig": 1, "mig_devices": [
+        {"uuid": "MIG-cccc0000-0000-0000-0000-000000000000", "memory_total": 10737418240,
+         "memory_used": 0},
+        {"uuid": "MIG-dddd0000-0000-0000-0000-000000000000", "memory_total": 10737418240,
+         "memory_used": 0}]}]})";
+  Env env{.limit = "0:1GiB",
+          .extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                   " FAKE_NVML_SCENARIO=" +
+                   path + " CUDA_VISIBLE_DEVICES=MIG-cccc0000-0000-0000-0000-000000000000"};
+  EXPECT_EQ(RunClient(env, "link", "nvml:1:0 nvml:1:1"),
+            "1024 1024 0 | 1024 1024 0\n10240 10240 0 | 10240 10188 0\n");
+  EXPECT_EQ(RunClient(env, "link", "nvml:1"), "16384 16220 163 | 16384 16138 163\n");
+}
+
 TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
   Env env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
   // Two contexts on device 0 cost the overhead once; it comes back when the last one goes.

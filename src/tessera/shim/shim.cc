@@ -920,9 +920,11 @@ int CudaOrdinal(nvmlDevice_t dev) {
     nvmlDevice_t h;
     if (real_nvml.GetHandleByIndex(index, &h) == NVML_SUCCESS && h == dev) break;
   }
-  if (index == count) return -1;
+  // Not one of the GPUs: a MIG device (its own handle, from nvmlDeviceGetMigDeviceHandleByIndex or
+  // by its UUID), which only its UUID in CUDA_VISIBLE_DEVICES can name.
+  const bool gpu = index < count;
   const char* visible = getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr || *visible == 0) return static_cast<int>(index);
+  if (visible == nullptr || *visible == 0) return gpu ? static_cast<int>(index) : -1;
   char uuid[kNvmlUuidBufferSize] = "";
   if (real_nvml.GetUUID != nullptr) real_nvml.GetUUID(dev, uuid, sizeof uuid);
   int ordinal = 0;
@@ -931,8 +933,8 @@ int CudaOrdinal(nvmlDevice_t dev) {
     size_t len = end ? static_cast<size_t>(end - p) : strlen(p);
     if (len > 0) {
       if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0) {
-        if (strncmp(uuid, p, len) == 0) return ordinal;
-      } else if (static_cast<unsigned>(atoi(p)) == index) {
+        if (uuid[0] != 0 && strncmp(uuid, p, len) == 0) return ordinal;
+      } else if (gpu && static_cast<unsigned>(atoi(p)) == index) {
         return ordinal;
       }
     }

@@ -64,6 +64,8 @@ struct State {
   Clock::time_point init_time;
   json scenario;
   std::vector<std::unique_ptr<Device>> devices;
+  // MIG devices (instances) of each GPU, by the GPU's index: handles of their own, not counted.
+  std::map<unsigned, std::vector<std::unique_ptr<Device>>> migs;
   std::vector<std::vector<int>> topology;
   std::vector<Event> events;
   std::map<std::string, int> errors;
@@ -109,6 +111,11 @@ int Scripted(const char* fn, const Device* dev = nullptr) {
 Device* Dev(nvmlDevice_t handle) {
   for (auto& d : S().devices) {
     if (reinterpret_cast<nvmlDevice_t>(d.get()) == handle) return d.get();
+  }
+  for (auto& [gpu, list] : S().migs) {
+    for (auto& m : list) {
+      if (reinterpret_cast<nvmlDevice_t>(m.get()) == handle) return m.get();
+    }
   }
   return nullptr;
 }
@@ -172,6 +179,18 @@ int LoadScenario(State& s) {
     // Shorthand: N links into an NVSwitch fabric.
     for (int k = 0; k < d.value("nvswitch_links", 0); ++k) {
       dev->nvlinks.push_back(NvLink{"00000000:C0:00.0", NVML_NVLINK_DEVICE_TYPE_SWITCH, true});
+    }
+    // "mig_devices": [{"uuid": "MIG-...", "memory_total": bytes, "memory_used": bytes}]
+    int mig_index = 0;
+    for (const json& m : d.value("mig_devices", json::array())) {
+      auto mig = std::make_unique<Device>(*dev);
+      mig->nvlinks.clear();
+      char muuid[64];
+      std::snprintf(muuid, sizeof muuid, "MIG-fa4e0000-0000-0000-%04d-%012d", index, mig_index++);
+      mig->uuid = m.value("uuid", std::string(muuid));
+      mig->memory_total = m.value("memory_total", dev->memory_total / 7);
+      mig->memory_used = m.value("memory_used", mig->memory_total / 100);
+      s.migs[static_cast<unsigned>(index)].push_back(std::move(mig));
     }
     s.devices.push_back(std::move(dev));
     ++index;
@@ -378,6 +397,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t dev, int* current, int* pe
   DEVICE_OR_FAIL("nvmlDeviceGetEccMode");
   *current = *pending = d->ecc;
   return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned index,
+                                                        nvmlDevice_t* mig) {
+  DEVICE_OR_FAIL("nvmlDeviceGetMigDeviceHandleByIndex");
+  if (mig == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  State& st = S();
+  for (size_t i = 0; i < st.devices.size(); ++i) {
+    if (st.devices[i].get() != d) continue;
+    auto it = st.migs.find(static_cast<unsigned>(i));
+    if (it == st.migs.end() || index >= it->second.size()) return NVML_ERROR_NOT_FOUND;
+    *mig = reinterpret_cast<nvmlDevice_t>(it->second[index].get());
+    return NVML_SUCCESS;
+  }
+  return NVML_ERROR_INVALID_ARGUMENT;  // a MIG device has no MIG devices
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned* current, unsigned* pending) {
