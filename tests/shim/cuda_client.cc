@@ -215,8 +215,15 @@ int main(int argc, char** argv) {
       if (rc == CUDA_SUCCESS) ptrs.push_back(p);
       report(rc);
     } else if (c[0] == "create") {
+      // create:MiB[:device|:host] - on that device (default: none given, the driver's choice)
       CUmemGenericAllocationHandle h;
-      CUresult rc = api.MemCreate(&h, n(1) * MiB, nullptr, 0);
+      CUmemAllocationProp prop{};
+      prop.type = 1;
+      if (c.size() > 2) {
+        prop.location.type = c[2] == "host" ? 2 : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = c[2] == "host" ? 0 : static_cast<int>(n(2));
+      }
+      CUresult rc = api.MemCreate(&h, n(1) * MiB, c.size() > 2 ? &prop : nullptr, 0);
       if (rc == CUDA_SUCCESS) handles.push_back(h);
       report(rc);
     } else if (c[0] == "array") {

@@ -81,6 +81,14 @@ TEST(Shim, LimitsPerDevice) {
   EXPECT_EQ(RunClient(env, "link", "alloc:200 device:1 alloc:200 info"), "oom\nok\nok\n824 1024\n");
 }
 
+TEST(Shim, CuMemCreateCountsOnTheDeviceItsPropertiesName) {
+  // Current device 0; the allocations name device 1 or the host: device 1's limit holds, device 0
+  // keeps its room, host memory is not counted.
+  Env env{.limit = "0:1GiB,1:1GiB", .extra = "FAKE_CUDA_DEVICES=2"};
+  EXPECT_EQ(RunClient(env, "link", "create:600:1 create:600:1 create:600:host alloc:900"),
+            "ok\noom\nok\nok\n");
+}
+
 TEST(Shim, ConcurrentProcessesNeverExceedTheSharedLimit) {
   std::string region = TempPath("concurrent.region");
   std::filesystem::remove(region);

@@ -40,9 +40,29 @@ typedef struct CUmipmappedArray_st* CUmipmappedArray;
 typedef struct CUmemPoolHandle_st* CUmemoryPool;
 typedef struct CUgraphExec_st* CUgraphExec;
 typedef struct CUgraph_st* CUgraph;
-typedef int CUstreamCaptureMode;                            // 0 global, 1 thread-local, 2 relaxed
-typedef int CUstreamCaptureStatus;                          // 0 none, 1 active, 2 invalidated
-typedef struct CUmemAllocationProp_st CUmemAllocationProp;  // opaque here
+typedef int CUstreamCaptureMode;    // 0 global, 1 thread-local, 2 relaxed
+typedef int CUstreamCaptureStatus;  // 0 none, 1 active, 2 invalidated
+// Where a cuMemCreate allocation lives (CUmemLocation): type 1 a device (id: its ordinal), 2 the
+// host, 3 a host NUMA node, 4 the current thread's host NUMA node.
+typedef struct CUmemLocation_st {
+  int type;
+  int id;
+} CUmemLocation;
+enum {
+  CU_MEM_LOCATION_TYPE_DEVICE = 1,
+};
+typedef struct CUmemAllocationProp_st {
+  int type;  // CUmemAllocationType
+  int requestedHandleTypes;
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
 typedef struct CUevent_st* CUevent;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;  // opaque here
 typedef struct CUlaunchConfig_st {

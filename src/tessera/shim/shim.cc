@@ -275,8 +275,10 @@ bool Forget(Kind kind, uint64_t key, Held* out) {
 
 // Reserves, allocates with `call`, remembers; gives the reservation back when anything fails.
 template <typename Call>
-CUresult Counted(Kind kind, uint64_t bytes, Call call, uint64_t (*key_of)(void*), void* out) {
-  const int device = CurrentDevice();
+// `on`: the device (CUDA ordinal) the memory is on; -2: the current context's.
+CUresult Counted(Kind kind, uint64_t bytes, Call call, uint64_t (*key_of)(void*), void* out,
+                 int on = -2) {
+  const int device = on == -2 ? CurrentDevice() : on;
   if (!region->Reserve(device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = call();
   if (rc != CUDA_SUCCESS) {
@@ -421,9 +423,12 @@ TESSERA_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
 TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
                                     const CUmemAllocationProp* prop, unsigned long long flags) {
   if (!Ready() || real.cuMemCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // On the device `prop` names, not the current one; memory on the host is not GPU memory.
+  if (prop != nullptr && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return real.cuMemCreate(handle, bytes, prop, flags);
   return Counted(
       kHandle, bytes, [&] { return real.cuMemCreate(handle, bytes, prop, flags); }, HandleKey,
-      handle);
+      handle, prop != nullptr ? prop->location.id : -2);
 }
 
 TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
