@@ -58,6 +58,8 @@ CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsig
                                    unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
                                    void**);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice);
+CUresult cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuCtxSynchronize();
@@ -326,9 +328,12 @@ int main(int argc, char** argv) {
       }
       printf("%llu %llu %llu | %llu %llu %llu\n", m.total / MiB, m.free / MiB, m.used / MiB,
              m2.total / MiB, m2.free / MiB, m2.used / MiB);
-    } else if (c[0] == "ctx") {
+    } else if (c[0] == "ctx" || c[0] == "ctx3" || c[0] == "ctx4") {
       CUcontext ctx;
-      CUresult rc = cuCtxCreate_v2(&ctx, 0, static_cast<CUdevice>(n(1)));
+      const CUdevice dev = static_cast<CUdevice>(n(1));
+      CUresult rc = c[0] == "ctx3"   ? cuCtxCreate_v3(&ctx, nullptr, 0, 0, dev)
+                    : c[0] == "ctx4" ? cuCtxCreate_v4(&ctx, nullptr, 0, dev)
+                                     : cuCtxCreate_v2(&ctx, 0, dev);
       if (rc == CUDA_SUCCESS) contexts.push_back(ctx);
       report(rc);
     } else if (c[0] == "ctxdestroy") {

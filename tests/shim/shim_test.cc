@@ -186,6 +186,9 @@ TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
                       "primary:0 primary:0 alloc:800 primaryrelease:0 primaryrelease:0 "
                       "alloc:200"),
             "ok\nok\noom\nok\nok\nok\n");
+  // Every cuCtxCreate version counts the same (CUDA 11.4+ and 12.5+ callers use _v3 and _v4).
+  EXPECT_EQ(RunClient(env, "link", "ctx3:0 info ctx4:0 info ctxdestroy ctxdestroy info"),
+            "ok\n724 1024\nok\n724 1024\nok\nok\n1024 1024\n");
   // A context that would not fit is refused like an allocation.
   Env small{.limit = "200MiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
   EXPECT_EQ(RunClient(small, "link", "ctx:0"), "oom\n");

@@ -124,6 +124,11 @@ typedef CUresult (*cuMemGetInfo_v2_fn)(size_t*, size_t*);
 typedef CUresult (*cuDeviceTotalMem_v2_fn)(size_t*, CUdevice);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice*);
 typedef CUresult (*cuCtxCreate_v2_fn)(CUcontext*, unsigned int, CUdevice);
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;  // opaque here
+typedef struct CUctxCreateParams_st CUctxCreateParams;      // opaque here
+typedef CUresult (*cuCtxCreate_v3_fn)(CUcontext*, CUexecAffinityParam*, int, unsigned int,
+                                      CUdevice);
+typedef CUresult (*cuCtxCreate_v4_fn)(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice);
 typedef CUresult (*cuCtxDestroy_v2_fn)(CUcontext);
 typedef CUresult (*cuDevicePrimaryCtxRetain_fn)(CUcontext*, CUdevice);
 typedef CUresult (*cuDevicePrimaryCtxRelease_v2_fn)(CUdevice);

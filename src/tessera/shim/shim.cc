@@ -58,6 +58,8 @@ DlsymFn RealDlsym() {
   X(cuMipmappedArrayDestroy)      \
   X(cuMemGetInfo_v2)              \
   X(cuCtxCreate_v2)               \
+  X(cuCtxCreate_v3)               \
+  X(cuCtxCreate_v4)               \
   X(cuCtxDestroy_v2)              \
   X(cuDevicePrimaryCtxRetain)     \
   X(cuDevicePrimaryCtxRelease_v2) \
@@ -538,10 +540,13 @@ std::unordered_map<CUcontext, int>* context_device = nullptr;  // created contex
 }  // namespace
 }  // namespace tessera::shim
 
-TESSERA_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
-  if (!Ready() || real.cuCtxCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+namespace {
+// A context created on `device` by `create` (whichever cuCtxCreate version): its overhead counted
+// while it lives.
+template <typename Create>
+CUresult CountedContext(CUcontext* ctx, CUdevice device, Create create) {
   if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
-  CUresult rc = real.cuCtxCreate_v2(ctx, flags, device);
+  CUresult rc = create();
   if (rc != CUDA_SUCCESS) {
     DropContext(device);
     return rc;
@@ -553,6 +558,26 @@ TESSERA_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdev
   } catch (...) {
   }
   return rc;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device, [&] { return real.cuCtxCreate_v2(ctx, flags, device); });
+}
+
+TESSERA_EXPORT CUresult cuCtxCreate_v3(CUcontext* ctx, CUexecAffinityParam* params, int n,
+                                       unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v3 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device,
+                        [&] { return real.cuCtxCreate_v3(ctx, params, n, flags, device); });
+}
+
+TESSERA_EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, CUctxCreateParams* params,
+                                       unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v4 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device,
+                        [&] { return real.cuCtxCreate_v4(ctx, params, flags, device); });
 }
 
 TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {

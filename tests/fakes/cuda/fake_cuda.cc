@@ -117,6 +117,15 @@ FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int, CUdevice d) {
   current_device = d;
   return CUDA_SUCCESS;
 }
+// The later versions (execution affinity, create parameters): a context like any other here.
+FAKE_EXPORT CUresult cuCtxCreate_v3(CUcontext* ctx, CUexecAffinityParam*, int, unsigned int flags,
+                                    CUdevice d) {
+  return cuCtxCreate_v2(ctx, flags, d);
+}
+FAKE_EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, CUctxCreateParams*, unsigned int flags,
+                                    CUdevice d) {
+  return cuCtxCreate_v2(ctx, flags, d);
+}
 FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
   return ctx == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
 }
@@ -415,6 +424,8 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuMipmappedArrayDestroy", (void*)&cuMipmappedArrayDestroy},
       {"cuMemGetInfo_v2", (void*)&cuMemGetInfo_v2},
       {"cuCtxCreate_v2", (void*)&cuCtxCreate_v2},
+      {"cuCtxCreate_v3", (void*)&cuCtxCreate_v3},
+      {"cuCtxCreate_v4", (void*)&cuCtxCreate_v4},
       {"cuCtxDestroy_v2", (void*)&cuCtxDestroy_v2},
       {"cuDevicePrimaryCtxRetain", (void*)&cuDevicePrimaryCtxRetain},
       {"cuDevicePrimaryCtxRelease_v2", (void*)&cuDevicePrimaryCtxRelease_v2},
