@@ -655,131 +655,131 @@ struct SyncScope {
 }  // namespace
 }  // namespace tessera::shim
 
+namespace tessera::shim {
+namespace {
+
+// The bodies of the hooks that exist in a legacy and a per-thread default stream version, given
+// the driver's entry point of that version. Called once Ready().
+template <typename Fn, typename... Args>
+CUresult Paced(Fn fn, Args... args) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  Pace();
+  return fn(args...);
+}
+
+template <typename Fn, typename... Args>
+CUresult Synced(Fn fn, Args... args) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  SyncScope scope;
+  return fn(args...);
+}
+
+CUresult BeginCapture(cuStreamBeginCapture_v2_fn fn, CUstream stream, CUstreamCaptureMode mode) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = fn(stream, mode);
+  if (rc == CUDA_SUCCESS) captures.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
+CUresult EndCapture(cuStreamEndCapture_fn fn, CUstream stream, CUgraph* graph) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = fn(stream, graph);
+  // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
+  // thread must end it.
+  if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+    int n = captures.load();
+    while (n > 0 && !captures.compare_exchange_weak(n, n - 1)) {
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
 TESSERA_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
                                        unsigned int gz, unsigned int bx, unsigned int by,
                                        unsigned int bz, unsigned int shared, CUstream stream,
                                        void** params, void** extra) {
-  if (!Ready() || real.cuLaunchKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+  return Ready()
+             ? Paced(real.cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+             : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
                                             unsigned int gz, unsigned int bx, unsigned int by,
                                             unsigned int bz, unsigned int shared, CUstream stream,
                                             void** params, void** extra) {
-  if (!Ready() || real.cuLaunchKernel_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+  return Ready() ? Paced(real.cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shared, stream,
+                         params, extra)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                          void** extra) {
-  if (!Ready() || real.cuLaunchKernelEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchKernelEx(config, f, params, extra);
+  return Ready() ? Paced(real.cuLaunchKernelEx, config, f, params, extra)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
                                               void** params, void** extra) {
-  if (!Ready() || real.cuLaunchKernelEx_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchKernelEx_ptsz(config, f, params, extra);
+  return Ready() ? Paced(real.cuLaunchKernelEx_ptsz, config, f, params, extra)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
                                                   unsigned int gz, unsigned int bx, unsigned int by,
                                                   unsigned int bz, unsigned int shared,
                                                   CUstream stream, void** params) {
-  if (!Ready() || real.cuLaunchCooperativeKernel == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+  return Ready() ? Paced(real.cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shared, stream,
+                         params)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
                                                        unsigned int gy, unsigned int gz,
                                                        unsigned int bx, unsigned int by,
                                                        unsigned int bz, unsigned int shared,
                                                        CUstream stream, void** params) {
-  if (!Ready() || real.cuLaunchCooperativeKernel_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shared, stream, params);
+  return Ready() ? Paced(real.cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shared,
+                         stream, params)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
-  if (!Ready() || real.cuGraphLaunch == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuGraphLaunch(graph, stream);
+  return Ready() ? Paced(real.cuGraphLaunch, graph, stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
-  if (!Ready() || real.cuGraphLaunch_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace();
-  return real.cuGraphLaunch_ptsz(graph, stream);
+  return Ready() ? Paced(real.cuGraphLaunch_ptsz, graph, stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
-  if (!Ready() || real.cuStreamBeginCapture_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult rc = real.cuStreamBeginCapture_v2(stream, mode);
-  if (rc == CUDA_SUCCESS) tessera::shim::captures.fetch_add(1, std::memory_order_acq_rel);
-  return rc;
+  return Ready() ? BeginCapture(real.cuStreamBeginCapture_v2, stream, mode)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
-  if (!Ready() || real.cuStreamBeginCapture_v2_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult rc = real.cuStreamBeginCapture_v2_ptsz(stream, mode);
-  if (rc == CUDA_SUCCESS) tessera::shim::captures.fetch_add(1, std::memory_order_acq_rel);
-  return rc;
+  return Ready() ? BeginCapture(real.cuStreamBeginCapture_v2_ptsz, stream, mode)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
-  if (!Ready() || real.cuStreamEndCapture == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult rc = real.cuStreamEndCapture(stream, graph);
-  // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
-  // thread must end it.
-  if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
-    int n = tessera::shim::captures.load();
-    while (n > 0 && !tessera::shim::captures.compare_exchange_weak(n, n - 1)) {
-    }
-  }
-  return rc;
+  return Ready() ? EndCapture(real.cuStreamEndCapture, stream, graph) : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
-  if (!Ready() || real.cuStreamEndCapture_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  CUresult rc = real.cuStreamEndCapture_ptsz(stream, graph);
-  // Ended (made a graph, or invalidated and over) unless the stream was not capturing or another
-  // thread must end it.
-  if (rc != CUDA_ERROR_ILLEGAL_STATE && rc != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
-    int n = tessera::shim::captures.load();
-    while (n > 0 && !tessera::shim::captures.compare_exchange_weak(n, n - 1)) {
-    }
-  }
-  return rc;
+  return Ready() ? EndCapture(real.cuStreamEndCapture_ptsz, stream, graph)
+                 : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuCtxSynchronize() {
-  if (!Ready() || real.cuCtxSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  SyncScope scope;
-  return real.cuCtxSynchronize();
+  return Ready() ? Synced(real.cuCtxSynchronize) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
-  if (!Ready() || real.cuStreamSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  SyncScope scope;
-  return real.cuStreamSynchronize(stream);
+  return Ready() ? Synced(real.cuStreamSynchronize, stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
-
 TESSERA_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
-  if (!Ready() || real.cuStreamSynchronize_ptsz == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  SyncScope scope;
-  return real.cuStreamSynchronize_ptsz(stream);
+  return Ready() ? Synced(real.cuStreamSynchronize_ptsz, stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuEventSynchronize(CUevent event) {
-  if (!Ready() || real.cuEventSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  SyncScope scope;
-  return real.cuEventSynchronize(event);
+  return Ready() ? Synced(real.cuEventSynchronize, event) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
