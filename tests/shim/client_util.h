@@ -44,7 +44,7 @@ inline std::string RunClient(const Env& env, const std::string& route, const std
   return tessera::test::Capture(Command(env, route, cmds)).out;
 }
 
-// A client left running: its first line is read; Stop() kills it.
+// A process left running, its stdout readable: Stop() kills it, Output() waits for its end.
 struct Running {
   pid_t pid = -1;
   FILE* out = nullptr;
@@ -54,22 +54,39 @@ struct Running {
     if (out) fclose(out);
     pid = -1, out = nullptr;
   }
+  // Everything it writes from here until it ends.
+  std::string Output() {
+    std::string all;
+    char buf[512];
+    size_t n;
+    while (out && (n = fread(buf, 1, sizeof buf, out)) > 0) all.append(buf, n);
+    if (out) fclose(out);
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    pid = -1, out = nullptr;
+    return all;
+  }
 };
 
-inline Running Start(const Env& env, const std::string& route, const std::string& cmds) {
+// `/bin/sh -c shell`, its stdout a pipe to read.
+inline Running Spawn(const std::string& shell) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::string cmd = "exec " + Command(env, route, cmds);
-  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  const char* argv[] = {"/bin/sh", "-c", shell.c_str(), nullptr};
   Running r;
   posix_spawn(&r.pid, "/bin/sh", &fa, nullptr, const_cast<char**>(argv), environ);
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   r.out = fdopen(fds[0], "r");
+  return r;
+}
+
+// The client left running; its first line is read.
+inline Running Start(const Env& env, const std::string& route, const std::string& cmds) {
+  Running r = Spawn("exec " + Command(env, route, cmds));
   char line[256] = "";
   if (fgets(line, sizeof line, r.out)) r.first_line = line;
   return r;

@@ -5,7 +5,6 @@
 // tests run alone (RUN_SERIAL): they measure time.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,37 +127,6 @@ TEST(Pacing, AJobThatDiesHoldingTheGpuDoesNotBlockIt) {
   EXPECT_GT(us, 0.5 * 800000);
 }
 
-// A process whose stdout is read at the end.
-struct Tenant {
-  pid_t pid = -1;
-  int fd = -1;
-  std::string Output() {
-    std::string out;
-    char buf[512];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-    close(fd);
-    waitpid(pid, nullptr, 0);
-    return out;
-  }
-};
-
-Tenant Spawn(const std::string& shell) {
-  int fds[2];
-  EXPECT_EQ(pipe(fds), 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  const char* argv[] = {"/bin/sh", "-c", shell.c_str(), nullptr};
-  Tenant t;
-  posix_spawn(&t.pid, "/bin/sh", &fa, nullptr, const_cast<char**>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  t.fd = fds[0];
-  return t;
-}
-
 TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
   // Two steady tenants (20% and 30%) share the GPU with a bursty one (25%) that is stopped
   // (SIGSTOP) for 20-60 ms at random moments, and with a job (25%) whose processes are killed
@@ -174,13 +142,13 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
                         " TESSERA_JOB_ID=" + job + " TESSERA_CUDA_COMPUTE_SHARE=" + share};
   };
   const std::string window = "2600:500:4:0:500:2500";  // 2 s measured
-  Tenant a = Spawn("exec " + Command(env("steady-a", "20%"), "link", "work:" + window));
-  Tenant b = Spawn("exec " + Command(env("steady-b", "30%"), "link", "work:" + window));
-  Tenant c =
+  Running a = Spawn("exec " + Command(env("steady-a", "20%"), "link", "work:" + window));
+  Running b = Spawn("exec " + Command(env("steady-b", "30%"), "link", "work:" + window));
+  Running c =
       Spawn("exec " + Command(env("bursty", "25%"), "link", "work:2600:1000:3:4000:500:2500"));
-  Tenant d = Spawn("end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do " +
-                   Command(env("killed", "25%"), "link", "work:40:500:4:0:0:0 syncdie:20000") +
-                   " >/dev/null 2>&1; sleep 0.1; done");
+  Running d = Spawn("end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do " +
+                    Command(env("killed", "25%"), "link", "work:40:500:4:0:0:0 syncdie:20000") +
+                    " >/dev/null 2>&1; sleep 0.1; done");
   // SIGSTOP the bursty tenant now and then, whatever it holds.
   std::srand(static_cast<unsigned>(getpid()));
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
@@ -222,7 +190,7 @@ TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
   Env high = env, low = env;
   high.extra += " TESSERA_JOB_ID=high TESSERA_CUDA_PRIORITY=10";
   low.extra += " TESSERA_JOB_ID=low TESSERA_CUDA_PRIORITY=0";
-  Tenant h = Spawn("exec " + Command(high, "link", "work:1500:500:2:2000:0:0"));
+  Running h = Spawn("exec " + Command(high, "link", "work:1500:500:2:2000:0:0"));
   const std::string out = RunClient(low, "link", "work:400:500:2:0:0:0 capture:500:20 2>&1");
   h.Output();
   EXPECT_THAT(out, ::testing::HasSubstr("captured 20")) << out;
