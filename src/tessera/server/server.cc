@@ -536,11 +536,10 @@ absl::Status Server::Start(StartOptions options) {
   }
   if (absl::Status st = Recover(); !st.ok()) return st;
   if (cgroups_->mode() != "none") {
+    const json where = cgroups_->Describe();
     spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", cgroups_->mode(),
-                 cgroups_->Describe()["devices"].get<std::string>(),
-                 cgroups_->Describe()["memory"].get<std::string>(),
-                 cgroups_->Describe()["cpu"].get<std::string>(),
-                 cgroups_->Describe()["pids"].get<std::string>(),
+                 where["devices"].get<std::string>(), where["memory"].get<std::string>(),
+                 where["cpu"].get<std::string>(), where["pids"].get<std::string>(),
                  cgroups_->reason().empty() ? "" : " (" + cgroups_->reason() + ")");
   } else {
     spdlog::warn("jobs are NOT confined to their GPUs: {}", cgroups_->reason());
