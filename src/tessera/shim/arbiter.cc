@@ -1,9 +1,7 @@
 #include "tessera/shim/arbiter.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,21 +45,12 @@ uint32_t PidNamespace() {
   return open ? static_cast<uint32_t>(strtoul(open + 1, nullptr, 10)) : 0;
 }
 
-// A process's state letter from /proc/<pid>/stat ('R', 'S', 'D', 'T', 't', 'Z'...), 0 when gone.
-// No allocation: usable from the intercept library.
+// A process's state letter ('R', 'S', 'D', 'T', 't', 'Z'...), 0 when gone (ReadProcessStat: no
+// allocation, usable from the intercept library).
 char ProcessStateOf(int32_t pid) {
-  if (pid <= 0) return 0;
-  char path[32];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[256];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  const char* close_paren = strrchr(buf, ')');
-  return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+  char state = 0;
+  uint64_t start = 0;
+  return pid > 0 && ReadProcessStat(pid, &state, &start) ? state : 0;
 }
 
 }  // namespace
