@@ -98,6 +98,23 @@ std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
   return env;
 }
 
+std::vector<gid_t> AccountGroups(uid_t uid, std::optional<gid_t> primary) {
+  std::vector<gid_t> groups;
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return groups;
+  const gid_t gid = primary.value_or(pw.pw_gid);
+  int n = 64;
+  groups.resize(static_cast<size_t>(n));
+  if (getgrouplist(pw.pw_name, gid, groups.data(), &n) < 0) {
+    groups.resize(static_cast<size_t>(n));
+    getgrouplist(pw.pw_name, gid, groups.data(), &n);
+  }
+  groups.resize(static_cast<size_t>(std::max(n, 0)));
+  return groups;
+}
+
 absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError(fmt::format("job {}: no command", spec.job_id));
@@ -131,20 +148,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   // The user's supplementary groups (their data may be readable through one), looked up before the
   // fork; none when the account has no name.
   std::vector<gid_t> groups;
-  if (spec.uid && spec.gid) {
-    passwd pw;
-    passwd* found = nullptr;
-    std::vector<char> buf(16384);
-    if (getpwuid_r(*spec.uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
-      int n = 64;
-      groups.resize(static_cast<size_t>(n));
-      if (getgrouplist(pw.pw_name, *spec.gid, groups.data(), &n) < 0) {
-        groups.resize(static_cast<size_t>(n));
-        getgrouplist(pw.pw_name, *spec.gid, groups.data(), &n);
-      }
-      groups.resize(static_cast<size_t>(std::max(n, 0)));
-    }
-  }
+  if (spec.uid && spec.gid) groups = AccountGroups(*spec.uid, *spec.gid);
   std::vector<const char*> cgroup_files;
   for (const std::string& f : spec.cgroup_procs) cgroup_files.push_back(f.c_str());
   // "0" is the writer itself, in cgroup2 and in cgroup1 alike.

@@ -64,6 +64,10 @@ struct Launched {
 // The environment a job gets: its own plus Tessera's variables (which win).
 std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec);
 
+// The groups of account `uid` (primary - `primary`, else its own - and supplementary), as
+// getgrouplist gives them; none when it has no account.
+std::vector<gid_t> AccountGroups(uid_t uid, std::optional<gid_t> primary = std::nullopt);
+
 // Starts the job. kInvalidArgument naming the command when it cannot be executed (not found, not
 // executable, bad workdir), with nothing left running; kInternal for fork/pipe failures.
 absl::StatusOr<Launched> Start(const LaunchSpec& spec);

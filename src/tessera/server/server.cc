@@ -362,25 +362,13 @@ std::vector<std::string> Server::UserGroups(uint32_t uid) {
   std::lock_guard lock(groups_mu_);
   if (auto it = user_groups_.find(uid); it != user_groups_.end()) return it->second;
   std::vector<std::string> out;
-  passwd pw;
-  passwd* found = nullptr;
-  std::vector<char> buf(16384);
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
-    int n = 64;
-    std::vector<gid_t> gids(static_cast<size_t>(n));
-    if (getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
-      gids.resize(static_cast<size_t>(n));
-      getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
-    }
-    gids.resize(static_cast<size_t>(std::max(n, 0)));
-    for (gid_t gid : gids) {
-      group gr;
-      group* g = nullptr;
-      std::vector<char> gbuf(16384);
-      if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g) {
-        std::string key = std::string("group:") + g->gr_name;
-        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
-      }
+  for (gid_t gid : AccountGroups(uid)) {
+    group gr;
+    group* g = nullptr;
+    std::vector<char> gbuf(16384);
+    if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g) {
+      std::string key = std::string("group:") + g->gr_name;
+      if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
     }
   }
   user_groups_[uid] = out;
