@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "daemon.h"
 #include "fake_apiserver.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/server/http.h"
@@ -42,155 +43,9 @@ namespace fs = std::filesystem;
 
 constexpr char kToken[] = "bob-token-0123456789";
 
-// Removes the cgroup subtrees named `name` (a daemon's, see Daemon::Confinement) with whatever
-// still runs in them: jobs outlive their server by design, not the test that started them.
-void RemoveCgroups(const std::string& name) {
-  std::vector<fs::path> found;
-  std::error_code ec;
-  fs::recursive_directory_iterator it("/sys/fs/cgroup",
-                                      fs::directory_options::skip_permission_denied, ec);
-  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_directory(ec)) continue;
-    if (it->path().filename() == name) {
-      found.push_back(it->path());
-      it.disable_recursion_pending();
-    } else if (it.depth() >= 3) {
-      it.disable_recursion_pending();
-    }
-  }
-  for (const fs::path& base : found) {
-    for (const auto& job : fs::directory_iterator(base, ec)) {
-      if (!job.is_directory()) continue;
-      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      do {
-        std::ifstream procs(job.path() / "cgroup.procs");
-        for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
-        if (rmdir(job.path().c_str()) == 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      } while (std::chrono::steady_clock::now() < until);
-    }
-    rmdir(base.c_str());
-  }
-}
-
-class Daemon {
- public:
-  explicit Daemon(const std::string& name, const std::string& config_yaml = "",
-                  const std::string& simulate = "t4x2") {
-    dir_ = ::testing::TempDir() + "tessera-e2e-" + std::to_string(getpid()) + "-" + name;
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    socket_ = dir_ + "/s.sock";
-    config_ = dir_ + "/server.yaml";
-    // The default poll interval: ended jobs are noticed through their pidfds, not by polling.
-    // Tests run as root in CI: their jobs are root's unless a test says otherwise.
-    std::ofstream(config_)
-        << "preemption: {grace_period_s: 1}\n"
-        << (config_yaml.find("allow_root_jobs") == std::string::npos ? "allow_root_jobs: true\n"
-                                                                     : "")
-        << config_yaml
-        // Not the machine's podman (nor its /var/run/cdi) unless a test names one.
-        << (config_yaml.find("containers:") == std::string::npos ? "containers: {podman: \"\"}\n"
-                                                                 : "")
-        << (config_yaml.find("confinement:") == std::string::npos ? Confinement() : "");
-    simulate_ = simulate;
-    Start();
-  }
-  ~Daemon() {
-    Kill(SIGTERM);
-    RemoveCgroups(fs::path(dir_).filename().string());
-  }
-  // Jobs confined as in production, in a subtree of this daemon's own (tests run in parallel).
-  std::string Confinement() const {
-    return "confinement: {cgroup: " + fs::path(dir_).filename().string() + "}\n";
-  }
-
-  void Start() {
-    std::string log = dir_ + "/server.log";
-    // No machine to simulate: the driver (the config names which NVML library).
-    std::string cmd = std::string("exec setpriv --pdeathsig TERM ") + TESSERA_BINARY +
-                      " server --socket " + socket_ + " --state-dir " + dir_ + "/state" +
-                      (simulate_.empty() ? "" : " --simulate " + simulate_) + " -c " + config_ +
-                      " >>" + log + " 2>&1";
-    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
-              0);
-    for (int i = 0; i < 200; ++i) {
-      HttpClient c(socket_);
-      auto r = c.Send("GET", "/v1/health");
-      if (r.ok() && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    FAIL() << "server did not come up; log:\n" << Log();
-  }
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    kill(pid_, sig);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  std::string Log() const { return tessera::test::ReadFile(dir_ + "/server.log"); }
-  const std::string& socket() const { return socket_; }
-  const std::string& dir() const { return dir_; }
-
-  json Call(const std::string& method, const std::string& target, const std::string& body = "",
-            int* status = nullptr) {
-    HttpClient c(socket_);
-    auto r = c.Send(method, target, body);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return json();
-    if (status) *status = r->status;
-    return json::parse(r->body, nullptr, false);
-  }
-  int64_t Submit(const json& spec) {
-    int status = 0;
-    json j = Call("POST", "/v1/jobs", spec.dump(), &status);
-    EXPECT_EQ(status, 201) << j.dump();
-    return j.value("id", int64_t{0});
-  }
-  // Polls until the job is in `state`; its JSON.
-  json WaitFor(int64_t id, const std::string& state, double seconds = 15) {
-    json j;
-    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    while (std::chrono::steady_clock::now() < until) {
-      j = Call("GET", "/v1/jobs/" + std::to_string(id));
-      if (j.value("state", "") == state) return j;
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    }
-    ADD_FAILURE() << "job " << id << " never became " << state << ": " << j.dump() << "\nlog:\n"
-                  << Log();
-    return j;
-  }
-  // Polls until the job's process exists (its pid is recorded): "running" is said just before
-  // launch.
-  void WaitForProcess(int64_t id) {
-    json j = WaitFor(id, "running");
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (j["pid"].is_null() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      j = Call("GET", "/v1/jobs/" + std::to_string(id));
-    }
-    EXPECT_FALSE(j["pid"].is_null()) << j.dump();
-  }
-  std::string Logs(int64_t id, const std::string& stream = "stdout") {
-    return Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=" + stream)
-        .value("data", "");
-  }
-
- private:
-  std::string dir_, socket_, config_, simulate_;
-  pid_t pid_ = -1;
-};
-
-json Shell(const std::string& script, json resources = json::object()) {
-  return json{{"command", {"/bin/sh", "-c", script}}, {"resources", resources}};
-}
-
-std::string Cli(const Daemon& d, const std::string& args) {
-  return tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY + " " + args +
-                                " 2>&1")
-      .out;
-}
+using tessera::test::Cli;
+using tessera::test::Daemon;
+using tessera::test::Shell;
 
 TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
   Daemon d("basic");
@@ -643,7 +498,7 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
       {"POST", "/v1/jobs", std::string(8000, ' '), 413, "over the limit"},
       {"GET", "/v1/jobs?state=sleeping", "", 400, "unknown state 'sleeping'"},
       {"GET", "/v1/jobs?colour=red", "", 400, "unknown query parameter"},
-      {"GET", "/v1/jobs/abc", "", 400, "not a positive whole number"},
+      {"GET", "/v1/jobs/abc", "", 400, "is not a job (a positive whole number)"},
       {"GET", "/v1/jobs/12345", "", 404, "not found"},
       {"DELETE", "/v1/jobs", "", 405, "does not take DELETE"},
       {"GET", "/v1/jobs/1/cancel", "", 405, "does not take GET"},

@@ -33,7 +33,7 @@ TEST(Cli, JobIdsThatAreNotNumbersAreSaidPlainly) {
            {"show", "abc"}, {"logs", "-1"}, {"cancel", "3", "x7"}, {"show", "0"}}) {
     Result r = Cli(args);
     EXPECT_EQ(r.code, 2) << args[0];
-    EXPECT_THAT(r.err + r.out, HasSubstr("is not a positive whole number")) << args[0];
+    EXPECT_THAT(r.err + r.out, HasSubstr("is not a job (a positive whole number)")) << args[0];
     EXPECT_THAT(r.err + r.out, ::testing::Not(HasSubstr("not in range"))) << args[0];
   }
 }

@@ -6,12 +6,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -122,15 +124,41 @@ std::string Where(const json& job) {
   return fmt::format("{}", fmt::join(g, ","));
 }
 
+// How a job is named on the command line: 12, an array's task 12_3, or a folded array 12_[0-99%8].
+std::string JobRef(const json& j) {
+  if (j.contains("array") && j["array"].is_object() && j["array"].value("folded", false))
+    return fmt::format("{}_[{}]", j["array"]["id"].get<int64_t>(), j["array"].value("range", ""));
+  if (j.value("array_id", json()).is_number())
+    return fmt::format("{}_{}", j["array_id"].get<int64_t>(), j["array_index"].get<int>());
+  return std::to_string(j["id"].get<int64_t>());
+}
+
+// A job's state; a folded array's counts of tasks by state ("queued:84 running:8"); "held".
+std::string StateText(const json& j, bool array = false) {
+  if (j.contains("array") && j["array"].is_object() &&
+      (array || j["array"].value("folded", false))) {
+    std::vector<std::string> parts;
+    for (const char* s :
+         {"running", "queued", "succeeded", "failed", "cancelled", "preempted", "lost"}) {
+      if (j["array"]["states"].contains(s))
+        parts.push_back(fmt::format("{}:{}", s, j["array"]["states"][s].get<int64_t>()));
+    }
+    if (j["array"].value("held", 0) > 0)
+      parts.push_back(fmt::format("(held:{})", j["array"]["held"].get<int64_t>()));
+    return fmt::format("{}", fmt::join(parts, " "));
+  }
+  return j.value("held", false) ? "held" : j.value("state", "");
+}
+
 void JobsTable(const json& jobs, std::ostream& out) {
   Table t({"ID", "NAME", "USER", "STATE", "PRIO", "ASKS", "GPU", "AGE", "REASON"});
   for (const json& j : jobs) {
     std::string reason =
         j.contains("waiting") ? j["waiting"].get<std::string>() : j.value("reason", "");
     if (reason.size() > 60) reason = reason.substr(0, 57) + "...";
-    t.AddRow({std::to_string(j["id"].get<int64_t>()), j.value("name", ""), j.value("owner", ""),
-              j.value("state", ""), std::to_string(j.value("priority", 0)), Resources(j["spec"]),
-              Where(j), Age(j.value("submitted_at", 0.0)), reason});
+    t.AddRow({JobRef(j), j.value("name", ""), j.value("owner", ""), StateText(j),
+              std::to_string(j.value("priority", 0)), Resources(j["spec"]), Where(j),
+              Age(j.value("submitted_at", 0.0)), reason});
   }
   t.Print(out);
 }
@@ -145,7 +173,11 @@ struct State {
   std::string config_path;
   std::string socket, state_dir, simulate, fallback_simulate = "dgx-h100", tcp;
   bool allow_root_jobs = false;
-  // submit
+  // submit, run
+  std::string array, task_failure;
+  std::vector<std::string> after;
+  bool hold = false;
+  int ntasks = 0, tasks_per_gpu = 0;
   int gpus = 0;
   std::string gpu_mem, gpu_share, name, workdir, image, mem, idempotency_key;
   double cpus = 0;
@@ -159,12 +191,17 @@ struct State {
   std::string ls_user;
   bool ls_all = false;
   int limit = 50;
-  int64_t id = 0;
-  std::vector<int64_t> ids;
+  bool expand = false;
+  std::string id;  // 12, or an array's task 12_3
+  std::vector<std::string> ids;
+  int task = -1;
+  // acct
+  std::string since = "7d", until = "now", by = "user", acct_user;
   bool follow = false, stderr_stream = false, once = false;
   double interval = 1;
 };
 
+// `tessera run`: Ctrl-C (or SIGTERM) asks for the job to be cancelled.
 volatile sig_atomic_t stop_requested = 0;
 
 int RunServer(State& s, std::ostream& out, std::ostream& err) {
@@ -213,11 +250,12 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
+// The job spec the submit options describe; on bad input says why on `err` and returns nullopt.
+std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& err) {
   if (s.command.empty()) {
-    err << "tessera: submit needs a command after --, e.g. tessera submit --gpus 1 -- python "
-           "train.py\n";
-    return kExitBadInput;
+    err << "tessera: " << verb << " needs a command after --, e.g. tessera " << verb
+        << " --gpus 1 -- python train.py\n";
+    return std::nullopt;
   }
   json spec;
   spec["command"] = s.command;
@@ -235,7 +273,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
       err << "tessera: --env " << kv << ": expected NAME=VALUE\n";
-      return kExitBadInput;
+      return std::nullopt;
     }
     env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
@@ -245,7 +283,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
       err << "tessera: --label " << kv << ": expected KEY=VALUE\n";
-      return kExitBadInput;
+      return std::nullopt;
     }
     labels[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
@@ -270,8 +308,38 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   spec["preemptible"] = !s.no_preempt;
   if (s.max_runtime > 0) spec["max_runtime_s"] = s.max_runtime;
   if (s.grace >= 0) spec["grace_period_s"] = s.grace;
+  if (!s.array.empty()) spec["array"] = s.array;
+  if (!s.after.empty()) {
+    // "ok:5,6" (or Slurm's "ok:5:6") is ok:5 and ok:6; the server checks each.
+    json after = json::array();
+    for (const std::string& a : s.after) {
+      const size_t colon = a.find(':');
+      if (colon == std::string::npos) {
+        after.push_back(a);  // the server says what is wrong with it
+        continue;
+      }
+      std::string rest = a.substr(colon + 1);
+      std::replace(rest.begin(), rest.end(), ':', ',');
+      size_t start = 0;
+      do {
+        const size_t comma = rest.find(',', start);
+        after.push_back(a.substr(0, colon + 1) + rest.substr(start, comma - start));
+        start = comma == std::string::npos ? comma : comma + 1;
+      } while (start != std::string::npos);
+    }
+    spec["after"] = after;
+  }
+  if (s.hold) spec["hold"] = true;
+  if (s.ntasks > 0) spec["ntasks"] = s.ntasks;
+  if (s.tasks_per_gpu > 0) spec["tasks_per_gpu"] = s.tasks_per_gpu;
+  if (!s.task_failure.empty()) spec["task_failure"] = s.task_failure;
+  return spec;
+}
+
+// Submits `spec` with the options' idempotency key (a random one by default); the job, or nullopt
+// with *code set.
+std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& err, int* code) {
   server::HttpClient c = s.client.Client();
-  int code = kExitOk;
   // The submission's key: a repeat (this client's own after a lost answer, or a rerun with
   // --idempotency-key) gets the job the first one made instead of a second job.
   std::string key = s.idempotency_key;
@@ -279,11 +347,25 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
     std::random_device rd;
     key = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
   }
-  auto job = Call(c, "POST", "/v1/jobs", spec.dump(), err, &code, key);
+  return Call(c, "POST", "/v1/jobs", spec.dump(), err, code, key);
+}
+
+int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
+  auto spec = BuildSpec(s, "submit", err);
+  if (!spec) return kExitBadInput;
+  int code = kExitOk;
+  auto job = SubmitSpec(s, *spec, err, &code);
   if (!job) return code;
   if (s.client.output == "table") {
-    out << "submitted job "
-        << (*job)["id"].get<int64_t>()
+    const int64_t id = (*job)["id"].get<int64_t>();
+    if (job->contains("array")) {
+      const json& a = (*job)["array"];
+      out << fmt::format("submitted array {} ({} tasks, {}_<index>: jobs {}..{})", id,
+                         a["tasks"].get<int64_t>(), id, id, a["last_id"].get<int64_t>());
+    } else {
+      out << "submitted job " << id;
+    }
+    out << (s.hold ? " held (tessera release " + std::to_string(id) + ")" : "")
         // The user's own key used again (a repeat of this client's own retry is no news).
         << (job->value("repeated", false) && !s.idempotency_key.empty()
                 ? " (already: this key's submission was stored before)"
@@ -298,7 +380,8 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
 int RunLs(State& s, std::ostream& out, std::ostream& err) {
   server::HttpClient c = s.client.Client();
   int code = kExitOk;
-  std::string target = fmt::format("/v1/jobs?limit={}", s.limit);
+  std::string target =
+      fmt::format("/v1/jobs?limit={}&arrays={}", s.limit, s.expand ? "expand" : "fold");
   if (!s.states.empty()) target += "&state=" + s.states;
   // Your own jobs unless asked otherwise; the server says who you are (socket or token).
   std::string user = s.ls_user;
@@ -330,10 +413,16 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
   auto field = [&](const char* k, const std::string& v) {
     out << fmt::format("{:<12} {}\n", k, v);
   };
-  field("id", std::to_string((*j)["id"].get<int64_t>()));
+  field("id", JobRef(*j) == std::to_string((*j)["id"].get<int64_t>())
+                  ? JobRef(*j)
+                  : fmt::format("{} (job {})", JobRef(*j), (*j)["id"].get<int64_t>()));
+  if (const json a = j->value("array", json()); a.is_object()) {
+    field("array", fmt::format("{} [{}]: {} tasks; {}", a["id"].get<int64_t>(),
+                               a.value("range", ""), a.value("tasks", 0), StateText(*j, true)));
+  }
   field("name", j->value("name", ""));
   field("owner", j->value("owner", ""));
-  field("state", j->value("state", ""));
+  field("state", j->value("held", false) ? "queued, held" : j->value("state", ""));
   field("reason",
         j->contains("waiting") ? (*j)["waiting"].get<std::string>() : j->value("reason", ""));
   field("priority", std::to_string(j->value("priority", 0)));
@@ -374,8 +463,9 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
   for (;;) {
     int code = kExitOk;
     auto r = Call(c, "GET",
-                  fmt::format("/v1/jobs/{}/logs?stream={}&offset={}", s.id,
-                              s.stderr_stream ? "stderr" : "stdout", offset),
+                  fmt::format("/v1/jobs/{}/logs?stream={}&offset={}{}", s.id,
+                              s.stderr_stream ? "stderr" : "stdout", offset,
+                              s.task >= 0 ? fmt::format("&task={}", s.task) : ""),
                   "", err, &code);
     if (!r) return code;
     std::string data = (*r)["data"].get<std::string>();
@@ -389,7 +479,7 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
 int RunCancel(State& s, std::ostream& out, std::ostream& err) {
   server::HttpClient c = s.client.Client();
   int worst = kExitOk;
-  for (int64_t id : s.ids) {
+  for (const std::string& id : s.ids) {
     int code = kExitOk;
     auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/cancel", id), "", err, &code);
     if (!j) {
@@ -397,10 +487,235 @@ int RunCancel(State& s, std::ostream& out, std::ostream& err) {
       continue;
     }
     if (s.client.output == "table") {
-      out << fmt::format("job {}: {}{}\n", id, j->value("state", ""),
-                         j->contains("stopping") ? " (stopping: SIGTERM sent)" : "");
+      if (j->contains("array") && id.find('_') == std::string::npos &&
+          (*j)["array"]["id"] == (*j)["id"]) {
+        out << fmt::format("array {}: {}\n", id, StateText(*j, true));
+      } else {
+        out << fmt::format("job {}: {}{}\n", id, j->value("state", ""),
+                           j->contains("stopping") ? " (stopping: SIGTERM sent)" : "");
+      }
     } else {
       Emit(*j, s.client.output, out);
+    }
+  }
+  return worst;
+}
+
+// `tessera run`: submits, says why the job waits, streams its stdout and stderr as they come, and
+// exits with its exit code. Ctrl-C cancels the job (and still waits for it to end).
+int RunRun(State& s, std::ostream& out, std::ostream& err) {
+  if (!s.array.empty()) {
+    err << "tessera: run takes one job; submit an array with tessera submit --array\n";
+    return kExitBadInput;
+  }
+  auto spec = BuildSpec(s, "run", err);
+  if (!spec) return kExitBadInput;
+  int code = kExitOk;
+  auto job = SubmitSpec(s, *spec, err, &code);
+  if (!job) return code;
+  const int64_t id = (*job)["id"].get<int64_t>();
+  err << "tessera: job " << id << " submitted" << (s.hold ? " held" : "") << "\n";
+  stop_requested = 0;
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { stop_requested = 1; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  server::HttpClient c = s.client.Client();
+  int64_t offsets[2] = {0, 0};
+  bool cancelling = false, started = false;
+  std::string said;
+  for (;;) {
+    if (stop_requested && !cancelling) {
+      cancelling = true;
+      err << "tessera: cancelling job " << id << "\n";
+      (void)Call(c, "POST", fmt::format("/v1/jobs/{}/cancel", id), "", err, &code);
+    }
+    bool any = false, ended = false;
+    for (int k = 0; k < 2; ++k) {
+      auto r = Call(c, "GET",
+                    fmt::format("/v1/jobs/{}/logs?stream={}&offset={}", id,
+                                k == 0 ? "stdout" : "stderr", offsets[k]),
+                    "", err, &code);
+      if (!r) return code;
+      const std::string data = (*r)["data"].get<std::string>();
+      (k == 0 ? out : err) << data << std::flush;
+      offsets[k] = (*r)["next_offset"].get<int64_t>();
+      any = any || !data.empty();
+      ended = (*r)["ended"].get<bool>();
+      started = started || (*r)["state"] != "queued";
+    }
+    if (ended && !any) break;
+    if (!started) {
+      // Why it waits, said once per change.
+      auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", id), "", err, &code);
+      if (!j) return code;
+      std::string why = j->value("waiting", "");
+      if (!why.empty() && why != said) err << "tessera: job " << id << " waits: " << why << "\n";
+      said = why;
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", id), "", err, &code);
+  if (!j) return code;
+  const std::string state = j->value("state", "");
+  if (state == "succeeded") return kExitOk;
+  err << "tessera: job " << id << " " << state << ": " << j->value("reason", "") << "\n";
+  // Its own exit code, as srun gives it; 130 for one cancelled here, 1 when none is known.
+  if ((*j)["exit_code"].is_number()) return (*j)["exit_code"].get<int>();
+  return cancelling ? 130 : kExitFailure;
+}
+
+// A time on the command line: "now", a duration ago ("90m", "7d", "2w"), a date or a date and time
+// ("2026-11-01", "2026-11-01T08:00", local time), or seconds since the epoch.
+std::optional<double> ParseWhen(const std::string& text, double now) {
+  if (text == "now") return now;
+  if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))) {
+    static const std::pair<char, double> kUnits[] = {
+        {'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}, {'w', 7 * 86400}};
+    for (auto [unit, seconds] : kUnits) {
+      if (text.back() != unit) continue;
+      char* end = nullptr;
+      const double v = strtod(text.c_str(), &end);
+      if (end == text.c_str() + text.size() - 1 && v >= 0) return now - v * seconds;
+      return std::nullopt;
+    }
+    std::tm tm{};
+    for (const char* f : {"%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"}) {
+      tm = std::tm{};
+      const char* end = strptime(text.c_str(), f, &tm);
+      if (end && *end == '\0') {
+        tm.tm_isdst = -1;
+        return static_cast<double>(mktime(&tm));
+      }
+    }
+    char* end = nullptr;
+    const double v = strtod(text.c_str(), &end);
+    if (*end == '\0' && v > 1e8) return v;
+  }
+  return std::nullopt;
+}
+
+// `tessera acct`: GPU-hours, jobs, waits and failures over a period, per user, group or model.
+int RunAcct(State& s, std::ostream& out, std::ostream& err) {
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto since = ParseWhen(s.since, now), until = ParseWhen(s.until, now);
+  for (const auto& [flag, text, v] :
+       {std::tuple{"--since", s.since, since}, std::tuple{"--until", s.until, until}}) {
+    if (!v) {
+      err << "tessera: " << flag << " " << text
+          << ": expected now, a duration ago (90m, 7d, 2w), a date (2026-11-01), a date and "
+             "time (2026-11-01T08:00) or seconds since the epoch\n";
+      return kExitBadInput;
+    }
+  }
+  if (*until < *since) {
+    err << "tessera: --until " << s.until << " is before --since " << s.since << "\n";
+    return kExitBadInput;
+  }
+  server::HttpClient c = s.client.Client();
+  int code = kExitOk;
+  std::string target = fmt::format("/v1/acct?since={:.3f}&until={:.3f}", *since, *until);
+  if (!s.acct_user.empty()) target += "&user=" + s.acct_user;
+  auto r = Call(c, "GET", target, "", err, &code);
+  if (!r) return code;
+  const json& lines = (*r)["by_" + s.by];
+  if (s.client.output == "json" || s.client.output == "yaml") {
+    Emit(*r, s.client.output, out);
+    return kExitOk;
+  }
+  const std::vector<std::string> header = {s.by == "user"    ? "USER"
+                                           : s.by == "group" ? "GROUP"
+                                                             : "MODEL",
+                                           "JOBS",
+                                           "SUCCEEDED",
+                                           "FAILED",
+                                           "CANCELLED",
+                                           "RUNNING",
+                                           "GPU-HOURS",
+                                           "WHOLE",
+                                           "FRACTIONAL",
+                                           "STARTS",
+                                           "MEAN WAIT",
+                                           "MAX WAIT"};
+  const bool csv_out = s.client.output == "csv";
+  auto row = [csv_out](const json& l) {
+    const char* secs = csv_out ? "{:.3f}" : "{:.1f}s";
+    return std::vector<std::string>{l.value("key", ""),
+                                    std::to_string(l.value("jobs", 0)),
+                                    std::to_string(l.value("succeeded", 0)),
+                                    std::to_string(l.value("failed", 0)),
+                                    std::to_string(l.value("cancelled", 0)),
+                                    std::to_string(l.value("running", 0)),
+                                    fmt::format("{:.4f}", l.value("gpu_hours", 0.0)),
+                                    fmt::format("{:.4f}", l.value("whole_gpu_hours", 0.0)),
+                                    fmt::format("{:.4f}", l.value("fractional_gpu_hours", 0.0)),
+                                    std::to_string(l.value("started", 0)),
+                                    fmt::format(fmt::runtime(secs), l.value("mean_wait_s", 0.0)),
+                                    fmt::format(fmt::runtime(secs), l.value("max_wait_s", 0.0))};
+  };
+  if (csv_out) {
+    auto csv = [&](const std::vector<std::string>& cells) {
+      for (size_t i = 0; i < cells.size(); ++i) {
+        std::string v = cells[i];
+        if (v.find_first_of(",\"\n") != std::string::npos) {
+          std::string q = "\"";
+          for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+          v = q + "\"";
+        }
+        out << (i ? "," : "") << v;
+      }
+      out << "\n";
+    };
+    std::vector<std::string> h = header;
+    for (std::string& x : h) {
+      for (char& ch : x) ch = ch == ' ' || ch == '-' ? '_' : static_cast<char>(std::tolower(ch));
+    }
+    h[6] = "gpu_hours";
+    h[7] = "whole_gpu_hours";
+    h[8] = "fractional_gpu_hours";
+    h[10] = "mean_wait_s";
+    h[11] = "max_wait_s";
+    csv(h);
+    for (const json& l : lines) csv(row(l));
+    return kExitOk;
+  }
+  auto when = [](double t) {
+    std::time_t at = static_cast<std::time_t>(t);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", std::localtime(&at));
+    return std::string(buf);
+  };
+  out << fmt::format("{} from {} to {}\n\n", (*r).value("scope", ""), when(*since), when(*until));
+  Table t(header);
+  for (const json& l : lines) t.AddRow(row(l));
+  std::vector<std::string> total = row((*r)["total"]);
+  total[0] = "(total)";
+  t.AddRow(total);
+  t.Print(out);
+  return kExitOk;
+}
+
+// hold / release: queued jobs, or every queued task of an array.
+int RunHold(State& s, bool hold, std::ostream& out, std::ostream& err) {
+  server::HttpClient c = s.client.Client();
+  int worst = kExitOk;
+  for (const std::string& id : s.ids) {
+    int code = kExitOk;
+    auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/{}", id, hold ? "hold" : "release"), "", err,
+                  &code);
+    if (!j) {
+      worst = std::max(worst, code);
+      continue;
+    }
+    if (s.client.output != "table") {
+      Emit(*j, s.client.output, out);
+    } else if (j->contains("array") && id.find('_') == std::string::npos &&
+               (*j)["array"]["id"] == (*j)["id"]) {
+      out << fmt::format("array {}: {}\n", id, StateText(*j, true));
+    } else {
+      out << fmt::format("job {}: {}\n", id, StateText(*j));
     }
   }
   return worst;
@@ -472,6 +787,72 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
   }
 }
 
+// The options of a job, for submit and run alike.
+void AddSubmitOptions(CLI::App* c, State& s) {
+  c->add_option("--gpus", s.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
+  c->add_option("--gpu-mem", s.gpu_mem, "A fraction of one GPU: this much of its memory (10GiB)");
+  c->add_option("--gpu-share", s.gpu_share,
+                "A fraction of one GPU: this share of its compute (30%)");
+  c->add_option("--model", s.models,
+                "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
+                "one (H100, 'A100 80GB')")
+      ->allow_extra_args(false);
+  c->add_option("--cpus", s.cpus,
+                "Host CPUs (2, 0.5): scheduled against the machine's and a limit of the job's "
+                "cgroup")
+      ->check(CLI::Range(0.01, 4096.0));
+  c->add_option("--mem", s.mem,
+                "Host memory (16GiB): scheduled, and the job is killed (OOM) above it");
+  c->add_option("--priority", s.priority,
+                "Priority, -1000..1000 (higher first; may preempt lower)");
+  c->add_flag("--no-preempt", s.no_preempt, "This job may not be preempted");
+  c->add_option("--name", s.name, "A name for the job");
+  c->add_option("--max-runtime", s.max_runtime, "Stop the job after this many seconds");
+  c->add_option(
+       "--grace", s.grace,
+       "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
+      ->check(CLI::Range(0.0, 3600.0));
+  c->add_option("--env", s.envs, "Set NAME=VALUE in the job's environment (repeatable)")
+      ->allow_extra_args(false);
+  c->add_flag("--no-env", s.no_env, "Do not pass this shell's environment to the job");
+  c->add_option("--label", s.labels, "KEY=VALUE label (repeatable)")->allow_extra_args(false);
+  c->add_option("--workdir", s.workdir,
+                "Working directory (default: the current one; with --image, the image's)");
+  c->add_option("--image", s.image,
+                "Run in a container of this image (podman; the GPUs handed over as CDI devices). "
+                "Only --env variables go in, not this shell's");
+  c->add_option("--idempotency-key", s.idempotency_key,
+                "A key for this submission (default: a random one): submitting again with the "
+                "same key gives the job the first one made, not a second job");
+  c->add_option("command", s.command, "The command and its arguments, after --");
+  c->add_option("--array", s.array,
+                "An array of tasks, one per index: 0-99, 1,5,9, 0-30:10, with %N for at most N "
+                "running at once (0-99%8); each gets TESSERA_ARRAY_TASK_ID")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() ? std::string("empty; give indices such as 0-99%8") : std::string();
+          },
+          "INDICES"));
+  c->add_option("--after", s.after,
+                "Start only after these jobs end: ok:ID[,ID] (succeeded), notok:ID (failed or "
+                "cancelled), any:ID; ID a job, an array (all its tasks) or ARRAY_INDEX "
+                "(repeatable)")
+      ->allow_extra_args(false);
+  c->add_flag("--hold", s.hold, "Queue the job held: it starts once released (tessera release)");
+  auto* ntasks = c->add_option("-n,--ntasks", s.ntasks,
+                               "Start this many processes on the job's GPUs (RANK, LOCAL_RANK, "
+                               "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set for each)")
+                     ->check(CLI::Range(1, 1024));
+  c->add_option("--tasks-per-gpu", s.tasks_per_gpu,
+                "Start this many processes per GPU of the job (like --ntasks)")
+      ->check(CLI::Range(1, 1024))
+      ->excludes(ntasks);
+  c->add_option("--task-failure", s.task_failure,
+                "With several processes: kill (default: one failing stops the others, the job "
+                "fails) or wait (all run to their end; the job fails if one did)")
+      ->check(CLI::IsMember({"kill", "wait"}));
+}
+
 }  // namespace
 
 // A job id on the command line: a positive whole number, or a message that says so ("job id 'abc'
@@ -479,10 +860,18 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
 CLI::Validator JobId() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
-        bool digits = !v.empty() && v.size() <= 18 &&
-                      std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits || std::stoll(v) <= 0)
-          return "job id '" + v + "' is not a positive whole number";
+        auto digits = [](std::string_view d, size_t max) {
+          return !d.empty() && d.size() <= max &&
+                 std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+        };
+        const size_t us = v.find('_');
+        const std::string job = v.substr(0, us);
+        if (!digits(job, 18) || std::stoll(job) <= 0 ||
+            (us != std::string::npos && !digits(std::string_view(v).substr(us + 1), 7))) {
+          return "job id '" + v +
+                 "' is not a job (a positive whole number) or an array's task "
+                 "(12_3)";
+        }
         return "";
       },
       "ID");
@@ -515,45 +904,17 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   CLI::App* sub = app.add_subcommand(
       "submit",
       "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
-  sub->add_option("--gpus", st.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
-  sub->add_option("--gpu-mem", st.gpu_mem,
-                  "A fraction of one GPU: this much of its memory (10GiB)");
-  sub->add_option("--gpu-share", st.gpu_share,
-                  "A fraction of one GPU: this share of its compute (30%)");
-  sub->add_option("--model", st.models,
-                  "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
-                  "one (H100, 'A100 80GB')")
-      ->allow_extra_args(false);
-  sub->add_option("--cpus", st.cpus,
-                  "Host CPUs (2, 0.5): scheduled against the machine's and a limit of the job's "
-                  "cgroup")
-      ->check(CLI::Range(0.01, 4096.0));
-  sub->add_option("--mem", st.mem,
-                  "Host memory (16GiB): scheduled, and the job is killed (OOM) above it");
-  sub->add_option("--priority", st.priority,
-                  "Priority, -1000..1000 (higher first; may preempt lower)");
-  sub->add_flag("--no-preempt", st.no_preempt, "This job may not be preempted");
-  sub->add_option("--name", st.name, "A name for the job");
-  sub->add_option("--max-runtime", st.max_runtime, "Stop the job after this many seconds");
-  sub->add_option(
-         "--grace", st.grace,
-         "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
-      ->check(CLI::Range(0.0, 3600.0));
-  sub->add_option("--env", st.envs, "Set NAME=VALUE in the job's environment (repeatable)")
-      ->allow_extra_args(false);
-  sub->add_flag("--no-env", st.no_env, "Do not pass this shell's environment to the job");
-  sub->add_option("--label", st.labels, "KEY=VALUE label (repeatable)")->allow_extra_args(false);
-  sub->add_option("--workdir", st.workdir,
-                  "Working directory (default: the current one; with --image, the image's)");
-  sub->add_option("--image", st.image,
-                  "Run in a container of this image (podman; the GPUs handed over as CDI devices). "
-                  "Only --env variables go in, not this shell's");
-  sub->add_option("--idempotency-key", st.idempotency_key,
-                  "A key for this submission (default: a random one): submitting again with the "
-                  "same key gives the job the first one made, not a second job");
-  sub->add_option("command", st.command, "The command and its arguments, after --");
+  AddSubmitOptions(sub, st);
   st.client.AddTo(sub);
   sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });
+
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Submit a job, wait for it and stream its output; exits with its exit code (Ctrl-C "
+      "cancels it), like srun");
+  AddSubmitOptions(run, st);
+  st.client.AddTo(run, false);
+  run->callback([&, s] { action = [&, s] { return RunRun(*s, out, err); }; });
 
   CLI::App* ls = app.add_subcommand("ls", "List jobs (newest last)");
   ls->add_option("--state", st.states, "Only these states, comma-separated (queued,running,...)");
@@ -561,26 +922,63 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
       ->check(CLI::Range(1, 100000));
   auto* ls_all = ls->add_flag("--all", st.ls_all, "Every user's jobs (default: your own)");
   ls->add_option("--user", st.ls_user, "This user's jobs (default: your own)")->excludes(ls_all);
+  ls->add_flag("--expand", st.expand,
+               "Every task of an array on its own line (default: an array is one line with its "
+               "tasks counted by state)");
   st.client.AddTo(ls);
   ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
 
   CLI::App* show = app.add_subcommand("show", "Show one job with its events");
-  show->add_option("id", st.id, "Job id")->required()->check(JobId());
+  show->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
   st.client.AddTo(show);
   show->callback([&, s] { action = [&, s] { return RunShow(*s, out, err); }; });
 
   CLI::App* logs = app.add_subcommand("logs", "Print a job's output");
-  logs->add_option("id", st.id, "Job id")->required()->check(JobId());
+  logs->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
   logs->add_flag("-f,--follow", st.follow, "Keep printing until the job ends");
   logs->add_flag("--stderr", st.stderr_stream, "The job's stderr instead of stdout");
+  logs->add_option("--task", st.task,
+                   "Of a job of several processes (--ntasks): this task's (default 0)")
+      ->check(CLI::Range(0, 1023));
   st.client.AddTo(logs, false);
   logs->callback([&, s] { action = [&, s] { return RunLogs(*s, out, err); }; });
 
   CLI::App* cancel =
       app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
-  cancel->add_option("ids", st.ids, "Job ids")->required()->check(JobId());
+  cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
+      ->required()
+      ->check(JobId());
   st.client.AddTo(cancel);
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
+
+  for (bool hold : {true, false}) {
+    CLI::App* h = app.add_subcommand(
+        hold ? "hold" : "release",
+        hold ? "Hold queued jobs: they keep their place in the queue but do not start"
+             : "Release held jobs: they start in the place they held");
+    h->add_option("ids", st.ids, "Job ids: 12, an array (its queued tasks) or one task, 12_3")
+        ->required()
+        ->check(JobId());
+    st.client.AddTo(h);
+    h->callback([&, s, hold] { action = [&, s, hold] { return RunHold(*s, hold, out, err); }; });
+  }
+
+  CLI::App* acct = app.add_subcommand(
+      "acct", "Accounting: GPU-hours, jobs, failures and waits over a period, like sacct/sreport");
+  acct->add_option("--since", st.since,
+                   "From: a duration ago (90m, 7d), a date (2026-11-01), a date and time "
+                   "(2026-11-01T08:00) or epoch seconds (default 7d)");
+  acct->add_option("--until", st.until, "To: the same forms, or now (default now)");
+  acct->add_option("--by", st.by, "One line per user, group (the owner's primary) or GPU model")
+      ->check(CLI::IsMember({"user", "group", "model"}));
+  acct->add_option("--user", st.acct_user,
+                   "Only this user's jobs (yours are all you see unless you are an admin)");
+  acct->add_option("--socket", st.client.socket, "Server to talk to (as for the other commands)");
+  acct->add_option("--token", st.client.token, "Bearer token for an https:// or tcp:// server");
+  acct->add_option("--ca-cert", st.client.ca_cert, "CA certificate for an https:// server");
+  acct->add_option("-o,--output", st.client.output, "Output format: table, json, yaml or csv")
+      ->check(CLI::IsMember({"table", "json", "yaml", "csv"}));
+  acct->callback([&, s] { action = [&, s] { return RunAcct(*s, out, err); }; });
 
   CLI::App* top = app.add_subcommand("top", "A live view of the GPUs and jobs");
   top->add_flag("--once", st.once, "Print one screen and exit");

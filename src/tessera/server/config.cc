@@ -94,31 +94,19 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap())
     return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
-  if (absl::Status st = Known(path, root,
-                              {"socket",
-                               "state_dir",
-                               "confinement",
-                               "tcp",
-                               "simulate",
-                               "fallback_simulate",
-                               "nvml_library",
-                               "policy",
-                               "admins",
-                               "quotas",
-                               "group_quotas",
-                               "preemption",
-                               "unhealthy_gpu",
-                               "max_body_bytes",
-                               "intercept_library",
-                               "context_overhead",
-                               "poll_interval_s",
-                               "containers",
-                               "allow_root_jobs",
-                               "priority_ceiling",
-                               "priority_ceilings",
-                               "preempt_others",
-                               "listener",
-                               "fair_share"},
+  if (absl::Status st = Known(path, root, {"socket",           "state_dir",
+                                           "confinement",      "tcp",
+                                           "simulate",         "fallback_simulate",
+                                           "nvml_library",     "policy",
+                                           "admins",           "quotas",
+                                           "group_quotas",     "preemption",
+                                           "unhealthy_gpu",    "max_body_bytes",
+                                           "max_array_tasks",  "intercept_library",
+                                           "context_overhead", "poll_interval_s",
+                                           "containers",       "allow_root_jobs",
+                                           "priority_ceiling", "priority_ceilings",
+                                           "preempt_others",   "listener",
+                                           "fair_share"},
                               "");
       !st.ok()) {
     return st;
@@ -395,6 +383,13 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       return At(path, m, "max_body_bytes", "expected 1024..1073741824");
     }
     c->max_body_bytes = static_cast<size_t>(v);
+  }
+  if (const YAML::Node m = root["max_array_tasks"]) {
+    int64_t v = 0;
+    if (!Get(path, m, "max_array_tasks", &v).ok() || v < 1 || v > 1000000) {
+      return At(path, m, "max_array_tasks", "expected 1..1000000");
+    }
+    c->max_array_tasks = static_cast<size_t>(v);
   }
   if (const YAML::Node o = root["context_overhead"]) {
     auto b = core::ParseBytes(o.as<std::string>(""));

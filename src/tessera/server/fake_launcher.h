@@ -28,6 +28,8 @@ class FakeLauncher final : public Launcher {
     int64_t job_id;
     double at;
     std::vector<std::string> gpu_uuids;
+    std::map<std::string, std::string> env;  // as the server gave it (Tessera's are the runner's)
+    std::vector<TaskLaunch> tasks;
   };
 
   explicit FakeLauncher(const core::Clock& clock, double stop_latency_s = 0)
@@ -55,7 +57,7 @@ class FakeLauncher final : public Launcher {
     j.exit_path = spec.exit_path;
     const pid_t pid = next_pid_++;
     jobs_[pid] = j;
-    started_.push_back({spec.job_id, now, spec.gpu_uuids});
+    started_.push_back({spec.job_id, now, spec.gpu_uuids, spec.env, spec.tasks});
     return Launched{pid, static_cast<uint64_t>(pid)};
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <optional>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -64,7 +65,9 @@ absl::Status StringMap(const json& v, std::string_view field,
 absl::Status Integer(const json& v, std::string_view field, int64_t lo, int64_t hi, int64_t* out) {
   if (!v.is_number_integer())
     return Bad(field, fmt::format("expected a whole number, got {}", TypeName(v)));
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+  // (A non-negative literal is unsigned in nlohmann's eyes: checked against both bounds too.)
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) ||
+                                   (lo > 0 && v.get<uint64_t>() < static_cast<uint64_t>(lo))
                              : v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
     return Bad(field, fmt::format("expected {}..{}, got {}", lo, hi, v.dump()));
   }
@@ -116,7 +119,8 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   if (absl::Status st =
           Unknown(j,
                   {"command", "env", "workdir", "name", "labels", "resources", "priority",
-                   "preemptible", "max_runtime_s", "grace_period_s", "image"},
+                   "preemptible", "max_runtime_s", "grace_period_s", "image", "array", "after",
+                   "hold", "ntasks", "tasks_per_gpu", "task_failure"},
                   "");
       !st.ok()) {
     return st;
@@ -178,6 +182,45 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       return Bad("grace_period_s", fmt::format("expected seconds in 0..3600, got {}", v.dump()));
     }
     s.grace_period_s = v.get<double>();
+  }
+  if (j.contains("array")) {
+    // Its indices are checked against the server's maximum at submission (ParseArray).
+    if (absl::Status st = String(j["array"], "array", &s.array, 4096); !st.ok()) return st;
+    if (s.array.empty()) return Bad("array", "empty (e.g. \"0-99%8\")");
+  }
+  if (j.contains("after")) {
+    const json& v = j["after"];
+    if (!v.is_array())
+      return Bad("after",
+                 fmt::format("expected an array such as [\"ok:12\"], got {}", TypeName(v)));
+    if (v.size() > 1000) return Bad("after", "more than 1000 dependencies");
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::string text;
+      const std::string field = fmt::format("after[{}]", i);
+      if (absl::Status st = String(v[i], field, &text, 64); !st.ok()) return st;
+      auto d = ParseDependency(text);
+      if (!d.ok()) return Bad(field, std::string(d.status().message()));
+      if (std::find(s.after.begin(), s.after.end(), *d) == s.after.end()) s.after.push_back(*d);
+    }
+  }
+  if (j.contains("hold")) {
+    if (!j["hold"].is_boolean())
+      return Bad("hold", fmt::format("expected true or false, got {}", TypeName(j["hold"])));
+    s.hold = j["hold"].get<bool>();
+  }
+  for (const char* f : {"ntasks", "tasks_per_gpu"}) {
+    if (!j.contains(f)) continue;
+    int64_t n = 0;
+    if (absl::Status st = Integer(j[f], f, 1, 1024, &n); !st.ok()) return st;
+    (std::string_view(f) == "ntasks" ? s.ntasks : s.tasks_per_gpu) = static_cast<int>(n);
+  }
+  if (s.ntasks > 0 && s.tasks_per_gpu > 0)
+    return Bad("ntasks", "give ntasks (in all) or tasks_per_gpu, not both");
+  if (j.contains("task_failure")) {
+    if (absl::Status st = String(j["task_failure"], "task_failure", &s.task_failure, 16); !st.ok())
+      return st;
+    if (s.task_failure != "kill" && s.task_failure != "wait")
+      return Bad("task_failure", fmt::format("expected kill or wait, got '{}'", s.task_failure));
   }
   if (j.contains("resources")) {
     const json& r = j["resources"];
@@ -282,6 +325,15 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
     return Bad("resources", why);
+  if ((s.ntasks > 0 || s.tasks_per_gpu > 0) && (s.gpu_milli > 0 || s.gpu_memory_mib > 0)) {
+    return Bad(s.tasks_per_gpu > 0 ? "tasks_per_gpu" : "ntasks",
+               "several processes need whole GPUs (resources.gpus); a fraction of one GPU runs "
+               "one process");
+  }
+  if (s.tasks_per_gpu > 0 && s.gpus == 0)
+    return Bad("tasks_per_gpu", "the job asks for no GPU (resources.gpus); use ntasks");
+  if (s.Tasks() > 1 && !s.image.empty())
+    return Bad("image", "a job in a container runs one process; ntasks/tasks_per_gpu need none");
   return s;
 }
 
@@ -307,7 +359,130 @@ json JobSpecToJson(const JobSpec& s) {
   if (s.max_runtime_s > 0) j["max_runtime_s"] = s.max_runtime_s;
   if (s.grace_period_s >= 0) j["grace_period_s"] = s.grace_period_s;
   if (!s.image.empty()) j["image"] = s.image;
+  if (!s.array.empty()) j["array"] = s.array;
+  if (!s.after.empty()) {
+    json a = json::array();
+    for (const Dependency& d : s.after) a.push_back(DependencyText(d));
+    j["after"] = a;
+  }
+  if (s.hold) j["hold"] = true;
+  if (s.ntasks > 0) j["ntasks"] = s.ntasks;
+  if (s.tasks_per_gpu > 0) j["tasks_per_gpu"] = s.tasks_per_gpu;
+  if (s.Tasks() > 1 && s.task_failure != "kill") j["task_failure"] = s.task_failure;
   return j;
+}
+
+std::string DependencyText(const Dependency& d) {
+  const char* kind = d.kind == Dependency::Kind::kOk      ? "ok"
+                     : d.kind == Dependency::Kind::kNotOk ? "notok"
+                                                          : "any";
+  return d.task >= 0 ? fmt::format("{}:{}_{}", kind, d.job, d.task)
+                     : fmt::format("{}:{}", kind, d.job);
+}
+
+namespace {
+
+// A whole number 0..max in `text` (digits only).
+std::optional<int64_t> Number(std::string_view text, int64_t max) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  if (v > max) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<Dependency> ParseDependency(std::string_view text) {
+  Dependency d;
+  const size_t colon = text.find(':');
+  const std::string_view kind = text.substr(0, colon);
+  if (colon == std::string_view::npos || (kind != "ok" && kind != "notok" && kind != "any")) {
+    return absl::InvalidArgumentError(fmt::format(
+        "'{}': expected ok:ID, notok:ID or any:ID (ID a job, an array, or ARRAY_INDEX)", text));
+  }
+  d.kind = kind == "ok"      ? Dependency::Kind::kOk
+           : kind == "notok" ? Dependency::Kind::kNotOk
+                             : Dependency::Kind::kAny;
+  std::string_view ref = text.substr(colon + 1);
+  const size_t us = ref.find('_');
+  auto job = Number(ref.substr(0, us), int64_t{1} << 53);
+  std::optional<int64_t> task = us == std::string_view::npos
+                                    ? std::optional<int64_t>(-1)
+                                    : Number(ref.substr(us + 1), kMaxArrayIndex);
+  if (!job || *job <= 0 || !task) {
+    return absl::InvalidArgumentError(
+        fmt::format("'{}': '{}' is not a job id (12) or an array task (12_3)", text, ref));
+  }
+  d.job = *job;
+  d.task = static_cast<int>(*task);
+  return d;
+}
+
+int ArrayThrottle(std::string_view text) {
+  const size_t pct = text.rfind('%');
+  if (pct == std::string_view::npos) return 0;
+  return static_cast<int>(Number(text.substr(pct + 1), 1000000).value_or(0));
+}
+
+absl::StatusOr<ArrayRange> ParseArray(std::string_view text, size_t max_tasks) {
+  ArrayRange out;
+  std::string_view list = text;
+  if (size_t pct = text.rfind('%'); pct != std::string_view::npos) {
+    auto t = Number(text.substr(pct + 1), 1000000);
+    if (!t || *t == 0) {
+      return absl::InvalidArgumentError(fmt::format(
+          "'{}': after % comes how many tasks may run at once (a number from 1)", text));
+    }
+    out.throttle = static_cast<int>(*t);
+    list = text.substr(0, pct);
+  }
+  if (list.empty())
+    return absl::InvalidArgumentError(fmt::format("'{}': no index given (e.g. 0-99%8)", text));
+  std::vector<int> all;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    if (comma != std::string_view::npos && list.empty()) item = "";  // a trailing comma
+    int64_t step = 1;
+    if (size_t colon = item.find(':'); colon != std::string_view::npos) {
+      auto s = Number(item.substr(colon + 1), kMaxArrayIndex);
+      if (!s || *s == 0) {
+        return absl::InvalidArgumentError(
+            fmt::format("'{}': the step after ':' in '{}' must be a number from 1", text, item));
+      }
+      step = *s;
+      item = item.substr(0, colon);
+    }
+    const size_t dash = item.find('-');
+    auto lo = Number(item.substr(0, dash), kMaxArrayIndex);
+    auto hi = dash == std::string_view::npos ? lo : Number(item.substr(dash + 1), kMaxArrayIndex);
+    if (!lo || !hi) {
+      return absl::InvalidArgumentError(
+          fmt::format("'{}': '{}' is not an index or a range of indices (0..{}), such as 5 or 0-99",
+                      text, item, kMaxArrayIndex));
+    }
+    if (*hi < *lo) {
+      return absl::InvalidArgumentError(
+          fmt::format("'{}': the range {} runs backwards (write {}-{})", text, item, *hi, *lo));
+    }
+    for (int64_t i = *lo; i <= *hi; i += step) {
+      all.push_back(static_cast<int>(i));
+      if (all.size() > max_tasks) {
+        return absl::InvalidArgumentError(fmt::format(
+            "'{}': more than {} tasks, this server's most for one array (max_array_tasks)", text,
+            max_tasks));
+      }
+    }
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  out.indices = std::move(all);
+  return out;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // types, out-of-range values and unknown fields are refused with the field's name - and turned into
 // a scheduling request.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -14,6 +15,34 @@
 #include "tessera/core/request.h"
 
 namespace tessera::server {
+
+// A dependency (`--after ok:12`): the job waits until job 12 (or every task of array 12; `12_3` is
+// one task) has ended, and runs only when its outcome is the one asked: ok (succeeded), notok
+// (failed or cancelled) or any.
+struct Dependency {
+  enum class Kind { kOk, kNotOk, kAny };
+  Kind kind = Kind::kOk;
+  int64_t job = 0;
+  int task = -1;  // an index of array `job`; -1: the job itself (all of it, when an array)
+  bool operator==(const Dependency&) const = default;
+};
+std::string DependencyText(const Dependency& d);  // "ok:12", "any:12_3"
+absl::StatusOr<Dependency> ParseDependency(std::string_view text);
+
+// Array indices run 0..kMaxArrayIndex.
+inline constexpr int kMaxArrayIndex = 9999999;
+
+// An array's indices (`--array 0-99%8`: "0-99", "1,3,8-15:2", each with an optional "%N" at the end
+// for at most N tasks running at once), in ascending order without repeats.
+struct ArrayRange {
+  std::vector<int> indices;
+  int throttle = 0;  // 0: no limit
+};
+// kInvalidArgument naming what is wrong: empty, a reversed range, a bad number, more than
+// `max_tasks` tasks.
+absl::StatusOr<ArrayRange> ParseArray(std::string_view text, size_t max_tasks);
+// The "%N" of an array's text without expanding its indices; 0 when none (or malformed).
+int ArrayThrottle(std::string_view text);
 
 struct JobSpec {
   std::vector<std::string> command;  // argv; required
@@ -40,6 +69,21 @@ struct JobSpec {
   // the server's default (preemption.grace_period_s).
   double grace_period_s = -1;
   std::string image;  // run in a container (podman) with the GPUs as CDI devices
+  // Batch habits (docs/server.md, "Coming from Slurm").
+  std::string array;  // an array of tasks ("0-99%8", ParseArray); empty: one job
+  std::vector<Dependency> after;
+  bool hold = false;  // submitted held: queued, but not started until released
+  // Processes started on the job's GPUs: tasks_per_gpu per GPU, or ntasks in all (1: the command
+  // itself, as one process). With more than one, each gets RANK, LOCAL_RANK, WORLD_SIZE,
+  // MASTER_ADDR, MASTER_PORT; the job ends when all have, failing (the rest stopped) as soon as
+  // one fails unless task_failure is "wait".
+  int ntasks = 0;
+  int tasks_per_gpu = 0;
+  std::string task_failure = "kill";  // kill | wait
+  // How many processes the job starts.
+  int Tasks() const {
+    return tasks_per_gpu > 0 ? tasks_per_gpu * std::max(gpus, 1) : std::max(ntasks, 1);
+  }
 };
 
 // kInvalidArgument naming the field ("resources.gpu_share: expected a share between 1% and 100%").

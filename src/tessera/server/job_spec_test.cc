@@ -94,6 +94,73 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
   }
 }
 
+TEST(JobSpec, ArrayRangesListsStepsAndLimits) {
+  auto a = ParseArray("0-4,7,10-20:5%3", 100);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->indices, (std::vector<int>{0, 1, 2, 3, 4, 7, 10, 15, 20}));
+  EXPECT_EQ(a->throttle, 3);
+  EXPECT_EQ(ArrayThrottle("0-4,7,10-20:5%3"), 3);
+  EXPECT_EQ(ArrayThrottle("0-4"), 0);
+  EXPECT_EQ(ParseArray("3,1,3", 100)->indices, (std::vector<int>{1, 3})) << "sorted, once each";
+  struct Bad {
+    const char* text;
+    const char* says;
+  };
+  for (const Bad& b : std::initializer_list<Bad>{{"", "no index"},
+                                                 {"%4", "no index"},
+                                                 {"5-2", "runs backwards (write 2-5)"},
+                                                 {"0-99%0", "after %"},
+                                                 {"0-10:0", "step"},
+                                                 {"a-b", "not an index"},
+                                                 {"1,,2", "not an index"},
+                                                 {"1,", "not an index"},
+                                                 {"-3", "not an index"},
+                                                 {"0-100", "more than 100 tasks"},
+                                                 {"99999999", "not an index"}}) {
+    auto r = ParseArray(b.text, 100);
+    ASSERT_FALSE(r.ok()) << b.text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr(b.says)) << b.text;
+  }
+}
+
+TEST(JobSpec, DependenciesAndTasksParseAndRoundTrip) {
+  auto s = ParseJobSpec(R"({"command": ["ls"], "array": "0-9%2", "after": ["ok:5", "notok:7_3",
+      "any:9", "ok:5"], "hold": true, "tasks_per_gpu": 2, "task_failure": "wait",
+      "resources": {"gpus": 2}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->after.size(), 3u) << "the repeat once";
+  EXPECT_EQ(s->after[1], (Dependency{Dependency::Kind::kNotOk, 7, 3}));
+  EXPECT_EQ(DependencyText(s->after[2]), "any:9");
+  EXPECT_EQ(s->Tasks(), 4);
+  EXPECT_TRUE(s->hold);
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*s));
+  struct Bad {
+    const char* json;
+    const char* says;
+  };
+  for (const Bad& b : std::initializer_list<Bad>{
+           {R"({"command":["ls"],"after":["maybe:5"]})", "after[0]: 'maybe:5': expected ok:ID"},
+           {R"({"command":["ls"],"after":["ok:0"]})", "is not a job id"},
+           {R"({"command":["ls"],"after":["ok:5_x"]})", "is not a job id"},
+           {R"({"command":["ls"],"after":"ok:5"})", "expected an array"},
+           {R"({"command":["ls"],"array":""})", "array: empty"},
+           {R"({"command":["ls"],"ntasks":0})", "ntasks: expected 1..1024"},
+           {R"({"command":["ls"],"ntasks":2,"tasks_per_gpu":2,"resources":{"gpus":1}})",
+            "not both"},
+           {R"({"command":["ls"],"tasks_per_gpu":2})", "asks for no GPU"},
+           {R"({"command":["ls"],"ntasks":2,"resources":{"gpu_memory":"1GiB"}})",
+            "several processes need whole GPUs"},
+           {R"({"command":["ls"],"ntasks":2,"task_failure":"retry"})", "expected kill or wait"},
+       }) {
+    auto r = ParseJobSpec(b.json);
+    ASSERT_FALSE(r.ok()) << b.json;
+    EXPECT_THAT(r.status().message(), HasSubstr(b.says)) << b.json;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::server
 

@@ -23,7 +23,11 @@ std::string_view OpenApiDocument() {
       R"json("description": "comma-separated states"},
                              {"name": "user", "in": "query", "schema": {"type": "string"}},
                              {"name": "limit", "in": "query", "schema": {"type": "integer", )json"
-      R"json("minimum": 1, "maximum": 100000}, "description": "the newest N"}],
+      R"json("minimum": 1, "maximum": 100000}, "description": "the newest N"},
+                             {"name": "arrays", "in": "query", "schema": {"type": "string", )json"
+      R"json("enum": ["fold", "expand"]}, "description": "fold: an array is one entry (its )json"
+      R"json(first task listed) with array {id, range, tasks, states, held}; expand )json"
+      R"json((default): every task"}],
               "responses": {"200": {"description": "{jobs: [Job]}"}, "400": {"$ref": )json"
       R"json("#/components/responses/Error"}}},
       "post": {"summary": "Submit a job; stored durably before the answer",
@@ -52,7 +56,10 @@ std::string_view OpenApiDocument() {
                                                   {"name": "stream", "in": "query", )json"
       R"json("schema": {"type": "string", "enum": ["stdout", "stderr"]}},
                                                   {"name": "offset", "in": "query", )json"
-      R"json("schema": {"type": "integer", "minimum": 0}}],
+      R"json("schema": {"type": "integer", "minimum": 0}},
+                                                  {"name": "task", "in": "query", )json"
+      R"json("schema": {"type": "integer", "minimum": 0}, "description": "of a job of several )json"
+      R"json(processes: this task's (default 0)"}],
                                    "responses": {"200": {"description": "{data, offset, )json"
       R"json(next_offset, ended, state}"}, "404": {"$ref": "#/components/responses/Error"}}}},
     "/v1/jobs/{id}/cancel": {"post": {"summary": "Cancel (owner or admin): SIGTERM, then )json"
@@ -62,6 +69,30 @@ std::string_view OpenApiDocument() {
       R"json({"$ref": "#/components/responses/Error"},
                                                     "404": {"$ref": )json"
       R"json("#/components/responses/Error"}, "409": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}/hold": {"post": {"summary": "Hold a queued job (an array's id: its )json"
+      R"json(queued tasks): it keeps its place but does not start (owner or admin)",
+                                    "parameters": [{"$ref": "#/components/parameters/Id"}],
+                                    "responses": {"200": {"description": "Job"}, "403": )json"
+      R"json({"$ref": "#/components/responses/Error"}, "404": {"$ref": )json"
+      R"json("#/components/responses/Error"}, "409": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/jobs/{id}/release": {"post": {"summary": "Release held jobs: they start in the )json"
+      R"json(place they held (owner or admin)",
+                                       "parameters": [{"$ref": "#/components/parameters/Id"}],
+                                       "responses": {"200": {"description": "Job"}, "403": )json"
+      R"json({"$ref": "#/components/responses/Error"}, "404": {"$ref": )json"
+      R"json("#/components/responses/Error"}, "409": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/acct": {"get": {"summary": "Accounting over a period: jobs, outcomes, GPU-hours )json"
+      R"json((whole, fractional), waits; total and by user, group and model. Users see their )json"
+      R"json(own jobs, admins everyone's",
+                         "parameters": [{"name": "since", "in": "query", "schema": {"type": )json"
+      R"json("number"}, "description": "epoch seconds (default a week ago)"},
+                                        {"name": "until", "in": "query", "schema": {"type": )json"
+      R"json("number"}, "description": "epoch seconds (default now)"},
+                                        {"name": "user", "in": "query", "schema": {"type": )json"
+      R"json("string"}}],
+                         "responses": {"200": {"description": "{since, until, scope, total, )json"
+      R"json(by_user, by_group, by_model}"}, "400": {"$ref": "#/components/responses/Error"}, )json"
+      R"json("403": {"$ref": "#/components/responses/Error"}}}},
     "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": )json"
       R"json({"description": "OpenAPI 3"}}}},
     "/metrics": {"get": {"summary": "Prometheus text format (docs/metrics.md)", )json"
@@ -69,7 +100,9 @@ std::string_view OpenApiDocument() {
   },
   "components": {
     "parameters": {"Id": {"name": "id", "in": "path", "required": true, "schema": {"type": )json"
-      R"json("integer", "minimum": 1}}},
+      R"json("string", "pattern": "^[0-9]+(_[0-9]+)?$"}, "description": "a job (12), or an )json"
+      R"json(array's task (12_3); for cancel, hold and release an array's id is all its )json"
+      R"json(tasks"}},
     "responses": {"Error": {"description": "error", "content": {"application/json": )json"
       R"json({"schema": {"$ref": "#/components/schemas/Error"}}}}},
     "schemas": {
@@ -104,7 +137,16 @@ std::string_view OpenApiDocument() {
           "grace_period_s": {"type": "number", "minimum": 0, "maximum": 3600},
           "image": {"type": "string", "description": "run in a container of this image )json"
       R"json((podman, GPUs as CDI devices tessera.io/gpu=<uuid>); 400 when the server has no )json"
-      R"json(podman"}}}
+      R"json(podman"},
+          "array": {"type": "string", "example": "0-99%8", "description": "an array: a task )json"
+      R"json(per index (ranges, lists, :step), at most N running with %N"},
+          "after": {"type": "array", "items": {"type": "string", "pattern": )json"
+      R"json("^(ok|notok|any):[0-9]+(_[0-9]+)?$"}, "description": "start after these jobs )json"
+      R"json((an array's id: all its tasks) end as said; never met: the job is cancelled"},
+          "hold": {"type": "boolean", "description": "queued held: starts once released"},
+          "ntasks": {"type": "integer", "minimum": 1, "maximum": 1024},
+          "tasks_per_gpu": {"type": "integer", "minimum": 1, "maximum": 1024},
+          "task_failure": {"type": "string", "enum": ["kill", "wait"]}}}
     }
   }
 })json";

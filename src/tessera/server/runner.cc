@@ -115,17 +115,74 @@ std::vector<gid_t> AccountGroups(uid_t uid, std::optional<gid_t> primary) {
   return groups;
 }
 
+namespace {
+
+// Set by SIGALRM in a shepherd whose tasks' grace period is over.
+volatile sig_atomic_t grace_over = 0;
+void OnGraceOver(int) { grace_over = 1; }
+
+// Writes "tessera: job <id>: task <rank> ended with code <code>..." to the log `log` (task 0's
+// stderr, where the user looks first; else fd 2), with system calls only.
+void SayTaskFailed(const char* log, const char* prefix, int rank, int code, const char* suffix) {
+  char buf[256];
+  size_t n = 0;
+  auto put = [&](const char* t) {
+    while (*t && n < sizeof buf) buf[n++] = *t++;
+  };
+  auto num = [&](int v) {
+    char rev[16];
+    int k = 0;
+    do {
+      rev[k++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v > 0 && k < 16);
+    while (k > 0 && n < sizeof buf) buf[n++] = rev[--k];
+  };
+  put(prefix);
+  put(": task ");
+  num(rank);
+  put(" ended with code ");
+  num(code);
+  put(suffix);
+  int fd = *log ? open(log, O_WRONLY | O_APPEND | O_CLOEXEC) : -1;
+  ssize_t w = write(fd >= 0 ? fd : 2, buf, n);
+  (void)w;
+  if (fd >= 0) close(fd);
+}
+
+}  // namespace
+
 absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError(fmt::format("job {}: no command", spec.job_id));
   }
+  if (spec.tasks.size() > 1 && spec.exit_path.empty()) {
+    return absl::InvalidArgumentError(
+        fmt::format("job {}: several tasks need a shepherd (exit_path)", spec.job_id));
+  }
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::map<std::string, std::string> env = spec.env_as_is ? spec.env : JobEnvironment(spec);
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, argv;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
+  // Each task: the job's environment with its own variables, and its logs (one task: the job's).
+  const size_t ntasks = std::max<size_t>(spec.tasks.size(), 1);
+  std::vector<std::vector<std::string>> task_env(ntasks);
+  std::vector<std::vector<char*>> task_envp(ntasks);
+  std::vector<const char*> task_out(ntasks), task_err(ntasks);
+  for (size_t t = 0; t < ntasks; ++t) {
+    std::map<std::string, std::string> e = env;
+    if (t < spec.tasks.size()) {
+      for (const auto& [k, v] : spec.tasks[t].env) e[k] = v;
+    }
+    for (const auto& [k, v] : e) task_env[t].push_back(k + "=" + v);
+    for (std::string& s : task_env[t]) task_envp[t].push_back(s.data());
+    task_envp[t].push_back(nullptr);
+    const bool own = t < spec.tasks.size();
+    task_out[t] = own ? spec.tasks[t].stdout_path.c_str() : spec.stdout_path.c_str();
+    task_err[t] = own ? spec.tasks[t].stderr_path.c_str() : spec.stderr_path.c_str();
+  }
+  std::vector<pid_t> task_pids(ntasks, 0);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "tessera: job %lld", static_cast<long long>(spec.job_id));
+  std::vector<char*> argv;
   std::vector<std::string> args = spec.argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -187,6 +244,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     // mask and ignored dispositions survive exec, so a job would never see the SIGTERM that asks it
     // to stop. Start from a clean slate: every signal default, none blocked.
     ResetSignals();
+    size_t me = 0;  // which task this child runs
     if (!spec.exit_path.empty()) {
       // The shepherd: the group leader, waiting for the job (its child) to record how it ended.
       // Stops are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a stop
@@ -194,18 +252,67 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
       signal(SIGTERM, SIG_IGN);
       signal(SIGINT, SIG_IGN);
       signal(SIGHUP, SIG_IGN);
-      pid_t job = fork();
-      if (job < 0) _exit(127);
-      if (job == 0) ResetSignals();
+      pid_t job = 0;
+      for (size_t t = 0; t < ntasks; ++t) {
+        job = fork();
+        if (job < 0) {
+          // Those started go with the group; the server sees the shepherd fail.
+          for (size_t k = 0; k < t; ++k) kill(task_pids[k], SIGKILL);
+          _exit(127);
+        }
+        if (job == 0) {
+          ResetSignals();
+          me = t;
+          break;
+        }
+        task_pids[t] = job;
+      }
       if (job > 0) {
         // Nothing of the server's (listening sockets, the database) stays open in the shepherd.
         close_range(3, ~0U, 0);
-        int status = 0;
-        while (waitpid(job, &status, 0) < 0 && errno == EINTR) {
+        int code = 0;
+        bool failed = false;
+        size_t left = ntasks;
+        struct sigaction alarm_action = {};
+        alarm_action.sa_handler = OnGraceOver;  // no SA_RESTART: waitpid returns EINTR
+        sigemptyset(&alarm_action.sa_mask);
+        sigaction(SIGALRM, &alarm_action, nullptr);
+        while (left > 0) {
+          int status = 0;
+          pid_t ended = waitpid(-1, &status, 0);
+          if (ended < 0) {
+            if (errno != EINTR) break;
+            if (grace_over) {
+              for (size_t k = 0; k < ntasks; ++k) {
+                if (task_pids[k] > 0) kill(task_pids[k], SIGKILL);
+              }
+            }
+            continue;
+          }
+          size_t rank = ntasks;
+          for (size_t k = 0; k < ntasks; ++k) {
+            if (task_pids[k] == ended) rank = k;
+          }
+          if (rank == ntasks) continue;  // not a task (an orphan adopted as subreaper: none)
+          task_pids[rank] = 0;
+          --left;
+          int c = WIFEXITED(status)     ? WEXITSTATUS(status)
+                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                        : 255;
+          if (c != 0 && !failed) {
+            failed = true;
+            code = c;
+            if (ntasks > 1 && spec.kill_on_task_failure && left > 0) {
+              SayTaskFailed(task_err[0], prefix, static_cast<int>(rank), c,
+                            "; stopping the other tasks\n");
+              // The whole group (what the tasks started too); the shepherd ignores SIGTERM.
+              kill(0, SIGTERM);
+              alarm(static_cast<unsigned>(std::max(spec.task_grace_s, 1)));
+            } else if (ntasks > 1) {
+              SayTaskFailed(task_err[0], prefix, static_cast<int>(rank), c, "\n");
+            }
+          }
         }
-        int code = WIFEXITED(status)     ? WEXITSTATUS(status)
-                   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                         : 255;
         char digits[16];
         int n = 0;
         int v = code;
@@ -233,13 +340,13 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
     int in = open("/dev/null", O_RDONLY);
     if (in >= 0) dup2(in, 0);
-    if (!spec.stdout_path.empty()) {
-      int fd = open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+    if (*task_out[me]) {
+      int fd = open(task_out[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
       if (fd < 0) fail(1);
       dup2(fd, 1);
     }
-    if (!spec.stderr_path.empty()) {
-      int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+    if (*task_err[me]) {
+      int fd = open(task_err[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
       if (fd < 0) fail(2);
       dup2(fd, 2);
     }
@@ -248,7 +355,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     if (spec.uid && setuid(*spec.uid) != 0) fail(4);
     int last_errno = ENOENT;
     for (const std::string& c : candidates) {
-      execve(c.c_str(), argv.data(), envp.data());
+      execve(c.c_str(), argv.data(), task_envp[me].data());
       if (errno != ENOENT) last_errno = errno;
     }
     errno = last_errno;
@@ -264,6 +371,8 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   } while (n < 0 && errno == EINTR);
   close(pipe_fds[0]);
   if (n == sizeof ce) {
+    // The other tasks of a job with several go too.
+    if (ntasks > 1) kill(-pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
                        : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)

@@ -32,6 +32,13 @@ struct ShareLimits {
   uint64_t context_overhead_bytes = 0;
 };
 
+// One of several processes of a job (ntasks / tasks_per_gpu): what it gets besides the job's
+// environment, and its own logs.
+struct TaskLaunch {
+  std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, WORLD_SIZE...: added to the job's
+  std::string stdout_path, stderr_path;
+};
+
 struct LaunchSpec {
   std::vector<std::string> argv;           // argv[0] is looked up in the job's PATH
   std::map<std::string, std::string> env;  // the job's environment, as submitted
@@ -51,6 +58,14 @@ struct LaunchSpec {
   // exit code here (written to a temporary name, then renamed), so a server restarted while the job
   // ran can still learn how it ended. The shepherd exits with the job's code.
   std::string exit_path;
+  // More than one: the shepherd (exit_path must be set) starts a process per task, all in the
+  // job's process group and cgroups, each with its logs (stdout_path/stderr_path unused), and waits
+  // for all. With kill_on_task_failure, the first to fail has the others stopped (SIGTERM to the
+  // job's process group, SIGKILL to the tasks still running after task_grace_s; what they leave
+  // behind goes with the job's cgroup). The job's exit code: the first failure's, else 0.
+  std::vector<TaskLaunch> tasks;
+  bool kill_on_task_failure = true;
+  int task_grace_s = 10;
 };
 
 // The exit code a shepherd wrote at `path`, nullopt when there is none (yet).

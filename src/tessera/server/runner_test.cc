@@ -233,6 +233,37 @@ TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
   EXPECT_EQ(ReadExitFile(s.exit_path), 0);
 }
 
+TEST(Runner, TasksRunAsOneJobAndOneThatFailsTakesTheOthersDownAfterTheirGrace) {
+  LaunchSpec s = Shell(
+      "if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; trap '' TERM; echo up $RANK; "
+      "exec sleep 30",
+      "tasks");
+  s.exit_path = Dir() + "/tasks.exit";
+  std::filesystem::remove(s.exit_path);
+  for (int r = 0; r < 3; ++r) {
+    TaskLaunch t;
+    t.env = {{"RANK", std::to_string(r)}};
+    t.stdout_path = r == 0 ? s.stdout_path : fmt::format("{}/tasks.{}.out", Dir(), r);
+    t.stderr_path = r == 0 ? s.stderr_path : fmt::format("{}/tasks.{}.err", Dir(), r);
+    std::filesystem::remove(t.stdout_path);
+    s.tasks.push_back(t);
+  }
+  s.task_grace_s = 1;
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  // Tasks 0 and 2 ignore SIGTERM: SIGKILL after the grace second ends them; the job's code is the
+  // failed task's.
+  EXPECT_EQ(WaitExit(l->pid, 20), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  EXPECT_EQ(ReadExitFile(s.exit_path), 3);
+  EXPECT_EQ(ReadAll(s.stdout_path), "up 0\n");
+  EXPECT_EQ(ReadAll(Dir() + "/tasks.2.out"), "up 2\n") << "each task its own log";
+  EXPECT_THAT(ReadAll(s.stderr_path),
+              HasSubstr("tessera: job 7: task 1 ended with code 3; stopping the other tasks"));
+  EXPECT_FALSE(SignalGroup(l->pid, 0)) << "nothing of the job is left";
+}
+
 TEST(Runner, SameProcessTellsLiveFromEndedAndReused) {
   LaunchSpec s = Shell("sleep 30", "same");
   auto l = Start(s);

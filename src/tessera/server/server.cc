@@ -1,10 +1,13 @@
 #include "tessera/server/server.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +27,7 @@
 #include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
+#include "tessera/server/acct.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
@@ -128,7 +132,30 @@ json JobJson(const JobRecord& r) {
       r.placement_json.empty() ? json(nullptr) : json::parse(r.placement_json, nullptr, false);
   j["spec"] = json::parse(r.spec_json, nullptr, false);
   j["usage"] = r.usage_json.empty() ? json(nullptr) : json::parse(r.usage_json, nullptr, false);
+  j["held"] = r.state == JobState::kQueued && r.held;
+  // A task of an array: "12_3" names it (task 3 of array 12, whose id is its first task's).
+  j["array_id"] = r.array_id != 0 ? json(r.array_id) : json(nullptr);
+  j["array_index"] = r.array_id != 0 ? json(r.array_index) : json(nullptr);
   return j;
+}
+
+// A whole number 0..kMaxArrayIndex: an array task's index.
+std::optional<int> ParseIndex(std::string_view s) {
+  if (s.empty() || s.size() > 8) return std::nullopt;
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v <= kMaxArrayIndex ? std::optional(v) : std::nullopt;
+}
+
+// 400 for a malformed reference, 404 for a job that is not there, 500 for the rest.
+HttpResponse RefError(const absl::Status& st) {
+  return Error(st.code() == absl::StatusCode::kInvalidArgument ? 400
+               : st.code() == absl::StatusCode::kNotFound      ? 404
+                                                               : 500,
+               std::string(st.message()));
 }
 
 // What of a job only its owner and admins see: its environment (tokens, keys), working directory
@@ -147,6 +174,24 @@ bool IsLoopback(const std::string& host_port) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// A TCP port free on loopback now (the kernel's pick), for a job's MASTER_PORT; 29500 (torchrun's
+// default) when none can be had.
+int FreeLocalPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 // Whether a job of `uid` would run as root: the server switches to the job's user only when it is
@@ -329,6 +374,10 @@ void Server::SetUpContainers() {
 
 std::string Server::ArbiterFile() const { return config_.state_dir + "/gpu.arbiter"; }
 
+std::string Server::TaskLog(int64_t id, int task, const char* suffix) const {
+  return JobFile("logs", id, fmt::format(".{}{}", task, suffix).c_str());
+}
+
 std::string Server::JobFile(const char* dir, int64_t id, const char* suffix) const {
   return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
 }
@@ -423,8 +472,17 @@ absl::Status Server::Recover() {
   if (!jobs.ok()) return jobs.status();
   int adopted = 0, requeued = 0, ended = 0;
   std::lock_guard lock(mu_);
+  // An array's tasks share one spec: parsed once.
+  std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
   for (const JobRecord& r : *jobs) {
-    auto spec = ParseJobSpec(r.spec_json);
+    std::shared_ptr<const JobSpec> shared;
+    if (auto it = array_specs.find(r.array_id); r.array_id != 0 && it != array_specs.end())
+      shared = it->second;
+    auto spec = shared ? absl::StatusOr<JobSpec>(*shared) : ParseJobSpec(r.spec_json);
+    if (spec.ok() && !shared) {
+      shared = std::make_shared<const JobSpec>(*spec);
+      if (r.array_id != 0) array_specs[r.array_id] = shared;
+    }
     if (!spec.ok()) {
       spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id,
                     std::string(spec.status().message()));
@@ -436,8 +494,9 @@ absl::Status Server::Recover() {
         ++requeued;
     }
     if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      Enqueue(
-          Queued{r.id, r.priority, r.owner, r.owner_uid, *spec, r.submitted_at, r.submitted_at});
+      Queued q = QueuedOf(r, shared, r.submitted_at);
+      q.held = r.state == JobState::kQueued && r.held;
+      Enqueue(std::move(q));
       continue;
     }
     // Running when the last server stopped.
@@ -470,6 +529,7 @@ absl::Status Server::Recover() {
       run.adopted = true;
       run.cgroup = !run.container && cgroups_->active();
       run.uid = r.owner_uid;
+      run.array_id = r.array_id;
       if (!run.region.empty() && spec->gpu_milli > 0) {
         ArbiterUser(run.uid, +1);
         run.arbiter = true;
@@ -756,8 +816,7 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      Enqueue(
-          Queued{r.id, rec->priority, rec->owner, rec->owner_uid, *spec, rec->submitted_at, now});
+      Enqueue(QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now));
     }
   }
   dirty_ = true;
@@ -779,22 +838,55 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
   l.where = a.gpus.empty() ? "no GPU" : fmt::format("GPU {}", fmt::join(a.gpus, ","));
   LaunchSpec& ls = l.spec;
   ls.job_id = q.id;
-  ls.argv = q.spec.command;
-  ls.env = q.spec.env;
-  ls.workdir = q.spec.workdir;
+  ls.argv = q.spec->command;
+  ls.env = q.spec->env;
+  ls.workdir = q.spec->workdir;
+  if (q.array_id != 0) {
+    // Slurm's SLURM_ARRAY_* under Tessera's names.
+    ls.env["TESSERA_ARRAY_JOB_ID"] = std::to_string(q.array_id);
+    ls.env["TESSERA_ARRAY_TASK_ID"] = std::to_string(q.array_index);
+  }
   ls.stdout_path = JobFile("logs", q.id, ".out");
   ls.stderr_path = JobFile("logs", q.id, ".err");
   ls.gpu_uuids = uuids;
   ls.exit_path = JobFile("exit", q.id);
-  l.run = NewRunning(q.id, q.spec, a.gpus, now);
+  if (const int n = q.spec->Tasks(); n > 1) {
+    // One process per task, with what torchrun, NCCL and MPI programs read; all the job's GPUs
+    // visible to each (LOCAL_RANK picks one), TESSERA_TASK_GPU the one a task would take in turn.
+    const std::string port = std::to_string(FreeLocalPort());
+    for (int r = 0; r < n; ++r) {
+      TaskLaunch t;
+      t.env = {{"RANK", std::to_string(r)},
+               {"LOCAL_RANK", std::to_string(r)},
+               {"WORLD_SIZE", std::to_string(n)},
+               {"LOCAL_WORLD_SIZE", std::to_string(n)},
+               {"GROUP_RANK", "0"},
+               {"NODE_RANK", "0"},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", port},
+               {"TESSERA_TASK_ID", std::to_string(r)},
+               {"TESSERA_NTASKS", std::to_string(n)}};
+      if (!a.gpus.empty())
+        t.env["TESSERA_TASK_GPU"] = std::to_string(r * static_cast<int>(a.gpus.size()) / n);
+      // Task 0 writes the job's own logs; the others theirs (tessera logs --task N).
+      t.stdout_path = r == 0 ? ls.stdout_path : TaskLog(q.id, r, ".out");
+      t.stderr_path = r == 0 ? ls.stderr_path : TaskLog(q.id, r, ".err");
+      ls.tasks.push_back(std::move(t));
+    }
+    ls.kill_on_task_failure = q.spec->task_failure == "kill";
+    ls.task_grace_s = static_cast<int>(
+        std::ceil(q.spec->grace_period_s >= 0 ? q.spec->grace_period_s : config_.grace_period_s));
+  }
+  l.run = NewRunning(q.id, *q.spec, a.gpus, now);
   l.run.uid = q.uid;
+  l.run.array_id = q.array_id;
   if (!l.run.region.empty()) {
     ShareLimits share;
     share.library = config_.intercept_library;
     share.region = l.run.region;
-    share.memory_bytes = static_cast<uint64_t>(q.spec.gpu_memory_mib) << 20;
+    share.memory_bytes = static_cast<uint64_t>(q.spec->gpu_memory_mib) << 20;
     share.arbiter = config_.state_dir + "/gpu.arbiter";
-    share.share_milli = q.spec.gpu_milli;
+    share.share_milli = q.spec->gpu_milli;
     share.priority = q.priority;
     share.physical_gpu = a.gpus[0];
     share.context_overhead_bytes = config_.context_overhead_bytes;
@@ -820,8 +912,8 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
       if (auto r = RuleFor(fmt::format("{}/nvidia{}", config_.device_dir, *minor)))
         limits.devices.push_back(*r);
     }
-    limits.memory_bytes = q.spec.memory_mib << 20;
-    limits.cpu_milli = q.spec.cpu_milli;
+    limits.memory_bytes = q.spec->memory_mib << 20;
+    limits.cpu_milli = q.spec->cpu_milli;
     limits.pids_max = config_.pids_max;
     l.limits = std::move(limits);
   }
@@ -847,7 +939,12 @@ void Server::ExecuteLaunch(Launch& l, double now) {
   l.recorded = store_->Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
   if (!l.recorded.ok()) return;
   if (ls.uid) {
-    for (const std::string& p : {ls.stdout_path, ls.stderr_path}) {
+    std::vector<std::string> logs = {ls.stdout_path, ls.stderr_path};
+    for (const TaskLaunch& t : ls.tasks) {
+      if (t.stdout_path != ls.stdout_path) logs.push_back(t.stdout_path);
+      if (t.stderr_path != ls.stderr_path) logs.push_back(t.stderr_path);
+    }
+    for (const std::string& p : logs) {
       int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
       if (fd >= 0) {
         if (fchown(fd, *ls.uid, ls.gid.value_or(0)) != 0)
@@ -941,10 +1038,10 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   // The job's process becomes podman's client; what the job itself gets goes in through podman.
   ContainerJob c;
   c.job_id = q.id;
-  c.image = q.spec.image;
-  c.command = q.spec.command;
+  c.image = q.spec->image;
+  c.command = q.spec->command;
   c.env = JobEnvironment(ls);
-  if (!q.spec.env.contains("PATH"))
+  if (!q.spec->env.contains("PATH"))
     c.env.erase("PATH");  // the image's own PATH, unless one was asked
   c.workdir = ls.workdir;
   for (const std::string& uuid : ls.gpu_uuids)
@@ -956,8 +1053,8 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   }
   if (ls.uid) c.user = fmt::format("{}:{}", *ls.uid, ls.gid.value_or(*ls.uid));
   // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.
-  c.memory_bytes = q.spec.memory_mib << 20;
-  c.cpu_milli = q.spec.cpu_milli;
+  c.memory_bytes = q.spec->memory_mib << 20;
+  c.cpu_milli = q.spec->cpu_milli;
   c.pids_max = config_.pids_max;
   ls.argv = PodmanRunArgv(*containers_, c);
   ls.env = PodmanProcessEnvironment();
@@ -968,21 +1065,160 @@ void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
   ls.gid.reset();
 }
 
+Server::Queued Server::QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec,
+                                double since) {
+  Queued q;
+  q.id = r.id;
+  q.priority = r.priority;
+  q.owner = r.owner;
+  q.uid = r.owner_uid;
+  q.throttle = ArrayThrottle(spec->array);
+  q.spec = std::move(spec);
+  q.submitted = r.submitted_at;
+  q.since = since;
+  q.array_id = r.array_id;
+  q.array_index = r.array_index;
+  return q;
+}
+
 void Server::Enqueue(Queued q) {
-  sched::QueueEntry e{RequestFor(q.spec, q.id, q.owner, q.uid), q.submitted,
-                      static_cast<uint64_t>(q.id)};
-  if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
-    spdlog::error("job {}: cannot queue it: {}", q.id, std::string(st.message()));
-  }
+  q.in_cycle = false;
+  q.waiting = q.held ? fmt::format("held (tessera release {})", q.array_id ? q.array_id : q.id)
+                     : "not yet considered";
   queued_[q.id] = std::move(q);
+  dirty_ = true;
 }
 
 std::string Server::WaitingReason(int64_t id) const {
+  auto q = queued_.find(id);
+  if (q == queued_.end()) return "";
+  if (!q->second.in_cycle) return q->second.waiting;
   const std::string* why = cycle_->Waiting(std::to_string(id));
   return why ? *why : "";
 }
 
+Server::DependencyState Server::Outcome(const Dependency& d) const {
+  using S = DependencyState;
+  // Queued, starting or running here: not settled. Preempted and lost jobs that are not queued
+  // again are over.
+  auto active = [&](int64_t id) {
+    return queued_.contains(id) || running_.contains(id) || starting_.contains(id);
+  };
+  auto ended = [&](int64_t id, JobState state) {
+    return !active(id) && state != JobState::kQueued && state != JobState::kRunning;
+  };
+  int64_t id = d.job;
+  if (d.task >= 0) {
+    auto t = store_->TaskId(d.job, d.task);
+    if (!t.ok()) return {S::kMissing, fmt::format("job {}_{} does not exist", d.job, d.task)};
+    id = *t;
+  } else if (active(id)) {
+    return {S::kPending, ""};  // an array whose first task has not ended has not either
+  }
+  auto r = store_->Get(id);
+  if (!r.ok()) return {S::kMissing, fmt::format("job {} does not exist", id)};
+  const std::string name =
+      d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job);
+  if (d.task < 0 && r->array_id == r->id) {
+    auto tasks = store_->Tasks(id);
+    if (!tasks.ok()) return {S::kPending, ""};  // read again at the next pass
+    size_t failed = 0;
+    for (const Store::TaskState& t : *tasks) {
+      if (!ended(t.id, t.state)) return {S::kPending, ""};
+      if (t.state != JobState::kSucceeded) ++failed;
+    }
+    if (failed == 0) return {S::kOk, fmt::format("every task of array {} succeeded", d.job)};
+    return {S::kNotOk, fmt::format("{} of the {} tasks of array {} did not succeed", failed,
+                                   tasks->size(), d.job)};
+  }
+  if (!ended(id, r->state)) return {S::kPending, ""};
+  if (r->state == JobState::kSucceeded) return {S::kOk, name + " succeeded"};
+  return {S::kNotOk, fmt::format("{} {}", name, JobStateName(r->state))};
+}
+
+std::string Server::Unmeetable(const Dependency& d, const DependencyState& st) {
+  using S = DependencyState;
+  const bool never = st.outcome == S::kMissing ||
+                     (d.kind == Dependency::Kind::kOk && st.outcome == S::kNotOk) ||
+                     (d.kind == Dependency::Kind::kNotOk && st.outcome == S::kOk);
+  return never ? fmt::format("{}: after {} can never be met", st.what, DependencyText(d)) : "";
+}
+
+void Server::Admit(double now) {
+  // What each array has running or in the cycle's queue (its % limit counts both).
+  std::map<int64_t, int> active;
+  for (const auto& [id, r] : running_) {
+    if (r.array_id != 0) ++active[r.array_id];
+  }
+  for (const auto& [id, q] : queued_) {
+    if (q.in_cycle && q.array_id != 0) ++active[q.array_id];
+  }
+  // An array's tasks share their dependencies: each is looked up once per pass.
+  std::map<std::string, DependencyState> outcomes;
+  std::vector<std::pair<int64_t, std::string>> never;
+  for (auto& [id, q] : queued_) {
+    if (q.in_cycle || q.held) continue;
+    std::string pending, broken;
+    for (const Dependency& d : q.spec->after) {
+      const std::string key = DependencyText(d);
+      auto it = outcomes.find(key);
+      if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(d)).first;
+      if (std::string why = Unmeetable(d, it->second); !why.empty()) {
+        broken = why;
+        break;
+      }
+      if (it->second.outcome == DependencyState::kPending && pending.empty()) {
+        pending = fmt::format(
+            "waiting for {} to end (after {})",
+            d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job),
+            key);
+      }
+    }
+    if (!broken.empty()) {
+      never.emplace_back(id, broken);
+      continue;
+    }
+    if (!pending.empty()) {
+      q.waiting = pending;
+      continue;
+    }
+    if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
+      q.waiting = fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id,
+                              q.throttle, q.throttle);
+      continue;
+    }
+    sched::QueueEntry e{RequestFor(*q.spec, q.id, q.owner, q.uid), q.submitted,
+                        static_cast<uint64_t>(q.id)};
+    if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
+      spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
+      q.waiting = std::string(st.message());
+      continue;
+    }
+    q.in_cycle = true;
+    if (q.array_id != 0) ++active[q.array_id];
+  }
+  // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
+  // for them forever; their own dependents are settled at the next pass.
+  // (An array's tasks share their reason: one transaction for them all.)
+  std::map<std::string, std::vector<int64_t>> by_reason;
+  for (const auto& [id, why] : never) by_reason[why].push_back(id);
+  for (const auto& [why, ids] : by_reason) {
+    if (absl::Status st = store_->TransitionMany(ids, JobState::kCancelled, why, now); !st.ok()) {
+      spdlog::error("job {}: {}", ids.front(), std::string(st.message()));
+      continue;
+    }
+    spdlog::info("{}: cancelled: {}",
+                 ids.size() == 1
+                     ? fmt::format("job {}", ids[0])
+                     : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
+                 why);
+    for (int64_t id : ids) queued_.erase(id);
+    dirty_ = true;
+  }
+}
+
 void Server::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
+  Admit(now);
   std::vector<Launch> launches;
   for (sched::CycleDecision& d : cycle_->Step(now)) {
     const int64_t id = std::stoll(d.id);
@@ -1062,6 +1298,10 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     j["caller"] = {{"user", user}, {"admin", admin}};
     return JsonResponse(200, j);
   }
+  if (path == "/v1/acct") {
+    if (auto e = only({"GET"})) return *e;
+    return Acct(req, user, admin);
+  }
   if (path == "/v1/gpus") {
     if (auto e = only({"GET"})) return *e;
     return Gpus();
@@ -1076,15 +1316,21 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     std::string tail;
     if (size_t slash = rest.find('/'); slash != std::string::npos)
       tail = rest.substr(slash + 1), rest.resize(slash);
-    auto id = ParseId(rest);
-    if (!id) return Error(400, fmt::format("job id '{}' is not a positive whole number", rest));
+    if (tail == "cancel") {
+      if (auto e = only({"POST"})) return *e;
+      return Cancel(rest, user, admin);
+    }
+    if (tail == "hold" || tail == "release") {
+      if (auto e = only({"POST"})) return *e;
+      return Hold(rest, tail == "hold", user, admin);
+    }
+    // One job: "12", or an array's task "12_3".
+    auto ids = Resolve(rest, false);
+    if (!ids.ok()) return RefError(ids.status());
+    const std::optional<int64_t> id = ids->front();
     if (tail.empty()) {
       if (auto e = only({"GET"})) return *e;
       return GetJob(*id, user, admin);
-    }
-    if (tail == "cancel") {
-      if (auto e = only({"POST"})) return *e;
-      return Cancel(*id, user, admin);
     }
     if (tail == "logs") {
       if (auto e = only({"GET"})) return *e;
@@ -1148,12 +1394,46 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
                  "resources: this machine has {} matching GPU(s) of {}; the job could never start",
                  matching, inventory_.gpus.size()));
   }
+  // An array: its indices, within the server's maximum.
+  std::optional<ArrayRange> range;
+  if (!spec->array.empty()) {
+    auto a = ParseArray(spec->array, config_.max_array_tasks);
+    if (!a.ok()) return Error(400, fmt::format("array: {}", std::string(a.status().message())));
+    range = *std::move(a);
+  }
+  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form), that the
+  // caller may see through, and that can still turn out as asked.
+  {
+    std::lock_guard lock(mu_);
+    for (const Dependency& d : spec->after) {
+      auto dep = store_->Get(d.job);
+      if (!dep.ok() && dep.status().code() != absl::StatusCode::kNotFound)
+        return Error(500, std::string(dep.status().message()));
+      const std::string ref =
+          d.task >= 0 ? fmt::format("{}_{}", d.job, d.task) : std::to_string(d.job);
+      if (!dep.ok() || (d.task >= 0 && !store_->TaskId(d.job, d.task).ok())) {
+        return Error(400, fmt::format("after {}: job {} does not exist (a dependency names a job "
+                                      "submitted before, so dependencies never form a cycle)",
+                                      DependencyText(d), ref));
+      }
+      if (dep->owner != user && !admin) {
+        return Error(403, fmt::format("after {}: job {} belongs to {}; a dependency may name only "
+                                      "your own jobs (admins: anyone's)",
+                                      DependencyText(d), ref, dep->owner));
+      }
+      if (std::string why = Unmeetable(d, Outcome(d)); !why.empty())
+        return Error(422, fmt::format("after {}: {}", DependencyText(d), why));
+    }
+  }
+  const bool held = spec->hold;
+  spec->hold = false;  // a state of the job (held, released), not of its spec
   JobRecord rec;
   rec.name = spec->name;
   rec.owner_uid = uid;
   rec.owner = user;
   rec.spec_json = JobSpecToJson(*spec).dump();
   rec.priority = spec->priority;
+  rec.held = held;
   rec.idempotency_key = req.idempotency_key;
   if (rec.idempotency_key.size() > 128 ||
       std::any_of(rec.idempotency_key.begin(), rec.idempotency_key.end(),
@@ -1162,7 +1442,9 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   }
   const double now = Now();
   bool existed = false;
-  auto id = store_->Insert(rec, now, &existed);  // durable before the answer
+  // Durable before the answer; an array's tasks all at once.
+  auto id = range ? store_->InsertArray(rec, range->indices, now, &existed)
+                  : store_->Insert(rec, now, &existed);
   if (!id.ok()) return Error(500, std::string(id.status().message()));
   if (existed) {
     // A repeat (the client did not hear the first answer): the job it already made, once.
@@ -1180,14 +1462,39 @@ HttpResponse Server::Submit(const HttpRequest& req, const std::string& user, uin
   }
   {
     std::lock_guard lock(mu_);
-    Enqueue(Queued{*id, spec->priority, user, uid, *spec, now, now});
-    dirty_ = true;
+    auto shared = std::make_shared<const JobSpec>(*std::move(spec));
+    const size_t n = range ? range->indices.size() : 1;
+    for (size_t i = 0; i < n; ++i) {
+      Queued q;
+      q.id = *id + static_cast<int64_t>(i);
+      q.priority = shared->priority;
+      q.owner = user;
+      q.uid = uid;
+      q.spec = shared;
+      q.submitted = q.since = now;
+      q.held = held;
+      if (range) {
+        q.array_id = *id;
+        q.array_index = range->indices[i];
+        q.throttle = range->throttle;
+      }
+      Enqueue(std::move(q));
+    }
+    spdlog::info("job {}: submitted by {}{}{}: {}", *id, user,
+                 range ? fmt::format(" (array of {} tasks, {})", n, shared->array) : "",
+                 held ? " held" : "", fmt::join(shared->command, " "));
   }
   wake_.notify_all();
-  spdlog::info("job {}: submitted by {}: {}", *id, user, fmt::join(spec->command, " "));
   auto stored = store_->Get(*id);
   if (!stored.ok()) return Error(500, std::string(stored.status().message()));
-  return JsonResponse(201, JobJson(*stored));
+  json j = JobJson(*stored);
+  if (range) {
+    j["array"] = {{"id", *id},
+                  {"range", stored->spec_json.empty() ? "" : j["spec"].value("array", "")},
+                  {"tasks", range->indices.size()},
+                  {"last_id", *id + static_cast<int64_t>(range->indices.size()) - 1}};
+  }
+  return JsonResponse(201, j);
 }
 
 HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, bool admin) {
@@ -1211,8 +1518,15 @@ HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, b
       return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
     limit = static_cast<int>(*v);
   }
+  // arrays=fold: an array is one entry (its first listed task) with its tasks counted by state.
+  bool fold = false;
+  if (auto it = req.query.find("arrays"); it != req.query.end()) {
+    if (it->second != "fold" && it->second != "expand")
+      return Error(400, fmt::format("arrays: expected fold or expand, got '{}'", it->second));
+    fold = it->second == "fold";
+  }
   for (const auto& [k, v] : req.query) {
-    if (k != "state" && k != "limit" && k != "user")
+    if (k != "state" && k != "limit" && k != "user" && k != "arrays")
       return Error(400, fmt::format("unknown query parameter '{}'", k));
   }
   auto jobs = store_->List(states, 0);
@@ -1220,17 +1534,47 @@ HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, b
   std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
   json out = json::array();
   std::lock_guard lock(mu_);
-  // Newest last; with a limit, the newest `limit`.
+  // Newest last; with a limit, the newest `limit`. Folded, an array's tasks are counted into the
+  // entry of the first of them listed.
   std::vector<const JobRecord*> picked;
+  std::map<int64_t, json> counts;  // array -> {state: tasks}
+  std::map<int64_t, int64_t> held;
   for (const JobRecord& r : *jobs) {
     if (!only_user.empty() && r.owner != only_user) continue;
+    if (fold && r.array_id != 0) {
+      auto [it, first] = counts.try_emplace(r.array_id, json::object());
+      json& c = it->second[std::string(JobStateName(r.state))];
+      c = c.is_number() ? c.get<int64_t>() + 1 : 1;
+      if (r.state == JobState::kQueued && r.held) ++held[r.array_id];
+      if (!first) continue;
+    }
     picked.push_back(&r);
   }
   size_t from = limit > 0 && picked.size() > static_cast<size_t>(limit) ? picked.size() - limit : 0;
   for (size_t i = from; i < picked.size(); ++i) {
-    json j = JobJson(*picked[i]);
-    if (queued_.contains(picked[i]->id)) j["waiting"] = WaitingReason(picked[i]->id);
-    if (!admin && picked[i]->owner != user) HideDetails(j);
+    const JobRecord& r = *picked[i];
+    json j = JobJson(r);
+    if (queued_.contains(r.id)) j["waiting"] = WaitingReason(r.id);
+    if (fold && r.array_id != 0) {
+      const json& c = counts[r.array_id];
+      int64_t tasks = 0;
+      for (const auto& [state, n] : c.items()) tasks += n.get<int64_t>();
+      j["array"] = {{"id", r.array_id},
+                    {"folded", true},
+                    {"range", j["spec"].is_object() ? j["spec"].value("array", "") : ""},
+                    {"tasks", tasks},
+                    {"states", c},
+                    {"held", held[r.array_id]}};
+      // The array's state: running while a task runs, queued while one waits, else how it ended.
+      j["state"] = "succeeded";
+      for (const char* state : {"running", "queued", "preempted", "lost", "failed", "cancelled"}) {
+        if (c.contains(state)) {
+          j["state"] = state;
+          break;
+        }
+      }
+    }
+    if (!admin && r.owner != user) HideDetails(j);
     out.push_back(j);
   }
   return JsonResponse(200, json{{"jobs", out}});
@@ -1243,6 +1587,9 @@ HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
   if (!admin && r->owner != user) HideDetails(j);
   auto ev = store_->Events(id);
   if (ev.ok()) j["events"] = EventsJson(*ev);
+  if (r->array_id != 0)
+    j["array"] =
+        ArraySummary(r->array_id, j["spec"].is_object() ? j["spec"].value("array", "") : "");
   std::lock_guard lock(mu_);
   if (queued_.contains(id)) j["waiting"] = WaitingReason(id);
   if (auto it = running_.find(id); it != running_.end()) {
@@ -1252,41 +1599,149 @@ HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
   return JsonResponse(200, j);
 }
 
-HttpResponse Server::Cancel(int64_t id, const std::string& user, bool admin) {
+HttpResponse Server::Cancel(const std::string& ref, const std::string& user, bool admin) {
+  auto ids = Resolve(ref, true);
+  if (!ids.ok()) return RefError(ids.status());
+  const int64_t id = ids->front();
   auto r = store_->Get(id);
   if (!r.ok()) return StatusError(r.status());
   if (r->owner != user && !admin) {
     return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it",
-                                  id, r->owner));
+                                  ref, r->owner));
   }
   const double now = Now();
+  const std::string reason = "cancelled by " + user;
   {
     std::lock_guard lock(mu_);
-    if (auto q = queued_.find(id); q != queued_.end()) {
-      if (absl::Status st =
-              store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now);
+    // Queued ones in one transaction (an array's thousands of tasks among them); running ones are
+    // stopped; the rest (ended, or preempted and not queued again) one by one.
+    std::vector<int64_t> queued, others;
+    for (int64_t t : *ids) {
+      if (queued_.contains(t)) {
+        queued.push_back(t);
+      } else if (auto it = running_.find(t); it != running_.end()) {
+        RequestStop(it->second, "cancel", reason, now);
+      } else if (auto s = starting_.find(t); s != starting_.end()) {
+        s->second = reason;  // stopped as soon as its process exists
+      } else {
+        others.push_back(t);
+      }
+    }
+    if (!queued.empty()) {
+      if (absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
           !st.ok()) {
         return Error(500, std::string(st.message()));
       }
-      queued_.erase(q);
-      cycle_->Remove(std::to_string(id));
+      for (int64_t t : queued) {
+        queued_.erase(t);
+        cycle_->Remove(std::to_string(t));
+      }
       dirty_ = true;
-    } else if (auto it = running_.find(id); it != running_.end()) {
-      RequestStop(it->second, "cancel", "cancelled by " + user, now);
-    } else if (auto s = starting_.find(id); s != starting_.end()) {
-      s->second = "cancelled by " + user;  // stopped as soon as its process exists
-    } else if (IsTerminal(r->state)) {
-      return Error(409, fmt::format("job {} has already ended ({})", id, JobStateName(r->state)));
-    } else if (r->state == JobState::kPreempted || r->state == JobState::kLost) {
-      if (absl::Status st =
-              store_->Transition(id, JobState::kCancelled, "cancelled by " + user, now);
-          !st.ok()) {
-        return Error(500, std::string(st.message()));
+    }
+    for (int64_t t : others) {
+      auto o = t == id ? r : store_->Get(t);
+      if (!o.ok() || IsTerminal(o->state)) {
+        if (ids->size() == 1) {
+          return Error(409,
+                       fmt::format("job {} has already ended ({})", ref, JobStateName(r->state)));
+        }
+        continue;
       }
+      if (absl::Status st = store_->Transition(t, JobState::kCancelled, reason, now); !st.ok())
+        return Error(500, std::string(st.message()));
     }
   }
   wake_.notify_all();
   return GetJob(id, user, admin);
+}
+
+HttpResponse Server::Hold(const std::string& ref, bool hold, const std::string& user, bool admin) {
+  auto ids = Resolve(ref, true);
+  if (!ids.ok()) return RefError(ids.status());
+  const int64_t id = ids->front();
+  auto r = store_->Get(id);
+  if (!r.ok()) return StatusError(r.status());
+  const char* verb = hold ? "hold" : "release";
+  if (r->owner != user && !admin) {
+    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may {} it", ref,
+                                  r->owner, verb));
+  }
+  const double now = Now();
+  {
+    std::lock_guard lock(mu_);
+    std::vector<int64_t> change;
+    for (int64_t t : *ids) {
+      auto q = queued_.find(t);
+      if (q != queued_.end() && q->second.held != hold) change.push_back(t);
+    }
+    if (ids->size() == 1 && !queued_.contains(id)) {
+      return Error(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
+                                    JobStateName(r->state), hold ? "held" : "released"));
+    }
+    if (!change.empty()) {
+      const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
+      if (absl::Status st = store_->SetHeld(change, hold, reason, now); !st.ok())
+        return Error(500, std::string(st.message()));
+      for (int64_t t : change) {
+        Queued& q = queued_[t];
+        q.held = hold;
+        if (hold) {
+          if (q.in_cycle) cycle_->Remove(std::to_string(t));
+          q.in_cycle = false;
+          q.waiting = fmt::format("held by {} (tessera release {})", user, ref);
+        } else {
+          q.waiting = "released; not yet considered";
+        }
+      }
+      // Released: it keeps its place (its submission time), so goes where it would have been.
+      dirty_ = true;
+      spdlog::info("job {}: {} ({} job(s))", ref, reason, change.size());
+    }
+  }
+  wake_.notify_all();
+  return GetJob(id, user, admin);
+}
+
+absl::StatusOr<std::vector<int64_t>> Server::Resolve(std::string_view ref, bool whole_array) {
+  const size_t us = ref.find('_');
+  const std::optional<int64_t> job = ParseId(ref.substr(0, us));
+  const std::optional<int> index =
+      us == std::string_view::npos ? std::nullopt : ParseIndex(ref.substr(us + 1));
+  if (!job || (us != std::string_view::npos && !index)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job id '{}' is not a job (a positive whole number) or an array's task (12_3)", ref));
+  }
+  if (index) {
+    auto t = store_->TaskId(*job, *index);
+    if (!t.ok()) return t.status();
+    return std::vector<int64_t>{*t};
+  }
+  if (!whole_array) return std::vector<int64_t>{*job};
+  auto r = store_->Get(*job);
+  if (!r.ok()) return r.status();
+  if (r->array_id != r->id) return std::vector<int64_t>{*job};
+  auto tasks = store_->Tasks(*job);
+  if (!tasks.ok()) return tasks.status();
+  std::vector<int64_t> ids;
+  for (const Store::TaskState& t : *tasks) ids.push_back(t.id);
+  return ids;
+}
+
+json Server::ArraySummary(int64_t array_id, const std::string& range) {
+  json j = {{"id", array_id}, {"range", range}};
+  auto tasks = store_->Tasks(array_id);
+  if (!tasks.ok()) return j;
+  json states = json::object();
+  int64_t held = 0;
+  for (const Store::TaskState& t : *tasks) {
+    json& c = states[std::string(JobStateName(t.state))];
+    c = c.is_number() ? c.get<int64_t>() + 1 : 1;
+    if (t.state == JobState::kQueued && t.held) ++held;
+  }
+  j["tasks"] = tasks->size();
+  j["states"] = states;
+  j["held"] = held;
+  return j;
 }
 
 HttpResponse Server::Logs(const HttpRequest& req, int64_t id, const std::string& user, bool admin) {
@@ -1300,6 +1755,18 @@ HttpResponse Server::Logs(const HttpRequest& req, int64_t id, const std::string&
   std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
   if (stream != "stdout" && stream != "stderr")
     return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
+  // A job of several processes: task 0's logs are the job's, the others' their own.
+  int task = 0;
+  if (auto it = req.query.find("task"); it != req.query.end()) {
+    auto spec = ParseJobSpec(r->spec_json);
+    const int n = spec.ok() ? spec->Tasks() : 1;
+    auto v = ParseIndex(it->second);
+    if (!v || *v >= n) {
+      return Error(400, fmt::format("task: job {} has {} task(s), 0..{}; got '{}'", id, n, n - 1,
+                                    it->second));
+    }
+    task = *v;
+  }
   int64_t offset = 0;
   if (auto it = req.query.find("offset"); it != req.query.end() && it->second != "0") {
     auto v = ParseId(it->second);
@@ -1308,7 +1775,9 @@ HttpResponse Server::Logs(const HttpRequest& req, int64_t id, const std::string&
   }
   const size_t kMax = 1 << 20;
   std::string data;
-  std::ifstream in(JobFile("logs", id, stream == "stdout" ? ".out" : ".err"), std::ios::binary);
+  const char* suffix = stream == "stdout" ? ".out" : ".err";
+  std::ifstream in(task == 0 ? JobFile("logs", id, suffix) : TaskLog(id, task, suffix),
+                   std::ios::binary);
   if (in) {
     in.seekg(offset);
     data.resize(kMax);
@@ -1406,11 +1875,121 @@ HttpResponse Server::Gpus() {
       200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
 }
 
+std::string Server::PrimaryGroup(uint32_t uid) {
+  std::lock_guard lock(groups_mu_);
+  if (auto it = primary_group_.find(uid); it != primary_group_.end()) return it->second;
+  std::string name = fmt::format("uid:{}", uid);
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    group gr;
+    group* g = nullptr;
+    std::vector<char> gbuf(16384);
+    name = getgrgid_r(pw.pw_gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g
+               ? std::string(gr.gr_name)
+               : fmt::format("gid:{}", pw.pw_gid);
+  }
+  return primary_group_[uid] = name;
+}
+
+absl::StatusOr<AcctReport> Server::Accounting(double since, double until,
+                                              const std::string& only_user) {
+  auto jobs = AcctJobs(*store_, since, until);
+  if (!jobs.ok()) return jobs.status();
+  if (!only_user.empty()) {
+    std::erase_if(*jobs, [&](const AcctJob& j) { return j.owner != only_user; });
+  }
+  AcctOptions o;
+  o.since = since;
+  o.until = until;
+  o.group_of = [this](uint32_t uid) { return PrimaryGroup(uid); };
+  o.gpu_memory_mib = [this](int g) -> int64_t {
+    if (g < 0 || static_cast<size_t>(g) >= inventory_.gpus.size()) return 0;
+    return static_cast<int64_t>(inventory_.gpus[g].memory_bytes.value_or(0) >> 20);
+  };
+  return Account(*jobs, o);
+}
+
+HttpResponse Server::Acct(const HttpRequest& req, const std::string& user, bool admin) {
+  const double now = Now();
+  double since = now - 7 * 86400, until = now;
+  for (const auto& [k, v] : req.query) {
+    if (k != "since" && k != "until" && k != "user")
+      return Error(400, fmt::format("unknown query parameter '{}'", k));
+    if (k == "user") continue;
+    char* end = nullptr;
+    const double t = strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(t >= 0) || t > 1e11)
+      return Error(400, fmt::format("{}: expected seconds since the epoch, got '{}'", k, v));
+    (k == "since" ? since : until) = t;
+  }
+  if (until < since)
+    return Error(400, fmt::format("until ({}) is before since ({})", until, since));
+  // Users see their own work; admins anyone's (all, or ?user=).
+  std::string only = admin ? "" : user;
+  if (auto it = req.query.find("user"); it != req.query.end() && !it->second.empty()) {
+    if (!admin && it->second != user) {
+      return Error(403,
+                   fmt::format("accounting of {} is shown to them and admins only", it->second));
+    }
+    only = it->second;
+  }
+  auto report = Accounting(since, std::min(until, now), only);
+  if (!report.ok()) return Error(500, std::string(report.status().message()));
+  json j = AcctJson(*report);
+  j["until"] = until;
+  j["scope"] = only.empty() ? "every user's jobs" : only + "'s jobs";
+  return JsonResponse(200, j);
+}
+
 std::string Server::RenderMetrics() {
   std::string o;
   auto help = [&](const char* name, const char* type, const char* text) {
     o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, text, name, type);
   };
+  // Accounting since the store began, as counters (what `tessera acct` sums over a period).
+  if (auto all = Accounting(0, Now(), ""); all.ok()) {
+    help("tessera_acct_gpu_seconds_total", "counter",
+         "GPU-seconds used by jobs (a fraction of a GPU weighted by its share or memory), by user "
+         "and kind (whole, fractional).");
+    for (const AcctLine& l : all->by_user) {
+      o += fmt::format("tessera_acct_gpu_seconds_total{{user=\"{}\",kind=\"whole\"}} {}\n",
+                       Escape(l.key), l.whole_gpu_seconds);
+      o += fmt::format("tessera_acct_gpu_seconds_total{{user=\"{}\",kind=\"fractional\"}} {}\n",
+                       Escape(l.key), l.fractional_gpu_seconds);
+    }
+    help("tessera_acct_model_gpu_seconds_total", "counter", "GPU-seconds used, by GPU model.");
+    for (const AcctLine& l : all->by_model) {
+      o += fmt::format("tessera_acct_model_gpu_seconds_total{{model=\"{}\"}} {}\n", Escape(l.key),
+                       l.gpu_seconds);
+    }
+    help("tessera_acct_group_gpu_seconds_total", "counter",
+         "GPU-seconds used, by the owner's primary group.");
+    for (const AcctLine& l : all->by_group) {
+      o += fmt::format("tessera_acct_group_gpu_seconds_total{{group=\"{}\"}} {}\n", Escape(l.key),
+                       l.gpu_seconds);
+    }
+    help("tessera_acct_jobs_ended_total", "counter", "Jobs ended, by user and outcome.");
+    for (const AcctLine& l : all->by_user) {
+      for (auto [outcome, n] : {std::pair{"succeeded", l.succeeded},
+                                {"failed", l.failed},
+                                {"cancelled", l.cancelled}}) {
+        o += fmt::format("tessera_acct_jobs_ended_total{{user=\"{}\",outcome=\"{}\"}} {}\n",
+                         Escape(l.key), outcome, n);
+      }
+    }
+    help("tessera_acct_wait_seconds_total", "counter",
+         "Seconds jobs waited from submission (or re-queue) to start, by user.");
+    for (const AcctLine& l : all->by_user) {
+      o += fmt::format("tessera_acct_wait_seconds_total{{user=\"{}\"}} {}\n", Escape(l.key),
+                       l.wait_seconds);
+    }
+    help("tessera_acct_starts_total", "counter", "Job runs started, by user.");
+    for (const AcctLine& l : all->by_user) {
+      o += fmt::format("tessera_acct_starts_total{{user=\"{}\"}} {}\n", Escape(l.key), l.started);
+    }
+  }
   std::vector<devices::GpuHealth> health =
       health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();

@@ -24,6 +24,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/sched/quota.h"
+#include "tessera/server/acct.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
 #include "tessera/server/http.h"
@@ -85,6 +86,7 @@ struct ServerConfig {
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
+  size_t max_array_tasks = 10000;  // tasks in one array (submit --array)
   // The listener's limits (HttpServerOptions): idle keep-alive, time to send one request,
   // connections in all and per peer.
   double idle_timeout_s = 60;
@@ -175,22 +177,51 @@ class Server {
     bool cgroup = false;     // has its own cgroups (Cgroups::Create)
     uint32_t uid = 0;        // its owner's
     bool arbiter = false;    // its owner may write the GPU arbiter file for it (ArbiterUser)
+    int64_t array_id = 0;    // a task of this array
   };
   struct Queued {
     int64_t id = 0;
     int priority = 0;
     std::string owner;
     uint32_t uid = 0;
-    JobSpec spec;
+    std::shared_ptr<const JobSpec> spec;  // one for all the tasks of an array
     double submitted = 0;  // when it was submitted: its place in the queue, kept when re-queued
     double since = 0;      // submitted or re-queued at: the start of its scheduling latency
+    bool held = false;
+    int64_t array_id = 0;  // a task of this array (0: none), with its index
+    int array_index = -1;
+    int throttle = 0;  // its array runs at most this many tasks at once (0: no limit)
+    // In the cycle's queue: not held, its dependencies met, room in its array (Admit). Otherwise
+    // `waiting` says why not.
+    bool in_cycle = false;
+    std::string waiting;
   };
+  // A queued job as its stored record says.
+  static Queued QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec, double since);
+  // How a dependency stands: not yet settled, met (the outcome it asks), or never to be met.
+  struct DependencyState {
+    enum { kPending, kOk, kNotOk, kMissing } outcome = kPending;
+    std::string what;  // "job 5 failed", "every task of array 7 succeeded"
+  };
+  DependencyState Outcome(const Dependency& d) const;  // under mu_
+  // Why `d` can never be met given its outcome, empty when it is met or pending.
+  static std::string Unmeetable(const Dependency& d, const DependencyState& state);
+  // Moves the queued jobs that may now run into the cycle's queue (not held, dependencies met, room
+  // in their array) and ends those whose dependencies can never be met. Under mu_.
+  void Admit(double now);
+  // The ids a reference names: "12" (a job, or every task of array 12 when `whole_array`), "12_3"
+  // (task 3 of array 12). kNotFound, or kInvalidArgument for what is not a reference.
+  absl::StatusOr<std::vector<int64_t>> Resolve(std::string_view ref, bool whole_array);
+  // The tasks of an array by state ({"queued": 84, "running": 8}), with its range and size.
+  nlohmann::json ArraySummary(int64_t array_id, const std::string& range);
 
   Server(ServerConfig config, ServerDeps deps);
   // Wall time in seconds since the epoch, from the clock.
   double Now() const { return core::Seconds(clock_->Now()); }
   // <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file.
   std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
+  // <state_dir>/logs/<id>.<task><suffix>: the log of a job's task other than task 0.
+  std::string TaskLog(int64_t id, int task, const char* suffix) const;
   // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
   Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
   // The GPU arbiter file, made at start for the fractional jobs of every user.
@@ -217,7 +248,7 @@ class Server {
   bool Turn(
       std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
   void CheckRunning(double now);
-  // Puts a job in the queue (the cycle's and queued_), under mu_.
+  // Puts a job in queued_ (and, at the next pass, the cycle's queue: Admit), under mu_.
   void Enqueue(Queued q);
   // Why a queued job waits, from the cycle; empty when it is not queued.
   std::string WaitingReason(int64_t id) const;
@@ -254,9 +285,16 @@ class Server {
   // Others' jobs without their details (env, workdir); logs only for the owner and admins.
   HttpResponse ListJobs(const HttpRequest& req, const std::string& user, bool admin);
   HttpResponse GetJob(int64_t id, const std::string& user, bool admin);
-  HttpResponse Cancel(int64_t id, const std::string& user, bool admin);
+  HttpResponse Cancel(const std::string& ref, const std::string& user, bool admin);
+  // Holds or releases queued jobs (every queued task of an array named by its id).
+  HttpResponse Hold(const std::string& ref, bool hold, const std::string& user, bool admin);
   HttpResponse Logs(const HttpRequest& req, int64_t id, const std::string& user, bool admin);
   HttpResponse Gpus();
+  // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
+  HttpResponse Acct(const HttpRequest& req, const std::string& user, bool admin);
+  absl::StatusOr<AcctReport> Accounting(double since, double until, const std::string& only_user);
+  // A user's primary group's name (accounting's group); cached.
+  std::string PrimaryGroup(uint32_t uid);
   nlohmann::json Info();
 
   ServerConfig config_;
@@ -305,6 +343,7 @@ class Server {
 
   std::mutex groups_mu_;  // the quota groups cache; never held while taking mu_
   std::map<uint32_t, std::vector<std::string>> user_groups_;
+  std::map<uint32_t, std::string> primary_group_;
 
   std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ = -1;

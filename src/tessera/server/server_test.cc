@@ -51,7 +51,15 @@ class ServerTest : public ::testing::Test {
             int* status = nullptr) {
     HttpRequest r;
     r.method = method;
-    r.path = r.target = path;
+    r.target = path;
+    r.path = path.substr(0, path.find('?'));
+    // The query, as the listener splits it (plain names and values only, in these tests).
+    for (size_t at = path.find('?'); at != std::string::npos;) {
+      const size_t amp = path.find('&', at + 1);
+      const std::string kv = path.substr(at + 1, amp == std::string::npos ? amp : amp - at - 1);
+      r.query[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+      at = amp;
+    }
     r.content_type = "application/json";
     if (!body.is_null()) r.body = body.dump();
     r.peer.unix_socket = true;
@@ -322,6 +330,136 @@ TEST_F(ServerTest, RestartReadoptsRunningJobsAndKeepsTheQueue) {
   Settle();
   EXPECT_EQ(State(running), "succeeded") << "its exit code came through the exit file";
   EXPECT_EQ(State(queued), "running");
+}
+
+// ---- batch habits (arrays, dependencies, hold) ----
+
+TEST_F(ServerTest, AnArrayRunsEachIndexWithItsIdAndAtMostItsLimitAtOnce) {
+  StartServer();
+  json a =
+      Call("POST", "/v1/jobs",
+           {{"command", {"sleep", "10"}}, {"array", "3-9:2,20%2"}, {"resources", {{"gpus", 1}}}});
+  const int64_t first = a["id"];
+  EXPECT_EQ(a["array"]["tasks"], 5) << "3, 5, 7, 9 and 20";
+  Settle();
+  ASSERT_EQ(StartedJobs().size(), 2u) << "%2 although both GPUs would take more";
+  EXPECT_EQ(launcher_.started()[0].env.at("TESSERA_ARRAY_TASK_ID"), "3");
+  EXPECT_EQ(launcher_.started()[1].env.at("TESSERA_ARRAY_TASK_ID"), "5");
+  EXPECT_EQ(launcher_.started()[1].env.at("TESSERA_ARRAY_JOB_ID"), std::to_string(first));
+  EXPECT_THAT(Call("GET", "/v1/jobs/" + std::to_string(first) + "_20").value("waiting", ""),
+              HasSubstr("at most 2 tasks at once (%2)"));
+  for (int round = 0; round < 3; ++round) {
+    Advance(10);
+    Settle();
+  }
+  std::vector<std::string> order;
+  for (const auto& s : launcher_.started()) order.push_back(s.env.at("TESSERA_ARRAY_TASK_ID"));
+  EXPECT_THAT(order, ::testing::ElementsAre("3", "5", "7", "9", "20")) << "in index order";
+  json folded = Call("GET", "/v1/jobs?arrays=fold");
+  ASSERT_EQ(folded["jobs"].size(), 1u);
+  EXPECT_EQ(folded["jobs"][0]["array"]["states"], json({{"succeeded", 5}}));
+  EXPECT_EQ(Call("GET", "/v1/jobs?arrays=expand")["jobs"].size(), 5u);
+}
+
+TEST_F(ServerTest, DependenciesWaitForTheirJobsAndEndWhenTheyCanNeverBeMet) {
+  StartServer();
+  const int64_t fails = Submit(0, 0, 0, {{"command", {"false"}}, {"resources", json::object()}});
+  const int64_t works = Submit(1, 5);
+  const int64_t after_ok = Submit(1, 5, 0, {{"after", {"ok:" + std::to_string(works)}}});
+  const int64_t on_failure = Submit(1, 5, 0, {{"after", {"notok:" + std::to_string(fails)}}});
+  Settle();
+  EXPECT_EQ(State(on_failure), "running") << "its job failed, as it asked";
+  EXPECT_THAT(Job(after_ok).value("waiting", ""),
+              HasSubstr("waiting for job " + std::to_string(works) + " to end"));
+  // A dependency on a job that failed can never be met: the job ends, and so do its dependents.
+  int status = 0;
+  json refused =
+      Call("POST", "/v1/jobs",
+           {{"command", {"sleep", "1"}}, {"after", {"ok:" + std::to_string(fails)}}}, &status);
+  EXPECT_EQ(status, 422) << "known at submission";
+  EXPECT_THAT(refused.value("message", ""), HasSubstr("can never be met"));
+  const int64_t chain = Submit(1, 5, 0, {{"after", {"ok:" + std::to_string(works)}}});
+  const int64_t chain2 = Submit(1, 5, 0, {{"after", {"notok:" + std::to_string(works)}}});
+  const int64_t chain3 = Submit(1, 5, 0, {{"after", {"ok:" + std::to_string(chain2)}}});
+  Advance(5);
+  Settle();
+  EXPECT_EQ(State(after_ok), "running");
+  json never = Job(chain2);
+  EXPECT_EQ(never["state"], "cancelled");
+  EXPECT_THAT(never["reason"].get<std::string>(),
+              HasSubstr("job " + std::to_string(works) + " succeeded: after notok:"));
+  EXPECT_EQ(State(chain3), "cancelled") << "its dependency was cancelled in turn";
+  EXPECT_NE(State(chain), "cancelled");
+}
+
+TEST_F(ServerTest, ADependencyOnAnArrayWaitsForEveryTask) {
+  StartServer();
+  json a = Call("POST", "/v1/jobs",
+                {{"command", {"sleep", "10"}}, {"array", "0-2"}, {"resources", {{"gpus", 1}}}});
+  const int64_t array = a["id"];
+  const int64_t after = Submit(1, 1, 0, {{"after", {"ok:" + std::to_string(array)}}});
+  const int64_t after_one = Submit(1, 1, 0, {{"after", {"ok:" + std::to_string(array) + "_0"}}});
+  Settle();
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(array), "succeeded") << "task 0";
+  EXPECT_NE(State(after), "running") << "task 2 has not run yet";
+  EXPECT_NE(State(after_one), "queued") << "it waited for task 0 only";
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(after), "running");
+}
+
+TEST_F(ServerTest, AReleasedJobKeepsItsPlaceAndHoldingTakesItOutOfTheQueue) {
+  StartServer();
+  const int64_t busy = Submit(2, 10);
+  Settle();
+  const int64_t first = Submit(2, 10, 0, {{"hold", true}});
+  Advance(1);
+  const int64_t second = Submit(2, 10);
+  Settle();
+  EXPECT_TRUE(Job(first)["held"].get<bool>());
+  EXPECT_THAT(Job(first).value("waiting", ""), HasSubstr("held"));
+  int status = 0;
+  Call("POST", "/v1/jobs/" + std::to_string(first) + "/release", nullptr, &status);
+  EXPECT_EQ(status, 200);
+  Call("POST", "/v1/jobs/" + std::to_string(second) + "/hold", nullptr, &status);
+  EXPECT_EQ(status, 200);
+  Call("POST", "/v1/jobs/" + std::to_string(busy) + "/hold", nullptr, &status);
+  EXPECT_EQ(status, 409) << "a running job cannot be held";
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(first), "running") << "released: in its place, ahead of the later one";
+  EXPECT_EQ(State(second), "queued");
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(second), "queued") << "still held";
+  Call("POST", "/v1/jobs/" + std::to_string(second) + "/release", nullptr, &status);
+  Settle();
+  EXPECT_EQ(State(second), "running");
+  // Held across a restart.
+  const int64_t held = Submit(1, 10, 0, {{"hold", true}});
+  StartServer();
+  Advance(20);
+  Settle();
+  EXPECT_EQ(State(held), "queued");
+  EXPECT_TRUE(Job(held)["held"].get<bool>());
+}
+
+TEST_F(ServerTest, AJobOfSeveralTasksGetsOneProcessPerTaskWithItsRank) {
+  StartServer();
+  Submit(2, 10, 0, {{"tasks_per_gpu", 2}});
+  Settle();
+  ASSERT_EQ(launcher_.started().size(), 1u);
+  const std::vector<TaskLaunch> tasks = launcher_.started()[0].tasks;
+  ASSERT_EQ(tasks.size(), 4u);
+  for (size_t r = 0; r < tasks.size(); ++r) {
+    EXPECT_EQ(tasks[r].env.at("RANK"), std::to_string(r));
+    EXPECT_EQ(tasks[r].env.at("WORLD_SIZE"), "4");
+    EXPECT_EQ(tasks[r].env.at("TESSERA_TASK_GPU"), std::to_string(r / 2));
+    EXPECT_EQ(tasks[r].env.at("MASTER_PORT"), tasks[0].env.at("MASTER_PORT"));
+  }
+  EXPECT_NE(tasks[1].stdout_path, tasks[0].stdout_path) << "a log each";
 }
 
 }  // namespace

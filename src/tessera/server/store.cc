@@ -58,9 +58,14 @@ std::optional<double> OptDouble(sqlite3_stmt* s, int col) {
   return sqlite3_column_double(s, col);
 }
 
+// Read FROM jobs j. An array's tasks read their spec from the array's first row.
 constexpr const char* kJobColumns =
-    "id, name, owner_uid, owner, spec, priority, state, submitted_at, started_at, ended_at, "
-    "exit_code, placement, pid, pid_start_time, reason, usage, idempotency_key";
+    "j.id, j.name, j.owner_uid, j.owner, "
+    "CASE WHEN j.spec = '' AND j.array_id != 0 THEN (SELECT a.spec FROM jobs a WHERE a.id = "
+    "j.array_id) ELSE j.spec END, "
+    "j.priority, j.state, j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.placement, "
+    "j.pid, j.pid_start_time, j.reason, j.usage, j.idempotency_key, j.held, j.array_id, "
+    "j.array_index";
 
 JobRecord ReadJob(sqlite3_stmt* s) {
   JobRecord r;
@@ -81,6 +86,9 @@ JobRecord ReadJob(sqlite3_stmt* s) {
   r.reason = Text(s, 14);
   r.usage_json = Text(s, 15);
   r.idempotency_key = Text(s, 16);
+  r.held = sqlite3_column_int(s, 17) != 0;
+  r.array_id = sqlite3_column_int64(s, 18);
+  r.array_index = sqlite3_column_int(s, 19);
   return r;
 }
 
@@ -172,39 +180,38 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
                       "schema version)",
                       path));
     }
-    absl::Status st = store->Exec(
-        "BEGIN;"
-        "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
-        "  owner_uid INTEGER NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL, "
-        "  priority INTEGER NOT NULL, state TEXT NOT NULL, submitted_at REAL NOT NULL, "
-        "  started_at REAL, ended_at REAL, exit_code INTEGER, placement TEXT NOT NULL DEFAULT '', "
-        "  pid INTEGER NOT NULL DEFAULT 0, pid_start_time INTEGER NOT NULL DEFAULT 0, "
-        "  reason TEXT NOT NULL DEFAULT '');"
-        "CREATE INDEX jobs_state ON jobs(state, id);"
-        "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, "
-        "  job_id INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, state TEXT NOT NULL, "
-        "  reason TEXT NOT NULL);"
-        "CREATE INDEX events_job ON events(job_id, id);"
-        "PRAGMA user_version=1;"
-        "COMMIT;");
-    if (!st.ok()) {
-      (void)store->Exec("ROLLBACK");
-      return st;
-    }
-    version = 1;
   }
-  if (version == 1) {
-    // 2: what a job used (its cgroup's accounting), and the key that makes a submission
-    // idempotent (one job per owner and key).
-    absl::Status st = store->Exec(
-        "BEGIN;"
-        "ALTER TABLE jobs ADD COLUMN usage TEXT NOT NULL DEFAULT '';"
-        "ALTER TABLE jobs ADD COLUMN idempotency_key TEXT;"
-        "CREATE UNIQUE INDEX jobs_idempotency ON jobs(owner, idempotency_key) "
-        "  WHERE idempotency_key IS NOT NULL;"
-        "PRAGMA user_version=2;"
-        "COMMIT;");
-    if (!st.ok()) {
+  // Each step takes the schema one version up, in its own transaction.
+  static constexpr const char* kSteps[kSchemaVersion] = {
+      // 1: jobs and the events of their lives.
+      "CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, "
+      "  owner_uid INTEGER NOT NULL, owner TEXT NOT NULL, spec TEXT NOT NULL, "
+      "  priority INTEGER NOT NULL, state TEXT NOT NULL, submitted_at REAL NOT NULL, "
+      "  started_at REAL, ended_at REAL, exit_code INTEGER, placement TEXT NOT NULL DEFAULT '', "
+      "  pid INTEGER NOT NULL DEFAULT 0, pid_start_time INTEGER NOT NULL DEFAULT 0, "
+      "  reason TEXT NOT NULL DEFAULT '');"
+      "CREATE INDEX jobs_state ON jobs(state, id);"
+      "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+      "  job_id INTEGER NOT NULL REFERENCES jobs(id), at REAL NOT NULL, state TEXT NOT NULL, "
+      "  reason TEXT NOT NULL);"
+      "CREATE INDEX events_job ON events(job_id, id);",
+      // 2: what a job used (its cgroup's accounting), and the key that makes a submission
+      // idempotent (one job per owner and key).
+      "ALTER TABLE jobs ADD COLUMN usage TEXT NOT NULL DEFAULT '';"
+      "ALTER TABLE jobs ADD COLUMN idempotency_key TEXT;"
+      "CREATE UNIQUE INDEX jobs_idempotency ON jobs(owner, idempotency_key) "
+      "  WHERE idempotency_key IS NOT NULL;",
+      // 3: held jobs, and arrays (tasks point at their array's first row, which alone has the
+      // spec).
+      "ALTER TABLE jobs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;"
+      "ALTER TABLE jobs ADD COLUMN array_id INTEGER NOT NULL DEFAULT 0;"
+      "ALTER TABLE jobs ADD COLUMN array_index INTEGER NOT NULL DEFAULT -1;"
+      "CREATE INDEX jobs_array ON jobs(array_id, array_index) WHERE array_id != 0;",
+  };
+  for (; version < kSchemaVersion; ++version) {
+    const std::string sql =
+        fmt::format("BEGIN; {} PRAGMA user_version={}; COMMIT;", kSteps[version], version + 1);
+    if (absl::Status st = store->Exec(sql.c_str()); !st.ok()) {
       (void)store->Exec("ROLLBACK");
       return st;
     }
@@ -309,7 +316,7 @@ absl::StatusOr<int64_t> Store::InsertOne(const JobRecord& r, double now, bool* e
   {
     Stmt s(db_,
            "INSERT INTO jobs (name, owner_uid, owner, spec, priority, state, submitted_at, reason, "
-           "idempotency_key) VALUES (?, ?, ?, ?, ?, 'queued', ?, 'submitted', ?)");
+           "idempotency_key, held) VALUES (?, ?, ?, ?, ?, 'queued', ?, 'submitted', ?, ?)");
     if (!s.ok()) return SqlError(db_, "preparing insert");
     s.Bind(1, r.name);
     s.Bind(2, static_cast<int64_t>(r.owner_uid));
@@ -318,6 +325,7 @@ absl::StatusOr<int64_t> Store::InsertOne(const JobRecord& r, double now, bool* e
     s.Bind(5, static_cast<int64_t>(r.priority));
     s.Bind(6, now);
     s.Bind(7, r.idempotency_key.empty() ? std::nullopt : std::optional(r.idempotency_key));
+    s.Bind(8, int64_t{r.held});
     if (s.Step() != SQLITE_DONE) return SqlError(db_, "inserting a job");
     id = sqlite3_last_insert_rowid(db_);
   }
@@ -336,22 +344,48 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
                                const TransitionFields& f) {
   std::lock_guard lock(mu_);
   if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
-  auto rollback = [&](absl::Status st) {
+  if (absl::Status st = TransitionOne(id, to, reason, now, f); !st.ok()) {
     (void)Exec("ROLLBACK");
     return st;
-  };
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+    (void)Exec("ROLLBACK");
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::TransitionMany(const std::vector<int64_t>& ids, JobState to,
+                                   std::string_view reason, double now) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  for (int64_t id : ids) {
+    if (absl::Status st = TransitionOne(id, to, reason, now, {}); !st.ok()) {
+      (void)Exec("ROLLBACK");
+      return st;
+    }
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+    (void)Exec("ROLLBACK");
+    return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::TransitionOne(int64_t id, JobState to, std::string_view reason, double now,
+                                  const TransitionFields& f) {
+  // The caller rolls back on failure.
   JobState from;
   {
     Stmt s(db_, "SELECT state FROM jobs WHERE id = ?");
     s.Bind(1, id);
-    if (!s.ok()) return rollback(SqlError(db_, "preparing a read"));
-    if (s.Step() != SQLITE_ROW)
-      return rollback(absl::NotFoundError(fmt::format("job {}: not found", id)));
+    if (!s.ok()) return SqlError(db_, "preparing a read");
+    if (s.Step() != SQLITE_ROW) return absl::NotFoundError(fmt::format("job {}: not found", id));
     from = ParseJobState(Text(s.get(), 0)).value_or(JobState::kLost);
   }
   if (!TransitionAllowed(from, to)) {
-    return rollback(absl::FailedPreconditionError(
-        fmt::format("job {}: cannot go from {} to {}", id, JobStateName(from), JobStateName(to))));
+    return absl::FailedPreconditionError(
+        fmt::format("job {}: cannot go from {} to {}", id, JobStateName(from), JobStateName(to)));
   }
   {
     Stmt s(db_,
@@ -360,7 +394,7 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
            "placement = coalesce(?, placement), pid = coalesce(?, pid), "
            "pid_start_time = coalesce(?, pid_start_time), usage = coalesce(?, usage) "
            "WHERE id = ?");
-    if (!s.ok()) return rollback(SqlError(db_, "preparing an update"));
+    if (!s.ok()) return SqlError(db_, "preparing an update");
     s.Bind(1, JobStateName(to));
     s.Bind(2, reason);
     s.Bind(3, f.started_at);
@@ -372,19 +406,137 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
                                : std::nullopt);
     s.Bind(9, f.usage_json);
     s.Bind(10, id);
-    if (s.Step() != SQLITE_DONE) return rollback(SqlError(db_, "updating a job"));
+    if (s.Step() != SQLITE_DONE) return SqlError(db_, "updating a job");
   }
   {
     Stmt s(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, ?, ?)");
-    if (!s.ok()) return rollback(SqlError(db_, "preparing an event"));
+    if (!s.ok()) return SqlError(db_, "preparing an event");
     s.Bind(1, id);
     s.Bind(2, now);
     s.Bind(3, JobStateName(to));
     s.Bind(4, reason);
-    if (s.Step() != SQLITE_DONE) return rollback(SqlError(db_, "recording an event"));
+    if (s.Step() != SQLITE_DONE) return SqlError(db_, "recording an event");
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) return rollback(st);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::InsertArray(const JobRecord& r, const std::vector<int>& indices,
+                                           double now, bool* existed) {
+  if (indices.empty()) return absl::InvalidArgumentError("an array needs at least one task");
+  std::lock_guard lock(mu_);
+  bool repeat = false;
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail = [&](absl::Status st) -> absl::StatusOr<int64_t> {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  absl::StatusOr<int64_t> first = InsertOne(r, now, &repeat);
+  if (!first.ok()) return fail(first.status());
+  (void)Exec("RELEASE one");
+  if (repeat) {
+    (void)Exec("ROLLBACK");
+    if (existed) *existed = true;
+    return first;
+  }
+  {
+    Stmt s(db_, "UPDATE jobs SET array_id = ?, array_index = ? WHERE id = ?");
+    if (!s.ok()) return fail(SqlError(db_, "preparing an update"));
+    s.Bind(1, *first);
+    s.Bind(2, int64_t{indices[0]});
+    s.Bind(3, *first);
+    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "marking an array"));
+  }
+  // The other tasks: a row each without the spec, and their first event.
+  Stmt task(db_,
+            "INSERT INTO jobs (id, name, owner_uid, owner, spec, priority, state, submitted_at, "
+            "reason, held, array_id, array_index) VALUES (?, ?, ?, ?, '', ?, 'queued', ?, "
+            "'submitted', ?, ?, ?)");
+  Stmt event(db_,
+             "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', 'submitted')");
+  if (!task.ok() || !event.ok()) return fail(SqlError(db_, "preparing inserts"));
+  for (size_t i = 1; i < indices.size(); ++i) {
+    const int64_t id = *first + static_cast<int64_t>(i);
+    sqlite3_reset(task.get());
+    task.Bind(1, id);
+    task.Bind(2, r.name);
+    task.Bind(3, static_cast<int64_t>(r.owner_uid));
+    task.Bind(4, r.owner);
+    task.Bind(5, static_cast<int64_t>(r.priority));
+    task.Bind(6, now);
+    task.Bind(7, int64_t{r.held});
+    task.Bind(8, *first);
+    task.Bind(9, int64_t{indices[i]});
+    if (task.Step() != SQLITE_DONE) return fail(SqlError(db_, "inserting an array's task"));
+    sqlite3_reset(event.get());
+    event.Bind(1, id);
+    event.Bind(2, now);
+    if (event.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
+  if (existed) *existed = false;
+  return first;
+}
+
+absl::Status Store::SetHeld(const std::vector<int64_t>& ids, bool held, std::string_view reason,
+                            double now) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  Stmt update(db_, "UPDATE jobs SET held = ? WHERE id = ? AND state = 'queued'");
+  Stmt event(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', ?)");
+  if (!update.ok() || !event.ok()) return fail(SqlError(db_, "preparing a hold"));
+  for (int64_t id : ids) {
+    sqlite3_reset(update.get());
+    update.Bind(1, int64_t{held});
+    update.Bind(2, id);
+    if (update.Step() != SQLITE_DONE) return fail(SqlError(db_, "holding a job"));
+    if (sqlite3_changes(db_) != 1) {
+      return fail(absl::FailedPreconditionError(fmt::format(
+          "job {}: not queued; only a queued job can be {}", id, held ? "held" : "released")));
+    }
+    sqlite3_reset(event.get());
+    event.Bind(1, id);
+    event.Bind(2, now);
+    event.Bind(3, reason);
+    if (event.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
+  }
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Store::TaskId(int64_t array_id, int index) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, "SELECT id FROM jobs WHERE array_id = ? AND array_index = ?");
+  if (!s.ok()) return SqlError(db, "preparing a read");
+  s.Bind(1, array_id);
+  s.Bind(2, int64_t{index});
+  int rc = s.Step();
+  if (rc == SQLITE_DONE)
+    return absl::NotFoundError(fmt::format("job {}_{}: no such array task", array_id, index));
+  if (rc != SQLITE_ROW) return SqlError(db, "reading a task");
+  return static_cast<int64_t>(sqlite3_column_int64(s.get(), 0));
+}
+
+absl::StatusOr<std::vector<Store::TaskState>> Store::Tasks(int64_t array_id) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db,
+         "SELECT id, array_index, state, held FROM jobs WHERE array_id = ? ORDER BY array_index");
+  if (!s.ok()) return SqlError(db, "preparing a read");
+  s.Bind(1, array_id);
+  std::vector<TaskState> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_int(s.get(), 1),
+                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost),
+                   sqlite3_column_int(s.get(), 3) != 0});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "reading tasks");
+  return out;
 }
 
 absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
@@ -402,7 +554,7 @@ absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
 absl::StatusOr<JobRecord> Store::Get(int64_t id) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, fmt::format("SELECT {} FROM jobs WHERE id = ?", kJobColumns).c_str());
+  Stmt s(db, fmt::format("SELECT {} FROM jobs j WHERE j.id = ?", kJobColumns).c_str());
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
   int rc = s.Step();
@@ -414,13 +566,13 @@ absl::StatusOr<JobRecord> Store::Get(int64_t id) {
 absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& states, int limit) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
-  std::string sql = fmt::format("SELECT {} FROM jobs", kJobColumns);
+  std::string sql = fmt::format("SELECT {} FROM jobs j", kJobColumns);
   if (!states.empty()) {
-    sql += " WHERE state IN (";
+    sql += " WHERE j.state IN (";
     for (size_t i = 0; i < states.size(); ++i) sql += i ? ",?" : "?";
     sql += ")";
   }
-  sql += " ORDER BY id";
+  sql += " ORDER BY j.id";
   if (limit > 0) sql += fmt::format(" LIMIT {}", limit);
   Stmt s(db, sql.c_str());
   if (!s.ok()) return SqlError(db, "preparing a list");
@@ -444,6 +596,57 @@ absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
   while ((rc = s.Step()) == SQLITE_ROW) {
     out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
                    ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
+  return out;
+}
+
+absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double until) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db,
+         "SELECT j.id, j.owner_uid, j.owner, j.state, j.submitted_at, j.started_at, j.ended_at, "
+         "j.placement, j.array_id, j.array_index FROM jobs j WHERE (j.ended_at IS NULL OR "
+         "j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY j.id");
+  if (!s.ok()) return SqlError(db, "preparing a list");
+  s.Bind(1, since);
+  s.Bind(2, until);
+  std::vector<JobRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    JobRecord r;
+    sqlite3_stmt* st = s.get();
+    r.id = sqlite3_column_int64(st, 0);
+    r.owner_uid = static_cast<uint32_t>(sqlite3_column_int64(st, 1));
+    r.owner = Text(st, 2);
+    r.state = ParseJobState(Text(st, 3)).value_or(JobState::kLost);
+    r.submitted_at = sqlite3_column_double(st, 4);
+    r.started_at = OptDouble(st, 5);
+    r.ended_at = OptDouble(st, 6);
+    r.placement_json = Text(st, 7);
+    r.array_id = sqlite3_column_int64(st, 8);
+    r.array_index = sqlite3_column_int(st, 9);
+    out.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
+  return out;
+}
+
+absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double until) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db,
+         "SELECT e.job_id, e.at, e.state FROM events e JOIN jobs j ON j.id = e.job_id WHERE "
+         "(j.ended_at IS NULL OR j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY e.job_id, "
+         "e.id");
+  if (!s.ok()) return SqlError(db, "preparing a read");
+  s.Bind(1, since);
+  s.Bind(2, until);
+  std::vector<JobEvent> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
+                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), ""});
   }
   if (rc != SQLITE_DONE) return SqlError(db, "reading events");
   return out;

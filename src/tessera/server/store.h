@@ -48,6 +48,11 @@ struct JobRecord {
   std::string usage_json;
   // The client's key for the submission (Insert answers a repeated key with the job it made).
   std::string idempotency_key;
+  bool held = false;  // queued, not to be started until released
+  // A task of an array: the array's id (its first task's) and this task's index. The array's spec
+  // is stored once, in its first task's row; the others' spec_json is read from there.
+  int64_t array_id = 0;
+  int array_index = -1;
 };
 
 struct JobEvent {
@@ -81,12 +86,34 @@ class Store {
   // earlier job's id is returned and *existed says so. Inserts from several threads at once are
   // committed together (one transaction, one fsync, at most max_batch jobs).
   absl::StatusOr<int64_t> Insert(const JobRecord& record, double now, bool* existed = nullptr);
+  // Stores the tasks of an array, one per index, in one transaction: ids consecutive, the first
+  // task's id is the array's and its row alone holds the spec. Returns the array's id (with
+  // *existed, the earlier array of a repeated idempotency key).
+  absl::StatusOr<int64_t> InsertArray(const JobRecord& record, const std::vector<int>& indices,
+                                      double now, bool* existed = nullptr);
   // 1: every insert its own transaction (for comparison in benchmarks).
   void set_max_batch(size_t n) { max_batch_ = n < 1 ? 1 : n; }
   // Moves a job to `to`, with the reason and fields; kNotFound, or kFailedPrecondition naming both
   // states when the transition is not allowed. Nothing changes on failure.
   absl::Status Transition(int64_t id, JobState to, std::string_view reason, double now,
                           const TransitionFields& fields = {});
+  // The same transition for many jobs in one transaction, all or none.
+  absl::Status TransitionMany(const std::vector<int64_t>& ids, JobState to, std::string_view reason,
+                              double now);
+  // Holds (or releases) queued jobs, with an event each, in one transaction; kFailedPrecondition
+  // naming a job that is not queued (nothing changes then).
+  absl::Status SetHeld(const std::vector<int64_t>& ids, bool held, std::string_view reason,
+                       double now);
+  // The task of array `array_id` with index `index`; kNotFound when there is none.
+  absl::StatusOr<int64_t> TaskId(int64_t array_id, int index);
+  // The tasks of an array: id, index and state, in index order (no specs read).
+  struct TaskState {
+    int64_t id = 0;
+    int index = 0;
+    JobState state = JobState::kQueued;
+    bool held = false;
+  };
+  absl::StatusOr<std::vector<TaskState>> Tasks(int64_t array_id);
   // Records the process of a running job (started after its transition to running was stored, so a
   // crash in between leaves a running job without a process: lost, never started twice).
   absl::Status SetProcess(int64_t id, int64_t pid, uint64_t start_time);
@@ -95,8 +122,12 @@ class Store {
   absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {},
                                               int limit = 0);
   absl::StatusOr<std::vector<JobEvent>> Events(int64_t id);
+  // For accounting: the jobs not ended before `since` nor submitted after `until`, oldest first,
+  // without their specs; and their events (state changes, reasons left out), in order.
+  absl::StatusOr<std::vector<JobRecord>> ListPeriod(double since, double until);
+  absl::StatusOr<std::vector<JobEvent>> EventsOfPeriod(double since, double until);
 
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
  private:
   struct PendingInsert {
@@ -110,6 +141,9 @@ class Store {
   absl::Status Exec(const char* sql);
   void CommitInserts(const std::vector<PendingInsert*>& batch);  // one transaction
   absl::StatusOr<int64_t> InsertOne(const JobRecord& r, double now, bool* existed);  // under mu_
+  // Inside a transaction, under mu_.
+  absl::Status TransitionOne(int64_t id, JobState to, std::string_view reason, double now,
+                             const TransitionFields& f);
   sqlite3* db_;
   std::mutex mu_;              // the connection
   sqlite3* reader_ = nullptr;  // reads (Get, List, Events); null: db_'s (in memory)

@@ -132,6 +132,8 @@ TEST(Store, AVersionOneDatabaseIsMigratedKeepingItsJobs) {
                                {.usage_json = std::string(R"({"cpu_seconds":1.5})")})
                   .ok());
   EXPECT_EQ((*store)->Get(1)->usage_json, R"({"cpu_seconds":1.5})");
+  EXPECT_FALSE((*store)->Get(1)->held);
+  EXPECT_EQ((*store)->Get(1)->array_id, 0) << "not an array's task";
 }
 
 TEST(Store, ARepeatedIdempotencyKeyGivesTheSameJob) {
@@ -314,6 +316,85 @@ TEST(Store, KilledWriterLosesNothingItAcknowledged) {
   auto all = (*store)->List();
   ASSERT_TRUE(all.ok());
   EXPECT_GE(all->size(), acknowledged.size());
+}
+
+TEST(Store, AnArrayIsOneSpecAndARowPerTaskInOneTransaction) {
+  std::string path = TempDb("array.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Insert(Job("before"), 1).ok());
+  JobRecord a = Job("sweep");
+  a.held = true;
+  auto first = (*store)->InsertArray(a, {0, 5, 10}, 2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, 2);
+  for (int i = 0; i < 3; ++i) {
+    auto t = (*store)->Get(*first + i);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->array_id, *first);
+    EXPECT_EQ(t->array_index, i * 5);
+    EXPECT_EQ(t->spec_json, a.spec_json) << "read from the array's first row";
+    EXPECT_TRUE(t->held);
+    EXPECT_EQ((*store)->Events(*first + i)->size(), 1u) << "its submission";
+  }
+  EXPECT_EQ(*(*store)->TaskId(*first, 10), *first + 2);
+  EXPECT_EQ((*store)->TaskId(*first, 3).status().code(), absl::StatusCode::kNotFound);
+  auto tasks = (*store)->Tasks(*first);
+  ASSERT_TRUE(tasks.ok());
+  ASSERT_EQ(tasks->size(), 3u);
+  EXPECT_EQ((*tasks)[2].index, 10);
+  // Stored once: the other tasks' rows have no spec of their own.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT count(*) FROM jobs WHERE spec != ''", -1, &s, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(s, 0), 2) << "the plain job's and the array's first task's";
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  // A later job follows the array's ids.
+  EXPECT_EQ(*(*store)->Insert(Job("after"), 3), *first + 3);
+}
+
+TEST(Store, HoldAndManyTransitionsAreAllOrNothing) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  const int64_t a = *(*store)->Insert(Job("a"), 1);
+  const int64_t b = *(*store)->Insert(Job("b"), 1);
+  ASSERT_TRUE((*store)->Transition(b, JobState::kRunning, "placed", 2).ok());
+  absl::Status st = (*store)->SetHeld({a, b}, true, "held by alice", 3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr(fmt::format("job {}: not queued", b)));
+  EXPECT_FALSE((*store)->Get(a)->held) << "nothing changed";
+  ASSERT_TRUE((*store)->SetHeld({a}, true, "held by alice", 3).ok());
+  EXPECT_TRUE((*store)->Get(a)->held);
+  EXPECT_EQ((*store)->Events(a)->back().reason, "held by alice");
+  st = (*store)->TransitionMany({a, b}, JobState::kQueued, "back", 4);
+  EXPECT_FALSE(st.ok()) << "a is queued already";
+  EXPECT_EQ((*store)->Get(b)->state, JobState::kRunning) << "nothing changed";
+  ASSERT_TRUE((*store)->TransitionMany({a}, JobState::kCancelled, "cancelled by alice", 5).ok());
+  EXPECT_EQ((*store)->Get(a)->state, JobState::kCancelled);
+}
+
+TEST(Store, AcctReadsEveryJobOfThePeriodWithItsEvents) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  const int64_t old = *(*store)->Insert(Job("old"), 1);
+  ASSERT_TRUE((*store)->Transition(old, JobState::kCancelled, "x", 2, {.ended_at = 2.0}).ok());
+  const int64_t ran = *(*store)->Insert(Job("ran"), 10);
+  ASSERT_TRUE((*store)->Transition(ran, JobState::kRunning, "placed", 11).ok());
+  const int64_t later = *(*store)->Insert(Job("later"), 100);
+  auto jobs = (*store)->ListPeriod(5, 50);
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u) << "ended before, or submitted after, the period: left out";
+  EXPECT_EQ((*jobs)[0].id, ran);
+  auto events = (*store)->EventsOfPeriod(5, 50);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].state, JobState::kRunning);
+  EXPECT_EQ((*events)[1].at, 11);
+  (void)later;
 }
 
 TEST(Store, StateNamesRoundTrip) {

@@ -1,0 +1,184 @@
+#include "tessera/server/acct.h"
+
+#include <algorithm>
+
+#include "nlohmann/json.hpp"
+
+namespace tessera::server {
+namespace {
+
+using nlohmann::json;
+
+struct Gpus {
+  std::vector<std::pair<std::string, double>> weights;  // model, GPUs (1, or the fraction)
+  bool fractional = false;
+};
+
+Gpus Weigh(const std::string& placement_json, const AcctOptions& o) {
+  Gpus g;
+  json p = json::parse(placement_json, nullptr, false);
+  if (!p.is_object() || !p.contains("gpus") || !p["gpus"].is_array()) return g;
+  // A whole GPU is placed as all its compute and memory; a fraction as its share and memory.
+  const int milli = p.value("milli_per_gpu", 0);
+  const int64_t memory = p.value("memory_mib_per_gpu", int64_t{0});
+  for (const json& x : p["gpus"]) {
+    if (!x.is_object()) continue;
+    const int64_t total = o.gpu_memory_mib ? o.gpu_memory_mib(x.value("index", -1)) : 0;
+    double w = milli >= 1000 ? 1.0 : milli / 1000.0;
+    if (total > 0) w = std::max(w, static_cast<double>(memory) / static_cast<double>(total));
+    if (milli == 0 && total <= 0) w = 1;  // nothing tells the fraction: count the GPU
+    w = std::min(w, 1.0);
+    g.fractional = g.fractional || w < 1;
+    g.weights.emplace_back(x.value("model", "unknown"), w);
+  }
+  return g;
+}
+
+void Sort(std::map<std::string, AcctLine>& lines, std::vector<AcctLine>* out) {
+  for (auto& [key, line] : lines) {
+    line.key = key;
+    out->push_back(line);
+  }
+  std::stable_sort(out->begin(), out->end(), [](const AcctLine& a, const AcctLine& b) {
+    return a.gpu_seconds > b.gpu_seconds;
+  });
+}
+
+json LineJson(const AcctLine& l) {
+  return {{"key", l.key},
+          {"jobs", l.jobs},
+          {"succeeded", l.succeeded},
+          {"failed", l.failed},
+          {"cancelled", l.cancelled},
+          {"running", l.running},
+          {"gpu_hours", l.gpu_seconds / 3600},
+          {"whole_gpu_hours", l.whole_gpu_seconds / 3600},
+          {"fractional_gpu_hours", l.fractional_gpu_seconds / 3600},
+          {"started", l.started},
+          {"mean_wait_s", l.started > 0 ? l.wait_seconds / static_cast<double>(l.started) : 0.0},
+          {"max_wait_s", l.max_wait_seconds}};
+}
+
+}  // namespace
+
+AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
+  AcctReport r;
+  r.since = o.since;
+  r.until = o.until;
+  std::map<std::string, AcctLine> users, groups, models;
+  for (const AcctJob& j : jobs) {
+    const bool ended_in = j.ended_at && *j.ended_at >= o.since && *j.ended_at <= o.until;
+    bool ran_in = false, running_at_end = false;
+    for (const AcctJob::Run& run : j.runs) {
+      const double end = run.end.value_or(o.until);
+      if (run.start <= o.until && end >= o.since) ran_in = true;
+      if (run.start <= o.until && (!run.end || *run.end > o.until)) running_at_end = true;
+    }
+    const bool submitted_in = j.submitted_at >= o.since && j.submitted_at <= o.until;
+    if (!ended_in && !ran_in && !submitted_in) continue;
+    const std::string group = o.group_of ? o.group_of(j.owner_uid) : "";
+    const Gpus g = Weigh(j.placement_json, o);
+    std::vector<AcctLine*> lines = {&r.total, &users[j.owner]};
+    if (!group.empty()) lines.push_back(&groups[group]);
+    // Its models: each counts the job once.
+    std::vector<AcctLine*> all = lines;
+    for (const auto& [model, weight] : g.weights) {
+      AcctLine* m = &models[model];
+      if (std::find(all.begin(), all.end(), m) == all.end()) all.push_back(m);
+    }
+    for (AcctLine* l : all) {
+      ++l->jobs;
+      if (ended_in) {
+        if (j.state == JobState::kSucceeded) ++l->succeeded;
+        if (j.state == JobState::kFailed || j.state == JobState::kLost) ++l->failed;
+        if (j.state == JobState::kCancelled) ++l->cancelled;
+      }
+      if (running_at_end) ++l->running;
+    }
+    // Waits: from submission (or the end of the run before, for a re-queued job) to each start.
+    double ready = j.submitted_at;
+    for (const AcctJob::Run& run : j.runs) {
+      if (run.start >= o.since && run.start <= o.until) {
+        const double wait = std::max(0.0, run.start - ready);
+        for (AcctLine* l : all) {
+          ++l->started;
+          l->wait_seconds += wait;
+          l->max_wait_seconds = std::max(l->max_wait_seconds, wait);
+        }
+      }
+      ready = run.end.value_or(run.start);
+    }
+    // GPU time inside the period, per GPU it had.
+    double seconds = 0;
+    for (const AcctJob::Run& run : j.runs) {
+      const double from = std::max(run.start, o.since);
+      const double to = std::min(run.end.value_or(o.until), o.until);
+      if (to > from) seconds += to - from;
+    }
+    if (seconds <= 0) continue;
+    for (const auto& [model, weight] : g.weights) {
+      const double gs = weight * seconds;
+      std::vector<AcctLine*> with_model = lines;
+      with_model.push_back(&models[model]);
+      for (AcctLine* l : with_model) {
+        l->gpu_seconds += gs;
+        (g.fractional ? l->fractional_gpu_seconds : l->whole_gpu_seconds) += gs;
+      }
+    }
+  }
+  r.total.key = "total";
+  Sort(users, &r.by_user);
+  Sort(groups, &r.by_group);
+  Sort(models, &r.by_model);
+  return r;
+}
+
+json AcctJson(const AcctReport& r) {
+  json j;
+  j["since"] = r.since;
+  j["until"] = r.until;
+  j["total"] = LineJson(r.total);
+  for (const char* by : {"user", "group", "model"}) {
+    const std::vector<AcctLine>& lines = std::string(by) == "user"    ? r.by_user
+                                         : std::string(by) == "group" ? r.by_group
+                                                                      : r.by_model;
+    json a = json::array();
+    for (const AcctLine& l : lines) a.push_back(LineJson(l));
+    j[std::string("by_") + by] = a;
+  }
+  return j;
+}
+
+absl::StatusOr<std::vector<AcctJob>> AcctJobs(Store& store, double since, double until) {
+  auto records = store.ListPeriod(since, until);
+  if (!records.ok()) return records.status();
+  auto events = store.EventsOfPeriod(since, until);
+  if (!events.ok()) return events.status();
+  std::vector<AcctJob> out;
+  out.reserve(records->size());
+  size_t e = 0;
+  for (const JobRecord& r : *records) {
+    AcctJob j;
+    j.id = r.id;
+    j.owner = r.owner;
+    j.owner_uid = r.owner_uid;
+    j.state = r.state;
+    j.submitted_at = r.submitted_at;
+    if (IsTerminal(r.state)) j.ended_at = r.ended_at;
+    j.placement_json = r.placement_json;
+    // Both are in job order: its events are the next run of them.
+    while (e < events->size() && (*events)[e].job_id < r.id) ++e;
+    for (; e < events->size() && (*events)[e].job_id == r.id; ++e) {
+      const JobEvent& ev = (*events)[e];
+      if (!j.runs.empty() && !j.runs.back().end) j.runs.back().end = ev.at;
+      if (ev.state == JobState::kRunning) j.runs.push_back({ev.at, std::nullopt});
+    }
+    // A run the store says is over though no event ended it (never, but not forever either).
+    if (!j.runs.empty() && !j.runs.back().end && r.state != JobState::kRunning)
+      j.runs.back().end = r.ended_at.value_or(j.runs.back().start);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace tessera::server

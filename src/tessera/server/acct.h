@@ -1,0 +1,68 @@
+#pragma once
+// Accounting (`tessera acct`, GET /v1/acct, the tessera_acct_* metrics): what jobs used over a
+// period - GPU-hours, whole and fractional (a fraction of a GPU weighted by the larger of its
+// compute share and its part of the GPU's memory), jobs by outcome, waits - per user, group and
+// GPU model. Pure: built from the store's rows and run intervals, with the time given.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json_fwd.hpp"
+#include "tessera/server/store.h"
+
+namespace tessera::server {
+
+// A job as accounting reads it, with the intervals it ran (from its events: each start to the
+// event that ended that run; an open one runs still).
+struct AcctJob {
+  int64_t id = 0;
+  std::string owner;
+  uint32_t owner_uid = 0;
+  JobState state = JobState::kQueued;
+  double submitted_at = 0;
+  std::optional<double> ended_at;  // terminal jobs
+  std::string placement_json;      // its last placement: the GPUs weighed
+  struct Run {
+    double start = 0;
+    std::optional<double> end;  // none: running
+  };
+  std::vector<Run> runs;
+};
+
+struct AcctLine {
+  std::string key;                                   // the user, group or model
+  int64_t jobs = 0;                                  // submitted, running or ended in the period
+  int64_t succeeded = 0, failed = 0, cancelled = 0;  // ended in the period (failed: lost too)
+  int64_t running = 0;                               // running at the period's end
+  double gpu_seconds = 0;                            // whole + fractional, in GPUs
+  double whole_gpu_seconds = 0, fractional_gpu_seconds = 0;
+  int64_t started = 0;                            // runs started in the period, for the waits
+  double wait_seconds = 0, max_wait_seconds = 0;  // submission (or re-queue) to start, summed
+};
+
+struct AcctReport {
+  double since = 0, until = 0;
+  AcctLine total;
+  std::vector<AcctLine> by_user, by_group, by_model;  // sorted by GPU-seconds, most first
+};
+
+struct AcctOptions {
+  double since = 0, until = 0;
+  // The group a job counts under (its owner's primary group).
+  std::function<std::string(uint32_t uid)> group_of;
+  // A GPU's memory in MiB by index (0: unknown), to weigh fractions of it by memory.
+  std::function<int64_t(int gpu)> gpu_memory_mib;
+};
+
+AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& options);
+nlohmann::json AcctJson(const AcctReport& report);
+
+// The jobs accounting needs for [since, until]: every job not ended before `since` nor submitted
+// after `until`, with its runs.
+absl::StatusOr<std::vector<AcctJob>> AcctJobs(Store& store, double since, double until);
+
+}  // namespace tessera::server

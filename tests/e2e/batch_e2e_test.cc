@@ -1,0 +1,346 @@
+// The batch habits users bring from Slurm, end to end through the CLI against the real server:
+// arrays (one task per index, %N at once, compact storage, folded in ls, cancel/hold/release of the
+// whole or of one task), dependencies (ok, notok, any; never met ends the job; bad ones refused),
+// hold and release keeping a job's place, `tessera run` (live output, exit code, Ctrl-C), several
+// processes per job with their ranks, and accounting - as root and as a second user where rights
+// matter (a token for `nobody` on the TCP listener). Each row of docs/server.md's "Coming from
+// Slurm" table is exercised here.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "../capture.h"
+#include "daemon.h"
+
+namespace {
+
+using nlohmann::json;
+using tessera::test::Cli;
+using tessera::test::Daemon;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr char kNobodyToken[] = "nobody-token-0123456789";
+
+// A daemon with a TCP listener whose token is nobody's: the second user.
+std::string TwoUsers(const std::string& extra = "") {
+  return std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") + kNobodyToken +
+         ", user: nobody}\n" + extra;
+}
+
+// The CLI as nobody (through the token) or as root (the socket); output and exit code.
+tessera::test::Captured As(const Daemon& d, const std::string& user, const std::string& args) {
+  std::string env = "TESSERA_SOCKET=" + d.socket();
+  if (user == "nobody") {
+    const std::string log = d.Log();
+    const size_t at = log.find("tcp port ");
+    if (at == std::string::npos) return {};
+    env = fmt::format("TESSERA_SOCKET=tcp://127.0.0.1:{} TESSERA_TOKEN={}",
+                      std::stoi(log.substr(at + 9)), kNobodyToken);
+  }
+  return tessera::test::Capture(env + " " + TESSERA_BINARY + " " + args + " 2>&1");
+}
+
+int64_t SubmittedId(const std::string& out) {
+  const size_t at = out.find("submitted ");
+  if (at == std::string::npos) return 0;
+  const size_t digits = out.find_first_of("0123456789", at);
+  return digits == std::string::npos ? 0 : std::stoll(out.substr(digits));
+}
+
+// Polls `ls -o json` (folded) until the entry for job `id` is in `state`.
+json WaitForLs(Daemon& d, int64_t id, const std::string& state, double seconds = 20) {
+  json entry;
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    json all = json::parse(Cli(d, "ls --all --limit 1000 -o json"), nullptr, false);
+    for (const json& j : all.is_array() ? all : json::array()) {
+      if (j.value("id", int64_t{0}) == id) entry = j;
+    }
+    if (entry.value("state", "") == state) return entry;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "job " << id << " never became " << state << ": " << entry.dump();
+  return entry;
+}
+
+size_t JobCount(Daemon& d) {
+  return json::parse(Cli(d, "ls --all --expand --limit 100000 -o json")).size();
+}
+
+TEST(Batch, AnArrayRunsEveryIndexAtMostItsLimitAtOnceAndLsFoldsIt) {
+  Daemon d("array");
+  const std::string marks = d.dir() + "/running";
+  fs::create_directories(marks);
+  const std::string script = fmt::format(
+      "touch {0}/$TESSERA_ARRAY_TASK_ID; ls {0} | wc -l >> {1}/counts; "
+      "echo task $TESSERA_ARRAY_TASK_ID of $TESSERA_ARRAY_JOB_ID; sleep 0.3; "
+      "rm {0}/$TESSERA_ARRAY_TASK_ID",
+      marks, d.dir());
+  const std::string out =
+      Cli(d, "submit --array 0-5%2 --gpus 1 --workdir /tmp -- /bin/sh -c '" + script + "'");
+  ASSERT_THAT(out, HasSubstr("submitted array")) << out;
+  const int64_t id = SubmittedId(out);
+  json folded = WaitForLs(d, id, "succeeded");
+  EXPECT_EQ(folded["array"]["states"], json({{"succeeded", 6}}));
+  std::istringstream counts(tessera::test::ReadFile(d.dir() + "/counts"));
+  int most = 0, n = 0;
+  for (int c; counts >> c; ++n) most = std::max(most, c);
+  EXPECT_EQ(n, 6);
+  EXPECT_LE(most, 2) << "%2: never more than two tasks at once";
+  EXPECT_EQ(Cli(d, fmt::format("logs {}_3", id)), fmt::format("task 3 of {}\n", id));
+  const std::string table = Cli(d, "ls");
+  EXPECT_THAT(table, HasSubstr(fmt::format("{}_[0-5%2]", id)));
+  EXPECT_THAT(table, HasSubstr("succeeded:6"));
+  json expanded = json::parse(Cli(d, "ls --expand -o json"));
+  ASSERT_EQ(expanded.size(), 6u);
+  EXPECT_EQ(expanded[5]["array_index"], 5);
+  EXPECT_THAT(Cli(d, fmt::format("show {}_4", id)),
+              HasSubstr(fmt::format("{}_4 (job {})", id, id + 4)));
+}
+
+TEST(Batch, AnArrayIsStoredCompactlyAndCancelHoldReleaseTakeAllOrOneTask) {
+  Daemon d("array-ops");
+  const std::string out = Cli(d, "submit --array 0-999 --gpus 2 -- sleep 60");
+  const int64_t id = SubmittedId(out);
+  ASSERT_GT(id, 0) << out;
+  WaitForLs(d, id, "running");
+  // 1,000 tasks, one spec.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(
+      sqlite3_open_v2((d.dir() + "/state/tessera.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
+      SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT count(*), sum(spec != '') FROM jobs", -1, &s, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(s, 0), 1000);
+  EXPECT_EQ(sqlite3_column_int(s, 1), 1) << "the spec is stored once, in the first task";
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  EXPECT_THAT(Cli(d, fmt::format("hold {}", id)), HasSubstr("(held:999)"));
+  EXPECT_THAT(Cli(d, fmt::format("release {}_7", id)),
+              HasSubstr(fmt::format("job {}_7: queued", id)));
+  EXPECT_THAT(Cli(d, fmt::format("ls --expand --state queued --limit 2000")),
+              HasSubstr(fmt::format("{}_7 ", id)));
+  json seven = json::parse(Cli(d, fmt::format("show {}_7 -o json", id)));
+  EXPECT_FALSE(seven["held"].get<bool>());
+  EXPECT_TRUE(json::parse(Cli(d, fmt::format("show {}_8 -o json", id)))["held"].get<bool>());
+  EXPECT_THAT(Cli(d, fmt::format("cancel {}_8", id)), HasSubstr("cancelled"));
+  EXPECT_THAT(Cli(d, fmt::format("cancel {}", id)), HasSubstr(fmt::format("array {}:", id)));
+  json all = WaitForLs(d, id, "cancelled");
+  EXPECT_EQ(all["array"]["states"], json({{"cancelled", 1000}}))
+      << "the running task stopped, every queued one cancelled";
+}
+
+TEST(Batch, DependenciesWaitRunOnTheOutcomeAskedAndEndWhenNeverMet) {
+  Daemon d("after");
+  // The job depended on is held until every dependent is in: no race with its end.
+  const int64_t a = SubmittedId(Cli(d, "submit --hold -- /bin/sh -c 'exit 1'"));
+  ASSERT_GT(a, 0);
+  const int64_t ok = SubmittedId(Cli(d, fmt::format("submit --after ok:{} -- true", a)));
+  const int64_t notok = SubmittedId(Cli(d, fmt::format("submit --after notok:{} -- true", a)));
+  const int64_t any = SubmittedId(Cli(d, fmt::format("submit --after any:{} -- true", a)));
+  const int64_t chained = SubmittedId(Cli(d, fmt::format("submit --after ok:{} -- true", ok)));
+  // Slurm's afterok:A:B form, and a list with commas.
+  const int64_t both = SubmittedId(
+      Cli(d, fmt::format("submit --after any:{}:{} --after notok:{},{} -- true", a, notok, a, a)));
+  ASSERT_GT(both, 0);
+  EXPECT_THAT(Cli(d, fmt::format("show {}", ok)),
+              HasSubstr(fmt::format("waiting for job {} to end (after ok:{})", a, a)));
+  Cli(d, fmt::format("release {}", a));
+  WaitForLs(d, a, "failed");
+  WaitForLs(d, notok, "succeeded");
+  WaitForLs(d, any, "succeeded");
+  WaitForLs(d, both, "succeeded");
+  json never = WaitForLs(d, ok, "cancelled");
+  EXPECT_THAT(never["reason"].get<std::string>(),
+              HasSubstr(fmt::format("job {} failed: after ok:{} can never be met", a, a)));
+  json cascade = WaitForLs(d, chained, "cancelled");
+  EXPECT_THAT(cascade["reason"].get<std::string>(), HasSubstr(fmt::format("job {} cancelled", ok)));
+}
+
+TEST(Batch, BadArraysDependenciesAndTasksAreRefusedAndNothingIsStored) {
+  Daemon d("bad", TwoUsers("max_array_tasks: 100\n"));
+  const int64_t roots = SubmittedId(Cli(d, "submit --hold -- true"));
+  ASSERT_GT(roots, 0);
+  const size_t before = JobCount(d);
+  struct Bad {
+    std::string user, args, says;
+  };
+  const std::vector<Bad> cases = {
+      {"root", "--array 5-2", "the range 5-2 runs backwards (write 2-5)"},
+      {"root", "--array ''", "--array: empty"},
+      {"root", "--array 0-100", "more than 100 tasks, this server's most for one array"},
+      {"root", "--array 0-9%0", "after % comes how many tasks may run at once"},
+      {"root", "--after ok:9999", "job 9999 does not exist"},
+      // A job may only wait for one submitted before it: no cycle can form.
+      {"root", fmt::format("--after ok:{}", roots + 1),
+       fmt::format("job {} does not exist", roots + 1)},
+      {"root", "--after maybe:1", "expected ok:ID, notok:ID or any:ID"},
+      {"root", fmt::format("--after ok:{}_3", roots),
+       fmt::format("job {}_3 does not exist", roots)},
+      {"nobody", fmt::format("--workdir /tmp --after ok:{}", roots), "belongs to root"},
+      {"root", "--tasks-per-gpu 2 --gpu-mem 1GiB", "several processes need whole GPUs"},
+      {"root", "--tasks-per-gpu 2", "asks for no GPU"},
+  };
+  for (const Bad& b : cases) {
+    auto r = As(d, b.user, "submit " + b.args + " -- true");
+    EXPECT_EQ(r.code, 2) << b.args << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(b.says)) << b.args;
+  }
+  EXPECT_EQ(JobCount(d), before) << "nothing stored";
+  // Only the owner (or an admin) holds, releases and cancels.
+  for (const char* verb : {"release", "hold", "cancel"}) {
+    auto r = As(d, "nobody", fmt::format("{} {}", verb, roots));
+    EXPECT_EQ(r.code, 2) << verb << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr("belongs to root")) << verb;
+  }
+  EXPECT_THAT(Cli(d, "hold 9999"), HasSubstr("not found"));
+  EXPECT_THAT(Cli(d, "release 1_x"), HasSubstr("is not a job"));
+}
+
+TEST(Batch, AReleasedJobStartsInThePlaceItHeld) {
+  Daemon d("hold");
+  const int64_t busy = SubmittedId(Cli(d, "submit --gpus 2 -- sleep 60"));
+  WaitForLs(d, busy, "running");
+  const int64_t first = SubmittedId(Cli(d, "submit --hold --gpus 2 -- sleep 60"));
+  const int64_t second = SubmittedId(Cli(d, "submit --gpus 2 -- sleep 60"));
+  EXPECT_THAT(Cli(d, "ls"), HasSubstr(fmt::format("{}  ", first)));
+  EXPECT_THAT(Cli(d, fmt::format("show {}", first)), HasSubstr("queued, held"));
+  EXPECT_THAT(Cli(d, fmt::format("release {}", first)), HasSubstr("queued"));
+  Cli(d, fmt::format("cancel {}", busy));
+  WaitForLs(d, first, "running");
+  EXPECT_EQ(WaitForLs(d, second, "queued")["state"], "queued") << "the later job waits its turn";
+  Cli(d, fmt::format("cancel {} {}", first, second));
+  WaitForLs(d, first, "cancelled");
+}
+
+// `tessera run` in the background, its stdout and stderr in files.
+struct RunCli {
+  pid_t pid = -1;
+  int Wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
+
+RunCli StartRun(const Daemon& d, const std::string& args, const std::string& out,
+                const std::string& err) {
+  RunCli r;
+  const std::string cmd = fmt::format("exec env TESSERA_SOCKET={} {} run {} >{} 2>{}", d.socket(),
+                                      TESSERA_BINARY, args, out, err);
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  EXPECT_EQ(posix_spawn(&r.pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  return r;
+}
+
+TEST(Batch, RunStreamsTheJobsOutputAndExitsWithItsCodeAndCtrlCCancels) {
+  Daemon d("run");
+  const std::string out = d.dir() + "/out", err = d.dir() + "/err";
+  RunCli r =
+      StartRun(d, "--gpus 1 -- /bin/sh -c 'echo to stdout; echo to stderr >&2; exit 3'", out, err);
+  EXPECT_EQ(r.Wait(), 3) << tessera::test::ReadFile(err);
+  EXPECT_EQ(tessera::test::ReadFile(out), "to stdout\n");
+  EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("to stderr\n"));
+  EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("failed: exit code 3"));
+  // Ctrl-C: the job is cancelled (its process gets SIGTERM) and run says so.
+  RunCli sleeper = StartRun(d, "-- /bin/sh -c 'echo started; exec sleep 60'", out, err);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (tessera::test::ReadFile(out) != "started\n" && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(tessera::test::ReadFile(out), "started\n");
+  kill(sleeper.pid, SIGINT);
+  EXPECT_EQ(sleeper.Wait(), 128 + SIGTERM) << "the job's own code: ended by SIGTERM";
+  EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("cancelling job"));
+  json jobs = json::parse(Cli(d, "ls -o json"));
+  EXPECT_EQ(jobs.back()["state"], "cancelled");
+}
+
+TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
+  Daemon d("tasks");
+  const std::string out = d.dir() + "/out", err = d.dir() + "/err";
+  RunCli r =
+      StartRun(d,
+               "--gpus 2 --tasks-per-gpu 2 -- /bin/sh -c 'echo $RANK/$WORLD_SIZE $LOCAL_RANK "
+               "$MASTER_ADDR $TESSERA_TASK_GPU; grep -c tessera /proc/self/cgroup'",
+               out, err);
+  ASSERT_EQ(r.Wait(), 0) << tessera::test::ReadFile(err);
+  std::string first = tessera::test::ReadFile(out);
+  EXPECT_THAT(first, HasSubstr("0/4 0 127.0.0.1 0\n")) << "task 0's output";
+  const int64_t id = json::parse(Cli(d, "ls -o json")).back()["id"];
+  EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), HasSubstr("3/4 3 127.0.0.1 1\n"));
+  EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), ::testing::Not(HasSubstr("\n0\n")))
+      << "in the job's cgroup";
+  // One fails: the others are stopped and the job fails with its code.
+  const auto t0 = std::chrono::steady_clock::now();
+  RunCli fail = StartRun(d, "-n 3 -- /bin/sh -c 'if [ $RANK = 1 ]; then exit 7; fi; exec sleep 60'",
+                         out, err);
+  EXPECT_EQ(fail.Wait(), 7) << tessera::test::ReadFile(err);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30))
+      << "not the others' 60 s";
+  const int64_t failed = json::parse(Cli(d, "ls -o json")).back()["id"];
+  EXPECT_THAT(Cli(d, fmt::format("logs {} --stderr", failed)),
+              HasSubstr("task 1 ended with code 7; stopping the other tasks"));
+  // --task-failure wait: the others run to their end.
+  RunCli wait =
+      StartRun(d,
+               "-n 3 --task-failure wait -- /bin/sh -c 'if [ $RANK = 1 ]; then exit 7; fi; "
+               "sleep 0.3; echo done $RANK'",
+               out, err);
+  EXPECT_EQ(wait.Wait(), 7);
+  EXPECT_EQ(tessera::test::ReadFile(out), "done 0\n");
+  EXPECT_THAT(Cli(d, "logs 1 --task 9"), HasSubstr("has 4 task(s)"));
+}
+
+TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
+  Daemon d("acct", TwoUsers());
+  Cli(d, "run --gpus 1 -- sleep 0.5");
+  auto r = As(d, "nobody",
+              "run --workdir /tmp --gpu-mem 4GiB --gpu-share 50% -- /bin/sh -c 'sleep 0.5'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  json all = json::parse(Cli(d, "acct -o json"));
+  ASSERT_EQ(all["by_user"].size(), 2u) << all.dump();
+  for (const json& u : all["by_user"]) {
+    if (u["key"] == "root") {
+      EXPECT_GT(u["whole_gpu_hours"].get<double>(), 0.4 / 3600);
+      EXPECT_EQ(u["fractional_gpu_hours"].get<double>(), 0);
+    } else {
+      EXPECT_EQ(u["key"], "nobody");
+      // Half the compute, 4 GiB of a T4's 15 GiB: half a GPU.
+      EXPECT_GT(u["fractional_gpu_hours"].get<double>(), 0.2 / 3600);
+      EXPECT_EQ(u["whole_gpu_hours"].get<double>(), 0);
+    }
+    EXPECT_EQ(u["succeeded"], 1);
+  }
+  EXPECT_EQ(all["by_model"][0]["key"], "Tesla T4");
+  json mine = json::parse(As(d, "nobody", "acct -o json").out);
+  ASSERT_EQ(mine["by_user"].size(), 1u) << "a user sees their own";
+  EXPECT_EQ(mine["by_user"][0]["key"], "nobody");
+  auto refused = As(d, "nobody", "acct --user root");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_THAT(refused.out, HasSubstr("shown to them and admins only"));
+  EXPECT_THAT(Cli(d, "acct --by model -o csv"),
+              HasSubstr("model,jobs,succeeded,failed,cancelled,running,gpu_hours,"));
+  EXPECT_THAT(Cli(d, "acct --since 2026-13-01"), HasSubstr("--since 2026-13-01: expected"));
+  auto metrics = tessera::server::HttpClient(d.socket()).Send("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_THAT(metrics->body,
+              HasSubstr("tessera_acct_gpu_seconds_total{user=\"nobody\",kind=\"fractional\"}"));
+}
+
+}  // namespace
