@@ -8,6 +8,8 @@
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 //   build/bench/bench/server_bench --submit [DIR]   only durable submits from 8 clients, state in
 //                                                   DIR (default /var/tmp; a disk, not a tmpfs)
+//   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
+//                                                   storing, database growth, scheduling pass
 #include <unistd.h>
 
 #include <algorithm>
@@ -195,6 +197,100 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
   std::filesystem::remove_all(disk_dir);
 }
 
+double PassSeconds(HttpClient& c);
+
+// 10,000 tasks in one array against 10,000 jobs submitted one by one (8 clients, grouped commits),
+// state on disk (`disk_dir`), each with an environment like a shell's (40 variables, ~2.4 KB): the
+// time to store them, what the database grew by, one scheduling pass with them all queued (none
+// fits: a job holds a GPU and each asks for all 8), the same with a %8 limit, and the cancel of the
+// whole array.
+void ArrayBench(const std::string& disk_dir) {
+  std::filesystem::remove_all(disk_dir);
+  std::filesystem::create_directories(disk_dir + "/state");
+  tessera::server::ServerConfig config;
+  config.socket = disk_dir + "/s.sock";
+  config.state_dir = disk_dir + "/state";
+  config.simulate = "dgx-h100";
+  config.allow_root_jobs = true;
+  config.podman = "";
+  config.confinement = "off";
+  auto server = tessera::server::Server::Create(config);
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server on %s\n", disk_dir.c_str());
+    return;
+  }
+  HttpClient c(config.socket);
+  const std::string db = config.state_dir + "/tessera.db";
+  // The database's size with its WAL checkpointed into it (from a connection of our own).
+  auto bytes = [&] {
+    sqlite3* h = nullptr;
+    if (sqlite3_open(db.c_str(), &h) == SQLITE_OK)
+      sqlite3_exec(h, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
+    sqlite3_close(h);
+    std::error_code ec;
+    return static_cast<double>(std::filesystem::file_size(db, ec));
+  };
+  json env = json::object();
+  for (int i = 0; i < 40; ++i)
+    env[fmt::format("VARIABLE_{:02}", i)] = std::string(45, static_cast<char>('a' + i % 26));
+  auto spec = [&](const std::string& array) {
+    json j = {{"command", {"python", "sweep.py"}}, {"env", env}, {"resources", {{"gpus", 8}}}};
+    if (!array.empty()) j["array"] = array;
+    return j.dump();
+  };
+  auto pass_ms = [&] {
+    // One more submission: one more pass over everything queued, timed by the server.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int64_t probe = json::parse(c.Send("POST", "/v1/jobs", Job("true", 8))->body)["id"];
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    (void)c.Send("POST", "/v1/jobs/" + std::to_string(probe) + "/cancel");
+    return PassSeconds(c) * 1000;
+  };
+  (void)c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const char* range : {"0-9999", "0-9999%8"}) {
+    const double before = bytes();
+    auto t0 = Clock::now();
+    auto r = c.Send("POST", "/v1/jobs", spec(range));
+    const double took = Since(t0);
+    if (!r.ok() || r->status != 201) {
+      fprintf(stderr, "server_bench: array refused: %s\n", r.ok() ? r->body.c_str() : "no answer");
+      break;
+    }
+    const double grown = bytes() - before;
+    const int64_t id = json::parse(r->body)["id"];
+    const double pass = pass_ms();
+    t0 = Clock::now();
+    (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+    printf(
+        "array of 10,000 tasks (--array %s): stored in %.1f ms, database +%.2f MiB; scheduling "
+        "pass with them queued %.1f ms; cancel of the whole array %.1f ms\n",
+        range, took * 1000, grown / (1 << 20), pass, Since(t0) * 1000);
+  }
+  {
+    const double before = bytes();
+    auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 8; ++t) {
+      ts.emplace_back([&] {
+        HttpClient mine(config.socket);
+        for (int i = 0; i < 1250; ++i) (void)mine.Send("POST", "/v1/jobs", spec(""));
+      });
+    }
+    for (auto& t : ts) t.join();
+    const double took = Since(t0);
+    const double grown = bytes() - before;
+    printf(
+        "10,000 jobs submitted one by one (8 clients): stored in %.1f ms, database +%.2f MiB; "
+        "scheduling pass with them queued %.1f ms\n",
+        took * 1000, grown / (1 << 20), pass_ms());
+  }
+  (void)c.Send("POST", "/v1/jobs/1/cancel");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (*server)->Stop();
+  std::filesystem::remove_all(disk_dir);
+}
+
 double PassSeconds(HttpClient& c) {
   std::string m = c.Send("GET", "/metrics")->body;
   size_t at = m.find("\ntessera_scheduling_pass_seconds ");
@@ -207,6 +303,11 @@ int main(int argc, char** argv) {
   const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
   const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
   spdlog::set_level(spdlog::level::warn);
+  if (argc > 1 && std::string(argv[1]) == "--array") {
+    std::string disk = argc > 2 ? argv[2] : "/var/tmp";
+    ArrayBench(disk + "/tessera-array-bench-" + std::to_string(getpid()));
+    return 0;
+  }
   if (submit_only) {
     // On disk: the directory given, or one in /var/tmp (not a tmpfs). This disk's own fsync, then
     // a flush of 5 ms added to each; one commit per submission against grouped commits, in turn.

@@ -341,6 +341,11 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(metrics->body,
               HasSubstr("tessera_acct_gpu_seconds_total{user=\"nobody\",kind=\"fractional\"}"));
+  EXPECT_THAT(metrics->body,
+              HasSubstr("tessera_acct_jobs_ended_total{user=\"root\",outcome=\"succeeded\"} 1"));
+  std::ofstream(d.dir() + "/metrics.txt") << metrics->body;
+  auto check = tessera::test::Capture("promtool check metrics < " + d.dir() + "/metrics.txt 2>&1");
+  EXPECT_EQ(check.code, 0) << check.out;
 }
 
 }  // namespace
