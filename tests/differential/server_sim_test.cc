@@ -114,6 +114,9 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   config.priority_ceiling = 1000;                // the stream's priorities, for every owner
   config.preempt_others = {"daemon", "nobody"};  // as in the replay, anyone may preempt
   config.fair_share_half_life_s = fair_share ? 600 : 0;
+  // Backfill reservations use the server's run-time predictions from its history, which the replay
+  // does not build yet (issue 17): compared without them.
+  config.backfill_reservations = 0;
   core::FakeClock clock{core::TimePoint(std::chrono::seconds(static_cast<int64_t>(kEpoch)))};
   server::FakeLauncher launcher(clock, kStopLatency);
   server::ServerDeps deps;

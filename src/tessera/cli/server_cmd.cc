@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -150,15 +151,34 @@ std::string StateText(const json& j, bool array = false) {
   return j.value("held", false) ? "held" : j.value("state", "");
 }
 
+// "in 5m", "now", "5m ago" for a time relative to now.
+std::string Relative(double at) {
+  const double now = static_cast<double>(std::time(nullptr));
+  if (std::abs(at - now) < 1) return "now";
+  return at > now ? "in " + Age(now - (at - now)) : Age(at) + " ago";
+}
+
+// When a queued job is expected to start (its reservation) or a running one to end (its
+// prediction), like squeue --start; "-" when unknown.
+std::string Expected(const json& j) {
+  const std::string state = j.value("state", "");
+  if (state == "queued" && j.value("expected_start", json()).is_number())
+    return "start " + Relative(j["expected_start"].get<double>());
+  if (state == "queued" && j.value("reserved", false)) return "start ?";
+  if (state == "running" && j.value("expected_end", json()).is_number())
+    return "end " + Relative(j["expected_end"].get<double>());
+  return "-";
+}
+
 void JobsTable(const json& jobs, std::ostream& out) {
-  Table t({"ID", "NAME", "USER", "STATE", "PRIO", "ASKS", "GPU", "AGE", "REASON"});
+  Table t({"ID", "NAME", "USER", "STATE", "PRIO", "ASKS", "GPU", "AGE", "EXPECTED", "REASON"});
   for (const json& j : jobs) {
     std::string reason =
         j.contains("waiting") ? j["waiting"].get<std::string>() : j.value("reason", "");
     if (reason.size() > 60) reason = reason.substr(0, 57) + "...";
     t.AddRow({JobRef(j), j.value("name", ""), j.value("owner", ""), StateText(j),
               std::to_string(j.value("priority", 0)), Resources(j["spec"]), Where(j),
-              Age(j.value("submitted_at", 0.0)), reason});
+              Age(j.value("submitted_at", 0.0)), Expected(j), reason});
   }
   t.Print(out);
 }
@@ -426,6 +446,11 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
   field("reason",
         j->contains("waiting") ? (*j)["waiting"].get<std::string>() : j->value("reason", ""));
   field("priority", std::to_string(j->value("priority", 0)));
+  if (Expected(*j) != "-") field("expected", Expected(*j));
+  if (j->value("expected_duration_s", json()).is_number()) {
+    field("runs for", fmt::format("~{:.0f} s ({})", (*j)["expected_duration_s"].get<double>(),
+                                  j->value("prediction", "")));
+  }
   field("asks", Resources((*j)["spec"]));
   field("gpus", Where(*j));
   if ((*j)["spec"].contains("image"))

@@ -51,6 +51,10 @@ struct Request {
   std::vector<std::string> quota_groups;
   std::string gang;  // gang id; members are placed all together or not at all
   int gang_size = 0;
+  // How long it is expected to run, in seconds (a prediction from history, or the user's limit);
+  // 0: unknown. Backfill with reservations uses it (sched::CycleOptions::reservations); it is no
+  // part of the request's shape.
+  double expected_duration_s = 0;
 
   bool fractional() const { return gpus == 0 && (gpu_milli > 0 || gpu_memory_mib > 0); }
   bool wants_gpu() const { return gpus > 0 || fractional(); }

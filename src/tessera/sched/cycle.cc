@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 
 namespace tessera::sched {
 namespace {
@@ -36,6 +38,16 @@ std::string MemoKey(const core::Request& r) {
   key.append(r.owner).push_back('\0');
   for (const std::string& g : r.quota_groups) key.append(g).push_back('\0');
   return key;
+}
+
+// Allocations that stand for a backfill reservation's free GPUs during a Step.
+constexpr std::string_view kPhantom = "reserved-for:";
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// "in 95 s", or why there is no time.
+std::string StartText(double start, double now) {
+  if (start == kNever) return "start unknown: the running work it waits for has no expected end";
+  return fmt::format("expected start in {:.0f} s", std::max(0.0, start - now));
 }
 
 }  // namespace
@@ -83,6 +95,62 @@ std::vector<std::string> Cycle::Order() const {
   ids.reserve(order_.size());
   for (const std::string* id : OrderedIds()) ids.push_back(*id);
   return ids;
+}
+
+std::optional<double> Cycle::ExpectedStart(const std::string& id) const {
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.expected_start;
+}
+
+const std::string* Cycle::Delays(const Allocation& a, double end,
+                                 const std::vector<Backfill>& backfill) {
+  for (const Backfill& b : backfill) {
+    if (b.node != a.node || end <= b.protect) continue;  // over before the reservation begins
+    for (int g : a.gpus) {
+      if (std::find(b.gpus.begin(), b.gpus.end(), g) != b.gpus.end()) return &b.holder;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<Cycle::Backfill> Cycle::Reserve(const core::Request& r, double now) {
+  // Running work in the order it is expected to end; victims asked to stop end now, work without
+  // an expected end last (oldest first). Other reservations' GPUs stay taken.
+  struct Ending {
+    double end, start;
+    const std::string* id;
+  };
+  std::vector<Ending> running;
+  for (const auto& [id, a] : scheduler_.state().allocations()) {
+    if (id.starts_with(kPhantom)) continue;
+    const double end = stopping_.contains(id) ? now
+                       : a.request.expected_duration_s > 0
+                           ? std::max(now, a.start_time + a.request.expected_duration_s)
+                           : kNever;
+    running.push_back({end, a.start_time, &id});
+  }
+  std::sort(running.begin(), running.end(), [](const Ending& x, const Ending& y) {
+    return std::tie(x.end, x.start, *x.id) < std::tie(y.end, y.start, *y.id);
+  });
+  std::vector<std::string> ids;
+  for (const Ending& e : running) ids.push_back(*e.id);  // Release invalidates the map's keys
+  std::vector<Allocation> released;
+  std::optional<Backfill> out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto a = scheduler_.Release(ids[i]);
+    if (!a.ok()) continue;
+    released.push_back(*std::move(a));
+    auto placed = scheduler_.Place(r, now);
+    if (placed.ok()) {
+      const double start = running[i].end;
+      out = Backfill{placed->node, placed->gpus, start, start == kNever ? now : start, r.id, {}};
+      (void)scheduler_.Release(r.id);
+      break;
+    }
+  }
+  for (auto it = released.rbegin(); it != released.rend(); ++it) (void)scheduler_.Restore(*it);
+  return out;
 }
 
 double Cycle::Usage(const std::string& owner) const {
@@ -188,10 +256,29 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     }
   }
   Account(now);
+  // Backfill reservations of this Step, and what is left of their number.
+  std::vector<Backfill> backfill;
+  int reservations_left = options_.reservations;
+  // Takes the phantoms of the reservations that a request ending at `end` would not delay (all of
+  // them with -infinity) out of the scheduler, and puts them back.
+  auto lift = [&](double end) {
+    std::vector<Allocation> lifted;
+    for (const Backfill& b : backfill) {
+      if (end > b.protect) continue;
+      for (const std::string& p : b.phantoms) {
+        if (auto a = scheduler_.Release(p); a.ok()) lifted.push_back(*std::move(a));
+      }
+    }
+    return lifted;
+  };
+  auto put_back = [&](const std::vector<Allocation>& lifted) {
+    for (const Allocation& a : lifted) (void)scheduler_.Restore(a);  // fails where now taken
+  };
   const std::vector<const std::string*> order = OrderedIds();
   for (const std::string* id : order) {
     Entry& e = entries_.at(*id);
     const core::Request& r = e.queued.request;
+    e.expected_start.reset();
     if (!r.gang.empty()) {
       if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, out, started);
       continue;
@@ -214,7 +301,42 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       continue;
     }
     absl::StatusOr<Allocation> placed = scheduler_.Place(r, now);
+    // Free GPUs reserved for an earlier request are its own, unless this one is over before the
+    // reservation begins.
+    const double end = r.expected_duration_s > 0 ? now + r.expected_duration_s : kNever;
+    if (!placed.ok() && !backfill.empty()) {
+      if (end < kNever) {
+        std::vector<Allocation> lifted = lift(end);
+        if (!lifted.empty()) placed = scheduler_.Place(r, now);
+        put_back(lifted);
+      }
+      if (!placed.ok()) {
+        // Would it fit but for the reservations? Then they are why it waits (not memoized: one of
+        // the same shape that ends sooner may go).
+        std::vector<Allocation> lifted = lift(-kNever);
+        bool fits = false;
+        if (!lifted.empty() && scheduler_.Place(r, now).ok()) {
+          fits = true;
+          (void)scheduler_.Release(r.id);
+        }
+        put_back(lifted);
+        if (fits) {
+          const Backfill& b = backfill.front();
+          e.waiting = fmt::format("the free GPUs are reserved for {} ({}); it would {} that",
+                                  b.holder, StartText(b.start, now),
+                                  end < kNever ? "end after" : "have no expected end before");
+          continue;
+        }
+      }
+    }
     if (placed.ok()) {
+      if (const std::string* holder = Delays(*placed, end, backfill)) {
+        // Reserved GPUs still busy, or partly used, that its placement took.
+        (void)scheduler_.Release(r.id);
+        e.waiting =
+            fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
+        continue;
+      }
       const std::string* holder = Overlap(*placed, reserved);
       if (!holder && !preempted) holder = Overlap(*placed, prior);
       if (holder) {
@@ -255,6 +377,39 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       }
     }
     no_fit.emplace(std::move(memo), e.waiting);
+    if (reservations_left > 0) {
+      if (std::optional<Backfill> b = Reserve(r, now)) {
+        --reservations_left;
+        e.expected_start = b->start;
+        // Its GPUs that are free now are held by phantoms for the rest of this Step, so that the
+        // policies place later requests around them.
+        const core::NodeSpec& spec = scheduler_.state().node_spec(b->node);
+        for (int g : b->gpus) {
+          const GpuUse& use = scheduler_.state().gpu_use(b->node, g);
+          if (use.holders != 0 || !use.healthy) continue;
+          Allocation p;
+          p.id = fmt::format("{}{}:{}", kPhantom, r.id, g);
+          p.node = b->node;
+          p.gpus = {g};
+          p.milli_per_gpu = core::kMilliPerGpu;
+          p.memory_mib_per_gpu = spec.gpus[g].memory_mib;
+          p.request.id = p.id;
+          p.request.gpus = 1;
+          p.request.priority = r.priority;
+          p.request.preemptible = false;
+          p.start_time = now;
+          if (scheduler_.Restore(p).ok()) b->phantoms.push_back(p.id);
+        }
+        std::vector<std::string> gpus;
+        for (int g : b->gpus) gpus.push_back(std::to_string(g));
+        e.waiting += fmt::format("; GPU {} of {} reserved for it ({})", fmt::join(gpus, ","),
+                                 scheduler_.state().node_name(b->node), StartText(b->start, now));
+        backfill.push_back(*std::move(b));
+      }
+    }
+  }
+  for (const Backfill& b : backfill) {
+    for (const std::string& p : b.phantoms) (void)scheduler_.Release(p);
   }
   for (const std::string& id : started) Remove(id);
   SetRate();

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -44,6 +45,14 @@ struct CycleOptions {
   // GPU-seconds of its allocations, decaying by half every this many seconds), then by submission.
   // 0: off (priority, submission, sequence only).
   double fair_share_half_life_s = 0;
+  // Backfill with reservations: the first `reservations` requests in queue order that can start
+  // neither now nor by preemption get the place where they will start when running work ends, in
+  // the order of its expected end (start + request.expected_duration_s; unknown last), and that
+  // time as their expected start. A later request is not placed on reserved GPUs unless it is
+  // expected to end before the reservation begins (a request of unknown duration never is). 1 is
+  // EASY backfill; more reserve for more of the queue (conservative). 0: none - a later request
+  // takes any free GPU, so a large request can wait behind a stream of small ones.
+  int reservations = 0;
 };
 
 struct CycleDecision {
@@ -84,6 +93,10 @@ class Cycle {
   std::vector<std::string> Order() const;
   // An owner's recent GPU use as fair share counts it: decayed GPU-seconds, as of the last Step.
   double Usage(const std::string& owner) const;
+  // When a queued request holding a reservation is expected to start, as of the last Step
+  // (infinity: reserved, but the running work it waits for has no expected end); nullopt when it
+  // holds none.
+  std::optional<double> ExpectedStart(const std::string& id) const;
 
  private:
   // (-priority, submitted, seq, id): std::set order is the queue order.
@@ -95,7 +108,25 @@ class Cycle {
     std::vector<std::string> awaiting;  // victims stopped for it that still hold resources
     NodeId reserved_node = -1;          // while awaiting: where its preemption plan puts it
     std::vector<int> reserved_gpus;
+    std::optional<double> expected_start;  // its backfill reservation's time, as of the last Step
   };
+  // A backfill reservation: where a request that cannot start now will, and from when.
+  struct Backfill {
+    NodeId node = -1;
+    std::vector<int> gpus;
+    double start = 0;  // infinity: unknown
+    // Work that ends after this would delay it: its start, or now when that is unknown (then
+    // nothing may take its GPUs).
+    double protect = 0;
+    std::string holder;
+    std::vector<std::string> phantoms;  // allocations that keep its free GPUs from others this Step
+  };
+  // Where and when `r` starts if running work ends in the order of its expected end; nullopt when
+  // it would not even then. Leaves the scheduler as it found it.
+  std::optional<Backfill> Reserve(const core::Request& r, double now);
+  // Whether `a` overlaps a backfill reservation that a request ending at `end` would delay.
+  static const std::string* Delays(const Allocation& a, double end,
+                                   const std::vector<Backfill>& backfill);
   struct Reservation {
     NodeId node;
     const std::vector<int>* gpus;

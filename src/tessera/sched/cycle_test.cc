@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "tessera/sched/test_util.h"
 
@@ -67,6 +68,65 @@ TEST(Cycle, LaterSmallerRequestsBackfillAroundABlockedOne) {
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].allocation.gpus.size(), 1u);
   EXPECT_NE(s.state().Find("small"), nullptr) << "a start is recorded in the scheduler";
+}
+
+// A request expected to run `seconds`.
+core::Request Timed(core::Request r, double seconds) {
+  r.expected_duration_s = seconds;
+  return r;
+}
+
+TEST(Cycle, AReservationKeepsAStreamOfSmallRequestsFromStarvingALargeOne) {
+  // Two GPUs, one busy until t=100 (expected); a request for both waits. Small requests keep
+  // coming: without reservations each takes the GPU that comes free, and the large one never
+  // starts; with one, small requests only go where they end before it begins.
+  for (int reservations : {0, 1}) {
+    Scheduler s;
+    ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+    Allocation running = *s.Place(Timed(Whole("running", 1), 100), 0);
+    Cycle c(s, {.preemption = false, .reservations = reservations});
+    ASSERT_TRUE(c.Enqueue(Entry(Timed(Whole("large", 2), 50), 1, 1)).ok());
+    ASSERT_TRUE(c.Enqueue(Entry(Timed(Whole("ends-after", 1), 200), 2, 2)).ok());
+    ASSERT_TRUE(c.Enqueue(Entry(Whole("unknown", 1), 3, 3)).ok());
+    ASSERT_TRUE(c.Enqueue(Entry(Timed(Whole("ends-before", 1), 60), 4, 4)).ok());
+    std::vector<std::string> started = Started(c.Step(10));
+    if (reservations == 0) {
+      EXPECT_THAT(started, ElementsAre("ends-after")) << "the first that fits takes the GPU";
+      EXPECT_FALSE(c.ExpectedStart("large").has_value());
+      continue;
+    }
+    // ends-before (10 + 60 = 70 < 100) backfills; the others would delay the large request.
+    EXPECT_THAT(started, ElementsAre("ends-before"));
+    ASSERT_TRUE(c.ExpectedStart("large").has_value());
+    EXPECT_EQ(*c.ExpectedStart("large"), 100);
+    EXPECT_THAT(*c.Waiting("large"),
+                HasSubstr("GPU 0,1 of a reserved for it (expected start in 90 s)"));
+    EXPECT_THAT(*c.Waiting("ends-after"),
+                HasSubstr("the free GPUs are reserved for large (expected start in 90 s); it would "
+                          "end after that"));
+    EXPECT_THAT(*c.Waiting("unknown"), HasSubstr("have no expected end before that"));
+    EXPECT_EQ(s.state().allocations().size(), 2u) << "no phantom is left after the step";
+    // The running work ends late (its prediction was wrong): the reservation moves, nothing is
+    // stopped; when both GPUs are free the large request starts first.
+    ASSERT_TRUE(s.Release("ends-before").ok());
+    EXPECT_THAT(Started(c.Step(120)), ::testing::IsEmpty());
+    EXPECT_EQ(*c.ExpectedStart("large"), 120) << "overdue work is expected to end now";
+    ASSERT_TRUE(s.Release(running.id).ok());
+    EXPECT_THAT(Started(c.Step(130)), ElementsAre("large"));
+  }
+}
+
+TEST(Cycle, WithoutExpectedEndsAReservationStillHoldsTheGpusThatComeFree) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Whole("running", 1), 0).ok());
+  Cycle c(s, {.preemption = false, .reservations = 1});
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("large", 2), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Timed(Whole("small", 1), 5), 2, 2)).ok());
+  EXPECT_THAT(Started(c.Step(10)), ::testing::IsEmpty())
+      << "nothing is known to end before the large one starts";
+  EXPECT_EQ(*c.ExpectedStart("large"), std::numeric_limits<double>::infinity());
+  EXPECT_THAT(*c.Waiting("large"), HasSubstr("start unknown"));
 }
 
 TEST(Cycle, QuotaRefusalOfOneOwnerDoesNotBlockTheSameShapeOfAnother) {

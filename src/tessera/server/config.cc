@@ -106,7 +106,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                            "containers",       "allow_root_jobs",
                                            "priority_ceiling", "priority_ceilings",
                                            "preempt_others",   "listener",
-                                           "fair_share"},
+                                           "fair_share",       "backfill"},
                               "");
       !st.ok()) {
     return st;
@@ -245,6 +245,18 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                   "expected seconds >= 0 (0: off)");
       }
       c->fair_share_half_life_s = v;
+    }
+  }
+  if (const YAML::Node b = root["backfill"]) {
+    if (!b.IsMap()) return At(path, b, "backfill", "expected a map with reservations");
+    if (absl::Status st = Known(path, b, {"reservations"}, "backfill"); !st.ok()) return st;
+    if (b["reservations"]) {
+      int64_t v = 0;
+      if (!Get(path, b["reservations"], "backfill.reservations", &v).ok() || v < 0 || v > 1000) {
+        return At(path, b["reservations"], "backfill.reservations",
+                  "expected 0..1000 (0: backfill without reservations, 1: EASY)");
+      }
+      c->backfill_reservations = static_cast<int>(v);
     }
   }
   if (const YAML::Node l = root["listener"]) {

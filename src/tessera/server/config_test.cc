@@ -44,6 +44,8 @@ priority_ceiling: 10
 priority_ceilings: {alice: 500, "group:ml": 100}
 preempt_others: [alice, "group:ml"]
 fair_share: {half_life_s: 7200}
+backfill: {reservations: 1}
+max_array_tasks: 500
 listener:
   idle_timeout_s: 30
   request_timeout_s: 5
@@ -73,6 +75,8 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.grace_period_s, 3);
   EXPECT_EQ(c.priority_ceiling, 10);
   EXPECT_EQ(c.fair_share_half_life_s, 7200);
+  EXPECT_EQ(c.backfill_reservations, 1);
+  EXPECT_EQ(c.max_array_tasks, 500u);
   EXPECT_EQ(c.idle_timeout_s, 30);
   EXPECT_EQ(c.request_timeout_s, 5);
   EXPECT_EQ(c.max_connections, 100u);
@@ -119,6 +123,9 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
       {"fair_share: {half_life_s: -1}\n", "fair_share.half_life_s: expected seconds >= 0"},
       {"fair_share: 3600\n", "fair_share: expected a map with half_life_s"},
+      {"backfill: {reservations: -1}\n", "backfill.reservations: expected 0..1000"},
+      {"backfill: {easy: true}\n", "backfill.easy: unknown key"},
+      {"max_array_tasks: 0\n", "max_array_tasks: expected 1..1000000"},
       {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: nobody}], "
        "tls: {cert: /nonexistent.crt, key: /etc/hostname}}\n",
        ":1: tcp.tls.cert: cannot read /nonexistent.crt: No such file or directory"},

@@ -274,7 +274,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, Serv
   sc.policies = *policies;
   s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
   s->cycle_ = std::make_unique<sched::Cycle>(
-      *s->scheduler_, sched::CycleOptions{.fair_share_half_life_s = c.fair_share_half_life_s});
+      *s->scheduler_, sched::CycleOptions{.fair_share_half_life_s = c.fair_share_half_life_s,
+                                          .reservations = c.backfill_reservations});
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,
@@ -402,6 +403,7 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
 core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner,
                                  uint32_t uid) {
   core::Request r = RequestOf(spec, id, owner);
+  r.expected_duration_s = predictor_.Predict(spec, owner).seconds;
   r.quota_groups = QuotaGroups(uid);
   r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
   return r;
@@ -466,8 +468,54 @@ bool Server::MayPreemptOthers(const std::string& user, uint32_t uid, bool admin)
 
 int Server::tcp_port() const { return http_ ? http_->tcp_port() : 0; }
 
+void Server::LoadHistory() {
+  auto done = store_->List({JobState::kSucceeded});
+  if (!done.ok()) {
+    spdlog::warn("history: cannot read the jobs that succeeded ({}); no predictions yet",
+                 std::string(done.status().message()));
+    return;
+  }
+  std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
+  const size_t from = done->size() > kHistoryJobs ? done->size() - kHistoryJobs : 0;
+  size_t runs = 0;
+  for (size_t i = from; i < done->size(); ++i) {
+    const JobRecord& r = (*done)[i];
+    if (!r.started_at || !r.ended_at) continue;
+    std::shared_ptr<const JobSpec>& spec = array_specs[r.array_id != 0 ? r.array_id : -r.id];
+    if (!spec) {
+      auto parsed = ParseJobSpec(r.spec_json);
+      if (!parsed.ok()) continue;
+      spec = std::make_shared<const JobSpec>(*std::move(parsed));
+    }
+    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at);
+    ++runs;
+  }
+  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, predictor_.keys());
+}
+
+void Server::AddExpectations(json& j, int64_t id, double now) const {
+  std::shared_ptr<const JobSpec> spec;
+  std::string owner;
+  if (auto q = queued_.find(id); q != queued_.end()) {
+    spec = q->second.spec, owner = q->second.owner;
+    const std::optional<double> start = cycle_->ExpectedStart(std::to_string(id));
+    // null: no reservation, or one whose start is unknown ("reserved": true says which).
+    j["expected_start"] = start && std::isfinite(*start) ? json(std::max(*start, now)) : json();
+    if (start) j["reserved"] = true;
+  } else if (auto r = running_.find(id); r != running_.end()) {
+    spec = r->second.spec, owner = r->second.owner;
+  }
+  if (!spec) return;
+  const Prediction p = predictor_.Predict(*spec, owner);
+  j["expected_duration_s"] = p.seconds > 0 ? json(p.seconds) : json();
+  j["prediction"] = p.basis;
+  if (auto r = running_.find(id); r != running_.end() && p.seconds > 0)
+    j["expected_end"] = r->second.started + p.seconds;
+}
+
 absl::Status Server::Recover() {
   const double now = Now();
+  LoadHistory();
   auto jobs = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
   if (!jobs.ok()) return jobs.status();
   int adopted = 0, requeued = 0, ended = 0;
@@ -530,6 +578,8 @@ absl::Status Server::Recover() {
       run.cgroup = !run.container && cgroups_->active();
       run.uid = r.owner_uid;
       run.array_id = r.array_id;
+      run.spec = shared;
+      run.owner = r.owner;
       if (!run.region.empty() && spec->gpu_milli > 0) {
         ArbiterUser(run.uid, +1);
         run.arbiter = true;
@@ -812,6 +862,8 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     return;
   }
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
+  // Its run time joins the history that predicts the next ones.
+  if (to == JobState::kSucceeded && r.spec) predictor_.Add(*r.spec, r.owner, now - r.started);
   if (requeue) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
@@ -880,6 +932,8 @@ Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, doubl
   l.run = NewRunning(q.id, *q.spec, a.gpus, now);
   l.run.uid = q.uid;
   l.run.array_id = q.array_id;
+  l.run.spec = q.spec;
+  l.run.owner = q.owner;
   if (!l.run.region.empty()) {
     ShareLimits share;
     share.library = config_.intercept_library;
@@ -1532,6 +1586,7 @@ HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, b
   auto jobs = store_->List(states, 0);
   if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
   std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
+  const double now = Now();
   json out = json::array();
   std::lock_guard lock(mu_);
   // Newest last; with a limit, the newest `limit`. Folded, an array's tasks are counted into the
@@ -1555,6 +1610,8 @@ HttpResponse Server::ListJobs(const HttpRequest& req, const std::string& user, b
     const JobRecord& r = *picked[i];
     json j = JobJson(r);
     if (queued_.contains(r.id)) j["waiting"] = WaitingReason(r.id);
+    if (r.state == JobState::kQueued || r.state == JobState::kRunning)
+      AddExpectations(j, r.id, now);
     if (fold && r.array_id != 0) {
       const json& c = counts[r.array_id];
       int64_t tasks = 0;
@@ -1592,6 +1649,7 @@ HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
         ArraySummary(r->array_id, j["spec"].is_object() ? j["spec"].value("array", "") : "");
   std::lock_guard lock(mu_);
   if (queued_.contains(id)) j["waiting"] = WaitingReason(id);
+  AddExpectations(j, id, Now());
   if (auto it = running_.find(id); it != running_.end()) {
     j["pid"] = it->second.pid;
     if (!it->second.stop.empty()) j["stopping"] = it->second.stop_reason;

@@ -30,6 +30,7 @@
 #include "tessera/server/http.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/launcher.h"
+#include "tessera/server/predictor.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
 
@@ -82,6 +83,10 @@ struct ServerConfig {
   // Fair share between users (sched::CycleOptions::fair_share_half_life_s): equal priorities go to
   // whoever used the GPUs least lately. 0: off, submission order.
   double fair_share_half_life_s = 0;
+  // Backfill with reservations (sched::CycleOptions::reservations): the first this many blocked
+  // jobs get the GPUs where they will start when running jobs end (as predicted from history) and
+  // an expected start; later jobs take those GPUs only if predicted to end before. 0: off.
+  int backfill_reservations = 8;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
@@ -178,6 +183,8 @@ class Server {
     uint32_t uid = 0;        // its owner's
     bool arbiter = false;    // its owner may write the GPU arbiter file for it (ArbiterUser)
     int64_t array_id = 0;    // a task of this array
+    std::shared_ptr<const JobSpec> spec;  // for its history when it succeeds
+    std::string owner;
   };
   struct Queued {
     int64_t id = 0;
@@ -316,6 +323,12 @@ class Server {
   std::string arbiter_access_;
   // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
   void ArbiterUser(uint32_t uid, int delta);
+  DurationPredictor predictor_;  // run times of jobs that succeeded (thread-safe)
+  // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into predictor_.
+  void LoadHistory();
+  static constexpr size_t kHistoryJobs = 5000;
+  // A queued or running job's prediction and expected start/end, added to its JSON (under mu_).
+  void AddExpectations(nlohmann::json& j, int64_t id, double now) const;
   std::unique_ptr<Cgroups> cgroups_;  // confinement; mode "none" when it cannot be had
   std::set<int64_t> cgroups_left_;    // of ended jobs, not yet removable (retried each turn)
   std::string containers_off_;        // why not, when they cannot

@@ -462,5 +462,69 @@ TEST_F(ServerTest, AJobOfSeveralTasksGetsOneProcessPerTaskWithItsRank) {
   EXPECT_NE(tasks[1].stdout_path, tasks[0].stdout_path) << "a log each";
 }
 
+TEST_F(ServerTest, AStreamOfSmallJobsDoesNotStarveALargeOne) {
+  // Two GPUs; one-GPU jobs of 10 s arrive every 5 s, staggered, so that a GPU comes free every 5 s
+  // but never both at once. Without reservations each freed GPU goes to the next small job; with
+  // them the large job's GPUs are kept for it from when its start can be predicted.
+  for (int reservations : {0, 8}) {
+    config_.backfill_reservations = reservations;
+    fs::remove_all(dir_);
+    StartServer();
+    const double t0 = core::Seconds(clock_.Now());
+    const json small = {{"max_runtime_s", 30}};
+    Submit(1, 10, 0, small);
+    Settle();
+    Advance(1);
+    const int64_t large = Submit(2, 10);
+    Settle();
+    std::optional<double> started;
+    for (int step = 0; step < 20 && !started; ++step) {
+      Advance(step == 0 ? 4 : 5);
+      Submit(1, 10, 0, small);
+      Settle();
+      json j = Job(large);
+      if (j["state"] == "running") started = j["started_at"].get<double>();
+      if (reservations > 0 && !started && step > 0) {
+        EXPECT_THAT(j.value("waiting", ""), HasSubstr("reserved for it")) << j.dump();
+        EXPECT_TRUE(j.value("reserved", false));
+      }
+    }
+    if (reservations == 0) {
+      EXPECT_FALSE(started) << "without reservations the large job starves";
+    } else {
+      ASSERT_TRUE(started) << "with them it starts";
+      EXPECT_LE(*started - t0, 30) << "when the GPU it reserved came free";
+    }
+  }
+}
+
+TEST_F(ServerTest, HistoryPredictsRunTimesAndAQueuedJobSaysWhenItShouldStart) {
+  StartServer();
+  // Three runs of "train" teach the predictor; a fourth runs, a two-GPU job waits behind it.
+  for (int i = 0; i < 3; ++i) {
+    Submit(2, 40, 0, {{"name", "train"}});
+    Settle();
+    Advance(40);
+    Settle();
+  }
+  const int64_t run = Submit(2, 40, 0, {{"name", "train"}});
+  Settle();
+  json running = Job(run);
+  EXPECT_EQ(running["expected_duration_s"], 40);
+  EXPECT_THAT(running["prediction"].get<std::string>(), HasSubstr("runs of 'train' (3 runs)"));
+  EXPECT_EQ(running["expected_end"].get<double>(), running["started_at"].get<double>() + 40);
+  Advance(10);
+  const int64_t waiting = Submit(2, 5, 0, {{"name", "eval"}, {"max_runtime_s", 5}});
+  Settle();
+  json w = Job(waiting);
+  EXPECT_EQ(w["expected_start"].get<double>(), running["started_at"].get<double>() + 40);
+  EXPECT_EQ(w["expected_duration_s"], 5);
+  EXPECT_THAT(w["prediction"].get<std::string>(),
+              HasSubstr("p75 of root's 2 GPU jobs (3 runs), capped by its max runtime"));
+  // It survives a restart: the history is rebuilt from the store.
+  StartServer();
+  EXPECT_THAT(Job(run)["prediction"].get<std::string>(), HasSubstr("(3 runs)"));
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -1,0 +1,92 @@
+#include "tessera/server/predictor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace tessera::server {
+namespace {
+
+// What runs are keyed by: its name, else its command (program and arguments).
+std::string WhatRuns(const JobSpec& spec) {
+  return spec.name.empty() ? fmt::format("{}", fmt::join(spec.command, " ")) : spec.name;
+}
+
+struct Key {
+  std::string text, describe;
+};
+
+std::vector<Key> KeysOf(const JobSpec& spec, const std::string& user) {
+  const std::string shape = HistoryShape(spec);
+  std::string what = WhatRuns(spec);
+  std::string shown = what.size() > 40 ? what.substr(0, 37) + "..." : what;
+  return {{fmt::format("{}\x1f{}\x1f{}", user, what, shape),
+           fmt::format("{}'s runs of '{}'", user, shown)},
+          {fmt::format("{}\x1f\x1f{}", user, shape), fmt::format("{}'s {} jobs", user, shape)},
+          {fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)}};
+}
+
+}  // namespace
+
+std::string HistoryShape(const JobSpec& spec) {
+  std::string s = spec.gpus > 0 ? fmt::format("{} GPU", spec.gpus)
+                  : (spec.gpu_milli > 0 || spec.gpu_memory_mib > 0)
+                      ? fmt::format("{:g}% {}MiB", spec.gpu_milli / 10.0, spec.gpu_memory_mib)
+                      : std::string("no-GPU");
+  if (spec.Tasks() > 1) s += fmt::format(" x{}", spec.Tasks());
+  if (!spec.models.empty()) s += fmt::format(" [{}]", fmt::join(spec.models, ","));
+  return s;
+}
+
+void DurationPredictor::Add(const JobSpec& spec, const std::string& user, double runtime_s) {
+  if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
+  std::lock_guard lock(mu_);
+  for (const Key& k : KeysOf(spec, user)) {
+    std::deque<double>& runs = runs_[k.text];
+    runs.push_back(runtime_s);
+    if (runs.size() > kKept) runs.pop_front();
+  }
+}
+
+Prediction DurationPredictor::Predict(const JobSpec& spec, const std::string& user) const {
+  Prediction p;
+  {
+    std::lock_guard lock(mu_);
+    const std::deque<double>* chosen = nullptr;
+    std::string basis;
+    // The nearest key with enough runs; else the nearest with any.
+    for (const Key& k : KeysOf(spec, user)) {
+      auto it = runs_.find(k.text);
+      if (it == runs_.end() || it->second.empty()) continue;
+      if (it->second.size() >= kConfident) {
+        chosen = &it->second;
+        basis = k.describe;
+        break;
+      }
+      if (!chosen) chosen = &it->second, basis = k.describe;
+    }
+    if (chosen) {
+      std::vector<double> v(chosen->begin(), chosen->end());
+      const size_t at = std::min(v.size() - 1, static_cast<size_t>(std::ceil(0.75 * v.size())) - 1);
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+      p.seconds = v[at];
+      p.samples = static_cast<int>(v.size());
+      p.basis = fmt::format("p75 of {} ({} run{})", basis, v.size(), v.size() == 1 ? "" : "s");
+    }
+  }
+  if (spec.max_runtime_s > 0 && (p.seconds == 0 || spec.max_runtime_s < p.seconds)) {
+    p.seconds = spec.max_runtime_s;
+    p.basis = p.samples > 0 ? p.basis + ", capped by its max runtime" : "its max runtime";
+  }
+  return p;
+}
+
+size_t DurationPredictor::keys() const {
+  std::lock_guard lock(mu_);
+  return runs_.size();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,42 @@
+#pragma once
+// How long a job will run, predicted from the runs of jobs like it that succeeded before - the
+// history the standalone server keeps (it is rebuilt from the job store at start and grows as jobs
+// end). Keys, nearest first: the same user, name (the command when unnamed) and shape; the user's
+// jobs of that shape; any user's jobs of that shape. The prediction is the 75th percentile of the
+// last 50 runs under the nearest key with at least 3 runs (else the nearest with any), capped by
+// the job's own max runtime, which is the prediction when there is no history. Thread-safe.
+
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "tessera/server/job_spec.h"
+
+namespace tessera::server {
+
+struct Prediction {
+  double seconds = 0;  // 0: unknown
+  int samples = 0;     // runs it comes from (0: the max runtime, or nothing)
+  std::string basis;   // "p75 of alice's last 12 runs of 'train'", "its max runtime", ""
+};
+
+class DurationPredictor {
+ public:
+  // Records a successful run of `spec` by `user`.
+  void Add(const JobSpec& spec, const std::string& user, double runtime_s);
+  Prediction Predict(const JobSpec& spec, const std::string& user) const;
+  size_t keys() const;
+
+  static constexpr size_t kKept = 50;      // runs kept per key
+  static constexpr size_t kConfident = 3;  // runs a key needs to be preferred to a wider one
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::deque<double>> runs_;
+};
+
+// A job's shape as history keys it: "2 GPU", "30% 10240MiB", with its models.
+std::string HistoryShape(const JobSpec& spec);
+
+}  // namespace tessera::server

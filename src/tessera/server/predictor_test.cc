@@ -1,0 +1,52 @@
+// Run-time predictions from history: the nearest key with enough runs, the 75th percentile, the
+// max runtime as a cap and as the answer without history.
+#include "tessera/server/predictor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tessera::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+JobSpec Spec(const std::string& name, int gpus, double max_runtime = 0) {
+  JobSpec s;
+  s.command = {"python", "train.py"};
+  s.name = name;
+  s.gpus = gpus;
+  s.max_runtime_s = max_runtime;
+  return s;
+}
+
+TEST(Predictor, NearestKeyWithEnoughRunsAndItsSeventyFifthPercentile) {
+  DurationPredictor p;
+  EXPECT_EQ(p.Predict(Spec("train", 2), "alice").seconds, 0) << "no history";
+  Prediction limit = p.Predict(Spec("train", 2, 600), "alice");
+  EXPECT_EQ(limit.seconds, 600);
+  EXPECT_EQ(limit.basis, "its max runtime");
+  for (double t : {100, 200, 300, 400}) p.Add(Spec("train", 2), "alice", t);
+  Prediction own = p.Predict(Spec("train", 2), "alice");
+  EXPECT_EQ(own.seconds, 300) << "p75 of 100..400";
+  EXPECT_EQ(own.samples, 4);
+  EXPECT_THAT(own.basis, HasSubstr("alice's runs of 'train' (4 runs)"));
+  EXPECT_EQ(p.Predict(Spec("train", 2, 250), "alice").seconds, 250) << "capped";
+  // Another of alice's two-GPU jobs: her jobs of that shape; bob's: everyone's of that shape.
+  EXPECT_THAT(p.Predict(Spec("eval", 2), "alice").basis, HasSubstr("alice's 2 GPU jobs"));
+  EXPECT_THAT(p.Predict(Spec("train", 2), "bob").basis, HasSubstr("all 2 GPU jobs"));
+  EXPECT_EQ(p.Predict(Spec("train", 1), "alice").seconds, 0) << "another shape";
+  // One run of its own is less than three of a wider key; three of its own win.
+  p.Add(Spec("eval", 2), "alice", 10);
+  EXPECT_THAT(p.Predict(Spec("eval", 2), "alice").basis, HasSubstr("alice's 2 GPU jobs (5 runs)"));
+  p.Add(Spec("eval", 2), "alice", 10);
+  p.Add(Spec("eval", 2), "alice", 10);
+  EXPECT_EQ(p.Predict(Spec("eval", 2), "alice").seconds, 10);
+  // Only the last kKept runs count.
+  for (size_t i = 0; i < DurationPredictor::kKept; ++i) p.Add(Spec("train", 2), "alice", 50);
+  EXPECT_EQ(p.Predict(Spec("train", 2), "alice").seconds, 50);
+  p.Add(Spec("train", 2), "alice", -1);  // nonsense is not history
+  EXPECT_EQ(p.Predict(Spec("train", 2), "alice").seconds, 50);
+}
+
+}  // namespace
+}  // namespace tessera::server
