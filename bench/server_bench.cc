@@ -8,6 +8,8 @@
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 //   build/bench/bench/server_bench --submit [DIR]   only durable submits from 8 clients, state in
 //                                                   DIR (default /var/tmp; a disk, not a tmpfs)
+//   build/bench/bench/server_bench --queued         only the passes over 10,000 queued jobs, with
+//                                                   backfill reservations and without
 //   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
 //                                                   storing, database growth, scheduling pass
 #include <unistd.h>
@@ -297,12 +299,63 @@ double PassSeconds(HttpClient& c) {
   return at == std::string::npos ? -1 : std::stod(m.substr(at + 33));
 }
 
+// One scheduling pass over 10,000 queued jobs that cannot start (a job holding one GPU, not
+// preemptible, top priority, keeps 8-GPU jobs out): all of one shape, then of 2,001 (priorities).
+// On a server of its own with `reservations` backfill reservations.
+void QueuedPasses(const std::string& dir, int reservations) {
+  std::filesystem::remove_all(dir);
+  tessera::server::ServerConfig config;
+  config.socket = dir + "/s.sock";
+  config.state_dir = dir + "/state";
+  config.simulate = "dgx-h100";
+  config.allow_root_jobs = true;
+  config.podman = "";
+  config.backfill_reservations = reservations;
+  auto server = tessera::server::Server::Create(config);
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server\n");
+    return;
+  }
+  HttpClient c(config.socket);
+  // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
+  int64_t blocker =
+      json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
+  for (int variant = 0; variant < 2; ++variant) {
+    auto t0 = Clock::now();
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 10000; ++i) {
+      int priority = variant == 0 ? 0 : (i % 2001) - 1000;
+      ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8, priority))->body)["id"]);
+    }
+    double submit_s = Since(t0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    (void)c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    printf(
+        "scheduling pass over %zu queued jobs (%s, %d reservations): %.1f ms (10,000 submitted in "
+        "%.1f s)\n",
+        ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", reservations,
+        PassSeconds(c) * 1000, submit_s);
+    for (int64_t id : ids) (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  }
+  (void)c.Send("POST",
+               "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (*server)->Stop();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
   const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
   spdlog::set_level(spdlog::level::warn);
+  if (argc > 1 && std::string(argv[1]) == "--queued") {
+    for (int reservations : {8, 0})
+      QueuedPasses("/dev/shm/tessera-queued-bench-" + std::to_string(getpid()), reservations);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--array") {
     std::string disk = argc > 2 ? argv[2] : "/var/tmp";
     ArrayBench(disk + "/tessera-array-bench-" + std::to_string(getpid()));
@@ -412,29 +465,10 @@ int main(int argc, char** argv) {
 
   ReadsDuringBurst(config.socket);
 
-  // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
-  int64_t blocker =
-      json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
-  for (int variant = 0; variant < 2; ++variant) {
-    auto t0 = Clock::now();
-    std::vector<int64_t> ids;
-    for (int i = 0; i < 10000; ++i) {
-      int priority = variant == 0 ? 0 : (i % 2001) - 1000;
-      ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8, priority))->body)["id"]);
-    }
-    double submit_s = Since(t0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    (void)c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    printf("scheduling pass over %zu queued jobs (%s): %.1f ms (10,000 submitted in %.1f s)\n",
-           ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", PassSeconds(c) * 1000,
-           submit_s);
-    for (int64_t id : ids) (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
-  }
-  (void)c.Send("POST",
-               "/v1/jobs/" + std::to_string(blocker) + "/cancel");  // jobs outlive a stopped server
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*server)->Stop();
   std::filesystem::remove_all(dir);
+  // 10,000 queued jobs, with backfill reservations (the server's default) and without, each on a
+  // server of its own.
+  for (int reservations : {8, 0}) QueuedPasses(dir + "-queued", reservations);
   return 0;
 }

@@ -311,7 +311,8 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
 }
 
 int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double compression,
-                 double stop_latency, double fair_share, std::ostream& out, std::ostream& err) {
+                 double stop_latency, double fair_share, int reservations, bool predict,
+                 std::ostream& out, std::ostream& err) {
   std::vector<PolicyRun> runs;
   Loaded l;
   if (auto rc =
@@ -340,6 +341,8 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
     c.samples = samples;
     c.stop_latency_s = stop_latency;
     c.fair_share_half_life_s = fair_share;
+    c.reservations = reservations;
+    c.predict = predict;
     results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
     progress.Done(c.label);
   });
@@ -428,6 +431,8 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
     double compression = 1;
     double stop_latency = 0;
     double fair_share = 0;
+    int reservations = 0;
+    bool predict = false;
   };
   auto st = std::make_shared<State>();
   SimFlags& inflate_flags = st->inflate_flags;
@@ -496,13 +501,23 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
                    "this many seconds (0: off, submission order)")
       ->check(CLI::Range(0.0, 1e9))
       ->capture_default_str();
+  replay
+      ->add_option("--reservations", st->reservations,
+                   "Backfill reservations: the first N blocked jobs keep the GPUs where they will "
+                   "start (as the server does with 8; 0: none)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  replay->add_flag("--predict", st->predict,
+                   "Expected durations for reservations from the jobs that finished earlier in "
+                   "the replay (p75 per owner and shape), as the server predicts from its history");
   replay->add_option("--samples", samples, "Points of each time series")
       ->check(CLI::Range(2, 100000))
       ->capture_default_str();
   replay->callback([&action, &out, &err, st] {
     action = [&out, &err, st] {
       return RunReplayCmd(st->replay_flags, st->no_preemption, st->samples, st->compression,
-                          st->stop_latency, st->fair_share, out, err);
+                          st->stop_latency, st->fair_share, st->reservations, st->predict, out,
+                          err);
     };
   });
   return st;

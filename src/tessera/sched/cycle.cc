@@ -259,6 +259,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   // Backfill reservations of this Step, and what is left of their number.
   std::vector<Backfill> backfill;
   int reservations_left = options_.reservations;
+  int explain_left = 64;
   // Takes the phantoms of the reservations that a request ending at `end` would not delay (all of
   // them with -infinity) out of the scheduler, and puts them back.
   auto lift = [&](double end) {
@@ -296,6 +297,11 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       preempted = true;
     }
     std::string memo = MemoKey(r);
+    // With reservations, how long it runs decides whether it may take reserved GPUs.
+    if (options_.reservations > 0) {
+      memo.append(reinterpret_cast<const char*>(&r.expected_duration_s),
+                  sizeof r.expected_duration_s);
+    }
     if (auto m = no_fit.find(memo); m != no_fit.end()) {
       e.waiting = m->second;
       continue;
@@ -310,9 +316,11 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         if (!lifted.empty()) placed = scheduler_.Place(r, now);
         put_back(lifted);
       }
-      if (!placed.ok()) {
-        // Would it fit but for the reservations? Then they are why it waits (not memoized: one of
-        // the same shape that ends sooner may go).
+      if (!placed.ok() && explain_left > 0) {
+        // Would it fit but for the reservations? Then they are why it waits (memoized with its
+        // duration: one of the same shape that ends sooner may still go). Asked for the first
+        // shapes of a pass only: each costs a placement.
+        --explain_left;
         std::vector<Allocation> lifted = lift(-kNever);
         bool fits = false;
         if (!lifted.empty() && scheduler_.Place(r, now).ok()) {
@@ -325,6 +333,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
           e.waiting = fmt::format("the free GPUs are reserved for {} ({}); it would {} that",
                                   b.holder, StartText(b.start, now),
                                   end < kNever ? "end after" : "have no expected end before");
+          no_fit.emplace(std::move(memo), e.waiting);
           continue;
         }
       }
@@ -335,6 +344,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         (void)scheduler_.Release(r.id);
         e.waiting =
             fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
+        no_fit.emplace(std::move(memo), e.waiting);
         continue;
       }
       const std::string* holder = Overlap(*placed, reserved);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <queue>
 #include <unordered_map>
 
@@ -67,10 +68,25 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
   // The queue, its order, backfill and preemption planning are the production cycle's.
   sched::Cycle cycle(s, {.preemption = config.preemption,
-                         .fair_share_half_life_s = config.fair_share_half_life_s});
+                         .fair_share_half_life_s = config.fair_share_half_life_s,
+                         .reservations = config.reservations});
+  // Durations of the jobs finished so far, by owner and shape (config.predict).
+  std::unordered_map<std::string, std::deque<double>> history;
+  auto history_key = [&](size_t i) {
+    return jobs[i].request.owner + '\0' + core::RequestShapeKey(jobs[i].request);
+  };
   auto enqueue = [&](size_t i) {
-    (void)cycle.Enqueue(
-        sched::QueueEntry{jobs[i].request, jobs[i].submit, static_cast<uint64_t>(i)});
+    core::Request r = jobs[i].request;
+    if (config.predict) {
+      auto h = history.find(history_key(i));
+      if (h != history.end() && !h->second.empty()) {
+        std::vector<double> v(h->second.begin(), h->second.end());
+        const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
+        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+        r.expected_duration_s = v[at];
+      }
+    }
+    (void)cycle.Enqueue(sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)});
   };
   using Departure = std::tuple<double, size_t, int>;  // end time, job, epoch
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
@@ -161,6 +177,11 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       stop(i);
       state[i].finished = true;
       ++out.finished;
+      if (config.predict) {
+        std::deque<double>& h = history[history_key(i)];
+        h.push_back(jobs[i].duration);
+        if (h.size() > 50) h.pop_front();
+      }
       jcts.push_back(end - jobs[i].submit);
       changed = true;
     }

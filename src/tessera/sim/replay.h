@@ -27,6 +27,12 @@ struct ReplayConfig {
   double stop_latency_s = 0;
   // Fair share between owners (sched::CycleOptions::fair_share_half_life_s); 0: off.
   double fair_share_half_life_s = 0;
+  // Backfill reservations (sched::CycleOptions::reservations); 0: none.
+  int reservations = 0;
+  // Expected durations for reservations, from history as the server keeps it but built from the
+  // jobs that finished earlier in the replay only (never a job's own duration): the 75th
+  // percentile of the last 50 of the same owner and shape. Off: every duration unknown.
+  bool predict = false;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of the time series over the span the trace asks for (last submit + duration); more when

@@ -194,6 +194,33 @@ ReplayConfig ReplayWith(bool preemption = true) {
   return c;
 }
 
+TEST(Replay, ReservationsKeepAStreamOfSmallJobsFromStarvingALargeOne) {
+  // Two GPUs; one-GPU jobs of 10 s every 5 s, staggered so that a GPU comes free every 5 s but
+  // never both; a two-GPU job arrives at t=1. With predictions (the small jobs' earlier runs) and
+  // one reservation it starts when the GPU it reserved comes free; without, it waits for the
+  // stream to end.
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  std::vector<SimJob> jobs;
+  for (int i = 0; i < 40; ++i) jobs.push_back(Job("small" + std::to_string(i), 1, 5.0 * i, 10));
+  jobs.push_back(Job("large", 2, 1, 10));
+  ReplayConfig off = ReplayWith(false);
+  off.record_runs = true;
+  ReplayConfig on = off;
+  on.reservations = 1;
+  on.predict = true;
+  auto large_start = [](const ReplayResult& r) {
+    for (const ReplayRun& run : r.runs) {
+      if (run.id == "large") return run.start;
+    }
+    return -1.0;
+  };
+  const double without = large_start(RunReplay(nodes, jobs, {}, off));
+  const double with = large_start(RunReplay(nodes, jobs, {}, on));
+  EXPECT_GE(without, 195) << "behind the whole stream";
+  EXPECT_GT(with, 0);
+  EXPECT_LE(with, 20) << "as soon as its reservation's GPUs are free";
+}
+
 TEST(Replay, SecondJobWaitsForTheFirst) {
   std::vector<core::NodeSpec> nodes = {Node("a", 1)};
   std::vector<SimJob> jobs = {Job("x", 1, 0, 10), Job("y", 1, 0, 10)};
