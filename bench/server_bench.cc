@@ -90,6 +90,18 @@ void ReadsDuringBurst(const std::string& socket) {
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // let them end
 }
 
+// A server on a simulated DGX H100 with its socket and state in `dir`, run by whoever runs the
+// benchmark (root too), without containers (this machine's podman and /var/run/cdi are left alone).
+tessera::server::ServerConfig BenchConfig(const std::string& dir) {
+  tessera::server::ServerConfig config;
+  config.socket = dir + "/s.sock";
+  config.state_dir = dir + "/state";
+  config.simulate = "dgx-h100";
+  config.allow_root_jobs = true;
+  config.podman = "";
+  return config;
+}
+
 // A SQLite VFS that is the default one plus a fixed delay in every sync: a disk whose flush takes
 // that long (a SATA SSD without power-loss protection, a network volume), on any machine.
 std::atomic<int> g_sync_delay_us{0};
@@ -150,12 +162,7 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
   (*store)->set_max_batch(max_batch);
   tessera::server::ServerDeps deps;
   deps.store = std::move(*store);
-  tessera::server::ServerConfig config;
-  config.socket = disk_dir + "/s.sock";
-  config.state_dir = disk_dir + "/state";
-  config.simulate = "dgx-h100";
-  config.allow_root_jobs = true;
-  config.podman = "";
+  tessera::server::ServerConfig config = BenchConfig(disk_dir);
   config.confinement = "off";
   auto server = tessera::server::Server::Create(config, std::move(deps));
   if (!server.ok() || !(*server)->Start().ok()) {
@@ -209,12 +216,7 @@ double PassSeconds(HttpClient& c);
 void ArrayBench(const std::string& disk_dir) {
   std::filesystem::remove_all(disk_dir);
   std::filesystem::create_directories(disk_dir + "/state");
-  tessera::server::ServerConfig config;
-  config.socket = disk_dir + "/s.sock";
-  config.state_dir = disk_dir + "/state";
-  config.simulate = "dgx-h100";
-  config.allow_root_jobs = true;
-  config.podman = "";
+  tessera::server::ServerConfig config = BenchConfig(disk_dir);
   config.confinement = "off";
   auto server = tessera::server::Server::Create(config);
   if (!server.ok() || !(*server)->Start().ok()) {
@@ -304,12 +306,7 @@ double PassSeconds(HttpClient& c) {
 // On a server of its own with `reservations` backfill reservations.
 void QueuedPasses(const std::string& dir, int reservations) {
   std::filesystem::remove_all(dir);
-  tessera::server::ServerConfig config;
-  config.socket = dir + "/s.sock";
-  config.state_dir = dir + "/state";
-  config.simulate = "dgx-h100";
-  config.allow_root_jobs = true;
-  config.podman = "";
+  tessera::server::ServerConfig config = BenchConfig(dir);
   config.backfill_reservations = reservations;
   auto server = tessera::server::Server::Create(config);
   if (!server.ok() || !(*server)->Start().ok()) {
@@ -374,12 +371,7 @@ int main(int argc, char** argv) {
   }
   std::string dir = "/dev/shm/tessera-server-bench-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
-  tessera::server::ServerConfig config;
-  config.socket = dir + "/s.sock";
-  config.state_dir = dir + "/state";
-  config.simulate = "dgx-h100";
-  config.allow_root_jobs = true;  // the benchmark submits as whoever runs it
-  config.podman = "";  // no containers: this machine's podman and /var/run/cdi are left alone
+  tessera::server::ServerConfig config = BenchConfig(dir);
   // The default poll interval (0.25 s): jobs that end are reaped when their pidfd says so.
   auto server = tessera::server::Server::Create(config);
   if (!server.ok() || !(*server)->Start().ok()) {
