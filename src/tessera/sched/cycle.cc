@@ -211,7 +211,8 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
 }
 
 void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                     std::vector<CycleDecision>& out, std::set<std::string>& done) {
+                     const std::vector<Backfill>& backfill, std::vector<CycleDecision>& out,
+                     std::set<std::string>& done) {
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
   for (const std::string* id : order) {
@@ -225,14 +226,26 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     std::vector<core::Request> requests;
     for (const Entry* e : members) requests.push_back(e->queued.request);
     auto placed = scheduler_.PlaceGang(requests, now);
-    if (placed.ok()) {
+    const std::string* holder = nullptr;
+    for (const Allocation& a : placed.ok() ? *placed : std::vector<Allocation>{}) {
+      const double end =
+          a.request.expected_duration_s > 0 ? now + a.request.expected_duration_s : kNever;
+      if (!holder) holder = Delays(a, end, backfill);
+    }
+    if (holder) {
+      // Reserved GPUs still busy or partly used that its placement took: all or nothing.
+      for (const Allocation& a : *placed) (void)scheduler_.Release(a.id);
+      why = fmt::format("gang {}: the GPUs it could take are reserved for {}, which waits longer",
+                        r.gang, *holder);
+    } else if (placed.ok()) {
       for (Allocation& a : *placed) {
         done.insert(a.id);
         out.push_back(StartOf(std::move(a)));
       }
       return;
+    } else {
+      why = std::string(placed.status().message());
     }
-    why = std::string(placed.status().message());
   }
   for (Entry* e : members) e->waiting = why;
 }
@@ -281,7 +294,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     const core::Request& r = e.queued.request;
     e.expected_start.reset();
     if (!r.gang.empty()) {
-      if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, out, started);
+      if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, backfill, out, started);
       continue;
     }
     bool preempted = false;  // it made room by preemption itself

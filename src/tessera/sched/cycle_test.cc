@@ -289,6 +289,36 @@ TEST(Cycle, GangStartsWhenAllMembersAreQueuedAndFit) {
   EXPECT_EQ(c.size(), 0u);
 }
 
+TEST(Cycle, AGangDoesNotTakeGpusReservedForAnEarlierRequest) {
+  // A share runs on GPU 0 until t=100; a request for both GPUs reserves them from then. A gang of
+  // two shares would fit in what is left of GPU 0 - and delay the reservation: it waits.
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Timed(testing::Share("running", 500), 100), 0).ok());
+  Cycle c(s, {.preemption = false, .reservations = 1});
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("large", 2), 1, 1)).ok());
+  for (int i = 0; i < 2; ++i) {
+    core::Request m = testing::Share("g" + std::to_string(i), 200);
+    m.gang = "pair";
+    m.gang_size = 2;
+    ASSERT_TRUE(c.Enqueue(Entry(m, 2, 2 + i)).ok());
+  }
+  EXPECT_THAT(Started(c.Step(10)), ::testing::IsEmpty());
+  EXPECT_THAT(*c.Waiting("g0"),
+              HasSubstr("gang pair: the GPUs it could take are reserved for large"));
+  EXPECT_EQ(s.state().allocations().size(), 1u) << "nothing of the gang, no phantom left";
+  // Expected to be done before the reservation begins, it goes.
+  Cycle quick(s, {.preemption = false, .reservations = 1});
+  ASSERT_TRUE(quick.Enqueue(Entry(Whole("large", 2), 1, 1)).ok());
+  for (int i = 0; i < 2; ++i) {
+    core::Request m = Timed(testing::Share("q" + std::to_string(i), 200), 30);
+    m.gang = "quick";
+    m.gang_size = 2;
+    ASSERT_TRUE(quick.Enqueue(Entry(m, 2, 2 + i)).ok());
+  }
+  EXPECT_THAT(Started(quick.Step(10)), ElementsAre("q0", "q1"));
+}
+
 TEST(Cycle, RefusesMalformedAndDuplicateEntries) {
   Scheduler s;
   Cycle c(s);
