@@ -128,8 +128,18 @@ TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
   EXPECT_EQ(j[0]["finished"], 5);
   EXPECT_EQ(j[0]["waitSeconds"]["count"], 5);
   std::string series = tessera::test::ReadFile(out + "/replay_series.csv");
-  EXPECT_THAT(series, ::testing::StartsWith("policy,seed,time,allocated_ratio"));
-  EXPECT_GE(std::count(series.begin(), series.end(), '\n'), 11);  // header + 5 per policy
+  EXPECT_THAT(series, ::testing::StartsWith("policy,seed,window,time,allocated_ratio"));
+  // header + 5 per policy and window (busy period, whole replay)
+  EXPECT_EQ(std::count(series.begin(), series.end(), '\n'), 21);
+  EXPECT_THAT(tessera::test::ReadFile(out + "/replay_waits.csv"),
+              ::testing::StartsWith("policy,seed,size,jobs,wait_mean_s"));
+  EXPECT_TRUE(j[0].contains("busyMeanAllocatedRatio"));
+  EXPECT_TRUE(j[0]["waitSecondsBySize"].is_object());
+  EXPECT_EQ(j[0]["busyEnd"], j[1]["busyEnd"]) << "runs side by side share one busy period";
+  Result t = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd --arrival-order --reservations 2 --predict");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("ALLOC (BUSY)"));
 }
 
 TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {

@@ -310,9 +310,21 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
   return kExitOk;
 }
 
-int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double compression,
-                 double stop_latency, double fair_share, int reservations, bool predict,
-                 std::ostream& out, std::ostream& err) {
+// sim replay's own flags.
+struct ReplayFlags {
+  bool no_preemption = false;
+  bool arrival_order = false;
+  int samples = 200;
+  double compression = 1;
+  double stop_latency = 0;
+  double fair_share = 0;
+  int reservations = 0;
+  bool predict = false;
+};
+
+int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
+  const bool no_preemption = o.no_preemption;
+  const double compression = o.compression;
   std::vector<PolicyRun> runs;
   Loaded l;
   if (auto rc =
@@ -338,23 +350,30 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
     c.policies = runs[i].policies;
     c.seed = f.seed;
     c.preemption = !no_preemption;
-    c.samples = samples;
-    c.stop_latency_s = stop_latency;
-    c.fair_share_half_life_s = fair_share;
-    c.reservations = reservations;
-    c.predict = predict;
+    c.samples = o.samples;
+    c.stop_latency_s = o.stop_latency;
+    c.fair_share_half_life_s = o.fair_share;
+    c.reservations = o.reservations;
+    c.predict = o.predict;
+    c.arrival_order = o.arrival_order;
     results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
     progress.Done(c.label);
   });
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sim::AlignBusyPeriods(results);
   if (!f.out_dir.empty()) {
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
-        "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x.", l.nodes.size(),
-        l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression);
+        "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
+        "backfill reservations {}, durations predicted {}.",
+        l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression,
+        o.arrival_order ? "arrival" : "priority then arrival", o.reservations,
+        o.predict ? "from earlier jobs (p75 per owner and shape), else the trace's"
+                  : "by the trace's predicted_duration where it has one");
     for (auto [name, text] :
          {std::pair{"replay_series.csv", sim::ReplaySeriesCsv(results)},
           std::pair{"replay_runs.csv", sim::ReplayRunsCsv(results)},
+          std::pair{"replay_waits.csv", sim::ReplayWaitsCsv(results)},
           std::pair{"report.html", sim::HtmlReport("Tessera simulator: time-based replay", subtitle,
                                                    {}, results)}}) {
       if (auto rc = WriteFile(dir / name, text, err)) return *rc;
@@ -362,15 +381,20 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
   }
   Format format = *ParseFormat(f.output);
   if (format == Format::kTable) {
-    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "MEAN ALLOC",
-             "PEAK ALLOC", "WAIT MEAN", "WAIT P50", "WAIT P95", "WAIT P99", "JCT MEAN", "SECONDS"});
+    // Allocation and queue over the busy period (first arrival to last start): over the whole
+    // replay a trace of long jobs makes every policy look idle.
+    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "BUSY", "ALLOC (BUSY)",
+             "PEAK ALLOC", "QUEUE (BUSY)", "WAIT MEAN", "WAIT P95", "WAIT MAX", "JCT MEAN",
+             "JCT P95", "SECONDS"});
     for (const sim::ReplayResult& r : results) {
       t.AddRow({r.label, std::to_string(r.jobs), std::to_string(r.finished),
                 std::to_string(r.never_started), std::to_string(r.preemptions),
-                fmt::format("{:.2f}%", 100 * r.mean_allocated),
-                fmt::format("{:.2f}%", 100 * r.peak_allocated), fmt::format("{:.0f}s", r.wait.mean),
-                fmt::format("{:.0f}s", r.wait.p50), fmt::format("{:.0f}s", r.wait.p95),
-                fmt::format("{:.0f}s", r.wait.p99), fmt::format("{:.0f}s", r.jct.mean),
+                fmt::format("{:.0f}s", r.busy_end - r.busy_start),
+                fmt::format("{:.2f}%", 100 * r.busy_mean_allocated),
+                fmt::format("{:.2f}%", 100 * r.peak_allocated),
+                fmt::format("{:.1f}", r.busy_mean_queued), fmt::format("{:.0f}s", r.wait.mean),
+                fmt::format("{:.0f}s", r.wait.p95), fmt::format("{:.0f}s", r.wait.max),
+                fmt::format("{:.0f}s", r.jct.mean), fmt::format("{:.0f}s", r.jct.p95),
                 fmt::format("{:.2f}", r.seconds)});
     }
     t.Print(out);
@@ -382,6 +406,13 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
       return nlohmann::ordered_json{{"count", d.count}, {"mean", d.mean}, {"p50", d.p50},
                                     {"p95", d.p95},     {"p99", d.p99},   {"max", d.max}};
     };
+    auto by_size = [&](const sim::ReplayResult& r) {
+      nlohmann::ordered_json o = nlohmann::ordered_json::object();
+      for (const char* k : {"cpu", "share", "1", "2", "3-4", "5+"}) {
+        if (auto it = r.wait_by_gpus.find(k); it != r.wait_by_gpus.end()) o[k] = dist(it->second);
+      }
+      return o;
+    };
     for (const sim::ReplayResult& r : results) {
       j.push_back({{"policy", r.label},
                    {"seed", r.seed},
@@ -390,9 +421,15 @@ int RunReplayCmd(const SimFlags& f, bool no_preemption, int samples, double comp
                    {"neverStarted", r.never_started},
                    {"queuedAtEnd", r.queued_at_end},
                    {"preemptions", r.preemptions},
-                   {"meanAllocatedRatio", r.mean_allocated},
+                   {"busyStart", r.busy_start},
+                   {"busyEnd", r.busy_end},
+                   {"busyMeanAllocatedRatio", r.busy_mean_allocated},
                    {"peakAllocatedRatio", r.peak_allocated},
+                   {"meanAllocatedRatio", r.mean_allocated},
+                   {"busyMeanQueued", r.busy_mean_queued},
+                   {"peakQueued", r.peak_queued},
                    {"waitSeconds", dist(r.wait)},
+                   {"waitSecondsBySize", by_size(r)},
                    {"jctSeconds", dist(r.jct)}});
     }
     EmitStructured(j, format, out);
@@ -426,13 +463,7 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
     SimFlags inflate_flags, replay_flags;
     int seeds = 10;
     double ratio = 1.3, step = 0.01;
-    bool no_preemption = false;
-    int samples = 200;
-    double compression = 1;
-    double stop_latency = 0;
-    double fair_share = 0;
-    int reservations = 0;
-    bool predict = false;
+    ReplayFlags replay;
   };
   auto st = std::make_shared<State>();
   SimFlags& inflate_flags = st->inflate_flags;
@@ -440,8 +471,7 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   int& seeds = st->seeds;
   double& ratio = st->ratio;
   double& step = st->step;
-  bool& no_preemption = st->no_preemption;
-  int& samples = st->samples;
+  ReplayFlags& rf = st->replay;
   CLI::App* sim = app.add_subcommand(
       "sim", "Replay cluster traces through the scheduling core and compare policies");
   sim->require_subcommand(1);
@@ -484,41 +514,41 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
       ->capture_default_str();
   replay->add_option("--seed", replay_flags.seed, "Seed for random tie-breaks")
       ->capture_default_str();
-  replay->add_flag("--no-preemption", no_preemption, "Never preempt lower-priority jobs");
+  replay->add_flag("--no-preemption", rf.no_preemption, "Never preempt lower-priority jobs");
+  replay->add_flag(
+      "--arrival-order", rf.arrival_order,
+      "Ignore the trace's priorities: jobs queue in arrival order and nothing preempts "
+      "by priority (a stock-Kubernetes-like baseline)");
   replay
-      ->add_option("--compress", st->compression,
+      ->add_option("--compress", rf.compression,
                    "Divide submit times by this factor (durations unchanged) to raise the load")
       ->check(CLI::Range(0.001, 1e6))
       ->capture_default_str();
   replay
-      ->add_option("--stop-latency", st->stop_latency,
+      ->add_option("--stop-latency", rf.stop_latency,
                    "Seconds a preempted job takes to stop and give its GPUs back")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   replay
-      ->add_option("--fair-share-half-life", st->fair_share,
+      ->add_option("--fair-share-half-life", rf.fair_share,
                    "Order equal priorities by each owner's recent GPU use, decaying by half every "
                    "this many seconds (0: off, submission order)")
       ->check(CLI::Range(0.0, 1e9))
       ->capture_default_str();
   replay
-      ->add_option("--reservations", st->reservations,
+      ->add_option("--reservations", rf.reservations,
                    "Backfill reservations: the first N blocked jobs keep the GPUs where they will "
                    "start (as the server does with 8; 0: none)")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
-  replay->add_flag("--predict", st->predict,
+  replay->add_flag("--predict", rf.predict,
                    "Expected durations for reservations from the jobs that finished earlier in "
                    "the replay (p75 per owner and shape), as the server predicts from its history");
-  replay->add_option("--samples", samples, "Points of each time series")
+  replay->add_option("--samples", rf.samples, "Points of each time series")
       ->check(CLI::Range(2, 100000))
       ->capture_default_str();
   replay->callback([&action, &out, &err, st] {
-    action = [&out, &err, st] {
-      return RunReplayCmd(st->replay_flags, st->no_preemption, st->samples, st->compression,
-                          st->stop_latency, st->fair_share, st->reservations, st->predict, out,
-                          err);
-    };
+    action = [&out, &err, st] { return RunReplayCmd(st->replay_flags, st->replay, out, err); };
   });
   return st;
 }

@@ -8,6 +8,7 @@
 // stop. Uses the production Scheduler. Deterministic for given inputs and seed.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct ReplayConfig {
   std::vector<sched::WeightedPolicy> policies;
   uint64_t seed = 42;
   bool preemption = true;
+  // Every job queued at one priority, so the queue is in arrival order (and nothing preempts by
+  // priority): the stock-Kubernetes-like baseline of docs/simulator.md's experiment.
+  bool arrival_order = false;
   // Seconds a preempted job takes to stop (SIGTERM to exit) and give its resources back.
   double stop_latency_s = 0;
   // Fair share between owners (sched::CycleOptions::fair_share_half_life_s); 0: off.
@@ -31,12 +35,13 @@ struct ReplayConfig {
   int reservations = 0;
   // Expected durations for reservations, from history as the server keeps it but built from the
   // jobs that finished earlier in the replay only (never a job's own duration): the 75th
-  // percentile of the last 50 of the same owner and shape. Off: every duration unknown.
+  // percentile of the last 50 of the same owner and shape; a job without such history falls back
+  // to its trace's predicted duration (SimJob::predicted_duration). Off: the trace's predicted
+  // duration where it has one, else unknown.
   bool predict = false;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
-  // Points of the time series over the span the trace asks for (last submit + duration); more when
-  // queueing makes the replay run longer.
+  // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.
   int samples = 200;
 };
 
@@ -62,19 +67,38 @@ struct Distribution {
 };
 Distribution Summarize(std::vector<double> values);
 
+// The size class of a request for ReplayResult::wait_by_gpus: "cpu", "share" (a fraction of one
+// GPU), "1", "2", "3-4", "5+".
+std::string GpuSizeClass(const core::Request& r);
+
 struct ReplayResult {
   std::string label;
   uint64_t seed = 0;
+  // The busy period: from the first arrival until the last job started (or the last arrival, when
+  // later) - the stretch where jobs arrive and wait, which a trace with long-running jobs can make
+  // a sliver of the whole replay. Its series has `samples` points evenly over the busy period and a
+  // tenth of its length after it (the drain's start); each point is the highest value of each
+  // field since the point before (so short spikes show), from the state after every event.
+  double busy_start = 0, busy_end = 0;
+  std::vector<ReplaySample> events;  // the state after every event, in time order
   std::vector<ReplaySample> series;
-  Distribution wait;  // seconds from submit to (last) start, jobs that started
-  Distribution jct;   // seconds from submit to finish, jobs that finished
+  std::vector<ReplaySample> whole;  // `samples` points evenly over the whole replay
+  double busy_mean_allocated = 0;   // time-weighted over the busy period
+  double busy_mean_queued = 0;      // time-weighted over the busy period
+  int64_t peak_queued = 0;
+  Distribution wait;          // seconds from submit to (last) start, jobs that started
+  std::vector<double> waits;  // every started job's wait, ascending (for the report's plots)
+  // Waits by how many GPUs a job asks for (GpuSizeClass): the largest jobs' longest wait shows
+  // starvation.
+  std::map<std::string, Distribution> wait_by_gpus;
+  Distribution jct;  // seconds from submit to finish, jobs that finished
   int64_t jobs = 0;
   int64_t finished = 0;
   int64_t never_started = 0;  // never ran (still queued at the end, or larger than any node)
   int64_t queued_at_end = 0;  // waiting when the replay ended (preempted jobs included)
   int64_t preemptions = 0;    // evictions
-  double mean_allocated = 0;  // time-weighted over the replay
-  double peak_allocated = 0;
+  double mean_allocated = 0;  // time-weighted over the whole replay
+  double peak_allocated = 0;  // the highest allocation (reached within the busy period)
   double end_time = 0;
   double seconds = 0;           // wall time
   std::vector<ReplayRun> runs;  // in start order, when ReplayConfig::record_runs
@@ -83,5 +107,11 @@ struct ReplayResult {
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
                        const std::vector<sched::TypicalRequest>& typical,
                        const ReplayConfig& config);
+
+// Sets the busy period of a replay to [from, to]: its means and series over it.
+void SetBusyPeriod(ReplayResult& r, double from, double to, int samples);
+// Gives runs compared side by side one busy period, from the earliest first arrival until the
+// latest last start among them, so that their means cover the same time.
+void AlignBusyPeriods(std::vector<ReplayResult>& runs);
 
 }  // namespace tessera::sim

@@ -53,6 +53,20 @@ TEST(TesseraCsv, JobsWithSharesModelsAndTimes) {
   EXPECT_EQ(nb.request.gpu_memory_mib, 10240);
   EXPECT_DOUBLE_EQ(nb.submit, 20.5);
   EXPECT_LT(nb.duration, 0) << "no duration: runs to the end";
+  EXPECT_LT(nb.predicted_duration, 0);
+}
+
+TEST(TesseraCsv, PredictedDurationsAndUsers) {
+  auto jobs = ParseTesseraJobs(
+      "name,cpu_milli,memory_mib,gpus,submit_time,duration,predicted_duration,user\n"
+      "a,1000,1024,1,0,3600,4000,alice\n"
+      "b,1000,1024,1,5,3600,,\n",  // a runtime without a prediction: history, else unknown
+      "jobs.csv");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_DOUBLE_EQ((*jobs)[0].predicted_duration, 4000);
+  EXPECT_EQ((*jobs)[0].request.owner, "alice");
+  EXPECT_LT((*jobs)[1].predicted_duration, 0);
+  EXPECT_EQ((*jobs)[1].request.owner, "");
 }
 
 struct BadCase {
@@ -80,6 +94,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"name,cpu_milli,memory_mib,submit_time\na,1,1,yesterday\n",
                 "jobs.csv:2: submit_time: expected seconds >= 0, got 'yesterday'"},
         BadCase{"name,cpu_milli,memory_mib,duration\na,1,1,-5\n", "jobs.csv:2: duration"},
+        BadCase{"name,cpu_milli,memory_mib,duration\na,1,1,1e11\n",
+                "jobs.csv:2: duration: 1e11 s is more than 315360000 s (ten years)"},
+        BadCase{"name,cpu_milli,memory_mib,duration,predicted_duration\na,1,1,5,-1\n",
+                "jobs.csv:2: predicted_duration: expected seconds >= 0, got '-1'"},
+        BadCase{"name,cpu_milli,memory_mib,predicted_duration\na,1,1,nan\n",
+                "jobs.csv:2: predicted_duration: expected seconds >= 0, got 'nan'"},
+        BadCase{"name,cpu_milli,memory_mib,user\na,1,1,a b\n",
+                "jobs.csv:2: user: not a user name: 'a b'"},
         BadCase{"name,cpu_milli,memory_mib,gpu_models\na,1,1,A100\n",
                 "jobs.csv:2: gpu_models: a job without GPUs"},
         BadCase{"name,cpu_milli,memory_mib\na,1\n", "jobs.csv:2: expected 3 fields, got 2"}));
@@ -232,12 +254,84 @@ TEST(Replay, SecondJobWaitsForTheFirst) {
   EXPECT_DOUBLE_EQ(r.jct.mean, 15);
   EXPECT_DOUBLE_EQ(r.end_time, 20);
   EXPECT_DOUBLE_EQ(r.mean_allocated, 1.0);
-  // The trace asks for 10 s (11 samples, 1 s apart); queueing makes it 20 s, and sampling goes on.
-  ASSERT_EQ(r.series.size(), 21u);
-  EXPECT_EQ(r.series[2].queued, 1);   // t = 2: y waits
-  EXPECT_EQ(r.series[12].queued, 0);  // t = 12: y runs
-  EXPECT_EQ(r.series[12].running, 1);
-  EXPECT_DOUBLE_EQ(r.series[20].time, 20);
+  EXPECT_DOUBLE_EQ(r.busy_end, 10);  // y's start
+  EXPECT_DOUBLE_EQ(r.busy_mean_allocated, 1.0);
+  EXPECT_DOUBLE_EQ(r.busy_mean_queued, 1.0);  // y waits the whole busy period
+}
+
+TEST(Replay, SeriesShowTheBusyPeriodNotTheLongTail) {
+  // A job that runs for 100,000 s beside a short busy period (x runs, y waits for x's GPU): over
+  // the whole replay the busy period is a sliver; its own series and means show it.
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  std::vector<SimJob> jobs = {Job("long", 1, 0, 100000), Job("x", 1, 0, 10), Job("y", 1, 1, 10)};
+  ReplayConfig c = ReplayWith();
+  c.samples = 12;
+  ReplayResult r = RunReplay(nodes, jobs, {}, c);
+  EXPECT_DOUBLE_EQ(r.busy_start, 0);
+  EXPECT_DOUBLE_EQ(r.busy_end, 10);
+  EXPECT_DOUBLE_EQ(r.busy_mean_allocated, 1.0);  // both GPUs taken throughout
+  EXPECT_NEAR(r.mean_allocated, 0.5, 0.001);     // the long tail on one GPU of two
+  EXPECT_DOUBLE_EQ(r.peak_allocated, 1.0);
+  EXPECT_DOUBLE_EQ(r.busy_mean_queued, 0.9);  // y waits from 1 to 10
+  EXPECT_EQ(r.peak_queued, 1);
+  // 12 points over the busy period and a tenth more: 0, 1, ..., 11 s.
+  ASSERT_EQ(r.series.size(), 12u);
+  EXPECT_DOUBLE_EQ(r.series[11].time, 11);
+  EXPECT_EQ(r.series[0].queued, 0);
+  EXPECT_EQ(r.series[5].queued, 1);   // y waits
+  EXPECT_EQ(r.series[10].queued, 1);  // y waited until 10: the highest since 9
+  EXPECT_EQ(r.series[11].queued, 0);  // y runs
+  EXPECT_EQ(r.series[11].running, 2);
+  EXPECT_DOUBLE_EQ(r.series[5].allocated, 1.0);
+  // The whole replay: 12 points to its end, where only the long job was left.
+  ASSERT_EQ(r.whole.size(), 12u);
+  EXPECT_DOUBLE_EQ(r.whole.back().time, 100000);
+  EXPECT_DOUBLE_EQ(r.whole[5].allocated, 0.5);
+  // Waits, sorted, and by size.
+  EXPECT_THAT(r.waits, ::testing::ElementsAre(0, 0, 9));
+  ASSERT_TRUE(r.wait_by_gpus.contains("1"));
+  EXPECT_DOUBLE_EQ(r.wait_by_gpus.at("1").max, 9);
+}
+
+TEST(Replay, ArrivalOrderIgnoresPriorities) {
+  // One GPU busy until 10; "low" arrives first, "high" (priority 9) second: by priority high goes
+  // first (and preempts nothing: "busy" is not preemptible); in arrival order low does.
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  std::vector<SimJob> jobs = {Job("busy", 1, 0, 10, 0, false), Job("low", 1, 1, 10),
+                              Job("high", 1, 2, 10, 9)};
+  ReplayConfig c = ReplayWith();
+  c.record_runs = true;
+  auto first_after_busy = [&](const ReplayResult& r) {
+    return r.runs.size() > 1 ? r.runs[1].id : std::string();
+  };
+  EXPECT_EQ(first_after_busy(RunReplay(nodes, jobs, {}, c)), "high");
+  c.arrival_order = true;
+  EXPECT_EQ(first_after_busy(RunReplay(nodes, jobs, {}, c)), "low");
+}
+
+TEST(Replay, TracePredictionsServeWhereThereIsNoHistory) {
+  // Two GPUs: "long" holds one until 100; "big" (both GPUs) reserves them from then; "short" (10 s)
+  // may take the free one only if it is expected to end before 100. Without any history the
+  // trace's predicted durations are what tells; without them short waits behind big.
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  std::vector<SimJob> jobs = {Job("long", 1, 0, 100), Job("big", 2, 1, 10), Job("short", 1, 2, 10)};
+  ReplayConfig c = ReplayWith(false);
+  c.reservations = 1;
+  c.predict = true;  // no history yet: the trace's predictions are the fallback
+  c.record_runs = true;
+  auto start_of = [&](const ReplayResult& r, const std::string& id) {
+    for (const ReplayRun& run : r.runs) {
+      if (run.id == id) return run.start;
+    }
+    return -1.0;
+  };
+  ReplayResult unknown = RunReplay(nodes, jobs, {}, c);
+  EXPECT_DOUBLE_EQ(start_of(unknown, "big"), 100);
+  EXPECT_DOUBLE_EQ(start_of(unknown, "short"), 110);
+  for (SimJob& j : jobs) j.predicted_duration = j.duration;
+  ReplayResult predicted = RunReplay(nodes, jobs, {}, c);
+  EXPECT_DOUBLE_EQ(start_of(predicted, "short"), 2) << "ends at 12, before big's reservation";
+  EXPECT_DOUBLE_EQ(start_of(predicted, "big"), 100);
 }
 
 TEST(Replay, HigherPriorityGoesFirstAndBackfillUsesTheRest) {
@@ -312,6 +406,53 @@ TEST(Report, HtmlIsSelfContainedWithPlotsAndEscapes) {
   EXPECT_THAT(html, HasSubstr("&lt;b&gt;&amp;"));
   EXPECT_THAT(html, ::testing::Not(HasSubstr("<script")));
   EXPECT_THAT(html, ::testing::Not(HasSubstr("http://cdn")));
+}
+
+TEST(Report, AxesHaveRoundTicksWithinWhatIsPossible) {
+  AxisTicks t = RoundTicks(0, 79.449);
+  EXPECT_DOUBLE_EQ(t.step, 20);
+  EXPECT_DOUBLE_EQ(t.lo, 0);
+  EXPECT_DOUBLE_EQ(t.hi, 80);
+  t = RoundTicks(0.3, 1.7);
+  EXPECT_DOUBLE_EQ(t.step, 0.5);
+  EXPECT_DOUBLE_EQ(t.lo, 0);
+  EXPECT_DOUBLE_EQ(t.hi, 2);
+  t = RoundTicks(120, 133);
+  EXPECT_DOUBLE_EQ(t.step, 5);
+  EXPECT_DOUBLE_EQ(t.lo, 120);
+  EXPECT_DOUBLE_EQ(t.hi, 135);
+  // A percentage that the data's padding would take past 0..100: the axis stops at the bounds.
+  std::vector<PlotSeries> s = {{"a", {0, 50, 100}, {-3.7, 50, 100.24}},
+                               {"b", {0, 50, 100}, {0, 50, 100}}};
+  std::string svg = SvgLineChart("t", "x", "y", s, {.y_min = 0, .y_max = 100});
+  EXPECT_THAT(svg, HasSubstr(">100</text>"));
+  EXPECT_THAT(svg, HasSubstr(">0</text>"));
+  EXPECT_THAT(svg, ::testing::Not(HasSubstr(">120</text>")));
+  EXPECT_THAT(svg, ::testing::Not(HasSubstr(">-20</text>")));
+  EXPECT_THAT(svg, ::testing::Not(HasSubstr("79.449")));
+  // Coinciding lines stay told apart: the second is dashed, in the plot and its legend.
+  size_t dashed = 0;
+  for (size_t at = svg.find("stroke-dasharray"); at != std::string::npos;
+       at = svg.find("stroke-dasharray", at + 1)) {
+    ++dashed;
+  }
+  EXPECT_EQ(dashed, 2u);
+}
+
+TEST(Report, ReplayReportShowsTheBusyPeriodAndWaits) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  std::vector<SimJob> jobs = {Job("long", 1, 0, 100000), Job("x", 1, 0, 10), Job("y", 1, 1, 10)};
+  std::vector<ReplayResult> runs = {RunReplay(nodes, jobs, {}, ReplayWith())};
+  std::string html = HtmlReport("t", "s", {}, runs);
+  EXPECT_THAT(html, HasSubstr("<td>100.00%</td><td>100.00%</td>"));  // busy mean, peak
+  EXPECT_THAT(html, HasSubstr("Queue length in the busy period"));
+  EXPECT_THAT(html, HasSubstr("seconds since the first arrival"));
+  EXPECT_THAT(html, HasSubstr("Waits: share of started jobs"));
+  EXPECT_THAT(html, HasSubstr("<td>3 s / 9 s / 9 s (3 jobs)</td>"));  // 1-GPU waits
+  std::string csv = ReplayRunsCsv(runs);
+  EXPECT_THAT(csv, HasSubstr(",0.000,10.000,1.000000,1.000000,"));
+  std::string waits = ReplayWaitsCsv(runs);
+  EXPECT_THAT(waits, HasSubstr("bestfit,42,1,3,3.0,0.0,9.0,9.0,9.0\n"));
 }
 
 }  // namespace

@@ -19,13 +19,16 @@ bool IsOpenbHeader(std::string_view header, std::string_view first_column) {
          (header.size() == first_column.size() || header[first_column.size()] == ',');
 }
 
-double Seconds(const Csv& c, const std::string& column) {
+double Seconds(const Csv& c, const std::string& column, double max = 1e12) {
   std::string_view s = c.Get(column);
   double v = 0;
   auto res = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size() || !(v >= 0) ||
-      v > 1e12) {
+  if (s.empty() || res.ec != std::errc() || res.ptr != s.data() + s.size() || !(v >= 0)) {
     c.Fail(c.line(), fmt::format("{}: expected seconds >= 0, got '{}'", column, s));
+  }
+  if (v > max) {
+    c.Fail(c.line(), fmt::format("{}: {} s is more than {:.0f} s ({})", column, s, max,
+                                 max == kMaxTraceDurationS ? "ten years" : "the limit"));
   }
   return v;
 }
@@ -95,7 +98,7 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
   try {
     Csv c(text, filename, {"name", "cpu_milli", "memory_mib"},
           {"gpus", "gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "preemptible",
-           "submit_time", "duration"});
+           "submit_time", "duration", "predicted_duration", "user"});
     std::vector<SimJob> jobs;
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
@@ -119,7 +122,12 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
       r.preemptible = c.OptionalInt("preemptible", 0, 1).value_or(1) == 1;
       if (c.Has("submit_time") && !c.Get("submit_time").empty())
         j.submit = Seconds(c, "submit_time");
-      if (c.Has("duration") && !c.Get("duration").empty()) j.duration = Seconds(c, "duration");
+      if (c.Has("duration") && !c.Get("duration").empty())
+        j.duration = Seconds(c, "duration", kMaxTraceDurationS);
+      if (c.Has("predicted_duration") && !c.Get("predicted_duration").empty())
+        j.predicted_duration = Seconds(c, "predicted_duration", kMaxTraceDurationS);
+      if (c.Has("user") && !c.Get("user").empty())
+        r.owner = std::string(c.Name("user", "user", nullptr));
       if (std::string bad = core::ValidateRequest(r); !bad.empty()) c.Fail(c.line(), bad);
       jobs.push_back(std::move(j));
     }

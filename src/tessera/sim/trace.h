@@ -20,7 +20,13 @@ struct SimJob {
   core::Request request;  // id, resources, priority, preemptible
   double submit = 0;      // seconds on the trace's clock
   double duration = -1;   // seconds; < 0 when unknown (the job runs to the end of the replay)
+  // What the trace predicted for its run time (a user's estimate, another predictor's output);
+  // < 0 when it says nothing. Never read as the job's real duration.
+  double predicted_duration = -1;
 };
+
+// The longest duration (and predicted duration) a trace may give: ten years, in seconds.
+inline constexpr double kMaxTraceDurationS = 10 * 365 * 86400.0;
 
 // openb qos -> priority: LS 3, Guaranteed 2, Burstable 1, BE 0 (and empty 1); BE and Burstable are
 // preemptible.
@@ -29,7 +35,8 @@ int OpenbPriority(std::string_view qos);
 // Tessera CSV. Nodes: name,cpu_milli,memory_mib,gpus[,gpu_model][,gpu_memory_mib][,count] - count >
 // 1 makes that many nodes named name-0, name-1, ... Jobs:
 // name,cpu_milli,memory_mib[,gpus][,gpu_milli]
-// [,gpu_memory_mib][,gpu_models][,priority][,preemptible][,submit_time][,duration].
+// [,gpu_memory_mib][,gpu_models][,priority][,preemptible][,submit_time][,duration]
+// [,predicted_duration][,user].
 absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view csv,
                                                               std::string_view filename);
 absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv,
