@@ -125,11 +125,8 @@ int main(int argc, char** argv) {
       last = std::max(last, j.submit);
     }
     std::vector<double> arriving;
-    for (const sim::ReplayResult& r : results) {
-      sim::ReplayResult copy = r;
-      sim::SetBusyPeriod(copy, first, last, 2);
-      arriving.push_back(copy.busy_mean_allocated);
-    }
+    for (const sim::ReplayResult& r : results)
+      arriving.push_back(sim::MeanAllocatedOver(r, first, last));
     sim::AlignBusyPeriods(results);
     std::printf(
         "\nopenb default trace on %zu nodes (%lld GPUs), arrivals compressed %gx; busy period %.0f "

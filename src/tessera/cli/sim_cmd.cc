@@ -408,7 +408,7 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     };
     auto by_size = [&](const sim::ReplayResult& r) {
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
-      for (const char* k : {"cpu", "share", "1", "2", "3-4", "5+"}) {
+      for (const char* k : sim::kGpuSizeClasses) {
         if (auto it = r.wait_by_gpus.find(k); it != r.wait_by_gpus.end()) o[k] = dist(it->second);
       }
       return o;

@@ -81,12 +81,16 @@ std::vector<ReplaySample> Resample(const std::vector<ReplaySample>& events, doub
 void SetBusyPeriod(ReplayResult& r, double from, double to, int samples) {
   r.busy_start = from;
   r.busy_end = to;
-  r.busy_mean_allocated = Integral(r.events, from, to, &ReplaySample::allocated);
+  r.busy_mean_allocated = MeanAllocatedOver(r, from, to);
   r.busy_mean_queued = Integral(r.events, from, to, &ReplaySample::queued);
   // A tenth of the busy period after it: where the queue has drained.
   const double busy = std::max(to - from, 1.0);
   r.series = Resample(r.events, from, std::min(from + 1.1 * busy, std::max(r.end_time, from + 1)),
                       std::max(samples, 2));
+}
+
+double MeanAllocatedOver(const ReplayResult& r, double from, double to) {
+  return Integral(r.events, from, to, &ReplaySample::allocated);
 }
 
 void AlignBusyPeriods(std::vector<ReplayResult>& runs) {
@@ -197,6 +201,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     } else {
       events.push_back(p);
     }
+    // Starts raise allocation only within a step, so the state after it holds the peak.
+    out.peak_allocated = std::max(out.peak_allocated, p.allocated);
     out.peak_queued = std::max(out.peak_queued, p.queued);
   };
   double last_arrival = start_time, last_start = start_time;
@@ -206,9 +212,6 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     state[i].started = now;
     ++running;
     allocated_milli += jobs[i].request.gpu_milli_total();
-    if (capacity > 0) {
-      out.peak_allocated = std::max(out.peak_allocated, double(allocated_milli) / double(capacity));
-    }
     if (state[i].remaining >= 0) departures.emplace(now + state[i].remaining, i, state[i].epoch);
   };
   auto stop = [&](size_t i) {

@@ -70,6 +70,8 @@ Distribution Summarize(std::vector<double> values);
 // The size class of a request for ReplayResult::wait_by_gpus: "cpu", "share" (a fraction of one
 // GPU), "1", "2", "3-4", "5+".
 std::string GpuSizeClass(const core::Request& r);
+// Every size class, smallest first (the order of reports).
+inline constexpr const char* kGpuSizeClasses[] = {"cpu", "share", "1", "2", "3-4", "5+"};
 
 struct ReplayResult {
   std::string label;
@@ -113,5 +115,7 @@ void SetBusyPeriod(ReplayResult& r, double from, double to, int samples);
 // Gives runs compared side by side one busy period, from the earliest first arrival until the
 // latest last start among them, so that their means cover the same time.
 void AlignBusyPeriods(std::vector<ReplayResult>& runs);
+// The time-weighted mean allocation of a replay over [from, to] (from its events).
+double MeanAllocatedOver(const ReplayResult& r, double from, double to);
 
 }  // namespace tessera::sim

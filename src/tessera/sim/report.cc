@@ -50,7 +50,7 @@ std::string HumanSeconds(double s) {
 // Size classes (GpuSizeClass) smallest first.
 std::vector<std::string> SizeOrder(const std::set<std::string>& present) {
   std::vector<std::string> out;
-  for (const char* k : {"cpu", "share", "1", "2", "3-4", "5+"}) {
+  for (const char* k : kGpuSizeClasses) {
     if (present.contains(k)) out.emplace_back(k);
   }
   return out;
