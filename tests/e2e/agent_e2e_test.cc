@@ -372,6 +372,9 @@ TEST_F(AgentE2e, LabelsTheNodeAndAllocatesTheExtendersChoice) {
   for (const auto& r : api.Requests()) {
     if (r.user == "tester" && !r.verb.empty()) used.insert(r.verb + " " + r.resource);
   }
+  // NodeSync::SyncLabels gets the node when its node watch has not listed yet: whether this run's
+  // first sync came before the watch's list is timing, so the fallback counts as used either way.
+  used.insert("get nodes");
   for (const YAML::Node& doc :
        YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/base/rbac-agent.yaml")) {
     if (doc["kind"].as<std::string>() != "ClusterRole") continue;
