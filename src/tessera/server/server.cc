@@ -1653,6 +1653,9 @@ HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
   if (auto it = running_.find(id); it != running_.end()) {
     j["pid"] = it->second.pid;
     if (!it->second.stop.empty()) j["stopping"] = it->second.stop_reason;
+  } else if (auto s = starting_.find(id); s != starting_.end() && !s->second.empty()) {
+    // Cancelled while its process is being started: it is stopped as soon as the process exists.
+    j["stopping"] = s->second;
   }
   return JsonResponse(200, j);
 }
