@@ -106,7 +106,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                            "containers",       "allow_root_jobs",
                                            "priority_ceiling", "priority_ceilings",
                                            "preempt_others",   "listener",
-                                           "fair_share",       "backfill"},
+                                           "fair_share",       "backfill",
+                                           "history"},
                               "");
       !st.ok()) {
     return st;
@@ -433,6 +434,28 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         if (!arg.IsScalar()) return At(path, arg, "containers.run_args[]", "expected a string");
         c->podman_run_args.push_back(arg.as<std::string>());
       }
+    }
+  }
+  if (const YAML::Node h = root["history"]) {
+    if (!h.IsMap()) return At(path, h, "history", "expected a map: {interval_s, window_s}");
+    if (absl::Status st = Known(path, h, {"interval_s", "window_s"}, "history"); !st.ok())
+      return st;
+    if (const YAML::Node v = h["interval_s"]) {
+      if (!Get(path, v, "history.interval_s", &c->history_interval_s).ok() ||
+          c->history_interval_s < 0.05 || c->history_interval_s > 600) {
+        return At(path, v, "history.interval_s", "expected 0.05..600 seconds");
+      }
+    }
+    if (const YAML::Node v = h["window_s"]) {
+      if (!Get(path, v, "history.window_s", &c->history_window_s).ok() ||
+          c->history_window_s < 60 || c->history_window_s > 7 * 86400) {
+        return At(path, v, "history.window_s", "expected 60..604800 seconds (a week)");
+      }
+    }
+    if (c->history_window_s / c->history_interval_s > 100000) {
+      return At(path, h, "history",
+                "window_s / interval_s is over 100000 samples: a longer interval or a shorter "
+                "window");
     }
   }
   if (const YAML::Node p = root["poll_interval_s"]) {

@@ -40,6 +40,7 @@ unhealthy_gpu: fail
 max_body_bytes: 4096
 context_overhead: 300MiB
 poll_interval_s: 0.1
+history: {interval_s: 2, window_s: 7200}
 priority_ceiling: 10
 priority_ceilings: {alice: 500, "group:ml": 100}
 preempt_others: [alice, "group:ml"]
@@ -76,6 +77,8 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.priority_ceiling, 10);
   EXPECT_EQ(c.fair_share_half_life_s, 7200);
   EXPECT_EQ(c.backfill_reservations, 1);
+  EXPECT_EQ(c.history_interval_s, 2);
+  EXPECT_EQ(c.history_window_s, 7200);
   EXPECT_EQ(c.max_array_tasks, 500u);
   EXPECT_EQ(c.idle_timeout_s, 30);
   EXPECT_EQ(c.request_timeout_s, 5);

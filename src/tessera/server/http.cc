@@ -181,6 +181,7 @@ struct HttpServer::Impl {
         req.authorization = std::string(msg[http::field::authorization]);
         req.content_type = std::string(msg[http::field::content_type]);
         req.idempotency_key = std::string(msg["Idempotency-Key"]);
+        req.last_event_id = std::string(msg["Last-Event-ID"]);
         req.body = std::move(msg.body());
         req.peer = peer;
         keep_alive = msg.keep_alive();
@@ -191,15 +192,48 @@ struct HttpServer::Impl {
           res = Error(500, std::string("internal error: ") + e.what());
         }
       }
+      if (res.stream) {
+        StreamResponse(sock, fd, res, version);
+        break;
+      }
       http::response<http::string_body> out{static_cast<http::status>(res.status), version};
       out.set(http::field::server, "tessera");
       out.set(http::field::content_type, res.content_type);
+      for (const auto& [name, value] : res.headers) out.set(name, value);
       out.keep_alive(keep_alive);
       out.body() = std::move(res.body);
       out.prepare_payload();
       http::write(sock, out, ec);
       if (ec || !keep_alive) break;
     }
+  }
+
+  // A streamed response: the header, then each piece the handler writes as one chunk, with no
+  // deadline (a stream is long by design; Stop shuts its socket, and the handler's writes fail).
+  template <typename Stream>
+  void StreamResponse(Stream& sock, int fd, HttpResponse& res, unsigned version) {
+    http::response<http::empty_body> head{static_cast<http::status>(res.status), version};
+    head.set(http::field::server, "tessera");
+    head.set(http::field::content_type, res.content_type);
+    for (const auto& [name, value] : res.headers) head.set(name, value);
+    head.keep_alive(false);
+    head.chunked(true);
+    http::response_serializer<http::empty_body> sr{head};
+    beast::error_code ec;
+    http::write_header(sock, sr, ec);
+    if (ec) return;
+    {
+      std::lock_guard lock(mu);
+      if (auto it = conns.find(fd); it != conns.end())
+        it->second.deadline = std::chrono::steady_clock::time_point::max();
+    }
+    res.stream([&](std::string_view piece) {
+      if (stopping || ec) return false;
+      if (piece.empty()) return true;
+      asio::write(sock, http::make_chunk(asio::const_buffer(piece.data(), piece.size())), ec);
+      return !ec;
+    });
+    if (!ec) asio::write(sock, http::make_chunk_last(), ec);
   }
 
   // Shuts and closes a served connection's socket.

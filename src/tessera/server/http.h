@@ -36,14 +36,22 @@ struct HttpRequest {
   std::string authorization;                 // the Authorization header
   std::string content_type;
   std::string idempotency_key;  // the Idempotency-Key header
+  std::string last_event_id;    // the Last-Event-ID header (a server-sent event stream's resume)
   std::string body;
   Peer peer;
 };
+
+// Writes one piece of a streamed response; false once the client is gone or the server stops.
+using StreamWrite = std::function<bool(std::string_view)>;
 
 struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::map<std::string, std::string> headers;  // more headers ("Cache-Control", ...)
+  // Set: the response is streamed (chunked) instead of `body`: the connection's thread calls it,
+  // and it writes until it returns; the connection closes after.
+  std::function<void(const StreamWrite&)> stream;
 };
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;

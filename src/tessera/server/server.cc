@@ -28,6 +28,7 @@
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
 #include "tessera/server/acct.h"
+#include "tessera/server/api_response.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
@@ -39,24 +40,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-HttpResponse JsonResponse(int status, const json& j) {
-  return HttpResponse{status, "application/json",
-                      j.dump(-1, ' ', false, json::error_handler_t::replace)};
-}
-
-HttpResponse Error(int status, const std::string& message) {
-  static const std::map<int, std::string> kCodes = {
-      {400, "bad_request"},        {401, "unauthorized"},
-      {403, "forbidden"},          {404, "not_found"},
-      {405, "method_not_allowed"}, {409, "conflict"},
-      {413, "payload_too_large"},  {415, "unsupported_media_type"},
-      {431, "headers_too_large"},  {500, "internal"},
-      {503, "unavailable"}};
-  auto it = kCodes.find(status);
-  return JsonResponse(
-      status, json{{"code", it == kCodes.end() ? "error" : it->second}, {"message", message}});
-}
 
 std::string UserName(uid_t uid) {
   passwd pw;
@@ -655,6 +638,7 @@ absl::Status Server::Start(StartOptions options) {
         [this](int gpu, const devices::GpuHealth& h) { OnHealth(gpu, h.healthy, h.reason); });
     health_->Start();
   }
+  StartHistory(options.loop);
   if (options.loop) loop_ = std::thread([this] { Loop(); });
   if (!options.listen) return absl::OkStatus();
   HttpServerOptions ho;
@@ -691,6 +675,8 @@ absl::Status Server::Start(StartOptions options) {
 
 void Server::Stop() {
   if (stop_.exchange(true)) return;
+  feed_.Close();  // event streams end, the sampler stops
+  if (sampler_.joinable()) sampler_.join();
   if (http_) http_->Stop();
   wake_.notify_all();
   if (loop_.joinable()) loop_.join();
@@ -705,6 +691,7 @@ void Server::OnHealth(int gpu, bool healthy, const std::string& reason) {
   if (gpu < 0 || gpu >= static_cast<int>(gpu_healthy_.size())) return;
   gpu_healthy_[gpu] = healthy;
   gpu_health_reason_[gpu] = reason;
+  feed_.Bump();
   (void)scheduler_->SetGpuHealth(0, gpu, healthy);
   if (healthy) {
     spdlog::info("GPU {} is healthy again", gpu);
@@ -1243,6 +1230,7 @@ void Server::Admit(double now) {
     }
     sched::QueueEntry e{RequestFor(*q.spec, q.id, q.owner, q.uid), q.submitted,
                         static_cast<uint64_t>(q.id)};
+    e.request.priority = q.priority;  // the stored one: it may have changed since submission
     if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
       spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
       q.waiting = std::string(st.message());
@@ -1303,6 +1291,11 @@ void Server::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
 // ---- API ----
 
 HttpResponse Server::Handle(const HttpRequest& req) {
+  // The dashboard's page and code: the same for everyone, no data in them (that comes from the
+  // API below, with the caller's token).
+  if (req.method == "GET" &&
+      (req.path == "/" || req.path == "/favicon.ico" || req.path.rfind("/ui/", 0) == 0))
+    return Asset(req.path);
   // Who is asking.
   std::string user;
   uint32_t uid = 0;
@@ -1360,6 +1353,26 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     if (auto e = only({"GET"})) return *e;
     return Gpus();
   }
+  if (const std::string gp = "/v1/gpus/"; path.rfind(gp, 0) == 0) {
+    std::string rest = path.substr(gp.size());
+    const size_t slash = rest.find('/');
+    if (slash != std::string::npos && rest.substr(slash + 1) == "simulate") {
+      if (auto e = only({"POST"})) return *e;
+      return SimulateHealth(rest.substr(0, slash), req, admin);
+    }
+  }
+  if (path == "/v1/stream") {
+    if (auto e = only({"GET"})) return *e;
+    return Stream(req, user, admin);
+  }
+  if (path == "/v1/quotas") {
+    if (auto e = only({"GET"})) return *e;
+    return Quotas();
+  }
+  if (path == "/v1/history") {
+    if (auto e = only({"GET"})) return *e;
+    return History(req);
+  }
   if (path == "/v1/jobs") {
     if (auto e = only({"GET", "POST"})) return *e;
     return m == "POST" ? Submit(req, user, uid, admin) : ListJobs(req, user, admin);
@@ -1373,6 +1386,10 @@ HttpResponse Server::Handle(const HttpRequest& req) {
     if (tail == "cancel") {
       if (auto e = only({"POST"})) return *e;
       return Cancel(rest, user, admin);
+    }
+    if (tail == "priority") {
+      if (auto e = only({"POST"})) return *e;
+      return SetPriority(rest, req, user, uid, admin);
     }
     if (tail == "hold" || tail == "release") {
       if (auto e = only({"POST"})) return *e;
@@ -1930,10 +1947,26 @@ HttpResponse Server::Gpus() {
                    {"memory_used_bytes", OrNull(telemetry[g].memory_used_bytes)},
                    {"temperature_celsius", OrNull(telemetry[g].temperature_celsius)},
                    {"power_watts", OrNull(telemetry[g].power_watts)},
+                   {"numa_node", OrNull(gpu.numa_node)},
                    {"jobs", jobs}});
   }
-  return JsonResponse(
-      200, json{{"simulated", inventory_.simulated}, {"source", inventory_.source}, {"gpus", out}});
+  // The links between GPUs: NVLink where there is some, else the PCIe level (nvidia-smi's codes).
+  json links = json::array();
+  const core::Topology& topo = inventory_.topology;
+  for (int a = 0; a < topo.size(); ++a) {
+    for (int b = a + 1; b < topo.size(); ++b) {
+      const core::GpuLink& l = topo.link(a, b);
+      links.push_back({{"a", a},
+                       {"b", b},
+                       {"label", core::LinkLabel(l)},
+                       {"nvlinks", l.nvlinks},
+                       {"nvswitch", l.via_nvswitch}});
+    }
+  }
+  return JsonResponse(200, json{{"simulated", inventory_.simulated},
+                                {"source", inventory_.source},
+                                {"gpus", out},
+                                {"links", links}});
 }
 
 std::string Server::PrimaryGroup(uint32_t uid) {

@@ -113,6 +113,10 @@ struct ServerConfig {
   std::string podman = "podman";  // for jobs with an image; empty: containers off
   std::string cdi_spec_dir;  // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
+  // The machine's history (GET /v1/history, the dashboard's charts): a sample every interval_s,
+  // the last window_s kept in the store (across restarts).
+  double history_interval_s = 5;
+  double history_window_s = 3600;
 };
 
 // Reads a YAML config file (documented in docs/server.md); unknown keys and bad values are errors
@@ -153,6 +157,9 @@ class Server {
   // escalated, and, when something changed, the scheduling cycle takes a step. Returns whether the
   // cycle ran. What the loop thread does; tests with a fake clock call it instead.
   bool RunOnce();
+  // One sample of the machine's history now (GET /v1/history), stored and told to the event
+  // streams; returns its JSON. The sampler thread's work; tests with a fake clock call it.
+  std::string TakeSample();
   // The machine as the scheduler sees it (one node).
   const core::NodeSpec& node() const;
 
@@ -296,6 +303,13 @@ class Server {
   // Holds or releases queued jobs (every queued task of an array named by its id).
   HttpResponse Hold(const std::string& ref, bool hold, const std::string& user, bool admin);
   HttpResponse Logs(const HttpRequest& req, int64_t id, const std::string& user, bool admin);
+  // POST /v1/jobs/N/priority {"priority": P}: a queued job's new priority (its owner within their
+  // ceiling, or an admin).
+  HttpResponse SetPriority(const std::string& ref, const HttpRequest& req, const std::string& user,
+                           uint32_t uid, bool admin);
+  // POST /v1/gpus/N/simulate {"xid": X} | {"lost": bool}: an admin makes a simulated machine's
+  // GPU sick (or well), to see what the server does; 409 on a real machine.
+  HttpResponse SimulateHealth(const std::string& gpu, const HttpRequest& req, bool admin);
   HttpResponse Gpus();
   // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
   HttpResponse Acct(const HttpRequest& req, const std::string& user, bool admin);
@@ -303,6 +317,40 @@ class Server {
   // A user's primary group's name (accounting's group); cached.
   std::string PrimaryGroup(uint32_t uid);
   nlohmann::json Info();
+
+  // The dashboard's side (dashboard.cc). GET /v1/stream: server-sent events (job events from the
+  // store, GPU health changes, history samples), resumed from Last-Event-ID.
+  HttpResponse Stream(const HttpRequest& req, const std::string& user, bool admin);
+  // GET /v1/history[?since=]: the samples of the last window.
+  HttpResponse History(const HttpRequest& req);
+  // GET /v1/quotas: each user's and group's quota from the config, and what they use now.
+  HttpResponse Quotas();
+  // "/" and "/ui/...": the embedded pages and their code.
+  HttpResponse Asset(const std::string& path) const;
+  // Loads the stored history and starts the sampler (a thread when `thread`; tests call
+  // TakeSample by hand).
+  void StartHistory(bool thread);
+
+  // What wakes the event streams: a version bumped on every change worth telling.
+  class Feed {
+   public:
+    void Bump();
+    // Waits until the version passes `seen` (then updates it) or `timeout_s`; false once closed.
+    bool Wait(uint64_t* seen, double timeout_s);
+    void Close();
+    bool closed();
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    uint64_t version_ = 0;
+    bool closed_ = false;
+  };
+  Feed feed_;
+  std::thread sampler_;
+  std::mutex history_mu_;  // the two below; taken alone
+  double last_sample_at_ = -1;
+  uint64_t samples_taken_ = 0;
 
   ServerConfig config_;
   const core::Clock* clock_;

@@ -526,5 +526,193 @@ TEST_F(ServerTest, HistoryPredictsRunTimesAndAQueuedJobSaysWhenItShouldStart) {
   EXPECT_THAT(Job(run)["prediction"].get<std::string>(), HasSubstr("(3 runs)"));
 }
 
+// ---- the dashboard's side (dashboard.cc) ----
+
+TEST_F(ServerTest, RaisingAQueuedJobsPriorityMovesItAhead) {
+  StartServer();
+  int64_t running = Submit(2, 10, 0, {{"preemptible", false}});
+  Settle();
+  Advance(1);
+  int64_t early = Submit(2, 5);
+  Advance(1);
+  int64_t late = Submit(2, 5);
+  Settle();
+  int status = 0;
+  json j =
+      Call("POST", "/v1/jobs/" + std::to_string(late) + "/priority", {{"priority", 3}}, &status);
+  EXPECT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["priority"], 3);
+  EXPECT_THAT(j["events"].back()["reason"].get<std::string>(), HasSubstr("priority 0 -> 3 by"));
+  // A running job's priority is fixed; bad bodies and unknown jobs are said.
+  Call("POST", "/v1/jobs/" + std::to_string(running) + "/priority", {{"priority", 3}}, &status);
+  EXPECT_EQ(status, 409);
+  j = Call("POST", "/v1/jobs/" + std::to_string(early) + "/priority", {{"priority", "high"}},
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["message"], "priority: expected a whole number -1000..1000");
+  Call("POST", "/v1/jobs/" + std::to_string(early) + "/priority", {{"priority", 1}, {"x", 1}},
+       &status);
+  EXPECT_EQ(status, 400);
+  Call("POST", "/v1/jobs/999/priority", {{"priority", 1}}, &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(Job(early)["priority"], 0);
+  Advance(8);  // the running job ends at 10 s: the raised one goes first
+  Settle();
+  EXPECT_EQ(State(late), "running");
+  EXPECT_EQ(State(early), "queued");
+}
+
+TEST_F(ServerTest, HistoryKeepsItsWindowAcrossARestart) {
+  config_.history_window_s = 60;
+  StartServer();
+  const double t0 = core::Seconds(clock_.Now());
+  server_->TakeSample();
+  Submit(1, 100);
+  Settle();
+  Advance(30);
+  json second = json::parse(server_->TakeSample());
+  EXPECT_EQ(second["running"], 1);
+  EXPECT_EQ(second["busy"], 1);
+  EXPECT_EQ(second["allocated"], 1.0);
+  EXPECT_EQ(second["alloc"], json({1.0, 0.0}));
+  EXPECT_EQ(second["util"], json({nullptr, nullptr}));  // a simulated machine measures none
+  Advance(40);
+  server_->TakeSample();
+  json h = Call("GET", "/v1/history");
+  ASSERT_EQ(h["samples"].size(), 2u) << h.dump();  // the first is older than the window
+  EXPECT_EQ(h["samples"][0]["at"], t0 + 30);
+  EXPECT_EQ(h["gpus"], 2);
+  EXPECT_EQ(h["window_s"], 60);
+  StartServer();  // a restart keeps them
+  EXPECT_EQ(Call("GET", "/v1/history")["samples"].size(), 2u);
+  EXPECT_EQ(Call("GET", "/v1/history?since=" + std::to_string(t0 + 50))["samples"].size(), 1u);
+  int status = 0;
+  json bad = Call("GET", "/v1/history?since=yesterday", nullptr, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(bad["message"].get<std::string>(), HasSubstr("since"));
+}
+
+TEST_F(ServerTest, QuotasShowTheirLimitsAndUse) {
+  StartServer();
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];
+  sched::OwnerQuota q;
+  q.limit.gpus = 2;
+  config_.quotas[me] = q;
+  StartServer();
+  Submit(1, 50);
+  Settle();
+  json j = Call("GET", "/v1/quotas");
+  ASSERT_EQ(j["quotas"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["quotas"][0]["name"], me);
+  EXPECT_EQ(j["quotas"][0]["limit"]["gpus"], 2);
+  EXPECT_EQ(j["quotas"][0]["limit"]["gpu_memory_mib"], nullptr);  // no limit
+  EXPECT_EQ(j["quotas"][0]["used"]["gpus"], 1);
+}
+
+TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
+  StartServer();
+  HttpRequest req;
+  req.method = "GET";
+  req.path = req.target = "/v1/stream";
+  req.peer.unix_socket = true;
+  req.peer.uid = geteuid();
+  HttpResponse res = server_->Handle(req);
+  ASSERT_EQ(res.status, 200);
+  EXPECT_EQ(res.content_type, "text/event-stream");
+  ASSERT_TRUE(res.stream);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string got;
+  std::thread reader([&] {
+    res.stream([&](std::string_view piece) {
+      std::lock_guard lock(mu);
+      got += piece;
+      cv.notify_all();
+      return true;
+    });
+  });
+  auto wait_for = [&](const std::string& what) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10),
+                       [&] { return got.find(what) != std::string::npos; });
+  };
+  EXPECT_TRUE(wait_for("event: hello"));
+  int64_t id = Submit(1, 50);
+  Settle();
+  EXPECT_TRUE(wait_for(R"("reason":"placed on GPU 0","state":"running")")) << got;
+  server_->TakeSample();
+  EXPECT_TRUE(wait_for("event: sample")) << got;
+  server_->Stop();  // the stream ends with the server
+  reader.join();
+  EXPECT_THAT(got, HasSubstr("id: 1\nevent: job\ndata: {\"at\":"));
+  EXPECT_THAT(got, HasSubstr("id: 2\nevent: job"));
+  EXPECT_THAT(got, HasSubstr("\"job\":" + std::to_string(id)));
+
+  // Resumed after event 1: event 2 comes first.
+  StartServer();
+  req.last_event_id = "1";
+  HttpResponse again = server_->Handle(req);
+  std::string resumed;
+  std::thread r2([&] {
+    again.stream([&](std::string_view piece) {
+      std::lock_guard lock(mu);
+      resumed += piece;
+      cv.notify_all();
+      return resumed.find("id: 2\n") == std::string::npos;  // enough: the client goes
+    });
+  });
+  {
+    std::unique_lock lock(mu);
+    // Anything that wakes the stream sends what it missed.
+    lock.unlock();
+    server_->TakeSample();
+    lock.lock();
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10),
+                            [&] { return resumed.find("id: 2\n") != std::string::npos; }));
+  }
+  r2.join();
+  EXPECT_EQ(resumed.find("id: 1\n"), std::string::npos) << resumed;
+  req.last_event_id = "two";
+  int status = server_->Handle(req).status;
+  EXPECT_EQ(status, 400);
+}
+
+TEST_F(ServerTest, AnAdminMakesASimulatedGpuSick) {
+  StartServer();
+  int status = 0;
+  json j = Call("POST", "/v1/gpus/1/simulate", {{"xid", 79}}, &status);
+  EXPECT_EQ(status, 202) << j.dump();
+  Call("POST", "/v1/gpus/7/simulate", {{"xid", 79}}, &status);
+  EXPECT_EQ(status, 404);
+  Call("POST", "/v1/gpus/1/simulate", {{"xid", -1}}, &status);
+  EXPECT_EQ(status, 400);
+  Call("POST", "/v1/gpus/1/simulate", {{"lost", true}, {"xid", 1}}, &status);
+  EXPECT_EQ(status, 400);
+  Call("GET", "/v1/gpus/1/simulate", nullptr, &status);
+  EXPECT_EQ(status, 405);
+}
+
+TEST_F(ServerTest, PagesAreServedToAnyoneTheApiOnlyWithAToken) {
+  StartServer();
+  HttpRequest r;
+  r.method = "GET";
+  r.peer.address = "127.0.0.1:5555";  // TCP, no token
+  for (const char* page : {"/", "/ui/", "/ui/app.js", "/ui/app.css"}) {
+    r.path = r.target = page;
+    HttpResponse res = server_->Handle(r);
+    EXPECT_EQ(res.status, 200) << page;
+    EXPECT_THAT(res.headers["Content-Security-Policy"], HasSubstr("script-src 'self'")) << page;
+    EXPECT_FALSE(res.body.empty()) << page;
+  }
+  r.path = r.target = "/";
+  EXPECT_EQ(server_->Handle(r).content_type, "text/html; charset=utf-8");
+  r.path = r.target = "/ui/nothing.js";
+  EXPECT_EQ(server_->Handle(r).status, 404);
+  r.path = r.target = "/v1/gpus";
+  EXPECT_EQ(server_->Handle(r).status, 401);
+  r.path = r.target = "/v1/stream";
+  EXPECT_EQ(server_->Handle(r).status, 401);
+}
+
 }  // namespace
 }  // namespace tessera::server

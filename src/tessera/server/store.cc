@@ -207,6 +207,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
       "ALTER TABLE jobs ADD COLUMN array_id INTEGER NOT NULL DEFAULT 0;"
       "ALTER TABLE jobs ADD COLUMN array_index INTEGER NOT NULL DEFAULT -1;"
       "CREATE INDEX jobs_array ON jobs(array_id, array_index) WHERE array_id != 0;",
+      // 4: the machine's recent history (the dashboard's charts), kept across restarts.
+      "CREATE TABLE samples (at REAL PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;",
   };
   for (; version < kSchemaVersion; ++version) {
     const std::string sql =
@@ -244,6 +246,12 @@ absl::Status Store::Exec(const char* sql) {
     sqlite3_free(err);
     return absl::InternalError(fmt::format("store: {}", msg));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Commit() {
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) return st;
+  if (on_change_) on_change_();
   return absl::OkStatus();
 }
 
@@ -292,7 +300,7 @@ void Store::CommitInserts(const std::vector<PendingInsert*>& batch) {
       (void)Exec("RELEASE one");
     }
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+  if (absl::Status st = Commit(); !st.ok()) {
     (void)Exec("ROLLBACK");
     return fail_all(st);
   }
@@ -348,7 +356,7 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
     (void)Exec("ROLLBACK");
     return st;
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+  if (absl::Status st = Commit(); !st.ok()) {
     (void)Exec("ROLLBACK");
     return st;
   }
@@ -365,7 +373,7 @@ absl::Status Store::TransitionMany(const std::vector<int64_t>& ids, JobState to,
       return st;
     }
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) {
+  if (absl::Status st = Commit(); !st.ok()) {
     (void)Exec("ROLLBACK");
     return st;
   }
@@ -472,7 +480,7 @@ absl::StatusOr<int64_t> Store::InsertArray(const JobRecord& r, const std::vector
     event.Bind(2, now);
     if (event.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
+  if (absl::Status st = Commit(); !st.ok()) return fail(st);
   if (existed) *existed = false;
   return first;
 }
@@ -503,7 +511,37 @@ absl::Status Store::SetHeld(const std::vector<int64_t>& ids, bool held, std::str
     event.Bind(3, reason);
     if (event.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
   }
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
+  if (absl::Status st = Commit(); !st.ok()) return fail(st);
+  return absl::OkStatus();
+}
+
+absl::Status Store::SetPriority(int64_t id, int priority, std::string_view reason, double now) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  {
+    Stmt update(db_, "UPDATE jobs SET priority = ? WHERE id = ? AND state = 'queued'");
+    if (!update.ok()) return fail(SqlError(db_, "preparing a priority change"));
+    update.Bind(1, int64_t{priority});
+    update.Bind(2, id);
+    if (update.Step() != SQLITE_DONE) return fail(SqlError(db_, "changing a priority"));
+    if (sqlite3_changes(db_) != 1) {
+      return fail(absl::FailedPreconditionError(
+          fmt::format("job {}: not queued; only a queued job's priority can change", id)));
+    }
+  }
+  {
+    Stmt event(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'queued', ?)");
+    if (!event.ok()) return fail(SqlError(db_, "preparing an event"));
+    event.Bind(1, id);
+    event.Bind(2, now);
+    event.Bind(3, reason);
+    if (event.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
+  }
+  if (absl::Status st = Commit(); !st.ok()) return fail(st);
   return absl::OkStatus();
 }
 
@@ -649,6 +687,71 @@ absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double
                    ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), ""});
   }
   if (rc != SQLITE_DONE) return SqlError(db, "reading events");
+  return out;
+}
+
+absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE id > ? ORDER BY id LIMIT ?");
+  if (!s.ok()) return SqlError(db, "preparing a read");
+  s.Bind(1, seq);
+  s.Bind(2, int64_t{limit});
+  std::vector<JobEvent> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
+                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3),
+                   sqlite3_column_int64(s.get(), 4)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
+  return out;
+}
+
+absl::StatusOr<int64_t> Store::LastEventSeq() {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, "SELECT coalesce(max(id), 0) FROM events");
+  if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "reading the last event");
+  return sqlite3_column_int64(s.get(), 0);
+}
+
+absl::Status Store::AddSample(const Sample& sample, double drop_before) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN"); !st.ok()) return st;
+  auto fail = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  {
+    Stmt s(db_, "INSERT OR REPLACE INTO samples (at, data) VALUES (?, ?)");
+    if (!s.ok()) return fail(SqlError(db_, "preparing a sample"));
+    s.Bind(1, sample.at);
+    s.Bind(2, sample.data);
+    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "adding a sample"));
+  }
+  {
+    Stmt s(db_, "DELETE FROM samples WHERE at < ?");
+    if (!s.ok()) return fail(SqlError(db_, "preparing a sample"));
+    s.Bind(1, drop_before);
+    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "dropping old samples"));
+  }
+  // Not a job's change: Exec's COMMIT, not Commit (which tells on_change_).
+  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Sample>> Store::Samples(double since) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Stmt s(db, "SELECT at, data FROM samples WHERE at >= ? ORDER BY at");
+  if (!s.ok()) return SqlError(db, "preparing a read");
+  s.Bind(1, since);
+  std::vector<Sample> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW)
+    out.push_back({sqlite3_column_double(s.get(), 0), Text(s.get(), 1)});
+  if (rc != SQLITE_DONE) return SqlError(db, "reading samples");
   return out;
 }
 

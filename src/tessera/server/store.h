@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,6 +61,13 @@ struct JobEvent {
   double at = 0;
   JobState state = JobState::kQueued;
   std::string reason;
+  int64_t seq = 0;  // its place among every job's events (EventsAfter only)
+};
+
+// One point of the machine's recent history (what the dashboard charts), as the caller's JSON.
+struct Sample {
+  double at = 0;
+  std::string data;
 };
 
 // What a transition may set besides the state.
@@ -105,6 +113,9 @@ class Store {
   absl::Status SetHeld(const std::vector<int64_t>& ids, bool held, std::string_view reason,
                        double now);
   // The task of array `array_id` with index `index`; kNotFound when there is none.
+  // A queued job's new priority, with an event saying why; kFailedPrecondition when it is not
+  // queued.
+  absl::Status SetPriority(int64_t id, int priority, std::string_view reason, double now);
   absl::StatusOr<int64_t> TaskId(int64_t array_id, int index);
   // The tasks of an array: id, index and state, in index order (no specs read).
   struct TaskState {
@@ -127,7 +138,21 @@ class Store {
   absl::StatusOr<std::vector<JobRecord>> ListPeriod(double since, double until);
   absl::StatusOr<std::vector<JobEvent>> EventsOfPeriod(double since, double until);
 
-  static constexpr int kSchemaVersion = 3;
+  // Every job's events after `seq`, in order, at most `limit`: what an event stream sends.
+  absl::StatusOr<std::vector<JobEvent>> EventsAfter(int64_t seq, int limit);
+  // The newest event's seq (0 when none).
+  absl::StatusOr<int64_t> LastEventSeq();
+
+  // The machine's history: a sample is added and those before `drop_before` go, in one
+  // transaction (one commit per sample: every few seconds, not per request).
+  absl::Status AddSample(const Sample& sample, double drop_before);
+  absl::StatusOr<std::vector<Sample>> Samples(double since);
+
+  // Called after each commit that changed jobs or their events (under the store's lock: it must
+  // be quick and must not call the store).
+  void set_on_change(std::function<void()> fn) { on_change_ = std::move(fn); }
+
+  static constexpr int kSchemaVersion = 4;
 
  private:
   struct PendingInsert {
@@ -139,6 +164,7 @@ class Store {
   };
   explicit Store(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql);
+  absl::Status Commit();  // COMMIT of a change to jobs or events: tells on_change_
   void CommitInserts(const std::vector<PendingInsert*>& batch);  // one transaction
   absl::StatusOr<int64_t> InsertOne(const JobRecord& r, double now, bool* existed);  // under mu_
   // Inside a transaction, under mu_.
@@ -154,6 +180,7 @@ class Store {
   std::deque<PendingInsert*> pending_;
   bool committing_ = false;
   size_t max_batch_ = 512;
+  std::function<void()> on_change_;
 };
 
 }  // namespace tessera::server

@@ -408,3 +408,59 @@ TEST(Store, StateNamesRoundTrip) {
 
 }  // namespace
 }  // namespace tessera::server
+
+namespace tessera::server {
+namespace {
+
+// What the dashboard's event stream reads: every job's events in order after a point, each with
+// its number; the history's samples, pruned to their window; a queued job's priority change.
+TEST(Store, EventsAfterASeqAndTheHistorysWindow) {
+  auto store = Store::Open(TempDb("stream.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  int changes = 0;
+  s.set_on_change([&] { ++changes; });
+  EXPECT_EQ(*s.LastEventSeq(), 0);
+  auto a = s.Insert(Job("a"), 10);
+  auto b = s.Insert(Job("b"), 11);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(s.Transition(*a, JobState::kRunning, "placed", 12).ok());
+  EXPECT_EQ(changes, 3);  // each insert and the transition committed
+  auto all = s.EventsAfter(0, 10);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].job_id, *a);
+  EXPECT_EQ((*all)[1].job_id, *b);
+  EXPECT_EQ((*all)[2].state, JobState::kRunning);
+  EXPECT_EQ((*all)[2].reason, "placed");
+  EXPECT_LT((*all)[0].seq, (*all)[1].seq);
+  EXPECT_EQ(*s.LastEventSeq(), (*all)[2].seq);
+  auto rest = s.EventsAfter((*all)[0].seq, 1);  // at most one, from after the first
+  ASSERT_TRUE(rest.ok());
+  ASSERT_EQ(rest->size(), 1u);
+  EXPECT_EQ((*rest)[0].seq, (*all)[1].seq);
+
+  // A priority change: only while queued, with its event.
+  ASSERT_TRUE(s.SetPriority(*b, 7, "priority 0 -> 7 by alice", 13).ok());
+  EXPECT_EQ(s.Get(*b)->priority, 7);
+  EXPECT_EQ(s.Events(*b)->back().reason, "priority 0 -> 7 by alice");
+  absl::Status running = s.SetPriority(*a, 7, "x", 14);
+  EXPECT_EQ(running.code(), absl::StatusCode::kFailedPrecondition) << running;
+  EXPECT_EQ(s.Get(*a)->priority, 0);
+
+  // Samples: kept from their window on, oldest first; adding one is no job's change.
+  const int before = changes;
+  ASSERT_TRUE(s.AddSample({100, R"({"n":1})"}, 0).ok());
+  ASSERT_TRUE(s.AddSample({130, R"({"n":2})"}, 70).ok());
+  ASSERT_TRUE(s.AddSample({170, R"({"n":3})"}, 110).ok());  // drops the one at 100
+  EXPECT_EQ(changes, before);
+  auto samples = s.Samples(0);
+  ASSERT_TRUE(samples.ok());
+  ASSERT_EQ(samples->size(), 2u);
+  EXPECT_EQ((*samples)[0].at, 130);
+  EXPECT_EQ((*samples)[1].data, R"({"n":3})");
+  EXPECT_EQ(s.Samples(150)->size(), 1u);
+}
+
+}  // namespace
+}  // namespace tessera::server

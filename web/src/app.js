@@ -1,0 +1,556 @@
+// Tessera's dashboard: the machine's GPUs, jobs and history, kept current by the server's event
+// stream. Routes: #/ (overview), #/jobs (queue and running, submit), #/jobs/<id> (one job).
+import { ApiError, call, openStream, setToken, takeTokenFromAddress, token } from './api.js';
+import { PALETTE, lineChart, topologyDiagram } from './charts.js';
+
+const main = document.getElementById('main');
+const S = {
+  me: null, // {user, admin}
+  info: null,
+  gpus: [],
+  links: [],
+  simulated: false,
+  jobs: [],
+  quotas: [],
+  history: { interval_s: 5, window_s: 3600, samples: [] },
+  stopStream: null,
+};
+
+// ---- small helpers ----
+
+function h(tag, attrs = {}, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k === 'style') e.style.cssText = v; // CSSOM: allowed by the page's CSP, a style attribute is not
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const k of kids.flat()) if (k !== null && k !== undefined && k !== false) e.append(k);
+  return e;
+}
+
+// replaceChildren without the nulls and falses that conditional parts leave.
+function fill(parent, ...kids) {
+  parent.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+}
+
+function bytes(b) {
+  if (b === null || b === undefined) return '–';
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (b >= 1024 && i < u.length - 1) {
+    b /= 1024;
+    i++;
+  }
+  return `${b >= 10 || i === 0 ? Math.round(b) : b.toFixed(1)} ${u[i]}`;
+}
+
+function pct(v) {
+  return v === null || v === undefined ? '–' : `${Math.round(v * 100)}%`;
+}
+
+function ago(t) {
+  if (!t) return '–';
+  const s = Math.max(0, Date.now() / 1000 - t);
+  if (s < 60) return `${Math.round(s)} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${(s / 3600).toFixed(1)} h ago`;
+  return new Date(t * 1000).toLocaleString();
+}
+
+function shape(job) {
+  const r = (job.spec && job.spec.resources) || {};
+  const parts = [];
+  if (r.gpus) parts.push(`${r.gpus} GPU${r.gpus > 1 ? 's' : ''}`);
+  if (r.gpu_share !== undefined) parts.push(`${typeof r.gpu_share === 'number' ? `${r.gpu_share}%` : r.gpu_share} share`);
+  if (r.gpu_memory) parts.push(`${r.gpu_memory}`);
+  if (r.model) parts.push(Array.isArray(r.model) ? r.model.join('|') : r.model);
+  return parts.join(', ') || 'no GPU';
+}
+
+function stateCell(s) {
+  return h('span', { class: `state state-${s}` }, s);
+}
+
+function setLive(s) {
+  const e = document.getElementById('live');
+  e.className = `live ${s === 'live' ? 'on' : s === 'reconnecting' ? 'off' : ''}`;
+  e.textContent = s === 'live' ? 'live' : s === 'reconnecting' ? 'reconnecting…' : s;
+  if (s === 'signed-out') signIn('Your token is no longer accepted: sign in again.');
+}
+
+// Coalesces bursts of events into one refresh per animation frame (or per `ms`).
+function debounce(fn, ms) {
+  let timer = null;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => {
+      timer = null;
+      fn();
+    }, ms);
+  };
+}
+
+// ---- data ----
+
+async function loadAll() {
+  const [info, gpus, jobs, quotas, history] = await Promise.all([
+    call('GET', '/v1/info'),
+    call('GET', '/v1/gpus'),
+    call('GET', '/v1/jobs?limit=2000'),
+    call('GET', '/v1/quotas'),
+    call('GET', '/v1/history'),
+  ]);
+  S.info = info;
+  S.me = info.caller;
+  S.gpus = gpus.gpus;
+  S.links = gpus.links || [];
+  S.simulated = gpus.simulated;
+  S.jobs = jobs.jobs;
+  S.quotas = quotas.quotas;
+  S.history = history;
+}
+
+const refreshJobs = debounce(async () => {
+  try {
+    const [jobs, gpus, quotas] = await Promise.all([
+      call('GET', '/v1/jobs?limit=2000'),
+      call('GET', '/v1/gpus'),
+      call('GET', '/v1/quotas'),
+    ]);
+    S.jobs = jobs.jobs;
+    S.gpus = gpus.gpus;
+    S.quotas = quotas.quotas;
+    update();
+  } catch (e) {
+    if (e.status === 401) signIn(e.message);
+  }
+}, 150);
+
+function onEvent(type, data) {
+  if (type === 'hello') {
+    // (Re)connected: what was missed while away comes as events; the rest is fetched again.
+    loadAll().then(update).catch(() => {});
+  } else if (type === 'job') {
+    const j = S.jobs.find((x) => x.id === data.job);
+    if (j) {
+      j.state = data.state;
+      j.reason = data.reason;
+    }
+    if (view.jobId === data.job) view.refreshJob();
+    refreshJobs();
+  } else if (type === 'gpu') {
+    const g = S.gpus.find((x) => x.index === data.index);
+    if (g) {
+      g.healthy = data.healthy;
+      g.health_reason = data.reason;
+    }
+    update();
+    refreshJobs();
+  } else if (type === 'sample') {
+    const hs = S.history.samples;
+    hs.push(data);
+    // Bounded: the server's window, however long the page stays open.
+    const keep = data.at - S.history.window_s;
+    let drop = 0;
+    while (drop < hs.length && hs[drop].at < keep) drop++;
+    if (drop) hs.splice(0, drop);
+    if (view.name === 'overview') view.charts();
+  }
+}
+
+// ---- views ----
+
+const view = { name: '', jobId: null, refreshJob: () => {}, charts: () => {}, update: () => {} };
+
+function update() {
+  view.update();
+}
+
+function summary() {
+  const healthy = S.gpus.filter((g) => g.healthy).length;
+  const alloc = S.gpus.reduce((a, g) => a + (g.allocated_milli || 0), 0) / 1000;
+  const running = S.jobs.filter((j) => j.state === 'running').length;
+  const queued = S.jobs.filter((j) => j.state === 'queued').length;
+  const card = (label, value, cls) => h('div', { class: `panel ${cls || ''}` }, h('b', {}, value), label);
+  return h('div', { class: 'summary', 'aria-label': 'Summary' },
+    card('GPUs healthy', `${healthy} of ${S.gpus.length}`, healthy < S.gpus.length ? 'unhealthy' : ''),
+    card('GPUs allocated', `${alloc.toFixed(alloc % 1 ? 1 : 0)} of ${S.gpus.length}`),
+    card('jobs running', String(running)),
+    card('jobs queued', String(queued)));
+}
+
+function gpuTile(g) {
+  const jobs = S.jobs.filter((j) => j.state === 'running' && (g.jobs || []).includes(j.id));
+  const memUsed = g.memory_used_bytes ?? (g.allocated_memory_mib ? g.allocated_memory_mib * 2 ** 20 : 0);
+  const memFrac = g.memory_bytes ? Math.min(1, memUsed / g.memory_bytes) : 0;
+  const title = `GPU ${g.index}`;
+  return h('section', { class: `panel tile ${g.healthy ? '' : 'unhealthy'}`, 'data-gpu': g.index, 'aria-label': `${title}, ${g.healthy ? 'healthy' : 'unhealthy'}` },
+    h('h3', {}, title, h('span', { class: 'badge' }, g.healthy ? 'healthy' : 'unhealthy')),
+    h('div', { class: 'muted' }, g.model),
+    g.healthy ? null : h('div', { class: 'alert' }, g.health_reason || 'unhealthy'),
+    h('div', {}, `memory ${bytes(memUsed)} of ${bytes(g.memory_bytes)}${g.memory_used_bytes === null ? ' allocated' : ''}`),
+    h('div', { class: 'meter', role: 'meter', 'aria-label': 'memory', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': Math.round(memFrac * 100) },
+      h('span', { style: `width:${(memFrac * 100).toFixed(1)}%` })),
+    h('div', {}, `allocated ${Math.round((g.allocated_milli || 0) / 10)}%`),
+    h('div', { class: 'meter', role: 'meter', 'aria-label': 'allocated', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': Math.round((g.allocated_milli || 0) / 10) },
+      h('span', { style: `width:${Math.min(100, (g.allocated_milli || 0) / 10)}%` })),
+    h('dl', { class: 'kv' },
+      h('dt', {}, 'utilization'), h('dd', {}, pct(g.utilization)),
+      h('dt', {}, 'temperature'), h('dd', {}, g.temperature_celsius === null ? '–' : `${g.temperature_celsius} °C`),
+      h('dt', {}, 'power'), h('dd', {}, g.power_watts === null ? '–' : `${Math.round(g.power_watts)} W`)),
+    h('ul', { 'aria-label': `jobs on GPU ${g.index}` },
+      jobs.length ? jobs.map((j) => {
+        const p = j.placement || {};
+        const frac = p.milli_per_gpu && p.milli_per_gpu < 1000;
+        return h('li', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id} ${j.name || ''}`), ` ${j.owner} · `,
+          frac ? `${Math.round(p.milli_per_gpu / 10)}% share${p.memory_mib_per_gpu ? `, ${bytes(p.memory_mib_per_gpu * 2 ** 20)}` : ''}` : 'whole GPU');
+      }) : h('li', { class: 'muted' }, 'no job')));
+}
+
+function historySeries() {
+  const hs = S.history.samples;
+  const to = Math.max(Date.now() / 1000, hs.length ? hs[hs.length - 1].at : 0);
+  // The last hour, or since the history begins (at least two minutes).
+  const first = hs.length ? hs[0].at : to;
+  const from = Math.min(to - 120, Math.max(first, to - Math.min(S.history.window_s, 3600)));
+  const perGpu = (key, scale = 1) => S.gpus.map((g, i) => ({
+    name: `GPU ${g.index}`,
+    color: PALETTE[i % PALETTE.length],
+    points: hs.map((s) => [s.at, s[key] && s[key][i] !== null && s[key][i] !== undefined ? s[key][i] * scale : null]),
+  }));
+  const hasUtil = hs.some((s) => s.util && s.util.some((v) => v !== null));
+  const hasMem = hs.some((s) => s.mem && s.mem.some((v) => v !== null));
+  return { hs, from, to, perGpu, hasUtil, hasMem };
+}
+
+function chartsPanel() {
+  const { hs, from, to, perGpu, hasUtil, hasMem } = historySeries();
+  const n = S.gpus.length;
+  const wrap = h('div', { class: 'charts', id: 'charts' },
+    lineChart({ id: 'chart-util', title: hasUtil ? 'Utilization per GPU' : 'Allocated share per GPU (no utilization: simulated machine)',
+      series: perGpu(hasUtil ? 'util' : 'alloc', 100), from, to, yMax: 100, format: (v) => `${Math.round(v)}%` }),
+    lineChart({ id: 'chart-mem', title: hasMem ? 'Memory used per GPU' : 'Memory allocated per GPU',
+      series: perGpu(hasMem ? 'mem' : 'alloc_mem', 1 / 2 ** 30), from, to, format: (v) => `${Math.round(v)} GiB` }),
+    lineChart({ id: 'chart-jobs', title: 'Jobs queued and running', from, to,
+      series: [{ name: 'queued', color: '#e67700', points: hs.map((s) => [s.at, s.queued]) },
+        { name: 'running', color: '#2b8a3e', points: hs.map((s) => [s.at, s.running]) }],
+      format: (v) => String(Math.round(v * 10) / 10) }),
+    lineChart({ id: 'chart-alloc', title: 'GPUs allocated and idle', from, to, yMax: Math.max(1, n),
+      series: [{ name: 'allocated', color: '#1f5fbf', points: hs.map((s) => [s.at, s.allocated]) },
+        { name: 'idle', color: '#868e96', points: hs.map((s) => [s.at, s.healthy - s.busy]) }],
+      format: (v) => String(Math.round(v * 10) / 10) }));
+  return wrap;
+}
+
+function quotaTable() {
+  if (!S.quotas.length) return h('p', { class: 'muted' }, 'No quotas are set (quotas and group_quotas in the server\'s config).');
+  const cell = (used, limit, fmt = String) => (limit === null ? `${fmt(used)} (no limit)` : `${fmt(used)} of ${fmt(limit)}`);
+  return h('table', {},
+    h('thead', {}, h('tr', {}, ['Who', 'GPUs', 'Compute', 'Memory', 'Borrowing'].map((t) => h('th', { scope: 'col' }, t)))),
+    h('tbody', {}, S.quotas.map((q) => h('tr', {},
+      h('td', {}, `${q.kind} ${q.name}`),
+      h('td', {}, cell(q.used.gpus, q.limit.gpus)),
+      h('td', {}, cell(q.used.gpu_milli, q.limit.gpu_milli, (v) => `${(v / 1000).toFixed(1)} GPU`)),
+      h('td', {}, cell(q.used.gpu_memory_mib, q.limit.gpu_memory_mib, (v) => bytes(v * 2 ** 20))),
+      h('td', {}, q.borrow ? `yes${q.cohort ? ` (cohort ${q.cohort})` : ''}` : 'no')))));
+}
+
+function overview() {
+  view.name = 'overview';
+  const render = () => {
+    fill(main, 
+      h('h1', {}, `GPUs of ${S.info ? S.info.hostname : ''}`),
+      S.simulated ? h('div', { class: 'note' }, `Simulated machine (${S.info ? S.info.source : ''}): jobs get no real GPU; utilization is not measured.`) : null,
+      summary(),
+      h('h2', {}, 'Topology'),
+      h('div', { class: 'panel topology' }, topologyDiagram(S.gpus, S.links)),
+      h('h2', {}, 'GPUs'),
+      h('div', { class: 'tiles' }, S.gpus.map(gpuTile)),
+      h('h2', {}, 'The last hour'),
+      chartsPanel(),
+      h('h2', {}, 'Quotas'),
+      quotaTable());
+  };
+  view.update = render;
+  view.charts = () => {
+    const old = document.getElementById('charts');
+    if (old) old.replaceWith(chartsPanel());
+  };
+  render();
+}
+
+function jobsTable(rows) {
+  return h('table', { id: 'jobs-table' },
+    h('caption', { class: 'muted', style: 'text-align:left' }, `${rows.length} job${rows.length === 1 ? '' : 's'}`),
+    h('thead', {}, h('tr', {}, ['Job', 'Name', 'Owner', 'State', 'Asks', 'Priority', 'Submitted', 'Why / where'].map((t) => h('th', { scope: 'col' }, t)))),
+    h('tbody', {}, rows.map((j) => h('tr', { class: 'row', 'data-job': j.id },
+      h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id}`)),
+      h('td', {}, j.name || ''),
+      h('td', {}, j.owner),
+      h('td', {}, stateCell(j.held ? 'held' : j.state)),
+      h('td', {}, shape(j)),
+      h('td', {}, String(j.priority)),
+      h('td', {}, ago(j.submitted_at)),
+      h('td', {}, j.state === 'queued' ? (j.waiting || j.reason || '') : j.state === 'running' && j.placement
+        ? `GPU ${(j.placement.gpus || []).map((g) => g.index).join(', ')}` : j.reason || '')))));
+}
+
+function field(label, name, attrs = {}) {
+  const id = `f-${name}`;
+  return h('div', { class: `field ${attrs.wide ? 'wide' : ''}` },
+    h('label', { for: id }, label),
+    h('input', { id, name, ...attrs, wide: undefined, 'aria-describedby': `${id}-err` }),
+    h('span', { class: 'err', id: `${id}-err`, role: 'alert' }));
+}
+
+// Which form field an API error is about ("resources.gpus: ..." names gpus).
+const FIELD_OF = { command: 'command', name: 'name', priority: 'priority', 'resources.gpus': 'gpus',
+  'resources.gpu_memory': 'gpu_memory', 'resources.gpu_share': 'gpu_share', 'resources.model': 'model' };
+
+function submitForm() {
+  const form = h('form', { class: 'form panel', id: 'submit', 'aria-label': 'Submit a job', novalidate: true },
+    field('Command (run by sh -c)', 'command', { required: true, wide: true, placeholder: 'python train.py' }),
+    field('Name', 'name', { placeholder: 'optional' }),
+    field('GPUs', 'gpus', { inputmode: 'numeric', size: 4 }),
+    field('GPU share', 'gpu_share', { placeholder: '30%', size: 6 }),
+    field('GPU memory', 'gpu_memory', { placeholder: '10GiB', size: 8 }),
+    field('GPU model', 'model', { placeholder: 'H100', size: 10 }),
+    field('Priority', 'priority', { inputmode: 'numeric', size: 5, placeholder: '0' }),
+    h('button', { class: 'primary', type: 'submit' }, 'Submit'),
+    h('div', { class: 'err', id: 'submit-err', role: 'alert' }));
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    for (const e of form.querySelectorAll('.err')) e.textContent = '';
+    for (const e of form.querySelectorAll('input')) e.removeAttribute('aria-invalid');
+    const v = (n) => form.elements[n].value.trim();
+    const spec = { command: ['sh', '-c', v('command')], resources: {} };
+    if (!v('command')) spec.command = [];
+    if (v('name')) spec.name = v('name');
+    // Numbers as numbers when they are; anything else goes as typed, for the API to judge.
+    const num = (s) => (/^-?\d+$/.test(s) ? Number(s) : s);
+    if (v('gpus')) spec.resources.gpus = num(v('gpus'));
+    if (v('gpu_share')) spec.resources.gpu_share = v('gpu_share');
+    if (v('gpu_memory')) spec.resources.gpu_memory = v('gpu_memory');
+    if (v('model')) spec.resources.model = v('model');
+    if (v('priority')) spec.priority = num(v('priority'));
+    try {
+      const job = await call('POST', '/v1/jobs', spec);
+      form.reset();
+      location.hash = `#/jobs/${job.id}`;
+    } catch (e) {
+      if (e.status === 401) return signIn(e.message);
+      const key = Object.keys(FIELD_OF).find((k) => e.message.startsWith(`${k}:`) || e.message.startsWith(`${k} `));
+      const target = key ? form.elements[FIELD_OF[key]] : null;
+      if (target) {
+        target.setAttribute('aria-invalid', 'true');
+        document.getElementById(`f-${FIELD_OF[key]}-err`).textContent = e.message;
+        target.focus();
+      } else {
+        document.getElementById('submit-err').textContent = e.message;
+      }
+    }
+  });
+  return form;
+}
+
+function jobsView() {
+  view.name = 'jobs';
+  const sel = (label, id, values) => h('div', { class: 'field' }, h('label', { for: id }, label),
+    h('select', { id, onchange: () => drawTable() }, h('option', { value: '' }, 'all'), values.map((x) => h('option', { value: x }, x))));
+  const users = [...new Set(S.jobs.map((j) => j.owner))].sort();
+  const models = [...new Set(S.gpus.map((g) => g.model))].sort();
+  const filters = h('div', { class: 'filters', role: 'search', 'aria-label': 'Filter jobs' },
+    sel('User', 'flt-user', users),
+    sel('State', 'flt-state', ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'preempted', 'lost']),
+    sel('GPU model', 'flt-model', models));
+  const tableBox = h('div', { id: 'jobs-box' });
+  function drawTable() {
+    const u = document.getElementById('flt-user').value;
+    const st = document.getElementById('flt-state').value;
+    const m = document.getElementById('flt-model').value;
+    const rows = S.jobs.filter((j) => (!u || j.owner === u) && (!st || j.state === st) &&
+      (!m || (j.placement && (j.placement.gpus || []).some((g) => S.gpus[g.index] && S.gpus[g.index].model === m)) ||
+        (j.spec && j.spec.resources && [].concat(j.spec.resources.model || []).includes(m))))
+      .slice().reverse();
+    fill(tableBox, jobsTable(rows));
+  }
+  fill(main, h('h1', {}, 'Jobs'), h('h2', {}, 'Submit'), submitForm(), h('h2', {}, 'Queue and history'), filters, tableBox);
+  drawTable();
+  view.update = () => {
+    const userSel = document.getElementById('flt-user');
+    for (const o of new Set(S.jobs.map((j) => j.owner))) {
+      if (![...userSel.options].some((x) => x.value === o)) userSel.append(h('option', { value: o }, o));
+    }
+    drawTable();
+  };
+}
+
+function jobView(id) {
+  view.name = 'job';
+  view.jobId = id;
+  const head = h('div', {});
+  const body = h('div', {});
+  const logs = h('pre', { id: 'logs', 'aria-label': 'Standard output', tabindex: 0 }, '');
+  const errs = h('pre', { id: 'errs', 'aria-label': 'Standard error', tabindex: 0, hidden: true }, '');
+  const offsets = { stdout: 0, stderr: 0 };
+  const actionErr = h('div', { class: 'err', role: 'alert', id: 'action-err' });
+  let job = null;
+  let logTimer = null;
+  // The log is not in the event stream: read from where it was left, again every 2 s while the
+  // job runs and this page is open, and once more when it ends.
+  async function tail() {
+    if (view.jobId !== id) return;
+    clearTimeout(logTimer);
+    logTimer = null;
+    let ended = false;
+    try {
+      for (const stream of ['stdout', 'stderr']) {
+        for (;;) {
+          const r = await call('GET', `/v1/jobs/${id}/logs?stream=${stream}&offset=${offsets[stream]}`);
+          ended = r.ended;
+          if (!r.data) break;
+          offsets[stream] = r.next_offset;
+          const pane = stream === 'stdout' ? logs : errs;
+          pane.textContent = (pane.textContent + r.data).slice(-200000);
+          pane.hidden = false;
+          pane.scrollTop = pane.scrollHeight;
+        }
+      }
+    } catch (e) {
+      if (e.status === 401) return signIn(e.message);
+      if (!offsets.stdout && !offsets.stderr) logs.textContent = `(${e.message})`;
+      ended = e.status === 403 || e.status === 404;
+    }
+    if (!ended && view.jobId === id) logTimer = setTimeout(tail, 2000);
+  }
+  function priorityControl(j) {
+    const input = h('input', { id: 'priority', inputmode: 'numeric', size: 5, value: String(j.priority), 'aria-describedby': 'action-err' });
+    return h('form', { class: 'actions', 'aria-label': 'Priority', onsubmit: (ev) => {
+      ev.preventDefault();
+      const v = input.value.trim();
+      act('priority', { priority: /^-?\d+$/.test(v) ? Number(v) : v });
+    } }, h('label', { for: 'priority' }, 'Priority'), input, h('button', { type: 'submit', id: 'set-priority' }, 'Set'));
+  }
+  async function act(what, body) {
+    actionErr.textContent = '';
+    try {
+      await call('POST', `/v1/jobs/${id}/${what}`, body);
+      await load();
+    } catch (e) {
+      if (e.status === 401) return signIn(e.message);
+      actionErr.textContent = e.message;
+    }
+  }
+  async function load() {
+    try {
+      job = await call('GET', `/v1/jobs/${id}`);
+    } catch (e) {
+      if (e.status === 401) return signIn(e.message);
+      fill(main, h('h1', {}, `Job ${id}`), h('div', { class: 'alert' }, e.message));
+      return;
+    }
+    const live = job.state === 'queued' || job.state === 'running';
+    fill(head, 
+      h('h1', {}, `Job #${job.id} ${job.name || ''} `, stateCell(job.held ? 'held' : job.state)),
+      h('div', { class: 'actions' },
+        h('button', { class: 'danger', id: 'cancel', disabled: !live, onclick: () => act('cancel') }, 'Cancel'),
+        job.state === 'queued' ? h('button', { id: 'hold', onclick: () => act(job.held ? 'release' : 'hold') }, job.held ? 'Release' : 'Hold') : null,
+        job.state === 'queued' ? priorityControl(job) : null,
+        job.stopping ? h('span', { class: 'badge warn' }, `stopping: ${job.stopping}`) : null,
+        actionErr));
+    fill(body, 
+      job.waiting ? h('div', { class: 'note', id: 'waiting' }, h('b', {}, 'Waiting: '), job.waiting) : null,
+      h('dl', { class: 'kv panel' },
+        h('dt', {}, 'owner'), h('dd', {}, job.owner),
+        h('dt', {}, 'asks'), h('dd', {}, shape(job)),
+        h('dt', {}, 'priority'), h('dd', {}, String(job.priority)),
+        h('dt', {}, 'submitted'), h('dd', {}, ago(job.submitted_at)),
+        h('dt', {}, 'started'), h('dd', {}, ago(job.started_at)),
+        h('dt', {}, 'ended'), h('dd', {}, job.ended_at ? `${ago(job.ended_at)}, exit code ${job.exit_code ?? '–'}` : '–'),
+        h('dt', {}, 'placed on'), h('dd', {}, job.placement ? `GPU ${(job.placement.gpus || []).map((g) => g.index).join(', ')}` : '–'),
+        job.expected_start ? [h('dt', {}, 'expected start'), h('dd', {}, new Date(job.expected_start * 1000).toLocaleTimeString())] : null),
+      h('h2', {}, 'Events'),
+      h('table', { id: 'events' },
+        h('thead', {}, h('tr', {}, ['When', 'State', 'Why'].map((t) => h('th', { scope: 'col' }, t)))),
+        h('tbody', {}, (job.events || []).map((e) => h('tr', {}, h('td', {}, new Date(e.at * 1000).toLocaleTimeString()), h('td', {}, stateCell(e.state)), h('td', {}, e.reason))))),
+      h('h2', {}, 'Spec'),
+      h('pre', { 'aria-label': 'Spec' }, JSON.stringify(job.spec, null, 2)),
+      job.details_hidden ? h('p', { class: 'muted' }, job.details_hidden) : null);
+  }
+  view.refreshJob = debounce(async () => {
+    await load();
+    tail();
+  }, 100);
+  view.update = () => {};
+  fill(main, h('p', {}, h('a', { href: '#/jobs' }, '← Jobs')), head, body, h('h2', {}, 'Log'), logs, errs);
+  load().then(() => tail());
+}
+
+function signIn(message) {
+  if (S.stopStream) S.stopStream();
+  S.stopStream = null;
+  setToken('');
+  view.name = 'signin';
+  document.getElementById('signout').hidden = true;
+  document.getElementById('who').textContent = '';
+  const input = h('input', { id: 'token', type: 'password', autocomplete: 'off', required: true, 'aria-describedby': 'token-help' });
+  const form = h('form', { class: 'panel signin', 'aria-label': 'Sign in' },
+    h('h1', {}, 'Sign in'),
+    message ? h('div', { class: 'alert', role: 'alert' }, message) : null,
+    h('div', { class: 'field' }, h('label', { for: 'token' }, 'API token'), input),
+    h('p', { class: 'muted', id: 'token-help' }, 'A bearer token from the server\'s config (tcp.tokens). It is kept for this browser tab only.'),
+    h('button', { class: 'primary', type: 'submit' }, 'Sign in'));
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    setToken(input.value.trim());
+    start();
+  });
+  fill(main, form);
+  input.focus();
+}
+
+function route() {
+  const hash = location.hash || '#/';
+  for (const a of document.querySelectorAll('[data-nav]')) a.removeAttribute('aria-current');
+  view.jobId = null;
+  let m;
+  if ((m = hash.match(/^#\/jobs\/(\d+)$/))) {
+    document.querySelector('[data-nav=jobs]').setAttribute('aria-current', 'page');
+    jobView(Number(m[1]));
+  } else if (hash === '#/jobs') {
+    document.querySelector('[data-nav=jobs]').setAttribute('aria-current', 'page');
+    jobsView();
+  } else {
+    document.querySelector('[data-nav=overview]').setAttribute('aria-current', 'page');
+    overview();
+  }
+}
+
+async function start() {
+  if (!token()) return signIn('');
+  try {
+    await loadAll();
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) return signIn(e.message);
+    fill(main, h('div', { class: 'alert' }, `The server did not answer: ${e.message}. Retrying…`));
+    setTimeout(start, 2000);
+    return;
+  }
+  document.getElementById('host').textContent = `${S.info.hostname}${S.simulated ? ' (simulated)' : ''}`;
+  document.getElementById('who').textContent = `${S.me.user}${S.me.admin ? ' (admin)' : ''}`;
+  const out = document.getElementById('signout');
+  out.hidden = false;
+  out.onclick = () => signIn('Signed out.');
+  if (S.stopStream) S.stopStream();
+  S.stopStream = openStream(onEvent, setLive);
+  route();
+}
+
+window.addEventListener('hashchange', () => {
+  if (view.name !== 'signin') route();
+});
+takeTokenFromAddress();
+start();

@@ -1,0 +1,180 @@
+// The dashboard in a real browser (Debian's chromium, headless, through playwright-core) against a
+// `tessera server` on a simulated DGX H100: what a user sees and may do, and what they may not.
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { ADMIN_TOKEN, ME, OTHER, OTHER_TOKEN, Server, USER_TOKEN, launchBrowser, openPage } from './harness.mjs';
+
+let server;
+let browser;
+
+before(async () => {
+  server = await new Server({ extra: `quotas:\n  ${ME}: {gpus: 6}\n` }).start();
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  if (server) {
+    if (server.proc) {
+      const live = await server.api(ADMIN_TOKEN, 'GET', '/v1/jobs?state=queued,running');
+      for (const j of live.body.jobs || []) await server.api(ADMIN_TOKEN, 'POST', `/v1/jobs/${j.id}/cancel`);
+    }
+    await server.remove();
+  }
+});
+
+const sh = (cmd) => ['sh', '-c', cmd];
+
+test('the overview shows every GPU, the topology, the quotas and charts with data', async () => {
+  const page = await openPage(browser, server, USER_TOKEN);
+  await page.waitForSelector('.tile');
+  assert.equal(await page.locator('.tile').count(), 8);
+  for (let i = 0; i < 8; i++) {
+    const tile = page.locator(`.tile[data-gpu="${i}"]`);
+    assert.match(await tile.innerText(), new RegExp(`GPU ${i}[\\s\\S]*NVIDIA H100 80GB HBM3[\\s\\S]*of 80 GiB`));
+  }
+  const topo = await page.locator('.topology svg').getAttribute('aria-label');
+  assert.match(topo, /NVSwitch \(NV18\)/);
+  assert.match(topo, /NUMA node 0: GPUs 0, 1, 2, 3; NUMA node 1: GPUs 4, 5, 6, 7/);
+  assert.match(await page.locator('table').last().innerText(), new RegExp(`user ${ME}\\s+0 of 6`));
+  assert.equal(await page.locator('#who').innerText(), ME);
+  // Samples come every 0.5 s: the charts get points without a reload.
+  await page.waitForFunction(() => Number(document.querySelector('#chart-jobs')?.dataset.points) >= 6, null, { timeout: 10000 });
+  await page.waitForSelector('#live.on');
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a job submitted in the page appears, runs, shows its log, and can be cancelled', async () => {
+  const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
+  await page.fill('#f-command', 'echo hello-from-the-page; sleep 60');
+  await page.fill('#f-name', 'from-page');
+  await page.fill('#f-gpus', '1');
+  await page.click('#submit button[type=submit]');
+  await page.waitForURL(/#\/jobs\/\d+$/);
+  const id = Number(page.url().match(/#\/jobs\/(\d+)$/)[1]);
+  // Running, and said so by the stream (no reload), with its output.
+  await page.waitForSelector('h1 .state-running', { timeout: 10000 });
+  await page.waitForFunction(() => document.querySelector('#logs').textContent.includes('hello-from-the-page'), null, { timeout: 10000 });
+  const job = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body;
+  assert.equal(job.name, 'from-page');
+  assert.equal(job.owner, ME);
+  assert.deepEqual(job.spec.command, sh('echo hello-from-the-page; sleep 60'));
+  // The overview's tile of its GPU lists it.
+  const gpu = job.placement.gpus[0].index;
+  await page.evaluate(() => { location.hash = '#/'; });
+  await page.waitForSelector(`.tile[data-gpu="${gpu}"] a[href="#/jobs/${id}"]`);
+  // Cancel from its page.
+  await page.evaluate((j) => { location.hash = `#/jobs/${j}`; }, id);
+  await page.click('#cancel');
+  await page.waitForSelector('h1 .state-cancelled', { timeout: 10000 });
+  assert.match(await page.locator('#events').innerText(), new RegExp(`cancelled\\s+cancelled by ${ME}`));
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a bad value gets the API\'s message beside its field, and nothing is submitted', async () => {
+  const before = (await server.api(USER_TOKEN, 'GET', '/v1/jobs')).body.jobs.length;
+  const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
+  await page.fill('#f-command', 'true');
+  await page.fill('#f-gpus', '100');
+  await page.click('#submit button[type=submit]');
+  await page.waitForFunction(() => document.querySelector('#f-gpus-err').textContent !== '');
+  assert.match(await page.locator('#f-gpus-err').innerText(), /^resources\.gpus: /);
+  assert.equal(await page.locator('#f-gpus').getAttribute('aria-invalid'), 'true');
+  await page.fill('#f-gpus', '');
+  await page.fill('#f-gpu_memory', 'lots');
+  await page.click('#submit button[type=submit]');
+  await page.waitForFunction(() => document.querySelector('#f-gpu_memory-err').textContent !== '');
+  assert.match(await page.locator('#f-gpu_memory-err').innerText(), /^resources\.gpu_memory: /);
+  assert.equal((await server.api(USER_TOKEN, 'GET', '/v1/jobs')).body.jobs.length, before);
+  assert.ok(page.url().endsWith('#/jobs'));
+  await page.context().close();
+});
+
+test('another user sees the job but cannot cancel it or change its priority: the API\'s refusal is shown', async () => {
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { command: sh('sleep 60'), resources: { gpus: 1 }, hold: true });
+  assert.equal(sub.status, 201);
+  const id = sub.body.id;
+  const page = await openPage(browser, server, OTHER_TOKEN, `#/jobs/${id}`);
+  await page.waitForSelector('#cancel');
+  assert.equal(await page.locator('#who').innerText(), OTHER);
+  await page.click('#cancel');
+  await page.waitForFunction(() => document.querySelector('#action-err').textContent !== '');
+  assert.match(await page.locator('#action-err').innerText(), new RegExp(`belongs to ${ME}; only its owner or an admin may cancel it`));
+  await page.fill('#priority', '5');
+  await page.click('#set-priority');
+  await page.waitForFunction(() => /change its priority/.test(document.querySelector('#action-err').textContent));
+  // Its logs are its owner's.
+  assert.match(await page.locator('#logs').innerText(), /owner and admins/);
+  const job = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body;
+  assert.equal(job.state, 'queued');
+  assert.equal(job.priority, 0);
+  await page.context().close();
+
+  // Its owner may: the new priority and its event show.
+  const own = await openPage(browser, server, USER_TOKEN, `#/jobs/${id}`);
+  await own.waitForSelector('#priority');
+  await own.fill('#priority', '-5');
+  await own.click('#set-priority');
+  await own.waitForFunction(() => /priority 0 -> -5 by/.test(document.querySelector('#events').textContent));
+  assert.equal((await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body.priority, -5);
+  // Above the ceiling (0 for users who are not admins): refused, said.
+  await own.fill('#priority', '50');
+  await own.click('#set-priority');
+  await own.waitForFunction(() => /above .*ceiling of 0/.test(document.querySelector('#action-err').textContent));
+  assert.deepEqual(own.errors, []);
+  await own.context().close();
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${id}/cancel`);
+});
+
+test('a GPU\'s health event turns its tile red within a second', async () => {
+  const page = await openPage(browser, server, USER_TOKEN);
+  await page.waitForSelector('.tile[data-gpu="5"]');
+  await page.waitForSelector('#live.on');
+  assert.equal(await page.locator('.tile[data-gpu="5"].unhealthy').count(), 0);
+  const res = await server.api(ADMIN_TOKEN, 'POST', '/v1/gpus/5/simulate', { xid: 79 });
+  assert.equal(res.status, 202);
+  const t0 = Date.now();
+  await page.waitForSelector('.tile[data-gpu="5"].unhealthy', { timeout: 1000 });
+  const took = Date.now() - t0;
+  assert.ok(took <= 1000, `took ${took} ms`);
+  assert.match(await page.locator('.tile[data-gpu="5"]').innerText(), /XID 79/);
+  // Only an admin may do that.
+  assert.equal((await server.api(USER_TOKEN, 'POST', '/v1/gpus/4/simulate', { xid: 79 })).status, 403);
+  await page.context().close();
+});
+
+test('no token or a wrong one shows the sign-in page, never a stack trace; signing in works', async () => {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await page.goto(`${server.url}/`);
+  await page.waitForSelector('form[aria-label="Sign in"]');
+  await page.fill('#token', 'not-a-token-at-all-0000');
+  await page.click('form[aria-label="Sign in"] button');
+  await page.waitForSelector('form[aria-label="Sign in"] .alert');
+  assert.equal(await page.locator('form[aria-label="Sign in"] .alert').innerText(), 'unknown bearer token');
+  await page.fill('#token', USER_TOKEN);
+  await page.click('form[aria-label="Sign in"] button');
+  await page.waitForSelector('.tile');
+  // A token that stops working (here: signed out) goes back to the sign-in page.
+  await page.click('#signout');
+  await page.waitForSelector('form[aria-label="Sign in"]');
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('tessera.token')), null);
+  await context.close();
+});
+
+test('the page survives the server restarting: it reconnects and shows what changed meanwhile', async () => {
+  const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
+  await page.waitForSelector('#jobs-table');
+  await page.waitForSelector('#live.on');
+  await server.stop();
+  await page.waitForSelector('#live.off', { timeout: 10000 });
+  await server.start();
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'after-restart', command: sh('sleep 30'), resources: { gpus: 1 } });
+  await page.waitForSelector('#live.on', { timeout: 15000 });
+  await page.waitForSelector(`#jobs-table tr[data-job="${sub.body.id}"]`, { timeout: 10000 });
+  assert.match(await page.locator(`#jobs-table tr[data-job="${sub.body.id}"]`).innerText(), /after-restart/);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
