@@ -130,7 +130,7 @@ const refreshJobs = debounce(async () => {
 }, 150);
 
 function onEvent(type, data) {
-  if (type === 'hello') {
+  if (type === 'hello' || type === 'reset') {
     // (Re)connected: what was missed while away comes as events; the rest is fetched again.
     loadAll().then(update).catch(() => {});
   } else if (type === 'job') {

@@ -1,6 +1,7 @@
 // The dashboard in a real browser (Debian's chromium, headless, through playwright-core) against a
 // `tessera server` on a simulated DGX H100: what a user sees and may do, and what they may not.
 import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
 import { after, before, test } from 'node:test';
 import { ADMIN_TOKEN, ME, OTHER, OTHER_TOKEN, Server, USER_TOKEN, launchBrowser, openPage } from './harness.mjs';
 
@@ -177,4 +178,37 @@ test('the page survives the server restarting: it reconnects and shows what chan
   assert.match(await page.locator(`#jobs-table tr[data-job="${sub.body.id}"]`).innerText(), /after-restart/);
   assert.deepEqual(page.errors, []);
   await page.context().close();
+});
+
+// Accessibility by axe-core's WCAG 2 A and AA rules (labels, names, contrast, landmarks...): every
+// page kind, no violation. (axe is injected past the page's CSP, which would refuse it.)
+test('every page passes axe-core\'s WCAG 2 A and AA checks', async () => {
+  const axe = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'a11y', command: sh('echo out; echo err >&2; sleep 30'), resources: { gpus: 1 } });
+  const context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  const check = async (what) => {
+    await page.addScriptTag({ path: axe });
+    const found = await page.evaluate(async () => {
+      const r = await window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] });
+      return r.violations.map((v) => `${v.id} (${v.impact}): ${v.help}: ${v.nodes.map((n) => n.target.join(' ')).slice(0, 3).join(', ')}`);
+    });
+    assert.deepEqual(found, [], `${what}:\n${found.join('\n')}`);
+  };
+  await page.goto(`${server.url}/`);
+  await page.waitForSelector('form[aria-label="Sign in"]');
+  await check('sign-in page');
+  await page.fill('#token', USER_TOKEN);
+  await page.click('form[aria-label="Sign in"] button');
+  await page.waitForSelector('.tile');
+  await page.waitForFunction(() => Number(document.querySelector('#chart-jobs')?.dataset.points) > 0);
+  await check('overview');
+  await page.evaluate(() => { location.hash = '#/jobs'; });
+  await page.waitForSelector('#jobs-table');
+  await check('jobs');
+  await page.evaluate((id) => { location.hash = `#/jobs/${id}`; }, sub.body.id);
+  await page.waitForFunction(() => document.querySelector('#errs') && !document.querySelector('#errs').hidden);
+  await check('a job');
+  await context.close();
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
 });

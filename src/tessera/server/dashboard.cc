@@ -24,8 +24,9 @@ namespace {
 // A stream with nothing to say writes a comment this often: proxies keep it open, and a client
 // that went away is noticed.
 constexpr double kKeepAliveS = 15;
-// Job events read from the store in one go.
+// Job events read from the store in one go, and at most replayed to a client that comes back.
 constexpr int kEventBatch = 500;
+constexpr int64_t kMaxReplay = 5000;
 
 template <typename T>
 json Nullable(const std::optional<T>& v) {
@@ -206,6 +207,13 @@ HttpResponse Server::Stream(const HttpRequest& req, const std::string& user, boo
                         {"admin", admin},
                         {"interval_s", config_.history_interval_s}};
     if (!write("retry: 2000\n" + SseEvent("hello", hello.dump()))) return;
+    // A client that missed more than kMaxReplay events reads everything again (it does on hello
+    // anyway) rather than be sent each of them: it is told so, and goes on from now.
+    if (auto last = store_->LastEventSeq(); last.ok() && *last - cursor > kMaxReplay) {
+      if (!write(SseEvent("reset", json{{"seq", *last}, {"missed", *last - cursor}}.dump(), *last)))
+        return;
+      cursor = *last;
+    }
     uint64_t seen = 0;
     auto said = std::chrono::steady_clock::now();
     for (;;) {

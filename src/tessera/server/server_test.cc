@@ -36,7 +36,7 @@ class ServerTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void StartServer() {
+  void StartServer(bool health = false) {
     server_.reset();
     ServerDeps deps;
     deps.clock = &clock_;
@@ -44,7 +44,7 @@ class ServerTest : public ::testing::Test {
     auto s = Server::Create(config_, std::move(deps));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    ASSERT_TRUE(server_->Start({.listen = false, .loop = false, .health = false}).ok());
+    ASSERT_TRUE(server_->Start({.listen = false, .loop = false, .health = health}).ok());
   }
 
   json Call(const std::string& method, const std::string& path, const json& body = nullptr,
@@ -610,7 +610,7 @@ TEST_F(ServerTest, QuotasShowTheirLimitsAndUse) {
 }
 
 TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
-  StartServer();
+  StartServer(/*health=*/true);
   HttpRequest req;
   req.method = "GET";
   req.path = req.target = "/v1/stream";
@@ -642,6 +642,9 @@ TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   EXPECT_TRUE(wait_for(R"("reason":"placed on GPU 0","state":"running")")) << got;
   server_->TakeSample();
   EXPECT_TRUE(wait_for("event: sample")) << got;
+  Call("POST", "/v1/gpus/1/simulate", {{"xid", 79}});
+  EXPECT_TRUE(wait_for("event: gpu\ndata: {\"healthy\":false,\"index\":1,\"reason\":\"XID 79"))
+      << got;
   server_->Stop();  // the stream ends with the server
   reader.join();
   EXPECT_THAT(got, HasSubstr("id: 1\nevent: job\ndata: {\"at\":"));
@@ -712,6 +715,37 @@ TEST_F(ServerTest, PagesAreServedToAnyoneTheApiOnlyWithAToken) {
   EXPECT_EQ(server_->Handle(r).status, 401);
   r.path = r.target = "/v1/stream";
   EXPECT_EQ(server_->Handle(r).status, 401);
+}
+
+// The health watch is a thread of its own (reading the simulated machine's events); what follows
+// is the server's, turn by turn on the fake clock.
+TEST_F(ServerTest, AnUnhealthyGpusJobIsStoppedAndRunsAgainOnAnother) {
+  StartServer(/*health=*/true);
+  int64_t id = Submit(1, 100);
+  Settle();
+  ASSERT_EQ(Job(id)["placement"]["gpus"][0]["index"], 0);
+  int status = 0;
+  Call("POST", "/v1/gpus/0/simulate", {{"xid", 79}}, &status);
+  ASSERT_EQ(status, 202);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Call("GET", "/v1/gpus")["gpus"][0]["healthy"].get<bool>()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the health watch never told";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Settle();  // SIGTERM to the job on it
+  EXPECT_EQ(State(id), "running") << "still stopping";
+  Advance(2);  // the fake launcher's stop latency
+  Settle();
+  json j = Job(id);
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
+  std::vector<std::string> states;
+  for (const json& e : j["events"]) states.push_back(e["state"]);
+  EXPECT_THAT(states, ::testing::ElementsAre("queued", "running", "preempted", "queued", "running"));
+  EXPECT_THAT(j["events"][2]["reason"].get<std::string>(), HasSubstr("GPU 0 turned unhealthy"));
+  json gpus = Call("GET", "/v1/gpus");
+  EXPECT_EQ(gpus["gpus"][0]["health_reason"], "XID 79");
+  EXPECT_EQ(gpus["gpus"][0]["allocated_milli"], 0);
 }
 
 }  // namespace
