@@ -741,7 +741,8 @@ TEST_F(ServerTest, AnUnhealthyGpusJobIsStoppedAndRunsAgainOnAnother) {
   EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
   std::vector<std::string> states;
   for (const json& e : j["events"]) states.push_back(e["state"]);
-  EXPECT_THAT(states, ::testing::ElementsAre("queued", "running", "preempted", "queued", "running"));
+  EXPECT_THAT(states,
+              ::testing::ElementsAre("queued", "running", "preempted", "queued", "running"));
   EXPECT_THAT(j["events"][2]["reason"].get<std::string>(), HasSubstr("GPU 0 turned unhealthy"));
   json gpus = Call("GET", "/v1/gpus");
   EXPECT_EQ(gpus["gpus"][0]["health_reason"], "XID 79");
