@@ -261,6 +261,10 @@ absl::Status ClusterState::Apply(Allocation a) {
   ++node.tag_counts[AffinityTag(r)];
   node_allocs_[a.node].push_back(a.id);
   NodeId n = a.node;
+  if (a.request.preemptible) {
+    ++preemptible_by_priority_[a.request.priority];
+    if (a.borrowed) ++borrowed_preemptible_;
+  }
   allocations_.emplace(a.id, std::move(a));
   Reclassify(n);
   return absl::OkStatus();
@@ -273,6 +277,11 @@ absl::StatusOr<Allocation> ClusterState::Remove(const std::string& id) {
   }
   Allocation a = std::move(it->second);
   allocations_.erase(it);
+  if (a.request.preemptible) {
+    auto p = preemptible_by_priority_.find(a.request.priority);
+    if (--p->second == 0) preemptible_by_priority_.erase(p);
+    if (a.borrowed) --borrowed_preemptible_;
+  }
   Node& node = nodes_[a.node];
   node.cpu_used -= a.request.cpu_milli;
   node.memory_used -= a.request.memory_mib;

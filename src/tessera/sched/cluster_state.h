@@ -6,6 +6,7 @@
 // thread-safe.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -97,6 +98,13 @@ class ClusterState {
   const std::unordered_map<std::string, Allocation>& allocations() const { return allocations_; }
   // Allocations on one node, in no particular order.
   std::vector<const Allocation*> AllocationsOn(NodeId n) const;
+  // Whether any preemptible allocation has a priority below `priority`; whether any preemptible
+  // one is on borrowed quota (kept as allocations come and go: a preemption planner's first
+  // question, which a scan of every allocation answered slowly in a full cluster).
+  bool AnyPreemptibleBelow(int priority) const {
+    return !preemptible_by_priority_.empty() && preemptible_by_priority_.begin()->first < priority;
+  }
+  bool AnyBorrowedPreemptible() const { return borrowed_preemptible_ > 0; }
 
   // Marks a GPU sick or well. A sick GPU takes no new work; what runs on it stays accounted.
   absl::Status SetGpuHealth(NodeId n, int gpu, bool healthy);
@@ -167,6 +175,8 @@ class ClusterState {
   std::unordered_map<std::string, NodeId> by_name_;
   std::unordered_map<std::string, Allocation> allocations_;
   std::vector<std::vector<std::string>> node_allocs_;
+  std::map<int, int64_t> preemptible_by_priority_;  // preemptible allocations by priority
+  int64_t borrowed_preemptible_ = 0;
 
   std::vector<Class> classes_;
   std::unordered_map<std::vector<uint64_t>, ClassId, KeyHash> class_index_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -197,11 +198,11 @@ std::vector<const std::string*> Cycle::OrderedIds() const {
 }
 
 const std::string* Cycle::Overlap(const Allocation& a, const std::vector<Reservation>& reserved) {
+  // The whole node, not only its GPUs: what the victims free is also CPU and memory, and a request
+  // that took those beside the reserved GPUs would leave the preemptor unable to start and
+  // preempting again, with no end (seen in a contended replay of the openb trace).
   for (const Reservation& r : reserved) {
-    if (r.node != a.node) continue;
-    for (int g : a.gpus) {
-      if (std::find(r.gpus->begin(), r.gpus->end(), g) != r.gpus->end()) return r.holder;
-    }
+    if (r.node == a.node) return r.holder;
   }
   return nullptr;
 }
@@ -255,8 +256,12 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   for (auto it = stopping_.begin(); it != stopping_.end();) {
     it = scheduler_.state().Find(*it) != nullptr ? std::next(it) : stopping_.erase(it);
   }
-  // Reasons of the memo keys that neither fit nor could make room in this pass.
+  // Reasons of the memo keys that neither fit nor could make room in this pass; and the memo keys
+  // (without a duration) that could not make room: what preemption can do for a request does not
+  // depend on how long it runs, and within a pass no new victim appears for a later request (what
+  // starts after it in the queue has no lower priority).
   std::unordered_map<std::string, std::string> no_fit;
+  std::unordered_set<std::string> no_room;
   std::set<std::string> gangs_seen, started;
   // Room made by preemption belongs to the request it was made for. Requests after it in this
   // pass do not take it (`reserved`, in queue order), and neither do requests before it that
@@ -273,6 +278,8 @@ std::vector<CycleDecision> Cycle::Step(double now) {
   std::vector<Backfill> backfill;
   int reservations_left = options_.reservations;
   int explain_left = 64;
+  int plans_left =
+      options_.preemption_plans > 0 ? options_.preemption_plans : std::numeric_limits<int>::max();
   // Takes the phantoms of the reservations that a request ending at `end` would not delay (all of
   // them with -infinity) out of the scheduler, and puts them back.
   auto lift = [&](double end) {
@@ -310,6 +317,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       preempted = true;
     }
     std::string memo = MemoKey(r);
+    const std::string shape_memo = memo;
     // With reservations, how long it runs decides whether it may take reserved GPUs.
     if (options_.reservations > 0) {
       memo.append(reinterpret_cast<const char*>(&r.expected_duration_s),
@@ -368,7 +376,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         // shape).
         (void)scheduler_.Release(r.id);
         e.waiting =
-            fmt::format("the free GPUs are reserved for {}, which preempted to get them", *holder);
+            fmt::format("its node is reserved for {}, which preempted to make room there", *holder);
         continue;
       }
       started.insert(r.id);
@@ -378,8 +386,10 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     e.waiting = WithoutSubject(std::string(placed.status().message()));
     // A quota says no for this owner only: others of the same shape may still fit.
     if (e.waiting.rfind("quota", 0) == 0) continue;
-    if (options_.preemption) {
+    if (options_.preemption && plans_left > 0 && !no_room.contains(shape_memo)) {
+      --plans_left;
       PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
+      if (!plan.possible) no_room.insert(shape_memo);
       if (plan.possible && !plan.victims.empty()) {
         CycleDecision d;
         d.kind = CycleDecision::Kind::kPreempt;

@@ -53,6 +53,11 @@ struct CycleOptions {
   // EASY backfill; more reserve for more of the queue (conservative). 0: none - a later request
   // takes any free GPU, so a large request can wait behind a stream of small ones.
   int reservations = 0;
+  // Preemption plans looked for in one Step, at most (for the first blocked requests in queue
+  // order, the ones preemption is for): each looks at every node, and a queue of thousands that
+  // cannot fit would otherwise cost that for each of them at every step. Later requests wait for a
+  // later step. 0: no limit.
+  int preemption_plans = 32;
 };
 
 struct CycleDecision {
@@ -132,7 +137,8 @@ class Cycle {
     const std::vector<int>* gpus;
     const std::string* holder;
   };
-  // The holder of a reservation that `a` overlaps, nullptr when none.
+  // The holder of a reservation on `a`'s node (room made by preemption: the node's GPUs, CPU and
+  // memory are its holder's until it starts), nullptr when none.
   static const std::string* Overlap(const Allocation& a, const std::vector<Reservation>& reserved);
   static Key KeyOf(const QueueEntry& e);
   // Places the whole gang of `first` (its members found in this pass's `order`) or says why not;

@@ -223,6 +223,35 @@ TEST(Cycle, RoomMadeByPreemptionIsNotTakenByALaterRequest) {
   EXPECT_THAT(*c.Waiting("small"), HasSubstr("no node fits"));
 }
 
+TEST(Cycle, CpuFreedByPreemptionIsNotTakenBesideTheReservedGpus) {
+  // 2 GPUs, 16 cores. GPU 0: a low-priority 60% share with 4 cores (the victim); GPU 1: a 50% share
+  // that may not be preempted, 1 core. The urgent whole GPU wants 12 cores: 11 are free, so the
+  // victim must go and GPU 0 is the urgent request's. A later 50% share of 8 cores fits now on
+  // GPU 1: placed, it would take the cores the urgent request counts on, which would then preempt
+  // it, and so on for ever (seen in a replay of the openb trace). The whole node is the urgent
+  // request's until it starts.
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2, 16000)).ok());
+  ASSERT_TRUE(s.Place(Prio(testing::Share("victim", 600, 4000), 0)).ok());
+  auto pinned = s.Place(Prio(testing::Share("pinned", 500, 1000), 0, /*preemptible=*/false));
+  ASSERT_TRUE(pinned.ok());
+  ASSERT_THAT(pinned->gpus, ElementsAre(1));
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 1, 12000), 10), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(testing::Share("later", 500, 8000), 0), 2, 2)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].kind, CycleDecision::Kind::kPreempt);
+  EXPECT_THAT(ds[0].victims, ElementsAre("victim"));
+  EXPECT_THAT(*c.Waiting("later"), HasSubstr("its node is reserved for urgent"));
+  EXPECT_EQ(s.state().Find("later"), nullptr);
+  ASSERT_TRUE(s.Release("victim").ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(testing::Share("victim", 600, 4000), 0), 0, 0)).ok());
+  ds = c.Step(6);
+  EXPECT_THAT(Started(ds), ElementsAre("urgent"));
+  for (const CycleDecision& d : ds) EXPECT_NE(d.kind, CycleDecision::Kind::kPreempt);
+}
+
 TEST(Cycle, FairShareServesTheOwnerWhoUsedLeastFirstWithinAPriority) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
