@@ -5,9 +5,9 @@
 //   (b) Tessera as before issue 17: its default policy set and priorities;
 //   (c) (b) with predicted durations (from the jobs that finished earlier in the replay) and
 //       backfill with 8 reservations.
-// Preemption is off in all three: with it, a contended replay spends most of its time planning
-// preemptions (Scheduler::PlanPreemption for every blocked shape at every event;
-// docs/simulator.md). Usage: replay_experiment [COMPRESSION...] [--cluster FRACTION] [--out DIR].
+// Preemption is off in all three unless --preemption turns it on for (b) and (c), as the standalone
+// server has it ((a) ignores priorities, so it would preempt nothing). Usage:
+// replay_experiment [COMPRESSION...] [--cluster FRACTION] [--preemption] [--out DIR].
 // --cluster keeps that fraction of the openb nodes (evenly through the list, so every node type
 // stays), which raises the load: the openb pod list is a snapshot sized to fit its whole cluster,
 // so compressing arrivals alone never asks for more than ~94% of its GPUs. Prints one markdown
@@ -58,9 +58,12 @@ int main(int argc, char** argv) {
   std::vector<double> compressions;
   std::string out;
   double fraction = 1;
+  bool preemption = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) {
+    if (a == "--preemption") {
+      preemption = true;
+    } else if (a == "--out" && i + 1 < argc) {
       out = argv[++i];
     } else if (a == "--cluster" && i + 1 < argc) {
       fraction = std::atof(argv[++i]);
@@ -72,7 +75,8 @@ int main(int argc, char** argv) {
       compressions.push_back(c);
     } else {
       std::fprintf(stderr,
-                   "usage: replay_experiment [COMPRESSION...] [--cluster FRACTION] [--out DIR]\n");
+                   "usage: replay_experiment [COMPRESSION...] [--cluster FRACTION] [--preemption] "
+                   "[--out DIR]\n");
       return 2;
     }
   }
@@ -111,7 +115,7 @@ int main(int argc, char** argv) {
         c.label = s.label;
         c.policies = *sched::ParsePolicies(s.policies);
         c.arrival_order = s.arrival_order;
-        c.preemption = s.preemption;
+        c.preemption = s.preemption || (preemption && !s.arrival_order);
         c.reservations = s.reservations;
         c.predict = s.predict;
         results[i] = sim::RunReplay(*nodes, scaled, typical, c);
