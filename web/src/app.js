@@ -306,11 +306,63 @@ function field(label, name, attrs = {}) {
     h('span', { class: 'err', id: `${id}-err`, role: 'alert' }));
 }
 
-// Which form field an API error is about ("resources.gpus: ..." names gpus).
-const FIELD_OF = { command: 'command', name: 'name', priority: 'priority', 'resources.gpus': 'gpus',
-  'resources.gpu_memory': 'gpu_memory', 'resources.gpu_share': 'gpu_share', 'resources.model': 'model' };
+// Which form field an API error is about ("resources.gpus: ..." names gpus; "env.X: ..." env).
+const FIELD_OF = {
+  command: 'command', name: 'name', priority: 'priority', 'resources.gpus': 'gpus',
+  'resources.gpu_memory': 'gpu_memory', 'resources.gpu_share': 'gpu_share', 'resources.model': 'model',
+  'resources.cpus': 'cpus', 'resources.memory': 'memory', max_runtime_s: 'max_runtime_s',
+  grace_period_s: 'grace_period_s', env: 'env', labels: 'labels', workdir: 'workdir', image: 'image',
+  array: 'array', after: 'after', ntasks: 'ntasks', tasks_per_gpu: 'tasks_per_gpu',
+  task_failure: 'task_failure',
+};
+
+function fieldOf(message) {
+  let best = null;
+  for (const k of Object.keys(FIELD_OF)) {
+    if (/^[:.[ ]/.test(message.slice(k.length)) && message.startsWith(k) && (!best || k.length > best.length)) best = k;
+  }
+  return best ? FIELD_OF[best] : null;
+}
+
+function area(label, name, placeholder) {
+  const id = `f-${name}`;
+  return h('div', { class: 'field wide' }, h('label', { for: id }, label),
+    h('textarea', { id, name, rows: 2, cols: 40, placeholder, 'aria-describedby': `${id}-err` }),
+    h('span', { class: 'err', id: `${id}-err`, role: 'alert' }));
+}
+
+// NAME=VALUE lines as an object; a line without '=' is kept whole as a name, for the API to refuse.
+function pairs(text) {
+  const out = {};
+  for (const line of text.split('\n').map((l) => l.trim()).filter(Boolean)) {
+    const eq = line.indexOf('=');
+    if (eq < 0) out[line] = '';
+    else out[line.slice(0, eq)] = line.slice(eq + 1);
+  }
+  return out;
+}
 
 function submitForm() {
+  const more = h('details', { class: 'more' }, h('summary', {}, 'More options (as tessera submit takes them)'),
+    h('div', { class: 'form' },
+      field('CPUs', 'cpus', { size: 5, placeholder: '2' }),
+      field('Host memory', 'memory', { size: 8, placeholder: '16GiB' }),
+      field('Max runtime (s)', 'max_runtime_s', { size: 7 }),
+      field('Grace (s)', 'grace_period_s', { size: 5, placeholder: '30' }),
+      field('Image', 'image', { size: 28, placeholder: 'nvcr.io/nvidia/pytorch:24.05-py3' }),
+      field('Working directory', 'workdir', { size: 20 }),
+      field('Array', 'array', { size: 10, placeholder: '0-99%8' }),
+      field('After', 'after', { size: 14, placeholder: 'ok:12 any:13' }),
+      field('Processes', 'ntasks', { size: 4, inputmode: 'numeric' }),
+      field('Processes per GPU', 'tasks_per_gpu', { size: 4, inputmode: 'numeric' }),
+      h('div', { class: 'field' }, h('label', { for: 'f-task_failure' }, 'When a process fails'),
+        h('select', { id: 'f-task_failure', name: 'task_failure' }, h('option', { value: '' }, 'default (kill)'),
+          h('option', { value: 'kill' }, 'kill the others'), h('option', { value: 'wait' }, 'wait for all')),
+        h('span', { class: 'err', id: 'f-task_failure-err', role: 'alert' })),
+      h('div', { class: 'field' }, h('label', {}, h('input', { type: 'checkbox', id: 'f-hold', name: 'hold' }), ' Hold')),
+      h('div', { class: 'field' }, h('label', {}, h('input', { type: 'checkbox', id: 'f-no_preempt', name: 'no_preempt' }), ' Not preemptible')),
+      area('Environment (NAME=VALUE per line)', 'env', 'A=1'),
+      area('Labels (KEY=VALUE per line)', 'labels', 'team=nlp')));
   const form = h('form', { class: 'form panel', id: 'submit', 'aria-label': 'Submit a job', novalidate: true },
     field('Command (run by sh -c)', 'command', { required: true, wide: true, placeholder: 'python train.py' }),
     field('Name', 'name', { placeholder: 'optional' }),
@@ -320,33 +372,44 @@ function submitForm() {
     field('GPU model', 'model', { placeholder: 'H100', size: 10 }),
     field('Priority', 'priority', { inputmode: 'numeric', size: 5, placeholder: '0' }),
     h('button', { class: 'primary', type: 'submit' }, 'Submit'),
-    h('div', { class: 'err', id: 'submit-err', role: 'alert' }));
+    h('div', { class: 'err', id: 'submit-err', role: 'alert' }),
+    more);
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     for (const e of form.querySelectorAll('.err')) e.textContent = '';
-    for (const e of form.querySelectorAll('input')) e.removeAttribute('aria-invalid');
+    for (const e of form.querySelectorAll('[aria-invalid]')) e.removeAttribute('aria-invalid');
     const v = (n) => form.elements[n].value.trim();
     const spec = { command: ['sh', '-c', v('command')], resources: {} };
     if (!v('command')) spec.command = [];
-    if (v('name')) spec.name = v('name');
     // Numbers as numbers when they are; anything else goes as typed, for the API to judge.
-    const num = (s) => (/^-?\d+$/.test(s) ? Number(s) : s);
+    const num = (x) => (/^-?\d+(\.\d+)?$/.test(x) ? Number(x) : x);
+    if (v('name')) spec.name = v('name');
     if (v('gpus')) spec.resources.gpus = num(v('gpus'));
     if (v('gpu_share')) spec.resources.gpu_share = v('gpu_share');
     if (v('gpu_memory')) spec.resources.gpu_memory = v('gpu_memory');
     if (v('model')) spec.resources.model = v('model');
+    if (v('cpus')) spec.resources.cpus = num(v('cpus'));
+    if (v('memory')) spec.resources.memory = v('memory');
     if (v('priority')) spec.priority = num(v('priority'));
+    for (const k of ['max_runtime_s', 'grace_period_s', 'ntasks', 'tasks_per_gpu']) if (v(k)) spec[k] = num(v(k));
+    for (const k of ['image', 'workdir', 'array', 'task_failure']) if (v(k)) spec[k] = v(k);
+    if (v('after')) spec.after = v('after').split(/[\s,]+/).filter(Boolean);
+    if (form.elements.hold.checked) spec.hold = true;
+    if (form.elements.no_preempt.checked) spec.preemptible = false;
+    if (v('env')) spec.env = pairs(v('env'));
+    if (v('labels')) spec.labels = pairs(v('labels'));
     try {
       const job = await call('POST', '/v1/jobs', spec);
       form.reset();
       location.hash = `#/jobs/${job.id}`;
     } catch (e) {
       if (e.status === 401) return signIn(e.message);
-      const key = Object.keys(FIELD_OF).find((k) => e.message.startsWith(`${k}:`) || e.message.startsWith(`${k} `));
-      const target = key ? form.elements[FIELD_OF[key]] : null;
+      const name = fieldOf(e.message);
+      const target = name ? form.elements[name] : null;
       if (target) {
+        if (more.contains(target)) more.open = true;
         target.setAttribute('aria-invalid', 'true');
-        document.getElementById(`f-${FIELD_OF[key]}-err`).textContent = e.message;
+        document.getElementById(`f-${name}-err`).textContent = e.message;
         target.focus();
       } else {
         document.getElementById('submit-err').textContent = e.message;

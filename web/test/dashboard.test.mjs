@@ -48,9 +48,14 @@ test('the overview shows every GPU, the topology, the quotas and charts with dat
 
 test('a job submitted in the page appears, runs, shows its log, and can be cancelled', async () => {
   const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
-  await page.fill('#f-command', 'echo hello-from-the-page; sleep 60');
+  await page.fill('#f-command', 'echo $GREETING-from-the-page; sleep 60');
   await page.fill('#f-name', 'from-page');
   await page.fill('#f-gpus', '1');
+  await page.click('#submit details summary');
+  await page.fill('#f-env', 'GREETING=hello');
+  await page.fill('#f-labels', 'team=nlp');
+  await page.fill('#f-cpus', '0.5');
+  await page.fill('#f-max_runtime_s', '600');
   await page.click('#submit button[type=submit]');
   await page.waitForURL(/#\/jobs\/\d+$/);
   const id = Number(page.url().match(/#\/jobs\/(\d+)$/)[1]);
@@ -60,7 +65,11 @@ test('a job submitted in the page appears, runs, shows its log, and can be cance
   const job = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body;
   assert.equal(job.name, 'from-page');
   assert.equal(job.owner, ME);
-  assert.deepEqual(job.spec.command, sh('echo hello-from-the-page; sleep 60'));
+  assert.deepEqual(job.spec.command, sh('echo $GREETING-from-the-page; sleep 60'));
+  assert.deepEqual(job.spec.env, { GREETING: 'hello' });
+  assert.deepEqual(job.spec.labels, { team: 'nlp' });
+  assert.equal(job.spec.max_runtime_s, 600);
+  assert.equal(job.spec.resources.cpus, 0.5);
   // The overview's tile of its GPU lists it.
   const gpu = job.placement.gpus[0].index;
   await page.evaluate(() => { location.hash = '#/'; });
@@ -88,6 +97,15 @@ test('a bad value gets the API\'s message beside its field, and nothing is submi
   await page.click('#submit button[type=submit]');
   await page.waitForFunction(() => document.querySelector('#f-gpu_memory-err').textContent !== '');
   assert.match(await page.locator('#f-gpu_memory-err').innerText(), /^resources\.gpu_memory: /);
+  // One of the more options: the section opens on the field the API names.
+  await page.fill('#f-gpu_memory', '');
+  // Typed while the section is closed (as a browser's autofill would): the error opens it.
+  await page.evaluate(() => { document.querySelector('#f-max_runtime_s').value = '-5'; });
+  await page.click('#submit button[type=submit]');
+  await page.waitForFunction(() => document.querySelector('#f-max_runtime_s-err').textContent !== '');
+  assert.match(await page.locator('#f-max_runtime_s-err').innerText(), /^max_runtime_s: /);
+  assert.equal(await page.locator('#submit details').getAttribute('open'), '');
+  assert.ok(await page.locator('#f-max_runtime_s').isVisible());
   assert.equal((await server.api(USER_TOKEN, 'GET', '/v1/jobs')).body.jobs.length, before);
   assert.ok(page.url().endsWith('#/jobs'));
   await page.context().close();
