@@ -229,6 +229,30 @@ TEST(Batch, AReleasedJobStartsInThePlaceItHeld) {
   WaitForLs(d, first, "cancelled");
 }
 
+TEST(Batch, APriorityChangeMovesAQueuedJobAhead) {
+  Daemon d("priority", TwoUsers());
+  // Not preemptible: the raised job must wait for it, not stop it.
+  const int64_t busy = SubmittedId(Cli(d, "submit --no-preempt --gpus 2 -- sleep 60"));
+  WaitForLs(d, busy, "running");
+  const int64_t first = SubmittedId(Cli(d, "submit --gpus 2 -- sleep 60"));
+  const int64_t second = SubmittedId(Cli(d, "submit --gpus 2 -- sleep 60"));
+  EXPECT_THAT(Cli(d, fmt::format("priority {} 5", second)),
+              HasSubstr(fmt::format("job {}: priority 5 (queued", second)));
+  EXPECT_THAT(Cli(d, fmt::format("show {}", second)), HasSubstr("priority 0 -> 5 by root"));
+  // Refused: a running job, another user's job, a priority out of range.
+  EXPECT_THAT(Cli(d, fmt::format("priority {} 5", busy)),
+              HasSubstr("only a queued job's priority can change"));
+  auto r = As(d, "nobody", fmt::format("priority {} 9", first));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("belongs to root"));
+  EXPECT_THAT(Cli(d, fmt::format("priority {} 5000", first)), HasSubstr("not in range"));
+  Cli(d, fmt::format("cancel {}", busy));
+  WaitForLs(d, second, "running");
+  EXPECT_EQ(WaitForLs(d, first, "queued")["state"], "queued") << "the raised job went first";
+  Cli(d, fmt::format("cancel {} {}", first, second));
+  WaitForLs(d, second, "cancelled");
+}
+
 // `tessera run` in the background, its stdout and stderr in files.
 struct RunCli {
   pid_t pid = -1;

@@ -746,6 +746,22 @@ int RunHold(State& s, bool hold, std::ostream& out, std::ostream& err) {
   return worst;
 }
 
+// `tessera priority ID P`: a queued job's new priority (POST /v1/jobs/ID/priority).
+int RunPriority(State& s, std::ostream& out, std::ostream& err) {
+  server::HttpClient c = s.client.Client();
+  int code = kExitOk;
+  auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/priority", s.id),
+                json{{"priority", s.priority}}.dump(), err, &code);
+  if (!j) return code;
+  if (s.client.output != "table") {
+    Emit(*j, s.client.output, out);
+  } else {
+    out << fmt::format("job {}: priority {} ({})\n", s.id, j->value("priority", 0),
+                       StateText(*j));
+  }
+  return kExitOk;
+}
+
 int RunTop(State& s, std::ostream& out, std::ostream& err) {
   server::HttpClient c = s.client.Client();
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
@@ -975,6 +991,15 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
       ->check(JobId());
   st.client.AddTo(cancel);
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
+
+  CLI::App* prio = app.add_subcommand(
+      "priority", "Change a queued job's priority (yours up to your ceiling, or anyone's as an admin)");
+  prio->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
+  prio->add_option("priority", st.priority, "The new priority, -1000..1000 (higher first)")
+      ->required()
+      ->check(CLI::Range(-1000, 1000));
+  st.client.AddTo(prio);
+  prio->callback([&, s] { action = [&, s] { return RunPriority(*s, out, err); }; });
 
   for (bool hold : {true, false}) {
     CLI::App* h = app.add_subcommand(
