@@ -756,8 +756,7 @@ int RunPriority(State& s, std::ostream& out, std::ostream& err) {
   if (s.client.output != "table") {
     Emit(*j, s.client.output, out);
   } else {
-    out << fmt::format("job {}: priority {} ({})\n", s.id, j->value("priority", 0),
-                       StateText(*j));
+    out << fmt::format("job {}: priority {} ({})\n", s.id, j->value("priority", 0), StateText(*j));
   }
   return kExitOk;
 }
@@ -993,7 +992,8 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
 
   CLI::App* prio = app.add_subcommand(
-      "priority", "Change a queued job's priority (yours up to your ceiling, or anyone's as an admin)");
+      "priority",
+      "Change a queued job's priority (yours up to your ceiling, or anyone's as an admin)");
   prio->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
   prio->add_option("priority", st.priority, "The new priority, -1000..1000 (higher first)")
       ->required()
