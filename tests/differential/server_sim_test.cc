@@ -12,6 +12,7 @@
 #include "tessera/sched/scheduler.h"
 #include "tessera/server/fake_launcher.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/predictor.h"
 #include "tessera/server/server.h"
 #include "tessera/sim/replay.h"
 
@@ -86,15 +87,17 @@ std::string Events(server::Server& srv, const std::string& id) {
   return out;
 }
 
-// A seed, and whether fair share between owners is on (the same half-life on both sides).
-class Differential : public ::testing::TestWithParam<std::tuple<uint64_t, bool>> {
+// A seed, whether fair share between owners is on (the same half-life on both sides), and the
+// backfill reservations (0, or the server's default 8 with the server's own run-time predictor on
+// both sides: the replay asks a DurationPredictor fed as the server's is).
+class Differential : public ::testing::TestWithParam<std::tuple<uint64_t, bool, int>> {
  protected:
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_ = ::testing::TempDir() + "tessera-differential-" + std::to_string(getpid());
 };
 
 TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus) {
-  const auto [seed, fair_share] = GetParam();
+  const auto [seed, fair_share, reservations] = GetParam();
   const std::vector<StreamJob> stream = Stream(seed, 80);
   // Several owners when the test may act as other users (root, as in CI): root, daemon and nobody
   // in turn; otherwise this user alone.
@@ -114,9 +117,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   config.priority_ceiling = 1000;                // the stream's priorities, for every owner
   config.preempt_others = {"daemon", "nobody"};  // as in the replay, anyone may preempt
   config.fair_share_half_life_s = fair_share ? 600 : 0;
-  // Backfill reservations use the server's run-time predictions from its history, which the replay
-  // does not build yet (issue 17): compared without them.
-  config.backfill_reservations = 0;
+  config.backfill_reservations = reservations;
   core::FakeClock clock{core::TimePoint(std::chrono::seconds(static_cast<int64_t>(kEpoch)))};
   server::FakeLauncher launcher(clock, kStopLatency);
   server::ServerDeps deps;
@@ -168,9 +169,11 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
 
   // The replay: the same requests (as the server builds them), node, policy and seed.
   std::vector<sim::SimJob> jobs;
+  std::vector<server::JobSpec> specs;
   for (size_t i = 0; i < stream.size(); ++i) {
     auto spec = server::JobSpecFromJson(stream[i].spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
+    specs.push_back(*spec);
     sim::SimJob j;
     j.request = server::RequestOf(*spec, static_cast<int64_t>(i + 1), owners[i]);
     j.submit = stream[i].submit;
@@ -183,6 +186,11 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   rc.stop_latency_s = kStopLatency;
   rc.record_runs = true;
   rc.fair_share_half_life_s = config.fair_share_half_life_s;
+  rc.reservations = config.backfill_reservations;
+  // The server's predictions: its predictor, fed with what finished, asked at each queueing.
+  server::DurationPredictor predictor;
+  rc.expected_duration = [&](size_t i) { return predictor.Predict(specs[i], owners[i]).seconds; };
+  rc.finished = [&](size_t i, double runtime) { predictor.Add(specs[i], owners[i], runtime); };
   sim::ReplayResult replay = sim::RunReplay({srv.node()}, jobs, {}, rc);
   std::vector<Start> sim_starts;
   for (const sim::ReplayRun& r : replay.runs) {
@@ -201,10 +209,25 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
         << Events(srv, sim_starts[i].id);
   }
   EXPECT_EQ(server_starts.size(), sim_starts.size());
+  if (reservations > 0) {
+    // The reservations changed something, or this case proves no more than the one without.
+    sim::ReplayConfig plain = rc;
+    plain.reservations = 0;
+    server::DurationPredictor fresh;
+    plain.expected_duration = [&](size_t i) { return fresh.Predict(specs[i], owners[i]).seconds; };
+    plain.finished = [&](size_t i, double runtime) { fresh.Add(specs[i], owners[i], runtime); };
+    sim::ReplayResult without = sim::RunReplay({srv.node()}, jobs, {}, plain);
+    bool differ = without.runs.size() != replay.runs.size();
+    for (size_t i = 0; !differ && i < replay.runs.size(); ++i)
+      differ =
+          without.runs[i].id != replay.runs[i].id || without.runs[i].start != replay.runs[i].start;
+    EXPECT_TRUE(differ) << "the same starts with and without reservations";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Differential,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5), ::testing::Bool(),
+                                            ::testing::Values(0, 8)));
 
 }  // namespace
 }  // namespace tessera

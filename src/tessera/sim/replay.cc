@@ -165,16 +165,20 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   auto enqueue = [&](size_t i) {
     core::Request r = jobs[i].request;
     if (config.arrival_order) r.priority = 0;
-    // 0 means unknown to the cycle: a prediction of no time at all is a millisecond.
-    if (jobs[i].predicted_duration >= 0)
-      r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
-    if (config.predict) {
-      auto h = history.find(history_key(i));
-      if (h != history.end() && !h->second.empty()) {
-        std::vector<double> v(h->second.begin(), h->second.end());
-        const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
-        std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-        r.expected_duration_s = std::max(v[at], 1e-3);
+    if (config.expected_duration) {
+      r.expected_duration_s = config.expected_duration(i);
+    } else {
+      // 0 means unknown to the cycle: a prediction of no time at all is a millisecond.
+      if (jobs[i].predicted_duration >= 0)
+        r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
+      if (config.predict) {
+        auto h = history.find(history_key(i));
+        if (h != history.end() && !h->second.empty()) {
+          std::vector<double> v(h->second.begin(), h->second.end());
+          const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+          r.expected_duration_s = std::max(v[at], 1e-3);
+        }
       }
     }
     (void)cycle.Enqueue(sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)});
@@ -261,6 +265,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       stop(i);
       state[i].finished = true;
       ++out.finished;
+      if (config.finished) config.finished(i, jobs[i].duration);
       if (config.predict) {
         std::deque<double>& h = history[history_key(i)];
         h.push_back(jobs[i].duration);

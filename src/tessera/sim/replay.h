@@ -8,6 +8,7 @@
 // stop. Uses the production Scheduler. Deterministic for given inputs and seed.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,6 +40,11 @@ struct ReplayConfig {
   // to its trace's predicted duration (SimJob::predicted_duration). Off: the trace's predicted
   // duration where it has one, else unknown.
   bool predict = false;
+  // A predictor of the caller's instead (the server's own, in the differential test): asked for a
+  // job's expected duration each time it is queued (seconds; 0 unknown), told each job that
+  // finished with its run time. Set, it replaces `predict` and the trace's predictions.
+  std::function<double(size_t job)> expected_duration;
+  std::function<void(size_t job, double runtime_s)> finished;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.
