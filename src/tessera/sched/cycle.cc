@@ -202,7 +202,7 @@ const std::string* Cycle::Overlap(const Allocation& a, const std::vector<Reserva
   // that took those beside the reserved GPUs would leave the preemptor unable to start and
   // preempting again, with no end (seen in a contended replay of the openb trace).
   for (const Reservation& r : reserved) {
-    if (r.node == a.node) return r.holder;
+    if (r.node == a.node && !r.gpus->empty()) return r.holder;  // empty: its holder has its room
   }
   return nullptr;
 }
@@ -212,7 +212,8 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
 }
 
 void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                     const std::vector<Backfill>& backfill, std::vector<CycleDecision>& out,
+                     const std::vector<Backfill>& backfill,
+                     const std::vector<Reservation>& reserved, std::vector<CycleDecision>& out,
                      std::set<std::string>& done) {
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
@@ -228,16 +229,24 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     for (const Entry* e : members) requests.push_back(e->queued.request);
     auto placed = scheduler_.PlaceGang(requests, now);
     const std::string* holder = nullptr;
+    const std::string* preemptor = nullptr;
     for (const Allocation& a : placed.ok() ? *placed : std::vector<Allocation>{}) {
       const double end =
           a.request.expected_duration_s > 0 ? now + a.request.expected_duration_s : kNever;
       if (!holder) holder = Delays(a, end, backfill);
+      if (!preemptor) preemptor = Overlap(a, reserved);
     }
-    if (holder) {
-      // Reserved GPUs still busy or partly used that its placement took: all or nothing.
+    if (holder || preemptor) {
+      // Reserved GPUs still busy or partly used that its placement took, or a node a preemptor
+      // made room on: all or nothing.
       for (const Allocation& a : *placed) (void)scheduler_.Release(a.id);
-      why = fmt::format("gang {}: the GPUs it could take are reserved for {}, which waits longer",
-                        r.gang, *holder);
+      why = holder ? fmt::format(
+                         "gang {}: the GPUs it could take are reserved for {}, which waits longer",
+                         r.gang, *holder)
+                   : fmt::format(
+                         "gang {}: a node it could take is reserved for {}, which "
+                         "preempted to make room there",
+                         r.gang, *preemptor);
     } else if (placed.ok()) {
       for (Allocation& a : *placed) {
         done.insert(a.id);
@@ -301,7 +310,12 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     const core::Request& r = e.queued.request;
     e.expected_start.reset();
     if (!r.gang.empty()) {
-      if (gangs_seen.insert(r.gang).second) StepGang(e, order, now, backfill, out, started);
+      if (gangs_seen.insert(r.gang).second) {
+        // Room made by preemption is not the gang's, whichever comes first in the queue.
+        std::vector<Reservation> held = reserved;
+        held.insert(held.end(), prior.begin(), prior.end());
+        StepGang(e, order, now, backfill, held, out, started);
+      }
       continue;
     }
     bool preempted = false;  // it made room by preemption itself

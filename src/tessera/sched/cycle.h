@@ -142,10 +142,11 @@ class Cycle {
   static const std::string* Overlap(const Allocation& a, const std::vector<Reservation>& reserved);
   static Key KeyOf(const QueueEntry& e);
   // Places the whole gang of `first` (its members found in this pass's `order`) or says why not;
-  // not on GPUs reserved for earlier requests (`backfill`) that it would delay.
+  // not on GPUs reserved for earlier requests (`backfill`) that it would delay, nor on a node a
+  // preemptor made room on (`reserved`).
   void StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                const std::vector<Backfill>& backfill, std::vector<CycleDecision>& out,
-                std::set<std::string>& done);
+                const std::vector<Backfill>& backfill, const std::vector<Reservation>& reserved,
+                std::vector<CycleDecision>& out, std::set<std::string>& done);
   // Whether a victim asked to stop still holds its resources.
   bool StillHeld(const std::string& allocation_id) const;
   // Charges the GPUs running since the last Step to their owners and decays older use.

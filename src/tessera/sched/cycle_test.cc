@@ -348,6 +348,33 @@ TEST(Cycle, AGangDoesNotTakeGpusReservedForAnEarlierRequest) {
   EXPECT_THAT(Started(quick.Step(10)), ElementsAre("q0", "q1"));
 }
 
+TEST(Cycle, AGangDoesNotTakeRoomMadeByPreemption) {
+  // GPU 0 runs a low-priority job, GPU 1 is free; an urgent request for both preempts it. A gang of
+  // two small shares queued after it would fit on GPU 1 now: it waits until the urgent one started.
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low", 1), 0)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 2), 10), 1, 1)).ok());
+  for (int i = 0; i < 2; ++i) {
+    core::Request m = testing::Share("g" + std::to_string(i), 200);
+    m.gang = "pair";
+    m.gang_size = 2;
+    ASSERT_TRUE(c.Enqueue(Entry(m, 2, 2 + i)).ok());
+  }
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_THAT(ds[0].victims, ElementsAre("low"));
+  EXPECT_THAT(*c.Waiting("g0"),
+              HasSubstr("gang pair: a node it could take is reserved for urgent"));
+  EXPECT_EQ(s.state().allocations().size(), 1u) << "nothing of the gang placed";
+  // The victim stopped: the urgent request starts; the gang waits for room (none is left).
+  ASSERT_TRUE(s.Release("low").ok());
+  ds = c.Step(6);
+  EXPECT_THAT(Started(ds), ElementsAre("urgent"));
+  for (const CycleDecision& d : ds) EXPECT_NE(d.kind, CycleDecision::Kind::kPreempt);
+}
+
 TEST(Cycle, RefusesMalformedAndDuplicateEntries) {
   Scheduler s;
   Cycle c(s);
