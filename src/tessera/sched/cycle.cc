@@ -212,9 +212,9 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
 }
 
 void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                     const std::vector<Backfill>& backfill,
-                     const std::vector<Reservation>& reserved, std::vector<CycleDecision>& out,
-                     std::set<std::string>& done) {
+                     const std::vector<Backfill>& backfill, std::vector<Reservation>& reserved,
+                     const std::vector<Reservation>& prior, int& plans_left,
+                     std::vector<CycleDecision>& out, std::set<std::string>& done) {
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
   for (const std::string* id : order) {
@@ -222,6 +222,37 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     if (e.queued.request.gang == r.gang) members.push_back(&e);
   }
   std::string why;
+  // Room made by preemption for the gang: it waits for every victim to stop, its nodes reserved.
+  size_t awaiting = 0;
+  bool preempted = false;
+  for (Entry* e : members) {
+    preempted |= e->reserved_node >= 0;
+    std::erase_if(e->awaiting, [&](const std::string& v) { return !StillHeld(v); });
+    awaiting += e->awaiting.size();
+  }
+  if (awaiting > 0) {
+    why = fmt::format("gang {}: waiting for {} preempted job(s) to stop", r.gang, awaiting);
+    for (Entry* e : members) {
+      if (e->reserved_node >= 0)
+        reserved.push_back({e->reserved_node, &e->reserved_gpus, &e->queued.request.id});
+      e->waiting = why;
+    }
+    return;
+  }
+  // Others' rooms made by preemption are not the gang's (its own are).
+  auto mine = [&](const Reservation& res) {
+    for (const Entry* e : members) {
+      if (*res.holder == e->queued.request.id) return true;
+    }
+    return false;
+  };
+  std::vector<Reservation> held;
+  const std::vector<Reservation>& mine_too = reserved;
+  for (const std::vector<Reservation>* list : {&mine_too, &prior}) {
+    for (const Reservation& res : *list) {
+      if (!mine(res)) held.push_back(res);
+    }
+  }
   if (static_cast<int>(members.size()) < r.gang_size) {
     why = fmt::format("gang {}: {} of {} members queued", r.gang, members.size(), r.gang_size);
   } else {
@@ -234,7 +265,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
       const double end =
           a.request.expected_duration_s > 0 ? now + a.request.expected_duration_s : kNever;
       if (!holder) holder = Delays(a, end, backfill);
-      if (!preemptor) preemptor = Overlap(a, reserved);
+      if (!preemptor) preemptor = Overlap(a, held);
     }
     if (holder || preemptor) {
       // Reserved GPUs still busy or partly used that its placement took, or a node a preemptor
@@ -248,6 +279,10 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
                          "preempted to make room there",
                          r.gang, *preemptor);
     } else if (placed.ok()) {
+      for (Entry* e : members) {
+        e->reserved_gpus.clear();
+        e->reserved_node = -1;
+      }
       for (Allocation& a : *placed) {
         done.insert(a.id);
         out.push_back(StartOf(std::move(a)));
@@ -255,9 +290,77 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
       return;
     } else {
       why = std::string(placed.status().message());
+      if (preempted) {
+        // Its room did not hold (rare: a policy's choice, a GPU turned sick): given up, planned
+        // again at the next Step.
+        for (Entry* e : members) {
+          e->reserved_gpus.clear();
+          e->reserved_node = -1;
+        }
+      } else if (options_.preemption && plans_left > 0 && why.find("quota") == std::string::npos) {
+        --plans_left;
+        if (PreemptForGang(members, now, reserved, out)) return;
+      }
     }
   }
   for (Entry* e : members) e->waiting = why;
+}
+
+bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,
+                           std::vector<Reservation>& reserved, std::vector<CycleDecision>& out) {
+  // Member by member on the scheduler's state: each plan's victims taken out and the member placed
+  // (where the policies put it with that room), so that the next member's plan counts on what the
+  // earlier ones take; then all of it undone. All members must find room, or nothing is asked.
+  std::vector<Allocation> taken_out;
+  std::vector<Allocation> placed;
+  std::vector<std::vector<std::string>> victims;
+  bool ok = true;
+  for (const Entry* e : members) {
+    core::Request alone = e->queued.request;
+    alone.gang.clear();
+    alone.gang_size = 0;
+    PreemptionPlan plan = scheduler_.PlanPreemption(alone, now);
+    if (!plan.possible) {
+      ok = false;
+      break;
+    }
+    for (const std::string& v : plan.victims) {
+      if (auto a = scheduler_.Release(v); a.ok()) taken_out.push_back(*std::move(a));
+    }
+    auto a = scheduler_.Place(alone, now);
+    if (!a.ok()) {
+      ok = false;
+      break;
+    }
+    placed.push_back(*std::move(a));
+    victims.push_back(std::move(plan.victims));
+  }
+  for (const Allocation& a : placed) (void)scheduler_.Release(a.id);
+  for (auto it = taken_out.rbegin(); it != taken_out.rend(); ++it) (void)scheduler_.Restore(*it);
+  if (!ok) return false;
+  size_t total = 0;
+  for (const auto& v : victims) total += v.size();
+  if (total == 0) return false;  // it fits without anyone stopping: PlaceGang's word stands
+  const std::string& gang = members.front()->queued.request.gang;
+  const std::string why =
+      fmt::format("gang {}: waiting for {} preempted job(s) to stop", gang, total);
+  for (size_t i = 0; i < members.size(); ++i) {
+    Entry* e = members[i];
+    CycleDecision d;
+    d.kind = CycleDecision::Kind::kPreempt;
+    d.id = e->queued.request.id;
+    d.reason = fmt::format("preempted for gang {} (priority {})", gang, e->queued.request.priority);
+    for (const std::string& v : victims[i]) {
+      if (stopping_.insert(v).second) d.victims.push_back(v);
+    }
+    e->awaiting = victims[i];
+    e->reserved_node = placed[i].node;
+    e->reserved_gpus = placed[i].gpus;
+    reserved.push_back({e->reserved_node, &e->reserved_gpus, &e->queued.request.id});
+    e->waiting = why;
+    if (!d.victims.empty()) out.push_back(std::move(d));
+  }
+  return true;
 }
 
 std::vector<CycleDecision> Cycle::Step(double now) {
@@ -310,12 +413,8 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     const core::Request& r = e.queued.request;
     e.expected_start.reset();
     if (!r.gang.empty()) {
-      if (gangs_seen.insert(r.gang).second) {
-        // Room made by preemption is not the gang's, whichever comes first in the queue.
-        std::vector<Reservation> held = reserved;
-        held.insert(held.end(), prior.begin(), prior.end());
-        StepGang(e, order, now, backfill, held, out, started);
-      }
+      if (gangs_seen.insert(r.gang).second)
+        StepGang(e, order, now, backfill, reserved, prior, plans_left, out, started);
       continue;
     }
     bool preempted = false;  // it made room by preemption itself

@@ -144,9 +144,17 @@ class Cycle {
   // Places the whole gang of `first` (its members found in this pass's `order`) or says why not;
   // not on GPUs reserved for earlier requests (`backfill`) that it would delay, nor on a node a
   // preemptor made room on (`reserved`).
+  // When it fits nowhere and preemption is on, room is made for all of it (PreemptForGang), and it
+  // waits for every victim to stop.
   void StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                const std::vector<Backfill>& backfill, const std::vector<Reservation>& reserved,
+                const std::vector<Backfill>& backfill, std::vector<Reservation>& reserved,
+                const std::vector<Reservation>& prior, int& plans_left,
                 std::vector<CycleDecision>& out, std::set<std::string>& done);
+  // Plans preemption for every member of a gang on the scheduler's state (undone after); when all
+  // find room, asks the victims to stop (a kPreempt per member), reserves each member's node and
+  // returns true.
+  bool PreemptForGang(const std::vector<Entry*>& members, double now,
+                      std::vector<Reservation>& reserved, std::vector<CycleDecision>& out);
   // Whether a victim asked to stop still holds its resources.
   bool StillHeld(const std::string& allocation_id) const;
   // Charges the GPUs running since the last Step to their owners and decays older use.

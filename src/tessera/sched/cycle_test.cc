@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "tessera/sched/test_util.h"
 
@@ -373,6 +374,56 @@ TEST(Cycle, AGangDoesNotTakeRoomMadeByPreemption) {
   ds = c.Step(6);
   EXPECT_THAT(Started(ds), ElementsAre("urgent"));
   for (const CycleDecision& d : ds) EXPECT_NE(d.kind, CycleDecision::Kind::kPreempt);
+}
+
+core::Request Member(core::Request r, const std::string& gang, int size) {
+  r.gang = gang;
+  r.gang_size = size;
+  return r;
+}
+
+TEST(Cycle, AGangPreemptsForAllItsMembersAndStartsWhenEveryVictimStopped) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low0", 1), 0)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low1", 1), 0)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Member(Whole("m0", 1), "pair", 2), 10), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Member(Whole("m1", 1), "pair", 2), 10), 1, 2)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(testing::Share("later", 100), 0), 2, 3)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  std::set<std::string> victims;
+  for (const CycleDecision& d : ds) {
+    ASSERT_EQ(d.kind, CycleDecision::Kind::kPreempt);
+    EXPECT_THAT(d.reason, HasSubstr("preempted for gang pair (priority 10)"));
+    victims.insert(d.victims.begin(), d.victims.end());
+  }
+  EXPECT_THAT(victims, ElementsAre("low0", "low1"));
+  EXPECT_THAT(*c.Waiting("m0"), HasSubstr("gang pair: waiting for 2 preempted job(s) to stop"));
+  EXPECT_EQ(c.stopping(), 2u);
+  // One victim stopped: still waiting, nothing asked again, nobody takes the freed GPU.
+  ASSERT_TRUE(s.Release("low0").ok());
+  ds = c.Step(6);
+  EXPECT_TRUE(ds.empty());
+  EXPECT_THAT(*c.Waiting("m1"), HasSubstr("waiting for 1 preempted job(s) to stop"));
+  EXPECT_THAT(*c.Waiting("later"), HasSubstr("reserved for m"));
+  ASSERT_TRUE(s.Release("low1").ok());
+  EXPECT_THAT(Started(c.Step(7)), ElementsAre("m0", "m1"));
+}
+
+TEST(Cycle, AGangAsksNothingWhenOneMemberCannotFindRoom) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("low", 1), 0)).ok());
+  ASSERT_TRUE(s.Place(Prio(Whole("pinned", 1), 0, /*preemptible=*/false)).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Member(Whole("m0", 1), "pair", 2), 10), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Member(Whole("m1", 1), "pair", 2), 10), 1, 2)).ok());
+  EXPECT_TRUE(c.Step(5).empty()) << "one member's room is not worth a victim";
+  EXPECT_EQ(c.stopping(), 0u);
+  EXPECT_THAT(*c.Waiting("m0"), HasSubstr("no node fits"));
+  EXPECT_EQ(s.state().allocations().size(), 2u) << "the scratch plan left nothing behind";
+  EXPECT_NE(s.state().Find("low"), nullptr);
 }
 
 TEST(Cycle, RefusesMalformedAndDuplicateEntries) {
