@@ -10,6 +10,8 @@
 //                                                   DIR (default /var/tmp; a disk, not a tmpfs)
 //   build/bench/bench/server_bench --queued         only the passes over 10,000 queued jobs, with
 //                                                   backfill reservations and without
+//   build/bench/bench/server_bench --ends [DIR]     only the reads while 200 jobs end, state
+//                                                   in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
 //                                                   storing, database growth, scheduling pass
 #include <unistd.h>
@@ -344,6 +346,74 @@ void QueuedPasses(const std::string& dir, int reservations) {
 
 }  // namespace
 
+// One reader times GET /v1/info and GET /v1/jobs/1 while 200 running jobs end at about the same
+// time, with the state on disk and each fsync 5 ms longer (the slow-sync VFS): each end is a
+// store write.
+void ReadsDuringEnds(const std::string& disk_dir) {
+  std::filesystem::remove_all(disk_dir);
+  std::filesystem::create_directories(disk_dir + "/state");
+  InstallSlowSyncVfs();
+  g_sync_delay_us = 5000;
+  auto store = tessera::server::Store::Open(disk_dir + "/state/tessera.db");
+  if (!store.ok()) {
+    fprintf(stderr, "server_bench: %s\n", std::string(store.status().message()).c_str());
+    return;
+  }
+  tessera::server::ServerDeps deps;
+  deps.store = std::move(*store);
+  tessera::server::ServerConfig config = BenchConfig(disk_dir);
+  config.confinement = "off";
+  auto server = tessera::server::Server::Create(config, std::move(deps));
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server\n");
+    return;
+  }
+  HttpClient c(config.socket);
+  (void)c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
+  // 200 jobs that end together: each sleeps until the same wall-clock second.
+  const auto end_at = std::chrono::system_clock::now() + std::chrono::seconds(4);
+  const double end_s = std::chrono::duration<double>(end_at.time_since_epoch()).count();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 200; ++i) {
+    const std::string cmd =
+        fmt::format("now=$(date +%s.%N); sleep $(echo \"{:.3f} - $now\" | bc)", end_s);
+    ids.push_back(json::parse(
+        c.Send("POST", "/v1/jobs", json{{"command", {"sh", "-c", cmd}}}.dump())->body)["id"]);
+  }
+  for (;;) {
+    std::string st =
+        json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(ids.back()))->body)["state"];
+    if (st == "running") break;
+  }
+  std::this_thread::sleep_until(end_at - std::chrono::milliseconds(300));
+  std::atomic<bool> stop{false};
+  std::vector<double> lat;
+  std::thread reader([&] {
+    HttpClient mine(config.socket);
+    for (int i = 0; !stop; ++i) {
+      auto t0 = Clock::now();
+      (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
+      lat.push_back(Since(t0) * 1000);
+    }
+  });
+  auto t0 = Clock::now();
+  for (;;) {
+    json j = json::parse(c.Send("GET", "/v1/info")->body);
+    if (j["running"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double ends_s = Since(t0);
+  stop = true;
+  reader.join();
+  std::sort(lat.begin(), lat.end());
+  printf(
+      "API reads while 200 jobs end (fsync +5 ms; %.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, "
+      "max %.2f ms\n",
+      ends_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  (*server)->Stop();
+  std::filesystem::remove_all(disk_dir);
+}
+
 int main(int argc, char** argv) {
   const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
   const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
@@ -351,6 +421,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--queued") {
     for (int reservations : {8, 0})
       QueuedPasses("/dev/shm/tessera-queued-bench-" + std::to_string(getpid()), reservations);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--ends") {
+    std::string disk = argc > 2 ? argv[2] : "/var/tmp";
+    ReadsDuringEnds(disk + "/tessera-ends-bench-" + std::to_string(getpid()));
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--array") {

@@ -710,7 +710,7 @@ void Server::OnHealth(int gpu, bool healthy, const std::string& reason) {
 
 bool Server::Turn(std::unique_lock<std::mutex>& lock) {
   const double now = Now();
-  CheckRunning(now);
+  CheckRunning(now, lock);
   if (!dirty_) return false;
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();
@@ -747,7 +747,7 @@ void Server::RequestStop(Running& r, const std::string& why, const std::string& 
   if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
 }
 
-void Server::CheckRunning(double now) {
+void Server::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
     std::optional<int> code;
@@ -778,22 +778,40 @@ void Server::CheckRunning(double now) {
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
     it = cgroups_->Remove(*it) ? cgroups_left_.erase(it) : std::next(it);
   }
+  if (ended.empty()) return;
+  // Their GPUs are free at once; what else an end takes (the cgroup's accounting, a container left
+  // behind, the store's record with its fsync) is done without the lock, so that API reads do not
+  // wait for it. Meanwhile the jobs are `finishing_`: a cancel is told they have ended.
+  std::vector<Ending> endings;
   for (auto& [id, code] : ended) {
     if (exits_) exits_->Unwatch(id);
-    Finish(running_[id], code.value_or(-1), code.has_value(), now);
-    running_.erase(id);
+    auto it = running_.find(id);
+    (void)scheduler_->Release(std::to_string(id));
+    if (it->second.arbiter) ArbiterUser(it->second.uid, -1);
+    endings.push_back(Ending{std::move(it->second), code.value_or(-1), code.has_value()});
+    running_.erase(it);
+    finishing_.insert(id);
+  }
+  dirty_ = true;
+  lock.unlock();
+  for (Ending& e : endings) Finish(e, now);
+  lock.lock();
+  for (Ending& e : endings) {
+    finishing_.erase(e.run.id);
+    if (e.cgroup_left) cgroups_left_.insert(e.run.id);
+    if (e.requeue) Enqueue(std::move(*e.requeue));
   }
 }
 
-void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
-  (void)scheduler_->Release(std::to_string(r.id));
+void Server::Finish(Ending& e, double now) {
+  Running& r = e.run;
+  const int exit_code = e.exit_code;
+  const bool exit_known = e.exit_known;
   std::error_code ec;
-  fs::remove(JobFile("exit", r.id), ec);
   if (!r.region.empty()) fs::remove(r.region, ec);
   TransitionFields f;
   f.ended_at = now;
   if (exit_known) f.exit_code = exit_code;
-  if (r.arbiter) ArbiterUser(r.uid, -1);
   CgroupUsage usage;
   if (r.cgroup) {
     usage = cgroups_->Usage(r.id);
@@ -803,7 +821,7 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     u["oom_kills"] = usage.oom_kills;
     f.usage_json = u.dump();
     // What the job left running goes with it; a cgroup still busy is removed on a later turn.
-    if (!cgroups_->Remove(r.id)) cgroups_left_.insert(r.id);
+    e.cgroup_left = !cgroups_->Remove(r.id);
   }
   JobState to;
   std::string reason;
@@ -848,6 +866,8 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
     return;
   }
+  // Recorded: a restart no longer needs the exit file to tell how it ended.
+  fs::remove(JobFile("exit", r.id), ec);
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
   // Its run time joins the history that predicts the next ones.
   if (to == JobState::kSucceeded && r.spec) predictor_.Add(*r.spec, r.owner, now - r.started);
@@ -855,10 +875,9 @@ void Server::Finish(Running& r, int exit_code, bool exit_known, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      Enqueue(QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now));
+      e.requeue = QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
     }
   }
-  dirty_ = true;
 }
 
 Server::Launch Server::PrepareLaunch(Queued q, const sched::Allocation& a, double now) const {
@@ -1143,7 +1162,8 @@ Server::DependencyState Server::Outcome(const Dependency& d) const {
   // Queued, starting or running here: not settled. Preempted and lost jobs that are not queued
   // again are over.
   auto active = [&](int64_t id) {
-    return queued_.contains(id) || running_.contains(id) || starting_.contains(id);
+    return queued_.contains(id) || running_.contains(id) || starting_.contains(id) ||
+           finishing_.contains(id);
   };
   auto ended = [&](int64_t id, JobState state) {
     return !active(id) && state != JobState::kQueued && state != JobState::kRunning;
@@ -1701,6 +1721,10 @@ HttpResponse Server::Cancel(const std::string& ref, const std::string& user, boo
         RequestStop(it->second, "cancel", reason, now);
       } else if (auto s = starting_.find(t); s != starting_.end()) {
         s->second = reason;  // stopped as soon as its process exists
+      } else if (finishing_.contains(t)) {
+        if (ids->size() == 1)
+          return Error(409,
+                       fmt::format("job {} has already ended (its end is being recorded)", ref));
       } else {
         others.push_back(t);
       }

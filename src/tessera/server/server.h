@@ -261,7 +261,7 @@ class Server {
   void Loop();
   bool Turn(
       std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
-  void CheckRunning(double now);
+  void CheckRunning(double now, std::unique_lock<std::mutex>& lock);  // unlocks for ends
   // Puts a job in queued_ (and, at the next pass, the cycle's queue: Admit), under mu_.
   void Enqueue(Queued q);
   // Why a queued job waits, from the cycle; empty when it is not queued.
@@ -283,7 +283,16 @@ class Server {
   Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const;  // under mu_
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
   void CommitLaunch(Launch& l, double now);   // under mu_
-  void Finish(Running& r, int exit_code, bool exit_known, double now);
+  // A job whose process ended: taken out of running_ (its GPUs freed) under mu_, the rest of its
+  // end done by Finish without mu_, then its cgroup (if still busy) and re-queueing under mu_.
+  struct Ending {
+    Running run;
+    int exit_code = -1;
+    bool exit_known = false;
+    bool cgroup_left = false;       // its cgroup could not be removed yet
+    std::optional<Queued> requeue;  // re-queued: to be enqueued
+  };
+  void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
   // Turns the launch of a job with an image into that of its podman client.
   void ContainerLaunch(const Queued& q, LaunchSpec& ls) const;
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
@@ -391,6 +400,8 @@ class Server {
   std::map<int64_t, Queued> queued_;
   // Jobs being launched outside mu_: the user who cancelled one meanwhile, else empty.
   std::map<int64_t, std::string> starting_;
+  // Jobs whose process ended and whose end is being recorded outside mu_.
+  std::set<int64_t> finishing_;
   std::vector<bool> gpu_healthy_;
   std::vector<std::string> gpu_health_reason_;
   std::vector<uint64_t> gpu_xids_;
