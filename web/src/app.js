@@ -261,7 +261,7 @@ function quotaTable() {
 function overview() {
   view.name = 'overview';
   const render = () => {
-    fill(main, 
+    fill(main,
       h('h1', {}, `GPUs of ${S.info ? S.info.hostname : ''}`),
       S.simulated ? h('div', { class: 'note' }, `Simulated machine (${S.info ? S.info.source : ''}): jobs get no real GPU; utilization is not measured.`) : null,
       summary(),
@@ -461,6 +461,7 @@ function jobView(id) {
   const offsets = { stdout: 0, stderr: 0 };
   const actionErr = h('div', { class: 'err', role: 'alert', id: 'action-err' });
   let job = null;
+  let headSig = '';
   let logTimer = null;
   // The log is not in the event stream: read from where it was left, again every 2 s while the
   // job runs and this page is open, and once more when it ends.
@@ -516,15 +517,21 @@ function jobView(id) {
       return;
     }
     const live = job.state === 'queued' || job.state === 'running';
-    fill(head, 
-      h('h1', {}, `Job #${job.id} ${job.name || ''} `, stateCell(job.held ? 'held' : job.state)),
-      h('div', { class: 'actions' },
-        h('button', { class: 'danger', id: 'cancel', disabled: !live, onclick: () => act('cancel') }, 'Cancel'),
-        job.state === 'queued' ? h('button', { id: 'hold', onclick: () => act(job.held ? 'release' : 'hold') }, job.held ? 'Release' : 'Hold') : null,
-        job.state === 'queued' ? priorityControl(job) : null,
-        job.stopping ? h('span', { class: 'badge warn' }, `stopping: ${job.stopping}`) : null,
-        actionErr));
-    fill(body, 
+    // The title and actions are drawn again only when they change: a value being typed (the
+    // priority) survives the reloads that events bring.
+    const sig = JSON.stringify([job.state, job.held, job.priority, job.stopping || '', job.name]);
+    if (sig !== headSig) {
+      headSig = sig;
+      fill(head,
+        h('h1', {}, `Job #${job.id} ${job.name || ''} `, stateCell(job.held ? 'held' : job.state)),
+        h('div', { class: 'actions' },
+          h('button', { class: 'danger', id: 'cancel', disabled: !live, onclick: () => act('cancel') }, 'Cancel'),
+          job.state === 'queued' ? h('button', { id: 'hold', onclick: () => act(job.held ? 'release' : 'hold') }, job.held ? 'Release' : 'Hold') : null,
+          job.state === 'queued' ? priorityControl(job) : null,
+          job.stopping ? h('span', { class: 'badge warn' }, `stopping: ${job.stopping}`) : null,
+          actionErr));
+    }
+    fill(body,
       job.waiting ? h('div', { class: 'note', id: 'waiting' }, h('b', {}, 'Waiting: '), job.waiting) : null,
       h('dl', { class: 'kv panel' },
         h('dt', {}, 'owner'), h('dd', {}, job.owner),
@@ -553,6 +560,8 @@ function jobView(id) {
 }
 
 function signIn(message) {
+  started = false;
+  delete document.body.dataset.route;
   if (S.stopStream) S.stopStream();
   S.stopStream = null;
   setToken('');
@@ -575,6 +584,9 @@ function signIn(message) {
   input.focus();
 }
 
+// The page routes once it has its data (start); a hash change before that waits for it.
+let started = false;
+
 function route() {
   const hash = location.hash || '#/';
   for (const a of document.querySelectorAll('[data-nav]')) a.removeAttribute('aria-current');
@@ -590,6 +602,7 @@ function route() {
     document.querySelector('[data-nav=overview]').setAttribute('aria-current', 'page');
     overview();
   }
+  document.body.dataset.route = hash; // what is shown (tests wait for it)
 }
 
 async function start() {
@@ -609,11 +622,12 @@ async function start() {
   out.onclick = () => signIn('Signed out.');
   if (S.stopStream) S.stopStream();
   S.stopStream = openStream(onEvent, setLive);
+  started = true;
   route();
 }
 
 window.addEventListener('hashchange', () => {
-  if (view.name !== 'signin') route();
+  if (started && view.name !== 'signin') route();
 });
 takeTokenFromAddress();
 start();

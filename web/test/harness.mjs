@@ -136,6 +136,11 @@ export async function openPage(browser, server, token, path = '#/') {
     if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) page.errors.push(m.text());
   });
   await page.goto(`${server.url}/#token=${token}`);
-  if (path !== '#/') await page.evaluate((p) => { location.hash = p; }, path);
+  // Signed in and shown: the page says which route it shows once it has its data.
+  await page.waitForSelector('body[data-route="#/"]');
+  if (path !== '#/') {
+    await page.evaluate((p) => { location.hash = p; }, path);
+    await page.waitForSelector(`body[data-route="${path}"]`);
+  }
   return page;
 }
