@@ -56,6 +56,8 @@ std::string Fingerprint(const NodeGpusInfo& n) {
 }
 
 std::string WaitKind(const std::string& why) {
+  // A gang whose victims are stopping waits for preemption, not for its members.
+  if (why.find("preempted job(s) to stop") != std::string::npos) return "preemption";
   if (why.rfind("gang", 0) == 0) return "gang";
   if (why.rfind("quota", 0) == 0) return "quota";
   if (why.find("preempt") != std::string::npos) return "preemption";

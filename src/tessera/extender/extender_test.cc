@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tessera/extender/test_objects.h"
 
 namespace tessera::extender {
@@ -306,6 +308,35 @@ TEST_F(ExtenderTest, PriorityPreemptsLowerPriorityPods) {
   // The victim goes; the next filter starts the pod.
   ex_->OnPod(Ev::kDeleted, GpuPod("ml", "low", {.gpus = 2, .priority = 1}));
   EXPECT_EQ(ex_->Filter(high, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+TEST_F(ExtenderTest, AGangOfHigherPriorityPreemptsAsAWhole) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // two GPUs
+  json low0 = GpuPod("ml", "low0", {.gpus = 1, .priority = 1});
+  json low1 = GpuPod("ml", "low1", {.gpus = 1, .priority = 1});
+  ASSERT_EQ(Schedule(low0, {"a"}), "a");
+  ASSERT_EQ(Schedule(low1, {"a"}), "a");
+  json annotations = {{"tessera.io/gang", "pair"}, {"tessera.io/gang-size", "2"}};
+  json p0 = GpuPod("ml", "p0", {.gpus = 1, .priority = 100, .annotations = annotations});
+  json p1 = GpuPod("ml", "p1", {.gpus = 1, .priority = 100, .annotations = annotations});
+  EXPECT_EQ(ex_->Filter(p0, {"a"}).wait_kind, "gang");
+  // Complete, it fits nowhere: both low pods are evicted for it, and nothing is placed yet.
+  FilterResult f = ex_->Filter(p1, {"a"});
+  EXPECT_THAT(f.nodes, IsEmpty());
+  EXPECT_EQ(f.wait_kind, "preemption");
+  EXPECT_THAT(f.reason, HasSubstr("gang ml/pair: waiting for 2 preempted job(s) to stop"));
+  std::vector<std::string> evicted;
+  for (const Victim& v : ex_->TakeEvictions()) evicted.push_back(v.name);
+  std::sort(evicted.begin(), evicted.end());
+  EXPECT_THAT(evicted, ElementsAre("low0", "low1"));
+  // One victim gone: still waiting for the other, nothing asked again.
+  ex_->OnPod(Ev::kDeleted, low0);
+  EXPECT_THAT(ex_->Filter(p1, {"a"}).nodes, IsEmpty());
+  EXPECT_THAT(ex_->TakeEvictions(), IsEmpty());
+  ex_->OnPod(Ev::kDeleted, low1);
+  // Both gone: the gang is placed whole.
+  EXPECT_EQ(ex_->Filter(p1, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_EQ(ex_->stats().reserved, 2);
 }
 
 TEST_F(ExtenderTest, BorrowedQuotaIsReclaimedForTheLender) {
