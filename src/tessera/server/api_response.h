@@ -1,9 +1,13 @@
 #pragma once
-// The API's answers: JSON bodies, and errors as {"code", "message"} with their HTTP status.
+// The API's answers: JSON bodies, and errors as {"code", "message"} with their HTTP status; and
+// the small parsers its handlers share.
 
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "tessera/server/http.h"
 
@@ -25,6 +29,33 @@ inline HttpResponse Error(int status, const std::string& message) {
   auto it = kCodes.find(status);
   return JsonResponse(status, nlohmann::json{{"code", it == kCodes.end() ? "error" : it->second},
                                              {"message", message}});
+}
+
+// 404 for a job that is not there, 500 for anything else the store says.
+inline HttpResponse StatusError(const absl::Status& st) {
+  return Error(st.code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(st.message()));
+}
+
+// 400 for a malformed reference, 404 for a job that is not there, 500 for the rest.
+inline HttpResponse RefError(const absl::Status& st) {
+  return Error(st.code() == absl::StatusCode::kInvalidArgument ? 400
+               : st.code() == absl::StatusCode::kNotFound      ? 404
+                                                               : 500,
+               std::string(st.message()));
+}
+
+// A value, or JSON null when there is none.
+template <typename T>
+nlohmann::json OrNull(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+// A time as a query gives it: seconds since the epoch, 0..1e11; nullopt for anything else.
+inline std::optional<double> ParseEpochSeconds(const std::string& v) {
+  char* end = nullptr;
+  const double t = strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(t >= 0) || t > 1e11) return std::nullopt;
+  return t;
 }
 
 }  // namespace tessera::server

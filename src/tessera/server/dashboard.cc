@@ -28,9 +28,15 @@ constexpr double kKeepAliveS = 15;
 constexpr int kEventBatch = 500;
 constexpr int64_t kMaxReplay = 5000;
 
-template <typename T>
-json Nullable(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
+// A whole number 0..10^18 (an event number, a GPU index); nullopt for anything else.
+std::optional<int64_t> ParseCount(std::string_view s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
 }
 
 std::string SseEvent(std::string_view event, const std::string& data, int64_t id = 0) {
@@ -56,6 +62,12 @@ bool Server::Feed::Wait(uint64_t* seen, double timeout_s) {
   return !closed_;
 }
 
+bool Server::Feed::SleepUntil(std::chrono::steady_clock::time_point t) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, t, [&] { return closed_; });
+  return !closed_;
+}
+
 void Server::Feed::Close() {
   {
     std::lock_guard lock(mu_);
@@ -64,28 +76,16 @@ void Server::Feed::Close() {
   cv_.notify_all();
 }
 
-bool Server::Feed::closed() {
-  std::lock_guard lock(mu_);
-  return closed_;
-}
-
 void Server::StartHistory(bool thread) {
   store_->set_on_change([this] { feed_.Bump(); });
   if (!thread) return;
   sampler_ = std::thread([this] {
-    uint64_t seen = 0;
     auto next = std::chrono::steady_clock::now();
-    while (!feed_.closed()) {
+    do {
       TakeSample();
       next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(config_.history_interval_s));
-      // Waits out the interval (woken early by changes: waits again) or until the server stops.
-      for (;;) {
-        const double left =
-            std::chrono::duration<double>(next - std::chrono::steady_clock::now()).count();
-        if (left <= 0 || !feed_.Wait(&seen, left)) break;
-      }
-    }
+    } while (feed_.SleepUntil(next));  // the interval, or until the server stops
   });
 }
 
@@ -101,18 +101,18 @@ std::string Server::TakeSample() {
     const auto& state = scheduler_->state();
     for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
       const auto& use = state.gpu_use(0, static_cast<int>(g));
-      alloc.push_back(use.milli / 1000.0);
+      alloc.push_back(static_cast<double>(use.milli) / core::kMilliPerGpu);
       alloc_mem.push_back(static_cast<uint64_t>(use.memory_mib) << 20);
       busy += use.milli > 0 || use.memory_mib > 0;
-      allocated += use.milli / 1000.0;
+      allocated += static_cast<double>(use.milli) / core::kMilliPerGpu;
       healthy += gpu_healthy_[g] ? 1 : 0;
     }
     queued = queued_.size();
     running = running_.size();
   }
   for (const devices::GpuTelemetry& t : telemetry) {
-    util.push_back(Nullable(t.utilization));
-    mem.push_back(Nullable(t.memory_used_bytes));
+    util.push_back(OrNull(t.utilization));
+    mem.push_back(OrNull(t.memory_used_bytes));
   }
   const json j = {
       {"at", now},          {"queued", queued},       {"running", running}, {"busy", busy},
@@ -135,15 +135,12 @@ HttpResponse Server::History(const HttpRequest& req) {
   const double now = Now();
   double since = now - config_.history_window_s;
   if (auto it = req.query.find("since"); it != req.query.end()) {
-    try {
-      size_t used = 0;
-      double v = std::stod(it->second, &used);
-      if (used != it->second.size()) throw std::invalid_argument("trailing text");
-      since = std::max(since, v);
-    } catch (const std::exception&) {
+    const std::optional<double> v = ParseEpochSeconds(it->second);
+    if (!v) {
       return Error(400,
                    fmt::format("since: expected seconds since the epoch, got '{}'", it->second));
     }
+    since = std::max(since, *v);
   }
   auto samples = store_->Samples(since);
   if (!samples.ok()) return Error(500, std::string(samples.status().message()));
@@ -166,16 +163,12 @@ HttpResponse Server::Stream(const HttpRequest& req, const std::string& user, boo
   if (auto it = req.query.find("after"); from.empty() && it != req.query.end()) from = it->second;
   int64_t cursor = 0;
   if (!from.empty()) {
-    size_t used = 0;
-    try {
-      cursor = std::stoll(from, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != from.size() || cursor < 0) {
+    const std::optional<int64_t> n = ParseCount(from);
+    if (!n) {
       return Error(400,
                    fmt::format("Last-Event-ID/after: expected an event number, got '{}'", from));
     }
+    cursor = *n;
   } else {
     auto last = store_->LastEventSeq();
     if (!last.ok()) return Error(500, std::string(last.status().message()));
@@ -316,14 +309,10 @@ HttpResponse Server::SetPriority(const std::string& ref, const HttpRequest& req,
   }
   const int priority = body["priority"].get<int>();
   auto ids = Resolve(ref, false);
-  if (!ids.ok())
-    return Error(ids.status().code() == absl::StatusCode::kNotFound ? 404 : 400,
-                 std::string(ids.status().message()));
+  if (!ids.ok()) return RefError(ids.status());
   const int64_t id = ids->front();
   auto r = store_->Get(id);
-  if (!r.ok())
-    return Error(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500,
-                 std::string(r.status().message()));
+  if (!r.ok()) return StatusError(r.status());
   if (r->owner != user && !admin) {
     return Error(
         403, fmt::format("job {} belongs to {}; only its owner or an admin may change its priority",
@@ -363,16 +352,10 @@ HttpResponse Server::SimulateHealth(const std::string& gpu, const HttpRequest& r
   auto* sim = dynamic_cast<devices::SimulatedSource*>(source_.get());
   if (!inventory_.simulated || sim == nullptr)
     return Error(409, "this machine's GPUs are real: only a simulated machine's can be made sick");
-  int index = -1;
-  try {
-    size_t used = 0;
-    index = std::stoi(gpu, &used);
-    if (used != gpu.size()) index = -1;
-  } catch (const std::exception&) {
-    index = -1;
-  }
-  if (index < 0 || index >= static_cast<int>(inventory_.gpus.size()))
+  const std::optional<int64_t> n = ParseCount(gpu);
+  if (!n || *n >= static_cast<int64_t>(inventory_.gpus.size()))
     return Error(404, fmt::format("gpu {}: no such GPU (0..{})", gpu, inventory_.gpus.size() - 1));
+  const int index = static_cast<int>(*n);
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object() || body.size() != 1 ||
       !((body.contains("xid") && body["xid"].is_number_unsigned()) ||

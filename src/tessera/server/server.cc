@@ -85,11 +85,6 @@ std::string Escape(std::string_view v) {  // a Prometheus label value
   return out;
 }
 
-// 404 for a job that is not there, 500 for anything else the store says.
-HttpResponse StatusError(const absl::Status& st) {
-  return Error(st.code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(st.message()));
-}
-
 json EventsJson(const std::vector<JobEvent>& events) {
   json out = json::array();
   for (const JobEvent& e : events)
@@ -131,14 +126,6 @@ std::optional<int> ParseIndex(std::string_view s) {
     v = v * 10 + (c - '0');
   }
   return v <= kMaxArrayIndex ? std::optional(v) : std::nullopt;
-}
-
-// 400 for a malformed reference, 404 for a job that is not there, 500 for the rest.
-HttpResponse RefError(const absl::Status& st) {
-  return Error(st.code() == absl::StatusCode::kInvalidArgument ? 400
-               : st.code() == absl::StatusCode::kNotFound      ? 404
-                                                               : 500,
-               std::string(st.message()));
 }
 
 // What of a job only its owner and admins see: its environment (tokens, keys), working directory
@@ -1922,10 +1909,6 @@ json Server::Info() {
 namespace {
 constexpr double kTelemetryMaxAgeS = 1.0;
 
-template <typename T>
-json OrNull(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
 }  // namespace
 
 std::vector<devices::GpuTelemetry> Server::Telemetry() {
@@ -2036,11 +2019,9 @@ HttpResponse Server::Acct(const HttpRequest& req, const std::string& user, bool 
     if (k != "since" && k != "until" && k != "user")
       return Error(400, fmt::format("unknown query parameter '{}'", k));
     if (k == "user") continue;
-    char* end = nullptr;
-    const double t = strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(t >= 0) || t > 1e11)
-      return Error(400, fmt::format("{}: expected seconds since the epoch, got '{}'", k, v));
-    (k == "since" ? since : until) = t;
+    const std::optional<double> t = ParseEpochSeconds(v);
+    if (!t) return Error(400, fmt::format("{}: expected seconds since the epoch, got '{}'", k, v));
+    (k == "since" ? since : until) = *t;
   }
   if (until < since)
     return Error(400, fmt::format("until ({}) is before since ({})", until, since));

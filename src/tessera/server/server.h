@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -346,8 +347,9 @@ class Server {
     void Bump();
     // Waits until the version passes `seen` (then updates it) or `timeout_s`; false once closed.
     bool Wait(uint64_t* seen, double timeout_s);
+    // Waits until `t` or the close; false once closed.
+    bool SleepUntil(std::chrono::steady_clock::time_point t);
     void Close();
-    bool closed();
 
    private:
     std::mutex mu_;
