@@ -92,6 +92,19 @@ JobRecord ReadJob(sqlite3_stmt* s) {
   return r;
 }
 
+// The rows of a query that selects an event's job_id, at, state, reason and id, in that order.
+absl::StatusOr<std::vector<JobEvent>> ReadEvents(Stmt& s, sqlite3* db) {
+  std::vector<JobEvent> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
+                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3),
+                   sqlite3_column_int64(s.get(), 4)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
+  return out;
+}
+
 }  // namespace
 
 std::string_view JobStateName(JobState s) { return kStateNames[static_cast<int>(s)]; }
@@ -626,17 +639,10 @@ absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& 
 absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, "SELECT job_id, at, state, reason FROM events WHERE job_id = ? ORDER BY id");
+  Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE job_id = ? ORDER BY id");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
-  std::vector<JobEvent> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
-                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3)});
-  }
-  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
-  return out;
+  return ReadEvents(s, db);
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double until) {
@@ -674,20 +680,13 @@ absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
   Stmt s(db,
-         "SELECT e.job_id, e.at, e.state FROM events e JOIN jobs j ON j.id = e.job_id WHERE "
-         "(j.ended_at IS NULL OR j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY e.job_id, "
-         "e.id");
+         "SELECT e.job_id, e.at, e.state, '', e.id FROM events e JOIN jobs j ON j.id = e.job_id "
+         "WHERE (j.ended_at IS NULL OR j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY "
+         "e.job_id, e.id");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, since);
   s.Bind(2, until);
-  std::vector<JobEvent> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
-                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), ""});
-  }
-  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
-  return out;
+  return ReadEvents(s, db);
 }
 
 absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit) {
@@ -697,15 +696,7 @@ absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit)
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, seq);
   s.Bind(2, int64_t{limit});
-  std::vector<JobEvent> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
-                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3),
-                   sqlite3_column_int64(s.get(), 4)});
-  }
-  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
-  return out;
+  return ReadEvents(s, db);
 }
 
 absl::StatusOr<int64_t> Store::LastEventSeq() {

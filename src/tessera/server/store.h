@@ -61,7 +61,7 @@ struct JobEvent {
   double at = 0;
   JobState state = JobState::kQueued;
   std::string reason;
-  int64_t seq = 0;  // its place among every job's events (EventsAfter only)
+  int64_t seq = 0;  // its place among every job's events (the resume point of an event stream)
 };
 
 // One point of the machine's recent history (what the dashboard charts), as the caller's JSON.
