@@ -230,6 +230,12 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     _exit(127);
   };
   if (pid == 0) {
+    // Nothing of the server's (its listening sockets, the database) stays open in the child past
+    // this line, not only from its exec on: a server killed while this child is still starting
+    // (cgroup writes, forks: long on a loaded machine) must be able to start again at once, and a
+    // socket held here made the next server find one "already listening".
+    if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
+    close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);
     setpgid(0, 0);
     // Into the job's cgroups first, so that the shepherd and everything the job starts are
     // confined and counted.
@@ -268,8 +274,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
         task_pids[t] = job;
       }
       if (job > 0) {
-        // Nothing of the server's (listening sockets, the database) stays open in the shepherd.
-        close_range(3, ~0U, 0);
+        close_range(3, ~0U, 0);  // the shepherd needs not even the exec-error pipe
         int code = 0;
         bool failed = false;
         size_t left = ntasks;
@@ -334,9 +339,6 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
         _exit(code);
       }
     }
-    // Nor in the job: every descriptor but the exec-error pipe goes.
-    if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
-    close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);
     if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
     int in = open("/dev/null", O_RDONLY);
     if (in >= 0) dup2(in, 0);
