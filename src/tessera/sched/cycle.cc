@@ -247,11 +247,11 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     return false;
   };
   std::vector<Reservation> held;
-  const std::vector<Reservation>& mine_too = reserved;
-  for (const std::vector<Reservation>* list : {&mine_too, &prior}) {
-    for (const Reservation& res : *list) {
-      if (!mine(res)) held.push_back(res);
-    }
+  for (const Reservation& res : reserved) {
+    if (!mine(res)) held.push_back(res);
+  }
+  for (const Reservation& res : prior) {
+    if (!mine(res)) held.push_back(res);
   }
   if (static_cast<int>(members.size()) < r.gang_size) {
     why = fmt::format("gang {}: {} of {} members queued", r.gang, members.size(), r.gang_size);
@@ -279,10 +279,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
                          "preempted to make room there",
                          r.gang, *preemptor);
     } else if (placed.ok()) {
-      for (Entry* e : members) {
-        e->reserved_gpus.clear();
-        e->reserved_node = -1;
-      }
+      for (Entry* e : members) e->GiveUpRoom();
       for (Allocation& a : *placed) {
         done.insert(a.id);
         out.push_back(StartOf(std::move(a)));
@@ -293,10 +290,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
       if (preempted) {
         // Its room did not hold (rare: a policy's choice, a GPU turned sick): given up, planned
         // again at the next Step.
-        for (Entry* e : members) {
-          e->reserved_gpus.clear();
-          e->reserved_node = -1;
-        }
+        for (Entry* e : members) e->GiveUpRoom();
       } else if (options_.preemption && plans_left > 0 && why.find("quota") == std::string::npos) {
         --plans_left;
         if (PreemptForGang(members, now, reserved, out)) return;
@@ -304,6 +298,24 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     }
   }
   for (Entry* e : members) e->waiting = why;
+}
+
+void Cycle::AskToStop(Entry& e, std::vector<std::string> victims, NodeId node,
+                      std::vector<int> gpus, std::string reason, std::vector<Reservation>& reserved,
+                      std::vector<CycleDecision>& out) {
+  CycleDecision d;
+  d.kind = CycleDecision::Kind::kPreempt;
+  d.id = e.queued.request.id;
+  d.reason = std::move(reason);
+  // A victim already stopping for another request is not asked twice; this one waits for it too.
+  for (const std::string& v : victims) {
+    if (stopping_.insert(v).second) d.victims.push_back(v);
+  }
+  e.awaiting = std::move(victims);
+  e.reserved_node = node;
+  e.reserved_gpus = std::move(gpus);
+  reserved.push_back({e.reserved_node, &e.reserved_gpus, &e.queued.request.id});
+  if (!d.victims.empty()) out.push_back(std::move(d));
 }
 
 bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,
@@ -345,20 +357,11 @@ bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,
   const std::string why =
       fmt::format("gang {}: waiting for {} preempted job(s) to stop", gang, total);
   for (size_t i = 0; i < members.size(); ++i) {
-    Entry* e = members[i];
-    CycleDecision d;
-    d.kind = CycleDecision::Kind::kPreempt;
-    d.id = e->queued.request.id;
-    d.reason = fmt::format("preempted for gang {} (priority {})", gang, e->queued.request.priority);
-    for (const std::string& v : victims[i]) {
-      if (stopping_.insert(v).second) d.victims.push_back(v);
-    }
-    e->awaiting = victims[i];
-    e->reserved_node = placed[i].node;
-    e->reserved_gpus = placed[i].gpus;
-    reserved.push_back({e->reserved_node, &e->reserved_gpus, &e->queued.request.id});
-    e->waiting = why;
-    if (!d.victims.empty()) out.push_back(std::move(d));
+    Entry& e = *members[i];
+    AskToStop(e, std::move(victims[i]), placed[i].node, std::move(placed[i].gpus),
+              fmt::format("preempted for gang {} (priority {})", gang, e.queued.request.priority),
+              reserved, out);
+    e.waiting = why;
   }
   return true;
 }
@@ -425,8 +428,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
         reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
         continue;
       }
-      e.reserved_gpus.clear();  // its room is free: no longer reserved against itself
-      e.reserved_node = -1;
+      e.GiveUpRoom();  // its room is free: no longer reserved against itself
       preempted = true;
     }
     std::string memo = MemoKey(r);
@@ -504,21 +506,9 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
       if (!plan.possible) no_room.insert(shape_memo);
       if (plan.possible && !plan.victims.empty()) {
-        CycleDecision d;
-        d.kind = CycleDecision::Kind::kPreempt;
-        d.id = r.id;
-        d.reason = fmt::format("preempted for {} (priority {})", r.id, r.priority);
-        // A victim already stopping for another request is not asked twice; this one waits for it
-        // too.
-        for (const std::string& v : plan.victims) {
-          if (stopping_.insert(v).second) d.victims.push_back(v);
-        }
-        e.awaiting = std::move(plan.victims);
-        e.reserved_node = plan.node;
-        e.reserved_gpus = std::move(plan.gpus);
-        reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
+        AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
+                  fmt::format("preempted for {} (priority {})", r.id, r.priority), reserved, out);
         e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
-        if (!d.victims.empty()) out.push_back(std::move(d));
         continue;
       }
     }

@@ -114,6 +114,10 @@ class Cycle {
     NodeId reserved_node = -1;          // while awaiting: where its preemption plan puts it
     std::vector<int> reserved_gpus;
     std::optional<double> expected_start;  // its backfill reservation's time, as of the last Step
+    void GiveUpRoom() {
+      reserved_gpus.clear();
+      reserved_node = -1;
+    }
   };
   // A backfill reservation: where a request that cannot start now will, and from when.
   struct Backfill {
@@ -150,6 +154,11 @@ class Cycle {
                 const std::vector<Backfill>& backfill, std::vector<Reservation>& reserved,
                 const std::vector<Reservation>& prior, int& plans_left,
                 std::vector<CycleDecision>& out, std::set<std::string>& done);
+  // Asks `e`'s victims to stop (a kPreempt in `out`, without those already stopping) and reserves
+  // where they make room for it (`node`, `gpus`; in `reserved` for the rest of the Step).
+  void AskToStop(Entry& e, std::vector<std::string> victims, NodeId node, std::vector<int> gpus,
+                 std::string reason, std::vector<Reservation>& reserved,
+                 std::vector<CycleDecision>& out);
   // Plans preemption for every member of a gang on the scheduler's state (undone after); when all
   // find room, asks the victims to stop (a kPreempt per member), reserves each member's node and
   // returns true.
