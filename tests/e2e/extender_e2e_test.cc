@@ -367,6 +367,51 @@ TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
+// A gang of higher priority that fits nowhere has room made for all of its members at once: every
+// low-priority pod in its way is evicted through the API server, nothing of the gang is placed
+// until all are gone, then each member gets its own node's GPUs.
+TEST_F(ExtenderE2e, AGangOfHigherPriorityPreemptsAsAWholeOnTheWire) {
+  StartNodes();
+  StartExtender();
+  for (int i = 0; i < 4; ++i) {
+    std::string name = "low" + std::to_string(i);
+    json pod = api_.Put(std::string(kPods) + "batch/pods",
+                        PodSpec("batch", name, kGpu, 1, {}, {}, /*priority=*/1));
+    ASSERT_FALSE(Schedule(pod).empty()) << name;
+  }
+  api_.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
+           {{"metadata", {{"name", "big"}, {"namespace", "ml"}}}, {"spec", {{"minMember", 2}}}});
+  json labels = {{"scheduling.x-k8s.io/pod-group", "big"}};
+  json w0 = api_.Put(std::string(kPods) + "ml/pods",
+                     PodSpec("ml", "w0", kGpu, 2, {}, labels, /*priority=*/100));
+  json w1 = api_.Put(std::string(kPods) + "ml/pods",
+                     PodSpec("ml", "w1", kGpu, 2, {}, labels, /*priority=*/100));
+  json why;
+  ASSERT_TRUE(Until([&] {
+    Schedule(w0, &why);
+    return why.dump().find("1 of 2 members") != std::string::npos;
+  })) << why.dump();
+  // Complete, it fits nowhere: the four low pods are evicted, and nothing is placed meanwhile.
+  EXPECT_TRUE(Schedule(w1, &why).empty()) << why.dump();
+  ASSERT_TRUE(Until([&] { return api_.List(std::string(kPods) + "batch/pods").empty(); }))
+      << Log(root_ + "/extender.log");
+  // Once the extender has seen them go, both members are placed, one per node.
+  std::string n1, n0;
+  ASSERT_TRUE(Until([&] { return !(n1 = Schedule(w1)).empty(); })) << Log(root_ + "/extender.log");
+  n0 = Schedule(w0);
+  ASSERT_FALSE(n0.empty());
+  EXPECT_NE(n0, n1);
+  grpc::Status s;
+  for (const auto& [node, name] : {std::pair{n0, "w0"}, std::pair{n1, "w1"}}) {
+    std::set<std::string> chosen = Assigned("ml", name);
+    ASSERT_EQ(chosen.size(), 2u) << name;
+    auto out = Admit(node, kGpu, 2, &s);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(Split(out.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES")), chosen);
+  }
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_extender_evictions_total{result=\"evicted\"} 4"));
+}
+
 TEST_F(ExtenderE2e, AnUnhealthyGpuTakesNoNewPods) {
   StartNodes(/*xid_gpu=*/0);  // node-b's GPU 0 falls off the bus
   StartExtender();
