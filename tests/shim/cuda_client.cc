@@ -6,6 +6,8 @@
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
+//          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
+//          driverused:D
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  hold  crash
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
@@ -58,12 +60,18 @@ CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsig
                                    unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
                                    void**);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool*, const CUmemPoolProps*);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
 CUresult cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice);
 CUresult cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuCtxSynchronize();
+CUresult cuDeviceGetMemPool(CUmemoryPool*, CUdevice);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, void*);
 void fakeCudaSetDevice(int);
+uint64_t fakeCudaUsedBytes(int);
 }
 
 namespace {
@@ -86,6 +94,9 @@ struct Api {
   cuMemGetInfo_v2_fn MemGetInfo;
   cuDeviceTotalMem_v2_fn DeviceTotalMem;
   cuLaunchKernel_fn LaunchKernel;
+  cuMemPoolCreate_fn MemPoolCreate;
+  cuMemPoolDestroy_fn MemPoolDestroy;
+  cuMemPoolTrimTo_fn MemPoolTrimTo;
 };
 
 Api Linked() {
@@ -105,7 +116,10 @@ Api Linked() {
           cuMipmappedArrayDestroy,
           cuMemGetInfo_v2,
           cuDeviceTotalMem_v2,
-          cuLaunchKernel};
+          cuLaunchKernel,
+          cuMemPoolCreate,
+          cuMemPoolDestroy,
+          cuMemPoolTrimTo};
 }
 
 cuuint64_t g_flags = 0;  // cuGetProcAddress flags of the route (ptsz: per-thread default stream)
@@ -159,6 +173,9 @@ Api Resolved(const std::string& route) {
   Get(a.MemGetInfo, lib, "cuMemGetInfo_v2", gpa, "cuMemGetInfo", v2);
   Get(a.DeviceTotalMem, lib, "cuDeviceTotalMem_v2", gpa, "cuDeviceTotalMem", v2);
   Get(a.LaunchKernel, lib, "cuLaunchKernel", gpa, "cuLaunchKernel", v2);
+  Get(a.MemPoolCreate, lib, "cuMemPoolCreate", gpa, "cuMemPoolCreate", v2);
+  Get(a.MemPoolDestroy, lib, "cuMemPoolDestroy", gpa, "cuMemPoolDestroy", v2);
+  Get(a.MemPoolTrimTo, lib, "cuMemPoolTrimTo", gpa, "cuMemPoolTrimTo", v2);
   return a;
 }
 
@@ -188,6 +205,7 @@ int main(int argc, char** argv) {
   std::vector<CUarray> arrays;
   std::vector<CUmipmappedArray> mipmaps;
   std::vector<CUcontext> contexts;
+  std::vector<CUmemoryPool> pools;
   auto report = [](CUresult rc) {
     if (rc == CUDA_SUCCESS)
       puts("ok");
@@ -210,12 +228,52 @@ int main(int argc, char** argv) {
       CUresult rc = api.MemAllocPitch(&p, &pitch, n(1), n(2), 4);
       if (rc == CUDA_SUCCESS) ptrs.push_back(p);
       report(rc);
-    } else if (c[0] == "managed" || c[0] == "async" || c[0] == "pool") {
+    } else if (c[0] == "managed" || c[0] == "async" || c[0] == "pool" || c[0] == "frompool") {
+      // pool: from the current device's current pool named explicitly; frompool: from the pool
+      // made last by newpool
+      CUmemoryPool pool = nullptr;
+      if (c[0] == "pool") cuDeviceGetMemPool(&pool, 0);
+      if (c[0] == "frompool") pool = pools.empty() ? nullptr : pools.back();
       CUresult rc = c[0] == "managed" ? api.MemAllocManaged(&p, n(1) * MiB, 1)
                     : c[0] == "async" ? api.MemAllocAsync(&p, n(1) * MiB, nullptr)
-                                      : api.MemAllocFromPoolAsync(&p, n(1) * MiB, nullptr, nullptr);
+                                      : api.MemAllocFromPoolAsync(&p, n(1) * MiB, pool, nullptr);
       if (rc == CUDA_SUCCESS) ptrs.push_back(p);
       report(rc);
+    } else if (c[0] == "newpool") {
+      // newpool:D - a pool of device D's memory
+      CUmemPoolProps props{};
+      props.allocType = 1;
+      props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      props.location.id = static_cast<int>(n(1));
+      CUmemoryPool pool = nullptr;
+      CUresult rc = api.MemPoolCreate(&pool, &props);
+      if (rc == CUDA_SUCCESS) pools.push_back(pool);
+      report(rc);
+    } else if (c[0] == "pooldestroy") {
+      report(pools.empty() ? CUDA_ERROR_INVALID_VALUE : api.MemPoolDestroy(pools.back()));
+      if (!pools.empty()) pools.pop_back();
+    } else if (c[0] == "threshold") {
+      // threshold:MiB|max - the release threshold of device 0's current pool (max: keep
+      // everything, as PyTorch's cudaMallocAsync backend sets it)
+      CUmemoryPool pool = nullptr;
+      cuDeviceGetMemPool(&pool, 0);
+      cuuint64_t v = c[1] == "max" ? ~cuuint64_t{0} : n(1) * MiB;
+      report(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+    } else if (c[0] == "trim") {
+      // trim:MiB - device 0's current pool trimmed to keep at most that much
+      CUmemoryPool pool = nullptr;
+      cuDeviceGetMemPool(&pool, 0);
+      report(api.MemPoolTrimTo(pool, n(1) * MiB));
+    } else if (c[0] == "freeasync") {
+      for (CUdeviceptr q : ptrs) api.MemFreeAsync(q, nullptr);
+      ptrs.clear();
+      puts("ok");
+    } else if (c[0] == "sync") {
+      report(cuCtxSynchronize());
+    } else if (c[0] == "driverused") {
+      // driverused:D - what the (fake) driver has handed out on device D, in MiB
+      printf("%llu\n",
+             static_cast<unsigned long long>(fakeCudaUsedBytes(static_cast<int>(n(1))) / MiB));
     } else if (c[0] == "create") {
       // create:MiB[:device|:host] - on that device (default: none given, the driver's choice)
       CUmemGenericAllocationHandle h;
@@ -424,6 +482,9 @@ int main(int argc, char** argv) {
           {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate", ""},
           {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", ""},
           {"cuMemGetInfo", "cuMemGetInfo_v2", ""},
+          {"cuMemPoolCreate", "cuMemPoolCreate", ""},
+          {"cuMemPoolDestroy", "cuMemPoolDestroy", ""},
+          {"cuMemPoolTrimTo", "cuMemPoolTrimTo", ""},
           {"cuCtxCreate", "cuCtxCreate_v2", ""},
           {"cuCtxDestroy", "cuCtxDestroy_v2", ""},
           {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", ""},

@@ -36,9 +36,9 @@ TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
 }
 
 TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
-  // 29 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
-  // each flag: 29 * 7 + 10 = 213 lookups, none answered with the driver's own function.
-  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 213 checked\n");
+  // 32 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
+  // each flag: 32 * 7 + 10 = 234 lookups, none answered with the driver's own function.
+  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 234 checked\n");
   // The check itself: without the library every answer is the driver's.
   std::string bare = RunClient(Env{.preload = false}, "link", "routes");
   EXPECT_THAT(bare,
@@ -87,6 +87,57 @@ TEST(Shim, CuMemCreateCountsOnTheDeviceItsPropertiesName) {
   Env env{.limit = "0:1GiB,1:1GiB", .extra = "FAKE_CUDA_DEVICES=2"};
   EXPECT_EQ(RunClient(env, "link", "create:600:1 create:600:1 create:600:host alloc:900"),
             "ok\noom\nok\nok\n");
+}
+
+TEST(Shim, PoolMemoryStaysCountedUntilTheDriverGivesItBack) {
+  // A pool keeps what its allocations free. Released at the next synchronize by default
+  // (threshold 0)...
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "link", "async:600 freeasync info driverused:0 sync info driverused:0"),
+            "ok\nok\n424 1024\n600\nok\n1024 1024\n0\n");
+  // ...kept past it with a high threshold (PyTorch's cudaMallocAsync backend) until trimmed (to
+  // keep 100 MiB here).
+  EXPECT_EQ(
+      RunClient(env, "procaddr2", "threshold:max async:600 freeasync sync info trim:100 info"),
+      "ok\nok\nok\nok\n424 1024\nok\n924 1024\n");
+  // Reused from the pool, it is not counted twice.
+  EXPECT_EQ(RunClient(env, "link", "threshold:max async:600 freeasync async:600 info"),
+            "ok\nok\nok\nok\n424 1024\n");
+}
+
+TEST(Shim, APoolsIdleMemoryIsTrimmedBeforeAnAllocationIsRefused) {
+  // The process's own pool holds 600 MiB it does not use: an allocation that needs it gets it,
+  // and the driver never holds more than the limit.
+  Env env{.limit = "1GiB"};
+  EXPECT_EQ(RunClient(env, "link", "threshold:max async:600 freeasync alloc:600 driverused:0"),
+            "ok\nok\nok\nok\n600\n");
+}
+
+TEST(Shim, AnotherProcesssPoolCountsAgainstTheSharedLimit) {
+  // A co-tenant's pool holds 600 MiB of a shared 1 GiB after freeing it: the job has that memory
+  // still, so a second 600 MiB is refused (both succeeded before: 1.2 GiB on the GPU).
+  std::string region = TempPath("pool.region");
+  std::filesystem::remove(region);
+  Env env{.limit = "1GiB", .region = region};
+  Running holder = Start(env, "link", "threshold:max async:600 freeasync hold");
+  EXPECT_EQ(holder.first_line, "ok\n");
+  EXPECT_EQ(RunClient(env, "link", "alloc:600 alloc:400"), "oom\nok\n");
+  holder.Stop();
+  EXPECT_EQ(RunClient(env, "link", "alloc:600"), "ok\n") << "a dead process's pool is reclaimed";
+}
+
+TEST(Shim, ACreatedPoolCountsOnItsDeviceUntilDestroyed) {
+  // Device 0 is current; the pool is device 1's: its allocations count there.
+  Env env{.limit = "0:1GiB,1:1GiB", .extra = "FAKE_CUDA_DEVICES=2"};
+  EXPECT_EQ(RunClient(env, "link",
+                      "newpool:1 frompool:600 frompool:600 alloc:900 device:1 info freeasync "
+                      "info pooldestroy info"),
+            "ok\nok\noom\nok\nok\n424 1024\nok\n424 1024\nok\n1024 1024\n");
+  // Destroyed with an allocation outstanding: the idle part goes at once, the rest when freed.
+  EXPECT_EQ(RunClient(env, "procaddr",
+                      "newpool:1 frompool:300 frompool:300 device:1 freeall frompool:300 "
+                      "pooldestroy info freeall info"),
+            "ok\nok\nok\nok\nok\nok\nok\n724 1024\nok\n1024 1024\n");
 }
 
 TEST(Shim, ConcurrentProcessesNeverExceedTheSharedLimit) {

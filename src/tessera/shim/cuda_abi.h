@@ -63,6 +63,22 @@ typedef struct CUmemAllocationProp_st {
     unsigned char reserved[4];
   } allocFlags;
 } CUmemAllocationProp;
+// A memory pool's properties (cuMemPoolCreate): where its memory lives.
+typedef struct CUmemPoolProps_st {
+  int allocType;    // CUmemAllocationType
+  int handleTypes;  // CUmemAllocationHandleType
+  CUmemLocation location;
+  void* win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} CUmemPoolProps;
+typedef int CUmemPool_attribute;  // values are cuuint64_t for the ones below
+enum {
+  CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+  CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+  CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+};
 typedef struct CUevent_st* CUevent;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;  // opaque here
 typedef struct CUlaunchConfig_st {
@@ -140,6 +156,11 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*cuMemPoolCreate_fn)(CUmemoryPool*, const CUmemPoolProps*);
+typedef CUresult (*cuMemPoolDestroy_fn)(CUmemoryPool);
+typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool, size_t);
+typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool, CUmemPool_attribute, void*);
+typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool*, CUdevice);
 typedef CUresult (*cuCtxSynchronize_fn)(void);
 typedef CUresult (*cuStreamBeginCapture_v2_fn)(CUstream, CUstreamCaptureMode);
 typedef CUresult (*cuStreamEndCapture_fn)(CUstream, CUgraph*);

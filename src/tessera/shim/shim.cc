@@ -68,6 +68,9 @@ DlsymFn RealDlsym() {
   X(cuLaunchKernelEx)             \
   X(cuLaunchCooperativeKernel)    \
   X(cuGraphLaunch)                \
+  X(cuMemPoolCreate)              \
+  X(cuMemPoolDestroy)             \
+  X(cuMemPoolTrimTo)              \
   X(cuStreamBeginCapture_v2)      \
   X(cuStreamEndCapture)           \
   X(cuCtxSynchronize)             \
@@ -93,6 +96,9 @@ DlsymFn RealDlsym() {
 struct Real {
   void* handle = nullptr;
   cuCtxGetDevice_fn cuCtxGetDevice = nullptr;
+  // Asked, not hooked: which pool cuMemAllocAsync takes from, and how much a pool holds.
+  cuDeviceGetMemPool_fn cuDeviceGetMemPool = nullptr;
+  cuMemPoolGetAttribute_fn cuMemPoolGetAttribute = nullptr;
 #define TESSERA_FIELD(name) name##_fn name = nullptr;
   TESSERA_HOOKED(TESSERA_FIELD)
 #undef TESSERA_FIELD
@@ -114,11 +120,22 @@ enum Kind : int { kDevicePtr, kHandle, kArray, kMipmapped, kKinds };
 struct Held {
   uint64_t bytes;
   int device;
+  uint64_t pool = 0;  // taken from this memory pool (its handle); 0: none
 };
 // Allocations of this process by kind and address/handle. Leaked on purpose at exit: the host
 // process's static destructors may still call into the driver.
 std::mutex* held_mu = nullptr;
 std::unordered_map<uint64_t, Held>* held = nullptr;
+// This process's memory pools (see PoolAlloc).
+struct PoolUse {
+  int device = 0;
+  uint64_t charged = 0;  // what the region holds for this pool
+  uint64_t live = 0;     // what its allocations not yet freed take
+  bool destroyed = false;
+};
+std::mutex* pool_mu = nullptr;
+std::unordered_map<uint64_t, PoolUse>* pools = nullptr;  // by handle; under *pool_mu
+std::atomic<bool> any_pool{false};
 
 void Log(const char* fmt, const char* a, const char* b = "") {
   if (verbose) fprintf(stderr, fmt, a, b);
@@ -129,6 +146,11 @@ void AfterForkChild() {
   if (held != nullptr) {
     new (held_mu) std::mutex();
     for (int k = 0; k < kKinds; ++k) held[k].clear();
+  }
+  if (pools != nullptr) {
+    new (pool_mu) std::mutex();
+    pools->clear();
+    any_pool = false;
   }
 }
 
@@ -208,6 +230,10 @@ void Init() {
   } else {
     DlsymFn sym = RealDlsym();
     real.cuCtxGetDevice = reinterpret_cast<cuCtxGetDevice_fn>(sym(real.handle, "cuCtxGetDevice"));
+    real.cuDeviceGetMemPool =
+        reinterpret_cast<cuDeviceGetMemPool_fn>(sym(real.handle, "cuDeviceGetMemPool"));
+    real.cuMemPoolGetAttribute =
+        reinterpret_cast<cuMemPoolGetAttribute_fn>(sym(real.handle, "cuMemPoolGetAttribute"));
 #define TESSERA_RESOLVE(name) real.name = reinterpret_cast<name##_fn>(sym(real.handle, #name));
     TESSERA_HOOKED(TESSERA_RESOLVE)
 #undef TESSERA_RESOLVE
@@ -241,13 +267,16 @@ void Init() {
   InitArbiter(path);
   held_mu = new (std::nothrow) std::mutex();
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
+  pool_mu = new (std::nothrow) std::mutex();
+  pools = new (std::nothrow) std::unordered_map<uint64_t, PoolUse>();
   pthread_atfork(nullptr, nullptr, AfterForkChild);
   Log("tessera-cuda: loaded (%s%s)\n", path ? path : "private region");
 }
 
 inline bool Ready() {
   pthread_once(&init_once, Init);
-  return real.handle != nullptr && region != nullptr && held != nullptr;
+  return real.handle != nullptr && region != nullptr && held != nullptr && pools != nullptr &&
+         pool_mu != nullptr;
 }
 
 int CurrentDevice() {
@@ -256,10 +285,10 @@ int CurrentDevice() {
   return d;
 }
 
-bool Remember(Kind kind, uint64_t key, uint64_t bytes, int device) {
+bool Remember(Kind kind, uint64_t key, Held h) {
   try {
     std::lock_guard lock(*held_mu);
-    held[kind][key] = Held{bytes, device};
+    held[kind][key] = h;
     return true;
   } catch (...) {
     return false;
@@ -275,19 +304,126 @@ bool Forget(Kind kind, uint64_t key, Held* out) {
   return true;
 }
 
+// Memory pools (cuMemAllocAsync, cuMemAllocFromPoolAsync: the stream-ordered allocator behind
+// cudaMallocAsync). A pool keeps the memory its allocations free, for reuse, until the driver gives
+// it back (at a synchronize, above the pool's release threshold) or it is trimmed or destroyed:
+// that memory is the job's as much as what is allocated, so each pool is charged the larger of what
+// its live allocations take and what the driver says it holds
+// (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), read again after synchronizes, trims and frees. When an
+// allocation would not fit, the idle memory of this process's pools on that device is trimmed
+// first, as a caching allocator empties its cache before it reports out of memory.
+
+// Charges the pool what it holds now: more when the driver reports more (if the limit allows),
+// less once the driver gave memory back. Under *pool_mu.
+void Refresh(uint64_t handle, PoolUse& u) {
+  uint64_t target = u.live;
+  cuuint64_t reserved = 0;
+  if (!u.destroyed && real.cuMemPoolGetAttribute != nullptr &&
+      real.cuMemPoolGetAttribute(reinterpret_cast<CUmemoryPool>(handle),
+                                 CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS &&
+      reserved > target) {
+    target = reserved;
+  }
+  if (target < u.charged) {
+    region->Release(u.device, u.charged - target);
+    u.charged = target;
+  } else if (target > u.charged && region->Reserve(u.device, target - u.charged)) {
+    u.charged = target;
+  }
+}
+
+// Gives the idle memory of this process's pools on `device` back to the driver. Under *pool_mu.
+void TrimIdleLocked(int device) {
+  for (auto& [handle, u] : *pools) {
+    if (u.device != device || u.destroyed || u.charged <= u.live) continue;
+    if (real.cuMemPoolTrimTo != nullptr)
+      real.cuMemPoolTrimTo(reinterpret_cast<CUmemoryPool>(handle), 0);
+    Refresh(handle, u);
+  }
+}
+
+// Region::Reserve, trying again after trimming the pools' idle memory on that device.
+bool Reserve(int device, uint64_t bytes) {
+  if (region->Reserve(device, bytes)) return true;
+  if (!any_pool.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(*pool_mu);
+  TrimIdleLocked(device);
+  return region->Reserve(device, bytes);
+}
+
+// Every pool's charge read again (after a synchronize, when the driver gives memory back).
+void RefreshPools() {
+  if (!any_pool.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(*pool_mu);
+  for (auto& [handle, u] : *pools) Refresh(handle, u);
+}
+
+// An allocation of `bytes` from `pool` (its device `device` unless the pool was created with
+// another) by `call`.
+template <typename Call>
+CUresult PoolAlloc(CUmemoryPool pool, int device, uint64_t bytes, CUdeviceptr* out, Call call) {
+  const uint64_t handle = reinterpret_cast<uint64_t>(pool);
+  uint64_t extra = 0;
+  try {
+    std::lock_guard lock(*pool_mu);
+    auto [it, added] = pools->try_emplace(handle);
+    PoolUse& u = it->second;
+    if (added) {
+      u.device = device;
+      any_pool.store(true, std::memory_order_release);
+    }
+    device = u.device;
+    auto missing = [&] { return u.live + bytes > u.charged ? u.live + bytes - u.charged : 0; };
+    extra = missing();
+    if (extra > 0 && !region->Reserve(device, extra)) {
+      TrimIdleLocked(device);
+      extra = missing();
+      if (extra > 0 && !region->Reserve(device, extra)) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    u.charged += extra;
+    u.live += bytes;
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  CUresult rc = call();
+  if (rc == CUDA_SUCCESS && Remember(kDevicePtr, *out, Held{bytes, device, handle})) return rc;
+  std::lock_guard lock(*pool_mu);
+  PoolUse& u = (*pools)[handle];
+  u.live -= bytes;
+  u.charged -= extra;
+  region->Release(device, extra);
+  return rc == CUDA_SUCCESS ? CUDA_ERROR_OUT_OF_MEMORY : rc;
+}
+
+// A pool allocation freed: the memory stays the pool's (charged) until the driver says otherwise;
+// `synchronous` (cuMemFree) frees may have let the driver give it back at once.
+void PoolFreed(const Held& h, bool synchronous) {
+  std::lock_guard lock(*pool_mu);
+  auto it = pools->find(h.pool);
+  if (it == pools->end()) return;
+  PoolUse& u = it->second;
+  u.live -= h.bytes < u.live ? h.bytes : u.live;
+  if (u.destroyed && u.live == 0) {
+    region->Release(u.device, u.charged);
+    pools->erase(it);
+  } else if (synchronous) {
+    Refresh(h.pool, u);
+  }
+}
+
 // Reserves, allocates with `call`, remembers; gives the reservation back when anything fails.
 template <typename Call>
 // `on`: the device (CUDA ordinal) the memory is on; -2: the current context's.
 CUresult Counted(Kind kind, uint64_t bytes, Call call, uint64_t (*key_of)(void*), void* out,
                  int on = -2) {
   const int device = on == -2 ? CurrentDevice() : on;
-  if (!region->Reserve(device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!Reserve(device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = call();
   if (rc != CUDA_SUCCESS) {
     region->Release(device, bytes);
     return rc;
   }
-  if (!Remember(kind, key_of(out), bytes, device)) {
+  if (!Remember(kind, key_of(out), Held{bytes, device})) {
     region->Release(device, bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -298,9 +434,15 @@ uint64_t PtrKey(void* p) { return *static_cast<CUdeviceptr*>(p); }
 uint64_t HandleKey(void* p) { return *static_cast<CUmemGenericAllocationHandle*>(p); }
 uint64_t ObjectKey(void* p) { return reinterpret_cast<uint64_t>(*static_cast<void**>(p)); }
 
-CUresult Uncount(Kind kind, uint64_t key) {
+// `synchronous`: freed by cuMemFree (not stream-ordered).
+CUresult Uncount(Kind kind, uint64_t key, bool synchronous = true) {
   Held h;
-  if (Forget(kind, key, &h)) region->Release(h.device, h.bytes);
+  if (!Forget(kind, key, &h)) return CUDA_SUCCESS;
+  if (h.pool != 0) {
+    PoolFreed(h, synchronous);
+  } else {
+    region->Release(h.device, h.bytes);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -340,7 +482,7 @@ TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   // The pitch is known only afterwards: reserve the least it can be, then the padding.
   const int device = CurrentDevice();
   uint64_t least = static_cast<uint64_t>(width) * height;
-  if (!region->Reserve(device, least)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!Reserve(device, least)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = real.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
   if (rc != CUDA_SUCCESS) {
     region->Release(device, least);
@@ -352,7 +494,7 @@ TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
     region->Release(device, least);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (!Remember(kDevicePtr, *dptr, bytes > least ? bytes : least, device)) {
+  if (!Remember(kDevicePtr, *dptr, Held{bytes > least ? bytes : least, device})) {
     real.cuMemFree_v2(*dptr);
     region->Release(device, bytes > least ? bytes : least);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -369,21 +511,31 @@ TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsig
 
 namespace {
 // The hooks of calls that take a stream, given the driver's legacy or per-thread entry point.
+// cuMemAllocAsync takes from the device's current pool (counted as a plain allocation when the
+// driver cannot say which that is).
 CUresult AllocAsync(cuMemAllocAsync_fn fn, CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const int device = CurrentDevice();
+  CUmemoryPool pool = nullptr;
+  if (dptr != nullptr && real.cuDeviceGetMemPool != nullptr &&
+      real.cuDeviceGetMemPool(&pool, device) == CUDA_SUCCESS && pool != nullptr) {
+    return PoolAlloc(pool, device, bytes, dptr, [&] { return fn(dptr, bytes, stream); });
+  }
   return Counted(
-      kDevicePtr, bytes, [&] { return fn(dptr, bytes, stream); }, PtrKey, dptr);
+      kDevicePtr, bytes, [&] { return fn(dptr, bytes, stream); }, PtrKey, dptr, device);
 }
 CUresult AllocFromPoolAsync(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr* dptr, size_t bytes,
                             CUmemoryPool pool, CUstream stream) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  return Counted(
-      kDevicePtr, bytes, [&] { return fn(dptr, bytes, pool, stream); }, PtrKey, dptr);
+  if (pool == nullptr || dptr == nullptr)
+    return fn(dptr, bytes, pool, stream);  // the driver's error
+  return PoolAlloc(pool, CurrentDevice(), bytes, dptr,
+                   [&] { return fn(dptr, bytes, pool, stream); });
 }
 CUresult FreeAsync(cuMemFreeAsync_fn fn, CUdeviceptr dptr, CUstream stream) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = fn(dptr, stream);
-  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr, /*synchronous=*/false);
   return rc;
 }
 }  // namespace
@@ -437,6 +589,47 @@ TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (!Ready() || real.cuMemRelease == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuMemRelease(handle);
   if (rc == CUDA_SUCCESS) Uncount(kHandle, handle);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  if (!Ready() || real.cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolCreate(pool, props);
+  // Its memory is on the device its properties name, whichever is current when it is used.
+  if (rc == CUDA_SUCCESS && pool != nullptr && props != nullptr &&
+      props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    try {
+      std::lock_guard lock(*pool_mu);
+      (*pools)[reinterpret_cast<uint64_t>(*pool)] = PoolUse{.device = props->location.id};
+      any_pool.store(true, std::memory_order_release);
+    } catch (...) {
+    }
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  if (!Ready() || real.cuMemPoolTrimTo == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolTrimTo(pool, keep);
+  std::lock_guard lock(*pool_mu);
+  auto it = pools->find(reinterpret_cast<uint64_t>(pool));
+  if (rc == CUDA_SUCCESS && it != pools->end()) Refresh(it->first, it->second);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  if (!Ready() || real.cuMemPoolDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolDestroy(pool);
+  if (rc != CUDA_SUCCESS) return rc;
+  // Its idle memory goes now; what its live allocations take, when they are freed.
+  std::lock_guard lock(*pool_mu);
+  auto it = pools->find(reinterpret_cast<uint64_t>(pool));
+  if (it == pools->end()) return rc;
+  PoolUse& u = it->second;
+  u.destroyed = true;
+  region->Release(u.device, u.charged - u.live);
+  u.charged = u.live;
+  if (u.live == 0) pools->erase(it);
   return rc;
 }
 
@@ -519,7 +712,7 @@ namespace {
 bool TakeContext(int device) {
   if (device < 0 || device >= kMaxDevices) return true;
   if (contexts_on[device].fetch_add(1) == 0 && context_overhead > 0 &&
-      !region->Reserve(device, context_overhead)) {
+      !Reserve(device, context_overhead)) {
     contexts_on[device].fetch_sub(1);
     return false;
   }
@@ -670,8 +863,13 @@ CUresult Paced(Fn fn, Args... args) {
 template <typename Fn, typename... Args>
 CUresult Synced(Fn fn, Args... args) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  SyncScope scope;
-  return fn(args...);
+  CUresult rc;
+  {
+    SyncScope scope;
+    rc = fn(args...);
+  }
+  if (rc == CUDA_SUCCESS) RefreshPools();  // pools give memory back at synchronizes
+  return rc;
 }
 
 CUresult BeginCapture(cuStreamBeginCapture_v2_fn fn, CUstream stream, CUstreamCaptureMode mode) {
@@ -840,6 +1038,9 @@ const Named kNamed[] = {
     TESSERA_NAMED("cuMemCreate", 10020, 1 << 30, cuMemCreate, nullptr, nullptr),
     TESSERA_NAMED("cuMemRelease", 10020, 1 << 30, cuMemRelease, nullptr, nullptr),
     TESSERA_NAMED("cuMemGetInfo", 3020, 1 << 30, cuMemGetInfo_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuMemPoolCreate", 11020, 1 << 30, cuMemPoolCreate, nullptr, nullptr),
+    TESSERA_NAMED("cuMemPoolDestroy", 11020, 1 << 30, cuMemPoolDestroy, nullptr, nullptr),
+    TESSERA_NAMED("cuMemPoolTrimTo", 11020, 1 << 30, cuMemPoolTrimTo, nullptr, nullptr),
     TESSERA_NAMED("cuLaunchKernel", 4000, 1 << 30, cuLaunchKernel,
                   TESSERA_PTSZ(cuLaunchKernel_ptsz)),
     TESSERA_NAMED("cuLaunchKernelEx", 11060, 1 << 30, cuLaunchKernelEx,

@@ -163,14 +163,182 @@ FAKE_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* p, size_t* pitch, size_t wi
 FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned int) {
   return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
 }
+
+// Memory pools (the stream-ordered allocator behind cuMemAllocAsync and cudaMallocAsync), as the
+// driver keeps them: a pool reserves device memory as its allocations need it and keeps what they
+// free for reuse; at each synchronize it gives back what it holds beyond the larger of its use and
+// its release threshold (default 0), and cuMemPoolTrimTo gives back what is unused above the
+// amount asked to keep. Each device has a default pool, which is its current pool until
+// cuDeviceSetMemPool names another.
+namespace {
+struct Pool {
+  int device = 0;
+  uint64_t reserved = 0, in_use = 0, threshold = 0;
+  bool destroyed = false;  // destroyed with allocations outstanding: goes when the last is freed
+};
+std::map<uintptr_t, Pool>& Pools() {  // under mu
+  static auto* m = new std::map<uintptr_t, Pool>();
+  return *m;
+}
+std::unordered_map<uint64_t, std::pair<uint64_t, uintptr_t>>& PoolLive() {  // ptr -> bytes, pool
+  static auto* m = new std::unordered_map<uint64_t, std::pair<uint64_t, uintptr_t>>();
+  return *m;
+}
+std::atomic<uintptr_t> current_pool[16];  // 0: the default pool
+uintptr_t DefaultPool(int device) { return 0xd0000 + 16 * static_cast<uintptr_t>(device); }
+Pool* FindPool(uintptr_t h) {  // under mu; the default pools exist from the start
+  auto it = Pools().find(h);
+  if (it != Pools().end()) return it->second.destroyed ? nullptr : &it->second;
+  for (int d = 0; d < Devices() && d < 16; ++d) {
+    if (h == DefaultPool(d)) return &(Pools()[h] = Pool{d});
+  }
+  return nullptr;
+}
+void Shrink(Pool& p, uint64_t keep) {  // under mu
+  if (keep < p.in_use) keep = p.in_use;
+  if (p.reserved > keep) used[p.device].fetch_sub(p.reserved - keep), p.reserved = keep;
+}
+CUresult PoolTake(uintptr_t handle, uint64_t bytes, CUdeviceptr* out) {
+  if (out == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(mu);
+  Pool* p = FindPool(handle);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t idle = p->reserved - p->in_use;
+  if (bytes > idle) {
+    const uint64_t grow = bytes - idle;
+    uint64_t cur = used[p->device].load();
+    do {
+      if (cur + grow > MemoryPerDevice()) return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!used[p->device].compare_exchange_weak(cur, cur + grow));
+    p->reserved += grow;
+  }
+  void* m = malloc(1);  // an address of its own; the pool's memory is counted, not touched
+  if (m == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  p->in_use += bytes;
+  PoolLive()[reinterpret_cast<uint64_t>(m)] = {bytes, handle};
+  *out = reinterpret_cast<uint64_t>(m);
+  return CUDA_SUCCESS;
+}
+// Frees a pool allocation (back into its pool); false when `ptr` is not one.
+bool PoolGive(uint64_t ptr) {
+  std::lock_guard lock(mu);
+  auto it = PoolLive().find(ptr);
+  if (it == PoolLive().end()) return false;
+  auto [bytes, handle] = it->second;
+  PoolLive().erase(it);
+  free(reinterpret_cast<void*>(ptr));
+  Pool& p = Pools()[handle];
+  p.in_use -= bytes;
+  if (p.destroyed && p.in_use == 0) {
+    used[p.device].fetch_sub(p.reserved);
+    Pools().erase(handle);
+  }
+  return true;
+}
+void ReleaseAtSync() {
+  std::lock_guard lock(mu);
+  for (auto& [h, p] : Pools()) {
+    if (!p.destroyed) Shrink(p, p.threshold);
+  }
+}
+}  // namespace
+
+FAKE_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice d) {
+  if (pool == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  *pool = reinterpret_cast<CUmemoryPool>(DefaultPool(d));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice d) {
+  if (pool == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  const uintptr_t cur = current_pool[d].load();
+  *pool = reinterpret_cast<CUmemoryPool>(cur ? cur : DefaultPool(d));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
+  std::lock_guard lock(mu);
+  if (d < 0 || d >= Devices() || FindPool(reinterpret_cast<uintptr_t>(pool)) == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  current_pool[d] = reinterpret_cast<uintptr_t>(pool);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  if (pool == nullptr || props == nullptr || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      props->location.id < 0 || props->location.id >= Devices())
+    return CUDA_ERROR_INVALID_VALUE;
+  static std::atomic<uintptr_t> next{0xe0000};
+  uintptr_t h = next.fetch_add(16);
+  std::lock_guard lock(mu);
+  Pools()[h] = Pool{props->location.id};
+  *pool = reinterpret_cast<CUmemoryPool>(h);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  std::lock_guard lock(mu);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(pool);
+  Pool* p = FindPool(h);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (h == DefaultPool(p->device)) return CUDA_ERROR_INVALID_VALUE;  // the driver's own
+  if (current_pool[p->device].load() == h) current_pool[p->device] = 0;
+  Shrink(*p, 0);
+  if (p->in_use == 0) {
+    Pools().erase(h);
+  } else {
+    p->destroyed = true;
+  }
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  std::lock_guard lock(mu);
+  Pool* p = FindPool(reinterpret_cast<uintptr_t>(pool));
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Shrink(*p, keep);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                           void* value) {
+  std::lock_guard lock(mu);
+  Pool* p = FindPool(reinterpret_cast<uintptr_t>(pool));
+  if (p == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  cuuint64_t v;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      v = p->threshold;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      v = p->reserved;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      v = p->in_use;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  *static_cast<cuuint64_t*>(value) = v;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                           void* value) {
+  std::lock_guard lock(mu);
+  Pool* p = FindPool(reinterpret_cast<uintptr_t>(pool));
+  if (p == nullptr || value == nullptr || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    return CUDA_ERROR_INVALID_VALUE;
+  p->threshold = *static_cast<cuuint64_t*>(value);
+  return CUDA_SUCCESS;
+}
 FAKE_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, CUstream) {
-  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
+  const int d = current_device;
+  const uintptr_t cur = current_pool[d].load();
+  return PoolTake(cur ? cur : DefaultPool(d), bytes, p);
 }
-FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool, CUstream) {
-  return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, p);
+FAKE_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* p, size_t bytes, CUmemoryPool pool,
+                                             CUstream) {
+  return PoolTake(reinterpret_cast<uintptr_t>(pool), bytes, p);
 }
-FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return Give(p); }
-FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) { return Give(p); }
+// Pool memory may be freed either way (cuMemFree waits for the stream first).
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return PoolGive(p) ? CUDA_SUCCESS : Give(p); }
+FAKE_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream) {
+  return PoolGive(p) ? CUDA_SUCCESS : Give(p);
+}
 FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes,
                                  const CUmemAllocationProp*, unsigned long long) {
   return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, h);
@@ -314,6 +482,7 @@ CUresult WaitMine() {
     timespec t{static_cast<time_t>(left / 1000000000ull), static_cast<long>(left % 1000000000ull)};
     nanosleep(&t, nullptr);
   }
+  ReleaseAtSync();
   return CUDA_SUCCESS;
 }
 
@@ -446,6 +615,9 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuStreamSynchronize", (void*)&cuStreamSynchronize},
       {"cuStreamSynchronize_ptsz", (void*)&cuStreamSynchronize_ptsz},
       {"cuEventSynchronize", (void*)&cuEventSynchronize},
+      {"cuMemPoolCreate", (void*)&cuMemPoolCreate},
+      {"cuMemPoolDestroy", (void*)&cuMemPoolDestroy},
+      {"cuMemPoolTrimTo", (void*)&cuMemPoolTrimTo},
   };
   auto it = name ? kOwn.find(name) : kOwn.end();
   return it == kOwn.end() ? nullptr : it->second;
@@ -511,6 +683,14 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuStreamSynchronize", (void*)&cuStreamSynchronize},
       {"cuEventSynchronize", (void*)&cuEventSynchronize},
       {"cuGetProcAddress", (void*)&cuGetProcAddress_v2},
+      {"cuDeviceGetDefaultMemPool", (void*)&cuDeviceGetDefaultMemPool},
+      {"cuDeviceGetMemPool", (void*)&cuDeviceGetMemPool},
+      {"cuDeviceSetMemPool", (void*)&cuDeviceSetMemPool},
+      {"cuMemPoolCreate", (void*)&cuMemPoolCreate},
+      {"cuMemPoolDestroy", (void*)&cuMemPoolDestroy},
+      {"cuMemPoolTrimTo", (void*)&cuMemPoolTrimTo},
+      {"cuMemPoolGetAttribute", (void*)&cuMemPoolGetAttribute},
+      {"cuMemPoolSetAttribute", (void*)&cuMemPoolSetAttribute},
   };
   auto it = kTable.find(name);
   return it == kTable.end() || version < 3020 ? nullptr : it->second;
