@@ -7,7 +7,7 @@
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
-//          driverused:D
+//          driverused:D  procs:INDEX:compute|graphics:VERSION
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  hold  crash
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
@@ -386,6 +386,62 @@ int main(int argc, char** argv) {
       }
       printf("%llu %llu %llu | %llu %llu %llu\n", m.total / MiB, m.free / MiB, m.used / MiB,
              m2.total / MiB, m2.free / MiB, m2.used / MiB);
+    } else if (c[0] == "procs") {
+      // procs:INDEX:compute|graphics:1|2|3 - the processes NVML lists on that GPU through that
+      // call and version: "N: PID/MiB ..." in NVML's order, this process's pid written "self"
+      void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+      auto init = nvml ? reinterpret_cast<int (*)()>(dlsym(nvml, "nvmlInit_v2")) : nullptr;
+      auto get = nvml ? reinterpret_cast<int (*)(unsigned, void**)>(
+                            dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"))
+                      : nullptr;
+      void* dev = nullptr;
+      if (init == nullptr || get == nullptr || init() != 0 ||
+          get(static_cast<unsigned>(n(1)), &dev) != 0) {
+        printf("err nvml\n");
+        continue;
+      }
+      std::string fn = std::string("nvmlDeviceGet") +
+                       (c[2] == "graphics" ? "Graphics" : "Compute") + "RunningProcesses" +
+                       (c[3] == "1" ? "" : "_v" + c[3]);
+      struct Info1 {
+        unsigned pid;
+        unsigned long long used;
+      };
+      struct Info {
+        unsigned pid;
+        unsigned long long used;
+        unsigned gi, ci;
+      };
+      unsigned count = 0;
+      std::vector<Info> infos(16);
+      std::vector<Info1> infos1(16);
+      int rc;
+      std::vector<std::pair<unsigned, unsigned long long>> got;
+      if (c[3] == "1") {
+        auto f = reinterpret_cast<int (*)(void*, unsigned*, Info1*)>(dlsym(nvml, fn.c_str()));
+        rc = f(dev, &count, nullptr);  // how many (NVML_ERROR_INSUFFICIENT_SIZE), then them
+        if (rc == 7 || rc == 0) count = 16, rc = f(dev, &count, infos1.data());
+        for (unsigned k = 0; rc == 0 && k < count; ++k)
+          got.emplace_back(infos1[k].pid, infos1[k].used);
+      } else {
+        auto f = reinterpret_cast<int (*)(void*, unsigned*, Info*)>(dlsym(nvml, fn.c_str()));
+        rc = f(dev, &count, nullptr);
+        if (rc == 7 || rc == 0) count = 16, rc = f(dev, &count, infos.data());
+        for (unsigned k = 0; rc == 0 && k < count; ++k)
+          got.emplace_back(infos[k].pid, infos[k].used);
+      }
+      if (rc != 0) {
+        printf("err %d\n", rc);
+        continue;
+      }
+      printf("%zu:", got.size());
+      for (auto [pid, used] : got) {
+        if (pid == static_cast<unsigned>(getpid()))
+          printf(" self/%llu", used / MiB);
+        else
+          printf(" %u/%llu", pid, used / MiB);
+      }
+      printf("\n");
     } else if (c[0] == "ctx" || c[0] == "ctx3" || c[0] == "ctx4") {
       CUcontext ctx;
       const CUdevice dev = static_cast<CUdevice>(n(1));

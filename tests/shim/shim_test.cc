@@ -228,6 +228,27 @@ TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
   EXPECT_EQ(RunClient(env, "link", "nvml:1"), "16384 16220 163 | 16384 16138 163\n");
 }
 
+TEST(Shim, NvmlListsOnlyTheJobsOwnProcesses) {
+  // Two other tenants' processes and this one on GPU 0: inside the job, every call and version
+  // (reached by dlsym, as pynvml and nvidia-smi do) lists this process alone.
+  std::string path = TempPath("nvml-procs.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+      "processes": [{"pid": 1, "used_memory": 2147483648}, {"pid": 999999, "used_memory": 1048576}],
+      "self_memory": 314572800}]})";
+  const std::string extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                            " FAKE_NVML_SCENARIO=" +
+                            path;
+  EXPECT_EQ(RunClient(Env{.preload = false, .extra = extra}, "link", "procs:0:compute:3"),
+            "3: 1/2048 999999/1 self/300\n");
+  for (const char* call : {"compute", "graphics"}) {
+    for (const char* version : {"1", "2", "3"}) {
+      std::string cmd = std::string("procs:0:") + call + ":" + version;
+      EXPECT_EQ(RunClient(Env{.limit = "1GiB", .extra = extra}, "link", cmd), "1: self/300\n")
+          << cmd;
+    }
+  }
+}
+
 TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
   Env env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
   // Two contexts on device 0 cost the overhead once; it comes back when the last one goes.

@@ -22,6 +22,7 @@ enum : int {
   NVML_ERROR_INSUFFICIENT_SIZE = 7,
   NVML_ERROR_DRIVER_NOT_LOADED = 9,
   NVML_ERROR_TIMEOUT = 10,
+  NVML_ERROR_FUNCTION_NOT_FOUND = 13,
   NVML_ERROR_GPU_IS_LOST = 15,
   NVML_ERROR_RESET_REQUIRED = 16,
   NVML_ERROR_UNKNOWN = 999,
@@ -85,6 +86,19 @@ typedef struct {
   unsigned int gpu;
   unsigned int memory;
 } nvmlUtilization_t;
+
+// A process on a GPU (nvmlDevice{Compute,Graphics}RunningProcesses): the first version's
+// record, and the one of _v2 and _v3 (with the MIG instance it runs on).
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
 
 typedef struct {
   nvmlDevice_t device;

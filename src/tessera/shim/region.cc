@@ -265,6 +265,14 @@ Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err
   return r;
 }
 
+bool Region::HasProcess(int pid) const {
+  if (pid <= 0) return false;
+  for (const ProcSlot& s : data_->procs) {
+    if (s.pid.load(std::memory_order_relaxed) == pid) return true;
+  }
+  return false;
+}
+
 bool Region::ClaimSlot() {
   int32_t me = static_cast<int32_t>(getpid());
   const uint64_t start = ProcessStartTime(me);

@@ -58,6 +58,8 @@ class Region {
   // Gives `bytes` back; never takes the counters below zero.
   void Release(int device, uint64_t bytes);
   void CountLaunch();
+  // Whether `pid` holds a slot: is one of the job's processes.
+  bool HasProcess(int pid) const;
 
   uint64_t Limit(int device) const;  // 0 = none
   uint64_t Used(int device) const;

@@ -1212,6 +1212,50 @@ TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMem
   return rc;
 }
 
+namespace tessera::shim {
+namespace {
+
+// The processes NVML lists on a GPU, kept to the job's own (those holding a slot in its region):
+// a tenant does not see its co-tenants' pids and memory. Fails closed: without a region, none.
+template <typename Info>
+nvmlReturn_t OwnProcesses(nvmlReturn_t rc, unsigned* count, Info* infos) {
+  if (rc != NVML_SUCCESS || count == nullptr || infos == nullptr) return rc;
+  pthread_once(&init_once, Init);
+  unsigned kept = 0;
+  for (unsigned i = 0; i < *count; ++i) {
+    if (region != nullptr && region->HasProcess(static_cast<int>(infos[i].pid)))
+      infos[kept++] = infos[i];
+  }
+  *count = kept;
+  return rc;
+}
+
+template <typename Info>
+using ProcessesFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned*, Info*);
+
+}  // namespace
+}  // namespace tessera::shim
+
+// nvmlDevice{Compute,Graphics}RunningProcesses, every version: the job's own processes only.
+#define TESSERA_NVML_PROCESSES(name, Info)                                                    \
+  TESSERA_EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned* count, Info* infos) {          \
+    static ProcessesFn<Info> real_fn = [] {                                                   \
+      pthread_once(&nvml_once, InitNvml);                                                     \
+      return real_nvml.handle == nullptr                                                      \
+                 ? nullptr                                                                    \
+                 : reinterpret_cast<ProcessesFn<Info>>(RealDlsym()(real_nvml.handle, #name)); \
+    }();                                                                                      \
+    if (real_fn == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;                             \
+    return OwnProcesses(real_fn(dev, count, infos), count, infos);                            \
+  }
+TESSERA_NVML_PROCESSES(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+TESSERA_NVML_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
+TESSERA_NVML_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+TESSERA_NVML_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+TESSERA_NVML_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t)
+TESSERA_NVML_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+#undef TESSERA_NVML_PROCESSES
+
 // dlsym is hooked so that a program (or the CUDA runtime) that dlopens libcuda.so.1 and looks entry
 // points up by name gets our hooks too.
 TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
@@ -1220,10 +1264,28 @@ TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   void* fn = sym(handle, name);
   if (fn == nullptr) return fn;
   if (name[0] == 'c' && name[1] == 'u' && Ready()) return Redirect(fn);
-  if (strcmp(name, "nvmlDeviceGetMemoryInfo") == 0)
-    return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo);
-  if (strcmp(name, "nvmlDeviceGetMemoryInfo_v2") == 0) {
-    return reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo_v2);
+  if (name[0] != 'n' || strncmp(name, "nvmlDevice", 10) != 0) return fn;
+  static const struct {
+    const char* name;
+    void* hook;
+  } kNvml[] = {
+      {"nvmlDeviceGetMemoryInfo", reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo)},
+      {"nvmlDeviceGetMemoryInfo_v2", reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo_v2)},
+      {"nvmlDeviceGetComputeRunningProcesses",
+       reinterpret_cast<void*>(&nvmlDeviceGetComputeRunningProcesses)},
+      {"nvmlDeviceGetComputeRunningProcesses_v2",
+       reinterpret_cast<void*>(&nvmlDeviceGetComputeRunningProcesses_v2)},
+      {"nvmlDeviceGetComputeRunningProcesses_v3",
+       reinterpret_cast<void*>(&nvmlDeviceGetComputeRunningProcesses_v3)},
+      {"nvmlDeviceGetGraphicsRunningProcesses",
+       reinterpret_cast<void*>(&nvmlDeviceGetGraphicsRunningProcesses)},
+      {"nvmlDeviceGetGraphicsRunningProcesses_v2",
+       reinterpret_cast<void*>(&nvmlDeviceGetGraphicsRunningProcesses_v2)},
+      {"nvmlDeviceGetGraphicsRunningProcesses_v3",
+       reinterpret_cast<void*>(&nvmlDeviceGetGraphicsRunningProcesses_v3)},
+  };
+  for (const auto& n : kNvml) {
+    if (strcmp(name, n.name) == 0) return n.hook;
   }
   return fn;
 }

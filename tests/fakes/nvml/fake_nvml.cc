@@ -3,6 +3,8 @@
 // the first nvmlInit (see tests/fakes/nvml/README.md for the format). Versioned builds export
 // subsets of the symbols (a version script per variant) to exercise the loader's fallbacks.
 
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -41,6 +43,9 @@ struct Device {
   unsigned minor = 0;
   unsigned utilization = 0, memory_utilization = 0, temperature = 40, power_mw = 100000;
   unsigned long long memory_used = 0;
+  // Its compute processes (pid, GPU memory); self_memory > 0: the calling process is one of them.
+  std::vector<std::pair<unsigned, unsigned long long>> processes;
+  unsigned long long self_memory = 0;
   std::vector<NvLink> nvlinks;
   std::map<std::string, int> errors;
   long lost_from_ms = -1, lost_until_ms = -1;
@@ -168,6 +173,10 @@ int LoadScenario(State& s) {
     dev->memory_used = d.value("memory_used", dev->memory_total / 100);
     dev->temperature = d.value("temperature", 40u);
     dev->power_mw = d.value("power_mw", 100000u);
+    // "processes": [{"pid": N, "used_memory": bytes}], "self_memory": bytes (the caller too)
+    for (const json& pr : d.value("processes", json::array()))
+      dev->processes.emplace_back(pr.value("pid", 0u), pr.value("used_memory", 0ull));
+    dev->self_memory = d.value("self_memory", 0ull);
     if (d.contains("errors")) dev->errors = d["errors"].get<std::map<std::string, int>>();
     dev->lost_from_ms = d.value("lost_from_ms", -1L);
     dev->lost_until_ms = d.value("lost_until_ms", -1L);
@@ -363,6 +372,38 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t* m) {
   m->free = m->total - m->used;
   return NVML_SUCCESS;
 }
+
+// The running processes, as NVML answers: too small a buffer (or none) gets the count needed and
+// NVML_ERROR_INSUFFICIENT_SIZE.
+template <typename Info>
+nvmlReturn_t RunningProcesses(Device* d, unsigned* count, Info* infos) {
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  std::vector<std::pair<unsigned, unsigned long long>> all = d->processes;
+  if (d->self_memory > 0) all.emplace_back(static_cast<unsigned>(getpid()), d->self_memory);
+  if (*count < all.size() || (infos == nullptr && !all.empty())) {
+    *count = static_cast<unsigned>(all.size());
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    infos[i] = Info{};
+    infos[i].pid = all[i].first;
+    infos[i].usedGpuMemory = all[i].second;
+  }
+  *count = static_cast<unsigned>(all.size());
+  return NVML_SUCCESS;
+}
+#define FAKE_PROCESSES(name, Info)                                           \
+  EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned* count, Info* infos) { \
+    DEVICE_OR_FAIL(#name);                                                   \
+    return RunningProcesses(d, count, infos);                                \
+  }
+FAKE_PROCESSES(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+FAKE_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
+FAKE_PROCESSES(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
+FAKE_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+FAKE_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t)
+FAKE_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+#undef FAKE_PROCESSES
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
   DEVICE_OR_FAIL("nvmlDeviceGetMemoryInfo_v2");
