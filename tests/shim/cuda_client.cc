@@ -7,7 +7,7 @@
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
-//          driverused:D  procs:INDEX:compute|graphics:VERSION
+//          driverused:D  procs:INDEX:compute|graphics:VERSION  module  moduleex  moduleunload
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  hold  crash
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
@@ -63,6 +63,9 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuMemPoolCreate(CUmemoryPool*, const CUmemPoolProps*);
 CUresult cuMemPoolDestroy(CUmemoryPool);
 CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuModuleLoadData(CUmodule*, const void*);
+CUresult cuModuleLoadDataEx(CUmodule*, const void*, unsigned int, CUjit_option*, void**);
+CUresult cuModuleUnload(CUmodule);
 CUresult cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice);
 CUresult cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
@@ -97,6 +100,9 @@ struct Api {
   cuMemPoolCreate_fn MemPoolCreate;
   cuMemPoolDestroy_fn MemPoolDestroy;
   cuMemPoolTrimTo_fn MemPoolTrimTo;
+  cuModuleLoadData_fn ModuleLoadData;
+  cuModuleLoadDataEx_fn ModuleLoadDataEx;
+  cuModuleUnload_fn ModuleUnload;
 };
 
 Api Linked() {
@@ -119,7 +125,10 @@ Api Linked() {
           cuLaunchKernel,
           cuMemPoolCreate,
           cuMemPoolDestroy,
-          cuMemPoolTrimTo};
+          cuMemPoolTrimTo,
+          cuModuleLoadData,
+          cuModuleLoadDataEx,
+          cuModuleUnload};
 }
 
 cuuint64_t g_flags = 0;  // cuGetProcAddress flags of the route (ptsz: per-thread default stream)
@@ -176,6 +185,9 @@ Api Resolved(const std::string& route) {
   Get(a.MemPoolCreate, lib, "cuMemPoolCreate", gpa, "cuMemPoolCreate", v2);
   Get(a.MemPoolDestroy, lib, "cuMemPoolDestroy", gpa, "cuMemPoolDestroy", v2);
   Get(a.MemPoolTrimTo, lib, "cuMemPoolTrimTo", gpa, "cuMemPoolTrimTo", v2);
+  Get(a.ModuleLoadData, lib, "cuModuleLoadData", gpa, "cuModuleLoadData", v2);
+  Get(a.ModuleLoadDataEx, lib, "cuModuleLoadDataEx", gpa, "cuModuleLoadDataEx", v2);
+  Get(a.ModuleUnload, lib, "cuModuleUnload", gpa, "cuModuleUnload", v2);
   return a;
 }
 
@@ -206,6 +218,7 @@ int main(int argc, char** argv) {
   std::vector<CUmipmappedArray> mipmaps;
   std::vector<CUcontext> contexts;
   std::vector<CUmemoryPool> pools;
+  std::vector<CUmodule> modules;
   auto report = [](CUresult rc) {
     if (rc == CUDA_SUCCESS)
       puts("ok");
@@ -268,6 +281,16 @@ int main(int argc, char** argv) {
       for (CUdeviceptr q : ptrs) api.MemFreeAsync(q, nullptr);
       ptrs.clear();
       puts("ok");
+    } else if (c[0] == "module" || c[0] == "moduleex") {
+      static const char kImage[] = "fake cubin";
+      CUmodule m = nullptr;
+      CUresult rc = c[0] == "module" ? api.ModuleLoadData(&m, kImage)
+                                     : api.ModuleLoadDataEx(&m, kImage, 0, nullptr, nullptr);
+      if (rc == CUDA_SUCCESS) modules.push_back(m);
+      report(rc);
+    } else if (c[0] == "moduleunload") {
+      report(modules.empty() ? CUDA_ERROR_INVALID_VALUE : api.ModuleUnload(modules.back()));
+      if (!modules.empty()) modules.pop_back();
     } else if (c[0] == "sync") {
       report(cuCtxSynchronize());
     } else if (c[0] == "driverused") {
@@ -541,6 +564,9 @@ int main(int argc, char** argv) {
           {"cuMemPoolCreate", "cuMemPoolCreate", ""},
           {"cuMemPoolDestroy", "cuMemPoolDestroy", ""},
           {"cuMemPoolTrimTo", "cuMemPoolTrimTo", ""},
+          {"cuModuleLoadData", "cuModuleLoadData", ""},
+          {"cuModuleLoadDataEx", "cuModuleLoadDataEx", ""},
+          {"cuModuleUnload", "cuModuleUnload", ""},
           {"cuCtxCreate", "cuCtxCreate_v2", ""},
           {"cuCtxDestroy", "cuCtxDestroy_v2", ""},
           {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", ""},

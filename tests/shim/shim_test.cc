@@ -36,9 +36,9 @@ TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
 }
 
 TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
-  // 32 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
-  // each flag: 32 * 7 + 10 = 234 lookups, none answered with the driver's own function.
-  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 234 checked\n");
+  // 35 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
+  // each flag: 35 * 7 + 10 = 255 lookups, none answered with the driver's own function.
+  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 255 checked\n");
   // The check itself: without the library every answer is the driver's.
   std::string bare = RunClient(Env{.preload = false}, "link", "routes");
   EXPECT_THAT(bare,
@@ -264,6 +264,29 @@ TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
   // A context that would not fit is refused like an allocation.
   Env small{.limit = "200MiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
   EXPECT_EQ(RunClient(small, "link", "ctx:0"), "oom\n");
+}
+
+TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
+  // No overhead configured: what the driver says this process holds beyond its allocations (a
+  // context's 300 MiB, a module's 100 MiB; NVML's process list) is charged, and given back when
+  // they go. The limit never saw either before.
+  std::string path = TempPath("nvml-self.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                                          "self_memory": "cuda"}]})";
+  const std::string extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                            " FAKE_NVML_SCENARIO=" +
+                            path + " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=100";
+  Env env{.limit = "1GiB", .extra = extra};
+  EXPECT_EQ(RunClient(env, "link",
+                      "ctx:0 info alloc:200 info module info moduleunload info ctxdestroy info"),
+            "ok\n724 1024\nok\n524 1024\nok\n424 1024\nok\n524 1024\nok\n824 1024\n");
+  EXPECT_EQ(RunClient(env, "procaddr2", "primary:0 moduleex info primaryrelease:0 info"),
+            "ok\nok\n624 1024\nok\n924 1024\n");
+  // A context or a module that does not fit is refused, and leaves nothing behind.
+  Env small{.limit = "350MiB", .extra = extra};
+  EXPECT_EQ(RunClient(small, "link", "ctx:0 module info driverused:0"), "ok\noom\n50 350\n300\n");
+  Env tiny{.limit = "200MiB", .extra = extra};
+  EXPECT_EQ(RunClient(tiny, "link", "ctx:0 driverused:0 alloc:200"), "oom\n0\nok\n");
 }
 
 TEST(Shim, MalformedSettingsAreSaidAndIgnored) {

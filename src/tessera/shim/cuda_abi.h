@@ -156,6 +156,12 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef struct CUmod_st* CUmodule;
+typedef int CUjit_option;
+typedef CUresult (*cuModuleLoadData_fn)(CUmodule*, const void*);
+typedef CUresult (*cuModuleLoadDataEx_fn)(CUmodule*, const void*, unsigned int, CUjit_option*,
+                                          void**);
+typedef CUresult (*cuModuleUnload_fn)(CUmodule);
 typedef CUresult (*cuMemPoolCreate_fn)(CUmemoryPool*, const CUmemPoolProps*);
 typedef CUresult (*cuMemPoolDestroy_fn)(CUmemoryPool);
 typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool, size_t);

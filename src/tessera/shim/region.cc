@@ -265,6 +265,11 @@ Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err
   return r;
 }
 
+uint64_t Region::SlotUsed(int device) const {
+  if (slot_ == nullptr || device < 0 || device >= kMaxDevices) return 0;
+  return slot_->used[device].load(std::memory_order_relaxed);
+}
+
 bool Region::HasProcess(int pid) const {
   if (pid <= 0) return false;
   for (const ProcSlot& s : data_->procs) {

@@ -58,6 +58,8 @@ class Region {
   // Gives `bytes` back; never takes the counters below zero.
   void Release(int device, uint64_t bytes);
   void CountLaunch();
+  // What this process's slot holds on `device`.
+  uint64_t SlotUsed(int device) const;
   // Whether `pid` holds a slot: is one of the job's processes.
   bool HasProcess(int pid) const;
 

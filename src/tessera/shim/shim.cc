@@ -71,6 +71,9 @@ DlsymFn RealDlsym() {
   X(cuMemPoolCreate)              \
   X(cuMemPoolDestroy)             \
   X(cuMemPoolTrimTo)              \
+  X(cuModuleLoadData)             \
+  X(cuModuleLoadDataEx)           \
+  X(cuModuleUnload)               \
   X(cuStreamBeginCapture_v2)      \
   X(cuStreamEndCapture)           \
   X(cuCtxSynchronize)             \
@@ -113,6 +116,11 @@ int physical_gpu[kMaxDevices];  // CUDA ordinal here -> the arbiter's GPU index
 // while any context of this process lives there.
 uint64_t context_overhead = 0;
 std::atomic<int> contexts_on[kMaxDevices];
+// Without a configured overhead, the memory the job's allocations do not show (contexts, module
+// code) is measured: the driver's own figure for this process (NVML's process list) less what is
+// counted, charged per device after a context is made or a module loaded (Reconcile).
+bool measure_footprint = false;
+bool Reconcile(int device);
 pthread_once_t init_once = PTHREAD_ONCE_INIT;
 bool verbose = false;
 
@@ -255,6 +263,7 @@ void Init() {
     region = Region::Private(limits, count, err, sizeof err);
   }
   const char* overhead = getenv("TESSERA_CUDA_CONTEXT_OVERHEAD");
+  measure_footprint = overhead == nullptr || *overhead == 0;
   if (overhead && *overhead) {
     uint64_t v[kMaxDevices];
     int n = 0;
@@ -744,6 +753,12 @@ CUresult CountedContext(CUcontext* ctx, CUdevice device, Create create) {
     DropContext(device);
     return rc;
   }
+  if (measure_footprint && !Reconcile(device)) {  // its memory does not fit the job's limit
+    real.cuCtxDestroy_v2(*ctx);
+    DropContext(device);
+    Reconcile(device);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   try {
     std::lock_guard lock(context_mu);
     if (context_device == nullptr) context_device = new std::unordered_map<CUcontext, int>();
@@ -789,6 +804,7 @@ TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
       }
     }
     DropContext(device);
+    if (measure_footprint && device >= 0) Reconcile(device);
   }
   return rc;
 }
@@ -797,14 +813,55 @@ TESSERA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device
   if (!Ready() || real.cuDevicePrimaryCtxRetain == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, device);
-  if (rc != CUDA_SUCCESS) DropContext(device);
+  if (rc != CUDA_SUCCESS) {
+    DropContext(device);
+  } else if (measure_footprint && !Reconcile(device)) {
+    real.cuDevicePrimaryCtxRelease_v2(device);
+    DropContext(device);
+    Reconcile(device);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   return rc;
 }
 
 TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   if (!Ready() || real.cuDevicePrimaryCtxRelease_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuDevicePrimaryCtxRelease_v2(device);
-  if (rc == CUDA_SUCCESS) DropContext(device);
+  if (rc == CUDA_SUCCESS) {
+    DropContext(device);
+    if (measure_footprint) Reconcile(device);
+  }
+  return rc;
+}
+
+namespace {
+// A module's code and data live in device memory: measured like a context's (Reconcile); one that
+// does not fit the job's limit is unloaded again and refused.
+CUresult CountedModule(CUresult rc, CUmodule* module) {
+  if (rc != CUDA_SUCCESS || !measure_footprint || module == nullptr) return rc;
+  const int device = CurrentDevice();
+  if (Reconcile(device)) return rc;
+  real.cuModuleUnload(*module);
+  Reconcile(device);
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  if (!Ready() || real.cuModuleLoadData == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadData(module, image), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
+                                           CUjit_option* options, void** values) {
+  if (!Ready() || real.cuModuleLoadDataEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadDataEx(module, image, n, options, values), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleUnload(CUmodule module) {
+  if (!Ready() || real.cuModuleUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuModuleUnload(module);
+  if (rc == CUDA_SUCCESS && measure_footprint) Reconcile(CurrentDevice());
   return rc;
 }
 
@@ -1041,6 +1098,9 @@ const Named kNamed[] = {
     TESSERA_NAMED("cuMemPoolCreate", 11020, 1 << 30, cuMemPoolCreate, nullptr, nullptr),
     TESSERA_NAMED("cuMemPoolDestroy", 11020, 1 << 30, cuMemPoolDestroy, nullptr, nullptr),
     TESSERA_NAMED("cuMemPoolTrimTo", 11020, 1 << 30, cuMemPoolTrimTo, nullptr, nullptr),
+    TESSERA_NAMED("cuModuleLoadData", 2000, 1 << 30, cuModuleLoadData, nullptr, nullptr),
+    TESSERA_NAMED("cuModuleLoadDataEx", 2010, 1 << 30, cuModuleLoadDataEx, nullptr, nullptr),
+    TESSERA_NAMED("cuModuleUnload", 2000, 1 << 30, cuModuleUnload, nullptr, nullptr),
     TESSERA_NAMED("cuLaunchKernel", 4000, 1 << 30, cuLaunchKernel,
                   TESSERA_PTSZ(cuLaunchKernel_ptsz)),
     TESSERA_NAMED("cuLaunchKernelEx", 11060, 1 << 30, cuLaunchKernelEx,
@@ -1119,6 +1179,8 @@ struct RealNvml {
   nvmlReturn_t (*GetCount)(unsigned*) = nullptr;
   nvmlReturn_t (*GetHandleByIndex)(unsigned, nvmlDevice_t*) = nullptr;
   nvmlReturn_t (*GetUUID)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*Init)() = nullptr;
+  nvmlReturn_t (*GetProcesses)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;  // _v3/_v2
 };
 RealNvml real_nvml;
 pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
@@ -1138,6 +1200,10 @@ void InitNvml() {
   if (real_nvml.GetHandleByIndex == nullptr)
     get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex");
   get(real_nvml.GetUUID, "nvmlDeviceGetUUID");
+  get(real_nvml.Init, "nvmlInit_v2");
+  get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v3");
+  if (real_nvml.GetProcesses == nullptr)
+    get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v2");
 }
 
 // The CUDA ordinal of an NVML device as this process sees it: its position in CUDA_VISIBLE_DEVICES
@@ -1187,6 +1253,60 @@ void Limit(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free
   *total = limit;
   *used = in_use < limit ? in_use : limit;
   *free_bytes = limit - *used;
+}
+
+// The GPU memory the driver says this process holds on CUDA device `device` (NVML's process list:
+// contexts, module code, allocations); false when it cannot say (no NVML, the device not found,
+// this process not listed under its pid - as in another pid namespace).
+bool Footprint(int device, uint64_t* bytes) {
+  pthread_once(&nvml_once, InitNvml);
+  static const bool nvml_ready = real_nvml.Init != nullptr && real_nvml.Init() == NVML_SUCCESS;
+  if (!nvml_ready || real_nvml.GetProcesses == nullptr || real_nvml.GetCount == nullptr)
+    return false;
+  unsigned count = 0;
+  if (real_nvml.GetCount(&count) != NVML_SUCCESS) return false;
+  for (unsigned index = 0; index < count; ++index) {
+    nvmlDevice_t dev;
+    if (real_nvml.GetHandleByIndex(index, &dev) != NVML_SUCCESS || CudaOrdinal(dev) != device)
+      continue;
+    nvmlProcessInfo_t infos[256];
+    unsigned n = 256;
+    if (real_nvml.GetProcesses(dev, &n, infos) != NVML_SUCCESS) return false;
+    const unsigned me = static_cast<unsigned>(getpid());
+    for (unsigned k = 0; k < n; ++k) {
+      if (infos[k].pid == me) {
+        *bytes = infos[k].usedGpuMemory;
+        return true;
+      }
+    }
+    return false;
+  }
+  return false;
+}
+
+std::mutex footprint_mu;
+uint64_t invisible[kMaxDevices];  // charged for what allocations do not show; under footprint_mu
+
+// Charges `device` what this process holds there beyond its counted allocations (contexts, module
+// code), as the driver measures it; false when more is needed than the limit leaves (nothing
+// charged then). True when it cannot be measured.
+bool Reconcile(int device) {
+  if (device < 0 || device >= kMaxDevices || !Ready()) return true;
+  std::lock_guard lock(footprint_mu);
+  uint64_t measured = 0;
+  // Not listed: nothing held when it has no context there; otherwise not measurable here.
+  if (!Footprint(device, &measured) && contexts_on[device].load() > 0) return true;
+  const uint64_t mine = region->SlotUsed(device);
+  const uint64_t counted = mine > invisible[device] ? mine - invisible[device] : 0;
+  const uint64_t want = measured > counted ? measured - counted : 0;
+  uint64_t& have = invisible[device];
+  if (want > have) {
+    if (!Reserve(device, want - have)) return false;
+  } else if (want < have) {
+    region->Release(device, have - want);
+  }
+  have = want;
+  return true;
 }
 
 }  // namespace

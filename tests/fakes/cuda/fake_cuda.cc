@@ -8,6 +8,8 @@
 //                          kernels of different processes contend for the same virtual GPU time
 //                          (without it each process has a GPU of its own)
 //   FAKE_CUDA_GRAPH_US     virtual time of one cuGraphLaunch (default 1000)
+//   FAKE_CUDA_CONTEXT_MIB  device memory a context takes (default 0)
+//   FAKE_CUDA_MODULE_MIB   device memory a loaded module takes (default 0)
 // Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
 // launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
@@ -109,11 +111,37 @@ FAKE_EXPORT void fakeCudaSetDevice(int d) { current_device = d; }
 FAKE_EXPORT uint64_t fakeCudaUsedBytes(int d) { return used[d].load(); }
 FAKE_EXPORT uint64_t fakeCudaLaunches() { return launches.load(); }
 
+// What a context and a loaded module take of device memory (FAKE_CUDA_CONTEXT_MIB,
+// FAKE_CUDA_MODULE_MIB; default 0), counted in the device's use as the driver's own memory.
+uint64_t CostOf(const char* env) {
+  const char* e = getenv(env);
+  return (e ? strtoull(e, nullptr, 10) : 0ull) << 20;
+}
+bool Charge(int d, uint64_t bytes) {
+  uint64_t cur = used[d].load();
+  do {
+    if (cur + bytes > MemoryPerDevice()) return false;
+  } while (!used[d].compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+std::mutex ctx_mu;
+std::map<uintptr_t, int>& ContextDevice() {  // created contexts -> device; under ctx_mu
+  static auto* m = new std::map<uintptr_t, int>();
+  return *m;
+}
+int primary_refs[16];  // under ctx_mu
+
 // Contexts: opaque tokens; creating one makes its device current for the calling thread.
 FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int, CUdevice d) {
   if (ctx == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  if (!Charge(d, CostOf("FAKE_CUDA_CONTEXT_MIB"))) return CUDA_ERROR_OUT_OF_MEMORY;
   static std::atomic<uintptr_t> next{0x1000};
-  *ctx = reinterpret_cast<CUcontext>(next.fetch_add(16));
+  const uintptr_t h = next.fetch_add(16);
+  {
+    std::lock_guard lock(ctx_mu);
+    ContextDevice()[h] = d;
+  }
+  *ctx = reinterpret_cast<CUcontext>(h);
   current_device = d;
   return CUDA_SUCCESS;
 }
@@ -127,16 +155,62 @@ FAKE_EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, CUctxCreateParams*, unsigned
   return cuCtxCreate_v2(ctx, flags, d);
 }
 FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-  return ctx == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(ctx_mu);
+  auto it = ContextDevice().find(reinterpret_cast<uintptr_t>(ctx));
+  if (it != ContextDevice().end()) {
+    used[it->second].fetch_sub(CostOf("FAKE_CUDA_CONTEXT_MIB"));
+    ContextDevice().erase(it);
+  }
+  return CUDA_SUCCESS;
 }
+// The primary context: made at the first retain, gone at the last release.
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice d) {
   if (ctx == nullptr || d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(ctx_mu);
+  if (primary_refs[d] == 0 && !Charge(d, CostOf("FAKE_CUDA_CONTEXT_MIB")))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  ++primary_refs[d];
   *ctx = reinterpret_cast<CUcontext>(static_cast<uintptr_t>(0x100 + d));
   current_device = d;
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
-  return d < 0 || d >= Devices() ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+  if (d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(ctx_mu);
+  if (primary_refs[d] > 0 && --primary_refs[d] == 0)
+    used[d].fetch_sub(CostOf("FAKE_CUDA_CONTEXT_MIB"));
+  return CUDA_SUCCESS;
+}
+// Modules: their code and data take FAKE_CUDA_MODULE_MIB on the current device until unloaded.
+namespace {
+std::map<uintptr_t, int>& ModuleDevice() {  // under ctx_mu
+  static auto* m = new std::map<uintptr_t, int>();
+  return *m;
+}
+}  // namespace
+FAKE_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const int d = current_device;
+  if (!Charge(d, CostOf("FAKE_CUDA_MODULE_MIB"))) return CUDA_ERROR_OUT_OF_MEMORY;
+  static std::atomic<uintptr_t> next{0x9000};
+  const uintptr_t h = next.fetch_add(16);
+  std::lock_guard lock(ctx_mu);
+  ModuleDevice()[h] = d;
+  *module = reinterpret_cast<CUmodule>(h);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int,
+                                        CUjit_option*, void**) {
+  return cuModuleLoadData(module, image);
+}
+FAKE_EXPORT CUresult cuModuleUnload(CUmodule module) {
+  std::lock_guard lock(ctx_mu);
+  auto it = ModuleDevice().find(reinterpret_cast<uintptr_t>(module));
+  if (it == ModuleDevice().end()) return CUDA_ERROR_INVALID_VALUE;
+  used[it->second].fetch_sub(CostOf("FAKE_CUDA_MODULE_MIB"));
+  ModuleDevice().erase(it);
+  return CUDA_SUCCESS;
 }
 
 FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
@@ -618,6 +692,9 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuMemPoolCreate", (void*)&cuMemPoolCreate},
       {"cuMemPoolDestroy", (void*)&cuMemPoolDestroy},
       {"cuMemPoolTrimTo", (void*)&cuMemPoolTrimTo},
+      {"cuModuleLoadData", (void*)&cuModuleLoadData},
+      {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
+      {"cuModuleUnload", (void*)&cuModuleUnload},
   };
   auto it = name ? kOwn.find(name) : kOwn.end();
   return it == kOwn.end() ? nullptr : it->second;
@@ -691,6 +768,9 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuMemPoolTrimTo", (void*)&cuMemPoolTrimTo},
       {"cuMemPoolGetAttribute", (void*)&cuMemPoolGetAttribute},
       {"cuMemPoolSetAttribute", (void*)&cuMemPoolSetAttribute},
+      {"cuModuleLoadData", (void*)&cuModuleLoadData},
+      {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
+      {"cuModuleUnload", (void*)&cuModuleUnload},
   };
   auto it = kTable.find(name);
   return it == kTable.end() || version < 3020 ? nullptr : it->second;

@@ -3,6 +3,7 @@
 // the first nvmlInit (see tests/fakes/nvml/README.md for the format). Versioned builds export
 // subsets of the symbols (a version script per variant) to exercise the loader's fallbacks.
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -46,6 +47,10 @@ struct Device {
   // Its compute processes (pid, GPU memory); self_memory > 0: the calling process is one of them.
   std::vector<std::pair<unsigned, unsigned long long>> processes;
   unsigned long long self_memory = 0;
+  // "self_memory": "cuda" - what the fake libcuda.so.1 in this process holds on the device of the
+  // same index (fakeCudaUsedBytes), as a real driver reports a process's contexts, modules and
+  // allocations.
+  bool self_from_cuda = false;
   std::vector<NvLink> nvlinks;
   std::map<std::string, int> errors;
   long lost_from_ms = -1, lost_until_ms = -1;
@@ -176,7 +181,11 @@ int LoadScenario(State& s) {
     // "processes": [{"pid": N, "used_memory": bytes}], "self_memory": bytes (the caller too)
     for (const json& pr : d.value("processes", json::array()))
       dev->processes.emplace_back(pr.value("pid", 0u), pr.value("used_memory", 0ull));
-    dev->self_memory = d.value("self_memory", 0ull);
+    if (d.contains("self_memory") && d["self_memory"].is_string()) {
+      dev->self_from_cuda = d["self_memory"] == "cuda";
+    } else {
+      dev->self_memory = d.value("self_memory", 0ull);
+    }
     if (d.contains("errors")) dev->errors = d["errors"].get<std::map<std::string, int>>();
     dev->lost_from_ms = d.value("lost_from_ms", -1L);
     dev->lost_until_ms = d.value("lost_until_ms", -1L);
@@ -379,7 +388,12 @@ template <typename Info>
 nvmlReturn_t RunningProcesses(Device* d, unsigned* count, Info* infos) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   std::vector<std::pair<unsigned, unsigned long long>> all = d->processes;
-  if (d->self_memory > 0) all.emplace_back(static_cast<unsigned>(getpid()), d->self_memory);
+  unsigned long long self = d->self_memory;
+  if (d->self_from_cuda) {
+    auto used = reinterpret_cast<uint64_t (*)(int)>(dlsym(RTLD_DEFAULT, "fakeCudaUsedBytes"));
+    self = used ? used(static_cast<int>(d->minor)) : 0;
+  }
+  if (self > 0) all.emplace_back(static_cast<unsigned>(getpid()), self);
   if (*count < all.size() || (infos == nullptr && !all.empty())) {
     *count = static_cast<unsigned>(all.size());
     return NVML_ERROR_INSUFFICIENT_SIZE;
