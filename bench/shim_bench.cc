@@ -1,9 +1,11 @@
 // Cost of libtessera-cuda.so per hooked call against the fake driver, as a ratio to calling the
 // driver directly, measured in one run: the program re-executes itself without and with LD_PRELOAD
 // (and with a compute share on a GPU arbiter, where launches take the lease holder's fast path).
-// Then the shared-region attach time with 1 and with 64 processes starting at once.
+// Then the shared-region attach time: one process at a time (quiet baseline), 64 processes starting
+// at once, and 64 again while two busy loops load the machine, with wall and CPU time each.
 //   build/bench/bench/shim_bench
 #include <dlfcn.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,10 +71,25 @@ std::string RunSelf(const char* self, bool preload, const std::string& extra = "
   return buf;
 }
 
-// n processes released at once attach to one new region; returns attach times in microseconds.
-std::vector<double> Attach(int n) {
+double CpuNow() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+struct AttachTimes {
+  std::vector<double> wall_us, cpu_us;  // sorted
+};
+
+// n processes released at once attach to one region (made first by this process when `existing`,
+// else by whichever child comes first); each reports its wall and CPU time for Attach.
+AttachTimes Attach(int n, bool existing) {
   std::string path = "/tmp/shim-bench-" + std::to_string(getpid()) + ".region";
   unlink(path.c_str());
+  uint64_t limits[1] = {1ull << 30};
+  char err[128];
+  if (existing && !tessera::shim::CreateRegionFile(path.c_str(), limits, 1, err, sizeof err))
+    exit(1);
   int go[2], back[2];
   if (pipe(go) != 0 || pipe(back) != 0) exit(1);
   std::vector<pid_t> kids;
@@ -81,14 +98,12 @@ std::vector<double> Attach(int n) {
     if (pid == 0) {
       char c;
       if (read(go[0], &c, 1) != 1) _exit(1);
-      uint64_t limits[1] = {1ull << 30};
-      char err[128];
-      double t0 = Now();
+      double t0 = Now(), c0 = CpuNow();
       tessera::shim::Region* r =
           tessera::shim::Region::Attach(path.c_str(), limits, 1, err, sizeof err);
-      double us = (Now() - t0) * 1e6;
+      double us[2] = {(Now() - t0) * 1e6, (CpuNow() - c0) * 1e6};
       if (r == nullptr) _exit(1);
-      if (write(back[1], &us, sizeof us) != sizeof us) _exit(1);
+      if (write(back[1], us, sizeof us) != sizeof us) _exit(1);
       _exit(0);
     }
     kids.push_back(pid);
@@ -96,15 +111,37 @@ std::vector<double> Attach(int n) {
   usleep(100'000);  // let every child block on the pipe
   std::string release(n, 'x');
   if (write(go[1], release.data(), n) != n) exit(1);
-  std::vector<double> out;
+  AttachTimes out;
   for (int i = 0; i < n; ++i) {
-    double us;
-    if (read(back[0], &us, sizeof us) == sizeof us) out.push_back(us);
+    double us[2];
+    if (read(back[0], us, sizeof us) == sizeof us) {
+      out.wall_us.push_back(us[0]);
+      out.cpu_us.push_back(us[1]);
+    }
   }
   for (pid_t k : kids) waitpid(k, nullptr, 0);
+  for (int fd : {go[0], go[1], back[0], back[1]}) close(fd);
   unlink(path.c_str());
-  std::sort(out.begin(), out.end());
+  std::sort(out.wall_us.begin(), out.wall_us.end());
+  std::sort(out.cpu_us.begin(), out.cpu_us.end());
   return out;
+}
+
+double Pct(const std::vector<double>& v, int p) {
+  return v.empty() ? 0 : v[std::min(v.size() - 1, v.size() * p / 100)];
+}
+
+// The 1, 5 and 15 minute load averages.
+std::string LoadAverage() {
+  double a = 0, b = 0, c = 0;
+  FILE* f = fopen("/proc/loadavg", "r");
+  if (f != nullptr) {
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) != 3) a = b = c = 0;
+    fclose(f);
+  }
+  char buf[64];
+  snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
+  return buf;
 }
 
 }  // namespace
@@ -136,11 +173,41 @@ int main(int argc, char** argv) {
          paced_launch, paced_launch - direct_launch, paced_launch / direct_launch);
   printf("%-32s %10.2f %10.2f %10.2f %8.2f\n", "cuMemAlloc_v2 + cuMemFree_v2", direct_alloc,
          hooked_alloc, hooked_alloc - direct_alloc, hooked_alloc / direct_alloc);
-  for (int n : {1, 64}) {
-    std::vector<double> us = Attach(n);
-    if (us.empty()) return 1;
-    printf("region attach, %2d processes at once: p50 %.1f us, p99 %.1f us, max %.1f us\n", n,
-           us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)], us.back());
+  // Attach: a quiet baseline (one process at a time, 20 rounds, the region made beforehand) and
+  // 64 processes at once, then the same 64 while two busy loops load the machine's 2 cores - all in
+  // this run, with the load average before each.
+  AttachTimes quiet;
+  std::string load = LoadAverage();
+  for (int i = 0; i < 20; ++i) {
+    AttachTimes one = Attach(1, true);
+    quiet.wall_us.insert(quiet.wall_us.end(), one.wall_us.begin(), one.wall_us.end());
+    quiet.cpu_us.insert(quiet.cpu_us.end(), one.cpu_us.begin(), one.cpu_us.end());
   }
+  std::sort(quiet.wall_us.begin(), quiet.wall_us.end());
+  std::sort(quiet.cpu_us.begin(), quiet.cpu_us.end());
+  auto row = [](const char* what, const std::string& load, const AttachTimes& t) {
+    printf("%-40s load %-14s wall p50 %7.1f us p99 %8.1f us | cpu p50 %6.1f us p99 %6.1f us\n",
+           what, load.c_str(), Pct(t.wall_us, 50), Pct(t.wall_us, 99), Pct(t.cpu_us, 50),
+           Pct(t.cpu_us, 99));
+  };
+  row("region attach, 1 process (quiet)", load, quiet);
+  load = LoadAverage();
+  row("region attach, 64 at once", load, Attach(64, true));
+  load = LoadAverage();
+  row("region attach, 64 at once, first creates", load, Attach(64, false));
+  std::vector<pid_t> hogs;
+  for (int i = 0; i < 2; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      for (volatile uint64_t x = 0;; x = x + 1) {
+      }
+    }
+    hogs.push_back(pid);
+  }
+  usleep(200'000);
+  load = LoadAverage();
+  AttachTimes loaded = Attach(64, true);
+  for (pid_t h : hogs) kill(h, SIGKILL), waitpid(h, nullptr, 0);
+  row("region attach, 64 at once, 2 busy loops", load, loaded);
   return 0;
 }
