@@ -324,25 +324,26 @@ HttpResponse Server::SetPriority(const std::string& ref, const HttpRequest& req,
                                   priority, user, ceiling));
   }
   const double now = Now();
-  {
-    std::lock_guard lock(mu_);
-    auto q = queued_.find(id);
-    if (q == queued_.end()) {
-      return Error(409, fmt::format("job {} is {}: only a queued job's priority can change", ref,
-                                    JobStateName(r->state)));
-    }
-    const std::string reason =
-        fmt::format("priority {} -> {} by {}", q->second.priority, priority, user);
-    if (absl::Status st = store_->SetPriority(id, priority, reason, now); !st.ok())
-      return Error(500, std::string(st.message()));
+  std::unique_lock lock(mu_);
+  // Out of the cycle while the change is stored without mu_; back at its new place after.
+  const std::vector<int64_t> change = BeginChange(lock, {id});
+  if (change.empty()) {
+    return Error(409, fmt::format("job {} is {}: only a queued job's priority can change", ref,
+                                  JobStateName(r->state)));
+  }
+  const std::string reason =
+      fmt::format("priority {} -> {} by {}", queued_.at(id).priority, priority, user);
+  lock.unlock();
+  absl::Status st = store_->SetPriority(id, priority, reason, now);
+  lock.lock();
+  if (auto q = queued_.find(id); st.ok() && q != queued_.end()) {  // nothing takes it meanwhile
     q->second.priority = priority;
-    // Back into the cycle's queue at its new place on the next pass.
-    if (q->second.in_cycle) cycle_->Remove(std::to_string(id));
-    q->second.in_cycle = false;
     q->second.waiting = "priority changed; not yet considered";
-    dirty_ = true;
     spdlog::info("job {}: {}", id, reason);
   }
+  EndChange(change);
+  lock.unlock();
+  if (!st.ok()) return Error(500, std::string(st.message()));
   wake_.notify_all();
   return GetJob(id, user, admin);
 }

@@ -1139,6 +1139,7 @@ void Server::Enqueue(Queued q) {
 std::string Server::WaitingReason(int64_t id) const {
   auto q = queued_.find(id);
   if (q == queued_.end()) return "";
+  if (q->second.changing) return "a change to it (cancel, hold, release, priority) is being stored";
   if (!q->second.in_cycle) return q->second.waiting;
   const std::string* why = cycle_->Waiting(std::to_string(id));
   return why ? *why : "";
@@ -1205,7 +1206,7 @@ void Server::Admit(double now) {
   std::map<std::string, DependencyState> outcomes;
   std::vector<std::pair<int64_t, std::string>> never;
   for (auto& [id, q] : queued_) {
-    if (q.in_cycle || q.held) continue;
+    if (q.in_cycle || q.held || q.changing) continue;
     std::string pending, broken;
     for (const Dependency& d : q.spec->after) {
       const std::string key = DependencyText(d);
@@ -1684,6 +1685,35 @@ HttpResponse Server::GetJob(int64_t id, const std::string& user, bool admin) {
   return JsonResponse(200, j);
 }
 
+std::vector<int64_t> Server::BeginChange(std::unique_lock<std::mutex>& lock,
+                                         const std::vector<int64_t>& ids) {
+  changed_.wait(lock, [&] {
+    for (int64_t t : ids) {
+      auto q = queued_.find(t);
+      if (q != queued_.end() && q->second.changing) return false;
+    }
+    return true;
+  });
+  std::vector<int64_t> out;
+  for (int64_t t : ids) {
+    auto q = queued_.find(t);
+    if (q == queued_.end()) continue;
+    q->second.changing = true;
+    if (q->second.in_cycle) cycle_->Remove(std::to_string(t));
+    q->second.in_cycle = false;
+    out.push_back(t);
+  }
+  return out;
+}
+
+void Server::EndChange(const std::vector<int64_t>& ids) {
+  for (int64_t t : ids) {
+    if (auto q = queued_.find(t); q != queued_.end()) q->second.changing = false;
+  }
+  dirty_ = true;  // back into the cycle's queue (Admit) at the next pass
+  changed_.notify_all();
+}
+
 HttpResponse Server::Cancel(const std::string& ref, const std::string& user, bool admin) {
   auto ids = Resolve(ref, true);
   if (!ids.ok()) return RefError(ids.status());
@@ -1696,50 +1726,52 @@ HttpResponse Server::Cancel(const std::string& ref, const std::string& user, boo
   }
   const double now = Now();
   const std::string reason = "cancelled by " + user;
-  {
-    std::lock_guard lock(mu_);
-    // Queued ones in one transaction (an array's thousands of tasks among them); running ones are
-    // stopped; the rest (ended, or preempted and not queued again) one by one.
-    std::vector<int64_t> queued, others;
-    for (int64_t t : *ids) {
-      if (queued_.contains(t)) {
-        queued.push_back(t);
-      } else if (auto it = running_.find(t); it != running_.end()) {
-        RequestStop(it->second, "cancel", reason, now);
-      } else if (auto s = starting_.find(t); s != starting_.end()) {
-        s->second = reason;  // stopped as soon as its process exists
-      } else if (finishing_.contains(t)) {
-        if (ids->size() == 1)
-          return Error(409,
-                       fmt::format("job {} has already ended (its end is being recorded)", ref));
-      } else {
-        others.push_back(t);
+  std::unique_lock lock(mu_);
+  // Queued ones in one transaction (an array's thousands of tasks among them), stored without mu_
+  // while they are kept out of the cycle; running ones are stopped; the rest (ended, or preempted
+  // and not queued again) one by one.
+  const std::vector<int64_t> queued = BeginChange(lock, *ids);
+  std::vector<int64_t> others;
+  for (int64_t t : *ids) {
+    if (queued_.contains(t)) continue;
+    if (auto it = running_.find(t); it != running_.end()) {
+      RequestStop(it->second, "cancel", reason, now);
+    } else if (auto s = starting_.find(t); s != starting_.end()) {
+      s->second = reason;  // stopped as soon as its process exists
+    } else if (finishing_.contains(t)) {
+      if (ids->size() == 1) {
+        EndChange(queued);
+        return Error(409, fmt::format("job {} has already ended (its end is being recorded)", ref));
       }
-    }
-    if (!queued.empty()) {
-      if (absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
-          !st.ok()) {
-        return Error(500, std::string(st.message()));
-      }
-      for (int64_t t : queued) {
-        queued_.erase(t);
-        cycle_->Remove(std::to_string(t));
-      }
-      dirty_ = true;
-    }
-    for (int64_t t : others) {
-      auto o = t == id ? r : store_->Get(t);
-      if (!o.ok() || IsTerminal(o->state)) {
-        if (ids->size() == 1) {
-          return Error(409,
-                       fmt::format("job {} has already ended ({})", ref, JobStateName(r->state)));
-        }
-        continue;
-      }
-      if (absl::Status st = store_->Transition(t, JobState::kCancelled, reason, now); !st.ok())
-        return Error(500, std::string(st.message()));
+    } else {
+      others.push_back(t);
     }
   }
+  for (int64_t t : others) {
+    auto o = t == id ? r : store_->Get(t);
+    if (!o.ok() || IsTerminal(o->state)) {
+      if (ids->size() == 1) {
+        return Error(409,
+                     fmt::format("job {} has already ended ({})", ref, JobStateName(r->state)));
+      }
+      continue;
+    }
+    if (absl::Status st = store_->Transition(t, JobState::kCancelled, reason, now); !st.ok()) {
+      EndChange(queued);
+      return Error(500, std::string(st.message()));
+    }
+  }
+  if (!queued.empty()) {
+    lock.unlock();
+    absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
+    lock.lock();
+    if (st.ok()) {
+      for (int64_t t : queued) queued_.erase(t);
+    }
+    EndChange(queued);
+    if (!st.ok()) return Error(500, std::string(st.message()));
+  }
+  lock.unlock();
   wake_.notify_all();
   return GetJob(id, user, admin);
 }
@@ -1756,37 +1788,36 @@ HttpResponse Server::Hold(const std::string& ref, bool hold, const std::string& 
                                   r->owner, verb));
   }
   const double now = Now();
-  {
-    std::lock_guard lock(mu_);
-    std::vector<int64_t> change;
-    for (int64_t t : *ids) {
-      auto q = queued_.find(t);
-      if (q != queued_.end() && q->second.held != hold) change.push_back(t);
-    }
-    if (ids->size() == 1 && !queued_.contains(id)) {
-      return Error(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
-                                    JobStateName(r->state), hold ? "held" : "released"));
-    }
-    if (!change.empty()) {
-      const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
-      if (absl::Status st = store_->SetHeld(change, hold, reason, now); !st.ok())
-        return Error(500, std::string(st.message()));
-      for (int64_t t : change) {
-        Queued& q = queued_[t];
-        q.held = hold;
-        if (hold) {
-          if (q.in_cycle) cycle_->Remove(std::to_string(t));
-          q.in_cycle = false;
-          q.waiting = fmt::format("held by {} (tessera release {})", user, ref);
-        } else {
-          q.waiting = "released; not yet considered";
-        }
-      }
-      // Released: it keeps its place (its submission time), so goes where it would have been.
-      dirty_ = true;
-      spdlog::info("job {}: {} ({} job(s))", ref, reason, change.size());
-    }
+  std::unique_lock lock(mu_);
+  if (ids->size() == 1 && !queued_.contains(id)) {
+    return Error(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
+                                  JobStateName(r->state), hold ? "held" : "released"));
   }
+  // Kept out of the cycle while the change is stored without mu_: those whose state changes.
+  const std::vector<int64_t> taken = BeginChange(lock, *ids);
+  std::vector<int64_t> change;
+  for (int64_t t : taken) {
+    if (queued_.at(t).held != hold) change.push_back(t);
+  }
+  absl::Status st;
+  if (!change.empty()) {
+    const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
+    lock.unlock();
+    st = store_->SetHeld(change, hold, reason, now);
+    lock.lock();
+    for (int64_t t : change) {
+      auto q = queued_.find(t);  // still queued: nothing takes a job that is changing
+      if (!st.ok() || q == queued_.end()) continue;
+      q->second.held = hold;
+      q->second.waiting = hold ? fmt::format("held by {} (tessera release {})", user, ref)
+                               : "released; not yet considered";
+    }
+    // Released: it keeps its place (its submission time), so goes where it would have been.
+    if (st.ok()) spdlog::info("job {}: {} ({} job(s))", ref, reason, change.size());
+  }
+  EndChange(taken);
+  if (!st.ok()) return Error(500, std::string(st.message()));
+  lock.unlock();
   wake_.notify_all();
   return GetJob(id, user, admin);
 }

@@ -210,7 +210,17 @@ class Server {
     // `waiting` says why not.
     bool in_cycle = false;
     std::string waiting;
+    // A cancel, hold, release or priority change to it is being stored (without mu_): it stays
+    // out of the cycle until that is done (BeginChange, EndChange).
+    bool changing = false;
   };
+  // For a change to queued jobs written to the store without mu_: waits (on `lock`, over mu_)
+  // until no other change to any of `ids` is under way, then marks those still queued as changing
+  // and takes them out of the cycle's queue; returns them. EndChange (under mu_) lets them back.
+  std::vector<int64_t> BeginChange(std::unique_lock<std::mutex>& lock,
+                                   const std::vector<int64_t>& ids);
+  void EndChange(const std::vector<int64_t>& ids);
+  std::condition_variable changed_;  // a change ended (EndChange)
   // A queued job as its stored record says.
   static Queued QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec, double since);
   // How a dependency stands: not yet settled, met (the outcome it asks), or never to be met.

@@ -5,9 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "tessera/server/fake_launcher.h"
@@ -171,6 +173,50 @@ TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
   Settle();
   EXPECT_EQ(State(id), "cancelled");
   EXPECT_EQ(State(other), "running");
+}
+
+TEST_F(ServerTest, ReadsAndTheLoopGoOnWhileACancelHoldOrPriorityIsBeingStored) {
+  StartServer();
+  Submit(2, 100);
+  Settle();
+  struct Change {
+    std::string path;
+    json body;
+    std::function<void(const json&)> check;  // the job after
+  };
+  const std::vector<Change> changes = {
+      {"/priority", {{"priority", 7}}, [](const json& j) { EXPECT_EQ(j["priority"], 7); }},
+      {"/hold", nullptr, [](const json& j) { EXPECT_EQ(j["held"], true) << j.dump(); }},
+      {"/cancel", nullptr, [](const json& j) { EXPECT_EQ(j["state"], "cancelled"); }},
+  };
+  const int64_t queued = Submit(2, 100);  // no room: waits
+  Settle();
+  for (const Change& c : changes) {
+    SCOPED_TRACE(c.path);
+    // Another connection holds the database's write lock: the change's transaction waits for it.
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((config_.state_dir + "/tessera.db").c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+    int status = 0;
+    std::thread change(
+        [&] { Call("POST", "/v1/jobs/" + std::to_string(queued) + c.path, c.body, &status); });
+    // Meanwhile the API answers (it needs the server's lock) and says why the job is not
+    // considered; a turn of the loop runs.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+    std::string waiting;
+    while (std::chrono::steady_clock::now() < deadline &&
+           (waiting = Job(queued).value("waiting", "")).find("being stored") == std::string::npos) {
+      std::this_thread::yield();
+    }
+    EXPECT_THAT(waiting, HasSubstr("being stored"));
+    Settle();
+    EXPECT_EQ(State(queued), "queued");
+    ASSERT_EQ(sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    change.join();
+    EXPECT_EQ(status, 200);
+    c.check(Job(queued));
+  }
 }
 
 TEST_F(ServerTest, OthersSeeAJobButNotItsEnvironmentWorkdirOrLogs) {
