@@ -12,6 +12,9 @@
 //                                                   backfill reservations and without
 //   build/bench/bench/server_bench --ends [DIR]     only the reads while 200 jobs end, state
 //                                                   in DIR (default /var/tmp), fsync +5 ms
+//   build/bench/bench/server_bench --changes [DIR]  only the reads while 4 clients hold, release,
+//                                                   reprioritize and cancel 200 queued jobs,
+//                                                   state in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
 //                                                   storing, database growth, scheduling pass
 #include <unistd.h>
@@ -54,21 +57,41 @@ std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preempt
       .dump();
 }
 
-// One reader times GET /v1/info and GET /v1/jobs/1 (both need the server's state) while 200 jobs
-// without GPUs are submitted at once, so that the loop starts them in one burst of forks and execs.
+// A reader on its own connection timing GET /v1/info and GET /v1/jobs/1 (both need the server's
+// state) one after the other until Stop, which prints what it saw during `what`.
+class Reader {
+ public:
+  explicit Reader(const std::string& socket)
+      : thread_([this, socket] {
+          HttpClient mine(socket);
+          for (int i = 0; !stop_; ++i) {
+            auto t0 = Clock::now();
+            (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
+            lat_.push_back(Since(t0) * 1000);
+          }
+        }) {}
+  void Stop(const std::string& what, double seconds) {
+    stop_ = true;
+    thread_.join();
+    std::sort(lat_.begin(), lat_.end());
+    if (lat_.empty()) lat_.push_back(0);
+    printf("API reads %s (%.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+           what.c_str(), seconds, lat_.size(), lat_[lat_.size() / 2], lat_[lat_.size() * 99 / 100],
+           lat_.back());
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<double> lat_;
+  std::thread thread_;
+};
+
+// Reads while 200 jobs without GPUs are submitted at once, so that the loop starts them in one
+// burst of forks and execs.
 void ReadsDuringBurst(const std::string& socket) {
   HttpClient c(socket);
   (void)c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
-  std::atomic<bool> stop{false};
-  std::vector<double> lat;
-  std::thread reader([&] {
-    HttpClient mine(socket);
-    for (int i = 0; !stop; ++i) {
-      auto t0 = Clock::now();
-      (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
-      lat.push_back(Since(t0) * 1000);
-    }
-  });
+  Reader reader(socket);
   std::vector<int64_t> ids;
   auto t0 = Clock::now();
   for (int i = 0; i < 200; ++i) {
@@ -81,14 +104,7 @@ void ReadsDuringBurst(const std::string& socket) {
         json::parse(c.Send("GET", "/v1/jobs/" + std::to_string(ids.back()))->body)["state"];
     if (st != "queued") break;
   }
-  double burst_s = Since(t0);
-  stop = true;
-  reader.join();
-  std::sort(lat.begin(), lat.end());
-  printf(
-      "API reads during a burst of 200 job starts (%.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, "
-      "max %.2f ms\n",
-      burst_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  reader.Stop("during a burst of 200 job starts", Since(t0));
   std::this_thread::sleep_for(std::chrono::milliseconds(700));  // let them end
 }
 
@@ -386,30 +402,65 @@ void ReadsDuringEnds(const std::string& disk_dir) {
     if (st == "running") break;
   }
   std::this_thread::sleep_until(end_at - std::chrono::milliseconds(300));
-  std::atomic<bool> stop{false};
-  std::vector<double> lat;
-  std::thread reader([&] {
-    HttpClient mine(config.socket);
-    for (int i = 0; !stop; ++i) {
-      auto t0 = Clock::now();
-      (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
-      lat.push_back(Since(t0) * 1000);
-    }
-  });
+  Reader reader(config.socket);
   auto t0 = Clock::now();
   for (;;) {
     json j = json::parse(c.Send("GET", "/v1/info")->body);
     if (j["running"] == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const double ends_s = Since(t0);
-  stop = true;
-  reader.join();
-  std::sort(lat.begin(), lat.end());
-  printf(
-      "API reads while 200 jobs end (fsync +5 ms; %.2f s, %zu reads): p50 %.2f ms, p99 %.2f ms, "
-      "max %.2f ms\n",
-      ends_s, lat.size(), lat[lat.size() / 2], lat[lat.size() * 99 / 100], lat.back());
+  reader.Stop("while 200 jobs end (fsync +5 ms)", Since(t0));
+  (*server)->Stop();
+  std::filesystem::remove_all(disk_dir);
+}
+
+// Reads while 4 clients change 200 queued jobs (each held, released, given a new priority, then
+// cancelled: 800 store writes), with the state on disk and each fsync 5 ms longer.
+void ReadsDuringChanges(const std::string& disk_dir) {
+  std::filesystem::remove_all(disk_dir);
+  std::filesystem::create_directories(disk_dir + "/state");
+  InstallSlowSyncVfs();
+  g_sync_delay_us = 5000;
+  auto store = tessera::server::Store::Open(disk_dir + "/state/tessera.db");
+  if (!store.ok()) {
+    fprintf(stderr, "server_bench: %s\n", std::string(store.status().message()).c_str());
+    return;
+  }
+  tessera::server::ServerDeps deps;
+  deps.store = std::move(*store);
+  tessera::server::ServerConfig config = BenchConfig(disk_dir);
+  config.confinement = "off";
+  auto server = tessera::server::Server::Create(config, std::move(deps));
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server\n");
+    return;
+  }
+  HttpClient c(config.socket);
+  // Job 1 holds every GPU; the 200 that follow wait for all of them.
+  const int64_t blocker = json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 8))->body)["id"];
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 200; ++i)
+    ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8))->body)["id"]);
+  Reader reader(config.socket);
+  auto t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (int k = 0; k < 4; ++k) {
+    clients.emplace_back([&, k] {
+      HttpClient mine(config.socket);
+      for (size_t i = k; i < ids.size(); i += 4) {
+        const std::string job = "/v1/jobs/" + std::to_string(ids[i]);
+        (void)mine.Send("POST", job + "/hold");
+        (void)mine.Send("POST", job + "/release");
+        (void)mine.Send("POST", job + "/priority", json{{"priority", 5}}.dump());
+        (void)mine.Send("POST", job + "/cancel");
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  reader.Stop("while 200 queued jobs are held, released, reprioritized, cancelled (fsync +5 ms)",
+              Since(t0));
+  (void)c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*server)->Stop();
   std::filesystem::remove_all(disk_dir);
 }
@@ -426,6 +477,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--ends") {
     std::string disk = argc > 2 ? argv[2] : "/var/tmp";
     ReadsDuringEnds(disk + "/tessera-ends-bench-" + std::to_string(getpid()));
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--changes") {
+    std::string disk = argc > 2 ? argv[2] : "/var/tmp";
+    ReadsDuringChanges(disk + "/tessera-changes-bench-" + std::to_string(getpid()));
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--array") {
