@@ -218,8 +218,13 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
       sync_delay_us > 0 ? fmt::format("+{} ms", sync_delay_us / 1000).c_str() : "as is ",
       all.size() / took, all[all.size() / 2], all[all.size() * 99 / 100], all.back(),
       failed.load());
+  // Jobs outlive a stopped server: the blocker is stopped first.
   (void)c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (auto deadline = Clock::now() + std::chrono::seconds(60); Clock::now() < deadline;) {
+    auto r = c.Send("GET", "/v1/jobs/" + std::to_string(blocker));
+    if (r.ok() && json::parse(r->body, nullptr, false).value("state", "") == "cancelled") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   (*server)->Stop();
   std::filesystem::remove_all(disk_dir);
 }
@@ -459,8 +464,13 @@ void ReadsDuringChanges(const std::string& disk_dir) {
   for (std::thread& t : clients) t.join();
   reader.Stop("while 200 queued jobs are held, released, reprioritized, cancelled (fsync +5 ms)",
               Since(t0));
+  // Jobs outlive a stopped server: the blocker is stopped first.
   (void)c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (auto deadline = Clock::now() + std::chrono::seconds(60); Clock::now() < deadline;) {
+    auto r = c.Send("GET", "/v1/jobs/" + std::to_string(blocker));
+    if (r.ok() && json::parse(r->body, nullptr, false).value("state", "") == "cancelled") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   (*server)->Stop();
   std::filesystem::remove_all(disk_dir);
 }
