@@ -726,6 +726,42 @@ TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   EXPECT_EQ(status, 400);
 }
 
+TEST_F(ServerTest, AStreamThatMissedMoreThanFiveThousandEventsIsToldToStartAfresh) {
+  StartServer();
+  // 5,100 tasks of one array: 5,100 events in one transaction, all missed by a client that comes
+  // back from event 0.
+  json a = Call("POST", "/v1/jobs",
+                {{"command", {"true"}}, {"array", "0-5099"}, {"resources", {{"gpus", 1}}}});
+  ASSERT_EQ(a["array"]["tasks"], 5100) << a.dump();
+  HttpRequest req;
+  req.method = "GET";
+  req.path = req.target = "/v1/stream";
+  req.peer.unix_socket = true;
+  req.peer.uid = geteuid();
+  req.last_event_id = "0";
+  HttpResponse res = server_->Handle(req);
+  ASSERT_TRUE(res.stream);
+  std::string got;
+  // The hello, then the reset; nothing of the 5,100 events is replayed before it.
+  res.stream([&](std::string_view piece) {
+    got += piece;
+    // Enough once the reset or (were there none) the last event came: the client goes.
+    return got.find("event: reset") == std::string::npos &&
+           got.find("id: 5100\n") == std::string::npos;
+  });
+  EXPECT_THAT(got, HasSubstr("event: reset\ndata: {\"missed\":5100,\"seq\":5100}"));
+  EXPECT_EQ(got.find("event: job"), std::string::npos) << got.substr(0, 400);
+  // Resumed within reach, the events are replayed instead.
+  req.last_event_id = "1000";
+  HttpResponse near = server_->Handle(req);
+  std::string replayed;
+  near.stream([&](std::string_view piece) {
+    replayed += piece;
+    return replayed.find("id: 1001\n") == std::string::npos;
+  });
+  EXPECT_EQ(replayed.find("event: reset"), std::string::npos);
+}
+
 TEST_F(ServerTest, AnAdminMakesASimulatedGpuSick) {
   StartServer();
   int status = 0;
