@@ -72,19 +72,6 @@ std::optional<int64_t> ParseId(std::string_view s) {
   return v > 0 ? std::optional(v) : std::nullopt;
 }
 
-std::string Escape(std::string_view v) {  // a Prometheus label value
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 json EventsJson(const std::vector<JobEvent>& events) {
   json out = json::array();
   for (const JobEvent& e : events)
@@ -196,10 +183,7 @@ Server::Server(ServerConfig config, ServerDeps deps)
       clock_(deps.clock ? deps.clock : &core::SystemClock::Get()),
       launcher_(deps.launcher ? deps.launcher : &process_launcher_),
       store_(std::move(deps.store)),
-      source_(std::move(deps.source)) {
-  latency_buckets_ = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-  latency_counts_.assign(latency_buckets_.size(), 0);
-}
+      source_(std::move(deps.source)) {}
 
 Server::~Server() { Stop(); }
 
@@ -702,8 +686,7 @@ bool Server::Turn(std::unique_lock<std::mutex>& lock) {
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();
   SchedulePass(now, lock);
-  last_pass_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ++passes_;
+  scheduling_.Pass(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return true;
 }
 
@@ -1072,12 +1055,7 @@ void Server::CommitLaunch(Launch& l, double now) {
   Running& run = running_[id] = std::move(l.run);
   if (exits_) exits_->Watch(id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
-  const double latency = std::max(0.0, now - l.queued.since);
-  for (size_t i = 0; i < latency_buckets_.size(); ++i) {
-    if (latency <= latency_buckets_[i]) ++latency_counts_[i];
-  }
-  latency_sum_ += latency;
-  ++latency_count_;
+  scheduling_.Started(std::max(0.0, now - l.queued.since));
   if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
 }
 
@@ -2074,153 +2052,39 @@ HttpResponse Server::Acct(const HttpRequest& req, const std::string& user, bool 
 }
 
 std::string Server::RenderMetrics() {
-  std::string o;
-  auto help = [&](const char* name, const char* type, const char* text) {
-    o += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, text, name, type);
-  };
-  // Accounting since the store began, as counters (what `tessera acct` sums over a period).
-  if (auto all = Accounting(0, Now(), ""); all.ok()) {
-    help("tessera_acct_gpu_seconds_total", "counter",
-         "GPU-seconds used by jobs (a fraction of a GPU weighted by its share or memory), by user "
-         "and kind (whole, fractional).");
-    for (const AcctLine& l : all->by_user) {
-      o += fmt::format("tessera_acct_gpu_seconds_total{{user=\"{}\",kind=\"whole\"}} {}\n",
-                       Escape(l.key), l.whole_gpu_seconds);
-      o += fmt::format("tessera_acct_gpu_seconds_total{{user=\"{}\",kind=\"fractional\"}} {}\n",
-                       Escape(l.key), l.fractional_gpu_seconds);
-    }
-    help("tessera_acct_model_gpu_seconds_total", "counter", "GPU-seconds used, by GPU model.");
-    for (const AcctLine& l : all->by_model) {
-      o += fmt::format("tessera_acct_model_gpu_seconds_total{{model=\"{}\"}} {}\n", Escape(l.key),
-                       l.gpu_seconds);
-    }
-    help("tessera_acct_group_gpu_seconds_total", "counter",
-         "GPU-seconds used, by the owner's primary group.");
-    for (const AcctLine& l : all->by_group) {
-      o += fmt::format("tessera_acct_group_gpu_seconds_total{{group=\"{}\"}} {}\n", Escape(l.key),
-                       l.gpu_seconds);
-    }
-    help("tessera_acct_jobs_ended_total", "counter", "Jobs ended, by user and outcome.");
-    for (const AcctLine& l : all->by_user) {
-      for (auto [outcome, n] : {std::pair{"succeeded", l.succeeded},
-                                {"failed", l.failed},
-                                {"cancelled", l.cancelled}}) {
-        o += fmt::format("tessera_acct_jobs_ended_total{{user=\"{}\",outcome=\"{}\"}} {}\n",
-                         Escape(l.key), outcome, n);
-      }
-    }
-    help("tessera_acct_wait_seconds_total", "counter",
-         "Seconds jobs waited from submission (or re-queue) to start, by user.");
-    for (const AcctLine& l : all->by_user) {
-      o += fmt::format("tessera_acct_wait_seconds_total{{user=\"{}\"}} {}\n", Escape(l.key),
-                       l.wait_seconds);
-    }
-    help("tessera_acct_starts_total", "counter", "Job runs started, by user.");
-    for (const AcctLine& l : all->by_user) {
-      o += fmt::format("tessera_acct_starts_total{{user=\"{}\"}} {}\n", Escape(l.key), l.started);
-    }
+  // Taken under the lock (copies), written without it: the accounting, the telemetry and the
+  // shared regions are read outside it too.
+  ServerMetricsSnapshot snap;
+  if (auto all = Accounting(0, Now(), ""); all.ok()) snap.acct = std::move(*all);
+  snap.hostname = hostname_;
+  snap.simulated = inventory_.simulated;
+  snap.gpus = inventory_.gpus;
+  snap.telemetry = Telemetry();
+  if (health_) {
+    for (const devices::GpuHealth& h : health_->Snapshot()) snap.xids.push_back(h.xid_count);
   }
-  std::vector<devices::GpuHealth> health =
-      health_ ? health_->Snapshot() : std::vector<devices::GpuHealth>{};
-  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
-  std::lock_guard lock(mu_);
-  auto labels = [&](size_t g) {
-    const core::Gpu& gpu = inventory_.gpus[g];
-    return fmt::format("gpu=\"{}\",uuid=\"{}\",model=\"{}\",hostname=\"{}\"", g, Escape(gpu.uuid),
-                       Escape(gpu.model), Escape(hostname_));
-  };
-  const size_t n = inventory_.gpus.size();
-  help("tessera_gpu_simulated", "gauge",
-       "1 when the GPUs are a simulated machine, not a driver's.");
-  o += fmt::format("tessera_gpu_simulated{{hostname=\"{}\"}} {}\n", Escape(hostname_),
-                   inventory_.simulated ? 1 : 0);
-  help("tessera_gpu_healthy", "gauge", "1 when the GPU takes work, 0 when it turned unhealthy.");
-  for (size_t g = 0; g < n; ++g)
-    o += fmt::format("tessera_gpu_healthy{{{}}} {}\n", labels(g), gpu_healthy_[g] ? 1 : 0);
-  help("tessera_gpu_xid_errors_total", "counter",
-       "XID errors seen on the GPU, ignored ones included.");
-  for (size_t g = 0; g < n; ++g) {
-    o += fmt::format("tessera_gpu_xid_errors_total{{{}}} {}\n", labels(g),
-                     g < health.size() ? health[g].xid_count : 0);
-  }
-  help("tessera_gpu_memory_total_bytes", "gauge", "GPU memory.");
-  for (size_t g = 0; g < n; ++g) {
-    o += fmt::format("tessera_gpu_memory_total_bytes{{{}}} {}\n", labels(g),
-                     inventory_.gpus[g].memory_bytes.value_or(0));
-  }
-  // Readings the driver does not give are left out (no sample), not reported as 0.
-  auto reading = [&](const char* name, const char* text, auto field) {
-    help(name, "gauge", text);
-    for (size_t g = 0; g < n; ++g) {
-      if (const auto& v = telemetry[g].*field)
-        o += fmt::format("{}{{{}}} {}\n", name, labels(g), *v);
+  {
+    std::lock_guard lock(mu_);
+    snap.healthy = gpu_healthy_;
+    const auto& state = scheduler_->state();
+    for (size_t g = 0; g < snap.gpus.size(); ++g) {
+      const auto& use = state.gpu_use(0, static_cast<int>(g));
+      snap.allocated_share.push_back(use.milli / 1000.0);
+      snap.allocated_memory_bytes.push_back(use.memory_mib * (int64_t{1} << 20));
     }
-  };
-  reading("tessera_gpu_utilization_ratio",
-          "Share of the last sample period a kernel ran on the GPU (0..1).",
-          &devices::GpuTelemetry::utilization);
-  reading("tessera_gpu_memory_utilization_ratio",
-          "Share of the last sample period GPU memory was read or written (0..1).",
-          &devices::GpuTelemetry::memory_utilization);
-  reading("tessera_gpu_memory_used_bytes", "GPU memory in use, by every process (driver's count).",
-          &devices::GpuTelemetry::memory_used_bytes);
-  reading("tessera_gpu_temperature_celsius", "GPU die temperature.",
-          &devices::GpuTelemetry::temperature_celsius);
-  reading("tessera_gpu_power_watts", "GPU power draw.", &devices::GpuTelemetry::power_watts);
-  help("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
-  help("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
-  const auto& state = scheduler_->state();
-  for (size_t g = 0; g < n; ++g) {
-    const auto& use = state.gpu_use(0, static_cast<int>(g));
-    o += fmt::format("tessera_gpu_allocated_share{{{}}} {:g}\n", labels(g), use.milli / 1000.0);
-    o += fmt::format("tessera_gpu_allocated_memory_bytes{{{}}} {}\n", labels(g),
-                     use.memory_mib * (int64_t{1} << 20));
-  }
-  help("tessera_job_gpu_memory_used_bytes", "gauge",
-       "GPU memory a fractional job's processes hold (intercept library).");
-  help("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
-  help("tessera_job_gpu_share", "gauge", "A job's compute share of its GPU (0..1; whole GPUs 1).");
-  for (const auto& [id, r] : running_) {
-    std::string l = fmt::format("job=\"{}\",gpu=\"{}\",hostname=\"{}\"", id,
-                                r.gpus.empty() ? -1 : r.gpus[0], Escape(hostname_));
-    o += fmt::format("tessera_job_gpu_share{{{}}} {:g}\n", l,
-                     r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0);
-    if (r.region.empty()) continue;
-    o += fmt::format("tessera_job_gpu_memory_limit_bytes{{{}}} {}\n", l,
-                     r.memory_limit_mib * (int64_t{1} << 20));
-    uint64_t used = 0;
-    int fd = open(r.region.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
-      struct stat st;
-      if (m != MAP_FAILED && fstat(fd, &st) == 0 &&
-          static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
-        const auto* d = static_cast<const shim::RegionData*>(m);
-        if (d->magic.load() == shim::kRegionMagic) used = d->used[0].load();
-      }
-      if (m != MAP_FAILED) munmap(m, sizeof(shim::RegionData));
-      close(fd);
+    for (const auto& [id, r] : running_) {
+      snap.jobs.push_back(
+          {.id = id,
+           .gpu = r.gpus.empty() ? -1 : r.gpus[0],
+           .share = r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0,
+           .limit_bytes = r.memory_limit_mib * (int64_t{1} << 20),
+           .region = r.region});
     }
-    o += fmt::format("tessera_job_gpu_memory_used_bytes{{{}}} {}\n", l, used);
+    snap.queued = queued_.size();
+    snap.running = running_.size();
+    snap.scheduling = scheduling_;
   }
-  help("tessera_queue_length", "gauge", "Jobs waiting to start.");
-  o += fmt::format("tessera_queue_length {}\n", queued_.size());
-  help("tessera_jobs_running", "gauge", "Jobs running.");
-  o += fmt::format("tessera_jobs_running {}\n", running_.size());
-  help("tessera_scheduling_latency_seconds", "histogram",
-       "From submission (or re-queueing) to start.");
-  for (size_t i = 0; i < latency_buckets_.size(); ++i) {
-    o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"{:g}\"}} {}\n",
-                     latency_buckets_[i], latency_counts_[i]);
-  }
-  o += fmt::format("tessera_scheduling_latency_seconds_bucket{{le=\"+Inf\"}} {}\n", latency_count_);
-  o += fmt::format("tessera_scheduling_latency_seconds_sum {:g}\n", latency_sum_);
-  o += fmt::format("tessera_scheduling_latency_seconds_count {}\n", latency_count_);
-  help("tessera_scheduling_pass_seconds", "gauge", "Duration of the last scheduling pass.");
-  o += fmt::format("tessera_scheduling_pass_seconds {:g}\n", last_pass_s_);
-  help("tessera_scheduling_passes_total", "counter", "Scheduling passes run.");
-  o += fmt::format("tessera_scheduling_passes_total {}\n", passes_);
-  return o;
+  return RenderServerMetrics(snap);
 }
 
 }  // namespace tessera::server

@@ -33,6 +33,7 @@
 #include "tessera/server/launcher.h"
 #include "tessera/server/predictor.h"
 #include "tessera/server/runner.h"
+#include "tessera/server/server_metrics.h"
 #include "tessera/server/store.h"
 
 namespace tessera::devices {
@@ -417,13 +418,8 @@ class Server {
   std::vector<bool> gpu_healthy_;
   std::vector<std::string> gpu_health_reason_;
   std::vector<uint64_t> gpu_xids_;
-  bool dirty_ = true;                    // something changed that may let a queued job start
-  std::vector<double> latency_buckets_;  // scheduling latency histogram (submit to start), seconds
-  std::vector<uint64_t> latency_counts_;
-  double latency_sum_ = 0;
-  uint64_t latency_count_ = 0;
-  uint64_t passes_ = 0;
-  double last_pass_s_ = 0;
+  bool dirty_ = true;           // something changed that may let a queued job start
+  SchedulingStats scheduling_;  // latency (submit to start) and passes, for /metrics
 
   std::mutex groups_mu_;  // the quota groups cache; never held while taking mu_
   std::map<uint32_t, std::vector<std::string>> user_groups_;

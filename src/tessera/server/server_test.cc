@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
+#include "fmt/format.h"
 #include "tessera/server/fake_launcher.h"
 
 namespace tessera::server {
@@ -760,6 +762,41 @@ TEST_F(ServerTest, AStreamThatMissedMoreThanFiveThousandEventsIsToldToStartAfres
     return replayed.find("id: 1001\n") == std::string::npos;
   });
   EXPECT_EQ(replayed.find("event: reset"), std::string::npos);
+}
+
+TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
+  StartServer();
+  const int64_t whole = Submit(1, 100);
+  const int64_t part =
+      Submit(0, 100, 0, {{"resources", {{"gpu_share", "30%"}, {"gpu_memory", "4GiB"}}}});
+  Settle();
+  ASSERT_EQ(State(part), "running");
+  HttpRequest req;
+  req.method = "GET";
+  req.path = req.target = "/metrics";
+  req.peer.unix_socket = true;
+  req.peer.uid = geteuid();
+  const std::string page = server_->Handle(req).body;
+  const std::string host = Call("GET", "/v1/info").value("hostname", "");
+  EXPECT_THAT(
+      page, HasSubstr(fmt::format(
+                "tessera_job_gpu_share{{job=\"{}\",gpu=\"0\",hostname=\"{}\"}} 1\n", whole, host)));
+  EXPECT_THAT(page, HasSubstr(fmt::format(
+                        "tessera_job_gpu_share{{job=\"{}\",gpu=\"1\",hostname=\"{}\"}} 0.3\n", part,
+                        host)));
+  EXPECT_THAT(page, HasSubstr(fmt::format("tessera_job_gpu_memory_limit_bytes{{job=\"{}\",gpu="
+                                          "\"1\",hostname=\"{}\"}} 4294967296\n",
+                                          part, host)));
+  EXPECT_THAT(page, HasSubstr("tessera_scheduling_latency_seconds_count 2\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_jobs_running 2\n"));
+  // The whole page is what Prometheus accepts, lint included.
+  std::ofstream(dir_ + "/metrics.txt") << page;
+  FILE* p = popen(("promtool check metrics < " + dir_ + "/metrics.txt 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  EXPECT_EQ(pclose(p), 0) << out;
 }
 
 TEST_F(ServerTest, AnAdminMakesASimulatedGpuSick) {

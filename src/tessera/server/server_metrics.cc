@@ -1,0 +1,161 @@
+#include "tessera/server/server_metrics.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fmt/format.h"
+#include "tessera/server/prometheus.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+
+const std::vector<double>& SchedulingStats::Buckets() {
+  static const std::vector<double> kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                               1,     2.5,  5,     10,   30,  60};
+  return kBuckets;
+}
+
+void SchedulingStats::Started(double latency_s) {
+  for (size_t i = 0; i < Buckets().size(); ++i) {
+    if (latency_s <= Buckets()[i]) ++counts_[i];
+  }
+  sum_ += latency_s;
+  ++count_;
+}
+
+void SchedulingStats::Pass(double seconds) {
+  last_pass_s_ = seconds;
+  ++passes_;
+}
+
+uint64_t RegionMemoryUsed(const std::string& path) {
+  uint64_t used = 0;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
+    void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      const auto* d = static_cast<const shim::RegionData*>(m);
+      if (d->magic.load() == shim::kRegionMagic) used = d->used[0].load();
+      munmap(m, sizeof(shim::RegionData));
+    }
+  }
+  close(fd);
+  return used;
+}
+
+std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
+  MetricsPage p;
+  using Labels = MetricsPage::Labels;
+  // Accounting since the store began, as counters (what `tessera acct` sums over a period).
+  if (s.acct) {
+    const AcctReport& all = *s.acct;
+    p.Family("tessera_acct_gpu_seconds_total", "counter",
+             "GPU-seconds used by jobs (a fraction of a GPU weighted by its share or memory), by "
+             "user and kind (whole, fractional).");
+    for (const AcctLine& l : all.by_user) {
+      p.Sample({{"user", l.key}, {"kind", "whole"}}, l.whole_gpu_seconds);
+      p.Sample({{"user", l.key}, {"kind", "fractional"}}, l.fractional_gpu_seconds);
+    }
+    p.Family("tessera_acct_model_gpu_seconds_total", "counter", "GPU-seconds used, by GPU model.");
+    for (const AcctLine& l : all.by_model) p.Sample({{"model", l.key}}, l.gpu_seconds);
+    p.Family("tessera_acct_group_gpu_seconds_total", "counter",
+             "GPU-seconds used, by the owner's primary group.");
+    for (const AcctLine& l : all.by_group) p.Sample({{"group", l.key}}, l.gpu_seconds);
+    p.Family("tessera_acct_jobs_ended_total", "counter", "Jobs ended, by user and outcome.");
+    for (const AcctLine& l : all.by_user) {
+      for (auto [outcome, n] : {std::pair{"succeeded", l.succeeded},
+                                {"failed", l.failed},
+                                {"cancelled", l.cancelled}}) {
+        p.Sample({{"user", l.key}, {"outcome", outcome}}, static_cast<double>(n));
+      }
+    }
+    p.Family("tessera_acct_wait_seconds_total", "counter",
+             "Seconds jobs waited from submission (or re-queue) to start, by user.");
+    for (const AcctLine& l : all.by_user) p.Sample({{"user", l.key}}, l.wait_seconds);
+    p.Family("tessera_acct_starts_total", "counter", "Job runs started, by user.");
+    for (const AcctLine& l : all.by_user)
+      p.Sample({{"user", l.key}}, static_cast<double>(l.started));
+  }
+  const size_t n = s.gpus.size();
+  auto gpu = [&](size_t g) -> Labels {
+    return {{"gpu", std::to_string(g)},
+            {"uuid", s.gpus[g].uuid},
+            {"model", s.gpus[g].model},
+            {"hostname", s.hostname}};
+  };
+  p.Family("tessera_gpu_simulated", "gauge",
+           "1 when the GPUs are a simulated machine, not a driver's.");
+  p.Sample({{"hostname", s.hostname}}, s.simulated ? 1 : 0);
+  p.Family("tessera_gpu_healthy", "gauge", "1 when the GPU takes work, 0 when it turned unhealthy.");
+  for (size_t g = 0; g < n; ++g) p.Sample(gpu(g), g < s.healthy.size() && s.healthy[g] ? 1 : 0);
+  p.Family("tessera_gpu_xid_errors_total", "counter",
+           "XID errors seen on the GPU, ignored ones included.");
+  for (size_t g = 0; g < n; ++g)
+    p.Sample(gpu(g), static_cast<double>(g < s.xids.size() ? s.xids[g] : 0));
+  p.Family("tessera_gpu_memory_total_bytes", "gauge", "GPU memory.");
+  for (size_t g = 0; g < n; ++g)
+    p.Sample(gpu(g), static_cast<double>(s.gpus[g].memory_bytes.value_or(0)));
+  // Readings the driver does not give are left out (no sample), not reported as 0.
+  auto reading = [&](const char* name, const char* help, auto field) {
+    p.Family(name, "gauge", help);
+    for (size_t g = 0; g < n && g < s.telemetry.size(); ++g) {
+      if (const auto& v = s.telemetry[g].*field) p.Sample(gpu(g), static_cast<double>(*v));
+    }
+  };
+  reading("tessera_gpu_utilization_ratio",
+          "Share of the last sample period a kernel ran on the GPU (0..1).",
+          &devices::GpuTelemetry::utilization);
+  reading("tessera_gpu_memory_utilization_ratio",
+          "Share of the last sample period GPU memory was read or written (0..1).",
+          &devices::GpuTelemetry::memory_utilization);
+  reading("tessera_gpu_memory_used_bytes", "GPU memory in use, by every process (driver's count).",
+          &devices::GpuTelemetry::memory_used_bytes);
+  reading("tessera_gpu_temperature_celsius", "GPU die temperature.",
+          &devices::GpuTelemetry::temperature_celsius);
+  reading("tessera_gpu_power_watts", "GPU power draw.", &devices::GpuTelemetry::power_watts);
+  p.Family("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
+  for (size_t g = 0; g < n && g < s.allocated_share.size(); ++g)
+    p.Sample(gpu(g), s.allocated_share[g]);
+  p.Family("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
+  for (size_t g = 0; g < n && g < s.allocated_memory_bytes.size(); ++g)
+    p.Sample(gpu(g), static_cast<double>(s.allocated_memory_bytes[g]));
+  auto job = [&](const ServerMetricsSnapshot::Job& j) -> Labels {
+    return {{"job", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
+  };
+  p.Family("tessera_job_gpu_share", "gauge", "A job's compute share of its GPU (0..1; whole GPUs 1).");
+  for (const auto& j : s.jobs) p.Sample(job(j), j.share);
+  p.Family("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
+  for (const auto& j : s.jobs) {
+    if (!j.region.empty()) p.Sample(job(j), static_cast<double>(j.limit_bytes));
+  }
+  p.Family("tessera_job_gpu_memory_used_bytes", "gauge",
+           "GPU memory a fractional job's processes hold (intercept library).");
+  for (const auto& j : s.jobs) {
+    if (!j.region.empty()) p.Sample(job(j), static_cast<double>(RegionMemoryUsed(j.region)));
+  }
+  p.Family("tessera_queue_length", "gauge", "Jobs waiting to start.");
+  p.Sample({}, static_cast<double>(s.queued));
+  p.Family("tessera_jobs_running", "gauge", "Jobs running.");
+  p.Sample({}, static_cast<double>(s.running));
+  const SchedulingStats& st = s.scheduling;
+  p.Family("tessera_scheduling_latency_seconds", "histogram",
+           "From submission (or re-queueing) to start.");
+  for (size_t i = 0; i < SchedulingStats::Buckets().size(); ++i) {
+    p.Sample({{"le", fmt::format("{:g}", SchedulingStats::Buckets()[i])}},
+             static_cast<double>(st.counts_[i]), "_bucket");
+  }
+  p.Sample({{"le", "+Inf"}}, static_cast<double>(st.count_), "_bucket");
+  p.Sample({}, st.sum_, "_sum");
+  p.Sample({}, static_cast<double>(st.count_), "_count");
+  p.Family("tessera_scheduling_pass_seconds", "gauge", "Duration of the last scheduling pass.");
+  p.Sample({}, st.last_pass_s_);
+  p.Family("tessera_scheduling_passes_total", "counter", "Scheduling passes run.");
+  p.Sample({}, static_cast<double>(st.passes_));
+  return p.Take();
+}
+
+}  // namespace tessera::server
