@@ -367,10 +367,10 @@ void QueuedPasses(const std::string& dir, int reservations) {
 
 }  // namespace
 
-// One reader times GET /v1/info and GET /v1/jobs/1 while 200 running jobs end at about the same
-// time, with the state on disk and each fsync 5 ms longer (the slow-sync VFS): each end is a
-// store write.
-void ReadsDuringEnds(const std::string& disk_dir) {
+// A server with its state in `disk_dir` (made afresh) on the slow-sync VFS, each fsync 5 ms longer;
+// nullptr (said) when it cannot start.
+std::unique_ptr<tessera::server::Server> StartOnSlowDisk(
+    const std::string& disk_dir, const tessera::server::ServerConfig& config) {
   std::filesystem::remove_all(disk_dir);
   std::filesystem::create_directories(disk_dir + "/state");
   InstallSlowSyncVfs();
@@ -378,17 +378,26 @@ void ReadsDuringEnds(const std::string& disk_dir) {
   auto store = tessera::server::Store::Open(disk_dir + "/state/tessera.db");
   if (!store.ok()) {
     fprintf(stderr, "server_bench: %s\n", std::string(store.status().message()).c_str());
-    return;
+    return nullptr;
   }
   tessera::server::ServerDeps deps;
   deps.store = std::move(*store);
-  tessera::server::ServerConfig config = BenchConfig(disk_dir);
-  config.confinement = "off";
   auto server = tessera::server::Server::Create(config, std::move(deps));
   if (!server.ok() || !(*server)->Start().ok()) {
     fprintf(stderr, "server_bench: cannot start the server\n");
-    return;
+    return nullptr;
   }
+  return std::move(*server);
+}
+
+// One reader times GET /v1/info and GET /v1/jobs/1 while 200 running jobs end at about the same
+// time, with the state on disk and each fsync 5 ms longer (the slow-sync VFS): each end is a
+// store write.
+void ReadsDuringEnds(const std::string& disk_dir) {
+  tessera::server::ServerConfig config = BenchConfig(disk_dir);
+  config.confinement = "off";
+  auto server = StartOnSlowDisk(disk_dir, config);
+  if (server == nullptr) return;
   HttpClient c(config.socket);
   (void)c.Send("POST", "/v1/jobs", json{{"command", {"true"}}}.dump());
   // 200 jobs that end together: each sleeps until the same wall-clock second.
@@ -415,31 +424,17 @@ void ReadsDuringEnds(const std::string& disk_dir) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   reader.Stop("while 200 jobs end (fsync +5 ms)", Since(t0));
-  (*server)->Stop();
+  server->Stop();
   std::filesystem::remove_all(disk_dir);
 }
 
 // Reads while 4 clients change 200 queued jobs (each held, released, given a new priority, then
 // cancelled: 800 store writes), with the state on disk and each fsync 5 ms longer.
 void ReadsDuringChanges(const std::string& disk_dir) {
-  std::filesystem::remove_all(disk_dir);
-  std::filesystem::create_directories(disk_dir + "/state");
-  InstallSlowSyncVfs();
-  g_sync_delay_us = 5000;
-  auto store = tessera::server::Store::Open(disk_dir + "/state/tessera.db");
-  if (!store.ok()) {
-    fprintf(stderr, "server_bench: %s\n", std::string(store.status().message()).c_str());
-    return;
-  }
-  tessera::server::ServerDeps deps;
-  deps.store = std::move(*store);
   tessera::server::ServerConfig config = BenchConfig(disk_dir);
   config.confinement = "off";
-  auto server = tessera::server::Server::Create(config, std::move(deps));
-  if (!server.ok() || !(*server)->Start().ok()) {
-    fprintf(stderr, "server_bench: cannot start the server\n");
-    return;
-  }
+  auto server = StartOnSlowDisk(disk_dir, config);
+  if (server == nullptr) return;
   HttpClient c(config.socket);
   // Job 1 holds every GPU; the 200 that follow wait for all of them.
   const int64_t blocker = json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 8))->body)["id"];
@@ -471,7 +466,7 @@ void ReadsDuringChanges(const std::string& disk_dir) {
     if (r.ok() && json::parse(r->body, nullptr, false).value("state", "") == "cancelled") break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  (*server)->Stop();
+  server->Stop();
   std::filesystem::remove_all(disk_dir);
 }
 

@@ -90,7 +90,8 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   p.Family("tessera_gpu_simulated", "gauge",
            "1 when the GPUs are a simulated machine, not a driver's.");
   p.Sample({{"hostname", s.hostname}}, s.simulated ? 1 : 0);
-  p.Family("tessera_gpu_healthy", "gauge", "1 when the GPU takes work, 0 when it turned unhealthy.");
+  p.Family("tessera_gpu_healthy", "gauge",
+           "1 when the GPU takes work, 0 when it turned unhealthy.");
   for (size_t g = 0; g < n; ++g) p.Sample(gpu(g), g < s.healthy.size() && s.healthy[g] ? 1 : 0);
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU, ignored ones included.");
@@ -124,9 +125,11 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   for (size_t g = 0; g < n && g < s.allocated_memory_bytes.size(); ++g)
     p.Sample(gpu(g), static_cast<double>(s.allocated_memory_bytes[g]));
   auto job = [&](const ServerMetricsSnapshot::Job& j) -> Labels {
-    return {{"job", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
+    return {
+        {"job", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
   };
-  p.Family("tessera_job_gpu_share", "gauge", "A job's compute share of its GPU (0..1; whole GPUs 1).");
+  p.Family("tessera_job_gpu_share", "gauge",
+           "A job's compute share of its GPU (0..1; whole GPUs 1).");
   for (const auto& j : s.jobs) p.Sample(job(j), j.share);
   p.Family("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
   for (const auto& j : s.jobs) {

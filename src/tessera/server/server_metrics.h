@@ -41,10 +41,10 @@ struct ServerMetricsSnapshot {
   bool simulated = false;
   std::vector<core::Gpu> gpus;
   std::vector<bool> healthy;
-  std::vector<uint64_t> xids;                     // per GPU (0 when unknown)
-  std::vector<devices::GpuTelemetry> telemetry;   // per GPU
-  std::vector<double> allocated_share;            // per GPU, in GPUs
-  std::vector<int64_t> allocated_memory_bytes;    // per GPU
+  std::vector<uint64_t> xids;                    // per GPU (0 when unknown)
+  std::vector<devices::GpuTelemetry> telemetry;  // per GPU
+  std::vector<double> allocated_share;           // per GPU, in GPUs
+  std::vector<int64_t> allocated_memory_bytes;   // per GPU
   struct Job {
     int64_t id = 0;
     int gpu = -1;
