@@ -1226,22 +1226,37 @@ void Server::Admit(double now) {
     if (q.array_id != 0) ++active[q.array_id];
   }
   // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
-  // for them forever; their own dependents are settled at the next pass.
-  // (An array's tasks share their reason: one transaction for them all.)
+  // for them forever; their own dependents are settled at the next pass. Stored by SchedulePass
+  // without mu_ (EndNeverMet); changing meanwhile.
+  for (const auto& [id, why] : never) {
+    queued_.at(id).changing = true;
+    never_met_.emplace_back(id, why);
+  }
+}
+
+void Server::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
+  if (never_met_.empty()) return;
+  // An array's tasks share their reason: one transaction for them all.
   std::map<std::string, std::vector<int64_t>> by_reason;
-  for (const auto& [id, why] : never) by_reason[why].push_back(id);
+  for (const auto& [id, why] : never_met_) by_reason[why].push_back(id);
+  never_met_.clear();
+  lock.unlock();
+  std::map<std::string, absl::Status> stored;
+  for (const auto& [why, ids] : by_reason)
+    stored[why] = store_->TransitionMany(ids, JobState::kCancelled, why, now);
+  lock.lock();
   for (const auto& [why, ids] : by_reason) {
-    if (absl::Status st = store_->TransitionMany(ids, JobState::kCancelled, why, now); !st.ok()) {
+    if (const absl::Status& st = stored[why]; !st.ok()) {
       spdlog::error("job {}: {}", ids.front(), std::string(st.message()));
-      continue;
+    } else {
+      spdlog::info("{}: cancelled: {}",
+                   ids.size() == 1
+                       ? fmt::format("job {}", ids[0])
+                       : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
+                   why);
+      for (int64_t id : ids) queued_.erase(id);
     }
-    spdlog::info("{}: cancelled: {}",
-                 ids.size() == 1
-                     ? fmt::format("job {}", ids[0])
-                     : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
-                 why);
-    for (int64_t id : ids) queued_.erase(id);
-    dirty_ = true;
+    EndChange(ids);  // those not stored are tried again at the next pass
   }
 }
 
@@ -1265,6 +1280,7 @@ void Server::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
     queued_.erase(q);
     starting_[id];  // a cancel meanwhile is kept here
   }
+  EndNeverMet(now, lock);
   if (launches.empty()) return;
   // The store's writes (fsync) and the forks and execs go on without the lock: API reads,
   // submissions and cancels do not wait for them.

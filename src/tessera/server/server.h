@@ -235,6 +235,10 @@ class Server {
   // Moves the queued jobs that may now run into the cycle's queue (not held, dependencies met, room
   // in their array) and ends those whose dependencies can never be met. Under mu_.
   void Admit(double now);
+  // Stores the end of the jobs Admit found can never run (never_met_), with `lock` (on mu_)
+  // released meanwhile.
+  void EndNeverMet(double now, std::unique_lock<std::mutex>& lock);
+  std::vector<std::pair<int64_t, std::string>> never_met_;  // under mu_: id, why
   // The ids a reference names: "12" (a job, or every task of array 12 when `whole_array`), "12_3"
   // (task 3 of array 12). kNotFound, or kInvalidArgument for what is not a reference.
   absl::StatusOr<std::vector<int64_t>> Resolve(std::string_view ref, bool whole_array);
