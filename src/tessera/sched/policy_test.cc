@@ -153,6 +153,23 @@ TEST(Policies, FgdChoosesTheGpuWithinANode) {
   EXPECT_EQ(d.gpus, first->gpus) << "filling the used GPU keeps a whole one free";
 }
 
+TEST(Policies, FgdBreaksEqualFragmentationByBestFitNotAtRandom) {
+  // The workload is 1-GPU jobs: a 1-GPU job fragments no node, so FGD's own score ties on "busy"
+  // (4 of 8 GPUs taken) and "idle". The fuller node wins, whatever the seed of the random
+  // tie-break (which took either before).
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    SchedulerConfig c;
+    c.policies = *ParsePolicies("fgd");
+    c.seed = seed;
+    Scheduler s(c);
+    ASSERT_TRUE(s.AddNode(Node("busy", 8)).ok());
+    s.SetTypicalRequests({{1000, 1000, 1, {}, 1.0}});
+    ASSERT_TRUE(s.Place(Whole("four", 4)).ok());  // the only node then
+    ASSERT_TRUE(s.AddNode(Node("idle", 8)).ok());
+    EXPECT_EQ(NodeOf(s, Whole("x", 1)), "busy") << "seed " << seed;
+  }
+}
+
 TEST(Policies, DotProductPrefersComplementaryNodes) {
   auto s = Make("dotprod");
   core::NodeSpec cpu_heavy = Node("cpu-free", 2, 64000);

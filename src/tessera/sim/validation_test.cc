@@ -56,7 +56,10 @@ TEST(PaperValidation, MatchedPoliciesWithinOnePoint) {
 class TesseraBeatsFgd : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TesseraBeatsFgd, FewerUnallocatedGpus) {
-  const int seeds = std::string(GetParam()) == "default" ? 10 : 5;
+  // On gpuspec20 the two are closest (FGD breaks its own ties by best fit too; tessera's edge is
+  // its larger best-fit weight): 20 seeds there, 2 GPUs apart (about one standard error).
+  const std::string list = GetParam();
+  const int seeds = list == "default" ? 10 : list == "gpuspec20" ? 20 : 5;
   std::string file = std::string("openb_pod_list_") + GetParam() + ".csv";
   Mean fgd = Inflate(file, "fgd", seeds);
   Mean tessera = Inflate(file, "tessera", seeds);
