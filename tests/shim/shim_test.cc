@@ -44,6 +44,11 @@ TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
   EXPECT_THAT(bare,
               ::testing::HasSubstr("unhooked cuMemAllocAsync via cuGetProcAddress_v2 flags 2"));
   EXPECT_THAT(bare, ::testing::HasSubstr("unhooked cuLaunchKernel via dlsym ptsz"));
+  // A driver whose per-thread variants answer with the legacy entry point's address: the hook is
+  // chosen by the name, version and flag asked, so the per-thread hook still comes back (mapping
+  // the answer by address gave the legacy hook, with the legacy stream's semantics).
+  EXPECT_EQ(RunClient(Env{.extra = "FAKE_CUDA_SHARED_PTSZ=1"}, "link", "routes"),
+            "routes 255 checked\n");
 }
 
 TEST(Shim, PerThreadDefaultStreamEntryPointsHoldTheLimit) {

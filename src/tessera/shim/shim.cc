@@ -2,7 +2,8 @@
 // LD_PRELOAD; finds the real driver with dlopen("libcuda.so.1") and forwards every call, counting
 // GPU memory against the job's limit in the shared region. Hooked functions stay hooked however
 // they are reached: by linking, by dlsym (hooked here too) and by cuGetProcAddress(_v2), whose
-// answers are mapped back to our hooks by comparing them with the real entry points. Plain C ABI;
+// answers are mapped to our hooks by the name, version and flag asked, and otherwise by comparing
+// them with the real entry points. Plain C ABI;
 // nothing throws across it.
 #include <dlfcn.h>
 #include <errno.h>
@@ -1063,8 +1064,8 @@ namespace tessera::shim {
 namespace {
 
 // The hooks by the name a caller asks cuGetProcAddress for, for the versions whose ABI they have:
-// the second line behind the address match (a driver that answers with another alias of the same
-// call, or a per-thread variant we did not resolve, would otherwise get past the limits).
+// the first line (whatever address the driver answers with); the address match is the second, for
+// names not listed here.
 struct Named {
   const char* name;
   int min_version, max_version;  // [min, max): the ABI of our hook
@@ -1095,6 +1096,21 @@ const Named kNamed[] = {
     TESSERA_NAMED("cuMemCreate", 10020, 1 << 30, cuMemCreate, nullptr, nullptr),
     TESSERA_NAMED("cuMemRelease", 10020, 1 << 30, cuMemRelease, nullptr, nullptr),
     TESSERA_NAMED("cuMemGetInfo", 3020, 1 << 30, cuMemGetInfo_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuArrayCreate", 3020, 1 << 30, cuArrayCreate_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuArray3DCreate", 3020, 1 << 30, cuArray3DCreate_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuArrayDestroy", 2000, 1 << 30, cuArrayDestroy, nullptr, nullptr),
+    TESSERA_NAMED("cuMipmappedArrayCreate", 5000, 1 << 30, cuMipmappedArrayCreate, nullptr,
+                  nullptr),
+    TESSERA_NAMED("cuMipmappedArrayDestroy", 5000, 1 << 30, cuMipmappedArrayDestroy, nullptr,
+                  nullptr),
+    TESSERA_NAMED("cuDeviceTotalMem", 3020, 1 << 30, cuDeviceTotalMem_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuCtxDestroy", 4000, 1 << 30, cuCtxDestroy_v2, nullptr, nullptr),
+    TESSERA_NAMED("cuDevicePrimaryCtxRetain", 7000, 1 << 30, cuDevicePrimaryCtxRetain, nullptr,
+                  nullptr),
+    TESSERA_NAMED("cuDevicePrimaryCtxRelease", 11000, 1 << 30, cuDevicePrimaryCtxRelease_v2,
+                  nullptr, nullptr),
+    TESSERA_NAMED("cuCtxSynchronize", 2000, 1 << 30, cuCtxSynchronize, nullptr, nullptr),
+    TESSERA_NAMED("cuEventSynchronize", 2000, 1 << 30, cuEventSynchronize, nullptr, nullptr),
     TESSERA_NAMED("cuMemPoolCreate", 11020, 1 << 30, cuMemPoolCreate, nullptr, nullptr),
     TESSERA_NAMED("cuMemPoolDestroy", 11020, 1 << 30, cuMemPoolDestroy, nullptr, nullptr),
     TESSERA_NAMED("cuMemPoolTrimTo", 11020, 1 << 30, cuMemPoolTrimTo, nullptr, nullptr),
@@ -1118,31 +1134,32 @@ const Named kNamed[] = {
 #undef TESSERA_NAMED
 #undef TESSERA_PTSZ
 
-// What cuGetProcAddress hands out for `symbol`: the hook of the driver's answer (by address), or
-// else the hook of that name for this version and stream flavour (by name), or the answer.
+// What cuGetProcAddress hands out for `symbol`: the hook of that name for this version and stream
+// flavour (by name: the driver's address for it may be any alias, or shared between the legacy and
+// per-thread variants), else the hook of the driver's answer when it is an entry point we hook (by
+// address: an alias name we do not list), else the answer.
 void* HookFor(const char* symbol, int version, cuuint64_t flags, void* answer) {
   if (answer == nullptr) return answer;
-  void* by_address = Redirect(answer);
-  if (by_address != answer || symbol == nullptr) return by_address;
-  for (const Named& n : kNamed) {
-    if (strcmp(n.name, symbol) != 0 || version < n.min_version || version >= n.max_version)
-      continue;
-    const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    if (verbose) {
-      fprintf(stderr,
-              "tessera-cuda: cuGetProcAddress(%s, %d, %llu): not an entry point resolved at load; "
-              "handing out the hook by name\n",
-              symbol, version, static_cast<unsigned long long>(flags));
+  if (symbol != nullptr) {
+    for (const Named& n : kNamed) {
+      if (strcmp(n.name, symbol) != 0 || version < n.min_version || version >= n.max_version)
+        continue;
+      const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+      // A hook whose own entry point was not found at load calls the driver's answer.
+      if (per_thread && n.per_thread) {
+        if (*n.real_per_thread == nullptr) *n.real_per_thread = answer;
+        return n.per_thread;
+      }
+      if (*n.real == nullptr) *n.real = answer;
+      return n.hook;
     }
-    // A hook whose own entry point was not found at load calls the driver's answer.
-    if (per_thread && n.per_thread) {
-      if (*n.real_per_thread == nullptr) *n.real_per_thread = answer;
-      return n.per_thread;
-    }
-    if (*n.real == nullptr) *n.real = answer;
-    return n.hook;
   }
-  return answer;
+  void* by_address = Redirect(answer);
+  if (verbose && by_address != answer) {
+    fprintf(stderr, "tessera-cuda: cuGetProcAddress(%s, %d, %llu): hooked by its address\n",
+            symbol ? symbol : "(null)", version, static_cast<unsigned long long>(flags));
+  }
+  return by_address;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 //   FAKE_CUDA_GRAPH_US     virtual time of one cuGraphLaunch (default 1000)
 //   FAKE_CUDA_CONTEXT_MIB  device memory a context takes (default 0)
 //   FAKE_CUDA_MODULE_MIB   device memory a loaded module takes (default 0)
+//   FAKE_CUDA_SHARED_PTSZ  cuGetProcAddress answers per-thread requests with the legacy address
 // Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
 // launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
@@ -719,7 +720,11 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuStreamBeginCapture", (void*)&cuStreamBeginCapture_v2_ptsz},
       {"cuStreamEndCapture", (void*)&cuStreamEndCapture_ptsz},
   };
-  if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+  // FAKE_CUDA_SHARED_PTSZ=1: a driver whose per-thread variants share the legacy entry point's
+  // address (one implementation reading the flag): asked with the per-thread flag, it answers the
+  // legacy address. An interceptor that maps answers by address alone hands out the wrong hook.
+  static const bool shared_ptsz = getenv("FAKE_CUDA_SHARED_PTSZ") != nullptr;
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && !shared_ptsz) {
     if (auto it = kPerThread.find(name); it != kPerThread.end() && version >= 3020)
       return it->second;
   }
