@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "fmt/format.h"
+#include "tessera/devices/cdi.h"
 
 extern char** environ;
 
@@ -212,6 +213,42 @@ void RemoveContainer(const ContainerRuntime& rt, int64_t job_id) {
   }
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
+}
+
+LaunchSpec PodmanClientLaunch(const ContainerRuntime& runtime, const LaunchSpec& job) {
+  LaunchSpec ls = job;
+  ContainerJob c;
+  c.job_id = job.job_id;
+  c.image = job.container->image;
+  c.command = job.argv;
+  c.env = JobEnvironment(job);
+  if (!job.container->own_path) c.env.erase("PATH");  // the image's own PATH, unless one was asked
+  c.workdir = job.workdir;
+  for (const std::string& uuid : job.gpu_uuids)
+    c.cdi_devices.push_back(devices::CdiDeviceName(uuid));
+  if (job.share) {
+    c.read_only_files.push_back(job.share->library);
+    c.writable_files.push_back(job.share->region);
+    if (c.env.contains("TESSERA_CUDA_ARBITER")) c.writable_files.push_back(job.share->arbiter);
+  }
+  if (job.uid) c.user = fmt::format("{}:{}", *job.uid, job.gid.value_or(*job.uid));
+  // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.
+  c.memory_bytes = job.container->memory_bytes;
+  c.cpu_milli = job.container->cpu_milli;
+  c.pids_max = job.container->pids_max;
+  ls.argv = PodmanRunArgv(runtime, c);
+  ls.env = PodmanProcessEnvironment();
+  ls.env_as_is = true;
+  ls.workdir.clear();
+  ls.uid.reset();
+  ls.gid.reset();
+  ls.container.reset();
+  return ls;
+}
+
+absl::StatusOr<Launched> PodmanLauncher::Start(const LaunchSpec& spec) {
+  if (!spec.container) return inner_->Start(spec);
+  return inner_->Start(PodmanClientLaunch(runtime_, spec));
 }
 
 }  // namespace tessera::server

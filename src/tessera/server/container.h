@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tessera/server/launcher.h"
+#include "tessera/server/runner.h"
 
 namespace tessera::server {
 
@@ -53,6 +55,32 @@ std::string ContainerName(int64_t job_id);
 // [--user]
 // [-w] --device ... -v ... -e ... <extra args> IMAGE COMMAND...`.
 std::vector<std::string> PodmanRunArgv(const ContainerRuntime& runtime, const ContainerJob& job);
+
+// The launch of a job with an image turned into that of podman's client: the client is the job's
+// process (so the shepherd, the process group, signals and exit codes work as for any job); what
+// the job itself gets - its command, environment, workdir, user, GPUs as CDI devices, the intercept
+// library's files, its limits - goes in through podman. Root's podman starts the container as the
+// job's user (--user); the client itself stays the server's user.
+LaunchSpec PodmanClientLaunch(const ContainerRuntime& runtime, const LaunchSpec& job);
+
+// A Launcher for jobs with an image (LaunchSpec::container): they start as podman's client
+// (PodmanClientLaunch) through `inner`; every other job, and signals, reaping and liveness, go to
+// `inner` as they are.
+class PodmanLauncher final : public Launcher {
+ public:
+  PodmanLauncher(Launcher* inner, ContainerRuntime runtime)
+      : inner_(inner), runtime_(std::move(runtime)) {}
+  absl::StatusOr<Launched> Start(const LaunchSpec& spec) override;
+  bool Signal(pid_t pgid, int sig) override { return inner_->Signal(pgid, sig); }
+  std::optional<int> Reap(pid_t pid) override { return inner_->Reap(pid); }
+  bool Alive(pid_t pid, uint64_t start_time) override { return inner_->Alive(pid, start_time); }
+  bool WatchableByPidfd() const override { return inner_->WatchableByPidfd(); }
+  const ContainerRuntime& runtime() const { return runtime_; }
+
+ private:
+  Launcher* inner_;
+  ContainerRuntime runtime_;
+};
 
 // The environment podman itself runs with: the server's own PATH, HOME, XDG and CONTAINERS_*
 // settings and nothing else (the job's environment goes in with -e).

@@ -29,6 +29,65 @@ std::string FakePodman(const std::string& name, bool old) {
   return path;
 }
 
+// Records what it is asked to start.
+class RecordingLauncher final : public Launcher {
+ public:
+  absl::StatusOr<Launched> Start(const LaunchSpec& spec) override {
+    started.push_back(spec);
+    return Launched{.pid = 1000 + static_cast<pid_t>(started.size())};
+  }
+  bool Signal(pid_t, int) override { return true; }
+  std::optional<int> Reap(pid_t) override { return std::nullopt; }
+  bool Alive(pid_t, uint64_t) override { return true; }
+  bool WatchableByPidfd() const override { return false; }
+  std::vector<LaunchSpec> started;
+};
+
+TEST(Container, PodmanLauncherStartsJobsWithAnImageAsPodmansClientOthersUnchanged) {
+  RecordingLauncher inner;
+  ContainerRuntime rt;
+  rt.podman = "/usr/bin/podman";
+  rt.cdi_spec_dir = "/srv/cdi";
+  PodmanLauncher podman(&inner, rt);
+  LaunchSpec bare;
+  bare.job_id = 6;
+  bare.argv = {"python", "train.py"};
+  bare.env = {{"PATH", "/usr/bin"}, {"SEED", "1"}};
+  bare.workdir = "/home/alice";
+  bare.uid = 1000;
+  bare.gid = 100;
+  bare.gpu_uuids = {"GPU-a"};
+  ASSERT_TRUE(podman.Start(bare).ok());
+  LaunchSpec boxed = bare;
+  boxed.job_id = 7;
+  boxed.container =
+      LaunchSpec::Container{.image = "pytorch:24", .memory_bytes = 1 << 30, .cpu_milli = 2000};
+  ASSERT_TRUE(podman.Start(boxed).ok());
+  ASSERT_EQ(inner.started.size(), 2u);
+  // Without an image: as it was.
+  EXPECT_EQ(inner.started[0].argv, bare.argv);
+  EXPECT_EQ(inner.started[0].uid, 1000u);
+  // With one: podman's client, run as the server's user with podman's own environment; the job's
+  // user, workdir, GPUs, limits and environment (its PATH left to the image) go in through podman.
+  const LaunchSpec& c = inner.started[1];
+  EXPECT_FALSE(c.uid.has_value());
+  EXPECT_TRUE(c.env_as_is);
+  EXPECT_FALSE(c.env.contains("SEED"));
+  EXPECT_TRUE(c.workdir.empty());
+  EXPECT_FALSE(c.container.has_value());
+  const std::string argv = ::testing::PrintToString(c.argv);
+  EXPECT_THAT(argv, HasSubstr("\"--name\", \"tessera-job-7\""));
+  EXPECT_THAT(argv, HasSubstr("\"--user\", \"1000:100\""));
+  EXPECT_THAT(argv, HasSubstr("\"--workdir\", \"/home/alice\""));
+  EXPECT_THAT(argv, HasSubstr("\"--device\", \"tessera.io/gpu=GPU-a\""));
+  EXPECT_THAT(argv, HasSubstr("\"--env\", \"SEED=1\""));
+  EXPECT_THAT(argv, ::testing::Not(HasSubstr("PATH=/usr/bin")));
+  EXPECT_THAT(argv, HasSubstr("\"pytorch:24\", \"python\", \"train.py\""));
+  // Signals, reaping and liveness are the inner launcher's.
+  EXPECT_FALSE(podman.WatchableByPidfd());
+  EXPECT_TRUE(podman.Alive(1002, 0));
+}
+
 TEST(Container, RunArgvHandsOverDevicesFilesAndEnvironment) {
   ContainerRuntime rt;
   rt.podman = "/usr/bin/podman";

@@ -66,6 +66,14 @@ struct LaunchSpec {
   std::vector<TaskLaunch> tasks;
   bool kill_on_task_failure = true;
   int task_grace_s = 10;
+  // Set: the job runs in a container of this image, `argv` (empty: the image's command) inside it
+  // (PodmanLauncher, container.h). The job's own environment is `env`; whether it asked for a PATH.
+  struct Container {
+    std::string image;
+    bool own_path = false;  // the job set PATH; else the image's own is kept
+    int64_t memory_bytes = 0, cpu_milli = 0, pids_max = 0;  // the container's limits; 0: none
+  };
+  std::optional<Container> container;
 };
 
 // The exit code a shepherd wrote at `path`, nullopt when there is none (yet).

@@ -319,6 +319,9 @@ void Server::SetUpContainers() {
   }
   cdi_spec_path_ = *path;
   containers_ = *rt;
+  // Jobs with an image start as podman's client, through the launcher every job goes through.
+  podman_launcher_ = std::make_unique<PodmanLauncher>(launcher_, *rt);
+  launcher_ = podman_launcher_.get();
   size_t nodes = files.control_nodes.size();
   for (const std::string& n : files.gpu_nodes) nodes += n.empty() ? 0 : 1;
   spdlog::info(
@@ -1016,7 +1019,13 @@ void Server::ExecuteLaunch(Launch& l, double now) {
       if (!l.launched.ok()) cgroups_->Remove(q.id);
     }
   } else {
-    if (l.run.container) ContainerLaunch(q, ls);
+    if (l.run.container) {
+      ls.container = LaunchSpec::Container{.image = q.spec->image,
+                                           .own_path = q.spec->env.contains("PATH"),
+                                           .memory_bytes = q.spec->memory_mib << 20,
+                                           .cpu_milli = q.spec->cpu_milli,
+                                           .pids_max = config_.pids_max};
+    }
     l.launched = launcher_->Start(ls);
   }
   if (!l.launched.ok()) {
@@ -1057,37 +1066,6 @@ void Server::CommitLaunch(Launch& l, double now) {
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
   scheduling_.Started(std::max(0.0, now - l.queued.since));
   if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
-}
-
-void Server::ContainerLaunch(const Queued& q, LaunchSpec& ls) const {
-  // The job's process becomes podman's client; what the job itself gets goes in through podman.
-  ContainerJob c;
-  c.job_id = q.id;
-  c.image = q.spec->image;
-  c.command = q.spec->command;
-  c.env = JobEnvironment(ls);
-  if (!q.spec->env.contains("PATH"))
-    c.env.erase("PATH");  // the image's own PATH, unless one was asked
-  c.workdir = ls.workdir;
-  for (const std::string& uuid : ls.gpu_uuids)
-    c.cdi_devices.push_back(devices::CdiDeviceName(uuid));
-  if (ls.share) {
-    c.read_only_files.push_back(ls.share->library);
-    c.writable_files.push_back(ls.share->region);
-    if (c.env.contains("TESSERA_CUDA_ARBITER")) c.writable_files.push_back(ls.share->arbiter);
-  }
-  if (ls.uid) c.user = fmt::format("{}:{}", *ls.uid, ls.gid.value_or(*ls.uid));
-  // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.
-  c.memory_bytes = q.spec->memory_mib << 20;
-  c.cpu_milli = q.spec->cpu_milli;
-  c.pids_max = config_.pids_max;
-  ls.argv = PodmanRunArgv(*containers_, c);
-  ls.env = PodmanProcessEnvironment();
-  ls.env_as_is = true;
-  ls.workdir.clear();
-  // Root's podman starts the container as the job's user (--user); the client itself stays root.
-  ls.uid.reset();
-  ls.gid.reset();
 }
 
 Server::Queued Server::QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec,

@@ -309,8 +309,6 @@ class Server {
     std::optional<Queued> requeue;  // re-queued: to be enqueued
   };
   void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
-  // Turns the launch of a job with an image into that of its podman client.
-  void ContainerLaunch(const Queued& q, LaunchSpec& ls) const;
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();
@@ -381,7 +379,8 @@ class Server {
   ServerConfig config_;
   const core::Clock* clock_;
   ProcessLauncher process_launcher_;
-  Launcher* launcher_;  // process_launcher_ unless a test gave one
+  Launcher* launcher_;  // process_launcher_ unless a test gave one; podman_launcher_ over it
+  std::unique_ptr<PodmanLauncher> podman_launcher_;  // when jobs can have an image
   std::unique_ptr<Store> store_;
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<devices::HealthWatch> health_;
