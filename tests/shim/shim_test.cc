@@ -292,6 +292,15 @@ TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
   EXPECT_EQ(RunClient(small, "link", "ctx:0 module info driverused:0"), "ok\noom\n50 350\n300\n");
   Env tiny{.limit = "200MiB", .extra = extra};
   EXPECT_EQ(RunClient(tiny, "link", "ctx:0 driverused:0 alloc:200"), "oom\n0\nok\n");
+  // A driver that cannot say (NVML_VALUE_NOT_AVAILABLE): nothing measured, nothing refused.
+  std::string na = TempPath("nvml-na.json");
+  std::ofstream(na) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                                        "self_memory": 18446744073709551615}]})";
+  Env unknown{.limit = "1GiB",
+              .extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                       " FAKE_NVML_SCENARIO=" +
+                       na + " FAKE_CUDA_CONTEXT_MIB=300"};
+  EXPECT_EQ(RunClient(unknown, "link", "ctx:0 info"), "ok\n1024 1024\n");
 }
 
 TEST(Shim, MalformedSettingsAreSaidAndIgnored) {

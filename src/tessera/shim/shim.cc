@@ -1292,6 +1292,9 @@ bool Footprint(int device, uint64_t* bytes) {
     const unsigned me = static_cast<unsigned>(getpid());
     for (unsigned k = 0; k < n; ++k) {
       if (infos[k].pid == me) {
+        // NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver cannot say (some vGPU and MIG
+        // setups): not measurable, never a huge charge.
+        if (infos[k].usedGpuMemory == ~0ull) return false;
         *bytes = infos[k].usedGpuMemory;
         return true;
       }
