@@ -1761,12 +1761,14 @@ HttpResponse Server::Hold(const std::string& ref, bool hold, const std::string& 
   }
   const double now = Now();
   std::unique_lock lock(mu_);
-  if (ids->size() == 1 && !queued_.contains(id)) {
-    return Error(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
-                                  JobStateName(r->state), hold ? "held" : "released"));
-  }
   // Kept out of the cycle while the change is stored without mu_: those whose state changes.
   const std::vector<int64_t> taken = BeginChange(lock, *ids);
+  if (ids->size() == 1 && taken.empty()) {  // not queued (any more: BeginChange may have waited)
+    auto now_r = store_->Get(id);
+    return Error(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
+                                  JobStateName(now_r.ok() ? now_r->state : r->state),
+                                  hold ? "held" : "released"));
+  }
   std::vector<int64_t> change;
   for (int64_t t : taken) {
     if (queued_.at(t).held != hold) change.push_back(t);
