@@ -327,9 +327,10 @@ HttpResponse Server::SetPriority(const std::string& ref, const HttpRequest& req,
   std::unique_lock lock(mu_);
   // Out of the cycle while the change is stored without mu_; back at its new place after.
   const std::vector<int64_t> change = BeginChange(lock, {id});
-  if (change.empty()) {
+  if (change.empty()) {  // not queued (any more: BeginChange may have waited)
+    auto now_r = store_->Get(id);
     return Error(409, fmt::format("job {} is {}: only a queued job's priority can change", ref,
-                                  JobStateName(r->state)));
+                                  JobStateName(now_r.ok() ? now_r->state : r->state)));
   }
   const std::string reason =
       fmt::format("priority {} -> {} by {}", queued_.at(id).priority, priority, user);
