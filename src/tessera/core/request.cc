@@ -21,6 +21,12 @@ std::string ValidateRequest(const Request& r) {
   if (r.topology != TopologyMode::kNone && r.gpus < 2) {
     return "topology: a wish about links needs 2 or more whole GPUs";
   }
+  if (r.expected_util_pct < 0 || r.expected_util_pct > 100) {
+    return "expected_util_pct: expected 0..100, got " + std::to_string(r.expected_util_pct);
+  }
+  if (r.util_ceiling_pct < 0 || r.util_ceiling_pct > 100) {
+    return "util_ceiling_pct: expected 0..100, got " + std::to_string(r.util_ceiling_pct);
+  }
   return "";
 }
 
@@ -38,6 +44,7 @@ std::string RequestShapeKey(const Request& r) {
           ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor
           : -1);
   add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
+  add(r.expected_util_pct * 1000 + r.util_ceiling_pct);
   for (const std::string& m : r.models) {
     key += m;
     key.push_back('\0');

@@ -65,7 +65,18 @@ absl::Status SimulatedSource::Probe(int index) {
 
 absl::StatusOr<GpuTelemetry> SimulatedSource::ReadTelemetry(int index) {
   if (absl::Status st = Probe(index); !st.ok()) return st;
-  return GpuTelemetry{};
+  std::lock_guard lock(mu_);
+  return static_cast<size_t>(index) < telemetry_.size() ? telemetry_[index] : GpuTelemetry{};
+}
+
+absl::Status SimulatedSource::SetTelemetry(int index, const GpuTelemetry& telemetry) {
+  if (index < 0 || static_cast<size_t>(index) >= lost_.size()) {
+    return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", index));
+  }
+  std::lock_guard lock(mu_);
+  if (telemetry_.size() < lost_.size()) telemetry_.resize(lost_.size());
+  telemetry_[index] = telemetry;
+  return absl::OkStatus();
 }
 
 absl::Status SimulatedSource::Inject(const HealthEvent& event) {

@@ -30,6 +30,8 @@ class SimulatedSource final : public DeviceSource {
   absl::Status Inject(const HealthEvent& event);
   // Makes GPU `index` stop (true) or resume (false) answering probes.
   absl::Status SetLost(int index, bool lost);
+  // What ReadTelemetry answers for GPU `index` from now on (empty readings until set).
+  absl::Status SetTelemetry(int index, const GpuTelemetry& telemetry);
 
  private:
   // Applies scripted events that are due; returns the time until the next one (or max()).
@@ -44,6 +46,7 @@ class SimulatedSource final : public DeviceSource {
   size_t next_scripted_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<HealthEvent> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<GpuTelemetry> telemetry_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::devices

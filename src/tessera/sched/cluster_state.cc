@@ -9,16 +9,21 @@
 namespace tessera::sched {
 namespace {
 
+// A GPU's state in a class key: kind (16 bits), healthy (1), compute left (11), predicted
+// utilization (8, capped at 255) and memory left (24 bits of MiB: up to 16 TiB).
 uint64_t GpuWord(uint16_t kind, const GpuUse& use, const core::NodeGpu& gpu) {
   uint64_t milli_left = static_cast<uint64_t>(core::kMilliPerGpu - use.milli) & 0x7ff;
+  uint64_t util = static_cast<uint64_t>(std::clamp(use.util_pct, 0, 255));
   uint64_t mem_left =
-      static_cast<uint64_t>(std::clamp<int64_t>(gpu.memory_mib - use.memory_mib, 0, 0xffffffffll));
-  return (uint64_t{kind} << 48) | (uint64_t{use.healthy} << 47) | (milli_left << 32) | mem_left;
+      static_cast<uint64_t>(std::clamp<int64_t>(gpu.memory_mib - use.memory_mib, 0, 0xffffffll));
+  return (uint64_t{kind} << 48) | (uint64_t{use.healthy} << 47) | (milli_left << 32) |
+         (util << 24) | mem_left;
 }
 
 ClassGpu DecodeGpu(uint64_t w) {
   return ClassGpu{static_cast<uint16_t>(w >> 48), ((w >> 47) & 1) != 0,
-                  static_cast<int32_t>((w >> 32) & 0x7ff), static_cast<int64_t>(w & 0xffffffffull)};
+                  static_cast<int32_t>((w >> 32) & 0x7ff), static_cast<int64_t>(w & 0xffffffull),
+                  static_cast<int32_t>((w >> 24) & 0xff)};
 }
 
 }  // namespace
@@ -89,9 +94,9 @@ absl::StatusOr<NodeId> ClusterState::AddNode(core::NodeSpec spec) {
                                                   spec.gpus.size()));
   }
   for (const core::NodeGpu& g : spec.gpus) {
-    if (g.memory_mib < 0) {
-      return absl::InvalidArgumentError(
-          fmt::format("node {}: GPU with negative memory", spec.name));
+    if (g.memory_mib < 0 || g.memory_mib > 0xffffff) {
+      return absl::InvalidArgumentError(fmt::format(
+          "node {}: GPU memory {} MiB is out of range (0 to 16 TiB)", spec.name, g.memory_mib));
     }
   }
   NodeId id = static_cast<NodeId>(nodes_.size());
@@ -256,6 +261,7 @@ absl::Status ClusterState::Apply(Allocation a) {
     GpuUse& u = gpu_uses_[node.gpu_offset + g];
     u.milli += a.milli_per_gpu;
     u.memory_mib += a.memory_mib_per_gpu;
+    if (r.fractional()) u.util_pct += r.expected_util_pct;
     ++u.holders;
   }
   ++node.tag_counts[AffinityTag(r)];
@@ -289,6 +295,7 @@ absl::StatusOr<Allocation> ClusterState::Remove(const std::string& id) {
     GpuUse& u = gpu_uses_[node.gpu_offset + g];
     u.milli -= a.milli_per_gpu;
     u.memory_mib -= a.memory_mib_per_gpu;
+    if (a.request.fractional()) u.util_pct -= a.request.expected_util_pct;
     --u.holders;
     assert(u.milli >= 0 && u.memory_mib >= 0 && u.holders >= 0);
   }

@@ -40,6 +40,7 @@ struct GpuUse {
   int32_t milli = 0;       // compute, thousandths
   int64_t memory_mib = 0;  // GPU memory
   int32_t holders = 0;     // allocations on it
+  int32_t util_pct = 0;    // its shares' predicted utilization, summed (Request::expected_util_pct)
   bool healthy = true;
   friend bool operator==(const GpuUse&, const GpuUse&) = default;
 };
@@ -65,6 +66,7 @@ struct ClassGpu {
   bool healthy = true;
   int32_t milli_left = 0;
   int64_t memory_left_mib = 0;
+  int32_t util_pct = 0;  // GpuUse::util_pct, capped at 255
 };
 
 class ClusterState {

@@ -461,6 +461,9 @@ TEST(RequestShapeKey, CountsEveryPlacementFieldAndNotTheIdentity) {
   }));
   EXPECT_TRUE(differs([](core::Request& r) { r.topology = core::TopologyMode::kRequire; }));
   EXPECT_TRUE(differs([](core::Request& r) { r.models = {"H100"}; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.expected_util_pct = 40; }));
+  EXPECT_TRUE(differs([](core::Request& r) { r.util_ceiling_pct = 70; }));
+  EXPECT_FALSE(differs([](core::Request& r) { r.expected_duration_s = 60; }));
 }
 
 }  // namespace

@@ -254,6 +254,11 @@ PolicySet::PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragme
   }
 }
 
+bool UnderUtilizationCeiling(const ClassGpu& g, const core::Request& r) {
+  return r.util_ceiling_pct <= 0 || r.expected_util_pct <= 0 || g.util_pct <= 0 ||
+         g.util_pct + r.expected_util_pct <= r.util_ceiling_pct;
+}
+
 bool PolicySet::random_only() const {
   return std::all_of(policies_.begin(), policies_.end(),
                      [](const WeightedPolicy& p) { return p.name == "random"; });
@@ -322,19 +327,32 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     }
   } else if (r.fractional()) {
     Gpus candidates;
+    int too_busy = 0;  // GPUs with room that the utilization ceiling keeps it off
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
       // A GPU held whole (no compute left) takes no share, not even a memory-only one.
       if (g.healthy && node.Accepts(g.kind, r) && g.milli_left >= std::max(r.gpu_milli, 1) &&
           g.memory_left_mib >= r.gpu_memory_mib) {
+        if (!UnderUtilizationCeiling(g, r)) {
+          ++too_busy;
+          continue;
+        }
         candidates.push_back(static_cast<int>(p));
       }
     }
     if (candidates.empty()) {
       if (want_reason) {
-        ev.reason = gpus.empty() ? "has no GPUs"
-                                 : fmt::format("no healthy GPU has {}/1000 compute and {} MiB free",
-                                               r.gpu_milli, r.gpu_memory_mib);
+        if (gpus.empty()) {
+          ev.reason = "has no GPUs";
+        } else if (too_busy > 0) {
+          ev.reason = fmt::format(
+              "{} GPU{} with room would be predicted busier than the {}% utilization ceiling "
+              "with this job's {}%",
+              too_busy, too_busy == 1 ? "" : "s", r.util_ceiling_pct, r.expected_util_pct);
+        } else {
+          ev.reason = fmt::format("no healthy GPU has {}/1000 compute and {} MiB free", r.gpu_milli,
+                                  r.gpu_memory_mib);
+        }
       }
       return ev;
     }

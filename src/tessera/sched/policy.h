@@ -126,6 +126,11 @@ class PolicySet {
   const ScorePlugin* share_chooser_ = nullptr;  // the first that ChoosesShareGpu
 };
 
+// Interference-aware sharing: whether a share `r` may go on GPU `g` as far as predicted
+// utilization goes - no ceiling, no prediction for `r`, no predicted holder on `g`, or their
+// predicted utilization plus `r`'s within the ceiling (core::Request::util_ceiling_pct).
+bool UnderUtilizationCeiling(const ClassGpu& g, const core::Request& r);
+
 // Whether GPU kind `k` of `shape` meets the request's attribute selector.
 bool KindAccepted(const NodeShape& shape, uint16_t kind, const core::Request& r);
 

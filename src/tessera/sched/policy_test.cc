@@ -296,6 +296,62 @@ TEST(Policies, AttributeSelectorAndHealthFilter) {
   EXPECT_THAT(d.why_not, HasSubstr("0 healthy GPUs free, wants 1 (2 unhealthy)"));
 }
 
+// A share with a predicted utilization.
+core::Request BusyShare(const std::string& id, int milli, int util, int ceiling = 70) {
+  core::Request r = Share(id, milli);
+  r.expected_util_pct = util;
+  r.util_ceiling_pct = ceiling;
+  return r;
+}
+
+TEST(Policies, SharesStayUnderThePredictedUtilizationCeiling) {
+  for (const char* policy : {"fgd", "tessera", "bestfit", "gpupacking"}) {
+    auto s = Make(policy == std::string("tessera") ? "fgd,bestfit:0.01,topology:0.5" : policy);
+    ASSERT_TRUE(s->AddNode(Node("n", 2)).ok());
+    // 50% predicted on one GPU: a second 50% would make it 100% (over 70) and goes to the other
+    // GPU, though every packing policy prefers the shared one by its room.
+    auto a = s->Place(BusyShare("a", 300, 50));
+    ASSERT_TRUE(a.ok()) << policy;
+    auto b = s->Place(BusyShare("b", 300, 50));
+    ASSERT_TRUE(b.ok()) << policy;
+    EXPECT_NE(a->gpus, b->gpus) << policy;
+    // 20% more fits under the ceiling beside either (50 + 20 = 70).
+    auto c = s->Place(BusyShare("c", 300, 20));
+    ASSERT_TRUE(c.ok()) << policy;
+    // Now one GPU is at 70% predicted and the other at 50%: another 30% fits neither, though
+    // both have compute left; the reason says so.
+    Decision d = s->Decide(BusyShare("d", 100, 30));
+    EXPECT_FALSE(d.placed) << policy;
+    EXPECT_EQ(d.why_not,
+              "n: 2 GPUs with room would be predicted busier than the 70% utilization ceiling with "
+              "this job's 30%")
+        << policy;
+    // Without a ceiling, or without a prediction, it fits as before.
+    EXPECT_TRUE(s->Decide(BusyShare("e", 100, 30, 0)).placed) << policy;
+    EXPECT_TRUE(s->Decide(BusyShare("f", 100, 0)).placed) << policy;
+    // When the 50% job ends its GPU takes the 30% (20 + 30 <= 70... or 50 + 0).
+    ASSERT_TRUE(s->Release("b").ok()) << policy;
+    EXPECT_TRUE(s->Decide(BusyShare("g", 100, 30)).placed) << policy;
+  }
+}
+
+TEST(Policies, AGpuWithNoPredictedHolderTakesAnyShare) {
+  auto s = Make("fgd");
+  ASSERT_TRUE(s->AddNode(Node("n", 1)).ok());
+  // A share whose utilization nobody predicted leaves the GPU at 0% predicted: a 90% share still
+  // goes there (the ceiling only keeps predicted busy jobs apart), and so does a lone 90% on an
+  // empty GPU.
+  ASSERT_TRUE(s->Place(Share("unknown", 300)).ok());
+  auto a = s->Place(BusyShare("busy", 300, 90));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(s->state().gpu_use(0, 0).util_pct, 90);
+  Decision d = s->Decide(BusyShare("more", 100, 10));
+  EXPECT_FALSE(d.placed);
+  ASSERT_TRUE(s->Release("busy").ok());
+  EXPECT_EQ(s->state().gpu_use(0, 0).util_pct, 0);
+  EXPECT_TRUE(s->Decide(BusyShare("more", 100, 10)).placed);
+}
+
 TEST(Policies, WhyNotNamesTheNodeAndTheShortfall) {
   auto s = Make("fgd");
   ASSERT_TRUE(s->AddNode(Node("node-17", 2)).ok());

@@ -40,6 +40,8 @@ core::NodeSpec RandomNode(std::mt19937_64& rng, int i) {
   return n;
 }
 
+constexpr int kCeiling = 70;
+
 core::Request RandomRequest(std::mt19937_64& rng, const std::string& id) {
   core::Request r;
   r.id = id;
@@ -51,6 +53,10 @@ core::Request RandomRequest(std::mt19937_64& rng, const std::string& id) {
     case 1:
       r.gpu_milli = std::uniform_int_distribution<int>(1, 999)(rng);
       if (rng() % 2) r.gpu_memory_mib = std::uniform_int_distribution<int>(0, 20000)(rng);
+      if (rng() % 2) {  // a predicted utilization, under the default ceiling
+        r.expected_util_pct = std::uniform_int_distribution<int>(1, 100)(rng);
+        r.util_ceiling_pct = kCeiling;
+      }
       break;
     default:
       r.gpus = 1 << (rng() % 4);
@@ -72,6 +78,7 @@ std::string CheckInvariants(const Scheduler& s) {
   const ClusterState& st = s.state();
   std::vector<int64_t> cpu(st.node_count()), mem(st.node_count());
   std::map<std::pair<int, int>, GpuUse> gpus;
+  std::map<std::pair<int, int>, int> predicted;  // holders with a predicted utilization
   std::map<std::string, GpuAmount> owners;
   std::map<std::string, std::pair<int, int>> gangs;
   for (const auto& [id, a] : st.allocations()) {
@@ -82,6 +89,8 @@ std::string CheckInvariants(const Scheduler& s) {
       u.milli += a.milli_per_gpu;
       u.memory_mib += a.memory_mib_per_gpu;
       ++u.holders;
+      u.util_pct += a.request.expected_util_pct;
+      if (a.request.expected_util_pct > 0) ++predicted[{a.node, g}];
     }
     if (a.request.gpus > 0 && static_cast<int>(a.gpus.size()) != a.request.gpus) {
       return fmt::format("{}: {} GPUs for {}", id, a.gpus.size(), a.request.gpus);
@@ -101,8 +110,14 @@ std::string CheckInvariants(const Scheduler& s) {
       GpuUse expect = gpus[{n, g}];
       const GpuUse& got = st.gpu_use(n, g);
       if (expect.milli != got.milli || expect.memory_mib != got.memory_mib ||
-          expect.holders != got.holders) {
+          expect.holders != got.holders || expect.util_pct != got.util_pct) {
         return fmt::format("node {} gpu {}: usage drifted", n, g);
+      }
+      // Interference-aware sharing: two or more predicted shares stay under the ceiling (one
+      // alone may be above it).
+      if (predicted[{n, g}] >= 2 && got.util_pct > kCeiling) {
+        return fmt::format("node {} gpu {}: {}% predicted, over the {}% ceiling", n, g,
+                           got.util_pct, kCeiling);
       }
       if (got.milli > 1000 || got.memory_mib > spec.gpus[g].memory_mib) {
         return fmt::format("node {} gpu {}: over-allocated", n, g);

@@ -41,6 +41,13 @@ TEST(Scheduler, RejectsMalformedRequests) {
   EXPECT_THAT(std::string(s.Place(both).status().message()), HasSubstr("not both"));
   EXPECT_EQ(s.Place(Share("big", 1500)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.Place(Whole("", 1)).status().code(), absl::StatusCode::kInvalidArgument);
+  core::Request busy = Share("busy", 300);
+  busy.expected_util_pct = 140;
+  EXPECT_THAT(std::string(s.Place(busy).status().message()),
+              HasSubstr("expected_util_pct: expected 0..100, got 140"));
+  busy.expected_util_pct = 40;
+  busy.util_ceiling_pct = -1;
+  EXPECT_THAT(std::string(s.Place(busy).status().message()), HasSubstr("util_ceiling_pct"));
 }
 
 TEST(Scheduler, NoFitIsResourceExhaustedWithReason) {

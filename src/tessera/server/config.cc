@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -107,7 +108,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                            "priority_ceiling", "priority_ceilings",
                                            "preempt_others",   "listener",
                                            "fair_share",       "backfill",
-                                           "history"},
+                                           "history",          "utilization_ceiling"},
                               "");
       !st.ok()) {
     return st;
@@ -457,6 +458,18 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                 "window_s / interval_s is over 100000 samples: a longer interval or a shorter "
                 "window");
     }
+  }
+  if (const YAML::Node u = root["utilization_ceiling"]) {
+    std::string text;
+    if (!Get(path, u, "utilization_ceiling", &text).ok())
+      return At(path, u, "utilization_ceiling", "expected a percentage such as 70%, or 0 for none");
+    if (!text.empty() && text.back() == '%') text.pop_back();
+    int pct = -1;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pct);
+    if (ec != std::errc() || end != text.data() + text.size() || pct < 0 || pct > 100) {
+      return At(path, u, "utilization_ceiling", "expected a percentage 0..100 such as 70%");
+    }
+    c->utilization_ceiling_pct = pct;
   }
   if (const YAML::Node p = root["poll_interval_s"]) {
     if (!Get(path, p, "poll_interval_s", &c->poll_interval_s).ok() || c->poll_interval_s < 0.01 ||

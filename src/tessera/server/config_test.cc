@@ -46,6 +46,7 @@ priority_ceilings: {alice: 500, "group:ml": 100}
 preempt_others: [alice, "group:ml"]
 fair_share: {half_life_s: 7200}
 backfill: {reservations: 1}
+utilization_ceiling: 60%
 max_array_tasks: 500
 listener:
   idle_timeout_s: 30
@@ -77,6 +78,7 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.priority_ceiling, 10);
   EXPECT_EQ(c.fair_share_half_life_s, 7200);
   EXPECT_EQ(c.backfill_reservations, 1);
+  EXPECT_EQ(c.utilization_ceiling_pct, 60);
   EXPECT_EQ(c.history_interval_s, 2);
   EXPECT_EQ(c.history_window_s, 7200);
   EXPECT_EQ(c.max_array_tasks, 500u);
@@ -153,6 +155,9 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"unhealthy_gpu: ignore\n", "unhealthy_gpu: expected requeue or fail"},
       {"max_body_bytes: 10\n", "max_body_bytes: expected 1024..1073741824"},
       {"poll_interval_s: 0\n", "poll_interval_s: expected 0.01..10"},
+      {"utilization_ceiling: 120%\n", "utilization_ceiling: expected a percentage 0..100"},
+      {"utilization_ceiling: high\n", "utilization_ceiling: expected a percentage 0..100"},
+      {"utilization_ceiling: [70]\n", "utilization_ceiling: expected a percentage such as 70%"},
       {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
       {"containers: {docker: x}\n", "containers.docker: unknown key"},
       {"containers: {cdi_spec_dir: cdi}\n",

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -92,12 +94,26 @@ void Server::StartHistory(bool thread) {
 std::string Server::TakeSample() {
   const double now = Now();
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
+  // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
+  // the lock: for their history.
+  std::vector<std::tuple<int64_t, int, std::string>> share_jobs;  // id, GPU, region
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, r] : running_) {
+      if (!r.region.empty() && !r.gpus.empty()) share_jobs.emplace_back(id, r.gpus[0], r.region);
+    }
+  }
+  std::map<int64_t, ShareReading> shares;
+  for (const auto& [id, gpu, region] : share_jobs) {
+    shares[id] = {ArbiterBusyMicros(id, gpu), ReadRegionMemory(region).peak};
+  }
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;
   size_t queued = 0, running = 0;
   {
     std::lock_guard lock(mu_);
+    MeasureRunning(telemetry, shares);
     const auto& state = scheduler_->state();
     for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
       const auto& use = state.gpu_use(0, static_cast<int>(g));

@@ -29,6 +29,42 @@ std::vector<Key> KeysOf(const JobSpec& spec, const std::string& user) {
           {fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)}};
 }
 
+using Runs = std::unordered_map<std::string, std::deque<double>>;
+
+void Push(Runs& runs, const std::string& key, double v) {
+  std::deque<double>& d = runs[key];
+  d.push_back(v);
+  if (d.size() > DurationPredictor::kKept) d.pop_front();
+}
+
+// The 75th percentile of the nearest key with enough values (else the nearest with any), with how
+// many values and what it is "p75 of alice's runs of 'train' (4 runs)"; nullopt when none has any.
+struct Quantile {
+  double value = 0;
+  int samples = 0;
+  std::string basis;
+};
+std::optional<Quantile> P75(const Runs& runs, const std::vector<Key>& keys) {
+  const std::deque<double>* chosen = nullptr;
+  std::string basis;
+  for (const Key& k : keys) {
+    auto it = runs.find(k.text);
+    if (it == runs.end() || it->second.empty()) continue;
+    if (it->second.size() >= DurationPredictor::kConfident) {
+      chosen = &it->second;
+      basis = k.describe;
+      break;
+    }
+    if (!chosen) chosen = &it->second, basis = k.describe;
+  }
+  if (!chosen) return std::nullopt;
+  std::vector<double> v(chosen->begin(), chosen->end());
+  const size_t at = std::min(v.size() - 1, static_cast<size_t>(std::ceil(0.75 * v.size())) - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+  return Quantile{v[at], static_cast<int>(v.size()),
+                  fmt::format("p75 of {} ({} run{})", basis, v.size(), v.size() == 1 ? "" : "s")};
+}
+
 }  // namespace
 
 std::string HistoryShape(const JobSpec& spec) {
@@ -41,40 +77,27 @@ std::string HistoryShape(const JobSpec& spec) {
   return s;
 }
 
-void DurationPredictor::Add(const JobSpec& spec, const std::string& user, double runtime_s) {
+void DurationPredictor::Add(const JobSpec& spec, const std::string& user, double runtime_s,
+                            std::optional<double> util_pct) {
   if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
+  const bool util = util_pct && *util_pct >= 0 && *util_pct <= 100;
   std::lock_guard lock(mu_);
   for (const Key& k : KeysOf(spec, user)) {
-    std::deque<double>& runs = runs_[k.text];
-    runs.push_back(runtime_s);
-    if (runs.size() > kKept) runs.pop_front();
+    Push(runs_, k.text, runtime_s);
+    if (util) Push(utils_, k.text, *util_pct);
   }
 }
 
 Prediction DurationPredictor::Predict(const JobSpec& spec, const std::string& user) const {
   Prediction p;
   {
+    const std::vector<Key> keys = KeysOf(spec, user);
     std::lock_guard lock(mu_);
-    const std::deque<double>* chosen = nullptr;
-    std::string basis;
-    // The nearest key with enough runs; else the nearest with any.
-    for (const Key& k : KeysOf(spec, user)) {
-      auto it = runs_.find(k.text);
-      if (it == runs_.end() || it->second.empty()) continue;
-      if (it->second.size() >= kConfident) {
-        chosen = &it->second;
-        basis = k.describe;
-        break;
-      }
-      if (!chosen) chosen = &it->second, basis = k.describe;
+    if (std::optional<Quantile> q = P75(runs_, keys)) {
+      p.seconds = q->value, p.samples = q->samples, p.basis = std::move(q->basis);
     }
-    if (chosen) {
-      std::vector<double> v(chosen->begin(), chosen->end());
-      const size_t at = std::min(v.size() - 1, static_cast<size_t>(std::ceil(0.75 * v.size())) - 1);
-      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-      p.seconds = v[at];
-      p.samples = static_cast<int>(v.size());
-      p.basis = fmt::format("p75 of {} ({} run{})", basis, v.size(), v.size() == 1 ? "" : "s");
+    if (std::optional<Quantile> q = P75(utils_, keys)) {
+      p.util_pct = q->value, p.util_samples = q->samples, p.util_basis = std::move(q->basis);
     }
   }
   if (spec.max_runtime_s > 0 && (p.seconds == 0 || spec.max_runtime_s < p.seconds)) {

@@ -4,10 +4,14 @@
 // end). Keys, nearest first: the same user, name (the command when unnamed) and shape; the user's
 // jobs of that shape; any user's jobs of that shape. The prediction is the 75th percentile of the
 // last 50 runs under the nearest key with at least 3 runs (else the nearest with any), capped by
-// the job's own max runtime, which is the prediction when there is no history. Thread-safe.
+// the job's own max runtime, which is the prediction when there is no history. The same keys give
+// its GPU utilization (percent of its GPUs' time, as measured while the runs ran; runs without a
+// measurement do not count): the 75th percentile of those runs, for interference-aware sharing.
+// Thread-safe.
 
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -16,15 +20,20 @@
 namespace tessera::server {
 
 struct Prediction {
-  double seconds = 0;  // 0: unknown
-  int samples = 0;     // runs it comes from (0: the max runtime, or nothing)
-  std::string basis;   // "p75 of alice's last 12 runs of 'train'", "its max runtime", ""
+  double seconds = 0;   // 0: unknown
+  int samples = 0;      // runs it comes from (0: the max runtime, or nothing)
+  std::string basis;    // "p75 of alice's last 12 runs of 'train'", "its max runtime", ""
+  double util_pct = 0;  // GPU utilization, percent (0: unknown)
+  int util_samples = 0;
+  std::string util_basis;  // "p75 of alice's runs of 'train' (4 runs)", ""
 };
 
 class DurationPredictor {
  public:
-  // Records a successful run of `spec` by `user`.
-  void Add(const JobSpec& spec, const std::string& user, double runtime_s);
+  // Records a successful run of `spec` by `user`, with its measured GPU utilization (percent,
+  // 0..100) when there is one.
+  void Add(const JobSpec& spec, const std::string& user, double runtime_s,
+           std::optional<double> util_pct = std::nullopt);
   Prediction Predict(const JobSpec& spec, const std::string& user) const;
   size_t keys() const;
 
@@ -34,6 +43,7 @@ class DurationPredictor {
  private:
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::deque<double>> runs_;
+  std::unordered_map<std::string, std::deque<double>> utils_;
 };
 
 // A job's shape as history keys it: "2 GPU", "30% 10240MiB", with its models.

@@ -48,5 +48,27 @@ TEST(Predictor, NearestKeyWithEnoughRunsAndItsSeventyFifthPercentile) {
   EXPECT_EQ(p.Predict(Spec("train", 2), "alice").seconds, 50);
 }
 
+TEST(Predictor, UtilizationFromTheRunsThatMeasuredIt) {
+  DurationPredictor p;
+  JobSpec share = Spec("infer", 0);
+  share.gpu_milli = 300;
+  // Runs without a measurement teach run times, not utilization.
+  p.Add(share, "alice", 60);
+  EXPECT_EQ(p.Predict(share, "alice").util_pct, 0);
+  EXPECT_EQ(p.Predict(share, "alice").util_samples, 0);
+  for (double u : {20, 40, 30, 35}) p.Add(share, "alice", 60, u);
+  Prediction pr = p.Predict(share, "alice");
+  EXPECT_EQ(pr.util_pct, 35) << "p75 of 20, 30, 35, 40";
+  EXPECT_EQ(pr.util_samples, 4);
+  EXPECT_EQ(pr.util_basis, "p75 of alice's runs of 'infer' (4 runs)");
+  EXPECT_EQ(pr.samples, 5) << "run times count every run";
+  // A user without runs of their own gets every user's runs of that shape.
+  EXPECT_EQ(p.Predict(share, "bob").util_basis, "p75 of all 30% 0MiB jobs (4 runs)");
+  // A measurement outside 0..100 is not history.
+  p.Add(share, "carol", 60, 250);
+  p.Add(share, "carol", 60, -5);
+  EXPECT_EQ(p.Predict(share, "carol").util_basis, "p75 of all 30% 0MiB jobs (4 runs)");
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -360,7 +360,12 @@ Server::Running Server::NewRunning(int64_t id, const JobSpec& spec, std::vector<
 core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner,
                                  uint32_t uid) {
   core::Request r = RequestOf(spec, id, owner);
-  r.expected_duration_s = predictor_.Predict(spec, owner).seconds;
+  const Prediction p = predictor_.Predict(spec, owner);
+  r.expected_duration_s = p.seconds;
+  if (r.fractional() && p.util_samples > 0) {
+    r.expected_util_pct = std::clamp(static_cast<int>(std::lround(p.util_pct)), 1, 100);
+    r.util_ceiling_pct = config_.utilization_ceiling_pct;
+  }
   r.quota_groups = QuotaGroups(uid);
   r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
   return r;
@@ -444,7 +449,7 @@ void Server::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at);
+    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at, MeasuredUtilization(r));
     ++runs;
   }
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, predictor_.keys());
@@ -466,6 +471,10 @@ void Server::AddExpectations(json& j, int64_t id, double now) const {
   const Prediction p = predictor_.Predict(*spec, owner);
   j["expected_duration_s"] = p.seconds > 0 ? json(p.seconds) : json();
   j["prediction"] = p.basis;
+  if (p.util_samples > 0) {
+    j["expected_gpu_utilization_pct"] = std::lround(p.util_pct);
+    j["utilization_prediction"] = p.util_basis;
+  }
   if (auto r = running_.find(id); r != running_.end() && p.seconds > 0)
     j["expected_end"] = r->second.started + p.seconds;
 }
@@ -781,21 +790,34 @@ void Server::Finish(Ending& e, double now) {
   const int exit_code = e.exit_code;
   const bool exit_known = e.exit_known;
   std::error_code ec;
-  if (!r.region.empty()) fs::remove(r.region, ec);
+  if (!r.region.empty()) {
+    // Its last GPU use first: the arbiter's count and the region's peak.
+    if (r.gpu_milli > 0 && !r.gpus.empty()) {
+      AddArbiterBusy(r, ArbiterBusyMicros(r.id, r.gpus[0]));
+    }
+    r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, ReadRegionMemory(r.region).peak >> 20);
+    fs::remove(r.region, ec);
+  }
   TransitionFields f;
   f.ended_at = now;
   if (exit_known) f.exit_code = exit_code;
   CgroupUsage usage;
+  json u = json::object();
   if (r.cgroup) {
     usage = cgroups_->Usage(r.id);
-    json u = json::object();
     if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
     if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
     u["oom_kills"] = usage.oom_kills;
-    f.usage_json = u.dump();
     // What the job left running goes with it; a cgroup still busy is removed on a later turn.
     e.cgroup_left = !cgroups_->Remove(r.id);
   }
+  // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
+  // its GPUs' time) and the most GPU memory it held per GPU.
+  if (std::optional<double> util = GpuUtilizationOf(r, now)) {
+    u["gpu_utilization_pct"] = std::round(*util * 10) / 10;
+  }
+  if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (!u.empty()) f.usage_json = u.dump();
   JobState to;
   std::string reason;
   bool requeue = false;
@@ -843,13 +865,84 @@ void Server::Finish(Ending& e, double now) {
   fs::remove(JobFile("exit", r.id), ec);
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
   // Its run time joins the history that predicts the next ones.
-  if (to == JobState::kSucceeded && r.spec) predictor_.Add(*r.spec, r.owner, now - r.started);
+  if (to == JobState::kSucceeded && r.spec) {
+    predictor_.Add(*r.spec, r.owner, now - r.started, GpuUtilizationOf(r, now));
+  }
   if (requeue) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
       e.requeue = QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
     }
+  }
+}
+
+uint64_t Server::ArbiterBusyMicros(int64_t id, int gpu) const {
+  return shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpu,
+                                 shim::ArbiterJobKey(std::to_string(id).c_str()));
+}
+
+void Server::AddArbiterBusy(Running& r, uint64_t busy_us) {
+  // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
+  // and came back): what was counted before stays counted.
+  r.arbiter_busy_us += busy_us >= r.arbiter_seen_us ? busy_us - r.arbiter_seen_us : busy_us;
+  r.arbiter_seen_us = busy_us;
+}
+
+std::optional<double> Server::GpuUtilizationOf(const Running& r, double now) {
+  if (r.gpus.empty()) return std::nullopt;
+  // A share with a compute share: the GPU time the arbiter charged it over its run time.
+  if (!r.region.empty() && r.gpu_milli > 0) {
+    const double ran_us = (now - r.started) * 1e6;
+    if (ran_us <= 0 || r.arbiter_busy_us == 0) return std::nullopt;
+    return std::min(100.0, 100.0 * static_cast<double>(r.arbiter_busy_us) / ran_us);
+  }
+  // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
+  if (r.util_samples == 0) return std::nullopt;
+  return std::clamp(100.0 * r.util_sum / r.util_samples, 0.0, 100.0);
+}
+
+std::optional<double> Server::MeasuredUtilization(const JobRecord& r) {
+  if (r.usage_json.empty()) return std::nullopt;
+  const json u = json::parse(r.usage_json, nullptr, false);
+  if (!u.is_object()) return std::nullopt;
+  auto it = u.find("gpu_utilization_pct");
+  if (it == u.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
+void Server::MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
+                            const std::map<int64_t, ShareReading>& shares) {
+  const auto& state = scheduler_->state();
+  for (auto& [id, r] : running_) {
+    if (r.gpus.empty()) continue;
+    if (auto s = shares.find(id); s != shares.end()) {
+      AddArbiterBusy(r, s->second.busy_us);
+      r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, s->second.peak_bytes >> 20);
+    }
+    // The GPUs' readings count for it only where it holds them alone.
+    bool alone = true, known = true;
+    double util = 0;
+    int64_t peak = 0;
+    for (int g : r.gpus) {
+      if (static_cast<size_t>(g) >= telemetry.size() || state.gpu_use(0, g).holders != 1) {
+        alone = false;
+        break;
+      }
+      const devices::GpuTelemetry& t = telemetry[g];
+      if (t.utilization) {
+        util += *t.utilization;
+      } else {
+        known = false;
+      }
+      if (t.memory_used_bytes) peak = std::max<int64_t>(peak, *t.memory_used_bytes >> 20);
+    }
+    if (!alone) continue;
+    if (known) {
+      r.util_sum += util / static_cast<double>(r.gpus.size());
+      ++r.util_samples;
+    }
+    if (r.region.empty()) r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
   }
 }
 

@@ -89,6 +89,10 @@ struct ServerConfig {
   // jobs get the GPUs where they will start when running jobs end (as predicted from history) and
   // an expected start; later jobs take those GPUs only if predicted to end before. 0: off.
   int backfill_reservations = 8;
+  // Interference-aware sharing (core::Request::util_ceiling_pct): a fractional job whose history
+  // predicts its GPU utilization shares a GPU only where the predicted utilization of the GPU's
+  // jobs stays within this many percent (the 70% rule of thumb for shared GPUs). 0: no ceiling.
+  int utilization_ceiling_pct = 70;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
@@ -194,6 +198,14 @@ class Server {
     int64_t array_id = 0;    // a task of this array
     std::shared_ptr<const JobSpec> spec;  // for its history when it succeeds
     std::string owner;
+    // What it is measured to use of its GPUs (TakeSample, Finish): utilization from the history
+    // samples in which it held its GPUs alone, GPU time the arbiter charged it (shares with a
+    // compute share), and the most GPU memory seen (MiB per GPU; shares: their region's peak).
+    double util_sum = 0;
+    int util_samples = 0;
+    uint64_t arbiter_busy_us = 0;
+    uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
+    int64_t gpu_peak_mib = 0;
   };
   struct Queued {
     int64_t id = 0;
@@ -309,6 +321,23 @@ class Server {
     std::optional<Queued> requeue;  // re-queued: to be enqueued
   };
   void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
+  // What a fractional job's files say of its use (read without mu_): the arbiter's GPU time and
+  // its region's peak memory.
+  struct ShareReading {
+    uint64_t busy_us = 0;
+    uint64_t peak_bytes = 0;
+  };
+  // Adds what one history sample shows of each running job's GPU use: `telemetry` for jobs that
+  // hold their GPUs alone, `shares` for fractional ones. Under mu_.
+  void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
+                      const std::map<int64_t, ShareReading>& shares);
+  // The GPU time the arbiter charged job `id` on GPU `gpu` so far (us; 0: none known).
+  uint64_t ArbiterBusyMicros(int64_t id, int gpu) const;
+  static void AddArbiterBusy(Running& r, uint64_t busy_us);
+  // A job's GPU utilization over its run (percent), when measured.
+  static std::optional<double> GpuUtilizationOf(const Running& r, double now);
+  // What a finished job's record says its utilization was.
+  static std::optional<double> MeasuredUtilization(const JobRecord& r);
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();

@@ -30,21 +30,26 @@ void SchedulingStats::Pass(double seconds) {
   ++passes_;
 }
 
-uint64_t RegionMemoryUsed(const std::string& path) {
-  uint64_t used = 0;
+uint64_t RegionMemoryUsed(const std::string& path) { return ReadRegionMemory(path).used; }
+
+RegionMemory ReadRegionMemory(const std::string& path) {
+  RegionMemory out;
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return out;
   struct stat st;
   if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
     void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
     if (m != MAP_FAILED) {
       const auto* d = static_cast<const shim::RegionData*>(m);
-      if (d->magic.load() == shim::kRegionMagic) used = d->used[0].load();
+      if (d->magic.load() == shim::kRegionMagic && d->version == shim::kRegionVersion) {
+        out.used = d->used[0].load();
+        out.peak = d->peak[0].load();
+      }
       munmap(m, sizeof(shim::RegionData));
     }
   }
   close(fd);
-  return used;
+  return out;
 }
 
 std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {

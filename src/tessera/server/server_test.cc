@@ -14,7 +14,10 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "tessera/devices/simulated_source.h"
 #include "tessera/server/fake_launcher.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
 
 namespace tessera::server {
 namespace {
@@ -45,6 +48,13 @@ class ServerTest : public ::testing::Test {
     ServerDeps deps;
     deps.clock = &clock_;
     deps.launcher = &launcher_;
+    if (own_source_) {
+      auto machine = devices::LoadSimulatedMachine(config_.simulate);
+      ASSERT_TRUE(machine.ok()) << machine.status();
+      auto source = std::make_unique<devices::SimulatedSource>(*std::move(machine), clock_);
+      source_ = source.get();
+      deps.source = std::move(source);
+    }
     auto s = Server::Create(config_, std::move(deps));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
@@ -100,6 +110,8 @@ class ServerTest : public ::testing::Test {
 
   std::string dir_;
   ServerConfig config_;
+  bool own_source_ = false;  // StartServer makes the simulated GPUs (source_) itself
+  devices::SimulatedSource* source_ = nullptr;
   core::FakeClock clock_{core::TimePoint(std::chrono::seconds(1'800'000'000))};
   FakeLauncher launcher_{clock_, /*stop_latency_s=*/2};
   std::unique_ptr<Server> server_;
@@ -572,6 +584,102 @@ TEST_F(ServerTest, HistoryPredictsRunTimesAndAQueuedJobSaysWhenItShouldStart) {
   // It survives a restart: the history is rebuilt from the store.
   StartServer();
   EXPECT_THAT(Job(run)["prediction"].get<std::string>(), HasSubstr("(3 runs)"));
+}
+
+TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
+  own_source_ = true;
+  StartServer();
+  auto telemetry = [&](double util, int64_t mem_mib) {
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_TRUE(
+          source_
+              ->SetTelemetry(g, {.utilization = util, .memory_used_bytes = uint64_t(mem_mib) << 20})
+              .ok());
+    }
+  };
+  // A whole-GPU job: its GPU's own readings, sampled while it runs (60% then 80%; 5000 MiB at
+  // most).
+  const int64_t whole = Submit(1, 20, 0, {{"name", "train"}});
+  Settle();
+  ASSERT_EQ(State(whole), "running");
+  telemetry(0.6, 3000);
+  Advance(5);
+  server_->TakeSample();
+  telemetry(0.8, 5000);
+  Advance(10);
+  server_->TakeSample();
+  Advance(5);
+  Settle();
+  json w = Job(whole);
+  ASSERT_EQ(w["state"], "succeeded");
+  EXPECT_DOUBLE_EQ(w["usage"]["gpu_utilization_pct"].get<double>(), 70);
+  EXPECT_EQ(w["usage"]["gpu_peak_memory_mib"], 5000);
+
+  // A share: the GPU time the arbiter charged it (10 s of its 20 s: 50%) and its region's peak,
+  // written as the intercept library in its processes would.
+  const json share = {{"name", "infer"}, {"resources", {{"gpu_share", "30%"}}}};
+  const int64_t first = Submit(0, 20, 0, share);
+  Settle();
+  json f = Job(first);
+  ASSERT_EQ(f["state"], "running");
+  const int gpu = f["placement"]["gpus"][0]["index"].get<int>();
+  char err[256] = "";
+  std::unique_ptr<shim::Arbiter> arbiter(shim::Arbiter::Attach(
+      (config_.state_dir + "/gpu.arbiter").c_str(),
+      shim::ArbiterJobKey(std::to_string(first).c_str()), {}, err, sizeof err));
+  ASSERT_NE(arbiter, nullptr) << err;
+  const int slot = arbiter->Slot(gpu);
+  ASSERT_GE(slot, 0);
+  arbiter->data()->gpus[gpu].jobs[slot].busy_us.store(8'000'000);
+  const uint64_t limit = 0;
+  std::unique_ptr<shim::Region> region(shim::Region::Attach(
+      (config_.state_dir + "/regions/" + std::to_string(first) + ".region").c_str(), &limit, 1, err,
+      sizeof err));
+  ASSERT_NE(region, nullptr) << err;
+  ASSERT_TRUE(region->Reserve(0, uint64_t{3000} << 20));
+  region->Release(0, uint64_t{3000} << 20);
+  Advance(10);
+  server_->TakeSample();
+  // A process of the job that died and came back starts the arbiter's count again (lower than
+  // before); what was counted before stays: 8 s + 2 s.
+  arbiter->data()->gpus[gpu].jobs[slot].busy_us.store(2'000'000);
+  Advance(10);
+  Settle();
+  f = Job(first);
+  ASSERT_EQ(f["state"], "succeeded");
+  EXPECT_DOUBLE_EQ(f["usage"]["gpu_utilization_pct"].get<double>(), 50);
+  EXPECT_EQ(f["usage"]["gpu_peak_memory_mib"], 3000);
+  arbiter.reset();
+  region.reset();
+
+  // Two more runs of "infer" at 50%: each now predicted so, and kept off a GPU where another's
+  // predicted 50% would make 100% (over the 70% ceiling) - though packing would put them on one.
+  const int64_t a = Submit(0, 600, 0, share);
+  const int64_t b = Submit(0, 600, 0, share);
+  Settle();
+  json ja = Job(a), jb = Job(b);
+  ASSERT_EQ(ja["state"], "running");
+  ASSERT_EQ(jb["state"], "running");
+  EXPECT_EQ(ja["expected_gpu_utilization_pct"], 50);
+  EXPECT_EQ(ja["utilization_prediction"], "p75 of root's runs of 'infer' (1 run)");
+  EXPECT_NE(ja["placement"]["gpus"][0]["index"], jb["placement"]["gpus"][0]["index"]);
+  // A third waits, and says why; a share nobody has measured still fits beside them (short enough
+  // not to delay the third's reservation).
+  const int64_t c = Submit(0, 600, 0, share);
+  const int64_t unknown = Submit(
+      0, 5, 0, {{"name", "new"}, {"max_runtime_s", 5}, {"resources", {{"gpu_share", "20%"}}}});
+  Settle();
+  EXPECT_EQ(State(c), "queued");
+  EXPECT_THAT(Job(c)["waiting"].get<std::string>(), HasSubstr("70% utilization ceiling"));
+  EXPECT_EQ(State(unknown), "running");
+  // The history survives a restart: the measurement is in the store.
+  StartServer();
+  EXPECT_EQ(Job(c)["expected_gpu_utilization_pct"], 50);
+  // With no ceiling the same job shares.
+  config_.utilization_ceiling_pct = 0;
+  StartServer();
+  Settle();
+  EXPECT_EQ(State(c), "running");
 }
 
 // ---- the dashboard's side (dashboard.cc) ----

@@ -1,10 +1,12 @@
 #include "tessera/shim/arbiter.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,6 +103,34 @@ bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
   munmap(m, sizeof(ArbiterData));
   close(fd);
   return true;
+}
+
+uint64_t ArbiterJobKey(const char* job_id) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *job_id; ++job_id) h = (h ^ static_cast<unsigned char>(*job_id)) * 1099511628211ull;
+  return h ? h : 1;
+}
+
+uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
+  if (gpu < 0 || gpu >= kArbiterGpus || key == 0) return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  uint64_t busy = 0;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(ArbiterData)) {
+    void* m = mmap(nullptr, sizeof(ArbiterData), PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      const auto* d = static_cast<const ArbiterData*>(m);
+      if (d->magic.load() == kArbiterMagic && d->version == kArbiterVersion) {
+        for (const ArbiterJob& j : d->gpus[gpu].jobs) {
+          if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
+        }
+      }
+      munmap(m, sizeof(ArbiterData));
+    }
+  }
+  close(fd);
+  return busy;
 }
 
 bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {

@@ -118,6 +118,15 @@ class Arbiter {
 // prepare it for jobs of several users. False with why in `err`.
 bool CreateArbiterFile(const char* path, char* err, size_t err_len);
 
+// The arbiter's key for a job: what the intercept library derives from TESSERA_JOB_ID (FNV-1a of
+// the text; never 0).
+uint64_t ArbiterJobKey(const char* job_id);
+
+// The GPU time charged so far to job `key` on GPU `gpu` in the arbiter file at `path` (busy_us),
+// read without joining; 0 when the file, the GPU or the job is not there. For the server's
+// history of what a job used.
+uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key);
+
 // "30%", "30", "0.3" -> permille (300). False when malformed or outside (0, 100%].
 bool ParseShare(const char* text, uint32_t* permille);
 

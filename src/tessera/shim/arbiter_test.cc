@@ -69,7 +69,19 @@ TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {
   EXPECT_LE(busy, t1 - t0);
   EXPECT_GE(busy, 5000u);
   EXPECT_EQ(a->data()->gpus[0].handovers.load(), 0u) << "other GPUs untouched";
+  // The server reads the same count from the file without joining (its history of the job).
+  EXPECT_EQ(ArbiterBusyMicros(path.c_str(), 3, 42), busy);
+  EXPECT_EQ(ArbiterBusyMicros(path.c_str(), 0, 42), 0u) << "nothing on another GPU";
+  EXPECT_EQ(ArbiterBusyMicros(path.c_str(), 3, 43), 0u) << "nor for another job";
+  EXPECT_EQ(ArbiterBusyMicros(path.c_str(), kArbiterGpus, 42), 0u);
+  EXPECT_EQ(ArbiterBusyMicros((path + ".missing").c_str(), 3, 42), 0u);
   unlink(path.c_str());
+}
+
+TEST(Arbiter, AJobsKeyIsWhatTheServerDerivesFromItsId) {
+  EXPECT_EQ(ArbiterJobKey("17"), ArbiterJobKey("17"));
+  EXPECT_NE(ArbiterJobKey("17"), ArbiterJobKey("71"));
+  EXPECT_NE(ArbiterJobKey(""), 0u) << "0 is a free slot";
 }
 
 ArbiterConfig Fast() {

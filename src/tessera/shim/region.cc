@@ -342,6 +342,11 @@ bool Region::TryReserve(int device, uint64_t bytes) {
     if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel))
       break;
   }
+  // The peak follows (monotonic: a lost race only retries while the value is still lower).
+  for (uint64_t peak = data_->peak[device].load(std::memory_order_relaxed);
+       peak < cur + bytes &&
+       !data_->peak[device].compare_exchange_weak(peak, cur + bytes, std::memory_order_relaxed);) {
+  }
   // Counted in the total first: a crash between the two steps can only over-count (never lets the
   // job exceed its limit); the slot is what a reclaim gives back.
   if (slot_ != nullptr) slot_->used[device].fetch_add(bytes, std::memory_order_relaxed);
@@ -370,6 +375,10 @@ uint64_t Region::Limit(int device) const {
 
 uint64_t Region::Used(int device) const {
   return device >= 0 && device < kMaxDevices ? data_->used[device].load() : 0;
+}
+
+uint64_t Region::Peak(int device) const {
+  return device >= 0 && device < kMaxDevices ? data_->peak[device].load() : 0;
 }
 
 }  // namespace tessera::shim

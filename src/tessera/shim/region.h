@@ -16,7 +16,7 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kRegionMagic = 0x4e4f494745525354ull;  // "TSREGION"
-inline constexpr uint32_t kRegionVersion = 1;
+inline constexpr uint32_t kRegionVersion = 2;
 inline constexpr int kMaxDevices = 16;
 inline constexpr int kMaxProcs = 1024;
 
@@ -34,6 +34,7 @@ struct RegionData {
   uint32_t device_count;
   uint64_t limit[kMaxDevices];  // bytes; 0 = no limit on that device
   std::atomic<uint64_t> used[kMaxDevices];
+  std::atomic<uint64_t> peak[kMaxDevices];  // the most `used` has been (the job's history)
   std::atomic<uint64_t> attaches;
   std::atomic<uint64_t> reclaimed_bytes;  // given back from dead processes, in all
   ProcSlot procs[kMaxProcs];
@@ -65,6 +66,7 @@ class Region {
 
   uint64_t Limit(int device) const;  // 0 = none
   uint64_t Used(int device) const;
+  uint64_t Peak(int device) const;
   // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file
   // lock. Runs by itself when a reservation would not fit.
   int ReclaimDead();

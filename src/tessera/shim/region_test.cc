@@ -49,6 +49,9 @@ TEST(Region, ReserveStopsAtTheLimitAndReleaseNeverUnderflows) {
   EXPECT_FALSE(r->Reserve(0, UINT64_MAX)) << "no wrap-around";
   r->Release(0, 5000);
   EXPECT_EQ(r->Used(0), 0u) << "clamped at zero, not a huge number";
+  EXPECT_EQ(r->Peak(0), 1000u) << "the most it held, kept after the release";
+  EXPECT_TRUE(r->Reserve(0, 300));
+  EXPECT_EQ(r->Peak(0), 1000u);
   EXPECT_TRUE(r->Reserve(1, 1ull << 40)) << "device 1 has no limit";
   EXPECT_FALSE(r->Reserve(kMaxDevices, 1));
 }
@@ -68,6 +71,7 @@ TEST(Region, ThreadsRacingNeverExceedTheLimit) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(granted.load(), 10'000 / 7);
   EXPECT_EQ(r->Used(0), uint64_t(10'000 / 7 * 7));
+  EXPECT_EQ(r->Peak(0), r->Used(0)) << "the peak follows every racing reservation";
 }
 
 TEST(Region, DeadProcessMemoryIsReclaimedWhenNeeded) {

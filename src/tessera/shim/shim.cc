@@ -163,12 +163,6 @@ void AfterForkChild() {
   }
 }
 
-uint64_t Fnv1a(const char* s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
-  return h ? h : 1;
-}
-
 // TESSERA_CUDA_ARBITER and the settings that go with it; a bad setting is said and left at its
 // default.
 void InitArbiter(const char* region_path) {
@@ -220,8 +214,8 @@ void InitArbiter(const char* region_path) {
     }
   }
   const char* job = getenv("TESSERA_JOB_ID");
-  uint64_t key = job && *job                   ? Fnv1a(job)
-                 : region_path && *region_path ? Fnv1a(region_path)
+  uint64_t key = job && *job                   ? ArbiterJobKey(job)
+                 : region_path && *region_path ? ArbiterJobKey(region_path)
                                                : static_cast<uint64_t>(getpid());
   char err[256] = "";
   arbiter = Arbiter::Attach(path, key, c, err, sizeof err);
