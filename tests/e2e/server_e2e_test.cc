@@ -94,6 +94,36 @@ TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
   for (int64_t x : ids) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
 }
 
+TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredicted) {
+  Daemon d("measured");
+  // A CUDA program (against the fake driver) holds 700 MiB at most and runs kernels for 300 ms
+  // under its 50% share: the server reads what the intercept library counted - the region's peak
+  // and the GPU time the arbiter charged it.
+  const json spec = {{"name", "measured"},
+                     {"command",
+                      {TESSERA_CUDA_CLIENT, "link", "alloc:500", "alloc:200", "freeall",
+                       "alloc:100", "work:300:1000:4:0:0:300", "freeall"}},
+                     {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}};
+  const int64_t id = d.Submit(spec);
+  json j = d.WaitFor(id, "succeeded");
+  ASSERT_TRUE(j["usage"].is_object()) << j.dump();
+  EXPECT_EQ(j["usage"]["gpu_peak_memory_mib"], 700) << d.Logs(id) << d.Logs(id, "stderr");
+  ASSERT_TRUE(j["usage"]["gpu_utilization_pct"].is_number()) << j.dump();
+  const double util = j["usage"]["gpu_utilization_pct"].get<double>();
+  EXPECT_GT(util, 0);
+  EXPECT_LE(util, 100);
+  EXPECT_THAT(Cli(d, "show " + std::to_string(id)), HasSubstr("peak GPU memory 700 MiB"));
+  // The next run of it is predicted to keep the GPU as busy.
+  json again = spec;
+  again["command"] = {"sleep", "30"};
+  const int64_t next = d.Submit(again);
+  json n = d.WaitFor(next, "running");
+  EXPECT_EQ(n["expected_gpu_utilization_pct"], std::lround(util)) << n.dump();
+  EXPECT_THAT(Cli(d, "show " + std::to_string(next)),
+              HasSubstr("p75 of " + n["owner"].get<std::string>() + "'s runs of 'measured'"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(next) + "/cancel");
+}
+
 TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {
   Daemon d("cancel");
   int64_t id = d.Submit(Shell("sleep 60 & echo $! > child; wait", {{"gpus", 1}}));

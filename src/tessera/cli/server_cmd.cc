@@ -451,6 +451,10 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
     field("runs for", fmt::format("~{:.0f} s ({})", (*j)["expected_duration_s"].get<double>(),
                                   j->value("prediction", "")));
   }
+  if (j->value("expected_gpu_utilization_pct", json()).is_number()) {
+    field("gpu busy", fmt::format("~{}% ({})", (*j)["expected_gpu_utilization_pct"].get<int>(),
+                                  j->value("utilization_prediction", "")));
+  }
   field("asks", Resources((*j)["spec"]));
   field("gpus", Where(*j));
   if ((*j)["spec"].contains("image"))
@@ -468,6 +472,11 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
           fmt::format("peak memory {}", core::FormatBytes(u["peak_memory_bytes"].get<uint64_t>())));
     if (u.value("oom_kills", 0) > 0)
       parts.push_back(fmt::format("{} OOM kills", u["oom_kills"].get<int64_t>()));
+    if (u.contains("gpu_utilization_pct"))
+      parts.push_back(fmt::format("GPU {:.0f}% busy", u["gpu_utilization_pct"].get<double>()));
+    if (u.contains("gpu_peak_memory_mib"))
+      parts.push_back(fmt::format(
+          "peak GPU memory {}", core::FormatBytes(u["gpu_peak_memory_mib"].get<uint64_t>() << 20)));
     field("used", fmt::format("{}", fmt::join(parts, ", ")));
   }
   out << "events:\n";

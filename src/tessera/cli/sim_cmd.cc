@@ -320,6 +320,9 @@ struct ReplayFlags {
   double fair_share = 0;
   int reservations = 0;
   bool predict = false;
+  int utilization_ceiling = 0;
+  bool ceiling_strict = false;
+  bool interference = false;
 };
 
 int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
@@ -355,6 +358,9 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     c.fair_share_half_life_s = o.fair_share;
     c.reservations = o.reservations;
     c.predict = o.predict;
+    c.utilization_ceiling_pct = o.utilization_ceiling;
+    c.utilization_ceiling_strict = o.ceiling_strict;
+    c.interference = o.interference;
     c.arrival_order = o.arrival_order;
     results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
     progress.Done(c.label);
@@ -365,11 +371,16 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
         "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
-        "backfill reservations {}, durations predicted {}.",
+        "backfill reservations {}, durations predicted {}{}{}.",
         l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression,
         o.arrival_order ? "arrival" : "priority then arrival", o.reservations,
         o.predict ? "from earlier jobs (p75 per owner and shape), else the trace's"
-                  : "by the trace's predicted_duration where it has one");
+                  : "by the trace's predicted_duration where it has one",
+        o.utilization_ceiling > 0
+            ? fmt::format(", shared GPUs under {}% predicted utilization{}", o.utilization_ceiling,
+                          o.ceiling_strict ? " (strict)" : "")
+            : "",
+        o.interference ? ", interference between shares modelled" : "");
     for (auto [name, text] :
          {std::pair{"replay_series.csv", sim::ReplaySeriesCsv(results)},
           std::pair{"replay_runs.csv", sim::ReplayRunsCsv(results)},
@@ -383,19 +394,35 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
   if (format == Format::kTable) {
     // Allocation and queue over the busy period (first arrival to last start): over the whole
     // replay a trace of long jobs makes every policy look idle.
-    Table t({"POLICY", "JOBS", "FINISHED", "NEVER STARTED", "PREEMPTIONS", "BUSY", "ALLOC (BUSY)",
-             "PEAK ALLOC", "QUEUE (BUSY)", "WAIT MEAN", "WAIT P95", "WAIT MAX", "JCT MEAN",
-             "JCT P95", "SECONDS"});
+    std::vector<std::string> columns = {
+        "POLICY",   "JOBS",         "FINISHED",   "NEVER STARTED", "PREEMPTIONS",
+        "BUSY",     "ALLOC (BUSY)", "PEAK ALLOC", "QUEUE (BUSY)",  "WAIT MEAN",
+        "WAIT P95", "WAIT MAX",     "JCT MEAN",   "JCT P95"};
+    // With interference modelled: how much the shares were slowed (run time / duration).
+    if (o.interference) columns.insert(columns.end(), {"SHARE SLOWDOWN", "SLOWDOWN MAX"});
+    columns.push_back("SECONDS");
+    Table t(columns);
     for (const sim::ReplayResult& r : results) {
-      t.AddRow({r.label, std::to_string(r.jobs), std::to_string(r.finished),
-                std::to_string(r.never_started), std::to_string(r.preemptions),
-                fmt::format("{:.0f}s", r.busy_end - r.busy_start),
-                fmt::format("{:.2f}%", 100 * r.busy_mean_allocated),
-                fmt::format("{:.2f}%", 100 * r.peak_allocated),
-                fmt::format("{:.1f}", r.busy_mean_queued), fmt::format("{:.0f}s", r.wait.mean),
-                fmt::format("{:.0f}s", r.wait.p95), fmt::format("{:.0f}s", r.wait.max),
-                fmt::format("{:.0f}s", r.jct.mean), fmt::format("{:.0f}s", r.jct.p95),
-                fmt::format("{:.2f}", r.seconds)});
+      std::vector<std::string> row = {r.label,
+                                      std::to_string(r.jobs),
+                                      std::to_string(r.finished),
+                                      std::to_string(r.never_started),
+                                      std::to_string(r.preemptions),
+                                      fmt::format("{:.0f}s", r.busy_end - r.busy_start),
+                                      fmt::format("{:.2f}%", 100 * r.busy_mean_allocated),
+                                      fmt::format("{:.2f}%", 100 * r.peak_allocated),
+                                      fmt::format("{:.1f}", r.busy_mean_queued),
+                                      fmt::format("{:.0f}s", r.wait.mean),
+                                      fmt::format("{:.0f}s", r.wait.p95),
+                                      fmt::format("{:.0f}s", r.wait.max),
+                                      fmt::format("{:.0f}s", r.jct.mean),
+                                      fmt::format("{:.0f}s", r.jct.p95)};
+      if (o.interference) {
+        row.push_back(fmt::format("{:.3f}x", r.share_slowdown_mean));
+        row.push_back(fmt::format("{:.3f}x", r.share_slowdown_max));
+      }
+      row.push_back(fmt::format("{:.2f}", r.seconds));
+      t.AddRow(row);
     }
     t.Print(out);
     out << fmt::format("{} runs in {:.1f}s{}\n", results.size(), wall,
@@ -430,7 +457,9 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
                    {"peakQueued", r.peak_queued},
                    {"waitSeconds", dist(r.wait)},
                    {"waitSecondsBySize", by_size(r)},
-                   {"jctSeconds", dist(r.jct)}});
+                   {"jctSeconds", dist(r.jct)},
+                   {"shareSlowdownMean", r.share_slowdown_mean},
+                   {"shareSlowdownMax", r.share_slowdown_max}});
     }
     EmitStructured(j, format, out);
   }
@@ -544,6 +573,20 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   replay->add_flag("--predict", rf.predict,
                    "Expected durations for reservations from the jobs that finished earlier in "
                    "the replay (p75 per owner and shape), as the server predicts from its history");
+  replay
+      ->add_option("--utilization-ceiling", rf.utilization_ceiling,
+                   "Interference-aware sharing: with --predict, a share whose earlier runs were "
+                   "measured (the trace's utilization column) shares a GPU only while the GPU's "
+                   "predicted utilization stays within this percentage (the server's default: 70; "
+                   "0: off)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  replay->add_flag("--utilization-ceiling-strict", rf.ceiling_strict,
+                   "A share that fits nowhere within the ceiling waits (default: it goes over it, "
+                   "on the least busy GPU with room)");
+  replay->add_flag("--interference", rf.interference,
+                   "Model interference: shares on one GPU whose utilizations add up to more than "
+                   "100% each run that much slower");
   replay->add_option("--samples", rf.samples, "Points of each time series")
       ->check(CLI::Range(2, 100000))
       ->capture_default_str();

@@ -44,7 +44,7 @@ std::string RequestShapeKey(const Request& r) {
           ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor
           : -1);
   add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
-  add(r.expected_util_pct * 1000 + r.util_ceiling_pct);
+  add((r.expected_util_pct * 1000 + r.util_ceiling_pct) * 2 + (r.util_ceiling_strict ? 1 : 0));
   for (const std::string& m : r.models) {
     key += m;
     key.push_back('\0');

@@ -57,11 +57,14 @@ struct Request {
   double expected_duration_s = 0;
   // Interference-aware sharing (a share of one GPU only): how busy it is expected to keep the GPU,
   // in percent of the GPU's time (a prediction from the history of jobs like it; 0: unknown), and
-  // the most predicted utilization a shared GPU may carry with it (0: no ceiling). A share goes
-  // only on a GPU whose holders' predicted utilization plus its own stays within the ceiling, or on
-  // a GPU none of whose holders has a prediction. Both are part of the request's shape.
+  // the most predicted utilization a shared GPU should carry with it (0: no ceiling). A share goes
+  // on a GPU whose holders' predicted utilization plus its own stays within the ceiling, or on a
+  // GPU none of whose holders has a prediction; where there is none, on the least busy GPU with
+  // room (scored below every place within the ceiling), or, when `util_ceiling_strict`, nowhere:
+  // it waits. Part of the request's shape.
   int expected_util_pct = 0;
   int util_ceiling_pct = 0;
+  bool util_ceiling_strict = false;
 
   bool fractional() const { return gpus == 0 && (gpu_milli > 0 || gpu_memory_mib > 0); }
   bool wants_gpu() const { return gpus > 0 || fractional(); }

@@ -254,6 +254,10 @@ PolicySet::PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragme
   }
 }
 
+namespace {
+constexpr double kOverCeilingPenalty = 1000;
+}  // namespace
+
 bool UnderUtilizationCeiling(const ClassGpu& g, const core::Request& r) {
   return r.util_ceiling_pct <= 0 || r.expected_util_pct <= 0 || g.util_pct <= 0 ||
          g.util_pct + r.expected_util_pct <= r.util_ceiling_pct;
@@ -267,6 +271,7 @@ bool PolicySet::random_only() const {
 Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
                                const ClusterScale& scale, bool want_reason) const {
   Evaluation ev;
+  int over_ceiling = 0;  // percentage points a share's GPU would be predicted over the ceiling
   // CPU and memory first: the cheapest checks, inline on this hot path (every evaluation of every
   // changed class); then any further filter plugins.
   if (node.cpu_left < r.cpu_milli) {
@@ -326,29 +331,24 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
       ev.positions.assign(free.begin(), free.begin() + r.gpus);
     }
   } else if (r.fractional()) {
-    Gpus candidates;
-    int too_busy = 0;  // GPUs with room that the utilization ceiling keeps it off
+    Gpus candidates, over;  // with room: within the utilization ceiling, or over it
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
       // A GPU held whole (no compute left) takes no share, not even a memory-only one.
       if (g.healthy && node.Accepts(g.kind, r) && g.milli_left >= std::max(r.gpu_milli, 1) &&
           g.memory_left_mib >= r.gpu_memory_mib) {
-        if (!UnderUtilizationCeiling(g, r)) {
-          ++too_busy;
-          continue;
-        }
-        candidates.push_back(static_cast<int>(p));
+        (UnderUtilizationCeiling(g, r) ? candidates : over).push_back(static_cast<int>(p));
       }
     }
-    if (candidates.empty()) {
+    if (candidates.empty() && (over.empty() || r.util_ceiling_strict)) {
       if (want_reason) {
         if (gpus.empty()) {
           ev.reason = "has no GPUs";
-        } else if (too_busy > 0) {
+        } else if (!over.empty()) {
           ev.reason = fmt::format(
               "{} GPU{} with room would be predicted busier than the {}% utilization ceiling "
               "with this job's {}%",
-              too_busy, too_busy == 1 ? "" : "s", r.util_ceiling_pct, r.expected_util_pct);
+              over.size(), over.size() == 1 ? "" : "s", r.util_ceiling_pct, r.expected_util_pct);
         } else {
           ev.reason = fmt::format("no healthy GPU has {}/1000 compute and {} MiB free", r.gpu_milli,
                                   r.gpu_memory_mib);
@@ -356,21 +356,30 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
       }
       return ev;
     }
-    // The first policy with a GPU preference chooses; otherwise the fullest GPU that fits (packing
-    // within the node keeps whole GPUs free).
     int best = -1;
-    double best_value = 0;
-    for (int p : candidates) {
-      double value;
-      if (share_chooser_ != nullptr) {
-        const Gpus one = {p};
-        value = share_chooser_->Score(ScoreInput{node, r, one, scale});
-      } else {
-        value = -(gpus[p].milli_left * 1e7 + static_cast<double>(gpus[p].memory_left_mib));
+    if (candidates.empty()) {
+      // Every GPU with room is predicted too busy: the least busy of them, and the place is scored
+      // below any within the ceiling, by how far over it goes.
+      for (int p : over) {
+        if (best < 0 || gpus[p].util_pct < gpus[best].util_pct) best = p;
       }
-      if (best < 0 || value > best_value + 1e-12) {
-        best = p;
-        best_value = value;
+      over_ceiling = gpus[best].util_pct + r.expected_util_pct - r.util_ceiling_pct;
+    } else {
+      // The first policy with a GPU preference chooses; otherwise the fullest GPU that fits
+      // (packing within the node keeps whole GPUs free).
+      double best_value = 0;
+      for (int p : candidates) {
+        double value;
+        if (share_chooser_ != nullptr) {
+          const Gpus one = {p};
+          value = share_chooser_->Score(ScoreInput{node, r, one, scale});
+        } else {
+          value = -(gpus[p].milli_left * 1e7 + static_cast<double>(gpus[p].memory_left_mib));
+        }
+        if (best < 0 || value > best_value + 1e-12) {
+          best = p;
+          best_value = value;
+        }
       }
     }
     ev.positions = {best};
@@ -379,6 +388,9 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
   const ScoreInput in{node, r, ev.positions, scale};
   for (size_t i = 0; i < scores_.size(); ++i)
     ev.score += policies_[i].weight * scores_[i]->Score(in);
+  // Over the utilization ceiling: below every place within it (scores are far smaller than the
+  // penalty), the less over the better.
+  if (over_ceiling > 0) ev.score -= kOverCeilingPenalty + over_ceiling;
   return ev;
 }
 

@@ -297,14 +297,16 @@ TEST(Policies, AttributeSelectorAndHealthFilter) {
 }
 
 // A share with a predicted utilization.
-core::Request BusyShare(const std::string& id, int milli, int util, int ceiling = 70) {
+core::Request BusyShare(const std::string& id, int milli, int util, int ceiling = 70,
+                        bool strict = true) {
   core::Request r = Share(id, milli);
   r.expected_util_pct = util;
   r.util_ceiling_pct = ceiling;
+  r.util_ceiling_strict = strict;
   return r;
 }
 
-TEST(Policies, SharesStayUnderThePredictedUtilizationCeiling) {
+TEST(Policies, SharesStayUnderAStrictPredictedUtilizationCeiling) {
   for (const char* policy : {"fgd", "tessera", "bestfit", "gpupacking"}) {
     auto s = Make(policy == std::string("tessera") ? "fgd,bestfit:0.01,topology:0.5" : policy);
     ASSERT_TRUE(s->AddNode(Node("n", 2)).ok());
@@ -332,6 +334,45 @@ TEST(Policies, SharesStayUnderThePredictedUtilizationCeiling) {
     // When the 50% job ends its GPU takes the 30% (20 + 30 <= 70... or 50 + 0).
     ASSERT_TRUE(s->Release("b").ok()) << policy;
     EXPECT_TRUE(s->Decide(BusyShare("g", 100, 30)).placed) << policy;
+  }
+}
+
+TEST(Policies, OverASoftCeilingAShareTakesTheLeastBusyGpuAndOnlyWhenNothingIsWithin) {
+  for (const char* policy : {"fgd,bestfit:0.01", "bestfit", "spread", "binpack"}) {
+    auto s = Make(policy);
+    ASSERT_TRUE(s->AddNode(Node("n", 2)).ok());
+    // 60% on one GPU; 40% cannot join it (100% > 70%, strict): the other GPU.
+    ASSERT_TRUE(s->Place(BusyShare("a", 200, 60)).ok());
+    ASSERT_TRUE(s->Place(BusyShare("b", 200, 40)).ok());
+    // 35% more is over the ceiling on both (95%, 75%). Soft, it goes to the less busy GPU;
+    // strict, it waits.
+    Decision soft = s->Decide(BusyShare("soft", 100, 35, 70, /*strict=*/false));
+    ASSERT_TRUE(soft.placed) << policy << ": " << soft.why_not;
+    EXPECT_EQ(s->state().gpu_use(soft.node, soft.gpus[0]).util_pct, 40) << policy;
+    EXPECT_FALSE(s->Decide(BusyShare("strict", 100, 35, 70, /*strict=*/true)).placed) << policy;
+  }
+}
+
+TEST(Policies, APlaceWithinASoftCeilingWinsOverABetterScoreAboveIt) {
+  for (const char* policy : {"fgd,bestfit:0.01", "bestfit", "spread", "binpack"}) {
+    auto s = Make(policy);
+    ASSERT_TRUE(s->AddNode(Node("x", 1)).ok());
+    ASSERT_TRUE(s->AddNode(Node("y", 1)).ok());
+    // One GPU each: 60% predicted with a tenth of its compute taken, 65% with half.
+    auto small = s->Place(BusyShare("small", 100, 60));
+    ASSERT_TRUE(small.ok());
+    auto large = s->Place(BusyShare("large", 500, 65));
+    ASSERT_TRUE(large.ok());
+    ASSERT_NE(small->node, large->node);
+    // 8% more: within the ceiling only beside "small" (68%; 73% beside "large"), whichever node the
+    // policy's own score prefers.
+    Decision d = s->Decide(BusyShare("more", 100, 8, 70, /*strict=*/false));
+    ASSERT_TRUE(d.placed) << policy;
+    EXPECT_EQ(d.node, small->node) << policy;
+    // Nothing within anywhere: the less busy GPU, by the least overshoot.
+    Decision over = s->Decide(BusyShare("over", 100, 20, 70, /*strict=*/false));
+    ASSERT_TRUE(over.placed) << policy;
+    EXPECT_EQ(over.node, small->node) << policy;
   }
 }
 

@@ -41,6 +41,9 @@ core::NodeSpec RandomNode(std::mt19937_64& rng, int i) {
 }
 
 constexpr int kCeiling = 70;
+// Whether RandomRequest's predicted shares keep the ceiling strictly (they wait rather than go over
+// it) - half the cases of a property test, so the ceiling invariant can be checked on those.
+bool g_strict_ceiling = true;
 
 core::Request RandomRequest(std::mt19937_64& rng, const std::string& id) {
   core::Request r;
@@ -56,6 +59,7 @@ core::Request RandomRequest(std::mt19937_64& rng, const std::string& id) {
       if (rng() % 2) {  // a predicted utilization, under the default ceiling
         r.expected_util_pct = std::uniform_int_distribution<int>(1, 100)(rng);
         r.util_ceiling_pct = kCeiling;
+        r.util_ceiling_strict = g_strict_ceiling;
       }
       break;
     default:
@@ -113,9 +117,9 @@ std::string CheckInvariants(const Scheduler& s) {
           expect.holders != got.holders || expect.util_pct != got.util_pct) {
         return fmt::format("node {} gpu {}: usage drifted", n, g);
       }
-      // Interference-aware sharing: two or more predicted shares stay under the ceiling (one
-      // alone may be above it).
-      if (predicted[{n, g}] >= 2 && got.util_pct > kCeiling) {
+      // Interference-aware sharing, strict: two or more predicted shares stay under the ceiling
+      // (one alone may be above it).
+      if (g_strict_ceiling && predicted[{n, g}] >= 2 && got.util_pct > kCeiling) {
         return fmt::format("node {} gpu {}: {}% predicted, over the {}% ceiling", n, g,
                            got.util_pct, kCeiling);
       }
@@ -143,6 +147,7 @@ std::string CheckInvariants(const Scheduler& s) {
 // Runs one random case; returns the decisions (node and GPUs of every placement) for determinism.
 std::string RunCase(uint64_t seed, const std::string& policy, std::string* failure) {
   std::mt19937_64 rng(seed);
+  g_strict_ceiling = seed % 2 == 0;
   SchedulerConfig config;
   config.policies = {{policy, 1}};
   config.seed = seed;

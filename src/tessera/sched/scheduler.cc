@@ -313,6 +313,12 @@ void Scheduler::SyncSpreadOrder() {
 
 bool Scheduler::DecideSpread(Row& row, const core::Request& r, Decision& d) {
   constexpr double kKeyTie = 1e-9;
+  // A share over a soft utilization ceiling scores below every place within it, whatever its
+  // spread key: the walk in key order cannot stop at the first that fits. The general path.
+  if (r.fractional() && r.util_ceiling_pct > 0 && r.expected_util_pct > 0 &&
+      !r.util_ceiling_strict) {
+    return false;
+  }
   SyncSpreadOrder();
   if (row.entries.size() < static_cast<size_t>(state_.class_capacity())) {
     row.entries.resize(state_.class_capacity());

@@ -95,20 +95,36 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (root.IsNull()) return absl::OkStatus();
   if (!root.IsMap())
     return absl::InvalidArgumentError(fmt::format("{}: expected a map of settings", path));
-  if (absl::Status st = Known(path, root, {"socket",           "state_dir",
-                                           "confinement",      "tcp",
-                                           "simulate",         "fallback_simulate",
-                                           "nvml_library",     "policy",
-                                           "admins",           "quotas",
-                                           "group_quotas",     "preemption",
-                                           "unhealthy_gpu",    "max_body_bytes",
-                                           "max_array_tasks",  "intercept_library",
-                                           "context_overhead", "poll_interval_s",
-                                           "containers",       "allow_root_jobs",
-                                           "priority_ceiling", "priority_ceilings",
-                                           "preempt_others",   "listener",
-                                           "fair_share",       "backfill",
-                                           "history",          "utilization_ceiling"},
+  if (absl::Status st = Known(path, root,
+                              {"socket",
+                               "state_dir",
+                               "confinement",
+                               "tcp",
+                               "simulate",
+                               "fallback_simulate",
+                               "nvml_library",
+                               "policy",
+                               "admins",
+                               "quotas",
+                               "group_quotas",
+                               "preemption",
+                               "unhealthy_gpu",
+                               "max_body_bytes",
+                               "max_array_tasks",
+                               "intercept_library",
+                               "context_overhead",
+                               "poll_interval_s",
+                               "containers",
+                               "allow_root_jobs",
+                               "priority_ceiling",
+                               "priority_ceilings",
+                               "preempt_others",
+                               "listener",
+                               "fair_share",
+                               "backfill",
+                               "history",
+                               "utilization_ceiling",
+                               "utilization_ceiling_strict"},
                               "");
       !st.ok()) {
     return st;
@@ -470,6 +486,10 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       return At(path, u, "utilization_ceiling", "expected a percentage 0..100 such as 70%");
     }
     c->utilization_ceiling_pct = pct;
+  }
+  if (const YAML::Node u = root["utilization_ceiling_strict"]) {
+    if (!Get(path, u, "utilization_ceiling_strict", &c->utilization_ceiling_strict).ok())
+      return At(path, u, "utilization_ceiling_strict", "expected true or false");
   }
   if (const YAML::Node p = root["poll_interval_s"]) {
     if (!Get(path, p, "poll_interval_s", &c->poll_interval_s).ok() || c->poll_interval_s < 0.01 ||

@@ -47,6 +47,7 @@ preempt_others: [alice, "group:ml"]
 fair_share: {half_life_s: 7200}
 backfill: {reservations: 1}
 utilization_ceiling: 60%
+utilization_ceiling_strict: true
 max_array_tasks: 500
 listener:
   idle_timeout_s: 30
@@ -79,6 +80,7 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.fair_share_half_life_s, 7200);
   EXPECT_EQ(c.backfill_reservations, 1);
   EXPECT_EQ(c.utilization_ceiling_pct, 60);
+  EXPECT_TRUE(c.utilization_ceiling_strict);
   EXPECT_EQ(c.history_interval_s, 2);
   EXPECT_EQ(c.history_window_s, 7200);
   EXPECT_EQ(c.max_array_tasks, 500u);
@@ -158,6 +160,7 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"utilization_ceiling: 120%\n", "utilization_ceiling: expected a percentage 0..100"},
       {"utilization_ceiling: high\n", "utilization_ceiling: expected a percentage 0..100"},
       {"utilization_ceiling: [70]\n", "utilization_ceiling: expected a percentage such as 70%"},
+      {"utilization_ceiling_strict: maybe\n", "utilization_ceiling_strict: expected true or false"},
       {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
       {"containers: {docker: x}\n", "containers.docker: unknown key"},
       {"containers: {cdi_spec_dir: cdi}\n",

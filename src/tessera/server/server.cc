@@ -365,6 +365,7 @@ core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::str
   if (r.fractional() && p.util_samples > 0) {
     r.expected_util_pct = std::clamp(static_cast<int>(std::lround(p.util_pct)), 1, 100);
     r.util_ceiling_pct = config_.utilization_ceiling_pct;
+    r.util_ceiling_strict = config_.utilization_ceiling_strict;
   }
   r.quota_groups = QuotaGroups(uid);
   r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));

@@ -90,9 +90,11 @@ struct ServerConfig {
   // an expected start; later jobs take those GPUs only if predicted to end before. 0: off.
   int backfill_reservations = 8;
   // Interference-aware sharing (core::Request::util_ceiling_pct): a fractional job whose history
-  // predicts its GPU utilization shares a GPU only where the predicted utilization of the GPU's
-  // jobs stays within this many percent (the 70% rule of thumb for shared GPUs). 0: no ceiling.
+  // predicts its GPU utilization goes where the predicted utilization of the GPU's jobs stays
+  // within this many percent (the 70% rule of thumb for shared GPUs); where none does, on the
+  // least busy GPU with room, or, strict, it waits. 0: no ceiling.
   int utilization_ceiling_pct = 70;
+  bool utilization_ceiling_strict = false;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy

@@ -588,6 +588,7 @@ TEST_F(ServerTest, HistoryPredictsRunTimesAndAQueuedJobSaysWhenItShouldStart) {
 
 TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   own_source_ = true;
+  config_.utilization_ceiling_strict = true;
   StartServer();
   auto telemetry = [&](double util, int64_t mem_mib) {
     for (int g = 0; g < 2; ++g) {
@@ -675,8 +676,8 @@ TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   // The history survives a restart: the measurement is in the store.
   StartServer();
   EXPECT_EQ(Job(c)["expected_gpu_utilization_pct"], 50);
-  // With no ceiling the same job shares.
-  config_.utilization_ceiling_pct = 0;
+  // With a soft ceiling (the default) it goes over it rather than wait, to the less busy GPU.
+  config_.utilization_ceiling_strict = false;
   StartServer();
   Settle();
   EXPECT_EQ(State(c), "running");

@@ -150,6 +150,13 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     double remaining = 0;  // a preempted job starts over
     int epoch = 0;
     bool running = false, finished = false;
+    // Interference (config.interference): the GPU a running share is on, the work it has left
+    // (seconds at full speed) as of `since`, its rate since then, and the generation of its
+    // departure (moved when the rate changes).
+    int64_t gpu_key = -1;
+    double work_left = 0, since = 0, rate = 1;
+    int gen = 0;
+    double end = 0;  // when its departure is due (the natural end a stop is compared with)
   };
   std::vector<State> state(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
@@ -157,8 +164,15 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   sched::Cycle cycle(s, {.preemption = config.preemption,
                          .fair_share_half_life_s = config.fair_share_half_life_s,
                          .reservations = config.reservations});
-  // Durations of the jobs finished so far, by owner and shape (config.predict).
-  std::unordered_map<std::string, std::deque<double>> history;
+  // Durations (and measured utilizations) of the jobs finished so far, by owner and shape
+  // (config.predict).
+  std::unordered_map<std::string, std::deque<double>> history, util_history;
+  auto p75 = [](const std::deque<double>& d) {
+    std::vector<double> v(d.begin(), d.end());
+    const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+    return v[at];
+  };
   auto history_key = [&](size_t i) {
     return jobs[i].request.owner + '\0' + core::RequestShapeKey(jobs[i].request);
   };
@@ -173,17 +187,21 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
         r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
       if (config.predict) {
         auto h = history.find(history_key(i));
-        if (h != history.end() && !h->second.empty()) {
-          std::vector<double> v(h->second.begin(), h->second.end());
-          const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
-          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-          r.expected_duration_s = std::max(v[at], 1e-3);
-        }
+        if (h != history.end() && !h->second.empty())
+          r.expected_duration_s = std::max(p75(h->second), 1e-3);
+      }
+    }
+    if (config.predict && config.utilization_ceiling_pct > 0 && r.fractional()) {
+      auto h = util_history.find(history_key(i));
+      if (h != util_history.end() && !h->second.empty()) {
+        r.expected_util_pct = std::clamp(static_cast<int>(std::lround(p75(h->second))), 1, 100);
+        r.util_ceiling_pct = config.utilization_ceiling_pct;
+        r.util_ceiling_strict = config.utilization_ceiling_strict;
       }
     }
     (void)cycle.Enqueue(sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)});
   };
-  using Departure = std::tuple<double, size_t, int>;  // end time, job, epoch
+  using Departure = std::tuple<double, size_t, int, int>;  // end time, job, epoch, generation
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
   // Victims asked to stop: they hold their resources until the stop latency has passed.
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> stops;
@@ -210,20 +228,58 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     out.peak_queued = std::max(out.peak_queued, p.queued);
   };
   double last_arrival = start_time, last_start = start_time;
-  auto start = [&](size_t i, double now) {
+  // Interference: the running shares of each GPU (node << 8 | GPU), and their rates moved to
+  // what the GPU can serve whenever that set changes.
+  std::unordered_map<int64_t, std::vector<size_t>> shares_on;
+  auto demand = [&](size_t i) {
+    return jobs[i].utilization >= 0 ? jobs[i].utilization : jobs[i].request.gpu_milli / 10.0;
+  };
+  auto rebalance = [&](int64_t key, double now) {
+    const std::vector<size_t>& on = shares_on[key];
+    double total = 0;
+    for (size_t j : on) total += demand(j);
+    const double rate = total > 100 ? 100 / total : 1;
+    for (size_t j : on) {
+      State& st = state[j];
+      st.work_left = std::max(0.0, st.work_left - (now - st.since) * st.rate);
+      st.since = now;
+      st.rate = rate;
+      st.end = now + st.work_left / rate;
+      departures.emplace(st.end, j, st.epoch, ++st.gen);
+    }
+  };
+  auto start = [&](size_t i, double now, const sched::Allocation& a) {
     last_start = std::max(last_start, now);
-    state[i].running = true;
-    state[i].started = now;
+    State& st = state[i];
+    st.running = true;
+    st.started = now;
     ++running;
     allocated_milli += jobs[i].request.gpu_milli_total();
-    if (state[i].remaining >= 0) departures.emplace(now + state[i].remaining, i, state[i].epoch);
+    if (st.remaining < 0) return;  // runs to the end of the replay
+    if (config.interference && jobs[i].request.fractional() && !a.gpus.empty()) {
+      st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
+      st.work_left = st.remaining, st.since = now, st.rate = 1;
+      shares_on[st.gpu_key].push_back(i);
+      rebalance(st.gpu_key, now);
+      return;
+    }
+    st.end = now + st.remaining;
+    departures.emplace(st.end, i, st.epoch, st.gen);
   };
-  auto stop = [&](size_t i) {
+  auto stop = [&](size_t i, double now) {
     (void)s.Release(jobs[i].request.id);
-    state[i].running = false;
+    State& st = state[i];
+    st.running = false;
     --running;
     allocated_milli -= jobs[i].request.gpu_milli_total();
+    if (st.gpu_key >= 0) {
+      std::vector<size_t>& on = shares_on[st.gpu_key];
+      on.erase(std::find(on.begin(), on.end(), i));
+      rebalance(st.gpu_key, now);
+      st.gpu_key = -1;
+    }
   };
+  std::vector<double> slowdowns;
   std::unordered_map<std::string, size_t> index_of;
   for (size_t i = 0; i < jobs.size(); ++i) index_of[jobs[i].request.id] = i;
   auto step = [&](double now) {
@@ -231,7 +287,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       if (d.kind == sched::CycleDecision::Kind::kStart) {
         if (config.record_runs)
           out.runs.push_back({d.id, now, d.allocation.node, d.allocation.gpus});
-        start(index_of.at(d.id), now);
+        start(index_of.at(d.id), now, d.allocation);
         continue;
       }
       for (const std::string& v : d.victims) {
@@ -242,9 +298,9 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
         // over.
         State& vs = state[victim->second];
         ++vs.epoch;  // its departure no longer counts
-        const double natural_end =
-            vs.remaining >= 0 ? vs.started + vs.remaining : now + config.stop_latency_s;
-        stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch);
+        const double natural_end = vs.remaining >= 0 ? vs.end : now + config.stop_latency_s;
+        stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch,
+                      0);
       }
     }
   };
@@ -259,26 +315,33 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     if (next_arrival < order.size()) now = std::min(now, jobs[order[next_arrival]].submit);
     bool changed = false;
     while (!departures.empty() && std::get<0>(departures.top()) <= now) {
-      auto [end, i, epoch] = departures.top();
+      auto [end, i, epoch, gen] = departures.top();
       departures.pop();
-      if (epoch != state[i].epoch || !state[i].running) continue;  // preempted meanwhile
-      stop(i);
+      // Preempted meanwhile, or its end moved (interference).
+      if (epoch != state[i].epoch || gen != state[i].gen || !state[i].running) continue;
+      const double ran = end - state[i].started;
+      stop(i, end);
       state[i].finished = true;
       ++out.finished;
-      if (config.finished) config.finished(i, jobs[i].duration);
+      if (jobs[i].request.fractional() && jobs[i].duration > 0)
+        slowdowns.push_back(ran / jobs[i].duration);
+      if (config.finished) config.finished(i, ran);
       if (config.predict) {
-        std::deque<double>& h = history[history_key(i)];
-        h.push_back(jobs[i].duration);
-        if (h.size() > 50) h.pop_front();
+        auto remember = [](std::deque<double>& h, double v) {
+          h.push_back(v);
+          if (h.size() > 50) h.pop_front();
+        };
+        remember(history[history_key(i)], ran);
+        if (jobs[i].utilization >= 0) remember(util_history[history_key(i)], jobs[i].utilization);
       }
       jcts.push_back(end - jobs[i].submit);
       changed = true;
     }
     while (!stops.empty() && std::get<0>(stops.top()) <= now) {
-      auto [when, i, epoch] = stops.top();
+      auto [when, i, epoch, gen] = stops.top();
       stops.pop();
       if (epoch != state[i].epoch || !state[i].running) continue;
-      stop(i);
+      stop(i, when);
       ++state[i].epoch;
       state[i].remaining = jobs[i].duration;  // a preempted job starts over
       enqueue(i);
@@ -320,6 +383,14 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   out.waits = waits;
   out.wait = Summarize(std::move(waits));
   out.jct = Summarize(std::move(jcts));
+  if (!slowdowns.empty()) {
+    double sum = 0;
+    for (double x : slowdowns) {
+      sum += x;
+      out.share_slowdown_max = std::max(out.share_slowdown_max, x);
+    }
+    out.share_slowdown_mean = sum / static_cast<double>(slowdowns.size());
+  }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

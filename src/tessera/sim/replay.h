@@ -44,6 +44,17 @@ struct ReplayConfig {
   // job's expected duration each time it is queued (seconds; 0 unknown), told each job that
   // finished with its run time. Set, it replaces `predict` and the trace's predictions.
   std::function<double(size_t job)> expected_duration;
+  // Interference-aware sharing: a share whose utilization is predicted (with `predict`: the 75th
+  // percentile of the measured utilization, SimJob::utilization, of the last 50 jobs of the same
+  // owner and shape that finished earlier) shares a GPU only under this ceiling
+  // (core::Request::util_ceiling_pct), as the server does; 0: no ceiling.
+  int utilization_ceiling_pct = 0;
+  bool utilization_ceiling_strict = false;  // wait rather than go over it (Request)
+  // Model interference: the shares on one GPU progress at the rate the GPU can serve them. When
+  // their utilizations (SimJob::utilization; a share without one counts its compute share) add up
+  // to more than 100%, each runs 100/total as fast, and the end of each is moved whenever the
+  // GPU's set of shares changes. Off: every job runs its duration.
+  bool interference = false;
   std::function<void(size_t job, double runtime_s)> finished;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
@@ -107,6 +118,9 @@ struct ReplayResult {
   int64_t preemptions = 0;    // evictions
   double mean_allocated = 0;  // time-weighted over the whole replay
   double peak_allocated = 0;  // the highest allocation (reached within the busy period)
+  // Shares that finished: their run time over their duration (above 1: slowed by interference,
+  // ReplayConfig::interference), mean and highest.
+  double share_slowdown_mean = 0, share_slowdown_max = 0;
   double end_time = 0;
   double seconds = 0;           // wall time
   std::vector<ReplayRun> runs;  // in start order, when ReplayConfig::record_runs

@@ -69,6 +69,17 @@ TEST(TesseraCsv, PredictedDurationsAndUsers) {
   EXPECT_EQ((*jobs)[1].request.owner, "");
 }
 
+TEST(TesseraCsv, UtilizationOfShares) {
+  auto jobs = ParseTesseraJobs(
+      "name,cpu_milli,memory_mib,gpu_milli,duration,utilization\n"
+      "a,1000,1024,300,60,45\n"
+      "b,1000,1024,300,60,\n",  // not measured
+      "jobs.csv");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_DOUBLE_EQ((*jobs)[0].utilization, 45);
+  EXPECT_LT((*jobs)[1].utilization, 0);
+}
+
 struct BadCase {
   const char* text;
   const char* error;
@@ -104,7 +115,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "jobs.csv:2: user: not a user name: 'a b'"},
         BadCase{"name,cpu_milli,memory_mib,gpu_models\na,1,1,A100\n",
                 "jobs.csv:2: gpu_models: a job without GPUs"},
-        BadCase{"name,cpu_milli,memory_mib\na,1\n", "jobs.csv:2: expected 3 fields, got 2"}));
+        BadCase{"name,cpu_milli,memory_mib\na,1\n", "jobs.csv:2: expected 3 fields, got 2"},
+        BadCase{"name,cpu_milli,memory_mib,gpu_milli,utilization\na,1,1,300,140\n",
+                "jobs.csv:2: utilization: expected an integer 0..100, got '140'"},
+        BadCase{"name,cpu_milli,memory_mib,gpu_milli,utilization\na,1,1,300,-3\n",
+                "jobs.csv:2: utilization: expected an integer 0..100, got '-3'"},
+        BadCase{"name,cpu_milli,memory_mib,gpus,utilization\na,1,1,1,50\n",
+                "jobs.csv:2: utilization: only a share of a GPU"}));
 
 TEST(TesseraCsv, BadNodesNameTheLine) {
   auto n = ParseTesseraNodes("name,cpu_milli,memory_mib,gpus\nx,1000,1000,2\n", "n.csv");
@@ -241,6 +258,77 @@ TEST(Replay, ReservationsKeepAStreamOfSmallJobsFromStarvingALargeOne) {
   EXPECT_GE(without, 195) << "behind the whole stream";
   EXPECT_GT(with, 0);
   EXPECT_LE(with, 20) << "as soon as its reservation's GPUs are free";
+}
+
+TEST(Replay, InterferenceSlowsOversubscribedSharesAndTheCeilingKeepsThemApart) {
+  // One node of two GPUs. Two runs of "infer" (a 40% share that keeps its GPU 60% busy) teach the
+  // history; then two more arrive together. Packing puts them on one GPU (80% of its compute):
+  // 120% busy, so each runs 100/120 as fast - 120 s instead of 100. With the 70% ceiling and
+  // predictions from the earlier runs the second goes to the other GPU and both take 100 s.
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  auto infer = [](const std::string& id, double submit) {
+    SimJob j;
+    j.request.id = id;
+    j.request.gpu_milli = 400;
+    j.request.owner = "alice";
+    j.submit = submit;
+    j.duration = 100;
+    j.utilization = 60;
+    return j;
+  };
+  std::vector<SimJob> jobs = {infer("teach1", 0), infer("teach2", 200), infer("x", 1000),
+                              infer("y", 1000)};
+  ReplayConfig c = ReplayWith(false);
+  c.record_runs = true;
+  c.predict = true;
+  auto gpu_of = [](const ReplayResult& r, const std::string& id) {
+    for (const ReplayRun& run : r.runs) {
+      if (run.id == id) return run.gpus.at(0);
+    }
+    return -1;
+  };
+  ReplayResult plain = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(gpu_of(plain, "x"), gpu_of(plain, "y")) << "packed";
+  EXPECT_DOUBLE_EQ(plain.end_time, 1100) << "no interference modelled";
+  c.interference = true;
+  ReplayResult slowed = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(gpu_of(slowed, "x"), gpu_of(slowed, "y"));
+  EXPECT_NEAR(slowed.end_time, 1120, 1e-9);
+  EXPECT_NEAR(slowed.share_slowdown_max, 1.2, 1e-9);
+  EXPECT_NEAR(slowed.jct.max, 120, 1e-9);
+  c.utilization_ceiling_pct = 70;  // soft: room within it exists, on the other GPU
+  ReplayResult apart = RunReplay(nodes, jobs, {}, c);
+  EXPECT_NE(gpu_of(apart, "x"), gpu_of(apart, "y"));
+  EXPECT_NEAR(apart.end_time, 1100, 1e-9);
+  EXPECT_NEAR(apart.share_slowdown_max, 1, 1e-9);
+  // Without predictions the ceiling has nothing to go on: the trace's own utilization is never
+  // read as one.
+  c.predict = false;
+  ReplayResult blind = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(gpu_of(blind, "x"), gpu_of(blind, "y"));
+  EXPECT_NEAR(blind.end_time, 1120, 1e-9);
+}
+
+TEST(Replay, AShareThatJoinsMovesTheEndOfTheOneAlreadyThere) {
+  // "a" (80% busy, 100 s of work) runs alone for 50 s, then "b" (also 80%) joins on the same GPU:
+  // 160%, each at 100/160. a's last 50 s of work take 80 s (ends at 130); b has done 50 s of work
+  // by then (80 s at 0.625), and its remaining 50 s run alone: ends at 180.
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  SimJob a;
+  a.request.id = "a";
+  a.request.gpu_milli = 400;
+  a.duration = 100;
+  a.utilization = 80;
+  SimJob b = a;
+  b.request.id = "b";
+  b.submit = 50;
+  ReplayConfig c = ReplayWith(false);
+  c.interference = true;
+  ReplayResult r = RunReplay(nodes, {a, b}, {}, c);
+  EXPECT_EQ(r.finished, 2);
+  EXPECT_NEAR(r.end_time, 180, 1e-9);
+  EXPECT_NEAR(r.jct.max, 130, 1e-9);   // b: 50 -> 180
+  EXPECT_NEAR(r.jct.mean, 130, 1e-9);  // a: 0 -> 130
 }
 
 TEST(Replay, SecondJobWaitsForTheFirst) {

@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
   try {
     Csv c(text, filename, {"name", "cpu_milli", "memory_mib"},
           {"gpus", "gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "preemptible",
-           "submit_time", "duration", "predicted_duration", "user"});
+           "submit_time", "duration", "predicted_duration", "user", "utilization"});
     std::vector<SimJob> jobs;
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
@@ -128,6 +128,12 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
         j.predicted_duration = Seconds(c, "predicted_duration", kMaxTraceDurationS);
       if (c.Has("user") && !c.Get("user").empty())
         r.owner = std::string(c.Name("user", "user", nullptr));
+      if (c.Has("utilization") && !c.Get("utilization").empty()) {
+        j.utilization = static_cast<double>(c.Int("utilization", 0, 100));
+        if (!r.fractional())
+          c.Fail(c.line(),
+                 "utilization: only a share of a GPU (gpu_milli, gpu_memory_mib) has one");
+      }
       if (std::string bad = core::ValidateRequest(r); !bad.empty()) c.Fail(c.line(), bad);
       jobs.push_back(std::move(j));
     }

@@ -23,6 +23,10 @@ struct SimJob {
   // What the trace predicted for its run time (a user's estimate, another predictor's output);
   // < 0 when it says nothing. Never read as the job's real duration.
   double predicted_duration = -1;
+  // How busy it kept its GPU, in percent of the GPU's time (a measurement, as the server's history
+  // records it); < 0 when the trace does not say. Shares only. The replay never reads a job's own
+  // figure as a prediction: predictions come from the jobs that finished before (ReplayConfig).
+  double utilization = -1;
 };
 
 // The longest duration (and predicted duration) a trace may give: ten years, in seconds.
@@ -36,7 +40,7 @@ int OpenbPriority(std::string_view qos);
 // 1 makes that many nodes named name-0, name-1, ... Jobs:
 // name,cpu_milli,memory_mib[,gpus][,gpu_milli]
 // [,gpu_memory_mib][,gpu_models][,priority][,preemptible][,submit_time][,duration]
-// [,predicted_duration][,user].
+// [,predicted_duration][,user][,utilization] (utilization: percent 0..100, shares only).
 absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view csv,
                                                               std::string_view filename);
 absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv,
