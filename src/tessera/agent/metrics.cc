@@ -161,7 +161,8 @@ bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
     void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
     if (m != MAP_FAILED) {
       const auto* d = static_cast<const shim::RegionData*>(m);
-      if (d->magic.load() == shim::kRegionMagic && d->device_count <= shim::kMaxDevices) {
+      if (d->magic.load() == shim::kRegionMagic && d->version == shim::kRegionVersion &&
+          d->device_count <= shim::kMaxDevices) {
         used->clear();
         limit->clear();
         for (uint32_t i = 0; i < d->device_count; ++i) {
