@@ -9,7 +9,8 @@
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
 //          driverused:D  procs:INDEX:compute|graphics:VERSION  module  moduleex  moduleunload
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
-//          figures, v1 then v2: total free used MiB)  hold  crash
+//          figures, v1 then v2: total free used MiB)  nvmlutil:INDEX (NVML's utilization)
+//          hold  crash
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
 //          kernels
 //            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
@@ -409,6 +410,26 @@ int main(int argc, char** argv) {
       }
       printf("%llu %llu %llu | %llu %llu %llu\n", m.total / MiB, m.free / MiB, m.used / MiB,
              m2.total / MiB, m2.free / MiB, m2.used / MiB);
+    } else if (c[0] == "nvmlutil") {
+      // nvmlutil:INDEX - NVML's GPU utilization of that GPU (percent), reached by dlsym
+      void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+      auto init = nvml ? reinterpret_cast<int (*)()>(dlsym(nvml, "nvmlInit_v2")) : nullptr;
+      auto get = nvml ? reinterpret_cast<int (*)(unsigned, void**)>(
+                            dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"))
+                      : nullptr;
+      struct Util {
+        unsigned gpu, memory;
+      } u{};
+      auto rates = nvml ? reinterpret_cast<int (*)(void*, Util*)>(
+                              dlsym(nvml, "nvmlDeviceGetUtilizationRates"))
+                        : nullptr;
+      void* dev = nullptr;
+      if (!init || !get || !rates || init() != 0 || get(static_cast<unsigned>(n(1)), &dev) != 0 ||
+          rates(dev, &u) != 0) {
+        printf("err nvml\n");
+        continue;
+      }
+      printf("util %u mem %u\n", u.gpu, u.memory);
     } else if (c[0] == "procs") {
       // procs:INDEX:compute|graphics:1|2|3 - the processes NVML lists on that GPU through that
       // call and version: "N: PID/MiB ..." in NVML's order, this process's pid written "self"

@@ -233,6 +233,37 @@ TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
   EXPECT_EQ(RunClient(env, "link", "nvml:1"), "16384 16220 163 | 16384 16138 163\n");
 }
 
+TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
+  // The GPU is 93% busy with its tenants (the fake's figure); memory bandwidth 40%.
+  std::string path = TempPath("nvml-util.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+      "utilization": 93, "memory_utilization": 40}]})";
+  const std::string nvml = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                           " FAKE_NVML_SCENARIO=" +
+                           path;
+  const std::string arbiter = TempPath("util.arbiter");
+  unlink(arbiter.c_str());
+  const std::string job = nvml + " TESSERA_CUDA_ARBITER=" + arbiter +
+                          " TESSERA_CUDA_COMPUTE_SHARE=50% TESSERA_JOB_ID=util-job";
+  // Outside a job with a share: the GPU's own figures.
+  EXPECT_EQ(RunClient(Env{.extra = nvml}, "link", "nvmlutil:0"), "util 93 mem 40\n");
+  // In the job, before it has run anything on the GPU: its own 0%, not its neighbours' 93%.
+  EXPECT_EQ(RunClient(Env{.extra = job}, "link", "nvmlutil:0"), "util 0 mem 40\n");
+  // After it kept the GPU busy alone for 1.2 s (work-conserving, so all of it): a process of the
+  // job asking afterwards (as nvidia-smi would) sees the job's recent utilization, well above 0,
+  // computed from the arbiter's count - the fake's 93 would be a coincidence.
+  EXPECT_THAT(RunClient(Env{.extra = job}, "link", "work:1200:1000:4:0:0:1200"),
+              ::testing::HasSubstr("batches"));
+  const std::string out = RunClient(Env{.extra = job}, "link", "nvmlutil:0");
+  unsigned util = 0, mem = 0;
+  ASSERT_EQ(sscanf(out.c_str(), "util %u mem %u", &util, &mem), 2) << out;
+  EXPECT_GE(util, 10u) << out;
+  EXPECT_LE(util, 100u) << out;
+  EXPECT_NE(util, 93u) << out;
+  EXPECT_EQ(mem, 40u) << "memory bandwidth is the GPU's";
+  unlink(arbiter.c_str());
+}
+
 TEST(Shim, NvmlListsOnlyTheJobsOwnProcesses) {
   // Two other tenants' processes and this one on GPU 0: inside the job, every call and version
   // (reached by dlsym, as pynvml and nvidia-smi do) lists this process alone.

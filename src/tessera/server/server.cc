@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -252,7 +253,15 @@ void Server::SetUpSharing() {
   // be its own).
   const std::string arbiter = ArbiterFile();
   char err[256] = {};
-  if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
+  bool made = shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err);
+  if (!made && strstr(err, "of this version") != nullptr) {
+    // Left by an older Tessera: replaced. Jobs it started keep the old file (their mapping) until
+    // they end; new jobs are paced among themselves.
+    spdlog::warn("GPU arbiter file {}: {}; replacing it", arbiter, err);
+    if (unlink(arbiter.c_str()) == 0)
+      made = shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err);
+  }
+  if (!made) {
     spdlog::warn("GPU arbiter file {}: {}; compute shares will not be enforced", arbiter, err);
     arbiter_access_ = fmt::format("none: {}", err);
     return;

@@ -683,6 +683,16 @@ TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   EXPECT_EQ(State(c), "running");
 }
 
+TEST_F(ServerTest, AnArbiterFileOfAnOlderVersionIsReplaced) {
+  // What a server of an older Tessera left (another layout: another size).
+  fs::create_directories(config_.state_dir);
+  std::ofstream(config_.state_dir + "/gpu.arbiter") << std::string(4096, 'x');
+  StartServer();
+  EXPECT_EQ(fs::file_size(config_.state_dir + "/gpu.arbiter"), sizeof(shim::ArbiterData));
+  EXPECT_THAT(Call("GET", "/v1/info")["arbiter"]["access"].get<std::string>(),
+              ::testing::Not(HasSubstr("none")));
+}
+
 // ---- the dashboard's side (dashboard.cc) ----
 
 TEST_F(ServerTest, RaisingAQueuedJobsPriorityMovesItAhead) {

@@ -133,6 +133,24 @@ uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
   return busy;
 }
 
+int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t now_us) {
+  if (d == nullptr || gpu < 0 || gpu >= kArbiterGpus || key == 0) return -1;
+  for (const ArbiterJob& j : d->gpus[gpu].jobs) {
+    if (j.key.load() != key) continue;
+    const uint64_t start = j.window_start_us.load();
+    const uint64_t busy = j.busy_us.load() - std::min(j.busy_us.load(), j.window_busy_us.load());
+    const uint64_t open = now_us > start ? now_us - start : 0;
+    // An idle job rolls no window: the one left open long is its utilization since.
+    if (open >= kUtilizationWindowUs)
+      return static_cast<int>(std::min<uint64_t>(1000, busy * 1000 / open));
+    // Otherwise one window's length: the open part and the end of the last window.
+    const uint64_t last = j.last_window_permille.load();
+    return static_cast<int>(std::min<uint64_t>(
+        1000, (busy * 1000 + last * (kUtilizationWindowUs - open)) / kUtilizationWindowUs));
+  }
+  return -1;
+}
+
 bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   ArbiterJob& j = g.jobs[slot];
   uint64_t expected = 0;
@@ -144,6 +162,9 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.eligible_us.store(0);
   j.busy_us.store(0);
   j.waits.store(0);
+  j.window_busy_us.store(0);
+  j.last_window_permille.store(0);
+  j.window_start_us.store(NowMicros());
   j.last_launch_us.store(0);
   j.want_us.store(0);
   // A newcomer starts level with the least-served job there, not with credit for its absence.
@@ -216,7 +237,16 @@ void Arbiter::Charge(ArbiterJob& j, uint64_t until, uint64_t now) const {
   j.lease_start_us.store(now);
   if (until <= start) return;
   uint64_t used = until - start;
-  j.busy_us.fetch_add(used, std::memory_order_relaxed);
+  const uint64_t busy = j.busy_us.fetch_add(used, std::memory_order_relaxed) + used;
+  // Roll the utilization window when it has run its length (one process of the job wins).
+  uint64_t window = j.window_start_us.load(std::memory_order_relaxed);
+  if (now >= window + kUtilizationWindowUs &&
+      j.window_start_us.compare_exchange_strong(window, now, std::memory_order_relaxed)) {
+    const uint64_t before = j.window_busy_us.exchange(busy, std::memory_order_relaxed);
+    j.last_window_permille.store(
+        static_cast<uint32_t>(std::min<uint64_t>(1000, (busy - before) * 1000 / (now - window))),
+        std::memory_order_relaxed);
+  }
   uint32_t share = j.share.load();
   if (share == 0) share = 1000;
   j.vtime.fetch_add(used * 1000 / share, std::memory_order_relaxed);

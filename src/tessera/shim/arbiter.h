@@ -24,7 +24,7 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
-inline constexpr uint32_t kArbiterVersion = 1;
+inline constexpr uint32_t kArbiterVersion = 2;
 inline constexpr int kArbiterGpus = 16;  // physical GPUs of a machine
 inline constexpr int kArbiterJobs = 64;  // jobs per GPU
 
@@ -43,6 +43,12 @@ struct ArbiterJob {
   std::atomic<uint64_t> vtime;        // charged GPU time in us * 1000 / share
   std::atomic<uint64_t> busy_us;      // GPU time charged, in all (usage counter for the server)
   std::atomic<uint64_t> waits;        // launches that had to wait (usage counter)
+  // The job's recent utilization, for NVML inside it (JobUtilizationPermille): the window now open
+  // (its start, and busy_us then; rolled by Charge every kUtilizationWindowUs) and the last one's.
+  std::atomic<uint64_t> window_start_us;
+  std::atomic<uint64_t> window_busy_us;
+  std::atomic<uint32_t> last_window_permille;
+  uint32_t reserved;
 };
 
 struct ArbiterGpu {
@@ -89,6 +95,7 @@ class Arbiter {
   // The caller's slot on `gpu` (claimed on first use), -1 when every slot is taken.
   int Slot(int gpu);
   ArbiterData* data() { return data_; }
+  uint64_t key() const { return key_; }
   static uint64_t NowMicros();
 
  private:
@@ -126,6 +133,14 @@ uint64_t ArbiterJobKey(const char* job_id);
 // read without joining; 0 when the file, the GPU or the job is not there. For the server's
 // history of what a job used.
 uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key);
+
+// How long a utilization window of a job is (NVML's sample period is 1/6 s to 1 s).
+inline constexpr uint64_t kUtilizationWindowUs = 1'000'000;
+
+// What share of the last window's length (the window now open and the end of the one before it)
+// job `key` held GPU `gpu` busy, in permille; what nvmlDeviceGetUtilizationRates says inside the
+// job. -1 when the job has no slot there.
+int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t now_us);
 
 // "30%", "30", "0.3" -> permille (300). False when malformed or outside (0, 100%].
 bool ParseShare(const char* text, uint32_t* permille);

@@ -78,6 +78,30 @@ TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {
   unlink(path.c_str());
 }
 
+TEST(Arbiter, AJobsUtilizationIsItsBusyTimeOverTheLastWindow) {
+  auto d = std::make_unique<ArbiterData>();
+  ArbiterJob& j = d->gpus[2].jobs[5];
+  j.key.store(7);
+  const uint64_t t0 = 50'000'000;
+  // A window opened at t0 with busy_us 10 s then; the window before it was 40% busy.
+  j.window_start_us.store(t0);
+  j.window_busy_us.store(10'000'000);
+  j.last_window_permille.store(400);
+  // A quarter of a window later, 200 ms of it busy: 200 ms + 40% of the 750 ms before = 50%.
+  j.busy_us.store(10'200'000);
+  EXPECT_EQ(JobUtilizationPermille(d.get(), 2, 7, t0 + 250'000), 500);
+  // Idle since, and no window rolled (nothing charged): 200 ms over the 4 s the window is open.
+  EXPECT_EQ(JobUtilizationPermille(d.get(), 2, 7, t0 + 4'000'000), 50);
+  // A full window at work: 100%, and never more.
+  j.busy_us.store(10'000'000 + kUtilizationWindowUs + 5);
+  EXPECT_EQ(JobUtilizationPermille(d.get(), 2, 7, t0 + kUtilizationWindowUs), 1000);
+  // Another job, another GPU, no data: no answer.
+  EXPECT_EQ(JobUtilizationPermille(d.get(), 2, 8, t0), -1);
+  EXPECT_EQ(JobUtilizationPermille(d.get(), 3, 7, t0), -1);
+  EXPECT_EQ(JobUtilizationPermille(d.get(), kArbiterGpus, 7, t0), -1);
+  EXPECT_EQ(JobUtilizationPermille(nullptr, 2, 7, t0), -1);
+}
+
 TEST(Arbiter, AJobsKeyIsWhatTheServerDerivesFromItsId) {
   EXPECT_EQ(ArbiterJobKey("17"), ArbiterJobKey("17"));
   EXPECT_NE(ArbiterJobKey("17"), ArbiterJobKey("71"));

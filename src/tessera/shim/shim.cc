@@ -1192,6 +1192,7 @@ struct RealNvml {
   nvmlReturn_t (*GetUUID)(nvmlDevice_t, char*, unsigned) = nullptr;
   nvmlReturn_t (*Init)() = nullptr;
   nvmlReturn_t (*GetProcesses)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;  // _v3/_v2
+  nvmlReturn_t (*GetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
 };
 RealNvml real_nvml;
 pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
@@ -1212,6 +1213,7 @@ void InitNvml() {
     get(real_nvml.GetHandleByIndex, "nvmlDeviceGetHandleByIndex");
   get(real_nvml.GetUUID, "nvmlDeviceGetUUID");
   get(real_nvml.Init, "nvmlInit_v2");
+  get(real_nvml.GetUtilizationRates, "nvmlDeviceGetUtilizationRates");
   get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v3");
   if (real_nvml.GetProcesses == nullptr)
     get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v2");
@@ -1334,6 +1336,23 @@ TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory
   return rc;
 }
 
+// GPU utilization inside a job with a compute share is the job's own: the part of the last second
+// (tessera::shim::kUtilizationWindowUs) it held the GPU busy at the arbiter, not the GPU's as all
+// its tenants keep it. A job without a slot on that GPU (nothing launched there yet) is at 0. The
+// memory utilization (bandwidth) is the GPU's: the arbiter cannot tell whose it is.
+TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t* u) {
+  pthread_once(&nvml_once, InitNvml);
+  if (real_nvml.GetUtilizationRates == nullptr) return NVML_ERROR_UNINITIALIZED;
+  nvmlReturn_t rc = real_nvml.GetUtilizationRates(dev, u);
+  if (rc != NVML_SUCCESS || u == nullptr || !Ready() || arbiter == nullptr) return rc;
+  const int ordinal = CudaOrdinal(dev);
+  if (ordinal < 0 || ordinal >= kMaxDevices) return rc;
+  const int permille = JobUtilizationPermille(arbiter->data(), physical_gpu[ordinal],
+                                              arbiter->key(), Arbiter::NowMicros());
+  u->gpu = permille < 0 ? 0u : static_cast<unsigned>((permille + 5) / 10);
+  return rc;
+}
+
 TESSERA_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t* m) {
   pthread_once(&nvml_once, InitNvml);
   if (real_nvml.GetMemoryInfo_v2 == nullptr) return NVML_ERROR_UNINITIALIZED;
@@ -1405,6 +1424,7 @@ TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   } kNvml[] = {
       {"nvmlDeviceGetMemoryInfo", reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo)},
       {"nvmlDeviceGetMemoryInfo_v2", reinterpret_cast<void*>(&nvmlDeviceGetMemoryInfo_v2)},
+      {"nvmlDeviceGetUtilizationRates", reinterpret_cast<void*>(&nvmlDeviceGetUtilizationRates)},
       {"nvmlDeviceGetComputeRunningProcesses",
        reinterpret_cast<void*>(&nvmlDeviceGetComputeRunningProcesses)},
       {"nvmlDeviceGetComputeRunningProcesses_v2",
