@@ -7,6 +7,7 @@
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
+//          graph:MiB (a graph with a memory node, instantiated)  graphlaunch  graphtrim  graphpool
 //          driverused:D  procs:INDEX:compute|graphics:VERSION  module  moduleex  moduleunload
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  nvmlutil:INDEX (NVML's utilization)
@@ -61,6 +62,13 @@ CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int, unsig
                                    unsigned int, unsigned int, unsigned int, unsigned int, CUstream,
                                    void**);
 CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphCreate(CUgraph*, unsigned int);
+CUresult cuGraphAddEmptyNode(CUgraphNode*, CUgraph, const CUgraphNode*, size_t);
+CUresult cuGraphAddMemAllocNode(CUgraphNode*, CUgraph, const CUgraphNode*, size_t,
+                                CUDA_MEM_ALLOC_NODE_PARAMS*);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, void*);
 CUresult cuMemPoolCreate(CUmemoryPool*, const CUmemPoolProps*);
 CUresult cuMemPoolDestroy(CUmemoryPool);
 CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
@@ -104,6 +112,9 @@ struct Api {
   cuModuleLoadData_fn ModuleLoadData;
   cuModuleLoadDataEx_fn ModuleLoadDataEx;
   cuModuleUnload_fn ModuleUnload;
+  cuGraphInstantiateWithFlags_fn GraphInstantiateWithFlags;
+  cuGraphLaunch_fn GraphLaunch;
+  cuDeviceGraphMemTrim_fn DeviceGraphMemTrim;
 };
 
 Api Linked() {
@@ -129,7 +140,10 @@ Api Linked() {
           cuMemPoolTrimTo,
           cuModuleLoadData,
           cuModuleLoadDataEx,
-          cuModuleUnload};
+          cuModuleUnload,
+          cuGraphInstantiateWithFlags,
+          cuGraphLaunch,
+          cuDeviceGraphMemTrim};
 }
 
 cuuint64_t g_flags = 0;  // cuGetProcAddress flags of the route (ptsz: per-thread default stream)
@@ -189,6 +203,11 @@ Api Resolved(const std::string& route) {
   Get(a.ModuleLoadData, lib, "cuModuleLoadData", gpa, "cuModuleLoadData", v2);
   Get(a.ModuleLoadDataEx, lib, "cuModuleLoadDataEx", gpa, "cuModuleLoadDataEx", v2);
   Get(a.ModuleUnload, lib, "cuModuleUnload", gpa, "cuModuleUnload", v2);
+  // CUDA 12 programs ask for "cuGraphInstantiate" (the same entry point as ...WithFlags).
+  Get(a.GraphInstantiateWithFlags, lib, "cuGraphInstantiateWithFlags", gpa, "cuGraphInstantiate",
+      v2);
+  Get(a.GraphLaunch, lib, "cuGraphLaunch", gpa, "cuGraphLaunch", v2);
+  Get(a.DeviceGraphMemTrim, lib, "cuDeviceGraphMemTrim", gpa, "cuDeviceGraphMemTrim", v2);
   return a;
 }
 
@@ -220,6 +239,7 @@ int main(int argc, char** argv) {
   std::vector<CUcontext> contexts;
   std::vector<CUmemoryPool> pools;
   std::vector<CUmodule> modules;
+  std::vector<CUgraphExec> graphs;
   auto report = [](CUresult rc) {
     if (rc == CUDA_SUCCESS)
       puts("ok");
@@ -263,6 +283,31 @@ int main(int argc, char** argv) {
       CUresult rc = api.MemPoolCreate(&pool, &props);
       if (rc == CUDA_SUCCESS) pools.push_back(pool);
       report(rc);
+    } else if (c[0] == "graph") {
+      // graph:MiB - a graph of an empty node and a memory node allocating MiB on device 0,
+      // instantiated (kept for graphlaunch)
+      CUgraph g = nullptr;
+      CUgraphNode empty = nullptr, node = nullptr;
+      CUDA_MEM_ALLOC_NODE_PARAMS params{};
+      params.poolProps.allocType = 1;  // pinned
+      params.poolProps.location = CUmemLocation{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+      params.bytesize = n(1) * MiB;
+      CUgraphExec exec = nullptr;
+      CUresult rc = cuGraphCreate(&g, 0);
+      if (rc == CUDA_SUCCESS) rc = cuGraphAddEmptyNode(&empty, g, nullptr, 0);
+      if (rc == CUDA_SUCCESS) rc = cuGraphAddMemAllocNode(&node, g, &empty, 1, &params);
+      if (rc == CUDA_SUCCESS) rc = api.GraphInstantiateWithFlags(&exec, g, 0);
+      if (rc == CUDA_SUCCESS) graphs.push_back(exec);
+      report(rc);
+    } else if (c[0] == "graphlaunch") {
+      report(graphs.empty() ? CUDA_ERROR_INVALID_VALUE : api.GraphLaunch(graphs.back(), nullptr));
+    } else if (c[0] == "graphtrim") {
+      report(api.DeviceGraphMemTrim(0));
+    } else if (c[0] == "graphpool") {
+      // graphpool - what device 0's graph memory pool holds, MiB
+      cuuint64_t v = 0;
+      cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v);
+      printf("%llu\n", static_cast<unsigned long long>(v / MiB));
     } else if (c[0] == "pooldestroy") {
       report(pools.empty() ? CUDA_ERROR_INVALID_VALUE : api.MemPoolDestroy(pools.back()));
       if (!pools.empty()) pools.pop_back();

@@ -118,6 +118,28 @@ TEST(Shim, APoolsIdleMemoryIsTrimmedBeforeAnAllocationIsRefused) {
             "ok\nok\nok\nok\n600\n");
 }
 
+TEST(Shim, GraphMemoryNodesCountAgainstTheLimit) {
+  // Under 1 GiB with 600 MiB allocated: a graph whose memory node allocates 300 MiB instantiates
+  // (it fits) and runs; the graph memory pool keeps the 300 MiB after it, counted. 200 MiB more
+  // does not fit beside it: the library trims the idle graph memory first, then allocates. Now the
+  // graph's next launch would need its 300 MiB again beside 800: refused before it runs, and a
+  // graph allocating 500 MiB is refused at instantiation. Every route to the entry points.
+  const std::string cmds =
+      "alloc:600 graph:300 graphlaunch graphpool alloc:200 graphpool graphlaunch graph:500";
+  for (const char* route : {"link", "dlsym", "procaddr", "procaddr2"}) {
+    EXPECT_EQ(RunClient(Env{.limit = "1GiB"}, route, cmds), "ok\nok\nok\n300\nok\n0\noom\noom\n")
+        << route;
+  }
+  // Without the library the driver lets all of it through (1.1 GiB and more of a 1 GiB share).
+  EXPECT_EQ(RunClient(Env{.limit = "1GiB", .preload = false}, "link", cmds),
+            "ok\nok\nok\n300\nok\n300\nok\nok\n");
+  // What the job sees free (cuMemGetInfo: free, total MiB) counts the pool's memory until an
+  // explicit trim gives it back.
+  EXPECT_EQ(RunClient(Env{.limit = "1GiB"}, "link",
+                      "alloc:600 graph:300 graphlaunch info graphtrim info graphpool"),
+            "ok\nok\nok\n124 1024\nok\n424 1024\n0\n");
+}
+
 TEST(Shim, AnotherProcesssPoolCountsAgainstTheSharedLimit) {
   // A co-tenant's pool holds 600 MiB of a shared 1 GiB after freeing it: the job has that memory
   // still, so a second 600 MiB is refused (both succeeded before: 1.2 GiB on the GPU).

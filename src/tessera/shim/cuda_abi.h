@@ -79,6 +79,34 @@ enum {
   CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
   CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
 };
+// CUDA graphs' memory nodes: an allocation made when the graph runs, from the device's graph
+// memory pool, which keeps it (for the next launch) until cuDeviceGraphMemTrim.
+typedef struct CUgraphNode_st* CUgraphNode;
+typedef int CUgraphNodeType;
+enum {
+  CU_GRAPH_NODE_TYPE_KERNEL = 0,
+  CU_GRAPH_NODE_TYPE_EMPTY = 5,
+  CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+  CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+};
+typedef struct CUmemAccessDesc_st {
+  CUmemLocation location;
+  int flags;  // CUmemAccess_flags
+} CUmemAccessDesc;
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+  CUmemPoolProps poolProps;  // location: the device the memory is on
+  const CUmemAccessDesc* accessDescs;
+  size_t accessDescCount;
+  size_t bytesize;
+  CUdeviceptr dptr;  // out: the allocation's address
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef int CUgraphMem_attribute;  // values are cuuint64_t
+enum {
+  CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+  CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+  CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+  CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+};
 typedef struct CUevent_st* CUevent;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;  // opaque here
 typedef struct CUlaunchConfig_st {
@@ -156,6 +184,13 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, CUstream, void**);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*cuGraphInstantiateWithFlags_fn)(CUgraphExec*, CUgraph, unsigned long long);
+typedef CUresult (*cuGraphExecDestroy_fn)(CUgraphExec);
+typedef CUresult (*cuGraphGetNodes_fn)(CUgraph, CUgraphNode*, size_t*);
+typedef CUresult (*cuGraphNodeGetType_fn)(CUgraphNode, CUgraphNodeType*);
+typedef CUresult (*cuGraphMemAllocNodeGetParams_fn)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS*);
+typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice, CUgraphMem_attribute, void*);
+typedef CUresult (*cuDeviceGraphMemTrim_fn)(CUdevice);
 typedef struct CUmod_st* CUmodule;
 typedef int CUjit_option;
 typedef CUresult (*cuModuleLoadData_fn)(CUmodule*, const void*);

@@ -17,6 +17,8 @@
 #include <new>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "tessera/devices/nvml_abi.h"  // declarations only: the shim links nothing of Tessera
 #include "tessera/shim/arbiter.h"
@@ -69,6 +71,8 @@ DlsymFn RealDlsym() {
   X(cuLaunchKernelEx)             \
   X(cuLaunchCooperativeKernel)    \
   X(cuGraphLaunch)                \
+  X(cuGraphInstantiateWithFlags)  \
+  X(cuDeviceGraphMemTrim)         \
   X(cuMemPoolCreate)              \
   X(cuMemPoolDestroy)             \
   X(cuMemPoolTrimTo)              \
@@ -103,6 +107,12 @@ struct Real {
   // Asked, not hooked: which pool cuMemAllocAsync takes from, and how much a pool holds.
   cuDeviceGetMemPool_fn cuDeviceGetMemPool = nullptr;
   cuMemPoolGetAttribute_fn cuMemPoolGetAttribute = nullptr;
+  // Asked, not hooked: what a graph allocates, how much the graph memory pools hold.
+  cuGraphGetNodes_fn cuGraphGetNodes = nullptr;
+  cuGraphNodeGetType_fn cuGraphNodeGetType = nullptr;
+  cuGraphMemAllocNodeGetParams_fn cuGraphMemAllocNodeGetParams = nullptr;
+  cuGraphExecDestroy_fn cuGraphExecDestroy = nullptr;
+  cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute = nullptr;
 #define TESSERA_FIELD(name) name##_fn name = nullptr;
   TESSERA_HOOKED(TESSERA_FIELD)
 #undef TESSERA_FIELD
@@ -145,6 +155,11 @@ struct PoolUse {
 std::mutex* pool_mu = nullptr;
 std::unordered_map<uint64_t, PoolUse>* pools = nullptr;  // by handle; under *pool_mu
 std::atomic<bool> any_pool{false};
+// Graph memory (CUDA graphs' memory nodes): what each device's graph memory pool is charged, and
+// what each instantiated graph with memory nodes allocates per device. Under *pool_mu.
+uint64_t graph_charged[kMaxDevices] = {};
+std::unordered_map<uint64_t, std::vector<std::pair<int, uint64_t>>>* graph_execs = nullptr;
+std::atomic<bool> any_graph_memory{false};
 
 void Log(const char* fmt, const char* a, const char* b = "") {
   if (verbose) fprintf(stderr, fmt, a, b);
@@ -238,6 +253,11 @@ void Init() {
     real.cuMemPoolGetAttribute =
         reinterpret_cast<cuMemPoolGetAttribute_fn>(sym(real.handle, "cuMemPoolGetAttribute"));
 #define TESSERA_RESOLVE(name) real.name = reinterpret_cast<name##_fn>(sym(real.handle, #name));
+    TESSERA_RESOLVE(cuGraphGetNodes)
+    TESSERA_RESOLVE(cuGraphNodeGetType)
+    TESSERA_RESOLVE(cuGraphMemAllocNodeGetParams)
+    TESSERA_RESOLVE(cuGraphExecDestroy)
+    TESSERA_RESOLVE(cuDeviceGetGraphMemAttribute)
     TESSERA_HOOKED(TESSERA_RESOLVE)
 #undef TESSERA_RESOLVE
   }
@@ -273,6 +293,8 @@ void Init() {
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
   pool_mu = new (std::nothrow) std::mutex();
   pools = new (std::nothrow) std::unordered_map<uint64_t, PoolUse>();
+  graph_execs =
+      new (std::nothrow) std::unordered_map<uint64_t, std::vector<std::pair<int, uint64_t>>>();
   pthread_atfork(nullptr, nullptr, AfterForkChild);
   Log("tessera-cuda: loaded (%s%s)\n", path ? path : "private region");
 }
@@ -336,7 +358,67 @@ void Refresh(uint64_t handle, PoolUse& u) {
   }
 }
 
-// Gives the idle memory of this process's pools on `device` back to the driver. Under *pool_mu.
+// Graph memory: a graph's memory nodes allocate when it runs, from the device's graph memory
+// pool, which keeps the memory for the next launches until cuDeviceGraphMemTrim. Each device's
+// pool is charged what the driver says it holds (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), read
+// again after launches of graphs with memory nodes and after trims; a graph is refused at
+// instantiation when what it allocates could never fit beside what the job holds, and a launch that
+// would grow the pool past the limit is refused (out of memory) before it runs.
+
+// Charges `device`'s graph memory pool what the driver says it holds, as far as the limit allows.
+// Under *pool_mu.
+void RefreshGraphLocked(int device) {
+  cuuint64_t reserved = 0;
+  if (device < 0 || device >= kMaxDevices || real.cuDeviceGetGraphMemAttribute == nullptr ||
+      real.cuDeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                                        &reserved) != CUDA_SUCCESS) {
+    return;
+  }
+  uint64_t& charged = graph_charged[device];
+  if (reserved < charged) {
+    region->Release(device, charged - reserved);
+    charged = reserved;
+  } else if (reserved > charged && region->Reserve(device, reserved - charged)) {
+    charged = reserved;
+  }
+}
+
+// What graph `g`'s memory nodes allocate, per device (CUDA ordinal); empty when none (or the driver
+// cannot say).
+std::vector<std::pair<int, uint64_t>> GraphAllocations(CUgraph g) {
+  std::vector<std::pair<int, uint64_t>> out;
+  if (real.cuGraphGetNodes == nullptr || real.cuGraphNodeGetType == nullptr ||
+      real.cuGraphMemAllocNodeGetParams == nullptr) {
+    return out;
+  }
+  try {
+    size_t n = 0;
+    if (real.cuGraphGetNodes(g, nullptr, &n) != CUDA_SUCCESS || n == 0) return out;
+    std::vector<CUgraphNode> nodes(n);
+    if (real.cuGraphGetNodes(g, nodes.data(), &n) != CUDA_SUCCESS) return out;
+    uint64_t per_device[kMaxDevices] = {};
+    for (size_t i = 0; i < n && i < nodes.size(); ++i) {
+      CUgraphNodeType type = 0;
+      CUDA_MEM_ALLOC_NODE_PARAMS p{};
+      if (real.cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
+          type != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
+          real.cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS) {
+        continue;
+      }
+      const int dev = p.poolProps.location.id;
+      if (dev >= 0 && dev < kMaxDevices) per_device[dev] += p.bytesize;
+    }
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (per_device[d] > 0) out.emplace_back(d, per_device[d]);
+    }
+  } catch (...) {
+    out.clear();
+  }
+  return out;
+}
+
+// Gives the idle memory of this process's pools (and graph memory pools) on `device` back to the
+// driver. Under *pool_mu.
 void TrimIdleLocked(int device) {
   for (auto& [handle, u] : *pools) {
     if (u.device != device || u.destroyed || u.charged <= u.live) continue;
@@ -344,12 +426,20 @@ void TrimIdleLocked(int device) {
       real.cuMemPoolTrimTo(reinterpret_cast<CUmemoryPool>(handle), 0);
     Refresh(handle, u);
   }
+  if (device >= 0 && device < kMaxDevices && graph_charged[device] > 0 &&
+      real.cuDeviceGraphMemTrim != nullptr) {
+    real.cuDeviceGraphMemTrim(device);
+    RefreshGraphLocked(device);
+  }
 }
 
 // Region::Reserve, trying again after trimming the pools' idle memory on that device.
 bool Reserve(int device, uint64_t bytes) {
   if (region->Reserve(device, bytes)) return true;
-  if (!any_pool.load(std::memory_order_acquire)) return false;
+  if (!any_pool.load(std::memory_order_acquire) &&
+      !any_graph_memory.load(std::memory_order_acquire)) {
+    return false;
+  }
   std::lock_guard lock(*pool_mu);
   TrimIdleLocked(device);
   return region->Reserve(device, bytes);
@@ -618,6 +708,53 @@ TESSERA_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
   std::lock_guard lock(*pool_mu);
   auto it = pools->find(reinterpret_cast<uint64_t>(pool));
   if (rc == CUDA_SUCCESS && it != pools->end()) Refresh(it->first, it->second);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                    unsigned long long flags) {
+  if (!Ready() || real.cuGraphInstantiateWithFlags == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuGraphInstantiateWithFlags(exec, graph, flags);
+  if (rc != CUDA_SUCCESS || exec == nullptr || graph_execs == nullptr) return rc;
+  std::vector<std::pair<int, uint64_t>> allocs = GraphAllocations(graph);
+  if (allocs.empty()) return rc;
+  std::lock_guard lock(*pool_mu);
+  // What it allocates must be able to fit beside what the job holds (its graph memory pool may
+  // grow to it): otherwise it could never run.
+  for (const auto& [dev, bytes] : allocs) {
+    if (bytes <= graph_charged[dev]) continue;
+    const uint64_t extra = bytes - graph_charged[dev];
+    bool fits = region->Reserve(dev, extra);
+    if (!fits) {
+      TrimIdleLocked(dev);
+      fits = region->Reserve(dev, extra);
+    }
+    if (fits) {
+      region->Release(dev, extra);
+      continue;
+    }
+    if (real.cuGraphExecDestroy != nullptr) real.cuGraphExecDestroy(*exec);
+    *exec = nullptr;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  try {
+    (*graph_execs)[reinterpret_cast<uint64_t>(*exec)] = std::move(allocs);
+  } catch (...) {
+    if (real.cuGraphExecDestroy != nullptr) real.cuGraphExecDestroy(*exec);
+    *exec = nullptr;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  any_graph_memory.store(true, std::memory_order_release);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
+  if (!Ready() || real.cuDeviceGraphMemTrim == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDeviceGraphMemTrim(device);
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard lock(*pool_mu);
+    RefreshGraphLocked(device);
+  }
   return rc;
 }
 
@@ -993,11 +1130,43 @@ TESSERA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned in
                  : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+// A graph launch, paced; a graph with memory nodes first has its devices' graph memory pools
+// charged for what it allocates (refused, out of memory, when the limit does not allow it), and
+// after the launch what the driver says they hold.
+template <typename Fn>
+CUresult GraphLaunch(Fn fn, CUgraphExec exec, CUstream stream) {
+  if (!Ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::vector<std::pair<int, uint64_t>> allocs;
+  if (any_graph_memory.load(std::memory_order_acquire)) {
+    std::lock_guard lock(*pool_mu);
+    auto it = graph_execs->find(reinterpret_cast<uint64_t>(exec));
+    if (it != graph_execs->end()) {
+      allocs = it->second;
+      for (const auto& [dev, bytes] : allocs) {
+        if (bytes <= graph_charged[dev]) continue;
+        const uint64_t extra = bytes - graph_charged[dev];
+        if (!region->Reserve(dev, extra)) {
+          TrimIdleLocked(dev);
+          if (bytes > graph_charged[dev] && !region->Reserve(dev, bytes - graph_charged[dev]))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        graph_charged[dev] = bytes;
+      }
+    }
+  }
+  CUresult rc = Paced(fn, exec, stream);
+  if (!allocs.empty()) {
+    std::lock_guard lock(*pool_mu);
+    for (const auto& [dev, bytes] : allocs) RefreshGraphLocked(dev);
+  }
+  return rc;
+}
+
 TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
-  return Ready() ? Paced(real.cuGraphLaunch, graph, stream) : CUDA_ERROR_NOT_INITIALIZED;
+  return GraphLaunch(real.cuGraphLaunch, graph, stream);
 }
 TESSERA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
-  return Ready() ? Paced(real.cuGraphLaunch_ptsz, graph, stream) : CUDA_ERROR_NOT_INITIALIZED;
+  return GraphLaunch(real.cuGraphLaunch_ptsz, graph, stream);
 }
 
 TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
@@ -1118,6 +1287,12 @@ const Named kNamed[] = {
     TESSERA_NAMED("cuLaunchCooperativeKernel", 9000, 1 << 30, cuLaunchCooperativeKernel,
                   TESSERA_PTSZ(cuLaunchCooperativeKernel_ptsz)),
     TESSERA_NAMED("cuGraphLaunch", 10000, 1 << 30, cuGraphLaunch, TESSERA_PTSZ(cuGraphLaunch_ptsz)),
+    TESSERA_NAMED("cuGraphInstantiateWithFlags", 11040, 1 << 30, cuGraphInstantiateWithFlags,
+                  nullptr, nullptr),
+    // From CUDA 12 "cuGraphInstantiate" is the same entry point (before: another signature).
+    TESSERA_NAMED("cuGraphInstantiate", 12000, 1 << 30, cuGraphInstantiateWithFlags, nullptr,
+                  nullptr),
+    TESSERA_NAMED("cuDeviceGraphMemTrim", 11040, 1 << 30, cuDeviceGraphMemTrim, nullptr, nullptr),
     TESSERA_NAMED("cuStreamBeginCapture", 10010, 1 << 30, cuStreamBeginCapture_v2,
                   TESSERA_PTSZ(cuStreamBeginCapture_v2_ptsz)),
     TESSERA_NAMED("cuStreamEndCapture", 10000, 1 << 30, cuStreamEndCapture,

@@ -22,11 +22,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "tessera/shim/cuda_abi.h"
 
@@ -601,7 +604,168 @@ FAKE_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int gx, unsi
                                                unsigned int, unsigned int, CUstream, void**) {
   return Occupy(gx);
 }
-FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream) {
+// CUDA graphs with memory nodes, as the driver has them: a graph is its nodes (allocation nodes
+// with their size and device, empty nodes); an instantiated graph knows what it allocates on each
+// device; launching it makes the device's graph memory pool hold at least that much device memory,
+// kept for the next launches until cuDeviceGraphMemTrim gives it back (here every launch is done
+// at once, so all of it). A graph from a stream capture has no nodes.
+namespace {
+struct FakeNode {
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  uint64_t bytes = 0;
+  int device = 0;
+  CUdeviceptr dptr = 0;
+};
+struct FakeGraph {
+  std::vector<FakeNode*> nodes;
+};
+std::mutex graph_mu;
+std::set<FakeGraph*> graphs;                           // made by cuGraphCreate
+std::map<CUgraphExec, std::map<int, uint64_t>> execs;  // instantiated: bytes per device
+uint64_t graph_reserved[16], graph_reserved_high[16];  // the graph memory pools
+uint64_t next_graph_address = 0x7f0000000000ull;
+
+// `bytes` of device `dev`'s memory, or false when it does not have them.
+bool TakeOn(int dev, uint64_t bytes) {
+  uint64_t cur = used[dev].load();
+  do {
+    if (cur + bytes > MemoryPerDevice()) return false;
+  } while (!used[dev].compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+}  // namespace
+
+FAKE_EXPORT CUresult cuGraphCreate(CUgraph* graph, unsigned int) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* g = new FakeGraph;
+  std::lock_guard lock(graph_mu);
+  graphs.insert(g);
+  *graph = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  std::lock_guard lock(graph_mu);
+  auto* g = reinterpret_cast<FakeGraph*>(graph);
+  if (!graphs.erase(g)) return CUDA_SUCCESS;  // a captured graph: nothing of it kept
+  for (FakeNode* n : g->nodes) delete n;
+  delete g;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode* node, CUgraph graph, const CUgraphNode*,
+                                         size_t) {
+  std::lock_guard lock(graph_mu);
+  auto* g = reinterpret_cast<FakeGraph*>(graph);
+  if (node == nullptr || !graphs.contains(g)) return CUDA_ERROR_INVALID_VALUE;
+  g->nodes.push_back(new FakeNode{});
+  *node = reinterpret_cast<CUgraphNode>(g->nodes.back());
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph graph, const CUgraphNode*,
+                                            size_t, CUDA_MEM_ALLOC_NODE_PARAMS* params) {
+  std::lock_guard lock(graph_mu);
+  auto* g = reinterpret_cast<FakeGraph*>(graph);
+  if (node == nullptr || params == nullptr || params->bytesize == 0 || !graphs.contains(g) ||
+      params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      params->poolProps.location.id < 0 || params->poolProps.location.id >= Devices()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  params->dptr = next_graph_address;
+  next_graph_address += (params->bytesize + 0xfffff) & ~0xfffffull;
+  g->nodes.push_back(new FakeNode{CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize,
+                                  params->poolProps.location.id, params->dptr});
+  *node = reinterpret_cast<CUgraphNode>(g->nodes.back());
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode* nodes, size_t* count) {
+  std::lock_guard lock(graph_mu);
+  auto* g = reinterpret_cast<FakeGraph*>(graph);
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const size_t n = graphs.contains(g) ? g->nodes.size() : 0;
+  if (nodes != nullptr) {
+    for (size_t i = 0; i < *count; ++i)
+      nodes[i] = i < n ? reinterpret_cast<CUgraphNode>(g->nodes[i]) : nullptr;
+  }
+  *count = n;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
+  if (node == nullptr || type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *type = reinterpret_cast<FakeNode*>(node)->type;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node,
+                                                  CUDA_MEM_ALLOC_NODE_PARAMS* params) {
+  auto* n = reinterpret_cast<FakeNode*>(node);
+  if (n == nullptr || params == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+    return CUDA_ERROR_INVALID_VALUE;
+  *params = CUDA_MEM_ALLOC_NODE_PARAMS{};
+  params->poolProps.location = CUmemLocation{CU_MEM_LOCATION_TYPE_DEVICE, n->device};
+  params->bytesize = n->bytes;
+  params->dptr = n->dptr;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                 unsigned long long) {
+  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(graph_mu);
+  std::map<int, uint64_t> bytes;
+  if (auto* g = reinterpret_cast<FakeGraph*>(graph); graphs.contains(g)) {
+    for (const FakeNode* n : g->nodes) {
+      if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) bytes[n->device] += n->bytes;
+    }
+  }
+  *exec = reinterpret_cast<CUgraphExec>(new char);
+  execs[*exec] = std::move(bytes);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  std::lock_guard lock(graph_mu);
+  if (execs.erase(exec)) delete reinterpret_cast<char*>(exec);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr,
+                                                  void* value) {
+  if (dev < 0 || dev >= Devices() || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(graph_mu);
+  cuuint64_t v = 0;
+  switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+      v = graph_reserved[dev];
+      break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+      v = graph_reserved_high[dev];
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  *static_cast<cuuint64_t*>(value) = v;
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+  if (dev < 0 || dev >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(graph_mu);
+  used[dev] -= graph_reserved[dev];
+  graph_reserved[dev] = 0;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream) {
+  {
+    // Its allocations: the graph memory pool grows to hold them (out of memory when the device
+    // cannot).
+    std::lock_guard lock(graph_mu);
+    auto it = execs.find(exec);
+    if (it != execs.end()) {
+      for (const auto& [dev, bytes] : it->second) {
+        if (bytes <= graph_reserved[dev]) continue;
+        if (!TakeOn(dev, bytes - graph_reserved[dev])) return CUDA_ERROR_OUT_OF_MEMORY;
+        graph_reserved[dev] = bytes;
+        graph_reserved_high[dev] = std::max(graph_reserved_high[dev], bytes);
+      }
+    }
+  }
   const char* e = getenv("FAKE_CUDA_GRAPH_US");
   return Occupy(e ? strtoull(e, nullptr, 10) : 1000);
 }
@@ -696,6 +860,8 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuModuleLoadData", (void*)&cuModuleLoadData},
       {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
       {"cuModuleUnload", (void*)&cuModuleUnload},
+      {"cuGraphInstantiateWithFlags", (void*)&cuGraphInstantiateWithFlags},
+      {"cuDeviceGraphMemTrim", (void*)&cuDeviceGraphMemTrim},
   };
   auto it = name ? kOwn.find(name) : kOwn.end();
   return it == kOwn.end() ? nullptr : it->second;
@@ -776,6 +942,18 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuModuleLoadData", (void*)&cuModuleLoadData},
       {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
       {"cuModuleUnload", (void*)&cuModuleUnload},
+      {"cuGraphCreate", (void*)&cuGraphCreate},
+      {"cuGraphDestroy", (void*)&cuGraphDestroy},
+      {"cuGraphAddEmptyNode", (void*)&cuGraphAddEmptyNode},
+      {"cuGraphAddMemAllocNode", (void*)&cuGraphAddMemAllocNode},
+      {"cuGraphGetNodes", (void*)&cuGraphGetNodes},
+      {"cuGraphNodeGetType", (void*)&cuGraphNodeGetType},
+      {"cuGraphMemAllocNodeGetParams", (void*)&cuGraphMemAllocNodeGetParams},
+      {"cuGraphInstantiateWithFlags", (void*)&cuGraphInstantiateWithFlags},
+      {"cuGraphInstantiate", (void*)&cuGraphInstantiateWithFlags},
+      {"cuGraphExecDestroy", (void*)&cuGraphExecDestroy},
+      {"cuDeviceGetGraphMemAttribute", (void*)&cuDeviceGetGraphMemAttribute},
+      {"cuDeviceGraphMemTrim", (void*)&cuDeviceGraphMemTrim},
   };
   auto it = kTable.find(name);
   return it == kTable.end() || version < 3020 ? nullptr : it->second;
