@@ -823,8 +823,11 @@ void Server::Finish(Ending& e, double now) {
   }
   // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
   // its GPUs' time) and the most GPU memory it held per GPU.
-  if (std::optional<double> util = GpuUtilizationOf(r, now)) {
-    u["gpu_utilization_pct"] = std::round(*util * 10) / 10;
+  // Rounded to a tenth of a point, as stored: the history a restart reads back is the same.
+  std::optional<double> util = GpuUtilizationOf(r, now);
+  if (util) {
+    util = std::round(*util * 10) / 10;
+    u["gpu_utilization_pct"] = *util;
   }
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
   if (!u.empty()) f.usage_json = u.dump();
@@ -876,7 +879,7 @@ void Server::Finish(Ending& e, double now) {
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
   // Its run time joins the history that predicts the next ones.
   if (to == JobState::kSucceeded && r.spec) {
-    predictor_.Add(*r.spec, r.owner, now - r.started, GpuUtilizationOf(r, now));
+    predictor_.Add(*r.spec, r.owner, now - r.started, util);
   }
   if (requeue) {
     auto rec = store_->Get(r.id);
