@@ -93,6 +93,14 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
                 "whole gang)")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
+  e->add_option("--utilization-ceiling", f.o.extender.utilization_ceiling_pct,
+                "A share whose pod says its expected GPU utilization (annotation "
+                "tessera.io/gpu-utilization) goes where its GPU's predicted utilization stays "
+                "within this percentage, else on the least busy GPU with room; 0: off")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  e->add_flag("--utilization-ceiling-strict", f.o.extender.utilization_ceiling_strict,
+              "Such a share waits rather than go over the ceiling");
   e->add_option("--fair-share-half-life", f.fair_share_half_life_s,
                 "Order equal-priority pods by their namespace's recent GPU use, decaying by half "
                 "in this many seconds; 0: off")

@@ -221,6 +221,10 @@ void Extender::OnPodGroup(kube::EventType type, const json& group) {
 absl::StatusOr<PodDemand> Extender::DemandOf(const json& pod) {
   auto d = PodDemandOf(pod, SharesPerGpu());
   if (!d.ok()) return d.status();
+  if (d->request.expected_util_pct > 0) {
+    d->request.util_ceiling_pct = options_.utilization_ceiling_pct;
+    d->request.util_ceiling_strict = options_.utilization_ceiling_strict;
+  }
   std::string ns = StringAt(pod, {"metadata", "namespace"});
   if (ns.empty()) ns = "default";
   if (!d->pod_group.empty()) {

@@ -52,6 +52,11 @@ struct ExtenderOptions {
   // FGD's typical workload: recomputed from the Tessera pods seen, each time this many more have
   // been seen (0: only what SetTypicalRequests gives).
   int typical_refresh_pods = 256;
+  // Interference-aware sharing: a share whose pod says its expected GPU utilization
+  // (tessera.io/gpu-utilization) goes where its GPU's predicted utilization stays within this
+  // percentage, else on the least busy GPU with room (strict: it waits). 0: off.
+  int utilization_ceiling_pct = 70;
+  bool utilization_ceiling_strict = false;
 };
 
 // A filter answer, as kube-scheduler's ExtenderFilterResult has it.

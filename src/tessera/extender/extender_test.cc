@@ -114,6 +114,39 @@ TEST_F(ExtenderTest, FractionalPodsGetOneGpuWithMemory) {
   EXPECT_EQ(a->milli_per_gpu, 250);  // one of four shares
 }
 
+TEST_F(ExtenderTest, SharesThatSayTheirUtilizationAreKeptUnderTheCeiling) {
+  for (bool strict : {false, true}) {
+    ExtenderOptions o;
+    o.utilization_ceiling_strict = strict;
+    Make(o);
+    ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+    auto busy = [](const std::string& name) {
+      return GpuPod("ml", name,
+                    {.shares = 1, .annotations = {{"tessera.io/gpu-utilization", "50%"}}});
+    };
+    // Packing would put two quarter-GPU shares on one GPU; at 50% each that GPU would be 100%
+    // busy, over the 70% ceiling: the second goes to the other GPU.
+    ASSERT_EQ(Schedule(busy("one"), {"a"}), "a");
+    ASSERT_EQ(Schedule(busy("two"), {"a"}), "a");
+    EXPECT_NE(ex_->AllocationOf("ml/one")->gpus, ex_->AllocationOf("ml/two")->gpus);
+    // A third fits within the ceiling nowhere: soft, it still goes (over it); strict, it waits.
+    FilterResult third = ex_->Filter(busy("three"), {"a"});
+    if (strict) {
+      EXPECT_TRUE(third.nodes.empty());
+      EXPECT_THAT(third.failed["a"], HasSubstr("70% utilization ceiling with this job's 50%"));
+    } else {
+      EXPECT_EQ(third.nodes, std::vector<std::string>{"a"}) << third.reason;
+    }
+  }
+  // A pod without the annotation is not held back, and a bad one is an error naming it.
+  FilterResult plain = ex_->Filter(GpuPod("ml", "plain", {.shares = 1}), {"a"});
+  EXPECT_EQ(plain.nodes, std::vector<std::string>{"a"});
+  FilterResult bad = ex_->Filter(
+      GpuPod("ml", "bad", {.shares = 1, .annotations = {{"tessera.io/gpu-utilization", "lots"}}}),
+      {"a"});
+  EXPECT_THAT(bad.error, HasSubstr("tessera.io/gpu-utilization: expected a percentage"));
+}
+
 TEST_F(ExtenderTest, UnplacedPodsSayWhyPerNode) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   json big = GpuPod("ml", "big", {.gpus = 4});

@@ -257,6 +257,20 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
           kTopologyAnnotation, t));
     }
   }
+  if (std::string u = annotation(kGpuUtilizationAnnotation); !u.empty()) {
+    std::string digits = u.back() == '%' ? u.substr(0, u.size() - 1) : u;
+    int pct = -1;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), pct);
+    if (ec != std::errc() || end != digits.data() + digits.size() || pct < 1 || pct > 100) {
+      return bad(fmt::format("annotation {}: expected a percentage 1..100 such as 40%, got \"{}\"",
+                             kGpuUtilizationAnnotation, u));
+    }
+    if (!r.fractional()) {
+      return bad(fmt::format("annotation {}: only a pod asking for tessera.io/gpu-share has one",
+                             kGpuUtilizationAnnotation));
+    }
+    r.expected_util_pct = pct;
+  }
   if (std::string p = annotation(kPreemptibleAnnotation); !p.empty()) {
     if (p != "true" && p != "false") {
       return bad(fmt::format("annotation {}: expected true or false", kPreemptibleAnnotation));

@@ -30,6 +30,9 @@ inline constexpr char kTopologyAnnotation[] = "tessera.io/topology";     // pref
 inline constexpr char kPreemptibleAnnotation[] = "tessera.io/preemptible";
 inline constexpr char kGangAnnotation[] = "tessera.io/gang";
 inline constexpr char kGangSizeAnnotation[] = "tessera.io/gang-size";
+// A share's expected GPU utilization ("40%"), for the utilization ceiling (interference-aware
+// sharing): set by whoever knows the workload (its owner, or a controller from its history).
+inline constexpr char kGpuUtilizationAnnotation[] = "tessera.io/gpu-utilization";
 inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
 
 struct NodeGpusInfo {

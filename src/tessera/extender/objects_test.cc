@@ -114,6 +114,12 @@ TEST(PodDemandOf, AShareWithMemory) {
   EXPECT_EQ(d->request.gpu_milli, 300);
   EXPECT_EQ(d->request.gpu_memory_mib, 10240);
   EXPECT_TRUE(d->request.fractional());
+  EXPECT_EQ(d->request.expected_util_pct, 0);
+  auto busy = PodDemandOf(
+      Pod({Container("nb", "tessera.io/gpu-share", 3)}, {{"tessera.io/gpu-utilization", "40%"}}),
+      10);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->request.expected_util_pct, 40);
 }
 
 TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
@@ -136,6 +142,12 @@ TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
       {Pod({Container("a", "tessera.io/gpu", 1)}, {{"tessera.io/gpu-model", "A100,"}}),
        "an empty model name"},
       {Pod({Container("a", "tessera.io/gpu", 5000)}), "more than any node has"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-utilization", "0%"}}),
+       "tessera.io/gpu-utilization: expected a percentage 1..100"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-utilization", "140"}}),
+       "tessera.io/gpu-utilization: expected a percentage 1..100"},
+      {Pod({Container("a", "tessera.io/gpu", 1)}, {{"tessera.io/gpu-utilization", "40%"}}),
+       "only a pod asking for tessera.io/gpu-share"},
       {Pod(json::object()), "spec.containers: expected a list"},
   };
   for (const Case& c : cases) {
