@@ -455,6 +455,11 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
     field("gpu busy", fmt::format("~{}% ({})", (*j)["expected_gpu_utilization_pct"].get<int>(),
                                   j->value("utilization_prediction", "")));
   }
+  if (j->value("sharing_slowdown", json()).is_number()) {
+    field("shared",
+          fmt::format("runs ~{:.2f}x slower beside others ({})",
+                      (*j)["sharing_slowdown"].get<double>(), j->value("sharing_prediction", "")));
+  }
   field("asks", Resources((*j)["spec"]));
   field("gpus", Where(*j));
   if ((*j)["spec"].contains("image"))

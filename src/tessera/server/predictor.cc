@@ -65,6 +65,13 @@ std::optional<Quantile> P75(const Runs& runs, const std::vector<Key>& keys) {
                   fmt::format("p75 of {} ({} run{})", basis, v.size(), v.size() == 1 ? "" : "s")};
 }
 
+double Median(const std::deque<double>& d) {
+  std::vector<double> v(d.begin(), d.end());
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 std::string HistoryShape(const JobSpec& spec) {
@@ -78,13 +85,14 @@ std::string HistoryShape(const JobSpec& spec) {
 }
 
 void DurationPredictor::Add(const JobSpec& spec, const std::string& user, double runtime_s,
-                            std::optional<double> util_pct) {
+                            std::optional<double> util_pct, std::optional<bool> shared_gpu) {
   if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
   const bool util = util_pct && *util_pct >= 0 && *util_pct <= 100;
   std::lock_guard lock(mu_);
   for (const Key& k : KeysOf(spec, user)) {
     Push(runs_, k.text, runtime_s);
     if (util) Push(utils_, k.text, *util_pct);
+    if (shared_gpu) Push(*shared_gpu ? shared_runs_ : alone_runs_, k.text, runtime_s);
   }
 }
 
@@ -98,6 +106,21 @@ Prediction DurationPredictor::Predict(const JobSpec& spec, const std::string& us
     }
     if (std::optional<Quantile> q = P75(utils_, keys)) {
       p.util_pct = q->value, p.util_samples = q->samples, p.util_basis = std::move(q->basis);
+    }
+    // The nearest key with at least two runs of each kind.
+    for (const Key& k : keys) {
+      auto shared = shared_runs_.find(k.text), alone = alone_runs_.find(k.text);
+      if (shared == shared_runs_.end() || alone == alone_runs_.end() || shared->second.size() < 2 ||
+          alone->second.size() < 2) {
+        continue;
+      }
+      const double alone_median = Median(alone->second);
+      if (alone_median > 0) {
+        p.sharing_slowdown = std::clamp(Median(shared->second) / alone_median, 1.0, 4.0);
+        p.sharing_basis = fmt::format("{}: {} shared, {} alone", k.describe, shared->second.size(),
+                                      alone->second.size());
+      }
+      break;
     }
   }
   if (spec.max_runtime_s > 0 && (p.seconds == 0 || spec.max_runtime_s < p.seconds)) {

@@ -6,7 +6,9 @@
 // last 50 runs under the nearest key with at least 3 runs (else the nearest with any), capped by
 // the job's own max runtime, which is the prediction when there is no history. The same keys give
 // its GPU utilization (percent of its GPUs' time, as measured while the runs ran; runs without a
-// measurement do not count): the 75th percentile of those runs, for interference-aware sharing.
+// measurement do not count): the 75th percentile of those runs, for interference-aware sharing;
+// and, for shares, how much slower their runs that shared the GPU were than those that had it alone
+// (the nearest key with at least 2 of each: the medians' ratio).
 // Thread-safe.
 
 #include <deque>
@@ -26,6 +28,10 @@ struct Prediction {
   double util_pct = 0;  // GPU utilization, percent (0: unknown)
   int util_samples = 0;
   std::string util_basis;  // "p75 of alice's runs of 'train' (4 runs)", ""
+  // A share's runs that shared their GPU against those that had it alone: how much slower sharing
+  // made it (the medians' ratio, 1..4; 1 when not known), and from what.
+  double sharing_slowdown = 1;
+  std::string sharing_basis;  // "alice's runs of 'infer': 3 shared, 2 alone"
 };
 
 class DurationPredictor {
@@ -33,7 +39,8 @@ class DurationPredictor {
   // Records a successful run of `spec` by `user`, with its measured GPU utilization (percent,
   // 0..100) when there is one.
   void Add(const JobSpec& spec, const std::string& user, double runtime_s,
-           std::optional<double> util_pct = std::nullopt);
+           std::optional<double> util_pct = std::nullopt,
+           std::optional<bool> shared_gpu = std::nullopt);
   Prediction Predict(const JobSpec& spec, const std::string& user) const;
   size_t keys() const;
 
@@ -44,6 +51,8 @@ class DurationPredictor {
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::deque<double>> runs_;
   std::unordered_map<std::string, std::deque<double>> utils_;
+  // A share's run times by whether another job shared its GPU while it ran.
+  std::unordered_map<std::string, std::deque<double>> shared_runs_, alone_runs_;
 };
 
 // A job's shape as history keys it: "2 GPU", "30% 10240MiB", with its models.

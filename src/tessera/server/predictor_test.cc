@@ -70,5 +70,29 @@ TEST(Predictor, UtilizationFromTheRunsThatMeasuredIt) {
   EXPECT_EQ(p.Predict(share, "carol").util_basis, "p75 of all 30% 0MiB jobs (4 runs)");
 }
 
+TEST(Predictor, HowMuchSlowerASharesSharedRunsWereThanItsRunsAlone) {
+  DurationPredictor p;
+  JobSpec share = Spec("infer", 0);
+  share.gpu_milli = 300;
+  p.Add(share, "alice", 100, std::nullopt, false);
+  p.Add(share, "alice", 150, std::nullopt, true);
+  EXPECT_EQ(p.Predict(share, "alice").sharing_slowdown, 1) << "one run of each: not known";
+  EXPECT_EQ(p.Predict(share, "alice").sharing_basis, "");
+  p.Add(share, "alice", 120, std::nullopt, false);
+  p.Add(share, "alice", 180, std::nullopt, true);
+  Prediction pr = p.Predict(share, "alice");
+  EXPECT_DOUBLE_EQ(pr.sharing_slowdown, 1.5) << "medians 165 / 110";
+  EXPECT_EQ(pr.sharing_basis, "alice's runs of 'infer': 2 shared, 2 alone");
+  // Runs whose sharing is not known (whole GPUs, older records) count for neither; faster when
+  // shared is no slowdown.
+  p.Add(share, "bob", 200);
+  p.Add(share, "bob", 200);
+  JobSpec other = Spec("fast", 0);
+  other.gpu_milli = 300;
+  for (double t : {100, 100}) p.Add(other, "carol", t, std::nullopt, false);
+  for (double t : {80, 80}) p.Add(other, "carol", t, std::nullopt, true);
+  EXPECT_EQ(p.Predict(other, "carol").sharing_slowdown, 1);
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -372,7 +372,9 @@ core::Request Server::RequestFor(const JobSpec& spec, int64_t id, const std::str
   const Prediction p = predictor_.Predict(spec, owner);
   r.expected_duration_s = p.seconds;
   if (r.fractional() && p.util_samples > 0) {
-    r.expected_util_pct = std::clamp(static_cast<int>(std::lround(p.util_pct)), 1, 100);
+    // A job that history shows slowed by sharing counts as that much busier: kept apart.
+    r.expected_util_pct =
+        std::clamp(static_cast<int>(std::lround(p.util_pct * p.sharing_slowdown)), 1, 100);
     r.util_ceiling_pct = config_.utilization_ceiling_pct;
     r.util_ceiling_strict = config_.utilization_ceiling_strict;
   }
@@ -459,7 +461,8 @@ void Server::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at, MeasuredUtilization(r));
+    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at, MeasuredUtilization(r),
+                   SharedGpu(r));
     ++runs;
   }
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, predictor_.keys());
@@ -484,6 +487,10 @@ void Server::AddExpectations(json& j, int64_t id, double now) const {
   if (p.util_samples > 0) {
     j["expected_gpu_utilization_pct"] = std::lround(p.util_pct);
     j["utilization_prediction"] = p.util_basis;
+  }
+  if (p.sharing_slowdown > 1) {
+    j["sharing_slowdown"] = std::round(p.sharing_slowdown * 100) / 100;
+    j["sharing_prediction"] = p.sharing_basis;
   }
   if (auto r = running_.find(id); r != running_.end() && p.seconds > 0)
     j["expected_end"] = r->second.started + p.seconds;
@@ -830,6 +837,7 @@ void Server::Finish(Ending& e, double now) {
     u["gpu_utilization_pct"] = *util;
   }
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
   if (!u.empty()) f.usage_json = u.dump();
   JobState to;
   std::string reason;
@@ -879,7 +887,8 @@ void Server::Finish(Ending& e, double now) {
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
   // Its run time joins the history that predicts the next ones.
   if (to == JobState::kSucceeded && r.spec) {
-    predictor_.Add(*r.spec, r.owner, now - r.started, util);
+    predictor_.Add(*r.spec, r.owner, now - r.started, util,
+                   r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
   }
   if (requeue) {
     auto rec = store_->Get(r.id);
@@ -913,6 +922,15 @@ std::optional<double> Server::GpuUtilizationOf(const Running& r, double now) {
   // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
   if (r.util_samples == 0) return std::nullopt;
   return std::clamp(100.0 * r.util_sum / r.util_samples, 0.0, 100.0);
+}
+
+std::optional<bool> Server::SharedGpu(const JobRecord& r) {
+  if (r.usage_json.empty()) return std::nullopt;
+  const json u = json::parse(r.usage_json, nullptr, false);
+  if (!u.is_object()) return std::nullopt;
+  auto it = u.find("shared_gpu");
+  if (it == u.end() || !it->is_boolean()) return std::nullopt;
+  return it->get<bool>();
 }
 
 std::optional<double> Server::MeasuredUtilization(const JobRecord& r) {
@@ -1168,6 +1186,13 @@ void Server::CommitLaunch(Launch& l, double now) {
     return;
   }
   Running& run = running_[id] = std::move(l.run);
+  // Shares beside one another on a GPU: each's history says it ran shared.
+  if (!run.region.empty() && !run.gpus.empty()) {
+    for (auto& [other_id, other] : running_) {
+      if (other_id == id || other.region.empty() || other.gpus != run.gpus) continue;
+      other.shared_gpu = run.shared_gpu = true;
+    }
+  }
   if (exits_) exits_->Watch(id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
   scheduling_.Started(std::max(0.0, now - l.queued.since));

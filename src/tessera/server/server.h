@@ -208,6 +208,7 @@ class Server {
     uint64_t arbiter_busy_us = 0;
     uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
     int64_t gpu_peak_mib = 0;
+    bool shared_gpu = false;  // a share that another share's job ran beside (CommitLaunch)
   };
   struct Queued {
     int64_t id = 0;
@@ -338,8 +339,9 @@ class Server {
   static void AddArbiterBusy(Running& r, uint64_t busy_us);
   // A job's GPU utilization over its run (percent), when measured.
   static std::optional<double> GpuUtilizationOf(const Running& r, double now);
-  // What a finished job's record says its utilization was.
+  // What a finished job's record says its utilization was, and whether it shared its GPU.
   static std::optional<double> MeasuredUtilization(const JobRecord& r);
+  static std::optional<bool> SharedGpu(const JobRecord& r);
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   std::string RenderMetrics();

@@ -683,6 +683,37 @@ TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   EXPECT_EQ(State(c), "running");
 }
 
+TEST_F(ServerTest, HistoryLearnsHowMuchSharingSlowsAShare) {
+  StartServer();
+  const json infer = {{"name", "infer"}, {"resources", {{"gpu_share", "30%"}}}};
+  // Twice alone (20 s), then twice two at once - packed on one GPU, each 30 s.
+  for (int i = 0; i < 2; ++i) {
+    const int64_t id = Submit(0, 20, 0, infer);
+    Settle();
+    Advance(20);
+    Settle();
+    ASSERT_EQ(State(id), "succeeded");
+    EXPECT_EQ(Job(id)["usage"]["shared_gpu"], false);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int64_t a = Submit(0, 30, 0, infer), b = Submit(0, 30, 0, infer);
+    Settle();
+    ASSERT_EQ(Job(a)["placement"]["gpus"], Job(b)["placement"]["gpus"]);
+    Advance(30);
+    Settle();
+    EXPECT_EQ(Job(a)["usage"]["shared_gpu"], true);
+    EXPECT_EQ(Job(b)["usage"]["shared_gpu"], true);
+  }
+  const int64_t next = Submit(0, 600, 0, infer);
+  Settle();
+  json j = Job(next);
+  EXPECT_EQ(j["sharing_slowdown"], 1.5);
+  EXPECT_EQ(j["sharing_prediction"], "root's runs of 'infer': 4 shared, 2 alone");
+  // From the store after a restart, the same.
+  StartServer();
+  EXPECT_EQ(Job(next)["sharing_slowdown"], 1.5);
+}
+
 TEST_F(ServerTest, AnArbiterFileOfAnOlderVersionIsReplaced) {
   // What a server of an older Tessera left (another layout: another size).
   fs::create_directories(config_.state_dir);
