@@ -178,6 +178,71 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
   EXPECT_GE(100 * (us_a + us_b + us_c) / window_us, 35);
 }
 
+// The same mix with 2 and 5 steady tenants of unequal shares: beside a bursty tenant stopped at
+// random and a job killed inside synchronizes over and over, each steady tenant's part of what the
+// steady ones got stays within 5 points of its part of their shares, over a 2 s window. (Measured
+// here: at most 2.4 points with 2 tenants, 2.8 with 5 over 8 runs each; with 8 tenants of 5-20%
+// the worst of 6 runs was 5.3 points, so 8 is measured, not asserted - docs/sharing.md.)
+class PacingTenants : public ::testing::TestWithParam<std::vector<int>> {};
+
+TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
+  const std::vector<int>& shares = GetParam();
+  const std::string tag = std::to_string(shares.size());
+  std::string arbiter = TempPath("arbiter-tenants-" + tag);
+  std::string clock = TempPath("clock-tenants-" + tag);
+  std::filesystem::remove(arbiter);
+  std::filesystem::remove(clock);
+  auto env = [&](const std::string& job, int share) {
+    return Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
+                        " TESSERA_JOB_ID=" + job +
+                        " TESSERA_CUDA_COMPUTE_SHARE=" + std::to_string(share) + "%"};
+  };
+  std::vector<Running> steady;
+  int total = 0;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    steady.push_back(Spawn("exec " + Command(env("steady-" + std::to_string(i), shares[i]), "link",
+                                             "work:2600:500:4:0:500:2500")));
+    total += shares[i];
+  }
+  Running bursty =
+      Spawn("exec " + Command(env("bursty", 10), "link", "work:2600:1000:3:4000:500:2500"));
+  Running killed = Spawn("end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do " +
+                         Command(env("killed", 10), "link", "work:40:500:4:0:0:0 syncdie:20000") +
+                         " >/dev/null 2>&1; sleep 0.1; done");
+  std::srand(static_cast<unsigned>(getpid()) + static_cast<unsigned>(shares.size()));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60 + std::rand() % 120));
+    kill(bursty.pid, SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + std::rand() % 40));
+    kill(bursty.pid, SIGCONT);
+  }
+  std::vector<double> us;
+  double sum = 0;
+  std::string outs;
+  for (Running& r : steady) {
+    const std::string out = r.Output();
+    outs += out;
+    double v = -1;
+    ASSERT_EQ(sscanf(out.c_str(), "gpu_us %lf", &v), 1) << out;
+    us.push_back(v);
+    sum += v;
+  }
+  bursty.Output();
+  kill(killed.pid, SIGKILL);
+  killed.Output();
+  ASSERT_GT(sum, 0) << outs;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    EXPECT_NEAR(100 * us[i] / sum, 100.0 * shares[i] / total, 5)
+        << "tenant " << i << " of " << shares.size() << " (share " << shares[i] << "%): " << outs;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tenants, PacingTenants,
+                         ::testing::Values(std::vector<int>{20, 60},
+                                           std::vector<int>{10, 15, 15, 20, 20}),
+                         [](const auto& info) { return std::to_string(info.param.size()); });
+
 TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
   // A higher-priority job is around, so the lower one drains its queue before every launch; were
   // it to do so while recording a CUDA graph (PyTorch's global capture mode), the capture would be
