@@ -924,22 +924,23 @@ std::optional<double> Server::GpuUtilizationOf(const Running& r, double now) {
   return std::clamp(100.0 * r.util_sum / r.util_samples, 0.0, 100.0);
 }
 
-std::optional<bool> Server::SharedGpu(const JobRecord& r) {
-  if (r.usage_json.empty()) return std::nullopt;
+namespace {
+// A field of a finished job's usage record; null when it has none.
+json UsageField(const JobRecord& r, const char* key) {
+  if (r.usage_json.empty()) return nullptr;
   const json u = json::parse(r.usage_json, nullptr, false);
-  if (!u.is_object()) return std::nullopt;
-  auto it = u.find("shared_gpu");
-  if (it == u.end() || !it->is_boolean()) return std::nullopt;
-  return it->get<bool>();
+  return u.is_object() && u.contains(key) ? u[key] : json(nullptr);
+}
+}  // namespace
+
+std::optional<bool> Server::SharedGpu(const JobRecord& r) {
+  const json v = UsageField(r, "shared_gpu");
+  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
 }
 
 std::optional<double> Server::MeasuredUtilization(const JobRecord& r) {
-  if (r.usage_json.empty()) return std::nullopt;
-  const json u = json::parse(r.usage_json, nullptr, false);
-  if (!u.is_object()) return std::nullopt;
-  auto it = u.find("gpu_utilization_pct");
-  if (it == u.end() || !it->is_number()) return std::nullopt;
-  return it->get<double>();
+  const json v = UsageField(r, "gpu_utilization_pct");
+  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
 }
 
 void Server::MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
