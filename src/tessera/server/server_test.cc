@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "tessera/devices/simulated_source.h"
 #include "tessera/server/fake_launcher.h"
 #include "tessera/shim/arbiter.h"

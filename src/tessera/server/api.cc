@@ -1,0 +1,565 @@
+// The standalone server's HTTP API (docs/server.md, /v1/openapi.json): who asks, the routes, the
+// requests' JSON and the answers'. What it changes or reads of the running server it asks the
+// dispatcher (dispatcher.h); the job store it reads directly.
+#include "tessera/server/api.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "spdlog/spdlog.h"
+#include "tessera/devices/cdi.h"
+#include "tessera/server/api_response.h"
+#include "tessera/server/openapi.h"
+#include "tessera/server/server_util.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+
+Api::Api(Dispatcher& d) : d_(d), config_(d.config()), store_(d.store()) {}
+
+HttpResponse Api::Handle(const HttpRequest& req) {
+  // The dashboard's page and code: the same for everyone, no data in them (that comes from the
+  // API below, with the caller's token).
+  if (req.method == "GET" &&
+      (req.path == "/" || req.path == "/favicon.ico" || req.path.rfind("/ui/", 0) == 0))
+    return Asset(req.path);
+  // Who is asking.
+  Caller c;
+  if (req.peer.unix_socket) {
+    c.uid = req.peer.uid;
+    c.user = UserName(c.uid);
+    c.admin = d_.IsAdmin(c.user, c.uid);
+  } else {
+    const std::string prefix = "Bearer ";
+    if (req.authorization.rfind(prefix, 0) != 0) {
+      return Error(401, "TCP clients need 'Authorization: Bearer <token>'");
+    }
+    std::string token = req.authorization.substr(prefix.size());
+    const ApiToken* found = nullptr;
+    for (const ApiToken& t : config_.tokens) {
+      if (t.token.size() == token.size() && SameSecret(t.token, token)) found = &t;
+    }
+    if (found == nullptr) return Error(401, "unknown bearer token");
+    c.user = found->user;
+    c.admin = found->admin;
+    c.uid = found->uid;  // a local account, checked at config load
+  }
+  const std::string& path = req.path;
+  const std::string& m = req.method;
+  auto only = [&](std::initializer_list<const char*> methods) -> std::optional<HttpResponse> {
+    for (const char* x : methods) {
+      if (m == x) return std::nullopt;
+    }
+    return Error(405, fmt::format("{} does not take {}", path, m));
+  };
+  if (path == "/metrics") {
+    if (auto e = only({"GET"})) return *e;
+    return HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
+  }
+  if (path == "/v1/health") {
+    if (auto e = only({"GET"})) return *e;
+    return JsonResponse(200, json{{"status", "ok"}});
+  }
+  if (path == "/v1/openapi.json") {
+    if (auto e = only({"GET"})) return *e;
+    return HttpResponse{200, "application/json", std::string(OpenApiDocument())};
+  }
+  if (path == "/v1/info") {
+    if (auto e = only({"GET"})) return *e;
+    json j = Info();
+    j["caller"] = {{"user", c.user}, {"admin", c.admin}};
+    return JsonResponse(200, j);
+  }
+  if (path == "/v1/acct") {
+    if (auto e = only({"GET"})) return *e;
+    return Acct(req, c);
+  }
+  if (path == "/v1/gpus") {
+    if (auto e = only({"GET"})) return *e;
+    return Gpus();
+  }
+  if (const std::string gp = "/v1/gpus/"; path.rfind(gp, 0) == 0) {
+    std::string rest = path.substr(gp.size());
+    const size_t slash = rest.find('/');
+    if (slash != std::string::npos && rest.substr(slash + 1) == "simulate") {
+      if (auto e = only({"POST"})) return *e;
+      return SimulateHealth(rest.substr(0, slash), req, c);
+    }
+  }
+  if (path == "/v1/stream") {
+    if (auto e = only({"GET"})) return *e;
+    return Stream(req, c);
+  }
+  if (path == "/v1/quotas") {
+    if (auto e = only({"GET"})) return *e;
+    return Quotas();
+  }
+  if (path == "/v1/history") {
+    if (auto e = only({"GET"})) return *e;
+    return History(req);
+  }
+  if (path == "/v1/jobs") {
+    if (auto e = only({"GET", "POST"})) return *e;
+    return m == "POST" ? Submit(req, c) : ListJobs(req, c);
+  }
+  const std::string jobs_prefix = "/v1/jobs/";
+  if (path.rfind(jobs_prefix, 0) == 0) {
+    std::string rest = path.substr(jobs_prefix.size());
+    std::string tail;
+    if (size_t slash = rest.find('/'); slash != std::string::npos)
+      tail = rest.substr(slash + 1), rest.resize(slash);
+    if (tail == "cancel") {
+      if (auto e = only({"POST"})) return *e;
+      return Cancel(rest, c);
+    }
+    if (tail == "priority") {
+      if (auto e = only({"POST"})) return *e;
+      return SetPriority(rest, req, c);
+    }
+    if (tail == "hold" || tail == "release") {
+      if (auto e = only({"POST"})) return *e;
+      return Hold(rest, tail == "hold", c);
+    }
+    // One job: "12", or an array's task "12_3".
+    auto ids = Resolve(rest, false);
+    if (!ids.ok()) return RefError(ids.status());
+    const std::optional<int64_t> id = ids->front();
+    if (tail.empty()) {
+      if (auto e = only({"GET"})) return *e;
+      return GetJob(*id, c);
+    }
+    if (tail == "logs") {
+      if (auto e = only({"GET"})) return *e;
+      return Logs(req, *id, c);
+    }
+    if (tail == "events") {
+      if (auto e = only({"GET"})) return *e;
+      auto ev = store_.Events(*id);
+      if (!ev.ok()) return Error(500, std::string(ev.status().message()));
+      if (ev->empty()) return Error(404, fmt::format("job {}: not found", *id));
+      return JsonResponse(200, json{{"events", EventsJson(*ev)}});
+    }
+  }
+  return Error(404, fmt::format("no such endpoint: {} (see /v1/openapi.json)", path));
+}
+
+HttpResponse Api::Submit(const HttpRequest& req, const Caller& c) {
+  if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
+    return Error(415,
+                 fmt::format("expected Content-Type application/json, got {}", req.content_type));
+  }
+  auto spec = ParseJobSpec(req.body);
+  if (!spec.ok()) return Error(400, std::string(spec.status().message()));
+  auto done = d_.Submit(*std::move(spec), c, req.idempotency_key);
+  if (!done.ok()) return Error(HttpStatusOf(done.status()), std::string(done.status().message()));
+  json j = JobJson(done->record);
+  if (done->repeated) {
+    j["repeated"] = true;
+    return JsonResponse(200, j);
+  }
+  if (done->tasks > 0) {
+    const int64_t id = done->record.id;
+    j["array"] = {{"id", id},
+                  {"range", j["spec"].is_object() ? j["spec"].value("array", "") : ""},
+                  {"tasks", done->tasks},
+                  {"last_id", id + static_cast<int64_t>(done->tasks) - 1}};
+  }
+  return JsonResponse(201, j);
+}
+
+HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {
+  std::vector<JobState> states;
+  if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
+    std::string_view rest = it->second;
+    while (!rest.empty()) {
+      size_t c = rest.find(',');
+      std::string_view name = rest.substr(0, c);
+      auto s = ParseJobState(name);
+      if (!s) return Error(400, fmt::format("state: unknown state '{}'", name));
+      states.push_back(*s);
+      if (c == std::string_view::npos) break;
+      rest = rest.substr(c + 1);
+    }
+  }
+  int limit = 0;
+  if (auto it = req.query.find("limit"); it != req.query.end()) {
+    auto v = ParseId(it->second);
+    if (!v || *v > 100000)
+      return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
+    limit = static_cast<int>(*v);
+  }
+  // arrays=fold: an array is one entry (its first listed task) with its tasks counted by state.
+  bool fold = false;
+  if (auto it = req.query.find("arrays"); it != req.query.end()) {
+    if (it->second != "fold" && it->second != "expand")
+      return Error(400, fmt::format("arrays: expected fold or expand, got '{}'", it->second));
+    fold = it->second == "fold";
+  }
+  for (const auto& [k, v] : req.query) {
+    if (k != "state" && k != "limit" && k != "user" && k != "arrays")
+      return Error(400, fmt::format("unknown query parameter '{}'", k));
+  }
+  auto jobs = store_.List(states, 0);
+  if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
+  std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
+  json out = json::array();
+  // Newest last; with a limit, the newest `limit`. Folded, an array's tasks are counted into the
+  // entry of the first of them listed.
+  std::vector<const JobRecord*> picked;
+  std::map<int64_t, json> counts;  // array -> {state: tasks}
+  std::map<int64_t, int64_t> held;
+  for (const JobRecord& r : *jobs) {
+    if (!only_user.empty() && r.owner != only_user) continue;
+    if (fold && r.array_id != 0) {
+      auto [it, first] = counts.try_emplace(r.array_id, json::object());
+      json& c = it->second[std::string(JobStateName(r.state))];
+      c = c.is_number() ? c.get<int64_t>() + 1 : 1;
+      if (r.state == JobState::kQueued && r.held) ++held[r.array_id];
+      if (!first) continue;
+    }
+    picked.push_back(&r);
+  }
+  size_t from = limit > 0 && picked.size() > static_cast<size_t>(limit) ? picked.size() - limit : 0;
+  for (size_t i = from; i < picked.size(); ++i) {
+    const JobRecord& r = *picked[i];
+    json j = JobJson(r);
+    const Dispatcher::Live live = d_.LiveOf(r.id);
+    if (live.queued) j["waiting"] = live.waiting;
+    if (r.state == JobState::kQueued || r.state == JobState::kRunning) AddExpectations(j, live);
+    if (fold && r.array_id != 0) {
+      const json& c = counts[r.array_id];
+      int64_t tasks = 0;
+      for (const auto& [state, n] : c.items()) tasks += n.get<int64_t>();
+      j["array"] = {{"id", r.array_id},
+                    {"folded", true},
+                    {"range", j["spec"].is_object() ? j["spec"].value("array", "") : ""},
+                    {"tasks", tasks},
+                    {"states", c},
+                    {"held", held[r.array_id]}};
+      // The array's state: running while a task runs, queued while one waits, else how it ended.
+      j["state"] = "succeeded";
+      for (const char* state : {"running", "queued", "preempted", "lost", "failed", "cancelled"}) {
+        if (c.contains(state)) {
+          j["state"] = state;
+          break;
+        }
+      }
+    }
+    if (!c.admin && r.owner != c.user) HideDetails(j);
+    out.push_back(j);
+  }
+  return JsonResponse(200, json{{"jobs", out}});
+}
+
+HttpResponse Api::GetJob(int64_t id, const Caller& c) {
+  auto r = store_.Get(id);
+  if (!r.ok()) return StatusError(r.status());
+  json j = JobJson(*r);
+  if (!c.admin && r->owner != c.user) HideDetails(j);
+  auto ev = store_.Events(id);
+  if (ev.ok()) j["events"] = EventsJson(*ev);
+  if (r->array_id != 0)
+    j["array"] =
+        ArraySummary(r->array_id, j["spec"].is_object() ? j["spec"].value("array", "") : "");
+  const Dispatcher::Live live = d_.LiveOf(id);
+  if (live.queued) j["waiting"] = live.waiting;
+  AddExpectations(j, live);
+  if (live.pid) j["pid"] = *live.pid;
+  if (!live.stopping.empty()) j["stopping"] = live.stopping;
+  return JsonResponse(200, j);
+}
+
+HttpResponse Api::Cancel(const std::string& ref, const Caller& c) {
+  auto ids = Resolve(ref, true);
+  if (!ids.ok()) return RefError(ids.status());
+  const int64_t id = ids->front();
+  auto r = store_.Get(id);
+  if (!r.ok()) return StatusError(r.status());
+  if (r->owner != c.user && !c.admin) {
+    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it",
+                                  ref, r->owner));
+  }
+  if (absl::Status st = d_.Cancel(*ids, ref, *r, c.user); !st.ok())
+    return Error(HttpStatusOf(st), std::string(st.message()));
+  return GetJob(id, c);
+}
+
+HttpResponse Api::Hold(const std::string& ref, bool hold, const Caller& c) {
+  auto ids = Resolve(ref, true);
+  if (!ids.ok()) return RefError(ids.status());
+  const int64_t id = ids->front();
+  auto r = store_.Get(id);
+  if (!r.ok()) return StatusError(r.status());
+  const char* verb = hold ? "hold" : "release";
+  if (r->owner != c.user && !c.admin) {
+    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may {} it", ref,
+                                  r->owner, verb));
+  }
+  if (absl::Status st = d_.Hold(*ids, ref, *r, hold, c.user); !st.ok())
+    return Error(HttpStatusOf(st), std::string(st.message()));
+  return GetJob(id, c);
+}
+
+absl::StatusOr<std::vector<int64_t>> Api::Resolve(std::string_view ref, bool whole_array) {
+  const size_t us = ref.find('_');
+  const std::optional<int64_t> job = ParseId(ref.substr(0, us));
+  const std::optional<int> index =
+      us == std::string_view::npos ? std::nullopt : ParseIndex(ref.substr(us + 1));
+  if (!job || (us != std::string_view::npos && !index)) {
+    return absl::InvalidArgumentError(fmt::format(
+        "job id '{}' is not a job (a positive whole number) or an array's task (12_3)", ref));
+  }
+  if (index) {
+    auto t = store_.TaskId(*job, *index);
+    if (!t.ok()) return t.status();
+    return std::vector<int64_t>{*t};
+  }
+  if (!whole_array) return std::vector<int64_t>{*job};
+  auto r = store_.Get(*job);
+  if (!r.ok()) return r.status();
+  if (r->array_id != r->id) return std::vector<int64_t>{*job};
+  auto tasks = store_.Tasks(*job);
+  if (!tasks.ok()) return tasks.status();
+  std::vector<int64_t> ids;
+  for (const Store::TaskState& t : *tasks) ids.push_back(t.id);
+  return ids;
+}
+
+json Api::ArraySummary(int64_t array_id, const std::string& range) {
+  json j = {{"id", array_id}, {"range", range}};
+  auto tasks = store_.Tasks(array_id);
+  if (!tasks.ok()) return j;
+  json states = json::object();
+  int64_t held = 0;
+  for (const Store::TaskState& t : *tasks) {
+    json& c = states[std::string(JobStateName(t.state))];
+    c = c.is_number() ? c.get<int64_t>() + 1 : 1;
+    if (t.state == JobState::kQueued && t.held) ++held;
+  }
+  j["tasks"] = tasks->size();
+  j["states"] = states;
+  j["held"] = held;
+  return j;
+}
+
+HttpResponse Api::Logs(const HttpRequest& req, int64_t id, const Caller& c) {
+  auto r = store_.Get(id);
+  if (!r.ok()) return StatusError(r.status());
+  if (!c.admin && r->owner != c.user) {
+    return Error(
+        403, fmt::format("job {} belongs to {}; its logs are shown to its owner and admins only",
+                         id, r->owner));
+  }
+  std::string stream = req.query.contains("stream") ? req.query.at("stream") : "stdout";
+  if (stream != "stdout" && stream != "stderr")
+    return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
+  // A job of several processes: task 0's logs are the job's, the others' their own.
+  int task = 0;
+  if (auto it = req.query.find("task"); it != req.query.end()) {
+    auto spec = ParseJobSpec(r->spec_json);
+    const int n = spec.ok() ? spec->Tasks() : 1;
+    auto v = ParseIndex(it->second);
+    if (!v || *v >= n) {
+      return Error(400, fmt::format("task: job {} has {} task(s), 0..{}; got '{}'", id, n, n - 1,
+                                    it->second));
+    }
+    task = *v;
+  }
+  int64_t offset = 0;
+  if (auto it = req.query.find("offset"); it != req.query.end() && it->second != "0") {
+    auto v = ParseId(it->second);
+    if (!v) return Error(400, fmt::format("offset: expected a byte offset, got '{}'", it->second));
+    offset = *v;
+  }
+  const size_t kMax = 1 << 20;
+  std::string data;
+  const char* suffix = stream == "stdout" ? ".out" : ".err";
+  std::ifstream in(task == 0 ? d_.JobFile("logs", id, suffix) : d_.TaskLog(id, task, suffix),
+                   std::ios::binary);
+  if (in) {
+    in.seekg(offset);
+    data.resize(kMax);
+    in.read(data.data(), static_cast<std::streamsize>(kMax));
+    data.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  }
+  return JsonResponse(200, json{{"data", data},
+                                {"offset", offset},
+                                {"next_offset", offset + static_cast<int64_t>(data.size())},
+                                {"ended", IsTerminal(r->state)},
+                                {"state", JobStateName(r->state)}});
+}
+
+json Api::Info() {
+  const Dispatcher::Facts f = d_.Describe();
+  const core::NodeInventory& inv = d_.inventory();
+  json j;
+  j["version"] = PROJECT_VERSION_STRING;
+  j["hostname"] = f.hostname;
+  j["simulated"] = inv.simulated;
+  j["source"] = inv.source;
+  j["fallback_reason"] = d_.fallback_reason();
+  j["gpus"] = inv.gpus.size();
+  j["policy"] = config_.policy;
+  j["confinement"] = f.confinement;
+  j["arbiter"] = {{"file", f.arbiter_file}, {"access", f.arbiter_access}};
+  if (f.containers) {
+    j["containers"] = {{"available", true},
+                       {"runtime", f.containers->version},
+                       {"podman", f.containers->podman},
+                       {"cdi_spec", f.cdi_spec},
+                       {"cdi_kind", devices::kCdiKind}};
+  } else {
+    j["containers"] = {{"available", false}, {"reason", f.containers_off}};
+  }
+  j["queued"] = f.queued;
+  j["running"] = f.running;
+  return j;
+}
+
+HttpResponse Api::Gpus() {
+  const core::NodeInventory& inventory = d_.inventory();
+  const std::vector<Dispatcher::GpuState> states = d_.Gpus();
+  json out = json::array();
+  for (size_t g = 0; g < inventory.gpus.size() && g < states.size(); ++g) {
+    const core::Gpu& gpu = inventory.gpus[g];
+    const Dispatcher::GpuState& s = states[g];
+    out.push_back({{"index", g},
+                   {"uuid", gpu.uuid},
+                   {"model", gpu.model},
+                   {"memory_bytes", gpu.memory_bytes.value_or(0)},
+                   {"healthy", s.healthy},
+                   {"health_reason", s.reason},
+                   {"allocated_milli", s.milli},
+                   {"allocated_memory_mib", s.memory_mib},
+                   {"utilization", OrNull(s.telemetry.utilization)},
+                   {"memory_utilization", OrNull(s.telemetry.memory_utilization)},
+                   {"memory_used_bytes", OrNull(s.telemetry.memory_used_bytes)},
+                   {"temperature_celsius", OrNull(s.telemetry.temperature_celsius)},
+                   {"power_watts", OrNull(s.telemetry.power_watts)},
+                   {"numa_node", OrNull(gpu.numa_node)},
+                   {"jobs", s.jobs}});
+  }
+  // The links between GPUs: NVLink where there is some, else the PCIe level (nvidia-smi's codes).
+  json links = json::array();
+  const core::Topology& topo = inventory.topology;
+  for (int a = 0; a < topo.size(); ++a) {
+    for (int b = a + 1; b < topo.size(); ++b) {
+      const core::GpuLink& l = topo.link(a, b);
+      links.push_back({{"a", a},
+                       {"b", b},
+                       {"label", core::LinkLabel(l)},
+                       {"nvlinks", l.nvlinks},
+                       {"nvswitch", l.via_nvswitch}});
+    }
+  }
+  return JsonResponse(200, json{{"simulated", inventory.simulated},
+                                {"source", inventory.source},
+                                {"gpus", out},
+                                {"links", links}});
+}
+
+std::string Api::PrimaryGroup(uint32_t uid) {
+  std::lock_guard lock(groups_mu_);
+  if (auto it = primary_group_.find(uid); it != primary_group_.end()) return it->second;
+  std::string name = fmt::format("uid:{}", uid);
+  passwd pw;
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    group gr;
+    group* g = nullptr;
+    std::vector<char> gbuf(16384);
+    name = getgrgid_r(pw.pw_gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g
+               ? std::string(gr.gr_name)
+               : fmt::format("gid:{}", pw.pw_gid);
+  }
+  return primary_group_[uid] = name;
+}
+
+absl::StatusOr<AcctReport> Api::Accounting(double since, double until,
+                                           const std::string& only_user) {
+  auto jobs = AcctJobs(store_, since, until);
+  if (!jobs.ok()) return jobs.status();
+  if (!only_user.empty()) {
+    std::erase_if(*jobs, [&](const AcctJob& j) { return j.owner != only_user; });
+  }
+  AcctOptions o;
+  o.since = since;
+  o.until = until;
+  o.group_of = [this](uint32_t uid) { return PrimaryGroup(uid); };
+  o.gpu_memory_mib = [this](int g) -> int64_t {
+    const core::NodeInventory& inventory = d_.inventory();
+    if (g < 0 || static_cast<size_t>(g) >= inventory.gpus.size()) return 0;
+    return static_cast<int64_t>(inventory.gpus[g].memory_bytes.value_or(0) >> 20);
+  };
+  return Account(*jobs, o);
+}
+
+HttpResponse Api::Acct(const HttpRequest& req, const Caller& c) {
+  const std::string& user = c.user;
+  const bool admin = c.admin;
+  const double now = d_.Now();
+  double since = now - 7 * 86400, until = now;
+  for (const auto& [k, v] : req.query) {
+    if (k != "since" && k != "until" && k != "user")
+      return Error(400, fmt::format("unknown query parameter '{}'", k));
+    if (k == "user") continue;
+    const std::optional<double> t = ParseEpochSeconds(v);
+    if (!t) return Error(400, fmt::format("{}: expected seconds since the epoch, got '{}'", k, v));
+    (k == "since" ? since : until) = *t;
+  }
+  if (until < since)
+    return Error(400, fmt::format("until ({}) is before since ({})", until, since));
+  // Users see their own work; admins anyone's (all, or ?user=).
+  std::string only = admin ? "" : user;
+  if (auto it = req.query.find("user"); it != req.query.end() && !it->second.empty()) {
+    if (!admin && it->second != user) {
+      return Error(403,
+                   fmt::format("accounting of {} is shown to them and admins only", it->second));
+    }
+    only = it->second;
+  }
+  auto report = Accounting(since, std::min(until, now), only);
+  if (!report.ok()) return Error(500, std::string(report.status().message()));
+  json j = AcctJson(*report);
+  j["until"] = until;
+  j["scope"] = only.empty() ? "every user's jobs" : only + "'s jobs";
+  return JsonResponse(200, j);
+}
+
+std::string Api::Metrics() {
+  ServerMetricsSnapshot snap = d_.MetricsSnapshot();
+  if (auto all = Accounting(0, d_.Now(), ""); all.ok()) snap.acct = std::move(*all);
+  return RenderServerMetrics(snap);
+}
+
+void Api::AddExpectations(json& j, const Dispatcher::Live& l) {
+  if (!l.known) return;
+  if (l.queued) {
+    // null: no reservation, or one whose start is unknown ("reserved": true says which).
+    j["expected_start"] = l.expected_start ? json(*l.expected_start) : json();
+    if (l.reserved) j["reserved"] = true;
+  }
+  const Prediction& p = l.prediction;
+  j["expected_duration_s"] = p.seconds > 0 ? json(p.seconds) : json();
+  j["prediction"] = p.basis;
+  if (p.util_samples > 0) {
+    j["expected_gpu_utilization_pct"] = std::lround(p.util_pct);
+    j["utilization_prediction"] = p.util_basis;
+  }
+  if (p.sharing_slowdown > 1) {
+    j["sharing_slowdown"] = std::round(p.sharing_slowdown * 100) / 100;
+    j["sharing_prediction"] = p.sharing_basis;
+  }
+  if (l.expected_end) j["expected_end"] = *l.expected_end;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,80 @@
+#pragma once
+// The standalone server's HTTP API: who asks (the socket's peer credentials, or a bearer token on
+// TCP), the routes of /v1 (docs/server.md; /v1/openapi.json), the requests' JSON checked and the
+// answers written, the event stream and the dashboard's pages. It changes and reads the running
+// server only through the dispatcher's operations and views (dispatcher.h), each checked here
+// against who asks first; the job store it reads directly. Thread-safe: the listeners call Handle
+// from many threads.
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tessera/server/acct.h"
+#include "tessera/server/dispatcher.h"
+#include "tessera/server/http.h"
+
+namespace tessera::server {
+
+class Api {
+ public:
+  explicit Api(Dispatcher& dispatcher);
+
+  // Answers one request.
+  HttpResponse Handle(const HttpRequest& req);
+
+ private:
+  HttpResponse Submit(const HttpRequest& req, const Caller& c);
+  // Others' jobs without their details (env, workdir); logs only for the owner and admins.
+  HttpResponse ListJobs(const HttpRequest& req, const Caller& c);
+  HttpResponse GetJob(int64_t id, const Caller& c);
+  HttpResponse Cancel(const std::string& ref, const Caller& c);
+  // Holds or releases queued jobs (every queued task of an array named by its id).
+  HttpResponse Hold(const std::string& ref, bool hold, const Caller& c);
+  // POST /v1/jobs/N/priority {"priority": P}: a queued job's new priority (its owner within their
+  // ceiling, or an admin).
+  HttpResponse SetPriority(const std::string& ref, const HttpRequest& req, const Caller& c);
+  HttpResponse Logs(const HttpRequest& req, int64_t id, const Caller& c);
+  // POST /v1/gpus/N/simulate {"xid": X} | {"lost": bool}: an admin makes a simulated machine's
+  // GPU sick (or well), to see what the server does; 409 on a real machine.
+  HttpResponse SimulateHealth(const std::string& gpu, const HttpRequest& req, const Caller& c);
+  HttpResponse Gpus();
+  // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
+  HttpResponse Acct(const HttpRequest& req, const Caller& c);
+  absl::StatusOr<AcctReport> Accounting(double since, double until, const std::string& only_user);
+  // A user's primary group's name (accounting's group); cached.
+  std::string PrimaryGroup(uint32_t uid);
+  nlohmann::json Info();
+  // The Prometheus page: the dispatcher's snapshot and the accounting.
+  std::string Metrics();
+  // The dashboard's side (dashboard.cc). GET /v1/stream: server-sent events (job events from the
+  // store, GPU health changes, history samples), resumed from Last-Event-ID.
+  HttpResponse Stream(const HttpRequest& req, const Caller& c);
+  // GET /v1/history[?since=]: the samples of the last window.
+  HttpResponse History(const HttpRequest& req);
+  // GET /v1/quotas: each user's and group's quota from the config, and what they use now.
+  HttpResponse Quotas();
+  // "/" and "/ui/...": the embedded pages and their code.
+  HttpResponse Asset(const std::string& path) const;
+
+  // The ids a reference names: "12" (a job, or every task of array 12 when `whole_array`), "12_3"
+  // (task 3 of array 12). kNotFound, or kInvalidArgument for what is not a reference.
+  absl::StatusOr<std::vector<int64_t>> Resolve(std::string_view ref, bool whole_array);
+  // The tasks of an array by state ({"queued": 84, "running": 8}), with its range and size.
+  nlohmann::json ArraySummary(int64_t array_id, const std::string& range);
+  // A queued or running job's prediction and expected start/end, added to its JSON.
+  static void AddExpectations(nlohmann::json& j, const Dispatcher::Live& live);
+
+  Dispatcher& d_;
+  const ServerConfig& config_;
+  Store& store_;
+  std::mutex groups_mu_;  // the primary groups cache
+  std::map<uint32_t, std::string> primary_group_;
+};
+
+}  // namespace tessera::server
