@@ -16,7 +16,8 @@
 //          kernels
 //            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
 //            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and
-//            TO_MS after the start (G: their kernels' virtual GPU time)
+//            TO_MS after the start (G: their kernels' virtual GPU time; the start: WORK_START_MS,
+//            CLOCK_MONOTONIC ms, when set)
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
 #include <signal.h>
@@ -556,7 +557,10 @@ int main(int argc, char** argv) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
       };
-      const double start = now_ms();
+      // WORK_START_MS (CLOCK_MONOTONIC, ms): a start shared by several processes, so that their
+      // windows are the same stretch of time however long each took to start.
+      const char* shared_start = getenv("WORK_START_MS");
+      const double start = shared_start ? strtod(shared_start, nullptr) : now_ms();
       const unsigned kernel_us = static_cast<unsigned>(n(2));
       const std::string kind = c.size() > 7 ? c[7] : "kernel";
       const char* graph = getenv("FAKE_CUDA_GRAPH_US");

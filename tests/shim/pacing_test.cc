@@ -178,11 +178,12 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
   EXPECT_GE(100 * (us_a + us_b + us_c) / window_us, 35);
 }
 
-// The same mix with 2 and 5 steady tenants of unequal shares: beside a bursty tenant stopped at
+// The same mix with 2, 5 and 8 steady tenants of unequal shares: beside a bursty tenant stopped at
 // random and a job killed inside synchronizes over and over, each steady tenant's part of what the
-// steady ones got stays within 5 points of its part of their shares, over a 2 s window. (Measured
-// here: at most 2.4 points with 2 tenants, 2.8 with 5 over 8 runs each; with 8 tenants of 5-20%
-// the worst of 6 runs was 5.3 points, so 8 is measured, not asserted - docs/sharing.md.)
+// steady ones got stays within 5 points of its part of their shares, over one 2 s window that all
+// of them measure (WORK_START_MS: the same stretch of time, however long each took to start).
+// Measured here, under a load average of 1.8-4.4: at most 2.1 points off with 2 tenants, 1.8 with
+// 5, 3.7 with 8 (10 runs); before the windows were aligned, 8 tenants reached 5.3.
 class PacingTenants : public ::testing::TestWithParam<std::vector<int>> {};
 
 TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
@@ -192,10 +193,15 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
   std::string clock = TempPath("clock-tenants-" + tag);
   std::filesystem::remove(arbiter);
   std::filesystem::remove(clock);
+  // One start for every tenant, a little ahead: their 2 s windows are the same stretch of time
+  // however long each process took to start on a busy machine.
+  const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  const std::string start_ms =
+      std::to_string(std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
   auto env = [&](const std::string& job, int share) {
     return Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
-                        " TESSERA_JOB_ID=" + job +
-                        " TESSERA_CUDA_COMPUTE_SHARE=" + std::to_string(share) + "%"};
+                        " TESSERA_JOB_ID=" + job + " TESSERA_CUDA_COMPUTE_SHARE=" +
+                        std::to_string(share) + "% WORK_START_MS=" + start_ms};
   };
   std::vector<Running> steady;
   int total = 0;
@@ -210,7 +216,7 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
                          Command(env("killed", 10), "link", "work:40:500:4:0:0:0 syncdie:20000") +
                          " >/dev/null 2>&1; sleep 0.1; done");
   std::srand(static_cast<unsigned>(getpid()) + static_cast<unsigned>(shares.size()));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2500);
+  const auto until = origin + std::chrono::milliseconds(2500);
   while (std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(60 + std::rand() % 120));
     kill(bursty.pid, SIGSTOP);
@@ -240,7 +246,8 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
 
 INSTANTIATE_TEST_SUITE_P(Tenants, PacingTenants,
                          ::testing::Values(std::vector<int>{20, 60},
-                                           std::vector<int>{10, 15, 15, 20, 20}),
+                                           std::vector<int>{10, 15, 15, 20, 20},
+                                           std::vector<int>{5, 5, 10, 10, 10, 15, 15, 20}),
                          [](const auto& info) { return std::to_string(info.param.size()); });
 
 TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
