@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <optional>
+#include <thread>
 
 #include "fmt/format.h"
 
@@ -396,12 +397,21 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(fmt::format("{} exists and is not a socket", path));
     }
-    local::socket probe(impl->io);
-    beast::error_code ec;
-    probe.connect(local::endpoint(path), ec);
-    if (!ec)
+    // Live when it keeps accepting for a second: the listening socket of a server just killed can
+    // outlive it for a moment in a child it had forked and not yet closed it in (a job being
+    // started, on a loaded machine), and is gone once that child closes it.
+    bool live = true;
+    for (int attempt = 0; attempt < 20 && live; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      local::socket probe(impl->io);
+      beast::error_code ec;
+      probe.connect(local::endpoint(path), ec);
+      live = !ec;
+    }
+    if (live) {
       return absl::FailedPreconditionError(
           fmt::format("a server is already listening on {}", path));
+    }
     unlink(path.c_str());
   }
   beast::error_code ec;

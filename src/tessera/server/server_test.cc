@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <pwd.h>
 #include <sqlite3.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -713,6 +716,42 @@ TEST_F(ServerTest, HistoryLearnsHowMuchSharingSlowsAShare) {
   // From the store after a restart, the same.
   StartServer();
   EXPECT_EQ(Job(next)["sharing_slowdown"], 1.5);
+}
+
+TEST_F(ServerTest, ASocketHeldByAChildOfAKilledServerIsTakenOverButALiveServersIsNot) {
+  // What a server killed while forking a job leaves: its listening socket, still open in the child
+  // for a moment (until the child closes it). Held here; the new server's probe connects, and the
+  // holder closes it then - as the child would.
+  fs::create_directories(dir_);
+  const int held = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", config_.socket.c_str());
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(held, 8), 0);
+  auto start = [&]() -> absl::StatusOr<std::unique_ptr<Server>> {
+    ServerDeps deps;
+    deps.clock = &clock_;
+    deps.launcher = &launcher_;
+    auto s = Server::Create(config_, std::move(deps));
+    if (!s.ok()) return s.status();
+    if (absl::Status st = (*s)->Start({.listen = true, .loop = false, .health = false}); !st.ok())
+      return st;
+    return s;
+  };
+  absl::StatusOr<std::unique_ptr<Server>> first = absl::UnknownError("not started");
+  std::thread starting([&] { first = start(); });
+  const int probe = accept(held, nullptr, nullptr);  // the new server's first probe
+  EXPECT_GE(probe, 0);
+  close(probe);
+  close(held);
+  starting.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  // A live server's socket is not taken over.
+  auto second = start();
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("a server is already listening"));
 }
 
 TEST_F(ServerTest, AnArbiterFileOfAnOlderVersionIsReplaced) {
