@@ -1,8 +1,5 @@
 #include "tessera/agent/metrics.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fmt/format.h"
@@ -153,28 +150,19 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
 
 bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
                 std::vector<uint64_t>* limit) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st;
-  bool ok = false;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
-    void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
-    if (m != MAP_FAILED) {
-      const auto* d = static_cast<const shim::RegionData*>(m);
-      if (d->magic.load() == shim::kRegionMagic && d->version == shim::kRegionVersion &&
-          d->device_count <= shim::kMaxDevices) {
-        used->clear();
-        limit->clear();
-        for (uint32_t i = 0; i < d->device_count; ++i) {
-          used->push_back(d->used[i].load());
-          limit->push_back(d->limit[i]);
-        }
-        ok = true;
-      }
-      munmap(m, sizeof(shim::RegionData));
+  const auto* d = static_cast<const shim::RegionData*>(shim::MapReadOnly(
+      path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic, shim::kRegionVersion));
+  if (d == nullptr) return false;
+  const bool ok = d->device_count <= shim::kMaxDevices;
+  if (ok) {
+    used->clear();
+    limit->clear();
+    for (uint32_t i = 0; i < d->device_count; ++i) {
+      used->push_back(d->used[i].load());
+      limit->push_back(d->limit[i]);
     }
   }
-  close(fd);
+  shim::UnmapReadOnly(d, sizeof(shim::RegionData));
   return ok;
 }
 

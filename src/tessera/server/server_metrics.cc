@@ -1,8 +1,5 @@
 #include "tessera/server/server_metrics.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fmt/format.h"
@@ -34,21 +31,12 @@ uint64_t RegionMemoryUsed(const std::string& path) { return ReadRegionMemory(pat
 
 RegionMemory ReadRegionMemory(const std::string& path) {
   RegionMemory out;
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  struct stat st;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(shim::RegionData)) {
-    void* m = mmap(nullptr, sizeof(shim::RegionData), PROT_READ, MAP_SHARED, fd, 0);
-    if (m != MAP_FAILED) {
-      const auto* d = static_cast<const shim::RegionData*>(m);
-      if (d->magic.load() == shim::kRegionMagic && d->version == shim::kRegionVersion) {
-        out.used = d->used[0].load();
-        out.peak = d->peak[0].load();
-      }
-      munmap(m, sizeof(shim::RegionData));
-    }
-  }
-  close(fd);
+  const auto* d = static_cast<const shim::RegionData*>(shim::MapReadOnly(
+      path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic, shim::kRegionVersion));
+  if (d == nullptr) return out;
+  out.used = d->used[0].load();
+  out.peak = d->peak[0].load();
+  shim::UnmapReadOnly(d, sizeof(shim::RegionData));
   return out;
 }
 

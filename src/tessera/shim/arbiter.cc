@@ -1,12 +1,10 @@
 #include "tessera/shim/arbiter.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -113,23 +111,14 @@ uint64_t ArbiterJobKey(const char* job_id) {
 
 uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
   if (gpu < 0 || gpu >= kArbiterGpus || key == 0) return 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  const auto* d = static_cast<const ArbiterData*>(
+      MapReadOnly(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion));
+  if (d == nullptr) return 0;
   uint64_t busy = 0;
-  struct stat st;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(ArbiterData)) {
-    void* m = mmap(nullptr, sizeof(ArbiterData), PROT_READ, MAP_SHARED, fd, 0);
-    if (m != MAP_FAILED) {
-      const auto* d = static_cast<const ArbiterData*>(m);
-      if (d->magic.load() == kArbiterMagic && d->version == kArbiterVersion) {
-        for (const ArbiterJob& j : d->gpus[gpu].jobs) {
-          if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
-        }
-      }
-      munmap(m, sizeof(ArbiterData));
-    }
+  for (const ArbiterJob& j : d->gpus[gpu].jobs) {
+    if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
   }
-  close(fd);
+  UnmapReadOnly(d, sizeof(ArbiterData));
   return busy;
 }
 
@@ -138,7 +127,8 @@ int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t
   for (const ArbiterJob& j : d->gpus[gpu].jobs) {
     if (j.key.load() != key) continue;
     const uint64_t start = j.window_start_us.load();
-    const uint64_t busy = j.busy_us.load() - std::min(j.busy_us.load(), j.window_busy_us.load());
+    const uint64_t total = j.busy_us.load();
+    const uint64_t busy = total - std::min(total, j.window_busy_us.load());
     const uint64_t open = now_us > start ? now_us - start : 0;
     // An idle job rolls no window: the one left open long is its utilization since.
     if (open >= kUtilizationWindowUs)

@@ -191,6 +191,29 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
   return m;
 }
 
+const void* MapReadOnly(const char* path, size_t size, uint64_t magic, uint32_t version) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st;
+  void* m = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == size)
+    m = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping stays
+  if (m == MAP_FAILED) return nullptr;
+  const auto* head = static_cast<const std::atomic<uint64_t>*>(m);
+  const auto* head_version =
+      reinterpret_cast<const uint32_t*>(static_cast<const char*>(m) + sizeof(uint64_t));
+  if (head->load(std::memory_order_acquire) != magic || *head_version != version) {
+    munmap(m, size);
+    return nullptr;
+  }
+  return m;
+}
+
+void UnmapReadOnly(const void* mapping, size_t size) {
+  if (mapping != nullptr) munmap(const_cast<void*>(mapping), size);
+}
+
 namespace {
 // The region file at `path`, created for `limits` when missing.
 void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, char* err,

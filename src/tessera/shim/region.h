@@ -101,6 +101,12 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
                     int* fd_out, char* err, size_t err_len);
 
+// A shared file of `size` bytes mapped read-only, without joining it (no slot, nothing created or
+// waited for): what the server and the agent read of jobs' usage. Null when the file is missing, of
+// another size, magic or version. Give it back with UnmapReadOnly.
+const void* MapReadOnly(const char* path, size_t size, uint64_t magic, uint32_t version);
+void UnmapReadOnly(const void* mapping, size_t size);
+
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks
 // since boot); false if there is no such process.
 bool ReadProcessStat(int pid, char* state, uint64_t* start_time);
