@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <new>
@@ -433,6 +434,20 @@ void TrimIdleLocked(int device) {
   }
 }
 
+// Charges `device`'s graph memory pool up to `bytes` (what a graph allocates there), trimming the
+// idle pool and graph memory of that device first when the limit does not allow it; false
+// (nothing more charged) when it still does not. Under *pool_mu.
+bool ChargeGraphLocked(int device, uint64_t bytes) {
+  auto missing = [&] { return bytes > graph_charged[device] ? bytes - graph_charged[device] : 0; };
+  if (missing() == 0) return true;
+  if (!region->Reserve(device, missing())) {
+    TrimIdleLocked(device);  // may lower the graph pool's charge: what is missing is asked again
+    if (missing() > 0 && !region->Reserve(device, missing())) return false;
+  }
+  graph_charged[device] = std::max(graph_charged[device], bytes);
+  return true;
+}
+
 // Region::Reserve, trying again after trimming the pools' idle memory on that device.
 bool Reserve(int device, uint64_t bytes) {
   if (region->Reserve(device, bytes)) return true;
@@ -720,19 +735,12 @@ TESSERA_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g
   if (allocs.empty()) return rc;
   std::lock_guard lock(*pool_mu);
   // What it allocates must be able to fit beside what the job holds (its graph memory pool may
-  // grow to it): otherwise it could never run.
+  // grow to it): otherwise it could never run. The pool goes back to what the driver says it holds
+  // after the check.
   for (const auto& [dev, bytes] : allocs) {
-    if (bytes <= graph_charged[dev]) continue;
-    const uint64_t extra = bytes - graph_charged[dev];
-    bool fits = region->Reserve(dev, extra);
-    if (!fits) {
-      TrimIdleLocked(dev);
-      fits = region->Reserve(dev, extra);
-    }
-    if (fits) {
-      region->Release(dev, extra);
-      continue;
-    }
+    const bool fits = ChargeGraphLocked(dev, bytes);
+    RefreshGraphLocked(dev);
+    if (fits) continue;
     if (real.cuGraphExecDestroy != nullptr) real.cuGraphExecDestroy(*exec);
     *exec = nullptr;
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1143,14 +1151,7 @@ CUresult GraphLaunch(Fn fn, CUgraphExec exec, CUstream stream) {
     if (it != graph_execs->end()) {
       allocs = it->second;
       for (const auto& [dev, bytes] : allocs) {
-        if (bytes <= graph_charged[dev]) continue;
-        const uint64_t extra = bytes - graph_charged[dev];
-        if (!region->Reserve(dev, extra)) {
-          TrimIdleLocked(dev);
-          if (bytes > graph_charged[dev] && !region->Reserve(dev, bytes - graph_charged[dev]))
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        graph_charged[dev] = bytes;
+        if (!ChargeGraphLocked(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
       }
     }
   }
