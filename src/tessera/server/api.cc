@@ -277,35 +277,36 @@ HttpResponse Api::GetJob(int64_t id, const Caller& c) {
   return JsonResponse(200, j);
 }
 
-HttpResponse Api::Cancel(const std::string& ref, const Caller& c) {
-  auto ids = Resolve(ref, true);
-  if (!ids.ok()) return RefError(ids.status());
-  const int64_t id = ids->front();
-  auto r = store_.Get(id);
-  if (!r.ok()) return StatusError(r.status());
-  if (r->owner != c.user && !c.admin) {
-    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may cancel it",
-                                  ref, r->owner));
+absl::StatusOr<Api::Owned> Api::OwnedJobs(const std::string& ref, bool whole_array, const Caller& c,
+                                          const std::string& what) {
+  auto ids = Resolve(ref, whole_array);
+  if (!ids.ok()) return ids.status();
+  auto r = store_.Get(ids->front());
+  if (!r.ok()) {
+    return HttpError(r.status().code() == absl::StatusCode::kNotFound ? 404 : 500,
+                     std::string(r.status().message()));
   }
-  if (absl::Status st = d_.Cancel(*ids, ref, *r, c.user); !st.ok())
+  if (r->owner != c.user && !c.admin) {
+    return HttpError(403, fmt::format("job {} belongs to {}; only its owner or an admin may {}",
+                                      ref, r->owner, what));
+  }
+  return Owned{*std::move(ids), *std::move(r)};
+}
+
+HttpResponse Api::Cancel(const std::string& ref, const Caller& c) {
+  auto o = OwnedJobs(ref, true, c, "cancel it");
+  if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
+  if (absl::Status st = d_.Cancel(o->ids, ref, o->first, c.user); !st.ok())
     return Error(HttpStatusOf(st), std::string(st.message()));
-  return GetJob(id, c);
+  return GetJob(o->first.id, c);
 }
 
 HttpResponse Api::Hold(const std::string& ref, bool hold, const Caller& c) {
-  auto ids = Resolve(ref, true);
-  if (!ids.ok()) return RefError(ids.status());
-  const int64_t id = ids->front();
-  auto r = store_.Get(id);
-  if (!r.ok()) return StatusError(r.status());
-  const char* verb = hold ? "hold" : "release";
-  if (r->owner != c.user && !c.admin) {
-    return Error(403, fmt::format("job {} belongs to {}; only its owner or an admin may {} it", ref,
-                                  r->owner, verb));
-  }
-  if (absl::Status st = d_.Hold(*ids, ref, *r, hold, c.user); !st.ok())
+  auto o = OwnedJobs(ref, true, c, hold ? "hold it" : "release it");
+  if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
+  if (absl::Status st = d_.Hold(o->ids, ref, o->first, hold, c.user); !st.ok())
     return Error(HttpStatusOf(st), std::string(st.message()));
-  return GetJob(id, c);
+  return GetJob(o->first.id, c);
 }
 
 absl::StatusOr<std::vector<int64_t>> Api::Resolve(std::string_view ref, bool whole_array) {

@@ -65,6 +65,14 @@ class Api {
   // The ids a reference names: "12" (a job, or every task of array 12 when `whole_array`), "12_3"
   // (task 3 of array 12). kNotFound, or kInvalidArgument for what is not a reference.
   absl::StatusOr<std::vector<int64_t>> Resolve(std::string_view ref, bool whole_array);
+  // The jobs `ref` names (every task of an array when `whole_array`) and the first one's record,
+  // when `c` may `what` them: their owner or an admin. Errors carry their HTTP status.
+  struct Owned {
+    std::vector<int64_t> ids;
+    JobRecord first;
+  };
+  absl::StatusOr<Owned> OwnedJobs(const std::string& ref, bool whole_array, const Caller& c,
+                                  const std::string& what);
   // The tasks of an array by state ({"queued": 84, "running": 8}), with its range and size.
   nlohmann::json ArraySummary(int64_t array_id, const std::string& range);
   // A queued or running job's prediction and expected start/end, added to its JSON.

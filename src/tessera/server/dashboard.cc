@@ -208,19 +208,11 @@ HttpResponse Api::SetPriority(const std::string& ref, const HttpRequest& req, co
     return Error(400, "priority: expected a whole number -1000..1000");
   }
   const int priority = body["priority"].get<int>();
-  auto ids = Resolve(ref, false);
-  if (!ids.ok()) return RefError(ids.status());
-  const int64_t id = ids->front();
-  auto r = store_.Get(id);
-  if (!r.ok()) return StatusError(r.status());
-  if (r->owner != c.user && !c.admin) {
-    return Error(
-        403, fmt::format("job {} belongs to {}; only its owner or an admin may change its priority",
-                         ref, r->owner));
-  }
-  if (absl::Status st = d_.SetPriority(id, ref, *r, priority, c); !st.ok())
+  auto o = OwnedJobs(ref, false, c, "change its priority");
+  if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
+  if (absl::Status st = d_.SetPriority(o->first.id, ref, o->first, priority, c); !st.ok())
     return Error(HttpStatusOf(st), std::string(st.message()));
-  return GetJob(id, c);
+  return GetJob(o->first.id, c);
 }
 
 HttpResponse Api::SimulateHealth(const std::string& gpu, const HttpRequest& req, const Caller& c) {
