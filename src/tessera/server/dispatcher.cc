@@ -580,10 +580,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   std::error_code ec;
   if (!r.region.empty()) {
     // Its last GPU use first: the arbiter's count and the region's peak.
-    if (r.gpu_milli > 0 && !r.gpus.empty()) {
-      AddArbiterBusy(r, ArbiterBusyMicros(r.id, r.gpus[0]));
-    }
-    r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, ReadRegionMemory(r.region).peak >> 20);
+    if (!r.gpus.empty()) AddShareReading(r, ReadShare(r.id, r.gpus[0], r.gpu_milli > 0, r.region));
     fs::remove(r.region, ec);
   }
   TransitionFields f;
@@ -670,16 +667,23 @@ void Dispatcher::Finish(Ending& e, double now) {
   }
 }
 
-uint64_t Dispatcher::ArbiterBusyMicros(int64_t id, int gpu) const {
-  return shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpu,
-                                 shim::ArbiterJobKey(std::to_string(id).c_str()));
+Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, int gpu, bool compute_share,
+                                               const std::string& region) const {
+  ShareReading s;
+  if (compute_share) {
+    s.busy_us = shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpu,
+                                        shim::ArbiterJobKey(std::to_string(id).c_str()));
+  }
+  s.peak_bytes = ReadRegionMemory(region).peak;
+  return s;
 }
 
-void Dispatcher::AddArbiterBusy(Running& r, uint64_t busy_us) {
+void Dispatcher::AddShareReading(Running& r, const ShareReading& s) {
   // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
   // and came back): what was counted before stays counted.
-  r.arbiter_busy_us += busy_us >= r.arbiter_seen_us ? busy_us - r.arbiter_seen_us : busy_us;
-  r.arbiter_seen_us = busy_us;
+  r.arbiter_busy_us += s.busy_us >= r.arbiter_seen_us ? s.busy_us - r.arbiter_seen_us : s.busy_us;
+  r.arbiter_seen_us = s.busy_us;
+  r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, s.peak_bytes >> 20);
 }
 
 std::optional<double> Dispatcher::GpuUtilizationOf(const Running& r, double now) {
@@ -719,10 +723,7 @@ void Dispatcher::MeasureRunning(const std::vector<devices::GpuTelemetry>& teleme
   const auto& state = scheduler_->state();
   for (auto& [id, r] : running_) {
     if (r.gpus.empty()) continue;
-    if (auto s = shares.find(id); s != shares.end()) {
-      AddArbiterBusy(r, s->second.busy_us);
-      r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, s->second.peak_bytes >> 20);
-    }
+    if (auto s = shares.find(id); s != shares.end()) AddShareReading(r, s->second);
     // The GPUs' readings count for it only where it holds them alone.
     bool alone = true, known = true;
     double util = 0;
@@ -1769,17 +1770,17 @@ std::string Dispatcher::TakeSample() {
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
   // the lock: for their history.
-  std::vector<std::tuple<int64_t, int, std::string>> share_jobs;  // id, GPU, region
+  std::vector<std::tuple<int64_t, int, bool, std::string>> share_jobs;  // id, GPU, compute, region
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, r] : running_) {
-      if (!r.region.empty() && !r.gpus.empty()) share_jobs.emplace_back(id, r.gpus[0], r.region);
+      if (!r.region.empty() && !r.gpus.empty())
+        share_jobs.emplace_back(id, r.gpus[0], r.gpu_milli > 0, r.region);
     }
   }
   std::map<int64_t, ShareReading> shares;
-  for (const auto& [id, gpu, region] : share_jobs) {
-    shares[id] = {ArbiterBusyMicros(id, gpu), ReadRegionMemory(region).peak};
-  }
+  for (const auto& [id, gpu, compute, region] : share_jobs)
+    shares[id] = ReadShare(id, gpu, compute, region);
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;

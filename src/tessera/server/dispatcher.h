@@ -316,9 +316,10 @@ class Dispatcher {
   // hold their GPUs alone, `shares` for fractional ones. Under mu_.
   void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                       const std::map<int64_t, ShareReading>& shares);
-  // The GPU time the arbiter charged job `id` on GPU `gpu` so far (us; 0: none known).
-  uint64_t ArbiterBusyMicros(int64_t id, int gpu) const;
-  static void AddArbiterBusy(Running& r, uint64_t busy_us);
+  // What a share's files say now (read without mu_): the GPU time the arbiter charged job `id` on
+  // GPU `gpu` (with a compute share) and its region's peak; added to its record under mu_.
+  ShareReading ReadShare(int64_t id, int gpu, bool compute_share, const std::string& region) const;
+  static void AddShareReading(Running& r, const ShareReading& s);
   // A job's GPU utilization over its run (percent), when measured.
   static std::optional<double> GpuUtilizationOf(const Running& r, double now);
   // What a finished job's record says its utilization was, and whether it shared its GPU.
