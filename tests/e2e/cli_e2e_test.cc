@@ -162,6 +162,12 @@ TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
                 ::testing::HasSubstr(std::string(flag).substr(0, std::string(flag).find(' '))))
         << flag;
   }
+  std::string jobs = WriteTemp("jobs.csv", kJobs);
+  for (const char* flag : {"--utilization-ceiling 150", "--utilization-ceiling -1"}) {
+    Result f = Tessera("sim replay --nodes " + nodes + " --pods " + jobs + " " + flag + " 2>&1");
+    EXPECT_EQ(f.code, 2) << flag;
+    EXPECT_THAT(f.out, ::testing::HasSubstr("--utilization-ceiling")) << flag;
+  }
   std::string untimed = WriteTemp("untimed.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,1\n");
   Result replay = Tessera("sim replay --nodes " + nodes + " --pods " + untimed + " 2>&1");
   EXPECT_EQ(replay.code, 2);

@@ -106,6 +106,28 @@ TEST(Region, RefusesAFileOfAnotherKind) {
   EXPECT_NE(std::string(err).find("not a Tessera shared region"), std::string::npos) << err;
 }
 
+TEST(Region, ReadOnlyMappingRefusesWhatIsNotARegionOfThisVersion) {
+  const std::string path = Path("readonly");
+  uint64_t limits[1] = {4096};
+  char err[128] = {};
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
+  const void* m = MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(static_cast<const RegionData*>(m)->limit[0], 4096u);
+  UnmapReadOnly(m, sizeof(RegionData));
+  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion + 1),
+            nullptr)
+      << "another version";
+  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic + 1, kRegionVersion),
+            nullptr)
+      << "another kind";
+  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData) - 8, kRegionMagic, kRegionVersion),
+            nullptr)
+      << "another size";
+  EXPECT_EQ(MapReadOnly(Path("missing").c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion),
+            nullptr);
+}
+
 TEST(Region, CreatedAheadForAJobThatThenAttaches) {
   const std::string path = Path("ahead");
   uint64_t limits[1] = {4096};
