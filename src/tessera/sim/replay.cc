@@ -151,8 +151,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     int epoch = 0;
     bool running = false, finished = false;
     // Interference (config.interference): the GPU a running share is on, the work it has left
-    // (seconds at full speed) as of `since`, its rate since then, and the generation of its
-    // departure (moved when the rate changes).
+    // (seconds at full speed) as of `since`, its rate since then (0 until its departure is set),
+    // and the generation of its departure (moved when the rate changes).
     int64_t gpu_key = -1;
     double work_left = 0, since = 0, rate = 1;
     int gen = 0;
@@ -241,6 +241,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     const double rate = total > 100 ? 100 / total : 1;
     for (size_t j : on) {
       State& st = state[j];
+      if (st.rate == rate) continue;  // its departure stands
       st.work_left = std::max(0.0, st.work_left - (now - st.since) * st.rate);
       st.since = now;
       st.rate = rate;
@@ -258,7 +259,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     if (st.remaining < 0) return;  // runs to the end of the replay
     if (config.interference && jobs[i].request.fractional() && !a.gpus.empty()) {
       st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
-      st.work_left = st.remaining, st.since = now, st.rate = 1;
+      st.work_left = st.remaining, st.since = now, st.rate = 0;  // no departure yet
       shares_on[st.gpu_key].push_back(i);
       rebalance(st.gpu_key, now);
       return;
