@@ -18,15 +18,25 @@
 //            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and
 //            TO_MS after the start (G: their kernels' virtual GPU time; the start: WORK_START_MS,
 //            CLOCK_MONOTONIC ms, when set)
+//          ranks:RUN_MS:KERNEL_US:BATCH:FROM_MS:TO_MS:BARRIER:RANK:NRANKS - one rank of a
+//            data-parallel job on the current device: each step launches BATCH kernels of
+//            KERNEL_US, synchronizes, then waits for every rank to finish the step (the coupling
+//            of an all-reduce, through a counter in the file BARRIER; the wait synchronizes again
+//            and again, so that it looks busy, as NCCL's kernels waiting on the GPU); prints "steps
+//            S gpu_us G" for the steps every rank finished between FROM_MS and TO_MS (the start as
+//            for work)
 // Results: "ok", "oom", "err <code>", numbers for info/total/fill.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -586,6 +596,44 @@ int main(int argc, char** argv) {
         if (n(4)) usleep(static_cast<useconds_t>(n(4)));
       }
       printf("gpu_us %llu batches %llu\n", gpu_us, batches);
+    } else if (c[0] == "ranks") {
+      auto now_ms = [] {
+        timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
+      };
+      const char* shared_start = getenv("WORK_START_MS");
+      const double start = shared_start ? strtod(shared_start, nullptr) : now_ms();
+      int fd = open(c.at(6).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0 || ftruncate(fd, 2 * sizeof(std::atomic<uint64_t>)) != 0) {
+        puts("err barrier");
+        continue;
+      }
+      void* m = mmap(nullptr, 2 * sizeof(std::atomic<uint64_t>), PROT_READ | PROT_WRITE, MAP_SHARED,
+                     fd, 0);
+      close(fd);
+      auto* arrived = static_cast<std::atomic<uint64_t>*>(m);
+      std::atomic<uint64_t>* quit = arrived + 1;  // a rank has stopped: nobody waits for it
+      const unsigned kernel_us = static_cast<unsigned>(n(2));
+      const uint64_t ranks = n(8);
+      unsigned long long steps = 0, gpu_us = 0;
+      bool alone = false;
+      for (uint64_t step = 1; !alone && now_ms() - start < n(1); ++step) {
+        for (size_t k = 0; k < n(3); ++k)
+          api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+        cuCtxSynchronize();
+        arrived->fetch_add(1);
+        // Waiting on the GPU, as NCCL's kernels do: a rank waiting for the others is busy.
+        while (arrived->load() < step * ranks && !(alone = quit->load() != 0)) {
+          cuCtxSynchronize();
+          usleep(20);
+        }
+        const double t = now_ms() - start;
+        if (!alone && t >= n(4) && t < n(5)) ++steps, gpu_us += kernel_us * n(3);
+      }
+      quit->store(1);
+      munmap(m, 2 * sizeof(std::atomic<uint64_t>));
+      printf("steps %llu gpu_us %llu\n", steps, gpu_us);
     } else if (c[0] == "hold") {
       puts("holding");
       fflush(stdout);

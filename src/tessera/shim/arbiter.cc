@@ -148,6 +148,7 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.priority.store(config_.priority);
   j.share.store(config_.share_permille);
   j.capped.store(config_.work_conserving ? 0 : 1);
+  j.gang.store(config_.gang_mask);
   j.in_sync.store(0);
   j.eligible_us.store(0);
   j.busy_us.store(0);
@@ -172,6 +173,7 @@ int Arbiter::Slot(int gpu) {
   ArbiterGpu& g = data_->gpus[gpu];
   if (cached >= 0 && g.jobs[cached].key.load(std::memory_order_relaxed) == key_) return cached;
   const int32_t me = static_cast<int32_t>(getpid());
+  const bool launching = (launch_gpus_.load(std::memory_order_relaxed) >> gpu) & 1;
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < kArbiterJobs; ++i) {  // the job's own slot first, then a free one
       ArbiterJob& j = g.jobs[i];
@@ -179,10 +181,13 @@ int Arbiter::Slot(int gpu) {
         // A process of the job that came after one that is gone (a restart): what the gone one
         // left - a synchronize it never returned from - is not this one's.
         const int32_t before = j.pid.load();
-        if (before != me && j.pidns.load() == pidns_ && ProcessStateOf(before) == 0)
-          j.in_sync.store(0);
-        j.pid.store(me);
-        j.pidns.store(pidns_);
+        const bool gone = ProcessStateOf(before) == 0;
+        if (before != me && j.pidns.load() == pidns_ && gone) j.in_sync.store(0);
+        // A gang member claiming a GPU it does not launch on leaves a live launcher's pid there.
+        if (launching || gone || j.pidns.load() != pidns_) {
+          j.pid.store(me);
+          j.pidns.store(pidns_);
+        }
         slot_[gpu].store(i + 1);
         return i;
       }
@@ -253,13 +258,27 @@ void Arbiter::Granted(ArbiterGpu& g, int slot, uint64_t now) {
   g.handovers.fetch_add(1, std::memory_order_relaxed);
 }
 
+bool Arbiter::HoldsGangBelow(const ArbiterJob& j, int gpu) const {
+  const uint64_t key = j.key.load(std::memory_order_relaxed);
+  for (uint32_t m = j.gang.load(std::memory_order_relaxed) & ((1u << gpu) - 1); m; m &= m - 1) {
+    const ArbiterGpu& o = data_->gpus[__builtin_ctz(m)];
+    const int h = Holder(o.lease.load(std::memory_order_acquire));
+    if (h < 0 || o.jobs[h].key.load(std::memory_order_relaxed) != key) return false;
+  }
+  return true;
+}
+
 // The job that should hold the GPU next: among `self`, `rival` (a holder still busy) and the jobs
 // waiting now, the highest priority, then the lowest virtual time; capped jobs only once eligible.
-// -1: nobody may.
-int Arbiter::PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const {
-  int best = -1;
-  int32_t best_priority = 0;
-  uint64_t best_vtime = 0;
+// A gang job is a candidate on one of its GPUs only while it holds all its GPUs below that one
+// (it takes them in ascending order), and then it goes before the others of its priority unless
+// its virtual time there is ahead of theirs by more than four of its slices. -1: nobody may.
+int Arbiter::PickNext(int gpu, uint64_t now, int self, int rival) const {
+  const ArbiterGpu& g = data_->gpus[gpu];
+  int best = -1, first = -1;  // the fair choice; a gang job holding its GPUs below this one
+  int32_t best_priority = 0, first_priority = 0;
+  uint64_t best_vtime = 0, first_vtime = 0;
+  const uint32_t below = (1u << gpu) - 1;
   for (int i = 0; i < kArbiterJobs; ++i) {
     const ArbiterJob& j = g.jobs[i];
     if (j.key.load(std::memory_order_relaxed) == 0) continue;
@@ -269,16 +288,131 @@ int Arbiter::PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const {
         j.eligible_us.load(std::memory_order_relaxed) > now) {
       continue;
     }
+    const bool upper = (j.gang.load(std::memory_order_relaxed) & below) != 0;
+    if (upper && !HoldsGangBelow(j, gpu)) continue;
     int32_t p = j.priority.load(std::memory_order_relaxed);
     uint64_t v = j.vtime.load(std::memory_order_relaxed);
     if (best < 0 || p > best_priority || (p == best_priority && v < best_vtime)) {
       best = i, best_priority = p, best_vtime = v;
     }
+    if (upper && (first < 0 || p > first_priority || (p == first_priority && v < first_vtime))) {
+      first = i, first_priority = p, first_vtime = v;
+    }
   }
-  return best;
+  if (first < 0 || first == best || first_priority < best_priority) return best;
+  uint32_t share = g.jobs[first].share.load(std::memory_order_relaxed);
+  if (share == 0) share = 1000;
+  const uint64_t lead = 4 * config_.slice_us * 1000 / share;
+  return first_vtime <= best_vtime + lead ? first : best;
+}
+
+void Arbiter::Want(int gpu, int self, uint64_t now, bool& counted) {
+  ArbiterGpu& g = data_->gpus[gpu];
+  ArbiterJob& me = g.jobs[self];
+  // A job back from idling banks no credit: it comes back level with the least-served job that
+  // used or wanted the GPU lately.
+  if (!counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs) {
+    uint64_t least = UINT64_MAX;
+    for (int i = 0; i < kArbiterJobs; ++i) {
+      const ArbiterJob& o = g.jobs[i];
+      if (i == self || o.key.load(std::memory_order_relaxed) == 0) continue;
+      if (now > std::max(o.want_us.load(), o.last_launch_us.load()) + kRecentUs) continue;
+      least = std::min(least, o.vtime.load(std::memory_order_relaxed));
+    }
+    if (least != UINT64_MAX && me.vtime.load() < least) me.vtime.store(least);
+  }
+  me.want_us.store(now);
+  if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
+}
+
+bool Arbiter::TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& counted) {
+  ArbiterGpu& g = data_->gpus[gpu];
+  Want(gpu, self, now, counted);
+  const int holder = Holder(lease);
+  // A holder past its slice is left alone while it waits for the work it queued in the slice (it
+  // hands over at its next launch), unless it is gone for far longer (crashed inside the wait).
+  bool take = holder < 0;
+  int rival = -1;  // the holder, while it still counts as wanting the GPU
+  if (!take) {
+    ArbiterJob& h = g.jobs[holder];
+    bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
+    // A holder inside a synchronize is not idle - unless its process is gone (killed in there:
+    // its count is given back) or stopped (SIGSTOP): then it loses the slice now.
+    if (!idle && h.in_sync.load() > 0) {
+      const char state = HolderState(h);
+      if (state == 0) {
+        h.in_sync.store(0);
+        idle = true;
+      } else if (state == 'T') {
+        idle = true;
+      }
+    }
+    const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
+    const ArbiterJob& me = g.jobs[self];
+    const bool outranked = h.priority.load() < me.priority.load();
+    // A gang job holding its GPUs below this one does not wait out the slice of a holder of its
+    // priority that is not a gang itself: its ranks there are waiting (whether it goes first is
+    // PickNext's: not when it is ahead here). The holder is charged what it used.
+    const uint32_t hg = h.gang.load(std::memory_order_relaxed);
+    const bool gang_turn = (me.gang.load(std::memory_order_relaxed) & ((1u << gpu) - 1)) != 0 &&
+                           (hg & (hg - 1)) == 0 && h.priority.load() == me.priority.load() &&
+                           HoldsGangBelow(me, gpu);
+    take = idle || stuck || outranked || gang_turn || h.key.load() == 0;
+    if (!idle && !stuck) rival = holder;
+  }
+  if (take && PickNext(gpu, now, self, rival) == self &&
+      g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
+    if (holder >= 0) Charge(g.jobs[holder], ActiveUntil(g.jobs[holder], now), now);
+    Granted(g, self, now);
+    return true;
+  }
+  return false;
+}
+
+bool Arbiter::KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain) {
+  ArbiterGpu& g = data_->gpus[gpu];
+  ArbiterJob& me = g.jobs[self];
+  // Charged up to the end of this job's activity: a holder that went idle is not charged its idle
+  // time. Then it keeps the GPU, hands it over or (capped, nobody eligible) lets it go.
+  Charge(me, ActiveUntil(me, now), now);
+  int next = PickNext(gpu, now, self, -1);
+  if (next == self) {
+    if (!g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) return false;
+    me.last_launch_us.store(now);
+    return true;
+  }
+  if (drain) drain();  // what this job queued runs on its own slice
+  uint64_t t = NowMicros();
+  uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
+  if (g.lease.compare_exchange_strong(lease, to)) {
+    Charge(me, t, t);
+    if (next >= 0) Granted(g, next, t);
+  }
+  return false;
+}
+
+void Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
+  ArbiterGpu& g = data_->gpus[gpu];
+  ArbiterJob& me = g.jobs[self];
+  bool around = false;
+  const int32_t mine = me.priority.load();
+  for (int i = 0; i < kArbiterJobs && !around; ++i) {
+    const ArbiterJob& j = g.jobs[i];
+    if (i == self || j.key.load() == 0 || j.priority.load() <= mine) continue;
+    around = now < std::max(j.want_us.load(), j.last_launch_us.load()) + kBoundedForUs;
+  }
+  bounded_[gpu].store(around, std::memory_order_relaxed);
+  if (around && drain) drain();
+  me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
 }
 
 void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
+  if (gpu >= 0 && gpu < kArbiterGpus &&
+      (launch_gpus_.load(std::memory_order_relaxed) >> gpu & 1) == 0) {
+    // The first launch here: the slot is claimed again so that it names this process.
+    launch_gpus_.fetch_or(1u << gpu, std::memory_order_relaxed);
+    slot_[gpu].store(0, std::memory_order_relaxed);
+  }
   int self = Slot(gpu);
   if (self < 0) return;  // no slot: not arbitrated (said once by the caller's log)
   ArbiterGpu& g = data_->gpus[gpu];
@@ -290,91 +424,83 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     me.last_launch_us.store(now, std::memory_order_relaxed);
     return;
   }
+  if ((config_.gang_mask >> gpu & 1) && (config_.gang_mask & (config_.gang_mask - 1))) {
+    BeforeLaunchGang(gpu, drain);
+    return;
+  }
   bool counted = false;
   for (;;) {
     now = NowMicros();
     lease = g.lease.load(std::memory_order_acquire);
-    const int holder = Holder(lease);
-    if (holder == self) {
-      if (now < End(lease)) break;
-      // The slice is over: charge it (up to the end of this job's activity: a holder that went
-      // idle is not charged its idle time), then keep the GPU, hand it over or (capped, nobody
-      // eligible) let it go.
-      Charge(me, ActiveUntil(me, now), now);
-      int next = PickNext(g, now, self, -1);
-      if (next == self) {
-        if (g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
-          me.last_launch_us.store(now);
-          break;
-        }
-        continue;
-      }
-      if (drain) drain();  // what this job queued runs on its own slice
-      uint64_t t = NowMicros();
-      uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
-      if (g.lease.compare_exchange_strong(lease, to)) {
-        Charge(me, t, t);
-        if (next >= 0) Granted(g, next, t);
-      }
+    if (Holder(lease) == self) {
+      if (now < End(lease) || KeepOrHandOver(gpu, self, now, lease, drain)) break;
       continue;
     }
-    // Somebody else's (or nobody's): say this job wants it, then see whether it may take it. A job
-    // back from idling banks no credit: it comes back level with the least-served job that used or
-    // wanted the GPU lately.
-    if (!counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs) {
-      uint64_t least = UINT64_MAX;
-      for (int i = 0; i < kArbiterJobs; ++i) {
-        const ArbiterJob& o = g.jobs[i];
-        if (i == self || o.key.load(std::memory_order_relaxed) == 0) continue;
-        if (now > std::max(o.want_us.load(), o.last_launch_us.load()) + kRecentUs) continue;
-        least = std::min(least, o.vtime.load(std::memory_order_relaxed));
-      }
-      if (least != UINT64_MAX && me.vtime.load() < least) me.vtime.store(least);
+    if (TryTake(gpu, self, now, lease, counted)) break;
+    SleepMicros(config_.poll_us);
+  }
+  Bound(gpu, self, now, drain);
+}
+
+void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
+  bool counted[kArbiterGpus] = {};
+  int slots[kArbiterGpus];
+  for (uint32_t m = config_.gang_mask; m; m &= m - 1) {
+    const int b = __builtin_ctz(m);
+    slots[b] = Slot(b);
+    if (slots[b] < 0) return;  // no slot on one of its GPUs: not arbitrated
+  }
+  uint64_t now = 0;
+  for (;;) {
+    now = NowMicros();
+    // Its GPUs in ascending order: each held (its wait for the rest keeps it active there), kept
+    // at the end of its slice, or taken; the first that cannot be is waited for, and the job says
+    // it wants every GPU from there on.
+    // At the end of a slice the job ran on all its GPUs, each is decided again, also one whose
+    // lease ends a little later than the rest (aligned by two processes at once): none is
+    // extended without its decision. While it gathers them, each held one at its own end.
+    bool running = true;
+    for (uint32_t m = config_.gang_mask; m && running; m &= m - 1) {
+      const int b = __builtin_ctz(m);
+      running = Holder(data_->gpus[b].lease.load(std::memory_order_acquire)) == slots[b];
     }
-    me.want_us.store(now);
-    if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
-    // A holder past its slice is left alone while it waits for the work it queued in the slice (it
-    // hands over at its next launch), unless it is gone for far longer (crashed inside the wait).
-    bool take = holder < 0;
-    int rival = -1;  // the holder, while it still counts as wanting the GPU
-    if (!take) {
-      ArbiterJob& h = g.jobs[holder];
-      bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
-      // A holder inside a synchronize is not idle - unless its process is gone (killed in there:
-      // its count is given back) or stopped (SIGSTOP): then it loses the slice now.
-      if (!idle && h.in_sync.load() > 0) {
-        const char state = HolderState(h);
-        if (state == 0) {
-          h.in_sync.store(0);
-          idle = true;
-        } else if (state == 'T') {
-          idle = true;
-        }
+    const uint64_t decide_from = running ? now + config_.slice_us / 2 : now;
+    bool all = true;
+    for (uint32_t m = config_.gang_mask; m; m &= m - 1) {
+      const int b = __builtin_ctz(m);
+      ArbiterGpu& o = data_->gpus[b];
+      const uint64_t lease = o.lease.load(std::memory_order_acquire);
+      bool held = Holder(lease) == slots[b];
+      if (held && decide_from >= End(lease))
+        held = KeepOrHandOver(b, slots[b], now, lease, b == gpu ? drain : nullptr);
+      else if (held)
+        o.jobs[slots[b]].last_launch_us.store(now, std::memory_order_relaxed);
+      else
+        held = TryTake(b, slots[b], now, lease, counted[b]);
+      if (held) continue;
+      all = false;
+      for (uint32_t rest = m & (m - 1); rest; rest &= rest - 1) {
+        const int r = __builtin_ctz(rest);
+        Want(r, slots[r], now, counted[r]);
       }
-      const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
-      const bool outranked = h.priority.load() < me.priority.load();
-      take = idle || stuck || outranked || h.key.load() == 0;
-      if (!idle && !stuck) rival = holder;
-    }
-    if (take && PickNext(g, now, self, rival) == self &&
-        g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
-      if (holder >= 0) Charge(g.jobs[holder], ActiveUntil(g.jobs[holder], now), now);
-      Granted(g, self, now);
       break;
+    }
+    if (all) {
+      // Every GPU held: the slices end together.
+      const uint64_t end = now + config_.slice_us;
+      bool aligned = true;
+      for (uint32_t m = config_.gang_mask; m && aligned; m &= m - 1) {
+        const int b = __builtin_ctz(m);
+        uint64_t lease = data_->gpus[b].lease.load(std::memory_order_acquire);
+        aligned = Holder(lease) == slots[b] &&
+                  data_->gpus[b].lease.compare_exchange_strong(lease, Lease(slots[b], end));
+      }
+      if (aligned) break;
+      continue;
     }
     SleepMicros(config_.poll_us);
   }
-  // Holding the GPU: is a job of higher priority around? Then keep one launch in flight at a time.
-  bool around = false;
-  const int32_t mine = me.priority.load();
-  for (int i = 0; i < kArbiterJobs && !around; ++i) {
-    const ArbiterJob& j = g.jobs[i];
-    if (i == self || j.key.load() == 0 || j.priority.load() <= mine) continue;
-    around = now < std::max(j.want_us.load(), j.last_launch_us.load()) + kBoundedForUs;
-  }
-  bounded_[gpu].store(around, std::memory_order_relaxed);
-  if (around && drain) drain();
-  me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+  Bound(gpu, slots[gpu], now, drain);
 }
 
 void Arbiter::EnterSync(int gpu) {

@@ -14,8 +14,13 @@
 // did not hand over in time. While a job of higher priority is around, a lower one keeps at most
 // one launch in flight, so taking the GPU from it costs at most one of its kernels. Not
 // work-conserving (a hard cap): after a slice a job may not launch again before its share of the
-// time has passed, even when the GPU is idle. No exceptions, no allocation after Attach: usable
-// from the intercept library.
+// time has passed, even when the GPU is idle. A job on several GPUs (ArbiterConfig::gang_mask)
+// gets its slices on all of them at once: it takes its GPUs in ascending order (no deadlock between
+// two such jobs), holding the ones it has while it waits for the next (charged: the wait is the
+// gang's cost), and once it holds the lower ones it goes first on the next GPU at the end of the
+// current slice there - unless it is already ahead there by more than a few of its slices, so the
+// other tenants of that GPU keep their shares. Then all its leases end together. No exceptions,
+// no allocation after Attach: usable from the intercept library.
 
 #include <atomic>
 #include <cstddef>
@@ -48,7 +53,9 @@ struct ArbiterJob {
   std::atomic<uint64_t> window_start_us;
   std::atomic<uint64_t> window_busy_us;
   std::atomic<uint32_t> last_window_permille;
-  uint32_t reserved;
+  // A job on several GPUs whose slices are granted together (gang time-slicing): the GPUs, one bit
+  // each; 0: this GPU alone. (Zero in files written before gangs: the layout is unchanged.)
+  std::atomic<uint32_t> gang;
 };
 
 struct ArbiterGpu {
@@ -73,6 +80,10 @@ struct ArbiterConfig {
   uint64_t slice_us = 5000;        // lease length
   uint64_t idle_us = 1000;         // a holder this long without launching or synchronizing is idle
   uint64_t poll_us = 100;          // how often a waiting launch looks again
+  // The job's GPUs, one bit per physical GPU, when its slices on them are granted together (gang
+  // time-slicing: the ranks of a job on several GPUs run at the same time). 0 or one bit: each GPU
+  // is arbitrated on its own.
+  uint32_t gang_mask = 0;
 };
 
 // Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
@@ -92,7 +103,9 @@ class Arbiter {
   void EnterSync(int gpu);
   void LeaveSync(int gpu);
 
-  // The caller's slot on `gpu` (claimed on first use), -1 when every slot is taken.
+  // The caller's slot on `gpu` (claimed on first use), -1 when every slot is taken. A slot tells
+  // a dead or stopped holder by one process of the job: one that launches there, rather than a
+  // gang member that only claimed it for the gang while that one lives.
   int Slot(int gpu);
   ArbiterData* data() { return data_; }
   uint64_t key() const { return key_; }
@@ -101,7 +114,21 @@ class Arbiter {
  private:
   Arbiter(ArbiterData* d, uint64_t key, const ArbiterConfig& c) : data_(d), key_(key), config_(c) {}
   bool TryClaim(ArbiterGpu& g, int slot);
-  int PickNext(ArbiterGpu& g, uint64_t now, int self, int rival) const;
+  int PickNext(int gpu, uint64_t now, int self, int rival) const;
+  // Whether gang job `j` (a slot of GPU `gpu`) holds the leases of all its GPUs below `gpu`.
+  bool HoldsGangBelow(const ArbiterJob& j, int gpu) const;
+  // This job waits for `gpu` now: its wish is refreshed (the first time after a while, it comes
+  // back level with the least-served job around, banking no credit).
+  void Want(int gpu, int self, uint64_t now, bool& counted);
+  // Tries to take `gpu` (lease word `lease`, not this job's) for this job: when nobody holds it, or
+  // its holder went idle, died, is stopped, stuck or outranked, and this job is next.
+  bool TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& counted);
+  // This job's slice on `gpu` is over: charges it and keeps the GPU (true) or hands it to the
+  // next job, after `drain` (may be null).
+  bool KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain);
+  void BeforeLaunchGang(int gpu, DrainFn drain);
+  // Holding the GPU: whether a job of higher priority is around (then one launch in flight).
+  void Bound(int gpu, int self, uint64_t now, DrainFn drain);
   // Charges the GPU time from the lease's start until `until` (the end of the job's activity: idle
   // time is never charged); the next charge starts at `now`.
   void Charge(ArbiterJob& j, uint64_t until, uint64_t now) const;
@@ -118,7 +145,8 @@ class Arbiter {
   uint32_t pidns_ = 0;                        // this process's pid namespace
   std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
   std::atomic<bool> bounded_[kArbiterGpus] =
-      {};  // a higher-priority job is around: one launch in flight
+      {};                                 // a higher-priority job is around: one launch in flight
+  std::atomic<uint32_t> launch_gpus_{0};  // the GPUs this process has launched on, one bit each
 };
 
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can

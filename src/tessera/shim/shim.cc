@@ -227,6 +227,13 @@ void InitArbiter(const char* region_path) {
               "0,1,...\n",
               v);
       for (int k = 0; k < kMaxDevices; ++k) physical_gpu[k] = k;
+    } else {
+      // A job given several GPUs (its ranks on them): their slices are granted together, unless
+      // TESSERA_CUDA_GANG=0.
+      uint32_t mask = 0;
+      for (int k = 0; k < i; ++k) mask |= 1u << physical_gpu[k];
+      const char* gang = getenv("TESSERA_CUDA_GANG");
+      if (__builtin_popcount(mask) >= 2 && !(gang && strcmp(gang, "0") == 0)) c.gang_mask = mask;
     }
   }
   const char* job = getenv("TESSERA_JOB_ID");
