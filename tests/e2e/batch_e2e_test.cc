@@ -194,7 +194,8 @@ TEST(Batch, BadArraysDependenciesAndTasksAreRefusedAndNothingIsStored) {
       {"root", fmt::format("--after ok:{}_3", roots),
        fmt::format("job {}_3 does not exist", roots)},
       {"nobody", fmt::format("--workdir /tmp --after ok:{}", roots), "belongs to root"},
-      {"root", "--tasks-per-gpu 2 --gpu-mem 1GiB", "several processes need whole GPUs"},
+      // Ranks on shares of more GPUs than the machine has.
+      {"root", "--tasks-per-gpu 1 --gpus 9 --gpu-mem 1GiB", "the job could never start"},
       {"root", "--tasks-per-gpu 2", "asks for no GPU"},
   };
   for (const Bad& b : cases) {

@@ -94,6 +94,36 @@ TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
   for (int64_t x : ids) d.Call("POST", "/v1/jobs/" + std::to_string(x) + "/cancel");
 }
 
+TEST(TesseraServer, AShareOnTwoGpusGetsALimitOnEachAndOneGangAtTheArbiter) {
+  Daemon d("ranks");
+  // Two ranks, one per GPU, each with half of its GPU and 1 GiB of it: each rank's 800 MiB fits
+  // on its own GPU and 300 MiB more does not (before, the region limited device 0 only, so the
+  // second rank's GPU had no limit); their slices at the arbiter are one gang (both GPUs' indices
+  // in TESSERA_CUDA_ARBITER_GPUS).
+  const std::string rank = std::string("echo gpus=$TESSERA_CUDA_ARBITER_GPUS; exec ") +
+                           TESSERA_CUDA_CLIENT +
+                           " link device:$LOCAL_RANK alloc:800 alloc:300 work:200:500:4:0:0:200";
+  json spec = Shell(rank, {{"gpus", 2}, {"gpu_share", "50%"}, {"gpu_memory", "1GiB"}});
+  spec["tasks_per_gpu"] = 1;
+  spec["env"] = {{"FAKE_CUDA_DEVICES", "2"}};
+  const int64_t id = d.Submit(spec);
+  json j = d.WaitFor(id, "succeeded");
+  ASSERT_EQ(j["placement"]["gpus"].size(), 2u) << j.dump();
+  const int g0 = j["placement"]["gpus"][0]["index"], g1 = j["placement"]["gpus"][1]["index"];
+  EXPECT_NE(g0, g1);
+  EXPECT_EQ(j["placement"]["milli_per_gpu"], 500);
+  EXPECT_EQ(j["placement"]["memory_mib_per_gpu"], 1024);
+  const std::string gpus = fmt::format("gpus={},{}\n", g0, g1);
+  const std::string each = gpus + "ok\nok\noom\ngpu_us ";
+  EXPECT_THAT(d.Logs(id), HasSubstr(each)) << d.Logs(id, "stderr");
+  const std::string second =
+      d.Call("GET", "/v1/jobs/" + std::to_string(id) + "/logs?stream=stdout&task=1")
+          .value("data", "");
+  EXPECT_THAT(second, HasSubstr(each));
+  ASSERT_TRUE(j["usage"]["gpu_utilization_pct"].is_number()) << j.dump();
+  EXPECT_EQ(j["usage"]["gpu_peak_memory_mib"], 800) << "the most on one GPU";
+}
+
 TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredicted) {
   Daemon d("measured");
   // A CUDA program (against the fake driver) holds 700 MiB at most and runs kernels for 300 ms
@@ -520,6 +550,8 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
        "resources.gpus"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 8}})", 400,
        "could never start"},
+      {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 3, "gpu_share": 10}})", 400,
+       "this machine has 2 matching GPU(s) of 2; the job could never start"},
       // A model this machine lacks (whole words of a name; "T4" would be its Tesla T4).
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "H100"}})", 400,
        "'H100' is none of this machine's GPU models (Tesla T4)"},

@@ -99,6 +99,19 @@ uint64_t fakeCudaUsedBytes(int);
 
 namespace {
 
+double NowMs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
+}
+
+// WORK_START_MS (CLOCK_MONOTONIC, ms): a start shared by several processes, so that their windows
+// are the same stretch of time however long each took to start; else now.
+double WorkStartMs() {
+  const char* shared_start = getenv("WORK_START_MS");
+  return shared_start ? strtod(shared_start, nullptr) : NowMs();
+}
+
 struct Api {
   cuMemAlloc_v2_fn MemAlloc;
   cuMemAllocPitch_v2_fn MemAllocPitch;
@@ -562,15 +575,7 @@ int main(int argc, char** argv) {
       fakeCudaSetDevice(static_cast<int>(n(1)));
       puts("ok");
     } else if (c[0] == "work") {
-      auto now_ms = [] {
-        timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
-      };
-      // WORK_START_MS (CLOCK_MONOTONIC, ms): a start shared by several processes, so that their
-      // windows are the same stretch of time however long each took to start.
-      const char* shared_start = getenv("WORK_START_MS");
-      const double start = shared_start ? strtod(shared_start, nullptr) : now_ms();
+      const double start = WorkStartMs();
       const unsigned kernel_us = static_cast<unsigned>(n(2));
       const std::string kind = c.size() > 7 ? c[7] : "kernel";
       const char* graph = getenv("FAKE_CUDA_GRAPH_US");
@@ -579,7 +584,7 @@ int main(int argc, char** argv) {
       unsigned long long gpu_us = 0, batches = 0;
       CUlaunchConfig config{};
       config.gridDimX = kernel_us;
-      while (now_ms() - start < n(1)) {
+      while (NowMs() - start < n(1)) {
         for (size_t k = 0; k < n(3); ++k) {
           if (kind == "ex")
             cuLaunchKernelEx(&config, nullptr, nullptr, nullptr);
@@ -591,19 +596,13 @@ int main(int argc, char** argv) {
             api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
         }
         cuCtxSynchronize();
-        double t = now_ms() - start;
+        double t = NowMs() - start;
         if (t >= n(5) && t < n(6)) gpu_us += each * n(3), ++batches;
         if (n(4)) usleep(static_cast<useconds_t>(n(4)));
       }
       printf("gpu_us %llu batches %llu\n", gpu_us, batches);
     } else if (c[0] == "ranks") {
-      auto now_ms = [] {
-        timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
-      };
-      const char* shared_start = getenv("WORK_START_MS");
-      const double start = shared_start ? strtod(shared_start, nullptr) : now_ms();
+      const double start = WorkStartMs();
       int fd = open(c.at(6).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
       if (fd < 0 || ftruncate(fd, 2 * sizeof(std::atomic<uint64_t>)) != 0) {
         puts("err barrier");
@@ -618,7 +617,7 @@ int main(int argc, char** argv) {
       const uint64_t ranks = n(8);
       unsigned long long steps = 0, gpu_us = 0;
       bool alone = false;
-      for (uint64_t step = 1; !alone && now_ms() - start < n(1); ++step) {
+      for (uint64_t step = 1; !alone && NowMs() - start < n(1); ++step) {
         for (size_t k = 0; k < n(3); ++k)
           api.LaunchKernel(nullptr, kernel_us, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
         cuCtxSynchronize();
@@ -628,7 +627,7 @@ int main(int argc, char** argv) {
           cuCtxSynchronize();
           usleep(20);
         }
-        const double t = now_ms() - start;
+        const double t = NowMs() - start;
         if (!alone && t >= n(4) && t < n(5)) ++steps, gpu_us += kernel_us * n(3);
       }
       quit->store(1);

@@ -843,10 +843,14 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
 
 // The options of a job, for submit and run alike.
 void AddSubmitOptions(CLI::App* c, State& s) {
-  c->add_option("--gpus", s.gpus, "Whole GPUs")->check(CLI::Range(0, 64));
-  c->add_option("--gpu-mem", s.gpu_mem, "A fraction of one GPU: this much of its memory (10GiB)");
+  c->add_option("--gpus", s.gpus,
+                "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that fraction "
+                "(default one)")
+      ->check(CLI::Range(0, 64));
+  c->add_option("--gpu-mem", s.gpu_mem,
+                "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs");
   c->add_option("--gpu-share", s.gpu_share,
-                "A fraction of one GPU: this share of its compute (30%)");
+                "A fraction of a GPU: this share of its compute (30%), on each of --gpus GPUs");
   c->add_option("--model", s.models,
                 "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
                 "one (H100, 'A100 80GB')")

@@ -12,9 +12,13 @@ std::string ValidateRequest(const Request& r) {
     return "a request asks for whole GPUs or a share of one, not both";
   }
   if (r.gpu_milli < 0 || r.gpu_milli >= kMilliPerGpu) {
-    return "gpu_milli: expected 1..999 (a share of one GPU), got " + std::to_string(r.gpu_milli);
+    return "gpu_milli: expected 1..999 (a share of a GPU), got " + std::to_string(r.gpu_milli);
   }
   if (r.gpu_memory_mib < 0) return "gpu_memory_mib: must not be negative";
+  if (r.share_gpus < 0 || r.share_gpus > 64)
+    return "share_gpus: expected 0..64, got " + std::to_string(r.share_gpus);
+  if (r.share_gpus > 1 && !r.fractional())
+    return "share_gpus: a share on several GPUs needs gpu_milli or gpu_memory_mib";
   if (r.min_gpu_memory_mib < 0) return "min_gpu_memory_mib: must not be negative";
   if (r.gang_size < 0) return "gang_size: must not be negative";
   if (!r.gang.empty() && r.gang_size < 1) return "gang_size: a gang member needs the gang's size";
@@ -39,6 +43,7 @@ std::string RequestShapeKey(const Request& r) {
   add(r.gpus);
   add(r.gpu_milli);
   add(r.gpu_memory_mib);
+  add(r.shared_gpu_count());
   add(r.min_gpu_memory_mib);
   add(r.min_compute_capability
           ? r.min_compute_capability->major * 100 + r.min_compute_capability->minor

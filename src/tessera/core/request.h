@@ -1,6 +1,7 @@
 #pragma once
 // What a workload asks of the scheduler (Request) and what a node offers (NodeSpec). Plain values.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,10 +27,12 @@ struct Request {
 
   // Either whole GPUs...
   int gpus = 0;
-  // ...or one fractional share of one GPU: a compute share in thousandths (1..999) and/or GPU
-  // memory.
+  // ...or a fractional share of a GPU: a compute share in thousandths (1..999) and/or GPU
+  // memory, on each of `share_gpus` different GPUs of one node (0 or 1: one GPU; more: a job whose
+  // ranks run on several shared GPUs).
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
+  int share_gpus = 0;
 
   // Attribute selector: acceptable models (empty: any), least memory per GPU, least compute
   // capability.
@@ -68,8 +71,14 @@ struct Request {
 
   bool fractional() const { return gpus == 0 && (gpu_milli > 0 || gpu_memory_mib > 0); }
   bool wants_gpu() const { return gpus > 0 || fractional(); }
+  // How many GPUs it takes a share of (0 when it asks for whole GPUs or none).
+  int shared_gpu_count() const { return fractional() ? std::max(share_gpus, 1) : 0; }
+  // How many GPUs it is placed on, whole or shared.
+  int gpu_count() const { return gpus > 0 ? gpus : shared_gpu_count(); }
   // GPU compute asked for, in thousandths of a GPU.
-  int64_t gpu_milli_total() const { return int64_t{gpus} * kMilliPerGpu + gpu_milli; }
+  int64_t gpu_milli_total() const {
+    return int64_t{gpus} * kMilliPerGpu + int64_t{gpu_milli} * std::max(share_gpus, 1);
+  }
 };
 
 // Why a request is malformed ("gpu_milli: expected 1..999 with gpus = 0, got 1200"); empty when

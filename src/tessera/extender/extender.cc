@@ -335,7 +335,7 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json
       }
     }
   }
-  const int want = r.fractional() ? 1 : r.gpus;
+  const int want = r.gpu_count();
   if (static_cast<int>(a.gpus.size()) != want) {
     a.gpus.clear();
     for (int g = 0;

@@ -14,7 +14,7 @@ std::vector<TypicalRequest> TypicalRequests(const std::vector<core::Request>& re
   for (const core::Request& r : requests) {
     if (!r.wants_gpu()) continue;
     int32_t milli = r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
-    int gpus = r.fractional() ? 1 : r.gpus;
+    int gpus = r.gpu_count();
     std::vector<std::string> models = r.models;
     std::sort(models.begin(), models.end());
     counts[Key{r.cpu_milli, milli, gpus, models}] += 1;

@@ -340,7 +340,8 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
         (UnderUtilizationCeiling(g, r) ? candidates : over).push_back(static_cast<int>(p));
       }
     }
-    if (candidates.empty() && (over.empty() || r.util_ceiling_strict)) {
+    const size_t want = static_cast<size_t>(r.shared_gpu_count());
+    if (candidates.size() + (r.util_ceiling_strict ? 0 : over.size()) < want) {
       if (want_reason) {
         if (gpus.empty()) {
           ev.reason = "has no GPUs";
@@ -349,25 +350,22 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
               "{} GPU{} with room would be predicted busier than the {}% utilization ceiling "
               "with this job's {}%",
               over.size(), over.size() == 1 ? "" : "s", r.util_ceiling_pct, r.expected_util_pct);
-        } else {
+        } else if (want == 1) {
           ev.reason = fmt::format("no healthy GPU has {}/1000 compute and {} MiB free", r.gpu_milli,
                                   r.gpu_memory_mib);
+        } else {
+          ev.reason = fmt::format("{} healthy GPU{} {}/1000 compute and {} MiB free, wants {}",
+                                  candidates.size() + over.size(),
+                                  candidates.size() + over.size() == 1 ? " has" : "s have",
+                                  r.gpu_milli, r.gpu_memory_mib, want);
         }
       }
       return ev;
     }
-    int best = -1;
-    if (candidates.empty()) {
-      // Every GPU with room is predicted too busy: the least busy of them, and the place is scored
-      // below any within the ceiling, by how far over it goes.
-      for (int p : over) {
-        if (best < 0 || gpus[p].util_pct < gpus[best].util_pct) best = p;
-      }
-      over_ceiling = gpus[best].util_pct + r.expected_util_pct - r.util_ceiling_pct;
-    } else {
-      // The first policy with a GPU preference chooses; otherwise the fullest GPU that fits
-      // (packing within the node keeps whole GPUs free).
-      double best_value = 0;
+    if (candidates.size() >= want) {
+      // The first policy with a GPU preference chooses; otherwise the fullest GPUs that fit
+      // (packing within the node keeps whole GPUs free). Best first, ties to the lower index.
+      absl::InlinedVector<std::pair<double, int>, 8> valued;
       for (int p : candidates) {
         double value;
         if (share_chooser_ != nullptr) {
@@ -376,13 +374,24 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
         } else {
           value = -(gpus[p].milli_left * 1e7 + static_cast<double>(gpus[p].memory_left_mib));
         }
-        if (best < 0 || value > best_value + 1e-12) {
-          best = p;
-          best_value = value;
-        }
+        valued.emplace_back(value, p);
+      }
+      std::stable_sort(valued.begin(), valued.end(),
+                       [](const auto& a, const auto& b) { return a.first > b.first + 1e-12; });
+      for (size_t i = 0; i < want; ++i) ev.positions.push_back(valued[i].second);
+    } else {
+      // Not enough GPUs within the ceiling: those, then the least busy of the rest, and the place
+      // is scored below any within it, by how far over it goes.
+      std::stable_sort(over.begin(), over.end(),
+                       [&](int a, int b) { return gpus[a].util_pct < gpus[b].util_pct; });
+      ev.positions.assign(candidates.begin(), candidates.end());
+      for (size_t i = 0; ev.positions.size() < want; ++i) {
+        ev.positions.push_back(over[i]);
+        over_ceiling = std::max(over_ceiling,
+                                gpus[over[i]].util_pct + r.expected_util_pct - r.util_ceiling_pct);
       }
     }
-    ev.positions = {best};
+    std::sort(ev.positions.begin(), ev.positions.end());
   }
   ev.feasible = true;
   const ScoreInput in{node, r, ev.positions, scale};

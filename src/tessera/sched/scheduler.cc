@@ -132,8 +132,8 @@ int64_t Scheduler::ShapeKinds(Row& row, ShapeId s, const core::Request& r) {
   }
   int accepted = 0;
   for (uint16_t kind : shape.gpu_kind) accepted += (mask >> kind) & 1;
-  bool never = shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib ||
-               accepted < r.gpus || (r.fractional() && accepted == 0);
+  bool never =
+      shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib || accepted < r.gpu_count();
   return k = never ? kNeverFits : mask;
 }
 
@@ -432,7 +432,7 @@ GpuAmount Scheduler::QuotaAmount(const core::Request& r, NodeId node,
   a.gpus = r.gpus;
   a.gpu_milli = r.gpu_milli_total();
   if (r.fractional()) {
-    a.gpu_memory_mib = r.gpu_memory_mib;
+    a.gpu_memory_mib = r.gpu_memory_mib * r.shared_gpu_count();
   } else {
     for (int g : gpus) a.gpu_memory_mib += state_.node_spec(node).gpus[g].memory_mib;
   }

@@ -33,6 +33,44 @@ TEST(Scheduler, PlaceAndReleaseAccountExactly) {
   EXPECT_EQ(s.Release("x").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(Scheduler, AShareOnSeveralGpusTakesItOnDifferentGpus) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 3)).ok());
+  ASSERT_TRUE(s.Place(Share("small", 600)).ok());  // the fullest GPU for the next shares
+  core::Request ranks = Share("ranks", 400);
+  ranks.share_gpus = 2;
+  ranks.gpu_memory_mib = 8192;
+  auto a = s.Place(ranks);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->gpus.size(), 2u);
+  EXPECT_NE(a->gpus[0], a->gpus[1]);
+  EXPECT_EQ(a->milli_per_gpu, 400);
+  EXPECT_EQ(a->memory_mib_per_gpu, 8192);
+  int64_t milli = 0, memory = 0;
+  for (int g = 0; g < 3; ++g) milli += s.state().gpu_use(0, g).milli;
+  for (int g = 0; g < 3; ++g) memory += s.state().gpu_use(0, g).memory_mib;
+  EXPECT_EQ(milli, 600 + 2 * 400);
+  EXPECT_EQ(memory, 2 * 8192);
+  // Packed: the GPU the small share is on is one of them (600 + 400 fits).
+  const int small = s.state().Find("small")->gpus[0];
+  EXPECT_TRUE(a->gpus[0] == small || a->gpus[1] == small);
+  // Three more GPUs' worth of 400 does not fit on three GPUs with 0, 600 and 600 left.
+  core::Request three = Share("three", 400);
+  three.share_gpus = 3;
+  auto no = s.Place(three);
+  EXPECT_EQ(no.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(no.status().message()),
+              HasSubstr("2 healthy GPUs have 400/1000 compute and 0 MiB free, wants 3"));
+  ASSERT_TRUE(s.Release("ranks").ok());
+  for (int g = 0; g < 3; ++g) milli -= s.state().gpu_use(0, g).milli;
+  EXPECT_EQ(milli, 800) << "released on both GPUs";
+  EXPECT_TRUE(s.Place(three).ok()) << "fits on three GPUs again";
+  core::Request bad = Whole("bad", 0);
+  bad.share_gpus = 2;
+  EXPECT_THAT(std::string(s.Place(bad).status().message()),
+              HasSubstr("share_gpus: a share on several GPUs needs gpu_milli or gpu_memory_mib"));
+}
+
 TEST(Scheduler, RejectsMalformedRequests) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());

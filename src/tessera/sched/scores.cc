@@ -74,7 +74,9 @@ class DotProduct final : public ScorePlugin {
     double want_cpu = double(r.cpu_milli) / shape.cpu_milli;
     double free_gpu = 0, want_gpu = 0;
     if (r.fractional() && !in.positions.empty()) {
-      free_gpu = gpus[in.positions[0]].milli_left / 1000.0;
+      // A share on several GPUs: the GPUs' mean.
+      for (int p : in.positions) free_gpu += gpus[p].milli_left / 1000.0;
+      free_gpu /= static_cast<double>(in.positions.size());
       want_gpu = r.gpu_milli / 1000.0;
     } else if (!gpus.empty()) {
       free_gpu = double(GpuLeftTotal(in.node)) / GpuCapacity(in.node);
@@ -150,8 +152,11 @@ class Fgd final : public ScorePlugin {
     // Scaled far below any real difference (a difference of one thousandth of a GPU's
     // fragmentation moves the first key by about 2.5e-4).
     double second = BestFitValue(in);
-    if (r.fractional() && in.positions.size() == 1)
-      second += 1.0 - double(gpus[in.positions[0]].milli_left) / core::kMilliPerGpu;
+    if (r.fractional() && !in.positions.empty()) {
+      double full = 0;
+      for (int p : in.positions) full += 1.0 - double(gpus[p].milli_left) / core::kMilliPerGpu;
+      second += full / static_cast<double>(in.positions.size());
+    }
     return fgd + kTieBreak * second;
   }
 

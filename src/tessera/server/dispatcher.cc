@@ -580,7 +580,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   std::error_code ec;
   if (!r.region.empty()) {
     // Its last GPU use first: the arbiter's count and the region's peak.
-    if (!r.gpus.empty()) AddShareReading(r, ReadShare(r.id, r.gpus[0], r.gpu_milli > 0, r.region));
+    if (!r.gpus.empty()) AddShareReading(r, ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
     fs::remove(r.region, ec);
   }
   TransitionFields f;
@@ -667,12 +667,15 @@ void Dispatcher::Finish(Ending& e, double now) {
   }
 }
 
-Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, int gpu, bool compute_share,
+Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int>& gpus,
+                                               bool compute_share,
                                                const std::string& region) const {
   ShareReading s;
-  if (compute_share) {
-    s.busy_us = shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpu,
-                                        shim::ArbiterJobKey(std::to_string(id).c_str()));
+  if (compute_share && !gpus.empty()) {
+    // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
+    const uint64_t key = shim::ArbiterJobKey(std::to_string(id).c_str());
+    for (int g : gpus) s.busy_us += shim::ArbiterBusyMicros(ArbiterFile().c_str(), g, key);
+    s.busy_us /= gpus.size();
   }
   s.peak_bytes = ReadRegionMemory(region).peak;
   return s;
@@ -819,7 +822,7 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     share.arbiter = config_.state_dir + "/gpu.arbiter";
     share.share_milli = q.spec->gpu_milli;
     share.priority = q.priority;
-    share.physical_gpu = a.gpus[0];
+    share.physical_gpus = a.gpus;
     share.context_overhead_bytes = config_.context_overhead_bytes;
     ls.share = share;
   }
@@ -890,8 +893,11 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
     std::error_code ec;
     fs::remove(ls.share->region, ec);
     char err[256] = {};
-    const uint64_t limit = ls.share->memory_bytes;
-    if (!shim::CreateRegionFile(ls.share->region.c_str(), &limit, 1, err, sizeof err)) {
+    // A limit per GPU of the job, in the order of its CUDA ordinals.
+    const std::vector<uint64_t> limits(std::max<size_t>(ls.share->physical_gpus.size(), 1),
+                                       ls.share->memory_bytes);
+    if (!shim::CreateRegionFile(ls.share->region.c_str(), limits.data(),
+                                static_cast<int>(limits.size()), err, sizeof err)) {
       spdlog::warn("job {}: shared region {}: {}", q.id, ls.share->region, err);
     } else if (ls.uid && chown(ls.share->region.c_str(), *ls.uid, ls.gid.value_or(0)) != 0) {
       spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
@@ -1322,7 +1328,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
       if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) ++matching;
     }
   }
-  if ((r.gpus > 0 && matching < r.gpus) || (r.fractional() && matching == 0)) {
+  if (matching < r.gpu_count()) {
     return HttpError(
         400, fmt::format(
                  "resources: this machine has {} matching GPU(s) of {}; the job could never start",
@@ -1770,17 +1776,18 @@ std::string Dispatcher::TakeSample() {
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
   // the lock: for their history.
-  std::vector<std::tuple<int64_t, int, bool, std::string>> share_jobs;  // id, GPU, compute, region
+  // id, GPUs, compute, region
+  std::vector<std::tuple<int64_t, std::vector<int>, bool, std::string>> share_jobs;
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, r] : running_) {
       if (!r.region.empty() && !r.gpus.empty())
-        share_jobs.emplace_back(id, r.gpus[0], r.gpu_milli > 0, r.region);
+        share_jobs.emplace_back(id, r.gpus, r.gpu_milli > 0, r.region);
     }
   }
   std::map<int64_t, ShareReading> shares;
-  for (const auto& [id, gpu, compute, region] : share_jobs)
-    shares[id] = ReadShare(id, gpu, compute, region);
+  for (const auto& [id, gpus, compute, region] : share_jobs)
+    shares[id] = ReadShare(id, gpus, compute, region);
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;

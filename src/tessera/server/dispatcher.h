@@ -317,8 +317,10 @@ class Dispatcher {
   void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                       const std::map<int64_t, ShareReading>& shares);
   // What a share's files say now (read without mu_): the GPU time the arbiter charged job `id` on
-  // GPU `gpu` (with a compute share) and its region's peak; added to its record under mu_.
-  ShareReading ReadShare(int64_t id, int gpu, bool compute_share, const std::string& region) const;
+  // its GPUs `gpus` (with a compute share; the mean per GPU) and its region's peak on one GPU;
+  // added to its record under mu_.
+  ShareReading ReadShare(int64_t id, const std::vector<int>& gpus, bool compute_share,
+                         const std::string& region) const;
   static void AddShareReading(Running& r, const ShareReading& s);
   // A job's GPU utilization over its run (percent), when measured.
   static std::optional<double> GpuUtilizationOf(const Running& r, double now);

@@ -262,10 +262,9 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       if (!(pct >= 0.1 && pct < 100)) {
         return Bad(
             "resources.gpu_share",
-            fmt::format(
-                "expected a share of one GPU between 0.1% and 99.9% (\"30%\" or 30), got {}; "
-                "ask for whole GPUs with resources.gpus",
-                v.dump()));
+            fmt::format("expected a share of a GPU between 0.1% and 99.9% (\"30%\" or 30), got {}; "
+                        "for whole GPUs leave it out",
+                        v.dump()));
       }
       s.gpu_milli = static_cast<int>(std::lround(pct * 10));
     }
@@ -317,21 +316,13 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
                    fmt::format("expected none, prefer or require, got '{}'", s.topology));
       }
     }
-    if (s.gpus > 0 && (s.gpu_milli > 0 || s.gpu_memory_mib > 0)) {
-      return Bad(
-          "resources",
-          "ask for whole GPUs (gpus) or a fraction of one (gpu_memory, gpu_share), not both");
-    }
   }
   if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
     return Bad("resources", why);
-  if ((s.ntasks > 0 || s.tasks_per_gpu > 0) && (s.gpu_milli > 0 || s.gpu_memory_mib > 0)) {
-    return Bad(s.tasks_per_gpu > 0 ? "tasks_per_gpu" : "ntasks",
-               "several processes need whole GPUs (resources.gpus); a fraction of one GPU runs "
-               "one process");
+  if (s.tasks_per_gpu > 0 && s.gpus == 0 && s.gpu_milli == 0 && s.gpu_memory_mib == 0) {
+    return Bad("tasks_per_gpu",
+               "the job asks for no GPU (resources.gpus, gpu_share, gpu_memory); use ntasks");
   }
-  if (s.tasks_per_gpu > 0 && s.gpus == 0)
-    return Bad("tasks_per_gpu", "the job asks for no GPU (resources.gpus); use ntasks");
   if (s.Tasks() > 1 && !s.image.empty())
     return Bad("image", "a job in a container runs one process; ntasks/tasks_per_gpu need none");
   return s;
@@ -540,7 +531,10 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   r.id = std::to_string(job_id);
   r.cpu_milli = s.cpu_milli;
   r.memory_mib = s.memory_mib;
-  r.gpus = s.gpus;
+  // With a share (gpu_share, gpu_memory), `gpus` is how many GPUs get it; else whole GPUs.
+  const bool share = s.gpu_milli > 0 || s.gpu_memory_mib > 0;
+  r.gpus = share ? 0 : s.gpus;
+  r.share_gpus = share ? s.gpus : 0;
   r.gpu_milli = s.gpu_milli;
   r.gpu_memory_mib = s.gpu_memory_mib;
   r.models = s.models;

@@ -50,7 +50,8 @@ struct JobSpec {
   std::string workdir;  // absolute; empty: the server's state directory
   std::string name;
   std::map<std::string, std::string> labels;
-  // Resources: whole GPUs, or a fraction of one (compute share in thousandths and/or memory).
+  // Resources: whole GPUs, or a fraction of a GPU (compute share in thousandths and/or memory) -
+  // then on each of `gpus` GPUs (0 or 1: one).
   int gpus = 0;
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;

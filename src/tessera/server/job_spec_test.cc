@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/server/predictor.h"
+
 namespace tessera::server {
 namespace {
 
@@ -66,7 +68,8 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
       {R"({"command": ["ls"], "resources": {"gpus": 65}})", "resources.gpus: expected 0..64"},
       {R"({"command": ["ls"], "resources": {"gpu_share": 150}})", "resources.gpu_share"},
       {R"({"command": ["ls"], "resources": {"gpu_memory": "lots"}})", "resources.gpu_memory"},
-      {R"({"command": ["ls"], "resources": {"gpus": 1, "gpu_share": 30}})", "not both"},
+      {R"({"command": ["ls"], "resources": {"gpus": 2, "gpu_share": 30, "topology": "require"}})",
+       "2 or more whole GPUs"},
       {R"({"command": ["ls"], "resources": {"gpus": 1, "topology": "require"}})",
        "2 or more whole GPUs"},
       {R"({"command": ["ls"], "priority": 1.5})", "priority: expected a whole number"},
@@ -124,6 +127,29 @@ TEST(JobSpec, ArrayRangesListsStepsAndLimits) {
   }
 }
 
+TEST(JobSpec, AShareOnSeveralGpusIsOneRankPerGpu) {
+  // gpus with gpu_share/gpu_memory: that share of each of so many GPUs, one process per GPU.
+  auto s = ParseJobSpec(R"({"command": ["python", "train.py"], "tasks_per_gpu": 1,
+      "resources": {"gpus": 2, "gpu_share": "50%", "gpu_memory": "10GiB"}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->Tasks(), 2);
+  const core::Request r = RequestOf(*s, 7, "ada");
+  EXPECT_EQ(r.gpus, 0) << "no whole GPU";
+  EXPECT_EQ(r.share_gpus, 2);
+  EXPECT_EQ(r.gpu_milli, 500);
+  EXPECT_EQ(r.gpu_memory_mib, 10240);
+  EXPECT_EQ(r.gpu_milli_total(), 1000);
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*s));
+  EXPECT_EQ(HistoryShape(*s), "50% 10240MiB on 2 GPUs x2");
+  // One GPU's share, several processes on it.
+  auto one =
+      ParseJobSpec(R"({"command": ["ls"], "ntasks": 2, "resources": {"gpu_memory": "1GiB"}})");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(RequestOf(*one, 8, "ada").shared_gpu_count(), 1);
+}
+
 TEST(JobSpec, DependenciesAndTasksParseAndRoundTrip) {
   auto s = ParseJobSpec(R"({"command": ["ls"], "array": "0-9%2", "after": ["ok:5", "notok:7_3",
       "any:9", "ok:5"], "hold": true, "tasks_per_gpu": 2, "task_failure": "wait",
@@ -151,8 +177,6 @@ TEST(JobSpec, DependenciesAndTasksParseAndRoundTrip) {
            {R"({"command":["ls"],"ntasks":2,"tasks_per_gpu":2,"resources":{"gpus":1}})",
             "not both"},
            {R"({"command":["ls"],"tasks_per_gpu":2})", "asks for no GPU"},
-           {R"({"command":["ls"],"ntasks":2,"resources":{"gpu_memory":"1GiB"}})",
-            "several processes need whole GPUs"},
            {R"({"command":["ls"],"ntasks":2,"task_failure":"retry"})", "expected kill or wait"},
        }) {
     auto r = ParseJobSpec(b.json);

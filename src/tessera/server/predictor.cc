@@ -75,10 +75,11 @@ double Median(const std::deque<double>& d) {
 }  // namespace
 
 std::string HistoryShape(const JobSpec& spec) {
-  std::string s = spec.gpus > 0 ? fmt::format("{} GPU", spec.gpus)
-                  : (spec.gpu_milli > 0 || spec.gpu_memory_mib > 0)
-                      ? fmt::format("{:g}% {}MiB", spec.gpu_milli / 10.0, spec.gpu_memory_mib)
-                      : std::string("no-GPU");
+  const bool share = spec.gpu_milli > 0 || spec.gpu_memory_mib > 0;
+  std::string s = share ? fmt::format("{:g}% {}MiB", spec.gpu_milli / 10.0, spec.gpu_memory_mib)
+                  : spec.gpus > 0 ? fmt::format("{} GPU", spec.gpus)
+                                  : std::string("no-GPU");
+  if (share && spec.gpus > 1) s += fmt::format(" on {} GPUs", spec.gpus);
   if (spec.Tasks() > 1) s += fmt::format(" x{}", spec.Tasks());
   if (!spec.models.empty()) s += fmt::format(" [{}]", fmt::join(spec.models, ","));
   return s;

@@ -90,7 +90,9 @@ std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
     }
     if (!spec.share->arbiter.empty() && spec.share->share_milli > 0) {
       env["TESSERA_CUDA_ARBITER"] = spec.share->arbiter;
-      env["TESSERA_CUDA_ARBITER_GPUS"] = std::to_string(spec.share->physical_gpu);
+      // One per CUDA ordinal of the job; two or more make its slices on them one gang.
+      env["TESSERA_CUDA_ARBITER_GPUS"] =
+          fmt::format("{}", fmt::join(spec.share->physical_gpus, ","));
       env["TESSERA_CUDA_PRIORITY"] = std::to_string(spec.share->priority);
       env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{}", spec.share->share_milli / 1000.0);
     }

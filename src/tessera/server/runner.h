@@ -28,7 +28,7 @@ struct ShareLimits {
   std::string arbiter;        // the machine's GPU arbiter file; empty: launches not paced
   int share_milli = 0;        // compute share, thousandths of the GPU; 0: none asked
   int priority = 0;
-  int physical_gpu = 0;  // the arbiter's index of the job's GPU
+  std::vector<int> physical_gpus;  // the arbiter's indices of the job's GPUs (a share of each)
   uint64_t context_overhead_bytes = 0;
 };
 

@@ -34,8 +34,10 @@ RegionMemory ReadRegionMemory(const std::string& path) {
   const auto* d = static_cast<const shim::RegionData*>(shim::MapReadOnly(
       path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic, shim::kRegionVersion));
   if (d == nullptr) return out;
-  out.used = d->used[0].load();
-  out.peak = d->peak[0].load();
+  for (int i = 0; i < shim::kMaxDevices; ++i) {
+    out.used += d->used[i].load();
+    out.peak = std::max(out.peak, d->peak[i].load());
+  }
   shim::UnmapReadOnly(d, sizeof(shim::RegionData));
   return out;
 }

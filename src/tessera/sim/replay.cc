@@ -257,7 +257,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     ++running;
     allocated_milli += jobs[i].request.gpu_milli_total();
     if (st.remaining < 0) return;  // runs to the end of the replay
-    if (config.interference && jobs[i].request.fractional() && !a.gpus.empty()) {
+    // Modelled for a share of one GPU; one of several GPUs runs at its own pace.
+    if (config.interference && jobs[i].request.fractional() && a.gpus.size() == 1) {
       st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
       st.work_left = st.remaining, st.since = now, st.rate = 0;  // no departure yet
       shares_on[st.gpu_key].push_back(i);

@@ -33,13 +33,16 @@ TEST(TesseraCsv, NodesWithCountAndModelMemory) {
 
 TEST(TesseraCsv, JobsWithSharesModelsAndTimes) {
   auto jobs = ParseTesseraJobs(
-      "name,cpu_milli,memory_mib,gpus,gpu_milli,gpu_memory_mib,gpu_models,priority,preemptible,"
-      "submit_time,duration\n"
-      "train,8000,32768,4,,,A100|H100,5,0,10,3600\n"
-      "notebook,2000,8192,,300,10240,,0,1,20.5,\n",
+      "name,cpu_milli,memory_mib,gpus,gpu_milli,gpu_memory_mib,share_gpus,gpu_models,priority,"
+      "preemptible,submit_time,duration\n"
+      "train,8000,32768,4,,,,A100|H100,5,0,10,3600\n"
+      "notebook,2000,8192,,300,10240,,,0,1,20.5,\n"
+      "ranks,2000,8192,,500,,2,,0,1,30,60\n",
       "jobs.csv");
   ASSERT_TRUE(jobs.ok()) << jobs.status();
-  ASSERT_EQ(jobs->size(), 2u);
+  ASSERT_EQ(jobs->size(), 3u);
+  EXPECT_EQ((*jobs)[2].request.shared_gpu_count(), 2) << "a share of each of two GPUs";
+  EXPECT_EQ((*jobs)[1].request.shared_gpu_count(), 1);
   const SimJob& train = (*jobs)[0];
   EXPECT_EQ(train.request.gpus, 4);
   EXPECT_THAT(train.request.models, ::testing::ElementsAre("A100", "H100"));
@@ -100,6 +103,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"name,cpu_milli,memory_mib,colour\n", "jobs.csv:1: unknown column 'colour'"},
         BadCase{"name,cpu_milli,memory_mib,gpus,gpu_milli\na,1,1,2,500\n",
                 "jobs.csv:2: gpus: whole GPUs and a share"},
+        BadCase{
+            "name,cpu_milli,memory_mib,gpus,share_gpus\na,1,1,2,2\n",
+            "jobs.csv:2: share_gpus: only a share (gpu_milli, gpu_memory_mib) is on several GPUs"},
+        BadCase{"name,cpu_milli,memory_mib,gpu_milli,share_gpus\na,1,1,500,0\n",
+                "jobs.csv:2: share_gpus"},
         BadCase{"name,cpu_milli,memory_mib\na,1,1\na,2,2\n",
                 "jobs.csv:3: name: job 'a' listed twice"},
         BadCase{"name,cpu_milli,memory_mib,submit_time\na,1,1,yesterday\n",

@@ -97,8 +97,8 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
                                                      std::string_view filename) {
   try {
     Csv c(text, filename, {"name", "cpu_milli", "memory_mib"},
-          {"gpus", "gpu_milli", "gpu_memory_mib", "gpu_models", "priority", "preemptible",
-           "submit_time", "duration", "predicted_duration", "user", "utilization"});
+          {"gpus", "gpu_milli", "gpu_memory_mib", "share_gpus", "gpu_models", "priority",
+           "preemptible", "submit_time", "duration", "predicted_duration", "user", "utilization"});
     std::vector<SimJob> jobs;
     std::set<std::string, std::less<>> names;
     while (c.Next()) {
@@ -112,6 +112,12 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
       r.gpu_memory_mib = c.OptionalInt("gpu_memory_mib", 0, 1LL << 24).value_or(0);
       if (r.gpus > 0 && (r.gpu_milli > 0 || r.gpu_memory_mib > 0)) {
         c.Fail(c.line(), "gpus: whole GPUs and a share (gpu_milli, gpu_memory_mib) are exclusive");
+      }
+      if (c.Has("share_gpus") && !c.Get("share_gpus").empty()) {
+        r.share_gpus = static_cast<int>(c.Int("share_gpus", 1, 64));
+        if (!r.fractional())
+          c.Fail(c.line(),
+                 "share_gpus: only a share (gpu_milli, gpu_memory_mib) is on several GPUs");
       }
       if (c.Has("gpu_models") && !c.Get("gpu_models").empty()) {
         r.models = c.Models("gpu_models");
