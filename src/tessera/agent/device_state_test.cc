@@ -191,6 +191,32 @@ TEST_F(DeviceStateTest, SharesGetTheInterceptLibraryTheirLimitsAndARegion) {
   EXPECT_THAT(used, ElementsAre(0u));
 }
 
+TEST_F(DeviceStateTest, SharesOnTwoGpusGetALimitOnEachAndOneGangAtTheArbiter) {
+  // Without the extender the kubelet may take a container's share devices from two GPUs: the
+  // container sees both, with a limit on each (in the order it sees them), and its slices on the
+  // two are one gang at the arbiter (both in TESSERA_CUDA_ARBITER_GPUS).
+  fs::create_directories(dir_ + "/state");
+  std::ofstream(dir_ + "/state/gpu.arbiter") << "";
+  auto r = state_->Allocate(Resource::kShare, Request({{Share(5, 0), Share(3, 1)}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& env = r->container_responses(0).envs();
+  const uint64_t quarter = *inventory_.gpus[3].memory_bytes / 4;
+  EXPECT_EQ(env.at("TESSERA_CUDA_MEM_LIMIT"),
+            "0:" + std::to_string(quarter) + ",1:" + std::to_string(quarter));
+  EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "0.25") << "a quarter of each";
+  const std::string visible = env.at("NVIDIA_VISIBLE_DEVICES");
+  const std::string gpus = env.at("TESSERA_CUDA_ARBITER_GPUS");
+  EXPECT_TRUE((visible == Uuid(3) + "," + Uuid(5) && gpus == "3,5") ||
+              (visible == Uuid(5) + "," + Uuid(3) && gpus == "5,3"))
+      << visible << " / " << gpus;
+  std::string region;
+  for (const auto& m : r->container_responses(0).mounts())
+    if (m.container_path() == kContainerRegion) region = m.host_path();
+  std::vector<uint64_t> used, limit;
+  ASSERT_TRUE(ReadRegion(region, &used, &limit));
+  EXPECT_THAT(limit, ElementsAre(quarter, quarter));
+}
+
 TEST_F(DeviceStateTest, BadAllocateRequestsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(state_->Allocate(Resource::kGpu, Request({{Uuid(0)}})).ok());
   std::string checkpoint = test::ReadFile(state_->checkpoint_path());
