@@ -122,6 +122,14 @@ TEST(TesseraServer, AShareOnTwoGpusGetsALimitOnEachAndOneGangAtTheArbiter) {
   EXPECT_THAT(second, HasSubstr(each));
   ASSERT_TRUE(j["usage"]["gpu_utilization_pct"].is_number()) << j.dump();
   EXPECT_EQ(j["usage"]["gpu_peak_memory_mib"], 800) << "the most on one GPU";
+  // The same from the CLI (the README's line).
+  const std::string out =
+      Cli(d, "submit --gpus 2 --gpu-share 50% --tasks-per-gpu 1 -- sh -c 'echo $TESSERA_NTASKS'");
+  int64_t cli = 0;
+  ASSERT_EQ(sscanf(out.c_str(), "submitted job %ld", &cli), 1) << out;
+  json c = d.WaitFor(cli, "succeeded");
+  EXPECT_EQ(c["placement"]["gpus"].size(), 2u);
+  EXPECT_EQ(d.Logs(cli), "2\n");
 }
 
 TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredicted) {
