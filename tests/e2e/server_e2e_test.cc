@@ -130,6 +130,7 @@ TEST(TesseraServer, AShareOnTwoGpusGetsALimitOnEachAndOneGangAtTheArbiter) {
   json c = d.WaitFor(cli, "succeeded");
   EXPECT_EQ(c["placement"]["gpus"].size(), 2u);
   EXPECT_EQ(d.Logs(cli), "2\n");
+  EXPECT_THAT(Cli(d, "ls"), HasSubstr("50% on 2 GPUs"));
 }
 
 TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredicted) {

@@ -107,10 +107,14 @@ std::string Age(double since) {
 std::string Resources(const json& spec) {
   const json r = spec.value("resources", json::object());
   std::string out;
-  if (r.contains("gpus")) out = fmt::format("{} GPU", r["gpus"].get<int>());
+  const bool share = r.contains("gpu_share") || r.contains("gpu_memory");
   if (r.contains("gpu_share")) out += r["gpu_share"].get<std::string>();
   if (r.contains("gpu_memory"))
     out += (out.empty() ? "" : " ") + r["gpu_memory"].get<std::string>();
+  // Whole GPUs, or how many GPUs get the share.
+  if (r.contains("gpus") && !share) out = fmt::format("{} GPU", r["gpus"].get<int>());
+  if (r.contains("gpus") && share && r["gpus"].get<int>() > 1)
+    out += fmt::format(" on {} GPUs", r["gpus"].get<int>());
   if (r.contains("cpus"))
     out += (out.empty() ? "" : " ") + fmt::format("{:g} CPU", r["cpus"].get<double>());
   if (r.contains("memory")) out += (out.empty() ? "" : " ") + r["memory"].get<std::string>();
