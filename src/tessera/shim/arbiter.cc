@@ -455,10 +455,10 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
     now = NowMicros();
     // Its GPUs in ascending order: each held (its wait for the rest keeps it active there), kept
     // at the end of its slice, or taken; the first that cannot be is waited for, and the job says
-    // it wants every GPU from there on.
-    // At the end of a slice the job ran on all its GPUs, each is decided again, also one whose
-    // lease ends a little later than the rest (aligned by two processes at once): none is
-    // extended without its decision. While it gathers them, each held one at its own end.
+    // it wants every GPU from there on. At the end of a slice it ran on all its GPUs, each is
+    // decided again, also one whose lease ends a little later than the rest (aligned by two
+    // processes at once): none is extended without its decision. While it gathers them, each one
+    // it holds is decided at its own end.
     bool running = true;
     for (uint32_t m = config_.gang_mask; m && running; m &= m - 1) {
       const int b = __builtin_ctz(m);
