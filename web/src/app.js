@@ -63,9 +63,12 @@ function ago(t) {
 function shape(job) {
   const r = (job.spec && job.spec.resources) || {};
   const parts = [];
-  if (r.gpus) parts.push(`${r.gpus} GPU${r.gpus > 1 ? 's' : ''}`);
+  // A share (gpu_share, gpu_memory) is on each of `gpus` GPUs; without one, `gpus` are whole.
+  const share = r.gpu_share !== undefined || r.gpu_memory !== undefined;
+  if (r.gpus && !share) parts.push(`${r.gpus} GPU${r.gpus > 1 ? 's' : ''}`);
   if (r.gpu_share !== undefined) parts.push(`${typeof r.gpu_share === 'number' ? `${r.gpu_share}%` : r.gpu_share} share`);
   if (r.gpu_memory) parts.push(`${r.gpu_memory}`);
+  if (share && r.gpus > 1) parts.push(`on ${r.gpus} GPUs`);
   if (r.model) parts.push(Array.isArray(r.model) ? r.model.join('|') : r.model);
   return parts.join(', ') || 'no GPU';
 }

@@ -83,6 +83,17 @@ test('a job submitted in the page appears, runs, shows its log, and can be cance
   await page.context().close();
 });
 
+test('a share of several GPUs is said as one, on its GPUs', async () => {
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
+    { command: sh('sleep 60'), resources: { gpus: 2, gpu_share: '50%', gpu_memory: '10GiB' }, hold: true });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${sub.body.id}`);
+  await page.waitForFunction(() => /50% share, 10240MiB, on 2 GPUs/.test(document.body.textContent));
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a bad value gets the API\'s message beside its field, and nothing is submitted', async () => {
   const before = (await server.api(USER_TOKEN, 'GET', '/v1/jobs')).body.jobs.length;
   const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
