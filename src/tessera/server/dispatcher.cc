@@ -646,6 +646,12 @@ void Dispatcher::Finish(Ending& e, double now) {
   // (One killed after the grace period was removed then.)
   if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known))
     RemoveContainer(*containers_, r.id);
+  // Its run time joins the history that predicts the next ones - before its end is recorded, so
+  // that whoever sees it ended (and submits the next run) finds it in the history.
+  if (to == JobState::kSucceeded && r.spec) {
+    predictor_.Add(*r.spec, r.owner, now - r.started, util,
+                   r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
+  }
   if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
     spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
     return;
@@ -653,11 +659,6 @@ void Dispatcher::Finish(Ending& e, double now) {
   // Recorded: a restart no longer needs the exit file to tell how it ended.
   fs::remove(JobFile("exit", r.id), ec);
   spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
-  // Its run time joins the history that predicts the next ones.
-  if (to == JobState::kSucceeded && r.spec) {
-    predictor_.Add(*r.spec, r.owner, now - r.started, util,
-                   r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
-  }
   if (requeue) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
@@ -949,7 +950,7 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
 
 void Dispatcher::CommitLaunch(Launch& l, double now) {
   const int64_t id = l.queued.id;
-  std::string cancelled_by = std::move(starting_[id]);
+  std::string cancelled_by = std::move(starting_[id].cancelled_by);
   starting_.erase(id);
   if (!l.recorded.ok()) {
     // Not started (the store refused the transition): back in the queue for the next pass.
@@ -1165,9 +1166,10 @@ void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
       }
       continue;
     }
+    Starting starting{"", q->second.spec, q->second.owner};  // a cancel meanwhile is kept here
     launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
     queued_.erase(q);
-    starting_[id];  // a cancel meanwhile is kept here
+    starting_[id] = std::move(starting);
   }
   EndNeverMet(now, lock);
   if (launches.empty()) return;
@@ -1448,7 +1450,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     if (auto it = running_.find(t); it != running_.end()) {
       RequestStop(it->second, "cancel", reason, now);
     } else if (auto s = starting_.find(t); s != starting_.end()) {
-      s->second = reason;  // stopped as soon as its process exists
+      s->second.cancelled_by = reason;  // stopped as soon as its process exists
     } else if (finishing_.contains(t)) {
       if (ids.size() == 1) {
         EndChange(queued);
@@ -1565,9 +1567,11 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
     spec = r->second.spec, owner = r->second.owner;
     l.pid = r->second.pid;
     if (!r->second.stop.empty()) l.stopping = r->second.stop_reason;
-  } else if (auto s = starting_.find(id); s != starting_.end() && !s->second.empty()) {
-    // Cancelled while its process is being started: it is stopped as soon as the process exists.
-    l.stopping = s->second;
+  } else if (auto s = starting_.find(id); s != starting_.end()) {
+    // Being started (its state already says running).
+    spec = s->second.spec, owner = s->second.owner;
+    // Cancelled meanwhile: it is stopped as soon as the process exists.
+    if (!s->second.cancelled_by.empty()) l.stopping = s->second.cancelled_by;
   }
   if (!spec) return l;
   l.known = true;

@@ -378,8 +378,14 @@ class Dispatcher {
   std::unique_ptr<sched::Cycle> cycle_;  // the queue: sched's, shared with the simulator
   std::map<int64_t, Running> running_;
   std::map<int64_t, Queued> queued_;
-  // Jobs being launched outside mu_: the user who cancelled one meanwhile, else empty.
-  std::map<int64_t, std::string> starting_;
+  // Jobs being launched outside mu_: what they are (their state says running already), and the
+  // user who cancelled one meanwhile.
+  struct Starting {
+    std::string cancelled_by;  // empty: not cancelled
+    std::shared_ptr<const JobSpec> spec;
+    std::string owner;
+  };
+  std::map<int64_t, Starting> starting_;
   // Jobs whose process ended and whose end is being recorded outside mu_.
   std::set<int64_t> finishing_;
   std::vector<bool> gpu_healthy_;

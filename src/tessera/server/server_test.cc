@@ -170,7 +170,7 @@ TEST_F(ServerTest, PreemptionSendsSigtermWaitsForTheVictimAndRequeuesIt) {
 TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
   StartServer();
   launcher_.HoldStarts();  // the launch hangs, as a slow fork/exec would
-  int64_t id = Submit(1, 100);
+  int64_t id = Submit(1, 100, 0, {{"max_runtime_s", 200}});
   std::thread loop([&] { server_->RunOnce(); });
   ASSERT_TRUE(launcher_.WaitForHeldStart(10));
   // The loop is inside the launch: reads, submissions and a cancel are answered all the same.
@@ -179,6 +179,10 @@ TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
   EXPECT_EQ(status, 200);
   EXPECT_EQ(State(id), "running") << "marked running just before its launch";
   EXPECT_TRUE(Job(id)["pid"].is_null()) << "no process yet";
+  // What is expected of it is said already (it was left out while the launch went on).
+  const json starting = Job(id);
+  EXPECT_EQ(starting.value("prediction", ""), "its max runtime") << starting.dump();
+  EXPECT_EQ(starting.value("expected_duration_s", 0.0), 200) << starting.dump();
   int64_t other = Submit(1, 5);
   Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", nullptr, &status);
   EXPECT_EQ(status, 200);
