@@ -351,10 +351,10 @@ RanksRun RunRanks(bool gang) {
 
 TEST(Pacing, AJobsRanksOnSeveralGpusGetTheirSlicesTogether) {
   // Arbitrated GPU by GPU, a rank holds its GPU while the other's belongs to another job, so the
-  // ranks seldom run at once and their steps crawl (measured: 19-61 steps, 2-7% of the window;
+  // ranks seldom run at once and their steps crawl (measured: 19-52 steps, 2-6% of the window;
   // up to 124 with both cores busy). With gang time-slicing both GPUs are the job's at the same
-  // time: 342-348 steps (38%; 324-337 with both cores busy), and the single-GPU jobs keep their
-  // shares (47-50% each).
+  // time: 359-362 steps (40%; 351-354 with both cores busy), and the single-GPU jobs keep their
+  // shares (47-49% each).
   const RanksRun apart = RunRanks(false);
   const RanksRun together = RunRanks(true);
   for (const auto& [how, r] : {std::pair{"apart", apart}, std::pair{"together", together}}) {
@@ -372,7 +372,7 @@ TEST(Pacing, AJobsRanksOnSeveralGpusGetTheirSlicesTogether) {
 TEST(Pacing, TwoJobsOnTheSameGpusTakeThemInTurnByShare) {
   // Two two-rank jobs on the same two GPUs, 30% and 70%: each takes its GPUs in ascending order,
   // so neither holds one while waiting for the other's (no deadlock), and their steps split by
-  // share (measured: 28/72, 85% of the GPU time in steps).
+  // share (measured: 28/72, 81-86% of the GPU time in steps).
   const std::string arbiter = TempPath("arbiter-gangs"), clock = TempPath("clock-gangs");
   for (const std::string& p : {arbiter, clock}) std::filesystem::remove(p);
   const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);

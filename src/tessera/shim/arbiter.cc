@@ -350,15 +350,20 @@ bool Arbiter::TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& cou
     const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
     const ArbiterJob& me = g.jobs[self];
     const bool outranked = h.priority.load() < me.priority.load();
-    // A gang job holding its GPUs below this one does not wait out the slice of a holder of its
-    // priority that is not a gang itself: its ranks there are waiting (whether it goes first is
-    // PickNext's: not when it is ahead here). The holder is charged what it used.
-    const uint32_t hg = h.gang.load(std::memory_order_relaxed);
-    const bool gang_turn = (me.gang.load(std::memory_order_relaxed) & ((1u << gpu) - 1)) != 0 &&
-                           (hg & (hg - 1)) == 0 && h.priority.load() == me.priority.load() &&
-                           HoldsGangBelow(me, gpu);
-    take = idle || stuck || outranked || gang_turn || h.key.load() == 0;
+    take = idle || stuck || outranked || h.key.load() == 0;
     if (!idle && !stuck) rival = holder;
+    // A gang job holding its GPUs below this one does not wait out the slice of a holder of its
+    // priority that is not a gang itself (its ranks there are waiting): when it goes first here
+    // (PickNext: not when it is ahead here), the holder's slice ends now. At its next launch the
+    // holder drains what it queued, is charged for it, and hands the GPU over.
+    const uint32_t hg = h.gang.load(std::memory_order_relaxed);
+    if (!take && now < End(lease) && (hg & (hg - 1)) == 0 &&
+        (me.gang.load(std::memory_order_relaxed) & ((1u << gpu) - 1)) != 0 &&
+        h.priority.load() == me.priority.load() && HoldsGangBelow(me, gpu) &&
+        PickNext(gpu, now, self, holder) == self) {
+      g.lease.compare_exchange_strong(lease, Lease(holder, now));
+      return false;
+    }
   }
   if (take && PickNext(gpu, now, self, rival) == self &&
       g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {

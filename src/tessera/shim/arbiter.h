@@ -17,9 +17,10 @@
 // time has passed, even when the GPU is idle. A job on several GPUs (ArbiterConfig::gang_mask)
 // gets its slices on all of them at once: it takes its GPUs in ascending order (no deadlock between
 // two such jobs), holding the ones it has while it waits for the next (charged: the wait is the
-// gang's cost), and once it holds the lower ones it goes first on the next GPU at the end of the
-// current slice there - unless it is already ahead there by more than a few of its slices, so the
-// other tenants of that GPU keep their shares. Then all its leases end together. No exceptions,
+// gang's cost), and once it holds the lower ones it goes first on the next GPU, ending the slice
+// of a holder there that is no gang (which hands over at its next launch, after draining its own
+// work) - unless it is already ahead there by more than a few of its slices, so the other tenants
+// of that GPU keep their shares. Then all its leases end together. No exceptions,
 // no allocation after Attach: usable from the intercept library.
 
 #include <atomic>
