@@ -8,7 +8,8 @@
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
 //          graph:MiB (a graph with a memory node, instantiated)  graphlaunch  graphtrim  graphpool
-//          driverused:D  procs:INDEX:compute|graphics:VERSION  module  moduleex  moduleunload
+//          driverused:D  procs:INDEX:compute|graphics:VERSION  module  moduleex  modulefile
+//          fatbinary  moduleunload  library  libraryfile  libraryunload
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  nvmlutil:INDEX (NVML's utilization)
 //          hold  crash
@@ -86,6 +87,13 @@ CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
 CUresult cuModuleLoadData(CUmodule*, const void*);
 CUresult cuModuleLoadDataEx(CUmodule*, const void*, unsigned int, CUjit_option*, void**);
 CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleLoad(CUmodule*, const char*);
+CUresult cuModuleLoadFatBinary(CUmodule*, const void*);
+CUresult cuLibraryLoadData(CUlibrary*, const void*, CUjit_option*, void**, unsigned int,
+                           CUlibraryOption*, void**, unsigned int);
+CUresult cuLibraryLoadFromFile(CUlibrary*, const char*, CUjit_option*, void**, unsigned int,
+                               CUlibraryOption*, void**, unsigned int);
+CUresult cuLibraryUnload(CUlibrary);
 CUresult cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int, unsigned int, CUdevice);
 CUresult cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned int, CUdevice);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
@@ -136,6 +144,11 @@ struct Api {
   cuModuleLoadData_fn ModuleLoadData;
   cuModuleLoadDataEx_fn ModuleLoadDataEx;
   cuModuleUnload_fn ModuleUnload;
+  cuModuleLoad_fn ModuleLoad;
+  cuModuleLoadFatBinary_fn ModuleLoadFatBinary;
+  cuLibraryLoadData_fn LibraryLoadData;
+  cuLibraryLoadFromFile_fn LibraryLoadFromFile;
+  cuLibraryUnload_fn LibraryUnload;
   cuGraphInstantiateWithFlags_fn GraphInstantiateWithFlags;
   cuGraphLaunch_fn GraphLaunch;
   cuDeviceGraphMemTrim_fn DeviceGraphMemTrim;
@@ -165,6 +178,11 @@ Api Linked() {
           cuModuleLoadData,
           cuModuleLoadDataEx,
           cuModuleUnload,
+          cuModuleLoad,
+          cuModuleLoadFatBinary,
+          cuLibraryLoadData,
+          cuLibraryLoadFromFile,
+          cuLibraryUnload,
           cuGraphInstantiateWithFlags,
           cuGraphLaunch,
           cuDeviceGraphMemTrim};
@@ -227,6 +245,11 @@ Api Resolved(const std::string& route) {
   Get(a.ModuleLoadData, lib, "cuModuleLoadData", gpa, "cuModuleLoadData", v2);
   Get(a.ModuleLoadDataEx, lib, "cuModuleLoadDataEx", gpa, "cuModuleLoadDataEx", v2);
   Get(a.ModuleUnload, lib, "cuModuleUnload", gpa, "cuModuleUnload", v2);
+  Get(a.ModuleLoad, lib, "cuModuleLoad", gpa, "cuModuleLoad", v2);
+  Get(a.ModuleLoadFatBinary, lib, "cuModuleLoadFatBinary", gpa, "cuModuleLoadFatBinary", v2);
+  Get(a.LibraryLoadData, lib, "cuLibraryLoadData", gpa, "cuLibraryLoadData", v2);
+  Get(a.LibraryLoadFromFile, lib, "cuLibraryLoadFromFile", gpa, "cuLibraryLoadFromFile", v2);
+  Get(a.LibraryUnload, lib, "cuLibraryUnload", gpa, "cuLibraryUnload", v2);
   // CUDA 12 programs ask for "cuGraphInstantiate" (the same entry point as ...WithFlags).
   Get(a.GraphInstantiateWithFlags, lib, "cuGraphInstantiateWithFlags", gpa, "cuGraphInstantiate",
       v2);
@@ -263,6 +286,7 @@ int main(int argc, char** argv) {
   std::vector<CUcontext> contexts;
   std::vector<CUmemoryPool> pools;
   std::vector<CUmodule> modules;
+  std::vector<CUlibrary> libraries;
   std::vector<CUgraphExec> graphs;
   auto report = [](CUresult rc) {
     if (rc == CUDA_SUCCESS)
@@ -351,16 +375,32 @@ int main(int argc, char** argv) {
       for (CUdeviceptr q : ptrs) api.MemFreeAsync(q, nullptr);
       ptrs.clear();
       puts("ok");
-    } else if (c[0] == "module" || c[0] == "moduleex") {
+    } else if (c[0] == "module" || c[0] == "moduleex" || c[0] == "modulefile" ||
+               c[0] == "fatbinary") {
       static const char kImage[] = "fake cubin";
       CUmodule m = nullptr;
-      CUresult rc = c[0] == "module" ? api.ModuleLoadData(&m, kImage)
-                                     : api.ModuleLoadDataEx(&m, kImage, 0, nullptr, nullptr);
+      CUresult rc = c[0] == "module"       ? api.ModuleLoadData(&m, kImage)
+                    : c[0] == "moduleex"   ? api.ModuleLoadDataEx(&m, kImage, 0, nullptr, nullptr)
+                    : c[0] == "modulefile" ? api.ModuleLoad(&m, "kernels.cubin")
+                                           : api.ModuleLoadFatBinary(&m, kImage);
       if (rc == CUDA_SUCCESS) modules.push_back(m);
       report(rc);
     } else if (c[0] == "moduleunload") {
       report(modules.empty() ? CUDA_ERROR_INVALID_VALUE : api.ModuleUnload(modules.back()));
       if (!modules.empty()) modules.pop_back();
+    } else if (c[0] == "library" || c[0] == "libraryfile") {
+      // CUDA 12's context-independent loading, as the CUDA 12 runtime loads a program's kernels.
+      static const char kImage[] = "fake fatbin";
+      CUlibrary l = nullptr;
+      CUresult rc = c[0] == "library"
+                        ? api.LibraryLoadData(&l, kImage, nullptr, nullptr, 0, nullptr, nullptr, 0)
+                        : api.LibraryLoadFromFile(&l, "kernels.fatbin", nullptr, nullptr, 0,
+                                                  nullptr, nullptr, 0);
+      if (rc == CUDA_SUCCESS) libraries.push_back(l);
+      report(rc);
+    } else if (c[0] == "libraryunload") {
+      report(libraries.empty() ? CUDA_ERROR_INVALID_VALUE : api.LibraryUnload(libraries.back()));
+      if (!libraries.empty()) libraries.pop_back();
     } else if (c[0] == "sync") {
       report(cuCtxSynchronize());
     } else if (c[0] == "driverused") {
@@ -684,6 +724,11 @@ int main(int argc, char** argv) {
           {"cuModuleLoadData", "cuModuleLoadData", ""},
           {"cuModuleLoadDataEx", "cuModuleLoadDataEx", ""},
           {"cuModuleUnload", "cuModuleUnload", ""},
+          {"cuModuleLoad", "cuModuleLoad", ""},
+          {"cuModuleLoadFatBinary", "cuModuleLoadFatBinary", ""},
+          {"cuLibraryLoadData", "cuLibraryLoadData", ""},
+          {"cuLibraryLoadFromFile", "cuLibraryLoadFromFile", ""},
+          {"cuLibraryUnload", "cuLibraryUnload", ""},
           {"cuCtxCreate", "cuCtxCreate_v2", ""},
           {"cuCtxDestroy", "cuCtxDestroy_v2", ""},
           {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", ""},

@@ -36,9 +36,9 @@ TEST(Shim, LimitHoldsOnEveryRouteToTheDriver) {
 }
 
 TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
-  // 35 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
-  // each flag: 35 * 7 + 10 = 255 lookups, none answered with the driver's own function.
-  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 255 checked\n");
+  // 40 calls (10 with a per-thread variant) by dlsym and by both cuGetProcAddress versions with
+  // each flag: 40 * 7 + 10 = 290 lookups, none answered with the driver's own function.
+  EXPECT_EQ(RunClient(Env{}, "link", "routes"), "routes 290 checked\n");
   // The check itself: without the library every answer is the driver's.
   std::string bare = RunClient(Env{.preload = false}, "link", "routes");
   EXPECT_THAT(bare,
@@ -48,7 +48,7 @@ TEST(Shim, EveryRouteToEveryHookedCallGivesTheHook) {
   // chosen by the name, version and flag asked, so the per-thread hook still comes back (mapping
   // the answer by address gave the legacy hook, with the legacy stream's semantics).
   EXPECT_EQ(RunClient(Env{.extra = "FAKE_CUDA_SHARED_PTSZ=1"}, "link", "routes"),
-            "routes 255 checked\n");
+            "routes 290 checked\n");
 }
 
 TEST(Shim, PerThreadDefaultStreamEntryPointsHoldTheLimit) {
@@ -340,9 +340,20 @@ TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
             "ok\n724 1024\nok\n524 1024\nok\n424 1024\nok\n524 1024\nok\n824 1024\n");
   EXPECT_EQ(RunClient(env, "procaddr2", "primary:0 moduleex info primaryrelease:0 info"),
             "ok\nok\n624 1024\nok\n924 1024\n");
+  // A module from a file or a fat binary, and CUDA 12's libraries (what the CUDA 12 runtime loads
+  // a program's kernels with), on every route: measured alike. Before, none was seen.
+  for (const char* route : {"link", "dlsym", "procaddr", "procaddr2"}) {
+    EXPECT_EQ(RunClient(env, route,
+                        "ctx:0 modulefile fatbinary info library libraryfile info libraryunload "
+                        "moduleunload info"),
+              "ok\nok\nok\n524 1024\nok\nok\n324 1024\nok\nok\n524 1024\n")
+        << route;
+  }
   // A context or a module that does not fit is refused, and leaves nothing behind.
   Env small{.limit = "350MiB", .extra = extra};
   EXPECT_EQ(RunClient(small, "link", "ctx:0 module info driverused:0"), "ok\noom\n50 350\n300\n");
+  EXPECT_EQ(RunClient(small, "link", "ctx:0 library libraryfile info driverused:0"),
+            "ok\noom\noom\n50 350\n300\n");
   Env tiny{.limit = "200MiB", .extra = extra};
   EXPECT_EQ(RunClient(tiny, "link", "ctx:0 driverused:0 alloc:200"), "oom\n0\nok\n");
   // A driver that cannot say (NVML_VALUE_NOT_AVAILABLE): nothing measured, nothing refused.

@@ -197,6 +197,16 @@ typedef CUresult (*cuModuleLoadData_fn)(CUmodule*, const void*);
 typedef CUresult (*cuModuleLoadDataEx_fn)(CUmodule*, const void*, unsigned int, CUjit_option*,
                                           void**);
 typedef CUresult (*cuModuleUnload_fn)(CUmodule);
+typedef CUresult (*cuModuleLoad_fn)(CUmodule*, const char*);
+typedef CUresult (*cuModuleLoadFatBinary_fn)(CUmodule*, const void*);
+// CUDA 12's context-independent loading (what the CUDA 12 runtime loads a program's kernels with).
+typedef struct CUlib_st* CUlibrary;
+typedef int CUlibraryOption;
+typedef CUresult (*cuLibraryLoadData_fn)(CUlibrary*, const void*, CUjit_option*, void**,
+                                         unsigned int, CUlibraryOption*, void**, unsigned int);
+typedef CUresult (*cuLibraryLoadFromFile_fn)(CUlibrary*, const char*, CUjit_option*, void**,
+                                             unsigned int, CUlibraryOption*, void**, unsigned int);
+typedef CUresult (*cuLibraryUnload_fn)(CUlibrary);
 typedef CUresult (*cuMemPoolCreate_fn)(CUmemoryPool*, const CUmemPoolProps*);
 typedef CUresult (*cuMemPoolDestroy_fn)(CUmemoryPool);
 typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool, size_t);

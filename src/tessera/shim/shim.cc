@@ -80,6 +80,11 @@ DlsymFn RealDlsym() {
   X(cuModuleLoadData)             \
   X(cuModuleLoadDataEx)           \
   X(cuModuleUnload)               \
+  X(cuModuleLoad)                 \
+  X(cuModuleLoadFatBinary)        \
+  X(cuLibraryLoadData)            \
+  X(cuLibraryLoadFromFile)        \
+  X(cuLibraryUnload)              \
   X(cuStreamBeginCapture_v2)      \
   X(cuStreamEndCapture)           \
   X(cuCtxSynchronize)             \
@@ -1012,6 +1017,64 @@ TESSERA_EXPORT CUresult cuModuleUnload(CUmodule module) {
   return rc;
 }
 
+TESSERA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
+  if (!Ready() || real.cuModuleLoad == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoad(module, path), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* image) {
+  if (!Ready() || real.cuModuleLoadFatBinary == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadFatBinary(module, image), module);
+}
+
+namespace {
+// A library is loaded into every context the process has (eagerly; lazily, a kernel's code when
+// it is first launched there: measured at the next event): measured on each device with one of
+// this process's contexts; one that does not fit is unloaded again and refused.
+CUresult CountedLibrary(CUresult rc, CUlibrary* library) {
+  if (rc != CUDA_SUCCESS || !measure_footprint || library == nullptr) return rc;
+  bool fits = true;
+  for (int d = 0; d < kMaxDevices && fits; ++d) fits = contexts_on[d].load() == 0 || Reconcile(d);
+  if (fits) return rc;
+  real.cuLibraryUnload(*library);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (contexts_on[d].load() > 0) Reconcile(d);
+  }
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
+                                          CUjit_option* jit_options, void** jit_values,
+                                          unsigned int jit_count, CUlibraryOption* options,
+                                          void** values, unsigned int count) {
+  if (!Ready() || real.cuLibraryLoadData == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedLibrary(real.cuLibraryLoadData(library, code, jit_options, jit_values, jit_count,
+                                               options, values, count),
+                        library);
+}
+
+TESSERA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* path,
+                                              CUjit_option* jit_options, void** jit_values,
+                                              unsigned int jit_count, CUlibraryOption* options,
+                                              void** values, unsigned int count) {
+  if (!Ready() || real.cuLibraryLoadFromFile == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedLibrary(real.cuLibraryLoadFromFile(library, path, jit_options, jit_values,
+                                                   jit_count, options, values, count),
+                        library);
+}
+
+TESSERA_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+  if (!Ready() || real.cuLibraryUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuLibraryUnload(library);
+  if (rc == CUDA_SUCCESS && measure_footprint) {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (contexts_on[d].load() > 0) Reconcile(d);
+    }
+  }
+  return rc;
+}
+
 namespace tessera::shim {
 namespace {
 
@@ -1288,6 +1351,11 @@ const Named kNamed[] = {
     TESSERA_NAMED("cuModuleLoadData", 2000, 1 << 30, cuModuleLoadData, nullptr, nullptr),
     TESSERA_NAMED("cuModuleLoadDataEx", 2010, 1 << 30, cuModuleLoadDataEx, nullptr, nullptr),
     TESSERA_NAMED("cuModuleUnload", 2000, 1 << 30, cuModuleUnload, nullptr, nullptr),
+    TESSERA_NAMED("cuModuleLoad", 2000, 1 << 30, cuModuleLoad, nullptr, nullptr),
+    TESSERA_NAMED("cuModuleLoadFatBinary", 2000, 1 << 30, cuModuleLoadFatBinary, nullptr, nullptr),
+    TESSERA_NAMED("cuLibraryLoadData", 12000, 1 << 30, cuLibraryLoadData, nullptr, nullptr),
+    TESSERA_NAMED("cuLibraryLoadFromFile", 12000, 1 << 30, cuLibraryLoadFromFile, nullptr, nullptr),
+    TESSERA_NAMED("cuLibraryUnload", 12000, 1 << 30, cuLibraryUnload, nullptr, nullptr),
     TESSERA_NAMED("cuLaunchKernel", 4000, 1 << 30, cuLaunchKernel,
                   TESSERA_PTSZ(cuLaunchKernel_ptsz)),
     TESSERA_NAMED("cuLaunchKernelEx", 11060, 1 << 30, cuLaunchKernelEx,

@@ -216,6 +216,31 @@ FAKE_EXPORT CUresult cuModuleUnload(CUmodule module) {
   ModuleDevice().erase(it);
   return CUDA_SUCCESS;
 }
+FAKE_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
+  return path == nullptr ? CUDA_ERROR_INVALID_VALUE : cuModuleLoadData(module, path);
+}
+FAKE_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* image) {
+  return cuModuleLoadData(module, image);
+}
+// Libraries (CUDA 12): loaded eagerly into the current device's context, FAKE_CUDA_MODULE_MIB
+// like a module, until unloaded.
+FAKE_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**,
+                                       unsigned int, CUlibraryOption*, void**, unsigned int) {
+  if (library == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUmodule m = nullptr;
+  const CUresult rc = cuModuleLoadData(&m, code);
+  if (rc == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(m);
+  return rc;
+}
+FAKE_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* path, CUjit_option* jit,
+                                           void** jit_values, unsigned int jit_count,
+                                           CUlibraryOption* options, void** values,
+                                           unsigned int count) {
+  return cuLibraryLoadData(library, path, jit, jit_values, jit_count, options, values, count);
+}
+FAKE_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+  return cuModuleUnload(reinterpret_cast<CUmodule>(library));
+}
 
 FAKE_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice d) {
   if (d < 0 || d >= Devices()) return CUDA_ERROR_INVALID_DEVICE;
@@ -860,6 +885,11 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuModuleLoadData", (void*)&cuModuleLoadData},
       {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
       {"cuModuleUnload", (void*)&cuModuleUnload},
+      {"cuModuleLoad", (void*)&cuModuleLoad},
+      {"cuModuleLoadFatBinary", (void*)&cuModuleLoadFatBinary},
+      {"cuLibraryLoadData", (void*)&cuLibraryLoadData},
+      {"cuLibraryLoadFromFile", (void*)&cuLibraryLoadFromFile},
+      {"cuLibraryUnload", (void*)&cuLibraryUnload},
       {"cuGraphInstantiateWithFlags", (void*)&cuGraphInstantiateWithFlags},
       {"cuDeviceGraphMemTrim", (void*)&cuDeviceGraphMemTrim},
   };
@@ -942,6 +972,11 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuModuleLoadData", (void*)&cuModuleLoadData},
       {"cuModuleLoadDataEx", (void*)&cuModuleLoadDataEx},
       {"cuModuleUnload", (void*)&cuModuleUnload},
+      {"cuModuleLoad", (void*)&cuModuleLoad},
+      {"cuModuleLoadFatBinary", (void*)&cuModuleLoadFatBinary},
+      {"cuLibraryLoadData", (void*)&cuLibraryLoadData},
+      {"cuLibraryLoadFromFile", (void*)&cuLibraryLoadFromFile},
+      {"cuLibraryUnload", (void*)&cuLibraryUnload},
       {"cuGraphCreate", (void*)&cuGraphCreate},
       {"cuGraphDestroy", (void*)&cuGraphDestroy},
       {"cuGraphAddEmptyNode", (void*)&cuGraphAddEmptyNode},
