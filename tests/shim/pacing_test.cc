@@ -24,6 +24,13 @@ using namespace tessera::shim_test;
 
 constexpr double kWindowUs = 1500000;
 
+// A start shared by several processes (WORK_START_MS: CLOCK_MONOTONIC, ms), so that their windows
+// are the same stretch of time however long each took to start.
+std::string SharedStartMs(std::chrono::steady_clock::time_point origin) {
+  return std::to_string(
+      std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
+}
+
 struct Job {
   std::string settings;  // environment
   std::string work;      // the work command
@@ -140,8 +147,7 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
   // The measured tenants share one start (WORK_START_MS): the same 2 s for all, however long each
   // took to start. The killed job's short runs keep their own.
   const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  const std::string start_ms =
-      std::to_string(std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
+  const std::string start_ms = SharedStartMs(origin);
   auto env = [&](const std::string& job, const std::string& share, bool shared_start = true) {
     return Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
                         " TESSERA_JOB_ID=" + job + " TESSERA_CUDA_COMPUTE_SHARE=" + share +
@@ -204,8 +210,7 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
   // One start for every tenant, a little ahead: their 2 s windows are the same stretch of time
   // however long each process took to start on a busy machine.
   const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  const std::string start_ms =
-      std::to_string(std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
+  const std::string start_ms = SharedStartMs(origin);
   // The killed job's short runs keep their own starts (each restart works for 40 ms).
   auto env = [&](const std::string& job, int share, bool shared_start = true) {
     return Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
@@ -317,11 +322,10 @@ RanksRun RunRanks(bool gang) {
   const std::string arbiter = TempPath("arbiter-" + tag), clock = TempPath("clock-" + tag),
                     barrier = TempPath("barrier-" + tag);
   for (const std::string& p : {arbiter, clock, barrier}) std::filesystem::remove(p);
-  const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
   const std::string common =
       "FAKE_CUDA_DEVICES=2 FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
       " TESSERA_CUDA_COMPUTE_SHARE=50% WORK_START_MS=" +
-      std::to_string(std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
+      SharedStartMs(std::chrono::steady_clock::now() + std::chrono::milliseconds(300));
   // The job's GPUs as the server hands them over (TESSERA_CUDA_ARBITER_GPUS); TESSERA_CUDA_GANG=0
   // is each GPU arbitrated on its own, as before gangs.
   const std::string job = common + " TESSERA_JOB_ID=ranks TESSERA_CUDA_ARBITER_GPUS=0,1" +
@@ -375,11 +379,10 @@ TEST(Pacing, TwoJobsOnTheSameGpusTakeThemInTurnByShare) {
   // share (measured: 28/72, 81-86% of the GPU time in steps).
   const std::string arbiter = TempPath("arbiter-gangs"), clock = TempPath("clock-gangs");
   for (const std::string& p : {arbiter, clock}) std::filesystem::remove(p);
-  const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
   const std::string common =
       "FAKE_CUDA_DEVICES=2 FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
       " TESSERA_CUDA_ARBITER_GPUS=0,1 WORK_START_MS=" +
-      std::to_string(std::chrono::duration<double, std::milli>(origin.time_since_epoch()).count());
+      SharedStartMs(std::chrono::steady_clock::now() + std::chrono::milliseconds(300));
   std::vector<Running> procs;
   for (const std::string job : {"30", "70"}) {
     const std::string barrier = TempPath("barrier-gang" + job);

@@ -319,7 +319,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
     return Bad("resources", why);
-  if (s.tasks_per_gpu > 0 && s.gpus == 0 && s.gpu_milli == 0 && s.gpu_memory_mib == 0) {
+  if (s.tasks_per_gpu > 0 && s.gpus == 0 && !s.Share()) {
     return Bad("tasks_per_gpu",
                "the job asks for no GPU (resources.gpus, gpu_share, gpu_memory); use ntasks");
   }
@@ -532,9 +532,8 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   r.cpu_milli = s.cpu_milli;
   r.memory_mib = s.memory_mib;
   // With a share (gpu_share, gpu_memory), `gpus` is how many GPUs get it; else whole GPUs.
-  const bool share = s.gpu_milli > 0 || s.gpu_memory_mib > 0;
-  r.gpus = share ? 0 : s.gpus;
-  r.share_gpus = share ? s.gpus : 0;
+  r.gpus = s.Share() ? 0 : s.gpus;
+  r.share_gpus = s.Share() ? s.gpus : 0;
   r.gpu_milli = s.gpu_milli;
   r.gpu_memory_mib = s.gpu_memory_mib;
   r.models = s.models;

@@ -81,6 +81,8 @@ struct JobSpec {
   int ntasks = 0;
   int tasks_per_gpu = 0;
   std::string task_failure = "kill";  // kill | wait
+  // Whether it asks for a fraction of a GPU (then on each of `gpus` GPUs) rather than whole ones.
+  bool Share() const { return gpu_milli > 0 || gpu_memory_mib > 0; }
   // How many processes the job starts.
   int Tasks() const {
     return tasks_per_gpu > 0 ? tasks_per_gpu * std::max(gpus, 1) : std::max(ntasks, 1);

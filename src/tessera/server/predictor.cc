@@ -75,7 +75,7 @@ double Median(const std::deque<double>& d) {
 }  // namespace
 
 std::string HistoryShape(const JobSpec& spec) {
-  const bool share = spec.gpu_milli > 0 || spec.gpu_memory_mib > 0;
+  const bool share = spec.Share();
   std::string s = share ? fmt::format("{:g}% {}MiB", spec.gpu_milli / 10.0, spec.gpu_memory_mib)
                   : spec.gpus > 0 ? fmt::format("{} GPU", spec.gpus)
                                   : std::string("no-GPU");

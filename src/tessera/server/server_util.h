@@ -38,14 +38,20 @@ inline bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-inline std::optional<int64_t> ParseId(std::string_view s) {
-  if (s.empty() || s.size() > 18) return std::nullopt;
+// Digits only, at most `max_digits` of them (so the value cannot overflow); nullopt otherwise.
+inline std::optional<int64_t> ParseDigits(std::string_view s, size_t max_digits) {
+  if (s.empty() || s.size() > max_digits) return std::nullopt;
   int64_t v = 0;
   for (char c : s) {
     if (c < '0' || c > '9') return std::nullopt;
     v = v * 10 + (c - '0');
   }
-  return v > 0 ? std::optional(v) : std::nullopt;
+  return v;
+}
+
+inline std::optional<int64_t> ParseId(std::string_view s) {
+  const std::optional<int64_t> v = ParseDigits(s, 18);
+  return v && *v > 0 ? v : std::nullopt;
 }
 
 inline nlohmann::json EventsJson(const std::vector<JobEvent>& events) {
@@ -84,13 +90,8 @@ inline nlohmann::json JobJson(const JobRecord& r) {
 
 // A whole number 0..kMaxArrayIndex: an array task's index.
 inline std::optional<int> ParseIndex(std::string_view s) {
-  if (s.empty() || s.size() > 8) return std::nullopt;
-  int v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
-  }
-  return v <= kMaxArrayIndex ? std::optional(v) : std::nullopt;
+  const std::optional<int64_t> v = ParseDigits(s, 8);
+  return v && *v <= kMaxArrayIndex ? std::optional(static_cast<int>(*v)) : std::nullopt;
 }
 
 // What of a job only its owner and admins see: its environment (tokens, keys), working directory

@@ -1028,18 +1028,23 @@ TESSERA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* imag
 }
 
 namespace {
+// Reconcile on every device where this process has a context; false when one did not fit (the
+// devices after it are not measured).
+bool ReconcileContextDevices() {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (contexts_on[d].load() > 0 && !Reconcile(d)) return false;
+  }
+  return true;
+}
+
 // A library is loaded into every context the process has (eagerly; lazily, a kernel's code when
 // it is first launched there: measured at the next event): measured on each device with one of
 // this process's contexts; one that does not fit is unloaded again and refused.
 CUresult CountedLibrary(CUresult rc, CUlibrary* library) {
   if (rc != CUDA_SUCCESS || !measure_footprint || library == nullptr) return rc;
-  bool fits = true;
-  for (int d = 0; d < kMaxDevices && fits; ++d) fits = contexts_on[d].load() == 0 || Reconcile(d);
-  if (fits) return rc;
+  if (ReconcileContextDevices()) return rc;
   real.cuLibraryUnload(*library);
-  for (int d = 0; d < kMaxDevices; ++d) {
-    if (contexts_on[d].load() > 0) Reconcile(d);
-  }
+  ReconcileContextDevices();
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 }  // namespace
@@ -1067,11 +1072,7 @@ TESSERA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* pa
 TESSERA_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
   if (!Ready() || real.cuLibraryUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuLibraryUnload(library);
-  if (rc == CUDA_SUCCESS && measure_footprint) {
-    for (int d = 0; d < kMaxDevices; ++d) {
-      if (contexts_on[d].load() > 0) Reconcile(d);
-    }
-  }
+  if (rc == CUDA_SUCCESS && measure_footprint) ReconcileContextDevices();
   return rc;
 }
 
