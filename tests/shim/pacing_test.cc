@@ -296,13 +296,14 @@ TEST(Pacing, MalformedSettingsAreSaid) {
   fclose(f);
   Env env{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +
                    " TESSERA_CUDA_COMPUTE_SHARE=lots TESSERA_CUDA_PRIORITY=high "
-                   "TESSERA_CUDA_ARBITER_GPUS=3,x"};
+                   "TESSERA_CUDA_ARBITER_GPUS=3,x TESSERA_CUDA_GANG=no"};
   std::string out = RunClient(env, "link", "launch:3 2>&1");
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_COMPUTE_SHARE='lots' is not a share"));
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_PRIORITY='high' is not a whole number"));
   EXPECT_THAT(out, ::testing::HasSubstr("not a Tessera GPU arbiter file"));
   EXPECT_THAT(out,
               ::testing::HasSubstr("TESSERA_CUDA_ARBITER_GPUS='3,x' is not a list of GPU indices"));
+  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_GANG='no' is not a whole number in [0, 1]"));
   EXPECT_THAT(out, ::testing::EndsWith("ok\n")) << "launches still go through, unpaced";
 }
 

@@ -213,8 +213,9 @@ void InitArbiter(const char* region_path) {
   number("TESSERA_CUDA_PRIORITY", -1000000, 1000000, &c.priority);
   number("TESSERA_CUDA_TIMESLICE_US", 100, 10000000, &c.slice_us);
   number("TESSERA_CUDA_IDLE_US", 50, 10000000, &c.idle_us);
-  int conserving = 1;
+  int conserving = 1, gang = 1;
   number("TESSERA_CUDA_WORK_CONSERVING", 0, 1, &conserving);
+  number("TESSERA_CUDA_GANG", 0, 1, &gang);
   c.work_conserving = conserving != 0;
   for (int i = 0; i < kMaxDevices; ++i) physical_gpu[i] = i;
   if (const char* v = getenv("TESSERA_CUDA_ARBITER_GPUS"); v && *v) {
@@ -237,8 +238,7 @@ void InitArbiter(const char* region_path) {
       // TESSERA_CUDA_GANG=0.
       uint32_t mask = 0;
       for (int k = 0; k < i; ++k) mask |= 1u << physical_gpu[k];
-      const char* gang = getenv("TESSERA_CUDA_GANG");
-      if (__builtin_popcount(mask) >= 2 && !(gang && strcmp(gang, "0") == 0)) c.gang_mask = mask;
+      if (__builtin_popcount(mask) >= 2 && gang != 0) c.gang_mask = mask;
     }
   }
   const char* job = getenv("TESSERA_JOB_ID");
