@@ -674,9 +674,10 @@ Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int
   ShareReading s;
   if (compute_share && !gpus.empty()) {
     // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
-    const uint64_t key = shim::ArbiterJobKey(std::to_string(id).c_str());
-    for (int g : gpus) s.busy_us += shim::ArbiterBusyMicros(ArbiterFile().c_str(), g, key);
-    s.busy_us /= gpus.size();
+    s.busy_us =
+        shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                                shim::ArbiterJobKey(std::to_string(id).c_str())) /
+        gpus.size();
   }
   s.peak_bytes = ReadRegionMemory(region).peak;
   return s;

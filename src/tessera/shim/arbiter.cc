@@ -110,16 +110,25 @@ uint64_t ArbiterJobKey(const char* job_id) {
 }
 
 uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
-  if (gpu < 0 || gpu >= kArbiterGpus || key == 0) return 0;
+  return ArbiterBusyMicros(path, &gpu, 1, key);
+}
+
+uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key) {
+  if (key == 0 || count <= 0) return 0;
   const auto* d = static_cast<const ArbiterData*>(
       MapReadOnly(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion));
   if (d == nullptr) return 0;
-  uint64_t busy = 0;
-  for (const ArbiterJob& j : d->gpus[gpu].jobs) {
-    if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
+  uint64_t sum = 0;
+  for (int i = 0; i < count; ++i) {
+    if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
+    uint64_t busy = 0;
+    for (const ArbiterJob& j : d->gpus[gpus[i]].jobs) {
+      if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
+    }
+    sum += busy;
   }
   UnmapReadOnly(d, sizeof(ArbiterData));
-  return busy;
+  return sum;
 }
 
 int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t now_us) {

@@ -162,6 +162,8 @@ uint64_t ArbiterJobKey(const char* job_id);
 // read without joining; 0 when the file, the GPU or the job is not there. For the server's
 // history of what a job used.
 uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key);
+// The same summed over `count` GPUs (a job on several), the file mapped once.
+uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key);
 
 // How long a utilization window of a job is (NVML's sample period is 1/6 s to 1 s).
 inline constexpr uint64_t kUtilizationWindowUs = 1'000'000;

@@ -74,6 +74,8 @@ TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {
   EXPECT_EQ(ArbiterBusyMicros(path.c_str(), 0, 42), 0u) << "nothing on another GPU";
   EXPECT_EQ(ArbiterBusyMicros(path.c_str(), 3, 43), 0u) << "nor for another job";
   EXPECT_EQ(ArbiterBusyMicros(path.c_str(), kArbiterGpus, 42), 0u);
+  const int both[] = {0, 3, kArbiterGpus};
+  EXPECT_EQ(ArbiterBusyMicros(path.c_str(), both, 3, 42), busy) << "summed over GPUs";
   EXPECT_EQ(ArbiterBusyMicros((path + ".missing").c_str(), 3, 42), 0u);
   unlink(path.c_str());
 }
