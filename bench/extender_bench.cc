@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::err);
   double fill = argc > 1 ? std::atof(argv[1]) : 0.8;
   const char* env = std::getenv("TESSERA_TRACES");
-  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
   auto nodes = sim::LoadOpenbNodes(dir + "/openb_node_list_gpu_node.csv");
   auto trace = sim::LoadOpenbPods(dir + "/openb_pod_list_default.csv");
   if (!nodes.ok() || !trace.ok()) {

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   }
   if (compressions.empty()) compressions = {10000};
   const char* env = std::getenv("TESSERA_TRACES");
-  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
   auto nodes = sim::LoadNodes(dir + "/openb_node_list_gpu_node.csv", sim::TraceFormat::kOpenb);
   auto jobs = sim::LoadJobs(dir + "/openb_pod_list_default.csv", sim::TraceFormat::kOpenb);
   if (!nodes.ok() || !jobs.ok()) {

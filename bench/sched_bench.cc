@@ -4,7 +4,7 @@
 // as in the FGD paper's workload inflation; the cluster is rebuilt, untimed, once arrived GPU
 // demand passes 130%.
 //   build/bench/bench/sched_bench --benchmark_min_time=2
-// Traces: $TESSERA_TRACES or ../shared/traces/openb beside the checkout.
+// Traces: $TESSERA_TRACES or the copy the checkout carries (traces/openb).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -21,7 +21,7 @@ using namespace tessera;
 
 std::string TraceDir() {
   const char* env = std::getenv("TESSERA_TRACES");
-  return env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  return env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
 }
 
 const std::vector<core::NodeSpec>& OpenbNodes() {

@@ -174,6 +174,19 @@ TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
   EXPECT_THAT(replay.out, ::testing::HasSubstr("no job in the pod list has a duration"));
 }
 
+// The README's simulator example works from any clone: the default traces are the copy the
+// repository carries (traces/openb), and a TESSERA_TRACES naming no traces is said, with the path.
+TEST(TesseraSim, DefaultsToTheTracesTheRepositoryCarries) {
+  Result r = Tessera("sim inflate --policies fgd --seeds 1 2>&1", "env -u TESSERA_TRACES");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("PAPER")) << "the paper's column: the default pod list";
+  EXPECT_THAT(r.out, ::testing::HasSubstr("fgd"));
+  Result missing = Tessera("sim inflate --policies fgd --seeds 1 2>&1",
+                           "TESSERA_TRACES=" + ::testing::TempDir() + "no-traces-here");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_THAT(missing.out, ::testing::HasSubstr("no-traces-here/openb_node_list_gpu_node.csv"));
+}
+
 TEST(TesseraSim, HelpForEachSubcommand) {
   for (const char* cmd : {"sim --help", "sim inflate --help", "sim replay --help"}) {
     Result r = Tessera(cmd);

@@ -16,6 +16,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
+#include "tessera/cli/version.h"
 #include "tessera/sched/fragmentation.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/inflation.h"
@@ -72,10 +73,13 @@ absl::StatusOr<std::vector<PolicyRun>> ParsePolicyRuns(const std::string& text) 
   return out;
 }
 
+// $TESSERA_TRACES/<file>, else the copy in the checkout this binary was built from, else "".
 std::string DefaultTrace(const std::string& file) {
   const char* env = std::getenv("TESSERA_TRACES");
   if (env && *env) return std::string(env) + "/" + file;
-  return "";
+  std::string bundled = std::string(kBundledTraces) + "/" + file;
+  std::error_code ec;
+  return std::filesystem::exists(bundled, ec) ? bundled : "";
 }
 
 // A progress line on stderr, redrawn in place; only on a terminal.
@@ -142,8 +146,8 @@ std::optional<int> Load(const SimFlags& f, Loaded& l, std::ostream& err) {
   std::string nodes = f.nodes.empty() ? DefaultTrace("openb_node_list_gpu_node.csv") : f.nodes;
   std::string pods = f.pods.empty() ? DefaultTrace("openb_pod_list_default.csv") : f.pods;
   if (nodes.empty() || pods.empty()) {
-    err << "tessera: --nodes and --pods are required (or set TESSERA_TRACES to a folder holding "
-           "the openb CSVs)\n";
+    err << "tessera: --nodes and --pods are required: no openb traces in " << kBundledTraces
+        << " (set TESSERA_TRACES to a folder holding the openb CSVs)\n";
     return kExitBadInput;
   }
   auto n = sim::LoadNodes(nodes, *format);
@@ -468,11 +472,13 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
 
 void AddCommon(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--nodes", f.nodes,
-                  "Node list CSV (openb or Tessera format); default $TESSERA_TRACES/"
-                  "openb_node_list_gpu_node.csv");
+                  "Node list CSV (openb or Tessera format); default "
+                  "openb_node_list_gpu_node.csv in $TESSERA_TRACES, else in the checkout's "
+                  "traces/openb");
   cmd->add_option("--pods", f.pods,
-                  "Pod/job list CSV (openb or Tessera format); default $TESSERA_TRACES/"
-                  "openb_pod_list_default.csv");
+                  "Pod/job list CSV (openb or Tessera format); default "
+                  "openb_pod_list_default.csv in $TESSERA_TRACES, else in the checkout's "
+                  "traces/openb");
   cmd->add_option("--format", f.format, "Input format: auto (by header), openb or tessera")
       ->check(CLI::IsMember({"auto", "openb", "tessera"}));
   cmd->add_option("--out", f.out_dir,

@@ -26,7 +26,7 @@ using nlohmann::json;
 
 std::string Traces() {
   const char* env = std::getenv("TESSERA_TRACES");
-  return env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  return env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
 }
 
 }  // namespace

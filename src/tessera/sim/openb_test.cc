@@ -11,10 +11,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The shared traces sit beside the checkout (as in CI); TESSERA_TRACES overrides.
+// The traces the checkout carries (traces/openb); TESSERA_TRACES overrides.
 std::string TraceDir() {
   const char* env = std::getenv("TESSERA_TRACES");
-  return env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  return env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
 }
 const std::string kTraces = TraceDir();
 

@@ -16,7 +16,7 @@ namespace {
 
 std::string TraceDir() {
   const char* env = std::getenv("TESSERA_TRACES");
-  return env && *env ? env : TESSERA_SOURCE_DIR "/../shared/traces/openb";
+  return env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
 }
 
 struct Mean {
