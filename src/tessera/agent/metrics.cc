@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstddef>
+#include <memory>
+
 #include "fmt/format.h"
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
@@ -150,9 +153,11 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
 
 bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
                 std::vector<uint64_t>* limit) {
-  const auto* d = static_cast<const shim::RegionData*>(shim::MapReadOnly(
-      path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic, shim::kRegionVersion));
-  if (d == nullptr) return false;
+  // A pod's file: copied, never mapped (the pod can truncate it), and only the head.
+  auto d = std::make_unique<shim::RegionData>();
+  if (!shim::ReadSharedFile(path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic,
+                            shim::kRegionVersion, d.get(), offsetof(shim::RegionData, procs)))
+    return false;
   const bool ok = d->device_count <= shim::kMaxDevices;
   if (ok) {
     used->clear();
@@ -162,7 +167,6 @@ bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
       limit->push_back(d->limit[i]);
     }
   }
-  shim::UnmapReadOnly(d, sizeof(shim::RegionData));
   return ok;
 }
 

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstddef>
+#include <memory>
+
 #include "fmt/format.h"
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
@@ -27,18 +30,20 @@ void SchedulingStats::Pass(double seconds) {
   ++passes_;
 }
 
-uint64_t RegionMemoryUsed(const std::string& path) { return ReadRegionMemory(path).used; }
-
 RegionMemory ReadRegionMemory(const std::string& path) {
   RegionMemory out;
-  const auto* d = static_cast<const shim::RegionData*>(shim::MapReadOnly(
-      path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic, shim::kRegionVersion));
-  if (d == nullptr) return out;
+  // The job's own file: copied, never mapped (a job truncating it would fault a mapping's reader),
+  // and only the head, where the totals are.
+  auto d = std::make_unique<shim::RegionData>();
+  if (!shim::ReadSharedFile(path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic,
+                            shim::kRegionVersion, d.get(), offsetof(shim::RegionData, procs))) {
+    out.readable = false;
+    return out;
+  }
   for (int i = 0; i < shim::kMaxDevices; ++i) {
     out.used += d->used[i].load();
     out.peak = std::max(out.peak, d->peak[i].load());
   }
-  shim::UnmapReadOnly(d, sizeof(shim::RegionData));
   return out;
 }
 
@@ -130,10 +135,23 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   for (const auto& j : s.jobs) {
     if (!j.region.empty()) p.Sample(job(j), static_cast<double>(j.limit_bytes));
   }
+  // The job's own region file, read once per job: a job that truncated or scribbled on it has no
+  // memory reading (no sample) and is marked unreadable.
+  std::vector<RegionMemory> memory(s.jobs.size());
+  for (size_t i = 0; i < s.jobs.size(); ++i) {
+    if (!s.jobs[i].region.empty()) memory[i] = ReadRegionMemory(s.jobs[i].region);
+  }
   p.Family("tessera_job_gpu_memory_used_bytes", "gauge",
            "GPU memory a fractional job's processes hold (intercept library).");
-  for (const auto& j : s.jobs) {
-    if (!j.region.empty()) p.Sample(job(j), static_cast<double>(RegionMemoryUsed(j.region)));
+  for (size_t i = 0; i < s.jobs.size(); ++i) {
+    if (!s.jobs[i].region.empty() && memory[i].readable)
+      p.Sample(job(s.jobs[i]), static_cast<double>(memory[i].used));
+  }
+  p.Family("tessera_job_usage_readable", "gauge",
+           "1 when a fractional job's shared region reads as a region, 0 when it does not (the job "
+           "removed, truncated or overwrote its file): its figures are then unknown.");
+  for (size_t i = 0; i < s.jobs.size(); ++i) {
+    if (!s.jobs[i].region.empty()) p.Sample(job(s.jobs[i]), memory[i].readable ? 1 : 0);
   }
   p.Family("tessera_queue_length", "gauge", "Jobs waiting to start.");
   p.Sample({}, static_cast<double>(s.queued));

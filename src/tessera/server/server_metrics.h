@@ -60,13 +60,13 @@ struct ServerMetricsSnapshot {
 // The page, in the Prometheus text format (0.0.4).
 std::string RenderServerMetrics(const ServerMetricsSnapshot& s);
 
-// The GPU memory a fractional job's processes hold (on all its GPUs), from its shared region file;
-// 0 when the file is not a region.
-uint64_t RegionMemoryUsed(const std::string& path);
 // The GPU memory a job's shared region counts now (on all its GPUs) and at most on one GPU since
-// it was made (bytes); zeros when the file cannot be read or is not a region of this version.
+// it was made (bytes); zeros and `readable` false when the file cannot be read or is not a region
+// of this version (the job can truncate or overwrite its own file at any time: the read copies it
+// through pread and never faults).
 struct RegionMemory {
   uint64_t used = 0, peak = 0;
+  bool readable = true;
 };
 RegionMemory ReadRegionMemory(const std::string& path);
 

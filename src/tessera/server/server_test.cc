@@ -2,6 +2,7 @@
 // runtime, quotas and recovery after a restart, each driven turn by turn (RunOnce) with no sleep.
 #include "tessera/server/server.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
@@ -10,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -991,6 +993,71 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
   char buf[512];
   while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
   EXPECT_EQ(pclose(p), 0) << out;
+}
+
+// A share job owns its region file and may write the arbiter: truncating them (here in a loop that
+// restores and shrinks them, as a hostile tenant would, so that some reads start on a whole file)
+// while /metrics is scraped and the sampler runs leaves the server alive; the job's figures are
+// marked unreadable instead. Mapped files killed the server with SIGBUS within a few scrapes.
+TEST_F(ServerTest, AJobTruncatingItsRegionAndTheArbiterCannotCrashTheServer) {
+  StartServer();
+  const int64_t id =
+      Submit(0, 100, 0, {{"resources", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}}});
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  const int gpu = Job(id)["placement"]["gpus"][0]["index"].get<int>();
+  const std::string region = config_.state_dir + "/regions/" + std::to_string(id) + ".region";
+  const std::string arbiter = config_.state_dir + "/gpu.arbiter";
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string whole_region = contents(region), whole_arbiter = contents(arbiter);
+  ASSERT_EQ(whole_region.size(), sizeof(shim::RegionData));
+  ASSERT_EQ(whole_arbiter.size(), sizeof(shim::ArbiterData));
+  HttpRequest req;
+  req.method = "GET";
+  req.path = req.target = "/metrics";
+  req.peer.unix_socket = true;
+  req.peer.uid = geteuid();
+  std::atomic<bool> stop{false};
+  std::thread tenant([&] {
+    const int r = open(region.c_str(), O_RDWR), a = open(arbiter.c_str(), O_RDWR);
+    while (!stop.load()) {
+      (void)!pwrite(r, whole_region.data(), whole_region.size(), 0);
+      (void)!pwrite(a, whole_arbiter.data(), whole_arbiter.size(), 0);
+      (void)!ftruncate(r, 0);
+      (void)!ftruncate(a, 4096);
+    }
+    close(r);
+    close(a);
+  });
+  for (int i = 0; i < 300; ++i) {
+    EXPECT_EQ(server_->Handle(req).status, 200);
+    server_->TakeSample();
+  }
+  stop = true;
+  tenant.join();
+  // Left truncated: the job's usage reads as unknown, the rest of the page as before.
+  ASSERT_EQ(truncate(region.c_str(), 0), 0);
+  const std::string page = server_->Handle(req).body;
+  const std::string host = Call("GET", "/v1/info").value("hostname", "");
+  EXPECT_THAT(page, HasSubstr(fmt::format(
+                        "tessera_job_usage_readable{{job=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 0\n",
+                        id, gpu, host)));
+  EXPECT_THAT(
+      page,
+      ::testing::Not(HasSubstr(fmt::format("tessera_job_gpu_memory_used_bytes{{job=\"{}\"", id))));
+  EXPECT_THAT(page, HasSubstr("tessera_jobs_running 1\n"));
+  // Restored as a region again, it reads again.
+  std::ofstream(region, std::ios::binary) << whole_region;
+  EXPECT_THAT(server_->Handle(req).body,
+              HasSubstr(fmt::format(
+                  "tessera_job_usage_readable{{job=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 1\n", id,
+                  gpu, host)));
+  Advance(100);
+  Settle();
+  EXPECT_EQ(State(id), "succeeded") << "its end is recorded";
 }
 
 TEST_F(ServerTest, AnAdminMakesASimulatedGpuSick) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <new>
 
 #include "tessera/shim/region.h"
@@ -115,19 +116,25 @@ uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
 
 uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key) {
   if (key == 0 || count <= 0) return 0;
-  const auto* d = static_cast<const ArbiterData*>(
-      MapReadOnly(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion));
-  if (d == nullptr) return 0;
+  // Every user with a share job may write the file: read a copy of each GPU's row, never a
+  // mapping (truncation under a mapping faults its reader).
+  const int fd = OpenSharedFile(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion);
+  if (fd < 0) return 0;
+  auto* row = new (std::nothrow) ArbiterGpu;
   uint64_t sum = 0;
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; row != nullptr && i < count; ++i) {
     if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
+    const size_t at =
+        offsetof(ArbiterData, gpus) + sizeof(ArbiterGpu) * static_cast<size_t>(gpus[i]);
+    if (!ReadSharedAt(fd, row, sizeof(ArbiterGpu), at)) break;
     uint64_t busy = 0;
-    for (const ArbiterJob& j : d->gpus[gpus[i]].jobs) {
+    for (const ArbiterJob& j : row->jobs) {
       if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
     }
     sum += busy;
   }
-  UnmapReadOnly(d, sizeof(ArbiterData));
+  delete row;
+  close(fd);
   return sum;
 }
 

@@ -191,27 +191,44 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
   return m;
 }
 
-const void* MapReadOnly(const char* path, size_t size, uint64_t magic, uint32_t version) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return nullptr;
+int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version) {
+  // O_NONBLOCK: a FIFO put in the file's place must not hang the reader (S_ISREG refuses it next).
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
   struct stat st;
-  void* m = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == size)
-    m = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);  // the mapping stays
-  if (m == MAP_FAILED) return nullptr;
-  const auto* head = static_cast<const std::atomic<uint64_t>*>(m);
-  const auto* head_version =
-      reinterpret_cast<const uint32_t*>(static_cast<const char*>(m) + sizeof(uint64_t));
-  if (head->load(std::memory_order_acquire) != magic || *head_version != version) {
-    munmap(m, size);
-    return nullptr;
+  struct {
+    uint64_t magic;
+    uint32_t version;
+  } head = {0, 0};  // every shared file's first 8 and next 4 bytes
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != size ||
+      !ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) || head.magic != magic ||
+      head.version != version) {
+    close(fd);
+    return -1;
   }
-  return m;
+  return fd;
 }
 
-void UnmapReadOnly(const void* mapping, size_t size) {
-  if (mapping != nullptr) munmap(const_cast<void*>(mapping), size);
+bool ReadSharedAt(int fd, void* out, size_t len, size_t offset) {
+  auto* p = static_cast<char*>(out);
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // an error, or the end of a file shrunk under us
+    p += n;
+    offset += static_cast<size_t>(n);
+    len -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
+                    size_t len, size_t offset) {
+  const int fd = OpenSharedFile(path, size, magic, version);
+  if (fd < 0) return false;
+  const bool ok = ReadSharedAt(fd, out, len, offset);
+  close(fd);
+  return ok;
 }
 
 namespace {

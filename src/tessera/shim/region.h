@@ -101,11 +101,22 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
                     int* fd_out, char* err, size_t err_len);
 
-// A shared file of `size` bytes mapped read-only, without joining it (no slot, nothing created or
-// waited for): what the server and the agent read of jobs' usage. Null when the file is missing, of
-// another size, magic or version. Give it back with UnmapReadOnly.
-const void* MapReadOnly(const char* path, size_t size, uint64_t magic, uint32_t version);
-void UnmapReadOnly(const void* mapping, size_t size);
+// Reading a shared file without joining it (no slot, nothing created or waited for, nothing
+// mapped): what the server and the agent read of jobs' usage. A job can write these files, so it
+// can truncate them or fill them with garbage at any moment; a mapping would then fault the reader
+// (SIGBUS), while these reads copy through pread and only fail. What they return is the job's word:
+// bound every index read from it.
+//
+// Opens `path` for ReadSharedAt: a regular file (not a symlink, FIFO or device) of exactly `size`
+// bytes whose head holds `magic` and `version`. Returns the descriptor (the caller closes it), or
+// -1 when the file is missing or is not such a file.
+int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version);
+// Copies `len` bytes at `offset` of the file open as `fd` into `out`; false when the file no longer
+// holds them (truncated meanwhile) or cannot be read.
+bool ReadSharedAt(int fd, void* out, size_t len, size_t offset);
+// OpenSharedFile, one ReadSharedAt of `len` bytes at `offset`, close: false when either fails.
+bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
+                    size_t len, size_t offset = 0);
 
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks
 // since boot); false if there is no such process.

@@ -2,11 +2,14 @@
 #include "tessera/shim/region.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,26 +109,53 @@ TEST(Region, RefusesAFileOfAnotherKind) {
   EXPECT_NE(std::string(err).find("not a Tessera shared region"), std::string::npos) << err;
 }
 
-TEST(Region, ReadOnlyMappingRefusesWhatIsNotARegionOfThisVersion) {
+TEST(Region, ReadingACopyRefusesWhatIsNotARegionOfThisVersion) {
   const std::string path = Path("readonly");
   uint64_t limits[1] = {4096};
   char err[128] = {};
   ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
-  const void* m = MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion);
-  ASSERT_NE(m, nullptr);
-  EXPECT_EQ(static_cast<const RegionData*>(m)->limit[0], 4096u);
-  UnmapReadOnly(m, sizeof(RegionData));
-  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion + 1),
-            nullptr)
+  auto d = std::make_unique<RegionData>();
+  const size_t head = offsetof(RegionData, procs);
+  ASSERT_TRUE(ReadSharedFile(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion,
+                             d.get(), head));
+  EXPECT_EQ(d->limit[0], 4096u);
+  EXPECT_FALSE(ReadSharedFile(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion + 1,
+                              d.get(), head))
       << "another version";
-  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData), kRegionMagic + 1, kRegionVersion),
-            nullptr)
+  EXPECT_FALSE(ReadSharedFile(path.c_str(), sizeof(RegionData), kRegionMagic + 1, kRegionVersion,
+                              d.get(), head))
       << "another kind";
-  EXPECT_EQ(MapReadOnly(path.c_str(), sizeof(RegionData) - 8, kRegionMagic, kRegionVersion),
-            nullptr)
+  EXPECT_FALSE(ReadSharedFile(path.c_str(), sizeof(RegionData) - 8, kRegionMagic, kRegionVersion,
+                              d.get(), head))
       << "another size";
-  EXPECT_EQ(MapReadOnly(Path("missing").c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion),
-            nullptr);
+  EXPECT_FALSE(ReadSharedFile(Path("missing").c_str(), sizeof(RegionData), kRegionMagic,
+                              kRegionVersion, d.get(), head));
+  // Not followed: a symlink (to a real region) and a FIFO (which would block a plain open).
+  const std::string link = Path("link");
+  std::filesystem::create_symlink(path, link);
+  EXPECT_FALSE(
+      ReadSharedFile(link.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion, d.get(), head))
+      << "a symlink";
+  const std::string fifo = Path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(OpenSharedFile(fifo.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion), -1);
+}
+
+// The job owns its region file and may shrink it at any moment, also between the reader's checks
+// and its read: the read fails, where a mapping's reader died of SIGBUS.
+TEST(Region, AFileTruncatedAfterItWasOpenedFailsTheReadInsteadOfFaulting) {
+  const std::string path = Path("truncated");
+  uint64_t limits[1] = {4096};
+  char err[128] = {};
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
+  const int fd = OpenSharedFile(path.c_str(), sizeof(RegionData), kRegionMagic, kRegionVersion);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  auto d = std::make_unique<RegionData>();
+  EXPECT_FALSE(ReadSharedAt(fd, d.get(), offsetof(RegionData, procs), 0));
+  EXPECT_FALSE(ReadSharedAt(fd, d.get(), 8, sizeof(RegionData) - 8)) << "past the new end";
+  EXPECT_TRUE(ReadSharedAt(fd, d.get(), 16, 0)) << "what is still there reads";
+  close(fd);
 }
 
 TEST(Region, CreatedAheadForAJobThatThenAttaches) {
