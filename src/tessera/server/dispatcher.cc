@@ -828,12 +828,24 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     share.context_overhead_bytes = config_.context_overhead_bytes;
     ls.share = share;
   }
+  // A user's job runs with that user's own uid, gid and groups, or not at all: an account that
+  // cannot be looked up now (no passwd entry, deleted since submitting, an NSS outage) has no
+  // group to run in, and the server's would be root's.
+  std::optional<std::string> no_account;
   if (geteuid() == 0 && q.uid != 0) {
     ls.uid = q.uid;
     passwd pw;
     passwd* found = nullptr;
-    char buf[4096];
-    if (getpwuid_r(q.uid, &pw, buf, sizeof buf, &found) == 0 && found) ls.gid = pw.pw_gid;
+    std::vector<char> buf(16384);
+    const int e = getpwuid_r(q.uid, &pw, buf.data(), buf.size(), &found);
+    if (e == 0 && found) {
+      ls.gid = pw.pw_gid;
+    } else {
+      no_account = fmt::format(
+          "the account of uid {} cannot be looked up ({}): a job runs only with its user's own "
+          "uid, gid and groups",
+          q.uid, e != 0 ? strerror(e) : "no such user");
+    }
   }
   if (!l.run.container && cgroups_->active()) {
     // Its cgroup: the nodes every process needs, the driver's control nodes, its own GPUs.
@@ -861,6 +873,8 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     // Accepted under a config that allowed it (kept across a restart); this one does not.
     l.refused = absl::PermissionDeniedError(
         "jobs do not run as root on this server (allow_root_jobs is off)");
+  } else if (no_account) {
+    l.refused = absl::FailedPreconditionError(*no_account);
   }
   l.queued = std::move(q);
   return l;
@@ -874,7 +888,7 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
   f.placement_json = l.placement_json;
   l.recorded = store_->Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
   if (!l.recorded.ok()) return;
-  if (ls.uid) {
+  if (ls.uid && ls.gid) {
     std::vector<std::string> logs = {ls.stdout_path, ls.stderr_path};
     for (const TaskLaunch& t : ls.tasks) {
       if (t.stdout_path != ls.stdout_path) logs.push_back(t.stdout_path);
@@ -883,7 +897,7 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
     for (const std::string& p : logs) {
       int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
       if (fd >= 0) {
-        if (fchown(fd, *ls.uid, ls.gid.value_or(0)) != 0)
+        if (fchown(fd, *ls.uid, *ls.gid) != 0)
           spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
         close(fd);
       }
@@ -901,7 +915,7 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
     if (!shim::CreateRegionFile(ls.share->region.c_str(), limits.data(),
                                 static_cast<int>(limits.size()), err, sizeof err)) {
       spdlog::warn("job {}: shared region {}: {}", q.id, ls.share->region, err);
-    } else if (ls.uid && chown(ls.share->region.c_str(), *ls.uid, ls.gid.value_or(0)) != 0) {
+    } else if (ls.uid && ls.gid && chown(ls.share->region.c_str(), *ls.uid, *ls.gid) != 0) {
       spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
     }
   }

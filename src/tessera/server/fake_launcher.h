@@ -30,6 +30,8 @@ class FakeLauncher final : public Launcher {
     std::vector<std::string> gpu_uuids;
     std::map<std::string, std::string> env;  // as the server gave it (Tessera's are the runner's)
     std::vector<TaskLaunch> tasks;
+    std::optional<uid_t> uid;  // who it would run as (set only when the server runs as root)
+    std::optional<gid_t> gid;
   };
 
   explicit FakeLauncher(const core::Clock& clock, double stop_latency_s = 0)
@@ -57,7 +59,8 @@ class FakeLauncher final : public Launcher {
     j.exit_path = spec.exit_path;
     const pid_t pid = next_pid_++;
     jobs_[pid] = j;
-    started_.push_back({spec.job_id, now, spec.gpu_uuids, spec.env, spec.tasks});
+    started_.push_back(
+        {spec.job_id, now, spec.gpu_uuids, spec.env, spec.tasks, spec.uid, spec.gid});
     return Launched{pid, static_cast<uint64_t>(pid)};
   }
 

@@ -158,6 +158,13 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {
     return absl::InvalidArgumentError(fmt::format("job {}: no command", spec.job_id));
   }
+  // A user's job never keeps the server's group: setuid alone would leave it gid 0 and root's
+  // supplementary groups.
+  if (spec.uid && !spec.gid) {
+    return absl::FailedPreconditionError(fmt::format(
+        "job {}: no group for uid {}: a job runs only with its user's own uid, gid and groups",
+        spec.job_id, *spec.uid));
+  }
   if (spec.tasks.size() > 1 && spec.exit_path.empty()) {
     return absl::InvalidArgumentError(
         fmt::format("job {}: several tasks need a shepherd (exit_path)", spec.job_id));
@@ -205,9 +212,12 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     }
   }
   // The user's supplementary groups (their data may be readable through one), looked up before the
-  // fork; none when the account has no name.
+  // fork; only the primary group when the account can no longer be looked up (never the server's).
   std::vector<gid_t> groups;
-  if (spec.uid && spec.gid) groups = AccountGroups(*spec.uid, *spec.gid);
+  if (spec.uid && spec.gid) {
+    groups = AccountGroups(*spec.uid, *spec.gid);
+    if (groups.empty()) groups.push_back(*spec.gid);
+  }
   std::vector<const char*> cgroup_files;
   for (const std::string& f : spec.cgroup_procs) cgroup_files.push_back(f.c_str());
   // "0" is the writer itself, in cgroup2 and in cgroup1 alike.

@@ -216,6 +216,28 @@ TEST(Runner, AJobRunsAsItsUserWithThatUsersGroups) {
   EXPECT_THAT(out, HasSubstr("Groups:\t" + groups)) << out;
 }
 
+// Never the server's group: a uid without a gid is refused, and an account gone since the launch
+// was prepared runs in its primary group alone, with none of root's supplementary groups.
+TEST(Runner, AUserJobNeverKeepsTheServersGroups) {
+  ASSERT_EQ(geteuid(), 0u) << "the server switches users as root; so does this test";
+  uid_t ghost = 4242;
+  while (getpwuid(ghost) != nullptr) ++ghost;
+  LaunchSpec s = Shell("exec grep -E '^(Uid|Gid|Groups):' /proc/self/status", "ghost");
+  s.uid = ghost;
+  s.workdir = "/";
+  auto refused = Start(s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr(fmt::format("no group for uid {}", ghost)));
+  EXPECT_FALSE(std::filesystem::exists(s.stdout_path)) << "nothing started";
+  s.gid = ghost;
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(WaitExit(l->pid), 0);
+  const std::string out = ReadAll(s.stdout_path);
+  EXPECT_THAT(out, HasSubstr(fmt::format("Gid:\t{0}\t{0}\t{0}\t{0}", ghost))) << out;
+  EXPECT_THAT(out, HasSubstr(fmt::format("Groups:\t{} \n", ghost))) << out;
+}
+
 TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
   // A training script saving a checkpoint on SIGTERM: the stop must reach it, not the shepherd's
   // ignore or the server's mask, and its own exit code is what is recorded.

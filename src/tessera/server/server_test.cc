@@ -293,6 +293,37 @@ json SubmitAs(Server& server, uid_t uid, const json& spec, int* status) {
   return json::parse(out.body, nullptr, false);
 }
 
+// A job runs with its user's own uid, gid and groups or not at all. A uid with no account (here
+// one with no passwd entry, as `setpriv --reuid` makes; an account deleted after submitting or an
+// NSS outage look the same) is refused at launch with the reason, never started in root's group.
+TEST_F(ServerTest, AJobOfAUidWithNoAccountNeverStartsAndSaysWhy) {
+  ASSERT_EQ(geteuid(), 0u) << "the server switches users as root; so does this test";
+  StartServer();
+  uid_t ghost = 4242;
+  while (getpwuid(ghost) != nullptr) ++ghost;  // the first uid from 4242 with no account
+  int status = 0;
+  json j = SubmitAs(*server_, ghost, {{"command", {"sleep", "10"}}}, &status);
+  ASSERT_EQ(status, 201) << j.dump();
+  const int64_t id = j["id"].get<int64_t>();
+  // Beside it, an account that resolves runs as itself, in its own primary group.
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  json n = SubmitAs(*server_, nobody->pw_uid, {{"command", {"sleep", "10"}}}, &status);
+  ASSERT_EQ(status, 201) << n.dump();
+  Settle();
+  json ghost_job = Job(id);
+  EXPECT_EQ(ghost_job["state"], "failed");
+  EXPECT_THAT(ghost_job.dump(),
+              HasSubstr(fmt::format("the account of uid {} cannot be looked up", ghost)));
+  ASSERT_EQ(launcher_.started().size(), 1u) << "only the job with an account started";
+  const auto started = launcher_.started()[0];
+  EXPECT_EQ(started.job_id, n["id"].get<int64_t>());
+  ASSERT_TRUE(started.uid && started.gid);
+  EXPECT_EQ(*started.uid, nobody->pw_uid);
+  EXPECT_EQ(*started.gid, nobody->pw_gid);
+  EXPECT_NE(*started.gid, 0u);
+}
+
 TEST_F(ServerTest, OrdinaryUsersStayUnderTheirPriorityCeiling) {
   config_.priority_ceilings["group:tessera-no-such-group"] = 900;  // a group nobody is in
   StartServer();
