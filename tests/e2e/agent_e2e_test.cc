@@ -175,7 +175,7 @@ TEST_F(AgentE2e, AllocatesWholeGpusWithCdiAndSharesWithTheInterceptLibrary) {
   const auto& sc = share.container_responses(0);
   EXPECT_EQ(sc.envs().at("LD_PRELOAD"), "/usr/local/lib/tessera/libtessera-cuda.so");
   EXPECT_EQ(sc.envs().at("TESSERA_CUDA_MEM_LIMIT"), "0:10737418240");  // a quarter of 40 GiB
-  EXPECT_EQ(sc.envs().at("TESSERA_CUDA_COMPUTE_SHARE"), "0.25");
+  EXPECT_EQ(sc.envs().at("TESSERA_CUDA_COMPUTE_SHARE"), "25%");
   EXPECT_EQ(sc.envs().at("TESSERA_CUDA_ARBITER_GPUS"), "3");
   std::map<std::string, std::string> mounts;
   for (const auto& m : sc.mounts()) mounts[m.container_path()] = m.host_path();

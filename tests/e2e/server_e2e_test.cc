@@ -82,7 +82,7 @@ TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
   d.WaitFor(id, "succeeded");
   std::string out = d.Logs(id);
   EXPECT_THAT(out, HasSubstr("libtessera-cuda.so\n"));
-  EXPECT_THAT(out, HasSubstr(std::to_string(4ull << 30) + " 0.3\n"));
+  EXPECT_THAT(out, HasSubstr(std::to_string(4ull << 30) + " 30%\n"));
   // Three 30% shares fit on two GPUs without a whole GPU being taken: the fourth still fits.
   std::vector<int64_t> ids;
   for (int i = 0; i < 6; ++i) ids.push_back(d.Submit(Shell("sleep 30", {{"gpu_share", 30}})));

@@ -33,7 +33,7 @@ struct Env {
 inline std::string Command(const Env& env, const std::string& route, const std::string& cmds) {
   std::string c = "env LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR;
   if (env.preload) c += " LD_PRELOAD=" TESSERA_SHIM_LIBRARY;
-  if (!env.limit.empty()) c += " TESSERA_CUDA_MEM_LIMIT=" + env.limit;
+  if (!env.limit.empty()) c += " TESSERA_CUDA_MEM_LIMIT='" + env.limit + "'";
   if (!env.region.empty()) c += " TESSERA_CUDA_REGION=" + env.region;
   c += " " + env.extra + " " TESSERA_CUDA_CLIENT " " + route + " " + cmds;
   return c;

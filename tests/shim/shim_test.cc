@@ -367,12 +367,57 @@ TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
   EXPECT_EQ(RunClient(unknown, "link", "ctx:0 info"), "ok\n1024 1024\n");
 }
 
-TEST(Shim, MalformedSettingsAreSaidAndIgnored) {
-  Env env{.limit = "lots", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=-5"};
-  std::string out = RunClient(env, "link", "ctx:0 alloc:600 2>&1");
-  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_MEM_LIMIT='lots' is not a size"));
+// Sizes as users write them (Slurm's `16G`, SI's `GB`, decimals, a space) are the limits the docs
+// say: 1G and 1GiB are 1024 MiB, 1GB is 10^9 bytes (953.7 MiB), 1.5GiB is 1536 MiB.
+TEST(Shim, SizesAsUsersWriteThemAreTheDocumentedLimits) {
+  const struct {
+    const char* limit;
+    const char* program;
+    const char* want;
+  } cases[] = {
+      {"1G", "alloc:1024 alloc:1", "ok\noom\n"},
+      {"1GiB", "alloc:1024 alloc:1", "ok\noom\n"},
+      {"1 GiB", "alloc:1024 alloc:1", "ok\noom\n"},
+      {"1024M", "alloc:1024 alloc:1", "ok\noom\n"},
+      {"1073741824", "alloc:1024 alloc:1", "ok\noom\n"},
+      {"1GB", "alloc:954", "oom\n"},
+      {"1GB", "alloc:953", "ok\n"},
+      {"1.5GiB", "alloc:1536 alloc:1", "ok\noom\n"},
+      {"0:1G,1:2GB", "alloc:1024 alloc:1", "ok\noom\n"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(RunClient(Env{.limit = c.limit}, "link", c.program), c.want) << c.limit;
+  }
+}
+
+// A malformed limit, overhead or share never means "no limit": the library says what is wrong and
+// refuses every call it hooks, on every route to the driver (dlsym too: the hook, which refuses,
+// not the driver's own entry point).
+TEST(Shim, MalformedSettingsRefuseCudaInsteadOfLiftingTheLimit) {
+  for (const char* bad : {"lots", "10XB", "10Gi", "1 0GiB", "1.5", "-1", "1e9", "99999999999T"}) {
+    std::string out = RunClient(Env{.limit = bad}, "link", "alloc:1 2>&1");
+    EXPECT_THAT(out, ::testing::HasSubstr(std::string("TESSERA_CUDA_MEM_LIMIT='") + bad +
+                                          "' is not a size"))
+        << bad;
+    EXPECT_THAT(out, ::testing::HasSubstr("CUDA is refused in this process")) << bad;
+    EXPECT_THAT(out, ::testing::EndsWith("err 3\n")) << bad;
+  }
+  // Linked and looked up by dlsym: the hooks, which refuse. Through cuGetProcAddress: nothing is
+  // handed out at all (the lookup itself is refused), so the program cannot start its CUDA work.
+  for (const char* route : {"link", "dlsym"}) {
+    EXPECT_EQ(RunClient(Env{.limit = "lots"}, route, "alloc:1 async:1 ctx:0 2>/dev/null"),
+              "err 3\nerr 3\nerr 3\n")
+        << route;
+  }
+  for (const char* route : {"procaddr", "procaddr2"}) {
+    EXPECT_THAT(RunClient(Env{.limit = "lots"}, route, "alloc:1 2>&1"),
+                ::testing::HasSubstr("cuda_client: cannot resolve cuMemAlloc_v2"))
+        << route;
+  }
+  std::string out = RunClient(Env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=-5"},
+                              "link", "ctx:0 alloc:1 2>&1");
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_CONTEXT_OVERHEAD='-5' is not a size"));
-  EXPECT_THAT(out, ::testing::EndsWith("ok\nok\n")) << "no limit, no overhead";
+  EXPECT_THAT(out, ::testing::EndsWith("err 3\nerr 3\n"));
 }
 
 TEST(Shim, KernelLaunchesPassThrough) {

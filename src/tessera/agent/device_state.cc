@@ -362,7 +362,8 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     auto& env = *resp.mutable_envs();
     env["LD_PRELOAD"] = kContainerShim;
     env["TESSERA_CUDA_MEM_LIMIT"] = absl::StrJoin(limit_text, ",");
-    env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{}", share);
+    // In percent: a bare "1" (a whole GPU's share as a fraction) would read as 1%.
+    env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{:g}%", share * 100);
     env["TESSERA_CUDA_PRIORITY"] =
         std::to_string(hint && hint->priority ? *hint->priority : options_.default_priority);
     env["TESSERA_CUDA_REGION"] = kContainerRegion;

@@ -176,7 +176,7 @@ TEST_F(DeviceStateTest, SharesGetTheInterceptLibraryTheirLimitsAndARegion) {
   EXPECT_EQ(env.at("LD_PRELOAD"), kContainerShim);
   uint64_t half = *inventory_.gpus[2].memory_bytes / 4 * 2;
   EXPECT_EQ(env.at("TESSERA_CUDA_MEM_LIMIT"), "0:" + std::to_string(half));
-  EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "0.5");
+  EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "50%");
   EXPECT_EQ(env.at("TESSERA_CUDA_PRIORITY"), "0");
   EXPECT_EQ(env.at("TESSERA_CUDA_REGION"), kContainerRegion);
   EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), Uuid(2));
@@ -203,7 +203,7 @@ TEST_F(DeviceStateTest, SharesOnTwoGpusGetALimitOnEachAndOneGangAtTheArbiter) {
   const uint64_t quarter = *inventory_.gpus[3].memory_bytes / 4;
   EXPECT_EQ(env.at("TESSERA_CUDA_MEM_LIMIT"),
             "0:" + std::to_string(quarter) + ",1:" + std::to_string(quarter));
-  EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "0.25") << "a quarter of each";
+  EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "25%") << "a quarter of each";
   const std::string visible = env.at("NVIDIA_VISIBLE_DEVICES");
   const std::string gpus = env.at("TESSERA_CUDA_ARBITER_GPUS");
   EXPECT_TRUE((visible == Uuid(3) + "," + Uuid(5) && gpus == "3,5") ||

@@ -94,7 +94,8 @@ std::map<std::string, std::string> JobEnvironment(const LaunchSpec& spec) {
       env["TESSERA_CUDA_ARBITER_GPUS"] =
           fmt::format("{}", fmt::join(spec.share->physical_gpus, ","));
       env["TESSERA_CUDA_PRIORITY"] = std::to_string(spec.share->priority);
-      env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{}", spec.share->share_milli / 1000.0);
+      // In percent: a bare "1" (1000 milli as a fraction) would read as 1%.
+      env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{:g}%", spec.share->share_milli / 10.0);
     }
   }
   return env;

@@ -90,6 +90,13 @@ TEST(Runner, ShareAddsTheInterceptLibraryAndLimits) {
   EXPECT_EQ(env["TESSERA_CUDA_REGION"], "/run/tessera/7.region");
   EXPECT_EQ(env["TESSERA_CUDA_MEM_LIMIT"], std::to_string(10ull << 30));
   EXPECT_EQ(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+  // The compute share in percent, which the library cannot misread: a whole GPU's 1000 milli
+  // written as the fraction "1" would be 1%.
+  s.share->arbiter = "/run/tessera/gpu.arbiter";
+  for (auto [milli, text] : {std::pair{300, "30%"}, {1000, "100%"}, {125, "12.5%"}}) {
+    s.share->share_milli = milli;
+    EXPECT_EQ(JobEnvironment(s)["TESSERA_CUDA_COMPUTE_SHARE"], text) << milli;
+  }
 }
 
 TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {

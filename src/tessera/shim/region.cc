@@ -49,29 +49,61 @@ bool Alive(const ProcSlot& s) {
   return start != 0 && start == recorded;
 }
 
+// A size: a number (decimals allowed with a unit), an optional space, then a unit: none or B
+// (bytes); K, M, G, T or KiB, MiB, GiB, TiB (powers of 1024: Slurm's `--mem=16G` habit); KB, MB,
+// GB, TB (powers of 1000, as written). `*end` is left at `s` when there is no number or it does
+// not fit 64 bits; on success it points after the unit.
 uint64_t ParseBytes(const char* s, const char** end) {
-  if (*s < '0' || *s > '9') {  // strtoull would take a sign or spaces
-    *end = s;
-    return 0;
+  *end = s;
+  if (*s < '0' || *s > '9') return 0;  // strtod would take a sign, spaces, "inf" or hex
+  const char* e = s;
+  while ((*e >= '0' && *e <= '9') || *e == '.') ++e;
+  const char* number_end = e;
+  const bool decimal = memchr(s, '.', static_cast<size_t>(number_end - s)) != nullptr;
+  if (*e == ' ') ++e;
+  static constexpr struct {
+    const char* name;
+    uint64_t factor;
+  } kUnits[] = {{"KiB", 1ull << 10},
+                {"MiB", 1ull << 20},
+                {"GiB", 1ull << 30},
+                {"TiB", 1ull << 40},
+                {"KB", 1000ull},
+                {"MB", 1000000ull},
+                {"GB", 1000000000ull},
+                {"TB", 1000000000000ull},
+                {"K", 1ull << 10},
+                {"M", 1ull << 20},
+                {"G", 1ull << 30},
+                {"T", 1ull << 40},
+                {"B", 1}};
+  uint64_t factor = 0;
+  for (const auto& u : kUnits) {
+    const size_t n = strlen(u.name);
+    if (strncmp(e, u.name, n) == 0) {
+      factor = u.factor;
+      e += n;
+      break;
+    }
   }
-  char* e = nullptr;
+  if (factor == 0) {  // no unit: a whole number of bytes, nothing after it
+    if (e != number_end || decimal) return 0;
+    factor = 1;
+  }
+  uint64_t bytes = 0;
   errno = 0;
-  unsigned long long v = strtoull(s, &e, 10);
-  if (e == s || errno) {
-    *end = s;
-    return 0;
+  if (decimal) {
+    char* parsed_end = nullptr;
+    const double v = strtod(s, &parsed_end) * static_cast<double>(factor);
+    if (errno || parsed_end != number_end || !(v >= 0) || v >= 1.8e19) return 0;  // "1.2.3"
+    bytes = static_cast<uint64_t>(v + 0.5);
+  } else {
+    char* parsed_end = nullptr;
+    const unsigned long long v = strtoull(s, &parsed_end, 10);
+    if (errno || parsed_end != number_end || __builtin_mul_overflow(v, factor, &bytes)) return 0;
   }
-  uint64_t mult = 1;
-  if (strncmp(e, "KiB", 3) == 0)
-    mult = 1ull << 10, e += 3;
-  else if (strncmp(e, "MiB", 3) == 0)
-    mult = 1ull << 20, e += 3;
-  else if (strncmp(e, "GiB", 3) == 0)
-    mult = 1ull << 30, e += 3;
-  else if (strncmp(e, "TiB", 3) == 0)
-    mult = 1ull << 40, e += 3;
   *end = e;
-  return static_cast<uint64_t>(v) * mult;
+  return bytes;
 }
 
 }  // namespace

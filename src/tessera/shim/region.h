@@ -124,7 +124,10 @@ bool ReadProcessStat(int pid, char* state, uint64_t* start_time);
 // Start time of `pid` (clock ticks since boot), 0 if it does not exist.
 uint64_t ProcessStartTime(int pid);
 
-// "1073741824", "1GiB", "512MiB", "0:1GiB,1:2GiB" -> bytes per device. False on a malformed text.
+// "1073741824", "1GiB", "10G", "10GB", "1.5 GiB", "0:1GiB,1:2GiB" -> bytes per device. A size is a
+// number, an optional space and a unit: none or B (bytes; a bare number must be whole); K/KiB,
+// M/MiB, G/GiB, T/TiB (powers of 1024, Slurm's habit); KB, MB, GB, TB (powers of 1000). False on
+// anything else (the caller must then refuse, never run without the limit).
 bool ParseLimits(const char* text, uint64_t* limits, int* count);
 
 }  // namespace tessera::shim

@@ -35,9 +35,45 @@ TEST(Limits, ParseOneForAllOrPerDevice) {
   EXPECT_EQ(l[0], 512ull << 20);
   EXPECT_EQ(l[1], 0u);
   EXPECT_EQ(l[2], 1ull << 30);
-  for (const char* bad : {"", "lots", "1GB", "0:", "99:1GiB", "0:1GiB;1:2GiB", "-1"}) {
+  for (const char* bad : {"", "lots", "1XB", "0:", "99:1GiB", "0:1GiB;1:2GiB", "-1", "10Gi", "1.5",
+                          "1 0GiB", "1e9", " 1GiB", "1GiB ", "1.2.3GiB", "99999999999T",
+                          "18446744073709551616", "0x10", "inf", "1,5GiB"}) {
     EXPECT_FALSE(ParseLimits(bad, l, &n)) << bad;
   }
+}
+
+// Units as users write them: Slurm's K/M/G/T and the IEC names are powers of 1024, the SI names
+// powers of 1000; decimals with a unit, one space before it.
+TEST(Limits, SizesAsUsersWriteThem) {
+  const struct {
+    const char* text;
+    uint64_t bytes;
+  } cases[] = {
+      {"10G", 10ull << 30},
+      {"10GiB", 10ull << 30},
+      {"10 GiB", 10ull << 30},
+      {"10GB", 10000000000ull},
+      {"512M", 512ull << 20},
+      {"512MB", 512000000ull},
+      {"1.5GiB", 1536ull << 20},
+      {"0.5G", 512ull << 20},
+      {"2T", 2ull << 40},
+      {"4096", 4096},
+      {"4096B", 4096},
+      {"1K", 1024},
+      {"18446744073709551615", ~0ull},
+  };
+  for (const auto& c : cases) {
+    uint64_t l[kMaxDevices];
+    int n = 0;
+    ASSERT_TRUE(ParseLimits(c.text, l, &n)) << c.text;
+    EXPECT_EQ(l[0], c.bytes) << c.text;
+  }
+  uint64_t l[kMaxDevices];
+  int n = 0;
+  ASSERT_TRUE(ParseLimits("0:1.5G,1:2GB", l, &n));
+  EXPECT_EQ(l[0], 1536ull << 20);
+  EXPECT_EQ(l[1], 2000000000ull);
 }
 
 TEST(Region, ReserveStopsAtTheLimitAndReleaseNeverUnderflows) {

@@ -184,18 +184,27 @@ void AfterForkChild() {
   }
 }
 
-// TESSERA_CUDA_ARBITER and the settings that go with it; a bad setting is said and left at its
-// default.
+// Set when a setting is malformed: the library then refuses every call it hooks (allocations,
+// contexts, modules, launches), so the process runs no CUDA work rather than run it without the
+// limit it was meant to have (fail closed).
+bool refused = false;
+
+void Refuse(const char* name, const char* value, const char* expected) {
+  fprintf(stderr,
+          "tessera-cuda: %s='%s' is not %s; CUDA is refused in this process (a malformed setting "
+          "never lifts a limit)\n",
+          name, value, expected);
+  refused = true;
+}
+
+// TESSERA_CUDA_ARBITER and the settings that go with it; a malformed setting refuses CUDA.
 void InitArbiter(const char* region_path) {
   const char* path = getenv("TESSERA_CUDA_ARBITER");
   if (path == nullptr || *path == 0) return;
   ArbiterConfig c;
   if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE");
       v && *v && !ParseShare(v, &c.share_permille)) {
-    fprintf(
-        stderr,
-        "tessera-cuda: TESSERA_CUDA_COMPUTE_SHARE='%s' is not a share (30%%, 0.3); using 100%%\n",
-        v);
+    Refuse("TESSERA_CUDA_COMPUTE_SHARE", v, "a share (30%, 0.3)");
   }
   auto number = [](const char* name, long lo, long hi, auto* out) {
     const char* v = getenv(name);
@@ -204,8 +213,9 @@ void InitArbiter(const char* region_path) {
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || end == v || *end != 0 || x < lo || x > hi) {
-      fprintf(stderr, "tessera-cuda: %s='%s' is not a whole number in [%ld, %ld]; ignored\n", name,
-              v, lo, hi);
+      char expected[96];
+      snprintf(expected, sizeof expected, "a whole number in [%ld, %ld]", lo, hi);
+      Refuse(name, v, expected);
       return;
     }
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(x);
@@ -228,10 +238,7 @@ void InitArbiter(const char* region_path) {
       if (ok) physical_gpu[i] = static_cast<int>(x), p = *end ? end + 1 : end;
     }
     if (!ok) {
-      fprintf(stderr,
-              "tessera-cuda: TESSERA_CUDA_ARBITER_GPUS='%s' is not a list of GPU indices; using "
-              "0,1,...\n",
-              v);
+      Refuse("TESSERA_CUDA_ARBITER_GPUS", v, "a list of GPU indices (3,5)");
       for (int k = 0; k < kMaxDevices; ++k) physical_gpu[k] = k;
     } else {
       // A job given several GPUs (its ranks on them): their slices are granted together, unless
@@ -278,9 +285,7 @@ void Init() {
   int count = 0;
   const char* limit_text = getenv("TESSERA_CUDA_MEM_LIMIT");
   if (limit_text && *limit_text && !ParseLimits(limit_text, limits, &count)) {
-    fprintf(stderr,
-            "tessera-cuda: TESSERA_CUDA_MEM_LIMIT='%s' is not a size (1GiB, 0:1GiB,1:2GiB)\n",
-            limit_text);
+    Refuse("TESSERA_CUDA_MEM_LIMIT", limit_text, "a size (10GiB, 10G, 10GB, 0:10GiB,1:20GiB)");
   }
   char err[256] = "";
   const char* path = getenv("TESSERA_CUDA_REGION");
@@ -298,7 +303,7 @@ void Init() {
     if (ParseLimits(overhead, v, &n) && n == kMaxDevices) {
       context_overhead = v[0];
     } else {
-      fprintf(stderr, "tessera-cuda: TESSERA_CUDA_CONTEXT_OVERHEAD='%s' is not a size\n", overhead);
+      Refuse("TESSERA_CUDA_CONTEXT_OVERHEAD", overhead, "a size (300MiB)");
     }
   }
   InitArbiter(path);
@@ -314,8 +319,8 @@ void Init() {
 
 inline bool Ready() {
   pthread_once(&init_once, Init);
-  return real.handle != nullptr && region != nullptr && held != nullptr && pools != nullptr &&
-         pool_mu != nullptr;
+  return !refused && real.handle != nullptr && region != nullptr && held != nullptr &&
+         pools != nullptr && pool_mu != nullptr;
 }
 
 int CurrentDevice() {
@@ -1668,7 +1673,8 @@ TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   if (sym == nullptr) return nullptr;
   void* fn = sym(handle, name);
   if (fn == nullptr) return fn;
-  if (name[0] == 'c' && name[1] == 'u' && Ready()) return Redirect(fn);
+  // Refused (a malformed setting): still the hook, which refuses, never the driver's own entry.
+  if (name[0] == 'c' && name[1] == 'u' && (Ready() || refused)) return Redirect(fn);
   if (name[0] != 'n' || strncmp(name, "nvmlDevice", 10) != 0) return fn;
   static const struct {
     const char* name;
