@@ -420,6 +420,52 @@ TEST(Shim, MalformedSettingsRefuseCudaInsteadOfLiftingTheLimit) {
   EXPECT_THAT(out, ::testing::EndsWith("err 3\nerr 3\n"));
 }
 
+// Another interposer preloaded before or after the library (a profiler, a tracer) finds the next
+// definition with dlsym(RTLD_NEXT) as without the library: libc's puts for its wrapper (it aborts
+// if handed its own), and the limit still holds.
+TEST(Shim, AnotherInterposerResolvesRtldNextAsWithoutTheLibrary) {
+  const std::string shim = TESSERA_SHIM_LIBRARY, tracer = TESSERA_TEST_INTERPOSER;
+  for (const std::string& order : {shim + ":" + tracer, tracer + ":" + shim}) {
+    Env env{.limit = "1GiB", .preload = false, .extra = "LD_PRELOAD=" + order};
+    EXPECT_EQ(RunClient(env, "link", "alloc:600 alloc:500 2>/dev/null"), "ok\noom\n") << order;
+    const std::string err = RunClient(env, "dlsym", "alloc:600 alloc:500 2>&1 >/dev/null");
+    EXPECT_THAT(err, ::testing::HasSubstr("interposer: 2 puts")) << order;
+    EXPECT_THAT(err, ::testing::Not(::testing::HasSubstr("own puts"))) << order;
+  }
+}
+
+// The library loads in the images jobs bring: it asks glibc for no symbol version newer than 2.17
+// (CentOS 7; Ubuntu 20.04 has 2.31, UBI 8 2.28), and names libdl and libpthread, where the base
+// versions of dlopen and pthread_once live before glibc 2.34. Read from the built library.
+TEST(Shim, NeedsNoGlibcNewerThan2_17) {
+  FILE* p = popen("objdump -T " TESSERA_SHIM_LIBRARY " 2>&1", "r");
+  ASSERT_NE(p, nullptr);
+  std::string symbols;
+  char line[512];
+  while (fgets(line, sizeof line, p) != nullptr) symbols += line;
+  ASSERT_EQ(pclose(p), 0) << symbols;
+  std::string newer;
+  int versions = 0;
+  for (size_t at = symbols.find("GLIBC_2."); at != std::string::npos;
+       at = symbols.find("GLIBC_2.", at + 1)) {
+    ++versions;
+    const int minor = std::atoi(symbols.c_str() + at + 8);
+    if (minor > 17) {
+      const size_t bol = symbols.rfind('\n', at) + 1;
+      newer += symbols.substr(bol, symbols.find('\n', at) - bol) + "\n";
+    }
+  }
+  EXPECT_GT(versions, 10) << "objdump listed no versioned symbol:\n" << symbols;
+  EXPECT_EQ(newer, "") << "symbols of glibc newer than 2.17";
+  FILE* d = popen("readelf -d " TESSERA_SHIM_LIBRARY " 2>&1", "r");
+  ASSERT_NE(d, nullptr);
+  std::string dynamic;
+  while (fgets(line, sizeof line, d) != nullptr) dynamic += line;
+  pclose(d);
+  EXPECT_THAT(dynamic, ::testing::HasSubstr("[libdl.so.2]"));
+  EXPECT_THAT(dynamic, ::testing::HasSubstr("[libpthread.so.0]"));
+}
+
 TEST(Shim, KernelLaunchesPassThrough) {
   Env env{.limit = "1GiB"};
   EXPECT_EQ(RunClient(env, "procaddr2", "launch:100 alloc:1"), "ok\nok\n");

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <new>
 
+#include "tessera/shim/glibc_compat.h"  // pins the symbol versions
 #include "tessera/shim/region.h"
 
 namespace tessera::shim {

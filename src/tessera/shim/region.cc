@@ -13,6 +13,8 @@
 
 #include <new>
 
+#include "tessera/shim/glibc_compat.h"  // pins the symbol versions
+
 namespace tessera::shim {
 namespace {
 

@@ -7,6 +7,7 @@
 // nothing throws across it.
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "tessera/devices/nvml_abi.h"  // declarations only: the shim links nothing of Tessera
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/cuda_abi.h"
+#include "tessera/shim/glibc_compat.h"  // first: pins the symbol versions
 #include "tessera/shim/region.h"
 
 #define TESSERA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -1666,12 +1668,46 @@ TESSERA_NVML_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo
 TESSERA_NVML_PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
 #undef TESSERA_NVML_PROCESSES
 
+namespace tessera::shim {
+namespace {
+
+// dlsym(RTLD_NEXT, name) as its caller would have it without this hook. glibc resolves RTLD_NEXT
+// from the address it is called from, which is now this library's: another interposer preloaded
+// after this one (a profiler, a tracer) would be handed its own function and call itself forever.
+// So: the first object after the caller's in the load order that defines `name` itself.
+void* NextAfter(const void* caller, const char* name, DlsymFn sym) {
+  Dl_info info;
+  struct link_map* from = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&from), RTLD_DL_LINKMAP) == 0 ||
+      from == nullptr) {
+    return sym(RTLD_NEXT, name);  // a caller in no object (JIT code): glibc's answer from here
+  }
+  for (struct link_map* m = from->l_next; m != nullptr; m = m->l_next) {
+    if (m->l_name == nullptr || m->l_name[0] == 0) continue;
+    void* h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) continue;  // the vDSO, or an object being unloaded
+    void* fn = sym(h, name);
+    dlclose(h);
+    struct link_map* owner = nullptr;
+    if (fn != nullptr &&
+        dladdr1(fn, &info, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) != 0 && owner == m) {
+      return fn;  // defined by m itself, not by a dependency of it found through its handle
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace tessera::shim
+
 // dlsym is hooked so that a program (or the CUDA runtime) that dlopens libcuda.so.1 and looks entry
 // points up by name gets our hooks too.
 TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   DlsymFn sym = RealDlsym();
   if (sym == nullptr) return nullptr;
-  void* fn = sym(handle, name);
+  void* fn = handle == RTLD_NEXT
+                 ? NextAfter(__builtin_extract_return_addr(__builtin_return_address(0)), name, sym)
+                 : sym(handle, name);
   if (fn == nullptr) return fn;
   // Refused (a malformed setting): still the hook, which refuses, never the driver's own entry.
   if (name[0] == 'c' && name[1] == 'u' && (Ready() || refused)) return Redirect(fn);
