@@ -394,6 +394,20 @@ int Region::ReclaimDead() {
   return reclaimed_slots_ - before;
 }
 
+int Region::ReclaimDeadIfDue(uint64_t interval_us) {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  const uint64_t now = static_cast<uint64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000 + 1;
+  uint64_t last = last_reclaim_us_.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < interval_us) return 0;
+  if (!last_reclaim_us_.compare_exchange_strong(last, now)) return 0;  // another thread's turn
+  if (fd_ >= 0 && flock(fd_, LOCK_EX | LOCK_NB) != 0) return 0;        // another process's turn
+  const int before = reclaimed_slots_;
+  ReclaimDeadLocked();
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+  return reclaimed_slots_ - before;
+}
+
 void Region::ReattachAfterFork() {
   // The parent's slot stays the parent's; the child starts with nothing allocated.
   if (fd_ >= 0) flock(fd_, LOCK_EX);

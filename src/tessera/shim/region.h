@@ -68,8 +68,13 @@ class Region {
   uint64_t Used(int device) const;
   uint64_t Peak(int device) const;
   // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file
-  // lock. Runs by itself when a reservation would not fit.
+  // lock. Runs by itself when a reservation would not fit. Costs a kill(0) and a /proc read per
+  // attached process.
   int ReclaimDead();
+  // ReclaimDead at most once per `interval_us` in this process, and never waiting for another
+  // process's (the file lock is only tried): what memory queries run, so that their cost does not
+  // grow with the number of attached processes. The first call in a process always reclaims.
+  int ReclaimDeadIfDue(uint64_t interval_us);
   // After fork(): the child is a new process and needs a slot of its own.
   void ReattachAfterFork();
   RegionData* data() { return data_; }
@@ -83,6 +88,7 @@ class Region {
   int fd_;
   ProcSlot* slot_ = nullptr;
   int reclaimed_slots_ = 0;
+  std::atomic<uint64_t> last_reclaim_us_{0};  // CLOCK_MONOTONIC; 0: never
 };
 
 // Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no

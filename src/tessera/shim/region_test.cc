@@ -134,6 +134,35 @@ TEST(Region, DeadProcessMemoryIsReclaimedWhenNeeded) {
   EXPECT_EQ(r->Used(0), 900u);
 }
 
+// Memory queries reclaim at most once per interval (a full reclaim reads every attached process):
+// the first in a process does, one within the interval does not, one after it does again.
+TEST(Region, MemoryQueriesReclaimAtMostOncePerInterval) {
+  const std::string path = Path("due");
+  uint64_t limits[1] = {1000};
+  char err[128];
+  Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  auto child_holding = [&](uint64_t bytes) {
+    pid_t child = fork();
+    if (child == 0) {
+      Region* c = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+      _exit(c != nullptr && c->Reserve(0, bytes) ? 0 : 1);  // exits holding `bytes`
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_EQ(WEXITSTATUS(status), 0);
+  };
+  const uint64_t hour_us = 3'600'000'000;
+  child_holding(300);
+  EXPECT_EQ(r->ReclaimDeadIfDue(hour_us), 1) << "the first query reclaims";
+  EXPECT_EQ(r->Used(0), 0u);
+  child_holding(300);
+  EXPECT_EQ(r->ReclaimDeadIfDue(hour_us), 0) << "not again within the interval";
+  EXPECT_EQ(r->Used(0), 300u);
+  EXPECT_EQ(r->ReclaimDeadIfDue(0), 1) << "past it";
+  EXPECT_EQ(r->Used(0), 0u);
+}
+
 TEST(Region, RefusesAFileOfAnotherKind) {
   std::string path = Path("junk");
   FILE* f = fopen(path.c_str(), "w");

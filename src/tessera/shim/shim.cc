@@ -34,6 +34,9 @@ namespace tessera::shim {
 namespace {
 
 using DlsymFn = void* (*)(void*, const char*);
+
+// How often memory queries (cuMemGetInfo, NVML's memory info) give back dead processes' memory.
+constexpr uint64_t kMemoryQueryReclaimUs = 100'000;
 DlsymFn real_dlsym = nullptr;
 
 DlsymFn RealDlsym() {
@@ -857,7 +860,9 @@ TESSERA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes)
   const int device = CurrentDevice();
   uint64_t limit = region->Limit(device);
   if (limit == 0) return rc;
-  region->ReclaimDead();  // rare call: report what is really free
+  // What dead processes held is given back at most every kMemoryQueryReclaimUs here (frameworks ask
+  // often; a full reclaim reads every attached process); a reservation that would fail reclaims.
+  region->ReclaimDeadIfDue(kMemoryQueryReclaimUs);
   uint64_t used = region->Used(device);
   uint64_t left = used >= limit ? 0 : limit - used;  // clamped: never "negative" free memory
   if (free_bytes != nullptr && left < *free_bytes) *free_bytes = left;
@@ -1520,7 +1525,7 @@ void Limit(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free
   int ordinal = CudaOrdinal(dev);
   uint64_t limit = region->Limit(ordinal);
   if (ordinal < 0 || limit == 0 || limit >= *total) return;
-  region->ReclaimDead();
+  region->ReclaimDeadIfDue(kMemoryQueryReclaimUs);
   uint64_t in_use = region->Used(ordinal);
   *total = limit;
   *used = in_use < limit ? in_use : limit;
