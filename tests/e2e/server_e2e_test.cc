@@ -858,6 +858,40 @@ TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
   EXPECT_TRUE(answered);
 }
 
+// Requests whose body cannot be framed (RFC 9112 section 6.3) get 400 and a closed connection,
+// before any of their body is read: a final coding other than chunked (framed by Content-Length
+// before: what request smuggling is made of), and Transfer-Encoding beside Content-Length.
+TEST(TesseraServer, RequestsWhoseBodyCannotBeFramedAreRefusedAndClosed) {
+  Daemon d("framing");
+  for (const std::string& head :
+       {std::string("POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n"
+                    "Content-Length: 0\r\n\r\n"),
+        std::string("POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n"),
+        std::string("POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")}) {
+    int fd = RawConnect(d.socket());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+    std::string got = ReadUntilClosed(fd, 10);
+    close(fd);
+    EXPECT_THAT(got, HasSubstr("HTTP/1.1 400")) << head;
+    EXPECT_THAT(got, ::testing::Not(HasSubstr("<still open>"))) << head;
+  }
+  int fd = RawConnect(d.socket());
+  const std::string gzip = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n";
+  ASSERT_EQ(write(fd, gzip.data(), gzip.size()), static_cast<ssize_t>(gzip.size()));
+  EXPECT_THAT(ReadUntilClosed(fd, 10), HasSubstr("final coding is not chunked"));
+  close(fd);
+  // A plain chunked request is served as before.
+  fd = RawConnect(d.socket());
+  const std::string chunked =
+      "GET /v1/health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
+      "close\r\n\r\n0\r\n\r\n";
+  ASSERT_EQ(write(fd, chunked.data(), chunked.size()), static_cast<ssize_t>(chunked.size()));
+  EXPECT_THAT(ReadUntilClosed(fd, 10), HasSubstr("HTTP/1.1 200"));
+  close(fd);
+}
+
 // A proxy in front of the daemon's socket that loses the answer to the first request it passes
 // on (the request reaches the server; the client sees its connection closed), as a crash of the
 // network or of a load balancer would. Later requests pass both ways.

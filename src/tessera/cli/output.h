@@ -6,6 +6,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tessera::cli {
@@ -17,11 +18,20 @@ std::optional<Format> ParseFormat(const std::string& text);
 // Writes `value` as pretty JSON or block YAML (kTable is the caller's business).
 void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ostream& out);
 
-// Rows of cells printed under a header, columns padded to the widest cell, two spaces apart.
+// `text` safe to print on a terminal: control characters (C0 but none, DEL, C1 as UTF-8), which
+// another user's job name or a reason could carry to move the cursor, recolour or retitle the
+// terminal, are shown visibly as \xNN (\t, \n, \r as such); the rest, UTF-8 included, as it is.
+std::string Printable(std::string_view text);
+
+// Rows of cells printed under a header, columns padded to the widest cell, two spaces apart; every
+// cell made Printable.
 class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
-  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void AddRow(std::vector<std::string> row) {
+    for (std::string& cell : row) cell = Printable(cell);
+    rows_.push_back(std::move(row));
+  }
   void Print(std::ostream& out) const;
 
  private:

@@ -37,6 +37,25 @@ TEST(Output, TableAlignsColumns) {
   EXPECT_EQ(out.str(), "A          LONG HEADER\nwide cell  x\n");
 }
 
+// Another user's job name reaches everyone's terminal through `tessera ls --all`: escape sequences
+// (here one that retitles the terminal and one that clears it) and C1 controls are shown as text;
+// UTF-8 stays as it is.
+TEST(Output, TablesShowControlCharactersVisibly) {
+  EXPECT_EQ(Printable("train\x1b]0;pwned\x07"), "train\\x1b]0;pwned\\x07");
+  EXPECT_EQ(Printable("a\tb\nc\rd\x7f"), "a\\tb\\nc\\rd\\x7f");
+  EXPECT_EQ(Printable("\xc2\x9b"
+                      "2J"),
+            "\\x9b2J")
+      << "CSI as a C1 control";
+  EXPECT_EQ(Printable("r\xc3\xa9sum\xc3\xa9 \xe2\x9c\x93"), "r\xc3\xa9sum\xc3\xa9 \xe2\x9c\x93");
+  Table t({"NAME"});
+  t.AddRow({"x\x1b[2J\x1b[H"});
+  std::ostringstream out;
+  t.Print(out);
+  EXPECT_EQ(out.str(), "NAME\nx\\x1b[2J\\x1b[H\n");
+  EXPECT_EQ(out.str().find('\x1b'), std::string::npos);
+}
+
 TEST(Output, ParseFormat) {
   EXPECT_EQ(ParseFormat("json"), Format::kJson);
   EXPECT_EQ(ParseFormat("JSON"), std::nullopt);

@@ -435,7 +435,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
     return kExitOk;
   }
   auto field = [&](const char* k, const std::string& v) {
-    out << fmt::format("{:<12} {}\n", k, v);
+    out << fmt::format("{:<12} {}\n", k, Printable(v));
   };
   field("id", JobRef(*j) == std::to_string((*j)["id"].get<int64_t>())
                   ? JobRef(*j)

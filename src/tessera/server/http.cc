@@ -42,6 +42,26 @@ std::string UrlDecode(std::string_view s) {
 
 namespace {
 
+// Why a request's framing cannot be trusted (RFC 9112 section 6), or "" when it can: a
+// Transfer-Encoding whose final coding is not chunked leaves the body's length unknown (a server
+// MUST answer 400 and close), and one beside a Content-Length is what request smuggling is made of
+// (a server MAY reject it; this one does, rather than guess which one a proxy in front believed).
+std::string FramingProblem(const http::request_parser<http::string_body>::value_type& msg) {
+  auto te = msg.find(http::field::transfer_encoding);
+  if (te == msg.end()) return "";
+  if (msg.find(http::field::content_length) != msg.end())
+    return "both Transfer-Encoding and Content-Length (RFC 9112 section 6.3)";
+  std::string_view v = te->value();
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  const size_t comma = v.rfind(',');
+  std::string_view last = comma == std::string_view::npos ? v : v.substr(comma + 1);
+  while (!last.empty() && (last.front() == ' ' || last.front() == '\t')) last.remove_prefix(1);
+  if (!beast::iequals(last, "chunked"))
+    return "Transfer-Encoding whose final coding is not chunked: the body cannot be framed (RFC "
+           "9112 section 6.3)";
+  return "";
+}
+
 void SplitTarget(const std::string& target, HttpRequest& r) {
   size_t q = target.find('?');
   r.path = UrlDecode(target.substr(0, q));
@@ -147,7 +167,12 @@ struct HttpServer::Impl {
       }
       SetDeadline(fd, options.request_timeout_s);
       bool timed_out = false;
-      http::read(sock, buffer, parser, ec);
+      // The header first: a request whose body cannot be framed is refused before any of it is
+      // read.
+      std::string framing;
+      http::read_header(sock, buffer, parser, ec);
+      if (!ec) framing = FramingProblem(parser.get());
+      if (!ec && framing.empty()) http::read(sock, buffer, parser, ec);
       if (ec) {
         std::lock_guard lock(mu);
         auto it = conns.find(fd);
@@ -157,7 +182,9 @@ struct HttpServer::Impl {
       HttpResponse res;
       bool keep_alive = false;
       unsigned version = 11;
-      if (ec && timed_out && parser.got_some() && !stopping) {
+      if (!framing.empty()) {
+        res = Error(400, "malformed HTTP request: " + framing);  // and closed: keep_alive false
+      } else if (ec && timed_out && parser.got_some() && !stopping) {
         res = Error(408,
                     fmt::format("request not complete within {:g} s", options.request_timeout_s));
       } else if (ec == http::error::end_of_stream || ec == asio::error::eof ||

@@ -42,15 +42,31 @@ absl::Status String(const json& v, std::string_view field, std::string* out, siz
   return absl::OkStatus();
 }
 
+// A portable environment variable name (POSIX.1-2017, 8.1): letters, digits and '_', not starting
+// with a digit. Anything else (a newline, '=', a space) is not a name a shell or a process can use,
+// and may be read as more than one variable by what the environment is handed to.
+bool PosixName(std::string_view k) {
+  if (k.empty() || (k[0] >= '0' && k[0] <= '9')) return false;
+  for (char c : k) {
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'))
+      return false;
+  }
+  return true;
+}
+
 absl::Status StringMap(const json& v, std::string_view field,
                        std::map<std::string, std::string>* out, bool env_names) {
   if (!v.is_object())
     return Bad(field, fmt::format("expected an object of strings, got {}", TypeName(v)));
   if (v.size() > 1000) return Bad(field, "more than 1000 entries");
   for (const auto& [k, val] : v.items()) {
-    if (k.empty() || k.size() > 256 || (env_names && k.find('=') != std::string::npos) ||
-        k.find('\0') != std::string::npos) {
+    if (k.empty() || k.size() > 256 || k.find('\0') != std::string::npos) {
       return Bad(field, fmt::format("bad name '{}'", k));
+    }
+    if (env_names && !PosixName(k)) {
+      return Bad(field, fmt::format("bad name {}: a variable name is letters, digits and '_', not "
+                                    "starting with a digit",
+                                    json(k).dump()));
     }
     std::string s;
     if (absl::Status st = String(val, fmt::format("{}.{}", field, k), &s, 65536); !st.ok())

@@ -352,7 +352,6 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
         _exit(code);
       }
     }
-    if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
     int in = open("/dev/null", O_RDONLY);
     if (in >= 0) dup2(in, 0);
     if (*task_out[me]) {
@@ -368,6 +367,9 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     if (spec.gid && (setgroups(groups.size(), groups.data()) != 0 || setgid(*spec.gid) != 0))
       fail(3);
     if (spec.uid && setuid(*spec.uid) != 0) fail(4);
+    // As the user: the working directory is entered with the user's rights, not root's (entering it
+    // as root told a user which root-only paths exist, and let a job start in one).
+    if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
     int last_errno = ENOENT;
     for (const std::string& c : candidates) {
       execve(c.c_str(), argv.data(), task_envp[me].data());

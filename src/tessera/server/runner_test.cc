@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -243,6 +244,31 @@ TEST(Runner, AUserJobNeverKeepsTheServersGroups) {
   const std::string out = ReadAll(s.stdout_path);
   EXPECT_THAT(out, HasSubstr(fmt::format("Gid:\t{0}\t{0}\t{0}\t{0}", ghost))) << out;
   EXPECT_THAT(out, HasSubstr(fmt::format("Groups:\t{} \n", ghost))) << out;
+}
+
+// The working directory is entered as the user: a root-only one is refused to a user's job (and
+// says so), where entering it as root first let the job start there.
+TEST(Runner, AUsersJobEntersItsWorkingDirectoryWithTheUsersRights) {
+  ASSERT_EQ(geteuid(), 0u) << "the server switches users as root; so does this test";
+  const passwd* pw = getpwnam("nobody");
+  ASSERT_NE(pw, nullptr);
+  const std::string private_dir = Dir() + "/root-only";
+  std::filesystem::create_directories(private_dir);
+  ASSERT_EQ(chmod(private_dir.c_str(), 0700), 0);
+  LaunchSpec s = Shell("pwd", "workdir");
+  s.uid = pw->pw_uid;
+  s.gid = pw->pw_gid;
+  s.workdir = private_dir;
+  auto refused = Start(s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("cannot enter the working directory '" + private_dir + "'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("Permission denied"));
+  s.workdir = "/tmp";
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(WaitExit(l->pid), 0);
+  EXPECT_EQ(ReadAll(s.stdout_path), "/tmp\n");
 }
 
 TEST(Runner, JobThatTrapsSigtermGetsItAndExitsCleanly) {
