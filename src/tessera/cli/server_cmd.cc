@@ -222,6 +222,7 @@ struct State {
   // acct
   std::string since = "7d", until = "now", by = "user", acct_user;
   bool follow = false, stderr_stream = false, once = false;
+  bool force = false;  // cancel --force
   double interval = 1;
 };
 
@@ -524,7 +525,8 @@ int RunCancel(State& s, std::ostream& out, std::ostream& err) {
   int worst = kExitOk;
   for (const std::string& id : s.ids) {
     int code = kExitOk;
-    auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/cancel", id), "", err, &code);
+    auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/cancel{}", id, s.force ? "?force=true" : ""),
+                  "", err, &code);
     if (!j) {
       worst = std::max(worst, code);
       continue;
@@ -1010,6 +1012,8 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
       ->required()
       ->check(JobId());
+  cancel->add_flag("--force", st.force,
+                   "Kill running jobs now (SIGKILL) instead of SIGTERM and their grace period");
   st.client.AddTo(cancel);
   cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
 

@@ -118,7 +118,7 @@ HttpResponse Api::Handle(const HttpRequest& req) {
       tail = rest.substr(slash + 1), rest.resize(slash);
     if (tail == "cancel") {
       if (auto e = only({"POST"})) return *e;
-      return Cancel(rest, c);
+      return Cancel(rest, req, c);
     }
     if (tail == "priority") {
       if (auto e = only({"POST"})) return *e;
@@ -293,10 +293,18 @@ absl::StatusOr<Api::Owned> Api::OwnedJobs(const std::string& ref, bool whole_arr
   return Owned{*std::move(ids), *std::move(r)};
 }
 
-HttpResponse Api::Cancel(const std::string& ref, const Caller& c) {
-  auto o = OwnedJobs(ref, true, c, "cancel it");
+HttpResponse Api::Cancel(const std::string& ref, const HttpRequest& req, const Caller& c) {
+  // ?force=true: SIGKILL now, for a job that ignores SIGTERM (the owner's or an admin's right, as
+  // a cancel is).
+  bool force = false;
+  if (auto f = req.query.find("force"); f != req.query.end()) {
+    if (f->second != "true" && f->second != "false" && f->second != "1" && f->second != "0")
+      return Error(400, fmt::format("force: expected true or false, got '{}'", f->second));
+    force = f->second == "true" || f->second == "1";
+  }
+  auto o = OwnedJobs(ref, true, c, force ? "force-cancel it" : "cancel it");
   if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
-  if (absl::Status st = d_.Cancel(o->ids, ref, o->first, c.user); !st.ok())
+  if (absl::Status st = d_.Cancel(o->ids, ref, o->first, c.user, force); !st.ok())
     return Error(HttpStatusOf(st), std::string(st.message()));
   return GetJob(o->first.id, c);
 }

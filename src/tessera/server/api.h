@@ -33,7 +33,7 @@ class Api {
   // Others' jobs without their details (env, workdir); logs only for the owner and admins.
   HttpResponse ListJobs(const HttpRequest& req, const Caller& c);
   HttpResponse GetJob(int64_t id, const Caller& c);
-  HttpResponse Cancel(const std::string& ref, const Caller& c);
+  HttpResponse Cancel(const std::string& ref, const HttpRequest& req, const Caller& c);
   // Holds or releases queued jobs (every queued task of an array named by its id).
   HttpResponse Hold(const std::string& ref, bool hold, const Caller& c);
   // POST /v1/jobs/N/priority {"priority": P}: a queued job's new priority (its owner within their

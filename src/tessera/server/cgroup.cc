@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/bpf.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -384,10 +385,28 @@ std::unique_ptr<Cgroups> Cgroups::Open(const CgroupOptions& o) {
   for (const std::string& n : notes) {
     c->reason_ += (c->reason_.empty() ? "" : "; ") + n;
   }
+  // The subtree is this server's alone: another server with the same name under the same cgroup
+  // would sweep this one's jobs, and remove the subtree when it stops.
+  for (const Hierarchy& h : c->hierarchies_) {
+    const int fd = open(h.base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);
+      c->busy_ = fmt::format("{} is in use by another tessera server", h.base);
+      break;
+    }
+    c->locks_.push_back(fd);
+  }
+  if (!c->busy_.empty()) {
+    for (int fd : c->locks_) close(fd);
+    c->locks_.clear();
+  }
   return c;
 }
 
-Cgroups::~Cgroups() = default;
+Cgroups::~Cgroups() {
+  for (int fd : locks_) close(fd);
+}
 
 std::string Cgroups::JobDir(int h, int64_t job) const {
   return fmt::format("{}/job-{}", hierarchies_[h].base, job);
@@ -548,6 +567,7 @@ size_t Cgroups::Sweep(const std::set<int64_t>& keep) {
 }
 
 void Cgroups::Close() {
+  if (!busy_.empty()) return;  // another server's subtree
   for (const Hierarchy& h : hierarchies_) rmdir(h.base.c_str());
 }
 

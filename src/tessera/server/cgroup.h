@@ -65,8 +65,10 @@ struct CgroupOptions {
 
 class Cgroups {
  public:
-  // Finds what the machine offers and makes the subtree. Never fails: when nothing can be used it
-  // is in mode "none" and reason() says why.
+  // Finds what the machine offers, makes the subtree and locks it (flock on each base folder) for
+  // this server's life. Never fails: when nothing can be used it is in mode "none" and reason()
+  // says why; when another server holds the subtree, busy() says so and it must not be used (its
+  // Sweep and Close would remove the other server's jobs' cgroups).
   static std::unique_ptr<Cgroups> Open(const CgroupOptions& options);
   ~Cgroups();
   Cgroups(const Cgroups&) = delete;
@@ -76,6 +78,8 @@ class Cgroups {
   const std::string& mode() const { return mode_; }
   // Why the mode is "none", or what was left out ("memory: no controller"); empty when all is well.
   const std::string& reason() const { return reason_; }
+  // Non-empty when another process (a server) holds the subtree: which folder.
+  const std::string& busy() const { return busy_; }
   // {"mode", "reason", "devices", "memory", "cpu", "pids": where each is enforced or "none"}.
   nlohmann::json Describe() const;
   // Whether a limit of that kind can be enforced.
@@ -109,6 +113,8 @@ class Cgroups {
 
   std::string mode_ = "none";
   std::string reason_;
+  std::string busy_;
+  std::vector<int> locks_;  // an open, flock'ed descriptor of each base folder
   std::vector<Hierarchy> hierarchies_;
   // Index into hierarchies_ of where each resource is, -1: nowhere.
   int devices_ = -1, memory_ = -1, cpu_ = -1, cpuacct_ = -1, pids_ = -1, v2_ = -1;

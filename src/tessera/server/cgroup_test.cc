@@ -106,6 +106,22 @@ TEST_F(FakeHierarchies, SweepRemovesTheCgroupsOfJobsNotRunning) {
   EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/not-a-job"));
 }
 
+// Two servers whose subtrees would be the same folder: the second is told the first holds it, and
+// neither its Sweep nor its Close (which the server then never runs) could touch the first's jobs.
+TEST_F(FakeHierarchies, ASubtreeHeldByAnotherServerIsBusy) {
+  V1("memory", "memory");
+  auto first = Open("auto");
+  ASSERT_EQ(first->busy(), "");
+  fs::create_directories(dir_ + "/memory/tessera/job-3");
+  auto second = Open("auto");
+  EXPECT_EQ(second->busy(), dir_ + "/memory/tessera is in use by another tessera server");
+  second->Close();
+  EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/job-3"));
+  second.reset();
+  first.reset();  // the lock goes with the holder
+  EXPECT_EQ(Open("auto")->busy(), "");
+}
+
 TEST(DeviceRules, AreWrittenAsTheDevicesControllerReadsThem) {
   EXPECT_EQ((DeviceRule{'c', 195, 0, "rwm"}.ToString()), "c 195:0 rwm");
   EXPECT_EQ((DeviceRule{'c', 136, -1, "rwm"}.ToString()), "c 136:* rwm");

@@ -329,6 +329,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                   "expected a cgroup name (no '/', not starting with '.', at most 64 characters)");
       }
       c->cgroup_name = n;
+      c->cgroup_name_set = true;
     }
     if (cf["device_dir"]) {
       std::string d;
@@ -386,8 +387,11 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   }
   if (const YAML::Node p = root["preemption"]) {
     if (!p.IsMap())
-      return At(path, p, "preemption", "expected a map with requeue and grace_period_s");
-    if (absl::Status st = Known(path, p, {"requeue", "grace_period_s"}, "preemption"); !st.ok())
+      return At(path, p, "preemption",
+                "expected a map with requeue, grace_period_s and max_grace_period_s");
+    if (absl::Status st =
+            Known(path, p, {"requeue", "grace_period_s", "max_grace_period_s"}, "preemption");
+        !st.ok())
       return st;
     if (p["requeue"] &&
         !Get(path, p["requeue"], "preemption.requeue", &c->requeue_preempted).ok()) {
@@ -399,6 +403,20 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         return At(path, p["grace_period_s"], "preemption.grace_period_s",
                   "expected seconds in 0..3600");
       }
+    }
+    if (p["max_grace_period_s"]) {
+      if (!Get(path, p["max_grace_period_s"], "preemption.max_grace_period_s",
+               &c->max_grace_period_s)
+               .ok() ||
+          c->max_grace_period_s < 0 || c->max_grace_period_s > 3600) {
+        return At(path, p["max_grace_period_s"], "preemption.max_grace_period_s",
+                  "expected seconds in 0..3600");
+      }
+    }
+    if (c->grace_period_s > c->max_grace_period_s) {
+      return At(path, p, "preemption",
+                fmt::format("grace_period_s {:g} is over max_grace_period_s {:g}",
+                            c->grace_period_s, c->max_grace_period_s));
     }
   }
   if (const YAML::Node u = root["unhealthy_gpu"]) {

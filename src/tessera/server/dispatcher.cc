@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -73,7 +74,10 @@ Dispatcher::Dispatcher(ServerConfig config, ServerDeps deps)
       store_(std::move(deps.store)),
       source_(std::move(deps.source)) {}
 
-Dispatcher::~Dispatcher() { Stop(); }
+Dispatcher::~Dispatcher() {
+  Stop();
+  if (state_lock_ >= 0) close(state_lock_);
+}
 
 absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig config,
                                                                ServerDeps deps) {
@@ -86,6 +90,32 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
       return absl::FailedPreconditionError(
           fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
   }
+  // One server per state folder, decided before anything in it is read or changed: recovery
+  // re-adopts and ends jobs and the sweep removes cgroups, which a second server must never do to a
+  // live one's. The lock goes with the process (flock), so a killed server leaves none behind.
+  {
+    const std::string lock_path = c.state_dir + "/server.lock";
+    const int lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock < 0)
+      return absl::FailedPreconditionError(
+          fmt::format("cannot open {}: {}", lock_path, strerror(errno)));
+    if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+      char holder[32] = {};
+      const ssize_t n = pread(lock, holder, sizeof holder - 1, 0);
+      std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      close(lock);
+      return absl::FailedPreconditionError(fmt::format(
+          "another tessera server{} is using the state folder {}: one server per state folder "
+          "(give this one its own state_dir)",
+          pid.empty() ? "" : " (pid " + pid + ")", c.state_dir));
+    }
+    const std::string me = std::to_string(getpid()) + "\n";
+    if (ftruncate(lock, 0) != 0 || pwrite(lock, me.data(), me.size(), 0) < 0)
+      spdlog::warn("{}: cannot record this server's pid: {}", lock_path, strerror(errno));
+    s->state_lock_ = lock;
+  }
+  if (!c.cgroup_name_set) s->config_.cgroup_name = StateCgroupName(c.state_dir);
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
   if (!s->store_) {
     auto store = Store::Open(c.state_dir + "/tessera.db");
@@ -93,6 +123,10 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->store_ = std::move(*store);
   }
   s->cgroups_ = Cgroups::Open(CgroupOptions{.mode = c.confinement, .name = c.cgroup_name});
+  if (!s->cgroups_->busy().empty()) {
+    return absl::FailedPreconditionError(fmt::format(
+        "confinement: {}: give each server its own confinement.cgroup", s->cgroups_->busy()));
+  }
 
   if (!s->source_) {
     devices::OpenOptions open;
@@ -244,7 +278,10 @@ Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std:
   run.gpus = std::move(gpus);
   run.started = started;
   run.max_runtime_s = spec.max_runtime_s;
-  run.grace_period_s = spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s;
+  // A job's own grace, within the server's maximum (one stored under a larger maximum included).
+  run.grace_period_s =
+      std::min(spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s,
+               config_.max_grace_period_s);
   run.memory_limit_mib = spec.gpu_memory_mib;
   run.gpu_milli = spec.gpu_milli;
   if (RequestOf(spec, id, "").fractional() && !run.gpus.empty())
@@ -517,6 +554,15 @@ void Dispatcher::RequestStop(Running& r, const std::string& why, const std::stri
   if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
 }
 
+void Dispatcher::Kill(Running& r, const std::string& why) {
+  if (r.killed) return;
+  spdlog::info("job {}: {}: SIGKILL", r.id, why);
+  launcher_->Signal(r.pid, SIGKILL);
+  // Killing podman's client leaves the container to its monitor: remove it by name.
+  if (r.container && containers_) RemoveContainer(*containers_, r.id);
+  r.killed = true;
+}
+
 void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
@@ -538,11 +584,7 @@ void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
                   now);
     }
     if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
-      spdlog::info("job {}: still running {} s after SIGTERM: SIGKILL", id, r.grace_period_s);
-      launcher_->Signal(r.pid, SIGKILL);
-      // Killing podman's client leaves the container to its monitor: remove it by name.
-      if (r.container && containers_) RemoveContainer(*containers_, id);
-      r.killed = true;
+      Kill(r, fmt::format("still running {} s after SIGTERM", r.grace_period_s));
     }
   }
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
@@ -808,8 +850,9 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
       ls.tasks.push_back(std::move(t));
     }
     ls.kill_on_task_failure = q.spec->task_failure == "kill";
-    ls.task_grace_s = static_cast<int>(
-        std::ceil(q.spec->grace_period_s >= 0 ? q.spec->grace_period_s : config_.grace_period_s));
+    ls.task_grace_s = static_cast<int>(std::ceil(
+        std::min(q.spec->grace_period_s >= 0 ? q.spec->grace_period_s : config_.grace_period_s,
+                 config_.max_grace_period_s)));
   }
   l.run = NewRunning(q.id, *q.spec, a.gpus, now);
   l.run.uid = q.uid;
@@ -1316,6 +1359,12 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                                  "priority_ceilings in the server's config)",
                                  spec->priority, user, ceiling));
   }
+  if (spec->grace_period_s > config_.max_grace_period_s) {
+    return HttpError(400,
+                     fmt::format("grace_period_s: {:g} s is over this server's maximum of {:g} s "
+                                 "(preemption.max_grace_period_s in its config)",
+                                 spec->grace_period_s, config_.max_grace_period_s));
+  }
   if (!spec->image.empty() && !containers_) {
     return HttpError(400,
                      fmt::format("image: this server cannot run containers: {}", containers_off_));
@@ -1450,10 +1499,10 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
 }
 
 absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::string& ref,
-                                const JobRecord& first, const std::string& user) {
+                                const JobRecord& first, const std::string& user, bool force) {
   const int64_t id = ids.front();
   const double now = Now();
-  const std::string reason = "cancelled by " + user;
+  const std::string reason = "cancelled by " + user + (force ? " (forced: SIGKILL)" : "");
   std::unique_lock lock(mu_);
   // Queued ones in one transaction (an array's thousands of tasks among them), stored without mu_
   // while they are kept out of the cycle; running ones are stopped; the rest (ended, or preempted
@@ -1464,6 +1513,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     if (queued_.contains(t)) continue;
     if (auto it = running_.find(t); it != running_.end()) {
       RequestStop(it->second, "cancel", reason, now);
+      if (force) Kill(it->second, "cancelled with --force");
     } else if (auto s = starting_.find(t); s != starting_.end()) {
       s->second.cancelled_by = reason;  // stopped as soon as its process exists
     } else if (finishing_.contains(t)) {
@@ -1561,6 +1611,7 @@ int HttpStatusOf(const absl::Status& st) {
   if (auto p = st.GetPayload("tessera.io/http-status")) return std::atoi(std::string(*p).c_str());
   if (st.code() == absl::StatusCode::kNotFound) return 404;
   if (st.code() == absl::StatusCode::kInvalidArgument) return 400;
+  if (st.code() == absl::StatusCode::kUnavailable) return 503;
   return 500;
 }
 

@@ -100,9 +100,10 @@ class Dispatcher {
   absl::StatusOr<Submitted> Submit(JobSpec spec, const Caller& caller,
                                    const std::string& idempotency_key);
   // Jobs `ids` (what `ref` names; `first` its first job's record) cancelled, held or released,
-  // re-prioritised (a single queued job) by `caller`.
+  // re-prioritised (a single queued job) by `caller`. A forced cancel kills running ones at once
+  // (SIGKILL) instead of waiting out their grace period.
   absl::Status Cancel(const std::vector<int64_t>& ids, const std::string& ref,
-                      const JobRecord& first, const std::string& user);
+                      const JobRecord& first, const std::string& user, bool force = false);
   absl::Status Hold(const std::vector<int64_t>& ids, const std::string& ref, const JobRecord& first,
                     bool hold, const std::string& user);
   absl::Status SetPriority(int64_t id, const std::string& ref, const JobRecord& first, int priority,
@@ -327,6 +328,8 @@ class Dispatcher {
   // What a finished job's record says its utilization was, and whether it shared its GPU.
   static std::optional<double> MeasuredUtilization(const JobRecord& r);
   static std::optional<bool> SharedGpu(const JobRecord& r);
+  // SIGKILL to the job's process group now (its container removed); once.
+  void Kill(Running& r, const std::string& why);
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's utilization, memory used, temperature and power, read from the driver at most once
@@ -367,6 +370,7 @@ class Dispatcher {
   void LoadHistory();
   static constexpr size_t kHistoryJobs = 5000;
   std::unique_ptr<Cgroups> cgroups_;  // confinement; mode "none" when it cannot be had
+  int state_lock_ = -1;               // <state_dir>/server.lock, flock'ed for this server's life
   std::set<int64_t> cgroups_left_;    // of ended jobs, not yet removable (retried each turn)
   std::string containers_off_;        // why not, when they cannot
   std::string cdi_spec_path_;

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/server/api.h"
@@ -29,6 +31,17 @@ ServerConfig DefaultServerConfig() {
     c.state_dir = std::string(home && *home ? home : "/tmp") + "/.local/state/tessera";
   }
   return c;
+}
+
+std::string StateCgroupName(const std::string& state_dir) {
+  std::error_code ec;
+  std::string path = std::filesystem::weakly_canonical(state_dir, ec).string();
+  if (ec || path.empty()) path = state_dir;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path == DefaultServerConfig().state_dir) return "tessera";
+  uint32_t h = 2166136261u;  // FNV-1a: stable across builds and machines
+  for (unsigned char ch : path) h = (h ^ ch) * 16777619u;
+  return fmt::format("tessera-{:08x}", h);
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerConfig config, ServerDeps deps) {

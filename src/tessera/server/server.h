@@ -86,6 +86,9 @@ struct ServerConfig {
   int utilization_ceiling_pct = 70;
   bool utilization_ceiling_strict = false;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
+  // The most a job's own grace period may be: a job ignoring SIGTERM keeps its GPUs this long at
+  // most after a stop (cancel --force kills at once).
+  double max_grace_period_s = 300;
   std::string unhealthy_action =
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
@@ -105,7 +108,10 @@ struct ServerConfig {
   // <the server's cgroup>/<cgroup_name>/job-<id>: its own GPUs' device nodes (under device_dir)
   // and the control nodes only, its CPU and memory limits, at most pids_max tasks (0: no limit).
   std::string confinement = "auto";
+  // Default: "tessera" for the default state folder, else "tessera-<8 hex of the state folder's
+  // path>", so that two servers on one host never sweep each other's jobs (StateCgroupName).
   std::string cgroup_name = "tessera";
+  bool cgroup_name_set = false;  // the config named it
   std::string device_dir = "/dev";
   int64_t pids_max = 16384;
   std::string podman = "podman";  // for jobs with an image; empty: containers off
@@ -124,6 +130,10 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* config);
 // $XDG_RUNTIME_DIR (or /tmp) and ~/.local/state/tessera.
 ServerConfig DefaultServerConfig();
 std::string DefaultSocketPath();
+// The confinement cgroup of a server whose config names none: "tessera" for the default state
+// folder (what servers before this rule used), else "tessera-" and 8 hex digits of a hash of the
+// state folder's path, so that servers with other state folders never share (and sweep) a subtree.
+std::string StateCgroupName(const std::string& state_dir);
 
 // What the server works through; each left empty gets the real one. Tests pass fakes.
 struct ServerDeps {

@@ -389,6 +389,58 @@ TEST_F(ServerTest, StopEscalatesToSigkillAfterTheJobsGracePeriod) {
   EXPECT_EQ(State(id), "cancelled");
 }
 
+// A job ignoring SIGTERM keeps its GPUs no longer than the server's maximum grace: a larger grace
+// is refused at submit (naming the limit), one stored under an older, larger maximum is cut to it;
+// and its owner can kill it at once with a forced cancel, which a stranger cannot.
+TEST_F(ServerTest, GraceIsBoundedAndAForcedCancelKillsAtOnce) {
+  launcher_.set_stop_latency(100000);  // jobs that ignore SIGTERM
+  config_.max_grace_period_s = 3600;
+  StartServer();
+  const int64_t old = Submit(1, 5000, 0, {{"grace_period_s", 3600}});  // under a larger maximum
+  config_.max_grace_period_s = 60;
+  StartServer();
+  int status = 0;
+  json refused =
+      Call("POST", "/v1/jobs", {{"command", {"sleep", "10"}}, {"grace_period_s", 600}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(refused.value("message", ""),
+              HasSubstr("grace_period_s: 600 s is over this server's maximum of 60 s"));
+  Settle();
+  ASSERT_EQ(State(old), "running");
+  Call("POST", "/v1/jobs/" + std::to_string(old) + "/cancel");
+  Settle();
+  Advance(60.1);
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 2u) << "SIGKILL after 60 s, not 3600";
+  EXPECT_EQ(launcher_.signals()[1].second, SIGKILL);
+  Settle();
+  EXPECT_EQ(State(old), "cancelled");
+  // Forced: SIGKILL with the SIGTERM, the grace not waited out; a stranger may not.
+  const int64_t id = Submit(1, 5000, 0, {{"grace_period_s", 60}});
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  HttpRequest r;
+  r.method = "POST";
+  r.path = "/v1/jobs/" + std::to_string(id) + "/cancel";
+  r.target = r.path + "?force=true";
+  r.query["force"] = "true";
+  r.peer.unix_socket = true;
+  r.peer.uid = 65534;
+  ASSERT_NE(r.peer.uid, geteuid());
+  EXPECT_EQ(server_->Handle(r).status, 403);
+  r.query["force"] = "maybe";
+  r.peer.uid = geteuid();
+  EXPECT_EQ(server_->Handle(r).status, 400);
+  const size_t before = launcher_.signals().size();
+  json j = Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel?force=true");
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), before + 2);
+  EXPECT_EQ(launcher_.signals()[before].second, SIGTERM);
+  EXPECT_EQ(launcher_.signals()[before + 1].second, SIGKILL);
+  EXPECT_EQ(State(id), "cancelled");
+  EXPECT_THAT(Job(id).dump(), HasSubstr("(forced: SIGKILL)"));
+}
+
 TEST_F(ServerTest, MaxRuntimeStopsTheJobAndSaysWhy) {
   StartServer();
   int64_t id = Submit(1, 500, 0, {{"max_runtime_s", 30}});
@@ -785,10 +837,47 @@ TEST_F(ServerTest, ASocketHeldByAChildOfAKilledServerIsTakenOverButALiveServersI
   close(held);
   starting.join();
   ASSERT_TRUE(first.ok()) << first.status();
-  // A live server's socket is not taken over.
+  // A live server's socket is not taken over (a server with a state folder of its own: one on the
+  // same folder is refused before that, below).
+  config_.state_dir = dir_ + "/state-of-the-second";
   auto second = start();
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("a server is already listening"));
+}
+
+// One server per state folder, refused before it reads anything there (recovery would re-adopt or
+// end the live server's jobs, its sweep remove their cgroups): the lock names the holder's pid.
+TEST_F(ServerTest, ASecondServerOnTheSameStateFolderIsRefusedBeforeRecovery) {
+  StartServer();
+  const int64_t id = Submit(1, 100);
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  ServerConfig other = config_;
+  other.socket = dir_ + "/other.sock";  // even with a socket of its own
+  ServerDeps deps;
+  deps.clock = &clock_;
+  deps.launcher = &launcher_;
+  auto second = Server::Create(other, std::move(deps));
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr(fmt::format("another tessera server (pid {}) is using the state folder {}",
+                                    getpid(), config_.state_dir)));
+  EXPECT_EQ(State(id), "running");
+  EXPECT_EQ(launcher_.signals().size(), 0u) << "nothing of the first server's was touched";
+  // Once the first is gone, the folder is free.
+  server_.reset();
+  StartServer();
+  EXPECT_EQ(State(id), "running") << "re-adopted by the next server";
+}
+
+// Servers with other state folders get other confinement subtrees; the default folder keeps the
+// name servers used before.
+TEST(StateCgroupName, DiffersPerStateFolder) {
+  EXPECT_EQ(StateCgroupName(DefaultServerConfig().state_dir), "tessera");
+  const std::string a = StateCgroupName("/srv/tessera-a"), b = StateCgroupName("/srv/tessera-b");
+  EXPECT_NE(a, b);
+  EXPECT_THAT(a, ::testing::MatchesRegex("tessera-[0-9a-f]{8}"));
+  EXPECT_EQ(StateCgroupName("/srv/tessera-a/"), a) << "the same folder, however written";
 }
 
 TEST_F(ServerTest, AnArbiterFileOfAnOlderVersionIsReplaced) {

@@ -165,6 +165,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   }
   std::unique_ptr<Store> store(new Store(db));
   sqlite3_busy_timeout(db, 5000);
+  if (struct stat st; !in_memory && stat(path.c_str(), &st) == 0) {
+    store->path_ = path;
+    store->dev_ = st.st_dev;
+    store->ino_ = st.st_ino;
+  }
   // A file that is not a database fails here, on its first read.
   if (absl::Status st = store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; "
                                     "PRAGMA foreign_keys=ON;");
@@ -252,7 +257,22 @@ Store::~Store() {
   sqlite3_close(db_);
 }
 
+absl::Status Store::CheckFile() const {
+  if (path_.empty()) return absl::OkStatus();
+  struct stat st;
+  if (stat(path_.c_str(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    return absl::UnavailableError(fmt::format(
+        "store: the database file {} was removed or replaced while the server ran: nothing more is "
+        "accepted (restart the server; it starts from what the file there holds)",
+        path_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Store::Exec(const char* sql) {
+  if (strncmp(sql, "BEGIN", 5) == 0) {
+    if (absl::Status st = CheckFile(); !st.ok()) return st;
+  }
   char* err = nullptr;
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : sqlite3_errmsg(db_);

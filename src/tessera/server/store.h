@@ -5,6 +5,8 @@
 // migrated on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and
 // small).
 
+#include <sys/types.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -163,6 +165,9 @@ class Store {
     bool done = false;
   };
   explicit Store(sqlite3* db) : db_(db) {}
+  // Unavailable when the database file at path_ is no longer the one opened (removed, replaced):
+  // writing on would acknowledge into a file nobody will read again. Checked as each write begins.
+  absl::Status CheckFile() const;
   absl::Status Exec(const char* sql);
   absl::Status Commit();  // COMMIT of a change to jobs or events: tells on_change_
   void CommitInserts(const std::vector<PendingInsert*>& batch);  // one transaction
@@ -171,6 +176,9 @@ class Store {
   absl::Status TransitionOne(int64_t id, JobState to, std::string_view reason, double now,
                              const TransitionFields& f);
   sqlite3* db_;
+  std::string path_;  // empty: in memory
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
   std::mutex mu_;              // the connection
   sqlite3* reader_ = nullptr;  // reads (Get, List, Events); null: db_'s (in memory)
   std::mutex read_mu_;

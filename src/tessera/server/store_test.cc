@@ -59,6 +59,26 @@ TEST(Store, DatabaseAndItsWalAreTheServersAlone) {
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
 }
 
+// A database file removed (or replaced) under a running server: writes are refused as unavailable,
+// naming the file, instead of acknowledged into a file nobody will read again.
+TEST(Store, AWriteToADatabaseFileThatVanishedIsRefused) {
+  const std::string path = TempDb("vanishing.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto first = (*store)->Insert(Job("before"), 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(std::rename(path.c_str(), (path + ".moved").c_str()), 0);
+  auto lost = (*store)->Insert(Job("after"), 2);
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(lost.status().message()),
+              HasSubstr("the database file " + path + " was removed or replaced"));
+  EXPECT_FALSE((*store)->Transition(*first, JobState::kRunning, "x", 3, {}).ok());
+  // A new file in its place is not the one opened either.
+  ASSERT_TRUE(std::filesystem::copy_file(path + ".moved", path));
+  EXPECT_FALSE((*store)->Insert(Job("after"), 4).ok());
+}
+
 TEST(Store, InsertedJobsSurviveReopening) {
   std::string path = TempDb("jobs.db");
   int64_t id;
