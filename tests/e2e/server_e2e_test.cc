@@ -712,12 +712,27 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "submit --env FOO -- true"), HasSubstr("--env FOO: expected NAME=VALUE"));
   EXPECT_THAT(Cli(d, "submit --label team -- true"), HasSubstr("--label team: expected KEY=VALUE"));
   EXPECT_THAT(Cli(d, "submit --gpu-share 300% -- true"), HasSubstr("resources.gpu_share"));
+  EXPECT_THAT(Cli(d, "submit --gpu-share 1 -- true"), HasSubstr("1 is ambiguous"));
+  // Units as users write them: a share as a fraction, Slurm's sizes and times.
+  out = Cli(d,
+            "submit --gpu-share 0.3 --gpu-mem 2G --mem 1G --max-runtime 1h30m --grace 2m --no-env "
+            "-- true");
+  EXPECT_THAT(out, HasSubstr("submitted job 3"));
+  j = d.WaitFor(3, "succeeded");
+  EXPECT_EQ(j["spec"]["resources"]["gpu_share"], "30%");
+  EXPECT_EQ(j["spec"]["resources"]["gpu_memory"], "2048MiB");
+  EXPECT_EQ(j["spec"]["resources"]["memory"], "1024MiB");
+  EXPECT_EQ(j["spec"]["max_runtime_s"], 5400);
+  EXPECT_EQ(j["spec"]["grace_period_s"], 120);
+  out = Cli(d, "submit --max-runtime 01:00:00 --grace 0 --no-env -- true");
+  EXPECT_THAT(out, HasSubstr("submitted job 4"));
+  EXPECT_EQ(d.WaitFor(4, "succeeded")["spec"]["max_runtime_s"], 3600);
   EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
-  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 2u)
+  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 4u)
       << "none of the bad submissions was stored";
   // ls is your own jobs unless asked: another user's list is empty here, --all has everyone's.
   EXPECT_EQ(json::parse(Cli(d, "ls --user nobody -o json")).size(), 0u);
-  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 2u);
+  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 4u);
   EXPECT_THAT(Cli(d, "ls --all --user nobody"), HasSubstr("excludes"));
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
@@ -730,7 +745,7 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_EQ(v.code, 0) << v.out;
   EXPECT_EQ(v.out, "valid OpenAPI " + api["openapi"].get<std::string>().substr(0, 3) + "\n");
   std::string metrics = HttpClient(d.socket()).Send("GET", "/metrics")->body;
-  EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 2"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_scheduling_latency_seconds_count 4"));
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
 }
 

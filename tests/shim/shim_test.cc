@@ -394,7 +394,7 @@ TEST(Shim, SizesAsUsersWriteThemAreTheDocumentedLimits) {
 // refuses every call it hooks, on every route to the driver (dlsym too: the hook, which refuses,
 // not the driver's own entry point).
 TEST(Shim, MalformedSettingsRefuseCudaInsteadOfLiftingTheLimit) {
-  for (const char* bad : {"lots", "10XB", "10Gi", "1 0GiB", "1.5", "-1", "1e9", "99999999999T"}) {
+  for (const char* bad : {"lots", "10XB", "10Gb", "1 0GiB", "1.5", "-1", "1e9", "99999999999T"}) {
     std::string out = RunClient(Env{.limit = bad}, "link", "alloc:1 2>&1");
     EXPECT_THAT(out, ::testing::HasSubstr(std::string("TESSERA_CUDA_MEM_LIMIT='") + bad +
                                           "' is not a size"))

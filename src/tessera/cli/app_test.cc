@@ -156,6 +156,9 @@ TEST(Cli, OutOfRangeNewFlagsAreExitTwoNamingTheFlag) {
   const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
       {{"submit", "--grace", "-5", "--", "true"}, "--grace"},
       {{"submit", "--grace", "4000", "--", "true"}, "--grace"},
+      {{"submit", "--grace", "2 fortnights", "--", "true"}, "--grace"},
+      {{"submit", "--max-runtime", "1h30", "--", "true"}, "--max-runtime"},
+      {{"submit", "--max-runtime", "0", "--", "true"}, "--max-runtime"},
       {{"sim", "replay", "--stop-latency", "-1"}, "--stop-latency"},
       {{"sim", "replay", "--fair-share-half-life", "-3"}, "--fair-share-half-life"},
       {{"ls", "--all", "--user", "nobody"}, "excludes"},

@@ -208,8 +208,8 @@ struct State {
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
   bool no_preempt = false, no_env = false;
-  double max_runtime = 0;
-  double grace = -1;
+  std::string max_runtime;  // as the user wrote it ("1h", "01:00:00", 3600): the server parses it
+  std::string grace;
   // ls / show / logs / cancel / top
   std::string states;
   std::string ls_user;
@@ -331,8 +331,8 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   spec["resources"] = res;
   spec["priority"] = s.priority;
   spec["preemptible"] = !s.no_preempt;
-  if (s.max_runtime > 0) spec["max_runtime_s"] = s.max_runtime;
-  if (s.grace >= 0) spec["grace_period_s"] = s.grace;
+  if (!s.max_runtime.empty()) spec["max_runtime_s"] = s.max_runtime;
+  if (!s.grace.empty()) spec["grace_period_s"] = s.grace;
   if (!s.array.empty()) spec["array"] = s.array;
   if (!s.after.empty()) {
     // "ok:5,6" (or Slurm's "ok:5:6") is ok:5 and ok:6; the server checks each.
@@ -847,6 +847,22 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
   }
 }
 
+// A duration on the command line as the server reads it (core::ParseDuration; "0" too with
+// `zero`), at most `most` seconds: refused here, before any server is asked.
+CLI::Validator Duration(bool zero, double most) {
+  return CLI::Validator(
+      [zero, most](std::string& v) -> std::string {
+        const std::optional<double> s =
+            zero && (v == "0" || v == "0s") ? std::optional<double>(0) : core::ParseDuration(v);
+        if (s && *s <= most) return "";
+        return fmt::format(
+            "'{}' is not a duration of {} up to {:g} s (90, 90s, 15m, 1h, 1h30m, "
+            "HH:MM:SS, D-HH:MM:SS)",
+            v, zero ? "0" : "more than 0", most);
+      },
+      "DURATION");
+}
+
 // The options of a job, for submit and run alike.
 void AddSubmitOptions(CLI::App* c, State& s) {
   c->add_option("--gpus", s.gpus,
@@ -856,7 +872,8 @@ void AddSubmitOptions(CLI::App* c, State& s) {
   c->add_option("--gpu-mem", s.gpu_mem,
                 "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs");
   c->add_option("--gpu-share", s.gpu_share,
-                "A fraction of a GPU: this share of its compute (30%), on each of --gpus GPUs");
+                "A fraction of a GPU: this share of its compute (30%, 30 or 0.3), on each of "
+                "--gpus GPUs");
   c->add_option("--model", s.models,
                 "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
                 "one (H100, 'A100 80GB')")
@@ -866,16 +883,19 @@ void AddSubmitOptions(CLI::App* c, State& s) {
                 "cgroup")
       ->check(CLI::Range(0.01, 4096.0));
   c->add_option("--mem", s.mem,
-                "Host memory (16GiB): scheduled, and the job is killed (OOM) above it");
+                "Host memory (16G, 16GiB, 16384 MiB): scheduled, and the job is killed (OOM) "
+                "above it");
   c->add_option("--priority", s.priority,
                 "Priority, -1000..1000 (higher first; may preempt lower)");
   c->add_flag("--no-preempt", s.no_preempt, "This job may not be preempted");
   c->add_option("--name", s.name, "A name for the job");
-  c->add_option("--max-runtime", s.max_runtime, "Stop the job after this many seconds");
-  c->add_option(
-       "--grace", s.grace,
-       "Seconds between SIGTERM and SIGKILL when the job is stopped (default: the server's, 30)")
-      ->check(CLI::Range(0.0, 3600.0));
+  c->add_option("--max-runtime", s.max_runtime,
+                "Stop the job after this long: 3600, 90s, 15m, 1h, 1h30m, HH:MM:SS, D-HH:MM:SS")
+      ->check(Duration(false, 1e9));
+  c->add_option("--grace", s.grace,
+                "Time between SIGTERM and SIGKILL when the job is stopped: 30, 30s, 2m (default: "
+                "the server's, 30 s; at most its maximum)")
+      ->check(Duration(true, 3600));
   c->add_option("--env", s.envs, "Set NAME=VALUE in the job's environment (repeatable)")
       ->allow_extra_args(false);
   c->add_flag("--no-env", s.no_env, "Do not pass this shell's environment to the job");

@@ -116,6 +116,15 @@ std::optional<uint64_t> ParseBytes(std::string_view text) {
       {"MiB", 1024.0 * 1024},
       {"GiB", 1024.0 * 1024 * 1024},
       {"TiB", 1024.0 * 1024 * 1024 * 1024},
+      // Slurm's `--mem=16G` and Kubernetes' `16Gi`: powers of 1024 as well.
+      {"K", 1024.0},
+      {"M", 1024.0 * 1024},
+      {"G", 1024.0 * 1024 * 1024},
+      {"T", 1024.0 * 1024 * 1024 * 1024},
+      {"Ki", 1024.0},
+      {"Mi", 1024.0 * 1024},
+      {"Gi", 1024.0 * 1024 * 1024},
+      {"Ti", 1024.0 * 1024 * 1024 * 1024},
       {"KB", 1e3},
       {"MB", 1e6},
       {"GB", 1e9},
@@ -129,6 +138,89 @@ std::optional<uint64_t> ParseBytes(std::string_view text) {
     }
   }
   return std::nullopt;
+}
+
+}  // namespace tessera::core
+
+namespace tessera::core {
+
+std::optional<double> ParseDuration(std::string_view text) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  if (text.empty()) return std::nullopt;
+  // A whole number (or a decimal one), parsed exactly; false on anything else.
+  auto number = [](std::string_view t, double* out) {
+    if (t.empty() || t.front() == '-' || t.front() == '+') return false;
+    auto res = std::from_chars(t.data(), t.data() + t.size(), *out);
+    return res.ec == std::errc() && res.ptr == t.data() + t.size() && *out >= 0;
+  };
+  double seconds = 0;
+  if (text.find(':') != std::string_view::npos || text.find('-') != std::string_view::npos) {
+    // Slurm's forms: [D-]HH[:MM[:SS]] with a day, else [[HH:]MM:]SS... as Slurm reads them: MM,
+    // MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+    double days = 0;
+    std::string_view rest = text;
+    const size_t dash = text.find('-');
+    if (dash != std::string_view::npos) {
+      if (!number(text.substr(0, dash), &days)) return std::nullopt;
+      rest = text.substr(dash + 1);
+    }
+    std::vector<double> parts;
+    for (size_t at = 0;;) {
+      const size_t colon = rest.find(':', at);
+      double v = 0;
+      if (!number(rest.substr(at, colon == std::string_view::npos ? colon : colon - at), &v))
+        return std::nullopt;
+      parts.push_back(v);
+      if (colon == std::string_view::npos) break;
+      at = colon + 1;
+    }
+    if (parts.size() > 3) return std::nullopt;
+    if (dash != std::string_view::npos) {
+      parts.resize(3, 0);  // D-HH, D-HH:MM, D-HH:MM:SS
+      seconds = days * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2];
+    } else if (parts.size() == 3) {
+      seconds = parts[0] * 3600 + parts[1] * 60 + parts[2];
+    } else {  // MM:SS
+      seconds = parts[0] * 60 + parts[1];
+    }
+  } else {
+    // "90", "90s", "15m", "1h", "2d", and sums of them: "1h30m".
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t end = at;
+      while (end < text.size() && ((text[end] >= '0' && text[end] <= '9') || text[end] == '.'))
+        ++end;
+      double v = 0;
+      if (!number(text.substr(at, end - at), &v)) return std::nullopt;
+      double unit = 1;
+      if (end < text.size()) {
+        switch (text[end]) {
+          case 's':
+            unit = 1;
+            break;
+          case 'm':
+            unit = 60;
+            break;
+          case 'h':
+            unit = 3600;
+            break;
+          case 'd':
+            unit = 86400;
+            break;
+          default:
+            return std::nullopt;
+        }
+        ++end;
+      } else if (at != 0) {
+        return std::nullopt;  // "1h30": a unit for every part after the first
+      }
+      seconds += v * unit;
+      at = end;
+    }
+  }
+  if (!(seconds > 0) || seconds > 1e9) return std::nullopt;
+  return seconds;
 }
 
 }  // namespace tessera::core

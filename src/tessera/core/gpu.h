@@ -106,8 +106,14 @@ struct NodeInventory {
 
 // 81559 MiB -> "79.6 GiB"; bytes are shown in the largest binary unit that keeps a value >= 1.
 std::string FormatBytes(uint64_t bytes);
-// Parses "80GiB", "512 MiB", "1.5GB", "81920" (MiB when no unit): returns bytes, nullopt when
-// malformed.
+// Parses "80GiB", "512 MiB", "16G", "16Gi", "1.5GB", "81920" (MiB when no unit): returns bytes,
+// nullopt when malformed. K/M/G/T, Ki/Mi/Gi/Ti and KiB/MiB/GiB/TiB are powers of 1024 (Slurm's
+// `--mem=16G`, Kubernetes' `16Gi`); KB/MB/GB/TB powers of 1000, as written; B bytes.
 std::optional<uint64_t> ParseBytes(std::string_view text);
+
+// Parses a duration as people write them: "90" and "90s" (seconds), "15m", "1h", "2d",
+// "1h30m", "HH:MM:SS", "MM:SS", "D-HH:MM:SS" and "D-HH" (Slurm's --time forms, where a bare
+// "MM:SS" is minutes and seconds). Returns seconds, nullopt when malformed or not above 0.
+std::optional<double> ParseDuration(std::string_view text);
 
 }  // namespace tessera::core

@@ -43,6 +43,11 @@ TEST(ComputeCapability, ParsesAndRejects) {
 
 TEST(Bytes, ParsesUnits) {
   EXPECT_EQ(ParseBytes("80GiB"), 80ull << 30);
+  EXPECT_EQ(ParseBytes("16G"), 16ull << 30) << "Slurm's --mem=16G";
+  EXPECT_EQ(ParseBytes("16Gi"), 16ull << 30) << "Kubernetes' 16Gi";
+  EXPECT_EQ(ParseBytes("512M"), 512ull << 20);
+  EXPECT_EQ(ParseBytes("10GB"), 10000000000ull) << "SI, as written";
+  EXPECT_EQ(ParseBytes("10Gb"), std::nullopt);
   EXPECT_EQ(ParseBytes("512 MiB"), 512ull << 20);
   EXPECT_EQ(ParseBytes("81920"), 81920ull << 20);
   EXPECT_EQ(ParseBytes("1.5GB"), 1500000000ull);
@@ -50,6 +55,20 @@ TEST(Bytes, ParsesUnits) {
   EXPECT_EQ(ParseBytes(""), std::nullopt);
   EXPECT_EQ(ParseBytes("GiB"), std::nullopt);
   EXPECT_EQ(ParseBytes("99999999999999TiB"), std::nullopt);
+}
+
+TEST(Duration, ParsesWhatPeopleAndSlurmWrite) {
+  const std::pair<const char*, double> good[] = {
+      {"90", 90},     {"90s", 90},           {"15m", 900},     {"1h", 3600},
+      {"2d", 172800}, {"1h30m", 5400},       {"1.5h", 5400},   {"01:00:00", 3600},
+      {"05:30", 330}, {"1-00:00:00", 86400}, {"1-12", 129600}, {"2-01:30", 178200},
+      {" 10m ", 600},
+  };
+  for (const auto& [text, seconds] : good) EXPECT_EQ(ParseDuration(text), seconds) << text;
+  for (const char* bad : {"", "0", "-5", "1x", "h", "1h30", "1:2:3:4", "a:b", "1-", "--1", "0s",
+                          "1e3", "+5", "9999999999999"}) {
+    EXPECT_EQ(ParseDuration(bad), std::nullopt) << bad;
+  }
 }
 
 TEST(Bytes, FormatsInLargestUnit) {

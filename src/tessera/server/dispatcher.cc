@@ -1388,11 +1388,25 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   // queue: by the scheduler's own test of a GPU against the request.
   core::Request r = RequestFor(*spec, 1, user, uid);
   int matching = 0;
+  int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
   {
     std::lock_guard lock(mu_);
-    for (const core::NodeGpu& g : scheduler_->state().node_spec(0).gpus) {
+    const core::NodeSpec& node = scheduler_->state().node_spec(0);
+    for (const core::NodeGpu& g : node.gpus) {
       if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) ++matching;
     }
+    machine_cpu_milli = node.cpu_milli, machine_memory_mib = node.memory_mib;
+  }
+  if (r.cpu_milli > machine_cpu_milli) {
+    return HttpError(400, fmt::format("resources.cpus: {:g} CPUs asked, this machine has {:g}; the "
+                                      "job could never start",
+                                      r.cpu_milli / 1000.0, machine_cpu_milli / 1000.0));
+  }
+  if (r.memory_mib > machine_memory_mib) {
+    return HttpError(400,
+                     fmt::format("resources.memory: {} MiB asked, this machine has {} MiB; the "
+                                 "job could never start",
+                                 r.memory_mib, machine_memory_mib));
   }
   if (matching < r.gpu_count()) {
     return HttpError(

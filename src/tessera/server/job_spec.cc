@@ -78,6 +78,25 @@ absl::Status StringMap(const json& v, std::string_view field,
   return absl::OkStatus();
 }
 
+// Seconds as a number, or as a duration people write ("90s", "15m", "1h", "01:00:00",
+// "1-00:00:00": core::ParseDuration); above 0 (or 0 too, with `zero`) and at most `most`.
+absl::Status Seconds(const json& v, std::string_view field, bool zero, double most, double* out) {
+  std::optional<double> s;
+  if (v.is_number()) {
+    s = v.get<double>();
+  } else if (v.is_string()) {
+    const std::string t = v.get<std::string>();
+    s = zero && (t == "0" || t == "0s") ? std::optional<double>(0) : core::ParseDuration(t);
+  }
+  if (!s || !(*s >= 0) || (!zero && *s == 0) || *s > most) {
+    return Bad(field, fmt::format("expected seconds in {}..{:g} (90, \"90s\", \"15m\", \"1h\", "
+                                  "\"01:30:00\", \"1-00:00:00\"), got {}",
+                                  zero ? "0" : "0 (not included)", most, v.dump()));
+  }
+  *out = *s;
+  return absl::OkStatus();
+}
+
 absl::Status Integer(const json& v, std::string_view field, int64_t lo, int64_t hi, int64_t* out) {
   if (!v.is_number_integer())
     return Bad(field, fmt::format("expected a whole number, got {}", TypeName(v)));
@@ -186,18 +205,16 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
     s.preemptible = j["preemptible"].get<bool>();
   }
   if (j.contains("max_runtime_s")) {
-    const json& v = j["max_runtime_s"];
-    if (!v.is_number() || !(v.get<double>() > 0) || v.get<double>() > 1e9) {
-      return Bad("max_runtime_s", fmt::format("expected seconds > 0, got {}", v.dump()));
-    }
-    s.max_runtime_s = v.get<double>();
+    if (absl::Status st =
+            Seconds(j["max_runtime_s"], "max_runtime_s", false, 1e9, &s.max_runtime_s);
+        !st.ok())
+      return st;
   }
   if (j.contains("grace_period_s")) {
-    const json& v = j["grace_period_s"];
-    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 3600) {
-      return Bad("grace_period_s", fmt::format("expected seconds in 0..3600, got {}", v.dump()));
-    }
-    s.grace_period_s = v.get<double>();
+    if (absl::Status st =
+            Seconds(j["grace_period_s"], "grace_period_s", true, 3600, &s.grace_period_s);
+        !st.ok())
+      return st;
   }
   if (j.contains("array")) {
     // Its indices are checked against the server's maximum at submission (ParseArray).
@@ -260,26 +277,37 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
         return st;
     }
     if (r.contains("gpu_share")) {
+      // "30%" and 30 are percent; a number below 1 without '%' is a fraction (0.3 = 30%, as the
+      // intercept library reads TESSERA_CUDA_COMPUTE_SHARE); 1 without '%' is ambiguous (1%, or a
+      // whole GPU?) and refused.
       const json& v = r["gpu_share"];
       double pct = -1;
+      bool percent_sign = false;
       if (v.is_number()) {
         pct = v.get<double>();
       } else if (v.is_string()) {
         std::string t = v.get<std::string>();
-        if (!t.empty() && t.back() == '%') t.pop_back();
+        if (!t.empty() && t.back() == '%') t.pop_back(), percent_sign = true;
         try {
           size_t used = 0;
           pct = std::stod(t, &used);
-          if (used != t.size()) pct = -1;
+          if (used != t.size() || t.empty() || !(t[0] >= '0' && t[0] <= '9')) pct = -1;
         } catch (...) {
           pct = -1;
         }
       }
+      if (!percent_sign && pct == 1) {
+        return Bad("resources.gpu_share",
+                   fmt::format("{} is ambiguous: write \"1%\" for one percent, or leave gpu_share "
+                               "out for a whole GPU",
+                               v.is_string() ? v.get<std::string>() : v.dump()));
+      }
+      if (!percent_sign && pct > 0 && pct < 1) pct *= 100;  // a fraction
       if (!(pct >= 0.1 && pct < 100)) {
         return Bad(
             "resources.gpu_share",
-            fmt::format("expected a share of a GPU between 0.1% and 99.9% (\"30%\" or 30), got {}; "
-                        "for whole GPUs leave it out",
+            fmt::format("expected a share of a GPU between 0.1% and 99.9% (\"30%\", 30 or 0.3), "
+                        "got {}; for whole GPUs leave it out",
                         v.dump()));
       }
       s.gpu_milli = static_cast<int>(std::lround(pct * 10));

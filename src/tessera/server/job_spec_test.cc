@@ -12,6 +12,36 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Units as users write them (issue 34): a share as 30%, 30 or 0.3; memory as Slurm's 16G or
+// Kubernetes' 16Gi; times as 90, 90s, 15m, 1h, HH:MM:SS or D-HH:MM:SS.
+TEST(JobSpec, UnitsAsUsersWriteThem) {
+  for (const char* share : {R"("30%")", "30", R"("30")", "0.3", R"("0.3")"}) {
+    auto s = ParseJobSpec(std::string(R"({"command": ["ls"], "resources": {"gpu_share": )") +
+                          share + "}}");
+    ASSERT_TRUE(s.ok()) << share << ": " << s.status();
+    EXPECT_EQ(s->gpu_milli, 300) << share;
+  }
+  EXPECT_EQ(ParseJobSpec(R"({"command": ["ls"], "resources": {"gpu_share": "0.5%"}})")->gpu_milli,
+            5);
+  for (const char* mem : {"16G", "16Gi", "16GiB", "16384"}) {
+    auto s = ParseJobSpec(std::string(R"({"command": ["ls"], "resources": {"memory": ")") + mem +
+                          R"("}})");
+    ASSERT_TRUE(s.ok()) << mem << ": " << s.status();
+    EXPECT_EQ(s->memory_mib, 16384) << mem;
+  }
+  const std::pair<const char*, double> times[] = {
+      {"5400", 5400},          {R"("90m")", 5400},        {R"("1h30m")", 5400},
+      {R"("01:30:00")", 5400}, {R"("0-01:30:00")", 5400}, {R"("1.5h")", 5400}};
+  for (const auto& [t, seconds] : times) {
+    auto s = ParseJobSpec(std::string(R"({"command": ["ls"], "max_runtime_s": )") + t +
+                          R"(, "grace_period_s": "2m"})");
+    ASSERT_TRUE(s.ok()) << t << ": " << s.status();
+    EXPECT_EQ(s->max_runtime_s, seconds) << t;
+    EXPECT_EQ(s->grace_period_s, 120) << t;
+  }
+  EXPECT_EQ(ParseJobSpec(R"({"command": ["ls"], "grace_period_s": "0"})")->grace_period_s, 0);
+}
+
 TEST(JobSpec, ParsesAFullSpec) {
   auto s =
       ParseJobSpec(R"({"command": ["python", "train.py"], "env": {"A": "1"}, "workdir": "/data",
@@ -86,7 +116,14 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
        "grace_period_s: expected seconds in 0..3600"},
       {R"({"command": ["ls"], "grace_period_s": 4000})",
        "grace_period_s: expected seconds in 0..3600"},
-      {R"({"command": ["ls"], "grace_period_s": "30s"})", "grace_period_s"},
+      {R"({"command": ["ls"], "grace_period_s": "30 sec"})", "grace_period_s"},
+      {R"({"command": ["ls"], "max_runtime_s": "1h30"})", "max_runtime_s: expected seconds in"},
+      {R"({"command": ["ls"], "max_runtime_s": "0s"})", "max_runtime_s"},
+      {R"({"command": ["ls"], "resources": {"gpu_share": 1}})",
+       "resources.gpu_share: 1 is ambiguous"},
+      {R"({"command": ["ls"], "resources": {"gpu_share": "1.0"}})",
+       "resources.gpu_share: 1.0 is ambiguous"},
+      {R"({"command": ["ls"], "resources": {"gpu_share": "100%"}})", "resources.gpu_share"},
       {R"({"command": ["ls"], "preemptible": "yes"})", "preemptible: expected true or false"},
       {R"({"command": ["ls"], "resources": {"cpus": 0}})",
        "resources.cpus: expected a number of CPUs between 0.01 and 4096, got 0"},

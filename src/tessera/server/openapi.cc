@@ -162,7 +162,7 @@ std::string_view OpenApiDocument() {
               "gpu_memory": {"oneOf": [{"type": "string", "example": "10GiB"}, {"type": )json"
       R"json("integer", "description": "MiB"}]},
               "gpu_share": {"oneOf": [{"type": "string", "example": "30%"}, {"type": )json"
-      R"json("number", "description": "percent"}]},
+      R"json("number", "description": "percent; below 1, a fraction (0.3 = 30%)"}]},
               "model": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": )json"
       R"json("string"}}]},
               "min_gpu_memory": {"type": "string"},
@@ -174,8 +174,12 @@ std::string_view OpenApiDocument() {
       R"json(the job's cgroup memory limit (over it the job is killed)"}}},
           "priority": {"type": "integer", "minimum": -1000, "maximum": 1000},
           "preemptible": {"type": "boolean"},
-          "max_runtime_s": {"type": "number", "minimum": 0, "exclusiveMinimum": true},
-          "grace_period_s": {"type": "number", "minimum": 0, "maximum": 3600},
+          "max_runtime_s": {"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": )json"
+      R"json(true}, {"type": "string", "example": "1h30m", "description": "90s, 15m, 1h, )json"
+      R"json(HH:MM:SS, D-HH:MM:SS"}]},
+          "grace_period_s": {"oneOf": [{"type": "number", "minimum": 0, "maximum": 3600}, )json"
+      R"json({"type": "string", "example": "2m"}], "description": "at most the server's )json"
+      R"json(preemption.max_grace_period_s"},
           "image": {"type": "string", "description": "run in a container of this image )json"
       R"json((podman, GPUs as CDI devices tessera.io/gpu=<uuid>); 400 when the server has no )json"
       R"json(podman"},

@@ -441,6 +441,24 @@ TEST_F(ServerTest, GraceIsBoundedAndAForcedCancelKillsAtOnce) {
   EXPECT_THAT(Job(id).dump(), HasSubstr("(forced: SIGKILL)"));
 }
 
+// What can never start is refused at submit, naming the limit, instead of waiting for ever: more
+// CPUs or host memory than the machine has.
+TEST_F(ServerTest, AJobThatCouldNeverStartIsRefusedAtSubmit) {
+  StartServer();
+  int status = 0;
+  json cpus =
+      Call("POST", "/v1/jobs", {{"command", {"true"}}, {"resources", {{"cpus", 4096}}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(cpus.value("message", ""),
+              ::testing::MatchesRegex("resources.cpus: 4096 CPUs asked, this machine has [0-9.]+; "
+                                      "the job could never start"));
+  json mem = Call("POST", "/v1/jobs",
+                  {{"command", {"true"}}, {"resources", {{"memory", "1000TiB"}}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(mem.value("message", ""), HasSubstr("resources.memory: 1048576000 MiB asked"));
+  EXPECT_EQ(Call("GET", "/v1/jobs")["jobs"].size(), 0u) << "nothing stored";
+}
+
 TEST_F(ServerTest, MaxRuntimeStopsTheJobAndSaysWhy) {
   StartServer();
   int64_t id = Submit(1, 500, 0, {{"max_runtime_s", 30}});

@@ -52,9 +52,9 @@ bool Alive(const ProcSlot& s) {
 }
 
 // A size: a number (decimals allowed with a unit), an optional space, then a unit: none or B
-// (bytes); K, M, G, T or KiB, MiB, GiB, TiB (powers of 1024: Slurm's `--mem=16G` habit); KB, MB,
-// GB, TB (powers of 1000, as written). `*end` is left at `s` when there is no number or it does
-// not fit 64 bits; on success it points after the unit.
+// (bytes); K, M, G, T, Ki, Mi, Gi, Ti or KiB, MiB, GiB, TiB (powers of 1024: Slurm's `--mem=16G`,
+// Kubernetes' `16Gi`); KB, MB, GB, TB (powers of 1000, as written). `*end` is left at `s` when
+// there is no number or it does not fit 64 bits; on success it points after the unit.
 uint64_t ParseBytes(const char* s, const char** end) {
   *end = s;
   if (*s < '0' || *s > '9') return 0;  // strtod would take a sign, spaces, "inf" or hex
@@ -70,6 +70,10 @@ uint64_t ParseBytes(const char* s, const char** end) {
                 {"MiB", 1ull << 20},
                 {"GiB", 1ull << 30},
                 {"TiB", 1ull << 40},
+                {"Ki", 1ull << 10},
+                {"Mi", 1ull << 20},
+                {"Gi", 1ull << 30},
+                {"Ti", 1ull << 40},
                 {"KB", 1000ull},
                 {"MB", 1000000ull},
                 {"GB", 1000000000ull},

@@ -131,8 +131,9 @@ bool ReadProcessStat(int pid, char* state, uint64_t* start_time);
 uint64_t ProcessStartTime(int pid);
 
 // "1073741824", "1GiB", "10G", "10GB", "1.5 GiB", "0:1GiB,1:2GiB" -> bytes per device. A size is a
-// number, an optional space and a unit: none or B (bytes; a bare number must be whole); K/KiB,
-// M/MiB, G/GiB, T/TiB (powers of 1024, Slurm's habit); KB, MB, GB, TB (powers of 1000). False on
+// number, an optional space and a unit: none or B (bytes; a bare number must be whole); K/Ki/KiB,
+// M/Mi/MiB, G/Gi/GiB, T/Ti/TiB (powers of 1024: Slurm's and Kubernetes' habits); KB, MB, GB, TB
+// (powers of 1000). False on
 // anything else (the caller must then refuse, never run without the limit).
 bool ParseLimits(const char* text, uint64_t* limits, int* count);
 

@@ -35,7 +35,7 @@ TEST(Limits, ParseOneForAllOrPerDevice) {
   EXPECT_EQ(l[0], 512ull << 20);
   EXPECT_EQ(l[1], 0u);
   EXPECT_EQ(l[2], 1ull << 30);
-  for (const char* bad : {"", "lots", "1XB", "0:", "99:1GiB", "0:1GiB;1:2GiB", "-1", "10Gi", "1.5",
+  for (const char* bad : {"", "lots", "1XB", "0:", "99:1GiB", "0:1GiB;1:2GiB", "-1", "10Gb", "1.5",
                           "1 0GiB", "1e9", " 1GiB", "1GiB ", "1.2.3GiB", "99999999999T",
                           "18446744073709551616", "0x10", "inf", "1,5GiB"}) {
     EXPECT_FALSE(ParseLimits(bad, l, &n)) << bad;
@@ -50,6 +50,7 @@ TEST(Limits, SizesAsUsersWriteThem) {
     uint64_t bytes;
   } cases[] = {
       {"10G", 10ull << 30},
+      {"10Gi", 10ull << 30},
       {"10GiB", 10ull << 30},
       {"10 GiB", 10ull << 30},
       {"10GB", 10000000000ull},
