@@ -272,8 +272,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2; ++i) {
     pid_t pid = fork();
     if (pid == 0) {
-      for (volatile uint64_t x = 0;; x = x + 1) {
-      }
+      for (uint64_t x = 0;; ++x) asm volatile("" : "+r"(x));  // a busy loop kept by the compiler
     }
     hogs.push_back(pid);
   }

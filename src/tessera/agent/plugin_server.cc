@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "fmt/format.h"
@@ -27,7 +28,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
 std::string Ids(const v1beta1::AllocateRequest& r) {
   std::vector<std::string> parts;
   for (const auto& c : r.container_requests()) {
-    parts.push_back("[" + absl::StrJoin(c.devices_ids(), ",") + "]");
+    parts.push_back(absl::StrCat("[", absl::StrJoin(c.devices_ids(), ","), "]"));
   }
   return absl::StrJoin(parts, " ");
 }

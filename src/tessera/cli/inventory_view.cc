@@ -151,7 +151,7 @@ void PrintTopologyMatrix(const core::NodeInventory& inv, std::ostream& out) {
   out << "\n";
   for (const auto& [node, gpus] : by_numa) {
     std::string list;
-    for (int g : gpus) list += (list.empty() ? "" : " ") + fmt::format("GPU{}", g);
+    for (int g : gpus) list += fmt::format("{}GPU{}", list.empty() ? "" : " ", g);
     if (node < 0) {
       out << fmt::format("NUMA node unknown: {}\n", list);
     } else {

@@ -15,7 +15,10 @@ constexpr double kTieEpsilon = 1e-12;
 
 std::string JoinInts(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 
