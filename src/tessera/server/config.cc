@@ -111,6 +111,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "unhealthy_gpu",
                                "max_body_bytes",
                                "max_array_tasks",
+                               "limits",
                                "intercept_library",
                                "context_overhead",
                                "poll_interval_s",
@@ -438,6 +439,28 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       return At(path, m, "max_array_tasks", "expected 1..1000000");
     }
     c->max_array_tasks = static_cast<size_t>(v);
+  }
+  if (const YAML::Node l = root["limits"]) {
+    if (!l.IsMap()) {
+      return At(path, l, "limits",
+                "expected a map with max_queued_jobs_per_user, max_running_jobs_per_user and "
+                "max_starts_per_pass");
+    }
+    if (absl::Status st =
+            Known(path, l,
+                  {"max_queued_jobs_per_user", "max_running_jobs_per_user", "max_starts_per_pass"},
+                  "limits");
+        !st.ok())
+      return st;
+    for (auto [key, field] : {std::pair{"max_queued_jobs_per_user", &c->max_queued_jobs_per_user},
+                              {"max_running_jobs_per_user", &c->max_running_jobs_per_user},
+                              {"max_starts_per_pass", &c->max_starts_per_pass}}) {
+      if (!l[key]) continue;
+      int64_t v = 0;
+      if (!Get(path, l[key], std::string("limits.") + key, &v).ok() || v < 1 || v > 10000000)
+        return At(path, l[key], std::string("limits.") + key, "expected a count 1..10000000");
+      *field = static_cast<size_t>(v);
+    }
   }
   if (const YAML::Node o = root["context_overhead"]) {
     auto b = core::ParseBytes(o.as<std::string>(""));

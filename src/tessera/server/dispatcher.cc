@@ -1120,14 +1120,19 @@ std::string Dispatcher::Unmeetable(const Dependency& d, const DependencyState& s
 }
 
 void Dispatcher::Admit(double now) {
-  // What each array has running or in the cycle's queue (its % limit counts both).
+  // What each array has running or in the cycle's queue (its % limit counts both), and each user
+  // (limits.max_running_jobs_per_user counts both, and the jobs being started).
   std::map<int64_t, int> active;
+  std::map<uint32_t, size_t> user_active;
   for (const auto& [id, r] : running_) {
     if (r.array_id != 0) ++active[r.array_id];
+    ++user_active[r.uid];
   }
   for (const auto& [id, q] : queued_) {
     if (q.in_cycle && q.array_id != 0) ++active[q.array_id];
+    if (q.in_cycle) ++user_active[q.uid];
   }
+  for (const auto& [id, s] : starting_) ++user_active[s.uid];
   // An array's tasks share their dependencies: each is looked up once per pass.
   std::map<std::string, DependencyState> outcomes;
   std::vector<std::pair<int64_t, std::string>> never;
@@ -1162,6 +1167,13 @@ void Dispatcher::Admit(double now) {
                               q.throttle, q.throttle);
       continue;
     }
+    if (user_active[q.uid] >= config_.max_running_jobs_per_user) {
+      q.waiting = fmt::format(
+          "{} has {} jobs running or starting, the most per user "
+          "(limits.max_running_jobs_per_user)",
+          q.owner, user_active[q.uid]);
+      continue;
+    }
     sched::QueueEntry e{RequestFor(*q.spec, q.id, q.owner, q.uid), q.submitted,
                         static_cast<uint64_t>(q.id)};
     e.request.priority = q.priority;  // the stored one: it may have changed since submission
@@ -1172,6 +1184,7 @@ void Dispatcher::Admit(double now) {
     }
     q.in_cycle = true;
     if (q.array_id != 0) ++active[q.array_id];
+    ++user_active[q.uid];
   }
   // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
   // for them forever; their own dependents are settled at the next pass. Stored by SchedulePass
@@ -1211,7 +1224,16 @@ void Dispatcher::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
 void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
   Admit(now);
   std::vector<Launch> launches;
-  for (sched::CycleDecision& d : cycle_->Step(now)) {
+  std::vector<sched::CycleDecision> decisions = cycle_->Step(now);
+  // At most max_starts_per_pass processes started in one pass, so that the pass (and the lock's
+  // next holder) does not wait for thousands of forks: jobs with GPUs first (a GPU left idle costs
+  // most), then the rest in the cycle's order; those left over go back to the queue, placed again
+  // at the next pass, which follows at once.
+  std::stable_partition(decisions.begin(), decisions.end(), [](const sched::CycleDecision& d) {
+    return d.kind == sched::CycleDecision::Kind::kPreempt || !d.allocation.gpus.empty();
+  });
+  size_t starts = 0;
+  for (sched::CycleDecision& d : decisions) {
     const int64_t id = std::stoll(d.id);
     auto q = queued_.find(id);
     if (q == queued_.end()) continue;  // the cycle only holds what queued_ holds
@@ -1224,7 +1246,17 @@ void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
       }
       continue;
     }
-    Starting starting{"", q->second.spec, q->second.owner};  // a cancel meanwhile is kept here
+    if (starts == config_.max_starts_per_pass) {
+      (void)scheduler_->Release(d.id);
+      q->second.in_cycle = false;  // Admit puts it back into the cycle
+      q->second.waiting =
+          "starting: more jobs were started in this pass than limits.max_starts_"
+          "per_pass allows";
+      dirty_ = true;
+      continue;
+    }
+    ++starts;
+    Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
     launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
     queued_.erase(q);
     starting_[id] = std::move(starting);
@@ -1420,6 +1452,19 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
     auto a = ParseArray(spec->array, config_.max_array_tasks);
     if (!a.ok()) return HttpError(400, fmt::format("array: {}", std::string(a.status().message())));
     range = *std::move(a);
+  }
+  // The user's cap on jobs waiting: an array counts each task.
+  {
+    const size_t adding = range ? range->indices.size() : 1;
+    std::lock_guard lock(mu_);
+    size_t waiting = 0;
+    for (const auto& [qid, q] : queued_) waiting += q.uid == uid;
+    if (waiting + adding > config_.max_queued_jobs_per_user) {
+      return HttpError(
+          429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} per user "
+                           "(limits.max_queued_jobs_per_user in the server's config)",
+                           user, waiting, adding, config_.max_queued_jobs_per_user));
+    }
   }
   // Dependencies: on jobs that exist (submitted before this one, so no cycle can form), that the
   // caller may see through, and that can still turn out as asked.

@@ -388,6 +388,7 @@ class Dispatcher {
     std::string cancelled_by;  // empty: not cancelled
     std::shared_ptr<const JobSpec> spec;
     std::string owner;
+    uint32_t uid = 0;  // counted against limits.max_running_jobs_per_user
   };
   std::map<int64_t, Starting> starting_;
   // Jobs whose process ended and whose end is being recorded outside mu_.

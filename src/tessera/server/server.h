@@ -93,6 +93,13 @@ struct ServerConfig {
       "requeue";  // requeue | fail the jobs on a GPU that turns unhealthy
   size_t max_body_bytes = 1 << 20;
   size_t max_array_tasks = 10000;  // tasks in one array (submit --array)
+  // Per-user caps (limits:): jobs waiting (an array's tasks each count; more is refused at submit)
+  // and jobs running or being started at once (more wait, saying so), so that one user's huge
+  // array neither fills the machine's process table nor holds the scheduling loop; and processes
+  // started in one scheduling pass (GPU jobs first; the rest go in the next pass).
+  size_t max_queued_jobs_per_user = 20000;
+  size_t max_running_jobs_per_user = 1024;
+  size_t max_starts_per_pass = 64;
   // The listener's limits (HttpServerOptions): idle keep-alive, time to send one request,
   // connections in all and per peer.
   double idle_timeout_s = 60;

@@ -505,6 +505,45 @@ TEST_F(ServerTest, RestartReadoptsRunningJobsAndKeepsTheQueue) {
 
 // ---- batch habits (arrays, dependencies, hold) ----
 
+// One user's huge array cannot fill the process table or hold the loop: jobs waiting are capped per
+// user at submit (429, naming the limit), jobs running per user too (the rest wait, saying why),
+// and one pass starts at most max_starts_per_pass processes - a GPU job first, so a GPU is never
+// left idle behind a stream of no-GPU tasks.
+TEST_F(ServerTest, PerUserCapsAndStartsPerPassBoundOneUsersArray) {
+  config_.max_queued_jobs_per_user = 20;
+  config_.max_running_jobs_per_user = 6;
+  config_.max_starts_per_pass = 3;
+  StartServer();
+  int status = 0;
+  json over = Call("POST", "/v1/jobs", {{"command", {"sleep", "100"}}, {"array", "0-20"}}, &status);
+  EXPECT_EQ(status, 429);
+  EXPECT_THAT(over.value("message", ""),
+              HasSubstr("has 0 jobs waiting and this would add 21: at most 20 per user "
+                        "(limits.max_queued_jobs_per_user"));
+  json a = Call("POST", "/v1/jobs", {{"command", {"sleep", "100"}}, {"array", "0-9"}}, &status);
+  ASSERT_EQ(status, 201) << a.dump();
+  // Another user's GPU job, submitted last.
+  json g = SubmitAs(*server_, 65534, {{"command", {"sleep", "100"}}, {"resources", {{"gpus", 1}}}},
+                    &status);
+  ASSERT_EQ(status, 201) << g.dump();
+  const int64_t gpu_job = g["id"];
+  ASSERT_TRUE(server_->RunOnce());
+  ASSERT_EQ(StartedJobs().size(), 3u) << "three starts in one pass";
+  EXPECT_EQ(StartedJobs()[0], gpu_job) << "the GPU job first, though submitted last";
+  Settle();
+  EXPECT_EQ(StartedJobs().size(), 7u) << "then up to the array's user's running cap (6)";
+  const int64_t first = a["id"];
+  EXPECT_THAT(Call("GET", "/v1/jobs/" + std::to_string(first) + "_9").value("waiting", ""),
+              HasSubstr("6 jobs running or starting, the most per user "
+                        "(limits.max_running_jobs_per_user)"));
+  Submit(0, 1, 0, {{"array", "0-9"}});  // 10 more: 4 + 10 waiting, within 20
+  json refused = Call("POST", "/v1/jobs", {{"command", {"true"}}, {"array", "0-6"}}, &status);
+  EXPECT_EQ(status, 429) << refused.dump();
+  Advance(100);
+  Settle();
+  EXPECT_EQ(StartedJobs().size(), 13u) << "as they end, the next start";
+}
+
 TEST_F(ServerTest, AnArrayRunsEachIndexWithItsIdAndAtMostItsLimitAtOnce) {
   StartServer();
   json a =
