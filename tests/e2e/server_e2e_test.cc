@@ -1,10 +1,12 @@
 // The real `tessera server` binary on a temporary socket with a simulated machine: real processes
 // (shell commands) submitted through the API and the CLI, then placement, environment, logs,
 // cancel, preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
@@ -871,6 +873,79 @@ TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
     if (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   } while (!answered && std::chrono::steady_clock::now() < until);
   EXPECT_TRUE(answered);
+}
+
+// Idle connections from the network (unauthenticated, from many addresses) fill only TCP's own
+// budget: the unix socket keeps answering its users (it failed 20 of 20 health checks when one
+// budget was shared). And a client that pipelines requests without reading the answers is closed
+// once a write has waited request_timeout_s, instead of holding its thread.
+TEST(TesseraServer, TcpConnectionsCannotLockOutTheUnixSocketNorHoldWrites) {
+  Daemon d("budgets", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
+                          kToken +
+                          ", user: nobody}\n"
+                          "listener: {max_connections: 8, max_tcp_connections: 16, "
+                          "max_connections_per_peer: 4, request_timeout_s: 0.5}\n");
+  const std::string log = d.Log();
+  const size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::stoi(log.substr(at + 9));
+  std::vector<int> idle;
+  for (int a = 2; a < 12; ++a) {  // 127.0.0.2 .. 127.0.0.11, 4 each: 40 tried, 16 kept
+    for (int i = 0; i < 4; ++i) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in from{}, to{};
+      from.sin_family = to.sin_family = AF_INET;
+      from.sin_addr.s_addr = htonl(0x7f000000 | a);
+      to.sin_addr.s_addr = htonl(0x7f000001);
+      to.sin_port = htons(static_cast<uint16_t>(port));
+      ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+      idle.push_back(fd);
+    }
+  }
+  // The TCP budget is full (a 17th is refused, saying so), the unix socket answers every time.
+  {
+    HttpClient anonymous("tcp://127.0.0.1:" + std::to_string(port));
+    auto refused = anonymous.Send("GET", "/v1/health");
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_THAT(refused->body, HasSubstr("TCP connections open, its limit"));
+  }
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = HttpClient(d.socket()).Send("GET", "/v1/health");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200) << r->body;
+    if (i == 19) {
+      std::printf(
+          "unix socket health check with 16 idle TCP connections: %.2f ms\n",
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (int fd : idle) close(fd);
+  // Pipelined requests never read: the server's writes fill the buffers and block; past
+  // request_timeout_s the connection is closed (its peer slot freed: 4 more connections fit).
+  int fd = RawConnect(d.socket());
+  ASSERT_GE(fd, 0);
+  std::string many;
+  for (int i = 0; i < 20000; ++i) many += "GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::thread writer([&] {  // the server stops reading once its writes block: so may we
+    (void)!send(fd, many.data(), many.size(), MSG_NOSIGNAL);
+  });
+  bool closed = false;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!closed && std::chrono::steady_clock::now() < until) {
+    std::vector<int> probes;
+    for (int i = 0; i < 3; ++i) probes.push_back(RawConnect(d.socket()));
+    auto r = HttpClient(d.socket()).Send("GET", "/v1/health");  // the 5th from this uid
+    closed = r.ok() && r->status == 200;
+    for (int p : probes) close(p);
+    if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(closed) << "the unread connection still holds its slot";
+  shutdown(fd, SHUT_RDWR);
+  writer.join();
+  close(fd);
 }
 
 // Requests whose body cannot be framed (RFC 9112 section 6.3) get 400 and a closed connection,

@@ -281,10 +281,10 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (const YAML::Node l = root["listener"]) {
     if (!l.IsMap())
       return At(path, l, "listener", "expected a map of timeouts and connection limits");
-    if (absl::Status st = Known(
-            path, l,
-            {"idle_timeout_s", "request_timeout_s", "max_connections", "max_connections_per_peer"},
-            "listener");
+    if (absl::Status st = Known(path, l,
+                                {"idle_timeout_s", "request_timeout_s", "max_connections",
+                                 "max_tcp_connections", "max_connections_per_peer"},
+                                "listener");
         !st.ok()) {
       return st;
     }
@@ -296,14 +296,15 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
       }
       (std::string(k) == "idle_timeout_s" ? c->idle_timeout_s : c->request_timeout_s) = v;
     }
-    for (const char* k : {"max_connections", "max_connections_per_peer"}) {
+    for (auto [k, field] : {std::pair{"max_connections", &c->max_connections},
+                            {"max_tcp_connections", &c->max_tcp_connections},
+                            {"max_connections_per_peer", &c->max_connections_per_peer}}) {
       if (!l[k]) continue;
       int64_t v = 0;
       if (!Get(path, l[k], std::string("listener.") + k, &v).ok() || v < 1 || v > 100000) {
         return At(path, l[k], std::string("listener.") + k, "expected a count in 1..100000");
       }
-      (std::string(k) == "max_connections" ? c->max_connections : c->max_connections_per_peer) =
-          static_cast<size_t>(v);
+      *field = static_cast<size_t>(v);
     }
   }
   if (const YAML::Node cf = root["confinement"]) {

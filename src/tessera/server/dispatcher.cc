@@ -1058,8 +1058,20 @@ void Dispatcher::Enqueue(Queued q) {
   q.in_cycle = false;
   q.waiting = q.held ? fmt::format("held (tessera release {})", q.array_id ? q.array_id : q.id)
                      : "not yet considered";
+  if (auto old = queued_.find(q.id); old != queued_.end()) EraseQueued(old);
+  ++queued_by_uid_[q.uid];
   queued_[q.id] = std::move(q);
   dirty_ = true;
+}
+
+void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
+  if (auto n = queued_by_uid_.find(it->second.uid); n != queued_by_uid_.end() && --n->second == 0)
+    queued_by_uid_.erase(n);
+  queued_.erase(it);
+}
+
+void Dispatcher::EraseQueued(int64_t id) {
+  if (auto it = queued_.find(id); it != queued_.end()) EraseQueued(it);
 }
 
 std::string Dispatcher::WaitingReason(int64_t id) const {
@@ -1215,7 +1227,7 @@ void Dispatcher::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
                        ? fmt::format("job {}", ids[0])
                        : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
                    why);
-      for (int64_t id : ids) queued_.erase(id);
+      for (int64_t id : ids) EraseQueued(id);
     }
     EndChange(ids);  // those not stored are tried again at the next pass
   }
@@ -1258,7 +1270,7 @@ void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
     ++starts;
     Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
     launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
-    queued_.erase(q);
+    EraseQueued(q);
     starting_[id] = std::move(starting);
   }
   EndNeverMet(now, lock);
@@ -1457,8 +1469,8 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   {
     const size_t adding = range ? range->indices.size() : 1;
     std::lock_guard lock(mu_);
-    size_t waiting = 0;
-    for (const auto& [qid, q] : queued_) waiting += q.uid == uid;
+    const auto mine = queued_by_uid_.find(uid);
+    const size_t waiting = mine == queued_by_uid_.end() ? 0 : mine->second;
     if (waiting + adding > config_.max_queued_jobs_per_user) {
       return HttpError(
           429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} per user "
@@ -1604,7 +1616,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
     lock.lock();
     if (st.ok()) {
-      for (int64_t t : queued) queued_.erase(t);
+      for (int64_t t : queued) EraseQueued(t);
     }
     EndChange(queued);
     if (!st.ok()) return HttpError(500, std::string(st.message()));

@@ -381,7 +381,10 @@ class Dispatcher {
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::unique_ptr<sched::Cycle> cycle_;  // the queue: sched's, shared with the simulator
   std::map<int64_t, Running> running_;
-  std::map<int64_t, Queued> queued_;
+  std::map<int64_t, Queued> queued_;          // changed only through Enqueue and EraseQueued
+  std::map<uint32_t, size_t> queued_by_uid_;  // how many of queued_ each user has
+  void EraseQueued(std::map<int64_t, Queued>::iterator it);
+  void EraseQueued(int64_t id);
   // Jobs being launched outside mu_: what they are (their state says running already), and the
   // user who cancelled one meanwhile.
   struct Starting {

@@ -98,19 +98,27 @@ struct HttpServer::Impl {
   struct Conn {
     std::string peer_key;
     std::chrono::steady_clock::time_point deadline;
+    bool writing = false;  // the deadline is a write's: past it, both sides are shut
   };
   std::map<int, Conn> conns;
   std::map<std::string, size_t> per_peer;
+  size_t unix_open = 0, tcp_open = 0;  // conns by listener
   std::thread reaper;
   std::condition_variable reaper_cv;
   // When the reaper means to look next; a deadline before it wakes it, others wait their turn (so a
   // request does not cost a wake-up of the reaper thread).
   std::chrono::steady_clock::time_point reaper_wake = std::chrono::steady_clock::time_point::max();
 
-  void SetDeadline(int fd, double seconds) {
+  // The time by which the connection's next read (or, `writing`, its write: a client that
+  // pipelines requests and never reads the answers blocks a write once the buffers are full) must
+  // be done; past it the reaper shuts the socket, which ends the blocked call. Seconds < 0: none.
+  void SetDeadline(int fd, double seconds, bool writing = false) {
     std::lock_guard lock(mu);
     if (auto it = conns.find(fd); it != conns.end()) {
-      it->second.deadline = std::chrono::steady_clock::now() +
+      it->second.writing = writing;
+      it->second.deadline =
+          seconds < 0 ? std::chrono::steady_clock::time_point::max()
+                      : std::chrono::steady_clock::now() +
                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                 std::chrono::duration<double>(seconds));
       if (it->second.deadline < reaper_wake) reaper_cv.notify_all();
@@ -125,7 +133,7 @@ struct HttpServer::Impl {
       auto next = now + std::chrono::seconds(1);
       for (auto& [fd, c] : conns) {
         if (c.deadline <= now) {
-          ::shutdown(fd, SHUT_RD);
+          ::shutdown(fd, c.writing ? SHUT_RDWR : SHUT_RD);
           c.deadline = std::chrono::steady_clock::time_point::max();
         } else {
           next = std::min(next, c.deadline);
@@ -231,6 +239,7 @@ struct HttpServer::Impl {
       out.keep_alive(keep_alive);
       out.body() = std::move(res.body);
       out.prepare_payload();
+      SetDeadline(fd, options.request_timeout_s, true);
       http::write(sock, out, ec);
       if (ec || !keep_alive) break;
     }
@@ -258,7 +267,10 @@ struct HttpServer::Impl {
     res.stream([&](std::string_view piece) {
       if (stopping || ec) return false;
       if (piece.empty()) return true;
+      // A stream is long by design, but each piece must be taken within the request timeout.
+      SetDeadline(fd, options.request_timeout_s, true);
       asio::write(sock, http::make_chunk(asio::const_buffer(piece.data(), piece.size())), ec);
+      SetDeadline(fd, -1);
       return !ec;
     });
     if (!ec) asio::write(sock, http::make_chunk_last(), ec);
@@ -290,11 +302,15 @@ struct HttpServer::Impl {
   void Spawn(Socket sock, Peer peer) {
     const int fd = sock.native_handle();
     const std::string key = PeerKey(peer);
+    constexpr bool kTcp = std::is_same_v<Socket, tcp::socket>;
     {
       std::lock_guard lock(mu);
       std::string refused;
-      if (conns.size() >= options.max_connections) {
-        refused = fmt::format("the server has {} connections open, its limit", conns.size());
+      size_t& open = kTcp ? tcp_open : unix_open;
+      const size_t most = kTcp ? options.max_tcp_connections : options.max_connections;
+      if (open >= most) {
+        refused = fmt::format("the server has {} {} connections open, its limit", open,
+                              kTcp ? "TCP" : "unix socket");
       } else if (per_peer[key] >= options.max_connections_per_peer) {
         refused = fmt::format("{} connections open from you, the limit", per_peer[key]);
       }
@@ -312,14 +328,17 @@ struct HttpServer::Impl {
       open_fds.insert(fd);
       conns[fd] = Conn{key, std::chrono::steady_clock::time_point::max()};
       ++per_peer[key];
+      ++open;
       ++threads;
     }
+
     auto owned = std::make_unique<Socket>(std::move(sock));
     std::thread([this, owned = std::move(owned), peer, fd, key]() mutable {
       auto forget = [&] {
         std::lock_guard lock(mu);
         open_fds.erase(fd);
         conns.erase(fd);
+        --(kTcp ? tcp_open : unix_open);
         if (--per_peer[key] == 0) per_peer.erase(key);
         cv.notify_all();
       };

@@ -68,9 +68,12 @@ struct HttpServerOptions {
   // Once a request's first byte has come, the whole request must within this (else 408, closed):
   // a client that sends a Content-Length and no body holds no thread for long.
   double request_timeout_s = 10;
-  // Connections open at once, in all and from one peer (a uid on the socket, an address on TCP);
-  // one over either gets 503 and is closed.
+  // Connections open at once on the unix socket and on TCP, each listener its own budget (idle
+  // connections from the network cannot lock local users out), and from one peer (a uid on the
+  // socket, an address on TCP); one over either gets 503 and is closed. A response the client does
+  // not read for request_timeout_s (its buffers full) closes the connection too.
   size_t max_connections = 512;
+  size_t max_tcp_connections = 512;
   size_t max_connections_per_peer = 64;
   // Answer for bodies over the limit and unreadable requests; the handler never sees them.
   std::function<HttpResponse(int status, const std::string& message)> error_response;

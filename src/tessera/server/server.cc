@@ -66,6 +66,7 @@ absl::Status Server::Start(StartOptions options) {
   ho.idle_timeout_s = c.idle_timeout_s;
   ho.request_timeout_s = c.request_timeout_s;
   ho.max_connections = c.max_connections;
+  ho.max_tcp_connections = c.max_tcp_connections;
   ho.max_connections_per_peer = c.max_connections_per_peer;
   ho.tls_cert_file = c.tls_cert_file;
   ho.tls_key_file = c.tls_key_file;

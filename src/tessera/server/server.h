@@ -104,7 +104,8 @@ struct ServerConfig {
   // connections in all and per peer.
   double idle_timeout_s = 60;
   double request_timeout_s = 10;
-  size_t max_connections = 512;
+  size_t max_connections = 512;      // on the unix socket
+  size_t max_tcp_connections = 512;  // on TCP: a budget of its own, so TCP cannot fill the socket's
   size_t max_connections_per_peer = 64;
   std::string intercept_library;  // libtessera-cuda.so for fractional jobs; empty: found beside us
   uint64_t context_overhead_bytes = 0;
