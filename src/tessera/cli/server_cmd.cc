@@ -85,7 +85,9 @@ std::optional<json> Call(server::HttpClient& c, const std::string& method,
     std::string msg =
         j.is_object() && j.contains("message") ? j["message"].get<std::string>() : r->body;
     err << "tessera: " << msg << "\n";
-    *code = r->status < 500 ? kExitBadInput : kExitFailure;
+    // 2 for what the user wrote wrong (a bad request); 1 for everything that failed otherwise: not
+    // found, forbidden, a conflict, over a limit, the server's own trouble (README's exit codes).
+    *code = r->status == 400 || r->status == 413 || r->status == 431 ? kExitBadInput : kExitFailure;
     return std::nullopt;
   }
   if (j.is_discarded()) {

@@ -177,13 +177,21 @@ HttpResponse Api::Submit(const HttpRequest& req, const Caller& c) {
 
 HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {
   std::vector<JobState> states;
+  // "held", as `tessera ls` shows it: queued jobs that are held (with "queued": all queued ones).
+  bool held_only = false, queued_too = false;
   if (auto it = req.query.find("state"); it != req.query.end() && !it->second.empty()) {
     std::string_view rest = it->second;
     while (!rest.empty()) {
       size_t c = rest.find(',');
       std::string_view name = rest.substr(0, c);
-      auto s = ParseJobState(name);
-      if (!s) return Error(400, fmt::format("state: unknown state '{}'", name));
+      auto s = name == "held" ? std::optional<JobState>(JobState::kQueued) : ParseJobState(name);
+      if (!s) {
+        return Error(400, fmt::format("state: unknown state '{}' (queued, held, running, "
+                                      "succeeded, failed, cancelled, preempted, lost)",
+                                      name));
+      }
+      held_only = held_only || name == "held";
+      queued_too = queued_too || name == "queued";
       states.push_back(*s);
       if (c == std::string_view::npos) break;
       rest = rest.substr(c + 1);
@@ -218,6 +226,7 @@ HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {
   std::map<int64_t, int64_t> held;
   for (const JobRecord& r : *jobs) {
     if (!only_user.empty() && r.owner != only_user) continue;
+    if (held_only && !queued_too && r.state == JobState::kQueued && !r.held) continue;
     if (fold && r.array_id != 0) {
       auto [it, first] = counts.try_emplace(r.array_id, json::object());
       json& c = it->second[std::string(JobStateName(r.state))];

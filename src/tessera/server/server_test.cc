@@ -630,6 +630,11 @@ TEST_F(ServerTest, AReleasedJobKeepsItsPlaceAndHoldingTakesItOutOfTheQueue) {
   Settle();
   EXPECT_TRUE(Job(first)["held"].get<bool>());
   EXPECT_THAT(Job(first).value("waiting", ""), HasSubstr("held"));
+  // `ls --state held` lists the held ones (ls shows them as held); queued lists both.
+  json held_jobs = Call("GET", "/v1/jobs?state=held")["jobs"];
+  ASSERT_EQ(held_jobs.size(), 1u) << held_jobs.dump();
+  EXPECT_EQ(held_jobs[0]["id"], first);
+  EXPECT_EQ(Call("GET", "/v1/jobs?state=held,queued")["jobs"].size(), 2u);
   int status = 0;
   Call("POST", "/v1/jobs/" + std::to_string(first) + "/release", nullptr, &status);
   EXPECT_EQ(status, 200);

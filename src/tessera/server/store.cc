@@ -439,7 +439,9 @@ absl::Status Store::TransitionOne(int64_t id, JobState to, std::string_view reas
     s.Bind(1, JobStateName(to));
     s.Bind(2, reason);
     s.Bind(3, f.started_at);
-    s.Bind(4, f.ended_at);
+    // Every end has its time, also one that never ran (a queued job cancelled): accounting counts
+    // jobs by when they ended.
+    s.Bind(4, f.ended_at ? f.ended_at : IsTerminal(to) ? std::optional<double>(now) : std::nullopt);
     s.Bind(5, f.exit_code ? std::optional<int64_t>(*f.exit_code) : std::nullopt);
     s.Bind(6, f.placement_json);
     s.Bind(7, f.pid);

@@ -79,6 +79,20 @@ TEST(Store, AWriteToADatabaseFileThatVanishedIsRefused) {
   EXPECT_FALSE((*store)->Insert(Job("after"), 4).ok());
 }
 
+// A job cancelled while queued ends then: accounting counts ends by their time (it counted 0
+// cancelled jobs while 3 were).
+TEST(Store, AJobCancelledWhileQueuedHasAnEndTime) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto one = (*store)->Insert(Job("a"), 10), two = (*store)->Insert(Job("b"), 10);
+  ASSERT_TRUE(one.ok() && two.ok());
+  ASSERT_TRUE((*store)->Transition(*one, JobState::kCancelled, "cancelled by alice", 20).ok());
+  ASSERT_TRUE(
+      (*store)->TransitionMany({*two}, JobState::kCancelled, "cancelled by alice", 30).ok());
+  EXPECT_EQ((*store)->Get(*one)->ended_at, 20);
+  EXPECT_EQ((*store)->Get(*two)->ended_at, 30);
+}
+
 TEST(Store, InsertedJobsSurviveReopening) {
   std::string path = TempDb("jobs.db");
   int64_t id;
