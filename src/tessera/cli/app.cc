@@ -1,9 +1,12 @@
 #include "tessera/cli/app.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <vector>
 
 #include "fmt/format.h"
 #include "spdlog/sinks/ostream_sink.h"
@@ -20,6 +23,59 @@
 
 namespace tessera::cli {
 namespace {
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// What a parse error of the top level most likely means, said plainly: a misspelt command ("did
+// you mean"), or a command's option written before the command. Empty when neither.
+std::string TopLevelHint(const CLI::App& app, int argc, const char* const* argv) {
+  std::vector<std::string> commands;
+  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+    commands.push_back(s->get_name());
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--log-level") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.rfind("--log-level=", 0) == 0) continue;
+    if (a.rfind("-", 0) == 0) {
+      std::string command = "<command>";
+      for (int j = i + 1; j < argc; ++j) {
+        if (std::find(commands.begin(), commands.end(), argv[j]) != commands.end()) {
+          command = argv[j];
+          break;
+        }
+      }
+      return fmt::format(
+          "'{}' is not an option of tessera itself: options go after the command "
+          "(tessera {} {} ...)",
+          a, command, a);
+    }
+    if (std::find(commands.begin(), commands.end(), a) != commands.end()) return "";
+    std::string best;
+    size_t best_distance = 3;  // at most 2 edits away
+    for (const std::string& c : commands) {
+      if (const size_t d = EditDistance(a, c); d < best_distance) best = c, best_distance = d;
+    }
+    return best.empty() ? fmt::format("unknown command '{}'", a)
+                        : fmt::format("unknown command '{}'; did you mean '{}'?", a, best);
+  }
+  return "";
+}
 
 // A status code from a layer below -> the exit code scripts see.
 int ExitCodeFor(const absl::Status& st) {
@@ -242,7 +298,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       out << sub->help();
       return kExitOk;
     }
-    err << "tessera: " << e.what() << "\nRun 'tessera --help' for usage.\n";
+    const std::string hint = TopLevelHint(app, argc, argv);
+    err << "tessera: " << (hint.empty() ? std::string(e.what()) : hint)
+        << "\nRun 'tessera --help' for usage.\n";
     return kExitBadInput;
   }
   // The server says what it does by default; the other commands only warn.

@@ -170,6 +170,21 @@ TEST(Cli, OutOfRangeNewFlagsAreExitTwoNamingTheFlag) {
   }
 }
 
+// A misspelt command gets a suggestion, a command's option written before the command says where it
+// goes; both exit 2 (usage).
+TEST(Cli, TyposAndMisplacedOptionsAreSaidPlainly) {
+  Result typo = Cli({"sumbit", "--", "true"});
+  EXPECT_EQ(typo.code, kExitBadInput);
+  EXPECT_THAT(typo.err, HasSubstr("unknown command 'sumbit'; did you mean 'submit'?"));
+  EXPECT_THAT(Cli({"lss"}).err, HasSubstr("did you mean 'ls'?"));
+  EXPECT_THAT(Cli({"frobnicate"}).err, HasSubstr("unknown command 'frobnicate'\n"));
+  Result misplaced = Cli({"--socket", "/tmp/x", "ls"});
+  EXPECT_EQ(misplaced.code, kExitBadInput);
+  EXPECT_THAT(misplaced.err, HasSubstr("'--socket' is not an option of tessera itself: options go "
+                                       "after the command (tessera ls --socket ...)"));
+  EXPECT_THAT(Cli({"--log-level", "warn", "sumbit"}).err, HasSubstr("did you mean 'submit'?"));
+}
+
 TEST(Cli, HelpEverywhere) {
   for (std::vector<const char*> args : {std::vector<const char*>{"--help"},
                                         {"gpus", "--help"},
