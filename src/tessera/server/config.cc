@@ -444,15 +444,23 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (const YAML::Node l = root["limits"]) {
     if (!l.IsMap()) {
       return At(path, l, "limits",
-                "expected a map with max_queued_jobs_per_user, max_running_jobs_per_user and "
-                "max_starts_per_pass");
+                "expected a map with max_queued_jobs_per_user, max_running_jobs_per_user, "
+                "max_starts_per_pass, max_log_bytes_per_job and min_free_disk");
     }
-    if (absl::Status st =
-            Known(path, l,
-                  {"max_queued_jobs_per_user", "max_running_jobs_per_user", "max_starts_per_pass"},
-                  "limits");
+    if (absl::Status st = Known(path, l,
+                                {"max_queued_jobs_per_user", "max_running_jobs_per_user",
+                                 "max_starts_per_pass", "max_log_bytes_per_job", "min_free_disk"},
+                                "limits");
         !st.ok())
       return st;
+    for (auto [key, field] : {std::pair{"max_log_bytes_per_job", &c->max_log_bytes_per_job},
+                              {"min_free_disk", &c->min_free_disk_bytes}}) {
+      if (!l[key]) continue;
+      const std::string text = l[key].as<std::string>("");
+      auto b = text == "0" ? std::optional<uint64_t>(0) : core::ParseBytes(text);
+      if (!b) return At(path, l[key], std::string("limits.") + key, "expected a size such as 1GiB");
+      *field = *b;
+    }
     for (auto [key, field] : {std::pair{"max_queued_jobs_per_user", &c->max_queued_jobs_per_user},
                               {"max_running_jobs_per_user", &c->max_running_jobs_per_user},
                               {"max_starts_per_pass", &c->max_starts_per_pass}}) {

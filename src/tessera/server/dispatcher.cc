@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -278,6 +279,7 @@ Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std:
   run.gpus = std::move(gpus);
   run.started = started;
   run.max_runtime_s = spec.max_runtime_s;
+  run.tasks = spec.Tasks();
   // A job's own grace, within the server's maximum (one stored under a larger maximum included).
   run.grace_period_s =
       std::min(spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s,
@@ -563,7 +565,25 @@ void Dispatcher::Kill(Running& r, const std::string& why) {
   r.killed = true;
 }
 
+uint64_t Dispatcher::LogBytes(const Running& r) const {
+  uint64_t bytes = 0;
+  auto add = [&](const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+  };
+  add(JobFile("logs", r.id, ".out"));
+  add(JobFile("logs", r.id, ".err"));
+  for (int t = 1; t < r.tasks; ++t) {
+    add(TaskLog(r.id, t, ".out"));
+    add(TaskLog(r.id, t, ".err"));
+  }
+  return bytes;
+}
+
 void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
+  // Logs are measured about once a second (a stat per log of each running job), not every turn.
+  const bool check_logs = config_.max_log_bytes_per_job > 0 && now - logs_checked_ >= 1;
+  if (check_logs) logs_checked_ = now;
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
     std::optional<int> code;
@@ -582,6 +602,15 @@ void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
     if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
       RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),
                   now);
+    }
+    if (check_logs && r.stop.empty()) {
+      if (const uint64_t bytes = LogBytes(r); bytes > config_.max_log_bytes_per_job) {
+        RequestStop(r, "logs",
+                    fmt::format("its logs reached {} MiB, over the limit of {} MiB "
+                                "(limits.max_log_bytes_per_job)",
+                                bytes >> 20, config_.max_log_bytes_per_job >> 20),
+                    now);
+      }
     }
     if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
       Kill(r, fmt::format("still running {} s after SIGTERM", r.grace_period_s));
@@ -659,7 +688,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   } else if (r.stop == "unhealthy") {
     requeue = config_.unhealthy_action == "requeue";
     to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
-  } else if (r.stop == "timeout") {
+  } else if (r.stop == "timeout" || r.stop == "logs") {
     to = JobState::kFailed, reason = r.stop_reason;
   } else if (!exit_known) {
     to = JobState::kLost,
@@ -1402,6 +1431,18 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                      fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling and "
                                  "priority_ceilings in the server's config)",
                                  spec->priority, user, ceiling));
+  }
+  // Room for the store to record every end: no new work once the state folder's disk is nearly
+  // full.
+  if (struct statvfs fs;
+      config_.min_free_disk_bytes > 0 && statvfs(config_.state_dir.c_str(), &fs) == 0 &&
+      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < config_.min_free_disk_bytes) {
+    return HttpError(
+        507,
+        fmt::format("the server's disk ({}) has {} MiB free, under its reserve of {} MiB "
+                    "(limits.min_free_disk): no new work until room is made",
+                    config_.state_dir, (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
+                    config_.min_free_disk_bytes >> 20));
   }
   if (spec->grace_period_s > config_.max_grace_period_s) {
     return HttpError(400,

@@ -186,6 +186,7 @@ class Dispatcher {
     bool killed = false;
     double started = 0;
     double max_runtime_s = 0;
+    int tasks = 1;                 // its processes, each with its logs (TaskLog)
     double grace_period_s = 0;     // SIGTERM, then SIGKILL after this
     int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
     int gpu_milli = 0;
@@ -330,6 +331,9 @@ class Dispatcher {
   static std::optional<bool> SharedGpu(const JobRecord& r);
   // SIGKILL to the job's process group now (its container removed); once.
   void Kill(Running& r, const std::string& why);
+  // The size of the job's logs, every task's.
+  uint64_t LogBytes(const Running& r) const;
+  double logs_checked_ = 0;  // when CheckRunning last measured logs
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's utilization, memory used, temperature and power, read from the driver at most once

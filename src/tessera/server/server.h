@@ -100,6 +100,13 @@ struct ServerConfig {
   size_t max_queued_jobs_per_user = 20000;
   size_t max_running_jobs_per_user = 1024;
   size_t max_starts_per_pass = 64;
+  // A job whose logs (stdout and stderr, every task's) grow past this is stopped, as a job past its
+  // max runtime is (0: no cap). Checked about once a second: a fast writer may pass it by what it
+  // writes in that time.
+  uint64_t max_log_bytes_per_job = uint64_t{1} << 30;
+  // New jobs are refused (507) while the state folder's file system has less free than this, so
+  // that the store keeps room to record every end.
+  uint64_t min_free_disk_bytes = uint64_t{1} << 30;
   // The listener's limits (HttpServerOptions): idle keep-alive, time to send one request,
   // connections in all and per peer.
   double idle_timeout_s = 60;

@@ -459,6 +459,38 @@ TEST_F(ServerTest, AJobThatCouldNeverStartIsRefusedAtSubmit) {
   EXPECT_EQ(Call("GET", "/v1/jobs")["jobs"].size(), 0u) << "nothing stored";
 }
 
+// A job whose logs pass the cap is stopped as one past its max runtime is, and its end recorded
+// with the reason; and while the state folder's disk has less free than the reserve, new work is
+// refused (507, naming the reserve) so that the store keeps room for every end.
+TEST_F(ServerTest, LogsPastTheCapStopTheJobAndAFullDiskRefusesNewWork) {
+  config_.max_log_bytes_per_job = 1 << 20;
+  StartServer();
+  const int64_t quiet = Submit(0, 100), loud = Submit(0, 100);
+  Settle();
+  ASSERT_EQ(State(loud), "running");
+  // What the job wrote: its stdout log, 2 MiB (the fake launcher runs no process).
+  std::ofstream(config_.state_dir + "/logs/" + std::to_string(loud) + ".out")
+      << std::string(2 << 20, 'x');
+  Advance(1.5);
+  Settle();
+  ASSERT_EQ(launcher_.signals().size(), 1u) << "SIGTERM to the loud job only";
+  Advance(2);  // the fake's stop latency
+  Settle();
+  json j = Job(loud);
+  EXPECT_EQ(j["state"], "failed");
+  EXPECT_THAT(j.dump(), HasSubstr("its logs reached 2 MiB, over the limit of 1 MiB "
+                                  "(limits.max_log_bytes_per_job)"));
+  EXPECT_EQ(State(quiet), "running");
+  // A reserve larger than any disk: nothing new is accepted, and says why.
+  config_.min_free_disk_bytes = uint64_t{1} << 62;
+  StartServer();
+  int status = 0;
+  json refused = Call("POST", "/v1/jobs", {{"command", {"true"}}}, &status);
+  EXPECT_EQ(status, 507);
+  EXPECT_THAT(refused.value("message", ""),
+              HasSubstr("MiB free, under its reserve of 4398046511104 MiB (limits.min_free_disk)"));
+}
+
 TEST_F(ServerTest, MaxRuntimeStopsTheJobAndSaysWhy) {
   StartServer();
   int64_t id = Submit(1, 500, 0, {{"max_runtime_s", 30}});
