@@ -191,6 +191,37 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
   EXPECT_GE(100 * (us_a + us_b + us_c) / window_us, 35);
 }
 
+// A tenant stopped (SIGSTOP) for 1.5 s while it waits for the GPU banks no credit: after SIGCONT
+// the two 50% tenants share the GPU evenly again (it took about 100% for as long as it had been
+// stopped before), measured over the same 2 s after the resume by both.
+TEST(Pacing, ATenantStoppedWhileWaitingBanksNoCredit) {
+  std::string arbiter = TempPath("arbiter-stopped");
+  std::string clock = TempPath("clock-stopped");
+  std::filesystem::remove(arbiter);
+  std::filesystem::remove(clock);
+  const auto origin = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  const std::string start_ms = SharedStartMs(origin);
+  auto env = [&](const std::string& job) {
+    return Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
+                        " TESSERA_JOB_ID=" + job +
+                        " TESSERA_CUDA_COMPUTE_SHARE=50% WORK_START_MS=" + start_ms};
+  };
+  const std::string work = "work:4000:500:4:0:1900:3900";  // measured: 1.9 s to 3.9 s
+  Running stopped = Spawn("exec " + Command(env("stopped"), "link", work));
+  Running steady = Spawn("exec " + Command(env("steady"), "link", work));
+  std::this_thread::sleep_until(origin + std::chrono::milliseconds(200));
+  kill(stopped.pid, SIGSTOP);
+  std::this_thread::sleep_until(origin + std::chrono::milliseconds(1700));
+  kill(stopped.pid, SIGCONT);
+  double us_stopped = -1, us_steady = -1;
+  const std::string out_stopped = stopped.Output(), out_steady = steady.Output();
+  ASSERT_EQ(sscanf(out_stopped.c_str(), "gpu_us %lf", &us_stopped), 1) << out_stopped;
+  ASSERT_EQ(sscanf(out_steady.c_str(), "gpu_us %lf", &us_steady), 1) << out_steady;
+  ASSERT_GT(us_stopped + us_steady, 0);
+  EXPECT_NEAR(100 * us_stopped / (us_stopped + us_steady), 50, 5)
+      << us_stopped << " vs " << us_steady;
+}
+
 // The same mix with 2, 5 and 8 steady tenants of unequal shares: beside a bursty tenant stopped at
 // random and a job killed inside synchronizes over and over, each steady tenant's part of what the
 // steady ones got stays within 5 points of its part of their shares, over one 2 s window that all

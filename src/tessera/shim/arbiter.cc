@@ -327,16 +327,24 @@ void Arbiter::Want(int gpu, int self, uint64_t now, bool& counted) {
   ArbiterGpu& g = data_->gpus[gpu];
   ArbiterJob& me = g.jobs[self];
   // A job back from idling banks no credit: it comes back level with the least-served job that
-  // used or wanted the GPU lately.
-  if (!counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs) {
-    uint64_t least = UINT64_MAX;
-    for (int i = 0; i < kArbiterJobs; ++i) {
-      const ArbiterJob& o = g.jobs[i];
-      if (i == self || o.key.load(std::memory_order_relaxed) == 0) continue;
-      if (now > std::max(o.want_us.load(), o.last_launch_us.load()) + kRecentUs) continue;
-      least = std::min(least, o.vtime.load(std::memory_order_relaxed));
-    }
-    if (least != UINT64_MAX && me.vtime.load() < least) me.vtime.store(least);
+  // used or wanted the GPU lately. Nor does any job fall further behind them than two of its
+  // slices, however it got there (as CFS bounds a waking task's lag): a process stopped (SIGSTOP,
+  // a cgroup freeze) while it held or waited for the GPU wanted nothing while stopped, and came
+  // back owed the whole stop - it took the GPU for about as long as it had been stopped.
+  const bool idle =
+      !counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs;
+  uint64_t least = UINT64_MAX;
+  for (int i = 0; i < kArbiterJobs; ++i) {
+    const ArbiterJob& o = g.jobs[i];
+    if (i == self || o.key.load(std::memory_order_relaxed) == 0) continue;
+    if (now > std::max(o.want_us.load(), o.last_launch_us.load()) + kRecentUs) continue;
+    least = std::min(least, o.vtime.load(std::memory_order_relaxed));
+  }
+  if (least != UINT64_MAX) {
+    uint32_t share = me.share.load(std::memory_order_relaxed);
+    if (share == 0) share = 1000;
+    const uint64_t lag = idle ? 0 : 2 * config_.slice_us * 1000 / share;
+    if (least > lag && me.vtime.load() < least - lag) me.vtime.store(least - lag);
   }
   me.want_us.store(now);
   if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
