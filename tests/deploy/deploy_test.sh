@@ -40,6 +40,26 @@ for (const r of ["tessera.io/gpu", "tessera.io/gpu-share"]) {
   const m = ex.managedResources.find((x) => x.name === r);
   if (!m || m.ignoredByScheduler !== true) fail(r + " must be managed and ignoredByScheduler");
 }
+// Every feasible node is offered to the extender (a gang member'"'"'s reserved node is never left out).
+if (cfg.percentageOfNodesToScore !== 100) fail("percentageOfNodesToScore must be 100");
+// Its leader-election lease: upstream'"'"'s bootstrap role system:kube-scheduler lets a scheduler get
+// and update only the lease named kube-scheduler, so the profile'"'"'s own resourceName needs a rule
+// of ours, bound to the scheduler'"'"'s service account, in the lease'"'"'s namespace.
+const le = cfg.leaderElection || {};
+if (le.leaderElect) {
+  const ns = le.resourceNamespace || "kube-system", name = le.resourceName || "kube-scheduler";
+  const sched = docs.find((d) => d && d.kind === "Deployment" && d.metadata.name === "tessera-scheduler");
+  const sa = sched.spec.template.spec.serviceAccountName;
+  const roles = docs.filter((d) => d && d.kind === "Role" && d.metadata.namespace === ns &&
+    (d.rules || []).some((r) => (r.apiGroups || []).includes("coordination.k8s.io") &&
+      (r.resources || []).includes("leases") && ["get", "update"].every((v) => (r.verbs || []).includes(v)) &&
+      (!r.resourceNames || r.resourceNames.includes(name))));
+  const bound = docs.some((d) => d && d.kind === "RoleBinding" && d.metadata.namespace === ns &&
+    d.roleRef.kind === "Role" && roles.some((r) => r.metadata.name === d.roleRef.name) &&
+    (d.subjects || []).some((s) => s.kind === "ServiceAccount" && s.name === sa));
+  if (name !== "kube-scheduler" && !bound)
+    fail("no Role granting get/update of lease " + ns + "/" + name + " bound to " + sa);
+}
 const dash = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "tessera-grafana-dashboard");
 const board = JSON.parse(dash.data["tessera.json"]);
 if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has too few panels");
@@ -49,10 +69,14 @@ if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has to
 # image and namespace as values (scripts/helm-sync writes them); compare after substitution.
 chart="$src/deploy/helm/tessera"
 [ -f "$chart/Chart.yaml" ] || fail "no Helm chart at $chart"
+# The chart makes no Namespace: `helm install -n tessera-system --create-namespace` does, and a
+# Namespace in the chart would clash with it.
+if grep -q "^kind: Namespace" "$chart"/templates/*.yaml; then fail "the Helm chart creates a Namespace"; fi
 for f in "$src"/deploy/base/*.yaml; do
+  [ "$(basename "$f")" = namespace.yaml ] && continue
   t="$chart/templates/$(basename "$f")"
   [ -f "$t" ] || fail "the chart has no template for $(basename "$f")"
-  sed -e 's/{{ .Values.namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' "$t" >"$tmp/chart.yaml"
+  sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
 echo "deploy_test: ok"
