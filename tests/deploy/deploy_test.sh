@@ -60,6 +60,9 @@ if (le.leaderElect) {
   if (name !== "kube-scheduler" && !bound)
     fail("no Role granting get/update of lease " + ns + "/" + name + " bound to " + sa);
 }
+// The agent'"'"'s pod/namespace/container labels arrive as they are (not exported_*).
+const sm = docs.find((d) => d && d.kind === "ServiceMonitor");
+if (!sm.spec.endpoints.every((e) => e.honorLabels === true)) fail("ServiceMonitor endpoints need honorLabels: true");
 const dash = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "tessera-grafana-dashboard");
 const board = JSON.parse(dash.data["tessera.json"]);
 if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has too few panels");

@@ -126,7 +126,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
     p.Sample(gpu(g), static_cast<double>(s.allocated_memory_bytes[g]));
   auto job = [&](const ServerMetricsSnapshot::Job& j) -> Labels {
     return {
-        {"job", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
+        {"job_id", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
   };
   p.Family("tessera_job_gpu_share", "gauge",
            "A job's compute share of its GPU (0..1; whole GPUs 1).");

@@ -1188,13 +1188,13 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
   req.peer.uid = geteuid();
   const std::string page = server_->Handle(req).body;
   const std::string host = Call("GET", "/v1/info").value("hostname", "");
-  EXPECT_THAT(
-      page, HasSubstr(fmt::format(
-                "tessera_job_gpu_share{{job=\"{}\",gpu=\"0\",hostname=\"{}\"}} 1\n", whole, host)));
   EXPECT_THAT(page, HasSubstr(fmt::format(
-                        "tessera_job_gpu_share{{job=\"{}\",gpu=\"1\",hostname=\"{}\"}} 0.3\n", part,
-                        host)));
-  EXPECT_THAT(page, HasSubstr(fmt::format("tessera_job_gpu_memory_limit_bytes{{job=\"{}\",gpu="
+                        "tessera_job_gpu_share{{job_id=\"{}\",gpu=\"0\",hostname=\"{}\"}} 1\n",
+                        whole, host)));
+  EXPECT_THAT(page, HasSubstr(fmt::format(
+                        "tessera_job_gpu_share{{job_id=\"{}\",gpu=\"1\",hostname=\"{}\"}} 0.3\n",
+                        part, host)));
+  EXPECT_THAT(page, HasSubstr(fmt::format("tessera_job_gpu_memory_limit_bytes{{job_id=\"{}\",gpu="
                                           "\"1\",hostname=\"{}\"}} 4294967296\n",
                                           part, host)));
   EXPECT_THAT(page, HasSubstr("tessera_scheduling_latency_seconds_count 2\n"));
@@ -1256,18 +1256,18 @@ TEST_F(ServerTest, AJobTruncatingItsRegionAndTheArbiterCannotCrashTheServer) {
   ASSERT_EQ(truncate(region.c_str(), 0), 0);
   const std::string page = server_->Handle(req).body;
   const std::string host = Call("GET", "/v1/info").value("hostname", "");
-  EXPECT_THAT(page, HasSubstr(fmt::format(
-                        "tessera_job_usage_readable{{job=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 0\n",
-                        id, gpu, host)));
-  EXPECT_THAT(
-      page,
-      ::testing::Not(HasSubstr(fmt::format("tessera_job_gpu_memory_used_bytes{{job=\"{}\"", id))));
+  EXPECT_THAT(page,
+              HasSubstr(fmt::format(
+                  "tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 0\n", id,
+                  gpu, host)));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr(
+                        fmt::format("tessera_job_gpu_memory_used_bytes{{job_id=\"{}\"", id))));
   EXPECT_THAT(page, HasSubstr("tessera_jobs_running 1\n"));
   // Restored as a region again, it reads again.
   std::ofstream(region, std::ios::binary) << whole_region;
   EXPECT_THAT(server_->Handle(req).body,
               HasSubstr(fmt::format(
-                  "tessera_job_usage_readable{{job=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 1\n", id,
+                  "tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 1\n", id,
                   gpu, host)));
   Advance(100);
   Settle();
