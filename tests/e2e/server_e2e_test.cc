@@ -751,6 +751,25 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(metrics, HasSubstr("tessera_queue_length 0"));
 }
 
+// A running job whose predicted end has passed is shown overdue, not as an end in the past.
+TEST(TesseraServer, LsShowsAPassedPredictedEndAsOverdue) {
+  Daemon d("overdue");
+  EXPECT_THAT(Cli(d, "submit --name quick --no-env -- true"), HasSubstr("submitted job 1"));
+  d.WaitFor(1, "succeeded");  // history: 'quick' takes about no time
+  EXPECT_THAT(Cli(d, "submit --name quick --no-env -- sleep 30"), HasSubstr("submitted job 2"));
+  d.WaitFor(2, "running");
+  std::string ls;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  do {
+    ls = Cli(d, "ls");
+    if (ls.find("overdue") == std::string::npos)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (ls.find("overdue") == std::string::npos && std::chrono::steady_clock::now() < until);
+  EXPECT_THAT(ls, ::testing::ContainsRegex("2 +quick .*running.*overdue [0-9]+s")) << ls;
+  EXPECT_THAT(ls, ::testing::Not(HasSubstr(" ago"))) << ls;
+  d.Call("POST", "/v1/jobs/2/cancel");
+}
+
 TEST(TesseraServer, CancelSendsSigtermThatAJobCanTrapToSaveACheckpoint) {
   // The server blocks SIGTERM for itself; its jobs must not inherit that. The job asks for a long
   // grace period of its own, so only a SIGTERM that reaches it can end it in time for the wait

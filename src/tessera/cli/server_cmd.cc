@@ -171,8 +171,13 @@ std::string Expected(const json& j) {
   if (state == "queued" && j.value("expected_start", json()).is_number())
     return "start " + Relative(j["expected_start"].get<double>());
   if (state == "queued" && j.value("reserved", false)) return "start ?";
-  if (state == "running" && j.value("expected_end", json()).is_number())
-    return "end " + Relative(j["expected_end"].get<double>());
+  if (state == "running" && j.value("expected_end", json()).is_number()) {
+    // A predicted end that has passed is no history: the job runs longer than expected.
+    const double end = j["expected_end"].get<double>();
+    const double now = static_cast<double>(std::time(nullptr));
+    if (end < now - 1) return "overdue " + Age(end);
+    return "end " + Relative(end);
+  }
   return "-";
 }
 
