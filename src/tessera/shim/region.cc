@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <new>
 
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
@@ -176,14 +177,16 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
                     int* fd_out, char* err, size_t err_len) {
   errno = 0;
   bool creator = true;
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0 && errno == EEXIST) {
     creator = false;
-    fd = open(path, O_RDWR | O_CLOEXEC);
+    fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   }
   if (fd < 0) {
     char msg[160];
-    snprintf(msg, sizeof msg, "cannot open the %s", kind);
+    snprintf(msg, sizeof msg,
+             errno == ELOOP ? "the %s is a symlink: refused" : "cannot open the %s", kind);
+    if (errno == ELOOP) errno = 0;
     SetError(err, err_len, msg, path);
     return nullptr;
   }
@@ -195,6 +198,15 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
     close(fd);
     return nullptr;
   };
+  // Only a file this user or root (the server, the agent) made is trusted: another user's could
+  // say anything (a limit of 0: none), and one this user made but others may write, too.
+  if (struct stat own; fstat(fd, &own) != 0 || !S_ISREG(own.st_mode)) {
+    return fail("the %s is not a regular file: refused", false);
+  } else if (own.st_uid != 0 && own.st_uid != geteuid()) {
+    return fail("the %s belongs to another user: refused", false);
+  } else if (own.st_uid != 0 && (own.st_mode & S_IWOTH) != 0) {
+    return fail("the %s is writable by every user: refused", false);
+  }
   if (creator) {
     if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("cannot size the %s", true);
   } else {
@@ -302,6 +314,9 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
   };
   Region* r = new (std::nothrow) Region(d, fd);
   if (r == nullptr) return fail("out of memory");
+  // The process's own limits (its environment) hold too: a region file that says less (0: none)
+  // does not lift them; the stricter of the two applies.
+  for (int i = 0; i < count && i < kMaxDevices; ++i) r->own_limit_[i] = limits[i];
   if (!r->ClaimSlot()) {
     // Perhaps dead processes hold every slot.
     r->ReclaimDead();
@@ -427,7 +442,7 @@ bool Region::Reserve(int device, uint64_t bytes) {
 
 bool Region::TryReserve(int device, uint64_t bytes) {
   if (device < 0 || device >= kMaxDevices) return false;
-  const uint64_t limit = data_->limit[device];
+  const uint64_t limit = Limit(device);
   uint64_t cur = data_->used[device].load(std::memory_order_relaxed);
   for (;;) {
     if (limit != 0 && (bytes > limit || cur > limit - bytes)) return false;
@@ -462,7 +477,9 @@ void Region::CountLaunch() {
 }
 
 uint64_t Region::Limit(int device) const {
-  return device >= 0 && device < kMaxDevices ? data_->limit[device] : 0;
+  if (device < 0 || device >= kMaxDevices) return 0;
+  const uint64_t shared = data_->limit[device], own = own_limit_[device];
+  return shared == 0 ? own : own == 0 ? shared : std::min(shared, own);
 }
 
 uint64_t Region::Used(int device) const {

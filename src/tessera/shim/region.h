@@ -64,7 +64,9 @@ class Region {
   // Whether `pid` holds a slot: is one of the job's processes.
   bool HasProcess(int pid) const;
 
-  uint64_t Limit(int device) const;  // 0 = none
+  // The limit on `device`: the stricter of the region's and this process's own (Attach's `limits`);
+  // 0 = none.
+  uint64_t Limit(int device) const;
   uint64_t Used(int device) const;
   uint64_t Peak(int device) const;
   // Gives back the memory of slots whose process is gone; returns how many slots. Takes the file
@@ -89,6 +91,7 @@ class Region {
   ProcSlot* slot_ = nullptr;
   int reclaimed_slots_ = 0;
   std::atomic<uint64_t> last_reclaim_us_{0};  // CLOCK_MONOTONIC; 0: never
+  uint64_t own_limit_[kMaxDevices] = {};      // the process's own (environment's) limits; 0: none
 };
 
 // Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no

@@ -164,6 +164,39 @@ TEST(Region, MemoryQueriesReclaimAtMostOncePerInterval) {
   EXPECT_EQ(r->Used(0), 0u);
 }
 
+// A region file is trusted only when this user or root made it and others cannot write it, and
+// never through a symlink: another user's file (its limit 0: none) lifted the limit before. The
+// process's own limit holds whatever the file says: the stricter of the two applies.
+TEST(Region, UntrustedFilesAreRefusedAndTheStricterLimitApplies) {
+  ASSERT_EQ(geteuid(), 0u) << "files of another user are made with chown, as root";
+  uint64_t none[1] = {0}, mine[1] = {1000};
+  char err[256] = "";
+  const std::string theirs = Path("theirs");
+  ASSERT_TRUE(CreateRegionFile(theirs.c_str(), none, 1, err, sizeof err)) << err;
+  ASSERT_EQ(chown(theirs.c_str(), 4242, 4242), 0);
+  EXPECT_EQ(Region::Attach(theirs.c_str(), mine, 1, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("belongs to another user: refused"), std::string::npos) << err;
+  const std::string link = Path("link");
+  const std::string target = Path("target");
+  ASSERT_TRUE(CreateRegionFile(target.c_str(), none, 1, err, sizeof err)) << err;
+  std::filesystem::create_symlink(target, link);
+  EXPECT_EQ(Region::Attach(link.c_str(), mine, 1, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("is a symlink: refused"), std::string::npos) << err;
+  // Root's own file, open to all (the node agent's, for containers of unknown users): trusted.
+  ASSERT_EQ(chmod(target.c_str(), 0666), 0);
+  Region* r = Region::Attach(target.c_str(), mine, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  EXPECT_EQ(r->Limit(0), 1000u) << "the file says none; the process's own 1000 holds";
+  EXPECT_FALSE(r->Reserve(0, 1001));
+  EXPECT_TRUE(r->Reserve(0, 1000));
+  const std::string strict = Path("strict");
+  uint64_t small[1] = {500};
+  ASSERT_TRUE(CreateRegionFile(strict.c_str(), small, 1, err, sizeof err)) << err;
+  Region* s = Region::Attach(strict.c_str(), mine, 1, err, sizeof err);
+  ASSERT_NE(s, nullptr) << err;
+  EXPECT_EQ(s->Limit(0), 500u) << "the file's stricter limit";
+}
+
 TEST(Region, RefusesAFileOfAnotherKind) {
   std::string path = Path("junk");
   FILE* f = fopen(path.c_str(), "w");
@@ -232,9 +265,9 @@ TEST(Region, CreatedAheadForAJobThatThenAttaches) {
   EXPECT_EQ(std::filesystem::file_size(path), sizeof(RegionData));
   ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err))
       << "an existing region is kept: " << err;
-  // The job attaches with other limits: the file's (the server's) hold, and no slot was taken
-  // ahead.
-  uint64_t other[1] = {1};
+  // The job attaches with a looser limit: the file's (the server's, stricter) holds, and no slot
+  // was taken ahead.
+  uint64_t other[1] = {8192};
   Region* r = Region::Attach(path.c_str(), other, 1, err, sizeof err);
   ASSERT_NE(r, nullptr) << err;
   EXPECT_EQ(r->Limit(0), 4096u);
