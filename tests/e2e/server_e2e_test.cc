@@ -894,7 +894,7 @@ TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
   EXPECT_TRUE(answered);
 }
 
-// Idle connections from the network (unauthenticated, from many addresses) fill only TCP's own
+// Idle connections from the network (unauthenticated: 1,008 from 16 addresses) fill only TCP's own
 // budget: the unix socket keeps answering its users (it failed 20 of 20 health checks when one
 // budget was shared). And a client that pipelines requests without reading the answers is closed
 // once a write has waited request_timeout_s, instead of holding its thread.
@@ -902,15 +902,15 @@ TEST(TesseraServer, TcpConnectionsCannotLockOutTheUnixSocketNorHoldWrites) {
   Daemon d("budgets", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
                           kToken +
                           ", user: nobody}\n"
-                          "listener: {max_connections: 8, max_tcp_connections: 16, "
-                          "max_connections_per_peer: 4, request_timeout_s: 0.5}\n");
+                          "listener: {max_connections: 8, max_tcp_connections: 256, "
+                          "max_connections_per_peer: 64, request_timeout_s: 0.5}\n");
   const std::string log = d.Log();
   const size_t at = log.find("tcp port ");
   ASSERT_NE(at, std::string::npos) << log;
   const int port = std::stoi(log.substr(at + 9));
   std::vector<int> idle;
-  for (int a = 2; a < 12; ++a) {  // 127.0.0.2 .. 127.0.0.11, 4 each: 40 tried, 16 kept
-    for (int i = 0; i < 4; ++i) {
+  for (int a = 2; a < 18; ++a) {  // 127.0.0.2 .. 127.0.0.17, 63 each: 1,008 tried, 256 kept
+    for (int i = 0; i < 63; ++i) {
       int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       sockaddr_in from{}, to{};
       from.sin_family = to.sin_family = AF_INET;
@@ -922,7 +922,7 @@ TEST(TesseraServer, TcpConnectionsCannotLockOutTheUnixSocketNorHoldWrites) {
       idle.push_back(fd);
     }
   }
-  // The TCP budget is full (a 17th is refused, saying so), the unix socket answers every time.
+  // The TCP budget is full (one more is refused, saying so), the unix socket answers every time.
   {
     HttpClient anonymous("tcp://127.0.0.1:" + std::to_string(port));
     auto refused = anonymous.Send("GET", "/v1/health");
@@ -937,13 +937,13 @@ TEST(TesseraServer, TcpConnectionsCannotLockOutTheUnixSocketNorHoldWrites) {
     EXPECT_EQ(r->status, 200) << r->body;
     if (i == 19) {
       std::printf(
-          "unix socket health check with 16 idle TCP connections: %.2f ms\n",
+          "unix socket health check with 1,008 idle TCP connections tried: %.2f ms\n",
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   for (int fd : idle) close(fd);
   // Pipelined requests never read: the server's writes fill the buffers and block; past
-  // request_timeout_s the connection is closed (its peer slot freed: 4 more connections fit).
+  // request_timeout_s the connection is closed (its slot in the socket's budget of 8 freed).
   int fd = RawConnect(d.socket());
   ASSERT_GE(fd, 0);
   std::string many;
@@ -955,8 +955,8 @@ TEST(TesseraServer, TcpConnectionsCannotLockOutTheUnixSocketNorHoldWrites) {
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!closed && std::chrono::steady_clock::now() < until) {
     std::vector<int> probes;
-    for (int i = 0; i < 3; ++i) probes.push_back(RawConnect(d.socket()));
-    auto r = HttpClient(d.socket()).Send("GET", "/v1/health");  // the 5th from this uid
+    for (int i = 0; i < 7; ++i) probes.push_back(RawConnect(d.socket()));
+    auto r = HttpClient(d.socket()).Send("GET", "/v1/health");  // the 9th on the socket
     closed = r.ok() && r->status == 200;
     for (int p : probes) close(p);
     if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
