@@ -167,6 +167,7 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.capped.store(config_.work_conserving ? 0 : 1);
   j.gang.store(config_.gang_mask);
   j.in_sync.store(0);
+  for (auto& p : j.sync_procs) p.store(0);
   j.eligible_us.store(0);
   j.busy_us.store(0);
   j.waits.store(0);
@@ -199,7 +200,10 @@ int Arbiter::Slot(int gpu) {
         // left - a synchronize it never returned from - is not this one's.
         const int32_t before = j.pid.load();
         const bool gone = ProcessStateOf(before) == 0;
-        if (before != me && j.pidns.load() == pidns_ && gone) j.in_sync.store(0);
+        if (before != me && j.pidns.load() == pidns_ && gone) {
+          j.in_sync.store(0);
+          for (auto& p : j.sync_procs) p.store(0);
+        }
         // A gang member claiming a GPU it does not launch on leaves a live launcher's pid there.
         if (launching || gone || j.pidns.load() != pidns_) {
           j.pid.store(me);
@@ -233,6 +237,24 @@ int Arbiter::Slot(int gpu) {
 uint64_t Arbiter::ActiveUntil(const ArbiterJob& j, uint64_t now) const {
   if (j.in_sync.load(std::memory_order_relaxed) > 0) return now;
   return std::min(now, j.last_launch_us.load(std::memory_order_relaxed) + config_.idle_us);
+}
+
+bool Arbiter::ReapSyncs(ArbiterJob& j) const {
+  if (pidns_ == 0 || j.pidns.load() != pidns_) return false;  // their pids mean nothing here
+  bool reaped = false;
+  for (auto& entry : j.sync_procs) {
+    uint64_t e = entry.load(std::memory_order_relaxed);
+    const int32_t pid = static_cast<int32_t>(e & 0xffffffffu);
+    if (pid <= 0 || ProcessStateOf(pid) != 0) continue;
+    if (entry.compare_exchange_strong(e, 0)) {  // one finder gives its count back
+      const int32_t n = static_cast<int32_t>(e >> 32);
+      int32_t cur = j.in_sync.load();
+      while (cur > 0 && !j.in_sync.compare_exchange_weak(cur, std::max(0, cur - n))) {
+      }
+      reaped = true;
+    }
+  }
+  return reaped;
 }
 
 char Arbiter::HolderState(const ArbiterJob& j) const {
@@ -362,7 +384,11 @@ bool Arbiter::TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& cou
     ArbiterJob& h = g.jobs[holder];
     bool idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
     // A holder inside a synchronize is not idle - unless its process is gone (killed in there:
-    // its count is given back) or stopped (SIGSTOP): then it loses the slice now.
+    // its count is given back) or stopped (SIGSTOP): then it loses the slice now. Another process
+    // of the job killed in there gives its count back too (ReapSyncs), which may leave none.
+    if (!idle && h.in_sync.load() > 0 && ReapSyncs(h)) {
+      idle = h.in_sync.load() <= 0 && now > h.last_launch_us.load() + config_.idle_us;
+    }
     if (!idle && h.in_sync.load() > 0) {
       const char state = HolderState(h);
       if (state == 0) {
@@ -403,7 +429,9 @@ bool Arbiter::KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, Dr
   ArbiterGpu& g = data_->gpus[gpu];
   ArbiterJob& me = g.jobs[self];
   // Charged up to the end of this job's activity: a holder that went idle is not charged its idle
-  // time. Then it keeps the GPU, hands it over or (capped, nobody eligible) lets it go.
+  // time (nor the time a process of it killed inside a synchronize would count as busy). Then it
+  // keeps the GPU, hands it over or (capped, nobody eligible) lets it go.
+  ReapSyncs(me);
   Charge(me, ActiveUntil(me, now), now);
   int next = PickNext(gpu, now, self, -1);
   if (next == self) {
@@ -535,7 +563,21 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
 
 void Arbiter::EnterSync(int gpu) {
   int self = Slot(gpu);
-  if (self >= 0) data_->gpus[gpu].jobs[self].in_sync.fetch_add(1, std::memory_order_relaxed);
+  if (self < 0) return;
+  ArbiterJob& j = data_->gpus[gpu].jobs[self];
+  j.in_sync.fetch_add(1, std::memory_order_relaxed);
+  // This process's entry counts its threads in there, so that its death in there can be told.
+  const uint64_t me = static_cast<uint32_t>(getpid());
+  for (auto& entry : j.sync_procs) {
+    uint64_t e = entry.load(std::memory_order_relaxed);
+    while ((e & 0xffffffffu) == me) {
+      if (entry.compare_exchange_weak(e, e + (uint64_t{1} << 32))) return;
+    }
+  }
+  for (auto& entry : j.sync_procs) {
+    uint64_t free = 0;
+    if (entry.compare_exchange_strong(free, (uint64_t{1} << 32) | me)) return;
+  }
 }
 
 void Arbiter::LeaveSync(int gpu) {
@@ -543,6 +585,14 @@ void Arbiter::LeaveSync(int gpu) {
   if (self < 0) return;
   ArbiterJob& j = data_->gpus[gpu].jobs[self];
   j.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+  const uint64_t me = static_cast<uint32_t>(getpid());
+  for (auto& entry : j.sync_procs) {
+    uint64_t e = entry.load(std::memory_order_relaxed);
+    while ((e & 0xffffffffu) == me) {
+      const uint64_t next = (e >> 32) <= 1 ? 0 : e - (uint64_t{1} << 32);
+      if (entry.compare_exchange_weak(e, next)) break;
+    }
+  }
   int32_t cur = j.in_sync.load();
   while (cur > 0 && !j.in_sync.compare_exchange_weak(cur, cur - 1)) {
   }

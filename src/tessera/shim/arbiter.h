@@ -30,9 +30,10 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
-inline constexpr uint32_t kArbiterVersion = 2;
-inline constexpr int kArbiterGpus = 16;  // physical GPUs of a machine
-inline constexpr int kArbiterJobs = 64;  // jobs per GPU
+inline constexpr uint32_t kArbiterVersion = 3;                    // 3: sync_pids
+inline constexpr int kArbiterGpus = 16;                           // physical GPUs of a machine
+inline constexpr int kArbiterJobs = 64;                           // jobs per GPU
+inline constexpr int kSyncPids = 4;  // processes of a job tracked inside a synchronize
 
 struct ArbiterJob {
   std::atomic<uint64_t> key;  // the job (0: a free slot)
@@ -57,6 +58,12 @@ struct ArbiterJob {
   // A job on several GPUs whose slices are granted together (gang time-slicing): the GPUs, one bit
   // each; 0: this GPU alone. (Zero in files written before gangs: the layout is unchanged.)
   std::atomic<uint32_t> gang;
+  // Processes of the job (in the pid namespace `pidns`) inside a synchronize: the pid in the low 32
+  // bits, how many of its threads are in there (counted in in_sync too) in the high 32; 0: a free
+  // entry. A process killed in there leaves its entry: whoever finds it gone gives its count back
+  // (beyond kSyncPids processes at once they are counted only, and only the time limits end a
+  // stale count).
+  std::atomic<uint64_t> sync_procs[kSyncPids];
 };
 
 struct ArbiterGpu {
@@ -139,6 +146,9 @@ class Arbiter {
   // The slot's process seen from here: 'R' running (or unknown: another pid namespace), 'T'
   // stopped, 0 gone.
   char HolderState(const ArbiterJob& j) const;
+  // Gives back the in_sync count of the job's processes that died inside a synchronize (listed in
+  // sync_pids, of this process's pid namespace). Returns whether any was.
+  bool ReapSyncs(ArbiterJob& j) const;
   void Granted(ArbiterGpu& g, int slot, uint64_t now);
   ArbiterData* data_;
   uint64_t key_;

@@ -161,6 +161,52 @@ TEST(Arbiter, AHolderKilledInsideASynchronizeLosesTheGpuWithinASlice) {
   unlink(path.c_str());
 }
 
+// A process of the holding job that is not the one the arbiter recorded, killed inside a
+// synchronize, gives back its count: the holder is idle again, the next job takes the GPU within a
+// slice (it waited out the 100 ms limit at every slice before), and the holder is not charged the
+// dead process's time.
+TEST(Arbiter, AnotherProcessOfTheHolderKilledInsideASynchronizeLeavesNoCount) {
+  const std::string path = TempFile("killed-other");
+  unlink(path.c_str());
+  char err[256];
+  std::unique_ptr<Arbiter> recorded(Arbiter::Attach(path.c_str(), 7, Fast(), err, sizeof err));
+  ASSERT_NE(recorded, nullptr) << err;
+  recorded->BeforeLaunch(0, nullptr);  // holds GPU 0, and is the pid the slot names
+  const int slot = recorded->Slot(0);
+  pid_t worker = HolderInSync(path, 7, /*take=*/false, /*stop=*/false);
+  ArbiterJob& job = recorded->data()->gpus[0].jobs[slot];
+  ASSERT_EQ(job.in_sync.load(), 1);
+  ASSERT_EQ(job.pid.load(), getpid()) << "the worker is not the recorded process";
+  kill(worker, SIGKILL);
+  waitpid(worker, nullptr, 0);
+  std::unique_ptr<Arbiter> other(Arbiter::Attach(path.c_str(), 2, Fast(), err, sizeof err));
+  ASSERT_NE(other, nullptr) << err;
+  EXPECT_LT(TakeTime(*other), Fast().slice_us);
+  EXPECT_EQ(job.in_sync.load(), 0);
+  for (const auto& e : job.sync_procs) EXPECT_EQ(e.load(), 0u);
+  unlink(path.c_str());
+}
+
+// Threads of one process in a synchronize are one entry with their count; leaving takes them off.
+TEST(Arbiter, ThreadsInASynchronizeAreCountedPerProcess) {
+  const std::string path = TempFile("threads-sync");
+  unlink(path.c_str());
+  char err[256];
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 9, Fast(), err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  a->EnterSync(0);
+  a->EnterSync(0);
+  const ArbiterJob& j = a->data()->gpus[0].jobs[a->Slot(0)];
+  EXPECT_EQ(j.in_sync.load(), 2);
+  EXPECT_EQ(j.sync_procs[0].load(), (uint64_t{2} << 32) | static_cast<uint32_t>(getpid()));
+  a->LeaveSync(0);
+  EXPECT_EQ(j.sync_procs[0].load(), (uint64_t{1} << 32) | static_cast<uint32_t>(getpid()));
+  a->LeaveSync(0);
+  EXPECT_EQ(j.in_sync.load(), 0);
+  EXPECT_EQ(j.sync_procs[0].load(), 0u);
+  unlink(path.c_str());
+}
+
 TEST(Arbiter, AStoppedHolderLosesTheGpuWithinASlice) {
   const std::string path = TempFile("stopped");
   unlink(path.c_str());
