@@ -693,6 +693,12 @@ int main(int argc, char** argv) {
         printf("captured %zu\n", reinterpret_cast<uintptr_t>(graph) - 1);
       else
         printf("capture failed: launch %d, end %d\n", rc, end);
+    } else if (c[0] == "capturebegin") {
+      // A capture begun on a side stream in MODE (0 global, 1 thread-local, 2 relaxed) and never
+      // ended, as a framework that leaves one open would; says only an error ("err N").
+      const CUresult rc = cuStreamBeginCapture_v2(reinterpret_cast<CUstream>(uintptr_t{2}),
+                                                  static_cast<CUstreamCaptureMode>(n(1)));
+      if (rc != CUDA_SUCCESS) printf("err %d\n", rc);
     } else if (c[0] == "routes") {
       // Every hooked call through every route (dlsym of its versioned and per-thread names, both
       // cuGetProcAddress versions with each flag) must give the library's hook - the library's

@@ -322,6 +322,17 @@ TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
 
 // A malformed pacing setting refuses CUDA in the process (a share that fails to parse would
 // otherwise mean 100%); each is said.
+// A capture left open on a side stream (relaxed mode: it forbids no synchronize) does not turn
+// pacing off for the process's other launches: the 30% tenant keeps about 30% (it got 50% when
+// any capture in the process let every launch through).
+TEST(Pacing, AnOpenCaptureOnASideStreamLeavesTheOtherLaunchesPaced) {
+  std::vector<double> us =
+      Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30%", std::string("capturebegin:2 ") + kSaturate},
+               {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate}});
+  ASSERT_GT(us[0] + us[1], 0.6 * kWindowUs) << "the GPU stays busy";
+  EXPECT_NEAR(100 * us[0] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
+}
+
 TEST(Pacing, MalformedSettingsAreSaidAndRefuseCuda) {
   const std::string arbiter = TempPath("arbiter-settings");
   Env env{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +

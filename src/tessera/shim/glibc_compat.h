@@ -28,6 +28,9 @@ __asm__(".symver dl_iterate_phdr,dl_iterate_phdr@" TESSERA_GLIBC_BASE);
 __asm__(".symver pthread_once,pthread_once@" TESSERA_GLIBC_BASE);
 #endif
 __asm__(".symver pthread_key_create,pthread_key_create@" TESSERA_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_rdlock,pthread_rwlock_rdlock@" TESSERA_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_wrlock,pthread_rwlock_wrlock@" TESSERA_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_unlock,pthread_rwlock_unlock@" TESSERA_GLIBC_BASE);
 #if defined(__x86_64__)
 __asm__(".symver dladdr1,dladdr1@GLIBC_2.3.3");
 #else
