@@ -693,6 +693,29 @@ int main(int argc, char** argv) {
         printf("captured %zu\n", reinterpret_cast<uintptr_t>(graph) - 1);
       else
         printf("capture failed: launch %d, end %d\n", rc, end);
+    } else if (c[0] == "capturerace") {
+      // N graphs recorded one after another in one thread (global mode, one kernel each) while
+      // another thread of the process launches kernels and never synchronizes itself: whatever
+      // synchronize meets a capture is the library's. "captures N invalidated M".
+      std::atomic<bool> done{false};
+      std::thread launcher([&] {
+        while (!done.load())
+          api.LaunchKernel(nullptr, 20, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+      });
+      CUstream stream = reinterpret_cast<CUstream>(uintptr_t{3});
+      size_t invalidated = 0;
+      for (size_t k = 0; k < n(1); ++k) {
+        if (cuStreamBeginCapture_v2(stream, 0) != CUDA_SUCCESS) {
+          ++invalidated;
+          continue;
+        }
+        api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr);
+        CUgraph graph = nullptr;
+        if (cuStreamEndCapture(stream, &graph) != CUDA_SUCCESS) ++invalidated;
+      }
+      done = true;
+      launcher.join();
+      printf("captures %zu invalidated %zu\n", static_cast<size_t>(n(1)), invalidated);
     } else if (c[0] == "capturebegin") {
       // A capture begun on a side stream in MODE (0 global, 1 thread-local, 2 relaxed) and never
       // ended, as a framework that leaves one open would; says only an error ("err N").
