@@ -314,6 +314,7 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
   };
   Region* r = new (std::nothrow) Region(d, fd);
   if (r == nullptr) return fail("out of memory");
+  r->ReleaseFormerImage();
   // The process's own limits (its environment) hold too: a region file that says less (0: none)
   // does not lift them; the stricter of the two applies.
   for (int i = 0; i < count && i < kMaxDevices; ++i) r->own_limit_[i] = limits[i];
@@ -369,6 +370,28 @@ bool Region::HasProcess(int pid) const {
     if (s.pid.load(std::memory_order_relaxed) == pid) return true;
   }
   return false;
+}
+
+void Region::ReleaseFormerImage() {
+  // A slot of this very process (its pid and start time) is the image it had before an exec():
+  // that image's GPU memory went with its CUDA context, so its charges are given back.
+  const int32_t me = static_cast<int32_t>(getpid());
+  const uint64_t start = ProcessStartTime(me);
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  for (ProcSlot& s : data_->procs) {
+    if (s.pid.load() != me || s.start_time.load() != start) continue;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      const uint64_t bytes = s.used[d].exchange(0);
+      if (bytes == 0) continue;
+      uint64_t cur = data_->used[d].load();
+      while (!data_->used[d].compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
+      }
+      data_->reclaimed_bytes.fetch_add(bytes);
+    }
+    s.start_time.store(0);
+    s.pid.store(0);
+  }
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
 }
 
 bool Region::ClaimSlot() {

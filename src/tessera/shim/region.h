@@ -84,6 +84,7 @@ class Region {
  private:
   Region(RegionData* data, int fd) : data_(data), fd_(fd) {}
   bool ClaimSlot();
+  void ReleaseFormerImage();
   bool TryReserve(int device, uint64_t bytes);
   void ReclaimDeadLocked();
   RegionData* data_;

@@ -197,6 +197,26 @@ TEST(Region, UntrustedFilesAreRefusedAndTheStricterLimitApplies) {
   EXPECT_EQ(s->Limit(0), 500u) << "the file's stricter limit";
 }
 
+// A process that exec()s keeps its pid and start time; its new image attaches again, and what the
+// old image held (gone with its CUDA context) is given back rather than charged for good (500 MiB
+// stayed charged before). Two attaches in one process stand for the two images.
+TEST(Region, AnImageAfterExecGivesBackWhatTheFormerImageHeld) {
+  const std::string path = Path("exec");
+  uint64_t limits[1] = {1000};
+  char err[128];
+  Region* before = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(before, nullptr) << err;
+  ASSERT_TRUE(before->Reserve(0, 500));
+  Region* after = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(after, nullptr) << err;
+  EXPECT_EQ(after->Used(0), 0u);
+  EXPECT_EQ(after->data()->reclaimed_bytes.load(), 500u);
+  EXPECT_TRUE(after->Reserve(0, 1000)) << "the whole limit is the new image's";
+  int mine = 0;
+  for (const ProcSlot& s : after->data()->procs) mine += s.pid.load() == getpid();
+  EXPECT_EQ(mine, 1) << "one slot for the process";
+}
+
 TEST(Region, RefusesAFileOfAnotherKind) {
   std::string path = Path("junk");
   FILE* f = fopen(path.c_str(), "w");
