@@ -206,6 +206,12 @@ TEST_F(AgentE2e, BadAllocateRequestsGetAClearErrorAndTheAgentKeepsServing) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("not tessera.io/gpu-share"));
   EXPECT_THAT(Log(), HasSubstr("refused: unknown device ID 'GPU-not-here'"));
+  // A 100 KB device ID (it killed the client's streams when echoed): refused, not echoed or logged.
+  const std::string huge(100 * 1024, 'G');
+  s = kubelet_->Allocate(kGpu, {{huge}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "a device ID of 102400 bytes, over 256");
+  EXPECT_EQ(Log().find(huge.substr(0, 1000)), std::string::npos) << "not in the log";
   // Still serving, and nothing was allocated by the refusals.
   s = kubelet_->Allocate(kGpu, {{Uuid(1)}}, &out);
   EXPECT_TRUE(s.ok()) << s.error_message();

@@ -19,6 +19,11 @@
 namespace tessera::agent {
 namespace {
 
+// What an Allocate may name (our IDs are UUIDs and share names of a few dozen characters; a node
+// has at most a few hundred shares).
+constexpr int kMaxDevicesPerRequest = 4096;
+constexpr size_t kMaxDeviceIdLength = 256;
+
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   // absl's canonical codes are gRPC's, number for number.
@@ -93,6 +98,24 @@ class Service final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
                         v1beta1::AllocateResponse* out) override {
+    // Device IDs are ours (a GPU's UUID, a share's name): anything far longer or more numerous is
+    // no request of the kubelet's, and is refused without being logged or echoed whole.
+    for (const auto& c : req->container_requests()) {
+      if (c.devices_ids_size() > kMaxDevicesPerRequest) {
+        ++counters_.allocation_errors;
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            fmt::format("{} device IDs in one container request, over {}",
+                                        c.devices_ids_size(), kMaxDevicesPerRequest));
+      }
+      for (const std::string& id : c.devices_ids()) {
+        if (id.size() > kMaxDeviceIdLength) {
+          ++counters_.allocation_errors;
+          return grpc::Status(
+              grpc::StatusCode::INVALID_ARGUMENT,
+              fmt::format("a device ID of {} bytes, over {}", id.size(), kMaxDeviceIdLength));
+        }
+      }
+    }
     int count =
         req->container_requests_size() > 0 ? req->container_requests(0).devices_ids_size() : 0;
     std::optional<PodHint> hint = hint_ ? hint_(r_, count) : std::nullopt;

@@ -97,6 +97,10 @@ std::optional<int64_t> ParseQuantity(std::string_view text, double scale) {
 absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
   std::string name = StringAt(node, {"metadata", "name"});
   if (name.empty()) return absl::InvalidArgumentError("node: metadata.name is missing");
+  if (name.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(fmt::format(
+        "node: metadata.name is {} characters, over Kubernetes' {}", name.size(), kMaxNameLength));
+  }
   NodeGpusInfo out;
   out.spec.name = name;
   std::string where = "node " + name;
@@ -140,6 +144,14 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
   std::string name = StringAt(pod, {"metadata", "name"});
   std::string ns = StringAt(pod, {"metadata", "namespace"});
   if (name.empty()) return absl::InvalidArgumentError("pod: metadata.name is missing");
+  // Names as Kubernetes bounds them (a DNS subdomain, a namespace a DNS label): nothing longer
+  // reaches a log, an answer or the model (a 60 MiB name was echoed and logged whole).
+  if (name.size() > kMaxNameLength || ns.size() > 63) {
+    return absl::InvalidArgumentError(fmt::format(
+        "pod: metadata.name ({} characters) or metadata.namespace ({}) over Kubernetes' bounds "
+        "(253, 63)",
+        name.size(), ns.size()));
+  }
   if (ns.empty()) ns = "default";
   const std::string where = "pod " + ns + "/" + name;
   auto bad = [&](const std::string& what) {

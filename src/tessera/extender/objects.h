@@ -18,6 +18,9 @@
 
 namespace tessera::extender {
 
+// The longest object name Kubernetes accepts (a DNS subdomain, RFC 1123).
+inline constexpr size_t kMaxNameLength = 253;
+
 // A Kubernetes resource quantity ("500m", "2", "1.5Gi", "16G", "1e3") scaled by `scale` and
 // rounded up: Quantity("500m", 1000) = 500 (milli), Quantity("1Gi", 1.0 / (1 << 20)) = 1024 (MiB).
 // nullopt when malformed, negative or out of range.

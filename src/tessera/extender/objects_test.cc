@@ -106,6 +106,21 @@ TEST(PodDemandOf, WholeGpusAcrossContainersAndAnnotations) {
   EXPECT_EQ(d->containers[1].count, 1);
 }
 
+// Names past Kubernetes' bounds are refused, and the refusal does not echo them.
+TEST(PodDemandOf, ANameOverKubernetesBoundsIsRefusedWithoutEchoingIt) {
+  json pod = Pod({Container("a", "tessera.io/gpu", 1)});
+  pod["metadata"]["name"] = std::string(1 << 20, 'x');
+  auto d = PodDemandOf(pod, 10);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(d.status().message().size(), 200u) << "the name is not in the message";
+  EXPECT_NE(std::string(d.status().message()).find("1048576 characters"), std::string::npos);
+  pod["metadata"]["name"] = std::string(253, 'x');
+  EXPECT_TRUE(PodDemandOf(pod, 10).ok()) << "253 characters is a valid name";
+  pod["metadata"]["namespace"] = std::string(64, 'n');
+  EXPECT_FALSE(PodDemandOf(pod, 10).ok());
+}
+
 TEST(PodDemandOf, AShareWithMemory) {
   auto d = PodDemandOf(
       Pod({Container("nb", "tessera.io/gpu-share", 3)}, {{"tessera.io/gpu-memory", "10Gi"}}), 10);
