@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -390,7 +392,11 @@ std::unique_ptr<Cgroups> Cgroups::Open(const CgroupOptions& o) {
   for (const Hierarchy& h : c->hierarchies_) {
     const int fd = open(h.base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) continue;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    // (A killed server's child may hold it for a moment, as with the state folder's lock.)
+    bool locked = false;
+    for (int i = 0; i < 30 && !(locked = flock(fd, LOCK_EX | LOCK_NB) == 0); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!locked) {
       close(fd);
       c->busy_ = fmt::format("{} is in use by another tessera server", h.base);
       break;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -100,7 +101,12 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     if (lock < 0)
       return absl::FailedPreconditionError(
           fmt::format("cannot open {}: {}", lock_path, strerror(errno)));
-    if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    // A server killed while forking a job leaves the lock in that child for a moment (until the
+    // child closes what it inherited): a few seconds are waited out, a live server's lock is not.
+    bool locked = false;
+    for (int i = 0; i < 30 && !(locked = flock(lock, LOCK_EX | LOCK_NB) == 0); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!locked) {
       char holder[32] = {};
       const ssize_t n = pread(lock, holder, sizeof holder - 1, 0);
       std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
