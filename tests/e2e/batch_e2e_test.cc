@@ -363,6 +363,19 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   EXPECT_THAT(Cli(d, "acct --by model -o csv"),
               HasSubstr("model,jobs,succeeded,failed,cancelled,running,gpu_hours,"));
   EXPECT_THAT(Cli(d, "acct --since 2026-13-01"), HasSubstr("--since 2026-13-01: expected"));
+  // Per job, like sacct: the columns asked, everyone's for an admin, one's own for a user.
+  const std::string jobs = Cli(d, "acct --jobs --format id,user,state,exit,gpus -o csv");
+  EXPECT_THAT(jobs, HasSubstr("id,user,state,exit,gpus\n")) << jobs;
+  EXPECT_THAT(jobs, HasSubstr("\n1,root,succeeded,0,1\n")) << jobs;
+  EXPECT_THAT(jobs, HasSubstr("\n2,nobody,succeeded,0,1\n")) << jobs;
+  json own = json::parse(As(d, "nobody", "acct --jobs -o json").out);
+  ASSERT_EQ(own.size(), 1u) << own.dump();
+  EXPECT_EQ(own[0]["user"], "nobody");
+  EXPECT_EQ(own[0]["state"], "succeeded");
+  EXPECT_GT(own[0]["elapsed"].get<double>(), 0.4);
+  auto bad = As(d, "nobody", "acct --jobs --format id,bogus");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("--format: unknown field 'bogus'"));
   auto metrics = tessera::server::HttpClient(d.socket()).Send("GET", "/metrics");
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(metrics->body,

@@ -229,7 +229,9 @@ struct State {
   // acct
   std::string since = "7d", until = "now", by = "user", acct_user;
   bool follow = false, stderr_stream = false, once = false;
-  bool force = false;  // cancel --force
+  bool force = false;      // cancel --force
+  bool acct_jobs = false;  // acct --jobs
+  std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";
   double interval = 1;
 };
 
@@ -649,6 +651,145 @@ std::optional<double> ParseWhen(const std::string& text, double now) {
 }
 
 // `tessera acct`: GPU-hours, jobs, waits and failures over a period, per user, group or model.
+// `acct --jobs`: one line per job that ended in the period or ran in it, like sacct, with the
+// columns --format names.
+int AcctJobs(State& s, server::HttpClient& c, const json& acct, double since, double until,
+             std::ostream& out, std::ostream& err) {
+  static const std::vector<std::string> kFields = {
+      "id",      "name", "user", "state",    "submit",  "start", "end",
+      "elapsed", "wait", "gpus", "gpu_util", "gpu_mem", "exit",  "reason"};
+  std::vector<std::string> fields;
+  for (size_t at = 0; at <= s.acct_format.size();) {
+    const size_t comma = s.acct_format.find(',', at);
+    std::string f = s.acct_format.substr(at, comma == std::string::npos ? comma : comma - at);
+    for (char& ch : f) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (std::find(kFields.begin(), kFields.end(), f) == kFields.end()) {
+      err << "tessera: --format: unknown field '" << f << "' ("
+          << fmt::format("{}", fmt::join(kFields, ", ")) << ")\n";
+      return kExitBadInput;
+    }
+    fields.push_back(f);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  // Whose: --user, else every user's for an admin (as the summary's scope says), else your own.
+  std::string user = s.acct_user;
+  if (user.empty() && acct.value("scope", "") != "every user's jobs") {
+    const std::string scope = acct.value("scope", "");
+    user = scope.substr(0, scope.rfind("'s jobs"));
+  }
+  int code = kExitOk;
+  std::string target = "/v1/jobs?arrays=expand";
+  if (!user.empty()) target += "&user=" + user;
+  auto r = Call(c, "GET", target, "", err, &code);
+  if (!r) return code;
+  auto number = [](const json& j, const char* k) {
+    return j.contains(k) && j[k].is_number() ? std::optional<double>(j[k].get<double>())
+                                             : std::nullopt;
+  };
+  auto clock = [](double seconds) {
+    const long long t = static_cast<long long>(std::llround(seconds));
+    return t >= 86400
+               ? fmt::format("{}-{:02}:{:02}:{:02}", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60)
+               : fmt::format("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+  };
+  auto at = [](std::optional<double> t) {
+    if (!t) return std::string("-");
+    std::time_t v = static_cast<std::time_t>(*t);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", std::localtime(&v));
+    return std::string(buf);
+  };
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  json rows = json::array();
+  std::vector<std::vector<std::string>> cells;
+  for (const json& j : (*r)["jobs"]) {
+    const auto started = number(j, "started_at"), ended = number(j, "ended_at");
+    const bool in_period = ended
+                               ? *ended >= since && *ended <= until
+                               : started && *started <= until && j.value("state", "") == "running";
+    if (!in_period) continue;
+    json row;
+    std::vector<std::string> line;
+    for (const std::string& f : fields) {
+      json v;
+      std::string text;
+      if (f == "id") {
+        v = JobRef(j), text = v.get<std::string>();
+      } else if (f == "name") {
+        v = j.value("name", ""), text = v.get<std::string>();
+      } else if (f == "user") {
+        v = j.value("owner", ""), text = v.get<std::string>();
+      } else if (f == "state") {
+        v = j.value("state", ""), text = v.get<std::string>();
+      } else if (f == "submit" || f == "start" || f == "end") {
+        const auto t = number(j, f == "submit"  ? "submitted_at"
+                                 : f == "start" ? "started_at"
+                                                : "ended_at");
+        v = t ? json(*t) : json(nullptr), text = at(t);
+      } else if (f == "elapsed") {
+        const double e = started ? (ended ? *ended : now) - *started : 0;
+        v = e, text = clock(e);
+      } else if (f == "wait") {
+        const auto sub = number(j, "submitted_at");
+        const double w = sub ? (started ? *started : ended ? *ended : now) - *sub : 0;
+        v = w, text = clock(std::max(0.0, w));
+      } else if (f == "gpus") {
+        const json& p = j.value("placement", json());
+        v = p.is_object() && p.contains("gpus") ? p["gpus"].size() : 0;
+        text = std::to_string(v.get<size_t>());
+      } else if (f == "gpu_util" || f == "gpu_mem") {
+        const json& u = j.value("usage", json());
+        const char* k = f == "gpu_util" ? "gpu_utilization_pct" : "gpu_peak_memory_mib";
+        const auto x = u.is_object() ? number(u, k) : std::nullopt;
+        v = x ? json(*x) : json(nullptr);
+        text = !x                ? "-"
+               : f == "gpu_util" ? fmt::format("{:.0f}%", *x)
+                                 : fmt::format("{:.0f}MiB", *x);
+      } else if (f == "exit") {
+        const auto x = number(j, "exit_code");
+        v = x ? json(static_cast<int>(*x)) : json(nullptr),
+        text = x ? std::to_string(static_cast<int>(*x)) : "-";
+      } else {
+        v = j.value("reason", ""), text = v.get<std::string>();
+      }
+      row[f] = v;
+      line.push_back(text);
+    }
+    rows.push_back(row);
+    cells.push_back(line);
+  }
+  if (s.client.output == "json" || s.client.output == "yaml") {
+    Emit(rows, s.client.output, out);
+  } else if (s.client.output == "csv") {
+    for (size_t i = 0; i < fields.size(); ++i) out << (i ? "," : "") << fields[i];
+    out << "\n";
+    for (const auto& line : cells) {
+      for (size_t i = 0; i < line.size(); ++i) {
+        std::string v = line[i];
+        if (v.find_first_of(",\"\n") != std::string::npos) {
+          std::string q = "\"";
+          for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+          v = q + "\"";
+        }
+        out << (i ? "," : "") << v;
+      }
+      out << "\n";
+    }
+  } else {
+    std::vector<std::string> header;
+    for (std::string f : fields) {
+      for (char& ch : f) ch = ch == '_' ? ' ' : static_cast<char>(std::toupper(ch));
+      header.push_back(f);
+    }
+    Table t(header);
+    for (auto& line : cells) t.AddRow(line);
+    t.Print(out);
+  }
+  return kExitOk;
+}
+
 int RunAcct(State& s, std::ostream& out, std::ostream& err) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -670,8 +811,9 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
   int code = kExitOk;
   std::string target = fmt::format("/v1/acct?since={:.3f}&until={:.3f}", *since, *until);
   if (!s.acct_user.empty()) target += "&user=" + s.acct_user;
-  auto r = Call(c, "GET", target, "", err, &code);
+  auto r = Call(c, "GET", target, "", err, &code);  // also who may see whose accounting
   if (!r) return code;
+  if (s.acct_jobs) return AcctJobs(s, c, *r, *since, *until, out, err);
   const json& lines = (*r)["by_" + s.by];
   if (s.client.output == "json" || s.client.output == "yaml") {
     Emit(*r, s.client.output, out);
@@ -1076,6 +1218,12 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
       ->check(CLI::IsMember({"user", "group", "model"}));
   acct->add_option("--user", st.acct_user,
                    "Only this user's jobs (yours are all you see unless you are an admin)");
+  acct->add_flag("--jobs", st.acct_jobs,
+                 "One line per job that ended (or ran) in the period, like sacct, instead of sums");
+  acct->add_option("--format", st.acct_format,
+                   "With --jobs: the columns, from id,name,user,state,submit,start,end,elapsed,"
+                   "wait,gpus,gpu_util,gpu_mem,exit,reason")
+      ->capture_default_str();
   acct->add_option("--socket", st.client.socket, "Server to talk to (as for the other commands)");
   acct->add_option("--token", st.client.token, "Bearer token for an https:// or tcp:// server");
   acct->add_option("--ca-cert", st.client.ca_cert, "CA certificate for an https:// server");

@@ -349,12 +349,21 @@ void Arbiter::Want(int gpu, int self, uint64_t now, bool& counted) {
   ArbiterGpu& g = data_->gpus[gpu];
   ArbiterJob& me = g.jobs[self];
   // A job back from idling banks no credit: it comes back level with the least-served job that
-  // used or wanted the GPU lately. Nor does any job fall further behind them than two of its
-  // slices, however it got there (as CFS bounds a waking task's lag): a process stopped (SIGSTOP,
-  // a cgroup freeze) while it held or waited for the GPU wanted nothing while stopped, and came
-  // back owed the whole stop - it took the GPU for about as long as it had been stopped.
+  // used or wanted the GPU lately. Nor does a job back from being away fall further behind them
+  // than two of its slices (as CFS bounds a waking task's lag): a process stopped (SIGSTOP, a
+  // cgroup freeze) while it held or waited for the GPU wanted nothing while stopped, and came back
+  // owed the whole stop - it took the GPU for about as long as it had been stopped.
   const bool idle =
       !counted && now > std::max(me.want_us.load(), me.last_launch_us.load()) + kActiveUs;
+  // Away: it has not waited for the GPU lately (stopped, frozen, or it held the GPU; a job that
+  // held it was charged for it and is not behind). A waiter merely descheduled for a moment on a
+  // busy machine is not away, and keeps what it is owed.
+  const bool away = now > me.want_us.load() + kRecentUs;
+  if (!idle && !away) {
+    me.want_us.store(now);
+    if (!counted) me.waits.fetch_add(1, std::memory_order_relaxed), counted = true;
+    return;
+  }
   uint64_t least = UINT64_MAX;
   for (int i = 0; i < kArbiterJobs; ++i) {
     const ArbiterJob& o = g.jobs[i];
