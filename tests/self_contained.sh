@@ -5,14 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bad=0
-# Code, scripts, build files and the README (docs/ may name the developers' folder as an aside).
+# Every tracked file but the traces' data and this script: code, scripts, build files, the README
+# and the docs. A path upwards into a sibling `shared/`, or a file of that folder named as a source
+# (its reference/ and traces/, ARCHITECTURE.md, CONVENTIONS.md), is something a clone lacks.
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  mapfile -t files < <(git ls-files -co --exclude-standard | grep -vE '^(docs/|traces/|tests/self_contained\.sh$)')
+  mapfile -t files < <(git ls-files -co --exclude-standard | grep -vE '^(traces/openb/|tests/self_contained\.sh$)')
 else
-  mapfile -t files < <(find src tests bench scripts web/src web/test .ci CMakeLists.txt README.md -type f \
-    -not -path '*/node_modules/*' -not -name self_contained.sh)
+  mapfile -t files < <(find src tests bench scripts docs web/src web/test .ci CMakeLists.txt README.md \
+    -type f -not -path '*/node_modules/*' -not -name self_contained.sh)
 fi
-if hits=$(grep -nE '\.\./shared/' "${files[@]}" 2>/dev/null); then
+if hits=$(grep -nE '\.\./shared/|(^|[^a-z_])shared/(reference|traces|ARCHITECTURE|CONVENTIONS)' \
+    "${files[@]}" 2>/dev/null); then
   echo "self-contained: these read a folder outside the checkout:"
   echo "$hits"
   bad=1

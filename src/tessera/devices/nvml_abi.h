@@ -1,7 +1,7 @@
 #pragma once
-// Our own declarations of the subset of the NVML C ABI that Tessera calls (see
-// shared/reference/nvml.md). No NVIDIA header is needed to build: symbols are resolved with dlsym
-// at run time. Field order is ABI.
+// Our own declarations of the subset of the NVML C ABI that Tessera calls (names, values and field
+// order as NVIDIA's nvml.h and its API reference give them). No NVIDIA header is needed to build:
+// symbols are resolved with dlsym at run time. Field order is ABI.
 
 #include <cstdint>
 
