@@ -90,6 +90,22 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
+std::string CsvRow(const std::vector<std::string>& cells) {
+  std::string line;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (i) line += ',';
+    const std::string& v = cells[i];
+    if (v.find_first_of(",\"\n") == std::string::npos) {
+      line += v;
+      continue;
+    }
+    line += '"';
+    for (char ch : v) line += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    line += '"';
+  }
+  return line + "\n";
+}
+
 void Table::Print(std::ostream& out) const {
   std::vector<size_t> width(header_.size(), 0);
   auto measure = [&](const std::vector<std::string>& row) {

@@ -23,6 +23,10 @@ void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ost
 // terminal, are shown visibly as \xNN (\t, \n, \r as such); the rest, UTF-8 included, as it is.
 std::string Printable(std::string_view text);
 
+// One CSV line (RFC 4180): the cells joined by commas, each quoted when it holds a comma, a quote
+// or a newline; ends with "\n".
+std::string CsvRow(const std::vector<std::string>& cells);
+
 // Rows of cells printed under a header, columns padded to the widest cell, two spaces apart; every
 // cell made Printable.
 class Table {

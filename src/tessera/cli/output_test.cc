@@ -56,6 +56,12 @@ TEST(Output, TablesShowControlCharactersVisibly) {
   EXPECT_EQ(out.str().find('\x1b'), std::string::npos);
 }
 
+TEST(Output, CsvRowQuotesWhatNeedsIt) {
+  EXPECT_EQ(CsvRow({"a", "b c", ""}), "a,b c,\n");
+  EXPECT_EQ(CsvRow({"x,y", "say \"hi\"", "two\nlines"}),
+            "\"x,y\",\"say \"\"hi\"\"\",\"two\nlines\"\n");
+}
+
 TEST(Output, ParseFormat) {
   EXPECT_EQ(ParseFormat("json"), Format::kJson);
   EXPECT_EQ(ParseFormat("JSON"), std::nullopt);

@@ -763,20 +763,8 @@ int AcctJobs(State& s, server::HttpClient& c, const json& acct, double since, do
   if (s.client.output == "json" || s.client.output == "yaml") {
     Emit(rows, s.client.output, out);
   } else if (s.client.output == "csv") {
-    for (size_t i = 0; i < fields.size(); ++i) out << (i ? "," : "") << fields[i];
-    out << "\n";
-    for (const auto& line : cells) {
-      for (size_t i = 0; i < line.size(); ++i) {
-        std::string v = line[i];
-        if (v.find_first_of(",\"\n") != std::string::npos) {
-          std::string q = "\"";
-          for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-          v = q + "\"";
-        }
-        out << (i ? "," : "") << v;
-      }
-      out << "\n";
-    }
+    out << CsvRow(fields);
+    for (const auto& line : cells) out << CsvRow(line);
   } else {
     std::vector<std::string> header;
     for (std::string f : fields) {
@@ -850,18 +838,6 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
                                     fmt::format(fmt::runtime(secs), l.value("max_wait_s", 0.0))};
   };
   if (csv_out) {
-    auto csv = [&](const std::vector<std::string>& cells) {
-      for (size_t i = 0; i < cells.size(); ++i) {
-        std::string v = cells[i];
-        if (v.find_first_of(",\"\n") != std::string::npos) {
-          std::string q = "\"";
-          for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-          v = q + "\"";
-        }
-        out << (i ? "," : "") << v;
-      }
-      out << "\n";
-    };
     std::vector<std::string> h = header;
     for (std::string& x : h) {
       for (char& ch : x) ch = ch == ' ' || ch == '-' ? '_' : static_cast<char>(std::tolower(ch));
@@ -871,8 +847,8 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
     h[8] = "fractional_gpu_hours";
     h[10] = "mean_wait_s";
     h[11] = "max_wait_s";
-    csv(h);
-    for (const json& l : lines) csv(row(l));
+    out << CsvRow(h);
+    for (const json& l : lines) out << CsvRow(row(l));
     return kExitOk;
   }
   auto when = [](double t) {
