@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstddef>
-#include <memory>
-
 #include "fmt/format.h"
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
@@ -154,10 +151,8 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
 bool ReadRegion(const std::string& path, std::vector<uint64_t>* used,
                 std::vector<uint64_t>* limit) {
   // A pod's file: copied, never mapped (the pod can truncate it), and only the head.
-  auto d = std::make_unique<shim::RegionData>();
-  if (!shim::ReadSharedFile(path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic,
-                            shim::kRegionVersion, d.get(), offsetof(shim::RegionData, procs)))
-    return false;
+  const auto d = shim::ReadRegionHead(path.c_str());
+  if (d == nullptr) return false;
   const bool ok = d->device_count <= shim::kMaxDevices;
   if (ok) {
     used->clear();

@@ -2,9 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstddef>
-#include <memory>
-
 #include "fmt/format.h"
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
@@ -34,9 +31,8 @@ RegionMemory ReadRegionMemory(const std::string& path) {
   RegionMemory out;
   // The job's own file: copied, never mapped (a job truncating it would fault a mapping's reader),
   // and only the head, where the totals are.
-  auto d = std::make_unique<shim::RegionData>();
-  if (!shim::ReadSharedFile(path.c_str(), sizeof(shim::RegionData), shim::kRegionMagic,
-                            shim::kRegionVersion, d.get(), offsetof(shim::RegionData, procs))) {
+  const auto d = shim::ReadRegionHead(path.c_str());
+  if (d == nullptr) {
     out.readable = false;
     return out;
   }

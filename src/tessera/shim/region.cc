@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <new>
 
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
@@ -272,6 +273,15 @@ bool ReadSharedAt(int fd, void* out, size_t len, size_t offset) {
   return true;
 }
 
+std::unique_ptr<RegionData> ReadRegionHead(const char* path) {
+  std::unique_ptr<RegionData> d(new (std::nothrow) RegionData());
+  if (d == nullptr || !ReadSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion,
+                                      d.get(), offsetof(RegionData, procs))) {
+    return nullptr;
+  }
+  return d;
+}
+
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
                     size_t len, size_t offset) {
   const int fd = OpenSharedFile(path, size, magic, version);
@@ -379,19 +389,22 @@ void Region::ReleaseFormerImage() {
   const uint64_t start = ProcessStartTime(me);
   if (fd_ >= 0) flock(fd_, LOCK_EX);
   for (ProcSlot& s : data_->procs) {
-    if (s.pid.load() != me || s.start_time.load() != start) continue;
-    for (int d = 0; d < kMaxDevices; ++d) {
-      const uint64_t bytes = s.used[d].exchange(0);
-      if (bytes == 0) continue;
-      uint64_t cur = data_->used[d].load();
-      while (!data_->used[d].compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
-      }
-      data_->reclaimed_bytes.fetch_add(bytes);
-    }
-    s.start_time.store(0);
-    s.pid.store(0);
+    if (s.pid.load() == me && s.start_time.load() == start) FreeSlot(s);
   }
   if (fd_ >= 0) flock(fd_, LOCK_UN);
+}
+
+void Region::FreeSlot(ProcSlot& s) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    const uint64_t bytes = s.used[d].exchange(0);
+    if (bytes == 0) continue;
+    uint64_t cur = data_->used[d].load();
+    while (!data_->used[d].compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
+    }
+    data_->reclaimed_bytes.fetch_add(bytes);
+  }
+  s.start_time.store(0);
+  s.pid.store(0);
 }
 
 bool Region::ClaimSlot() {
@@ -414,16 +427,7 @@ bool Region::ClaimSlot() {
 void Region::ReclaimDeadLocked() {
   for (ProcSlot& s : data_->procs) {
     if (s.pid.load() == 0 || Alive(s)) continue;
-    for (int d = 0; d < kMaxDevices; ++d) {
-      uint64_t bytes = s.used[d].exchange(0);
-      if (bytes == 0) continue;
-      uint64_t cur = data_->used[d].load();
-      while (!data_->used[d].compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
-      }
-      data_->reclaimed_bytes.fetch_add(bytes);
-    }
-    s.start_time.store(0);
-    s.pid.store(0);
+    FreeSlot(s);
     ++reclaimed_slots_;
   }
 }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace tessera::shim {
 
@@ -85,6 +86,9 @@ class Region {
   Region(RegionData* data, int fd) : data_(data), fd_(fd) {}
   bool ClaimSlot();
   void ReleaseFormerImage();
+  // Gives back what slot `s` holds (never taking the totals below zero) and frees it; under the
+  // file lock.
+  void FreeSlot(ProcSlot& s);
   bool TryReserve(int device, uint64_t bytes);
   void ReclaimDeadLocked();
   RegionData* data_;
@@ -127,6 +131,10 @@ bool ReadSharedAt(int fd, void* out, size_t len, size_t offset);
 // OpenSharedFile, one ReadSharedAt of `len` bytes at `offset`, close: false when either fails.
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
                     size_t len, size_t offset = 0);
+// The head of the region file at `path` (its limits, totals and peaks: all but the process slots,
+// which stay zero), read with ReadSharedFile; null when it is not a region of this version (any
+// more). What the server and the agent read of a job's or pod's usage.
+std::unique_ptr<RegionData> ReadRegionHead(const char* path);
 
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks
 // since boot); false if there is no such process.
