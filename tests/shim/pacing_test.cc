@@ -297,21 +297,30 @@ INSTANTIATE_TEST_SUITE_P(Tenants, PacingTenants,
                                            std::vector<int>{5, 5, 10, 10, 10, 15, 15, 20}),
                          [](const auto& info) { return std::to_string(info.param.size()); });
 
-TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
-  // A higher-priority job is around, so the lower one drains its queue before every launch; were
-  // it to do so while recording a CUDA graph (PyTorch's global capture mode), the capture would be
-  // invalidated. Launches being recorded are not run: the library lets them through.
-  std::string arbiter = TempPath("arbiter-capture");
-  std::string clock = TempPath("clock-capture");
+// What a low-priority job running `low_work` printed beside a higher-priority job running
+// `high_work`, both on a fresh arbiter and virtual GPU of their own (`tag`): the low job drains its
+// queue before every launch while the high one is around.
+std::string BesideAHigherPriorityJob(const std::string& tag, const std::string& high_work,
+                                     const std::string& low_work) {
+  const std::string arbiter = TempPath("arbiter-" + tag), clock = TempPath("clock-" + tag);
   std::filesystem::remove(arbiter);
   std::filesystem::remove(clock);
   Env env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter};
   Env high = env, low = env;
   high.extra += " TESSERA_JOB_ID=high TESSERA_CUDA_PRIORITY=10";
   low.extra += " TESSERA_JOB_ID=low TESSERA_CUDA_PRIORITY=0";
-  Running h = Spawn("exec " + Command(high, "link", "work:1500:500:2:2000:0:0"));
-  const std::string out = RunClient(low, "link", "work:400:500:2:0:0:0 capture:500:20 2>&1");
+  Running h = Spawn("exec " + Command(high, "link", high_work));
+  const std::string out = RunClient(low, "link", low_work + " 2>&1");
   h.Output();
+  return out;
+}
+
+TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
+  // A higher-priority job is around, so the lower one drains its queue before every launch; were
+  // it to do so while recording a CUDA graph (PyTorch's global capture mode), the capture would be
+  // invalidated. Launches being recorded are not run: the library lets them through.
+  const std::string out = BesideAHigherPriorityJob("capture", "work:1500:500:2:2000:0:0",
+                                                   "work:400:500:2:0:0:0 capture:500:20");
   EXPECT_THAT(out, ::testing::HasSubstr("captured 20")) << out;
   // What the test relies on: the fake driver, like the real one, invalidates a capture that a
   // synchronize in the process meets.
@@ -320,8 +329,6 @@ TEST(Pacing, AGraphCapturedUnderContentionSurvives) {
             "capture failed: launch 0, end 901\n");
 }
 
-// A malformed pacing setting refuses CUDA in the process (a share that fails to parse would
-// otherwise mean 100%); each is said.
 // A capture left open on a side stream (relaxed mode: it forbids no synchronize) does not turn
 // pacing off for the process's other launches: the 30% tenant keeps about 30% (it got 50% when
 // any capture in the process let every launch through).
@@ -338,20 +345,13 @@ TEST(Pacing, AnOpenCaptureOnASideStreamLeavesTheOtherLaunchesPaced) {
 // drains before its launches). None is invalidated (the drain's check and its synchronize raced a
 // capture's begin before: 1,277 of 17.2 M).
 TEST(Pacing, NoCaptureIsInvalidatedByTheLibrarysDrain) {
-  std::string arbiter = TempPath("arbiter-capture-race");
-  std::string clock = TempPath("clock-capture-race");
-  std::filesystem::remove(arbiter);
-  std::filesystem::remove(clock);
-  Env env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter};
-  Env high = env, low = env;
-  high.extra += " TESSERA_JOB_ID=high TESSERA_CUDA_PRIORITY=10";
-  low.extra += " TESSERA_JOB_ID=low TESSERA_CUDA_PRIORITY=0";
-  Running h = Spawn("exec " + Command(high, "link", "work:4000:200:2:100:0:0"));
-  const std::string out = RunClient(low, "link", "capturerace:200000 2>&1");
-  h.Output();
-  EXPECT_EQ(out, "captures 200000 invalidated 0\n");
+  EXPECT_EQ(
+      BesideAHigherPriorityJob("capture-race", "work:4000:200:2:100:0:0", "capturerace:200000"),
+      "captures 200000 invalidated 0\n");
 }
 
+// A malformed pacing setting refuses CUDA in the process (a share that fails to parse would
+// otherwise mean 100%); each is said.
 TEST(Pacing, MalformedSettingsAreSaidAndRefuseCuda) {
   const std::string arbiter = TempPath("arbiter-settings");
   Env env{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +

@@ -114,18 +114,25 @@ TEST(Region, ThreadsRacingNeverExceedTheLimit) {
   EXPECT_EQ(r->Peak(0), r->Used(0)) << "the peak follows every racing reservation";
 }
 
-TEST(Region, DeadProcessMemoryIsReclaimedWhenNeeded) {
-  std::string path = Path("dead");
-  uint64_t limits[1] = {1000};
+// A child process attaches to the region at `path` (limit 1000 on device 0), reserves `bytes` and
+// exits holding them; its exit status (0: it did).
+int ExitHolding(const std::string& path, uint64_t bytes) {
   pid_t child = fork();
   if (child == 0) {
+    uint64_t limits[1] = {1000};
     char err[128];
     Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
-    _exit(r != nullptr && r->Reserve(0, 900) ? 0 : 1);  // exits holding 900
+    _exit(r != nullptr && r->Reserve(0, bytes) ? 0 : 1);
   }
   int status = 0;
   waitpid(child, &status, 0);
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  return WEXITSTATUS(status);
+}
+
+TEST(Region, DeadProcessMemoryIsReclaimedWhenNeeded) {
+  std::string path = Path("dead");
+  uint64_t limits[1] = {1000};
+  ASSERT_EQ(ExitHolding(path, 900), 0);
   char err[128];
   Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
   ASSERT_NE(r, nullptr) << err;
@@ -143,21 +150,11 @@ TEST(Region, MemoryQueriesReclaimAtMostOncePerInterval) {
   char err[128];
   Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
   ASSERT_NE(r, nullptr) << err;
-  auto child_holding = [&](uint64_t bytes) {
-    pid_t child = fork();
-    if (child == 0) {
-      Region* c = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
-      _exit(c != nullptr && c->Reserve(0, bytes) ? 0 : 1);  // exits holding `bytes`
-    }
-    int status = 0;
-    waitpid(child, &status, 0);
-    ASSERT_EQ(WEXITSTATUS(status), 0);
-  };
   const uint64_t hour_us = 3'600'000'000;
-  child_holding(300);
+  ASSERT_EQ(ExitHolding(path, 300), 0);
   EXPECT_EQ(r->ReclaimDeadIfDue(hour_us), 1) << "the first query reclaims";
   EXPECT_EQ(r->Used(0), 0u);
-  child_holding(300);
+  ASSERT_EQ(ExitHolding(path, 300), 0);
   EXPECT_EQ(r->ReclaimDeadIfDue(hour_us), 0) << "not again within the interval";
   EXPECT_EQ(r->Used(0), 300u);
   EXPECT_EQ(r->ReclaimDeadIfDue(0), 1) << "past it";
