@@ -2,6 +2,7 @@
 // (shell commands) submitted through the API and the CLI, then placement, environment, logs,
 // cancel, preemption, quota, restart after kill -9, an unhealthy GPU and bad requests checked.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <grp.h>
@@ -32,6 +33,8 @@
 #include "fake_apiserver.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/server/http.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
 
 extern char** environ;
 
@@ -451,7 +454,8 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
               HasSubstr("image        example/train:1 (podman)"));
 
   // A share of a GPU: the intercept library, the job's region (made before it starts) and the
-  // arbiter are bound into the container.
+  // arbiter's folder (the server replaces the file to revoke access; a bind mount of the file
+  // would pin the old one) are bound into the container.
   json frac = Shell("test -s \"$TESSERA_CUDA_REGION\" && echo region-ok preload=$LD_PRELOAD",
                     {{"gpu_memory", "1GiB"}, {"gpu_share", "30%"}});
   frac["image"] = "example/train:1";
@@ -462,9 +466,11 @@ TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
   EXPECT_EQ(d.Logs(id), "region-ok preload=" + lib + "\n");
   const std::string region = rec["env"]["TESSERA_CUDA_REGION"],
                     arbiter = rec["env"]["TESSERA_CUDA_ARBITER"];
+  const std::string arbiter_dir = fs::path(arbiter).parent_path();
+  EXPECT_EQ(fs::path(arbiter).filename(), "gpu.arbiter");
   EXPECT_THAT(rec["volumes"].get<std::vector<std::string>>(),
               ::testing::ElementsAre(lib + ":" + lib + ":ro", region + ":" + region + ":rw",
-                                     arbiter + ":" + arbiter + ":rw"));
+                                     arbiter_dir + ":" + arbiter_dir + ":rw"));
 
   // Cancel: SIGTERM is passed on; a container that ignores it is killed and removed by name.
   id = d.Submit([] {
@@ -677,10 +683,72 @@ TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
   EXPECT_TRUE(can_write("nobody"));
   EXPECT_FALSE(can_write("daemon"));
   EXPECT_EQ(tessera::server::AclUsers(arbiter), std::set<uid_t>{getpwnam("nobody")->pw_uid});
+
+  // While allowed, nobody opens the file and keeps the descriptor (a process outside the job).
+  const passwd* nobody = getpwnam("nobody");
+  const std::string zeros(sizeof(tessera::shim::ArbiterData), '\0');
+  int to_kid[2], from_kid[2];
+  ASSERT_EQ(pipe(to_kid), 0);
+  ASSERT_EQ(pipe(from_kid), 0);
+  const pid_t kid = fork();
+  if (kid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(nobody->pw_gid) != 0 || setuid(nobody->pw_uid) != 0)
+      _exit(2);
+    const int fd = open(arbiter.c_str(), O_RDWR);
+    const char opened = fd >= 0 ? 'y' : 'n';
+    char go = 0;
+    if (write(from_kid[1], &opened, 1) != 1 || read(to_kid[0], &go, 1) != 1) _exit(3);
+    // Access removed: what the kept descriptor can still do to the file it reaches.
+    const bool zeroed =
+        pwrite(fd, zeros.data(), zeros.size(), 0) == static_cast<ssize_t>(zeros.size());
+    _exit(zeroed && ftruncate(fd, 0) == 0 ? 0 : 4);
+  }
+  char opened = 0;
+  ASSERT_EQ(read(from_kid[0], &opened, 1), 1);
+  EXPECT_EQ(opened, 'y');
+  // A process of another job with a compute share, paced by the file.
+  tessera::shim::ArbiterConfig follow_now;
+  follow_now.follow_us = 0;
+  char err[256] = "";
+  std::unique_ptr<tessera::shim::Arbiter> tenant(
+      tessera::shim::Arbiter::Attach(arbiter.c_str(), 99, follow_now, err, sizeof err));
+  ASSERT_NE(tenant, nullptr) << err;
+  tenant->BeforeLaunch(0, nullptr);
+  struct stat before;
+  ASSERT_EQ(stat(arbiter.c_str(), &before), 0);
+
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   d.WaitFor(id, "cancelled");
   EXPECT_FALSE(can_write("nobody")) << "its entry goes with its last such job";
   EXPECT_TRUE(tessera::server::AclUsers(arbiter).empty());
+  struct stat after;
+  ASSERT_EQ(stat(arbiter.c_str(), &after), 0);
+  EXPECT_NE(after.st_ino, before.st_ino) << "a copy renamed over it: the kept descriptor's is gone";
+  EXPECT_EQ(after.st_mode & 0777, 0600u);
+  EXPECT_EQ(after.st_uid, 0u);
+  tenant->data()->gpus[0].lease.store(0);  // past its slice: the next launch looks
+  tenant->BeforeLaunch(0, nullptr);
+
+  // The kept descriptor zeroes and truncates what it reaches: nothing anyone uses.
+  const char go = 'g';
+  ASSERT_EQ(write(to_kid[1], &go, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(kid, &status, 0), kid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int fd : {to_kid[0], to_kid[1], from_kid[0], from_kid[1]}) close(fd);
+  auto now = std::make_unique<tessera::shim::ArbiterData>();
+  EXPECT_TRUE(tessera::shim::ReadSharedFile(arbiter.c_str(), sizeof *now,
+                                            tessera::shim::kArbiterMagic,
+                                            tessera::shim::kArbiterVersion, now.get(), sizeof *now))
+      << "the arbiter at its path is whole";
+  const int slot = tenant->Slot(0);
+  EXPECT_EQ(now->gpus[0].jobs[slot].key.load(), 99u) << "the other job keeps its slot";
+  EXPECT_EQ(now->gpus[0].lease.load() >> 48, static_cast<uint64_t>(slot + 1))
+      << "and its lease: pacing goes on";
+  tenant->BeforeLaunch(0, nullptr);  // would fault (SIGBUS) on the truncated old file
+  EXPECT_EQ(tenant->data()->magic.load(), tessera::shim::kArbiterMagic);
+  EXPECT_THAT(d.Log(), HasSubstr("GPU arbiter file replaced: uid " +
+                                 std::to_string(nobody->pw_uid) + " has no job"));
 }
 
 TEST(TesseraServer, PlainTcpOffLoopbackIsWarnedAbout) {

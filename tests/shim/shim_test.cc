@@ -8,13 +8,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_util.h"
+#include "tessera/shim/arbiter.h"
 
 namespace {
 
@@ -253,6 +256,40 @@ TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
   EXPECT_EQ(RunClient(env, "link", "nvml:1:0 nvml:1:1"),
             "1024 1024 0 | 1024 1024 0\n10240 10240 0 | 10240 10188 0\n");
   EXPECT_EQ(RunClient(env, "link", "nvml:1"), "16384 16220 163 | 16384 16138 163\n");
+}
+
+// The server revokes a user's access to the arbiter by renaming a copy over it: a process of a job
+// that goes on launching maps the copy where the old file was, and its GPU time goes on counting
+// there (the library's own stat, glibc_compat.cc, is what tells the file was replaced).
+TEST(Shim, AJobsProcessFollowsAnArbiterRenamedOverTheOldOne) {
+  const std::string arbiter = TempPath("follow.arbiter"), next = arbiter + ".next",
+                    clock = TempPath("follow.clock");
+  for (const std::string& p : {arbiter, next, clock}) unlink(p.c_str());
+  Running job = Spawn("exec " + Command(Env{.extra = "FAKE_CUDA_CLOCK=" + clock +
+                                                     " TESSERA_CUDA_ARBITER=" + arbiter +
+                                                     " TESSERA_CUDA_COMPUTE_SHARE=50% "
+                                                     "TESSERA_JOB_ID=follower"},
+                                        "link", "work:20000:500:4:0:0:20000"));
+  const uint64_t key = tessera::shim::ArbiterJobKey("follower");
+  auto busy = [&](const std::string& path) {
+    return tessera::shim::ArbiterBusyMicros(path.c_str(), 0, key);
+  };
+  auto wait_until = [](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  ASSERT_TRUE(wait_until([&] { return busy(arbiter) > 0; })) << "the job runs, paced";
+  char err[256] = "";
+  ASSERT_TRUE(tessera::shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err))
+      << err;
+  const uint64_t copied = busy(next);
+  ASSERT_EQ(rename(next.c_str(), arbiter.c_str()), 0);
+  EXPECT_TRUE(wait_until([&] { return busy(arbiter) > copied; }))
+      << "its GPU time counts in the new file";
+  job.Stop();
+  for (const std::string& p : {arbiter, clock}) unlink(p.c_str());
 }
 
 TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {

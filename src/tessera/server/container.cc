@@ -229,7 +229,10 @@ LaunchSpec PodmanClientLaunch(const ContainerRuntime& runtime, const LaunchSpec&
   if (job.share) {
     c.read_only_files.push_back(job.share->library);
     c.writable_files.push_back(job.share->region);
-    if (c.env.contains("TESSERA_CUDA_ARBITER")) c.writable_files.push_back(job.share->arbiter);
+    // The arbiter's folder, not the file: the server replaces the file (to revoke a user's access)
+    // and a bind mount of the file would keep the container on the old one.
+    if (c.env.contains("TESSERA_CUDA_ARBITER"))
+      c.writable_files.push_back(std::filesystem::path(job.share->arbiter).parent_path().string());
   }
   if (job.uid) c.user = fmt::format("{}:{}", *job.uid, job.gid.value_or(*job.uid));
   // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.

@@ -182,6 +182,12 @@ void Dispatcher::SetUpSharing() {
   // be its own).
   const std::string arbiter = ArbiterFile();
   char err[256] = {};
+  // In a folder of its own: a container gets the folder (a bind mount of the file itself would
+  // pin the old file when it is replaced). Nobody but the server creates anything in it.
+  const std::string folder = config_.state_dir + "/arbiter";
+  if (mkdir(folder.c_str(), 0711) != 0 && errno != EEXIST)
+    spdlog::warn("cannot create {}: {}", folder, strerror(errno));
+  chmod(folder.c_str(), 0711);
   bool made = shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err);
   if (!made && strstr(err, "of this version") != nullptr) {
     // Left by an older Tessera: replaced. Jobs it started keep the old file (their mapping) until
@@ -224,8 +230,34 @@ void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
   if (was == (n > 0)) return;
   std::set<uid_t> users;
   for (const auto& [u, count] : arbiter_users_) users.insert(u);
-  if (absl::Status st = SetUserAcl(ArbiterFile(), users); !st.ok())
-    spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
+  const std::string arbiter = ArbiterFile();
+  if (!was) {
+    if (absl::Status st = SetUserAcl(arbiter, users); !st.ok())
+      spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
+    return;
+  }
+  // A user's access removed: taking her ACL entry off is not enough (a descriptor she opened
+  // before keeps writing the file), so a copy with the remaining users' entries is renamed over
+  // it. The jobs' processes follow the new file within ArbiterConfig::follow_us; her descriptor
+  // reaches only the old one.
+  const std::string next = arbiter + ".next";
+  char err[256] = {};
+  unlink(next.c_str());
+  absl::Status st = absl::OkStatus();
+  if (!shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err)) {
+    st = absl::InternalError(err);
+  } else if (st = SetUserAcl(next, users); st.ok() && rename(next.c_str(), arbiter.c_str()) != 0) {
+    st = absl::InternalError(fmt::format("rename {}: {}", next, strerror(errno)));
+  }
+  if (st.ok()) {
+    spdlog::info("GPU arbiter file replaced: uid {} has no job with a compute share any more", uid);
+    return;
+  }
+  unlink(next.c_str());
+  spdlog::warn("GPU arbiter file: cannot replace it ({}); only the ACL entry of uid {} is removed",
+               std::string(st.message()), uid);
+  if (absl::Status acl = SetUserAcl(arbiter, users); !acl.ok())
+    spdlog::warn("GPU arbiter file: {}", std::string(acl.message()));
 }
 
 void Dispatcher::SetUpContainers() {
@@ -268,7 +300,7 @@ void Dispatcher::SetUpContainers() {
       files.mounts.size());
 }
 
-std::string Dispatcher::ArbiterFile() const { return config_.state_dir + "/gpu.arbiter"; }
+std::string Dispatcher::ArbiterFile() const { return config_.state_dir + "/arbiter/gpu.arbiter"; }
 
 std::string Dispatcher::TaskLog(int64_t id, int task, const char* suffix) const {
   return JobFile("logs", id, fmt::format(".{}{}", task, suffix).c_str());
@@ -751,6 +783,9 @@ Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int
   ShareReading s;
   if (compute_share && !gpus.empty()) {
     // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
+    // Not while the file is being replaced: a read of the old file after the copy was taken
+    // could see more than the copy says, and the copy's count would look like a restart.
+    std::lock_guard lock(arbiter_mu_);
     s.busy_us =
         shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpus.data(), static_cast<int>(gpus.size()),
                                 shim::ArbiterJobKey(std::to_string(id).c_str())) /
@@ -899,7 +934,7 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     share.library = config_.intercept_library;
     share.region = l.run.region;
     share.memory_bytes = static_cast<uint64_t>(q.spec->gpu_memory_mib) << 20;
-    share.arbiter = config_.state_dir + "/gpu.arbiter";
+    share.arbiter = ArbiterFile();
     share.share_milli = q.spec->gpu_milli;
     share.priority = q.priority;
     share.physical_gpus = a.gpus;

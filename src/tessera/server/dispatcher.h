@@ -363,7 +363,7 @@ class Dispatcher {
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
   // Who may write the GPU arbiter file: the owners of running jobs with a compute share, each
   // with how many (its ACL names them; `arbiter_access_` says how it is guarded).
-  std::mutex arbiter_mu_;
+  mutable std::mutex arbiter_mu_;
   std::map<uint32_t, int> arbiter_users_;
   bool arbiter_acl_ = false;
   std::string arbiter_access_;

@@ -813,7 +813,7 @@ TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   const int gpu = f["placement"]["gpus"][0]["index"].get<int>();
   char err[256] = "";
   std::unique_ptr<shim::Arbiter> arbiter(shim::Arbiter::Attach(
-      (config_.state_dir + "/gpu.arbiter").c_str(),
+      (config_.state_dir + "/arbiter/gpu.arbiter").c_str(),
       shim::ArbiterJobKey(std::to_string(first).c_str()), {}, err, sizeof err));
   ASSERT_NE(arbiter, nullptr) << err;
   const int slot = arbiter->Slot(gpu);
@@ -976,10 +976,10 @@ TEST(StateCgroupName, DiffersPerStateFolder) {
 
 TEST_F(ServerTest, AnArbiterFileOfAnOlderVersionIsReplaced) {
   // What a server of an older Tessera left (another layout: another size).
-  fs::create_directories(config_.state_dir);
-  std::ofstream(config_.state_dir + "/gpu.arbiter") << std::string(4096, 'x');
+  fs::create_directories(config_.state_dir + "/arbiter");
+  std::ofstream(config_.state_dir + "/arbiter/gpu.arbiter") << std::string(4096, 'x');
   StartServer();
-  EXPECT_EQ(fs::file_size(config_.state_dir + "/gpu.arbiter"), sizeof(shim::ArbiterData));
+  EXPECT_EQ(fs::file_size(config_.state_dir + "/arbiter/gpu.arbiter"), sizeof(shim::ArbiterData));
   EXPECT_THAT(Call("GET", "/v1/info")["arbiter"]["access"].get<std::string>(),
               ::testing::Not(HasSubstr("none")));
 }
@@ -1221,7 +1221,7 @@ TEST_F(ServerTest, AJobTruncatingItsRegionAndTheArbiterCannotCrashTheServer) {
   ASSERT_EQ(State(id), "running");
   const int gpu = Job(id)["placement"]["gpus"][0]["index"].get<int>();
   const std::string region = config_.state_dir + "/regions/" + std::to_string(id) + ".region";
-  const std::string arbiter = config_.state_dir + "/gpu.arbiter";
+  const std::string arbiter = config_.state_dir + "/arbiter/gpu.arbiter";
   auto contents = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});

@@ -1,10 +1,13 @@
 #include "tessera/shim/arbiter.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -85,13 +88,39 @@ Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig
       path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
       [](void*, const void*) {}, nullptr, &fd, err, err_len);
   if (m == nullptr) return nullptr;
+  struct stat st = {};
+  fstat(fd, &st);
   close(fd);  // the mapping stays; nothing here takes the file lock
   ArbiterConfig c = config;
   if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
   if (c.slice_us == 0) c.slice_us = 1;
   Arbiter* a = new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
-  if (a) a->pidns_ = PidNamespace();
+  if (a == nullptr) return nullptr;
+  a->pidns_ = PidNamespace();
+  snprintf(a->path_, sizeof a->path_, "%s", path);
+  a->dev_ = st.st_dev;
+  a->ino_ = st.st_ino;
+  a->next_follow_us_.store(NowMicros() + c.follow_us);
   return a;
+}
+
+bool Arbiter::FollowIfReplaced(uint64_t now) {
+  uint64_t due = next_follow_us_.load(std::memory_order_relaxed);
+  if (now < due || !next_follow_us_.compare_exchange_strong(due, now + config_.follow_us,
+                                                            std::memory_order_relaxed)) {
+    return false;  // not yet, or another thread of the process looks
+  }
+  struct stat st;
+  if (stat(path_, &st) != 0 || (st.st_dev == dev_ && st.st_ino == ino_)) return false;
+  char err[256];
+  uint64_t dev = 0, ino = 0;
+  if (!RemapSharedFile(path_, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
+                       kArbiterVersion, data_, &dev, &ino, err, sizeof err)) {
+    return false;  // not an arbiter (yet): the old one stays, looked at again later
+  }
+  dev_ = dev;
+  ino_ = ino;
+  return true;
 }
 
 bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
@@ -103,6 +132,46 @@ bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
   munmap(m, sizeof(ArbiterData));
   close(fd);
   return true;
+}
+
+bool CopyArbiterFile(const char* from, const char* to, char* err, size_t err_len) {
+  auto* d = new (std::nothrow) ArbiterData;
+  if (d == nullptr) {
+    snprintf(err, err_len, "out of memory");
+    return false;
+  }
+  if (!ReadSharedFile(from, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion, d,
+                      sizeof(ArbiterData))) {
+    memset(static_cast<void*>(d), 0, sizeof(ArbiterData));  // not (any more) one: a fresh arbiter
+  }
+  for (ArbiterGpu& g : d->gpus) {
+    for (ArbiterJob& j : g.jobs) {
+      j.in_sync.store(0, std::memory_order_relaxed);
+      for (auto& p : j.sync_procs) p.store(0, std::memory_order_relaxed);
+    }
+  }
+  d->version = kArbiterVersion;
+  d->magic.store(kArbiterMagic, std::memory_order_relaxed);
+  bool ok = false;
+  const int fd = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    snprintf(err, err_len, "cannot create %s: %s", to, strerror(errno));
+  } else {
+    const char* p = reinterpret_cast<const char*>(d);
+    size_t done = 0;
+    while (done < sizeof(ArbiterData)) {
+      const ssize_t n = pwrite(fd, p + done, sizeof(ArbiterData) - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ok = done == sizeof(ArbiterData);
+    if (!ok) snprintf(err, err_len, "cannot write %s: %s", to, strerror(errno));
+    close(fd);
+    if (!ok) unlink(to);
+  }
+  delete d;
+  return ok;
 }
 
 uint64_t ArbiterJobKey(const char* job_id) {
@@ -483,14 +552,16 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   int self = Slot(gpu);
   if (self < 0) return;  // no slot: not arbitrated (said once by the caller's log)
   ArbiterGpu& g = data_->gpus[gpu];
-  ArbiterJob& me = g.jobs[self];
   uint64_t now = NowMicros();
   uint64_t lease = g.lease.load(std::memory_order_acquire);
   if (Holder(lease) == self && now < End(lease)) {  // the fast path: holding the GPU
     if (bounded_[gpu].load(std::memory_order_relaxed) && drain) drain();
-    me.last_launch_us.store(now, std::memory_order_relaxed);
+    g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
     return;
   }
+  // Past a slice (at least every slice_us while launching): the file replaced, the copy is
+  // followed (the same address, perhaps another slot).
+  if (FollowIfReplaced(now) && (self = Slot(gpu)) < 0) return;
   if ((config_.gang_mask >> gpu & 1) && (config_.gang_mask & (config_.gang_mask - 1))) {
     BeforeLaunchGang(gpu, drain);
     return;

@@ -92,6 +92,10 @@ struct ArbiterConfig {
   // time-slicing: the ranks of a job on several GPUs run at the same time). 0 or one bit: each GPU
   // is arbitrated on its own.
   uint32_t gang_mask = 0;
+  // How often a launch looks whether the file at the arbiter's path was replaced (the server
+  // renames a fresh copy over it to revoke a user's access); then the process maps the new one in
+  // the old one's place. 0: at every launch that waits.
+  uint64_t follow_us = 100000;
 };
 
 // Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
@@ -116,6 +120,10 @@ class Arbiter {
   // gang member that only claimed it for the gang while that one lives.
   int Slot(int gpu);
   ArbiterData* data() { return data_; }
+  // Whether the arbiter's path names another file than the one mapped, and if so maps that one in
+  // its place (RemapSharedFile; a file that is not an arbiter is not followed). At most every
+  // ArbiterConfig::follow_us; called before a launch that waits. True when it followed.
+  bool FollowIfReplaced(uint64_t now);
   uint64_t key() const { return key_; }
   static uint64_t NowMicros();
 
@@ -153,6 +161,9 @@ class Arbiter {
   ArbiterData* data_;
   uint64_t key_;
   ArbiterConfig config_;
+  char path_[4096] = {};
+  uint64_t dev_ = 0, ino_ = 0;  // the file mapped now
+  std::atomic<uint64_t> next_follow_us_{0};
   uint32_t pidns_ = 0;                        // this process's pid namespace
   std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
   std::atomic<bool> bounded_[kArbiterGpus] =
@@ -163,6 +174,14 @@ class Arbiter {
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can
 // prepare it for jobs of several users. False with why in `err`.
 bool CreateArbiterFile(const char* path, char* err, size_t err_len);
+
+// Writes a new arbiter file at `to` (created, 0600; it must not exist) holding what the arbiter
+// at `from` holds now (read through pread: `from` may be truncated meanwhile; a fresh arbiter when
+// it is not one), except who is inside a synchronize (their processes leave it in the file they
+// entered it in). Renamed over `from`, it revokes every descriptor of the old file: the processes
+// of the jobs follow it (Arbiter::FollowIfReplaced), a descriptor kept by someone whose access was
+// removed reaches only the old one. False with why in `err`.
+bool CopyArbiterFile(const char* from, const char* to, char* err, size_t err_len);
 
 // The arbiter's key for a job: what the intercept library derives from TESSERA_JOB_ID (FNV-1a of
 // the text; never 0).

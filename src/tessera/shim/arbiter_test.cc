@@ -1,7 +1,9 @@
 #include "tessera/shim/arbiter.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +11,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+
+#include "tessera/shim/region.h"
 
 namespace tessera::shim {
 namespace {
@@ -300,6 +304,88 @@ TEST(Arbiter, CreatedAheadForJobsToJoin) {
   a->BeforeLaunch(0, nullptr);
   EXPECT_EQ(a->data()->gpus[0].jobs[a->Slot(0)].key.load(), 7u);
   unlink(path.c_str());
+}
+
+// Revoking a user's access (the server renames a copy over the file): the jobs' processes follow
+// the copy at their next launch past a slice, and a descriptor of the old file kept by the user
+// whose access was removed reaches nothing they use - zeroing or truncating it changes no pacing
+// and faults nobody.
+TEST(Arbiter, AReplacedFileIsFollowedAndTheOldOnesDescriptorsReachNothing) {
+  const std::string path = TempFile("replaced"), next = path + ".next";
+  unlink(path.c_str());
+  char err[256] = "";
+  ArbiterConfig c;
+  c.follow_us = 0;  // looks at every launch that waits
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 7, c, err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  a->BeforeLaunch(0, nullptr);
+  const int slot = a->Slot(0);
+  a->data()->gpus[0].jobs[slot].busy_us.store(1234);
+  a->EnterSync(0);
+  const int kept = open(path.c_str(), O_RDWR);  // opened while its user was allowed to
+  ASSERT_GE(kept, 0);
+
+  ASSERT_TRUE(CopyArbiterFile(path.c_str(), next.c_str(), err, sizeof err)) << err;
+  EXPECT_FALSE(CopyArbiterFile(path.c_str(), next.c_str(), err, sizeof err)) << "never over one";
+  auto copy = std::make_unique<ArbiterData>();
+  ASSERT_TRUE(ReadSharedFile(next.c_str(), sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
+                             copy.get(), sizeof(ArbiterData)));
+  EXPECT_EQ(copy->gpus[0].jobs[slot].key.load(), 7u) << "the jobs keep their slots";
+  EXPECT_EQ(copy->gpus[0].jobs[slot].busy_us.load(), 1234u) << "and their GPU time";
+  EXPECT_EQ(copy->gpus[0].jobs[slot].in_sync.load(), 0) << "a synchronize stays in its file";
+  struct stat st;
+  ASSERT_EQ(stat(next.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(rename(next.c_str(), path.c_str()), 0);
+
+  // The next launch past its slice maps the new file where the old one was.
+  a->data()->gpus[0].lease.store(0);  // (in the old file)
+  a->BeforeLaunch(0, nullptr);
+  a->LeaveSync(0);
+  ASSERT_TRUE(ReadSharedFile(path.c_str(), sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
+                             copy.get(), sizeof(ArbiterData)));
+  EXPECT_EQ(copy->gpus[0].lease.load() >> 48, static_cast<uint64_t>(slot + 1))
+      << "the launch took the lease in the new file";
+  EXPECT_EQ(copy->gpus[0].jobs[slot].in_sync.load(), 0) << "never below 0";
+
+  // The kept descriptor: zeroed, then truncated. The job's process notices nothing.
+  const std::string zeros(sizeof(ArbiterData), '\0');
+  ASSERT_EQ(pwrite(kept, zeros.data(), zeros.size(), 0), static_cast<ssize_t>(zeros.size()));
+  ASSERT_EQ(ftruncate(kept, 0), 0);
+  close(kept);
+  a->BeforeLaunch(0, nullptr);  // would fault (SIGBUS) on the truncated old file
+  EXPECT_EQ(a->data()->magic.load(), kArbiterMagic);
+  EXPECT_EQ(a->data()->gpus[0].jobs[a->Slot(0)].key.load(), 7u);
+  EXPECT_EQ(a->data()->gpus[0].jobs[a->Slot(0)].busy_us.load(), 1234u);
+  // A job joining now meets it there.
+  std::unique_ptr<Arbiter> b(Arbiter::Attach(path.c_str(), 8, c, err, sizeof err));
+  ASSERT_NE(b, nullptr) << err;
+  EXPECT_EQ(b->data()->gpus[0].lease.load() >> 48, static_cast<uint64_t>(slot + 1));
+
+  // What is renamed over it next and is no arbiter is not followed: the mapping stays.
+  FILE* f = fopen(next.c_str(), "w");
+  fputs("something else", f);
+  fclose(f);
+  ASSERT_EQ(rename(next.c_str(), path.c_str()), 0);
+  EXPECT_FALSE(a->FollowIfReplaced(Arbiter::NowMicros()));
+  EXPECT_EQ(a->data()->magic.load(), kArbiterMagic);
+  EXPECT_EQ(a->data()->gpus[0].jobs[a->Slot(0)].key.load(), 7u);
+  unlink(path.c_str());
+}
+
+TEST(Arbiter, ACopyOfGarbageIsAFreshArbiter) {
+  const std::string path = TempFile("garbage"), next = path + ".next";
+  FILE* f = fopen(path.c_str(), "w");
+  fputs("something else", f);
+  fclose(f);
+  unlink(next.c_str());
+  char err[256] = "";
+  ASSERT_TRUE(CopyArbiterFile(path.c_str(), next.c_str(), err, sizeof err)) << err;
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(next.c_str(), 7, ArbiterConfig{}, err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  EXPECT_EQ(a->data()->gpus[0].jobs[0].key.load(), 0u);
+  unlink(path.c_str());
+  unlink(next.c_str());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #define TESSERA_GLIBC_COMPAT_DEFINITIONS
 #include "tessera/shim/glibc_compat.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -50,6 +51,11 @@ TESSERA_HIDDEN int __pthread_key_create(pthread_key_t* key, void (*destructor)(v
 // glibc 2.33 (before, a macro over __fxstat).
 TESSERA_HIDDEN int fstat(int fd, struct stat* st) noexcept {
   return static_cast<int>(syscall(SYS_fstat, fd, st));
+}
+
+// glibc 2.33 (before, a macro over __xstat).
+TESSERA_HIDDEN int stat(const char* path, struct stat* st) noexcept {
+  return static_cast<int>(syscall(SYS_newfstatat, AT_FDCWD, path, st, 0));
 }
 
 // glibc 2.25 and 2.36, reached by std::random_device (the library never asks for randomness).

@@ -173,6 +173,20 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
   return *count > 0;
 }
 
+namespace {
+// Only a file this user or root (the server, the agent) made is trusted: another user's could say
+// anything (a limit of 0: none), and one this user made but others may write, too. Why `fd` is
+// not (a format with one %s for the kind of file), or null.
+const char* Untrusted(int fd) {
+  struct stat own;
+  if (fstat(fd, &own) != 0 || !S_ISREG(own.st_mode)) return "the %s is not a regular file: refused";
+  if (own.st_uid != 0 && own.st_uid != geteuid()) return "the %s belongs to another user: refused";
+  if (own.st_uid != 0 && (own.st_mode & S_IWOTH) != 0)
+    return "the %s is writable by every user: refused";
+  return nullptr;
+}
+}  // namespace
+
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
                     int* fd_out, char* err, size_t err_len) {
@@ -199,15 +213,7 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
     close(fd);
     return nullptr;
   };
-  // Only a file this user or root (the server, the agent) made is trusted: another user's could
-  // say anything (a limit of 0: none), and one this user made but others may write, too.
-  if (struct stat own; fstat(fd, &own) != 0 || !S_ISREG(own.st_mode)) {
-    return fail("the %s is not a regular file: refused", false);
-  } else if (own.st_uid != 0 && own.st_uid != geteuid()) {
-    return fail("the %s belongs to another user: refused", false);
-  } else if (own.st_uid != 0 && (own.st_mode & S_IWOTH) != 0) {
-    return fail("the %s is writable by every user: refused", false);
-  }
+  if (const char* why = Untrusted(fd)) return fail(why, false);
   if (creator) {
     if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail("cannot size the %s", true);
   } else {
@@ -240,6 +246,46 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
   }
   *fd_out = fd;
   return m;
+}
+
+bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
+                     uint32_t version, void* at, uint64_t* dev, uint64_t* ino, char* err,
+                     size_t err_len) {
+  // Opened as it is (never created: the server or the agent made it), checked like a first
+  // mapping, and its head read before the mapping is replaced: a file that is not one leaves the
+  // old mapping in place.
+  const int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "cannot open the %s", kind);
+    SetError(err, err_len, msg, path);
+    return false;
+  }
+  auto fail = [&](const char* what) {
+    errno = 0;
+    char msg[160];
+    snprintf(msg, sizeof msg, what, kind);
+    SetError(err, err_len, msg, path);
+    close(fd);
+    return false;
+  };
+  if (const char* why = Untrusted(fd)) return fail(why);
+  struct stat st;
+  struct {
+    uint64_t magic;
+    uint32_t version;
+  } head = {0, 0};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size ||
+      !ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) || head.magic != magic ||
+      head.version != version) {
+    return fail("not a Tessera %s of this version");
+  }
+  if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+    return fail("cannot map the %s");
+  close(fd);
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+  return true;
 }
 
 int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version) {

@@ -115,6 +115,15 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
                     int* fd_out, char* err, size_t err_len);
 
+// Maps the shared file now at `path` over the mapping at `at` (MAP_FIXED, `size` bytes: every
+// thread using the old mapping sees the new file from then on, at the same address), after the same
+// checks as MapSharedFile; never creates it. Its device and inode go to `dev` and `ino`. False with
+// why in `err`, the old mapping untouched. How a process follows a file that was replaced
+// (renamed over) to revoke the access of whoever still holds the old one.
+bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
+                     uint32_t version, void* at, uint64_t* dev, uint64_t* ino, char* err,
+                     size_t err_len);
+
 // Reading a shared file without joining it (no slot, nothing created or waited for, nothing
 // mapped): what the server and the agent read of jobs' usage. A job can write these files, so it
 // can truncate them or fill them with garbage at any moment; a mapping would then fault the reader
