@@ -236,24 +236,14 @@ void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
       spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
     return;
   }
-  // A user's access removed: taking her ACL entry off is not enough (a descriptor she opened
-  // before keeps writing the file), so a copy with the remaining users' entries is renamed over
-  // it. The jobs' processes follow the new file within ArbiterConfig::follow_us; her descriptor
-  // reaches only the old one.
-  const std::string next = arbiter + ".next";
-  char err[256] = {};
-  unlink(next.c_str());
-  absl::Status st = absl::OkStatus();
-  if (!shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err)) {
-    st = absl::InternalError(err);
-  } else if (st = SetUserAcl(next, users); st.ok() && rename(next.c_str(), arbiter.c_str()) != 0) {
-    st = absl::InternalError(fmt::format("rename {}: {}", next, strerror(errno)));
-  }
+  // A user's access removed: a descriptor she opened before would keep writing the file, so a
+  // copy with the remaining users' entries is renamed over it (the jobs' processes follow it
+  // within ArbiterConfig::follow_us).
+  absl::Status st = ReplaceArbiter(arbiter, users);
   if (st.ok()) {
     spdlog::info("GPU arbiter file replaced: uid {} has no job with a compute share any more", uid);
     return;
   }
-  unlink(next.c_str());
   spdlog::warn("GPU arbiter file: cannot replace it ({}); only the ACL entry of uid {} is removed",
                std::string(st.message()), uid);
   if (absl::Status acl = SetUserAcl(arbiter, users); !acl.ok())

@@ -1,6 +1,8 @@
 #include "tessera/server/file_acl.h"
 
+#include <stdio.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "tessera/shim/arbiter.h"
 
 namespace tessera::server {
 namespace {
@@ -60,6 +63,20 @@ std::set<uid_t> AclUsers(const std::string& path) {
     if (x.tag == kUser) out.insert(static_cast<uid_t>(x.id));
   }
   return out;
+}
+
+absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users) {
+  const std::string next = path + ".next";
+  char err[256] = {};
+  unlink(next.c_str());  // left by a replacement that died half-way
+  absl::Status st = absl::OkStatus();
+  if (!shim::CopyArbiterFile(path.c_str(), next.c_str(), err, sizeof err)) {
+    st = absl::InternalError(err);
+  } else if (st = SetUserAcl(next, users); st.ok() && rename(next.c_str(), path.c_str()) != 0) {
+    st = absl::InternalError(fmt::format("rename {}: {}", next, strerror(errno)));
+  }
+  if (!st.ok()) unlink(next.c_str());
+  return st;
 }
 
 }  // namespace tessera::server

@@ -20,4 +20,11 @@ absl::Status SetUserAcl(const std::string& path, const std::set<uid_t>& users);
 // The users a file's ACL names (empty when it has none, or only the owner/group/other entries).
 std::set<uid_t> AclUsers(const std::string& path);
 
+// Revokes the access of whoever is not in `users` any more to the GPU arbiter at `path`: a copy
+// (shim::CopyArbiterFile) with exactly `users`' ACL entries renamed over it. Taking an ACL entry
+// off is not enough: a descriptor opened before keeps writing the file; the jobs' processes follow
+// the copy (shim::Arbiter::FollowIfReplaced) and such a descriptor reaches only the old one. The
+// file is left as it was on failure.
+absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users);
+
 }  // namespace tessera::server

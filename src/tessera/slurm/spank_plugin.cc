@@ -1,0 +1,162 @@
+// tessera-spank.so: Tessera's GPU sharing in Slurm, as a SPANK plugin that slurmd's step daemons
+// (and srun/sbatch, for its options) load through plugstack.conf:
+//
+//   required /usr/lib/tessera/tessera-spank.so library=/usr/lib/tessera/libtessera-cuda.so
+//            shards_per_gpu=8 gpu_memory=80GiB   (one line)
+//
+// For a step given GPUs or shards, before its tasks start (slurmstepd, as root): the limits its
+// shards mean (or its --tessera-share/--tessera-mem options ask), the job's region and the node's
+// arbiter set up (step.h), and the tasks' environment: LD_PRELOAD of the library with those
+// limits. A step whose limits cannot be set is refused (fail closed) with the reason on the user's
+// stderr. At the job's end on the node (its epilog): its accounting written, its files removed.
+// Slurm's own device confinement (ConstrainDevices) stays Slurm's. docs/slurm.md.
+// spank.h declares the plugin's callbacks outside its own extern "C" block.
+extern "C" {
+#include <slurm/spank.h>
+}
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tessera/slurm/step.h"
+
+// SPANK_PLUGIN(tessera, 1), with the external linkage that a const at namespace scope lacks in C++.
+extern "C" {
+extern const char plugin_name[] = "tessera";
+extern const char plugin_type[] = "spank";
+extern const unsigned int plugin_version = SLURM_VERSION_NUMBER;
+extern const unsigned int spank_plugin_version = 1;
+}
+
+namespace {
+
+constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
+
+std::string share_option, mem_option;
+// Why the step's limits could not be set (slurmstepd): said on each task's stderr, where the user
+// looks (in init_post_opt the step's output is not connected yet), and the task not run.
+std::string refusal;
+
+// Refuses the step: said in slurmd's log now and on its tasks' stderr when they start.
+int Refuse(const std::string& why) {
+  refusal = "tessera: " + why;
+  slurm_error("%s", refusal.c_str());
+  return ESPANK_SUCCESS;
+}
+
+int OnShare(int, const char* arg, int) {
+  share_option = arg ? arg : "";
+  return 0;
+}
+int OnMem(int, const char* arg, int) {
+  mem_option = arg ? arg : "";
+  return 0;
+}
+
+std::string Env(spank_t sp, const char* name) {
+  char buf[4096] = {};
+  return spank_getenv(sp, name, buf, sizeof buf) == ESPANK_SUCCESS ? std::string(buf) : "";
+}
+
+absl::StatusOr<tessera::slurm::PluginConfig> Config(int ac, char** av) {
+  return tessera::slurm::ParsePluginArgs(std::vector<std::string>(av, av + ac));
+}
+
+}  // namespace
+
+extern "C" {
+
+// Registered in every context (not the spank_options table, which sbatch and salloc ignore), so
+// that they work on srun's and sbatch's command lines and as #SBATCH lines.
+int slurm_spank_init(spank_t sp, int, char**) {
+  static struct spank_option options[] = {
+      {const_cast<char*>("tessera-share"), const_cast<char*>("SHARE"),
+       const_cast<char*>("[Tessera] GPU time share of each GPU, at most what the step's shards "
+                         "mean (30% or 0.3)"),
+       1, 0, OnShare},
+      {const_cast<char*>("tessera-mem"), const_cast<char*>("SIZE"),
+       const_cast<char*>("[Tessera] GPU memory limit on each GPU, at most what the step's "
+                         "shards mean (10G, 512MiB)"),
+       1, 0, OnMem}};
+  for (auto& o : options) {
+    if (spank_option_register(sp, &o) != ESPANK_SUCCESS) {
+      slurm_error("tessera: cannot register --%s", o.name);
+      return ESPANK_ERROR;
+    }
+  }
+  return ESPANK_SUCCESS;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
+  if (spank_remote(sp) != 1) return ESPANK_SUCCESS;  // srun/sbatch: only the options
+  uint32_t job = 0, step = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+    return Refuse("cannot tell the step's job, user or group");
+  }
+  if (step == kExternStep) return ESPANK_SUCCESS;  // the job's extern step runs nothing
+  auto config = Config(ac, av);
+  if (!config.ok()) return Refuse(std::string(config.status().message()));
+  tessera::slurm::StepRequest request;
+  request.gpus = Env(sp, "SLURM_STEP_GPUS");
+  if (request.gpus.empty()) request.gpus = Env(sp, "SLURM_JOB_GPUS");
+  request.shards = Env(sp, "SLURM_SHARDS_ON_NODE");
+  request.share_option = share_option;
+  request.mem_option = mem_option;
+  auto limits = tessera::slurm::DecideLimits(*config, request);
+  if (!limits.ok())
+    return Refuse("job " + std::to_string(job) + ": " + std::string(limits.status().message()));
+  if (limits->gpus.empty()) return ESPANK_SUCCESS;  // no GPU: left alone
+  auto env = tessera::slurm::SetUpStep(*config, job, uid, gid, *limits, Env(sp, "LD_PRELOAD"),
+                                       time(nullptr));
+  if (!env.ok())
+    return Refuse("job " + std::to_string(job) +
+                  ": its GPU limits cannot be set up: " + std::string(env.status().message()));
+  for (const std::string& name : env->unset) spank_unsetenv(sp, name.c_str());
+  for (const auto& [name, value] : env->set) {
+    if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS)
+      return Refuse("job " + std::to_string(job) + ": cannot set " + name +
+                    " in the step's environment");
+  }
+  slurm_verbose("tessera: job %u step %u: GPUs %s, share %u permille, memory %llu bytes each", job,
+                step, request.gpus.c_str(), limits->share_permille,
+                static_cast<unsigned long long>(limits->memory_bytes));
+  return ESPANK_SUCCESS;
+}
+
+// Each task, in its own process before it runs the user's program: a refused step runs nothing.
+// (slurmstepd only logs a failed callback and runs the task anyway: the task ends here, exit code
+// 1, the reason on its stderr.)
+int slurm_spank_task_init_privileged(spank_t, int, char**) {
+  if (refusal.empty()) return ESPANK_SUCCESS;
+  slurm_error("%s", refusal.c_str());
+  fflush(stderr);
+  _exit(1);
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
+  uint32_t job = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) {
+    const char* id = getenv("SLURM_JOB_ID");
+    job = id ? static_cast<uint32_t>(strtoul(id, nullptr, 10)) : 0;
+  }
+  auto config = Config(ac, av);
+  if (!config.ok() || job == 0) return ESPANK_SUCCESS;  // said at the step's start
+  auto acct = tessera::slurm::EndJob(*config, job, time(nullptr));
+  // An epilog that fails drains the node: the job's end is logged, never refused.
+  if (!acct.ok())
+    slurm_error("tessera: job %u: %s", job, std::string(acct.status().message()).c_str());
+  else if (!acct->empty())
+    slurm_info("tessera: job %u: accounting in %s", job, acct->c_str());
+  return ESPANK_SUCCESS;
+}
+
+}  // extern "C"

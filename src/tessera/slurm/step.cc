@@ -1,0 +1,349 @@
+#include "tessera/slurm/step.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "nlohmann/json.hpp"
+#include "tessera/core/gpu.h"
+#include "tessera/server/file_acl.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::slurm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::optional<long> ParseWhole(std::string_view text) {
+  long v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+std::string Arbiter(const PluginConfig& c) { return c.state_dir + "/arbiter/gpu.arbiter"; }
+std::string Region(const PluginConfig& c, uint32_t job) {
+  return fmt::format("{}/regions/{}.region", c.state_dir, job);
+}
+std::string Record(const PluginConfig& c, uint32_t job) {
+  return fmt::format("{}/jobs/{}.json", c.state_dir, job);
+}
+std::string Acct(const PluginConfig& c, uint32_t job) {
+  return fmt::format("{}/acct/{}.json", c.state_dir, job);
+}
+std::string JobKey(uint32_t job) { return fmt::format("slurm-{}", job); }
+
+// The state folder's lock, held while the records and the arbiter's ACL change (steps and epilogs
+// of several jobs run at once, in separate processes).
+class StateLock {
+ public:
+  explicit StateLock(const std::string& dir) {
+    fd_ = open((dir + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~StateLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+absl::Status MakeFolder(const std::string& path, mode_t mode) {
+  if (mkdir(path.c_str(), mode) != 0 && errno != EEXIST)
+    return absl::InternalError(fmt::format("cannot create {}: {}", path, strerror(errno)));
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return absl::FailedPreconditionError(
+        fmt::format("{} is not a folder of the plugin's own user: refused", path));
+  if (chmod(path.c_str(), mode) != 0)
+    return absl::InternalError(fmt::format("chmod {}: {}", path, strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status MakeState(const PluginConfig& c) {
+  // Folders every user passes through (0711) but only root lists or writes; the records root's.
+  for (const auto& [dir, mode] :
+       std::vector<std::pair<std::string, mode_t>>{{c.state_dir, 0711},
+                                                   {c.state_dir + "/arbiter", 0711},
+                                                   {c.state_dir + "/regions", 0711},
+                                                   {c.state_dir + "/jobs", 0700},
+                                                   {c.state_dir + "/acct", 0755}}) {
+    if (absl::Status st = MakeFolder(dir, mode); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// The users with a job that has a compute share on this node (from the records).
+std::set<uid_t> ShareUsers(const PluginConfig& c) {
+  std::set<uid_t> users;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(c.state_dir + "/jobs", ec)) {
+    std::ifstream in(e.path());
+    json r = json::parse(in, nullptr, false);
+    if (r.is_object() && r.value("share_permille", 0) > 0 && r.value("uid", 0u) != 0)
+      users.insert(r.value("uid", 0u));
+  }
+  return users;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) return absl::InternalError(fmt::format("cannot create {}: {}", tmp, strerror(errno)));
+  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  fchmod(fd, mode) == 0;
+  close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(fmt::format("cannot write {}: {}", path, strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args) {
+  PluginConfig c;
+  for (const std::string& a : args) {
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq),
+                      value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    auto bad = [&](std::string_view why) {
+      return absl::InvalidArgumentError(fmt::format("plugstack.conf: '{}': {}", a, why));
+    };
+    if (eq == std::string::npos || value.empty()) return bad("expected key=value");
+    if (key == "library") {
+      if (value[0] != '/') return bad("the library's path must be absolute");
+      c.library = value;
+    } else if (key == "state_dir") {
+      if (value[0] != '/') return bad("the folder's path must be absolute");
+      c.state_dir = value;
+      while (c.state_dir.size() > 1 && c.state_dir.back() == '/') c.state_dir.pop_back();
+    } else if (key == "shards_per_gpu") {
+      auto n = ParseWhole(value);
+      if (!n || *n < 1 || *n > 10000) return bad("expected a count of shards from 1 to 10000");
+      c.shards_per_gpu = static_cast<int>(*n);
+    } else if (key == "gpu_memory" || key == "context_overhead") {
+      auto b = core::ParseBytes(value);
+      if (!b || (key == "gpu_memory" && *b == 0))
+        return bad("expected a size such as 80GiB or 16G");
+      (key == "gpu_memory" ? c.gpu_memory_bytes : c.context_overhead_bytes) = *b;
+    } else {
+      return bad("unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead)");
+    }
+  }
+  if (c.library.empty()) return absl::InvalidArgumentError("plugstack.conf: library= is required");
+  return c;
+}
+
+absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRequest& request) {
+  StepLimits l;
+  for (std::string_view rest = request.gpus; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    auto n = ParseWhole(rest.substr(0, comma));
+    if (!n || *n < 0 || *n >= shim::kArbiterGpus)
+      return absl::InvalidArgumentError(
+          fmt::format("the step's GPUs '{}' are not a list of indices below {}", request.gpus,
+                      shim::kArbiterGpus));
+    l.gpus.push_back(static_cast<int>(*n));
+    rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
+  }
+  const bool asks = !request.share_option.empty() || !request.mem_option.empty();
+  if (l.gpus.empty()) {
+    if (asks)
+      return absl::InvalidArgumentError(
+          "--tessera-share/--tessera-mem need GPUs: ask for them with --gres=shard:N or "
+          "--gres=gpu:N");
+    return l;  // no GPU: left alone
+  }
+  // What the step's gres means: its shards' part of each GPU, or whole GPUs.
+  uint32_t share = 1000;
+  uint64_t memory = config.gpu_memory_bytes;
+  if (!request.shards.empty()) {
+    auto n = ParseWhole(request.shards);
+    if (!n || *n < 1)
+      return absl::InvalidArgumentError(
+          fmt::format("SLURM_SHARDS_ON_NODE '{}' is not a count", request.shards));
+    if (config.shards_per_gpu == 0)
+      return absl::FailedPreconditionError(
+          "the step has shards but plugstack.conf gives no shards_per_gpu= (gres.conf's shard "
+          "Count per GPU)");
+    if (config.gpu_memory_bytes == 0)
+      return absl::FailedPreconditionError(
+          "the step has shards but plugstack.conf gives no gpu_memory= (each GPU's memory)");
+    const long shards = std::min<long>(*n, config.shards_per_gpu);
+    share = static_cast<uint32_t>(shards * 1000 / config.shards_per_gpu);
+    memory = static_cast<uint64_t>(static_cast<unsigned __int128>(config.gpu_memory_bytes) *
+                                   shards / config.shards_per_gpu);
+    l.share_permille = std::max<uint32_t>(share, 1);
+    l.memory_bytes = memory;
+  }
+  if (!request.share_option.empty()) {
+    uint32_t p = 0;
+    if (!shim::ParseShare(request.share_option.c_str(), &p))
+      return absl::InvalidArgumentError(
+          fmt::format("--tessera-share={}: expected a share of a GPU such as 30% or 0.3",
+                      request.share_option));
+    if (p > share)
+      return absl::InvalidArgumentError(fmt::format(
+          "--tessera-share={} is more than the step's {} mean ({:g}%)", request.share_option,
+          request.shards.empty() ? "GPUs" : "shards", share / 10.0));
+    l.share_permille = p;
+  }
+  if (!request.mem_option.empty()) {
+    auto b = core::ParseBytes(request.mem_option);
+    if (!b || *b == 0)
+      return absl::InvalidArgumentError(fmt::format(
+          "--tessera-mem={}: expected a size such as 10G or 512MiB", request.mem_option));
+    if (memory > 0 && *b > memory)
+      return absl::InvalidArgumentError(
+          fmt::format("--tessera-mem={} is more than the step's {} mean ({})", request.mem_option,
+                      request.shards.empty() ? "GPUs" : "shards", core::FormatBytes(memory)));
+    l.memory_bytes = *b;
+  }
+  return l;
+}
+
+absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
+                                          gid_t gid, const StepLimits& limits,
+                                          const std::string& ld_preload, time_t now) {
+  StepEnvironment env;
+  if (limits.gpus.empty()) return env;
+  if (access(config.library.c_str(), R_OK) != 0)
+    return absl::FailedPreconditionError(fmt::format("the intercept library {} cannot be read: {}",
+                                                     config.library, strerror(errno)));
+  if (absl::Status st = MakeState(config); !st.ok()) return st;
+  StateLock lock(config.state_dir);
+  if (!lock.ok())
+    return absl::InternalError(
+        fmt::format("cannot lock {}/.lock: {}", config.state_dir, strerror(errno)));
+  const std::string region = Region(config, job_id), record = Record(config, job_id);
+  // The job's region: one for all its steps here (its memory is the job's), made by its first.
+  if (access(record.c_str(), F_OK) != 0) {
+    unlink(region.c_str());
+    const std::vector<uint64_t> per_gpu(limits.gpus.size(), limits.memory_bytes);
+    char err[256] = {};
+    if (!shim::CreateRegionFile(region.c_str(), per_gpu.data(), static_cast<int>(per_gpu.size()),
+                                err, sizeof err))
+      return absl::InternalError(err);
+    if (chown(region.c_str(), uid, gid) != 0)
+      return absl::InternalError(fmt::format("chown {}: {}", region, strerror(errno)));
+    json r = {{"job_id", job_id},
+              {"uid", uid},
+              {"gid", gid},
+              {"gpus", limits.gpus},
+              {"share_permille", limits.share_permille},
+              {"memory_bytes", limits.memory_bytes},
+              {"started", static_cast<int64_t>(now)}};
+    if (absl::Status st = WriteFile(record, r.dump() + "\n", 0600); !st.ok()) return st;
+  }
+  std::string preload = config.library;
+  // A step inherits its batch step's LD_PRELOAD, the library already first in it.
+  if (ld_preload.rfind(config.library, 0) == 0)
+    preload = ld_preload;
+  else if (!ld_preload.empty())
+    preload += ":" + ld_preload;
+  env.set["LD_PRELOAD"] = preload;
+  env.set["TESSERA_JOB_ID"] = JobKey(job_id);
+  env.set["TESSERA_CUDA_REGION"] = region;
+  if (limits.memory_bytes > 0)
+    env.set["TESSERA_CUDA_MEM_LIMIT"] = std::to_string(limits.memory_bytes);
+  else
+    env.unset.push_back("TESSERA_CUDA_MEM_LIMIT");
+  if (config.context_overhead_bytes > 0)
+    env.set["TESSERA_CUDA_CONTEXT_OVERHEAD"] = std::to_string(config.context_overhead_bytes);
+  const char* arbiter_vars[] = {"TESSERA_CUDA_ARBITER", "TESSERA_CUDA_ARBITER_GPUS",
+                                "TESSERA_CUDA_COMPUTE_SHARE", "TESSERA_CUDA_PRIORITY"};
+  if (limits.share_permille == 0) {
+    env.unset.insert(env.unset.end(), std::begin(arbiter_vars), std::end(arbiter_vars));
+    return env;
+  }
+  const std::string arbiter = Arbiter(config);
+  char err[256] = {};
+  if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) return absl::InternalError(err);
+  if (chmod(arbiter.c_str(), 0600) != 0)
+    return absl::InternalError(fmt::format("chmod {}: {}", arbiter, strerror(errno)));
+  if (uid != geteuid()) {
+    // The job's user may write it while the job runs (an ACL entry): refused without ACLs rather
+    // than opened to every user.
+    if (absl::Status st = server::SetUserAcl(arbiter, ShareUsers(config)); !st.ok()) return st;
+  }
+  env.set["TESSERA_CUDA_ARBITER"] = arbiter;
+  env.set["TESSERA_CUDA_ARBITER_GPUS"] = fmt::format("{}", fmt::join(limits.gpus, ","));
+  env.set["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{:g}%", limits.share_permille / 10.0);
+  env.set["TESSERA_CUDA_PRIORITY"] = "0";
+  return env;
+}
+
+absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now) {
+  const std::string record = Record(config, job_id), region = Region(config, job_id);
+  if (access(record.c_str(), F_OK) != 0) return std::string();
+  StateLock lock(config.state_dir);
+  std::ifstream in(record);
+  json r = json::parse(in, nullptr, false);
+  if (!r.is_object())
+    return absl::DataLossError(fmt::format("{}: not a record of the plugin", record));
+  const std::vector<int> gpus = r.value("gpus", std::vector<int>{});
+  const uint32_t share = r.value("share_permille", 0u);
+  const uid_t uid = r.value("uid", 0u);
+  const int64_t started = r.value("started", int64_t{0});
+  const double ran_s = std::max<double>(1e-3, static_cast<double>(now - started));
+  // What the job used: its region's peak per GPU (in the order of its CUDA ordinals), the GPU
+  // time the arbiter charged it on each.
+  auto head = shim::ReadRegionHead(region.c_str());
+  json per_gpu = json::array();
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    json g = {{"index", gpus[i]}};
+    if (head && i < shim::kMaxDevices) {
+      g["peak_memory_bytes"] = head->peak[i].load();
+      g["memory_limit_bytes"] = head->limit[i];
+    }
+    if (share > 0) {
+      const uint64_t busy = shim::ArbiterBusyMicros(Arbiter(config).c_str(), gpus[i],
+                                                    shim::ArbiterJobKey(JobKey(job_id).c_str()));
+      g["gpu_time_s"] = static_cast<double>(busy) / 1e6;
+      g["utilization_percent"] = std::min(100.0, static_cast<double>(busy) / 1e4 / ran_s);
+    }
+    per_gpu.push_back(g);
+  }
+  json acct = {{"job_id", job_id},
+               {"uid", uid},
+               {"started", started},
+               {"ended", static_cast<int64_t>(now)},
+               {"share_percent", share / 10.0},
+               {"memory_limit_bytes", r.value("memory_bytes", uint64_t{0})},
+               {"gpus", per_gpu}};
+  if (!head) acct["usage"] = "unreadable: the job's region was not a region any more";
+  const std::string path = Acct(config, job_id);
+  absl::Status written = WriteFile(path, acct.dump(2) + "\n", 0644);
+  unlink(region.c_str());
+  unlink(record.c_str());
+  if (share > 0 && uid != geteuid()) {
+    const std::set<uid_t> users = ShareUsers(config);
+    // Her last job here with a compute share: her access goes, kept descriptors included.
+    absl::Status st = users.contains(uid) ? server::SetUserAcl(Arbiter(config), users)
+                                          : server::ReplaceArbiter(Arbiter(config), users);
+    if (!st.ok()) return st;
+  }
+  if (!written.ok()) return written;
+  return path;
+}
+
+}  // namespace tessera::slurm

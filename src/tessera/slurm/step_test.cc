@@ -1,0 +1,232 @@
+#include "tessera/slurm/step.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "nlohmann/json.hpp"
+#include "tessera/server/file_acl.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::slurm {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+constexpr uint64_t GiB = uint64_t{1} << 30;
+
+PluginConfig Eight() {
+  auto c = ParsePluginArgs(
+      {"library=/usr/lib/tessera/libtessera-cuda.so", "shards_per_gpu=8", "gpu_memory=16GiB"});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
+  auto c = ParsePluginArgs({"library=/l.so", "state_dir=/srv/t/", "shards_per_gpu=4",
+                            "gpu_memory=80G", "context_overhead=300MiB"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->library, "/l.so");
+  EXPECT_EQ(c->state_dir, "/srv/t");
+  EXPECT_EQ(c->shards_per_gpu, 4);
+  EXPECT_EQ(c->gpu_memory_bytes, 80 * GiB);
+  EXPECT_EQ(c->context_overhead_bytes, uint64_t{300} << 20);
+  for (const auto& [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{}, "library= is required"},
+           {{"library=l.so"}, "'library=l.so': the library's path must be absolute"},
+           {{"library=/l.so", "shards_per_gpu=0"}, "'shards_per_gpu=0': expected a count"},
+           {{"library=/l.so", "gpu_memory=lots"}, "'gpu_memory=lots': expected a size"},
+           {{"library=/l.so", "shards=8"}, "'shards=8': unknown key"},
+           {{"library=/l.so", "state_dir"}, "'state_dir': expected key=value"}}) {
+    auto bad = ParsePluginArgs(args);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(why));
+  }
+}
+
+TEST(SlurmLimits, ShardsMeanTheirPartOfTheGpusTimeAndMemory) {
+  auto l = DecideLimits(Eight(), {.gpus = "1", .shards = "3"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->gpus, std::vector<int>{1});
+  EXPECT_EQ(l->share_permille, 375u);
+  EXPECT_EQ(l->memory_bytes, 6 * GiB);
+  // The options ask less, never more.
+  l = DecideLimits(Eight(),
+                   {.gpus = "1", .shards = "3", .share_option = "20%", .mem_option = "4G"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->share_permille, 200u);
+  EXPECT_EQ(l->memory_bytes, 4 * GiB);
+  auto more = DecideLimits(Eight(), {.gpus = "1", .shards = "3", .share_option = "50%"});
+  ASSERT_FALSE(more.ok());
+  EXPECT_THAT(std::string(more.status().message()),
+              HasSubstr("--tessera-share=50% is more than the step's shards mean (37.5%)"));
+  more = DecideLimits(Eight(), {.gpus = "1", .shards = "3", .mem_option = "7G"});
+  ASSERT_FALSE(more.ok());
+  EXPECT_THAT(std::string(more.status().message()),
+              HasSubstr("--tessera-mem=7G is more than the step's shards mean (6 GiB)"));
+  auto bad = DecideLimits(Eight(), {.gpus = "1", .shards = "3", .mem_option = "lots"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--tessera-mem=lots: expected a"));
+}
+
+TEST(SlurmLimits, WholeGpusAreLeftUnlimitedAndNoGpusUntouched) {
+  auto l = DecideLimits(Eight(), {.gpus = "0,1"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->gpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(l->share_permille, 0u);
+  EXPECT_EQ(l->memory_bytes, 0u);
+  l = DecideLimits(Eight(), {.gpus = "0", .share_option = "0.5"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->share_permille, 500u) << "a user may ask a share of a whole GPU";
+  l = DecideLimits(Eight(), {});
+  ASSERT_TRUE(l.ok());
+  EXPECT_TRUE(l->gpus.empty());
+  auto opts = DecideLimits(Eight(), {.share_option = "30%"});
+  ASSERT_FALSE(opts.ok());
+  EXPECT_THAT(std::string(opts.status().message()), HasSubstr("need GPUs"));
+  auto garbage = DecideLimits(Eight(), {.gpus = "0,x"});
+  ASSERT_FALSE(garbage.ok());
+  PluginConfig no_shards = Eight();
+  no_shards.shards_per_gpu = 0;
+  auto unset = DecideLimits(no_shards, {.gpus = "0", .shards = "2"});
+  ASSERT_FALSE(unset.ok());
+  EXPECT_THAT(std::string(unset.status().message()), HasSubstr("no shards_per_gpu="));
+}
+
+class SlurmNodeFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("slurm-step-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    library_ = dir_ / "libtessera-cuda.so";
+    std::ofstream(library_) << "";
+    config_ = Eight();
+    config_.library = library_;
+    config_.state_dir = dir_ / "state";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_, library_;
+  PluginConfig config_;
+};
+
+TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  auto limits = DecideLimits(config_, {.gpus = "1", .shards = "2"});
+  ASSERT_TRUE(limits.ok());
+  auto env = SetUpStep(config_, 42, nobody->pw_uid, nobody->pw_gid, *limits, "/other.so", 1000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string region = config_.state_dir + "/regions/42.region",
+                    arbiter = config_.state_dir + "/arbiter/gpu.arbiter";
+  EXPECT_EQ(env->set.at("LD_PRELOAD"), library_.string() + ":/other.so");
+  EXPECT_EQ(env->set.at("TESSERA_JOB_ID"), "slurm-42");
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_REGION"), region);
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(4 * GiB));
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "25%");
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_ARBITER"), arbiter);
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_ARBITER_GPUS"), "1");
+  struct stat st;
+  ASSERT_EQ(stat(region.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, nobody->pw_uid) << "the job's own";
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto head = shim::ReadRegionHead(region.c_str());
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->limit[0], 4 * GiB);
+  ASSERT_EQ(stat(arbiter.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 0707, 0600u) << "the group bits are the ACL's mask";
+  EXPECT_EQ(server::AclUsers(arbiter), std::set<uid_t>{nobody->pw_uid});
+  // A second step of the job (srun in its batch script) inherits the library first: not twice.
+  auto again = SetUpStep(config_, 42, nobody->pw_uid, nobody->pw_gid, *limits,
+                         env->set.at("LD_PRELOAD"), 1001);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->set.at("LD_PRELOAD"), env->set.at("LD_PRELOAD"));
+
+  // Its use, by a process of the job (as nobody): 3 GiB at most, 30 s of GPU time over its 60 s.
+  for (const fs::path& d : {fs::path(::testing::TempDir()), dir_}) chmod(d.c_str(), 0711);
+  const pid_t kid = fork();
+  if (kid == 0) {
+    if (setgid(nobody->pw_gid) != 0 || setuid(nobody->pw_uid) != 0) _exit(2);
+    const uint64_t l[] = {4 * GiB};
+    char err[256] = "";
+    std::unique_ptr<shim::Region> r(shim::Region::Attach(region.c_str(), l, 1, err, sizeof err));
+    if (r == nullptr || !r->Reserve(0, 3 * GiB)) _exit(3);
+    r->Release(0, 3 * GiB);
+    std::unique_ptr<shim::Arbiter> a(shim::Arbiter::Attach(
+        arbiter.c_str(), shim::ArbiterJobKey("slurm-42"), shim::ArbiterConfig{}, err, sizeof err));
+    if (a == nullptr) _exit(4);
+    a->data()->gpus[1].jobs[a->Slot(1)].busy_us.store(30'000'000);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(kid, &status, 0), kid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  struct stat before;
+  ASSERT_EQ(stat(arbiter.c_str(), &before), 0);
+  auto acct = EndJob(config_, 42, 1060);
+  ASSERT_TRUE(acct.ok()) << acct.status();
+  EXPECT_EQ(*acct, config_.state_dir + "/acct/42.json");
+  std::ifstream in(*acct);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["uid"], nobody->pw_uid);
+  EXPECT_EQ(j["share_percent"], 25.0);
+  EXPECT_EQ(j["gpus"][0]["index"], 1);
+  EXPECT_EQ(j["gpus"][0]["peak_memory_bytes"], 3 * GiB);
+  EXPECT_EQ(j["gpus"][0]["gpu_time_s"], 30.0);
+  EXPECT_EQ(j["gpus"][0]["utilization_percent"], 50.0);
+  // Its files are gone; nobody's access too, kept descriptors included (the file replaced).
+  EXPECT_FALSE(fs::exists(region));
+  EXPECT_FALSE(fs::exists(config_.state_dir + "/jobs/42.json"));
+  EXPECT_TRUE(server::AclUsers(arbiter).empty());
+  struct stat after;
+  ASSERT_EQ(stat(arbiter.c_str(), &after), 0);
+  EXPECT_NE(after.st_ino, before.st_ino);
+  auto nothing = EndJob(config_, 42, 1070);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_EQ(*nothing, "") << "an epilog of a job with nothing here does nothing";
+}
+
+TEST_F(SlurmNodeFiles, ABatchStepsSettingsAreTakenOutOfAStepWithoutAShare) {
+  auto whole = DecideLimits(config_, {.gpus = "0"});
+  ASSERT_TRUE(whole.ok());
+  auto env = SetUpStep(config_, 7, getuid(), getgid(), *whole, library_.string(), 1000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->set.at("LD_PRELOAD"), library_.string());
+  EXPECT_FALSE(env->set.contains("TESSERA_CUDA_MEM_LIMIT"));
+  EXPECT_THAT(env->unset,
+              ::testing::IsSupersetOf({"TESSERA_CUDA_ARBITER", "TESSERA_CUDA_COMPUTE_SHARE",
+                                       "TESSERA_CUDA_MEM_LIMIT"}));
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/regions/7.region")) << "its peak is recorded";
+}
+
+TEST_F(SlurmNodeFiles, AStepWhoseLibraryCannotBeReadIsRefused) {
+  config_.library = (dir_ / "missing.so").string();
+  auto limits = DecideLimits(config_, {.gpus = "0", .shards = "1"});
+  ASSERT_TRUE(limits.ok());
+  auto env = SetUpStep(config_, 9, getuid(), getgid(), *limits, "", 1000);
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(std::string(env.status().message()),
+              HasSubstr("the intercept library " + config_.library + " cannot be read"));
+}
+
+TEST_F(SlurmNodeFiles, AStateFolderOfAnotherUserIsRefused) {
+  fs::create_directories(config_.state_dir);
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_EQ(chown(config_.state_dir.c_str(), nobody->pw_uid, nobody->pw_gid), 0);
+  auto limits = DecideLimits(config_, {.gpus = "0", .shards = "1"});
+  auto env = SetUpStep(config_, 9, getuid(), getgid(), *limits, "", 1000);
+  ASSERT_FALSE(env.ok());
+  EXPECT_THAT(std::string(env.status().message()),
+              HasSubstr("is not a folder of the plugin's own user: refused"));
+}
+
+}  // namespace
+}  // namespace tessera::slurm

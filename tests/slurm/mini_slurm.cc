@@ -1,0 +1,186 @@
+#include "mini_slurm.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "../capture.h"
+
+namespace tessera::slurm_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A free TCP port on loopback (Slurm's ports cannot be 0 in slurm.conf).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+std::string ShortHostname() {
+  char h[256] = {};
+  gethostname(h, sizeof h - 1);
+  std::string s = h;
+  return s.substr(0, s.find('.'));
+}
+
+pid_t PidIn(const std::string& file) {
+  std::ifstream in(file);
+  long pid = 0;
+  in >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// Waits for `pid` to be gone, SIGKILLs it after `grace`.
+void StopPid(pid_t pid, std::chrono::milliseconds grace) {
+  if (pid <= 0 || kill(pid, SIGTERM) != 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (kill(pid, 0) == 0) kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+std::string MiniSlurm::Unavailable() {
+  for (const char* p : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged",
+                        "/usr/bin/srun", "/usr/bin/sbatch"}) {
+    if (access(p, X_OK) != 0)
+      return std::string(p) +
+             " is missing: Debian's slurm-wlm and munge (scripts/deps installs them)";
+  }
+  if (geteuid() != 0) return "a Slurm of its own needs root (SlurmUser, mknod)";
+  return "";
+}
+
+MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
+  char tmpl[] = "/tmp/tessera-slurm-XXXXXX";
+  dir_ = mkdtemp(tmpl);
+  // Every user passes through (munge's socket folder must be, and jobs run as other users).
+  chmod(dir_.c_str(), 0755);
+  for (const char* d : {"munge", "state", "spool", "log", "dev"})
+    fs::create_directories(dir_ + "/" + d);
+  chmod((dir_ + "/munge").c_str(), 0755);
+  {
+    std::ofstream key(dir_ + "/munge/munge.key");
+    std::ifstream random("/dev/urandom");
+    char buf[1024];
+    random.read(buf, sizeof buf);
+    key.write(buf, sizeof buf);
+  }
+  chmod((dir_ + "/munge/munge.key").c_str(), 0400);
+  for (int i = 0; i < 2; ++i) {
+    const std::string dev = dir_ + "/dev/nvidia" + std::to_string(i);
+    if (mknod(dev.c_str(), S_IFCHR | 0666, makedev(195, i)) != 0) {
+      error_ = "mknod " + dev + " failed";
+      return;
+    }
+  }
+  const std::string host = ShortHostname();
+  const int ctld = FreePort(), slurmd = FreePort();
+  std::ofstream(dir_ + "/slurm.conf")
+      << "ClusterName=tessera-test\n"
+      << "SlurmctldHost=" << host << "(127.0.0.1)\n"
+      << "SlurmctldPort=" << ctld << "\nSlurmdPort=" << slurmd << "\n"
+      << "SlurmUser=root\nSlurmdUser=root\n"
+      << "AuthType=auth/munge\nCredType=cred/munge\n"
+      << "AuthInfo=socket=" << dir_ << "/munge/munge.sock\n"
+      << "StateSaveLocation=" << dir_ << "/state\n"
+      << "SlurmdSpoolDir=" << dir_ << "/spool\n"
+      << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"
+      << "SlurmdPidFile=" << dir_ << "/slurmd.pid\n"
+      << "SlurmctldLogFile=" << dir_ << "/log/slurmctld.log\n"
+      << "SlurmdLogFile=" << dir_ << "/log/slurmd.log\n"
+      << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
+      << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+      << "JobCompType=jobcomp/none\n"
+      << "SchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
+      << "SelectTypeParameters=CR_Core\n"
+      << "SchedulerParameters=batch_sched_delay=0,sched_interval=1\n"
+      << "GresTypes=gpu,shard\nReturnToService=2\n"
+      << "PlugStackConfig=" << dir_ << "/plugstack.conf\n"
+      << "NodeName=" << host << " NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:2,shard:"
+      << 2 * options_.shards_per_gpu << " State=UNKNOWN\n"
+      << "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n";
+  std::ofstream(dir_ + "/gres.conf")
+      << "NodeName=" << host << " Name=gpu File=" << dir_ << "/dev/nvidia[0-1]\n"
+      << "NodeName=" << host << " Name=shard Count=" << options_.shards_per_gpu << " File=" << dir_
+      << "/dev/nvidia0\n"
+      << "NodeName=" << host << " Name=shard Count=" << options_.shards_per_gpu << " File=" << dir_
+      << "/dev/nvidia1\n";
+  SetPluginArgs(options_.plugin_args);
+  const std::string conf = dir_ + "/slurm.conf";
+  auto run = [&](const std::string& line) {
+    auto c = test::Capture(line + " 2>&1");
+    if (c.code != 0 && error_.empty()) error_ = line + ": " + c.out;
+  };
+  run("/usr/sbin/munged --socket=" + dir_ + "/munge/munge.sock --key-file=" + dir_ +
+      "/munge/munge.key --pid-file=" + dir_ + "/munge/munged.pid --log-file=" + dir_ +
+      "/log/munge.log --seed-file=" + dir_ + "/munge/seed -f");
+  if (error_.empty()) run(Env() + "/usr/sbin/slurmctld -i -f " + conf);
+  if (error_.empty()) run(Env() + "/usr/sbin/slurmd -f " + conf);
+  // Up when the node is idle (registered, its gres counted).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (error_.empty()) {
+    auto s = test::Capture(Env() + "sinfo -h -o %T 2>&1");
+    if (s.out == "idle\n") break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      error_ = "the node did not become idle in 30 s (sinfo: " + s.out + ")\n" + Logs();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+void MiniSlurm::SetPluginArgs(const std::string& args) {
+  std::ofstream(dir_ + "/plugstack.conf")
+      << "required " << options_.plugin << " " << args << " state_dir=" << PluginStateDir() << "\n";
+}
+
+std::string MiniSlurm::Logs() const {
+  std::string out;
+  for (const char* log : {"slurmctld.log", "slurmd.log", "munge.log"}) {
+    out += std::string("--- ") + log + "\n" +
+           test::Capture("tail -n 20 " + dir_ + "/log/" + log + " 2>&1").out;
+  }
+  return out;
+}
+
+void MiniSlurm::Stop() {
+  // slurmd first, with the controller still there (it may need SIGKILL while it retries
+  // registering with one that is gone); the controller's and munge's state is thrown away with
+  // the folder, so they need no orderly stop (each would take 2 s).
+  StopPid(PidIn(dir_ + "/slurmd.pid"), std::chrono::seconds(3));
+  for (const char* pid : {"/slurmctld.pid", "/munge/munged.pid"}) {
+    const pid_t p = PidIn(dir_ + pid);
+    if (p > 0) kill(p, SIGKILL);
+  }
+}
+
+MiniSlurm::~MiniSlurm() {
+  Stop();
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+}  // namespace tessera::slurm_test

@@ -1,0 +1,203 @@
+// The SPANK plugin (tessera-spank.so) in a real Slurm: munged, slurmctld and slurmd started by
+// the tests (MiniSlurm), jobs submitted with srun and sbatch as users do, the fake CUDA client run
+// in them under the intercept library the plugin preloads.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "../capture.h"
+#include "mini_slurm.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tessera::slurm_test::MiniSlurm;
+using tessera::test::Capture;
+using ::testing::HasSubstr;
+
+constexpr const char* kClient = TESSERA_CUDA_CLIENT;
+const std::string kLibrary = TESSERA_SHIM_LIBRARY;
+const std::string kArgs = "library=" + kLibrary + " shards_per_gpu=8 gpu_memory=16GiB";
+
+class Slurm : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (const std::string why = MiniSlurm::Unavailable(); !why.empty()) {
+      skip_ = why;
+      return;
+    }
+    slurm_ = new MiniSlurm({.plugin = TESSERA_SPANK_PLUGIN, .plugin_args = kArgs});
+  }
+  static void TearDownTestSuite() {
+    delete slurm_;
+    slurm_ = nullptr;
+  }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << "no Slurm here: " << skip_;
+    ASSERT_TRUE(slurm_->error().empty()) << slurm_->error();
+    slurm_->SetPluginArgs(kArgs);
+  }
+  // A command line with the cluster's config and the fake driver (the client's libcuda.so.1)
+  // in the environment srun and sbatch pass on to the job.
+  static std::string Cmd(const std::string& line) {
+    return slurm_->Env() + "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR " " + line;
+  }
+  // Waits until the job's epilog has run on the node (its record gone).
+  static bool WaitForEpilog(const std::string& job) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    const std::string record = slurm_->PluginStateDir() + "/jobs/" + job + ".json";
+    while (fs::exists(record) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return !fs::exists(record);
+  }
+  // Submits with sbatch and waits for the job's end (polling its state: `sbatch --wait` polls
+  // every few seconds). The job's id, empty when sbatch refused it (its words in `said`).
+  static std::string Batch(const std::string& args, std::string* said = nullptr) {
+    auto submit = Capture(Cmd("sbatch --parsable " + args + " 2>&1"));
+    if (said) *said = submit.out;
+    if (submit.code != 0) return "";
+    const std::string job = submit.out.substr(0, submit.out.find_first_of(";\n"));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto state = Capture(slurm_->Env() + "scontrol show job -o " + job + " 2>&1");
+      if (state.out.find("JobState=COMPLETED") != std::string::npos ||
+          state.out.find("JobState=FAILED") != std::string::npos ||
+          state.out.find("JobState=CANCELLED") != std::string::npos)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return job;
+  }
+  static inline MiniSlurm* slurm_ = nullptr;
+  static inline std::string skip_;
+};
+
+TEST_F(Slurm, AnSrunShardStepGetsTheLimitsItsShardsMean) {
+  // 3 of a 16 GiB GPU's 8 shards: 6 GiB and 37.5% of its time.
+  auto env =
+      Capture(Cmd("srun -Q --gres=shard:3 printenv TESSERA_CUDA_COMPUTE_SHARE "
+                  "TESSERA_CUDA_MEM_LIMIT LD_PRELOAD 2>&1"));
+  EXPECT_EQ(env.code, 0) << env.out;
+  EXPECT_EQ(env.out, "37.5%\n6442450944\n" + kLibrary + "\n");
+  auto run = Capture(Cmd(std::string("srun -Q --gres=shard:3 ") + kClient +
+                         " link alloc:6000 alloc:200 alloc:100 2>&1"));
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_EQ(run.out, "ok\noom\nok\n") << "6000 + 200 MiB is past 6 GiB, 6000 + 100 is not";
+}
+
+TEST_F(Slurm, AnSbatchShardJobAndItsStepsGetTheirLimits) {
+  // 5 shards: 10 GiB. The batch script's own process and an srun step inside it.
+  const std::string out = slurm_->dir() + "/batch.out";
+  std::string said;
+  ASSERT_NE(
+      Batch("--gres=shard:5 -o " + out + " --wrap '" + kClient +
+                " link alloc:10000 alloc:300; srun -Q " + kClient + " link alloc:10200 alloc:100'",
+            &said),
+      "")
+      << said;
+  EXPECT_EQ(tessera::test::ReadFile(out), "ok\noom\nok\noom\n");
+}
+
+TEST_F(Slurm, TheUsersOptionsAskLessAndAreRefusedPastTheShards) {
+  auto less =
+      Capture(Cmd("srun -Q --gres=shard:4 --tessera-share=20% --tessera-mem=2G printenv "
+                  "TESSERA_CUDA_COMPUTE_SHARE TESSERA_CUDA_MEM_LIMIT 2>&1"));
+  EXPECT_EQ(less.code, 0) << less.out;
+  EXPECT_EQ(less.out, "20%\n2147483648\n");
+  // As an #SBATCH line too.
+  const std::string out = slurm_->dir() + "/opt.out";
+  std::string said;
+  ASSERT_NE(Batch("-o " + out +
+                      " <<'EOF'\n#!/bin/sh\n#SBATCH --gres=shard:2\n#SBATCH "
+                      "--tessera-mem=1G\nprintenv TESSERA_CUDA_MEM_LIMIT\nEOF\n",
+                  &said),
+            "")
+      << said;
+  EXPECT_EQ(tessera::test::ReadFile(out), "1073741824\n");
+  auto more = Capture(Cmd("srun -Q --gres=shard:2 --tessera-share=50% echo ran 2>&1"));
+  EXPECT_NE(more.code, 0);
+  EXPECT_THAT(more.out, HasSubstr("--tessera-share=50% is more than the step's shards mean (25%)"));
+  EXPECT_THAT(more.out, ::testing::Not(HasSubstr("ran")));
+}
+
+TEST_F(Slurm, AJobWithoutGpusIsLeftAlone) {
+  auto env = Capture(Cmd("srun -Q env 2>&1"));
+  EXPECT_EQ(env.code, 0) << env.out;
+  EXPECT_THAT(env.out, ::testing::Not(HasSubstr("TESSERA_")));
+  EXPECT_THAT(env.out, ::testing::Not(HasSubstr(kLibrary)));
+}
+
+TEST_F(Slurm, AStepWhoseLibraryCannotBeSetUpFailsWithThePluginsMessage) {
+  slurm_->SetPluginArgs(
+      "library=/nonexistent/libtessera-cuda.so shards_per_gpu=8 "
+      "gpu_memory=16GiB");
+  auto run = Capture(Cmd("srun -Q --gres=shard:1 echo ran 2>&1"));
+  EXPECT_NE(run.code, 0);
+  EXPECT_THAT(run.out, HasSubstr("its GPU limits cannot be set up: the intercept library "
+                                 "/nonexistent/libtessera-cuda.so cannot be read"));
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("ran")));
+  slurm_->SetPluginArgs("library=" + kLibrary + " shards_per_gpu=8");  // no gpu_memory=
+  run = Capture(Cmd("srun -Q --gres=shard:1 echo ran 2>&1"));
+  EXPECT_NE(run.code, 0);
+  EXPECT_THAT(run.out, HasSubstr("plugstack.conf gives no gpu_memory="));
+}
+
+TEST_F(Slurm, AtTheJobsEndItsUseIsRecordedAndItsFilesAreGone) {
+  auto run = Capture(Cmd(std::string("srun -Q --gres=shard:2 sh -c 'echo $SLURM_JOB_ID; ") +
+                         kClient + " link alloc:1500 freeall' 2>&1"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  const std::string job = run.out.substr(0, run.out.find('\n'));
+  ASSERT_TRUE(WaitForEpilog(job)) << slurm_->Logs();
+  EXPECT_FALSE(fs::exists(slurm_->PluginStateDir() + "/regions/" + job + ".region"));
+  const std::string acct = slurm_->PluginStateDir() + "/acct/" + job + ".json";
+  auto j = nlohmann::json::parse(tessera::test::ReadFile(acct), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << acct;
+  EXPECT_EQ(j["share_percent"], 25.0);
+  ASSERT_EQ(j["gpus"].size(), 1u);
+  EXPECT_EQ(j["gpus"][0]["peak_memory_bytes"], uint64_t{1500} << 20);
+  EXPECT_EQ(j["gpus"][0]["memory_limit_bytes"], uint64_t{4} << 30);
+  EXPECT_TRUE(j["gpus"][0].contains("gpu_time_s"));
+}
+
+// Two jobs sharing one GPU by shards (6 and 2 of 8) with the fake driver's virtual GPU, whose
+// clock they share: over the same 1.8 s window each gets the GPU time its shards mean.
+TEST_F(Slurm, TwoShardJobsOnOneGpuHoldTheirComputeShares) {
+  const std::string clock = slurm_->dir() + "/gpu.clock";
+  const auto start = std::chrono::steady_clock::now() + std::chrono::milliseconds(800);
+  const std::string start_ms =
+      std::to_string(std::chrono::duration<double, std::milli>(start.time_since_epoch()).count());
+  auto job = [&](int shards) {
+    return popen(Cmd("FAKE_CUDA_CLOCK=" + clock + " WORK_START_MS=" + start_ms +
+                     " srun -Q --gres=shard:" + std::to_string(shards) +
+                     " sh -c 'echo $SLURM_STEP_GPUS; exec " + kClient +
+                     " link work:2100:500:4:0:300:1800' 2>&1")
+                     .c_str(),
+                 "r");
+  };
+  FILE* big = job(6);
+  FILE* small = job(2);
+  auto read = [](FILE* p) {
+    std::string all;
+    char buf[512];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) all.append(buf, n);
+    pclose(p);
+    return all;
+  };
+  const std::string a = read(big), b = read(small);
+  int gpu_a = -1, gpu_b = -1;
+  double us_a = 0, us_b = 0;
+  ASSERT_EQ(sscanf(a.c_str(), "%d gpu_us %lf", &gpu_a, &us_a), 2) << a;
+  ASSERT_EQ(sscanf(b.c_str(), "%d gpu_us %lf", &gpu_b, &us_b), 2) << b;
+  ASSERT_EQ(gpu_a, gpu_b) << "Slurm put the two jobs on one GPU";
+  EXPECT_GT(us_a + us_b, 0.6 * 1.5e6) << "the GPU stays busy";
+  EXPECT_NEAR(100 * us_a / (us_a + us_b), 75, 5) << us_a << " vs " << us_b;
+}
+
+}  // namespace
