@@ -1,12 +1,15 @@
 #include "mini_slurm.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "../capture.h"
 
@@ -44,20 +48,37 @@ std::string ShortHostname() {
   return s.substr(0, s.find('.'));
 }
 
-pid_t PidIn(const std::string& file) {
-  std::ifstream in(file);
-  long pid = 0;
-  in >> pid;
-  return static_cast<pid_t>(pid);
+// Starts `argv` in the foreground as a child that dies with this process (PR_SET_PDEATHSIG: a
+// test killed by its timeout leaves no daemon behind), its output appended to `log`.
+pid_t Daemon(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+  setenv("SLURM_CONF", (fs::path(log).parent_path().parent_path() / "slurm.conf").c_str(), 1);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
 }
 
-// Waits for `pid` to be gone, SIGKILLs it after `grace`.
-void StopPid(pid_t pid, std::chrono::milliseconds grace) {
-  if (pid <= 0 || kill(pid, SIGTERM) != 0) return;
+// Stops `pid` with `sig`, SIGKILL after `grace`; reaps it.
+void StopChild(pid_t pid, int sig, std::chrono::milliseconds grace) {
+  if (pid <= 0) return;
+  kill(pid, sig);
   const auto deadline = std::chrono::steady_clock::now() + grace;
-  while (kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline)
+  while (waitpid(pid, nullptr, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  if (kill(pid, 0) == 0) kill(pid, SIGKILL);
+  }
 }
 
 }  // namespace
@@ -129,16 +150,18 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
       << "NodeName=" << host << " Name=shard Count=" << options_.shards_per_gpu << " File=" << dir_
       << "/dev/nvidia1\n";
   SetPluginArgs(options_.plugin_args);
-  const std::string conf = dir_ + "/slurm.conf";
-  auto run = [&](const std::string& line) {
-    auto c = test::Capture(line + " 2>&1");
-    if (c.code != 0 && error_.empty()) error_ = line + ": " + c.out;
-  };
-  run("/usr/sbin/munged --socket=" + dir_ + "/munge/munge.sock --key-file=" + dir_ +
-      "/munge/munge.key --pid-file=" + dir_ + "/munge/munged.pid --log-file=" + dir_ +
-      "/log/munge.log --seed-file=" + dir_ + "/munge/seed -f");
-  if (error_.empty()) run(Env() + "/usr/sbin/slurmctld -i -f " + conf);
-  if (error_.empty()) run(Env() + "/usr/sbin/slurmd -f " + conf);
+  const std::string conf = dir_ + "/slurm.conf", log = dir_ + "/log/";
+  munged_ =
+      Daemon({"/usr/sbin/munged", "-F", "--socket=" + dir_ + "/munge/munge.sock",
+              "--key-file=" + dir_ + "/munge/munge.key", "--pid-file=" + dir_ + "/munge/munged.pid",
+              "--log-file=" + log + "munge.log", "--seed-file=" + dir_ + "/munge/seed", "-f"},
+             log + "munged.out");
+  // Slurm's daemons need munge's socket from their start.
+  const auto munge_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!fs::exists(dir_ + "/munge/munge.sock") && std::chrono::steady_clock::now() < munge_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  slurmctld_ = Daemon({"/usr/sbin/slurmctld", "-D", "-i", "-f", conf}, log + "slurmctld.out");
+  slurmd_ = Daemon({"/usr/sbin/slurmd", "-D", "-f", conf}, log + "slurmd.out");
   // Up when the node is idle (registered, its gres counted).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (error_.empty()) {
@@ -159,7 +182,8 @@ void MiniSlurm::SetPluginArgs(const std::string& args) {
 
 std::string MiniSlurm::Logs() const {
   std::string out;
-  for (const char* log : {"slurmctld.log", "slurmd.log", "munge.log"}) {
+  for (const char* log :
+       {"slurmctld.log", "slurmd.log", "munge.log", "slurmctld.out", "slurmd.out", "munged.out"}) {
     out += std::string("--- ") + log + "\n" +
            test::Capture("tail -n 20 " + dir_ + "/log/" + log + " 2>&1").out;
   }
@@ -170,11 +194,9 @@ void MiniSlurm::Stop() {
   // slurmd first, with the controller still there (it may need SIGKILL while it retries
   // registering with one that is gone); the controller's and munge's state is thrown away with
   // the folder, so they need no orderly stop (each would take 2 s).
-  StopPid(PidIn(dir_ + "/slurmd.pid"), std::chrono::seconds(3));
-  for (const char* pid : {"/slurmctld.pid", "/munge/munged.pid"}) {
-    const pid_t p = PidIn(dir_ + pid);
-    if (p > 0) kill(p, SIGKILL);
-  }
+  StopChild(slurmd_, SIGTERM, std::chrono::seconds(3));
+  StopChild(slurmctld_, SIGKILL, std::chrono::seconds(3));
+  StopChild(munged_, SIGKILL, std::chrono::seconds(3));
 }
 
 MiniSlurm::~MiniSlurm() {

@@ -5,6 +5,8 @@
 // two GPUs as character devices made with mknod (major 195, as NVIDIA's), each counted as
 // `shards_per_gpu` shards in gres.conf. The plugin is loaded through plugstack.conf from slurmd's
 // start (its epilog callback is read only then).
+#include <sys/types.h>
+
 #include <string>
 
 namespace tessera::slurm_test {
@@ -38,6 +40,7 @@ class MiniSlurm {
   void Stop();
   Options options_;
   std::string dir_, error_;
+  pid_t munged_ = -1, slurmctld_ = -1, slurmd_ = -1;
 };
 
 }  // namespace tessera::slurm_test

@@ -3,6 +3,9 @@
 // in them under the intercept library the plugin preloads.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -13,6 +16,7 @@
 
 #include "../capture.h"
 #include "mini_slurm.h"
+#include "tessera/server/http.h"
 
 namespace {
 
@@ -24,6 +28,42 @@ using ::testing::HasSubstr;
 constexpr const char* kClient = TESSERA_CUDA_CLIENT;
 const std::string kLibrary = TESSERA_SHIM_LIBRARY;
 const std::string kArgs = "library=" + kLibrary + " shards_per_gpu=8 gpu_memory=16GiB";
+
+// A command left running, its stdout read line by line; killed when dropped.
+class Running {
+ public:
+  explicit Running(const std::string& line) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      execl("/bin/sh", "sh", "-c", line.c_str(), nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Running() {
+    if (pid_ > 0) kill(-pid_, SIGTERM), waitpid(pid_, nullptr, 0);
+    if (out_) fclose(out_);
+  }
+  // Its next line, without the newline; empty at its end.
+  std::string Line() {
+    char buf[512] = "";
+    if (!out_ || !fgets(buf, sizeof buf, out_)) return "";
+    std::string s = buf;
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
 
 class Slurm : public ::testing::Test {
  protected:
@@ -148,14 +188,40 @@ TEST_F(Slurm, AStepWhoseLibraryCannotBeSetUpFailsWithThePluginsMessage) {
   EXPECT_THAT(run.out, HasSubstr("plugstack.conf gives no gpu_memory="));
 }
 
-TEST_F(Slurm, AtTheJobsEndItsUseIsRecordedAndItsFilesAreGone) {
-  auto run = Capture(Cmd(std::string("srun -Q --gres=shard:2 sh -c 'echo $SLURM_JOB_ID; ") +
-                         kClient + " link alloc:1500 freeall' 2>&1"));
-  ASSERT_EQ(run.code, 0) << run.out;
-  const std::string job = run.out.substr(0, run.out.find('\n'));
-  ASSERT_TRUE(WaitForEpilog(job)) << slurm_->Logs();
-  EXPECT_FALSE(fs::exists(slurm_->PluginStateDir() + "/regions/" + job + ".region"));
-  const std::string acct = slurm_->PluginStateDir() + "/acct/" + job + ".json";
+// While a job runs, `tessera slurm exporter` shows its use with its Slurm job id; at its end
+// (its epilog) its use is in acct/<job>.json, which `tessera slurm acct` prints, and its files
+// are gone.
+TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
+  auto exporter = std::make_unique<Running>(std::string(TESSERA_BINARY) +
+                                            " slurm exporter --listen 127.0.0.1:0 --state-dir " +
+                                            slurm_->PluginStateDir() + " 2>&1");
+  const std::string ready = exporter->Line();
+  const size_t at = ready.find("on port ");
+  ASSERT_NE(at, std::string::npos) << ready;
+  tessera::server::HttpClient metrics("tcp://127.0.0.1:" +
+                                      std::to_string(std::stoi(ready.substr(at + 8))));
+  auto job = std::make_unique<Running>(
+      Cmd(std::string("srun -Q --gres=shard:2 sh -c 'echo $SLURM_JOB_ID; exec ") + kClient +
+          " link alloc:1500 hold'"));
+  const std::string id = job->Line();
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(job->Line(), "ok");  // the allocation
+  EXPECT_EQ(job->Line(), "holding");
+  auto page = metrics.Send("GET", "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  const std::string labels = "{job_id=\"slurm-" + id + "\",slurm_job_id=\"" + id + "\",gpu=\"";
+  EXPECT_THAT(page->body, HasSubstr("tessera_job_gpu_share" + labels));
+  EXPECT_THAT(page->body,
+              ::testing::ContainsRegex("tessera_job_gpu_memory_used_bytes\\{job_id=\"slurm-" + id +
+                                       "\"[^}]*\\} 1572864000\n"));
+  ASSERT_EQ(Capture(slurm_->Env() + "scancel " + id).code, 0);
+  job.reset();
+  ASSERT_TRUE(WaitForEpilog(id)) << slurm_->Logs();
+  EXPECT_FALSE(fs::exists(slurm_->PluginStateDir() + "/regions/" + id + ".region"));
+  page = metrics.Send("GET", "/metrics");
+  ASSERT_TRUE(page.ok());
+  EXPECT_THAT(page->body, ::testing::Not(HasSubstr("slurm-" + id))) << "ended: no series";
+  const std::string acct = slurm_->PluginStateDir() + "/acct/" + id + ".json";
   auto j = nlohmann::json::parse(tessera::test::ReadFile(acct), nullptr, false);
   ASSERT_TRUE(j.is_object()) << acct;
   EXPECT_EQ(j["share_percent"], 25.0);
@@ -163,6 +229,12 @@ TEST_F(Slurm, AtTheJobsEndItsUseIsRecordedAndItsFilesAreGone) {
   EXPECT_EQ(j["gpus"][0]["peak_memory_bytes"], uint64_t{1500} << 20);
   EXPECT_EQ(j["gpus"][0]["memory_limit_bytes"], uint64_t{4} << 30);
   EXPECT_TRUE(j["gpus"][0].contains("gpu_time_s"));
+  auto table = Capture(std::string(TESSERA_BINARY) + " slurm acct " + id + " --state-dir " +
+                       slurm_->PluginStateDir() + " 2>&1");
+  EXPECT_EQ(table.code, 0) << table.out;
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("\n" + id +
+                                                  " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
+                                                  "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB\n"));
 }
 
 // Two jobs sharing one GPU by shards (6 and 2 of 8) with the fake driver's virtual GPU, whose

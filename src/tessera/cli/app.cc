@@ -17,6 +17,7 @@
 #include "tessera/cli/output.h"
 #include "tessera/cli/server_cmd.h"
 #include "tessera/cli/sim_cmd.h"
+#include "tessera/cli/slurm_cmd.h"
 #include "tessera/cli/version.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/devices/open.h"
@@ -276,6 +277,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::shared_ptr<void> server_state = AddServerCommands(app, action, out, err);
   std::shared_ptr<void> agent_state = AddAgentCommand(app, action, out, err);
   std::shared_ptr<void> extender_state = AddExtenderCommand(app, action, out, err);
+  std::shared_ptr<void> slurm_state = AddSlurmCommands(app, action, out, err);
 
   try {
     app.parse(argc, argv);
@@ -303,10 +305,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         << "\nRun 'tessera --help' for usage.\n";
     return kExitBadInput;
   }
-  // The server says what it does by default; the other commands only warn.
+  // The daemons say what they do by default; the other commands only warn.
   if (!log_level_set &&
       (app.got_subcommand("server") || app.got_subcommand("agent") ||
-       app.got_subcommand("extender")) &&
+       app.got_subcommand("extender") ||
+       (app.got_subcommand("slurm") && app.get_subcommand("slurm")->got_subcommand("exporter"))) &&
       app.count("--log-level") == 0)
     log_level = "info";
   ConfigureLogging(log_level, err);

@@ -1,0 +1,128 @@
+#include "tessera/slurm/node.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "fmt/format.h"
+#include "tessera/server/prometheus.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::slurm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The records of a folder (<job>.json) by job id.
+std::map<uint32_t, fs::path> Records(const std::string& dir) {
+  std::map<uint32_t, fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename();
+    if (e.path().extension() != ".json") continue;
+    char* end = nullptr;
+    const unsigned long id = strtoul(name.c_str(), &end, 10);
+    if (end != name.c_str() && std::string(end) == ".json")
+      out[static_cast<uint32_t>(id)] = e.path();
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<json>> ReadAccounting(const std::string& state_dir,
+                                                 const std::vector<uint32_t>& jobs) {
+  const std::string dir = state_dir + "/acct";
+  if (!fs::is_directory(dir))
+    return absl::NotFoundError(
+        fmt::format("{}: no such folder (is state_dir= in plugstack.conf another one?)", dir));
+  std::map<uint32_t, fs::path> all = Records(dir);
+  std::vector<std::pair<uint32_t, fs::path>> chosen;
+  if (jobs.empty()) {
+    chosen.assign(all.begin(), all.end());
+  } else {
+    for (uint32_t j : jobs) {
+      auto it = all.find(j);
+      if (it == all.end())
+        return absl::NotFoundError(fmt::format(
+            "job {}: no accounting in {} (not ended on this node, or it had no GPUs here)", j,
+            dir));
+      chosen.emplace_back(*it);
+    }
+  }
+  std::vector<json> out;
+  for (const auto& [id, path] : chosen) {
+    std::ifstream in(path);
+    json r = json::parse(in, nullptr, false);
+    if (!r.is_object() || !r.contains("job_id") || !r["gpus"].is_array())
+      return absl::DataLossError(fmt::format("{}: not an accounting record", path.string()));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string NodeMetrics(const std::string& state_dir, const std::string& hostname) {
+  struct Row {
+    uint32_t job;
+    int gpu;
+    size_t ordinal;
+    double share;
+    uint64_t limit;
+  };
+  std::vector<Row> rows;
+  std::map<uint32_t, std::unique_ptr<shim::RegionData>> regions;
+  std::map<uint32_t, bool> readable;
+  for (const auto& [id, path] : Records(state_dir + "/jobs")) {
+    std::ifstream in(path);
+    json r = json::parse(in, nullptr, false);
+    if (!r.is_object() || !r["gpus"].is_array()) continue;
+    const auto gpus = r["gpus"].get<std::vector<int>>();
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      const uint32_t share = r.value("share_permille", 0u);
+      rows.push_back({id, gpus[i], i, share ? share / 1000.0 : 1.0, r.value("memory_bytes", 0ull)});
+    }
+    auto head = shim::ReadRegionHead(fmt::format("{}/regions/{}.region", state_dir, id).c_str());
+    readable[id] = head != nullptr;
+    regions[id] = std::move(head);
+  }
+  server::MetricsPage p;
+  auto labels = [&](const Row& row) -> server::MetricsPage::Labels {
+    return {{"job_id", fmt::format("slurm-{}", row.job)},
+            {"slurm_job_id", std::to_string(row.job)},
+            {"gpu", std::to_string(row.gpu)},
+            {"hostname", hostname}};
+  };
+  p.Family("tessera_job_gpu_share", "gauge",
+           "A job's compute share of its GPU (0..1; whole GPUs 1).");
+  for (const Row& r : rows) p.Sample(labels(r), r.share);
+  p.Family("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");
+  for (const Row& r : rows) {
+    if (r.limit > 0) p.Sample(labels(r), static_cast<double>(r.limit));
+  }
+  p.Family("tessera_job_gpu_memory_used_bytes", "gauge",
+           "GPU memory a fractional job's processes hold (intercept library).");
+  for (const Row& r : rows) {
+    const auto& head = regions[r.job];
+    if (head && r.ordinal < shim::kMaxDevices)
+      p.Sample(labels(r), static_cast<double>(head->used[r.ordinal].load()));
+  }
+  p.Family("tessera_job_gpu_busy_seconds_total", "counter",
+           "GPU time the arbiter charged a job with a compute share.");
+  const std::string arbiter = state_dir + "/arbiter/gpu.arbiter";
+  for (const Row& r : rows) {
+    if (r.share >= 1.0) continue;
+    const uint64_t busy = shim::ArbiterBusyMicros(
+        arbiter.c_str(), r.gpu, shim::ArbiterJobKey(fmt::format("slurm-{}", r.job).c_str()));
+    p.Sample(labels(r), static_cast<double>(busy) / 1e6);
+  }
+  p.Family("tessera_job_usage_readable", "gauge",
+           "1 when a job's shared region reads as a region, 0 when it does not (the job removed, "
+           "truncated or overwrote its file): its figures are then unknown.");
+  for (const Row& r : rows) p.Sample(labels(r), readable[r.job] ? 1 : 0);
+  return p.Take();
+}
+
+}  // namespace tessera::slurm

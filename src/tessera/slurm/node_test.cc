@@ -1,0 +1,100 @@
+#include "tessera/slurm/node.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+#include "tessera/slurm/step.h"
+
+namespace tessera::slurm {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class SlurmNode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("slurm-node-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "lib.so") << "";
+    auto c = ParsePluginArgs({"library=" + (dir_ / "lib.so").string(), "shards_per_gpu=4",
+                              "gpu_memory=8GiB", "state_dir=" + (dir_ / "state").string()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    config_ = *c;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+  PluginConfig config_;
+};
+
+TEST_F(SlurmNode, RunningJobsAreMetricsWithTheSlurmJobId) {
+  auto limits = DecideLimits(config_, {.gpus = "1", .shards = "1"});
+  ASSERT_TRUE(limits.ok());
+  ASSERT_TRUE(SetUpStep(config_, 31, getuid(), getgid(), *limits, "", 100).ok());
+  auto whole = DecideLimits(config_, {.gpus = "0"});
+  ASSERT_TRUE(SetUpStep(config_, 32, getuid(), getgid(), *whole, "", 100).ok());
+  {
+    const uint64_t l[] = {uint64_t{2} << 30};
+    char err[256] = "";
+    std::unique_ptr<shim::Region> r(shim::Region::Attach(
+        (config_.state_dir + "/regions/31.region").c_str(), l, 1, err, sizeof err));
+    ASSERT_NE(r, nullptr) << err;
+    ASSERT_TRUE(r->Reserve(0, 512 << 20));
+    std::unique_ptr<shim::Arbiter> a(
+        shim::Arbiter::Attach((config_.state_dir + "/arbiter/gpu.arbiter").c_str(),
+                              shim::ArbiterJobKey("slurm-31"), {}, err, sizeof err));
+    ASSERT_NE(a, nullptr) << err;
+    a->data()->gpus[1].jobs[a->Slot(1)].busy_us.store(2'500'000);
+    const std::string page = NodeMetrics(config_.state_dir, "node7");
+    const std::string job31 = R"({job_id="slurm-31",slurm_job_id="31",gpu="1",hostname="node7"})";
+    const std::string job32 = R"({job_id="slurm-32",slurm_job_id="32",gpu="0",hostname="node7"})";
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + job31 + " 0.25\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + job32 + " 1\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_memory_limit_bytes" + job31 + " 2147483648\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_memory_used_bytes" + job31 + " 536870912\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_busy_seconds_total" + job31 + " 2.5\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_usage_readable" + job31 + " 1\n"));
+    EXPECT_THAT(page, ::testing::Not(HasSubstr("tessera_job_gpu_memory_limit_bytes" + job32)))
+        << "a whole GPU has no limit";
+  }
+  // A job that truncates its region: no memory sample, marked unreadable.
+  ASSERT_EQ(truncate((config_.state_dir + "/regions/31.region").c_str(), 10), 0);
+  const std::string page = NodeMetrics(config_.state_dir, "node7");
+  const std::string job31 = R"({job_id="slurm-31",slurm_job_id="31",gpu="1",hostname="node7"})";
+  EXPECT_THAT(page, HasSubstr("tessera_job_usage_readable" + job31 + " 0\n"));
+  EXPECT_THAT(page,
+              ::testing::Not(HasSubstr(R"(tessera_job_gpu_memory_used_bytes{job_id="slurm-31")")));
+  // Ended: gone from the page, in the accounting.
+  ASSERT_TRUE(EndJob(config_, 31, 110).ok());
+  ASSERT_TRUE(EndJob(config_, 32, 120).ok());
+  EXPECT_THAT(NodeMetrics(config_.state_dir, "node7"), ::testing::Not(HasSubstr("slurm-3")));
+  auto all = ReadAccounting(config_.state_dir, {});
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0]["job_id"], 31);
+  EXPECT_EQ((*all)[1]["job_id"], 32);
+  auto one = ReadAccounting(config_.state_dir, {32});
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  auto missing = ReadAccounting(config_.state_dir, {33});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("job 33: no accounting in"));
+  std::ofstream(config_.state_dir + "/acct/40.json") << "{not json";
+  auto bad = ReadAccounting(config_.state_dir, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("40.json: not an accounting record"));
+  auto nowhere = ReadAccounting((dir_ / "elsewhere").string(), {});
+  ASSERT_FALSE(nowhere.ok());
+  EXPECT_THAT(std::string(nowhere.status().message()), HasSubstr("no such folder"));
+}
+
+}  // namespace
+}  // namespace tessera::slurm
