@@ -9,12 +9,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "../capture.h"
+#include "fmt/format.h"
 #include "mini_slurm.h"
 #include "tessera/server/http.h"
 
@@ -235,6 +237,53 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   EXPECT_THAT(table.out, ::testing::ContainsRegex("\n" + id +
                                                   " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
                                                   "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB\n"));
+}
+
+// The cluster's own nodes (`scontrol show node -o` of this Slurm) and a sacct export replayed by
+// `tessera sim replay`: a small one of jobs like the tests', and a synthetic one of 3,000 jobs;
+// a malformed row is refused naming its file and line.
+TEST_F(Slurm, ItsNodesAndASacctExportReplayInTheSimulator) {
+  const std::string nodes = slurm_->dir() + "/nodes.txt", jobs = slurm_->dir() + "/jobs.txt",
+                    big = slurm_->dir() + "/big.txt", bad = slurm_->dir() + "/bad.txt";
+  ASSERT_EQ(Capture(slurm_->Env() + "scontrol show node -o > " + nodes).code, 0);
+  const std::string head = "JobID|User|Submit|Start|End|State|AllocTRES|Timelimit\n";
+  std::ofstream(jobs) << head
+                      << "1|root|2026-11-25T10:00:00|2026-11-25T10:00:01|2026-11-25T10:10:01|"
+                         "COMPLETED|billing=1,cpu=1,gres/shard=3,mem=100M,node=1|01:00:00\n"
+                      << "2|root|2026-11-25T10:00:30|2026-11-25T10:00:31|2026-11-25T10:20:31|"
+                         "FAILED|billing=1,cpu=1,gres/gpu=1,mem=100M,node=1|UNLIMITED\n";
+  {
+    std::ofstream out(big);
+    out << head;
+    for (int i = 0; i < 3000; ++i) {
+      const int submit = i * 7, run = 60 + (i * 37) % 900;
+      auto at = [](int s) {
+        return fmt::format("2026-11-{:02}T{:02}:{:02}:{:02}", 1 + s / 86400, s / 3600 % 24,
+                           s / 60 % 60, s % 60);
+      };
+      out << i + 1000 << "|u" << i % 7 << "|" << at(submit) << "|" << at(submit + 5) << "|"
+          << at(submit + 5 + run) << "|COMPLETED|cpu=1,mem=100M,node=1,"
+          << (i % 3 == 0 ? "gres/gpu=1" : fmt::format("gres/shard={}", 1 + i % 7)) << "|02:00:00\n";
+    }
+  }
+  std::ofstream(bad) << head
+                     << "3|root|2026-11-25T10:00:00|2026-11-25T10:00:01|Unknown|RUNNING|"
+                        "cpu=1,mem=lots|UNLIMITED\n";
+  const std::string sim = std::string(TESSERA_BINARY) +
+                          " sim replay --no-progress --gpu-memory 16GiB -o json --nodes " + nodes;
+  auto small = Capture(sim + " --pods " + jobs + " 2>&1");
+  ASSERT_EQ(small.code, 0) << small.out;
+  auto runs = nlohmann::json::parse(small.out, nullptr, false);
+  ASSERT_TRUE(runs.is_array() && !runs.empty()) << small.out;
+  for (const auto& r : runs) EXPECT_EQ(r["finished"], 2) << r.dump();
+  auto large = Capture(sim + " --pods " + big + " 2>&1");
+  ASSERT_EQ(large.code, 0) << large.out;
+  runs = nlohmann::json::parse(large.out, nullptr, false);
+  ASSERT_TRUE(runs.is_array() && !runs.empty()) << large.out;
+  for (const auto& r : runs) EXPECT_EQ(r["finished"], 3000) << r.dump();
+  auto refused = Capture(sim + " --pods " + bad + " 2>&1");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_THAT(refused.out, HasSubstr(bad + ":2: AllocTRES: mem=lots"));
 }
 
 // Two jobs sharing one GPU by shards (6 and 2 of 8) with the fake driver's virtual GPU, whose

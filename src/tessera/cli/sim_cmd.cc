@@ -17,11 +17,13 @@
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
 #include "tessera/cli/version.h"
+#include "tessera/core/gpu.h"
 #include "tessera/sched/fragmentation.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/inflation.h"
 #include "tessera/sim/replay.h"
 #include "tessera/sim/report.h"
+#include "tessera/sim/slurm_trace.h"
 #include "tessera/sim/trace.h"
 
 namespace tessera::cli {
@@ -34,6 +36,8 @@ const std::map<std::string, double> kPaperDefault = {
 
 struct SimFlags {
   std::string nodes, pods, format = "auto", policies = "all", output = "table", out_dir;
+  std::string gpu_memory;
+  int shards_per_gpu = 0;
   int jobs = 0;
   bool progress = true;
   uint64_t seed = 42;
@@ -150,12 +154,16 @@ std::optional<int> Load(const SimFlags& f, Loaded& l, std::ostream& err) {
         << " (set TESSERA_TRACES to a folder holding the openb CSVs)\n";
     return kExitBadInput;
   }
-  auto n = sim::LoadNodes(nodes, *format);
+  sim::TraceOptions options;
+  if (!f.gpu_memory.empty())
+    options.gpu_memory_mib = static_cast<int64_t>(core::ParseBytes(f.gpu_memory).value_or(0) >> 20);
+  auto n = sim::LoadNodes(nodes, *format, options);
   if (!n.ok()) {
     err << "tessera: " << n.status().message() << "\n";
     return kExitBadInput;
   }
-  auto j = sim::LoadJobs(pods, *format);
+  options.shards_per_gpu = f.shards_per_gpu > 0 ? f.shards_per_gpu : sim::ShardsPerGpu(*n);
+  auto j = sim::LoadJobs(pods, *format, options);
   if (!j.ok()) {
     err << "tessera: " << j.status().message() << "\n";
     return kExitBadInput;
@@ -472,15 +480,30 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
 
 void AddCommon(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--nodes", f.nodes,
-                  "Node list CSV (openb or Tessera format); default "
+                  "Node list (openb or Tessera CSV, or `scontrol show node -o`); default "
                   "openb_node_list_gpu_node.csv in $TESSERA_TRACES, else in the checkout's "
                   "traces/openb");
   cmd->add_option("--pods", f.pods,
-                  "Pod/job list CSV (openb or Tessera format); default "
+                  "Pod/job list (openb or Tessera CSV, or `sacct -P`); default "
                   "openb_pod_list_default.csv in $TESSERA_TRACES, else in the checkout's "
                   "traces/openb");
-  cmd->add_option("--format", f.format, "Input format: auto (by header), openb or tessera")
-      ->check(CLI::IsMember({"auto", "openb", "tessera"}));
+  cmd->add_option("--format", f.format,
+                  "Input format: auto (by first line), openb, tessera or slurm (docs/slurm.md)")
+      ->check(CLI::IsMember({"auto", "openb", "tessera", "slurm"}));
+  cmd->add_option("--gpu-memory", f.gpu_memory,
+                  "Slurm traces: each GPU's memory (80GiB), which scontrol does not say; shards "
+                  "then mean their part of it")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            auto b = core::ParseBytes(v);
+            return b && *b >= (uint64_t{1} << 20)
+                       ? std::string()
+                       : "expected a size such as 80GiB, got '" + v + "'";
+          },
+          "SIZE"));
+  cmd->add_option("--shards-per-gpu", f.shards_per_gpu,
+                  "Slurm traces: shards per GPU (default: from the nodes' Gres)")
+      ->check(CLI::Range(1, 10000));
   cmd->add_option("--out", f.out_dir,
                   "Folder for the CSV files and report.html (created if missing)");
   cmd->add_option("-j,--jobs", f.jobs, "Runs in parallel (default: one per CPU)")

@@ -2,6 +2,7 @@
 
 #include "tessera/sim/csv.h"
 #include "tessera/sim/openb.h"
+#include "tessera/sim/slurm_trace.h"
 
 namespace tessera::sim {
 namespace {
@@ -39,8 +40,9 @@ absl::StatusOr<TraceFormat> ParseTraceFormat(std::string_view text) {
   if (text == "auto") return TraceFormat::kAuto;
   if (text == "openb") return TraceFormat::kOpenb;
   if (text == "tessera") return TraceFormat::kTessera;
+  if (text == "slurm") return TraceFormat::kSlurm;
   return absl::InvalidArgumentError(
-      fmt::format("unknown trace format '{}' (known: auto, openb, tessera)", text));
+      fmt::format("unknown trace format '{}' (known: auto, openb, tessera, slurm)", text));
 }
 
 int OpenbPriority(std::string_view qos) {
@@ -149,24 +151,33 @@ absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view text,
   }
 }
 
-absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format) {
+absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format,
+                                                      const TraceOptions& options) {
   auto text = csv::ReadFile(path);
   if (!text.ok()) return text.status();
   if (format == TraceFormat::kAuto) {
-    format = IsOpenbHeader(FirstLine(*text), "sn") ? TraceFormat::kOpenb : TraceFormat::kTessera;
+    const std::string_view first = FirstLine(*text);
+    format = first.starts_with("NodeName=") ? TraceFormat::kSlurm
+             : IsOpenbHeader(first, "sn")   ? TraceFormat::kOpenb
+                                            : TraceFormat::kTessera;
   }
+  if (format == TraceFormat::kSlurm) return ParseScontrolNodes(*text, path, options.gpu_memory_mib);
   return format == TraceFormat::kOpenb ? ParseOpenbNodes(*text, path)
                                        : ParseTesseraNodes(*text, path);
 }
 
-absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format) {
+absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format,
+                                             const TraceOptions& options) {
   auto text = csv::ReadFile(path);
   if (!text.ok()) return text.status();
   if (format == TraceFormat::kAuto) {
     std::string_view header = FirstLine(*text);
-    format = header.find("num_gpu") != std::string_view::npos ? TraceFormat::kOpenb
-                                                              : TraceFormat::kTessera;
+    format = header.find('|') != std::string_view::npos         ? TraceFormat::kSlurm
+             : header.find("num_gpu") != std::string_view::npos ? TraceFormat::kOpenb
+                                                                : TraceFormat::kTessera;
   }
+  if (format == TraceFormat::kSlurm)
+    return ParseSacctJobs(*text, path, options.shards_per_gpu, options.gpu_memory_mib);
   if (format == TraceFormat::kTessera) return ParseTesseraJobs(*text, path);
   auto pods = ParseOpenbPods(*text, path);
   if (!pods.ok()) return pods.status();

@@ -13,8 +13,10 @@
 
 namespace tessera::sim {
 
-enum class TraceFormat { kAuto, kOpenb, kTessera };
-absl::StatusOr<TraceFormat> ParseTraceFormat(std::string_view text);  // auto, openb, tessera
+// openb: the Alibaba CSVs; tessera: Tessera's CSV; slurm: `scontrol show node -o` and `sacct -P`
+// (slurm_trace.h).
+enum class TraceFormat { kAuto, kOpenb, kTessera, kSlurm };
+absl::StatusOr<TraceFormat> ParseTraceFormat(std::string_view text);  // auto, openb, tessera, slurm
 
 struct SimJob {
   core::Request request;  // id, resources, priority, preemptible
@@ -46,8 +48,17 @@ absl::StatusOr<std::vector<core::NodeSpec>> ParseTesseraNodes(std::string_view c
 absl::StatusOr<std::vector<SimJob>> ParseTesseraJobs(std::string_view csv,
                                                      std::string_view filename);
 
-// Reads a node or job file in the given format; kAuto tells the formats apart by their header.
-absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format);
-absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format);
+// What a Slurm trace does not say itself: each GPU's memory (0: unknown; shares are then placed by
+// compute alone) and the shards per GPU (0: from the nodes' Gres, ShardsPerGpu).
+struct TraceOptions {
+  int64_t gpu_memory_mib = 0;
+  int shards_per_gpu = 0;
+};
+
+// Reads a node or job file in the given format; kAuto tells the formats apart by their first line.
+absl::StatusOr<std::vector<core::NodeSpec>> LoadNodes(const std::string& path, TraceFormat format,
+                                                      const TraceOptions& options = {});
+absl::StatusOr<std::vector<SimJob>> LoadJobs(const std::string& path, TraceFormat format,
+                                             const TraceOptions& options = {});
 
 }  // namespace tessera::sim
