@@ -10,6 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,6 +68,13 @@ class Running {
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
 };
+
+std::vector<std::string> Words(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
 
 class Slurm : public ::testing::Test {
  protected:
@@ -247,11 +256,31 @@ TEST_F(Slurm, ItsNodesAndASacctExportReplayInTheSimulator) {
                     big = slurm_->dir() + "/big.txt", bad = slurm_->dir() + "/bad.txt";
   ASSERT_EQ(Capture(slurm_->Env() + "scontrol show node -o > " + nodes).code, 0);
   const std::string head = "JobID|User|Submit|Start|End|State|AllocTRES|Timelimit\n";
-  std::ofstream(jobs) << head
-                      << "1|root|2026-11-25T10:00:00|2026-11-25T10:00:01|2026-11-25T10:10:01|"
-                         "COMPLETED|billing=1,cpu=1,gres/shard=3,mem=100M,node=1|01:00:00\n"
-                      << "2|root|2026-11-25T10:00:30|2026-11-25T10:00:31|2026-11-25T10:20:31|"
-                         "FAILED|billing=1,cpu=1,gres/gpu=1,mem=100M,node=1|UNLIMITED\n";
+  // The small export from this cluster's own jobs: what scontrol says of them, as sacct -P would
+  // (this Slurm has no accounting database for sacct itself).
+  std::string small_export = head;
+  for (const char* gres : {"shard:3", "gpu:1"}) {
+    auto run = Capture(Cmd(std::string("srun -Q -t 10 --gres=") + gres + " printenv SLURM_JOB_ID"));
+    ASSERT_EQ(run.code, 0) << run.out;
+    const std::string id = run.out.substr(0, run.out.find('\n'));
+    auto show = Capture(slurm_->Env() + "scontrol show job -o " + id);
+    std::map<std::string, std::string> f;
+    for (const std::string& word : Words(show.out)) {
+      const size_t eq = word.find('=');
+      if (eq != std::string::npos) f.emplace(word.substr(0, eq), word.substr(eq + 1));
+    }
+    std::string tres = f["TRES"], per_node = f["TresPerNode"];  // gres:shard:3
+    if (per_node.rfind("gres:", 0) == 0) {
+      per_node = per_node.substr(5);
+      tres += ",gres/" + per_node.substr(0, per_node.find(':')) + "=" +
+              per_node.substr(per_node.find(':') + 1);
+    }
+    small_export += id + "|root|" + f["SubmitTime"] + "|" + f["StartTime"] + "|" + f["EndTime"] +
+                    "|" + f["JobState"] + "|" + tres + "|" + f["TimeLimit"] + "\n";
+  }
+  EXPECT_THAT(small_export, HasSubstr(",gres/shard=3|")) << small_export;
+  EXPECT_THAT(small_export, HasSubstr(",gres/gpu=1|")) << small_export;
+  std::ofstream(jobs) << small_export;
   {
     std::ofstream out(big);
     out << head;
@@ -275,7 +304,7 @@ TEST_F(Slurm, ItsNodesAndASacctExportReplayInTheSimulator) {
   ASSERT_EQ(small.code, 0) << small.out;
   auto runs = nlohmann::json::parse(small.out, nullptr, false);
   ASSERT_TRUE(runs.is_array() && !runs.empty()) << small.out;
-  for (const auto& r : runs) EXPECT_EQ(r["finished"], 2) << r.dump();
+  for (const auto& r : runs) EXPECT_EQ(r["finished"], 2) << r.dump() << small_export;
   auto large = Capture(sim + " --pods " + big + " 2>&1");
   ASSERT_EQ(large.code, 0) << large.out;
   runs = nlohmann::json::parse(large.out, nullptr, false);
@@ -287,7 +316,7 @@ TEST_F(Slurm, ItsNodesAndASacctExportReplayInTheSimulator) {
 }
 
 // Two jobs sharing one GPU by shards (6 and 2 of 8) with the fake driver's virtual GPU, whose
-// clock they share: over the same 1.8 s window each gets the GPU time its shards mean.
+// clock they share: over the same 2 s window each gets the GPU time its shards mean.
 TEST_F(Slurm, TwoShardJobsOnOneGpuHoldTheirComputeShares) {
   const std::string clock = slurm_->dir() + "/gpu.clock";
   const auto start = std::chrono::steady_clock::now() + std::chrono::milliseconds(800);
@@ -297,7 +326,7 @@ TEST_F(Slurm, TwoShardJobsOnOneGpuHoldTheirComputeShares) {
     return popen(Cmd("FAKE_CUDA_CLOCK=" + clock + " WORK_START_MS=" + start_ms +
                      " srun -Q --gres=shard:" + std::to_string(shards) +
                      " sh -c 'echo $SLURM_STEP_GPUS; exec " + kClient +
-                     " link work:2100:500:4:0:300:1800' 2>&1")
+                     " link work:2600:500:4:0:300:2300' 2>&1")
                      .c_str(),
                  "r");
   };
@@ -317,7 +346,7 @@ TEST_F(Slurm, TwoShardJobsOnOneGpuHoldTheirComputeShares) {
   ASSERT_EQ(sscanf(a.c_str(), "%d gpu_us %lf", &gpu_a, &us_a), 2) << a;
   ASSERT_EQ(sscanf(b.c_str(), "%d gpu_us %lf", &gpu_b, &us_b), 2) << b;
   ASSERT_EQ(gpu_a, gpu_b) << "Slurm put the two jobs on one GPU";
-  EXPECT_GT(us_a + us_b, 0.6 * 1.5e6) << "the GPU stays busy";
+  EXPECT_GT(us_a + us_b, 0.6 * 2e6) << "the GPU stays busy";
   EXPECT_NEAR(100 * us_a / (us_a + us_b), 75, 5) << us_a << " vs " << us_b;
 }
 
