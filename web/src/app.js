@@ -10,8 +10,12 @@ const S = {
   gpus: [],
   links: [],
   simulated: false,
-  jobs: [],
+  summary: { jobs: {}, users: [] }, // counts of every job (GET /v1/summary)
+  running: [], // the running jobs (the GPU tiles)
+  jobs: [], // the jobs page's list: a page of the newest, filtered by the server
   quotas: [],
+  offline: false, // the server does not answer: what is shown is as of `offlineSince`
+  offlineSince: 0,
   history: { interval_s: 5, window_s: 3600, samples: [] },
   stopStream: null,
 };
@@ -81,6 +85,8 @@ function setLive(s) {
   const e = document.getElementById('live');
   e.className = `live ${s === 'live' ? 'on' : s === 'reconnecting' ? 'off' : ''}`;
   e.textContent = s === 'live' ? 'live' : s === 'reconnecting' ? 'reconnecting…' : s;
+  if (s === 'reconnecting') setOffline(true);
+  if (s === 'live' && S.offline) setOffline(false);
   if (s === 'signed-out') signIn('Your token is no longer accepted: sign in again.');
 }
 
@@ -98,11 +104,15 @@ function debounce(fn, ms) {
 
 // ---- data ----
 
+// The jobs page shows at most this many (the newest); the counts are the server's, of every job.
+const PAGE = 500;
+
 async function loadAll() {
-  const [info, gpus, jobs, quotas, history] = await Promise.all([
+  const [info, gpus, summary, running, quotas, history] = await Promise.all([
     call('GET', '/v1/info'),
     call('GET', '/v1/gpus'),
-    call('GET', '/v1/jobs?limit=2000'),
+    call('GET', '/v1/summary'),
+    call('GET', '/v1/jobs?state=running'),
     call('GET', '/v1/quotas'),
     call('GET', '/v1/history'),
   ]);
@@ -111,31 +121,69 @@ async function loadAll() {
   S.gpus = gpus.gpus;
   S.links = gpus.links || [];
   S.simulated = gpus.simulated;
-  S.jobs = jobs.jobs;
+  S.summary = summary;
+  S.running = running.jobs;
   S.quotas = quotas.quotas;
   S.history = history;
 }
 
 const refreshJobs = debounce(async () => {
   try {
-    const [jobs, gpus, quotas] = await Promise.all([
-      call('GET', '/v1/jobs?limit=2000'),
+    const [summary, running, gpus, quotas] = await Promise.all([
+      call('GET', '/v1/summary'),
+      call('GET', '/v1/jobs?state=running'),
       call('GET', '/v1/gpus'),
       call('GET', '/v1/quotas'),
     ]);
-    S.jobs = jobs.jobs;
+    S.summary = summary;
+    S.running = running.jobs;
     S.gpus = gpus.gpus;
     S.quotas = quotas.quotas;
+    if (view.reload) await view.reload();
     update();
   } catch (e) {
     if (e.status === 401) signIn(e.message);
   }
 }, 150);
 
+// May the signed-in user act on this job (cancel, hold, priority)? Its owner or an admin.
+function mine(job) {
+  return S.me && (S.me.admin || job.owner === S.me.user);
+}
+
+// The server does not answer (the stream broke and has not come back): say so, keep what is shown
+// marked as old, and disable every action until it answers again.
+function setOffline(off) {
+  if (off && !S.offline) S.offlineSince = Date.now();
+  S.offline = off;
+  const banner = document.getElementById('offline');
+  banner.hidden = !off;
+  banner.textContent = off
+    ? `The server does not answer: what is shown is as of ${new Date(S.offlineSince).toLocaleTimeString()}, and actions are off until it is back.`
+    : '';
+  document.body.classList.toggle('offline', off);
+  disableActions();
+}
+
+function disableActions() {
+  for (const e of main.querySelectorAll('button, input, select, textarea')) {
+    if (S.offline) {
+      if (!e.disabled) e.dataset.offline = '1';
+      e.disabled = true;
+    } else if (e.dataset.offline) {
+      delete e.dataset.offline;
+      e.disabled = false;
+    }
+  }
+}
+
 function onEvent(type, data) {
   if (type === 'hello' || type === 'reset') {
     // (Re)connected: what was missed while away comes as events; the rest is fetched again.
-    loadAll().then(update).catch(() => {});
+    loadAll().then(async () => {
+      if (view.reload) await view.reload();
+      update();
+    }).catch(() => {});
   } else if (type === 'job') {
     const j = S.jobs.find((x) => x.id === data.job);
     if (j) {
@@ -170,23 +218,24 @@ const view = { name: '', jobId: null, refreshJob: () => {}, charts: () => {}, up
 
 function update() {
   view.update();
+  disableActions();
 }
 
 function summary() {
   const healthy = S.gpus.filter((g) => g.healthy).length;
   const alloc = S.gpus.reduce((a, g) => a + (g.allocated_milli || 0), 0) / 1000;
-  const running = S.jobs.filter((j) => j.state === 'running').length;
-  const queued = S.jobs.filter((j) => j.state === 'queued').length;
-  const card = (label, value, cls) => h('div', { class: `panel ${cls || ''}` }, h('b', {}, value), label);
+  const c = S.summary.jobs || {};
+  const card = (label, value, cls, id) => h('div', { class: `panel ${cls || ''}`, id }, h('b', {}, value), label);
   return h('div', { class: 'summary', 'aria-label': 'Summary' },
     card('GPUs healthy', `${healthy} of ${S.gpus.length}`, healthy < S.gpus.length ? 'unhealthy' : ''),
     card('GPUs allocated', `${alloc.toFixed(alloc % 1 ? 1 : 0)} of ${S.gpus.length}`),
-    card('jobs running', String(running)),
-    card('jobs queued', String(queued)));
+    card('jobs running', (c.running || 0).toLocaleString('en-US'), '', 'count-running'),
+    card(c.held ? `jobs queued (${c.held.toLocaleString('en-US')} held)` : 'jobs queued',
+      (c.queued || 0).toLocaleString('en-US'), '', 'count-queued'));
 }
 
 function gpuTile(g) {
-  const jobs = S.jobs.filter((j) => j.state === 'running' && (g.jobs || []).includes(j.id));
+  const jobs = S.running.filter((j) => (g.jobs || []).includes(j.id));
   const memUsed = g.memory_used_bytes ?? (g.allocated_memory_mib ? g.allocated_memory_mib * 2 ** 20 : 0);
   const memFrac = g.memory_bytes ? Math.min(1, memUsed / g.memory_bytes) : 0;
   const title = `GPU ${g.index}`;
@@ -251,14 +300,14 @@ function chartsPanel() {
 function quotaTable() {
   if (!S.quotas.length) return h('p', { class: 'muted' }, 'No quotas are set (quotas and group_quotas in the server\'s config).');
   const cell = (used, limit, fmt = String) => (limit === null ? `${fmt(used)} (no limit)` : `${fmt(used)} of ${fmt(limit)}`);
-  return h('table', {},
+  return h('div', { class: 'scroll' }, h('table', {},
     h('thead', {}, h('tr', {}, ['Who', 'GPUs', 'Compute', 'Memory', 'Borrowing'].map((t) => h('th', { scope: 'col' }, t)))),
     h('tbody', {}, S.quotas.map((q) => h('tr', {},
       h('td', {}, `${q.kind} ${q.name}`),
       h('td', {}, cell(q.used.gpus, q.limit.gpus)),
       h('td', {}, cell(q.used.gpu_milli, q.limit.gpu_milli, (v) => `${(v / 1000).toFixed(1)} GPU`)),
       h('td', {}, cell(q.used.gpu_memory_mib, q.limit.gpu_memory_mib, (v) => bytes(v * 2 ** 20))),
-      h('td', {}, q.borrow ? `yes${q.cohort ? ` (cohort ${q.cohort})` : ''}` : 'no')))));
+      h('td', {}, q.borrow ? `yes${q.cohort ? ` (cohort ${q.cohort})` : ''}` : 'no'))))));
 }
 
 function overview() {
@@ -285,20 +334,29 @@ function overview() {
   render();
 }
 
-function jobsTable(rows) {
-  return h('table', { id: 'jobs-table' },
-    h('caption', { class: 'muted', style: 'text-align:left' }, `${rows.length} job${rows.length === 1 ? '' : 's'}`),
+function arrayNote(j) {
+  const a = j.array;
+  if (!a || !a.folded) return null;
+  const states = Object.entries(a.states || {}).map(([s, n]) => `${n.toLocaleString('en-US')} ${s}`).join(', ');
+  return h('div', { class: 'muted' }, `array ${a.range}: ${a.tasks.toLocaleString('en-US')} tasks (${states}${a.held ? `, ${a.held} held` : ''})`);
+}
+
+function jobsTable(rows, total) {
+  const shown = `${rows.length.toLocaleString('en-US')} ${rows.length === 1 ? 'entry' : 'entries'}`;
+  return h('div', { class: 'scroll' }, h('table', { id: 'jobs-table' },
+    h('caption', { class: 'muted', style: 'text-align:left' },
+      total > rows.length ? `${shown}, the newest (arrays folded) of ${total.toLocaleString('en-US')} jobs` : shown),
     h('thead', {}, h('tr', {}, ['Job', 'Name', 'Owner', 'State', 'Asks', 'Priority', 'Submitted', 'Why / where'].map((t) => h('th', { scope: 'col' }, t)))),
     h('tbody', {}, rows.map((j) => h('tr', { class: 'row', 'data-job': j.id },
       h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id}`)),
-      h('td', {}, j.name || ''),
+      h('td', {}, j.name || '', arrayNote(j)),
       h('td', {}, j.owner),
       h('td', {}, stateCell(j.held ? 'held' : j.state)),
       h('td', {}, shape(j)),
       h('td', {}, String(j.priority)),
       h('td', {}, ago(j.submitted_at)),
       h('td', {}, j.state === 'queued' ? (j.waiting || j.reason || '') : j.state === 'running' && j.placement
-        ? `GPU ${(j.placement.gpus || []).map((g) => g.index).join(', ')}` : j.reason || '')))));
+        ? `GPU ${(j.placement.gpus || []).map((g) => g.index).join(', ')}` : j.reason || ''))))));
 }
 
 function field(label, name, attrs = {}) {
@@ -424,34 +482,51 @@ function submitForm() {
 
 function jobsView() {
   view.name = 'jobs';
-  const sel = (label, id, values) => h('div', { class: 'field' }, h('label', { for: id }, label),
-    h('select', { id, onchange: () => drawTable() }, h('option', { value: '' }, 'all'), values.map((x) => h('option', { value: x }, x))));
-  const users = [...new Set(S.jobs.map((j) => j.owner))].sort();
+  const users = () => (S.summary.users || []).map((u) => u.user);
+  const sel = (label, id, values, reload) => h('div', { class: 'field' }, h('label', { for: id }, label),
+    h('select', { id, onchange: () => (reload ? load() : drawTable()) }, h('option', { value: '' }, 'all'), values.map((x) => h('option', { value: x }, x))));
   const models = [...new Set(S.gpus.map((g) => g.model))].sort();
   const filters = h('div', { class: 'filters', role: 'search', 'aria-label': 'Filter jobs' },
-    sel('User', 'flt-user', users),
-    sel('State', 'flt-state', ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'preempted', 'lost']),
+    sel('User', 'flt-user', users(), true),
+    sel('State', 'flt-state', ['queued', 'held', 'running', 'succeeded', 'failed', 'cancelled', 'preempted', 'lost'], true),
     sel('GPU model', 'flt-model', models));
   const tableBox = h('div', { id: 'jobs-box' });
-  function drawTable() {
+  // User and state filter on the server (every job counts); the model, within the page shown.
+  let total = 0;
+  async function load() {
     const u = document.getElementById('flt-user').value;
     const st = document.getElementById('flt-state').value;
+    const q = new URLSearchParams({ arrays: 'fold', limit: String(PAGE) });
+    if (u) q.set('user', u);
+    if (st) q.set('state', st);
+    try {
+      S.jobs = (await call('GET', `/v1/jobs?${q}`)).jobs;
+    } catch (e) {
+      if (e.status === 401) return signIn(e.message);
+      return; // unreachable: the banner says so; the list stays as it was
+    }
+    const counts = u ? (S.summary.users || []).find((x) => x.user === u) || {} : S.summary.jobs || {};
+    total = st ? counts[st] || 0 : counts.total || 0;
+    drawTable();
+  }
+  function drawTable() {
     const m = document.getElementById('flt-model').value;
-    const rows = S.jobs.filter((j) => (!u || j.owner === u) && (!st || j.state === st) &&
-      (!m || (j.placement && (j.placement.gpus || []).some((g) => S.gpus[g.index] && S.gpus[g.index].model === m)) ||
-        (j.spec && j.spec.resources && [].concat(j.spec.resources.model || []).includes(m))))
+    const rows = S.jobs.filter((j) => !m || (j.placement && (j.placement.gpus || []).some((g) => S.gpus[g.index] && S.gpus[g.index].model === m)) ||
+        (j.spec && j.spec.resources && [].concat(j.spec.resources.model || []).includes(m)))
       .slice().reverse();
-    fill(tableBox, jobsTable(rows));
+    fill(tableBox, jobsTable(rows, m ? rows.length : total));
+    disableActions();
   }
   fill(main, h('h1', {}, 'Jobs'), h('h2', {}, 'Submit'), submitForm(), h('h2', {}, 'Queue and history'), filters, tableBox);
-  drawTable();
+  view.reload = load;
   view.update = () => {
     const userSel = document.getElementById('flt-user');
-    for (const o of new Set(S.jobs.map((j) => j.owner))) {
+    for (const o of users()) {
       if (![...userSel.options].some((x) => x.value === o)) userSel.append(h('option', { value: o }, o));
     }
     drawTable();
   };
+  return load();
 }
 
 function jobView(id) {
@@ -528,9 +603,15 @@ function jobView(id) {
       fill(head,
         h('h1', {}, `Job #${job.id} ${job.name || ''} `, stateCell(job.held ? 'held' : job.state)),
         h('div', { class: 'actions' },
-          h('button', { class: 'danger', id: 'cancel', disabled: !live, onclick: () => act('cancel') }, 'Cancel'),
-          job.state === 'queued' ? h('button', { id: 'hold', onclick: () => act(job.held ? 'release' : 'hold') }, job.held ? 'Release' : 'Hold') : null,
-          job.state === 'queued' ? priorityControl(job) : null,
+          // Only where the user may act: another user's job offers nothing to press.
+          mine(job) && live ? h('button', { class: 'danger', id: 'cancel', onclick: () => {
+            // Running work is lost on cancel: asked first. A queued job loses nothing.
+            if (job.state === 'running' && !window.confirm(`Cancel job #${job.id}${job.name ? ` (${job.name})` : ''}? It is running; its work so far is lost.`)) return;
+            act('cancel');
+          } }, 'Cancel') : null,
+          mine(job) && job.state === 'queued' ? h('button', { id: 'hold', onclick: () => act(job.held ? 'release' : 'hold') }, job.held ? 'Release' : 'Hold') : null,
+          mine(job) && job.state === 'queued' ? priorityControl(job) : null,
+          !mine(job) && live ? h('span', { class: 'muted' }, `${job.owner}'s job: only its owner or an admin may change it`) : null,
           job.stopping ? h('span', { class: 'badge warn' }, `stopping: ${job.stopping}`) : null,
           actionErr));
     }
@@ -546,9 +627,9 @@ function jobView(id) {
         h('dt', {}, 'placed on'), h('dd', {}, job.placement ? `GPU ${(job.placement.gpus || []).map((g) => g.index).join(', ')}` : '–'),
         job.expected_start ? [h('dt', {}, 'expected start'), h('dd', {}, new Date(job.expected_start * 1000).toLocaleTimeString())] : null),
       h('h2', {}, 'Events'),
-      h('table', { id: 'events' },
+      h('div', { class: 'scroll' }, h('table', { id: 'events' },
         h('thead', {}, h('tr', {}, ['When', 'State', 'Why'].map((t) => h('th', { scope: 'col' }, t)))),
-        h('tbody', {}, (job.events || []).map((e) => h('tr', {}, h('td', {}, new Date(e.at * 1000).toLocaleTimeString()), h('td', {}, stateCell(e.state)), h('td', {}, e.reason))))),
+        h('tbody', {}, (job.events || []).map((e) => h('tr', {}, h('td', {}, new Date(e.at * 1000).toLocaleTimeString()), h('td', {}, stateCell(e.state)), h('td', {}, e.reason)))))),
       h('h2', {}, 'Spec'),
       h('pre', { 'aria-label': 'Spec' }, JSON.stringify(job.spec, null, 2)),
       job.details_hidden ? h('p', { class: 'muted' }, job.details_hidden) : null);
@@ -556,10 +637,14 @@ function jobView(id) {
   view.refreshJob = debounce(async () => {
     await load();
     tail();
+    disableActions();
   }, 100);
   view.update = () => {};
   fill(main, h('p', {}, h('a', { href: '#/jobs' }, '← Jobs')), head, body, h('h2', {}, 'Log'), logs, errs);
-  load().then(() => tail());
+  load().then(() => {
+    tail();
+    disableActions();
+  });
 }
 
 function signIn(message) {
@@ -594,13 +679,16 @@ function route() {
   const hash = location.hash || '#/';
   for (const a of document.querySelectorAll('[data-nav]')) a.removeAttribute('aria-current');
   view.jobId = null;
+  view.reload = null;
   let m;
   if ((m = hash.match(/^#\/jobs\/(\d+)$/))) {
     document.querySelector('[data-nav=jobs]').setAttribute('aria-current', 'page');
     jobView(Number(m[1]));
   } else if (hash === '#/jobs') {
     document.querySelector('[data-nav=jobs]').setAttribute('aria-current', 'page');
-    jobsView();
+    // Shown once its list is there (the tests wait for the route).
+    jobsView().then(() => { document.body.dataset.route = hash; });
+    return;
   } else {
     document.querySelector('[data-nav=overview]').setAttribute('aria-current', 'page');
     overview();

@@ -74,8 +74,14 @@ test('a job submitted in the page appears, runs, shows its log, and can be cance
   const gpu = job.placement.gpus[0].index;
   await page.evaluate(() => { location.hash = '#/'; });
   await page.waitForSelector(`.tile[data-gpu="${gpu}"] a[href="#/jobs/${id}"]`);
-  // Cancel from its page.
+  // Cancel from its page: running work is asked about first; dismissed, nothing happens.
   await page.evaluate((j) => { location.hash = `#/jobs/${j}`; }, id);
+  const asked = [];
+  page.once('dialog', (d) => { asked.push(d.message()); d.dismiss(); });
+  await page.click('#cancel');
+  assert.match(asked[0], new RegExp(`Cancel job #${id} \\(from-page\\)\\? It is running`));
+  assert.equal((await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body.state, 'running');
+  page.once('dialog', (d) => d.accept());
   await page.click('#cancel');
   await page.waitForSelector('h1 .state-cancelled', { timeout: 10000 });
   assert.match(await page.locator('#events').innerText(), new RegExp(`cancelled\\s+cancelled by ${ME}`));
@@ -122,19 +128,19 @@ test('a bad value gets the API\'s message beside its field, and nothing is submi
   await page.context().close();
 });
 
-test('another user sees the job but cannot cancel it or change its priority: the API\'s refusal is shown', async () => {
+test('another user sees the job but is offered no cancel, hold or priority; the API refuses them too', async () => {
   const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { command: sh('sleep 60'), resources: { gpus: 1 }, hold: true });
   assert.equal(sub.status, 201);
   const id = sub.body.id;
   const page = await openPage(browser, server, OTHER_TOKEN, `#/jobs/${id}`);
-  await page.waitForSelector('#cancel');
+  await page.waitForSelector('h1 .state-held');
   assert.equal(await page.locator('#who').innerText(), OTHER);
-  await page.click('#cancel');
-  await page.waitForFunction(() => document.querySelector('#action-err').textContent !== '');
-  assert.match(await page.locator('#action-err').innerText(), new RegExp(`belongs to ${ME}; only its owner or an admin may cancel it`));
-  await page.fill('#priority', '5');
-  await page.click('#set-priority');
-  await page.waitForFunction(() => /change its priority/.test(document.querySelector('#action-err').textContent));
+  assert.equal(await page.locator('#cancel, #hold, #priority').count(), 0);
+  assert.match(await page.locator('.actions').first().innerText(), new RegExp(`${ME}'s job: only its owner or an admin may change it`));
+  // What the page does not offer, the API refuses (a page is no access control).
+  const refused = await server.api(OTHER_TOKEN, 'POST', `/v1/jobs/${id}/cancel`);
+  assert.equal(refused.status, 403);
+  assert.match(refused.body.message, new RegExp(`belongs to ${ME}; only its owner or an admin may cancel it`));
   // Its logs are its owner's.
   assert.match(await page.locator('#logs').innerText(), /owner and admins/);
   const job = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body;
@@ -238,6 +244,85 @@ test('every page passes axe-core\'s WCAG 2 A and AA checks', async () => {
   await page.evaluate((id) => { location.hash = `#/jobs/${id}`; }, sub.body.id);
   await page.waitForFunction(() => document.querySelector('#errs') && !document.querySelector('#errs').hidden);
   await check('a job');
+  await context.close();
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
+});
+
+// At a lab's scale: the counts come from the server (every job), not from a list the page holds;
+// the tiles from the running jobs; the filters from every user. Then the server stops: the page
+// says so and offers no action until it is back.
+test('at 10,000 queued tasks and 8 running jobs the counts, tiles and filters are right; a stopped server is said and disables actions', async () => {
+  const big = await new Server().start();
+  try {
+    const running = [];
+    for (let i = 0; i < 8; i++) {
+      const r = await big.api(USER_TOKEN, 'POST', '/v1/jobs', { name: `run-${i}`, command: sh('sleep 600'), resources: { gpus: 1 } });
+      assert.equal(r.status, 201);
+      running.push(r.body.id);
+    }
+    await big.until(USER_TOKEN, '/v1/summary', (b) => b.jobs.running === 8, 15000);
+    const arr = await big.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'sweep', array: '0-9999', command: sh('true'), resources: { gpus: 1 } });
+    assert.equal(arr.status, 201, JSON.stringify(arr.body));
+    const theirs = await big.api(OTHER_TOKEN, 'POST', '/v1/jobs', { name: 'theirs', command: sh('true'), resources: { gpus: 2 } });
+    assert.equal(theirs.status, 201, JSON.stringify(theirs.body));
+
+    const page = await openPage(browser, big, USER_TOKEN);
+    await page.waitForSelector('#count-queued');
+    assert.match(await page.locator('#count-running').innerText(), /^8\b/);
+    assert.match(await page.locator('#count-queued').innerText(), /^10,001\b/);
+    for (let g = 0; g < 8; g++) {
+      const links = await page.locator(`.tile[data-gpu="${g}"] li a`).allInnerTexts();
+      assert.equal(links.length, 1, `GPU ${g}: ${links}`);
+      assert.match(links[0], /run-\d/);
+    }
+    await page.evaluate(() => { location.hash = '#/jobs'; });
+    await page.waitForSelector('body[data-route="#/jobs"]');
+    const users = await page.locator('#flt-user option').allInnerTexts();
+    assert.ok(users.includes(ME) && users.includes(OTHER), users.join(', '));
+    // The array is one row, its tasks counted; the caption says how many jobs there are in all.
+    assert.match(await page.locator(`#jobs-table tr[data-job="${arr.body.id}"]`).innerText(), /array 0-9999: 10,000 tasks \(10,000 queued\)/);
+    assert.match(await page.locator('#jobs-table caption').innerText(), /of 10,009 jobs/);
+    await page.selectOption('#flt-state', 'running');
+    await page.waitForFunction(() => document.querySelectorAll('#jobs-table tbody tr').length === 8);
+    await page.selectOption('#flt-state', '');
+    await page.selectOption('#flt-user', OTHER);
+    await page.waitForFunction(() => document.querySelectorAll('#jobs-table tbody tr').length === 1);
+    assert.match(await page.locator('#jobs-table tbody tr').innerText(), /theirs/);
+
+    // The server stops: said, and the submit form and filters are off; back, they are on again.
+    await page.waitForSelector('#live.on');
+    await big.stop();
+    await page.waitForSelector('#offline:not([hidden])', { timeout: 10000 });
+    assert.match(await page.locator('#offline').innerText(), /does not answer: what is shown is as of .*actions are off/);
+    assert.equal(await page.locator('#submit button[type=submit]').isDisabled(), true);
+    assert.equal(await page.locator('#flt-state').isDisabled(), true);
+    await big.start();
+    await page.waitForFunction(() => document.querySelector('#offline').hidden, null, { timeout: 15000 });
+    assert.equal(await page.locator('#submit button[type=submit]').isDisabled(), false);
+    assert.deepEqual(page.errors, []);
+    await page.context().close();
+  } finally {
+    if (big.proc) {
+      for (const j of (await big.api(ADMIN_TOKEN, 'GET', '/v1/jobs?state=queued,running&arrays=fold')).body.jobs || [])
+        await big.api(ADMIN_TOKEN, 'POST', `/v1/jobs/${j.id}/cancel`);
+    }
+    await big.remove();
+  }
+});
+
+// A phone: at 390 px no page is wider than the screen (tables scroll in their own box).
+test('at 390 px wide no page overflows the screen', async () => {
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'narrow', command: sh('echo a-rather-long-line-of-output; sleep 30'), resources: { gpus: 1 } });
+  assert.equal(sub.status, 201);
+  const context = await browser.newContext({ viewport: { width: 390, height: 844 } });
+  const page = await context.newPage();
+  await page.goto(`${server.url}/#token=${USER_TOKEN}`);
+  for (const route of ['#/', '#/jobs', `#/jobs/${sub.body.id}`]) {
+    await page.evaluate((r) => { location.hash = r; }, route);
+    await page.waitForSelector(`body[data-route="${route}"]`);
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 390, `${route}: the page is ${width} px wide`);
+  }
   await context.close();
   await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
 });

@@ -98,6 +98,10 @@ HttpResponse Api::Handle(const HttpRequest& req) {
     if (auto e = only({"GET"})) return *e;
     return Stream(req, c);
   }
+  if (path == "/v1/summary") {
+    if (auto e = only({"GET"})) return *e;
+    return Summary();
+  }
   if (path == "/v1/quotas") {
     if (auto e = only({"GET"})) return *e;
     return Quotas();
@@ -173,6 +177,37 @@ HttpResponse Api::Submit(const HttpRequest& req, const Caller& c) {
                   {"last_id", id + static_cast<int64_t>(done->tasks) - 1}};
   }
   return JsonResponse(201, j);
+}
+
+HttpResponse Api::Summary() {
+  auto jobs = store_.List({}, 0);
+  if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
+  auto zero = [] {
+    json z = json::object();
+    for (const char* s : {"queued", "held", "running", "succeeded", "failed", "cancelled",
+                          "preempted", "lost"})
+      z[s] = 0;
+    z["total"] = 0;
+    return z;
+  };
+  json all = zero();
+  std::map<std::string, json> users;
+  for (const JobRecord& r : *jobs) {
+    auto [it, fresh] = users.try_emplace(r.owner, json());
+    if (fresh) it->second = zero();
+    for (json* c : {&all, &it->second}) {
+      json& n = (*c)[std::string(JobStateName(r.state))];
+      n = n.get<int64_t>() + 1;
+      if (r.state == JobState::kQueued && r.held) (*c)["held"] = (*c)["held"].get<int64_t>() + 1;
+      (*c)["total"] = (*c)["total"].get<int64_t>() + 1;
+    }
+  }
+  json by_user = json::array();
+  for (auto& [user, counts] : users) {
+    counts["user"] = user;
+    by_user.push_back(std::move(counts));
+  }
+  return JsonResponse(200, json{{"jobs", all}, {"users", by_user}});
 }
 
 HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {

@@ -59,6 +59,9 @@ class Api {
   HttpResponse History(const HttpRequest& req);
   // GET /v1/quotas: each user's and group's quota from the config, and what they use now.
   HttpResponse Quotas();
+  // Counts of every job by state (held ones also as "held") and by user: what the dashboard shows
+  // whatever the number of jobs (a list is paged; counts are not).
+  HttpResponse Summary();
   // "/" and "/ui/...": the embedded pages and their code.
   HttpResponse Asset(const std::string& path) const;
 

@@ -1067,6 +1067,34 @@ TEST_F(ServerTest, QuotasShowTheirLimitsAndUse) {
   EXPECT_EQ(j["quotas"][0]["used"]["gpus"], 1);
 }
 
+TEST_F(ServerTest, TheSummaryCountsEveryJobByStateAndUserWhateverTheirNumber) {
+  StartServer();
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];
+  // More queued tasks than any list the dashboard pages through, two running, one held, one done.
+  const int64_t quick = Submit(0, 1);
+  Settle();
+  Advance(2);
+  Settle();
+  ASSERT_EQ(State(quick), "succeeded");
+  for (int i = 0; i < 2; ++i) Submit(1, 100);  // both GPUs of the test machine
+  Submit(0, 0, 0, {{"array", "0-2999"}, {"resources", {{"gpus", 1}}}});
+  const int64_t held = Submit(1, 5, 0, {{"hold", true}});
+  Settle();
+  json j = Call("GET", "/v1/summary");
+  EXPECT_EQ(j["jobs"]["running"], 2) << j.dump();
+  EXPECT_EQ(j["jobs"]["queued"], 3001) << "the array's tasks and the held job";
+  EXPECT_EQ(j["jobs"]["held"], 1);
+  EXPECT_EQ(j["jobs"]["succeeded"], 1);
+  EXPECT_EQ(j["jobs"]["total"], 3004);
+  ASSERT_EQ(j["users"].size(), 1u);
+  EXPECT_EQ(j["users"][0]["user"], me);
+  EXPECT_EQ(j["users"][0]["queued"], 3001);
+  EXPECT_EQ(State(held), "queued");
+  int status = 0;
+  Call("POST", "/v1/summary", nullptr, &status);
+  EXPECT_EQ(status, 405);
+}
+
 TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   StartServer(/*health=*/true);
   HttpRequest req;
