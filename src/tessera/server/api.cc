@@ -184,8 +184,8 @@ HttpResponse Api::Summary() {
   if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
   auto zero = [] {
     json z = json::object();
-    for (const char* s : {"queued", "held", "running", "succeeded", "failed", "cancelled",
-                          "preempted", "lost"})
+    for (const char* s :
+         {"queued", "held", "running", "succeeded", "failed", "cancelled", "preempted", "lost"})
       z[s] = 0;
     z["total"] = 0;
     return z;
