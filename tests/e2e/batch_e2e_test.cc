@@ -363,6 +363,10 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   EXPECT_THAT(Cli(d, "acct --by model -o csv"),
               HasSubstr("model,jobs,succeeded,failed,cancelled,running,gpu_hours,"));
   EXPECT_THAT(Cli(d, "acct --since 2026-13-01"), HasSubstr("--since 2026-13-01: expected"));
+  // sacct's habits: words and now-N<unit>; the jobs of today are in both.
+  EXPECT_EQ(json::parse(Cli(d, "acct --since yesterday -o json"))["total"],
+            json::parse(Cli(d, "acct --since now-2days -o json"))["total"]);
+  EXPECT_GT(json::parse(Cli(d, "acct --since today -o json"))["total"]["jobs"], 0);
   // Per job, like sacct: the columns asked, everyone's for an admin, one's own for a user.
   const std::string jobs = Cli(d, "acct --jobs --format id,user,state,exit,gpus -o csv");
   EXPECT_THAT(jobs, HasSubstr("id,user,state,exit,gpus\n")) << jobs;

@@ -20,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
+#include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
 #include "tessera/server/http.h"
 #include "tessera/server/server.h"
@@ -620,36 +621,6 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
   return cancelling ? 130 : kExitFailure;
 }
 
-// A time on the command line: "now", a duration ago ("90m", "7d", "2w"), a date or a date and time
-// ("2026-11-01", "2026-11-01T08:00", local time), or seconds since the epoch.
-std::optional<double> ParseWhen(const std::string& text, double now) {
-  if (text == "now") return now;
-  if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))) {
-    static const std::pair<char, double> kUnits[] = {
-        {'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}, {'w', 7 * 86400}};
-    for (auto [unit, seconds] : kUnits) {
-      if (text.back() != unit) continue;
-      char* end = nullptr;
-      const double v = strtod(text.c_str(), &end);
-      if (end == text.c_str() + text.size() - 1 && v >= 0) return now - v * seconds;
-      return std::nullopt;
-    }
-    std::tm tm{};
-    for (const char* f : {"%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"}) {
-      tm = std::tm{};
-      const char* end = strptime(text.c_str(), f, &tm);
-      if (end && *end == '\0') {
-        tm.tm_isdst = -1;
-        return static_cast<double>(mktime(&tm));
-      }
-    }
-    char* end = nullptr;
-    const double v = strtod(text.c_str(), &end);
-    if (*end == '\0' && v > 1e8) return v;
-  }
-  return std::nullopt;
-}
-
 // `tessera acct`: GPU-hours, jobs, waits and failures over a period, per user, group or model.
 // `acct --jobs`: one line per job that ended in the period or ran in it, like sacct, with the
 // columns --format names.
@@ -786,8 +757,9 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
        {std::tuple{"--since", s.since, since}, std::tuple{"--until", s.until, until}}) {
     if (!v) {
       err << "tessera: " << flag << " " << text
-          << ": expected now, a duration ago (90m, 7d, 2w), a date (2026-11-01), a date and "
-             "time (2026-11-01T08:00) or seconds since the epoch\n";
+          << ": expected now, today, yesterday, midnight, noon, a duration ago (90m, 7d, 2w, "
+             "now-7days), a date (2026-11-01), a date and time (2026-11-01T08:00) or seconds "
+             "since the epoch\n";
       return kExitBadInput;
     }
   }
