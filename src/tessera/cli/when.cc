@@ -24,9 +24,9 @@ double LocalDay(double now, int days_ago, int hour) {
 // "90m" / "7d" / "2w" (one letter) or "7days" / "2hours" / "1week" (sacct's words): seconds.
 std::optional<double> Ago(std::string_view text) {
   static const std::pair<std::string_view, double> kUnits[] = {
-      {"seconds", 1},  {"second", 1},  {"s", 1},     {"minutes", 60}, {"minute", 60},
-      {"m", 60},       {"hours", 3600}, {"hour", 3600}, {"h", 3600},  {"days", 86400},
-      {"day", 86400},  {"d", 86400},   {"weeks", 604800}, {"week", 604800}, {"w", 604800}};
+      {"seconds", 1}, {"second", 1},   {"s", 1},          {"minutes", 60},  {"minute", 60},
+      {"m", 60},      {"hours", 3600}, {"hour", 3600},    {"h", 3600},      {"days", 86400},
+      {"day", 86400}, {"d", 86400},    {"weeks", 604800}, {"week", 604800}, {"w", 604800}};
   for (const auto& [unit, seconds] : kUnits) {
     if (text.size() <= unit.size() || text.substr(text.size() - unit.size()) != unit) continue;
     // "7days" ends in "s" too: a unit whose number does not read is not this one.

@@ -18,8 +18,10 @@ class When : public ::testing::Test {
     tzset();
   }
   void TearDown() override {
-    if (had_) setenv("TZ", old_.c_str(), 1);
-    else unsetenv("TZ");
+    if (had_)
+      setenv("TZ", old_.c_str(), 1);
+    else
+      unsetenv("TZ");
     tzset();
   }
   std::string old_;

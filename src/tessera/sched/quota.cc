@@ -63,6 +63,29 @@ bool QuotaManager::WithinOwnLimit(const std::string& owner, const GpuAmount& del
          !Over(q->limit.gpu_memory_mib, after.gpu_memory_mib);
 }
 
+bool QuotaManager::NeverAllows(const std::string& owner, const GpuAmount& delta,
+                               std::string* why) const {
+  const OwnerQuota* q = Get(owner);
+  if (q == nullptr) return false;
+  const GpuAmount& ceiling = q->borrow ? q->borrow_limit : q->limit;
+  const char* kind = q->borrow ? " (with borrowing)" : "";
+  std::string said;
+  if (Over(ceiling.gpus, delta.gpus)) {
+    said = fmt::format("{}'s quota{}: at most {} whole GPUs at once; asks {}", owner, kind,
+                       ceiling.gpus, delta.gpus);
+  } else if (Over(ceiling.gpu_milli, delta.gpu_milli)) {
+    said = fmt::format("{}'s quota{}: at most {:g} GPUs of compute at once; asks {:g}", owner, kind,
+                       ceiling.gpu_milli / 1000.0, delta.gpu_milli / 1000.0);
+  } else if (Over(ceiling.gpu_memory_mib, delta.gpu_memory_mib)) {
+    said = fmt::format("{}'s quota{}: at most {} MiB of GPU memory at once; asks {} MiB", owner,
+                       kind, ceiling.gpu_memory_mib, delta.gpu_memory_mib);
+  } else {
+    return false;
+  }
+  if (why) *why = said;
+  return true;
+}
+
 QuotaVerdict QuotaManager::Check(const std::string& owner, const GpuAmount& delta,
                                  std::string* why) const {
   const OwnerQuota* q = Get(owner);

@@ -40,6 +40,10 @@ class QuotaManager {
   // Whether `owner` may add `delta`. On kDenied, `why` says which limit ("owner alice: 3 of 4 GPUs
   // used, wants 2 more").
   QuotaVerdict Check(const std::string& owner, const GpuAmount& delta, std::string* why) const;
+  // Whether `delta` alone is more than `owner` may ever hold at once - its limit, or its borrowing
+  // ceiling when it may borrow - so that a job asking it could never start; `why` names the limit
+  // ("alice's quota: at most 2 whole GPUs at once; asks 4").
+  bool NeverAllows(const std::string& owner, const GpuAmount& delta, std::string* why) const;
 
   void Add(const std::string& owner, const GpuAmount& delta) { used_[owner] += delta; }
   void Sub(const std::string& owner, const GpuAmount& delta) { used_[owner] -= delta; }

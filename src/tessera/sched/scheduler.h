@@ -66,6 +66,7 @@ class Scheduler {
 
   const ClusterState& state() const { return state_; }
   QuotaManager& quotas() { return quotas_; }
+  const QuotaManager& quotas() const { return quotas_; }
   const SchedulerConfig& config() const { return config_; }
 
   // Where `r` would go now, without changing anything. Quotas are not consulted.

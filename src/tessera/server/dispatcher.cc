@@ -1505,13 +1505,37 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   core::Request r = RequestFor(*spec, 1, user, uid);
   int matching = 0;
   int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
+  std::string over_quota;
   {
     std::lock_guard lock(mu_);
     const core::NodeSpec& node = scheduler_->state().node_spec(0);
+    std::vector<int64_t> memory;  // of the GPUs that could take it, smallest first
     for (const core::NodeGpu& g : node.gpus) {
-      if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) ++matching;
+      if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) {
+        ++matching;
+        memory.push_back(g.memory_mib);
+      }
     }
     machine_cpu_milli = node.cpu_milli, machine_memory_mib = node.memory_mib;
+    // The least it would count against its quotas (whole GPUs: the smallest that could take it).
+    sched::GpuAmount least;
+    least.gpus = r.gpus;
+    least.gpu_milli = r.gpu_milli_total();
+    if (r.fractional()) {
+      least.gpu_memory_mib = r.gpu_memory_mib * r.shared_gpu_count();
+    } else {
+      std::sort(memory.begin(), memory.end());
+      for (int i = 0; i < r.gpus && i < static_cast<int>(memory.size()); ++i)
+        least.gpu_memory_mib += memory[static_cast<size_t>(i)];
+    }
+    const sched::QuotaManager& quotas = scheduler_->quotas();
+    if (!quotas.NeverAllows(r.owner, least, &over_quota)) {
+      for (const std::string& group : r.quota_groups)
+        if (quotas.NeverAllows(group, least, &over_quota)) break;
+    }
+  }
+  if (!over_quota.empty()) {
+    return HttpError(400, fmt::format("resources: {}: the job could never start", over_quota));
   }
   if (r.cpu_milli > machine_cpu_milli) {
     return HttpError(400, fmt::format("resources.cpus: {:g} CPUs asked, this machine has {:g}; the "

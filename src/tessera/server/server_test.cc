@@ -521,6 +521,39 @@ TEST_F(ServerTest, QuotaKeepsAJobWaitingAndSaysWhy) {
   EXPECT_EQ(State(second), "running");
 }
 
+TEST_F(ServerTest, AJobOverItsOwnersHardQuotaIsRefusedAtSubmitNamingTheLimit) {
+  StartServer();
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];
+  sched::OwnerQuota q;
+  q.limit.gpus = 1;
+  q.limit.gpu_memory_mib = 20000;
+  config_.quotas[me] = q;
+  StartServer();
+  int status = 0;
+  json j = Call("POST", "/v1/jobs", {{"command", {"true"}}, {"resources", {{"gpus", 2}}}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j.value("message", ""),
+            "resources: " + me + "'s quota: at most 1 whole GPUs at once; asks 2: the job could never start")
+      << j.dump();
+  j = Call("POST", "/v1/jobs",
+           {{"command", {"true"}}, {"resources", {{"gpu_share", "50%"}, {"gpu_memory", "30GiB"}}}},
+           &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(j.value("message", ""),
+              HasSubstr("at most 20000 MiB of GPU memory at once; asks 30720 MiB"));
+  // Within the limit, or over it with room to borrow: accepted (they wait, not refused).
+  Submit(1, 5);
+  q.borrow = true;
+  config_.quotas[me] = q;
+  StartServer();
+  Submit(2, 5);
+  q.borrow_limit.gpus = 1;
+  config_.quotas[me] = q;
+  StartServer();
+  Call("POST", "/v1/jobs", {{"command", {"true"}}, {"resources", {{"gpus", 2}}}}, &status);
+  EXPECT_EQ(status, 400) << "over the borrowing ceiling too";
+}
+
 TEST_F(ServerTest, RestartReadoptsRunningJobsAndKeepsTheQueue) {
   StartServer();
   int64_t running = Submit(2, 50), queued = Submit(2, 10);
