@@ -392,3 +392,47 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
 }
 
 }  // namespace
+
+// `tessera submit job.sh`: the script's #SBATCH and #TESSERA lines are its options (sbatch's
+// translated, the rest said and ignored); the command line wins; a script that is not executable
+// runs with its #! interpreter; a wrong directive is refused naming its line, and nothing submitted.
+TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
+  Daemon d("directives");
+  const std::string script = d.dir() + "/job.sh";
+  std::ofstream(script) << "#!/bin/sh\n"
+                           "#SBATCH --job-name=nightly --gres=gpu:1 --time=10\n"
+                           "#SBATCH --partition=gpu --cpus-per-task=1\n"
+                           "#TESSERA --priority -3 --label team=nlp\n"
+                           "echo ran from the script as $0\n";
+  chmod(script.c_str(), 0644);  // as sbatch scripts usually are: not executable
+  auto out = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                    " submit " + script + " 2>&1");
+  ASSERT_EQ(out.code, 0) << out.out;
+  EXPECT_THAT(out.out, HasSubstr("job.sh:3: #SBATCH --partition=gpu: not used by Tessera (ignored)"));
+  const int64_t id = SubmittedId(out.out);
+  ASSERT_GT(id, 0) << out.out;
+  WaitForLs(d, id, "succeeded");
+  json j = json::parse(Cli(d, fmt::format("show {} -o json", id)));
+  EXPECT_EQ(j["name"], "nightly");
+  EXPECT_EQ(j["priority"], -3);
+  EXPECT_EQ(j["spec"]["resources"]["gpus"], 1);
+  EXPECT_EQ(j["spec"]["resources"]["cpus"], 1);
+  EXPECT_EQ(j["spec"]["max_runtime_s"], 600) << "Slurm's --time=10 is minutes";
+  EXPECT_EQ(j["spec"]["labels"]["team"], "nlp");
+  EXPECT_EQ(j["spec"]["command"], json({"/bin/sh", script}));
+  EXPECT_EQ(Cli(d, fmt::format("logs {}", id)), "ran from the script as " + script + "\n");
+  // The command line wins over the script.
+  const int64_t other = SubmittedId(Cli(d, "submit --name manual --priority 2 " + script));
+  json o = json::parse(Cli(d, fmt::format("show {} -o json", other)));
+  EXPECT_EQ(o["name"], "manual");
+  EXPECT_EQ(o["priority"], 2);
+  EXPECT_EQ(o["spec"]["resources"]["gpus"], 1) << "what the command line did not say: the script's";
+  // A wrong directive: refused with its line, nothing stored.
+  const size_t before = JobCount(d);
+  std::ofstream(script) << "#!/bin/sh\n#TESSERA --gpus lots\ntrue\n";
+  auto bad = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                    " submit " + script + " 2>&1");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("job.sh:2: #TESSERA --gpus lots:"));
+  EXPECT_EQ(JobCount(d), before);
+}

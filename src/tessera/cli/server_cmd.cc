@@ -11,6 +11,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/cli/app.h"
+#include "tessera/cli/directives.h"
 #include "tessera/cli/output.h"
 #include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
@@ -234,6 +236,7 @@ struct State {
   bool acct_jobs = false;  // acct --jobs
   std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";
   double interval = 1;
+  CLI::App* submit_app = nullptr;  // what `submit` was given, for its script's directives
 };
 
 // `tessera run`: Ctrl-C (or SIGTERM) asks for the job to be cancelled.
@@ -385,7 +388,55 @@ std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& e
   return Call(c, "POST", "/v1/jobs", spec.dump(), err, code, key);
 }
 
+void AddSubmitOptions(CLI::App* c, State& s);
+
+// `tessera submit job.sh`: the script's #TESSERA and #SBATCH lines, for the options the command line
+// did not give (directives.h); a script that is not executable runs with its #! interpreter. False
+// (said) when a directive is wrong.
+bool ApplyScriptDirectives(State& s, std::ostream& err) {
+  if (s.command.empty() || s.submit_app == nullptr) return true;
+  const std::string& path = s.command[0];
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return true;
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.rfind("#!", 0) != 0) return true;  // a program, not a script
+  auto d = ParseDirectives(text, path);
+  if (!d.ok()) {
+    err << "tessera: " << d.status().message() << "\n";
+    return false;
+  }
+  for (const std::string& w : d->warnings) err << "tessera: " << w << "\n";
+  // Parsed into the same options, but only those the command line did not give: it wins.
+  CLI::App lines;
+  AddSubmitOptions(&lines, s);
+  for (const Directive& dir : d->directives) {
+    std::vector<std::string> keep;
+    for (size_t i = 0; i < dir.args.size(); ++i) {
+      const CLI::Option* o = s.submit_app->get_option_no_throw(dir.args[i]);
+      const bool takes = o != nullptr && o->get_type_size() != 0;
+      if (o == nullptr || o->count() == 0) {
+        keep.push_back(dir.args[i]);
+        if (takes && i + 1 < dir.args.size()) keep.push_back(dir.args[i + 1]);
+      }
+      if (takes) ++i;
+    }
+    if (keep.empty()) continue;
+    try {
+      std::vector<std::string> argv(keep.rbegin(), keep.rend());  // CLI11 takes them reversed
+      lines.parse(argv);
+    } catch (const CLI::ParseError& e) {
+      err << "tessera: " << path << ":" << dir.line << ": " << dir.text << ": " << e.what() << "\n";
+      return false;
+    }
+  }
+  if (access(path.c_str(), X_OK) != 0 && !d->interpreter.empty())
+    s.command.insert(s.command.begin(), d->interpreter);
+  return true;
+}
+
 int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
+  if (!ApplyScriptDirectives(s, err)) return kExitBadInput;
   auto spec = BuildSpec(s, "submit", err);
   if (!spec) return kExitBadInput;
   int code = kExitOk;
@@ -1087,6 +1138,7 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
       "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
   AddSubmitOptions(sub, st);
   st.client.AddTo(sub);
+  st.submit_app = sub;
   sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });
 
   CLI::App* run = app.add_subcommand(

@@ -533,7 +533,8 @@ TEST_F(ServerTest, AJobOverItsOwnersHardQuotaIsRefusedAtSubmitNamingTheLimit) {
   json j = Call("POST", "/v1/jobs", {{"command", {"true"}}, {"resources", {{"gpus", 2}}}}, &status);
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j.value("message", ""),
-            "resources: " + me + "'s quota: at most 1 whole GPUs at once; asks 2: the job could never start")
+            "resources: " + me +
+                "'s quota: at most 1 whole GPUs at once; asks 2: the job could never start")
       << j.dump();
   j = Call("POST", "/v1/jobs",
            {{"command", {"true"}}, {"resources", {{"gpu_share", "50%"}, {"gpu_memory", "30GiB"}}}},

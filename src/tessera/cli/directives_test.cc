@@ -1,0 +1,76 @@
+#include "tessera/cli/directives.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace tessera::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Args = std::vector<std::string>;
+
+Args Sbatch(const std::string& line, std::vector<std::string>* ignored = nullptr) {
+  std::vector<std::string> dropped;
+  auto a = TranslateSbatch(SplitWords(line), ignored ? ignored : &dropped);
+  EXPECT_TRUE(a.ok()) << line << ": " << a.status();
+  return a.ok() ? *a : Args{};
+}
+
+TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
+  EXPECT_THAT(Sbatch("--job-name=train"), ElementsAre("--name", "train"));
+  EXPECT_THAT(Sbatch("-J train"), ElementsAre("--name", "train"));
+  EXPECT_THAT(Sbatch("--gres=gpu:2"), ElementsAre("--gpus", "2"));
+  EXPECT_THAT(Sbatch("--gres=gpu:a100:4"), ElementsAre("--gpus", "4", "--model", "a100"));
+  EXPECT_THAT(Sbatch("--gpus=h100:2"), ElementsAre("--gpus", "2", "--model", "h100"));
+  EXPECT_THAT(Sbatch("-G 1"), ElementsAre("--gpus", "1"));
+  EXPECT_THAT(Sbatch("-c 8 --mem=64G"), ElementsAre("--cpus", "8", "--mem", "64G"));
+  EXPECT_THAT(Sbatch("--time=90"), ElementsAre("--max-runtime", "90m")) << "Slurm's minutes";
+  EXPECT_THAT(Sbatch("-t 1-00:00:00"), ElementsAre("--max-runtime", "1-00:00:00"));
+  EXPECT_THAT(Sbatch("--array=0-99%8"), ElementsAre("--array", "0-99%8"));
+  EXPECT_THAT(Sbatch("--dependency=afterok:12:13,afterany:14"),
+              ElementsAre("--after", "ok:12:13", "--after", "any:14"));
+  EXPECT_THAT(Sbatch("-H"), ElementsAre("--hold"));
+  EXPECT_THAT(Sbatch("--ntasks=4"), ElementsAre("--ntasks", "4"));
+  std::vector<std::string> ignored;
+  EXPECT_THAT(Sbatch("--partition=gpu -A lab --gres=gpu:1 --qos high", &ignored),
+              ElementsAre("--gpus", "1"));
+  EXPECT_THAT(ignored, ElementsAre("--partition=gpu", "-A", "--qos"));
+  for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--gres=gpu:x", "--gres=gpu:x: expected gpu[:type]:count"},
+           {"--dependency=after:3", "Tessera has afterok, afternotok and afterany"},
+           {"-J", "-J needs a value"}}) {
+    std::vector<std::string> dropped;
+    auto a = TranslateSbatch(SplitWords(bad), &dropped);
+    ASSERT_FALSE(a.ok()) << bad;
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr(why));
+  }
+}
+
+TEST(Directives, OnlyTheLeadingCommentBlockCounts) {
+  auto d = ParseDirectives(
+      "#!/bin/bash -l\n"
+      "# a comment\n"
+      "#SBATCH --job-name='my run' --partition=gpu\n"
+      "\n"
+      "  #TESSERA --gpu-share 30% --priority 5\n"
+      "#SBATCHED --nothing\n"
+      "python train.py\n"
+      "#SBATCH --gres=gpu:8\n",
+      "job.sh");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->interpreter, "/bin/bash");
+  ASSERT_EQ(d->directives.size(), 2u);
+  EXPECT_EQ(d->directives[0].line, 3);
+  EXPECT_THAT(d->directives[0].args, ElementsAre("--name", "my run"));
+  EXPECT_EQ(d->directives[1].line, 5);
+  EXPECT_THAT(d->directives[1].args, ElementsAre("--gpu-share", "30%", "--priority", "5"));
+  EXPECT_THAT(d->warnings,
+              ElementsAre("job.sh:3: #SBATCH --partition=gpu: not used by Tessera (ignored)"));
+  auto bad = ParseDirectives("#!/bin/sh\n#SBATCH --gres=gpu:lots\n", "job.sh");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("job.sh:2: #SBATCH --gres=gpu:lots:"));
+}
+
+}  // namespace
+}  // namespace tessera::cli
