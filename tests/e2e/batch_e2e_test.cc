@@ -295,6 +295,24 @@ TEST(Batch, RunStreamsTheJobsOutputAndExitsWithItsCodeAndCtrlCCancels) {
   EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("cancelling job"));
   json jobs = json::parse(Cli(d, "ls -o json"));
   EXPECT_EQ(jobs.back()["state"], "cancelled");
+  // Every process's output, as srun: whole lines, with -l each prefixed by its rank.
+  const std::string ranks =
+      "-n 3 -- /bin/sh -c 'echo rank $RANK; printf \"no newline $RANK\"; echo oops $RANK >&2'";
+  RunCli all = StartRun(d, ranks, out, err);
+  EXPECT_EQ(all.Wait(), 0) << tessera::test::ReadFile(err);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(tessera::test::ReadFile(out), HasSubstr(fmt::format("rank {}\n", rank)));
+    EXPECT_THAT(tessera::test::ReadFile(out), HasSubstr(fmt::format("no newline {}\n", rank)));
+    EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr(fmt::format("oops {}\n", rank)));
+  }
+  RunCli labelled = StartRun(d, "-l " + ranks, out, err);
+  EXPECT_EQ(labelled.Wait(), 0) << tessera::test::ReadFile(err);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(tessera::test::ReadFile(out), HasSubstr(fmt::format("{0}: rank {0}\n", rank)));
+    EXPECT_THAT(tessera::test::ReadFile(out),
+                HasSubstr(fmt::format("{0}: no newline {0}\n", rank)));
+    EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr(fmt::format("{0}: oops {0}\n", rank)));
+  }
 }
 
 TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
@@ -307,7 +325,8 @@ TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
                out, err);
   ASSERT_EQ(r.Wait(), 0) << tessera::test::ReadFile(err);
   std::string first = tessera::test::ReadFile(out);
-  EXPECT_THAT(first, HasSubstr("0/4 0 127.0.0.1 0\n")) << "task 0's output";
+  EXPECT_THAT(first, HasSubstr("0/4 0 127.0.0.1 0\n"));
+  EXPECT_THAT(first, HasSubstr("3/4 3 127.0.0.1 1\n")) << "every process's output";
   const int64_t id = json::parse(Cli(d, "ls -o json")).back()["id"];
   EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), HasSubstr("3/4 3 127.0.0.1 1\n"));
   EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), ::testing::Not(HasSubstr("\n0\n")))
@@ -329,7 +348,10 @@ TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
                "sleep 0.3; echo done $RANK'",
                out, err);
   EXPECT_EQ(wait.Wait(), 7);
-  EXPECT_EQ(tessera::test::ReadFile(out), "done 0\n");
+  const std::string done = tessera::test::ReadFile(out);
+  EXPECT_THAT(done, HasSubstr("done 0\n"));
+  EXPECT_THAT(done, HasSubstr("done 2\n")) << "every process's output";
+  EXPECT_THAT(done, ::testing::Not(HasSubstr("done 1")));
   EXPECT_THAT(Cli(d, "logs 1 --task 9"), HasSubstr("has 4 task(s)"));
 }
 
@@ -395,7 +417,8 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
 
 // `tessera submit job.sh`: the script's #SBATCH and #TESSERA lines are its options (sbatch's
 // translated, the rest said and ignored); the command line wins; a script that is not executable
-// runs with its #! interpreter; a wrong directive is refused naming its line, and nothing submitted.
+// runs with its #! interpreter; a wrong directive is refused naming its line, and nothing
+// submitted.
 TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
   Daemon d("directives");
   const std::string script = d.dir() + "/job.sh";
@@ -408,7 +431,8 @@ TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
   auto out = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
                                     " submit " + script + " 2>&1");
   ASSERT_EQ(out.code, 0) << out.out;
-  EXPECT_THAT(out.out, HasSubstr("job.sh:3: #SBATCH --partition=gpu: not used by Tessera (ignored)"));
+  EXPECT_THAT(out.out,
+              HasSubstr("job.sh:3: #SBATCH --partition=gpu: not used by Tessera (ignored)"));
   const int64_t id = SubmittedId(out.out);
   ASSERT_GT(id, 0) << out.out;
   WaitForLs(d, id, "succeeded");

@@ -25,8 +25,10 @@ std::vector<std::string> SplitWords(const std::string& text) {
   char quote = 0;
   for (char c : text) {
     if (quote) {
-      if (c == quote) quote = 0;
-      else cur += c;
+      if (c == quote)
+        quote = 0;
+      else
+        cur += c;
     } else if (c == '\'' || c == '"') {
       quote = c, in = true;
     } else if (std::isspace(static_cast<unsigned char>(c))) {
@@ -53,7 +55,7 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
     } else if (opt.size() > 2 && opt[0] == '-') {
       value = opt.substr(2), opt.resize(2), takes = false;
     }
-    static const char* kFlags[] = {"--hold", "-H", "--requeue", "--no-requeue", "--exclusive",
+    static const char* kFlags[] = {"--hold", "-H", "--requeue",  "--no-requeue", "--exclusive",
                                    "--wait", "-W", "--parsable", "--overcommit", "-O"};
     bool flag = false;
     for (const char* f : kFlags) flag = flag || opt == f;
@@ -76,7 +78,8 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
         if (parts[0] != "gpu") continue;
         const std::string count = parts.size() == 1 ? "1" : parts.back();
         if (!Whole(count) || parts.size() > 3)
-          return absl::InvalidArgumentError(fmt::format("--gres={}: expected gpu[:type]:count", value));
+          return absl::InvalidArgumentError(
+              fmt::format("--gres={}: expected gpu[:type]:count", value));
         out.insert(out.end(), {"--gpus", count});
         if (parts.size() == 3) out.insert(out.end(), {"--model", parts[1]});
         found = true;
@@ -108,11 +111,13 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
       for (std::string d; std::getline(deps, d, ',');) {
         const size_t colon = d.find(':');
         const std::string kind = d.substr(0, colon);
-        const char* ours = kind == "afterok" ? "ok" : kind == "afternotok" ? "notok"
-                           : kind == "afterany" ? "any" : nullptr;
+        const char* ours = kind == "afterok"      ? "ok"
+                           : kind == "afternotok" ? "notok"
+                           : kind == "afterany"   ? "any"
+                                                  : nullptr;
         if (ours == nullptr || colon == std::string::npos)
-          return absl::InvalidArgumentError(fmt::format(
-              "--dependency={}: Tessera has afterok, afternotok and afterany", value));
+          return absl::InvalidArgumentError(
+              fmt::format("--dependency={}: Tessera has afterok, afternotok and afterany", value));
         out.insert(out.end(), {"--after", std::string(ours) + d.substr(colon)});
       }
     } else {
@@ -148,11 +153,11 @@ absl::StatusOr<ScriptDirectives> ParseDirectives(const std::string& text, const 
         std::vector<std::string> ignored;
         auto args = TranslateSbatch(dir.args, &ignored);
         if (!args.ok())
-          return absl::InvalidArgumentError(
-              fmt::format("{}:{}: {}: {}", path, n, dir.text, std::string(args.status().message())));
+          return absl::InvalidArgumentError(fmt::format("{}:{}: {}: {}", path, n, dir.text,
+                                                        std::string(args.status().message())));
         for (const std::string& what : ignored)
-          d.warnings.push_back(fmt::format("{}:{}: #SBATCH {}: not used by Tessera (ignored)", path,
-                                           n, what));
+          d.warnings.push_back(
+              fmt::format("{}:{}: #SBATCH {}: not used by Tessera (ignored)", path, n, what));
         if (args->empty()) continue;
         dir.args = *std::move(args);
       }

@@ -237,6 +237,48 @@ struct State {
   std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";
   double interval = 1;
   CLI::App* submit_app = nullptr;  // what `submit` was given, for its script's directives
+  bool label = false;              // run -l
+};
+
+// A job's output as `tessera run` shows it: every process's, each stream in whole lines (a line
+// of one process is never cut by another's), prefixed with the rank ("1: ") under -l; one
+// process's output as it comes when unlabelled.
+class RankOutput {
+ public:
+  RankOutput(int tasks, bool label) : tasks_(tasks), label_(label), held_(2 * tasks) {}
+  void Add(int task, int stream, const std::string& data, std::ostream& os) {
+    if (tasks_ == 1 && !label_) {
+      os << data << std::flush;
+      return;
+    }
+    std::string& held = held_[static_cast<size_t>(2 * task + stream)];
+    held += data;
+    size_t start = 0;
+    for (size_t nl; (nl = held.find('\n', start)) != std::string::npos; start = nl + 1)
+      Line(task, std::string_view(held).substr(start, nl + 1 - start), os);
+    held.erase(0, start);
+    os << std::flush;
+  }
+  // What is left without a newline at the end.
+  void Flush(std::ostream& out, std::ostream& err) {
+    for (int t = 0; t < tasks_; ++t) {
+      for (int k = 0; k < 2; ++k) {
+        std::string& held = held_[static_cast<size_t>(2 * t + k)];
+        if (held.empty()) continue;
+        Line(t, held + "\n", k == 0 ? out : err);
+        held.clear();
+      }
+    }
+  }
+
+ private:
+  void Line(int task, std::string_view line, std::ostream& os) {
+    if (label_) os << task << ": ";
+    os << line;
+  }
+  int tasks_;
+  bool label_;
+  std::vector<std::string> held_;
 };
 
 // `tessera run`: Ctrl-C (or SIGTERM) asks for the job to be cancelled.
@@ -390,9 +432,9 @@ std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& e
 
 void AddSubmitOptions(CLI::App* c, State& s);
 
-// `tessera submit job.sh`: the script's #TESSERA and #SBATCH lines, for the options the command line
-// did not give (directives.h); a script that is not executable runs with its #! interpreter. False
-// (said) when a directive is wrong.
+// `tessera submit job.sh`: the script's #TESSERA and #SBATCH lines, for the options the command
+// line did not give (directives.h); a script that is not executable runs with its #! interpreter.
+// False (said) when a directive is wrong.
 bool ApplyScriptDirectives(State& s, std::ostream& err) {
   if (s.command.empty() || s.submit_app == nullptr) return true;
   const std::string& path = s.command[0];
@@ -628,7 +670,11 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   server::HttpClient c = s.client.Client();
-  int64_t offsets[2] = {0, 0};
+  // Every process's output, as srun shows it: the job's processes as it asked for them.
+  const int tasks =
+      s.tasks_per_gpu > 0 ? s.tasks_per_gpu * std::max(s.gpus, 1) : std::max(s.ntasks, 1);
+  RankOutput shown(tasks, s.label);
+  std::vector<int64_t> offsets(static_cast<size_t>(2 * tasks), 0);
   bool cancelling = false, started = false;
   std::string said;
   for (;;) {
@@ -638,20 +684,27 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
       (void)Call(c, "POST", fmt::format("/v1/jobs/{}/cancel", id), "", err, &code);
     }
     bool any = false, ended = false;
-    for (int k = 0; k < 2; ++k) {
-      auto r = Call(c, "GET",
-                    fmt::format("/v1/jobs/{}/logs?stream={}&offset={}", id,
-                                k == 0 ? "stdout" : "stderr", offsets[k]),
-                    "", err, &code);
-      if (!r) return code;
-      const std::string data = (*r)["data"].get<std::string>();
-      (k == 0 ? out : err) << data << std::flush;
-      offsets[k] = (*r)["next_offset"].get<int64_t>();
-      any = any || !data.empty();
-      ended = (*r)["ended"].get<bool>();
-      started = started || (*r)["state"] != "queued";
+    for (int t = 0; t < tasks; ++t) {
+      for (int k = 0; k < 2; ++k) {
+        int64_t& offset = offsets[static_cast<size_t>(2 * t + k)];
+        auto r = Call(c, "GET",
+                      fmt::format("/v1/jobs/{}/logs?stream={}&offset={}{}", id,
+                                  k == 0 ? "stdout" : "stderr", offset,
+                                  tasks > 1 ? fmt::format("&task={}", t) : ""),
+                      "", err, &code);
+        if (!r) return code;
+        const std::string data = (*r)["data"].get<std::string>();
+        shown.Add(t, k, data, k == 0 ? out : err);
+        offset = (*r)["next_offset"].get<int64_t>();
+        any = any || !data.empty();
+        ended = (*r)["ended"].get<bool>();
+        started = started || (*r)["state"] != "queued";
+      }
     }
-    if (ended && !any) break;
+    if (ended && !any) {
+      shown.Flush(out, err);
+      break;
+    }
     if (!started) {
       // Why it waits, said once per change.
       auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", id), "", err, &code);
@@ -1146,6 +1199,9 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
       "Submit a job, wait for it and stream its output; exits with its exit code (Ctrl-C "
       "cancels it), like srun");
   AddSubmitOptions(run, st);
+  run->add_flag("-l,--rank-labels", st.label,
+                "Prefix each line of output with its process's rank (\"1: \"), as srun -l "
+                "(--label is a job's KEY=VALUE label here)");
   st.client.AddTo(run, false);
   run->callback([&, s] { action = [&, s] { return RunRun(*s, out, err); }; });
 
