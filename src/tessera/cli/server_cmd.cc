@@ -687,11 +687,11 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
     for (int t = 0; t < tasks; ++t) {
       for (int k = 0; k < 2; ++k) {
         int64_t& offset = offsets[static_cast<size_t>(2 * t + k)];
-        auto r = Call(c, "GET",
-                      fmt::format("/v1/jobs/{}/logs?stream={}&offset={}{}", id,
-                                  k == 0 ? "stdout" : "stderr", offset,
-                                  tasks > 1 ? fmt::format("&task={}", t) : ""),
-                      "", err, &code);
+        auto r = Call(
+            c, "GET",
+            fmt::format("/v1/jobs/{}/logs?stream={}&offset={}{}", id, k == 0 ? "stdout" : "stderr",
+                        offset, tasks > 1 ? fmt::format("&task={}", t) : ""),
+            "", err, &code);
         if (!r) return code;
         const std::string data = (*r)["data"].get<std::string>();
         shown.Add(t, k, data, k == 0 ? out : err);
