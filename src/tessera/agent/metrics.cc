@@ -145,6 +145,7 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
            "Pods marked tessera.io/allocated, by result.");
   p.Sample({{"result", "ok"}}, static_cast<double>(counters.allocated_marks));
   p.Sample({{"result", "error"}}, static_cast<double>(counters.mark_errors));
+  server::AddSelfMetrics(p, "agent");
   return p.Take();
 }
 

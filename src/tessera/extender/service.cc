@@ -461,6 +461,7 @@ std::string Service::Metrics() const {
     int64_t milli = g.gpu_milli >= 0 ? g.gpu_milli : (g.gpus >= 0 ? g.gpus * 1000 : -1000);
     p.Sample(Labels{{"namespace", ns}}, milli / 1000.0);
   }
+  server::AddSelfMetrics(p, "extender");
   return p.Take();
 }
 

@@ -1941,12 +1941,15 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
     snap.allocated_memory_bytes.push_back(use.memory_mib * (int64_t{1} << 20));
   }
   for (const auto& [id, r] : running_) {
-    snap.jobs.push_back(
-        {.id = id,
-         .gpu = r.gpus.empty() ? -1 : r.gpus[0],
-         .share = r.region.empty() ? (r.gpus.empty() ? 0.0 : 1.0) : r.gpu_milli / 1000.0,
-         .limit_bytes = r.memory_limit_mib * (int64_t{1} << 20),
-         .region = r.region});
+    for (size_t i = 0; i < r.gpus.size(); ++i) {
+      snap.jobs.push_back({.id = id,
+                           .user = r.owner,
+                           .gpu = r.gpus[i],
+                           .ordinal = static_cast<int>(i),
+                           .share = r.region.empty() ? 1.0 : r.gpu_milli / 1000.0,
+                           .limit_bytes = r.memory_limit_mib * (int64_t{1} << 20),
+                           .region = r.region});
+    }
   }
   snap.queued = queued_.size();
   snap.running = running_.size();

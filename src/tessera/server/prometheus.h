@@ -27,4 +27,11 @@ class MetricsPage {
 // A label value as the text format writes it: backslash, double quote and newline escaped.
 std::string EscapeLabelValue(std::string_view v);
 
+// What every Tessera component exports about itself: `tessera_build_info{component, version} 1`,
+// and the process's own series as Prometheus' client libraries name them
+// (process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
+// process_start_time_seconds, process_open_fds, process_max_fds), read from /proc; a reading /proc
+// does not give is left out.
+void AddSelfMetrics(MetricsPage& p, std::string_view component);
+
 }  // namespace tessera::server

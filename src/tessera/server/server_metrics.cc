@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <map>
+#include <memory>
+
 #include "fmt/format.h"
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/region.h"
@@ -121,8 +124,10 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   for (size_t g = 0; g < n && g < s.allocated_memory_bytes.size(); ++g)
     p.Sample(gpu(g), static_cast<double>(s.allocated_memory_bytes[g]));
   auto job = [&](const ServerMetricsSnapshot::Job& j) -> Labels {
-    return {
-        {"job_id", std::to_string(j.id)}, {"gpu", std::to_string(j.gpu)}, {"hostname", s.hostname}};
+    return {{"job_id", std::to_string(j.id)},
+            {"gpu", std::to_string(j.gpu)},
+            {"user", j.user},
+            {"hostname", s.hostname}};
   };
   p.Family("tessera_job_gpu_share", "gauge",
            "A job's compute share of its GPU (0..1; whole GPUs 1).");
@@ -132,22 +137,25 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
     if (!j.region.empty()) p.Sample(job(j), static_cast<double>(j.limit_bytes));
   }
   // The job's own region file, read once per job: a job that truncated or scribbled on it has no
-  // memory reading (no sample) and is marked unreadable.
-  std::vector<RegionMemory> memory(s.jobs.size());
-  for (size_t i = 0; i < s.jobs.size(); ++i) {
-    if (!s.jobs[i].region.empty()) memory[i] = ReadRegionMemory(s.jobs[i].region);
+  // memory reading (no sample) and is marked unreadable. Its use per GPU is its device's.
+  std::map<int64_t, std::shared_ptr<shim::RegionData>> regions;
+  for (const auto& j : s.jobs) {
+    if (!j.region.empty() && !regions.contains(j.id))
+      regions[j.id] = std::shared_ptr<shim::RegionData>(shim::ReadRegionHead(j.region.c_str()));
   }
   p.Family("tessera_job_gpu_memory_used_bytes", "gauge",
-           "GPU memory a fractional job's processes hold (intercept library).");
-  for (size_t i = 0; i < s.jobs.size(); ++i) {
-    if (!s.jobs[i].region.empty() && memory[i].readable)
-      p.Sample(job(s.jobs[i]), static_cast<double>(memory[i].used));
+           "GPU memory a fractional job's processes hold on this GPU (intercept library).");
+  for (const auto& j : s.jobs) {
+    auto it = regions.find(j.id);
+    if (it != regions.end() && it->second && j.ordinal < shim::kMaxDevices)
+      p.Sample(job(j), static_cast<double>(it->second->used[j.ordinal].load()));
   }
   p.Family("tessera_job_usage_readable", "gauge",
            "1 when a fractional job's shared region reads as a region, 0 when it does not (the job "
            "removed, truncated or overwrote its file): its figures are then unknown.");
-  for (size_t i = 0; i < s.jobs.size(); ++i) {
-    if (!s.jobs[i].region.empty()) p.Sample(job(s.jobs[i]), memory[i].readable ? 1 : 0);
+  for (const auto& j : s.jobs) {
+    auto it = regions.find(j.id);
+    if (it != regions.end()) p.Sample(job(j), it->second ? 1 : 0);
   }
   p.Family("tessera_queue_length", "gauge", "Jobs waiting to start.");
   p.Sample({}, static_cast<double>(s.queued));
@@ -167,6 +175,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   p.Sample({}, st.last_pass_s_);
   p.Family("tessera_scheduling_passes_total", "counter", "Scheduling passes run.");
   p.Sample({}, static_cast<double>(st.passes_));
+  AddSelfMetrics(p, "server");
   return p.Take();
 }
 

@@ -45,10 +45,13 @@ struct ServerMetricsSnapshot {
   std::vector<devices::GpuTelemetry> telemetry;  // per GPU
   std::vector<double> allocated_share;           // per GPU, in GPUs
   std::vector<int64_t> allocated_memory_bytes;   // per GPU
+  // One per running job and GPU it holds (a job on 8 GPUs: 8), with the same labels all its life.
   struct Job {
     int64_t id = 0;
+    std::string user;
     int gpu = -1;
-    double share = 0;         // of its GPU (whole GPUs: 1; no GPU: 0)
+    int ordinal = 0;   // the GPU's place among the job's (its CUDA ordinal, its region's device)
+    double share = 0;  // of its GPU (whole GPUs: 1; no GPU: 0)
     int64_t limit_bytes = 0;  // fractional jobs: their GPU memory limit
     std::string region;       // fractional jobs: their shared region (memory in use read from it)
   };

@@ -1250,17 +1250,34 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
   req.peer.uid = geteuid();
   const std::string page = server_->Handle(req).body;
   const std::string host = Call("GET", "/v1/info").value("hostname", "");
-  EXPECT_THAT(page, HasSubstr(fmt::format(
-                        "tessera_job_gpu_share{{job_id=\"{}\",gpu=\"0\",hostname=\"{}\"}} 1\n",
-                        whole, host)));
-  EXPECT_THAT(page, HasSubstr(fmt::format(
-                        "tessera_job_gpu_share{{job_id=\"{}\",gpu=\"1\",hostname=\"{}\"}} 0.3\n",
-                        part, host)));
-  EXPECT_THAT(page, HasSubstr(fmt::format("tessera_job_gpu_memory_limit_bytes{{job_id=\"{}\",gpu="
-                                          "\"1\",hostname=\"{}\"}} 4294967296\n",
-                                          part, host)));
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];
+  auto labels = [&](int64_t id, int gpu) {
+    return fmt::format("{{job_id=\"{}\",gpu=\"{}\",user=\"{}\",hostname=\"{}\"}}", id, gpu, me,
+                       host);
+  };
+  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + labels(whole, 0) + " 1\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + labels(part, 1) + " 0.3\n"));
+  EXPECT_THAT(page,
+              HasSubstr("tessera_job_gpu_memory_limit_bytes" + labels(part, 1) + " 4294967296\n"));
+  // What every component says of itself.
+  EXPECT_THAT(page, ::testing::ContainsRegex(
+                        "tessera_build_info\\{component=\"server\",version=\"[0-9.]+\"\\} 1\n"));
+  for (const char* series : {"process_cpu_seconds_total ", "process_resident_memory_bytes ",
+                             "process_start_time_seconds ", "process_open_fds "})
+    EXPECT_THAT(page, HasSubstr(std::string("\n") + series)) << series;
   EXPECT_THAT(page, HasSubstr("tessera_scheduling_latency_seconds_count 2\n"));
   EXPECT_THAT(page, HasSubstr("tessera_jobs_running 2\n"));
+  // A job on both GPUs: a series for each, the same job.
+  Call("POST", "/v1/jobs/" + std::to_string(whole) + "/cancel");
+  Call("POST", "/v1/jobs/" + std::to_string(part) + "/cancel");
+  Advance(5);
+  Settle();
+  const int64_t both = Submit(2, 100);
+  Settle();
+  ASSERT_EQ(State(both), "running");
+  const std::string two = server_->Handle(req).body;
+  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share" + labels(both, 0) + " 1\n"));
+  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share" + labels(both, 1) + " 1\n"));
   // The whole page is what Prometheus accepts, lint included.
   std::ofstream(dir_ + "/metrics.txt") << page;
   FILE* p = popen(("promtool check metrics < " + dir_ + "/metrics.txt 2>&1").c_str(), "r");
@@ -1318,19 +1335,20 @@ TEST_F(ServerTest, AJobTruncatingItsRegionAndTheArbiterCannotCrashTheServer) {
   ASSERT_EQ(truncate(region.c_str(), 0), 0);
   const std::string page = server_->Handle(req).body;
   const std::string host = Call("GET", "/v1/info").value("hostname", "");
+  const std::string me = Call("GET", "/v1/info")["caller"]["user"];
   EXPECT_THAT(page,
-              HasSubstr(fmt::format(
-                  "tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 0\n", id,
-                  gpu, host)));
+              HasSubstr(fmt::format("tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",user="
+                                    "\"{}\",hostname=\"{}\"}} 0\n",
+                                    id, gpu, me, host)));
   EXPECT_THAT(page, ::testing::Not(HasSubstr(
                         fmt::format("tessera_job_gpu_memory_used_bytes{{job_id=\"{}\"", id))));
   EXPECT_THAT(page, HasSubstr("tessera_jobs_running 1\n"));
   // Restored as a region again, it reads again.
   std::ofstream(region, std::ios::binary) << whole_region;
   EXPECT_THAT(server_->Handle(req).body,
-              HasSubstr(fmt::format(
-                  "tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",hostname=\"{}\"}} 1\n", id,
-                  gpu, host)));
+              HasSubstr(fmt::format("tessera_job_usage_readable{{job_id=\"{}\",gpu=\"{}\",user="
+                                    "\"{}\",hostname=\"{}\"}} 1\n",
+                                    id, gpu, me, host)));
   Advance(100);
   Settle();
   EXPECT_EQ(State(id), "succeeded") << "its end is recorded";

@@ -122,6 +122,7 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
            "1 when a job's shared region reads as a region, 0 when it does not (the job removed, "
            "truncated or overwrote its file): its figures are then unknown.");
   for (const Row& r : rows) p.Sample(labels(r), readable[r.job] ? 1 : 0);
+  server::AddSelfMetrics(p, "slurm-exporter");
   return p.Take();
 }
 
