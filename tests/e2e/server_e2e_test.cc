@@ -600,7 +600,8 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
 
 TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
   Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
-                      kToken + ", user: nobody}\n");
+                      kToken +
+                      ", user: nobody}\n    - {token: scrape-0123456789abcdef, metrics_only: true}\n");
   int64_t mine = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   d.WaitFor(mine, "running");
   // The port is in the log.
@@ -614,6 +615,20 @@ TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
   auto r = bob.Send("POST", "/v1/jobs/" + std::to_string(mine) + "/cancel");
   EXPECT_EQ(r->status, 403) << r->body;
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(mine))["state"], "running");
+  // A scraper's token reads /metrics and nothing else.
+  HttpClient prometheus(endpoint, "scrape-0123456789abcdef");
+  auto metrics = prometheus.Send("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("\ntessera_jobs_running "));
+  for (const auto& [method, target] : std::vector<std::pair<std::string, std::string>>{
+           {"GET", "/v1/jobs"}, {"GET", "/v1/info"},
+           {"POST", "/v1/jobs/" + std::to_string(mine) + "/cancel"}}) {
+    auto no = prometheus.Send(method, target);
+    ASSERT_TRUE(no.ok());
+    EXPECT_EQ(no->status, 403) << target;
+    EXPECT_THAT(no->body, HasSubstr("metrics_only")) << target;
+  }
   d.Call("POST", "/v1/jobs/" + std::to_string(mine) + "/cancel");
   EXPECT_THAT(log, Not(HasSubstr("travel in clear"))) << "loopback is not warned about";
 }

@@ -48,6 +48,8 @@ HttpResponse Api::Handle(const HttpRequest& req) {
       if (t.token.size() == token.size() && SameSecret(t.token, token)) found = &t;
     }
     if (found == nullptr) return Error(401, "unknown bearer token");
+    if (found->metrics_only && req.path != "/metrics" && req.path != "/v1/health")
+      return Error(403, "this token is a metrics_only one: it reads /metrics and /v1/health only");
     c.user = found->user;
     c.admin = found->admin;
     c.uid = found->uid;  // a local account, checked at config load

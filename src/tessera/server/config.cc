@@ -181,7 +181,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         const YAML::Node& tok = toks[i];
         const std::string where = fmt::format("tcp.tokens[{}]", i);
         if (!tok.IsMap()) return At(path, tok, where, "expected a map with token, user and admin");
-        if (absl::Status st = Known(path, tok, {"token", "user", "admin"}, where); !st.ok())
+        if (absl::Status st = Known(path, tok, {"token", "user", "admin", "metrics_only"}, where);
+            !st.ok())
           return st;
         ApiToken a;
         if (tok["token"] && !Get(path, tok["token"], where + ".token", &a.token).ok()) {
@@ -193,7 +194,19 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
         if (tok["admin"] && !Get(path, tok["admin"], where + ".admin", &a.admin).ok()) {
           return At(path, tok["admin"], where + ".admin", "expected true or false");
         }
+        if (tok["metrics_only"] &&
+            !Get(path, tok["metrics_only"], where + ".metrics_only", &a.metrics_only).ok()) {
+          return At(path, tok["metrics_only"], where + ".metrics_only", "expected true or false");
+        }
         if (a.token.size() < 16) return At(path, tok, where + ".token", "at least 16 characters");
+        if (a.metrics_only) {
+          // A scraper's: it reads /metrics (and /v1/health), runs nothing, is nobody.
+          if (a.admin || !a.user.empty())
+            return At(path, tok, where, "a metrics_only token has no user and is no admin");
+          token_lines.push_back(tok["token"].Mark().line + 1);
+          c->tokens.push_back(a);
+          continue;
+        }
         if (a.user.empty())
           return At(path, tok, where + ".user", "required: the local account its jobs run as");
         // A token's jobs run as its user: one without a local account would run as whoever the
@@ -357,7 +370,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   }
   for (size_t i = 0; i < token_lines.size(); ++i) {
     const ApiToken& t = c->tokens[c->tokens.size() - token_lines.size() + i];
-    if (t.uid == 0 && !c->allow_root_jobs) {
+    if (!t.metrics_only && t.uid == 0 && !c->allow_root_jobs) {
       return absl::InvalidArgumentError(
           fmt::format("{}:{}: tcp.tokens[{}].user: '{}' is root: this token's jobs would run as "
                       "root; use an ordinary "

@@ -127,6 +127,11 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, user: root}]}\n",
        ":1: tcp.tokens[0].user: 'root' is root: this token's jobs would run as root"},
       {"tcp: {listen: \":7070\", tokens: [plain]}\n", "tcp.tokens[0]: expected a map"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, metrics_only: yes, user: "
+       "nobody}]}\n",
+       "tcp.tokens[0]: a metrics_only token has no user and is no admin"},
+      {"tcp: {listen: \":7070\", tokens: [{token: 0123456789abcdef, metrics_only: often}]}\n",
+       "tcp.tokens[0].metrics_only: expected true or false"},
       {"allow_root_jobs: sometimes\n", ":1: allow_root_jobs: expected true or false"},
       {"fair_share: {half_life_s: -1}\n", "fair_share.half_life_s: expected seconds >= 0"},
       {"fair_share: 3600\n", "fair_share: expected a map with half_life_s"},
@@ -191,6 +196,19 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
   }
   ServerConfig c;
   EXPECT_EQ(LoadServerConfig("/nonexistent/server.yaml", &c).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ServerConfig, AMetricsOnlyTokenNeedsNoAccount) {
+  const std::string path = ::testing::TempDir() + "metrics-token.yaml";
+  std::ofstream(path) << "tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n"
+                         "    - {token: scrape-0123456789abcdef, metrics_only: true}\n";
+  ServerConfig c;
+  ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  ASSERT_EQ(c.tokens.size(), 1u);
+  EXPECT_TRUE(c.tokens[0].metrics_only);
+  EXPECT_FALSE(c.tokens[0].admin);
+  EXPECT_EQ(c.tokens[0].user, "");
+  std::remove(path.c_str());
 }
 
 TEST(ServerConfig, TokenForRootOnlyWhenRootJobsAreAllowed) {

@@ -44,6 +44,8 @@ struct ApiToken {
   std::string user;
   bool admin = false;
   uint32_t uid = 0;  // the account's, resolved at load
+  // A scraper's token: /metrics and /v1/health only; no user, runs nothing.
+  bool metrics_only = false;
 };
 
 struct ServerConfig {
