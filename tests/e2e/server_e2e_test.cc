@@ -599,9 +599,9 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
 }
 
 TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
-  Daemon d("tcp", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
-                      kToken +
-                      ", user: nobody}\n    - {token: scrape-0123456789abcdef, metrics_only: true}\n");
+  Daemon d("tcp",
+           std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") + kToken +
+               ", user: nobody}\n    - {token: scrape-0123456789abcdef, metrics_only: true}\n");
   int64_t mine = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
   d.WaitFor(mine, "running");
   // The port is in the log.
@@ -622,7 +622,8 @@ TEST(TesseraServer, TcpNeedsATokenAndUsersCancelOnlyTheirOwnJobs) {
   EXPECT_EQ(metrics->status, 200);
   EXPECT_THAT(metrics->body, HasSubstr("\ntessera_jobs_running "));
   for (const auto& [method, target] : std::vector<std::pair<std::string, std::string>>{
-           {"GET", "/v1/jobs"}, {"GET", "/v1/info"},
+           {"GET", "/v1/jobs"},
+           {"GET", "/v1/info"},
            {"POST", "/v1/jobs/" + std::to_string(mine) + "/cancel"}}) {
     auto no = prometheus.Send(method, target);
     ASSERT_TRUE(no.ok());

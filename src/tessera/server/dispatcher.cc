@@ -1196,12 +1196,17 @@ void Dispatcher::Admit(double now) {
   // (limits.max_running_jobs_per_user counts both, and the jobs being started).
   std::map<int64_t, int> active;
   std::map<uint32_t, size_t> user_active;
+  // An array's tasks waiting in the cycle: they all have one shape, and at most
+  // max_starts_per_pass start in a pass, so more than a few passes' worth of them there would only
+  // take the user's room (her small job stuck behind her own 10,000-task sweep) and the pass's time.
+  std::map<int64_t, size_t> array_in_cycle;
+  const size_t array_window = 4 * config_.max_starts_per_pass;
   for (const auto& [id, r] : running_) {
     if (r.array_id != 0) ++active[r.array_id];
     ++user_active[r.uid];
   }
   for (const auto& [id, q] : queued_) {
-    if (q.in_cycle && q.array_id != 0) ++active[q.array_id];
+    if (q.in_cycle && q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
     if (q.in_cycle) ++user_active[q.uid];
   }
   for (const auto& [id, s] : starting_) ++user_active[s.uid];
@@ -1239,6 +1244,11 @@ void Dispatcher::Admit(double now) {
                               q.throttle, q.throttle);
       continue;
     }
+    if (q.array_id != 0 && array_in_cycle[q.array_id] >= array_window) {
+      q.waiting = fmt::format("behind the first {} waiting tasks of array {}",
+                              array_in_cycle[q.array_id], q.array_id);
+      continue;
+    }
     if (user_active[q.uid] >= config_.max_running_jobs_per_user) {
       q.waiting = fmt::format(
           "{} has {} jobs running or starting, the most per user "
@@ -1255,7 +1265,7 @@ void Dispatcher::Admit(double now) {
       continue;
     }
     q.in_cycle = true;
-    if (q.array_id != 0) ++active[q.array_id];
+    if (q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
     ++user_active[q.uid];
   }
   // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits

@@ -1129,6 +1129,27 @@ TEST_F(ServerTest, TheSummaryCountsEveryJobByStateAndUserWhateverTheirNumber) {
   EXPECT_EQ(status, 405);
 }
 
+// A user's small job is not stuck behind her own large array: only the array's first tasks wait in
+// the scheduling cycle (they share one shape), so the rest do not fill her room there.
+TEST_F(ServerTest, AUsersSmallJobStartsBesideHerOwnLargeArrayWaitingForGpus) {
+  StartServer();
+  for (int i = 0; i < 2; ++i) Submit(1, 100);  // both GPUs of the test machine
+  const int64_t array = Submit(0, 5, 0, {{"array", "0-2999"}, {"resources", {{"gpus", 1}}}});
+  const int64_t quick = Submit(0, 1);  // no GPU
+  Settle();
+  EXPECT_EQ(State(quick), "running");
+  Advance(2);
+  Settle();
+  EXPECT_EQ(State(quick), "succeeded");
+  EXPECT_THAT(Job(array + 2999).value("waiting", ""),
+              HasSubstr(fmt::format("behind the first 256 waiting tasks of array {}", array)));
+  EXPECT_EQ(State(array), "queued");
+  // The GPUs free: the array's tasks start, 64 at most in a pass, the rest coming in.
+  Advance(100);
+  Settle();
+  EXPECT_EQ(State(array), "running");
+}
+
 TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   StartServer(/*health=*/true);
   HttpRequest req;
