@@ -361,10 +361,26 @@ TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
   std::string metrics = Metrics();
   EXPECT_THAT(metrics, HasSubstr("tessera_extender_evictions_total{result=\"evicted\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("tessera_extender_quota_used_gpus{namespace=\"team-b\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("\ntessera_extender_api_server_up 1\n"));
+  EXPECT_THAT(metrics, HasSubstr("tessera_build_info{component=\"extender\""));
   // The page is what Prometheus accepts, lint included.
   std::ofstream(root_ + "/metrics.txt") << metrics;
   auto check = tessera::test::Capture("promtool check metrics < " + root_ + "/metrics.txt 2>&1");
   EXPECT_EQ(check.code, 0) << check.out;
+  // The API server answers nothing but 503 (its watches broken): said as such, not as an empty
+  // cluster.
+  api_.SetFailStatus(503);
+  api_.CloseWatches();
+  EXPECT_TRUE(Until([&] {
+    return Metrics().find("\ntessera_extender_api_server_up 0\n") != std::string::npos;
+  })) << Log(root_ + "/extender.log");
+  api_.SetFailStatus(0);
+  // Back: its next list or watch event says so (the real server sends a bookmark on every watch
+  // about once a minute; here, as soon as the watches are open again).
+  EXPECT_TRUE(Until([&] {
+    api_.SendBookmarks();
+    return Metrics().find("\ntessera_extender_api_server_up 1\n") != std::string::npos;
+  })) << Log(root_ + "/extender.log");
 }
 
 // A gang of higher priority that fits nowhere has room made for all of its members at once: every

@@ -434,7 +434,7 @@ std::string Service::Metrics() const {
       s.nodes);
   by("tessera_extender_gpus", "gauge", "GPUs on them, by health.", "health",
      {{"healthy", s.gpus_healthy}, {"unhealthy", s.gpus - s.gpus_healthy}});
-  one("tessera_extender_gpu_allocated", "gauge", "GPU compute allocated, in GPUs.",
+  one("tessera_extender_gpu_allocated_gpus", "gauge", "GPU compute allocated, in GPUs.",
       s.gpu_milli_allocated / 1000.0);
   by("tessera_extender_pods", "gauge", "Tessera pods by state.", "state",
      {{"queued", s.queued}, {"reserved", s.reserved}, {"bound", s.bound}});
@@ -445,10 +445,17 @@ std::string Service::Metrics() const {
   }
   one("tessera_extender_gangs_waiting", "gauge", "Gangs with members queued, not yet placed.",
       s.gangs_waiting);
-  one("tessera_extender_model_rebuilds", "gauge", "Rebuilds of the model after node changes.",
-      static_cast<double>(s.rebuilds));
+  one("tessera_extender_model_rebuilds_total", "counter",
+      "Rebuilds of the model after node changes.", static_cast<double>(s.rebuilds));
   one("tessera_extender_quota_error", "gauge", "1 when the quota ConfigMap has an error.",
       s.quota_error.empty() ? 0 : 1);
+  // Whether what it knows of the cluster is current: every informer listed, its last list or
+  // watch gone well. 0 says the figures above are old (all zeros would look like an empty cluster).
+  bool up = !informers_.empty();
+  for (const auto& i : informers_) up = up && i->synced() && i->last_error().empty();
+  one("tessera_extender_api_server_up", "gauge",
+      "1 when every watch of the API server is synced and its last list or watch succeeded.",
+      up ? 1 : 0);
   auto quotas = extender_->quota_use();
   p.Family("tessera_extender_quota_used_gpus", "gauge",
            "GPUs in use per namespace (whole + shares).");

@@ -162,6 +162,11 @@ void Informer::Run() {
     bool got_event = false;
     auto started = std::chrono::steady_clock::now();
     absl::Status s = client_.Watch(options_.path, wo, [&](const WatchEvent& e) {
+      if (!got_event) {
+        // The server answers again: what failed before is over.
+        std::lock_guard lock(mu_);
+        last_error_.clear();
+      }
       got_event = true;
       Apply(e.type, e.object);
       return !stop_;
@@ -169,6 +174,10 @@ void Informer::Run() {
     if (stop_) break;
     if (got_event) backoff = std::chrono::milliseconds(100);
     if (s.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        last_error_.clear();  // a stream the server ended cleanly
+      }
       // The server ended the stream: watch on from the last version (after a pause when it ended
       // at once and empty, so a server that closes every stream is not hammered).
       if (!got_event && std::chrono::steady_clock::now() - started < std::chrono::seconds(1)) {

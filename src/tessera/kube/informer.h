@@ -60,7 +60,8 @@ class Informer {
   std::optional<nlohmann::json> Get(const std::string& key) const;
   std::string resource_version() const;
   const InformerCounters& counters() const { return counters_; }
-  // The last error, empty when the last list or watch went well.
+  // The last error, empty when the last list or watch went well (a watch: once it delivers an
+  // event, a bookmark included, or the server ends it cleanly).
   std::string last_error() const;
 
  private:

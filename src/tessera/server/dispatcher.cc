@@ -1198,7 +1198,8 @@ void Dispatcher::Admit(double now) {
   std::map<uint32_t, size_t> user_active;
   // An array's tasks waiting in the cycle: they all have one shape, and at most
   // max_starts_per_pass start in a pass, so more than a few passes' worth of them there would only
-  // take the user's room (her small job stuck behind her own 10,000-task sweep) and the pass's time.
+  // take the user's room (her small job stuck behind her own 10,000-task sweep) and the pass's
+  // time.
   std::map<int64_t, size_t> array_in_cycle;
   const size_t array_window = 4 * config_.max_starts_per_pass;
   for (const auto& [id, r] : running_) {
