@@ -23,10 +23,20 @@ std::vector<Key> KeysOf(const JobSpec& spec, const std::string& user) {
   const std::string shape = HistoryShape(spec);
   std::string what = WhatRuns(spec);
   std::string shown = what.size() > 40 ? what.substr(0, 37) + "..." : what;
-  return {{fmt::format("{}\x1f{}\x1f{}", user, what, shape),
-           fmt::format("{}'s runs of '{}'", user, shown)},
-          {fmt::format("{}\x1f\x1f{}", user, shape), fmt::format("{}'s {} jobs", user, shape)},
-          {fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)}};
+  std::vector<Key> keys;
+  // A named job's runs of this very command first (`train.py --epochs 100` and `--epochs 1` are
+  // not comparable), then its runs under that name whatever the command.
+  if (!spec.name.empty()) {
+    keys.push_back(
+        {fmt::format("{}\x1f{}\x1e{}\x1f{}", user, what, fmt::join(spec.command, "\x1e"), shape),
+         fmt::format("{}'s runs of '{}' with this command", user, shown)});
+  }
+  keys.push_back({fmt::format("{}\x1f{}\x1f{}", user, what, shape),
+                  fmt::format("{}'s runs of '{}'", user, shown)});
+  keys.push_back(
+      {fmt::format("{}\x1f\x1f{}", user, shape), fmt::format("{}'s {} jobs", user, shape)});
+  keys.push_back({fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)});
+  return keys;
 }
 
 using Runs = std::unordered_map<std::string, std::deque<double>>;

@@ -1,8 +1,9 @@
 #pragma once
 // How long a job will run, predicted from the runs of jobs like it that succeeded before - the
 // history the standalone server keeps (it is rebuilt from the job store at start and grows as jobs
-// end). Keys, nearest first: the same user, name (the command when unnamed) and shape; the user's
-// jobs of that shape; any user's jobs of that shape. The prediction is the 75th percentile of the
+// end). Keys, nearest first: the same user, name, command and shape (a named job); the same user,
+// name (the command when unnamed) and shape; the user's jobs of that shape; any user's jobs of that
+// shape. The prediction is the 75th percentile of the
 // last 50 runs under the nearest key with at least 3 runs (else the nearest with any), capped by
 // the job's own max runtime, which is the prediction when there is no history. The same keys give
 // its GPU utilization (percent of its GPUs' time, as measured while the runs ran; runs without a

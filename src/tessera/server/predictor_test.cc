@@ -29,7 +29,7 @@ TEST(Predictor, NearestKeyWithEnoughRunsAndItsSeventyFifthPercentile) {
   Prediction own = p.Predict(Spec("train", 2), "alice");
   EXPECT_EQ(own.seconds, 300) << "p75 of 100..400";
   EXPECT_EQ(own.samples, 4);
-  EXPECT_THAT(own.basis, HasSubstr("alice's runs of 'train' (4 runs)"));
+  EXPECT_THAT(own.basis, HasSubstr("alice's runs of 'train' with this command (4 runs)"));
   EXPECT_EQ(p.Predict(Spec("train", 2, 250), "alice").seconds, 250) << "capped";
   // Another of alice's two-GPU jobs: her jobs of that shape; bob's: everyone's of that shape.
   EXPECT_THAT(p.Predict(Spec("eval", 2), "alice").basis, HasSubstr("alice's 2 GPU jobs"));
@@ -48,6 +48,24 @@ TEST(Predictor, NearestKeyWithEnoughRunsAndItsSeventyFifthPercentile) {
   EXPECT_EQ(p.Predict(Spec("train", 2), "alice").seconds, 50);
 }
 
+// Comparable runs first: the same name with another command (`--epochs 1` against 100) is the
+// name's history only while this command has none of its own.
+TEST(Predictor, ANamedJobsRunsOfTheSameCommandComeFirst) {
+  DurationPredictor p;
+  JobSpec quick = Spec("train", 1), full = Spec("train", 1);
+  quick.command = {"python", "train.py", "--epochs", "1"};
+  full.command = {"python", "train.py", "--epochs", "100"};
+  for (double t : {2, 2, 2}) p.Add(quick, "alice", t);
+  Prediction before = p.Predict(full, "alice");
+  EXPECT_EQ(before.seconds, 2);
+  EXPECT_THAT(before.basis, HasSubstr("alice's runs of 'train' (3 runs)"));
+  for (double t : {600, 610, 620}) p.Add(full, "alice", t);
+  Prediction after = p.Predict(full, "alice");
+  EXPECT_EQ(after.seconds, 620) << "p75 of 600, 610, 620";
+  EXPECT_THAT(after.basis, HasSubstr("alice's runs of 'train' with this command (3 runs)"));
+  EXPECT_EQ(p.Predict(quick, "alice").seconds, 2);
+}
+
 TEST(Predictor, UtilizationFromTheRunsThatMeasuredIt) {
   DurationPredictor p;
   JobSpec share = Spec("infer", 0);
@@ -60,7 +78,7 @@ TEST(Predictor, UtilizationFromTheRunsThatMeasuredIt) {
   Prediction pr = p.Predict(share, "alice");
   EXPECT_EQ(pr.util_pct, 35) << "p75 of 20, 30, 35, 40";
   EXPECT_EQ(pr.util_samples, 4);
-  EXPECT_EQ(pr.util_basis, "p75 of alice's runs of 'infer' (4 runs)");
+  EXPECT_EQ(pr.util_basis, "p75 of alice's runs of 'infer' with this command (4 runs)");
   EXPECT_EQ(pr.samples, 5) << "run times count every run";
   // A user without runs of their own gets every user's runs of that shape.
   EXPECT_EQ(p.Predict(share, "bob").util_basis, "p75 of all 30% 0MiB jobs (4 runs)");
@@ -82,7 +100,7 @@ TEST(Predictor, HowMuchSlowerASharesSharedRunsWereThanItsRunsAlone) {
   p.Add(share, "alice", 180, std::nullopt, true);
   Prediction pr = p.Predict(share, "alice");
   EXPECT_DOUBLE_EQ(pr.sharing_slowdown, 1.5) << "medians 165 / 110";
-  EXPECT_EQ(pr.sharing_basis, "alice's runs of 'infer': 2 shared, 2 alone");
+  EXPECT_EQ(pr.sharing_basis, "alice's runs of 'infer' with this command: 2 shared, 2 alone");
   // Runs whose sharing is not known (whole GPUs, older records) count for neither; faster when
   // shared is no slowdown.
   p.Add(share, "bob", 200);

@@ -792,7 +792,8 @@ TEST_F(ServerTest, HistoryPredictsRunTimesAndAQueuedJobSaysWhenItShouldStart) {
   Settle();
   json running = Job(run);
   EXPECT_EQ(running["expected_duration_s"], 40);
-  EXPECT_THAT(running["prediction"].get<std::string>(), HasSubstr("runs of 'train' (3 runs)"));
+  EXPECT_THAT(running["prediction"].get<std::string>(),
+              HasSubstr("runs of 'train' with this command (3 runs)"));
   EXPECT_EQ(running["expected_end"].get<double>(), running["started_at"].get<double>() + 40);
   Advance(10);
   const int64_t waiting = Submit(2, 5, 0, {{"name", "eval"}, {"max_runtime_s", 5}});
