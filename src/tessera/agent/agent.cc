@@ -259,6 +259,7 @@ std::string Agent::Metrics() {
   if (node_sync_) {
     const NodeSyncCounters& nc = node_sync_->counters();
     counters.labels_current = node_sync_->labels_current();
+    counters.api_server_up = node_sync_->api_server_up();
     counters.label_updates = nc.label_updates;
     counters.label_errors = nc.label_errors;
     counters.hints_found = nc.hints_found;

@@ -127,6 +127,10 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
   p.Family("tessera_agent_api_server_configured", "gauge",
            "1 when the agent has an API server to label its node and read the extender's choices.");
   p.Sample({}, counters.api_server_configured ? 1 : 0);
+  p.Family("tessera_agent_api_server_up", "gauge",
+           "1 when its watches of the API server (its node, its pods) are synced and their last "
+           "list or watch succeeded; 0 also without an API server (see _configured).");
+  p.Sample({}, counters.api_server_up ? 1 : 0);
   p.Family("tessera_agent_node_labels_current", "gauge",
            "1 when the last check of the node's labels and annotations succeeded.");
   p.Sample({}, counters.labels_current ? 1 : 0);

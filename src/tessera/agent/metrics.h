@@ -41,6 +41,7 @@ struct AgentCountersSample {
   uint64_t preferred = 0;
   uint64_t pod_resources_errors = 0;
   bool api_server_configured = false;
+  bool api_server_up = false;
   bool labels_current = false;
   uint64_t label_updates = 0;
   uint64_t label_errors = 0;

@@ -305,4 +305,11 @@ void NodeSync::Run() {
   }
 }
 
+bool NodeSync::api_server_up() const {
+  for (const auto* i : {node_informer_.get(), pod_informer_.get()}) {
+    if (i == nullptr || !i->synced() || !i->last_error().empty()) return false;
+  }
+  return true;
+}
+
 }  // namespace tessera::agent

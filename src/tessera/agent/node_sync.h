@@ -77,6 +77,9 @@ class NodeSync {
   const NodeSyncCounters& counters() const { return counters_; }
   // Whether the last label write (or check) succeeded.
   bool labels_current() const { return labels_current_.load(); }
+  // Whether its watches of the API server (the node, the node's pods) are synced and their last
+  // list or watch went well: what it knows of the cluster is current.
+  bool api_server_up() const;
 
  private:
   void Run();

@@ -174,6 +174,22 @@ TEST_F(NodeSyncTest, AMissingNodeIsRetriedUntilItAppears) {
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return sync->labels_current(); }));
 }
 
+TEST_F(NodeSyncTest, SaysWhetherTheApiServerAnswers) {
+  api_.Put("/api/v1/nodes", {{"metadata", {{"name", kNode}}}});
+  auto sync = Start();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return sync->api_server_up(); }));
+  // The API server fails everything and its watches break: said.
+  api_.SetFailStatus(503);
+  api_.CloseWatches();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !sync->api_server_up(); }));
+  // Back: once its watches deliver again (the real server's bookmarks come every minute).
+  api_.SetFailStatus(0);
+  EXPECT_TRUE(FakeApiServer::WaitFor([&] {
+    api_.SendBookmarks();
+    return sync->api_server_up();
+  }));
+}
+
 TEST_F(NodeSyncTest, HintFoundEvenBeforeTheWatchAndMarkedAllocated) {
   api_.Put("/api/v1/nodes", {{"metadata", {{"name", kNode}}}});
   auto sync = Start();
