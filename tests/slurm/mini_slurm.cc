@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -95,8 +96,16 @@ std::string MiniSlurm::Unavailable() {
 }
 
 MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
-  char tmpl[] = "/tmp/tessera-slurm-XXXXXX";
-  dir_ = mkdtemp(tmpl);
+  // Under the test run's own folder (tests/test_main.cc: removed when the tests end, and by the
+  // next run when a test was killed), never beside it in /tmp.
+  std::string tmpl = ::testing::TempDir() + "slurm-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    error_ = "mkdtemp " + tmpl + " failed";
+    return;
+  }
+  dir_ = tmpl;
+  // Every user passes through the folders above it too (jobs run as other users).
+  chmod(::testing::TempDir().c_str(), 0711);
   // Every user passes through (munge's socket folder must be, and jobs run as other users).
   chmod(dir_.c_str(), 0755);
   for (const char* d : {"munge", "state", "spool", "log", "dev"})
