@@ -3,6 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
+#include <ctime>
 #include <nlohmann/json.hpp>
 
 #include "fmt/format.h"
@@ -124,6 +126,22 @@ void Table::Print(std::ostream& out) const {
   };
   print(header_);
   for (const auto& r : rows_) print(r);
+}
+
+std::string ElapsedClock(double seconds) {
+  const long long t = std::llround(seconds);
+  return t >= 86400
+             ? fmt::format("{}-{:02}:{:02}:{:02}", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60)
+             : fmt::format("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+}
+
+std::string LocalTimestamp(double seconds) {
+  const std::time_t v = static_cast<std::time_t>(seconds);
+  std::tm local{};
+  localtime_r(&v, &local);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &local);
+  return buf;
 }
 
 }  // namespace tessera::cli

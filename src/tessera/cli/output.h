@@ -27,6 +27,11 @@ std::string Printable(std::string_view text);
 // or a newline; ends with "\n".
 std::string CsvRow(const std::vector<std::string>& cells);
 
+// A length of time as sacct writes it: "01:02:03", "2-01:02:03" (whole seconds, rounded).
+std::string ElapsedClock(double seconds);
+// A time (seconds since the epoch) in local time as sacct writes it: "2026-11-25T20:58:03".
+std::string LocalTimestamp(double seconds);
+
 // Rows of cells printed under a header, columns padded to the widest cell, two spaces apart; every
 // cell made Printable.
 class Table {

@@ -67,5 +67,11 @@ TEST(Output, ParseFormat) {
   EXPECT_EQ(ParseFormat("JSON"), std::nullopt);
 }
 
+TEST(Output, ElapsedAsSacctWritesIt) {
+  EXPECT_EQ(ElapsedClock(0), "00:00:00");
+  EXPECT_EQ(ElapsedClock(3723.4), "01:02:03");
+  EXPECT_EQ(ElapsedClock(2 * 86400 + 3723), "2-01:02:03");
+}
+
 }  // namespace
 }  // namespace tessera::cli

@@ -762,19 +762,6 @@ int AcctJobs(State& s, server::HttpClient& c, const json& acct, double since, do
     return j.contains(k) && j[k].is_number() ? std::optional<double>(j[k].get<double>())
                                              : std::nullopt;
   };
-  auto clock = [](double seconds) {
-    const long long t = static_cast<long long>(std::llround(seconds));
-    return t >= 86400
-               ? fmt::format("{}-{:02}:{:02}:{:02}", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60)
-               : fmt::format("{:02}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-  };
-  auto at = [](std::optional<double> t) {
-    if (!t) return std::string("-");
-    std::time_t v = static_cast<std::time_t>(*t);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", std::localtime(&v));
-    return std::string(buf);
-  };
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   json rows = json::array();
@@ -802,14 +789,14 @@ int AcctJobs(State& s, server::HttpClient& c, const json& acct, double since, do
         const auto t = number(j, f == "submit"  ? "submitted_at"
                                  : f == "start" ? "started_at"
                                                 : "ended_at");
-        v = t ? json(*t) : json(nullptr), text = at(t);
+        v = t ? json(*t) : json(nullptr), text = t ? LocalTimestamp(*t) : "-";
       } else if (f == "elapsed") {
         const double e = started ? (ended ? *ended : now) - *started : 0;
-        v = e, text = clock(e);
+        v = e, text = ElapsedClock(e);
       } else if (f == "wait") {
         const auto sub = number(j, "submitted_at");
         const double w = sub ? (started ? *started : ended ? *ended : now) - *sub : 0;
-        v = w, text = clock(std::max(0.0, w));
+        v = w, text = ElapsedClock(std::max(0.0, w));
       } else if (f == "gpus") {
         const json& p = j.value("placement", json());
         v = p.is_object() && p.contains("gpus") ? p["gpus"].size() : 0;

@@ -4,7 +4,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <ctime>
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "fmt/format.h"
@@ -24,22 +25,6 @@ struct SlurmFlags {
   std::vector<uint32_t> jobs;
   std::string listen = "127.0.0.1:9410";
 };
-
-std::string Elapsed(int64_t s) {
-  if (s < 0) s = 0;
-  return s >= 86400
-             ? fmt::format("{}-{:02}:{:02}:{:02}", s / 86400, s / 3600 % 24, s / 60 % 60, s % 60)
-             : fmt::format("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-}
-
-std::string When(int64_t t) {
-  const time_t tt = static_cast<time_t>(t);
-  tm local{};
-  localtime_r(&tt, &local);
-  char buf[32];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &local);
-  return buf;
-}
 
 int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   auto records = slurm::ReadAccounting(f.state_dir, f.jobs);
@@ -66,16 +51,16 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
         const uint64_t b = g[key].get<uint64_t>();
         return b == 0 && std::string(key) == "memory_limit_bytes" ? "none" : core::FormatBytes(b);
       };
-      t.AddRow({std::to_string(r.value("job_id", 0u)), std::to_string(r.value("uid", 0u)),
-                When(started), Elapsed(ended - started), std::to_string(g.value("index", -1)),
-                share > 0 ? fmt::format("{:g}%", share) : "whole",
-                g.contains("gpu_time_s")
-                    ? Elapsed(static_cast<int64_t>(g["gpu_time_s"].get<double>()))
-                    : "-",
-                g.contains("utilization_percent")
-                    ? fmt::format("{:.0f}%", g["utilization_percent"].get<double>())
-                    : "-",
-                bytes("peak_memory_bytes"), bytes("memory_limit_bytes")});
+      t.AddRow(
+          {std::to_string(r.value("job_id", 0u)), std::to_string(r.value("uid", 0u)),
+           LocalTimestamp(static_cast<double>(started)),
+           ElapsedClock(static_cast<double>(std::max<int64_t>(0, ended - started))),
+           std::to_string(g.value("index", -1)), share > 0 ? fmt::format("{:g}%", share) : "whole",
+           g.contains("gpu_time_s") ? ElapsedClock(std::floor(g["gpu_time_s"].get<double>())) : "-",
+           g.contains("utilization_percent")
+               ? fmt::format("{:.0f}%", g["utilization_percent"].get<double>())
+               : "-",
+           bytes("peak_memory_bytes"), bytes("memory_limit_bytes")});
     }
   }
   t.Print(out);
