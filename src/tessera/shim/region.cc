@@ -185,6 +185,18 @@ const char* Untrusted(int fd) {
     return "the %s is writable by every user: refused";
   return nullptr;
 }
+
+// Whether `fd` is a regular file of exactly `size` bytes whose head holds `magic` and `version`
+// (read through pread: the file may shrink meanwhile); its stat in `st`.
+bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, struct stat* st) {
+  struct {
+    uint64_t magic;
+    uint32_t version;
+  } head = {0, 0};  // every shared file's first 8 and next 4 bytes
+  return fstat(fd, st) == 0 && S_ISREG(st->st_mode) && static_cast<size_t>(st->st_size) == size &&
+         ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) && head.magic == magic &&
+         head.version == version;
+}
 }  // namespace
 
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
@@ -271,15 +283,8 @@ bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t m
   };
   if (const char* why = Untrusted(fd)) return fail(why);
   struct stat st;
-  struct {
-    uint64_t magic;
-    uint32_t version;
-  } head = {0, 0};
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size ||
-      !ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) || head.magic != magic ||
-      head.version != version) {
+  if (!HoldsSharedFile(fd, size, magic, version, &st))
     return fail("not a Tessera %s of this version");
-  }
   if (mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
     return fail("cannot map the %s");
   close(fd);
@@ -293,13 +298,7 @@ int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t versi
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
   struct stat st;
-  struct {
-    uint64_t magic;
-    uint32_t version;
-  } head = {0, 0};  // every shared file's first 8 and next 4 bytes
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<size_t>(st.st_size) != size ||
-      !ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) || head.magic != magic ||
-      head.version != version) {
+  if (!HoldsSharedFile(fd, size, magic, version, &st)) {
     close(fd);
     return -1;
   }
