@@ -9,27 +9,13 @@
 #include "tessera/server/prometheus.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
+#include "tessera/slurm/step.h"
 
 namespace tessera::slurm {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// The records of a folder (<job>.json) by job id.
-std::map<uint32_t, fs::path> Records(const std::string& dir) {
-  std::map<uint32_t, fs::path> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename();
-    if (e.path().extension() != ".json") continue;
-    char* end = nullptr;
-    const unsigned long id = strtoul(name.c_str(), &end, 10);
-    if (end != name.c_str() && std::string(end) == ".json")
-      out[static_cast<uint32_t>(id)] = e.path();
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -39,8 +25,8 @@ absl::StatusOr<std::vector<json>> ReadAccounting(const std::string& state_dir,
   if (!fs::is_directory(dir))
     return absl::NotFoundError(
         fmt::format("{}: no such folder (is state_dir= in plugstack.conf another one?)", dir));
-  std::map<uint32_t, fs::path> all = Records(dir);
-  std::vector<std::pair<uint32_t, fs::path>> chosen;
+  std::map<uint32_t, std::string> all = RecordFiles(dir);
+  std::vector<std::pair<uint32_t, std::string>> chosen;
   if (jobs.empty()) {
     chosen.assign(all.begin(), all.end());
   } else {
@@ -58,7 +44,7 @@ absl::StatusOr<std::vector<json>> ReadAccounting(const std::string& state_dir,
     std::ifstream in(path);
     json r = json::parse(in, nullptr, false);
     if (!r.is_object() || !r.contains("job_id") || !r["gpus"].is_array())
-      return absl::DataLossError(fmt::format("{}: not an accounting record", path.string()));
+      return absl::DataLossError(fmt::format("{}: not an accounting record", path));
     out.push_back(std::move(r));
   }
   return out;
@@ -75,14 +61,10 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
   std::vector<Row> rows;
   std::map<uint32_t, std::unique_ptr<shim::RegionData>> regions;
   std::map<uint32_t, bool> readable;
-  for (const auto& [id, path] : Records(state_dir + "/jobs")) {
-    std::ifstream in(path);
-    json r = json::parse(in, nullptr, false);
-    if (!r.is_object() || !r["gpus"].is_array()) continue;
-    const auto gpus = r["gpus"].get<std::vector<int>>();
-    for (size_t i = 0; i < gpus.size(); ++i) {
-      const uint32_t share = r.value("share_permille", 0u);
-      rows.push_back({id, gpus[i], i, share ? share / 1000.0 : 1.0, r.value("memory_bytes", 0ull)});
+  for (const auto& [id, j] : NodeJobs(state_dir)) {
+    for (size_t i = 0; i < j.gpus.size(); ++i) {
+      rows.push_back(
+          {id, j.gpus[i], i, j.share_permille ? j.share_permille / 1000.0 : 1.0, j.memory_bytes});
     }
     auto head = shim::ReadRegionHead(fmt::format("{}/regions/{}.region", state_dir, id).c_str());
     readable[id] = head != nullptr;

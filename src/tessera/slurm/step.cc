@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -89,15 +90,41 @@ absl::Status MakeState(const PluginConfig& c) {
   return absl::OkStatus();
 }
 
+// A job's record as SetUpStep writes it; nullopt when the file is not one.
+std::optional<NodeJob> ReadNodeJob(const std::string& path) {
+  std::ifstream in(path);
+  const json r = json::parse(in, nullptr, false);
+  if (!r.is_object()) return std::nullopt;
+  try {
+    NodeJob j;
+    j.job_id = r.value("job_id", 0u);
+    j.uid = r.value("uid", 0u);
+    j.gid = r.value("gid", 0u);
+    j.gpus = r.value("gpus", std::vector<int>{});
+    j.share_permille = r.value("share_permille", 0u);
+    j.memory_bytes = r.value("memory_bytes", uint64_t{0});
+    j.started = r.value("started", int64_t{0});
+    return j;
+  } catch (const json::exception&) {
+    return std::nullopt;  // a field of another type
+  }
+}
+
+json RecordJson(const NodeJob& j) {
+  return {{"job_id", j.job_id},
+          {"uid", j.uid},
+          {"gid", j.gid},
+          {"gpus", j.gpus},
+          {"share_permille", j.share_permille},
+          {"memory_bytes", j.memory_bytes},
+          {"started", j.started}};
+}
+
 // The users with a job that has a compute share on this node (from the records).
 std::set<uid_t> ShareUsers(const PluginConfig& c) {
   std::set<uid_t> users;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(c.state_dir + "/jobs", ec)) {
-    std::ifstream in(e.path());
-    json r = json::parse(in, nullptr, false);
-    if (r.is_object() && r.value("share_permille", 0) > 0 && r.value("uid", 0u) != 0)
-      users.insert(r.value("uid", 0u));
+  for (const auto& [id, j] : NodeJobs(c.state_dir)) {
+    if (j.share_permille > 0 && j.uid != 0) users.insert(j.uid);
   }
   return users;
 }
@@ -245,14 +272,15 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
       return absl::InternalError(err);
     if (chown(region.c_str(), uid, gid) != 0)
       return absl::InternalError(fmt::format("chown {}: {}", region, strerror(errno)));
-    json r = {{"job_id", job_id},
-              {"uid", uid},
-              {"gid", gid},
-              {"gpus", limits.gpus},
-              {"share_permille", limits.share_permille},
-              {"memory_bytes", limits.memory_bytes},
-              {"started", static_cast<int64_t>(now)}};
-    if (absl::Status st = WriteFile(record, r.dump() + "\n", 0600); !st.ok()) return st;
+    const NodeJob job{job_id,
+                      uid,
+                      gid,
+                      limits.gpus,
+                      limits.share_permille,
+                      limits.memory_bytes,
+                      static_cast<int64_t>(now)};
+    if (absl::Status st = WriteFile(record, RecordJson(job).dump() + "\n", 0600); !st.ok())
+      return st;
   }
   std::string preload = config.library;
   // A step inherits its batch step's LD_PRELOAD, the library already first in it.
@@ -292,18 +320,38 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
   return env;
 }
 
+std::map<uint32_t, std::string> RecordFiles(const std::string& dir) {
+  std::map<uint32_t, std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename();
+    if (e.path().extension() != ".json") continue;
+    char* end = nullptr;
+    const unsigned long id = strtoul(name.c_str(), &end, 10);
+    if (end != name.c_str() && std::string(end) == ".json")
+      out[static_cast<uint32_t>(id)] = e.path().string();
+  }
+  return out;
+}
+
+std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir) {
+  std::map<uint32_t, NodeJob> out;
+  for (const auto& [id, path] : RecordFiles(state_dir + "/jobs")) {
+    if (std::optional<NodeJob> j = ReadNodeJob(path)) out[id] = *std::move(j);
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now) {
   const std::string record = Record(config, job_id), region = Region(config, job_id);
   if (access(record.c_str(), F_OK) != 0) return std::string();
   StateLock lock(config.state_dir);
-  std::ifstream in(record);
-  json r = json::parse(in, nullptr, false);
-  if (!r.is_object())
-    return absl::DataLossError(fmt::format("{}: not a record of the plugin", record));
-  const std::vector<int> gpus = r.value("gpus", std::vector<int>{});
-  const uint32_t share = r.value("share_permille", 0u);
-  const uid_t uid = r.value("uid", 0u);
-  const int64_t started = r.value("started", int64_t{0});
+  const std::optional<NodeJob> job = ReadNodeJob(record);
+  if (!job) return absl::DataLossError(fmt::format("{}: not a record of the plugin", record));
+  const std::vector<int>& gpus = job->gpus;
+  const uint32_t share = job->share_permille;
+  const uid_t uid = job->uid;
+  const int64_t started = job->started;
   const double ran_s = std::max<double>(1e-3, static_cast<double>(now - started));
   // What the job used: its region's peak per GPU (in the order of its CUDA ordinals), the GPU
   // time the arbiter charged it on each.
@@ -328,7 +376,7 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
                {"started", started},
                {"ended", static_cast<int64_t>(now)},
                {"share_percent", share / 10.0},
-               {"memory_limit_bytes", r.value("memory_bytes", uint64_t{0})},
+               {"memory_limit_bytes", job->memory_bytes},
                {"gpus", per_gpu}};
   if (!head) acct["usage"] = "unreadable: the job's region was not a region any more";
   const std::string path = Acct(config, job_id);

@@ -73,6 +73,22 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
                                           gid_t gid, const StepLimits& limits,
                                           const std::string& ld_preload, time_t now);
 
+// A job set up on this node (its record, jobs/<job>.json): who, its GPUs and limits, since when.
+struct NodeJob {
+  uint32_t job_id = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<int> gpus;
+  uint32_t share_permille = 0;
+  uint64_t memory_bytes = 0;
+  int64_t started = 0;
+};
+
+// The records (<job>.json) of the folder `dir` by job id: jobs/ (set up, running) or acct/ (ended).
+std::map<uint32_t, std::string> RecordFiles(const std::string& dir);
+// The jobs set up on this node by job id; a record that does not read as one is left out.
+std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
+
 // At the job's end on the node (its epilog): writes acct/<job>.json from the region's peaks and the
 // arbiter's GPU time, removes the region and the record, and takes the user's arbiter access away
 // when it was her last job with a compute share here. Returns the accounting file's path, empty
