@@ -405,7 +405,8 @@ TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
 }
 
 // Sizes as users write them (Slurm's `16G`, SI's `GB`, decimals, a space) are the limits the docs
-// say: 1G and 1GiB are 1024 MiB, 1GB is 10^9 bytes (953.7 MiB), 1.5GiB is 1536 MiB.
+// say: 1G and 1GiB are 1024 MiB, 1GB is 10^9 bytes (953.7 MiB), 1.5GiB is 1536 MiB. An allocation
+// over 2 MiB counts as the whole 2 MiB pages the driver gives it.
 TEST(Shim, SizesAsUsersWriteThemAreTheDocumentedLimits) {
   const struct {
     const char* limit;
@@ -418,7 +419,10 @@ TEST(Shim, SizesAsUsersWriteThemAreTheDocumentedLimits) {
       {"1024M", "alloc:1024 alloc:1", "ok\noom\n"},
       {"1073741824", "alloc:1024 alloc:1", "ok\noom\n"},
       {"1GB", "alloc:954", "oom\n"},
-      {"1GB", "alloc:953", "ok\n"},
+      {"1GB", "alloc:952", "ok\n"},
+      // 953 MiB would fit 1 GB (953.7 MiB), but the driver gives whole 2 MiB pages: 954 MiB.
+      {"1GB", "alloc:953", "oom\n"},
+      {"1GiB", "alloc:1020 alloc:3 alloc:1", "ok\nok\noom\n"},
       {"1.5GiB", "alloc:1536 alloc:1", "ok\noom\n"},
       {"0:1G,1:2GB", "alloc:1024 alloc:1", "ok\noom\n"},
   };

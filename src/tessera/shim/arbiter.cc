@@ -517,7 +517,10 @@ bool Arbiter::KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, Dr
     me.last_launch_us.store(now);
     return true;
   }
-  if (drain) drain();  // what this job queued runs on its own slice
+  // What this job queued runs on its own slice. It waits for its own work meanwhile, as in a
+  // synchronize: not idle, so nobody takes the GPU from it (and leaves the drain unbilled) while
+  // its queue runs.
+  DrainAsSync(gpu, drain);
   uint64_t t = NowMicros();
   uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
   if (g.lease.compare_exchange_strong(lease, to)) {
@@ -538,7 +541,7 @@ void Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
     around = now < std::max(j.want_us.load(), j.last_launch_us.load()) + kBoundedForUs;
   }
   bounded_[gpu].store(around, std::memory_order_relaxed);
-  if (around && drain) drain();
+  if (around) DrainAsSync(gpu, drain);
   me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
 }
 
@@ -555,7 +558,7 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   uint64_t now = NowMicros();
   uint64_t lease = g.lease.load(std::memory_order_acquire);
   if (Holder(lease) == self && now < End(lease)) {  // the fast path: holding the GPU
-    if (bounded_[gpu].load(std::memory_order_relaxed) && drain) drain();
+    if (bounded_[gpu].load(std::memory_order_relaxed)) DrainAsSync(gpu, drain);
     g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
     return;
   }
@@ -639,6 +642,13 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
     SleepMicros(config_.poll_us);
   }
   Bound(gpu, slots[gpu], now, drain);
+}
+
+void Arbiter::DrainAsSync(int gpu, DrainFn drain) {
+  if (drain == nullptr) return;
+  EnterSync(gpu);
+  drain();
+  LeaveSync(gpu);
 }
 
 void Arbiter::EnterSync(int gpu) {

@@ -143,6 +143,8 @@ class Arbiter {
   // next job, after `drain` (may be null).
   bool KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain);
   void BeforeLaunchGang(int gpu, DrainFn drain);
+  // Runs `drain` counted as inside a synchronize on `gpu` (not idle while it waits).
+  void DrainAsSync(int gpu, DrainFn drain);
   // Holding the GPU: whether a job of higher priority is around (then one launch in flight).
   void Bound(int gpu, int self, uint64_t now, DrainFn drain);
   // Charges the GPU time from the lease's start until `until` (the end of the job's activity: idle

@@ -217,6 +217,10 @@ typedef CUresult (*cuStreamBeginCapture_v2_fn)(CUstream, CUstreamCaptureMode);
 typedef CUresult (*cuStreamEndCapture_fn)(CUstream, CUgraph*);
 typedef CUresult (*cuStreamSynchronize_fn)(CUstream);
 typedef CUresult (*cuEventSynchronize_fn)(CUevent);
+typedef CUresult (*cuEventCreate_fn)(CUevent*, unsigned int);
+typedef CUresult (*cuEventRecord_fn)(CUevent, CUstream);
+typedef CUresult (*cuEventQuery_fn)(CUevent);
+typedef CUresult (*cuEventElapsedTime_fn)(float*, CUevent, CUevent);
 // Per-thread default stream variants (what `--default-stream per-thread` code calls, and what
 // cuGetProcAddress hands out with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM): same signatures.
 typedef cuMemAllocAsync_fn cuMemAllocAsync_ptsz_fn;

@@ -25,6 +25,7 @@
 
 #include "tessera/devices/nvml_abi.h"  // declarations only: the shim links nothing of Tessera
 #include "tessera/shim/arbiter.h"
+#include "tessera/shim/backlog.h"
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/glibc_compat.h"  // first: pins the symbol versions
 #include "tessera/shim/region.h"
@@ -125,6 +126,11 @@ struct Real {
   cuGraphMemAllocNodeGetParams_fn cuGraphMemAllocNodeGetParams = nullptr;
   cuGraphExecDestroy_fn cuGraphExecDestroy = nullptr;
   cuDeviceGetGraphMemAttribute_fn cuDeviceGetGraphMemAttribute = nullptr;
+  // Called, not hooked: the completion marks of the queue bound (backlog.h).
+  cuEventCreate_fn cuEventCreate = nullptr;
+  cuEventRecord_fn cuEventRecord = nullptr;
+  cuEventQuery_fn cuEventQuery = nullptr;
+  cuEventElapsedTime_fn cuEventElapsedTime = nullptr;
 #define TESSERA_FIELD(name) name##_fn name = nullptr;
   TESSERA_HOOKED(TESSERA_FIELD)
 #undef TESSERA_FIELD
@@ -134,6 +140,10 @@ Region* region = nullptr;
 // Compute share and priority: the machine's GPU arbiter, when the job has one
 // (TESSERA_CUDA_ARBITER).
 Arbiter* arbiter = nullptr;
+// How much GPU work this process may queue ahead while it shares a GPU (TESSERA_CUDA_QUEUE_US,
+// default the time slice): a job that queues deep cannot run on others' slices.
+Backlog backlog;
+uint64_t queue_bound_us = 0;
 int physical_gpu[kMaxDevices];  // CUDA ordinal here -> the arbiter's GPU index
 // Context overhead (bytes per device this process holds a context on), counted once per device
 // while any context of this process lives there.
@@ -177,6 +187,8 @@ void Log(const char* fmt, const char* a, const char* b = "") {
   if (verbose) fprintf(stderr, fmt, a, b);
 }
 
+void InitBacklog();
+
 void AfterForkChild() {
   if (region != nullptr) region->ReattachAfterFork();
   if (held != nullptr) {
@@ -188,6 +200,9 @@ void AfterForkChild() {
     pools->clear();
     any_pool = false;
   }
+  // CUDA does not cross a fork: the child starts with nothing queued (and no events).
+  new (&backlog) Backlog();
+  if (arbiter != nullptr) InitBacklog();
 }
 
 // Set when a setting is malformed: the library then refuses every call it hooks (allocations,
@@ -229,6 +244,8 @@ void InitArbiter(const char* region_path) {
   number("TESSERA_CUDA_PRIORITY", -1000000, 1000000, &c.priority);
   number("TESSERA_CUDA_TIMESLICE_US", 100, 10000000, &c.slice_us);
   number("TESSERA_CUDA_IDLE_US", 50, 10000000, &c.idle_us);
+  queue_bound_us = c.slice_us;
+  number("TESSERA_CUDA_QUEUE_US", 0, 10000000, &queue_bound_us);
   int conserving = 1, gang = 1;
   number("TESSERA_CUDA_WORK_CONSERVING", 0, 1, &conserving);
   number("TESSERA_CUDA_GANG", 0, 1, &gang);
@@ -265,6 +282,27 @@ void InitArbiter(const char* region_path) {
   }
 }
 
+void InitBacklog() {
+  BacklogOps ops;
+  ops.event_create = real.cuEventCreate;
+  ops.event_record = real.cuEventRecord;
+  ops.event_query = real.cuEventQuery;
+  ops.event_elapsed = real.cuEventElapsedTime;
+  ops.now_us = [] {  // coarse (a few ms): when to time a launch, how long a wait may last
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
+  };
+  ops.sleep_us = [](uint64_t us) {
+    timespec t{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000 * 1000)};
+    nanosleep(&t, nullptr);
+  };
+  backlog.Init(ops, queue_bound_us);
+  if (queue_bound_us != 0 && !backlog.enabled()) {
+    fprintf(stderr, "tessera-cuda: the driver lacks CUDA events; queued work is not bounded\n");
+  }
+}
+
 void Init() {
   verbose = getenv("TESSERA_CUDA_LOG") != nullptr;
   const char* lib = getenv("TESSERA_CUDA_LIBRARY");
@@ -284,6 +322,15 @@ void Init() {
     TESSERA_RESOLVE(cuGraphMemAllocNodeGetParams)
     TESSERA_RESOLVE(cuGraphExecDestroy)
     TESSERA_RESOLVE(cuDeviceGetGraphMemAttribute)
+    TESSERA_RESOLVE(cuEventCreate)
+    TESSERA_RESOLVE(cuEventRecord)
+    TESSERA_RESOLVE(cuEventQuery)
+    // CUDA 12.8 made _v2 the one headers name (the same signature); the first stays for others.
+    real.cuEventElapsedTime =
+        reinterpret_cast<cuEventElapsedTime_fn>(sym(real.handle, "cuEventElapsedTime_v2"));
+    if (real.cuEventElapsedTime == nullptr)
+      real.cuEventElapsedTime =
+          reinterpret_cast<cuEventElapsedTime_fn>(sym(real.handle, "cuEventElapsedTime"));
     TESSERA_HOOKED(TESSERA_RESOLVE)
 #undef TESSERA_RESOLVE
   }
@@ -313,6 +360,7 @@ void Init() {
     }
   }
   InitArbiter(path);
+  if (arbiter != nullptr) InitBacklog();
   held_mu = new (std::nothrow) std::mutex();
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
   pool_mu = new (std::nothrow) std::mutex();
@@ -562,6 +610,15 @@ CUresult Counted(Kind kind, uint64_t bytes, Call call, uint64_t (*key_of)(void*)
   return rc;
 }
 
+// What the driver takes of device memory for an allocation of `bytes` (cuMemAlloc, managed,
+// pitched): one larger than a 2 MiB page gets whole pages (measured on an H100 with driver 580:
+// 252 allocations of 2 MiB + 1 took 1,008 MiB by NVML's per-process figure, 4 MiB each). Smaller
+// ones may share pages and are counted as asked.
+uint64_t DriverBytes(uint64_t bytes) {
+  constexpr uint64_t kPage = uint64_t{2} << 20;
+  return bytes > kPage ? (bytes + kPage - 1) / kPage * kPage : bytes;
+}
+
 uint64_t PtrKey(void* p) { return *static_cast<CUdeviceptr*>(p); }
 uint64_t HandleKey(void* p) { return *static_cast<CUmemGenericAllocationHandle*>(p); }
 uint64_t ObjectKey(void* p) { return reinterpret_cast<uint64_t>(*static_cast<void**>(p)); }
@@ -605,7 +662,8 @@ using namespace tessera::shim;
 TESSERA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   if (!Ready() || real.cuMemAlloc_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return Counted(
-      kDevicePtr, bytes, [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey, dptr);
+      kDevicePtr, DriverBytes(bytes), [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey,
+      dptr);
 }
 
 TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
@@ -613,14 +671,14 @@ TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, siz
   if (!Ready() || real.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   // The pitch is known only afterwards: reserve the least it can be, then the padding.
   const int device = CurrentDevice();
-  uint64_t least = static_cast<uint64_t>(width) * height;
+  uint64_t least = DriverBytes(static_cast<uint64_t>(width) * height);
   if (!Reserve(device, least)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = real.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
   if (rc != CUDA_SUCCESS) {
     region->Release(device, least);
     return rc;
   }
-  uint64_t bytes = static_cast<uint64_t>(*pitch) * height;
+  uint64_t bytes = DriverBytes(static_cast<uint64_t>(*pitch) * height);
   if (bytes > least && !region->Reserve(device, bytes - least)) {
     real.cuMemFree_v2(*dptr);
     region->Release(device, least);
@@ -638,7 +696,8 @@ TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsig
   if (!Ready() || real.cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   // Managed memory may all migrate to the GPU: counted as device memory.
   return Counted(
-      kDevicePtr, bytes, [&] { return real.cuMemAllocManaged(dptr, bytes, flags); }, PtrKey, dptr);
+      kDevicePtr, DriverBytes(bytes), [&] { return real.cuMemAllocManaged(dptr, bytes, flags); },
+      PtrKey, dptr);
 }
 
 namespace {
@@ -1117,7 +1176,10 @@ std::shared_mutex capture_mu;
 void Drain() {
   if (real.cuCtxSynchronize == nullptr || thread_captures > 0) return;
   std::shared_lock lock(capture_mu);
-  if (forbidding_captures.load(std::memory_order_acquire) == 0) real.cuCtxSynchronize();
+  if (forbidding_captures.load(std::memory_order_acquire) != 0) return;
+  const int dev = CurrentDevice();
+  const uint64_t upto = dev >= 0 && dev < kBacklogDevices ? backlog.launched(dev) : 0;
+  if (real.cuCtxSynchronize() == CUDA_SUCCESS) backlog.Drained(dev, upto);
 }
 
 bool Recorded(CUstream stream) {
@@ -1130,23 +1192,44 @@ bool Recorded(CUstream stream) {
   return false;
 }
 
-// Every launch: counted, then (with an arbiter) held until this job holds the GPU - unless it is
-// recorded into a graph.
-inline void Pace(CUstream stream) {
-  region->CountLaunch();
-  if (arbiter != nullptr && !Recorded(stream)) arbiter->BeforeLaunch(ArbiterGpu(), Drain);
-}
-
 // A thread waiting for its own GPU work keeps its job from looking idle to the arbiter.
 struct SyncScope {
-  int gpu = arbiter ? ArbiterGpu() : -1;
-  SyncScope() {
+  int gpu;
+  explicit SyncScope(int g = arbiter ? ArbiterGpu() : -1) : gpu(g) {
     if (gpu >= 0) arbiter->EnterSync(gpu);
   }
   ~SyncScope() {
     if (gpu >= 0) arbiter->LeaveSync(gpu);
   }
 };
+
+// Every launch: counted, then (with an arbiter) held while this process has more than the bound
+// queued on the device (waiting for its own work, as in a synchronize), and until this job holds
+// the GPU - unless it is recorded into a graph. Returns the device whose queue the launch joins
+// (Launched after it), or -1 when the queue is not tracked: no arbiter, a capturing stream, or a
+// capture under way that forbids what the marks do. `token` is what Launched needs.
+inline int Pace(CUstream stream, Backlog::Token* token) {
+  region->CountLaunch();
+  if (arbiter == nullptr || Recorded(stream)) return -1;
+  const int dev = CurrentDevice();
+  const int gpu = dev >= 0 && dev < kMaxDevices ? physical_gpu[dev] : -1;
+  const bool tracked =
+      backlog.enabled() &&
+      (captures.load(std::memory_order_relaxed) == 0 ||
+       (thread_captures == 0 && forbidding_captures.load(std::memory_order_relaxed) == 0));
+  if (tracked && backlog.Over(dev)) {
+    // Like the drain: no capture that forbids it begins while it looks at its marks.
+    std::shared_lock lock(capture_mu);
+    if (forbidding_captures.load(std::memory_order_acquire) == 0) {
+      SyncScope scope(gpu);
+      backlog.Wait(dev);
+    }
+  }
+  arbiter->BeforeLaunch(gpu, Drain);
+  if (!tracked) return -1;
+  *token = backlog.Before(dev, stream, captures.load(std::memory_order_relaxed) == 0);
+  return dev;
+}
 
 }  // namespace
 }  // namespace tessera::shim
@@ -1156,11 +1239,21 @@ namespace {
 
 // The bodies of the hooks that exist in a legacy and a per-thread default stream version, given
 // the driver's entry point of that version. Called once Ready().
+// The stream a launch of a per-thread default stream entry point (_ptsz) runs on: a null stream
+// there is the thread's own default stream (CU_STREAM_PER_THREAD), not the legacy one.
+CUstream PerThread(CUstream stream) {
+  return stream != nullptr ? stream : reinterpret_cast<CUstream>(uintptr_t{2});
+}
+
+// The stream argument says where the launch runs (its capture, its completion marks).
 template <typename Fn, typename... Args>
 CUresult Paced(CUstream stream, Fn fn, Args... args) {
   if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  Pace(stream);
-  return fn(args...);
+  Backlog::Token token;
+  const int dev = Pace(stream, &token);
+  const CUresult rc = fn(args...);
+  if (dev >= 0) backlog.Launched(token, dev, stream, rc == CUDA_SUCCESS);
+  return rc;
 }
 
 template <typename Fn, typename... Args>
@@ -1257,8 +1350,8 @@ TESSERA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsig
                                             unsigned int gz, unsigned int bx, unsigned int by,
                                             unsigned int bz, unsigned int shared, CUstream stream,
                                             void** params, void** extra) {
-  return Ready() ? Paced(stream, real.cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shared,
-                         stream, params, extra)
+  return Ready() ? Paced(PerThread(stream), real.cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz,
+                         shared, stream, params, extra)
                  : CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -1270,8 +1363,8 @@ TESSERA_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunctio
 }
 TESSERA_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
                                               void** params, void** extra) {
-  return Ready() ? Paced(config ? config->hStream : nullptr, real.cuLaunchKernelEx_ptsz, config, f,
-                         params, extra)
+  return Ready() ? Paced(PerThread(config ? config->hStream : nullptr), real.cuLaunchKernelEx_ptsz,
+                         config, f, params, extra)
                  : CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -1288,8 +1381,8 @@ TESSERA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned in
                                                        unsigned int bx, unsigned int by,
                                                        unsigned int bz, unsigned int shared,
                                                        CUstream stream, void** params) {
-  return Ready() ? Paced(stream, real.cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz,
-                         shared, stream, params)
+  return Ready() ? Paced(PerThread(stream), real.cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx,
+                         by, bz, shared, stream, params)
                  : CUDA_ERROR_NOT_INITIALIZED;
 }
 
@@ -1297,7 +1390,7 @@ TESSERA_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned in
 // charged for what it allocates (refused, out of memory, when the limit does not allow it), and
 // after the launch what the driver says they hold.
 template <typename Fn>
-CUresult GraphLaunch(Fn fn, CUgraphExec exec, CUstream stream) {
+CUresult GraphLaunch(Fn fn, CUgraphExec exec, CUstream stream, CUstream paced_as = nullptr) {
   if (!Ready()) return CUDA_ERROR_NOT_INITIALIZED;
   std::vector<std::pair<int, uint64_t>> allocs;
   if (any_graph_memory.load(std::memory_order_acquire)) {
@@ -1310,7 +1403,7 @@ CUresult GraphLaunch(Fn fn, CUgraphExec exec, CUstream stream) {
       }
     }
   }
-  CUresult rc = Paced(stream, fn, exec, stream);
+  CUresult rc = Paced(paced_as ? paced_as : stream, fn, exec, stream);
   if (!allocs.empty()) {
     std::lock_guard lock(*pool_mu);
     for (const auto& [dev, bytes] : allocs) RefreshGraphLocked(dev);
@@ -1322,7 +1415,7 @@ TESSERA_EXPORT CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
   return GraphLaunch(real.cuGraphLaunch, graph, stream);
 }
 TESSERA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec graph, CUstream stream) {
-  return GraphLaunch(real.cuGraphLaunch_ptsz, graph, stream);
+  return GraphLaunch(real.cuGraphLaunch_ptsz, graph, stream, PerThread(stream));
 }
 
 TESSERA_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
@@ -1343,7 +1436,12 @@ TESSERA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph)
 }
 
 TESSERA_EXPORT CUresult cuCtxSynchronize() {
-  return Ready() ? Synced(real.cuCtxSynchronize) : CUDA_ERROR_NOT_INITIALIZED;
+  if (!Ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  const int dev = CurrentDevice();
+  const uint64_t upto = dev >= 0 && dev < kBacklogDevices ? backlog.launched(dev) : 0;
+  const CUresult rc = Synced(real.cuCtxSynchronize);
+  if (rc == CUDA_SUCCESS) backlog.Drained(dev, upto);
+  return rc;
 }
 
 TESSERA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {

@@ -16,6 +16,7 @@
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
 // this process's kernels on the current device are done.
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -797,6 +798,62 @@ FAKE_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream) {
 FAKE_EXPORT CUresult cuCtxSynchronize() { return WaitMine(); }
 FAKE_EXPORT CUresult cuStreamSynchronize(CUstream) { return WaitMine(); }
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent) { return WaitMine(); }
+
+// What the GPU check (tessera-gpu-check) needs beside the rest: a device name, streams, kernels by
+// name (any name: a kernel is its gridDimX in us here), and timing events. An event records when
+// this process's work queued so far on the device will be done on the virtual clock, as a real
+// event completes after the work before it; elapsed times are the differences.
+FAKE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (name == nullptr || len <= 0 || dev < 0 || dev >= Devices()) return CUDA_ERROR_INVALID_VALUE;
+  snprintf(name, static_cast<size_t>(len), "Fake GPU %d", dev);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuCtxSetCurrent(CUcontext) { return CUDA_SUCCESS; }
+FAKE_EXPORT CUresult cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+  if (f == nullptr || m == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *f = reinterpret_cast<CUfunction>(m);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuStreamCreate(CUstream* s, unsigned) {
+  static std::atomic<uintptr_t> next{0x1000};
+  if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *s = reinterpret_cast<CUstream>(next.fetch_add(1));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuEventCreate(CUevent* e, unsigned) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *e = reinterpret_cast<CUevent>(new std::atomic<uint64_t>(0));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+  delete reinterpret_cast<std::atomic<uint64_t>*>(e);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  reinterpret_cast<std::atomic<uint64_t>*>(e)->store(
+      std::max(my_done[current_device].load(), NowNs()));
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return NowNs() >= reinterpret_cast<std::atomic<uint64_t>*>(e)->load() ? CUDA_SUCCESS
+                                                                        : 600;  // NOT_READY
+}
+FAKE_EXPORT CUresult cuEventElapsedTime(float* ms, CUevent from, CUevent to) {
+  if (ms == nullptr || from == nullptr || to == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto a = reinterpret_cast<std::atomic<uint64_t>*>(from)->load();
+  const auto b = reinterpret_cast<std::atomic<uint64_t>*>(to)->load();
+  *ms = static_cast<float>((static_cast<double>(b) - static_cast<double>(a)) / 1e6);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuGetErrorString(CUresult rc, const char** text) {
+  if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *text = rc == CUDA_SUCCESS               ? "no error"
+          : rc == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory"
+                                           : "error";
+  return CUDA_SUCCESS;
+}
 
 // The per-thread default stream variants: their own entry points (as in the real driver), the same
 // work here.
