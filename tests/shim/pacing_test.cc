@@ -340,14 +340,14 @@ TEST(Pacing, AnOpenCaptureOnASideStreamLeavesTheOtherLaunchesPaced) {
   EXPECT_NEAR(100 * us[0] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
 }
 
-// The library's drain never meets a capture: a process records 200,000 graphs (global mode) in
+// The library's drain never meets a capture: a process records 1,000,000 graphs (global mode) in
 // one thread while another of its threads launches beside a higher-priority tenant (so the library
 // drains before its launches). None is invalidated (the drain's check and its synchronize raced a
 // capture's begin before: 1,277 of 17.2 M).
 TEST(Pacing, NoCaptureIsInvalidatedByTheLibrarysDrain) {
   EXPECT_EQ(
-      BesideAHigherPriorityJob("capture-race", "work:4000:200:2:100:0:0", "capturerace:200000"),
-      "captures 200000 invalidated 0\n");
+      BesideAHigherPriorityJob("capture-race", "work:4000:200:2:100:0:0", "capturerace:1000000"),
+      "captures 1000000 invalidated 0\n");
 }
 
 // A malformed pacing setting refuses CUDA in the process (a share that fails to parse would
@@ -356,13 +356,15 @@ TEST(Pacing, MalformedSettingsAreSaidAndRefuseCuda) {
   const std::string arbiter = TempPath("arbiter-settings");
   Env env{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +
                    " TESSERA_CUDA_COMPUTE_SHARE=lots TESSERA_CUDA_PRIORITY=high "
-                   "TESSERA_CUDA_ARBITER_GPUS=3,x TESSERA_CUDA_GANG=no"};
+                   "TESSERA_CUDA_ARBITER_GPUS=3,x TESSERA_CUDA_GANG=no TESSERA_CUDA_QUEUE_US=deep"};
   std::string out = RunClient(env, "link", "alloc:1 2>&1");
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_COMPUTE_SHARE='lots' is not a share"));
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_PRIORITY='high' is not a whole number"));
   EXPECT_THAT(out,
               ::testing::HasSubstr("TESSERA_CUDA_ARBITER_GPUS='3,x' is not a list of GPU indices"));
   EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_GANG='no' is not a whole number in [0, 1]"));
+  EXPECT_THAT(out, ::testing::HasSubstr(
+                       "TESSERA_CUDA_QUEUE_US='deep' is not a whole number in [0, 10000000]"));
   EXPECT_THAT(out, ::testing::HasSubstr("CUDA is refused in this process"));
   EXPECT_THAT(out, ::testing::EndsWith("err 3\n")) << "refused, not run unpaced";
   std::remove(arbiter.c_str());

@@ -340,7 +340,7 @@ class Checker {
   }
 
   void LaunchCost() {
-    const std::string goal = "library +50 ns or less per launch";
+    std::string goal = "library +50 ns or less per launch";
     // Alternating runs of each, the best of five: the machine's noise is one-sided.
     struct Variant {
       const char* name;
@@ -379,12 +379,16 @@ class Checker {
         {"ns_without", v[0].best}, {"ns_memory_limit", v[1].best}, {"ns_share", v[2].best}};
     std::string measured = Fixed(v[0].best) + " ns alone; library +" + Fixed(limit) +
                            " ns, with a share +" + Fixed(share) + " ns";
+    bool ok = limit <= 50 && share <= 50;
     if (v.size() > 3) {
+      // Against an older build in the same run: what the change costs, the driver's and the
+      // machine's share left out.
       data["ns_baseline_share"] = v[3].best;
       measured += " (baseline +" + Fixed(v[3].best - v[0].best) + " ns)";
+      goal = "with a share, +50 ns or less than the baseline";
+      ok = v[2].best - v[3].best <= 50;
     }
-    Add({"launch cost", measured, goal,
-         limit <= 50 && share <= 50 ? Verdict::kPass : Verdict::kFail, data});
+    Add({"launch cost", measured, goal, ok ? Verdict::kPass : Verdict::kFail, data});
   }
 
   void SharesTwentyThirtyFifty() {
@@ -487,6 +491,17 @@ class Checker {
     }
     if (Fields f = ParseFields(c.ReadLine()); f.count("error"))
       return Failed(name, goal, f["error"]);
+    if (nvml != nullptr) {
+      // What a context and the check's module take before any allocation: what the library must
+      // count for them (TESSERA_CUDA_CONTEXT_OVERHEAD where it cannot measure it).
+      const double ctx = static_cast<double>(nvml->ProcessMemory(
+          static_cast<unsigned>(options_.device), static_cast<unsigned>(c.pid())));
+      Add({"context footprint",
+           Fixed(ctx / (1 << 20), 0) + " MiB by NVML before any allocation",
+           "",
+           Verdict::kInfo,
+           {{"bytes", ctx}}});
+    }
     auto step = [&](const std::string& what) {
       c.Send(what);
       Fields f = ParseFields(c.ReadLine());
