@@ -767,6 +767,70 @@ TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
                                  std::to_string(nobody->pw_uid) + " has no job"));
 }
 
+// A user with a running share job may write the arbiter, and so truncate it under every tenant:
+// the tenants' processes live on (zero pages instead of SIGBUS, unpaced meanwhile), and the server
+// replaces the file by a whole one within about a second, which they follow.
+TEST(TesseraServer, AnArbiterTruncatedByAUserIsReplacedAndItsTenantsLive) {
+  Daemon d("truncated", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
+                            kToken + ", user: nobody}\n");
+  const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
+  for (const std::string& dir : {::testing::TempDir(), d.dir()}) chmod(dir.c_str(), 0711);
+  std::string log = d.Log();
+  const std::string endpoint =
+      "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(log.find("tcp port ") + 9)));
+  auto r = HttpClient(endpoint, kToken)
+               .Send("POST", "/v1/jobs",
+                     Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}).dump());
+  ASSERT_TRUE(r.ok() && r->status == 201) << (r.ok() ? r->body : r.status().ToString());
+  const int64_t id = json::parse(r->body)["id"];
+  d.WaitForProcess(id);
+  // A tenant of another job, paced by the file (mapped, as the library maps it).
+  tessera::shim::ArbiterConfig follow_now;
+  follow_now.follow_us = 0;
+  char err[256] = "";
+  std::unique_ptr<tessera::shim::Arbiter> tenant(
+      tessera::shim::Arbiter::Attach(arbiter.c_str(), 99, follow_now, err, sizeof err));
+  ASSERT_NE(tenant, nullptr) << err;
+  tenant->BeforeLaunch(0, nullptr);
+  struct stat before;
+  ASSERT_EQ(stat(arbiter.c_str(), &before), 0);
+  // nobody truncates it.
+  const passwd* nobody = getpwnam("nobody");
+  const pid_t kid = fork();
+  if (kid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(nobody->pw_gid) != 0 || setuid(nobody->pw_uid) != 0)
+      _exit(2);
+    const int fd = open(arbiter.c_str(), O_RDWR);
+    _exit(fd >= 0 && ftruncate(fd, 0) == 0 ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(kid, &status, 0), kid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  tenant->data()->gpus[0].lease.store(0);  // would be SIGBUS: zero pages now, unpaced
+  tenant->BeforeLaunch(0, nullptr);
+  // The server replaces it.
+  auto whole = [&] {
+    auto now = std::make_unique<tessera::shim::ArbiterData>();
+    return tessera::shim::ReadSharedFile(arbiter.c_str(), sizeof *now, tessera::shim::kArbiterMagic,
+                                         tessera::shim::kArbiterVersion, now.get(), sizeof *now);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!whole() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(whole()) << d.Log();
+  struct stat after;
+  ASSERT_EQ(stat(arbiter.c_str(), &after), 0);
+  EXPECT_NE(after.st_ino, before.st_ino);
+  EXPECT_EQ(after.st_mode & 07, 0u) << "nothing for others (the group bits are the ACL's mask)";
+  EXPECT_EQ(tessera::server::AclUsers(arbiter), std::set<uid_t>{nobody->pw_uid})
+      << "the running job's user keeps her entry";
+  EXPECT_THAT(d.Log(), HasSubstr("was damaged (truncated, or not an arbiter any more): replaced"));
+  tenant->BeforeLaunch(0, nullptr);  // follows the new file: paced again
+  EXPECT_EQ(tenant->data()->magic.load(), tessera::shim::kArbiterMagic);
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.WaitFor(id, "cancelled");
+}
+
 TEST(TesseraServer, PlainTcpOffLoopbackIsWarnedAbout) {
   Daemon d("clear", std::string("tcp:\n  listen: \"0.0.0.0:0\"\n  tokens:\n    - {token: ") +
                         kToken + ", user: nobody}\n");

@@ -12,7 +12,7 @@
 //          fatbinary  moduleunload  library  libraryfile  libraryunload
 //          ctx:D  ctxdestroy  primary:D  primaryrelease:D  device:D  nvml:INDEX (NVML's memory
 //          figures, v1 then v2: total free used MiB)  nvmlutil:INDEX (NVML's utilization)
-//          hold  crash
+//          hold  crash  waitfile:PATH (until PATH exists, at most 10 s; says nothing)
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
 //          kernels
 //            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
@@ -673,6 +673,9 @@ int main(int argc, char** argv) {
       quit->store(1);
       munmap(m, 2 * sizeof(std::atomic<uint64_t>));
       printf("steps %llu gpu_us %llu\n", steps, gpu_us);
+    } else if (c[0] == "waitfile") {
+      fflush(stdout);
+      for (int i = 0; i < 10000 && access(c.at(1).c_str(), F_OK) != 0; ++i) usleep(1000);
     } else if (c[0] == "hold") {
       puts("holding");
       fflush(stdout);

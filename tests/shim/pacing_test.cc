@@ -370,8 +370,8 @@ TEST(Pacing, MalformedSettingsAreSaidAndRefuseCuda) {
   std::remove(arbiter.c_str());
 }
 
-// A file in the arbiter's place that is not one is said, and launches go on unpaced (what the
-// library does with a damaged shared file is issue 30's next step; docs/sharing.md says so).
+// A file in the arbiter's place that is not one is said, and launches go on unpaced (one damaged
+// under running processes: Shim.ATruncatedOrScribbledArbiterKillsNoTenant).
 TEST(Pacing, AnArbiterFileOfAnotherKindIsSaid) {
   std::string arbiter = TempPath("arbiter-bad");
   FILE* f = fopen(arbiter.c_str(), "w");

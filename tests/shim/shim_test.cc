@@ -292,6 +292,73 @@ TEST(Shim, AJobsProcessFollowsAnArbiterRenamedOverTheOldOne) {
   for (const std::string& p : {arbiter, clock}) unlink(p.c_str());
 }
 
+// The arbiter is writable by every user with a share job on the machine: one may truncate it, or
+// fill it with garbage, under the other tenants. Nobody dies of it (SIGBUS on the truncated
+// mapping before), the truncation is said, and when the file is replaced by a whole one (what the
+// server does) the jobs' processes follow it and are paced again.
+TEST(Shim, ATruncatedOrScribbledArbiterKillsNoTenant) {
+  const std::string arbiter = TempPath("damaged.arbiter"), next = arbiter + ".next",
+                    clock = TempPath("damaged.clock");
+  for (const std::string& p : {arbiter, next, clock}) unlink(p.c_str());
+  auto tenant = [&](const char* job, const char* share) {
+    return Spawn(
+        "exec " +
+        Command(Env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
+                             " TESSERA_CUDA_COMPUTE_SHARE=" + share + " TESSERA_JOB_ID=" + job},
+                "link", "work:3000:500:4:0:0:3000 2>&1"));
+  };
+  Running a = tenant("a", "30%"), b = tenant("b", "70%");
+  auto busy = [&](const char* job) {
+    return tessera::shim::ArbiterBusyMicros(arbiter.c_str(), 0, tessera::shim::ArbiterJobKey(job));
+  };
+  auto wait_until = [](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  ASSERT_TRUE(wait_until([&] { return busy("a") > 0 && busy("b") > 0; })) << "both run, paced";
+  {
+    // Garbage first (a lease naming slot 40,000, counts and pids of nothing), then nothing at all.
+    std::ofstream scribble(arbiter, std::ios::in | std::ios::out | std::ios::binary);
+    scribble.seekp(16);
+    for (int i = 0; i < 4096; ++i) scribble.put(static_cast<char>(0x9c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(truncate(arbiter.c_str(), 0), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The server's remedy: a whole arbiter renamed over the damaged one.
+  char err[256] = "";
+  ASSERT_TRUE(tessera::shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err))
+      << err;
+  ASSERT_EQ(rename(next.c_str(), arbiter.c_str()), 0);
+  EXPECT_TRUE(wait_until([&] { return busy("a") > 0 && busy("b") > 0; }))
+      << "both follow the new file and are paced again";
+  const std::string out_a = a.Output(), out_b = b.Output();
+  for (const std::string& out : {out_a, out_b}) {
+    EXPECT_THAT(out, ::testing::HasSubstr("gpu_us ")) << "ran to its end";
+    EXPECT_THAT(out, ::testing::HasSubstr("GPU arbiter file " + arbiter + " was truncated"));
+  }
+  for (const std::string& p : {arbiter, clock}) unlink(p.c_str());
+}
+
+// A job's region may be truncated by the job's own user: its processes do not die of it, and
+// since what the job holds is no longer known, they are allowed nothing more (fail closed).
+TEST(Shim, ATruncatedRegionRefusesAllocationsAndKillsNobody) {
+  const std::string region = TempPath("truncated.region"), go = TempPath("truncated.go");
+  for (const std::string& p : {region, go}) unlink(p.c_str());
+  Running job = Start(Env{.limit = "1GiB", .region = region}, "link",
+                      "alloc:64 waitfile:" + go + " alloc:64 info 2>&1");
+  ASSERT_EQ(job.first_line, "ok\n");
+  ASSERT_EQ(truncate(region.c_str(), 0), 0);
+  std::ofstream(go).put('\n');
+  const std::string rest = job.Output();
+  EXPECT_THAT(rest, ::testing::HasSubstr("memory region file was truncated"));
+  EXPECT_THAT(rest, ::testing::HasSubstr("oom\n"));
+  EXPECT_THAT(rest, ::testing::Not(::testing::HasSubstr("\nok\n"))) << rest;
+  for (const std::string& p : {region, go}) unlink(p.c_str());
+}
+
 TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
   // The GPU is 93% busy with its tenants (the fake's figure); memory bandwidth 40%.
   std::string path = TempPath("nvml-util.json");

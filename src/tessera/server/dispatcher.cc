@@ -250,6 +250,49 @@ void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
     spdlog::warn("GPU arbiter file: {}", std::string(acl.message()));
 }
 
+void Dispatcher::RepairArbiterIfDamaged() {
+  // Every user with a share job may write the arbiter: one may truncate it or fill its head with
+  // garbage. The jobs' processes survive that (zero pages instead of SIGBUS) but run unpaced until
+  // a whole file is at the path; a fresh copy renamed over it is followed by all of them.
+  const std::string arbiter = ArbiterFile();
+  struct stat st;
+  if (lstat(arbiter.c_str(), &st) != 0) return;  // not made (yet): nothing to repair
+  const int fd = shim::OpenSharedFile(arbiter.c_str(), sizeof(shim::ArbiterData),
+                                      shim::kArbiterMagic, shim::kArbiterVersion);
+  if (fd >= 0) {
+    close(fd);
+    return;
+  }
+  std::set<uid_t> users;
+  {
+    std::lock_guard lock(arbiter_mu_);
+    for (const auto& [u, count] : arbiter_users_) users.insert(u);
+  }
+  absl::Status replaced = absl::OkStatus();
+  if (arbiter_acl_) {
+    replaced = ReplaceArbiter(arbiter, users);
+  } else {  // no ACLs where the state lives: open to all, as it was
+    const std::string next = arbiter + ".next";
+    char err[256] = {};
+    unlink(next.c_str());
+    if (!shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err)) {
+      replaced = absl::InternalError(err);
+    } else if (chmod(next.c_str(), 0666) != 0 || rename(next.c_str(), arbiter.c_str()) != 0) {
+      replaced = absl::InternalError(fmt::format("{}: {}", next, strerror(errno)));
+      unlink(next.c_str());
+    }
+  }
+  if (replaced.ok()) {
+    spdlog::warn(
+        "GPU arbiter file {} was damaged (truncated, or not an arbiter any more): "
+        "replaced by a fresh one, which the jobs' processes follow",
+        arbiter);
+  } else {
+    spdlog::warn("GPU arbiter file {} is damaged and cannot be replaced: {}", arbiter,
+                 std::string(replaced.message()));
+  }
+}
+
 void Dispatcher::SetUpContainers() {
   if (config_.podman.empty()) {
     containers_off_ = "containers are turned off in the config (containers.podman is empty)";
@@ -612,6 +655,10 @@ void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
   // Logs are measured about once a second (a stat per log of each running job), not every turn.
   const bool check_logs = config_.max_log_bytes_per_job > 0 && now - logs_checked_ >= 1;
   if (check_logs) logs_checked_ = now;
+  if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
+    arbiter_checked_ = now;
+    RepairArbiterIfDamaged();
+  }
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
     std::optional<int> code;

@@ -259,6 +259,9 @@ class Dispatcher {
   // The GPU arbiter file, made at start for the fractional jobs of every user.
   void SetUpSharing();
   std::string ArbiterFile() const;
+  // Replaces the arbiter file by a fresh copy when it is there but not whole (a user truncated it
+  // or wrote garbage in its head); said in the log.
+  void RepairArbiterIfDamaged();
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();
@@ -333,7 +336,8 @@ class Dispatcher {
   void Kill(Running& r, const std::string& why);
   // The size of the job's logs, every task's.
   uint64_t LogBytes(const Running& r) const;
-  double logs_checked_ = 0;  // when CheckRunning last measured logs
+  double logs_checked_ = 0;     // when CheckRunning last measured logs
+  double arbiter_checked_ = 0;  // when CheckRunning last looked whether the arbiter is whole
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's utilization, memory used, temperature and power, read from the driver at most once

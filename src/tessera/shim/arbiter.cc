@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <new>
 
+#include "tessera/shim/fault_guard.h"
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
 #include "tessera/shim/region.h"
 
@@ -28,7 +29,12 @@ constexpr uint64_t kBoundedForUs = 1000000;  // a higher-priority job counts as 
 constexpr uint64_t kDeadAfterUs =
     10000000;  // a slot of a dead process unused this long is reclaimed
 
-int Holder(uint64_t lease) { return static_cast<int>(lease >> 48) - 1; }
+// The holder's slot, -1 for nobody - or for a word no arbiter wrote (the file is the users' to
+// write: an index is bounded before it is used).
+int Holder(uint64_t lease) {
+  const int h = static_cast<int>(lease >> 48) - 1;
+  return h < kArbiterJobs ? h : -1;
+}
 uint64_t End(uint64_t lease) { return lease & kEndMask; }
 uint64_t Lease(int slot, uint64_t end) {
   return (static_cast<uint64_t>(slot + 1) << 48) | (end & kEndMask);
@@ -96,6 +102,9 @@ Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig
   if (c.slice_us == 0) c.slice_us = 1;
   Arbiter* a = new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
   if (a == nullptr) return nullptr;
+  // A user with a job here may truncate the file under every process mapping it: the guard puts
+  // zero pages in its place instead of the SIGBUS that would kill them (fault_guard.h).
+  a->faults_ = GuardMapping(m, sizeof(ArbiterData));
   a->pidns_ = PidNamespace();
   snprintf(a->path_, sizeof a->path_, "%s", path);
   a->dev_ = st.st_dev;
@@ -381,6 +390,19 @@ bool Arbiter::HoldsGangBelow(const ArbiterJob& j, int gpu) const {
 // A gang job is a candidate on one of its GPUs only while it holds all its GPUs below that one
 // (it takes them in ascending order), and then it goes before the others of its priority unless
 // its virtual time there is ahead of theirs by more than four of its slices. -1: nobody may.
+// Whether slot `j` could have been written by an arbiter: the file is its users' to write, and a
+// slot of garbage (a priority or share no setting allows, times in the future) must not win the
+// GPU for nobody, nor hold it.
+bool Plausible(const ArbiterJob& j, uint64_t now) {
+  constexpr uint64_t kFutureUs = 10'000'000;
+  const int32_t p = j.priority.load(std::memory_order_relaxed);
+  const uint32_t share = j.share.load(std::memory_order_relaxed);
+  return p >= -1000000 && p <= 1000000 && share >= 1 && share <= 1000 &&
+         j.want_us.load(std::memory_order_relaxed) <= now + kFutureUs &&
+         j.last_launch_us.load(std::memory_order_relaxed) <= now + kFutureUs &&
+         j.lease_start_us.load(std::memory_order_relaxed) <= now + kFutureUs;
+}
+
 int Arbiter::PickNext(int gpu, uint64_t now, int self, int rival) const {
   const ArbiterGpu& g = data_->gpus[gpu];
   int best = -1, first = -1;  // the fair choice; a gang job holding its GPUs below this one
@@ -390,6 +412,7 @@ int Arbiter::PickNext(int gpu, uint64_t now, int self, int rival) const {
   for (int i = 0; i < kArbiterJobs; ++i) {
     const ArbiterJob& j = g.jobs[i];
     if (j.key.load(std::memory_order_relaxed) == 0) continue;
+    if (i != self && !Plausible(j, now)) continue;
     if (i != self && i != rival && now > j.want_us.load(std::memory_order_relaxed) + kActiveUs)
       continue;
     if (j.capped.load(std::memory_order_relaxed) &&
@@ -479,7 +502,7 @@ bool Arbiter::TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& cou
     const bool stuck = now >= End(lease) + std::max<uint64_t>(100000, 4 * config_.slice_us);
     const ArbiterJob& me = g.jobs[self];
     const bool outranked = h.priority.load() < me.priority.load();
-    take = idle || stuck || outranked || h.key.load() == 0;
+    take = idle || stuck || outranked || h.key.load() == 0 || !Plausible(h, now);
     if (!idle && !stuck) rival = holder;
     // A gang job holding its GPUs below this one does not wait out the slice of a holder of its
     // priority that is not a gang itself (its ranks there are waiting): when it goes first here
@@ -545,7 +568,25 @@ void Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
   me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
 }
 
+bool Arbiter::Recovered() {
+  if (!said_truncated_.exchange(true)) {
+    fprintf(stderr,
+            "tessera-cuda: the GPU arbiter file %s was truncated under this process; its launches "
+            "are not paced until the file is replaced\n",
+            path_);
+  }
+  if (!FollowIfReplaced(NowMicros())) return false;
+  ClearMappingFaults(data_);
+  said_truncated_.store(false);
+  for (auto& s : slot_) s.store(0, std::memory_order_relaxed);
+  launch_gpus_.store(0, std::memory_order_relaxed);
+  return true;
+}
+
 void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
+  // The file shrank under the mapping (zero pages in its place now, private to this process):
+  // nothing to arbitrate with until it is replaced by a whole one, which is then followed.
+  if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0 && !Recovered()) return;
   if (gpu >= 0 && gpu < kArbiterGpus &&
       (launch_gpus_.load(std::memory_order_relaxed) >> gpu & 1) == 0) {
     // The first launch here: the slot is claimed again so that it names this process.
@@ -571,6 +612,9 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   }
   bool counted = false;
   for (;;) {
+    if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;  // truncated
+    // Its slot overwritten meanwhile (the file is its users' to write): a fresh one.
+    if (g.jobs[self].key.load(std::memory_order_relaxed) != key_ && (self = Slot(gpu)) < 0) return;
     now = NowMicros();
     lease = g.lease.load(std::memory_order_acquire);
     if (Holder(lease) == self) {
@@ -593,6 +637,14 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
   }
   uint64_t now = 0;
   for (;;) {
+    if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;  // truncated
+    for (uint32_t m = config_.gang_mask; m; m &= m - 1) {  // slots overwritten meanwhile: fresh
+      const int b = __builtin_ctz(m);
+      if (data_->gpus[b].jobs[slots[b]].key.load(std::memory_order_relaxed) != key_ &&
+          (slots[b] = Slot(b)) < 0) {
+        return;
+      }
+    }
     now = NowMicros();
     // Its GPUs in ascending order: each held (its wait for the rest keeps it active there), kept
     // at the end of its slice, or taken; the first that cannot be is waited for, and the job says

@@ -143,6 +143,9 @@ class Arbiter {
   // next job, after `drain` (may be null).
   bool KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain);
   void BeforeLaunchGang(int gpu, DrainFn drain);
+  // After the mapping faulted (the file truncated): whether the file at the path was replaced and
+  // is followed now (then the arbiter is whole again). Says the fault once.
+  bool Recovered();
   // Runs `drain` counted as inside a synchronize on `gpu` (not idle while it waits).
   void DrainAsSync(int gpu, DrainFn drain);
   // Holding the GPU: whether a job of higher priority is around (then one launch in flight).
@@ -166,7 +169,9 @@ class Arbiter {
   char path_[4096] = {};
   uint64_t dev_ = 0, ino_ = 0;  // the file mapped now
   std::atomic<uint64_t> next_follow_us_{0};
-  uint32_t pidns_ = 0;                        // this process's pid namespace
+  uint32_t pidns_ = 0;                             // this process's pid namespace
+  const std::atomic<uint64_t>* faults_ = nullptr;  // the mapping's faults (fault_guard.h)
+  std::atomic<bool> said_truncated_{false};
   std::atomic<int> slot_[kArbiterGpus] = {};  // slot + 1; 0: none yet
   std::atomic<bool> bounded_[kArbiterGpus] =
       {};                                 // a higher-priority job is around: one launch in flight

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <new>
 
+#include "tessera/shim/fault_guard.h"
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
 
 namespace tessera::shim {
@@ -369,6 +370,9 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
   };
   Region* r = new (std::nothrow) Region(d, fd);
   if (r == nullptr) return fail("out of memory");
+  // The job's user may truncate the file under its processes: zero pages in its place then, not
+  // SIGBUS (fault_guard.h), and Reserve refuses from then on.
+  r->faults_ = GuardMapping(m, sizeof(RegionData));
   r->ReleaseFormerImage();
   // The process's own limits (its environment) hold too: a region file that says less (0: none)
   // does not lift them; the stricter of the two applies.
@@ -516,6 +520,16 @@ bool Region::TryReserve(int device, uint64_t bytes) {
   if (device < 0 || device >= kMaxDevices) return false;
   const uint64_t limit = Limit(device);
   uint64_t cur = data_->used[device].load(std::memory_order_relaxed);
+  // After the reads above: a file truncated under them has faulted by now (fault_guard.h).
+  if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) {
+    // What the job holds is not known any more: nothing more is allowed (fail closed).
+    if (!said_truncated_.exchange(true)) {
+      fprintf(stderr,
+              "tessera-cuda: the job's memory region file was truncated under this process; its "
+              "allocations are refused from now on\n");
+    }
+    return false;
+  }
   for (;;) {
     if (limit != 0 && (bytes > limit || cur > limit - bytes)) return false;
     if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel))

@@ -97,6 +97,8 @@ class Region {
   int reclaimed_slots_ = 0;
   std::atomic<uint64_t> last_reclaim_us_{0};  // CLOCK_MONOTONIC; 0: never
   uint64_t own_limit_[kMaxDevices] = {};      // the process's own (environment's) limits; 0: none
+  const std::atomic<uint64_t>* faults_ = nullptr;  // the mapping's faults (fault_guard.h)
+  std::atomic<bool> said_truncated_{false};
 };
 
 // Creates (when missing) the region file at `path` with `limits`, as Attach would, but claims no
