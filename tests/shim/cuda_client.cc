@@ -209,7 +209,9 @@ void Get(F& out, void* lib, const char* versioned, void* gpa, const char* base, 
 }
 
 Api Resolved(const std::string& route) {
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  // CUDA_CLIENT_LIBCUDA: the driver by a path of its own (another copy of it, say).
+  const char* path = getenv("CUDA_CLIENT_LIBCUDA");
+  void* lib = dlopen(path != nullptr ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     fprintf(stderr, "cuda_client: %s\n", dlerror());
     exit(3);

@@ -359,6 +359,26 @@ TEST(Shim, ATruncatedRegionRefusesAllocationsAndKillsNobody) {
   for (const std::string& p : {region, go}) unlink(p.c_str());
 }
 
+// A copy of the driver's file opened by another path is another object, with its own state, that
+// the hooks would not see (5,100 MiB allocated under a 1 GiB limit before): its entry points are
+// refused, and said.
+TEST(Shim, AnotherCopyOfTheDriverIsRefused) {
+  const std::string dir = TempPath("copy");
+  std::filesystem::create_directories(dir);
+  const std::string copy = dir + "/libcuda.so.1";
+  std::filesystem::copy_file(TESSERA_FAKE_CUDA_DIR "/libcuda.so.1", copy,
+                             std::filesystem::copy_options::overwrite_existing);
+  Env env{.limit = "100MiB", .extra = "CUDA_CLIENT_LIBCUDA=" + copy};
+  EXPECT_EQ(RunClient(Env{.preload = false, .extra = env.extra}, "dlsym", "alloc:200 2>&1"), "ok\n")
+      << "the copy is a driver that works";
+  const std::string out = RunClient(env, "dlsym", "alloc:200 2>&1");
+  EXPECT_THAT(out, ::testing::HasSubstr(copy + " is another copy of the CUDA driver"));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("ok\n")));
+  EXPECT_EQ(RunClient(env, "procaddr", "alloc:200 2>&1").find("ok\n"), std::string::npos)
+      << "nor through its cuGetProcAddress";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
   // The GPU is 93% busy with its tenants (the fake's figure); memory bandwidth 40%.
   std::string path = TempPath("nvml-util.json");

@@ -1877,6 +1877,46 @@ void* NextAfter(const void* caller, const char* name, DlsymFn sym) {
 
 // dlsym is hooked so that a program (or the CUDA runtime) that dlopens libcuda.so.1 and looks entry
 // points up by name gets our hooks too.
+namespace tessera::shim {
+namespace {
+// The driver's object in this process (the one the hooks call), for telling another copy of it.
+const link_map* DriverMap() {
+  static const link_map* map = [] {
+    Dl_info info;
+    link_map* m = nullptr;
+    void* fn = reinterpret_cast<void*>(real.cuCtxGetDevice);
+    return fn != nullptr && dladdr1(fn, &info, reinterpret_cast<void**>(&m), RTLD_DL_LINKMAP) != 0
+               ? m
+               : nullptr;
+  }();
+  return map;
+}
+
+// Whether `fn` lies in another copy of the CUDA driver than the hooked one: a libcuda.so file
+// loaded from another path (another inode, so another object with its own state), which the
+// hooks would not see. Said once.
+bool InAnotherDriverCopy(void* fn) {
+  Dl_info info;
+  link_map* m = nullptr;
+  if (dladdr1(fn, &info, reinterpret_cast<void**>(&m), RTLD_DL_LINKMAP) == 0 || m == nullptr ||
+      m == DriverMap() || m->l_name == nullptr) {
+    return false;
+  }
+  const char* base = strrchr(m->l_name, '/');
+  base = base != nullptr ? base + 1 : m->l_name;
+  if (strncmp(base, "libcuda.so", 10) != 0) return false;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    fprintf(stderr,
+            "tessera-cuda: %s is another copy of the CUDA driver than the one this job's limits "
+            "hold on; its entry points are refused\n",
+            m->l_name);
+  }
+  return true;
+}
+}  // namespace
+}  // namespace tessera::shim
+
 TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
   DlsymFn sym = RealDlsym();
   if (sym == nullptr) return nullptr;
@@ -1885,7 +1925,11 @@ TESSERA_EXPORT void* dlsym(void* handle, const char* name) {
                  : sym(handle, name);
   if (fn == nullptr) return fn;
   // Refused (a malformed setting): still the hook, which refuses, never the driver's own entry.
-  if (name[0] == 'c' && name[1] == 'u' && (Ready() || refused)) return Redirect(fn);
+  if (name[0] == 'c' && name[1] == 'u' && (Ready() || refused)) {
+    void* hooked = Redirect(fn);
+    // A second copy of the driver (opened by another path) would run unlimited and unpaced.
+    return hooked == fn && InAnotherDriverCopy(fn) ? nullptr : hooked;
+  }
   if (name[0] != 'n' || strncmp(name, "nvmlDevice", 10) != 0) return fn;
   static const struct {
     const char* name;
