@@ -316,7 +316,8 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
   env.set["TESSERA_CUDA_ARBITER"] = arbiter;
   env.set["TESSERA_CUDA_ARBITER_GPUS"] = fmt::format("{}", fmt::join(limits.gpus, ","));
   env.set["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{:g}%", limits.share_permille / 10.0);
-  env.set["TESSERA_CUDA_PRIORITY"] = "0";
+  env.set["TESSERA_CUDA_PRIORITY"] =
+      std::string(1, '0');  // not a literal: GCC 12 misreads one here (-Wrestrict)
   return env;
 }
 
