@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/core/gpu.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/sched/policy.h"
 #include "tessera/shim/region.h"
@@ -367,6 +368,10 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     env["TESSERA_CUDA_PRIORITY"] =
         std::to_string(hint && hint->priority ? *hint->priority : options_.default_priority);
     env["TESSERA_CUDA_REGION"] = kContainerRegion;
+    // A pod's processes are in a pid namespace of their own: NVML does not show them to the
+    // library, which cannot measure what its contexts take. The measured figure for the model.
+    env["TESSERA_CUDA_CONTEXT_OVERHEAD"] =
+        std::to_string(core::DefaultContextOverhead(inventory_.gpus[by_uuid_.at(a.gpus[0])].model));
     env["TESSERA_JOB_ID"] = a.id;  // the arbiter tells jobs apart by it
     auto mount = [&](const std::string& host, const char* in, bool ro) {
       auto* m = resp.add_mounts();

@@ -179,6 +179,9 @@ TEST_F(DeviceStateTest, SharesGetTheInterceptLibraryTheirLimitsAndARegion) {
   EXPECT_EQ(env.at("TESSERA_CUDA_COMPUTE_SHARE"), "50%");
   EXPECT_EQ(env.at("TESSERA_CUDA_PRIORITY"), "0");
   EXPECT_EQ(env.at("TESSERA_CUDA_REGION"), kContainerRegion);
+  // A pod's pids are not NVML's: its contexts are counted by the model's measured figure.
+  EXPECT_EQ(env.at("TESSERA_CUDA_CONTEXT_OVERHEAD"),
+            std::to_string(core::DefaultContextOverhead(inventory_.gpus[2].model)));
   EXPECT_EQ(env.at("NVIDIA_VISIBLE_DEVICES"), Uuid(2));
   std::map<std::string, std::pair<std::string, bool>> mounts;
   for (const auto& m : c.mounts()) mounts[m.container_path()] = {m.host_path(), m.read_only()};

@@ -75,6 +75,14 @@ std::optional<ComputeCapability> ParseComputeCapability(std::string_view text) {
   return cc;
 }
 
+uint64_t DefaultContextOverhead(std::string_view model) {
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  for (std::string_view measured : {"H100", "H200"}) {
+    if (model.find(measured) != std::string_view::npos) return 520 * kMiB;
+  }
+  return 512 * kMiB;
+}
+
 std::string FormatBytes(uint64_t bytes) {
   static constexpr std::array<const char*, 5> kUnits = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);

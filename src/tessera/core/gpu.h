@@ -104,6 +104,13 @@ struct NodeInventory {
   Topology topology;
 };
 
+// What a CUDA context takes of a GPU's memory, for where the intercept library cannot measure it
+// (a job in a pid namespace of its own - a container, a pod - whose pids NVML does not show it):
+// 520 MiB on an H100 80GB HBM3 and an H200 as tessera-gpu-check measured it ("context footprint":
+// NVML's figure for a process holding a context and one small module, before any allocation;
+// driver 580.159.04, CUDA 13.0, 2026-11-25); 512 MiB for models not measured.
+uint64_t DefaultContextOverhead(std::string_view model);
+
 // 81559 MiB -> "79.6 GiB"; bytes are shown in the largest binary unit that keeps a value >= 1.
 std::string FormatBytes(uint64_t bytes);
 // Parses "80GiB", "512 MiB", "16G", "16Gi", "1.5GB", "81920" (MiB when no unit): returns bytes,

@@ -41,6 +41,12 @@ TEST(ComputeCapability, ParsesAndRejects) {
   EXPECT_LT((ComputeCapability{8, 6}), (ComputeCapability{9, 0}));
 }
 
+TEST(ContextOverhead, MeasuredModelsAndADefaultForTheRest) {
+  EXPECT_EQ(DefaultContextOverhead("NVIDIA H100 80GB HBM3"), 520ull << 20);
+  EXPECT_EQ(DefaultContextOverhead("NVIDIA H200"), 520ull << 20);
+  EXPECT_EQ(DefaultContextOverhead("Tesla T4"), 512ull << 20);
+}
+
 TEST(Bytes, ParsesUnits) {
   EXPECT_EQ(ParseBytes("80GiB"), 80ull << 30);
   EXPECT_EQ(ParseBytes("16G"), 16ull << 30) << "Slurm's --mem=16G";

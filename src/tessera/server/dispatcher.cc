@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tessera/core/clock.h"
+#include "tessera/core/gpu.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
@@ -976,6 +977,12 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     share.priority = q.priority;
     share.physical_gpus = a.gpus;
     share.context_overhead_bytes = config_.context_overhead_bytes;
+    // In a container the library cannot measure the context (its pids are not NVML's): the
+    // measured figure for the GPU's model, unless the config names one.
+    if (share.context_overhead_bytes == 0 && l.run.container && !a.gpus.empty() &&
+        a.gpus[0] < static_cast<int>(node().gpus.size())) {
+      share.context_overhead_bytes = core::DefaultContextOverhead(node().gpus[a.gpus[0]].model);
+    }
     ls.share = share;
   }
   // A user's job runs with that user's own uid, gid and groups, or not at all: an account that
