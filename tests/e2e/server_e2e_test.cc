@@ -669,6 +669,38 @@ TEST(TesseraServer, TcpSpeaksTlsWithACertificateAndWarnsWithout) {
   std::remove(key.c_str());
 }
 
+// nobody's job with a compute share (30% and 1 GiB of a GPU, `sleep 60`), submitted over TCP with
+// nobody's token (the daemon's config gives it): its id once its process runs, -1 (and a failure)
+// when it was not accepted.
+int64_t RunNobodysShareJob(Daemon& d) {
+  const std::string log = d.Log();
+  const std::string endpoint =
+      "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(log.find("tcp port ") + 9)));
+  auto r = HttpClient(endpoint, kToken)
+               .Send("POST", "/v1/jobs",
+                     Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}).dump());
+  if (!r.ok() || r->status != 201) {
+    ADD_FAILURE() << (r.ok() ? r->body : r.status().ToString());
+    return -1;
+  }
+  const int64_t id = json::parse(r->body)["id"];
+  d.WaitForProcess(id);
+  return id;
+}
+
+// A process of another job paced by the arbiter at `arbiter` (job key 99), mapped as the library
+// maps it, which looks whether the file was replaced at every launch that waits; null and why in
+// `err` when it cannot attach.
+std::unique_ptr<tessera::shim::Arbiter> Tenant(const std::string& arbiter, std::string* err) {
+  tessera::shim::ArbiterConfig follow_now;
+  follow_now.follow_us = 0;
+  char why[256] = "";
+  std::unique_ptr<tessera::shim::Arbiter> tenant(
+      tessera::shim::Arbiter::Attach(arbiter.c_str(), 99, follow_now, why, sizeof why));
+  *err = why;
+  return tenant;
+}
+
 TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
   Daemon d("arbiter", std::string("tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: ") +
                           kToken + ", user: nobody}\n");
@@ -690,15 +722,8 @@ TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
   EXPECT_FALSE(can_write("nobody"));
   EXPECT_FALSE(can_write("daemon"));
   // nobody's job with a compute share: nobody may write it while it runs, daemon still not.
-  std::string log = d.Log();
-  const std::string endpoint =
-      "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(log.find("tcp port ") + 9)));
-  auto r = HttpClient(endpoint, kToken)
-               .Send("POST", "/v1/jobs",
-                     Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}).dump());
-  ASSERT_TRUE(r.ok() && r->status == 201) << (r.ok() ? r->body : r.status().ToString());
-  const int64_t id = json::parse(r->body)["id"];
-  d.WaitForProcess(id);
+  const int64_t id = RunNobodysShareJob(d);
+  ASSERT_GT(id, 0);
   EXPECT_TRUE(can_write("nobody"));
   EXPECT_FALSE(can_write("daemon"));
   EXPECT_EQ(tessera::server::AclUsers(arbiter), std::set<uid_t>{getpwnam("nobody")->pw_uid});
@@ -726,11 +751,8 @@ TEST(TesseraServer, OnlyUsersWithAComputeShareRunningMayWriteTheArbiter) {
   ASSERT_EQ(read(from_kid[0], &opened, 1), 1);
   EXPECT_EQ(opened, 'y');
   // A process of another job with a compute share, paced by the file.
-  tessera::shim::ArbiterConfig follow_now;
-  follow_now.follow_us = 0;
-  char err[256] = "";
-  std::unique_ptr<tessera::shim::Arbiter> tenant(
-      tessera::shim::Arbiter::Attach(arbiter.c_str(), 99, follow_now, err, sizeof err));
+  std::string err;
+  std::unique_ptr<tessera::shim::Arbiter> tenant = Tenant(arbiter, &err);
   ASSERT_NE(tenant, nullptr) << err;
   tenant->BeforeLaunch(0, nullptr);
   struct stat before;
@@ -778,21 +800,11 @@ TEST(TesseraServer, AnArbiterTruncatedByAUserIsReplacedAndItsTenantsLive) {
                             kToken + ", user: nobody}\n");
   const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
   for (const std::string& dir : {::testing::TempDir(), d.dir()}) chmod(dir.c_str(), 0711);
-  std::string log = d.Log();
-  const std::string endpoint =
-      "tcp://127.0.0.1:" + std::to_string(std::stoi(log.substr(log.find("tcp port ") + 9)));
-  auto r = HttpClient(endpoint, kToken)
-               .Send("POST", "/v1/jobs",
-                     Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}).dump());
-  ASSERT_TRUE(r.ok() && r->status == 201) << (r.ok() ? r->body : r.status().ToString());
-  const int64_t id = json::parse(r->body)["id"];
-  d.WaitForProcess(id);
+  const int64_t id = RunNobodysShareJob(d);
+  ASSERT_GT(id, 0);
   // A tenant of another job, paced by the file (mapped, as the library maps it).
-  tessera::shim::ArbiterConfig follow_now;
-  follow_now.follow_us = 0;
-  char err[256] = "";
-  std::unique_ptr<tessera::shim::Arbiter> tenant(
-      tessera::shim::Arbiter::Attach(arbiter.c_str(), 99, follow_now, err, sizeof err));
+  std::string err;
+  std::unique_ptr<tessera::shim::Arbiter> tenant = Tenant(arbiter, &err);
   ASSERT_NE(tenant, nullptr) << err;
   tenant->BeforeLaunch(0, nullptr);
   struct stat before;

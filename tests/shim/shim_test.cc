@@ -261,6 +261,15 @@ TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
 // The server revokes a user's access to the arbiter by renaming a copy over it: a process of a job
 // that goes on launching maps the copy where the old file was, and its GPU time goes on counting
 // there (the library's own stat, glibc_compat.cc, is what tells the file was replaced).
+// Polls `done` until it holds or 15 s have passed; its last answer.
+template <typename Done>
+bool WaitUntil(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (!done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return done();
+}
+
 TEST(Shim, AJobsProcessFollowsAnArbiterRenamedOverTheOldOne) {
   const std::string arbiter = TempPath("follow.arbiter"), next = arbiter + ".next",
                     clock = TempPath("follow.clock");
@@ -274,19 +283,13 @@ TEST(Shim, AJobsProcessFollowsAnArbiterRenamedOverTheOldOne) {
   auto busy = [&](const std::string& path) {
     return tessera::shim::ArbiterBusyMicros(path.c_str(), 0, key);
   };
-  auto wait_until = [](auto done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (!done() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return done();
-  };
-  ASSERT_TRUE(wait_until([&] { return busy(arbiter) > 0; })) << "the job runs, paced";
+  ASSERT_TRUE(WaitUntil([&] { return busy(arbiter) > 0; })) << "the job runs, paced";
   char err[256] = "";
   ASSERT_TRUE(tessera::shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err))
       << err;
   const uint64_t copied = busy(next);
   ASSERT_EQ(rename(next.c_str(), arbiter.c_str()), 0);
-  EXPECT_TRUE(wait_until([&] { return busy(arbiter) > copied; }))
+  EXPECT_TRUE(WaitUntil([&] { return busy(arbiter) > copied; }))
       << "its GPU time counts in the new file";
   job.Stop();
   for (const std::string& p : {arbiter, clock}) unlink(p.c_str());
@@ -311,13 +314,7 @@ TEST(Shim, ATruncatedOrScribbledArbiterKillsNoTenant) {
   auto busy = [&](const char* job) {
     return tessera::shim::ArbiterBusyMicros(arbiter.c_str(), 0, tessera::shim::ArbiterJobKey(job));
   };
-  auto wait_until = [](auto done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    while (!done() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return done();
-  };
-  ASSERT_TRUE(wait_until([&] { return busy("a") > 0 && busy("b") > 0; })) << "both run, paced";
+  ASSERT_TRUE(WaitUntil([&] { return busy("a") > 0 && busy("b") > 0; })) << "both run, paced";
   {
     // Garbage first (a lease naming slot 40,000, counts and pids of nothing), then nothing at all.
     std::ofstream scribble(arbiter, std::ios::in | std::ios::out | std::ios::binary);
@@ -332,7 +329,7 @@ TEST(Shim, ATruncatedOrScribbledArbiterKillsNoTenant) {
   ASSERT_TRUE(tessera::shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err))
       << err;
   ASSERT_EQ(rename(next.c_str(), arbiter.c_str()), 0);
-  EXPECT_TRUE(wait_until([&] { return busy("a") > 0 && busy("b") > 0; }))
+  EXPECT_TRUE(WaitUntil([&] { return busy("a") > 0 && busy("b") > 0; }))
       << "both follow the new file and are paced again";
   const std::string out_a = a.Output(), out_b = b.Output();
   for (const std::string& out : {out_a, out_b}) {

@@ -221,6 +221,12 @@ void Dispatcher::SetUpSharing() {
   spdlog::warn("GPU arbiter file {} is {}", arbiter, arbiter_access_);
 }
 
+std::set<uid_t> Dispatcher::ArbiterUsersLocked() const {
+  std::set<uid_t> users;
+  for (const auto& [u, count] : arbiter_users_) users.insert(u);
+  return users;
+}
+
 void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
   if (!arbiter_acl_ || uid == 0) return;
   std::lock_guard lock(arbiter_mu_);
@@ -229,8 +235,7 @@ void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
   n = std::max(0, n + delta);
   if (n == 0) arbiter_users_.erase(uid);
   if (was == (n > 0)) return;
-  std::set<uid_t> users;
-  for (const auto& [u, count] : arbiter_users_) users.insert(u);
+  const std::set<uid_t> users = ArbiterUsersLocked();
   const std::string arbiter = ArbiterFile();
   if (!was) {
     if (absl::Status st = SetUserAcl(arbiter, users); !st.ok())
@@ -267,22 +272,10 @@ void Dispatcher::RepairArbiterIfDamaged() {
   std::set<uid_t> users;
   {
     std::lock_guard lock(arbiter_mu_);
-    for (const auto& [u, count] : arbiter_users_) users.insert(u);
+    users = ArbiterUsersLocked();
   }
-  absl::Status replaced = absl::OkStatus();
-  if (arbiter_acl_) {
-    replaced = ReplaceArbiter(arbiter, users);
-  } else {  // no ACLs where the state lives: open to all, as it was
-    const std::string next = arbiter + ".next";
-    char err[256] = {};
-    unlink(next.c_str());
-    if (!shim::CopyArbiterFile(arbiter.c_str(), next.c_str(), err, sizeof err)) {
-      replaced = absl::InternalError(err);
-    } else if (chmod(next.c_str(), 0666) != 0 || rename(next.c_str(), arbiter.c_str()) != 0) {
-      replaced = absl::InternalError(fmt::format("{}: {}", next, strerror(errno)));
-      unlink(next.c_str());
-    }
-  }
+  // Without ACLs where the state lives the file was open to all, and so is its copy.
+  const absl::Status replaced = ReplaceArbiter(arbiter, users, /*open_to_all=*/!arbiter_acl_);
   if (replaced.ok()) {
     spdlog::warn(
         "GPU arbiter file {} was damaged (truncated, or not an arbiter any more): "

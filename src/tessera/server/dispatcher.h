@@ -262,6 +262,8 @@ class Dispatcher {
   // Replaces the arbiter file by a fresh copy when it is there but not whole (a user truncated it
   // or wrote garbage in its head); said in the log.
   void RepairArbiterIfDamaged();
+  // The users with a job with a compute share running (their ACL entries); under arbiter_mu_.
+  std::set<uid_t> ArbiterUsersLocked() const;
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();

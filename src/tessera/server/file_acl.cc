@@ -1,6 +1,7 @@
 #include "tessera/server/file_acl.h"
 
 #include <stdio.h>
+#include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -65,14 +66,18 @@ std::set<uid_t> AclUsers(const std::string& path) {
   return out;
 }
 
-absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users) {
+absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users,
+                            bool open_to_all) {
   const std::string next = path + ".next";
   char err[256] = {};
   unlink(next.c_str());  // left by a replacement that died half-way
   absl::Status st = absl::OkStatus();
   if (!shim::CopyArbiterFile(path.c_str(), next.c_str(), err, sizeof err)) {
     st = absl::InternalError(err);
-  } else if (st = SetUserAcl(next, users); st.ok() && rename(next.c_str(), path.c_str()) != 0) {
+  } else if (open_to_all && chmod(next.c_str(), 0666) != 0) {
+    st = absl::InternalError(fmt::format("chmod {}: {}", next, strerror(errno)));
+  } else if (st = open_to_all ? absl::OkStatus() : SetUserAcl(next, users);
+             st.ok() && rename(next.c_str(), path.c_str()) != 0) {
     st = absl::InternalError(fmt::format("rename {}: {}", next, strerror(errno)));
   }
   if (!st.ok()) unlink(next.c_str());

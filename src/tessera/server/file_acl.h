@@ -24,7 +24,9 @@ std::set<uid_t> AclUsers(const std::string& path);
 // (shim::CopyArbiterFile) with exactly `users`' ACL entries renamed over it. Taking an ACL entry
 // off is not enough: a descriptor opened before keeps writing the file; the jobs' processes follow
 // the copy (shim::Arbiter::FollowIfReplaced) and such a descriptor reaches only the old one. The
-// file is left as it was on failure.
-absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users);
+// file is left as it was on failure. `open_to_all`: no ACLs where the file lives; the copy is 0666
+// as the file was, and `users` is not used.
+absl::Status ReplaceArbiter(const std::string& path, const std::set<uid_t>& users,
+                            bool open_to_all = false);
 
 }  // namespace tessera::server

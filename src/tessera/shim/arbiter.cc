@@ -586,7 +586,7 @@ bool Arbiter::Recovered() {
 void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   // The file shrank under the mapping (zero pages in its place now, private to this process):
   // nothing to arbitrate with until it is replaced by a whole one, which is then followed.
-  if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0 && !Recovered()) return;
+  if (Truncated() && !Recovered()) return;
   if (gpu >= 0 && gpu < kArbiterGpus &&
       (launch_gpus_.load(std::memory_order_relaxed) >> gpu & 1) == 0) {
     // The first launch here: the slot is claimed again so that it names this process.
@@ -612,7 +612,7 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   }
   bool counted = false;
   for (;;) {
-    if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;  // truncated
+    if (Truncated()) return;
     // Its slot overwritten meanwhile (the file is its users' to write): a fresh one.
     if (g.jobs[self].key.load(std::memory_order_relaxed) != key_ && (self = Slot(gpu)) < 0) return;
     now = NowMicros();
@@ -637,7 +637,7 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
   }
   uint64_t now = 0;
   for (;;) {
-    if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;  // truncated
+    if (Truncated()) return;
     for (uint32_t m = config_.gang_mask; m; m &= m - 1) {  // slots overwritten meanwhile: fresh
       const int b = __builtin_ctz(m);
       if (data_->gpus[b].jobs[slots[b]].key.load(std::memory_order_relaxed) != key_ &&

@@ -143,6 +143,10 @@ class Arbiter {
   // next job, after `drain` (may be null).
   bool KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain);
   void BeforeLaunchGang(int gpu, DrainFn drain);
+  // Whether the mapping faulted since it was mapped (the file truncated under it): zero pages now.
+  bool Truncated() const {
+    return faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0;
+  }
   // After the mapping faulted (the file truncated): whether the file at the path was replaced and
   // is followed now (then the arbiter is whole again). Says the fault once.
   bool Recovered();

@@ -110,16 +110,15 @@ Backlog::Token Backlog::Before(int dev, CUstream stream, bool may_poll) {
   Device& d = d_[dev];
   if (d.broken.load(std::memory_order_relaxed)) return token;
   const uint64_t estimate = d.estimate_ns.load(std::memory_order_relaxed);
+  const uint64_t launched = d.launched.load(std::memory_order_relaxed);
   // The clock is read at every kSampleLookEvery-th launch only (and until a first estimate): a
   // clock read costs as much as the rest of this path.
-  const bool look =
-      estimate == 0 || (d.launched.load(std::memory_order_relaxed) % kSampleLookEvery) == 0;
+  const bool look = estimate == 0 || launched % kSampleLookEvery == 0;
   const uint64_t now = look ? ops_.now_us() : 0;
   const bool sample = look && now >= d.next_sample_us.load(std::memory_order_relaxed);
   // Near the bound (half of it queued, as far as is known): a completion mark every eighth of the
   // bound's worth of launches, so that a wait ends soon after enough has run (a mark costs about
   // as much as a launch: not every launch of short kernels gets one).
-  const uint64_t launched = d.launched.load(std::memory_order_relaxed);
   const bool near =
       estimate != 0 && (Queued(d) + 1) > bound_ns_ / 2 / estimate &&
       (launched - d.last_mark.load(std::memory_order_relaxed) + 1) * estimate >= bound_ns_ / 8;

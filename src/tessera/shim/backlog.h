@@ -74,7 +74,9 @@ class Backlog {
   void Drained(int dev, uint64_t upto);
 
   // What the backlog knows of `dev` (for tests and logs).
-  uint64_t launched(int dev) const { return d_[dev].launched.load(); }
+  uint64_t launched(int dev) const {
+    return dev >= 0 && dev < kBacklogDevices ? d_[dev].launched.load() : 0;
+  }
   uint64_t done(int dev) const { return d_[dev].done.load(); }
   uint64_t estimate_ns(int dev) const { return d_[dev].estimate_ns.load(); }
   bool broken(int dev) const { return d_[dev].broken.load(); }

@@ -1173,13 +1173,21 @@ thread_local int thread_captures = 0;     // thread-local mode, begun by this th
 // tight loop before).
 std::shared_mutex capture_mu;
 
+// The driver's cuCtxSynchronize: once it returns, what this process queued on the current
+// device before it has run (the queue bound counts it done).
+CUresult SynchronizeContext() {
+  if (real.cuCtxSynchronize == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const int dev = CurrentDevice();
+  const uint64_t upto = backlog.launched(dev);
+  const CUresult rc = real.cuCtxSynchronize();
+  if (rc == CUDA_SUCCESS) backlog.Drained(dev, upto);
+  return rc;
+}
+
 void Drain() {
   if (real.cuCtxSynchronize == nullptr || thread_captures > 0) return;
   std::shared_lock lock(capture_mu);
-  if (forbidding_captures.load(std::memory_order_acquire) != 0) return;
-  const int dev = CurrentDevice();
-  const uint64_t upto = dev >= 0 && dev < kBacklogDevices ? backlog.launched(dev) : 0;
-  if (real.cuCtxSynchronize() == CUDA_SUCCESS) backlog.Drained(dev, upto);
+  if (forbidding_captures.load(std::memory_order_acquire) == 0) SynchronizeContext();
 }
 
 bool Recorded(CUstream stream) {
@@ -1436,12 +1444,7 @@ TESSERA_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph)
 }
 
 TESSERA_EXPORT CUresult cuCtxSynchronize() {
-  if (!Ready()) return CUDA_ERROR_NOT_INITIALIZED;
-  const int dev = CurrentDevice();
-  const uint64_t upto = dev >= 0 && dev < kBacklogDevices ? backlog.launched(dev) : 0;
-  const CUresult rc = Synced(real.cuCtxSynchronize);
-  if (rc == CUDA_SUCCESS) backlog.Drained(dev, upto);
-  return rc;
+  return Ready() ? Synced(SynchronizeContext) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 TESSERA_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
