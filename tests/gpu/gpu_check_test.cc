@@ -36,6 +36,14 @@ TEST(GpuCheck, WithoutADriverItSaysSoAndExits77) {
   EXPECT_NE(r.out.find("nothing was checked"), std::string::npos) << r.out;
 }
 
+TEST(GpuCheck, AnUnknownCheckIsRefusedNamingTheKnownOnes) {
+  const auto r = tessera::test::Capture(Check("--only 'deep queue,no such check'"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--only 'no such check' names no check (they are: calibrate, launch cost"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(GpuCheck, SharesHoldUnderDeepQueuesGraphsAndAStoppedTenantOnTheFakeDriver) {
   const std::string dir = Dir();
   const std::string json = dir + "/checks.json";

@@ -55,5 +55,14 @@ int main(int argc, char** argv) {
   app.add_option("--only", options.only, "run only these checks (names or prefixes: " + names + ")")
       ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  for (const std::string& only : options.only) {
+    bool known = false;
+    for (const std::string& name : gc::CheckNames()) known = known || name.rfind(only, 0) == 0;
+    if (!known) {
+      std::cerr << "tessera-gpu-check: --only '" << only << "' names no check (they are: " << names
+                << ")\n";
+      return 2;
+    }
+  }
   return gc::RunChecks(options, std::cout);
 }
