@@ -22,7 +22,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/extender/service.h"
 #include "tessera/extender/test_objects.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "tessera/sim/openb.h"
 
 namespace {
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
   }
   // kube-scheduler runs binding cycles asynchronously: binds go to their own connection and thread
   // while the next pod is filtered.
-  server::HttpClient http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
-  server::HttpClient bind_http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
+  net::HttpClient http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
+  net::HttpClient bind_http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
   std::vector<double> filter_ms, both_ms;
   int placed = 0, unplaced = 0, bind_errors = 0;
   std::mutex mu;

@@ -35,12 +35,12 @@
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "sqlite3.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "tessera/server/server.h"
 #include "tessera/server/store.h"
 
 using nlohmann::json;
-using tessera::server::HttpClient;
+using tessera::net::HttpClient;
 using Clock = std::chrono::steady_clock;
 
 namespace {

@@ -72,7 +72,7 @@ std::ostream& operator<<(std::ostream& o, const Start& s) {
 }
 
 std::string Events(server::Server& srv, const std::string& id) {
-  server::HttpRequest r;
+  net::HttpRequest r;
   r.method = "GET";
   r.path = r.target = "/v1/jobs/" + id;
   r.peer.unix_socket = true;
@@ -141,14 +141,14 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
     clock.Advance(
         std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(t - now())));
     while (next < stream.size() && stream[next].submit <= now()) {
-      server::HttpRequest r;
+      net::HttpRequest r;
       r.method = "POST";
       r.path = r.target = "/v1/jobs";
       r.content_type = "application/json";
       r.body = stream[next].spec.dump();
       r.peer.unix_socket = true;
       r.peer.uid = uids[next % uids.size()];
-      server::HttpResponse out = srv.Handle(r);
+      net::HttpResponse out = srv.Handle(r);
       ASSERT_EQ(out.status, 201) << out.body;
       json j = json::parse(out.body);
       ASSERT_EQ(j["id"], static_cast<int64_t>(next + 1));

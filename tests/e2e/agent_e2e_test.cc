@@ -23,7 +23,7 @@
 #include "../capture.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -113,7 +113,7 @@ class AgentE2e : public ::testing::Test {
                std::chrono::seconds(15));
   }
   std::string Metrics() {
-    tessera::server::HttpClient c(dir_ + "/state/agent.sock");
+    tessera::net::HttpClient c(dir_ + "/state/agent.sock");
     auto r = c.Send("GET", "/metrics");
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->body : "";

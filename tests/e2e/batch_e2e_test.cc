@@ -402,7 +402,7 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   auto bad = As(d, "nobody", "acct --jobs --format id,bogus");
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.out, HasSubstr("--format: unknown field 'bogus'"));
-  auto metrics = tessera::server::HttpClient(d.socket()).Send("GET", "/metrics");
+  auto metrics = tessera::net::HttpClient(d.socket()).Send("GET", "/metrics");
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(metrics->body,
               HasSubstr("tessera_acct_gpu_seconds_total{user=\"nobody\",kind=\"fractional\"}"));

@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "../capture.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 extern char** environ;
 
 namespace tessera::test {
 
 using nlohmann::json;
-using tessera::server::HttpClient;
+using tessera::net::HttpClient;
 namespace fs = std::filesystem;
 
 // Removes the cgroup subtrees named `name` (a daemon's, see Daemon::Confinement) with whatever

@@ -20,7 +20,7 @@
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "nlohmann/json.hpp"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 extern char** environ;
 
@@ -157,8 +157,7 @@ class ExtenderE2e : public ::testing::Test {
       port_ = std::stoi(m[1]);
       return true;
     })) << Log(root_ + "/extender.log");
-    http_ =
-        std::make_unique<tessera::server::HttpClient>("tcp://127.0.0.1:" + std::to_string(port_));
+    http_ = std::make_unique<tessera::net::HttpClient>("tcp://127.0.0.1:" + std::to_string(port_));
     // Both nodes' GPUs known to the extender (the agents' annotations arrived).
     ASSERT_TRUE(Until([&] {
       return Metrics().find("tessera_extender_gpus{health=\"healthy\"} 4") != std::string::npos ||
@@ -247,7 +246,7 @@ class ExtenderE2e : public ::testing::Test {
   Node nodes_[2];
   pid_t extender_ = -1;
   int port_ = 0;
-  std::unique_ptr<tessera::server::HttpClient> http_;
+  std::unique_ptr<tessera::net::HttpClient> http_;
 };
 
 std::set<std::string> Split(const std::string& s) {

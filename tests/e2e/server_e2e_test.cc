@@ -31,8 +31,8 @@
 #include "../capture.h"
 #include "daemon.h"
 #include "fake_apiserver.h"
+#include "tessera/net/http.h"
 #include "tessera/server/file_acl.h"
-#include "tessera/server/http.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 
@@ -41,7 +41,7 @@ extern char** environ;
 namespace {
 
 using nlohmann::json;
-using tessera::server::HttpClient;
+using tessera::net::HttpClient;
 using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;

@@ -20,7 +20,7 @@
 #include "../capture.h"
 #include "fmt/format.h"
 #include "mini_slurm.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 namespace {
 
@@ -209,8 +209,8 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   const std::string ready = exporter->Line();
   const size_t at = ready.find("on port ");
   ASSERT_NE(at, std::string::npos) << ready;
-  tessera::server::HttpClient metrics("tcp://127.0.0.1:" +
-                                      std::to_string(std::stoi(ready.substr(at + 8))));
+  tessera::net::HttpClient metrics("tcp://127.0.0.1:" +
+                                   std::to_string(std::stoi(ready.substr(at + 8))));
   auto job = std::make_unique<Running>(
       Cmd(std::string("srun -Q --gres=shard:2 sh -c 'echo $SLURM_JOB_ID; exec ") + kClient +
           " link alloc:1500 hold'"));

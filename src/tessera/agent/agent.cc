@@ -10,7 +10,7 @@
 #include "tessera/agent/metrics.h"
 #include "tessera/core/clock.h"
 #include "tessera/devices/cdi.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "tessera/shim/arbiter.h"
 
 namespace tessera::agent {
@@ -107,11 +107,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
   a->health_->Start();
 
-  server::HttpServerOptions http;
+  net::HttpServerOptions http;
   http.unix_path = o.plugin.state_dir + "/agent.sock";
   http.tcp_address = o.metrics_address;
-  auto srv = server::HttpServer::Start(http, [self](const server::HttpRequest& r) {
-    server::HttpResponse resp;
+  auto srv = net::HttpServer::Start(http, [self](const net::HttpRequest& r) {
+    net::HttpResponse resp;
     if (r.method != "GET") {
       resp.status = 405;
       resp.content_type = "text/plain";

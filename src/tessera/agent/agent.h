@@ -21,7 +21,7 @@
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 
-namespace tessera::server {
+namespace tessera::net {
 class HttpServer;
 }
 
@@ -80,7 +80,7 @@ class Agent {
   std::unique_ptr<kube::Client> kube_;
   std::unique_ptr<NodeSync> node_sync_;
   std::string kube_error_;  // why there is no API server connection
-  std::unique_ptr<server::HttpServer> http_;
+  std::unique_ptr<net::HttpServer> http_;
   std::vector<std::atomic<uint64_t>> health_changes_;
   std::atomic<uint64_t> pod_resources_errors_{0};
   std::mutex reconcile_mu_;  // one reconcile at a time

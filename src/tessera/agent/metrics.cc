@@ -3,14 +3,14 @@
 #include <unistd.h>
 
 #include "fmt/format.h"
-#include "tessera/server/prometheus.h"
+#include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::agent {
 namespace {
 
-using Labels = server::MetricsPage::Labels;
-using Page = server::MetricsPage;
+using Labels = net::MetricsPage::Labels;
+using Page = net::MetricsPage;
 
 Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
   Labels l = {{"gpu", std::to_string(g.index)},
@@ -149,7 +149,7 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
            "Pods marked tessera.io/allocated, by result.");
   p.Sample({{"result", "ok"}}, static_cast<double>(counters.allocated_marks));
   p.Sample({{"result", "error"}}, static_cast<double>(counters.mark_errors));
-  server::AddSelfMetrics(p, "agent");
+  net::AddSelfMetrics(p, "agent");
   return p.Take();
 }
 

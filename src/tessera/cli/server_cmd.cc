@@ -24,7 +24,7 @@
 #include "tessera/cli/output.h"
 #include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "tessera/server/server.h"
 
 extern char** environ;
@@ -70,13 +70,13 @@ struct ClientFlags {
     const char* e = getenv("TESSERA_CA_CERT");
     return e ? e : "";
   }
-  server::HttpClient Client() const { return server::HttpClient(Endpoint(), Token(), Ca()); }
+  net::HttpClient Client() const { return net::HttpClient(Endpoint(), Token(), Ca()); }
 };
 
 // One API call; on failure says why on `err` and returns nullopt with the exit code set.
-std::optional<json> Call(server::HttpClient& c, const std::string& method,
-                         const std::string& target, const std::string& body, std::ostream& err,
-                         int* code, const std::string& idempotency_key = "") {
+std::optional<json> Call(net::HttpClient& c, const std::string& method, const std::string& target,
+                         const std::string& body, std::ostream& err, int* code,
+                         const std::string& idempotency_key = "") {
   auto r = c.Send(method, target, body, idempotency_key);
   if (!r.ok()) {
     err << "tessera: " << r.status().message() << "\n";
@@ -419,7 +419,7 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
 // Submits `spec` with the options' idempotency key (a random one by default); the job, or nullopt
 // with *code set.
 std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& err, int* code) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   // The submission's key: a repeat (this client's own after a lost answer, or a rerun with
   // --idempotency-key) gets the job the first one made instead of a second job.
   std::string key = s.idempotency_key;
@@ -506,7 +506,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunLs(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int code = kExitOk;
   std::string target =
       fmt::format("/v1/jobs?limit={}&arrays={}", s.limit, s.expand ? "expand" : "fold");
@@ -530,7 +530,7 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunShow(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int code = kExitOk;
   auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", s.id), "", err, &code);
   if (!j) return code;
@@ -605,7 +605,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunLogs(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int64_t offset = 0;
   for (;;) {
     int code = kExitOk;
@@ -624,7 +624,7 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunCancel(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int worst = kExitOk;
   for (const std::string& id : s.ids) {
     int code = kExitOk;
@@ -669,7 +669,7 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   // Every process's output, as srun shows it: the job's processes as it asked for them.
   const int tasks =
       s.tasks_per_gpu > 0 ? s.tasks_per_gpu * std::max(s.gpus, 1) : std::max(s.ntasks, 1);
@@ -728,7 +728,7 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
 // `tessera acct`: GPU-hours, jobs, waits and failures over a period, per user, group or model.
 // `acct --jobs`: one line per job that ended in the period or ran in it, like sacct, with the
 // columns --format names.
-int AcctJobs(State& s, server::HttpClient& c, const json& acct, double since, double until,
+int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, double until,
              std::ostream& out, std::ostream& err) {
   static const std::vector<std::string> kFields = {
       "id",      "name", "user", "state",    "submit",  "start", "end",
@@ -858,7 +858,7 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
     err << "tessera: --until " << s.until << " is before --since " << s.since << "\n";
     return kExitBadInput;
   }
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int code = kExitOk;
   std::string target = fmt::format("/v1/acct?since={:.3f}&until={:.3f}", *since, *until);
   if (!s.acct_user.empty()) target += "&user=" + s.acct_user;
@@ -932,7 +932,7 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
 
 // hold / release: queued jobs, or every queued task of an array.
 int RunHold(State& s, bool hold, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int worst = kExitOk;
   for (const std::string& id : s.ids) {
     int code = kExitOk;
@@ -956,7 +956,7 @@ int RunHold(State& s, bool hold, std::ostream& out, std::ostream& err) {
 
 // `tessera priority ID P`: a queued job's new priority (POST /v1/jobs/ID/priority).
 int RunPriority(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   int code = kExitOk;
   auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/priority", s.id),
                 json{{"priority", s.priority}}.dump(), err, &code);
@@ -970,7 +970,7 @@ int RunPriority(State& s, std::ostream& out, std::ostream& err) {
 }
 
 int RunTop(State& s, std::ostream& out, std::ostream& err) {
-  server::HttpClient c = s.client.Client();
+  net::HttpClient c = s.client.Client();
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
   for (;;) {
     int code = kExitOk;

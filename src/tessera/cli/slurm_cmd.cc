@@ -13,7 +13,7 @@
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
 #include "tessera/core/gpu.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 #include "tessera/slurm/node.h"
 
 namespace tessera::cli {
@@ -76,10 +76,10 @@ int RunExporter(const SlurmFlags& f, std::ostream& err) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::string hostname = host, state_dir = f.state_dir;
-  server::HttpServerOptions o;
+  net::HttpServerOptions o;
   o.tcp_address = f.listen;
-  auto srv = server::HttpServer::Start(o, [&](const server::HttpRequest& req) {
-    server::HttpResponse r;
+  auto srv = net::HttpServer::Start(o, [&](const net::HttpRequest& req) {
+    net::HttpResponse r;
     if (req.method != "GET") {
       r.status = 405;
       r.body = "only GET\n";

@@ -5,19 +5,19 @@
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/kube/object.h"
-#include "tessera/server/prometheus.h"
+#include "tessera/net/prometheus.h"
 
 namespace tessera::extender {
 namespace {
 
 using nlohmann::json;
 
-server::HttpResponse JsonReply(int status, const json& body) {
-  return server::HttpResponse{status, "application/json", body.dump()};
+net::HttpResponse JsonReply(int status, const json& body) {
+  return net::HttpResponse{status, "application/json", body.dump()};
 }
 
 // kube-scheduler reads `Error` from every answer; a request it could not have meant is a 400.
-server::HttpResponse BadRequest(const std::string& verb, const std::string& why) {
+net::HttpResponse BadRequest(const std::string& verb, const std::string& why) {
   spdlog::warn("extender: bad {} request: {}", verb, why);
   return JsonReply(400, json{{"Error", fmt::format("{}: {}", verb, why)}});
 }
@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
           }
         });
   }
-  server::HttpServerOptions http;
+  net::HttpServerOptions http;
   http.tcp_address = s->options_.listen;
   http.tls_cert_file = s->options_.tls_cert_file;
   http.tls_key_file = s->options_.tls_key_file;
@@ -81,8 +81,8 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
   http.error_response = [](int status, const std::string& message) {
     return JsonReply(status, json{{"Error", message}});
   };
-  auto srv = server::HttpServer::Start(
-      http, [self](const server::HttpRequest& r) { return self->Handle(r); });
+  auto srv =
+      net::HttpServer::Start(http, [self](const net::HttpRequest& r) { return self->Handle(r); });
   if (!srv.ok()) {
     s->Stop();
     return srv.status();
@@ -126,21 +126,21 @@ void Service::Observe(double seconds) {
   latency_sum_us_ += static_cast<uint64_t>(seconds * 1e6);
 }
 
-server::HttpResponse Service::Handle(const server::HttpRequest& r) {
+net::HttpResponse Service::Handle(const net::HttpRequest& r) {
   // kube-scheduler calls urlPrefix + "/" + verb: the verb is the last path segment.
   std::string verb = r.path.substr(r.path.rfind('/') + 1);
   if (r.method == "GET") {
     if (r.path == "/metrics") {
-      return server::HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
+      return net::HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
     }
     if (r.path == "/healthz" || r.path == "/readyz") {
       bool ready = nodes_->synced() && pods_->synced();
-      return server::HttpResponse{ready ? 200 : 503, "text/plain",
-                                  ready ? "ok\n" : "listing nodes and pods\n"};
+      return net::HttpResponse{ready ? 200 : 503, "text/plain",
+                               ready ? "ok\n" : "listing nodes and pods\n"};
     }
-    return server::HttpResponse{404, "text/plain",
-                                "not found: POST filter, prioritize, bind, preempt; GET /metrics, "
-                                "/healthz\n"};
+    return net::HttpResponse{404, "text/plain",
+                             "not found: POST filter, prioritize, bind, preempt; GET /metrics, "
+                             "/healthz\n"};
   }
   if (r.method != "POST") {
     return JsonReply(405, json{{"Error", "only POST (and GET /metrics, /healthz)"}});
@@ -154,7 +154,7 @@ server::HttpResponse Service::Handle(const server::HttpRequest& r) {
                     "unknown verb (expected filter, prioritize, bind or preempt)");
 }
 
-server::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
+net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
   const char* verb = prioritize ? "prioritize" : "filter";
   auto t0 = std::chrono::steady_clock::now();
   json args = json::parse(body, nullptr, false);
@@ -244,7 +244,7 @@ server::HttpResponse Service::HandleFilter(const std::string& body, bool priorit
   return JsonReply(200, out);
 }
 
-server::HttpResponse Service::HandleBind(const std::string& body) {
+net::HttpResponse Service::HandleBind(const std::string& body) {
   json args = json::parse(body, nullptr, false);
   if (args.is_discarded() || !args.is_object()) {
     ++counters_.bad_requests;
@@ -293,7 +293,7 @@ server::HttpResponse Service::HandleBind(const std::string& body) {
   return JsonReply(200, json{{"Error", ""}});
 }
 
-server::HttpResponse Service::HandlePreempt(const std::string& body) {
+net::HttpResponse Service::HandlePreempt(const std::string& body) {
   json args = json::parse(body, nullptr, false);
   if (args.is_discarded() || !args.is_object()) {
     ++counters_.bad_requests;
@@ -388,8 +388,8 @@ void Service::Work() {
 }
 
 std::string Service::Metrics() const {
-  server::MetricsPage p;
-  using Labels = server::MetricsPage::Labels;
+  net::MetricsPage p;
+  using Labels = net::MetricsPage::Labels;
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     p.Family(name, type, help);
     p.Sample({}, v);
@@ -468,7 +468,7 @@ std::string Service::Metrics() const {
     int64_t milli = g.gpu_milli >= 0 ? g.gpu_milli : (g.gpus >= 0 ? g.gpus * 1000 : -1000);
     p.Sample(Labels{{"namespace", ns}}, milli / 1000.0);
   }
-  server::AddSelfMetrics(p, "extender");
+  net::AddSelfMetrics(p, "extender");
   return p.Take();
 }
 

@@ -19,7 +19,7 @@
 #include "tessera/extender/extender.h"
 #include "tessera/kube/client.h"
 #include "tessera/kube/informer.h"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 namespace tessera::extender {
 
@@ -52,13 +52,13 @@ class Service {
   std::string Metrics() const;
 
   // The HTTP handler, for tests that skip the socket.
-  server::HttpResponse Handle(const server::HttpRequest& request);
+  net::HttpResponse Handle(const net::HttpRequest& request);
 
  private:
   Service(kube::Client& client, ServiceOptions options, const core::Clock& clock);
-  server::HttpResponse HandleFilter(const std::string& body, bool prioritize);
-  server::HttpResponse HandleBind(const std::string& body);
-  server::HttpResponse HandlePreempt(const std::string& body);
+  net::HttpResponse HandleFilter(const std::string& body, bool prioritize);
+  net::HttpResponse HandleBind(const std::string& body);
+  net::HttpResponse HandlePreempt(const std::string& body);
   void Work();  // evictions and reservation expiry
   void Observe(double seconds);
 
@@ -69,7 +69,7 @@ class Service {
   std::vector<std::unique_ptr<kube::Informer>> informers_;
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
-  std::unique_ptr<server::HttpServer> http_;
+  std::unique_ptr<net::HttpServer> http_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -48,7 +48,7 @@ class ServiceTest : public ::testing::Test {
     service_ = std::move(*s);
     ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
     http_ =
-        std::make_unique<server::HttpClient>("tcp://127.0.0.1:" + std::to_string(service_->port()));
+        std::make_unique<net::HttpClient>("tcp://127.0.0.1:" + std::to_string(service_->port()));
   }
   void TearDown() override {
     if (service_) service_->Stop();
@@ -69,7 +69,7 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<kube::Client> client_;
   core::FakeClock clock_;
   std::unique_ptr<Service> service_;
-  std::unique_ptr<server::HttpClient> http_;
+  std::unique_ptr<net::HttpClient> http_;
 };
 
 TEST_F(ServiceTest, FilterPrioritizeBindAsKubeSchedulerCallsThem) {

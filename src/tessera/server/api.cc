@@ -25,7 +25,7 @@ using nlohmann::json;
 
 Api::Api(Dispatcher& d) : d_(d), config_(d.config()), store_(d.store()) {}
 
-HttpResponse Api::Handle(const HttpRequest& req) {
+net::HttpResponse Api::Handle(const net::HttpRequest& req) {
   // The dashboard's page and code: the same for everyone, no data in them (that comes from the
   // API below, with the caller's token).
   if (req.method == "GET" &&
@@ -56,7 +56,7 @@ HttpResponse Api::Handle(const HttpRequest& req) {
   }
   const std::string& path = req.path;
   const std::string& m = req.method;
-  auto only = [&](std::initializer_list<const char*> methods) -> std::optional<HttpResponse> {
+  auto only = [&](std::initializer_list<const char*> methods) -> std::optional<net::HttpResponse> {
     for (const char* x : methods) {
       if (m == x) return std::nullopt;
     }
@@ -64,7 +64,7 @@ HttpResponse Api::Handle(const HttpRequest& req) {
   };
   if (path == "/metrics") {
     if (auto e = only({"GET"})) return *e;
-    return HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
+    return net::HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
   }
   if (path == "/v1/health") {
     if (auto e = only({"GET"})) return *e;
@@ -72,7 +72,7 @@ HttpResponse Api::Handle(const HttpRequest& req) {
   }
   if (path == "/v1/openapi.json") {
     if (auto e = only({"GET"})) return *e;
-    return HttpResponse{200, "application/json", std::string(OpenApiDocument())};
+    return net::HttpResponse{200, "application/json", std::string(OpenApiDocument())};
   }
   if (path == "/v1/info") {
     if (auto e = only({"GET"})) return *e;
@@ -157,7 +157,7 @@ HttpResponse Api::Handle(const HttpRequest& req) {
   return Error(404, fmt::format("no such endpoint: {} (see /v1/openapi.json)", path));
 }
 
-HttpResponse Api::Submit(const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::Submit(const net::HttpRequest& req, const Caller& c) {
   if (!req.content_type.empty() && req.content_type.rfind("application/json", 0) != 0) {
     return Error(415,
                  fmt::format("expected Content-Type application/json, got {}", req.content_type));
@@ -181,7 +181,7 @@ HttpResponse Api::Submit(const HttpRequest& req, const Caller& c) {
   return JsonResponse(201, j);
 }
 
-HttpResponse Api::Summary() {
+net::HttpResponse Api::Summary() {
   auto jobs = store_.List({}, 0);
   if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
   auto zero = [] {
@@ -212,7 +212,7 @@ HttpResponse Api::Summary() {
   return JsonResponse(200, json{{"jobs", all}, {"users", by_user}});
 }
 
-HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
   std::vector<JobState> states;
   // "held", as `tessera ls` shows it: queued jobs that are held (with "queued": all queued ones).
   bool held_only = false, queued_too = false;
@@ -305,7 +305,7 @@ HttpResponse Api::ListJobs(const HttpRequest& req, const Caller& c) {
   return JsonResponse(200, json{{"jobs", out}});
 }
 
-HttpResponse Api::GetJob(int64_t id, const Caller& c) {
+net::HttpResponse Api::GetJob(int64_t id, const Caller& c) {
   auto r = store_.Get(id);
   if (!r.ok()) return StatusError(r.status());
   json j = JobJson(*r);
@@ -339,7 +339,8 @@ absl::StatusOr<Api::Owned> Api::OwnedJobs(const std::string& ref, bool whole_arr
   return Owned{*std::move(ids), *std::move(r)};
 }
 
-HttpResponse Api::Cancel(const std::string& ref, const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::Cancel(const std::string& ref, const net::HttpRequest& req,
+                              const Caller& c) {
   // ?force=true: SIGKILL now, for a job that ignores SIGTERM (the owner's or an admin's right, as
   // a cancel is).
   bool force = false;
@@ -355,7 +356,7 @@ HttpResponse Api::Cancel(const std::string& ref, const HttpRequest& req, const C
   return GetJob(o->first.id, c);
 }
 
-HttpResponse Api::Hold(const std::string& ref, bool hold, const Caller& c) {
+net::HttpResponse Api::Hold(const std::string& ref, bool hold, const Caller& c) {
   auto o = OwnedJobs(ref, true, c, hold ? "hold it" : "release it");
   if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
   if (absl::Status st = d_.Hold(o->ids, ref, o->first, hold, c.user); !st.ok())
@@ -405,7 +406,7 @@ json Api::ArraySummary(int64_t array_id, const std::string& range) {
   return j;
 }
 
-HttpResponse Api::Logs(const HttpRequest& req, int64_t id, const Caller& c) {
+net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Caller& c) {
   auto r = store_.Get(id);
   if (!r.ok()) return StatusError(r.status());
   if (!c.admin && r->owner != c.user) {
@@ -479,7 +480,7 @@ json Api::Info() {
   return j;
 }
 
-HttpResponse Api::Gpus() {
+net::HttpResponse Api::Gpus() {
   const core::NodeInventory& inventory = d_.inventory();
   const std::vector<Dispatcher::GpuState> states = d_.Gpus();
   json out = json::array();
@@ -558,7 +559,7 @@ absl::StatusOr<AcctReport> Api::Accounting(double since, double until,
   return Account(*jobs, o);
 }
 
-HttpResponse Api::Acct(const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::Acct(const net::HttpRequest& req, const Caller& c) {
   const std::string& user = c.user;
   const bool admin = c.admin;
   const double now = d_.Now();

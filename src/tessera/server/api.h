@@ -15,9 +15,9 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/net/http.h"
 #include "tessera/server/acct.h"
 #include "tessera/server/dispatcher.h"
-#include "tessera/server/http.h"
 
 namespace tessera::server {
 
@@ -26,26 +26,28 @@ class Api {
   explicit Api(Dispatcher& dispatcher);
 
   // Answers one request.
-  HttpResponse Handle(const HttpRequest& req);
+  net::HttpResponse Handle(const net::HttpRequest& req);
 
  private:
-  HttpResponse Submit(const HttpRequest& req, const Caller& c);
+  net::HttpResponse Submit(const net::HttpRequest& req, const Caller& c);
   // Others' jobs without their details (env, workdir); logs only for the owner and admins.
-  HttpResponse ListJobs(const HttpRequest& req, const Caller& c);
-  HttpResponse GetJob(int64_t id, const Caller& c);
-  HttpResponse Cancel(const std::string& ref, const HttpRequest& req, const Caller& c);
+  net::HttpResponse ListJobs(const net::HttpRequest& req, const Caller& c);
+  net::HttpResponse GetJob(int64_t id, const Caller& c);
+  net::HttpResponse Cancel(const std::string& ref, const net::HttpRequest& req, const Caller& c);
   // Holds or releases queued jobs (every queued task of an array named by its id).
-  HttpResponse Hold(const std::string& ref, bool hold, const Caller& c);
+  net::HttpResponse Hold(const std::string& ref, bool hold, const Caller& c);
   // POST /v1/jobs/N/priority {"priority": P}: a queued job's new priority (its owner within their
   // ceiling, or an admin).
-  HttpResponse SetPriority(const std::string& ref, const HttpRequest& req, const Caller& c);
-  HttpResponse Logs(const HttpRequest& req, int64_t id, const Caller& c);
+  net::HttpResponse SetPriority(const std::string& ref, const net::HttpRequest& req,
+                                const Caller& c);
+  net::HttpResponse Logs(const net::HttpRequest& req, int64_t id, const Caller& c);
   // POST /v1/gpus/N/simulate {"xid": X} | {"lost": bool}: an admin makes a simulated machine's
   // GPU sick (or well), to see what the server does; 409 on a real machine.
-  HttpResponse SimulateHealth(const std::string& gpu, const HttpRequest& req, const Caller& c);
-  HttpResponse Gpus();
+  net::HttpResponse SimulateHealth(const std::string& gpu, const net::HttpRequest& req,
+                                   const Caller& c);
+  net::HttpResponse Gpus();
   // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
-  HttpResponse Acct(const HttpRequest& req, const Caller& c);
+  net::HttpResponse Acct(const net::HttpRequest& req, const Caller& c);
   absl::StatusOr<AcctReport> Accounting(double since, double until, const std::string& only_user);
   // A user's primary group's name (accounting's group); cached.
   std::string PrimaryGroup(uint32_t uid);
@@ -54,16 +56,16 @@ class Api {
   std::string Metrics();
   // The dashboard's side (dashboard.cc). GET /v1/stream: server-sent events (job events from the
   // store, GPU health changes, history samples), resumed from Last-Event-ID.
-  HttpResponse Stream(const HttpRequest& req, const Caller& c);
+  net::HttpResponse Stream(const net::HttpRequest& req, const Caller& c);
   // GET /v1/history[?since=]: the samples of the last window.
-  HttpResponse History(const HttpRequest& req);
+  net::HttpResponse History(const net::HttpRequest& req);
   // GET /v1/quotas: each user's and group's quota from the config, and what they use now.
-  HttpResponse Quotas();
+  net::HttpResponse Quotas();
   // Counts of every job by state (held ones also as "held") and by user: what the dashboard shows
   // whatever the number of jobs (a list is paged; counts are not).
-  HttpResponse Summary();
+  net::HttpResponse Summary();
   // "/" and "/ui/...": the embedded pages and their code.
-  HttpResponse Asset(const std::string& path) const;
+  net::HttpResponse Asset(const std::string& path) const;
 
   // The ids a reference names: "12" (a job, or every task of array 12 when `whole_array`), "12_3"
   // (task 3 of array 12). kNotFound, or kInvalidArgument for what is not a reference.

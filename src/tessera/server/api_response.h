@@ -9,16 +9,16 @@
 
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 namespace tessera::server {
 
-inline HttpResponse JsonResponse(int status, const nlohmann::json& j) {
-  return HttpResponse{status, "application/json",
-                      j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+inline net::HttpResponse JsonResponse(int status, const nlohmann::json& j) {
+  return net::HttpResponse{status, "application/json",
+                           j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
-inline HttpResponse Error(int status, const std::string& message) {
+inline net::HttpResponse Error(int status, const std::string& message) {
   static const std::map<int, std::string> kCodes = {
       {400, "bad_request"},        {401, "unauthorized"},
       {403, "forbidden"},          {404, "not_found"},
@@ -32,12 +32,12 @@ inline HttpResponse Error(int status, const std::string& message) {
 }
 
 // 404 for a job that is not there, 500 for anything else the store says.
-inline HttpResponse StatusError(const absl::Status& st) {
+inline net::HttpResponse StatusError(const absl::Status& st) {
   return Error(st.code() == absl::StatusCode::kNotFound ? 404 : 500, std::string(st.message()));
 }
 
 // 400 for a malformed reference, 404 for a job that is not there, 500 for the rest.
-inline HttpResponse RefError(const absl::Status& st) {
+inline net::HttpResponse RefError(const absl::Status& st) {
   return Error(st.code() == absl::StatusCode::kInvalidArgument ? 400
                : st.code() == absl::StatusCode::kNotFound      ? 404
                                                                : 500,

@@ -48,7 +48,7 @@ std::string SseEvent(std::string_view event, const std::string& data, int64_t id
 
 }  // namespace
 
-HttpResponse Api::History(const HttpRequest& req) {
+net::HttpResponse Api::History(const net::HttpRequest& req) {
   const double now = d_.Now();
   double since = now - config_.history_window_s;
   if (auto it = req.query.find("since"); it != req.query.end()) {
@@ -70,10 +70,10 @@ HttpResponse Api::History(const HttpRequest& req) {
     body += (*samples)[i].data;
   }
   body += "]}";
-  return HttpResponse{200, "application/json", std::move(body)};
+  return net::HttpResponse{200, "application/json", std::move(body)};
 }
 
-HttpResponse Api::Stream(const HttpRequest& req, const Caller& caller) {
+net::HttpResponse Api::Stream(const net::HttpRequest& req, const Caller& caller) {
   const std::string& user = caller.user;
   const bool admin = caller.admin;
   // Where to start: after the event the client saw last (its Last-Event-ID on a reconnect, or
@@ -93,11 +93,11 @@ HttpResponse Api::Stream(const HttpRequest& req, const Caller& caller) {
     if (!last.ok()) return Error(500, std::string(last.status().message()));
     cursor = *last;
   }
-  HttpResponse r;
+  net::HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers["Cache-Control"] = "no-store";
   r.headers["X-Accel-Buffering"] = "no";  // a proxy in front must not hold the events back
-  r.stream = [this, cursor, user, admin](const StreamWrite& write) mutable {
+  r.stream = [this, cursor, user, admin](const net::StreamWrite& write) mutable {
     std::vector<bool> healthy_sent;
     d_.GpuHealth(&healthy_sent, nullptr);
     // Samples: those after the last one taken before this stream began (or, when none was, from
@@ -177,7 +177,7 @@ HttpResponse Api::Stream(const HttpRequest& req, const Caller& caller) {
   return r;
 }
 
-HttpResponse Api::Quotas() {
+net::HttpResponse Api::Quotas() {
   auto amount = [](const sched::GpuAmount& a) {
     auto v = [](int64_t x) { return x < 0 ? json(nullptr) : json(x); };  // null: no limit
     return json{{"gpus", v(a.gpus)},
@@ -196,7 +196,8 @@ HttpResponse Api::Quotas() {
   return JsonResponse(200, json{{"quotas", out}});
 }
 
-HttpResponse Api::SetPriority(const std::string& ref, const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::SetPriority(const std::string& ref, const net::HttpRequest& req,
+                                   const Caller& c) {
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object())
     return Error(400, "expected a JSON object: {\"priority\": N}");
@@ -215,7 +216,8 @@ HttpResponse Api::SetPriority(const std::string& ref, const HttpRequest& req, co
   return GetJob(o->first.id, c);
 }
 
-HttpResponse Api::SimulateHealth(const std::string& gpu, const HttpRequest& req, const Caller& c) {
+net::HttpResponse Api::SimulateHealth(const std::string& gpu, const net::HttpRequest& req,
+                                      const Caller& c) {
   if (!c.admin) return Error(403, "only an admin may make a GPU sick");
   const size_t gpus = d_.inventory().gpus.size();
   const std::optional<int64_t> n = ParseCount(gpu);
@@ -237,14 +239,14 @@ HttpResponse Api::SimulateHealth(const std::string& gpu, const HttpRequest& req,
   return JsonResponse(202, json{{"gpu", *n}, {"injected", body}});
 }
 
-HttpResponse Api::Asset(const std::string& path) const {
+net::HttpResponse Api::Asset(const std::string& path) const {
   std::string_view name = path == "/" || path == "/ui/" ? "index.html"
                           : path == "/favicon.ico"      ? "icon.svg"
                                                         : path;
   if (name.rfind("/ui/", 0) == 0) name.remove_prefix(4);
   for (const WebAsset& a : WebAssets()) {
     if (a.name != name) continue;
-    HttpResponse r{200, std::string(a.content_type), std::string(a.body)};
+    net::HttpResponse r{200, std::string(a.content_type), std::string(a.body)};
     // The page's code comes from here only; nothing may frame it; it is checked again on each
     // load (a new server version brings new code).
     r.headers["Content-Security-Policy"] =

@@ -59,7 +59,7 @@ absl::Status Server::Start(StartOptions options) {
   if (absl::Status st = dispatcher_->Start(options.loop, options.health); !st.ok()) return st;
   if (!options.listen) return absl::OkStatus();
   const ServerConfig& c = dispatcher_->config();
-  HttpServerOptions ho;
+  net::HttpServerOptions ho;
   ho.unix_path = c.socket;
   ho.tcp_address = c.tcp_listen;
   ho.max_body_bytes = c.max_body_bytes;
@@ -71,7 +71,8 @@ absl::Status Server::Start(StartOptions options) {
   ho.tls_cert_file = c.tls_cert_file;
   ho.tls_key_file = c.tls_key_file;
   ho.error_response = [](int status, const std::string& message) { return Error(status, message); };
-  auto http = HttpServer::Start(ho, [this](const HttpRequest& r) { return api_->Handle(r); });
+  auto http =
+      net::HttpServer::Start(ho, [this](const net::HttpRequest& r) { return api_->Handle(r); });
   if (!http.ok()) {
     Stop();
     return http.status();
@@ -96,7 +97,7 @@ void Server::Stop() {
   if (dispatcher_) dispatcher_->Stop();
 }
 
-HttpResponse Server::Handle(const HttpRequest& req) { return api_->Handle(req); }
+net::HttpResponse Server::Handle(const net::HttpRequest& req) { return api_->Handle(req); }
 bool Server::RunOnce() { return dispatcher_->RunOnce(); }
 std::string Server::TakeSample() { return dispatcher_->TakeSample(); }
 const core::NodeSpec& Server::node() const { return dispatcher_->node(); }

@@ -30,8 +30,8 @@
 #include "tessera/core/gpu.h"
 #include "tessera/core/request.h"
 #include "tessera/devices/device_source.h"
+#include "tessera/net/http.h"
 #include "tessera/sched/quota.h"
-#include "tessera/server/http.h"
 #include "tessera/server/launcher.h"
 #include "tessera/server/store.h"
 
@@ -169,7 +169,7 @@ struct StartOptions {
 
 class Dispatcher;
 class Api;
-class HttpServer;
+class net::HttpServer;
 
 // The daemon: its dispatcher (dispatcher.h: the queue, the scheduling cycle, the jobs' processes),
 // its HTTP API (api.h: who asks, routing, JSON) and the listeners that serve the API.
@@ -183,7 +183,7 @@ class Server {
   absl::Status Start(StartOptions options = {});
   void Stop();
   // Answers one API request (what the HTTP listeners call).
-  HttpResponse Handle(const HttpRequest& req);
+  net::HttpResponse Handle(const net::HttpRequest& req);
   // One turn of the scheduling loop at the clock's time (Dispatcher::RunOnce).
   bool RunOnce();
   // One sample of the machine's history now (Dispatcher::TakeSample).
@@ -198,7 +198,7 @@ class Server {
   Server() = default;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<Api> api_;
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<net::HttpServer> http_;
 };
 
 }  // namespace tessera::server

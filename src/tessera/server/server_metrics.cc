@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "fmt/format.h"
-#include "tessera/server/prometheus.h"
+#include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::server {
@@ -47,8 +47,8 @@ RegionMemory ReadRegionMemory(const std::string& path) {
 }
 
 std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
-  MetricsPage p;
-  using Labels = MetricsPage::Labels;
+  net::MetricsPage p;
+  using Labels = net::MetricsPage::Labels;
   // Accounting since the store began, as counters (what `tessera acct` sums over a period).
   if (s.acct) {
     const AcctReport& all = *s.acct;
@@ -175,7 +175,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   p.Sample({}, st.last_pass_s_);
   p.Family("tessera_scheduling_passes_total", "counter", "Scheduling passes run.");
   p.Sample({}, static_cast<double>(st.passes_));
-  AddSelfMetrics(p, "server");
+  net::AddSelfMetrics(p, "server");
   return p.Take();
 }
 

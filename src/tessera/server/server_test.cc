@@ -69,7 +69,7 @@ class ServerTest : public ::testing::Test {
 
   json Call(const std::string& method, const std::string& path, const json& body = nullptr,
             int* status = nullptr) {
-    HttpRequest r;
+    net::HttpRequest r;
     r.method = method;
     r.target = path;
     r.path = path.substr(0, path.find('?'));
@@ -84,7 +84,7 @@ class ServerTest : public ::testing::Test {
     if (!body.is_null()) r.body = body.dump();
     r.peer.unix_socket = true;
     r.peer.uid = geteuid();
-    HttpResponse out = server_->Handle(r);
+    net::HttpResponse out = server_->Handle(r);
     if (status) *status = out.status;
     return json::parse(out.body, nullptr, false);
   }
@@ -248,12 +248,12 @@ TEST_F(ServerTest, OthersSeeAJobButNotItsEnvironmentWorkdirOrLogs) {
   int64_t id = Submit(1, 100, 0, {{"env", {{"HF_TOKEN", "secret"}}}, {"workdir", "/tmp"}});
   Settle();
   auto as = [&](uid_t uid, const std::string& path, int* status) {
-    HttpRequest r;
+    net::HttpRequest r;
     r.method = "GET";
     r.path = r.target = path;
     r.peer.unix_socket = true;
     r.peer.uid = uid;
-    HttpResponse out = server_->Handle(r);
+    net::HttpResponse out = server_->Handle(r);
     *status = out.status;
     return json::parse(out.body, nullptr, false);
   };
@@ -281,14 +281,14 @@ TEST_F(ServerTest, OthersSeeAJobButNotItsEnvironmentWorkdirOrLogs) {
 
 // A submission as another local user (the kernel's peer credentials, set by hand here).
 json SubmitAs(Server& server, uid_t uid, const json& spec, int* status) {
-  HttpRequest r;
+  net::HttpRequest r;
   r.method = "POST";
   r.path = r.target = "/v1/jobs";
   r.content_type = "application/json";
   r.body = spec.dump();
   r.peer.unix_socket = true;
   r.peer.uid = uid;
-  HttpResponse out = server.Handle(r);
+  net::HttpResponse out = server.Handle(r);
   *status = out.status;
   return json::parse(out.body, nullptr, false);
 }
@@ -419,7 +419,7 @@ TEST_F(ServerTest, GraceIsBoundedAndAForcedCancelKillsAtOnce) {
   const int64_t id = Submit(1, 5000, 0, {{"grace_period_s", 60}});
   Settle();
   ASSERT_EQ(State(id), "running");
-  HttpRequest r;
+  net::HttpRequest r;
   r.method = "POST";
   r.path = "/v1/jobs/" + std::to_string(id) + "/cancel";
   r.target = r.path + "?force=true";
@@ -1153,12 +1153,12 @@ TEST_F(ServerTest, AUsersSmallJobStartsBesideHerOwnLargeArrayWaitingForGpus) {
 
 TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   StartServer(/*health=*/true);
-  HttpRequest req;
+  net::HttpRequest req;
   req.method = "GET";
   req.path = req.target = "/v1/stream";
   req.peer.unix_socket = true;
   req.peer.uid = geteuid();
-  HttpResponse res = server_->Handle(req);
+  net::HttpResponse res = server_->Handle(req);
   ASSERT_EQ(res.status, 200);
   EXPECT_EQ(res.content_type, "text/event-stream");
   ASSERT_TRUE(res.stream);
@@ -1196,7 +1196,7 @@ TEST_F(ServerTest, StreamSendsJobEventsHealthAndSamplesAndResumes) {
   // Resumed after event 1: event 2 comes first.
   StartServer();
   req.last_event_id = "1";
-  HttpResponse again = server_->Handle(req);
+  net::HttpResponse again = server_->Handle(req);
   std::string resumed;
   std::thread r2([&] {
     again.stream([&](std::string_view piece) {
@@ -1229,13 +1229,13 @@ TEST_F(ServerTest, AStreamThatMissedMoreThanFiveThousandEventsIsToldToStartAfres
   json a = Call("POST", "/v1/jobs",
                 {{"command", {"true"}}, {"array", "0-5099"}, {"resources", {{"gpus", 1}}}});
   ASSERT_EQ(a["array"]["tasks"], 5100) << a.dump();
-  HttpRequest req;
+  net::HttpRequest req;
   req.method = "GET";
   req.path = req.target = "/v1/stream";
   req.peer.unix_socket = true;
   req.peer.uid = geteuid();
   req.last_event_id = "0";
-  HttpResponse res = server_->Handle(req);
+  net::HttpResponse res = server_->Handle(req);
   ASSERT_TRUE(res.stream);
   std::string got;
   // The hello, then the reset; nothing of the 5,100 events is replayed before it.
@@ -1249,7 +1249,7 @@ TEST_F(ServerTest, AStreamThatMissedMoreThanFiveThousandEventsIsToldToStartAfres
   EXPECT_EQ(got.find("event: job"), std::string::npos) << got.substr(0, 400);
   // Resumed within reach, the events are replayed instead.
   req.last_event_id = "1000";
-  HttpResponse near = server_->Handle(req);
+  net::HttpResponse near = server_->Handle(req);
   std::string replayed;
   near.stream([&](std::string_view piece) {
     replayed += piece;
@@ -1265,7 +1265,7 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
       Submit(0, 100, 0, {{"resources", {{"gpu_share", "30%"}, {"gpu_memory", "4GiB"}}}});
   Settle();
   ASSERT_EQ(State(part), "running");
-  HttpRequest req;
+  net::HttpRequest req;
   req.method = "GET";
   req.path = req.target = "/metrics";
   req.peer.unix_socket = true;
@@ -1330,7 +1330,7 @@ TEST_F(ServerTest, AJobTruncatingItsRegionAndTheArbiterCannotCrashTheServer) {
   const std::string whole_region = contents(region), whole_arbiter = contents(arbiter);
   ASSERT_EQ(whole_region.size(), sizeof(shim::RegionData));
   ASSERT_EQ(whole_arbiter.size(), sizeof(shim::ArbiterData));
-  HttpRequest req;
+  net::HttpRequest req;
   req.method = "GET";
   req.path = req.target = "/metrics";
   req.peer.unix_socket = true;
@@ -1393,12 +1393,12 @@ TEST_F(ServerTest, AnAdminMakesASimulatedGpuSick) {
 
 TEST_F(ServerTest, PagesAreServedToAnyoneTheApiOnlyWithAToken) {
   StartServer();
-  HttpRequest r;
+  net::HttpRequest r;
   r.method = "GET";
   r.peer.address = "127.0.0.1:5555";  // TCP, no token
   for (const char* page : {"/", "/ui/", "/ui/app.js", "/ui/app.css"}) {
     r.path = r.target = page;
-    HttpResponse res = server_->Handle(r);
+    net::HttpResponse res = server_->Handle(r);
     EXPECT_EQ(res.status, 200) << page;
     EXPECT_THAT(res.headers["Content-Security-Policy"], HasSubstr("script-src 'self'")) << page;
     EXPECT_FALSE(res.body.empty()) << page;

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "fmt/format.h"
-#include "tessera/server/prometheus.h"
+#include "tessera/net/prometheus.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 #include "tessera/slurm/step.h"
@@ -70,8 +70,8 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
     readable[id] = head != nullptr;
     regions[id] = std::move(head);
   }
-  server::MetricsPage p;
-  auto labels = [&](const Row& row) -> server::MetricsPage::Labels {
+  net::MetricsPage p;
+  auto labels = [&](const Row& row) -> net::MetricsPage::Labels {
     return {{"job_id", fmt::format("slurm-{}", row.job)},
             {"slurm_job_id", std::to_string(row.job)},
             {"gpu", std::to_string(row.gpu)},
@@ -104,7 +104,7 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
            "1 when a job's shared region reads as a region, 0 when it does not (the job removed, "
            "truncated or overwrote its file): its figures are then unknown.");
   for (const Row& r : rows) p.Sample(labels(r), readable[r.job] ? 1 : 0);
-  server::AddSelfMetrics(p, "slurm-exporter");
+  net::AddSelfMetrics(p, "slurm-exporter");
   return p.Take();
 }
 

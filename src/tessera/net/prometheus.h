@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-namespace tessera::server {
+namespace tessera::net {
 
 class MetricsPage {
  public:
@@ -34,4 +34,4 @@ std::string EscapeLabelValue(std::string_view v);
 // does not give is left out.
 void AddSelfMetrics(MetricsPage& p, std::string_view component);
 
-}  // namespace tessera::server
+}  // namespace tessera::net

@@ -1,4 +1,4 @@
-#include "tessera/server/prometheus.h"
+#include "tessera/net/prometheus.h"
 
 #include <dirent.h>
 #include <sys/resource.h>
@@ -12,7 +12,7 @@
 
 #include "fmt/format.h"
 
-namespace tessera::server {
+namespace tessera::net {
 
 std::string EscapeLabelValue(std::string_view v) {
   std::string out;
@@ -99,4 +99,4 @@ void AddSelfMetrics(MetricsPage& p, std::string_view component) {
   }
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::net

@@ -1,4 +1,4 @@
-#include "tessera/server/http.h"
+#include "tessera/net/http.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -18,7 +18,7 @@
 
 #include "fmt/format.h"
 
-namespace tessera::server {
+namespace tessera::net {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -654,4 +654,4 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
   return absl::UnavailableError("unreachable");
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::net

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tessera::server {
+namespace tessera::net {
 
 struct Peer {
   bool unix_socket = false;  // true: uid/gid/pid are the kernel's word for who connected
@@ -124,4 +124,4 @@ class HttpClient {
 // "a%20b" -> "a b"; "+" is kept.
 std::string UrlDecode(std::string_view s);
 
-}  // namespace tessera::server
+}  // namespace tessera::net
