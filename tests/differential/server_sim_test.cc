@@ -12,7 +12,6 @@
 #include "tessera/sched/scheduler.h"
 #include "tessera/server/fake_launcher.h"
 #include "tessera/server/job_spec.h"
-#include "tessera/server/predictor.h"
 #include "tessera/server/server.h"
 #include "tessera/sim/replay.h"
 
@@ -88,8 +87,8 @@ std::string Events(server::Server& srv, const std::string& id) {
 }
 
 // A seed, whether fair share between owners is on (the same half-life on both sides), and the
-// backfill reservations (0, or the server's default 8 with the server's own run-time predictor on
-// both sides: the replay asks a DurationPredictor fed as the server's is).
+// backfill reservations (0, or the server's default 8 with run-time predictions on both sides: the
+// one predictor, sched::DurationPredictor, each side feeding its own with the jobs it saw end).
 class Differential : public ::testing::TestWithParam<std::tuple<uint64_t, bool, int>> {
  protected:
   void TearDown() override { fs::remove_all(dir_); }
@@ -169,15 +168,18 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
 
   // The replay: the same requests (as the server builds them), node, policy and seed.
   std::vector<sim::SimJob> jobs;
-  std::vector<server::JobSpec> specs;
   for (size_t i = 0; i < stream.size(); ++i) {
     auto spec = server::JobSpecFromJson(stream[i].spec);
     ASSERT_TRUE(spec.ok()) << spec.status();
-    specs.push_back(*spec);
     sim::SimJob j;
     j.request = server::RequestOf(*spec, static_cast<int64_t>(i + 1), owners[i]);
     j.submit = stream[i].submit;
     j.duration = stream[i].duration;
+    // What history knows it by, as the job file says.
+    j.name = spec->name;
+    j.command = spec->command;
+    j.tasks = spec->Tasks();
+    j.max_runtime_s = spec->max_runtime_s;
     jobs.push_back(j);
   }
   sim::ReplayConfig rc;
@@ -187,10 +189,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   rc.record_runs = true;
   rc.fair_share_half_life_s = config.fair_share_half_life_s;
   rc.reservations = config.backfill_reservations;
-  // The server's predictions: its predictor, fed with what finished, asked at each queueing.
-  server::DurationPredictor predictor;
-  rc.expected_duration = [&](size_t i) { return predictor.Predict(specs[i], owners[i]).seconds; };
-  rc.finished = [&](size_t i, double runtime) { predictor.Add(specs[i], owners[i], runtime); };
+  rc.predict = true;  // as the server always does
   sim::ReplayResult replay = sim::RunReplay({srv.node()}, jobs, {}, rc);
   std::vector<Start> sim_starts;
   for (const sim::ReplayRun& r : replay.runs) {
@@ -213,9 +212,6 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
     // The reservations changed something, or this case proves no more than the one without.
     sim::ReplayConfig plain = rc;
     plain.reservations = 0;
-    server::DurationPredictor fresh;
-    plain.expected_duration = [&](size_t i) { return fresh.Predict(specs[i], owners[i]).seconds; };
-    plain.finished = [&](size_t i, double runtime) { fresh.Add(specs[i], owners[i], runtime); };
     sim::ReplayResult without = sim::RunReplay({srv.node()}, jobs, {}, plain);
     bool differ = without.runs.size() != replay.runs.size();
     for (size_t i = 0; !differ && i < replay.runs.size(); ++i)

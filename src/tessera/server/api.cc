@@ -604,7 +604,7 @@ void Api::AddExpectations(json& j, const Dispatcher::Live& l) {
     j["expected_start"] = l.expected_start ? json(*l.expected_start) : json();
     if (l.reserved) j["reserved"] = true;
   }
-  const Prediction& p = l.prediction;
+  const sched::Prediction& p = l.prediction;
   j["expected_duration_s"] = p.seconds > 0 ? json(p.seconds) : json();
   j["prediction"] = p.basis;
   if (p.util_samples > 0) {

@@ -361,7 +361,7 @@ Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std:
 core::Request Dispatcher::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner,
                                      uint32_t uid) {
   core::Request r = RequestOf(spec, id, owner);
-  const Prediction p = predictor_.Predict(spec, owner);
+  const sched::Prediction p = predictor_.Predict(RunKindOf(spec, owner));
   r.expected_duration_s = p.seconds;
   if (r.fractional() && p.util_samples > 0) {
     // A job that history shows slowed by sharing counts as that much busier: kept apart.
@@ -451,7 +451,7 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    predictor_.Add(*spec, r.owner, *r.ended_at - *r.started_at, MeasuredUtilization(r),
+    predictor_.Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at, MeasuredUtilization(r),
                    SharedGpu(r));
     ++runs;
   }
@@ -789,7 +789,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   // Its run time joins the history that predicts the next ones - before its end is recorded, so
   // that whoever sees it ended (and submits the next run) finds it in the history.
   if (to == JobState::kSucceeded && r.spec) {
-    predictor_.Add(*r.spec, r.owner, now - r.started, util,
+    predictor_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
                    r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
   }
   if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
@@ -1866,7 +1866,7 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   }
   if (!spec) return l;
   l.known = true;
-  l.prediction = predictor_.Predict(*spec, owner);
+  l.prediction = predictor_.Predict(RunKindOf(*spec, owner));
   if (auto r = running_.find(id); r != running_.end() && l.prediction.seconds > 0)
     l.expected_end = r->second.started + l.prediction.seconds;
   return l;

@@ -27,7 +27,6 @@
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
 #include "tessera/server/job_spec.h"
-#include "tessera/server/predictor.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server.h"
 #include "tessera/server/server_metrics.h"
@@ -119,7 +118,7 @@ class Dispatcher {
     bool known = false;  // queued or running: the fields below are set
     std::optional<double> expected_start;
     bool reserved = false;
-    Prediction prediction;
+    sched::Prediction prediction;
     std::optional<double> expected_end;
     std::optional<int64_t> pid;
     std::string stopping;
@@ -375,7 +374,7 @@ class Dispatcher {
   std::string arbiter_access_;
   // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
   void ArbiterUser(uint32_t uid, int delta);
-  DurationPredictor predictor_;  // run times of jobs that succeeded (thread-safe)
+  sched::DurationPredictor predictor_;  // run times of jobs that succeeded (thread-safe)
   // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into predictor_.
   void LoadHistory();
   static constexpr size_t kHistoryJobs = 5000;

@@ -591,4 +591,16 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   return r;
 }
 
+sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user) {
+  return {.user = user,
+          .name = spec.name,
+          .command = spec.command,
+          .shape = HistoryShape(spec),
+          .max_runtime_s = spec.max_runtime_s};
+}
+
+std::string HistoryShape(const JobSpec& spec) {
+  return sched::HistoryShape(RequestOf(spec, 0, ""), spec.Tasks());
+}
+
 }  // namespace tessera::server

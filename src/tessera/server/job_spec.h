@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
 #include "tessera/core/request.h"
+#include "tessera/sched/predictor.h"
 
 namespace tessera::server {
 
@@ -102,5 +103,11 @@ absl::Status ResolveModels(JobSpec* spec, const std::vector<std::string>& availa
 
 // The scheduling request for a job.
 core::Request RequestOf(const JobSpec& spec, int64_t job_id, const std::string& owner);
+
+// What run-time history knows a job of `user` by (sched::DurationPredictor): its name, command,
+// shape (HistoryShape) and max runtime.
+sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user);
+// The job's shape as history keys it: "2 GPU", "30% 10240MiB on 2 GPUs x2" (sched::HistoryShape).
+std::string HistoryShape(const JobSpec& spec);
 
 }  // namespace tessera::server

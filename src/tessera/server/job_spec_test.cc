@@ -5,8 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tessera/server/predictor.h"
-
 namespace tessera::server {
 namespace {
 

@@ -169,7 +169,6 @@ struct StartOptions {
 
 class Dispatcher;
 class Api;
-class net::HttpServer;
 
 // The daemon: its dispatcher (dispatcher.h: the queue, the scheduling cycle, the jobs' processes),
 // its HTTP API (api.h: who asks, routing, JSON) and the listeners that serve the API.

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
 #include "fmt/format.h"
 #include "tessera/sched/cycle.h"
+#include "tessera/sched/predictor.h"
 #include "tessera/sim/cluster.h"
 
 namespace tessera::sim {
@@ -164,37 +166,31 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   sched::Cycle cycle(s, {.preemption = config.preemption,
                          .fair_share_half_life_s = config.fair_share_half_life_s,
                          .reservations = config.reservations});
-  // Durations (and measured utilizations) of the jobs finished so far, by owner and shape
-  // (config.predict).
-  std::unordered_map<std::string, std::deque<double>> history, util_history;
-  auto p75 = [](const std::deque<double>& d) {
-    std::vector<double> v(d.begin(), d.end());
-    const size_t at = (3 * v.size() + 3) / 4 - 1;  // the 75th percentile's rank, from 0
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-    return v[at];
-  };
-  auto history_key = [&](size_t i) {
-    return jobs[i].request.owner + '\0' + core::RequestShapeKey(jobs[i].request);
+  // Run times (and measured utilizations) of the jobs finished so far (config.predict), by the
+  // server's predictor: one history, one answer.
+  sched::DurationPredictor history;
+  auto kind_of = [&](size_t i) {
+    const SimJob& j = jobs[i];
+    return sched::RunKind{.user = j.request.owner,
+                          .name = j.name,
+                          .command = j.command,
+                          .shape = sched::HistoryShape(j.request, j.tasks),
+                          .max_runtime_s = j.max_runtime_s};
   };
   auto enqueue = [&](size_t i) {
     core::Request r = jobs[i].request;
     if (config.arrival_order) r.priority = 0;
-    if (config.expected_duration) {
-      r.expected_duration_s = config.expected_duration(i);
-    } else {
-      // 0 means unknown to the cycle: a prediction of no time at all is a millisecond.
-      if (jobs[i].predicted_duration >= 0)
-        r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
-      if (config.predict) {
-        auto h = history.find(history_key(i));
-        if (h != history.end() && !h->second.empty())
-          r.expected_duration_s = std::max(p75(h->second), 1e-3);
-      }
-    }
-    if (config.predict && config.utilization_ceiling_pct > 0 && r.fractional()) {
-      auto h = util_history.find(history_key(i));
-      if (h != util_history.end() && !h->second.empty()) {
-        r.expected_util_pct = std::clamp(static_cast<int>(std::lround(p75(h->second))), 1, 100);
+    // 0 means unknown to the cycle: a prediction of no time at all is a millisecond.
+    if (jobs[i].predicted_duration >= 0)
+      r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
+    if (config.predict) {
+      const sched::Prediction p = history.Predict(kind_of(i));
+      if (p.samples > 0 || (jobs[i].predicted_duration < 0 && p.seconds > 0))
+        r.expected_duration_s = std::max(p.seconds, 1e-3);
+      if (config.utilization_ceiling_pct > 0 && r.fractional() && p.util_samples > 0) {
+        // As the server: a job that history shows slowed by sharing counts as that much busier.
+        r.expected_util_pct =
+            std::clamp(static_cast<int>(std::lround(p.util_pct * p.sharing_slowdown)), 1, 100);
         r.util_ceiling_pct = config.utilization_ceiling_pct;
         r.util_ceiling_strict = config.utilization_ceiling_strict;
       }
@@ -327,14 +323,10 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       ++out.finished;
       if (jobs[i].request.fractional() && jobs[i].duration > 0)
         slowdowns.push_back(ran / jobs[i].duration);
-      if (config.finished) config.finished(i, ran);
       if (config.predict) {
-        auto remember = [](std::deque<double>& h, double v) {
-          h.push_back(v);
-          if (h.size() > 50) h.pop_front();
-        };
-        remember(history[history_key(i)], ran);
-        if (jobs[i].utilization >= 0) remember(util_history[history_key(i)], jobs[i].utilization);
+        history.Add(
+            kind_of(i), ran,
+            jobs[i].utilization >= 0 ? std::optional<double>(jobs[i].utilization) : std::nullopt);
       }
       jcts.push_back(end - jobs[i].submit);
       changed = true;

@@ -34,16 +34,13 @@ struct ReplayConfig {
   double fair_share_half_life_s = 0;
   // Backfill reservations (sched::CycleOptions::reservations); 0: none.
   int reservations = 0;
-  // Expected durations for reservations, from history as the server keeps it but built from the
-  // jobs that finished earlier in the replay only (never a job's own duration): the 75th
-  // percentile of the last 50 of the same owner and shape; a job without such history falls back
-  // to its trace's predicted duration (SimJob::predicted_duration). Off: the trace's predicted
-  // duration where it has one, else unknown.
+  // Expected durations for reservations from history, by the server's own predictor
+  // (sched::DurationPredictor) fed with the jobs that finished earlier in the replay only (never a
+  // job's own duration): the 75th percentile of the last 50 runs under the nearest key (owner,
+  // name and command where the trace has them, shape); a job without history falls back to its
+  // trace's predicted duration (SimJob::predicted_duration), then its own limit. Off: the trace's
+  // predicted duration where it has one, else unknown.
   bool predict = false;
-  // A predictor of the caller's instead (the server's own, in the differential test): asked for a
-  // job's expected duration each time it is queued (seconds; 0 unknown), told each job that
-  // finished with its run time. Set, it replaces `predict` and the trace's predictions.
-  std::function<double(size_t job)> expected_duration;
   // Interference-aware sharing: a share whose utilization is predicted (with `predict`: the 75th
   // percentile of the measured utilization, SimJob::utilization, of the last 50 jobs of the same
   // owner and shape that finished earlier) shares a GPU only under this ceiling
@@ -55,7 +52,6 @@ struct ReplayConfig {
   // to more than 100%, each runs 100/total as fast, and the end of each is moved whenever the
   // GPU's set of shares changes. Off: every job runs its duration.
   bool interference = false;
-  std::function<void(size_t job, double runtime_s)> finished;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.

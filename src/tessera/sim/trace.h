@@ -29,6 +29,13 @@ struct SimJob {
   // records it); < 0 when the trace does not say. Shares only. The replay never reads a job's own
   // figure as a prediction: predictions come from the jobs that finished before (ReplayConfig).
   double utilization = -1;
+  // What run-time history knows it by besides its owner and shape (sched::RunKind), where the
+  // trace says: a name and command (a server's own jobs), processes started, its own run-time
+  // limit. A trace of another cluster has none of them.
+  std::string name;
+  std::vector<std::string> command;
+  int tasks = 1;
+  double max_runtime_s = 0;
 };
 
 // The longest duration (and predicted duration) a trace may give: ten years, in seconds.

@@ -1,4 +1,4 @@
-#include "tessera/server/predictor.h"
+#include "tessera/sched/predictor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,32 +7,36 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
-namespace tessera::server {
+namespace tessera::sched {
 namespace {
 
 // What runs are keyed by: its name, else its command (program and arguments).
-std::string WhatRuns(const JobSpec& spec) {
-  return spec.name.empty() ? fmt::format("{}", fmt::join(spec.command, " ")) : spec.name;
+std::string WhatRuns(const RunKind& k) {
+  return k.name.empty() ? fmt::format("{}", fmt::join(k.command, " ")) : k.name;
 }
 
 struct Key {
   std::string text, describe;
 };
 
-std::vector<Key> KeysOf(const JobSpec& spec, const std::string& user) {
-  const std::string shape = HistoryShape(spec);
-  std::string what = WhatRuns(spec);
+std::vector<Key> KeysOf(const RunKind& kind) {
+  const std::string& user = kind.user;
+  const std::string& shape = kind.shape;
+  std::string what = WhatRuns(kind);
   std::string shown = what.size() > 40 ? what.substr(0, 37) + "..." : what;
   std::vector<Key> keys;
   // A named job's runs of this very command first (`train.py --epochs 100` and `--epochs 1` are
   // not comparable), then its runs under that name whatever the command.
-  if (!spec.name.empty()) {
+  if (!kind.name.empty()) {
     keys.push_back(
-        {fmt::format("{}\x1f{}\x1e{}\x1f{}", user, what, fmt::join(spec.command, "\x1e"), shape),
+        {fmt::format("{}\x1f{}\x1e{}\x1f{}", user, what, fmt::join(kind.command, "\x1e"), shape),
          fmt::format("{}'s runs of '{}' with this command", user, shown)});
   }
-  keys.push_back({fmt::format("{}\x1f{}\x1f{}", user, what, shape),
-                  fmt::format("{}'s runs of '{}'", user, shown)});
+  // A run known by neither name nor command (a trace's) has no key of its own before its shape.
+  if (!what.empty()) {
+    keys.push_back({fmt::format("{}\x1f{}\x1f{}", user, what, shape),
+                    fmt::format("{}'s runs of '{}'", user, shown)});
+  }
   keys.push_back(
       {fmt::format("{}\x1f\x1f{}", user, shape), fmt::format("{}'s {} jobs", user, shape)});
   keys.push_back({fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)});
@@ -84,33 +88,34 @@ double Median(const std::deque<double>& d) {
 
 }  // namespace
 
-std::string HistoryShape(const JobSpec& spec) {
-  const bool share = spec.Share();
-  std::string s = share ? fmt::format("{:g}% {}MiB", spec.gpu_milli / 10.0, spec.gpu_memory_mib)
-                  : spec.gpus > 0 ? fmt::format("{} GPU", spec.gpus)
-                                  : std::string("no-GPU");
-  if (share && spec.gpus > 1) s += fmt::format(" on {} GPUs", spec.gpus);
-  if (spec.Tasks() > 1) s += fmt::format(" x{}", spec.Tasks());
-  if (!spec.models.empty()) s += fmt::format(" [{}]", fmt::join(spec.models, ","));
+std::string HistoryShape(const core::Request& r, int tasks) {
+  const bool share = r.fractional();
+  std::string s = share        ? fmt::format("{:g}% {}MiB", r.gpu_milli / 10.0, r.gpu_memory_mib)
+                  : r.gpus > 0 ? fmt::format("{} GPU", r.gpus)
+                               : std::string("no-GPU");
+  if (share && r.share_gpus > 1) s += fmt::format(" on {} GPUs", r.share_gpus);
+  if (tasks > 1) s += fmt::format(" x{}", tasks);
+  if (!r.models.empty()) s += fmt::format(" [{}]", fmt::join(r.models, ","));
   return s;
 }
 
-void DurationPredictor::Add(const JobSpec& spec, const std::string& user, double runtime_s,
-                            std::optional<double> util_pct, std::optional<bool> shared_gpu) {
+void DurationPredictor::Add(const RunKind& kind, double runtime_s, std::optional<double> util_pct,
+                            std::optional<bool> shared_gpu) {
   if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
   const bool util = util_pct && *util_pct >= 0 && *util_pct <= 100;
+  const std::vector<Key> keys = KeysOf(kind);
   std::lock_guard lock(mu_);
-  for (const Key& k : KeysOf(spec, user)) {
+  for (const Key& k : keys) {
     Push(runs_, k.text, runtime_s);
     if (util) Push(utils_, k.text, *util_pct);
     if (shared_gpu) Push(*shared_gpu ? shared_runs_ : alone_runs_, k.text, runtime_s);
   }
 }
 
-Prediction DurationPredictor::Predict(const JobSpec& spec, const std::string& user) const {
+Prediction DurationPredictor::Predict(const RunKind& kind) const {
   Prediction p;
   {
-    const std::vector<Key> keys = KeysOf(spec, user);
+    const std::vector<Key> keys = KeysOf(kind);
     std::lock_guard lock(mu_);
     if (std::optional<Quantile> q = P75(runs_, keys)) {
       p.seconds = q->value, p.samples = q->samples, p.basis = std::move(q->basis);
@@ -134,8 +139,8 @@ Prediction DurationPredictor::Predict(const JobSpec& spec, const std::string& us
       break;
     }
   }
-  if (spec.max_runtime_s > 0 && (p.seconds == 0 || spec.max_runtime_s < p.seconds)) {
-    p.seconds = spec.max_runtime_s;
+  if (kind.max_runtime_s > 0 && (p.seconds == 0 || kind.max_runtime_s < p.seconds)) {
+    p.seconds = kind.max_runtime_s;
     p.basis = p.samples > 0 ? p.basis + ", capped by its max runtime" : "its max runtime";
   }
   return p;
@@ -146,4 +151,4 @@ size_t DurationPredictor::keys() const {
   return runs_.size();
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::sched
