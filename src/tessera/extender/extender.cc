@@ -74,56 +74,32 @@ Extender::Extender(ExtenderOptions options, const core::Clock& clock)
 
 // ---- the model ----
 
-void Extender::Rebuild() {
-  ++rebuilds_;
-  std::vector<sched::Allocation> held;
-  for (const auto& [id, a] : scheduler_->state().allocations()) held.push_back(a);
-  std::sort(held.begin(), held.end(),
-            [](const sched::Allocation& a, const sched::Allocation& b) { return a.id < b.id; });
-  std::vector<std::string> queued = cycle_->Order();
-  cycle_.reset();
-  scheduler_ = std::make_unique<sched::Scheduler>(options_.scheduler);
-  scheduler_->SetTypicalRequests(typical_);
-  scheduler_->quotas().Replace(quotas_);
-  for (const auto& [name, n] : nodes_) {
-    auto id = scheduler_->AddNode(n.info.spec);
-    if (!id.ok()) {
-      spdlog::error("extender: node {} left out of the model: {}", name,
-                    std::string(id.status().message()));
-      continue;
-    }
-    for (size_t g = 0; g < n.info.healthy.size(); ++g) {
-      if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
-    }
+sched::NodeId Extender::AddToModel(const std::string& name, const NodeRec& n) {
+  auto id = scheduler_->AddNode(n.info.spec);
+  if (!id.ok()) {
+    spdlog::error("extender: node {} left out of the model: {}", name,
+                  std::string(id.status().message()));
+    return -1;
   }
-  cycle_ = std::make_unique<sched::Cycle>(*scheduler_, options_.cycle);
-  for (sched::Allocation& a : held) {
-    auto it = pods_.find(a.id);
-    if (it == pods_.end()) continue;
-    PodRec& p = it->second;
-    // The allocation's node index is the old model's: find the node by the pod's record.
-    std::string node = p.node;
-    if (node.empty()) node = p.reserved_node;
-    a.node = scheduler_->state().FindNode(node);
-    absl::Status st = a.node < 0 ? absl::NotFoundError("its node is gone") : scheduler_->Restore(a);
-    if (!st.ok()) {
-      spdlog::warn("extender: pod {} lost its GPUs in the rebuilt model: {}", a.id,
-                   std::string(st.message()));
-      p.allocated = false;
-      p.reserved_at = -1;
-      reserved_.erase(a.id);
-    }
+  for (size_t g = 0; g < n.info.healthy.size(); ++g) {
+    if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
   }
-  for (const std::string& id : queued) {
-    auto it = pods_.find(id);
-    if (it == pods_.end() || it->second.allocated) continue;
-    (void)cycle_->Enqueue({it->second.demand.request, it->second.created, it->second.seq});
-  }
-  dirty_ = false;
+  return *id;
 }
 
-void Extender::RebuildIfNeeded() {
-  if (dirty_) Rebuild();
+std::vector<sched::Allocation> Extender::RemoveFromModel(const std::string& name) {
+  sched::NodeId id = scheduler_->state().FindNode(name);
+  if (id < 0) return {};
+  auto released = cycle_->RemoveNode(id);
+  if (!released.ok()) return {};
+  for (const sched::Allocation& a : *released) {
+    auto it = pods_.find(a.id);
+    if (it == pods_.end()) continue;
+    it->second.allocated = false;
+    it->second.reserved_at = -1;
+    reserved_.erase(a.id);
+  }
+  return *std::move(released);
 }
 
 int Extender::SharesPerGpu() const {
@@ -153,9 +129,12 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     if (it != nodes_.end()) {
       spdlog::info("extender: node {} {}", name,
                    type == kube::EventType::kDeleted ? "deleted" : "no longer has Tessera GPUs");
+      for (const sched::Allocation& a : RemoveFromModel(name)) {
+        spdlog::warn("extender: pod {} lost its GPUs: node {} is gone", a.id, name);
+      }
       nodes_.erase(it);
       ++nodes_version_;
-      dirty_ = true;
+      ++node_updates_;
     }
     return;
   }
@@ -165,31 +144,53 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     NodeRec& n = nodes_[name];
     n.info = std::move(*info);
     n.fingerprint = std::move(fp);
-    if (dirty_) return;
-    auto id = scheduler_->AddNode(n.info.spec);
-    if (!id.ok()) {
-      spdlog::error("extender: node {}: {}", name, std::string(id.status().message()));
+    if (AddToModel(name, n) < 0) {
       nodes_.erase(name);
-      ++nodes_version_;
       return;
     }
-    for (size_t g = 0; g < n.info.healthy.size(); ++g) {
-      if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
-    }
+    ++node_updates_;
     spdlog::info("extender: node {} with {} GPUs", name, n.info.spec.gpus.size());
     return;
   }
   NodeRec& n = it->second;
   if (n.fingerprint != fp) {
-    spdlog::info("extender: node {} changed its GPUs; rebuilding the model", name);
+    // Another machine behind the name (GPUs, capacity or links changed): the node is taken out and
+    // added anew in place; its pods keep their GPUs where they still fit, the queue and everyone's
+    // fair-share use stay.
+    spdlog::info("extender: node {} changed its GPUs; updating the model", name);
+    std::map<std::string, double> reserved_at;  // pods reserved there, not yet bound
+    for (const std::string& id : reserved_) {
+      auto p = pods_.find(id);
+      if (p != pods_.end() && p->second.reserved_node == name)
+        reserved_at[id] = p->second.reserved_at;
+    }
+    std::vector<sched::Allocation> held = RemoveFromModel(name);
     n.info = std::move(*info);
     n.fingerprint = std::move(fp);
-    dirty_ = true;
+    ++node_updates_;
+    const sched::NodeId id = AddToModel(name, n);
+    for (sched::Allocation& a : held) {
+      a.node = id;
+      absl::Status st =
+          id < 0 ? absl::NotFoundError("the node is out of the model") : scheduler_->Restore(a);
+      auto p = pods_.find(a.id);
+      if (p == pods_.end()) continue;
+      if (!st.ok()) {
+        spdlog::warn("extender: pod {} lost its GPUs on the changed node {}: {}", a.id, name,
+                     std::string(st.message()));
+        continue;
+      }
+      p->second.allocated = true;
+      if (auto r = reserved_at.find(a.id); r != reserved_at.end()) {
+        p->second.reserved_at = r->second;
+        reserved_.insert(a.id);
+      }
+    }
     return;
   }
   if (n.info.healthy != info->healthy) {
     sched::NodeId id = scheduler_->state().FindNode(name);
-    for (size_t g = 0; g < info->healthy.size() && id >= 0 && !dirty_; ++g) {
+    for (size_t g = 0; g < info->healthy.size() && id >= 0; ++g) {
       if (g < n.info.healthy.size() && n.info.healthy[g] == info->healthy[g]) continue;
       spdlog::info("extender: node {} GPU {} is now {}", name, g,
                    info->healthy[g] ? "healthy" : "unhealthy");
@@ -387,7 +388,6 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   if (p.uid.empty()) p.uid = uid;
   if (node.empty() || !p.node.empty()) return;
   // Bound: the reservation is confirmed, or the pod was bound without one.
-  RebuildIfNeeded();
   p.node = node;
   cycle_->Remove(id);
   if (p.allocated) {
@@ -685,7 +685,6 @@ Extender::Fence::~Fence() {
 FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
   std::lock_guard lock(mu_);
   const double now = Now();
-  RebuildIfNeeded();
   ExpireLocked(now);
   FilterResult out;
   auto d = DemandOf(pod);
@@ -823,7 +822,6 @@ void Extender::BindFailed(const std::string& pod_id, const std::string& why) {
 PreemptResult Extender::Preempt(const json& pod,
                                 const std::map<std::string, std::vector<std::string>>& candidates) {
   std::lock_guard lock(mu_);
-  RebuildIfNeeded();
   PreemptResult out;
   auto d = DemandOf(pod);
   if (!d.ok()) {
@@ -833,32 +831,28 @@ PreemptResult Extender::Preempt(const json& pod,
   if (auto it = pods_.find(d->request.id); it != pods_.end() && it->second.allocated) {
     return out;  // it has its GPUs: nothing to preempt for
   }
-  std::unordered_set<std::string> offered;
-  for (const auto& [node, uids] : candidates) offered.insert(node);
-  sched::PreemptionPlan plan;
-  {
-    Fence fence(*this, offered, CoversAllNodes(offered));
-    plan = scheduler_->PlanPreemption(d->request, Now());
-  }
-  if (!plan.possible || plan.victims.empty()) {
+  // Preemption is the cycle's: what its filter step asked to stop for this pod, on the node its
+  // plan chose, is the answer - never a second plan (one pod, one set of victims).
+  std::optional<sched::Cycle::Awaited> awaited = cycle_->Awaiting(d->request.id);
+  if (!awaited) {
     spdlog::info("extender: no preemption for pod {}: {}", d->request.id,
-                 plan.why_not.empty() ? "nothing to preempt" : plan.why_not);
+                 cycle_->Queued(d->request.id) ? *cycle_->Waiting(d->request.id)
+                                               : "not queued (no filter yet)");
     return out;
   }
-  const std::string node = scheduler_->state().node_name(plan.node);
+  const std::string node = scheduler_->state().node_name(awaited->node);
   if (!candidates.contains(node)) {
-    spdlog::info(
-        "extender: pod {}: Tessera would preempt on {}, which kube-scheduler did not offer",
-        d->request.id, node);
+    spdlog::info("extender: pod {}: Tessera preempts on {}, which kube-scheduler did not offer",
+                 d->request.id, node);
     return out;
   }
   std::vector<std::string>& uids = out.victims[node];
-  for (const std::string& v : plan.victims) {
+  for (const std::string& v : awaited->victims) {
     auto it = pods_.find(v);
     if (it != pods_.end() && !it->second.uid.empty()) uids.push_back(it->second.uid);
   }
   spdlog::info("extender: pod {}: preempt on {}: {}", d->request.id, node,
-               fmt::join(plan.victims, ", "));
+               fmt::join(awaited->victims, ", "));
   return out;
 }
 
@@ -901,7 +895,7 @@ Extender::Stats Extender::stats() const {
     }
   }
   s.gangs_waiting = static_cast<int>(gangs.size());
-  s.rebuilds = rebuilds_;
+  s.node_updates = node_updates_;
   s.quota_error = quota_error_;
   return s;
 }

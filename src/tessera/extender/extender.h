@@ -14,10 +14,11 @@
 // - prioritize: 10 for the reserved node, 0 for the others (the decision was made in filter).
 // - bind: the reservation becomes the pod's `tessera.io/assignment` (the service writes it, then
 //   the Binding); a reservation not bound within `reservation_timeout_s` is released.
-// - preempt: the victims the core chose (Scheduler::PlanPreemption, through the cycle) on the
-//   node the core chose, when kube-scheduler offered that node. Victims the cycle asks for are
-//   also handed to the service to evict (TakeEvictions): kube-scheduler's own preemption only
-//   considers lower priorities, so reclaiming borrowed quota at equal priority is ours to do.
+// - preempt: the victims the cycle asked to stop for the pod in its filter step (Cycle::Awaiting)
+//   on the node its plan chose, when kube-scheduler offered that node; never a plan of its own.
+//   Victims the cycle asks for are also handed to the service to evict (TakeEvictions):
+//   kube-scheduler's own preemption only considers lower priorities, so reclaiming borrowed quota
+//   at equal priority is ours to do.
 //
 // Thread-safe: one lock around the model (kube-scheduler's filter and bind calls overlap).
 
@@ -143,8 +144,8 @@ class Extender {
     int bound = 0;                                 // running or bound, holding GPUs
     std::map<std::string, int> pending_by_reason;  // wait_kind -> pods queued
     int gangs_waiting = 0;
-    uint64_t rebuilds = 0;
-    std::string quota_error;  // the last quota ConfigMap's error, "" when it was fine
+    uint64_t node_updates = 0;  // nodes added, changed or removed, each in place
+    std::string quota_error;    // the last quota ConfigMap's error, "" when it was fine
   };
   Stats stats() const;
   std::map<std::string, QuotaUse> quota_use() const;
@@ -190,8 +191,11 @@ class Extender {
   const std::unordered_set<std::string>& Allowed(const std::vector<std::string>& candidates,
                                                  bool* all);
   double Now() const { return core::Seconds(clock_.Now()); }
-  void Rebuild();  // a fresh model from nodes_ and pods_ (after a node changed shape or went)
-  void RebuildIfNeeded();
+  // A node into the scheduler with its sick GPUs marked; -1 (logged) when the model refuses it.
+  sched::NodeId AddToModel(const std::string& name, const NodeRec& n);
+  // A node out of the scheduler and the cycle (sched::Cycle::RemoveNode): the pods that held
+  // GPUs there lose them (returned, their records updated).
+  std::vector<sched::Allocation> RemoveFromModel(const std::string& name);
   absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod);
   void Release(const std::string& id, PodRec& p, const char* why);
   // Releases the pod's GPUs, takes it out of the queue and drops its record.
@@ -226,8 +230,7 @@ class Extender {
   size_t seen_since_refresh_ = 0;
   std::unique_ptr<sched::Scheduler> scheduler_;
   std::unique_ptr<sched::Cycle> cycle_;
-  bool dirty_ = false;  // the model no longer matches nodes_: rebuild before the next decision
-  uint64_t rebuilds_ = 0;
+  uint64_t node_updates_ = 0;
   uint64_t seq_ = 0;
   std::vector<Victim> evictions_;
   std::vector<std::pair<std::string, std::string>> nudges_;

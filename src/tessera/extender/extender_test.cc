@@ -235,27 +235,27 @@ TEST_F(ExtenderTest, UnhealthyGpusTakeNoNewPods) {
   EXPECT_EQ(ex_->Filter(GpuPod("ml", "p", {.gpus = 1}), {"a"}).nodes,
             std::vector<std::string>{"a"});
   EXPECT_EQ(ex_->AllocationOf("ml/p")->gpus, std::vector<int>{0});
-  EXPECT_EQ(ex_->stats().rebuilds, 0u);  // health changes in place
+  EXPECT_EQ(ex_->stats().node_updates, 1u) << "health changes are no node update";
 }
 
-TEST_F(ExtenderTest, NodeChangesAndDeletionsRebuildTheModel) {
+TEST_F(ExtenderTest, NodeChangesAndDeletionsUpdateTheModelInPlace) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   ex_->OnNode(Ev::kAdded, GpuNode("b"));
   ASSERT_EQ(Schedule(GpuPod("ml", "on-a", {.gpus = 2}), {"a", "b"}), "a");
   ASSERT_EQ(Schedule(GpuPod("ml", "on-b", {.gpus = 1}), {"a", "b"}), "b");
   ex_->OnNode(Ev::kDeleted, GpuNode("a"));
-  // b keeps its pod through the rebuild; a's pod lost its node.
+  // b keeps its pod; a's pod lost its node.
   EXPECT_EQ(ex_->Filter(GpuPod("ml", "next", {.gpus = 1}), {"b"}).nodes,
             std::vector<std::string>{"b"});
-  EXPECT_EQ(ex_->stats().rebuilds, 1u);
+  EXPECT_EQ(ex_->stats().node_updates, 3u);
   EXPECT_TRUE(ex_->AllocationOf("ml/on-b"));
   EXPECT_FALSE(ex_->AllocationOf("ml/on-a"));
   EXPECT_EQ(ex_->stats().nodes, 1);
-  // A node whose agent now reports another machine is rebuilt too.
+  // A node whose agent now reports another machine is replaced in place.
   ex_->OnNode(Ev::kModified, GpuNode("b", "dgx-h100"));
   EXPECT_EQ(ex_->Filter(GpuPod("ml", "wide", {.gpus = 4}), {"b"}).nodes,
             std::vector<std::string>{"b"});
-  EXPECT_EQ(ex_->stats().rebuilds, 2u);
+  EXPECT_EQ(ex_->stats().node_updates, 4u);
 }
 
 TEST_F(ExtenderTest, GangsArePlacedWholeOrNotAtAll) {
@@ -341,6 +341,53 @@ TEST_F(ExtenderTest, PriorityPreemptsLowerPriorityPods) {
   // The victim goes; the next filter starts the pod.
   ex_->OnPod(Ev::kDeleted, GpuPod("ml", "low", {.gpus = 2, .priority = 1}));
   EXPECT_EQ(ex_->Filter(high, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+// kube-scheduler's preempt verb, after a filter that asked a victim to stop on one node, offering
+// only another node: no second victim there (it once evicted one on each node for one pod).
+TEST_F(ExtenderTest, PreemptAnswersWhatTheCycleAskedAndNeverASecondVictim) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  ASSERT_EQ(Schedule(GpuPod("ml", "low-a", {.gpus = 2, .priority = 1}), {"a"}), "a");
+  ASSERT_EQ(Schedule(GpuPod("ml", "low-b", {.gpus = 2, .priority = 1}), {"b"}), "b");
+  json high = GpuPod("ml", "high", {.gpus = 2, .priority = 100});
+  EXPECT_THAT(ex_->Preempt(high, {{"a", {"uid-ml-low-a"}}, {"b", {"uid-ml-low-b"}}}).victims,
+              IsEmpty())
+      << "no filter yet: nothing asked";
+  EXPECT_EQ(ex_->Filter(high, {"a", "b"}).wait_kind, "preemption");
+  auto victims = ex_->TakeEvictions();
+  ASSERT_EQ(victims.size(), 1u);
+  const std::string node = victims[0].node, other = node == "a" ? "b" : "a";
+  EXPECT_EQ(victims[0].uid, "uid-ml-low-" + node);
+  EXPECT_THAT(ex_->Preempt(high, {{other, {"uid-ml-low-" + other}}}).victims, IsEmpty());
+  PreemptResult same = ex_->Preempt(high, {{"a", {"uid-ml-low-a"}}, {"b", {"uid-ml-low-b"}}});
+  ASSERT_EQ(same.victims.size(), 1u);
+  EXPECT_EQ(same.victims[node], std::vector<std::string>{"uid-ml-low-" + node});
+  EXPECT_TRUE(ex_->TakeEvictions().empty()) << "nothing more asked";
+  EXPECT_TRUE(ex_->AllocationOf("ml/low-" + other)) << "the other node's pod keeps running";
+}
+
+// A node that comes, changes or goes leaves the queue, its reasons and the other pods alone.
+TEST_F(ExtenderTest, ANodeChangeKeepsTheQueueAndItsReasons) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // two GPUs
+  ASSERT_EQ(Schedule(GpuPod("ml", "small", {.gpus = 1}), {"a"}), "a");
+  json big = GpuPod("ml", "big", {.gpus = 4});
+  EXPECT_THAT(ex_->Filter(big, {"a"}).nodes, IsEmpty());
+  auto why = ex_->Waiting("ml/big");
+  ASSERT_TRUE(why);
+  EXPECT_THAT(*why, HasSubstr("no node fits"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  ex_->OnNode(Ev::kModified, GpuNode("a", "dgx-h100"));  // now eight GPUs
+  EXPECT_EQ(ex_->Waiting("ml/big"), why) << "still queued, for the same reason";
+  EXPECT_EQ(ex_->stats().queued, 1);
+  auto small = ex_->AllocationOf("ml/small");
+  ASSERT_TRUE(small) << "the bound pod kept its GPU on the changed node";
+  EXPECT_EQ(small->gpus, std::vector<int>{0});
+  EXPECT_EQ(ex_->Filter(big, {"a", "b"}).nodes, std::vector<std::string>{"a"});
+  ex_->OnNode(Ev::kDeleted, GpuNode("a"));
+  EXPECT_FALSE(ex_->AllocationOf("ml/small"));
+  EXPECT_EQ(ex_->stats().gpus, 2) << "b's";
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
 }
 
 TEST_F(ExtenderTest, AGangOfHigherPriorityPreemptsAsAWhole) {

@@ -445,8 +445,9 @@ std::string Service::Metrics() const {
   }
   one("tessera_extender_gangs_waiting", "gauge", "Gangs with members queued, not yet placed.",
       s.gangs_waiting);
-  one("tessera_extender_model_rebuilds_total", "counter",
-      "Rebuilds of the model after node changes.", static_cast<double>(s.rebuilds));
+  one("tessera_extender_node_updates_total", "counter",
+      "Nodes added, changed or removed in the model (each in place).",
+      static_cast<double>(s.node_updates));
   one("tessera_extender_quota_error", "gauge", "1 when the quota ConfigMap has an error.",
       s.quota_error.empty() ? 0 : 1);
   // Whether what it knows of the cluster is current: every informer listed, its last list or

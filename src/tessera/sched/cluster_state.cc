@@ -113,6 +113,28 @@ absl::StatusOr<NodeId> ClusterState::AddNode(core::NodeSpec spec) {
   return id;
 }
 
+absl::StatusOr<std::vector<Allocation>> ClusterState::RemoveNode(NodeId n) {
+  if (n < 0 || n >= node_count() || !node_live(n)) {
+    return absl::NotFoundError(fmt::format("no node {} in the model", n));
+  }
+  std::vector<Allocation> out;
+  const std::vector<std::string> ids = node_allocs_[n];
+  for (const std::string& id : ids) {
+    if (auto a = Remove(id); a.ok()) out.push_back(*std::move(a));
+  }
+  Unclassify(n);
+  Node& node = nodes_[n];
+  by_name_.erase(node.name);
+  // Its slot stays (ids are never reused: a caller's stale id finds a gone node, not another one),
+  // holding no GPUs and no capacity.
+  core::NodeSpec gone;
+  gone.name = node.spec.name;
+  node.spec = std::move(gone);
+  node.cpu_used = node.memory_used = 0;
+  ++removed_;
+  return out;
+}
+
 NodeId ClusterState::FindNode(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? -1 : it->second;
@@ -158,12 +180,10 @@ std::vector<int> ClusterState::GpusForPositions(NodeId n, const std::vector<int>
   return out;
 }
 
-void ClusterState::Reclassify(NodeId n) {
+void ClusterState::Unclassify(NodeId n) {
   Node& node = nodes_[n];
-  std::vector<uint64_t> key = KeyOf(n);
-  if (node.cls >= 0) {
+  {
     Class& old = classes_[node.cls];
-    if (old.key == key) return;
     // Swap-remove from the old class.
     NodeId last = old.members.back();
     old.members[node.pos_in_class] = last;
@@ -181,6 +201,17 @@ void ClusterState::Reclassify(NodeId n) {
       class_index_.erase(old.key);
       free_classes_.push_back(dead);
     }
+  }
+  node.cls = -1;
+  node.pos_in_class = -1;
+}
+
+void ClusterState::Reclassify(NodeId n) {
+  Node& node = nodes_[n];
+  std::vector<uint64_t> key = KeyOf(n);
+  if (node.cls >= 0) {
+    if (classes_[node.cls].key == key) return;
+    Unclassify(n);
   }
   ClassId c;
   auto it = class_index_.find(key);
@@ -229,7 +260,7 @@ void ClusterState::LogChange(ClassId c) {
 }
 
 absl::Status ClusterState::Apply(Allocation a) {
-  if (a.node < 0 || a.node >= node_count()) {
+  if (a.node < 0 || a.node >= node_count() || !node_live(a.node)) {
     return absl::InvalidArgumentError(fmt::format("allocation {}: no node {}", a.id, a.node));
   }
   if (allocations_.contains(a.id)) {
@@ -318,7 +349,7 @@ std::vector<const Allocation*> ClusterState::AllocationsOn(NodeId n) const {
 }
 
 absl::Status ClusterState::SetGpuHealth(NodeId n, int gpu, bool healthy) {
-  if (n < 0 || n >= node_count() || gpu < 0 || gpu >= gpu_count(n)) {
+  if (n < 0 || n >= node_count() || !node_live(n) || gpu < 0 || gpu >= gpu_count(n)) {
     return absl::InvalidArgumentError(fmt::format("no GPU {} on node {}", gpu, n));
   }
   gpu_uses_[nodes_[n].gpu_offset + gpu].healthy = healthy;

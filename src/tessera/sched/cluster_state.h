@@ -79,7 +79,16 @@ class ClusterState {
   // does not match the GPU count.
   absl::StatusOr<NodeId> AddNode(core::NodeSpec spec);
 
+  // Takes a node out of the model: its allocations are removed (and returned, for the caller to
+  // requeue or forget) and its name may be added again (as a new node with a new id; a node whose
+  // GPUs changed is removed and added). kNotFound for an unknown or removed node.
+  absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId n);
+
+  // Node ids run 0..node_count()-1, removed nodes included (node_live false: no GPUs, no class,
+  // found by no name).
   int node_count() const { return static_cast<int>(nodes_.size()); }
+  bool node_live(NodeId n) const { return nodes_[n].cls >= 0; }
+  int live_node_count() const { return node_count() - removed_; }
   const std::string& node_name(NodeId n) const { return nodes_[n].name; }
   const core::NodeSpec& node_spec(NodeId n) const { return nodes_[n].spec; }
   const NodeShape& shape(ShapeId s) const { return shapes_[s]; }
@@ -169,9 +178,11 @@ class ClusterState {
   // GPU order of node n in its class key: position -> GPU index.
   std::vector<int> GpuOrder(NodeId n) const;
   void Reclassify(NodeId n);
+  void Unclassify(NodeId n);  // out of its class (the class dies when it was its last member)
   ShapeId InternShape(const core::NodeSpec& spec);
 
   std::vector<Node> nodes_;
+  int removed_ = 0;
   std::vector<GpuUse> gpu_uses_;
   std::vector<NodeShape> shapes_;
   std::unordered_map<std::string, NodeId> by_name_;

@@ -71,6 +71,41 @@ TEST(ClusterState, ApplyRefusesOverAllocationAndChangesNothing) {
   EXPECT_EQ(s.cpu_used(0), 1000);
 }
 
+TEST(ClusterState, ARemovedNodeGivesBackItsAllocationsItsClassAndItsName) {
+  ClusterState s;
+  ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 4)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("on-a", 0, {0, 1}, 1000, 2000)).ok());
+  ASSERT_TRUE(s.Apply(Alloc("on-b", 1, {3}, 500, 1000)).ok());
+  EXPECT_EQ(s.live_classes().size(), 2u);
+  auto gone = s.RemoveNode(0);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  ASSERT_EQ(gone->size(), 1u);
+  EXPECT_EQ((*gone)[0].id, "on-a");
+  EXPECT_THAT((*gone)[0].gpus, ::testing::ElementsAre(0, 1));
+  EXPECT_EQ(s.Find("on-a"), nullptr);
+  EXPECT_NE(s.Find("on-b"), nullptr) << "another node's allocation stays";
+  EXPECT_FALSE(s.node_live(0));
+  EXPECT_EQ(s.FindNode("a"), -1);
+  EXPECT_EQ(s.live_node_count(), 1);
+  EXPECT_EQ(s.gpu_count(0), 0);
+  ASSERT_EQ(s.live_classes().size(), 1u) << "a's class died with its only member";
+  EXPECT_THAT(s.class_members(s.live_classes()[0]), ::testing::ElementsAre(1));
+  // Nothing more lands on it, and it cannot be removed twice.
+  EXPECT_EQ(s.Apply(Alloc("late", 0, {2}, 1000, 0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.SetGpuHealth(0, 0, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.RemoveNode(0).status().code(), absl::StatusCode::kNotFound);
+  // The name comes back as a new node (another machine behind it), in b's class when alike.
+  auto again = s.AddNode(Node("a", 4));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, 2) << "ids are never reused";
+  EXPECT_EQ(s.FindNode("a"), 2);
+  EXPECT_EQ(s.live_classes().size(), 2u) << "b has a half-used GPU, the new a none";
+  ASSERT_TRUE(s.Remove("on-b").ok());
+  EXPECT_EQ(s.live_classes().size(), 1u);
+  EXPECT_EQ(s.class_members(s.live_classes()[0]).size(), 2u);
+}
+
 TEST(ClusterState, RejectsBadNodes) {
   ClusterState s;
   ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());

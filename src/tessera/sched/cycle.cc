@@ -366,6 +366,30 @@ bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,
   return true;
 }
 
+std::optional<Cycle::Awaited> Cycle::Awaiting(const std::string& id) const {
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.reserved_node < 0) return std::nullopt;
+  Awaited out;
+  out.node = it->second.reserved_node;
+  for (const std::string& v : it->second.awaiting) {
+    if (StillHeld(v)) out.victims.push_back(v);
+  }
+  if (out.victims.empty()) return std::nullopt;
+  return out;
+}
+
+absl::StatusOr<std::vector<Allocation>> Cycle::RemoveNode(NodeId node) {
+  auto released = scheduler_.RemoveNode(node);
+  if (!released.ok()) return released.status();
+  for (const Allocation& a : *released) stopping_.erase(a.id);
+  for (auto& [id, e] : entries_) {
+    if (e.reserved_node != node) continue;
+    e.GiveUpRoom();
+    e.awaiting.clear();
+  }
+  return released;
+}
+
 std::vector<CycleDecision> Cycle::Step(double now) {
   std::vector<CycleDecision> out;
   for (auto it = stopping_.begin(); it != stopping_.end();) {

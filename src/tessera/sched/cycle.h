@@ -98,6 +98,21 @@ class Cycle {
   std::vector<std::string> Order() const;
   // An owner's recent GPU use as fair share counts it: decayed GPU-seconds, as of the last Step.
   double Usage(const std::string& owner) const;
+  // The victims the cycle asked to stop for a queued request that still hold resources, and the
+  // node its plan puts it on; nullopt when it awaits none. What a cluster scheduler's own
+  // preemption verb answers for it: the same victims, never a second plan.
+  struct Awaited {
+    NodeId node = -1;
+    std::vector<std::string> victims;
+  };
+  std::optional<Awaited> Awaiting(const std::string& id) const;
+
+  // Takes a node out of the scheduler (Scheduler::RemoveNode): its allocations are released and
+  // returned (the caller requeues or forgets them), victims among them are no longer stopping, and
+  // queued requests whose preemption made room there give that room up (planned again at the next
+  // Step). kNotFound for an unknown or removed node.
+  absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId node);
+
   // When a queued request holding a reservation is expected to start, as of the last Step
   // (infinity: reserved, but the running work it waits for has no expected end); nullopt when it
   // holds none.

@@ -176,6 +176,42 @@ TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
       << "equal priority: 'urgent' is not a victim for 'urgent-too'";
 }
 
+// A node that goes while a request waits for victims there: the victims are no longer stopping,
+// the room is given up and planned again elsewhere; quota use of what ran there is given back.
+TEST(Cycle, ANodeRemovedUnderAPreemptionIsPlannedAgainElsewhere) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 2)).ok());
+  core::Request low_a = Prio(Whole("low-a", 2), 0), low_b = Prio(Whole("low-b", 2), 1);
+  low_a.owner = low_b.owner = "team";
+  ASSERT_TRUE(s.Place(low_a).ok());
+  ASSERT_TRUE(s.Place(low_b).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 2), 10), 1, 1)).ok());
+  std::vector<CycleDecision> ds = c.Step(5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_THAT(ds[0].victims, ElementsAre("low-a")) << "the lowest priority first";
+  auto awaited = c.Awaiting("urgent");
+  ASSERT_TRUE(awaited);
+  EXPECT_EQ(awaited->node, s.state().FindNode("a"));
+  EXPECT_THAT(awaited->victims, ElementsAre("low-a"));
+  EXPECT_FALSE(c.Awaiting("nosuch"));
+  const int64_t used = s.quotas().Used("team").gpus;
+  auto released = c.RemoveNode(s.state().FindNode("a"));
+  ASSERT_TRUE(released.ok()) << released.status();
+  ASSERT_EQ(released->size(), 1u);
+  EXPECT_EQ((*released)[0].id, "low-a");
+  EXPECT_EQ(c.stopping(), 0u);
+  EXPECT_FALSE(c.Awaiting("urgent")) << "its room went with the node";
+  EXPECT_EQ(s.quotas().Used("team").gpus, used - 2) << "a's GPUs no longer count";
+  // The next Step plans again, on b.
+  ds = c.Step(6);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_THAT(ds[0].victims, ElementsAre("low-b"));
+  EXPECT_EQ(c.Awaiting("urgent")->node, s.state().FindNode("b"));
+  EXPECT_EQ(c.RemoveNode(0).status().code(), absl::StatusCode::kNotFound) << "removed already";
+}
+
 TEST(Cycle, ALenderReclaimsItsQuotaAndAnEarlierBorrowerDoesNotTakeItBack) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());

@@ -42,6 +42,21 @@ absl::StatusOr<NodeId> Scheduler::AddNode(core::NodeSpec spec) {
   return id;
 }
 
+absl::StatusOr<std::vector<Allocation>> Scheduler::RemoveNode(NodeId node) {
+  if (node < 0 || node >= state_.node_count() || !state_.node_live(node)) {
+    return absl::NotFoundError(fmt::format("no node {} in the model", node));
+  }
+  // Each allocation's quota charge is given back as it leaves.
+  std::vector<Allocation> out;
+  for (const Allocation* a : state_.AllocationsOn(node)) {
+    const std::string id = a->id;
+    if (auto released = Release(id); released.ok()) out.push_back(*std::move(released));
+  }
+  auto rest = state_.RemoveNode(node);
+  if (!rest.ok()) return rest.status();
+  return out;
+}
+
 void Scheduler::SetTypicalRequests(std::vector<TypicalRequest> typical) {
   fragmentation_ = Fragmentation(std::move(typical));
   ResetCaches();
@@ -403,7 +418,7 @@ std::optional<double> Scheduler::BestScoreUncached(const core::Request& r) {
 }
 
 std::string Scheduler::WhyNot(const core::Request& r) {
-  if (state_.node_count() == 0) return "the cluster has no nodes";
+  if (state_.live_node_count() == 0) return "the cluster has no nodes";
   std::map<std::string, std::pair<int, NodeId>> reasons;
   for (ClassId c : state_.live_classes()) {
     Evaluation ev = policies_.Evaluate(ViewOf(c), r, scale_, true);
@@ -605,6 +620,7 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
   using Cost = std::tuple<size_t, int, int64_t, double>;  // victims, max priority, sum, work lost
   Cost best_cost{};
   for (NodeId n = 0; n < state_.node_count(); ++n) {
+    if (!state_.node_live(n)) continue;
     const NodeShape& shape = state_.shape(state_.node_shape(n));
     if (shape.cpu_milli < r.cpu_milli || shape.memory_mib < r.memory_mib ||
         static_cast<int>(shape.gpus.size()) < r.gpus) {
@@ -721,6 +737,7 @@ std::vector<std::pair<std::string, std::string>> Scheduler::Explain(const core::
   // Nodes of one class get one verdict: each class is evaluated once.
   std::unordered_map<ClassId, Evaluation> by_class;
   for (NodeId n = 0; n < state_.node_count(); ++n) {
+    if (!state_.node_live(n)) continue;
     ClassId c = state_.node_class(n);
     auto it = by_class.find(c);
     if (it == by_class.end()) {

@@ -60,6 +60,9 @@ class Scheduler {
 
   // Adds a node (see ClusterState::AddNode).
   absl::StatusOr<NodeId> AddNode(core::NodeSpec spec);
+  // Takes a node out (ClusterState::RemoveNode): its allocations are released (their quota use
+  // given back) and returned. kNotFound for an unknown or removed node.
+  absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId node);
   // Sets the workload FGD measures fragmentation against. Without it FGD scores every node alike.
   void SetTypicalRequests(std::vector<TypicalRequest> typical);
   absl::Status SetGpuHealth(NodeId node, int gpu, bool healthy);
