@@ -413,6 +413,75 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
+// Slurm's --output/--error as --stdout/--stderr (and as #SBATCH lines): the user's own files named
+// by %A %a %t %j, written by the job as its user in its working directory; tessera logs reads them
+// there (never through a symbolic link); a file that cannot be opened fails the job saying so.
+TEST(Batch, OutputFilesFollowSlurmsPatternsAndLogsReadsThem) {
+  Daemon d("output");
+  const std::string dir = d.dir() + "/work";
+  fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::all);  // the job's user writes here (root or nobody alike)
+  const int64_t id =
+      SubmittedId(Cli(d, "submit --array 0-1 --ntasks 2 --workdir " + dir +
+                             " --stdout 'o-%A_%a.%t.txt' -- /bin/sh -c "
+                             "'echo out $TESSERA_ARRAY_TASK_ID $RANK; echo err $RANK >&2'"));
+  ASSERT_GT(id, 0);
+  WaitForLs(d, id, "succeeded");
+  auto read = [](const std::string& path) {
+    std::stringstream s;
+    s << std::ifstream(path).rdbuf();
+    return s.str();
+  };
+  for (int a = 0; a < 2; ++a) {
+    for (int t = 0; t < 2; ++t) {
+      const std::string file = fmt::format("{}/o-{}_{}.{}.txt", dir, id, a, t);
+      const std::string text = read(file);
+      EXPECT_THAT(text, HasSubstr(fmt::format("out {} {}\n", a, t))) << file;
+      EXPECT_THAT(text, HasSubstr(fmt::format("err {}\n", t))) << "stderr follows stdout";
+    }
+  }
+  const std::string logs = Cli(d, fmt::format("logs {}_1", id));
+  EXPECT_THAT(logs, HasSubstr(fmt::format("writes its stdout to {}/o-{}_1.0.txt", dir, id)));
+  EXPECT_THAT(logs, HasSubstr("out 1 0\n"));
+  EXPECT_THAT(Cli(d, fmt::format("logs {}_1 --task 1", id)), HasSubstr("out 1 1\n"));
+
+  // --stderr apart, %j; the #SBATCH spellings through a script.
+  const std::string script = dir + "/job.sh";
+  std::ofstream(script) << "#!/bin/sh\n#SBATCH --output=a-%j.out --error=a-%j.err\n"
+                           "echo to-out; echo to-err >&2\n";
+  const int64_t apart = SubmittedId(Cli(d, "submit --workdir " + dir + " " + script));
+  ASSERT_GT(apart, 0);
+  WaitForLs(d, apart, "succeeded");
+  EXPECT_EQ(read(fmt::format("{}/a-{}.out", dir, apart)), "to-out\n");
+  EXPECT_EQ(read(fmt::format("{}/a-{}.err", dir, apart)), "to-err\n");
+  EXPECT_THAT(Cli(d, fmt::format("logs {} --stderr", apart)), HasSubstr("to-err\n"));
+  // Swapped for a symbolic link (to a file the job's user could not name otherwise): not read.
+  const std::string out = fmt::format("{}/a-{}.out", dir, apart);
+  fs::remove(out);
+  fs::create_symlink("/etc/hostname", out);
+  const std::string linked = Cli(d, fmt::format("logs {}", apart));
+  EXPECT_THAT(linked, HasSubstr("a symbolic link; not shown"));
+  EXPECT_EQ(linked.find(read("/etc/hostname")), std::string::npos) << linked;
+
+  // A file that cannot be opened: the job fails and says which.
+  const int64_t bad = SubmittedId(Cli(d, "submit --stdout /proc/nonexistent/out -- true"));
+  ASSERT_GT(bad, 0);
+  WaitForLs(d, bad, "failed");
+  EXPECT_THAT(Cli(d, fmt::format("show {}", bad)),
+              HasSubstr("cannot open its stdout file '/proc/nonexistent/out'"));
+  // Patterns refused at submission, nothing stored; -o with a file name gets a hint.
+  const size_t before = JobCount(d);
+  auto unknown = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                        " submit --stdout '/tmp/o-%q' -- true 2>&1");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_THAT(unknown.out, HasSubstr("stdout_file: unknown escape '%q'"));
+  auto format = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                       " submit -o out-%j.txt -- true 2>&1");
+  EXPECT_EQ(format.code, 2);
+  EXPECT_THAT(format.out, HasSubstr("submit's --stdout FILE (Slurm's --output)"));
+  EXPECT_EQ(JobCount(d), before);
+}
+
 }  // namespace
 
 // `tessera submit job.sh`: the script's #SBATCH and #TESSERA lines are its options (sbatch's

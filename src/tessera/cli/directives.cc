@@ -105,6 +105,12 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
       out.insert(out.end(), {"--ntasks", value});
     } else if (opt == "-H" || opt == "--hold") {
       out.push_back("--hold");
+    } else if (opt == "--requeue" || opt == "--no-requeue") {
+      out.push_back(opt);
+    } else if (opt == "-o" || opt == "--output") {
+      out.insert(out.end(), {"--stdout", value});
+    } else if (opt == "-e" || opt == "--error") {
+      out.insert(out.end(), {"--stderr", value});
     } else if (opt == "-d" || opt == "--dependency") {
       // afterok:1:2,afterany:3 (a '?' list: either is unsupported).
       std::stringstream deps(value);
@@ -121,7 +127,7 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
         out.insert(out.end(), {"--after", std::string(ours) + d.substr(colon)});
       }
     } else {
-      // partition, account, qos, nodes, mail, output...: Slurm's alone.
+      // partition, account, qos, nodes, mail...: Slurm's alone.
       ignored->push_back(flag || takes ? opt : opt + "=" + value);
     }
   }

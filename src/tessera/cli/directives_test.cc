@@ -32,6 +32,10 @@ TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
               ElementsAre("--after", "ok:12:13", "--after", "any:14"));
   EXPECT_THAT(Sbatch("-H"), ElementsAre("--hold"));
   EXPECT_THAT(Sbatch("--ntasks=4"), ElementsAre("--ntasks", "4"));
+  EXPECT_THAT(Sbatch("--output=train-%A_%a.out -e err-%j.txt"),
+              ElementsAre("--stdout", "train-%A_%a.out", "--stderr", "err-%j.txt"));
+  EXPECT_THAT(Sbatch("-o out.%j --requeue"), ElementsAre("--stdout", "out.%j", "--requeue"));
+  EXPECT_THAT(Sbatch("--no-requeue"), ElementsAre("--no-requeue"));
   std::vector<std::string> ignored;
   EXPECT_THAT(Sbatch("--partition=gpu -A lab --gres=gpu:1 --qos high", &ignored),
               ElementsAre("--gpus", "1"));

@@ -52,7 +52,15 @@ struct ClientFlags {
                   "(default $TESSERA_CA_CERT, else the system's CAs)");
     if (with_output) {
       c->add_option("-o,--output", output, "Output format: table, json or yaml")
-          ->check(CLI::IsMember({"table", "json", "yaml"}));
+          ->check(CLI::Validator(
+              [](std::string& v) -> std::string {
+                if (v == "table" || v == "json" || v == "yaml") return "";
+                return fmt::format(
+                    "'{}' is not an output format (table, json or yaml); a job's output file is "
+                    "submit's --stdout FILE (Slurm's --output)",
+                    v);
+              },
+              "FORMAT"));
     }
   }
   std::string Endpoint() const {
@@ -211,6 +219,8 @@ struct State {
   std::string array, task_failure;
   std::vector<std::string> after;
   bool hold = false;
+  std::string stdout_file, stderr_file;
+  bool requeue = false, no_requeue = false;
   int ntasks = 0, tasks_per_gpu = 0;
   int gpus = 0;
   std::string gpu_mem, gpu_share, name, workdir, image, mem, idempotency_key;
@@ -413,6 +423,9 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   if (s.ntasks > 0) spec["ntasks"] = s.ntasks;
   if (s.tasks_per_gpu > 0) spec["tasks_per_gpu"] = s.tasks_per_gpu;
   if (!s.task_failure.empty()) spec["task_failure"] = s.task_failure;
+  if (!s.stdout_file.empty()) spec["stdout_file"] = s.stdout_file;
+  if (!s.stderr_file.empty()) spec["stderr_file"] = s.stderr_file;
+  if (s.requeue || s.no_requeue) spec["requeue"] = s.requeue;
   return spec;
 }
 
@@ -607,6 +620,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
 int RunLogs(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int64_t offset = 0;
+  std::string said;
   for (;;) {
     int code = kExitOk;
     auto r = Call(c, "GET",
@@ -615,6 +629,14 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
                               s.task >= 0 ? fmt::format("&task={}", s.task) : ""),
                   "", err, &code);
     if (!r) return code;
+    // Output that went to a file of the user's: said once, with what keeps it from being shown.
+    if (const std::string file = r->value("file", ""); !file.empty() && file != said) {
+      err << fmt::format(
+          "tessera: job {} writes its {} to {}{}\n", s.id, s.stderr_stream ? "stderr" : "stdout",
+          file,
+          r->contains("file_error") ? " (" + (*r)["file_error"].get<std::string>() + ")" : "");
+      said = file;
+    }
     std::string data = (*r)["data"].get<std::string>();
     out << data << std::flush;
     offset = (*r)["next_offset"].get<int64_t>();
@@ -1123,6 +1145,21 @@ void AddSubmitOptions(CLI::App* c, State& s) {
                 "With several processes: kill (default: one failing stops the others, the job "
                 "fails) or wait (all run to their end; the job fails if one did)")
       ->check(CLI::IsMember({"kill", "wait"}));
+  c->add_option("--stdout", s.stdout_file,
+                "Write the job's stdout (and stderr, without --stderr) to this file of yours "
+                "instead of the server's logs (Slurm's --output): %j job, %A array, %a index, "
+                "%t task, %u user, %x name, %N host, %% percent; relative to --workdir; "
+                "appended to. tessera logs reads it there");
+  c->add_option("--stderr", s.stderr_file,
+                "Write the job's stderr to this file of yours (Slurm's --error); the same "
+                "patterns as --stdout");
+  auto* requeue =
+      c->add_flag("--requeue", s.requeue,
+                  "Back to the queue when preempted or when its GPU fails (default: the "
+                  "server's settings)");
+  c->add_flag("--no-requeue", s.no_requeue,
+              "End (preempted or failed) instead of going back to the queue")
+      ->excludes(requeue);
 }
 
 }  // namespace

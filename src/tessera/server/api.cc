@@ -3,13 +3,14 @@
 // dispatcher (dispatcher.h); the job store it reads directly.
 #include "tessera/server/api.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -419,8 +420,8 @@ net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Calle
     return Error(400, "stream: expected stdout or stderr, got '" + stream + "'");
   // A job of several processes: task 0's logs are the job's, the others' their own.
   int task = 0;
+  auto spec = ParseJobSpec(r->spec_json);
   if (auto it = req.query.find("task"); it != req.query.end()) {
-    auto spec = ParseJobSpec(r->spec_json);
     const int n = spec.ok() ? spec->Tasks() : 1;
     auto v = ParseIndex(it->second);
     if (!v || *v >= n) {
@@ -438,19 +439,44 @@ net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Calle
   const size_t kMax = 1 << 20;
   std::string data;
   const char* suffix = stream == "stdout" ? ".out" : ".err";
-  std::ifstream in(task == 0 ? d_.JobFile("logs", id, suffix) : d_.TaskLog(id, task, suffix),
-                   std::ios::binary);
-  if (in) {
-    in.seekg(offset);
-    data.resize(kMax);
-    in.read(data.data(), static_cast<std::streamsize>(kMax));
-    data.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  // Output the job sent to a file of its user's (--stdout/--stderr) is read from there - only a
+  // regular file its owner owns, not through a symbolic link: whoever may read this job's logs
+  // learns nothing its owner could not read.
+  const std::string file = spec.ok() ? d_.OutputFile(id, r->array_id, r->array_index, r->owner,
+                                                     *spec, task, stream == "stderr")
+                                     : "";
+  std::string file_error;
+  int fd = -1;
+  if (!file.empty()) {
+    fd = open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st {};
+    if (fd < 0) {
+      file_error = errno == ENOENT  ? "not written yet"
+                   : errno == ELOOP ? "a symbolic link; not shown"
+                                    : strerror(errno);
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != r->owner_uid) {
+      file_error = fmt::format("not a regular file of {}'s; not shown", r->owner);
+      close(fd);
+      fd = -1;
+    }
+  } else {
+    fd = open((task == 0 ? d_.JobFile("logs", id, suffix) : d_.TaskLog(id, task, suffix)).c_str(),
+              O_RDONLY | O_CLOEXEC);
   }
-  return JsonResponse(200, json{{"data", data},
-                                {"offset", offset},
-                                {"next_offset", offset + static_cast<int64_t>(data.size())},
-                                {"ended", IsTerminal(r->state)},
-                                {"state", JobStateName(r->state)}});
+  if (fd >= 0) {
+    data.resize(kMax);
+    const ssize_t n = pread(fd, data.data(), kMax, offset);
+    data.resize(static_cast<size_t>(std::max<ssize_t>(0, n)));
+    close(fd);
+  }
+  json out{{"data", data},
+           {"offset", offset},
+           {"next_offset", offset + static_cast<int64_t>(data.size())},
+           {"ended", IsTerminal(r->state)},
+           {"state", JobStateName(r->state)}};
+  if (!file.empty()) out["file"] = file;
+  if (!file_error.empty()) out["file_error"] = file_error;
+  return JsonResponse(200, out);
 }
 
 json Api::Info() {

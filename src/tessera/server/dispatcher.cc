@@ -333,6 +333,21 @@ std::string Dispatcher::TaskLog(int64_t id, int task, const char* suffix) const 
   return JobFile("logs", id, fmt::format(".{}{}", task, suffix).c_str());
 }
 
+std::string Dispatcher::OutputFile(int64_t id, int64_t array_id, int array_index,
+                                   const std::string& owner, const JobSpec& spec, int task,
+                                   bool err) const {
+  if (spec.stdout_file.empty() && spec.stderr_file.empty()) return "";
+  OutputNames n;
+  n.job_id = id;
+  n.array_id = array_id;
+  n.array_index = array_index;
+  n.task = task;
+  n.user = owner;
+  n.name = !spec.name.empty() ? spec.name : fs::path(spec.command.at(0)).filename().string();
+  n.host = hostname_;
+  return OutputFileOf(spec, n, err);
+}
+
 std::string Dispatcher::JobFile(const char* dir, int64_t id, const char* suffix) const {
   return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
 }
@@ -482,7 +497,7 @@ absl::Status Dispatcher::Recover() {
       continue;
     }
     if (r.state == JobState::kPreempted) {
-      if (!config_.requeue_preempted) continue;
+      if (!spec->requeue.value_or(config_.requeue_preempted)) continue;
       if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok())
         ++requeued;
     }
@@ -753,9 +768,10 @@ void Dispatcher::Finish(Ending& e, double now) {
   if (r.stop == "cancel") {
     to = JobState::kCancelled, reason = r.stop_reason;
   } else if (r.stop == "preempt") {
-    to = JobState::kPreempted, reason = r.stop_reason, requeue = config_.requeue_preempted;
+    to = JobState::kPreempted, reason = r.stop_reason;
+    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.requeue_preempted;
   } else if (r.stop == "unhealthy") {
-    requeue = config_.unhealthy_action == "requeue";
+    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.unhealthy_action == "requeue";
     to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
   } else if (r.stop == "timeout" || r.stop == "logs") {
     to = JobState::kFailed, reason = r.stop_reason;
@@ -925,6 +941,8 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
   }
   ls.stdout_path = JobFile("logs", q.id, ".out");
   ls.stderr_path = JobFile("logs", q.id, ".err");
+  ls.user_stdout = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, 0, false);
+  ls.user_stderr = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, 0, true);
   ls.gpu_uuids = uuids;
   ls.exit_path = JobFile("exit", q.id);
   if (const int n = q.spec->Tasks(); n > 1) {
@@ -948,6 +966,8 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
       // Task 0 writes the job's own logs; the others theirs (tessera logs --task N).
       t.stdout_path = r == 0 ? ls.stdout_path : TaskLog(q.id, r, ".out");
       t.stderr_path = r == 0 ? ls.stderr_path : TaskLog(q.id, r, ".err");
+      t.user_stdout = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, r, false);
+      t.user_stderr = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, r, true);
       ls.tasks.push_back(std::move(t));
     }
     ls.kill_on_task_failure = q.spec->task_failure == "kill";

@@ -85,6 +85,10 @@ class Dispatcher {
   // other than task 0.
   std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
   std::string TaskLog(int64_t id, int task, const char* suffix) const;
+  // Where a process of a job writes its stdout (err false) or stderr when its spec names files of
+  // the user's (JobSpec::stdout_file): the expanded pattern; empty: the logs above.
+  std::string OutputFile(int64_t id, int64_t array_id, int array_index, const std::string& owner,
+                         const JobSpec& spec, int task, bool err) const;
 
   // ---- what the API asks (api.h): operations checked against nothing but the server's own rules
   // (who may is the API's to check), errors with their HTTP status (HttpError) ----

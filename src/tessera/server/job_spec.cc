@@ -151,12 +151,12 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
 absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   if (!j.is_object())
     return absl::InvalidArgumentError(fmt::format("expected a JSON object, got {}", TypeName(j)));
-  if (absl::Status st =
-          Unknown(j,
-                  {"command", "env", "workdir", "name", "labels", "resources", "priority",
-                   "preemptible", "max_runtime_s", "grace_period_s", "image", "array", "after",
-                   "hold", "ntasks", "tasks_per_gpu", "task_failure"},
-                  "");
+  if (absl::Status st = Unknown(
+          j, {"command",       "env",          "workdir",     "name",          "labels",
+              "resources",     "priority",     "preemptible", "max_runtime_s", "grace_period_s",
+              "image",         "array",        "after",       "hold",          "ntasks",
+              "tasks_per_gpu", "task_failure", "stdout_file", "stderr_file",   "requeue"},
+          "");
       !st.ok()) {
     return st;
   }
@@ -254,6 +254,23 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       return st;
     if (s.task_failure != "kill" && s.task_failure != "wait")
       return Bad("task_failure", fmt::format("expected kill or wait, got '{}'", s.task_failure));
+  }
+  for (const char* f : {"stdout_file", "stderr_file"}) {
+    if (!j.contains(f)) continue;
+    std::string text;
+    if (absl::Status st = String(j[f], f, &text, 4096); !st.ok()) return st;
+    if (text.empty()) return Bad(f, "empty (e.g. \"train-%j.out\")");
+    if (text.find('\0') != std::string::npos) return Bad(f, "contains a NUL byte");
+    if (absl::Status st = CheckOutputPattern(text); !st.ok())
+      return Bad(f, std::string(st.message()));
+    if (text[0] != '/' && s.workdir.empty())
+      return Bad(f, fmt::format("'{}' is relative: give an absolute path or a workdir", text));
+    (std::string_view(f) == "stdout_file" ? s.stdout_file : s.stderr_file) = std::move(text);
+  }
+  if (j.contains("requeue")) {
+    if (!j["requeue"].is_boolean())
+      return Bad("requeue", fmt::format("expected true or false, got {}", TypeName(j["requeue"])));
+    s.requeue = j["requeue"].get<bool>();
   }
   if (j.contains("resources")) {
     const json& r = j["resources"];
@@ -404,7 +421,75 @@ json JobSpecToJson(const JobSpec& s) {
   if (s.ntasks > 0) j["ntasks"] = s.ntasks;
   if (s.tasks_per_gpu > 0) j["tasks_per_gpu"] = s.tasks_per_gpu;
   if (s.Tasks() > 1 && s.task_failure != "kill") j["task_failure"] = s.task_failure;
+  if (!s.stdout_file.empty()) j["stdout_file"] = s.stdout_file;
+  if (!s.stderr_file.empty()) j["stderr_file"] = s.stderr_file;
+  if (s.requeue) j["requeue"] = *s.requeue;
   return j;
+}
+
+absl::StatusOr<std::string> ExpandOutputPattern(std::string_view pattern, const OutputNames& n) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%') {
+      out += pattern[i];
+      continue;
+    }
+    const size_t at = i++;
+    int width = 0;
+    while (i < pattern.size() && pattern[i] >= '0' && pattern[i] <= '9' && width < 100)
+      width = width * 10 + (pattern[i++] - '0');
+    if (i >= pattern.size()) {
+      return absl::InvalidArgumentError(
+          fmt::format("'%' at the end (write %% for a percent sign)"));
+    }
+    auto number = [&](int64_t v) { out += fmt::format("{:0{}}", v, width); };
+    switch (pattern[i]) {
+      case '%':
+        out += '%';
+        break;
+      case 'j':
+        number(n.job_id);
+        break;
+      case 'A':
+        number(n.array_id != 0 ? n.array_id : n.job_id);
+        break;
+      case 'a':
+        number(n.array_index >= 0 ? n.array_index : 4294967294);
+        break;
+      case 't':
+        number(n.task);
+        break;
+      case 'u':
+        out += n.user;
+        break;
+      case 'x':
+        out += n.name;
+        break;
+      case 'N':
+        out += n.host;
+        break;
+      default:
+        return absl::InvalidArgumentError(fmt::format(
+            "unknown escape '{}' at {} (Tessera has %j job, %A array, %a index, %t task, %u user, "
+            "%x name, %N host, %% percent)",
+            pattern.substr(at, i - at + 1), at + 1));
+    }
+  }
+  return out;
+}
+
+absl::Status CheckOutputPattern(std::string_view pattern) {
+  return ExpandOutputPattern(pattern, OutputNames{}).status();
+}
+
+std::string OutputFileOf(const JobSpec& spec, const OutputNames& names, bool err) {
+  const std::string& pattern =
+      err && !spec.stderr_file.empty() ? spec.stderr_file : spec.stdout_file;
+  if (pattern.empty()) return "";
+  auto path = ExpandOutputPattern(pattern, names);
+  if (!path.ok() || path->empty()) return "";  // checked at submission
+  if ((*path)[0] == '/' || spec.workdir.empty()) return *path;
+  return spec.workdir + (spec.workdir.back() == '/' ? "" : "/") + *path;
 }
 
 std::string DependencyText(const Dependency& d) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +83,16 @@ struct JobSpec {
   int ntasks = 0;
   int tasks_per_gpu = 0;
   std::string task_failure = "kill";  // kill | wait
+  // Where its output goes besides the server's logs: files of the user's, named by patterns as
+  // Slurm's --output/--error (ExpandOutputPattern), opened by the job itself as its user after it
+  // entered its working directory (a relative name is in it), appended to. Empty: the server's
+  // logs (tessera logs). An error pattern without an output one is fine; an output pattern
+  // without an error one sends stderr there too (as Slurm does).
+  std::string stdout_file, stderr_file;
+  // Whether it goes back to the queue when stopped for another job (preemption) or by a GPU that
+  // failed under it (Slurm's --requeue / --no-requeue); unset: the server's settings
+  // (preemption.requeue, health.unhealthy_action).
+  std::optional<bool> requeue;
   // Whether it asks for a fraction of a GPU (then on each of `gpus` GPUs) rather than whole ones.
   bool Share() const { return gpu_milli > 0 || gpu_memory_mib > 0; }
   // How many processes the job starts.
@@ -89,6 +100,26 @@ struct JobSpec {
     return tasks_per_gpu > 0 ? tasks_per_gpu * std::max(gpus, 1) : std::max(ntasks, 1);
   }
 };
+
+// What an output pattern's %-escapes stand for, for one process of one job.
+struct OutputNames {
+  int64_t job_id = 0;    // %j: the job (an array task's own id)
+  int64_t array_id = 0;  // %A: its array (the job itself when not a task)
+  int array_index = -1;  // %a: its index in the array; -1: no array task
+  int task = 0;          // %t: the process's rank
+  std::string user;      // %u
+  std::string name;      // %x: the job's name (its command's program when unnamed)
+  std::string host;      // %N
+};
+// Expands %j %A %a %t %u %x %N and %% (%a of a job that is no array task: 4294967294, as Slurm
+// writes NO_VAL; %5j and the like: zero-padded to that width). kInvalidArgument naming an unknown
+// escape; CheckOutputPattern is the same check without names.
+absl::StatusOr<std::string> ExpandOutputPattern(std::string_view pattern, const OutputNames& n);
+absl::Status CheckOutputPattern(std::string_view pattern);
+// Where a process of a job writes its stdout (err false) or stderr, as its spec asks
+// (stdout_file, stderr_file; stderr follows stdout when only that is given): the expanded
+// pattern, relative names in the job's workdir; empty when the server's logs take it.
+std::string OutputFileOf(const JobSpec& spec, const OutputNames& names, bool err);
 
 // kInvalidArgument naming the field ("resources.gpu_share: expected a share between 1% and 100%").
 absl::StatusOr<JobSpec> ParseJobSpec(std::string_view json);

@@ -90,6 +90,13 @@ TEST(JobSpec, RefusesBadInputNamingTheField) {
       {R"({"command": "ls"})", "command: expected a non-empty array"},
       {R"({"command": [1]})", "command[0]: expected a string, got number"},
       {R"({"command": ["ls"], "gpus": 1})", "unknown field 'gpus'"},
+      {R"({"command": ["ls"], "stdout_file": ""})", "stdout_file: empty"},
+      {R"({"command": ["ls"], "stdout_file": "/o/out-%q"})",
+       "stdout_file: unknown escape '%q' at 8 (Tessera has %j job"},
+      {R"({"command": ["ls"], "stderr_file": "/x%"})", "stderr_file: '%' at the end"},
+      {R"({"command": ["ls"], "stdout_file": "out.txt"})",
+       "stdout_file: 'out.txt' is relative: give an absolute path or a workdir"},
+      {R"({"command": ["ls"], "requeue": "yes"})", "requeue: expected true or false"},
       {R"({"command": ["ls"], "resources": {"gpu": 1}})", "resources: unknown field 'gpu'"},
       {R"({"command": ["ls"], "resources": {"gpus": "2"}})",
        "resources.gpus: expected a whole number, got string"},
@@ -229,6 +236,36 @@ TEST(JobSpec, DependenciesAndTasksParseAndRoundTrip) {
 
 namespace tessera::server {
 namespace {
+
+// Slurm's --output/--error patterns: every escape, widths, %%, relative names in the workdir.
+TEST(JobSpec, OutputFilesExpandSlurmsPatterns) {
+  auto s = ParseJobSpec(
+      R"({"command": ["python", "train.py"], "workdir": "/home/ada/run", "array": "0-3",
+          "stdout_file": "logs/%x-%A_%a.%t.out", "stderr_file": "/tmp/%u/%5j-%N-100%%.err",
+          "requeue": false})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->requeue, std::optional<bool>(false));
+  OutputNames task{.job_id = 42,
+                   .array_id = 40,
+                   .array_index = 2,
+                   .task = 1,
+                   .user = "ada",
+                   .name = "train",
+                   .host = "gpu1"};
+  EXPECT_EQ(OutputFileOf(*s, task, false), "/home/ada/run/logs/train-40_2.1.out");
+  EXPECT_EQ(OutputFileOf(*s, task, true), "/tmp/ada/00042-gpu1-100%.err");
+  // Not a task: %A is the job, %a Slurm's NO_VAL.
+  EXPECT_EQ(*ExpandOutputPattern("%A-%a", {.job_id = 7}), "7-4294967294");
+  // Only stdout named: stderr goes with it; none named: the server's logs.
+  JobSpec only = *s;
+  only.stderr_file.clear();
+  EXPECT_EQ(OutputFileOf(only, task, true), "/home/ada/run/logs/train-40_2.1.out");
+  only.stdout_file.clear();
+  EXPECT_EQ(OutputFileOf(only, task, false), "");
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*s));
+}
 
 TEST(JobSpecModels, PartsOfANameResolveToTheMachinesExactModels) {
   const std::vector<std::string> machine = {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB",

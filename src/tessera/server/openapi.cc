@@ -191,7 +191,13 @@ std::string_view OpenApiDocument() {
           "hold": {"type": "boolean", "description": "queued held: starts once released"},
           "ntasks": {"type": "integer", "minimum": 1, "maximum": 1024},
           "tasks_per_gpu": {"type": "integer", "minimum": 1, "maximum": 1024},
-          "task_failure": {"type": "string", "enum": ["kill", "wait"]}}}
+          "task_failure": {"type": "string", "enum": ["kill", "wait"]},
+          "stdout_file": {"type": "string", "example": "train-%A_%a.out", "description": )json"
+      R"json("a file of the user's for the job's stdout (and stderr without stderr_file): %j )json"
+      R"json(%A %a %t %u %x %N %%; relative to workdir"},
+          "stderr_file": {"type": "string", "example": "train-%j.err"},
+          "requeue": {"type": "boolean", "description": "back to the queue when preempted )json"
+      R"json(or its GPU fails (true) or not (false); absent: the server's settings"}}}
     }
   }
 })json";

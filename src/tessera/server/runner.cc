@@ -33,7 +33,8 @@ std::string Join(const std::vector<std::string>& v, char sep) {
 
 // What the child reports through the exec pipe when it cannot start the job.
 struct ChildError {
-  int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec, 6 cgroup
+  int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec, 6 cgroup,
+             // 7 open the user's stdout file, 8 its stderr file
   int err;
 };
 
@@ -63,7 +64,9 @@ constexpr const char* kSteps[] = {"cannot enter the working directory",
                                   "cannot switch group",
                                   "cannot switch user",
                                   "cannot execute",
-                                  "cannot enter its cgroup"};
+                                  "cannot enter its cgroup",
+                                  "cannot open its stdout file",
+                                  "cannot open its stderr file"};
 
 }  // namespace
 
@@ -176,7 +179,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   const size_t ntasks = std::max<size_t>(spec.tasks.size(), 1);
   std::vector<std::vector<std::string>> task_env(ntasks);
   std::vector<std::vector<char*>> task_envp(ntasks);
-  std::vector<const char*> task_out(ntasks), task_err(ntasks);
+  std::vector<const char*> task_out(ntasks), task_err(ntasks), user_out(ntasks), user_err(ntasks);
   for (size_t t = 0; t < ntasks; ++t) {
     std::map<std::string, std::string> e = env;
     if (t < spec.tasks.size()) {
@@ -188,6 +191,8 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     const bool own = t < spec.tasks.size();
     task_out[t] = own ? spec.tasks[t].stdout_path.c_str() : spec.stdout_path.c_str();
     task_err[t] = own ? spec.tasks[t].stderr_path.c_str() : spec.stderr_path.c_str();
+    user_out[t] = own ? spec.tasks[t].user_stdout.c_str() : spec.user_stdout.c_str();
+    user_err[t] = own ? spec.tasks[t].user_stderr.c_str() : spec.user_stderr.c_str();
   }
   std::vector<pid_t> task_pids(ntasks, 0);
   char prefix[64];
@@ -370,6 +375,20 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     // As the user: the working directory is entered with the user's rights, not root's (entering it
     // as root told a user which root-only paths exist, and let a job start in one).
     if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
+    // The user's own output files, as the user (never a file the user could not open): a name a
+    // job chose must not reach what only the server may write.
+    if (*user_out[me]) {
+      int fd = open(user_out[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
+      if (fd < 0) fail(7);
+      dup2(fd, 1);
+      if (fd != 1) close(fd);
+    }
+    if (*user_err[me]) {
+      int fd = open(user_err[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
+      if (fd < 0) fail(8);
+      dup2(fd, 2);
+      if (fd != 2) close(fd);
+    }
     int last_errno = ENOENT;
     for (const std::string& c : candidates) {
       execve(c.c_str(), argv.data(), task_envp[me].data());
@@ -391,8 +410,10 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     // The other tasks of a job with several go too.
     if (ntasks > 1) kill(-pid, SIGKILL);
     waitpid(pid, nullptr, 0);
+    const std::string& file = ce.step == 7 ? std::string(user_out[0]) : std::string(user_err[0]);
     std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
                        : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
+                       : ce.step >= 7 ? fmt::format("{} '{}'", kSteps[ce.step], file)
                                       : kSteps[ce.step];
     std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
     // Also where the user looks first: the job's stderr log (when it can be opened at all).

@@ -37,6 +37,7 @@ struct ShareLimits {
 struct TaskLaunch {
   std::map<std::string, std::string> env;  // RANK, LOCAL_RANK, WORLD_SIZE...: added to the job's
   std::string stdout_path, stderr_path;
+  std::string user_stdout, user_stderr;  // as LaunchSpec's
 };
 
 struct LaunchSpec {
@@ -46,9 +47,13 @@ struct LaunchSpec {
                            // added: a podman client whose job gets them with --env)
   std::string workdir;     // empty: the server's
   std::string stdout_path, stderr_path;  // created (appended to) before the job starts
-  std::vector<std::string> gpu_uuids;    // given devices; empty = none visible
-  std::optional<ShareLimits> share;      // a fraction of one GPU
-  std::optional<uid_t> uid;              // run as this user (needs root)
+  // The user's own output files (JobSpec::stdout_file): opened (created, appended to) by the job as
+  // its user once in its working directory, in place of the logs above; one that cannot be opened
+  // fails the start, saying so in the stderr log. Empty: the logs.
+  std::string user_stdout, user_stderr;
+  std::vector<std::string> gpu_uuids;  // given devices; empty = none visible
+  std::optional<ShareLimits> share;    // a fraction of one GPU
+  std::optional<uid_t> uid;            // run as this user (needs root)
   std::optional<gid_t> gid;
   int64_t job_id = 0;
   // The cgroup.procs files of the job's cgroups (Cgroups::Create): the job's first process joins

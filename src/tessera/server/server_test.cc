@@ -169,6 +169,42 @@ TEST_F(ServerTest, PreemptionSendsSigtermWaitsForTheVictimAndRequeuesIt) {
   EXPECT_EQ(State(low), "running") << "it starts again when the GPUs are free";
 }
 
+// Slurm's --requeue / --no-requeue: a job's own word over the server's preemption.requeue, on
+// preemption and across a restart that finds it preempted.
+TEST_F(ServerTest, AJobsOwnRequeueChoiceOverridesTheServers) {
+  StartServer();  // preemption.requeue: true (the default)
+  int64_t stays_out = Submit(2, 100, 0, {{"requeue", false}});
+  Settle();
+  int64_t high = Submit(2, 10, 10);
+  Settle();
+  Advance(2);  // the victim's stop latency
+  Settle();
+  EXPECT_EQ(State(high), "running");
+  json victim = Job(stays_out);
+  EXPECT_EQ(victim["state"], "preempted") << "--no-requeue: it ends preempted";
+  EXPECT_EQ(victim["spec"]["requeue"], false);
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(stays_out), "preempted") << "and does not start again when the GPUs are free";
+
+  config_.requeue_preempted = false;
+  StartServer();
+  int64_t comes_back = Submit(2, 100, 0, {{"requeue", true}});
+  int64_t plain = Submit(2, 100, 0);
+  Settle();
+  int64_t urgent = Submit(2, 10, 10);
+  Settle();
+  Advance(2);
+  Settle();
+  EXPECT_EQ(State(urgent), "running");
+  EXPECT_EQ(State(comes_back), "queued") << "--requeue over the server's 'no'";
+  EXPECT_EQ(State(plain), "queued") << "never started: nothing to requeue";
+  Advance(10);
+  Settle();
+  EXPECT_EQ(State(comes_back), "running");
+  EXPECT_EQ(State(stays_out), "preempted") << "a restart leaves a --no-requeue job ended";
+}
+
 TEST_F(ServerTest, ApiAnswersWhileAJobIsBeingLaunchedAndACancelThenTakes) {
   StartServer();
   launcher_.HoldStarts();  // the launch hangs, as a slow fork/exec would
