@@ -480,6 +480,17 @@ TEST(Batch, OutputFilesFollowSlurmsPatternsAndLogsReadsThem) {
   EXPECT_EQ(format.code, 2);
   EXPECT_THAT(format.out, HasSubstr("submit's --stdout FILE (Slurm's --output)"));
   EXPECT_EQ(JobCount(d), before);
+  // --requeue / --no-requeue go with the job (what they do: ServerTest.AJobsOwnRequeueChoice...).
+  const int64_t out_of_queue = SubmittedId(Cli(d, "submit --hold --no-requeue -- true"));
+  ASSERT_GT(out_of_queue, 0);
+  EXPECT_EQ(json::parse(Cli(d, fmt::format("show {} -o json", out_of_queue)))["spec"]["requeue"],
+            false);
+  const int64_t back = SubmittedId(Cli(d, "submit --hold --requeue -- true"));
+  EXPECT_EQ(json::parse(Cli(d, fmt::format("show {} -o json", back)))["spec"]["requeue"], true);
+  auto both = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                     " submit --requeue --no-requeue -- true 2>&1");
+  EXPECT_EQ(both.code, 2);
+  EXPECT_THAT(both.out, HasSubstr("excludes"));
 }
 
 }  // namespace
