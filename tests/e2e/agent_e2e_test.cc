@@ -286,16 +286,20 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
       << Log();
   EXPECT_THAT(Log(), HasSubstr("ended: releasing"));
   std::string m = Metrics();
-  EXPECT_THAT(m, HasSubstr("gpu=\"0\",UUID=\"" + Uuid(0) + "\",device=\"nvidia0\""));
+  EXPECT_THAT(m,
+              HasSubstr("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"" + Uuid(0) + "\",pci_bus_id=\""));
+  EXPECT_THAT(m, HasSubstr("\",device=\"nvidia0\",modelName=\""));
   EXPECT_THAT(m, HasSubstr("Hostname=\"node-a\",container=\"main\",namespace=\"team-a\","
                            "pod=\"train-0\"} 10"));  // GPU 0's utilization, 10%
+  EXPECT_THAT(m, HasSubstr("tessera_gpu_healthy{gpu=\"0\",UUID=\"" + Uuid(0) +
+                           "\",device=\"nvidia0\",Hostname=\"node-a\""));
   EXPECT_THAT(m, HasSubstr("DCGM_FI_DEV_GPU_TEMP{"));
   EXPECT_THAT(m, HasSubstr("container=\"nb\",namespace=\"team-b\",pod=\"notebook\"} 40"));
   EXPECT_THAT(m, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a2\",UUID=\"" + Uuid(3) +
                            "\",Hostname=\"node-a\",container=\"nb\""));
   EXPECT_THAT(m, HasSubstr("tessera_agent_allocate_requests_total{result=\"ok\"} 3"));
   std::ofstream(dir_ + "/metrics.txt") << m;
-  auto check = tessera::test::Capture("promtool check metrics < " + dir_ + "/metrics.txt 2>&1");
+  auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
 }
 

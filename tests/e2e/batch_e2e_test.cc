@@ -409,7 +409,7 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   EXPECT_THAT(metrics->body,
               HasSubstr("tessera_acct_jobs_ended_total{user=\"root\",outcome=\"succeeded\"} 1"));
   std::ofstream(d.dir() + "/metrics.txt") << metrics->body;
-  auto check = tessera::test::Capture("promtool check metrics < " + d.dir() + "/metrics.txt 2>&1");
+  auto check = tessera::test::PromtoolCheck(d.dir() + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
 }
 

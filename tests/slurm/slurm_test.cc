@@ -221,7 +221,7 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   auto page = metrics.Send("GET", "/metrics");
   ASSERT_TRUE(page.ok()) << page.status();
   const std::string labels = "{job_id=\"slurm-" + id + "\",slurm_job_id=\"" + id + "\",gpu=\"";
-  EXPECT_THAT(page->body, HasSubstr("tessera_job_gpu_share" + labels));
+  EXPECT_THAT(page->body, HasSubstr("tessera_job_gpu_share_ratio" + labels));
   EXPECT_THAT(page->body,
               ::testing::ContainsRegex("tessera_job_gpu_memory_used_bytes\\{job_id=\"slurm-" + id +
                                        "\"[^}]*\\} 1572864000\n"));

@@ -343,7 +343,8 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   std::vector<GpuSample> gpus(2);
   for (int i = 0; i < 2; ++i) {
     gpus[i].gpu = &inventory_.gpus[i];
-    gpus[i].telemetry = devices::GpuTelemetry{0.5, 0.25, uint64_t{1} << 30, 41.0, 123.5};
+    gpus[i].telemetry = devices::GpuTelemetry{
+        0.5, 0.25, uint64_t{1} << 30, 41.0, 123.5, uint64_t{3} << 30, 1410.0, 1215.0, 0.125};
   }
   gpus[0].holders = {{"ns", "train", "main"}};
   gpus[1].health.healthy = false;
@@ -354,16 +355,22 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   ASSERT_TRUE(ReadRegion(s.allocation.region, &s.used, &s.limit));
   std::string text = RenderMetrics("node-1", gpus, {s}, AgentCountersSample{});
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"" + Uuid(0) +
-                              "\",device=\"nvidia0\",model_name=\"NVIDIA L40S\","
+                              "\",pci_bus_id=\"" + inventory_.gpus[0].pci_bus_id +
+                              "\",device=\"nvidia0\",modelName=\"NVIDIA L40S\","
                               "Hostname=\"node-1\",container=\"main\",namespace=\"ns\","
                               "pod=\"train\"} 50"));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu=\"0\""));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_SM_CLOCK{gpu=\"0\""));
+  EXPECT_THAT(text, HasSubstr("\"} 1410\n")) << "the SM clock, in MHz";
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"1\""));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_FB_FREE{gpu=\"1\""));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_FB_USED{"));
   EXPECT_THAT(text, HasSubstr("pod=\"\"} 0\n"));  // GPU 1: nobody, unhealthy
   EXPECT_THAT(text, HasSubstr("pod=\"notebook \\\"x\\\"\"}"));
   EXPECT_THAT(text, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\""));
   std::string file = dir_ + "/metrics.txt";
   std::ofstream(file) << text;
-  auto check = test::Capture("promtool check metrics < " + file + " 2>&1");
+  auto check = test::PromtoolCheck(file);
   EXPECT_EQ(check.code, 0) << check.out << "\n" << text;
 }
 

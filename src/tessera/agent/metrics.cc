@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "fmt/format.h"
+#include "tessera/devices/dcgm.h"
 #include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
@@ -12,15 +13,28 @@ namespace {
 using Labels = net::MetricsPage::Labels;
 using Page = net::MetricsPage;
 
+void AddHolder(Labels& l, const ContainerRef* c) {
+  l.push_back({"container", c ? c->container : ""});
+  l.push_back({"namespace", c ? c->pod_namespace : ""});
+  l.push_back({"pod", c ? c->pod : ""});
+}
+
+// DCGM_FI_* series: dcgm-exporter's labels (modelName included), with the pod, namespace and
+// container that hold the GPU (empty: none).
+Labels DcgmGpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
+  Labels l = devices::DcgmLabels(g, host);
+  AddHolder(l, c);
+  return l;
+}
+
+// Tessera's own GPU series: the same keys to join on (gpu, UUID, device, Hostname) and holders,
+// in names Prometheus' lint accepts (no modelName).
 Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
   Labels l = {{"gpu", std::to_string(g.index)},
               {"UUID", g.uuid},
               {"device", fmt::format("nvidia{}", g.minor.value_or(g.index))},
-              {"model_name", g.model},
               {"Hostname", host}};
-  l.push_back({"container", c ? c->container : ""});
-  l.push_back({"namespace", c ? c->pod_namespace : ""});
-  l.push_back({"pod", c ? c->pod : ""});
+  AddHolder(l, c);
   return l;
 }
 
@@ -31,51 +45,26 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
                           const AgentCountersSample& counters) {
   Page p;
   // One series per holder, or one without pod labels when nobody holds the GPU.
-  auto per_holder = [&](const GpuSample& s, double value) {
+  auto per_holder = [&](const GpuSample& s, double value, auto labels) {
     if (s.holders.empty()) {
-      p.Sample(GpuLabels(hostname, *s.gpu, nullptr), value);
+      p.Sample(labels(hostname, *s.gpu, nullptr), value);
       return;
     }
-    for (const ContainerRef& c : s.holders) p.Sample(GpuLabels(hostname, *s.gpu, &c), value);
+    for (const ContainerRef& c : s.holders) p.Sample(labels(hostname, *s.gpu, &c), value);
   };
-  struct Telemetry {
-    const char* name;
-    const char* help;
-    std::optional<double> (*get)(const devices::GpuTelemetry&);
-  };
-  const Telemetry telemetry[] = {
-      {"DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
-       [](const devices::GpuTelemetry& t) {
-         return t.utilization ? std::optional<double>(*t.utilization * 100) : std::nullopt;
-       }},
-      {"DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).",
-       [](const devices::GpuTelemetry& t) {
-         return t.memory_utilization ? std::optional<double>(*t.memory_utilization * 100)
-                                     : std::nullopt;
-       }},
-      {"DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
-       [](const devices::GpuTelemetry& t) {
-         return t.memory_used_bytes ? std::optional<double>(*t.memory_used_bytes / 1048576.0)
-                                    : std::nullopt;
-       }},
-      {"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).",
-       [](const devices::GpuTelemetry& t) { return t.temperature_celsius; }},
-      {"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",
-       [](const devices::GpuTelemetry& t) { return t.power_watts; }},
-  };
-  for (const Telemetry& t : telemetry) {
+  for (const devices::DcgmField& f : devices::DcgmFields()) {
     bool any = false;
-    for (const GpuSample& s : gpus) any |= s.telemetry && t.get(*s.telemetry).has_value();
+    for (const GpuSample& s : gpus) any |= s.telemetry && f.value(*s.telemetry).has_value();
     if (!any) continue;
-    p.Family(t.name, "gauge", t.help);
+    p.Family(f.name, "gauge", f.help);
     for (const GpuSample& s : gpus) {
       if (!s.telemetry) continue;
-      if (auto v = t.get(*s.telemetry)) per_holder(s, *v);
+      if (auto v = f.value(*s.telemetry)) per_holder(s, *v, DcgmGpuLabels);
     }
   }
   p.Family("tessera_gpu_healthy", "gauge",
            "1 while the GPU is healthy (advertised to the kubelet as Healthy), else 0.");
-  for (const GpuSample& s : gpus) per_holder(s, s.health.healthy ? 1 : 0);
+  for (const GpuSample& s : gpus) per_holder(s, s.health.healthy ? 1 : 0, GpuLabels);
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU since the agent started, ignored ones included.");
   for (const GpuSample& s : gpus) {

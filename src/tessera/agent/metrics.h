@@ -1,10 +1,11 @@
 #pragma once
-// The agent's /metrics page (Prometheus text format 0.0.4): per-GPU telemetry named as
-// dcgm-exporter names it (DCGM_FI_DEV_*, labels gpu, UUID, device, Hostname; the model as
-// model_name, not dcgm-exporter's modelName, which promtool's lint refuses) with the pod, namespace
-// and container holding the GPU joined from the kubelet's PodResources, one series per holder as
-// dcgm-exporter does for a shared GPU; health and XIDs; the fractional allocations' GPU memory in
-// use and limit from their shared regions; the agent's own counters. A pure function of its input.
+// The agent's /metrics page (Prometheus text format 0.0.4): per-GPU telemetry named and labelled as
+// dcgm-exporter does (devices/dcgm.h: DCGM_FI_*, labels gpu, UUID, pci_bus_id, device, modelName,
+// Hostname - modelName is camelCase, which promtool's lint warns of, as it does for
+// dcgm-exporter's own page) with the pod, namespace and container holding the GPU joined from the
+// kubelet's PodResources, one series per holder as dcgm-exporter does for a shared GPU; health and
+// XIDs; the fractional allocations' GPU memory in use and limit from their shared regions; the
+// agent's own counters. A pure function of its input.
 
 #include <cstdint>
 #include <map>

@@ -41,6 +41,11 @@ struct GpuTelemetry {
   std::optional<uint64_t> memory_used_bytes;
   std::optional<double> temperature_celsius;
   std::optional<double> power_watts;
+  std::optional<uint64_t> memory_free_bytes;
+  std::optional<double> sm_clock_mhz, memory_clock_mhz;
+  // Share of the time the SMs did tensor-core work, 0..1, over the time since the last reading
+  // (NVML's GPU performance monitoring: Hopper and later; empty elsewhere and at the first one).
+  std::optional<double> tensor_active;
 
   friend bool operator==(const GpuTelemetry&, const GpuTelemetry&) = default;
 };

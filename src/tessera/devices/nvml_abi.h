@@ -108,4 +108,39 @@ typedef struct {
   unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+// nvmlClockType_t
+enum : int { NVML_CLOCK_GRAPHICS = 0, NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2, NVML_CLOCK_VIDEO = 3 };
+
+// GPU performance monitoring (GPM; Hopper and later): two samples taken apart give each metric's
+// average over the time between them.
+typedef struct nvmlGpmSample_st* nvmlGpmSample_t;
+constexpr unsigned NVML_GPM_SUPPORT_VERSION = 1;
+typedef struct {
+  unsigned int version;
+  unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+// nvmlGpmMetricId_t: percent of the time the SMs did any tensor (HMMA/IMMA/DFMA) work, 0..100.
+constexpr unsigned NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5;
+typedef struct {
+  unsigned int metricId;
+  nvmlReturn_t nvmlReturn;
+  double value;
+  struct {
+    char* shortName;
+    char* longName;
+    char* unit;
+  } metricInfo;
+} nvmlGpmMetric_t;
+constexpr unsigned NVML_GPM_METRICS_GET_VERSION = 1;
+// The library reads and writes the first numMetrics entries; headers size the array by their
+// NVML_GPM_METRIC_MAX (98 at first, more since), so any size holding what is asked is the ABI.
+constexpr unsigned kGpmMetricSlots = 256;
+typedef struct {
+  unsigned int version;
+  unsigned int numMetrics;
+  nvmlGpmSample_t sample1;
+  nvmlGpmSample_t sample2;
+  nvmlGpmMetric_t metrics[kGpmMetricSlots];
+} nvmlGpmMetricsGet_t;
+
 }  // extern "C"

@@ -108,6 +108,12 @@ absl::StatusOr<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load(const std::string
   Resolve(handle, a.DeviceGetUtilizationRates, {"nvmlDeviceGetUtilizationRates"});
   Resolve(handle, a.DeviceGetTemperature, {"nvmlDeviceGetTemperature"});
   Resolve(handle, a.DeviceGetPowerUsage, {"nvmlDeviceGetPowerUsage"});
+  Resolve(handle, a.DeviceGetClockInfo, {"nvmlDeviceGetClockInfo"});
+  Resolve(handle, a.GpmQueryDeviceSupport, {"nvmlGpmQueryDeviceSupport"});
+  Resolve(handle, a.GpmSampleAlloc, {"nvmlGpmSampleAlloc"});
+  Resolve(handle, a.GpmSampleFree, {"nvmlGpmSampleFree"});
+  Resolve(handle, a.GpmSampleGet, {"nvmlGpmSampleGet"});
+  Resolve(handle, a.GpmMetricsGet, {"nvmlGpmMetricsGet"});
   Resolve(handle, a.EventSetCreate, {"nvmlEventSetCreate"});
   Resolve(handle, a.EventSetFree, {"nvmlEventSetFree"});
   Resolve(handle, a.EventSetWait, {"nvmlEventSetWait_v2", "nvmlEventSetWait"});

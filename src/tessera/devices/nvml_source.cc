@@ -98,8 +98,60 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Create(const NvmlSourceO
 }
 
 NvmlSource::~NvmlSource() {
+  {
+    std::lock_guard lock(gpm_mu_);
+    for (Gpm& g : gpm_) {
+      for (nvmlGpmSample_t sample : {g.previous, g.current}) {
+        if (sample != nullptr && lib_->api().GpmSampleFree) lib_->api().GpmSampleFree(sample);
+      }
+    }
+  }
   std::lock_guard lock(mu_);
   if (event_set_ != nullptr && lib_->api().EventSetFree) lib_->api().EventSetFree(event_set_);
+}
+
+std::optional<double> NvmlSource::ReadTensorActive(int index) {
+  const NvmlApi& api = lib_->api();
+  if (!api.GpmQueryDeviceSupport || !api.GpmSampleAlloc || !api.GpmSampleGet ||
+      !api.GpmMetricsGet) {
+    return std::nullopt;
+  }
+  std::lock_guard lock(gpm_mu_);
+  if (gpm_.size() < handles_.size()) gpm_.resize(handles_.size());
+  Gpm& g = gpm_[static_cast<size_t>(index)];
+  if (g.supported < 0) {
+    nvmlGpmSupport_t support = {};
+    support.version = NVML_GPM_SUPPORT_VERSION;
+    g.supported = api.GpmQueryDeviceSupport(handles_[index], &support) == NVML_SUCCESS &&
+                          support.isSupportedDevice != 0 &&
+                          api.GpmSampleAlloc(&g.previous) == NVML_SUCCESS &&
+                          api.GpmSampleAlloc(&g.current) == NVML_SUCCESS
+                      ? 1
+                      : 0;
+  }
+  if (g.supported == 0) return std::nullopt;
+  if (api.GpmSampleGet(handles_[index], g.current) != NVML_SUCCESS) {
+    g.have_previous = false;
+    return std::nullopt;
+  }
+  std::optional<double> out;
+  if (g.have_previous) {
+    // Large (10 KiB): one per reading would do on the stack, but a reader thread's stack is not
+    // ours to spend.
+    auto get = std::make_unique<nvmlGpmMetricsGet_t>();
+    get->version = NVML_GPM_METRICS_GET_VERSION;
+    get->numMetrics = 1;
+    get->sample1 = g.previous;
+    get->sample2 = g.current;
+    get->metrics[0].metricId = NVML_GPM_METRIC_ANY_TENSOR_UTIL;
+    if (api.GpmMetricsGet(get.get()) == NVML_SUCCESS &&
+        get->metrics[0].nvmlReturn == NVML_SUCCESS && get->metrics[0].value >= 0) {
+      out = std::min(get->metrics[0].value, 100.0) / 100.0;
+    }
+  }
+  std::swap(g.previous, g.current);
+  g.have_previous = true;
+  return out;
 }
 
 absl::StatusOr<core::NodeInventory> NvmlSource::Discover() {
@@ -395,12 +447,20 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
     nvmlMemory_v2_t mem = {};
     mem.version = kNvmlMemoryV2Version;
     if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory"))
-      t.memory_used_bytes = mem.used, have_memory = true;
+      t.memory_used_bytes = mem.used, t.memory_free_bytes = mem.free, have_memory = true;
   }
   if (!have_memory && api.DeviceGetMemoryInfo) {
     nvmlMemory_t mem = {};
-    if (ok(api.DeviceGetMemoryInfo(dev, &mem), "memory")) t.memory_used_bytes = mem.used;
+    if (ok(api.DeviceGetMemoryInfo(dev, &mem), "memory"))
+      t.memory_used_bytes = mem.used, t.memory_free_bytes = mem.free;
   }
+  if (api.DeviceGetClockInfo) {
+    unsigned mhz = 0;
+    if (ok(api.DeviceGetClockInfo(dev, NVML_CLOCK_SM, &mhz), "SM clock")) t.sm_clock_mhz = mhz;
+    if (ok(api.DeviceGetClockInfo(dev, NVML_CLOCK_MEM, &mhz), "memory clock"))
+      t.memory_clock_mhz = mhz;
+  }
+  t.tensor_active = ReadTensorActive(index);
   if (api.DeviceGetTemperature) {
     unsigned celsius = 0;
     if (ok(api.DeviceGetTemperature(dev, kNvmlTemperatureGpu, &celsius), "temperature"))

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,17 @@ class NvmlSource final : public DeviceSource {
   std::unique_ptr<NvmlLibrary> lib_;
   const NvmlSourceOptions options_;
   const std::vector<nvmlDevice_t> handles_;
+
+  // Tensor-core activity (GPM) needs the previous reading's sample: one pair of samples per GPU,
+  // allocated at its first reading; supported: -1 not asked yet, 0 no, 1 yes.
+  struct Gpm {
+    int supported = -1;
+    nvmlGpmSample_t previous = nullptr, current = nullptr;
+    bool have_previous = false;
+  };
+  std::optional<double> ReadTensorActive(int index);
+  std::mutex gpm_mu_;
+  std::vector<Gpm> gpm_ ABSL_GUARDED_BY(gpm_mu_);
 
   std::mutex mu_;
   nvmlEventSet_t event_set_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -402,6 +402,35 @@ TEST_F(NvmlSourceTest, ReadsTelemetryInSiUnits) {
   EXPECT_EQ(src->ReadTelemetry(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// What dcgm-exporter's dashboards read besides the basics: clocks, free memory, and tensor-core
+// activity from GPU performance monitoring (two samples: none at the first reading; Hopper only).
+TEST_F(NvmlSourceTest, ClocksFreeMemoryAndTensorActivityFromGpm) {
+  json s = TwoGpus();
+  s["devices"][0].update({{"sm_clock_mhz", 1980},
+                          {"mem_clock_mhz", 2619},
+                          {"tensor_util", 37.5},
+                          {"memory_used", 5000000000ull}});
+  s["devices"][1].update({{"gpm", false}, {"tensor_util", 90}});
+  Scenario(s);
+  auto src = Open();
+  const long samples_before = Calls("full", "nvmlGpmSampleGet");
+  auto first = src->ReadTelemetry(0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_DOUBLE_EQ(first->sm_clock_mhz.value(), 1980);
+  EXPECT_DOUBLE_EQ(first->memory_clock_mhz.value(), 2619);
+  // The driver's own free figure: what it reserves for itself is neither used nor free.
+  EXPECT_EQ(first->memory_free_bytes, 85899345920ull - 5000000000ull - 85899345920ull / 200);
+  EXPECT_EQ(first->tensor_active, std::nullopt) << "one sample is no interval yet";
+  auto second = src->ReadTelemetry(0);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_DOUBLE_EQ(second->tensor_active.value(), 0.375);
+  EXPECT_DOUBLE_EQ(src->ReadTelemetry(0)->tensor_active.value(), 0.375) << "and every one after";
+  // A board without GPM: no tensor reading, ever, and no sample asked for.
+  EXPECT_EQ(src->ReadTelemetry(1)->tensor_active, std::nullopt);
+  EXPECT_EQ(src->ReadTelemetry(1)->tensor_active, std::nullopt);
+  EXPECT_EQ(Calls("full", "nvmlGpmSampleGet") - samples_before, 3) << "GPU 0's three readings only";
+}
+
 TEST_F(NvmlSourceTest, TelemetryTheDriverDoesNotOfferStaysUnknown) {
   json s = TwoGpus();
   s["devices"][0]["utilization"] = 40;

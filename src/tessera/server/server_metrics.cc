@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "fmt/format.h"
+#include "tessera/devices/dcgm.h"
 #include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
@@ -117,7 +118,20 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   reading("tessera_gpu_temperature_celsius", "GPU die temperature.",
           &devices::GpuTelemetry::temperature_celsius);
   reading("tessera_gpu_power_watts", "GPU power draw.", &devices::GpuTelemetry::power_watts);
-  p.Family("tessera_gpu_allocated_share", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
+  // The same readings under dcgm-exporter's names, units and labels (devices/dcgm.h), for
+  // dashboards and alerts written for it; a family only when some GPU gives the reading.
+  for (const devices::DcgmField& f : devices::DcgmFields()) {
+    bool any = false;
+    for (size_t g = 0; g < n && g < s.telemetry.size(); ++g)
+      any |= f.value(s.telemetry[g]).has_value();
+    if (!any) continue;
+    p.Family(f.name, "gauge", f.help);
+    for (size_t g = 0; g < n && g < s.telemetry.size(); ++g) {
+      if (auto v = f.value(s.telemetry[g]))
+        p.Sample(devices::DcgmLabels(s.gpus[g], s.hostname), *v);
+    }
+  }
+  p.Family("tessera_gpu_allocated_ratio", "gauge", "Compute allocated to jobs, in GPUs (0..1).");
   for (size_t g = 0; g < n && g < s.allocated_share.size(); ++g)
     p.Sample(gpu(g), s.allocated_share[g]);
   p.Family("tessera_gpu_allocated_memory_bytes", "gauge", "GPU memory allocated to jobs.");
@@ -129,7 +143,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
             {"user", j.user},
             {"hostname", s.hostname}};
   };
-  p.Family("tessera_job_gpu_share", "gauge",
+  p.Family("tessera_job_gpu_share_ratio", "gauge",
            "A job's compute share of its GPU (0..1; whole GPUs 1).");
   for (const auto& j : s.jobs) p.Sample(job(j), j.share);
   p.Family("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");

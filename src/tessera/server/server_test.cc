@@ -1313,8 +1313,8 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
     return fmt::format("{{job_id=\"{}\",gpu=\"{}\",user=\"{}\",hostname=\"{}\"}}", id, gpu, me,
                        host);
   };
-  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + labels(whole, 0) + " 1\n"));
-  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + labels(part, 1) + " 0.3\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share_ratio" + labels(whole, 0) + " 1\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share_ratio" + labels(part, 1) + " 0.3\n"));
   EXPECT_THAT(page,
               HasSubstr("tessera_job_gpu_memory_limit_bytes" + labels(part, 1) + " 4294967296\n"));
   // What every component says of itself.
@@ -1334,8 +1334,8 @@ TEST_F(ServerTest, MetricsShowJobsGpusAndLatencyInValidPrometheusText) {
   Settle();
   ASSERT_EQ(State(both), "running");
   const std::string two = server_->Handle(req).body;
-  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share" + labels(both, 0) + " 1\n"));
-  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share" + labels(both, 1) + " 1\n"));
+  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share_ratio" + labels(both, 0) + " 1\n"));
+  EXPECT_THAT(two, HasSubstr("tessera_job_gpu_share_ratio" + labels(both, 1) + " 1\n"));
   // The whole page is what Prometheus accepts, lint included.
   std::ofstream(dir_ + "/metrics.txt") << page;
   FILE* p = popen(("promtool check metrics < " + dir_ + "/metrics.txt 2>&1").c_str(), "r");

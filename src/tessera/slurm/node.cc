@@ -77,7 +77,7 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
             {"gpu", std::to_string(row.gpu)},
             {"hostname", hostname}};
   };
-  p.Family("tessera_job_gpu_share", "gauge",
+  p.Family("tessera_job_gpu_share_ratio", "gauge",
            "A job's compute share of its GPU (0..1; whole GPUs 1).");
   for (const Row& r : rows) p.Sample(labels(r), r.share);
   p.Family("tessera_job_gpu_memory_limit_bytes", "gauge", "A fractional job's GPU memory limit.");

@@ -56,8 +56,8 @@ TEST_F(SlurmNode, RunningJobsAreMetricsWithTheSlurmJobId) {
     const std::string page = NodeMetrics(config_.state_dir, "node7");
     const std::string job31 = R"({job_id="slurm-31",slurm_job_id="31",gpu="1",hostname="node7"})";
     const std::string job32 = R"({job_id="slurm-32",slurm_job_id="32",gpu="0",hostname="node7"})";
-    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + job31 + " 0.25\n"));
-    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share" + job32 + " 1\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share_ratio" + job31 + " 0.25\n"));
+    EXPECT_THAT(page, HasSubstr("tessera_job_gpu_share_ratio" + job32 + " 1\n"));
     EXPECT_THAT(page, HasSubstr("tessera_job_gpu_memory_limit_bytes" + job31 + " 2147483648\n"));
     EXPECT_THAT(page, HasSubstr("tessera_job_gpu_memory_used_bytes" + job31 + " 536870912\n"));
     EXPECT_THAT(page, HasSubstr("tessera_job_gpu_busy_seconds_total" + job31 + " 2.5\n"));

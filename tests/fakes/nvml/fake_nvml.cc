@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -43,6 +44,10 @@ struct Device {
   int numa = -1;          // -1: nvmlDeviceGetNumaNodeId not supported
   unsigned minor = 0;
   unsigned utilization = 0, memory_utilization = 0, temperature = 40, power_mw = 100000;
+  unsigned sm_clock_mhz = 1410, mem_clock_mhz = 1215;
+  // GPU performance monitoring (GPM): on Hopper and later boards; the tensor pipes' activity, %.
+  bool gpm = false;
+  double tensor_util = 0;
   unsigned long long memory_used = 0;
   // Its compute processes (pid, GPU memory); self_memory > 0: the calling process is one of them.
   std::vector<std::pair<unsigned, unsigned long long>> processes;
@@ -178,6 +183,11 @@ int LoadScenario(State& s) {
     dev->memory_used = d.value("memory_used", dev->memory_total / 100);
     dev->temperature = d.value("temperature", 40u);
     dev->power_mw = d.value("power_mw", 100000u);
+    dev->sm_clock_mhz = d.value("sm_clock_mhz", 1410u);
+    dev->mem_clock_mhz = d.value("mem_clock_mhz", 1215u);
+    dev->gpm = d.value("gpm", dev->name.find("H100") != std::string::npos ||
+                                  dev->name.find("H200") != std::string::npos);
+    dev->tensor_util = d.value("tensor_util", 0.0);
     // "processes": [{"pid": N, "used_memory": bytes}], "self_memory": bytes (the caller too)
     for (const json& pr : d.value("processes", json::array()))
       dev->processes.emplace_back(pr.value("pid", 0u), pr.value("used_memory", 0ull));
@@ -554,6 +564,79 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsig
 EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned* mw) {
   DEVICE_OR_FAIL("nvmlDeviceGetPowerUsage");
   *mw = d->power_mw;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned* mhz) {
+  DEVICE_OR_FAIL("nvmlDeviceGetClockInfo");
+  if (mhz == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (type == NVML_CLOCK_SM || type == NVML_CLOCK_GRAPHICS) {
+    *mhz = d->sm_clock_mhz;
+  } else if (type == NVML_CLOCK_MEM) {
+    *mhz = d->mem_clock_mhz;
+  } else {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  return NVML_SUCCESS;
+}
+
+// GPM as the driver has it: a sample is a snapshot of one GPU's counters; a metric needs two of the
+// same GPU, the second taken after the first.
+struct nvmlGpmSample_st {
+  Device* device = nullptr;
+  long seq = 0;
+};
+std::atomic<long> gpm_seq{0};
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t* support) {
+  DEVICE_OR_FAIL("nvmlGpmQueryDeviceSupport");
+  if (support == nullptr || support->version != NVML_GPM_SUPPORT_VERSION)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  support->isSupportedDevice = d->gpm ? 1 : 0;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t* sample) {
+  Count("nvmlGpmSampleAlloc");
+  if (sample == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *sample = new nvmlGpmSample_st();
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+  Count("nvmlGpmSampleFree");
+  delete sample;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+  DEVICE_OR_FAIL("nvmlGpmSampleGet");
+  if (sample == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (!d->gpm) return NVML_ERROR_NOT_SUPPORTED;
+  sample->device = d;
+  sample->seq = ++gpm_seq;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* get) {
+  Count("nvmlGpmMetricsGet");
+  if (get == nullptr || get->version != NVML_GPM_METRICS_GET_VERSION || get->sample1 == nullptr ||
+      get->sample2 == nullptr || get->numMetrics == 0 || get->numMetrics > kGpmMetricSlots)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  if (get->sample1->device == nullptr || get->sample1->device != get->sample2->device ||
+      get->sample2->seq <= get->sample1->seq)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  for (unsigned i = 0; i < get->numMetrics; ++i) {
+    nvmlGpmMetric_t& m = get->metrics[i];
+    m.metricInfo = {nullptr, nullptr, nullptr};
+    if (m.metricId == NVML_GPM_METRIC_ANY_TENSOR_UTIL) {
+      m.nvmlReturn = NVML_SUCCESS;
+      m.value = get->sample2->device->tensor_util;
+    } else {
+      m.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+      m.value = 0;
+    }
+  }
   return NVML_SUCCESS;
 }
 

@@ -1,0 +1,246 @@
+// A real Prometheus (Debian's) scrapes the server over TCP with a metrics-only token, as an
+// admin's existing monitoring would. The queries of NVIDIA's published dcgm-exporter dashboard -
+// its metric names, label names and groupings, written out here - return data for the server's
+// GPUs on the fake NVML, with every label they group or filter by on the series; no Tessera series
+// arrives with an exported_* label (Prometheus renames a target's label that collides with its
+// own); a job on 2 GPUs has 2 per-GPU series. Skipped only where there is no prometheus binary.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "../capture.h"
+#include "daemon.h"
+
+namespace {
+
+using nlohmann::json;
+using tessera::test::Daemon;
+using tessera::test::Shell;
+namespace fs = std::filesystem;
+
+constexpr char kScrapeToken[] = "scrape-0123456789abcdef";
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+// A port nothing listens on now (Prometheus takes no port 0 it would tell): bound, read, closed.
+int UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+class Prometheus {
+ public:
+  // Scrapes `target` (host:port) every second with the bearer token.
+  Prometheus(const std::string& dir, const std::string& target) : dir_(dir) {
+    std::ofstream(dir + "/prometheus.yml")
+        << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        << "scrape_configs:\n"
+        << "  - job_name: tessera\n"
+        << "    authorization: {credentials: " << kScrapeToken << "}\n"
+        << "    static_configs: [{targets: ['" << target << "']}]\n";
+    for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
+      port_ = UnusedPort();
+      const std::string cmd = fmt::format(
+          "exec setpriv --pdeathsig TERM prometheus --config.file={0}/prometheus.yml "
+          "--storage.tsdb.path={0}/tsdb --web.listen-address=127.0.0.1:{1} --log.level=warn "
+          ">>{0}/prometheus.log 2>&1",
+          dir, port_);
+      const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+      if (posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0)
+        pid_ = -1;
+      // Up, or gone (its port taken after all: try another).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+        if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+          pid_ = -1;
+          break;
+        }
+        auto r = tessera::net::HttpClient(Endpoint()).Send("GET", "/-/ready");
+        if (r.ok() && r->status == 200) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+  ~Prometheus() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool up() const { return pid_ > 0; }
+  std::string Log() const { return tessera::test::ReadFile(dir_ + "/prometheus.log"); }
+  std::string Endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+  // An instant query's result vector ([] on any failure, which the test then reports).
+  json Query(const std::string& promql) const {
+    auto r = tessera::net::HttpClient(Endpoint())
+                 .Send("GET", "/api/v1/query?query=" + UrlEncode(promql));
+    if (!r.ok() || r->status != 200) return json::array();
+    json j = json::parse(r->body, nullptr, false);
+    if (!j.is_object() || j.value("status", "") != "success") return json::array();
+    return j["data"]["result"];
+  }
+  // Polls `promql` until it has at least `n` series (a scrape or two away).
+  json Await(const std::string& promql, size_t n = 1, double seconds = 30) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    json r = Query(promql);
+    while (r.size() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      r = Query(promql);
+    }
+    return r;
+  }
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
+  if (tessera::test::Capture("command -v prometheus").code != 0)
+    GTEST_SKIP() << "no prometheus binary here (Debian's package 'prometheus')";
+  const std::string scenario =
+      ::testing::TempDir() + "prometheus-" + std::to_string(getpid()) + ".json";
+  json h100 = {{"name", "NVIDIA H100 80GB HBM3"},
+               {"memory_total", 85899345920ull},
+               {"cc", {9, 0}},
+               {"utilization", 64},
+               {"memory_used", 4000000000ull},
+               {"temperature", 51},
+               {"power_mw", 420000},
+               {"sm_clock_mhz", 1980},
+               {"tensor_util", 40}};
+  json devices = {h100, h100};
+  devices[0]["uuid"] = "GPU-11111111-aaaa";
+  devices[0]["pci_bus_id"] = "00000000:18:00.0";
+  devices[1]["uuid"] = "GPU-22222222-bbbb";
+  devices[1]["pci_bus_id"] = "00000000:2A:00.0";
+  std::ofstream(scenario) << json{{"devices", devices}}.dump();
+  setenv("FAKE_NVML_SCENARIO", scenario.c_str(), 1);
+  Daemon d("prometheus",
+           std::string("nvml_library: ") + TESSERA_TEST_FAKES_DIR +
+               "/nvml-full/libnvidia-ml.so.1\nfallback_simulate: \"\"\n"
+               "tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: " +
+               kScrapeToken + ", metrics_only: true}\n",
+           "");
+  unsetenv("FAKE_NVML_SCENARIO");
+  const std::string log = d.Log();
+  const size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int server_port = std::stoi(log.substr(at + 9));
+  const int64_t job = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
+  d.WaitFor(job, "running");
+
+  Prometheus prom(d.dir(), "127.0.0.1:" + std::to_string(server_port));
+  ASSERT_TRUE(prom.up()) << prom.Log();
+  json up = prom.Await("up{job=\"tessera\"} == 1");
+  ASSERT_EQ(up.size(), 1u) << "the server was never scraped: " << prom.Log();
+
+  // NVIDIA's dashboard: each panel's query, and the labels its grouping (and legend) reads.
+  struct Panel {
+    const char* title;
+    std::string promql;
+    std::vector<std::string> labels;  // each must be on every series the query returns
+    size_t series;                    // how many
+  };
+  const std::string sel = "{Hostname=~\".+\", gpu=~\".+\"}";
+  const std::vector<Panel> panels = {
+      {"GPU Temperature",
+       "max(DCGM_FI_DEV_GPU_TEMP" + sel + ") by (Hostname, gpu, UUID)",
+       {"Hostname", "gpu", "UUID"},
+       2},
+      {"GPU Avg. Temp", "avg(DCGM_FI_DEV_GPU_TEMP" + sel + ")", {}, 1},
+      {"GPU Power Usage",
+       "max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu, UUID)",
+       {"Hostname", "gpu", "UUID"},
+       2},
+      {"GPU Power Total", "sum(max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (gpu))", {}, 1},
+      {"GPU SM Clocks",
+       "max(DCGM_FI_DEV_SM_CLOCK" + sel + " * 1000000) by (Hostname, UUID, gpu)",
+       {"Hostname", "UUID", "gpu"},
+       2},
+      {"GPU Utilization",
+       "max(DCGM_FI_PROF_GR_ENGINE_ACTIVE" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"},
+       2},
+      {"Tensor Core Utilization",
+       "max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + sel +
+           ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"},
+       2},
+      {"GPU Framebuffer Mem Used",
+       "max(DCGM_FI_DEV_FB_USED" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"},
+       2},
+      // Its variables: label_values(DCGM_FI_DEV_FB_FREE, Hostname) and (..., gpu).
+      {"$Hostname, $gpu", "DCGM_FI_DEV_FB_FREE", {"Hostname", "gpu", "modelName", "UUID"}, 2},
+  };
+  for (const Panel& p : panels) {
+    json r = prom.Await(p.promql, p.series);
+    ASSERT_EQ(r.size(), p.series) << p.title << ": " << p.promql << " -> " << r.dump();
+    for (const json& s : r) {
+      for (const std::string& l : p.labels) {
+        EXPECT_FALSE(s["metric"].value(l, "").empty())
+            << p.title << ": no label " << l << " on " << s.dump();
+      }
+    }
+  }
+  // The readings are the driver's, in dcgm-exporter's units.
+  json tensor = prom.Query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\"}");
+  ASSERT_EQ(tensor.size(), 1u);
+  EXPECT_EQ(tensor[0]["value"][1], "0.4") << "40% as a ratio";
+  EXPECT_EQ(tensor[0]["metric"]["modelName"], "NVIDIA H100 80GB HBM3");
+  json clock = prom.Query("DCGM_FI_DEV_SM_CLOCK{UUID=\"GPU-22222222-bbbb\"}");
+  ASSERT_EQ(clock.size(), 1u);
+  EXPECT_EQ(clock[0]["value"][1], "1980");
+  EXPECT_EQ(clock[0]["metric"]["pci_bus_id"], "00000000:2A:00.0");
+
+  // Every series as stored: no label renamed on ingestion.
+  json all = prom.Query("{job=\"tessera\"}");
+  ASSERT_GT(all.size(), 20u);
+  for (const json& s : all) {
+    for (const auto& [k, v] : s["metric"].items()) {
+      EXPECT_NE(k.rfind("exported_", 0), 0u) << s["metric"].dump();
+    }
+  }
+  // The 2-GPU job: one series per GPU it holds, by its job_id.
+  json per_gpu =
+      prom.Await("tessera_job_gpu_share_ratio{job_id=\"" + std::to_string(job) + "\"}", 2);
+  EXPECT_EQ(per_gpu.size(), 2u) << per_gpu.dump();
+  d.Call("POST", "/v1/jobs/" + std::to_string(job) + "/cancel");
+}
+
+}  // namespace
