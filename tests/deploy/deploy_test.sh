@@ -82,4 +82,7 @@ for f in "$src"/deploy/base/*.yaml; do
   sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
+# The chart's dashboard is deploy/grafana's (the one tests/e2e checks against a real Prometheus).
+cmp -s "$src/deploy/grafana/tessera.json" "$chart/files/tessera.json" ||
+  fail "deploy/helm/tessera/files/tessera.json differs from deploy/grafana/tessera.json"
 echo "deploy_test: ok"

@@ -17,9 +17,11 @@
 #include <thread>
 
 #include "../capture.h"
+#include "daemon.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "nlohmann/json.hpp"
+#include "prometheus.h"
 #include "tessera/net/http.h"
 
 extern char** environ;
@@ -102,12 +104,16 @@ class ExtenderE2e : public ::testing::Test {
   }
 
   // Two A100-40GB per node; `xid_gpu` >= 0: that GPU of node-b reports XID 79 soon after start.
-  void StartNodes(int xid_gpu = -1) {
+  // `model`: the GPUs' name; `metrics`: each agent's /metrics also on a TCP port (metrics_port).
+  void StartNodes(int xid_gpu = -1, const std::string& model = "NVIDIA A100-SXM4-40GB",
+                  bool metrics = false) {
     for (Node& node : nodes_) {
       json scenario = {{"driver_version", "550.54.15"}, {"cuda_driver_version", 12040}};
       for (int i = 0; i < 2; ++i) {
         scenario["devices"].push_back({{"uuid", Uuid(node.letter, i)},
-                                       {"name", "NVIDIA A100-SXM4-40GB"},
+                                       {"name", model},
+                                       {"utilization", 30 + 10 * i},
+                                       {"tensor_util", 25},
                                        {"memory_total", 42949672960},
                                        {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
                                        {"numa", 0},
@@ -121,15 +127,16 @@ class ExtenderE2e : public ::testing::Test {
       std::ofstream(node.dir + "/scenario.json") << scenario.dump();
       node.kubelet = std::make_unique<FakeKubelet>(node.dir + "/dp", node.dir + "/pr/kubelet.sock");
       node.kubelet->Start();
-      node.agent = Spawn(
-          std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") + node.dir +
-          "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
-          " agent --nvml-library " +
-          TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1 --node-name " + node.name +
-          " --kubeconfig " + kubeconfig_ + " --device-plugin-dir " + node.dir +
-          "/dp --pod-resources-socket " + node.dir + "/pr/kubelet.sock --state-dir " + node.dir +
-          "/state --cdi-dir " + node.dir + "/cdi --metrics-address '' --shares-per-gpu 4 " +
-          "--health-recovery 0 --health-probe 0.1 >>" + node.dir + "/agent.log 2>&1");
+      node.agent =
+          Spawn(std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") +
+                node.dir + "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
+                " agent --nvml-library " +
+                TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1 --node-name " + node.name +
+                " --kubeconfig " + kubeconfig_ + " --device-plugin-dir " + node.dir +
+                "/dp --pod-resources-socket " + node.dir + "/pr/kubelet.sock --state-dir " +
+                node.dir + "/state --cdi-dir " + node.dir + "/cdi --metrics-address " +
+                (metrics ? "127.0.0.1:0" : "''") + " --shares-per-gpu 4 " +
+                "--health-recovery 0 --health-probe 0.1 >>" + node.dir + "/agent.log 2>&1");
       ASSERT_GT(node.agent, 0);
     }
     for (Node& node : nodes_) {
@@ -140,6 +147,20 @@ class ExtenderE2e : public ::testing::Test {
           std::chrono::seconds(20)))
           << Log(node.dir + "/agent.log");
     }
+  }
+
+  // The TCP port of a node's agent's /metrics (StartNodes with metrics), from its log.
+  int MetricsPort(const Node& node) {
+    std::regex port_re(R"(metrics on \S+ \(port ([0-9]+)\))");
+    int port = 0;
+    EXPECT_TRUE(Until([&] {
+      std::smatch m;
+      std::string log = Log(node.dir + "/agent.log");
+      if (!std::regex_search(log, m, port_re)) return false;
+      port = std::stoi(m[1]);
+      return true;
+    })) << Log(node.dir + "/agent.log");
+    return port;
   }
 
   void StartExtender() {
@@ -473,6 +494,102 @@ TEST_F(ExtenderE2e, BadFlagsAreExitTwoNamingWhatIsWrong) {
     EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr(c.says)) << c.flags;
   }
+}
+
+// The Grafana dashboards in deploy/grafana, against a real Prometheus scraping what they read: two
+// agents (H100s on the fake NVML, pods holding GPUs and a share), the extender (after scheduling,
+// with quotas) and a standalone server (a running and an ended job). Every panel's expression and
+// every variable's query runs, names only metrics some target exports, and groups or matches only
+// by labels those series have (a panel grouped by a label nobody has draws one unlabeled line).
+TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
+  if (!tessera::test::HavePrometheus()) GTEST_SKIP() << "no prometheus binary here";
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps",
+           {{"metadata", {{"name", "tessera-quotas"}, {"namespace", "tessera-system"}}},
+            {"data", {{"quotas.yaml", "namespaces:\n  ml: {guaranteed: {gpus: 2}}\n"}}}});
+  StartNodes(-1, "NVIDIA H100 80GB HBM3", /*metrics=*/true);
+  StartExtender();
+  json train = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "train", kGpu, 1));
+  const std::string node = Schedule(train);
+  ASSERT_FALSE(node.empty());
+  // Its kubelet admits it and lists it in PodResources; a notebook takes a share beside it.
+  Node& n = nodes_[node == "node-a" ? 0 : 1];
+  v1beta1::AllocateResponse out;
+  ASSERT_TRUE(n.kubelet->Allocate(kGpu, {{Uuid(n.letter, 0)}}, &out).ok());
+  ASSERT_TRUE(n.kubelet->Allocate(kShare, {{Uuid(n.letter, 1) + "::1"}}, &out).ok());
+  n.kubelet->SetPods({{"ml", "train", "main", kGpu, {Uuid(n.letter, 0)}},
+                      {"lab", "notebook", "nb", kShare, {Uuid(n.letter, 1) + "::1"}}});
+  // The standalone server, on the fake NVML too, with a job that ended and one that runs.
+  const std::string scenario = root_ + "/server-nvml.json";
+  std::ofstream(scenario) << json{{"devices",
+                                   {{{"uuid", "GPU-5e4e4000-0000"},
+                                     {"name", "NVIDIA H100 80GB HBM3"},
+                                     {"utilization", 50}},
+                                    {{"uuid", "GPU-5e4e4000-0001"},
+                                     {"name", "NVIDIA H100 80GB HBM3"}}}}}
+                                 .dump();
+  setenv("FAKE_NVML_SCENARIO", scenario.c_str(), 1);
+  tessera::test::Daemon server(
+      "dashboards",
+      std::string("nvml_library: ") + TESSERA_TEST_FAKES_DIR +
+          "/nvml-full/libnvidia-ml.so.1\nfallback_simulate: \"\"\n"
+          "tcp:\n  listen: \"127.0.0.1:0\"\n  tokens:\n    - {token: scrape-0123456789abcdef, "
+          "metrics_only: true}\n",
+      "");
+  unsetenv("FAKE_NVML_SCENARIO");
+  server.WaitFor(server.Submit(tessera::test::Shell("true", {{"gpus", 1}})), "succeeded");
+  const int64_t running = server.Submit(tessera::test::Shell("sleep 60", {{"gpus", 1}}));
+  server.WaitFor(running, "running");
+  const int64_t share = server.Submit(
+      tessera::test::Shell("sleep 60", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}));
+  server.WaitFor(share, "running");
+  const std::string log = server.Log();
+  const size_t at = log.find("tcp port ");
+  ASSERT_NE(at, std::string::npos) << log;
+
+  tessera::test::Prometheus prom(
+      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), ""},
+              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), ""},
+              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), ""},
+              {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
+               "scrape-0123456789abcdef"}});
+  ASSERT_TRUE(prom.up()) << prom.Log();
+  ASSERT_EQ(prom.Await("up == 1", 4).size(), 4u) << prom.Query("up").dump() << prom.Log();
+  // What the panels read, present: a pod's namespace on the agent's series, the share's memory,
+  // tensor activity (GPM needs two readings), the server's job series.
+  ASSERT_FALSE(prom.Await("tessera_gpu_healthy{namespace=\"ml\"}").empty());
+  ASSERT_FALSE(prom.Await("tessera_share_memory_used_bytes{namespace=\"lab\"}").empty());
+  ASSERT_FALSE(prom.Await("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 4).empty());
+  ASSERT_FALSE(prom.Await("tessera_job_gpu_share_ratio").empty());
+  ASSERT_FALSE(prom.Await("tessera_job_usage_readable").empty());
+  ASSERT_FALSE(prom.Await("tessera_extender_quota_used_gpus{namespace=\"ml\"}").empty());
+
+  for (const char* file : {"tessera.json", "tessera-server.json"}) {
+    std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/" + file);
+    json board = json::parse(in, nullptr, false);
+    ASSERT_TRUE(board.is_object()) << file;
+    std::vector<std::pair<std::string, std::string>> exprs;  // (where, expression)
+    for (const json& p : board["panels"]) {
+      for (const json& t : p["targets"]) exprs.push_back({p["title"], t["expr"]});
+    }
+    for (const json& v : board["templating"]["list"]) {
+      if (v.value("type", "") != "query") continue;
+      // label_values(selector, label): the selector's series must carry the label.
+      std::smatch m;
+      const std::string q = v["query"]["query"];
+      ASSERT_TRUE(std::regex_match(q, m, std::regex(R"(label_values\((.*), *(\w+)\))")))
+          << file << ": variable " << v["name"] << ": " << q;
+      exprs.push_back({"variable $" + v["name"].get<std::string>(),
+                       "count by (" + m[2].str() + ") (" + m[1].str() + ")"});
+    }
+    ASSERT_GT(exprs.size(), 10u) << file;
+    for (const auto& [where, expr] : exprs) {
+      for (const std::string& problem : tessera::test::DashboardProblems(prom, expr)) {
+        ADD_FAILURE() << file << ": " << where << ": " << expr << ": " << problem;
+      }
+    }
+  }
+  for (int64_t id : {running, share})
+    server.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
 }
 
 }  // namespace

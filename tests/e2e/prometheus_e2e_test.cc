@@ -22,115 +22,20 @@
 
 #include "../capture.h"
 #include "daemon.h"
+#include "prometheus.h"
 
 namespace {
 
 using nlohmann::json;
 using tessera::test::Daemon;
+using tessera::test::Prometheus;
 using tessera::test::Shell;
-namespace fs = std::filesystem;
 
 constexpr char kScrapeToken[] = "scrape-0123456789abcdef";
-
-std::string UrlEncode(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
-
-// A port nothing listens on now (Prometheus takes no port 0 it would tell): bound, read, closed.
-int UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-class Prometheus {
- public:
-  // Scrapes `target` (host:port) every second with the bearer token.
-  Prometheus(const std::string& dir, const std::string& target) : dir_(dir) {
-    std::ofstream(dir + "/prometheus.yml")
-        << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        << "scrape_configs:\n"
-        << "  - job_name: tessera\n"
-        << "    authorization: {credentials: " << kScrapeToken << "}\n"
-        << "    static_configs: [{targets: ['" << target << "']}]\n";
-    for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
-      port_ = UnusedPort();
-      const std::string cmd = fmt::format(
-          "exec setpriv --pdeathsig TERM prometheus --config.file={0}/prometheus.yml "
-          "--storage.tsdb.path={0}/tsdb --web.listen-address=127.0.0.1:{1} --log.level=warn "
-          ">>{0}/prometheus.log 2>&1",
-          dir, port_);
-      const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-      if (posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0)
-        pid_ = -1;
-      // Up, or gone (its port taken after all: try another).
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
-        if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-          pid_ = -1;
-          break;
-        }
-        auto r = tessera::net::HttpClient(Endpoint()).Send("GET", "/-/ready");
-        if (r.ok() && r->status == 200) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-  }
-  ~Prometheus() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool up() const { return pid_ > 0; }
-  std::string Log() const { return tessera::test::ReadFile(dir_ + "/prometheus.log"); }
-  std::string Endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
-
-  // An instant query's result vector ([] on any failure, which the test then reports).
-  json Query(const std::string& promql) const {
-    auto r = tessera::net::HttpClient(Endpoint())
-                 .Send("GET", "/api/v1/query?query=" + UrlEncode(promql));
-    if (!r.ok() || r->status != 200) return json::array();
-    json j = json::parse(r->body, nullptr, false);
-    if (!j.is_object() || j.value("status", "") != "success") return json::array();
-    return j["data"]["result"];
-  }
-  // Polls `promql` until it has at least `n` series (a scrape or two away).
-  json Await(const std::string& promql, size_t n = 1, double seconds = 30) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    json r = Query(promql);
-    while (r.size() < n && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      r = Query(promql);
-    }
-    return r;
-  }
-
- private:
-  std::string dir_;
-  int port_ = 0;
-  pid_t pid_ = -1;
-};
+namespace fs = std::filesystem;
 
 TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
-  if (tessera::test::Capture("command -v prometheus").code != 0)
+  if (!tessera::test::HavePrometheus())
     GTEST_SKIP() << "no prometheus binary here (Debian's package 'prometheus')";
   const std::string scenario =
       ::testing::TempDir() + "prometheus-" + std::to_string(getpid()) + ".json";
@@ -164,7 +69,7 @@ TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
   const int64_t job = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
   d.WaitFor(job, "running");
 
-  Prometheus prom(d.dir(), "127.0.0.1:" + std::to_string(server_port));
+  Prometheus prom(d.dir(), {{"tessera", "127.0.0.1:" + std::to_string(server_port), kScrapeToken}});
   ASSERT_TRUE(prom.up()) << prom.Log();
   json up = prom.Await("up{job=\"tessera\"} == 1");
   ASSERT_EQ(up.size(), 1u) << "the server was never scraped: " << prom.Log();

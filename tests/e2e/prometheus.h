@@ -1,0 +1,207 @@
+#pragma once
+// A real Prometheus (Debian's `prometheus`) for the tests: scrapes the given targets every second
+// into a TSDB under the test's folder, and answers instant queries through its HTTP API. Its port
+// is one found free (Prometheus tells no port 0 it chose), tried again should another take it.
+// Also: the checks a dashboard's expressions must pass against it (DashboardProblems).
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../capture.h"
+#include "fmt/format.h"
+#include "tessera/net/http.h"
+
+namespace tessera::test {
+
+inline bool HavePrometheus() { return Capture("command -v prometheus >/dev/null").code == 0; }
+
+inline std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+class Prometheus {
+ public:
+  struct Target {
+    std::string job;      // the scrape job's name
+    std::string address;  // host:port
+    std::string token;    // bearer token; empty: none
+  };
+
+  Prometheus(const std::string& dir, const std::vector<Target>& targets) : dir_(dir) {
+    std::ofstream cfg(dir + "/prometheus.yml");
+    cfg << "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n";
+    // One scrape job per name, with all of its targets (a name may be used once).
+    std::vector<std::string> done;
+    for (const Target& t : targets) {
+      if (std::find(done.begin(), done.end(), t.job) != done.end()) continue;
+      done.push_back(t.job);
+      cfg << "  - job_name: " << t.job << "\n";
+      if (!t.token.empty()) cfg << "    authorization: {credentials: " << t.token << "}\n";
+      cfg << "    static_configs: [{targets: [";
+      std::string sep;
+      for (const Target& same : targets) {
+        if (same.job != t.job) continue;
+        cfg << sep << "'" << same.address << "'";
+        sep = ", ";
+      }
+      cfg << "]}]\n";
+    }
+    cfg.close();
+    for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
+      port_ = UnusedPort();
+      const std::string cmd = fmt::format(
+          "exec setpriv --pdeathsig TERM prometheus --config.file={0}/prometheus.yml "
+          "--storage.tsdb.path={0}/tsdb --web.listen-address=127.0.0.1:{1} --log.level=warn "
+          ">>{0}/prometheus.log 2>&1",
+          dir, port_);
+      const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+      if (posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0)
+        pid_ = -1;
+      // Up, or gone (its port taken after all: another).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+        if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+          pid_ = -1;
+          break;
+        }
+        auto r = net::HttpClient(Endpoint()).Send("GET", "/-/ready");
+        if (r.ok() && r->status == 200) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+  ~Prometheus() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool up() const { return pid_ > 0; }
+  std::string Log() const { return ReadFile(dir_ + "/prometheus.log"); }
+  std::string Endpoint() const { return "tcp://127.0.0.1:" + std::to_string(port_); }
+
+  // An instant query's whole answer ({"status": "error", "error": ...} when it does not parse);
+  // null when Prometheus did not answer.
+  nlohmann::json Raw(const std::string& promql) const {
+    auto r = net::HttpClient(Endpoint()).Send("GET", "/api/v1/query?query=" + UrlEncode(promql));
+    if (!r.ok()) return nullptr;
+    return nlohmann::json::parse(r->body, nullptr, false);
+  }
+  // Its result vector ([] on any failure, which the caller reports).
+  nlohmann::json Query(const std::string& promql) const {
+    nlohmann::json j = Raw(promql);
+    if (!j.is_object() || j.value("status", "") != "success") return nlohmann::json::array();
+    return j["data"]["result"];
+  }
+  // Polls `promql` until it has at least `n` series (a scrape or two away).
+  nlohmann::json Await(const std::string& promql, size_t n = 1, double seconds = 30) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    nlohmann::json r = Query(promql);
+    while (r.size() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      r = Query(promql);
+    }
+    return r;
+  }
+
+ private:
+  static int UnusedPort() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd >= 0) close(fd);
+      return 0;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+  }
+
+  std::string dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// Grafana's variables as a query sees them with "All" chosen: $x in a matcher is the regex ".*"
+// (the dashboards' allValue), $__rate_interval a minute.
+inline std::string WithVariables(std::string expr) {
+  expr = std::regex_replace(expr, std::regex(R"(\$__rate_interval)"), "1m");
+  return std::regex_replace(expr, std::regex(R"(\$[A-Za-z_]+)"), ".*");
+}
+
+// What is wrong with one dashboard expression against what Prometheus has scraped: it does not
+// parse; it names a metric no target exports (any word like tessera_*, DCGM_*, process_*); or a
+// label it groups by or matches on is on no series of the metrics it reads (a panel that would
+// draw one unlabeled line, or nothing). Empty: nothing.
+inline std::vector<std::string> DashboardProblems(const Prometheus& prom,
+                                                  const std::string& grafana_expr) {
+  std::vector<std::string> out;
+  const std::string expr = WithVariables(grafana_expr);
+  const nlohmann::json answer = prom.Raw(expr);
+  if (!answer.is_object() || answer.value("status", "") != "success") {
+    out.push_back(fmt::format("does not run: {}",
+                              answer.is_object() ? answer.value("error", "") : "no answer"));
+    return out;
+  }
+  std::set<std::string> metrics;
+  const std::regex metric(R"(\b((?:tessera|DCGM|process)_[A-Za-z0-9_]+)\b)");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), metric);
+       it != std::sregex_iterator(); ++it) {
+    metrics.insert((*it)[1]);
+  }
+  std::string names;
+  for (const std::string& m : metrics) {
+    if (prom.Query("count(" + m + ")").empty()) out.push_back("no series of " + m);
+    names += (names.empty() ? "" : "|") + m;
+  }
+  if (names.empty()) return out;
+  // Labels: in by (...)/without (...) and in {label op "value"} matchers.
+  std::set<std::string> labels;
+  const std::regex grouping(R"(\b(?:by|without)\s*\(([^)]*)\))");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), grouping);
+       it != std::sregex_iterator(); ++it) {
+    const std::string list = (*it)[1];
+    const std::regex word(R"([A-Za-z_][A-Za-z0-9_]*)");
+    for (auto w = std::sregex_iterator(list.begin(), list.end(), word); w != std::sregex_iterator();
+         ++w) {
+      labels.insert(w->str());
+    }
+  }
+  const std::regex matcher(R"(([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*")");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), matcher);
+       it != std::sregex_iterator(); ++it) {
+    labels.insert((*it)[1]);
+  }
+  for (const std::string& l : labels) {
+    if (l == "le" || l == "instance" || l == "job" || l == "__name__") continue;
+    if (prom.Query(fmt::format("count({{__name__=~\"{}\", {}!=\"\"}})", names, l)).empty())
+      out.push_back(fmt::format("label {} is on no series of {}", l, names));
+  }
+  return out;
+}
+
+}  // namespace tessera::test
