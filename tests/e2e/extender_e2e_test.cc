@@ -547,9 +547,9 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   ASSERT_NE(at, std::string::npos) << log;
 
   tessera::test::Prometheus prom(
-      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), ""},
-              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), ""},
-              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), ""},
+      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), "", true},
+              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), "", true},
+              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), "", true},
               {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
                "scrape-0123456789abcdef"}});
   ASSERT_TRUE(prom.up()) << prom.Log();
@@ -563,6 +563,13 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   ASSERT_FALSE(prom.Await("tessera_job_usage_readable").empty());
   ASSERT_FALSE(prom.Await("tessera_extender_quota_used_gpus{namespace=\"ml\"}").empty());
 
+  // The agents' and the server's GPUs answer NVIDIA's own dashboard (4 GPUs on 2 nodes, 2 on the
+  // server), and nothing arrives renamed (the agents' pod, namespace and container labels,
+  // honored as the ServiceMonitor does).
+  for (const std::string& problem : tessera::test::NvidiaDashboardProblems(prom, 6))
+    ADD_FAILURE() << "agents and server: " << problem;
+  for (const std::string& renamed : tessera::test::RenamedLabels(prom, "{job=~\"tessera-.*\"}"))
+    ADD_FAILURE() << renamed;
   for (const char* file : {"tessera.json", "tessera-server.json"}) {
     std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/" + file);
     json board = json::parse(in, nullptr, false);

@@ -43,9 +43,10 @@ inline std::string UrlEncode(const std::string& s) {
 class Prometheus {
  public:
   struct Target {
-    std::string job;      // the scrape job's name
-    std::string address;  // host:port
-    std::string token;    // bearer token; empty: none
+    std::string job;            // the scrape job's name
+    std::string address;        // host:port
+    std::string token;          // bearer token; empty: none
+    bool honor_labels = false;  // as deploy/base/servicemonitor.yaml has it for agent and extender
   };
 
   Prometheus(const std::string& dir, const std::vector<Target>& targets) : dir_(dir) {
@@ -58,6 +59,7 @@ class Prometheus {
       done.push_back(t.job);
       cfg << "  - job_name: " << t.job << "\n";
       if (!t.token.empty()) cfg << "    authorization: {credentials: " << t.token << "}\n";
+      if (t.honor_labels) cfg << "    honor_labels: true\n";
       cfg << "    static_configs: [{targets: [";
       std::string sep;
       for (const Target& same : targets) {
@@ -200,6 +202,82 @@ inline std::vector<std::string> DashboardProblems(const Prometheus& prom,
     if (l == "le" || l == "instance" || l == "job" || l == "__name__") continue;
     if (prom.Query(fmt::format("count({{__name__=~\"{}\", {}!=\"\"}})", names, l)).empty())
       out.push_back(fmt::format("label {} is on no series of {}", l, names));
+  }
+  return out;
+}
+
+// The queries of NVIDIA's published dcgm-exporter dashboard (its panels' metric names, label
+// names and groupings, and its $Hostname/$gpu variables, written out here), run against `prom`
+// scraping `gpus` GPUs: what is wrong - a query with no answer, another number of series than one
+// per GPU (one for the totals), a label it groups by missing from a series. Empty: nothing.
+inline std::vector<std::string> NvidiaDashboardProblems(const Prometheus& prom, size_t gpus) {
+  struct Panel {
+    const char* title;
+    std::string promql;
+    std::vector<std::string> labels;  // each must be on every series the query returns
+    bool per_gpu = true;              // else one series
+  };
+  const std::string sel = "{Hostname=~\".+\", gpu=~\".+\"}";
+  const std::vector<Panel> panels = {
+      {"GPU Temperature",
+       "max(DCGM_FI_DEV_GPU_TEMP" + sel + ") by (Hostname, gpu, UUID)",
+       {"Hostname", "gpu", "UUID"}},
+      {"GPU Avg. Temp", "avg(DCGM_FI_DEV_GPU_TEMP" + sel + ")", {}, false},
+      {"GPU Power Usage",
+       "max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu, UUID)",
+       {"Hostname", "gpu", "UUID"}},
+      {"GPU Power Total",
+       "sum(max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu))",
+       {},
+       false},
+      {"GPU SM Clocks",
+       "max(DCGM_FI_DEV_SM_CLOCK" + sel + " * 1000000) by (Hostname, UUID, gpu)",
+       {"Hostname", "UUID", "gpu"}},
+      {"GPU Utilization",
+       "max(DCGM_FI_PROF_GR_ENGINE_ACTIVE" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"}},
+      {"Tensor Core Utilization",
+       "max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + sel +
+           ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"}},
+      {"GPU Framebuffer Mem Used",
+       "max(DCGM_FI_DEV_FB_USED" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       {"Hostname", "gpu"}},
+      // Its variables: label_values(DCGM_FI_DEV_FB_FREE, Hostname) and (..., gpu).
+      {"$Hostname, $gpu",
+       "max(DCGM_FI_DEV_FB_FREE) by (Hostname, gpu, modelName, UUID)",
+       {"Hostname", "gpu", "modelName", "UUID"}},
+  };
+  std::vector<std::string> out;
+  for (const Panel& p : panels) {
+    const size_t want = p.per_gpu ? gpus : 1;
+    nlohmann::json r = prom.Await(p.promql, want);
+    if (r.size() != want) {
+      out.push_back(fmt::format("{}: {} -> {} series, not {}: {}", p.title, p.promql, r.size(),
+                                want, r.dump()));
+      continue;
+    }
+    for (const nlohmann::json& series : r) {
+      for (const std::string& l : p.labels) {
+        if (series["metric"].value(l, "").empty())
+          out.push_back(fmt::format("{}: no label {} on {}", p.title, l, series.dump()));
+      }
+    }
+  }
+  return out;
+}
+
+// Labels Prometheus renamed on ingestion (exported_*: a target's label that collided with one of
+// its own) on any series of `selector`, as "series: label"; and the number of series looked at.
+inline std::vector<std::string> RenamedLabels(const Prometheus& prom, const std::string& selector,
+                                              size_t* looked_at = nullptr) {
+  std::vector<std::string> out;
+  const nlohmann::json all = prom.Query(selector);
+  if (looked_at) *looked_at = all.size();
+  for (const nlohmann::json& s : all) {
+    for (const auto& [k, v] : s["metric"].items()) {
+      if (k.rfind("exported_", 0) == 0) out.push_back(s["metric"].dump() + ": " + k);
+    }
   }
   return out;
 }

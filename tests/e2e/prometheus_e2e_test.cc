@@ -74,55 +74,8 @@ TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
   json up = prom.Await("up{job=\"tessera\"} == 1");
   ASSERT_EQ(up.size(), 1u) << "the server was never scraped: " << prom.Log();
 
-  // NVIDIA's dashboard: each panel's query, and the labels its grouping (and legend) reads.
-  struct Panel {
-    const char* title;
-    std::string promql;
-    std::vector<std::string> labels;  // each must be on every series the query returns
-    size_t series;                    // how many
-  };
-  const std::string sel = "{Hostname=~\".+\", gpu=~\".+\"}";
-  const std::vector<Panel> panels = {
-      {"GPU Temperature",
-       "max(DCGM_FI_DEV_GPU_TEMP" + sel + ") by (Hostname, gpu, UUID)",
-       {"Hostname", "gpu", "UUID"},
-       2},
-      {"GPU Avg. Temp", "avg(DCGM_FI_DEV_GPU_TEMP" + sel + ")", {}, 1},
-      {"GPU Power Usage",
-       "max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu, UUID)",
-       {"Hostname", "gpu", "UUID"},
-       2},
-      {"GPU Power Total", "sum(max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (gpu))", {}, 1},
-      {"GPU SM Clocks",
-       "max(DCGM_FI_DEV_SM_CLOCK" + sel + " * 1000000) by (Hostname, UUID, gpu)",
-       {"Hostname", "UUID", "gpu"},
-       2},
-      {"GPU Utilization",
-       "max(DCGM_FI_PROF_GR_ENGINE_ACTIVE" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
-       {"Hostname", "gpu"},
-       2},
-      {"Tensor Core Utilization",
-       "max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + sel +
-           ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
-       {"Hostname", "gpu"},
-       2},
-      {"GPU Framebuffer Mem Used",
-       "max(DCGM_FI_DEV_FB_USED" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
-       {"Hostname", "gpu"},
-       2},
-      // Its variables: label_values(DCGM_FI_DEV_FB_FREE, Hostname) and (..., gpu).
-      {"$Hostname, $gpu", "DCGM_FI_DEV_FB_FREE", {"Hostname", "gpu", "modelName", "UUID"}, 2},
-  };
-  for (const Panel& p : panels) {
-    json r = prom.Await(p.promql, p.series);
-    ASSERT_EQ(r.size(), p.series) << p.title << ": " << p.promql << " -> " << r.dump();
-    for (const json& s : r) {
-      for (const std::string& l : p.labels) {
-        EXPECT_FALSE(s["metric"].value(l, "").empty())
-            << p.title << ": no label " << l << " on " << s.dump();
-      }
-    }
-  }
+  for (const std::string& problem : tessera::test::NvidiaDashboardProblems(prom, 2))
+    ADD_FAILURE() << problem;
   // The readings are the driver's, in dcgm-exporter's units.
   json tensor = prom.Query("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"0\"}");
   ASSERT_EQ(tensor.size(), 1u);
@@ -134,13 +87,11 @@ TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
   EXPECT_EQ(clock[0]["metric"]["pci_bus_id"], "00000000:2A:00.0");
 
   // Every series as stored: no label renamed on ingestion.
-  json all = prom.Query("{job=\"tessera\"}");
-  ASSERT_GT(all.size(), 20u);
-  for (const json& s : all) {
-    for (const auto& [k, v] : s["metric"].items()) {
-      EXPECT_NE(k.rfind("exported_", 0), 0u) << s["metric"].dump();
-    }
-  }
+  size_t series = 0;
+  for (const std::string& renamed :
+       tessera::test::RenamedLabels(prom, "{job=\"tessera\"}", &series))
+    ADD_FAILURE() << renamed;
+  EXPECT_GT(series, 20u);
   // The 2-GPU job: one series per GPU it holds, by its job_id.
   json per_gpu =
       prom.Await("tessera_job_gpu_share_ratio{job_id=\"" + std::to_string(job) + "\"}", 2);
