@@ -303,6 +303,33 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
+// A share's series have one identity for the allocation's life: none before a pod is seen
+// holding it, its pod's labels from then on - also once the pod has left PodResources while the
+// allocation waits out the release grace (it used to fall back to empty pod labels, a third
+// series for one allocation).
+TEST_F(AgentE2e, AShareKeepsItsPodsLabelsForItsWholeLife) {
+  StartKubelet();
+  StartAgent("--reconcile-interval 0.1 --release-grace 600");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse out;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(1) + "::2"}}, &out).ok());
+  EXPECT_THAT(Metrics(), Not(HasSubstr("tessera_share_memory_limit_bytes{")))
+      << "no pod holds it yet";
+  kubelet_->SetPods({{"team-c", "infer", "srv", kShare, {Uuid(1) + "::2"}}});
+  const std::string held = "tessera_share_memory_limit_bytes{allocation=\"a1\",UUID=\"" + Uuid(1) +
+                           "\",Hostname=\"node-a\",container=\"srv\"," +
+                           "namespace=\"team-c\",pod=\"infer\"}";
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Metrics().find(held) == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_THAT(Metrics(), HasSubstr(held));
+  kubelet_->SetPods({});  // the pod ended; the allocation stays for the grace
+  const std::string m = Metrics();
+  EXPECT_THAT(m, HasSubstr(held));
+  EXPECT_THAT(m, Not(HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\",UUID=\"" +
+                               Uuid(1) + "\",Hostname=\"node-a\",container=\"\"")));
+}
+
 nlohmann::json PendingPod(const std::string& name, const std::vector<std::string>& gpus) {
   nlohmann::json assignment = {
       {"node", "node-a"},

@@ -238,16 +238,27 @@ std::string Agent::Metrics() {
   }
   std::vector<ShareSample> shares;
   AgentCountersSample counters;
-  for (const Allocation& a : state_->Allocations()) {
-    (a.resource == Resource::kGpu ? counters.whole_allocations : counters.share_allocations)++;
-    if (a.resource != Resource::kShare) continue;
-    ShareSample s;
-    s.allocation = a;
-    for (const std::string& id : a.device_ids) {
-      if (auto it = holders.find(id); it != holders.end()) s.holder = it->second;
+  {
+    std::lock_guard lock(share_holders_mu_);
+    std::map<std::string, ContainerRef> seen;
+    for (const Allocation& a : state_->Allocations()) {
+      (a.resource == Resource::kGpu ? counters.whole_allocations : counters.share_allocations)++;
+      if (a.resource != Resource::kShare) continue;
+      ShareSample s;
+      s.allocation = a;
+      for (const std::string& id : a.device_ids) {
+        if (auto it = holders.find(id); it != holders.end()) s.holder = it->second;
+      }
+      if (auto known = share_holders_.find(a.id); !s.holder && known != share_holders_.end())
+        s.holder = known->second;
+      // Not held by any pod yet (the kubelet has not listed it): no series until it is, so that
+      // the allocation's series have one identity, pod labels included.
+      if (!s.holder) continue;
+      seen[a.id] = *s.holder;
+      ReadRegion(a.region, &s.used, &s.limit);
+      shares.push_back(std::move(s));
     }
-    ReadRegion(a.region, &s.used, &s.limit);
-    shares.push_back(std::move(s));
+    share_holders_ = std::move(seen);  // released allocations forgotten
   }
   const PluginCounters& pc = plugin_->counters();
   counters.registrations = pc.registrations;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,6 +84,11 @@ class Agent {
   std::unique_ptr<net::HttpServer> http_;
   std::vector<std::atomic<uint64_t>> health_changes_;
   std::atomic<uint64_t> pod_resources_errors_{0};
+  // The pod each share allocation was last seen held by: its series keep one set of labels for the
+  // allocation's life (a holder that leaves PodResources before the allocation is released keeps
+  // its labels), and a share no pod has held yet has none (Metrics).
+  std::mutex share_holders_mu_;
+  std::map<std::string, ContainerRef> share_holders_;
   std::mutex reconcile_mu_;  // one reconcile at a time
 
   std::mutex mu_;
