@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus.h"
 #include "tessera/net/http.h"
+#include "yaml-cpp/yaml.h"
 
 extern char** environ;
 
@@ -546,10 +548,20 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   const size_t at = log.find("tcp port ");
   ASSERT_NE(at, std::string::npos) << log;
 
+  // The agents and the extender scraped as deploy/base/servicemonitor.yaml asks the Operator to
+  // (honorLabels per endpoint: the agent's "metrics" port, the extender's "http" port).
+  const YAML::Node monitor =
+      YAML::LoadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/base/servicemonitor.yaml");
+  std::map<std::string, bool> honor;
+  for (const YAML::Node& e : monitor["spec"]["endpoints"])
+    honor[e["port"].as<std::string>()] = e["honorLabels"].as<bool>(false);
+  ASSERT_EQ(honor.size(), 2u);
   tessera::test::Prometheus prom(
-      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), "", true},
-              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), "", true},
-              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), "", true},
+      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), "",
+               honor["metrics"]},
+              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), "",
+               honor["metrics"]},
+              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), "", honor["http"]},
               {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
                "scrape-0123456789abcdef"}});
   ASSERT_TRUE(prom.up()) << prom.Log();
