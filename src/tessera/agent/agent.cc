@@ -239,7 +239,7 @@ std::string Agent::Metrics() {
   std::vector<ShareSample> shares;
   AgentCountersSample counters;
   {
-    std::lock_guard lock(share_holders_mu_);
+    core::MutexLock lock(share_holders_mu_);
     std::map<std::string, ContainerRef> seen;
     for (const Allocation& a : state_->Allocations()) {
       (a.resource == Resource::kGpu ? counters.whole_allocations : counters.share_allocations)++;

@@ -19,6 +19,7 @@
 #include "tessera/agent/node_sync.h"
 #include "tessera/agent/plugin_server.h"
 #include "tessera/agent/pod_resources.h"
+#include "tessera/core/mutex.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 
@@ -87,8 +88,8 @@ class Agent {
   // The pod each share allocation was last seen held by: its series keep one set of labels for the
   // allocation's life (a holder that leaves PodResources before the allocation is released keeps
   // its labels), and a share no pod has held yet has none (Metrics).
-  std::mutex share_holders_mu_;
-  std::map<std::string, ContainerRef> share_holders_;
+  core::Mutex share_holders_mu_;
+  std::map<std::string, ContainerRef> share_holders_ ABSL_GUARDED_BY(share_holders_mu_);
   std::mutex reconcile_mu_;  // one reconcile at a time
 
   std::mutex mu_;

@@ -104,7 +104,7 @@ bool DeviceState::HeldByOtherLocked(int g, Resource r) const {
 }
 
 v1beta1::ListAndWatchResponse DeviceState::List(Resource r) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   v1beta1::ListAndWatchResponse out;
   for (const core::Gpu& g : inventory_.gpus) {
     bool ok = healthy_[g.index] && !HeldByOtherLocked(g.index, r);
@@ -121,24 +121,26 @@ v1beta1::ListAndWatchResponse DeviceState::List(Resource r) const {
 }
 
 uint64_t DeviceState::generation() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return generation_;
 }
 
 uint64_t DeviceState::WaitForChange(uint64_t seen, std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(mu_);
-  changed_.wait_for(lock, timeout, [&] { return generation_ != seen || shutdown_; });
+  core::MutexLock lock(mu_);
+  lock.WaitFor(changed_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return generation_ != seen || shutdown_;
+  });
   return generation_;
 }
 
 void DeviceState::Shutdown() {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   shutdown_ = true;
   changed_.notify_all();
 }
 
 bool DeviceState::SetHealth(int gpu, bool healthy, const std::string& reason) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (gpu < 0 || gpu >= static_cast<int>(healthy_.size()) || healthy_[gpu] == healthy) return false;
   healthy_[gpu] = healthy;
   ++generation_;
@@ -147,7 +149,7 @@ bool DeviceState::SetHealth(int gpu, bool healthy, const std::string& reason) {
 }
 
 bool DeviceState::healthy(int gpu) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return gpu >= 0 && gpu < static_cast<int>(healthy_.size()) && healthy_[gpu];
 }
 
@@ -395,7 +397,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
 
 absl::StatusOr<v1beta1::AllocateResponse> DeviceState::Allocate(
     Resource r, const v1beta1::AllocateRequest& request, const PodHint* hint) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (request.container_requests_size() == 0) {
     return absl::InvalidArgumentError("an Allocate request with no container requests");
   }
@@ -450,7 +452,7 @@ absl::StatusOr<v1beta1::AllocateResponse> DeviceState::Allocate(
 }
 
 int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_before_unix) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   int released = 0;
   std::erase_if(allocations_, [&](const Allocation& a) {
     if (a.created_unix >= made_before_unix) return false;
@@ -472,7 +474,7 @@ int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_befor
 }
 
 std::vector<Allocation> DeviceState::Allocations() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return allocations_;
 }
 
@@ -508,7 +510,7 @@ absl::Status DeviceState::Load() {
       return bad(fmt::format("version {} (this agent reads {})", j.at("version").dump(),
                              kCheckpointVersion));
     }
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     next_id_ = j.at("next_id").get<uint64_t>();
     for (const json& e : j.at("allocations")) {
       Allocation a;
@@ -535,10 +537,10 @@ absl::Status DeviceState::Load() {
       }
       allocations_.push_back(std::move(a));
     }
+    spdlog::info("checkpoint {}: {} allocation(s) kept", path, allocations_.size());
   } catch (const json::exception& e) {
     return bad(e.what());
   }
-  spdlog::info("checkpoint {}: {} allocation(s) kept", path, allocations_.size());
   return absl::OkStatus();
 }
 

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "tessera/core/gpu.h"
+#include "tessera/core/mutex.h"
 #include "tessera/devices/cdi.h"
 
 namespace tessera::agent {
@@ -138,8 +139,8 @@ class DeviceState {
   const PluginOptions options_;
   std::map<std::string, int> by_uuid_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
+  mutable core::Mutex mu_;
+  mutable core::CondVar changed_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);

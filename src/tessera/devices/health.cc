@@ -129,7 +129,7 @@ void HealthWatch::Step(std::chrono::milliseconds wait) {
   std::vector<std::pair<int, GpuHealth>> changes;
   bool probe_all = false;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     core::TimePoint now = clock_.Now();
     if (!events.ok()) {
       if (!stream_failed_) {
@@ -157,7 +157,7 @@ void HealthWatch::Step(std::chrono::milliseconds wait) {
   // Probes run without the lock: a hung driver call must not block Snapshot().
   std::vector<int> due;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     core::TimePoint now = clock_.Now();
     for (int i = 0; i < tracker_.size(); ++i) {
       if (tracker_.ProbeDue(i, now) || (probe_all && tracker_.health(i).healthy)) due.push_back(i);
@@ -165,7 +165,7 @@ void HealthWatch::Step(std::chrono::milliseconds wait) {
   }
   for (int i : due) {
     absl::Status st = source_.Probe(i);
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     if (tracker_.OnProbe(i, st, clock_.Now())) changes.emplace_back(i, tracker_.health(i));
   }
   if (!events.ok() && !stop_) {
@@ -176,7 +176,7 @@ void HealthWatch::Step(std::chrono::milliseconds wait) {
 }
 
 std::vector<GpuHealth> HealthWatch::Snapshot() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::vector<GpuHealth> out;
   for (int i = 0; i < tracker_.size(); ++i) out.push_back(tracker_.health(i));
   return out;

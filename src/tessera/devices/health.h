@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "tessera/core/clock.h"
+#include "tessera/core/mutex.h"
 #include "tessera/devices/device_source.h"
 
 namespace tessera::devices {
@@ -95,7 +96,7 @@ class HealthWatch {
   const core::Clock& clock_;
   Callback on_change_;
 
-  mutable std::mutex mu_;
+  mutable core::Mutex mu_;
   HealthTracker tracker_ ABSL_GUARDED_BY(mu_);
   bool stream_failed_ ABSL_GUARDED_BY(mu_) = false;
 

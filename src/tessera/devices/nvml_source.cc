@@ -99,14 +99,14 @@ absl::StatusOr<std::unique_ptr<NvmlSource>> NvmlSource::Create(const NvmlSourceO
 
 NvmlSource::~NvmlSource() {
   {
-    std::lock_guard lock(gpm_mu_);
+    core::MutexLock lock(gpm_mu_);
     for (Gpm& g : gpm_) {
       for (nvmlGpmSample_t sample : {g.previous, g.current}) {
         if (sample != nullptr && lib_->api().GpmSampleFree) lib_->api().GpmSampleFree(sample);
       }
     }
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (event_set_ != nullptr && lib_->api().EventSetFree) lib_->api().EventSetFree(event_set_);
 }
 
@@ -116,7 +116,7 @@ std::optional<double> NvmlSource::ReadTensorActive(int index) {
       !api.GpmMetricsGet) {
     return std::nullopt;
   }
-  std::lock_guard lock(gpm_mu_);
+  core::MutexLock lock(gpm_mu_);
   if (gpm_.size() < handles_.size()) gpm_.resize(handles_.size());
   Gpm& g = gpm_[static_cast<size_t>(index)];
   if (g.supported < 0) {
@@ -311,7 +311,7 @@ core::Topology NvmlSource::ProbeTopology(const std::vector<core::Gpu>& gpus) con
 }
 
 absl::Status NvmlSource::EnsureEventSet() {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (event_set_tried_) return event_set_status_;
   event_set_tried_ = true;
   const NvmlApi& api = lib_->api();
@@ -361,7 +361,7 @@ absl::StatusOr<std::vector<HealthEvent>> NvmlSource::WaitHealthEvents(
   if (absl::Status st = EnsureEventSet(); !st.ok()) return st;
   nvmlEventSet_t set;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     set = event_set_;
   }
   std::vector<HealthEvent> events;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "tessera/core/mutex.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/devices/nvml_library.h"
 
@@ -53,10 +54,10 @@ class NvmlSource final : public DeviceSource {
     bool have_previous = false;
   };
   std::optional<double> ReadTensorActive(int index);
-  std::mutex gpm_mu_;
+  core::Mutex gpm_mu_;
   std::vector<Gpm> gpm_ ABSL_GUARDED_BY(gpm_mu_);
 
-  std::mutex mu_;
+  core::Mutex mu_;
   nvmlEventSet_t event_set_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool event_set_tried_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status event_set_status_ ABSL_GUARDED_BY(mu_);

@@ -35,7 +35,7 @@ core::Duration SimulatedSource::ApplyDueLocked() {
 
 absl::StatusOr<std::vector<HealthEvent>> SimulatedSource::WaitHealthEvents(
     std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  core::MutexLock lock(mu_);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     core::Duration until_next = ApplyDueLocked();
@@ -43,7 +43,7 @@ absl::StatusOr<std::vector<HealthEvent>> SimulatedSource::WaitHealthEvents(
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) break;
     auto wait = std::min<core::Duration>(deadline - now, until_next);
-    cv_.wait_for(lock, wait);
+    lock.WaitFor(cv_, wait);
   }
   std::vector<HealthEvent> out(queue_.begin(), queue_.end());
   queue_.clear();
@@ -51,10 +51,10 @@ absl::StatusOr<std::vector<HealthEvent>> SimulatedSource::WaitHealthEvents(
 }
 
 absl::Status SimulatedSource::Probe(int index) {
-  if (index < 0 || static_cast<size_t>(index) >= lost_.size()) {
+  if (index < 0 || static_cast<size_t>(index) >= machine_.inventory.gpus.size()) {
     return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", index));
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   ApplyDueLocked();
   if (lost_[index]) {
     return absl::UnavailableError(fmt::format("gpu {} ({}): simulated: not answering", index,
@@ -65,26 +65,26 @@ absl::Status SimulatedSource::Probe(int index) {
 
 absl::StatusOr<GpuTelemetry> SimulatedSource::ReadTelemetry(int index) {
   if (absl::Status st = Probe(index); !st.ok()) return st;
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return static_cast<size_t>(index) < telemetry_.size() ? telemetry_[index] : GpuTelemetry{};
 }
 
 absl::Status SimulatedSource::SetTelemetry(int index, const GpuTelemetry& telemetry) {
-  if (index < 0 || static_cast<size_t>(index) >= lost_.size()) {
+  if (index < 0 || static_cast<size_t>(index) >= machine_.inventory.gpus.size()) {
     return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", index));
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (telemetry_.size() < lost_.size()) telemetry_.resize(lost_.size());
   telemetry_[index] = telemetry;
   return absl::OkStatus();
 }
 
 absl::Status SimulatedSource::Inject(const HealthEvent& event) {
-  if (event.gpu < 0 || static_cast<size_t>(event.gpu) >= lost_.size()) {
+  if (event.gpu < 0 || static_cast<size_t>(event.gpu) >= machine_.inventory.gpus.size()) {
     return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", event.gpu));
   }
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     queue_.push_back(event);
   }
   cv_.notify_all();
@@ -92,10 +92,10 @@ absl::Status SimulatedSource::Inject(const HealthEvent& event) {
 }
 
 absl::Status SimulatedSource::SetLost(int index, bool lost) {
-  if (index < 0 || static_cast<size_t>(index) >= lost_.size()) {
+  if (index < 0 || static_cast<size_t>(index) >= machine_.inventory.gpus.size()) {
     return absl::InvalidArgumentError(fmt::format("gpu {}: no such GPU", index));
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   lost_[index] = lost;
   return absl::OkStatus();
 }

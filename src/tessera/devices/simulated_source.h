@@ -9,6 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "tessera/core/clock.h"
+#include "tessera/core/mutex.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/devices/inventory.h"
 
@@ -41,8 +42,8 @@ class SimulatedSource final : public DeviceSource {
   const core::Clock& clock_;
   const core::TimePoint start_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  core::Mutex mu_;
+  core::CondVar cv_;
   size_t next_scripted_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<HealthEvent> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> lost_ ABSL_GUARDED_BY(mu_);

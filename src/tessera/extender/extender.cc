@@ -113,7 +113,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
   if (type == kube::EventType::kBookmark) return;
   std::string name = StringAt(node, {"metadata", "name"});
   if (name.empty()) return;
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   auto it = nodes_.find(name);
   std::optional<NodeGpusInfo> info;
   if (type != kube::EventType::kDeleted) {
@@ -203,7 +203,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
 void Extender::OnPodGroup(kube::EventType type, const json& group) {
   if (type == kube::EventType::kBookmark) return;
   std::string key = PodId(group);
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (type == kube::EventType::kDeleted) {
     pod_groups_.erase(key);
     placed_gangs_.erase(key);
@@ -264,7 +264,7 @@ void Extender::NoteTypical(const core::Request& r) {
 }
 
 void Extender::SetTypicalRequests(std::vector<sched::TypicalRequest> typical) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   typical_ = std::move(typical);
   typical_fixed_ = true;
   scheduler_->SetTypicalRequests(typical_);
@@ -363,7 +363,7 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   if (type == kube::EventType::kBookmark) return;
   std::string id = PodId(pod);
   std::string uid = StringAt(pod, {"metadata", "uid"});
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   auto it = pods_.find(id);
   const bool other =
       it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid;
@@ -512,7 +512,7 @@ absl::Status Extender::SetQuotas(const json* configmap) {
     if (!data || !data->is_string()) {
       absl::Status st = absl::InvalidArgumentError(
           fmt::format("ConfigMap {}: no data key quotas.yaml", PodId(*configmap)));
-      std::lock_guard lock(mu_);
+      core::MutexLock lock(mu_);
       quota_error_ = std::string(st.message());
       return st;
     }
@@ -520,13 +520,13 @@ absl::Status Extender::SetQuotas(const json* configmap) {
     if (!parsed.ok()) {
       absl::Status st = absl::InvalidArgumentError(fmt::format(
           "ConfigMap {}: {}", PodId(*configmap), std::string(parsed.status().message())));
-      std::lock_guard lock(mu_);
+      core::MutexLock lock(mu_);
       quota_error_ = std::string(st.message());
       return st;
     }
     quotas = std::move(*parsed);
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   quota_error_.clear();
   quotas_ = quotas;
   scheduler_->quotas().Replace(std::move(quotas));
@@ -580,7 +580,7 @@ void Extender::ExpireLocked(double now) {
 }
 
 void Extender::Expire() {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   ExpireLocked(Now());
 }
 
@@ -683,7 +683,7 @@ Extender::Fence::~Fence() {
 }
 
 FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const double now = Now();
   ExpireLocked(now);
   FilterResult out;
@@ -749,7 +749,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
 
 std::vector<std::pair<std::string, int>> Extender::Prioritize(
     const json& pod, const std::vector<std::string>& candidates) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::string chosen;
   if (auto it = pods_.find(PodId(pod)); it != pods_.end() && it->second.allocated) {
     chosen = it->second.reserved_node.empty() ? it->second.node : it->second.reserved_node;
@@ -762,7 +762,7 @@ std::vector<std::pair<std::string, int>> Extender::Prioritize(
 
 absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std::string& name,
                                                const std::string& uid, const std::string& node) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const std::string id = ns + "/" + name;
   auto it = pods_.find(id);
   if (it == pods_.end() || !it->second.allocated) {
@@ -812,7 +812,7 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
 }
 
 void Extender::BindFailed(const std::string& pod_id, const std::string& why) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   auto it = pods_.find(pod_id);
   if (it == pods_.end() || !it->second.node.empty()) return;
   spdlog::warn("extender: bind of pod {} failed: {}", pod_id, why);
@@ -821,7 +821,7 @@ void Extender::BindFailed(const std::string& pod_id, const std::string& why) {
 
 PreemptResult Extender::Preempt(const json& pod,
                                 const std::map<std::string, std::vector<std::string>>& candidates) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   PreemptResult out;
   auto d = DemandOf(pod);
   if (!d.ok()) {
@@ -857,14 +857,14 @@ PreemptResult Extender::Preempt(const json& pod,
 }
 
 std::vector<std::pair<std::string, std::string>> Extender::TakeNudges() {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::vector<std::pair<std::string, std::string>> out;
   out.swap(nudges_);
   return out;
 }
 
 std::vector<Victim> Extender::TakeEvictions() {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::vector<Victim> out;
   out.swap(evictions_);
   return out;
@@ -873,7 +873,7 @@ std::vector<Victim> Extender::TakeEvictions() {
 // ---- introspection ----
 
 Extender::Stats Extender::stats() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   Stats s;
   const sched::ClusterState& st = scheduler_->state();
   s.nodes = static_cast<int>(nodes_.size());
@@ -901,7 +901,7 @@ Extender::Stats Extender::stats() const {
 }
 
 std::map<std::string, QuotaUse> Extender::quota_use() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::map<std::string, QuotaUse> out;
   for (const auto& [ns, q] : quotas_) {
     QuotaUse& u = out[ns];
@@ -915,14 +915,14 @@ std::map<std::string, QuotaUse> Extender::quota_use() const {
 }
 
 std::optional<sched::Allocation> Extender::AllocationOf(const std::string& pod_id) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const sched::Allocation* a = scheduler_->state().Find(pod_id);
   if (!a) return std::nullopt;
   return *a;
 }
 
 std::optional<std::string> Extender::Waiting(const std::string& pod_id) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const std::string* w = cycle_->Waiting(pod_id);
   if (!w) return std::nullopt;
   return *w;

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/clock.h"
+#include "tessera/core/mutex.h"
 #include "tessera/extender/objects.h"
 #include "tessera/kube/client.h"
 #include "tessera/kube/gpu_annotations.h"
@@ -177,7 +178,8 @@ class Extender {
   // planned there. Nodes whose GPUs are sick already stay so.
   class Fence {
    public:
-    Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all);
+    Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all)
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(ex.mu_);
     ~Fence();
 
    private:
@@ -186,59 +188,67 @@ class Extender {
   };
 
   // Whether `names` include every node with Tessera GPUs.
-  bool CoversAllNodes(const std::unordered_set<std::string>& names) const;
+  bool CoversAllNodes(const std::unordered_set<std::string>& names) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The candidates as a set, and whether they include every node with Tessera GPUs.
   const std::unordered_set<std::string>& Allowed(const std::vector<std::string>& candidates,
-                                                 bool* all);
+                                                 bool* all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const { return core::Seconds(clock_.Now()); }
   // A node into the scheduler with its sick GPUs marked; -1 (logged) when the model refuses it.
-  sched::NodeId AddToModel(const std::string& name, const NodeRec& n);
+  sched::NodeId AddToModel(const std::string& name, const NodeRec& n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A node out of the scheduler and the cycle (sched::Cycle::RemoveNode): the pods that held
   // GPUs there lose them (returned, their records updated).
-  std::vector<sched::Allocation> RemoveFromModel(const std::string& name);
-  absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod);
-  void Release(const std::string& id, PodRec& p, const char* why);
+  std::vector<sched::Allocation> RemoveFromModel(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(const std::string& id, PodRec& p, const char* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the pod's GPUs, takes it out of the queue and drops its record.
-  void Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why);
+  void Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A record for a Tessera pod seen for the first time.
   std::unordered_map<std::string, PodRec>::iterator Track(const std::string& id,
                                                           const nlohmann::json& pod,
-                                                          PodDemand demand);
-  void ExpireLocked(double now);
-  int SharesPerGpu() const;
-  absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod);
+                                                          PodDemand demand)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLocked(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int SharesPerGpu() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `asking`: the pod whose filter stepped the cycle; others started are to be nudged.
   void ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now,
-                      const std::string& asking);
-  void NoteTypical(const core::Request& r);
+                      const std::string& asking) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteTypical(const core::Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,
-                       const std::string& why);
+                       const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ExtenderOptions options_;
   const core::Clock& clock_;
-  mutable std::mutex mu_;
-  std::map<std::string, NodeRec> nodes_;
-  std::unordered_map<std::string, PodRec> pods_;  // "ns/name"
-  std::set<std::string> reserved_;                // pods started by filter, not yet bound
-  std::map<std::string, int> pod_groups_;         // "ns/name" -> minMember
-  std::set<std::string> placed_gangs_;            // gangs whose members were started
-  std::map<std::string, sched::OwnerQuota> quotas_;
-  std::string quota_error_;
-  std::vector<sched::TypicalRequest> typical_;
-  bool typical_fixed_ = false;
-  std::vector<core::Request> seen_requests_;  // recent Tessera pod requests, for FGD
-  size_t seen_since_refresh_ = 0;
-  std::unique_ptr<sched::Scheduler> scheduler_;
-  std::unique_ptr<sched::Cycle> cycle_;
-  uint64_t node_updates_ = 0;
-  uint64_t seq_ = 0;
-  std::vector<Victim> evictions_;
-  std::vector<std::pair<std::string, std::string>> nudges_;
-  uint64_t nodes_version_ = 0;  // bumped when a node comes or goes
-  std::vector<std::string> last_candidates_;
-  std::unordered_set<std::string> last_allowed_;
-  bool last_all_ = false;
-  uint64_t last_all_version_ = ~uint64_t{0};
+  mutable core::Mutex mu_;
+  std::map<std::string, NodeRec> nodes_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, PodRec> pods_ ABSL_GUARDED_BY(mu_);  // "ns/name"
+  std::set<std::string> reserved_ ABSL_GUARDED_BY(mu_);  // pods started by filter, not yet bound
+  std::map<std::string, int> pod_groups_ ABSL_GUARDED_BY(mu_);  // "ns/name" -> minMember
+  std::set<std::string> placed_gangs_ ABSL_GUARDED_BY(mu_);     // gangs whose members were started
+  std::map<std::string, sched::OwnerQuota> quotas_ ABSL_GUARDED_BY(mu_);
+  std::string quota_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<sched::TypicalRequest> typical_ ABSL_GUARDED_BY(mu_);
+  bool typical_fixed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<core::Request> seen_requests_
+      ABSL_GUARDED_BY(mu_);  // recent Tessera pod requests, for FGD
+  size_t seen_since_refresh_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<sched::Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<sched::Cycle> cycle_ ABSL_GUARDED_BY(mu_);
+  uint64_t node_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Victim> evictions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::string>> nudges_ ABSL_GUARDED_BY(mu_);
+  uint64_t nodes_version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a node comes or goes
+  std::vector<std::string> last_candidates_ ABSL_GUARDED_BY(mu_);
+  std::unordered_set<std::string> last_allowed_ ABSL_GUARDED_BY(mu_);
+  bool last_all_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t last_all_version_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
 };
 
 // The quota ConfigMap's `quotas.yaml` (docs/kubernetes.md) as owner quotas per namespace.

@@ -22,7 +22,7 @@ Informer::~Informer() { Stop(); }
 
 void Informer::Stop() {
   {
-    std::lock_guard lock(mu_);  // so a waiter cannot miss it between its check and its wait
+    core::MutexLock lock(mu_);  // so a waiter cannot miss it between its check and its wait
     stop_ = true;
   }
   cv_.notify_all();
@@ -31,17 +31,19 @@ void Informer::Stop() {
 }
 
 bool Informer::WaitForSync(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return synced_ || stop_.load(); }) && synced_;
+  core::MutexLock lock(mu_);
+  return lock.WaitFor(cv_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return synced_ || stop_.load();
+  }) && synced_;
 }
 
 bool Informer::synced() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return synced_;
 }
 
 std::vector<nlohmann::json> Informer::Snapshot() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::vector<nlohmann::json> out;
   out.reserve(objects_.size());
   for (const auto& [k, v] : objects_) out.push_back(v);
@@ -49,19 +51,19 @@ std::vector<nlohmann::json> Informer::Snapshot() const {
 }
 
 std::optional<nlohmann::json> Informer::Get(const std::string& key) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   auto it = objects_.find(key);
   if (it == objects_.end()) return std::nullopt;
   return it->second;
 }
 
 std::string Informer::resource_version() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return resource_version_;
 }
 
 std::string Informer::last_error() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return last_error_;
 }
 
@@ -69,8 +71,8 @@ void Informer::SleepBackoff(std::chrono::milliseconds& backoff) {
   static thread_local std::mt19937 rng(std::random_device{}());
   auto jittered = std::chrono::milliseconds(
       backoff.count() / 2 + std::uniform_int_distribution<int64_t>(0, backoff.count() / 2)(rng));
-  std::unique_lock lock(mu_);
-  cv_.wait_for(lock, jittered, [&] { return stop_.load(); });
+  core::MutexLock lock(mu_);
+  lock.WaitFor(cv_, jittered, [&] { return stop_.load(); });
   backoff = std::min(backoff * 2, options_.max_backoff);
 }
 
@@ -84,7 +86,7 @@ bool Informer::Relist() {
     ++counters_.errors;
     std::string err(list.status().message());
     spdlog::warn("informer {}: list failed: {}", options_.path, err);
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     last_error_ = err;
     return false;
   }
@@ -97,7 +99,7 @@ bool Informer::Relist() {
   // The difference against what the handler has seen, as events.
   std::vector<std::pair<EventType, nlohmann::json>> events;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     for (const auto& [k, v] : objects_) {
       if (!fresh.contains(k)) events.emplace_back(EventType::kDeleted, v);
     }
@@ -117,7 +119,7 @@ bool Informer::Relist() {
     if (handler_) handler_(t, o);
   }
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     synced_ = true;
   }
   cv_.notify_all();
@@ -128,7 +130,7 @@ void Informer::Apply(EventType type, const nlohmann::json& object) {
   std::string key = ObjectKey(object);
   std::string rv = StringAt(object, {"metadata", "resourceVersion"});
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     if (!rv.empty()) resource_version_ = rv;
     if (type == EventType::kBookmark || key.empty()) return;
     if (type == EventType::kDeleted) {
@@ -164,7 +166,7 @@ void Informer::Run() {
     absl::Status s = client_.Watch(options_.path, wo, [&](const WatchEvent& e) {
       if (!got_event) {
         // The server answers again: what failed before is over.
-        std::lock_guard lock(mu_);
+        core::MutexLock lock(mu_);
         last_error_.clear();
       }
       got_event = true;
@@ -175,7 +177,7 @@ void Informer::Run() {
     if (got_event) backoff = std::chrono::milliseconds(100);
     if (s.ok()) {
       {
-        std::lock_guard lock(mu_);
+        core::MutexLock lock(mu_);
         last_error_.clear();  // a stream the server ended cleanly
       }
       // The server ended the stream: watch on from the last version (after a pause when it ended
@@ -196,7 +198,7 @@ void Informer::Run() {
     std::string err(s.message());
     spdlog::warn("informer {}: watch failed: {}", options_.path, err);
     {
-      std::lock_guard lock(mu_);
+      core::MutexLock lock(mu_);
       last_error_ = err;
     }
     SleepBackoff(backoff);

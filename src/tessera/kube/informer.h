@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "tessera/core/mutex.h"
 #include "tessera/kube/client.h"
 
 namespace tessera::kube {
@@ -75,8 +76,8 @@ class Informer {
   Handler handler_;
   InformerCounters counters_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
+  mutable core::Mutex mu_;
+  mutable core::CondVar cv_;
   // Written under mu_ (for the condition variable), read without it by the client's watch.
   std::atomic<bool> stop_{false};
   bool synced_ ABSL_GUARDED_BY(mu_) = false;

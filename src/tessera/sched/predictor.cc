@@ -104,7 +104,7 @@ void DurationPredictor::Add(const RunKind& kind, double runtime_s, std::optional
   if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
   const bool util = util_pct && *util_pct >= 0 && *util_pct <= 100;
   const std::vector<Key> keys = KeysOf(kind);
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   for (const Key& k : keys) {
     Push(runs_, k.text, runtime_s);
     if (util) Push(utils_, k.text, *util_pct);
@@ -116,7 +116,7 @@ Prediction DurationPredictor::Predict(const RunKind& kind) const {
   Prediction p;
   {
     const std::vector<Key> keys = KeysOf(kind);
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     if (std::optional<Quantile> q = P75(runs_, keys)) {
       p.seconds = q->value, p.samples = q->samples, p.basis = std::move(q->basis);
     }
@@ -147,7 +147,7 @@ Prediction DurationPredictor::Predict(const RunKind& kind) const {
 }
 
 size_t DurationPredictor::keys() const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   return runs_.size();
 }
 

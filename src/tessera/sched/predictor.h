@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tessera/core/mutex.h"
 #include "tessera/core/request.h"
 
 namespace tessera::sched {
@@ -62,11 +63,12 @@ class DurationPredictor {
   static constexpr size_t kConfident = 3;  // runs a key needs to be preferred to a wider one
 
  private:
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::deque<double>> runs_;
-  std::unordered_map<std::string, std::deque<double>> utils_;
+  mutable core::Mutex mu_;
+  std::unordered_map<std::string, std::deque<double>> runs_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::deque<double>> utils_ ABSL_GUARDED_BY(mu_);
   // A share's run times by whether another job shared its GPU while it ran.
-  std::unordered_map<std::string, std::deque<double>> shared_runs_, alone_runs_;
+  std::unordered_map<std::string, std::deque<double>> shared_runs_ ABSL_GUARDED_BY(mu_), alone_runs_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::sched
