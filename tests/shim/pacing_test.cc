@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,13 @@
 #include "client_util.h"
 
 namespace {
+
+// The random stops of the tests below: seeded by TESSERA_TEST_SEED when set (to replay a failure),
+// else 1; every failure message names the seed.
+unsigned TestSeed() {
+  const char* v = getenv("TESSERA_TEST_SEED");
+  return v && *v ? static_cast<unsigned>(strtoul(v, nullptr, 10)) : 1u;
+}
 
 using namespace tessera::shim_test;
 
@@ -163,13 +171,15 @@ TEST(Pacing, SharesHoldWhileOtherTenantsAreKilledAndStoppedAtRandom) {
             Command(env("killed", "25%", false), "link", "work:40:500:4:0:0:0 syncdie:20000") +
             " >/dev/null 2>&1; sleep 0.1; done");
   // SIGSTOP the bursty tenant now and then, whatever it holds.
-  std::srand(static_cast<unsigned>(getpid()));
+  const unsigned seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "TESSERA_TEST_SEED=" << seed);
+  std::mt19937 rng(seed);
   const auto until = origin + std::chrono::milliseconds(2500);
   int stops = 0;
   while (std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(60 + std::rand() % 120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(60 + rng() % 120));
     kill(c.pid, SIGSTOP);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + std::rand() % 40));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 40));
     kill(c.pid, SIGCONT);
     ++stops;
   }
@@ -262,12 +272,14 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
       Spawn("end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do " +
             Command(env("killed", 10, false), "link", "work:40:500:4:0:0:0 syncdie:20000") +
             " >/dev/null 2>&1; sleep 0.1; done");
-  std::srand(static_cast<unsigned>(getpid()) + static_cast<unsigned>(shares.size()));
+  const unsigned seed = TestSeed() + static_cast<unsigned>(shares.size());
+  SCOPED_TRACE(::testing::Message() << "TESSERA_TEST_SEED=" << TestSeed());
+  std::mt19937 rng(seed);
   const auto until = origin + std::chrono::milliseconds(2500);
   while (std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(60 + std::rand() % 120));
+    std::this_thread::sleep_for(std::chrono::milliseconds(60 + rng() % 120));
     kill(bursty.pid, SIGSTOP);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 + std::rand() % 40));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 40));
     kill(bursty.pid, SIGCONT);
   }
   std::vector<double> us;

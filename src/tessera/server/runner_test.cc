@@ -133,9 +133,14 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
 TEST(Runner, StopReachesTheWholeProcessGroup) {
   // The job ignores SIGTERM and has a child: SIGTERM changes nothing, SIGKILL of the group ends
   // both.
-  std::string pidfile = Dir() + "/child.pid";
+  std::string pidfile = Dir() + "/child.pid", termfile = Dir() + "/term";
   std::filesystem::remove(pidfile);
-  LaunchSpec s = Shell("trap '' TERM; sleep 30 & echo $! > " + pidfile + "; wait", "group");
+  std::filesystem::remove(termfile);
+  // The child starts with SIGTERM ignored (and keeps it so); the shell then notes each SIGTERM it
+  // gets and goes on waiting for its child.
+  LaunchSpec s = Shell("trap '' TERM; sleep 30 & echo $! > " + pidfile + "; trap 'echo term >> " +
+                           termfile + "' TERM; while kill -0 $! 2>/dev/null; do wait $!; done",
+                       "group");
   auto l = Start(s);
   ASSERT_TRUE(l.ok()) << l.status();
   for (int i = 0; i < 400 && ReadAll(pidfile).empty(); ++i) {
@@ -143,8 +148,12 @@ TEST(Runner, StopReachesTheWholeProcessGroup) {
   }
   pid_t child = std::stoi(ReadAll(pidfile));
   EXPECT_TRUE(SignalGroup(l->pid, SIGTERM));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_FALSE(Reap(l->pid).has_value()) << "SIGTERM ignored: still running";
+  // Handled (the shell's trap ran), and the group lives on: no fixed wait to decide either.
+  for (int i = 0; i < 2000 && ReadAll(termfile).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(ReadAll(termfile), "term\n");
+  EXPECT_FALSE(Reap(l->pid).has_value()) << "SIGTERM trapped: still running";
   EXPECT_TRUE(SignalGroup(l->pid, SIGKILL));
   EXPECT_EQ(WaitExit(l->pid), 128 + SIGKILL);
   // The grandchild was in the group too (reparented to init, so poll for it to go).
