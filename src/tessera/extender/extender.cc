@@ -729,11 +729,15 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
       return out;
     }
   }
-  std::vector<sched::CycleDecision> decisions;
-  {
-    Fence fence(*this, allowed, all);  // nodes kube-scheduler ruled out take nothing here
-    decisions = cycle_->Step(now);
-  }
+  // Nodes kube-scheduler ruled out take nothing of this pod's (or its gang's): closed while the
+  // cycle looks at it alone, the other pods of the step placed as their own filters allowed.
+  std::optional<Fence> fence;
+  sched::Cycle::Scope scope;
+  scope.id = id;
+  scope.gang = p.demand.request.gang;
+  scope.enter = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { fence.emplace(*this, allowed, all); };
+  scope.leave = [&] { fence.reset(); };
+  std::vector<sched::CycleDecision> decisions = cycle_->Step(now, all ? nullptr : &scope);
   ApplyDecisions(decisions, now, id);
   if (p.allocated) {
     out.nodes = {p.reserved_node};

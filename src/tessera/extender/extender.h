@@ -175,7 +175,8 @@ class Extender {
   };
 
   // While it lives, the GPUs of nodes outside `allowed` count as unhealthy: nothing is placed or
-  // planned there. Nodes whose GPUs are sick already stay so.
+  // planned there. Nodes whose GPUs are sick already stay so. Held only while the cycle looks at
+  // the pod that asked (sched::Cycle::Scope), never around a whole step.
   class Fence {
    public:
     Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all)

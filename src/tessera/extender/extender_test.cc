@@ -367,6 +367,35 @@ TEST_F(ExtenderTest, PreemptAnswersWhatTheCycleAskedAndNeverASecondVictim) {
   EXPECT_TRUE(ex_->AllocationOf("ml/low-" + other)) << "the other node's pod keeps running";
 }
 
+// The nodes kube-scheduler did not offer the pod that asks are closed for that pod alone: another
+// pod that can start in the same step starts where its own filter allowed, not where this one's
+// did (the whole step was fenced once, and a pod waiting for node a stayed waiting while a pod
+// offered only node b was filtered).
+TEST_F(ExtenderTest, OnlyThePodThatAsksIsNarrowedToItsCandidates) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // two GPUs each
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json on_a = GpuPod("ml", "on-a", {.gpus = 2});
+  ASSERT_EQ(Schedule(on_a, {"a"}), "a");
+  ASSERT_EQ(Schedule(GpuPod("ml", "on-b", {.gpus = 2}), {"b"}), "b");
+  json big = GpuPod("ml", "big", {.gpus = 2});
+  EXPECT_THAT(ex_->Filter(big, {"a", "b"}).nodes, IsEmpty());
+  // a comes free; the next filter is for a pod kube-scheduler offers node b only.
+  on_a["spec"]["nodeName"] = "a";
+  ex_->OnPod(Ev::kDeleted, on_a);
+  json small = GpuPod("ml", "small", {.gpus = 1});
+  FilterResult f = ex_->Filter(small, {"b"});
+  EXPECT_THAT(f.nodes, IsEmpty()) << "b is full";
+  auto a = ex_->AllocationOf("ml/big");
+  ASSERT_TRUE(a) << "big started on a in the same step: " << *ex_->Waiting("ml/big");
+  auto nudges = ex_->TakeNudges();
+  ASSERT_EQ(nudges.size(), 1u);
+  EXPECT_EQ(nudges[0], std::make_pair(std::string("ml/big"), std::string("a")));
+  // What small was told is about b, its one candidate, which is full - not sick.
+  EXPECT_THAT(f.failed["b"], Not(HasSubstr("unhealthy")));
+  EXPECT_FALSE(f.failed.contains("a"));
+  EXPECT_EQ(ex_->stats().gpus_healthy, 4) << "no GPU left marked sick";
+}
+
 // A node that comes, changes or goes leaves the queue, its reasons and the other pods alone.
 TEST_F(ExtenderTest, ANodeChangeKeepsTheQueueAndItsReasons) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));  // two GPUs

@@ -390,7 +390,7 @@ absl::StatusOr<std::vector<Allocation>> Cycle::RemoveNode(NodeId node) {
   return released;
 }
 
-std::vector<CycleDecision> Cycle::Step(double now) {
+std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
   std::vector<CycleDecision> out;
   for (auto it = stopping_.begin(); it != stopping_.end();) {
     it = scheduler_.state().Find(*it) != nullptr ? std::next(it) : stopping_.erase(it);
@@ -439,6 +439,19 @@ std::vector<CycleDecision> Cycle::Step(double now) {
     Entry& e = entries_.at(*id);
     const core::Request& r = e.queued.request;
     e.expected_start.reset();
+    // The scoped request (or its gang): narrowed while the cycle looks at it, and kept out of the
+    // memos of what fits, which hold for requests that are not narrowed.
+    const bool scoped =
+        scope != nullptr && (*id == scope->id || (!r.gang.empty() && r.gang == scope->gang));
+    struct Narrowed {
+      const Scope* scope;
+      explicit Narrowed(const Scope* s) : scope(s) {
+        if (scope && scope->enter) scope->enter();
+      }
+      ~Narrowed() {
+        if (scope && scope->leave) scope->leave();
+      }
+    } narrowed(scoped ? scope : nullptr);
     if (!r.gang.empty()) {
       if (gangs_seen.insert(r.gang).second)
         StepGang(e, order, now, backfill, reserved, prior, plans_left, out, started);
@@ -456,6 +469,7 @@ std::vector<CycleDecision> Cycle::Step(double now) {
       preempted = true;
     }
     std::string memo = MemoKey(r);
+    if (scoped) memo += "\x01narrowed";
     const std::string shape_memo = memo;
     // With reservations, how long it runs decides whether it may take reserved GPUs.
     if (options_.reservations > 0) {

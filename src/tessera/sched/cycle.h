@@ -18,6 +18,7 @@
 // consumer.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -81,11 +82,22 @@ class Cycle {
   // Takes a request out of the queue (cancelled); false when it was not queued.
   bool Remove(const std::string& id);
 
+  // Narrows what one queued request (or every member of its gang) may take in a Step: `enter` is
+  // called before the cycle looks at it and `leave` after, so that what `enter` closes (the
+  // extender marks the nodes kube-scheduler did not offer the pod) is closed for it alone - the
+  // other requests of the Step are decided without it, and what it could not get is not
+  // remembered against requests of its shape.
+  struct Scope {
+    std::string id;
+    std::string gang;  // its gang, when it has one
+    std::function<void()> enter, leave;
+  };
+
   // One pass over the queue at time `now`: the requests started (removed from the queue, their
   // allocations recorded) and the preemptions asked, in queue order. Requests of a shape (resources
   // and priority) that neither fit nor could make room are not tried again in the same pass:
-  // nothing is freed during a pass.
-  std::vector<CycleDecision> Step(double now);
+  // nothing is freed during a pass. `scope`: one request narrowed (Scope).
+  std::vector<CycleDecision> Step(double now, const Scope* scope = nullptr);
 
   // Why a queued request waits, as of the last Step that looked at it ("not yet considered"
   // before); nullptr when it is not queued.
