@@ -1,0 +1,213 @@
+// libtessera-cuda.so: contexts (created, primary, destroyed: each device's context overhead counted
+// once while one lives) and module and library loads (their code's memory, measured).
+#include "tessera/shim/hooks.h"
+
+using namespace tessera::shim;  // NOLINT: the hooks are C entry points over the shared state
+
+namespace tessera::shim {
+
+// The first context of this process on `device` takes the overhead from the job's limit.
+bool TakeContext(int device) {
+  if (device < 0 || device >= kMaxDevices) return true;
+  if (contexts_on[device].fetch_add(1) == 0 && context_overhead > 0 &&
+      !Reserve(device, context_overhead)) {
+    contexts_on[device].fetch_sub(1);
+    return false;
+  }
+  return true;
+}
+
+void DropContext(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  int before = contexts_on[device].load();
+  while (before > 0 && !contexts_on[device].compare_exchange_weak(before, before - 1)) {
+  }
+  if (before == 1 && context_overhead > 0) region->Release(device, context_overhead);
+}
+
+std::mutex context_mu;
+std::unordered_map<CUcontext, int>* context_device = nullptr;  // created contexts -> device
+
+}  // namespace tessera::shim
+
+namespace {
+// A context created on `device` by `create` (whichever cuCtxCreate version): its overhead counted
+// while it lives.
+template <typename Create>
+CUresult CountedContext(CUcontext* ctx, CUdevice device, Create create) {
+  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = create();
+  if (rc != CUDA_SUCCESS) {
+    DropContext(device);
+    return rc;
+  }
+  if (measure_footprint && !Reconcile(device)) {  // its memory does not fit the job's limit
+    real.cuCtxDestroy_v2(*ctx);
+    DropContext(device);
+    Reconcile(device);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  try {
+    std::lock_guard lock(context_mu);
+    if (context_device == nullptr) context_device = new std::unordered_map<CUcontext, int>();
+    (*context_device)[*ctx] = device;
+  } catch (...) {
+  }
+  return rc;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuCtxCreate_v2(CUcontext* ctx, unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device, [&] { return real.cuCtxCreate_v2(ctx, flags, device); });
+}
+
+TESSERA_EXPORT CUresult cuCtxCreate_v3(CUcontext* ctx, CUexecAffinityParam* params, int n,
+                                       unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v3 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device,
+                        [&] { return real.cuCtxCreate_v3(ctx, params, n, flags, device); });
+}
+
+TESSERA_EXPORT CUresult cuCtxCreate_v4(CUcontext* ctx, CUctxCreateParams* params,
+                                       unsigned int flags, CUdevice device) {
+  if (!Ready() || real.cuCtxCreate_v4 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedContext(ctx, device,
+                        [&] { return real.cuCtxCreate_v4(ctx, params, flags, device); });
+}
+
+TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  if (!Ready() || real.cuCtxDestroy_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuCtxDestroy_v2(ctx);
+  if (rc == CUDA_SUCCESS) {
+    int device = -1;
+    {
+      std::lock_guard lock(context_mu);
+      if (context_device != nullptr) {
+        auto it = context_device->find(ctx);
+        if (it != context_device->end()) {
+          device = it->second;
+          context_device->erase(it);
+        }
+      }
+    }
+    DropContext(device);
+    if (measure_footprint && device >= 0) Reconcile(device);
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
+  if (!Ready() || real.cuDevicePrimaryCtxRetain == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, device);
+  if (rc != CUDA_SUCCESS) {
+    DropContext(device);
+  } else if (measure_footprint && !Reconcile(device)) {
+    real.cuDevicePrimaryCtxRelease_v2(device);
+    DropContext(device);
+    Reconcile(device);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  if (!Ready() || real.cuDevicePrimaryCtxRelease_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDevicePrimaryCtxRelease_v2(device);
+  if (rc == CUDA_SUCCESS) {
+    DropContext(device);
+    if (measure_footprint) Reconcile(device);
+  }
+  return rc;
+}
+
+namespace {
+// A module's code and data live in device memory: measured like a context's (Reconcile); one that
+// does not fit the job's limit is unloaded again and refused.
+CUresult CountedModule(CUresult rc, CUmodule* module) {
+  if (rc != CUDA_SUCCESS || !measure_footprint || module == nullptr) return rc;
+  const int device = CurrentDevice();
+  if (Reconcile(device)) return rc;
+  real.cuModuleUnload(*module);
+  Reconcile(device);
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  if (!Ready() || real.cuModuleLoadData == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadData(module, image), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
+                                           CUjit_option* options, void** values) {
+  if (!Ready() || real.cuModuleLoadDataEx == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadDataEx(module, image, n, options, values), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleUnload(CUmodule module) {
+  if (!Ready() || real.cuModuleUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuModuleUnload(module);
+  if (rc == CUDA_SUCCESS && measure_footprint) Reconcile(CurrentDevice());
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* path) {
+  if (!Ready() || real.cuModuleLoad == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoad(module, path), module);
+}
+
+TESSERA_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* image) {
+  if (!Ready() || real.cuModuleLoadFatBinary == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedModule(real.cuModuleLoadFatBinary(module, image), module);
+}
+
+namespace {
+// Reconcile on every device where this process has a context; false when one did not fit (the
+// devices after it are not measured).
+bool ReconcileContextDevices() {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (contexts_on[d].load() > 0 && !Reconcile(d)) return false;
+  }
+  return true;
+}
+
+// A library is loaded into every context the process has (eagerly; lazily, a kernel's code when
+// it is first launched there: measured at the next event): measured on each device with one of
+// this process's contexts; one that does not fit is unloaded again and refused.
+CUresult CountedLibrary(CUresult rc, CUlibrary* library) {
+  if (rc != CUDA_SUCCESS || !measure_footprint || library == nullptr) return rc;
+  if (ReconcileContextDevices()) return rc;
+  real.cuLibraryUnload(*library);
+  ReconcileContextDevices();
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
+                                          CUjit_option* jit_options, void** jit_values,
+                                          unsigned int jit_count, CUlibraryOption* options,
+                                          void** values, unsigned int count) {
+  if (!Ready() || real.cuLibraryLoadData == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedLibrary(real.cuLibraryLoadData(library, code, jit_options, jit_values, jit_count,
+                                               options, values, count),
+                        library);
+}
+
+TESSERA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* path,
+                                              CUjit_option* jit_options, void** jit_values,
+                                              unsigned int jit_count, CUlibraryOption* options,
+                                              void** values, unsigned int count) {
+  if (!Ready() || real.cuLibraryLoadFromFile == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return CountedLibrary(real.cuLibraryLoadFromFile(library, path, jit_options, jit_values,
+                                                   jit_count, options, values, count),
+                        library);
+}
+
+TESSERA_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+  if (!Ready() || real.cuLibraryUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuLibraryUnload(library);
+  if (rc == CUDA_SUCCESS && measure_footprint) ReconcileContextDevices();
+  return rc;
+}

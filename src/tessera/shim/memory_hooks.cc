@@ -1,0 +1,285 @@
+// libtessera-cuda.so: allocations and frees of every kind (device memory, managed, async and
+// pooled, VMM handles, arrays), memory pools and graph memory, and the memory the process is told
+// it has (cuMemGetInfo, cuDeviceTotalMem): each counted against the job's limit in its region.
+#include "tessera/shim/hooks.h"
+
+using namespace tessera::shim;  // NOLINT: the hooks are C entry points over the shared state
+
+TESSERA_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  if (!Ready() || real.cuMemAlloc_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return Counted(
+      kDevicePtr, DriverBytes(bytes), [&] { return real.cuMemAlloc_v2(dptr, bytes); }, PtrKey,
+      dptr);
+}
+
+TESSERA_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width,
+                                           size_t height, unsigned int element) {
+  if (!Ready() || real.cuMemAllocPitch_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // The pitch is known only afterwards: reserve the least it can be, then the padding.
+  const int device = CurrentDevice();
+  uint64_t least = DriverBytes(static_cast<uint64_t>(width) * height);
+  if (!Reserve(device, least)) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = real.cuMemAllocPitch_v2(dptr, pitch, width, height, element);
+  if (rc != CUDA_SUCCESS) {
+    region->Release(device, least);
+    return rc;
+  }
+  uint64_t bytes = DriverBytes(static_cast<uint64_t>(*pitch) * height);
+  if (bytes > least && !region->Reserve(device, bytes - least)) {
+    real.cuMemFree_v2(*dptr);
+    region->Release(device, least);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (!Remember(kDevicePtr, *dptr, Held{bytes > least ? bytes : least, device})) {
+    real.cuMemFree_v2(*dptr);
+    region->Release(device, bytes > least ? bytes : least);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned int flags) {
+  if (!Ready() || real.cuMemAllocManaged == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // Managed memory may all migrate to the GPU: counted as device memory.
+  return Counted(
+      kDevicePtr, DriverBytes(bytes), [&] { return real.cuMemAllocManaged(dptr, bytes, flags); },
+      PtrKey, dptr);
+}
+
+namespace {
+// The hooks of calls that take a stream, given the driver's legacy or per-thread entry point.
+// cuMemAllocAsync takes from the device's current pool (counted as a plain allocation when the
+// driver cannot say which that is).
+CUresult AllocAsync(cuMemAllocAsync_fn fn, CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const int device = CurrentDevice();
+  CUmemoryPool pool = nullptr;
+  if (dptr != nullptr && real.cuDeviceGetMemPool != nullptr &&
+      real.cuDeviceGetMemPool(&pool, device) == CUDA_SUCCESS && pool != nullptr) {
+    return PoolAlloc(pool, device, bytes, dptr, [&] { return fn(dptr, bytes, stream); });
+  }
+  return Counted(
+      kDevicePtr, bytes, [&] { return fn(dptr, bytes, stream); }, PtrKey, dptr, device);
+}
+CUresult AllocFromPoolAsync(cuMemAllocFromPoolAsync_fn fn, CUdeviceptr* dptr, size_t bytes,
+                            CUmemoryPool pool, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (pool == nullptr || dptr == nullptr)
+    return fn(dptr, bytes, pool, stream);  // the driver's error
+  return PoolAlloc(pool, CurrentDevice(), bytes, dptr,
+                   [&] { return fn(dptr, bytes, pool, stream); });
+}
+CUresult FreeAsync(cuMemFreeAsync_fn fn, CUdeviceptr dptr, CUstream stream) {
+  if (fn == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = fn(dptr, stream);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr, /*synchronous=*/false);
+  return rc;
+}
+}  // namespace
+
+TESSERA_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return Ready() ? AllocAsync(real.cuMemAllocAsync, dptr, bytes, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytes, CUstream stream) {
+  return Ready() ? AllocAsync(real.cuMemAllocAsync_ptsz, dptr, bytes, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                                CUstream stream) {
+  return Ready() ? AllocFromPoolAsync(real.cuMemAllocFromPoolAsync, dptr, bytes, pool, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytes,
+                                                     CUmemoryPool pool, CUstream stream) {
+  return Ready() ? AllocFromPoolAsync(real.cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, stream)
+                 : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+TESSERA_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  if (!Ready() || real.cuMemFree_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemFree_v2(dptr);
+  if (rc == CUDA_SUCCESS) Uncount(kDevicePtr, dptr);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return Ready() ? FreeAsync(real.cuMemFreeAsync, dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
+}
+TESSERA_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return Ready() ? FreeAsync(real.cuMemFreeAsync_ptsz, dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t bytes,
+                                    const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (!Ready() || real.cuMemCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  // On the device `prop` names, not the current one; memory on the host is not GPU memory.
+  if (prop != nullptr && prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return real.cuMemCreate(handle, bytes, prop, flags);
+  return Counted(
+      kHandle, bytes, [&] { return real.cuMemCreate(handle, bytes, prop, flags); }, HandleKey,
+      handle, prop != nullptr ? prop->location.id : -2);
+}
+
+TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (!Ready() || real.cuMemRelease == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemRelease(handle);
+  if (rc == CUDA_SUCCESS) Uncount(kHandle, handle);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  if (!Ready() || real.cuMemPoolCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolCreate(pool, props);
+  // Its memory is on the device its properties name, whichever is current when it is used.
+  if (rc == CUDA_SUCCESS && pool != nullptr && props != nullptr &&
+      props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    try {
+      std::lock_guard lock(*pool_mu);
+      (*pools)[reinterpret_cast<uint64_t>(*pool)] = PoolUse{.device = props->location.id};
+      any_pool.store(true, std::memory_order_release);
+    } catch (...) {
+    }
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  if (!Ready() || real.cuMemPoolTrimTo == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolTrimTo(pool, keep);
+  std::lock_guard lock(*pool_mu);
+  auto it = pools->find(reinterpret_cast<uint64_t>(pool));
+  if (rc == CUDA_SUCCESS && it != pools->end()) Refresh(it->first, it->second);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                    unsigned long long flags) {
+  if (!Ready() || real.cuGraphInstantiateWithFlags == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuGraphInstantiateWithFlags(exec, graph, flags);
+  if (rc != CUDA_SUCCESS || exec == nullptr || graph_execs == nullptr) return rc;
+  std::vector<std::pair<int, uint64_t>> allocs = GraphAllocations(graph);
+  if (allocs.empty()) return rc;
+  std::lock_guard lock(*pool_mu);
+  // What it allocates must be able to fit beside what the job holds (its graph memory pool may
+  // grow to it): otherwise it could never run. The pool goes back to what the driver says it holds
+  // after the check.
+  for (const auto& [dev, bytes] : allocs) {
+    const bool fits = ChargeGraphLocked(dev, bytes);
+    RefreshGraphLocked(dev);
+    if (fits) continue;
+    if (real.cuGraphExecDestroy != nullptr) real.cuGraphExecDestroy(*exec);
+    *exec = nullptr;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  try {
+    (*graph_execs)[reinterpret_cast<uint64_t>(*exec)] = std::move(allocs);
+  } catch (...) {
+    if (real.cuGraphExecDestroy != nullptr) real.cuGraphExecDestroy(*exec);
+    *exec = nullptr;
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  any_graph_memory.store(true, std::memory_order_release);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
+  if (!Ready() || real.cuDeviceGraphMemTrim == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDeviceGraphMemTrim(device);
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard lock(*pool_mu);
+    RefreshGraphLocked(device);
+  }
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  if (!Ready() || real.cuMemPoolDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemPoolDestroy(pool);
+  if (rc != CUDA_SUCCESS) return rc;
+  // Its idle memory goes now; what its live allocations take, when they are freed.
+  std::lock_guard lock(*pool_mu);
+  auto it = pools->find(reinterpret_cast<uint64_t>(pool));
+  if (it == pools->end()) return rc;
+  PoolUse& u = it->second;
+  u.destroyed = true;
+  region->Release(u.device, u.charged - u.live);
+  u.charged = u.live;
+  if (u.live == 0) pools->erase(it);
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuArrayCreate_v2(CUarray* array, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  if (!Ready() || real.cuArrayCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuArrayCreate_v2(array, desc);
+  uint64_t bytes = ArrayBytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+  return Counted(
+      kArray, bytes, [&] { return real.cuArrayCreate_v2(array, desc); }, ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuArray3DCreate_v2(CUarray* array, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  if (!Ready() || real.cuArray3DCreate_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuArray3DCreate_v2(array, desc);
+  uint64_t bytes =
+      ArrayBytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+  return Counted(
+      kArray, bytes, [&] { return real.cuArray3DCreate_v2(array, desc); }, ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuArrayDestroy(CUarray array) {
+  if (!Ready() || real.cuArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuArrayDestroy(array);
+  if (rc == CUDA_SUCCESS) Uncount(kArray, reinterpret_cast<uint64_t>(array));
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* array,
+                                               const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                               unsigned int levels) {
+  if (!Ready() || real.cuMipmappedArrayCreate == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr) return real.cuMipmappedArrayCreate(array, desc, levels);
+  uint64_t bytes = 0;
+  size_t w = desc->Width, h = desc->Height, d = desc->Depth;
+  for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
+    bytes += ArrayBytes(w, h, d, desc->Format, desc->NumChannels);
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : h;
+    d = d > 1 ? d / 2 : d;
+  }
+  return Counted(
+      kMipmapped, bytes, [&] { return real.cuMipmappedArrayCreate(array, desc, levels); },
+      ObjectKey, array);
+}
+
+TESSERA_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) {
+  if (!Ready() || real.cuMipmappedArrayDestroy == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMipmappedArrayDestroy(array);
+  if (rc == CUDA_SUCCESS) Uncount(kMipmapped, reinterpret_cast<uint64_t>(array));
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  if (!Ready() || real.cuMemGetInfo_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuMemGetInfo_v2(free_bytes, total_bytes);
+  if (rc != CUDA_SUCCESS) return rc;
+  const int device = CurrentDevice();
+  uint64_t limit = region->Limit(device);
+  if (limit == 0) return rc;
+  // What dead processes held is given back at most every kMemoryQueryReclaimUs here (frameworks ask
+  // often; a full reclaim reads every attached process); a reservation that would fail reclaims.
+  region->ReclaimDeadIfDue(kMemoryQueryReclaimUs);
+  uint64_t used = region->Used(device);
+  uint64_t left = used >= limit ? 0 : limit - used;  // clamped: never "negative" free memory
+  if (free_bytes != nullptr && left < *free_bytes) *free_bytes = left;
+  if (total_bytes != nullptr && limit < *total_bytes) *total_bytes = limit;
+  return rc;
+}
+
+TESSERA_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
+  if (!Ready() || real.cuDeviceTotalMem_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = real.cuDeviceTotalMem_v2(bytes, device);
+  uint64_t limit = region->Limit(device);
+  if (rc == CUDA_SUCCESS && bytes != nullptr && limit != 0 && limit < *bytes) *bytes = limit;
+  return rc;
+}
