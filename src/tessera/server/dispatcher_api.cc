@@ -1,0 +1,777 @@
+// What the API asks of the dispatcher: submissions, cancels, holds, priorities, simulated health,
+// the views (jobs, GPUs, quotas, facts, metrics), the event feed and the history samples; and the
+// start and stop of its threads.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/core/clock.h"
+#include "tessera/core/gpu.h"
+#include "tessera/devices/cdi.h"
+#include "tessera/devices/health.h"
+#include "tessera/devices/open.h"
+#include "tessera/devices/simulated_source.h"
+#include "tessera/sched/cycle.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sched/scheduler.h"
+#include "tessera/server/acct.h"
+#include "tessera/server/api_response.h"
+#include "tessera/server/dispatcher.h"
+#include "tessera/server/file_acl.h"
+#include "tessera/server/openapi.h"
+#include "tessera/server/runner.h"
+#include "tessera/server/server_util.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// ---- API ----
+
+std::vector<int64_t> Dispatcher::BeginChange(std::unique_lock<std::mutex>& lock,
+                                             const std::vector<int64_t>& ids) {
+  changed_.wait(lock, [&] {
+    for (int64_t t : ids) {
+      auto q = queued_.find(t);
+      if (q != queued_.end() && q->second.changing) return false;
+    }
+    return true;
+  });
+  std::vector<int64_t> out;
+  for (int64_t t : ids) {
+    auto q = queued_.find(t);
+    if (q == queued_.end()) continue;
+    q->second.changing = true;
+    if (q->second.in_cycle) cycle_->Remove(std::to_string(t));
+    q->second.in_cycle = false;
+    out.push_back(t);
+  }
+  return out;
+}
+
+void Dispatcher::EndChange(const std::vector<int64_t>& ids) {
+  for (int64_t t : ids) {
+    if (auto q = queued_.find(t); q != queued_.end()) q->second.changing = false;
+  }
+  dirty_ = true;  // back into the cycle's queue (Admit) at the next pass
+  changed_.notify_all();
+}
+
+namespace {
+constexpr double kTelemetryMaxAgeS = 1.0;
+
+}  // namespace
+
+std::vector<devices::GpuTelemetry> Dispatcher::Telemetry() {
+  std::lock_guard lock(telemetry_mu_);
+  const double now = Now();
+  if (telemetry_at_ >= 0 && now - telemetry_at_ < kTelemetryMaxAgeS) return telemetry_;
+  telemetry_.assign(inventory_.gpus.size(), devices::GpuTelemetry{});
+  for (size_t g = 0; g < telemetry_.size(); ++g) {
+    auto t = source_->ReadTelemetry(static_cast<int>(g));
+    if (t.ok()) {
+      telemetry_[g] = *t;
+    } else {
+      spdlog::debug("gpu {}: no telemetry: {}", g, std::string(t.status().message()));
+    }
+  }
+  telemetry_at_ = now;
+  return telemetry_;
+}
+absl::Status Dispatcher::Start(bool loop, bool health) {
+  if (!inventory_.simulated) {
+    spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version,
+                 inventory_.gpus.size());
+  } else if (!fallback_reason_.empty()) {
+    spdlog::warn("SIMULATED machine ({}) because {}: jobs get no real GPU", inventory_.source,
+                 fallback_reason_);
+  } else {
+    spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
+  }
+  if (launcher_->WatchableByPidfd()) {
+    exits_ = std::make_unique<ExitWatcher>([this] {
+      std::lock_guard lock(mu_);
+      wake_.notify_all();
+    });
+  }
+  if (absl::Status st = Recover(); !st.ok()) return st;
+  if (cgroups_->mode() != "none") {
+    const json where = cgroups_->Describe();
+    spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", cgroups_->mode(),
+                 where["devices"].get<std::string>(), where["memory"].get<std::string>(),
+                 where["cpu"].get<std::string>(), where["pids"].get<std::string>(),
+                 cgroups_->reason().empty() ? "" : " (" + cgroups_->reason() + ")");
+  } else {
+    spdlog::warn("jobs are NOT confined to their GPUs: {}", cgroups_->reason());
+  }
+  {
+    std::set<int64_t> keep;
+    for (const auto& [id, r] : running_) keep.insert(id);
+    if (size_t n = cgroups_->Sweep(keep); n > 0)
+      spdlog::info("confinement: removed the cgroups of {} jobs that ended while down", n);
+  }
+  if (health) {
+    devices::HealthPolicy hp;
+    health_ = std::make_unique<devices::HealthWatch>(
+        *source_, static_cast<int>(inventory_.gpus.size()), hp, core::SteadyClock::Get(),
+        [this](int gpu, const devices::GpuHealth& h) { OnHealth(gpu, h.healthy, h.reason); });
+    health_->Start();
+  }
+  StartHistory(loop);
+  if (loop) loop_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Dispatcher::Stop() {
+  if (stop_.exchange(true)) return;
+  feed_.Close();  // event streams end, the sampler stops
+  if (sampler_.joinable()) sampler_.join();
+  wake_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  exits_.reset();  // not under mu_: its thread may be waiting for it
+  if (health_) health_->Stop();
+  if (cgroups_) cgroups_->Close();  // the subtree goes when no job is left in it
+  // Jobs keep running: a restarted server re-adopts them.
+}
+
+absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const Caller& caller,
+                                                         const std::string& idempotency_key) {
+  const std::string& user = caller.user;
+  const uint32_t uid = caller.uid;
+  const bool admin = caller.admin;
+  std::optional<JobSpec> spec(std::move(spec_in));
+  if (int ceiling = PriorityCeiling(user, uid, admin); spec->priority > ceiling) {
+    return HttpError(403,
+                     fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling and "
+                                 "priority_ceilings in the server's config)",
+                                 spec->priority, user, ceiling));
+  }
+  // Room for the store to record every end: no new work once the state folder's disk is nearly
+  // full.
+  if (struct statvfs fs;
+      config_.min_free_disk_bytes > 0 && statvfs(config_.state_dir.c_str(), &fs) == 0 &&
+      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < config_.min_free_disk_bytes) {
+    return HttpError(
+        507,
+        fmt::format("the server's disk ({}) has {} MiB free, under its reserve of {} MiB "
+                    "(limits.min_free_disk): no new work until room is made",
+                    config_.state_dir, (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
+                    config_.min_free_disk_bytes >> 20));
+  }
+  if (spec->grace_period_s > config_.max_grace_period_s) {
+    return HttpError(400,
+                     fmt::format("grace_period_s: {:g} s is over this server's maximum of {:g} s "
+                                 "(preemption.max_grace_period_s in its config)",
+                                 spec->grace_period_s, config_.max_grace_period_s));
+  }
+  if (!spec->image.empty() && !containers_) {
+    return HttpError(400,
+                     fmt::format("image: this server cannot run containers: {}", containers_off_));
+  }
+  if (geteuid() != 0 && uid != geteuid()) {
+    return HttpError(403, fmt::format("this server runs as {} and cannot start jobs as {}",
+                                      UserName(geteuid()), user));
+  }
+  // A part of a model's name ("H100") stands for the machine's models that have it; what is stored
+  // and scheduled is exact.
+  std::vector<std::string> machine_models;
+  for (const core::Gpu& g : inventory_.gpus) machine_models.push_back(g.model);
+  if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok())
+    return HttpError(400, std::string(st.message()));
+  if (RunsAsRoot(uid) && !config_.allow_root_jobs) {
+    return HttpError(403,
+                     "jobs do not run as root on this server: submit as an ordinary user, or set "
+                     "allow_root_jobs: true in the server's config");
+  }
+  // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the
+  // queue: by the scheduler's own test of a GPU against the request.
+  core::Request r = RequestFor(*spec, 1, user, uid);
+  int matching = 0;
+  int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
+  std::string over_quota;
+  {
+    std::lock_guard lock(mu_);
+    const core::NodeSpec& node = scheduler_->state().node_spec(0);
+    std::vector<int64_t> memory;  // of the GPUs that could take it, smallest first
+    for (const core::NodeGpu& g : node.gpus) {
+      if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) {
+        ++matching;
+        memory.push_back(g.memory_mib);
+      }
+    }
+    machine_cpu_milli = node.cpu_milli, machine_memory_mib = node.memory_mib;
+    // The least it would count against its quotas (whole GPUs: the smallest that could take it).
+    sched::GpuAmount least;
+    least.gpus = r.gpus;
+    least.gpu_milli = r.gpu_milli_total();
+    if (r.fractional()) {
+      least.gpu_memory_mib = r.gpu_memory_mib * r.shared_gpu_count();
+    } else {
+      std::sort(memory.begin(), memory.end());
+      for (int i = 0; i < r.gpus && i < static_cast<int>(memory.size()); ++i)
+        least.gpu_memory_mib += memory[static_cast<size_t>(i)];
+    }
+    const sched::QuotaManager& quotas = scheduler_->quotas();
+    if (!quotas.NeverAllows(r.owner, least, &over_quota)) {
+      for (const std::string& group : r.quota_groups)
+        if (quotas.NeverAllows(group, least, &over_quota)) break;
+    }
+  }
+  if (!over_quota.empty()) {
+    return HttpError(400, fmt::format("resources: {}: the job could never start", over_quota));
+  }
+  if (r.cpu_milli > machine_cpu_milli) {
+    return HttpError(400, fmt::format("resources.cpus: {:g} CPUs asked, this machine has {:g}; the "
+                                      "job could never start",
+                                      r.cpu_milli / 1000.0, machine_cpu_milli / 1000.0));
+  }
+  if (r.memory_mib > machine_memory_mib) {
+    return HttpError(400,
+                     fmt::format("resources.memory: {} MiB asked, this machine has {} MiB; the "
+                                 "job could never start",
+                                 r.memory_mib, machine_memory_mib));
+  }
+  if (matching < r.gpu_count()) {
+    return HttpError(
+        400, fmt::format(
+                 "resources: this machine has {} matching GPU(s) of {}; the job could never start",
+                 matching, inventory_.gpus.size()));
+  }
+  // An array: its indices, within the server's maximum.
+  std::optional<ArrayRange> range;
+  if (!spec->array.empty()) {
+    auto a = ParseArray(spec->array, config_.max_array_tasks);
+    if (!a.ok()) return HttpError(400, fmt::format("array: {}", std::string(a.status().message())));
+    range = *std::move(a);
+  }
+  // The user's cap on jobs waiting: an array counts each task.
+  {
+    const size_t adding = range ? range->indices.size() : 1;
+    std::lock_guard lock(mu_);
+    const auto mine = queued_by_uid_.find(uid);
+    const size_t waiting = mine == queued_by_uid_.end() ? 0 : mine->second;
+    if (waiting + adding > config_.max_queued_jobs_per_user) {
+      return HttpError(
+          429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} per user "
+                           "(limits.max_queued_jobs_per_user in the server's config)",
+                           user, waiting, adding, config_.max_queued_jobs_per_user));
+    }
+  }
+  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form), that the
+  // caller may see through, and that can still turn out as asked.
+  {
+    std::lock_guard lock(mu_);
+    for (const Dependency& d : spec->after) {
+      auto dep = store_->Get(d.job);
+      if (!dep.ok() && dep.status().code() != absl::StatusCode::kNotFound)
+        return HttpError(500, std::string(dep.status().message()));
+      const std::string ref =
+          d.task >= 0 ? fmt::format("{}_{}", d.job, d.task) : std::to_string(d.job);
+      if (!dep.ok() || (d.task >= 0 && !store_->TaskId(d.job, d.task).ok())) {
+        return HttpError(400,
+                         fmt::format("after {}: job {} does not exist (a dependency names a job "
+                                     "submitted before, so dependencies never form a cycle)",
+                                     DependencyText(d), ref));
+      }
+      if (dep->owner != user && !admin) {
+        return HttpError(403,
+                         fmt::format("after {}: job {} belongs to {}; a dependency may name only "
+                                     "your own jobs (admins: anyone's)",
+                                     DependencyText(d), ref, dep->owner));
+      }
+      if (std::string why = Unmeetable(d, Outcome(d)); !why.empty())
+        return HttpError(422, fmt::format("after {}: {}", DependencyText(d), why));
+    }
+  }
+  const bool held = spec->hold;
+  spec->hold = false;  // a state of the job (held, released), not of its spec
+  JobRecord rec;
+  rec.name = spec->name;
+  rec.owner_uid = uid;
+  rec.owner = user;
+  rec.spec_json = JobSpecToJson(*spec).dump();
+  rec.priority = spec->priority;
+  rec.held = held;
+  rec.idempotency_key = idempotency_key;
+  if (rec.idempotency_key.size() > 128 ||
+      std::any_of(rec.idempotency_key.begin(), rec.idempotency_key.end(),
+                  [](unsigned char c) { return c < 0x21 || c > 0x7e; })) {
+    return HttpError(400,
+                     "Idempotency-Key: expected at most 128 printable characters without spaces");
+  }
+  const double now = Now();
+  bool existed = false;
+  // Durable before the answer; an array's tasks all at once.
+  auto id = range ? store_->InsertArray(rec, range->indices, now, &existed)
+                  : store_->Insert(rec, now, &existed);
+  if (!id.ok()) return HttpError(500, std::string(id.status().message()));
+  if (existed) {
+    // A repeat (the client did not hear the first answer): the job it already made, once.
+    auto first = store_->Get(*id);
+    if (!first.ok()) return HttpError(500, std::string(first.status().message()));
+    if (first->spec_json != rec.spec_json) {
+      return HttpError(422, fmt::format("Idempotency-Key '{}' was used for another submission "
+                                        "(job {})",
+                                        rec.idempotency_key, *id));
+    }
+    spdlog::info("job {}: submitted again by {} (same Idempotency-Key): not stored twice", *id,
+                 user);
+    return Submitted{*std::move(first), true, 0};
+  }
+  const size_t n = range ? range->indices.size() : 1;
+  {
+    std::lock_guard lock(mu_);
+    auto shared = std::make_shared<const JobSpec>(*std::move(spec));
+    for (size_t i = 0; i < n; ++i) {
+      Queued q;
+      q.id = *id + static_cast<int64_t>(i);
+      q.priority = shared->priority;
+      q.owner = user;
+      q.uid = uid;
+      q.spec = shared;
+      q.submitted = q.since = now;
+      q.held = held;
+      if (range) {
+        q.array_id = *id;
+        q.array_index = range->indices[i];
+        q.throttle = range->throttle;
+      }
+      Enqueue(std::move(q));
+    }
+    spdlog::info("job {}: submitted by {}{}{}: {}", *id, user,
+                 range ? fmt::format(" (array of {} tasks, {})", n, shared->array) : "",
+                 held ? " held" : "", fmt::join(shared->command, " "));
+  }
+  wake_.notify_all();
+  auto stored = store_->Get(*id);
+  if (!stored.ok()) return HttpError(500, std::string(stored.status().message()));
+  return Submitted{*std::move(stored), false, range ? n : 0};
+}
+
+absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::string& ref,
+                                const JobRecord& first, const std::string& user, bool force) {
+  const int64_t id = ids.front();
+  const double now = Now();
+  const std::string reason = "cancelled by " + user + (force ? " (forced: SIGKILL)" : "");
+  std::unique_lock lock(mu_);
+  // Queued ones in one transaction (an array's thousands of tasks among them), stored without mu_
+  // while they are kept out of the cycle; running ones are stopped; the rest (ended, or preempted
+  // and not queued again) one by one.
+  const std::vector<int64_t> queued = BeginChange(lock, ids);
+  std::vector<int64_t> others;
+  for (int64_t t : ids) {
+    if (queued_.contains(t)) continue;
+    if (auto it = running_.find(t); it != running_.end()) {
+      RequestStop(it->second, "cancel", reason, now);
+      if (force) Kill(it->second, "cancelled with --force");
+    } else if (auto s = starting_.find(t); s != starting_.end()) {
+      s->second.cancelled_by = reason;  // stopped as soon as its process exists
+    } else if (finishing_.contains(t)) {
+      if (ids.size() == 1) {
+        EndChange(queued);
+        return HttpError(409,
+                         fmt::format("job {} has already ended (its end is being recorded)", ref));
+      }
+    } else {
+      others.push_back(t);
+    }
+  }
+  for (int64_t t : others) {
+    auto o = t == id ? absl::StatusOr<JobRecord>(first) : store_->Get(t);
+    if (!o.ok() || IsTerminal(o->state)) {
+      if (ids.size() == 1) {
+        return HttpError(
+            409, fmt::format("job {} has already ended ({})", ref, JobStateName(first.state)));
+      }
+      continue;
+    }
+    if (absl::Status st = store_->Transition(t, JobState::kCancelled, reason, now); !st.ok()) {
+      EndChange(queued);
+      return HttpError(500, std::string(st.message()));
+    }
+  }
+  if (!queued.empty()) {
+    lock.unlock();
+    absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
+    lock.lock();
+    if (st.ok()) {
+      for (int64_t t : queued) EraseQueued(t);
+    }
+    EndChange(queued);
+    if (!st.ok()) return HttpError(500, std::string(st.message()));
+  }
+  lock.unlock();
+  wake_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string& ref,
+                              const JobRecord& first, bool hold, const std::string& user) {
+  const int64_t id = ids.front();
+  const double now = Now();
+  std::unique_lock lock(mu_);
+  // Kept out of the cycle while the change is stored without mu_: those whose state changes.
+  const std::vector<int64_t> taken = BeginChange(lock, ids);
+  if (ids.size() == 1 && taken.empty()) {  // not queued (any more: BeginChange may have waited)
+    auto now_r = store_->Get(id);
+    return HttpError(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
+                                      JobStateName(now_r.ok() ? now_r->state : first.state),
+                                      hold ? "held" : "released"));
+  }
+  std::vector<int64_t> change;
+  for (int64_t t : taken) {
+    if (queued_.at(t).held != hold) change.push_back(t);
+  }
+  absl::Status st;
+  if (!change.empty()) {
+    const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
+    lock.unlock();
+    st = store_->SetHeld(change, hold, reason, now);
+    lock.lock();
+    for (int64_t t : change) {
+      auto q = queued_.find(t);  // still queued: nothing takes a job that is changing
+      if (!st.ok() || q == queued_.end()) continue;
+      q->second.held = hold;
+      q->second.waiting = hold ? fmt::format("held by {} (tessera release {})", user, ref)
+                               : "released; not yet considered";
+    }
+    // Released: it keeps its place (its submission time), so goes where it would have been.
+    if (st.ok()) spdlog::info("job {}: {} ({} job(s))", ref, reason, change.size());
+  }
+  EndChange(taken);
+  if (!st.ok()) return HttpError(500, std::string(st.message()));
+  lock.unlock();
+  wake_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status HttpError(int http, const std::string& message) {
+  absl::Status st(http == 404   ? absl::StatusCode::kNotFound
+                  : http == 400 ? absl::StatusCode::kInvalidArgument
+                  : http == 403 ? absl::StatusCode::kPermissionDenied
+                  : http == 409 ? absl::StatusCode::kFailedPrecondition
+                  : http >= 500 ? absl::StatusCode::kInternal
+                                : absl::StatusCode::kInvalidArgument,
+                  message);
+  st.SetPayload("tessera.io/http-status", absl::Cord(std::to_string(http)));
+  return st;
+}
+
+int HttpStatusOf(const absl::Status& st) {
+  if (auto p = st.GetPayload("tessera.io/http-status")) return std::atoi(std::string(*p).c_str());
+  if (st.code() == absl::StatusCode::kNotFound) return 404;
+  if (st.code() == absl::StatusCode::kInvalidArgument) return 400;
+  if (st.code() == absl::StatusCode::kUnavailable) return 503;
+  return 500;
+}
+
+Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
+  Live l;
+  const double now = Now();
+  std::lock_guard lock(mu_);
+  std::shared_ptr<const JobSpec> spec;
+  std::string owner;
+  if (auto q = queued_.find(id); q != queued_.end()) {
+    l.queued = true;
+    l.waiting = WaitingReason(id);
+    spec = q->second.spec, owner = q->second.owner;
+    const std::optional<double> start = cycle_->ExpectedStart(std::to_string(id));
+    // None: no reservation; infinite: one whose start is unknown (reserved all the same).
+    if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
+    l.reserved = start.has_value();
+  } else if (auto r = running_.find(id); r != running_.end()) {
+    spec = r->second.spec, owner = r->second.owner;
+    l.pid = r->second.pid;
+    if (!r->second.stop.empty()) l.stopping = r->second.stop_reason;
+  } else if (auto s = starting_.find(id); s != starting_.end()) {
+    // Being started (its state already says running).
+    spec = s->second.spec, owner = s->second.owner;
+    // Cancelled meanwhile: it is stopped as soon as the process exists.
+    if (!s->second.cancelled_by.empty()) l.stopping = s->second.cancelled_by;
+  }
+  if (!spec) return l;
+  l.known = true;
+  l.prediction = predictor_.Predict(RunKindOf(*spec, owner));
+  if (auto r = running_.find(id); r != running_.end() && l.prediction.seconds > 0)
+    l.expected_end = r->second.started + l.prediction.seconds;
+  return l;
+}
+
+absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const JobRecord& first,
+                                     int priority, const Caller& caller) {
+  if (int ceiling = PriorityCeiling(caller.user, caller.uid, caller.admin); priority > ceiling) {
+    return HttpError(403, fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling "
+                                      "and priority_ceilings in the server's config)",
+                                      priority, caller.user, ceiling));
+  }
+  const double now = Now();
+  std::unique_lock lock(mu_);
+  // Out of the cycle while the change is stored without mu_; back at its new place after.
+  const std::vector<int64_t> change = BeginChange(lock, {id});
+  if (change.empty()) {  // not queued (any more: BeginChange may have waited)
+    auto now_r = store_->Get(id);
+    return HttpError(409, fmt::format("job {} is {}: only a queued job's priority can change", ref,
+                                      JobStateName(now_r.ok() ? now_r->state : first.state)));
+  }
+  const std::string reason =
+      fmt::format("priority {} -> {} by {}", queued_.at(id).priority, priority, caller.user);
+  lock.unlock();
+  absl::Status st = store_->SetPriority(id, priority, reason, now);
+  lock.lock();
+  if (auto q = queued_.find(id); st.ok() && q != queued_.end()) {  // nothing takes it meanwhile
+    q->second.priority = priority;
+    q->second.waiting = "priority changed; not yet considered";
+    spdlog::info("job {}: {}", id, reason);
+  }
+  EndChange(change);
+  lock.unlock();
+  if (!st.ok()) return HttpError(500, std::string(st.message()));
+  wake_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Dispatcher::SimulateHealth(int gpu, std::optional<uint64_t> xid,
+                                        std::optional<bool> lost) {
+  auto* sim = dynamic_cast<devices::SimulatedSource*>(source_.get());
+  if (!inventory_.simulated || sim == nullptr) {
+    return HttpError(409,
+                     "this machine's GPUs are real: only a simulated machine's can be made sick");
+  }
+  if (gpu < 0 || static_cast<size_t>(gpu) >= inventory_.gpus.size()) {
+    return HttpError(404,
+                     fmt::format("gpu {}: no such GPU (0..{})", gpu, inventory_.gpus.size() - 1));
+  }
+  absl::Status st;
+  if (xid) {
+    devices::HealthEvent e;
+    e.gpu = gpu;
+    e.kind = devices::HealthEvent::Kind::kXid;
+    e.xid = *xid;
+    e.detail = "injected through the API";
+    st = sim->Inject(e);
+  } else if (lost) {
+    st = sim->SetLost(gpu, *lost);
+  }
+  if (!st.ok()) return HttpError(400, std::string(st.message()));
+  return absl::OkStatus();
+}
+
+std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
+  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
+  std::vector<GpuState> out(inventory_.gpus.size());
+  std::lock_guard lock(mu_);
+  const auto& state = scheduler_->state();
+  for (size_t g = 0; g < out.size(); ++g) {
+    GpuState& s = out[g];
+    for (const auto& [id, r] : running_) {
+      if (std::find(r.gpus.begin(), r.gpus.end(), static_cast<int>(g)) != r.gpus.end())
+        s.jobs.push_back(id);
+    }
+    const auto& use = state.gpu_use(0, static_cast<int>(g));
+    s.healthy = gpu_healthy_[g];
+    s.reason = gpu_health_reason_[g];
+    s.milli = use.milli;
+    s.memory_mib = use.memory_mib;
+    if (g < telemetry.size()) s.telemetry = telemetry[g];
+  }
+  return out;
+}
+
+std::vector<Dispatcher::QuotaState> Dispatcher::Quotas() const {
+  std::vector<QuotaState> out;
+  std::lock_guard lock(mu_);
+  const sched::QuotaManager& qm = scheduler_->quotas();
+  auto add = [&](const std::string& kind, const std::string& name, const std::string& owner) {
+    const sched::OwnerQuota* q = qm.Get(owner);
+    if (q != nullptr) out.push_back({kind, name, *q, qm.Used(owner)});
+  };
+  for (const auto& [user, q] : config_.quotas) add("user", user, user);
+  for (const auto& [group, q] : config_.group_quotas) add("group", group, "group:" + group);
+  return out;
+}
+
+Dispatcher::Facts Dispatcher::Describe() const {
+  Facts f;
+  f.hostname = hostname_;
+  f.arbiter_file = ArbiterFile();
+  f.arbiter_access = arbiter_access_;
+  f.containers = containers_;
+  f.containers_off = containers_off_;
+  f.cdi_spec = cdi_spec_path_;
+  f.confinement = cgroups_->Describe();
+  std::lock_guard lock(mu_);
+  f.queued = queued_.size();
+  f.running = running_.size();
+  return f;
+}
+
+ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
+  // Taken under the lock (copies); the telemetry and the shared regions are read outside it.
+  ServerMetricsSnapshot snap;
+  snap.hostname = hostname_;
+  snap.simulated = inventory_.simulated;
+  snap.gpus = inventory_.gpus;
+  snap.telemetry = Telemetry();
+  if (health_) {
+    for (const devices::GpuHealth& h : health_->Snapshot()) snap.xids.push_back(h.xid_count);
+  }
+  std::lock_guard lock(mu_);
+  snap.healthy = gpu_healthy_;
+  const auto& state = scheduler_->state();
+  for (size_t g = 0; g < snap.gpus.size(); ++g) {
+    const auto& use = state.gpu_use(0, static_cast<int>(g));
+    snap.allocated_share.push_back(use.milli / 1000.0);
+    snap.allocated_memory_bytes.push_back(use.memory_mib * (int64_t{1} << 20));
+  }
+  for (const auto& [id, r] : running_) {
+    for (size_t i = 0; i < r.gpus.size(); ++i) {
+      snap.jobs.push_back({.id = id,
+                           .user = r.owner,
+                           .gpu = r.gpus[i],
+                           .ordinal = static_cast<int>(i),
+                           .share = r.region.empty() ? 1.0 : r.gpu_milli / 1000.0,
+                           .limit_bytes = r.memory_limit_mib * (int64_t{1} << 20),
+                           .region = r.region});
+    }
+  }
+  snap.queued = queued_.size();
+  snap.running = running_.size();
+  snap.scheduling = scheduling_;
+  return snap;
+}
+
+void Dispatcher::GpuHealth(std::vector<bool>* healthy, std::vector<std::string>* reasons) const {
+  std::lock_guard lock(mu_);
+  if (healthy) *healthy = gpu_healthy_;
+  if (reasons) *reasons = gpu_health_reason_;
+}
+
+std::pair<double, uint64_t> Dispatcher::Samples() const {
+  std::lock_guard lock(history_mu_);
+  return {last_sample_at_, samples_taken_};
+}
+
+void Dispatcher::Feed::Bump() {
+  {
+    std::lock_guard lock(mu_);
+    ++version_;
+  }
+  cv_.notify_all();
+}
+
+bool Dispatcher::Feed::Wait(uint64_t* seen, double timeout_s) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+               [&] { return closed_ || version_ != *seen; });
+  *seen = version_;
+  return !closed_;
+}
+
+bool Dispatcher::Feed::SleepUntil(std::chrono::steady_clock::time_point t) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, t, [&] { return closed_; });
+  return !closed_;
+}
+
+void Dispatcher::Feed::Close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Dispatcher::StartHistory(bool thread) {
+  store_->set_on_change([this] { feed_.Bump(); });
+  if (!thread) return;
+  sampler_ = std::thread([this] {
+    auto next = std::chrono::steady_clock::now();
+    do {
+      TakeSample();
+      next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(config_.history_interval_s));
+    } while (feed_.SleepUntil(next));  // the interval, or until the server stops
+  });
+}
+
+std::string Dispatcher::TakeSample() {
+  const double now = Now();
+  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
+  // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
+  // the lock: for their history.
+  // id, GPUs, compute, region
+  std::vector<std::tuple<int64_t, std::vector<int>, bool, std::string>> share_jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, r] : running_) {
+      if (!r.region.empty() && !r.gpus.empty())
+        share_jobs.emplace_back(id, r.gpus, r.gpu_milli > 0, r.region);
+    }
+  }
+  std::map<int64_t, ShareReading> shares;
+  for (const auto& [id, gpus, compute, region] : share_jobs)
+    shares[id] = ReadShare(id, gpus, compute, region);
+  json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
+  int busy = 0, healthy = 0;
+  double allocated = 0;
+  size_t queued = 0, running = 0;
+  {
+    std::lock_guard lock(mu_);
+    MeasureRunning(telemetry, shares);
+    const auto& state = scheduler_->state();
+    for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
+      const auto& use = state.gpu_use(0, static_cast<int>(g));
+      alloc.push_back(static_cast<double>(use.milli) / core::kMilliPerGpu);
+      alloc_mem.push_back(static_cast<uint64_t>(use.memory_mib) << 20);
+      busy += use.milli > 0 || use.memory_mib > 0;
+      allocated += static_cast<double>(use.milli) / core::kMilliPerGpu;
+      healthy += gpu_healthy_[g] ? 1 : 0;
+    }
+    queued = queued_.size();
+    running = running_.size();
+  }
+  for (const devices::GpuTelemetry& t : telemetry) {
+    util.push_back(OrNull(t.utilization));
+    mem.push_back(OrNull(t.memory_used_bytes));
+  }
+  const json j = {
+      {"at", now},          {"queued", queued},       {"running", running}, {"busy", busy},
+      {"healthy", healthy}, {"allocated", allocated}, {"util", util},       {"mem", mem},
+      {"alloc", alloc},     {"alloc_mem", alloc_mem}};
+  std::string data = j.dump();
+  if (absl::Status st = store_->AddSample({now, data}, now - config_.history_window_s); !st.ok()) {
+    spdlog::warn("history: sample not stored: {}", std::string(st.message()));
+  }
+  {
+    std::lock_guard lock(history_mu_);
+    last_sample_at_ = now;
+    ++samples_taken_;
+  }
+  feed_.Bump();
+  return data;
+}
+
+}  // namespace tessera::server

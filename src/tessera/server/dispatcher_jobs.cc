@@ -1,0 +1,614 @@
+// The dispatcher's running jobs: stops and kills, their ends (how a job ended, its usage, its
+// re-queueing), what they measure (shares' memory, GPU time, utilization), and their launch
+// (prepared under the lock, started without it, committed).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/core/clock.h"
+#include "tessera/core/gpu.h"
+#include "tessera/devices/cdi.h"
+#include "tessera/devices/health.h"
+#include "tessera/devices/open.h"
+#include "tessera/devices/simulated_source.h"
+#include "tessera/sched/cycle.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sched/scheduler.h"
+#include "tessera/server/acct.h"
+#include "tessera/server/api_response.h"
+#include "tessera/server/dispatcher.h"
+#include "tessera/server/file_acl.h"
+#include "tessera/server/openapi.h"
+#include "tessera/server/runner.h"
+#include "tessera/server/server_util.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A TCP port free on loopback now (the kernel's pick), for a job's MASTER_PORT; 29500 (torchrun's
+// default) when none can be had.
+int FreeLocalPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace
+
+void Dispatcher::RequestStop(Running& r, const std::string& why, const std::string& reason,
+                             double now) {
+  if (!r.stop.empty()) return;
+  r.stop = why;
+  r.stop_reason = reason;
+  r.stop_at = now;
+  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
+               r.grace_period_s);
+  if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
+}
+
+void Dispatcher::Kill(Running& r, const std::string& why) {
+  if (r.killed) return;
+  spdlog::info("job {}: {}: SIGKILL", r.id, why);
+  launcher_->Signal(r.pid, SIGKILL);
+  // Killing podman's client leaves the container to its monitor: remove it by name.
+  if (r.container && containers_) RemoveContainer(*containers_, r.id);
+  r.killed = true;
+}
+
+uint64_t Dispatcher::LogBytes(const Running& r) const {
+  uint64_t bytes = 0;
+  auto add = [&](const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+  };
+  add(JobFile("logs", r.id, ".out"));
+  add(JobFile("logs", r.id, ".err"));
+  for (int t = 1; t < r.tasks; ++t) {
+    add(TaskLog(r.id, t, ".out"));
+    add(TaskLog(r.id, t, ".err"));
+  }
+  return bytes;
+}
+
+void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
+  // Logs are measured about once a second (a stat per log of each running job), not every turn.
+  const bool check_logs = config_.max_log_bytes_per_job > 0 && now - logs_checked_ >= 1;
+  if (check_logs) logs_checked_ = now;
+  if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
+    arbiter_checked_ = now;
+    RepairArbiterIfDamaged();
+  }
+  std::vector<std::pair<int64_t, std::optional<int>>> ended;
+  for (auto& [id, r] : running_) {
+    std::optional<int> code;
+    bool gone = false;
+    if (!r.adopted) {
+      code = launcher_->Reap(r.pid);
+      gone = code.has_value();
+    } else if (!launcher_->Alive(r.pid, r.start_time)) {
+      gone = true;
+      code = ReadExitFile(JobFile("exit", id));
+    }
+    if (gone) {
+      ended.emplace_back(id, code);
+      continue;
+    }
+    if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
+      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),
+                  now);
+    }
+    if (check_logs && r.stop.empty()) {
+      if (const uint64_t bytes = LogBytes(r); bytes > config_.max_log_bytes_per_job) {
+        RequestStop(r, "logs",
+                    fmt::format("its logs reached {} MiB, over the limit of {} MiB "
+                                "(limits.max_log_bytes_per_job)",
+                                bytes >> 20, config_.max_log_bytes_per_job >> 20),
+                    now);
+      }
+    }
+    if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
+      Kill(r, fmt::format("still running {} s after SIGTERM", r.grace_period_s));
+    }
+  }
+  for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
+    it = cgroups_->Remove(*it) ? cgroups_left_.erase(it) : std::next(it);
+  }
+  if (ended.empty()) return;
+  // Their GPUs are free at once; what else an end takes (the cgroup's accounting, a container left
+  // behind, the store's record with its fsync) is done without the lock, so that API reads do not
+  // wait for it. Meanwhile the jobs are `finishing_`: a cancel is told they have ended.
+  std::vector<Ending> endings;
+  for (auto& [id, code] : ended) {
+    if (exits_) exits_->Unwatch(id);
+    auto it = running_.find(id);
+    (void)scheduler_->Release(std::to_string(id));
+    if (it->second.arbiter) ArbiterUser(it->second.uid, -1);
+    endings.push_back(Ending{std::move(it->second), code.value_or(-1), code.has_value()});
+    running_.erase(it);
+    finishing_.insert(id);
+  }
+  dirty_ = true;
+  lock.unlock();
+  for (Ending& e : endings) Finish(e, now);
+  lock.lock();
+  for (Ending& e : endings) {
+    finishing_.erase(e.run.id);
+    if (e.cgroup_left) cgroups_left_.insert(e.run.id);
+    if (e.requeue) Enqueue(std::move(*e.requeue));
+  }
+}
+
+void Dispatcher::Finish(Ending& e, double now) {
+  Running& r = e.run;
+  const int exit_code = e.exit_code;
+  const bool exit_known = e.exit_known;
+  std::error_code ec;
+  if (!r.region.empty()) {
+    // Its last GPU use first: the arbiter's count and the region's peak.
+    if (!r.gpus.empty()) AddShareReading(r, ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
+    fs::remove(r.region, ec);
+  }
+  TransitionFields f;
+  f.ended_at = now;
+  if (exit_known) f.exit_code = exit_code;
+  CgroupUsage usage;
+  json u = json::object();
+  if (r.cgroup) {
+    usage = cgroups_->Usage(r.id);
+    if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
+    if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
+    u["oom_kills"] = usage.oom_kills;
+    // What the job left running goes with it; a cgroup still busy is removed on a later turn.
+    e.cgroup_left = !cgroups_->Remove(r.id);
+  }
+  // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
+  // its GPUs' time) and the most GPU memory it held per GPU.
+  // Rounded to a tenth of a point, as stored: the history a restart reads back is the same.
+  std::optional<double> util = GpuUtilizationOf(r, now);
+  if (util) {
+    util = std::round(*util * 10) / 10;
+    u["gpu_utilization_pct"] = *util;
+  }
+  if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
+  if (!u.empty()) f.usage_json = u.dump();
+  JobState to;
+  std::string reason;
+  bool requeue = false;
+  if (r.stop == "cancel") {
+    to = JobState::kCancelled, reason = r.stop_reason;
+  } else if (r.stop == "preempt") {
+    to = JobState::kPreempted, reason = r.stop_reason;
+    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.requeue_preempted;
+  } else if (r.stop == "unhealthy") {
+    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.unhealthy_action == "requeue";
+    to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
+  } else if (r.stop == "timeout" || r.stop == "logs") {
+    to = JobState::kFailed, reason = r.stop_reason;
+  } else if (!exit_known) {
+    to = JobState::kLost,
+    reason = "its process ended while the server was not its parent; exit status unknown";
+  } else if (exit_code == 0) {
+    to = JobState::kSucceeded, reason = "exit code 0";
+  } else if (r.container && exit_code >= 125 && exit_code <= 127) {
+    // podman's own codes: it could not run the container, or the command in it.
+    to = JobState::kFailed;
+    reason = exit_code == 125   ? "podman could not run the container (exit code 125; its error is "
+                                  "in the job's stderr log)"
+             : exit_code == 126 ? "the command cannot be run in the container (exit code 126)"
+                                : "the command was not found in the container (exit code 127)";
+  } else {
+    to = JobState::kFailed;
+    reason = exit_code > 128
+                 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
+                 : fmt::format("exit code {}", exit_code);
+    if (usage.oom_kills > 0) {
+      reason = fmt::format(
+          "over its memory limit of {} MiB: the kernel killed {} of its processes (OOM); {}",
+          r.memory_mib, usage.oom_kills, reason);
+    }
+  }
+  // A container left behind: its client was stopped, or ended while another server was its parent.
+  // (One killed after the grace period was removed then.)
+  if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known))
+    RemoveContainer(*containers_, r.id);
+  // Its run time joins the history that predicts the next ones - before its end is recorded, so
+  // that whoever sees it ended (and submits the next run) finds it in the history.
+  if (to == JobState::kSucceeded && r.spec) {
+    predictor_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
+                   r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
+  }
+  if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
+    spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
+    return;
+  }
+  // Recorded: a restart no longer needs the exit file to tell how it ended.
+  fs::remove(JobFile("exit", r.id), ec);
+  spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
+  if (requeue) {
+    auto rec = store_->Get(r.id);
+    auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
+    if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
+      e.requeue = QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
+    }
+  }
+}
+
+Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int>& gpus,
+                                               bool compute_share,
+                                               const std::string& region) const {
+  ShareReading s;
+  if (compute_share && !gpus.empty()) {
+    // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
+    // Not while the file is being replaced: a read of the old file after the copy was taken
+    // could see more than the copy says, and the copy's count would look like a restart.
+    std::lock_guard lock(arbiter_mu_);
+    s.busy_us =
+        shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                                shim::ArbiterJobKey(std::to_string(id).c_str())) /
+        gpus.size();
+  }
+  s.peak_bytes = ReadRegionMemory(region).peak;
+  return s;
+}
+
+void Dispatcher::AddShareReading(Running& r, const ShareReading& s) {
+  // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
+  // and came back): what was counted before stays counted.
+  r.arbiter_busy_us += s.busy_us >= r.arbiter_seen_us ? s.busy_us - r.arbiter_seen_us : s.busy_us;
+  r.arbiter_seen_us = s.busy_us;
+  r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, s.peak_bytes >> 20);
+}
+
+std::optional<double> Dispatcher::GpuUtilizationOf(const Running& r, double now) {
+  if (r.gpus.empty()) return std::nullopt;
+  // A share with a compute share: the GPU time the arbiter charged it over its run time.
+  if (!r.region.empty() && r.gpu_milli > 0) {
+    const double ran_us = (now - r.started) * 1e6;
+    if (ran_us <= 0 || r.arbiter_busy_us == 0) return std::nullopt;
+    return std::min(100.0, 100.0 * static_cast<double>(r.arbiter_busy_us) / ran_us);
+  }
+  // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
+  if (r.util_samples == 0) return std::nullopt;
+  return std::clamp(100.0 * r.util_sum / r.util_samples, 0.0, 100.0);
+}
+
+namespace {
+// A field of a finished job's usage record; null when it has none.
+json UsageField(const JobRecord& r, const char* key) {
+  if (r.usage_json.empty()) return nullptr;
+  const json u = json::parse(r.usage_json, nullptr, false);
+  return u.is_object() && u.contains(key) ? u[key] : json(nullptr);
+}
+}  // namespace
+
+std::optional<bool> Dispatcher::SharedGpu(const JobRecord& r) {
+  const json v = UsageField(r, "shared_gpu");
+  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
+}
+
+std::optional<double> Dispatcher::MeasuredUtilization(const JobRecord& r) {
+  const json v = UsageField(r, "gpu_utilization_pct");
+  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
+}
+
+void Dispatcher::MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
+                                const std::map<int64_t, ShareReading>& shares) {
+  const auto& state = scheduler_->state();
+  for (auto& [id, r] : running_) {
+    if (r.gpus.empty()) continue;
+    if (auto s = shares.find(id); s != shares.end()) AddShareReading(r, s->second);
+    // The GPUs' readings count for it only where it holds them alone.
+    bool alone = true, known = true;
+    double util = 0;
+    int64_t peak = 0;
+    for (int g : r.gpus) {
+      if (static_cast<size_t>(g) >= telemetry.size() || state.gpu_use(0, g).holders != 1) {
+        alone = false;
+        break;
+      }
+      const devices::GpuTelemetry& t = telemetry[g];
+      if (t.utilization) {
+        util += *t.utilization;
+      } else {
+        known = false;
+      }
+      if (t.memory_used_bytes) peak = std::max<int64_t>(peak, *t.memory_used_bytes >> 20);
+    }
+    if (!alone) continue;
+    if (known) {
+      r.util_sum += util / static_cast<double>(r.gpus.size());
+      ++r.util_samples;
+    }
+    if (r.region.empty()) r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
+  }
+}
+
+Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& a,
+                                             double now) const {
+  Launch l;
+  json placement;
+  placement["gpus"] = json::array();
+  std::vector<std::string> uuids;
+  for (int g : a.gpus) {
+    const core::Gpu& gpu = inventory_.gpus[g];
+    placement["gpus"].push_back({{"index", g}, {"uuid", gpu.uuid}, {"model", gpu.model}});
+    uuids.push_back(gpu.uuid);
+  }
+  placement["milli_per_gpu"] = a.milli_per_gpu;
+  placement["memory_mib_per_gpu"] = a.memory_mib_per_gpu;
+  l.placement_json = placement.dump();
+  l.where = a.gpus.empty() ? "no GPU" : fmt::format("GPU {}", fmt::join(a.gpus, ","));
+  LaunchSpec& ls = l.spec;
+  ls.job_id = q.id;
+  ls.argv = q.spec->command;
+  ls.env = q.spec->env;
+  ls.workdir = q.spec->workdir;
+  if (q.array_id != 0) {
+    // Slurm's SLURM_ARRAY_* under Tessera's names.
+    ls.env["TESSERA_ARRAY_JOB_ID"] = std::to_string(q.array_id);
+    ls.env["TESSERA_ARRAY_TASK_ID"] = std::to_string(q.array_index);
+  }
+  ls.stdout_path = JobFile("logs", q.id, ".out");
+  ls.stderr_path = JobFile("logs", q.id, ".err");
+  ls.user_stdout = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, 0, false);
+  ls.user_stderr = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, 0, true);
+  ls.gpu_uuids = uuids;
+  ls.exit_path = JobFile("exit", q.id);
+  if (const int n = q.spec->Tasks(); n > 1) {
+    // One process per task, with what torchrun, NCCL and MPI programs read; all the job's GPUs
+    // visible to each (LOCAL_RANK picks one), TESSERA_TASK_GPU the one a task would take in turn.
+    const std::string port = std::to_string(FreeLocalPort());
+    for (int r = 0; r < n; ++r) {
+      TaskLaunch t;
+      t.env = {{"RANK", std::to_string(r)},
+               {"LOCAL_RANK", std::to_string(r)},
+               {"WORLD_SIZE", std::to_string(n)},
+               {"LOCAL_WORLD_SIZE", std::to_string(n)},
+               {"GROUP_RANK", "0"},
+               {"NODE_RANK", "0"},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", port},
+               {"TESSERA_TASK_ID", std::to_string(r)},
+               {"TESSERA_NTASKS", std::to_string(n)}};
+      if (!a.gpus.empty())
+        t.env["TESSERA_TASK_GPU"] = std::to_string(r * static_cast<int>(a.gpus.size()) / n);
+      // Task 0 writes the job's own logs; the others theirs (tessera logs --task N).
+      t.stdout_path = r == 0 ? ls.stdout_path : TaskLog(q.id, r, ".out");
+      t.stderr_path = r == 0 ? ls.stderr_path : TaskLog(q.id, r, ".err");
+      t.user_stdout = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, r, false);
+      t.user_stderr = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, r, true);
+      ls.tasks.push_back(std::move(t));
+    }
+    ls.kill_on_task_failure = q.spec->task_failure == "kill";
+    ls.task_grace_s = static_cast<int>(std::ceil(
+        std::min(q.spec->grace_period_s >= 0 ? q.spec->grace_period_s : config_.grace_period_s,
+                 config_.max_grace_period_s)));
+  }
+  l.run = NewRunning(q.id, *q.spec, a.gpus, now);
+  l.run.uid = q.uid;
+  l.run.array_id = q.array_id;
+  l.run.spec = q.spec;
+  l.run.owner = q.owner;
+  if (!l.run.region.empty()) {
+    ShareLimits share;
+    share.library = config_.intercept_library;
+    share.region = l.run.region;
+    share.memory_bytes = static_cast<uint64_t>(q.spec->gpu_memory_mib) << 20;
+    share.arbiter = ArbiterFile();
+    share.share_milli = q.spec->gpu_milli;
+    share.priority = q.priority;
+    share.physical_gpus = a.gpus;
+    share.context_overhead_bytes = config_.context_overhead_bytes;
+    // In a container the library cannot measure the context (its pids are not NVML's): the
+    // measured figure for the GPU's model, unless the config names one.
+    if (share.context_overhead_bytes == 0 && l.run.container && !a.gpus.empty() &&
+        a.gpus[0] < static_cast<int>(node().gpus.size())) {
+      share.context_overhead_bytes = core::DefaultContextOverhead(node().gpus[a.gpus[0]].model);
+    }
+    ls.share = share;
+  }
+  // A user's job runs with that user's own uid, gid and groups, or not at all: an account that
+  // cannot be looked up now (no passwd entry, deleted since submitting, an NSS outage) has no
+  // group to run in, and the server's would be root's.
+  std::optional<std::string> no_account;
+  if (geteuid() == 0 && q.uid != 0) {
+    ls.uid = q.uid;
+    passwd pw;
+    passwd* found = nullptr;
+    std::vector<char> buf(16384);
+    const int e = getpwuid_r(q.uid, &pw, buf.data(), buf.size(), &found);
+    if (e == 0 && found) {
+      ls.gid = pw.pw_gid;
+    } else {
+      no_account = fmt::format(
+          "the account of uid {} cannot be looked up ({}): a job runs only with its user's own "
+          "uid, gid and groups",
+          q.uid, e != 0 ? strerror(e) : "no such user");
+    }
+  }
+  if (!l.run.container && cgroups_->active()) {
+    // Its cgroup: the nodes every process needs, the driver's control nodes, its own GPUs.
+    CgroupLimits limits;
+    limits.devices = BaseDeviceRules();
+    for (const char* control : {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}) {
+      if (auto r = RuleFor(config_.device_dir + "/" + control)) limits.devices.push_back(*r);
+    }
+    for (int g : a.gpus) {
+      const std::optional<int>& minor = inventory_.gpus[g].minor;
+      if (!minor) continue;
+      if (auto r = RuleFor(fmt::format("{}/nvidia{}", config_.device_dir, *minor)))
+        limits.devices.push_back(*r);
+    }
+    limits.memory_bytes = q.spec->memory_mib << 20;
+    limits.cpu_milli = q.spec->cpu_milli;
+    limits.pids_max = config_.pids_max;
+    l.limits = std::move(limits);
+  }
+  if (l.run.container && !containers_) {
+    // Accepted by a server that had podman (kept across a restart); this one has none.
+    l.refused = absl::FailedPreconditionError(
+        fmt::format("this server cannot run containers: {}", containers_off_));
+  } else if (RunsAsRoot(q.uid) && !config_.allow_root_jobs) {
+    // Accepted under a config that allowed it (kept across a restart); this one does not.
+    l.refused = absl::PermissionDeniedError(
+        "jobs do not run as root on this server (allow_root_jobs is off)");
+  } else if (no_account) {
+    l.refused = absl::FailedPreconditionError(*no_account);
+  }
+  l.queued = std::move(q);
+  return l;
+}
+
+void Dispatcher::ExecuteLaunch(Launch& l, double now) {
+  const Queued& q = l.queued;
+  LaunchSpec& ls = l.spec;
+  TransitionFields f;
+  f.started_at = now;
+  f.placement_json = l.placement_json;
+  l.recorded = store_->Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
+  if (!l.recorded.ok()) return;
+  if (ls.uid && ls.gid) {
+    std::vector<std::string> logs = {ls.stdout_path, ls.stderr_path};
+    for (const TaskLaunch& t : ls.tasks) {
+      if (t.stdout_path != ls.stdout_path) logs.push_back(t.stdout_path);
+      if (t.stderr_path != ls.stderr_path) logs.push_back(t.stderr_path);
+    }
+    for (const std::string& p : logs) {
+      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+      if (fd >= 0) {
+        if (fchown(fd, *ls.uid, *ls.gid) != 0)
+          spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
+        close(fd);
+      }
+    }
+  }
+  if (ls.share) {
+    // The server makes the job's region (owned by the job's user), so that the job needs no right
+    // to create files in the state folder, and a container has a file to bind.
+    std::error_code ec;
+    fs::remove(ls.share->region, ec);
+    char err[256] = {};
+    // A limit per GPU of the job, in the order of its CUDA ordinals.
+    const std::vector<uint64_t> limits(std::max<size_t>(ls.share->physical_gpus.size(), 1),
+                                       ls.share->memory_bytes);
+    if (!shim::CreateRegionFile(ls.share->region.c_str(), limits.data(),
+                                static_cast<int>(limits.size()), err, sizeof err)) {
+      spdlog::warn("job {}: shared region {}: {}", q.id, ls.share->region, err);
+    } else if (ls.uid && ls.gid && chown(ls.share->region.c_str(), *ls.uid, *ls.gid) != 0) {
+      spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
+    }
+  }
+  // Its owner may write the arbiter while it runs (a job with a compute share uses it).
+  if (l.refused.ok() && ls.share && ls.share->share_milli > 0) {
+    ArbiterUser(q.uid, +1);
+    l.run.arbiter = true;
+  }
+  if (!l.refused.ok()) {
+    l.launched = l.refused;
+  } else if (l.limits) {
+    // Confined, or not started at all: never a job that escapes its devices by accident.
+    auto procs = cgroups_->Create(q.id, *l.limits);
+    if (!procs.ok()) {
+      l.launched = absl::FailedPreconditionError(
+          fmt::format("cannot confine the job: {}", std::string(procs.status().message())));
+    } else {
+      ls.cgroup_procs = *procs;
+      l.run.cgroup = true;
+      l.launched = launcher_->Start(ls);
+      if (!l.launched.ok()) cgroups_->Remove(q.id);
+    }
+  } else {
+    if (l.run.container) {
+      ls.container = LaunchSpec::Container{.image = q.spec->image,
+                                           .own_path = q.spec->env.contains("PATH"),
+                                           .memory_bytes = q.spec->memory_mib << 20,
+                                           .cpu_milli = q.spec->cpu_milli,
+                                           .pids_max = config_.pids_max};
+    }
+    l.launched = launcher_->Start(ls);
+  }
+  if (!l.launched.ok()) {
+    if (l.run.arbiter) ArbiterUser(q.uid, -1);
+    TransitionFields ff;
+    ff.ended_at = now;
+    (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()),
+                             now, ff);
+    return;
+  }
+  l.run.pid = l.launched->pid;
+  l.run.start_time = l.launched->start_time;
+  if (absl::Status st = store_->SetProcess(q.id, l.run.pid, l.run.start_time); !st.ok()) {
+    spdlog::error("job {}: recording its process: {}", q.id, std::string(st.message()));
+  }
+}
+
+void Dispatcher::CommitLaunch(Launch& l, double now) {
+  const int64_t id = l.queued.id;
+  std::string cancelled_by = std::move(starting_[id].cancelled_by);
+  starting_.erase(id);
+  if (!l.recorded.ok()) {
+    // Not started (the store refused the transition): back in the queue for the next pass.
+    spdlog::error("job {}: {}", id, std::string(l.recorded.message()));
+    (void)scheduler_->Release(std::to_string(id));
+    Enqueue(std::move(l.queued));
+    dirty_ = true;
+    return;
+  }
+  if (!l.launched.ok()) {
+    (void)scheduler_->Release(std::to_string(id));
+    spdlog::info("job {}: failed to start: {}", id, std::string(l.launched.status().message()));
+    dirty_ = true;
+    return;
+  }
+  Running& run = running_[id] = std::move(l.run);
+  // Shares beside one another on a GPU: each's history says it ran shared.
+  if (!run.region.empty() && !run.gpus.empty()) {
+    for (auto& [other_id, other] : running_) {
+      if (other_id == id || other.region.empty() || other.gpus != run.gpus) continue;
+      other.shared_gpu = run.shared_gpu = true;
+    }
+  }
+  if (exits_) exits_->Watch(id, run.pid);
+  spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
+  scheduling_.Started(std::max(0.0, now - l.queued.since));
+  if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,307 @@
+// The dispatcher's queue: jobs into it and out, why one waits, dependencies and their outcomes,
+// admission into the scheduling cycle (holds, arrays' throttles, per-user caps) and the pass.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/core/clock.h"
+#include "tessera/core/gpu.h"
+#include "tessera/devices/cdi.h"
+#include "tessera/devices/health.h"
+#include "tessera/devices/open.h"
+#include "tessera/devices/simulated_source.h"
+#include "tessera/sched/cycle.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sched/scheduler.h"
+#include "tessera/server/acct.h"
+#include "tessera/server/api_response.h"
+#include "tessera/server/dispatcher.h"
+#include "tessera/server/file_acl.h"
+#include "tessera/server/openapi.h"
+#include "tessera/server/runner.h"
+#include "tessera/server/server_util.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+Dispatcher::Queued Dispatcher::QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec,
+                                        double since) {
+  Queued q;
+  q.id = r.id;
+  q.priority = r.priority;
+  q.owner = r.owner;
+  q.uid = r.owner_uid;
+  q.throttle = ArrayThrottle(spec->array);
+  q.spec = std::move(spec);
+  q.submitted = r.submitted_at;
+  q.since = since;
+  q.array_id = r.array_id;
+  q.array_index = r.array_index;
+  return q;
+}
+
+void Dispatcher::Enqueue(Queued q) {
+  q.in_cycle = false;
+  q.waiting = q.held ? fmt::format("held (tessera release {})", q.array_id ? q.array_id : q.id)
+                     : "not yet considered";
+  if (auto old = queued_.find(q.id); old != queued_.end()) EraseQueued(old);
+  ++queued_by_uid_[q.uid];
+  queued_[q.id] = std::move(q);
+  dirty_ = true;
+}
+
+void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
+  if (auto n = queued_by_uid_.find(it->second.uid); n != queued_by_uid_.end() && --n->second == 0)
+    queued_by_uid_.erase(n);
+  queued_.erase(it);
+}
+
+void Dispatcher::EraseQueued(int64_t id) {
+  if (auto it = queued_.find(id); it != queued_.end()) EraseQueued(it);
+}
+
+std::string Dispatcher::WaitingReason(int64_t id) const {
+  auto q = queued_.find(id);
+  if (q == queued_.end()) return "";
+  if (q->second.changing) return "a change to it (cancel, hold, release, priority) is being stored";
+  if (!q->second.in_cycle) return q->second.waiting;
+  const std::string* why = cycle_->Waiting(std::to_string(id));
+  return why ? *why : "";
+}
+
+Dispatcher::DependencyState Dispatcher::Outcome(const Dependency& d) const {
+  using S = DependencyState;
+  // Queued, starting or running here: not settled. Preempted and lost jobs that are not queued
+  // again are over.
+  auto active = [&](int64_t id) {
+    return queued_.contains(id) || running_.contains(id) || starting_.contains(id) ||
+           finishing_.contains(id);
+  };
+  auto ended = [&](int64_t id, JobState state) {
+    return !active(id) && state != JobState::kQueued && state != JobState::kRunning;
+  };
+  int64_t id = d.job;
+  if (d.task >= 0) {
+    auto t = store_->TaskId(d.job, d.task);
+    if (!t.ok()) return {S::kMissing, fmt::format("job {}_{} does not exist", d.job, d.task)};
+    id = *t;
+  } else if (active(id)) {
+    return {S::kPending, ""};  // an array whose first task has not ended has not either
+  }
+  auto r = store_->Get(id);
+  if (!r.ok()) return {S::kMissing, fmt::format("job {} does not exist", id)};
+  const std::string name =
+      d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job);
+  if (d.task < 0 && r->array_id == r->id) {
+    auto tasks = store_->Tasks(id);
+    if (!tasks.ok()) return {S::kPending, ""};  // read again at the next pass
+    size_t failed = 0;
+    for (const Store::TaskState& t : *tasks) {
+      if (!ended(t.id, t.state)) return {S::kPending, ""};
+      if (t.state != JobState::kSucceeded) ++failed;
+    }
+    if (failed == 0) return {S::kOk, fmt::format("every task of array {} succeeded", d.job)};
+    return {S::kNotOk, fmt::format("{} of the {} tasks of array {} did not succeed", failed,
+                                   tasks->size(), d.job)};
+  }
+  if (!ended(id, r->state)) return {S::kPending, ""};
+  if (r->state == JobState::kSucceeded) return {S::kOk, name + " succeeded"};
+  return {S::kNotOk, fmt::format("{} {}", name, JobStateName(r->state))};
+}
+
+std::string Dispatcher::Unmeetable(const Dependency& d, const DependencyState& st) {
+  using S = DependencyState;
+  const bool never = st.outcome == S::kMissing ||
+                     (d.kind == Dependency::Kind::kOk && st.outcome == S::kNotOk) ||
+                     (d.kind == Dependency::Kind::kNotOk && st.outcome == S::kOk);
+  return never ? fmt::format("{}: after {} can never be met", st.what, DependencyText(d)) : "";
+}
+
+void Dispatcher::Admit(double now) {
+  // What each array has running or in the cycle's queue (its % limit counts both), and each user
+  // (limits.max_running_jobs_per_user counts both, and the jobs being started).
+  std::map<int64_t, int> active;
+  std::map<uint32_t, size_t> user_active;
+  // An array's tasks waiting in the cycle: they all have one shape, and at most
+  // max_starts_per_pass start in a pass, so more than a few passes' worth of them there would only
+  // take the user's room (her small job stuck behind her own 10,000-task sweep) and the pass's
+  // time.
+  std::map<int64_t, size_t> array_in_cycle;
+  const size_t array_window = 4 * config_.max_starts_per_pass;
+  for (const auto& [id, r] : running_) {
+    if (r.array_id != 0) ++active[r.array_id];
+    ++user_active[r.uid];
+  }
+  for (const auto& [id, q] : queued_) {
+    if (q.in_cycle && q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
+    if (q.in_cycle) ++user_active[q.uid];
+  }
+  for (const auto& [id, s] : starting_) ++user_active[s.uid];
+  // An array's tasks share their dependencies: each is looked up once per pass.
+  std::map<std::string, DependencyState> outcomes;
+  std::vector<std::pair<int64_t, std::string>> never;
+  for (auto& [id, q] : queued_) {
+    if (q.in_cycle || q.held || q.changing) continue;
+    std::string pending, broken;
+    for (const Dependency& d : q.spec->after) {
+      const std::string key = DependencyText(d);
+      auto it = outcomes.find(key);
+      if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(d)).first;
+      if (std::string why = Unmeetable(d, it->second); !why.empty()) {
+        broken = why;
+        break;
+      }
+      if (it->second.outcome == DependencyState::kPending && pending.empty()) {
+        pending = fmt::format(
+            "waiting for {} to end (after {})",
+            d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job),
+            key);
+      }
+    }
+    if (!broken.empty()) {
+      never.emplace_back(id, broken);
+      continue;
+    }
+    if (!pending.empty()) {
+      q.waiting = pending;
+      continue;
+    }
+    if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
+      q.waiting = fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id,
+                              q.throttle, q.throttle);
+      continue;
+    }
+    if (q.array_id != 0 && array_in_cycle[q.array_id] >= array_window) {
+      q.waiting = fmt::format("behind the first {} waiting tasks of array {}",
+                              array_in_cycle[q.array_id], q.array_id);
+      continue;
+    }
+    if (user_active[q.uid] >= config_.max_running_jobs_per_user) {
+      q.waiting = fmt::format(
+          "{} has {} jobs running or starting, the most per user "
+          "(limits.max_running_jobs_per_user)",
+          q.owner, user_active[q.uid]);
+      continue;
+    }
+    sched::QueueEntry e{RequestFor(*q.spec, q.id, q.owner, q.uid), q.submitted,
+                        static_cast<uint64_t>(q.id)};
+    e.request.priority = q.priority;  // the stored one: it may have changed since submission
+    if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
+      spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
+      q.waiting = std::string(st.message());
+      continue;
+    }
+    q.in_cycle = true;
+    if (q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
+    ++user_active[q.uid];
+  }
+  // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
+  // for them forever; their own dependents are settled at the next pass. Stored by SchedulePass
+  // without mu_ (EndNeverMet); changing meanwhile.
+  for (const auto& [id, why] : never) {
+    queued_.at(id).changing = true;
+    never_met_.emplace_back(id, why);
+  }
+}
+
+void Dispatcher::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
+  if (never_met_.empty()) return;
+  // An array's tasks share their reason: one transaction for them all.
+  std::map<std::string, std::vector<int64_t>> by_reason;
+  for (const auto& [id, why] : never_met_) by_reason[why].push_back(id);
+  never_met_.clear();
+  lock.unlock();
+  std::map<std::string, absl::Status> stored;
+  for (const auto& [why, ids] : by_reason)
+    stored[why] = store_->TransitionMany(ids, JobState::kCancelled, why, now);
+  lock.lock();
+  for (const auto& [why, ids] : by_reason) {
+    if (const absl::Status& st = stored[why]; !st.ok()) {
+      spdlog::error("job {}: {}", ids.front(), std::string(st.message()));
+    } else {
+      spdlog::info("{}: cancelled: {}",
+                   ids.size() == 1
+                       ? fmt::format("job {}", ids[0])
+                       : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
+                   why);
+      for (int64_t id : ids) EraseQueued(id);
+    }
+    EndChange(ids);  // those not stored are tried again at the next pass
+  }
+}
+
+void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
+  Admit(now);
+  std::vector<Launch> launches;
+  std::vector<sched::CycleDecision> decisions = cycle_->Step(now);
+  // At most max_starts_per_pass processes started in one pass, so that the pass (and the lock's
+  // next holder) does not wait for thousands of forks: jobs with GPUs first (a GPU left idle costs
+  // most), then the rest in the cycle's order; those left over go back to the queue, placed again
+  // at the next pass, which follows at once.
+  std::stable_partition(decisions.begin(), decisions.end(), [](const sched::CycleDecision& d) {
+    return d.kind == sched::CycleDecision::Kind::kPreempt || !d.allocation.gpus.empty();
+  });
+  size_t starts = 0;
+  for (sched::CycleDecision& d : decisions) {
+    const int64_t id = std::stoll(d.id);
+    auto q = queued_.find(id);
+    if (q == queued_.end()) continue;  // the cycle only holds what queued_ holds
+    if (d.kind == sched::CycleDecision::Kind::kPreempt) {
+      for (const std::string& victim : d.victims) {
+        auto it = running_.find(std::stoll(victim));
+        if (it == running_.end()) continue;
+        RequestStop(it->second, "preempt",
+                    fmt::format("preempted for job {} (priority {})", id, q->second.priority), now);
+      }
+      continue;
+    }
+    if (starts == config_.max_starts_per_pass) {
+      (void)scheduler_->Release(d.id);
+      q->second.in_cycle = false;  // Admit puts it back into the cycle
+      q->second.waiting =
+          "starting: more jobs were started in this pass than limits.max_starts_"
+          "per_pass allows";
+      dirty_ = true;
+      continue;
+    }
+    ++starts;
+    Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
+    launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
+    EraseQueued(q);
+    starting_[id] = std::move(starting);
+  }
+  EndNeverMet(now, lock);
+  if (launches.empty()) return;
+  // The store's writes (fsync) and the forks and execs go on without the lock: API reads,
+  // submissions and cancels do not wait for them.
+  lock.unlock();
+  for (Launch& l : launches) ExecuteLaunch(l, now);
+  lock.lock();
+  for (Launch& l : launches) CommitLaunch(l, now);
+}
+
+}  // namespace tessera::server
