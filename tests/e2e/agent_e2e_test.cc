@@ -435,6 +435,8 @@ TEST_F(AgentE2e, AnUnusableApiServerIsLoggedAndTheKubeletIsStillServed) {
   v1beta1::AllocateResponse out;
   EXPECT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
   EXPECT_THAT(Metrics(), HasSubstr("tessera_agent_api_server_configured 0"));
+  EXPECT_THAT(Metrics(), Not(HasSubstr("tessera_agent_node_labels_current")))
+      << "no API server: no labels to be current, and no 0 that reads as a failure";
   StopAgent(SIGTERM);
 
   // An API server that answers garbage: errors counted and logged, Allocate still answers.

@@ -120,9 +120,13 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
            "1 when its watches of the API server (its node, its pods) are synced and their last "
            "list or watch succeeded; 0 also without an API server (see _configured).");
   p.Sample({}, counters.api_server_up ? 1 : 0);
-  p.Family("tessera_agent_node_labels_current", "gauge",
-           "1 when the last check of the node's labels and annotations succeeded.");
-  p.Sample({}, counters.labels_current ? 1 : 0);
+  // Without an API server there are no labels to keep current: no sample rather than a 0 that
+  // reads as a failure.
+  if (counters.api_server_configured) {
+    p.Family("tessera_agent_node_labels_current", "gauge",
+             "1 when the last check of the node's labels and annotations succeeded.");
+    p.Sample({}, counters.labels_current ? 1 : 0);
+  }
   p.Family("tessera_agent_node_label_updates_total", "counter",
            "Merge patches that changed the node's labels or annotations.");
   p.Sample({}, static_cast<double>(counters.label_updates));
