@@ -1,12 +1,11 @@
 #pragma once
 // A real Prometheus (Debian's `prometheus`) for the tests: scrapes the given targets every second
 // into a TSDB under the test's folder, and answers instant queries through its HTTP API. Its port
-// is one found free (Prometheus tells no port 0 it chose), tried again should another take it.
+// is one found free (FreeLoopbackPort: Prometheus tells no port 0 it chose), tried again should
+// another take it.
 // Also: the checks a dashboard's expressions must pass against it (DashboardProblems).
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,24 +20,14 @@
 #include <vector>
 
 #include "../capture.h"
+#include "../free_port.h"
 #include "fmt/format.h"
+#include "tessera/kube/client.h"
 #include "tessera/net/http.h"
 
 namespace tessera::test {
 
 inline bool HavePrometheus() { return Capture("command -v prometheus >/dev/null").code == 0; }
-
-inline std::string UrlEncode(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += fmt::format("%{:02X}", c);
-    }
-  }
-  return out;
-}
 
 class Prometheus {
  public:
@@ -71,7 +60,7 @@ class Prometheus {
     }
     cfg.close();
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
-      port_ = UnusedPort();
+      port_ = FreeLoopbackPort();
       const std::string cmd = fmt::format(
           "exec setpriv --pdeathsig TERM prometheus --config.file={0}/prometheus.yml "
           "--storage.tsdb.path={0}/tsdb --web.listen-address=127.0.0.1:{1} --log.level=warn "
@@ -106,7 +95,8 @@ class Prometheus {
   // An instant query's whole answer ({"status": "error", "error": ...} when it does not parse);
   // null when Prometheus did not answer.
   nlohmann::json Raw(const std::string& promql) const {
-    auto r = net::HttpClient(Endpoint()).Send("GET", "/api/v1/query?query=" + UrlEncode(promql));
+    auto r =
+        net::HttpClient(Endpoint()).Send("GET", "/api/v1/query?query=" + kube::QueryEscape(promql));
     if (!r.ok()) return nullptr;
     return nlohmann::json::parse(r->body, nullptr, false);
   }
@@ -128,21 +118,6 @@ class Prometheus {
   }
 
  private:
-  static int UnusedPort() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      if (fd >= 0) close(fd);
-      return 0;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-  }
-
   std::string dir_;
   int port_ = 0;
   pid_t pid_ = -1;

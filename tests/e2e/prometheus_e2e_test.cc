@@ -6,19 +6,11 @@
 // own); a job on 2 GPUs has 2 per-GPU series. Skipped only where there is no prometheus binary.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 
 #include "../capture.h"
 #include "daemon.h"
@@ -32,7 +24,6 @@ using tessera::test::Prometheus;
 using tessera::test::Shell;
 
 constexpr char kScrapeToken[] = "scrape-0123456789abcdef";
-namespace fs = std::filesystem;
 
 TEST(Prometheus, NvidiasDashboardQueriesReadTheServersGpusAndNoLabelIsRenamed) {
   if (!tessera::test::HavePrometheus())

@@ -21,26 +21,12 @@
 #include <vector>
 
 #include "../capture.h"
+#include "../free_port.h"
 
 namespace tessera::slurm_test {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A free TCP port on loopback (Slurm's ports cannot be 0 in slurm.conf).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 std::string ShortHostname() {
   char h[256] = {};
@@ -127,7 +113,7 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
     }
   }
   const std::string host = ShortHostname();
-  const int ctld = FreePort(), slurmd = FreePort();
+  const int ctld = test::FreeLoopbackPort(), slurmd = test::FreeLoopbackPort();
   std::ofstream(dir_ + "/slurm.conf")
       << "ClusterName=tessera-test\n"
       << "SlurmctldHost=" << host << "(127.0.0.1)\n"

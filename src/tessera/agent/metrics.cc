@@ -28,12 +28,11 @@ Labels DcgmGpuLabels(const std::string& host, const core::Gpu& g, const Containe
 }
 
 // Tessera's own GPU series: the same keys to join on (gpu, UUID, device, Hostname) and holders,
-// in names Prometheus' lint accepts (no modelName).
+// in names Prometheus' lint accepts (dcgm-exporter's less pci_bus_id and modelName).
 Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
-  Labels l = {{"gpu", std::to_string(g.index)},
-              {"UUID", g.uuid},
-              {"device", fmt::format("nvidia{}", g.minor.value_or(g.index))},
-              {"Hostname", host}};
+  Labels l = devices::DcgmLabels(g, host);
+  std::erase_if(l,
+                [](const auto& kv) { return kv.first == "pci_bus_id" || kv.first == "modelName"; });
   AddHolder(l, c);
   return l;
 }

@@ -3,7 +3,6 @@
 // Thread-safe: NVML calls are thread-safe, and the event set is created once under a mutex.
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>

@@ -3,9 +3,7 @@
 // can be made sick and well again by scripted events (from the file) or by calls (Inject, SetLost),
 // so that the layers above can be tested without a GPU. Thread-safe.
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 
 #include "absl/base/thread_annotations.h"
 #include "tessera/core/clock.h"

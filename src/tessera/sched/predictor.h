@@ -13,7 +13,6 @@
 // medians' ratio). Thread-safe.
 
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
