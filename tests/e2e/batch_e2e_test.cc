@@ -417,7 +417,7 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
 // by %A %a %t %j, written by the job as its user in its working directory; tessera logs reads them
 // there (never through a symbolic link); a file that cannot be opened fails the job saying so.
 TEST(Batch, OutputFilesFollowSlurmsPatternsAndLogsReadsThem) {
-  Daemon d("output");
+  Daemon d("output", TwoUsers());
   const std::string dir = d.dir() + "/work";
   fs::create_directories(dir);
   fs::permissions(dir, fs::perms::all);  // the job's user writes here (root or nobody alike)
@@ -469,6 +469,24 @@ TEST(Batch, OutputFilesFollowSlurmsPatternsAndLogsReadsThem) {
   WaitForLs(d, bad, "failed");
   EXPECT_THAT(Cli(d, fmt::format("show {}", bad)),
               HasSubstr("cannot open its stdout file '/proc/nonexistent/out'"));
+  // Opened as the job's user, not as the server: nobody's job cannot create a file in a folder only
+  // root may write (the server, root, could). Only where the test is root and nobody is another
+  // user.
+  if (geteuid() == 0) {
+    const std::string root_only = d.dir() + "/root-only";
+    fs::create_directories(root_only);
+    fs::permissions(root_only, fs::perms::owner_all | fs::perms::group_read |
+                                   fs::perms::group_exec | fs::perms::others_read |
+                                   fs::perms::others_exec);
+    const int64_t theirs = SubmittedId(
+        As(d, "nobody", "submit --workdir /tmp --stdout " + root_only + "/o-%j.out -- true").out);
+    ASSERT_GT(theirs, 0);
+    WaitForLs(d, theirs, "failed");
+    EXPECT_THAT(Cli(d, fmt::format("show {}", theirs)),
+                HasSubstr("cannot open its stdout file '" + root_only + "/o-" +
+                          std::to_string(theirs) + ".out': Permission denied"));
+    EXPECT_TRUE(fs::is_empty(root_only)) << "nothing created there";
+  }
   // Patterns refused at submission, nothing stored; -o with a file name gets a hint.
   const size_t before = JobCount(d);
   auto unknown = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
