@@ -9,9 +9,12 @@
 // A wait's condition is a lambda, which the analysis looks at alone: annotate it
 // `[&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ... }` (it runs with the lock held).
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 
@@ -22,12 +25,28 @@ class ABSL_LOCKABLE Mutex {
   Mutex() = default;
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
-  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { m_.lock(); }
-  void unlock() ABSL_UNLOCK_FUNCTION() { m_.unlock(); }
-  bool try_lock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return m_.try_lock(); }
+  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    m_.lock();
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  void unlock() ABSL_UNLOCK_FUNCTION() {
+    owner_.store(std::thread::id(), std::memory_order_relaxed);
+    m_.unlock();
+  }
+  bool try_lock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    if (!m_.try_lock()) return false;
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    return true;
+  }
+  // For code the analysis cannot follow (a callback run under the lock): aborts unless this thread
+  // holds it, and tells the analysis it does.
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {
+    if (owner_.load(std::memory_order_relaxed) != std::this_thread::get_id()) std::abort();
+  }
 
  private:
   std::mutex m_;
+  std::atomic<std::thread::id> owner_{};
 };
 
 using CondVar = std::condition_variable_any;

@@ -67,29 +67,33 @@ std::string WaitKind(const std::string& why) {
 
 Extender::Extender(ExtenderOptions options, const core::Clock& clock)
     : options_(std::move(options)), clock_(clock) {
-  scheduler_ = std::make_unique<sched::Scheduler>(options_.scheduler);
-  cycle_ = std::make_unique<sched::Cycle>(*scheduler_, options_.cycle);
+  // Evicted pods do not come back under their name (their controller makes new ones): no requeue.
+  engine_ = std::make_unique<sched::Engine>(
+      std::make_unique<sched::Scheduler>(options_.scheduler), executor_,
+      sched::EngineOptions{
+          .cycle = options_.cycle, .requeue_preempted = false, .requeue_unhealthy = false});
 }
 
 // ---- the model ----
 
 sched::NodeId Extender::AddToModel(const std::string& name, const NodeRec& n) {
-  auto id = scheduler_->AddNode(n.info.spec);
+  auto id = engine_->scheduler().AddNode(n.info.spec);
   if (!id.ok()) {
     spdlog::error("extender: node {} left out of the model: {}", name,
                   std::string(id.status().message()));
     return -1;
   }
   for (size_t g = 0; g < n.info.healthy.size(); ++g) {
-    if (!n.info.healthy[g]) (void)scheduler_->SetGpuHealth(*id, static_cast<int>(g), false);
+    if (!n.info.healthy[g])
+      (void)engine_->scheduler().SetGpuHealth(*id, static_cast<int>(g), false);
   }
   return *id;
 }
 
 std::vector<sched::Allocation> Extender::RemoveFromModel(const std::string& name) {
-  sched::NodeId id = scheduler_->state().FindNode(name);
+  sched::NodeId id = engine_->scheduler().state().FindNode(name);
   if (id < 0) return {};
-  auto released = cycle_->RemoveNode(id);
+  auto released = engine_->RemoveNode(id);
   if (!released.ok()) return {};
   for (const sched::Allocation& a : *released) {
     auto it = pods_.find(a.id);
@@ -171,7 +175,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     for (sched::Allocation& a : held) {
       a.node = id;
       absl::Status st =
-          id < 0 ? absl::NotFoundError("the node is out of the model") : scheduler_->Restore(a);
+          id < 0 ? absl::NotFoundError("the node is out of the model") : engine_->Restore(a);
       auto p = pods_.find(a.id);
       if (p == pods_.end()) continue;
       if (!st.ok()) {
@@ -188,12 +192,12 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     return;
   }
   if (n.info.healthy != info->healthy) {
-    sched::NodeId id = scheduler_->state().FindNode(name);
+    sched::NodeId id = engine_->scheduler().state().FindNode(name);
     for (size_t g = 0; g < info->healthy.size() && id >= 0; ++g) {
       if (g < n.info.healthy.size() && n.info.healthy[g] == info->healthy[g]) continue;
       spdlog::info("extender: node {} GPU {} is now {}", name, g,
                    info->healthy[g] ? "healthy" : "unhealthy");
-      (void)scheduler_->SetGpuHealth(id, static_cast<int>(g), info->healthy[g]);
+      (void)engine_->scheduler().SetGpuHealth(id, static_cast<int>(g), info->healthy[g]);
     }
     n.info.healthy = info->healthy;
   }
@@ -259,23 +263,23 @@ void Extender::NoteTypical(const core::Request& r) {
   if (seen_since_refresh_ < due) return;
   seen_since_refresh_ = 0;
   typical_ = sched::TypicalRequests(seen_requests_);
-  scheduler_->SetTypicalRequests(typical_);
+  engine_->scheduler().SetTypicalRequests(typical_);
 }
 
 void Extender::SetTypicalRequests(std::vector<sched::TypicalRequest> typical) {
   core::MutexLock lock(mu_);
   typical_ = std::move(typical);
   typical_fixed_ = true;
-  scheduler_->SetTypicalRequests(typical_);
+  engine_->scheduler().SetTypicalRequests(typical_);
 }
 
 void Extender::Release(const std::string& id, PodRec& p, const char* why) {
   if (p.allocated) {
-    auto a = scheduler_->Release(id);
-    if (a.ok()) {
+    if (const sched::Allocation* a = engine_->scheduler().state().Find(id)) {
       spdlog::info("extender: pod {} gives back GPUs {} of {}: {}", id, fmt::join(a->gpus, ","),
-                   scheduler_->state().node_name(a->node), why);
+                   engine_->scheduler().state().node_name(a->node), why);
     }
+    engine_->Ended(id);
   }
   p.allocated = false;
   p.reserved_at = -1;
@@ -285,7 +289,7 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
 
 void Extender::Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why) {
   Release(it->first, it->second, why);
-  cycle_->Remove(it->first);
+  engine_->Cancel(it->first);
   pods_.erase(it);
 }
 
@@ -303,12 +307,12 @@ std::unordered_map<std::string, Extender::PodRec>::iterator Extender::Track(cons
 }
 
 absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json* pod) {
-  sched::NodeId n = scheduler_->state().FindNode(p.node);
+  sched::NodeId n = engine_->scheduler().state().FindNode(p.node);
   if (n < 0) {
     return absl::NotFoundError(fmt::format("node {} has no Tessera GPUs", p.node));
   }
   const core::Request& r = p.demand.request;
-  const core::NodeSpec& spec = scheduler_->state().node_spec(n);
+  const core::NodeSpec& spec = engine_->scheduler().state().node_spec(n);
   sched::Allocation a;
   a.id = id;
   a.node = n;
@@ -340,19 +344,19 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json
     a.gpus.clear();
     for (int g = 0;
          g < static_cast<int>(spec.gpus.size()) && static_cast<int>(a.gpus.size()) < want; ++g) {
-      const sched::GpuUse& u = scheduler_->state().gpu_use(n, g);
+      const sched::GpuUse& u = engine_->scheduler().state().gpu_use(n, g);
       if (u.milli + a.milli_per_gpu <= core::kMilliPerGpu &&
           u.memory_mib + a.memory_mib_per_gpu <= spec.gpus[g].memory_mib) {
         a.gpus.push_back(g);
       }
     }
   }
-  absl::Status st = scheduler_->Restore(a);
+  absl::Status st = engine_->Restore(a);
   if (!st.ok()) {
     // CPU and memory are kube-scheduler's to check; the GPUs are what the model must hold.
     a.request.cpu_milli = 0;
     a.request.memory_mib = 0;
-    st = scheduler_->Restore(a);
+    st = engine_->Restore(a);
   }
   if (st.ok()) p.allocated = true;
   return st;
@@ -388,10 +392,10 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   if (node.empty() || !p.node.empty()) return;
   // Bound: the reservation is confirmed, or the pod was bound without one.
   p.node = node;
-  cycle_->Remove(id);
+  engine_->Cancel(id);
   if (p.allocated) {
-    const sched::Allocation* a = scheduler_->state().Find(id);
-    if (a && scheduler_->state().node_name(a->node) == node) {
+    const sched::Allocation* a = engine_->scheduler().state().Find(id);
+    if (a && engine_->scheduler().state().node_name(a->node) == node) {
       p.reserved_at = -1;
       reserved_.erase(id);
       return;
@@ -403,7 +407,7 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
                  std::string(st.message()));
   } else {
     spdlog::info("extender: pod {} found bound to {} (GPUs {})", id, node,
-                 fmt::join(scheduler_->state().Find(id)->gpus, ","));
+                 fmt::join(engine_->scheduler().state().Find(id)->gpus, ","));
   }
 }
 
@@ -433,7 +437,7 @@ absl::Status Extender::SetQuotas(const json* configmap) {
   core::MutexLock lock(mu_);
   quota_error_.clear();
   quotas_ = quotas;
-  scheduler_->quotas().Replace(std::move(quotas));
+  engine_->scheduler().quotas().Replace(std::move(quotas));
   spdlog::info("extender: {} namespace quota(s) in force", quotas_.size());
   return absl::OkStatus();
 }
@@ -462,7 +466,7 @@ void Extender::ExpireLocked(double now) {
     const std::string& gang = it->second.demand.request.gang;
     if (!gang.empty()) failed_gangs.insert(gang);
     Release(id, it->second, "reservation not bound in time");
-    cycle_->Remove(id);
+    engine_->Cancel(id);
     it->second.queued_kind.clear();
   }
   // A gang runs whole or not at all: when a member's reservation lapsed, the members already bound
@@ -488,36 +492,36 @@ void Extender::Expire() {
   ExpireLocked(Now());
 }
 
-void Extender::ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now,
-                              const std::string& asking) {
-  for (const sched::CycleDecision& d : decisions) {
-    auto it = pods_.find(d.id);
-    if (it == pods_.end()) continue;
-    PodRec& p = it->second;
-    if (d.kind == sched::CycleDecision::Kind::kStart) {
-      p.allocated = true;
-      p.reserved_at = now;
-      p.reserved_node = scheduler_->state().node_name(d.allocation.node);
-      reserved_.insert(d.id);
-      if (d.id != asking) nudges_.emplace_back(d.id, p.reserved_node);
-      p.queued_kind.clear();
-      if (!d.allocation.request.gang.empty()) placed_gangs_.insert(d.allocation.request.gang);
-      spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", d.id, p.reserved_node,
-                   fmt::join(d.allocation.gpus, ","),
-                   d.allocation.borrowed ? " (on borrowed quota)" : "",
-                   d.allocation.request.gang.empty() ? "" : " gang " + d.allocation.request.gang);
-      continue;
-    }
-    for (const std::string& v : d.victims) {
-      auto vi = pods_.find(v);
-      if (vi == pods_.end()) continue;
-      size_t slash = v.find('/');
-      const sched::Allocation* a = scheduler_->state().Find(v);
-      Victim victim{v.substr(0, slash), v.substr(slash + 1), vi->second.uid,
-                    a ? scheduler_->state().node_name(a->node) : "", d.reason};
-      spdlog::info("extender: preempting pod {} on {}: {}", v, victim.node, d.reason);
-      evictions_.push_back(std::move(victim));
-    }
+void Extender::PodExecutor::Start(const std::string& id, const sched::Allocation& a, double now) {
+  ex.mu_.AssertHeld();
+  auto it = ex.pods_.find(id);
+  if (it == ex.pods_.end()) return;
+  PodRec& p = it->second;
+  p.allocated = true;
+  p.reserved_at = now;
+  p.reserved_node = ex.engine_->scheduler().state().node_name(a.node);
+  ex.reserved_.insert(id);
+  if (id != asking) ex.nudges_.emplace_back(id, p.reserved_node);
+  p.queued_kind.clear();
+  if (!a.request.gang.empty()) ex.placed_gangs_.insert(a.request.gang);
+  spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", id, p.reserved_node,
+               fmt::join(a.gpus, ","), a.borrowed ? " (on borrowed quota)" : "",
+               a.request.gang.empty() ? "" : " gang " + a.request.gang);
+}
+
+void Extender::PodExecutor::Stop(const std::vector<std::string>& victims, const std::string&,
+                                 const std::string& reason, double) {
+  ex.mu_.AssertHeld();
+  const sched::ClusterState& state = ex.engine_->scheduler().state();
+  for (const std::string& v : victims) {
+    auto vi = ex.pods_.find(v);
+    if (vi == ex.pods_.end()) continue;
+    size_t slash = v.find('/');
+    const sched::Allocation* a = state.Find(v);
+    Victim victim{v.substr(0, slash), v.substr(slash + 1), vi->second.uid,
+                  a ? state.node_name(a->node) : "", reason};
+    spdlog::info("extender: preempting pod {} on {}: {}", v, victim.node, reason);
+    ex.evictions_.push_back(std::move(victim));
   }
 }
 
@@ -528,7 +532,8 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
   out.wait_kind = WaitKind(why);
   std::unordered_map<std::string, std::string> verdicts;
   if (out.wait_kind == "no-fit") {
-    for (auto& [node, v] : scheduler_->Explain(p.demand.request)) verdicts[node] = std::move(v);
+    for (auto& [node, v] : engine_->scheduler().Explain(p.demand.request))
+      verdicts[node] = std::move(v);
   }
   for (const std::string& c : candidates) {
     if (!nodes_.contains(c)) {
@@ -568,7 +573,7 @@ const std::unordered_set<std::string>& Extender::Allowed(const std::vector<std::
 Extender::Fence::Fence(Extender& ex, const std::unordered_set<std::string>& allowed, bool all)
     : ex_(ex) {
   if (all) return;
-  sched::Scheduler& s = *ex_.scheduler_;
+  sched::Scheduler& s = ex_.engine_->scheduler();
   for (const auto& [name, n] : ex_.nodes_) {
     if (allowed.contains(name)) continue;
     sched::NodeId nid = s.state().FindNode(name);
@@ -583,7 +588,7 @@ Extender::Fence::Fence(Extender& ex, const std::unordered_set<std::string>& allo
 }
 
 Extender::Fence::~Fence() {
-  for (auto [nid, g] : fenced_) (void)ex_.scheduler_->SetGpuHealth(nid, g, true);
+  for (auto [nid, g] : fenced_) (void)ex_.engine_->scheduler().SetGpuHealth(nid, g, true);
 }
 
 FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
@@ -624,9 +629,11 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
     }
     Release(id, p, "kube-scheduler no longer offers the node reserved");
   }
-  if (!cycle_->Queued(id)) {
+  if (!engine_->cycle().Queued(id)) {
     p.demand = std::move(*d);
-    if (absl::Status st = cycle_->Enqueue({p.demand.request, p.created, p.seq}); !st.ok()) {
+    if (absl::Status st = engine_->Submit(
+            {sched::QueueEntry{p.demand.request, p.created, p.seq}, std::nullopt, std::nullopt});
+        !st.ok()) {
       out.error = std::string(st.message());
       out.reason = out.error;
       out.wait_kind = "invalid";
@@ -641,14 +648,14 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   scope.gang = p.demand.request.gang;
   scope.enter = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { fence.emplace(*this, allowed, all); };
   scope.leave = [&] { fence.reset(); };
-  std::vector<sched::CycleDecision> decisions = cycle_->Step(now, all ? nullptr : &scope);
-  ApplyDecisions(decisions, now, id);
+  executor_.asking = id;
+  engine_->Step(now, all ? nullptr : &scope);
   if (p.allocated) {
     out.nodes = {p.reserved_node};
     out.reason = "placed";
     return out;
   }
-  const std::string* why = cycle_->Waiting(id);
+  const std::string* why = engine_->cycle().Waiting(id);
   out = Explain(p, candidates, why ? *why : "not placed");
   p.queued_kind = out.wait_kind;
   if (p.queued_at < 0) p.queued_at = now;
@@ -684,14 +691,14 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
     return absl::FailedPreconditionError(
         fmt::format("pod {}: UID {} is not the pod the GPUs were reserved for", id, uid));
   }
-  const sched::Allocation* a = scheduler_->state().Find(id);
-  const std::string reserved = a ? scheduler_->state().node_name(a->node) : "";
+  const sched::Allocation* a = engine_->scheduler().state().Find(id);
+  const std::string reserved = a ? engine_->scheduler().state().node_name(a->node) : "";
   if (reserved != node) {
     Release(id, p, "kube-scheduler binds it elsewhere");
     return absl::FailedPreconditionError(fmt::format(
         "pod {}: its GPUs were reserved on node {}, not {}; released", id, reserved, node));
   }
-  const core::NodeSpec& spec = scheduler_->state().node_spec(a->node);
+  const core::NodeSpec& spec = engine_->scheduler().state().node_spec(a->node);
   BindPlan plan;
   plan.pod_id = id;
   plan.assignment.node = node;
@@ -741,14 +748,14 @@ PreemptResult Extender::Preempt(const json& pod,
   }
   // Preemption is the cycle's: what its filter step asked to stop for this pod, on the node its
   // plan chose, is the answer - never a second plan (one pod, one set of victims).
-  std::optional<sched::Cycle::Awaited> awaited = cycle_->Awaiting(d->request.id);
+  std::optional<sched::Cycle::Awaited> awaited = engine_->cycle().Awaiting(d->request.id);
   if (!awaited) {
     spdlog::info("extender: no preemption for pod {}: {}", d->request.id,
-                 cycle_->Queued(d->request.id) ? *cycle_->Waiting(d->request.id)
-                                               : "not queued (no filter yet)");
+                 engine_->cycle().Queued(d->request.id) ? *engine_->cycle().Waiting(d->request.id)
+                                                        : "not queued (no filter yet)");
     return out;
   }
-  const std::string node = scheduler_->state().node_name(awaited->node);
+  const std::string node = engine_->scheduler().state().node_name(awaited->node);
   if (!candidates.contains(node)) {
     spdlog::info("extender: pod {}: Tessera preempts on {}, which kube-scheduler did not offer",
                  d->request.id, node);

@@ -40,6 +40,7 @@
 #include "tessera/kube/client.h"
 #include "tessera/kube/gpu_annotations.h"
 #include "tessera/sched/cycle.h"
+#include "tessera/sched/engine.h"
 #include "tessera/sched/scheduler.h"
 
 namespace tessera::extender {
@@ -216,9 +217,17 @@ class Extender {
   void ExpireLocked(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int SharesPerGpu() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PodDemand> DemandOf(const nlohmann::json& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `asking`: the pod whose filter stepped the cycle; others started are to be nudged.
-  void ApplyDecisions(const std::vector<sched::CycleDecision>& decisions, double now,
-                      const std::string& asking) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The engine's decisions carried out, under mu_ (Step runs in a filter): a start reserves the
+  // GPUs for the pod until it is bound (nudging those started while another pod asked), a stop
+  // evicts the victims.
+  struct PodExecutor : sched::Executor {
+    explicit PodExecutor(Extender& ex) : ex(ex) {}
+    void Start(const std::string& id, const sched::Allocation& a, double now) override;
+    void Stop(const std::vector<std::string>& victims, const std::string& for_id,
+              const std::string& reason, double now) override;
+    Extender& ex;
+    std::string asking;  // the pod whose filter stepped the engine
+  };
   void NoteTypical(const core::Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,
                        const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -238,8 +247,8 @@ class Extender {
   std::vector<core::Request> seen_requests_
       ABSL_GUARDED_BY(mu_);  // recent Tessera pod requests, for FGD
   size_t seen_since_refresh_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<sched::Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<sched::Cycle> cycle_ ABSL_GUARDED_BY(mu_);
+  PodExecutor executor_ ABSL_GUARDED_BY(mu_){*this};
+  std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
   uint64_t node_updates_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Victim> evictions_ ABSL_GUARDED_BY(mu_);

@@ -11,7 +11,7 @@ namespace tessera::extender {
 Extender::Stats Extender::stats() const {
   core::MutexLock lock(mu_);
   Stats s;
-  const sched::ClusterState& st = scheduler_->state();
+  const sched::ClusterState& st = engine_->scheduler().state();
   s.nodes = static_cast<int>(nodes_.size());
   for (sched::NodeId n = 0; n < st.node_count(); ++n) {
     for (int g = 0; g < st.gpu_count(n); ++g) {
@@ -24,7 +24,7 @@ Extender::Stats Extender::stats() const {
   for (const auto& [id, p] : pods_) {
     if (p.allocated && p.node.empty()) ++s.reserved;
     if (p.allocated && !p.node.empty()) ++s.bound;
-    if (cycle_->Queued(id)) {
+    if (engine_->cycle().Queued(id)) {
       ++s.queued;
       ++s.pending_by_reason[p.queued_kind.empty() ? "not-yet-considered" : p.queued_kind];
       if (!p.demand.request.gang.empty()) gangs.insert(p.demand.request.gang);
@@ -45,21 +45,21 @@ std::map<std::string, QuotaUse> Extender::quota_use() const {
     u.has_quota = true;
   }
   // Namespaces without a quota appear when they hold GPUs.
-  for (const auto& [id, a] : scheduler_->state().allocations()) out[a.request.owner];
-  for (auto& [ns, u] : out) u.used = scheduler_->quotas().Used(ns);
+  for (const auto& [id, a] : engine_->scheduler().state().allocations()) out[a.request.owner];
+  for (auto& [ns, u] : out) u.used = engine_->scheduler().quotas().Used(ns);
   return out;
 }
 
 std::optional<sched::Allocation> Extender::AllocationOf(const std::string& pod_id) const {
   core::MutexLock lock(mu_);
-  const sched::Allocation* a = scheduler_->state().Find(pod_id);
+  const sched::Allocation* a = engine_->scheduler().state().Find(pod_id);
   if (!a) return std::nullopt;
   return *a;
 }
 
 std::optional<std::string> Extender::Waiting(const std::string& pod_id) const {
   core::MutexLock lock(mu_);
-  const std::string* w = cycle_->Waiting(pod_id);
+  const std::string* w = engine_->cycle().Waiting(pod_id);
   if (!w) return std::nullopt;
   return *w;
 }

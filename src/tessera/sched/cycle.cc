@@ -60,7 +60,7 @@ Cycle::Key Cycle::KeyOf(const QueueEntry& e) {
   return Key{-e.request.priority, e.submitted, e.seq, e.request.id};
 }
 
-absl::Status Cycle::Enqueue(QueueEntry entry) {
+absl::Status Cycle::Enqueue(QueueEntry entry, std::string waiting) {
   if (entry.request.id.empty()) return absl::InvalidArgumentError("queue: a request needs an id");
   if (std::string bad = core::ValidateRequest(entry.request); !bad.empty()) {
     return absl::InvalidArgumentError(fmt::format("request {}: {}", entry.request.id, bad));
@@ -74,7 +74,7 @@ absl::Status Cycle::Enqueue(QueueEntry entry) {
   Key key = KeyOf(entry);
   std::string id = entry.request.id;
   order_.insert(key);
-  entries_.emplace(std::move(id), Entry{std::move(entry), std::move(key)});
+  entries_.emplace(std::move(id), Entry{std::move(entry), std::move(key), std::move(waiting)});
   return absl::OkStatus();
 }
 

@@ -78,7 +78,8 @@ class Cycle {
 
   // Adds a request to the queue. kAlreadyExists when its id is queued; kInvalidArgument when it is
   // malformed (core::ValidateRequest) or has no id. A victim enqueued again counts as stopped.
-  absl::Status Enqueue(QueueEntry entry);
+  // `waiting`: what Waiting() says until a Step looks at it.
+  absl::Status Enqueue(QueueEntry entry, std::string waiting = "not yet considered");
   // Takes a request out of the queue (cancelled); false when it was not queued.
   bool Remove(const std::string& id);
 

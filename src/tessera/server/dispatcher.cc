@@ -140,17 +140,26 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     return absl::InvalidArgumentError(
         fmt::format("policy: {}", std::string(policies.status().message())));
   sc.policies = *policies;
-  s->scheduler_ = std::make_unique<sched::Scheduler>(sc);
-  s->cycle_ = std::make_unique<sched::Cycle>(
-      *s->scheduler_, sched::CycleOptions{.fair_share_half_life_s = c.fair_share_half_life_s,
-                                          .reservations = c.backfill_reservations});
+  auto scheduler = std::make_unique<sched::Scheduler>(sc);
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,
                                                 static_cast<int64_t>(pages) * page / (1 << 20));
-  if (auto n = s->scheduler_->AddNode(node); !n.ok()) return n.status();
-  for (const auto& [user, q] : c.quotas) s->scheduler_->quotas().Set(user, q);
-  for (const auto& [group, q] : c.group_quotas) s->scheduler_->quotas().Set("group:" + group, q);
+  if (auto n = scheduler->AddNode(node); !n.ok()) return n.status();
+  for (const auto& [user, q] : c.quotas) scheduler->quotas().Set(user, q);
+  for (const auto& [group, q] : c.group_quotas) scheduler->quotas().Set("group:" + group, q);
+  // A job stopped for preemption or a failed GPU goes back through the store and Admit (holds,
+  // dependencies, per-user limits): the engine says so, the dispatcher does it.
+  s->engine_ = std::make_unique<sched::Engine>(
+      std::move(scheduler), s->executor_,
+      sched::EngineOptions{.cycle = {.fair_share_half_life_s = c.fair_share_half_life_s,
+                                     .reservations = c.backfill_reservations},
+                           .requeue_preempted = c.requeue_preempted,
+                           .requeue_unhealthy = c.unhealthy_action == "requeue",
+                           .requeue_through_driver = true,
+                           .max_starts_per_step = c.max_starts_per_pass,
+                           .utilization_ceiling_pct = c.utilization_ceiling_pct,
+                           .utilization_ceiling_strict = c.utilization_ceiling_strict});
   s->SetUpSharing();
   s->SetUpContainers();
   const size_t n = s->inventory_.gpus.size();
@@ -356,21 +365,15 @@ Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std:
   return run;
 }
 
-core::Request Dispatcher::RequestFor(const JobSpec& spec, int64_t id, const std::string& owner,
-                                     uint32_t uid) {
-  core::Request r = RequestOf(spec, id, owner);
-  const sched::Prediction p = predictor_.Predict(RunKindOf(spec, owner));
-  r.expected_duration_s = p.seconds;
-  if (r.fractional() && p.util_samples > 0) {
-    // A job that history shows slowed by sharing counts as that much busier: kept apart.
-    r.expected_util_pct =
-        std::clamp(static_cast<int>(std::lround(p.util_pct * p.sharing_slowdown)), 1, 100);
-    r.util_ceiling_pct = config_.utilization_ceiling_pct;
-    r.util_ceiling_strict = config_.utilization_ceiling_strict;
-  }
+sched::Submission Dispatcher::SubmissionFor(const JobSpec& spec, int64_t id,
+                                            const std::string& owner, uint32_t uid) {
+  sched::Submission s;
+  core::Request& r = s.entry.request = RequestOf(spec, id, owner);
   r.quota_groups = QuotaGroups(uid);
   r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
-  return r;
+  s.kind = RunKindOf(spec, owner, r);
+  s.requeue = spec.requeue;
+  return s;
 }
 
 std::vector<std::string> Dispatcher::UserGroups(uint32_t uid) {
@@ -449,11 +452,11 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    predictor_.Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at, MeasuredUtilization(r),
-                   SharedGpu(r));
+    engine_->history().Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
+                           MeasuredUtilization(r), SharedGpu(r));
     ++runs;
   }
-  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, predictor_.keys());
+  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, engine_->history().keys());
 }
 
 absl::Status Dispatcher::Recover() {
@@ -497,7 +500,11 @@ absl::Status Dispatcher::Recover() {
       sched::Allocation a;
       a.id = std::to_string(r.id);
       a.node = 0;
-      a.request = RequestFor(*spec, r.id, r.owner, r.owner_uid);
+      sched::Submission sub = SubmissionFor(*spec, r.id, r.owner, r.owner_uid);
+      sub.entry.submitted = r.submitted_at;
+      sub.entry.seq = static_cast<uint64_t>(r.id);
+      a.request = sub.entry.request;
+      engine_->Expect(a.request, *sub.kind);
       if (placement.is_object()) {
         for (const auto& g : placement.value("gpus", json::array()))
           a.gpus.push_back(g.value("index", 0));
@@ -505,7 +512,7 @@ absl::Status Dispatcher::Recover() {
         a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
       }
       a.start_time = r.started_at.value_or(now);
-      if (absl::Status st = scheduler_->Restore(a); !st.ok()) {
+      if (absl::Status st = engine_->Restore(a, std::move(sub)); !st.ok()) {
         spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
                      std::string(st.message()));
         launcher_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
@@ -565,7 +572,7 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
   gpu_healthy_[gpu] = healthy;
   gpu_health_reason_[gpu] = reason;
   feed_.Bump();
-  (void)scheduler_->SetGpuHealth(0, gpu, healthy);
+  (void)engine_->scheduler().SetGpuHealth(0, gpu, healthy);
   if (healthy) {
     spdlog::info("GPU {} is healthy again", gpu);
   } else {
@@ -597,7 +604,7 @@ bool Dispatcher::RunOnce() {
   return Turn(lock);
 }
 
-const core::NodeSpec& Dispatcher::node() const { return scheduler_->state().node_spec(0); }
+const core::NodeSpec& Dispatcher::node() const { return engine_->scheduler().state().node_spec(0); }
 
 void Dispatcher::Loop() {
   std::unique_lock lock(mu_);

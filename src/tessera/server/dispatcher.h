@@ -1,8 +1,9 @@
 #pragma once
 // The dispatcher: the standalone server's core. It owns the machine's state - the queue, the
-// running jobs, the GPUs' health - and drives the scheduling cycle (sched::Cycle) with it: jobs are
-// admitted to the cycle's queue, its decisions carried out (launches through the Launcher, stops,
-// re-queues), ends recorded in the Store, history sampled. The HTTP API (api.h) asks it through
+// running jobs, the GPUs' health - and is the server's executor of the scheduling engine
+// (sched::Engine, the simulator's and the extender's too): jobs are admitted to the engine's queue,
+// its decisions carried out (launches through the Launcher, stops, re-queues), ends recorded in
+// the Store, history sampled. The HTTP API (api.h) asks it through
 // the public operations and views below and never touches its lock; none of them holds its lock
 // while a process is forked or the store syncs.
 
@@ -23,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/sched/engine.h"
 #include "tessera/server/acct.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
@@ -34,12 +36,6 @@
 namespace tessera::devices {
 class HealthWatch;
 }  // namespace tessera::devices
-namespace tessera::sched {
-struct Allocation;
-class Cycle;
-class Scheduler;
-}  // namespace tessera::sched
-
 namespace tessera::server {
 
 // Who asks: a local user (by the socket's peer credentials, or a bearer token's account).
@@ -270,8 +266,10 @@ class Dispatcher {
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();
-  // The scheduling request of a job: RequestOf, plus the quota groups of its owner.
-  core::Request RequestFor(const JobSpec& spec, int64_t id, const std::string& owner, uint32_t uid);
+  // What the engine is given for a job: its request (RequestOf, plus the quota groups of its owner
+  // and whether it may preempt others' jobs), what history knows it by, its own requeue wish.
+  sched::Submission SubmissionFor(const JobSpec& spec, int64_t id, const std::string& owner,
+                                  uint32_t uid);
   // "group:<name>" for each group of `uid` (primary and supplementary); cached.
   std::vector<std::string> UserGroups(uint32_t uid);
   // Those of them that have a quota.
@@ -313,6 +311,7 @@ class Dispatcher {
     int exit_code = -1;
     bool exit_known = false;
     bool cgroup_left = false;       // its cgroup could not be removed yet
+    bool requeue_wanted = false;    // stopped, and the engine's rules put it back in the queue
     std::optional<Queued> requeue;  // re-queued: to be enqueued
   };
   void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
@@ -378,8 +377,7 @@ class Dispatcher {
   std::string arbiter_access_;
   // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
   void ArbiterUser(uint32_t uid, int delta);
-  sched::DurationPredictor predictor_;  // run times of jobs that succeeded (thread-safe)
-  // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into predictor_.
+  // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into the engine's.
   void LoadHistory();
   static constexpr size_t kHistoryJobs = 5000;
   std::unique_ptr<Cgroups> cgroups_;  // confinement; mode "none" when it cannot be had
@@ -391,8 +389,19 @@ class Dispatcher {
 
   mutable std::mutex mu_;  // everything below
   std::condition_variable wake_;
-  std::unique_ptr<sched::Scheduler> scheduler_;
-  std::unique_ptr<sched::Cycle> cycle_;  // the queue: sched's, shared with the simulator
+  // What the engine decides in a pass, carried out: starts prepared (launched after the pass,
+  // without mu_) and preemption stops asked.
+  struct PassExecutor : sched::Executor {
+    explicit PassExecutor(Dispatcher& d) : d(d) {}
+    void Start(const std::string& id, const sched::Allocation& a, double now) override;
+    void Stop(const std::vector<std::string>& victims, const std::string& for_id,
+              const std::string& reason, double now) override;
+    Dispatcher& d;
+    std::vector<Launch> launches;
+  };
+  PassExecutor executor_{*this};
+  // The scheduler, the queue and the history of run times (thread-safe alone: history()).
+  std::unique_ptr<sched::Engine> engine_;
   std::map<int64_t, Running> running_;
   std::map<int64_t, Queued> queued_;          // changed only through Enqueue and EraseQueued
   std::map<uint32_t, size_t> queued_by_uid_;  // how many of queued_ each user has

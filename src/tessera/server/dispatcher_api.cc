@@ -65,7 +65,7 @@ std::vector<int64_t> Dispatcher::BeginChange(std::unique_lock<std::mutex>& lock,
     auto q = queued_.find(t);
     if (q == queued_.end()) continue;
     q->second.changing = true;
-    if (q->second.in_cycle) cycle_->Remove(std::to_string(t));
+    if (q->second.in_cycle) engine_->Cancel(std::to_string(t));
     q->second.in_cycle = false;
     out.push_back(t);
   }
@@ -208,13 +208,13 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   }
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the
   // queue: by the scheduler's own test of a GPU against the request.
-  core::Request r = RequestFor(*spec, 1, user, uid);
+  core::Request r = SubmissionFor(*spec, 1, user, uid).entry.request;
   int matching = 0;
   int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
   std::string over_quota;
   {
     std::lock_guard lock(mu_);
-    const core::NodeSpec& node = scheduler_->state().node_spec(0);
+    const core::NodeSpec& node = engine_->scheduler().state().node_spec(0);
     std::vector<int64_t> memory;  // of the GPUs that could take it, smallest first
     for (const core::NodeGpu& g : node.gpus) {
       if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) {
@@ -234,7 +234,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
       for (int i = 0; i < r.gpus && i < static_cast<int>(memory.size()); ++i)
         least.gpu_memory_mib += memory[static_cast<size_t>(i)];
     }
-    const sched::QuotaManager& quotas = scheduler_->quotas();
+    const sched::QuotaManager& quotas = engine_->scheduler().quotas();
     if (!quotas.NeverAllows(r.owner, least, &over_quota)) {
       for (const std::string& group : r.quota_groups)
         if (quotas.NeverAllows(group, least, &over_quota)) break;
@@ -498,7 +498,7 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
     l.queued = true;
     l.waiting = WaitingReason(id);
     spec = q->second.spec, owner = q->second.owner;
-    const std::optional<double> start = cycle_->ExpectedStart(std::to_string(id));
+    const std::optional<double> start = engine_->cycle().ExpectedStart(std::to_string(id));
     // None: no reservation; infinite: one whose start is unknown (reserved all the same).
     if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
     l.reserved = start.has_value();
@@ -514,7 +514,7 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   }
   if (!spec) return l;
   l.known = true;
-  l.prediction = predictor_.Predict(RunKindOf(*spec, owner));
+  l.prediction = engine_->history().Predict(RunKindOf(*spec, owner));
   if (auto r = running_.find(id); r != running_.end() && l.prediction.seconds > 0)
     l.expected_end = r->second.started + l.prediction.seconds;
   return l;
@@ -583,7 +583,7 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   std::vector<GpuState> out(inventory_.gpus.size());
   std::lock_guard lock(mu_);
-  const auto& state = scheduler_->state();
+  const auto& state = engine_->scheduler().state();
   for (size_t g = 0; g < out.size(); ++g) {
     GpuState& s = out[g];
     for (const auto& [id, r] : running_) {
@@ -603,7 +603,7 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
 std::vector<Dispatcher::QuotaState> Dispatcher::Quotas() const {
   std::vector<QuotaState> out;
   std::lock_guard lock(mu_);
-  const sched::QuotaManager& qm = scheduler_->quotas();
+  const sched::QuotaManager& qm = engine_->scheduler().quotas();
   auto add = [&](const std::string& kind, const std::string& name, const std::string& owner) {
     const sched::OwnerQuota* q = qm.Get(owner);
     if (q != nullptr) out.push_back({kind, name, *q, qm.Used(owner)});
@@ -640,7 +640,7 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
   }
   std::lock_guard lock(mu_);
   snap.healthy = gpu_healthy_;
-  const auto& state = scheduler_->state();
+  const auto& state = engine_->scheduler().state();
   for (size_t g = 0; g < snap.gpus.size(); ++g) {
     const auto& use = state.gpu_use(0, static_cast<int>(g));
     snap.allocated_share.push_back(use.milli / 1000.0);
@@ -741,7 +741,7 @@ std::string Dispatcher::TakeSample() {
   {
     std::lock_guard lock(mu_);
     MeasureRunning(telemetry, shares);
-    const auto& state = scheduler_->state();
+    const auto& state = engine_->scheduler().state();
     for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
       const auto& use = state.gpu_use(0, static_cast<int>(g));
       alloc.push_back(static_cast<double>(use.milli) / core::kMilliPerGpu);

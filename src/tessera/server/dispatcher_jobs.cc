@@ -157,9 +157,20 @@ void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
   for (auto& [id, code] : ended) {
     if (exits_) exits_->Unwatch(id);
     auto it = running_.find(id);
-    (void)scheduler_->Release(std::to_string(id));
+    // Its GPUs are free; stopped for preemption or a failed GPU, the engine's rules say whether
+    // it goes back to the queue (Finish records it so, and it is enqueued again below).
+    bool requeue = false;
+    const std::string job = std::to_string(id);
+    if (it->second.stop == "preempt") {
+      requeue = engine_->Stopped(job, sched::StopCause::kPreempted);
+    } else if (it->second.stop == "unhealthy") {
+      requeue = engine_->Stopped(job, sched::StopCause::kUnhealthy);
+    } else {
+      engine_->Ended(job);
+    }
     if (it->second.arbiter) ArbiterUser(it->second.uid, -1);
     endings.push_back(Ending{std::move(it->second), code.value_or(-1), code.has_value()});
+    endings.back().requeue_wanted = requeue;
     running_.erase(it);
     finishing_.insert(id);
   }
@@ -215,9 +226,9 @@ void Dispatcher::Finish(Ending& e, double now) {
     to = JobState::kCancelled, reason = r.stop_reason;
   } else if (r.stop == "preempt") {
     to = JobState::kPreempted, reason = r.stop_reason;
-    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.requeue_preempted;
+    requeue = e.requeue_wanted;
   } else if (r.stop == "unhealthy") {
-    requeue = r.spec && r.spec->requeue ? *r.spec->requeue : config_.unhealthy_action == "requeue";
+    requeue = e.requeue_wanted;
     to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
   } else if (r.stop == "timeout" || r.stop == "logs") {
     to = JobState::kFailed, reason = r.stop_reason;
@@ -251,8 +262,8 @@ void Dispatcher::Finish(Ending& e, double now) {
   // Its run time joins the history that predicts the next ones - before its end is recorded, so
   // that whoever sees it ended (and submits the next run) finds it in the history.
   if (to == JobState::kSucceeded && r.spec) {
-    predictor_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
-                   r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
+    engine_->history().Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
+                           r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
   }
   if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
     spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
@@ -330,7 +341,7 @@ std::optional<double> Dispatcher::MeasuredUtilization(const JobRecord& r) {
 
 void Dispatcher::MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                                 const std::map<int64_t, ShareReading>& shares) {
-  const auto& state = scheduler_->state();
+  const auto& state = engine_->scheduler().state();
   for (auto& [id, r] : running_) {
     if (r.gpus.empty()) continue;
     if (auto s = shares.find(id); s != shares.end()) AddShareReading(r, s->second);
@@ -586,13 +597,13 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
   if (!l.recorded.ok()) {
     // Not started (the store refused the transition): back in the queue for the next pass.
     spdlog::error("job {}: {}", id, std::string(l.recorded.message()));
-    (void)scheduler_->Release(std::to_string(id));
+    engine_->Ended(std::to_string(id));
     Enqueue(std::move(l.queued));
     dirty_ = true;
     return;
   }
   if (!l.launched.ok()) {
-    (void)scheduler_->Release(std::to_string(id));
+    engine_->Ended(std::to_string(id));
     spdlog::info("job {}: failed to start: {}", id, std::string(l.launched.status().message()));
     dirty_ = true;
     return;

@@ -89,7 +89,7 @@ std::string Dispatcher::WaitingReason(int64_t id) const {
   if (q == queued_.end()) return "";
   if (q->second.changing) return "a change to it (cancel, hold, release, priority) is being stored";
   if (!q->second.in_cycle) return q->second.waiting;
-  const std::string* why = cycle_->Waiting(std::to_string(id));
+  const std::string* why = engine_->cycle().Waiting(std::to_string(id));
   return why ? *why : "";
 }
 
@@ -207,10 +207,11 @@ void Dispatcher::Admit(double now) {
           q.owner, user_active[q.uid]);
       continue;
     }
-    sched::QueueEntry e{RequestFor(*q.spec, q.id, q.owner, q.uid), q.submitted,
-                        static_cast<uint64_t>(q.id)};
-    e.request.priority = q.priority;  // the stored one: it may have changed since submission
-    if (absl::Status st = cycle_->Enqueue(std::move(e)); !st.ok()) {
+    sched::Submission sub = SubmissionFor(*q.spec, q.id, q.owner, q.uid);
+    sub.entry.submitted = q.submitted;
+    sub.entry.seq = static_cast<uint64_t>(q.id);
+    sub.entry.request.priority = q.priority;  // the stored one: it may have changed since
+    if (absl::Status st = engine_->Submit(std::move(sub)); !st.ok()) {
       spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
       q.waiting = std::string(st.message());
       continue;
@@ -254,46 +255,39 @@ void Dispatcher::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
   }
 }
 
+void Dispatcher::PassExecutor::Start(const std::string& job, const sched::Allocation& a,
+                                     double now) {
+  const int64_t id = std::stoll(job);
+  auto q = d.queued_.find(id);
+  if (q == d.queued_.end()) return;  // the engine's queue only holds what queued_ holds
+  Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
+  launches.push_back(d.PrepareLaunch(std::move(q->second), a, now));
+  d.EraseQueued(q);
+  d.starting_[id] = std::move(starting);
+}
+
+void Dispatcher::PassExecutor::Stop(const std::vector<std::string>& victims,
+                                    const std::string& for_id, const std::string&, double now) {
+  auto q = d.queued_.find(std::stoll(for_id));
+  if (q == d.queued_.end()) return;
+  for (const std::string& victim : victims) {
+    auto it = d.running_.find(std::stoll(victim));
+    if (it == d.running_.end()) continue;
+    d.RequestStop(it->second, "preempt",
+                  fmt::format("preempted for job {} (priority {})", for_id, q->second.priority),
+                  now);
+  }
+}
+
 void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
   Admit(now);
-  std::vector<Launch> launches;
-  std::vector<sched::CycleDecision> decisions = cycle_->Step(now);
-  // At most max_starts_per_pass processes started in one pass, so that the pass (and the lock's
-  // next holder) does not wait for thousands of forks: jobs with GPUs first (a GPU left idle costs
-  // most), then the rest in the cycle's order; those left over go back to the queue, placed again
-  // at the next pass, which follows at once.
-  std::stable_partition(decisions.begin(), decisions.end(), [](const sched::CycleDecision& d) {
-    return d.kind == sched::CycleDecision::Kind::kPreempt || !d.allocation.gpus.empty();
-  });
-  size_t starts = 0;
-  for (sched::CycleDecision& d : decisions) {
-    const int64_t id = std::stoll(d.id);
-    auto q = queued_.find(id);
-    if (q == queued_.end()) continue;  // the cycle only holds what queued_ holds
-    if (d.kind == sched::CycleDecision::Kind::kPreempt) {
-      for (const std::string& victim : d.victims) {
-        auto it = running_.find(std::stoll(victim));
-        if (it == running_.end()) continue;
-        RequestStop(it->second, "preempt",
-                    fmt::format("preempted for job {} (priority {})", id, q->second.priority), now);
-      }
-      continue;
-    }
-    if (starts == config_.max_starts_per_pass) {
-      (void)scheduler_->Release(d.id);
-      q->second.in_cycle = false;  // Admit puts it back into the cycle
-      q->second.waiting =
-          "starting: more jobs were started in this pass than limits.max_starts_"
-          "per_pass allows";
-      dirty_ = true;
-      continue;
-    }
-    ++starts;
-    Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
-    launches.push_back(PrepareLaunch(std::move(q->second), d.allocation, now));
-    EraseQueued(q);
-    starting_[id] = std::move(starting);
-  }
+  // At most max_starts_per_pass processes are started in one pass (the engine's limit per step),
+  // so that the pass (and the lock's next holder) does not wait for thousands of forks; those left
+  // over stay in the queue, placed again at the next pass, which follows at once.
+  engine_->Step(now);
+  if (engine_->deferred() > 0) dirty_ = true;
+  std::vector<Launch> launches = std::move(executor_.launches);
+  executor_.launches.clear();
   EndNeverMet(now, lock);
   if (launches.empty()) return;
   // The store's writes (fsync) and the forks and execs go on without the lock: API reads,

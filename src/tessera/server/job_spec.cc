@@ -677,10 +677,14 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
 }
 
 sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user) {
+  return RunKindOf(spec, user, RequestOf(spec, 0, ""));
+}
+
+sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user, const core::Request& r) {
   return {.user = user,
           .name = spec.name,
           .command = spec.command,
-          .shape = HistoryShape(spec),
+          .shape = sched::HistoryShape(r, spec.Tasks()),
           .max_runtime_s = spec.max_runtime_s};
 }
 

@@ -138,6 +138,8 @@ core::Request RequestOf(const JobSpec& spec, int64_t job_id, const std::string& 
 // What run-time history knows a job of `user` by (sched::DurationPredictor): its name, command,
 // shape (HistoryShape) and max runtime.
 sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user);
+// The same, for the job's request `r` (RequestOf) already at hand.
+sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user, const core::Request& r);
 // The job's shape as history keys it: "2 GPU", "30% 10240MiB on 2 GPUs x2" (sched::HistoryShape).
 std::string HistoryShape(const JobSpec& spec);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <queue>
@@ -10,6 +11,7 @@
 
 #include "fmt/format.h"
 #include "tessera/sched/cycle.h"
+#include "tessera/sched/engine.h"
 #include "tessera/sched/predictor.h"
 #include "tessera/sim/cluster.h"
 
@@ -161,13 +163,28 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   };
   std::vector<State> state(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
-  // The queue, its order, backfill and preemption planning are the production cycle's.
-  sched::Cycle cycle(s, {.preemption = config.preemption,
-                         .fair_share_half_life_s = config.fair_share_half_life_s,
-                         .reservations = config.reservations});
-  // Run times (and measured utilizations) of the jobs finished so far (config.predict), by the
-  // server's predictor: one history, one answer.
-  sched::DurationPredictor history;
+  // What the engine decides, carried out on the simulated clock (set below).
+  struct Executor : sched::Executor {
+    std::function<void(const std::string&, const sched::Allocation&, double)> start;
+    std::function<void(const std::vector<std::string>&, double)> stop;
+    void Start(const std::string& id, const sched::Allocation& a, double now) override {
+      start(id, a, now);
+    }
+    void Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
+              double now) override {
+      stop(victims, now);
+    }
+  } executor;
+  // The queue, its order, backfill, preemption planning, requeue after preemption and run-time
+  // predictions (config.predict: from the jobs finished so far) are the production engine's.
+  sched::Engine engine(std::move(scheduler), executor,
+                       {.cycle = {.preemption = config.preemption,
+                                  .fair_share_half_life_s = config.fair_share_half_life_s,
+                                  .reservations = config.reservations},
+                        .requeue_preempted = true,
+                        .utilization_ceiling_pct = config.utilization_ceiling_pct,
+                        .utilization_ceiling_strict = config.utilization_ceiling_strict});
+  const sched::Cycle& cycle = engine.cycle();
   auto kind_of = [&](size_t i) {
     const SimJob& j = jobs[i];
     return sched::RunKind{.user = j.request.owner,
@@ -179,22 +196,14 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   auto enqueue = [&](size_t i) {
     core::Request r = jobs[i].request;
     if (config.arrival_order) r.priority = 0;
-    // 0 means unknown to the cycle: a prediction of no time at all is a millisecond.
+    // The trace's own prediction, where it has one (0 means unknown to the cycle: a prediction of
+    // no time at all is a millisecond); history's replaces it (config.predict).
     if (jobs[i].predicted_duration >= 0)
       r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
-    if (config.predict) {
-      const sched::Prediction p = history.Predict(kind_of(i));
-      if (p.samples > 0 || (jobs[i].predicted_duration < 0 && p.seconds > 0))
-        r.expected_duration_s = std::max(p.seconds, 1e-3);
-      if (config.utilization_ceiling_pct > 0 && r.fractional() && p.util_samples > 0) {
-        // As the server: a job that history shows slowed by sharing counts as that much busier.
-        r.expected_util_pct =
-            std::clamp(static_cast<int>(std::lround(p.util_pct * p.sharing_slowdown)), 1, 100);
-        r.util_ceiling_pct = config.utilization_ceiling_pct;
-        r.util_ceiling_strict = config.utilization_ceiling_strict;
-      }
-    }
-    (void)cycle.Enqueue(sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)});
+    sched::Submission sub{sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)},
+                          std::nullopt, std::nullopt};
+    if (config.predict) sub.kind = kind_of(i);
+    (void)engine.Submit(std::move(sub));
   };
   using Departure = std::tuple<double, size_t, int, int>;  // end time, job, epoch, generation
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
@@ -264,7 +273,6 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     departures.emplace(st.end, i, st.epoch, st.gen);
   };
   auto stop = [&](size_t i, double now) {
-    (void)s.Release(jobs[i].request.id);
     State& st = state[i];
     st.running = false;
     --running;
@@ -279,28 +287,25 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   std::vector<double> slowdowns;
   std::unordered_map<std::string, size_t> index_of;
   for (size_t i = 0; i < jobs.size(); ++i) index_of[jobs[i].request.id] = i;
-  auto step = [&](double now) {
-    for (const sched::CycleDecision& d : cycle.Step(now)) {
-      if (d.kind == sched::CycleDecision::Kind::kStart) {
-        if (config.record_runs)
-          out.runs.push_back({d.id, now, d.allocation.node, d.allocation.gpus});
-        start(index_of.at(d.id), now, d.allocation);
-        continue;
-      }
-      for (const std::string& v : d.victims) {
-        auto victim = index_of.find(v);
-        if (victim == index_of.end() || !state[victim->second].running) continue;
-        // Asked to stop, a job is preempted when it ends, even if it would have finished first:
-        // like the server, which cannot tell a checkpoint-and-exit from a natural end, it starts
-        // over.
-        State& vs = state[victim->second];
-        ++vs.epoch;  // its departure no longer counts
-        const double natural_end = vs.remaining >= 0 ? vs.end : now + config.stop_latency_s;
-        stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch,
-                      0);
-      }
+  executor.start = [&](const std::string& id, const sched::Allocation& a, double now) {
+    if (config.record_runs) out.runs.push_back({id, now, a.node, a.gpus});
+    start(index_of.at(id), now, a);
+  };
+  executor.stop = [&](const std::vector<std::string>& victims, double now) {
+    for (const std::string& v : victims) {
+      auto victim = index_of.find(v);
+      if (victim == index_of.end() || !state[victim->second].running) continue;
+      // Asked to stop, a job is preempted when it ends, even if it would have finished first:
+      // like the server, which cannot tell a checkpoint-and-exit from a natural end, it starts
+      // over.
+      State& vs = state[victim->second];
+      ++vs.epoch;  // its departure no longer counts
+      const double natural_end = vs.remaining >= 0 ? vs.end : now + config.stop_latency_s;
+      stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch,
+                    0);
     }
   };
+  auto step = [&](double now) { engine.Step(now); };
   auto next_time = [](const auto& q) {
     return q.empty() ? std::numeric_limits<double>::infinity() : std::get<0>(q.top());
   };
@@ -318,12 +323,13 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       if (epoch != state[i].epoch || gen != state[i].gen || !state[i].running) continue;
       const double ran = end - state[i].started;
       stop(i, end);
+      engine.Ended(jobs[i].request.id);
       state[i].finished = true;
       ++out.finished;
       if (jobs[i].request.fractional() && jobs[i].duration > 0)
         slowdowns.push_back(ran / jobs[i].duration);
       if (config.predict) {
-        history.Add(
+        engine.history().Add(
             kind_of(i), ran,
             jobs[i].utilization >= 0 ? std::optional<double>(jobs[i].utilization) : std::nullopt);
       }
@@ -337,7 +343,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       stop(i, when);
       ++state[i].epoch;
       state[i].remaining = jobs[i].duration;  // a preempted job starts over
-      enqueue(i);
+      (void)engine.Stopped(jobs[i].request.id, sched::StopCause::kPreempted);  // queued again
       ++out.preemptions;
       changed = true;
     }

@@ -1,0 +1,136 @@
+#pragma once
+// The scheduling engine: everything Tessera decides about running work, in one place, for its
+// three drivers - `sim replay`, the standalone server and the Kubernetes extender. It owns the
+// Scheduler (the cluster and its allocations), the Cycle (the queue, backfill, preemption plans,
+// victims being stopped), the one run-time and utilization predictor (sched::DurationPredictor) and
+// the rules around them: what a request is expected to take, how many starts one step makes, and
+// whether a stopped allocation goes back to the queue. A driver is an Executor: it carries out the
+// engine's starts and stops, supplies the time and tells the engine what happened (arrivals, ends,
+// stops, node changes). Nothing else decides.
+//
+// Not thread-safe (the driver serializes its calls); the predictor alone may be fed from another
+// thread (history()).
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tessera/sched/cycle.h"
+#include "tessera/sched/predictor.h"
+#include "tessera/sched/scheduler.h"
+
+namespace tessera::sched {
+
+// What a driver carries out. Called from inside Engine::Step, which must not be re-entered.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Run queued request `id` on `allocation` (already recorded in the Scheduler). When it ends the
+  // driver calls Engine::Ended, or Engine::Stopped if it was stopped for a reason the requeue rules
+  // name.
+  virtual void Start(const std::string& id, const Allocation& allocation, double now) = 0;
+  // Stop these running allocations to make room for queued request `for_id` (`reason` says so for
+  // the victims' records). They keep their resources until the driver reports each one stopped
+  // (Engine::Stopped); meanwhile `for_id` waits for exactly them.
+  virtual void Stop(const std::vector<std::string>& victims, const std::string& for_id,
+                    const std::string& reason, double now) = 0;
+};
+
+// Why a running allocation was stopped, for the requeue rules.
+enum class StopCause {
+  kPreempted,  // a victim of preemption
+  kUnhealthy,  // its GPU failed
+};
+
+struct EngineOptions {
+  CycleOptions cycle;
+  // Whether a stopped allocation goes back to the queue (under its id, with its submission time and
+  // sequence, so it keeps its place), by cause; a request's own QueueEntry::requeue overrides.
+  bool requeue_preempted = true;
+  bool requeue_unhealthy = false;
+  // Whether the engine queues it again itself (the simulator) or only says so and the driver
+  // submits it again through its own admission (the server: its store, holds and limits).
+  bool requeue_through_driver = false;
+  // Starts one Step makes at most (0: no limit): those with GPUs first (an idle GPU costs most),
+  // then the rest in queue order; a gang whole or not at all. The others stay queued, placed again
+  // at the next Step.
+  size_t max_starts_per_step = 0;
+  // Interference-aware sharing: a share whose history shows it busy counts its predicted
+  // utilization against this ceiling per GPU (core::Request::util_ceiling_pct); 0: off.
+  int utilization_ceiling_pct = 0;
+  bool utilization_ceiling_strict = false;
+};
+
+// A request as submitted to the engine: QueueEntry plus what history knows it by.
+struct Submission {
+  QueueEntry entry;
+  std::optional<RunKind> kind;  // none: no prediction (the request's own expectations stand)
+  std::optional<bool> requeue;  // its own wish when stopped; none: the engine's rules
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Scheduler> scheduler, Executor& executor, EngineOptions options = {});
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request, its expected run time and utilization filled from history first (Expect)
+  // when it says its kind. The Cycle's errors (kAlreadyExists, kInvalidArgument).
+  absl::Status Submit(Submission s);
+  // Takes a request out of the queue; false when it was not queued.
+  bool Cancel(const std::string& id);
+
+  // One pass at time `now`: the Executor is told what to start and what to stop. Returns the
+  // number of starts. `scope`: one request narrowed (Cycle::Scope).
+  size_t Step(double now, const Cycle::Scope* scope = nullptr);
+  // Starts the last Step put off (max_starts_per_step): the driver steps again soon.
+  size_t deferred() const { return deferred_; }
+
+  // A running allocation ended (finished, failed, cancelled, given back): its resources are free.
+  // false when it was not running.
+  bool Ended(const std::string& id);
+  // A running allocation stopped for `cause`: its resources are free, and it goes back to the
+  // queue when the rules (or its own wish) say so - queued here, unless requeue_through_driver.
+  // Returns whether it goes back.
+  bool Stopped(const std::string& id, StopCause cause);
+  // Records an allocation decided earlier (a server re-adopting its running jobs, the extender
+  // learning of a pod bound before it started): Scheduler::Restore. With its submission, it can be
+  // queued again when stopped, as if it had started here.
+  absl::Status Restore(const Allocation& a, std::optional<Submission> s = std::nullopt);
+  // Takes a node out (Cycle::RemoveNode): its allocations are released and returned.
+  absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId node);
+
+  // Fills `r`'s expected duration and, for a share under a utilization ceiling, its expected
+  // utilization, from the history of runs of `kind`. A prediction from runs replaces what `r` says;
+  // a bound from its max runtime only fills an unknown duration.
+  void Expect(core::Request& r, const RunKind& kind) const;
+  // A successful run of `kind` joins the history (thread-safe).
+  DurationPredictor& history() { return history_; }
+  const DurationPredictor& history() const { return history_; }
+
+  Scheduler& scheduler() { return *scheduler_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  const Cycle& cycle() const { return cycle_; }
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  // Queues `s` (Submit) with `waiting` as its reason until the next Step looks.
+  absl::Status Queue(Submission s, std::string waiting);
+
+  std::unique_ptr<Scheduler> scheduler_;
+  Executor& executor_;
+  EngineOptions options_;
+  Cycle cycle_;
+  DurationPredictor history_;
+  // Requests as submitted (before Expect), to queue them again: while in the cycle's queue, and
+  // once started until Ended or Stopped.
+  std::unordered_map<std::string, Submission> queued_, running_;
+  size_t deferred_ = 0;
+};
+
+}  // namespace tessera::sched

@@ -1,0 +1,242 @@
+// The engine: what its Executor is told, the requeue rules, the starts a step may make, and
+// predictions from the one history.
+#include "tessera/sched/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tessera/sched/test_util.h"
+
+namespace tessera::sched {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::Node;
+using testing::Share;
+using testing::Whole;
+
+// Records what the engine asks, nothing more.
+struct Recorder : Executor {
+  struct Stop {
+    std::vector<std::string> victims;
+    std::string for_id;
+  };
+  std::vector<std::string> started;
+  std::vector<Allocation> allocations;
+  std::vector<Stop> stops;
+  void Start(const std::string& id, const Allocation& a, double) override {
+    started.push_back(id);
+    allocations.push_back(a);
+  }
+  void Stop(const std::vector<std::string>& victims, const std::string& for_id, const std::string&,
+            double) override {
+    stops.push_back({victims, for_id});
+  }
+};
+
+std::unique_ptr<Scheduler> OneNode(int gpus) {
+  auto s = std::make_unique<Scheduler>();
+  EXPECT_TRUE(s->AddNode(Node("a", gpus)).ok());
+  return s;
+}
+
+Submission Sub(core::Request r, double submitted, uint64_t seq, int priority = 0) {
+  r.priority = priority;
+  return Submission{QueueEntry{std::move(r), submitted, seq}, std::nullopt, std::nullopt};
+}
+
+TEST(Engine, TellsItsExecutorToStartAndToStopAndWaitsForTheStop) {
+  Recorder x;
+  Engine e(OneNode(2), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("low", 2), 1, 1)).ok());
+  EXPECT_EQ(e.Step(1), 1u);
+  EXPECT_THAT(x.started, ElementsAre("low"));
+  ASSERT_TRUE(e.Submit(Sub(Whole("high", 2), 2, 2, /*priority=*/5)).ok());
+  EXPECT_EQ(e.Step(2), 0u);
+  ASSERT_EQ(x.stops.size(), 1u);
+  EXPECT_THAT(x.stops[0].victims, ElementsAre("low"));
+  EXPECT_EQ(x.stops[0].for_id, "high");
+  // Until the victim has stopped, nothing more is asked and nothing starts.
+  EXPECT_EQ(e.Step(3), 0u);
+  EXPECT_EQ(x.stops.size(), 1u);
+  // Stopped: a preempted request goes back to the queue by default, under its id.
+  EXPECT_TRUE(e.Stopped("low", StopCause::kPreempted));
+  EXPECT_TRUE(e.cycle().Queued("low"));
+  EXPECT_EQ(e.Step(4), 1u);
+  EXPECT_THAT(x.started, ElementsAre("low", "high"));
+}
+
+TEST(Engine, RequeueRulesByCauseAndTheRequestsOwnWish) {
+  Recorder x;
+  Engine e(OneNode(4), x, {.requeue_preempted = true, .requeue_unhealthy = false});
+  Submission keep = Sub(Whole("keep", 1), 1, 1);
+  Submission never = Sub(Whole("never", 1), 1, 2);
+  never.requeue = false;
+  Submission sick = Sub(Whole("sick", 1), 1, 3);
+  Submission sick_wants = Sub(Whole("sick-wants", 1), 1, 4);
+  sick_wants.requeue = true;
+  for (Submission* s : {&keep, &never, &sick, &sick_wants}) ASSERT_TRUE(e.Submit(*s).ok());
+  EXPECT_EQ(e.Step(1), 4u);
+  EXPECT_TRUE(e.Stopped("keep", StopCause::kPreempted));
+  EXPECT_FALSE(e.Stopped("never", StopCause::kPreempted));
+  EXPECT_FALSE(e.Stopped("sick", StopCause::kUnhealthy));
+  EXPECT_TRUE(e.Stopped("sick-wants", StopCause::kUnhealthy));
+  EXPECT_THAT(e.cycle().Order(), ElementsAre("keep", "sick-wants"));
+  // Every stop gave its GPU back.
+  EXPECT_EQ(e.scheduler().state().allocations().size(), 0u);
+}
+
+TEST(Engine, ADriverWithItsOwnAdmissionIsOnlyToldToRequeue) {
+  Recorder x;
+  Engine e(OneNode(1), x, {.requeue_through_driver = true});
+  ASSERT_TRUE(e.Submit(Sub(Whole("j", 1), 1, 1)).ok());
+  e.Step(1);
+  EXPECT_TRUE(e.Stopped("j", StopCause::kPreempted));
+  EXPECT_FALSE(e.cycle().Queued("j"));
+  // The driver submits it again, as it was.
+  ASSERT_TRUE(e.Submit(Sub(Whole("j", 1), 1, 1)).ok());
+  EXPECT_EQ(e.Step(2), 1u);
+}
+
+TEST(Engine, AStepStartsAtMostItsLimitGpusFirstAndAGangWhole) {
+  Recorder x;
+  Engine e(OneNode(8), x, {.max_starts_per_step = 3});
+  core::Request cpu = Whole("cpu", 0);
+  ASSERT_TRUE(e.Submit(Sub(cpu, 1, 1)).ok());
+  for (int i = 0; i < 2; ++i) {
+    core::Request m = Whole("gang-" + std::to_string(i), 1);
+    m.gang = "g";
+    m.gang_size = 2;
+    ASSERT_TRUE(e.Submit(Sub(m, 2, 2 + i)).ok());
+  }
+  ASSERT_TRUE(e.Submit(Sub(Whole("one", 1), 3, 5)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Whole("two", 1), 4, 6)).ok());
+  // Five could start; three do: those with GPUs first, in queue order (the gang whole, then
+  // "one"); the CPU-only one waits though it was queued first.
+  EXPECT_EQ(e.Step(1), 3u);
+  EXPECT_THAT(x.started, ElementsAre("gang-0", "gang-1", "one"));
+  // The others gave their place back and say why.
+  EXPECT_EQ(e.scheduler().state().Find("two"), nullptr);
+  EXPECT_THAT(*e.cycle().Waiting("two"), HasSubstr("more than 3 starts"));
+  EXPECT_THAT(*e.cycle().Waiting("cpu"), HasSubstr("more than 3 starts"));
+  EXPECT_EQ(e.deferred(), 2u);
+  EXPECT_EQ(e.Step(2), 2u);
+  EXPECT_THAT(x.started, ElementsAre("gang-0", "gang-1", "one", "two", "cpu"));
+}
+
+TEST(Engine, AGangThatWouldOverrunTheLimitWaitsWholeForTheNextStep) {
+  Recorder x;
+  Engine e(OneNode(8), x, {.max_starts_per_step = 2});
+  ASSERT_TRUE(e.Submit(Sub(Whole("first", 1), 1, 1)).ok());
+  for (int i = 0; i < 2; ++i) {
+    core::Request m = Whole("gang-" + std::to_string(i), 1);
+    m.gang = "g";
+    m.gang_size = 2;
+    ASSERT_TRUE(e.Submit(Sub(m, 2, 2 + i)).ok());
+  }
+  ASSERT_TRUE(e.Submit(Sub(Whole("last", 1), 3, 4)).ok());
+  EXPECT_EQ(e.Step(1), 2u);
+  EXPECT_THAT(x.started, ElementsAre("first", "last"));
+  EXPECT_EQ(e.Step(2), 2u);
+  EXPECT_THAT(x.started, ElementsAre("first", "last", "gang-0", "gang-1"));
+}
+
+TEST(Engine, AGangLargerThanTheLimitStartsAloneInAStep) {
+  Recorder x;
+  Engine e(OneNode(8), x, {.max_starts_per_step = 2});
+  for (int i = 0; i < 4; ++i) {
+    core::Request m = Whole("gang-" + std::to_string(i), 1);
+    m.gang = "g";
+    m.gang_size = 4;
+    ASSERT_TRUE(e.Submit(Sub(m, 1, i)).ok());
+  }
+  ASSERT_TRUE(e.Submit(Sub(Whole("after", 1), 2, 9)).ok());
+  EXPECT_EQ(e.Step(1), 4u);
+  EXPECT_THAT(x.started, ElementsAre("gang-0", "gang-1", "gang-2", "gang-3"));
+}
+
+TEST(Engine, ExpectsWhatHistorySaysAndQueuesAgainWithAFreshPrediction) {
+  Recorder x;
+  Engine e(OneNode(1), x, {.utilization_ceiling_pct = 90});
+  RunKind kind{.user = "alice", .name = "train", .command = {}, .shape = "30%"};
+  // No history: the max runtime bounds an unknown duration; a request's own figure stands.
+  core::Request r = Share("r1", 300);
+  RunKind bounded = kind;
+  bounded.max_runtime_s = 600;
+  e.Expect(r, bounded);
+  EXPECT_EQ(r.expected_duration_s, 600);
+  core::Request known = Share("r2", 300);
+  known.expected_duration_s = 42;
+  e.Expect(known, bounded);
+  EXPECT_EQ(known.expected_duration_s, 42);
+  // With runs: their p75 (nearest rank) replaces it, and a share's utilization counts against the
+  // ceiling.
+  for (double s : {100.0, 200.0, 300.0, 400.0}) e.history().Add(kind, s, 50.0);
+  e.Expect(known, kind);
+  EXPECT_EQ(known.expected_duration_s, 300);
+  EXPECT_EQ(known.expected_util_pct, 50);
+  EXPECT_EQ(known.util_ceiling_pct, 90);
+  // A whole-GPU request has no utilization to share.
+  core::Request whole = Whole("w", 1);
+  e.Expect(whole, kind);
+  EXPECT_EQ(whole.expected_util_pct, 0);
+
+  Submission s = Sub(Share("job", 300), 1, 1);
+  s.kind = kind;
+  ASSERT_TRUE(e.Submit(s).ok());
+  e.Step(1);
+  ASSERT_EQ(x.allocations.size(), 1u);
+  EXPECT_EQ(x.allocations[0].request.expected_duration_s, 300);
+  // History grows while it runs; requeued, it is predicted afresh from the request as submitted.
+  for (int i = 0; i < 10; ++i) e.history().Add(kind, 1000, 50.0);
+  EXPECT_TRUE(e.Stopped("job", StopCause::kPreempted));
+  e.Step(2);
+  ASSERT_EQ(x.allocations.size(), 2u);
+  EXPECT_EQ(x.allocations[1].request.expected_duration_s, 1000);
+}
+
+TEST(Engine, ARemovedNodeReleasesWhatRanThereAndAReadoptedRunCanBeRequeued) {
+  Recorder x;
+  auto s = std::make_unique<Scheduler>();
+  ASSERT_TRUE(s->AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s->AddNode(Node("b", 1)).ok());
+  Engine e(std::move(s), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("x", 1), 1, 1)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Whole("y", 1), 1, 2)).ok());
+  EXPECT_EQ(e.Step(1), 2u);
+  const NodeId on = e.scheduler().state().Find("x")->node;
+  auto released = e.RemoveNode(on);
+  ASSERT_TRUE(released.ok());
+  ASSERT_EQ(released->size(), 1u);
+  EXPECT_EQ((*released)[0].id, "x");
+  EXPECT_FALSE(e.Ended("x")) << "its allocation went with the node";
+  EXPECT_TRUE(e.Ended("y"));
+
+  // Restored with its submission (a restarted server adopting a running job): the rules apply.
+  Allocation a;
+  a.id = "z";
+  a.node = e.scheduler().state().FindNode(on == 0 ? "b" : "a");
+  a.gpus = {0};
+  a.request = Whole("z", 1);
+  Submission z = Sub(Whole("z", 1), 0, 3);
+  z.requeue = false;
+  ASSERT_TRUE(e.Restore(a, z).ok());
+  EXPECT_FALSE(e.Stopped("z", StopCause::kPreempted));
+  EXPECT_FALSE(e.cycle().Queued("z"));
+  EXPECT_THAT(e.scheduler().state().allocations(), ::testing::IsEmpty());
+}
+
+TEST(Engine, CancelTakesARequestOutOfTheQueue) {
+  Recorder x;
+  Engine e(OneNode(1), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("a", 1), 1, 1)).ok());
+  EXPECT_FALSE(e.Submit(Sub(Whole("a", 1), 1, 1)).ok()) << "an id queued twice";
+  EXPECT_TRUE(e.Cancel("a"));
+  EXPECT_FALSE(e.Cancel("a"));
+  EXPECT_EQ(e.Step(1), 0u);
+  EXPECT_THAT(x.started, ::testing::IsEmpty());
+}
+
+}  // namespace
+}  // namespace tessera::sched
