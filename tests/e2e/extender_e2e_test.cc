@@ -322,12 +322,13 @@ TEST_F(ExtenderE2e, WholeFractionalAndGangPodsRunOnTheGpusTheExtenderChose) {
            {{"metadata", {{"name", "job"}, {"namespace", "ml"}}}, {"spec", {{"minMember", 2}}}});
   json labels = {{"scheduling.x-k8s.io/pod-group", "job"}};
   json w0 = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "w0", kShare, 1, {}, labels));
-  json w1 = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "w1", kShare, 1, {}, labels));
   json why;
   ASSERT_TRUE(Until([&] {
     Schedule(w0, &why);
     return why.dump().find("1 of 2 members") != std::string::npos;
   })) << why.dump();
+  // The second member is queued as soon as the extender sees it (not at its first filter).
+  json w1 = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "w1", kShare, 1, {}, labels));
   std::string n1 = Schedule(w1);
   ASSERT_FALSE(n1.empty());
   std::string n0 = Schedule(w0);

@@ -26,11 +26,16 @@ std::string PodId(const json& pod) {
 }
 
 // RFC 3339 seconds ("2026-11-23T10:00:00Z"); 0 when absent or malformed.
-double CreationSeconds(const json& pod) {
-  std::string t = StringAt(pod, {"metadata", "creationTimestamp"});
+// An RFC 3339 time in seconds (whole: what Kubernetes writes); `fallback` when absent or bad.
+double TimeAt(const json& pod, std::initializer_list<const char*> path, double fallback) {
+  std::string t = StringAt(pod, path);
   struct tm tm {};
-  if (t.empty() || strptime(t.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
+  if (t.empty() || strptime(t.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return fallback;
   return static_cast<double>(timegm(&tm));
+}
+
+double CreationSeconds(const json& pod) {
+  return TimeAt(pod, {"metadata", "creationTimestamp"}, 0);
 }
 
 bool Terminal(const json& pod) {
@@ -282,6 +287,7 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
     engine_->Ended(id);
   }
   p.allocated = false;
+  p.binding = false;
   p.reserved_at = -1;
   p.reserved_node.clear();
   reserved_.erase(id);
@@ -373,6 +379,12 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   if (type == kube::EventType::kDeleted || Terminal(pod)) {
     // (the end of an older pod of the same name is no news)
     if (it != pods_.end() && !other) {
+      // A run that succeeded joins the history that predicts the next runs of its kind - unless
+      // it was asked to stop (a checkpoint-and-exit cut short is no natural run time).
+      if (StringAt(pod, {"status", "phase"}) == "Succeeded" && it->second.started >= 0 &&
+          !FieldAt(pod, {"metadata", "deletionTimestamp"})) {
+        engine_->history().Add(it->second.demand.kind, std::max(0.0, Now() - it->second.started));
+      }
       Forget(it, type == kube::EventType::kDeleted ? "deleted" : "finished");
     }
     return;
@@ -389,9 +401,25 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
   }
   PodRec& p = it->second;
   if (p.uid.empty()) p.uid = uid;
-  if (node.empty() || !p.node.empty()) return;
+  if (!p.node.empty()) {
+    p.started = TimeAt(pod, {"status", "startTime"}, p.started);  // the kubelet's, once it says
+    return;
+  }
+  if (node.empty()) {
+    // Pending: it joins the queue now, not at its first filter, so that a step taken for another
+    // pod orders it by its priority and creation as every other executor of the engine does.
+    if (!p.allocated && !engine_->cycle().Queued(id)) {
+      if (absl::Status st = engine_->Submit(
+              {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
+          !st.ok()) {
+        spdlog::warn("extender: pod {} cannot be queued: {}", id, std::string(st.message()));
+      }
+    }
+    return;
+  }
   // Bound: the reservation is confirmed, or the pod was bound without one.
   p.node = node;
+  p.started = TimeAt(pod, {"status", "startTime"}, Now());
   engine_->Cancel(id);
   if (p.allocated) {
     const sched::Allocation* a = engine_->scheduler().state().Find(id);
@@ -516,6 +544,17 @@ void Extender::PodExecutor::Stop(const std::vector<std::string>& victims, const 
   for (const std::string& v : victims) {
     auto vi = ex.pods_.find(v);
     if (vi == ex.pods_.end()) continue;
+    PodRec& p = vi->second;
+    if (p.node.empty() && !p.binding) {
+      // Reserved, no bind asked yet: nothing runs to evict (an eviction would delete a pending
+      // pod). Its reservation is given back and it waits in its old place in the queue. (Once its
+      // bind is under way it may run any moment: it is evicted, as a bound pod is.)
+      ex.Release(v, p, ("preempted before it was bound: " + reason).c_str());
+      (void)ex.engine_->Submit(
+          {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
+      released = true;
+      continue;
+    }
     size_t slash = v.find('/');
     const sched::Allocation* a = state.Find(v);
     Victim victim{v.substr(0, slash), v.substr(slash + 1), vi->second.uid,
@@ -632,7 +671,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   if (!engine_->cycle().Queued(id)) {
     p.demand = std::move(*d);
     if (absl::Status st = engine_->Submit(
-            {sched::QueueEntry{p.demand.request, p.created, p.seq}, std::nullopt, std::nullopt});
+            {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
         !st.ok()) {
       out.error = std::string(st.message());
       out.reason = out.error;
@@ -649,7 +688,10 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   scope.enter = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { fence.emplace(*this, allowed, all); };
   scope.leave = [&] { fence.reset(); };
   executor_.asking = id;
+  executor_.released = false;
   engine_->Step(now, all ? nullptr : &scope);
+  // Room made at once (reservations given back, no pod to wait for): taken in the same filter.
+  if (executor_.released) engine_->Step(now, all ? nullptr : &scope);
   if (p.allocated) {
     out.nodes = {p.reserved_node};
     out.reason = "placed";
@@ -723,6 +765,7 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
     plan.assignment.containers.push_back(std::move(ca));
   }
   p.reserved_at = Now();  // the bind is under way: not expired meanwhile
+  p.binding = true;
   return plan;
 }
 

@@ -136,6 +136,7 @@ class Extender {
 
   // For metrics, logs and tests.
   struct Stats {
+    int pods = 0;   // Tessera pods known: pending, reserved or running
     int nodes = 0;  // with Tessera GPUs
     int gpus = 0;   // on them
     int gpus_healthy = 0;
@@ -172,6 +173,8 @@ class Extender {
     std::string queued_kind;  // wait kind while queued
     double created = 0;       // metadata.creationTimestamp, seconds (queue order)
     double queued_at = -1;
+    double started = -1;   // since when it runs (status.startTime, else when seen bound)
+    bool binding = false;  // a bind to its reserved node is under way or done (PrepareBind)
   };
 
   // While it lives, the GPUs of nodes outside `allowed` count as unhealthy: nothing is placed or
@@ -226,7 +229,8 @@ class Extender {
     void Stop(const std::vector<std::string>& victims, const std::string& for_id,
               const std::string& reason, double now) override;
     Extender& ex;
-    std::string asking;  // the pod whose filter stepped the engine
+    std::string asking;     // the pod whose filter stepped the engine
+    bool released = false;  // a victim was only reserved: released at once, room made now
   };
   void NoteTypical(const core::Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,

@@ -147,6 +147,79 @@ TEST_F(ExtenderTest, SharesThatSayTheirUtilizationAreKeptUnderTheCeiling) {
   EXPECT_THAT(bad.error, HasSubstr("tessera.io/gpu-utilization: expected a percentage"));
 }
 
+TEST_F(ExtenderTest, ThePodsOfAJobArePredictedFromItsRunsThatSucceeded) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  auto of_job = [](const std::string& name) {
+    json pod = GpuPod("ml", name, {.gpus = 1});
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "train";
+    pod["spec"]["containers"][0]["command"] = {"python", "train.py"};
+    return pod;
+  };
+  // No history: its activeDeadlineSeconds bounds it; none at all: unknown.
+  json first = of_job("train-1");
+  first["spec"]["activeDeadlineSeconds"] = 3600;
+  ASSERT_EQ(Schedule(first, {"a"}), "a");
+  ASSERT_TRUE(ex_->AllocationOf("ml/train-1"));
+  EXPECT_EQ(ex_->AllocationOf("ml/train-1")->request.expected_duration_s, 3600);
+  clock_.Advance(std::chrono::seconds(100));
+  json done = first;
+  done["spec"]["nodeName"] = "a";
+  done["status"]["phase"] = "Succeeded";
+  ex_->OnPod(Ev::kModified, done);
+  EXPECT_FALSE(ex_->AllocationOf("ml/train-1")) << "its GPU is given back";
+  // The next pod of the Job is expected to take what the first took (from when the extender saw
+  // it bound to when it saw it succeed: the pod carries no status.startTime here).
+  ASSERT_EQ(Schedule(of_job("train-2"), {"a"}), "a");
+  EXPECT_EQ(ex_->AllocationOf("ml/train-2")->request.expected_duration_s, 100);
+  // A pod of another Job in the namespace has no runs of its own: the shape's in the namespace
+  // (history's wider keys) stand in.
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json other = GpuPod("ml", "infer-1", {.gpus = 1});
+  other["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "infer";
+  ASSERT_EQ(Schedule(other, {"b"}), "b");
+  EXPECT_EQ(ex_->AllocationOf("ml/infer-1")->request.expected_duration_s, 100);
+}
+
+TEST_F(ExtenderTest, APendingPodIsQueuedWhenSeenNotAtItsFirstFilter) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // 2 GPUs
+  json low = GpuPod("ml", "low", {.gpus = 2});
+  json high = GpuPod("ml", "high", {.gpus = 2, .priority = 5});
+  ex_->OnPod(Ev::kAdded, low);
+  ex_->OnPod(Ev::kAdded, high);
+  // kube-scheduler asks about `low` first: the queue already holds `high`, which goes first.
+  FilterResult f = ex_->Filter(low, {"a"});
+  EXPECT_TRUE(f.nodes.empty());
+  ASSERT_TRUE(ex_->AllocationOf("ml/high"));
+  EXPECT_THAT(ex_->TakeNudges(),
+              ElementsAre(std::make_pair(std::string("ml/high"), std::string("a"))));
+  EXPECT_EQ(ex_->Filter(high, {"a"}).nodes, std::vector<std::string>{"a"});
+}
+
+TEST_F(ExtenderTest, AReservationNotYetBoundIsGivenBackNotEvicted) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  json low = GpuPod("ml", "low", {.gpus = 2});
+  ex_->OnPod(Ev::kAdded, low);
+  ASSERT_EQ(ex_->Filter(low, {"a"}).nodes, std::vector<std::string>{"a"});
+  // Before kube-scheduler binds it, a pod of higher priority comes: the reservation is released
+  // (evicting would delete a pod that never ran) and the new pod placed in the same filter.
+  json high = GpuPod("ml", "high", {.gpus = 2, .priority = 5});
+  ex_->OnPod(Ev::kAdded, high);
+  EXPECT_EQ(ex_->Filter(high, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_THAT(ex_->TakeEvictions(), IsEmpty());
+  EXPECT_FALSE(ex_->AllocationOf("ml/low"));
+  EXPECT_THAT(*ex_->Waiting("ml/low"), HasSubstr("no node fits"));
+  // Its bind, late, finds no reservation: kube-scheduler schedules it again.
+  EXPECT_FALSE(ex_->PrepareBind("ml", "low", "uid-ml-low", "a").ok());
+  // Once a bind is under way the pod may run any moment: then it is evicted.
+  ASSERT_TRUE(ex_->PrepareBind("ml", "high", "uid-ml-high", "a").ok());
+  json top = GpuPod("ml", "top", {.gpus = 2, .priority = 9});
+  ex_->OnPod(Ev::kAdded, top);
+  EXPECT_TRUE(ex_->Filter(top, {"a"}).nodes.empty());
+  std::vector<Victim> v = ex_->TakeEvictions();
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].name, "high");
+}
+
 TEST_F(ExtenderTest, UnplacedPodsSayWhyPerNode) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   json big = GpuPod("ml", "big", {.gpus = 4});

@@ -13,6 +13,7 @@ Extender::Stats Extender::stats() const {
   Stats s;
   const sched::ClusterState& st = engine_->scheduler().state();
   s.nodes = static_cast<int>(nodes_.size());
+  s.pods = static_cast<int>(pods_.size());
   for (sched::NodeId n = 0; n < st.node_count(); ++n) {
     for (int g = 0; g < st.gpu_count(n); ++g) {
       ++s.gpus;

@@ -302,6 +302,28 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     r.gang_size = n;
   }
   if (std::string err = core::ValidateRequest(r); !err.empty()) return bad(err);
+  d.kind.user = ns;
+  d.kind.name = StringAt(pod, {"metadata", "labels", "batch.kubernetes.io/job-name"});
+  if (d.kind.name.empty()) d.kind.name = StringAt(pod, {"metadata", "labels", "job-name"});
+  if (const json* owners = FieldAt(pod, {"metadata", "ownerReferences"});
+      d.kind.name.empty() && owners && owners->is_array()) {
+    for (const json& o : *owners) {
+      if (o.is_object() && o.value("controller", false) && o.value("name", json()).is_string()) {
+        d.kind.name = o.value("kind", std::string()) + "/" + o["name"].get<std::string>();
+      }
+    }
+  }
+  if (const json* cs = FieldAt(pod, {"spec", "containers"}); cs && !cs->empty()) {
+    for (const char* part : {"command", "args"}) {
+      const json* v = FieldAt((*cs)[0], {part});
+      if (!v || !v->is_array()) continue;
+      for (const json& a : *v)
+        if (a.is_string()) d.kind.command.push_back(a.get<std::string>());
+    }
+  }
+  d.kind.shape = sched::HistoryShape(r);
+  if (const json* dl = FieldAt(pod, {"spec", "activeDeadlineSeconds"}); dl && dl->is_number())
+    d.kind.max_runtime_s = std::max(0.0, dl->get<double>());
   return d;
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/request.h"
+#include "tessera/sched/predictor.h"
 
 namespace tessera::extender {
 
@@ -59,6 +60,10 @@ struct PodDemand {
   core::Request request;                    // id "namespace/name", owner the namespace
   std::vector<ContainerDemand> containers;  // in the kubelet's allocation order
   std::string pod_group;                    // the scheduling.x-k8s.io/pod-group label, when set
+  // What run-time history knows it by: its namespace, its Job (the batch.kubernetes.io/job-name
+  // label, else its controller's name), its first container's command and arguments, its shape
+  // and its spec.activeDeadlineSeconds.
+  sched::RunKind kind;
 };
 
 // A Pod object. `shares_per_gpu` converts a share count to compute thousandths (the node's; the

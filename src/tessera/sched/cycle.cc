@@ -75,6 +75,7 @@ absl::Status Cycle::Enqueue(QueueEntry entry, std::string waiting) {
   std::string id = entry.request.id;
   order_.insert(key);
   entries_.emplace(std::move(id), Entry{std::move(entry), std::move(key), std::move(waiting)});
+  ++queue_version_;
   return absl::OkStatus();
 }
 
@@ -83,6 +84,7 @@ bool Cycle::Remove(const std::string& id) {
   if (it == entries_.end()) return false;
   order_.erase(it->second.key);
   entries_.erase(it);
+  ++queue_version_;
   return true;
 }
 
@@ -392,6 +394,12 @@ absl::StatusOr<std::vector<Allocation>> Cycle::RemoveNode(NodeId node) {
 
 std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
   std::vector<CycleDecision> out;
+  if (now != instant_) {
+    instant_ = now;
+  } else if (!scope && last_unscoped_ && scheduler_.version() == stepped_version_ &&
+             queue_version_ == stepped_queue_version_) {
+    return out;  // this instant's decisions are made, and nothing they depend on has changed
+  }
   for (auto it = stopping_.begin(); it != stopping_.end();) {
     it = scheduler_.state().Find(*it) != nullptr ? std::next(it) : stopping_.erase(it);
   }
@@ -587,6 +595,9 @@ std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
   }
   for (const std::string& id : started) Remove(id);
   SetRate();
+  stepped_version_ = scheduler_.version();
+  stepped_queue_version_ = queue_version_;
+  last_unscoped_ = scope == nullptr;
   return out;
 }
 

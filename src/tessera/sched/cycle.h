@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -209,6 +210,12 @@ class Cycle {
   std::unordered_map<std::string, double> usage_;  // owner -> decayed GPU-seconds (fair share)
   std::unordered_map<std::string, double> rate_;   // owner -> GPUs held since the last Step
   double accounted_at_ = -1;
+  // A Step at the same instant as the last, unscoped like it, with the scheduler and the queue as
+  // it left them, decides nothing (its decisions are made): repeated steps - the extender steps at
+  // every filter, the server at every turn - change nothing by being repeated.
+  double instant_ = std::numeric_limits<double>::quiet_NaN();  // the last Step's time
+  uint64_t queue_version_ = 0, stepped_queue_version_ = 0, stepped_version_ = 0;
+  bool last_unscoped_ = false;
 };
 
 }  // namespace tessera::sched

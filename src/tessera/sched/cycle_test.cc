@@ -502,5 +502,16 @@ TEST(RequestShapeKey, CountsEveryPlacementFieldAndNotTheIdentity) {
   EXPECT_FALSE(differs([](core::Request& r) { r.expected_duration_s = 60; }));
 }
 
+TEST(Cycle, AGpuHealthChangeAtTheSameInstantIsAChange) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  ASSERT_TRUE(s.SetGpuHealth(0, 0, false).ok());
+  Cycle c(s);
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("j", 1), 1, 1)).ok());
+  EXPECT_THAT(c.Step(1), ::testing::IsEmpty());
+  ASSERT_TRUE(s.SetGpuHealth(0, 0, true).ok());
+  EXPECT_THAT(Started(c.Step(1)), ElementsAre("j"));
+}
+
 }  // namespace
 }  // namespace tessera::sched

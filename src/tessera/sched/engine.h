@@ -26,7 +26,8 @@
 
 namespace tessera::sched {
 
-// What a driver carries out. Called from inside Engine::Step, which must not be re-entered.
+// What a driver carries out. Called from inside Engine::Step, which must not be re-entered; a
+// callback may tell the engine of ends and stops (Ended, Stopped) and submit (Submit).
 class Executor {
  public:
   virtual ~Executor() = default;

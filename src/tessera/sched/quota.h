@@ -32,10 +32,18 @@ enum class QuotaVerdict { kAllowed, kBorrowing, kDenied };
 
 class QuotaManager {
  public:
-  void Set(const std::string& owner, const OwnerQuota& quota) { quotas_[owner] = quota; }
+  void Set(const std::string& owner, const OwnerQuota& quota) {
+    quotas_[owner] = quota;
+    ++limits_version_;
+  }
   const OwnerQuota* Get(const std::string& owner) const;
   // Replaces every quota at once (usage is kept).
-  void Replace(std::map<std::string, OwnerQuota> quotas) { quotas_ = std::move(quotas); }
+  void Replace(std::map<std::string, OwnerQuota> quotas) {
+    quotas_ = std::move(quotas);
+    ++limits_version_;
+  }
+  // Bumped whenever the limits change (use changes with the allocations).
+  uint64_t limits_version() const { return limits_version_; }
 
   // Whether `owner` may add `delta`. On kDenied, `why` says which limit ("owner alice: 3 of 4 GPUs
   // used, wants 2 more").
@@ -57,6 +65,7 @@ class QuotaManager {
   GpuAmount IdleElsewhere(const std::string& owner) const;
 
   std::map<std::string, OwnerQuota> quotas_;
+  uint64_t limits_version_ = 0;
   std::map<std::string, GpuAmount> used_;
 };
 

@@ -59,6 +59,7 @@ absl::StatusOr<std::vector<Allocation>> Scheduler::RemoveNode(NodeId node) {
 
 void Scheduler::SetTypicalRequests(std::vector<TypicalRequest> typical) {
   fragmentation_ = Fragmentation(std::move(typical));
+  ++typical_version_;
   ResetCaches();
 }
 

@@ -68,6 +68,12 @@ class Scheduler {
   absl::Status SetGpuHealth(NodeId node, int gpu, bool healthy);
 
   const ClusterState& state() const { return state_; }
+  // Changes with anything a decision depends on: allocations, nodes, GPU health, quota limits (and
+  // typical requests). Equal versions: the same inputs.
+  uint64_t version() const {
+    return state_.change_base() + state_.class_changes().size() + quotas_.limits_version() +
+           typical_version_;
+  }
   QuotaManager& quotas() { return quotas_; }
   const QuotaManager& quotas() const { return quotas_; }
   const SchedulerConfig& config() const { return config_; }
@@ -172,6 +178,7 @@ class Scheduler {
   PolicySet policies_;
   ClusterScale scale_;
   std::mt19937_64 rng_;
+  uint64_t typical_version_ = 0;
 
   std::unordered_map<std::string, int> request_shapes_;
   std::vector<Row> cache_;      // [request shape]

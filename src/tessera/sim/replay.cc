@@ -181,7 +181,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
                        {.cycle = {.preemption = config.preemption,
                                   .fair_share_half_life_s = config.fair_share_half_life_s,
                                   .reservations = config.reservations},
-                        .requeue_preempted = true,
+                        .requeue_preempted = config.requeue_preempted,
                         .utilization_ceiling_pct = config.utilization_ceiling_pct,
                         .utilization_ceiling_strict = config.utilization_ceiling_strict});
   const sched::Cycle& cycle = engine.cycle();
@@ -343,7 +343,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
       stop(i, when);
       ++state[i].epoch;
       state[i].remaining = jobs[i].duration;  // a preempted job starts over
-      (void)engine.Stopped(jobs[i].request.id, sched::StopCause::kPreempted);  // queued again
+      // Queued again (config.requeue_preempted), under its id and in its place.
+      (void)engine.Stopped(jobs[i].request.id, sched::StopCause::kPreempted);
       ++out.preemptions;
       changed = true;
     }

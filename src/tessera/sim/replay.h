@@ -1,11 +1,12 @@
 #pragma once
 // Time-based replay: jobs arrive at their submit times, run for their durations and leave. Each
-// time something changes, the production scheduling cycle (sched::Cycle: queue order, backfill, the
-// shape memo, preemption planning) takes a step at the simulated time, exactly as the standalone
-// server does; the replay carries out its decisions. A preempted job stops `stop_latency_s` after
-// it was asked, or at its natural end if that comes first (holding its resources until then), goes
-// back to the queue and starts over - as the server re-queues a job that ends after it was asked to
-// stop. Uses the production Scheduler. Deterministic for given inputs and seed.
+// time something changes, the production scheduling engine (sched::Engine: queue order, backfill,
+// the shape memo, preemption planning, requeue, predictions) takes a step at the simulated time,
+// exactly as the standalone server and the extender do; the replay is its executor. A preempted job
+// stops `stop_latency_s` after it was asked, or at its natural end if that comes first (holding its
+// resources until then), goes back to the queue and starts over - as the server re-queues a job
+// that ends after it was asked to stop. Uses the production Scheduler. Deterministic for given
+// inputs and seed.
 
 #include <cstdint>
 #include <functional>
@@ -30,6 +31,9 @@ struct ReplayConfig {
   bool arrival_order = false;
   // Seconds a preempted job takes to stop (SIGTERM to exit) and give its resources back.
   double stop_latency_s = 0;
+  // Whether a preempted job goes back to the queue and starts over (the server's default); false:
+  // it ends there, as a Kubernetes pod evicted by preemption does (its controller makes a new one).
+  bool requeue_preempted = true;
   // Fair share between owners (sched::CycleOptions::fair_share_half_life_s); 0: off.
   double fair_share_half_life_s = 0;
   // Backfill reservations (sched::CycleOptions::reservations); 0: none.

@@ -315,6 +315,21 @@ json FakeApiServer::StampLocked(const std::string& store, json object, const jso
   return object;
 }
 
+bool FakeApiServer::TerminateLocked(const std::string& store, json& pod, const json* grace) {
+  if (!options_.graceful_pod_deletion || !pod.contains("spec") ||
+      pod["spec"].value("nodeName", "").empty()) {
+    return false;
+  }
+  const int64_t seconds = grace && grace->is_number_integer() ? grace->get<int64_t>() : 30;
+  if (seconds <= 0) return false;                                  // a forced deletion
+  if (pod["metadata"].contains("deletionTimestamp")) return true;  // already terminating
+  json marked = pod;
+  marked["metadata"]["deletionTimestamp"] = Now();
+  marked["metadata"]["deletionGracePeriodSeconds"] = seconds;
+  pod = StampLocked(store, marked, &pod);
+  return true;
+}
+
 json FakeApiServer::Put(const std::string& collection, json object) {
   Target t = ParsePath(collection + "/x");
   std::lock_guard lock(mu_);
@@ -703,6 +718,11 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
         (*pre)["uid"] != it->second["metadata"].value("uid", "")) {
       return fail(409, "Conflict", "the UID in the precondition does not match " + what);
     }
+    const json* grace = nullptr;
+    if (body.contains("deleteOptions") && body["deleteOptions"].is_object() &&
+        body["deleteOptions"].contains("gracePeriodSeconds"))
+      grace = &body["deleteOptions"]["gracePeriodSeconds"];
+    if (TerminateLocked(store, it->second, grace)) return reply(201, StatusBody(201, "", ""));
     json last = it->second;
     objs.erase(it);
     last["metadata"]["resourceVersion"] = std::to_string(++rv_);
@@ -737,6 +757,17 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
   auto it = objs.find(t.key());
   if (it == objs.end()) return fail(404, "NotFound", what + " not found");
   if (req.method == "DELETE") {
+    if (t.resource == "pods") {
+      json options = json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+      if (!options.is_object()) options = json::object();
+      if (!options.contains("gracePeriodSeconds")) {
+        auto q = req.params.find("gracePeriodSeconds");
+        if (q != req.params.end()) options["gracePeriodSeconds"] = std::atoll(q->second.c_str());
+      }
+      const json* grace =
+          options.contains("gracePeriodSeconds") ? &options["gracePeriodSeconds"] : nullptr;
+      if (TerminateLocked(store, it->second, grace)) return reply(200, it->second);
+    }
     json last = it->second;
     objs.erase(it);
     last["metadata"]["resourceVersion"] = std::to_string(++rv_);

@@ -34,6 +34,11 @@ struct FakeApiServerOptions {
   bool tls = false;
   // Bearer tokens and the user each one stands for.
   std::map<std::string, std::string> tokens = {{"test-token", "tester"}};
+  // As the real API server treats a pod bound to a node: a DELETE or an Eviction only marks it
+  // (metadata.deletionTimestamp and deletionGracePeriodSeconds, 30 or the request's, a MODIFIED
+  // event) and it stays, holding its node's resources, until its kubelet says it has stopped - here
+  // the test's Delete(). Off: removed at once (what most tests need, and kinder than reality).
+  bool graceful_pod_deletion = false;
 };
 
 struct ApiRequest {
@@ -100,6 +105,9 @@ class FakeApiServer {
  private:
   void Handle(const httplib::Request& req, httplib::Response& res);
   void Record(ApiRequest r);
+  // graceful_pod_deletion: marks a bound pod terminating instead of removing it; false when it is
+  // to be removed now (off, unbound, or a grace of 0).
+  bool TerminateLocked(const std::string& store, nlohmann::json& pod, const nlohmann::json* grace);
   nlohmann::json StampLocked(const std::string& store, nlohmann::json object,
                              const nlohmann::json* old);
 
