@@ -91,9 +91,9 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     auto it = queued_.find(id);
     Submission s = std::move(it->second);
     queued_.erase(it);
-    (void)Queue(std::move(s), fmt::format("starting: more than {} starts in one pass (the limit "
-                                          "per scheduling pass)",
-                                          options_.max_starts_per_step));
+    (void)Queue(std::move(s),
+                fmt::format("starting: more than {} starts in one pass ({})",
+                            options_.max_starts_per_step, options_.max_starts_setting));
   }
   size_t started = 0;
   for (size_t i : starts) {

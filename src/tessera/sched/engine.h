@@ -61,6 +61,7 @@ struct EngineOptions {
   // then the rest in queue order; a gang whole or not at all. The others stay queued, placed again
   // at the next Step.
   size_t max_starts_per_step = 0;
+  std::string max_starts_setting = "the limit per step";  // how the waiting reason names it
   // Interference-aware sharing: a share whose history shows it busy counts its predicted
   // utilization against this ceiling per GPU (core::Request::util_ceiling_pct); 0: off.
   int utilization_ceiling_pct = 0;

@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                            .requeue_unhealthy = c.unhealthy_action == "requeue",
                            .requeue_through_driver = true,
                            .max_starts_per_step = c.max_starts_per_pass,
+                           .max_starts_setting = "limits.max_starts_per_pass",
                            .utilization_ceiling_pct = c.utilization_ceiling_pct,
                            .utilization_ceiling_strict = c.utilization_ceiling_strict});
   s->SetUpSharing();
