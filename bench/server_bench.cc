@@ -184,6 +184,7 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
   deps.store = std::move(*store);
   tessera::server::ServerConfig config = BenchConfig(disk_dir);
   config.confinement = "off";
+  config.max_queued_jobs_per_user = 100000;  // one user submits them all
   auto server = tessera::server::Server::Create(config, std::move(deps));
   if (!server.ok() || !(*server)->Start().ok()) {
     fprintf(stderr, "server_bench: cannot start the server on %s\n", disk_dir.c_str());

@@ -610,8 +610,18 @@ const core::NodeSpec& Dispatcher::node() const { return engine_->scheduler().sta
 void Dispatcher::Loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
-    Turn(lock);
-    if (dirty_) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool passed = Turn(lock);
+    if (dirty_) {
+      if (passed && !pass_decided_) {
+        // A pass that started and stopped nothing (jobs arriving behind a busy machine): the next
+        // waits as long as this one took, so that a stream of submissions is admitted in batches
+        // - the loop spends at most half its time in such passes, not one pass per submission.
+        const auto now = std::chrono::steady_clock::now();
+        wake_.wait_until(lock, now + (now - t0), [&] { return stop_.load(); });
+      }
+      continue;
+    }
     wake_.wait_for(lock, std::chrono::duration<double>(config_.poll_interval_s));
   }
 }

@@ -222,8 +222,9 @@ class Dispatcher {
     int throttle = 0;  // its array runs at most this many tasks at once (0: no limit)
     // In the cycle's queue: not held, its dependencies met, room in its array (Admit). Otherwise
     // `waiting` says why not.
-    bool in_cycle = false;
+    bool in_cycle = false;  // changed only through SetInCycle (it keeps the counts below)
     std::string waiting;
+    uint64_t waiting_pass = 0;  // the Admit pass that wrote `waiting` (0: none)
     // A cancel, hold, release or priority change to it is being stored (without mu_): it stays
     // out of the cycle until that is done (BeginChange, EndChange).
     bool changing = false;
@@ -398,13 +399,25 @@ class Dispatcher {
               const std::string& reason, double now) override;
     Dispatcher& d;
     std::vector<Launch> launches;
+    size_t stops = 0;  // victims asked to stop in this pass
   };
+  bool pass_decided_ = false;  // the last pass started or stopped something (Loop)
   PassExecutor executor_{*this};
   // The scheduler, the queue and the history of run times (thread-safe alone: history()).
   std::unique_ptr<sched::Engine> engine_;
   std::map<int64_t, Running> running_;
   std::map<int64_t, Queued> queued_;          // changed only through Enqueue and EraseQueued
   std::map<uint32_t, size_t> queued_by_uid_;  // how many of queued_ each user has
+  // Admission's indexes, kept as jobs come and go so that a pass costs what changed, not the
+  // queue: the jobs outside the cycle by user, and those in it by user and by array.
+  std::map<uint32_t, std::set<int64_t>> outside_by_uid_;
+  std::map<uint32_t, size_t> in_cycle_by_uid_;
+  std::map<int64_t, size_t> in_cycle_by_array_;
+  // Users at limits.max_running_jobs_per_user in the last pass, and what their jobs outside the
+  // cycle (not examined then) say.
+  std::map<uint32_t, std::string> capped_;
+  uint64_t admit_pass_ = 0;
+  void SetInCycle(Queued& q, bool in);
   void EraseQueued(std::map<int64_t, Queued>::iterator it);
   void EraseQueued(int64_t id);
   // Jobs being launched outside mu_: what they are (their state says running already), and the

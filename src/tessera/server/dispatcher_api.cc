@@ -65,8 +65,10 @@ std::vector<int64_t> Dispatcher::BeginChange(std::unique_lock<std::mutex>& lock,
     auto q = queued_.find(t);
     if (q == queued_.end()) continue;
     q->second.changing = true;
-    if (q->second.in_cycle) engine_->Cancel(std::to_string(t));
-    q->second.in_cycle = false;
+    if (q->second.in_cycle) {
+      engine_->Cancel(std::to_string(t));
+      SetInCycle(q->second, false);
+    }
     out.push_back(t);
   }
   return out;

@@ -68,15 +68,41 @@ void Dispatcher::Enqueue(Queued q) {
   q.in_cycle = false;
   q.waiting = q.held ? fmt::format("held (tessera release {})", q.array_id ? q.array_id : q.id)
                      : "not yet considered";
+  q.waiting_pass = 0;
   if (auto old = queued_.find(q.id); old != queued_.end()) EraseQueued(old);
   ++queued_by_uid_[q.uid];
+  outside_by_uid_[q.uid].insert(q.id);
   queued_[q.id] = std::move(q);
   dirty_ = true;
 }
 
+void Dispatcher::SetInCycle(Queued& q, bool in) {
+  if (q.in_cycle == in) return;
+  q.in_cycle = in;
+  auto count = [](auto& counts, auto key, int delta) {
+    auto it = counts.try_emplace(key, 0).first;
+    it->second += delta;
+    if (it->second == 0) counts.erase(it);
+  };
+  count(in_cycle_by_uid_, q.uid, in ? 1 : -1);
+  if (q.array_id != 0) count(in_cycle_by_array_, q.array_id, in ? 1 : -1);
+  if (in) {
+    auto o = outside_by_uid_.find(q.uid);
+    o->second.erase(q.id);
+    if (o->second.empty()) outside_by_uid_.erase(o);
+  } else {
+    outside_by_uid_[q.uid].insert(q.id);
+  }
+}
+
 void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
-  if (auto n = queued_by_uid_.find(it->second.uid); n != queued_by_uid_.end() && --n->second == 0)
+  Queued& q = it->second;
+  if (auto n = queued_by_uid_.find(q.uid); n != queued_by_uid_.end() && --n->second == 0)
     queued_by_uid_.erase(n);
+  SetInCycle(q, false);                  // out of the cycle's counts...
+  auto o = outside_by_uid_.find(q.uid);  // ... and out of the index of those outside it
+  o->second.erase(q.id);
+  if (o->second.empty()) outside_by_uid_.erase(o);
   queued_.erase(it);
 }
 
@@ -88,7 +114,13 @@ std::string Dispatcher::WaitingReason(int64_t id) const {
   auto q = queued_.find(id);
   if (q == queued_.end()) return "";
   if (q->second.changing) return "a change to it (cancel, hold, release, priority) is being stored";
-  if (!q->second.in_cycle) return q->second.waiting;
+  if (!q->second.in_cycle) {
+    // A user at her limit: her jobs the last pass did not examine say so.
+    if (auto c = capped_.find(q->second.uid);
+        c != capped_.end() && !q->second.held && q->second.waiting_pass != admit_pass_)
+      return c->second;
+    return q->second.waiting;
+  }
   const std::string* why = engine_->cycle().Waiting(std::to_string(id));
   return why ? *why : "";
 }
@@ -142,84 +174,94 @@ std::string Dispatcher::Unmeetable(const Dependency& d, const DependencyState& s
 }
 
 void Dispatcher::Admit(double now) {
+  ++admit_pass_;
   // What each array has running or in the cycle's queue (its % limit counts both), and each user
-  // (limits.max_running_jobs_per_user counts both, and the jobs being started).
+  // (limits.max_running_jobs_per_user counts both, and the jobs being started): kept as jobs come
+  // and go (SetInCycle), not counted over the queue.
   std::map<int64_t, int> active;
-  std::map<uint32_t, size_t> user_active;
+  std::map<uint32_t, size_t> user_active(in_cycle_by_uid_.begin(), in_cycle_by_uid_.end());
   // An array's tasks waiting in the cycle: they all have one shape, and at most
   // max_starts_per_pass start in a pass, so more than a few passes' worth of them there would only
   // take the user's room (her small job stuck behind her own 10,000-task sweep) and the pass's
   // time.
-  std::map<int64_t, size_t> array_in_cycle;
+  std::map<int64_t, size_t> array_in_cycle = in_cycle_by_array_;
+  for (const auto& [array, n] : in_cycle_by_array_) active[array] += static_cast<int>(n);
   const size_t array_window = 4 * config_.max_starts_per_pass;
   for (const auto& [id, r] : running_) {
     if (r.array_id != 0) ++active[r.array_id];
     ++user_active[r.uid];
   }
-  for (const auto& [id, q] : queued_) {
-    if (q.in_cycle && q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
-    if (q.in_cycle) ++user_active[q.uid];
-  }
   for (const auto& [id, s] : starting_) ++user_active[s.uid];
   // An array's tasks share their dependencies: each is looked up once per pass.
   std::map<std::string, DependencyState> outcomes;
   std::vector<std::pair<int64_t, std::string>> never;
-  for (auto& [id, q] : queued_) {
-    if (q.in_cycle || q.held || q.changing) continue;
-    std::string pending, broken;
-    for (const Dependency& d : q.spec->after) {
-      const std::string key = DependencyText(d);
-      auto it = outcomes.find(key);
-      if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(d)).first;
-      if (std::string why = Unmeetable(d, it->second); !why.empty()) {
-        broken = why;
+  std::vector<Queued*> admitted;
+  capped_.clear();
+  auto cap = [&](uint32_t uid, const std::string& owner) {
+    capped_[uid] = fmt::format(
+        "{} has {} jobs running or starting, the most per user "
+        "(limits.max_running_jobs_per_user)",
+        owner, user_active[uid]);
+  };
+  // By user: a user at her limit costs one look, not one per job she has waiting.
+  for (auto& [uid, ids] : outside_by_uid_) {
+    for (int64_t id : ids) {
+      Queued& q = queued_.at(id);
+      if (user_active[uid] >= config_.max_running_jobs_per_user) {
+        cap(uid, q.owner);
         break;
       }
-      if (it->second.outcome == DependencyState::kPending && pending.empty()) {
-        pending = fmt::format(
-            "waiting for {} to end (after {})",
-            d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job),
-            key);
+      if (q.held || q.changing) continue;
+      q.waiting_pass = admit_pass_;
+      std::string pending, broken;
+      for (const Dependency& d : q.spec->after) {
+        const std::string key = DependencyText(d);
+        auto it = outcomes.find(key);
+        if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(d)).first;
+        if (std::string why = Unmeetable(d, it->second); !why.empty()) {
+          broken = why;
+          break;
+        }
+        if (it->second.outcome == DependencyState::kPending && pending.empty()) {
+          pending = fmt::format(
+              "waiting for {} to end (after {})",
+              d.task >= 0 ? fmt::format("job {}_{}", d.job, d.task) : fmt::format("job {}", d.job),
+              key);
+        }
       }
+      if (!broken.empty()) {
+        never.emplace_back(id, broken);
+        continue;
+      }
+      if (!pending.empty()) {
+        q.waiting = pending;
+        continue;
+      }
+      if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
+        q.waiting = fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id,
+                                q.throttle, q.throttle);
+        continue;
+      }
+      if (q.array_id != 0 && array_in_cycle[q.array_id] >= array_window) {
+        q.waiting = fmt::format("behind the first {} waiting tasks of array {}",
+                                array_in_cycle[q.array_id], q.array_id);
+        continue;
+      }
+      sched::Submission sub = SubmissionFor(*q.spec, q.id, q.owner, q.uid);
+      sub.entry.submitted = q.submitted;
+      sub.entry.seq = static_cast<uint64_t>(q.id);
+      sub.entry.request.priority = q.priority;  // the stored one: it may have changed since
+      if (absl::Status st = engine_->Submit(std::move(sub)); !st.ok()) {
+        spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
+        q.waiting = std::string(st.message());
+        continue;
+      }
+      admitted.push_back(&q);
+      if (q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
+      ++user_active[q.uid];
     }
-    if (!broken.empty()) {
-      never.emplace_back(id, broken);
-      continue;
-    }
-    if (!pending.empty()) {
-      q.waiting = pending;
-      continue;
-    }
-    if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
-      q.waiting = fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id,
-                              q.throttle, q.throttle);
-      continue;
-    }
-    if (q.array_id != 0 && array_in_cycle[q.array_id] >= array_window) {
-      q.waiting = fmt::format("behind the first {} waiting tasks of array {}",
-                              array_in_cycle[q.array_id], q.array_id);
-      continue;
-    }
-    if (user_active[q.uid] >= config_.max_running_jobs_per_user) {
-      q.waiting = fmt::format(
-          "{} has {} jobs running or starting, the most per user "
-          "(limits.max_running_jobs_per_user)",
-          q.owner, user_active[q.uid]);
-      continue;
-    }
-    sched::Submission sub = SubmissionFor(*q.spec, q.id, q.owner, q.uid);
-    sub.entry.submitted = q.submitted;
-    sub.entry.seq = static_cast<uint64_t>(q.id);
-    sub.entry.request.priority = q.priority;  // the stored one: it may have changed since
-    if (absl::Status st = engine_->Submit(std::move(sub)); !st.ok()) {
-      spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
-      q.waiting = std::string(st.message());
-      continue;
-    }
-    q.in_cycle = true;
-    if (q.array_id != 0) ++active[q.array_id], ++array_in_cycle[q.array_id];
-    ++user_active[q.uid];
   }
+  for (Queued* q : admitted) SetInCycle(*q, true);
   // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
   // for them forever; their own dependents are settled at the next pass. Stored by SchedulePass
   // without mu_ (EndNeverMet); changing meanwhile.
@@ -273,6 +315,7 @@ void Dispatcher::PassExecutor::Stop(const std::vector<std::string>& victims,
   for (const std::string& victim : victims) {
     auto it = d.running_.find(std::stoll(victim));
     if (it == d.running_.end()) continue;
+    ++stops;
     d.RequestStop(it->second, "preempt",
                   fmt::format("preempted for job {} (priority {})", for_id, q->second.priority),
                   now);
@@ -284,8 +327,10 @@ void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
   // At most max_starts_per_pass processes are started in one pass (the engine's limit per step),
   // so that the pass (and the lock's next holder) does not wait for thousands of forks; those left
   // over stay in the queue, placed again at the next pass, which follows at once.
+  executor_.stops = 0;
   engine_->Step(now);
   if (engine_->deferred() > 0) dirty_ = true;
+  pass_decided_ = !executor_.launches.empty() || executor_.stops > 0 || engine_->deferred() > 0;
   std::vector<Launch> launches = std::move(executor_.launches);
   executor_.launches.clear();
   EndNeverMet(now, lock);
