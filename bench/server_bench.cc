@@ -8,8 +8,10 @@
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 //   build/bench/bench/server_bench --submit [DIR]   only durable submits from 8 clients, state in
 //                                                   DIR (default /var/tmp; a disk, not a tmpfs)
-//   build/bench/bench/server_bench --queued         only the passes over 10,000 queued jobs, with
-//                                                   backfill reservations and without
+//   build/bench/bench/server_bench --queued [N]     only the passes over N (10,000) queued jobs,
+//                                                   with backfill reservations and without
+//   build/bench/bench/server_bench --submit-queued [DIR]  durable submits from 8 clients with an
+//                                                   empty queue and with 20,000 jobs waiting
 //   build/bench/bench/server_bench --ends [DIR]     only the reads while 200 jobs end, state
 //                                                   in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --changes [DIR]  only the reads while 4 clients hold, release,
@@ -343,23 +345,25 @@ double PassSeconds(HttpClient& c) {
 // One scheduling pass over 10,000 queued jobs that cannot start (a job holding one GPU, not
 // preemptible, top priority, keeps 8-GPU jobs out): all of one shape, then of 2,001 (priorities).
 // On a server of its own with `reservations` backfill reservations.
-void QueuedPasses(const std::string& dir, int reservations) {
+void QueuedPasses(const std::string& dir, int reservations, int count) {
   std::filesystem::remove_all(dir);
   tessera::server::ServerConfig config = BenchConfig(dir);
   config.backfill_reservations = reservations;
+  config.max_queued_jobs_per_user = std::max<size_t>(config.max_queued_jobs_per_user, count + 10);
   auto server = tessera::server::Server::Create(config);
   if (!server.ok() || !(*server)->Start().ok()) {
     fprintf(stderr, "server_bench: cannot start the server\n");
     return;
   }
   HttpClient c(config.socket);
-  // 10,000 queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs out.
+  // `count` queued jobs: a job holding one GPU (not preemptible, top priority) keeps 8-GPU jobs
+  // out.
   int64_t blocker =
       json::parse(c.Send("POST", "/v1/jobs", Job("sleep 600", 1, 1000, false))->body)["id"];
   for (int variant = 0; variant < 2; ++variant) {
     auto t0 = Clock::now();
     std::vector<int64_t> ids;
-    for (int i = 0; i < 10000; ++i) {
+    for (int i = 0; i < count; ++i) {
       int priority = variant == 0 ? 0 : (i % 2001) - 1000;
       ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8, priority))->body)["id"]);
     }
@@ -368,10 +372,10 @@ void QueuedPasses(const std::string& dir, int reservations) {
     (void)c.Send("POST", "/v1/jobs", Job("true", 8));  // one more pass over all of them
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     printf(
-        "scheduling pass over %zu queued jobs (%s, %d reservations): %.1f ms (10,000 submitted in "
+        "scheduling pass over %zu queued jobs (%s, %d reservations): %.1f ms (%d submitted in "
         "%.1f s)\n",
         ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", reservations,
-        PassSeconds(c) * 1000, submit_s);
+        PassSeconds(c) * 1000, count, submit_s);
     for (int64_t id : ids) (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   }
   (void)c.Send("POST",
@@ -491,8 +495,10 @@ int main(int argc, char** argv) {
   const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
   spdlog::set_level(spdlog::level::warn);
   if (argc > 1 && std::string(argv[1]) == "--queued") {
+    const int count = argc > 2 ? std::atoi(argv[2]) : 10000;
     for (int reservations : {8, 0})
-      QueuedPasses("/dev/shm/tessera-queued-bench-" + std::to_string(getpid()), reservations);
+      QueuedPasses("/dev/shm/tessera-queued-bench-" + std::to_string(getpid()), reservations,
+                   count);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--ends") {
@@ -621,6 +627,6 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
   // 10,000 queued jobs, with backfill reservations (the server's default) and without, each on a
   // server of its own.
-  for (int reservations : {8, 0}) QueuedPasses(dir + "-queued", reservations);
+  for (int reservations : {8, 0}) QueuedPasses(dir + "-queued", reservations, 10000);
   return 0;
 }

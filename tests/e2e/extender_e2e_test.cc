@@ -423,13 +423,13 @@ TEST_F(ExtenderE2e, AGangOfHigherPriorityPreemptsAsAWholeOnTheWire) {
   json labels = {{"scheduling.x-k8s.io/pod-group", "big"}};
   json w0 = api_.Put(std::string(kPods) + "ml/pods",
                      PodSpec("ml", "w0", kGpu, 2, {}, labels, /*priority=*/100));
-  json w1 = api_.Put(std::string(kPods) + "ml/pods",
-                     PodSpec("ml", "w1", kGpu, 2, {}, labels, /*priority=*/100));
   json why;
   ASSERT_TRUE(Until([&] {
     Schedule(w0, &why);
     return why.dump().find("1 of 2 members") != std::string::npos;
   })) << why.dump();
+  json w1 = api_.Put(std::string(kPods) + "ml/pods",
+                     PodSpec("ml", "w1", kGpu, 2, {}, labels, /*priority=*/100));
   // Complete, it fits nowhere: the four low pods are evicted, and nothing is placed meanwhile.
   EXPECT_TRUE(Schedule(w1, &why).empty()) << why.dump();
   ASSERT_TRUE(Until([&] { return api_.List(std::string(kPods) + "batch/pods").empty(); }))

@@ -209,22 +209,16 @@ absl::StatusOr<v1beta1::PreferredAllocationResponse> DeviceState::Preferred(
       for (int g : chosen) resp->add_deviceids(inventory_.gpus[g].uuid);
       continue;
     }
-    // Shares: the required ones, then pack onto as few GPUs as possible, the fullest GPU that
-    // holds the rest first (leaving whole GPUs free for whole-GPU pods).
+    // Shares: the required ones, then the extender's GPU, then as the scheduler packs shares
+    // (sched::ShareGpuOrder: best fit, leaving whole GPUs free for whole-GPU pods).
     std::vector<std::string> picked(must.begin(), must.end());
     int left = size - static_cast<int>(picked.size());
-    std::vector<int> order;
-    for (const std::string& id : must) order.push_back(*GpuOf(id));
-    for (int g : hinted) order.push_back(g);
-    std::vector<std::pair<int, int>> fits, rest;  // (available count, gpu)
-    for (const auto& [g, ids] : avail) {
-      (static_cast<int>(ids.size()) >= left ? fits : rest).push_back({(int)ids.size(), g});
-    }
-    std::sort(fits.begin(), fits.end());
-    std::sort(rest.begin(), rest.end(), std::greater<>());
-    for (auto& [n, g] : fits) order.push_back(g);
-    for (auto& [n, g] : rest) order.push_back(g);
-    for (int g : order) {
+    std::vector<int> first;
+    for (const std::string& id : must) first.push_back(*GpuOf(id));
+    first.insert(first.end(), hinted.begin(), hinted.end());
+    std::map<int, int> free;
+    for (const auto& [g, ids] : avail) free[g] = static_cast<int>(ids.size());
+    for (int g : sched::ShareGpuOrder(free, left, first)) {
       if (left == 0) break;
       auto it = avail.find(g);
       if (it == avail.end()) continue;

@@ -473,6 +473,7 @@ absl::Status Extender::SetQuotas(const json* configmap) {
 // ---- the verbs ----
 
 void Extender::ExpireLocked(double now) {
+  expired_at_ = now;
   std::vector<std::string> expired;
   for (const std::string& id : reserved_) {
     auto it = pods_.find(id);
@@ -518,50 +519,6 @@ void Extender::ExpireLocked(double now) {
 void Extender::Expire() {
   core::MutexLock lock(mu_);
   ExpireLocked(Now());
-}
-
-void Extender::PodExecutor::Start(const std::string& id, const sched::Allocation& a, double now) {
-  ex.mu_.AssertHeld();
-  auto it = ex.pods_.find(id);
-  if (it == ex.pods_.end()) return;
-  PodRec& p = it->second;
-  p.allocated = true;
-  p.reserved_at = now;
-  p.reserved_node = ex.engine_->scheduler().state().node_name(a.node);
-  ex.reserved_.insert(id);
-  if (id != asking) ex.nudges_.emplace_back(id, p.reserved_node);
-  p.queued_kind.clear();
-  if (!a.request.gang.empty()) ex.placed_gangs_.insert(a.request.gang);
-  spdlog::info("extender: pod {} -> node {} GPUs {}{}{}", id, p.reserved_node,
-               fmt::join(a.gpus, ","), a.borrowed ? " (on borrowed quota)" : "",
-               a.request.gang.empty() ? "" : " gang " + a.request.gang);
-}
-
-void Extender::PodExecutor::Stop(const std::vector<std::string>& victims, const std::string&,
-                                 const std::string& reason, double) {
-  ex.mu_.AssertHeld();
-  const sched::ClusterState& state = ex.engine_->scheduler().state();
-  for (const std::string& v : victims) {
-    auto vi = ex.pods_.find(v);
-    if (vi == ex.pods_.end()) continue;
-    PodRec& p = vi->second;
-    if (p.node.empty() && !p.binding) {
-      // Reserved, no bind asked yet: nothing runs to evict (an eviction would delete a pending
-      // pod). Its reservation is given back and it waits in its old place in the queue. (Once its
-      // bind is under way it may run any moment: it is evicted, as a bound pod is.)
-      ex.Release(v, p, ("preempted before it was bound: " + reason).c_str());
-      (void)ex.engine_->Submit(
-          {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
-      released = true;
-      continue;
-    }
-    size_t slash = v.find('/');
-    const sched::Allocation* a = state.Find(v);
-    Victim victim{v.substr(0, slash), v.substr(slash + 1), vi->second.uid,
-                  a ? state.node_name(a->node) : "", reason};
-    spdlog::info("extender: preempting pod {} on {}: {}", v, victim.node, reason);
-    ex.evictions_.push_back(std::move(victim));
-  }
 }
 
 FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& candidates,
@@ -633,7 +590,9 @@ Extender::Fence::~Fence() {
 FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& candidates) {
   core::MutexLock lock(mu_);
   const double now = Now();
-  ExpireLocked(now);
+  // Reservations lapse in seconds (reservation_timeout_s): a look over all of them once a
+  // second is enough, not at every filter (thousands may be reserved at once).
+  if (now - expired_at_ >= std::min(1.0, options_.reservation_timeout_s / 10)) ExpireLocked(now);
   FilterResult out;
   auto d = DemandOf(pod);
   if (!d.ok()) {
@@ -775,57 +734,6 @@ void Extender::BindFailed(const std::string& pod_id, const std::string& why) {
   if (it == pods_.end() || !it->second.node.empty()) return;
   spdlog::warn("extender: bind of pod {} failed: {}", pod_id, why);
   Release(pod_id, it->second, "bind failed");
-}
-
-PreemptResult Extender::Preempt(const json& pod,
-                                const std::map<std::string, std::vector<std::string>>& candidates) {
-  core::MutexLock lock(mu_);
-  PreemptResult out;
-  auto d = DemandOf(pod);
-  if (!d.ok()) {
-    out.error = std::string(d.status().message());
-    return out;
-  }
-  if (auto it = pods_.find(d->request.id); it != pods_.end() && it->second.allocated) {
-    return out;  // it has its GPUs: nothing to preempt for
-  }
-  // Preemption is the cycle's: what its filter step asked to stop for this pod, on the node its
-  // plan chose, is the answer - never a second plan (one pod, one set of victims).
-  std::optional<sched::Cycle::Awaited> awaited = engine_->cycle().Awaiting(d->request.id);
-  if (!awaited) {
-    spdlog::info("extender: no preemption for pod {}: {}", d->request.id,
-                 engine_->cycle().Queued(d->request.id) ? *engine_->cycle().Waiting(d->request.id)
-                                                        : "not queued (no filter yet)");
-    return out;
-  }
-  const std::string node = engine_->scheduler().state().node_name(awaited->node);
-  if (!candidates.contains(node)) {
-    spdlog::info("extender: pod {}: Tessera preempts on {}, which kube-scheduler did not offer",
-                 d->request.id, node);
-    return out;
-  }
-  std::vector<std::string>& uids = out.victims[node];
-  for (const std::string& v : awaited->victims) {
-    auto it = pods_.find(v);
-    if (it != pods_.end() && !it->second.uid.empty()) uids.push_back(it->second.uid);
-  }
-  spdlog::info("extender: pod {}: preempt on {}: {}", d->request.id, node,
-               fmt::join(awaited->victims, ", "));
-  return out;
-}
-
-std::vector<std::pair<std::string, std::string>> Extender::TakeNudges() {
-  core::MutexLock lock(mu_);
-  std::vector<std::pair<std::string, std::string>> out;
-  out.swap(nudges_);
-  return out;
-}
-
-std::vector<Victim> Extender::TakeEvictions() {
-  core::MutexLock lock(mu_);
-  std::vector<Victim> out;
-  out.swap(evictions_);
-  return out;
 }
 
 }  // namespace tessera::extender

@@ -254,6 +254,7 @@ class Extender {
   PodExecutor executor_ ABSL_GUARDED_BY(mu_){*this};
   std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
   uint64_t node_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  double expired_at_ ABSL_GUARDED_BY(mu_) = -1e300;  // the last look for lapsed reservations
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Victim> evictions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> nudges_ ABSL_GUARDED_BY(mu_);

@@ -348,7 +348,13 @@ void Service::Work() {
     if (stop_) break;
     wake_ = false;
     lock.unlock();
-    extender_->Expire();
+    // Woken after every filter (victims to evict, maybe): the look for lapsed reservations, which
+    // reads every one of them, once a sweep interval at most.
+    if (const auto now = std::chrono::steady_clock::now(); now >= next_expiry_) {
+      extender_->Expire();
+      next_expiry_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(options_.sweep_interval_s));
+    }
     // Pods started for a gang while kube-scheduler asked about another member: a pod update makes
     // kube-scheduler try them again now rather than after its unschedulable-pod timeout.
     for (const auto& [id, node] : extender_->TakeNudges()) {

@@ -74,6 +74,7 @@ class Service {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  std::chrono::steady_clock::time_point next_expiry_{};  // Work's next look for lapsed reservations
   bool wake_ = false;
   std::thread worker_;
 

@@ -221,11 +221,11 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
   Start(o);
   // A gang of two on n2: the first waits, the second completes it, the first is marked reserved.
   json g0 = Create(GpuPod("ml", "g0", {.gpus = 1, .pod_group = "job"}));
-  json g1 = Create(GpuPod("ml", "g1", {.gpus = 1, .pod_group = "job"}));
   ASSERT_TRUE(Eventually([&] {
     json f = Post("filter", {{"Pod", g0}, {"NodeNames", {"n2"}}});
     return f["FailedNodes"].dump().find("1 of 2") != std::string::npos;
   }));
+  json g1 = Create(GpuPod("ml", "g1", {.gpus = 1, .pod_group = "job"}));
   ASSERT_EQ(Post("filter", {{"Pod", g1}, {"NodeNames", {"n2"}}})["NodeNames"].size(), 1u);
   ASSERT_TRUE(Eventually([&] {
     auto pod = api_.Get(Pods("ml"), "g0");

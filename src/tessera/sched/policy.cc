@@ -149,6 +149,18 @@ bool SatisfiesScope(const NodeView& n, const absl::InlinedVector<int, 8>& set,
   return true;
 }
 
+std::vector<int> ShareGpuOrder(const std::map<int, int>& free, int want,
+                               const std::vector<int>& first) {
+  std::vector<int> order = first;
+  std::vector<std::pair<int, int>> fits, rest;  // (free shares, GPU)
+  for (const auto& [g, n] : free) (n >= want ? fits : rest).emplace_back(n, g);
+  std::sort(fits.begin(), fits.end());
+  std::sort(rest.begin(), rest.end(), std::greater<>());
+  for (const auto& [n, g] : fits) order.push_back(g);
+  for (const auto& [n, g] : rest) order.push_back(g);
+  return order;
+}
+
 std::vector<int> PreferredGpuSet(const core::Topology& topology, const std::vector<int>& available,
                                  const std::vector<int>& must_include, int size) {
   Gpus must(must_include.begin(), must_include.end());

@@ -5,6 +5,7 @@
 // can evaluate a class of identical nodes once. Not thread-safe (FGD memoises).
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -144,5 +145,14 @@ double LinkCost(const core::Topology& topo, const absl::InlinedVector<int, 8>& g
 // plugin's GetPreferredAllocation.
 std::vector<int> PreferredGpuSet(const core::Topology& topology, const std::vector<int>& available,
                                  const std::vector<int>& must_include, int size);
+
+// The order in which GPUs give shares to a device of `want` shares on one node: `first` (the GPUs
+// of its required shares, then the scheduler's choice), then best fit - the GPUs whose free shares
+// (`free`: GPU index -> free shares) can hold all of them, fewest free first - then the others,
+// most free first: packed onto as few GPUs as possible, the fullest that holds them first, leaving
+// whole GPUs free for whole-GPU work (the bin packing the scheduler does for shares). Used by the
+// device plugin's GetPreferredAllocation for the share resource.
+std::vector<int> ShareGpuOrder(const std::map<int, int>& free, int want,
+                               const std::vector<int>& first);
 
 }  // namespace tessera::sched

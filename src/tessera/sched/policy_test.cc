@@ -403,5 +403,15 @@ TEST(Policies, WhyNotNamesTheNodeAndTheShortfall) {
   EXPECT_EQ(cpu.why_not, "node-17: 64000m CPU free, wants 100000m");
 }
 
+TEST(ShareGpuOrder, RequiredFirstThenBestFitThenTheMostFree) {
+  // GPU 0: 2 free shares, 1: 10 (a whole GPU), 2: 5, 3: 6. Four wanted.
+  const std::map<int, int> free = {{0, 2}, {1, 10}, {2, 5}, {3, 6}};
+  EXPECT_THAT(ShareGpuOrder(free, 4, {}), ::testing::ElementsAre(2, 3, 1, 0))
+      << "the fullest GPU that holds all four, the whole one last of those; then the rest";
+  EXPECT_THAT(ShareGpuOrder(free, 4, {0}), ::testing::ElementsAre(0, 2, 3, 1, 0));
+  // More than any GPU holds: the most free first.
+  EXPECT_THAT(ShareGpuOrder(free, 12, {}), ::testing::ElementsAre(1, 3, 2, 0));
+}
+
 }  // namespace
 }  // namespace tessera::sched
