@@ -1,11 +1,13 @@
 // The scheduler extender over HTTP, as kube-scheduler drives it, against the openb cluster (1,213
 // GPU nodes, annotated as the agent would) kept in the extender's state from the fake API server:
 // for each pod drawn from the openb default trace (its GPU pods, seeded as `sim inflate` draws),
-// POST /filter with every node name (nodeCacheCapable), then POST /bind on another connection and
-// thread (kube-scheduler binds asynchronously), which creates the Binding in the API server;
-// p50/p99 of filter alone and of filter + bind, and the sustained rate of one pod after another,
-// until the drawn GPU demand reaches --fill of the cluster's GPUs. Prints a table; no Google
-// Benchmark (these are latencies of a whole path).
+// POST /filter with every node name (nodeCacheCapable) and POST /prioritize with the nodes that
+// passed, one pod after another as kube-scheduler's scheduling cycle does; then POST /bind on one
+// of `binders` connections and threads (kube-scheduler's binding cycles run asynchronously, several
+// in flight), which creates the Binding in the API server; p50/p99 of each call and of filter
+// through bind, and the sustained rate, until the drawn GPU demand reaches --fill of the cluster's
+// GPUs. Prints a table; no Google Benchmark (these are latencies of a whole path).
+//   extender_bench [FILL] [BINDERS]   (0.8, 4)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -46,6 +48,7 @@ void Report(const char* what, std::vector<double> v) {
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::err);
   double fill = argc > 1 ? std::atof(argv[1]) : 0.8;
+  const int binders = argc > 2 ? std::max(1, std::atoi(argv[2])) : 4;
   const char* env = std::getenv("TESSERA_TRACES");
   std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
   auto nodes = sim::LoadOpenbNodes(dir + "/openb_node_list_gpu_node.csv");
@@ -95,15 +98,16 @@ int main(int argc, char** argv) {
   }
   // kube-scheduler runs binding cycles asynchronously: binds go to their own connection and thread
   // while the next pod is filtered.
-  net::HttpClient http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
-  net::HttpClient bind_http("tcp://127.0.0.1:" + std::to_string((*service)->port()));
-  std::vector<double> filter_ms, both_ms;
+  const std::string address = "tcp://127.0.0.1:" + std::to_string((*service)->port());
+  net::HttpClient http(address);
+  std::vector<double> filter_ms, prioritize_ms, bind_ms, both_ms;
   int placed = 0, unplaced = 0, bind_errors = 0;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<json, Clock::time_point>> binds;
   bool done = false;
-  std::thread binder([&] {
+  auto bind_loop = [&] {
+    net::HttpClient bind_http(address);
     std::unique_lock lock(mu);
     for (;;) {
       cv.wait(lock, [&] { return done || !binds.empty(); });
@@ -111,10 +115,12 @@ int main(int argc, char** argv) {
       auto [bind, t0] = std::move(binds.front());
       binds.pop_front();
       lock.unlock();
+      auto t1 = Clock::now();
       auto b = bind_http.Send("POST", "/bind", bind.dump());
       auto t2 = Clock::now();
       json bound = b.ok() ? json::parse(b->body, nullptr, false) : json();
       lock.lock();
+      bind_ms.push_back(Ms(t2 - t1));
       if (!bound.is_object() || bound.value("Error", "x") != "") {
         ++bind_errors;
       } else {
@@ -122,7 +128,9 @@ int main(int argc, char** argv) {
         both_ms.push_back(Ms(t2 - t0));
       }
     }
-  });
+  };
+  std::vector<std::thread> binder_threads;
+  for (int i = 0; i < binders; ++i) binder_threads.emplace_back(bind_loop);
   const std::string names_json = names.dump();
   auto start = Clock::now();
   for (const json& pod : objects) {
@@ -134,6 +142,16 @@ int main(int argc, char** argv) {
     filter_ms.push_back(Ms(t1 - t0));
     json answer = f.ok() ? json::parse(f->body, nullptr, false) : json();
     if (!answer.is_object() || !answer["NodeNames"].is_array() || answer["NodeNames"].empty()) {
+      ++unplaced;
+      continue;
+    }
+    // Prioritize with the nodes that passed (here the one the extender chose).
+    auto p0 = Clock::now();
+    auto pr = http.Send("POST", "/prioritize",
+                        "{\"Pod\":" + pod.dump() +
+                            ",\"Nodes\":null,\"NodeNames\":" + answer["NodeNames"].dump() + "}");
+    prioritize_ms.push_back(Ms(Clock::now() - p0));
+    if (!pr.ok() || pr->status != 200) {
       ++unplaced;
       continue;
     }
@@ -150,14 +168,17 @@ int main(int argc, char** argv) {
     done = true;
     cv.notify_all();
   }
-  binder.join();
+  for (std::thread& t : binder_threads) t.join();
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("openb: %zu GPU nodes, %.0f GPUs; %zu pods drawn to %.0f%% of the GPUs\n",
               nodes->size(), capacity / 1000.0, objects.size(), fill * 100);
   std::printf("NodeNames per filter request: %zu (%zu bytes of JSON)\n", names.size(),
               names.dump().size());
   Report("filter (HTTP, decision included)", filter_ms);
-  Report("filter + bind (to the Binding created)", both_ms);
+  Report("prioritize", prioritize_ms);
+  Report("bind (to the Binding created)", bind_ms);
+  Report("filter through bind", both_ms);
+  std::printf("binds in flight at most: %d\n", binders);
   std::printf("placed %d, unplaced %d, bind errors %d in %.2f s: %.0f pods/s sustained\n", placed,
               unplaced, bind_errors, seconds, (placed + unplaced) / seconds);
   (*service)->Stop();
