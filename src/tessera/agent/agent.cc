@@ -14,20 +14,6 @@
 #include "tessera/shim/arbiter.h"
 
 namespace tessera::agent {
-namespace {
-
-const core::SystemClock& Clock() {
-  static const core::SystemClock clock;
-  return clock;
-}
-
-int64_t NowUnix() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
@@ -79,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   a->health_changes_ = std::vector<std::atomic<uint64_t>>(n);
   Agent* self = a.get();
   a->health_ = std::make_unique<devices::HealthWatch>(
-      *a->source_, n, o.health, Clock(), [self](int gpu, const devices::GpuHealth& h) {
+      *a->source_, n, o.health, a->Clock(), [self](int gpu, const devices::GpuHealth& h) {
         if (gpu < 0 || gpu >= static_cast<int>(self->health_changes_.size())) return;
         ++self->health_changes_[gpu];
         const core::Gpu& g = self->state_->inventory().gpus[gpu];
@@ -206,7 +192,9 @@ bool Agent::Reconcile() {
   }
   std::set<std::string> in_use;
   for (const auto& [id, c] : *held) in_use.insert(id);
-  state_->Release(in_use, NowUnix() - options_.release_grace.count());
+  const int64_t now_unix =
+      std::chrono::duration_cast<std::chrono::seconds>(Clock().Now().time_since_epoch()).count();
+  state_->Release(in_use, now_unix - options_.release_grace.count());
   return true;
 }
 

@@ -72,6 +72,10 @@ class Agent {
  private:
   explicit Agent(AgentOptions options);
   void ConnectApiServer();
+  // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
+  const core::Clock& Clock() const {
+    return options_.plugin.clock ? *options_.plugin.clock : core::SystemClock::Get();
+  }
 
   AgentOptions options_;
   std::unique_ptr<devices::DeviceSource> source_;

@@ -31,10 +31,9 @@ constexpr int kCheckpointVersion = 1;
 
 std::string ShareId(const std::string& uuid, int k) { return fmt::format("{}::{}", uuid, k); }
 
-int64_t NowUnix() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+int64_t UnixSeconds(const core::Clock* clock) {
+  const core::Clock& c = clock ? *clock : core::SystemClock::Get();
+  return std::chrono::duration_cast<std::chrono::seconds>(c.Now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -309,7 +308,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     a.device_ids = ids;
     a.gpus = gpus;
     a.pod = pod;
-    a.created_unix = NowUnix();
+    a.created_unix = UnixSeconds(options_.clock);
   }
 
   v1beta1::ContainerAllocateResponse resp;

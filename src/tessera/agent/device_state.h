@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "deviceplugin/v1beta1/api.pb.h"
+#include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
 #include "tessera/devices/cdi.h"
@@ -49,6 +50,9 @@ struct PluginOptions {
   std::string shim_library;
   int default_priority = 0;           // TESSERA_CUDA_PRIORITY of a share without a pod annotation
   devices::DriverFiles driver_files;  // device nodes handed over as DeviceSpecs, when they exist
+  // Wall time: when an allocation was made (its checkpoint record, the release grace). Null: the
+  // system's. Must outlive the state.
+  const core::Clock* clock = nullptr;
 };
 
 // What the scheduler extender chose for a pod (its annotations), when there is such a pod.

@@ -35,8 +35,9 @@ class DeviceStateTest : public ::testing::Test {
     inventory_ = m->inventory;
     state_ = Make();
   }
-  std::unique_ptr<DeviceState> Make() {
+  std::unique_ptr<DeviceState> Make(const core::Clock* clock = nullptr) {
     PluginOptions o;
+    o.clock = clock;
     o.shares_per_gpu = 4;
     o.state_dir = dir_ + "/state";
     o.shim_library = shim_;
@@ -257,6 +258,20 @@ TEST_F(DeviceStateTest, BadAllocateRequestsAreRefusedAndChangeNothing) {
   EXPECT_EQ(state_->Allocations().size(), 1u);
   EXPECT_EQ(test::ReadFile(state_->checkpoint_path()), checkpoint);
   EXPECT_EQ(fs::directory_iterator(dir_ + "/state/regions"), fs::directory_iterator());
+}
+
+TEST_F(DeviceStateTest, AnAllocationsAgeIsTheClocksAndTheReleaseGraceCountsOnIt) {
+  core::FakeClock clock(core::TimePoint(std::chrono::seconds(1'800'000'000)));
+  state_.reset();
+  state_ = Make(&clock);
+  ASSERT_TRUE(state_);
+  ASSERT_TRUE(state_->Allocate(Resource::kGpu, Request({{Uuid(0)}})).ok());
+  ASSERT_EQ(state_->Allocations().size(), 1u);
+  EXPECT_EQ(state_->Allocations()[0].created_unix, 1'800'000'000);
+  // Not listed by the kubelet: kept while younger than the grace, released after.
+  EXPECT_EQ(state_->Release({}, 1'800'000'000 - 60), 0);
+  clock.Advance(std::chrono::seconds(61));
+  EXPECT_EQ(state_->Release({}, static_cast<int64_t>(core::Seconds(clock.Now())) - 60), 1);
 }
 
 TEST_F(DeviceStateTest, AGpuInUseWholeIsNotOfferedInSharesUntilItsPodEnds) {
