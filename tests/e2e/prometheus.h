@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "../capture.h"
-#include "../free_port.h"
 #include "fmt/format.h"
 #include "tessera/kube/client.h"
 #include "tessera/net/http.h"
@@ -60,7 +59,7 @@ class Prometheus {
     }
     cfg.close();
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
-      port_ = FreeLoopbackPort();
+      port_ = net::FreeLoopbackPort();
       const std::string cmd = fmt::format(
           "exec setpriv --pdeathsig TERM prometheus --config.file={0}/prometheus.yml "
           "--storage.tsdb.path={0}/tsdb --web.listen-address=127.0.0.1:{1} --log.level=warn "

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "../capture.h"
-#include "../free_port.h"
+#include "tessera/net/http.h"
 
 namespace tessera::slurm_test {
 namespace {
@@ -113,7 +113,7 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
     }
   }
   const std::string host = ShortHostname();
-  const int ctld = test::FreeLoopbackPort(), slurmd = test::FreeLoopbackPort();
+  const int ctld = net::FreeLoopbackPort(), slurmd = net::FreeLoopbackPort();
   std::ofstream(dir_ + "/slurm.conf")
       << "ClusterName=tessera-test\n"
       << "SlurmctldHost=" << host << "(127.0.0.1)\n"

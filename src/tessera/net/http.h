@@ -124,4 +124,9 @@ class HttpClient {
 // "a%20b" -> "a b"; "+" is kept.
 std::string UrlDecode(std::string_view s);
 
+// A TCP port free on 127.0.0.1 now (the kernel's pick for a socket bound to port 0, closed again;
+// close-on-exec meanwhile, so a process forked beside it does not hold it); 0 when none can be had.
+// For a peer that must be told its port before it listens (a job's MASTER_PORT, a test's daemon).
+int FreeLoopbackPort();
+
 }  // namespace tessera::net

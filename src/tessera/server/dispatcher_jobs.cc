@@ -31,6 +31,7 @@
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 #include "tessera/devices/simulated_source.h"
+#include "tessera/net/http.h"
 #include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
@@ -48,28 +49,6 @@ namespace tessera::server {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-namespace {
-
-// A TCP port free on loopback now (the kernel's pick), for a job's MASTER_PORT; 29500 (torchrun's
-// default) when none can be had.
-int FreeLocalPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 29500;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-}  // namespace
 
 void Dispatcher::RequestStop(Running& r, const std::string& why, const std::string& reason,
                              double now) {
@@ -405,7 +384,9 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
   if (const int n = q.spec->Tasks(); n > 1) {
     // One process per task, with what torchrun, NCCL and MPI programs read; all the job's GPUs
     // visible to each (LOCAL_RANK picks one), TESSERA_TASK_GPU the one a task would take in turn.
-    const std::string port = std::to_string(FreeLocalPort());
+    // One free on loopback now; 29500 (torchrun's default) when none can be had.
+    const int free_port = net::FreeLoopbackPort();
+    const std::string port = std::to_string(free_port > 0 ? free_port : 29500);
     for (int r = 0; r < n; ++r) {
       TaskLaunch t;
       t.env = {{"RANK", std::to_string(r)},
