@@ -192,8 +192,7 @@ bool Agent::Reconcile() {
   }
   std::set<std::string> in_use;
   for (const auto& [id, c] : *held) in_use.insert(id);
-  const int64_t now_unix =
-      std::chrono::duration_cast<std::chrono::seconds>(Clock().Now().time_since_epoch()).count();
+  const auto now_unix = static_cast<int64_t>(core::Seconds(Clock().Now()));
   state_->Release(in_use, now_unix - options_.release_grace.count());
   return true;
 }

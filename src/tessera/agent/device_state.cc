@@ -32,8 +32,7 @@ constexpr int kCheckpointVersion = 1;
 std::string ShareId(const std::string& uuid, int k) { return fmt::format("{}::{}", uuid, k); }
 
 int64_t UnixSeconds(const core::Clock* clock) {
-  const core::Clock& c = clock ? *clock : core::SystemClock::Get();
-  return std::chrono::duration_cast<std::chrono::seconds>(c.Now().time_since_epoch()).count();
+  return static_cast<int64_t>(core::Seconds((clock ? *clock : core::SystemClock::Get()).Now()));
 }
 
 }  // namespace

@@ -44,8 +44,7 @@ void Extender::PodExecutor::Stop(const std::vector<std::string>& victims, const 
       // pod). Its reservation is given back and it waits in its old place in the queue. (Once its
       // bind is under way it may run any moment: it is evicted, as a bound pod is.)
       ex.Release(v, p, ("preempted before it was bound: " + reason).c_str());
-      (void)ex.engine_->Submit(
-          {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
+      (void)ex.engine_->Submit(SubmissionOf(p));
       released = true;
       continue;
     }

@@ -409,9 +409,7 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
     // Pending: it joins the queue now, not at its first filter, so that a step taken for another
     // pod orders it by its priority and creation as every other executor of the engine does.
     if (!p.allocated && !engine_->cycle().Queued(id)) {
-      if (absl::Status st = engine_->Submit(
-              {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
-          !st.ok()) {
+      if (absl::Status st = engine_->Submit(SubmissionOf(p)); !st.ok()) {
         spdlog::warn("extender: pod {} cannot be queued: {}", id, std::string(st.message()));
       }
     }
@@ -629,9 +627,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   }
   if (!engine_->cycle().Queued(id)) {
     p.demand = std::move(*d);
-    if (absl::Status st = engine_->Submit(
-            {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt});
-        !st.ok()) {
+    if (absl::Status st = engine_->Submit(SubmissionOf(p)); !st.ok()) {
       out.error = std::string(st.message());
       out.reason = out.error;
       out.wait_kind = "invalid";

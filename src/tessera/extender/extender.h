@@ -212,6 +212,11 @@ class Extender {
   // Releases the pod's GPUs, takes it out of the queue and drops its record.
   void Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the engine is given for a pod: its request, queued by creation time and arrival order,
+  // known to history by its kind.
+  static sched::Submission SubmissionOf(const PodRec& p) {
+    return {sched::QueueEntry{p.demand.request, p.created, p.seq}, p.demand.kind, std::nullopt};
+  }
   // A record for a Tessera pod seen for the first time.
   std::unordered_map<std::string, PodRec>::iterator Track(const std::string& id,
                                                           const nlohmann::json& pod,

@@ -53,9 +53,9 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     if (decisions[i].kind == CycleDecision::Kind::kStart) starts.push_back(i);
   std::stable_partition(starts.begin(), starts.end(),
                         [&](size_t i) { return !decisions[i].allocation.gpus.empty(); });
-  std::set<std::string> deferred_gangs;
   std::vector<bool> go(decisions.size(), false);
   if (options_.max_starts_per_step > 0 && starts.size() > options_.max_starts_per_step) {
+    std::set<std::string> deferred_gangs;
     std::unordered_map<std::string, size_t> gang_starts;
     for (size_t i : starts)
       if (const std::string& g = decisions[i].allocation.request.gang; !g.empty()) ++gang_starts[g];

@@ -51,7 +51,7 @@ enum class StopCause {
 struct EngineOptions {
   CycleOptions cycle;
   // Whether a stopped allocation goes back to the queue (under its id, with its submission time and
-  // sequence, so it keeps its place), by cause; a request's own QueueEntry::requeue overrides.
+  // sequence, so it keeps its place), by cause; a request's own Submission::requeue overrides.
   bool requeue_preempted = true;
   bool requeue_unhealthy = false;
   // Whether the engine queues it again itself (the simulator) or only says so and the driver

@@ -367,8 +367,11 @@ Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std:
 }
 
 sched::Submission Dispatcher::SubmissionFor(const JobSpec& spec, int64_t id,
-                                            const std::string& owner, uint32_t uid) {
+                                            const std::string& owner, uint32_t uid,
+                                            double submitted) {
   sched::Submission s;
+  s.entry.submitted = submitted;
+  s.entry.seq = static_cast<uint64_t>(id);  // the job number: the queue's third key
   core::Request& r = s.entry.request = RequestOf(spec, id, owner);
   r.quota_groups = QuotaGroups(uid);
   r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
@@ -501,9 +504,7 @@ absl::Status Dispatcher::Recover() {
       sched::Allocation a;
       a.id = std::to_string(r.id);
       a.node = 0;
-      sched::Submission sub = SubmissionFor(*spec, r.id, r.owner, r.owner_uid);
-      sub.entry.submitted = r.submitted_at;
-      sub.entry.seq = static_cast<uint64_t>(r.id);
+      sched::Submission sub = SubmissionFor(*spec, r.id, r.owner, r.owner_uid, r.submitted_at);
       a.request = sub.entry.request;
       engine_->Expect(a.request, *sub.kind);
       if (placement.is_object()) {

@@ -270,7 +270,7 @@ class Dispatcher {
   // What the engine is given for a job: its request (RequestOf, plus the quota groups of its owner
   // and whether it may preempt others' jobs), what history knows it by, its own requeue wish.
   sched::Submission SubmissionFor(const JobSpec& spec, int64_t id, const std::string& owner,
-                                  uint32_t uid);
+                                  uint32_t uid, double submitted = 0);
   // "group:<name>" for each group of `uid` (primary and supplementary); cached.
   std::vector<std::string> UserGroups(uint32_t uid);
   // Those of them that have a quota.
@@ -417,6 +417,8 @@ class Dispatcher {
   // cycle (not examined then) say.
   std::map<uint32_t, std::string> capped_;
   uint64_t admit_pass_ = 0;
+  // Counts `q` into (+1) or out of (-1) the indexes above, by whether it is in the cycle.
+  void Index(const Queued& q, int delta);
   void SetInCycle(Queued& q, bool in);
   void EraseQueued(std::map<int64_t, Queued>::iterator it);
   void EraseQueued(int64_t id);

@@ -71,38 +71,41 @@ void Dispatcher::Enqueue(Queued q) {
   q.waiting_pass = 0;
   if (auto old = queued_.find(q.id); old != queued_.end()) EraseQueued(old);
   ++queued_by_uid_[q.uid];
-  outside_by_uid_[q.uid].insert(q.id);
+  Index(q, +1);
   queued_[q.id] = std::move(q);
   dirty_ = true;
 }
 
-void Dispatcher::SetInCycle(Queued& q, bool in) {
-  if (q.in_cycle == in) return;
-  q.in_cycle = in;
-  auto count = [](auto& counts, auto key, int delta) {
-    auto it = counts.try_emplace(key, 0).first;
-    it->second += delta;
-    if (it->second == 0) counts.erase(it);
-  };
-  count(in_cycle_by_uid_, q.uid, in ? 1 : -1);
-  if (q.array_id != 0) count(in_cycle_by_array_, q.array_id, in ? 1 : -1);
-  if (in) {
+void Dispatcher::Index(const Queued& q, int delta) {
+  if (q.in_cycle) {
+    auto count = [&](auto& counts, auto key) {
+      auto it = counts.try_emplace(key, 0).first;
+      it->second += delta;
+      if (it->second == 0) counts.erase(it);
+    };
+    count(in_cycle_by_uid_, q.uid);
+    if (q.array_id != 0) count(in_cycle_by_array_, q.array_id);
+  } else if (delta > 0) {
+    outside_by_uid_[q.uid].insert(q.id);
+  } else {
     auto o = outside_by_uid_.find(q.uid);
     o->second.erase(q.id);
     if (o->second.empty()) outside_by_uid_.erase(o);
-  } else {
-    outside_by_uid_[q.uid].insert(q.id);
   }
+}
+
+void Dispatcher::SetInCycle(Queued& q, bool in) {
+  if (q.in_cycle == in) return;
+  Index(q, -1);
+  q.in_cycle = in;
+  Index(q, +1);
 }
 
 void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
   Queued& q = it->second;
   if (auto n = queued_by_uid_.find(q.uid); n != queued_by_uid_.end() && --n->second == 0)
     queued_by_uid_.erase(n);
-  SetInCycle(q, false);                  // out of the cycle's counts...
-  auto o = outside_by_uid_.find(q.uid);  // ... and out of the index of those outside it
-  o->second.erase(q.id);
-  if (o->second.empty()) outside_by_uid_.erase(o);
+  Index(q, -1);
   queued_.erase(it);
 }
 
@@ -247,9 +250,7 @@ void Dispatcher::Admit(double now) {
                                 array_in_cycle[q.array_id], q.array_id);
         continue;
       }
-      sched::Submission sub = SubmissionFor(*q.spec, q.id, q.owner, q.uid);
-      sub.entry.submitted = q.submitted;
-      sub.entry.seq = static_cast<uint64_t>(q.id);
+      sched::Submission sub = SubmissionFor(*q.spec, q.id, q.owner, q.uid, q.submitted);
       sub.entry.request.priority = q.priority;  // the stored one: it may have changed since
       if (absl::Status st = engine_->Submit(std::move(sub)); !st.ok()) {
         spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
