@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tessera/devices/inventory.h"
+#include "tessera/extender/test_objects.h"
 #include "tessera/kube/gpu_annotations.h"
 
 namespace tessera::extender {
@@ -119,6 +120,37 @@ TEST(PodDemandOf, ANameOverKubernetesBoundsIsRefusedWithoutEchoingIt) {
   EXPECT_TRUE(PodDemandOf(pod, 10).ok()) << "253 characters is a valid name";
   pod["metadata"]["namespace"] = std::string(64, 'n');
   EXPECT_FALSE(PodDemandOf(pod, 10).ok());
+}
+
+TEST(PodDemandOf, WhatHistoryKnowsAPodByAndFieldsOfTheWrongTypeIgnored) {
+  json pod = extender::testing::GpuPod("ml", "train-x7k2p", {.gpus = 1});
+  pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "train";
+  pod["spec"]["containers"][0]["command"] = {"python", 3, "train.py"};  // a number: not an argument
+  pod["spec"]["containers"][0]["args"] = {"--epochs=2"};
+  pod["spec"]["activeDeadlineSeconds"] = 600;
+  auto d = PodDemandOf(pod, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kind.user, "ml");
+  EXPECT_EQ(d->kind.name, "train");
+  EXPECT_EQ(d->kind.command, (std::vector<std::string>{"python", "train.py", "--epochs=2"}));
+  EXPECT_EQ(d->kind.shape, "1 GPU");
+  EXPECT_EQ(d->kind.max_runtime_s, 600);
+  // Without the Job label: its controller, by kind and name; a deadline that is no number, or
+  // negative, bounds nothing.
+  pod["metadata"].erase("labels");
+  pod["metadata"]["ownerReferences"] = {{{"kind", "Job"}, {"name", "train"}, {"controller", true}},
+                                        {{"kind", "Other"}, {"name", 7}, {"controller", true}}};
+  pod["spec"]["activeDeadlineSeconds"] = "600";
+  d = PodDemandOf(pod, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kind.name, "Job/train");
+  EXPECT_EQ(d->kind.max_runtime_s, 0);
+  pod["spec"]["activeDeadlineSeconds"] = -5;
+  pod["metadata"]["ownerReferences"] = "not a list";
+  d = PodDemandOf(pod, 10);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->kind.name, "");
+  EXPECT_EQ(d->kind.max_runtime_s, 0);
 }
 
 TEST(PodDemandOf, AShareWithMemory) {
