@@ -233,14 +233,17 @@ TEST_F(AgentE2e, KubeletRestartDeletesTheSocketsAndTheAgentRegistersAgain) {
 
 TEST_F(AgentE2e, AKubeletThatIsNotUpYetIsWaitedFor) {
   StartAgent();
-  // The agent serves before anyone registers it.
-  for (int i = 0; i < 200 && !fs::exists(dir_ + "/dp/tessera-gpu.sock"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  // The agent serves before anyone registers it, and says it will try again. The kubelet starts
+  // only once the agent has failed to register (before, it could come up between the agent's
+  // sockets and its first try, and nothing would have been waited for).
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (Log().find("retrying") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_TRUE(fs::exists(dir_ + "/dp/tessera-gpu.sock")) << Log();
+  ASSERT_THAT(Log(), HasSubstr("retrying"));
+  EXPECT_TRUE(fs::exists(dir_ + "/dp/tessera-gpu.sock")) << Log();
   StartKubelet();
   ASSERT_TRUE(WaitRegistered(2)) << Log();
-  EXPECT_THAT(Log(), HasSubstr("retrying"));
 }
 
 TEST_F(AgentE2e, AnAgentRestartKeepsEveryAllocationAndRegion) {
