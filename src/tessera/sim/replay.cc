@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <queue>
@@ -72,6 +73,7 @@ std::vector<ReplaySample> Resample(const std::vector<ReplaySample>& events, doub
       p.fragmented_gpus = std::max(p.fragmented_gpus, events[k].fragmented_gpus);
       p.queued = std::max(p.queued, events[k].queued);
       p.running = std::max(p.running, events[k].running);
+      p.busy = std::max(p.busy, events[k].busy);
     }
     p.time = t;
     out.push_back(p);
@@ -94,6 +96,10 @@ void SetBusyPeriod(ReplayResult& r, double from, double to, int samples) {
 
 double MeanAllocatedOver(const ReplayResult& r, double from, double to) {
   return Integral(r.events, from, to, &ReplaySample::allocated);
+}
+
+double MeanBusyOver(const ReplayResult& r, double from, double to) {
+  return Integral(r.events, from, to, &ReplaySample::busy);
 }
 
 void AlignBusyPeriods(std::vector<ReplayResult>& runs) {
@@ -160,6 +166,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     double work_left = 0, since = 0, rate = 1;
     int gen = 0;
     double end = 0;  // when its departure is due (the natural end a stop is compared with)
+    std::vector<int64_t> gpu_keys;  // the GPUs it holds, whole or shared (the busy figure)
   };
   std::vector<State> state(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
@@ -210,7 +217,19 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   // Victims asked to stop: they hold their resources until the stop latency has passed.
   std::priority_queue<Departure, std::vector<Departure>, std::greater<>> stops;
   int64_t running = 0, allocated_milli = 0;
+  // How busy each GPU (node << 8 | GPU) is: its holders' summed utilization, and the sum over GPUs
+  // of that up to 100%.
+  std::unordered_map<int64_t, double> load_on;
+  double busy_pct = 0;
+  const double gpu_count = static_cast<double>(capacity) / core::kMilliPerGpu;
+  auto add_load = [&](int64_t key, double pct) {
+    double& load = load_on[key];
+    busy_pct -= std::min(100.0, load);
+    load = std::max(0.0, load + pct);
+    busy_pct += std::min(100.0, load);
+  };
   std::vector<double> waits, jcts;
+  std::map<int, std::vector<double>> jct_by_priority, slowdown_by_priority;
 
   // The state after every event (the report resamples it over the busy period and the whole
   // replay); the time-weighted means are integrals of this step function.
@@ -222,6 +241,7 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     p.fragmented_gpus = s.FragmentedMilli() / core::kMilliPerGpu;
     p.queued = static_cast<int64_t>(cycle.size());
     p.running = running;
+    p.busy = gpu_count > 0 ? std::max(0.0, busy_pct) / (100 * gpu_count) : 0;
     if (!events.empty() && events.back().time == t) {
       events.back() = p;
     } else {
@@ -238,20 +258,48 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   auto demand = [&](size_t i) {
     return jobs[i].utilization >= 0 ? jobs[i].utilization : jobs[i].request.gpu_milli / 10.0;
   };
+  // The rate each share on a GPU progresses at: all alike, or by priority
+  // (config.interference_priorities): each priority from what the higher ones leave.
+  auto rate_of = [&](const std::vector<size_t>& on, size_t j) {
+    if (!config.interference_priorities) {
+      double total = 0;
+      for (size_t k : on) total += demand(k);
+      return total > 100 ? 100 / total : 1.0;
+    }
+    const int mine = jobs[j].request.priority;
+    std::map<int, double, std::greater<>> level;  // priority -> summed demand
+    for (size_t k : on) level[jobs[k].request.priority] += demand(k);
+    double left = 100;
+    for (auto it = level.begin(); it != level.end(); ++it) {
+      double rate = it->second > left ? std::max(0.0, left) / it->second : 1.0;
+      if (std::next(it) != level.end()) rate *= config.priority_share_efficiency;
+      if (it->first == mine) return rate;
+      left -= it->second * rate;
+    }
+    return 1.0;
+  };
   auto rebalance = [&](int64_t key, double now) {
     const std::vector<size_t>& on = shares_on[key];
-    double total = 0;
-    for (size_t j : on) total += demand(j);
-    const double rate = total > 100 ? 100 / total : 1;
     for (size_t j : on) {
+      const double rate = rate_of(on, j);
       State& st = state[j];
       if (st.rate == rate) continue;  // its departure stands
       st.work_left = std::max(0.0, st.work_left - (now - st.since) * st.rate);
       st.since = now;
       st.rate = rate;
+      ++st.gen;         // the departure set before no longer counts
+      if (rate <= 0) {  // held back by higher priorities: no departure until it moves
+        st.end = std::numeric_limits<double>::infinity();
+        continue;
+      }
       st.end = now + st.work_left / rate;
-      departures.emplace(st.end, j, st.epoch, ++st.gen);
+      departures.emplace(st.end, j, st.epoch, st.gen);
     }
+  };
+  // How busy a job keeps each GPU it holds, in percent.
+  auto load = [&](size_t i) {
+    if (jobs[i].request.fractional()) return demand(i);
+    return jobs[i].utilization >= 0 ? jobs[i].utilization : 100.0;
   };
   auto start = [&](size_t i, double now, const sched::Allocation& a) {
     last_start = std::max(last_start, now);
@@ -260,11 +308,16 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     st.started = now;
     ++running;
     allocated_milli += jobs[i].request.gpu_milli_total();
+    for (int g : a.gpus) {
+      st.gpu_keys.push_back((int64_t{a.node} << 8) | g);
+      add_load(st.gpu_keys.back(), load(i));
+    }
     if (st.remaining < 0) return;  // runs to the end of the replay
     // Modelled for a share of one GPU; one of several GPUs runs at its own pace.
     if (config.interference && jobs[i].request.fractional() && a.gpus.size() == 1) {
       st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
       st.work_left = st.remaining, st.since = now, st.rate = 0;  // no departure yet
+      st.end = std::numeric_limits<double>::infinity();
       shares_on[st.gpu_key].push_back(i);
       rebalance(st.gpu_key, now);
       return;
@@ -277,6 +330,8 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     st.running = false;
     --running;
     allocated_milli -= jobs[i].request.gpu_milli_total();
+    for (int64_t key : st.gpu_keys) add_load(key, -load(i));
+    st.gpu_keys.clear();
     if (st.gpu_key >= 0) {
       std::vector<size_t>& on = shares_on[st.gpu_key];
       on.erase(std::find(on.begin(), on.end(), i));
@@ -334,6 +389,9 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
             jobs[i].utilization >= 0 ? std::optional<double>(jobs[i].utilization) : std::nullopt);
       }
       jcts.push_back(end - jobs[i].submit);
+      jct_by_priority[jobs[i].request.priority].push_back(jcts.back());
+      if (jobs[i].duration >= 1)
+        slowdown_by_priority[jobs[i].request.priority].push_back(jcts.back() / jobs[i].duration);
       changed = true;
     }
     while (!stops.empty() && std::get<0>(stops.top()) <= now) {
@@ -383,6 +441,9 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
   out.waits = waits;
   out.wait = Summarize(std::move(waits));
   out.jct = Summarize(std::move(jcts));
+  for (auto& [p, v] : jct_by_priority) out.jct_by_priority[p] = Summarize(std::move(v));
+  for (auto& [p, v] : slowdown_by_priority) out.slowdown_by_priority[p] = Summarize(std::move(v));
+  for (const SimJob& j : jobs) out.utilization_known = out.utilization_known || j.utilization >= 0;
   if (!slowdowns.empty()) {
     double sum = 0;
     for (double x : slowdowns) {

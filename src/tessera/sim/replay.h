@@ -56,6 +56,13 @@ struct ReplayConfig {
   // to more than 100%, each runs 100/total as fast, and the end of each is moved whenever the
   // GPU's set of shares changes. Off: every job runs its duration.
   bool interference = false;
+  // With `interference`: the shares on one GPU are served by priority, as the arbiter of
+  // libtessera-cuda.so serves them (docs/sharing.md): the highest priority first (up to what the
+  // GPU can serve), each lower one from what the higher ones leave, those of one priority alike.
+  // A share beside busy shares of lower priority runs `priority_share_efficiency` as fast as it
+  // would alone (the arbiter's cost of switching; measured on an H100: 0.93-0.94). Off: all alike.
+  bool interference_priorities = false;
+  double priority_share_efficiency = 1;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.
@@ -68,6 +75,10 @@ struct ReplaySample {
   double fragmented_gpus = 0;
   int64_t queued = 0;
   int64_t running = 0;
+  // How busy the GPUs are (the modelled work on them over their capacity): per GPU the summed
+  // utilization of its holders up to 100% (SimJob::utilization; a share without one counts its
+  // compute share, a whole GPU without one 100%), over every GPU.
+  double busy = 0;
 };
 
 // One start of a job: where and when (a preempted job starts again, with a run of its own).
@@ -111,6 +122,12 @@ struct ReplayResult {
   // starvation.
   std::map<std::string, Distribution> wait_by_gpus;
   Distribution jct;  // seconds from submit to finish, jobs that finished
+  // By the trace's priority (also with `arrival_order`), jobs that finished: JCT, and slowdown =
+  // JCT over duration (jobs of at least a second): waiting and interference together.
+  std::map<int, Distribution> jct_by_priority, slowdown_by_priority;
+  // Whether any job had a measured utilization (SimJob::utilization): the busy figures then mean
+  // more than allocation.
+  bool utilization_known = false;
   int64_t jobs = 0;
   int64_t finished = 0;
   int64_t never_started = 0;  // never ran (still queued at the end, or larger than any node)
@@ -137,5 +154,7 @@ void SetBusyPeriod(ReplayResult& r, double from, double to, int samples);
 void AlignBusyPeriods(std::vector<ReplayResult>& runs);
 // The time-weighted mean allocation of a replay over [from, to] (from its events).
 double MeanAllocatedOver(const ReplayResult& r, double from, double to);
+// The time-weighted mean of how busy the GPUs were (ReplaySample::busy) over [from, to].
+double MeanBusyOver(const ReplayResult& r, double from, double to);
 
 }  // namespace tessera::sim

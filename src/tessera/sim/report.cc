@@ -386,6 +386,13 @@ std::vector<std::pair<std::string, std::string>> ReplayCharts(
   const ChartBounds count{.y_min = 0, .x_min = 0};
   chart("allocation", "GPU allocation in the busy period", "GPUs allocated, % of capacity", false,
         percent, [](const ReplaySample& s) { return 100 * s.allocated; });
+  // How busy the GPUs were, where the trace says how busy its jobs kept them.
+  if (std::any_of(replay.begin(), replay.end(),
+                  [](const ReplayResult& r) { return r.utilization_known; })) {
+    chart("busy", "GPU busy time in the busy period (modelled from the jobs' utilization)",
+          "GPU busy, % of capacity", false, percent,
+          [](const ReplaySample& s) { return 100 * s.busy; });
+  }
   chart("queue", "Queue length in the busy period", "jobs waiting", false, count,
         [](const ReplaySample& s) { return double(s.queued); });
   chart("running", "Jobs running in the busy period", "jobs running", false, count,

@@ -62,7 +62,8 @@ struct AxisTicks {
 AxisTicks RoundTicks(double lo, double hi, int target = 5);
 
 // The replay's plots as (name, inline SVG): allocation, queue, running, fragmentation (over the
-// busy period), waits (their distribution), allocation-whole (over the whole replay).
+// busy period), busy (how busy the GPUs were, where the trace says how busy its jobs kept them),
+// waits (their distribution), allocation-whole (over the whole replay).
 std::vector<std::pair<std::string, std::string>> ReplayCharts(
     const std::vector<ReplayResult>& replay);
 

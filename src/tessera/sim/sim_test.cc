@@ -339,6 +339,76 @@ TEST(Replay, AShareThatJoinsMovesTheEndOfTheOneAlreadyThere) {
   EXPECT_NEAR(r.jct.mean, 130, 1e-9);  // a: 0 -> 130
 }
 
+TEST(Replay, TheArbiterServesAGpusSharesByPriority) {
+  // Two shares on one GPU, each 80% busy with 100 s of work. Alike (no priorities): 160%, each at
+  // 100/160, both end at 160. By priority: the high one runs at full speed and ends at 100; the
+  // low one gets the 20% left (a quarter of its speed: 25 s of work by then) and does the other
+  // 75 s alone: 175. With the arbiter's switching cost (0.9) the high one runs at 0.9 (ends at
+  // 100/0.9) and the low one gets 100 - 72 = 28%: 0.35 of its speed until then.
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  SimJob high;
+  high.request.id = "high";
+  high.request.gpu_milli = 500;
+  high.request.priority = 1;
+  high.duration = 100;
+  high.utilization = 80;
+  SimJob low = high;
+  low.request.id = "low";
+  low.request.priority = 0;
+  ReplayConfig c = ReplayWith(false);
+  c.interference = true;
+  c.record_runs = true;
+  ReplayResult alike = RunReplay(nodes, {high, low}, {}, c);
+  ASSERT_EQ(alike.runs.size(), 2u) << "both started at once, on the one GPU";
+  EXPECT_NEAR(alike.jct.max, 160, 1e-9);
+  EXPECT_NEAR(alike.jct.mean, 160, 1e-9);
+  c.interference_priorities = true;
+  ReplayResult ordered = RunReplay(nodes, {high, low}, {}, c);
+  EXPECT_NEAR(ordered.jct_by_priority.at(1).mean, 100, 1e-9);
+  EXPECT_NEAR(ordered.jct_by_priority.at(0).mean, 175, 1e-9);
+  EXPECT_NEAR(ordered.slowdown_by_priority.at(1).mean, 1, 1e-9);
+  EXPECT_NEAR(ordered.slowdown_by_priority.at(0).mean, 1.75, 1e-9);
+  c.priority_share_efficiency = 0.9;
+  ReplayResult costly = RunReplay(nodes, {high, low}, {}, c);
+  const double high_end = 100 / 0.9, low_done = high_end * 28.0 / 80;
+  EXPECT_NEAR(costly.jct_by_priority.at(1).mean, high_end, 1e-9);
+  EXPECT_NEAR(costly.jct_by_priority.at(0).mean, high_end + (100 - low_done), 1e-9);
+  // A high share that keeps the GPU wholly busy holds the low one back entirely until it ends:
+  // no departure for the low one meanwhile, then its 100 s alone.
+  high.utilization = 100;
+  c.priority_share_efficiency = 1;
+  ReplayResult held = RunReplay(nodes, {high, low}, {}, c);
+  EXPECT_NEAR(held.jct_by_priority.at(1).mean, 100, 1e-9);
+  EXPECT_NEAR(held.jct_by_priority.at(0).mean, 200, 1e-9);
+  EXPECT_EQ(held.finished, 2);
+}
+
+TEST(Replay, BusyIsEachGpusHoldersUtilizationUpToAWholeGpu) {
+  // Two GPUs for 100 s: a whole-GPU job that keeps its GPU 60% busy, and on the other GPU two
+  // shares of 70% each (140%: busy 100%, not more). Busy (60 + 100) / 200 = 80% while
+  // allocation is 100%; a whole GPU without a figure counts 100%, a share without one its share.
+  std::vector<core::NodeSpec> nodes = {Node("a", 2)};
+  SimJob whole = Job("whole", 1, 0, 100);
+  whole.utilization = 60;
+  SimJob s1;
+  s1.request.id = "s1";
+  s1.request.gpu_milli = 500;
+  s1.duration = 100;
+  s1.utilization = 70;
+  SimJob s2 = s1;
+  s2.request.id = "s2";
+  ReplayResult r = RunReplay(nodes, {whole, s1, s2}, {}, ReplayWith(false));
+  EXPECT_TRUE(r.utilization_known);
+  EXPECT_NEAR(r.busy_mean_allocated, 1.0, 1e-9);
+  EXPECT_NEAR(MeanBusyOver(r, 0, 100), 0.8, 1e-9);
+  EXPECT_NEAR(MeanBusyOver(r, 0, 200), 0.4, 1e-9) << "idle after 100 s";
+  SimJob unknown_whole = Job("w2", 1, 0, 100), unknown_share = s1;
+  unknown_share.utilization = -1;  // counts its 50% share
+  ReplayResult blind = RunReplay(nodes, {unknown_whole, unknown_share}, {}, ReplayWith(false));
+  EXPECT_FALSE(blind.utilization_known);
+  EXPECT_NEAR(MeanBusyOver(blind, 0, 100), 0.75, 1e-9);
+}
+
 TEST(Replay, SecondJobWaitsForTheFirst) {
   std::vector<core::NodeSpec> nodes = {Node("a", 1)};
   std::vector<SimJob> jobs = {Job("x", 1, 0, 10), Job("y", 1, 0, 10)};

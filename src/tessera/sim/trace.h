@@ -26,8 +26,10 @@ struct SimJob {
   // < 0 when it says nothing. Never read as the job's real duration.
   double predicted_duration = -1;
   // How busy it kept its GPU, in percent of the GPU's time (a measurement, as the server's history
-  // records it); < 0 when the trace does not say. Shares only. The replay never reads a job's own
-  // figure as a prediction: predictions come from the jobs that finished before (ReplayConfig).
+  // records it); < 0 when the trace does not say. A share's drives interference and its
+  // predictions; any job's, the replay's busy figure (ReplaySample::busy). The replay never reads a
+  // job's own figure as a prediction: predictions come from the jobs that finished before
+  // (ReplayConfig).
   double utilization = -1;
   // What run-time history knows it by besides its owner and shape (sched::RunKind), where the
   // trace says: a name and command (a server's own jobs), processes started, its own run-time
