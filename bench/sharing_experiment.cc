@@ -1,0 +1,377 @@
+// The GPU-sharing experiment of docs/simulator.md (issue 36): the openb default trace replayed on
+// the openb cluster under contention, three ways, through the production scheduling engine:
+//   (a) stock Kubernetes without sharing: the NVIDIA device plugin gives a pod that asks for a
+//       fraction of a GPU a whole one (rounded up, on as many GPUs as it asked shares of);
+//       kube-scheduler's LeastAllocated spreading; pods retried in arrival order (priorities
+//       ignored, so nothing preempts); no reservations;
+//   (b) GPU sharing with time slicing and Tessera's placement: shares as asked, co-located shares
+//       slowing each other by their summed utilization (the replay's interference model), the
+//       default policy set, still arrival order;
+//   (c) (b) plus priorities (the queue's order, preemption, and the arbiter serving a GPU's shares
+//       by priority at the efficiency measured on an H100), backfill with 8 reservations and
+//       predictions from the jobs finished earlier (durations and, for the 70% soft utilization
+//       ceiling of the server's default, utilization).
+// openb records no GPU utilization, so each job is given one by its kind (stated in Assumptions()
+// and printed with the figures): a share is one of the interference experiment's four kinds, a job
+// of whole GPUs is training. Usage:
+//   sharing_experiment [--compress X] [--cluster FRACTION] [--seeds N] [--out DIR]
+// Prints the assumptions, the offered load and a markdown table (means over the seeds); with
+// --out, the first seed's CSV files, report.html and each plot as an SVG file under DIR.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fmt/format.h"
+#include "tessera/sched/policy.h"
+#include "tessera/sim/replay.h"
+#include "tessera/sim/report.h"
+#include "tessera/sim/trace.h"
+
+using namespace tessera;
+
+namespace {
+
+// How busy a job keeps its GPUs, by kind: percent, +-10 per job (uniform), at most 100.
+struct Kind {
+  const char* name;
+  int util;
+  double weight;  // part of the shares (the whole-GPU kind is every job of whole GPUs)
+};
+const Kind kShareKinds[] = {
+    {"notebook", 15, 0.3},  // interactive: mostly idle
+    {"infer", 50, 0.3},     // a model server under load
+    {"finetune", 80, 0.2},  // small training
+    {"eval", 65, 0.2},      // batch evaluation
+};
+const Kind kTraining = {"training", 85, 1};  // whole GPUs: data loading and communication idle it
+
+// The arbiter's efficiency for a share beside lower-priority busy ones: a high-priority job kept
+// 93-94% of its throughput beside one or two low tenants on an H100 (docs/sharing.md).
+constexpr double kPriorityEfficiency = 0.935;
+
+std::string Assumptions() {
+  std::string s = "utilization per job (openb records none), +-10 points per job, at most 100%: ";
+  for (const Kind& k : kShareKinds)
+    s += fmt::format("share {} {}% ({:.0f}% of shares), ", k.name, k.util, 100 * k.weight);
+  s += fmt::format(
+      "whole GPUs {} {}%; high priority = openb LS and Guaranteed (not preemptible), low = "
+      "Burstable and BE; the arbiter serves a GPU's shares by priority at {:.3f} efficiency",
+      kTraining.name, kTraining.util, kPriorityEfficiency);
+  return s;
+}
+
+// Gives each job its kind's utilization (seeded: the same for all three configurations).
+void DrawUtilization(std::vector<sim::SimJob>& jobs, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0, 1);
+  double weights = 0;
+  for (const Kind& k : kShareKinds) weights += k.weight;
+  for (sim::SimJob& j : jobs) {
+    const Kind* kind = nullptr;
+    if (j.request.fractional()) {
+      double pick = unit(rng) * weights;
+      for (const Kind& k : kShareKinds) {
+        kind = &k;
+        if ((pick -= k.weight) < 0) break;
+      }
+    } else if (j.request.gpus > 0) {
+      kind = &kTraining;
+    }
+    const double jitter = unit(rng) * 20 - 10;
+    if (kind != nullptr) j.utilization = std::clamp(std::round(kind->util + jitter), 1.0, 100.0);
+  }
+}
+
+// The device plugin's answer to a fraction: whole GPUs.
+std::vector<sim::SimJob> RoundedUp(std::vector<sim::SimJob> jobs) {
+  for (sim::SimJob& j : jobs) {
+    core::Request& r = j.request;
+    if (!r.fractional()) continue;
+    r.gpus = r.shared_gpu_count();
+    r.gpu_milli = 0;
+    r.gpu_memory_mib = 0;
+    r.share_gpus = 0;
+  }
+  return jobs;
+}
+
+struct Setup {
+  const char* label;
+  const char* policies;
+  bool whole, priorities;
+};
+const Setup kSetups[] = {
+    {"(a) k8s, no sharing", "spread", true, false},
+    {"(b) sharing", "tessera", false, false},
+    {"(c) sharing+priorities+backfill", "tessera", false, true},
+};
+
+sim::ReplayConfig ConfigOf(const Setup& s, uint64_t seed) {
+  sim::ReplayConfig c;
+  c.label = s.label;
+  c.seed = seed;
+  c.policies = *sched::ParsePolicies(s.policies);
+  c.arrival_order = !s.priorities;
+  c.preemption = s.priorities;
+  c.interference = !s.whole;
+  c.interference_priorities = s.priorities;
+  c.priority_share_efficiency = kPriorityEfficiency;
+  if (s.priorities) {
+    c.reservations = 8;
+    c.predict = true;
+    c.utilization_ceiling_pct = 70;
+  }
+  return c;
+}
+
+// The figures of one run.
+struct Figures {
+  double jct_mean = 0, jct_p50 = 0, jct_p95 = 0, wait_mean = 0, slow = 0, alloc = 0, busy = 0,
+         high_slow = 0, high_slow_p95 = 0, low_slow = 0, low_jct = 0, share_slow = 0,
+         preemptions = 0;
+};
+
+Figures FiguresOf(const sim::ReplayResult& r, double first, double last) {
+  Figures f;
+  f.jct_mean = r.jct.mean;
+  f.jct_p50 = r.jct.p50;
+  f.jct_p95 = r.jct.p95;
+  f.wait_mean = r.wait.mean;
+  f.alloc = sim::MeanAllocatedOver(r, first, last);
+  f.busy = sim::MeanBusyOver(r, first, last);
+  // Means over priorities weighted by their counts.
+  auto merge = [&](const std::map<int, sim::Distribution>& by, bool high, double* mean,
+                   double* p95) {
+    double sum = 0, n = 0, worst = 0;
+    for (const auto& [p, d] : by) {
+      if ((p >= 2) != high) continue;
+      sum += d.mean * double(d.count);
+      n += double(d.count);
+      worst = std::max(worst, d.p95);
+    }
+    *mean = n > 0 ? sum / n : 0;
+    if (p95 != nullptr) *p95 = worst;
+  };
+  merge(r.slowdown_by_priority, true, &f.high_slow, &f.high_slow_p95);
+  double low = 0, high_n = 0, low_n = 0;
+  for (const auto& [p, d] : r.slowdown_by_priority) (p >= 2 ? high_n : low_n) += double(d.count);
+  merge(r.slowdown_by_priority, false, &low, nullptr);
+  f.slow = high_n + low_n > 0 ? (f.high_slow * high_n + low * low_n) / (high_n + low_n) : 0;
+  merge(r.slowdown_by_priority, false, &f.low_slow, nullptr);
+  merge(r.jct_by_priority, false, &f.low_jct, nullptr);
+  f.share_slow = r.share_slowdown_mean;
+  f.preemptions = double(r.preemptions);
+  return f;
+}
+
+void Write(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double compression = 1000, fraction = 1;
+  int seeds = 3;
+  std::string out;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto number = [&](double lo, double hi) {
+      double v = i + 1 < argc ? std::atof(argv[++i]) : 0;
+      if (!(v >= lo && v <= hi)) {
+        std::fprintf(stderr, "%s: expected a number in [%g, %g]\n", a.c_str(), lo, hi);
+        std::exit(2);
+      }
+      return v;
+    };
+    if (a == "--compress") {
+      compression = number(1, 1e9);
+    } else if (a == "--cluster") {
+      fraction = number(0.01, 1);
+    } else if (a == "--seeds") {
+      seeds = static_cast<int>(number(1, 100));
+    } else if (a == "--out" && i + 1 < argc) {
+      out = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: sharing_experiment [--compress X] [--cluster FRACTION] [--seeds N] "
+                   "[--out DIR]\n");
+      return 2;
+    }
+  }
+  const char* env = std::getenv("TESSERA_TRACES");
+  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
+  auto nodes = sim::LoadNodes(dir + "/openb_node_list_gpu_node.csv", sim::TraceFormat::kOpenb);
+  auto loaded = sim::LoadJobs(dir + "/openb_pod_list_default.csv", sim::TraceFormat::kOpenb);
+  if (!nodes.ok() || !loaded.ok()) {
+    std::fprintf(stderr, "no openb traces in %s (set TESSERA_TRACES)\n", dir.c_str());
+    return 1;
+  }
+  if (fraction < 1) {
+    std::vector<core::NodeSpec> kept;
+    for (size_t i = 0; i < nodes->size(); ++i) {
+      if (static_cast<double>(kept.size()) < fraction * static_cast<double>(i + 1))
+        kept.push_back((*nodes)[i]);
+    }
+    *nodes = std::move(kept);
+  }
+  int64_t gpus = 0;
+  for (const core::NodeSpec& n : *nodes) gpus += static_cast<int64_t>(n.gpus.size());
+  std::vector<sim::SimJob> jobs = *loaded;
+  double first = 1e300, last = -1e300;
+  for (sim::SimJob& j : jobs) {
+    j.submit /= compression;
+    first = std::min(first, j.submit);
+    last = std::max(last, j.submit);
+  }
+  // Offered load while jobs arrive: GPU-seconds asked (allocated, and busy by the drawn
+  // utilization) over the GPUs' time from the first arrival to the last.
+  {
+    std::vector<sim::SimJob> probe = jobs;
+    DrawUtilization(probe, 1);
+    double asked = 0, whole = 0, busy = 0;
+    for (const sim::SimJob& j : probe) {
+      const double d = std::max(j.duration, 0.0);
+      const double g = double(j.request.gpu_milli_total()) / core::kMilliPerGpu;
+      asked += g * d;
+      whole += double(j.request.gpu_count()) * d;
+      busy += double(j.request.gpu_count()) * std::max(j.utilization, 0.0) / 100 * d;
+    }
+    const double cap = double(gpus) * (last - first);
+    std::printf(
+        "openb default (%zu jobs) on %zu nodes (%lld GPUs), arrivals compressed %gx over %.0f s; "
+        "offered load: %.2f of the GPUs' time as asked, %.2f rounded up to whole GPUs, %.2f busy "
+        "(%d seeds)\n%s\n\n",
+        jobs.size(), nodes->size(), static_cast<long long>(gpus), compression, last - first,
+        asked / cap, whole / cap, busy / cap, seeds, Assumptions().c_str());
+  }
+  std::vector<core::Request> requests;
+  for (const sim::SimJob& j : jobs) requests.push_back(j.request);
+  const auto typical = sched::TypicalRequests(requests);
+  std::vector<core::Request> rounded_requests;
+  for (const sim::SimJob& j : RoundedUp(jobs)) rounded_requests.push_back(j.request);
+  const auto rounded_typical = sched::TypicalRequests(rounded_requests);
+
+  constexpr size_t kRuns = std::size(kSetups);
+  std::vector<std::vector<sim::ReplayResult>> results(static_cast<size_t>(seeds),
+                                                      std::vector<sim::ReplayResult>(kRuns));
+  for (int seed = 0; seed < seeds; ++seed) {
+    // The same draws for all three: a share keeps its kind's utilization on a whole GPU.
+    std::vector<sim::SimJob> drawn = jobs;
+    DrawUtilization(drawn, 42 + static_cast<uint64_t>(seed));
+    const std::vector<sim::SimJob> drawn_whole = RoundedUp(drawn);
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < kRuns; ++i) {
+      threads.emplace_back([&, i, seed] {
+        const Setup& s = kSetups[i];
+        results[size_t(seed)][i] = sim::RunReplay(*nodes, s.whole ? drawn_whole : drawn,
+                                                  s.whole ? rounded_typical : typical,
+                                                  ConfigOf(s, 42 + static_cast<uint64_t>(seed)));
+      });
+      if (threads.size() == 2 || i + 1 == kRuns) {
+        for (std::thread& t : threads) t.join();
+        threads.clear();
+      }
+    }
+    std::fprintf(stderr, "seed %d of %d done (%.1f s, %.1f s, %.1f s)\n", seed + 1, seeds,
+                 results[size_t(seed)][0].seconds, results[size_t(seed)][1].seconds,
+                 results[size_t(seed)][2].seconds);
+  }
+  // Allocation and busy time under contention: from the first arrival until the first of the
+  // three configurations had an empty queue after the last arrival (until then jobs wait in every
+  // one of them; a window as short as the arrivals would see only the cluster filling up).
+  std::vector<double> until(static_cast<size_t>(seeds));
+  for (int seed = 0; seed < seeds; ++seed) {
+    until[size_t(seed)] = 1e300;
+    for (const sim::ReplayResult& r : results[size_t(seed)]) {
+      // When its queue first emptied after the last arrival.
+      double drained = r.end_time;
+      for (const sim::ReplaySample& e : r.events) {
+        if (e.time >= last && e.queued == 0) {
+          drained = e.time;
+          break;
+        }
+      }
+      std::fprintf(stderr, "%s: queue drained at %.0f s, last start %.0f s\n", r.label.c_str(),
+                   drained - first, r.busy_end - first);
+      until[size_t(seed)] = std::min(until[size_t(seed)], drained);
+    }
+  }
+  std::vector<Figures> mean(kRuns);
+  for (size_t i = 0; i < kRuns; ++i) {
+    for (int seed = 0; seed < seeds; ++seed) {
+      Figures f = FiguresOf(results[size_t(seed)][i], first, until[size_t(seed)]);
+      Figures& m = mean[i];
+      const double w = 1.0 / seeds;
+      m.jct_mean += w * f.jct_mean, m.jct_p95 += w * f.jct_p95, m.wait_mean += w * f.wait_mean;
+      m.jct_p50 += w * f.jct_p50, m.slow += w * f.slow;
+      m.alloc += w * f.alloc, m.busy += w * f.busy, m.high_slow += w * f.high_slow;
+      m.high_slow_p95 += w * f.high_slow_p95, m.low_slow += w * f.low_slow;
+      m.low_jct += w * f.low_jct, m.share_slow += w * f.share_slow;
+      m.preemptions += w * f.preemptions;
+    }
+  }
+  std::printf(
+      "| configuration | JCT mean | JCT p50 | JCT p95 | wait mean | slowdown mean | GPU allocation "
+      "under contention | GPU "
+      "busy under contention | high-priority slowdown mean (p95) | low-priority slowdown mean | "
+      "low-priority JCT mean | share slowdown | preemptions |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+      "|\n");
+  for (size_t i = 0; i < kRuns; ++i) {
+    const Figures& f = mean[i];
+    std::printf(
+        "| %s | %.0f s | %.0f s | %.0f s | %.0f s | %.2fx | %.2f%% | %.2f%% | %.3fx (%.2fx) | "
+        "%.3fx | %.0f s | "
+        "%.3fx | %.0f |\n",
+        kSetups[i].label, f.jct_mean, f.jct_p50, f.jct_p95, f.wait_mean, f.slow, 100 * f.alloc,
+        100 * f.busy, f.high_slow, f.high_slow_p95, f.low_slow, f.low_jct, f.share_slow,
+        f.preemptions);
+  }
+  for (size_t i = 1; i < kRuns; ++i) {
+    std::printf(
+        "\n%s against (a): mean JCT %+.1f%%, p50 JCT %+.1f%%, p95 JCT %+.1f%%, GPU busy under "
+        "contention %+.2f "
+        "points (%+.1f%%), allocation %+.2f points, high-priority slowdown %+.1f%%, low-priority "
+        "JCT %+.1f%%",
+        kSetups[i].label, 100 * (mean[i].jct_mean / mean[0].jct_mean - 1),
+        100 * (mean[i].jct_p50 / mean[0].jct_p50 - 1),
+        100 * (mean[i].jct_p95 / mean[0].jct_p95 - 1), 100 * (mean[i].busy - mean[0].busy),
+        100 * (mean[i].busy / mean[0].busy - 1), 100 * (mean[i].alloc - mean[0].alloc),
+        100 * (mean[i].high_slow / mean[0].high_slow - 1),
+        100 * (mean[i].low_jct / mean[0].low_jct - 1));
+  }
+  double window = 0;
+  for (double u : until) window += (u - first) / seeds;
+  std::printf(
+      "\nallocation and busy under contention: from the first arrival until the queue of "
+      "one of the three first emptied after the last arrival, %.0f s (mean over the "
+      "seeds)\n",
+      window);
+  if (!out.empty()) {
+    std::vector<sim::ReplayResult> shown = results[0];
+    sim::AlignBusyPeriods(shown);
+    std::filesystem::create_directories(out);
+    Write(std::filesystem::path(out) / "replay_runs.csv", sim::ReplayRunsCsv(shown));
+    Write(std::filesystem::path(out) / "replay_series.csv", sim::ReplaySeriesCsv(shown));
+    for (const auto& [slug, svg] : sim::ReplayCharts(shown))
+      Write(std::filesystem::path(out) / (slug + ".svg"), svg);
+    Write(std::filesystem::path(out) / "report.html",
+          sim::HtmlReport(
+              fmt::format("GPU sharing experiment: openb default on {} nodes, arrivals compressed "
+                          "{}x (seed 42)",
+                          nodes->size(), compression),
+              "(a) stock Kubernetes without sharing, (b) sharing with time slicing, (c) (b) with "
+              "priorities, preemption and backfill with predictions. " +
+                  Assumptions(),
+              {}, shown));
+  }
+  return 0;
+}
