@@ -406,6 +406,18 @@ TEST_F(AgentE2e, LabelsTheNodeAndAllocatesTheExtendersChoice) {
   std::string m = Metrics();
   EXPECT_THAT(m, HasSubstr("tessera_agent_api_server_configured 1"));
   EXPECT_THAT(m, HasSubstr("tessera_agent_pod_hints_total{result=\"found\"}"));
+  // Each refusal is a Warning Event on the pod the extender's choice named.
+  auto event_on = [&](const std::string& pod) -> std::string {
+    for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
+      if (e["regarding"]["name"] == pod && e["reason"] == "AllocateRefused" &&
+          e["type"] == "Warning" && e["reportingController"] == "tessera.io/agent")
+        return e["note"].get<std::string>();
+    }
+    return "";
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !event_on("lost").empty(); })) << Log();
+  EXPECT_THAT(event_on("lost"), HasSubstr("which is not on this node"));
+  EXPECT_THAT(event_on("train"), HasSubstr("the scheduler chose"));
 
   // deploy/'s RBAC for the agent grants exactly the (verb, resource) pairs it used here.
   std::set<std::string> used, granted;
@@ -419,9 +431,13 @@ TEST_F(AgentE2e, LabelsTheNodeAndAllocatesTheExtendersChoice) {
        YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/base/rbac-agent.yaml")) {
     if (doc["kind"].as<std::string>() != "ClusterRole") continue;
     for (const YAML::Node& rule : doc["rules"]) {
-      for (const YAML::Node& res : rule["resources"]) {
-        for (const YAML::Node& verb : rule["verbs"]) {
-          granted.insert(verb.as<std::string>() + " " + res.as<std::string>());
+      for (const YAML::Node& group : rule["apiGroups"]) {
+        for (const YAML::Node& res : rule["resources"]) {
+          // The fake names a resource of a named API group resource.group, as RBAC means it.
+          const std::string g = group.as<std::string>();
+          const std::string r = res.as<std::string>() + (g.empty() ? "" : "." + g);
+          for (const YAML::Node& verb : rule["verbs"])
+            granted.insert(verb.as<std::string>() + " " + r);
         }
       }
     }

@@ -88,8 +88,22 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
     hint = [self](Resource r, int count) { return self->node_sync_->Hint(r, count); };
     hint_used = [self](const PodHint& h) { self->node_sync_->Allocated(h); };
   }
+  PluginServer::Refused refused;
+  if (a->events_) {
+    refused = [self](Resource r, const PodHint* h, const std::string& why) {
+      const std::string note = fmt::format("{}: {}", ResourceName(r), why);
+      if (h != nullptr) {
+        self->events_->Record(
+            {.kind = "Pod", .ns = h->pod_namespace, .name = h->pod_name, .uid = h->pod_uid},
+            "Warning", "AllocateRefused", "Allocating", note);
+      } else {
+        self->events_->Record({.kind = "Node", .name = self->options_.node_name}, "Warning",
+                              "AllocateRefused", "Allocating", note);
+      }
+    };
+  }
   a->plugin_ = std::make_unique<PluginServer>(
-      *a->state_, o.server, hint, [self] { self->Reconcile(); }, hint_used);
+      *a->state_, o.server, hint, [self] { self->Reconcile(); }, hint_used, refused);
   if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
   a->health_->Start();
 
@@ -147,6 +161,7 @@ void Agent::Stop() {
   if (plugin_) plugin_->Stop();
   if (node_sync_) node_sync_->Stop();
   if (kube_) kube_->Shutdown();
+  events_.reset();
   if (health_) health_->Stop();
   if (http_) http_->Stop();
 }
@@ -178,6 +193,11 @@ void Agent::ConnectApiServer() {
   so.node_name = o.node_name;
   so.resync = o.label_resync;
   node_sync_ = std::make_unique<NodeSync>(*kube_, *state_, so);
+  // A repeat after the minute is a new event: the agent's RBAC grants events create only.
+  events_ = std::make_unique<kube::EventRecorder>(
+      *kube_,
+      kube::EventRecorderOptions{
+          .controller = "tessera.io/agent", .instance = o.node_name, .patch_series = false});
 }
 
 int Agent::metrics_port() const { return http_ ? http_->tcp_port() : 0; }

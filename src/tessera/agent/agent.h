@@ -22,6 +22,7 @@
 #include "tessera/core/mutex.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
+#include "tessera/kube/events.h"
 
 namespace tessera::net {
 class HttpServer;
@@ -85,6 +86,8 @@ class Agent {
   std::unique_ptr<PodResourcesClient> pod_resources_;
   std::unique_ptr<kube::Client> kube_;
   std::unique_ptr<NodeSync> node_sync_;
+  // Events for refused Allocates (on the pod the extender's choice names, else on the node).
+  std::unique_ptr<kube::EventRecorder> events_;
   std::string kube_error_;  // why there is no API server connection
   std::unique_ptr<net::HttpServer> http_;
   std::vector<std::atomic<uint64_t>> health_changes_;

@@ -42,12 +42,13 @@ class Service final : public v1beta1::DevicePlugin::Service {
  public:
   Service(DeviceState& state, Resource r, PluginServer::HintLookup& hint,
           PluginServer::Reconcile& reconcile, PluginServer::HintUsed& hint_used,
-          PluginCounters& counters)
+          PluginServer::Refused& refused, PluginCounters& counters)
       : state_(state),
         r_(r),
         hint_(hint),
         reconcile_(reconcile),
         hint_used_(hint_used),
+        refused_(refused),
         counters_(counters) {}
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
@@ -132,6 +133,7 @@ class Service final : public v1beta1::DevicePlugin::Service {
       spdlog::warn("Allocate {} {}{}: refused: {}", ResourceName(r_), Ids(*req),
                    h ? " for pod " + h->pod_namespace + "/" + h->pod_name : "",
                    std::string(resp.status().message()));
+      if (refused_) refused_(r_, h, std::string(resp.status().message()));
       return ToGrpc(resp.status());
     }
     ++counters_.allocations;
@@ -155,6 +157,7 @@ class Service final : public v1beta1::DevicePlugin::Service {
   PluginServer::HintLookup& hint_;
   PluginServer::Reconcile& reconcile_;
   PluginServer::HintUsed& hint_used_;
+  PluginServer::Refused& refused_;
   PluginCounters& counters_;
   std::atomic<bool> stopped_{false};
 };
@@ -180,12 +183,13 @@ struct PluginServer::Endpoint {
 };
 
 PluginServer::PluginServer(DeviceState& state, PluginServerOptions options, HintLookup hint,
-                           Reconcile reconcile, HintUsed hint_used)
+                           Reconcile reconcile, HintUsed hint_used, Refused refused)
     : state_(state),
       options_(std::move(options)),
       hint_(std::move(hint)),
       reconcile_(std::move(reconcile)),
-      hint_used_(std::move(hint_used)) {
+      hint_used_(std::move(hint_used)),
+      refused_(std::move(refused)) {
   if (options_.kubelet_socket.empty())
     options_.kubelet_socket = options_.plugin_dir + "/kubelet.sock";
   for (Resource r : {Resource::kGpu, Resource::kShare}) {
@@ -216,8 +220,8 @@ absl::Status PluginServer::Serve(Endpoint& e) {
         "socket path {} is {} bytes, over the 107 a unix socket may have", path, path.size()));
   }
   unlink(path.c_str());
-  e.service =
-      std::make_unique<Service>(state_, e.resource, hint_, reconcile_, hint_used_, counters_);
+  e.service = std::make_unique<Service>(state_, e.resource, hint_, reconcile_, hint_used_, refused_,
+                                        counters_);
   grpc::ServerBuilder b;
   b.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
   b.RegisterService(e.service.get());

@@ -42,9 +42,12 @@ class PluginServer {
   using HintUsed = std::function<void(const PodHint&)>;
   // Brings the allocations up to date with the kubelet's PodResources (releases ended ones).
   using Reconcile = std::function<void()>;
+  // Called when an Allocate is refused (after the retry): the pod when the extender's choice
+  // named it, and why. May be empty.
+  using Refused = std::function<void(Resource, const PodHint*, const std::string& why)>;
 
   PluginServer(DeviceState& state, PluginServerOptions options, HintLookup hint,
-               Reconcile reconcile, HintUsed hint_used = nullptr);
+               Reconcile reconcile, HintUsed hint_used = nullptr, Refused refused = nullptr);
   ~PluginServer();
   PluginServer(const PluginServer&) = delete;
   PluginServer& operator=(const PluginServer&) = delete;
@@ -70,6 +73,7 @@ class PluginServer {
   HintLookup hint_;
   Reconcile reconcile_;
   HintUsed hint_used_;
+  Refused refused_;
   PluginCounters counters_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<bool> stop_{false};

@@ -106,6 +106,11 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
                 "in this many seconds; 0: off")
       ->check(CLI::Range(0.0, 1e7))
       ->capture_default_str();
+  e->add_flag("!--no-events", f.o.events,
+              "Post no Kubernetes Events on the pods it keeps waiting or evicts (they need RBAC "
+              "for events.k8s.io events: create, patch)");
+  e->add_option("--event-instance", f.o.instance,
+                "reportingInstance of its Events (default: the host name, in a pod its name)");
   e->add_flag("--no-preemption", f.no_preemption,
               "Never stop running pods, for priority or to reclaim lent quota");
   e->add_flag("--no-pod-groups", f.no_pod_groups,

@@ -1,5 +1,7 @@
 #include "tessera/extender/service.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "fmt/format.h"
@@ -24,11 +26,30 @@ net::HttpResponse BadRequest(const std::string& verb, const std::string& why) {
 
 std::string Escape(const std::string& s) { return kube::QueryEscape(s); }
 
+// The reason of the Event on a pod that waits, by why (FilterResult::wait_kind).
+const char* WaitReason(const std::string& kind) {
+  if (kind == "quota") return "WaitingForQuota";
+  if (kind == "gang") return "WaitingForGang";
+  if (kind == "preemption") return "WaitingForPreemption";
+  return "WaitingForGpus";
+}
+
 }  // namespace
 
 Service::Service(kube::Client& client, ServiceOptions options, const core::Clock& clock)
     : client_(client), options_(std::move(options)), clock_(clock) {
   extender_ = std::make_unique<Extender>(options_.extender, clock_);
+  if (options_.events) {
+    std::string instance = options_.instance;
+    if (instance.empty()) {
+      char host[256] = {};
+      instance = gethostname(host, sizeof host - 1) == 0 ? host : "tessera-extender";
+    }
+    events_ = std::make_unique<kube::EventRecorder>(
+        client_, kube::EventRecorderOptions{.controller = "tessera.io/extender",
+                                            .instance = instance,
+                                            .repeat_interval_s = options_.event_repeat_s});
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
@@ -105,6 +126,7 @@ void Service::Stop() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  events_.reset();
 }
 
 bool Service::WaitForSync(std::chrono::milliseconds timeout) {
@@ -235,6 +257,17 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
     ++counters_.filter_placed;
     spdlog::info("extender: filter {}: node {} ({}, {:.2f} ms)", pod_id, f.nodes[0], f.reason,
                  seconds * 1e3);
+  }
+  if (events_ && f.nodes.empty()) {
+    const kube::ObjectRef ref{.kind = "Pod",
+                              .ns = kube::StringAt(*pod, {"metadata", "namespace"}),
+                              .name = kube::StringAt(*pod, {"metadata", "name"}),
+                              .uid = kube::StringAt(*pod, {"metadata", "uid"})};
+    if (!f.error.empty()) {
+      events_->Record(ref, "Warning", "InvalidGpuRequest", "Scheduling", f.error);
+    } else {
+      events_->Record(ref, "Normal", WaitReason(f.wait_kind), "Scheduling", f.reason);
+    }
   }
   {
     std::lock_guard lock(mu_);
@@ -382,6 +415,10 @@ void Service::Work() {
       if (r.ok() || status == 404 || status == 409) {
         ++counters_.evictions;
         spdlog::info("extender: evicted {}/{} from {}: {}", v.ns, v.name, v.node, v.reason);
+        if (events_ && r.ok()) {
+          events_->Record({.kind = "Pod", .ns = v.ns, .name = v.name, .uid = v.uid}, "Normal",
+                          "Preempted", "Preempting", fmt::format("on {}: {}", v.node, v.reason));
+        }
       } else {
         ++counters_.eviction_errors;
         spdlog::warn("extender: evicting {}/{}: {}; will retry", v.ns, v.name,

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "tessera/extender/extender.h"
 #include "tessera/kube/client.h"
+#include "tessera/kube/events.h"
 #include "tessera/kube/informer.h"
 #include "tessera/net/http.h"
 
@@ -33,6 +34,12 @@ struct ServiceOptions {
   bool pod_groups = true;
   // Seconds between sweeps of expired reservations.
   double sweep_interval_s = 1;
+  // Kubernetes Events (events.k8s.io/v1) on the pods it keeps waiting (why: quota, gang,
+  // preemption, GPUs) and on those it evicts, a pair (pod, reason) at most once a minute
+  // (kube::EventRecorder); reported as `instance` (default: the host name).
+  bool events = true;
+  std::string instance;
+  double event_repeat_s = 60;  // the same event on a pod at most once per this
   ExtenderOptions extender;
 };
 
@@ -50,6 +57,7 @@ class Service {
   int port() const;
   Extender& extender() { return *extender_; }
   std::string Metrics() const;
+  kube::EventRecorder* events() { return events_.get(); }
 
   // The HTTP handler, for tests that skip the socket.
   net::HttpResponse Handle(const net::HttpRequest& request);
@@ -70,6 +78,7 @@ class Service {
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
   std::unique_ptr<net::HttpServer> http_;
+  std::unique_ptr<kube::EventRecorder> events_;  // when options_.events
 
   std::mutex mu_;
   std::condition_variable cv_;

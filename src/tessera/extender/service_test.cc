@@ -64,6 +64,15 @@ class ServiceTest : public ::testing::Test {
   // The pod as the API server stores it (uid, creationTimestamp stamped).
   json Create(const json& pod) { return api_.Put(Pods(pod["metadata"]["namespace"]), pod); }
   bool Eventually(const std::function<bool()>& pred) { return FakeApiServer::WaitFor(pred); }
+  // The note of the Event with `reason` on pod ml/`pod` (events.k8s.io/v1), empty when none.
+  std::string EventOn(const std::string& pod, const std::string& reason) {
+    for (const json& e : api_.List("/apis/events.k8s.io/v1/namespaces/ml/events")) {
+      if (e["regarding"]["name"] == pod && e["reason"] == reason &&
+          e["reportingController"] == "tessera.io/extender")
+        return e["note"].get<std::string>();
+    }
+    return "";
+  }
 
   FakeApiServer api_;
   std::unique_ptr<kube::Client> client_;
@@ -184,6 +193,11 @@ TEST_F(ServiceTest, PreemptionEvictsThroughTheApiAndThePodStartsAfter) {
   ASSERT_TRUE(Eventually([&] { return !service_->extender().AllocationOf("ml/low"); }));
   json again = Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
   EXPECT_EQ(again["NodeNames"][0], "n1");
+  // Both pods say so in their Events: the victim why it went, the other why it waited.
+  ASSERT_TRUE(Eventually([&] {
+    return EventOn("low", "Preempted").find("preempted for ml/high") != std::string::npos &&
+           !EventOn("high", "WaitingForPreemption").empty();
+  })) << EventOn("low", "Preempted");
 }
 
 TEST_F(ServiceTest, QuotasComeFromTheConfigMapAndABadOneIsReported) {
@@ -197,6 +211,9 @@ TEST_F(ServiceTest, QuotasComeFromTheConfigMapAndABadOneIsReported) {
   EXPECT_EQ(Post("filter", {{"Pod", p1}, {"NodeNames", {"n1", "n2"}}})["NodeNames"].size(), 1u);
   json f = Post("filter", {{"Pod", p2}, {"NodeNames", {"n1", "n2"}}});
   EXPECT_THAT(f["FailedNodes"]["n1"].get<std::string>(), HasSubstr("quota"));
+  ASSERT_TRUE(Eventually([&] { return !EventOn("p2", "WaitingForQuota").empty(); }));
+  EXPECT_THAT(EventOn("p2", "WaitingForQuota"), HasSubstr("quota"));
+  EXPECT_TRUE(EventOn("p1", "WaitingForQuota").empty()) << "placed: no event";
   EXPECT_THAT(service_->Metrics(),
               HasSubstr("tessera_extender_quota_used_gpus{namespace=\"ml\"} 1"));
   api_.Put("/api/v1/namespaces/tessera-system/configmaps",
@@ -218,6 +235,7 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
            testing::PodGroup("ml", "job", 2));
   ServiceOptions o;
   o.quota_configmap = "tessera-system/tessera-quotas";
+  o.event_repeat_s = 0;  // the waiting gang member's repeats patch its event
   Start(o);
   // A gang of two on n2: the first waits, the second completes it, the first is marked reserved.
   json g0 = Create(GpuPod("ml", "g0", {.gpus = 1, .pod_group = "job"}));
@@ -237,6 +255,13 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
   json high = Create(GpuPod("ml", "high", {.gpus = 2, .priority = 100}));
   Post("filter", {{"Pod", high}, {"NodeNames", {"n1"}}});
   ASSERT_TRUE(Eventually([&] { return !api_.Get(Pods("ml"), "low").has_value(); }));
+  // A pod that waits, asked about again once its Event exists: the repeat patches the Event.
+  json big = Create(GpuPod("ml", "big", {.gpus = 3}));
+  Post("filter", {{"Pod", big}, {"NodeNames", {"n2"}}});
+  ASSERT_TRUE(Eventually([&] { return !EventOn("big", "WaitingForGpus").empty(); }));
+  Post("filter", {{"Pod", big}, {"NodeNames", {"n2"}}});
+  ASSERT_TRUE(service_->events()->Flush(std::chrono::seconds(10)));
+  EXPECT_GE(service_->events()->stats().patched, 1u);
   service_->Stop();
 
   std::set<std::string> used;
