@@ -176,6 +176,37 @@ net::HttpResponse Service::Handle(const net::HttpRequest& r) {
                     "unknown verb (expected filter, prioritize, bind or preempt)");
 }
 
+absl::StatusOr<json> Service::TrustedPod(const json& claimed) {
+  const std::string ns = kube::StringAt(claimed, {"metadata", "namespace"});
+  const std::string name = kube::StringAt(claimed, {"metadata", "name"});
+  const std::string uid = kube::StringAt(claimed, {"metadata", "uid"});
+  // Kubernetes' own bounds (a namespace is a DNS label, a pod name a DNS subdomain, a UID a UUID):
+  // anything longer is no pod, and is neither looked up nor repeated whole.
+  if (ns.empty() || name.empty() || ns.size() > 63 || name.size() > 253 || uid.size() > 64) {
+    return absl::InvalidArgumentError(fmt::format(
+        "Pod: metadata.namespace and metadata.name must name a pod (got {} and {} bytes{})",
+        ns.size(), name.size(),
+        uid.size() > 64 ? ", and a UID of " + std::to_string(uid.size()) : ""));
+  }
+  std::optional<json> cached = pods_ ? pods_->Get(ns + "/" + name) : std::nullopt;
+  if (cached && (uid.empty() || kube::StringAt(*cached, {"metadata", "uid"}) == uid))
+    return *cached;
+  // Not seen yet (the watch lags kube-scheduler's by a moment), or recreated: ask.
+  auto live = client_.Get("/api/v1/namespaces/" + Escape(ns) + "/pods/" + Escape(name));
+  if (!live.ok()) {
+    if (kube::HttpStatusOf(live.status()) == 404) {
+      return absl::NotFoundError(fmt::format("pod {}/{} is not on the API server", ns, name));
+    }
+    return absl::UnavailableError(fmt::format("pod {}/{}: the API server did not say: {}", ns, name,
+                                              std::string(live.status().message())));
+  }
+  if (!uid.empty() && kube::StringAt(*live, {"metadata", "uid"}) != uid) {
+    return absl::NotFoundError(
+        fmt::format("pod {}/{}: UID {} is not the API server's pod of that name", ns, name, uid));
+  }
+  return *std::move(live);
+}
+
 net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
   const char* verb = prioritize ? "prioritize" : "filter";
   auto t0 = std::chrono::steady_clock::now();
@@ -184,11 +215,23 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
     ++counters_.bad_requests;
     return BadRequest(verb, "the body is not a JSON object (ExtenderArgs)");
   }
-  const json* pod = kube::FieldAt(args, {"Pod"});
-  if (!pod || !pod->is_object()) {
+  const json* claimed = kube::FieldAt(args, {"Pod"});
+  if (!claimed || !claimed->is_object()) {
     ++counters_.bad_requests;
     return BadRequest(verb, "Pod: expected a v1.Pod object");
   }
+  auto trusted = TrustedPod(*claimed);
+  if (!trusted.ok()) {
+    ++counters_.untrusted;
+    spdlog::warn("extender: {}: {}", verb, std::string(trusted.status().message()));
+    if (prioritize) return JsonReply(200, json::array());
+    return JsonReply(200, json{{"NodeNames", nullptr},
+                               {"Nodes", nullptr},
+                               {"FailedNodes", json::object()},
+                               {"FailedAndUnresolvableNodes", json::object()},
+                               {"Error", std::string(trusted.status().message())}});
+  }
+  const json* pod = &*trusted;
   // NodeNames when kube-scheduler is told the extender caches nodes, else a whole NodeList.
   std::vector<std::string> names;
   const json* node_names = kube::FieldAt(args, {"NodeNames"});
@@ -332,11 +375,19 @@ net::HttpResponse Service::HandlePreempt(const std::string& body) {
     ++counters_.bad_requests;
     return BadRequest("preempt", "the body is not a JSON object (ExtenderPreemptionArgs)");
   }
-  const json* pod = kube::FieldAt(args, {"Pod"});
-  if (!pod || !pod->is_object()) {
+  const json* claimed = kube::FieldAt(args, {"Pod"});
+  if (!claimed || !claimed->is_object()) {
     ++counters_.bad_requests;
     return BadRequest("preempt", "Pod: expected a v1.Pod object");
   }
+  auto trusted = TrustedPod(*claimed);
+  if (!trusted.ok()) {
+    ++counters_.untrusted;
+    spdlog::warn("extender: preempt: {}", std::string(trusted.status().message()));
+    return JsonReply(200, json{{"NodeNameToMetaVictims", json::object()},
+                               {"Error", std::string(trusted.status().message())}});
+  }
+  const json* pod = &*trusted;
   // Candidates as UIDs per node, from either form.
   std::map<std::string, std::vector<std::string>> candidates;
   for (const char* key : {"NodeNameToMetaVictims", "NodeNameToVictims"}) {
@@ -469,6 +520,9 @@ std::string Service::Metrics() const {
      "result", {{"evicted", c.evictions}, {"error", c.eviction_errors}});
   one("tessera_extender_bad_requests_total", "counter", "Requests refused as malformed.",
       c.bad_requests);
+  one("tessera_extender_unknown_pods_total", "counter",
+      "Requests refused because the API server has no such pod (or it has another UID).",
+      c.untrusted);
   by("tessera_extender_quota_loads_total", "counter", "Quota ConfigMap loads by result.", "result",
      {{"ok", c.quota_loads}, {"error", c.quota_errors}});
 

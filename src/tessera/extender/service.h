@@ -64,6 +64,12 @@ class Service {
 
  private:
   Service(kube::Client& client, ServiceOptions options, const core::Clock& clock);
+  // The pod a request names, as the API server has it: the request's body only names it (its
+  // namespace, name and UID). From the informer's cache, else asked of the API server; an error
+  // (said to kube-scheduler) for a pod the API server does not have, of another UID, or whose
+  // names are longer than Kubernetes allows. What is trusted of it (priority, requests,
+  // annotations, labels) is never taken from the body.
+  absl::StatusOr<nlohmann::json> TrustedPod(const nlohmann::json& claimed);
   net::HttpResponse HandleFilter(const std::string& body, bool prioritize);
   net::HttpResponse HandleBind(const std::string& body);
   net::HttpResponse HandlePreempt(const std::string& body);
@@ -95,6 +101,7 @@ class Service {
     std::atomic<uint64_t> preempts{0}, preempt_victims{0};
     std::atomic<uint64_t> evictions{0}, eviction_errors{0};
     std::atomic<uint64_t> bad_requests{0};
+    std::atomic<uint64_t> untrusted{0};  // requests naming a pod the API server does not have
     std::atomic<uint64_t> quota_loads{0}, quota_errors{0};
   };
   mutable Counters counters_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ostream>
 #include <set>
 #include <string>
 #include <tuple>
@@ -112,6 +113,7 @@ struct Case {
   const char* name;
   VariantSpec spec;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 class TesseraAtOrAboveFgd : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TesseraAtOrAboveFgd, OnAGeneratedVariant) {
