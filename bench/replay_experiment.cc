@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "openb_cluster.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/replay.h"
 #include "tessera/sim/report.h"
@@ -81,25 +82,11 @@ int main(int argc, char** argv) {
     }
   }
   if (compressions.empty()) compressions = {10000};
-  const char* env = std::getenv("TESSERA_TRACES");
-  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
-  auto nodes = sim::LoadNodes(dir + "/openb_node_list_gpu_node.csv", sim::TraceFormat::kOpenb);
-  auto jobs = sim::LoadJobs(dir + "/openb_pod_list_default.csv", sim::TraceFormat::kOpenb);
-  if (!nodes.ok() || !jobs.ok()) {
-    std::fprintf(stderr, "no openb traces in %s (set TESSERA_TRACES)\n", dir.c_str());
-    return 1;
-  }
-  if (fraction < 1) {
-    std::vector<core::NodeSpec> kept;
-    for (size_t i = 0; i < nodes->size(); ++i) {
-      // Node i is kept when the running count of kept nodes falls behind the fraction.
-      if (static_cast<double>(kept.size()) < fraction * static_cast<double>(i + 1))
-        kept.push_back((*nodes)[i]);
-    }
-    *nodes = std::move(kept);
-  }
-  int64_t gpus = 0;
-  for (const core::NodeSpec& n : *nodes) gpus += static_cast<int64_t>(n.gpus.size());
+  auto cluster = bench::LoadOpenbCluster(fraction);
+  if (!cluster) return 1;
+  const std::vector<core::NodeSpec>* nodes = &cluster->nodes;
+  const std::vector<sim::SimJob>* jobs = &cluster->jobs;
+  const int64_t gpus = cluster->gpus;
   std::vector<core::Request> requests;
   for (const sim::SimJob& j : *jobs) requests.push_back(j.request);
   const auto typical = sched::TypicalRequests(requests);

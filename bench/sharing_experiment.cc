@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "openb_cluster.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/replay.h"
 #include "tessera/sim/report.h"
@@ -207,25 +208,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const char* env = std::getenv("TESSERA_TRACES");
-  std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
-  auto nodes = sim::LoadNodes(dir + "/openb_node_list_gpu_node.csv", sim::TraceFormat::kOpenb);
-  auto loaded = sim::LoadJobs(dir + "/openb_pod_list_default.csv", sim::TraceFormat::kOpenb);
-  if (!nodes.ok() || !loaded.ok()) {
-    std::fprintf(stderr, "no openb traces in %s (set TESSERA_TRACES)\n", dir.c_str());
-    return 1;
-  }
-  if (fraction < 1) {
-    std::vector<core::NodeSpec> kept;
-    for (size_t i = 0; i < nodes->size(); ++i) {
-      if (static_cast<double>(kept.size()) < fraction * static_cast<double>(i + 1))
-        kept.push_back((*nodes)[i]);
-    }
-    *nodes = std::move(kept);
-  }
-  int64_t gpus = 0;
-  for (const core::NodeSpec& n : *nodes) gpus += static_cast<int64_t>(n.gpus.size());
-  std::vector<sim::SimJob> jobs = *loaded;
+  auto cluster = bench::LoadOpenbCluster(fraction);
+  if (!cluster) return 1;
+  const std::vector<core::NodeSpec>* nodes = &cluster->nodes;
+  const int64_t gpus = cluster->gpus;
+  std::vector<sim::SimJob> jobs = cluster->jobs;
   double first = 1e300, last = -1e300;
   for (sim::SimJob& j : jobs) {
     j.submit /= compression;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fake_apiserver.h"
+#include "tessera/kube/test_client.h"
 
 namespace tessera::kube {
 namespace {
@@ -11,15 +12,7 @@ namespace {
 using fakes::FakeApiServer;
 using nlohmann::json;
 
-std::unique_ptr<Client> Connect(const FakeApiServer& api) {
-  ClusterConfig c;
-  c.server = api.url();
-  c.token = "test-token";
-  c.ca_pem = api.ca_pem();
-  auto client = Client::Create(c);
-  EXPECT_TRUE(client.ok()) << client.status();
-  return std::move(*client);
-}
+std::unique_ptr<Client> Connect(const FakeApiServer& api) { return testing::ConnectTo(api); }
 
 const ObjectRef kPod{.kind = "Pod", .ns = "ml", .name = "train-0", .uid = "u-1"};
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fake_apiserver.h"
+#include "tessera/kube/test_client.h"
 
 namespace tessera::kube {
 namespace {
@@ -11,12 +12,7 @@ namespace {
 using fakes::FakeApiServer;
 using nlohmann::json;
 
-std::unique_ptr<Client> Connect(const FakeApiServer& api) {
-  ClusterConfig c;
-  c.server = api.url();
-  c.token = "test-token";
-  return std::move(*Client::Create(c));
-}
+std::unique_ptr<Client> Connect(const FakeApiServer& api) { return testing::ConnectTo(api); }
 
 json Pod(const std::string& name, const std::string& node, const std::string& phase = "Running") {
   return {{"metadata", {{"name", name}}},

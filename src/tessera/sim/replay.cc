@@ -134,26 +134,22 @@ Distribution Summarize(std::vector<double> values) {
   return d;
 }
 
-ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
-                       const std::vector<sched::TypicalRequest>& typical,
-                       const ReplayConfig& config) {
-  auto t0 = std::chrono::steady_clock::now();
-  ReplayResult out;
-  out.label = config.label;
-  out.seed = config.seed;
-  out.jobs = static_cast<int64_t>(jobs.size());
-  int64_t capacity = 0;
-  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &capacity);
-  sched::Scheduler& s = *scheduler;
+namespace {
 
-  std::vector<size_t> order(jobs.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return jobs[a].submit < jobs[b].submit; });
-  double start_time = jobs.empty() ? 0 : jobs[order.front()].submit;
-  double horizon = start_time;
-  for (const SimJob& j : jobs) horizon = std::max(horizon, j.submit + std::max(j.duration, 0.0));
+// One replay: the jobs' states, the simulated clock's queues of departures and stops, and what is
+// measured, around the production engine (RunReplay).
+class Replay final : public sched::Executor {
+ public:
+  Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
+         const std::vector<sched::TypicalRequest>& typical, const ReplayConfig& config);
+  ReplayResult Run();
 
+  // sched::Executor: what the engine decides, carried out on the simulated clock.
+  void Start(const std::string& id, const sched::Allocation& a, double now) override;
+  void Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
+            double now) override;
+
+ private:
   struct State {
     double started = -1;
     double remaining = 0;  // a preempted job starts over
@@ -168,292 +164,361 @@ ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vect
     double end = 0;  // when its departure is due (the natural end a stop is compared with)
     std::vector<int64_t> gpu_keys;  // the GPUs it holds, whole or shared (the busy figure)
   };
-  std::vector<State> state(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) state[i].remaining = jobs[i].duration;
-  // What the engine decides, carried out on the simulated clock (set below).
-  struct Executor : sched::Executor {
-    std::function<void(const std::string&, const sched::Allocation&, double)> start;
-    std::function<void(const std::vector<std::string>&, double)> stop;
-    void Start(const std::string& id, const sched::Allocation& a, double now) override {
-      start(id, a, now);
-    }
-    void Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
-              double now) override {
-      stop(victims, now);
-    }
-  } executor;
-  // The queue, its order, backfill, preemption planning, requeue after preemption and run-time
-  // predictions (config.predict: from the jobs finished so far) are the production engine's.
-  sched::Engine engine(std::move(scheduler), executor,
-                       {.cycle = {.preemption = config.preemption,
-                                  .fair_share_half_life_s = config.fair_share_half_life_s,
-                                  .reservations = config.reservations},
-                        .requeue_preempted = config.requeue_preempted,
-                        .utilization_ceiling_pct = config.utilization_ceiling_pct,
-                        .utilization_ceiling_strict = config.utilization_ceiling_strict});
-  const sched::Cycle& cycle = engine.cycle();
-  auto kind_of = [&](size_t i) {
-    const SimJob& j = jobs[i];
-    return sched::RunKind{.user = j.request.owner,
-                          .name = j.name,
-                          .command = j.command,
-                          .shape = sched::HistoryShape(j.request, j.tasks),
-                          .max_runtime_s = j.max_runtime_s};
-  };
-  auto enqueue = [&](size_t i) {
-    core::Request r = jobs[i].request;
-    if (config.arrival_order) r.priority = 0;
-    // The trace's own prediction, where it has one (0 means unknown to the cycle: a prediction of
-    // no time at all is a millisecond); history's replaces it (config.predict).
-    if (jobs[i].predicted_duration >= 0)
-      r.expected_duration_s = std::max(jobs[i].predicted_duration, 1e-3);
-    sched::Submission sub{sched::QueueEntry{std::move(r), jobs[i].submit, static_cast<uint64_t>(i)},
-                          std::nullopt, std::nullopt};
-    if (config.predict) sub.kind = kind_of(i);
-    (void)engine.Submit(std::move(sub));
-  };
   using Departure = std::tuple<double, size_t, int, int>;  // end time, job, epoch, generation
-  std::priority_queue<Departure, std::vector<Departure>, std::greater<>> departures;
-  // Victims asked to stop: they hold their resources until the stop latency has passed.
-  std::priority_queue<Departure, std::vector<Departure>, std::greater<>> stops;
-  int64_t running = 0, allocated_milli = 0;
+  using Departures = std::priority_queue<Departure, std::vector<Departure>, std::greater<>>;
+
+  sched::RunKind KindOf(size_t i) const;
+  void Enqueue(size_t i);
+  // A share's demand on its GPU (percent): its utilization, else its compute share.
+  double Demand(size_t i) const;
+  // How busy a job keeps each GPU it holds, in percent.
+  double Load(size_t i) const;
+  void AddLoad(int64_t key, double pct);
+  // The rate share `j` progresses at among the shares `on` one GPU: all alike, or by priority
+  // (config.interference_priorities): each priority from what the higher ones leave.
+  double RateOf(const std::vector<size_t>& on, size_t j) const;
+  // Moves the rates (and departures) of the shares of GPU `key` to what it can serve now.
+  void Rebalance(int64_t key, double now);
+  void StartJob(size_t i, double now, const sched::Allocation& a);
+  void StopJob(size_t i, double now);
+  void Record(double t);
+  bool Depart(double now);    // the departures due by `now`; whether any
+  bool EndStops(double now);  // the stops due by `now`; whether any
+  void Summarize(double start_time, double horizon);
+
+  const std::vector<SimJob>& jobs_;
+  const ReplayConfig& config_;
+  ReplayResult out_;
+  int64_t capacity_ = 0;
+  sched::Scheduler* scheduler_ = nullptr;  // the engine's
+  std::unique_ptr<sched::Engine> engine_;
+  std::vector<State> state_;
+  std::unordered_map<std::string, size_t> index_of_;
+  Departures departures_;
+  Departures stops_;  // victims asked to stop hold their resources until the stop latency passed
+  int64_t running_ = 0, allocated_milli_ = 0;
   // How busy each GPU (node << 8 | GPU) is: its holders' summed utilization, and the sum over GPUs
   // of that up to 100%.
-  std::unordered_map<int64_t, double> load_on;
-  double busy_pct = 0;
-  const double gpu_count = static_cast<double>(capacity) / core::kMilliPerGpu;
-  auto add_load = [&](int64_t key, double pct) {
-    double& load = load_on[key];
-    busy_pct -= std::min(100.0, load);
-    load = std::max(0.0, load + pct);
-    busy_pct += std::min(100.0, load);
-  };
-  std::vector<double> waits, jcts;
-  std::map<int, std::vector<double>> jct_by_priority, slowdown_by_priority;
-
+  std::unordered_map<int64_t, double> load_on_;
+  double busy_pct_ = 0;
+  double gpu_count_ = 0;
+  // Interference: the running shares of each GPU (node << 8 | GPU).
+  std::unordered_map<int64_t, std::vector<size_t>> shares_on_;
+  std::vector<double> jcts_, slowdowns_;
+  std::map<int, std::vector<double>> jct_by_priority_, slowdown_by_priority_;
   // The state after every event (the report resamples it over the busy period and the whole
   // replay); the time-weighted means are integrals of this step function.
-  std::vector<ReplaySample> events;
-  auto record = [&](double t) {
-    ReplaySample p;
-    p.time = t;
-    p.allocated = capacity > 0 ? double(allocated_milli) / double(capacity) : 0;
-    p.fragmented_gpus = s.FragmentedMilli() / core::kMilliPerGpu;
-    p.queued = static_cast<int64_t>(cycle.size());
-    p.running = running;
-    p.busy = gpu_count > 0 ? std::max(0.0, busy_pct) / (100 * gpu_count) : 0;
-    if (!events.empty() && events.back().time == t) {
-      events.back() = p;
-    } else {
-      events.push_back(p);
-    }
-    // Starts raise allocation only within a step, so the state after it holds the peak.
-    out.peak_allocated = std::max(out.peak_allocated, p.allocated);
-    out.peak_queued = std::max(out.peak_queued, p.queued);
-  };
-  double last_arrival = start_time, last_start = start_time;
-  // Interference: the running shares of each GPU (node << 8 | GPU), and their rates moved to
-  // what the GPU can serve whenever that set changes.
-  std::unordered_map<int64_t, std::vector<size_t>> shares_on;
-  auto demand = [&](size_t i) {
-    return jobs[i].utilization >= 0 ? jobs[i].utilization : jobs[i].request.gpu_milli / 10.0;
-  };
-  // The rate each share on a GPU progresses at: all alike, or by priority
-  // (config.interference_priorities): each priority from what the higher ones leave.
-  auto rate_of = [&](const std::vector<size_t>& on, size_t j) {
-    if (!config.interference_priorities) {
-      double total = 0;
-      for (size_t k : on) total += demand(k);
-      return total > 100 ? 100 / total : 1.0;
-    }
-    const int mine = jobs[j].request.priority;
-    std::map<int, double, std::greater<>> level;  // priority -> summed demand
-    for (size_t k : on) level[jobs[k].request.priority] += demand(k);
-    double left = 100;
-    for (auto it = level.begin(); it != level.end(); ++it) {
-      double rate = it->second > left ? std::max(0.0, left) / it->second : 1.0;
-      if (std::next(it) != level.end()) rate *= config.priority_share_efficiency;
-      if (it->first == mine) return rate;
-      left -= it->second * rate;
-    }
-    return 1.0;
-  };
-  auto rebalance = [&](int64_t key, double now) {
-    const std::vector<size_t>& on = shares_on[key];
-    for (size_t j : on) {
-      const double rate = rate_of(on, j);
-      State& st = state[j];
-      if (st.rate == rate) continue;  // its departure stands
-      st.work_left = std::max(0.0, st.work_left - (now - st.since) * st.rate);
-      st.since = now;
-      st.rate = rate;
-      ++st.gen;         // the departure set before no longer counts
-      if (rate <= 0) {  // held back by higher priorities: no departure until it moves
-        st.end = std::numeric_limits<double>::infinity();
-        continue;
-      }
-      st.end = now + st.work_left / rate;
-      departures.emplace(st.end, j, st.epoch, st.gen);
-    }
-  };
-  // How busy a job keeps each GPU it holds, in percent.
-  auto load = [&](size_t i) {
-    if (jobs[i].request.fractional()) return demand(i);
-    return jobs[i].utilization >= 0 ? jobs[i].utilization : 100.0;
-  };
-  auto start = [&](size_t i, double now, const sched::Allocation& a) {
-    last_start = std::max(last_start, now);
-    State& st = state[i];
-    st.running = true;
-    st.started = now;
-    ++running;
-    allocated_milli += jobs[i].request.gpu_milli_total();
-    for (int g : a.gpus) {
-      st.gpu_keys.push_back((int64_t{a.node} << 8) | g);
-      add_load(st.gpu_keys.back(), load(i));
-    }
-    if (st.remaining < 0) return;  // runs to the end of the replay
-    // Modelled for a share of one GPU; one of several GPUs runs at its own pace.
-    if (config.interference && jobs[i].request.fractional() && a.gpus.size() == 1) {
-      st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
-      st.work_left = st.remaining, st.since = now, st.rate = 0;  // no departure yet
+  std::vector<ReplaySample> events_;
+  double last_arrival_ = 0, last_start_ = 0;
+};
+
+Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
+               const std::vector<sched::TypicalRequest>& typical, const ReplayConfig& config)
+    : jobs_(jobs), config_(config), state_(jobs.size()) {
+  out_.label = config.label;
+  out_.seed = config.seed;
+  out_.jobs = static_cast<int64_t>(jobs.size());
+  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &capacity_);
+  scheduler_ = scheduler.get();
+  gpu_count_ = static_cast<double>(capacity_) / core::kMilliPerGpu;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    state_[i].remaining = jobs[i].duration;
+    index_of_[jobs[i].request.id] = i;
+  }
+  // The queue, its order, backfill, preemption planning, requeue after preemption and run-time
+  // predictions (config.predict: from the jobs finished so far) are the production engine's.
+  engine_ = std::make_unique<sched::Engine>(
+      std::move(scheduler), *this,
+      sched::EngineOptions{.cycle = {.preemption = config.preemption,
+                                     .fair_share_half_life_s = config.fair_share_half_life_s,
+                                     .reservations = config.reservations},
+                           .requeue_preempted = config.requeue_preempted,
+                           .utilization_ceiling_pct = config.utilization_ceiling_pct,
+                           .utilization_ceiling_strict = config.utilization_ceiling_strict});
+}
+
+sched::RunKind Replay::KindOf(size_t i) const {
+  const SimJob& j = jobs_[i];
+  return sched::RunKind{.user = j.request.owner,
+                        .name = j.name,
+                        .command = j.command,
+                        .shape = sched::HistoryShape(j.request, j.tasks),
+                        .max_runtime_s = j.max_runtime_s};
+}
+
+void Replay::Enqueue(size_t i) {
+  core::Request r = jobs_[i].request;
+  if (config_.arrival_order) r.priority = 0;
+  // The trace's own prediction, where it has one (0 means unknown to the cycle: a prediction of
+  // no time at all is a millisecond); history's replaces it (config.predict).
+  if (jobs_[i].predicted_duration >= 0)
+    r.expected_duration_s = std::max(jobs_[i].predicted_duration, 1e-3);
+  sched::Submission sub{sched::QueueEntry{std::move(r), jobs_[i].submit, static_cast<uint64_t>(i)},
+                        std::nullopt, std::nullopt};
+  if (config_.predict) sub.kind = KindOf(i);
+  (void)engine_->Submit(std::move(sub));
+}
+
+double Replay::Demand(size_t i) const {
+  return jobs_[i].utilization >= 0 ? jobs_[i].utilization : jobs_[i].request.gpu_milli / 10.0;
+}
+
+double Replay::Load(size_t i) const {
+  if (jobs_[i].request.fractional()) return Demand(i);
+  return jobs_[i].utilization >= 0 ? jobs_[i].utilization : 100.0;
+}
+
+void Replay::AddLoad(int64_t key, double pct) {
+  double& load = load_on_[key];
+  busy_pct_ -= std::min(100.0, load);
+  load = std::max(0.0, load + pct);
+  busy_pct_ += std::min(100.0, load);
+}
+
+double Replay::RateOf(const std::vector<size_t>& on, size_t j) const {
+  if (!config_.interference_priorities) {
+    double total = 0;
+    for (size_t k : on) total += Demand(k);
+    return total > 100 ? 100 / total : 1.0;
+  }
+  const int mine = jobs_[j].request.priority;
+  std::map<int, double, std::greater<>> level;  // priority -> summed demand
+  for (size_t k : on) level[jobs_[k].request.priority] += Demand(k);
+  double left = 100;
+  for (auto it = level.begin(); it != level.end(); ++it) {
+    double rate = it->second > left ? std::max(0.0, left) / it->second : 1.0;
+    if (std::next(it) != level.end()) rate *= config_.priority_share_efficiency;
+    if (it->first == mine) return rate;
+    left -= it->second * rate;
+  }
+  return 1.0;
+}
+
+void Replay::Rebalance(int64_t key, double now) {
+  const std::vector<size_t>& on = shares_on_[key];
+  for (size_t j : on) {
+    const double rate = RateOf(on, j);
+    State& st = state_[j];
+    if (st.rate == rate) continue;  // its departure stands
+    st.work_left = std::max(0.0, st.work_left - (now - st.since) * st.rate);
+    st.since = now;
+    st.rate = rate;
+    ++st.gen;         // the departure set before no longer counts
+    if (rate <= 0) {  // held back by higher priorities: no departure until it moves
       st.end = std::numeric_limits<double>::infinity();
-      shares_on[st.gpu_key].push_back(i);
-      rebalance(st.gpu_key, now);
-      return;
+      continue;
     }
-    st.end = now + st.remaining;
-    departures.emplace(st.end, i, st.epoch, st.gen);
-  };
-  auto stop = [&](size_t i, double now) {
-    State& st = state[i];
-    st.running = false;
-    --running;
-    allocated_milli -= jobs[i].request.gpu_milli_total();
-    for (int64_t key : st.gpu_keys) add_load(key, -load(i));
-    st.gpu_keys.clear();
-    if (st.gpu_key >= 0) {
-      std::vector<size_t>& on = shares_on[st.gpu_key];
-      on.erase(std::find(on.begin(), on.end(), i));
-      rebalance(st.gpu_key, now);
-      st.gpu_key = -1;
+    st.end = now + st.work_left / rate;
+    departures_.emplace(st.end, j, st.epoch, st.gen);
+  }
+}
+
+void Replay::StartJob(size_t i, double now, const sched::Allocation& a) {
+  last_start_ = std::max(last_start_, now);
+  State& st = state_[i];
+  st.running = true;
+  st.started = now;
+  ++running_;
+  allocated_milli_ += jobs_[i].request.gpu_milli_total();
+  for (int g : a.gpus) {
+    st.gpu_keys.push_back((int64_t{a.node} << 8) | g);
+    AddLoad(st.gpu_keys.back(), Load(i));
+  }
+  if (st.remaining < 0) return;  // runs to the end of the replay
+  // Modelled for a share of one GPU; one of several GPUs runs at its own pace.
+  if (config_.interference && jobs_[i].request.fractional() && a.gpus.size() == 1) {
+    st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
+    st.work_left = st.remaining, st.since = now, st.rate = 0;  // no departure yet
+    st.end = std::numeric_limits<double>::infinity();
+    shares_on_[st.gpu_key].push_back(i);
+    Rebalance(st.gpu_key, now);
+    return;
+  }
+  st.end = now + st.remaining;
+  departures_.emplace(st.end, i, st.epoch, st.gen);
+}
+
+void Replay::StopJob(size_t i, double now) {
+  State& st = state_[i];
+  st.running = false;
+  --running_;
+  allocated_milli_ -= jobs_[i].request.gpu_milli_total();
+  for (int64_t key : st.gpu_keys) AddLoad(key, -Load(i));
+  st.gpu_keys.clear();
+  if (st.gpu_key >= 0) {
+    std::vector<size_t>& on = shares_on_[st.gpu_key];
+    on.erase(std::find(on.begin(), on.end(), i));
+    Rebalance(st.gpu_key, now);
+    st.gpu_key = -1;
+  }
+}
+
+void Replay::Start(const std::string& id, const sched::Allocation& a, double now) {
+  if (config_.record_runs) out_.runs.push_back({id, now, a.node, a.gpus});
+  StartJob(index_of_.at(id), now, a);
+}
+
+void Replay::Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
+                  double now) {
+  for (const std::string& v : victims) {
+    auto victim = index_of_.find(v);
+    if (victim == index_of_.end() || !state_[victim->second].running) continue;
+    // Asked to stop, a job is preempted when it ends, even if it would have finished first: like
+    // the server, which cannot tell a checkpoint-and-exit from a natural end, it starts over.
+    State& vs = state_[victim->second];
+    ++vs.epoch;  // its departure no longer counts
+    const double natural_end = vs.remaining >= 0 ? vs.end : now + config_.stop_latency_s;
+    stops_.emplace(std::min(now + config_.stop_latency_s, natural_end), victim->second, vs.epoch,
+                   0);
+  }
+}
+
+void Replay::Record(double t) {
+  ReplaySample p;
+  p.time = t;
+  p.allocated = capacity_ > 0 ? double(allocated_milli_) / double(capacity_) : 0;
+  p.fragmented_gpus = scheduler_->FragmentedMilli() / core::kMilliPerGpu;
+  p.queued = static_cast<int64_t>(engine_->cycle().size());
+  p.running = running_;
+  p.busy = gpu_count_ > 0 ? std::max(0.0, busy_pct_) / (100 * gpu_count_) : 0;
+  if (!events_.empty() && events_.back().time == t) {
+    events_.back() = p;
+  } else {
+    events_.push_back(p);
+  }
+  // Starts raise allocation only within a step, so the state after it holds the peak.
+  out_.peak_allocated = std::max(out_.peak_allocated, p.allocated);
+  out_.peak_queued = std::max(out_.peak_queued, p.queued);
+}
+
+bool Replay::Depart(double now) {
+  bool any = false;
+  while (!departures_.empty() && std::get<0>(departures_.top()) <= now) {
+    auto [end, i, epoch, gen] = departures_.top();
+    departures_.pop();
+    // Preempted meanwhile, or its end moved (interference).
+    if (epoch != state_[i].epoch || gen != state_[i].gen || !state_[i].running) continue;
+    const SimJob& job = jobs_[i];
+    const double ran = end - state_[i].started;
+    StopJob(i, end);
+    engine_->Ended(job.request.id);
+    state_[i].finished = true;
+    ++out_.finished;
+    if (job.request.fractional() && job.duration > 0) slowdowns_.push_back(ran / job.duration);
+    if (config_.predict) {
+      engine_->history().Add(
+          KindOf(i), ran,
+          job.utilization >= 0 ? std::optional<double>(job.utilization) : std::nullopt);
     }
-  };
-  std::vector<double> slowdowns;
-  std::unordered_map<std::string, size_t> index_of;
-  for (size_t i = 0; i < jobs.size(); ++i) index_of[jobs[i].request.id] = i;
-  executor.start = [&](const std::string& id, const sched::Allocation& a, double now) {
-    if (config.record_runs) out.runs.push_back({id, now, a.node, a.gpus});
-    start(index_of.at(id), now, a);
-  };
-  executor.stop = [&](const std::vector<std::string>& victims, double now) {
-    for (const std::string& v : victims) {
-      auto victim = index_of.find(v);
-      if (victim == index_of.end() || !state[victim->second].running) continue;
-      // Asked to stop, a job is preempted when it ends, even if it would have finished first:
-      // like the server, which cannot tell a checkpoint-and-exit from a natural end, it starts
-      // over.
-      State& vs = state[victim->second];
-      ++vs.epoch;  // its departure no longer counts
-      const double natural_end = vs.remaining >= 0 ? vs.end : now + config.stop_latency_s;
-      stops.emplace(std::min(now + config.stop_latency_s, natural_end), victim->second, vs.epoch,
-                    0);
-    }
-  };
-  auto step = [&](double now) { engine.Step(now); };
-  auto next_time = [](const auto& q) {
+    jcts_.push_back(end - job.submit);
+    jct_by_priority_[job.request.priority].push_back(jcts_.back());
+    if (job.duration >= 1)
+      slowdown_by_priority_[job.request.priority].push_back(jcts_.back() / job.duration);
+    any = true;
+  }
+  return any;
+}
+
+bool Replay::EndStops(double now) {
+  bool any = false;
+  while (!stops_.empty() && std::get<0>(stops_.top()) <= now) {
+    auto [when, i, epoch, gen] = stops_.top();
+    stops_.pop();
+    if (epoch != state_[i].epoch || !state_[i].running) continue;
+    StopJob(i, when);
+    ++state_[i].epoch;
+    state_[i].remaining = jobs_[i].duration;  // a preempted job starts over
+    // Queued again (config.requeue_preempted), under its id and in its place.
+    (void)engine_->Stopped(jobs_[i].request.id, sched::StopCause::kPreempted);
+    ++out_.preemptions;
+    any = true;
+  }
+  return any;
+}
+
+ReplayResult Replay::Run() {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<size_t> order(jobs_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return jobs_[a].submit < jobs_[b].submit; });
+  const double start_time = jobs_.empty() ? 0 : jobs_[order.front()].submit;
+  double horizon = start_time;
+  for (const SimJob& j : jobs_) horizon = std::max(horizon, j.submit + std::max(j.duration, 0.0));
+  last_arrival_ = last_start_ = start_time;
+  auto next_time = [](const Departures& q) {
     return q.empty() ? std::numeric_limits<double>::infinity() : std::get<0>(q.top());
   };
-
   size_t next_arrival = 0;
-  record(start_time);
-  while (next_arrival < order.size() || !departures.empty() || !stops.empty()) {
-    double now = std::min(next_time(departures), next_time(stops));
-    if (next_arrival < order.size()) now = std::min(now, jobs[order[next_arrival]].submit);
-    bool changed = false;
-    while (!departures.empty() && std::get<0>(departures.top()) <= now) {
-      auto [end, i, epoch, gen] = departures.top();
-      departures.pop();
-      // Preempted meanwhile, or its end moved (interference).
-      if (epoch != state[i].epoch || gen != state[i].gen || !state[i].running) continue;
-      const double ran = end - state[i].started;
-      stop(i, end);
-      engine.Ended(jobs[i].request.id);
-      state[i].finished = true;
-      ++out.finished;
-      if (jobs[i].request.fractional() && jobs[i].duration > 0)
-        slowdowns.push_back(ran / jobs[i].duration);
-      if (config.predict) {
-        engine.history().Add(
-            kind_of(i), ran,
-            jobs[i].utilization >= 0 ? std::optional<double>(jobs[i].utilization) : std::nullopt);
-      }
-      jcts.push_back(end - jobs[i].submit);
-      jct_by_priority[jobs[i].request.priority].push_back(jcts.back());
-      if (jobs[i].duration >= 1)
-        slowdown_by_priority[jobs[i].request.priority].push_back(jcts.back() / jobs[i].duration);
-      changed = true;
-    }
-    while (!stops.empty() && std::get<0>(stops.top()) <= now) {
-      auto [when, i, epoch, gen] = stops.top();
-      stops.pop();
-      if (epoch != state[i].epoch || !state[i].running) continue;
-      stop(i, when);
-      ++state[i].epoch;
-      state[i].remaining = jobs[i].duration;  // a preempted job starts over
-      // Queued again (config.requeue_preempted), under its id and in its place.
-      (void)engine.Stopped(jobs[i].request.id, sched::StopCause::kPreempted);
-      ++out.preemptions;
-      changed = true;
-    }
-    while (next_arrival < order.size() && jobs[order[next_arrival]].submit <= now) {
-      last_arrival = jobs[order[next_arrival]].submit;
-      enqueue(order[next_arrival]);
+  Record(start_time);
+  while (next_arrival < order.size() || !departures_.empty() || !stops_.empty()) {
+    double now = std::min(next_time(departures_), next_time(stops_));
+    if (next_arrival < order.size()) now = std::min(now, jobs_[order[next_arrival]].submit);
+    bool changed = Depart(now);
+    changed = EndStops(now) || changed;
+    while (next_arrival < order.size() && jobs_[order[next_arrival]].submit <= now) {
+      last_arrival_ = jobs_[order[next_arrival]].submit;
+      Enqueue(order[next_arrival]);
       ++next_arrival;
       changed = true;
     }
     if (changed) {
-      step(now);
-      record(now);
+      engine_->Step(now);
+      Record(now);
     }
   }
-  const double end_time = std::max(events.back().time, horizon);
+  Summarize(start_time, horizon);
+  out_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::move(out_);
+}
+
+void Replay::Summarize(double start_time, double horizon) {
+  ReplayResult& out = out_;
+  const double end_time = std::max(events_.back().time, horizon);
   out.end_time = end_time;
   out.busy_start = start_time;
-  out.busy_end = std::max({last_arrival, last_start, start_time});
-  out.mean_allocated = Integral(events, start_time, end_time, &ReplaySample::allocated);
-  out.events = std::move(events);
-  const int samples = std::max(config.samples, 2);
+  out.busy_end = std::max({last_arrival_, last_start_, start_time});
+  out.mean_allocated = Integral(events_, start_time, end_time, &ReplaySample::allocated);
+  out.events = std::move(events_);
+  const int samples = std::max(config_.samples, 2);
   out.whole = Resample(out.events, start_time, std::max(end_time, start_time + 1), samples);
   SetBusyPeriod(out, out.busy_start, out.busy_end, samples);
+  std::vector<double> waits;
   std::map<std::string, std::vector<double>> by_size;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    if (state[i].started >= 0) {
-      waits.push_back(state[i].started - jobs[i].submit);
-      by_size[GpuSizeClass(jobs[i].request)].push_back(waits.back());
+  for (size_t i = 0; i < jobs_.size(); ++i) {
+    if (state_[i].started >= 0) {
+      waits.push_back(state_[i].started - jobs_[i].submit);
+      by_size[GpuSizeClass(jobs_[i].request)].push_back(waits.back());
     } else {
       ++out.never_started;
     }
   }
-  for (auto& [size, w] : by_size) out.wait_by_gpus[size] = Summarize(std::move(w));
-  out.queued_at_end = static_cast<int64_t>(cycle.size());
+  for (auto& [size, w] : by_size) out.wait_by_gpus[size] = sim::Summarize(std::move(w));
+  out.queued_at_end = static_cast<int64_t>(engine_->cycle().size());
   std::sort(waits.begin(), waits.end());
   out.waits = waits;
-  out.wait = Summarize(std::move(waits));
-  out.jct = Summarize(std::move(jcts));
-  for (auto& [p, v] : jct_by_priority) out.jct_by_priority[p] = Summarize(std::move(v));
-  for (auto& [p, v] : slowdown_by_priority) out.slowdown_by_priority[p] = Summarize(std::move(v));
-  for (const SimJob& j : jobs) out.utilization_known = out.utilization_known || j.utilization >= 0;
-  if (!slowdowns.empty()) {
+  out.wait = sim::Summarize(std::move(waits));
+  out.jct = sim::Summarize(std::move(jcts_));
+  for (auto& [p, v] : jct_by_priority_) out.jct_by_priority[p] = sim::Summarize(std::move(v));
+  for (auto& [p, v] : slowdown_by_priority_)
+    out.slowdown_by_priority[p] = sim::Summarize(std::move(v));
+  for (const SimJob& j : jobs_) out.utilization_known = out.utilization_known || j.utilization >= 0;
+  if (!slowdowns_.empty()) {
     double sum = 0;
-    for (double x : slowdowns) {
+    for (double x : slowdowns_) {
       sum += x;
       out.share_slowdown_max = std::max(out.share_slowdown_max, x);
     }
-    out.share_slowdown_mean = sum / static_cast<double>(slowdowns.size());
+    out.share_slowdown_mean = sum / static_cast<double>(slowdowns_.size());
   }
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return out;
+}
+
+}  // namespace
+
+ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
+                       const std::vector<sched::TypicalRequest>& typical,
+                       const ReplayConfig& config) {
+  return Replay(nodes, jobs, typical, config).Run();
 }
 
 }  // namespace tessera::sim
