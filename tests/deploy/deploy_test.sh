@@ -60,6 +60,25 @@ if (le.leaderElect) {
   if (name !== "kube-scheduler" && !bound)
     fail("no Role granting get/update of lease " + ns + "/" + name + " bound to " + sa);
 }
+// The agent'"'"'s RBAC patches any node and pod; the admission policy narrows it to its own node and
+// the pods bound there: it must name the agent'"'"'s own service account, cover nodes and pods, and
+// be bound to deny.
+{
+  const ds = docs.find((d) => d && d.kind === "DaemonSet" && d.metadata.name === "tessera-agent");
+  const user = "system:serviceaccount:" + ds.metadata.namespace + ":" + ds.spec.template.spec.serviceAccountName;
+  const vap = docs.find((d) => d && d.kind === "ValidatingAdmissionPolicy" && d.metadata.name === "tessera-agent-own-node");
+  if (!vap) fail("no admission policy narrowing the agent to its own node");
+  if (!(vap.spec.matchConditions || []).some((c) => c.expression.includes(JSON.stringify(user))))
+    fail("the agent policy does not match the agent'"'"'s service account " + user);
+  const rules = vap.spec.matchConstraints.resourceRules;
+  for (const r of ["nodes", "pods"])
+    if (!rules.some((x) => x.resources.includes(r) && x.operations.includes("UPDATE")))
+      fail("the agent policy does not cover updates of " + r);
+  if (!vap.spec.validations.some((v) => v.expression.includes("authentication.kubernetes.io/node-name")))
+    fail("the agent policy does not read the node-name claim");
+  const bind = docs.find((d) => d && d.kind === "ValidatingAdmissionPolicyBinding" && d.spec.policyName === vap.metadata.name);
+  if (!bind || !bind.spec.validationActions.includes("Deny")) fail("the agent policy is not bound to Deny");
+}
 // The agent'"'"'s pod/namespace/container labels arrive as they are (not exported_*).
 const sm = docs.find((d) => d && d.kind === "ServiceMonitor");
 if (!sm.spec.endpoints.every((e) => e.honorLabels === true)) fail("ServiceMonitor endpoints need honorLabels: true");
