@@ -147,12 +147,12 @@ Figures FiguresOf(const sim::ReplayResult& r, double first, double last) {
   f.wait_mean = r.wait.mean;
   f.alloc = sim::MeanAllocatedOver(r, first, last);
   f.busy = sim::MeanBusyOver(r, first, last);
-  // Means over priorities weighted by their counts.
-  auto merge = [&](const std::map<int, sim::Distribution>& by, bool high, double* mean,
-                   double* p95) {
+  // Means over the priorities `keep` takes, weighted by their counts; the highest p95 among them.
+  auto merge = [](const std::map<int, sim::Distribution>& by, auto keep, double* mean,
+                  double* p95) {
     double sum = 0, n = 0, worst = 0;
     for (const auto& [p, d] : by) {
-      if ((p >= 2) != high) continue;
+      if (!keep(p)) continue;
       sum += d.mean * double(d.count);
       n += double(d.count);
       worst = std::max(worst, d.p95);
@@ -160,13 +160,13 @@ Figures FiguresOf(const sim::ReplayResult& r, double first, double last) {
     *mean = n > 0 ? sum / n : 0;
     if (p95 != nullptr) *p95 = worst;
   };
-  merge(r.slowdown_by_priority, true, &f.high_slow, &f.high_slow_p95);
-  double low = 0, high_n = 0, low_n = 0;
-  for (const auto& [p, d] : r.slowdown_by_priority) (p >= 2 ? high_n : low_n) += double(d.count);
-  merge(r.slowdown_by_priority, false, &low, nullptr);
-  f.slow = high_n + low_n > 0 ? (f.high_slow * high_n + low * low_n) / (high_n + low_n) : 0;
-  merge(r.slowdown_by_priority, false, &f.low_slow, nullptr);
-  merge(r.jct_by_priority, false, &f.low_jct, nullptr);
+  auto high = [](int p) { return p >= 2; };
+  auto low = [](int p) { return p < 2; };
+  merge(r.slowdown_by_priority, high, &f.high_slow, &f.high_slow_p95);
+  merge(r.slowdown_by_priority, low, &f.low_slow, nullptr);
+  merge(
+      r.slowdown_by_priority, [](int) { return true; }, &f.slow, nullptr);
+  merge(r.jct_by_priority, low, &f.low_jct, nullptr);
   f.share_slow = r.share_slowdown_mean;
   f.preemptions = double(r.preemptions);
   return f;

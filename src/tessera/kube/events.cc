@@ -1,7 +1,6 @@
 #include "tessera/kube/events.h"
 
 #include <algorithm>
-#include <cmath>
 #include <ctime>
 
 #include "fmt/format.h"
@@ -31,12 +30,11 @@ std::string Cut(std::string_view s, size_t n) {
   return std::string(s.substr(0, end));
 }
 
-std::string EscapePath(const std::string& s) { return QueryEscape(s); }
-
 }  // namespace
 
 std::string EventRecorder::EventsPath(const std::string& ns) {
-  return "/apis/events.k8s.io/v1/namespaces/" + EscapePath(ns.empty() ? "default" : ns) + "/events";
+  return "/apis/events.k8s.io/v1/namespaces/" + QueryEscape(ns.empty() ? "default" : ns) +
+         "/events";
 }
 
 nlohmann::json EventRecorder::EventObject(const ObjectRef& regarding, std::string_view type,
@@ -128,7 +126,7 @@ void EventRecorder::Record(const ObjectRef& regarding, std::string_view type,
              EventObject(regarding, type, reason, action, note, options_, now), false, key});
     return;
   }
-  Enqueue({EventsPath(s.event_ns) + "/" + EscapePath(s.event_name),
+  Enqueue({EventsPath(s.event_ns) + "/" + QueryEscape(s.event_name),
            {{"series", {{"count", s.count}, {"lastObservedTime", MicroTime(now)}}}},
            true,
            key});
