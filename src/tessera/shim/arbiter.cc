@@ -553,7 +553,7 @@ bool Arbiter::KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, Dr
   return false;
 }
 
-void Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
+bool Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
   ArbiterGpu& g = data_->gpus[gpu];
   ArbiterJob& me = g.jobs[self];
   bool around = false;
@@ -565,7 +565,12 @@ void Arbiter::Bound(int gpu, int self, uint64_t now, DrainFn drain) {
   }
   bounded_[gpu].store(around, std::memory_order_relaxed);
   if (around) DrainAsSync(gpu, drain);
-  me.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+  now = NowMicros();
+  me.last_launch_us.store(now, std::memory_order_relaxed);
+  if (!around) return true;
+  // The higher-priority job may have taken the GPU while this one drained.
+  const uint64_t lease = data_->gpus[gpu].lease.load(std::memory_order_acquire);
+  return Holder(lease) == self && now < End(lease);
 }
 
 bool Arbiter::Recovered() {
@@ -599,9 +604,19 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   uint64_t now = NowMicros();
   uint64_t lease = g.lease.load(std::memory_order_acquire);
   if (Holder(lease) == self && now < End(lease)) {  // the fast path: holding the GPU
-    if (bounded_[gpu].load(std::memory_order_relaxed)) DrainAsSync(gpu, drain);
-    g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
-    return;
+    if (!bounded_[gpu].load(std::memory_order_relaxed)) {
+      g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
+      return;
+    }
+    // A job of higher priority is around: the one launch in flight drains first, and the GPU may
+    // have been taken meanwhile (then this launch waits for it like any other).
+    DrainAsSync(gpu, drain);
+    now = NowMicros();
+    lease = g.lease.load(std::memory_order_acquire);
+    if (Holder(lease) == self && now < End(lease)) {
+      g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
+      return;
+    }
   }
   // Past a slice (at least every slice_us while launching): the file replaced, the copy is
   // followed (the same address, perhaps another slot).
@@ -618,13 +633,15 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     now = NowMicros();
     lease = g.lease.load(std::memory_order_acquire);
     if (Holder(lease) == self) {
-      if (now < End(lease) || KeepOrHandOver(gpu, self, now, lease, drain)) break;
+      if ((now < End(lease) || KeepOrHandOver(gpu, self, now, lease, drain)) &&
+          Bound(gpu, self, now, drain)) {
+        break;
+      }
       continue;
     }
-    if (TryTake(gpu, self, now, lease, counted)) break;
+    if (TryTake(gpu, self, now, lease, counted) && Bound(gpu, self, now, drain)) break;
     SleepMicros(config_.poll_us);
   }
-  Bound(gpu, self, now, drain);
 }
 
 void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
@@ -693,6 +710,8 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
     }
     SleepMicros(config_.poll_us);
   }
+  // A gang that lost this GPU while it drained launches anyway: it takes its GPUs together, and
+  // waiting here for the one again would hold the others idle.
   Bound(gpu, slots[gpu], now, drain);
 }
 

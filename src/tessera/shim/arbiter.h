@@ -152,8 +152,9 @@ class Arbiter {
   bool Recovered();
   // Runs `drain` counted as inside a synchronize on `gpu` (not idle while it waits).
   void DrainAsSync(int gpu, DrainFn drain);
-  // Holding the GPU: whether a job of higher priority is around (then one launch in flight).
-  void Bound(int gpu, int self, uint64_t now, DrainFn drain);
+  // Holding the GPU: whether a job of higher priority is around (then one launch in flight: its
+  // queued work drains first). False when the GPU was taken from it meanwhile: the launch waits.
+  bool Bound(int gpu, int self, uint64_t now, DrainFn drain);
   // Charges the GPU time from the lease's start until `until` (the end of the job's activity: idle
   // time is never charged); the next charge starts at `now`.
   void Charge(ArbiterJob& j, uint64_t until, uint64_t now) const;

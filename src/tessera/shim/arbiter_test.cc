@@ -277,6 +277,50 @@ TEST(Arbiter, IdleTimeIsNeverChargedAndBanksNoCredit) {
   unlink(path.c_str());
 }
 
+// What the drain of a bounded low-priority launch does in the test below: the high-priority job
+// comes back and takes the GPU while the low one waits for its kernel in flight (once).
+Arbiter* g_high = nullptr;
+int g_high_takes = 0;
+bool g_high_held = false;
+void HighTakesTheGpuOnce() {
+  if (g_high_takes++ != 0) return;
+  g_high->BeforeLaunch(0, nullptr);
+  g_high_held =
+      (g_high->data()->gpus[0].lease.load() >> 48) - 1 == static_cast<uint64_t>(g_high->Slot(0));
+}
+
+TEST(Arbiter, ALowJobOutrankedWhileItDrainsDoesNotLaunchOnTheTakenGpu) {
+  const std::string path = TempFile("outranked");
+  unlink(path.c_str());
+  char err[256];
+  ArbiterConfig lc = Fast(), hc = Fast();
+  lc.priority = 0;
+  hc.priority = 10;
+  std::unique_ptr<Arbiter> low(Arbiter::Attach(path.c_str(), 1, lc, err, sizeof err));
+  std::unique_ptr<Arbiter> high(Arbiter::Attach(path.c_str(), 2, hc, err, sizeof err));
+  ASSERT_TRUE(low && high) << err;
+  g_high = high.get();
+  const ArbiterGpu& g = low->data()->gpus[0];
+  auto holder = [&] { return static_cast<int>(g.lease.load() >> 48) - 1; };
+  // The high job used the GPU a moment ago, so the low one is bounded: before each launch it
+  // drains its work in flight. High comes back in that drain (the slow path: low just took the GPU
+  // from the idle high job): low's launch waits until high has gone idle again, then holds it.
+  high->BeforeLaunch(0, nullptr);
+  g_high_takes = 0, g_high_held = false;
+  low->BeforeLaunch(0, HighTakesTheGpuOnce);
+  EXPECT_TRUE(g_high_held) << "the high job did not take the GPU in the drain";
+  EXPECT_EQ(g_high_takes, 2) << "drained, outranked, waited, took the GPU back and drained again";
+  EXPECT_EQ(holder(), low->Slot(0)) << "launched while the higher-priority job held the GPU";
+  // The same on the fast path: low holds its lease when high comes back in its drain.
+  g_high_takes = 0, g_high_held = false;
+  low->BeforeLaunch(0, HighTakesTheGpuOnce);
+  EXPECT_TRUE(g_high_held);
+  EXPECT_EQ(g_high_takes, 2);
+  EXPECT_EQ(holder(), low->Slot(0)) << "launched while the higher-priority job held the GPU";
+  g_high = nullptr;
+  unlink(path.c_str());
+}
+
 TEST(Arbiter, RefusesAnotherFile) {
   std::string path = TempFile("bad");
   FILE* f = fopen(path.c_str(), "w");
