@@ -81,15 +81,14 @@ bpf_insn Insn(uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) 
   return i;
 }
 
-// A BPF_PROG_TYPE_CGROUP_DEVICE program that returns 1 (allow) for an access one of `rules`
-// covers and 0 (refuse) otherwise. The context (struct bpf_cgroup_dev_ctx) is access_type (type in
-// the high 16 bits, BPF_DEVCG_ACC_* in the low), major, minor.
+}  // namespace
+
 std::vector<bpf_insn> DeviceProgram(const std::vector<DeviceRule>& rules) {
   std::vector<bpf_insn> p;
   p.push_back(Insn(BPF_LDX | BPF_W | BPF_MEM, BPF_REG_2, BPF_REG_1, 0, 0));  // r2 = access_type
   p.push_back(Insn(BPF_ALU64 | BPF_MOV | BPF_X, BPF_REG_3, BPF_REG_2, 0, 0));
-  p.push_back(Insn(BPF_ALU64 | BPF_AND | BPF_K, BPF_REG_3, 0, 0, 0xffff));   // r3 = access
-  p.push_back(Insn(BPF_ALU64 | BPF_RSH | BPF_K, BPF_REG_2, 0, 0, 16));       // r2 = type
+  p.push_back(Insn(BPF_ALU64 | BPF_RSH | BPF_K, BPF_REG_3, 0, 0, 16));       // r3 = access
+  p.push_back(Insn(BPF_ALU64 | BPF_AND | BPF_K, BPF_REG_2, 0, 0, 0xffff));   // r2 = type
   p.push_back(Insn(BPF_LDX | BPF_W | BPF_MEM, BPF_REG_4, BPF_REG_1, 4, 0));  // r4 = major
   p.push_back(Insn(BPF_LDX | BPF_W | BPF_MEM, BPF_REG_5, BPF_REG_1, 8, 0));  // r5 = minor
   for (const DeviceRule& r : rules) {
@@ -125,6 +124,8 @@ std::vector<bpf_insn> DeviceProgram(const std::vector<DeviceRule>& rules) {
   p.push_back(Insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0));
   return p;
 }
+
+namespace {
 
 // Loads the program for `rules`; its fd, or an error with the verifier's reason.
 absl::StatusOr<int> LoadDeviceProgram(const std::vector<DeviceRule>& rules) {

@@ -13,6 +13,7 @@
 // server's own cgroup (<its cgroup>/<name>/job-<id>): a delegated subtree, so that the server
 // needs no systemd API and a unit with Delegate=yes works as is (docs/server.md).
 
+#include <linux/bpf.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -41,6 +42,12 @@ struct DeviceRule {
 std::vector<DeviceRule> BaseDeviceRules();
 // A rule for the character device at `path` (its major:minor); nullopt when it is not one.
 std::optional<DeviceRule> RuleFor(const std::string& path);
+// The cgroup2 form of `rules`: a BPF_PROG_TYPE_CGROUP_DEVICE program that returns 1 (allow) for an
+// access one of them covers and 0 (refuse) otherwise. Its context (struct bpf_cgroup_dev_ctx) is
+// access_type, major, minor, where the kernel packs access_type as (access << 16) | type: the
+// BPF_DEVCG_DEV_* type in the low 16 bits, the BPF_DEVCG_ACC_* access in the high
+// (__cgroup_bpf_check_dev_permission, kernel/bpf/cgroup.c).
+std::vector<bpf_insn> DeviceProgram(const std::vector<DeviceRule>& rules);
 
 struct CgroupLimits {
   std::vector<DeviceRule> devices;  // what the job may open; every other device is refused

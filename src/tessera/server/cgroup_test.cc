@@ -133,5 +133,82 @@ TEST(DeviceRules, AreWrittenAsTheDevicesControllerReadsThem) {
   EXPECT_FALSE(RuleFor("/nonexistent").has_value());
 }
 
+// Runs a device program as the kernel does for an access (__cgroup_bpf_check_dev_permission in
+// kernel/bpf/cgroup.c: ctx.access_type = (access << 16) | dev_type, then major, minor): the few
+// instructions DeviceProgram emits, with the BPF semantics of each (64-bit registers, immediates
+// sign-extended). Anything else fails the test.
+int RunDeviceProgram(const std::vector<bpf_insn>& p, int type, uint32_t major, uint32_t minor,
+                     int access) {
+  const uint32_t ctx[3] = {(static_cast<uint32_t>(access) << 16) | static_cast<uint16_t>(type),
+                           major, minor};
+  uint64_t r[MAX_BPF_REG] = {};
+  for (size_t pc = 0; pc < p.size(); ++pc) {
+    const bpf_insn& i = p[pc];
+    const auto imm = static_cast<uint64_t>(static_cast<int64_t>(i.imm));
+    switch (i.code) {
+      case BPF_LDX | BPF_W | BPF_MEM:
+        if (i.src_reg != BPF_REG_1 || i.off < 0 || i.off > 8 || i.off % 4 != 0) {
+          ADD_FAILURE() << "a load outside the context at " << pc;
+          return -1;
+        }
+        r[i.dst_reg] = ctx[i.off / 4];
+        break;
+      case BPF_ALU64 | BPF_MOV | BPF_X:
+        r[i.dst_reg] = r[i.src_reg];
+        break;
+      case BPF_ALU64 | BPF_MOV | BPF_K:
+        r[i.dst_reg] = imm;
+        break;
+      case BPF_ALU64 | BPF_AND | BPF_K:
+        r[i.dst_reg] &= imm;
+        break;
+      case BPF_ALU64 | BPF_RSH | BPF_K:
+        r[i.dst_reg] >>= i.imm;
+        break;
+      case BPF_JMP | BPF_JNE | BPF_K:
+        if (r[i.dst_reg] != imm) pc += static_cast<size_t>(i.off);
+        break;
+      case BPF_JMP | BPF_EXIT:
+        return static_cast<int>(r[BPF_REG_0]);
+      default:
+        ADD_FAILURE() << "instruction " << int{i.code} << " at " << pc;
+        return -1;
+    }
+  }
+  ADD_FAILURE() << "ran off the end";
+  return -1;
+}
+
+TEST(DeviceRules, TheCgroup2ProgramAllowsWhatTheRulesAllowAsTheKernelAsks) {
+  std::vector<DeviceRule> rules = BaseDeviceRules();
+  rules.push_back({'c', 195, 255, "rwm"});  // nvidiactl
+  rules.push_back({'c', 195, 0, "rwm"});    // the job's GPU
+  rules.push_back({'c', 508, 0, "rwm"});    // nvidia-uvm (a dynamic major)
+  const std::vector<bpf_insn> p = DeviceProgram(rules);
+  constexpr int kChar = BPF_DEVCG_DEV_CHAR, kBlock = BPF_DEVCG_DEV_BLOCK;
+  constexpr int kR = BPF_DEVCG_ACC_READ, kW = BPF_DEVCG_ACC_WRITE, kM = BPF_DEVCG_ACC_MKNOD;
+  // What CUDA opens (read-write), and /dev/null every way.
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 195, 255, kR | kW), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 195, 0, kR | kW), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 508, 0, kR | kW), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 1, 3, kR | kW), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 1, 3, kW), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 1, 3, kR), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 136, 7, kR | kW), 1) << "a pseudo-terminal";
+  // Another GPU, a device of no rule, a block device: refused; creating any node is allowed.
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 195, 1, kR | kW), 0);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 195, 1, kR), 0);
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 4, 1, kR), 0);
+  EXPECT_EQ(RunDeviceProgram(p, kBlock, 8, 0, kR), 0);
+  EXPECT_EQ(RunDeviceProgram(p, kBlock, 195, 0, kR | kW), 0) << "a block device of a char's number";
+  EXPECT_EQ(RunDeviceProgram(p, kChar, 195, 1, kM), 1);
+  EXPECT_EQ(RunDeviceProgram(p, kBlock, 8, 0, kM), 1);
+  // A rule without write: reading passes, writing does not.
+  const std::vector<bpf_insn> ro = DeviceProgram({{'c', 10, 200, "r"}});
+  EXPECT_EQ(RunDeviceProgram(ro, kChar, 10, 200, kR), 1);
+  EXPECT_EQ(RunDeviceProgram(ro, kChar, 10, 200, kR | kW), 0);
+  EXPECT_EQ(RunDeviceProgram(ro, kChar, 10, 200, kM), 0);
+}
+
 }  // namespace
 }  // namespace tessera::server
