@@ -87,6 +87,44 @@ const board = JSON.parse(dash.data["tessera.json"]);
 if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has too few panels");
 ' "$here" "$tmp/rendered.yaml"
 
+# The agent on a real GPU node (docs/kubernetes.md, "Node prerequisites"): the host's driver root
+# mounted read-only where --driver-root says; with the toolkit's runtime class and every GPU asked
+# of it (base), or privileged without a runtime class (the cdi-node component, rendered through an
+# overlay as a user's would be, and validated like the rest).
+mkdir -p "$tmp/cdi-node"
+cp -r "$src/deploy" "$tmp/cdi-node/deploy"
+printf 'resources:\n  - deploy\ncomponents:\n  - deploy/components/cdi-node\n' >"$tmp/cdi-node/kustomization.yaml"
+kubectl kustomize "$tmp/cdi-node" >"$tmp/cdi-node.yaml"
+node "$here/validate.js" <"$tmp/cdi-node.yaml" >"$tmp/validate-cdi.txt" || { cat "$tmp/validate-cdi.txt"; fail "invalid objects with the cdi-node component"; }
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const fs = require("fs");
+const agentOf = (f) => yaml.loadAll(fs.readFileSync(f, "utf8")).find((d) => d && d.kind === "DaemonSet" && d.metadata.name === "tessera-agent");
+const fail = (m) => { console.error("deploy_test: agent: " + m); process.exit(1); };
+for (const [f, toolkit] of [[process.argv[2], true], [process.argv[3], false]]) {
+  const pod = agentOf(f).spec.template.spec, c = pod.containers[0];
+  const arg = c.args.find((a) => a.startsWith("--driver-root="));
+  if (!arg) fail("no --driver-root");
+  const at = arg.split("=")[1];
+  const m = c.volumeMounts.find((v) => v.mountPath === at);
+  const vol = m && pod.volumes.find((v) => v.name === m.name);
+  if (!vol || !vol.hostPath || vol.hostPath.path !== "/" || m.readOnly !== true)
+    fail("--driver-root " + at + " is not the host'"'"'s / mounted read-only");
+  if (m.mountPropagation !== "HostToContainer") fail("the driver root does not follow the host'"'"'s mounts");
+  const env = Object.fromEntries((c.env || []).map((e) => [e.name, e.value]));
+  if (toolkit) {
+    if (pod.runtimeClassName !== "nvidia") fail("base: no runtimeClassName nvidia");
+    if (env.NVIDIA_VISIBLE_DEVICES !== "all" || !(env.NVIDIA_DRIVER_CAPABILITIES || "").includes("utility"))
+      fail("base: the toolkit is not asked for every GPU and NVML (utility)");
+    if (c.securityContext.privileged !== false) fail("base: privileged");
+  } else {
+    if ("runtimeClassName" in pod) fail("cdi-node: still names a runtime class");
+    if (c.securityContext.privileged !== true || c.securityContext.allowPrivilegeEscalation !== true)
+      fail("cdi-node: the agent cannot open /dev/nvidia* unprivileged without the toolkit");
+  }
+}
+' "$here" "$tmp/rendered.yaml" "$tmp/cdi-node.yaml"
+
 # The Helm chart renders the same objects as kustomize: its templates are deploy/base with the
 # image and namespace as values (scripts/helm-sync writes them); compare after substitution.
 chart="$src/deploy/helm/tessera"
@@ -98,7 +136,9 @@ for f in "$src"/deploy/base/*.yaml; do
   [ "$(basename "$f")" = namespace.yaml ] && continue
   t="$chart/templates/$(basename "$f")"
   [ -f "$t" ] || fail "the chart has no template for $(basename "$f")"
-  sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' "$t" >"$tmp/chart.yaml"
+  sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' \
+      -e 's/{{ .Values.agent.runtimeClassName }}/nvidia/' \
+      -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
 # The chart's dashboard is deploy/grafana's (the one tests/e2e checks against a real Prometheus).

@@ -39,6 +39,8 @@ using Plugins = std::map<std::string, FakeKubelet::Plugin>;
 constexpr char kGpu[] = "tessera.io/gpu";
 constexpr char kShare[] = "tessera.io/gpu-share";
 
+constexpr char kFakeNvml[] = TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1";
+
 std::string Uuid(int i) { return "GPU-00000000-0000-0000-0000-00000000000" + std::to_string(i); }
 
 class AgentE2e : public ::testing::Test {
@@ -76,15 +78,17 @@ class AgentE2e : public ::testing::Test {
       kubelet_ = std::make_unique<FakeKubelet>(dir_ + "/dp", dir_ + "/pr/kubelet.sock");
     kubelet_->Start();
   }
-  void StartAgent(const std::string& extra = "") {
+  // `nvml`: the library named with --nvml-library; empty: none named (the driver root's).
+  void StartAgent(const std::string& extra = "", const std::string& nvml = kFakeNvml) {
     // Hermetic: no API server unless a test names one with --kubeconfig.
-    std::string cmd = std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; FAKE_NVML_SCENARIO=") +
+    std::string cmd = std::string(
+                          "unset KUBECONFIG KUBERNETES_SERVICE_HOST TESSERA_NVML_LIBRARY; "
+                          "FAKE_NVML_SCENARIO=") +
                       dir_ + "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
-                      " agent --nvml-library " TESSERA_TEST_FAKES_DIR
-                      "/nvml-full/libnvidia-ml.so.1 --node-name node-a --device-plugin-dir " +
-                      dir_ + "/dp --pod-resources-socket " + dir_ +
-                      "/pr/kubelet.sock --state-dir " + dir_ + "/state --cdi-dir " + dir_ +
-                      "/cdi --metrics-address '' " +
+                      " agent " + (nvml.empty() ? "" : "--nvml-library " + nvml) +
+                      " --node-name node-a --device-plugin-dir " + dir_ +
+                      "/dp --pod-resources-socket " + dir_ + "/pr/kubelet.sock --state-dir " +
+                      dir_ + "/state --cdi-dir " + dir_ + "/cdi --metrics-address '' " +
                       "--shares-per-gpu 4 --health-recovery 0.5 --health-probe 0.1 " + extra +
                       " >>" + dir_ + "/agent.log 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
@@ -244,6 +248,63 @@ TEST_F(AgentE2e, AKubeletThatIsNotUpYetIsWaitedFor) {
   EXPECT_TRUE(fs::exists(dir_ + "/dp/tessera-gpu.sock")) << Log();
   StartKubelet();
   ASSERT_TRUE(WaitRegistered(2)) << Log();
+}
+
+// A host's driver as the agent's container sees it: mounted at <dir>/root (the DaemonSet's
+// --driver-root), the GPU operator's containerized driver (/run/nvidia/driver on the host).
+TEST_F(AgentE2e, TheDriverRootGivesNvmlAndTheCdiSpecNamesItsHostPaths) {
+  const std::string root = dir_ + "/root", lib = root + "/usr/lib/x86_64-linux-gnu";
+  fs::create_directories(lib);
+  fs::create_directories(root + "/usr/bin");
+  fs::copy_file(kFakeNvml, lib + "/libnvidia-ml.so.1");
+  std::ofstream(lib + "/libcuda.so.1") << "x";
+  std::ofstream(root + "/usr/bin/nvidia-smi") << "x";
+  StartKubelet();
+  StartAgent("--driver-root " + root + " --host-driver-root /run/nvidia/driver", /*nvml=*/"");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  EXPECT_THAT(Log(), HasSubstr("NVML from the driver root: " + lib + "/libnvidia-ml.so.1"));
+  const std::string text = tessera::test::ReadFile(dir_ + "/cdi/tessera.io-gpu.json");
+  std::map<std::string, std::string> mounts;  // container path -> host path
+  const nlohmann::json spec = nlohmann::json::parse(text);
+  for (const auto& m : spec["containerEdits"]["mounts"])
+    mounts[m["containerPath"].get<std::string>()] = m["hostPath"].get<std::string>();
+  for (const char* p : {"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                        "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/bin/nvidia-smi"}) {
+    EXPECT_EQ(mounts[p], std::string("/run/nvidia/driver") + p) << text;
+  }
+  EXPECT_EQ(mounts.size(), 3u) << text;
+  EXPECT_EQ(text.find(dir_), std::string::npos) << "a path of the agent's container: " << text;
+}
+
+TEST_F(AgentE2e, WithoutADriverItSaysSoTriesAgainAndStartsWhenItComes) {
+  const std::string root = dir_ + "/root", lib = root + "/usr/lib/x86_64-linux-gnu";
+  fs::create_directories(lib);
+  auto wait_log = [&](const std::string& what) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (Log().find(what) == std::string::npos && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return Log().find(what) != std::string::npos;
+  };
+  // A stop while it waits for the driver ends it at once, cleanly.
+  StartAgent("--driver-root " + root, /*nvml=*/"");
+  ASSERT_TRUE(wait_log("trying again in 1 s")) << Log();
+  EXPECT_THAT(Log(), HasSubstr("no NVIDIA driver"));
+  EXPECT_THAT(Log(), HasSubstr("nor in the driver root " + root));
+  kill(pid_, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid_, &status, 0), pid_);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_THAT(Log(), HasSubstr("stopping before the driver was found"));
+  // Again; the driver comes (the GPU operator installed it) while the agent waits.
+  fs::remove(dir_ + "/agent.log");
+  StartKubelet();
+  StartAgent("--driver-root " + root, /*nvml=*/"");
+  ASSERT_TRUE(wait_log("trying again in 1 s")) << Log();
+  EXPECT_EQ(kubelet_->registrations(), 0);
+  fs::copy_file(kFakeNvml, lib + "/libnvidia-ml.so.1");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  EXPECT_THAT(Log(), HasSubstr("NVML from the driver root"));
 }
 
 TEST_F(AgentE2e, AnAgentRestartKeepsEveryAllocationAndRegion) {

@@ -22,19 +22,40 @@ Agent::~Agent() { Stop(); }
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   std::unique_ptr<Agent> a(new Agent(std::move(options)));
   AgentOptions& o = a->options_;
+  // NVML: the library named (flag or $TESSERA_NVML_LIBRARY), else the driver root's, else the one
+  // the dynamic loader finds (injected by the NVIDIA container toolkit).
+  const char* env = getenv("TESSERA_NVML_LIBRARY");
+  std::string not_in_root;
+  if (o.source.simulate.empty() && o.source.nvml_library.empty() && (env == nullptr || !*env)) {
+    if (std::string nvml = devices::FindDriverLibrary(o.driver, "libnvidia-ml.so.1");
+        !nvml.empty()) {
+      o.source.nvml_library = nvml;
+      spdlog::info("NVML from the driver root: {}", nvml);
+    } else {
+      not_in_root = fmt::format(" (nor in the driver root {})", o.driver.root);
+    }
+  }
+  // A driver that is not there (yet: the GPU operator may still be installing it) or not usable
+  // is kUnavailable: the caller may try again.
   auto opened = devices::OpenDeviceSource(o.source);
-  if (!opened.ok()) return opened.status();
+  if (!opened.ok()) {
+    return absl::UnavailableError(fmt::format("cannot read this node's GPUs: {}{}",
+                                              std::string(opened.status().message()), not_in_root));
+  }
   if (!opened->fallback_reason.empty()) {
     spdlog::warn("{}: using a simulated machine", opened->fallback_reason);
   }
   a->source_ = std::move(opened->source);
   auto inventory = a->source_->Discover();
-  if (!inventory.ok()) return inventory.status();
+  if (!inventory.ok()) {
+    return absl::UnavailableError(
+        fmt::format("cannot read this node's GPUs: {}", std::string(inventory.status().message())));
+  }
   if (o.node_name.empty()) o.node_name = inventory->hostname;
   spdlog::info("node {}: {} GPU(s) from {}", o.node_name, inventory->gpus.size(),
                inventory->source);
 
-  o.plugin.driver_files = devices::FindDriverFiles(*inventory);
+  o.plugin.driver_files = devices::FindDriverFiles(*inventory, o.driver);
   if (!o.cdi_dir.empty()) {
     auto path =
         devices::WriteCdiSpec(o.cdi_dir, devices::BuildCdiSpec(*inventory, o.plugin.driver_files));

@@ -20,6 +20,7 @@
 #include "tessera/agent/plugin_server.h"
 #include "tessera/agent/pod_resources.h"
 #include "tessera/core/mutex.h"
+#include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 #include "tessera/kube/events.h"
@@ -39,6 +40,10 @@ struct AgentOptions {
   // their IDs.
   std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::string cdi_dir = "/var/run/cdi";  // empty: no CDI spec written
+  // Where the host's driver is (its libraries and tools for the CDI spec, NVML when no library is
+  // named): root, the folder it is mounted at in this container; host_root, what that is on the
+  // host. Device nodes come from this container's /dev (the host's).
+  devices::DriverSearch driver{.dev_root = "/"};
   // /metrics on TCP ("0.0.0.0:9400", ":0" for any port); empty: only on <state_dir>/agent.sock.
   std::string metrics_address = "0.0.0.0:9400";
   devices::HealthPolicy health;

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <ctime>
 
 #include "spdlog/spdlog.h"
 #include "tessera/agent/agent.h"
@@ -20,6 +22,7 @@ struct AgentFlags {
   double reconcile_s = 10;
   double release_grace_s = 60;
   bool no_shares = false;
+  double driver_retry_s = 60;
   bool no_api_server = false;
   double label_resync_s = 60;
 };
@@ -43,7 +46,26 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.label_resync = std::chrono::milliseconds(static_cast<int64_t>(f.label_resync_s * 1000));
   // Stop on SIGTERM/SIGINT, taken synchronously; the agent's threads never see them.
   sigset_t set = BlockStopSignals();
+  // Without a usable driver (not installed yet, the container not given it) the agent says so and
+  // tries again, 1 s after the first failure, doubling up to f.driver_retry_s; a stop signal ends
+  // the wait.
   auto a = agent::Agent::Start(o);
+  for (double wait_s = 1;
+       !a.ok() && a.status().code() == absl::StatusCode::kUnavailable && f.driver_retry_s > 0;
+       wait_s = std::min(2 * wait_s, f.driver_retry_s)) {
+    wait_s = std::min(wait_s, f.driver_retry_s);
+    spdlog::warn(
+        "{}; is the NVIDIA driver installed on this node and reachable from the agent "
+        "(docs/kubernetes.md, \"Node prerequisites\")? trying again in {:g} s",
+        std::string(a.status().message()), wait_s);
+    const timespec t{static_cast<time_t>(wait_s),
+                     static_cast<long>((wait_s - static_cast<time_t>(wait_s)) * 1e9)};
+    if (const int sig = sigtimedwait(&set, nullptr, &t); sig > 0) {
+      spdlog::info("signal {}: stopping before the driver was found", sig);
+      return kExitOk;
+    }
+    a = agent::Agent::Start(o);
+  }
   if (!a.ok()) {
     err << "tessera: " << a.status().message() << "\n";
     return a.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure;
@@ -78,6 +100,19 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
   a->add_option(
       "--nvml-library", f.o.source.nvml_library,
       "The NVML library to load (default: $TESSERA_NVML_LIBRARY, else libnvidia-ml.so.1)");
+  a->add_option("--driver-root", f.o.driver.root,
+                "Where the host's NVIDIA driver root is mounted in this container (the host's / "
+                "or the GPU operator's /run/nvidia/driver): its libraries and tools go into the "
+                "CDI spec, and NVML is loaded from it unless --nvml-library names one")
+      ->capture_default_str();
+  a->add_option("--host-driver-root", f.o.driver.host_root,
+                "What --driver-root is on the host: the CDI spec's host paths are under it")
+      ->capture_default_str();
+  a->add_option("--driver-retry", f.driver_retry_s,
+                "Without a usable driver, try again after 1 s, doubling up to this many seconds; "
+                "0: exit at once")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
   a->add_option("--device-plugin-dir", f.o.server.plugin_dir,
                 "The kubelet's device-plugin folder (our sockets go there; kubelet.sock in it)")
       ->capture_default_str();

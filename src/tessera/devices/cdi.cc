@@ -67,14 +67,21 @@ std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs,
 
 }  // namespace
 
+std::string FindDriverLibrary(const DriverSearch& search, const std::string& soname) {
+  const std::string p = FindIn(search, search.library_dirs, soname);
+  return p.empty() ? "" : Under(search.root, p);
+}
+
 DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSearch& search) {
   DriverFiles f;
+  f.host_root = search.host_root.empty() ? "/" : search.host_root;
+  const std::string& dev = search.dev_root.empty() ? search.root : search.dev_root;
   for (const core::Gpu& g : inventory.gpus) {
     std::string node = g.minor ? fmt::format("/dev/nvidia{}", *g.minor) : "";
-    f.gpu_nodes.push_back(!node.empty() && IsCharDevice(Under(search.root, node)) ? node : "");
+    f.gpu_nodes.push_back(!node.empty() && IsCharDevice(Under(dev, node)) ? node : "");
   }
   for (const char* n : kControlNodes) {
-    if (IsCharDevice(Under(search.root, n))) f.control_nodes.push_back(n);
+    if (IsCharDevice(Under(dev, n))) f.control_nodes.push_back(n);
   }
   std::set<std::string> seen;
   auto add = [&](const std::string& p) {
@@ -129,8 +136,9 @@ std::string BuildCdiSpec(const core::NodeInventory& inventory, const DriverFiles
   if (!files.mounts.empty()) {
     common["mounts"] = ordered_json::array();
     for (const std::string& m : files.mounts) {
-      common["mounts"].push_back(
-          {{"hostPath", m}, {"containerPath", m}, {"options", {"ro", "nosuid", "nodev", "bind"}}});
+      common["mounts"].push_back({{"hostPath", Under(files.host_root, m)},
+                                  {"containerPath", m},
+                                  {"options", {"ro", "nosuid", "nodev", "bind"}}});
     }
   }
   if (!common.empty()) spec["containerEdits"] = common;

@@ -34,9 +34,11 @@ class CdiTest : public ::testing::Test {
 
   // A character device at `path` under the root: a link to /dev/null (tests cannot mknod).
   void CharDevice(const std::string& path) {
+    fs::create_directories((root_ / fs::path(path).relative_path()).parent_path());
     fs::create_symlink("/dev/null", root_ / fs::path(path).relative_path());
   }
   void File(const std::string& path) {
+    fs::create_directories((root_ / fs::path(path).relative_path()).parent_path());
     std::ofstream(root_ / fs::path(path).relative_path()) << "x";
   }
 
@@ -78,6 +80,39 @@ TEST_F(CdiTest, FindsOnlyTheDriverFilesThatExist) {
                                     "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
                                     "/usr/lib/x86_64-linux-gnu/libnvidia-gpucomp.so.550.54.15",
                                     "/usr/bin/nvidia-smi"));
+}
+
+TEST_F(CdiTest, AContainerizedDriverRootIsSearchedAndNamedByItsHostPaths) {
+  // The agent's container: the GPU operator's driver (/run/nvidia/driver on the host) mounted at
+  // <root_>/driver-root, the host's /dev at <root_>/dev. GKE's library folder is searched too.
+  const std::string lib = "/driver-root/usr/local/nvidia/lib64";
+  File(lib + "/libnvidia-ml.so.1");
+  File(lib + "/libcuda.so.1");
+  File("/driver-root/usr/local/nvidia/bin/nvidia-smi");
+  File("/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.1");
+  CharDevice("/dev/nvidia4");
+  CharDevice("/dev/nvidiactl");
+  CharDevice("/driver-root/dev/nvidia-uvm");  // not where device nodes are looked for
+  DriverSearch s;
+  s.root = (root_ / "driver-root").string();
+  s.dev_root = root_.string();
+  s.host_root = "/run/nvidia/driver";
+  EXPECT_EQ(FindDriverLibrary(s, "libnvidia-ml.so.1"), root_.string() + lib + "/libnvidia-ml.so.1");
+  EXPECT_EQ(FindDriverLibrary(s, "libnvidia-nvvm.so.4"), "");
+  DriverFiles f = FindDriverFiles(TwoGpus(), s);
+  EXPECT_THAT(f.gpu_nodes, ElementsAre("/dev/nvidia4", ""));
+  EXPECT_THAT(f.control_nodes, ElementsAre("/dev/nvidiactl"));
+  EXPECT_THAT(f.mounts, ElementsAre("/usr/local/nvidia/lib64/libcuda.so.1",
+                                    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+                                    "/usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.1",
+                                    "/usr/local/nvidia/bin/nvidia-smi"));
+  json spec = json::parse(BuildCdiSpec(TwoGpus(), f));
+  EXPECT_EQ(spec["containerEdits"]["mounts"][0],
+            json::parse(R"({"hostPath": "/run/nvidia/driver/usr/local/nvidia/lib64/libcuda.so.1",
+                            "containerPath": "/usr/local/nvidia/lib64/libcuda.so.1",
+                            "options": ["ro", "nosuid", "nodev", "bind"]})"));
+  EXPECT_EQ(spec["containerEdits"]["deviceNodes"], json::parse(R"([{"path": "/dev/nvidiactl"}])"));
+  EXPECT_EQ(spec.dump().find(root_.string()), std::string::npos) << "a path of the agent's own";
 }
 
 TEST_F(CdiTest, SpecNamesEveryGpuByUuidAndIndexWithItsNode) {
