@@ -125,6 +125,64 @@ for (const [f, toolkit] of [[process.argv[2], true], [process.argv[3], false]]) 
 }
 ' "$here" "$tmp/rendered.yaml" "$tmp/cdi-node.yaml"
 
+# Who may call the extender: HTTPS with kube-scheduler's client certificate from the Secret the
+# extender makes (mounted by the scheduler: CA, its certificate and key, not the CA's key), probes
+# and metrics on a plain port of their own, a NetworkPolicy letting only the scheduler's pods reach
+# the scheduling port, and RBAC for the Secret in the extender's namespace.
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8")).filter(Boolean);
+const fail = (m) => { console.error("deploy_test: extender trust: " + m); process.exit(1); };
+const find = (kind, name) => docs.find((d) => d.kind === kind && d.metadata.name === name);
+const ext = find("Deployment", "tessera-extender"), sched = find("Deployment", "tessera-scheduler");
+const cfg = yaml.load(find("ConfigMap", "tessera-scheduler-config").data["config.yaml"]);
+const e = cfg.extenders[0];
+if (!e.urlPrefix.startsWith("https://") || e.enableHTTPS !== true) fail("kube-scheduler calls the extender without HTTPS");
+const tls = e.tlsConfig || {};
+if (tls.insecure) fail("tlsConfig.insecure");
+const c = ext.spec.template.spec.containers[0];
+const arg = (n) => (c.args.find((a) => a.startsWith(n + "=")) || "").slice(n.length + 1);
+const [secretNs, secretName] = arg("--tls-secret").split("/");
+if (!secretName || secretNs !== ext.metadata.namespace) fail("the extender keeps no TLS Secret in its namespace");
+const spod = sched.spec.template.spec, sc = spod.containers[0];
+for (const f of ["caFile", "certFile", "keyFile"]) {
+  const p = tls[f] || "";
+  const m = sc.volumeMounts.find((v) => p.startsWith(v.mountPath + "/"));
+  const vol = m && spod.volumes.find((v) => v.name === m.name);
+  if (!vol || !vol.secret || vol.secret.secretName !== secretName)
+    fail("tlsConfig." + f + " " + p + " is not from the Secret " + secretName);
+  const key = p.slice(m.mountPath.length + 1);
+  if (!(vol.secret.items || []).some((i) => i.path === key)) fail("the Secret volume has no " + key);
+  if (vol.secret.items.some((i) => i.key === "ca.key" || i.key === "tls.key")) fail("the scheduler mounts the CA'"'"'s or the server'"'"'s key");
+}
+const port = (name) => (c.ports.find((p) => p.name === name) || {}).containerPort;
+const listen = Number(arg("--listen").split(":").pop()), metrics = Number(arg("--metrics-listen").split(":").pop());
+if (!metrics || metrics === listen) fail("no separate --metrics-listen");
+for (const probe of [c.readinessProbe, c.livenessProbe]) {
+  const p = probe.httpGet.port;
+  if ((typeof p === "string" ? port(p) : p) !== metrics) fail("a probe not on the metrics port (it has no client certificate)");
+}
+const np = docs.find((d) => d.kind === "NetworkPolicy" && d.spec.podSelector.matchLabels &&
+  d.spec.podSelector.matchLabels["app.kubernetes.io/name"] === "tessera-extender");
+if (!np || !np.spec.policyTypes.includes("Ingress")) fail("no NetworkPolicy for the extender'"'"'s pods");
+for (const rule of np.spec.ingress) {
+  const ports = (rule.ports || []).map((p) => p.port);
+  if (ports.length === 0) fail("a NetworkPolicy rule for every port");
+  if (ports.includes(listen)) {
+    const froms = rule.from || [];
+    if (froms.length === 0 || !froms.every((f) => f.podSelector && f.podSelector.matchLabels &&
+        f.podSelector.matchLabels["app.kubernetes.io/name"] === "tessera-scheduler"))
+      fail("the scheduling port is open to more than the scheduler'"'"'s pods");
+  }
+}
+const roles = docs.filter((d) => d.kind === "Role" && d.metadata.namespace === secretNs);
+const can = (verb) => roles.some((r) => r.rules.some((x) => (x.resources || []).includes("secrets") &&
+  x.verbs.includes(verb) && (!x.resourceNames || x.resourceNames.includes(secretName))));
+for (const v of ["get", "create", "patch"]) if (!can(v)) fail("the extender cannot " + v + " its Secret");
+if (docs.some((d) => d.kind === "ClusterRole" && d.rules.some((x) => (x.resources || []).includes("secrets"))))
+  fail("secrets in a ClusterRole");
+' "$here" "$tmp/rendered.yaml"
+
 # The Helm chart renders the same objects as kustomize: its templates are deploy/base with the
 # image and namespace as values (scripts/helm-sync writes them); compare after substitution.
 chart="$src/deploy/helm/tessera"

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "absl/strings/escaping.h"
 #include "daemon.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
@@ -169,18 +170,36 @@ class ExtenderE2e : public ::testing::Test {
     extender_ = Spawn(
         std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; exec setpriv --pdeathsig TERM ") +
         TESSERA_BINARY + " extender --kubeconfig " + kubeconfig_ +
-        " --listen 127.0.0.1:0 --quota-configmap tessera-system/tessera-quotas" +
+        // As deploy/ runs it: HTTPS to the client certificate it issues kube-scheduler (kept in
+        // its Secret), /metrics on a plain port of its own.
+        " --listen 127.0.0.1:0 --tls-secret tessera-system/tessera-extender-tls --tls-dns "
+        "localhost --metrics-listen 127.0.0.1:0 --quota-configmap tessera-system/tessera-quotas" +
         " --reservation-timeout 30 >>" + root_ + "/extender.log 2>&1");
     ASSERT_GT(extender_, 0);
-    std::regex port_re("port ([0-9]+), HTTP");
+    std::regex port_re("port ([0-9]+), HTTPS, client certificates of its CA only");
+    std::regex metrics_re("/healthz on 127.0.0.1:0 .port ([0-9]+), HTTP");
     ASSERT_TRUE(Until([&] {
-      std::smatch m;
+      std::smatch m, n;
       std::string log = Log(root_ + "/extender.log");
-      if (!std::regex_search(log, m, port_re)) return false;
+      if (!std::regex_search(log, m, port_re) || !std::regex_search(log, n, metrics_re))
+        return false;
       port_ = std::stoi(m[1]);
+      metrics_port_ = std::stoi(n[1]);
       return true;
     })) << Log(root_ + "/extender.log");
-    http_ = std::make_unique<tessera::net::HttpClient>("tcp://127.0.0.1:" + std::to_string(port_));
+    // kube-scheduler's side: what its Secret volume holds (tlsConfig caFile, certFile, keyFile).
+    auto secret = api_.Get("/api/v1/namespaces/tessera-system/secrets", "tessera-extender-tls");
+    ASSERT_TRUE(secret.has_value());
+    for (const char* key : {"ca.crt", "client.crt", "client.key"}) {
+      std::string text;
+      ASSERT_TRUE(absl::Base64Unescape((*secret)["data"][key].get<std::string>(), &text));
+      std::ofstream(root_ + "/" + key) << text;
+    }
+    http_ = std::make_unique<tessera::net::HttpClient>("https://localhost:" + std::to_string(port_),
+                                                       "", root_ + "/ca.crt", root_ + "/client.crt",
+                                                       root_ + "/client.key");
+    metrics_ = std::make_unique<tessera::net::HttpClient>("tcp://127.0.0.1:" +
+                                                          std::to_string(metrics_port_));
     // Both nodes' GPUs known to the extender (the agents' annotations arrived).
     ASSERT_TRUE(Until([&] {
       return Metrics().find("tessera_extender_gpus{health=\"healthy\"} 4") != std::string::npos ||
@@ -191,7 +210,7 @@ class ExtenderE2e : public ::testing::Test {
 
   static std::string Log(const std::string& path) { return tessera::test::ReadFile(path); }
   std::string Metrics() {
-    auto r = http_->Send("GET", "/metrics");
+    auto r = metrics_->Send("GET", "/metrics");
     return r.ok() ? r->body : "";
   }
   json Post(const std::string& verb, const json& body) {
@@ -268,7 +287,8 @@ class ExtenderE2e : public ::testing::Test {
   std::string root_, kubeconfig_;
   Node nodes_[2];
   pid_t extender_ = -1;
-  int port_ = 0;
+  int port_ = 0, metrics_port_ = 0;
+  std::unique_ptr<tessera::net::HttpClient> metrics_;
   std::unique_ptr<tessera::net::HttpClient> http_;
 };
 
@@ -550,21 +570,22 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   ASSERT_NE(at, std::string::npos) << log;
 
   // The agents and the extender scraped as deploy/base/servicemonitor.yaml asks the Operator to
-  // (honorLabels per endpoint: the agent's "metrics" port, the extender's "http" port).
+  // (honorLabels per endpoint: the agents' and the extender's "metrics" ports).
   const YAML::Node monitor =
       YAML::LoadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/base/servicemonitor.yaml");
   std::map<std::string, bool> honor;
   for (const YAML::Node& e : monitor["spec"]["endpoints"])
     honor[e["port"].as<std::string>()] = e["honorLabels"].as<bool>(false);
-  ASSERT_EQ(honor.size(), 2u);
+  ASSERT_EQ(honor.size(), 1u) << "one plain metrics port, named alike on both Services";
   tessera::test::Prometheus prom(
-      root_, {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), "",
-               honor["metrics"]},
-              {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), "",
-               honor["metrics"]},
-              {"tessera-extender", "127.0.0.1:" + std::to_string(port_), "", honor["http"]},
-              {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
-               "scrape-0123456789abcdef"}});
+      root_,
+      {{"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[0])), "",
+        honor["metrics"]},
+       {"tessera-agent", "127.0.0.1:" + std::to_string(MetricsPort(nodes_[1])), "",
+        honor["metrics"]},
+       {"tessera-extender", "127.0.0.1:" + std::to_string(metrics_port_), "", honor["metrics"]},
+       {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
+        "scrape-0123456789abcdef"}});
   ASSERT_TRUE(prom.up()) << prom.Log();
   ASSERT_EQ(prom.Await("up == 1", 4).size(), 4u) << prom.Query("up").dump() << prom.Log();
   // What the panels read, present: a pod's namespace on the agent's series, the share's memory,

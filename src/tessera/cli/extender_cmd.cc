@@ -3,10 +3,13 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <cstring>
+#include <filesystem>
 
 #include "spdlog/spdlog.h"
 #include "tessera/cli/app.h"
 #include "tessera/extender/service.h"
+#include "tessera/extender/tls_secret.h"
 #include "tessera/kube/config.h"
 #include "tessera/sched/policy.h"
 
@@ -21,6 +24,8 @@ struct ExtenderFlags {
   bool no_preemption = false;
   bool no_pod_groups = false;
   double fair_share_half_life_s = 0;
+  std::string tls_secret;  // namespace/name
+  std::vector<std::string> tls_dns;
 };
 
 int RunExtender(ExtenderFlags& f, std::ostream& err) {
@@ -43,6 +48,47 @@ int RunExtender(ExtenderFlags& f, std::ostream& err) {
     err << "tessera: " << client.status().message() << "\n";
     return kExitFailure;
   }
+  std::string tls_dir;  // the Secret's files for the listener, removed at the end
+  if (!f.tls_secret.empty()) {
+    const size_t slash = f.tls_secret.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == f.tls_secret.size() ||
+        !f.o.tls_cert_file.empty() || !f.o.client_ca_file.empty()) {
+      err << "tessera: --tls-secret takes namespace/name, and replaces --tls-cert, --tls-key and "
+             "--client-ca\n";
+      return kExitBadInput;
+    }
+    extender::TlsSecretOptions t;
+    t.ns = f.tls_secret.substr(0, slash);
+    t.name = f.tls_secret.substr(slash + 1);
+    t.dns = f.tls_dns;
+    if (t.dns.empty()) {
+      for (const char* suffix : {"", ".{}", ".{}.svc", ".{}.svc.cluster.local"})
+        t.dns.push_back("tessera-extender" + fmt::format(fmt::runtime(suffix), t.ns));
+    }
+    if (!f.o.client_names.empty()) t.client_name = f.o.client_names.front();
+    char dir[] = "/tmp/tessera-extender-tls.XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+      err << "tessera: a folder for the TLS files: " << strerror(errno) << "\n";
+      return kExitFailure;
+    }
+    tls_dir = t.dir = dir;
+    auto files = extender::EnsureTlsSecret(**client, t);
+    if (!files.ok()) {
+      std::filesystem::remove_all(tls_dir);
+      err << "tessera: " << files.status().message() << "\n";
+      return kExitFailure;
+    }
+    f.o.tls_cert_file = files->cert_file;
+    f.o.tls_key_file = files->key_file;
+    f.o.client_ca_file = files->ca_file;
+    if (f.o.client_names.empty()) f.o.client_names = {t.client_name};
+  }
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+  } remove_tls_dir{tls_dir};
   sigset_t set = BlockStopSignals();
   auto service = extender::Service::Start(**client, f.o, core::SteadyClock::Get());
   if (!service.ok()) {
@@ -69,10 +115,29 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
       "extender",
       "Run the Kubernetes scheduler extender: kube-scheduler asks it where tessera.io/gpu and "
       "tessera.io/gpu-share pods go (filter, prioritize, bind, preempt; docs/kubernetes.md)");
-  e->add_option("--listen", f.o.listen, "host:port to serve kube-scheduler and /metrics on")
+  e->add_option("--listen", f.o.listen,
+                "host:port to serve kube-scheduler on (and /metrics without --metrics-listen)")
       ->capture_default_str();
   e->add_option("--tls-cert", f.o.tls_cert_file, "PEM certificate: serve HTTPS (with --tls-key)");
   e->add_option("--tls-key", f.o.tls_key_file, "PEM private key of --tls-cert");
+  e->add_option("--client-ca", f.o.client_ca_file,
+                "PEM CA: with TLS, only clients presenting a certificate of it may call (mutual "
+                "TLS; kube-scheduler's extender tlsConfig certFile/keyFile)");
+  e->add_option("--client-name", f.o.client_names,
+                "The common name a client certificate must have (repeatable; default with "
+                "--tls-secret: tessera-scheduler)");
+  e->add_option("--tls-secret", f.tls_secret,
+                "namespace/name of a Secret holding this extender's CA, server certificate and "
+                "kube-scheduler's client certificate, made at the first start when missing; "
+                "serves HTTPS to clients of that CA only (docs/kubernetes.md)");
+  e->add_option(
+      "--tls-dns", f.tls_dns,
+      "The server certificate's DNS names with --tls-secret (repeatable; default "
+      "tessera-extender, .<namespace>, .<namespace>.svc, .<namespace>.svc.cluster.local)");
+  e->add_option("--metrics-listen", f.o.metrics_listen,
+                "host:port of a plain-HTTP listener for GET /metrics and /healthz only (for "
+                "Prometheus and probes when --listen wants client certificates); empty: none")
+      ->capture_default_str();
   e->add_option("--kubeconfig", f.kubeconfig,
                 "kubeconfig for the API server (default: $KUBECONFIG, else the pod's service "
                 "account)");

@@ -98,6 +98,8 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
   http.tcp_address = s->options_.listen;
   http.tls_cert_file = s->options_.tls_cert_file;
   http.tls_key_file = s->options_.tls_key_file;
+  http.tls_client_ca_file = s->options_.client_ca_file;
+  http.tls_client_names = s->options_.client_names;
   http.max_body_bytes = 64 << 20;  // a NodeList of thousands of nodes when not node-cache-capable
   http.error_response = [](int status, const std::string& message) {
     return JsonReply(status, json{{"Error", message}});
@@ -109,9 +111,31 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
     return srv.status();
   }
   s->http_ = std::move(*srv);
+  if (!s->options_.metrics_listen.empty()) {
+    net::HttpServerOptions m;
+    m.tcp_address = s->options_.metrics_listen;
+    m.max_body_bytes = 1 << 10;
+    auto metrics = net::HttpServer::Start(m, [self](const net::HttpRequest& r) {
+      if (r.method == "GET" &&
+          (r.path == "/metrics" || r.path == "/healthz" || r.path == "/readyz"))
+        return self->Handle(r);
+      return net::HttpResponse{404, "text/plain", "this port serves only GET /metrics, /healthz\n"};
+    });
+    if (!metrics.ok()) {
+      s->Stop();
+      return absl::Status(metrics.status().code(),
+                          fmt::format("--metrics-listen {}: {}", s->options_.metrics_listen,
+                                      std::string(metrics.status().message())));
+    }
+    s->metrics_http_ = std::move(*metrics);
+    spdlog::info("extender: /metrics and /healthz on {} (port {}, HTTP)",
+                 s->options_.metrics_listen, s->metrics_port());
+  }
   s->worker_ = std::thread([self] { self->Work(); });
   spdlog::info("extender: listening on {} (port {}, {})", s->options_.listen, s->port(),
-               s->options_.tls_cert_file.empty() ? "HTTP" : "HTTPS");
+               s->options_.tls_cert_file.empty()    ? "HTTP"
+               : s->options_.client_ca_file.empty() ? "HTTPS"
+                                                    : "HTTPS, client certificates of its CA only");
   return s;
 }
 
@@ -119,6 +143,7 @@ Service::~Service() { Stop(); }
 
 void Service::Stop() {
   if (http_) http_->Stop();
+  if (metrics_http_) metrics_http_->Stop();
   for (auto& i : informers_) i->Stop();
   {
     std::lock_guard lock(mu_);
@@ -140,6 +165,7 @@ bool Service::WaitForSync(std::chrono::milliseconds timeout) {
 }
 
 int Service::port() const { return http_ ? http_->tcp_port() : 0; }
+int Service::metrics_port() const { return metrics_http_ ? metrics_http_->tcp_port() : 0; }
 
 void Service::Observe(double seconds) {
   int i = 0;

@@ -28,6 +28,14 @@ struct ServiceOptions {
   std::string listen = "0.0.0.0:8888";  // host:port; port 0 picks a free one
   std::string tls_cert_file;            // both set: HTTPS only
   std::string tls_key_file;
+  // Set (with TLS): only clients with a certificate of this CA, named one of client_names when
+  // any are given (kube-scheduler's tlsConfig certFile), may call it.
+  std::string client_ca_file;
+  std::vector<std::string> client_names;
+  // host:port of a second, plain-HTTP listener for GET /metrics and /healthz only (Prometheus and
+  // the kubelet's probes, which have no client certificate); empty: none, and the main listener
+  // serves them.
+  std::string metrics_listen;
   // The quota ConfigMap, "namespace/name"; empty: no quotas.
   std::string quota_configmap;
   // Whether to watch scheduling.x-k8s.io/v1alpha1 PodGroups (their minMember makes gangs).
@@ -55,6 +63,7 @@ class Service {
 
   bool WaitForSync(std::chrono::milliseconds timeout);
   int port() const;
+  int metrics_port() const;
   Extender& extender() { return *extender_; }
   std::string Metrics() const;
   kube::EventRecorder* events() { return events_.get(); }
@@ -83,7 +92,7 @@ class Service {
   std::vector<std::unique_ptr<kube::Informer>> informers_;
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
-  std::unique_ptr<net::HttpServer> http_;
+  std::unique_ptr<net::HttpServer> http_, metrics_http_;
   std::unique_ptr<kube::EventRecorder> events_;  // when options_.events
 
   std::mutex mu_;

@@ -12,6 +12,7 @@
 
 #include "fake_apiserver.h"
 #include "tessera/extender/test_objects.h"
+#include "tessera/extender/tls_secret.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tessera::extender {
@@ -306,6 +307,15 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
   ASSERT_TRUE(service_->events()->Flush(std::chrono::seconds(10)));
   EXPECT_GE(service_->events()->stats().patched, 1u);
   service_->Stop();
+  // What `tessera extender --tls-secret` does before it serves: its Secret made, read at a
+  // restart, and patched with a server certificate for a new name.
+  TlsSecretOptions tls{.ns = "tessera-system",
+                       .name = "tessera-extender-tls",
+                       .dns = {"localhost"},
+                       .dir = ::testing::TempDir() + "rbac-tls"};
+  ASSERT_TRUE(EnsureTlsSecret(*client_, tls).ok());
+  tls.dns.push_back("tessera-extender.tessera-system.svc");
+  ASSERT_TRUE(EnsureTlsSecret(*client_, tls).ok());
 
   std::set<std::string> used;
   for (const auto& r : api_.Requests()) {
@@ -343,6 +353,32 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
 size_t Collect(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
   return size * n;
+}
+
+// With client certificates on the main port, Prometheus and the kubelet's probes use a plain port
+// that answers nothing but GET /metrics and /healthz.
+TEST_F(ServiceTest, MetricsAndHealthHaveAPlainPortOfTheirOwn) {
+  ServiceOptions o;
+  o.metrics_listen = "127.0.0.1:0";
+  Start(o);
+  ASSERT_GT(service_->metrics_port(), 0);
+  net::HttpClient m("tcp://127.0.0.1:" + std::to_string(service_->metrics_port()));
+  auto metrics = m.Send("GET", "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("tessera_extender_"));
+  auto health = m.Send("GET", "/healthz");
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->status, 200);
+  auto filter = m.Send("POST", "/filter", R"({"Pod": {}})");
+  ASSERT_TRUE(filter.ok());
+  EXPECT_EQ(filter->status, 404) << "a scheduling verb on the metrics port";
+  ServiceOptions clash = o;
+  clash.listen = "127.0.0.1:0";
+  clash.metrics_listen = "127.0.0.1:" + std::to_string(service_->metrics_port());
+  auto s = Service::Start(*client_, clash, clock_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("--metrics-listen"));
 }
 
 TEST_F(ServiceTest, ServesHttpsWithACertificatePair) {

@@ -434,6 +434,30 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
       return absl::InvalidArgumentError(
           fmt::format("TLS key {}: {}", impl->options.tls_key_file, ec.message()));
     }
+    if (const std::string& ca = impl->options.tls_client_ca_file; !ca.empty()) {
+      impl->tls->load_verify_file(ca, ec);
+      if (ec) {
+        return absl::InvalidArgumentError(fmt::format("client CA {}: {}", ca, ec.message()));
+      }
+      impl->tls->set_verify_mode(asio::ssl::verify_peer | asio::ssl::verify_fail_if_no_peer_cert);
+      // The chain is OpenSSL's to check; the leaf's common name ours, when names are given.
+      std::vector<std::string> names = impl->options.tls_client_names;
+      if (!names.empty()) {
+        impl->tls->set_verify_callback([names](bool preverified, asio::ssl::verify_context& v) {
+          X509_STORE_CTX* ctx = v.native_handle();
+          if (!preverified || X509_STORE_CTX_get_error_depth(ctx) != 0) return preverified;
+          char cn[256] = "";
+          X509_NAME* subject = X509_get_subject_name(X509_STORE_CTX_get_current_cert(ctx));
+          if (subject == nullptr ||
+              X509_NAME_get_text_by_NID(subject, NID_commonName, cn, sizeof cn) <= 0) {
+            return false;
+          }
+          return std::find(names.begin(), names.end(), std::string(cn)) != names.end();
+        });
+      }
+    }
+  } else if (!impl->options.tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError("a client CA needs TLS (a certificate and its key)");
   }
   if (!path.empty() && path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(
@@ -557,10 +581,13 @@ struct HttpClient::Conn {
   }
 };
 
-HttpClient::HttpClient(std::string endpoint, std::string bearer_token, std::string ca_file)
+HttpClient::HttpClient(std::string endpoint, std::string bearer_token, std::string ca_file,
+                       std::string client_cert_file, std::string client_key_file)
     : endpoint_(std::move(endpoint)),
       token_(std::move(bearer_token)),
-      ca_file_(std::move(ca_file)) {}
+      ca_file_(std::move(ca_file)),
+      client_cert_file_(std::move(client_cert_file)),
+      client_key_file_(std::move(client_key_file)) {}
 HttpClient::~HttpClient() = default;
 
 absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const std::string& target,
@@ -607,6 +634,17 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
                             ca_file_.empty() ? "of this system" : ca_file_, what));
           }
           conn_->tls_ctx->set_verify_mode(asio::ssl::verify_peer);
+          if (!ec && !client_cert_file_.empty()) {
+            conn_->tls_ctx->use_certificate_chain_file(client_cert_file_, ec);
+            if (!ec)
+              conn_->tls_ctx->use_private_key_file(client_key_file_, asio::ssl::context::pem, ec);
+            if (ec) {
+              std::string what = ec.message();
+              conn_.reset();
+              return absl::FailedPreconditionError(fmt::format(
+                  "cannot load the client certificate {}: {}", client_cert_file_, what));
+            }
+          }
           conn_->tls_sock =
               std::make_unique<beast::ssl_stream<tcp::socket>>(conn_->io, *conn_->tls_ctx);
           conn_->tls_sock->set_verify_callback(asio::ssl::host_name_verification(host));

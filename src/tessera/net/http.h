@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -62,6 +63,10 @@ struct HttpServerOptions {
   // PEM files: both set, the TCP listener speaks TLS (1.2 or later) only.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // Set: TLS clients must present a certificate that chains to this CA (PEM), else the handshake
+  // fails; with `tls_client_names` too, its subject's common name must be one of them.
+  std::string tls_client_ca_file;
+  std::vector<std::string> tls_client_names;
   size_t max_body_bytes = 1 << 20;
   // A kept-alive connection with no request for this long is closed.
   double idle_timeout_s = 60;
@@ -100,8 +105,9 @@ class HttpClient {
  public:
   // `endpoint`: a unix socket path, tcp://host:port, or https://host:port (TLS; the server's
   // certificate checked against `ca_file`, or the system's CAs when empty, and its host name).
-  explicit HttpClient(std::string endpoint, std::string bearer_token = "",
-                      std::string ca_file = "");
+  // `client_cert_file`/`client_key_file` (PEM): a certificate to present (mutual TLS).
+  explicit HttpClient(std::string endpoint, std::string bearer_token = "", std::string ca_file = "",
+                      std::string client_cert_file = "", std::string client_key_file = "");
   ~HttpClient();
   // Sends one request on a kept-alive connection (reconnecting when needed). kUnavailable when the
   // server cannot be reached, naming the endpoint. A request that fails after it was sent is sent
@@ -118,6 +124,7 @@ class HttpClient {
   std::string endpoint_;
   std::string token_;
   std::string ca_file_;
+  std::string client_cert_file_, client_key_file_;
   std::unique_ptr<Conn> conn_;
 };
 
