@@ -623,6 +623,19 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
       p.reserved_at = now;
       return out;
     }
+    // A gang member keeps its node: placed elsewhere alone, it would split the gang that was
+    // placed together (kube-scheduler offers a subset when it samples nodes). It waits for that
+    // node to be offered; the reservation lapses as any other if it never is, and with it the
+    // gang's.
+    if (!p.demand.request.gang.empty()) {
+      out.reason = fmt::format(
+          "reserved with its gang on node {}, which kube-scheduler did not "
+          "offer this time",
+          p.reserved_node);
+      for (const std::string& c : candidates) out.failed[c] = out.reason;
+      out.wait_kind = "gang";
+      return out;
+    }
     Release(id, p, "kube-scheduler no longer offers the node reserved");
   }
   if (!engine_->cycle().Queued(id)) {

@@ -386,6 +386,27 @@ TEST_F(ExtenderTest, GangsArePlacedWholeOrNotAtAll) {
   EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
 }
 
+// kube-scheduler may offer a pod only some nodes (percentageOfNodesToScore, its own filters): a
+// gang member reserved on a node left out waits for it rather than go elsewhere.
+TEST_F(ExtenderTest, AGangMemberWhoseReservedNodeIsNotOfferedWaitsForIt) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  ex_->OnPodGroup(Ev::kAdded, testing::PodGroup("ml", "job", 2));
+  json w0 = GpuPod("ml", "w0", {.gpus = 2, .pod_group = "job"});  // a whole node each
+  json w1 = GpuPod("ml", "w1", {.gpus = 2, .pod_group = "job"});
+  EXPECT_THAT(ex_->Filter(w0, {"a", "b"}).nodes, IsEmpty());
+  FilterResult f1 = ex_->Filter(w1, {"a", "b"});
+  ASSERT_EQ(f1.nodes.size(), 1u) << f1.reason;
+  const std::string other = f1.nodes[0] == "a" ? "b" : "a";  // w0's reserved node
+  const int64_t held = ex_->stats().gpu_milli_allocated;
+  FilterResult f0 = ex_->Filter(w0, {f1.nodes[0]});
+  EXPECT_THAT(f0.nodes, IsEmpty()) << "placed away from its reservation on " << other;
+  EXPECT_THAT(f0.failed[f1.nodes[0]], HasSubstr("reserved with its gang on node " + other));
+  EXPECT_EQ(f0.wait_kind, "gang");
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, held) << "a second set of GPUs held";
+  EXPECT_EQ(ex_->Filter(w0, {"a", "b"}).nodes, std::vector<std::string>{other});
+}
+
 TEST_F(ExtenderTest, TessseraGangAnnotationsWork) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   json annotations = {{"tessera.io/gang", "g"}, {"tessera.io/gang-size", "2"}};
