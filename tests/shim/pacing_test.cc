@@ -379,6 +379,16 @@ TEST(Pacing, MalformedSettingsAreSaidAndRefuseCuda) {
                        "TESSERA_CUDA_QUEUE_US='deep' is not a whole number in [0, 10000000]"));
   EXPECT_THAT(out, ::testing::HasSubstr("CUDA is refused in this process"));
   EXPECT_THAT(out, ::testing::EndsWith("err 3\n")) << "refused, not run unpaced";
+  // A gang that leaves out the process's own GPU, or does not parse.
+  for (const char* gang : {"2,3", "0,y"}) {
+    Env pod{.extra = "TESSERA_CUDA_ARBITER=" + arbiter +
+                     " TESSERA_CUDA_ARBITER_GPUS=1 TESSERA_CUDA_GANG_GPUS=" + gang};
+    out = RunClient(pod, "link", "alloc:1 2>&1");
+    EXPECT_THAT(out, ::testing::HasSubstr(std::string("TESSERA_CUDA_GANG_GPUS='") + gang +
+                                          "' is not a list of GPU indices (0,1) that holds "
+                                          "TESSERA_CUDA_ARBITER_GPUS"));
+    EXPECT_THAT(out, ::testing::EndsWith("err 3\n")) << gang;
+  }
   std::remove(arbiter.c_str());
 }
 
@@ -407,8 +417,11 @@ struct RanksRun {
   double steps = -1, rank_us = -1, x_us = -1, y_us = -1;
 };
 
-RanksRun RunRanks(bool gang) {
-  const std::string tag = gang ? "gang" : "nogang";
+// `pods`: each rank in a container of its own that sees only its GPU (CUDA_VISIBLE_DEVICES, its
+// device 0), the gang's GPUs named by TESSERA_CUDA_GANG_GPUS, as the node agent hands a gang's pods
+// their shares.
+RanksRun RunRanks(bool gang, bool pods = false) {
+  const std::string tag = std::string(gang ? "gang" : "nogang") + (pods ? "-pods" : "");
   const std::string arbiter = TempPath("arbiter-" + tag), clock = TempPath("clock-" + tag),
                     barrier = TempPath("barrier-" + tag);
   for (const std::string& p : {arbiter, clock, barrier}) std::filesystem::remove(p);
@@ -422,10 +435,13 @@ RanksRun RunRanks(bool gang) {
                           (gang ? "" : " TESSERA_CUDA_GANG=0");
   const std::string steps = "ranks:2300:500:4:300:2100:" + barrier;
   std::vector<Running> procs;
-  procs.push_back(
-      Spawn("exec " + Command(Env{.extra = job}, "link", "device:0 " + steps + ":0:2")));
-  procs.push_back(
-      Spawn("exec " + Command(Env{.extra = job}, "link", "device:1 " + steps + ":1:2")));
+  for (const std::string rank : {"0", "1"}) {
+    const std::string pod = common + " TESSERA_JOB_ID=gang:ml/ranks CUDA_VISIBLE_DEVICES=" + rank +
+                            " TESSERA_CUDA_ARBITER_GPUS=" + rank + " TESSERA_CUDA_GANG_GPUS=0,1";
+    procs.push_back(Spawn(
+        "exec " + Command(Env{.extra = pods ? pod : job}, "link",
+                          "device:" + (pods ? "0" : rank) + " " + steps + ":" + rank + ":2")));
+  }
   for (const std::string device : {"0", "1"}) {
     procs.push_back(
         Spawn("exec " + Command(Env{.extra = common + " TESSERA_JOB_ID=single" + device}, "link",
@@ -461,6 +477,19 @@ TEST(Pacing, AJobsRanksOnSeveralGpusGetTheirSlicesTogether) {
   EXPECT_GT(together.steps, 2 * apart.steps);
   EXPECT_NEAR(together.y_us / together.x_us, 1.0, 0.25) << "the single-GPU jobs' shares hold";
   EXPECT_GT(together.x_us, 0.35 * 1800000) << "of the 1.8 s";
+}
+
+TEST(Pacing, AGangsRanksInPodsOfTheirOwnGetTheirSlicesTogether) {
+  // The same job, its ranks in two containers that each see one GPU (the pods of a distributed
+  // job, given their shares by the node agent): one TESSERA_JOB_ID and TESSERA_CUDA_GANG_GPUS make
+  // them one gang, as one container's ranks are.
+  const RanksRun apart = RunRanks(false);
+  const RanksRun pods = RunRanks(true, /*pods=*/true);
+  std::printf("apart: %.0f steps; pods: %.0f steps, rank %.0f us, singles %.0f / %.0f us\n",
+              apart.steps, pods.steps, pods.rank_us, pods.x_us, pods.y_us);
+  EXPECT_GT(pods.rank_us, 0.55 * pods.x_us) << pods.steps << " steps";
+  EXPECT_GT(pods.steps, 2 * apart.steps);
+  EXPECT_NEAR(pods.y_us / pods.x_us, 1.0, 0.25) << "the single-GPU jobs' shares hold";
 }
 
 TEST(Pacing, TwoJobsOnTheSameGpusTakeThemInTurnByShare) {

@@ -148,6 +148,25 @@ void InitArbiter(const char* region_path) {
       uint32_t mask = 0;
       for (int k = 0; k < i; ++k) mask |= 1u << physical_gpu[k];
       if (__builtin_popcount(mask) >= 2 && gang != 0) c.gang_mask = mask;
+      // The job's ranks in several containers (the pods of one distributed job on this node),
+      // each seeing only its own GPUs: the gang's GPUs here, set alike in all of them (with one
+      // TESSERA_JOB_ID), so that their slices are granted together as for one container's ranks.
+      if (const char* g = getenv("TESSERA_CUDA_GANG_GPUS"); g && *g) {
+        uint32_t all = 0;
+        bool fine = true;
+        for (const char* q = g; *q && fine;) {
+          char* end = nullptr;
+          long x = strtol(q, &end, 10);
+          fine = end != q && x >= 0 && x < kArbiterGpus && (*end == ',' || *end == 0);
+          if (fine) all |= 1u << x, q = *end ? end + 1 : end;
+        }
+        if (!fine || (all & mask) != mask) {
+          Refuse("TESSERA_CUDA_GANG_GPUS", g,
+                 "a list of GPU indices (0,1) that holds TESSERA_CUDA_ARBITER_GPUS");
+        } else if (__builtin_popcount(all) >= 2 && gang != 0) {
+          c.gang_mask = all;
+        }
+      }
     }
   }
   const char* job = getenv("TESSERA_JOB_ID");

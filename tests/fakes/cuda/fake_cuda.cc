@@ -38,10 +38,37 @@
 
 namespace {
 
-int Devices() {
-  const char* e = getenv("FAKE_CUDA_DEVICES");
-  return e ? atoi(e) : 1;
+// The machine's GPUs (FAKE_CUDA_DEVICES) as this process sees them: CUDA_VISIBLE_DEVICES, as the
+// real driver reads it, narrows and reorders them by index (the real driver stops at the first
+// entry past the machine's). The fake has no UUIDs: a list naming GPUs by UUID leaves every GPU
+// visible. Ordinal i is machine GPU Visible()[i]: the one whose virtual clock its kernels occupy.
+const std::vector<int>& Visible() {
+  static const std::vector<int> v = [] {
+    const char* e = getenv("FAKE_CUDA_DEVICES");
+    const int machine = e ? atoi(e) : 1;
+    std::vector<int> out;
+    const char* list = getenv("CUDA_VISIBLE_DEVICES");
+    if (list == nullptr) {
+      for (int i = 0; i < machine; ++i) out.push_back(i);
+      return out;
+    }
+    for (const char* p = list; *p;) {
+      char* end = nullptr;
+      const long i = strtol(p, &end, 10);
+      if (end == p || (*end != ',' && *end != 0)) {  // a UUID: not resolvable here
+        out.clear();
+        for (int k = 0; k < machine; ++k) out.push_back(k);
+        return out;
+      }
+      if (i < 0 || i >= machine) break;
+      out.push_back(static_cast<int>(i));
+      p = *end ? end + 1 : end;
+    }
+    return out;
+  }();
+  return v;
 }
+int Devices() { return static_cast<int>(Visible().size()); }
 uint64_t MemoryPerDevice() {
   const char* e = getenv("FAKE_CUDA_MEMORY_MIB");
   return (e ? strtoull(e, nullptr, 10) : 16384ull) << 20;
@@ -535,7 +562,7 @@ std::atomic<uint64_t> my_kernel_ns{0};  // virtual GPU time this process has lau
 CUresult Occupy(uint64_t us) {
   launches.fetch_add(1, std::memory_order_relaxed);
   const int dev = current_device;
-  auto& busy = Clock()->busy_until[dev];
+  auto& busy = Clock()->busy_until[Visible()[dev]];
   const uint64_t now = NowNs();
   uint64_t b = busy.load();
   uint64_t end;
