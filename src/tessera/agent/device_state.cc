@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
@@ -367,6 +368,28 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     env["TESSERA_CUDA_CONTEXT_OVERHEAD"] =
         std::to_string(core::DefaultContextOverhead(inventory_.gpus[by_uuid_.at(a.gpus[0])].model));
     env["TESSERA_JOB_ID"] = a.id;  // the arbiter tells jobs apart by it
+    // A gang's pods with shares on this node: one job at the arbiter, whose slices on all the
+    // gang's GPUs here are granted together (its ranks wait for each other every step).
+    if (hint && !hint->gang.empty() && hint->gang_gpus.size() >= 2) {
+      std::set<int> gang;
+      bool known = true;
+      for (const std::string& u : hint->gang_gpus) {
+        auto it = by_uuid_.find(u);
+        known = known && it != by_uuid_.end();
+        if (known) gang.insert(it->second);
+      }
+      bool holds = known;
+      for (const std::string& g : physical) holds = holds && gang.contains(std::stoi(g));
+      if (holds) {
+        env["TESSERA_JOB_ID"] = "gang:" + hint->gang;
+        env["TESSERA_CUDA_GANG_GPUS"] = absl::StrJoin(gang, ",");
+      } else {
+        spdlog::warn(
+            "pod {}/{}: its gang {} names GPUs {} that are not this node's or leave out "
+            "its own; its shares are time-sliced on their own",
+            hint->pod_namespace, hint->pod_name, hint->gang, absl::StrJoin(hint->gang_gpus, ","));
+      }
+    }
     auto mount = [&](const std::string& host, const char* in, bool ro) {
       auto* m = resp.add_mounts();
       m->set_host_path(host);

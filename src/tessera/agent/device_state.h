@@ -64,6 +64,9 @@ struct PodHint {
   std::optional<int> priority;     // for shares
   std::string pod_uid;             // with container_index, what Allocate marks as done
   int container_index = -1;        // into the pod's tessera.io/assignment containers
+  // A gang member with shares: its gang and the GPUs (UUIDs) of the gang's shares on this node.
+  std::string gang;
+  std::vector<std::string> gang_gpus;
 };
 
 // One container's allocation, as the checkpoint keeps it.

@@ -352,6 +352,31 @@ TEST_F(DeviceStateTest, TheExtendersChoiceIsPreferredAndEnforced) {
   EXPECT_EQ(s->container_responses(0).envs().at("TESSERA_CUDA_PRIORITY"), "7");
 }
 
+// The pods of one gang with shares on this node: one job at the arbiter (one TESSERA_JOB_ID) whose
+// slices on all the gang's GPUs here are granted together (TESSERA_CUDA_GANG_GPUS).
+TEST_F(DeviceStateTest, AGangsSharesOnThisNodeAreOneJobAtTheArbiter) {
+  PodHint w0{"ml", "w0", {Uuid(4)}, uint64_t{5} << 30, 0, "u0", 0, "ml/job", {Uuid(5), Uuid(4)}};
+  PodHint w1{"ml", "w1", {Uuid(5)}, uint64_t{5} << 30, 0, "u1", 0, "ml/job", {Uuid(5), Uuid(4)}};
+  auto a0 = state_->Allocate(Resource::kShare, Request({{Share(4, 0)}}), &w0);
+  auto a1 = state_->Allocate(Resource::kShare, Request({{Share(5, 0)}}), &w1);
+  ASSERT_TRUE(a0.ok() && a1.ok()) << a0.status() << a1.status();
+  for (const auto* r : {&*a0, &*a1}) {
+    const auto& env = r->container_responses(0).envs();
+    EXPECT_EQ(env.at("TESSERA_JOB_ID"), "gang:ml/job");
+    EXPECT_EQ(env.at("TESSERA_CUDA_GANG_GPUS"), "4,5");
+  }
+  // A gang that names a GPU of another node, or leaves out the pod's own: time-sliced alone.
+  PodHint odd{"ml", "w2", {Uuid(6)}, std::nullopt, 0, "u2", 0, "ml/job2", {Uuid(4), Uuid(5)}};
+  auto a2 = state_->Allocate(Resource::kShare, Request({{Share(6, 0)}}), &odd);
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  EXPECT_FALSE(a2->container_responses(0).envs().contains("TESSERA_CUDA_GANG_GPUS"));
+  EXPECT_NE(a2->container_responses(0).envs().at("TESSERA_JOB_ID"), "gang:ml/job2");
+  // A share in no gang keeps its own job.
+  auto a3 = state_->Allocate(Resource::kShare, Request({{Share(7, 0)}}));
+  ASSERT_TRUE(a3.ok());
+  EXPECT_FALSE(a3->container_responses(0).envs().contains("TESSERA_CUDA_GANG_GPUS"));
+}
+
 TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   auto r = state_->Allocate(Resource::kShare, Request({{Share(1, 0)}}));
   ASSERT_TRUE(r.ok());

@@ -68,7 +68,9 @@ std::optional<PodHint> ChooseHint(const std::vector<json>& pods, const std::stri
             a->assigned_unix_ms, StringAt(pod, {"metadata", "creationTimestamp"}), ns + "/" + name);
         if (!best || key < best_key) {
           best_key = key;
-          best = PodHint{ns, name, c.gpus, c.memory, c.priority, uid, static_cast<int>(i)};
+          best =
+              PodHint{ns,      name,        c.gpus, c.memory, c.priority, uid, static_cast<int>(i),
+                      a->gang, a->gang_gpus};
         }
       }
       break;

@@ -44,6 +44,8 @@ TEST(ChooseHint, OldestPendingPodWhoseNextContainerFits) {
   kube::Assignment share;
   share.node = kNode;
   share.containers.push_back({"nb", "tessera.io/gpu-share", {"GPU-e"}, 3, uint64_t{1} << 30, 5});
+  share.gang = "team-a/job";
+  share.gang_gpus = {"GPU-e", "GPU-f"};
   json bad = PendingPod("bad", two);
   bad["metadata"]["annotations"][kube::kAssignmentAnnotation] = "{not json";
   std::vector<json> pods = {PendingPod("newer", two),
@@ -76,6 +78,9 @@ TEST(ChooseHint, OldestPendingPodWhoseNextContainerFits) {
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->memory, uint64_t{1} << 30);
   EXPECT_EQ(s->priority, 5);
+  EXPECT_EQ(s->gang, "team-a/job");
+  EXPECT_EQ(s->gang_gpus, (std::vector<std::string>{"GPU-e", "GPU-f"}));
+  EXPECT_TRUE(h->gang.empty());
 }
 
 TEST(UnplacedCandidate, APendingPodThatAsksForTheCountWithoutAnAssignment) {

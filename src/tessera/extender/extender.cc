@@ -732,6 +732,24 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
     }
     plan.assignment.containers.push_back(std::move(ca));
   }
+  // A gang member with a share: the GPUs of its gang's shares on this node, so that the node agent
+  // makes the members one gang at the GPU arbiter (their time slices granted together).
+  auto has_share = [](const PodDemand& d) {
+    return std::any_of(d.containers.begin(), d.containers.end(), [](const ContainerDemand& c) {
+      return c.resource == "tessera.io/gpu-share";
+    });
+  };
+  if (const std::string& gang = p.demand.request.gang; !gang.empty() && has_share(p.demand)) {
+    std::set<std::string> gpus;
+    for (const auto& [qid, q] : pods_) {
+      if (!q.allocated || q.demand.request.gang != gang || !has_share(q.demand)) continue;
+      const sched::Allocation* qa = engine_->scheduler().state().Find(qid);
+      if (qa == nullptr || qa->node != a->node) continue;
+      for (int g : qa->gpus) gpus.insert(spec.gpus[g].uuid);
+    }
+    plan.assignment.gang = gang;
+    plan.assignment.gang_gpus.assign(gpus.begin(), gpus.end());
+  }
   p.reserved_at = Now();  // the bind is under way: not expired meanwhile
   p.binding = true;
   return plan;

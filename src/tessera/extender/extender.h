@@ -165,7 +165,6 @@ class Extender {
     std::string uid;
     std::string node;         // spec.nodeName ("" while pending)
     PodDemand demand;         // when tessera
-    std::string gang_group;   // the pod-group label's group, "ns/name"
     bool allocated = false;   // holds an allocation in the scheduler
     double reserved_at = -1;  // >= 0: reserved by filter, not bound yet
     std::string reserved_node;

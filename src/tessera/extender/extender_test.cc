@@ -407,6 +407,36 @@ TEST_F(ExtenderTest, AGangMemberWhoseReservedNodeIsNotOfferedWaitsForIt) {
   EXPECT_EQ(ex_->Filter(w0, {"a", "b"}).nodes, std::vector<std::string>{other});
 }
 
+// The node agent makes a gang's shares on a node one gang at its GPU arbiter: the bind names the
+// gang and every GPU its members' shares have on that node.
+TEST_F(ExtenderTest, AGangsSharesOnANodeAreNamedTogetherForTheArbiter) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));
+  ex_->OnPodGroup(Ev::kAdded, testing::PodGroup("ml", "job", 2));
+  json w0 = GpuPod("ml", "w0", {.shares = 3, .pod_group = "job"});  // 3 of 4: a GPU each
+  json w1 = GpuPod("ml", "w1", {.shares = 3, .pod_group = "job"});
+  EXPECT_THAT(ex_->Filter(w0, {"a"}).nodes, IsEmpty());
+  ASSERT_EQ(ex_->Filter(w1, {"a"}).nodes, std::vector<std::string>{"a"});
+  auto p0 = ex_->PrepareBind("ml", "w0", "", "a");
+  auto p1 = ex_->PrepareBind("ml", "w1", "", "a");
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  const std::vector<std::string>& gpus = p1->assignment.gang_gpus;
+  EXPECT_EQ(p1->assignment.gang, "ml/job");
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(p0->assignment.gang_gpus, gpus) << "every member names the same GPUs";
+  EXPECT_NE(p0->assignment.containers[0].gpus[0], p1->assignment.containers[0].gpus[0]);
+  for (const auto* p : {&*p0, &*p1}) {
+    EXPECT_NE(std::find(gpus.begin(), gpus.end(), p->assignment.containers[0].gpus[0]), gpus.end());
+  }
+  // A pod in no gang, or a gang of whole GPUs, names none.
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json solo = GpuPod("ml", "solo", {.shares = 1});
+  ASSERT_EQ(ex_->Filter(solo, {"b"}).nodes, std::vector<std::string>{"b"});
+  auto ps = ex_->PrepareBind("ml", "solo", "", "b");
+  ASSERT_TRUE(ps.ok());
+  EXPECT_TRUE(ps->assignment.gang.empty());
+  EXPECT_TRUE(ps->assignment.gang_gpus.empty());
+}
+
 TEST_F(ExtenderTest, TessseraGangAnnotationsWork) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   json annotations = {{"tessera.io/gang", "g"}, {"tessera.io/gang-size", "2"}};

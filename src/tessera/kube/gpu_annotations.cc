@@ -82,8 +82,9 @@ std::string FormatAssignment(const Assignment& a) {
     if (c.priority) e["priority"] = *c.priority;
     containers.push_back(std::move(e));
   }
-  return json{{"node", a.node}, {"assignedAt", a.assigned_unix_ms}, {"containers", containers}}
-      .dump();
+  json out = {{"node", a.node}, {"assignedAt", a.assigned_unix_ms}, {"containers", containers}};
+  if (!a.gang.empty()) out["gang"] = {{"id", a.gang}, {"gpus", a.gang_gpus}};
+  return out.dump();
 }
 
 absl::StatusOr<Assignment> ParseAssignment(std::string_view text) {
@@ -150,6 +151,27 @@ absl::StatusOr<Assignment> ParseAssignment(std::string_view text) {
     c.memory = memory;
     c.priority = priority;
     a.containers.push_back(std::move(c));
+  }
+  if (j->contains("gang")) {
+    const json& g = (*j)["gang"];
+    std::optional<std::string> id;
+    if (!g.is_object()) return Bad(kA, "gang: expected an object");
+    if (auto s = Member(g, "id", kA, "gang.", id); !s.ok()) return s;
+    if (!id || id->empty() || id->size() > 507 || id->find('/') == std::string::npos) {
+      return Bad(kA, "gang.id: expected namespace/name");
+    }
+    if (!g.contains("gpus") || !g["gpus"].is_array() || g["gpus"].empty() ||
+        g["gpus"].size() > kMaxGpus) {
+      return Bad(kA, fmt::format("gang.gpus: expected a list of 1..{} UUIDs", kMaxGpus));
+    }
+    for (size_t i = 0; i < g["gpus"].size(); ++i) {
+      const json& u = g["gpus"][i];
+      std::string w = fmt::format("gang.gpus[{}]", i);
+      if (!u.is_string()) return Bad(kA, w + ": expected a string");
+      if (auto s = ValidUuid(kA, w, u.get<std::string>()); !s.ok()) return s;
+      a.gang_gpus.push_back(u.get<std::string>());
+    }
+    a.gang = *id;
   }
   return a;
 }

@@ -37,6 +37,11 @@ struct Assignment {
   std::string node;
   int64_t assigned_unix_ms = 0;  // when the extender bound the pod; orders pending pods
   std::vector<ContainerAssignment> containers;
+  // A gang member with shares: the gang ("namespace/group") and the GPUs its members' shares have
+  // on this node, so that the node agent makes them one gang at the GPU arbiter (their time
+  // slices granted together). Empty when the pod is in no gang or has no share.
+  std::string gang;
+  std::vector<std::string> gang_gpus;
   friend bool operator==(const Assignment&, const Assignment&) = default;
 };
 

@@ -19,6 +19,12 @@ TEST(Assignment, RoundTripsAndValidates) {
   auto back = ParseAssignment(FormatAssignment(a));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, a);
+  EXPECT_EQ(FormatAssignment(a).find("gang"), std::string::npos) << "no gang, no field";
+  a.gang = "ml/job";
+  a.gang_gpus = {"GPU-c", "GPU-d"};
+  back = ParseAssignment(FormatAssignment(a));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, a);
 }
 
 TEST(Assignment, BadAnnotationsNameTheField) {
@@ -44,6 +50,15 @@ TEST(Assignment, BadAnnotationsNameTheField) {
       {R"({"containers":[{"resource":"tessera.io/gpu-share","gpus":["A"],"priority":5000}]})",
        "priority: expected -1000..1000"},
       {R"({"node":7,"containers":[]})", "node: expected a string"},
+      {R"({"containers":[{"resource":"tessera.io/gpu","gpus":["A"]}],"gang":"x"})",
+       "gang: expected an object"},
+      {R"({"containers":[{"resource":"tessera.io/gpu","gpus":["A"]}],"gang":{"id":"job"}})",
+       "gang.id: expected namespace/name"},
+      {R"({"containers":[{"resource":"tessera.io/gpu","gpus":["A"]}],"gang":{"id":"a/b"}})",
+       "gang.gpus: expected a list"},
+      {R"({"containers":[{"resource":"tessera.io/gpu","gpus":["A"]}],)"
+       R"("gang":{"id":"a/b","gpus":[1]}})",
+       "gang.gpus[0]: expected a string"},
   };
   for (const Case& c : cases) {
     auto r = ParseAssignment(c.text);
