@@ -31,6 +31,49 @@ const cm = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "
 const cfg = yaml.load(cm.data["config.yaml"]);
 const fail = (m) => { console.error("deploy_test: scheduler config: " + m); process.exit(1); };
 if (cfg.kind !== "KubeSchedulerConfiguration") fail("not a KubeSchedulerConfiguration");
+// kube-scheduler decodes its config strictly: an unknown field or a wrong type stops it. Every
+// field checked against upstream'"'"'s kubescheduler.config.k8s.io/v1 types (kubernetes/kube-scheduler
+// config/v1/types.go, and component-base'"'"'s leader election, client connection and debugging
+// configurations it embeds), by JSON name and kind.
+if (cfg.apiVersion !== "kubescheduler.config.k8s.io/v1") fail("apiVersion " + cfg.apiVersion + ", not kubescheduler.config.k8s.io/v1");
+const str = "string", int = "int", bool = "bool", dur = "duration", float = "float";
+const pluginSet = { enabled: [{ name: str, weight: int }], disabled: [{ name: str, weight: int }] };
+const plugins = Object.fromEntries(["preEnqueue", "queueSort", "preFilter", "filter", "postFilter",
+  "preScore", "score", "reserve", "permit", "preBind", "bind", "postBind", "multiPoint",
+  "placementGenerate", "placementScore", "podGroupPostFilter"].map((k) => [k, pluginSet]));
+const schema = {
+  apiVersion: str, kind: str, parallelism: int, percentageOfNodesToScore: int,
+  podInitialBackoffSeconds: int, podMaxBackoffSeconds: int, delayCacheUntilActive: bool,
+  enableProfiling: bool, enableContentionProfiling: bool,
+  leaderElection: { leaderElect: bool, leaseDuration: dur, renewDeadline: dur, retryPeriod: dur,
+    resourceLock: str, resourceName: str, resourceNamespace: str },
+  clientConnection: { kubeconfig: str, acceptContentTypes: str, contentType: str, qps: float, burst: int },
+  profiles: [{ schedulerName: str, percentageOfNodesToScore: int, plugins,
+    pluginConfig: [{ name: str, args: "any" }] }],
+  extenders: [{ urlPrefix: str, filterVerb: str, preemptVerb: str, prioritizeVerb: str, weight: int,
+    bindVerb: str, enableHTTPS: bool, httpTimeout: dur, nodeCacheCapable: bool, ignorable: bool,
+    tlsConfig: { insecure: bool, serverName: str, certFile: str, keyFile: str, caFile: str,
+      certData: str, keyData: str, caData: str },
+    managedResources: [{ name: str, ignoredByScheduler: bool }] }],
+};
+const check = (v, t, where) => {
+  if (t === "any") return;
+  if (Array.isArray(t)) {
+    if (!Array.isArray(v)) fail(where + ": expected a list");
+    v.forEach((x, i) => check(x, t[0], where + "[" + i + "]"));
+  } else if (typeof t === "object") {
+    if (v === null || typeof v !== "object" || Array.isArray(v)) fail(where + ": expected an object");
+    for (const k of Object.keys(v)) {
+      if (!(k in t)) fail(where + "." + k + ": not a field of upstream'"'"'s type (strict decoding refuses it)");
+      check(v[k], t[k], where + "." + k);
+    }
+  } else if (t === int ? !Number.isInteger(v) : t === float ? typeof v !== "number" :
+             t === bool ? typeof v !== "boolean" : typeof v !== "string" ||
+             (t === dur && !/^([0-9.]+(ns|us|ms|s|m|h))+$/.test(v))) {
+    fail(where + ": expected a " + t + ", got " + JSON.stringify(v));
+  }
+};
+check(cfg, schema, "config");
 if (!cfg.profiles.some((p) => p.schedulerName === "tessera")) fail("no profile tessera");
 const ex = cfg.extenders && cfg.extenders[0];
 if (!ex) fail("no extender");
