@@ -458,6 +458,14 @@ GpuAmount Scheduler::QuotaAmount(const core::Request& r, NodeId node,
   return a;
 }
 
+bool Scheduler::Fits(const core::Request& r, double now) {
+  const std::mt19937_64 rng = rng_;
+  const bool fits = Place(r, now).ok();
+  if (fits) (void)Release(r.id);
+  rng_ = rng;
+  return fits;
+}
+
 absl::StatusOr<Allocation> Scheduler::Place(const core::Request& r, double now) {
   if (std::string bad = core::ValidateRequest(r); !bad.empty()) {
     return absl::InvalidArgumentError(fmt::format("request {}: {}", r.id, bad));

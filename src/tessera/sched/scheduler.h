@@ -84,6 +84,9 @@ class Scheduler {
   // Decides and records. kInvalidArgument for a malformed request or an id in use;
   // kResourceExhausted when nothing fits or a quota says no (the message says why).
   absl::StatusOr<Allocation> Place(const core::Request& r, double now = 0);
+  // Whether Place(r, now) would succeed now. Changes nothing, not even the tie-breaks' random
+  // sequence (a later Place chooses as if this had not been asked).
+  bool Fits(const core::Request& r, double now = 0);
   // All members or none. Members share `gang` and `gang_size` == members.size().
   absl::StatusOr<std::vector<Allocation>> PlaceGang(const std::vector<core::Request>& members,
                                                     double now = 0);
