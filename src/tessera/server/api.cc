@@ -37,7 +37,7 @@ net::HttpResponse Api::Handle(const net::HttpRequest& req) {
   if (req.peer.unix_socket) {
     c.uid = req.peer.uid;
     c.user = UserName(c.uid);
-    c.admin = d_.IsAdmin(c.user, c.uid);
+    c.admin = d_.rights().IsAdmin(c.user, c.uid);
   } else {
     const std::string prefix = "Bearer ";
     if (req.authorization.rfind(prefix, 0) != 0) {
@@ -165,6 +165,8 @@ net::HttpResponse Api::Submit(const net::HttpRequest& req, const Caller& c) {
   }
   auto spec = ParseJobSpec(req.body);
   if (!spec.ok()) return Error(400, std::string(spec.status().message()));
+  if (absl::Status may = d_.rights().MaySubmit(*spec, c); !may.ok())
+    return Error(HttpStatusOf(may), std::string(may.message()));
   auto done = d_.Submit(*std::move(spec), c, req.idempotency_key);
   if (!done.ok()) return Error(HttpStatusOf(done.status()), std::string(done.status().message()));
   json j = JobJson(done->record);

@@ -211,6 +211,8 @@ net::HttpResponse Api::SetPriority(const std::string& ref, const net::HttpReques
   const int priority = body["priority"].get<int>();
   auto o = OwnedJobs(ref, false, c, "change its priority");
   if (!o.ok()) return Error(HttpStatusOf(o.status()), std::string(o.status().message()));
+  if (absl::Status may = d_.rights().MaySetPriority(priority, c); !may.ok())
+    return Error(HttpStatusOf(may), std::string(may.message()));
   if (absl::Status st = d_.SetPriority(o->first.id, ref, o->first, priority, c); !st.ok())
     return Error(HttpStatusOf(st), std::string(st.message()));
   return GetJob(o->first.id, c);

@@ -374,67 +374,20 @@ sched::Submission Dispatcher::SubmissionFor(const JobSpec& spec, int64_t id,
   s.entry.seq = static_cast<uint64_t>(id);  // the job number: the queue's third key
   core::Request& r = s.entry.request = RequestOf(spec, id, owner);
   r.quota_groups = QuotaGroups(uid);
-  r.preempts_others = MayPreemptOthers(owner, uid, IsAdmin(owner, uid));
+  r.preempts_others = rights_.MayPreemptOthers({owner, uid, rights_.IsAdmin(owner, uid)});
   s.kind = RunKindOf(spec, owner, r);
   s.requeue = spec.requeue;
   return s;
 }
 
-std::vector<std::string> Dispatcher::UserGroups(uint32_t uid) {
-  std::lock_guard lock(groups_mu_);
-  if (auto it = user_groups_.find(uid); it != user_groups_.end()) return it->second;
-  std::vector<std::string> out;
-  for (gid_t gid : AccountGroups(uid)) {
-    group gr;
-    group* g = nullptr;
-    std::vector<char> gbuf(16384);
-    if (getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g) {
-      std::string key = std::string("group:") + g->gr_name;
-      if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
-    }
-  }
-  user_groups_[uid] = out;
-  return out;
-}
-
 std::vector<std::string> Dispatcher::QuotaGroups(uint32_t uid) {
   if (config_.group_quotas.empty()) return {};
   std::vector<std::string> out;
-  for (const std::string& g : UserGroups(uid)) {
+  for (const std::string& g : rights_.UserGroups(uid)) {
     if (config_.group_quotas.contains(g.substr(std::string_view("group:").size())))
       out.push_back(g);
   }
   return out;
-}
-
-bool Dispatcher::IsAdmin(const std::string& user, uint32_t uid) const {
-  if (uid == 0 || uid == geteuid() || config_.admins.contains(user)) return true;
-  return std::any_of(config_.tokens.begin(), config_.tokens.end(),
-                     [&](const ApiToken& t) { return t.admin && t.user == user; });
-}
-
-std::vector<std::string> Dispatcher::Principals(const std::string& user, uint32_t uid) {
-  std::vector<std::string> out = UserGroups(uid);
-  out.insert(out.begin(), user);
-  return out;
-}
-
-int Dispatcher::PriorityCeiling(const std::string& user, uint32_t uid, bool admin) {
-  if (admin) return 1000;
-  int ceiling = config_.priority_ceiling;
-  for (const std::string& who : Principals(user, uid)) {
-    if (auto it = config_.priority_ceilings.find(who); it != config_.priority_ceilings.end()) {
-      ceiling = std::max(ceiling, it->second);
-    }
-  }
-  return ceiling;
-}
-
-bool Dispatcher::MayPreemptOthers(const std::string& user, uint32_t uid, bool admin) {
-  if (admin) return true;
-  const std::vector<std::string> who = Principals(user, uid);
-  return std::any_of(who.begin(), who.end(),
-                     [&](const std::string& p) { return config_.preempt_others.contains(p); });
 }
 
 void Dispatcher::LoadHistory() {

@@ -29,6 +29,7 @@
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server.h"
 #include "tessera/server/server_metrics.h"
@@ -37,18 +38,6 @@ namespace tessera::devices {
 class HealthWatch;
 }  // namespace tessera::devices
 namespace tessera::server {
-
-// Who asks: a local user (by the socket's peer credentials, or a bearer token's account).
-struct Caller {
-  std::string user;
-  uint32_t uid = 0;
-  bool admin = false;
-};
-
-// An error the API answers with HTTP status `http`; HttpStatusOf gives it back (404 for kNotFound,
-// 400 for kInvalidArgument, 500 for the rest of errors without one).
-absl::Status HttpError(int http, const std::string& message);
-int HttpStatusOf(const absl::Status& st);
 
 class Dispatcher {
  public:
@@ -75,8 +64,9 @@ class Dispatcher {
   Store& store() const { return *store_; }
   // Wall time in seconds since the epoch, from the clock.
   double Now() const { return core::Seconds(clock_->Now()); }
-  // Whether a user is an admin: root, the server's own user, listed in `admins`.
-  bool IsAdmin(const std::string& user, uint32_t uid) const;
+  // Who may do what (the API asks it before it acts); the dispatcher only reads what a job's
+  // request carries of it (its owner's quota groups, whether it may preempt others').
+  Rights& rights() { return rights_; }
   // <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file; and the log of a job's task
   // other than task 0.
   std::string JobFile(const char* dir, int64_t id, const char* suffix = "") const;
@@ -271,15 +261,8 @@ class Dispatcher {
   // and whether it may preempt others' jobs), what history knows it by, its own requeue wish.
   sched::Submission SubmissionFor(const JobSpec& spec, int64_t id, const std::string& owner,
                                   uint32_t uid, double submitted = 0);
-  // "group:<name>" for each group of `uid` (primary and supplementary); cached.
-  std::vector<std::string> UserGroups(uint32_t uid);
-  // Those of them that have a quota.
+  // The groups of `uid` (Rights::UserGroups) that have a quota.
   std::vector<std::string> QuotaGroups(uint32_t uid);
-  // `user` and "group:<name>" for each of their groups: whom per-user and per-group settings name.
-  std::vector<std::string> Principals(const std::string& user, uint32_t uid);
-  // The highest priority `user` may ask (admins 1000), and whether their jobs may preempt others'.
-  int PriorityCeiling(const std::string& user, uint32_t uid, bool admin);
-  bool MayPreemptOthers(const std::string& user, uint32_t uid, bool admin);
   void Loop();
   bool Turn(
       std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
@@ -439,8 +422,7 @@ class Dispatcher {
   bool dirty_ = true;           // something changed that may let a queued job start
   SchedulingStats scheduling_;  // latency (submit to start) and passes, for /metrics
 
-  std::mutex groups_mu_;  // the quota groups cache; never held while taking mu_
-  std::map<uint32_t, std::vector<std::string>> user_groups_;
+  Rights rights_{config_};  // its groups cache is never held while taking mu_
 
   std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ = -1;

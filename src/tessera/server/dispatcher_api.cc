@@ -161,16 +161,10 @@ void Dispatcher::Stop() {
 
 absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const Caller& caller,
                                                          const std::string& idempotency_key) {
+  // Who may submit what was asked of Rights by the API, before this.
   const std::string& user = caller.user;
   const uint32_t uid = caller.uid;
-  const bool admin = caller.admin;
   std::optional<JobSpec> spec(std::move(spec_in));
-  if (int ceiling = PriorityCeiling(user, uid, admin); spec->priority > ceiling) {
-    return HttpError(403,
-                     fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling and "
-                                 "priority_ceilings in the server's config)",
-                                 spec->priority, user, ceiling));
-  }
   // Room for the store to record every end: no new work once the state folder's disk is nearly
   // full.
   if (struct statvfs fs;
@@ -193,21 +187,12 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
     return HttpError(400,
                      fmt::format("image: this server cannot run containers: {}", containers_off_));
   }
-  if (geteuid() != 0 && uid != geteuid()) {
-    return HttpError(403, fmt::format("this server runs as {} and cannot start jobs as {}",
-                                      UserName(geteuid()), user));
-  }
   // A part of a model's name ("H100") stands for the machine's models that have it; what is stored
   // and scheduled is exact.
   std::vector<std::string> machine_models;
   for (const core::Gpu& g : inventory_.gpus) machine_models.push_back(g.model);
   if (absl::Status st = ResolveModels(&*spec, machine_models); !st.ok())
     return HttpError(400, std::string(st.message()));
-  if (RunsAsRoot(uid) && !config_.allow_root_jobs) {
-    return HttpError(403,
-                     "jobs do not run as root on this server: submit as an ordinary user, or set "
-                     "allow_root_jobs: true in the server's config");
-  }
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the
   // queue: by the scheduler's own test of a GPU against the request.
   core::Request r = SubmissionFor(*spec, 1, user, uid).entry.request;
@@ -298,7 +283,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                                      "submitted before, so dependencies never form a cycle)",
                                      DependencyText(d), ref));
       }
-      if (dep->owner != user && !admin) {
+      if (dep->owner != user && !caller.admin) {
         return HttpError(403,
                          fmt::format("after {}: job {} belongs to {}; a dependency may name only "
                                      "your own jobs (admins: anyone's)",
@@ -470,26 +455,6 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
   return absl::OkStatus();
 }
 
-absl::Status HttpError(int http, const std::string& message) {
-  absl::Status st(http == 404   ? absl::StatusCode::kNotFound
-                  : http == 400 ? absl::StatusCode::kInvalidArgument
-                  : http == 403 ? absl::StatusCode::kPermissionDenied
-                  : http == 409 ? absl::StatusCode::kFailedPrecondition
-                  : http >= 500 ? absl::StatusCode::kInternal
-                                : absl::StatusCode::kInvalidArgument,
-                  message);
-  st.SetPayload("tessera.io/http-status", absl::Cord(std::to_string(http)));
-  return st;
-}
-
-int HttpStatusOf(const absl::Status& st) {
-  if (auto p = st.GetPayload("tessera.io/http-status")) return std::atoi(std::string(*p).c_str());
-  if (st.code() == absl::StatusCode::kNotFound) return 404;
-  if (st.code() == absl::StatusCode::kInvalidArgument) return 400;
-  if (st.code() == absl::StatusCode::kUnavailable) return 503;
-  return 500;
-}
-
 Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   Live l;
   const double now = Now();
@@ -524,11 +489,7 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
 
 absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const JobRecord& first,
                                      int priority, const Caller& caller) {
-  if (int ceiling = PriorityCeiling(caller.user, caller.uid, caller.admin); priority > ceiling) {
-    return HttpError(403, fmt::format("priority {} is above {}'s ceiling of {} (priority_ceiling "
-                                      "and priority_ceilings in the server's config)",
-                                      priority, caller.user, ceiling));
-  }
+  // The caller's right to this priority was asked of Rights by the API, before this.
   const double now = Now();
   std::unique_lock lock(mu_);
   // Out of the cycle while the change is stored without mu_; back at its new place after.
