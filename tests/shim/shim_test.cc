@@ -99,18 +99,29 @@ TEST(Shim, CuMemCreateCountsOnTheDeviceItsPropertiesName) {
 
 TEST(Shim, PoolMemoryStaysCountedUntilTheDriverGivesItBack) {
   // A pool keeps what its allocations free. Released at the next synchronize by default
-  // (threshold 0)...
+  // (threshold 0)... A pool grows by 32 MiB chunks: 600 MiB asked is 608 MiB held, and charged.
   Env env{.limit = "1GiB"};
   EXPECT_EQ(RunClient(env, "link", "async:600 freeasync info driverused:0 sync info driverused:0"),
-            "ok\nok\n424 1024\n600\nok\n1024 1024\n0\n");
+            "ok\nok\n416 1024\n608\nok\n1024 1024\n0\n");
   // ...kept past it with a high threshold (PyTorch's cudaMallocAsync backend) until trimmed (to
   // keep 100 MiB here).
   EXPECT_EQ(
       RunClient(env, "procaddr2", "threshold:max async:600 freeasync sync info trim:100 info"),
-      "ok\nok\nok\nok\n424 1024\nok\n924 1024\n");
+      "ok\nok\nok\nok\n416 1024\nok\n924 1024\n");
   // Reused from the pool, it is not counted twice.
   EXPECT_EQ(RunClient(env, "link", "threshold:max async:600 freeasync async:600 info"),
-            "ok\nok\nok\nok\n424 1024\n");
+            "ok\nok\nok\nok\n416 1024\n");
+}
+
+TEST(Shim, APoolsChunksStayWithinTheLimit) {
+  // 3 MiB at a time under 100 MiB: counted as asked, 33 would be allowed (99 MiB) and the pool
+  // would hold 4 chunks, 128 MiB (what happened on an H100: 1,032 MiB by NVML under 1 GiB).
+  // Charged by whole chunks, 32 are (96 MiB), and the driver holds 96 MiB.
+  std::string program;
+  for (int i = 0; i < 40; ++i) program += "async:3 ";
+  std::string want;
+  for (int i = 0; i < 40; ++i) want += i < 32 ? "ok\n" : "oom\n";
+  EXPECT_EQ(RunClient(Env{.limit = "100MiB"}, "link", program + "driverused:0"), want + "96\n");
 }
 
 TEST(Shim, APoolsIdleMemoryIsTrimmedBeforeAnAllocationIsRefused) {

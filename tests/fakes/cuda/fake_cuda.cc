@@ -296,10 +296,10 @@ FAKE_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* p, size_t bytes, unsigned in
 }
 
 // Memory pools (the stream-ordered allocator behind cuMemAllocAsync and cudaMallocAsync), as the
-// driver keeps them: a pool reserves device memory as its allocations need it and keeps what they
-// free for reuse; at each synchronize it gives back what it holds beyond the larger of its use and
-// its release threshold (default 0), and cuMemPoolTrimTo gives back what is unused above the
-// amount asked to keep. Each device has a default pool, which is its current pool until
+// driver keeps them: a pool reserves device memory by 32 MiB chunks as its allocations need it and
+// keeps what they free for reuse; at each synchronize it gives back what it holds beyond the larger
+// of its use and its release threshold (default 0), and cuMemPoolTrimTo gives back what is unused
+// above the amount asked to keep. Each device has a default pool, which is its current pool until
 // cuDeviceSetMemPool names another.
 namespace {
 struct Pool {
@@ -336,7 +336,10 @@ CUresult PoolTake(uintptr_t handle, uint64_t bytes, CUdeviceptr* out) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t idle = p->reserved - p->in_use;
   if (bytes > idle) {
-    const uint64_t grow = bytes - idle;
+    // By whole 32 MiB chunks, as a real pool grows (an H100's default pool held 512 MiB for 502
+    // MiB of allocations).
+    constexpr uint64_t kChunk = uint64_t{32} << 20;
+    const uint64_t grow = (bytes - idle + kChunk - 1) / kChunk * kChunk;
     uint64_t cur = used[p->device].load();
     do {
       if (cur + grow > MemoryPerDevice()) return CUDA_ERROR_OUT_OF_MEMORY;
