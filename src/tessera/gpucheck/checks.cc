@@ -539,6 +539,19 @@ class Checker {
              mib(Num(async, "nvml_bytes")),
          goal, verdict(async), nlohmann::json(async)});
     step("freeasync");
+    // Graph memory: one too large for the limit is refused (at capture, instantiation or launch),
+    // one that fits runs ten times and NVML's figure stays within the limit.
+    Fields big = step("graph:2048");
+    const bool refused = big["capture"] != "0" || big["instantiate"] != "0" || big["launch"] != "0";
+    Fields fits = step("graph:256");
+    const bool ran = fits["capture"] == "0" && fits["instantiate"] == "0" && fits["launch"] == "0";
+    Add({name + ": graph memory",
+         "2 GiB graph: capture " + big["capture"] + ", instantiate " + big["instantiate"] +
+             ", launch " + big["launch"] + "; 256 MiB graph x10: " + (ran ? "ran" : "failed") +
+             ", NVML says " + mib(Num(fits, "nvml_bytes")),
+         "2 GiB refused; 256 MiB runs, NVML <= the limit",
+         refused && ran && verdict(fits) != Verdict::kFail ? verdict(fits) : Verdict::kFail,
+         nlohmann::json{{"big", nlohmann::json(big)}, {"fits", nlohmann::json(fits)}}});
     c.Wait();
   }
 

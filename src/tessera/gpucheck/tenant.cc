@@ -190,6 +190,29 @@ int Memory(const Driver& d, const Gpu& g) {
         pooled.push_back(p);
       }
       std::printf("n=%zu requested=%zu rc=%d\n", pooled.size(), pooled.size() * kChunk, rc);
+    } else if (step.rfind("graph:", 0) == 0) {
+      // A graph with a memory node of N MiB (captured: cuMemAllocAsync and cuMemFreeAsync in one
+      // stream capture, as frameworks record them), instantiated and launched 10 times: its memory
+      // comes from the device's graph memory pool, which keeps it between launches.
+      const size_t bytes = std::stoull(step.substr(6)) << 20;
+      CUgraph graph = nullptr;
+      CUgraphExec exec = nullptr;
+      CUdeviceptr p = 0;
+      CUresult inst = CUDA_SUCCESS, launch = CUDA_SUCCESS;
+      rc = d.cuStreamBeginCapture_v2(g.stream, 0);
+      if (rc == CUDA_SUCCESS) {
+        const CUresult a = d.cuMemAllocAsync(&p, bytes, g.stream);
+        if (a == CUDA_SUCCESS) d.cuMemFreeAsync(p, g.stream);
+        rc = d.cuStreamEndCapture(g.stream, &graph);
+        if (rc == CUDA_SUCCESS) rc = a;
+      }
+      if (rc == CUDA_SUCCESS) inst = d.cuGraphInstantiateWithFlags(&exec, graph, 0);
+      for (int i = 0; rc == CUDA_SUCCESS && inst == CUDA_SUCCESS && i < 10; ++i) {
+        launch = d.cuGraphLaunch(exec, g.stream);
+        if (launch == CUDA_SUCCESS) launch = d.cuStreamSynchronize(g.stream);
+        if (launch != CUDA_SUCCESS) break;
+      }
+      std::printf("capture=%d instantiate=%d launch=%d\n", rc, inst, launch);
     } else if (step == "freeasync") {
       for (CUdeviceptr p : pooled) d.cuMemFreeAsync(p, g.stream);
       rc = d.cuStreamSynchronize(g.stream);
