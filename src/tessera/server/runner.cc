@@ -156,6 +156,265 @@ void SayTaskFailed(const char* log, const char* prefix, int rank, int code, cons
   if (fd >= 0) close(fd);
 }
 
+// Everything a launch's child needs, made before the fork: after it, the child makes only
+// async-signal-safe calls (the server is multi-threaded), so it reads this and allocates nothing.
+struct Prepared {
+  size_t ntasks = 1;
+  // Per task: its environment (strings and the envp pointing at them), its logs and the user's
+  // own output files (one task: the job's).
+  std::vector<std::vector<std::string>> env;
+  std::vector<std::vector<char*>> envp;
+  std::vector<const char*> out, err, user_out, user_err;
+  std::vector<std::string> args;  // argv's strings
+  std::vector<char*> argv;
+  std::vector<std::string> candidates;  // where the program may be, in the job's PATH's order
+  std::vector<gid_t> groups;            // the user's supplementary groups
+  std::vector<const char*> cgroup_files;
+  std::string exit_tmp;
+  char prefix[64] = {};          // "tessera: job N", for the shepherd's messages
+  std::vector<pid_t> task_pids;  // the shepherd's tasks (sized before the fork)
+};
+
+// Fills `p` for `spec` (p is filled in place: its pointers point into itself).
+void Prepare(const LaunchSpec& spec, Prepared& p) {
+  std::map<std::string, std::string> env = spec.env_as_is ? spec.env : JobEnvironment(spec);
+  p.ntasks = std::max<size_t>(spec.tasks.size(), 1);
+  p.env.resize(p.ntasks);
+  p.envp.resize(p.ntasks);
+  p.out.resize(p.ntasks), p.err.resize(p.ntasks);
+  p.user_out.resize(p.ntasks), p.user_err.resize(p.ntasks);
+  for (size_t t = 0; t < p.ntasks; ++t) {
+    std::map<std::string, std::string> e = env;
+    const bool own = t < spec.tasks.size();
+    if (own) {
+      for (const auto& [k, v] : spec.tasks[t].env) e[k] = v;
+    }
+    for (const auto& [k, v] : e) p.env[t].push_back(k + "=" + v);
+    for (std::string& s : p.env[t]) p.envp[t].push_back(s.data());
+    p.envp[t].push_back(nullptr);
+    p.out[t] = own ? spec.tasks[t].stdout_path.c_str() : spec.stdout_path.c_str();
+    p.err[t] = own ? spec.tasks[t].stderr_path.c_str() : spec.stderr_path.c_str();
+    p.user_out[t] = own ? spec.tasks[t].user_stdout.c_str() : spec.user_stdout.c_str();
+    p.user_err[t] = own ? spec.tasks[t].user_stderr.c_str() : spec.user_stderr.c_str();
+  }
+  snprintf(p.prefix, sizeof p.prefix, "tessera: job %lld", static_cast<long long>(spec.job_id));
+  p.args = spec.argv;
+  for (std::string& s : p.args) p.argv.push_back(s.data());
+  p.argv.push_back(nullptr);
+  // execvpe searches the PATH of the calling process; search the job's PATH ourselves.
+  const std::string& program = spec.argv[0];
+  if (program.find('/') != std::string::npos) {
+    p.candidates.push_back(program);
+  } else {
+    const std::string& path = env["PATH"];
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t colon = path.find(':', start);
+      std::string dir = path.substr(start, colon == std::string::npos ? colon : colon - start);
+      p.candidates.push_back((dir.empty() ? "." : dir) + "/" + program);
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+  }
+  // The user's supplementary groups (their data may be readable through one), looked up before the
+  // fork; only the primary group when the account can no longer be looked up (never the server's).
+  if (spec.uid && spec.gid) {
+    p.groups = AccountGroups(*spec.uid, *spec.gid);
+    if (p.groups.empty()) p.groups.push_back(*spec.gid);
+  }
+  for (const std::string& f : spec.cgroup_procs) p.cgroup_files.push_back(f.c_str());
+  p.exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
+}
+
+// In the child: tells the parent which step failed (and errno) through the exec-error pipe.
+[[noreturn]] void Fail(int pipe_fd, int step) {
+  ChildError ce{step, errno};
+  ssize_t w = write(pipe_fd, &ce, sizeof ce);
+  (void)w;
+  _exit(127);
+}
+
+// In the shepherd (the group leader, the tasks' parent): waits for every task, stops the others
+// when one fails (kill_on_task_failure; SIGKILL after task_grace_s), and records the job's exit
+// code in exit_path (atomically) before exiting with it. Async-signal-safe calls only.
+[[noreturn]] void Shepherd(const LaunchSpec& spec, const Prepared& p, std::vector<pid_t>& pids) {
+  close_range(3, ~0U, 0);  // the shepherd needs not even the exec-error pipe
+  int code = 0;
+  bool failed = false;
+  size_t left = p.ntasks;
+  struct sigaction alarm_action = {};
+  alarm_action.sa_handler = OnGraceOver;  // no SA_RESTART: waitpid returns EINTR
+  sigemptyset(&alarm_action.sa_mask);
+  sigaction(SIGALRM, &alarm_action, nullptr);
+  while (left > 0) {
+    int status = 0;
+    pid_t ended = waitpid(-1, &status, 0);
+    if (ended < 0) {
+      if (errno != EINTR) break;
+      if (grace_over) {
+        for (size_t k = 0; k < p.ntasks; ++k) {
+          if (pids[k] > 0) kill(pids[k], SIGKILL);
+        }
+      }
+      continue;
+    }
+    size_t rank = p.ntasks;
+    for (size_t k = 0; k < p.ntasks; ++k) {
+      if (pids[k] == ended) rank = k;
+    }
+    if (rank == p.ntasks) continue;  // not a task (an orphan adopted as subreaper: none)
+    pids[rank] = 0;
+    --left;
+    int c = WIFEXITED(status)     ? WEXITSTATUS(status)
+            : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                  : 255;
+    if (c != 0 && !failed) {
+      failed = true;
+      code = c;
+      if (p.ntasks > 1 && spec.kill_on_task_failure && left > 0) {
+        SayTaskFailed(p.err[0], p.prefix, static_cast<int>(rank), c,
+                      "; stopping the other tasks\n");
+        // The whole group (what the tasks started too); the shepherd ignores SIGTERM.
+        kill(0, SIGTERM);
+        alarm(static_cast<unsigned>(std::max(spec.task_grace_s, 1)));
+      } else if (p.ntasks > 1) {
+        SayTaskFailed(p.err[0], p.prefix, static_cast<int>(rank), c, "\n");
+      }
+    }
+  }
+  char digits[16];
+  int n = 0;
+  int v = code;
+  char rev[16];
+  do {
+    rev[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0);
+  for (int k = 0; k < n; ++k) digits[k] = rev[n - 1 - k];
+  digits[n++] = '\n';
+  int fd = open(p.exit_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ssize_t w = write(fd, digits, static_cast<size_t>(n));
+    (void)w;
+    fsync(fd);
+    close(fd);
+    rename(p.exit_tmp.c_str(), spec.exit_path.c_str());
+  }
+  _exit(code);
+}
+
+// In a task's process: its stdio, the user's groups, gid and uid, the working directory (as the
+// user), the user's own output files (as the user), then exec. A failed step goes to `pipe_fd`.
+[[noreturn]] void ExecTask(const LaunchSpec& spec, const Prepared& p, size_t me, int pipe_fd) {
+  int in = open("/dev/null", O_RDONLY);
+  if (in >= 0) dup2(in, 0);
+  if (*p.out[me]) {
+    int fd = open(p.out[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
+    if (fd < 0) Fail(pipe_fd, 1);
+    dup2(fd, 1);
+  }
+  if (*p.err[me]) {
+    int fd = open(p.err[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
+    if (fd < 0) Fail(pipe_fd, 2);
+    dup2(fd, 2);
+  }
+  if (spec.gid && (setgroups(p.groups.size(), p.groups.data()) != 0 || setgid(*spec.gid) != 0))
+    Fail(pipe_fd, 3);
+  if (spec.uid && setuid(*spec.uid) != 0) Fail(pipe_fd, 4);
+  // As the user: the working directory is entered with the user's rights, not root's (entering it
+  // as root told a user which root-only paths exist, and let a job start in one).
+  if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) Fail(pipe_fd, 0);
+  // The user's own output files, as the user (never a file the user could not open): a name a
+  // job chose must not reach what only the server may write.
+  if (*p.user_out[me]) {
+    int fd = open(p.user_out[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
+    if (fd < 0) Fail(pipe_fd, 7);
+    dup2(fd, 1);
+    if (fd != 1) close(fd);
+  }
+  if (*p.user_err[me]) {
+    int fd = open(p.user_err[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
+    if (fd < 0) Fail(pipe_fd, 8);
+    dup2(fd, 2);
+    if (fd != 2) close(fd);
+  }
+  int last_errno = ENOENT;
+  for (const std::string& c : p.candidates) {
+    execve(c.c_str(), p.argv.data(), p.envp[me].data());
+    if (errno != ENOENT) last_errno = errno;
+  }
+  errno = last_errno;
+  Fail(pipe_fd, 5);
+}
+
+// In the forked child: the job's process group and cgroups, clean signals, then the shepherd and
+// its tasks (with an exit path) or the one task itself.
+[[noreturn]] void Child(const LaunchSpec& spec, Prepared& p, int pipe_fd) {
+  // Nothing of the server's (its listening sockets, the database) stays open in the child past
+  // this line, not only from its exec on: a server killed while this child is still starting
+  // (cgroup writes, forks: long on a loaded machine) must be able to start again at once, and a
+  // socket held here made the next server find one "already listening".
+  if (pipe_fd > 3) close_range(3, static_cast<unsigned>(pipe_fd) - 1, 0);
+  close_range(static_cast<unsigned>(pipe_fd) + 1, ~0U, 0);
+  setpgid(0, 0);
+  // Into the job's cgroups first, so that the shepherd and everything the job starts are
+  // confined and counted. "0" is the writer itself, in cgroup2 and in cgroup1 alike.
+  for (const char* file : p.cgroup_files) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) Fail(pipe_fd, 6);
+    if (write(fd, "0", 1) != 1) Fail(pipe_fd, 6);
+    close(fd);
+  }
+  // The server blocks SIGTERM/SIGINT (it takes them with sigwait) and ignores SIGPIPE; both a
+  // mask and ignored dispositions survive exec, so a job would never see the SIGTERM that asks it
+  // to stop. Start from a clean slate: every signal default, none blocked.
+  ResetSignals();
+  if (spec.exit_path.empty()) ExecTask(spec, p, 0, pipe_fd);
+  // The shepherd: the group leader, waiting for the job (its child) to record how it ended. Stops
+  // are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a stop sent to
+  // the group the moment the job exists cannot end the shepherd first.
+  signal(SIGTERM, SIG_IGN);
+  signal(SIGINT, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
+  // The tasks' pids, in storage sized before the fork (nothing is allocated in the child).
+  std::vector<pid_t>& pids = p.task_pids;
+  for (size_t t = 0; t < p.ntasks; ++t) {
+    pid_t job = fork();
+    if (job < 0) {
+      // Those started go with the group; the server sees the shepherd fail.
+      for (size_t k = 0; k < t; ++k) kill(pids[k], SIGKILL);
+      _exit(127);
+    }
+    if (job == 0) {
+      ResetSignals();
+      ExecTask(spec, p, t, pipe_fd);
+    }
+    pids[t] = job;
+  }
+  Shepherd(spec, p, pids);
+}
+
+// In the parent, after the child said which step failed: the error, also written to the job's
+// stderr log (where the user looks first) when that can be opened.
+absl::Status ChildFailed(const LaunchSpec& spec, const Prepared& p, const ChildError& ce) {
+  const std::string& file = ce.step == 7 ? std::string(p.user_out[0]) : std::string(p.user_err[0]);
+  std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
+                     : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
+                     : ce.step >= 7 ? fmt::format("{} '{}'", kSteps[ce.step], file)
+                                    : kSteps[ce.step];
+  std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
+  if (!spec.stderr_path.empty() && ce.step != 2) {
+    int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    if (fd >= 0) {
+      std::string line = "tessera: " + message + "\n";
+      ssize_t w = write(fd, line.data(), line.size());
+      (void)w;
+      close(fd);
+    }
+  }
+  return absl::InvalidArgumentError(message);
+}
+
 }  // namespace
 
 absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
@@ -173,62 +432,9 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     return absl::InvalidArgumentError(
         fmt::format("job {}: several tasks need a shepherd (exit_path)", spec.job_id));
   }
-  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
-  std::map<std::string, std::string> env = spec.env_as_is ? spec.env : JobEnvironment(spec);
-  // Each task: the job's environment with its own variables, and its logs (one task: the job's).
-  const size_t ntasks = std::max<size_t>(spec.tasks.size(), 1);
-  std::vector<std::vector<std::string>> task_env(ntasks);
-  std::vector<std::vector<char*>> task_envp(ntasks);
-  std::vector<const char*> task_out(ntasks), task_err(ntasks), user_out(ntasks), user_err(ntasks);
-  for (size_t t = 0; t < ntasks; ++t) {
-    std::map<std::string, std::string> e = env;
-    if (t < spec.tasks.size()) {
-      for (const auto& [k, v] : spec.tasks[t].env) e[k] = v;
-    }
-    for (const auto& [k, v] : e) task_env[t].push_back(k + "=" + v);
-    for (std::string& s : task_env[t]) task_envp[t].push_back(s.data());
-    task_envp[t].push_back(nullptr);
-    const bool own = t < spec.tasks.size();
-    task_out[t] = own ? spec.tasks[t].stdout_path.c_str() : spec.stdout_path.c_str();
-    task_err[t] = own ? spec.tasks[t].stderr_path.c_str() : spec.stderr_path.c_str();
-    user_out[t] = own ? spec.tasks[t].user_stdout.c_str() : spec.user_stdout.c_str();
-    user_err[t] = own ? spec.tasks[t].user_stderr.c_str() : spec.user_stderr.c_str();
-  }
-  std::vector<pid_t> task_pids(ntasks, 0);
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "tessera: job %lld", static_cast<long long>(spec.job_id));
-  std::vector<char*> argv;
-  std::vector<std::string> args = spec.argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  // execvpe searches the PATH of the calling process; search the job's PATH ourselves.
-  std::string program = spec.argv[0];
-  std::vector<std::string> candidates;
-  if (program.find('/') != std::string::npos) {
-    candidates.push_back(program);
-  } else {
-    const std::string& path = env["PATH"];
-    size_t start = 0;
-    while (start <= path.size()) {
-      size_t colon = path.find(':', start);
-      std::string dir = path.substr(start, colon == std::string::npos ? colon : colon - start);
-      candidates.push_back((dir.empty() ? "." : dir) + "/" + program);
-      if (colon == std::string::npos) break;
-      start = colon + 1;
-    }
-  }
-  // The user's supplementary groups (their data may be readable through one), looked up before the
-  // fork; only the primary group when the account can no longer be looked up (never the server's).
-  std::vector<gid_t> groups;
-  if (spec.uid && spec.gid) {
-    groups = AccountGroups(*spec.uid, *spec.gid);
-    if (groups.empty()) groups.push_back(*spec.gid);
-  }
-  std::vector<const char*> cgroup_files;
-  for (const std::string& f : spec.cgroup_procs) cgroup_files.push_back(f.c_str());
-  // "0" is the writer itself, in cgroup2 and in cgroup1 alike.
-  const char pid_text[] = "0";
-  const size_t pid_len = 1;
+  Prepared p;
+  Prepare(spec, p);
+  p.task_pids.assign(p.ntasks, 0);
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(fmt::format("job {}: pipe: {}", spec.job_id, strerror(errno)));
@@ -240,163 +446,7 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
     close(pipe_fds[1]);
     return absl::InternalError(fmt::format("job {}: fork: {}", spec.job_id, strerror(e)));
   }
-  std::string exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
-  auto fail = [&](int step) {
-    ChildError ce{step, errno};
-    ssize_t w = write(pipe_fds[1], &ce, sizeof ce);
-    (void)w;
-    _exit(127);
-  };
-  if (pid == 0) {
-    // Nothing of the server's (its listening sockets, the database) stays open in the child past
-    // this line, not only from its exec on: a server killed while this child is still starting
-    // (cgroup writes, forks: long on a loaded machine) must be able to start again at once, and a
-    // socket held here made the next server find one "already listening".
-    if (pipe_fds[1] > 3) close_range(3, static_cast<unsigned>(pipe_fds[1]) - 1, 0);
-    close_range(static_cast<unsigned>(pipe_fds[1]) + 1, ~0U, 0);
-    setpgid(0, 0);
-    // Into the job's cgroups first, so that the shepherd and everything the job starts are
-    // confined and counted.
-    for (size_t i = 0; i < cgroup_files.size(); ++i) {
-      int fd = open(cgroup_files[i], O_WRONLY | O_CLOEXEC);
-      if (fd < 0) fail(6);
-      ssize_t w = write(fd, pid_text, pid_len);
-      if (w != static_cast<ssize_t>(pid_len)) fail(6);
-      close(fd);
-    }
-    // The server blocks SIGTERM/SIGINT (it takes them with sigwait) and ignores SIGPIPE; both a
-    // mask and ignored dispositions survive exec, so a job would never see the SIGTERM that asks it
-    // to stop. Start from a clean slate: every signal default, none blocked.
-    ResetSignals();
-    size_t me = 0;  // which task this child runs
-    if (!spec.exit_path.empty()) {
-      // The shepherd: the group leader, waiting for the job (its child) to record how it ended.
-      // Stops are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a stop
-      // sent to the group the moment the job exists cannot end the shepherd first.
-      signal(SIGTERM, SIG_IGN);
-      signal(SIGINT, SIG_IGN);
-      signal(SIGHUP, SIG_IGN);
-      pid_t job = 0;
-      for (size_t t = 0; t < ntasks; ++t) {
-        job = fork();
-        if (job < 0) {
-          // Those started go with the group; the server sees the shepherd fail.
-          for (size_t k = 0; k < t; ++k) kill(task_pids[k], SIGKILL);
-          _exit(127);
-        }
-        if (job == 0) {
-          ResetSignals();
-          me = t;
-          break;
-        }
-        task_pids[t] = job;
-      }
-      if (job > 0) {
-        close_range(3, ~0U, 0);  // the shepherd needs not even the exec-error pipe
-        int code = 0;
-        bool failed = false;
-        size_t left = ntasks;
-        struct sigaction alarm_action = {};
-        alarm_action.sa_handler = OnGraceOver;  // no SA_RESTART: waitpid returns EINTR
-        sigemptyset(&alarm_action.sa_mask);
-        sigaction(SIGALRM, &alarm_action, nullptr);
-        while (left > 0) {
-          int status = 0;
-          pid_t ended = waitpid(-1, &status, 0);
-          if (ended < 0) {
-            if (errno != EINTR) break;
-            if (grace_over) {
-              for (size_t k = 0; k < ntasks; ++k) {
-                if (task_pids[k] > 0) kill(task_pids[k], SIGKILL);
-              }
-            }
-            continue;
-          }
-          size_t rank = ntasks;
-          for (size_t k = 0; k < ntasks; ++k) {
-            if (task_pids[k] == ended) rank = k;
-          }
-          if (rank == ntasks) continue;  // not a task (an orphan adopted as subreaper: none)
-          task_pids[rank] = 0;
-          --left;
-          int c = WIFEXITED(status)     ? WEXITSTATUS(status)
-                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                        : 255;
-          if (c != 0 && !failed) {
-            failed = true;
-            code = c;
-            if (ntasks > 1 && spec.kill_on_task_failure && left > 0) {
-              SayTaskFailed(task_err[0], prefix, static_cast<int>(rank), c,
-                            "; stopping the other tasks\n");
-              // The whole group (what the tasks started too); the shepherd ignores SIGTERM.
-              kill(0, SIGTERM);
-              alarm(static_cast<unsigned>(std::max(spec.task_grace_s, 1)));
-            } else if (ntasks > 1) {
-              SayTaskFailed(task_err[0], prefix, static_cast<int>(rank), c, "\n");
-            }
-          }
-        }
-        char digits[16];
-        int n = 0;
-        int v = code;
-        char rev[16];
-        do {
-          rev[n++] = static_cast<char>('0' + v % 10);
-          v /= 10;
-        } while (v > 0);
-        for (int k = 0; k < n; ++k) digits[k] = rev[n - 1 - k];
-        digits[n++] = '\n';
-        int fd = open(exit_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-          ssize_t w = write(fd, digits, static_cast<size_t>(n));
-          (void)w;
-          fsync(fd);
-          close(fd);
-          rename(exit_tmp.c_str(), spec.exit_path.c_str());
-        }
-        _exit(code);
-      }
-    }
-    int in = open("/dev/null", O_RDONLY);
-    if (in >= 0) dup2(in, 0);
-    if (*task_out[me]) {
-      int fd = open(task_out[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
-      if (fd < 0) fail(1);
-      dup2(fd, 1);
-    }
-    if (*task_err[me]) {
-      int fd = open(task_err[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
-      if (fd < 0) fail(2);
-      dup2(fd, 2);
-    }
-    if (spec.gid && (setgroups(groups.size(), groups.data()) != 0 || setgid(*spec.gid) != 0))
-      fail(3);
-    if (spec.uid && setuid(*spec.uid) != 0) fail(4);
-    // As the user: the working directory is entered with the user's rights, not root's (entering it
-    // as root told a user which root-only paths exist, and let a job start in one).
-    if (!spec.workdir.empty() && chdir(spec.workdir.c_str()) != 0) fail(0);
-    // The user's own output files, as the user (never a file the user could not open): a name a
-    // job chose must not reach what only the server may write.
-    if (*user_out[me]) {
-      int fd = open(user_out[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
-      if (fd < 0) fail(7);
-      dup2(fd, 1);
-      if (fd != 1) close(fd);
-    }
-    if (*user_err[me]) {
-      int fd = open(user_err[me], O_WRONLY | O_CREAT | O_APPEND | O_NOCTTY, 0644);
-      if (fd < 0) fail(8);
-      dup2(fd, 2);
-      if (fd != 2) close(fd);
-    }
-    int last_errno = ENOENT;
-    for (const std::string& c : candidates) {
-      execve(c.c_str(), argv.data(), task_envp[me].data());
-      if (errno != ENOENT) last_errno = errno;
-    }
-    errno = last_errno;
-    fail(5);
-  }
+  if (pid == 0) Child(spec, p, pipe_fds[1]);
   close(pipe_fds[1]);
   // Also set the group from the parent: either side may run first.
   setpgid(pid, pid);
@@ -408,25 +458,9 @@ absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   close(pipe_fds[0]);
   if (n == sizeof ce) {
     // The other tasks of a job with several go too.
-    if (ntasks > 1) kill(-pid, SIGKILL);
+    if (p.ntasks > 1) kill(-pid, SIGKILL);
     waitpid(pid, nullptr, 0);
-    const std::string& file = ce.step == 7 ? std::string(user_out[0]) : std::string(user_err[0]);
-    std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
-                       : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
-                       : ce.step >= 7 ? fmt::format("{} '{}'", kSteps[ce.step], file)
-                                      : kSteps[ce.step];
-    std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
-    // Also where the user looks first: the job's stderr log (when it can be opened at all).
-    if (!spec.stderr_path.empty() && ce.step != 2) {
-      int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-      if (fd >= 0) {
-        std::string line = "tessera: " + message + "\n";
-        ssize_t w = write(fd, line.data(), line.size());
-        (void)w;
-        close(fd);
-      }
-    }
-    return absl::InvalidArgumentError(message);
+    return ChildFailed(spec, p, ce);
   }
   Launched l;
   l.pid = pid;
