@@ -337,6 +337,8 @@ struct ReplayFlags {
   bool interference = false;
 };
 
+// Long (issue 32 asks for a reason): the flags turned into a replay's configuration, then its
+// outputs (table, JSON, YAML, CSV, plots) - one block each. Not split yet.
 int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
   const bool no_preemption = o.no_preemption;
   const double compression = o.compression;

@@ -140,6 +140,9 @@ absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
   return out;
 }
 
+// Long by design: one block per thing read of a pod (containers, resources, annotations,
+// priority, gang), each with its own error naming the field, in the order docs/kubernetes.md lists
+// them.
 absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
   std::string name = StringAt(pod, {"metadata", "name"});
   std::string ns = StringAt(pod, {"metadata", "namespace"});

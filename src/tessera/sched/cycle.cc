@@ -423,6 +423,10 @@ absl::StatusOr<std::vector<Allocation>> Cycle::RemoveNode(NodeId node) {
   return released;
 }
 
+// Long (issue 32 asks for a reason): the pass in its order - account, requeue, then per queued
+// entry in order its gang, placement, backfill check, preemption plan and reservation - with each
+// stage its own function; what stays here is the order and the budget they share (plans_left,
+// reservations), which a split would have to pass around.
 std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
   std::vector<CycleDecision> out;
   if (now != instant_) {

@@ -576,6 +576,9 @@ absl::StatusOr<Allocation> Scheduler::Release(const std::string& id) {
   return a;
 }
 
+// Long (issue 32 asks for a reason): the candidates per node, the victims chosen by the rules in
+// the comment of its declaration, and the pruning that keeps it fast on large clusters (docs/
+// benchmarks.md); the three share the per-node state they build. Not split yet.
 PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
   PreemptionPlan plan;
   if (std::string bad = core::ValidateRequest(r); !bad.empty()) {

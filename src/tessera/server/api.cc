@@ -26,6 +26,8 @@ using nlohmann::json;
 
 Api::Api(Dispatcher& d) : d_(d), config_(d.config()), store_(d.store()) {}
 
+// Long by design: the route table (who asks, then one block per path and method), each route a
+// call to its own handler.
 net::HttpResponse Api::Handle(const net::HttpRequest& req) {
   // The dashboard's page and code: the same for everyone, no data in them (that comes from the
   // API below, with the caller's token).

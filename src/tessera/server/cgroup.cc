@@ -277,6 +277,8 @@ std::optional<DeviceRule> RuleFor(const std::string& path) {
                     static_cast<int64_t>(minor(st.st_rdev)), "rwm"};
 }
 
+// Long (issue 32 asks for a reason): the hierarchies a machine may have (cgroup2, cgroup1, both)
+// probed in one place, so that which one each resource goes to reads as one decision.
 std::unique_ptr<Cgroups> Cgroups::Open(const CgroupOptions& o) {
   std::unique_ptr<Cgroups> c(new Cgroups());
   if (o.mode == "off") {

@@ -2,6 +2,7 @@
 
 namespace tessera::server {
 
+// Long by design: the OpenAPI document as one literal, kept beside nothing else.
 std::string_view OpenApiDocument() {
   static constexpr std::string_view kDoc =
       R"json({

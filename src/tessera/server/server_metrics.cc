@@ -47,6 +47,7 @@ RegionMemory ReadRegionMemory(const std::string& path) {
   return out;
 }
 
+// Long by design: one block per metric family, in the order of docs/metrics.md.
 std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   net::MetricsPage p;
   using Labels = net::MetricsPage::Labels;
