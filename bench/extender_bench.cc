@@ -7,13 +7,16 @@
 // in flight), which creates the Binding in the API server; p50/p99 of each call and of filter
 // through bind, and the sustained rate, until the drawn GPU demand reaches --fill of the cluster's
 // GPUs. Prints a table; no Google Benchmark (these are latencies of a whole path).
-//   extender_bench [FILL] [BINDERS]   (0.8, 4)
+//   extender_bench [FILL] [BINDERS] [mtls]   (0.8, 4; mtls: HTTPS with kube-scheduler's client
+//   certificate, as deploy/ runs it)
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <string>
@@ -24,6 +27,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/extender/service.h"
 #include "tessera/extender/test_objects.h"
+#include "tessera/net/certs.h"
 #include "tessera/net/http.h"
 #include "tessera/sim/openb.h"
 
@@ -49,6 +53,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::err);
   double fill = argc > 1 ? std::atof(argv[1]) : 0.8;
   const int binders = argc > 2 ? std::max(1, std::atoi(argv[2])) : 4;
+  // "mtls": as deploy/ runs it - HTTPS, and only a client certificate of its CA is served.
+  const bool mtls = argc > 3 && std::string(argv[3]) == "mtls";
   const char* env = std::getenv("TESSERA_TRACES");
   std::string dir = env && *env ? env : TESSERA_SOURCE_DIR "/traces/openb";
   auto nodes = sim::LoadOpenbNodes(dir + "/openb_node_list_gpu_node.csv");
@@ -76,6 +82,30 @@ int main(int argc, char** argv) {
   extender::ServiceOptions o;
   o.listen = "127.0.0.1:0";
   o.pod_groups = false;
+  std::string ca_file, client_cert, client_key;
+  const std::string tls_dir =
+      std::filesystem::temp_directory_path() / ("extender-bench-tls-" + std::to_string(getpid()));
+  if (mtls) {
+    std::filesystem::create_directories(tls_dir);
+    auto ca = net::MakeCertificateAuthority("bench-ca");
+    auto server = net::IssueCertificate(
+        *ca, {.common_name = "tessera-extender", .dns_names = {"localhost"}, .server = true});
+    auto client = net::IssueCertificate(*ca, {.common_name = "tessera-scheduler", .client = true});
+    if (!ca.ok() || !server.ok() || !client.ok()) {
+      std::fprintf(stderr, "certificates: OpenSSL failed\n");
+      return 1;
+    }
+    auto write = [&](const std::string& name, const std::string& text) {
+      std::ofstream(tls_dir + "/" + name) << text;
+      return tls_dir + "/" + name;
+    };
+    o.tls_cert_file = write("tls.crt", server->cert);
+    o.tls_key_file = write("tls.key", server->key);
+    o.client_ca_file = ca_file = write("ca.crt", ca->cert);
+    o.client_names = {"tessera-scheduler"};
+    client_cert = write("client.crt", client->cert);
+    client_key = write("client.key", client->key);
+  }
   auto service = extender::Service::Start(**client, o, core::SteadyClock::Get());
   if (!service.ok() || !(*service)->WaitForSync(std::chrono::seconds(60))) {
     std::fprintf(stderr, "extender did not start\n");
@@ -98,8 +128,9 @@ int main(int argc, char** argv) {
   }
   // kube-scheduler runs binding cycles asynchronously: binds go to their own connection and thread
   // while the next pod is filtered.
-  const std::string address = "tcp://127.0.0.1:" + std::to_string((*service)->port());
-  net::HttpClient http(address);
+  const std::string address =
+      (mtls ? "https://localhost:" : "tcp://127.0.0.1:") + std::to_string((*service)->port());
+  net::HttpClient http(address, "", ca_file, client_cert, client_key);
   std::vector<double> filter_ms, prioritize_ms, bind_ms, both_ms;
   int placed = 0, unplaced = 0, bind_errors = 0;
   std::mutex mu;
@@ -107,7 +138,7 @@ int main(int argc, char** argv) {
   std::deque<std::pair<json, Clock::time_point>> binds;
   bool done = false;
   auto bind_loop = [&] {
-    net::HttpClient bind_http(address);
+    net::HttpClient bind_http(address, "", ca_file, client_cert, client_key);
     std::unique_lock lock(mu);
     for (;;) {
       cv.wait(lock, [&] { return done || !binds.empty(); });
@@ -181,7 +212,9 @@ int main(int argc, char** argv) {
   std::printf("binds in flight at most: %d\n", binders);
   std::printf("placed %d, unplaced %d, bind errors %d in %.2f s: %.0f pods/s sustained\n", placed,
               unplaced, bind_errors, seconds, (placed + unplaced) / seconds);
+  std::printf("transport: %s\n", mtls ? "HTTPS, client certificate checked" : "HTTP");
   (*service)->Stop();
   (*client)->Shutdown();
+  if (mtls) std::filesystem::remove_all(tls_dir);
   return bind_errors == 0 ? 0 : 1;
 }

@@ -395,6 +395,10 @@ struct HttpServer::Impl {
   static std::optional<Peer> TcpPeer(tcp::socket& sock) {
     Peer peer;
     beast::error_code ec;
+    // No Nagle: a response (or a TLS record) written in two pieces would otherwise wait for the
+    // peer's delayed ACK, 40 ms, for its second piece (measured: the extender's filter over HTTPS
+    // took 44 ms instead of 0.4 ms).
+    sock.set_option(tcp::no_delay(true), ec);
     auto ep = sock.remote_endpoint(ec);
     if (!ec) peer.address = fmt::format("{}:{}", ep.address().to_string(), ep.port());
     return peer;
@@ -619,6 +623,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
         if (!https) {
           conn_->tcp_sock = std::make_unique<tcp::socket>(conn_->io);
           if (!ec) asio::connect(*conn_->tcp_sock, results, ec);
+          if (!ec) conn_->tcp_sock->set_option(tcp::no_delay(true), ec);  // see TcpPeer
         } else {
           // The server's certificate must chain to the CA and name the host.
           conn_->tls_ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
@@ -650,6 +655,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
           conn_->tls_sock->set_verify_callback(asio::ssl::host_name_verification(host));
           SSL_set_tlsext_host_name(conn_->tls_sock->native_handle(), host.c_str());
           if (!ec) asio::connect(beast::get_lowest_layer(*conn_->tls_sock), results, ec);
+          if (!ec) beast::get_lowest_layer(*conn_->tls_sock).set_option(tcp::no_delay(true), ec);
           if (!ec) conn_->tls_sock->handshake(asio::ssl::stream_base::client, ec);
         }
       } else {
