@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <vector>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -40,6 +41,42 @@ std::string Under(const std::string& root, const std::string& path) {
   return (fs::path(root) / fs::path(path).relative_path()).string();
 }
 
+// `path` (absolute, as on the host) as it is found here under `root`, with symbolic links
+// followed as the host would follow them: an absolute link's target is taken under `root` too
+// (stat() here would follow it into this container's own files). "" when it leads nowhere or
+// loops.
+std::string Resolve(const std::string& root, const std::string& path) {
+  if (root.empty() || root == "/") return path;
+  std::vector<std::string> todo;  // components still to walk, last first
+  for (const auto& c : fs::path(path).relative_path()) todo.insert(todo.begin(), c.string());
+  std::string at = "/";  // resolved so far, as on the host
+  for (int links = 0; !todo.empty();) {
+    const std::string c = todo.back();
+    todo.pop_back();
+    if (c.empty() || c == ".") continue;
+    if (c == "..") {
+      at = fs::path(at).parent_path().string();
+      if (at.empty()) at = "/";
+      continue;
+    }
+    const std::string next = (fs::path(at) / c).string();
+    char target[4096];
+    const ssize_t n = readlink(Under(root, next).c_str(), target, sizeof target - 1);
+    if (n < 0) {
+      at = next;  // not a link (or missing: the stat of the whole path says so)
+      continue;
+    }
+    if (++links > 40) return "";
+    target[n] = 0;
+    const fs::path t(target);
+    if (t.is_absolute()) at = "/";
+    std::vector<std::string> more;
+    for (const auto& part : t.relative_path()) more.push_back(part.string());
+    for (auto it = more.rbegin(); it != more.rend(); ++it) todo.push_back(*it);
+  }
+  return Under(root, at);
+}
+
 bool IsCharDevice(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
@@ -55,12 +92,13 @@ bool IsSocket(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
-// The first of `dirs` holding a regular file (links followed) called `name`, as a path under "/".
+// The first of `dirs` holding a regular file (links followed, as on the host) called `name`, as a
+// path under "/".
 std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs,
                    const std::string& name) {
   for (const std::string& d : dirs) {
     std::string p = d + "/" + name;
-    if (IsFile(Under(s.root, p))) return p;
+    if (IsFile(Resolve(s.root, p))) return p;
   }
   return "";
 }
@@ -69,7 +107,7 @@ std::string FindIn(const DriverSearch& s, const std::vector<std::string>& dirs,
 
 std::string FindDriverLibrary(const DriverSearch& search, const std::string& soname) {
   const std::string p = FindIn(search, search.library_dirs, soname);
-  return p.empty() ? "" : Under(search.root, p);
+  return p.empty() ? "" : Resolve(search.root, p);
 }
 
 DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSearch& search) {
@@ -94,7 +132,7 @@ DriverFiles FindDriverFiles(const core::NodeInventory& inventory, const DriverSe
     }
   }
   for (const char* bin : kBinaries) add(FindIn(search, search.binary_dirs, bin));
-  if (IsSocket(Under(search.root, kPersistencedSocket))) add(kPersistencedSocket);
+  if (IsSocket(Resolve(search.root, kPersistencedSocket))) add(kPersistencedSocket);
   return f;
 }
 

@@ -115,6 +115,33 @@ TEST_F(CdiTest, AContainerizedDriverRootIsSearchedAndNamedByItsHostPaths) {
   EXPECT_EQ(spec.dump().find(root_.string()), std::string::npos) << "a path of the agent's own";
 }
 
+// A host's library reached through an absolute symbolic link (/usr/lib/... -> /usr/local/nvidia/
+// lib64/...): under the agent's --driver-root the link is followed as on the host, not into the
+// container's own files.
+TEST_F(CdiTest, AbsoluteLinksInTheDriverRootAreFollowedAsOnTheHost) {
+  File("/host/usr/local/nvidia/lib64/libnvidia-ml.so.580.1");
+  File("/host/usr/local/nvidia/lib64/libcuda.so.580.1");
+  fs::create_directories(root_ / "host/usr/lib/x86_64-linux-gnu");
+  fs::create_symlink("/usr/local/nvidia/lib64/libnvidia-ml.so.580.1",
+                     root_ / "host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  // A relative link that climbs, and one that leads nowhere on the host.
+  fs::create_symlink("../../local/nvidia/lib64/libcuda.so.580.1",
+                     root_ / "host/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+  fs::create_symlink("/no/such/libnvidia-cfg.so.1",
+                     root_ / "host/usr/lib/x86_64-linux-gnu/libnvidia-cfg.so.1");
+  // A loop is not followed for ever.
+  fs::create_symlink("/usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4",
+                     root_ / "host/usr/lib/x86_64-linux-gnu/libnvidia-nvvm.so.4");
+  DriverSearch s;
+  s.root = (root_ / "host").string();
+  EXPECT_EQ(FindDriverLibrary(s, "libnvidia-ml.so.1"),
+            (root_ / "host/usr/local/nvidia/lib64/libnvidia-ml.so.580.1").string());
+  DriverFiles f = FindDriverFiles(TwoGpus(), s);
+  EXPECT_THAT(f.mounts, ElementsAre("/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                                    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"))
+      << "the host paths the links are at; the broken link and the loop left out";
+}
+
 TEST_F(CdiTest, SpecNamesEveryGpuByUuidAndIndexWithItsNode) {
   DriverFiles f;
   f.gpu_nodes = {"/dev/nvidia4", ""};
