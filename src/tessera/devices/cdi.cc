@@ -56,7 +56,7 @@ std::string Resolve(const std::string& root, const std::string& path) {
     if (c.empty() || c == ".") continue;
     if (c == "..") {
       at = fs::path(at).parent_path().string();
-      if (at.empty()) at = "/";
+      if (at.empty()) at.assign(1, '/');
       continue;
     }
     const std::string next = (fs::path(at) / c).string();
@@ -69,7 +69,7 @@ std::string Resolve(const std::string& root, const std::string& path) {
     if (++links > 40) return "";
     target[n] = 0;
     const fs::path t(target);
-    if (t.is_absolute()) at = "/";
+    if (t.is_absolute()) at.assign(1, '/');
     std::vector<std::string> more;
     for (const auto& part : t.relative_path()) more.push_back(part.string());
     for (auto it = more.rbegin(); it != more.rend(); ++it) todo.push_back(*it);
