@@ -97,6 +97,22 @@ void Refuse(const char* name, const char* value, const char* expected) {
   refused = true;
 }
 
+// A list of the arbiter's GPU indices ("3,5"): their bits in `mask`, and each in turn in `out`
+// (at most `max` of them) when `out` is given. False when it does not parse.
+bool ParseGpuIndices(const char* v, uint32_t* mask, int* out, int max) {
+  int n = 0;
+  for (const char* p = v; *p; ++n) {
+    char* end = nullptr;
+    const long x = strtol(p, &end, 10);
+    if (end == p || x < 0 || x >= kArbiterGpus || (out && n >= max) || (*end != ',' && *end != 0))
+      return false;
+    if (out) out[n] = static_cast<int>(x);
+    *mask |= 1u << x;
+    p = *end ? end + 1 : end;
+  }
+  return true;
+}
+
 // TESSERA_CUDA_ARBITER and the settings that go with it; a malformed setting refuses CUDA.
 void InitArbiter(const char* region_path) {
   const char* path = getenv("TESSERA_CUDA_ARBITER");
@@ -131,36 +147,20 @@ void InitArbiter(const char* region_path) {
   c.work_conserving = conserving != 0;
   for (int i = 0; i < kMaxDevices; ++i) physical_gpu[i] = i;
   if (const char* v = getenv("TESSERA_CUDA_ARBITER_GPUS"); v && *v) {
-    int i = 0;
-    bool ok = true;
-    for (const char* p = v; *p && ok; ++i) {
-      char* end = nullptr;
-      long x = strtol(p, &end, 10);
-      ok = end != p && x >= 0 && x < kArbiterGpus && i < kMaxDevices && (*end == ',' || *end == 0);
-      if (ok) physical_gpu[i] = static_cast<int>(x), p = *end ? end + 1 : end;
-    }
-    if (!ok) {
+    uint32_t mask = 0;
+    if (!ParseGpuIndices(v, &mask, physical_gpu, kMaxDevices)) {
       Refuse("TESSERA_CUDA_ARBITER_GPUS", v, "a list of GPU indices (3,5)");
       for (int k = 0; k < kMaxDevices; ++k) physical_gpu[k] = k;
     } else {
       // A job given several GPUs (its ranks on them): their slices are granted together, unless
       // TESSERA_CUDA_GANG=0.
-      uint32_t mask = 0;
-      for (int k = 0; k < i; ++k) mask |= 1u << physical_gpu[k];
       if (__builtin_popcount(mask) >= 2 && gang != 0) c.gang_mask = mask;
       // The job's ranks in several containers (the pods of one distributed job on this node),
       // each seeing only its own GPUs: the gang's GPUs here, set alike in all of them (with one
       // TESSERA_JOB_ID), so that their slices are granted together as for one container's ranks.
       if (const char* g = getenv("TESSERA_CUDA_GANG_GPUS"); g && *g) {
         uint32_t all = 0;
-        bool fine = true;
-        for (const char* q = g; *q && fine;) {
-          char* end = nullptr;
-          long x = strtol(q, &end, 10);
-          fine = end != q && x >= 0 && x < kArbiterGpus && (*end == ',' || *end == 0);
-          if (fine) all |= 1u << x, q = *end ? end + 1 : end;
-        }
-        if (!fine || (all & mask) != mask) {
+        if (!ParseGpuIndices(g, &all, nullptr, 0) || (all & mask) != mask) {
           Refuse("TESSERA_CUDA_GANG_GPUS", g,
                  "a list of GPU indices (0,1) that holds TESSERA_CUDA_ARBITER_GPUS");
         } else if (__builtin_popcount(all) >= 2 && gang != 0) {
