@@ -512,6 +512,10 @@ TEST_F(ExtenderE2e, BadFlagsAreExitTwoNamingWhatIsWrong) {
            Case{"--kubeconfig " + kubeconfig_ + " --reservation-timeout 0",
                 "--reservation-timeout"},
            Case{"--kubeconfig " + root_ + "/missing", root_ + "/missing"},
+           Case{"--kubeconfig " + kubeconfig_ + " --tls-secret no-slash",
+                "--tls-secret takes namespace/name"},
+           Case{"--kubeconfig " + kubeconfig_ + " --tls-secret ns/x --tls-cert " + root_ + "/x.crt",
+                "replaces --tls-cert, --tls-key and --client-ca"},
        }) {
     auto r = tessera::test::Capture(run + c.flags + " 2>&1");
     EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;
