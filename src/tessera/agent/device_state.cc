@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/agent/share_edits.h"
 #include "tessera/core/gpu.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/sched/policy.h"
@@ -333,76 +334,45 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     d->set_permissions("rw");
   }
   if (r == Resource::kShare) {
-    std::vector<uint64_t> limits;
-    std::vector<std::string> limit_text, physical;
-    double share = 1;
+    ShareRequest share;
+    share.share = 1;
     for (size_t i = 0; i < a.gpus.size(); ++i) {
       int g = by_uuid_.at(a.gpus[i]);
       int n = 0;
       for (const std::string& id : a.device_ids) n += *GpuOf(id) == g;
-      share = std::min(share, static_cast<double>(n) / options_.shares_per_gpu);
+      share.share = std::min(share.share, static_cast<double>(n) / options_.shares_per_gpu);
       uint64_t total = inventory_.gpus[g].memory_bytes.value_or(0);
-      uint64_t limit = hint && hint->memory ? *hint->memory : total / options_.shares_per_gpu * n;
-      limits.push_back(limit);
-      limit_text.push_back(fmt::format("{}:{}", i, limit));
-      physical.push_back(std::to_string(g));
+      share.limits.push_back(hint && hint->memory ? *hint->memory
+                                                  : total / options_.shares_per_gpu * n);
+      share.gpus.push_back(g);
     }
     if (a.region.empty()) a.region = options_.state_dir + "/regions/" + a.id + ".region";
-    char err[256] = "";
-    if (!shim::CreateRegionFile(a.region.c_str(), limits.data(), static_cast<int>(limits.size()),
-                                err, sizeof err)) {
-      return absl::InternalError(fmt::format("shared region {}: {}", a.region, err));
-    }
-    // The container's processes run as a user the agent does not know.
-    chmod(a.region.c_str(), 0666);
-    auto& env = *resp.mutable_envs();
-    env["LD_PRELOAD"] = kContainerShim;
-    env["TESSERA_CUDA_MEM_LIMIT"] = absl::StrJoin(limit_text, ",");
-    // In percent: a bare "1" (a whole GPU's share as a fraction) would read as 1%.
-    env["TESSERA_CUDA_COMPUTE_SHARE"] = fmt::format("{:g}%", share * 100);
-    env["TESSERA_CUDA_PRIORITY"] =
-        std::to_string(hint && hint->priority ? *hint->priority : options_.default_priority);
-    env["TESSERA_CUDA_REGION"] = kContainerRegion;
-    // A pod's processes are in a pid namespace of their own: NVML does not show them to the
-    // library, which cannot measure what its contexts take. The measured figure for the model.
-    env["TESSERA_CUDA_CONTEXT_OVERHEAD"] =
-        std::to_string(core::DefaultContextOverhead(inventory_.gpus[by_uuid_.at(a.gpus[0])].model));
-    env["TESSERA_JOB_ID"] = a.id;  // the arbiter tells jobs apart by it
-    // A gang's pods with shares on this node: one job at the arbiter, whose slices on all the
-    // gang's GPUs here are granted together (its ranks wait for each other every step).
-    if (hint && !hint->gang.empty() && hint->gang_gpus.size() >= 2) {
-      std::set<int> gang;
+    share.region = a.region;
+    share.priority = hint && hint->priority ? *hint->priority : options_.default_priority;
+    share.job_id = a.id;
+    if (hint && !hint->gang.empty()) {
       bool known = true;
       for (const std::string& u : hint->gang_gpus) {
         auto it = by_uuid_.find(u);
         known = known && it != by_uuid_.end();
-        if (known) gang.insert(it->second);
+        if (known) share.gang_gpus.push_back(it->second);
       }
-      bool holds = known;
-      for (const std::string& g : physical) holds = holds && gang.contains(std::stoi(g));
-      if (holds) {
-        env["TESSERA_JOB_ID"] = "gang:" + hint->gang;
-        env["TESSERA_CUDA_GANG_GPUS"] = absl::StrJoin(gang, ",");
+      if (known) {
+        share.gang = hint->gang;
       } else {
-        spdlog::warn(
-            "pod {}/{}: its gang {} names GPUs {} that are not this node's or leave out "
-            "its own; its shares are time-sliced on their own",
-            hint->pod_namespace, hint->pod_name, hint->gang, absl::StrJoin(hint->gang_gpus, ","));
+        spdlog::warn("pod {}/{}: its gang {} names GPUs {} that are not this node's",
+                     hint->pod_namespace, hint->pod_name, hint->gang,
+                     absl::StrJoin(hint->gang_gpus, ","));
       }
     }
-    auto mount = [&](const std::string& host, const char* in, bool ro) {
-      auto* m = resp.add_mounts();
-      m->set_host_path(host);
-      m->set_container_path(in);
-      m->set_read_only(ro);
-    };
-    mount(options_.shim_library, kContainerShim, true);
-    mount(a.region, kContainerRegion, false);
-    std::string arbiter = options_.state_dir + "/gpu.arbiter";
-    if (access(arbiter.c_str(), F_OK) == 0) {
-      mount(arbiter, kContainerArbiter, false);
-      env["TESSERA_CUDA_ARBITER"] = kContainerArbiter;
-      env["TESSERA_CUDA_ARBITER_GPUS"] = absl::StrJoin(physical, ",");
+    ContainerEdits edits;
+    if (absl::Status st = ShareEdits(share, inventory_, options_, &edits); !st.ok()) return st;
+    for (const auto& [k, v] : edits.env) (*resp.mutable_envs())[k] = v;
+    for (const ContainerMount& m : edits.mounts) {
+      auto* mount = resp.add_mounts();
+      mount->set_host_path(m.host_path);
+      mount->set_container_path(m.container_path);
+      mount->set_read_only(m.read_only);
     }
   }
   (*resp.mutable_annotations())["tessera.io/allocation"] = a.id;
