@@ -1,7 +1,7 @@
 // Validates Kubernetes objects (multi-document YAML on stdin, as `kubectl kustomize deploy/`
-// renders them) against the Kubernetes OpenAPI schemas of npm's kubernetes-models (and the
-// Prometheus Operator's for ServiceMonitor). Prints one line per object; exits 1 naming every
-// object that fails and why.
+// renders them) against the Kubernetes OpenAPI schemas of npm's kubernetes-models (version 5 for
+// DRA's resource.k8s.io/v1; the Prometheus Operator's for ServiceMonitor). Prints one line per
+// object; exits 1 naming every object that fails and why.
 "use strict";
 const fs = require("fs");
 const yaml = require("js-yaml");
@@ -9,7 +9,11 @@ const yaml = require("js-yaml");
 function modelFor(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
   const candidates = [];
-  if (group === "monitoring.coreos.com") {
+  if (group === "resource.k8s.io") {
+    // DRA's resource.k8s.io/v1 (Kubernetes 1.34) is only in kubernetes-models 5, an ES module that
+    // exports its files to `import` only: required by path (Node 20.19+ requires ES modules).
+    candidates.push(`${__dirname}/node_modules/kubernetes-models-v5/${apiVersion}/${kind}.js`);
+  } else if (group === "monitoring.coreos.com") {
     candidates.push(`@kubernetes-models/prometheus-operator/${apiVersion}/${kind}`);
   } else if (group === "") {
     candidates.push(`kubernetes-models/${version}/${kind}`);

@@ -99,6 +99,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
           spdlog::warn("GPU {} ({}) is unhealthy: {}", gpu, g.uuid, h.reason);
         }
         self->state_->SetHealth(gpu, h.healthy, h.reason);
+        if (self->dra_state_) self->dra_state_->SetHealth(gpu, h.healthy, h.reason);
+        if (self->slices_) self->slices_->Poke();
         if (self->node_sync_) self->node_sync_->Poke();
       });
 
@@ -126,9 +128,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
       }
     };
   }
-  a->plugin_ = std::make_unique<PluginServer>(
-      *a->state_, o.server, hint, [self] { self->Reconcile(); }, hint_used, refused);
-  if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
+  if (o.dra) {
+    if (absl::Status s = a->StartDra(); !s.ok()) return s;
+  } else {
+    a->plugin_ = std::make_unique<PluginServer>(
+        *a->state_, o.server, hint, [self] { self->Reconcile(); }, hint_used, refused);
+    if (absl::Status s = a->plugin_->Start(); !s.ok()) return s;
+  }
   a->health_->Start();
 
   net::HttpServerOptions http;
@@ -173,6 +179,31 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   return a;
 }
 
+absl::Status Agent::StartDra() {
+  AgentOptions& o = options_;
+  DraOptions d = o.dra_options;
+  if (d.pool.empty()) d.pool = o.node_name;
+  if (d.dir.empty()) d.dir = fmt::format("{}/plugins/{}", o.dra_plugin.kubelet_dir, d.driver);
+  if (d.cdi_dir.empty()) d.cdi_dir = o.cdi_dir;
+  auto state = DraState::Create(state_->inventory(), o.plugin, d);
+  if (!state.ok()) return state.status();
+  dra_state_ = std::move(*state);
+  dra_plugin_ = std::make_unique<DraPlugin>(*dra_state_, kube_.get(), o.dra_plugin);
+  if (absl::Status s = dra_plugin_->Start(); !s.ok()) return s;
+  if (kube_) {
+    slices_ = std::make_unique<SlicePublisher>(
+        *kube_, *dra_state_,
+        SlicePublisherOptions{
+            .node_name = o.node_name, .resync = o.label_resync, .sysfs_root = o.sysfs_root});
+    slices_->Start();
+  } else {
+    spdlog::warn(
+        "DRA without an API server: no ResourceSlices are published and only claims "
+        "in the checkpoint can be prepared");
+  }
+  return absl::OkStatus();
+}
+
 void Agent::Stop() {
   {
     std::lock_guard lock(mu_);
@@ -183,6 +214,9 @@ void Agent::Stop() {
   if (reconcile_thread_.joinable()) reconcile_thread_.join();
   if (state_) state_->Shutdown();
   if (plugin_) plugin_->Stop();
+  if (dra_state_) dra_state_->Shutdown();
+  if (dra_plugin_) dra_plugin_->Stop();
+  if (slices_) slices_->Stop();  // deletes the node's slices: before the client shuts down
   if (node_sync_) node_sync_->Stop();
   if (kube_) kube_->Shutdown();
   events_.reset();
@@ -291,11 +325,19 @@ std::string Agent::Metrics() {
     }
     share_holders_ = std::move(seen);  // released allocations forgotten
   }
-  const PluginCounters& pc = plugin_->counters();
-  counters.registrations = pc.registrations;
-  counters.allocations = pc.allocations;
-  counters.allocation_errors = pc.allocation_errors;
-  counters.preferred = pc.preferred;
+  if (plugin_) {
+    const PluginCounters& pc = plugin_->counters();
+    counters.registrations = pc.registrations;
+    counters.allocations = pc.allocations;
+    counters.allocation_errors = pc.allocation_errors;
+    counters.preferred = pc.preferred;
+  }
+  if (dra_plugin_) {
+    const DraCounters& dc = dra_plugin_->counters();
+    counters.registrations = dc.registrations;
+    counters.allocations = dc.prepares;
+    counters.allocation_errors = dc.prepare_errors;
+  }
   counters.pod_resources_errors = pod_resources_errors_;
   counters.api_server_configured = node_sync_ != nullptr;
   if (node_sync_) {

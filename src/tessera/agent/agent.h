@@ -16,6 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/agent/device_state.h"
+#include "tessera/agent/dra_plugin.h"
+#include "tessera/agent/dra_slices.h"
+#include "tessera/agent/dra_state.h"
 #include "tessera/agent/node_sync.h"
 #include "tessera/agent/plugin_server.h"
 #include "tessera/agent/pod_resources.h"
@@ -57,6 +60,13 @@ struct AgentOptions {
   std::string kubeconfig;
   std::string kube_context;
   std::chrono::milliseconds label_resync{60000};
+  // Which kubelet API serves the GPUs: the device plugin (tessera.io/gpu, tessera.io/gpu-share),
+  // or DRA (resource.k8s.io/v1: the driver gpu.tessera.io, its ResourceSlices and kubelet plugin).
+  // One per node: both at once would give a GPU twice.
+  bool dra = false;
+  DraOptions dra_options;  // pool (the node name), dir and cdi_dir filled in when empty
+  DraPluginOptions dra_plugin;
+  std::string sysfs_root = "/sys";  // PCIe roots for ResourceSlices
 };
 
 class Agent {
@@ -72,12 +82,16 @@ class Agent {
   // Asks PodResources what is in use and releases ended allocations; false when it cannot tell.
   bool Reconcile();
   DeviceState& state() { return *state_; }
+  DraState* dra_state() { return dra_state_.get(); }
+  DraPlugin* dra_plugin() { return dra_plugin_.get(); }
+  SlicePublisher* slices() { return slices_.get(); }
   NodeSync* node_sync() { return node_sync_.get(); }
   const core::NodeInventory& inventory() const { return state_->inventory(); }
 
  private:
   explicit Agent(AgentOptions options);
   void ConnectApiServer();
+  absl::Status StartDra();
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
     return options_.plugin.clock ? *options_.plugin.clock : core::SystemClock::Get();
@@ -88,6 +102,9 @@ class Agent {
   std::unique_ptr<DeviceState> state_;
   std::unique_ptr<devices::HealthWatch> health_;
   std::unique_ptr<PluginServer> plugin_;
+  std::unique_ptr<DraState> dra_state_;
+  std::unique_ptr<DraPlugin> dra_plugin_;
+  std::unique_ptr<SlicePublisher> slices_;
   std::unique_ptr<PodResourcesClient> pod_resources_;
   std::unique_ptr<kube::Client> kube_;
   std::unique_ptr<NodeSync> node_sync_;

@@ -25,6 +25,7 @@ struct AgentFlags {
   double driver_retry_s = 60;
   bool no_api_server = false;
   double label_resync_s = 60;
+  std::vector<int> dra_share_gpus;
 };
 
 int RunAgent(AgentFlags& f, std::ostream& err) {
@@ -44,6 +45,15 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.source.fallback_simulate = f.fallback_simulate;
   o.use_api_server = !f.no_api_server;
   o.label_resync = std::chrono::milliseconds(static_cast<int64_t>(f.label_resync_s * 1000));
+  o.dra_options.share_gpus = {f.dra_share_gpus.begin(), f.dra_share_gpus.end()};
+  if (!o.dra && !f.dra_share_gpus.empty()) {
+    err << "tessera: --dra-share-gpus needs --dra\n";
+    return kExitBadInput;
+  }
+  if (o.dra && o.cdi_dir.empty()) {
+    err << "tessera: --dra answers claims with CDI IDs: --cdi-dir must not be empty\n";
+    return kExitBadInput;
+  }
   // Stop on SIGTERM/SIGINT, taken synchronously; the agent's threads never see them.
   sigset_t set = BlockStopSignals();
   // Without a usable driver (not installed yet, the container not given it) the agent says so and
@@ -70,8 +80,14 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
     err << "tessera: " << a.status().message() << "\n";
     return a.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure;
   }
-  spdlog::info("tessera agent ready: {} GPU(s), plugins in {}, state in {}",
-               (*a)->inventory().gpus.size(), o.server.plugin_dir, o.plugin.state_dir);
+  if (o.dra) {
+    spdlog::info("tessera agent ready: {} GPU(s), DRA driver {} under {}, state in {}",
+                 (*a)->inventory().gpus.size(), o.dra_options.driver, o.dra_plugin.kubelet_dir,
+                 o.plugin.state_dir);
+  } else {
+    spdlog::info("tessera agent ready: {} GPU(s), plugins in {}, state in {}",
+                 (*a)->inventory().gpus.size(), o.server.plugin_dir, o.plugin.state_dir);
+  }
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("signal {}: stopping (allocations stay in the checkpoint)", sig);
@@ -166,6 +182,22 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
   a->add_option("--reconcile-interval", f.reconcile_s,
                 "Seconds between PodResources checks that release ended pods' allocations")
       ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  a->add_flag("--dra", f.o.dra,
+              "Serve the GPUs through Kubernetes DRA (resource.k8s.io/v1, driver gpu.tessera.io: "
+              "ResourceSlices and the kubelet plugin) instead of the device plugin");
+  a->add_option("--dra-driver", f.o.dra_options.driver, "The DRA driver's name")
+      ->capture_default_str();
+  a->add_option("--kubelet-dir", f.o.dra_plugin.kubelet_dir,
+                "The kubelet's folder: DRA sockets go in its plugins/ and plugins_registry/")
+      ->capture_default_str();
+  a->add_option("--dra-share-gpus", f.dra_share_gpus,
+                "GPU indices published as --shares-per-gpu share devices instead of whole GPUs "
+                "(with --dra; comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1023));
+  a->add_option("--sysfs-root", f.o.sysfs_root,
+                "Where sysfs is, for the PCIe root of each GPU in ResourceSlices")
       ->capture_default_str();
   a->add_option("--release-grace", f.release_grace_s,
                 "Seconds an allocation is kept although PodResources does not list it (the kubelet "

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/request.h"
+#include "tessera/kube/quantity.h"
 #include "tessera/sched/predictor.h"
 
 namespace tessera::extender {
@@ -22,10 +23,7 @@ namespace tessera::extender {
 // The longest object name Kubernetes accepts (a DNS subdomain, RFC 1123).
 inline constexpr size_t kMaxNameLength = 253;
 
-// A Kubernetes resource quantity ("500m", "2", "1.5Gi", "16G", "1e3") scaled by `scale` and
-// rounded up: Quantity("500m", 1000) = 500 (milli), Quantity("1Gi", 1.0 / (1 << 20)) = 1024 (MiB).
-// nullopt when malformed, negative or out of range.
-std::optional<int64_t> ParseQuantity(std::string_view text, double scale = 1.0);
+using kube::ParseQuantity;
 
 // Pod annotations the extender reads (docs/kubernetes.md).
 inline constexpr char kGpuMemoryAnnotation[] = "tessera.io/gpu-memory";  // a share's memory

@@ -469,6 +469,19 @@ absl::StatusOr<nlohmann::json> Client::Create(const std::string& path,
   return ParseObject("POST " + path, *body);
 }
 
+absl::StatusOr<nlohmann::json> Client::Replace(const std::string& path,
+                                               const nlohmann::json& object) {
+  auto body = Perform("PUT", path, "application/json", object.dump(), nullptr, nullptr);
+  if (!body.ok()) return body.status();
+  return ParseObject("PUT " + path, *body);
+}
+
+absl::Status Client::Delete(const std::string& path) {
+  auto body = Perform("DELETE", path, "application/json", "", nullptr, nullptr);
+  if (!body.ok() && HttpStatusOf(body.status()) != 404) return body.status();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<nlohmann::json> Client::MergePatch(const std::string& path,
                                                   const nlohmann::json& patch) {
   auto body =

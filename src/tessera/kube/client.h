@@ -79,6 +79,11 @@ class Client {
   absl::Status Watch(const std::string& path, const WatchOptions& options,
                      const std::function<bool(const WatchEvent&)>& on_event);
   absl::StatusOr<nlohmann::json> Create(const std::string& path, const nlohmann::json& object);
+  // PUT: replaces the object at `path` (its metadata.resourceVersion, when set, must be current:
+  // else HTTP 409).
+  absl::StatusOr<nlohmann::json> Replace(const std::string& path, const nlohmann::json& object);
+  // DELETE; an object already gone is OK.
+  absl::Status Delete(const std::string& path);
   // RFC 7386 merge patch (null removes a key).
   absl::StatusOr<nlohmann::json> MergePatch(const std::string& path, const nlohmann::json& patch);
 

@@ -168,6 +168,44 @@ std::string KindOf(const std::string& resource) {
   return k;
 }
 
+// As the real API server stores a quantity: a whole number of bytes in the largest binary unit
+// that keeps it whole ("1024Mi" becomes "1Gi", "1073741824" too). Other forms are left.
+void CanonicalQuantity(json& q) {
+  if (!q.is_string()) return;
+  std::string s = q.get<std::string>();
+  size_t i = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 0 || i > 18) return;
+  static const std::map<std::string, int> kUnit = {
+      {"", 0}, {"Ki", 1}, {"Mi", 2}, {"Gi", 3}, {"Ti", 4}};
+  auto u = kUnit.find(s.substr(i));
+  if (u == kUnit.end()) return;
+  unsigned __int128 v = std::stoull(s.substr(0, i));
+  for (int k = 0; k < u->second; ++k) v *= 1024;
+  if (s.substr(i).empty() && v % 1024 != 0) return;  // plain bytes stay as written
+  static const char* kNames[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi"};
+  int unit = 0;
+  while (unit < 5 && v != 0 && v % 1024 == 0) {
+    v /= 1024;
+    ++unit;
+  }
+  q = std::to_string(static_cast<uint64_t>(v)) + kNames[unit];
+}
+
+// ResourceSlices' capacities and counters, canonical as the API server stores them.
+void CanonicalQuantities(json& slice) {
+  json* spec = slice.contains("spec") ? &slice["spec"] : nullptr;
+  if (spec == nullptr || !spec->is_object()) return;
+  if (spec->contains("devices") && (*spec)["devices"].is_array()) {
+    for (json& d : (*spec)["devices"]) {
+      if (!d.is_object() || !d.contains("capacity") || !d["capacity"].is_object()) continue;
+      for (auto& [name, c] : d["capacity"].items()) {
+        if (c.is_object() && c.contains("value")) CanonicalQuantity(c["value"]);
+      }
+    }
+  }
+}
+
 std::string Now() {
   std::time_t t = std::time(nullptr);
   char buf[32];
@@ -299,6 +337,7 @@ std::string FakeApiServer::WriteKubeconfig(const std::string& path, const std::s
 }
 
 json FakeApiServer::StampLocked(const std::string& store, json object, const json* old) {
+  if (store.ends_with("/resourceslices")) CanonicalQuantities(object);
   auto& meta = object["metadata"];
   if (!meta.is_object()) meta = json::object();
   meta["resourceVersion"] = std::to_string(++rv_);

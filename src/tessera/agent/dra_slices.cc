@@ -1,0 +1,345 @@
+#include "tessera/agent/dra_slices.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_split.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/kube/quantity.h"
+
+namespace tessera::agent {
+
+using nlohmann::json;
+
+namespace {
+
+// The architecture NVIDIA names for a compute capability's major (and minor) version.
+std::string Architecture(const core::ComputeCapability& cc) {
+  switch (cc.major) {
+    case 6:
+      return "Pascal";
+    case 7:
+      return cc.minor >= 5 ? "Turing" : "Volta";
+    case 8:
+      return cc.minor == 9 ? "Ada Lovelace" : "Ampere";
+    case 9:
+      return "Hopper";
+    case 10:
+    case 12:
+      return "Blackwell";
+    default:
+      return "";
+  }
+}
+
+// NVML's "00000000:18:00.0" as sysfs names it, "0000:18:00.0".
+std::string SysfsBusId(const std::string& bus_id) {
+  std::string id = bus_id;
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  size_t colon = id.find(':');
+  if (colon != std::string::npos && colon > 4) id = id.substr(colon - 4);
+  return id;
+}
+
+// "pci0000:17": the root complex above the GPU, from the device's place in sysfs; "" when unknown.
+std::string PcieRoot(const std::string& sysfs_root, const std::string& bus_id) {
+  if (sysfs_root.empty() || bus_id.empty()) return "";
+  std::error_code ec;
+  std::filesystem::path real = std::filesystem::canonical(
+      std::filesystem::path(sysfs_root) / "bus/pci/devices" / SysfsBusId(bus_id), ec);
+  if (ec) return "";
+  for (const auto& part : real) {
+    std::string p = part.string();
+    if (p.starts_with("pci") && p.find(':') != std::string::npos) return p;
+  }
+  return "";
+}
+
+// GPU index -> its NVLink domain (the lowest index of the GPUs it reaches over NVLink), for GPUs
+// with any NVLink.
+std::map<int, int> NvlinkDomains(const core::NodeInventory& inv) {
+  const int n = static_cast<int>(inv.gpus.size());
+  std::map<int, int> domain;
+  if (inv.topology.size() != n) return domain;
+  for (int g = 0; g < n; ++g) {
+    if (domain.contains(g)) continue;
+    std::vector<int> stack = {g};
+    std::vector<int> members;
+    std::vector<bool> seen(n);
+    seen[g] = true;
+    while (!stack.empty()) {
+      int a = stack.back();
+      stack.pop_back();
+      members.push_back(a);
+      for (int b = 0; b < n; ++b) {
+        if (!seen[b] && a != b && inv.topology.link(a, b).has_nvlink()) {
+          seen[b] = true;
+          stack.push_back(b);
+        }
+      }
+    }
+    if (members.size() < 2) continue;
+    int lowest = *std::min_element(members.begin(), members.end());
+    for (int m : members) domain[m] = lowest;
+  }
+  return domain;
+}
+
+json Attr(const std::string& kind, json value) { return json{{kind, std::move(value)}}; }
+
+// A device with its capacities as values: what two publications are compared by.
+json Normalised(json device) {
+  if (device.contains("capacity") && device["capacity"].is_object()) {
+    for (auto& [name, c] : device["capacity"].items()) {
+      if (c.is_object() && c.contains("value") && c["value"].is_string()) {
+        auto v = kube::ParseQuantity(c["value"].get<std::string>());
+        if (v) c["value"] = *v;
+      }
+    }
+  }
+  return device;
+}
+
+}  // namespace
+
+std::string SemanticVersion(const std::string& version) {
+  std::vector<std::string> parts = absl::StrSplit(version, '.');
+  if (parts.empty() || parts.size() > 3) return "";
+  std::vector<std::string> out;
+  for (const std::string& p : parts) {
+    if (p.empty() || p.size() > 9 || !std::all_of(p.begin(), p.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        })) {
+      return "";
+    }
+    out.push_back(std::to_string(std::stoul(p)));  // semver forbids leading zeros
+  }
+  while (out.size() < 3) out.push_back("0");
+  return fmt::format("{}.{}.{}", out[0], out[1], out[2]);
+}
+
+std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext& ctx) {
+  const core::NodeInventory& inv = state.inventory();
+  const DraOptions& o = state.options();
+  const int shares = state.plugin_options().shares_per_gpu;
+  std::map<int, int> nvlink = NvlinkDomains(inv);
+  std::map<int, std::string> roots;
+  const std::string driver_version = SemanticVersion(inv.driver_version);
+  const std::string cuda_version = SemanticVersion(inv.cuda_driver_version);
+  std::vector<json> devices;
+  for (const DraDevice& d : state.devices()) {
+    if (!state.healthy(d.gpu)) continue;
+    const core::Gpu& g = inv.gpus[d.gpu];
+    json attrs;
+    attrs["type"] = Attr("string", d.share ? "share" : "gpu");
+    attrs["uuid"] = Attr("string", g.uuid);
+    attrs["index"] = Attr("int", g.index);
+    if (!g.model.empty()) attrs["productName"] = Attr("string", g.model);
+    if (g.compute_capability) {
+      attrs["cudaComputeCapability"] =
+          Attr("version",
+               fmt::format("{}.{}.0", g.compute_capability->major, g.compute_capability->minor));
+      if (std::string arch = Architecture(*g.compute_capability); !arch.empty()) {
+        attrs["architecture"] = Attr("string", arch);
+      }
+    }
+    if (!driver_version.empty()) attrs["driverVersion"] = Attr("version", driver_version);
+    if (!cuda_version.empty()) attrs["cudaDriverVersion"] = Attr("version", cuda_version);
+    if (g.numa_node && *g.numa_node >= 0) attrs["numaNode"] = Attr("int", *g.numa_node);
+    if (!g.pci_bus_id.empty()) attrs["pciBusID"] = Attr("string", g.pci_bus_id);
+    if (!roots.contains(d.gpu)) roots[d.gpu] = PcieRoot(ctx.sysfs_root, g.pci_bus_id);
+    if (!roots[d.gpu].empty())
+      attrs["resource.kubernetes.io/pcieRoot"] = Attr("string", roots[d.gpu]);
+    if (auto it = nvlink.find(d.gpu); it != nvlink.end()) {
+      attrs["nvlinkDomain"] = Attr("int", it->second);
+    }
+    if (d.share) {
+      attrs["sharesPerGpu"] = Attr("int", shares);
+    }
+    json dev = {{"name", d.name}, {"attributes", attrs}};
+    if (g.memory_bytes) {
+      uint64_t memory = d.share ? *g.memory_bytes / shares : *g.memory_bytes;
+      dev["capacity"]["memory"] = {{"value", kube::FormatBinaryQuantity(memory)}};
+    }
+    devices.push_back(std::move(dev));
+  }
+  const size_t count =
+      std::max<size_t>(1, (devices.size() + kMaxDevicesPerSlice - 1) / kMaxDevicesPerSlice);
+  std::vector<json> slices;
+  for (size_t i = 0; i < count; ++i) {
+    json s;
+    s["apiVersion"] = "resource.k8s.io/v1";
+    s["kind"] = "ResourceSlice";
+    s["metadata"]["name"] = fmt::format("{}-{}-{}", o.pool, o.driver, i);
+    if (!ctx.node_uid.empty()) {
+      s["metadata"]["ownerReferences"] = json::array({{{"apiVersion", "v1"},
+                                                       {"kind", "Node"},
+                                                       {"name", o.pool},
+                                                       {"uid", ctx.node_uid},
+                                                       {"controller", true}}});
+    }
+    s["spec"]["driver"] = o.driver;
+    s["spec"]["nodeName"] = o.pool;
+    s["spec"]["pool"] = {{"name", o.pool},
+                         {"generation", ctx.generation},
+                         {"resourceSliceCount", static_cast<int64_t>(count)}};
+    json devs = json::array();
+    for (size_t k = i * kMaxDevicesPerSlice;
+         k < std::min(devices.size(), (i + 1) * kMaxDevicesPerSlice); ++k) {
+      devs.push_back(devices[k]);
+    }
+    s["spec"]["devices"] = devs;
+    slices.push_back(std::move(s));
+  }
+  return slices;
+}
+
+bool SameDevices(const json& a, const json& b) {
+  auto devs = [](const json& s) {
+    json out = json::array();
+    if (s.contains("spec") && s["spec"].contains("devices")) {
+      for (const json& d : s["spec"]["devices"]) out.push_back(Normalised(d));
+    }
+    return out;
+  };
+  auto count = [](const json& s) {
+    return s.contains("spec") ? s["spec"]["pool"].value("resourceSliceCount", int64_t{0}) : 0;
+  };
+  auto owner = [](const json& s) {
+    return s.contains("metadata") ? s["metadata"].value("ownerReferences", json::array())
+                                  : json::array();
+  };
+  return devs(a) == devs(b) && count(a) == count(b) && owner(a) == owner(b);
+}
+
+SlicePublisher::SlicePublisher(kube::Client& client, const DraState& state,
+                               SlicePublisherOptions options)
+    : client_(client), state_(state), options_(std::move(options)) {}
+
+SlicePublisher::~SlicePublisher() { Stop(); }
+
+void SlicePublisher::Start() {
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      absl::Status st = Sync();
+      if (!st.ok()) {
+        ++counters_.errors;
+        spdlog::warn("ResourceSlices: {}", std::string(st.message()));
+      }
+      lock.lock();
+      // Again after resync, at once when poked; after an error, within a few seconds.
+      auto wait =
+          st.ok() ? options_.resync
+                  : std::min<std::chrono::milliseconds>(options_.resync, std::chrono::seconds(5));
+      cv_.wait_for(lock, wait, [&] { return stop_ || poked_; });
+      poked_ = false;
+    }
+  });
+}
+
+void SlicePublisher::Poke() {
+  {
+    std::lock_guard lock(mu_);
+    poked_ = true;
+  }
+  cv_.notify_all();
+}
+
+void SlicePublisher::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    thread_.join();
+    if (absl::Status st = DeleteAll(); !st.ok()) {
+      spdlog::warn("ResourceSlices not deleted: {}", std::string(st.message()));
+    } else {
+      spdlog::info("ResourceSlices of node {} deleted", options_.node_name);
+    }
+  }
+}
+
+absl::Status SlicePublisher::Sync() {
+  const DraOptions& o = state_.options();
+  if (node_uid_.empty()) {
+    auto node = client_.Get("/api/v1/nodes/" + options_.node_name);
+    if (node.ok()) {
+      node_uid_ = (*node)["metadata"].value("uid", "");
+    } else {
+      spdlog::warn("node {}: {}; ResourceSlices published without an owner for now",
+                   options_.node_name, std::string(node.status().message()));
+    }
+  }
+  kube::ListOptions lo;
+  lo.field_selector = fmt::format("spec.nodeName={},spec.driver={}", options_.node_name, o.driver);
+  auto existing = client_.List(kResourceSlices, lo);
+  if (!existing.ok()) return existing.status();
+  std::map<std::string, json> have;
+  int64_t generation = 0;
+  for (const json& s : existing->items) {
+    have[s["metadata"].value("name", "")] = s;
+    generation = std::max(generation, s["spec"]["pool"].value("generation", int64_t{0}));
+  }
+  SliceContext ctx{
+      .node_uid = node_uid_, .generation = generation, .sysfs_root = options_.sysfs_root};
+  std::vector<json> want = BuildResourceSlices(state_, ctx);
+  bool same = want.size() == have.size();
+  for (const json& w : want) {
+    auto it = have.find(w["metadata"]["name"].get<std::string>());
+    same = same && it != have.end() && SameDevices(w, it->second) &&
+           it->second["spec"]["pool"].value("generation", int64_t{-1}) == generation;
+  }
+  if (same) return absl::OkStatus();
+  // A new generation: kube-scheduler uses only the slices of a pool's newest generation, and
+  // only once it has all resourceSliceCount of them.
+  ctx.generation = generation + 1;
+  want = BuildResourceSlices(state_, ctx);
+  for (json& w : want) {
+    const std::string name = w["metadata"]["name"].get<std::string>();
+    auto it = have.find(name);
+    absl::StatusOr<json> done = json();
+    if (it == have.end()) {
+      done = client_.Create(kResourceSlices, w);
+    } else {
+      // Replaced at the version read: a concurrent writer makes this a 409, and the next pass
+      // reads again.
+      w["metadata"]["resourceVersion"] = it->second["metadata"].value("resourceVersion", "");
+      done = client_.Replace(std::string(kResourceSlices) + "/" + name, w);
+      have.erase(it);
+    }
+    if (!done.ok()) return done.status();
+    ++counters_.publishes;
+  }
+  for (const auto& [name, s] : have) {
+    if (absl::Status st = client_.Delete(std::string(kResourceSlices) + "/" + name); !st.ok()) {
+      return st;
+    }
+  }
+  spdlog::info("ResourceSlices of node {}: {} slice(s), pool generation {}", options_.node_name,
+               want.size(), ctx.generation);
+  return absl::OkStatus();
+}
+
+absl::Status SlicePublisher::DeleteAll() {
+  kube::ListOptions lo;
+  lo.field_selector =
+      fmt::format("spec.nodeName={},spec.driver={}", options_.node_name, state_.options().driver);
+  auto existing = client_.List(kResourceSlices, lo);
+  if (!existing.ok()) return existing.status();
+  for (const json& s : existing->items) {
+    absl::Status st =
+        client_.Delete(std::string(kResourceSlices) + "/" + s["metadata"].value("name", ""));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::agent

@@ -1,0 +1,126 @@
+#pragma once
+// The DRA driver's node logic, apart from gRPC and the API server: the devices this node publishes
+// (dra_slices.h turns them into ResourceSlices), and what preparing a ResourceClaim allocated to
+// them means - a CDI spec of the claim's own (tessera.io/claim=<uid>-<request>) with the
+// environment and mounts of each request, beside the node's GPU spec (tessera.io/gpu=<uuid>), and
+// for shares the intercept library with its limits (share_edits.h). Prepared claims are kept in a
+// checkpoint in the plugin's folder, so that preparing again after a restart of the agent or the
+// kubelet answers the same CDI IDs, and unpreparing finds what to remove. Thread-safe.
+//
+// Devices: "gpu-<index>", one per GPU given whole; "gpu-<index>-share-<k>", shares_per_gpu per GPU
+// given in shares (DraOptions::share_gpus). A GPU is published one way or the other, never both, so
+// that kube-scheduler, which does not know they overlap, cannot give it twice.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "tessera/agent/device_state.h"
+#include "tessera/core/gpu.h"
+#include "tessera/core/mutex.h"
+
+namespace tessera::agent {
+
+inline constexpr char kDraDriver[] = "gpu.tessera.io";
+inline constexpr char kCdiClaimKind[] = "tessera.io/claim";
+
+struct DraOptions {
+  std::string driver = kDraDriver;
+  std::string pool;          // the node's name: one pool per node
+  std::string dir;           // the checkpoint's folder: <kubelet>/plugins/<driver>
+  std::string cdi_dir;       // where claims' CDI specs are written
+  std::set<int> share_gpus;  // GPU indices published as shares (needs the intercept library)
+};
+
+struct DraDevice {
+  std::string name;  // "gpu-0", "gpu-0-share-3"
+  int gpu = 0;
+  bool share = false;
+};
+
+// One device of a prepared claim, as NodePrepareResources answers it.
+struct PreparedDevice {
+  std::vector<std::string> requests;  // the claim's request names it serves (no subrequest part)
+  std::string pool;
+  std::string device;
+  std::vector<std::string> cdi_ids;
+
+  friend bool operator==(const PreparedDevice&, const PreparedDevice&) = default;
+};
+
+class DraState {
+ public:
+  // Loads the checkpoint from options.dir (created 0700 when missing). kInvalidArgument for bad
+  // options (a share GPU not on the node, shares without the intercept library),
+  // kFailedPrecondition naming the file for a checkpoint that cannot be read.
+  static absl::StatusOr<std::unique_ptr<DraState>> Create(core::NodeInventory inventory,
+                                                          PluginOptions plugin, DraOptions options);
+  ~DraState();
+  DraState(const DraState&) = delete;
+  DraState& operator=(const DraState&) = delete;
+
+  const core::NodeInventory& inventory() const { return inventory_; }
+  const DraOptions& options() const { return options_; }
+  const PluginOptions& plugin_options() const { return plugin_; }
+  const std::vector<DraDevice>& devices() const { return devices_; }
+  std::optional<DraDevice> Find(const std::string& name) const;
+
+  // What an earlier Prepare of claim `uid` answered (kept across restarts); nullopt if none.
+  std::optional<std::vector<PreparedDevice>> Prepared(const std::string& uid) const;
+  // Prepares claim `uid` from its resource.k8s.io/v1 object as read from the API server: only the
+  // allocation results of this driver count. kFailedPrecondition when the object is another claim
+  // (UID), is not allocated, names another pool, or a device given to another claim; kNotFound
+  // for a device this node does not publish; kUnavailable for an unhealthy GPU; kInvalidArgument
+  // for an opaque configuration this driver cannot read. Nothing is kept when it fails.
+  absl::StatusOr<std::vector<PreparedDevice>> Prepare(const std::string& ns,
+                                                      const std::string& name,
+                                                      const std::string& uid,
+                                                      const nlohmann::json& claim);
+  // Removes the claim's CDI spec and regions and forgets it; a claim never prepared is OK.
+  absl::Status Unprepare(const std::string& uid);
+  std::vector<std::string> PreparedClaims() const;
+
+  // Health from the watch. Returns whether it changed.
+  bool SetHealth(int gpu, bool healthy, const std::string& reason);
+  bool healthy(int gpu) const;
+  std::string health_reason(int gpu) const;
+  // Bumped on every health change; WaitForChange as DeviceState's.
+  uint64_t generation() const;
+  uint64_t WaitForChange(uint64_t seen, std::chrono::milliseconds timeout) const;
+  void Shutdown();
+
+  std::string checkpoint_path() const { return options_.dir + "/checkpoint.json"; }
+  std::string CdiSpecPath(const std::string& uid) const;
+
+  struct Claim;
+
+ private:
+  DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options);
+  absl::Status Load();
+  absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const core::NodeInventory inventory_;
+  const PluginOptions plugin_;
+  const DraOptions options_;
+  std::vector<DraDevice> devices_;
+  std::map<std::string, int> by_name_;  // into devices_
+
+  mutable core::Mutex mu_;
+  mutable core::CondVar changed_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Claim>> claims_ ABSL_GUARDED_BY(mu_);  // by UID
+};
+
+}  // namespace tessera::agent

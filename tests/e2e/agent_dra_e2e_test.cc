@@ -1,0 +1,420 @@
+// The real `tessera agent --dra` binary as its own process, with the fake libnvidia-ml.so.1 below
+// and, above, the kubelet's side of DRA (fake_dra_kubelet: plugin watcher, registration, the dra v1
+// and dra-health v1 services over real gRPC on unix sockets) and a fake API server holding the
+// ResourceClaims kube-scheduler allocated: registration, claims prepared with CDI IDs, the same
+// answer after an agent restart (from the checkpoint, with the claim gone from the API server),
+// bad claims, a share's limits inside a process run as the claim's CDI spec says, ResourceSlices
+// published (valid resource.k8s.io/v1), updated on an XID, republished when deleted, removed on
+// stop.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "../capture.h"
+#include "fake_apiserver.h"
+#include "fake_dra_kubelet.h"
+
+extern char** environ;
+
+namespace {
+
+using nlohmann::json;
+using tessera::fakes::FakeApiServer;
+using tessera::test::FakeDraKubelet;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+namespace dra = tessera::test::dra;
+
+constexpr char kFakeNvml[] = TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1";
+constexpr char kDriver[] = "gpu.tessera.io";
+constexpr char kClaims[] = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
+constexpr char kSlices[] = "/apis/resource.k8s.io/v1/resourceslices";
+
+std::string Uuid(int i) { return "GPU-00000000-0000-0000-0000-00000000000" + std::to_string(i); }
+
+// A claim as kube-scheduler leaves it: allocated devices of `pool`, by request.
+json Claim(const std::string& name, const std::vector<std::pair<std::string, std::string>>& results,
+           const std::string& pool = "node-a", json config = json::array()) {
+  json r = json::array();
+  for (const auto& [request, device] : results) {
+    r.push_back({{"request", request}, {"driver", kDriver}, {"pool", pool}, {"device", device}});
+  }
+  json c = {{"apiVersion", "resource.k8s.io/v1"},
+            {"kind", "ResourceClaim"},
+            {"metadata", {{"name", name}, {"namespace", "team-a"}}},
+            {"spec", {{"devices", {{"requests", json::array()}}}}}};
+  if (!results.empty()) {
+    c["status"]["allocation"]["devices"] = {{"results", r}, {"config", config}};
+  }
+  return c;
+}
+
+class AgentDraE2e : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static int n = 0;
+    dir_ = ::testing::TempDir() + "dra" + std::to_string(++n);
+    fs::remove_all(dir_);
+    for (const char* sub : {"/kubelet", "/state", "/cdi"}) fs::create_directories(dir_ + sub);
+    // Four A100s; GPU 2 reports XID 79 1.5 s after the agent's nvmlInit.
+    json scenario = {{"driver_version", "535.104.05"}, {"cuda_driver_version", 12040}};
+    for (int i = 0; i < 4; ++i) {
+      scenario["devices"].push_back({{"uuid", Uuid(i)},
+                                     {"name", "NVIDIA A100-SXM4-40GB"},
+                                     {"memory_total", 42949672960},
+                                     {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
+                                     {"numa", i / 2},
+                                     {"minor", i},
+                                     {"nvswitch_links", 0}});
+    }
+    scenario["topology"] = {{0, 10, 50, 50}, {10, 0, 50, 50}, {50, 50, 0, 10}, {50, 50, 10, 0}};
+    if (xid_) scenario["events"] = {{{"at_ms", 1500}, {"device", 2}, {"type", 8}, {"data", 79}}};
+    std::ofstream(dir_ + "/scenario.json") << scenario.dump();
+    node_ = api_.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+    // sysfs as a host has it: GPU 0 (bus 10) behind a bridge of root complex pci0000:0f.
+    const std::string dev = dir_ + "/sys/devices/pci0000:0f/0000:0f:01.0/0000:10:00.0";
+    fs::create_directories(dev);
+    fs::create_directories(dir_ + "/sys/bus/pci/devices");
+    fs::create_symlink("../../../devices/pci0000:0f/0000:0f:01.0/0000:10:00.0",
+                       dir_ + "/sys/bus/pci/devices/0000:10:00.0");
+  }
+  void TearDown() override { StopAgent(); }
+
+  void StartAgent() {
+    std::string cmd =
+        std::string(
+            "unset KUBECONFIG KUBERNETES_SERVICE_HOST TESSERA_NVML_LIBRARY; FAKE_NVML_SCENARIO=") +
+        dir_ + "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
+        " agent --dra --nvml-library " + kFakeNvml + " --node-name node-a --kubelet-dir " + dir_ +
+        "/kubelet --state-dir " + dir_ + "/state --cdi-dir " + dir_ +
+        "/cdi --metrics-address '' --shares-per-gpu 4 --dra-share-gpus 3 --health-recovery 0.5 "
+        "--health-probe 0.1 --label-resync 1 --pod-resources-socket '' --sysfs-root " +
+        dir_ + "/sys --kubeconfig " + api_.WriteKubeconfig(dir_ + "/kubeconfig") + " >>" + dir_ +
+        "/agent.log 2>&1";
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
+              0);
+  }
+  void StopAgent() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string Log() const { return tessera::test::ReadFile(dir_ + "/agent.log"); }
+  std::string ClaimUid(const std::string& name) {
+    return (*api_.Get(kClaims, name))["metadata"]["uid"].get<std::string>();
+  }
+  FakeDraKubelet::ClaimRef Ref(const std::string& name) { return {"team-a", name, ClaimUid(name)}; }
+  std::vector<json> Slices() const { return api_.List(kSlices); }
+
+  bool xid_ = false;
+  std::string dir_;
+  FakeApiServer api_;
+  json node_;
+  pid_t pid_ = -1;
+};
+
+std::vector<std::vector<std::string>> CdiIds(const dra::NodePrepareResourceResponse& r) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& d : r.devices()) {
+    out.emplace_back(d.cdi_device_ids().begin(), d.cdi_device_ids().end());
+  }
+  return out;
+}
+
+TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
+  api_.Put(kClaims, Claim("train", {{"gpus", "gpu-0"}, {"gpus", "gpu-1"}}));
+  const std::string uid = ClaimUid("train");
+  StartAgent();
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+  EXPECT_EQ(kubelet.info().endpoint(), dir_ + "/kubelet/plugins/gpu.tessera.io/dra.sock");
+
+  dra::NodePrepareResourcesResponse first;
+  grpc::Status s = kubelet.Prepare({Ref("train")}, &first);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(first.claims().contains(uid));
+  const auto& entry = first.claims().at(uid);
+  ASSERT_EQ(entry.error(), "") << Log();
+  ASSERT_EQ(entry.devices_size(), 2);
+  EXPECT_EQ(entry.devices(0).pool_name(), "node-a");
+  EXPECT_EQ(entry.devices(0).device_name(), "gpu-0");
+  EXPECT_THAT(entry.devices(0).request_names(), ::testing::ElementsAre("gpus"));
+  EXPECT_THAT(CdiIds(entry),
+              ::testing::ElementsAre(::testing::ElementsAre("tessera.io/gpu=" + Uuid(0),
+                                                            "tessera.io/claim=" + uid + "-gpus"),
+                                     ::testing::ElementsAre("tessera.io/gpu=" + Uuid(1))));
+  // The claim's CDI spec: the request's GPUs, by UUID.
+  json spec = json::parse(tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
+  EXPECT_EQ(spec["kind"], "tessera.io/claim");
+  EXPECT_EQ(spec["devices"][0]["name"], uid + "-gpus");
+  EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
+              HasSubstr("CUDA_VISIBLE_DEVICES=" + Uuid(0) + "," + Uuid(1)));
+
+  // Preparing again (a kubelet retrying) answers the same.
+  dra::NodePrepareResourcesResponse again;
+  ASSERT_TRUE(kubelet.Prepare({Ref("train")}, &again).ok());
+  EXPECT_EQ(CdiIds(again.claims().at(uid)), CdiIds(entry));
+
+  // Stop: both sockets go (the kubelet's deregistration), the node's slices too.
+  StopAgent();
+  EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock"));
+  EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins/gpu.tessera.io/dra.sock"));
+  EXPECT_TRUE(Slices().empty());
+  // The claim object is gone too now: the restarted agent answers from its checkpoint.
+  api_.Delete(kClaims, "train");
+  StartAgent();
+  FakeDraKubelet restarted(dir_ + "/kubelet");
+  ASSERT_TRUE(restarted.Register(kDriver)) << restarted.why() << Log();
+  dra::NodePrepareResourcesResponse after;
+  ASSERT_TRUE(restarted.Prepare({{"team-a", "train", uid}}, &after).ok());
+  ASSERT_EQ(after.claims().at(uid).error(), "");
+  EXPECT_EQ(CdiIds(after.claims().at(uid)), CdiIds(entry));
+
+  // Unprepare removes its spec; again, and for a claim never prepared, is fine too.
+  dra::NodeUnprepareResourcesResponse un;
+  ASSERT_TRUE(
+      restarted.Unprepare({{"team-a", "train", uid}, {"team-a", "never", "uid-x"}}, &un).ok());
+  EXPECT_EQ(un.claims().at(uid).error(), "");
+  EXPECT_EQ(un.claims().at("uid-x").error(), "");
+  EXPECT_FALSE(fs::exists(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
+  ASSERT_TRUE(restarted.Unprepare({{"team-a", "train", uid}}, &un).ok());
+  EXPECT_EQ(un.claims().at(uid).error(), "");
+}
+
+TEST_F(AgentDraE2e, BadClaimsGetErrorsAndTheOthersInTheCallArePrepared) {
+  api_.Put(kClaims, Claim("good", {{"gpu", "gpu-0"}}));
+  api_.Put(kClaims, Claim("pending", {}));  // not allocated
+  api_.Put(kClaims, Claim("elsewhere", {{"gpu", "gpu-1"}}, "node-b"));
+  api_.Put(kClaims, Claim("unknown", {{"gpu", "gpu-9"}}));
+  api_.Put(kClaims, Claim("taken", {{"gpu", "gpu-0"}}));  // the device "good" has
+  api_.Put(kClaims, Claim("mixed", {{"gpu", "gpu-1"}, {"gpu", "gpu-3-share-0"}}));
+  api_.Put(
+      kClaims,
+      Claim("badconfig", {{"s", "gpu-3-share-1"}}, "node-a",
+            json::array({{{"source", "FromClaim"},
+                          {"opaque",
+                           {{"driver", kDriver},
+                            {"parameters", {{"kind", "ShareConfig"}, {"memory", "lots"}}}}}}})));
+  StartAgent();
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+
+  // Malformed calls are gRPC errors: the kubelet discards the whole answer.
+  dra::NodePrepareResourcesResponse out;
+  grpc::Status s = kubelet.Prepare({{"team-a", "good", ""}}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("uid are required"));
+  s = kubelet.Prepare({Ref("good"), Ref("good")}, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("asked twice"));
+
+  // One call, one entry per claim: the good one prepared, each other with its reason.
+  out.Clear();
+  s = kubelet.Prepare({Ref("good"),
+                       Ref("pending"),
+                       Ref("elsewhere"),
+                       Ref("unknown"),
+                       Ref("taken"),
+                       Ref("mixed"),
+                       Ref("badconfig"),
+                       {"team-a", "good", "uid-stale"},
+                       {"team-a", "missing", "uid-m"}},
+                      &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(out.claims_size(), 9);
+  auto err = [&](const std::string& uid) { return out.claims().at(uid).error(); };
+  EXPECT_EQ(err(ClaimUid("good")), "");
+  EXPECT_THAT(err(ClaimUid("pending")), HasSubstr("not allocated"));
+  EXPECT_THAT(err(ClaimUid("elsewhere")), HasSubstr("pool 'node-b' is not this node's"));
+  EXPECT_THAT(err(ClaimUid("unknown")), HasSubstr("device 'gpu-9' is not one this node publishes"));
+  EXPECT_THAT(err(ClaimUid("taken")), HasSubstr("gpu-0 is prepared for claim team-a/good"));
+  EXPECT_THAT(err(ClaimUid("mixed")), HasSubstr("mixes whole GPUs and shares"));
+  EXPECT_THAT(err(ClaimUid("badconfig")), HasSubstr("memory: expected a quantity"));
+  EXPECT_THAT(err("uid-stale"), HasSubstr("the kubelet asked for uid-stale"));
+  EXPECT_THAT(err("uid-m"), HasSubstr("team-a/missing"));
+  for (const auto& [uid, e] : out.claims()) {
+    if (!e.error().empty()) {
+      EXPECT_EQ(e.devices_size(), 0) << uid;
+    }
+  }
+  // Nothing of the refused ones was kept: one spec, one claim in the checkpoint.
+  int specs = 0;
+  for (const auto& f : fs::directory_iterator(dir_ + "/cdi")) {
+    specs += f.path().filename().string().starts_with("tessera.io-claim_");
+  }
+  EXPECT_EQ(specs, 1);
+  json checkpoint = json::parse(
+      tessera::test::ReadFile(dir_ + "/kubelet/plugins/gpu.tessera.io/checkpoint.json"));
+  EXPECT_EQ(checkpoint["claims"].size(), 1u);
+  EXPECT_TRUE(checkpoint["claims"].contains(ClaimUid("good")));
+}
+
+TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
+  // Two of GPU 3's four shares (half its compute), 1 GiB of its memory by the claim's config.
+  api_.Put(kClaims, Claim("infer", {{"s", "gpu-3-share-0"}, {"s", "gpu-3-share-2"}}, "node-a",
+                          json::array({{{"source", "FromClaim"},
+                                        {"requests", {"s"}},
+                                        {"opaque",
+                                         {{"driver", kDriver},
+                                          {"parameters",
+                                           {{"apiVersion", "gpu.tessera.io/v1alpha1"},
+                                            {"kind", "ShareConfig"},
+                                            {"memory", "1Gi"},
+                                            {"priority", 2}}}}}}})));
+  const std::string uid = ClaimUid("infer");
+  StartAgent();
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+  dra::NodePrepareResourcesResponse out;
+  ASSERT_TRUE(kubelet.Prepare({Ref("infer")}, &out).ok());
+  const auto& entry = out.claims().at(uid);
+  ASSERT_EQ(entry.error(), "") << Log();
+  // GPU 3's device once, the request's own edits once.
+  EXPECT_THAT(CdiIds(entry),
+              ::testing::ElementsAre(::testing::ElementsAre("tessera.io/gpu=" + Uuid(3),
+                                                            "tessera.io/claim=" + uid + "-s"),
+                                     ::testing::IsEmpty()));
+
+  // What a runtime does with the claim's CDI device: its environment, with each mounted path
+  // where the mount puts it (here, the host path itself).
+  json spec = json::parse(tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
+  const json& edits = spec["devices"][0]["containerEdits"];
+  std::map<std::string, std::string> host_of;
+  for (const json& m : edits["mounts"]) {
+    ASSERT_TRUE(fs::exists(m["hostPath"].get<std::string>())) << m.dump();
+    host_of[m["containerPath"]] = m["hostPath"];
+  }
+  std::map<std::string, std::string> env;
+  for (const json& e : edits["env"]) {
+    std::string kv = e.get<std::string>();
+    std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
+    env[k] = host_of.contains(v) ? host_of[v] : v;
+  }
+  EXPECT_EQ(env["TESSERA_CUDA_MEM_LIMIT"], "0:1073741824");
+  EXPECT_EQ(env["TESSERA_CUDA_COMPUTE_SHARE"], "50%");
+  EXPECT_EQ(env["TESSERA_CUDA_PRIORITY"], "2");
+  EXPECT_EQ(env["TESSERA_CUDA_ARBITER_GPUS"], "3");
+  EXPECT_THAT(env["LD_PRELOAD"], HasSubstr("libtessera-cuda.so"));
+  std::string cmd = "env -i";
+  for (const auto& [k, v] : env) cmd += " '" + k + "=" + v + "'";
+  cmd += std::string(" ") + TESSERA_CUDA_CLIENT + " link alloc:800 alloc:300 2>&1";
+  auto got = tessera::test::Capture(cmd);
+  EXPECT_EQ(got.out, "ok\noom\n") << cmd;
+  // The region the library keeps its accounting in is the claim's.
+  EXPECT_THAT(env["TESSERA_CUDA_REGION"], HasSubstr("claim-" + uid + "-s.region"));
+}
+
+class AgentDraSlicesE2e : public AgentDraE2e {
+ protected:
+  void SetUp() override {
+    xid_ = true;
+    AgentDraE2e::SetUp();
+  }
+};
+
+TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRemovesThem) {
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+  json slice = Slices()[0];
+  EXPECT_EQ(slice["metadata"]["name"], "node-a-gpu.tessera.io-0");
+  EXPECT_EQ(slice["metadata"]["ownerReferences"][0]["uid"], node_["metadata"]["uid"]);
+  EXPECT_EQ(slice["spec"]["driver"], kDriver);
+  EXPECT_EQ(slice["spec"]["nodeName"], "node-a");
+  EXPECT_EQ(slice["spec"]["pool"]["resourceSliceCount"], 1);
+  const int64_t gen = slice["spec"]["pool"]["generation"];
+  // GPUs 0-2 whole, GPU 3 in four shares; what a CEL selector reads.
+  ASSERT_EQ(slice["spec"]["devices"].size(), 7u) << slice.dump(2);
+  const json& g0 = slice["spec"]["devices"][0];
+  EXPECT_EQ(g0["name"], "gpu-0");
+  EXPECT_EQ(g0["attributes"]["type"]["string"], "gpu");
+  EXPECT_EQ(g0["attributes"]["uuid"]["string"], Uuid(0));
+  EXPECT_EQ(g0["attributes"]["productName"]["string"], "NVIDIA A100-SXM4-40GB");
+  EXPECT_EQ(g0["attributes"]["architecture"]["string"], "Ampere");
+  EXPECT_EQ(g0["attributes"]["cudaComputeCapability"]["version"], "8.0.0");
+  EXPECT_EQ(g0["attributes"]["driverVersion"]["version"], "535.104.5");  // semver: no leading 0
+  EXPECT_EQ(g0["attributes"]["cudaDriverVersion"]["version"], "12.4.0");
+  EXPECT_EQ(g0["attributes"]["numaNode"]["int"], 0);
+  EXPECT_EQ(g0["attributes"]["resource.kubernetes.io/pcieRoot"]["string"], "pci0000:0f");
+  EXPECT_FALSE(
+      slice["spec"]["devices"][1]["attributes"].contains("resource.kubernetes.io/pcieRoot"));
+  EXPECT_EQ(g0["capacity"]["memory"]["value"], "40Gi");
+  const json& s3 = slice["spec"]["devices"][3];
+  EXPECT_EQ(s3["name"], "gpu-3-share-0");
+  EXPECT_EQ(s3["attributes"]["type"]["string"], "share");
+  EXPECT_EQ(s3["capacity"]["memory"]["value"], "10Gi");
+  // Validated against resource.k8s.io/v1's schema (npm kubernetes-models, pinned).
+  {
+    std::ofstream(dir_ + "/slice.json") << slice.dump();
+    auto v = tessera::test::Capture("cd " TESSERA_SOURCE_DIR "/tests/deploy && node validate.js <" +
+                                    dir_ + "/slice.json 2>&1");
+    EXPECT_EQ(v.code, 0) << v.out;
+    EXPECT_THAT(v.out, HasSubstr("1 objects, 0 invalid"));
+  }
+
+  // Wait for the XID: GPU 2 leaves the pool, in a new generation, and the health stream says so.
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why();
+  kubelet.WatchHealth();
+  auto names = [&] {
+    std::vector<std::string> out;
+    auto s = Slices();
+    if (s.size() != 1) return out;
+    for (const json& d : s[0]["spec"]["devices"]) out.push_back(d["name"]);
+    return out;
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    auto n = names();
+    return std::find(n.begin(), n.end(), "gpu-2") == n.end() && !n.empty();
+  })) << Log();
+  EXPECT_GT(Slices()[0]["spec"]["pool"]["generation"].get<int64_t>(), gen);
+  EXPECT_TRUE(kubelet.WaitHealth([](const v1::NodeWatchResourcesResponse& r) {
+    for (const auto& d : r.devices()) {
+      if (d.device().device_name() == "gpu-2")
+        return d.health() == v1::UNHEALTHY && !d.message().empty();
+    }
+    return false;
+  }));
+  // Recovery brings it back.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    auto n = names();
+    return std::find(n.begin(), n.end(), "gpu-2") != n.end();
+  })) << Log();
+
+  // The kubelet deletes a node's slices when it starts: the agent publishes them again.
+  api_.Delete(kSlices, "node-a-gpu.tessera.io-0");
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+  EXPECT_GT(Slices()[0]["spec"]["pool"]["generation"].get<int64_t>(), 0);
+  // The API server stored "40Gi" capacities its own way; a value compare sees no change, so
+  // the publisher writes nothing more while nothing changes.
+  api_.ClearRequests();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    int lists = 0;
+    for (const auto& r : api_.Requests())
+      lists += r.verb == "list" && r.resource == "resourceslices.resource.k8s.io";
+    return lists >= 3;
+  })) << Log();
+  for (const auto& r : api_.Requests()) {
+    if (r.resource == "resourceslices.resource.k8s.io") {
+      EXPECT_EQ(r.verb, "list") << r.path;
+    }
+  }
+
+  StopAgent();
+  EXPECT_TRUE(Slices().empty());
+}
+
+}  // namespace

@@ -1,0 +1,57 @@
+#pragma once
+// The kubelet's side of a DRA driver, for tests, over the real gRPC on unix sockets: its plugin
+// watcher (finds <dir>/plugins_registry/*-reg.sock, asks GetInfo within 1 s, checks the type is
+// DRAPlugin and that v1.DRAPlugin is offered, reports the outcome with NotifyRegistrationStatus),
+// and its DRA manager (NodePrepareResources / NodeUnprepareResources with the kubelet's 45 s
+// deadline, one NodeWatchResources stream kept open).
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dra-health/v1/api.grpc.pb.h"
+#include "dra/v1/api.grpc.pb.h"
+#include "pluginregistration/v1/api.grpc.pb.h"
+
+namespace tessera::test {
+
+namespace dra = k8s::io::kubelet::pkg::apis::dra::v1;
+
+class FakeDraKubelet {
+ public:
+  explicit FakeDraKubelet(std::string kubelet_dir);
+  ~FakeDraKubelet();
+
+  // Waits for a registration socket of `driver`, registers it as the kubelet does; false with
+  // why() when it never came or was refused.
+  bool Register(const std::string& driver,
+                std::chrono::milliseconds timeout = std::chrono::seconds(15));
+  const pluginregistration::PluginInfo& info() const { return info_; }
+  std::string why() const { return why_; }
+
+  struct ClaimRef {
+    std::string ns, name, uid;
+  };
+  grpc::Status Prepare(const std::vector<ClaimRef>& claims, dra::NodePrepareResourcesResponse* out);
+  grpc::Status Unprepare(const std::vector<ClaimRef>& claims,
+                         dra::NodeUnprepareResourcesResponse* out);
+
+  // Opens the health stream (kept until the kubelet goes); LatestHealth waits until a message
+  // satisfies `pred` or the timeout passes and returns the last one.
+  void WatchHealth();
+  bool WaitHealth(const std::function<bool(const v1::NodeWatchResourcesResponse&)>& pred,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  int health_messages() const;
+
+  struct Impl;
+
+ private:
+  std::string dir_;
+  pluginregistration::PluginInfo info_;
+  std::string why_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera::test
