@@ -1,0 +1,200 @@
+// The DRA driver's logic without gRPC or an API server: which claims' allocations it prepares and
+// how, its checkpoint, and the ResourceSlices it publishes (split at the API's 128 devices,
+// compared by value as the API server stores them).
+#include "tessera/agent/dra_state.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../../../tests/capture.h"
+#include "tessera/agent/dra_slices.h"
+#include "tessera/devices/inventory.h"
+#include "tessera/kube/quantity.h"
+
+namespace tessera::agent {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+class DraStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "dra-state-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/cdi");
+    shim_ = dir_ + "/libtessera-cuda.so";
+    std::ofstream(shim_) << "not really a library";
+    auto m = devices::LoadSimulatedMachine("pcie-l40s-2socket");  // 8x L40S
+    ASSERT_TRUE(m.ok()) << m.status();
+    inventory_ = m->inventory;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  absl::StatusOr<std::unique_ptr<DraState>> Make(std::set<int> shares = {7}, int per_gpu = 4) {
+    PluginOptions p;
+    p.shares_per_gpu = per_gpu;
+    p.state_dir = dir_ + "/state";
+    p.shim_library = shim_;
+    DraOptions d;
+    d.pool = "node-a";
+    d.dir = dir_ + "/plugin";
+    d.cdi_dir = dir_ + "/cdi";
+    d.share_gpus = std::move(shares);
+    return DraState::Create(inventory_, p, d);
+  }
+  static json Claim(const std::string& uid, json results, json config = json::array()) {
+    return {
+        {"metadata", {{"uid", uid}}},
+        {"status", {{"allocation", {{"devices", {{"results", results}, {"config", config}}}}}}}};
+  }
+  static json Result(const std::string& request, const std::string& device,
+                     const std::string& driver = kDraDriver) {
+    return {{"request", request}, {"driver", driver}, {"pool", "node-a"}, {"device", device}};
+  }
+
+  std::string dir_, shim_;
+  core::NodeInventory inventory_;
+};
+
+TEST_F(DraStateTest, OnlyItsOwnDriversResultsCountAndSubrequestsFoldIntoTheirRequest) {
+  auto s = Make();
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto got = (*s)->Prepare(
+      "a", "c", "u1",
+      Claim("u1", {Result("gpus/l40s", "gpu-2"), Result("nic", "eth0", "net.example.com"),
+                   Result("gpus/l40s", "gpu-3")}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].requests, std::vector<std::string>{"gpus"});
+  EXPECT_EQ((*got)[1].device, "gpu-3");
+  // A claim with no device of this driver: nothing to do, and no spec written.
+  auto none =
+      (*s)->Prepare("a", "n", "u2", Claim("u2", {Result("nic", "eth0", "net.example.com")}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_FALSE(fs::exists((*s)->CdiSpecPath("u2")));
+}
+
+TEST_F(DraStateTest, AdminAccessSharesADeviceWithItsClaimAndGetsNoShareSetUp) {
+  auto s = Make();
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->Prepare("a", "job", "u1", Claim("u1", {Result("g", "gpu-7-share-0")})).ok());
+  json admin = Result("monitor", "gpu-7-share-0");
+  admin["adminAccess"] = true;
+  auto got = (*s)->Prepare("ops", "watch", "u2", Claim("u2", {admin}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  json spec = json::parse(test::ReadFile((*s)->CdiSpecPath("u2")));
+  EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
+              ::testing::Not(HasSubstr("LD_PRELOAD")));
+  // Without adminAccess the same device is refused.
+  auto refused = (*s)->Prepare("b", "other", "u3", Claim("u3", {Result("g", "gpu-7-share-0")}));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(DraStateTest, TheClassConfigIsOverriddenByTheClaimsAndUnknownFieldsAreRefused) {
+  auto s = Make();
+  ASSERT_TRUE(s.ok());
+  auto cfg = [](const char* source, json params, json requests = json::array()) {
+    params["kind"] = "ShareConfig";
+    return json{{"source", source},
+                {"requests", requests},
+                {"opaque", {{"driver", kDraDriver}, {"parameters", params}}}};
+  };
+  json config = {cfg("FromClass", {{"memory", "4Gi"}, {"priority", 1}}),
+                 cfg("FromClaim", {{"memory", "2Gi"}}, {"s"})};
+  auto got = (*s)->Prepare("a", "c", "u1", Claim("u1", {Result("s", "gpu-7-share-1")}, config));
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::string env =
+      json::parse(test::ReadFile((*s)->CdiSpecPath("u1")))["devices"][0]["containerEdits"]["env"]
+          .dump();
+  EXPECT_THAT(env, HasSubstr("TESSERA_CUDA_MEM_LIMIT=0:2147483648"));  // the claim's
+  EXPECT_THAT(env, HasSubstr("TESSERA_CUDA_PRIORITY=1"));              // the class's
+  EXPECT_THAT(env, HasSubstr("TESSERA_CUDA_COMPUTE_SHARE=25%"));
+  auto bad = (*s)->Prepare(
+      "a", "d", "u2",
+      Claim("u2", {Result("s", "gpu-7-share-2")}, {cfg("FromClaim", {{"memroy", "1Gi"}})}));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("unknown field 'memroy'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("status.allocation.devices.config[0]"));
+}
+
+TEST_F(DraStateTest, AnUnhealthyGpuIsRefusedAndItsHealthIsAChange) {
+  auto s = Make();
+  ASSERT_TRUE(s.ok());
+  const uint64_t g = (*s)->generation();
+  EXPECT_TRUE((*s)->SetHealth(1, false, "XID 79"));
+  EXPECT_FALSE((*s)->SetHealth(1, false, "XID 79"));
+  EXPECT_GT((*s)->generation(), g);
+  auto got = (*s)->Prepare("a", "c", "u1", Claim("u1", {Result("g", "gpu-1")}));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(got.status().message(), HasSubstr("XID 79"));
+}
+
+TEST_F(DraStateTest, ACorruptCheckpointIsNamedAndBadOptionsAreRefused) {
+  fs::create_directories(dir_ + "/plugin");
+  std::ofstream(dir_ + "/plugin/checkpoint.json") << "{\"version\": 1, \"claims\": [";
+  auto s = Make();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr(dir_ + "/plugin/checkpoint.json"));
+  fs::remove(dir_ + "/plugin/checkpoint.json");
+  EXPECT_EQ(Make({8}).status().code(), absl::StatusCode::kInvalidArgument);  // no GPU 8
+  shim_.clear();
+  EXPECT_THAT(Make({1}).status().message(), HasSubstr("needs --shim-library"));
+}
+
+TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
+  auto s = Make({0, 1, 2}, 50);  // 150 shares + 5 whole GPUs
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto slices = BuildResourceSlices(**s, {.node_uid = "n-uid", .generation = 3, .sysfs_root = ""});
+  ASSERT_EQ(slices.size(), 2u);
+  EXPECT_EQ(slices[0]["spec"]["devices"].size(), 128u);
+  EXPECT_EQ(slices[1]["spec"]["devices"].size(), 27u);
+  std::set<std::string> names;
+  for (const json& sl : slices) {
+    EXPECT_EQ(sl["spec"]["pool"]["resourceSliceCount"], 2);
+    EXPECT_EQ(sl["spec"]["pool"]["generation"], 3);
+    EXPECT_EQ(sl["metadata"]["ownerReferences"][0]["kind"], "Node");
+    for (const json& d : sl["spec"]["devices"]) EXPECT_TRUE(names.insert(d["name"]).second);
+  }
+  EXPECT_EQ(slices[0]["metadata"]["name"], "node-a-gpu.tessera.io-0");
+  EXPECT_EQ(slices[1]["metadata"]["name"], "node-a-gpu.tessera.io-1");
+  (*s)->SetHealth(0, false, "XID 48");
+  (*s)->SetHealth(5, false, "XID 48");
+  slices = BuildResourceSlices(**s, {.generation = 4, .sysfs_root = ""});
+  ASSERT_EQ(slices.size(), 1u);  // 100 shares + 4 whole GPUs
+  EXPECT_EQ(slices[0]["spec"]["devices"].size(), 104u);
+  EXPECT_FALSE(slices[0]["metadata"].contains("ownerReferences"));
+}
+
+TEST(DraSlices, ASliceIsTheSameWhenTheApiServerRewroteItsQuantities) {
+  json a = {
+      {"spec",
+       {{"pool", {{"resourceSliceCount", 1}}},
+        {"devices", {{{"name", "gpu-0"}, {"capacity", {{"memory", {{"value", "1024Mi"}}}}}}}}}}};
+  json b = a;
+  b["spec"]["devices"][0]["capacity"]["memory"]["value"] = "1Gi";
+  EXPECT_TRUE(SameDevices(a, b));
+  b["spec"]["devices"][0]["capacity"]["memory"]["value"] = "2Gi";
+  EXPECT_FALSE(SameDevices(a, b));
+  EXPECT_EQ(kube::FormatBinaryQuantity(uint64_t{1} << 30), "1Gi");
+  EXPECT_EQ(kube::FormatBinaryQuantity(1536ull << 20), "1536Mi");
+  EXPECT_EQ(kube::FormatBinaryQuantity(1000), "1000");
+}
+
+TEST(DraSlices, VersionsBecomeSemanticVersions) {
+  EXPECT_EQ(SemanticVersion("550.54.15"), "550.54.15");
+  EXPECT_EQ(SemanticVersion("535.104.05"), "535.104.5");
+  EXPECT_EQ(SemanticVersion("12.4"), "12.4.0");
+  EXPECT_EQ(SemanticVersion("580"), "580.0.0");
+  EXPECT_EQ(SemanticVersion(""), "");
+  EXPECT_EQ(SemanticVersion("12.4.1.2"), "");
+  EXPECT_EQ(SemanticVersion("12.x"), "");
+}
+
+}  // namespace
+}  // namespace tessera::agent
