@@ -168,6 +168,49 @@ for (const [f, toolkit] of [[process.argv[2], true], [process.argv[3], false]]) 
 }
 ' "$here" "$tmp/rendered.yaml" "$tmp/cdi-node.yaml"
 
+# DRA (the dra component through an overlay, docs/kubernetes.md "DRA or the device plugin"): the
+# agent runs with --dra and the kubelet's plugin folders at their paths; the DeviceClasses select
+# the driver's devices by type; RBAC grants what the driver calls and no more; the admission policy
+# names the agent's service account; the example claims are valid resource.k8s.io/v1.
+mkdir -p "$tmp/dra"
+cp -r "$src/deploy" "$tmp/dra/deploy"
+printf 'resources:\n  - deploy\ncomponents:\n  - deploy/components/dra\n' >"$tmp/dra/kustomization.yaml"
+kubectl kustomize "$tmp/dra" >"$tmp/dra.yaml"
+node "$here/validate.js" <"$tmp/dra.yaml" >"$tmp/validate-dra.txt" || { cat "$tmp/validate-dra.txt"; fail "invalid objects with the dra component"; }
+node "$here/validate.js" <"$src/deploy/examples/dra/claims.yaml" >"$tmp/validate-claims.txt" || { cat "$tmp/validate-claims.txt"; fail "invalid DRA example claims"; }
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8")).filter((d) => d);
+const fail = (m) => { console.error("deploy_test: dra: " + m); process.exit(1); };
+const ds = docs.find((d) => d.kind === "DaemonSet" && d.metadata.name === "tessera-agent");
+const pod = ds.spec.template.spec, c = pod.containers[0];
+if (!c.args.includes("--dra")) fail("the agent has no --dra");
+for (const p of ["/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"]) {
+  const m = c.volumeMounts.find((v) => v.mountPath === p);
+  const v = m && pod.volumes.find((x) => x.name === m.name);
+  if (!v || !v.hostPath || v.hostPath.path !== p) fail(p + " is not the host'"'"'s, mounted at its path");
+}
+const classes = docs.filter((d) => d.kind === "DeviceClass");
+for (const [name, type] of [["gpu.tessera.io", "gpu"], ["gpu-share.tessera.io", "share"]]) {
+  const k = classes.find((d) => d.metadata.name === name);
+  const cel = k && k.spec.selectors.map((s) => s.cel.expression).join(" ");
+  if (!cel || !cel.includes("device.driver == \"gpu.tessera.io\"") || !cel.includes(".type == \"" + type + "\""))
+    fail("DeviceClass " + name + " does not select the driver'"'"'s " + type + " devices");
+}
+// What src/tessera/agent/dra_slices.cc and dra_plugin.cc call, exactly.
+const want = { resourceslices: ["create", "delete", "list", "update"], resourceclaims: ["get"] };
+const role = docs.find((d) => d.kind === "ClusterRole" && d.metadata.name === "tessera-agent-dra");
+for (const [res, verbs] of Object.entries(want)) {
+  const r = role.rules.find((x) => x.apiGroups.includes("resource.k8s.io") && x.resources.includes(res));
+  if (!r || [...r.verbs].sort().join() !== verbs.join()) fail("ClusterRole tessera-agent-dra: " + res + " verbs " + (r ? r.verbs : "none") + ", want " + verbs);
+}
+const sa = "system:serviceaccount:" + ds.metadata.namespace + ":" + pod.serviceAccountName;
+const vap = docs.find((d) => d.kind === "ValidatingAdmissionPolicy" && d.metadata.name === "tessera-agent-own-slices");
+if (!vap || !vap.spec.matchConditions.some((m) => m.expression.includes(sa))) fail("the slice policy does not name " + sa);
+if (!docs.some((d) => d.kind === "ValidatingAdmissionPolicyBinding" && d.spec.policyName === "tessera-agent-own-slices" && d.spec.validationActions.includes("Deny")))
+  fail("the slice policy is not bound to Deny");
+' "$here" "$tmp/dra.yaml"
+
 # Who may call the extender: HTTPS with kube-scheduler's client certificate from the Secret the
 # extender makes (mounted by the scheduler: CA, its certificate and key, not the CA's key), probes
 # and metrics on a plain port of their own, a NetworkPolicy letting only the scheduler's pods reach
@@ -239,9 +282,19 @@ for f in "$src"/deploy/base/*.yaml; do
   [ -f "$t" ] || fail "the chart has no template for $(basename "$f")"
   sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' \
       -e 's/{{ .Values.agent.runtimeClassName }}/nvidia/' \
-      -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' "$t" >"$tmp/chart.yaml"
+      -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' \
+      -e '/^{{- if .Values.dra.enabled }}$/,/^{{- end }}$/d' "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
+# With dra.enabled, the DRA component's objects, as deploy/components/dra has them.
+for f in deviceclasses.yaml rbac.yaml policy.yaml; do
+  t="$chart/templates/dra-$f"
+  [ -f "$t" ] || fail "the chart has no template for deploy/components/dra/$f"
+  sed -e '1d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$t" >"$tmp/chart.yaml"
+  diff -u "$src/deploy/components/dra/$f" "$tmp/chart.yaml" >/dev/null ||
+    fail "chart template $(basename "$t") differs from deploy/components/dra/$f"
+done
+grep -q -- "- --dra" "$chart/templates/agent.yaml" || fail "the chart's agent has no --dra under dra.enabled"
 # The chart's dashboard is deploy/grafana's (the one tests/e2e checks against a real Prometheus).
 cmp -s "$src/deploy/grafana/tessera.json" "$chart/files/tessera.json" ||
   fail "deploy/helm/tessera/files/tessera.json differs from deploy/grafana/tessera.json"

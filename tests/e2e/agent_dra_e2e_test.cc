@@ -19,12 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "../capture.h"
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
+#include "yaml-cpp/yaml.h"
 
 extern char** environ;
 
@@ -400,21 +402,51 @@ TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRe
   EXPECT_GT(Slices()[0]["spec"]["pool"]["generation"].get<int64_t>(), 0);
   // The API server stored "40Gi" capacities its own way; a value compare sees no change, so
   // the publisher writes nothing more while nothing changes.
-  api_.ClearRequests();
+  const size_t mark = api_.Requests().size();
+  auto since = [&] {
+    auto all = api_.Requests();
+    return std::vector<tessera::fakes::ApiRequest>(all.begin() + mark, all.end());
+  };
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
     int lists = 0;
-    for (const auto& r : api_.Requests())
+    for (const auto& r : since()) {
       lists += r.verb == "list" && r.resource == "resourceslices.resource.k8s.io";
+    }
     return lists >= 3;
   })) << Log();
-  for (const auto& r : api_.Requests()) {
+  for (const auto& r : since()) {
     if (r.resource == "resourceslices.resource.k8s.io") {
       EXPECT_EQ(r.verb, "list") << r.path;
     }
   }
 
+  // A claim prepared too, so that every call the driver makes has been made.
+  api_.Put(kClaims, Claim("train", {{"gpus", "gpu-0"}}));
+  dra::NodePrepareResourcesResponse out;
+  ASSERT_TRUE(kubelet.Prepare({Ref("train")}, &out).ok());
+  ASSERT_EQ(out.claims().at(ClaimUid("train")).error(), "");
+
   StopAgent();
   EXPECT_TRUE(Slices().empty());
+
+  // deploy/components/dra grants the agent exactly the resource.k8s.io verbs it used.
+  std::set<std::string> used, granted;
+  for (const auto& r : api_.Requests()) {
+    if (r.resource.ends_with(".resource.k8s.io")) used.insert(r.verb + " " + r.resource);
+  }
+  YAML::Node rbac = YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/components/dra/rbac.yaml")[0];
+  ASSERT_EQ(rbac["kind"].as<std::string>(), "ClusterRole");
+  for (const auto& rule : rbac["rules"]) {
+    for (const auto& group : rule["apiGroups"]) {
+      for (const auto& res : rule["resources"]) {
+        for (const auto& verb : rule["verbs"]) {
+          granted.insert(verb.as<std::string>() + " " + res.as<std::string>() + "." +
+                         group.as<std::string>());
+        }
+      }
+    }
+  }
+  EXPECT_EQ(used, granted);
 }
 
 }  // namespace
