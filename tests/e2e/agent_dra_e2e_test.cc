@@ -139,7 +139,9 @@ std::vector<std::vector<std::string>> CdiIds(const dra::NodePrepareResourceRespo
 
 TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
   api_.Put(kClaims, Claim("train", {{"gpus", "gpu-0"}, {"gpus", "gpu-1"}}));
+  api_.Put(kClaims, Claim("infer", {{"s", "gpu-3-share-1"}}));
   const std::string uid = ClaimUid("train");
+  const std::string share_uid = ClaimUid("infer");
   StartAgent();
   FakeDraKubelet kubelet(dir_ + "/kubelet");
   ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
@@ -166,25 +168,34 @@ TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
   EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
               HasSubstr("CUDA_VISIBLE_DEVICES=" + Uuid(0) + "," + Uuid(1)));
 
-  // Preparing again (a kubelet retrying) answers the same.
+  // Preparing again (a kubelet retrying) answers the same; a share beside it.
   dra::NodePrepareResourcesResponse again;
-  ASSERT_TRUE(kubelet.Prepare({Ref("train")}, &again).ok());
+  ASSERT_TRUE(kubelet.Prepare({Ref("train"), Ref("infer")}, &again).ok());
   EXPECT_EQ(CdiIds(again.claims().at(uid)), CdiIds(entry));
+  const auto share_ids = CdiIds(again.claims().at(share_uid));
+  EXPECT_THAT(share_ids, ::testing::ElementsAre(::testing::ElementsAre(
+                             "tessera.io/gpu=" + Uuid(3), "tessera.io/claim=" + share_uid + "-s")));
+  const std::string region = dir_ + "/state/regions/claim-" + share_uid + "-s.region";
+  EXPECT_TRUE(fs::exists(region));
 
   // Stop: both sockets go (the kubelet's deregistration), the node's slices too.
   StopAgent();
   EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock"));
   EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins/gpu.tessera.io/dra.sock"));
   EXPECT_TRUE(Slices().empty());
-  // The claim object is gone too now: the restarted agent answers from its checkpoint.
+  // The claim objects are gone too now: the restarted agent answers from its checkpoint.
   api_.Delete(kClaims, "train");
+  api_.Delete(kClaims, "infer");
   StartAgent();
   FakeDraKubelet restarted(dir_ + "/kubelet");
   ASSERT_TRUE(restarted.Register(kDriver)) << restarted.why() << Log();
   dra::NodePrepareResourcesResponse after;
-  ASSERT_TRUE(restarted.Prepare({{"team-a", "train", uid}}, &after).ok());
+  ASSERT_TRUE(
+      restarted.Prepare({{"team-a", "train", uid}, {"team-a", "infer", share_uid}}, &after).ok());
   ASSERT_EQ(after.claims().at(uid).error(), "");
   EXPECT_EQ(CdiIds(after.claims().at(uid)), CdiIds(entry));
+  EXPECT_EQ(CdiIds(after.claims().at(share_uid)), share_ids);
+  EXPECT_TRUE(fs::exists(region));  // the share's region survived the restart
 
   // Unprepare removes its spec; again, and for a claim never prepared, is fine too.
   dra::NodeUnprepareResourcesResponse un;
