@@ -199,9 +199,15 @@ TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
 
   // Unprepare removes its spec; again, and for a claim never prepared, is fine too.
   dra::NodeUnprepareResourcesResponse un;
-  ASSERT_TRUE(
-      restarted.Unprepare({{"team-a", "train", uid}, {"team-a", "never", "uid-x"}}, &un).ok());
+  ASSERT_TRUE(restarted
+                  .Unprepare({{"team-a", "train", uid},
+                              {"team-a", "infer", share_uid},
+                              {"team-a", "never", "uid-x"}},
+                             &un)
+                  .ok());
   EXPECT_EQ(un.claims().at(uid).error(), "");
+  EXPECT_EQ(un.claims().at(share_uid).error(), "");
+  EXPECT_FALSE(fs::exists(region));
   EXPECT_EQ(un.claims().at("uid-x").error(), "");
   EXPECT_FALSE(fs::exists(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
   ASSERT_TRUE(restarted.Unprepare({{"team-a", "train", uid}}, &un).ok());
