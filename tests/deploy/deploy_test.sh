@@ -209,7 +209,28 @@ const vap = docs.find((d) => d.kind === "ValidatingAdmissionPolicy" && d.metadat
 if (!vap || !vap.spec.matchConditions.some((m) => m.expression.includes(sa))) fail("the slice policy does not name " + sa);
 if (!docs.some((d) => d.kind === "ValidatingAdmissionPolicyBinding" && d.spec.policyName === "tessera-agent-own-slices" && d.spec.validationActions.includes("Deny")))
   fail("the slice policy is not bound to Deny");
-' "$here" "$tmp/dra.yaml"
+// The extender helps pods with claims: --dra, and kube-scheduler'"'"'s config is the base one with a
+// second extender entry (its urlPrefix + /dra) that filters and scores only, for every pod.
+const ext = docs.find((d) => d.kind === "Deployment" && d.metadata.name === "tessera-extender");
+if (!ext.spec.template.spec.containers[0].args.includes("--dra")) fail("the extender has no --dra");
+const cfgOf = (ds) => yaml.load(ds.find((d) => d.kind === "ConfigMap" && d.metadata.name === "tessera-scheduler-config").data["config.yaml"]);
+const base = cfgOf(yaml.loadAll(require("fs").readFileSync(process.argv[3], "utf8")).filter((d) => d));
+const cfg = cfgOf(docs);
+const extra = cfg.extenders.pop();
+if (JSON.stringify(cfg) !== JSON.stringify(base)) fail("the scheduler config differs from deploy/base/scheduler.yaml'"'"'s beyond the DRA entry");
+const main = base.extenders[0];
+if (extra.urlPrefix !== main.urlPrefix + "/dra") fail("DRA entry urlPrefix " + extra.urlPrefix);
+if (extra.filterVerb !== "filter" || extra.prioritizeVerb !== "prioritize") fail("DRA entry does not filter and prioritize");
+if ("bindVerb" in extra || "preemptVerb" in extra || "managedResources" in extra) fail("DRA entry binds, preempts or manages resources");
+if (extra.ignorable !== true) fail("DRA entry is not ignorable");
+if (JSON.stringify(extra.tlsConfig) !== JSON.stringify(main.tlsConfig) || extra.enableHTTPS !== true || extra.nodeCacheCapable !== true)
+  fail("DRA entry does not call the extender as the main entry does (TLS, node cache)");
+for (const k of Object.keys(extra)) if (!(k in main)) fail("DRA entry field " + k + " is not in the main entry'"'"'s (checked against upstream above)");
+// Helm'"'"'s dra.enabled block in the scheduler config is the same entry.
+const tpl = require("fs").readFileSync(process.argv[4] + "/templates/scheduler.yaml", "utf8");
+const block = tpl.split("{{- if .Values.dra.enabled }}\n")[1].split("{{- end }}")[0].replace(/{{ .Release.Namespace }}/g, "tessera-system");
+if (JSON.stringify(yaml.load(block)[0]) !== JSON.stringify(extra)) fail("the Helm chart'"'"'s DRA extender entry differs from deploy/components/dra'"'"'s");
+' "$here" "$tmp/dra.yaml" "$tmp/rendered.yaml" "$src/deploy/helm/tessera"
 
 # Who may call the extender: HTTPS with kube-scheduler's client certificate from the Secret the
 # extender makes (mounted by the scheduler: CA, its certificate and key, not the CA's key), probes

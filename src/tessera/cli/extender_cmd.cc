@@ -181,6 +181,11 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
   e->add_flag("--no-pod-groups", f.no_pod_groups,
               "Do not watch scheduling.x-k8s.io PodGroups (gangs then come only from Tessera's "
               "annotations)");
+  e->add_flag("--dra", f.o.dra,
+              "Also help kube-scheduler place pods with DRA claims of Tessera's driver "
+              "(gpu.tessera.io): POST /dra/filter and /dra/prioritize, from a second extender "
+              "entry without managedResources (deploy/components/dra); watches ResourceSlices, "
+              "ResourceClaims and ResourceClaimTemplates");
   e->callback([&, s] { action = [&, s] { return RunExtender(*s, err); }; });
   (void)out;
   return s;

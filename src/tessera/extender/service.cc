@@ -80,6 +80,23 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
     add({.path = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"},
         [ex](kube::EventType t, const json& o) { ex->OnPodGroup(t, o); });
   }
+  if (s->options_.dra) {
+    s->dra_ = std::make_unique<DraAdvisor>();
+    DraAdvisor* dra = s->dra_.get();
+    add({.path = "/apis/resource.k8s.io/v1/resourceslices",
+         .field_selector = std::string("spec.driver=") + kDraDriverName},
+        [dra](kube::EventType t, const json& o) {
+          if (t != kube::EventType::kBookmark) dra->OnSlice(o, t == kube::EventType::kDeleted);
+        });
+    add({.path = "/apis/resource.k8s.io/v1/resourceclaims"},
+        [dra](kube::EventType t, const json& o) {
+          if (t != kube::EventType::kBookmark) dra->OnClaim(o, t == kube::EventType::kDeleted);
+        });
+    add({.path = "/apis/resource.k8s.io/v1/resourceclaimtemplates"},
+        [dra](kube::EventType t, const json& o) {
+          if (t != kube::EventType::kBookmark) dra->OnTemplate(o, t == kube::EventType::kDeleted);
+        });
+  }
   if (!quota_name.empty()) {
     add({.path = "/api/v1/namespaces/" + Escape(quota_ns) + "/configmaps",
          .field_selector = "metadata.name=" + quota_name},
@@ -193,6 +210,15 @@ net::HttpResponse Service::Handle(const net::HttpRequest& r) {
   if (r.method != "POST") {
     return JsonReply(405, json{{"Error", "only POST (and GET /metrics, /healthz)"}});
   }
+  // The DRA entry's urlPrefix ends in /dra (deploy/components/dra).
+  if (r.path.size() > verb.size() + 4 &&
+      r.path.compare(r.path.size() - verb.size() - 5, 5, "/dra/") == 0) {
+    if (!dra_) {
+      return JsonReply(404, json{{"Error", "DRA help is off: start the extender with --dra"}});
+    }
+    if (verb == "filter") return HandleDra(r.body, false);
+    if (verb == "prioritize") return HandleDra(r.body, true);
+  }
   if (verb == "filter") return HandleFilter(r.body, false);
   if (verb == "prioritize") return HandleFilter(r.body, true);
   if (verb == "bind") return HandleBind(r.body);
@@ -233,15 +259,38 @@ absl::StatusOr<json> Service::TrustedPod(const json& claimed) {
   return *std::move(live);
 }
 
-net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
+namespace {
+
+// Whether a container of the pod asks for tessera.io/gpu or tessera.io/gpu-share.
+bool HasTesseraResources(const json& pod) {
+  for (const char* list : {"containers", "initContainers"}) {
+    const json* cs = kube::FieldAt(pod, {"spec", list});
+    if (!cs || !cs->is_array()) continue;
+    for (const json& c : *cs) {
+      for (const char* kind : {"limits", "requests"}) {
+        const json* r = kube::FieldAt(c, {"resources", kind});
+        if (r && r->is_object() &&
+            (r->contains("tessera.io/gpu") || r->contains("tessera.io/gpu-share"))) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::variant<Service::Args, net::HttpResponse> Service::ReadArgs(const std::string& body,
+                                                                 bool prioritize) {
   const char* verb = prioritize ? "prioritize" : "filter";
-  auto t0 = std::chrono::steady_clock::now();
-  json args = json::parse(body, nullptr, false);
-  if (args.is_discarded() || !args.is_object()) {
+  Args a;
+  a.body = json::parse(body, nullptr, false);
+  if (a.body.is_discarded() || !a.body.is_object()) {
     ++counters_.bad_requests;
     return BadRequest(verb, "the body is not a JSON object (ExtenderArgs)");
   }
-  const json* claimed = kube::FieldAt(args, {"Pod"});
+  const json* claimed = kube::FieldAt(a.body, {"Pod"});
   if (!claimed || !claimed->is_object()) {
     ++counters_.bad_requests;
     return BadRequest(verb, "Pod: expected a v1.Pod object");
@@ -257,19 +306,18 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
                                {"FailedAndUnresolvableNodes", json::object()},
                                {"Error", std::string(trusted.status().message())}});
   }
-  const json* pod = &*trusted;
+  a.pod = *std::move(trusted);
   // NodeNames when kube-scheduler is told the extender caches nodes, else a whole NodeList.
-  std::vector<std::string> names;
-  const json* node_names = kube::FieldAt(args, {"NodeNames"});
-  const json* nodes = kube::FieldAt(args, {"Nodes"});
-  std::map<std::string, const json*> node_objects;
+  const json* node_names = kube::FieldAt(a.body, {"NodeNames"});
+  const json* nodes = kube::FieldAt(a.body, {"Nodes"});
   if (node_names && node_names->is_array()) {
+    a.node_names = true;
     for (const json& n : *node_names) {
       if (!n.is_string()) {
         ++counters_.bad_requests;
         return BadRequest(verb, "NodeNames: expected a list of strings");
       }
-      names.push_back(n.get<std::string>());
+      a.names.push_back(n.get<std::string>());
     }
   } else if (nodes && nodes->is_object()) {
     const json* items = kube::FieldAt(*nodes, {"items"});
@@ -284,13 +332,73 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
         ++counters_.bad_requests;
         return BadRequest(verb, "Nodes.items: a node without metadata.name");
       }
-      names.push_back(name);
-      node_objects[name] = &n;
+      a.names.push_back(name);
+      a.node_objects[name] = &n;
     }
   } else {
     ++counters_.bad_requests;
     return BadRequest(verb, "neither NodeNames nor Nodes");
   }
+  return a;
+}
+
+json Service::FilterReply(const Args& a, const std::vector<std::string>& nodes,
+                          const std::map<std::string, std::string>& failed,
+                          const std::map<std::string, std::string>& unresolvable,
+                          const std::string& error) {
+  json out;
+  out["FailedNodes"] = failed;
+  out["FailedAndUnresolvableNodes"] = unresolvable;
+  out["Error"] = error;
+  if (a.node_names) {
+    out["NodeNames"] = nodes;
+    out["Nodes"] = nullptr;
+  } else {
+    json list = {{"apiVersion", "v1"}, {"kind", "NodeList"}, {"items", json::array()}};
+    for (const std::string& n : nodes) list["items"].push_back(*a.node_objects.at(n));
+    out["Nodes"] = std::move(list);
+    out["NodeNames"] = nullptr;
+  }
+  return out;
+}
+
+net::HttpResponse Service::HandleDra(const std::string& body, bool prioritize) {
+  auto read = ReadArgs(body, prioritize);
+  if (auto* early = std::get_if<net::HttpResponse>(&read)) return std::move(*early);
+  Args& a = std::get<Args>(read);
+  // A pod with Tessera's extended resources is the other extender entry's; a pod that asks
+  // nothing of Tessera's DRA driver is none of ours: both pass with every node offered.
+  DraDemand demand = dra_ && !HasTesseraResources(a.pod) ? dra_->DemandOf(a.pod) : DraDemand{};
+  if (prioritize) {
+    json out = json::array();
+    if (!demand.empty()) {
+      ++counters_.dra_prioritize;
+      for (auto& [host, score] : dra_->Prioritize(demand, a.names)) {
+        out.push_back({{"Host", host}, {"Score", score}});
+      }
+    } else {
+      for (const std::string& n : a.names) out.push_back({{"Host", n}, {"Score", 0}});
+    }
+    return JsonReply(200, out);
+  }
+  std::map<std::string, std::string> failed;
+  std::vector<std::string> keep = a.names;
+  if (!demand.empty()) {
+    ++counters_.dra_filter;
+    keep = dra_->Filter(demand, a.names, &failed);
+    spdlog::info("extender: dra filter {}: {} of {} node(s)", kube::ObjectKey(a.pod), keep.size(),
+                 a.names.size());
+  }
+  return JsonReply(200, FilterReply(a, keep, failed, {}, ""));
+}
+
+net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto read = ReadArgs(body, prioritize);
+  if (auto* early = std::get_if<net::HttpResponse>(&read)) return std::move(*early);
+  const Args& a = std::get<Args>(read);
+  const json* pod = &a.pod;
+  const std::vector<std::string>& names = a.names;
   const std::string pod_id = kube::ObjectKey(*pod);
   if (prioritize) {
     ++counters_.prioritize;
@@ -301,19 +409,7 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
     return JsonReply(200, out);
   }
   FilterResult f = extender_->Filter(*pod, names);
-  json out;
-  out["FailedNodes"] = f.failed;
-  out["FailedAndUnresolvableNodes"] = f.unresolvable;
-  out["Error"] = f.error;
-  if (node_names && node_names->is_array()) {
-    out["NodeNames"] = f.nodes;
-    out["Nodes"] = nullptr;
-  } else {
-    json list = {{"apiVersion", "v1"}, {"kind", "NodeList"}, {"items", json::array()}};
-    for (const std::string& n : f.nodes) list["items"].push_back(*node_objects.at(n));
-    out["Nodes"] = std::move(list);
-    out["NodeNames"] = nullptr;
-  }
+  json out = FilterReply(a, f.nodes, f.failed, f.unresolvable, f.error);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Observe(seconds);
   if (!f.error.empty()) {
@@ -537,6 +633,9 @@ std::string Service::Metrics() const {
   by("tessera_extender_filter_total", "counter", "Filter answers by result.", "result",
      {{"placed", c.filter_placed}, {"unplaced", c.filter_unplaced}, {"error", c.filter_errors}});
   one("tessera_extender_prioritize_total", "counter", "Prioritize calls.", c.prioritize);
+  by("tessera_extender_dra_calls_total", "counter",
+     "Filter and prioritize calls for pods with DRA claims of Tessera's driver (/dra/...).", "verb",
+     {{"filter", c.dra_filter}, {"prioritize", c.dra_prioritize}});
   by("tessera_extender_bind_total", "counter", "Bind answers by result.", "result",
      {{"bound", c.binds}, {"error", c.bind_errors}});
   one("tessera_extender_preempt_total", "counter", "Preempt calls.", c.preempts);

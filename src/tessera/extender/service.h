@@ -13,9 +13,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tessera/extender/dra.h"
 #include "tessera/extender/extender.h"
 #include "tessera/kube/client.h"
 #include "tessera/kube/events.h"
@@ -49,6 +51,9 @@ struct ServiceOptions {
   std::string instance;
   double event_repeat_s = 60;  // the same event on a pod at most once per this
   ExtenderOptions extender;
+  // Help for pods with DRA claims of Tessera's driver (/dra/filter, /dra/prioritize): watches
+  // ResourceSlices, ResourceClaims and ResourceClaimTemplates (resource.k8s.io/v1).
+  bool dra = false;
 };
 
 class Service {
@@ -65,6 +70,7 @@ class Service {
   int port() const;
   int metrics_port() const;
   Extender& extender() { return *extender_; }
+  DraAdvisor* dra() { return dra_.get(); }
   std::string Metrics() const;
   kube::EventRecorder* events() { return events_.get(); }
 
@@ -79,7 +85,25 @@ class Service {
   // names are longer than Kubernetes allows. What is trusted of it (priority, requests,
   // annotations, labels) is never taken from the body.
   absl::StatusOr<nlohmann::json> TrustedPod(const nlohmann::json& claimed);
+  // kube-scheduler's ExtenderArgs: the trusted pod and the nodes offered (NodeNames, else the
+  // NodeList's objects); on a bad or untrusted request, the answer to give instead.
+  struct Args {
+    nlohmann::json pod;
+    std::vector<std::string> names;
+    std::map<std::string, const nlohmann::json*> node_objects;  // into `body` when Nodes came
+    bool node_names = false;                                    // NodeNames came (node cache)
+    nlohmann::json body;
+  };
+  std::variant<Args, net::HttpResponse> ReadArgs(const std::string& body, bool prioritize);
+  // The filter answer for `nodes` of those offered, in the form they came in.
+  static nlohmann::json FilterReply(const Args& a, const std::vector<std::string>& nodes,
+                                    const std::map<std::string, std::string>& failed,
+                                    const std::map<std::string, std::string>& unresolvable,
+                                    const std::string& error);
   net::HttpResponse HandleFilter(const std::string& body, bool prioritize);
+  // /dra/filter and /dra/prioritize: pods that ask for Tessera's GPUs through DRA (dra.h); every
+  // other pod passes with all its nodes and no opinion.
+  net::HttpResponse HandleDra(const std::string& body, bool prioritize);
   net::HttpResponse HandleBind(const std::string& body);
   net::HttpResponse HandlePreempt(const std::string& body);
   void Work();  // evictions and reservation expiry
@@ -89,6 +113,7 @@ class Service {
   ServiceOptions options_;
   const core::Clock& clock_;
   std::unique_ptr<Extender> extender_;
+  std::unique_ptr<DraAdvisor> dra_;  // when options_.dra
   std::vector<std::unique_ptr<kube::Informer>> informers_;
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
@@ -112,6 +137,7 @@ class Service {
     std::atomic<uint64_t> bad_requests{0};
     std::atomic<uint64_t> untrusted{0};  // requests naming a pod the API server does not have
     std::atomic<uint64_t> quota_loads{0}, quota_errors{0};
+    std::atomic<uint64_t> dra_filter{0}, dra_prioritize{0};  // DRA pods of Tessera's driver
   };
   mutable Counters counters_;
   // Filter latency histogram (seconds).

@@ -414,5 +414,80 @@ TEST_F(ServiceTest, ServesHttpsWithACertificatePair) {
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("missing.key"));
 }
 
+TEST_F(ServiceTest, DraPodsAreFilteredAndScoredByTheirClaimsAndOthersPassUntouched) {
+  const std::string slices = "/apis/resource.k8s.io/v1/resourceslices";
+  api_.Put(slices, testing::DraSlice("n1"));
+  api_.Put(slices, testing::DraSlice("n2"));
+  // n1's share GPU is half taken, n2's untouched; n1 has no whole GPU left.
+  api_.Put("/apis/resource.k8s.io/v1/namespaces/a/resourceclaims",
+           testing::DraAllocated("c1", "n1",
+                                 {"gpu-0", "gpu-1", "gpu-2", "gpu-3-share-0", "gpu-3-share-1"}));
+  for (const auto& [name, cls, n] : std::vector<std::tuple<std::string, const char*, int>>{
+           {"whole", kDraGpuClass, 1}, {"one", kDraShareClass, 1}}) {
+    api_.Put("/apis/resource.k8s.io/v1/namespaces/a/resourceclaimtemplates",
+             testing::DraTemplate(name, cls, n));
+  }
+  ServiceOptions o;
+  o.dra = true;
+  Start(o);
+  ASSERT_TRUE(Eventually([&] { return service_->dra()->Free().size() == 2; }));
+  auto post = [&](const std::string& verb, const json& pod) {
+    json stored = Create(pod);
+    return Post("../dra/" + verb, {{"Pod", stored}, {"NodeNames", {"n1", "n2", "cpu-only"}}});
+  };
+  // A whole GPU: n1 has none free.
+  json whole = testing::DraPod("whole");
+  whole["metadata"]["name"] = "w";
+  json f = post("filter", whole);
+  EXPECT_EQ(f["NodeNames"], json({"n2", "cpu-only"})) << f.dump();
+  EXPECT_THAT(f["FailedNodes"]["n1"].get<std::string>(), HasSubstr("0 whole, 2 shares"));
+  // kube-scheduler asks prioritize next: the pod's shape joins the typical workload FGD uses.
+  Post("../dra/prioritize", {{"Pod", api_.Get(Pods("a"), "w").value()}, {"NodeNames", {"n2"}}});
+  // A share: where it fills the GPU already split (n1) scores above where it splits one (n2).
+  json share = testing::DraPod("one");
+  share["metadata"]["name"] = "s";
+  json scores = post("prioritize", share);
+  ASSERT_EQ(scores.size(), 3u) << scores.dump();
+  EXPECT_EQ(scores[0]["Host"], "n1");
+  EXPECT_GT(scores[0]["Score"].get<int>(), scores[1]["Score"].get<int>()) << scores.dump();
+  // A pod with Tessera's extended resources belongs to the other entry; a CPU pod to nobody: both
+  // get every node back and no opinion.
+  json gpu_pod = Create(GpuPod("ml", "dp", {.gpus = 1}));
+  f = Post("../dra/filter", {{"Pod", gpu_pod}, {"NodeNames", {"n1", "n2"}}});
+  EXPECT_EQ(f["NodeNames"], json({"n1", "n2"}));
+  json cpu =
+      Create({{"metadata", {{"name", "cpu"}, {"namespace", "a"}}}, {"spec", json::object()}});
+  scores = Post("../dra/prioritize", {{"Pod", cpu}, {"NodeNames", {"n1", "n2"}}});
+  EXPECT_EQ(scores, json::parse(R"([{"Host":"n1","Score":0},{"Host":"n2","Score":0}])"));
+  EXPECT_THAT(service_->Metrics(),
+              HasSubstr("tessera_extender_dra_calls_total{verb=\"filter\"} 1"));
+
+  // deploy/components/dra grants the extender exactly the resource.k8s.io verbs it used.
+  std::set<std::string> used, granted;
+  for (const auto& r : api_.Requests()) {
+    if (r.user == "tester" && r.resource.ends_with(".resource.k8s.io")) {
+      used.insert(r.verb + " " + r.resource);
+    }
+  }
+  for (const YAML::Node& doc :
+       YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/components/dra/rbac.yaml")) {
+    if (doc["kind"].as<std::string>() != "ClusterRole" ||
+        doc["metadata"]["name"].as<std::string>() != "tessera-extender-dra") {
+      continue;
+    }
+    for (const YAML::Node& rule : doc["rules"]) {
+      for (const YAML::Node& group : rule["apiGroups"]) {
+        for (const YAML::Node& res : rule["resources"]) {
+          for (const YAML::Node& verb : rule["verbs"]) {
+            granted.insert(verb.as<std::string>() + " " + res.as<std::string>() + "." +
+                           group.as<std::string>());
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(used, granted);
+}
+
 }  // namespace
 }  // namespace tessera::extender

@@ -1,6 +1,6 @@
 #pragma once
 // Kubernetes objects for the extender's tests: GPU nodes as the agent annotates them, pods asking
-// for Tessera's resources, PodGroups, the quota ConfigMap.
+// for Tessera's resources, PodGroups, the quota ConfigMap; DRA slices, claims and templates.
 
 #include <string>
 #include <vector>
@@ -131,6 +131,62 @@ inline nlohmann::json OpenbPod(const core::Request& r, const std::string& name) 
   pod["spec"]["containers"] = nlohmann::json::array({c});
   pod["status"]["phase"] = "Pending";
   return pod;
+}
+
+// DRA: a node's ResourceSlice as the agent publishes it (GPUs 0-2 whole, GPU 3 in four shares,
+// H100s); a claim of namespace a allocated on `node`; a claim template; a pod using a template.
+inline nlohmann::json DraSlice(const std::string& node, int64_t generation = 1) {
+  nlohmann::json devs = nlohmann::json::array();
+  auto dev = [&](const std::string& name, int gpu, const char* type, const char* memory) {
+    nlohmann::json d = {{"name", name},
+                        {"attributes",
+                         {{"type", {{"string", type}}},
+                          {"index", {{"int", gpu}}},
+                          {"productName", {{"string", "NVIDIA H100 80GB HBM3"}}}}},
+                        {"capacity", {{"memory", {{"value", memory}}}}}};
+    if (std::string(type) == "share") d["attributes"]["sharesPerGpu"] = {{"int", 4}};
+    devs.push_back(d);
+  };
+  for (int g = 0; g < 3; ++g) dev("gpu-" + std::to_string(g), g, "gpu", "80Gi");
+  for (int k = 0; k < 4; ++k) dev("gpu-3-share-" + std::to_string(k), 3, "share", "20Gi");
+  return {{"metadata", {{"name", node + "-gpu.tessera.io-0"}}},
+          {"spec",
+           {{"driver", "gpu.tessera.io"},
+            {"nodeName", node},
+            {"pool", {{"name", node}, {"generation", generation}, {"resourceSliceCount", 1}}},
+            {"devices", devs}}}};
+}
+
+inline nlohmann::json DraAllocated(const std::string& name, const std::string& node,
+                                   const std::vector<std::string>& devices) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& d : devices) {
+    results.push_back(
+        {{"request", "r"}, {"driver", "gpu.tessera.io"}, {"pool", node}, {"device", d}});
+  }
+  return {{"metadata", {{"name", name}, {"namespace", "a"}, {"uid", "uid-" + name}}},
+          {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
+}
+
+inline nlohmann::json DraTemplate(const std::string& name, const char* cls, int count,
+                                  bool same_gpu = false) {
+  nlohmann::json t = {
+      {"metadata", {{"name", name}, {"namespace", "a"}}},
+      {"spec",
+       {{"spec",
+         {{"devices",
+           {{"requests",
+             {{{"name", "r"}, {"exactly", {{"deviceClassName", cls}, {"count", count}}}}}}}}}}}}};
+  if (same_gpu) {
+    t["spec"]["spec"]["devices"]["constraints"] = {
+        {{"requests", {"r"}}, {"matchAttribute", "gpu.tessera.io/uuid"}}};
+  }
+  return t;
+}
+
+inline nlohmann::json DraPod(const std::string& tmpl) {
+  return {{"metadata", {{"name", "p"}, {"namespace", "a"}}},
+          {"spec", {{"resourceClaims", {{{"name", "gpu"}, {"resourceClaimTemplateName", tmpl}}}}}}};
 }
 
 }  // namespace tessera::extender::testing
