@@ -101,7 +101,8 @@ class AgentDraE2e : public ::testing::Test {
         dir_ + "/scenario.json exec setpriv --pdeathsig TERM " + TESSERA_BINARY +
         " agent --dra --nvml-library " + kFakeNvml + " --node-name node-a --kubelet-dir " + dir_ +
         "/kubelet --state-dir " + dir_ + "/state --cdi-dir " + dir_ +
-        "/cdi --metrics-address '' --shares-per-gpu 4 --dra-share-gpus 3 --health-recovery 0.5 "
+        "/cdi --metrics-address '' --shares-per-gpu 4 " + dra_flags_ +
+        " --health-recovery 0.5 "
         "--health-probe 0.1 --label-resync 1 --pod-resources-socket '' --sysfs-root " +
         dir_ + "/sys --kubeconfig " + api_.WriteKubeconfig(dir_ + "/kubeconfig") + " >>" + dir_ +
         "/agent.log 2>&1";
@@ -123,6 +124,7 @@ class AgentDraE2e : public ::testing::Test {
   std::vector<json> Slices() const { return api_.List(kSlices); }
 
   bool xid_ = false;
+  std::string dra_flags_ = "--dra-share-gpus 3";
   std::string dir_;
   FakeApiServer api_;
   json node_;
@@ -464,6 +466,39 @@ TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRe
     }
   }
   EXPECT_EQ(used, granted);
+}
+
+TEST_F(AgentDraE2e, PartitionableDevicesArePublishedWithTheirCountersAndValidate) {
+  dra_flags_ = "--dra-partitionable";
+  StartAgent();
+  // Four GPUs, each whole and in four shares (20 devices); their counter sets in a slice apart.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 2; })) << Log();
+  json all = json::array();
+  for (const json& s : Slices()) {
+    EXPECT_EQ(s["spec"]["pool"]["resourceSliceCount"], 2);
+    all.push_back(s);
+  }
+  const json& devices = all[0]["spec"].contains("devices") ? all[0] : all[1];
+  const json& counters = all[0]["spec"].contains("devices") ? all[1] : all[0];
+  EXPECT_EQ(devices["spec"]["devices"].size(), 20u);
+  EXPECT_EQ(counters["spec"]["sharedCounters"].size(), 4u);
+  EXPECT_EQ(counters["spec"]["sharedCounters"][0]["counters"]["memory"]["value"], "40Gi");
+  std::ofstream out(dir_ + "/slices.yaml");
+  for (const json& s : all) out << "---\n" << s.dump() << "\n";
+  out.close();
+  auto v = tessera::test::Capture("cd " TESSERA_SOURCE_DIR "/tests/deploy && node validate.js <" +
+                                  dir_ + "/slices.yaml 2>&1");
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_THAT(v.out, HasSubstr("2 objects, 0 invalid"));
+  // kube-scheduler gave GPU 1 whole; a share of it is then refused.
+  api_.Put(kClaims, Claim("whole", {{"g", "gpu-1"}}));
+  api_.Put(kClaims, Claim("share", {{"s", "gpu-1-share-0"}}));
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why();
+  dra::NodePrepareResourcesResponse resp;
+  ASSERT_TRUE(kubelet.Prepare({Ref("whole"), Ref("share")}, &resp).ok());
+  EXPECT_EQ(resp.claims().at(ClaimUid("whole")).error(), "");
+  EXPECT_THAT(resp.claims().at(ClaimUid("share")).error(), HasSubstr("which holds gpu-1"));
 }
 
 }  // namespace

@@ -91,13 +91,24 @@ std::map<int, int> NvlinkDomains(const core::NodeInventory& inv) {
 json Attr(const std::string& kind, json value) { return json{{kind, std::move(value)}}; }
 
 // A device with its capacities as values: what two publications are compared by.
+void ValuesOf(json& quantities) {
+  if (!quantities.is_object()) return;
+  for (auto& [name, c] : quantities.items()) {
+    if (c.is_object() && c.contains("value") && c["value"].is_string()) {
+      auto v = kube::ParseQuantity(c["value"].get<std::string>());
+      if (v) c["value"] = *v;
+    }
+  }
+}
+
+// A device (or a counter set) with its quantities as values: what two publications are compared
+// by.
 json Normalised(json device) {
-  if (device.contains("capacity") && device["capacity"].is_object()) {
-    for (auto& [name, c] : device["capacity"].items()) {
-      if (c.is_object() && c.contains("value") && c["value"].is_string()) {
-        auto v = kube::ParseQuantity(c["value"].get<std::string>());
-        if (v) c["value"] = *v;
-      }
+  if (device.contains("capacity")) ValuesOf(device["capacity"]);
+  if (device.contains("counters")) ValuesOf(device["counters"]);
+  if (device.contains("consumesCounters") && device["consumesCounters"].is_array()) {
+    for (json& c : device["consumesCounters"]) {
+      if (c.is_object() && c.contains("counters")) ValuesOf(c["counters"]);
     }
   }
   return device;
@@ -164,10 +175,35 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
       uint64_t memory = d.share ? *g.memory_bytes / shares : *g.memory_bytes;
       dev["capacity"]["memory"] = {{"value", kube::FormatBinaryQuantity(memory)}};
     }
+    if (o.partitionable) {
+      // What the device takes of its GPU's counter set: all of it whole, 1/shares as a share.
+      json counters = {{"shares", {{"value", std::to_string(d.share ? 1 : shares)}}}};
+      if (g.memory_bytes) {
+        counters["memory"] = {{"value", kube::FormatBinaryQuantity(
+                                            d.share ? *g.memory_bytes / shares : *g.memory_bytes)}};
+      }
+      dev["consumesCounters"] =
+          json::array({{{"counterSet", fmt::format("gpu-{}", d.gpu)}, {"counters", counters}}});
+    }
     devices.push_back(std::move(dev));
   }
-  const size_t count =
-      std::max<size_t>(1, (devices.size() + kMaxDevicesPerSlice - 1) / kMaxDevicesPerSlice);
+  // Counter sets (partitionable devices): one per healthy GPU, in slices of their own.
+  std::vector<json> counter_sets;
+  if (o.partitionable) {
+    for (const core::Gpu& g : inv.gpus) {
+      if (!state.healthy(g.index)) continue;
+      json counters = {{"shares", {{"value", std::to_string(shares)}}}};
+      if (g.memory_bytes) {
+        counters["memory"] = {{"value", kube::FormatBinaryQuantity(*g.memory_bytes)}};
+      }
+      counter_sets.push_back({{"name", fmt::format("gpu-{}", g.index)}, {"counters", counters}});
+    }
+  }
+  const size_t per_slice = o.partitionable ? kMaxDevicesPerSliceWithCounters : kMaxDevicesPerSlice;
+  const size_t device_slices = std::max<size_t>(1, (devices.size() + per_slice - 1) / per_slice);
+  const size_t counter_slices =
+      (counter_sets.size() + kMaxCounterSetsPerSlice - 1) / kMaxCounterSetsPerSlice;
+  const size_t count = device_slices + counter_slices;
   std::vector<json> slices;
   for (size_t i = 0; i < count; ++i) {
     json s;
@@ -186,12 +222,22 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
     s["spec"]["pool"] = {{"name", o.pool},
                          {"generation", ctx.generation},
                          {"resourceSliceCount", static_cast<int64_t>(count)}};
-    json devs = json::array();
-    for (size_t k = i * kMaxDevicesPerSlice;
-         k < std::min(devices.size(), (i + 1) * kMaxDevicesPerSlice); ++k) {
-      devs.push_back(devices[k]);
+    if (i < device_slices) {
+      json devs = json::array();
+      for (size_t k = i * per_slice; k < std::min(devices.size(), (i + 1) * per_slice); ++k) {
+        devs.push_back(devices[k]);
+      }
+      s["spec"]["devices"] = devs;
+    } else {
+      // Only one of devices and sharedCounters in a slice.
+      const size_t j = i - device_slices;
+      json sets = json::array();
+      for (size_t k = j * kMaxCounterSetsPerSlice;
+           k < std::min(counter_sets.size(), (j + 1) * kMaxCounterSetsPerSlice); ++k) {
+        sets.push_back(counter_sets[k]);
+      }
+      s["spec"]["sharedCounters"] = sets;
     }
-    s["spec"]["devices"] = devs;
     slices.push_back(std::move(s));
   }
   return slices;
@@ -200,8 +246,11 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
 bool SameDevices(const json& a, const json& b) {
   auto devs = [](const json& s) {
     json out = json::array();
-    if (s.contains("spec") && s["spec"].contains("devices")) {
-      for (const json& d : s["spec"]["devices"]) out.push_back(Normalised(d));
+    for (const char* list : {"devices", "sharedCounters"}) {
+      if (s.contains("spec") && s["spec"].contains(list) && s["spec"][list].is_array()) {
+        for (const json& d : s["spec"][list]) out.push_back(Normalised(d));
+      }
+      out.push_back(nullptr);  // keeps the two lists apart
     }
     return out;
   };

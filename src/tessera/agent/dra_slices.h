@@ -1,10 +1,11 @@
 #pragma once
 // The DRA driver's ResourceSlices (resource.k8s.io/v1): this node's pool of devices as
 // kube-scheduler sees them. One pool named after the node, in slices of at most 128 devices (the
-// API's limit), owned by the Node object so that they go with it. Devices of an unhealthy GPU are
-// left out. Published at start, again when health changes, again when they are found missing or
-// different (the kubelet deletes a node's slices when it starts), with the pool's generation
-// bumped on every change; deleted when the agent stops.
+// API's limit; 64 when they consume counters, and the counter sets of partitionable devices in
+// slices of their own, 8 sets each), owned by the Node object so that they go with it. Devices of
+// an unhealthy GPU are left out. Published at start, again when health changes, again when they are
+// found missing or different (the kubelet deletes a node's slices when it starts), with the pool's
+// generation bumped on every change; deleted when the agent stops.
 
 #include <atomic>
 #include <chrono>
@@ -22,7 +23,10 @@
 
 namespace tessera::agent {
 
+// The API's limits: devices per slice (64 when they consume counters), counter sets per slice.
 inline constexpr int kMaxDevicesPerSlice = 128;
+inline constexpr int kMaxDevicesPerSliceWithCounters = 64;
+inline constexpr int kMaxCounterSetsPerSlice = 8;
 inline constexpr char kResourceSlices[] = "/apis/resource.k8s.io/v1/resourceslices";
 
 struct SliceContext {

@@ -71,12 +71,13 @@ struct DraState::Claim {
 DraState::DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options)
     : inventory_(std::move(inventory)), plugin_(std::move(plugin)), options_(std::move(options)) {
   for (const core::Gpu& g : inventory_.gpus) {
-    if (options_.share_gpus.contains(g.index)) {
+    const bool shares = options_.partitionable || options_.share_gpus.contains(g.index);
+    const bool whole = options_.partitionable || !shares;
+    if (whole) devices_.push_back({fmt::format("gpu-{}", g.index), g.index, false});
+    if (shares && !plugin_.shim_library.empty()) {
       for (int k = 0; k < plugin_.shares_per_gpu; ++k) {
         devices_.push_back({fmt::format("gpu-{}-share-{}", g.index, k), g.index, true});
       }
-    } else {
-      devices_.push_back({fmt::format("gpu-{}", g.index), g.index, false});
     }
   }
   for (size_t i = 0; i < devices_.size(); ++i) by_name_[devices_[i].name] = static_cast<int>(i);
@@ -100,9 +101,14 @@ absl::StatusOr<std::unique_ptr<DraState>> DraState::Create(core::NodeInventory i
           "--dra-share-gpus: GPU {} is not on this node ({} GPU(s))", g, inventory.gpus.size()));
     }
   }
-  if (!options.share_gpus.empty() && plugin.shim_library.empty()) {
+  if (options.partitionable && !options.share_gpus.empty()) {
     return absl::InvalidArgumentError(
-        "--dra-share-gpus needs --shim-library: shares are enforced by the intercept library");
+        "--dra-partitionable publishes every GPU both whole and in shares: no --dra-share-gpus");
+  }
+  if ((!options.share_gpus.empty() || options.partitionable) && plugin.shim_library.empty()) {
+    return absl::InvalidArgumentError(
+        "shares (--dra-share-gpus, --dra-partitionable) need --shim-library: they are enforced by "
+        "the intercept library");
   }
   if (plugin.shares_per_gpu < 1 || plugin.shares_per_gpu > 100) {
     return absl::InvalidArgumentError("--shares-per-gpu must be 1..100");
@@ -265,10 +271,14 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
       if (admin.contains(d.name)) continue;
       for (const auto& [other_uid, other] : claims_) {
         for (const PreparedDevice& p : other->devices) {
-          if (p.device == d.name) {
-            return absl::FailedPreconditionError(
-                fmt::format("{}: device {} is prepared for claim {}/{} (UID {})", who, d.name,
-                            other->ns, other->name, other_uid));
+          std::optional<DraDevice> o = Find(p.device);
+          // The same device, or (partitionable devices) the GPU whole beside a share of it.
+          if (p.device == d.name || (o && o->gpu == d.gpu && o->share != d.share)) {
+            return absl::FailedPreconditionError(fmt::format(
+                "{}: device {} is prepared for claim {}/{} (UID {}){}", who, d.name, other->ns,
+                other->name, other_uid,
+                p.device == d.name ? ""
+                                   : fmt::format(", which holds {} of the same GPU", p.device)));
           }
         }
       }

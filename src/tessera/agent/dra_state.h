@@ -9,7 +9,9 @@
 //
 // Devices: "gpu-<index>", one per GPU given whole; "gpu-<index>-share-<k>", shares_per_gpu per GPU
 // given in shares (DraOptions::share_gpus). A GPU is published one way or the other, never both, so
-// that kube-scheduler, which does not know they overlap, cannot give it twice.
+// that kube-scheduler, which does not know they overlap, cannot give it twice - unless the devices
+// are partitionable (DraOptions::partitionable): then every GPU is published both ways and a
+// counter set per GPU tells kube-scheduler they overlap.
 
 #include <chrono>
 #include <cstdint>
@@ -39,6 +41,11 @@ struct DraOptions {
   std::string dir;           // the checkpoint's folder: <kubelet>/plugins/<driver>
   std::string cdi_dir;       // where claims' CDI specs are written
   std::set<int> share_gpus;  // GPU indices published as shares (needs the intercept library)
+  // Every GPU published both whole and in shares, the two tied by a counter set per GPU (its
+  // memory and its shares) so that kube-scheduler gives a GPU one way or the other
+  // (partitionable devices: the DRAPartitionableDevices feature gate of the API server and
+  // kube-scheduler must be on, else the API server drops the counters). Excludes share_gpus.
+  bool partitionable = false;
 };
 
 struct DraDevice {

@@ -144,7 +144,7 @@ TEST_F(DraStateTest, ACorruptCheckpointIsNamedAndBadOptionsAreRefused) {
   fs::remove(dir_ + "/plugin/checkpoint.json");
   EXPECT_EQ(Make({8}).status().code(), absl::StatusCode::kInvalidArgument);  // no GPU 8
   shim_.clear();
-  EXPECT_THAT(Make({1}).status().message(), HasSubstr("needs --shim-library"));
+  EXPECT_THAT(Make({1}).status().message(), HasSubstr("need --shim-library"));
 }
 
 TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
@@ -169,6 +169,47 @@ TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
   ASSERT_EQ(slices.size(), 1u);  // 100 shares + 4 whole GPUs
   EXPECT_EQ(slices[0]["spec"]["devices"].size(), 104u);
   EXPECT_FALSE(slices[0]["metadata"].contains("ownerReferences"));
+}
+
+TEST_F(DraStateTest, PartitionableGpusArePublishedBothWaysWithCountersAndGivenOneWay) {
+  PluginOptions p;
+  p.shares_per_gpu = 10;
+  p.state_dir = dir_ + "/state";
+  p.shim_library = shim_;
+  DraOptions d{.pool = "node-a", .dir = dir_ + "/plugin", .cdi_dir = dir_ + "/cdi"};
+  d.partitionable = true;
+  auto s = DraState::Create(inventory_, p, d);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->devices().size(), 88u);  // 8 GPUs, each whole and in 10 shares
+  auto slices = BuildResourceSlices(**s, {.generation = 1, .sysfs_root = ""});
+  // 88 devices consuming counters: 64 + 24; 8 counter sets in a slice of their own.
+  ASSERT_EQ(slices.size(), 3u);
+  EXPECT_EQ(slices[0]["spec"]["devices"].size(), 64u);
+  EXPECT_EQ(slices[1]["spec"]["devices"].size(), 24u);
+  EXPECT_FALSE(slices[2]["spec"].contains("devices"));
+  ASSERT_EQ(slices[2]["spec"]["sharedCounters"].size(), 8u);
+  const json& set = slices[2]["spec"]["sharedCounters"][0];
+  EXPECT_EQ(set["name"], "gpu-0");
+  EXPECT_EQ(set["counters"]["shares"]["value"], "10");
+  EXPECT_EQ(set["counters"]["memory"]["value"], "46068Mi");  // an L40S's 46,068 MiB
+  const json& whole = slices[0]["spec"]["devices"][0];
+  EXPECT_EQ(whole["name"], "gpu-0");
+  EXPECT_EQ(whole["consumesCounters"][0]["counterSet"], "gpu-0");
+  EXPECT_EQ(whole["consumesCounters"][0]["counters"]["shares"]["value"], "10");
+  const json& share = slices[0]["spec"]["devices"][1];
+  EXPECT_EQ(share["name"], "gpu-0-share-0");
+  EXPECT_EQ(share["consumesCounters"][0]["counters"]["shares"]["value"], "1");
+  for (const json& sl : slices) EXPECT_EQ(sl["spec"]["pool"]["resourceSliceCount"], 3);
+  // A GPU given whole is not given in shares beside it, nor the other way round.
+  ASSERT_TRUE((*s)->Prepare("a", "w", "u1", Claim("u1", {Result("g", "gpu-0")})).ok());
+  auto both = (*s)->Prepare("a", "s", "u2", Claim("u2", {Result("s", "gpu-0-share-3")}));
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(both.status().message(), HasSubstr("which holds gpu-0 of the same GPU"));
+  ASSERT_TRUE((*s)->Prepare("a", "s", "u3", Claim("u3", {Result("s", "gpu-1-share-3")})).ok());
+  EXPECT_FALSE((*s)->Prepare("a", "w2", "u4", Claim("u4", {Result("g", "gpu-1")})).ok());
+  d.share_gpus = {1};
+  EXPECT_THAT(DraState::Create(inventory_, p, d).status().message(),
+              HasSubstr("no --dra-share-gpus"));
 }
 
 TEST(DraSlices, ASliceIsTheSameWhenTheApiServerRewroteItsQuantities) {

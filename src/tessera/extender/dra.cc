@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "fmt/format.h"
 #include "tessera/kube/object.h"
@@ -173,6 +174,22 @@ DraDemand DraAdvisor::DemandOf(const json& pod) const {
   return out;
 }
 
+namespace {
+
+// Whether device `d` of `devices` can still be given, with `used` saying which devices are given
+// (allocated, or taken by this placement): it is not, and (partitionable devices) neither is the
+// whole GPU beside a share of it, nor a share of the GPU beside the whole.
+bool Available(const DraAdvisor::Device& d, const std::vector<DraAdvisor::Device>& devices,
+               const std::function<bool(const DraAdvisor::Device&)>& used) {
+  if (used(d)) return false;
+  for (const DraAdvisor::Device& o : devices) {
+    if (o.gpu == d.gpu && o.share != d.share && used(o)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<DraAdvisor::Device> DraAdvisor::DevicesLocked(const Pool& p) const {
   std::vector<Device> out;
   for (const auto& [name, devs] : p.slices) out.insert(out.end(), devs.begin(), devs.end());
@@ -181,10 +198,11 @@ std::vector<DraAdvisor::Device> DraAdvisor::DevicesLocked(const Pool& p) const {
 
 std::optional<std::vector<const DraAdvisor::Device*>> DraAdvisor::TakeLocked(
     const std::string& pool, const std::vector<Device>& devices, const DraDemand& demand) const {
-  std::set<const Device*> taken;
-  auto free = [&](const Device& d) {
-    return !taken.contains(&d) && !allocated_.contains(pool + "/" + d.name);
+  std::set<std::string> taken;
+  auto used = [&](const Device& d) {
+    return taken.contains(d.name) || allocated_.contains(pool + "/" + d.name);
   };
+  auto free = [&](const Device& d) { return Available(d, devices, used); };
   std::vector<const Device*> out;
   for (const DraRequest& r : demand.requests) {
     std::vector<const Device*> got;
@@ -211,7 +229,7 @@ std::optional<std::vector<const DraAdvisor::Device*>> DraAdvisor::TakeLocked(
     }
     if (static_cast<int>(got.size()) < r.count) return std::nullopt;
     for (const Device* d : got) {
-      taken.insert(d);
+      taken.insert(d->name);
       out.push_back(d);
     }
   }
@@ -238,8 +256,9 @@ std::vector<std::string> DraAdvisor::Filter(const DraDemand& demand,
       out.push_back(n);
     } else {
       int whole = 0, shares = 0;
+      auto used = [&](const Device& d) { return allocated_.contains(n + "/" + d.name); };
       for (const Device& d : devs) {
-        if (!allocated_.contains(n + "/" + d.name)) (d.share ? shares : whole)++;
+        if (Available(d, devs, used)) (d.share ? shares : whole)++;
       }
       (*failed)[n] =
           fmt::format("its free Tessera GPUs ({} whole, {} shares) cannot hold the pod's claims",
@@ -278,17 +297,28 @@ void DraAdvisor::CountDemandLocked(const DraDemand& d) {
 double DraAdvisor::FragmentationLocked(const std::string& pool, const std::vector<Device>& devices,
                                        const std::set<std::string>& taken) {
   const Pool& p = pools_.at(pool);
-  // Free compute and memory per GPU the pool publishes.
-  std::map<int, std::pair<int32_t, int64_t>> left;
+  // Free compute and memory per GPU the pool publishes: none when it is given whole, else what its
+  // given shares leave.
+  struct Use {
+    bool whole_used = false;
+    int shares_used = 0;
+  };
+  std::map<int, Use> use;
   for (const Device& d : devices) {
-    if (allocated_.contains(pool + "/" + d.name) || taken.contains(d.name)) {
-      left.try_emplace(d.gpu, 0, 0);
-      continue;
+    Use& u = use[d.gpu];
+    if (!allocated_.contains(pool + "/" + d.name) && !taken.contains(d.name)) continue;
+    if (d.share) {
+      ++u.shares_used;
+    } else {
+      u.whole_used = true;
     }
-    auto& [milli, mib] = left[d.gpu];
-    const int per_gpu = d.share ? p.shares_per_gpu.at(d.gpu) : 1;
-    milli += 1000 / per_gpu;
-    mib += d.memory_mib;
+  }
+  std::map<int, std::pair<int32_t, int64_t>> left;
+  for (const auto& [g, u] : use) {
+    auto per = p.shares_per_gpu.find(g);
+    const int n = per == p.shares_per_gpu.end() ? 1 : per->second;
+    const int32_t milli = u.whole_used ? 0 : std::max(0, 1000 - 1000 * u.shares_used / n);
+    left[g] = {milli, p.gpus.at(g).memory_mib * milli / 1000};
   }
   // The node's shape: its GPUs' kinds (model and memory), in index order.
   std::string key;
@@ -361,8 +391,10 @@ std::map<std::string, DraAdvisor::NodeFree> DraAdvisor::Free() const {
   std::map<std::string, NodeFree> out;
   for (const auto& [name, p] : pools_) {
     NodeFree& f = out[name];
-    for (const Device& d : DevicesLocked(p)) {
-      if (!allocated_.contains(name + "/" + d.name)) (d.share ? f.shares : f.whole)++;
+    std::vector<Device> devs = DevicesLocked(p);
+    auto used = [&](const Device& d) { return allocated_.contains(name + "/" + d.name); };
+    for (const Device& d : devs) {
+      if (Available(d, devs, used)) (d.share ? f.shares : f.whole)++;
     }
   }
   return out;

@@ -99,5 +99,37 @@ TEST(DraAdvisor, AShareScoresHigherWhereItFillsAGpuAlreadySplitThanWhereItSplits
   EXPECT_THAT(scores, ElementsAre(Pair("n1", 10), Pair("n2", 0), Pair("cpu-node", 0)));
 }
 
+TEST(DraAdvisor, PartitionableDevicesOfOneGpuAreWholeOrSharesNeverBoth) {
+  // Every GPU both whole and in four shares (the agent's --dra-partitionable).
+  json slice = DraSlice("n1");
+  for (int g = 0; g < 3; ++g) {
+    for (int k = 0; k < 4; ++k) {
+      slice["spec"]["devices"].push_back(
+          {{"name", "gpu-" + std::to_string(g) + "-share-" + std::to_string(k)},
+           {"attributes",
+            {{"type", {{"string", "share"}}},
+             {"index", {{"int", g}}},
+             {"sharesPerGpu", {{"int", 4}}}}},
+           {"capacity", {{"memory", {{"value", "20Gi"}}}}}});
+    }
+  }
+  slice["spec"]["devices"].push_back(
+      {{"name", "gpu-3"},
+       {"attributes", {{"type", {{"string", "gpu"}}}, {"index", {{"int", 3}}}}},
+       {"capacity", {{"memory", {{"value", "80Gi"}}}}}});
+  DraAdvisor a;
+  a.OnSlice(slice, false);
+  EXPECT_EQ(a.Free()["n1"].whole, 4);
+  EXPECT_EQ(a.Free()["n1"].shares, 16);
+  // GPU 0 given whole: its shares go too; a share of GPU 3: GPU 3 is no longer whole.
+  a.OnClaim(DraAllocated("c1", "n1", {"gpu-0", "gpu-3-share-2"}), false);
+  EXPECT_EQ(a.Free()["n1"].whole, 2);
+  EXPECT_EQ(a.Free()["n1"].shares, 11);
+  a.OnTemplate(DraTemplate("three", kDraGpuClass, 3), false);
+  std::map<std::string, std::string> failed;
+  EXPECT_TRUE(a.Filter(a.DemandOf(DraPod("three")), {"n1"}, &failed).empty());
+  EXPECT_THAT(failed["n1"], HasSubstr("2 whole, 11 shares"));
+}
+
 }  // namespace
 }  // namespace tessera::extender
