@@ -272,40 +272,36 @@ SlicePublisher::~SlicePublisher() { Stop(); }
 
 void SlicePublisher::Start() {
   thread_ = std::thread([this] {
-    std::unique_lock lock(mu_);
-    while (!stop_) {
-      lock.unlock();
+    for (;;) {
       absl::Status st = Sync();
       if (!st.ok()) {
         ++counters_.errors;
         spdlog::warn("ResourceSlices: {}", std::string(st.message()));
       }
-      lock.lock();
       // Again after resync, at once when poked; after an error, within a few seconds.
-      auto wait =
+      const auto wait =
           st.ok() ? options_.resync
                   : std::min<std::chrono::milliseconds>(options_.resync, std::chrono::seconds(5));
-      cv_.wait_for(lock, wait, [&] { return stop_ || poked_; });
+      core::MutexLock lock(mu_);
+      lock.WaitFor(cv_, wait, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || poked_; });
+      if (stop_) return;
       poked_ = false;
     }
   });
 }
 
 void SlicePublisher::Poke() {
-  {
-    std::lock_guard lock(mu_);
-    poked_ = true;
-  }
+  core::MutexLock lock(mu_);
+  poked_ = true;
   cv_.notify_all();
 }
 
 void SlicePublisher::Stop() {
   {
-    std::lock_guard lock(mu_);
-    if (stop_ && !thread_.joinable()) return;
+    core::MutexLock lock(mu_);
     stop_ = true;
+    cv_.notify_all();
   }
-  cv_.notify_all();
   if (thread_.joinable()) {
     thread_.join();
     if (absl::Status st = DeleteAll(); !st.ok()) {

@@ -9,16 +9,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "tessera/agent/dra_state.h"
+#include "tessera/core/mutex.h"
 #include "tessera/kube/client.h"
 
 namespace tessera::agent {
@@ -82,10 +82,10 @@ class SlicePublisher {
   SlicePublisherOptions options_;
   SlicePublisherCounters counters_;
   std::string node_uid_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool poked_ = false;
+  core::Mutex mu_;
+  core::CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool poked_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

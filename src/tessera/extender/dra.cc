@@ -199,7 +199,7 @@ std::vector<DraAdvisor::Device> DraAdvisor::DevicesLocked(const Pool& p) const {
 std::optional<std::vector<const DraAdvisor::Device*>> DraAdvisor::TakeLocked(
     const std::string& pool, const std::vector<Device>& devices, const DraDemand& demand) const {
   std::set<std::string> taken;
-  auto used = [&](const Device& d) {
+  auto used = [&](const Device& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return taken.contains(d.name) || allocated_.contains(pool + "/" + d.name);
   };
   auto free = [&](const Device& d) { return Available(d, devices, used); };
@@ -256,7 +256,9 @@ std::vector<std::string> DraAdvisor::Filter(const DraDemand& demand,
       out.push_back(n);
     } else {
       int whole = 0, shares = 0;
-      auto used = [&](const Device& d) { return allocated_.contains(n + "/" + d.name); };
+      auto used = [&](const Device& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return allocated_.contains(n + "/" + d.name);
+      };
       for (const Device& d : devs) {
         if (Available(d, devs, used)) (d.share ? shares : whole)++;
       }
@@ -389,10 +391,13 @@ std::vector<std::pair<std::string, int64_t>> DraAdvisor::Prioritize(
 std::map<std::string, DraAdvisor::NodeFree> DraAdvisor::Free() const {
   core::MutexLock lock(mu_);
   std::map<std::string, NodeFree> out;
-  for (const auto& [name, p] : pools_) {
+  for (const auto& [pool_name, p] : pools_) {
+    const std::string& name = pool_name;
     NodeFree& f = out[name];
     std::vector<Device> devs = DevicesLocked(p);
-    auto used = [&](const Device& d) { return allocated_.contains(name + "/" + d.name); };
+    auto used = [&](const Device& d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return allocated_.contains(name + "/" + d.name);
+    };
     for (const Device& d : devs) {
       if (Available(d, devs, used)) (d.share ? f.shares : f.whole)++;
     }
