@@ -90,6 +90,13 @@ class Agent {
 
  private:
   explicit Agent(AgentOptions options);
+  // Agent::Start's steps, in order.
+  absl::StatusOr<core::NodeInventory> OpenDevices();         // NVML (or a simulated machine)
+  absl::Status PrepareState(core::NodeInventory inventory);  // CDI spec, checkpoint, arbiter
+  void WatchHealth();
+  absl::Status ServeKubelet();  // the API server, then the device plugin or DRA
+  absl::Status ServeMetrics();
+  void StartReconcile();  // PodResources: releases the allocations of ended pods
   void ConnectApiServer();
   absl::Status StartDra();
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
