@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
 #include "yaml-cpp/yaml.h"
@@ -44,7 +45,7 @@ constexpr char kDriver[] = "gpu.tessera.io";
 constexpr char kClaims[] = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims";
 constexpr char kSlices[] = "/apis/resource.k8s.io/v1/resourceslices";
 
-std::string Uuid(int i) { return "GPU-00000000-0000-0000-0000-00000000000" + std::to_string(i); }
+using tessera::test::Uuid;
 
 // A claim as kube-scheduler leaves it: allocated devices of `pool`, by request.
 json Claim(const std::string& name, const std::vector<std::pair<std::string, std::string>>& results,
@@ -70,19 +71,7 @@ class AgentDraE2e : public ::testing::Test {
     dir_ = ::testing::TempDir() + "dra" + std::to_string(++n);
     fs::remove_all(dir_);
     for (const char* sub : {"/kubelet", "/state", "/cdi"}) fs::create_directories(dir_ + sub);
-    // Four A100s; GPU 2 reports XID 79 1.5 s after the agent's nvmlInit.
-    json scenario = {{"driver_version", "535.104.05"}, {"cuda_driver_version", 12040}};
-    for (int i = 0; i < 4; ++i) {
-      scenario["devices"].push_back({{"uuid", Uuid(i)},
-                                     {"name", "NVIDIA A100-SXM4-40GB"},
-                                     {"memory_total", 42949672960},
-                                     {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
-                                     {"numa", i / 2},
-                                     {"minor", i},
-                                     {"nvswitch_links", 0}});
-    }
-    scenario["topology"] = {{0, 10, 50, 50}, {10, 0, 50, 50}, {50, 50, 0, 10}, {50, 50, 10, 0}};
-    if (xid_) scenario["events"] = {{{"at_ms", 1500}, {"device", 2}, {"type", 8}, {"data", 79}}};
+    json scenario = tessera::test::FourA100s("535.104.05", xid_);
     std::ofstream(dir_ + "/scenario.json") << scenario.dump();
     node_ = api_.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
     // sysfs as a host has it: GPU 0 (bus 10) behind a bridge of root complex pci0000:0f.

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "tessera/net/http.h"
@@ -41,7 +42,7 @@ constexpr char kShare[] = "tessera.io/gpu-share";
 
 constexpr char kFakeNvml[] = TESSERA_TEST_FAKES_DIR "/nvml-full/libnvidia-ml.so.1";
 
-std::string Uuid(int i) { return "GPU-00000000-0000-0000-0000-00000000000" + std::to_string(i); }
+using tessera::test::Uuid;
 
 class AgentE2e : public ::testing::Test {
  protected:
@@ -52,20 +53,7 @@ class AgentE2e : public ::testing::Test {
     fs::remove_all(dir_);
     for (const char* sub : {"/dp", "/pr", "/state", "/cdi"}) fs::create_directories(dir_ + sub);
     // Four A100s; GPU 2 reports XID 79 (fallen off the bus) 1.5 s after the agent's nvmlInit.
-    nlohmann::json scenario = {{"driver_version", "550.54.15"}, {"cuda_driver_version", 12040}};
-    for (int i = 0; i < 4; ++i) {
-      scenario["devices"].push_back({{"uuid", Uuid(i)},
-                                     {"name", "NVIDIA A100-SXM4-40GB"},
-                                     {"memory_total", 42949672960},
-                                     {"pci_bus_id", "00000000:1" + std::to_string(i) + ":00.0"},
-                                     {"numa", i / 2},
-                                     {"minor", i},
-                                     {"utilization", 10 * (i + 1)},
-                                     {"nvswitch_links", 0}});
-    }
-    // Two PCIe switches (GPUs 0-1 and 2-3), one per socket.
-    scenario["topology"] = {{0, 10, 50, 50}, {10, 0, 50, 50}, {50, 50, 0, 10}, {50, 50, 10, 0}};
-    scenario["events"] = {{{"at_ms", 1500}, {"device", 2}, {"type", 8}, {"data", 79}}};
+    nlohmann::json scenario = tessera::test::FourA100s("550.54.15", /*xid=*/true);
     std::ofstream(dir_ + "/scenario.json") << scenario.dump();
   }
   void TearDown() override {

@@ -120,31 +120,19 @@ v1beta1::ListAndWatchResponse DeviceState::List(Resource r) const {
   return out;
 }
 
-uint64_t DeviceState::generation() const {
-  core::MutexLock lock(mu_);
-  return generation_;
-}
+uint64_t DeviceState::generation() const { return feed_.generation(); }
 
 uint64_t DeviceState::WaitForChange(uint64_t seen, std::chrono::milliseconds timeout) const {
-  core::MutexLock lock(mu_);
-  lock.WaitFor(changed_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return generation_ != seen || shutdown_;
-  });
-  return generation_;
+  return feed_.WaitForChange(seen, timeout);
 }
 
-void DeviceState::Shutdown() {
-  core::MutexLock lock(mu_);
-  shutdown_ = true;
-  changed_.notify_all();
-}
+void DeviceState::Shutdown() { feed_.Shutdown(); }
 
 bool DeviceState::SetHealth(int gpu, bool healthy, const std::string& reason) {
   core::MutexLock lock(mu_);
   if (gpu < 0 || gpu >= static_cast<int>(healthy_.size()) || healthy_[gpu] == healthy) return false;
   healthy_[gpu] = healthy;
-  ++generation_;
-  changed_.notify_all();
+  feed_.Bump();
   return true;
 }
 
@@ -430,8 +418,7 @@ absl::StatusOr<v1beta1::AllocateResponse> DeviceState::Allocate(
       return absl::InternalError(
           fmt::format("checkpoint not written: {}", std::string(st.message())));
     }
-    ++generation_;
-    changed_.notify_all();
+    feed_.Bump();
   }
   return out;
 }
@@ -452,8 +439,7 @@ int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_befor
   });
   if (released > 0) {
     if (absl::Status st = SaveLocked(); !st.ok()) spdlog::error("{}", std::string(st.message()));
-    ++generation_;
-    changed_.notify_all();
+    feed_.Bump();
   }
   return released;
 }

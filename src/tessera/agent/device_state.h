@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "deviceplugin/v1beta1/api.pb.h"
+#include "tessera/agent/change_feed.h"
 #include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
@@ -145,9 +146,7 @@ class DeviceState {
   std::map<std::string, int> by_uuid_;
 
   mutable core::Mutex mu_;
-  mutable core::CondVar changed_;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  ChangeFeed feed_;  // bumped under mu_
   std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
   std::vector<Allocation> allocations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -406,8 +406,7 @@ bool DraState::SetHealth(int gpu, bool healthy, const std::string& reason) {
   if (healthy_[gpu] == healthy && reasons_[gpu] == reason) return false;
   healthy_[gpu] = healthy;
   reasons_[gpu] = healthy ? "" : reason;
-  ++generation_;
-  changed_.notify_all();
+  feed_.Bump();
   return true;
 }
 
@@ -421,24 +420,13 @@ std::string DraState::health_reason(int gpu) const {
   return gpu >= 0 && gpu < static_cast<int>(reasons_.size()) ? reasons_[gpu] : "";
 }
 
-uint64_t DraState::generation() const {
-  core::MutexLock lock(mu_);
-  return generation_;
-}
+uint64_t DraState::generation() const { return feed_.generation(); }
 
 uint64_t DraState::WaitForChange(uint64_t seen, std::chrono::milliseconds timeout) const {
-  core::MutexLock lock(mu_);
-  lock.WaitFor(changed_, timeout, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return generation_ != seen || shutdown_;
-  });
-  return generation_;
+  return feed_.WaitForChange(seen, timeout);
 }
 
-void DraState::Shutdown() {
-  core::MutexLock lock(mu_);
-  shutdown_ = true;
-  changed_.notify_all();
-}
+void DraState::Shutdown() { feed_.Shutdown(); }
 
 absl::Status DraState::SaveLocked() const {
   json j;

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/agent/change_feed.h"
 #include "tessera/agent/device_state.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
@@ -122,9 +123,7 @@ class DraState {
   std::map<std::string, int> by_name_;  // into devices_
 
   mutable core::Mutex mu_;
-  mutable core::CondVar changed_;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  ChangeFeed feed_;  // bumped under mu_
   std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Claim>> claims_ ABSL_GUARDED_BY(mu_);  // by UID

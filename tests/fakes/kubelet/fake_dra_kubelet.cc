@@ -97,32 +97,42 @@ bool FakeDraKubelet::Register(const std::string& driver, std::chrono::millisecon
   return true;
 }
 
-grpc::Status FakeDraKubelet::Prepare(const std::vector<ClaimRef>& claims,
-                                     dra::NodePrepareResourcesResponse* out) {
-  dra::NodePrepareResourcesRequest req;
-  for (const ClaimRef& c : claims) {
+namespace {
+
+// A request naming `claims`, as the kubelet sends it (prepare and unprepare alike).
+template <class Request>
+Request Naming(const std::vector<FakeDraKubelet::ClaimRef>& claims) {
+  Request req;
+  for (const FakeDraKubelet::ClaimRef& c : claims) {
     auto* r = req.add_claims();
     r->set_namespace_(c.ns);
     r->set_name(c.name);
     r->set_uid(c.uid);
   }
-  grpc::ClientContext ctx;
+  return req;
+}
+
+// The kubelet's deadline for each DRA call.
+void KubeletDeadline(grpc::ClientContext& ctx) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(45));
-  return impl_->plugin->NodePrepareResources(&ctx, req, out);
+}
+
+}  // namespace
+
+grpc::Status FakeDraKubelet::Prepare(const std::vector<ClaimRef>& claims,
+                                     dra::NodePrepareResourcesResponse* out) {
+  grpc::ClientContext ctx;
+  KubeletDeadline(ctx);
+  return impl_->plugin->NodePrepareResources(&ctx, Naming<dra::NodePrepareResourcesRequest>(claims),
+                                             out);
 }
 
 grpc::Status FakeDraKubelet::Unprepare(const std::vector<ClaimRef>& claims,
                                        dra::NodeUnprepareResourcesResponse* out) {
-  dra::NodeUnprepareResourcesRequest req;
-  for (const ClaimRef& c : claims) {
-    auto* r = req.add_claims();
-    r->set_namespace_(c.ns);
-    r->set_name(c.name);
-    r->set_uid(c.uid);
-  }
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(45));
-  return impl_->plugin->NodeUnprepareResources(&ctx, req, out);
+  KubeletDeadline(ctx);
+  return impl_->plugin->NodeUnprepareResources(
+      &ctx, Naming<dra::NodeUnprepareResourcesRequest>(claims), out);
 }
 
 void FakeDraKubelet::WatchHealth() {
