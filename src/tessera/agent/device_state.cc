@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/agent/checkpoint.h"
 #include "tessera/agent/share_edits.h"
 #include "tessera/core/gpu.h"
 #include "tessera/devices/atomic_file.h"
@@ -468,19 +469,12 @@ absl::Status DeviceState::SaveLocked() const {
 
 absl::Status DeviceState::Load() {
   const std::string path = checkpoint_path();
-  std::ifstream in(path);
-  if (!in) return absl::OkStatus();  // a first start
-  auto bad = [&](const std::string& what) {
-    return absl::FailedPreconditionError(
-        fmt::format("checkpoint {}: {} (move it away to start with no allocations)", path, what));
-  };
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("not JSON");
+  auto read = ReadCheckpoint(path, kCheckpointVersion, "allocations");
+  if (!read.ok()) return read.status();
+  const json& j = *read;
+  if (j.is_null()) return absl::OkStatus();  // a first start
+  auto bad = [&](const std::string& what) { return CheckpointError(path, what, "allocations"); };
   try {
-    if (j.at("version").get<int>() != kCheckpointVersion) {
-      return bad(fmt::format("version {} (this agent reads {})", j.at("version").dump(),
-                             kCheckpointVersion));
-    }
     core::MutexLock lock(mu_);
     next_id_ = j.at("next_id").get<uint64_t>();
     for (const json& e : j.at("allocations")) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/agent/checkpoint.h"
 #include "tessera/agent/share_edits.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
@@ -444,23 +445,11 @@ absl::Status DraState::SaveLocked() const {
 
 absl::Status DraState::Load() {
   const std::string path = checkpoint_path();
-  std::ifstream in(path);
-  if (!in) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        fmt::format("DRA checkpoint {}: {}", path, strerror(errno)));
-  }
-  auto bad = [&](const std::string& why) {
-    return absl::FailedPreconditionError(fmt::format(
-        "DRA checkpoint {}: {}; move it away to start without the claims it records", path, why));
-  };
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return bad("not JSON");
+  auto read = ReadCheckpoint(path, kCheckpointVersion, "claims");
+  if (!read.ok()) return read.status();
+  const json& j = *read;
+  if (j.is_null()) return absl::OkStatus();
   try {
-    if (j.at("version").get<int>() != kCheckpointVersion) {
-      return bad(fmt::format("version {} (this agent reads {})", j.at("version").dump(),
-                             kCheckpointVersion));
-    }
     core::MutexLock lock(mu_);
     for (const auto& [uid, e] : j.at("claims").items()) {
       auto c = std::make_unique<Claim>();
@@ -479,7 +468,7 @@ absl::Status DraState::Load() {
     }
     spdlog::info("DRA checkpoint {}: {} prepared claim(s)", path, claims_.size());
   } catch (const json::exception& e) {
-    return bad(e.what());
+    return CheckpointError(path, e.what(), "claims");
   }
   return absl::OkStatus();
 }
