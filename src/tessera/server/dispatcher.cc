@@ -150,23 +150,27 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
   for (const auto& [group, q] : c.group_quotas) scheduler->quotas().Set("group:" + group, q);
   // A job stopped for preemption or a failed GPU goes back through the store and Admit (holds,
   // dependencies, per-user limits): the engine says so, the dispatcher does it.
-  s->engine_ = std::make_unique<sched::Engine>(
-      std::move(scheduler), s->executor_,
-      sched::EngineOptions{.cycle = {.fair_share_half_life_s = c.fair_share_half_life_s,
-                                     .reservations = c.backfill_reservations},
-                           .requeue_preempted = c.requeue_preempted,
-                           .requeue_unhealthy = c.unhealthy_action == "requeue",
-                           .requeue_through_driver = true,
-                           .max_starts_per_step = c.max_starts_per_pass,
-                           .max_starts_setting = "limits.max_starts_per_pass",
-                           .utilization_ceiling_pct = c.utilization_ceiling_pct,
-                           .utilization_ceiling_strict = c.utilization_ceiling_strict});
+  {
+    // Set up before any thread runs; under mu_ all the same, as every later use is.
+    core::MutexLock lock(s->mu_);
+    s->engine_ = std::make_unique<sched::Engine>(
+        std::move(scheduler), s->executor_,
+        sched::EngineOptions{.cycle = {.fair_share_half_life_s = c.fair_share_half_life_s,
+                                       .reservations = c.backfill_reservations},
+                             .requeue_preempted = c.requeue_preempted,
+                             .requeue_unhealthy = c.unhealthy_action == "requeue",
+                             .requeue_through_driver = true,
+                             .max_starts_per_step = c.max_starts_per_pass,
+                             .max_starts_setting = "limits.max_starts_per_pass",
+                             .utilization_ceiling_pct = c.utilization_ceiling_pct,
+                             .utilization_ceiling_strict = c.utilization_ceiling_strict});
+    const size_t n = s->inventory_.gpus.size();
+    s->gpu_healthy_.assign(n, true);
+    s->gpu_health_reason_.assign(n, "");
+    s->gpu_xids_.assign(n, 0);
+  }
   s->SetUpSharing();
   s->SetUpContainers();
-  const size_t n = s->inventory_.gpus.size();
-  s->gpu_healthy_.assign(n, true);
-  s->gpu_health_reason_.assign(n, "");
-  s->gpu_xids_.assign(n, 0);
   return s;
 }
 
@@ -222,7 +226,7 @@ std::set<uid_t> Dispatcher::ArbiterUsersLocked() const {
 
 void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
   if (!arbiter_acl_ || uid == 0) return;
-  std::lock_guard lock(arbiter_mu_);
+  core::MutexLock lock(arbiter_mu_);
   int& n = arbiter_users_[uid];
   const bool was = n > 0;
   n = std::max(0, n + delta);
@@ -264,7 +268,7 @@ void Dispatcher::RepairArbiterIfDamaged() {
   }
   std::set<uid_t> users;
   {
-    std::lock_guard lock(arbiter_mu_);
+    core::MutexLock lock(arbiter_mu_);
     users = ArbiterUsersLocked();
   }
   // Without ACLs where the state lives the file was open to all, and so is its copy.
@@ -409,10 +413,12 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
+    core::MutexLock lock(mu_);
     engine_->history().Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
                            MeasuredUtilization(r), SharedGpu(r));
     ++runs;
   }
+  core::MutexLock lock(mu_);
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, engine_->history().keys());
 }
 
@@ -422,7 +428,7 @@ absl::Status Dispatcher::Recover() {
   auto jobs = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
   if (!jobs.ok()) return jobs.status();
   int adopted = 0, requeued = 0, ended = 0;
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   // An array's tasks share one spec: parsed once.
   std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
   for (const JobRecord& r : *jobs) {
@@ -522,7 +528,7 @@ absl::Status Dispatcher::Recover() {
 }
 
 void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (gpu < 0 || gpu >= static_cast<int>(gpu_healthy_.size())) return;
   gpu_healthy_[gpu] = healthy;
   gpu_health_reason_[gpu] = reason;
@@ -543,40 +549,43 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
   wake_.notify_all();
 }
 
-bool Dispatcher::Turn(std::unique_lock<std::mutex>& lock) {
+bool Dispatcher::Turn() {
   const double now = Now();
-  CheckRunning(now, lock);
+  CheckRunning(now);
   if (!dirty_) return false;
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();
-  SchedulePass(now, lock);
+  SchedulePass(now);
   scheduling_.Pass(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return true;
 }
 
 bool Dispatcher::RunOnce() {
-  std::unique_lock lock(mu_);
-  return Turn(lock);
+  core::MutexLock lock(mu_);
+  return Turn();
 }
 
-const core::NodeSpec& Dispatcher::node() const { return engine_->scheduler().state().node_spec(0); }
+// Without mu_: the node's spec is fixed when the engine is made (health is kept apart from it).
+const core::NodeSpec& Dispatcher::node() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return engine_->scheduler().state().node_spec(0);
+}
 
 void Dispatcher::Loop() {
-  std::unique_lock lock(mu_);
+  core::MutexLock lock(mu_);
   while (!stop_) {
     const auto t0 = std::chrono::steady_clock::now();
-    const bool passed = Turn(lock);
+    const bool passed = Turn();
     if (dirty_) {
       if (passed && !pass_decided_) {
         // A pass that started and stopped nothing (jobs arriving behind a busy machine): the next
         // waits as long as this one took, so that a stream of submissions is admitted in batches
         // - the loop spends at most half its time in such passes, not one pass per submission.
         const auto now = std::chrono::steady_clock::now();
-        wake_.wait_until(lock, now + (now - t0), [&] { return stop_.load(); });
+        wake_.wait_until(mu_, now + (now - t0), [&] { return stop_.load(); });
       }
       continue;
     }
-    wake_.wait_for(lock, std::chrono::duration<double>(config_.poll_interval_s));
+    wake_.wait_for(mu_, std::chrono::duration<double>(config_.poll_interval_s));
   }
 }
 

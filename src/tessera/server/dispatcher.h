@@ -22,8 +22,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/core/mutex.h"
 #include "tessera/sched/engine.h"
 #include "tessera/server/acct.h"
 #include "tessera/server/cgroup.h"
@@ -152,10 +154,10 @@ class Dispatcher {
     void Close();
 
    private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    uint64_t version_ = 0;
-    bool closed_ = false;
+    core::Mutex mu_;
+    core::CondVar cv_;
+    uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+    bool closed_ ABSL_GUARDED_BY(mu_) = false;
   };
   Feed& feed() { return feed_; }
   void GpuHealth(std::vector<bool>* healthy, std::vector<std::string>* reasons) const;
@@ -219,13 +221,13 @@ class Dispatcher {
     // out of the cycle until that is done (BeginChange, EndChange).
     bool changing = false;
   };
-  // For a change to queued jobs written to the store without mu_: waits (on `lock`, over mu_)
+  // For a change to queued jobs written to the store without mu_: waits (releasing mu_)
   // until no other change to any of `ids` is under way, then marks those still queued as changing
   // and takes them out of the cycle's queue; returns them. EndChange (under mu_) lets them back.
-  std::vector<int64_t> BeginChange(std::unique_lock<std::mutex>& lock,
-                                   const std::vector<int64_t>& ids);
-  void EndChange(const std::vector<int64_t>& ids);
-  std::condition_variable changed_;  // a change ended (EndChange)
+  std::vector<int64_t> BeginChange(const std::vector<int64_t>& ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndChange(const std::vector<int64_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  core::CondVar changed_;  // a change ended (EndChange)
   // A queued job as its stored record says.
   static Queued QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec, double since);
   // How a dependency stands: not yet settled, met (the outcome it asks), or never to be met.
@@ -233,16 +235,16 @@ class Dispatcher {
     enum { kPending, kOk, kNotOk, kMissing } outcome = kPending;
     std::string what;  // "job 5 failed", "every task of array 7 succeeded"
   };
-  DependencyState Outcome(const Dependency& d) const;  // under mu_
+  DependencyState Outcome(const Dependency& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `d` can never be met given its outcome, empty when it is met or pending.
   static std::string Unmeetable(const Dependency& d, const DependencyState& state);
   // Moves the queued jobs that may now run into the cycle's queue (not held, dependencies met, room
   // in their array) and ends those whose dependencies can never be met. Under mu_.
-  void Admit(double now);
-  // Stores the end of the jobs Admit found can never run (never_met_), with `lock` (on mu_)
-  // released meanwhile.
-  void EndNeverMet(double now, std::unique_lock<std::mutex>& lock);
-  std::vector<std::pair<int64_t, std::string>> never_met_;  // under mu_: id, why
+  void Admit(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores the end of the jobs Admit found can never run (never_met_), with mu_ released
+  // meanwhile.
+  void EndNeverMet(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::pair<int64_t, std::string>> never_met_ ABSL_GUARDED_BY(mu_);  // id, why
   Dispatcher(ServerConfig config, ServerDeps deps);
   // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
   Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
@@ -252,8 +254,8 @@ class Dispatcher {
   // Replaces the arbiter file by a fresh copy when it is there but not whole (a user truncated it
   // or wrote garbage in its head); said in the log.
   void RepairArbiterIfDamaged();
-  // The users with a job with a compute share running (their ACL entries); under arbiter_mu_.
-  std::set<uid_t> ArbiterUsersLocked() const;
+  // The users with a job with a compute share running (their ACL entries).
+  std::set<uid_t> ArbiterUsersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arbiter_mu_);
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();
@@ -264,16 +266,16 @@ class Dispatcher {
   // The groups of `uid` (Rights::UserGroups) that have a quota.
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
-  bool Turn(
-      std::unique_lock<std::mutex>& lock);  // RunOnce with mu_ held (released while launching)
-  void CheckRunning(double now, std::unique_lock<std::mutex>& lock);  // unlocks for ends
+  bool Turn()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // RunOnce with mu_ held (released while launching)
+  void CheckRunning(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // releases mu_ for ends
   // Puts a job in queued_ (and, at the next pass, the cycle's queue: Admit), under mu_.
-  void Enqueue(Queued q);
+  void Enqueue(Queued q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a queued job waits, from the cycle; empty when it is not queued.
-  std::string WaitingReason(int64_t id) const;
-  // One step of the scheduling cycle, carried out: starts and preemption stops. Releases `lock` (on
-  // mu_) while the store records the starts and the processes are launched.
-  void SchedulePass(double now, std::unique_lock<std::mutex>& lock);
+  std::string WaitingReason(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One step of the scheduling cycle, carried out: starts and preemption stops. Releases mu_ while
+  // the store records the starts and the processes are launched.
+  void SchedulePass(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A start decided under mu_ and carried out without it.
   struct Launch {
     Queued queued;
@@ -285,9 +287,10 @@ class Dispatcher {
     absl::StatusOr<Launched> launched = Launched{};
     std::optional<CgroupLimits> limits;  // its cgroup, when jobs get one
   };
-  Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const;  // under mu_
+  Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
-  void CommitLaunch(Launch& l, double now);   // under mu_
+  void CommitLaunch(Launch& l, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job whose process ended: taken out of running_ (its GPUs freed) under mu_, the rest of its
   // end done by Finish without mu_, then its cgroup (if still busy) and re-queueing under mu_.
   struct Ending {
@@ -338,9 +341,9 @@ class Dispatcher {
 
   Feed feed_;
   std::thread sampler_;
-  mutable std::mutex history_mu_;  // the two below; taken alone
-  double last_sample_at_ = -1;
-  uint64_t samples_taken_ = 0;
+  mutable core::Mutex history_mu_;  // taken alone
+  double last_sample_at_ ABSL_GUARDED_BY(history_mu_) = -1;
+  uint64_t samples_taken_ ABSL_GUARDED_BY(history_mu_) = 0;
 
   ServerConfig config_;
   const core::Clock* clock_;
@@ -355,10 +358,10 @@ class Dispatcher {
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
   // Who may write the GPU arbiter file: the owners of running jobs with a compute share, each
   // with how many (its ACL names them; `arbiter_access_` says how it is guarded).
-  mutable std::mutex arbiter_mu_;
-  std::map<uint32_t, int> arbiter_users_;
-  bool arbiter_acl_ = false;
-  std::string arbiter_access_;
+  mutable core::Mutex arbiter_mu_;
+  std::map<uint32_t, int> arbiter_users_ ABSL_GUARDED_BY(arbiter_mu_);
+  bool arbiter_acl_ = false;    // set once, by SetUpSharing before any thread
+  std::string arbiter_access_;  // likewise
   // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
   void ArbiterUser(uint32_t uid, int delta);
   // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into the engine's.
@@ -371,8 +374,8 @@ class Dispatcher {
   std::string cdi_spec_path_;
   std::string hostname_;
 
-  mutable std::mutex mu_;  // everything below
-  std::condition_variable wake_;
+  mutable core::Mutex mu_;  // everything below
+  core::CondVar wake_;
   // What the engine decides in a pass, carried out: starts prepared (launched after the pass,
   // without mu_) and preemption stops asked.
   struct PassExecutor : sched::Executor {
@@ -384,27 +387,30 @@ class Dispatcher {
     std::vector<Launch> launches;
     size_t stops = 0;  // victims asked to stop in this pass
   };
-  bool pass_decided_ = false;  // the last pass started or stopped something (Loop)
+  bool pass_decided_ ABSL_GUARDED_BY(mu_) =
+      false;  // the last pass started or stopped something (Loop)
   PassExecutor executor_{*this};
   // The scheduler, the queue and the history of run times (thread-safe alone: history()).
-  std::unique_ptr<sched::Engine> engine_;
-  std::map<int64_t, Running> running_;
-  std::map<int64_t, Queued> queued_;          // changed only through Enqueue and EraseQueued
-  std::map<uint32_t, size_t> queued_by_uid_;  // how many of queued_ each user has
+  std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Running> running_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Queued> queued_
+      ABSL_GUARDED_BY(mu_);  // changed only through Enqueue and EraseQueued
+  std::map<uint32_t, size_t> queued_by_uid_
+      ABSL_GUARDED_BY(mu_);  // how many of queued_ each user has
   // Admission's indexes, kept as jobs come and go so that a pass costs what changed, not the
   // queue: the jobs outside the cycle by user, and those in it by user and by array.
-  std::map<uint32_t, std::set<int64_t>> outside_by_uid_;
-  std::map<uint32_t, size_t> in_cycle_by_uid_;
-  std::map<int64_t, size_t> in_cycle_by_array_;
+  std::map<uint32_t, std::set<int64_t>> outside_by_uid_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, size_t> in_cycle_by_uid_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, size_t> in_cycle_by_array_ ABSL_GUARDED_BY(mu_);
   // Users at limits.max_running_jobs_per_user in the last pass, and what their jobs outside the
   // cycle (not examined then) say.
-  std::map<uint32_t, std::string> capped_;
-  uint64_t admit_pass_ = 0;
+  std::map<uint32_t, std::string> capped_ ABSL_GUARDED_BY(mu_);
+  uint64_t admit_pass_ ABSL_GUARDED_BY(mu_) = 0;
   // Counts `q` into (+1) or out of (-1) the indexes above, by whether it is in the cycle.
-  void Index(const Queued& q, int delta);
-  void SetInCycle(Queued& q, bool in);
-  void EraseQueued(std::map<int64_t, Queued>::iterator it);
-  void EraseQueued(int64_t id);
+  void Index(const Queued& q, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetInCycle(Queued& q, bool in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseQueued(std::map<int64_t, Queued>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseQueued(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs being launched outside mu_: what they are (their state says running already), and the
   // user who cancelled one meanwhile.
   struct Starting {
@@ -413,20 +419,21 @@ class Dispatcher {
     std::string owner;
     uint32_t uid = 0;  // counted against limits.max_running_jobs_per_user
   };
-  std::map<int64_t, Starting> starting_;
+  std::map<int64_t, Starting> starting_ ABSL_GUARDED_BY(mu_);
   // Jobs whose process ended and whose end is being recorded outside mu_.
-  std::set<int64_t> finishing_;
-  std::vector<bool> gpu_healthy_;
-  std::vector<std::string> gpu_health_reason_;
-  std::vector<uint64_t> gpu_xids_;
-  bool dirty_ = true;           // something changed that may let a queued job start
-  SchedulingStats scheduling_;  // latency (submit to start) and passes, for /metrics
+  std::set<int64_t> finishing_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> gpu_healthy_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> gpu_health_reason_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> gpu_xids_ ABSL_GUARDED_BY(mu_);
+  bool dirty_ ABSL_GUARDED_BY(mu_) = true;  // something changed that may let a queued job start
+  SchedulingStats scheduling_
+      ABSL_GUARDED_BY(mu_);  // latency (submit to start) and passes, for /metrics
 
   Rights rights_{config_};  // its groups cache is never held while taking mu_
 
-  std::mutex telemetry_mu_;  // the telemetry cache; never held with mu_
-  double telemetry_at_ = -1;
-  std::vector<devices::GpuTelemetry> telemetry_;
+  core::Mutex telemetry_mu_;  // the telemetry cache; never held with mu_
+  double telemetry_at_ ABSL_GUARDED_BY(telemetry_mu_) = -1;
+  std::vector<devices::GpuTelemetry> telemetry_ ABSL_GUARDED_BY(telemetry_mu_);
 
   std::unique_ptr<ExitWatcher> exits_;  // wakes the loop when a job's process ends
 

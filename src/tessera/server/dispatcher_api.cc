@@ -51,9 +51,8 @@ namespace fs = std::filesystem;
 
 // ---- API ----
 
-std::vector<int64_t> Dispatcher::BeginChange(std::unique_lock<std::mutex>& lock,
-                                             const std::vector<int64_t>& ids) {
-  changed_.wait(lock, [&] {
+std::vector<int64_t> Dispatcher::BeginChange(const std::vector<int64_t>& ids) {
+  changed_.wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int64_t t : ids) {
       auto q = queued_.find(t);
       if (q != queued_.end() && q->second.changing) return false;
@@ -88,7 +87,7 @@ constexpr double kTelemetryMaxAgeS = 1.0;
 }  // namespace
 
 std::vector<devices::GpuTelemetry> Dispatcher::Telemetry() {
-  std::lock_guard lock(telemetry_mu_);
+  core::MutexLock lock(telemetry_mu_);
   const double now = Now();
   if (telemetry_at_ >= 0 && now - telemetry_at_ < kTelemetryMaxAgeS) return telemetry_;
   telemetry_.assign(inventory_.gpus.size(), devices::GpuTelemetry{});
@@ -115,7 +114,7 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
   }
   if (launcher_->WatchableByPidfd()) {
     exits_ = std::make_unique<ExitWatcher>([this] {
-      std::lock_guard lock(mu_);
+      core::MutexLock lock(mu_);
       wake_.notify_all();
     });
   }
@@ -131,7 +130,10 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
   }
   {
     std::set<int64_t> keep;
-    for (const auto& [id, r] : running_) keep.insert(id);
+    {
+      core::MutexLock lock(mu_);
+      for (const auto& [id, r] : running_) keep.insert(id);
+    }
     if (size_t n = cgroups_->Sweep(keep); n > 0)
       spdlog::info("confinement: removed the cgroups of {} jobs that ended while down", n);
   }
@@ -200,7 +202,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
   std::string over_quota;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     const core::NodeSpec& node = engine_->scheduler().state().node_spec(0);
     std::vector<int64_t> memory;  // of the GPUs that could take it, smallest first
     for (const core::NodeGpu& g : node.gpus) {
@@ -257,7 +259,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   // The user's cap on jobs waiting: an array counts each task.
   {
     const size_t adding = range ? range->indices.size() : 1;
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     const auto mine = queued_by_uid_.find(uid);
     const size_t waiting = mine == queued_by_uid_.end() ? 0 : mine->second;
     if (waiting + adding > config_.max_queued_jobs_per_user) {
@@ -270,7 +272,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   // Dependencies: on jobs that exist (submitted before this one, so no cycle can form), that the
   // caller may see through, and that can still turn out as asked.
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     for (const Dependency& d : spec->after) {
       auto dep = store_->Get(d.job);
       if (!dep.ok() && dep.status().code() != absl::StatusCode::kNotFound)
@@ -330,7 +332,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   }
   const size_t n = range ? range->indices.size() : 1;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     auto shared = std::make_shared<const JobSpec>(*std::move(spec));
     for (size_t i = 0; i < n; ++i) {
       Queued q;
@@ -363,11 +365,11 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
   const int64_t id = ids.front();
   const double now = Now();
   const std::string reason = "cancelled by " + user + (force ? " (forced: SIGKILL)" : "");
-  std::unique_lock lock(mu_);
+  core::MutexLock lock(mu_);
   // Queued ones in one transaction (an array's thousands of tasks among them), stored without mu_
   // while they are kept out of the cycle; running ones are stopped; the rest (ended, or preempted
   // and not queued again) one by one.
-  const std::vector<int64_t> queued = BeginChange(lock, ids);
+  const std::vector<int64_t> queued = BeginChange(ids);
   std::vector<int64_t> others;
   for (int64_t t : ids) {
     if (queued_.contains(t)) continue;
@@ -401,16 +403,15 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     }
   }
   if (!queued.empty()) {
-    lock.unlock();
+    mu_.unlock();
     absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
-    lock.lock();
+    mu_.lock();
     if (st.ok()) {
       for (int64_t t : queued) EraseQueued(t);
     }
     EndChange(queued);
     if (!st.ok()) return HttpError(500, std::string(st.message()));
   }
-  lock.unlock();
   wake_.notify_all();
   return absl::OkStatus();
 }
@@ -419,9 +420,9 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
                               const JobRecord& first, bool hold, const std::string& user) {
   const int64_t id = ids.front();
   const double now = Now();
-  std::unique_lock lock(mu_);
+  core::MutexLock lock(mu_);
   // Kept out of the cycle while the change is stored without mu_: those whose state changes.
-  const std::vector<int64_t> taken = BeginChange(lock, ids);
+  const std::vector<int64_t> taken = BeginChange(ids);
   if (ids.size() == 1 && taken.empty()) {  // not queued (any more: BeginChange may have waited)
     auto now_r = store_->Get(id);
     return HttpError(409, fmt::format("job {} is {}: only a queued job can be {}", ref,
@@ -435,9 +436,9 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
   absl::Status st;
   if (!change.empty()) {
     const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
-    lock.unlock();
+    mu_.unlock();
     st = store_->SetHeld(change, hold, reason, now);
-    lock.lock();
+    mu_.lock();
     for (int64_t t : change) {
       auto q = queued_.find(t);  // still queued: nothing takes a job that is changing
       if (!st.ok() || q == queued_.end()) continue;
@@ -450,7 +451,6 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
   }
   EndChange(taken);
   if (!st.ok()) return HttpError(500, std::string(st.message()));
-  lock.unlock();
   wake_.notify_all();
   return absl::OkStatus();
 }
@@ -458,7 +458,7 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
 Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   Live l;
   const double now = Now();
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   std::shared_ptr<const JobSpec> spec;
   std::string owner;
   if (auto q = queued_.find(id); q != queued_.end()) {
@@ -491,9 +491,9 @@ absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const J
                                      int priority, const Caller& caller) {
   // The caller's right to this priority was asked of Rights by the API, before this.
   const double now = Now();
-  std::unique_lock lock(mu_);
+  core::MutexLock lock(mu_);
   // Out of the cycle while the change is stored without mu_; back at its new place after.
-  const std::vector<int64_t> change = BeginChange(lock, {id});
+  const std::vector<int64_t> change = BeginChange({id});
   if (change.empty()) {  // not queued (any more: BeginChange may have waited)
     auto now_r = store_->Get(id);
     return HttpError(409, fmt::format("job {} is {}: only a queued job's priority can change", ref,
@@ -501,16 +501,15 @@ absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const J
   }
   const std::string reason =
       fmt::format("priority {} -> {} by {}", queued_.at(id).priority, priority, caller.user);
-  lock.unlock();
+  mu_.unlock();
   absl::Status st = store_->SetPriority(id, priority, reason, now);
-  lock.lock();
+  mu_.lock();
   if (auto q = queued_.find(id); st.ok() && q != queued_.end()) {  // nothing takes it meanwhile
     q->second.priority = priority;
     q->second.waiting = "priority changed; not yet considered";
     spdlog::info("job {}: {}", id, reason);
   }
   EndChange(change);
-  lock.unlock();
   if (!st.ok()) return HttpError(500, std::string(st.message()));
   wake_.notify_all();
   return absl::OkStatus();
@@ -545,7 +544,7 @@ absl::Status Dispatcher::SimulateHealth(int gpu, std::optional<uint64_t> xid,
 std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
   std::vector<GpuState> out(inventory_.gpus.size());
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const auto& state = engine_->scheduler().state();
   for (size_t g = 0; g < out.size(); ++g) {
     GpuState& s = out[g];
@@ -565,7 +564,7 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
 
 std::vector<Dispatcher::QuotaState> Dispatcher::Quotas() const {
   std::vector<QuotaState> out;
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   const sched::QuotaManager& qm = engine_->scheduler().quotas();
   auto add = [&](const std::string& kind, const std::string& name, const std::string& owner) {
     const sched::OwnerQuota* q = qm.Get(owner);
@@ -585,7 +584,7 @@ Dispatcher::Facts Dispatcher::Describe() const {
   f.containers_off = containers_off_;
   f.cdi_spec = cdi_spec_path_;
   f.confinement = cgroups_->Describe();
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   f.queued = queued_.size();
   f.running = running_.size();
   return f;
@@ -601,7 +600,7 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
   if (health_) {
     for (const devices::GpuHealth& h : health_->Snapshot()) snap.xids.push_back(h.xid_count);
   }
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   snap.healthy = gpu_healthy_;
   const auto& state = engine_->scheduler().state();
   for (size_t g = 0; g < snap.gpus.size(); ++g) {
@@ -627,41 +626,41 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
 }
 
 void Dispatcher::GpuHealth(std::vector<bool>* healthy, std::vector<std::string>* reasons) const {
-  std::lock_guard lock(mu_);
+  core::MutexLock lock(mu_);
   if (healthy) *healthy = gpu_healthy_;
   if (reasons) *reasons = gpu_health_reason_;
 }
 
 std::pair<double, uint64_t> Dispatcher::Samples() const {
-  std::lock_guard lock(history_mu_);
+  core::MutexLock lock(history_mu_);
   return {last_sample_at_, samples_taken_};
 }
 
 void Dispatcher::Feed::Bump() {
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     ++version_;
   }
   cv_.notify_all();
 }
 
 bool Dispatcher::Feed::Wait(uint64_t* seen, double timeout_s) {
-  std::unique_lock lock(mu_);
-  cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-               [&] { return closed_ || version_ != *seen; });
+  core::MutexLock lock(mu_);
+  lock.WaitFor(cv_, std::chrono::duration<double>(timeout_s),
+               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || version_ != *seen; });
   *seen = version_;
   return !closed_;
 }
 
 bool Dispatcher::Feed::SleepUntil(std::chrono::steady_clock::time_point t) {
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, t, [&] { return closed_; });
+  core::MutexLock lock(mu_);
+  cv_.wait_until(mu_, t, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; });
   return !closed_;
 }
 
 void Dispatcher::Feed::Close() {
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     closed_ = true;
   }
   cv_.notify_all();
@@ -688,7 +687,7 @@ std::string Dispatcher::TakeSample() {
   // id, GPUs, compute, region
   std::vector<std::tuple<int64_t, std::vector<int>, bool, std::string>> share_jobs;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     for (const auto& [id, r] : running_) {
       if (!r.region.empty() && !r.gpus.empty())
         share_jobs.emplace_back(id, r.gpus, r.gpu_milli > 0, r.region);
@@ -702,7 +701,7 @@ std::string Dispatcher::TakeSample() {
   double allocated = 0;
   size_t queued = 0, running = 0;
   {
-    std::lock_guard lock(mu_);
+    core::MutexLock lock(mu_);
     MeasureRunning(telemetry, shares);
     const auto& state = engine_->scheduler().state();
     for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
@@ -729,7 +728,7 @@ std::string Dispatcher::TakeSample() {
     spdlog::warn("history: sample not stored: {}", std::string(st.message()));
   }
   {
-    std::lock_guard lock(history_mu_);
+    core::MutexLock lock(history_mu_);
     last_sample_at_ = now;
     ++samples_taken_;
   }

@@ -85,7 +85,7 @@ uint64_t Dispatcher::LogBytes(const Running& r) const {
   return bytes;
 }
 
-void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
+void Dispatcher::CheckRunning(double now) {
   // Logs are measured about once a second (a stat per log of each running job), not every turn.
   const bool check_logs = config_.max_log_bytes_per_job > 0 && now - logs_checked_ >= 1;
   if (check_logs) logs_checked_ = now;
@@ -154,9 +154,9 @@ void Dispatcher::CheckRunning(double now, std::unique_lock<std::mutex>& lock) {
     finishing_.insert(id);
   }
   dirty_ = true;
-  lock.unlock();
+  mu_.unlock();
   for (Ending& e : endings) Finish(e, now);
-  lock.lock();
+  mu_.lock();
   for (Ending& e : endings) {
     finishing_.erase(e.run.id);
     if (e.cgroup_left) cgroups_left_.insert(e.run.id);
@@ -268,7 +268,7 @@ Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int
     // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
     // Not while the file is being replaced: a read of the old file after the copy was taken
     // could see more than the copy says, and the copy's count would look like a restart.
-    std::lock_guard lock(arbiter_mu_);
+    core::MutexLock lock(arbiter_mu_);
     s.busy_us =
         shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpus.data(), static_cast<int>(gpus.size()),
                                 shim::ArbiterJobKey(std::to_string(id).c_str())) /

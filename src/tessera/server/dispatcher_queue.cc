@@ -272,17 +272,17 @@ void Dispatcher::Admit(double now) {
   }
 }
 
-void Dispatcher::EndNeverMet(double now, std::unique_lock<std::mutex>& lock) {
+void Dispatcher::EndNeverMet(double now) {
   if (never_met_.empty()) return;
   // An array's tasks share their reason: one transaction for them all.
   std::map<std::string, std::vector<int64_t>> by_reason;
   for (const auto& [id, why] : never_met_) by_reason[why].push_back(id);
   never_met_.clear();
-  lock.unlock();
+  mu_.unlock();
   std::map<std::string, absl::Status> stored;
   for (const auto& [why, ids] : by_reason)
     stored[why] = store_->TransitionMany(ids, JobState::kCancelled, why, now);
-  lock.lock();
+  mu_.lock();
   for (const auto& [why, ids] : by_reason) {
     if (const absl::Status& st = stored[why]; !st.ok()) {
       spdlog::error("job {}: {}", ids.front(), std::string(st.message()));
@@ -323,7 +323,7 @@ void Dispatcher::PassExecutor::Stop(const std::vector<std::string>& victims,
   }
 }
 
-void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
+void Dispatcher::SchedulePass(double now) {
   Admit(now);
   // At most max_starts_per_pass processes are started in one pass (the engine's limit per step),
   // so that the pass (and the lock's next holder) does not wait for thousands of forks; those left
@@ -334,13 +334,13 @@ void Dispatcher::SchedulePass(double now, std::unique_lock<std::mutex>& lock) {
   pass_decided_ = !executor_.launches.empty() || executor_.stops > 0 || engine_->deferred() > 0;
   std::vector<Launch> launches = std::move(executor_.launches);
   executor_.launches.clear();
-  EndNeverMet(now, lock);
+  EndNeverMet(now);
   if (launches.empty()) return;
   // The store's writes (fsync) and the forks and execs go on without the lock: API reads,
   // submissions and cancels do not wait for them.
-  lock.unlock();
+  mu_.unlock();
   for (Launch& l : launches) ExecuteLaunch(l, now);
-  lock.lock();
+  mu_.lock();
   for (Launch& l : launches) CommitLaunch(l, now);
 }
 
