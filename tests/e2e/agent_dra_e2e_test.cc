@@ -490,4 +490,37 @@ TEST_F(AgentDraE2e, PartitionableDevicesArePublishedWithTheirCountersAndValidate
   EXPECT_THAT(resp.claims().at(ClaimUid("share")).error(), HasSubstr("which holds gpu-1"));
 }
 
+TEST_F(AgentDraE2e, ConsumableDevicesValidateAndAShareOfOneComesBackWithItsShareId) {
+  dra_flags_ = "--dra-consumable";
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+  json slice = Slices()[0];
+  ASSERT_EQ(slice["spec"]["devices"].size(), 4u);
+  EXPECT_EQ(slice["spec"]["devices"][0]["allowMultipleAllocations"], true);
+  std::ofstream(dir_ + "/slice.json") << slice.dump();
+  auto v = tessera::test::Capture("cd " TESSERA_SOURCE_DIR "/tests/deploy && node validate.js <" +
+                                  dir_ + "/slice.json 2>&1");
+  EXPECT_EQ(v.code, 0) << v.out;
+  // kube-scheduler gave 8 GiB and 25% of GPU 2 to one claim, as share "s-7".
+  json c = Claim("part", {{"r", "gpu-2"}});
+  auto& result = c["status"]["allocation"]["devices"]["results"][0];
+  result["consumedCapacity"] = {{"memory", "8Gi"}, {"compute", "25"}};
+  result["shareID"] = "s-7";
+  api_.Put(kClaims, c);
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why();
+  dra::NodePrepareResourcesResponse resp;
+  ASSERT_TRUE(kubelet.Prepare({Ref("part")}, &resp).ok());
+  const auto& entry = resp.claims().at(ClaimUid("part"));
+  ASSERT_EQ(entry.error(), "") << Log();
+  ASSERT_EQ(entry.devices_size(), 1);
+  EXPECT_EQ(entry.devices(0).share_id(), "s-7");
+  json spec = json::parse(
+      tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + ClaimUid("part") + ".json"));
+  EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
+              HasSubstr("TESSERA_CUDA_MEM_LIMIT=0:8589934592"));
+  EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
+              HasSubstr("TESSERA_CUDA_COMPUTE_SHARE=25%"));
+}
+
 }  // namespace

@@ -99,6 +99,7 @@ struct DraPlugin::Services final : dra::DRAPlugin::Service,
       o->set_pool_name(d.pool);
       o->set_device_name(d.device);
       for (const std::string& id : d.cdi_ids) o->add_cdi_device_ids(id);
+      if (!d.share_id.empty()) o->set_share_id(d.share_id);
     }
     return "";
   }

@@ -175,6 +175,20 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
       uint64_t memory = d.share ? *g.memory_bytes / shares : *g.memory_bytes;
       dev["capacity"]["memory"] = {{"value", kube::FormatBinaryQuantity(memory)}};
     }
+    if (o.consumable) {
+      // Claims take amounts of it; one that names none takes it all (the defaults).
+      dev["allowMultipleAllocations"] = true;
+      dev["attributes"]["consumable"] = Attr("bool", true);
+      if (g.memory_bytes) {
+        const std::string all = kube::FormatBinaryQuantity(*g.memory_bytes);
+        dev["capacity"]["memory"]["requestPolicy"] = {
+            {"default", all}, {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
+      }
+      dev["capacity"]["compute"] = {
+          {"value", "100"},
+          {"requestPolicy",
+           {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
+    }
     if (o.partitionable) {
       // What the device takes of its GPU's counter set: all of it whole, 1/shares as a share.
       json counters = {{"shares", {{"value", std::to_string(d.share ? 1 : shares)}}}};

@@ -14,6 +14,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/agent/checkpoint.h"
 #include "tessera/agent/share_edits.h"
+#include "tessera/core/gpu.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/kube/quantity.h"
@@ -47,12 +48,15 @@ std::string StringAt(const json& j, std::initializer_list<const char*> path) {
 std::string MainRequest(const std::string& request) { return request.substr(0, request.find('/')); }
 
 json DeviceJson(const PreparedDevice& d) {
-  return {{"requests", d.requests}, {"pool", d.pool}, {"device", d.device}, {"cdi", d.cdi_ids}};
+  json j = {{"requests", d.requests}, {"pool", d.pool}, {"device", d.device}, {"cdi", d.cdi_ids}};
+  if (!d.share_id.empty()) j["share_id"] = d.share_id;
+  return j;
 }
 
 PreparedDevice DeviceFromJson(const json& j) {
   return {j.at("requests").get<std::vector<std::string>>(), j.at("pool").get<std::string>(),
-          j.at("device").get<std::string>(), j.at("cdi").get<std::vector<std::string>>()};
+          j.at("device").get<std::string>(), j.at("cdi").get<std::vector<std::string>>(),
+          j.value("share_id", "")};
 }
 
 // What one request of a claim's opaque configuration for this driver sets (ShareConfig).
@@ -67,6 +71,13 @@ struct DraState::Claim {
   std::string ns, name;
   std::vector<PreparedDevice> devices;
   std::vector<std::string> regions;  // host paths
+  // What it takes of consumable devices (--dra-consumable): device, memory bytes, compute percent.
+  struct Use {
+    std::string device;
+    uint64_t memory = 0;
+    int compute = 0;
+  };
+  std::vector<Use> uses;
 };
 
 DraState::DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options)
@@ -102,13 +113,19 @@ absl::StatusOr<std::unique_ptr<DraState>> DraState::Create(core::NodeInventory i
           "--dra-share-gpus: GPU {} is not on this node ({} GPU(s))", g, inventory.gpus.size()));
     }
   }
+  if (options.consumable && (options.partitionable || !options.share_gpus.empty())) {
+    return absl::InvalidArgumentError(
+        "--dra-consumable shares every GPU by amounts: no --dra-share-gpus or --dra-partitionable");
+  }
   if (options.partitionable && !options.share_gpus.empty()) {
     return absl::InvalidArgumentError(
         "--dra-partitionable publishes every GPU both whole and in shares: no --dra-share-gpus");
   }
-  if ((!options.share_gpus.empty() || options.partitionable) && plugin.shim_library.empty()) {
+  if ((!options.share_gpus.empty() || options.partitionable || options.consumable) &&
+      plugin.shim_library.empty()) {
     return absl::InvalidArgumentError(
-        "shares (--dra-share-gpus, --dra-partitionable) need --shim-library: they are enforced by "
+        "shares (--dra-share-gpus, --dra-partitionable, --dra-consumable) need --shim-library: "
+        "they are enforced by "
         "the intercept library");
   }
   if (plugin.shares_per_gpu < 1 || plugin.shares_per_gpu > 100) {
@@ -176,6 +193,13 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
   // Request (main name) -> its devices of this driver, in the allocation's order.
   std::map<std::string, std::vector<DraDevice>> by_request;
   std::set<std::string> admin;  // devices given with adminAccess: no exclusivity, no share setup
+  // Consumable devices: what each request takes of each (its consumedCapacity) and the shareID.
+  struct Consumed {
+    uint64_t memory = 0;
+    int compute = 100;
+    std::string share_id;
+  };
+  std::map<std::pair<std::string, std::string>, Consumed> consumed;  // (request, device)
   for (size_t i = 0; i < results->size(); ++i) {
     const json& r = (*results)[i];
     if (StringAt(r, {"driver"}) != options_.driver) continue;
@@ -195,6 +219,24 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
     if (request.empty()) return absl::InvalidArgumentError(where + ": no request name");
     if (const json* a = At(r, {"adminAccess"}); a && a->is_boolean() && a->get<bool>()) {
       admin.insert(device);
+    }
+    if (options_.consumable) {
+      // Unset amounts are the whole capacity (the request policy's default).
+      Consumed c{.memory = inventory_.gpus[d->gpu].memory_bytes.value_or(0)};
+      if (const json* cc = At(r, {"consumedCapacity"}); cc && cc->is_object()) {
+        for (const auto& [k, v] : cc->items()) {
+          std::optional<int64_t> q =
+              v.is_string() ? kube::ParseQuantity(v.get<std::string>()) : std::nullopt;
+          if (!q || *q < 0) {
+            return absl::InvalidArgumentError(
+                fmt::format("{}: consumedCapacity.{}: not a quantity: {}", where, k, v.dump()));
+          }
+          if (k == "memory") c.memory = static_cast<uint64_t>(*q);
+          if (k == "compute") c.compute = static_cast<int>(std::min<int64_t>(*q, 100));
+        }
+      }
+      c.share_id = StringAt(r, {"shareID"});
+      consumed[{request, device}] = c;
     }
     by_request[request].push_back(*d);
   }
@@ -270,6 +312,27 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
                                                   reasons_[d.gpu]));
       }
       if (admin.contains(d.name)) continue;
+      if (options_.consumable) {
+        // Shared by amounts: what the claims prepared take, and this one, within the GPU.
+        const Consumed& mine = consumed.at({request, d.name});
+        uint64_t memory = mine.memory;
+        int compute = mine.compute;
+        for (const auto& [other_uid, other] : claims_) {
+          for (const Claim::Use& u : other->uses) {
+            if (u.device != d.name) continue;
+            memory += u.memory;
+            compute += u.compute;
+          }
+        }
+        const uint64_t total = inventory_.gpus[d.gpu].memory_bytes.value_or(0);
+        if ((total > 0 && memory > total) || compute > 100) {
+          return absl::FailedPreconditionError(fmt::format(
+              "{}: device {}: the claims prepared on it and this one take {} of its memory and "
+              "{}% of its compute, over the GPU's {} and 100%",
+              who, d.name, core::FormatBytes(memory), compute, core::FormatBytes(total)));
+        }
+        continue;
+      }
       for (const auto& [other_uid, other] : claims_) {
         for (const PreparedDevice& p : other->devices) {
           std::optional<DraDevice> o = Find(p.device);
@@ -307,14 +370,28 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
     ContainerEdits edits;
     edits.env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
     edits.env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
-    if (devs.front().share && !admin.contains(devs.front().name)) {
+    // A consumable device taken in part is a share of it: its amounts are the limits.
+    bool partial = false;
+    for (const DraDevice& d : devs) {
+      if (auto c = consumed.find({request, d.name}); c != consumed.end()) {
+        const uint64_t total = inventory_.gpus[d.gpu].memory_bytes.value_or(0);
+        partial = partial || c->second.compute < 100 || (total > 0 && c->second.memory < total);
+      }
+    }
+    if ((devs.front().share || partial) && !admin.contains(devs.front().name)) {
       const RequestConfig& rc = config[request];
       ShareRequest share;
       share.gpus = gpus;
       for (int g : gpus) {
+        uint64_t total = inventory_.gpus[g].memory_bytes.value_or(0);
+        if (partial) {
+          const Consumed& c = consumed.at({request, fmt::format("gpu-{}", g)});
+          share.share = std::min(share.share, c.compute / 100.0);
+          share.limits.push_back(rc.memory ? std::min(*rc.memory, c.memory) : c.memory);
+          continue;
+        }
         share.share =
             std::min(share.share, static_cast<double>(per_gpu[g]) / plugin_.shares_per_gpu);
-        uint64_t total = inventory_.gpus[g].memory_bytes.value_or(0);
         share.limits.push_back(rc.memory ? *rc.memory
                                          : total / plugin_.shares_per_gpu * per_gpu[g]);
       }
@@ -355,6 +432,11 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
       p.device = d.name;
       if (named.insert(d.gpu).second) {
         p.cdi_ids.push_back(devices::CdiDeviceName(inventory_.gpus[d.gpu].uuid));
+      }
+      if (auto c = consumed.find({request, d.name}); c != consumed.end()) {
+        p.share_id = c->second.share_id;
+        if (!admin.contains(d.name))
+          made->uses.push_back({d.name, c->second.memory, c->second.compute});
       }
       if (&d == &devs.front()) p.cdi_ids.push_back(fmt::format("{}={}", kCdiClaimKind, cdi_name));
       made->devices.push_back(std::move(p));
@@ -437,8 +519,15 @@ absl::Status DraState::SaveLocked() const {
   for (const auto& [uid, c] : claims_) {
     json devs = json::array();
     for (const PreparedDevice& d : c->devices) devs.push_back(DeviceJson(d));
-    j["claims"][uid] = {
-        {"namespace", c->ns}, {"name", c->name}, {"devices", devs}, {"regions", c->regions}};
+    json uses = json::array();
+    for (const Claim::Use& u : c->uses) {
+      uses.push_back({{"device", u.device}, {"memory", u.memory}, {"compute", u.compute}});
+    }
+    j["claims"][uid] = {{"namespace", c->ns},
+                        {"name", c->name},
+                        {"devices", devs},
+                        {"regions", c->regions},
+                        {"uses", uses}};
   }
   return devices::WriteFileAtomically(checkpoint_path(), j.dump(2) + "\n", 0600);
 }
@@ -457,6 +546,10 @@ absl::Status DraState::Load() {
       c->name = e.at("name").get<std::string>();
       c->regions = e.at("regions").get<std::vector<std::string>>();
       for (const json& d : e.at("devices")) c->devices.push_back(DeviceFromJson(d));
+      for (const json& u : e.value("uses", json::array())) {
+        c->uses.push_back({u.at("device").get<std::string>(), u.at("memory").get<uint64_t>(),
+                           u.at("compute").get<int>()});
+      }
       bool here = std::all_of(c->devices.begin(), c->devices.end(),
                               [&](const PreparedDevice& d) { return by_name_.contains(d.device); });
       if (!here) {

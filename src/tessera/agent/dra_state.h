@@ -47,6 +47,11 @@ struct DraOptions {
   // (partitionable devices: the DRAPartitionableDevices feature gate of the API server and
   // kube-scheduler must be on, else the API server drops the counters). Excludes share_gpus.
   bool partitionable = false;
+  // Every GPU one device that several claims may share (allowMultipleAllocations), each taking an
+  // amount of its capacities `memory` and `compute` (percent): the amounts become the share's
+  // memory limit and compute share (consumable capacity: the DRAConsumableCapacity feature gate
+  // must be on). A claim that asks no amount takes the whole GPU. Excludes the two above.
+  bool consumable = false;
 };
 
 struct DraDevice {
@@ -61,6 +66,7 @@ struct PreparedDevice {
   std::string pool;
   std::string device;
   std::vector<std::string> cdi_ids;
+  std::string share_id;  // the allocation's shareID (a consumable device's), else empty
 
   friend bool operator==(const PreparedDevice&, const PreparedDevice&) = default;
 };

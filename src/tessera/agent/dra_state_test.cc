@@ -212,6 +212,54 @@ TEST_F(DraStateTest, PartitionableGpusArePublishedBothWaysWithCountersAndGivenOn
               HasSubstr("no --dra-share-gpus"));
 }
 
+TEST_F(DraStateTest, ConsumableGpusAreSharedByTheAmountsClaimsTakeWithinTheirCapacity) {
+  PluginOptions p;
+  p.state_dir = dir_ + "/state";
+  p.shim_library = shim_;
+  DraOptions d{.pool = "node-a", .dir = dir_ + "/plugin", .cdi_dir = dir_ + "/cdi"};
+  d.consumable = true;
+  auto s = DraState::Create(inventory_, p, d);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->devices().size(), 8u);  // one per GPU, shared by amounts
+  auto slices = BuildResourceSlices(**s, {.generation = 1, .sysfs_root = ""});
+  const json& dev = slices[0]["spec"]["devices"][0];
+  EXPECT_EQ(dev["allowMultipleAllocations"], true);
+  EXPECT_EQ(dev["capacity"]["compute"]["value"], "100");
+  EXPECT_EQ(dev["capacity"]["memory"]["requestPolicy"]["default"], "46068Mi");
+  auto taking = [](const std::string& uid, const char* memory, const char* compute,
+                   const std::string& share) {
+    json r = Result("g", "gpu-0");
+    r["consumedCapacity"] = {{"memory", memory}, {"compute", compute}};
+    r["shareID"] = share;
+    return Claim(uid, {r});
+  };
+  auto a = (*s)->Prepare("a", "x", "u1", taking("u1", "10Gi", "30", "s-1"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)[0].share_id, "s-1");
+  std::string env =
+      json::parse(test::ReadFile((*s)->CdiSpecPath("u1")))["devices"][0]["containerEdits"]["env"]
+          .dump();
+  EXPECT_THAT(env, HasSubstr("TESSERA_CUDA_MEM_LIMIT=0:10737418240"));
+  EXPECT_THAT(env, HasSubstr("TESSERA_CUDA_COMPUTE_SHARE=30%"));
+  ASSERT_TRUE((*s)->Prepare("a", "y", "u2", taking("u2", "20Gi", "60", "s-2")).ok());
+  // 30% + 60% + 20% of its compute: over the GPU.
+  auto over = (*s)->Prepare("a", "z", "u3", taking("u3", "1Gi", "20", "s-3"));
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(over.status().message(), HasSubstr("110% of its compute"));
+  // Kept across a restart: the amounts too.
+  s->reset();
+  auto again = DraState::Create(inventory_, p, d);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->Prepared("u1")->at(0).share_id, "s-1");
+  EXPECT_FALSE((*again)->Prepare("a", "z", "u3", taking("u3", "1Gi", "20", "s-3")).ok());
+  // A claim naming no amount takes the whole GPU: no share set up.
+  ASSERT_TRUE((*again)->Prepare("a", "w", "u4", Claim("u4", {Result("g", "gpu-1")})).ok());
+  std::string whole = json::parse(test::ReadFile(
+      (*again)->CdiSpecPath("u4")))["devices"][0]["containerEdits"]["env"]
+                          .dump();
+  EXPECT_THAT(whole, ::testing::Not(HasSubstr("LD_PRELOAD")));
+}
+
 TEST(DraSlices, ASliceIsTheSameWhenTheApiServerRewroteItsQuantities) {
   json a = {
       {"spec",

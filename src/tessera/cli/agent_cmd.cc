@@ -46,8 +46,9 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.use_api_server = !f.no_api_server;
   o.label_resync = std::chrono::milliseconds(static_cast<int64_t>(f.label_resync_s * 1000));
   o.dra_options.share_gpus = {f.dra_share_gpus.begin(), f.dra_share_gpus.end()};
-  if (!o.dra && (!f.dra_share_gpus.empty() || o.dra_options.partitionable)) {
-    err << "tessera: --dra-share-gpus and --dra-partitionable need --dra\n";
+  if (!o.dra &&
+      (!f.dra_share_gpus.empty() || o.dra_options.partitionable || o.dra_options.consumable)) {
+    err << "tessera: --dra-share-gpus, --dra-partitionable and --dra-consumable need --dra\n";
     return kExitBadInput;
   }
   if (o.dra && o.cdi_dir.empty()) {
@@ -200,6 +201,10 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
               "Publish every GPU both whole and as --shares-per-gpu shares, tied by a counter set "
               "per GPU (DRA partitionable devices: needs the DRAPartitionableDevices feature gate "
               "on the API server and kube-scheduler; with --dra)");
+  a->add_flag("--dra-consumable", f.o.dra_options.consumable,
+              "Publish every GPU as one device claims share by amounts of its capacities memory "
+              "and compute (percent), enforced as shares (DRA consumable capacity: needs the "
+              "DRAConsumableCapacity feature gate; with --dra)");
   a->add_option("--sysfs-root", f.o.sysfs_root,
                 "Where sysfs is, for the PCIe root of each GPU in ResourceSlices")
       ->capture_default_str();

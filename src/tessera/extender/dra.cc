@@ -78,6 +78,7 @@ void DraAdvisor::OnSlice(const json& slice, bool deleted) {
   if (gen > p.generation) {
     p.slices.clear();
     p.generation = gen;
+    p.consumable = false;
   }
   std::vector<Device> devs;
   if (const json* list = kube::FieldAt(slice, {"spec", "devices"}); list && list->is_array()) {
@@ -89,6 +90,9 @@ void DraAdvisor::OnSlice(const json& slice, bool deleted) {
       std::string memory = kube::StringAt(d, {"capacity", "memory", "value"});
       dev.memory_mib = kube::ParseQuantity(memory, 1.0 / (1 << 20)).value_or(0);
       if (dev.name.empty() || dev.gpu < 0) continue;
+      if (const json* m = kube::FieldAt(d, {"allowMultipleAllocations"}); m && m->is_boolean()) {
+        p.consumable = p.consumable || m->get<bool>();
+      }
       const int per_gpu = static_cast<int>(IntAt(d, {"attributes", "sharesPerGpu", "int"}, 1));
       core::NodeGpu& g = p.gpus[dev.gpu];
       g.model = kube::StringAt(d, {"attributes", "productName", "string"});
@@ -247,7 +251,7 @@ std::vector<std::string> DraAdvisor::Filter(const DraDemand& demand,
       continue;
     }
     auto it = pools_.find(n);
-    if (it == pools_.end() || demand.requests.empty()) {
+    if (it == pools_.end() || demand.requests.empty() || it->second.consumable) {
       out.push_back(n);  // nothing known against it: kube-scheduler found it feasible
       continue;
     }
@@ -355,7 +359,7 @@ std::vector<std::pair<std::string, int64_t>> DraAdvisor::Prioritize(
   std::vector<std::pair<std::string, std::optional<double>>> growth;
   for (const std::string& n : nodes) {
     auto it = pools_.find(n);
-    if (it == pools_.end() || demand.requests.empty() ||
+    if (it == pools_.end() || demand.requests.empty() || it->second.consumable ||
         (!demand.pinned.empty() && !demand.pinned.contains(n))) {
       growth.emplace_back(n, std::nullopt);
       continue;

@@ -79,6 +79,7 @@ class DraAdvisor {
     std::map<std::string, std::vector<Device>> slices;  // of `generation`, by slice name
     std::map<int, core::NodeGpu> gpus;                  // by index: model, memory
     std::map<int, int> shares_per_gpu;                  // by index, for GPUs given in shares
+    bool consumable = false;  // devices shared by amounts (allowMultipleAllocations): no opinion
   };
 
  private:
