@@ -213,8 +213,14 @@ absl::Status Agent::StartDra() {
   if (kube_) {
     slices_ = std::make_unique<SlicePublisher>(
         *kube_, *dra_state_,
-        SlicePublisherOptions{
-            .node_name = o.node_name, .resync = o.label_resync, .sysfs_root = o.sysfs_root});
+        SlicePublisherOptions{.node_name = o.node_name,
+                              .resync = o.label_resync,
+                              .sysfs_root = o.sysfs_root,
+                              // An upgraded driver shows in the slices at the next pass.
+                              .driver_version = [this]() -> std::string {
+                                auto now = source_->Discover();
+                                return now.ok() ? now->driver_version : "";
+                              }});
     slices_->Start();
   } else {
     spdlog::warn(

@@ -138,7 +138,8 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
   const int shares = state.plugin_options().shares_per_gpu;
   std::map<int, int> nvlink = NvlinkDomains(inv);
   std::map<int, std::string> roots;
-  const std::string driver_version = SemanticVersion(inv.driver_version);
+  const std::string driver_version =
+      SemanticVersion(ctx.driver_version.empty() ? inv.driver_version : ctx.driver_version);
   const std::string cuda_version = SemanticVersion(inv.cuda_driver_version);
   std::vector<json> devices;
   for (const DraDevice& d : state.devices()) {
@@ -349,6 +350,7 @@ absl::Status SlicePublisher::Sync() {
   }
   SliceContext ctx{
       .node_uid = node_uid_, .generation = generation, .sysfs_root = options_.sysfs_root};
+  if (options_.driver_version) ctx.driver_version = options_.driver_version();
   std::vector<json> want = BuildResourceSlices(state_, ctx);
   bool same = want.size() == have.size();
   for (const json& w : want) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,6 +35,9 @@ struct SliceContext {
   int64_t generation = 1;
   // sysfs, for PCIe roots ("/sys"); empty: none published.
   std::string sysfs_root = "/sys";
+  // The driver's version now, when it may differ from the inventory's (an upgrade since the
+  // start); empty: the inventory's.
+  std::string driver_version;
 };
 
 // The slices for `state` as they should be now (ordered; names "<node>-<driver>-<i>").
@@ -51,6 +55,9 @@ struct SlicePublisherOptions {
   std::string node_name;
   std::chrono::milliseconds resync{60000};
   std::string sysfs_root = "/sys";
+  // Asked at every pass: the driver's version now (empty when it cannot tell), so that an upgrade
+  // shows in the slices. May be empty.
+  std::function<std::string()> driver_version;
 };
 
 struct SlicePublisherCounters {

@@ -6,10 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
 #include "../../../tests/capture.h"
+#include "fake_apiserver.h"
 #include "tessera/agent/dra_slices.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/kube/quantity.h"
@@ -258,6 +260,40 @@ TEST_F(DraStateTest, ConsumableGpusAreSharedByTheAmountsClaimsTakeWithinTheirCap
       (*again)->CdiSpecPath("u4")))["devices"][0]["containerEdits"]["env"]
                           .dump();
   EXPECT_THAT(whole, ::testing::Not(HasSubstr("LD_PRELOAD")));
+}
+
+TEST_F(DraStateTest, ThePublisherRepublishesOnADriverUpgradeAndDeletesItsSlicesOnStop) {
+  fakes::FakeApiServer api;
+  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+  kube::ClusterConfig c;
+  c.server = api.url();
+  c.token = "test-token";
+  auto client = kube::Client::Create(c);
+  ASSERT_TRUE(client.ok());
+  auto s = Make();
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::atomic<int> upgraded{0};
+  SlicePublisher pub(
+      **client, **s,
+      {.node_name = "node-a",
+       .resync = std::chrono::milliseconds(20),
+       .sysfs_root = "",
+       .driver_version = [&]() -> std::string { return upgraded ? "580.95.05" : "550.54.15"; }});
+  pub.Start();
+  const std::string slices = kResourceSlices;
+  auto driver = [&] {
+    auto l = api.List(slices);
+    return l.size() == 1
+               ? l[0]["spec"]["devices"][0]["attributes"]["driverVersion"].value("version", "")
+               : "";
+  };
+  ASSERT_TRUE(fakes::FakeApiServer::WaitFor([&] { return driver() == "550.54.15"; }));
+  const int64_t gen = api.List(slices)[0]["spec"]["pool"]["generation"];
+  upgraded = 1;
+  ASSERT_TRUE(fakes::FakeApiServer::WaitFor([&] { return driver() == "580.95.5"; }));
+  EXPECT_GT(api.List(slices)[0]["spec"]["pool"]["generation"].get<int64_t>(), gen);
+  pub.Stop();
+  EXPECT_TRUE(api.List(slices).empty());
 }
 
 TEST(DraSlices, ASliceIsTheSameWhenTheApiServerRewroteItsQuantities) {
