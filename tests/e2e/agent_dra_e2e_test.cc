@@ -152,12 +152,15 @@ TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
               ::testing::ElementsAre(::testing::ElementsAre("tessera.io/gpu=" + Uuid(0),
                                                             "tessera.io/claim=" + uid + "-gpus"),
                                      ::testing::ElementsAre("tessera.io/gpu=" + Uuid(1))));
-  // The claim's CDI spec: the request's GPUs, by UUID.
+  // The claim's CDI spec: the request's own device.
   json spec = json::parse(tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
   EXPECT_EQ(spec["kind"], "tessera.io/claim");
   EXPECT_EQ(spec["devices"][0]["name"], uid + "-gpus");
-  EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
-              HasSubstr("CUDA_VISIBLE_DEVICES=" + Uuid(0) + "," + Uuid(1)));
+  // Whole GPUs: their device nodes only (no runtime hook's own, no CUDA_VISIBLE_DEVICES that
+  // a second claim of the container would override).
+  const std::string env = spec["devices"][0]["containerEdits"]["env"].dump();
+  EXPECT_THAT(env, HasSubstr("NVIDIA_VISIBLE_DEVICES=void"));
+  EXPECT_THAT(env, ::testing::Not(HasSubstr("CUDA_VISIBLE_DEVICES")));
 
   // Preparing again (a kubelet retrying) answers the same; a share beside it.
   dra::NodePrepareResourcesResponse again;

@@ -368,8 +368,11 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
     std::vector<std::string> uuids;
     for (int g : gpus) uuids.push_back(inventory_.gpus[g].uuid);
     ContainerEdits edits;
-    edits.env["NVIDIA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
-    edits.env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
+    // The GPUs come as CDI devices (their device nodes): the NVIDIA runtime's legacy hook, where
+    // it is the default, must inject none of its own (an image's NVIDIA_VISIBLE_DEVICES=all would
+    // give every GPU). CUDA then sees exactly the device nodes, whatever other claims the
+    // container has; only a share names its GPUs, in the order its limits are for.
+    edits.env["NVIDIA_VISIBLE_DEVICES"] = "void";
     // A consumable device taken in part is a share of it: its amounts are the limits.
     bool partial = false;
     for (const DraDevice& d : devs) {
@@ -379,6 +382,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
       }
     }
     if ((devs.front().share || partial) && !admin.contains(devs.front().name)) {
+      edits.env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
       const RequestConfig& rc = config[request];
       ShareRequest share;
       share.gpus = gpus;
