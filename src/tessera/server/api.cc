@@ -169,6 +169,12 @@ net::HttpResponse Api::Submit(const net::HttpRequest& req, const Caller& c) {
   if (!spec.ok()) return Error(400, std::string(spec.status().message()));
   if (absl::Status may = d_.rights().MaySubmit(*spec, c); !may.ok())
     return Error(HttpStatusOf(may), std::string(may.message()));
+  absl::Status may =
+      d_.rights().MayDependOn(*spec, c, [&](int64_t job) -> std::optional<std::string> {
+        auto r = d_.store().Get(job);
+        return r.ok() ? std::optional<std::string>(r->owner) : std::nullopt;
+      });
+  if (!may.ok()) return Error(HttpStatusOf(may), std::string(may.message()));
   auto done = d_.Submit(*std::move(spec), c, req.idempotency_key);
   if (!done.ok()) return Error(HttpStatusOf(done.status()), std::string(done.status().message()));
   json j = JobJson(done->record);

@@ -163,7 +163,7 @@ void Dispatcher::Stop() {
 
 absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const Caller& caller,
                                                          const std::string& idempotency_key) {
-  // Who may submit what was asked of Rights by the API, before this.
+  // Who may submit what, and depend on whose jobs, was asked of Rights by the API, before this.
   const std::string& user = caller.user;
   const uint32_t uid = caller.uid;
   std::optional<JobSpec> spec(std::move(spec_in));
@@ -269,8 +269,8 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                            user, waiting, adding, config_.max_queued_jobs_per_user));
     }
   }
-  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form), that the
-  // caller may see through, and that can still turn out as asked.
+  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form) and that
+  // can still turn out as asked (whose they may be was asked of Rights by the API).
   {
     core::MutexLock lock(mu_);
     for (const Dependency& d : spec->after) {
@@ -284,12 +284,6 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                          fmt::format("after {}: job {} does not exist (a dependency names a job "
                                      "submitted before, so dependencies never form a cycle)",
                                      DependencyText(d), ref));
-      }
-      if (dep->owner != user && !caller.admin) {
-        return HttpError(403,
-                         fmt::format("after {}: job {} belongs to {}; a dependency may name only "
-                                     "your own jobs (admins: anyone's)",
-                                     DependencyText(d), ref, dep->owner));
       }
       if (std::string why = Unmeetable(d, Outcome(d)); !why.empty())
         return HttpError(422, fmt::format("after {}: {}", DependencyText(d), why));

@@ -106,4 +106,20 @@ absl::Status Rights::MaySubmit(const JobSpec& spec, const Caller& caller) {
   return absl::OkStatus();
 }
 
+absl::Status Rights::MayDependOn(
+    const JobSpec& spec, const Caller& caller,
+    const std::function<std::optional<std::string>(int64_t job)>& owner_of) {
+  if (caller.admin) return absl::OkStatus();
+  for (const Dependency& d : spec.after) {
+    std::optional<std::string> owner = owner_of(d.job);
+    if (!owner || *owner == caller.user) continue;
+    const std::string ref =
+        d.task >= 0 ? fmt::format("{}_{}", d.job, d.task) : std::to_string(d.job);
+    return HttpError(403, fmt::format("after {}: job {} belongs to {}; a dependency may name only "
+                                      "your own jobs (admins: anyone's)",
+                                      DependencyText(d), ref, *owner));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessera::server

@@ -7,7 +7,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,10 @@ class Rights {
   absl::Status MaySubmit(const JobSpec& spec, const Caller& caller);
   // 403 for a priority over the caller's ceiling.
   absl::Status MaySetPriority(int priority, const Caller& caller);
+  // 403 for a dependency (`after`) on another user's job (admins: anyone's). `owner_of` says whose
+  // a job is, nullopt for a job that does not exist (the dispatcher refuses those, 400).
+  absl::Status MayDependOn(const JobSpec& spec, const Caller& caller,
+                           const std::function<std::optional<std::string>(int64_t job)>& owner_of);
 
  private:
   std::vector<std::string> Principals(const Caller& caller);

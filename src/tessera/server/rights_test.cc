@@ -51,5 +51,26 @@ TEST(Rights, CeilingsAdminsRootAndPreemptionComeFromTheConfig) {
   }
 }
 
+TEST(Rights, ADependencyMayNameOnlyTheCallersOwnJobsButAnAdminsAnyone) {
+  ServerConfig c;
+  Rights r(c);
+  JobSpec spec;
+  spec.after = {{.job = 7}, {.job = 9, .task = 2}};
+  auto owner_of = [](int64_t job) -> std::optional<std::string> {
+    if (job == 7) return "bob";
+    if (job == 9) return "alice";
+    return std::nullopt;  // no such job: the dispatcher's to refuse
+  };
+  EXPECT_TRUE(r.MayDependOn(spec, {"alice", 1001, false}, [&](int64_t j) {
+                 return j == 7 ? std::optional<std::string>("alice") : owner_of(j);
+               }).ok());
+  absl::Status st = r.MayDependOn(spec, {"alice", 1001, false}, owner_of);
+  EXPECT_EQ(HttpStatusOf(st), 403);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("job 7 belongs to bob"));
+  EXPECT_TRUE(r.MayDependOn(spec, {"root", 0, true}, owner_of).ok());
+  spec.after = {{.job = 12}};
+  EXPECT_TRUE(r.MayDependOn(spec, {"alice", 1001, false}, owner_of).ok());
+}
+
 }  // namespace
 }  // namespace tessera::server
