@@ -59,13 +59,28 @@ PreparedDevice DeviceFromJson(const json& j) {
           j.value("share_id", "")};
 }
 
+}  // namespace
+
 // What one request of a claim's opaque configuration for this driver sets (ShareConfig).
-struct RequestConfig {
+struct DraState::RequestConfig {
   std::optional<uint64_t> memory;  // bytes per GPU
   std::optional<int> priority;
 };
 
-}  // namespace
+// What a consumable device's allocation takes of it (its consumedCapacity), and its shareID.
+struct DraState::Consumed {
+  uint64_t memory = 0;
+  int compute = 100;
+  std::string share_id;
+};
+
+struct DraState::ClaimAllocation {
+  // Request (main name) -> its devices of this driver, in the allocation's order.
+  std::map<std::string, std::vector<DraDevice>> by_request;
+  std::set<std::string> admin;  // devices given with adminAccess: no exclusivity, no share setup
+  std::map<std::pair<std::string, std::string>, Consumed> consumed;  // (request, device)
+  std::map<std::string, RequestConfig> config;                       // by request
+};
 
 struct DraState::Claim {
   std::string ns, name;
@@ -171,35 +186,17 @@ std::vector<std::string> DraState::PreparedClaims() const {
   return out;
 }
 
-// Long (issue 32 asks for a reason): reads the claim's allocation (results, then configuration),
-// checks every device before anything is written, then writes the regions, the CDI spec and the
-// checkpoint in that order, undoing the earlier ones when a later one fails. Each part is a loop
-// over the same per-request map; split, they would pass it and the undo list around.
-absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string& ns,
-                                                              const std::string& name,
-                                                              const std::string& uid,
-                                                              const json& claim) {
-  const std::string who = fmt::format("claim {}/{}", ns, name);
-  if (std::string got = StringAt(claim, {"metadata", "uid"}); got != uid) {
-    return absl::FailedPreconditionError(fmt::format(
-        "{}: the API server has UID {}, the kubelet asked for {} (deleted and made again?)", who,
-        got.empty() ? "(none)" : got, uid));
-  }
+absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::string& who,
+                                                                   const json& claim) const {
   const json* results = At(claim, {"status", "allocation", "devices", "results"});
   if (results == nullptr || !results->is_array()) {
     return absl::FailedPreconditionError(
         fmt::format("{}: not allocated (no status.allocation)", who));
   }
-  // Request (main name) -> its devices of this driver, in the allocation's order.
-  std::map<std::string, std::vector<DraDevice>> by_request;
-  std::set<std::string> admin;  // devices given with adminAccess: no exclusivity, no share setup
-  // Consumable devices: what each request takes of each (its consumedCapacity) and the shareID.
-  struct Consumed {
-    uint64_t memory = 0;
-    int compute = 100;
-    std::string share_id;
-  };
-  std::map<std::pair<std::string, std::string>, Consumed> consumed;  // (request, device)
+  ClaimAllocation a;
+  auto& by_request = a.by_request;
+  auto& admin = a.admin;
+  auto& consumed = a.consumed;
   for (size_t i = 0; i < results->size(); ++i) {
     const json& r = (*results)[i];
     if (StringAt(r, {"driver"}) != options_.driver) continue;
@@ -242,7 +239,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
   }
   // Opaque configuration for this driver: ShareConfig {memory, priority}; later entries (the
   // claim's after the class's) win.
-  std::map<std::string, RequestConfig> config;
+  auto& config = a.config;
   if (const json* cfg = At(claim, {"status", "allocation", "devices", "config"});
       cfg && cfg->is_array()) {
     for (size_t i = 0; i < cfg->size(); ++i) {
@@ -295,8 +292,13 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
     }
   }
 
-  core::MutexLock lock(mu_);
-  if (auto it = claims_.find(uid); it != claims_.end()) return it->second->devices;
+  return a;
+}
+
+absl::Status DraState::CheckLocked(const std::string& who, const ClaimAllocation& a) const {
+  const auto& by_request = a.by_request;
+  const auto& admin = a.admin;
+  const auto& consumed = a.consumed;
   // Every device checked before anything is written.
   for (const auto& [request, devs] : by_request) {
     bool share = devs.front().share;
@@ -349,6 +351,21 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
     }
   }
 
+  return absl::OkStatus();
+}
+
+// Long (issue 32 asks for a reason): the regions, then the CDI spec, each request's edits built in
+// one loop over the requests; the undo of the regions written is one list. Split, the loop's
+// state (the spec being built, the claim's devices, the undo list) would be passed around.
+absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::string& ns,
+                                                                  const std::string& name,
+                                                                  const std::string& uid,
+                                                                  const ClaimAllocation& a) {
+  const std::string who = fmt::format("claim {}/{}", ns, name);
+  const auto& by_request = a.by_request;
+  const auto& admin = a.admin;
+  const auto& consumed = a.consumed;
+  std::map<std::string, RequestConfig> config = a.config;
   auto made = std::make_unique<Claim>();
   made->ns = ns;
   made->name = name;
@@ -465,6 +482,26 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
   }
   spdlog::info("prepared {} (UID {}): {} device(s)", who, uid, answer.size());
   return answer;
+}
+
+// Reads the claim's allocation (results, then configuration), checks every device against what is
+// prepared, then writes (regions, CDI spec, checkpoint).
+absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string& ns,
+                                                              const std::string& name,
+                                                              const std::string& uid,
+                                                              const json& claim) {
+  const std::string who = fmt::format("claim {}/{}", ns, name);
+  if (std::string got = StringAt(claim, {"metadata", "uid"}); got != uid) {
+    return absl::FailedPreconditionError(fmt::format(
+        "{}: the API server has UID {}, the kubelet asked for {} (deleted and made again?)", who,
+        got.empty() ? "(none)" : got, uid));
+  }
+  auto a = ReadAllocation(who, claim);
+  if (!a.ok()) return a.status();
+  core::MutexLock lock(mu_);
+  if (auto it = claims_.find(uid); it != claims_.end()) return it->second->devices;
+  if (absl::Status st = CheckLocked(who, *a); !st.ok()) return st;
+  return WriteLocked(ns, name, uid, *a);
 }
 
 absl::Status DraState::Unprepare(const std::string& uid) {

@@ -116,8 +116,23 @@ class DraState {
   std::string CdiSpecPath(const std::string& uid) const;
 
   struct Claim;
+  struct ClaimAllocation;
+  struct Consumed;
+  struct RequestConfig;
 
  private:
+  // Prepare's steps: the claim's allocation of this driver's devices (kFailedPrecondition,
+  // kNotFound, kInvalidArgument as Prepare says); each device checked against what is prepared;
+  // the regions, CDI spec and checkpoint written (nothing kept when one fails).
+  absl::StatusOr<ClaimAllocation> ReadAllocation(const std::string& who,
+                                                 const nlohmann::json& claim) const;
+  absl::Status CheckLocked(const std::string& who, const ClaimAllocation& a) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<PreparedDevice>> WriteLocked(const std::string& ns,
+                                                          const std::string& name,
+                                                          const std::string& uid,
+                                                          const ClaimAllocation& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options);
   absl::Status Load();
   absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
