@@ -361,8 +361,7 @@ absl::Status SlicePublisher::Sync() {
   if (same) return absl::OkStatus();
   // A new generation: kube-scheduler uses only the slices of a pool's newest generation, and
   // only once it has all resourceSliceCount of them.
-  ctx.generation = generation + 1;
-  want = BuildResourceSlices(state_, ctx);
+  for (json& w : want) w["spec"]["pool"]["generation"] = generation + 1;
   for (json& w : want) {
     const std::string name = w["metadata"]["name"].get<std::string>();
     auto it = have.find(name);
@@ -385,7 +384,7 @@ absl::Status SlicePublisher::Sync() {
     }
   }
   spdlog::info("ResourceSlices of node {}: {} slice(s), pool generation {}", options_.node_name,
-               want.size(), ctx.generation);
+               want.size(), generation + 1);
   return absl::OkStatus();
 }
 

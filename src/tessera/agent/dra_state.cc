@@ -17,6 +17,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
+#include "tessera/kube/object.h"
 #include "tessera/kube/quantity.h"
 
 namespace tessera::agent {
@@ -27,22 +28,6 @@ using nlohmann::ordered_json;
 namespace {
 
 constexpr int kCheckpointVersion = 1;
-
-const json* At(const json& j, std::initializer_list<const char*> path) {
-  const json* p = &j;
-  for (const char* k : path) {
-    if (!p->is_object()) return nullptr;
-    auto it = p->find(k);
-    if (it == p->end()) return nullptr;
-    p = &*it;
-  }
-  return p;
-}
-
-std::string StringAt(const json& j, std::initializer_list<const char*> path) {
-  const json* p = At(j, path);
-  return p && p->is_string() ? p->get<std::string>() : "";
-}
 
 // "gpu/first" -> "gpu": the kubelet matches a container's claim request by its main request.
 std::string MainRequest(const std::string& request) { return request.substr(0, request.find('/')); }
@@ -188,7 +173,7 @@ std::vector<std::string> DraState::PreparedClaims() const {
 
 absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::string& who,
                                                                    const json& claim) const {
-  const json* results = At(claim, {"status", "allocation", "devices", "results"});
+  const json* results = kube::FieldAt(claim, {"status", "allocation", "devices", "results"});
   if (results == nullptr || !results->is_array()) {
     return absl::FailedPreconditionError(
         fmt::format("{}: not allocated (no status.allocation)", who));
@@ -199,11 +184,11 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
   auto& consumed = a.consumed;
   for (size_t i = 0; i < results->size(); ++i) {
     const json& r = (*results)[i];
-    if (StringAt(r, {"driver"}) != options_.driver) continue;
+    if (kube::StringAt(r, {"driver"}) != options_.driver) continue;
     const std::string where = fmt::format("{}: status.allocation.devices.results[{}]", who, i);
-    std::string pool = StringAt(r, {"pool"});
-    std::string device = StringAt(r, {"device"});
-    std::string request = MainRequest(StringAt(r, {"request"}));
+    std::string pool = kube::StringAt(r, {"pool"});
+    std::string device = kube::StringAt(r, {"device"});
+    std::string request = MainRequest(kube::StringAt(r, {"request"}));
     if (pool != options_.pool) {
       return absl::FailedPreconditionError(
           fmt::format("{}: pool '{}' is not this node's ('{}')", where, pool, options_.pool));
@@ -214,13 +199,13 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
           fmt::format("{}: device '{}' is not one this node publishes", where, device));
     }
     if (request.empty()) return absl::InvalidArgumentError(where + ": no request name");
-    if (const json* a = At(r, {"adminAccess"}); a && a->is_boolean() && a->get<bool>()) {
+    if (const json* a = kube::FieldAt(r, {"adminAccess"}); a && a->is_boolean() && a->get<bool>()) {
       admin.insert(device);
     }
     if (options_.consumable) {
       // Unset amounts are the whole capacity (the request policy's default).
       Consumed c{.memory = inventory_.gpus[d->gpu].memory_bytes.value_or(0)};
-      if (const json* cc = At(r, {"consumedCapacity"}); cc && cc->is_object()) {
+      if (const json* cc = kube::FieldAt(r, {"consumedCapacity"}); cc && cc->is_object()) {
         for (const auto& [k, v] : cc->items()) {
           std::optional<int64_t> q =
               v.is_string() ? kube::ParseQuantity(v.get<std::string>()) : std::nullopt;
@@ -232,7 +217,7 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
           if (k == "compute") c.compute = static_cast<int>(std::min<int64_t>(*q, 100));
         }
       }
-      c.share_id = StringAt(r, {"shareID"});
+      c.share_id = kube::StringAt(r, {"shareID"});
       consumed[{request, device}] = c;
     }
     by_request[request].push_back(*d);
@@ -240,16 +225,16 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
   // Opaque configuration for this driver: ShareConfig {memory, priority}; later entries (the
   // claim's after the class's) win.
   auto& config = a.config;
-  if (const json* cfg = At(claim, {"status", "allocation", "devices", "config"});
+  if (const json* cfg = kube::FieldAt(claim, {"status", "allocation", "devices", "config"});
       cfg && cfg->is_array()) {
     for (size_t i = 0; i < cfg->size(); ++i) {
       const json& c = (*cfg)[i];
       const std::string where = fmt::format("{}: status.allocation.devices.config[{}]", who, i);
-      if (StringAt(c, {"opaque", "driver"}) != options_.driver) continue;
-      const json* p = At(c, {"opaque", "parameters"});
+      if (kube::StringAt(c, {"opaque", "driver"}) != options_.driver) continue;
+      const json* p = kube::FieldAt(c, {"opaque", "parameters"});
       if (p == nullptr || !p->is_object())
         return absl::InvalidArgumentError(where + ": no parameters");
-      if (std::string kind = StringAt(*p, {"kind"}); kind != "ShareConfig") {
+      if (std::string kind = kube::StringAt(*p, {"kind"}); kind != "ShareConfig") {
         return absl::InvalidArgumentError(fmt::format(
             "{}: parameters of kind '{}'; this driver reads kind ShareConfig", where, kind));
       }
@@ -276,7 +261,7 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
         }
       }
       std::vector<std::string> requests;
-      if (const json* rq = At(c, {"requests"}); rq && rq->is_array()) {
+      if (const json* rq = kube::FieldAt(c, {"requests"}); rq && rq->is_array()) {
         for (const json& n : *rq) {
           if (n.is_string()) requests.push_back(MainRequest(n.get<std::string>()));
         }
@@ -491,7 +476,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
                                                               const std::string& uid,
                                                               const json& claim) {
   const std::string who = fmt::format("claim {}/{}", ns, name);
-  if (std::string got = StringAt(claim, {"metadata", "uid"}); got != uid) {
+  if (std::string got = kube::StringAt(claim, {"metadata", "uid"}); got != uid) {
     return absl::FailedPreconditionError(fmt::format(
         "{}: the API server has UID {}, the kubelet asked for {} (deleted and made again?)", who,
         got.empty() ? "(none)" : got, uid));

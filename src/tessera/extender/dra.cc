@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "fmt/format.h"
+#include "tessera/kube/informer.h"
 #include "tessera/kube/object.h"
 #include "tessera/kube/quantity.h"
 
@@ -13,11 +14,6 @@ namespace tessera::extender {
 using nlohmann::json;
 
 namespace {
-
-std::string Key(const json& o) {
-  return kube::StringAt(o, {"metadata", "namespace"}) + "/" +
-         kube::StringAt(o, {"metadata", "name"});
-}
 
 int64_t IntAt(const json& o, std::initializer_list<const char*> path, int64_t fallback) {
   const json* v = kube::FieldAt(o, path);
@@ -105,7 +101,7 @@ void DraAdvisor::OnSlice(const json& slice, bool deleted) {
 }
 
 void DraAdvisor::OnClaim(const json& claim, bool deleted) {
-  const std::string key = Key(claim);
+  const std::string key = kube::ObjectKey(claim);
   const std::string uid = kube::StringAt(claim, {"metadata", "uid"});
   core::MutexLock lock(mu_);
   if (auto it = claim_devices_.find(uid); it != claim_devices_.end()) {
@@ -132,9 +128,9 @@ void DraAdvisor::OnClaim(const json& claim, bool deleted) {
 void DraAdvisor::OnTemplate(const json& tmpl, bool deleted) {
   core::MutexLock lock(mu_);
   if (deleted) {
-    templates_.erase(Key(tmpl));
+    templates_.erase(kube::ObjectKey(tmpl));
   } else if (const json* spec = kube::FieldAt(tmpl, {"spec", "spec"})) {
-    templates_[Key(tmpl)] = *spec;
+    templates_[kube::ObjectKey(tmpl)] = *spec;
   }
 }
 
