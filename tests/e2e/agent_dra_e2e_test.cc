@@ -526,4 +526,33 @@ TEST_F(AgentDraE2e, ConsumableDevicesValidateAndAShareOfOneComesBackWithItsShare
               HasSubstr("TESSERA_CUDA_COMPUTE_SHARE=25%"));
 }
 
+TEST_F(AgentDraE2e, BadDraFlagsAreExitCodesWithReasons) {
+  const std::string agent = std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; ") +
+                            TESSERA_BINARY + " agent --simulate t4x2 --no-api-server --state-dir " +
+                            dir_ + "/state --kubelet-dir " + dir_ +
+                            "/kubelet --metrics-address '' ";
+  struct Bad {
+    std::string flags, says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"--dra-share-gpus 1", "need --dra"},
+           {"--dra-partitionable", "need --dra"},
+           {"--dra --cdi-dir ''", "--cdi-dir must not be empty"},
+           {"--dra --cdi-dir " + dir_ + "/cdi --dra-share-gpus 7", "GPU 7 is not on this node"},
+           {"--dra --cdi-dir " + dir_ + "/cdi --dra-partitionable --dra-consumable",
+            "--dra-consumable shares every GPU by amounts"},
+           {"--dra --cdi-dir " + dir_ + "/cdi --dra-share-gpus x", "--dra-share-gpus"}}) {
+    auto r = tessera::test::Capture(agent + b.flags + " 2>&1");
+    EXPECT_EQ(r.code, 2) << b.flags << ": " << r.out;
+    EXPECT_THAT(r.out, HasSubstr(b.says)) << b.flags;
+  }
+  // Nothing was served.
+  EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock"));
+  auto help = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --help");
+  for (const char* flag : {"--dra", "--dra-driver", "--kubelet-dir", "--dra-share-gpus",
+                           "--dra-partitionable", "--dra-consumable", "--sysfs-root"}) {
+    EXPECT_THAT(help.out, HasSubstr(flag));
+  }
+}
+
 }  // namespace
