@@ -244,13 +244,55 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
   return stopping_.contains(allocation_id) && scheduler_.state().Find(allocation_id) != nullptr;
 }
 
-void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                     const std::vector<Backfill>& backfill, std::vector<Reservation>& reserved,
-                     const std::vector<Reservation>& prior, int& plans_left,
-                     std::vector<CycleDecision>& out, std::set<std::string>& done) {
+// What one Step carries from request to request, in queue order.
+struct Cycle::Pass {
+  double now = 0;
+  std::vector<const std::string*> order;
+  // Reasons of the memo keys that neither fit nor could make room in this pass; and the memo keys
+  // (without a duration) that could not make room: what preemption can do for a request does not
+  // depend on how long it runs, and within a pass no new victim appears for a later request (what
+  // starts after it in the queue has no lower priority).
+  std::unordered_map<std::string, std::string> no_fit;
+  std::unordered_set<std::string> no_room;
+  std::set<std::string> gangs_seen, started;
+  // Room made by preemption belongs to the request it was made for. Requests after it in this
+  // pass do not take it (`reserved`, in queue order), and neither do requests before it that
+  // preempted nothing themselves (`prior`): a borrower queued earlier must not take back what its
+  // lender just reclaimed.
+  std::vector<Reservation> reserved, prior;
+  // Backfill reservations of this Step, and what is left of their number; how many more requests
+  // may be asked whether only the reservations keep them out (each costs a placement); how many
+  // preemption plans are left.
+  std::vector<Backfill> backfill;
+  int reservations_left = 0;
+  int explain_left = 64;
+  int plans_left = 0;
+  std::vector<CycleDecision> out;
+
+  // Takes the phantoms of the reservations that a request ending at `end` would not delay (all of
+  // them with -infinity) out of the scheduler; PutBack restores them.
+  std::vector<Allocation> Lift(Scheduler& s, double end) const {
+    std::vector<Allocation> lifted;
+    for (const Backfill& b : backfill) {
+      if (end > b.protect) continue;
+      for (const std::string& p : b.phantoms) {
+        if (auto a = s.Release(p); a.ok()) lifted.push_back(*std::move(a));
+      }
+    }
+    return lifted;
+  }
+  static void PutBack(Scheduler& s, const std::vector<Allocation>& lifted) {
+    for (const Allocation& a : lifted) (void)s.Restore(a);  // fails where now taken
+  }
+};
+
+void Cycle::StepGang(Entry& first, Pass& pass) {
+  const double now = pass.now;
+  std::vector<Reservation>& reserved = pass.reserved;
+  std::vector<CycleDecision>& out = pass.out;
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
-  for (const std::string* id : order) {
+  for (const std::string* id : pass.order) {
     Entry& e = entries_.at(*id);
     if (e.queued.request.gang == r.gang) members.push_back(&e);
   }
@@ -283,7 +325,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
   for (const Reservation& res : reserved) {
     if (!mine(res)) held.push_back(res);
   }
-  for (const Reservation& res : prior) {
+  for (const Reservation& res : pass.prior) {
     if (!mine(res)) held.push_back(res);
   }
   if (static_cast<int>(members.size()) < r.gang_size) {
@@ -297,7 +339,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     for (const Allocation& a : placed.ok() ? *placed : std::vector<Allocation>{}) {
       const double end =
           a.request.expected_duration_s > 0 ? now + a.request.expected_duration_s : kNever;
-      if (!holder) holder = Delays(a, end, backfill);
+      if (!holder) holder = Delays(a, end, pass.backfill);
       if (!preemptor) preemptor = Overlap(a, held);
     }
     if (holder || preemptor) {
@@ -314,7 +356,7 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
     } else if (placed.ok()) {
       for (Entry* e : members) e->GiveUpRoom();
       for (Allocation& a : *placed) {
-        done.insert(a.id);
+        pass.started.insert(a.id);
         out.push_back(StartOf(std::move(a)));
       }
       return;
@@ -324,8 +366,9 @@ void Cycle::StepGang(Entry& first, const std::vector<const std::string*>& order,
         // Its room did not hold (rare: a policy's choice, a GPU turned sick): given up, planned
         // again at the next Step.
         for (Entry* e : members) e->GiveUpRoom();
-      } else if (options_.preemption && plans_left > 0 && why.find("quota") == std::string::npos) {
-        --plans_left;
+      } else if (options_.preemption && pass.plans_left > 0 &&
+                 why.find("quota") == std::string::npos) {
+        --pass.plans_left;
         if (PreemptForGang(members, now, reserved, out)) return;
       }
     }
@@ -423,62 +466,29 @@ absl::StatusOr<std::vector<Allocation>> Cycle::RemoveNode(NodeId node) {
   return released;
 }
 
-// Long (issue 32 asks for a reason): the pass in its order - account, requeue, then per queued
-// entry in order its gang, placement, backfill check, preemption plan and reservation - with each
-// stage its own function; what stays here is the order and the budget they share (plans_left,
-// reservations), which a split would have to pass around.
 std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
-  std::vector<CycleDecision> out;
   if (now != instant_) {
     instant_ = now;
   } else if (!scope && last_unscoped_ && scheduler_.version() == stepped_version_ &&
              queue_version_ == stepped_queue_version_) {
-    return out;  // this instant's decisions are made, and nothing they depend on has changed
+    return {};  // this instant's decisions are made, and nothing they depend on has changed
   }
   for (auto it = stopping_.begin(); it != stopping_.end();) {
     it = scheduler_.state().Find(*it) != nullptr ? std::next(it) : stopping_.erase(it);
   }
-  // Reasons of the memo keys that neither fit nor could make room in this pass; and the memo keys
-  // (without a duration) that could not make room: what preemption can do for a request does not
-  // depend on how long it runs, and within a pass no new victim appears for a later request (what
-  // starts after it in the queue has no lower priority).
-  std::unordered_map<std::string, std::string> no_fit;
-  std::unordered_set<std::string> no_room;
-  std::set<std::string> gangs_seen, started;
-  // Room made by preemption belongs to the request it was made for. Requests after it in this
-  // pass do not take it (`reserved`, in queue order), and neither do requests before it that
-  // preempted nothing themselves (`prior`): a borrower queued earlier must not take back what its
-  // lender just reclaimed.
-  std::vector<Reservation> reserved, prior;
+  Pass pass;
+  pass.now = now;
   for (const auto& [id, e] : entries_) {
     if (e.reserved_node >= 0 && !e.reserved_gpus.empty()) {
-      prior.push_back({e.reserved_node, &e.reserved_gpus, &id});
+      pass.prior.push_back({e.reserved_node, &e.reserved_gpus, &id});
     }
   }
   Account(now);
-  // Backfill reservations of this Step, and what is left of their number.
-  std::vector<Backfill> backfill;
-  int reservations_left = options_.reservations;
-  int explain_left = 64;
-  int plans_left =
+  pass.reservations_left = options_.reservations;
+  pass.plans_left =
       options_.preemption_plans > 0 ? options_.preemption_plans : std::numeric_limits<int>::max();
-  // Takes the phantoms of the reservations that a request ending at `end` would not delay (all of
-  // them with -infinity) out of the scheduler, and puts them back.
-  auto lift = [&](double end) {
-    std::vector<Allocation> lifted;
-    for (const Backfill& b : backfill) {
-      if (end > b.protect) continue;
-      for (const std::string& p : b.phantoms) {
-        if (auto a = scheduler_.Release(p); a.ok()) lifted.push_back(*std::move(a));
-      }
-    }
-    return lifted;
-  };
-  auto put_back = [&](const std::vector<Allocation>& lifted) {
-    for (const Allocation& a : lifted) (void)scheduler_.Restore(a);  // fails where now taken
-  };
-  const std::vector<const std::string*> order = OrderedIds();
-  for (const std::string* id : order) {
+  pass.order = OrderedIds();
+  for (const std::string* id : pass.order) {
     Entry& e = entries_.at(*id);
     const core::Request& r = e.queued.request;
     e.expected_start.reset();
@@ -495,145 +505,162 @@ std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
         if (scope && scope->leave) scope->leave();
       }
     } narrowed(scoped ? scope : nullptr);
-    if (!r.gang.empty()) {
-      if (gangs_seen.insert(r.gang).second)
-        StepGang(e, order, now, backfill, reserved, prior, plans_left, out, started);
-      continue;
-    }
-    bool preempted = false;  // it made room by preemption itself
-    if (!e.awaiting.empty()) {
-      std::erase_if(e.awaiting, [&](const std::string& v) { return !StillHeld(v); });
-      if (!e.awaiting.empty()) {
-        e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
-        reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
-        continue;
-      }
-      e.GiveUpRoom();  // its room is free: no longer reserved against itself
-      preempted = true;
-    }
-    std::string memo = MemoKey(r);
-    if (scoped) memo += "\x01narrowed";
-    const std::string shape_memo = memo;
-    // With reservations, how long it runs decides whether it may take reserved GPUs.
-    if (options_.reservations > 0) {
-      memo.append(reinterpret_cast<const char*>(&r.expected_duration_s),
-                  sizeof r.expected_duration_s);
-    }
-    if (auto m = no_fit.find(memo); m != no_fit.end()) {
-      e.waiting = m->second;
-      continue;
-    }
-    absl::StatusOr<Allocation> placed = scheduler_.Place(r, now);
-    // Free GPUs reserved for an earlier request are its own, unless this one is over before the
-    // reservation begins.
-    const double end = r.expected_duration_s > 0 ? now + r.expected_duration_s : kNever;
-    if (!placed.ok() && !backfill.empty()) {
-      if (end < kNever) {
-        std::vector<Allocation> lifted = lift(end);
-        if (!lifted.empty()) placed = scheduler_.Place(r, now);
-        put_back(lifted);
-      }
-      if (!placed.ok() && explain_left > 0) {
-        // Would it fit but for the reservations? Then they are why it waits (memoized with its
-        // duration: one of the same shape that ends sooner may still go). Asked for the first
-        // shapes of a pass only: each costs a placement.
-        --explain_left;
-        std::vector<Allocation> lifted = lift(-kNever);
-        bool fits = false;
-        if (!lifted.empty() && scheduler_.Place(r, now).ok()) {
-          fits = true;
-          (void)scheduler_.Release(r.id);
-        }
-        put_back(lifted);
-        if (fits) {
-          const Backfill& b = backfill.front();
-          e.waiting = fmt::format("the free GPUs are reserved for {} ({}); it would {} that",
-                                  b.holder, StartText(b.start, now),
-                                  end < kNever ? "end after" : "have no expected end before");
-          no_fit.emplace(std::move(memo), e.waiting);
-          continue;
-        }
-      }
-    }
-    if (placed.ok()) {
-      if (const std::string* holder = Delays(*placed, end, backfill)) {
-        // Reserved GPUs still busy, or partly used, that its placement took.
-        (void)scheduler_.Release(r.id);
-        e.waiting =
-            fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
-        no_fit.emplace(std::move(memo), e.waiting);
-        continue;
-      }
-      const std::string* holder = Overlap(*placed, reserved);
-      if (!holder && !preempted) holder = Overlap(*placed, prior);
-      if (holder) {
-        // Room made for an earlier request by preemption is its own; this one waits (not memoized:
-        // another of its shape may fit elsewhere, the reservation is about the place, not the
-        // shape).
-        (void)scheduler_.Release(r.id);
-        e.waiting =
-            fmt::format("its node is reserved for {}, which preempted to make room there", *holder);
-        continue;
-      }
-      started.insert(r.id);
-      out.push_back(StartOf(std::move(*placed)));
-      continue;
-    }
-    e.waiting = WithoutSubject(std::string(placed.status().message()));
-    // A quota says no for this owner only: others of the same shape may still fit.
-    if (e.waiting.rfind("quota", 0) == 0) continue;
-    if (options_.preemption && plans_left > 0 && !no_room.contains(shape_memo)) {
-      --plans_left;
-      PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
-      if (!plan.possible) no_room.insert(shape_memo);
-      if (plan.possible && !plan.victims.empty()) {
-        AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
-                  fmt::format("preempted for {} (priority {})", r.id, r.priority), reserved, out);
-        e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
-        continue;
-      }
-    }
-    no_fit.emplace(std::move(memo), e.waiting);
-    if (reservations_left > 0) {
-      if (std::optional<Backfill> b = Reserve(r, now)) {
-        --reservations_left;
-        e.expected_start = b->start;
-        // Its GPUs that are free now are held by phantoms for the rest of this Step, so that the
-        // policies place later requests around them.
-        const core::NodeSpec& spec = scheduler_.state().node_spec(b->node);
-        for (int g : b->gpus) {
-          const GpuUse& use = scheduler_.state().gpu_use(b->node, g);
-          if (use.holders != 0 || !use.healthy) continue;
-          Allocation p;
-          p.id = fmt::format("{}{}:{}", kPhantom, r.id, g);
-          p.node = b->node;
-          p.gpus = {g};
-          p.milli_per_gpu = core::kMilliPerGpu;
-          p.memory_mib_per_gpu = spec.gpus[g].memory_mib;
-          p.request.id = p.id;
-          p.request.gpus = 1;
-          p.request.priority = r.priority;
-          p.request.preemptible = false;
-          p.start_time = now;
-          if (scheduler_.Restore(p).ok()) b->phantoms.push_back(p.id);
-        }
-        std::vector<std::string> gpus;
-        for (int g : b->gpus) gpus.push_back(std::to_string(g));
-        e.waiting += fmt::format("; GPU {} of {} reserved for it ({})", fmt::join(gpus, ","),
-                                 scheduler_.state().node_name(b->node), StartText(b->start, now));
-        backfill.push_back(*std::move(b));
-      }
+    if (r.gang.empty()) {
+      StepOne(e, scoped, pass);
+    } else if (pass.gangs_seen.insert(r.gang).second) {
+      StepGang(e, pass);
     }
   }
-  for (const Backfill& b : backfill) {
+  for (const Backfill& b : pass.backfill) {
     for (const std::string& p : b.phantoms) (void)scheduler_.Release(p);
   }
-  for (const std::string& id : started) Remove(id);
+  for (const std::string& id : pass.started) Remove(id);
   SetRate();
   stepped_version_ = scheduler_.version();
   stepped_queue_version_ = queue_version_;
   last_unscoped_ = scope == nullptr;
-  return out;
+  return std::move(pass.out);
+}
+
+void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
+  const core::Request& r = e.queued.request;
+  const double now = pass.now;
+  bool preempted = false;  // it made room by preemption itself
+  if (!e.awaiting.empty()) {
+    std::erase_if(e.awaiting, [&](const std::string& v) { return !StillHeld(v); });
+    if (!e.awaiting.empty()) {
+      e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+      pass.reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
+      return;
+    }
+    e.GiveUpRoom();  // its room is free: no longer reserved against itself
+    preempted = true;
+  }
+  std::string memo = MemoKey(r);
+  if (scoped) memo += "\x01narrowed";
+  const std::string shape_memo = memo;
+  // With reservations, how long it runs decides whether it may take reserved GPUs.
+  if (options_.reservations > 0) {
+    memo.append(reinterpret_cast<const char*>(&r.expected_duration_s),
+                sizeof r.expected_duration_s);
+  }
+  if (auto m = pass.no_fit.find(memo); m != pass.no_fit.end()) {
+    e.waiting = m->second;
+    return;
+  }
+  const double end = r.expected_duration_s > 0 ? now + r.expected_duration_s : kNever;
+  std::string reserved_why;
+  absl::StatusOr<Allocation> placed = PlaceAround(r, end, pass, &reserved_why);
+  if (!reserved_why.empty()) {
+    e.waiting = std::move(reserved_why);
+    pass.no_fit.emplace(std::move(memo), e.waiting);
+    return;
+  }
+  if (placed.ok()) {
+    if (const std::string* holder = Delays(*placed, end, pass.backfill)) {
+      // Reserved GPUs still busy, or partly used, that its placement took.
+      (void)scheduler_.Release(r.id);
+      e.waiting =
+          fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
+      pass.no_fit.emplace(std::move(memo), e.waiting);
+      return;
+    }
+    const std::string* holder = Overlap(*placed, pass.reserved);
+    if (!holder && !preempted) holder = Overlap(*placed, pass.prior);
+    if (holder) {
+      // Room made for an earlier request by preemption is its own; this one waits (not memoized:
+      // another of its shape may fit elsewhere, the reservation is about the place, not the
+      // shape).
+      (void)scheduler_.Release(r.id);
+      e.waiting =
+          fmt::format("its node is reserved for {}, which preempted to make room there", *holder);
+      return;
+    }
+    pass.started.insert(r.id);
+    pass.out.push_back(StartOf(std::move(*placed)));
+    return;
+  }
+  e.waiting = WithoutSubject(std::string(placed.status().message()));
+  // A quota says no for this owner only: others of the same shape may still fit.
+  if (e.waiting.rfind("quota", 0) == 0) return;
+  if (options_.preemption && pass.plans_left > 0 && !pass.no_room.contains(shape_memo)) {
+    --pass.plans_left;
+    PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
+    if (!plan.possible) pass.no_room.insert(shape_memo);
+    if (plan.possible && !plan.victims.empty()) {
+      AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
+                fmt::format("preempted for {} (priority {})", r.id, r.priority), pass.reserved,
+                pass.out);
+      e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+      return;
+    }
+  }
+  pass.no_fit.emplace(std::move(memo), e.waiting);
+  if (pass.reservations_left > 0 && ReserveAhead(e, pass)) --pass.reservations_left;
+}
+
+absl::StatusOr<Allocation> Cycle::PlaceAround(const core::Request& r, double end, Pass& pass,
+                                              std::string* reserved_why) {
+  absl::StatusOr<Allocation> placed = scheduler_.Place(r, pass.now);
+  if (placed.ok() || pass.backfill.empty()) return placed;
+  // Free GPUs reserved for an earlier request are its own, unless this one is over before the
+  // reservation begins.
+  if (end < kNever) {
+    std::vector<Allocation> lifted = pass.Lift(scheduler_, end);
+    if (!lifted.empty()) placed = scheduler_.Place(r, pass.now);
+    Pass::PutBack(scheduler_, lifted);
+  }
+  if (placed.ok() || pass.explain_left <= 0) return placed;
+  // Would it fit but for the reservations? Then they are why it waits (memoized with its
+  // duration: one of the same shape that ends sooner may still go). Asked for the first shapes
+  // of a pass only: each costs a placement.
+  --pass.explain_left;
+  std::vector<Allocation> lifted = pass.Lift(scheduler_, -kNever);
+  bool fits = false;
+  if (!lifted.empty() && scheduler_.Place(r, pass.now).ok()) {
+    fits = true;
+    (void)scheduler_.Release(r.id);
+  }
+  Pass::PutBack(scheduler_, lifted);
+  if (fits) {
+    const Backfill& b = pass.backfill.front();
+    *reserved_why = fmt::format("the free GPUs are reserved for {} ({}); it would {} that",
+                                b.holder, StartText(b.start, pass.now),
+                                end < kNever ? "end after" : "have no expected end before");
+  }
+  return placed;
+}
+
+bool Cycle::ReserveAhead(Entry& e, Pass& pass) {
+  const core::Request& r = e.queued.request;
+  std::optional<Backfill> b = Reserve(r, pass.now);
+  if (!b) return false;
+  e.expected_start = b->start;
+  // Its GPUs that are free now are held by phantoms for the rest of this Step, so that the
+  // policies place later requests around them.
+  const core::NodeSpec& spec = scheduler_.state().node_spec(b->node);
+  for (int g : b->gpus) {
+    const GpuUse& use = scheduler_.state().gpu_use(b->node, g);
+    if (use.holders != 0 || !use.healthy) continue;
+    Allocation p;
+    p.id = fmt::format("{}{}:{}", kPhantom, r.id, g);
+    p.node = b->node;
+    p.gpus = {g};
+    p.milli_per_gpu = core::kMilliPerGpu;
+    p.memory_mib_per_gpu = spec.gpus[g].memory_mib;
+    p.request.id = p.id;
+    p.request.gpus = 1;
+    p.request.priority = r.priority;
+    p.request.preemptible = false;
+    p.start_time = pass.now;
+    if (scheduler_.Restore(p).ok()) b->phantoms.push_back(p.id);
+  }
+  std::vector<std::string> gpus;
+  for (int g : b->gpus) gpus.push_back(std::to_string(g));
+  e.waiting += fmt::format("; GPU {} of {} reserved for it ({})", fmt::join(gpus, ","),
+                           scheduler_.state().node_name(b->node), StartText(b->start, pass.now));
+  pass.backfill.push_back(*std::move(b));
+  return true;
 }
 
 }  // namespace tessera::sched

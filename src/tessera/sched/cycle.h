@@ -179,10 +179,18 @@ class Cycle {
   // preemptor made room on (`reserved`).
   // When it fits nowhere and preemption is on, room is made for all of it (PreemptForGang), and it
   // waits for every victim to stop.
-  void StepGang(Entry& first, const std::vector<const std::string*>& order, double now,
-                const std::vector<Backfill>& backfill, std::vector<Reservation>& reserved,
-                const std::vector<Reservation>& prior, int& plans_left,
-                std::vector<CycleDecision>& out, std::set<std::string>& done);
+  struct Pass;
+  void StepGang(Entry& first, Pass& pass);
+  // One queued request (not of a gang) in a Step: waits for its victims, is placed where the
+  // pass's reservations allow, else preempts for room, else may get a backfill reservation.
+  void StepOne(Entry& e, bool scoped, Pass& pass);
+  // Places `r` (ending at `end`) on what the pass's backfill reservations leave it; on failure,
+  // sets `reserved_why` when only those reservations keep it from fitting.
+  absl::StatusOr<Allocation> PlaceAround(const core::Request& r, double end, Pass& pass,
+                                         std::string* reserved_why);
+  // Reserves where and when `e` starts (Reserve) and holds its free GPUs with phantoms for the
+  // rest of the pass; false when it would not start even as running work ends.
+  bool ReserveAhead(Entry& e, Pass& pass);
   // Asks `e`'s victims to stop (a kPreempt in `out`, without those already stopping) and reserves
   // where they make room for it (`node`, `gpus`; in `reserved` for the rest of the Step).
   void AskToStop(Entry& e, std::vector<std::string> victims, NodeId node, std::vector<int> gpus,

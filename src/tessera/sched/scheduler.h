@@ -124,6 +124,8 @@ class Scheduler {
   };
 
  private:
+  // PlanPreemption's search, node by node (scheduler.cc).
+  struct PreemptionSearch;
   // A cached evaluation of one class for one request shape: valid while `generation` matches the
   // class's; score -infinity = infeasible.
   struct Entry {
