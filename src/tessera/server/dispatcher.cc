@@ -57,6 +57,7 @@ Dispatcher::Dispatcher(ServerConfig config, ServerDeps deps)
     : config_(std::move(config)),
       clock_(deps.clock ? deps.clock : &core::SystemClock::Get()),
       launcher_(deps.launcher ? deps.launcher : &process_launcher_),
+      host_(deps.host),
       store_(std::move(deps.store)),
       source_(std::move(deps.source)) {}
 
@@ -113,10 +114,15 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     if (!store.ok()) return store.status();
     s->store_ = std::move(*store);
   }
-  s->cgroups_ = Cgroups::Open(CgroupOptions{.mode = c.confinement, .name = c.cgroup_name});
-  if (!s->cgroups_->busy().empty()) {
-    return absl::FailedPreconditionError(fmt::format(
-        "confinement: {}: give each server its own confinement.cgroup", s->cgroups_->busy()));
+  if (!s->host_) {
+    auto cgroups = Cgroups::Open(CgroupOptions{.mode = c.confinement, .name = c.cgroup_name});
+    if (!cgroups->busy().empty()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "confinement: {}: give each server its own confinement.cgroup", cgroups->busy()));
+    }
+    s->own_host_ =
+        std::make_unique<LocalJobHost>(s->launcher_, std::move(cgroups), s->ArbiterFile());
+    s->host_ = s->own_host_.get();
   }
 
   if (!s->source_) {
@@ -169,119 +175,8 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->gpu_health_reason_.assign(n, "");
     s->gpu_xids_.assign(n, 0);
   }
-  s->SetUpSharing();
   s->SetUpContainers();
   return s;
-}
-
-void Dispatcher::SetUpSharing() {
-  // The arbiter file is shared by the fractional jobs of every user: the server makes it, open to
-  // all, rather than the first job (whose user may not write the state folder, and whose file would
-  // be its own).
-  const std::string arbiter = ArbiterFile();
-  char err[256] = {};
-  // In a folder of its own: a container gets the folder (a bind mount of the file itself would
-  // pin the old file when it is replaced). Nobody but the server creates anything in it.
-  const std::string folder = config_.state_dir + "/arbiter";
-  if (mkdir(folder.c_str(), 0711) != 0 && errno != EEXIST)
-    spdlog::warn("cannot create {}: {}", folder, strerror(errno));
-  chmod(folder.c_str(), 0711);
-  bool made = shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err);
-  if (!made && strstr(err, "of this version") != nullptr) {
-    // Left by an older Tessera: replaced. Jobs it started keep the old file (their mapping) until
-    // they end; new jobs are paced among themselves.
-    spdlog::warn("GPU arbiter file {}: {}; replacing it", arbiter, err);
-    if (unlink(arbiter.c_str()) == 0)
-      made = shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err);
-  }
-  if (!made) {
-    spdlog::warn("GPU arbiter file {}: {}; compute shares will not be enforced", arbiter, err);
-    arbiter_access_ = fmt::format("none: {}", err);
-    return;
-  }
-  // The server's alone, and the users with a job using it (an ACL per user, kept as jobs start and
-  // end): another local user cannot overwrite what every fractional job relies on.
-  if (chmod(arbiter.c_str(), 0600) != 0) spdlog::warn("chmod {}: {}", arbiter, strerror(errno));
-  if (geteuid() != 0) {
-    arbiter_access_ = "the server's user only (0600): every job runs as that user";
-    return;
-  }
-  absl::Status st = SetUserAcl(arbiter, {});
-  if (st.ok()) {
-    arbiter_acl_ = true;
-    arbiter_access_ = "0600 plus an ACL entry per user with a running job that has a compute share";
-    return;
-  }
-  // No ACLs where the state lives: open to all, said.
-  if (chmod(arbiter.c_str(), 0666) != 0) spdlog::warn("chmod {}: {}", arbiter, strerror(errno));
-  arbiter_access_ = fmt::format("0666, open to every local user: {}", std::string(st.message()));
-  spdlog::warn("GPU arbiter file {} is {}", arbiter, arbiter_access_);
-}
-
-std::set<uid_t> Dispatcher::ArbiterUsersLocked() const {
-  std::set<uid_t> users;
-  for (const auto& [u, count] : arbiter_users_) users.insert(u);
-  return users;
-}
-
-void Dispatcher::ArbiterUser(uint32_t uid, int delta) {
-  if (!arbiter_acl_ || uid == 0) return;
-  core::MutexLock lock(arbiter_mu_);
-  int& n = arbiter_users_[uid];
-  const bool was = n > 0;
-  n = std::max(0, n + delta);
-  if (n == 0) arbiter_users_.erase(uid);
-  if (was == (n > 0)) return;
-  const std::set<uid_t> users = ArbiterUsersLocked();
-  const std::string arbiter = ArbiterFile();
-  if (!was) {
-    if (absl::Status st = SetUserAcl(arbiter, users); !st.ok())
-      spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
-    return;
-  }
-  // A user's access removed: a descriptor she opened before would keep writing the file, so a
-  // copy with the remaining users' entries is renamed over it (the jobs' processes follow it
-  // within ArbiterConfig::follow_us).
-  absl::Status st = ReplaceArbiter(arbiter, users);
-  if (st.ok()) {
-    spdlog::info("GPU arbiter file replaced: uid {} has no job with a compute share any more", uid);
-    return;
-  }
-  spdlog::warn("GPU arbiter file: cannot replace it ({}); only the ACL entry of uid {} is removed",
-               std::string(st.message()), uid);
-  if (absl::Status acl = SetUserAcl(arbiter, users); !acl.ok())
-    spdlog::warn("GPU arbiter file: {}", std::string(acl.message()));
-}
-
-void Dispatcher::RepairArbiterIfDamaged() {
-  // Every user with a share job may write the arbiter: one may truncate it or fill its head with
-  // garbage. The jobs' processes survive that (zero pages instead of SIGBUS) but run unpaced until
-  // a whole file is at the path; a fresh copy renamed over it is followed by all of them.
-  const std::string arbiter = ArbiterFile();
-  struct stat st;
-  if (lstat(arbiter.c_str(), &st) != 0) return;  // not made (yet): nothing to repair
-  const int fd = shim::OpenSharedFile(arbiter.c_str(), sizeof(shim::ArbiterData),
-                                      shim::kArbiterMagic, shim::kArbiterVersion);
-  if (fd >= 0) {
-    close(fd);
-    return;
-  }
-  std::set<uid_t> users;
-  {
-    core::MutexLock lock(arbiter_mu_);
-    users = ArbiterUsersLocked();
-  }
-  // Without ACLs where the state lives the file was open to all, and so is its copy.
-  const absl::Status replaced = ReplaceArbiter(arbiter, users, /*open_to_all=*/!arbiter_acl_);
-  if (replaced.ok()) {
-    spdlog::warn(
-        "GPU arbiter file {} was damaged (truncated, or not an arbiter any more): "
-        "replaced by a fresh one, which the jobs' processes follow",
-        arbiter);
-  } else {
-    spdlog::warn("GPU arbiter file {} is damaged and cannot be replaced: {}", arbiter,
-                 std::string(replaced.message()));
-  }
 }
 
 void Dispatcher::SetUpContainers() {
@@ -313,9 +208,8 @@ void Dispatcher::SetUpContainers() {
   }
   cdi_spec_path_ = *path;
   containers_ = *rt;
-  // Jobs with an image start as podman's client, through the launcher every job goes through.
-  podman_launcher_ = std::make_unique<PodmanLauncher>(launcher_, *rt);
-  launcher_ = podman_launcher_.get();
+  // Jobs with an image start as podman's client, through the host every job goes through.
+  host_->UseContainers(*rt);
   size_t nodes = files.control_nodes.size();
   for (const std::string& n : files.gpu_nodes) nodes += n.empty() ? 0 : 1;
   spdlog::info(
@@ -458,7 +352,7 @@ absl::Status Dispatcher::Recover() {
     }
     // Running when the last server stopped.
     const std::string exit_path = JobFile("exit", r.id);
-    if (r.pid > 0 && launcher_->Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
+    if (r.pid > 0 && host_->Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
       json placement = json::parse(r.placement_json, nullptr, false);
       sched::Allocation a;
       a.id = std::to_string(r.id);
@@ -476,7 +370,7 @@ absl::Status Dispatcher::Recover() {
       if (absl::Status st = engine_->Restore(a, std::move(sub)); !st.ok()) {
         spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
                      std::string(st.message()));
-        launcher_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
+        host_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
         (void)store_->Transition(r.id, JobState::kLost,
                                  fmt::format("cannot re-adopt: {}", std::string(st.message())),
                                  now);
@@ -486,13 +380,13 @@ absl::Status Dispatcher::Recover() {
       run.pid = static_cast<pid_t>(r.pid);
       run.start_time = r.pid_start_time;
       run.adopted = true;
-      run.cgroup = !run.container && cgroups_->active();
+      run.cgroup = !run.container && host_->confines();
       run.uid = r.owner_uid;
       run.array_id = r.array_id;
       run.spec = shared;
       run.owner = r.owner;
       if (!run.region.empty() && spec->gpu_milli > 0) {
-        ArbiterUser(run.uid, +1);
+        host_->ArbiterUser(run.uid, +1);
         run.arbiter = true;
       }
       running_[r.id] = run;
@@ -520,7 +414,7 @@ absl::Status Dispatcher::Recover() {
     std::error_code ec;
     fs::remove(exit_path, ec);
     // Its container may have outlived the podman client (killed with the server's group, say).
-    if (!spec->image.empty() && containers_) RemoveContainer(*containers_, r.id);
+    if (!spec->image.empty() && containers_) host_->RemoveContainer(r.id);
   }
   spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down",
                queued_.size(), adopted, requeued, ended);

@@ -30,6 +30,7 @@
 #include "tessera/server/acct.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
+#include "tessera/server/job_host.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
@@ -248,14 +249,8 @@ class Dispatcher {
   Dispatcher(ServerConfig config, ServerDeps deps);
   // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
   Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
-  // The GPU arbiter file, made at start for the fractional jobs of every user.
-  void SetUpSharing();
+  // The GPU arbiter file (made by the job host) that the fractional jobs of every user pace by.
   std::string ArbiterFile() const;
-  // Replaces the arbiter file by a fresh copy when it is there but not whole (a user truncated it
-  // or wrote garbage in its head); said in the log.
-  void RepairArbiterIfDamaged();
-  // The users with a job with a compute share running (their ACL entries).
-  std::set<uid_t> ArbiterUsersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(arbiter_mu_);
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
   absl::Status Recover();
@@ -302,21 +297,13 @@ class Dispatcher {
     std::optional<Queued> requeue;  // re-queued: to be enqueued
   };
   void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
-  // What a fractional job's files say of its use (read without mu_): the arbiter's GPU time and
-  // its region's peak memory.
-  struct ShareReading {
-    uint64_t busy_us = 0;
-    uint64_t peak_bytes = 0;
-  };
+  // What a fractional job's files say of its use (read without mu_, JobHost::ReadShare): the
+  // arbiter's GPU time and its region's peak memory.
+  using ShareReading = JobHost::ShareUse;
   // Adds what one history sample shows of each running job's GPU use: `telemetry` for jobs that
   // hold their GPUs alone, `shares` for fractional ones. Under mu_.
   void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                       const std::map<int64_t, ShareReading>& shares);
-  // What a share's files say now (read without mu_): the GPU time the arbiter charged job `id` on
-  // its GPUs `gpus` (with a compute share; the mean per GPU) and its region's peak on one GPU;
-  // added to its record under mu_.
-  ShareReading ReadShare(int64_t id, const std::vector<int>& gpus, bool compute_share,
-                         const std::string& region) const;
   static void AddShareReading(Running& r, const ShareReading& s);
   // A job's GPU utilization over its run (percent), when measured.
   static std::optional<double> GpuUtilizationOf(const Running& r, double now);
@@ -348,29 +335,22 @@ class Dispatcher {
   ServerConfig config_;
   const core::Clock* clock_;
   ProcessLauncher process_launcher_;
-  Launcher* launcher_;  // process_launcher_ unless a test gave one; podman_launcher_ over it
-  std::unique_ptr<PodmanLauncher> podman_launcher_;  // when jobs can have an image
+  Launcher* launcher_;  // process_launcher_ unless a test gave one: the local host's
+  // Where jobs run (job_host.h): a test's, or own_host_ (this machine, through launcher_).
+  std::unique_ptr<JobHost> own_host_;
+  JobHost* host_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<devices::HealthWatch> health_;
   std::string fallback_reason_;
   core::NodeInventory inventory_;
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image
-  // Who may write the GPU arbiter file: the owners of running jobs with a compute share, each
-  // with how many (its ACL names them; `arbiter_access_` says how it is guarded).
-  mutable core::Mutex arbiter_mu_;
-  std::map<uint32_t, int> arbiter_users_ ABSL_GUARDED_BY(arbiter_mu_);
-  bool arbiter_acl_ = false;    // set once, by SetUpSharing before any thread
-  std::string arbiter_access_;  // likewise
-  // Counts a job of `uid` that uses the arbiter in (+1) or out (-1); the file's ACL follows.
-  void ArbiterUser(uint32_t uid, int delta);
   // Loads the history of the jobs that succeeded (the newest kHistoryJobs) into the engine's.
   void LoadHistory();
   static constexpr size_t kHistoryJobs = 5000;
-  std::unique_ptr<Cgroups> cgroups_;  // confinement; mode "none" when it cannot be had
-  int state_lock_ = -1;               // <state_dir>/server.lock, flock'ed for this server's life
-  std::set<int64_t> cgroups_left_;    // of ended jobs, not yet removable (retried each turn)
-  std::string containers_off_;        // why not, when they cannot
+  int state_lock_ = -1;             // <state_dir>/server.lock, flock'ed for this server's life
+  std::set<int64_t> cgroups_left_;  // of ended jobs, not yet removable (retried each turn)
+  std::string containers_off_;      // why not, when they cannot
   std::string cdi_spec_path_;
   std::string hostname_;
 

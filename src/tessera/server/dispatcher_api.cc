@@ -112,21 +112,20 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
   } else {
     spdlog::warn("SIMULATED machine ({}): jobs get no real GPU", inventory_.source);
   }
-  if (launcher_->WatchableByPidfd()) {
+  if (host_->WatchableByPidfd()) {
     exits_ = std::make_unique<ExitWatcher>([this] {
       core::MutexLock lock(mu_);
       wake_.notify_all();
     });
   }
   if (absl::Status st = Recover(); !st.ok()) return st;
-  if (cgroups_->mode() != "none") {
-    const json where = cgroups_->Describe();
-    spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", cgroups_->mode(),
-                 where["devices"].get<std::string>(), where["memory"].get<std::string>(),
-                 where["cpu"].get<std::string>(), where["pids"].get<std::string>(),
-                 cgroups_->reason().empty() ? "" : " (" + cgroups_->reason() + ")");
+  if (const JobHost::Confinement c = host_->confinement(); c.mode != "none") {
+    const json& where = c.where;
+    spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", c.mode,
+                 where.value("devices", "?"), where.value("memory", "?"), where.value("cpu", "?"),
+                 where.value("pids", "?"), c.reason.empty() ? "" : " (" + c.reason + ")");
   } else {
-    spdlog::warn("jobs are NOT confined to their GPUs: {}", cgroups_->reason());
+    spdlog::warn("jobs are NOT confined to their GPUs: {}", c.reason);
   }
   {
     std::set<int64_t> keep;
@@ -134,7 +133,7 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
       core::MutexLock lock(mu_);
       for (const auto& [id, r] : running_) keep.insert(id);
     }
-    if (size_t n = cgroups_->Sweep(keep); n > 0)
+    if (size_t n = host_->Sweep(keep); n > 0)
       spdlog::info("confinement: removed the cgroups of {} jobs that ended while down", n);
   }
   if (health) {
@@ -157,7 +156,7 @@ void Dispatcher::Stop() {
   if (loop_.joinable()) loop_.join();
   exits_.reset();  // not under mu_: its thread may be waiting for it
   if (health_) health_->Stop();
-  if (cgroups_) cgroups_->Close();  // the subtree goes when no job is left in it
+  if (host_) host_->Close();  // the cgroup subtree goes when no job is left in it
   // Jobs keep running: a restarted server re-adopts them.
 }
 
@@ -573,11 +572,11 @@ Dispatcher::Facts Dispatcher::Describe() const {
   Facts f;
   f.hostname = hostname_;
   f.arbiter_file = ArbiterFile();
-  f.arbiter_access = arbiter_access_;
+  f.arbiter_access = host_->arbiter_access();
   f.containers = containers_;
   f.containers_off = containers_off_;
   f.cdi_spec = cdi_spec_path_;
-  f.confinement = cgroups_->Describe();
+  f.confinement = host_->confinement().where;
   core::MutexLock lock(mu_);
   f.queued = queued_.size();
   f.running = running_.size();
@@ -689,7 +688,7 @@ std::string Dispatcher::TakeSample() {
   }
   std::map<int64_t, ShareReading> shares;
   for (const auto& [id, gpus, compute, region] : share_jobs)
-    shares[id] = ReadShare(id, gpus, compute, region);
+    shares[id] = host_->ReadShare(id, gpus, compute, region);
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;

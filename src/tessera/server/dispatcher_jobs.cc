@@ -58,15 +58,15 @@ void Dispatcher::RequestStop(Running& r, const std::string& why, const std::stri
   r.stop_at = now;
   spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
                r.grace_period_s);
-  if (!launcher_->Signal(r.pid, SIGTERM)) launcher_->Signal(r.pid, SIGKILL);
+  if (!host_->Signal(r.pid, SIGTERM)) host_->Signal(r.pid, SIGKILL);
 }
 
 void Dispatcher::Kill(Running& r, const std::string& why) {
   if (r.killed) return;
   spdlog::info("job {}: {}: SIGKILL", r.id, why);
-  launcher_->Signal(r.pid, SIGKILL);
+  host_->Signal(r.pid, SIGKILL);
   // Killing podman's client leaves the container to its monitor: remove it by name.
-  if (r.container && containers_) RemoveContainer(*containers_, r.id);
+  if (r.container && containers_) host_->RemoveContainer(r.id);
   r.killed = true;
 }
 
@@ -91,16 +91,16 @@ void Dispatcher::CheckRunning(double now) {
   if (check_logs) logs_checked_ = now;
   if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
     arbiter_checked_ = now;
-    RepairArbiterIfDamaged();
+    host_->RepairArbiter();
   }
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
     std::optional<int> code;
     bool gone = false;
     if (!r.adopted) {
-      code = launcher_->Reap(r.pid);
+      code = host_->Reap(r.pid);
       gone = code.has_value();
-    } else if (!launcher_->Alive(r.pid, r.start_time)) {
+    } else if (!host_->Alive(r.pid, r.start_time)) {
       gone = true;
       code = ReadExitFile(JobFile("exit", id));
     }
@@ -126,7 +126,7 @@ void Dispatcher::CheckRunning(double now) {
     }
   }
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
-    it = cgroups_->Remove(*it) ? cgroups_left_.erase(it) : std::next(it);
+    it = host_->Unconfine(*it) ? cgroups_left_.erase(it) : std::next(it);
   }
   if (ended.empty()) return;
   // Their GPUs are free at once; what else an end takes (the cgroup's accounting, a container left
@@ -147,7 +147,7 @@ void Dispatcher::CheckRunning(double now) {
     } else {
       engine_->Ended(job);
     }
-    if (it->second.arbiter) ArbiterUser(it->second.uid, -1);
+    if (it->second.arbiter) host_->ArbiterUser(it->second.uid, -1);
     endings.push_back(Ending{std::move(it->second), code.value_or(-1), code.has_value()});
     endings.back().requeue_wanted = requeue;
     running_.erase(it);
@@ -171,8 +171,9 @@ void Dispatcher::Finish(Ending& e, double now) {
   std::error_code ec;
   if (!r.region.empty()) {
     // Its last GPU use first: the arbiter's count and the region's peak.
-    if (!r.gpus.empty()) AddShareReading(r, ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
-    fs::remove(r.region, ec);
+    if (!r.gpus.empty())
+      AddShareReading(r, host_->ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
+    host_->RemoveRegion(r.region);
   }
   TransitionFields f;
   f.ended_at = now;
@@ -180,12 +181,12 @@ void Dispatcher::Finish(Ending& e, double now) {
   CgroupUsage usage;
   json u = json::object();
   if (r.cgroup) {
-    usage = cgroups_->Usage(r.id);
+    usage = host_->Usage(r.id);
     if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
     if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
     u["oom_kills"] = usage.oom_kills;
     // What the job left running goes with it; a cgroup still busy is removed on a later turn.
-    e.cgroup_left = !cgroups_->Remove(r.id);
+    e.cgroup_left = !host_->Unconfine(r.id);
   }
   // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
   // its GPUs' time) and the most GPU memory it held per GPU.
@@ -237,7 +238,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   // A container left behind: its client was stopped, or ended while another server was its parent.
   // (One killed after the grace period was removed then.)
   if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known))
-    RemoveContainer(*containers_, r.id);
+    host_->RemoveContainer(r.id);
   // Its run time joins the history that predicts the next ones - before its end is recorded, so
   // that whoever sees it ended (and submits the next run) finds it in the history.
   if (to == JobState::kSucceeded && r.spec) {
@@ -258,24 +259,6 @@ void Dispatcher::Finish(Ending& e, double now) {
       e.requeue = QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
     }
   }
-}
-
-Dispatcher::ShareReading Dispatcher::ReadShare(int64_t id, const std::vector<int>& gpus,
-                                               bool compute_share,
-                                               const std::string& region) const {
-  ShareReading s;
-  if (compute_share && !gpus.empty()) {
-    // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
-    // Not while the file is being replaced: a read of the old file after the copy was taken
-    // could see more than the copy says, and the copy's count would look like a restart.
-    core::MutexLock lock(arbiter_mu_);
-    s.busy_us =
-        shim::ArbiterBusyMicros(ArbiterFile().c_str(), gpus.data(), static_cast<int>(gpus.size()),
-                                shim::ArbiterJobKey(std::to_string(id).c_str())) /
-        gpus.size();
-  }
-  s.peak_bytes = ReadRegionMemory(region).peak;
-  return s;
 }
 
 void Dispatcher::AddShareReading(Running& r, const ShareReading& s) {
@@ -455,7 +438,7 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
           q.uid, e != 0 ? strerror(e) : "no such user");
     }
   }
-  if (!l.run.container && cgroups_->active()) {
+  if (!l.run.container && host_->confines()) {
     // Its cgroup: the nodes every process needs, the driver's control nodes, its own GPUs.
     CgroupLimits limits;
     limits.devices = BaseDeviceRules();
@@ -496,56 +479,13 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
   f.placement_json = l.placement_json;
   l.recorded = store_->Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
   if (!l.recorded.ok()) return;
-  if (ls.uid && ls.gid) {
-    std::vector<std::string> logs = {ls.stdout_path, ls.stderr_path};
-    for (const TaskLaunch& t : ls.tasks) {
-      if (t.stdout_path != ls.stdout_path) logs.push_back(t.stdout_path);
-      if (t.stderr_path != ls.stderr_path) logs.push_back(t.stderr_path);
-    }
-    for (const std::string& p : logs) {
-      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-      if (fd >= 0) {
-        if (fchown(fd, *ls.uid, *ls.gid) != 0)
-          spdlog::warn("job {}: chown {}: {}", q.id, p, strerror(errno));
-        close(fd);
-      }
-    }
-  }
-  if (ls.share) {
-    // The server makes the job's region (owned by the job's user), so that the job needs no right
-    // to create files in the state folder, and a container has a file to bind.
-    std::error_code ec;
-    fs::remove(ls.share->region, ec);
-    char err[256] = {};
-    // A limit per GPU of the job, in the order of its CUDA ordinals.
-    const std::vector<uint64_t> limits(std::max<size_t>(ls.share->physical_gpus.size(), 1),
-                                       ls.share->memory_bytes);
-    if (!shim::CreateRegionFile(ls.share->region.c_str(), limits.data(),
-                                static_cast<int>(limits.size()), err, sizeof err)) {
-      spdlog::warn("job {}: shared region {}: {}", q.id, ls.share->region, err);
-    } else if (ls.uid && ls.gid && chown(ls.share->region.c_str(), *ls.uid, *ls.gid) != 0) {
-      spdlog::warn("job {}: chown {}: {}", q.id, ls.share->region, strerror(errno));
-    }
-  }
   // Its owner may write the arbiter while it runs (a job with a compute share uses it).
   if (l.refused.ok() && ls.share && ls.share->share_milli > 0) {
-    ArbiterUser(q.uid, +1);
+    host_->ArbiterUser(q.uid, +1);
     l.run.arbiter = true;
   }
   if (!l.refused.ok()) {
     l.launched = l.refused;
-  } else if (l.limits) {
-    // Confined, or not started at all: never a job that escapes its devices by accident.
-    auto procs = cgroups_->Create(q.id, *l.limits);
-    if (!procs.ok()) {
-      l.launched = absl::FailedPreconditionError(
-          fmt::format("cannot confine the job: {}", std::string(procs.status().message())));
-    } else {
-      ls.cgroup_procs = *procs;
-      l.run.cgroup = true;
-      l.launched = launcher_->Start(ls);
-      if (!l.launched.ok()) cgroups_->Remove(q.id);
-    }
   } else {
     if (l.run.container) {
       ls.container = LaunchSpec::Container{.image = q.spec->image,
@@ -554,10 +494,11 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
                                            .cpu_milli = q.spec->cpu_milli,
                                            .pids_max = config_.pids_max};
     }
-    l.launched = launcher_->Start(ls);
+    l.launched = host_->Launch(ls, l.limits);
+    l.run.cgroup = l.launched.ok() && l.limits.has_value();
   }
   if (!l.launched.ok()) {
-    if (l.run.arbiter) ArbiterUser(q.uid, -1);
+    if (l.run.arbiter) host_->ArbiterUser(q.uid, -1);
     TransitionFields ff;
     ff.ended_at = now;
     (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()),

@@ -153,9 +153,14 @@ std::string DefaultSocketPath();
 std::string StateCgroupName(const std::string& state_dir);
 
 // What the server works through; each left empty gets the real one. Tests pass fakes.
+class JobHost;
+
 struct ServerDeps {
   const core::Clock* clock = nullptr;  // wall time (core::SystemClock); must outlive the server
   Launcher* launcher = nullptr;        // job processes (ProcessLauncher); must outlive the server
+  // Where jobs run (job_host.h); must outlive the server. Default: this machine (LocalJobHost,
+  // through `launcher`, with the config's confinement).
+  JobHost* host = nullptr;
   std::unique_ptr<devices::DeviceSource>
       source;                    // the GPUs; default: from config (NVML or simulated)
   std::unique_ptr<Store> store;  // the jobs; default: <state_dir>/tessera.db

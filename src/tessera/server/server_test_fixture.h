@@ -20,6 +20,7 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "tessera/devices/simulated_source.h"
+#include "tessera/server/fake_job_host.h"
 #include "tessera/server/fake_launcher.h"
 #include "tessera/server/server.h"
 #include "tessera/shim/arbiter.h"
@@ -53,6 +54,7 @@ class ServerTest : public ::testing::Test {
     ServerDeps deps;
     deps.clock = &clock_;
     deps.launcher = &launcher_;
+    if (host_) deps.host = host_.get();
     if (own_source_) {
       auto machine = devices::LoadSimulatedMachine(config_.simulate);
       ASSERT_TRUE(machine.ok()) << machine.status();
@@ -119,6 +121,8 @@ class ServerTest : public ::testing::Test {
   devices::SimulatedSource* source_ = nullptr;
   core::FakeClock clock_{core::TimePoint(std::chrono::seconds(1'800'000'000))};
   FakeLauncher launcher_{clock_, /*stop_latency_s=*/2};
+  // Set before StartServer: the server's jobs run on it (over launcher_) instead of this machine.
+  std::unique_ptr<FakeJobHost> host_;
   std::unique_ptr<Server> server_;
 };
 

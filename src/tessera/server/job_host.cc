@@ -1,0 +1,215 @@
+#include "tessera/server/job_host.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/server/file_acl.h"
+#include "tessera/server/server_metrics.h"
+#include "tessera/shim/arbiter.h"
+#include "tessera/shim/region.h"
+
+namespace tessera::server {
+
+namespace fs = std::filesystem;
+
+LocalJobHost::LocalJobHost(Launcher* launcher, std::unique_ptr<Cgroups> cgroups,
+                           std::string arbiter)
+    : launcher_(launcher), cgroups_(std::move(cgroups)), arbiter_(std::move(arbiter)) {
+  MakeArbiter();
+}
+
+absl::StatusOr<Launched> LocalJobHost::Launch(LaunchSpec& ls,
+                                              const std::optional<CgroupLimits>& limits) {
+  if (ls.uid && ls.gid) {
+    // Its logs, made for its user: the job needs no right to create files in the state folder.
+    std::vector<std::string> logs = {ls.stdout_path, ls.stderr_path};
+    for (const TaskLaunch& t : ls.tasks) {
+      if (t.stdout_path != ls.stdout_path) logs.push_back(t.stdout_path);
+      if (t.stderr_path != ls.stderr_path) logs.push_back(t.stderr_path);
+    }
+    for (const std::string& p : logs) {
+      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+      if (fd >= 0) {
+        if (fchown(fd, *ls.uid, *ls.gid) != 0)
+          spdlog::warn("job {}: chown {}: {}", ls.job_id, p, strerror(errno));
+        close(fd);
+      }
+    }
+  }
+  if (ls.share) {
+    // The job's region (owned by the job's user), so that a container has a file to bind.
+    std::error_code ec;
+    fs::remove(ls.share->region, ec);
+    char err[256] = {};
+    // A limit per GPU of the job, in the order of its CUDA ordinals.
+    const std::vector<uint64_t> per_gpu(std::max<size_t>(ls.share->physical_gpus.size(), 1),
+                                        ls.share->memory_bytes);
+    if (!shim::CreateRegionFile(ls.share->region.c_str(), per_gpu.data(),
+                                static_cast<int>(per_gpu.size()), err, sizeof err)) {
+      spdlog::warn("job {}: shared region {}: {}", ls.job_id, ls.share->region, err);
+    } else if (ls.uid && ls.gid && chown(ls.share->region.c_str(), *ls.uid, *ls.gid) != 0) {
+      spdlog::warn("job {}: chown {}: {}", ls.job_id, ls.share->region, strerror(errno));
+    }
+  }
+  if (!limits) return launcher_->Start(ls);
+  // Confined, or not started at all: never a job that escapes its devices by accident.
+  auto procs = cgroups_->Create(ls.job_id, *limits);
+  if (!procs.ok()) {
+    return absl::FailedPreconditionError(
+        fmt::format("cannot confine the job: {}", std::string(procs.status().message())));
+  }
+  ls.cgroup_procs = *procs;
+  auto launched = launcher_->Start(ls);
+  if (!launched.ok()) cgroups_->Remove(ls.job_id);
+  return launched;
+}
+
+JobHost::Confinement LocalJobHost::confinement() const {
+  return Confinement{cgroups_->mode(), cgroups_->reason(), cgroups_->Describe()};
+}
+
+void LocalJobHost::UseContainers(const ContainerRuntime& runtime) {
+  containers_ = runtime;
+  podman_launcher_ = std::make_unique<PodmanLauncher>(launcher_, runtime);
+  launcher_ = podman_launcher_.get();
+}
+
+void LocalJobHost::RemoveContainer(int64_t job) {
+  if (containers_) server::RemoveContainer(*containers_, job);
+}
+
+JobHost::ShareUse LocalJobHost::ReadShare(int64_t job, const std::vector<int>& gpus,
+                                          bool compute_share, const std::string& region) {
+  ShareUse s;
+  if (compute_share && !gpus.empty()) {
+    // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
+    core::MutexLock lock(arbiter_mu_);
+    s.busy_us =
+        shim::ArbiterBusyMicros(arbiter_.c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                                shim::ArbiterJobKey(std::to_string(job).c_str())) /
+        gpus.size();
+  }
+  s.peak_bytes = ReadRegionMemory(region).peak;
+  return s;
+}
+
+void LocalJobHost::RemoveRegion(const std::string& region) {
+  std::error_code ec;
+  fs::remove(region, ec);
+}
+
+void LocalJobHost::MakeArbiter() {
+  // The arbiter file is shared by the fractional jobs of every user: the server makes it rather
+  // than the first job (whose user may not write the state folder, and whose file would be its
+  // own). In a folder of its own: a container gets the folder (a bind mount of the file itself
+  // would pin the old file when it is replaced). Nobody but the server creates anything in it.
+  char err[256] = {};
+  const std::string folder = fs::path(arbiter_).parent_path().string();
+  if (mkdir(folder.c_str(), 0711) != 0 && errno != EEXIST)
+    spdlog::warn("cannot create {}: {}", folder, strerror(errno));
+  chmod(folder.c_str(), 0711);
+  bool made = shim::CreateArbiterFile(arbiter_.c_str(), err, sizeof err);
+  if (!made && strstr(err, "of this version") != nullptr) {
+    // Left by an older Tessera: replaced. Jobs it started keep the old file (their mapping) until
+    // they end; new jobs are paced among themselves.
+    spdlog::warn("GPU arbiter file {}: {}; replacing it", arbiter_, err);
+    if (unlink(arbiter_.c_str()) == 0)
+      made = shim::CreateArbiterFile(arbiter_.c_str(), err, sizeof err);
+  }
+  if (!made) {
+    spdlog::warn("GPU arbiter file {}: {}; compute shares will not be enforced", arbiter_, err);
+    arbiter_access_ = fmt::format("none: {}", err);
+    return;
+  }
+  // The server's alone, and the users with a job using it (an ACL per user, kept as jobs start and
+  // end): another local user cannot overwrite what every fractional job relies on.
+  if (chmod(arbiter_.c_str(), 0600) != 0) spdlog::warn("chmod {}: {}", arbiter_, strerror(errno));
+  if (geteuid() != 0) {
+    arbiter_access_ = "the server's user only (0600): every job runs as that user";
+    return;
+  }
+  absl::Status st = SetUserAcl(arbiter_, {});
+  if (st.ok()) {
+    arbiter_acl_ = true;
+    arbiter_access_ = "0600 plus an ACL entry per user with a running job that has a compute share";
+    return;
+  }
+  // No ACLs where the state lives: open to all, said.
+  if (chmod(arbiter_.c_str(), 0666) != 0) spdlog::warn("chmod {}: {}", arbiter_, strerror(errno));
+  arbiter_access_ = fmt::format("0666, open to every local user: {}", std::string(st.message()));
+  spdlog::warn("GPU arbiter file {} is {}", arbiter_, arbiter_access_);
+}
+
+std::set<uid_t> LocalJobHost::ArbiterUsersLocked() const {
+  std::set<uid_t> users;
+  for (const auto& [u, count] : arbiter_users_) users.insert(u);
+  return users;
+}
+
+void LocalJobHost::ArbiterUser(uint32_t uid, int delta) {
+  if (!arbiter_acl_ || uid == 0) return;
+  core::MutexLock lock(arbiter_mu_);
+  int& n = arbiter_users_[uid];
+  const bool was = n > 0;
+  n = std::max(0, n + delta);
+  if (n == 0) arbiter_users_.erase(uid);
+  if (was == (n > 0)) return;
+  const std::set<uid_t> users = ArbiterUsersLocked();
+  if (!was) {
+    if (absl::Status st = SetUserAcl(arbiter_, users); !st.ok())
+      spdlog::warn("GPU arbiter file: {}", std::string(st.message()));
+    return;
+  }
+  // A user's access removed: a descriptor she opened before would keep writing the file, so a
+  // copy with the remaining users' entries is renamed over it (the jobs' processes follow it
+  // within ArbiterConfig::follow_us).
+  absl::Status st = ReplaceArbiter(arbiter_, users);
+  if (st.ok()) {
+    spdlog::info("GPU arbiter file replaced: uid {} has no job with a compute share any more", uid);
+    return;
+  }
+  spdlog::warn("GPU arbiter file: cannot replace it ({}); only the ACL entry of uid {} is removed",
+               std::string(st.message()), uid);
+  if (absl::Status acl = SetUserAcl(arbiter_, users); !acl.ok())
+    spdlog::warn("GPU arbiter file: {}", std::string(acl.message()));
+}
+
+void LocalJobHost::RepairArbiter() {
+  // Every user with a share job may write the arbiter: one may truncate it or fill its head with
+  // garbage. The jobs' processes survive that (zero pages instead of SIGBUS) but run unpaced until
+  // a whole file is at the path; a fresh copy renamed over it is followed by all of them.
+  struct stat st;
+  if (lstat(arbiter_.c_str(), &st) != 0) return;  // not made (yet): nothing to repair
+  const int fd = shim::OpenSharedFile(arbiter_.c_str(), sizeof(shim::ArbiterData),
+                                      shim::kArbiterMagic, shim::kArbiterVersion);
+  if (fd >= 0) {
+    close(fd);
+    return;
+  }
+  std::set<uid_t> users;
+  {
+    core::MutexLock lock(arbiter_mu_);
+    users = ArbiterUsersLocked();
+  }
+  // Without ACLs where the state lives the file was open to all, and so is its copy.
+  const absl::Status replaced = ReplaceArbiter(arbiter_, users, /*open_to_all=*/!arbiter_acl_);
+  if (replaced.ok()) {
+    spdlog::warn(
+        "GPU arbiter file {} was damaged (truncated, or not an arbiter any more): "
+        "replaced by a fresh one, which the jobs' processes follow",
+        arbiter_);
+  } else {
+    spdlog::warn("GPU arbiter file {} is damaged and cannot be replaced: {}", arbiter_,
+                 std::string(replaced.message()));
+  }
+}
+
+}  // namespace tessera::server
