@@ -132,88 +132,124 @@ std::string SemanticVersion(const std::string& version) {
   return fmt::format("{}.{}.{}", out[0], out[1], out[2]);
 }
 
+namespace {
+
+// What every device of a pass shares: the node's facts read once.
+struct NodeFacts {
+  const core::NodeInventory& inv;
+  const DraOptions& o;
+  int shares;
+  std::map<int, int> nvlink;
+  std::string driver_version, cuda_version;
+  std::map<int, std::string> roots;  // PCIe roots by GPU, read from sysfs once
+};
+
+json DeviceAttributes(const DraDevice& d, NodeFacts& n, const SliceContext& ctx) {
+  const core::Gpu& g = n.inv.gpus[d.gpu];
+  json attrs;
+  attrs["type"] = Attr("string", d.share ? "share" : "gpu");
+  attrs["uuid"] = Attr("string", g.uuid);
+  attrs["index"] = Attr("int", g.index);
+  if (!g.model.empty()) attrs["productName"] = Attr("string", g.model);
+  if (g.compute_capability) {
+    attrs["cudaComputeCapability"] =
+        Attr("version",
+             fmt::format("{}.{}.0", g.compute_capability->major, g.compute_capability->minor));
+    if (std::string arch = Architecture(*g.compute_capability); !arch.empty()) {
+      attrs["architecture"] = Attr("string", arch);
+    }
+  }
+  if (!n.driver_version.empty()) attrs["driverVersion"] = Attr("version", n.driver_version);
+  if (!n.cuda_version.empty()) attrs["cudaDriverVersion"] = Attr("version", n.cuda_version);
+  if (g.numa_node && *g.numa_node >= 0) attrs["numaNode"] = Attr("int", *g.numa_node);
+  if (!g.pci_bus_id.empty()) attrs["pciBusID"] = Attr("string", g.pci_bus_id);
+  if (!n.roots.contains(d.gpu)) n.roots[d.gpu] = PcieRoot(ctx.sysfs_root, g.pci_bus_id);
+  if (!n.roots[d.gpu].empty())
+    attrs["resource.kubernetes.io/pcieRoot"] = Attr("string", n.roots[d.gpu]);
+  if (auto it = n.nvlink.find(d.gpu); it != n.nvlink.end()) {
+    attrs["nvlinkDomain"] = Attr("int", it->second);
+  }
+  if (d.share) attrs["sharesPerGpu"] = Attr("int", n.shares);
+  return attrs;
+}
+
+// A device with its capacity, and as the sharing mode has it: consumable amounts, or what it
+// takes of its GPU's counter set.
+json Device(const DraDevice& d, NodeFacts& n, const SliceContext& ctx) {
+  const core::Gpu& g = n.inv.gpus[d.gpu];
+  json dev = {{"name", d.name}, {"attributes", DeviceAttributes(d, n, ctx)}};
+  if (g.memory_bytes) {
+    uint64_t memory = d.share ? *g.memory_bytes / n.shares : *g.memory_bytes;
+    dev["capacity"]["memory"] = {{"value", kube::FormatBinaryQuantity(memory)}};
+  }
+  if (n.o.consumable) {
+    // Claims take amounts of it; one that names none takes it all (the defaults).
+    dev["allowMultipleAllocations"] = true;
+    dev["attributes"]["consumable"] = Attr("bool", true);
+    if (g.memory_bytes) {
+      const std::string all = kube::FormatBinaryQuantity(*g.memory_bytes);
+      dev["capacity"]["memory"]["requestPolicy"] = {
+          {"default", all}, {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
+    }
+    dev["capacity"]["compute"] = {
+        {"value", "100"},
+        {"requestPolicy",
+         {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
+  }
+  if (n.o.partitionable) {
+    // What the device takes of its GPU's counter set: all of it whole, 1/shares as a share.
+    json counters = {{"shares", {{"value", std::to_string(d.share ? 1 : n.shares)}}}};
+    if (g.memory_bytes) {
+      counters["memory"] = {{"value", kube::FormatBinaryQuantity(
+                                          d.share ? *g.memory_bytes / n.shares : *g.memory_bytes)}};
+    }
+    dev["consumesCounters"] =
+        json::array({{{"counterSet", fmt::format("gpu-{}", d.gpu)}, {"counters", counters}}});
+  }
+  return dev;
+}
+
+// Counter sets (partitionable devices): one per healthy GPU.
+std::vector<json> CounterSets(const DraState& state, const NodeFacts& n) {
+  std::vector<json> sets;
+  if (!n.o.partitionable) return sets;
+  for (const core::Gpu& g : n.inv.gpus) {
+    if (!state.healthy(g.index)) continue;
+    json counters = {{"shares", {{"value", std::to_string(n.shares)}}}};
+    if (g.memory_bytes) {
+      counters["memory"] = {{"value", kube::FormatBinaryQuantity(*g.memory_bytes)}};
+    }
+    sets.push_back({{"name", fmt::format("gpu-{}", g.index)}, {"counters", counters}});
+  }
+  return sets;
+}
+
+// Elements [from, to) of `items` (clamped) as a JSON array.
+json Chunk(const std::vector<json>& items, size_t from, size_t to) {
+  json out = json::array();
+  for (size_t k = from; k < std::min(items.size(), to); ++k) out.push_back(items[k]);
+  return out;
+}
+
+}  // namespace
+
 std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext& ctx) {
   const core::NodeInventory& inv = state.inventory();
   const DraOptions& o = state.options();
-  const int shares = state.plugin_options().shares_per_gpu;
-  std::map<int, int> nvlink = NvlinkDomains(inv);
-  std::map<int, std::string> roots;
-  const std::string driver_version =
-      SemanticVersion(ctx.driver_version.empty() ? inv.driver_version : ctx.driver_version);
-  const std::string cuda_version = SemanticVersion(inv.cuda_driver_version);
+  NodeFacts facts{
+      inv,
+      o,
+      state.plugin_options().shares_per_gpu,
+      NvlinkDomains(inv),
+      SemanticVersion(ctx.driver_version.empty() ? inv.driver_version : ctx.driver_version),
+      SemanticVersion(inv.cuda_driver_version),
+      {}};
   std::vector<json> devices;
   for (const DraDevice& d : state.devices()) {
-    if (!state.healthy(d.gpu)) continue;
-    const core::Gpu& g = inv.gpus[d.gpu];
-    json attrs;
-    attrs["type"] = Attr("string", d.share ? "share" : "gpu");
-    attrs["uuid"] = Attr("string", g.uuid);
-    attrs["index"] = Attr("int", g.index);
-    if (!g.model.empty()) attrs["productName"] = Attr("string", g.model);
-    if (g.compute_capability) {
-      attrs["cudaComputeCapability"] =
-          Attr("version",
-               fmt::format("{}.{}.0", g.compute_capability->major, g.compute_capability->minor));
-      if (std::string arch = Architecture(*g.compute_capability); !arch.empty()) {
-        attrs["architecture"] = Attr("string", arch);
-      }
-    }
-    if (!driver_version.empty()) attrs["driverVersion"] = Attr("version", driver_version);
-    if (!cuda_version.empty()) attrs["cudaDriverVersion"] = Attr("version", cuda_version);
-    if (g.numa_node && *g.numa_node >= 0) attrs["numaNode"] = Attr("int", *g.numa_node);
-    if (!g.pci_bus_id.empty()) attrs["pciBusID"] = Attr("string", g.pci_bus_id);
-    if (!roots.contains(d.gpu)) roots[d.gpu] = PcieRoot(ctx.sysfs_root, g.pci_bus_id);
-    if (!roots[d.gpu].empty())
-      attrs["resource.kubernetes.io/pcieRoot"] = Attr("string", roots[d.gpu]);
-    if (auto it = nvlink.find(d.gpu); it != nvlink.end()) {
-      attrs["nvlinkDomain"] = Attr("int", it->second);
-    }
-    if (d.share) {
-      attrs["sharesPerGpu"] = Attr("int", shares);
-    }
-    json dev = {{"name", d.name}, {"attributes", attrs}};
-    if (g.memory_bytes) {
-      uint64_t memory = d.share ? *g.memory_bytes / shares : *g.memory_bytes;
-      dev["capacity"]["memory"] = {{"value", kube::FormatBinaryQuantity(memory)}};
-    }
-    if (o.consumable) {
-      // Claims take amounts of it; one that names none takes it all (the defaults).
-      dev["allowMultipleAllocations"] = true;
-      dev["attributes"]["consumable"] = Attr("bool", true);
-      if (g.memory_bytes) {
-        const std::string all = kube::FormatBinaryQuantity(*g.memory_bytes);
-        dev["capacity"]["memory"]["requestPolicy"] = {
-            {"default", all}, {"validRange", {{"min", "256Mi"}, {"step", "256Mi"}}}};
-      }
-      dev["capacity"]["compute"] = {
-          {"value", "100"},
-          {"requestPolicy",
-           {{"default", "100"}, {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}};
-    }
-    if (o.partitionable) {
-      // What the device takes of its GPU's counter set: all of it whole, 1/shares as a share.
-      json counters = {{"shares", {{"value", std::to_string(d.share ? 1 : shares)}}}};
-      if (g.memory_bytes) {
-        counters["memory"] = {{"value", kube::FormatBinaryQuantity(
-                                            d.share ? *g.memory_bytes / shares : *g.memory_bytes)}};
-      }
-      dev["consumesCounters"] =
-          json::array({{{"counterSet", fmt::format("gpu-{}", d.gpu)}, {"counters", counters}}});
-    }
-    devices.push_back(std::move(dev));
+    if (state.healthy(d.gpu)) devices.push_back(Device(d, facts, ctx));
   }
-  // Counter sets (partitionable devices): one per healthy GPU, in slices of their own.
-  std::vector<json> counter_sets;
-  if (o.partitionable) {
-    for (const core::Gpu& g : inv.gpus) {
-      if (!state.healthy(g.index)) continue;
-      json counters = {{"shares", {{"value", std::to_string(shares)}}}};
-      if (g.memory_bytes) {
-        counters["memory"] = {{"value", kube::FormatBinaryQuantity(*g.memory_bytes)}};
-      }
-      counter_sets.push_back({{"name", fmt::format("gpu-{}", g.index)}, {"counters", counters}});
-    }
-  }
+  const std::vector<json> counter_sets = CounterSets(state, facts);
+  // Devices in slices of their own, then the counter sets: only one of the two in a slice.
   const size_t per_slice = o.partitionable ? kMaxDevicesPerSliceWithCounters : kMaxDevicesPerSlice;
   const size_t device_slices = std::max<size_t>(1, (devices.size() + per_slice - 1) / per_slice);
   const size_t counter_slices =
@@ -238,20 +274,11 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
                          {"generation", ctx.generation},
                          {"resourceSliceCount", static_cast<int64_t>(count)}};
     if (i < device_slices) {
-      json devs = json::array();
-      for (size_t k = i * per_slice; k < std::min(devices.size(), (i + 1) * per_slice); ++k) {
-        devs.push_back(devices[k]);
-      }
-      s["spec"]["devices"] = devs;
+      s["spec"]["devices"] = Chunk(devices, i * per_slice, (i + 1) * per_slice);
     } else {
-      // Only one of devices and sharedCounters in a slice.
       const size_t j = i - device_slices;
-      json sets = json::array();
-      for (size_t k = j * kMaxCounterSetsPerSlice;
-           k < std::min(counter_sets.size(), (j + 1) * kMaxCounterSetsPerSlice); ++k) {
-        sets.push_back(counter_sets[k]);
-      }
-      s["spec"]["sharedCounters"] = sets;
+      s["spec"]["sharedCounters"] =
+          Chunk(counter_sets, j * kMaxCounterSetsPerSlice, (j + 1) * kMaxCounterSetsPerSlice);
     }
     slices.push_back(std::move(s));
   }

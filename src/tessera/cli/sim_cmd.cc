@@ -337,51 +337,13 @@ struct ReplayFlags {
   bool interference = false;
 };
 
-// Long (issue 32 asks for a reason): the flags turned into a replay's configuration, then its
-// outputs (table, JSON, YAML, CSV, plots) - one block each. Not split yet.
-int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
+// The replay's files in --out: its series, runs and waits as CSV, and report.html with its plots.
+std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, const Loaded& l,
+                                    const std::vector<sim::ReplayResult>& results,
+                                    std::ostream& err) {
   const bool no_preemption = o.no_preemption;
   const double compression = o.compression;
-  std::vector<PolicyRun> runs;
-  Loaded l;
-  if (auto rc =
-          Prepare(f, f.policies == "all" ? "bestfit,fgd,tessera" : f.policies, runs, l, err)) {
-    return *rc;
-  }
-  if (std::none_of(l.jobs.begin(), l.jobs.end(),
-                   [](const sim::SimJob& j) { return j.duration >= 0; })) {
-    err << "tessera: no job in the pod list has a duration (openb: deletion_time; Tessera CSV: "
-           "duration), so there is nothing to replay over time; `tessera sim inflate` needs none\n";
-    return kExitBadInput;
-  }
-  // Compressing arrivals raises the load: a sampled trace is often far lighter than its cluster.
-  if (compression != 1) {
-    for (sim::SimJob& j : l.jobs) j.submit /= compression;
-  }
-  std::vector<sim::ReplayResult> results(runs.size());
-  Progress progress(err, static_cast<int>(runs.size()), f.progress);
-  auto t0 = std::chrono::steady_clock::now();
-  ParallelFor(static_cast<int>(runs.size()), Threads(f.jobs), [&](int i) {
-    sim::ReplayConfig c;
-    c.label = runs[i].label;
-    c.policies = runs[i].policies;
-    c.seed = f.seed;
-    c.preemption = !no_preemption;
-    c.samples = o.samples;
-    c.stop_latency_s = o.stop_latency;
-    c.fair_share_half_life_s = o.fair_share;
-    c.reservations = o.reservations;
-    c.predict = o.predict;
-    c.utilization_ceiling_pct = o.utilization_ceiling;
-    c.utilization_ceiling_strict = o.ceiling_strict;
-    c.interference = o.interference;
-    c.arrival_order = o.arrival_order;
-    results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
-    progress.Done(c.label);
-  });
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  sim::AlignBusyPeriods(results);
-  if (!f.out_dir.empty()) {
+  {
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
         "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
@@ -404,6 +366,13 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
       if (auto rc = WriteFile(dir / name, text, err)) return *rc;
     }
   }
+  return std::nullopt;
+}
+
+// The replay's outcome per policy on `out`: a table, or JSON/YAML with the distributions.
+void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
+                        const std::vector<sim::ReplayResult>& results, double wall,
+                        std::ostream& out) {
   Format format = *ParseFormat(f.output);
   if (format == Format::kTable) {
     // Allocation and queue over the busy period (first arrival to last start): over the whole
@@ -477,6 +446,54 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     }
     EmitStructured(j, format, out);
   }
+}
+
+int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
+  const bool no_preemption = o.no_preemption;
+  const double compression = o.compression;
+  std::vector<PolicyRun> runs;
+  Loaded l;
+  if (auto rc =
+          Prepare(f, f.policies == "all" ? "bestfit,fgd,tessera" : f.policies, runs, l, err)) {
+    return *rc;
+  }
+  if (std::none_of(l.jobs.begin(), l.jobs.end(),
+                   [](const sim::SimJob& j) { return j.duration >= 0; })) {
+    err << "tessera: no job in the pod list has a duration (openb: deletion_time; Tessera CSV: "
+           "duration), so there is nothing to replay over time; `tessera sim inflate` needs none\n";
+    return kExitBadInput;
+  }
+  // Compressing arrivals raises the load: a sampled trace is often far lighter than its cluster.
+  if (compression != 1) {
+    for (sim::SimJob& j : l.jobs) j.submit /= compression;
+  }
+  std::vector<sim::ReplayResult> results(runs.size());
+  Progress progress(err, static_cast<int>(runs.size()), f.progress);
+  auto t0 = std::chrono::steady_clock::now();
+  ParallelFor(static_cast<int>(runs.size()), Threads(f.jobs), [&](int i) {
+    sim::ReplayConfig c;
+    c.label = runs[i].label;
+    c.policies = runs[i].policies;
+    c.seed = f.seed;
+    c.preemption = !no_preemption;
+    c.samples = o.samples;
+    c.stop_latency_s = o.stop_latency;
+    c.fair_share_half_life_s = o.fair_share;
+    c.reservations = o.reservations;
+    c.predict = o.predict;
+    c.utilization_ceiling_pct = o.utilization_ceiling;
+    c.utilization_ceiling_strict = o.ceiling_strict;
+    c.interference = o.interference;
+    c.arrival_order = o.arrival_order;
+    results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
+    progress.Done(c.label);
+  });
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sim::AlignBusyPeriods(results);
+  if (!f.out_dir.empty()) {
+    if (auto rc = WriteReplayFiles(f, o, l, results, err)) return *rc;
+  }
+  PrintReplayResults(f, o, results, wall, out);
   return kExitOk;
 }
 
