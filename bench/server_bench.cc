@@ -11,7 +11,8 @@
 //   build/bench/bench/server_bench --queued [N]     only the passes over N (10,000) queued jobs,
 //                                                   with backfill reservations and without
 //   build/bench/bench/server_bench --submit-queued [DIR]  durable submits from 8 clients with an
-//                                                   empty queue and with 20,000 jobs waiting
+//                                                   empty queue and with 20,000 jobs waiting (for
+//                                                   GPUs, held, or for a job to end)
 //   build/bench/bench/server_bench --ends [DIR]     only the reads while 200 jobs end, state
 //                                                   in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --changes [DIR]  only the reads while 4 clients hold, release,
@@ -170,9 +171,10 @@ void InstallSlowSyncVfs() {
 // Durable submissions from 8 clients at once (each its own connection and thread), with the state
 // on disk (`disk_dir`: fsync is the point here): jobs that queue behind one holding every GPU.
 // Commits grouped (at most `max_batch` jobs each) or, with 1, one per submission. `queued`: jobs
-// submitted the same way first (one by one, distinct shapes), all waiting while it is measured.
+// submitted the same way first (one by one, distinct shapes), all waiting while it is measured:
+// for GPUs (`waiting` "gpus"), held ("held"), or for the job holding every GPU to end ("after").
 void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_delay_us,
-                      int queued = 0) {
+                      int queued = 0, const std::string& waiting = "gpus") {
   std::filesystem::remove_all(disk_dir);
   std::filesystem::create_directories(disk_dir + "/state");
   g_sync_delay_us = sync_delay_us;
@@ -210,6 +212,8 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
           // Distinct shapes (memory amounts) for the queued ones: no memo covers them all.
           json job = json::parse(Job("true", 1));
           if (!keep) job["resources"]["memory"] = fmt::format("{}MiB", 64 + i % 2000);
+          if (!keep && waiting == "held") job["hold"] = true;
+          if (!keep && waiting == "after") job["after"] = {fmt::format("ok:{}", blocker)};
           auto r = mine.Send("POST", "/v1/jobs", job.dump(), fmt::format("{}-{}-{}", prefix, t, i));
           if (!r.ok() || r->status != 201) ++failed;
           if (keep) lat[t].push_back(Since(s0) * 1000);
@@ -230,12 +234,12 @@ void SubmitThroughput(const std::string& disk_dir, size_t max_batch, int sync_de
   for (const auto& l : lat) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
   printf(
-      "durable submits, %d clients x %d, %s, sync %s, %d queued: %.0f submits/s, p50 %.2f ms, "
+      "durable submits, %d clients x %d, %s, sync %s, %d queued%s: %.0f submits/s, p50 %.2f ms, "
       "p99 %.2f ms, max %.2f ms, %d failed\n",
       kClients, kEach, max_batch > 1 ? "grouped commits" : "one commit each  ",
       sync_delay_us > 0 ? fmt::format("+{} ms", sync_delay_us / 1000).c_str() : "as is ", queued,
-      all.size() / took, all[all.size() / 2], all[all.size() * 99 / 100], all.back(),
-      failed.load());
+      queued == 0 ? "" : (" (" + waiting + ")").c_str(), all.size() / took, all[all.size() / 2],
+      all[all.size() * 99 / 100], all.back(), failed.load());
   // Jobs outlive a stopped server: the blocker is stopped first.
   (void)c.Send("POST", "/v1/jobs/" + std::to_string(blocker) + "/cancel");
   for (auto deadline = Clock::now() + std::chrono::seconds(60); Clock::now() < deadline;) {
@@ -521,7 +525,9 @@ int main(int argc, char** argv) {
     // disk's own fsync): the engine's work per submission must not grow with the queue.
     std::string disk = argc > 2 ? argv[2] : "/var/tmp";
     disk += "/tessera-submit-queued-bench-" + std::to_string(getpid());
-    for (int queued : {0, 20000}) SubmitThroughput(disk, 512, 0, queued);
+    SubmitThroughput(disk, 512, 0, 0);
+    for (const char* waiting : {"gpus", "held", "after"})
+      SubmitThroughput(disk, 512, 0, 20000, waiting);
     return 0;
   }
   if (submit_only) {

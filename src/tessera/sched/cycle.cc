@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <unordered_set>
 
@@ -73,8 +74,16 @@ absl::Status Cycle::Enqueue(QueueEntry entry, std::string waiting) {
   stopping_.erase(entry.request.id);
   Key key = KeyOf(entry);
   std::string id = entry.request.id;
-  order_.insert(key);
-  entries_.emplace(std::move(id), Entry{std::move(entry), std::move(key), std::move(waiting)});
+  Entry e{std::move(entry), key, std::move(waiting)};
+  e.shape_memo = MemoKey(e.queued.request);
+  e.memo = e.shape_memo;
+  // With reservations, how long it runs decides whether it may take reserved GPUs.
+  if (options_.reservations > 0) {
+    e.memo.append(reinterpret_cast<const char*>(&e.queued.request.expected_duration_s),
+                  sizeof e.queued.request.expected_duration_s);
+  }
+  auto [it, added] = entries_.emplace(std::move(id), std::move(e));
+  order_.emplace(std::move(key), &it->second);
   ++queue_version_;
   return absl::OkStatus();
 }
@@ -96,7 +105,7 @@ const std::string* Cycle::Waiting(const std::string& id) const {
 std::vector<std::string> Cycle::Order() const {
   std::vector<std::string> ids;
   ids.reserve(order_.size());
-  for (const std::string* id : OrderedIds()) ids.push_back(*id);
+  for (const Entry* e : Ordered()) ids.push_back(e->queued.request.id);
   return ids;
 }
 
@@ -214,15 +223,15 @@ void Cycle::SetRate() {
   }
 }
 
-std::vector<const std::string*> Cycle::OrderedIds() const {
-  std::vector<const std::string*> out;
+std::vector<Cycle::Entry*> Cycle::Ordered() const {
+  std::vector<Entry*> out;
   out.reserve(order_.size());
-  for (const Key& k : order_) out.push_back(&std::get<3>(k));
+  for (const auto& [key, e] : order_) out.push_back(e);
   if (options_.fair_share_half_life_s > 0) {
     // Within a priority, the owner who used the least lately first; the rest of the order stays.
-    std::stable_sort(out.begin(), out.end(), [&](const std::string* a, const std::string* b) {
-      const core::Request& x = entries_.at(*a).queued.request;
-      const core::Request& y = entries_.at(*b).queued.request;
+    std::stable_sort(out.begin(), out.end(), [&](const Entry* a, const Entry* b) {
+      const core::Request& x = a->queued.request;
+      const core::Request& y = b->queued.request;
       if (x.priority != y.priority) return x.priority > y.priority;
       return Usage(x.owner) < Usage(y.owner);
     });
@@ -247,12 +256,15 @@ bool Cycle::StillHeld(const std::string& allocation_id) const {
 // What one Step carries from request to request, in queue order.
 struct Cycle::Pass {
   double now = 0;
-  std::vector<const std::string*> order;
+  std::vector<Entry*> order;
   // Reasons of the memo keys that neither fit nor could make room in this pass; and the memo keys
   // (without a duration) that could not make room: what preemption can do for a request does not
   // depend on how long it runs, and within a pass no new victim appears for a later request (what
   // starts after it in the queue has no lower priority).
-  std::unordered_map<std::string, std::string> no_fit;
+  // Keyed by the entries' own memo strings, each the reason of the entry that found it (strings
+  // that are not an entry's, kept for the pass in `kept`).
+  std::unordered_map<std::string_view, const std::string*> no_fit;
+  std::deque<std::string> kept;
   std::unordered_set<std::string> no_room;
   std::set<std::string> gangs_seen, started;
   // Room made by preemption belongs to the request it was made for. Requests after it in this
@@ -292,9 +304,8 @@ void Cycle::StepGang(Entry& first, Pass& pass) {
   std::vector<CycleDecision>& out = pass.out;
   const core::Request& r = first.queued.request;
   std::vector<Entry*> members;
-  for (const std::string* id : pass.order) {
-    Entry& e = entries_.at(*id);
-    if (e.queued.request.gang == r.gang) members.push_back(&e);
+  for (Entry* e : pass.order) {
+    if (e->queued.request.gang == r.gang) members.push_back(e);
   }
   std::string why;
   // Room made by preemption for the gang: it waits for every victim to stop, its nodes reserved.
@@ -487,10 +498,11 @@ std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
   pass.reservations_left = options_.reservations;
   pass.plans_left =
       options_.preemption_plans > 0 ? options_.preemption_plans : std::numeric_limits<int>::max();
-  pass.order = OrderedIds();
-  for (const std::string* id : pass.order) {
-    Entry& e = entries_.at(*id);
+  pass.order = Ordered();
+  for (Entry* entry : pass.order) {
+    Entry& e = *entry;
     const core::Request& r = e.queued.request;
+    const std::string* id = &r.id;
     e.expected_start.reset();
     // The scoped request (or its gang): narrowed while the cycle looks at it, and kept out of the
     // memos of what fits, which hold for requests that are not narrowed.
@@ -536,16 +548,18 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
     e.GiveUpRoom();  // its room is free: no longer reserved against itself
     preempted = true;
   }
-  std::string memo = MemoKey(r);
-  if (scoped) memo += "\x01narrowed";
-  const std::string shape_memo = memo;
-  // With reservations, how long it runs decides whether it may take reserved GPUs.
-  if (options_.reservations > 0) {
-    memo.append(reinterpret_cast<const char*>(&r.expected_duration_s),
-                sizeof r.expected_duration_s);
+  // Narrowed, it is kept apart from the memos of its shape.
+  const std::string* memo_key = &e.memo;
+  const std::string* shape_key = &e.shape_memo;
+  if (scoped) {
+    shape_key = &pass.kept.emplace_back(e.shape_memo + "\x01narrowed");
+    memo_key = &pass.kept.emplace_back(e.memo);
+    pass.kept.back().insert(e.shape_memo.size(), "\x01narrowed");
   }
+  const std::string& memo = *memo_key;
+  const std::string& shape_memo = *shape_key;
   if (auto m = pass.no_fit.find(memo); m != pass.no_fit.end()) {
-    e.waiting = m->second;
+    e.waiting = *m->second;
     return;
   }
   const double end = r.expected_duration_s > 0 ? now + r.expected_duration_s : kNever;
@@ -553,7 +567,7 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   absl::StatusOr<Allocation> placed = PlaceAround(r, end, pass, &reserved_why);
   if (!reserved_why.empty()) {
     e.waiting = std::move(reserved_why);
-    pass.no_fit.emplace(std::move(memo), e.waiting);
+    pass.no_fit.emplace(memo, &e.waiting);
     return;
   }
   if (placed.ok()) {
@@ -562,7 +576,7 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
       (void)scheduler_.Release(r.id);
       e.waiting =
           fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
-      pass.no_fit.emplace(std::move(memo), e.waiting);
+      pass.no_fit.emplace(memo, &e.waiting);
       return;
     }
     const std::string* holder = Overlap(*placed, pass.reserved);
@@ -595,8 +609,13 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
       return;
     }
   }
-  pass.no_fit.emplace(std::move(memo), e.waiting);
-  if (pass.reservations_left > 0 && ReserveAhead(e, pass)) --pass.reservations_left;
+  if (pass.reservations_left > 0) {
+    // Its reason may yet say where it is reserved: the memo keeps the reason without that.
+    pass.no_fit.emplace(memo, &pass.kept.emplace_back(e.waiting));
+    if (ReserveAhead(e, pass)) --pass.reservations_left;
+  } else {
+    pass.no_fit.emplace(memo, &e.waiting);
+  }
 }
 
 absl::StatusOr<Allocation> Cycle::PlaceAround(const core::Request& r, double end, Pass& pass,

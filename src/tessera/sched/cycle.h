@@ -143,6 +143,9 @@ class Cycle {
     NodeId reserved_node = -1;          // while awaiting: where its preemption plan puts it
     std::vector<int> reserved_gpus;
     std::optional<double> expected_start;  // its backfill reservation's time, as of the last Step
+    // What the pass's memos know it by (MemoKey; with its duration when reservations are on), and
+    // its shape's key for preemption: made once, when it is queued.
+    std::string memo, shape_memo;
     void GiveUpRoom() {
       reserved_gpus.clear();
       reserved_node = -1;
@@ -207,12 +210,12 @@ class Cycle {
   void Account(double now);
   // The GPUs each owner holds now (after a Step's starts): the rate of the next interval.
   void SetRate();
-  // The queued ids in this Step's order.
-  std::vector<const std::string*> OrderedIds() const;
+  // The queued entries in this Step's order.
+  std::vector<Entry*> Ordered() const;
 
   Scheduler& scheduler_;
   CycleOptions options_;
-  std::set<Key> order_;
+  std::map<Key, Entry*> order_;  // into entries_ (its nodes stay put)
   std::unordered_map<std::string, Entry> entries_;
   std::set<std::string> stopping_;  // victims asked to stop, until their allocation is released
   std::unordered_map<std::string, double> usage_;  // owner -> decayed GPU-seconds (fair share)

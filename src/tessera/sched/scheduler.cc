@@ -219,11 +219,21 @@ void Scheduler::Refresh(Row& row, const core::Request& r) {
 Decision Scheduler::Decide(const core::Request& r) {
   Decision d;
   Row& row = cache_[InternRequestShape(r)];
-  if (spread_only_ && DecideSpread(row, r, d)) return d;
+  const uint64_t version = this->version() + 1;
+  if (row.failed_at == version) {
+    d.why_not = row.why_not;
+    return d;
+  }
+  if (spread_only_ && DecideSpread(row, r, d)) {
+    if (!d.placed) row.failed_at = version, row.why_not = d.why_not;
+    return d;
+  }
   Refresh(row, r);
   const Best root = row.tree[1];
   if (root.weight == 0) {
     d.why_not = config_.explain_failures ? WhyNot(r) : "no node fits";
+    row.failed_at = version;
+    row.why_not = d.why_not;
     return d;
   }
   // Walk down to a class with the best score: node-uniformly at random among ties (seeded), like

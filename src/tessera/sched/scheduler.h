@@ -153,6 +153,11 @@ class Scheduler {
     // that shape could take the request even empty, kUnknown before the first look.
     std::vector<int64_t> shape_kinds;
     std::vector<NoneFit> none_fit;  // by node shape (spread only)
+    // The last decision that found no node, at scheduler version `failed_at` (+1; 0: none): the
+    // same shape at the same version fails the same way, so a queue of blocked requests costs a
+    // look each, not a decision (and an explanation) each, pass after pass.
+    uint64_t failed_at = 0;
+    std::string why_not;
   };
   static constexpr int64_t kUnknown = -2;
   static constexpr int64_t kNeverFits = -3;

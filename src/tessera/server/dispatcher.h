@@ -216,6 +216,9 @@ class Dispatcher {
     // In the cycle's queue: not held, its dependencies met, room in its array (Admit). Otherwise
     // `waiting` says why not.
     bool in_cycle = false;  // changed only through SetInCycle (it keeps the counts below)
+    // Waiting for these dependencies (their text, "ok:12"), parked by Admit apart from the jobs it
+    // looks at each pass until one of them is settled; changed only through SetParked.
+    std::vector<std::string> parked;
     std::string waiting;
     uint64_t waiting_pass = 0;  // the Admit pass that wrote `waiting` (0: none)
     // A cancel, hold, release or priority change to it is being stored (without mu_): it stays
@@ -378,8 +381,13 @@ class Dispatcher {
   std::map<uint32_t, size_t> queued_by_uid_
       ABSL_GUARDED_BY(mu_);  // how many of queued_ each user has
   // Admission's indexes, kept as jobs come and go so that a pass costs what changed, not the
-  // queue: the jobs outside the cycle by user, and those in it by user and by array.
+  // queue: the jobs outside the cycle by user (not the held ones), and those in it by user and by
+  // array.
   std::map<uint32_t, std::set<int64_t>> outside_by_uid_ ABSL_GUARDED_BY(mu_);
+  // Jobs parked on a pending dependency, by its text: the dependency and the jobs.
+  std::map<std::string, std::pair<Dependency, std::set<int64_t>>> parked_ ABSL_GUARDED_BY(mu_);
+  uint64_t left_ ABSL_GUARDED_BY(mu_) = 0;  // jobs that left queued_, starting_ or finishing_
+  uint64_t parked_checked_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};  // left_ at the last WakeParked
   std::map<uint32_t, size_t> in_cycle_by_uid_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, size_t> in_cycle_by_array_ ABSL_GUARDED_BY(mu_);
   // Users at limits.max_running_jobs_per_user in the last pass, and what their jobs outside the
@@ -389,6 +397,16 @@ class Dispatcher {
   // Counts `q` into (+1) or out of (-1) the indexes above, by whether it is in the cycle.
   void Index(const Queued& q, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetInCycle(Queued& q, bool in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds or releases a queued job, keeping the index of what Admit looks at.
+  void SetHeld(Queued& q, bool held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Parks a queued job under its pending dependencies `on` (empty: unparks it).
+  void SetParked(Queued& q, std::vector<std::pair<std::string, Dependency>> on)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the parked jobs of dependencies that are no longer pending; only when a job has left
+  // the queued, starting or finishing jobs since the last look (`left_`), and one look per
+  // dependency, not per job. `outcomes` is the pass's memo.
+  void WakeParked(std::map<std::string, DependencyState>& outcomes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseQueued(std::map<int64_t, Queued>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseQueued(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Jobs being launched outside mu_: what they are (their state says running already), and the

@@ -435,7 +435,7 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
     for (int64_t t : change) {
       auto q = queued_.find(t);  // still queued: nothing takes a job that is changing
       if (!st.ok() || q == queued_.end()) continue;
-      q->second.held = hold;
+      SetHeld(q->second, hold);
       q->second.waiting = hold ? fmt::format("held by {} (tessera release {})", user, ref)
                                : "released; not yet considered";
     }

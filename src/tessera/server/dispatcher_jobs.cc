@@ -159,6 +159,7 @@ void Dispatcher::CheckRunning(double now) {
   mu_.lock();
   for (Ending& e : endings) {
     finishing_.erase(e.run.id);
+    ++left_;
     if (e.cgroup_left) cgroups_left_.insert(e.run.id);
     if (e.requeue) Enqueue(std::move(*e.requeue));
   }
@@ -516,6 +517,7 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
   const int64_t id = l.queued.id;
   std::string cancelled_by = std::move(starting_[id].cancelled_by);
   starting_.erase(id);
+  ++left_;
   if (!l.recorded.ok()) {
     // Not started (the store refused the transition): back in the queue for the next pass.
     spdlog::error("job {}: {}", id, std::string(l.recorded.message()));

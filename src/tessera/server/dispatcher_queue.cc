@@ -85,6 +85,17 @@ void Dispatcher::Index(const Queued& q, int delta) {
     };
     count(in_cycle_by_uid_, q.uid);
     if (q.array_id != 0) count(in_cycle_by_array_, q.array_id);
+  } else if (q.held) {
+    // Held: nothing to look at until released (SetHeld moves it).
+  } else if (!q.parked.empty()) {
+    for (const std::string& key : q.parked) {
+      auto g = parked_.find(key);
+      if (delta > 0) {
+        g->second.second.insert(q.id);
+      } else if (g != parked_.end() && g->second.second.erase(q.id) && g->second.second.empty()) {
+        parked_.erase(g);
+      }
+    }
   } else if (delta > 0) {
     outside_by_uid_[q.uid].insert(q.id);
   } else {
@@ -92,6 +103,37 @@ void Dispatcher::Index(const Queued& q, int delta) {
     o->second.erase(q.id);
     if (o->second.empty()) outside_by_uid_.erase(o);
   }
+}
+
+void Dispatcher::SetParked(Queued& q, std::vector<std::pair<std::string, Dependency>> on) {
+  Index(q, -1);
+  q.parked.clear();
+  for (auto& [key, d] : on) {
+    parked_.try_emplace(key, d, std::set<int64_t>{});
+    q.parked.push_back(std::move(key));
+  }
+  Index(q, +1);
+}
+
+void Dispatcher::WakeParked(std::map<std::string, DependencyState>& outcomes) {
+  if (left_ == parked_checked_) return;
+  parked_checked_ = left_;
+  std::set<int64_t> wake;
+  for (const auto& [key, group] : parked_) {
+    auto it = outcomes.find(key);
+    if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(group.first)).first;
+    if (it->second.outcome != DependencyState::kPending)
+      wake.insert(group.second.begin(), group.second.end());
+  }
+  for (int64_t id : wake) SetParked(queued_.at(id), {});
+}
+
+void Dispatcher::SetHeld(Queued& q, bool held) {
+  if (q.held == held) return;
+  Index(q, -1);
+  q.held = held;
+  q.parked.clear();  // released, it is looked at again
+  Index(q, +1);
 }
 
 void Dispatcher::SetInCycle(Queued& q, bool in) {
@@ -107,6 +149,7 @@ void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
     queued_by_uid_.erase(n);
   Index(q, -1);
   queued_.erase(it);
+  ++left_;
 }
 
 void Dispatcher::EraseQueued(int64_t id) {
@@ -119,8 +162,9 @@ std::string Dispatcher::WaitingReason(int64_t id) const {
   if (q->second.changing) return "a change to it (cancel, hold, release, priority) is being stored";
   if (!q->second.in_cycle) {
     // A user at her limit: her jobs the last pass did not examine say so.
-    if (auto c = capped_.find(q->second.uid);
-        c != capped_.end() && !q->second.held && q->second.waiting_pass != admit_pass_)
+    if (auto c = capped_.find(q->second.uid); c != capped_.end() && !q->second.held &&
+                                              q->second.parked.empty() &&
+                                              q->second.waiting_pass != admit_pass_)
       return c->second;
     return q->second.waiting;
   }
@@ -197,6 +241,8 @@ void Dispatcher::Admit(double now) {
   for (const auto& [id, s] : starting_) ++user_active[s.uid];
   // An array's tasks share their dependencies: each is looked up once per pass.
   std::map<std::string, DependencyState> outcomes;
+  WakeParked(outcomes);
+  std::vector<std::pair<Queued*, std::vector<std::pair<std::string, Dependency>>>> park;
   std::vector<std::pair<int64_t, std::string>> never;
   std::vector<Queued*> admitted;
   capped_.clear();
@@ -214,17 +260,19 @@ void Dispatcher::Admit(double now) {
         cap(uid, q.owner);
         break;
       }
-      if (q.held || q.changing) continue;
+      if (q.changing) continue;
       q.waiting_pass = admit_pass_;
       std::string pending, broken;
+      std::vector<std::pair<std::string, Dependency>> pending_on;
       for (const Dependency& d : q.spec->after) {
-        const std::string key = DependencyText(d);
+        std::string key = DependencyText(d);
         auto it = outcomes.find(key);
         if (it == outcomes.end()) it = outcomes.emplace(key, Outcome(d)).first;
         if (std::string why = Unmeetable(d, it->second); !why.empty()) {
           broken = why;
           break;
         }
+        if (it->second.outcome == DependencyState::kPending) pending_on.emplace_back(key, d);
         if (it->second.outcome == DependencyState::kPending && pending.empty()) {
           pending = fmt::format(
               "waiting for {} to end (after {})",
@@ -237,7 +285,9 @@ void Dispatcher::Admit(double now) {
         continue;
       }
       if (!pending.empty()) {
+        // Parked until one of them is settled: not looked at again each pass.
         q.waiting = pending;
+        park.emplace_back(&q, std::move(pending_on));
         continue;
       }
       if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
@@ -263,6 +313,7 @@ void Dispatcher::Admit(double now) {
     }
   }
   for (Queued* q : admitted) SetInCycle(*q, true);
+  for (auto& [q, on] : park) SetParked(*q, std::move(on));
   // Jobs whose dependencies can never be met end (cancelled, with the reason), so that nobody waits
   // for them forever; their own dependents are settled at the next pass. Stored by SchedulePass
   // without mu_ (EndNeverMet); changing meanwhile.

@@ -589,6 +589,42 @@ TEST_F(ServerTest, DependenciesWaitForTheirJobsAndEndWhenTheyCanNeverBeMet) {
   EXPECT_NE(State(chain), "cancelled");
 }
 
+// Jobs waiting on a dependency are parked (not looked at each pass) until one of their
+// dependencies settles: each of them, not only the first, wakes them; a parked job held and
+// released is looked at again.
+TEST_F(ServerTest, AParkedDependentWakesWhenAnyOfItsDependenciesSettles) {
+  StartServer();
+  const int64_t long_one = Submit(1, 100);
+  const int64_t short_one = Submit(0, 5, 0, {{"resources", json::object()}});
+  const std::string l = std::to_string(long_one), s = std::to_string(short_one);
+  const int64_t both =
+      Submit(0, 1, 0, {{"after", {"ok:" + l, "notok:" + s}}, {"resources", json::object()}});
+  const int64_t after_long =
+      Submit(0, 1, 0, {{"after", {"ok:" + l}}, {"resources", json::object()}});
+  Settle();
+  EXPECT_THAT(Job(both).value("waiting", ""), HasSubstr("waiting for job " + l + " to end"));
+  // Held and released while parked: it waits as before.
+  int status = 0;
+  Call("POST", "/v1/jobs/" + std::to_string(after_long) + "/hold", nullptr, &status);
+  ASSERT_EQ(status, 200);
+  Settle();
+  Call("POST", "/v1/jobs/" + std::to_string(after_long) + "/release", nullptr, &status);
+  ASSERT_EQ(status, 200);
+  Settle();
+  EXPECT_THAT(Job(after_long).value("waiting", ""), HasSubstr("waiting for job " + l + " to end"));
+  // The short job succeeds: `both` can never run (notok), though the long one still runs.
+  Advance(5);
+  Settle();
+  EXPECT_EQ(State(short_one), "succeeded");
+  EXPECT_EQ(State(long_one), "running");
+  EXPECT_EQ(State(both), "cancelled");
+  EXPECT_THAT(Job(both)["reason"].get<std::string>(), HasSubstr("after notok:" + s));
+  EXPECT_EQ(State(after_long), "queued");
+  Advance(100);
+  Settle();
+  EXPECT_EQ(State(after_long), "running");
+}
+
 TEST_F(ServerTest, ADependencyOnAnArrayWaitsForEveryTask) {
   StartServer();
   json a = Call("POST", "/v1/jobs",
