@@ -147,6 +147,8 @@ std::optional<Cycle::Backfill> Cycle::Reserve(const core::Request& r, double now
   });
   std::vector<std::string> ids;
   for (const Ending& e : running) ids.push_back(*e.id);  // Release invalidates the map's keys
+  // Everything below is undone before it returns (move_to(0), the placement released).
+  scheduler_.BeginTrial();
   // The request starts when the first k of them have ended, for the least k at which it fits.
   // Fitting only grows as more is released, so k is found by galloping (1, 2, 4, ...) and then
   // bisecting: O(log n) placements rather than one per running allocation, which on a large
@@ -193,6 +195,7 @@ std::optional<Cycle::Backfill> Cycle::Reserve(const core::Request& r, double now
     }
   }
   move_to(0);
+  scheduler_.EndTrial();
   return out;
 }
 

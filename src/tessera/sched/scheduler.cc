@@ -219,21 +219,20 @@ void Scheduler::Refresh(Row& row, const core::Request& r) {
 Decision Scheduler::Decide(const core::Request& r) {
   Decision d;
   Row& row = cache_[InternRequestShape(r)];
-  const uint64_t version = this->version() + 1;
-  if (row.failed_at == version) {
+  const uint64_t version = trial_depth_ > 0 ? 0 : StateVersion() + 1;  // 0: not remembered
+  if (version != 0 && row.failed_at == version) {
     d.why_not = row.why_not;
     return d;
   }
   if (spread_only_ && DecideSpread(row, r, d)) {
-    if (!d.placed) row.failed_at = version, row.why_not = d.why_not;
+    if (!d.placed && version != 0) row.failed_at = version, row.why_not = d.why_not;
     return d;
   }
   Refresh(row, r);
   const Best root = row.tree[1];
   if (root.weight == 0) {
     d.why_not = config_.explain_failures ? WhyNot(r) : "no node fits";
-    row.failed_at = version;
-    row.why_not = d.why_not;
+    if (version != 0) row.failed_at = version, row.why_not = d.why_not;
     return d;
   }
   // Walk down to a class with the best score: node-uniformly at random among ties (seeded), like
@@ -466,6 +465,14 @@ GpuAmount Scheduler::QuotaAmount(const core::Request& r, NodeId node,
     for (int g : gpus) a.gpu_memory_mib += state_.node_spec(node).gpus[g].memory_mib;
   }
   return a;
+}
+
+void Scheduler::BeginTrial() {
+  if (trial_depth_++ == 0) trial_from_ = version();
+}
+
+void Scheduler::EndTrial() {
+  if (--trial_depth_ == 0) trial_bumps_ += version() - trial_from_;
 }
 
 bool Scheduler::Fits(const core::Request& r, double now) {

@@ -75,6 +75,13 @@ class Scheduler {
            typical_version_;
   }
   QuotaManager& quotas() { return quotas_; }
+
+  // A trial: what-ifs made between BeginTrial and EndTrial (releases, placements) are all undone
+  // by its end, so the state is then as it was (Cycle::Reserve's). Decisions remembered by state
+  // (a shape that found no node) are neither used nor kept inside one, and outlive it: a trial
+  // does not count as a change of the state they were made on. Trials nest.
+  void BeginTrial();
+  void EndTrial();
   const QuotaManager& quotas() const { return quotas_; }
   const SchedulerConfig& config() const { return config_; }
 
@@ -189,6 +196,11 @@ class Scheduler {
   ClusterScale scale_;
   std::mt19937_64 rng_;
   uint64_t typical_version_ = 0;
+  int trial_depth_ = 0;
+  uint64_t trial_from_ = 0;   // version() when the outermost trial began
+  uint64_t trial_bumps_ = 0;  // version changes inside trials, all undone
+  // version() less what trials changed and undid: equal values, the same state (outside trials).
+  uint64_t StateVersion() const { return version() - trial_bumps_; }
 
   std::unordered_map<std::string, int> request_shapes_;
   std::vector<Row> cache_;      // [request shape]

@@ -97,6 +97,37 @@ TEST(Scheduler, NoFitIsResourceExhaustedWithReason) {
               HasSubstr("node-17: 2 healthy GPUs free, wants 4"));
 }
 
+// A shape that found no node is not decided again while the state is the same; what a trial did
+// and undid leaves it so, and any real change (a release, a node, a GPU's health) decides again.
+TEST(Scheduler, ANoFitIsRememberedOnlyWhileTheStateIsTheSame) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Whole("holder", 2)).ok());
+  auto no = s.Place(Whole("w1", 1));
+  ASSERT_EQ(no.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string why(no.status().message());
+  // Inside a trial: released, it fits (nothing remembered is used); undone, it does not again.
+  s.BeginTrial();
+  auto held = s.Release("holder");
+  ASSERT_TRUE(held.ok());
+  EXPECT_TRUE(s.Fits(Whole("w1", 1)));
+  ASSERT_TRUE(s.Restore(*held).ok());
+  s.EndTrial();
+  auto again = s.Place(Whole("w2", 1));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("a: 0 healthy GPUs free"));
+  // Real changes: a release, then a new node after everything is taken again.
+  ASSERT_TRUE(s.Release("holder").ok());
+  EXPECT_TRUE(s.Place(Whole("w3", 2)).ok());
+  EXPECT_FALSE(s.Place(Whole("w4", 1)).ok());
+  ASSERT_TRUE(s.AddNode(Node("b", 2)).ok());
+  ASSERT_TRUE(s.SetGpuHealth(1, 0, false).ok());
+  ASSERT_TRUE(s.SetGpuHealth(1, 1, false).ok());
+  EXPECT_FALSE(s.Place(Whole("w4", 1)).ok()) << "b's GPUs are sick";
+  ASSERT_TRUE(s.SetGpuHealth(1, 1, true).ok());
+  EXPECT_TRUE(s.Place(Whole("w4", 1)).ok());
+}
+
 TEST(Scheduler, QuotaDeniesAndBorrowedWorkIsMarked) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 8)).ok());
