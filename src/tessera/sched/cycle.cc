@@ -551,6 +551,13 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
     e.GiveUpRoom();  // its room is free: no longer reserved against itself
     preempted = true;
   }
+  const uint64_t state = scheduler_.state_version() + 1;
+  if (!preempted && !scoped && e.settled_at == state &&
+      (pass.reservations_left == 0 || e.unreservable)) {
+    pass.no_fit.emplace(e.memo, &e.waiting);  // its reason stands
+    return;
+  }
+  e.settled_at = 0;
   // Narrowed, it is kept apart from the memos of its shape.
   const std::string* memo_key = &e.memo;
   const std::string* shape_key = &e.shape_memo;
@@ -600,10 +607,12 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   e.waiting = WithoutSubject(std::string(placed.status().message()));
   // A quota says no for this owner only: others of the same shape may still fit.
   if (e.waiting.rfind("quota", 0) == 0) return;
-  if (options_.preemption && pass.plans_left > 0 && !pass.no_room.contains(shape_memo)) {
+  // Whether preemption can make room for it at this state is known: off, or planned in vain.
+  bool no_room = !options_.preemption || pass.no_room.contains(shape_memo);
+  if (!no_room && pass.plans_left > 0) {
     --pass.plans_left;
     PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
-    if (!plan.possible) pass.no_room.insert(shape_memo);
+    if (!plan.possible) pass.no_room.insert(shape_memo), no_room = true;
     if (plan.possible && !plan.victims.empty()) {
       AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
                 fmt::format("preempted for {} (priority {})", r.id, r.priority), pass.reserved,
@@ -615,9 +624,14 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   if (pass.reservations_left > 0) {
     // Its reason may yet say where it is reserved: the memo keeps the reason without that.
     pass.no_fit.emplace(memo, &pass.kept.emplace_back(e.waiting));
-    if (ReserveAhead(e, pass)) --pass.reservations_left;
+    const bool reserved = ReserveAhead(e, pass);
+    if (reserved) --pass.reservations_left;
+    e.unreservable = !reserved;
+    if (no_room && !reserved && !scoped) e.settled_at = state;
   } else {
     pass.no_fit.emplace(memo, &e.waiting);
+    e.unreservable = false;
+    if (no_room && !scoped) e.settled_at = state;
   }
 }
 

@@ -146,6 +146,11 @@ class Cycle {
     // What the pass's memos know it by (MemoKey; with its duration when reservations are on), and
     // its shape's key for preemption: made once, when it is queued.
     std::string memo, shape_memo;
+    // Found no room at the scheduler's state_version() settled_at - 1 (0: not known), with
+    // preemption unable to make any and, when `unreservable`, no backfill reservation to be had:
+    // while the state is the same, a pass gives it the same answer without asking again.
+    uint64_t settled_at = 0;
+    bool unreservable = false;
     void GiveUpRoom() {
       reserved_gpus.clear();
       reserved_node = -1;

@@ -130,6 +130,31 @@ TEST(Cycle, WithoutExpectedEndsAReservationStillHoldsTheGpusThatComeFree) {
   EXPECT_THAT(*c.Waiting("large"), HasSubstr("start unknown"));
 }
 
+// A request that found no room keeps its answer while the scheduler's state is the same, but not
+// past what changes it: a reservation freed ahead of it in the queue, room that comes free.
+TEST(Cycle, ASettledAnswerGivesWayToAFreedReservationAndToRoom) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 2)).ok());
+  ASSERT_TRUE(s.Place(Timed(Whole("running", 2), 100), 0).ok());
+  Cycle c(s, {.preemption = true, .reservations = 1});
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("first", 2), 1, 1)).ok());
+  ASSERT_TRUE(c.Enqueue(Entry(Whole("second", 1), 2, 2)).ok());
+  EXPECT_THAT(Started(c.Step(10)), ::testing::IsEmpty());
+  ASSERT_TRUE(c.ExpectedStart("first").has_value());
+  EXPECT_FALSE(c.ExpectedStart("second").has_value()) << "one reservation, taken by the first";
+  const std::string second = *c.Waiting("second");
+  EXPECT_THAT(c.Step(11), ::testing::IsEmpty());
+  EXPECT_EQ(*c.Waiting("second"), second) << "nothing changed: the same answer";
+  // The first leaves the queue: the reservation is the second's, though the state is the same.
+  ASSERT_TRUE(c.Remove("first"));
+  EXPECT_THAT(c.Step(12), ::testing::IsEmpty());
+  ASSERT_TRUE(c.ExpectedStart("second").has_value());
+  EXPECT_EQ(*c.ExpectedStart("second"), 100);
+  // Room: it starts.
+  ASSERT_TRUE(s.Release("running").ok());
+  EXPECT_THAT(Started(c.Step(13)), ElementsAre("second"));
+}
+
 TEST(Cycle, QuotaRefusalOfOneOwnerDoesNotBlockTheSameShapeOfAnother) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());

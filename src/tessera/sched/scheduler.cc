@@ -219,7 +219,7 @@ void Scheduler::Refresh(Row& row, const core::Request& r) {
 Decision Scheduler::Decide(const core::Request& r) {
   Decision d;
   Row& row = cache_[InternRequestShape(r)];
-  const uint64_t version = trial_depth_ > 0 ? 0 : StateVersion() + 1;  // 0: not remembered
+  const uint64_t version = trial_depth_ > 0 ? 0 : state_version() + 1;  // 0: not remembered
   if (version != 0 && row.failed_at == version) {
     d.why_not = row.why_not;
     return d;

@@ -82,6 +82,8 @@ class Scheduler {
   // does not count as a change of the state they were made on. Trials nest.
   void BeginTrial();
   void EndTrial();
+  // version() less what trials changed and undid: equal values, the same state (outside trials).
+  uint64_t state_version() const { return version() - trial_bumps_; }
   const QuotaManager& quotas() const { return quotas_; }
   const SchedulerConfig& config() const { return config_; }
 
@@ -199,8 +201,6 @@ class Scheduler {
   int trial_depth_ = 0;
   uint64_t trial_from_ = 0;   // version() when the outermost trial began
   uint64_t trial_bumps_ = 0;  // version changes inside trials, all undone
-  // version() less what trials changed and undid: equal values, the same state (outside trials).
-  uint64_t StateVersion() const { return version() - trial_bumps_; }
 
   std::unordered_map<std::string, int> request_shapes_;
   std::vector<Row> cache_;      // [request shape]
