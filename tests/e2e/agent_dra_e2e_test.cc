@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "../capture.h"
+#include "../cdi_edits.h"
 #include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
@@ -305,18 +306,11 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   // What a runtime does with the claim's CDI device: its environment, with each mounted path
   // where the mount puts it (here, the host path itself).
   json spec = json::parse(tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
-  const json& edits = spec["devices"][0]["containerEdits"];
-  std::map<std::string, std::string> host_of;
-  for (const json& m : edits["mounts"]) {
-    ASSERT_TRUE(fs::exists(m["hostPath"].get<std::string>())) << m.dump();
-    host_of[m["containerPath"]] = m["hostPath"];
-  }
-  std::map<std::string, std::string> env;
-  for (const json& e : edits["env"]) {
-    std::string kv = e.get<std::string>();
-    std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
-    env[k] = host_of.contains(v) ? host_of[v] : v;
-  }
+  tessera::test::CdiProcess process;
+  tessera::test::ApplyCdiEdits(spec["devices"][0]["containerEdits"], &process);
+  ASSERT_FALSE(process.mounts.empty());
+  for (const std::string& m : process.mounts) ASSERT_TRUE(fs::exists(m)) << m;
+  std::map<std::string, std::string>& env = process.env;
   EXPECT_EQ(env["TESSERA_CUDA_MEM_LIMIT"], "0:1073741824");
   EXPECT_EQ(env["TESSERA_CUDA_COMPUTE_SHARE"], "50%");
   EXPECT_EQ(env["TESSERA_CUDA_PRIORITY"], "2");

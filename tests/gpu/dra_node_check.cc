@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../capture.h"
+#include "../cdi_edits.h"
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
 
@@ -63,36 +64,22 @@ json Claim(const std::string& name, const std::vector<std::string>& devices, jso
           {"status", {{"allocation", {{"devices", {{"results", results}, {"config", config}}}}}}}};
 }
 
-// The environment a runtime gives a container from the CDI specs of `ids` ("vendor/class=name"),
-// each mounted path replaced by its host path (no container here): KEY -> value.
-std::map<std::string, std::string> CdiEnv(const std::string& cdi_dir,
-                                          const std::vector<std::string>& ids,
-                                          std::vector<std::string>* nodes) {
-  std::map<std::string, std::string> env;
+// What a runtime gives a container from the CDI specs of `ids` ("vendor/class=name"): each spec's
+// own edits and the device's (tests/cdi_edits.h).
+tessera::test::CdiProcess CdiEdits(const std::string& cdi_dir,
+                                   const std::vector<std::string>& ids) {
+  tessera::test::CdiProcess out;
   for (const auto& file : fs::directory_iterator(cdi_dir)) {
-    json spec = json::parse(tessera::test::ReadFile(file.path()));
+    const json spec = json::parse(tessera::test::ReadFile(file.path()));
     const std::string kind = spec.value("kind", "");
     for (const json& d : spec["devices"]) {
-      const std::string id = kind + "=" + d.value("name", "");
-      if (std::find(ids.begin(), ids.end(), id) == ids.end()) continue;
-      for (const json& edits : {spec.value("containerEdits", json::object()),
-                                d.value("containerEdits", json::object())}) {
-        std::map<std::string, std::string> host_of;
-        for (const json& m : edits.value("mounts", json::array())) {
-          host_of[m["containerPath"]] = m["hostPath"];
-        }
-        for (const json& n : edits.value("deviceNodes", json::array())) {
-          nodes->push_back(n.value("hostPath", n.value("path", "")));
-        }
-        for (const json& e : edits.value("env", json::array())) {
-          const std::string kv = e.get<std::string>();
-          const std::string k = kv.substr(0, kv.find('=')), v = kv.substr(kv.find('=') + 1);
-          env[k] = host_of.contains(v) ? host_of[v] : v;
-        }
-      }
+      if (std::find(ids.begin(), ids.end(), kind + "=" + d.value("name", "")) == ids.end())
+        continue;
+      tessera::test::ApplyCdiEdits(spec.value("containerEdits", json::object()), &out);
+      tessera::test::ApplyCdiEdits(d.value("containerEdits", json::object()), &out);
     }
   }
-  return env;
+  return out;
 }
 
 tessera::test::Captured RunWith(const std::map<std::string, std::string>& env,
@@ -242,11 +229,11 @@ int main(int argc, char** argv) {
             entry.error())) {
     std::vector<std::string> ids(entry.devices(0).cdi_device_ids().begin(),
                                  entry.devices(0).cdi_device_ids().end());
-    std::vector<std::string> nodes;
-    auto env = CdiEnv(w + "/cdi", ids, &nodes);
+    tessera::test::CdiProcess process = CdiEdits(w + "/cdi", ids);
+    std::map<std::string, std::string>& env = process.env;
     std::string listed;
-    bool all_there = !nodes.empty();
-    for (const auto& n : nodes) {
+    bool all_there = !process.device_nodes.empty();
+    for (const auto& n : process.device_nodes) {
       listed += n + " ";
       all_there = all_there && fs::exists(n);
     }
@@ -284,8 +271,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> ids;
     for (const auto& d : sentry.devices())
       ids.insert(ids.end(), d.cdi_device_ids().begin(), d.cdi_device_ids().end());
-    std::vector<std::string> nodes;
-    auto env = CdiEnv(w + "/cdi", ids, &nodes);
+    std::map<std::string, std::string> env = CdiEdits(w + "/cdi", ids).env;
     env.erase("NVIDIA_VISIBLE_DEVICES");
     Check(env["TESSERA_CUDA_MEM_LIMIT"] == "0:8589934592" &&
               env["TESSERA_CUDA_COMPUTE_SHARE"] == "50%",

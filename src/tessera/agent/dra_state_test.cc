@@ -37,17 +37,25 @@ class DraStateTest : public ::testing::Test {
     inventory_ = m->inventory;
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // The node's options: GPUs `shares` published as `per_gpu` shares each, the rest whole.
+  struct Options {
+    PluginOptions plugin;
+    DraOptions dra;
+  };
+  Options OptionsFor(std::set<int> shares = {7}, int per_gpu = 4) const {
+    Options o;
+    o.plugin.shares_per_gpu = per_gpu;
+    o.plugin.state_dir = dir_ + "/state";
+    o.plugin.shim_library = shim_;
+    o.dra.pool = "node-a";
+    o.dra.dir = dir_ + "/plugin";
+    o.dra.cdi_dir = dir_ + "/cdi";
+    o.dra.share_gpus = std::move(shares);
+    return o;
+  }
   absl::StatusOr<std::unique_ptr<DraState>> Make(std::set<int> shares = {7}, int per_gpu = 4) {
-    PluginOptions p;
-    p.shares_per_gpu = per_gpu;
-    p.state_dir = dir_ + "/state";
-    p.shim_library = shim_;
-    DraOptions d;
-    d.pool = "node-a";
-    d.dir = dir_ + "/plugin";
-    d.cdi_dir = dir_ + "/cdi";
-    d.share_gpus = std::move(shares);
-    return DraState::Create(inventory_, p, d);
+    const Options o = OptionsFor(std::move(shares), per_gpu);
+    return DraState::Create(inventory_, o.plugin, o.dra);
   }
   static json Claim(const std::string& uid, json results, json config = json::array()) {
     return {
@@ -174,13 +182,9 @@ TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
 }
 
 TEST_F(DraStateTest, PartitionableGpusArePublishedBothWaysWithCountersAndGivenOneWay) {
-  PluginOptions p;
-  p.shares_per_gpu = 10;
-  p.state_dir = dir_ + "/state";
-  p.shim_library = shim_;
-  DraOptions d{.pool = "node-a", .dir = dir_ + "/plugin", .cdi_dir = dir_ + "/cdi"};
-  d.partitionable = true;
-  auto s = DraState::Create(inventory_, p, d);
+  Options o = OptionsFor({}, 10);
+  o.dra.partitionable = true;
+  auto s = DraState::Create(inventory_, o.plugin, o.dra);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->devices().size(), 88u);  // 8 GPUs, each whole and in 10 shares
   auto slices = BuildResourceSlices(**s, {.generation = 1, .sysfs_root = ""});
@@ -209,18 +213,15 @@ TEST_F(DraStateTest, PartitionableGpusArePublishedBothWaysWithCountersAndGivenOn
   EXPECT_THAT(both.status().message(), HasSubstr("which holds gpu-0 of the same GPU"));
   ASSERT_TRUE((*s)->Prepare("a", "s", "u3", Claim("u3", {Result("s", "gpu-1-share-3")})).ok());
   EXPECT_FALSE((*s)->Prepare("a", "w2", "u4", Claim("u4", {Result("g", "gpu-1")})).ok());
-  d.share_gpus = {1};
-  EXPECT_THAT(DraState::Create(inventory_, p, d).status().message(),
+  o.dra.share_gpus = {1};
+  EXPECT_THAT(DraState::Create(inventory_, o.plugin, o.dra).status().message(),
               HasSubstr("no --dra-share-gpus"));
 }
 
 TEST_F(DraStateTest, ConsumableGpusAreSharedByTheAmountsClaimsTakeWithinTheirCapacity) {
-  PluginOptions p;
-  p.state_dir = dir_ + "/state";
-  p.shim_library = shim_;
-  DraOptions d{.pool = "node-a", .dir = dir_ + "/plugin", .cdi_dir = dir_ + "/cdi"};
-  d.consumable = true;
-  auto s = DraState::Create(inventory_, p, d);
+  Options o = OptionsFor({}, PluginOptions{}.shares_per_gpu);
+  o.dra.consumable = true;
+  auto s = DraState::Create(inventory_, o.plugin, o.dra);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->devices().size(), 8u);  // one per GPU, shared by amounts
   auto slices = BuildResourceSlices(**s, {.generation = 1, .sysfs_root = ""});
@@ -250,7 +251,7 @@ TEST_F(DraStateTest, ConsumableGpusAreSharedByTheAmountsClaimsTakeWithinTheirCap
   EXPECT_THAT(over.status().message(), HasSubstr("110% of its compute"));
   // Kept across a restart: the amounts too.
   s->reset();
-  auto again = DraState::Create(inventory_, p, d);
+  auto again = DraState::Create(inventory_, o.plugin, o.dra);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->Prepared("u1")->at(0).share_id, "s-1");
   EXPECT_FALSE((*again)->Prepare("a", "z", "u3", taking("u3", "1Gi", "20", "s-3")).ok());
