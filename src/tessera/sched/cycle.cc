@@ -264,11 +264,11 @@ struct Cycle::Pass {
   // (without a duration) that could not make room: what preemption can do for a request does not
   // depend on how long it runs, and within a pass no new victim appears for a later request (what
   // starts after it in the queue has no lower priority).
-  // Keyed by the entries' own memo strings, each the reason of the entry that found it (strings
-  // that are not an entry's, kept for the pass in `kept`).
+  // Both keyed by the entries' own memo strings (those that are not an entry's, and the reasons
+  // memoized apart from their entry's, kept for the pass in `kept`).
   std::unordered_map<std::string_view, const std::string*> no_fit;
+  std::unordered_set<std::string_view> no_room;
   std::deque<std::string> kept;
-  std::unordered_set<std::string> no_room;
   std::set<std::string> gangs_seen, started;
   // Room made by preemption belongs to the request it was made for. Requests after it in this
   // pass do not take it (`reserved`, in queue order), and neither do requests before it that
@@ -608,11 +608,11 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   // A quota says no for this owner only: others of the same shape may still fit.
   if (e.waiting.rfind("quota", 0) == 0) return;
   // Whether preemption can make room for it at this state is known: off, or planned in vain.
-  bool no_room = !options_.preemption || pass.no_room.contains(shape_memo);
-  if (!no_room && pass.plans_left > 0) {
+  bool cannot_preempt = !options_.preemption || pass.no_room.contains(shape_memo);
+  if (!cannot_preempt && pass.plans_left > 0) {
     --pass.plans_left;
     PreemptionPlan plan = scheduler_.PlanPreemption(r, now);
-    if (!plan.possible) pass.no_room.insert(shape_memo), no_room = true;
+    if (!plan.possible) pass.no_room.insert(shape_memo), cannot_preempt = true;
     if (plan.possible && !plan.victims.empty()) {
       AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
                 fmt::format("preempted for {} (priority {})", r.id, r.priority), pass.reserved,
@@ -627,11 +627,11 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
     const bool reserved = ReserveAhead(e, pass);
     if (reserved) --pass.reservations_left;
     e.unreservable = !reserved;
-    if (no_room && !reserved && !scoped) e.settled_at = state;
+    if (cannot_preempt && !reserved && !scoped) e.settled_at = state;
   } else {
     pass.no_fit.emplace(memo, &e.waiting);
     e.unreservable = false;
-    if (no_room && !scoped) e.settled_at = state;
+    if (cannot_preempt && !scoped) e.settled_at = state;
   }
 }
 
