@@ -37,12 +37,9 @@
 #include "tessera/server/acct.h"
 #include "tessera/server/api_response.h"
 #include "tessera/server/dispatcher.h"
-#include "tessera/server/file_acl.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server_util.h"
-#include "tessera/shim/arbiter.h"
-#include "tessera/shim/region.h"
 
 namespace tessera::server {
 
