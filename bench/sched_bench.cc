@@ -4,12 +4,16 @@
 // as in the FGD paper's workload inflation; the cluster is rebuilt, untimed, once arrived GPU
 // demand passes 130%.
 //   build/bench/bench/sched_bench --benchmark_min_time=2
+// Cases: each registered policy alone, and "tessera" (the default set); policy sets of one's own
+// in $SCHED_BENCH_POLICIES, separated by ';' (e.g. "fgd,bestfit:0.01;tessera:2").
 // Traces: $TESSERA_TRACES or the copy the checkout carries (traces/openb).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
 #include <iostream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "fmt/format.h"
 #include "tessera/sched/scheduler.h"
@@ -65,7 +69,12 @@ std::unique_ptr<sched::Scheduler> Build(const std::string& policy,
                                         const std::vector<core::NodeSpec>& nodes,
                                         int64_t* gpu_capacity) {
   sched::SchedulerConfig c;
-  c.policies = {{policy, 1}};
+  auto parsed = sched::ParsePolicies(policy);
+  if (!parsed.ok()) {
+    std::cerr << parsed.status() << "\n";
+    std::exit(2);
+  }
+  c.policies = *parsed;
   c.explain_failures = false;
   auto s = std::make_unique<sched::Scheduler>(c);
   *gpu_capacity = 0;
@@ -109,7 +118,18 @@ void Place(benchmark::State& state, const std::string& policy,
 
 void Register() {
   static const std::vector<core::NodeSpec> synthetic = Synthetic(10000);
-  for (const std::string& k : sched::AllPolicyNames()) {
+  std::vector<std::string> sets = sched::AllPolicyNames();
+  sets.push_back("tessera");
+  if (const char* extra = std::getenv("SCHED_BENCH_POLICIES")) {
+    std::string all = extra;
+    for (size_t start = 0; start < all.size();) {
+      size_t end = all.find(';', start);
+      if (end == std::string::npos) end = all.size();
+      if (end > start) sets.push_back(all.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  for (const std::string& k : sets) {
     const std::string& name = k;
     benchmark::RegisterBenchmark(("Place/openb/" + name).c_str(), [k](benchmark::State& st) {
       Place(st, k, OpenbNodes());

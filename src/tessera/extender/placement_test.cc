@@ -77,12 +77,11 @@ TEST(Placement, ExtenderMatchesTheSimulatorOnTheOpenbTrace) {
 
   // One log line per decision is what operators want; ten thousand here are noise.
   spdlog::set_level(spdlog::level::warn);
-  std::mt19937_64 draw(seed);
-  std::uniform_int_distribution<size_t> pick(0, gpu_pods.size() - 1);
+  sim::ArrivalOrder arrivals(gpu_pods.size(), seed);
   const double target = config.ratio * static_cast<double>(capacity);
   int64_t arrived = 0, failed = 0, n = 0, mismatches = 0;
   while (static_cast<double>(arrived) < target) {
-    core::Request r = gpu_pods[pick(draw)];
+    core::Request r = gpu_pods[arrivals.Next()];
     r.id = fmt::format("i{}", n);
     const std::string name = r.id;
     ++n;

@@ -73,24 +73,47 @@ uint64_t Fragmentation::Accepted(const NodeShape& shape, ShapeId shape_id, size_
   return row[t];
 }
 
-double Fragmentation::Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
-                         const std::vector<ClassGpu>& gpus) {
-  if (typical_.empty()) return 0;
-  // CPU matters only through which typical sizes fit.
-  uint64_t cpu_rank = static_cast<uint64_t>(
-      std::upper_bound(cpu_levels_.begin(), cpu_levels_.end(), cpu_left) - cpu_levels_.begin());
+std::vector<uint64_t> Fragmentation::KeyOf(ShapeId shape_id, uint64_t cpu,
+                                           const std::vector<ClassGpu>& gpus) {
   std::vector<uint64_t> key;
   key.reserve(gpus.size() + 1);
-  key.push_back((uint64_t(shape_id) << 32) | cpu_rank);
+  key.push_back((uint64_t(shape_id) << 40) | cpu);
   for (const ClassGpu& g : gpus) {
     if (!g.healthy) continue;
     key.push_back((uint64_t{g.kind} << 16) | static_cast<uint64_t>(g.milli_left));
   }
   std::sort(key.begin() + 1, key.end());
+  return key;
+}
+
+void Fragmentation::Remember(Memo& memo, std::vector<uint64_t> key, double value) {
+  if (memo.size() >= kMemoLimit) memo.clear();
+  memo.emplace(std::move(key), value);
+}
+
+double Fragmentation::Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                         const std::vector<ClassGpu>& gpus) {
+  if (typical_.empty()) return 0;
+  // CPU matters only through which typical sizes fit.
+  const auto cpu_rank = static_cast<uint64_t>(
+      std::upper_bound(cpu_levels_.begin(), cpu_levels_.end(), cpu_left) - cpu_levels_.begin());
+  std::vector<uint64_t> key = KeyOf(shape_id, cpu_rank, gpus);
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
   double v = Compute(shape, shape_id, cpu_left, gpus);
-  memo_.emplace(std::move(key), v);
+  Remember(memo_, std::move(key), v);
+  return v;
+}
+
+double Fragmentation::Stranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                               const std::vector<ClassGpu>& gpus) {
+  if (typical_.empty()) return 0;
+  const int64_t cpu = std::clamp<int64_t>(cpu_left, 0, (int64_t{1} << 40) - 1);
+  std::vector<uint64_t> key = KeyOf(shape_id, static_cast<uint64_t>(cpu), gpus);
+  auto it = stranded_memo_.find(key);
+  if (it != stranded_memo_.end()) return it->second;
+  double v = ComputeStranded(shape, shape_id, cpu, gpus);
+  Remember(stranded_memo_, std::move(key), v);
   return v;
 }
 
@@ -104,12 +127,19 @@ double Fragmentation::OfCluster(const ClusterState& st) {
   return total;
 }
 
-double Fragmentation::Compute(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
-                              const std::vector<ClassGpu>& gpus) {
+namespace {
+int64_t HealthyFreeMilli(const std::vector<ClassGpu>& gpus) {
   int64_t total = 0;
   for (const ClassGpu& g : gpus) {
     if (g.healthy) total += g.milli_left;
   }
+  return total;
+}
+}  // namespace
+
+double Fragmentation::Compute(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                              const std::vector<ClassGpu>& gpus) {
+  const int64_t total = HealthyFreeMilli(gpus);
   if (total == 0) return 0;
   double frag = 0;
   for (size_t t = 0; t < typical_.size(); ++t) {
@@ -133,6 +163,28 @@ double Fragmentation::Compute(const NodeShape& shape, ShapeId shape_id, int64_t 
     }
   }
   return frag;
+}
+
+double Fragmentation::ComputeStranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                                      const std::vector<ClassGpu>& gpus) {
+  const int64_t total = HealthyFreeMilli(gpus);
+  if (total == 0) return 0;
+  double stranded = 0;
+  for (size_t t = 0; t < typical_.size(); ++t) {
+    const TypicalRequest& tr = typical_[t];
+    const uint64_t accepted = Accepted(shape, shape_id, t);
+    // How many of t the GPUs hold: shares on each GPU, or requests of whole fitting GPUs.
+    int64_t by_gpu = 0;
+    for (const ClassGpu& g : gpus) {
+      if (g.healthy && ((accepted >> g.kind) & 1) && tr.milli_per_gpu > 0)
+        by_gpu += g.milli_left / tr.milli_per_gpu;
+    }
+    if (tr.gpus > 1) by_gpu /= tr.gpus;
+    const int64_t by_cpu = tr.cpu_milli > 0 ? cpu_left / tr.cpu_milli : by_gpu;
+    const int64_t used = std::min(by_gpu, by_cpu) * tr.gpus * tr.milli_per_gpu;
+    stranded += tr.frequency * static_cast<double>(total - used);
+  }
+  return stranded;
 }
 
 }  // namespace tessera::sched

@@ -3,8 +3,9 @@
 // much of a node's free GPU compute cannot be used by the workload's typical requests. For each
 // typical request t with frequency f: if the node cannot host t (too few fitting GPUs, too little
 // CPU, or no acceptable model), all its free GPU compute is fragment (weighted by f); if it can,
-// the free compute on GPUs too full for t is. Values are in thousandths of a GPU. Not thread-safe
-// (the memo is mutable).
+// the free compute on GPUs too full for t is. And a measure of our own beside it, Stranded(): what
+// a run of each typical request could not fill, CPU included. Values are in thousandths of a GPU.
+// Not thread-safe (the memos are mutable).
 
 #include <cstdint>
 #include <string>
@@ -43,10 +44,23 @@ class Fragmentation {
   double Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
             const std::vector<ClassGpu>& gpus);
 
+  // What a run of each typical request alone could not fill: for request t, as many of t as the
+  // node's CPU and its fitting GPUs hold (shares per GPU, whole GPUs per request), and the free
+  // compute they would leave is t's part (weighted by t's frequency). Where Of() counts every
+  // fitting GPU usable once one t fits, this counts a node whose CPU runs out after k of t as
+  // stranding the GPUs beyond k's, and a GPU with 700 thousandths free as stranding 200 of them for
+  // shares of 500. Memoised on the CPU left and the free shares.
+  double Stranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                  const std::vector<ClassGpu>& gpus);
+
   // The whole cluster's fragmentation (sum over nodes, thousandths of a GPU).
   double OfCluster(const ClusterState& state);
 
-  size_t memo_size() const { return memo_.size(); }
+  size_t memo_size() const { return memo_.size() + stranded_memo_.size(); }
+
+  // Each memo is emptied when it reaches this many entries (a long-running server sees CPU and GPU
+  // states without end); the values are recomputed as needed.
+  static constexpr size_t kMemoLimit = size_t{1} << 20;
 
  private:
   struct KeyHash {
@@ -54,12 +68,21 @@ class Fragmentation {
   };
   double Compute(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
                  const std::vector<ClassGpu>& gpus);
+  double ComputeStranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
+                         const std::vector<ClassGpu>& gpus);
   // Bitmask of the shape's GPU kinds that typical request t accepts.
   uint64_t Accepted(const NodeShape& shape, ShapeId shape_id, size_t t);
 
   std::vector<TypicalRequest> typical_;
   std::vector<int64_t> cpu_levels_;  // distinct typical CPU sizes, ascending
-  std::unordered_map<std::vector<uint64_t>, double, KeyHash> memo_;
+  using Memo = std::unordered_map<std::vector<uint64_t>, double, KeyHash>;
+  // The memo key of a node state: (shape, `cpu`) then the healthy GPUs' (kind, compute left),
+  // sorted.
+  static std::vector<uint64_t> KeyOf(ShapeId shape_id, uint64_t cpu,
+                                     const std::vector<ClassGpu>& gpus);
+  static void Remember(Memo& memo, std::vector<uint64_t> key, double value);
+  Memo memo_;
+  Memo stranded_memo_;
   std::vector<std::vector<uint64_t>> accepted_;  // [shape][t]
 };
 

@@ -63,6 +63,43 @@ TEST(Fragmentation, MemoIsExactAcrossCpuWithinARank) {
   EXPECT_NE(a, c);
 }
 
+TEST(Fragmentation, StrandedCountsGpusTheCpuCannotServe) {
+  // The workload: one-GPU jobs of 8 cores. A node with 4 GPUs free and 16 cores left can host
+  // one, so FGD sees nothing fragmented; but only two of them fit its CPU, and the other two
+  // GPUs are stranded.
+  Fragmentation f({{8000, 1000, 1, {}, 1.0}});
+  NodeShape s = Shape(4);
+  EXPECT_DOUBLE_EQ(f.Of(s, 0, 16000, Gpus({1000, 1000, 1000, 1000})), 0);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 16000, Gpus({1000, 1000, 1000, 1000})), 2000);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 64000, Gpus({1000, 1000, 1000, 1000})), 0);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 7999, Gpus({1000, 1000, 1000, 1000})), 4000);
+  // Nothing free, nothing stranded.
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 0, Gpus({0, 0, 0, 0})), 0);
+}
+
+TEST(Fragmentation, StrandedCountsWhatSharesLeaveOnEachGpu) {
+  // Shares of 500 and two-GPU jobs, half each. 700 free on one GPU: one share fits and 200 stay
+  // (FGD counts the 700 usable for shares); the two-GPU jobs fit the two whole GPUs once.
+  Fragmentation f({{1000, 500, 1, {}, 0.5}, {1000, 1000, 2, {}, 0.5}});
+  NodeShape s = Shape(3);
+  const auto gpus = Gpus({700, 1000, 1000});
+  EXPECT_DOUBLE_EQ(f.Of(s, 0, 64000, gpus), 0.5 * 0 + 0.5 * 700);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 64000, gpus), 0.5 * 200 + 0.5 * 700);
+  // A model the requests cannot use strands everything.
+  Fragmentation v100({{1000, 500, 1, {"V100"}, 1.0}});
+  EXPECT_DOUBLE_EQ(v100.Stranded(s, 0, 64000, gpus), 2700);
+}
+
+TEST(Fragmentation, MemosAreBounded) {
+  Fragmentation f({{1000, 1000, 1, {}, 1.0}});
+  NodeShape s = Shape(1);
+  for (int cpu = 0; cpu < static_cast<int>(Fragmentation::kMemoLimit) + 10; cpu += 1)
+    f.Stranded(s, 0, cpu, Gpus({1000}));
+  EXPECT_LE(f.memo_size(), Fragmentation::kMemoLimit);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 999, Gpus({1000})), 1000);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 1000, Gpus({1000})), 0);
+}
+
 TEST(TypicalRequests, MergesShapesAndNormalises) {
   std::vector<core::Request> rs(4);
   rs[0].gpus = 1;

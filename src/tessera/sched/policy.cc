@@ -189,7 +189,7 @@ std::vector<std::string> AllPolicyNames() {
 }
 
 std::vector<WeightedPolicy> DefaultPolicies() {
-  return {{"fgd", 1}, {"bestfit", 0.01}, {"topology", 0.5}};
+  return {{"fgd", 1}, {"stranded", 0.05}, {"bestfit", 0.01}, {"topology", 0.5}};
 }
 
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text) {
@@ -263,6 +263,7 @@ PolicySet::PolicySet(std::vector<WeightedPolicy> policies, Fragmentation* fragme
     scores_.push_back(def->make(fragmentation));
     if (share_chooser_ == nullptr && scores_.back()->ChoosesShareGpu())
       share_chooser_ = scores_.back().get();
+    ties_to_first_node_ = ties_to_first_node_ || scores_.back()->TiesToFirstNode();
   }
 }
 

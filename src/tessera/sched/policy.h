@@ -29,7 +29,8 @@ struct WeightedPolicy {
 absl::StatusOr<std::vector<WeightedPolicy>> ParsePolicies(const std::string& text);
 // Every registered policy's name, in registry order.
 std::vector<std::string> AllPolicyNames();
-// Tessera's default policy set: fgd:1, bestfit:0.01, topology:0.5 (see docs/simulator.md for why).
+// Tessera's default policy set: fgd:1, stranded:0.05, bestfit:0.01, topology:0.5 (see
+// docs/simulator.md for why).
 std::vector<WeightedPolicy> DefaultPolicies();
 
 // One node's state, GPUs in class order (sorted for interchangeable GPUs, index order otherwise).
@@ -79,6 +80,9 @@ class ScorePlugin {
   // Whether this score also picks the GPU a share of one goes on: the first such policy of a set
   // does (by its score of each candidate GPU); with none, the fullest GPU that fits.
   virtual bool ChoosesShareGpu() const { return false; }
+  // Whether equal best scores should go to the node added first (lowest node id) rather than as
+  // SchedulerConfig says: how the FGD paper's simulator breaks ties, for reproducing its figures.
+  virtual bool TiesToFirstNode() const { return false; }
 };
 
 // A filter plugin: a condition a node must meet besides the core's own checks (CPU, memory, and the
@@ -119,12 +123,15 @@ class PolicySet {
 
   const std::vector<WeightedPolicy>& policies() const { return policies_; }
   bool random_only() const;
+  // Whether any of the policies wants ties to go to the first node (ScorePlugin::TiesToFirstNode).
+  bool ties_to_first_node() const { return ties_to_first_node_; }
 
  private:
   std::vector<WeightedPolicy> policies_;
   std::vector<std::unique_ptr<ScorePlugin>> scores_;  // one per policy, same order
   const std::vector<std::unique_ptr<FilterPlugin>>* filters_;
   const ScorePlugin* share_chooser_ = nullptr;  // the first that ChoosesShareGpu
+  bool ties_to_first_node_ = false;
 };
 
 // Interference-aware sharing: whether a share `r` may go on GPU `g` as far as predicted

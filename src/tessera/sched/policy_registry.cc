@@ -15,6 +15,8 @@ std::unique_ptr<ScorePlugin> NewDotProductScore(Fragmentation*);
 std::unique_ptr<ScorePlugin> NewGpuPackingScore(Fragmentation*);
 std::unique_ptr<ScorePlugin> NewGpuClusteringScore(Fragmentation*);
 std::unique_ptr<ScorePlugin> NewFgdScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewStrandedScore(Fragmentation*);
+std::unique_ptr<ScorePlugin> NewFgdPaperScore(Fragmentation*);
 std::unique_ptr<ScorePlugin> NewTopologyScore(Fragmentation*);
 
 const std::vector<PolicyDef>& ScorePolicies() {
@@ -28,6 +30,10 @@ const std::vector<PolicyDef>& ScorePolicies() {
       {"gpupacking", "shared GPUs first, then used nodes, then idle nodes", NewGpuPackingScore},
       {"gpuclustering", "nodes already running work of the same GPU size", NewGpuClusteringScore},
       {"fgd", "fragmentation gradient descent: least growth of fragmentation", NewFgdScore},
+      {"stranded", "least growth of the GPU compute runs of typical requests could not fill",
+       NewStrandedScore},
+      {"fgd-paper", "FGD as the paper's simulator runs it: integer score, ties to the first node",
+       NewFgdPaperScore},
       {"topology", "best-linked GPU set; satisfies 'prefer' topology wishes", NewTopologyScore},
   };
   return kPolicies;

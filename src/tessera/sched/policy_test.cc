@@ -57,8 +57,11 @@ TEST(Policies, RegistryNamesEachPolicyOnceAndBuildsItsPlugin) {
     EXPECT_NE(d.make(&frag), nullptr) << d.name;
     EXPECT_EQ(FindScorePolicy(d.name), &d);
   }
-  EXPECT_EQ(names.size(), 9u);
+  EXPECT_EQ(names.size(), 11u);
   EXPECT_EQ(FindScorePolicy("bogus"), nullptr);
+  // Only FGD as the paper runs it asks for ties to the first node.
+  for (const PolicyDef& d : ScorePolicies())
+    EXPECT_EQ(d.make(&frag)->TiesToFirstNode(), d.name == "fgd-paper") << d.name;
   // Only the policies with a GPU preference choose where a share goes.
   EXPECT_TRUE(FindScorePolicy("fgd")->make(&frag)->ChoosesShareGpu());
   EXPECT_TRUE(FindScorePolicy("dotprod")->make(&frag)->ChoosesShareGpu());
@@ -167,6 +170,59 @@ TEST(Policies, FgdBreaksEqualFragmentationByBestFitNotAtRandom) {
     ASSERT_TRUE(s.Place(Whole("four", 4)).ok());  // the only node then
     ASSERT_TRUE(s.AddNode(Node("idle", 8)).ok());
     EXPECT_EQ(NodeOf(s, Whole("x", 1)), "busy") << "seed " << seed;
+  }
+}
+
+TEST(Policies, TesseraKeepsCpuOnlyWorkOffANodeWhoseCpuIsAlreadyShort) {
+  // One-GPU jobs of 4 cores: "lean" has CPU for two of them beside its four GPUs, "rich" for
+  // sixteen. A 4-core CPU-only job fits either, and FGD sees no fragment on either (each can still
+  // host a typical job), so best fit alone sends it to the fuller "lean" - leaving CPU for one job
+  // there and three of its GPUs stranded. The stranded measure counts them.
+  for (const char* policy : {"tessera", "fgd,bestfit:0.01,topology:0.5"}) {
+    auto s = Make(policy);
+    ASSERT_TRUE(s->AddNode(Node("lean", 4, 8000)).ok());
+    ASSERT_TRUE(s->AddNode(Node("rich", 4, 64000)).ok());
+    s->SetTypicalRequests({{4000, 1000, 1, {}, 1.0}});
+    EXPECT_EQ(NodeOf(*s, Whole("cpu-job", 0, 4000)),
+              policy == std::string("tessera") ? "rich" : "lean")
+        << policy;
+  }
+}
+
+TEST(Policies, FgdPaperScoresInWholePointsAndTiesToTheFirstNode) {
+  // As the paper's simulator runs FGD: an integer score 0..100, and equal scores to the node
+  // added first. "busy" (4 of 8 GPUs taken) and "idle" score alike for a one-GPU job; exact FGD
+  // breaks the tie by best fit, the paper's by node order.
+  for (const char* policy : {"fgd", "fgd-paper"}) {
+    auto s = Make(policy, /*random_ties=*/true);
+    ASSERT_TRUE(s->AddNode(Node("idle", 8)).ok());
+    ASSERT_TRUE(s->AddNode(Node("busy", 8)).ok());
+    s->SetTypicalRequests({{1000, 1000, 1, {}, 1.0}});
+    Allocation four;
+    four.id = "four";
+    four.node = 1;
+    four.gpus = {0, 1, 2, 3};
+    four.milli_per_gpu = 1000;
+    four.request = Whole("four", 4);
+    ASSERT_TRUE(s->Restore(four).ok());
+    EXPECT_EQ(NodeOf(*s, Whole("x", 1)), policy == std::string("fgd") ? "busy" : "idle") << policy;
+  }
+}
+
+TEST(Policies, FgdPaperTiesGoToTheLowestNodeNotTheFirstClass) {
+  // Four identical nodes; a job placed on "a" and released sends "a" back to the end of its
+  // class's member list. Ties without random choice go to the class's first member ("d" here);
+  // fgd-paper's go to the node added first, whatever the seed.
+  for (const char* policy : {"fgd", "fgd-paper"}) {
+    for (bool random_ties : {false, true}) {
+      if (policy == std::string("fgd") && random_ties) continue;
+      auto s = Make(policy, random_ties);
+      for (const char* n : {"a", "b", "c", "d"}) ASSERT_TRUE(s->AddNode(Node(n, 8)).ok());
+      s->SetTypicalRequests({{1000, 1000, 1, {}, 1.0}});
+      ASSERT_TRUE(s->Place(Whole("x", 8)).ok());
+      ASSERT_EQ(s->state().node_name(s->Release("x")->node), "a");
+      EXPECT_EQ(NodeOf(*s, Whole("y", 1)), policy == std::string("fgd") ? "d" : "a") << policy;
+    }
   }
 }
 
@@ -308,7 +364,7 @@ core::Request BusyShare(const std::string& id, int milli, int util, int ceiling 
 
 TEST(Policies, SharesStayUnderAStrictPredictedUtilizationCeiling) {
   for (const char* policy : {"fgd", "tessera", "bestfit", "gpupacking"}) {
-    auto s = Make(policy == std::string("tessera") ? "fgd,bestfit:0.01,topology:0.5" : policy);
+    auto s = Make(policy);
     ASSERT_TRUE(s->AddNode(Node("n", 2)).ok());
     // 50% predicted on one GPU: a second 50% would make it 100% (over 70) and goes to the other
     // GPU, though every packing policy prefers the shared one by its room.

@@ -3,6 +3,7 @@
 // determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -268,7 +269,11 @@ TEST_P(PolicyProperties, SameSeedSameDecisions) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, PolicyProperties, ::testing::ValuesIn(AllPolicyNames()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& info) {
+                           std::string name = info.param;  // test names take no '-'
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // Few request shapes on a larger cluster, so Decide mostly updates its per-shape trees from the
 // class change log instead of rebuilding them: the best score must still match a scan of every

@@ -26,6 +26,7 @@ std::string JoinInts(const std::vector<int>& v) {
 
 Scheduler::Scheduler(SchedulerConfig config)
     : config_(std::move(config)), policies_(config_.policies, &fragmentation_), rng_(config_.seed) {
+  first_node_ties_ = policies_.ties_to_first_node();
   spread_only_ = config_.policies.size() == 1 && config_.policies[0].name == "spread";
 }
 
@@ -100,7 +101,7 @@ inline Scheduler::Best Combine(const Scheduler::Best& a, const Scheduler::Best& 
   if (a.weight == 0) return b;
   if (b.score > a.score + kTieEpsilon) return b;
   if (a.score > b.score + kTieEpsilon) return a;
-  return {a.score, a.weight + b.weight};
+  return {a.score, a.weight + b.weight, std::min(a.first, b.first)};
 }
 
 }  // namespace
@@ -134,9 +135,14 @@ void Scheduler::Ensure(Row& row, ClassId c, const core::Request& r) {
     return;
   }
   const Entry& e = Evaluated(row, c, r);
+  // The class's lowest node, for ties to the first node (kept at the maximum otherwise).
+  NodeId first = std::numeric_limits<NodeId>::max();
+  if (first_node_ties_) {
+    for (NodeId m : state_.class_members(c)) first = std::min(first, m);
+  }
   leaf = e.score == -std::numeric_limits<double>::infinity()
              ? Best{}
-             : Best{e.score, static_cast<uint64_t>(size)};
+             : Best{e.score, static_cast<uint64_t>(size), first};
 }
 
 int64_t Scheduler::ShapeKinds(Row& row, ShapeId s, const core::Request& r) {
@@ -193,7 +199,8 @@ void Scheduler::Refresh(Row& row, const core::Request& r) {
     const Best before = t[row.leaves + c];
     Ensure(row, c, r);
     const Best& after = t[row.leaves + c];
-    if (after.weight == before.weight && after.score == before.score) continue;
+    if (after.weight == before.weight && after.score == before.score && after.first == before.first)
+      continue;
     int parent = (row.leaves + c) / 2;
     if (!dirty_[parent]) {
       dirty_[parent] = 1;
@@ -235,6 +242,7 @@ Decision Scheduler::Decide(const core::Request& r) {
     if (version != 0) row.failed_at = version, row.why_not = d.why_not;
     return d;
   }
+  if (first_node_ties_) return PlacedOnFirstNode(row, root);
   // Walk down to a class with the best score: node-uniformly at random among ties (seeded), like
   // kube-scheduler, or the lowest class id.
   uint64_t u = config_.random_ties ? rng_() % root.weight : 0;
@@ -255,6 +263,21 @@ Decision Scheduler::Decide(const core::Request& r) {
   }
   const ClassId chosen = index - row.leaves;
   return Placed(chosen, u, row.entries[chosen]);
+}
+
+Decision Scheduler::PlacedOnFirstNode(const Row& row, const Best& root) {
+  // Down the tied subtree that holds the lowest node (each node keeps the lowest of its ties).
+  int index = 1;
+  while (index < row.leaves) {
+    const Best& left = row.tree[2 * index];
+    const bool left_has_it =
+        left.weight > 0 && left.score >= root.score - kTieEpsilon && left.first == root.first;
+    index = left_has_it ? 2 * index : 2 * index + 1;
+  }
+  const ClassId chosen = index - row.leaves;
+  const auto& members = state_.class_members(chosen);
+  const auto at = std::find(members.begin(), members.end(), root.first) - members.begin();
+  return Placed(chosen, static_cast<uint64_t>(at), row.entries[chosen]);
 }
 
 Decision Scheduler::Placed(ClassId chosen, uint64_t u, const Entry& e) {

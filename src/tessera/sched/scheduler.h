@@ -23,13 +23,15 @@
 namespace tessera::sched {
 
 struct SchedulerConfig {
-  // Tessera's default ("tessera" in ParsePolicies): FGD, with best fit as a light tie-breaker
-  // (FGD's differences are often tiny or nil; packing the fuller node keeps empty ones whole), and
-  // topology.
+  // Tessera's default ("tessera" in ParsePolicies): FGD; a twentieth of its weight on what runs of
+  // the typical requests could not fill (stranded: a node whose CPU runs out before its GPUs do);
+  // best fit as a light tie-breaker (FGD's differences are often tiny or nil; packing the fuller
+  // node keeps empty ones whole); and topology.
   std::vector<WeightedPolicy> policies = DefaultPolicies();
   uint64_t seed = 42;
   // Equal best scores are broken at random (seeded), node-uniformly, like kube-scheduler; otherwise
-  // the first node wins.
+  // the lowest-numbered class of identical nodes wins. A policy that asks for ties to the first
+  // node (fgd-paper: ScorePlugin::TiesToFirstNode) overrides both: the lowest node id wins.
   bool random_ties = true;
   // Whether a placement that fails says why per node (Decision::why_not and the error message).
   // Costs a pass over the cluster per failure; a simulator that only counts failures turns it off.
@@ -130,6 +132,7 @@ class Scheduler {
   struct Best {
     double score = -std::numeric_limits<double>::infinity();
     uint64_t weight = 0;
+    NodeId first = std::numeric_limits<NodeId>::max();  // lowest node among the tied, when kept
   };
 
  private:
@@ -181,6 +184,8 @@ class Scheduler {
   void SyncSpreadOrder();
   double SpreadKey(ClassId c) const;
   Decision Placed(ClassId chosen, uint64_t u, const Entry& e);
+  // The tied best class that holds the lowest node, and that node (ties to the first node).
+  Decision PlacedOnFirstNode(const Row& row, const Best& root);
   NodeView ViewOf(ClassId c) const;
   void Ensure(Row& row, ClassId c, const core::Request& r);
   void Rebuild(Row& row, const core::Request& r);
@@ -206,6 +211,7 @@ class Scheduler {
   std::vector<Row> cache_;      // [request shape]
   std::vector<uint8_t> dirty_;  // scratch for Refresh: internal tree nodes queued
   bool spread_only_ = false;
+  bool first_node_ties_ = false;  // a policy asks for ties to the first node
   std::vector<std::set<std::pair<double, ClassId>>>
       spread_order_;                   // by node shape, least used first
   std::vector<double> spread_key_;     // by class; NaN = not ordered

@@ -128,24 +128,40 @@ class GpuClustering final : public ScorePlugin {
 };
 
 // Fragmentation gradient descent: the least growth of the node's fragmentation against the typical
-// workload (docs/scheduling.md, FGD).
+// workload (docs/scheduling.md, FGD). Also, by the same gradient, the least growth of what runs of
+// the typical requests could not fill (Fragmentation::Stranded), and FGD as the paper's simulator
+// scores it.
 class Fgd final : public ScorePlugin {
  public:
-  explicit Fgd(Fragmentation* frag) : frag_(frag) {}
+  enum class Mode {
+    kFgd,       // exact scores; equal growth decided by best fit
+    kStranded,  // Fragmentation::Stranded instead of Of(); exact, no second key
+    kPaper,     // the reference simulator's integer 0..100 score, ties to the first node
+  };
+  Fgd(Fragmentation* frag, Mode mode) : frag_(frag), mode_(mode) {}
   bool ChoosesShareGpu() const override { return frag_ != nullptr; }
+  bool TiesToFirstNode() const override { return mode_ == Mode::kPaper; }
   double Score(const ScoreInput& in) const override {
     // CPU-only requests are scored too: the CPU they take can strand a node's GPUs.
     if (frag_ == nullptr || frag_->empty()) return 0.5;
     const NodeShape& shape = *in.node.shape;
     const std::vector<ClassGpu>& gpus = *in.node.gpus;
     const core::Request& r = in.request;
-    double before = frag_->Of(shape, in.node.shape_id, in.node.cpu_left, gpus);
+    auto measure = [&](int64_t cpu_left, const std::vector<ClassGpu>& g) {
+      return mode_ == Mode::kStranded ? frag_->Stranded(shape, in.node.shape_id, cpu_left, g)
+                                      : frag_->Of(shape, in.node.shape_id, cpu_left, g);
+    };
+    const double before = measure(in.node.cpu_left, gpus);
     std::vector<ClassGpu> after(gpus.begin(), gpus.end());
     for (int p : in.positions) {
       after[p].milli_left -= r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
     }
-    double frag_after = frag_->Of(shape, in.node.shape_id, in.node.cpu_left - r.cpu_milli, after);
+    const double frag_after = measure(in.node.cpu_left - r.cpu_milli, after);
     const double fgd = 1.0 / (1.0 + std::exp(-(before - frag_after) / 1000.0));
+    if (mode_ == Mode::kStranded) return fgd;
+    // The reference truncates to an integer node score (framework.MaxNodeScore = 100); the many
+    // ties this makes go to the first node (TiesToFirstNode), as its simulator's selectHost does.
+    if (mode_ == Mode::kPaper) return std::floor(fgd * 100) / 100;
     // Equal fragmentation growth (many nodes are in the same state, or the typical workload fits
     // alike) is decided by a second key instead of at random: the fuller node (best fit), which
     // keeps emptier nodes whole for the larger pods to come, and for a share the fuller GPU of it.
@@ -163,6 +179,7 @@ class Fgd final : public ScorePlugin {
  private:
   static constexpr double kTieBreak = 1e-7;
   Fragmentation* frag_;
+  Mode mode_;
 };
 
 // The best-linked GPU set; satisfies "prefer" topology wishes.
@@ -203,7 +220,15 @@ std::unique_ptr<ScorePlugin> NewGpuPackingScore(Fragmentation*) {
 std::unique_ptr<ScorePlugin> NewGpuClusteringScore(Fragmentation*) {
   return std::make_unique<GpuClustering>();
 }
-std::unique_ptr<ScorePlugin> NewFgdScore(Fragmentation* f) { return std::make_unique<Fgd>(f); }
+std::unique_ptr<ScorePlugin> NewFgdScore(Fragmentation* f) {
+  return std::make_unique<Fgd>(f, Fgd::Mode::kFgd);
+}
+std::unique_ptr<ScorePlugin> NewStrandedScore(Fragmentation* f) {
+  return std::make_unique<Fgd>(f, Fgd::Mode::kStranded);
+}
+std::unique_ptr<ScorePlugin> NewFgdPaperScore(Fragmentation* f) {
+  return std::make_unique<Fgd>(f, Fgd::Mode::kPaper);
+}
 std::unique_ptr<ScorePlugin> NewTopologyScore(Fragmentation*) {
   return std::make_unique<TopologyScore>();
 }

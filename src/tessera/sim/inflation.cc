@@ -1,5 +1,6 @@
 #include "tessera/sim/inflation.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <random>
@@ -15,6 +16,16 @@ std::string RequestKind(const core::Request& r) {
   return fmt::format("{}-gpu", r.gpus);
 }
 
+ArrivalOrder::ArrivalOrder(size_t pods, uint64_t seed) : draw_(seed), order_(pods) {
+  for (size_t i = 0; i < pods; ++i) order_[i] = i;
+  std::shuffle(order_.begin(), order_.end(), draw_);
+}
+
+size_t ArrivalOrder::Next() {
+  if (next_ < order_.size()) return order_[next_++];
+  return std::uniform_int_distribution<size_t>(0, order_.size() - 1)(draw_);
+}
+
 InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
                              const std::vector<core::Request>& pods,
                              const std::vector<sched::TypicalRequest>& typical,
@@ -27,8 +38,7 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
       NewSimScheduler(nodes, typical, config.policies, config.seed, &out.capacity_milli);
   sched::Scheduler& s = *scheduler;
 
-  // The draw of pods has its own stream, so every policy sees the same arrivals for a seed.
-  std::mt19937_64 draw(config.seed);
+  // The arrivals have their own stream, so every policy sees the same arrivals for a seed.
   const double capacity = static_cast<double>(out.capacity_milli);
   const double target = config.ratio * capacity;
   int64_t arrived_milli = 0, allocated_milli = 0, pods_arrived = 0, pods_failed = 0;
@@ -44,9 +54,9 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
     return p;
   };
   if (!pods.empty() && out.capacity_milli > 0) {
-    std::uniform_int_distribution<size_t> pick(0, pods.size() - 1);
+    ArrivalOrder arrivals(pods.size(), config.seed);
     while (arrived_milli < target) {
-      core::Request r = pods[pick(draw)];
+      core::Request r = pods[arrivals.Next()];
       r.id = fmt::format("i{}", pods_arrived);
       ++pods_arrived;
       arrived_milli += r.gpu_milli_total();
@@ -68,6 +78,18 @@ InflationResult RunInflation(const std::vector<core::NodeSpec>& nodes,
     }
   }
   out.final = point();
+  const sched::ClusterState& st = s.state();
+  for (sched::ClassId c : st.live_classes()) {
+    const auto members = static_cast<int64_t>(st.class_members(c).size());
+    for (const sched::ClassGpu& g : st.class_gpus(c)) {
+      if (!g.healthy || g.milli_left == 0) continue;
+      if (g.milli_left == core::kMilliPerGpu) {
+        out.whole_free_gpus += members;
+      } else {
+        out.gpus_by_milli_left[g.milli_left] += members;
+      }
+    }
+  }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -1,12 +1,15 @@
 #pragma once
-// Workload inflation (the FGD paper's experiment): an empty cluster; pods drawn with replacement
-// from a pod list, in a seeded order, arrive one by one until the GPU demand that arrived reaches a
-// ratio of the cluster's GPU capacity; pods never leave, and a pod that does not fit is counted as
-// failed and not retried. Uses the production Scheduler. Deterministic for given inputs and seed;
-// one run is single-threaded, so runs can go in parallel.
+// Workload inflation (the FGD paper's experiment): an empty cluster; every pod of a pod list once,
+// in a seeded order, then pods drawn with replacement from it, arrive one by one until the GPU
+// demand that arrived reaches a ratio of the cluster's GPU capacity (as the paper's simulator
+// tunes a list up to the ratio: its pods shuffled, then appended copies of random ones; a ratio
+// below the list's own demand takes a prefix of the shuffled list); pods never leave, and a pod
+// that does not fit is counted as failed and not retried. Uses the production Scheduler.
+// Deterministic for given inputs and seed; one run is single-threaded, so runs can go in parallel.
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -47,7 +50,25 @@ struct InflationResult {
   InflationPoint final;
   std::map<std::string, int64_t> failed_by_kind;  // "cpu-only", "share", "1-gpu", "2-gpu", ...
   std::map<std::string, int64_t> arrived_by_kind;
+  // Where the unallocated compute is at the end: GPUs left whole, and partly used GPUs by the
+  // thousandths they have left (healthy GPUs only).
+  int64_t whole_free_gpus = 0;
+  std::map<int32_t, int64_t> gpus_by_milli_left;
   double seconds = 0;  // wall time of the run
+};
+
+// The order pods of a list arrive in: every index of 0..pods-1 once, in an order `seed` shuffles,
+// then indices drawn with replacement. RunInflation's own order, for callers that replay it.
+// `pods` must be above 0.
+class ArrivalOrder {
+ public:
+  ArrivalOrder(size_t pods, uint64_t seed);
+  size_t Next();
+
+ private:
+  std::mt19937_64 draw_;
+  std::vector<size_t> order_;
+  size_t next_ = 0;
 };
 
 // The kind a report files a request under.

@@ -3,6 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
+#include <vector>
+
 #include "tessera/sched/test_util.h"
 #include "tessera/sim/inflation.h"
 #include "tessera/sim/replay.h"
@@ -204,6 +208,31 @@ TEST(Inflation, SameSeedSameCsvOtherSeedOtherDraw) {
   };
   EXPECT_EQ(once(7), once(7));
   EXPECT_NE(once(7), once(8));
+}
+
+TEST(Inflation, EveryPodArrivesOnceBeforeAnyIsDrawnAgain) {
+  // As the paper's simulator tunes a list up: the list shuffled, then copies of random pods.
+  ArrivalOrder a(50, 9), b(50, 9), other(50, 10);
+  std::vector<size_t> first, again;
+  for (int i = 0; i < 50; ++i) first.push_back(a.Next());
+  std::vector<size_t> sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < 50; ++i) EXPECT_EQ(sorted[i], i);
+  bool shuffled = false;
+  for (size_t i = 0; i < 50; ++i) shuffled = shuffled || first[i] != i;
+  EXPECT_TRUE(shuffled);
+  std::set<size_t> drawn;
+  for (int i = 0; i < 200; ++i) {
+    const size_t k = a.Next();
+    EXPECT_LT(k, 50u);
+    drawn.insert(k);
+  }
+  EXPECT_GT(drawn.size(), 30u) << "then drawn with replacement from the whole list";
+  for (int i = 0; i < 250; ++i) again.push_back(b.Next());
+  EXPECT_EQ(std::vector<size_t>(again.begin(), again.begin() + 50), first) << "same seed";
+  std::vector<size_t> third;
+  for (int i = 0; i < 50; ++i) third.push_back(other.Next());
+  EXPECT_NE(third, first) << "another seed, another order";
 }
 
 TEST(Inflation, SummaryAveragesSeeds) {

@@ -1,8 +1,9 @@
 // The simulator against the FGD paper (Weng et al., USENIX ATC'23) on the real openb traces:
 // workload inflation to 130%, seeds 42..51. Policies whose implementation follows the paper's
-// simulator must land within one percentage point of its published allocation ratios; Tessera's
-// default must leave fewer GPUs unallocated than FGD on every pod list. (docs/simulator.md explains
-// the policies that differ.)
+// simulator must land within one percentage point of its published allocation ratios, and FGD run
+// as the paper's simulator runs it (fgd-paper) within half a point on every carried pod list;
+// Tessera's default must leave fewer GPUs unallocated than FGD and allocate at least the paper's
+// FGD figure on each. (docs/simulator.md explains the policies that differ.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -53,21 +54,32 @@ TEST(PaperValidation, MatchedPoliciesWithinOnePoint) {
   }
 }
 
-class TesseraBeatsFgd : public ::testing::TestWithParam<const char*> {};
+// The paper's FGD allocation at 130% for the carried lists: mean of its ten seeds in the reference
+// simulator's expected results (hkust-adsl/kubernetes-scheduler-simulator,
+// experiments/analysis/expected_results/analysis_allo_discrete.csv).
+struct PaperFigure {
+  const char* list;
+  double fgd;
+};
+void PrintTo(const PaperFigure& p, std::ostream* os) { *os << p.list; }
 
-TEST_P(TesseraBeatsFgd, FewerUnallocatedGpus) {
-  // On gpuspec20 the two are closest (FGD breaks its own ties by best fit too; tessera's edge is
-  // its larger best-fit weight): 20 seeds there, 2 GPUs apart (about one standard error).
-  const std::string list = GetParam();
-  const int seeds = list == "default" ? 10 : list == "gpuspec20" ? 20 : 5;
-  std::string file = std::string("openb_pod_list_") + GetParam() + ".csv";
-  Mean fgd = Inflate(file, "fgd", seeds);
-  Mean tessera = Inflate(file, "tessera", seeds);
-  EXPECT_LT(tessera.unallocated, fgd.unallocated) << file;
+class OnEachCarriedList : public ::testing::TestWithParam<PaperFigure> {};
+
+TEST_P(OnEachCarriedList, FgdPaperReproducesTheFigureAndTesseraBeatsBoth) {
+  const std::string file = std::string("openb_pod_list_") + GetParam().list + ".csv";
+  const Mean fgd = Inflate(file, "fgd", 10);
+  const Mean paper_run = Inflate(file, "fgd-paper", 10);
+  const Mean tessera = Inflate(file, "tessera", 10);
+  EXPECT_NEAR(paper_run.allocated, GetParam().fgd, 0.5) << "fgd-paper against the paper";
+  EXPECT_LT(tessera.unallocated, fgd.unallocated) << "tessera against our FGD";
+  EXPECT_GE(tessera.allocated, GetParam().fgd) << "tessera against the paper's FGD";
 }
 
-INSTANTIATE_TEST_SUITE_P(PodLists, TesseraBeatsFgd,
-                         ::testing::Values("default", "gpushare40", "multigpu20", "gpuspec20"));
+INSTANTIATE_TEST_SUITE_P(
+    PodLists, OnEachCarriedList,
+    ::testing::Values(PaperFigure{"default", 95.39}, PaperFigure{"gpushare40", 94.15},
+                      PaperFigure{"multigpu20", 95.65}, PaperFigure{"gpuspec20", 94.84}),
+    [](const ::testing::TestParamInfo<PaperFigure>& i) { return std::string(i.param.list); });
 
 }  // namespace
 }  // namespace tessera::sim
