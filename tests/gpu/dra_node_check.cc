@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -128,8 +129,22 @@ int main(int argc, char** argv) {
             .c_str());
   }
   fs::create_directories(out);
-  const std::string w = fs::absolute(out).string() + "/work";
-  fs::remove_all(w);
+  // The kubelet's sockets live under the work folder, and a unix socket's path has at most 107
+  // bytes: a short temporary folder, not one under --out (a build tree can be deep), removed at
+  // exit.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string w = std::string(tmp && *tmp ? tmp : "/tmp") + "/tessera-dra-XXXXXX";
+  if (mkdtemp(w.data()) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  struct RemoveAtExit {
+    std::string dir;
+    ~RemoveAtExit() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{w};
   for (const char* sub : {"/kubelet", "/state", "/cdi"}) fs::create_directories(w + sub);
 
   FakeApiServer api;
