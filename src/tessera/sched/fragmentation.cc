@@ -1,6 +1,7 @@
 #include "tessera/sched/fragmentation.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -105,11 +106,36 @@ double Fragmentation::Of(const NodeShape& shape, ShapeId shape_id, int64_t cpu_l
   return v;
 }
 
+const std::vector<int64_t>& Fragmentation::StrandedCpuLevels(const NodeShape& shape,
+                                                             ShapeId shape_id) {
+  if (static_cast<size_t>(shape_id) >= stranded_levels_.size())
+    stranded_levels_.resize(shape_id + 1);
+  auto& levels = stranded_levels_[shape_id];
+  if (levels.empty()) {
+    // The CPU at which one more of t fits, up to as many of t as the shape's GPUs could ever hold.
+    const auto gpus = static_cast<int64_t>(shape.gpus.size());
+    for (const TypicalRequest& t : typical_) {
+      if (t.cpu_milli <= 0 || t.milli_per_gpu <= 0 || t.gpus <= 0) continue;
+      const int64_t most = gpus * core::kMilliPerGpu / t.milli_per_gpu / t.gpus;
+      for (int64_t k = 1; k <= most; ++k) levels.push_back(k * t.cpu_milli);
+    }
+    std::sort(levels.begin(), levels.end());
+    levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+    levels.push_back(std::numeric_limits<int64_t>::max());  // never empty once built
+  }
+  return levels;
+}
+
 double Fragmentation::Stranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
                                const std::vector<ClassGpu>& gpus) {
   if (typical_.empty()) return 0;
-  const int64_t cpu = std::clamp<int64_t>(cpu_left, 0, (int64_t{1} << 40) - 1);
-  std::vector<uint64_t> key = KeyOf(shape_id, static_cast<uint64_t>(cpu), gpus);
+  const int64_t cpu = std::max<int64_t>(cpu_left, 0);
+  // CPU matters only through how many of each typical request it holds, up to as many as the GPUs
+  // could: the rank among the CPU amounts where one more fits.
+  const std::vector<int64_t>& levels = StrandedCpuLevels(shape, shape_id);
+  const auto rank =
+      static_cast<uint64_t>(std::upper_bound(levels.begin(), levels.end(), cpu) - levels.begin());
+  std::vector<uint64_t> key = KeyOf(shape_id, rank, gpus);
   auto it = stranded_memo_.find(key);
   if (it != stranded_memo_.end()) return it->second;
   double v = ComputeStranded(shape, shape_id, cpu, gpus);

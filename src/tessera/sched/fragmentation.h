@@ -49,7 +49,8 @@ class Fragmentation {
   // compute they would leave is t's part (weighted by t's frequency). Where Of() counts every
   // fitting GPU usable once one t fits, this counts a node whose CPU runs out after k of t as
   // stranding the GPUs beyond k's, and a GPU with 700 thousandths free as stranding 200 of them for
-  // shares of 500. Memoised on the CPU left and the free shares.
+  // shares of 500. Memoised on the free shares and on the CPU left as far as it matters: how many
+  // of each typical request it holds, up to as many as the shape's GPUs could.
   double Stranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
                   const std::vector<ClassGpu>& gpus);
 
@@ -70,6 +71,9 @@ class Fragmentation {
                  const std::vector<ClassGpu>& gpus);
   double ComputeStranded(const NodeShape& shape, ShapeId shape_id, int64_t cpu_left,
                          const std::vector<ClassGpu>& gpus);
+  // The CPU amounts at which one more of some typical request fits on `shape`, ascending, capped
+  // at what its GPUs could hold; built once per shape.
+  const std::vector<int64_t>& StrandedCpuLevels(const NodeShape& shape, ShapeId shape_id);
   // Bitmask of the shape's GPU kinds that typical request t accepts.
   uint64_t Accepted(const NodeShape& shape, ShapeId shape_id, size_t t);
 
@@ -83,7 +87,8 @@ class Fragmentation {
   static void Remember(Memo& memo, std::vector<uint64_t> key, double value);
   Memo memo_;
   Memo stranded_memo_;
-  std::vector<std::vector<uint64_t>> accepted_;  // [shape][t]
+  std::vector<std::vector<uint64_t>> accepted_;        // [shape][t]
+  std::vector<std::vector<int64_t>> stranded_levels_;  // [shape]
 };
 
 }  // namespace tessera::sched

@@ -90,14 +90,39 @@ TEST(Fragmentation, StrandedCountsWhatSharesLeaveOnEachGpu) {
   EXPECT_DOUBLE_EQ(v100.Stranded(s, 0, 64000, gpus), 2700);
 }
 
+TEST(Fragmentation, StrandedMemoIsExactAcrossCpu) {
+  // The memo keys the CPU by how many of each typical request it holds: every CPU amount must give
+  // what a fresh computation gives.
+  const std::vector<TypicalRequest> typical = {{3000, 1000, 1, {}, 0.4},
+                                               {2500, 470, 1, {}, 0.3},
+                                               {8000, 1000, 2, {}, 0.2},
+                                               {0, 300, 1, {}, 0.1}};
+  Fragmentation memoised(typical);
+  NodeShape s = Shape(4);
+  for (const auto& gpus : {Gpus({1000, 1000, 1000, 1000}), Gpus({530, 1000, 60, 1000})}) {
+    for (int64_t cpu = -500; cpu <= 70000; cpu += 250) {
+      Fragmentation fresh(typical);
+      EXPECT_DOUBLE_EQ(memoised.Stranded(s, 0, cpu, gpus), fresh.Stranded(s, 0, cpu, gpus))
+          << "cpu " << cpu;
+    }
+  }
+  EXPECT_LT(memoised.memo_size(), 100u) << "CPU amounts that hold the same share one entry";
+}
+
 TEST(Fragmentation, MemosAreBounded) {
-  Fragmentation f({{1000, 1000, 1, {}, 1.0}});
-  NodeShape s = Shape(1);
-  for (int cpu = 0; cpu < static_cast<int>(Fragmentation::kMemoLimit) + 10; cpu += 1)
-    f.Stranded(s, 0, cpu, Gpus({1000}));
+  Fragmentation f({{1000, 100, 1, {}, 1.0}});
+  NodeShape s = Shape(3);
+  size_t calls = 0;
+  for (int c = 0; c <= 1000 && calls < Fragmentation::kMemoLimit + 10; ++c) {
+    for (int b = 0; b <= c && calls < Fragmentation::kMemoLimit + 10; ++b) {
+      for (int a = 0; a <= b && calls < Fragmentation::kMemoLimit + 10; ++a, ++calls)
+        f.Stranded(s, 0, 64000, Gpus({a, b, c}));
+    }
+  }
   EXPECT_LE(f.memo_size(), Fragmentation::kMemoLimit);
-  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 999, Gpus({1000})), 1000);
-  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 1000, Gpus({1000})), 0);
+  EXPECT_GT(f.memo_size(), 0u);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 64000, Gpus({150, 1000, 0})), 50);
+  EXPECT_DOUBLE_EQ(f.Stranded(s, 0, 999, Gpus({150, 1000, 0})), 1150);
 }
 
 TEST(TypicalRequests, MergesShapesAndNormalises) {
