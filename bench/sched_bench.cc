@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "tessera/sched/scheduler.h"
 #include "tessera/sim/openb.h"
@@ -121,13 +122,8 @@ void Register() {
   std::vector<std::string> sets = sched::AllPolicyNames();
   sets.push_back("tessera");
   if (const char* extra = std::getenv("SCHED_BENCH_POLICIES")) {
-    std::string all = extra;
-    for (size_t start = 0; start < all.size();) {
-      size_t end = all.find(';', start);
-      if (end == std::string::npos) end = all.size();
-      if (end > start) sets.push_back(all.substr(start, end - start));
-      start = end + 1;
-    }
+    for (absl::string_view set : absl::StrSplit(extra, ';', absl::SkipEmpty()))
+      sets.emplace_back(set);
   }
   for (const std::string& k : sets) {
     const std::string& name = k;

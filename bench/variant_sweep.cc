@@ -6,8 +6,8 @@
 //   variant_sweep DIR|--generated [--seeds N] [-j N] [--base POLICIES] [--policy POLICIES]
 // Prints a markdown table: mean allocation (s.d.), unallocated GPUs, the candidate's lead over the
 // base in points and in GPUs (paired by seed, with its standard error) and, for the 17 lists the
-// FGD paper evaluated, the candidate's lead over the paper's FGD figure; then where the
-// candidate's unallocated compute is at the end: GPUs left whole, and partly used GPUs by what
+// FGD paper evaluated, the candidate's lead over the paper's FGD figure (sim/paper.h); then where
+// the candidate's unallocated compute is at the end: GPUs left whole, and partly used GPUs by what
 // they have left (the three commonest amounts).
 #include <algorithm>
 #include <atomic>
@@ -23,26 +23,13 @@
 #include <vector>
 
 #include "tessera/sim/inflation.h"
+#include "tessera/sim/paper.h"
 #include "tessera/sim/trace.h"
 #include "tessera/sim/variant.h"
 
 using namespace tessera;
 
 namespace {
-
-// The FGD paper's GPU allocation at 130% arrived, mean of its 10 seeds, per pod list: the
-// reference simulator's expected results (hkust-adsl/kubernetes-scheduler-simulator,
-// experiments/analysis/expected_results/analysis_allo_discrete.csv, policy 06-FGD, column 130).
-const std::map<std::string, double>& PaperFgd() {
-  static const std::map<std::string, double> kPaper = {
-      {"cpu050", 95.21},     {"cpu100", 95.35},      {"cpu200", 95.05},     {"cpu250", 93.41},
-      {"default", 95.39},    {"gpushare100", 86.90}, {"gpushare40", 94.15}, {"gpushare60", 91.40},
-      {"gpushare80", 89.30}, {"gpuspec10", 94.95},   {"gpuspec20", 94.84},  {"gpuspec25", 94.74},
-      {"gpuspec33", 94.55},  {"multigpu20", 95.65},  {"multigpu30", 96.46}, {"multigpu40", 96.99},
-      {"multigpu50", 97.18},
-  };
-  return kPaper;
-}
 
 std::vector<core::Request> Load(const std::string& path) {
   auto loaded = sim::LoadJobs(path, sim::TraceFormat::kOpenb);
@@ -209,10 +196,11 @@ int main(int argc, char** argv) {
     const double lead = Mean(alloc[1]) - Mean(alloc[0]);
     lead_sum += lead;
     std::string paper = "-", over_paper = "-";
-    if (auto it = PaperFgd().find(name); it != PaperFgd().end()) {
-      const double d = Mean(alloc[1]) - it->second;
-      paper = std::to_string(it->second).substr(0, 5) + "%";
+    if (const auto figure = sim::PaperAllocationPercent("fgd", name)) {
+      const double d = Mean(alloc[1]) - *figure;
       char buf[32];
+      std::snprintf(buf, sizeof buf, "%.2f%%", *figure);
+      paper = buf;
       std::snprintf(buf, sizeof buf, "%+.2f", d);
       over_paper = buf;
       paper_sum += d;

@@ -21,6 +21,7 @@
 #include "tessera/sched/fragmentation.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sim/inflation.h"
+#include "tessera/sim/paper.h"
 #include "tessera/sim/replay.h"
 #include "tessera/sim/report.h"
 #include "tessera/sim/slurm_trace.h"
@@ -28,12 +29,6 @@
 
 namespace tessera::cli {
 namespace {
-
-// The FGD paper's figures for openb_pod_list_default at 130% arrived demand, mean of seeds 42..51
-// (fgd-paper is FGD run the way the paper's simulator runs it: the same figure).
-const std::map<std::string, double> kPaperDefault = {
-    {"random", 87.47},  {"dotprod", 90.85}, {"gpuclustering", 91.88}, {"gpupacking", 92.00},
-    {"bestfit", 93.08}, {"fgd", 95.39},     {"fgd-paper", 95.39}};
 
 struct SimFlags {
   std::string nodes, pods, format = "auto", policies = "all", output = "table", out_dir;
@@ -292,8 +287,8 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
           fmt::format("{:.0f} of {:.0f}", s.pods_failed, s.pods_arrived),
           fmt::format("{:.2f}", s.seconds / s.runs)};
       if (paper) {
-        auto it = kPaperDefault.find(s.label);
-        row.push_back(it == kPaperDefault.end() ? "-" : fmt::format("{:.2f}%", it->second));
+        const auto figure = sim::PaperAllocationPercent(s.label, "default");
+        row.push_back(figure ? fmt::format("{:.2f}%", *figure) : "-");
       }
       t.AddRow(row);
     }
@@ -316,8 +311,8 @@ int RunInflate(const SimFlags& f, int seeds, double ratio, double step, std::ost
       nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
       for (const auto& [k, v] : s.by_kind) kinds[k] = {{"arrived", v.first}, {"failed", v.second}};
       e["byKind"] = kinds;
-      if (paper && kPaperDefault.contains(s.label))
-        e["paperAllocatedRatio"] = kPaperDefault.at(s.label) / 100;
+      if (const auto figure = sim::PaperAllocationPercent(s.label, "default"); paper && figure)
+        e["paperAllocatedRatio"] = *figure / 100;
       j.push_back(e);
     }
     EmitStructured(j, format, out);
@@ -559,9 +554,8 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   CLI::App* inflate = sim->add_subcommand(
       "inflate",
       "Workload inflation (the FGD paper's experiment): the pod list's pods in a seeded order, "
-      "then "
-      "pods drawn with replacement, arrive until their GPU demand reaches --ratio of capacity; "
-      "report GPU allocation per policy");
+      "then pods drawn with replacement, arrive until their GPU demand reaches --ratio of "
+      "capacity; report GPU allocation per policy");
   AddCommon(inflate, inflate_flags);
   inflate
       ->add_option("--policies", inflate_flags.policies,

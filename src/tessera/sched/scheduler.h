@@ -77,6 +77,8 @@ class Scheduler {
            typical_version_;
   }
   QuotaManager& quotas() { return quotas_; }
+  const QuotaManager& quotas() const { return quotas_; }
+  const SchedulerConfig& config() const { return config_; }
 
   // A trial: what-ifs made between BeginTrial and EndTrial (releases, placements) are all undone
   // by its end, so the state is then as it was (Cycle::Reserve's). Decisions remembered by state
@@ -86,8 +88,6 @@ class Scheduler {
   void EndTrial();
   // version() less what trials changed and undid: equal values, the same state (outside trials).
   uint64_t state_version() const { return version() - trial_bumps_; }
-  const QuotaManager& quotas() const { return quotas_; }
-  const SchedulerConfig& config() const { return config_; }
 
   // Where `r` would go now, without changing anything. Quotas are not consulted.
   Decision Decide(const core::Request& r);
