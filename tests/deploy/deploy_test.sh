@@ -17,11 +17,43 @@ kubectl kustomize "$src/deploy" >"$tmp/rendered.yaml"
 node "$here/validate.js" <"$tmp/rendered.yaml" >"$tmp/validate.txt" || { cat "$tmp/validate.txt"; fail "invalid objects"; }
 tail -1 "$tmp/validate.txt"
 
-# Each piece is there.
-for want in "kind: DaemonSet" "name: tessera-agent" "name: tessera-extender" "kind: ServiceMonitor" \
+# Each piece is there; nothing a bare cluster lacks (no Prometheus Operator kinds: a ServiceMonitor
+# would make `kubectl apply -k deploy/` fail where its CRD is not installed).
+for want in "kind: DaemonSet" "name: tessera-agent" "name: tessera-extender" \
             "name: tessera-grafana-dashboard" "name: tessera-quotas" "name: tessera-scheduler-config"; do
   grep -q "$want" "$tmp/rendered.yaml" || fail "rendered deploy/ has no '$want'"
 done
+if grep -q "^apiVersion: monitoring.coreos.com" "$tmp/rendered.yaml"; then
+  fail "deploy/ renders Prometheus Operator objects without deploy/components/monitoring"
+fi
+# The monitoring component adds the ServiceMonitor, valid, in the overlay form the docs give.
+mkdir -p "$tmp/overlay"
+cp -r "$src/deploy" "$tmp/overlay/deploy"
+printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - deploy\ncomponents:\n  - deploy/components/monitoring\n' >"$tmp/overlay/kustomization.yaml"
+kubectl kustomize "$tmp/overlay" >"$tmp/monitoring.yaml"
+grep -q "^kind: ServiceMonitor" "$tmp/monitoring.yaml" || fail "components/monitoring adds no ServiceMonitor"
+node "$here/validate.js" <"$tmp/monitoring.yaml" >/dev/null || fail "invalid objects with components/monitoring"
+# Pod Security: the namespace says what the agent needs (host paths), so a cluster enforcing
+# baseline by default admits it; the agent'"'"'s pod is indeed outside baseline (a hostPath volume).
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8")).filter(Boolean);
+const fail = (m) => { console.error("deploy_test: pod security: " + m); process.exit(1); };
+const ns = docs.find((d) => d.kind === "Namespace" && d.metadata.name === "tessera-system");
+const l = (ns && ns.metadata.labels) || {};
+for (const mode of ["enforce", "audit", "warn"])
+  if (l["pod-security.kubernetes.io/" + mode] !== "privileged") fail("tessera-system has no " + mode + "=privileged label");
+const ds = docs.find((d) => d.kind === "DaemonSet" && d.metadata.name === "tessera-agent");
+if (!ds.spec.template.spec.volumes.some((v) => v.hostPath)) fail("the agent needs no host path: the label could be baseline");
+// The scheduler image: kube-scheduler 1.34+ (DRA, and the documented Kubernetes version).
+const s = docs.find((d) => d.kind === "Deployment" && d.metadata.name === "tessera-scheduler");
+const tag = s.spec.template.spec.containers[0].image.split(":").pop();
+const m = /^v1\.(\d+)\.\d+$/.exec(tag);
+if (!m || Number(m[1]) < 34) fail("kube-scheduler " + tag + ": the docs ask for 1.34+");
+// The library goes on the host by rename, never over a file pods have mapped.
+const init = ds.spec.template.spec.initContainers.find((c) => c.name === "install-intercept-library");
+if (!init || init.command[0] === "cp" || !init.command.includes("install-library")) fail("the library is installed with " + (init ? init.command.join(" ") : "nothing"));
+' "$here" "$tmp/rendered.yaml"
 # The scheduler profile: both resources managed and ignored by kube-scheduler's own fit check,
 # node-cache-capable, all four verbs.
 node -e '
@@ -128,7 +160,7 @@ if (!sm.spec.endpoints.every((e) => e.honorLabels === true)) fail("ServiceMonito
 const dash = docs.find((d) => d && d.kind === "ConfigMap" && d.metadata.name === "tessera-grafana-dashboard");
 const board = JSON.parse(dash.data["tessera.json"]);
 if (!board.panels || board.panels.length < 5) fail("the Grafana dashboard has too few panels");
-' "$here" "$tmp/rendered.yaml"
+' "$here" "$tmp/monitoring.yaml"  # deploy/ with components/monitoring
 
 # The agent on a real GPU node (docs/kubernetes.md, "Node prerequisites"): the host's driver root
 # mounted read-only where --driver-root says; with the toolkit's runtime class and every GPU asked
@@ -198,7 +230,7 @@ for (const [name, type] of [["gpu.tessera.io", "gpu"], ["gpu-share.tessera.io", 
     fail("DeviceClass " + name + " does not select the driver'"'"'s " + type + " devices");
 }
 // What src/tessera/agent/dra_slices.cc and dra_plugin.cc call, exactly.
-const want = { resourceslices: ["create", "delete", "list", "update"], resourceclaims: ["get"] };
+const want = { resourceslices: ["create", "delete", "list", "update", "watch"], resourceclaims: ["get", "list"] };
 const role = docs.find((d) => d.kind === "ClusterRole" && d.metadata.name === "tessera-agent-dra");
 for (const [res, verbs] of Object.entries(want)) {
   const r = role.rules.find((x) => x.apiGroups.includes("resource.k8s.io") && x.resources.includes(res));
@@ -297,11 +329,14 @@ chart="$src/deploy/helm/tessera"
 # The chart makes no Namespace: `helm install -n tessera-system --create-namespace` does, and a
 # Namespace in the chart would clash with it.
 if grep -q "^kind: Namespace" "$chart"/templates/*.yaml; then fail "the Helm chart creates a Namespace"; fi
+sched_image=$(sed -n '/^scheduler:/,/^[^ ]/s/^  image: //p' "$chart/values.yaml")
+[ -n "$sched_image" ] || fail "the chart's values.yaml has no scheduler.image"
 for f in "$src"/deploy/base/*.yaml; do
   [ "$(basename "$f")" = namespace.yaml ] && continue
   t="$chart/templates/$(basename "$f")"
   [ -f "$t" ] || fail "the chart has no template for $(basename "$f")"
   sed -e 's/{{ .Release.Namespace }}/tessera-system/g' -e 's/{{ .Values.image }}/tessera/g' \
+      -e "s|{{ .Values.scheduler.image }}|$sched_image|" \
       -e 's/{{ .Values.agent.runtimeClassName }}/nvidia/' \
       -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' \
       -e '/^{{- if .Values.dra.enabled }}$/,/^{{- end }}$/d' "$t" >"$tmp/chart.yaml"
@@ -316,6 +351,12 @@ for f in deviceclasses.yaml rbac.yaml policy.yaml; do
     fail "chart template $(basename "$t") differs from deploy/components/dra/$f"
 done
 grep -q -- "- --dra" "$chart/templates/agent.yaml" || fail "the chart's agent has no --dra under dra.enabled"
+# The ServiceMonitor as deploy/components/monitoring has it, under monitoring.serviceMonitor.
+sed -e '1,2d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$chart/templates/servicemonitor.yaml" >"$tmp/chart.yaml"
+diff -u "$src/deploy/components/monitoring/servicemonitor.yaml" "$tmp/chart.yaml" >/dev/null ||
+  fail "chart template servicemonitor.yaml differs from deploy/components/monitoring"
+grep -q 'Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor"' "$chart/templates/servicemonitor.yaml" ||
+  fail "the chart's ServiceMonitor is not conditional on the API serving it"
 # The chart's dashboard is deploy/grafana's (the one tests/e2e checks against a real Prometheus).
 cmp -s "$src/deploy/grafana/tessera.json" "$chart/files/tessera.json" ||
   fail "deploy/helm/tessera/files/tessera.json differs from deploy/grafana/tessera.json"

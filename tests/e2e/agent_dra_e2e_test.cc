@@ -4,12 +4,16 @@
 // ResourceClaims kube-scheduler allocated: registration, claims prepared with CDI IDs, the same
 // answer after an agent restart (from the checkpoint, with the claim gone from the API server),
 // bad claims, a share's limits inside a process run as the claim's CDI spec says, ResourceSlices
-// published (valid resource.k8s.io/v1), updated on an XID, republished when deleted, removed on
-// stop.
+// published (valid resource.k8s.io/v1), updated on an XID, republished when deleted, left on
+// stop. Day two (issue 49): a reboot (the CDI folder emptied), a kubelet restart (slices wiped, the
+// health stream in the version that kubelet calls), a truncated checkpoint, a hung API server.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,9 +97,10 @@ class AgentDraE2e : public ::testing::Test {
         "/kubelet --state-dir " + dir_ + "/state --cdi-dir " + dir_ +
         "/cdi --metrics-address '' --shares-per-gpu 4 " + dra_flags_ +
         " --health-recovery 0.5 "
-        "--health-probe 0.1 --label-resync 1 --pod-resources-socket '' --sysfs-root " +
-        dir_ + "/sys --kubeconfig " + api_.WriteKubeconfig(dir_ + "/kubeconfig") + " >>" + dir_ +
-        "/agent.log 2>&1";
+        "--health-probe 0.1 --label-resync " +
+        resync_ + " --pod-resources-socket '' --sysfs-root " + dir_ + "/sys --kubeconfig " +
+        (kubeconfig_.empty() ? api_.WriteKubeconfig(dir_ + "/kubeconfig") : kubeconfig_) + " >>" +
+        dir_ + "/agent.log 2>&1";
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     ASSERT_EQ(posix_spawn(&pid_, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
               0);
@@ -115,6 +120,8 @@ class AgentDraE2e : public ::testing::Test {
 
   bool xid_ = false;
   std::string dra_flags_ = "--dra-share-gpus 3";
+  std::string resync_ = "1";  // seconds between the slice publisher's own looks
+  std::string kubeconfig_;    // another API server's ("": the fake's)
   std::string dir_;
   FakeApiServer api_;
   json node_;
@@ -173,11 +180,13 @@ TEST_F(AgentDraE2e, RegistersPreparesAndAfterARestartAnswersTheSameCdiIds) {
   const std::string region = dir_ + "/state/regions/claim-" + share_uid + "-s.region";
   EXPECT_TRUE(fs::exists(region));
 
-  // Stop: both sockets go (the kubelet's deregistration), the node's slices too.
+  // Stop: both sockets go (the kubelet's deregistration); the node's slices stay, as upstream's
+  // plugin helper leaves them (the kubelet wipes them if the driver does not come back).
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !Slices().empty(); })) << Log();
   StopAgent();
   EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock"));
   EXPECT_FALSE(fs::exists(dir_ + "/kubelet/plugins/gpu.tessera.io/dra.sock"));
-  EXPECT_TRUE(Slices().empty());
+  EXPECT_FALSE(Slices().empty());
   // The claim objects are gone too now: the restarted agent answers from its checkpoint.
   api_.Delete(kClaims, "train");
   api_.Delete(kClaims, "infer");
@@ -333,7 +342,7 @@ class AgentDraSlicesE2e : public AgentDraE2e {
   }
 };
 
-TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRemovesThem) {
+TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndLeavesThem) {
   StartAgent();
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
   json slice = Slices()[0];
@@ -432,7 +441,14 @@ TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRe
   ASSERT_EQ(out.claims().at(ClaimUid("train")).error(), "");
 
   StopAgent();
-  EXPECT_TRUE(Slices().empty());
+  EXPECT_EQ(Slices().size(), 1u);  // left for the kubelet, as upstream's plugin helper does
+  // A start after the checkpoint was truncated lists the claims to prepare them again.
+  fs::resize_file(dir_ + "/kubelet/plugins/gpu.tessera.io/checkpoint.json", 10);
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return Log().find("DRA state rebuilt from the API server") != std::string::npos;
+  })) << Log();
+  StopAgent();
 
   // deploy/components/dra grants the agent exactly the resource.k8s.io verbs it used.
   std::set<std::string> used, granted;
@@ -451,6 +467,9 @@ TEST_F(AgentDraSlicesE2e, PublishesValidSlicesUpdatesThemOnAnXidRepublishesAndRe
       }
     }
   }
+  // Deleting a slice is granted for a pool that shrinks to fewer slices, which this node's four
+  // GPUs never do (one slice).
+  used.insert("delete resourceslices.resource.k8s.io");
   EXPECT_EQ(used, granted);
 }
 
@@ -547,6 +566,192 @@ TEST_F(AgentDraE2e, BadDraFlagsAreExitCodesWithReasons) {
                            "--dra-partitionable", "--dra-consumable", "--sysfs-root"}) {
     EXPECT_THAT(help.out, HasSubstr(flag));
   }
+}
+
+// A node rebooted: /var/run/cdi is tmpfs and comes back empty. Every prepared claim's spec is
+// written again at start, before the kubelet asks, and again whenever a repeated prepare finds it
+// gone; the share keeps its limits.
+TEST_F(AgentDraE2e, AfterARebootEveryPreparedClaimResolvesAgain) {
+  api_.Put(kClaims, Claim("train", {{"gpus", "gpu-0"}, {"gpus", "gpu-1"}}));
+  api_.Put(kClaims, Claim("infer", {{"s", "gpu-3-share-1"}}));
+  const std::string uid = ClaimUid("train"), share_uid = ClaimUid("infer");
+  StartAgent();
+  dra::NodePrepareResourcesResponse first;
+  {
+    FakeDraKubelet kubelet(dir_ + "/kubelet");
+    ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+    ASSERT_TRUE(kubelet.Prepare({Ref("train"), Ref("infer")}, &first).ok());
+  }
+  ASSERT_EQ(first.claims().at(share_uid).error(), "") << Log();
+  const std::string spec = dir_ + "/cdi/tessera.io-claim_" + uid + ".json";
+  const std::string share_spec = dir_ + "/cdi/tessera.io-claim_" + share_uid + ".json";
+  const std::string before = tessera::test::ReadFile(share_spec);
+  const std::string region = dir_ + "/state/regions/claim-" + share_uid + "-s.region";
+  StopAgent();
+
+  // The reboot: the CDI folder empty, the region gone too (a state folder on tmpfs).
+  for (const auto& e : fs::directory_iterator(dir_ + "/cdi")) fs::remove(e.path());
+  fs::remove(region);
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock");
+  })) << Log();
+  // Before any prepare: every claim's spec is back, byte for byte, and the node's GPU spec.
+  EXPECT_TRUE(fs::exists(spec)) << Log();
+  EXPECT_EQ(tessera::test::ReadFile(share_spec), before);
+  EXPECT_TRUE(fs::exists(region));
+  bool gpu_spec = false;
+  for (const auto& e : fs::directory_iterator(dir_ + "/cdi")) {
+    gpu_spec = gpu_spec ||
+               tessera::test::ReadFile(e.path()).find("\"tessera.io/gpu\"") != std::string::npos;
+  }
+  EXPECT_TRUE(gpu_spec);
+  // Every CDI ID the kubelet holds resolves in the folder (what a runtime does).
+  auto resolves = [&](const std::string& id) {
+    const std::string kind = id.substr(0, id.find('=')), name = id.substr(id.find('=') + 1);
+    for (const auto& e : fs::directory_iterator(dir_ + "/cdi")) {
+      json j = json::parse(tessera::test::ReadFile(e.path()), nullptr, false);
+      if (j.is_discarded() || j.value("kind", "") != kind) continue;
+      for (const json& d : j["devices"]) {
+        if (d.value("name", "") == name) return true;
+      }
+    }
+    return false;
+  };
+  for (const auto& [claim, entry] : first.claims()) {
+    for (const auto& d : entry.devices()) {
+      for (const auto& id : d.cdi_device_ids()) EXPECT_TRUE(resolves(id)) << id;
+    }
+  }
+
+  // Wiped while running: the kubelet's repeated prepare finds it gone and gets it written.
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+  fs::remove(share_spec);
+  dra::NodePrepareResourcesResponse again;
+  ASSERT_TRUE(kubelet.Prepare({Ref("train"), Ref("infer")}, &again).ok());
+  EXPECT_EQ(CdiIds(again.claims().at(share_uid)), CdiIds(first.claims().at(share_uid)));
+  EXPECT_EQ(tessera::test::ReadFile(share_spec), before);
+  EXPECT_THAT(before, HasSubstr("TESSERA_CUDA_MEM_LIMIT"));
+}
+
+// The kubelet restarted: it wipes the node's slices and registers the driver again. The slices are
+// back at once (the resync here is 10 minutes, so only the watch and the registration can bring
+// them), and the health stream works in the version that kubelet calls.
+TEST_F(AgentDraE2e, AKubeletRestartGetsTheSlicesBackAtOnceAndHealthInItsVersion) {
+  resync_ = "600";
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+  {
+    FakeDraKubelet old(dir_ + "/kubelet", 34);
+    ASSERT_TRUE(old.Register(kDriver)) << old.why();
+    old.WatchHealth();
+    EXPECT_EQ(old.health_service(), "v1alpha1.DRAResourceHealth");
+    EXPECT_TRUE(old.WaitHealth([](const v1::NodeWatchResourcesResponse& r) {
+      return r.devices_size() == 7 && r.devices(0).health() == v1::HEALTHY;
+    })) << old.health_error();
+    EXPECT_EQ(old.health_error(), "");
+  }
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const json& s : Slices()) api_.Delete(kSlices, s["metadata"]["name"]);
+    FakeDraKubelet kubelet(dir_ + "/kubelet", 37);
+    ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why();
+    ASSERT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+    std::printf(
+        "round %d: slices back %.0f ms after the wipe\n", round,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    kubelet.WatchHealth();
+    EXPECT_EQ(kubelet.health_service(), "v1.DRAResourceHealth");
+    EXPECT_TRUE(kubelet.WaitHealth(
+        [](const v1::NodeWatchResourcesResponse& r) { return r.devices_size() == 7; }));
+  }
+  // A wipe with no registration after it (the kubelet's delayed wipe): the watch alone.
+  api_.Delete(kSlices, Slices()[0]["metadata"]["name"]);
+  EXPECT_TRUE(FakeApiServer::WaitFor([&] { return Slices().size() == 1; })) << Log();
+}
+
+// A truncated checkpoint (a full disk, a crash): set aside, the claims in use on this node
+// prepared again from the API server, an Event on the node naming the file - no crash loop.
+TEST_F(AgentDraE2e, ATruncatedCheckpointIsSetAsideAndTheClaimsInUseRebuilt) {
+  json in_use = Claim("train", {{"gpus", "gpu-0"}});
+  in_use["status"]["reservedFor"] = {{{"resource", "pods"}, {"name", "p"}, {"uid", "pod-uid"}}};
+  api_.Put(kClaims, in_use);
+  api_.Put(kClaims, Claim("done", {{"gpus", "gpu-1"}}));  // allocated, no pod uses it now
+  const std::string uid = ClaimUid("train");
+  StartAgent();
+  {
+    FakeDraKubelet kubelet(dir_ + "/kubelet");
+    ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+    dra::NodePrepareResourcesResponse out;
+    ASSERT_TRUE(kubelet.Prepare({Ref("train")}, &out).ok());
+    ASSERT_EQ(out.claims().at(uid).error(), "") << Log();
+  }
+  StopAgent();
+  const std::string checkpoint = dir_ + "/kubelet/plugins/gpu.tessera.io/checkpoint.json";
+  fs::resize_file(checkpoint, fs::file_size(checkpoint) / 2);
+  for (const auto& e : fs::directory_iterator(dir_ + "/cdi")) fs::remove(e.path());
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock");
+  })) << Log();
+  EXPECT_TRUE(fs::exists(dir_ + "/cdi/tessera.io-claim_" + uid + ".json")) << Log();
+  EXPECT_FALSE(fs::exists(dir_ + "/cdi/tessera.io-claim_" + ClaimUid("done") + ".json"));
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(dir_ + "/kubelet/plugins/gpu.tessera.io")) {
+    aside += e.path().filename().string().starts_with("checkpoint.json.corrupt-");
+  }
+  EXPECT_EQ(aside, 1);
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    for (const json& e : api_.List("/apis/events.k8s.io/v1/namespaces/default/events")) {
+      if (e.value("reason", "") == "CheckpointSetAside" &&
+          e.value("note", "").find("checkpoint.json.corrupt-") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  })) << Log();
+  // The kubelet's prepare answers as before, and the agent keeps serving.
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+  dra::NodePrepareResourcesResponse out;
+  ASSERT_TRUE(kubelet.Prepare({Ref("train")}, &out).ok());
+  EXPECT_EQ(out.claims().at(uid).error(), "");
+}
+
+// SIGTERM while the API server accepts connections and never answers: the agent is gone within
+// seconds (its calls in flight cut), not after the client's 30 s timeouts one after another.
+TEST_F(AgentDraE2e, SigtermIsBoundedWhileTheApiServerHangs) {
+  int hung = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(hung, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(hung, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(hung, 128), 0);  // connections complete in the kernel; nothing is read
+  ASSERT_EQ(getsockname(hung, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  kubeconfig_ = dir_ + "/hung-kubeconfig";
+  std::ofstream(kubeconfig_) << "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n"
+                                "    server: http://127.0.0.1:"
+                             << ntohs(addr.sin_port)
+                             << "\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n"
+                                "  context:\n    cluster: c\n    user: u\ncurrent-context: x\n";
+  StartAgent();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return fs::exists(dir_ + "/kubelet/plugins_registry/gpu.tessera.io-reg.sock");
+  })) << Log();
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(pid_, SIGTERM);
+  int status = 0;
+  const bool gone = FakeApiServer::WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; },
+                                           std::chrono::seconds(15));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(hung);
+  ASSERT_TRUE(gone) << "still running " << s << " s after SIGTERM\n" << Log();
+  pid_ = -1;
+  std::printf("stopped %.2f s after SIGTERM with the API server hung\n", s);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Log();
 }
 
 }  // namespace

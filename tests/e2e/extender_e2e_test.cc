@@ -573,10 +573,10 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   const size_t at = log.find("tcp port ");
   ASSERT_NE(at, std::string::npos) << log;
 
-  // The agents and the extender scraped as deploy/base/servicemonitor.yaml asks the Operator to
-  // (honorLabels per endpoint: the agents' and the extender's "metrics" ports).
-  const YAML::Node monitor =
-      YAML::LoadFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/base/servicemonitor.yaml");
+  // The agents and the extender scraped as deploy/components/monitoring/servicemonitor.yaml asks
+  // the Operator to (honorLabels per endpoint: the agents' and the extender's "metrics" ports).
+  const YAML::Node monitor = YAML::LoadFile(std::string(TESSERA_SOURCE_DIR) +
+                                            "/deploy/components/monitoring/servicemonitor.yaml");
   std::map<std::string, bool> honor;
   for (const YAML::Node& e : monitor["spec"]["endpoints"])
     honor[e["port"].as<std::string>()] = e["honorLabels"].as<bool>(false);

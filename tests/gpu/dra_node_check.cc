@@ -323,8 +323,9 @@ int main(int argc, char** argv) {
   int status = 0;
   waitpid(pid, &status, 0);
   Check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "agent stopped cleanly on SIGTERM");
-  Check(FakeApiServer::WaitFor([&] { return api.List(kSlices).empty(); }),
-        "slices deleted on stop");
+  // As upstream's kubelet plugin helper does: the slices stay for the kubelet to wipe if the
+  // driver does not come back (an upgrade's new pod finds them current).
+  Check(!api.List(kSlices).empty(), "slices left on stop for the kubelet");
   fs::remove_all(w);  // sockets, checkpoint and specs; what is worth reading was copied to --out
   std::printf("%d checks failed\n", failures);
   return failures == 0 ? 0 : 1;

@@ -10,6 +10,7 @@
 #include "tessera/agent/metrics.h"
 #include "tessera/core/clock.h"
 #include "tessera/devices/cdi.h"
+#include "tessera/kube/object.h"
 #include "tessera/net/http.h"
 #include "tessera/shim/arbiter.h"
 
@@ -128,6 +129,7 @@ absl::Status Agent::ServeKubelet() {
     pod_resources_ = std::make_unique<PodResourcesClient>(o.pod_resources_socket);
   }
   ConnectApiServer();
+  ReportSetAside("device plugin", state_->set_aside());
   if (o.dra) return StartDra();
   PluginServer::HintLookup hint;
   PluginServer::HintUsed hint_used;
@@ -208,7 +210,13 @@ absl::Status Agent::StartDra() {
   auto state = DraState::Create(state_->inventory(), o.plugin, d);
   if (!state.ok()) return state.status();
   dra_state_ = std::move(*state);
-  dra_plugin_ = std::make_unique<DraPlugin>(*dra_state_, kube_.get(), o.dra_plugin);
+  if (!dra_state_->set_aside().empty()) RebuildDra();
+  DraPluginOptions po = o.dra_plugin;
+  // A (re)started kubelet wipes the node's slices: looked at when it registers the driver.
+  po.on_registered = [this] {
+    if (slices_) slices_->Poke();
+  };
+  dra_plugin_ = std::make_unique<DraPlugin>(*dra_state_, kube_.get(), po);
   if (absl::Status s = dra_plugin_->Start(); !s.ok()) return s;
   if (kube_) {
     slices_ = std::make_unique<SlicePublisher>(
@@ -230,6 +238,10 @@ absl::Status Agent::StartDra() {
   return absl::OkStatus();
 }
 
+// Bounded whatever the API server does: its calls in flight are cut first (a hung API server
+// would otherwise hold each thread for the client's request timeout). The node's ResourceSlices
+// stay, as upstream's kubelet plugin helper leaves them: the kubelet deletes them if the driver
+// has not registered again within its grace period, and an upgrade's new pod finds them current.
 void Agent::Stop() {
   {
     std::lock_guard lock(mu_);
@@ -237,14 +249,14 @@ void Agent::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  if (kube_) kube_->Shutdown();
   if (reconcile_thread_.joinable()) reconcile_thread_.join();
   if (state_) state_->Shutdown();
   if (plugin_) plugin_->Stop();
   if (dra_state_) dra_state_->Shutdown();
   if (dra_plugin_) dra_plugin_->Stop();
-  if (slices_) slices_->Stop();  // deletes the node's slices: before the client shuts down
+  if (slices_) slices_->Stop();
   if (node_sync_) node_sync_->Stop();
-  if (kube_) kube_->Shutdown();
   events_.reset();
   if (health_) health_->Stop();
   if (http_) http_->Stop();
@@ -282,6 +294,66 @@ void Agent::ConnectApiServer() {
       *kube_,
       kube::EventRecorderOptions{
           .controller = "tessera.io/agent", .instance = o.node_name, .patch_series = false});
+}
+
+void Agent::ReportSetAside(const std::string& what, const std::string& aside) {
+  if (aside.empty() || !events_) return;
+  events_->Record(
+      {.kind = "Node", .name = options_.node_name}, "Warning", "CheckpointSetAside", "Starting",
+      fmt::format("the {} checkpoint could not be used and was moved to {}; {}", what, aside,
+                  what == "DRA" ? "claims in use on this node were prepared again from the "
+                                  "API server"
+                                : "the kubelet's own record of each pod's devices stands"));
+}
+
+void Agent::RebuildDra() {
+  const std::string aside = dra_state_->set_aside();
+  if (!kube_) {
+    spdlog::error(
+        "DRA checkpoint set aside ({}) and no API server: claims are prepared again "
+        "only as the kubelet asks",
+        aside);
+    return;
+  }
+  // The claims allocated on this node's pool and reserved for a pod: in use, to be prepared
+  // again now (their CDI specs and regions written) rather than when a pod restarts.
+  auto list = kube_->List("/apis/resource.k8s.io/v1/resourceclaims");
+  int done = 0, failed = 0;
+  if (!list.ok()) {
+    spdlog::error("DRA checkpoint set aside; listing ResourceClaims to rebuild: {}",
+                  std::string(list.status().message()));
+  } else {
+    const DraOptions& d = dra_state_->options();
+    for (const nlohmann::json& c : list->items) {
+      const nlohmann::json* results =
+          kube::FieldAt(c, {"status", "allocation", "devices", "results"});
+      const nlohmann::json* reserved = kube::FieldAt(c, {"status", "reservedFor"});
+      if (!results || !results->is_array() || !reserved || !reserved->is_array() ||
+          reserved->empty()) {
+        continue;
+      }
+      bool ours = false;
+      for (const nlohmann::json& r : *results) {
+        ours = ours ||
+               (kube::StringAt(r, {"driver"}) == d.driver && kube::StringAt(r, {"pool"}) == d.pool);
+      }
+      if (!ours) continue;
+      auto made = dra_state_->Prepare(kube::StringAt(c, {"metadata", "namespace"}),
+                                      kube::StringAt(c, {"metadata", "name"}),
+                                      kube::StringAt(c, {"metadata", "uid"}), c);
+      if (made.ok()) {
+        ++done;
+      } else {
+        ++failed;
+        spdlog::error("rebuilding DRA state: {}", std::string(made.status().message()));
+      }
+    }
+  }
+  spdlog::warn(
+      "DRA state rebuilt from the API server after the checkpoint was set aside: {} "
+      "claim(s) prepared again, {} failed",
+      done, failed);
+  ReportSetAside("DRA", aside);
 }
 
 int Agent::metrics_port() const { return http_ ? http_->tcp_port() : 0; }

@@ -99,6 +99,11 @@ class Agent {
   void StartReconcile();  // PodResources: releases the allocations of ended pods
   void ConnectApiServer();
   absl::Status StartDra();
+  // After the DRA checkpoint was set aside: the claims in use on this node prepared again from
+  // the API server, and an Event on the node.
+  void RebuildDra();
+  // A Warning Event on the node: `what`'s checkpoint was moved to `aside` (nothing when empty).
+  void ReportSetAside(const std::string& what, const std::string& aside);
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
     return options_.plugin.clock ? *options_.plugin.clock : core::SystemClock::Get();

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
@@ -469,11 +470,18 @@ absl::Status DeviceState::SaveLocked() const {
 
 absl::Status DeviceState::Load() {
   const std::string path = checkpoint_path();
-  auto read = ReadCheckpoint(path, kCheckpointVersion, "allocations");
+  // Truncated or garbled: set aside. The kubelet keeps which device IDs each pod holds, so no
+  // GPU is given twice; the regions of running shares stay where they are.
+  std::string aside;
+  auto read = ReadCheckpointOrSetAside(path, kCheckpointVersion, "allocations", &aside);
   if (!read.ok()) return read.status();
+  if (!aside.empty()) {
+    core::MutexLock lock(mu_);
+    set_aside_ = aside;
+    return absl::OkStatus();
+  }
   const json& j = *read;
   if (j.is_null()) return absl::OkStatus();  // a first start
-  auto bad = [&](const std::string& what) { return CheckpointError(path, what, "allocations"); };
   try {
     core::MutexLock lock(mu_);
     next_id_ = j.at("next_id").get<uint64_t>();
@@ -486,7 +494,7 @@ absl::Status DeviceState::Load() {
       } else if (res == kShareResource) {
         a.resource = Resource::kShare;
       } else {
-        return bad(fmt::format("allocation {}: unknown resource '{}'", a.id, res));
+        throw std::runtime_error(fmt::format("allocation {}: unknown resource '{}'", a.id, res));
       }
       a.device_ids = e.at("device_ids").get<std::vector<std::string>>();
       a.gpus = e.at("gpus").get<std::vector<std::string>>();
@@ -503,10 +511,19 @@ absl::Status DeviceState::Load() {
       allocations_.push_back(std::move(a));
     }
     spdlog::info("checkpoint {}: {} allocation(s) kept", path, allocations_.size());
-  } catch (const json::exception& e) {
-    return bad(e.what());
+  } catch (const std::exception& e) {  // json::exception, or a record it cannot use
+    auto aside = SetCheckpointAside(path, e.what());
+    if (!aside.ok()) return aside.status();
+    core::MutexLock lock(mu_);
+    allocations_.clear();
+    set_aside_ = *aside;
   }
   return absl::OkStatus();
+}
+
+std::string DeviceState::set_aside() const {
+  core::MutexLock lock(mu_);
+  return set_aside_;
 }
 
 }  // namespace tessera::agent

@@ -84,8 +84,10 @@ struct Allocation {
 class DeviceState {
  public:
   // Loads the checkpoint from `options.state_dir` (kept allocations whose GPUs are still here) and
-  // prepares the folder. kInvalidArgument for bad options, kFailedPrecondition when the folder or a
-  // corrupt checkpoint cannot be used (the file is named).
+  // prepares the folder. kInvalidArgument for bad options, kFailedPrecondition when the folder or
+  // the checkpoint cannot be read. A checkpoint that reads but cannot be used (truncated, garbled,
+  // another version) is set aside (set_aside() names where) and the state starts empty: the
+  // kubelet keeps which device IDs each pod holds.
   static absl::StatusOr<std::unique_ptr<DeviceState>> Create(core::NodeInventory inventory,
                                                              PluginOptions options);
 
@@ -130,6 +132,8 @@ class DeviceState {
   // The GPU index an advertised ID belongs to; nullopt for an unknown ID.
   std::optional<int> GpuOf(const std::string& device_id, Resource* resource = nullptr) const;
   std::string checkpoint_path() const { return options_.state_dir + "/checkpoint.json"; }
+  // Where an unusable checkpoint was moved at start; empty when it was fine.
+  std::string set_aside() const;
 
  private:
   DeviceState(core::NodeInventory inventory, PluginOptions options);
@@ -150,6 +154,7 @@ class DeviceState {
   std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
   std::vector<Allocation> allocations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string set_aside_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::agent

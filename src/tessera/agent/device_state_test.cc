@@ -318,15 +318,25 @@ TEST_F(DeviceStateTest, CheckpointKeepsAllocationsAndRegionsAcrossARestart) {
   EXPECT_EQ(next->container_responses(0).annotations().at("tessera.io/allocation"), "a3");
 }
 
-TEST_F(DeviceStateTest, ACorruptCheckpointIsRefusedWithItsPathNamed) {
+TEST_F(DeviceStateTest, ACorruptCheckpointIsSetAsideAndTheStateStartsEmpty) {
   ASSERT_TRUE(state_->Allocate(Resource::kGpu, Request({{Uuid(0)}})).ok());
   state_.reset();
-  std::ofstream(dir_ + "/state/checkpoint.json") << "{\"version\": 1, \"allocations\": [";
-  PluginOptions o;
-  o.state_dir = dir_ + "/state";
-  auto s = DeviceState::Create(inventory_, o);
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.status().message()), HasSubstr("checkpoint.json"));
+  // Truncated, garbled, another version, a record it cannot use: set aside, never a crash loop.
+  for (const std::string bad :
+       {"{\"version\": 1, \"allocations\": [", "not json at all", "{\"version\": 9}",
+        "{\"version\": 1, \"next_id\": 2, \"allocations\": [{\"id\": \"a\", \"resource\": "
+        "\"x\"}]}"}) {
+    std::ofstream(dir_ + "/state/checkpoint.json") << bad;
+    PluginOptions o;
+    o.state_dir = dir_ + "/state";
+    auto s = DeviceState::Create(inventory_, o);
+    ASSERT_TRUE(s.ok()) << bad << ": " << s.status();
+    EXPECT_THAT((*s)->set_aside(), HasSubstr("checkpoint.json.corrupt-")) << bad;
+    EXPECT_TRUE((*s)->Allocations().empty());
+    std::ifstream in((*s)->set_aside());
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), bad);
+    fs::remove((*s)->set_aside());
+  }
 }
 
 TEST_F(DeviceStateTest, TheExtendersChoiceIsPreferredAndEnforced) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dra-health/v1/api.grpc.pb.h"
+#include "dra-health/v1alpha1/api.grpc.pb.h"
 #include "dra/v1/api.grpc.pb.h"
 #include "fmt/format.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
@@ -20,7 +21,10 @@ namespace dra = k8s::io::kubelet::pkg::apis::dra::v1;
 
 namespace {
 
-constexpr char kSupportedVersion[] = "v1.DRAPlugin";  // upstream's DRAPluginService
+// What GetInfo advertises: upstream's DRAPluginService and both health services (kubelets 1.37+
+// pick the health version from this list; 1.34-1.36 call v1alpha1 whatever it says).
+constexpr const char* kSupportedVersions[] = {"v1.DRAPlugin", "v1.DRAResourceHealth",
+                                              "v1alpha1.DRAResourceHealth"};
 constexpr size_t kMaxSocketPath = 107;
 
 grpc::Status Invalid(const std::string& why) {
@@ -51,14 +55,28 @@ struct DraPlugin::Services final : dra::DRAPlugin::Service,
                                    pluginregistration::Registration::Service {
   DraPlugin& p;
   std::atomic<bool> stopped{false};
-  explicit Services(DraPlugin& plugin) : p(plugin) {}
+  explicit Services(DraPlugin& plugin) : p(plugin), health_v1alpha1(*this) {}
+
+  // The same stream in v1alpha1's package (its messages are v1's, field for field).
+  struct HealthV1alpha1 final : v1alpha1::DRAResourceHealth::Service {
+    explicit HealthV1alpha1(Services& s) : s(s) {}
+    grpc::Status NodeWatchResources(
+        grpc::ServerContext* ctx, const v1alpha1::NodeWatchResourcesRequest*,
+        grpc::ServerWriter<v1alpha1::NodeWatchResourcesResponse>* w) override {
+      return s.Watch(ctx, [w](const v1::NodeWatchResourcesResponse& r) {
+        v1alpha1::NodeWatchResourcesResponse out;
+        return out.ParseFromString(r.SerializeAsString()) && w->Write(out);
+      });
+    }
+    Services& s;
+  } health_v1alpha1;
 
   grpc::Status GetInfo(grpc::ServerContext*, const pluginregistration::InfoRequest*,
                        pluginregistration::PluginInfo* out) override {
     out->set_type("DRAPlugin");
     out->set_name(p.state_.options().driver);
     out->set_endpoint(p.plugin_socket());
-    out->add_supported_versions(kSupportedVersion);
+    for (const char* v : kSupportedVersions) out->add_supported_versions(v);
     return grpc::Status::OK;
   }
 
@@ -68,6 +86,8 @@ struct DraPlugin::Services final : dra::DRAPlugin::Service,
     if (s->plugin_registered()) {
       ++p.counters_.registrations;
       spdlog::info("DRA driver {} registered with the kubelet", p.state_.options().driver);
+      // A kubelet that (re)started wipes the node's slices: they are checked at once.
+      if (p.options_.on_registered) p.options_.on_registered();
     } else {
       ++p.counters_.registration_errors;
       spdlog::error("the kubelet refused DRA driver {}: {}", p.state_.options().driver, s->error());
@@ -77,7 +97,7 @@ struct DraPlugin::Services final : dra::DRAPlugin::Service,
 
   // One claim: from the checkpoint, else read and prepared. The error text for its entry.
   std::string PrepareOne(const dra::Claim& c, dra::NodePrepareResourceResponse* out) {
-    std::optional<std::vector<PreparedDevice>> devs = p.state_.Prepared(c.uid());
+    std::optional<std::vector<PreparedDevice>> devs = p.state_.PreparedAndPresent(c.uid());
     if (!devs) {
       if (p.client_ == nullptr) {
         return fmt::format("claim {}/{}: the agent has no API server connection to read it",
@@ -155,9 +175,15 @@ struct DraPlugin::Services final : dra::DRAPlugin::Service,
 
   grpc::Status NodeWatchResources(grpc::ServerContext* ctx, const v1::NodeWatchResourcesRequest*,
                                   grpc::ServerWriter<v1::NodeWatchResourcesResponse>* w) override {
+    return Watch(ctx, [w](const v1::NodeWatchResourcesResponse& r) { return w->Write(r); });
+  }
+
+  // Every device's health, again at each change, until the kubelet goes or the plugin stops.
+  template <class Write>
+  grpc::Status Watch(grpc::ServerContext* ctx, Write write) {
     uint64_t seen = p.state_.generation();
     for (;;) {
-      if (!w->Write(Health())) return grpc::Status::OK;
+      if (!write(Health())) return grpc::Status::OK;
       uint64_t now = seen;
       while (now == seen) {
         if (ctx->IsCancelled() || stopped) return grpc::Status::OK;
@@ -207,7 +233,9 @@ absl::Status DraPlugin::Start() {
   // The plugin's own service first: the kubelet calls it as soon as it sees the registration.
   dra::DRAPlugin::Service* plugin = services_.get();
   v1::DRAResourceHealth::Service* health = services_.get();
-  if (absl::Status st = serve(plugin_socket(), {plugin, health}, &plugin_server_); !st.ok()) {
+  grpc::Service* health_v1alpha1 = &services_->health_v1alpha1;
+  if (absl::Status st = serve(plugin_socket(), {plugin, health, health_v1alpha1}, &plugin_server_);
+      !st.ok()) {
     return st;
   }
   pluginregistration::Registration::Service* reg = services_.get();

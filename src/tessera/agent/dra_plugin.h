@@ -1,17 +1,20 @@
 #pragma once
 // The DRA driver's kubelet plugin on the wire (resource.k8s.io/v1 and the kubelet's dra v1 API):
-// the DRAPlugin and DRAResourceHealth services on <kubelet>/plugins/<driver>/dra.sock, served
+// the DRAPlugin and DRAResourceHealth (v1 and v1alpha1) services on
+// <kubelet>/plugins/<driver>/dra.sock, served
 // first, then the Registration service on <kubelet>/plugins_registry/<driver>-reg.sock, which the
 // kubelet's plugin watcher finds. Stale sockets are removed at start; both are removed at Stop (the
 // kubelet takes a removed registration socket as deregistration).
 //
 // NodePrepareResources reads each claim from the API server (the kubelet sends only namespace,
-// name and UID) unless the checkpoint has it prepared already, and answers one entry per claim: its
-// devices' CDI IDs or why not. A request that names a claim without namespace, name or UID, or one
-// UID twice, is a gRPC INVALID_ARGUMENT (the kubelet sent something malformed).
+// name and UID) unless the checkpoint has it prepared already (its CDI spec and regions written
+// again if they are gone), and answers one entry per claim: its devices' CDI IDs or why not. A
+// request that names a claim without namespace, name or UID, or one UID twice, is a gRPC
+// INVALID_ARGUMENT (the kubelet sent something malformed).
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +30,9 @@ namespace tessera::agent {
 
 struct DraPluginOptions {
   std::string kubelet_dir = "/var/lib/kubelet";
+  // Called when the kubelet says the driver is registered (a start, a kubelet restart, a
+  // re-registration after the registration socket came back); on a gRPC thread.
+  std::function<void()> on_registered;
 };
 
 struct DraCounters {

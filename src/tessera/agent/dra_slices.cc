@@ -313,6 +313,17 @@ SlicePublisher::SlicePublisher(kube::Client& client, const DraState& state,
 SlicePublisher::~SlicePublisher() { Stop(); }
 
 void SlicePublisher::Start() {
+  // This node's slices watched: one deleted or changed by someone else (the kubelet wipes a
+  // node's slices when it starts) is put back at once, not at the next resync.
+  watch_ = std::make_unique<kube::Informer>(
+      client_,
+      kube::InformerOptions{
+          .path = kResourceSlices,
+          .field_selector = fmt::format("spec.nodeName={},spec.driver={}", options_.node_name,
+                                        state_.options().driver)},
+      [this](kube::EventType t, const json&) {
+        if (t == kube::EventType::kDeleted || t == kube::EventType::kModified) Poke();
+      });
   thread_ = std::thread([this] {
     for (;;) {
       absl::Status st = Sync();
@@ -344,14 +355,8 @@ void SlicePublisher::Stop() {
     stop_ = true;
     cv_.notify_all();
   }
-  if (thread_.joinable()) {
-    thread_.join();
-    if (absl::Status st = DeleteAll(); !st.ok()) {
-      spdlog::warn("ResourceSlices not deleted: {}", std::string(st.message()));
-    } else {
-      spdlog::info("ResourceSlices of node {} deleted", options_.node_name);
-    }
-  }
+  if (watch_) watch_->Stop();
+  if (thread_.joinable()) thread_.join();
 }
 
 absl::Status SlicePublisher::Sync() {
@@ -412,20 +417,6 @@ absl::Status SlicePublisher::Sync() {
   }
   spdlog::info("ResourceSlices of node {}: {} slice(s), pool generation {}", options_.node_name,
                want.size(), generation + 1);
-  return absl::OkStatus();
-}
-
-absl::Status SlicePublisher::DeleteAll() {
-  kube::ListOptions lo;
-  lo.field_selector =
-      fmt::format("spec.nodeName={},spec.driver={}", options_.node_name, state_.options().driver);
-  auto existing = client_.List(kResourceSlices, lo);
-  if (!existing.ok()) return existing.status();
-  for (const json& s : existing->items) {
-    absl::Status st =
-        client_.Delete(std::string(kResourceSlices) + "/" + s["metadata"].value("name", ""));
-    if (!st.ok()) return st;
-  }
   return absl::OkStatus();
 }
 

@@ -3,9 +3,11 @@
 // kube-scheduler sees them. One pool named after the node, in slices of at most 128 devices (the
 // API's limit; 64 when they consume counters, and the counter sets of partitionable devices in
 // slices of their own, 8 sets each), owned by the Node object so that they go with it. Devices of
-// an unhealthy GPU are left out. Published at start, again when health changes, again when they are
-// found missing or different (the kubelet deletes a node's slices when it starts), with the pool's
-// generation bumped on every change; deleted when the agent stops.
+// an unhealthy GPU are left out. Published at start, again when health changes, again as soon as
+// they are deleted or changed by someone else (watched: the kubelet deletes a node's slices when
+// it starts) or when the kubelet registers the driver (Poke), and at every resync, with the pool's
+// generation bumped on every change. Left in place when the agent stops, as upstream's kubelet
+// plugin helper leaves them: the kubelet removes them if the driver does not come back.
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +23,7 @@
 #include "tessera/agent/dra_state.h"
 #include "tessera/core/mutex.h"
 #include "tessera/kube/client.h"
+#include "tessera/kube/informer.h"
 
 namespace tessera::agent {
 
@@ -73,7 +76,7 @@ class SlicePublisher {
   SlicePublisher& operator=(const SlicePublisher&) = delete;
 
   void Start();
-  // Deletes this node's slices of the driver, then stops.
+  // Stops; the slices stay.
   void Stop();
   // Makes the thread look now (a health change).
   void Poke();
@@ -82,13 +85,12 @@ class SlicePublisher {
   const SlicePublisherCounters& counters() const { return counters_; }
 
  private:
-  absl::Status DeleteAll();
-
   kube::Client& client_;
   const DraState& state_;
   SlicePublisherOptions options_;
   SlicePublisherCounters counters_;
   std::string node_uid_;
+  std::unique_ptr<kube::Informer> watch_;
   core::Mutex mu_;
   core::CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

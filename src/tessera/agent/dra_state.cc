@@ -19,6 +19,7 @@
 #include "tessera/devices/cdi.h"
 #include "tessera/kube/object.h"
 #include "tessera/kube/quantity.h"
+#include "tessera/shim/region.h"
 
 namespace tessera::agent {
 
@@ -71,6 +72,11 @@ struct DraState::Claim {
   std::string ns, name;
   std::vector<PreparedDevice> devices;
   std::vector<std::string> regions;  // host paths
+  // The claim's CDI spec as written (empty: none, or a checkpoint of an older agent), and each
+  // region's limits: what a reboot (the CDI folder is tmpfs) or a wiped file takes is written
+  // again from these.
+  std::string spec;
+  std::map<std::string, std::vector<uint64_t>> region_limits;
   // What it takes of consumable devices (--dra-consumable): device, memory bytes, compute percent.
   struct Use {
     std::string device;
@@ -409,6 +415,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
         return absl::InternalError(fmt::format("{}: {}", who, std::string(st.message())));
       }
       made->regions.push_back(share.region);
+      made->region_limits[share.region] = share.limits;
     }
     const std::string cdi_name = fmt::format("{}-{}", uid, request);
     ordered_json cdev;
@@ -450,8 +457,8 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
   }
   std::string spec_path = CdiSpecPath(uid);
   if (!by_request.empty()) {
-    if (absl::Status st = devices::WriteFileAtomically(spec_path, spec.dump(2) + "\n", 0644);
-        !st.ok()) {
+    made->spec = spec.dump(2) + "\n";
+    if (absl::Status st = devices::WriteFileAtomically(spec_path, made->spec, 0644); !st.ok()) {
       undo();
       return absl::InternalError(fmt::format("{}: CDI spec: {}", who, std::string(st.message())));
     }
@@ -484,9 +491,65 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::Prepare(const std::string&
   auto a = ReadAllocation(who, claim);
   if (!a.ok()) return a.status();
   core::MutexLock lock(mu_);
-  if (auto it = claims_.find(uid); it != claims_.end()) return it->second->devices;
+  if (auto it = claims_.find(uid); it != claims_.end()) {
+    if (!it->second->spec.empty()) {
+      if (absl::Status st = RestoreFilesLocked(uid, *it->second); !st.ok()) return st;
+      return it->second->devices;
+    }
+    // Prepared by an agent that kept no spec: prepared again from the claim when its spec is
+    // gone (a reboot), so that the kubelet's CDI IDs resolve.
+    if (access(CdiSpecPath(uid).c_str(), F_OK) == 0) return it->second->devices;
+    std::unique_ptr<Claim> old = std::move(it->second);
+    claims_.erase(it);
+    absl::Status st = CheckLocked(who, *a);
+    auto made =
+        st.ok() ? WriteLocked(ns, name, uid, *a) : absl::StatusOr<std::vector<PreparedDevice>>(st);
+    if (!made.ok()) claims_[uid] = std::move(old);
+    return made;
+  }
   if (absl::Status st = CheckLocked(who, *a); !st.ok()) return st;
   return WriteLocked(ns, name, uid, *a);
+}
+
+std::optional<std::vector<PreparedDevice>> DraState::PreparedAndPresent(const std::string& uid) {
+  core::MutexLock lock(mu_);
+  auto it = claims_.find(uid);
+  if (it == claims_.end()) return std::nullopt;
+  if (it->second->spec.empty()) {
+    if (access(CdiSpecPath(uid).c_str(), F_OK) != 0) return std::nullopt;  // read it again
+    return it->second->devices;
+  }
+  if (absl::Status st = RestoreFilesLocked(uid, *it->second); !st.ok()) {
+    spdlog::error("claim {}/{}: {}", it->second->ns, it->second->name, std::string(st.message()));
+    return std::nullopt;
+  }
+  return it->second->devices;
+}
+
+absl::Status DraState::RestoreFilesLocked(const std::string& uid, const Claim& c) {
+  const std::string path = CdiSpecPath(uid);
+  std::ifstream in(path);
+  std::string now((std::istreambuf_iterator<char>(in)), {});
+  if (!in || now != c.spec) {
+    if (absl::Status st = devices::WriteFileAtomically(path, c.spec, 0644); !st.ok()) {
+      return absl::InternalError(fmt::format("claim {}/{}: CDI spec not written again: {}", c.ns,
+                                             c.name, std::string(st.message())));
+    }
+    spdlog::info("claim {}/{}: CDI spec {} written again (it was {})", c.ns, c.name, path,
+                 in ? "changed" : "missing");
+  }
+  for (const auto& [region, limits] : c.region_limits) {
+    if (access(region.c_str(), F_OK) == 0) continue;
+    char err[256] = "";
+    if (!shim::CreateRegionFile(region.c_str(), limits.data(), static_cast<int>(limits.size()), err,
+                                sizeof err)) {
+      return absl::InternalError(
+          fmt::format("claim {}/{}: shared region {}: {}", c.ns, c.name, region, err));
+    }
+    chmod(region.c_str(), 0666);
+    spdlog::info("claim {}/{}: shared region {} made again", c.ns, c.name, region);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DraState::Unprepare(const std::string& uid) {
@@ -553,6 +616,8 @@ absl::Status DraState::SaveLocked() const {
                         {"name", c->name},
                         {"devices", devs},
                         {"regions", c->regions},
+                        {"region_limits", c->region_limits},
+                        {"spec", c->spec},
                         {"uses", uses}};
   }
   return devices::WriteFileAtomically(checkpoint_path(), j.dump(2) + "\n", 0600);
@@ -560,8 +625,16 @@ absl::Status DraState::SaveLocked() const {
 
 absl::Status DraState::Load() {
   const std::string path = checkpoint_path();
-  auto read = ReadCheckpoint(path, kCheckpointVersion, "claims");
+  // Truncated or garbled (a full disk, a crash of an older agent): set aside, and the claims
+  // prepared again as the kubelet and the API server ask (Agent: RebuildDra).
+  std::string aside;
+  auto read = ReadCheckpointOrSetAside(path, kCheckpointVersion, "claims", &aside);
   if (!read.ok()) return read.status();
+  if (!aside.empty()) {
+    core::MutexLock lock(mu_);
+    set_aside_ = aside;
+    return absl::OkStatus();
+  }
   const json& j = *read;
   if (j.is_null()) return absl::OkStatus();
   try {
@@ -572,6 +645,10 @@ absl::Status DraState::Load() {
       c->name = e.at("name").get<std::string>();
       c->regions = e.at("regions").get<std::vector<std::string>>();
       for (const json& d : e.at("devices")) c->devices.push_back(DeviceFromJson(d));
+      c->spec = e.value("spec", "");
+      if (const json* l = e.contains("region_limits") ? &e["region_limits"] : nullptr) {
+        c->region_limits = l->get<std::map<std::string, std::vector<uint64_t>>>();
+      }
       for (const json& u : e.value("uses", json::array())) {
         c->uses.push_back({u.at("device").get<std::string>(), u.at("memory").get<uint64_t>(),
                            u.at("compute").get<int>()});
@@ -586,10 +663,27 @@ absl::Status DraState::Load() {
       claims_[uid] = std::move(c);
     }
     spdlog::info("DRA checkpoint {}: {} prepared claim(s)", path, claims_.size());
+    // After a reboot the CDI folder (tmpfs) is empty: every prepared claim's spec is written
+    // again now, before the kubelet starts the pods that name it.
+    for (const auto& [uid, c] : claims_) {
+      if (c->spec.empty()) continue;
+      if (absl::Status st = RestoreFilesLocked(uid, *c); !st.ok()) {
+        spdlog::error("{}", std::string(st.message()));
+      }
+    }
   } catch (const json::exception& e) {
-    return CheckpointError(path, e.what(), "claims");
+    auto aside = SetCheckpointAside(path, e.what());
+    if (!aside.ok()) return aside.status();
+    core::MutexLock lock(mu_);
+    claims_.clear();
+    set_aside_ = *aside;
   }
   return absl::OkStatus();
+}
+
+std::string DraState::set_aside() const {
+  core::MutexLock lock(mu_);
+  return set_aside_;
 }
 
 }  // namespace tessera::agent

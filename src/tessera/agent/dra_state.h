@@ -73,9 +73,12 @@ struct PreparedDevice {
 
 class DraState {
  public:
-  // Loads the checkpoint from options.dir (created 0700 when missing). kInvalidArgument for bad
-  // options (a share GPU not on the node, shares without the intercept library),
-  // kFailedPrecondition naming the file for a checkpoint that cannot be read.
+  // Loads the checkpoint from options.dir (created 0700 when missing) and writes again the CDI
+  // spec and regions of every prepared claim that lacks them (after a reboot the CDI folder is
+  // empty). kInvalidArgument for bad options (a share GPU not on the node, shares without the
+  // intercept library), kFailedPrecondition naming the file for a checkpoint that cannot be read.
+  // A checkpoint that reads but cannot be used (truncated, garbled, another version) is set aside
+  // (set_aside() names where) and the state starts empty, to be rebuilt from the API server.
   static absl::StatusOr<std::unique_ptr<DraState>> Create(core::NodeInventory inventory,
                                                           PluginOptions plugin, DraOptions options);
   ~DraState();
@@ -90,6 +93,10 @@ class DraState {
 
   // What an earlier Prepare of claim `uid` answered (kept across restarts); nullopt if none.
   std::optional<std::vector<PreparedDevice>> Prepared(const std::string& uid) const;
+  // The same, once its CDI spec and regions are there again (written from the checkpoint when
+  // missing); nullopt when it was never prepared, or its files cannot be made again from what
+  // the checkpoint has (then Prepare it from the claim).
+  std::optional<std::vector<PreparedDevice>> PreparedAndPresent(const std::string& uid);
   // Prepares claim `uid` from its resource.k8s.io/v1 object as read from the API server: only the
   // allocation results of this driver count. kFailedPrecondition when the object is another claim
   // (UID), is not allocated, names another pool, or a device given to another claim; kNotFound
@@ -113,6 +120,8 @@ class DraState {
   void Shutdown();
 
   std::string checkpoint_path() const { return options_.dir + "/checkpoint.json"; }
+  // Where an unusable checkpoint was moved at start; empty when it was fine.
+  std::string set_aside() const;
   std::string CdiSpecPath(const std::string& uid) const;
 
   struct Claim;
@@ -136,6 +145,9 @@ class DraState {
   DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options);
   absl::Status Load();
   absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The claim's CDI spec and regions as the checkpoint has them, written where missing or changed.
+  absl::Status RestoreFilesLocked(const std::string& uid, const Claim& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const core::NodeInventory inventory_;
   const PluginOptions plugin_;
@@ -148,6 +160,7 @@ class DraState {
   std::vector<bool> healthy_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Claim>> claims_ ABSL_GUARDED_BY(mu_);  // by UID
+  std::string set_aside_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::agent

@@ -176,6 +176,7 @@ struct PluginServer::Endpoint {
   std::unique_ptr<grpc::Server> server;
   ino_t inode = 0;
   ino_t kubelet_inode = 0;  // the kubelet socket it was registered through
+  ino_t failed_inode = 0;   // the kubelet socket its last failed registration tried (0: none)
   bool registered = false;
   bool warned = false;
   std::chrono::milliseconds backoff{100};
@@ -324,8 +325,15 @@ void PluginServer::Run() {
         e->registered = false;
         e->next_try = {};
       }
+      // A kubelet.sock that appeared since the last failed try (the kubelet is back): now, not
+      // at the end of the backoff.
+      if (!e->registered && kubelet != 0 && kubelet != e->failed_inode) {
+        e->next_try = {};
+        e->backoff = std::chrono::milliseconds(100);
+      }
       if (!e->registered && now >= e->next_try) {
         e->registered = Register(*e);
+        e->failed_inode = e->registered ? 0 : InodeOf(options_.kubelet_socket);
         if (!e->registered) {
           e->next_try = now + e->backoff;
           e->backoff = std::min(e->backoff * 2, options_.max_backoff);

@@ -10,6 +10,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/agent/agent.h"
 #include "tessera/cli/app.h"
+#include "tessera/devices/atomic_file.h"
 
 namespace tessera::cli {
 namespace {
@@ -26,6 +27,7 @@ struct AgentFlags {
   bool no_api_server = false;
   double label_resync_s = 60;
   std::vector<int> dra_share_gpus;
+  std::string install_from, install_to;
 };
 
 int RunAgent(AgentFlags& f, std::ostream& err) {
@@ -214,7 +216,33 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   a->callback([&, s] { action = [&, s] { return RunAgent(*s, err); }; });
-  (void)out;
+
+  // The agent image's init container and package scripts: the intercept library into the folder
+  // CDI mounts it from, by rename (issue 49: `cp` over a preloaded library killed running pods).
+  CLI::App* inst = app.add_subcommand(
+      "install-library",
+      "Install libtessera-cuda.so into a folder without touching the copy running processes have "
+      "mapped (a new file renamed over the old; nothing written when the bytes are the same)");
+  inst->add_option("--from", f.install_from,
+                   "The library to install (default: the one beside this binary)");
+  inst->add_option("--to", f.install_to, "The folder to install it into")->required();
+  inst->callback([&, s] {
+    action = [&, s] {
+      std::string from = f.install_from.empty() ? FindInterceptLibrary() : f.install_from;
+      if (from.empty()) {
+        err << "tessera: no libtessera-cuda.so beside this binary: name it with --from\n";
+        return kExitBadInput;
+      }
+      const std::string to = f.install_to + "/libtessera-cuda.so";
+      bool changed = false;
+      if (absl::Status st = devices::InstallFile(from, to, 0755, &changed); !st.ok()) {
+        err << "tessera: install-library: " << st.message() << "\n";
+        return kExitFailure;
+      }
+      out << (changed ? "installed " : "already current: ") << to << " (from " << from << ")\n";
+      return kExitOk;
+    };
+  });
   return s;
 }
 

@@ -14,4 +14,12 @@ namespace tessera::devices {
 // removed then.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text, mode_t mode);
 
+// Installs the file `from` as `to` (mode `mode`) without ever writing a file that processes may
+// have mapped: the bytes go to a new file beside `to`, which is then renamed over it, so a
+// library LD_PRELOADed by running processes keeps its old inode for them and new processes get
+// the new one. Nothing is written when `to` already holds the same bytes and mode. Sets
+// `*changed` (when given) to whether `to` was replaced.
+absl::Status InstallFile(const std::string& from, const std::string& to, mode_t mode,
+                         bool* changed = nullptr);
+
 }  // namespace tessera::devices

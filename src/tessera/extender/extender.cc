@@ -106,6 +106,8 @@ std::vector<sched::Allocation> Extender::RemoveFromModel(const std::string& name
     it->second.allocated = false;
     it->second.reserved_at = -1;
     reserved_.erase(a.id);
+    // A bound pod still runs there: it is accounted again when the node is back.
+    if (it->second.node == name) unaccounted_[name].insert(a.id);
   }
   return *std::move(released);
 }
@@ -158,6 +160,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
     }
     ++node_updates_;
     spdlog::info("extender: node {} with {} GPUs", name, n.info.spec.gpus.size());
+    AccountWaiting(name);
     return;
   }
   NodeRec& n = it->second;
@@ -189,11 +192,14 @@ void Extender::OnNode(kube::EventType type, const json& node) {
         continue;
       }
       p->second.allocated = true;
+      if (p->second.node == name) unaccounted_[name].erase(a.id);
       if (auto r = reserved_at.find(a.id); r != reserved_at.end()) {
         p->second.reserved_at = r->second;
         reserved_.insert(a.id);
       }
     }
+    // Bound pods whose GPUs moved (by UUID) or did not fit where they were.
+    AccountWaiting(name);
     return;
   }
   if (n.info.healthy != info->healthy) {
@@ -294,9 +300,18 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
 }
 
 void Extender::Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why) {
+  if (!it->second.node.empty()) {
+    if (auto u = unaccounted_.find(it->second.node); u != unaccounted_.end()) {
+      u->second.erase(it->first);
+      if (u->second.empty()) unaccounted_.erase(u);
+    }
+  }
+  const std::string node = it->second.allocated ? it->second.node : "";
   Release(it->first, it->second, why);
   engine_->Cancel(it->first);
   pods_.erase(it);
+  // Room made where bound pods wait to be counted (over-committed by another scheduler).
+  if (!node.empty() && unaccounted_.contains(node)) AccountWaiting(node);
 }
 
 std::unordered_map<std::string, Extender::PodRec>::iterator Extender::Track(const std::string& id,
@@ -312,7 +327,7 @@ std::unordered_map<std::string, Extender::PodRec>::iterator Extender::Track(cons
   return it;
 }
 
-absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json* pod) {
+absl::Status Extender::RestoreBound(const std::string& id, PodRec& p) {
   sched::NodeId n = engine_->scheduler().state().FindNode(p.node);
   if (n < 0) {
     return absl::NotFoundError(fmt::format("node {} has no Tessera GPUs", p.node));
@@ -326,12 +341,21 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json
   a.start_time = Now();
   a.milli_per_gpu = r.fractional() ? r.gpu_milli : core::kMilliPerGpu;
   a.memory_mib_per_gpu = r.fractional() ? r.gpu_memory_mib : 0;
-  // The GPUs from the assignment written at bind, else the first with room (a pod bound by
-  // another scheduler, or whose annotation was lost).
-  const json* ann =
-      pod ? FieldAt(*pod, {"metadata", "annotations", kube::kAssignmentAnnotation}) : nullptr;
-  if (ann && ann->is_string()) {
-    auto as = kube::ParseAssignment(ann->get<std::string>());
+  // CPU and memory are kube-scheduler's to check; the GPUs are what the model must hold.
+  auto restore = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status st = engine_->Restore(a);
+    if (st.ok()) return st;
+    sched::Allocation gpus_only = a;
+    gpus_only.request.cpu_milli = 0;
+    gpus_only.request.memory_mib = 0;
+    return engine_->Restore(gpus_only);
+  };
+  const int want = r.gpu_count();
+  // The GPUs from the assignment written at bind (by UUID: a node whose GPUs changed order keeps
+  // them), else the first with room (a pod bound by another scheduler, or whose annotation was
+  // lost, or whose GPUs are held by one bound on top of it).
+  if (!p.assignment.empty()) {
+    auto as = kube::ParseAssignment(p.assignment);
     if (as.ok() && as->node == p.node) {
       for (const auto& c : as->containers) {
         for (const std::string& uuid : c.gpus) {
@@ -344,35 +368,96 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p, const json
         }
       }
     }
-  }
-  const int want = r.gpu_count();
-  if (static_cast<int>(a.gpus.size()) != want) {
-    a.gpus.clear();
-    for (int g = 0;
-         g < static_cast<int>(spec.gpus.size()) && static_cast<int>(a.gpus.size()) < want; ++g) {
-      const sched::GpuUse& u = engine_->scheduler().state().gpu_use(n, g);
-      if (u.milli + a.milli_per_gpu <= core::kMilliPerGpu &&
-          u.memory_mib + a.memory_mib_per_gpu <= spec.gpus[g].memory_mib) {
-        a.gpus.push_back(g);
+    if (static_cast<int>(a.gpus.size()) == want) {
+      absl::Status st = restore();
+      if (st.ok()) {
+        p.allocated = true;
+        return st;
       }
+      spdlog::warn(
+          "extender: pod {}: GPUs {} of {} named by its assignment cannot be held ({}); "
+          "counted on others with room",
+          id, fmt::join(a.gpus, ","), p.node, std::string(st.message()));
     }
   }
-  absl::Status st = engine_->Restore(a);
-  if (!st.ok()) {
-    // CPU and memory are kube-scheduler's to check; the GPUs are what the model must hold.
-    a.request.cpu_milli = 0;
-    a.request.memory_mib = 0;
-    st = engine_->Restore(a);
+  a.gpus.clear();
+  for (int g = 0; g < static_cast<int>(spec.gpus.size()) && static_cast<int>(a.gpus.size()) < want;
+       ++g) {
+    const sched::GpuUse& u = engine_->scheduler().state().gpu_use(n, g);
+    if (u.milli + a.milli_per_gpu <= core::kMilliPerGpu &&
+        u.memory_mib + a.memory_mib_per_gpu <= spec.gpus[g].memory_mib) {
+      a.gpus.push_back(g);
+    }
   }
+  absl::Status st = restore();
   if (st.ok()) p.allocated = true;
   return st;
 }
 
+void Extender::Account(const std::string& id, PodRec& p) {
+  absl::Status st = RestoreBound(id, p);
+  auto waiting = unaccounted_.find(p.node);
+  if (!st.ok()) {
+    auto [at, added] = unaccounted_[p.node].insert(id);
+    if (added) {
+      spdlog::info(
+          "extender: pod {} runs on {}; its GPUs are accounted when the node can hold "
+          "them: {}",
+          id, p.node, std::string(st.message()));
+    }
+    return;
+  }
+  if (waiting != unaccounted_.end()) {
+    waiting->second.erase(id);
+    if (waiting->second.empty()) unaccounted_.erase(waiting);
+  }
+  if (!p.demand.pod_group.empty()) {
+    // A gang with a bound member has started: later pods of its group place on their own.
+    placed_gangs_.insert(p.demand.request.owner + "/" + p.demand.pod_group);
+  }
+  spdlog::info("extender: pod {} found bound to {} (GPUs {})", id, p.node,
+               fmt::join(engine_->scheduler().state().Find(id)->gpus, ","));
+}
+
+void Extender::AccountWaiting(const std::string& node) {
+  if (auto u = unread_.find(node); u != unread_.end()) {
+    std::map<std::string, json> pods = std::move(u->second);
+    unread_.erase(u);
+    for (const auto& [id, pod] : pods) OnPodLocked(kube::EventType::kModified, pod);
+  }
+  auto u = unaccounted_.find(node);
+  if (u == unaccounted_.end()) return;
+  std::vector<std::string> named, unnamed;
+  for (const std::string& id : u->second) {
+    auto p = pods_.find(id);
+    if (p == pods_.end()) continue;
+    (p->second.assignment.empty() ? unnamed : named).push_back(id);
+  }
+  for (const auto* ids : {&named, &unnamed}) {
+    for (const std::string& id : *ids) {
+      auto p = pods_.find(id);
+      if (p != pods_.end() && !p->second.allocated && p->second.node == node)
+        Account(id, p->second);
+    }
+  }
+}
+
 void Extender::OnPod(kube::EventType type, const json& pod) {
   if (type == kube::EventType::kBookmark) return;
+  core::MutexLock lock(mu_);
+  OnPodLocked(type, pod);
+}
+
+void Extender::OnPodLocked(kube::EventType type, const json& pod) {
   std::string id = PodId(pod);
   std::string uid = StringAt(pod, {"metadata", "uid"});
-  core::MutexLock lock(mu_);
+  std::string node = StringAt(pod, {"spec", "nodeName"});
+  if (!node.empty()) {
+    if (auto u = unread_.find(node); u != unread_.end()) {
+      u->second.erase(id);  // read again below, or gone
+      if (u->second.empty()) unread_.erase(u);
+    }
+  }
   auto it = pods_.find(id);
   const bool other =
       it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid;
@@ -389,20 +474,39 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
     }
     return;
   }
-  std::string node = StringAt(pod, {"spec", "nodeName"});
   if (other) {
     Forget(it, "replaced by a new pod of the same name");
     it = pods_.end();
   }
   if (it == pods_.end()) {
     auto d = DemandOf(pod);
+    if (!d.ok() && !node.empty() && HasTesseraResources(pod)) {
+      // Bound already: its gang started (a PodGroup not listed yet changes nothing), and its
+      // GPUs must be counted whatever else is not known yet.
+      d = PodDemandOf(pod, SharesPerGpu());
+      if (!d.ok()) {
+        spdlog::info(
+            "extender: pod {} runs on {}; its demand is read when a node says how many "
+            "shares a GPU has: {}",
+            id, node, std::string(d.status().message()));
+        unread_[node][id] = pod;
+        return;
+      }
+    }
     if (!d.ok()) return;  // not a Tessera pod, or one filter will explain
     it = Track(id, pod, std::move(*d));
   }
   PodRec& p = it->second;
   if (p.uid.empty()) p.uid = uid;
+  if (!node.empty()) {
+    if (std::string a = StringAt(pod, {"metadata", "annotations", kube::kAssignmentAnnotation});
+        !a.empty()) {
+      p.assignment = std::move(a);
+    }
+  }
   if (!p.node.empty()) {
     p.started = TimeAt(pod, {"status", "startTime"}, p.started);  // the kubelet's, once it says
+    if (!p.allocated) Account(id, p);                             // its node may be back
     return;
   }
   if (node.empty()) {
@@ -428,13 +532,7 @@ void Extender::OnPod(kube::EventType type, const json& pod) {
     }
     Release(id, p, fmt::format("bound to {}, not to the node reserved", node).c_str());
   }
-  if (absl::Status st = RestoreBound(id, p, &pod); !st.ok()) {
-    spdlog::warn("extender: pod {} runs on {} but its GPUs cannot be accounted: {}", id, node,
-                 std::string(st.message()));
-  } else {
-    spdlog::info("extender: pod {} found bound to {} (GPUs {})", id, node,
-                 fmt::join(engine_->scheduler().state().Find(id)->gpus, ","));
-  }
+  Account(id, p);
 }
 
 // ---- quotas ----
@@ -520,7 +618,7 @@ void Extender::Expire() {
 }
 
 FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& candidates,
-                               const std::string& why) {
+                               bool all, const std::string& why) {
   FilterResult out;
   out.reason = why;
   out.wait_kind = WaitKind(why);
@@ -529,6 +627,7 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
     for (auto& [node, v] : engine_->scheduler().Explain(p.demand.request))
       verdicts[node] = std::move(v);
   }
+  std::map<std::string, std::vector<std::string>> offered;  // verdict -> offered nodes
   for (const std::string& c : candidates) {
     if (!nodes_.contains(c)) {
       out.unresolvable[c] = kNoAgent;
@@ -536,6 +635,27 @@ FilterResult Extender::Explain(const PodRec& p, const std::vector<std::string>& 
     }
     auto v = verdicts.find(c);
     out.failed[c] = v == verdicts.end() || v->second.rfind("fits", 0) == 0 ? why : v->second;
+    offered[out.failed[c]].push_back(c);
+  }
+  if (out.wait_kind == "no-fit" && !all && !offered.empty()) {
+    // The cycle's reason counts the nodes kube-scheduler did not offer as closed ("unhealthy"):
+    // said again from the offered nodes' own verdicts.
+    std::vector<std::pair<std::string, std::vector<std::string>>> by_count(offered.begin(),
+                                                                           offered.end());
+    std::stable_sort(by_count.begin(), by_count.end(), [](const auto& a, const auto& b) {
+      return a.second.size() > b.second.size();
+    });
+    std::string reason = fmt::format("of the {} node(s) kube-scheduler offered: ",
+                                     candidates.size() - out.unresolvable.size());
+    for (size_t i = 0; i < by_count.size() && i < 4; ++i) {
+      const auto& [verdict, names] = by_count[i];
+      if (i > 0) reason += "; ";
+      reason += names.size() == 1
+                    ? fmt::format("{}: {}", names[0], verdict)
+                    : fmt::format("{} ({} nodes, e.g. {})", verdict, names.size(), names[0]);
+    }
+    if (by_count.size() > 4) reason += fmt::format("; and {} other reasons", by_count.size() - 4);
+    out.reason = std::move(reason);
   }
   return out;
 }
@@ -666,7 +786,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
     return out;
   }
   const std::string* why = engine_->cycle().Waiting(id);
-  out = Explain(p, candidates, why ? *why : "not placed");
+  out = Explain(p, candidates, all, why ? *why : "not placed");
   p.queued_kind = out.wait_kind;
   if (p.queued_at < 0) p.queued_at = now;
   return out;

@@ -20,6 +20,13 @@
 //   kube-scheduler's own preemption only considers lower priorities, so reclaiming borrowed quota
 //   at equal priority is ours to do.
 //
+// The model is a function of what the API server says, whatever the order of its events (issue 49):
+// a bound pod seen before its node, before its PodGroup, or while its node is out of the model
+// (deleted and not yet re-added, changed) waits, unaccounted, and is accounted as soon as its node
+// is in the model, with the GPUs its assignment names. After every event the GPUs allocated are
+// the bound pods' (where their nodes are known) plus the reservations, and no GPU is held past its
+// capacity.
+//
 // Thread-safe: one lock around the model (kube-scheduler's filter and bind calls overlap).
 
 #include <cstdint>
@@ -147,7 +154,10 @@ class Extender {
     std::map<std::string, int> pending_by_reason;  // wait_kind -> pods queued
     int gangs_waiting = 0;
     uint64_t node_updates = 0;  // nodes added, changed or removed, each in place
-    std::string quota_error;    // the last quota ConfigMap's error, "" when it was fine
+    // Bound Tessera pods whose GPUs are not in the model yet: their node is unknown (listed
+    // after the pod, deleted and not re-added) or could not hold them.
+    int unaccounted = 0;
+    std::string quota_error;  // the last quota ConfigMap's error, "" when it was fine
   };
   Stats stats() const;
   std::map<std::string, QuotaUse> quota_use() const;
@@ -172,8 +182,9 @@ class Extender {
     std::string queued_kind;  // wait kind while queued
     double created = 0;       // metadata.creationTimestamp, seconds (queue order)
     double queued_at = -1;
-    double started = -1;   // since when it runs (status.startTime, else when seen bound)
-    bool binding = false;  // a bind to its reserved node is under way or done (PrepareBind)
+    double started = -1;     // since when it runs (status.startTime, else when seen bound)
+    bool binding = false;    // a bind to its reserved node is under way or done (PrepareBind)
+    std::string assignment;  // its tessera.io/assignment annotation, once bound
   };
 
   // While it lives, the GPUs of nodes outside `allowed` count as unhealthy: nothing is placed or
@@ -204,8 +215,14 @@ class Extender {
   // GPUs there lose them (returned, their records updated).
   std::vector<sched::Allocation> RemoveFromModel(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RestoreBound(const std::string& id, PodRec& p, const nlohmann::json* pod)
+  absl::Status RestoreBound(const std::string& id, PodRec& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPodLocked(kube::EventType type, const nlohmann::json& pod)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A bound pod's GPUs into the model, or the pod set aside (unaccounted_) until its node can
+  // hold them; logged either way.
+  void Account(const std::string& id, PodRec& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bound pods waiting for `node` accounted, those whose assignment names their GPUs first.
+  void AccountWaiting(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const std::string& id, PodRec& p, const char* why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the pod's GPUs, takes it out of the queue and drops its record.
@@ -237,7 +254,8 @@ class Extender {
     bool released = false;  // a victim was only reserved: released at once, room made now
   };
   void NoteTypical(const core::Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates,
+  // `all`: the candidates cover every node with Tessera GPUs.
+  FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates, bool all,
                        const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ExtenderOptions options_;
@@ -258,6 +276,12 @@ class Extender {
   PodExecutor executor_ ABSL_GUARDED_BY(mu_){*this};
   std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
   uint64_t node_updates_ ABSL_GUARDED_BY(mu_) = 0;
+  // node -> bound pods there whose GPUs are not in the model (tracked in pods_).
+  std::unordered_map<std::string, std::set<std::string>> unaccounted_ ABSL_GUARDED_BY(mu_);
+  // node -> bound Tessera pods there whose demand cannot be read yet (a share before any node
+  // says how many shares a GPU has): the pod as last seen.
+  std::unordered_map<std::string, std::map<std::string, nlohmann::json>> unread_
+      ABSL_GUARDED_BY(mu_);
   double expired_at_ ABSL_GUARDED_BY(mu_) = -1e300;  // the last look for lapsed reservations
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Victim> evictions_ ABSL_GUARDED_BY(mu_);

@@ -33,6 +33,8 @@ Extender::Stats Extender::stats() const {
   }
   s.gangs_waiting = static_cast<int>(gangs.size());
   s.node_updates = node_updates_;
+  for (const auto& [node, ids] : unaccounted_) s.unaccounted += static_cast<int>(ids.size());
+  for (const auto& [node, pods] : unread_) s.unaccounted += static_cast<int>(pods.size());
   s.quota_error = quota_error_;
   return s;
 }

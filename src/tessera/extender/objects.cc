@@ -82,6 +82,23 @@ absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
 // Long by design: one block per thing read of a pod (containers, resources, annotations,
 // priority, gang), each with its own error naming the field, in the order docs/kubernetes.md lists
 // them.
+bool HasTesseraResources(const json& pod) {
+  for (const char* list : {"containers", "initContainers"}) {
+    const json* cs = FieldAt(pod, {"spec", list});
+    if (!cs || !cs->is_array()) continue;
+    for (const json& c : *cs) {
+      for (const char* kind : {"limits", "requests"}) {
+        const json* r = FieldAt(c, {"resources", kind});
+        if (r && r->is_object() &&
+            (r->contains("tessera.io/gpu") || r->contains("tessera.io/gpu-share"))) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
   std::string name = StringAt(pod, {"metadata", "name"});
   std::string ns = StringAt(pod, {"metadata", "namespace"});

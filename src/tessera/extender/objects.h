@@ -70,4 +70,8 @@ struct PodDemand {
 // container, a bad annotation.
 absl::StatusOr<PodDemand> PodDemandOf(const nlohmann::json& pod, int shares_per_gpu);
 
+// Whether a container of the pod asks for tessera.io/gpu or tessera.io/gpu-share: a Tessera pod,
+// whether or not its demand can be read now.
+bool HasTesseraResources(const nlohmann::json& pod);
+
 }  // namespace tessera::extender

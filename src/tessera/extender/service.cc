@@ -14,6 +14,10 @@ namespace {
 
 using nlohmann::json;
 
+constexpr char kStarting[] =
+    "the Tessera extender is starting: it answers once it has listed the nodes, pods and "
+    "PodGroups";
+
 net::HttpResponse JsonReply(int status, const json& body) {
   return net::HttpResponse{status, "application/json", body.dump()};
 }
@@ -77,8 +81,9 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
   s->pods_ =
       add({.path = "/api/v1/pods"}, [ex](kube::EventType t, const json& o) { ex->OnPod(t, o); });
   if (s->options_.pod_groups) {
-    add({.path = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"},
-        [ex](kube::EventType t, const json& o) { ex->OnPodGroup(t, o); });
+    // The coscheduling plugin's CRD is optional: without it there are no gangs, and no warning.
+    s->pod_groups_ = add({.path = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups", .optional = true},
+                         [ex](kube::EventType t, const json& o) { ex->OnPodGroup(t, o); });
   }
   if (s->options_.dra) {
     s->dra_ = std::make_unique<DraAdvisor>();
@@ -181,6 +186,10 @@ bool Service::WaitForSync(std::chrono::milliseconds timeout) {
   return true;
 }
 
+bool Service::Ready() const {
+  return nodes_->synced() && pods_->synced() && (!pod_groups_ || pod_groups_->synced());
+}
+
 int Service::port() const { return http_ ? http_->tcp_port() : 0; }
 int Service::metrics_port() const { return metrics_http_ ? metrics_http_->tcp_port() : 0; }
 
@@ -199,7 +208,7 @@ net::HttpResponse Service::Handle(const net::HttpRequest& r) {
       return net::HttpResponse{200, "text/plain; version=0.0.4", Metrics()};
     }
     if (r.path == "/healthz" || r.path == "/readyz") {
-      bool ready = nodes_->synced() && pods_->synced();
+      bool ready = Ready();
       return net::HttpResponse{ready ? 200 : 503, "text/plain",
                                ready ? "ok\n" : "listing nodes and pods\n"};
     }
@@ -258,28 +267,6 @@ absl::StatusOr<json> Service::TrustedPod(const json& claimed) {
   }
   return *std::move(live);
 }
-
-namespace {
-
-// Whether a container of the pod asks for tessera.io/gpu or tessera.io/gpu-share.
-bool HasTesseraResources(const json& pod) {
-  for (const char* list : {"containers", "initContainers"}) {
-    const json* cs = kube::FieldAt(pod, {"spec", list});
-    if (!cs || !cs->is_array()) continue;
-    for (const json& c : *cs) {
-      for (const char* kind : {"limits", "requests"}) {
-        const json* r = kube::FieldAt(c, {"resources", kind});
-        if (r && r->is_object() &&
-            (r->contains("tessera.io/gpu") || r->contains("tessera.io/gpu-share"))) {
-          return true;
-        }
-      }
-    }
-  }
-  return false;
-}
-
-}  // namespace
 
 std::variant<Service::Args, net::HttpResponse> Service::ReadArgs(const std::string& body,
                                                                  bool prioritize) {
@@ -407,6 +394,15 @@ net::HttpResponse Service::HandleFilter(const std::string& body, bool prioritize
       out.push_back({{"Host", host}, {"Score", score}});
     }
     return JsonReply(200, out);
+  }
+  if (!Ready()) {
+    // Until nodes, pods and PodGroups are listed, the GPUs running pods hold are not all known:
+    // a placement now could give them out twice (issue 49). kube-scheduler asks again.
+    ++counters_.filter_unplaced;
+    std::map<std::string, std::string> failed;
+    for (const std::string& n : names) failed[n] = kStarting;
+    spdlog::info("extender: filter {}: waits: {}", pod_id, kStarting);
+    return JsonReply(200, FilterReply(a, {}, failed, {}, ""));
   }
   FilterResult f = extender_->Filter(*pod, names);
   json out = FilterReply(a, f.nodes, f.failed, f.unresolvable, f.error);
@@ -659,7 +655,10 @@ std::string Service::Metrics() const {
   one("tessera_extender_gpu_allocated_gpus", "gauge", "GPU compute allocated, in GPUs.",
       s.gpu_milli_allocated / 1000.0);
   by("tessera_extender_pods", "gauge", "Tessera pods by state.", "state",
-     {{"queued", s.queued}, {"reserved", s.reserved}, {"bound", s.bound}});
+     {{"queued", s.queued},
+      {"reserved", s.reserved},
+      {"bound", s.bound},
+      {"unaccounted", s.unaccounted}});
   p.Family("tessera_extender_pods_pending", "gauge", "Queued pods by why they wait.");
   for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
     auto it = s.pending_by_reason.find(kind);

@@ -67,6 +67,10 @@ class Service {
   void Stop();
 
   bool WaitForSync(std::chrono::milliseconds timeout);
+  // Nodes, pods and PodGroups listed: filter answers only then (before, every node "fails" with
+  // the reason, and kube-scheduler asks again), so a restart never gives out GPUs that running
+  // pods hold.
+  bool Ready() const;
   int port() const;
   int metrics_port() const;
   Extender& extender() { return *extender_; }
@@ -117,6 +121,7 @@ class Service {
   std::vector<std::unique_ptr<kube::Informer>> informers_;
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
+  kube::Informer* pod_groups_ = nullptr;  // null with --no-pod-groups
   std::unique_ptr<net::HttpServer> http_, metrics_http_;
   std::unique_ptr<kube::EventRecorder> events_;  // when options_.events
 

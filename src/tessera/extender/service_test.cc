@@ -127,6 +127,57 @@ TEST_F(ServiceTest, FilterPrioritizeBindAsKubeSchedulerCallsThem) {
   EXPECT_THAT(m->body, HasSubstr("tessera_extender_pods{state=\"bound\"} 1"));
 }
 
+// Restarted while the API server fails: until nodes, pods and PodGroups are listed, every node
+// waits with the reason (a placement now could give out GPUs a running pod holds). A cluster
+// without the coscheduling CRD is ready all the same.
+TEST_F(ServiceTest, ACoschedulingCrdThatIsNotInstalledIsNoErrorAndNoWait) {
+  api_.SetServed("scheduling.x-k8s.io", false);
+  json running = GpuPod("ml", "running", {.gpus = 2});
+  running["spec"]["nodeName"] = "n1";
+  running["status"]["phase"] = "Running";
+  Create(running);
+  Start();
+  EXPECT_TRUE(service_->Ready());
+  EXPECT_EQ(service_->extender().stats().bound, 1);
+  EXPECT_THAT(service_->Metrics(), HasSubstr("tessera_extender_api_server_up 1"));
+  json f = Post("filter", {{"Pod", Create(GpuPod("ml", "new", {.gpus = 2}))},
+                           {"Nodes", nullptr},
+                           {"NodeNames", {"n1", "n2"}}});
+  ASSERT_EQ(f["NodeNames"].size(), 1u) << f.dump();
+  EXPECT_EQ(f["NodeNames"][0], "n2");
+}
+
+TEST_F(ServiceTest, FilterBeforeThePodsAreListedAnswersEveryNodeWaits) {
+  // The pod list fails (a slow or failing list after a restart); the pod itself can be read.
+  json running = GpuPod("ml", "running", {.gpus = 2});
+  running["spec"]["nodeName"] = "n1";
+  running["status"]["phase"] = "Running";
+  Create(running);
+  json pod = Create(GpuPod("ml", "new", {.gpus = 2}));
+  api_.SetFailStatus(500, "/api/v1/pods");
+  ServiceOptions o;
+  o.listen = "127.0.0.1:0";
+  o.extender.scheduler.random_ties = false;
+  auto s = Service::Start(*client_, o, clock_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  service_ = std::move(*s);
+  http_ = std::make_unique<net::HttpClient>("tcp://127.0.0.1:" + std::to_string(service_->port()));
+  ASSERT_TRUE(Eventually([&] { return service_->extender().stats().nodes == 2; }));
+  json names = {"n1", "n2"};
+  json f = Post("filter", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
+  EXPECT_TRUE(f["NodeNames"].empty()) << f.dump();
+  EXPECT_THAT(f["FailedNodes"]["n1"].get<std::string>(), HasSubstr("starting"));
+  EXPECT_THAT(f["FailedNodes"]["n2"].get<std::string>(), HasSubstr("starting"));
+  EXPECT_EQ(f["Error"], "");
+  EXPECT_EQ(service_->extender().stats().reserved, 0);
+  // Listed: the running pod's GPUs are known, and the new one goes where they are not.
+  api_.SetFailStatus(0);
+  ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
+  f = Post("filter", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
+  ASSERT_EQ(f["NodeNames"].size(), 1u) << f.dump();
+  EXPECT_EQ(f["NodeNames"][0], "n2");
+}
+
 TEST_F(ServiceTest, NodeListFormWhenNotNodeCacheCapable) {
   Start();
   json pod = Create(GpuPod("ml", "p", {.gpus = 1}));

@@ -62,6 +62,11 @@ std::string Informer::resource_version() const {
   return resource_version_;
 }
 
+bool Informer::absent() const {
+  core::MutexLock lock(mu_);
+  return absent_;
+}
+
 std::string Informer::last_error() const {
   core::MutexLock lock(mu_);
   return last_error_;
@@ -82,6 +87,11 @@ bool Informer::Relist() {
   lo.label_selector = options_.label_selector;
   lo.field_selector = options_.field_selector;
   auto list = client_.List(options_.path, lo);
+  bool absent = false;
+  if (!list.ok() && options_.optional && HttpStatusOf(list.status()) == 404) {
+    absent = true;
+    list = ObjectList{};
+  }
   if (!list.ok()) {
     ++counters_.errors;
     std::string err(list.status().message());
@@ -114,6 +124,17 @@ bool Informer::Relist() {
     objects_ = std::move(fresh);
     resource_version_ = list->resource_version;
     last_error_.clear();
+    if (absent != absent_) {
+      if (absent) {
+        spdlog::info(
+            "informer {}: not served by this API server (its CRD is not installed): "
+            "taken as empty, asked again every {} s",
+            options_.path, options_.absent_recheck.count() / 1000);
+      } else if (synced_) {
+        spdlog::info("informer {}: now served; watching it", options_.path);
+      }
+      absent_ = absent;
+    }
   }
   for (const auto& [t, o] : events) {
     if (handler_) handler_(t, o);
@@ -152,6 +173,12 @@ void Informer::Run() {
         SleepBackoff(backoff);
         continue;
       }
+      if (absent()) {
+        core::MutexLock lock(mu_);
+        lock.WaitFor(cv_, options_.absent_recheck, [&] { return stop_.load(); });
+        continue;
+      }
+      backoff = std::chrono::milliseconds(100);
       need_list = false;
     }
     ++counters_.watches;

@@ -26,6 +26,11 @@ struct InformerOptions {
   std::string field_selector;
   std::chrono::milliseconds max_backoff{10000};
   int watch_timeout_seconds = 300;
+  // A kind the cluster may not serve (a CRD not installed): a 404 on the list is an empty list,
+  // synced and no error, logged once; the list is tried again every `absent_recheck`, and the
+  // kind is watched from the moment it is served.
+  bool optional = false;
+  std::chrono::milliseconds absent_recheck{60000};
 };
 
 struct InformerCounters {
@@ -62,6 +67,8 @@ class Informer {
   // The last error, empty when the last list or watch went well (a watch: once it delivers an
   // event, a bookmark included, or the server ends it cleanly).
   std::string last_error() const;
+  // An optional kind the API server does not serve (its last list answered 404).
+  bool absent() const;
 
  private:
   void Run();
@@ -82,6 +89,7 @@ class Informer {
   std::map<std::string, nlohmann::json> objects_ ABSL_GUARDED_BY(mu_);
   std::string resource_version_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool absent_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -126,5 +126,42 @@ TEST(Informer, StopsPromptlyWhileWatching) {
   EXPECT_FALSE(client->shut_down());
 }
 
+// A CRD that is not installed (the coscheduling plugin's PodGroups): synced, empty, no error, no
+// warning loop; watched from the moment the group is served.
+TEST(Informer, AnOptionalKindNotServedIsEmptyAndWatchedOnceItIs) {
+  FakeApiServer api;
+  api.SetServed("scheduling.x-k8s.io", false);
+  auto client = Connect(api);
+  Seen seen;
+  InformerOptions o = Fast("/apis/scheduling.x-k8s.io/v1alpha1/podgroups");
+  o.optional = true;
+  o.absent_recheck = std::chrono::milliseconds(50);
+  Informer inf(*client, o, [&](EventType t, const json& obj) { seen.Add(t, obj); });
+  ASSERT_TRUE(inf.WaitForSync(std::chrono::seconds(10)));
+  EXPECT_TRUE(inf.absent());
+  EXPECT_EQ(inf.last_error(), "");
+  EXPECT_EQ(inf.counters().errors.load(), 0u);
+  // Asked again now and then, never watched while absent.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return inf.counters().lists.load() >= 3; }));
+  EXPECT_EQ(inf.counters().watches.load(), 0u);
+  EXPECT_EQ(api.open_watches(), 0);
+
+  api.SetServed("scheduling.x-k8s.io", true);  // the CRD installed
+  api.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
+          {{"metadata", {{"name", "job"}}}, {"spec", {{"minMember", 2}}}});
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return seen.Has("ADDED ml/job"); }));
+  EXPECT_FALSE(inf.absent());
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return api.open_watches() == 1; }));
+  api.Put("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups",
+          {{"metadata", {{"name", "job2"}}}, {"spec", {{"minMember", 2}}}});
+  EXPECT_TRUE(FakeApiServer::WaitFor([&] { return seen.Has("ADDED ml/job2"); }));
+
+  // A required kind that is not served is an error, as before.
+  api.SetServed("scheduling.x-k8s.io", false);
+  Informer required(*client, Fast("/apis/scheduling.x-k8s.io/v1alpha1/podgroups"), nullptr);
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !required.last_error().empty(); }));
+  EXPECT_FALSE(required.synced());
+}
+
 }  // namespace
 }  // namespace tessera::kube

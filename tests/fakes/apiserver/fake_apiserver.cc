@@ -438,9 +438,19 @@ void FakeApiServer::SetGarbage(bool garbage) {
   garbage_ = garbage;
 }
 
-void FakeApiServer::SetFailStatus(int http) {
+void FakeApiServer::SetServed(const std::string& group, bool served) {
+  std::lock_guard lock(mu_);
+  if (served) {
+    unserved_groups_.erase(group);
+  } else {
+    unserved_groups_.insert(group);
+  }
+}
+
+void FakeApiServer::SetFailStatus(int http, const std::string& path_prefix) {
   std::lock_guard lock(mu_);
   fail_status_ = http;
+  fail_prefix_ = path_prefix;
 }
 
 void FakeApiServer::CloseWatches() {
@@ -532,11 +542,20 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
       requests_.back().status = 200;
       return;
     }
-    if (fail_status_) {
+    if (fail_status_ && req.path.rfind(fail_prefix_, 0) == 0) {
       Fail(res, fail_status_, "InternalError", "injected failure");
       requests_.push_back(rec);
       requests_.back().status = fail_status_;
       return;
+    }
+    for (const std::string& g : unserved_groups_) {
+      if (req.path.rfind("/apis/" + g + "/", 0) == 0) {
+        // As the real one answers for an API group whose CRD is not installed.
+        Fail(res, 404, "NotFound", "the server could not find the requested resource");
+        requests_.push_back(rec);
+        requests_.back().status = 404;
+        return;
+      }
     }
   }
   if (!t.ok) {

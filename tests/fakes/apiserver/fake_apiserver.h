@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,9 +84,13 @@ class FakeApiServer {
   // Faults.
   void Compact();                 // every version before now is gone (watches from it: 410)
   void SetGarbage(bool garbage);  // answer every request 200 with a body that is not JSON
-  void SetFailStatus(int http);   // answer every request with this status (0: normal)
-  void CloseWatches();            // ends every open watch stream
-  void SendBookmarks();           // a BOOKMARK on every watch that asked for them
+  // Answer every request (whose path starts with `path_prefix`) with this status (0: normal).
+  void SetFailStatus(int http, const std::string& path_prefix = "");
+  // An API group ("scheduling.x-k8s.io") not served: every path under /apis/<group>/ is a 404, as
+  // for a CRD that is not installed. Every group is served until said otherwise.
+  void SetServed(const std::string& group, bool served);
+  void CloseWatches();   // ends every open watch stream
+  void SendBookmarks();  // a BOOKMARK on every watch that asked for them
   int open_watches() const;
 
   std::vector<ApiRequest> Requests() const;
@@ -127,6 +132,8 @@ class FakeApiServer {
   int open_watches_ = 0;
   bool garbage_ = false;
   int fail_status_ = 0;
+  std::string fail_prefix_;
+  std::set<std::string> unserved_groups_;
   uint64_t uid_ = 0;
   // store key ("v1/pods") -> "ns/name" or "name" -> object
   std::map<std::string, std::map<std::string, nlohmann::json>> objects_;

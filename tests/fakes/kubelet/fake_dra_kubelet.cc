@@ -15,6 +15,8 @@ struct FakeDraKubelet::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<dra::DRAPlugin::Stub> plugin;
   std::unique_ptr<v1::DRAResourceHealth::Stub> health;
+  std::unique_ptr<v1alpha1::DRAResourceHealth::Stub> health_v1alpha1;
+  std::string health_service, health_error;
   grpc::ClientContext health_ctx;
   std::thread health_thread;
   mutable std::mutex mu;
@@ -23,8 +25,8 @@ struct FakeDraKubelet::Impl {
   int messages = 0;
 };
 
-FakeDraKubelet::FakeDraKubelet(std::string kubelet_dir)
-    : dir_(std::move(kubelet_dir)), impl_(std::make_unique<Impl>()) {}
+FakeDraKubelet::FakeDraKubelet(std::string kubelet_dir, int minor)
+    : dir_(std::move(kubelet_dir)), minor_(minor), impl_(std::make_unique<Impl>()) {}
 
 FakeDraKubelet::~FakeDraKubelet() {
   if (impl_->health_thread.joinable()) {
@@ -94,6 +96,7 @@ bool FakeDraKubelet::Register(const std::string& driver, std::chrono::millisecon
       grpc::CreateChannel("unix:" + info_.endpoint(), grpc::InsecureChannelCredentials());
   impl_->plugin = dra::DRAPlugin::NewStub(impl_->channel);
   impl_->health = v1::DRAResourceHealth::NewStub(impl_->channel);
+  impl_->health_v1alpha1 = v1alpha1::DRAResourceHealth::NewStub(impl_->channel);
   return true;
 }
 
@@ -136,18 +139,65 @@ grpc::Status FakeDraKubelet::Unprepare(const std::vector<ClaimRef>& claims,
 }
 
 void FakeDraKubelet::WatchHealth() {
-  impl_->health_thread = std::thread([this] {
-    auto reader =
-        impl_->health->NodeWatchResources(&impl_->health_ctx, v1::NodeWatchResourcesRequest());
-    v1::NodeWatchResourcesResponse r;
-    while (reader->Read(&r)) {
+  const auto& v = info_.supported_versions();
+  auto offers = [&](const char* s) { return std::find(v.begin(), v.end(), s) != v.end(); };
+  std::string service;
+  if (minor_ < 37) {
+    service = "v1alpha1.DRAResourceHealth";
+  } else if (offers("v1.DRAResourceHealth")) {
+    service = "v1.DRAResourceHealth";
+  } else if (offers("v1alpha1.DRAResourceHealth")) {
+    service = "v1alpha1.DRAResourceHealth";
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->health_service = service;
+  }
+  if (service.empty()) return;
+  impl_->health_thread = std::thread([this, service] {
+    auto keep = [this](const v1::NodeWatchResourcesResponse& r) {
       std::lock_guard lock(impl_->mu);
       impl_->last = r;
       ++impl_->messages;
       impl_->cv.notify_all();
+    };
+    grpc::Status end;
+    if (service == "v1.DRAResourceHealth") {
+      auto reader =
+          impl_->health->NodeWatchResources(&impl_->health_ctx, v1::NodeWatchResourcesRequest());
+      v1::NodeWatchResourcesResponse r;
+      while (reader->Read(&r)) keep(r);
+      end = reader->Finish();
+    } else {
+      auto reader = impl_->health_v1alpha1->NodeWatchResources(
+          &impl_->health_ctx, v1alpha1::NodeWatchResourcesRequest());
+      v1alpha1::NodeWatchResourcesResponse r;
+      while (reader->Read(&r)) {
+        v1::NodeWatchResourcesResponse same;  // the same fields, as the kubelet converts them
+        same.ParseFromString(r.SerializeAsString());
+        keep(same);
+      }
+      end = reader->Finish();
     }
-    reader->Finish();
+    std::lock_guard lock(impl_->mu);
+    if (!end.ok() && end.error_code() != grpc::StatusCode::CANCELLED) {
+      impl_->health_error =
+          (end.error_code() == grpc::StatusCode::UNIMPLEMENTED ? std::string("UNIMPLEMENTED: ")
+                                                               : std::string("error: ")) +
+          end.error_message();
+    }
+    impl_->cv.notify_all();
   });
+}
+
+std::string FakeDraKubelet::health_service() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->health_service;
+}
+
+std::string FakeDraKubelet::health_error() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->health_error;
 }
 
 bool FakeDraKubelet::WaitHealth(

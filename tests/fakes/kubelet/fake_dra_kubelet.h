@@ -3,7 +3,9 @@
 // watcher (finds <dir>/plugins_registry/*-reg.sock, asks GetInfo within 1 s, checks the type is
 // DRAPlugin and that v1.DRAPlugin is offered, reports the outcome with NotifyRegistrationStatus),
 // and its DRA manager (NodePrepareResources / NodeUnprepareResources with the kubelet's 45 s
-// deadline, one NodeWatchResources stream kept open).
+// deadline, one NodeWatchResources stream kept open). The health stream is opened as the kubelet
+// of `minor` (1.<minor>) does: 1.34-1.36 call v1alpha1 whatever the driver advertises; 1.37 and
+// later pick v1, else v1alpha1, from GetInfo's supported versions, and open none when neither is.
 
 #include <chrono>
 #include <functional>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "dra-health/v1/api.grpc.pb.h"
+#include "dra-health/v1alpha1/api.grpc.pb.h"
 #include "dra/v1/api.grpc.pb.h"
 #include "pluginregistration/v1/api.grpc.pb.h"
 
@@ -21,7 +24,7 @@ namespace dra = k8s::io::kubelet::pkg::apis::dra::v1;
 
 class FakeDraKubelet {
  public:
-  explicit FakeDraKubelet(std::string kubelet_dir);
+  explicit FakeDraKubelet(std::string kubelet_dir, int minor = 34);
   ~FakeDraKubelet();
 
   // Waits for a registration socket of `driver`, registers it as the kubelet does; false with
@@ -41,6 +44,10 @@ class FakeDraKubelet {
   // Opens the health stream (kept until the kubelet goes); LatestHealth waits until a message
   // satisfies `pred` or the timeout passes and returns the last one.
   void WatchHealth();
+  // The health service the stream was opened with ("" when none), and how it ended ("" while
+  // open or ended cleanly; "UNIMPLEMENTED: ..." for a driver that does not serve it).
+  std::string health_service() const;
+  std::string health_error() const;
   bool WaitHealth(const std::function<bool(const v1::NodeWatchResourcesResponse&)>& pred,
                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
   int health_messages() const;
@@ -49,6 +56,7 @@ class FakeDraKubelet {
 
  private:
   std::string dir_;
+  int minor_;
   pluginregistration::PluginInfo info_;
   std::string why_;
   std::unique_ptr<Impl> impl_;
