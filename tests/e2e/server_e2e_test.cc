@@ -86,7 +86,15 @@ TEST(TesseraServer, FractionalJobsGetTheInterceptLibraryAndTheirLimits) {
                      {{"gpu_memory", "4GiB"}, {"gpu_share", "30%"}}));
   d.WaitFor(id, "succeeded");
   std::string out = d.Logs(id);
-  EXPECT_THAT(out, HasSubstr("libtessera-cuda.so\n"));
+  // The server's own copy, installed by rename in its state folder: a rebuild writes the build's
+  // library in place, which would kill the jobs that have it mapped (issue 49).
+  const std::string copy = d.dir() + "/state/lib/libtessera-cuda.so";
+  EXPECT_THAT(out, HasSubstr(copy + "\n"));
+  EXPECT_EQ(tessera::test::ReadFile(copy),
+            tessera::test::ReadFile(fs::path(TESSERA_BINARY).parent_path() / "libtessera-cuda.so"));
+  EXPECT_EQ(fs::status(copy).permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                fs::perms::others_read | fs::perms::others_exec);
   EXPECT_THAT(out, HasSubstr(std::to_string(4ull << 30) + " 30%\n"));
   // Three 30% shares fit on two GPUs without a whole GPU being taken: the fourth still fits.
   std::vector<int64_t> ids;

@@ -232,7 +232,7 @@ absl::Status PluginServer::Serve(Endpoint& e) {
   }
   e.inode = InodeOf(path);
   e.registered = false;
-  e.backoff = std::chrono::milliseconds(100);
+  e.backoff = options_.initial_backoff;
   e.next_try = {};
   spdlog::info("device plugin {} serving on {}", ResourceName(e.resource), path);
   return absl::OkStatus();
@@ -329,7 +329,7 @@ void PluginServer::Run() {
       // at the end of the backoff.
       if (!e->registered && kubelet != 0 && kubelet != e->failed_inode) {
         e->next_try = {};
-        e->backoff = std::chrono::milliseconds(100);
+        e->backoff = options_.initial_backoff;
       }
       if (!e->registered && now >= e->next_try) {
         e->registered = Register(*e);

@@ -23,6 +23,9 @@ namespace tessera::agent {
 struct PluginServerOptions {
   std::string plugin_dir = "/var/lib/kubelet/device-plugins";
   std::string kubelet_socket;  // empty: <plugin_dir>/kubelet.sock
+  // Between failed registrations: from initial_backoff, doubling to max_backoff - but at once when
+  // a new kubelet.sock appears (the kubelet is back), whatever is left of the wait.
+  std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
 };
 

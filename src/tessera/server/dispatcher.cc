@@ -28,6 +28,7 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tessera/devices/atomic_file.h"
 #include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
 #include "tessera/devices/cdi.h"
@@ -105,6 +106,26 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->state_lock_ = lock;
   }
   if (!c.cgroup_name_set) s->config_.cgroup_name = StateCgroupName(c.state_dir);
+  // Jobs preload the server's own copy of the intercept library, installed by rename (issue 49):
+  // a rebuild or reinstall writes the build's file in place (the linker does), which would kill
+  // every running job that has it mapped; a server restarted on a new build replaces this name and
+  // its running jobs keep the inode they mapped.
+  if (!c.intercept_library.empty()) {
+    const std::string lib_dir = c.state_dir + "/lib";
+    fs::create_directories(lib_dir, ec);
+    chmod(lib_dir.c_str(), 0755);  // jobs run as their users
+    const std::string copy = lib_dir + "/libtessera-cuda.so";
+    bool changed = false;
+    if (absl::Status st = devices::InstallFile(c.intercept_library, copy, 0755, &changed);
+        st.ok()) {
+      if (changed) spdlog::info("intercept library {} installed as {}", c.intercept_library, copy);
+      s->config_.intercept_library = copy;
+    } else {
+      spdlog::warn("intercept library: {}; jobs preload {} itself (a rebuild under running jobs "
+                   "would stop them)",
+                   std::string(st.message()), c.intercept_library);
+    }
+  }
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
   if (!s->store_) {
     auto store = Store::Open(c.state_dir + "/tessera.db");
