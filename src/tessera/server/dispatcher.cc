@@ -28,9 +28,9 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "tessera/devices/atomic_file.h"
 #include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
+#include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
@@ -121,9 +121,10 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
       if (changed) spdlog::info("intercept library {} installed as {}", c.intercept_library, copy);
       s->config_.intercept_library = copy;
     } else {
-      spdlog::warn("intercept library: {}; jobs preload {} itself (a rebuild under running jobs "
-                   "would stop them)",
-                   std::string(st.message()), c.intercept_library);
+      spdlog::warn(
+          "intercept library: {}; jobs preload {} itself (a rebuild under running jobs "
+          "would stop them)",
+          std::string(st.message()), c.intercept_library);
     }
   }
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
