@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "tessera/shim/cuda_abi.h"
+#include "tessera/shim/host_clock.h"
 
 extern "C" {
 CUresult cuInit(unsigned int);
@@ -107,11 +108,8 @@ uint64_t fakeCudaUsedBytes(int);
 
 namespace {
 
-double NowMs() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000.0 + t.tv_nsec / 1e6;
-}
+// The host's monotonic clock (a client in a time namespace measures the same windows).
+double NowMs() { return static_cast<double>(tessera::shim::HostMonotonicNs()) / 1e6; }
 
 // WORK_START_MS (CLOCK_MONOTONIC, ms): a start shared by several processes, so that their windows
 // are the same stretch of time however long each took to start; else now.

@@ -42,6 +42,7 @@ std::string SharedStartMs(std::chrono::steady_clock::time_point origin) {
 struct Job {
   std::string settings;  // environment
   std::string work;      // the work command
+  std::string prefix;    // before the command ("unshare --time --monotonic 5 ")
 };
 
 // Runs the jobs at once; the GPU microseconds each finished in the window.
@@ -55,7 +56,8 @@ std::vector<double> Contend(const std::vector<Job>& jobs, bool preload = true) {
     Env env{.preload = preload,
             .extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
                      " TESSERA_JOB_ID=job" + std::to_string(i) + " " + jobs[i].settings};
-    pipes.push_back(popen(Command(env, "link", jobs[i].work + " 2>&1").c_str(), "r"));
+    pipes.push_back(
+        popen((jobs[i].prefix + Command(env, "link", jobs[i].work + " 2>&1")).c_str(), "r"));
   }
   std::vector<double> out;
   for (FILE* p : pipes) {
@@ -77,6 +79,27 @@ TEST(Pacing, ComputeSharesThirtySeventy) {
                                     {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate}});
   ASSERT_GT(us[0] + us[1], 0.6 * kWindowUs) << "the GPU stays busy";
   EXPECT_NEAR(100 * us[0] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
+}
+
+TEST(Pacing, ATenantInATimeNamespaceNeitherHoldsNorLosesTheGpu) {
+  // A tenant whose CLOCK_MONOTONIC is shifted (a time namespace: `unshare -Ur -T`, unprivileged,
+  // or a container restored from a checkpoint) reads times seconds apart from the others'. The
+  // arbiter compares times across processes: ahead, it held the GPU for the offset while the
+  // others hung in their launches; behind, it waited. Shares hold either way.
+  ASSERT_EQ(tessera::test::Capture("unshare --time --monotonic 5 true").code, 0)
+      << "this test needs time namespaces (Linux 5.6+, and root or user namespaces)";
+  for (const char* offset : {"5", "3"}) {
+    SCOPED_TRACE(std::string("offset ") + offset + " s");
+    const std::string shifted = std::string("unshare --time --monotonic ") + offset + " ";
+    std::vector<double> us = Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30%", kSaturate, shifted},
+                                      {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate}});
+    ASSERT_GT(us[0] + us[1], 0.6 * kWindowUs) << "the GPU stays busy: nobody is frozen";
+    EXPECT_NEAR(100 * us[0] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
+    us = Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30%", kSaturate},
+                  {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate, shifted}});
+    ASSERT_GT(us[0] + us[1], 0.6 * kWindowUs) << "the GPU stays busy: nobody is frozen";
+    EXPECT_NEAR(100 * us[0] / (us[0] + us[1]), 30, 5) << us[0] << " vs " << us[1];
+  }
 }
 
 TEST(Pacing, WithoutTheLibraryTheGpuIsSharedByQueueing) {

@@ -17,6 +17,7 @@
 
 #include "tessera/shim/fault_guard.h"
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
+#include "tessera/shim/host_clock.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::shim {
@@ -66,11 +67,9 @@ char ProcessStateOf(int32_t pid) {
 
 }  // namespace
 
-uint64_t Arbiter::NowMicros() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
-}
+// The host's monotonic clock: leases and charges are compared across processes, some of which may
+// be in time namespaces of their own (host_clock.h).
+uint64_t Arbiter::NowMicros() { return HostMonotonicNs() / 1000; }
 
 bool ParseShare(const char* text, uint32_t* permille) {
   if (text == nullptr || *text < '0' || *text > '9') return false;

@@ -11,6 +11,7 @@
 #include "tessera/devices/nvml_abi.h"   // declarations only: the shim links nothing of Tessera
 #include "tessera/shim/glibc_compat.h"  // first: pins the symbol versions
 #include "tessera/shim/hooks.h"
+#include "tessera/shim/host_clock.h"
 
 namespace tessera::shim {
 
@@ -69,6 +70,7 @@ void Log(const char* fmt, const char* a, const char* b) {
 void InitBacklog();
 
 void AfterForkChild() {
+  ForgetMonotonicOffset();  // the child may be in another time namespace
   if (region != nullptr) region->ReattachAfterFork();
   if (held != nullptr) {
     new (held_mu) std::mutex();

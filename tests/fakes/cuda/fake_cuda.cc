@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "tessera/shim/cuda_abi.h"
+#include "tessera/shim/host_clock.h"
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -553,11 +554,9 @@ VirtualClock* Clock() {
   return c;
 }
 
-uint64_t NowNs() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
-}
+// The GPU's clock: the host's, whatever time namespace the calling process is in (a real GPU's
+// completion times do not move with a process's clock).
+uint64_t NowNs() { return tessera::shim::HostMonotonicNs(); }
 
 std::atomic<uint64_t> my_done[16];      // when this process's last kernel per device ends
 std::atomic<uint64_t> my_kernel_ns{0};  // virtual GPU time this process has launched
