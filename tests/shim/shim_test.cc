@@ -219,13 +219,17 @@ TEST(Shim, NoLeakAfterTenThousandCycles) {
   EXPECT_EQ(RunClient(env, "link", "cycle:10000:1 info"), "0\n1024 1024\n");
 }
 
-TEST(Shim, BadRegionFileIsSaidAndLimitsStillApply) {
+TEST(Shim, ABadRegionFileIsSaidAndCudaIsRefused) {
+  // The job's limit is for all its processes: one that cannot join the region (not one, every
+  // process slot taken) would keep it for itself alone - a private region with a full limit per
+  // process. Refused instead (fail closed).
   std::string region = TempPath("bad.region");
   std::ofstream(region) << "not a region";
   Env env{.limit = "100MiB", .region = region};
-  std::string out = RunClient(env, "link", "alloc:60 alloc:60 2>&1");
+  std::string out = RunClient(env, "link", "alloc:60 ctx:0 2>&1");
   EXPECT_THAT(out, ::testing::HasSubstr("not a Tessera shared region"));
-  EXPECT_THAT(out, ::testing::HasSubstr("ok\noom\n"));
+  EXPECT_THAT(out, ::testing::HasSubstr("CUDA is refused in this process"));
+  EXPECT_THAT(out, ::testing::EndsWith("err 3\nerr 3\n"));
 }
 
 std::string NvmlScenario() {
@@ -536,7 +540,10 @@ TEST(Shim, SizesAsUsersWriteThemAreTheDocumentedLimits) {
 // refuses every call it hooks, on every route to the driver (dlsym too: the hook, which refuses,
 // not the driver's own entry point).
 TEST(Shim, MalformedSettingsRefuseCudaInsteadOfLiftingTheLimit) {
-  for (const char* bad : {"lots", "10XB", "10Gb", "1 0GiB", "1.5", "-1", "1e9", "99999999999T"}) {
+  // "0.4B" rounds to 0 bytes (which would mean no limit); a device named twice would take its last
+  // value.
+  for (const char* bad : {"lots", "10XB", "10Gb", "1 0GiB", "1.5", "-1", "1e9", "99999999999T",
+                          "0.4B", "0:1GiB,0:80GiB", "0:1GiB,1:1GiB,0:2GiB"}) {
     std::string out = RunClient(Env{.limit = bad}, "link", "alloc:1 2>&1");
     EXPECT_THAT(out, ::testing::HasSubstr(std::string("TESSERA_CUDA_MEM_LIMIT='") + bad +
                                           "' is not a size"))
@@ -556,10 +563,19 @@ TEST(Shim, MalformedSettingsRefuseCudaInsteadOfLiftingTheLimit) {
                 ::testing::HasSubstr("cuda_client: cannot resolve cuMemAlloc_v2"))
         << route;
   }
-  std::string out = RunClient(Env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=-5"},
-                              "link", "ctx:0 alloc:1 2>&1");
-  EXPECT_THAT(out, ::testing::HasSubstr("TESSERA_CUDA_CONTEXT_OVERHEAD='-5' is not a size"));
-  EXPECT_THAT(out, ::testing::EndsWith("err 3\nerr 3\n"));
+  // An overhead of 0 would stop counting contexts and modules: refused like a malformed one.
+  for (const char* bad : {"-5", "0", "0GiB"}) {
+    std::string out = RunClient(
+        Env{.limit = "1GiB", .extra = std::string("TESSERA_CUDA_CONTEXT_OVERHEAD=") + bad}, "link",
+        "ctx:0 alloc:1 2>&1");
+    EXPECT_THAT(out, ::testing::HasSubstr(std::string("TESSERA_CUDA_CONTEXT_OVERHEAD='") + bad +
+                                          "' is not a size above 0"));
+    EXPECT_THAT(out, ::testing::EndsWith("err 3\nerr 3\n")) << bad;
+  }
+  // What still parses: an explicit 0 (no limit), a size of a fraction that is whole bytes.
+  EXPECT_EQ(RunClient(Env{.limit = "0.5KiB"}, "link", "alloc:1 2>&1"), "oom\n");
+  EXPECT_EQ(RunClient(Env{.limit = "0:1GiB,1:2GiB"}, "link", "alloc:600 alloc:500 2>&1"),
+            "ok\noom\n");
 }
 
 // Another interposer preloaded before or after the library (a profiler, a tracer) finds the next

@@ -106,6 +106,7 @@ uint64_t ParseBytes(const char* s, const char** end) {
     const double v = strtod(s, &parsed_end) * static_cast<double>(factor);
     if (errno || parsed_end != number_end || !(v >= 0) || v >= 1.8e19) return 0;  // "1.2.3"
     bytes = static_cast<uint64_t>(v + 0.5);
+    if (bytes == 0 && v > 0) return 0;  // "0.4B" is no size, and 0 would mean no limit
   } else {
     char* parsed_end = nullptr;
     const unsigned long long v = strtoull(s, &parsed_end, 10);
@@ -158,6 +159,7 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
     return true;
   }
   for (int i = 0; i < kMaxDevices; ++i) limits[i] = 0;
+  bool seen[kMaxDevices] = {};
   while (*p) {
     char* e = nullptr;
     if (*p < '0' || *p > '9') return false;
@@ -167,6 +169,9 @@ bool ParseLimits(const char* text, uint64_t* limits, int* count) {
     const char* end;
     uint64_t v = ParseBytes(p, &end);
     if (end == p || (*end != 0 && *end != ',')) return false;
+    // A device named twice ("0:1GiB,0:80GiB") is no limit anyone meant: the last would win.
+    if (seen[dev]) return false;
+    seen[dev] = true;
     limits[dev] = v;
     if (dev + 1 > *count) *count = static_cast<int>(dev + 1);
     p = *end == ',' ? end + 1 : end;

@@ -243,20 +243,26 @@ void Init() {
   char err[256] = "";
   const char* path = getenv("TESSERA_CUDA_REGION");
   if (path && *path) region = Region::Attach(path, limits, count, err, sizeof err);
-  if (region == nullptr) {
-    if (path && *path)
-      fprintf(stderr, "tessera-cuda: %s; limits apply to this process alone\n", err);
-    region = Region::Private(limits, count, err, sizeof err);
+  if (region == nullptr && path && *path) {
+    // The job's region cannot be used (not one, another user's, every process slot taken): the
+    // job's limit would hold for this process alone, so CUDA is refused instead (fail closed).
+    fprintf(stderr,
+            "tessera-cuda: %s; CUDA is refused in this process (the job's limits cannot be kept "
+            "without its region)\n",
+            err);
+    refused = true;
   }
+  if (region == nullptr) region = Region::Private(limits, count, err, sizeof err);
   const char* overhead = getenv("TESSERA_CUDA_CONTEXT_OVERHEAD");
   measure_footprint = overhead == nullptr || *overhead == 0;
   if (overhead && *overhead) {
     uint64_t v[kMaxDevices];
     int n = 0;
-    if (ParseLimits(overhead, v, &n) && n == kMaxDevices) {
+    // 0 would stop counting contexts and modules at all: no overhead is 0.
+    if (ParseLimits(overhead, v, &n) && n == kMaxDevices && v[0] > 0) {
       context_overhead = v[0];
     } else {
-      Refuse("TESSERA_CUDA_CONTEXT_OVERHEAD", overhead, "a size (300MiB)");
+      Refuse("TESSERA_CUDA_CONTEXT_OVERHEAD", overhead, "a size above 0 (300MiB)");
     }
   }
   InitArbiter(path);
