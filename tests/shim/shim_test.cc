@@ -394,6 +394,20 @@ TEST(Shim, AnotherCopyOfTheDriverIsRefused) {
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("ok\n")));
   EXPECT_EQ(RunClient(env, "procaddr", "alloc:200 2>&1").find("ok\n"), std::string::npos)
       << "nor through its cuGetProcAddress";
+  // Recognised by what it is, not its name: the same driver renamed.
+  const std::string renamed = dir + "/libnvgpu-runtime-private.so";
+  std::filesystem::copy_file(TESSERA_FAKE_CUDA_DIR "/libcuda.so.1", renamed,
+                             std::filesystem::copy_options::overwrite_existing);
+  Env other{.limit = "100MiB", .extra = "CUDA_CLIENT_LIBCUDA=" + renamed};
+  const std::string out2 = RunClient(other, "dlsym", "alloc:200 2>&1");
+  EXPECT_THAT(out2, ::testing::HasSubstr(renamed + " is another copy of the CUDA driver"));
+  EXPECT_THAT(out2, ::testing::Not(::testing::HasSubstr("ok\n")));
+  // Another library preloaded beside the library (a tracer) is no driver: nothing is refused.
+  EXPECT_EQ(RunClient(Env{.limit = "100MiB",
+                          .preload = false,
+                          .extra = "LD_PRELOAD=" TESSERA_SHIM_LIBRARY ":" TESSERA_TEST_INTERPOSER},
+                      "dlsym", "alloc:60 alloc:60 2>/dev/null"),
+            "ok\noom\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -199,9 +199,32 @@ const link_map* DriverMap() {
   return map;
 }
 
-// Whether `fn` lies in another copy of the CUDA driver than the hooked one: a libcuda.so file
-// loaded from another path (another inode, so another object with its own state), which the
-// hooks would not see. Said once.
+// Whether the object `m` is a CUDA driver, by what it is rather than its file's name (a copy
+// renamed libnvcuda-x.so is one too): it defines the entry points only a driver does - cuInit,
+// cuDriverGetVersion and cuGetExportTable (the runtime's private tables) - itself, not through a
+// dependency. A tracer or other interposer that wraps a few cu* calls defines no
+// cuGetExportTable.
+bool IsCudaDriver(const link_map* m) {
+  if (m->l_name == nullptr || m->l_name[0] == 0) return false;  // the program itself
+  void* h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  DlsymFn sym = RealDlsym();
+  bool all = sym != nullptr;
+  for (const char* name : {"cuInit", "cuDriverGetVersion", "cuGetExportTable"}) {
+    if (!all) break;
+    void* f = sym(h, name);
+    Dl_info info;
+    link_map* in = nullptr;
+    all = f != nullptr && dladdr1(f, &info, reinterpret_cast<void**>(&in), RTLD_DL_LINKMAP) != 0 &&
+          in == m;
+  }
+  dlclose(h);
+  return all;
+}
+
+// Whether `fn` lies in another copy of the CUDA driver than the hooked one: a driver's file
+// loaded from another path, under any name (another object with its own state), which the hooks
+// would not see. Said once.
 bool InAnotherDriverCopy(void* fn) {
   Dl_info info;
   link_map* m = nullptr;
@@ -209,9 +232,7 @@ bool InAnotherDriverCopy(void* fn) {
       m == DriverMap() || m->l_name == nullptr) {
     return false;
   }
-  const char* base = strrchr(m->l_name, '/');
-  base = base != nullptr ? base + 1 : m->l_name;
-  if (strncmp(base, "libcuda.so", 10) != 0) return false;
+  if (!IsCudaDriver(m)) return false;
   static std::atomic<bool> said{false};
   if (!said.exchange(true)) {
     fprintf(stderr,

@@ -126,6 +126,11 @@ FAKE_EXPORT CUresult cuDriverGetVersion(int* v) {
   *v = 12040;
   return CUDA_SUCCESS;
 }
+// Every real driver exports it (the runtime's private tables); none here.
+FAKE_EXPORT CUresult cuGetExportTable(const void** table, const void*) {
+  if (table) *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 FAKE_EXPORT CUresult cuDeviceGetCount(int* n) {
   *n = Devices();
   return CUDA_SUCCESS;
@@ -1013,6 +1018,7 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
   static const std::unordered_map<std::string, void*> kTable = {
       {"cuInit", (void*)&cuInit},
       {"cuDriverGetVersion", (void*)&cuDriverGetVersion},
+      {"cuGetExportTable", (void*)&cuGetExportTable},
       {"cuDeviceGetCount", (void*)&cuDeviceGetCount},
       {"cuDeviceGet", (void*)&cuDeviceGet},
       {"cuCtxGetDevice", (void*)&cuCtxGetDevice},
