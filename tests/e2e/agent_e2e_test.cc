@@ -531,6 +531,11 @@ TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
                                   " agent --simulate t4x2 --shares-per-gpu 0 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr("--shares-per-gpu"));
+  // More share pods on a GPU than the arbiter paces (64) would run the rest unpaced.
+  r = tessera::test::Capture(std::string(TESSERA_BINARY) +
+                             " agent --simulate t4x2 --shares-per-gpu 65 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--shares-per-gpu: Value 65 not in range 1 to 64"));
   r = tessera::test::Capture(std::string(TESSERA_BINARY) +
                              " agent --simulate t4x2 --label-resync 0 2>&1");
   EXPECT_EQ(r.code, 2);

@@ -11,6 +11,7 @@
 #include "tessera/agent/agent.h"
 #include "tessera/cli/app.h"
 #include "tessera/devices/atomic_file.h"
+#include "tessera/shim/arbiter.h"
 
 namespace tessera::cli {
 namespace {
@@ -162,9 +163,11 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
                 "Seconds between checks of the node's labels when nothing changed")
       ->check(CLI::Range(1.0, 86400.0))
       ->capture_default_str();
+  // At most the arbiter's jobs per GPU: a share pod beyond them would run unpaced (issue 50).
   a->add_option("--shares-per-gpu", f.o.plugin.shares_per_gpu,
-                "tessera.io/gpu-share devices per GPU: one share is 1/N of its compute and memory")
-      ->check(CLI::Range(1, 100))
+                "tessera.io/gpu-share devices per GPU: one share is 1/N of its compute and memory "
+                "(at most 64, the jobs the GPU arbiter paces on one GPU)")
+      ->check(CLI::Range(1, shim::kArbiterJobs))
       ->capture_default_str();
   a->add_option("--shim-library", f.o.plugin.shim_library,
                 "libtessera-cuda.so on the host, mounted into containers given shares (default: "
