@@ -39,6 +39,10 @@ TEST(PluginServer, RegistersAsSoonAsKubeletSockReappears) {
       kubelet.WaitFor([](const auto& plugins) { return plugins.contains("tessera.io/gpu"); },
                       std::chrono::seconds(20)))
       << "registered only when the backoff ended";
+  // (the agent counts its registration once the kubelet's answer is back: a moment later)
+  const auto counted = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (server.counters().registrations.load() < 1 && std::chrono::steady_clock::now() < counted)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(server.counters().registrations.load(), 1u);
   // A kubelet restart (every socket deleted, a new kubelet.sock): registered again at once.
   kubelet.Restart();

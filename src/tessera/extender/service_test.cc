@@ -172,7 +172,7 @@ TEST_F(ServiceTest, FilterBeforeThePodsAreListedAnswersEveryNodeWaits) {
   EXPECT_EQ(service_->extender().stats().reserved, 0);
   // Listed: the running pod's GPUs are known, and the new one goes where they are not.
   api_.SetFailStatus(0);
-  ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
+  ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(30)));  // the informer's backoff first
   f = Post("filter", {{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", names}});
   ASSERT_EQ(f["NodeNames"].size(), 1u) << f.dump();
   EXPECT_EQ(f["NodeNames"][0], "n2");
