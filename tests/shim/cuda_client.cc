@@ -5,6 +5,7 @@
 //          procaddr (dlsym("cuGetProcAddress"), then every entry point through it, as the CUDA 12
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
+//          vmm:MiB (created, mapped, released at once)  vmmunmap[:K]
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
 //          graph:MiB (a graph with a memory node, instantiated)  graphlaunch  graphtrim  graphpool
@@ -57,6 +58,10 @@ CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
                      unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuArrayCreate_v2(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 CUresult cuArray3DCreate_v2(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
 CUresult cuArrayDestroy(CUarray);
@@ -150,6 +155,10 @@ struct Api {
   cuGraphInstantiateWithFlags_fn GraphInstantiateWithFlags;
   cuGraphLaunch_fn GraphLaunch;
   cuDeviceGraphMemTrim_fn DeviceGraphMemTrim;
+  cuMemAddressReserve_fn MemAddressReserve;
+  cuMemAddressFree_fn MemAddressFree;
+  cuMemMap_fn MemMap;
+  cuMemUnmap_fn MemUnmap;
 };
 
 Api Linked() {
@@ -183,7 +192,11 @@ Api Linked() {
           cuLibraryUnload,
           cuGraphInstantiateWithFlags,
           cuGraphLaunch,
-          cuDeviceGraphMemTrim};
+          cuDeviceGraphMemTrim,
+          cuMemAddressReserve,
+          cuMemAddressFree,
+          cuMemMap,
+          cuMemUnmap};
 }
 
 cuuint64_t g_flags = 0;  // cuGetProcAddress flags of the route (ptsz: per-thread default stream)
@@ -231,6 +244,10 @@ Api Resolved(const std::string& route) {
   Get(a.MemFreeAsync, lib, "cuMemFreeAsync", gpa, "cuMemFreeAsync", v2);
   Get(a.MemCreate, lib, "cuMemCreate", gpa, "cuMemCreate", v2);
   Get(a.MemRelease, lib, "cuMemRelease", gpa, "cuMemRelease", v2);
+  Get(a.MemAddressReserve, lib, "cuMemAddressReserve", gpa, "cuMemAddressReserve", v2);
+  Get(a.MemAddressFree, lib, "cuMemAddressFree", gpa, "cuMemAddressFree", v2);
+  Get(a.MemMap, lib, "cuMemMap", gpa, "cuMemMap", v2);
+  Get(a.MemUnmap, lib, "cuMemUnmap", gpa, "cuMemUnmap", v2);
   Get(a.ArrayCreate, lib, "cuArrayCreate_v2", gpa, "cuArrayCreate", v2);
   Get(a.Array3DCreate, lib, "cuArray3DCreate_v2", gpa, "cuArray3DCreate", v2);
   Get(a.ArrayDestroy, lib, "cuArrayDestroy", gpa, "cuArrayDestroy", v2);
@@ -281,6 +298,7 @@ int main(int argc, char** argv) {
   Api api = route == "link" ? Linked() : Resolved(route);
   std::vector<CUdeviceptr> ptrs;
   std::vector<CUmemGenericAllocationHandle> handles;
+  std::vector<std::pair<CUdeviceptr, size_t>> mapped;  // vmm: address ranges mapped
   std::vector<CUarray> arrays;
   std::vector<CUmipmappedArray> mipmaps;
   std::vector<CUcontext> contexts;
@@ -418,6 +436,28 @@ int main(int argc, char** argv) {
       }
       CUresult rc = api.MemCreate(&h, n(1) * MiB, c.size() > 2 ? &prop : nullptr, 0);
       if (rc == CUDA_SUCCESS) handles.push_back(h);
+      report(rc);
+    } else if (c[0] == "vmm") {
+      // vmm:MiB - as NVIDIA's memmap sample: a handle created, an address range reserved, the
+      // handle mapped there, then released at once (the mapping keeps the memory).
+      CUmemGenericAllocationHandle h;
+      const size_t bytes = n(1) * MiB;
+      CUresult rc = api.MemCreate(&h, bytes, nullptr, 0);
+      CUdeviceptr va = 0;
+      if (rc == CUDA_SUCCESS) rc = api.MemAddressReserve(&va, bytes, 0, 0, 0);
+      if (rc == CUDA_SUCCESS) rc = api.MemMap(va, bytes, 0, h, 0);
+      if (rc == CUDA_SUCCESS) rc = api.MemRelease(h);
+      if (rc == CUDA_SUCCESS) mapped.emplace_back(va, bytes);
+      report(rc);
+    } else if (c[0] == "vmmunmap") {
+      // vmmunmap[:K] - the first K mappings (default all) unmapped and their ranges freed.
+      size_t k = c.size() > 1 ? std::min<size_t>(n(1), mapped.size()) : mapped.size();
+      CUresult rc = CUDA_SUCCESS;
+      for (size_t i = 0; i < k && rc == CUDA_SUCCESS; ++i) {
+        rc = api.MemUnmap(mapped[i].first, mapped[i].second);
+        if (rc == CUDA_SUCCESS) rc = api.MemAddressFree(mapped[i].first, mapped[i].second);
+      }
+      mapped.erase(mapped.begin(), mapped.begin() + static_cast<long>(k));
       report(rc);
     } else if (c[0] == "array") {
       CUDA_ARRAY_DESCRIPTOR d{n(1), n(2), CU_AD_FORMAT_FLOAT, 1};
@@ -744,6 +784,8 @@ int main(int argc, char** argv) {
           {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz"},
           {"cuMemCreate", "cuMemCreate", ""},
           {"cuMemRelease", "cuMemRelease", ""},
+          {"cuMemMap", "cuMemMap", ""},
+          {"cuMemUnmap", "cuMemUnmap", ""},
           {"cuArrayCreate", "cuArrayCreate_v2", ""},
           {"cuArray3DCreate", "cuArray3DCreate_v2", ""},
           {"cuArrayDestroy", "cuArrayDestroy", ""},

@@ -158,6 +158,13 @@ typedef CUresult (*cuMemFreeAsync_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle*, size_t,
                                    const CUmemAllocationProp*, unsigned long long);
 typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle);
+// Virtual memory management: an address range reserved, a handle's memory mapped into it.
+typedef CUresult (*cuMemAddressReserve_fn)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                                           unsigned long long);
+typedef CUresult (*cuMemAddressFree_fn)(CUdeviceptr, size_t);
+typedef CUresult (*cuMemMap_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                unsigned long long);
+typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr, size_t);
 typedef CUresult (*cuArrayCreate_v2_fn)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
 typedef CUresult (*cuArrayDestroy_fn)(CUarray);

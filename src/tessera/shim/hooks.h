@@ -14,11 +14,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <new>
 #include <shared_mutex>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -49,6 +51,8 @@ constexpr uint64_t kMemoryQueryReclaimUs = 100'000;
   X(cuMemFreeAsync)               \
   X(cuMemCreate)                  \
   X(cuMemRelease)                 \
+  X(cuMemMap)                     \
+  X(cuMemUnmap)                   \
   X(cuArrayCreate_v2)             \
   X(cuArray3DCreate_v2)           \
   X(cuArrayDestroy)               \
@@ -153,6 +157,15 @@ extern pthread_once_t init_once;
 extern bool verbose;
 extern std::mutex* held_mu;
 extern std::unordered_map<uint64_t, Held>* held;
+// VMM (under held_mu): this process's mappings (address -> size and handle) and how many each
+// handle has, and the handles released while still mapped - charged until their last unmap, as
+// the driver keeps their memory until then.
+struct VmmState {
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;
+  std::unordered_map<uint64_t, int> mapped;
+  std::unordered_set<uint64_t> released;
+};
+extern VmmState* vmm;
 extern std::mutex* pool_mu;
 extern std::unordered_map<uint64_t, PoolUse>* pools;
 extern std::atomic<bool> any_pool;

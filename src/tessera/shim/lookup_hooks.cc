@@ -54,6 +54,8 @@ const Named kNamed[] = {
                   TESSERA_PTSZ(cuMemFreeAsync_ptsz)),
     TESSERA_NAMED("cuMemCreate", 10020, 1 << 30, cuMemCreate, nullptr, nullptr),
     TESSERA_NAMED("cuMemRelease", 10020, 1 << 30, cuMemRelease, nullptr, nullptr),
+    TESSERA_NAMED("cuMemMap", 10020, 1 << 30, cuMemMap, nullptr, nullptr),
+    TESSERA_NAMED("cuMemUnmap", 10020, 1 << 30, cuMemUnmap, nullptr, nullptr),
     TESSERA_NAMED("cuMemGetInfo", 3020, 1 << 30, cuMemGetInfo_v2, nullptr, nullptr),
     TESSERA_NAMED("cuArrayCreate", 3020, 1 << 30, cuArrayCreate_v2, nullptr, nullptr),
     TESSERA_NAMED("cuArray3DCreate", 3020, 1 << 30, cuArray3DCreate_v2, nullptr, nullptr),

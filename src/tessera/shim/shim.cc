@@ -53,6 +53,7 @@ bool verbose = false;
 // process's static destructors may still call into the driver.
 std::mutex* held_mu = nullptr;
 std::unordered_map<uint64_t, Held>* held = nullptr;
+VmmState* vmm = nullptr;
 
 std::mutex* pool_mu = nullptr;
 std::unordered_map<uint64_t, PoolUse>* pools = nullptr;  // by handle; under *pool_mu
@@ -75,6 +76,7 @@ void AfterForkChild() {
   if (held != nullptr) {
     new (held_mu) std::mutex();
     for (int k = 0; k < kKinds; ++k) held[k].clear();
+    if (vmm != nullptr) *vmm = VmmState();
   }
   if (pools != nullptr) {
     new (pool_mu) std::mutex();
@@ -269,6 +271,7 @@ void Init() {
   if (arbiter != nullptr) InitBacklog();
   held_mu = new (std::nothrow) std::mutex();
   held = new (std::nothrow) std::unordered_map<uint64_t, Held>[kKinds];
+  vmm = new (std::nothrow) VmmState();
   pool_mu = new (std::nothrow) std::mutex();
   pools = new (std::nothrow) std::unordered_map<uint64_t, PoolUse>();
   graph_execs =

@@ -483,7 +483,69 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* h, size_t bytes,
                                  const CUmemAllocationProp*, unsigned long long) {
   return bytes == 0 ? CUDA_ERROR_INVALID_VALUE : Take(bytes, h);
 }
-FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return Give(h); }
+// VMM as the driver has it: releasing a handle frees its memory only once its last mapping is
+// gone ("the memory is released when all mappings are unmapped"); until then it is in use.
+namespace {
+std::atomic<uint64_t> next_va{0x7f0000000000ull};
+std::map<uint64_t, std::pair<uint64_t, uint64_t>>& Mappings() {  // va -> (size, handle)
+  static auto* m = new std::map<uint64_t, std::pair<uint64_t, uint64_t>>();
+  return *m;
+}
+std::unordered_map<uint64_t, int>& MapCount() {  // handle -> mappings
+  static auto* m = new std::unordered_map<uint64_t, int>();
+  return *m;
+}
+std::set<uint64_t>& ReleasedMapped() {  // handles released while mapped
+  static auto* m = new std::set<uint64_t>();
+  return *m;
+}
+}  // namespace
+FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  {
+    std::lock_guard lock(mu);
+    if (!Live().contains(h) || ReleasedMapped().contains(h)) return CUDA_ERROR_INVALID_VALUE;
+    if (auto it = MapCount().find(h); it != MapCount().end() && it->second > 0) {
+      ReleasedMapped().insert(h);
+      return CUDA_SUCCESS;
+    }
+  }
+  return Give(h);
+}
+FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t, CUdeviceptr,
+                                         unsigned long long) {
+  if (p == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  *p = next_va.fetch_add((size + 0xfffff) & ~0xfffffull);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+FAKE_EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t, CUmemGenericAllocationHandle h,
+                              unsigned long long) {
+  std::lock_guard lock(mu);
+  if (!Live().contains(h) || ReleasedMapped().contains(h) || size == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!Mappings().emplace(va, std::make_pair(static_cast<uint64_t>(size), h)).second)
+    return CUDA_ERROR_INVALID_VALUE;  // already mapped there
+  ++MapCount()[h];
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+  std::vector<uint64_t> freed;
+  {
+    std::lock_guard lock(mu);
+    auto it = Mappings().lower_bound(va);
+    if (it == Mappings().end() || it->first >= va + size) return CUDA_ERROR_INVALID_VALUE;
+    while (it != Mappings().end() && it->first < va + size) {
+      const uint64_t h = it->second.second;
+      if (--MapCount()[h] == 0) {
+        MapCount().erase(h);
+        if (ReleasedMapped().erase(h)) freed.push_back(h);
+      }
+      it = Mappings().erase(it);
+    }
+  }
+  for (uint64_t h : freed) Give(h);
+  return CUDA_SUCCESS;
+}
 
 namespace {
 uint64_t ElementBytes(CUarray_format f) {
@@ -941,6 +1003,8 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuMemFreeAsync_ptsz", (void*)&cuMemFreeAsync_ptsz},
       {"cuMemCreate", (void*)&cuMemCreate},
       {"cuMemRelease", (void*)&cuMemRelease},
+      {"cuMemMap", (void*)&cuMemMap},
+      {"cuMemUnmap", (void*)&cuMemUnmap},
       {"cuArrayCreate_v2", (void*)&cuArrayCreate_v2},
       {"cuArray3DCreate_v2", (void*)&cuArray3DCreate_v2},
       {"cuArrayDestroy", (void*)&cuArrayDestroy},
@@ -1037,6 +1101,10 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuMemFreeAsync", (void*)&cuMemFreeAsync},
       {"cuMemCreate", (void*)&cuMemCreate},
       {"cuMemRelease", (void*)&cuMemRelease},
+      {"cuMemAddressReserve", (void*)&cuMemAddressReserve},
+      {"cuMemAddressFree", (void*)&cuMemAddressFree},
+      {"cuMemMap", (void*)&cuMemMap},
+      {"cuMemUnmap", (void*)&cuMemUnmap},
       {"cuArrayCreate", (void*)&cuArrayCreate_v2},
       {"cuArray3DCreate", (void*)&cuArray3DCreate_v2},
       {"cuArrayDestroy", (void*)&cuArrayDestroy},
