@@ -483,18 +483,25 @@ TEST(Shim, NvmlListsOnlyTheJobsOwnProcesses) {
   }
 }
 
-TEST(Shim, ContextOverheadCountsOncePerDeviceWhileAContextLives) {
+TEST(Shim, ContextOverheadCountsForEveryContextWhileItLives) {
   Env env{.limit = "1GiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
-  // Two contexts on device 0 cost the overhead once; it comes back when the last one goes.
+  // Each context has its own memory on the device: two cost the overhead twice, each giving its
+  // part back when it goes; a fourth does not fit (before, five cost it once: 2,200 MiB were used
+  // under a 1 GiB limit in a container).
   EXPECT_EQ(RunClient(env, "link", "ctx:0 ctx:0 info ctxdestroy info ctxdestroy info"),
-            "ok\nok\n724 1024\nok\n724 1024\nok\n1024 1024\n");
+            "ok\nok\n424 1024\nok\n724 1024\nok\n1024 1024\n");
+  EXPECT_EQ(RunClient(env, "link", "ctx:0 ctx:0 ctx:0 ctx:0"), "ok\nok\nok\noom\n");
+  // The primary context is one context however often it is retained: once.
   EXPECT_EQ(RunClient(env, "link",
                       "primary:0 primary:0 alloc:800 primaryrelease:0 primaryrelease:0 "
                       "alloc:200"),
             "ok\nok\noom\nok\nok\nok\n");
   // Every cuCtxCreate version counts the same (CUDA 11.4+ and 12.5+ callers use _v3 and _v4).
   EXPECT_EQ(RunClient(env, "link", "ctx3:0 info ctx4:0 info ctxdestroy ctxdestroy info"),
-            "ok\n724 1024\nok\n724 1024\nok\nok\n1024 1024\n");
+            "ok\n724 1024\nok\n424 1024\nok\nok\n1024 1024\n");
+  // A primary context beside a created one: both counted.
+  EXPECT_EQ(RunClient(env, "link", "primary:0 ctx:0 info primaryrelease:0 info"),
+            "ok\nok\n424 1024\nok\n724 1024\n");
   // A context that would not fit is refused like an allocation.
   Env small{.limit = "200MiB", .extra = "TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB"};
   EXPECT_EQ(RunClient(small, "link", "ctx:0"), "oom\n");

@@ -1,28 +1,40 @@
-// libtessera-cuda.so: contexts (created, primary, destroyed: each device's context overhead counted
-// once while one lives) and module and library loads (their code's memory, measured).
+// libtessera-cuda.so: contexts (created, primary, destroyed: each context's overhead counted while
+// it lives) and module and library loads (their code's memory, measured).
 #include "tessera/shim/hooks.h"
 
 using namespace tessera::shim;  // NOLINT: the hooks are C entry points over the shared state
 
 namespace tessera::shim {
 
-// The first context of this process on `device` takes the overhead from the job's limit.
-bool TakeContext(int device) {
+// Each context costs its own overhead on its device (its local memory, printf and launch
+// buffers): every created context, and the device's primary context once while it is retained
+// (the driver hands the same one to every retain). Charged against the job's limit while it lives.
+// (Before, once per device: 5 contexts took 2,200 MiB under a 1 GiB limit in a container.)
+std::atomic<int> primary_retains[kMaxDevices];
+
+bool TakeContext(int device, bool primary) {
   if (device < 0 || device >= kMaxDevices) return true;
-  if (contexts_on[device].fetch_add(1) == 0 && context_overhead > 0 &&
-      !Reserve(device, context_overhead)) {
+  contexts_on[device].fetch_add(1);
+  const bool first_retain = primary && primary_retains[device].fetch_add(1) == 0;
+  if (context_overhead > 0 && (!primary || first_retain) && !Reserve(device, context_overhead)) {
     contexts_on[device].fetch_sub(1);
+    if (primary) primary_retains[device].fetch_sub(1);
     return false;
   }
   return true;
 }
 
-void DropContext(int device) {
+void DropContext(int device, bool primary) {
   if (device < 0 || device >= kMaxDevices) return;
-  int before = contexts_on[device].load();
-  while (before > 0 && !contexts_on[device].compare_exchange_weak(before, before - 1)) {
-  }
-  if (before == 1 && context_overhead > 0) region->Release(device, context_overhead);
+  auto down = [](std::atomic<int>& n) {
+    int before = n.load();
+    while (before > 0 && !n.compare_exchange_weak(before, before - 1)) {
+    }
+    return before;
+  };
+  down(contexts_on[device]);
+  const bool last_retain = primary && down(primary_retains[device]) == 1;
+  if (context_overhead > 0 && (!primary || last_retain)) region->Release(device, context_overhead);
 }
 
 std::mutex context_mu;
@@ -35,15 +47,15 @@ namespace {
 // while it lives.
 template <typename Create>
 CUresult CountedContext(CUcontext* ctx, CUdevice device, Create create) {
-  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!TakeContext(device, false)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = create();
   if (rc != CUDA_SUCCESS) {
-    DropContext(device);
+    DropContext(device, false);
     return rc;
   }
   if (measure_footprint && !Reconcile(device)) {  // its memory does not fit the job's limit
     real.cuCtxDestroy_v2(*ctx);
-    DropContext(device);
+    DropContext(device, false);
     Reconcile(device);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -91,7 +103,7 @@ TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
         }
       }
     }
-    DropContext(device);
+    DropContext(device, false);
     if (measure_footprint && device >= 0) Reconcile(device);
   }
   return rc;
@@ -99,13 +111,13 @@ TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 TESSERA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device) {
   if (!Ready() || real.cuDevicePrimaryCtxRetain == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!TakeContext(device)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (!TakeContext(device, true)) return CUDA_ERROR_OUT_OF_MEMORY;
   CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, device);
   if (rc != CUDA_SUCCESS) {
-    DropContext(device);
+    DropContext(device, true);
   } else if (measure_footprint && !Reconcile(device)) {
     real.cuDevicePrimaryCtxRelease_v2(device);
-    DropContext(device);
+    DropContext(device, true);
     Reconcile(device);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -116,7 +128,7 @@ TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   if (!Ready() || real.cuDevicePrimaryCtxRelease_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuDevicePrimaryCtxRelease_v2(device);
   if (rc == CUDA_SUCCESS) {
-    DropContext(device);
+    DropContext(device, true);
     if (measure_footprint) Reconcile(device);
   }
   return rc;

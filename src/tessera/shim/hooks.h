@@ -200,8 +200,9 @@ uint64_t ObjectKey(void* p);
 CUresult Uncount(Kind kind, uint64_t key, bool synchronous = true);
 uint64_t FormatBytes(CUarray_format f);
 uint64_t ArrayBytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels);
-bool TakeContext(int device);
-void DropContext(int device);
+// A context on `device` (`primary`: a retain of its primary context) charged / given back.
+bool TakeContext(int device, bool primary);
+void DropContext(int device, bool primary);
 int ArbiterGpu();
 CUresult SynchronizeContext();
 void Drain();
