@@ -311,6 +311,26 @@ int Arbiter::Slot(int gpu) {
   return -1;
 }
 
+int Arbiter::WaitForSlot(int gpu) {
+  if (gpu < 0 || gpu >= kArbiterGpus) return -1;
+  slot_waits_.fetch_add(1, std::memory_order_relaxed);
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    fprintf(stderr,
+            "tessera-cuda: all %d arbiter slots of GPU %d are taken by running jobs; this process "
+            "waits for one (unpaced, it would take their time)\n",
+            kArbiterJobs, gpu);
+  }
+  for (;;) {
+    if (Truncated()) return -1;
+    const uint64_t us = std::max<uint64_t>(config_.poll_us, 1000);
+    timespec t{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000 * 1000)};
+    nanosleep(&t, nullptr);
+    const int s = Slot(gpu);  // which also reclaims the slots of jobs gone for a while
+    if (s >= 0) return s;
+  }
+}
+
 uint64_t Arbiter::ActiveUntil(const ArbiterJob& j, uint64_t now) const {
   if (j.in_sync.load(std::memory_order_relaxed) > 0) return now;
   return std::min(now, j.last_launch_us.load(std::memory_order_relaxed) + config_.idle_us);
@@ -598,7 +618,8 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     slot_[gpu].store(0, std::memory_order_relaxed);
   }
   int self = Slot(gpu);
-  if (self < 0) return;  // no slot: not arbitrated (said once by the caller's log)
+  if (self < 0) self = WaitForSlot(gpu);
+  if (self < 0) return;  // a GPU out of range, or the file truncated: not arbitrated
   ArbiterGpu& g = data_->gpus[gpu];
   uint64_t now = NowMicros();
   uint64_t lease = g.lease.load(std::memory_order_acquire);

@@ -109,7 +109,9 @@ class Arbiter {
                          size_t err_len);
 
   // Before a kernel launch on physical GPU `gpu`: returns at once while this job holds the GPU's
-  // lease, otherwise waits until it does. `drain` waits for this process's queued work.
+  // lease, otherwise waits until it does. `drain` waits for this process's queued work. With every
+  // slot of the GPU taken by live jobs it waits for one (said once): unpaced, it would take their
+  // time.
   void BeforeLaunch(int gpu, DrainFn drain);
   // Around a synchronize call: a job waiting for its own work is not idle.
   void EnterSync(int gpu);
@@ -125,6 +127,8 @@ class Arbiter {
   // ArbiterConfig::follow_us; called before a launch that waits. True when it followed.
   bool FollowIfReplaced(uint64_t now);
   uint64_t key() const { return key_; }
+  // Launches that found every slot of their GPU taken and waited for one.
+  uint64_t slot_waits() const { return slot_waits_.load(std::memory_order_relaxed); }
   static uint64_t NowMicros();
 
  private:
@@ -143,6 +147,9 @@ class Arbiter {
   // next job, after `drain` (may be null).
   bool KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, DrainFn drain);
   void BeforeLaunchGang(int gpu, DrainFn drain);
+  // Every slot of `gpu` taken: waits until one is free or reclaimed; -1 when the file was
+  // truncated meanwhile (then nothing is arbitrated).
+  int WaitForSlot(int gpu);
   // Whether the mapping faulted since it was mapped (the file truncated under it): zero pages now.
   bool Truncated() const {
     return faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0;
@@ -181,6 +188,7 @@ class Arbiter {
   std::atomic<bool> bounded_[kArbiterGpus] =
       {};                                 // a higher-priority job is around: one launch in flight
   std::atomic<uint32_t> launch_gpus_{0};  // the GPUs this process has launched on, one bit each
+  std::atomic<uint64_t> slot_waits_{0};
 };
 
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can

@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tessera/shim/region.h"
 
@@ -36,6 +40,42 @@ TEST(ArbiterShare, Parses) {
 
 std::string TempFile(const char* name) {
   return ::testing::TempDir() + "arbiter-" + std::to_string(getpid()) + "-" + name;
+}
+
+// The 65th job on a GPU: its first launch waits for a slot (unpaced, it would take the others'
+// time) and goes on as soon as one is free.
+TEST(Arbiter, WithEverySlotTakenALaunchWaitsForOne) {
+  std::string path = TempFile("full");
+  unlink(path.c_str());
+  char err[256] = "";
+  ArbiterConfig c;
+  c.slice_us = 1000;
+  std::vector<std::unique_ptr<Arbiter>> jobs;
+  for (int k = 0; k < kArbiterJobs; ++k) {
+    jobs.emplace_back(Arbiter::Attach(path.c_str(), 1000 + k, c, err, sizeof err));
+    ASSERT_NE(jobs.back(), nullptr) << err;
+    ASSERT_GE(jobs.back()->Slot(2), 0) << k;
+  }
+  std::unique_ptr<Arbiter> late(Arbiter::Attach(path.c_str(), 7, c, err, sizeof err));
+  ASSERT_NE(late, nullptr) << err;
+  ASSERT_LT(late->Slot(2), 0) << "every slot taken";
+  std::atomic<bool> freed{false}, returned_after_free{false};
+  std::thread launch([&] {
+    late->BeforeLaunch(2, nullptr);
+    returned_after_free = freed.load();
+  });
+  // Once it waits, a job leaves (its slot freed as a finished job's is): the launch takes it.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (late->slot_waits() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::yield();
+  EXPECT_EQ(late->slot_waits(), 1u) << "the launch did not wait for a slot";
+  const int slot = jobs[10]->Slot(2);
+  freed = true;
+  jobs[10]->data()->gpus[2].jobs[slot].key.store(0);
+  launch.join();
+  EXPECT_TRUE(returned_after_free) << "the launch went on unpaced while every slot was taken";
+  EXPECT_EQ(late->Slot(2), slot);
+  unlink(path.c_str());
 }
 
 TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {
