@@ -13,6 +13,10 @@
 namespace tessera::server {
 namespace {
 
+// The least compute share a job may ask: 1/64 of a GPU (rounded up to a permille), so that a GPU
+// never holds more compute shares than its arbiter paces (shim::kArbiterJobs).
+constexpr double kMinSharePercent = 1.6;
+
 using nlohmann::json;
 
 absl::Status Bad(std::string_view field, std::string_view what) {
@@ -323,12 +327,14 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
                                v.is_string() ? v.get<std::string>() : v.dump()));
       }
       if (!percent_sign && pct > 0 && pct < 1) pct *= 100;  // a fraction
-      if (!(pct >= 0.1 && pct < 100)) {
-        return Bad(
-            "resources.gpu_share",
-            fmt::format("expected a share of a GPU between 0.1% and 99.9% (\"30%\", 30 or 0.3), "
-                        "got {}; for whole GPUs leave it out",
-                        v.dump()));
+      // At least 1/64 of a GPU: a GPU's arbiter paces 64 jobs, so no GPU is given more compute
+      // shares than it can pace (a 65th would wait for a slot).
+      if (!(pct >= kMinSharePercent && pct < 100)) {
+        return Bad("resources.gpu_share",
+                   fmt::format("expected a share of a GPU between {}% (1/64: a GPU paces 64 jobs) "
+                               "and 99.9% (\"30%\", 30 or 0.3), got {}; for whole GPUs leave it "
+                               "out",
+                               kMinSharePercent, v.dump()));
       }
       s.gpu_milli = static_cast<int>(std::lround(pct * 10));
     }

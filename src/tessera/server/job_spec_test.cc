@@ -19,8 +19,14 @@ TEST(JobSpec, UnitsAsUsersWriteThem) {
     ASSERT_TRUE(s.ok()) << share << ": " << s.status();
     EXPECT_EQ(s->gpu_milli, 300) << share;
   }
-  EXPECT_EQ(ParseJobSpec(R"({"command": ["ls"], "resources": {"gpu_share": "0.5%"}})")->gpu_milli,
-            5);
+  EXPECT_EQ(ParseJobSpec(R"({"command": ["ls"], "resources": {"gpu_share": "1.6%"}})")->gpu_milli,
+            16);
+  // Below 1/64 of a GPU: more such jobs than the GPU's arbiter paces would fit on it.
+  auto tiny = ParseJobSpec(R"({"command": ["ls"], "resources": {"gpu_share": "0.5%"}})");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("between 1.6% (1/64: a GPU paces 64 jobs)"),
+            std::string::npos)
+      << tiny.status();
   for (const char* mem : {"16G", "16Gi", "16GiB", "16384"}) {
     auto s = ParseJobSpec(std::string(R"({"command": ["ls"], "resources": {"memory": ")") + mem +
                           R"("}})");
