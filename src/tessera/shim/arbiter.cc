@@ -67,6 +67,17 @@ char ProcessStateOf(int32_t pid) {
 
 }  // namespace
 
+namespace {
+// A new arbiter file's settings, from the config of whoever makes it.
+void WriteSettings(void* mem, const void* arg) {
+  const auto* c = static_cast<const ArbiterConfig*>(arg);
+  ArbiterSettings& s = static_cast<ArbiterData*>(mem)->settings;
+  s.slice_us.store(c->slice_us ? c->slice_us : 5000);
+  s.queue_us.store(c->queue_us ? c->queue_us : s.slice_us.load());
+  s.idle_us.store(c->idle_us ? c->idle_us : 1000);
+}
+}  // namespace
+
 // The host's monotonic clock: leases and charges are compared across processes, some of which may
 // be in time namespaces of their own (host_clock.h).
 uint64_t Arbiter::NowMicros() { return HostMonotonicNs() / 1000; }
@@ -89,14 +100,20 @@ bool ParseShare(const char* text, uint32_t* permille) {
 Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig& config, char* err,
                          size_t err_len) {
   int fd = -1;
-  void* m = MapSharedFile(
-      path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
-      [](void*, const void*) {}, nullptr, &fd, err, err_len);
+  void* m = MapSharedFile(path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
+                          kArbiterVersion, WriteSettings, &config, &fd, err, err_len);
   if (m == nullptr) return nullptr;
   struct stat st = {};
   fstat(fd, &st);
   close(fd);  // the mapping stays; nothing here takes the file lock
   ArbiterConfig c = config;
+  // The file's settings rule (its maker's: the server's, the agent's): not this process's
+  // environment. Bounded: a scribbled value does not stop pacing.
+  const ArbiterSettings& fs = static_cast<ArbiterData*>(m)->settings;
+  if (const uint64_t v = fs.slice_us.load(); v >= 100 && v <= 10000000) c.slice_us = v;
+  if (const uint64_t v = fs.idle_us.load(); v >= 50 && v <= 10000000) c.idle_us = v;
+  if (const uint64_t v = fs.queue_us.load(); v >= 100 && v <= 10000000) c.queue_us = v;
+  if (c.queue_us == 0) c.queue_us = c.slice_us;
   if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
   if (c.slice_us == 0) c.slice_us = 1;
   Arbiter* a = new (std::nothrow) Arbiter(static_cast<ArbiterData*>(m), job_key ? job_key : 1, c);
@@ -131,11 +148,44 @@ bool Arbiter::FollowIfReplaced(uint64_t now) {
   return true;
 }
 
-bool CreateArbiterFile(const char* path, char* err, size_t err_len) {
+namespace {
+// Whether `path` is an arbiter file of another version (its head: the magic, then the version): a
+// file that is no arbiter at all is never replaced.
+bool OlderArbiterFile(const char* path) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct {
+    uint64_t magic;
+    uint32_t version;
+  } head = {0, 0};
+  const bool read_all = pread(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) ==
+                        static_cast<ssize_t>(sizeof(uint64_t) + sizeof(uint32_t));
+  close(fd);
+  return read_all && head.magic == kArbiterMagic && head.version != kArbiterVersion;
+}
+}  // namespace
+
+bool CreateArbiterFile(const char* path, char* err, size_t err_len, const ArbiterConfig& c) {
   int fd = -1;
-  void* m = MapSharedFile(
-      path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic, kArbiterVersion,
-      [](void*, const void*) {}, nullptr, &fd, err, err_len);
+  void* m = MapSharedFile(path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
+                          kArbiterVersion, WriteSettings, &c, &fd, err, err_len);
+  if (m == nullptr && OlderArbiterFile(path)) {
+    // Left by an older Tessera (an upgrade): a fresh one renamed over it. Processes that mapped
+    // the old one keep it until they end; new ones are paced in this one.
+    char fresh[4200];
+    snprintf(fresh, sizeof fresh, "%s.new.%d", path, static_cast<int>(getpid()));
+    unlink(fresh);
+    m = MapSharedFile(fresh, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
+                      kArbiterVersion, WriteSettings, &c, &fd, err, err_len);
+    if (m != nullptr && rename(fresh, path) != 0) {
+      snprintf(err, err_len, "%s: cannot replace the arbiter file of an older version: %s", path,
+               strerror(errno));
+      munmap(m, sizeof(ArbiterData));
+      close(fd);
+      unlink(fresh);
+      return false;
+    }
+  }
   if (m == nullptr) return false;
   munmap(m, sizeof(ArbiterData));
   close(fd);

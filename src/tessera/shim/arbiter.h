@@ -30,7 +30,7 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
-inline constexpr uint32_t kArbiterVersion = 3;                    // 3: sync_pids
+inline constexpr uint32_t kArbiterVersion = 4;                    // 3: sync_pids; 4: settings
 inline constexpr int kArbiterGpus = 16;                           // physical GPUs of a machine
 inline constexpr int kArbiterJobs = 64;                           // jobs per GPU
 inline constexpr int kSyncPids = 4;  // processes of a job tracked inside a synchronize
@@ -73,11 +73,23 @@ struct ArbiterGpu {
   ArbiterJob jobs[kArbiterJobs];
 };
 
+// The pacing settings every job on the machine uses, written by whoever made the file (the
+// server, the node agent, Slurm's step; else the first process, from its environment): a tenant's
+// own environment does not change them (a TESSERA_CUDA_QUEUE_US=0 or a TIMESLICE_US of a second
+// would let its queued work run in others' slices). 0: not set (a file copied from one that was
+// not an arbiter), then the process's own.
+struct ArbiterSettings {
+  std::atomic<uint64_t> slice_us;
+  std::atomic<uint64_t> queue_us;  // the most GPU work a process may have queued
+  std::atomic<uint64_t> idle_us;
+};
+
 struct ArbiterData {
   std::atomic<uint64_t> magic;  // written last by the creator
   uint32_t version;
   uint32_t reserved;
   ArbiterGpu gpus[kArbiterGpus];
+  ArbiterSettings settings;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -96,6 +108,9 @@ struct ArbiterConfig {
   // renames a fresh copy over it to revoke a user's access); then the process maps the new one in
   // the old one's place. 0: at every launch that waits.
   uint64_t follow_us = 100000;
+  // The queue bound (ArbiterSettings::queue_us) written when this process makes the file; 0: the
+  // slice.
+  uint64_t queue_us = 0;
 };
 
 // Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
@@ -127,6 +142,10 @@ class Arbiter {
   // ArbiterConfig::follow_us; called before a launch that waits. True when it followed.
   bool FollowIfReplaced(uint64_t now);
   uint64_t key() const { return key_; }
+  // The settings in force (the file's; the process's own where the file has none).
+  uint64_t slice_us() const { return config_.slice_us; }
+  uint64_t idle_us() const { return config_.idle_us; }
+  uint64_t queue_us() const { return config_.queue_us; }
   // Launches that found every slot of their GPU taken and waited for one.
   uint64_t slot_waits() const { return slot_waits_.load(std::memory_order_relaxed); }
   static uint64_t NowMicros();
@@ -192,8 +211,11 @@ class Arbiter {
 };
 
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can
-// prepare it for jobs of several users. False with why in `err`.
-bool CreateArbiterFile(const char* path, char* err, size_t err_len);
+// prepare it for jobs of several users, with the pacing settings of `c` (slice, idle, queue bound;
+// the defaults when not given). One of an older version (an upgrade) is replaced by rename: its
+// processes keep the one they mapped. False with why in `err`.
+bool CreateArbiterFile(const char* path, char* err, size_t err_len,
+                       const ArbiterConfig& c = ArbiterConfig());
 
 // Writes a new arbiter file at `to` (created, 0600; it must not exist) holding what the arbiter
 // at `from` holds now (read through pread: `from` may be truncated meanwhile; a fresh arbiter when

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -75,6 +76,40 @@ TEST(Arbiter, WithEverySlotTakenALaunchWaitsForOne) {
   launch.join();
   EXPECT_TRUE(returned_after_free) << "the launch went on unpaced while every slot was taken";
   EXPECT_EQ(late->Slot(2), slot);
+  unlink(path.c_str());
+}
+
+// The machine's pacing settings are the file's, written by its maker; a file of an older version
+// (an upgrade) is replaced by one of this version, not left to run unpaced.
+TEST(Arbiter, TheFilesSettingsAreItsMakersAndAnOlderFileIsReplaced) {
+  std::string path = TempFile("settings");
+  unlink(path.c_str());
+  {
+    std::ofstream old(path, std::ios::binary);
+    const uint64_t magic = kArbiterMagic;
+    const uint32_t version = 3;
+    old.write(reinterpret_cast<const char*>(&magic), sizeof magic);
+    old.write(reinterpret_cast<const char*>(&version), sizeof version);
+    old << std::string(1000, '\0');
+  }
+  char err[256] = "";
+  ArbiterConfig maker;
+  maker.slice_us = 8000;
+  maker.queue_us = 2000;
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err, maker)) << err;
+  ArbiterConfig tenant;
+  tenant.slice_us = 1000000;  // its own environment's: not used
+  tenant.queue_us = 10000000;
+  std::unique_ptr<Arbiter> a(Arbiter::Attach(path.c_str(), 5, tenant, err, sizeof err));
+  ASSERT_NE(a, nullptr) << err;
+  EXPECT_EQ(a->slice_us(), 8000u);
+  EXPECT_EQ(a->queue_us(), 2000u);
+  EXPECT_EQ(a->idle_us(), 1000u);
+  // A scribbled setting is not believed: the process's own stands.
+  a->data()->settings.slice_us.store(7);
+  std::unique_ptr<Arbiter> b(Arbiter::Attach(path.c_str(), 6, ArbiterConfig(), err, sizeof err));
+  ASSERT_NE(b, nullptr) << err;
+  EXPECT_EQ(b->slice_us(), ArbiterConfig().slice_us);
   unlink(path.c_str());
 }
 

@@ -141,10 +141,12 @@ void InitArbiter(const char* region_path) {
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(x);
   };
   number("TESSERA_CUDA_PRIORITY", -1000000, 1000000, &c.priority);
+  // The pacing settings: the arbiter file's (its maker's), these only for a file this process
+  // makes (ArbiterSettings). A queue bound is at least 100 us: 0 (none) let a tenant's queued work
+  // run in the next holder's slice.
   number("TESSERA_CUDA_TIMESLICE_US", 100, 10000000, &c.slice_us);
   number("TESSERA_CUDA_IDLE_US", 50, 10000000, &c.idle_us);
-  queue_bound_us = c.slice_us;
-  number("TESSERA_CUDA_QUEUE_US", 0, 10000000, &queue_bound_us);
+  number("TESSERA_CUDA_QUEUE_US", 100, 10000000, &c.queue_us);
   int conserving = 1, gang = 1;
   number("TESSERA_CUDA_WORK_CONSERVING", 0, 1, &conserving);
   number("TESSERA_CUDA_GANG", 0, 1, &gang);
@@ -181,6 +183,21 @@ void InitArbiter(const char* region_path) {
   arbiter = Arbiter::Attach(path, key, c, err, sizeof err);
   if (arbiter == nullptr) {
     fprintf(stderr, "tessera-cuda: %s; kernel launches are not paced\n", err);
+    return;
+  }
+  queue_bound_us = arbiter->queue_us();
+  const bool differs =
+      (c.slice_us != ArbiterConfig().slice_us && c.slice_us != arbiter->slice_us()) ||
+      (c.queue_us != 0 && c.queue_us != arbiter->queue_us()) ||
+      (c.idle_us != ArbiterConfig().idle_us && c.idle_us != arbiter->idle_us());
+  if (differs) {
+    fprintf(stderr,
+            "tessera-cuda: the arbiter's settings are its maker's (slice %llu us, queue %llu us, "
+            "idle %llu us): this process's TESSERA_CUDA_TIMESLICE_US, QUEUE_US and IDLE_US are "
+            "not used\n",
+            static_cast<unsigned long long>(arbiter->slice_us()),
+            static_cast<unsigned long long>(arbiter->queue_us()),
+            static_cast<unsigned long long>(arbiter->idle_us()));
   }
 }
 
