@@ -165,7 +165,10 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       while (c.state_dir.size() > 1 && c.state_dir.back() == '/') c.state_dir.pop_back();
     } else if (key == "shards_per_gpu") {
       auto n = ParseWhole(value);
-      if (!n || *n < 1 || *n > 10000) return bad("expected a count of shards from 1 to 10000");
+      // At most the jobs one GPU's arbiter paces: a shard step beyond them would wait for a slot.
+      if (!n || *n < 1 || *n > shim::kArbiterJobs) {
+        return bad("expected a count of shards from 1 to 64 (the jobs a GPU's arbiter paces)");
+      }
       c.shards_per_gpu = static_cast<int>(*n);
     } else if (key == "gpu_memory" || key == "context_overhead") {
       auto b = core::ParseBytes(value);

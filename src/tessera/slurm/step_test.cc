@@ -42,6 +42,9 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
            {{}, "library= is required"},
            {{"library=l.so"}, "'library=l.so': the library's path must be absolute"},
            {{"library=/l.so", "shards_per_gpu=0"}, "'shards_per_gpu=0': expected a count"},
+           {{"library=/l.so", "shards_per_gpu=65"},
+            "'shards_per_gpu=65': expected a count of shards from 1 to 64 (the jobs a GPU's "
+            "arbiter paces)"},
            {{"library=/l.so", "gpu_memory=lots"}, "'gpu_memory=lots': expected a size"},
            {{"library=/l.so", "shards=8"}, "'shards=8': unknown key"},
            {{"library=/l.so", "state_dir"}, "'state_dir': expected key=value"}}) {
