@@ -79,9 +79,15 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p) {
   return st;
 }
 
+void Extender::Unwait(const std::string& node, const std::string& id) {
+  auto u = unaccounted_.find(node);
+  if (u == unaccounted_.end()) return;
+  u->second.erase(id);
+  if (u->second.empty()) unaccounted_.erase(u);
+}
+
 void Extender::Account(const std::string& id, PodRec& p) {
   absl::Status st = RestoreBound(id, p);
-  auto waiting = unaccounted_.find(p.node);
   if (!st.ok()) {
     auto [at, added] = unaccounted_[p.node].insert(id);
     if (added) {
@@ -92,10 +98,7 @@ void Extender::Account(const std::string& id, PodRec& p) {
     }
     return;
   }
-  if (waiting != unaccounted_.end()) {
-    waiting->second.erase(id);
-    if (waiting->second.empty()) unaccounted_.erase(waiting);
-  }
+  Unwait(p.node, id);
   if (!p.demand.pod_group.empty()) {
     // A gang with a bound member has started: later pods of its group place on their own.
     placed_gangs_.insert(p.demand.request.owner + "/" + p.demand.pod_group);

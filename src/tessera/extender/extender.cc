@@ -192,7 +192,7 @@ void Extender::OnNode(kube::EventType type, const json& node) {
         continue;
       }
       p->second.allocated = true;
-      if (p->second.node == name) unaccounted_[name].erase(a.id);
+      if (p->second.node == name) Unwait(name, a.id);
       if (auto r = reserved_at.find(a.id); r != reserved_at.end()) {
         p->second.reserved_at = r->second;
         reserved_.insert(a.id);
@@ -300,12 +300,7 @@ void Extender::Release(const std::string& id, PodRec& p, const char* why) {
 }
 
 void Extender::Forget(std::unordered_map<std::string, PodRec>::iterator it, const char* why) {
-  if (!it->second.node.empty()) {
-    if (auto u = unaccounted_.find(it->second.node); u != unaccounted_.end()) {
-      u->second.erase(it->first);
-      if (u->second.empty()) unaccounted_.erase(u);
-    }
-  }
+  if (!it->second.node.empty()) Unwait(it->second.node, it->first);
   const std::string node = it->second.allocated ? it->second.node : "";
   Release(it->first, it->second, why);
   engine_->Cancel(it->first);

@@ -221,6 +221,8 @@ class Extender {
   // A bound pod's GPUs into the model, or the pod set aside (unaccounted_) until its node can
   // hold them; logged either way.
   void Account(const std::string& id, PodRec& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id` no longer waits to be accounted on `node` (an empty entry goes too).
+  void Unwait(const std::string& node, const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The bound pods waiting for `node` accounted, those whose assignment names their GPUs first.
   void AccountWaiting(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const std::string& id, PodRec& p, const char* why)
