@@ -19,7 +19,6 @@
 #include "tessera/devices/cdi.h"
 #include "tessera/kube/object.h"
 #include "tessera/kube/quantity.h"
-#include "tessera/shim/region.h"
 
 namespace tessera::agent {
 
@@ -540,13 +539,10 @@ absl::Status DraState::RestoreFilesLocked(const std::string& uid, const Claim& c
   }
   for (const auto& [region, limits] : c.region_limits) {
     if (access(region.c_str(), F_OK) == 0) continue;
-    char err[256] = "";
-    if (!shim::CreateRegionFile(region.c_str(), limits.data(), static_cast<int>(limits.size()), err,
-                                sizeof err)) {
+    if (absl::Status st = MakeShareRegion(region, limits); !st.ok()) {
       return absl::InternalError(
-          fmt::format("claim {}/{}: shared region {}: {}", c.ns, c.name, region, err));
+          fmt::format("claim {}/{}: {}", c.ns, c.name, std::string(st.message())));
     }
-    chmod(region.c_str(), 0666);
     spdlog::info("claim {}/{}: shared region {} made again", c.ns, c.name, region);
   }
   return absl::OkStatus();

@@ -13,18 +13,23 @@
 
 namespace tessera::agent {
 
+absl::Status MakeShareRegion(const std::string& path, const std::vector<uint64_t>& limits) {
+  char err[256] = "";
+  if (!shim::CreateRegionFile(path.c_str(), limits.data(), static_cast<int>(limits.size()), err,
+                              sizeof err)) {
+    return absl::InternalError(fmt::format("shared region {}: {}", path, err));
+  }
+  // The container's processes run as a user the agent does not know.
+  chmod(path.c_str(), 0666);
+  return absl::OkStatus();
+}
+
 absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& inventory,
                         const PluginOptions& options, ContainerEdits* out) {
   if (request.gpus.empty() || request.gpus.size() != request.limits.size()) {
     return absl::InvalidArgumentError("a share names no GPU, or not one limit per GPU");
   }
-  char err[256] = "";
-  if (!shim::CreateRegionFile(request.region.c_str(), request.limits.data(),
-                              static_cast<int>(request.limits.size()), err, sizeof err)) {
-    return absl::InternalError(fmt::format("shared region {}: {}", request.region, err));
-  }
-  // The container's processes run as a user the agent does not know.
-  chmod(request.region.c_str(), 0666);
+  if (absl::Status st = MakeShareRegion(request.region, request.limits); !st.ok()) return st;
   std::vector<std::string> limit_text;
   for (size_t i = 0; i < request.limits.size(); ++i) {
     limit_text.push_back(fmt::format("{}:{}", i, request.limits[i]));

@@ -38,7 +38,12 @@ struct ShareRequest {
   std::vector<int> gang_gpus;
 };
 
-// Creates the region file (mode 0666: the container's user is not known) and fills `out` with the
+// A share's region file at `path` with one memory limit per GPU, mode 0666 (the container's user
+// is not known); created when missing (an existing one is kept, with what it counts). kInternal
+// naming the file when it cannot be.
+absl::Status MakeShareRegion(const std::string& path, const std::vector<uint64_t>& limits);
+
+// Creates the region file (MakeShareRegion) and fills `out` with the
 // environment and mounts. kInternal naming the region file when it cannot be created.
 absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& inventory,
                         const PluginOptions& options, ContainerEdits* out);
