@@ -71,10 +71,11 @@ namespace {
 // A new arbiter file's settings, from the config of whoever makes it.
 void WriteSettings(void* mem, const void* arg) {
   const auto* c = static_cast<const ArbiterConfig*>(arg);
+  const ArbiterConfig defaults;
   ArbiterSettings& s = static_cast<ArbiterData*>(mem)->settings;
-  s.slice_us.store(c->slice_us ? c->slice_us : 5000);
+  s.slice_us.store(c->slice_us ? c->slice_us : defaults.slice_us);
   s.queue_us.store(c->queue_us ? c->queue_us : s.slice_us.load());
-  s.idle_us.store(c->idle_us ? c->idle_us : 1000);
+  s.idle_us.store(c->idle_us ? c->idle_us : defaults.idle_us);
 }
 }  // namespace
 
@@ -110,9 +111,9 @@ Arbiter* Arbiter::Attach(const char* path, uint64_t job_key, const ArbiterConfig
   // The file's settings rule (its maker's: the server's, the agent's): not this process's
   // environment. Bounded: a scribbled value does not stop pacing.
   const ArbiterSettings& fs = static_cast<ArbiterData*>(m)->settings;
-  if (const uint64_t v = fs.slice_us.load(); v >= 100 && v <= 10000000) c.slice_us = v;
-  if (const uint64_t v = fs.idle_us.load(); v >= 50 && v <= 10000000) c.idle_us = v;
-  if (const uint64_t v = fs.queue_us.load(); v >= 100 && v <= 10000000) c.queue_us = v;
+  if (const uint64_t v = fs.slice_us.load(); v >= kMinSliceUs && v <= kMaxSettingUs) c.slice_us = v;
+  if (const uint64_t v = fs.idle_us.load(); v >= kMinIdleUs && v <= kMaxSettingUs) c.idle_us = v;
+  if (const uint64_t v = fs.queue_us.load(); v >= kMinQueueUs && v <= kMaxSettingUs) c.queue_us = v;
   if (c.queue_us == 0) c.queue_us = c.slice_us;
   if (c.share_permille < 1 || c.share_permille > 1000) c.share_permille = 1000;
   if (c.slice_us == 0) c.slice_us = 1;
@@ -158,8 +159,7 @@ bool OlderArbiterFile(const char* path) {
     uint64_t magic;
     uint32_t version;
   } head = {0, 0};
-  const bool read_all = pread(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) ==
-                        static_cast<ssize_t>(sizeof(uint64_t) + sizeof(uint32_t));
+  const bool read_all = ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0);
   close(fd);
   return read_all && head.magic == kArbiterMagic && head.version != kArbiterVersion;
 }

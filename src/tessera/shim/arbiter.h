@@ -78,6 +78,10 @@ struct ArbiterGpu {
 // own environment does not change them (a TESSERA_CUDA_QUEUE_US=0 or a TIMESLICE_US of a second
 // would let its queued work run in others' slices). 0: not set (a file copied from one that was
 // not an arbiter), then the process's own.
+// What the settings may be, in the environment of the process that makes the file and in the file
+// (a value outside is malformed there, and not believed here).
+inline constexpr uint64_t kMinSliceUs = 100, kMinIdleUs = 50, kMinQueueUs = 100;
+inline constexpr uint64_t kMaxSettingUs = 10'000'000;
 struct ArbiterSettings {
   std::atomic<uint64_t> slice_us;
   std::atomic<uint64_t> queue_us;  // the most GPU work a process may have queued

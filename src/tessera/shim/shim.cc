@@ -144,9 +144,9 @@ void InitArbiter(const char* region_path) {
   // The pacing settings: the arbiter file's (its maker's), these only for a file this process
   // makes (ArbiterSettings). A queue bound is at least 100 us: 0 (none) let a tenant's queued work
   // run in the next holder's slice.
-  number("TESSERA_CUDA_TIMESLICE_US", 100, 10000000, &c.slice_us);
-  number("TESSERA_CUDA_IDLE_US", 50, 10000000, &c.idle_us);
-  number("TESSERA_CUDA_QUEUE_US", 100, 10000000, &c.queue_us);
+  number("TESSERA_CUDA_TIMESLICE_US", kMinSliceUs, kMaxSettingUs, &c.slice_us);
+  number("TESSERA_CUDA_IDLE_US", kMinIdleUs, kMaxSettingUs, &c.idle_us);
+  number("TESSERA_CUDA_QUEUE_US", kMinQueueUs, kMaxSettingUs, &c.queue_us);
   int conserving = 1, gang = 1;
   number("TESSERA_CUDA_WORK_CONSERVING", 0, 1, &conserving);
   number("TESSERA_CUDA_GANG", 0, 1, &gang);
