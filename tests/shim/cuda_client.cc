@@ -16,10 +16,11 @@
 //          hold  crash  waitfile:PATH (until PATH exists, at most 10 s; says nothing)
 //          work:RUN_MS:KERNEL_US:BATCH:SLEEP_US:FROM_MS:TO_MS[:KIND] - for RUN_MS, launch BATCH
 //          kernels
-//            of KERNEL_US each (KIND: kernel (default), ex, coop, graph), cuCtxSynchronize, sleep
-//            SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS and
-//            TO_MS after the start (G: their kernels' virtual GPU time; the start: WORK_START_MS,
-//            CLOCK_MONOTONIC ms, when set)
+//            of KERNEL_US each (KIND: kernel (default), ex, coop, graph; small: 200 kernels of
+//            10 us before them, as a step of many small kernels and a few long), cuCtxSynchronize,
+//            sleep SLEEP_US; prints "gpu_us G batches B" for the batches finished between FROM_MS
+//            and TO_MS after the start (G: their kernels' virtual GPU time; the start:
+//            WORK_START_MS, CLOCK_MONOTONIC ms, when set)
 //          ranks:RUN_MS:KERNEL_US:BATCH:FROM_MS:TO_MS:BARRIER:RANK:NRANKS - one rank of a
 //            data-parallel job on the current device: each step launches BATCH kernels of
 //            KERNEL_US, synchronizes, then waits for every rank to finish the step (the coupling
@@ -664,7 +665,10 @@ int main(int argc, char** argv) {
       unsigned long long gpu_us = 0, batches = 0;
       CUlaunchConfig config{};
       config.gridDimX = kernel_us;
+      const unsigned long long small = kind == "small" ? 200 : 0;
       while (NowMs() - start < n(1)) {
+        for (unsigned long long k = 0; k < small; ++k)
+          api.LaunchKernel(nullptr, 10, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
         for (size_t k = 0; k < n(3); ++k) {
           if (kind == "ex")
             cuLaunchKernelEx(&config, nullptr, nullptr, nullptr);
@@ -677,7 +681,7 @@ int main(int argc, char** argv) {
         }
         cuCtxSynchronize();
         double t = NowMs() - start;
-        if (t >= n(5) && t < n(6)) gpu_us += each * n(3), ++batches;
+        if (t >= n(5) && t < n(6)) gpu_us += each * n(3) + 10 * small, ++batches;
         if (n(4)) usleep(static_cast<useconds_t>(n(4)));
       }
       printf("gpu_us %llu batches %llu\n", gpu_us, batches);

@@ -303,6 +303,8 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.window_start_us.store(NowMicros());
   j.last_launch_us.store(0);
   j.want_us.store(0);
+  j.lost_us.store(0);
+  j.billed_until_us.store(0);
   // A newcomer starts level with the least-served job there, not with credit for its absence.
   uint64_t least = UINT64_MAX;
   for (int i = 0; i < kArbiterJobs; ++i) {
@@ -416,8 +418,10 @@ char Arbiter::HolderState(const ArbiterJob& j) const {
 void Arbiter::Charge(ArbiterJob& j, uint64_t until, uint64_t now) const {
   uint64_t start = j.lease_start_us.load();
   j.lease_start_us.store(now);
-  if (until <= start) return;
-  uint64_t used = until - start;
+  if (until > start) AddUsed(j, until - start, now);
+}
+
+void Arbiter::AddUsed(ArbiterJob& j, uint64_t used, uint64_t now) const {
   const uint64_t busy = j.busy_us.fetch_add(used, std::memory_order_relaxed) + used;
   // Roll the utilization window when it has run its length (one process of the job wins).
   uint64_t window = j.window_start_us.load(std::memory_order_relaxed);
@@ -589,6 +593,10 @@ bool Arbiter::TryTake(int gpu, int self, uint64_t now, uint64_t lease, bool& cou
   if (take && PickNext(gpu, now, self, rival) == self &&
       g.lease.compare_exchange_strong(lease, Lease(self, now + config_.slice_us))) {
     if (holder >= 0) Charge(g.jobs[holder], ActiveUntil(g.jobs[holder], now), now);
+    if (holder >= 0 && holder != self) {
+      g.jobs[holder].billed_until_us.store(now);
+      g.jobs[holder].lost_us.store(now);
+    }
     Granted(g, self, now);
     return true;
   }
@@ -615,6 +623,9 @@ bool Arbiter::KeepOrHandOver(int gpu, int self, uint64_t now, uint64_t lease, Dr
   DrainAsSync(gpu, drain);
   uint64_t t = NowMicros();
   uint64_t to = next < 0 ? 0 : Lease(next, t + config_.slice_us);
+  // The loss is written first: a process of the job that sees the GPU gone reads when it went.
+  me.lost_us.store(t);
+  me.billed_until_us.store(t);
   if (g.lease.compare_exchange_strong(lease, to)) {
     Charge(me, t, t);
     if (next >= 0) Granted(g, next, t);
@@ -676,6 +687,7 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
   if (Holder(lease) == self && now < End(lease)) {  // the fast path: holding the GPU
     if (!bounded_[gpu].load(std::memory_order_relaxed)) {
       g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
+      Launching(gpu, now);
       return;
     }
     // A job of higher priority is around: the one launch in flight drains first, and the GPU may
@@ -685,14 +697,26 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     lease = g.lease.load(std::memory_order_acquire);
     if (Holder(lease) == self && now < End(lease)) {
       g.jobs[self].last_launch_us.store(now, std::memory_order_relaxed);
+      Launching(gpu, now);
       return;
     }
+  }
+  // The job lost the GPU while this process had work queued (another process of it handed over,
+  // or it was taken): that work runs now, in the next holder's time. It drains before it waits,
+  // and what ran past the loss is billed to the job (the drain's LeaveSync, when it waited; else
+  // the work was done before this process looked: the queue bound's estimate of it).
+  if (Holder(lease) != self && Dirty(gpu)) {
+    const uint64_t queued = config_.queued_us != nullptr ? config_.queued_us() : 0;
+    DrainAsSync(gpu, drain);
+    const uint64_t lost = g.jobs[self].lost_us.load();
+    if (queued > 0 && lost != 0) Settle(gpu, self, std::min(NowMicros(), lost + queued));
   }
   // Past a slice (at least every slice_us while launching): the file replaced, the copy is
   // followed (the same address, perhaps another slot).
   if (FollowIfReplaced(now) && (self = Slot(gpu)) < 0) return;
   if ((config_.gang_mask >> gpu & 1) && (config_.gang_mask & (config_.gang_mask - 1))) {
     BeforeLaunchGang(gpu, drain);
+    Launching(gpu, NowMicros());
     return;
   }
   bool counted = false;
@@ -712,6 +736,7 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
     if (TryTake(gpu, self, now, lease, counted) && Bound(gpu, self, now, drain)) break;
     SleepMicros(config_.poll_us);
   }
+  Launching(gpu, NowMicros());
 }
 
 void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
@@ -789,13 +814,47 @@ void Arbiter::DrainAsSync(int gpu, DrainFn drain) {
   if (drain == nullptr) return;
   EnterSync(gpu);
   drain();
-  LeaveSync(gpu);
+  LeaveSync(gpu, true);
+}
+
+// A wait this long was for work still running: it ended when the work did.
+constexpr uint64_t kWaitedUs = 50;
+
+void Arbiter::Settle(int gpu, int self, uint64_t until) {
+  ArbiterGpu& g = data_->gpus[gpu];
+  ArbiterJob& me = g.jobs[self];
+  const uint64_t lost = me.lost_us.load();
+  // Nothing of this process ran past a loss it launched after (the job held the GPU again since).
+  if (lost == 0 || lost < launched_us_[gpu].load(std::memory_order_relaxed)) return;
+  const uint64_t lease = g.lease.load(std::memory_order_acquire);
+  const int holder = Holder(lease);
+  // Back at the GPU: from its new slice on the job is charged as its holder.
+  if (holder == self) until = std::min(until, me.lease_start_us.load());
+  uint64_t billed = me.billed_until_us.load();
+  uint64_t from = 0;
+  do {
+    from = std::max(billed, lost);
+    if (until <= from) return;
+  } while (!me.billed_until_us.compare_exchange_weak(billed, until));
+  AddUsed(me, until - from, until);
+  if (holder < 0 || holder == self) return;
+  // The holder's slice began at the loss and its GPU time only when this work ended: it starts
+  // then, and ends as much later.
+  ArbiterJob& h = g.jobs[holder];
+  uint64_t start = h.lease_start_us.load();
+  if (start < lost || start >= until || !h.lease_start_us.compare_exchange_strong(start, until))
+    return;
+  uint64_t now_lease = lease;
+  if (Holder(now_lease) == holder)
+    g.lease.compare_exchange_strong(now_lease, Lease(holder, End(now_lease) + (until - start)));
 }
 
 void Arbiter::EnterSync(int gpu) {
   int self = Slot(gpu);
   if (self < 0) return;
   ArbiterJob& j = data_->gpus[gpu].jobs[self];
+  if (sync_depth_[gpu].fetch_add(1, std::memory_order_relaxed) == 0)
+    entered_us_[gpu].store(NowMicros(), std::memory_order_relaxed);
   j.in_sync.fetch_add(1, std::memory_order_relaxed);
   // This process's entry counts its threads in there, so that its death in there can be told.
   const uint64_t me = static_cast<uint32_t>(getpid());
@@ -811,11 +870,12 @@ void Arbiter::EnterSync(int gpu) {
   }
 }
 
-void Arbiter::LeaveSync(int gpu) {
+void Arbiter::LeaveSync(int gpu, bool full) {
   int self = Slot(gpu);
   if (self < 0) return;
   ArbiterJob& j = data_->gpus[gpu].jobs[self];
-  j.last_launch_us.store(NowMicros(), std::memory_order_relaxed);
+  const uint64_t now = NowMicros();
+  j.last_launch_us.store(now, std::memory_order_relaxed);
   const uint64_t me = static_cast<uint32_t>(getpid());
   for (auto& entry : j.sync_procs) {
     uint64_t e = entry.load(std::memory_order_relaxed);
@@ -827,6 +887,14 @@ void Arbiter::LeaveSync(int gpu) {
   int32_t cur = j.in_sync.load();
   while (cur > 0 && !j.in_sync.compare_exchange_weak(cur, cur - 1)) {
   }
+  if (sync_depth_[gpu].fetch_sub(1, std::memory_order_relaxed) != 1) return;
+  // The last of this process's threads in there: when it waited for work that ran past its job's
+  // loss of the GPU (the loss came while it waited, or the wait was long), that work ended now.
+  const uint64_t entered = entered_us_[gpu].load(std::memory_order_relaxed);
+  const uint64_t lost = j.lost_us.load();
+  if (Dirty(gpu) && lost != 0 && lost < now && (lost >= entered || now - entered >= kWaitedUs))
+    Settle(gpu, self, now);
+  if (full) clean_us_[gpu].store(entered, std::memory_order_relaxed);
 }
 
 }  // namespace tessera::shim

@@ -30,10 +30,10 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
-inline constexpr uint32_t kArbiterVersion = 4;                    // 3: sync_pids; 4: settings
-inline constexpr int kArbiterGpus = 16;                           // physical GPUs of a machine
-inline constexpr int kArbiterJobs = 64;                           // jobs per GPU
-inline constexpr int kSyncPids = 4;  // processes of a job tracked inside a synchronize
+inline constexpr uint32_t kArbiterVersion = 5;  // 3: sync_pids; 4: settings; 5: handovers
+inline constexpr int kArbiterGpus = 16;         // physical GPUs of a machine
+inline constexpr int kArbiterJobs = 64;         // jobs per GPU
+inline constexpr int kSyncPids = 32;            // processes of a job tracked inside a synchronize
 
 struct ArbiterJob {
   std::atomic<uint64_t> key;  // the job (0: a free slot)
@@ -64,6 +64,13 @@ struct ArbiterJob {
   // (beyond kSyncPids processes at once they are counted only, and only the time limits end a
   // stale count).
   std::atomic<uint64_t> sync_procs[kSyncPids];
+  // The job's last loss of the GPU (its lease handed over or taken), and how far past it the work
+  // its processes had queued then is billed to it so far: at a handover only the process that
+  // hands over has drained, and what the others queued runs after it, in the next holder's time.
+  // Each of them bills what ran past the loss once it sees it done (Arbiter::Settle); the next
+  // holder's slice starts when that work ends.
+  std::atomic<uint64_t> lost_us;
+  std::atomic<uint64_t> billed_until_us;
 };
 
 struct ArbiterGpu {
@@ -115,6 +122,10 @@ struct ArbiterConfig {
   // The queue bound (ArbiterSettings::queue_us) written when this process makes the file; 0: the
   // slice.
   uint64_t queue_us = 0;
+  // The GPU time (us) this process has queued and not seen run on the current device (the queue
+  // bound's estimate); null: not known. Bounds what a process that noticed its job's loss of the
+  // GPU late (its work long done) is billed for the time past the loss.
+  uint64_t (*queued_us)() = nullptr;
 };
 
 // Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
@@ -132,9 +143,11 @@ class Arbiter {
   // slot of the GPU taken by live jobs it waits for one (said once): unpaced, it would take their
   // time.
   void BeforeLaunch(int gpu, DrainFn drain);
-  // Around a synchronize call: a job waiting for its own work is not idle.
+  // Around a synchronize call: a job waiting for its own work is not idle. `full`: the call
+  // waited for all of this process's work on the GPU (a context synchronize). Leaving one that
+  // waited past its job's loss of the GPU bills the job for the time past the loss (Settle).
   void EnterSync(int gpu);
-  void LeaveSync(int gpu);
+  void LeaveSync(int gpu, bool full = false);
 
   // The caller's slot on `gpu` (claimed on first use), -1 when every slot is taken. A slot tells
   // a dead or stopped holder by one process of the job: one that launches there, rather than a
@@ -194,6 +207,23 @@ class Arbiter {
   // The slot's process seen from here: 'R' running (or unknown: another pid namespace), 'T'
   // stopped, 0 gone.
   char HolderState(const ArbiterJob& j) const;
+  // Adds `used` us of GPU time to job `j` (busy, utilization window, virtual time, a capped job's
+  // eligibility), at `now`.
+  void AddUsed(ArbiterJob& j, uint64_t used, uint64_t now) const;
+  // This process's work queued before its job (slot `self`) lost `gpu` ran until `until`: what of
+  // it ran past the loss and is not billed yet is charged to the job, and the slice of the job
+  // that holds the GPU now, if it began at the loss, starts when that work ended (so its holder is
+  // not charged for it).
+  void Settle(int gpu, int self, uint64_t until);
+  // Whether this process launched on `gpu` since its last full drain there began.
+  bool Dirty(int gpu) const {
+    const uint64_t launched = launched_us_[gpu].load(std::memory_order_relaxed);
+    return launched != 0 && launched >= clean_us_[gpu].load(std::memory_order_relaxed);
+  }
+  void Launching(int gpu, uint64_t now) {
+    if (launched_us_[gpu].load(std::memory_order_relaxed) != now)
+      launched_us_[gpu].store(now, std::memory_order_relaxed);
+  }
   // Gives back the in_sync count of the job's processes that died inside a synchronize (listed in
   // sync_pids, of this process's pid namespace). Returns whether any was.
   bool ReapSyncs(ArbiterJob& j) const;
@@ -212,6 +242,12 @@ class Arbiter {
       {};                                 // a higher-priority job is around: one launch in flight
   std::atomic<uint32_t> launch_gpus_{0};  // the GPUs this process has launched on, one bit each
   std::atomic<uint64_t> slot_waits_{0};
+  // This process, per GPU: its last launch, when its last full drain began (what it launched
+  // before is done), its threads inside a synchronize and when the first of them went in.
+  std::atomic<uint64_t> launched_us_[kArbiterGpus] = {};
+  std::atomic<uint64_t> clean_us_[kArbiterGpus] = {};
+  std::atomic<int> sync_depth_[kArbiterGpus] = {};
+  std::atomic<uint64_t> entered_us_[kArbiterGpus] = {};
 };
 
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can

@@ -266,6 +266,29 @@ TEST(Arbiter, AnotherProcessOfTheHolderKilledInsideASynchronizeLeavesNoCount) {
   unlink(path.c_str());
 }
 
+// The same for a job of many processes (an inference server's 16 workers): each killed in there is
+// told (it leaked the count of every process beyond the fourth before, and the holder looked busy
+// until the 100 ms limit at every slice).
+TEST(Arbiter, SixteenProcessesOfTheHolderKilledInsideASynchronizeLeaveNoCount) {
+  const std::string path = TempFile("killed-many");
+  unlink(path.c_str());
+  char err[256];
+  std::unique_ptr<Arbiter> recorded(Arbiter::Attach(path.c_str(), 7, Fast(), err, sizeof err));
+  ASSERT_NE(recorded, nullptr) << err;
+  recorded->BeforeLaunch(0, nullptr);
+  const int slot = recorded->Slot(0);
+  ArbiterJob& job = recorded->data()->gpus[0].jobs[slot];
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 16; ++i) workers.push_back(HolderInSync(path, 7, false, false));
+  ASSERT_EQ(job.in_sync.load(), 16);
+  for (pid_t w : workers) kill(w, SIGKILL), waitpid(w, nullptr, 0);
+  std::unique_ptr<Arbiter> other(Arbiter::Attach(path.c_str(), 2, Fast(), err, sizeof err));
+  ASSERT_NE(other, nullptr) << err;
+  EXPECT_LT(TakeTime(*other), Fast().slice_us);
+  EXPECT_EQ(job.in_sync.load(), 0);
+  unlink(path.c_str());
+}
+
 // Threads of one process in a synchronize are one entry with their count; leaving takes them off.
 TEST(Arbiter, ThreadsInASynchronizeAreCountedPerProcess) {
   const std::string path = TempFile("threads-sync");

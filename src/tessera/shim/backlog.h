@@ -73,6 +73,12 @@ class Backlog {
   // them: `upto` is launched() read before it).
   void Drained(int dev, uint64_t upto);
 
+  // The GPU time (us) of the launches on `dev` not known to have run: their count times the
+  // estimate of one (0 while there is none).
+  uint64_t QueuedUs(int dev) const {
+    if (dev < 0 || dev >= kBacklogDevices) return 0;
+    return Queued(d_[dev]) * d_[dev].estimate_ns.load(std::memory_order_relaxed) / 1000;
+  }
   // What the backlog knows of `dev` (for tests and logs).
   uint64_t launched(int dev) const {
     return dev >= 0 && dev < kBacklogDevices ? d_[dev].launched.load() : 0;

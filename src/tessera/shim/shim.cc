@@ -122,6 +122,7 @@ void InitArbiter(const char* region_path) {
   const char* path = getenv("TESSERA_CUDA_ARBITER");
   if (path == nullptr || *path == 0) return;
   ArbiterConfig c;
+  c.queued_us = [] { return backlog.QueuedUs(CurrentDevice()); };
   if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE");
       v && *v && !ParseShare(v, &c.share_permille)) {
     Refuse("TESSERA_CUDA_COMPUTE_SHARE", v, "a share (30%, 0.3)");
