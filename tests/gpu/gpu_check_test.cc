@@ -3,8 +3,9 @@
 // is stopped - its scenarios are the property tests of compute shares: 20/30/50 with short queues,
 // a 30% job queueing 200 x 1 ms and 400 x 5 ms per synchronize and replaying 50 ms graphs beside a
 // 70% one (each within 5 points of its share over 2 s, and charged within 5 points of the GPU time
-// its work took), a tenant stopped 1.5 s. The same program runs them on a real GPU (the ctest
-// GPU_Check, label gpu). These tests measure time: they run alone (RUN_SERIAL).
+// its work took), 200 ms kernels at 30%, a 30% job of 2/4/8 processes, a tenant stopped 1.5 s. The
+// same program runs them on a real GPU (the ctest GPU_Check, label gpu). These tests measure time:
+// they run alone (RUN_SERIAL).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -47,10 +48,10 @@ TEST(GpuCheck, AnUnknownCheckIsRefusedNamingTheKnownOnes) {
 TEST(GpuCheck, SharesHoldUnderDeepQueuesGraphsAndAStoppedTenantOnTheFakeDriver) {
   const std::string dir = Dir();
   const std::string json = dir + "/checks.json";
-  const auto r =
-      tessera::test::Capture("FAKE_CUDA_CLOCK=" + dir + "/clock FAKE_CUDA_GRAPH_US=50000 " +
-                             Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " +
-                                   json + " --only 'shares,deep queue,graph,SIGSTOP,lookup'"));
+  const auto r = tessera::test::Capture(
+      "FAKE_CUDA_CLOCK=" + dir + "/clock FAKE_CUDA_GRAPH_US=50000 " +
+      Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " + json +
+            " --only 'shares,deep queue,graph,long kernels,job of processes,SIGSTOP,lookup'"));
   EXPECT_EQ(r.code, 0) << r.out;
   std::ifstream in(json);
   ASSERT_TRUE(in) << r.out;
@@ -59,8 +60,10 @@ TEST(GpuCheck, SharesHoldUnderDeepQueuesGraphsAndAStoppedTenantOnTheFakeDriver) 
   for (const auto& c : doc.at("checks")) {
     if (c.at("result") == "pass") passed.insert(c.at("name").get<std::string>());
   }
-  for (const char* name : {"shares 20/30/50", "deep queue 200x1ms", "deep queue 400x5ms",
-                           "graph replays 4x50ms", "SIGSTOP 1.5 s, then 2 s", "lookup routes"}) {
+  for (const char* name :
+       {"shares 20/30/50", "deep queue 200x1ms", "deep queue 400x5ms", "graph replays 4x50ms",
+        "long kernels 200ms", "job of 2 processes", "job of 4 processes", "job of 8 processes",
+        "SIGSTOP 1.5 s, then 2 s", "lookup routes"}) {
     EXPECT_TRUE(passed.contains(name)) << name << "\n" << r.out;
   }
   std::filesystem::remove_all(dir);

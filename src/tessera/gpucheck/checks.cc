@@ -320,6 +320,38 @@ class Checker {
           {"total_us", {Num(r[0], "total_us"), Num(r[1], "total_us")}}}});
   }
 
+  // A 30% job of `n` processes (each 4 x 1 ms per synchronize: an inference server's workers)
+  // beside a 70% job of one: the job's share is what all its processes got together.
+  void SeveralProcesses(int n) {
+    const std::string name = "job of " + std::to_string(n) + " processes";
+    const std::string goal = "30% +-5 points for the job";
+    std::vector<Tenant> tenants;
+    for (int i = 0; i < n; ++i)
+      tenants.push_back(
+          {"heavy", {"TESSERA_CUDA_COMPUTE_SHARE=30%"}, true, WorkArgs(Work{1000, 4, 0})});
+    tenants.push_back({"steady", {"TESSERA_CUDA_COMPUTE_SHARE=70%"}, true, WorkArgs(Work{})});
+    std::vector<Fields> r = Contend(name, std::move(tenants), 2600, 500, 2500);
+    if (std::string e = ErrorOf(r); !e.empty()) return Failed(name, goal, e);
+    double job = 0, used = 0;
+    for (int i = 0; i < n; ++i) job += Num(r[i], "window_us"), used += Num(r[i], "total_us");
+    const double other = Num(r[n], "window_us"), other_used = Num(r[n], "total_us");
+    const double got = job + other > 0 ? 100 * job / (job + other) : NAN;
+    // The arbiter charges the job once (its key), whichever process did the work.
+    const double charged_job = Num(r[0], "charged_us"), charged_other = Num(r[n], "charged_us");
+    const double charged =
+        charged_job + charged_other > 0 ? 100 * charged_job / (charged_job + charged_other) : NAN;
+    const double used_percent = used + other_used > 0 ? 100 * used / (used + other_used) : NAN;
+    Add({name,
+         "the 30% job got " + Fixed(got) + "%; charged " + Fixed(charged) + "% for " +
+             Fixed(used_percent) + "% used",
+         goal,
+         std::fabs(got - 30) <= 5 ? Verdict::kPass : Verdict::kFail,
+         {{"processes", n},
+          {"share_percent", got},
+          {"charged_percent", charged},
+          {"used_percent", used_percent}}});
+  }
+
   void Calibrate() {
     Child c;
     std::string err;
@@ -628,10 +660,13 @@ class Checker {
 };
 
 const std::vector<std::string>& Names() {
-  static const std::vector<std::string> names = {
-      "calibrate",          "launch cost",   "shares 20/30/50", "control",  "deep queue 200x1ms",
-      "deep queue 400x5ms", "graph replays", "SIGSTOP",         "priority", "memory",
-      "lookup routes",      "pytorch"};
+  static const std::vector<std::string> names = {"calibrate",          "launch cost",
+                                                 "shares 20/30/50",    "control",
+                                                 "deep queue 200x1ms", "deep queue 400x5ms",
+                                                 "graph replays",      "long kernels",
+                                                 "job of processes",   "SIGSTOP",
+                                                 "priority",           "memory",
+                                                 "lookup routes",      "pytorch"};
   return names;
 }
 
@@ -701,6 +736,11 @@ int RunChecks(const Options& options, std::ostream& out) {
       c.ShareScenario("deep queue 400x5ms", Work{5000, 400, 0}, 4600, 500, 4500);
     if (wanted("graph replays"))
       c.ShareScenario("graph replays 4x50ms", Work{1000, 4, 0, 50}, 2600, 500, 2500);
+    if (wanted("long kernels"))
+      c.ShareScenario("long kernels 200ms", Work{200000, 1, 0}, 4600, 500, 4500);
+    if (wanted("job of processes")) {
+      for (int n : {2, 4, 8}) c.SeveralProcesses(n);
+    }
     if (wanted("SIGSTOP")) c.StoppedTenant();
     if (wanted("priority")) c.Priority();
   }
