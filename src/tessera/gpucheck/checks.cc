@@ -571,6 +571,16 @@ class Checker {
              mib(Num(async, "nvml_bytes")),
          goal, verdict(async), nlohmann::json(async)});
     step("freeasync");
+    // VMM memory released right after it is mapped stays charged until its unmap: at most 4 x
+    // 256 MiB under the 1 GiB limit (12 were live before).
+    Fields vmm = step("vmm");
+    const double vmm_n = Num(vmm, "n");
+    Add({name + ": VMM released after mapping",
+         vmm["n"] + " x 256 MiB mapped, NVML says " + mib(Num(vmm, "nvml_bytes")),
+         "at most 4 x 256 MiB; NVML <= the limit",
+         vmm_n <= 4 && verdict(vmm) != Verdict::kFail ? verdict(vmm) : Verdict::kFail,
+         nlohmann::json(vmm)});
+    step("vmmfree");
     // Graph memory: one too large for the limit is refused (at capture, instantiation or launch),
     // one that fits runs ten times and NVML's figure stays within the limit.
     Fields big = step("graph:2048");

@@ -104,6 +104,12 @@ bool Driver::Load(const char* path, std::string* err) {
   Resolve(handle, "cuStreamEndCapture", &cuStreamEndCapture, &missing);
   Resolve(handle, "cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags, &missing);
   Resolve(handle, "cuGraphLaunch", &cuGraphLaunch, &missing);
+  Resolve(handle, "cuMemCreate", &cuMemCreate, &missing);
+  Resolve(handle, "cuMemRelease", &cuMemRelease, &missing);
+  Resolve(handle, "cuMemAddressReserve", &cuMemAddressReserve, &missing);
+  Resolve(handle, "cuMemAddressFree", &cuMemAddressFree, &missing);
+  Resolve(handle, "cuMemMap", &cuMemMap, &missing);
+  Resolve(handle, "cuMemUnmap", &cuMemUnmap, &missing);
   Resolve(handle, "cuGetErrorString", &cuGetErrorString, &missing);
   Resolve(handle, "cuGetProcAddress", &cuGetProcAddress, nullptr);
   Resolve(handle, "cuGetProcAddress_v2", &cuGetProcAddress_v2, nullptr);

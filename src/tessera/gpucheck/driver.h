@@ -42,6 +42,13 @@ struct Driver {
   cuStreamEndCapture_fn cuStreamEndCapture = nullptr;
   cuGraphInstantiateWithFlags_fn cuGraphInstantiateWithFlags = nullptr;
   cuGraphLaunch_fn cuGraphLaunch = nullptr;
+  // Virtual memory management (NVIDIA's memmap sample's calls).
+  cuMemCreate_fn cuMemCreate = nullptr;
+  cuMemRelease_fn cuMemRelease = nullptr;
+  cuMemAddressReserve_fn cuMemAddressReserve = nullptr;
+  cuMemAddressFree_fn cuMemAddressFree = nullptr;
+  cuMemMap_fn cuMemMap = nullptr;
+  cuMemUnmap_fn cuMemUnmap = nullptr;
   cuGetProcAddress_fn cuGetProcAddress = nullptr;        // may be missing
   cuGetProcAddress_v2_fn cuGetProcAddress_v2 = nullptr;  // CUDA 12+; may be missing
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;

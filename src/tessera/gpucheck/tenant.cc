@@ -153,6 +153,8 @@ int Memory(const Driver& d, const Gpu& g) {
   constexpr size_t kChunk = (2u << 20) + 1;  // 2 MiB + 1: the driver takes 4 MiB for it
   std::vector<CUdeviceptr> held, pooled;
   std::vector<CUmodule> modules;
+  std::vector<CUdeviceptr> mapped;  // VMM: ranges of kVmm each, their handles released
+  constexpr size_t kVmm = size_t{256} << 20;
   std::string step;
   std::puts("ready=1");
   std::fflush(stdout);
@@ -190,6 +192,34 @@ int Memory(const Driver& d, const Gpu& g) {
         pooled.push_back(p);
       }
       std::printf("n=%zu requested=%zu rc=%d\n", pooled.size(), pooled.size() * kChunk, rc);
+    } else if (step == "vmm") {
+      // NVIDIA's memmap sample: each handle released right after it is mapped (the driver keeps
+      // its memory until the unmap). Up to 12 x 256 MiB.
+      CUmemAllocationProp prop{};
+      prop.type = 1;  // CU_MEM_ALLOCATION_TYPE_PINNED
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = g.device;
+      while (mapped.size() < 12) {
+        CUmemGenericAllocationHandle h = 0;
+        CUdeviceptr va = 0;
+        if ((rc = d.cuMemCreate(&h, kVmm, &prop, 0)) != CUDA_SUCCESS) break;
+        if ((rc = d.cuMemAddressReserve(&va, kVmm, 0, 0, 0)) != CUDA_SUCCESS) {
+          d.cuMemRelease(h);
+          break;
+        }
+        rc = d.cuMemMap(va, kVmm, 0, h, 0);
+        d.cuMemRelease(h);
+        if (rc != CUDA_SUCCESS) {
+          d.cuMemAddressFree(va, kVmm);
+          break;
+        }
+        mapped.push_back(va);
+      }
+      std::printf("n=%zu requested=%zu rc=%d\n", mapped.size(), mapped.size() * kVmm, rc);
+    } else if (step == "vmmfree") {
+      for (CUdeviceptr va : mapped) d.cuMemUnmap(va, kVmm), d.cuMemAddressFree(va, kVmm);
+      mapped.clear();
+      std::puts("freed=1");
     } else if (step.rfind("graph:", 0) == 0) {
       // A graph with a memory node of N MiB (captured: cuMemAllocAsync and cuMemFreeAsync in one
       // stream capture, as frameworks record them), instantiated and launched 10 times: its memory
