@@ -451,6 +451,20 @@ TEST(Pacing, AnOpenCaptureOnASideStreamLeavesTheOtherLaunchesPaced) {
 // one thread while another of its threads launches beside a higher-priority tenant (so the library
 // drains before its launches). None is invalidated (the drain's check and its synchronize raced a
 // capture's begin before: 1,277 of 17.2 M).
+// A capture in the global mode left open on a side stream forbids every synchronize and event
+// query in the process: the library can neither drain nor look at its queue. The tenant's
+// launches on other streams still keep to its share: its co-tenant gets its 70%.
+TEST(Pacing, AnOpenGlobalCaptureLeavesTheOtherLaunchesBoundedAndBilled) {
+  std::vector<double> us =
+      // (it would queue twice the GPU's time without the bound: a 1 ms pause per 2 ms batch
+      // keeps a reopened hole from queueing for minutes)
+      Contend({{"TESSERA_CUDA_COMPUTE_SHARE=30%", "capturebegin:0 work:2000:500:4:1000:300:1800"},
+               {"TESSERA_CUDA_COMPUTE_SHARE=70%", kSaturate}});
+  EXPECT_GE(100 * us[1] / kWindowUs, 65) << us[0] << " vs " << us[1];
+  // (its own figure counts what it launched: its synchronizes are refused)
+  EXPECT_LE(100 * us[0] / kWindowUs, 35) << us[0] << " vs " << us[1];
+}
+
 TEST(Pacing, NoCaptureIsInvalidatedByTheLibrarysDrain) {
   EXPECT_EQ(
       BesideAHigherPriorityJob("capture-race", "work:4000:200:2:100:0:0", "capturerace:1000000"),

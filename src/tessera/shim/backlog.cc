@@ -104,6 +104,41 @@ void Backlog::Wait(int dev) {
   }
 }
 
+uint64_t Backlog::BlindEstimateUs(const Device& d) const {
+  const uint64_t e = d.estimate_ns.load(std::memory_order_relaxed);
+  return std::max<uint64_t>(1, (e != 0 ? e : bound_ns_ / kFirstLaunches) / 1000);
+}
+
+bool Backlog::BlindOver(int dev) const {
+  if (bound_ns_ == 0 || dev < 0 || dev >= kBacklogDevices) return false;
+  return d_[dev].blind_until_us.load(std::memory_order_relaxed) > ops_.now_us() + bound_ns_ / 1000;
+}
+
+void Backlog::BlindWait(int dev) {
+  if (!BlindOver(dev)) return;
+  const uint64_t until = d_[dev].blind_until_us.load(std::memory_order_relaxed) - bound_ns_ / 1000;
+  for (uint64_t now = ops_.now_us(); now < until; now = ops_.now_us())
+    ops_.sleep_us(std::min<uint64_t>(until - now, 1000));
+}
+
+void Backlog::BlindLaunched(int dev) {
+  if (bound_ns_ == 0 || dev < 0 || dev >= kBacklogDevices) return;
+  Device& d = d_[dev];
+  d.launched.fetch_add(1, std::memory_order_relaxed);  // a later completion mark covers it
+  const uint64_t now = ops_.now_us(), each = BlindEstimateUs(d);
+  uint64_t cur = d.blind_until_us.load(std::memory_order_relaxed);
+  while (!d.blind_until_us.compare_exchange_weak(cur, std::max(cur, now) + each,
+                                                 std::memory_order_relaxed)) {
+  }
+}
+
+void Backlog::BlindDrain(int dev) {
+  if (bound_ns_ == 0 || dev < 0 || dev >= kBacklogDevices) return;
+  const uint64_t until = d_[dev].blind_until_us.load(std::memory_order_relaxed);
+  for (uint64_t now = ops_.now_us(); now < until; now = ops_.now_us())
+    ops_.sleep_us(std::min<uint64_t>(until - now, 1000));
+}
+
 Backlog::Token Backlog::Before(int dev, CUstream stream, bool may_poll) {
   Token token;
   if (bound_ns_ == 0 || dev < 0 || dev >= kBacklogDevices) return token;

@@ -21,6 +21,7 @@
 // take the device's mutex. Events are made on first use in the current context; a device whose
 // events fail is left unbounded.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -76,9 +77,23 @@ class Backlog {
   // The GPU time (us) of the launches on `dev` not known to have run: their count times the
   // estimate of one (0 while there is none).
   uint64_t QueuedUs(int dev) const {
-    if (dev < 0 || dev >= kBacklogDevices) return 0;
-    return Queued(d_[dev]) * d_[dev].estimate_ns.load(std::memory_order_relaxed) / 1000;
+    if (dev < 0 || dev >= kBacklogDevices || ops_.now_us == nullptr) return 0;
+    const uint64_t known =
+        Queued(d_[dev]) * d_[dev].estimate_ns.load(std::memory_order_relaxed) / 1000;
+    const uint64_t blind = d_[dev].blind_until_us.load(std::memory_order_relaxed);
+    const uint64_t now = ops_.now_us();
+    return std::max(known, blind > now ? blind - now : 0);
   }
+  // While no synchronize or event query is allowed in the process (a capture in the global mode
+  // is open, or this thread's own capture): launches counted "blind". Each adds the estimate of one
+  // launch (unknown yet: half the bound) to the time by which this process's blind work would be
+  // done if the GPU ran it back to back; a launch waits (sleeping) while that lies more than the
+  // bound ahead, and a drain waits until it has passed. Without it a tenant that kept a global
+  // capture open queued without limit, and its co-tenants' kernels waited behind all of it.
+  bool BlindOver(int dev) const;
+  void BlindWait(int dev);
+  void BlindLaunched(int dev);
+  void BlindDrain(int dev);
   // What the backlog knows of `dev` (for tests and logs).
   uint64_t launched(int dev) const {
     return dev >= 0 && dev < kBacklogDevices ? d_[dev].launched.load() : 0;
@@ -99,7 +114,8 @@ class Backlog {
     std::atomic<uint64_t> next_sample_us{0};
     std::atomic<uint64_t> last_mark{0};  // launches up to the newest completion mark
     std::atomic<bool> broken{false};
-    std::mutex mu;  // the rest
+    std::atomic<uint64_t> blind_until_us{0};  // the blind launches' estimated end
+    std::mutex mu;                            // the rest
     Mark marks[kBacklogMarks];
     int head = 0, count = 0;
     uint64_t samples = 0;  // timed launches seen
@@ -112,6 +128,7 @@ class Backlog {
   // estimate. Returns whether marks are still outstanding.
   bool PollLocked(Device& d);
   uint64_t Queued(const Device& d) const;
+  uint64_t BlindEstimateUs(const Device& d) const;
 
   BacklogOps ops_;
   uint64_t bound_ns_ = 0;

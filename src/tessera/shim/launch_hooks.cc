@@ -41,9 +41,15 @@ CUresult SynchronizeContext() {
 }
 
 void Drain() {
-  if (real.cuCtxSynchronize == nullptr || thread_captures > 0) return;
+  if (real.cuCtxSynchronize == nullptr) return;
+  // A capture that forbids a synchronize (the global mode anywhere, or this thread's own): the
+  // drain waits until the blind launches' estimated end instead (backlog.h).
+  if (thread_captures > 0) return backlog.BlindDrain(CurrentDevice());
   std::shared_lock lock(capture_mu);
-  if (forbidding_captures.load(std::memory_order_acquire) == 0) SynchronizeContext();
+  if (forbidding_captures.load(std::memory_order_acquire) == 0)
+    SynchronizeContext();
+  else
+    backlog.BlindDrain(CurrentDevice());
 }
 
 bool Recorded(CUstream stream) {
@@ -89,7 +95,14 @@ inline int Pace(CUstream stream, Backlog::Token* token) {
       backlog.Wait(dev);
     }
   }
+  // Blind: a capture under way forbids what the marks do. Counted and bounded by estimate.
+  const bool blind = !tracked && backlog.enabled();
+  if (blind && backlog.BlindOver(dev)) {
+    SyncScope scope(gpu);
+    backlog.BlindWait(dev);
+  }
   arbiter->BeforeLaunch(gpu, Drain);
+  if (blind) backlog.BlindLaunched(dev);
   if (!tracked) return -1;
   *token = backlog.Before(dev, stream, captures.load(std::memory_order_relaxed) == 0);
   return dev;

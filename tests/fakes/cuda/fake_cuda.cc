@@ -646,8 +646,8 @@ CUresult Occupy(uint64_t us) {
 }
 
 // Stream capture, as the driver has it: launches on a capturing stream are recorded, not run; a
-// synchronize while a capture in global mode is under way in the process is refused and
-// invalidates it (what breaks PyTorch's CUDA graphs and vLLM's).
+// synchronize or an event query while a capture in global mode is under way in the process is
+// refused and invalidates it (what breaks PyTorch's CUDA graphs and vLLM's).
 std::mutex capture_mu;
 struct Capture {
   CUstreamCaptureMode mode = 0;
@@ -933,6 +933,8 @@ FAKE_EXPORT CUresult cuEventRecord(CUevent e, CUstream) {
 }
 FAKE_EXPORT CUresult cuEventQuery(CUevent e) {
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // As the driver: a query is one of the calls a capture in the global mode forbids.
+  if (SyncBreaksCapture()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return NowNs() >= reinterpret_cast<std::atomic<uint64_t>*>(e)->load() ? CUDA_SUCCESS
                                                                         : 600;  // NOT_READY
 }
