@@ -362,6 +362,7 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
   ls.user_stderr = OutputFile(q.id, q.array_id, q.array_index, q.owner, *q.spec, 0, true);
   ls.gpu_uuids = uuids;
   ls.exit_path = JobFile("exit", q.id);
+  ls.max_log_bytes = config_.max_log_bytes_per_job;
   if (const int n = q.spec->Tasks(); n > 1) {
     // One process per task, with what torchrun, NCCL and MPI programs read; all the job's GPUs
     // visible to each (LOCAL_RANK picks one), TESSERA_TASK_GPU the one a task would take in turn.

@@ -36,8 +36,12 @@ absl::StatusOr<Launched> LocalJobHost::Launch(LaunchSpec& ls,
       if (t.stderr_path != ls.stderr_path) logs.push_back(t.stderr_path);
     }
     for (const std::string& p : logs) {
-      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+      // Private to the job's user (and the server): a job's output may hold its secrets, and
+      // the API shows it to no one else either; its group is not let in (a shared `users`).
+      int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
       if (fd >= 0) {
+        if (fchmod(fd, 0600) != 0)
+          spdlog::warn("job {}: chmod {}: {}", ls.job_id, p, strerror(errno));
         if (fchown(fd, *ls.uid, *ls.gid) != 0)
           spdlog::warn("job {}: chown {}: {}", ls.job_id, p, strerror(errno));
         close(fd);

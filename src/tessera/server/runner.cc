@@ -3,12 +3,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +175,12 @@ struct Prepared {
   std::string exit_tmp;
   char prefix[64] = {};          // "tessera: job N", for the shepherd's messages
   std::vector<pid_t> task_pids;  // the shepherd's tasks (sized before the fork)
+  // Logs through the shepherd (LaunchSpec::max_log_bytes): per task, the pipes' ends for stdout
+  // and stderr (-1: none, the task opens its log itself), and the shepherd's log descriptors.
+  uint64_t log_cap = 0;
+  std::vector<int> out_r, out_w, err_r, err_w;
+  std::vector<pollfd> polls;  // sized before the fork: 2 per task
+  std::vector<int> log_fds;   // the log each poll entry copies to
 };
 
 // Fills `p` for `spec` (p is filled in place: its pointers point into itself).
@@ -224,7 +232,115 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
   }
   for (const std::string& f : spec.cgroup_procs) p.cgroup_files.push_back(f.c_str());
   p.exit_tmp = spec.exit_path.empty() ? "" : spec.exit_path + ".tmp";
+  p.log_cap = spec.exit_path.empty() ? 0 : spec.max_log_bytes;
+  p.out_r.assign(p.ntasks, -1), p.out_w.assign(p.ntasks, -1);
+  p.err_r.assign(p.ntasks, -1), p.err_w.assign(p.ntasks, -1);
+  p.polls.assign(2 * p.ntasks, pollfd{-1, 0, 0});
+  p.log_fds.assign(2 * p.ntasks, -1);
 }
+
+// In the shepherd, before its tasks are forked: a pipe for each log a task writes (they are
+// O_CLOEXEC: a task keeps only its own write ends, as its stdout and stderr).
+bool MakeLogPipes(Prepared& p) {
+  for (size_t t = 0; t < p.ntasks; ++t) {
+    int fds[2];
+    if (*p.out[t]) {
+      if (pipe2(fds, O_CLOEXEC) != 0) return false;
+      p.out_r[t] = fds[0], p.out_w[t] = fds[1];
+    }
+    if (*p.err[t]) {
+      if (pipe2(fds, O_CLOEXEC) != 0) return false;
+      p.err_r[t] = fds[0], p.err_w[t] = fds[1];
+    }
+  }
+  return true;
+}
+
+// The shepherd's copy of its tasks' output into their logs, at most p.log_cap bytes in all (the
+// logs' sizes when it began count). Async-signal-safe calls only.
+class LogCopy {
+ public:
+  explicit LogCopy(Prepared& p) : p_(p) {
+    for (size_t t = 0; t < p.ntasks; ++t) {
+      Add(p.out_r[t], p.out[t]);
+      Add(p.err_r[t], p.err[t]);
+      if (p.out_w[t] >= 0) close(p.out_w[t]);
+      if (p.err_w[t] >= 0) close(p.err_w[t]);
+    }
+  }
+  bool active() const { return open_ > 0; }
+  // Copies what is there, waiting at most `ms` for some.
+  void Pump(int ms) {
+    if (open_ == 0) return;
+    if (poll(p_.polls.data(), n_, ms) <= 0) return;
+    for (size_t i = 0; i < n_; ++i) {
+      pollfd& f = p_.polls[i];
+      if (f.fd < 0 || f.revents == 0) continue;
+      const ssize_t got = read(f.fd, buf_, sizeof buf_);
+      if (got > 0) {
+        Write(i, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        close(f.fd);
+        f.fd = -1;
+        --open_;
+      }
+    }
+  }
+  // After the tasks ended: what is left in the pipes, for at most about a second (a process the
+  // job left behind may keep a pipe open; the job's cgroup ends it).
+  void Finish() {
+    for (int i = 0; i < 20 && open_ > 0; ++i) Pump(50);
+  }
+
+ private:
+  void Add(int fd, const char* path) {
+    if (fd < 0) return;
+    const int log = ::open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0600);
+    struct stat st;
+    if (log >= 0 && fstat(log, &st) == 0) {
+      bool seen = false;  // tasks sharing a log count its size once
+      for (size_t i = 0; i < n_; ++i) {
+        struct stat o;
+        if (p_.log_fds[i] >= 0 && fstat(p_.log_fds[i], &o) == 0 && o.st_ino == st.st_ino &&
+            o.st_dev == st.st_dev)
+          seen = true;
+      }
+      if (!seen) written_ += static_cast<uint64_t>(st.st_size);
+    }
+    p_.polls[n_] = pollfd{fd, POLLIN, 0};
+    p_.log_fds[n_] = log;
+    ++n_, ++open_;
+  }
+  void Write(size_t i, size_t len) {
+    const int log = p_.log_fds[i];
+    if (log < 0 || said_) return;
+    size_t keep = len;
+    if (written_ + len > p_.log_cap) keep = written_ < p_.log_cap ? p_.log_cap - written_ : 0;
+    for (size_t off = 0; off < keep;) {
+      const ssize_t w = write(log, buf_ + off, keep - off);
+      if (w <= 0) break;  // a full disk: dropped, the job goes on
+      off += static_cast<size_t>(w);
+    }
+    written_ += keep;
+    if (keep == len) return;
+    said_ = true;  // the cap: said once, at the end of the log that crossed it
+    char line[160];
+    size_t n = 0;
+    auto put = [&](const char* t) {
+      while (*t && n < sizeof line) line[n++] = *t++;
+    };
+    put("\n");
+    put(p_.prefix);
+    put(": its logs reached limits.max_log_bytes_per_job; what it wrote past it is dropped\n");
+    ssize_t w = write(log, line, n);
+    (void)w;
+  }
+  Prepared& p_;
+  size_t n_ = 0, open_ = 0;
+  uint64_t written_ = 0;
+  bool said_ = false;
+  char buf_[65536];
+};
 
 // In the child: tells the parent which step failed (and errno) through the exec-error pipe.
 [[noreturn]] void Fail(int pipe_fd, int step) {
@@ -237,8 +353,10 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
 // In the shepherd (the group leader, the tasks' parent): waits for every task, stops the others
 // when one fails (kill_on_task_failure; SIGKILL after task_grace_s), and records the job's exit
 // code in exit_path (atomically) before exiting with it. Async-signal-safe calls only.
-[[noreturn]] void Shepherd(const LaunchSpec& spec, const Prepared& p, std::vector<pid_t>& pids) {
-  close_range(3, ~0U, 0);  // the shepherd needs not even the exec-error pipe
+[[noreturn]] void Shepherd(const LaunchSpec& spec, Prepared& p, std::vector<pid_t>& pids,
+                           int pipe_fd) {
+  close(pipe_fd);  // the shepherd needs not even the exec-error pipe: only its log pipes
+  LogCopy logs(p);
   int code = 0;
   bool failed = false;
   size_t left = p.ntasks;
@@ -248,7 +366,18 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
   sigaction(SIGALRM, &alarm_action, nullptr);
   while (left > 0) {
     int status = 0;
-    pid_t ended = waitpid(-1, &status, 0);
+    // Copying the tasks' output meanwhile (a blocking wait when there is none to copy).
+    pid_t ended = waitpid(-1, &status, logs.active() ? WNOHANG : 0);
+    if (ended == 0) {
+      logs.Pump(50);
+      if (grace_over) {
+        grace_over = 0;
+        for (size_t k = 0; k < p.ntasks; ++k) {
+          if (pids[k] > 0) kill(pids[k], SIGKILL);
+        }
+      }
+      continue;
+    }
     if (ended < 0) {
       if (errno != EINTR) break;
       if (grace_over) {
@@ -282,6 +411,7 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
       }
     }
   }
+  logs.Finish();
   char digits[16];
   int n = 0;
   int v = code;
@@ -308,13 +438,17 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
 [[noreturn]] void ExecTask(const LaunchSpec& spec, const Prepared& p, size_t me, int pipe_fd) {
   int in = open("/dev/null", O_RDONLY);
   if (in >= 0) dup2(in, 0);
-  if (*p.out[me]) {
-    int fd = open(p.out[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
+  if (p.out_w[me] >= 0) {
+    if (dup2(p.out_w[me], 1) < 0) Fail(pipe_fd, 1);
+  } else if (*p.out[me]) {
+    int fd = open(p.out[me], O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd < 0) Fail(pipe_fd, 1);
     dup2(fd, 1);
   }
-  if (*p.err[me]) {
-    int fd = open(p.err[me], O_WRONLY | O_CREAT | O_APPEND, 0640);
+  if (p.err_w[me] >= 0) {
+    if (dup2(p.err_w[me], 2) < 0) Fail(pipe_fd, 2);
+  } else if (*p.err[me]) {
+    int fd = open(p.err[me], O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd < 0) Fail(pipe_fd, 2);
     dup2(fd, 2);
   }
@@ -378,6 +512,7 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
   signal(SIGHUP, SIG_IGN);
   // The tasks' pids, in storage sized before the fork (nothing is allocated in the child).
   std::vector<pid_t>& pids = p.task_pids;
+  if (p.log_cap > 0 && !MakeLogPipes(p)) Fail(pipe_fd, 1);
   for (size_t t = 0; t < p.ntasks; ++t) {
     pid_t job = fork();
     if (job < 0) {
@@ -391,7 +526,7 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
     }
     pids[t] = job;
   }
-  Shepherd(spec, p, pids);
+  Shepherd(spec, p, pids, pipe_fd);
 }
 
 // In the parent, after the child said which step failed: the error, also written to the job's
@@ -404,7 +539,7 @@ absl::Status ChildFailed(const LaunchSpec& spec, const Prepared& p, const ChildE
                                     : kSteps[ce.step];
   std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
   if (!spec.stderr_path.empty() && ce.step != 2) {
-    int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+    int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd >= 0) {
       std::string line = "tessera: " + message + "\n";
       ssize_t w = write(fd, line.data(), line.size());

@@ -69,6 +69,11 @@ struct LaunchSpec {
   // job's process group, SIGKILL to the tasks still running after task_grace_s; what they leave
   // behind goes with the job's cgroup). The job's exit code: the first failure's, else 0.
   std::vector<TaskLaunch> tasks;
+  // With a shepherd (exit_path) and more than 0: the tasks' stdout and stderr reach their logs
+  // through pipes the shepherd copies, which stops writing once the job's logs together hold this
+  // many bytes (and says so at the end of the log that crossed it; the rest is read and dropped),
+  // so the cap holds as the bytes are written, whatever the disk. Not the user's own output files.
+  uint64_t max_log_bytes = 0;
   bool kill_on_task_failure = true;
   int task_grace_s = 10;
   // Set: the job runs in a container of this image, `argv` (empty: the image's command) inside it

@@ -328,6 +328,58 @@ TEST(Runner, TasksRunAsOneJobAndOneThatFailsTakesTheOthersDownAfterTheirGrace) {
   EXPECT_FALSE(SignalGroup(l->pid, 0)) << "nothing of the job is left";
 }
 
+// The log cap holds as the bytes are written, not a second later: two tasks writing 8 MiB each to
+// stdout and stderr under a 1 MiB cap leave 1 MiB in their logs together and the cap said, and
+// are not held up by it (what they write past it is read and dropped). `yes` wrote 268 MB past a
+// 64 MiB cap before the once-a-second check stopped it.
+TEST(Runner, TheLogCapHoldsAsTheBytesAreWritten) {
+  LaunchSpec s =
+      Shell("head -c 8388608 /dev/zero; head -c 8388608 /dev/zero >&2; echo done >&2", "capped");
+  s.exit_path = Dir() + "/capped.exit";
+  std::filesystem::remove(s.exit_path);
+  std::vector<std::string> logs = {s.stdout_path, s.stderr_path};
+  for (int r = 0; r < 2; ++r) {
+    TaskLaunch t;
+    t.stdout_path = r == 0 ? s.stdout_path : Dir() + "/capped.1.out";
+    t.stderr_path = r == 0 ? s.stderr_path : Dir() + "/capped.1.err";
+    if (r == 1) {
+      std::filesystem::remove(t.stdout_path), std::filesystem::remove(t.stderr_path);
+      logs.push_back(t.stdout_path), logs.push_back(t.stderr_path);
+    }
+    s.tasks.push_back(t);
+  }
+  s.max_log_bytes = 1 << 20;
+  auto l = Start(s);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(WaitExit(l->pid, 30), 0) << "the tasks ran to their end";
+  uint64_t total = 0;
+  int said = 0;
+  for (const std::string& log : logs) {
+    const std::string text = ReadAll(log);
+    total += text.size();
+    said += text.find("tessera: job 7: its logs reached limits.max_log_bytes_per_job") !=
+            std::string::npos;
+    struct stat st;
+    ASSERT_EQ(stat(log.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << log << ": private to the job's user";
+  }
+  EXPECT_LE(total, (1u << 20) + 200) << "1 MiB and the line that says so";
+  EXPECT_GE(total, 1u << 20);
+  EXPECT_EQ(said, 1);
+  // Below the cap everything arrives, in order.
+  LaunchSpec small = Shell("seq 1 20000; echo end >&2", "uncapped");
+  small.exit_path = Dir() + "/uncapped.exit";
+  std::filesystem::remove(small.exit_path);
+  small.max_log_bytes = 1 << 20;
+  auto l2 = Start(small);
+  ASSERT_TRUE(l2.ok()) << l2.status();
+  EXPECT_EQ(WaitExit(l2->pid, 30), 0);
+  std::string expected;
+  for (int i = 1; i <= 20000; ++i) expected += std::to_string(i) + "\n";
+  EXPECT_EQ(ReadAll(small.stdout_path), expected);
+  EXPECT_EQ(ReadAll(small.stderr_path), "end\n");
+}
+
 TEST(Runner, SameProcessTellsLiveFromEndedAndReused) {
   LaunchSpec s = Shell("sleep 30", "same");
   auto l = Start(s);
