@@ -127,6 +127,14 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
           std::string(st.message()), c.intercept_library);
     }
   }
+  // Room kept to record how jobs end when the disk fills up (given up then; Finish).
+  if (!s->MakeReserve()) {
+    spdlog::warn(
+        "{}/reserve: cannot keep {} MiB for recording job ends ({}); submits are refused "
+        "until there is room",
+        c.state_dir, kReserveBytes >> 20, strerror(errno));
+    s->reserve_used_ = true;
+  }
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
   if (!s->store_) {
     auto store = Store::Open(c.state_dir + "/tessera.db");

@@ -317,6 +317,26 @@ class Dispatcher {
   void Kill(Running& r, const std::string& why);
   // The size of the job's logs, every task's.
   uint64_t LogBytes(const Running& r) const;
+  // Ends the store could not record (its disk full): kept and recorded at a later turn, once
+  // there is room; until then the job's exit file stays too, so a restart still tells how it
+  // ended. The loop thread's only.
+  struct UnrecordedEnd {
+    int64_t id = 0;
+    JobState to = JobState::kFailed;
+    std::string reason;
+    double at = 0;
+    TransitionFields fields;
+  };
+  std::vector<UnrecordedEnd> unrecorded_;
+  // Records what it can of unrecorded_ (an end recorded removes its exit file).
+  void RecordUnrecorded();
+  // A file of kReserveBytes in the state folder (its blocks allocated), given up when the disk is
+  // full so that an end can still be recorded, and made again once there is room. While it is
+  // given up, submits are refused (507).
+  static constexpr uint64_t kReserveBytes = uint64_t{8} << 20;
+  bool MakeReserve();
+  bool UseReserve();  // true when there was one to give up
+  std::atomic<bool> reserve_used_{false};
   double logs_checked_ = 0;     // when CheckRunning last measured logs
   double arbiter_checked_ = 0;  // when CheckRunning last looked whether the arbiter is whole
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);

@@ -175,6 +175,12 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                     config_.state_dir, (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
                     config_.min_free_disk_bytes >> 20));
   }
+  if (reserve_used_.load()) {
+    return HttpError(507,
+                     fmt::format("the server's disk ({}) filled up: its reserve went to record "
+                                 "how jobs ended; no new work until room is made",
+                                 config_.state_dir));
+  }
   if (spec->grace_period_s > config_.max_grace_period_s) {
     return HttpError(400,
                      fmt::format("grace_period_s: {:g} s is over this server's maximum of {:g} s "

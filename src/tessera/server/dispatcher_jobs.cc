@@ -89,6 +89,13 @@ void Dispatcher::CheckRunning(double now) {
   if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
     arbiter_checked_ = now;
     host_->RepairArbiter();
+    if (!unrecorded_.empty()) RecordUnrecorded();
+    if (reserve_used_.load() && unrecorded_.empty() && MakeReserve()) {
+      reserve_used_ = false;
+      spdlog::info(
+          "the state folder's disk has room again: its reserve is made again, submits "
+          "are taken");
+    }
   }
   std::vector<std::pair<int64_t, std::optional<int>>> ended;
   for (auto& [id, r] : running_) {
@@ -243,8 +250,20 @@ void Dispatcher::Finish(Ending& e, double now) {
     engine_->history().Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
                            r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
   }
-  if (absl::Status st = store_->Transition(r.id, to, reason, now, f); !st.ok()) {
-    spdlog::error("job {}: recording its end: {}", r.id, std::string(st.message()));
+  absl::Status st = store_->Transition(r.id, to, reason, now, f);
+  if (!st.ok() && UseReserve()) {
+    spdlog::warn(
+        "job {}: recording its end: {}; the disk is full: its reserve of {} MiB is given up for "
+        "it (submits are refused until there is room again)",
+        r.id, std::string(st.message()), kReserveBytes >> 20);
+    st = store_->Transition(r.id, to, reason, now, f);
+  }
+  if (!st.ok()) {
+    spdlog::error(
+        "job {}: its end ({}) cannot be recorded now ({}): it is kept and recorded once "
+        "the disk has room",
+        r.id, JobStateName(to), std::string(st.message()));
+    unrecorded_.push_back(UnrecordedEnd{r.id, to, reason, now, f});
     return;
   }
   // Recorded: a restart no longer needs the exit file to tell how it ended.
@@ -542,6 +561,46 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
   scheduling_.Started(std::max(0.0, now - l.queued.since));
   if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
+}
+
+}  // namespace tessera::server
+
+namespace tessera::server {
+
+void Dispatcher::RecordUnrecorded() {
+  std::error_code ec;
+  for (auto it = unrecorded_.begin(); it != unrecorded_.end();) {
+    if (absl::Status st = store_->Transition(it->id, it->to, it->reason, it->at, it->fields);
+        !st.ok()) {
+      ++it;
+      continue;
+    }
+    fs::remove(JobFile("exit", it->id), ec);
+    spdlog::info("job {}: {} ({}), recorded now that the disk has room", it->id,
+                 JobStateName(it->to), it->reason);
+    it = unrecorded_.erase(it);
+  }
+}
+
+bool Dispatcher::MakeReserve() {
+  const std::string path = config_.state_dir + "/reserve";
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  // Blocks allocated now (not a sparse file): giving it up frees them.
+  const bool ok = posix_fallocate(fd, 0, static_cast<off_t>(kReserveBytes)) == 0;
+  close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+bool Dispatcher::UseReserve() {
+  if (unlink((config_.state_dir + "/reserve").c_str()) != 0) return false;
+  reserve_used_ = true;
+  return true;
 }
 
 }  // namespace tessera::server

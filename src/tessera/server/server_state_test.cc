@@ -1,6 +1,8 @@
 // The server on a fake clock with a fake launcher: run-time history and predictions, restarts and
 // a second server, the arbiter file, priorities, quotas and summaries, the event stream, metrics,
 // hostile region files and GPU health.
+#include <sys/mount.h>
+
 #include "tessera/server/server_test_fixture.h"
 
 namespace tessera::server {
@@ -672,6 +674,58 @@ TEST_F(ServerTest, AnUnhealthyGpusJobIsStoppedAndRunsAgainOnAnother) {
   json gpus = Call("GET", "/v1/gpus");
   EXPECT_EQ(gpus["gpus"][0]["health_reason"], "XID 79");
   EXPECT_EQ(gpus["gpus"][0]["allocated_milli"], 0);
+}
+
+// A full disk loses no job end (issue 51): the state folder on a 24 MiB file system the test
+// mounts, filled to the last block while two jobs run. The first end is recorded at once (the
+// server gives up its 8 MiB reserve for it, and refuses submits: 507); filled again, the second
+// end is kept and recorded as soon as there is room; then the reserve is made again and submits
+// are taken. Before, the end failed with "database or disk is full" and the job stayed running.
+TEST_F(ServerTest, AFullDiskLosesNoJobsEnd) {
+  ASSERT_EQ(geteuid(), 0u) << "this test mounts a small file system (root, as in CI)";
+  fs::create_directories(config_.state_dir);
+  ASSERT_EQ(mount("tmpfs", config_.state_dir.c_str(), "tmpfs", 0, "size=24m,mode=0755"), 0)
+      << strerror(errno);
+  struct Unmount {
+    std::string path;
+    ~Unmount() { umount2(path.c_str(), MNT_DETACH); }
+  } unmount{config_.state_dir};
+  // (limits.min_free_disk keeps new work off a nearly full disk; a running job fills it anyway)
+  config_.min_free_disk_bytes = 0;
+  auto fill = [&](const std::string& name) {
+    const int fd = open((config_.state_dir + "/" + name).c_str(), O_WRONLY | O_CREAT, 0600);
+    static char block[1 << 16];
+    while (write(fd, block, sizeof block) > 0) {
+    }
+    while (write(fd, block, 512) > 0) {
+    }
+    close(fd);
+  };
+  StartServer();
+  const int64_t a = Submit(1, 5), b = Submit(1, 10);
+  Settle();
+  ASSERT_EQ(State(a), "running");
+  ASSERT_EQ(State(b), "running");
+  fill("fill-1");
+  Advance(6);
+  Settle();
+  EXPECT_EQ(State(a), "succeeded") << "recorded with the reserve";
+  int status = 0;
+  json refused = Call("POST", "/v1/jobs", {{"command", {"true"}}}, &status);
+  EXPECT_EQ(status, 507) << refused.dump();
+  fill("fill-2");  // what the reserve gave back, taken too
+  Advance(5);
+  Settle();
+  EXPECT_EQ(State(b), "running") << "its end could not be recorded yet";
+  fs::remove(config_.state_dir + "/fill-1");
+  fs::remove(config_.state_dir + "/fill-2");
+  Advance(1);
+  Settle();
+  EXPECT_EQ(State(b), "succeeded") << "recorded once there was room";
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/reserve"));
+  Call("POST", "/v1/jobs", {{"command", {"true"}}}, &status);
+  EXPECT_EQ(status, 201);
+  server_.reset();
 }
 
 }  // namespace
