@@ -253,8 +253,7 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
 int RunLs(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int code = kExitOk;
-  std::string target =
-      fmt::format("/v1/jobs?limit={}&arrays={}", s.limit, s.expand ? "expand" : "fold");
+  std::string target = fmt::format("/v1/jobs?arrays={}", s.expand ? "expand" : "fold");
   if (!s.states.empty()) target += "&state=" + s.states;
   // Your own jobs unless asked otherwise; the server says who you are (socket or token).
   std::string user = s.ls_user;
@@ -264,12 +263,12 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
     user = (*info)["caller"].value("user", "");
   }
   if (!user.empty()) target += "&user=" + user;
-  auto r = Call(c, "GET", target, "", err, &code);
-  if (!r) return code;
+  auto jobs = ListJobs(c, target, static_cast<size_t>(std::max(s.limit, 1)), err, &code);
+  if (!jobs) return code;
   if (s.client.output == "table") {
-    JobsTable((*r)["jobs"], out);
+    JobsTable(*jobs, out);
   } else {
-    Emit((*r)["jobs"], s.client.output, out);
+    Emit(*jobs, s.client.output, out);
   }
   return kExitOk;
 }

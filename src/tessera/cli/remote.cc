@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -154,6 +155,35 @@ void JobsTable(const json& jobs, std::ostream& out) {
 
 void Emit(const json& j, const std::string& format, std::ostream& out) {
   EmitStructured(j, *ParseFormat(format), out);
+}
+
+std::optional<json> ListJobs(net::HttpClient& c, const std::string& target, size_t want,
+                             std::ostream& err, int* code) {
+  json jobs = json::array();
+  std::set<int64_t> arrays;
+  int64_t before = 0;
+  const char* sep = target.find('?') == std::string::npos ? "?" : "&";
+  while (want == 0 || jobs.size() < want) {
+    const size_t page_size = want == 0 ? 10000 : std::min<size_t>(want - jobs.size(), 10000);
+    std::string page = target + sep + fmt::format("limit={}", page_size);
+    if (before > 0) page += fmt::format("&before={}", before);
+    auto r = Call(c, "GET", page, "", err, code);
+    if (!r) return std::nullopt;
+    json older = json::array();
+    for (json& j : (*r)["jobs"]) {
+      const json a = j.value("array", json());
+      if (a.is_object() && a.value("folded", false) &&
+          !arrays.insert(a.value("id", int64_t{0})).second)
+        continue;
+      older.push_back(std::move(j));
+    }
+    older.insert(older.end(), jobs.begin(), jobs.end());
+    jobs = std::move(older);
+    if (!r->value("more", false)) break;
+    before = r->value("next_before", int64_t{0});
+    if (before <= 0) break;
+  }
+  return jobs;
 }
 
 }  // namespace tessera::cli::remote

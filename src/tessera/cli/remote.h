@@ -68,6 +68,11 @@ struct ClientFlags {
 
 // One API call; on failure says why on `err` and returns nullopt with the exit code set.
 
+// GET /v1/jobs (`target`: the path and its query, without limit or before) for the newest `want`
+// jobs (0: all), newest last, in pages of what the server answers at once ("more",
+// "next_before"); an array folded in two pages is listed once.
+std::optional<json> ListJobs(net::HttpClient& c, const std::string& target, size_t want,
+                             std::ostream& err, int* code);
 std::optional<json> Call(net::HttpClient& c, const std::string& method, const std::string& target,
                          const std::string& body, std::ostream& err, int* code,
                          const std::string& idempotency_key = "");

@@ -112,8 +112,10 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
   int code = kExitOk;
   std::string target = "/v1/jobs?arrays=expand";
   if (!user.empty()) target += "&user=" + user;
-  auto r = Call(c, "GET", target, "", err, &code);
-  if (!r) return code;
+  auto all = ListJobs(c, target, 0, err, &code);
+  if (!all) return code;
+  const json listed = {{"jobs", *std::move(all)}};
+  const json* r = &listed;
   auto number = [](const json& j, const char* k) {
     return j.contains(k) && j[k].is_number() ? std::optional<double>(j[k].get<double>())
                                              : std::nullopt;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -245,14 +246,24 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
       rest = rest.substr(c + 1);
     }
   }
-  int limit = 0;
+  // Paged, newest first from the store, so that no request holds more than a page: `limit` jobs
+  // (default kListDefault, at most kListMax) and about kListBytes of their specs; `before` pages
+  // on (the answer's "next_before" when "more" is true).
+  size_t limit = kListDefault;
   if (auto it = req.query.find("limit"); it != req.query.end()) {
     auto v = ParseId(it->second);
-    if (!v || *v > 100000)
-      return Error(400, fmt::format("limit: expected 1..100000, got '{}'", it->second));
-    limit = static_cast<int>(*v);
+    if (!v || *v > static_cast<int64_t>(kListMax))
+      return Error(400, fmt::format("limit: expected 1..{}, got '{}' (page on with before=)",
+                                    kListMax, it->second));
+    limit = static_cast<size_t>(*v);
   }
-  // arrays=fold: an array is one entry (its first listed task) with its tasks counted by state.
+  int64_t before = 0;
+  if (auto it = req.query.find("before"); it != req.query.end()) {
+    auto v = ParseId(it->second);
+    if (!v) return Error(400, fmt::format("before: expected a job id, got '{}'", it->second));
+    before = *v;
+  }
+  // arrays=fold: an array is one entry (its first task) with its tasks counted by state.
   bool fold = false;
   if (auto it = req.query.find("arrays"); it != req.query.end()) {
     if (it->second != "fold" && it->second != "expand")
@@ -260,47 +271,45 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     fold = it->second == "fold";
   }
   for (const auto& [k, v] : req.query) {
-    if (k != "state" && k != "limit" && k != "user" && k != "arrays")
+    if (k != "state" && k != "limit" && k != "user" && k != "arrays" && k != "before")
       return Error(400, fmt::format("unknown query parameter '{}'", k));
   }
-  auto jobs = store_.List(states, 0);
-  if (!jobs.ok()) return Error(500, std::string(jobs.status().message()));
-  std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
-  json out = json::array();
-  // Newest last; with a limit, the newest `limit`. Folded, an array's tasks are counted into the
-  // entry of the first of them listed.
-  std::vector<const JobRecord*> picked;
-  std::map<int64_t, json> counts;  // array -> {state: tasks}
-  std::map<int64_t, int64_t> held;
-  for (const JobRecord& r : *jobs) {
-    if (!only_user.empty() && r.owner != only_user) continue;
-    if (held_only && !queued_too && r.state == JobState::kQueued && !r.held) continue;
-    if (fold && r.array_id != 0) {
-      auto [it, first] = counts.try_emplace(r.array_id, json::object());
-      json& c = it->second[std::string(JobStateName(r.state))];
-      c = c.is_number() ? c.get<int64_t>() + 1 : 1;
-      if (r.state == JobState::kQueued && r.held) ++held[r.array_id];
-      if (!first) continue;
+  const std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
+  std::vector<JobRecord> page;
+  std::set<int64_t> arrays;
+  size_t bytes = 0;
+  bool more = false;
+  absl::Status listed = store_.ForEachNewest(states, only_user, before, [&](JobRecord&& r) {
+    if (held_only && !queued_too && r.state == JobState::kQueued && !r.held) return true;
+    if (fold && r.array_id != 0 && !arrays.insert(r.array_id).second) return true;
+    if (page.size() >= limit || bytes >= kListBytes) {
+      more = true;
+      return false;
     }
-    picked.push_back(&r);
+    bytes += r.spec_json.size() + 512;
+    page.push_back(std::move(r));
+    return true;
+  });
+  if (!listed.ok()) return Error(500, std::string(listed.message()));
+  // A folded array's entry is its first task (its id is the array's), wherever its newest task
+  // fell in the page; newest last.
+  for (JobRecord& r : page) {
+    if (!fold || r.array_id == 0 || r.id == r.array_id) continue;
+    if (auto first = store_.Get(r.array_id); first.ok()) r = *std::move(first);
   }
-  size_t from = limit > 0 && picked.size() > static_cast<size_t>(limit) ? picked.size() - limit : 0;
-  for (size_t i = from; i < picked.size(); ++i) {
-    const JobRecord& r = *picked[i];
+  std::sort(page.begin(), page.end(),
+            [](const JobRecord& a, const JobRecord& b) { return a.id < b.id; });
+  json out = json::array();
+  for (const JobRecord& r : page) {
     json j = JobJson(r);
     const Dispatcher::Live live = d_.LiveOf(r.id);
     if (live.queued) j["waiting"] = live.waiting;
     if (r.state == JobState::kQueued || r.state == JobState::kRunning) AddExpectations(j, live);
     if (fold && r.array_id != 0) {
-      const json& c = counts[r.array_id];
-      int64_t tasks = 0;
-      for (const auto& [state, n] : c.items()) tasks += n.get<int64_t>();
-      j["array"] = {{"id", r.array_id},
-                    {"folded", true},
-                    {"range", j["spec"].is_object() ? j["spec"].value("array", "") : ""},
-                    {"tasks", tasks},
-                    {"states", c},
-                    {"held", held[r.array_id]}};
+      j["array"] =
+          ArraySummary(r.array_id, j["spec"].is_object() ? j["spec"].value("array", "") : "");
+      j["array"]["folded"] = true;
+      const json& c = j["array"]["states"];
       // The array's state: running while a task runs, queued while one waits, else how it ended.
       j["state"] = "succeeded";
       for (const char* state : {"running", "queued", "preempted", "lost", "failed", "cancelled"}) {
@@ -311,9 +320,11 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
       }
     }
     if (!c.admin && r.owner != c.user) HideDetails(j);
-    out.push_back(j);
+    out.push_back(std::move(j));
   }
-  return JsonResponse(200, json{{"jobs", out}});
+  json answer = {{"jobs", std::move(out)}};
+  if (more && !page.empty()) answer["more"] = true, answer["next_before"] = page.front().id;
+  return JsonResponse(200, answer);
 }
 
 net::HttpResponse Api::GetJob(int64_t id, const Caller& c) {

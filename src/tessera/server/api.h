@@ -21,6 +21,11 @@
 
 namespace tessera::server {
 
+// GET /v1/jobs pages: jobs per answer by default and at most, and about how many bytes of their
+// specs one answer holds (a page ends early past it: "more", "next_before").
+inline constexpr size_t kListDefault = 1000, kListMax = 10000;
+inline constexpr size_t kListBytes = size_t{16} << 20;
+
 class Api {
  public:
   explicit Api(Dispatcher& dispatcher);

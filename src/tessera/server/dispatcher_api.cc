@@ -348,7 +348,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
     }
     spdlog::info("job {}: submitted by {}{}{}: {}", *id, user,
                  range ? fmt::format(" (array of {} tasks, {})", n, shared->array) : "",
-                 held ? " held" : "", fmt::join(shared->command, " "));
+                 held ? " held" : "", LogText(fmt::format("{}", fmt::join(shared->command, " "))));
   }
   wake_.notify_all();
   auto stored = store_->Get(*id);

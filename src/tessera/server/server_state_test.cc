@@ -3,7 +3,11 @@
 // hostile region files and GPU health.
 #include <sys/mount.h>
 
+#include <set>
+
+#include "tessera/server/api.h"
 #include "tessera/server/server_test_fixture.h"
+#include "tessera/server/server_util.h"
 
 namespace tessera::server {
 namespace {
@@ -726,6 +730,60 @@ TEST_F(ServerTest, AFullDiskLosesNoJobsEnd) {
   Call("POST", "/v1/jobs", {{"command", {"true"}}}, &status);
   EXPECT_EQ(status, 201);
   server_.reset();
+}
+
+// GET /v1/jobs is paged so that no reader makes the server hold every job (issue 51: 300 jobs of
+// 0.9 MB commands and 5 readers took 4 GiB): at most `limit` jobs and about 16 MiB of specs an
+// answer, "more" and "next_before" to go on, every job in exactly one page.
+TEST_F(ServerTest, ListingJobsIsPagedAndBoundedInBytes) {
+  StartServer();
+  const std::string arg(100 * 1024, 'x');  // (an argument may have 128 KiB)
+  const std::string fat(6 * arg.size(), 'x');
+  std::set<int64_t> submitted;
+  for (int i = 0; i < 40; ++i)
+    submitted.insert(Submit(0, 1000, 0, {{"command", {"echo", arg, arg, arg, arg, arg, arg}}}));
+  for (int i = 0; i < 25; ++i) submitted.insert(Submit(0, 1000));
+  auto pages = [&](const std::string& query, size_t* most_bytes) {
+    std::vector<int64_t> ids;
+    int64_t before = 0;
+    for (int n = 0; n < 100; ++n) {
+      const json page =
+          Call("GET", "/v1/jobs?" + query + (before ? "&before=" + std::to_string(before) : ""));
+      *most_bytes = std::max(*most_bytes, page.dump().size());
+      int64_t last = INT64_MAX;
+      for (auto it = page["jobs"].rbegin(); it != page["jobs"].rend(); ++it) {
+        const int64_t id = (*it)["id"];
+        EXPECT_LT(id, last) << "newest last";
+        last = id;
+        ids.push_back(id);
+      }
+      if (!page.value("more", false)) break;
+      before = page["next_before"];
+    }
+    return ids;
+  };
+  size_t most = 0;
+  std::vector<int64_t> ids = pages("limit=10", &most);
+  EXPECT_EQ(std::set<int64_t>(ids.begin(), ids.end()), submitted);
+  EXPECT_EQ(ids.size(), submitted.size()) << "every job in exactly one page";
+  most = 0;
+  ids = pages("limit=10000", &most);
+  EXPECT_EQ(ids.size(), submitted.size());
+  EXPECT_LT(most, kListBytes + 2 * fat.size()) << "an answer holds about 16 MiB at most";
+  int status = 0;
+  Call("GET", "/v1/jobs?limit=100000", nullptr, &status);
+  EXPECT_EQ(status, 400);
+}
+
+// The server's log shows a user's command escaped and cut (issue 51: 300 submits of 0.9 MB
+// commands wrote 276 MB of server log, and their escape sequences reached whoever read it).
+TEST(LogText, EscapesControlBytesAndCutsLongText) {
+  EXPECT_EQ(LogText("echo hi"), "echo hi");
+  EXPECT_EQ(LogText("a\x1b]52;c;AAAA\x07"
+                    "b\\"),
+            "a\\x1b]52;c;AAAA\\x07b\\x5c");
+  EXPECT_EQ(LogText("caf\xe9"), "caf\\xe9");
+  EXPECT_EQ(LogText(std::string(1 << 20, 'x'), 10), "xxxxxxxxxx... (1048576 bytes in all)");
 }
 
 }  // namespace

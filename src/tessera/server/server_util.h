@@ -25,6 +25,25 @@ inline std::string UserName(uid_t uid) {
   return fmt::format("uid:{}", uid);
 }
 
+// Text a user chose (a command), as the server's log shows it: control characters and bytes
+// that are not printable ASCII escaped (\xNN), and at most `max` characters of it, then how long it
+// was - a log line never carries a whole 1 MB command, nor a terminal's escape sequences.
+inline std::string LogText(std::string_view text, size_t max = 200) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= max) {
+      out += fmt::format("... ({} bytes in all)", text.size());
+      break;
+    }
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\')
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
 inline std::string Hostname() {
   char buf[256] = "";
   gethostname(buf, sizeof buf - 1);

@@ -658,6 +658,33 @@ absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& 
   return out;
 }
 
+absl::Status Store::ForEachNewest(const std::vector<JobState>& states, const std::string& owner,
+                                  int64_t before, const std::function<bool(JobRecord&&)>& take) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  std::string sql = fmt::format("SELECT {} FROM jobs j WHERE 1", kJobColumns);
+  if (!states.empty()) {
+    sql += " AND j.state IN (";
+    for (size_t i = 0; i < states.size(); ++i) sql += i ? ",?" : "?";
+    sql += ")";
+  }
+  if (!owner.empty()) sql += " AND j.owner = ?";
+  if (before > 0) sql += " AND j.id < ?";
+  sql += " ORDER BY j.id DESC";
+  Stmt s(db, sql.c_str());
+  if (!s.ok()) return SqlError(db, "preparing a list");
+  int at = 1;
+  for (JobState st : states) s.Bind(at++, JobStateName(st));
+  if (!owner.empty()) s.Bind(at++, owner);
+  if (before > 0) s.Bind(at++, before);
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    if (!take(ReadJob(s.get()))) return absl::OkStatus();
+  }
+  if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;

@@ -134,6 +134,11 @@ class Store {
   // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
   absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {},
                                               int limit = 0);
+  // Jobs in the given states (all when empty), of `owner` (any when empty), with ids below
+  // `before` (0: any), newest first, one at a time to `take` until it returns false: a reader
+  // pages through any number of jobs without holding them all. `take` must not call the store.
+  absl::Status ForEachNewest(const std::vector<JobState>& states, const std::string& owner,
+                             int64_t before, const std::function<bool(JobRecord&&)>& take);
   absl::StatusOr<std::vector<JobEvent>> Events(int64_t id);
   // For accounting: the jobs not ended before `since` nor submitted after `until`, oldest first,
   // without their specs; and their events (state changes, reasons left out), in order.
