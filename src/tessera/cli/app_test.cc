@@ -26,6 +26,14 @@ Result Cli(std::vector<const char*> args) {
   return {code, out.str(), err.str()};
 }
 
+// `tessera submit -- echo $'caf\xe9'` aborted (an uncaught JSON exception, rc 134): now refused,
+// saying which argument and which byte, before any server is asked.
+TEST(Cli, ACommandThatIsNotUtf8IsRefusedPlainly) {
+  Result r = Cli({"submit", "--socket", "/nonexistent/tessera.sock", "--", "echo", "caf\xe9"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("command[1] is not UTF-8 text (byte 0xe9 at offset 3)"));
+}
+
 TEST(Cli, JobIdsThatAreNotNumbersAreSaidPlainly) {
   // Before: "Value abc not in range 0.000000 to 1797693134862315...". Refused before any server
   // is asked.

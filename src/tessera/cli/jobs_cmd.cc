@@ -172,6 +172,23 @@ std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& e
     std::random_device rd;
     key = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
   }
+  // JSON carries UTF-8 text: a command or environment with other bytes is refused here, saying
+  // where (it aborted the CLI before).
+  for (const char* field : {"command", "env"}) {
+    if (!spec.contains(field)) continue;
+    for (const auto& [k, v] : spec[field].items()) {
+      const std::string text = v.is_string() ? v.get<std::string>() : "";
+      size_t bad = 0;
+      if (IsUtf8(text, &bad) && IsUtf8(k)) continue;
+      err << fmt::format(
+          "tessera: {}[{}] is not UTF-8 text (byte 0x{:02x} at offset {}): a job's command and "
+          "environment travel as JSON text; pass such bytes in a file, or let the job make them "
+          "(printf '\\351')\n",
+          field, k, IsUtf8(text) ? 0 : static_cast<unsigned char>(text[bad]), bad);
+      *code = kExitBadInput;
+      return std::nullopt;
+    }
+  }
   return Call(c, "POST", "/v1/jobs", spec.dump(), err, code, key);
 }
 
@@ -351,7 +368,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
 int RunLogs(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int64_t offset = 0;
-  std::string said;
+  std::string said, carry;
   for (;;) {
     int code = kExitOk;
     auto r = Call(c, "GET",
@@ -369,9 +386,12 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
       said = file;
     }
     std::string data = (*r)["data"].get<std::string>();
-    out << data << std::flush;
+    out << (s.raw ? data : TerminalSafe(data, &carry)) << std::flush;
     offset = (*r)["next_offset"].get<int64_t>();
-    if (!s.follow || (data.empty() && (*r)["ended"].get<bool>())) return kExitOk;
+    if (!s.follow || (data.empty() && (*r)["ended"].get<bool>())) {
+      if (!s.raw) out << TerminalSafe("", &carry) << carry << std::flush;  // a lone last byte
+      return kExitOk;
+    }
     if (data.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }

@@ -63,7 +63,22 @@ void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ost
     ToYaml(value, e);
     out << e.c_str() << "\n";
   } else {
-    out << value.dump(2) << "\n";
+    // Control characters are escaped by JSON's rules but for C1 (U+0080..U+009F: U+009B is a
+    // terminal's CSI): those too, as \u00XX. Text that is not UTF-8 never aborts the output.
+    const std::string text =
+        value.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    std::string safe;
+    safe.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) <= 0x9f &&
+          static_cast<unsigned char>(text[i + 1]) >= 0x80) {
+        safe += fmt::format("\\u{:04x}", static_cast<unsigned char>(text[++i]));
+      } else {
+        safe += static_cast<char>(c);
+      }
+    }
+    out << safe << "\n";
   }
 }
 
@@ -90,6 +105,56 @@ std::string Printable(std::string_view text) {
     }
   }
   return out;
+}
+
+std::string TerminalSafe(std::string_view chunk, std::string* carry) {
+  std::string text = *carry;
+  text.append(chunk);
+  carry->clear();
+  if (!text.empty() && static_cast<unsigned char>(text.back()) == 0xc2) {
+    *carry = "\xc2";  // perhaps the start of a C1 character: decided with the next chunk
+    text.pop_back();
+  }
+  std::string out;
+  out.reserve(text.size());
+  size_t from = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const bool c1 = c == 0xc2 && i + 1 < text.size() &&
+                    static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9f;
+    const bool control = (c < 0x20 && c != '\n' && c != '\t' && c != '\r') || c == 0x7f;
+    if (!control && !c1) continue;
+    out.append(text, from, i - from);
+    out += Printable(text.substr(i, c1 ? 2 : 1));
+    if (c1) ++i;
+    from = i + 1;
+  }
+  out.append(text, from, std::string::npos);
+  return out;
+}
+
+bool IsUtf8(std::string_view t, size_t* bad) {
+  for (size_t i = 0; i < t.size();) {
+    const auto c = static_cast<unsigned char>(t[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n != 0 && i + n <= t.size() && !(n == 2 && c < 0xc2) && !(c > 0xf4);
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(t[i + k]) >> 6) == 0x2;
+    if (ok && n == 3) {  // no overlong forms, no surrogates
+      const auto d = static_cast<unsigned char>(t[i + 1]);
+      ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);
+    }
+    if (ok && n == 4) {
+      const auto d = static_cast<unsigned char>(t[i + 1]);
+      ok = !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
+    }
+    if (!ok) {
+      if (bad) *bad = i;
+      return false;
+    }
+    i += n;
+  }
+  return true;
 }
 
 std::string CsvRow(const std::vector<std::string>& cells) {

@@ -23,6 +23,15 @@ void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ost
 // terminal, are shown visibly as \xNN (\t, \n, \r as such); the rest, UTF-8 included, as it is.
 std::string Printable(std::string_view text);
 
+// A job's output as `tessera logs` prints it: as Printable, but newlines, tabs and carriage returns
+// (progress bars) pass as they are. `carry`: a C1 sequence's first byte left at the end of the
+// last chunk, prefixed to this one (kept for the next when this one ends in one).
+std::string TerminalSafe(std::string_view text, std::string* carry);
+
+// Whether `text` is UTF-8 (what JSON carries); false with the offset of the first byte that is not
+// part of a well-formed sequence.
+bool IsUtf8(std::string_view text, size_t* bad = nullptr);
+
 // One CSV line (RFC 4180): the cells joined by commas, each quoted when it holds a comma, a quote
 // or a newline; ends with "\n".
 std::string CsvRow(const std::vector<std::string>& cells);

@@ -56,6 +56,48 @@ TEST(Output, TablesShowControlCharactersVisibly) {
   EXPECT_EQ(out.str().find('\x1b'), std::string::npos);
 }
 
+// `tessera logs` (issue 51): a job's ESC and OSC 52 (clipboard) sequences and C1 controls do not
+// reach the reader's terminal, even split across two reads; lines, tabs and progress bars' \r do.
+TEST(Output, LogsShowAJobsEscapeSequencesAsText) {
+  std::string carry;
+  EXPECT_EQ(TerminalSafe("epoch 1\r\tloss 0.5\n", &carry), "epoch 1\r\tloss 0.5\n");
+  EXPECT_EQ(TerminalSafe("x\x1b]52;c;cm0gLXJmIH4=\x07y", &carry), "x\\x1b]52;c;cm0gLXJmIH4=\\x07y");
+  EXPECT_EQ(TerminalSafe("a\xc2", &carry), "a");
+  EXPECT_EQ(TerminalSafe("\x9b"
+                         "2J caf\xc3\xa9",
+                         &carry),
+            "\\x9b2J caf\xc3\xa9");
+  EXPECT_EQ(carry, "");
+}
+
+TEST(Output, Utf8IsToldFromOtherBytes) {
+  size_t bad = 0;
+  EXPECT_TRUE(IsUtf8("r\xc3\xa9sum\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(IsUtf8("caf\xe9", &bad));
+  EXPECT_EQ(bad, 3u);
+  EXPECT_FALSE(IsUtf8("\xc0\xaf"));      // overlong
+  EXPECT_FALSE(IsUtf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(IsUtf8("\xe2\x9c"));      // cut short
+}
+
+// -o json escapes C1 controls (U+009B is a terminal's CSI) and never aborts on bytes that are not
+// UTF-8.
+TEST(Output, JsonOutputEscapesC1AndSurvivesBadBytes) {
+  std::ostringstream out;
+  EmitStructured(nlohmann::ordered_json{{"name",
+                                         "a\xc2\x9b"
+                                         "2J"},
+                                        {"raw", "caf\xe9"}},
+                 Format::kJson, out);
+  EXPECT_EQ(out.str().find("\xc2\x9b"), std::string::npos) << out.str();
+  const auto back = nlohmann::json::parse(out.str());
+  EXPECT_EQ(back["name"],
+            "a\xc2\x9b"
+            "2J")
+      << "the same text, escaped";
+  EXPECT_EQ(back["raw"], "caf\xef\xbf\xbd") << "U+FFFD for the byte that is not UTF-8";
+}
+
 TEST(Output, CsvRowQuotesWhatNeedsIt) {
   EXPECT_EQ(CsvRow({"a", "b c", ""}), "a,b c,\n");
   EXPECT_EQ(CsvRow({"x,y", "say \"hi\"", "two\nlines"}),

@@ -121,6 +121,7 @@ struct State {
   // acct
   std::string since = "7d", until = "now", by = "user", acct_user;
   bool follow = false, stderr_stream = false, once = false;
+  bool raw = false;        // logs: the bytes as written (else control characters shown escaped)
   bool force = false;      // cancel --force
   bool acct_jobs = false;  // acct --jobs
   std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";

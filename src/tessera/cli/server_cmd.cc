@@ -445,6 +445,10 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   logs->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
   logs->add_flag("-f,--follow", st.follow, "Keep printing until the job ends");
   logs->add_flag("--stderr", st.stderr_stream, "The job's stderr instead of stdout");
+  logs->add_flag("--raw", st.raw,
+                 "The bytes as the job wrote them (by default control characters other than "
+                 "newline, tab and carriage return are shown as \\xNN: a job's escape sequences "
+                 "do not reach your terminal)");
   logs->add_option("--task", st.task,
                    "Of a job of several processes (--ntasks): this task's (default 0)")
       ->check(CLI::Range(0, 1023));
