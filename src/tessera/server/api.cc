@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <set>
+#include <thread>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -51,7 +53,15 @@ net::HttpResponse Api::Handle(const net::HttpRequest& req) {
     for (const ApiToken& t : config_.tokens) {
       if (t.token.size() == token.size() && SameSecret(t.token, token)) found = &t;
     }
-    if (found == nullptr) return Error(401, "unknown bearer token");
+    if (found == nullptr) {
+      const auto [delay_s, over] = AuthFailed(req.peer.address);
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      if (over)
+        return Error(429, fmt::format("too many unknown bearer tokens from this address (over {} "
+                                      "in a minute); try again later",
+                                      kAuthFailuresLimit));
+      return Error(401, "unknown bearer token");
+    }
     if (found->metrics_only && req.path != "/metrics" && req.path != "/v1/health")
       return Error(403, "this token is a metrics_only one: it reads /metrics and /v1/health only");
     c.user = found->user;
@@ -222,6 +232,28 @@ net::HttpResponse Api::Summary() {
     by_user.push_back(std::move(counts));
   }
   return JsonResponse(200, json{{"jobs", all}, {"users", by_user}});
+}
+
+std::pair<double, bool> Api::AuthFailed(const std::string& peer) {
+  // The address without its port ("[::1]:5000", "10.0.0.7:5000").
+  const std::string address = peer.substr(0, peer.rfind(':'));
+  const double now =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::lock_guard lock(auth_mu_);
+  if (auth_failures_.size() > 10000) {  // many addresses: those quiet for a minute go
+    std::erase_if(auth_failures_, [&](const auto& e) { return now - e.second.window_start > 60; });
+  }
+  AuthFailures& f = auth_failures_[address];
+  if (now - f.window_start > 60) f.count = 0, f.window_start = now;
+  ++f.count;
+  if (now - f.logged >= 10) {
+    f.logged = now;
+    spdlog::warn("TCP client {}: unknown bearer token ({} from this address in the last minute{})",
+                 LogText(address, 64), f.count,
+                 f.count > kAuthFailuresLimit ? "; answered 429" : "");
+  }
+  const double delay = std::min(1.0, 0.02 * static_cast<double>(1 << std::min(f.count / 5, 6)));
+  return {delay, f.count > kAuthFailuresLimit};
 }
 
 net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {

@@ -25,6 +25,8 @@ namespace tessera::server {
 // specs one answer holds (a page ends early past it: "more", "next_before").
 inline constexpr size_t kListDefault = 1000, kListMax = 10000;
 inline constexpr size_t kListBytes = size_t{16} << 20;
+// Failed bearer tokens from one address in a minute past which it is answered 429.
+inline constexpr int kAuthFailuresLimit = 20;
 
 class Api {
  public:
@@ -91,6 +93,17 @@ class Api {
   Dispatcher& d_;
   const ServerConfig& config_;
   Store& store_;
+  // Failed bearer tokens per client address (without its port): each one logged (at most every
+  // 10 s per address, with the count) and answered late - 20 ms, doubling every 5 failures, at
+  // most 1 s - and past kAuthFailuresLimit in a minute with 429. A guess took microseconds.
+  struct AuthFailures {
+    int count = 0;
+    double window_start = 0, logged = 0;
+  };
+  // The delay before answering the failure, and whether it is over the limit.
+  std::pair<double, bool> AuthFailed(const std::string& address);
+  std::mutex auth_mu_;
+  std::map<std::string, AuthFailures> auth_failures_;
   std::mutex groups_mu_;  // the primary groups cache
   std::map<uint32_t, std::string> primary_group_;
 };
