@@ -266,6 +266,18 @@ absl::Status Store::CheckFile() const {
         "accepted (restart the server; it starts from what the file there holds)",
         path_));
   }
+  const std::string wal = path_ + "-wal";
+  std::lock_guard lock(wal_mu_);
+  const bool there = stat(wal.c_str(), &st) == 0;
+  if (wal_ino_ == 0) {
+    if (there) wal_dev_ = st.st_dev, wal_ino_ = st.st_ino;
+  } else if (!there || st.st_dev != wal_dev_ || st.st_ino != wal_ino_) {
+    return absl::UnavailableError(fmt::format(
+        "store: the database's write-ahead log {} was removed or replaced while the server ran: "
+        "what was written since the last checkpoint would be lost at a crash; nothing more is "
+        "accepted (restart the server)",
+        wal));
+  }
   return absl::OkStatus();
 }
 

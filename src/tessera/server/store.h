@@ -184,6 +184,11 @@ class Store {
   std::string path_;  // empty: in memory
   dev_t dev_ = 0;
   ino_t ino_ = 0;
+  // The write-ahead log's (path_-wal), once it exists: removing it loses every write since the
+  // last checkpoint at the next crash, while SQLite goes on writing to the unlinked file.
+  mutable std::mutex wal_mu_;
+  mutable dev_t wal_dev_ = 0;
+  mutable ino_t wal_ino_ = 0;
   std::mutex mu_;              // the connection
   sqlite3* reader_ = nullptr;  // reads (Get, List, Events); null: db_'s (in memory)
   std::mutex read_mu_;

@@ -79,6 +79,23 @@ TEST(Store, AWriteToADatabaseFileThatVanishedIsRefused) {
   EXPECT_FALSE((*store)->Insert(Job("after"), 4).ok());
 }
 
+// The same for its write-ahead log (issue 51: removing tessera.db-wal went unnoticed; submits got
+// 201 and a kill -9 then lost them all).
+TEST(Store, AWriteAfterTheWriteAheadLogVanishedIsRefused) {
+  const std::string path = TempDb("vanishing-wal.db");
+  auto store = Store::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Insert(Job("before"), 1).ok());
+  ASSERT_TRUE((*store)->Insert(Job("seen"), 2).ok()) << "the log is known by now";
+  ASSERT_TRUE(std::filesystem::exists(path + "-wal"));
+  ASSERT_TRUE(std::filesystem::remove(path + "-wal"));
+  auto lost = (*store)->Insert(Job("after"), 3);
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(lost.status().message()),
+              HasSubstr("write-ahead log " + path + "-wal was removed or replaced"));
+}
+
 // A job cancelled while queued ends then: accounting counts ends by their time (it counted 0
 // cancelled jobs while 3 were).
 TEST(Store, AJobCancelledWhileQueuedHasAnEndTime) {
