@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -1063,6 +1064,49 @@ TEST(TesseraServer, ListenerTimesOutHalfSentRequestsAndCapsConnections) {
     if (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   } while (!answered && std::chrono::steady_clock::now() < until);
   EXPECT_TRUE(answered);
+}
+
+// The unix socket's last 16 connections are root's and the admins' (issue 51: 8 accounts with 64
+// idle connections each locked everyone out): idle connections of an ordinary account fill the
+// rest, the next one of theirs is refused saying so, and root still gets an answer.
+TEST(TesseraServer, IdleConnectionsOfUsersLeaveTheAdminsReserve) {
+  ASSERT_EQ(geteuid(), 0u) << "this test opens connections as nobody";
+  Daemon d("reserve", "listener: {max_connections: 24, max_connections_per_peer: 64}\n");
+  // nobody must reach the socket: the test's folders let others through (not list).
+  const fs::path top = fs::path(::testing::TempDir()).parent_path();  // (no trailing slash)
+  for (fs::path p = fs::path(d.socket()).parent_path(); p != top.parent_path() && p != "/";
+       p = p.parent_path())
+    chmod(p.c_str(), 0711);
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    if (setgid(nobody->pw_gid) != 0 || setuid(nobody->pw_uid) != 0) _exit(1);
+    std::vector<int> idle;
+    for (int i = 0; i < 8; ++i) idle.push_back(RawConnect(d.socket()));
+    const bool all = std::all_of(idle.begin(), idle.end(), [](int fd) { return fd >= 0; });
+    const int ninth = RawConnect(d.socket());
+    std::string got = all && ninth >= 0 ? ReadUntilClosed(ninth, 10) : "cannot connect";
+    got.resize(std::min<size_t>(got.size(), 4000));
+    if (write(report[1], got.data(), got.size()) < 0) _exit(1);
+    close(report[1]);
+    pause();
+    _exit(0);
+  }
+  close(report[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = read(report[0], buf, sizeof buf)) > 0;) got.append(buf, n);
+  close(report[0]);
+  EXPECT_THAT(got, HasSubstr("503")) << got;
+  EXPECT_THAT(got, HasSubstr("unix socket connections open, its limit")) << got;
+  auto r = HttpClient(d.socket()).Send("GET", "/v1/health");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200) << "root has the reserve";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }
 
 // Idle connections from the network (unauthenticated: 1,008 from 16 addresses) fill only TCP's own

@@ -309,7 +309,12 @@ struct HttpServer::Impl {
       std::lock_guard lock(mu);
       std::string refused;
       size_t& open = kTcp ? tcp_open : unix_open;
-      const size_t most = kTcp ? options.max_tcp_connections : options.max_connections;
+      size_t most = kTcp ? options.max_tcp_connections : options.max_connections;
+      // The socket's last few connections are the admins' (asked only when it is that full).
+      if (!kTcp && options.reserved && most > options.reserved_connections &&
+          open >= most - options.reserved_connections && !options.reserved(peer)) {
+        most -= options.reserved_connections;
+      }
       if (open >= most) {
         refused = fmt::format("the server has {} {} connections open, its limit", open,
                               kTcp ? "TCP" : "unix socket");

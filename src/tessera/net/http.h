@@ -80,6 +80,11 @@ struct HttpServerOptions {
   size_t max_connections = 512;
   size_t max_tcp_connections = 512;
   size_t max_connections_per_peer = 64;
+  // The last `reserved_connections` of max_connections are for the unix socket peers `reserved`
+  // says yes to (root and the admins): accounts that fill the socket with idle connections do not
+  // lock an admin out. Null: no reserve.
+  size_t reserved_connections = 16;
+  std::function<bool(const Peer&)> reserved;
   // Answer for bodies over the limit and unreadable requests; the handler never sees them.
   std::function<HttpResponse(int status, const std::string& message)> error_response;
 };

@@ -68,6 +68,9 @@ absl::Status Server::Start(StartOptions options) {
   ho.max_connections = c.max_connections;
   ho.max_tcp_connections = c.max_tcp_connections;
   ho.max_connections_per_peer = c.max_connections_per_peer;
+  ho.reserved = [this](const net::Peer& p) {
+    return p.unix_socket && (p.uid == 0 || dispatcher_->rights().IsAdmin(UserName(p.uid), p.uid));
+  };
   ho.tls_cert_file = c.tls_cert_file;
   ho.tls_key_file = c.tls_key_file;
   ho.error_response = [](int status, const std::string& message) { return Error(status, message); };
