@@ -27,6 +27,8 @@ inline constexpr size_t kListDefault = 1000, kListMax = 10000;
 inline constexpr size_t kListBytes = size_t{16} << 20;
 // Failed bearer tokens from one address in a minute past which it is answered 429.
 inline constexpr int kAuthFailuresLimit = 20;
+// How old /metrics' accounting totals may be (a scrape recomputes them at most this often).
+inline constexpr double kMetricsAcctMaxAgeS = 10;
 
 class Api {
  public:
@@ -102,6 +104,11 @@ class Api {
   };
   // The delay before answering the failure, and whether it is over the limit.
   std::pair<double, bool> AuthFailed(const std::string& address);
+  // /metrics' accounting totals, cached (Metrics).
+  std::mutex metrics_mu_;
+  std::optional<AcctReport> acct_cache_;
+  double acct_cached_at_ = 0;
+  bool acct_refreshing_ = false;
   std::mutex auth_mu_;
   std::map<std::string, AuthFailures> auth_failures_;
   std::mutex groups_mu_;  // the primary groups cache
