@@ -511,6 +511,40 @@ TEST(Batch, OutputFilesFollowSlurmsPatternsAndLogsReadsThem) {
   EXPECT_THAT(both.out, HasSubstr("excludes"));
 }
 
+// What a user's jobs leave in shared memory (issue 51: 1 GiB stayed in RAM after the job ended,
+// outside every limit) is removed when the last of their jobs ends - not while another runs, and
+// never another user's.
+TEST(Batch, SharedMemoryAJobLeftGoesWhenItsUsersLastJobEnds) {
+  ASSERT_EQ(geteuid(), 0u) << "this test runs jobs as nobody";
+  const std::string name = "shm";
+  const std::string shm = ::testing::TempDir() + "tessera-e2e-shm-" + std::to_string(getpid());
+  fs::create_directories(shm);
+  chmod(shm.c_str(), 01777);
+  const fs::path top = fs::path(::testing::TempDir()).parent_path();
+  for (fs::path p = fs::path(shm).parent_path(); p != top.parent_path() && p != "/";
+       p = p.parent_path())
+    chmod(p.c_str(), 0711);
+  Daemon d(name, TwoUsers(fmt::format("confinement: {{cgroup: tessera-e2e-{}-{}, shm_dir: {}}}\n",
+                                      getpid(), name, shm)));
+  std::ofstream(shm + "/roots") << "root's own";
+  const int64_t longer = SubmittedId(
+      As(d, "nobody", "submit --workdir /tmp -- /bin/sh -c 'echo a > " + shm + "/a; sleep 2'").out);
+  const int64_t quick = SubmittedId(
+      As(d, "nobody",
+         "submit --workdir /tmp -- /bin/sh -c 'head -c 1048576 /dev/zero > " + shm + "/b'")
+          .out);
+  ASSERT_GT(longer, 0);
+  ASSERT_GT(quick, 0);
+  WaitForLs(d, quick, "succeeded");
+  EXPECT_TRUE(fs::exists(shm + "/b")) << "another job of nobody's still runs";
+  WaitForLs(d, longer, "succeeded");
+  EXPECT_FALSE(fs::exists(shm + "/a"));
+  EXPECT_FALSE(fs::exists(shm + "/b"));
+  EXPECT_TRUE(fs::exists(shm + "/roots")) << "root's files stay";
+  EXPECT_THAT(d.Log(), HasSubstr("user nobody: removed 2 files (1 MiB) their jobs left in " + shm));
+  fs::remove_all(shm);
+}
+
 }  // namespace
 
 // `tessera submit job.sh`: the script's #SBATCH and #TESSERA lines are its options (sbatch's

@@ -270,9 +270,10 @@ absl::Status LoadListener(const std::string& path, const YAML::Node& root, Serve
 absl::Status LoadConfinement(const std::string& path, const YAML::Node& root, ServerConfig* c) {
   if (const YAML::Node cf = root["confinement"]) {
     if (!cf.IsMap())
-      return At(path, cf, "confinement", "expected a map: mode, cgroup, device_dir, pids_max");
+      return At(path, cf, "confinement",
+                "expected a map: mode, cgroup, device_dir, pids_max, shm_dir");
     if (absl::Status st =
-            Known(path, cf, {"mode", "cgroup", "device_dir", "pids_max"}, "confinement");
+            Known(path, cf, {"mode", "cgroup", "device_dir", "pids_max", "shm_dir"}, "confinement");
         !st.ok()) {
       return st;
     }
@@ -301,6 +302,15 @@ absl::Status LoadConfinement(const std::string& path, const YAML::Node& root, Se
         return At(path, cf["device_dir"], "confinement.device_dir", "expected an absolute path");
       }
       c->device_dir = d;
+    }
+    if (cf["shm_dir"]) {
+      std::string d;
+      if (!Get(path, cf["shm_dir"], "confinement.shm_dir", &d).ok() ||
+          (!d.empty() && d[0] != '/')) {
+        return At(path, cf["shm_dir"], "confinement.shm_dir",
+                  "expected an absolute path, or \"\" for none");
+      }
+      c->shm_dir = d;
     }
     if (cf["pids_max"]) {
       int64_t v = 0;

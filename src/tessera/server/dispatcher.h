@@ -300,6 +300,8 @@ class Dispatcher {
     std::optional<Queued> requeue;  // re-queued: to be enqueued
   };
   void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
+  // Removes the files user `uid` owns in ServerConfig::shm_dir (not root's, not the server's).
+  void RemoveLeftShm(uint32_t uid);
   // What a fractional job's files say of its use (read without mu_, JobHost::ReadShare): the
   // arbiter's GPU time and its region's peak memory.
   using ShareReading = JobHost::ShareUse;

@@ -2,6 +2,7 @@
 // re-queueing), what they measure (shares' memory, GPU time, utilization), and their launch
 // (prepared under the lock, started without it, committed).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "fmt/format.h"
@@ -161,11 +163,41 @@ void Dispatcher::CheckRunning(double now) {
   mu_.unlock();
   for (Ending& e : endings) Finish(e, now);
   mu_.lock();
+  std::set<uint32_t> users;
   for (Ending& e : endings) {
     finishing_.erase(e.run.id);
     ++left_;
     if (e.cgroup_left) cgroups_left_.insert(e.run.id);
     if (e.requeue) Enqueue(std::move(*e.requeue));
+    users.insert(e.run.uid);
+  }
+  // What a user's jobs left in shared memory goes once none of them runs (jobs start on this
+  // thread: none starts meanwhile).
+  for (uint32_t uid : users) {
+    const bool other = std::any_of(running_.begin(), running_.end(),
+                                   [&](const auto& r) { return r.second.uid == uid; });
+    if (!other) RemoveLeftShm(uid);
+  }
+}
+
+void Dispatcher::RemoveLeftShm(uint32_t uid) {
+  if (config_.shm_dir.empty() || uid == 0 || uid == geteuid()) return;
+  DIR* dir = opendir(config_.shm_dir.c_str());
+  if (dir == nullptr) return;
+  const int fd = dirfd(dir);
+  size_t files = 0;
+  uint64_t bytes = 0;
+  while (const dirent* e = readdir(dir)) {
+    struct stat st;
+    if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;
+    if (unlinkat(fd, e->d_name, 0) == 0) ++files, bytes += static_cast<uint64_t>(st.st_size);
+  }
+  closedir(dir);
+  if (files > 0) {
+    spdlog::info(
+        "user {}: removed {} files ({} MiB) their jobs left in {}: none of their jobs runs",
+        UserName(uid), files, bytes >> 20, config_.shm_dir);
   }
 }
 

@@ -131,6 +131,10 @@ struct ServerConfig {
   bool cgroup_name_set = false;  // the config named it
   std::string device_dir = "/dev";
   int64_t pids_max = 16384;
+  // Where jobs leave shared memory (POSIX shm_open, NCCL's segments): what a user's jobs left
+  // there is removed when the last of them ends (it stayed in RAM outside every limit), unless
+  // the user is root. Empty: nothing removed.
+  std::string shm_dir = "/dev/shm";
   std::string podman = "podman";  // for jobs with an image; empty: containers off
   std::string cdi_spec_dir;  // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
