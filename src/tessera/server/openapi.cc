@@ -24,12 +24,14 @@ std::string_view OpenApiDocument() {
       R"json("description": "comma-separated states"},
                              {"name": "user", "in": "query", "schema": {"type": "string"}},
                              {"name": "limit", "in": "query", "schema": {"type": "integer", )json"
-      R"json("minimum": 1, "maximum": 100000}, "description": "the newest N"},
+      R"json("minimum": 1, "maximum": 10000}, "description": "the newest N (default 1000)"},
+                             {"name": "before", "in": "query", "schema": {"type": "integer"}, )json"
+      R"json("description": "jobs with smaller ids only: the next page (next_before)"},
                              {"name": "arrays", "in": "query", "schema": {"type": "string", )json"
       R"json("enum": ["fold", "expand"]}, "description": "fold: an array is one entry (its )json"
       R"json(first task listed) with array {id, range, tasks, states, held}; expand )json"
       R"json((default): every task"}],
-              "responses": {"200": {"description": "{jobs: [Job]}"}, "400": {"$ref": )json"
+              "responses": {"200": {"description": "{jobs: [Job], more, next_before}"}, "400": {"$ref": )json"
       R"json("#/components/responses/Error"}}},
       "post": {"summary": "Submit a job; stored durably before the answer",
                "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": )json"
