@@ -31,7 +31,8 @@ std::string_view OpenApiDocument() {
       R"json("enum": ["fold", "expand"]}, "description": "fold: an array is one entry (its )json"
       R"json(first task listed) with array {id, range, tasks, states, held}; expand )json"
       R"json((default): every task"}],
-              "responses": {"200": {"description": "{jobs: [Job], more, next_before}"}, "400": {"$ref": )json"
+              "responses": {"200": {"description": "{jobs: [Job], more, next_before}"}, )json"
+      R"json("400": {"$ref": )json"
       R"json("#/components/responses/Error"}}},
       "post": {"summary": "Submit a job; stored durably before the answer",
                "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": )json"

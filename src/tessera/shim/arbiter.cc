@@ -853,8 +853,11 @@ void Arbiter::EnterSync(int gpu) {
   int self = Slot(gpu);
   if (self < 0) return;
   ArbiterJob& j = data_->gpus[gpu].jobs[self];
-  if (sync_depth_[gpu].fetch_add(1, std::memory_order_relaxed) == 0)
+  if (sync_depth_[gpu].fetch_add(1, std::memory_order_relaxed) == 0) {
+    entered_launches_[gpu].store(launches_[gpu].load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
     entered_us_[gpu].store(NowMicros(), std::memory_order_relaxed);
+  }
   j.in_sync.fetch_add(1, std::memory_order_relaxed);
   // This process's entry counts its threads in there, so that its death in there can be told.
   const uint64_t me = static_cast<uint32_t>(getpid());
@@ -894,7 +897,10 @@ void Arbiter::LeaveSync(int gpu, bool full) {
   const uint64_t lost = j.lost_us.load();
   if (Dirty(gpu) && lost != 0 && lost < now && (lost >= entered || now - entered >= kWaitedUs))
     Settle(gpu, self, now);
-  if (full) clean_us_[gpu].store(entered, std::memory_order_relaxed);
+  if (full) {
+    clean_launches_[gpu].store(entered_launches_[gpu].load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+  }
 }
 
 }  // namespace tessera::shim

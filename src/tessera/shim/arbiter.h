@@ -217,10 +217,11 @@ class Arbiter {
   void Settle(int gpu, int self, uint64_t until);
   // Whether this process launched on `gpu` since its last full drain there began.
   bool Dirty(int gpu) const {
-    const uint64_t launched = launched_us_[gpu].load(std::memory_order_relaxed);
-    return launched != 0 && launched >= clean_us_[gpu].load(std::memory_order_relaxed);
+    return launches_[gpu].load(std::memory_order_relaxed) >
+           clean_launches_[gpu].load(std::memory_order_relaxed);
   }
   void Launching(int gpu, uint64_t now) {
+    launches_[gpu].fetch_add(1, std::memory_order_relaxed);
     if (launched_us_[gpu].load(std::memory_order_relaxed) != now)
       launched_us_[gpu].store(now, std::memory_order_relaxed);
   }
@@ -242,12 +243,15 @@ class Arbiter {
       {};                                 // a higher-priority job is around: one launch in flight
   std::atomic<uint32_t> launch_gpus_{0};  // the GPUs this process has launched on, one bit each
   std::atomic<uint64_t> slot_waits_{0};
-  // This process, per GPU: its last launch, when its last full drain began (what it launched
-  // before is done), its threads inside a synchronize and when the first of them went in.
+  // This process, per GPU: its launches and the last one's time, how many of them its last full
+  // drain covered (those before it began), its threads inside a synchronize, when the first of
+  // them went in and the launches then.
+  std::atomic<uint64_t> launches_[kArbiterGpus] = {};
   std::atomic<uint64_t> launched_us_[kArbiterGpus] = {};
-  std::atomic<uint64_t> clean_us_[kArbiterGpus] = {};
+  std::atomic<uint64_t> clean_launches_[kArbiterGpus] = {};
   std::atomic<int> sync_depth_[kArbiterGpus] = {};
   std::atomic<uint64_t> entered_us_[kArbiterGpus] = {};
+  std::atomic<uint64_t> entered_launches_[kArbiterGpus] = {};
 };
 
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can
