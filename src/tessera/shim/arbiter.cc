@@ -305,6 +305,7 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.want_us.store(0);
   j.lost_us.store(0);
   j.billed_until_us.store(0);
+  j.granted_us.store(0);
   // A newcomer starts level with the least-served job there, not with credit for its absence.
   uint64_t least = UINT64_MAX;
   for (int i = 0; i < kArbiterJobs; ++i) {
@@ -444,6 +445,7 @@ void Arbiter::AddUsed(ArbiterJob& j, uint64_t used, uint64_t now) const {
 void Arbiter::Granted(ArbiterGpu& g, int slot, uint64_t now) {
   ArbiterJob& j = g.jobs[slot];
   j.lease_start_us.store(now);
+  j.granted_us.store(now);
   j.last_launch_us.store(now);
   g.handovers.fetch_add(1, std::memory_order_relaxed);
 }
@@ -828,8 +830,8 @@ void Arbiter::Settle(int gpu, int self, uint64_t until) {
   if (lost == 0 || lost < launched_us_[gpu].load(std::memory_order_relaxed)) return;
   const uint64_t lease = g.lease.load(std::memory_order_acquire);
   const int holder = Holder(lease);
-  // Back at the GPU: from its new slice on the job is charged as its holder.
-  if (holder == self) until = std::min(until, me.lease_start_us.load());
+  // Back at the GPU: from when it got it again the job is charged as its holder.
+  if (holder == self) until = std::min(until, me.granted_us.load());
   uint64_t billed = me.billed_until_us.load();
   uint64_t from = 0;
   do {

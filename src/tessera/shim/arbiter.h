@@ -71,6 +71,8 @@ struct ArbiterJob {
   // holder's slice starts when that work ends.
   std::atomic<uint64_t> lost_us;
   std::atomic<uint64_t> billed_until_us;
+  std::atomic<uint64_t> granted_us;  // when the job last got the GPU (lease_start_us moves on at
+                                     // every slice it keeps)
 };
 
 struct ArbiterGpu {
