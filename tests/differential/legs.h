@@ -119,8 +119,10 @@ class ServerLeg {
 
 // The replay's jobs: the same requests as the server builds them, known to history as the job
 // file says.
+// `default_runtime_s`: what the server gives a job that asks none (limits.default_runtime).
 inline std::vector<sim::SimJob> ReplayJobs(const std::vector<StreamJob>& stream,
-                                           const std::vector<std::string>& owners) {
+                                           const std::vector<std::string>& owners,
+                                           double default_runtime_s) {
   std::vector<sim::SimJob> jobs;
   for (size_t i = 0; i < stream.size(); ++i) {
     auto spec = server::JobSpecFromJson(stream[i].spec);
@@ -133,7 +135,7 @@ inline std::vector<sim::SimJob> ReplayJobs(const std::vector<StreamJob>& stream,
     j.name = spec->name;
     j.command = spec->command;
     j.tasks = spec->Tasks();
-    j.max_runtime_s = spec->max_runtime_s;
+    j.max_runtime_s = spec->max_runtime_s > 0 ? spec->max_runtime_s : default_runtime_s;
     jobs.push_back(j);
   }
   return jobs;
@@ -151,6 +153,7 @@ inline sim::ReplayConfig ReplayConfigOf(const server::ServerConfig& config) {
   rc.reservations = config.backfill_reservations;
   rc.requeue_preempted = config.requeue_preempted;
   rc.predict = true;
+  rc.predict_from_kind_only = true;  // as the server predicts
   return rc;
 }
 

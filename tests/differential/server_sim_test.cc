@@ -46,7 +46,7 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   const std::vector<Start> server_starts = leg.Starts();
 
   // The replay: the same requests (as the server builds them), node, policy and seed.
-  const std::vector<sim::SimJob> jobs = ReplayJobs(stream, leg.owners);
+  const std::vector<sim::SimJob> jobs = ReplayJobs(stream, leg.owners, config.default_runtime_s);
   ASSERT_EQ(jobs.size(), stream.size());
   const sim::ReplayConfig rc = ReplayConfigOf(config);
   sim::ReplayResult replay = sim::RunReplay({leg.srv().node()}, jobs, {}, rc);

@@ -284,6 +284,10 @@ TEST(Batch, RunStreamsTheJobsOutputAndExitsWithItsCodeAndCtrlCCancels) {
   EXPECT_EQ(tessera::test::ReadFile(out), "to stdout\n");
   EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("to stderr\n"));
   EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("failed: exit code 3"));
+  // A command that is not there: 127, as a shell and srun say it.
+  RunCli missing = StartRun(d, "-- no-such-command-tessera", out, err);
+  EXPECT_EQ(missing.Wait(), 127) << tessera::test::ReadFile(err);
+  EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("cannot execute 'no-such-command-tessera'"));
   // Ctrl-C: the job is cancelled (its process gets SIGTERM) and run says so.
   RunCli sleeper = StartRun(d, "-- /bin/sh -c 'echo started; exec sleep 60'", out, err);
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -545,6 +549,51 @@ TEST(Batch, SharedMemoryAJobLeftGoesWhenItsUsersLastJobEnds) {
   fs::remove_all(shm);
 }
 
+// scancel's filters: -n NAME, -u USER, -t STATE take every matching queued or running job (an
+// array's tasks one by one); another user's jobs are not the caller's to cancel; with nothing to
+// cancel named, a plain error; --force says SIGKILL, not SIGTERM.
+TEST(Batch, CancelTakesScancelsFiltersAndSaysWhatItSent) {
+  Daemon d("cancel-filters", TwoUsers(), "dgx-h100");
+  const int64_t x1 = SubmittedId(Cli(d, "submit --name sweep --gpus 1 -- sleep 60"));
+  const int64_t x2 = SubmittedId(Cli(d, "submit --name sweep --gpus 1 -- sleep 60"));
+  const int64_t x3 = SubmittedId(Cli(d, "submit --name sweep --gpus 1 -- sleep 60"));
+  const int64_t keep = SubmittedId(Cli(d, "submit --name keep --gpus 1 -- sleep 60"));
+  const int64_t theirs =
+      SubmittedId(As(d, "nobody", "submit --name sweep --gpu-share 10% -- sleep 60").out);
+  ASSERT_GT(theirs, 0);
+  WaitForLs(d, x1, "running");
+  auto none = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                     " cancel 2>&1");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.out, HasSubstr("cancel what?"));
+  // Queued ones only: the 8-GPU machine runs x1..x3 and keep; nothing of root's waits.
+  auto queued = As(d, "root", "cancel -n sweep -t queued");
+  EXPECT_EQ(queued.code, 0) << queued.out;
+  EXPECT_THAT(queued.out, HasSubstr("no queued job of root named 'sweep'"));
+  auto swept = As(d, "root", "cancel --name sweep");
+  EXPECT_EQ(swept.code, 0) << swept.out;
+  for (int64_t id : {x1, x2, x3}) {
+    EXPECT_THAT(swept.out, HasSubstr(fmt::format("job {}: ", id)));
+    WaitForLs(d, id, "cancelled");
+  }
+  EXPECT_THAT(swept.out, ::testing::Not(HasSubstr(fmt::format("job {}:", keep))));
+  EXPECT_THAT(swept.out, ::testing::Not(HasSubstr(fmt::format("job {}:", theirs))))
+      << "another user's";
+  EXPECT_EQ(WaitForLs(d, keep, "running")["state"], "running");
+  // Someone else's by -u: refused by the server as any cancel of another's job would be.
+  auto stranger = As(d, "nobody", "cancel -u root");
+  EXPECT_NE(stranger.code, 0) << stranger.out;
+  EXPECT_THAT(stranger.out, HasSubstr("belongs to root"));
+  EXPECT_EQ(WaitForLs(d, keep, "running")["state"], "running");
+  auto forced = As(d, "root", fmt::format("cancel --force {}", keep));
+  EXPECT_THAT(forced.out, HasSubstr("SIGKILL sent"));
+  EXPECT_THAT(forced.out, ::testing::Not(HasSubstr("SIGTERM")));
+  WaitForLs(d, keep, "cancelled");
+  auto all = As(d, "nobody", "cancel -u nobody");
+  EXPECT_THAT(all.out, HasSubstr(fmt::format("job {}: ", theirs)));
+  WaitForLs(d, theirs, "cancelled");
+}
+
 }  // namespace
 
 // `tessera submit job.sh`: the script's #SBATCH and #TESSERA lines are its options (sbatch's
@@ -583,6 +632,30 @@ TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
   EXPECT_EQ(o["name"], "manual");
   EXPECT_EQ(o["priority"], 2);
   EXPECT_EQ(o["spec"]["resources"]["gpus"], 1) << "what the command line did not say: the script's";
+  // Slurm's spellings on the command line, with Slurm's meanings; each wins over the script's
+  // spelling of the same thing.
+  const int64_t slurm =
+      SubmittedId(Cli(d, "submit -J spelled -t 2:30 --gres gpu:2 -c 2 " + script));
+  json sl = json::parse(Cli(d, fmt::format("show {} -o json", slurm)));
+  EXPECT_EQ(sl["name"], "spelled");
+  EXPECT_EQ(sl["spec"]["max_runtime_s"], 150) << "MM:SS";
+  EXPECT_EQ(sl["spec"]["resources"]["gpus"], 2) << "--gres over the script's --gres=gpu:1";
+  EXPECT_EQ(sl["spec"]["resources"]["cpus"], 2);
+  const int64_t minutes = SubmittedId(Cli(d, "submit --time 5 " + script));
+  EXPECT_EQ(json::parse(Cli(d, fmt::format("show {} -o json", minutes)))["spec"]["max_runtime_s"],
+            300)
+      << "a bare --time is minutes";
+  const int64_t seconds = SubmittedId(Cli(d, "submit --max-runtime 45 " + script));
+  EXPECT_EQ(json::parse(Cli(d, fmt::format("show {} -o json", seconds)))["spec"]["max_runtime_s"],
+            45)
+      << "the command line's --max-runtime over the script's --time=10";
+  auto both = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                     " submit --time 5 --max-runtime 45 " + script + " 2>&1");
+  EXPECT_EQ(both.code, 2) << both.out;
+  auto gres = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                                     " submit --gres gpu:x " + script + " 2>&1");
+  EXPECT_EQ(gres.code, 2);
+  EXPECT_THAT(gres.out, HasSubstr("--gres=gpu:x: expected gpu[:type]:count"));
   // A wrong directive: refused with its line, nothing stored.
   const size_t before = JobCount(d);
   std::ofstream(script) << "#!/bin/sh\n#TESSERA --gpus lots\ntrue\n";

@@ -581,6 +581,10 @@ TEST(TesseraServer, BadRequestsGetClearErrorsAndChangeNothing) {
        "could never start"},
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 3, "gpu_share": 10}})", 400,
        "this machine has 2 matching GPU(s) of 2; the job could never start"},
+      // More memory than any GPU has: the largest said.
+      {"POST", "/v1/jobs",
+       R"({"command": ["ls"], "resources": {"gpu_memory": "100GiB", "gpu_share": 10}})", 400,
+       "per GPU asked; the largest GPU here has 15"},
       // A model this machine lacks (whole words of a name; "T4" would be its Tesla T4).
       {"POST", "/v1/jobs", R"({"command": ["ls"], "resources": {"gpus": 1, "model": "H100"}})", 400,
        "'H100' is none of this machine's GPU models (Tesla T4)"},

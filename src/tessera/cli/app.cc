@@ -11,6 +11,7 @@
 #include "fmt/format.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tessera/cli/admin_cmd.h"
 #include "tessera/cli/agent_cmd.h"
 #include "tessera/cli/extender_cmd.h"
 #include "tessera/cli/inventory_view.h"
@@ -119,7 +120,9 @@ std::optional<int> Discover(const DeviceFlags& flags, std::ostream& err,
     if (opened.status().code() == absl::StatusCode::kNotFound && flags.simulate.empty() &&
         flags.fallback_simulate.empty()) {
       err << "tessera: to look at a simulated machine instead, add --simulate PRESET (presets: "
-          << fmt::format("{}", fmt::join(devices::PresetNames(), ", ")) << ")\n";
+          << fmt::format("{}", fmt::join(devices::PresetNames(), ", ")) << ")\n"
+          << "tessera: `tessera gpus` reads this machine's driver; the GPUs of the server you "
+             "submit to (simulated or not) are in `tessera top --once`\n";
       return kExitFailure;
     }
     return ExitCodeFor(opened.status());
@@ -278,6 +281,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::shared_ptr<void> agent_state = AddAgentCommand(app, action, out, err);
   std::shared_ptr<void> extender_state = AddExtenderCommand(app, action, out, err);
   std::shared_ptr<void> slurm_state = AddSlurmCommands(app, action, out, err);
+  std::shared_ptr<void> admin_state = AddAdminCommands(app, action, out, err);
 
   try {
     app.parse(argc, argv);
@@ -330,6 +334,7 @@ std::string FindInterceptLibrary() {
   std::error_code ec;
   auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   for (const auto& p : {self.parent_path() / "libtessera-cuda.so",
+                        self.parent_path().parent_path() / "lib/tessera/libtessera-cuda.so",
                         self.parent_path().parent_path() / "lib/libtessera-cuda.so"}) {
     if (std::filesystem::exists(p, ec)) return p.string();
   }

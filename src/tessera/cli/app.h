@@ -20,7 +20,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 // starts, and ignores SIGPIPE; returns the set to sigwait on.
 sigset_t BlockStopSignals();
 
-// libtessera-cuda.so next to this binary, else in ../lib; "" when neither exists.
+// libtessera-cuda.so next to this binary (a build folder), else in ../lib/tessera (installed) or
+// ../lib; "" when none exists.
 std::string FindInterceptLibrary();
 
 }  // namespace tessera::cli

@@ -194,6 +194,22 @@ std::optional<json> SubmitSpec(const State& s, const json& spec, std::ostream& e
 
 void AddSubmitOptions(CLI::App* c, State& s);
 
+// Whether the command line gave `o` or an option that sets the same thing under another spelling
+// (Slurm's --time for --max-runtime, --gres for --gpus and --model).
+bool GivenOnCommandLine(const CLI::App& app, const CLI::Option& o) {
+  static const std::vector<std::vector<std::string>> kSame = {
+      {"--max-runtime", "--time"}, {"--gpus", "--gres"}, {"--model", "--gres"}};
+  if (o.count() > 0) return true;
+  for (const auto& same : kSame) {
+    if (std::find(same.begin(), same.end(), "--" + o.get_single_name()) == same.end()) continue;
+    for (const std::string& name : same) {
+      const CLI::Option* other = app.get_option_no_throw(name);
+      if (other != nullptr && other->count() > 0) return true;
+    }
+  }
+  return false;
+}
+
 // `tessera submit job.sh`: the script's #TESSERA and #SBATCH lines, for the options the command
 // line did not give (directives.h); a script that is not executable runs with its #! interpreter.
 // False (said) when a directive is wrong.
@@ -219,7 +235,7 @@ bool ApplyScriptDirectives(State& s, std::ostream& err) {
     for (size_t i = 0; i < dir.args.size(); ++i) {
       const CLI::Option* o = s.submit_app->get_option_no_throw(dir.args[i]);
       const bool takes = o != nullptr && o->get_type_size() != 0;
-      if (o == nullptr || o->count() == 0) {
+      if (o == nullptr || !GivenOnCommandLine(*s.submit_app, *o)) {
         keep.push_back(dir.args[i]);
         if (takes && i + 1 < dir.args.size()) keep.push_back(dir.args[i + 1]);
       }
@@ -280,10 +296,17 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
     user = (*info)["caller"].value("user", "");
   }
   if (!user.empty()) target += "&user=" + user;
-  auto jobs = ListJobs(c, target, static_cast<size_t>(std::max(s.limit, 1)), err, &code);
+  bool more = false;
+  auto jobs = ListJobs(c, target, static_cast<size_t>(std::max(s.limit, 1)), err, &code, &more);
   if (!jobs) return code;
   if (s.client.output == "table") {
     JobsTable(*jobs, out);
+    // Said where a person reads it, not in what a script parses.
+    if (more)
+      err << fmt::format(
+          "tessera: the newest {} shown; older ones with --limit N (--state {} to "
+          "choose)\n",
+          jobs->size(), s.states.empty() ? "queued,running" : s.states);
   } else {
     Emit(*jobs, s.client.output, out);
   }
@@ -399,6 +422,35 @@ int RunLogs(State& s, std::ostream& out, std::ostream& err) {
 int RunCancel(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int worst = kExitOk;
+  if (s.ids.empty() && s.cancel_user.empty() && s.cancel_name.empty()) {
+    err << "tessera: cancel what? Job ids (12, 12_3), or -u USER / --name NAME for every queued "
+           "or running job of theirs\n";
+    return kExitBadInput;
+  }
+  if (s.ids.empty()) {
+    // scancel -u/-n/-t: the matching jobs, each (an array's tasks one by one: a state filter
+    // applies to each).
+    int code = kExitOk;
+    std::string user = s.cancel_user;
+    if (user.empty()) {
+      auto info = Call(c, "GET", "/v1/info", "", err, &code);
+      if (!info) return code;
+      user = (*info)["caller"].value("user", "");
+    }
+    const std::string states = s.cancel_states.empty() ? "queued,running" : s.cancel_states;
+    auto jobs = ListJobs(c, fmt::format("/v1/jobs?arrays=expand&state={}&user={}", states, user), 0,
+                         err, &code);
+    if (!jobs) return code;
+    for (const json& j : *jobs) {
+      if (!s.cancel_name.empty() && j.value("name", "") != s.cancel_name) continue;
+      s.ids.push_back(JobRef(j));
+    }
+    if (s.ids.empty()) {
+      err << fmt::format("tessera: no {} job of {}{} to cancel\n", states, user,
+                         s.cancel_name.empty() ? "" : " named '" + s.cancel_name + "'");
+      return kExitOk;
+    }
+  }
   for (const std::string& id : s.ids) {
     int code = kExitOk;
     auto j = Call(c, "POST", fmt::format("/v1/jobs/{}/cancel{}", id, s.force ? "?force=true" : ""),
@@ -413,7 +465,9 @@ int RunCancel(State& s, std::ostream& out, std::ostream& err) {
         out << fmt::format("array {}: {}\n", id, StateText(*j, true));
       } else {
         out << fmt::format("job {}: {}{}\n", id, j->value("state", ""),
-                           j->contains("stopping") ? " (stopping: SIGTERM sent)" : "");
+                           !j->contains("stopping") ? ""
+                           : s.force                ? " (stopping: SIGKILL sent)"
+                                                    : " (stopping: SIGTERM sent)");
       }
     } else {
       Emit(*j, s.client.output, out);
@@ -554,20 +608,37 @@ CLI::Validator Duration(bool zero, double most) {
 
 // The options of a job, for submit and run alike.
 void AddSubmitOptions(CLI::App* c, State& s) {
-  c->add_option("--gpus", s.gpus,
-                "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that fraction "
-                "(default one)")
-      ->check(CLI::Range(0, 64));
+  auto* gpus = c->add_option("--gpus", s.gpus,
+                             "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that "
+                             "fraction (default one)")
+                   ->check(CLI::Range(0, 64));
   c->add_option("--gpu-mem", s.gpu_mem,
                 "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs");
   c->add_option("--gpu-share", s.gpu_share,
                 "A fraction of a GPU: this share of its compute (30%, 30 or 0.3), on each of "
                 "--gpus GPUs");
-  c->add_option("--model", s.models,
-                "Acceptable GPU model(s): a name as `tessera gpus` shows it, or whole words of "
-                "one (H100, 'A100 80GB')")
-      ->allow_extra_args(false);
-  c->add_option("--cpus", s.cpus,
+  auto* models = c->add_option("--model", s.models,
+                               "Acceptable GPU model(s): a name as `tessera gpus` shows it, or "
+                               "whole words of one (H100, 'A100 80GB')")
+                     ->allow_extra_args(false);
+  // Slurm's spelling: gpu:N or gpu:TYPE:N, as sbatch takes it.
+  c->add_option("--gres", s.gres, "Slurm's gpu:N or gpu:TYPE:N (--gpus N --model TYPE)")
+      ->check(CLI::Validator(
+          [&s](std::string& v) -> std::string {
+            std::vector<std::string> ignored;
+            auto args = TranslateSbatch({"--gres", v}, &ignored);
+            if (!args.ok()) return std::string(args.status().message());
+            if (args->empty()) return "--gres=" + v + ": Tessera schedules gpu (gpu:N, gpu:TYPE:N)";
+            for (size_t i = 0; i + 1 < args->size(); i += 2) {
+              if ((*args)[i] == "--gpus") s.gpus = std::stoi((*args)[i + 1]);
+              if ((*args)[i] == "--model") s.models.push_back((*args)[i + 1]);
+            }
+            return "";
+          },
+          "gpu[:TYPE]:N"))
+      ->excludes(gpus)
+      ->excludes(models);
+  c->add_option("--cpus,-c,--cpus-per-task", s.cpus,
                 "Host CPUs (2, 0.5): scheduled against the machine's and a limit of the job's "
                 "cgroup")
       ->check(CLI::Range(0.01, 4096.0));
@@ -577,10 +648,24 @@ void AddSubmitOptions(CLI::App* c, State& s) {
   c->add_option("--priority", s.priority,
                 "Priority, -1000..1000 (higher first; may preempt lower)");
   c->add_flag("--no-preempt", s.no_preempt, "This job may not be preempted");
-  c->add_option("--name", s.name, "A name for the job");
-  c->add_option("--max-runtime", s.max_runtime,
-                "Stop the job after this long: 3600, 90s, 15m, 1h, 1h30m, HH:MM:SS, D-HH:MM:SS")
-      ->check(Duration(false, 1e9));
+  c->add_option("--name,-J,--job-name", s.name, "A name for the job");
+  auto* max_runtime =
+      c->add_option("--max-runtime", s.max_runtime,
+                    "Stop the job after this long: 3600 (seconds), 90s, 15m, 1h, 1h30m, HH:MM:SS, "
+                    "D-HH:MM:SS (default and most: the server's limits)")
+          ->check(Duration(false, 1e9));
+  // Slurm's --time: a bare number is minutes.
+  c->add_option("-t,--time", s.max_runtime,
+                "Slurm's --time: as --max-runtime, but a bare number is minutes (10 = 10m), "
+                "MM:SS, HH:MM:SS, D-HH, D-HH:MM")
+      ->transform(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos) v += "m";
+            return "";
+          },
+          "TIME"))
+      ->check(Duration(false, 1e9))
+      ->excludes(max_runtime);
   c->add_option("--grace", s.grace,
                 "Time between SIGTERM and SIGKILL when the job is stopped: 30, 30s, 2m (default: "
                 "the server's, 30 s; at most its maximum)")

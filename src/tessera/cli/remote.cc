@@ -158,7 +158,8 @@ void Emit(const json& j, const std::string& format, std::ostream& out) {
 }
 
 std::optional<json> ListJobs(net::HttpClient& c, const std::string& target, size_t want,
-                             std::ostream& err, int* code) {
+                             std::ostream& err, int* code, bool* more) {
+  if (more) *more = false;
   json jobs = json::array();
   std::set<int64_t> arrays;
   int64_t before = 0;
@@ -179,7 +180,9 @@ std::optional<json> ListJobs(net::HttpClient& c, const std::string& target, size
     }
     older.insert(older.end(), jobs.begin(), jobs.end());
     jobs = std::move(older);
-    if (!r->value("more", false)) break;
+    const bool older_left = r->value("more", false);
+    if (more) *more = older_left;
+    if (!older_left) break;
     before = r->value("next_before", int64_t{0});
     if (before <= 0) break;
   }

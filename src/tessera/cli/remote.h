@@ -28,8 +28,9 @@ struct ClientFlags {
   void AddTo(CLI::App* c, bool with_output = true) {
     c->add_option("--socket", socket,
                   "Server to talk to: a unix socket path, https://host:port or tcp://host:port "
-                  "(default $TESSERA_SOCKET, else " +
-                      server::DefaultSocketPath() + ")");
+                  "(default $TESSERA_SOCKET, else your own server's " +
+                      server::DefaultSocketPath() + " when it is there, else the system's " +
+                      server::kSystemSocket + ")");
     c->add_option("--token", token,
                   "Bearer token for an https:// or tcp:// server (default $TESSERA_TOKEN)");
     c->add_option("--ca-cert", ca_cert,
@@ -51,7 +52,7 @@ struct ClientFlags {
   std::string Endpoint() const {
     if (!socket.empty()) return socket;
     const char* e = getenv("TESSERA_SOCKET");
-    return e && *e ? e : server::DefaultSocketPath();
+    return e && *e ? e : server::ClientSocketPath();
   }
   std::string Token() const {
     if (!token.empty()) return token;
@@ -70,9 +71,10 @@ struct ClientFlags {
 
 // GET /v1/jobs (`target`: the path and its query, without limit or before) for the newest `want`
 // jobs (0: all), newest last, in pages of what the server answers at once ("more",
-// "next_before"); an array folded in two pages is listed once.
+// "next_before"); an array folded in two pages is listed once. `more`: the server had older ones
+// than the `want` returned.
 std::optional<json> ListJobs(net::HttpClient& c, const std::string& target, size_t want,
-                             std::ostream& err, int* code);
+                             std::ostream& err, int* code, bool* more = nullptr);
 std::optional<json> Call(net::HttpClient& c, const std::string& method, const std::string& target,
                          const std::string& body, std::ostream& err, int* code,
                          const std::string& idempotency_key = "");
@@ -103,6 +105,7 @@ struct State {
   int ntasks = 0, tasks_per_gpu = 0;
   int gpus = 0;
   std::string gpu_mem, gpu_share, name, workdir, image, mem, idempotency_key;
+  std::string gres;  // Slurm's --gres, already put in gpus and models
   double cpus = 0;
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
@@ -121,9 +124,10 @@ struct State {
   // acct
   std::string since = "7d", until = "now", by = "user", acct_user;
   bool follow = false, stderr_stream = false, once = false;
-  bool raw = false;        // logs: the bytes as written (else control characters shown escaped)
-  bool force = false;      // cancel --force
-  bool acct_jobs = false;  // acct --jobs
+  bool raw = false;    // logs: the bytes as written (else control characters shown escaped)
+  bool force = false;  // cancel --force
+  std::string cancel_user, cancel_states, cancel_name;  // cancel -u, -t, -n
+  bool acct_jobs = false;                               // acct --jobs
   std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";
   double interval = 1;
   CLI::App* submit_app = nullptr;  // what `submit` was given, for its script's directives

@@ -38,6 +38,8 @@ int RunServer(State& s, std::ostream& out, std::ostream& err) {
   (void)out;
   server::ServerConfig c = server::DefaultServerConfig();
   c.fallback_simulate = s.fallback_simulate;
+  // Before the file: its token for root is checked against it.
+  if (s.allow_root_jobs) c.allow_root_jobs = true;
   if (!s.config_path.empty()) {
     if (absl::Status st = server::LoadServerConfig(s.config_path, &c); !st.ok()) {
       err << "tessera: " << st.message() << "\n";
@@ -457,9 +459,23 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
 
   CLI::App* cancel =
       app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
-  cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
-      ->required()
-      ->check(JobId());
+  auto* cancel_ids =
+      cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
+          ->check(JobId());
+  // scancel's filters: every queued or running job that matches, instead of ids.
+  cancel
+      ->add_option("-u,--user", st.cancel_user,
+                   "Every queued or running job of this user (scancel -u; yours unless you are "
+                   "an admin)")
+      ->excludes(cancel_ids);
+  cancel
+      ->add_option("-t,--state", st.cancel_states,
+                   "With -u or --name: only jobs in these states, queued or running (scancel -t)")
+      ->check(CLI::IsMember({"queued", "running", "queued,running", "running,queued"}));
+  cancel
+      ->add_option("-n,--name", st.cancel_name,
+                   "Every queued or running job of yours (or -u's) with this name (scancel -n)")
+      ->excludes(cancel_ids);
   cancel->add_flag("--force", st.force,
                    "Kill running jobs now (SIGKILL) instead of SIGTERM and their grace period");
   st.client.AddTo(cancel);

@@ -152,6 +152,17 @@ std::optional<uint64_t> ParseBytes(std::string_view text) {
 
 namespace tessera::core {
 
+std::string FormatDuration(double seconds) {
+  auto total = static_cast<int64_t>(seconds + 0.5);
+  if (total <= 0) return "0s";
+  std::string out;
+  for (auto [unit, name] :
+       {std::pair<int64_t, char>{86400, 'd'}, {3600, 'h'}, {60, 'm'}, {1, 's'}}) {
+    if (total >= unit) out += std::to_string(total / unit) + name, total %= unit;
+  }
+  return out;
+}
+
 std::optional<double> ParseDuration(std::string_view text) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
   while (!text.empty() && text.back() == ' ') text.remove_suffix(1);

@@ -77,6 +77,15 @@ TEST(Duration, ParsesWhatPeopleAndSlurmWrite) {
   }
 }
 
+TEST(Duration, FormatsInExactUnitsAndReadsBack) {
+  EXPECT_EQ(FormatDuration(604800), "7d");
+  EXPECT_EQ(FormatDuration(5400), "1h30m");
+  EXPECT_EQ(FormatDuration(90), "1m30s");
+  EXPECT_EQ(FormatDuration(0), "0s");
+  for (double s : {1.0, 59.0, 3601.0, 86399.0, 90061.0})
+    EXPECT_EQ(ParseDuration(FormatDuration(s)), s);
+}
+
 TEST(Bytes, FormatsInLargestUnit) {
   EXPECT_EQ(FormatBytes(80ull << 30), "80 GiB");
   EXPECT_EQ(FormatBytes(81559ull << 20), "79.6 GiB");

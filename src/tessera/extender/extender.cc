@@ -76,7 +76,11 @@ Extender::Extender(ExtenderOptions options, const core::Clock& clock)
   engine_ = std::make_unique<sched::Engine>(
       std::make_unique<sched::Scheduler>(options_.scheduler), executor_,
       sched::EngineOptions{
-          .cycle = options_.cycle, .requeue_preempted = false, .requeue_unhealthy = false});
+          .cycle = options_.cycle,
+          .requeue_preempted = false,
+          .requeue_unhealthy = false,
+          // A pod is predicted from its own workload's runs, never another's of its shape.
+          .predict_from_kind_only = true});
 }
 
 // ---- the model ----

@@ -171,13 +171,13 @@ TEST_F(ExtenderTest, ThePodsOfAJobArePredictedFromItsRunsThatSucceeded) {
   // it bound to when it saw it succeed: the pod carries no status.startTime here).
   ASSERT_EQ(Schedule(of_job("train-2"), {"a"}), "a");
   EXPECT_EQ(ex_->AllocationOf("ml/train-2")->request.expected_duration_s, 100);
-  // A pod of another Job in the namespace has no runs of its own: the shape's in the namespace
-  // (history's wider keys) stand in.
+  // A pod of another Job in the namespace has no runs of its own: unknown - another workload's
+  // runs of the same shape say nothing of it (as on the server).
   ex_->OnNode(Ev::kAdded, GpuNode("b"));
   json other = GpuPod("ml", "infer-1", {.gpus = 1});
   other["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "infer";
   ASSERT_EQ(Schedule(other, {"b"}), "b");
-  EXPECT_EQ(ex_->AllocationOf("ml/infer-1")->request.expected_duration_s, 100);
+  EXPECT_EQ(ex_->AllocationOf("ml/infer-1")->request.expected_duration_s, 0);
 }
 
 TEST_F(ExtenderTest, APendingPodIsQueuedWhenSeenNotAtItsFirstFilter) {

@@ -13,7 +13,8 @@ Engine::Engine(std::unique_ptr<Scheduler> scheduler, Executor& executor, EngineO
     : scheduler_(std::move(scheduler)),
       executor_(executor),
       options_(options),
-      cycle_(*scheduler_, options.cycle) {}
+      cycle_(*scheduler_, options.cycle),
+      history_(options.predict_from_kind_only) {}
 
 void Engine::Expect(core::Request& r, const RunKind& kind) const {
   const Prediction p = history_.Predict(kind);

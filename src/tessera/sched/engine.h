@@ -57,6 +57,9 @@ struct EngineOptions {
   // Whether the engine queues it again itself (the simulator) or only says so and the driver
   // submits it again through its own admission (the server: its store, holds and limits).
   bool requeue_through_driver = false;
+  // History predicts a named job from its own name's (or command's) runs alone
+  // (DurationPredictor's kind_only): the server; the simulator's traces take the shape keys too.
+  bool predict_from_kind_only = false;
   // Starts one Step makes at most (0: no limit): those with GPUs first (an idle GPU costs most),
   // then the rest in queue order; a gang whole or not at all. The others stay queued, placed again
   // at the next Step.

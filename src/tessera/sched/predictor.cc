@@ -19,7 +19,7 @@ struct Key {
   std::string text, describe;
 };
 
-std::vector<Key> KeysOf(const RunKind& kind) {
+std::vector<Key> KeysOf(const RunKind& kind, bool kind_only) {
   const std::string& user = kind.user;
   const std::string& shape = kind.shape;
   std::string what = WhatRuns(kind);
@@ -37,6 +37,9 @@ std::vector<Key> KeysOf(const RunKind& kind) {
     keys.push_back({fmt::format("{}\x1f{}\x1f{}", user, what, shape),
                     fmt::format("{}'s runs of '{}'", user, shown)});
   }
+  // Another job of the same shape says little of this one ("overdue" from someone's `true`): only
+  // where a run is known by nothing else (a trace's), unless asked.
+  if (kind_only && !what.empty()) return keys;
   keys.push_back(
       {fmt::format("{}\x1f\x1f{}", user, shape), fmt::format("{}'s {} jobs", user, shape)});
   keys.push_back({fmt::format("\x1f\x1f{}", shape), fmt::format("all {} jobs", shape)});
@@ -103,7 +106,7 @@ void DurationPredictor::Add(const RunKind& kind, double runtime_s, std::optional
                             std::optional<bool> shared_gpu) {
   if (!(runtime_s >= 0) || !std::isfinite(runtime_s)) return;
   const bool util = util_pct && *util_pct >= 0 && *util_pct <= 100;
-  const std::vector<Key> keys = KeysOf(kind);
+  const std::vector<Key> keys = KeysOf(kind, kind_only_);
   core::MutexLock lock(mu_);
   for (const Key& k : keys) {
     Push(runs_, k.text, runtime_s);
@@ -115,7 +118,7 @@ void DurationPredictor::Add(const RunKind& kind, double runtime_s, std::optional
 Prediction DurationPredictor::Predict(const RunKind& kind) const {
   Prediction p;
   {
-    const std::vector<Key> keys = KeysOf(kind);
+    const std::vector<Key> keys = KeysOf(kind, kind_only_);
     core::MutexLock lock(mu_);
     if (std::optional<Quantile> q = P75(runs_, keys)) {
       p.seconds = q->value, p.samples = q->samples, p.basis = std::move(q->basis);

@@ -4,6 +4,7 @@
 // as jobs end) and of `sim replay` (fed with the jobs that finished earlier in the replay). Keys,
 // nearest first: the same user, name, command and shape (a named job); the same user, name (the
 // command when unnamed) and shape; the user's jobs of that shape; any user's jobs of that shape.
+// (The shape keys only where DurationPredictor's kind_only is off.)
 // The prediction is the 75th percentile of the last 50 runs under the nearest key with at least 3
 // runs (else the nearest with any), capped by the job's own max runtime, which is the prediction
 // when there is no history. The same keys give its GPU utilization (percent of its GPUs' time, as
@@ -51,6 +52,10 @@ struct Prediction {
 
 class DurationPredictor {
  public:
+  // kind_only: a run known by a name or command is predicted from runs of that name or command
+  // alone (the user's own), never from other jobs of its shape (the server); false also takes the
+  // user's, then everyone's, jobs of its shape (the simulator's traces).
+  explicit DurationPredictor(bool kind_only = false) : kind_only_(kind_only) {}
   // Records a successful run, with its measured GPU utilization (percent, 0..100) when there is
   // one and, for a share, whether another job shared its GPU while it ran.
   void Add(const RunKind& kind, double runtime_s, std::optional<double> util_pct = std::nullopt,
@@ -62,6 +67,7 @@ class DurationPredictor {
   static constexpr size_t kConfident = 3;  // runs a key needs to be preferred to a wider one
 
  private:
+  const bool kind_only_;
   mutable core::Mutex mu_;
   std::unordered_map<std::string, std::deque<double>> runs_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::deque<double>> utils_ ABSL_GUARDED_BY(mu_);

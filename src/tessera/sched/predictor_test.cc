@@ -27,6 +27,18 @@ struct Spec {
   }
 };
 
+// The server's: a job known by its name or command is predicted from those runs alone - not
+// another user's `true`, nor the user's own other jobs of the same shape.
+TEST(Predictor, KindOnlyPredictsANamedJobFromItsOwnRunsAlone) {
+  DurationPredictor p(/*kind_only=*/true);
+  for (int i = 0; i < 5; ++i) p.Add(Spec("true", 1).Of("alice"), 0.01);
+  EXPECT_EQ(p.Predict(Spec("true", 1).Of("alice")).samples, 5);
+  EXPECT_EQ(p.Predict(Spec("true", 1).Of("bob")).seconds, 0) << "another user's runs";
+  EXPECT_EQ(p.Predict(Spec("train", 1, 600).Of("alice")).basis, "its max runtime")
+      << "the user's other jobs of that shape";
+  EXPECT_EQ(p.Predict(Spec("train", 1, 600).Of("alice")).seconds, 600);
+}
+
 TEST(Predictor, NearestKeyWithEnoughRunsAndItsSeventyFifthPercentile) {
   DurationPredictor p;
   EXPECT_EQ(p.Predict(Spec("train", 2).Of("alice")).seconds, 0) << "no history";

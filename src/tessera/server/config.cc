@@ -421,14 +421,28 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
     if (!l.IsMap()) {
       return At(path, l, "limits",
                 "expected a map with max_queued_jobs_per_user, max_running_jobs_per_user, "
-                "max_starts_per_pass, max_log_bytes_per_job and min_free_disk");
+                "max_starts_per_pass, max_log_bytes_per_job, min_free_disk, default_runtime and "
+                "max_runtime");
     }
-    if (absl::Status st = Known(path, l,
-                                {"max_queued_jobs_per_user", "max_running_jobs_per_user",
-                                 "max_starts_per_pass", "max_log_bytes_per_job", "min_free_disk"},
-                                "limits");
+    if (absl::Status st =
+            Known(path, l,
+                  {"max_queued_jobs_per_user", "max_running_jobs_per_user", "max_starts_per_pass",
+                   "max_log_bytes_per_job", "min_free_disk", "default_runtime", "max_runtime"},
+                  "limits");
         !st.ok())
       return st;
+    for (auto [key, field] : {std::pair{"default_runtime", &c->default_runtime_s},
+                              {"max_runtime", &c->max_runtime_s}}) {
+      if (!l[key]) continue;
+      const std::string text = l[key].as<std::string>("");
+      auto d = text == "0" ? std::optional<double>(0) : core::ParseDuration(text);
+      if (!d || *d < 0 || *d > 1e9)
+        return At(path, l[key], std::string("limits.") + key,
+                  "expected a duration such as 2h, 7d, 1-00:00:00 or 0 (none)");
+      *field = *d;
+    }
+    if (c->max_runtime_s > 0 && c->default_runtime_s > c->max_runtime_s)
+      return At(path, l, "limits.default_runtime", "longer than limits.max_runtime");
     for (auto [key, field] : {std::pair{"max_log_bytes_per_job", &c->max_log_bytes_per_job},
                               {"min_free_disk", &c->min_free_disk_bytes}}) {
       if (!l[key]) continue;
@@ -445,6 +459,24 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
       if (!Get(path, l[key], std::string("limits.") + key, &v).ok() || v < 1 || v > 10000000)
         return At(path, l[key], std::string("limits.") + key, "expected a count 1..10000000");
       *field = static_cast<size_t>(v);
+    }
+  }
+  if (const YAML::Node r = root["retention"]) {
+    if (!r.IsMap())
+      return At(path, r, "retention", "expected a map with jobs, logs and environments");
+    if (absl::Status st = Known(path, r, {"jobs", "logs", "environments"}, "retention"); !st.ok())
+      return st;
+    for (auto [key, field] : {std::pair{"jobs", &c->retention_jobs_s},
+                              {"logs", &c->retention_logs_s},
+                              {"environments", &c->retention_env_s}}) {
+      if (!r[key]) continue;
+      const std::string text = r[key].as<std::string>("");
+      auto d = text == "0" ? std::optional<double>(0) : core::ParseDuration(text);
+      if (!d) {
+        return At(path, r[key], std::string("retention.") + key,
+                  "expected an age such as 30d or 0 (kept for good)");
+      }
+      *field = *d;
     }
   }
   if (const YAML::Node o = root["context_overhead"]) {
@@ -579,6 +611,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "fair_share",
                                "backfill",
                                "history",
+                               "retention",
                                "utilization_ceiling",
                                "utilization_ceiling_strict"},
                               "");

@@ -1,10 +1,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "tessera/server/server.h"
 
@@ -18,6 +21,26 @@ std::string Write(const std::string& name, const std::string& text) {
       ::testing::TempDir() + "server-config-" + std::to_string(getpid()) + "-" + name + ".yaml";
   std::ofstream(path) << text;
   return path;
+}
+
+// A student's CLI on a lab machine finds the installed server with no variable; someone running
+// their own server (listening at their default) gets that one.
+TEST(ClientSocket, TheUsersOwnServerWhenListeningElseTheSystemOne) {
+  std::vector<std::string> asked;
+  auto listening = [&](bool yes) {
+    return [&asked, yes](const std::string& p) {
+      asked.push_back(p);
+      return yes;
+    };
+  };
+  EXPECT_EQ(ClientSocketPath("/run/user/1000/tessera.sock", listening(true)),
+            "/run/user/1000/tessera.sock");
+  EXPECT_EQ(ClientSocketPath("/run/user/1000/tessera.sock", listening(false)), kSystemSocket);
+  EXPECT_EQ(asked, (std::vector<std::string>{"/run/user/1000/tessera.sock",
+                                             "/run/user/1000/tessera.sock"}));
+  // Root's own default is the system socket: nothing to look for.
+  EXPECT_EQ(ClientSocketPath(kSystemSocket, listening(false)), kSystemSocket);
+  EXPECT_EQ(asked.size(), 2u);
 }
 
 TEST(ServerConfig, ReadsEverySetting) {
@@ -223,5 +246,101 @@ TEST(ServerConfig, TokenForRootOnlyWhenRootJobsAreAllowed) {
   EXPECT_EQ(c.tokens[0].uid, 0u);
 }
 
+// scripts/run and `tessera admin token` edit the config through the YAML library: a hand-edited
+// file keeps every entry (the old sed matched every token line: an entry vanished, root's line was
+// mangled, every token got 401); an existing token is found without a write.
+TEST(EnsureToken, KeepsAHandEditedFileAndAddsOnlyWhatIsMissing) {
+  const std::string path = Write("hand-edited", R"(# the lab's server
+tcp:
+  listen: "127.0.0.1:7070"
+  tokens:
+    - {token: "student-token-0123456789", user: nobody, admin: false}   # a student
+    - token: "admin-token-abcdefghijklmn"
+      user: root
+      admin: true
+allow_root_jobs: true
+limits: {default_runtime: 2h}
+)");
+  chmod(path.c_str(), 0600);
+  std::ifstream before_in(path);
+  const std::string before((std::istreambuf_iterator<char>(before_in)), {});
+  bool added = true;
+  auto root = EnsureToken(path, "root", true, &added);
+  ASSERT_TRUE(root.ok()) << root.status();
+  EXPECT_EQ(*root, "admin-token-abcdefghijklmn");
+  EXPECT_FALSE(added);
+  std::ifstream same_in(path);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(same_in)), {}), before) << "not rewritten";
+  // A user without one: added, everything else kept, the file still the loader's and 0600.
+  auto daemon = EnsureToken(path, "daemon", false, &added);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  EXPECT_TRUE(added);
+  EXPECT_EQ(daemon->size(), 24u);
+  ServerConfig c;
+  ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  ASSERT_EQ(c.tokens.size(), 3u);
+  EXPECT_EQ(c.tokens[0].token, "student-token-0123456789");
+  EXPECT_EQ(c.tokens[0].user, "nobody");
+  EXPECT_EQ(c.tokens[1].token, "admin-token-abcdefghijklmn");
+  EXPECT_TRUE(c.tokens[1].admin);
+  EXPECT_EQ(c.tokens[2].token, *daemon);
+  EXPECT_FALSE(c.tokens[2].admin);
+  EXPECT_EQ(c.tcp_listen, "127.0.0.1:7070");
+  EXPECT_EQ(c.default_runtime_s, 7200);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::ifstream bak_in(path + ".bak");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(bak_in)), {}), before)
+      << "the file as it was, comments and all";
+  // A student's own (not admin) token is not an admin's: asked for one, a new one is added.
+  auto nobody_admin = EnsureToken(path, "nobody", true, &added);
+  ASSERT_TRUE(nobody_admin.ok());
+  EXPECT_NE(*nobody_admin, "student-token-0123456789");
+  EXPECT_TRUE(added);
+  // A file the loader refuses is refused unchanged.
+  const std::string bad =
+      Write("bad-token-file", "tcp: {tokens: [{token: short, user: nobody}]}\n");
+  std::ifstream bad_in(bad);
+  const std::string bad_text((std::istreambuf_iterator<char>(bad_in)), {});
+  auto refused = EnsureToken(bad, "root", true, &added);
+  EXPECT_FALSE(refused.ok());
+  std::ifstream after_in(bad);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(after_in)), {}), bad_text);
+  // No file: made, 0600, with the one token.
+  const std::string fresh = ::testing::TempDir() + "fresh-" + std::to_string(getpid()) + ".yaml";
+  unlink(fresh.c_str());
+  auto made = EnsureToken(fresh, "root", true, &added);
+  ASSERT_TRUE(made.ok()) << made.status();
+  ASSERT_EQ(stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ServerConfig f;
+  f.allow_root_jobs = true;
+  ASSERT_TRUE(LoadServerConfig(fresh, &f).ok());
+  ASSERT_EQ(f.tokens.size(), 1u);
+  EXPECT_EQ(f.tokens[0].token, *made);
+}
+
+TEST(ServerConfig, RuntimeLimitsAndRetentionAreReadAndCheckedWithTheirLine) {
+  ServerConfig c;
+  const std::string ok = Write("limits-ok",
+                               "limits: {default_runtime: 2h, max_runtime: 7d}\n"
+                               "retention: {jobs: 90d, logs: 0, environments: 1d}\n");
+  ASSERT_TRUE(LoadServerConfig(ok, &c).ok());
+  EXPECT_EQ(c.default_runtime_s, 7200);
+  EXPECT_EQ(c.max_runtime_s, 7 * 86400);
+  EXPECT_EQ(c.retention_jobs_s, 90 * 86400);
+  EXPECT_EQ(c.retention_logs_s, 0) << "kept for good";
+  EXPECT_EQ(c.retention_env_s, 86400);
+  ServerConfig d;
+  auto st = LoadServerConfig(
+      Write("limits-bad", "limits:\n  default_runtime: 8d\n  max_runtime: 7d\n"), &d);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("limits.default_runtime: longer than limits.max_runtime"));
+  st = LoadServerConfig(Write("retention-bad", "retention:\n  logs: forever\n"), &d);
+  EXPECT_THAT(std::string(st.message()), HasSubstr(":2: retention.logs: expected an age"));
+  st = LoadServerConfig(Write("retention-key", "retention: {log: 1d}\n"), &d);
+  EXPECT_FALSE(st.ok());
+}
 }  // namespace
 }  // namespace tessera::server

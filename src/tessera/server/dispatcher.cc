@@ -193,6 +193,7 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                              .requeue_preempted = c.requeue_preempted,
                              .requeue_unhealthy = c.unhealthy_action == "requeue",
                              .requeue_through_driver = true,
+                             .predict_from_kind_only = true,
                              .max_starts_per_step = c.max_starts_per_pass,
                              .max_starts_setting = "limits.max_starts_per_pass",
                              .utilization_ceiling_pct = c.utilization_ceiling_pct,
@@ -473,6 +474,7 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
 bool Dispatcher::Turn() {
   const double now = Now();
   CheckRunning(now);
+  if (now >= retention_due_) ApplyRetention(now);
   if (!dirty_) return false;
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();

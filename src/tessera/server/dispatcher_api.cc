@@ -187,6 +187,14 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                                  "(preemption.max_grace_period_s in its config)",
                                  spec->grace_period_s, config_.max_grace_period_s));
   }
+  if (config_.max_runtime_s > 0 && spec->max_runtime_s > config_.max_runtime_s) {
+    return HttpError(400, fmt::format("max_runtime_s: {} is over this server's maximum of {} "
+                                      "(limits.max_runtime in its config)",
+                                      core::FormatDuration(spec->max_runtime_s),
+                                      core::FormatDuration(config_.max_runtime_s)));
+  }
+  // Slurm's DefaultTime: stored with the job, so `show` says what it got.
+  if (spec->max_runtime_s == 0) spec->max_runtime_s = config_.default_runtime_s;
   if (!spec->image.empty() && !containers_) {
     return HttpError(400,
                      fmt::format("image: this server cannot run containers: {}", containers_off_));
@@ -201,6 +209,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   // queue: by the scheduler's own test of a GPU against the request.
   core::Request r = SubmissionFor(*spec, 1, user, uid).entry.request;
   int matching = 0;
+  int64_t largest_mib = 0;  // of the GPUs of the models asked (any, if none)
   int64_t machine_cpu_milli = 0, machine_memory_mib = 0;
   std::string over_quota;
   {
@@ -208,6 +217,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
     const core::NodeSpec& node = engine_->scheduler().state().node_spec(0);
     std::vector<int64_t> memory;  // of the GPUs that could take it, smallest first
     for (const core::NodeGpu& g : node.gpus) {
+      if (core::GpuAccepted(g, r)) largest_mib = std::max(largest_mib, g.memory_mib);
       if (core::GpuAccepted(g, r) && g.memory_mib >= r.gpu_memory_mib) {
         ++matching;
         memory.push_back(g.memory_mib);
@@ -244,6 +254,13 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
                      fmt::format("resources.memory: {} MiB asked, this machine has {} MiB; the "
                                  "job could never start",
                                  r.memory_mib, machine_memory_mib));
+  }
+  if (matching < r.gpu_count() && r.gpu_memory_mib > largest_mib && largest_mib > 0) {
+    return HttpError(400, fmt::format("resources.gpu_memory: {} per GPU asked; the largest GPU "
+                                      "here{} has {}: the job could never start",
+                                      core::FormatBytes(uint64_t(r.gpu_memory_mib) << 20),
+                                      spec->models.empty() ? "" : " of the models asked",
+                                      core::FormatBytes(uint64_t(largest_mib) << 20)));
   }
   if (matching < r.gpu_count()) {
     return HttpError(

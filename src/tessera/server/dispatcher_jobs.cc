@@ -402,10 +402,18 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
   ls.argv = q.spec->command;
   ls.env = q.spec->env;
   ls.workdir = q.spec->workdir;
+  // What a batch script written for Slurm reads, beside Tessera's names: the job's id and name,
+  // the folder it was submitted from, its array's. Not SLURM_JOBID, SLURM_NTASKS or
+  // SLURM_NODELIST: MPI launchers and PyTorch Lightning take those for a Slurm allocation and
+  // would srun (docs/server.md, "Coming from Slurm").
+  ls.env["SLURM_JOB_ID"] = std::to_string(q.id);
+  if (!q.spec->name.empty()) ls.env["SLURM_JOB_NAME"] = q.spec->name;
+  if (!q.spec->workdir.empty()) ls.env["SLURM_SUBMIT_DIR"] = q.spec->workdir;
   if (q.array_id != 0) {
-    // Slurm's SLURM_ARRAY_* under Tessera's names.
     ls.env["TESSERA_ARRAY_JOB_ID"] = std::to_string(q.array_id);
     ls.env["TESSERA_ARRAY_TASK_ID"] = std::to_string(q.array_index);
+    ls.env["SLURM_ARRAY_JOB_ID"] = std::to_string(q.array_id);
+    ls.env["SLURM_ARRAY_TASK_ID"] = std::to_string(q.array_index);
   }
   ls.stdout_path = JobFile("logs", q.id, ".out");
   ls.stderr_path = JobFile("logs", q.id, ".err");
@@ -551,6 +559,7 @@ void Dispatcher::ExecuteLaunch(Launch& l, double now) {
     if (l.run.arbiter) host_->ArbiterUser(q.uid, -1);
     TransitionFields ff;
     ff.ended_at = now;
+    ff.exit_code = ExitCodeOf(l.launched.status());  // 127: no such command, as a shell says
     (void)store_->Transition(q.id, JobState::kFailed, std::string(l.launched.status().message()),
                              now, ff);
     return;

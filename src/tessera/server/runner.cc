@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "fmt/format.h"
 #include "tessera/shim/region.h"
 
@@ -547,10 +549,21 @@ absl::Status ChildFailed(const LaunchSpec& spec, const Prepared& p, const ChildE
       close(fd);
     }
   }
-  return absl::InvalidArgumentError(message);
+  absl::Status st = absl::InvalidArgumentError(message);
+  // As a shell says it: 127 not found, 126 found but not runnable.
+  if (ce.step == 5) st.SetPayload(kExitCodePayload, absl::Cord(ce.err == ENOENT ? "127" : "126"));
+  return st;
 }
 
 }  // namespace
+
+std::optional<int> ExitCodeOf(const absl::Status& st) {
+  const auto code = st.GetPayload(kExitCodePayload);
+  if (!code) return std::nullopt;
+  int v = 0;
+  if (!absl::SimpleAtoi(std::string(*code), &v)) return std::nullopt;
+  return v;
+}
 
 absl::StatusOr<Launched> Start(const LaunchSpec& spec) {
   if (spec.argv.empty() || spec.argv[0].empty()) {

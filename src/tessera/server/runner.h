@@ -104,6 +104,10 @@ std::vector<gid_t> AccountGroups(uid_t uid, std::optional<gid_t> primary = std::
 // Starts the job. kInvalidArgument naming the command when it cannot be executed (not found, not
 // executable, bad workdir), with nothing left running; kInternal for fork/pipe failures.
 absl::StatusOr<Launched> Start(const LaunchSpec& spec);
+// A start that failed because the command could not be executed carries the exit code a shell
+// gives for it (127: not found, 126: not runnable) under this payload; ExitCodeOf reads it.
+inline constexpr char kExitCodePayload[] = "tessera.io/exit-code";
+std::optional<int> ExitCodeOf(const absl::Status& st);
 
 // Signals the job's whole process group (SIGTERM to ask, SIGKILL to end). False if it is gone.
 bool SignalGroup(pid_t pgid, int sig);

@@ -112,6 +112,10 @@ TEST(Runner, CommandThatCannotRunIsAClearErrorAndLeavesNothing) {
   EXPECT_EQ(ReadAll(s.stderr_path),
             "tessera: job 7: cannot execute 'no-such-command-tessera': No such file or directory\n")
       << "the reason is in the job's stderr log too, not only in its state";
+  EXPECT_EQ(ExitCodeOf(l.status()), 127) << "not found, as a shell says it";
+  LaunchSpec x = Shell("", "not-executable");
+  x.argv = {"/etc/hostname"};
+  EXPECT_EQ(ExitCodeOf(Start(x).status()), 126) << "found, not runnable";
   LaunchSpec d = Shell("true", "workdir");
   d.workdir = "/nonexistent/dir";
   auto w = Start(d);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,8 +76,8 @@ struct ServerConfig {
       group_quotas;  // per Unix group: its members' jobs together
   bool requeue_preempted = true;
   // Fair share between users (sched::CycleOptions::fair_share_half_life_s): equal priorities go to
-  // whoever used the GPUs least lately. 0: off, submission order.
-  double fair_share_half_life_s = 0;
+  // whoever used the GPUs least lately (a day's half-life by default). 0: off, submission order.
+  double fair_share_half_life_s = 86400;
   // Backfill with reservations (sched::CycleOptions::reservations): the first this many blocked
   // jobs get the GPUs where they will start when running jobs end (as predicted from history) and
   // an expected start; later jobs take those GPUs only if predicted to end before. 0: off.
@@ -102,6 +103,17 @@ struct ServerConfig {
   size_t max_queued_jobs_per_user = 20000;
   size_t max_running_jobs_per_user = 1024;
   size_t max_starts_per_pass = 64;
+  // Slurm's DefaultTime and MaxTime: a job that asks no max runtime gets default_runtime_s (so the
+  // backfill knows when its GPUs come free: a job with no expected end holds back every job
+  // reserved behind it); one asking more than max_runtime_s is refused at submit. 0: none.
+  double default_runtime_s = 24 * 3600;
+  // Retention (retention:): ended jobs go from the store (and their logs) after retention_jobs_s,
+  // their logs after retention_logs_s, the environments stored with them (what the users' shells
+  // held: tokens, keys) after retention_env_s. 0 keeps them.
+  double retention_jobs_s = 365 * 86400.0;
+  double retention_logs_s = 30 * 86400.0;
+  double retention_env_s = 7 * 86400.0;
+  double max_runtime_s = 0;
   // A job whose logs (stdout and stderr, every task's) grow past this is stopped, as a job past its
   // max runtime is (0: no cap). Checked about once a second: a fast writer may pass it by what it
   // writes in that time.
@@ -147,10 +159,27 @@ struct ServerConfig {
 // Reads a YAML config file (documented in docs/server.md); unknown keys and bad values are errors
 // naming the file, line and key. Fields the file does not set keep the values already in `config`.
 absl::Status LoadServerConfig(const std::string& path, ServerConfig* config);
+// The token of `user` (an admin's when `admin`) in the config file at `path`: the first such entry
+// of tcp.tokens, or a new random one added (`added`), the file created (0600) when missing. An edit
+// goes through the YAML library, keeps every other key and entry, leaves the file as it was in
+// `path`.bak (comments are not kept) and replaces the file by rename. A file the loader refuses is
+// refused unchanged, with the loader's error.
+absl::StatusOr<std::string> EnsureToken(const std::string& path, const std::string& user,
+                                        bool admin, bool* added);
 // Defaults for whoever runs the server: root gets /run/tessera and /var/lib/tessera, others
 // $XDG_RUNTIME_DIR (or /tmp) and ~/.local/state/tessera.
 ServerConfig DefaultServerConfig();
+// The system server's socket (the installed service's: deploy/systemd).
+inline constexpr char kSystemSocket[] = "/run/tessera/tessera.sock";
+// Where a server run by this user listens by default: the system socket for root, else
+// $XDG_RUNTIME_DIR/tessera.sock (or /tmp/tessera-<uid>.sock).
 std::string DefaultSocketPath();
+// Where a client goes when neither --socket nor TESSERA_SOCKET says: the user's own server
+// (DefaultSocketPath) when a socket is there (`listening`), else the system server's - so a
+// student on a lab machine needs no variable, and someone running their own server gets it.
+std::string ClientSocketPath(const std::string& own,
+                             const std::function<bool(const std::string&)>& listening);
+std::string ClientSocketPath();
 // The confinement cgroup of a server whose config names none: "tessera" for the default state
 // folder (what servers before this rule used), else "tessera-" and 8 hex digits of a hash of the
 // state folder's path, so that servers with other state folders never share (and sweep) a subtree.

@@ -543,6 +543,14 @@ TEST_F(ServerTest, AnArrayRunsEachIndexWithItsIdAndAtMostItsLimitAtOnce) {
   EXPECT_EQ(launcher_.started()[0].env.at("TESSERA_ARRAY_TASK_ID"), "3");
   EXPECT_EQ(launcher_.started()[1].env.at("TESSERA_ARRAY_TASK_ID"), "5");
   EXPECT_EQ(launcher_.started()[1].env.at("TESSERA_ARRAY_JOB_ID"), std::to_string(first));
+  // Slurm's names for the same, for scripts written for sbatch; not those MPI launchers take
+  // for a Slurm allocation.
+  const auto env = launcher_.started()[1].env;  // started() is a copy
+  EXPECT_EQ(env.at("SLURM_ARRAY_TASK_ID"), "5");
+  EXPECT_EQ(env.at("SLURM_ARRAY_JOB_ID"), std::to_string(first));
+  EXPECT_EQ(env.at("SLURM_JOB_ID"), std::to_string(first + 1)) << "the task's own id";
+  EXPECT_FALSE(env.contains("SLURM_JOBID"));
+  EXPECT_FALSE(env.contains("SLURM_NTASKS"));
   EXPECT_THAT(Call("GET", "/v1/jobs/" + std::to_string(first) + "_20").value("waiting", ""),
               HasSubstr("at most 2 tasks at once (%2)"));
   for (int round = 0; round < 3; ++round) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -154,6 +155,18 @@ class Store {
   // transaction (one commit per sample: every few seconds, not per request).
   absl::Status AddSample(const Sample& sample, double drop_before);
   absl::StatusOr<std::vector<Sample>> Samples(double since);
+
+  // Retention (store_retention.cc). Ended jobs (not queued or running) that ended before
+  // `jobs_before` go with their events, at most `max_jobs` in one transaction; an array's tasks
+  // only all together, once every one has; never a job in `keep` (what waiting jobs depend on) nor
+  // an array one of whose tasks is. Their ids are returned. 0: none go.
+  absl::StatusOr<std::vector<int64_t>> PurgeEnded(double jobs_before, const std::set<int64_t>& keep,
+                                                  size_t max_jobs);
+  // The stored environment (spec.env: tokens and keys users' shells had) of jobs that ended before
+  // `before` is dropped (an array's once none of its tasks waits or runs). Returns how many.
+  absl::StatusOr<int64_t> PurgeEnvironments(double before);
+  // Ids of the jobs that ended in [from, to), in order (whose logs retention removes).
+  absl::StatusOr<std::vector<int64_t>> EndedBetween(double from, double to);
 
   // Called after each commit that changed jobs or their events (under the store's lock: it must
   // be quick and must not call the store).

@@ -233,6 +233,7 @@ Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJo
                                      .fair_share_half_life_s = config.fair_share_half_life_s,
                                      .reservations = config.reservations},
                            .requeue_preempted = config.requeue_preempted,
+                           .predict_from_kind_only = config.predict_from_kind_only,
                            .utilization_ceiling_pct = config.utilization_ceiling_pct,
                            .utilization_ceiling_strict = config.utilization_ceiling_strict});
 }

@@ -45,6 +45,9 @@ struct ReplayConfig {
   // trace's predicted duration (SimJob::predicted_duration), then its own limit. Off: the trace's
   // predicted duration where it has one, else unknown.
   bool predict = false;
+  // With `predict`: a job with a name or command is predicted from that name's or command's runs
+  // alone, as the server does (sched::EngineOptions::predict_from_kind_only).
+  bool predict_from_kind_only = false;
   // Interference-aware sharing: a share whose utilization is predicted (with `predict`: the 75th
   // percentile of the measured utilization, SimJob::utilization, of the last 50 jobs of the same
   // owner and shape that finished earlier) shares a GPU only under this ceiling

@@ -1,0 +1,101 @@
+// The server's upkeep: default and maximum runtimes, retention of ended jobs, their logs and
+// stored environments.
+#include "tessera/server/server_test_fixture.h"
+
+namespace tessera::server::testing {
+namespace {
+
+using namespace ::testing;  // NOLINT: the fixture
+
+// Slurm's DefaultTime and MaxTime: a job that asks for no runtime gets the default (stored, so
+// that show says it, and the backfill knows when its GPUs come free); more than the maximum is
+// refused naming the limit; the default stops a job as an asked runtime does.
+TEST_F(ServerTest, ADefaultRuntimeBoundsJobsAndTheMaximumIsRefusedNamingTheLimit) {
+  config_.default_runtime_s = 3600;
+  config_.max_runtime_s = 7 * 86400;
+  StartServer();
+  const int64_t plain = Submit(1, 100000);
+  EXPECT_EQ(Job(plain)["spec"]["max_runtime_s"], 3600);
+  const int64_t asked = Submit(1, 100000, 0, {{"max_runtime_s", 7200}});
+  EXPECT_EQ(Job(asked)["spec"]["max_runtime_s"], 7200) << "what the job asked, not the default";
+  int status = 0;
+  json refused = Call("POST", "/v1/jobs",
+                      {{"command", {"sleep", "10"}}, {"max_runtime_s", 8 * 86400}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(refused.value("message", ""),
+              HasSubstr("max_runtime_s: 8d is over this server's maximum of 7d "
+                        "(limits.max_runtime"));
+  Settle();
+  ASSERT_EQ(State(plain), "running");
+  Advance(3601);
+  Settle();
+  Advance(3);  // the fake job's 2 s from SIGTERM to its end
+  Settle();
+  EXPECT_NE(State(plain), "running") << "stopped at the default runtime";
+  EXPECT_THAT(Job(plain).dump(), HasSubstr("max runtime")) << Job(plain).dump();
+  EXPECT_EQ(State(asked), "running");
+}
+
+// Ended jobs' logs go after retention.logs, their stored environments (the users' tokens) after
+// retention.environments, the jobs themselves after retention.jobs - except one a waiting job
+// depends on; running and queued jobs keep everything.
+TEST_F(ServerTest, RetentionRemovesOldLogsEnvironmentsAndJobsButNothingStillNeeded) {
+  config_.retention_env_s = 86400;
+  config_.retention_logs_s = 2 * 86400;
+  config_.retention_jobs_s = 10 * 86400;
+  config_.default_runtime_s = 0;
+  StartServer();
+  const json secret = {{"env", {{"API_KEY", "s3cret"}}}};
+  const int64_t old = Submit(1, 1, 0, secret);
+  const int64_t needed = Submit(1, 1, 0, secret);
+  const int64_t running = Submit(1, 100 * 86400, 0, secret);
+  Settle();
+  Advance(2);
+  Settle();
+  ASSERT_EQ(State(old), "succeeded");
+  ASSERT_EQ(State(needed), "succeeded");
+  ASSERT_EQ(State(running), "running");
+  const int64_t waiting = Submit(
+      0, 1, 0, {{"hold", true}, {"after", {"ok:" + std::to_string(needed)}}, {"env", {{"A", "b"}}}});
+  auto log = [&](int64_t id, const std::string& suffix) {
+    return config_.state_dir + "/logs/" + std::to_string(id) + suffix;
+  };
+  for (int64_t id : {old, needed, running}) {
+    for (const char* suffix : {".out", ".err", ".1.out", ".1.err", ".2.out"})
+      std::ofstream(log(id, suffix)) << "output\n";
+  }
+  EXPECT_EQ(Job(old)["spec"]["env"]["API_KEY"], "s3cret");
+  // A day and a bit: environments of ended jobs go; logs stay.
+  Advance(86400 + 3600);
+  Settle();
+  EXPECT_FALSE(Job(old)["spec"].contains("env")) << Job(old).dump();
+  EXPECT_EQ(Job(running)["spec"]["env"]["API_KEY"], "s3cret") << "a running job keeps its own";
+  EXPECT_EQ(Job(waiting)["spec"]["env"]["A"], "b");
+  EXPECT_TRUE(fs::exists(log(old, ".out")));
+  // Two days: the ended jobs' logs go, every task's; the running job's stay.
+  Advance(86400 + 3600);
+  Settle();
+  for (const char* suffix : {".out", ".err", ".1.out", ".1.err", ".2.out"}) {
+    EXPECT_FALSE(fs::exists(log(old, suffix))) << suffix;
+    EXPECT_TRUE(fs::exists(log(running, suffix))) << suffix;
+  }
+  EXPECT_EQ(State(old), "succeeded") << "the record stays";
+  // Ten days: the ended jobs go, but for the one the held job waits on.
+  Advance(8 * 86400);
+  Settle();
+  int status = 0;
+  Call("GET", "/v1/jobs/" + std::to_string(old), json(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(State(needed), "succeeded") << "a waiting job depends on it";
+  EXPECT_EQ(State(running), "running");
+  EXPECT_EQ(State(waiting), "queued");
+  // Released, the dependency is met as before.
+  Call("POST", "/v1/jobs/" + std::to_string(waiting) + "/release");
+  Settle();
+  Advance(2);
+  Settle();
+  EXPECT_EQ(State(waiting), "succeeded");
+}
+
+}  // namespace
+}  // namespace tessera::server::testing

@@ -1,0 +1,129 @@
+// Retention of ended jobs in the store (Store::PurgeEnded, PurgeEnvironments, EndedBetween): what
+// the dispatcher's retention settings remove, in bounded transactions.
+#include <sqlite3.h>
+
+#include "fmt/format.h"
+#include "tessera/server/store.h"
+
+namespace tessera::server {
+namespace {
+
+// Not waiting, not running: how it ended is recorded for good.
+constexpr const char* kEnded = "state NOT IN ('queued', 'running')";
+constexpr const char* kLive = "state IN ('queued', 'running')";
+
+absl::Status Fail(sqlite3* db, const std::string& what) {
+  return absl::InternalError(fmt::format("store: {}: {}", what, sqlite3_errmsg(db)));
+}
+
+struct Query {
+  Query(sqlite3* db, const std::string& sql) {
+    rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr);
+  }
+  ~Query() { sqlite3_finalize(s); }
+  sqlite3_stmt* s = nullptr;
+  int rc = SQLITE_OK;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> Store::PurgeEnded(double jobs_before,
+                                                       const std::set<int64_t>& keep,
+                                                       size_t max_jobs) {
+  std::vector<int64_t> gone;
+  if (jobs_before <= 0 || max_jobs == 0) return gone;
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto rollback = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  // A lone job, or an array whose every task ended before the cutoff; in id order, so an array's
+  // tasks (consecutive ids) come together and the limit cuts between arrays, never inside one.
+  const std::string pick = fmt::format(
+      "SELECT id, array_id FROM jobs j WHERE {0} AND ended_at < ?1 AND (array_id = 0 OR NOT "
+      "EXISTS (SELECT 1 FROM jobs t WHERE t.array_id = j.array_id AND (t.{1} OR "
+      "t.ended_at IS NULL OR t.ended_at >= ?1))) ORDER BY id",
+      kEnded, kLive);
+  {
+    Query q(db_, pick);
+    if (q.rc != SQLITE_OK) return rollback(Fail(db_, "choosing ended jobs"));
+    sqlite3_bind_double(q.s, 1, jobs_before);
+    int64_t array = -1;
+    std::vector<int64_t> group;
+    auto flush = [&] {
+      if (group.empty()) return;
+      if (!keep.contains(array == 0 ? group[0] : array)) {
+        bool kept = false;
+        for (int64_t id : group) kept = kept || keep.contains(id);
+        if (!kept) gone.insert(gone.end(), group.begin(), group.end());
+      }
+      group.clear();
+    };
+    int rc;
+    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
+      const int64_t id = sqlite3_column_int64(q.s, 0), a = sqlite3_column_int64(q.s, 1);
+      if (a == 0 || a != array) {
+        flush();
+        if (gone.size() >= max_jobs) break;
+      }
+      array = a;
+      group.push_back(id);
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rollback(Fail(db_, "choosing ended jobs"));
+    if (gone.size() < max_jobs) flush();
+  }
+  for (const char* sql :
+       {"DELETE FROM events WHERE job_id = ?1", "DELETE FROM jobs WHERE id = ?1"}) {
+    Query del(db_, sql);
+    if (del.rc != SQLITE_OK) return rollback(Fail(db_, "removing ended jobs"));
+    for (int64_t id : gone) {
+      sqlite3_bind_int64(del.s, 1, id);
+      if (sqlite3_step(del.s) != SQLITE_DONE) return rollback(Fail(db_, "removing ended jobs"));
+      sqlite3_reset(del.s);
+    }
+  }
+  if (absl::Status st = Commit(); !st.ok()) return rollback(st);
+  return gone;
+}
+
+absl::StatusOr<int64_t> Store::PurgeEnvironments(double before) {
+  if (before <= 0) return 0;
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  // Tasks of an array other than the first have no spec of their own ('').
+  Query q(db_, fmt::format("UPDATE jobs SET spec = json_remove(spec, '$.env') WHERE {0} AND "
+                           "ended_at < ?1 AND (CASE WHEN json_valid(spec) THEN json_type(spec, "
+                           "'$.env') END) IS NOT NULL AND (array_id = 0 OR NOT EXISTS (SELECT 1 "
+                           "FROM jobs t WHERE t.array_id = jobs.array_id AND t.{1}))",
+                           kEnded, kLive));
+  if (q.rc != SQLITE_OK || (sqlite3_bind_double(q.s, 1, before), sqlite3_step(q.s)) != SQLITE_DONE) {
+    const absl::Status st = Fail(db_, "dropping stored environments");
+    (void)Exec("ROLLBACK");
+    return st;
+  }
+  const int64_t n = sqlite3_changes(db_);
+  if (absl::Status st = Commit(); !st.ok()) {
+    (void)Exec("ROLLBACK");
+    return st;
+  }
+  return n;
+}
+
+absl::StatusOr<std::vector<int64_t>> Store::EndedBetween(double from, double to) {
+  std::lock_guard lock(reader_ ? read_mu_ : mu_);
+  sqlite3* db = reader_ ? reader_ : db_;
+  Query q(db, fmt::format("SELECT id FROM jobs WHERE {} AND ended_at >= ?1 AND ended_at < ?2 "
+                          "ORDER BY id",
+                          kEnded));
+  if (q.rc != SQLITE_OK) return Fail(db, "listing ended jobs");
+  sqlite3_bind_double(q.s, 1, from);
+  sqlite3_bind_double(q.s, 2, to);
+  std::vector<int64_t> ids;
+  int rc;
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) ids.push_back(sqlite3_column_int64(q.s, 0));
+  if (rc != SQLITE_DONE) return Fail(db, "listing ended jobs");
+  return ids;
+}
+
+}  // namespace tessera::server
