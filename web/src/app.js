@@ -77,6 +77,12 @@ function shape(job) {
   return parts.join(', ') || 'no GPU';
 }
 
+// Where a job was placed: its GPUs, or "no GPU" for a job that asked none.
+function placedOn(p) {
+  const gpus = (p && p.gpus) || [];
+  return gpus.length ? `GPU${gpus.length > 1 ? 's' : ''} ${gpus.map((g) => g.index).join(', ')}` : 'no GPU';
+}
+
 function stateCell(s) {
   return h('span', { class: `state state-${s}` }, s);
 }
@@ -356,7 +362,7 @@ function jobsTable(rows, total) {
       h('td', {}, String(j.priority)),
       h('td', {}, ago(j.submitted_at)),
       h('td', {}, j.state === 'queued' ? (j.waiting || j.reason || '') : j.state === 'running' && j.placement
-        ? `GPU ${(j.placement.gpus || []).map((g) => g.index).join(', ')}` : j.reason || ''))))));
+        ? placedOn(j.placement) : j.reason || ''))))));
 }
 
 function field(label, name, attrs = {}) {
@@ -493,18 +499,25 @@ function jobsView() {
   const tableBox = h('div', { id: 'jobs-box' });
   // User and state filter on the server (every job counts); the model, within the page shown.
   let total = 0;
+  // Loads overlap (a filter changed while the last one is on its way, a reload from the stream):
+  // only the newest one's answer is shown, never an older one arriving last.
+  let loads = 0;
   async function load() {
+    const mine = ++loads;
     const u = document.getElementById('flt-user').value;
     const st = document.getElementById('flt-state').value;
     const q = new URLSearchParams({ arrays: 'fold', limit: String(PAGE) });
     if (u) q.set('user', u);
     if (st) q.set('state', st);
+    let jobs;
     try {
-      S.jobs = (await call('GET', `/v1/jobs?${q}`)).jobs;
+      jobs = (await call('GET', `/v1/jobs?${q}`)).jobs;
     } catch (e) {
       if (e.status === 401) return signIn(e.message);
       return; // unreachable: the banner says so; the list stays as it was
     }
+    if (mine !== loads) return;
+    S.jobs = jobs;
     const counts = u ? (S.summary.users || []).find((x) => x.user === u) || {} : S.summary.jobs || {};
     total = st ? counts[st] || 0 : counts.total || 0;
     drawTable();
@@ -624,7 +637,7 @@ function jobView(id) {
         h('dt', {}, 'submitted'), h('dd', {}, ago(job.submitted_at)),
         h('dt', {}, 'started'), h('dd', {}, ago(job.started_at)),
         h('dt', {}, 'ended'), h('dd', {}, job.ended_at ? `${ago(job.ended_at)}, exit code ${job.exit_code ?? '–'}` : '–'),
-        h('dt', {}, 'placed on'), h('dd', {}, job.placement ? `GPU ${(job.placement.gpus || []).map((g) => g.index).join(', ')}` : '–'),
+        h('dt', {}, 'placed on'), h('dd', {}, job.placement ? placedOn(job.placement) : '–'),
         job.expected_start ? [h('dt', {}, 'expected start'), h('dd', {}, new Date(job.expected_start * 1000).toLocaleTimeString())] : null),
       h('h2', {}, 'Events'),
       h('div', { class: 'scroll' }, h('table', { id: 'events' },

@@ -100,6 +100,22 @@ test('a share of several GPUs is said as one, on its GPUs', async () => {
   await page.context().close();
 });
 
+test('a job on no GPU is said to be on none, in the list and on its page', async () => {
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'cpu-only', command: sh('sleep 60') });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${sub.body.id}`);
+  await page.waitForSelector('h1 .state-running', { timeout: 10000 });
+  await page.waitForFunction(() => [...document.querySelectorAll('dt')].some((dt) => dt.textContent === 'placed on' && dt.nextElementSibling.textContent === 'no GPU'));
+  await page.evaluate(() => { location.hash = '#/jobs'; });
+  await page.waitForFunction((id) => {
+    const row = document.querySelector(`#jobs-table tr[data-job="${id}"]`);
+    return row && /no GPU\s*$/.test(row.innerText) && !/GPU \d/.test(row.innerText);
+  }, sub.body.id);
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a bad value gets the API\'s message beside its field, and nothing is submitted', async () => {
   const before = (await server.api(USER_TOKEN, 'GET', '/v1/jobs')).body.jobs.length;
   const page = await openPage(browser, server, USER_TOKEN, '#/jobs');
@@ -322,6 +338,19 @@ test('at 390 px wide no page overflows the screen', async () => {
     await page.waitForSelector(`body[data-route="${route}"]`);
     const width = await page.evaluate(() => document.documentElement.scrollWidth);
     assert.ok(width <= 390, `${route}: the page is ${width} px wide`);
+    if (route === '#/jobs') {
+      // Every job's reason (or where it runs) on screen, not behind a sideways scroll, in a block
+      // a thumb's scroll can pass (a table row there was 234 px tall with its reason hidden).
+      await page.waitForSelector(`#jobs-table tr[data-job="${sub.body.id}"]`);
+      const row = await page.evaluate((id) => {
+        const tr = document.querySelector(`#jobs-table tr[data-job="${id}"]`);
+        const last = tr.lastElementChild.getBoundingClientRect();
+        return { height: tr.getBoundingClientRect().height, right: last.right, width: last.width, text: tr.lastElementChild.textContent };
+      }, sub.body.id);
+      assert.ok(row.right <= 390 && row.width > 0, `the reason cell ends at ${row.right} px: ${JSON.stringify(row)}`);
+      assert.ok(row.height <= 120, `a job's row is ${row.height} px tall`);
+      assert.match(row.text, /GPU \d|waits|queued|reserved|behind|no GPU/);
+    }
   }
   await context.close();
   await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
