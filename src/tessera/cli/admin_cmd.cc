@@ -79,7 +79,8 @@ std::string BashCompletion(const CLI::App& app) {
   std::vector<std::pair<std::string, const CLI::App*>> all;
   Walk(app, "", &all);
   std::ostringstream o;
-  o << "# bash completion for tessera: made by `tessera completion bash` from the command line's own\n"
+  o << "# bash completion for tessera: made by `tessera completion bash` from the command line's "
+       "own\n"
        "# definitions. Install as /usr/share/bash-completion/completions/tessera.\n"
        "_tessera() {\n"
        "  local cur prev path=\"\" w i\n"
@@ -146,9 +147,9 @@ std::string ManPage(const CLI::App& app, const std::string& version) {
       std::vector<std::string> names;
       for (const std::string& s : opt->get_snames()) names.push_back("\\-" + Roff(s));
       for (const std::string& l : opt->get_lnames()) names.push_back("\\-\\-" + Roff(l));
-      std::string head = opt->get_positional() ? "\\fI" + Roff(opt->get_name()) + "\\fR"
-                                               : "\\fB" + fmt::format("{}", fmt::join(names, ", ")) +
-                                                     "\\fR";
+      std::string head = opt->get_positional()
+                             ? "\\fI" + Roff(opt->get_name()) + "\\fR"
+                             : "\\fB" + fmt::format("{}", fmt::join(names, ", ")) + "\\fR";
       if (!opt->get_positional() && !opt->get_type_name().empty())
         head += " \\fI" + Roff(opt->get_type_name()) + "\\fR";
       o << ".TP\n" << head << "\n" << Roff(opt->get_description()) << "\n";
@@ -199,7 +200,7 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
       if (!t.ok()) {
         err << "tessera: " << t.status().message() << "\n";
         return t.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
-                                                                         : kExitFailure;
+                                                                       : kExitFailure;
       }
       if (added) err << "tessera: added a token for " << user << " to " << s.config << "\n";
       out << *t << "\n";
@@ -212,9 +213,9 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
       "Copy the server's job database to FILE while it runs (one consistent moment; the file "
       "made 0600, checked)");
   backup->add_option("file", s.file, "The backup to make (a new file)")->required();
-  backup->add_option("--state-dir", s.state_dir,
-                     "The server's state folder (default " +
-                         server::DefaultServerConfig().state_dir + ")");
+  backup->add_option(
+      "--state-dir", s.state_dir,
+      "The server's state folder (default " + server::DefaultServerConfig().state_dir + ")");
   backup->callback([&, st] {
     action = [&, st] {
       auto info = server::BackupStore(StateDir(s) + "/tessera.db", s.file);
@@ -235,9 +236,9 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
       "Put a backup in place of the server's job database (the server stopped; the database "
       "replaced is kept beside it)");
   restore->add_option("file", s.file, "A backup made by tessera admin backup")->required();
-  restore->add_option("--state-dir", s.state_dir,
-                      "The server's state folder (default " +
-                          server::DefaultServerConfig().state_dir + ")");
+  restore->add_option(
+      "--state-dir", s.state_dir,
+      "The server's state folder (default " + server::DefaultServerConfig().state_dir + ")");
   restore->callback([&, st] {
     action = [&, st] {
       std::string aside;
@@ -254,11 +255,11 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
     };
   });
 
-  CLI::App* completion = app.add_subcommand(
-      "completion", "Print a shell completion script: tessera completion bash > "
-                    "/usr/share/bash-completion/completions/tessera");
-  completion->add_option("shell", s.shell, "The shell (bash)")
-      ->check(CLI::IsMember({"bash"}));
+  CLI::App* completion =
+      app.add_subcommand("completion",
+                         "Print a shell completion script: tessera completion bash > "
+                         "/usr/share/bash-completion/completions/tessera");
+  completion->add_option("shell", s.shell, "The shell (bash)")->check(CLI::IsMember({"bash"}));
   completion->callback([&, st] {
     action = [&, st] {
       out << BashCompletion(app);

@@ -93,7 +93,9 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     Submission s = std::move(it->second);
     queued_.erase(it);
     (void)Queue(std::move(s),
-                fmt::format("starting: more than {} starts in one pass ({})",
+                fmt::format("starting in the next pass: it fits now, but this pass "
+                            "already started {}, the most at once ({}); a pass takes well under a "
+                            "second",
                             options_.max_starts_per_step, options_.max_starts_setting));
   }
   size_t started = 0;

@@ -122,8 +122,10 @@ TEST(Engine, AStepStartsAtMostItsLimitGpusFirstAndAGangWhole) {
   EXPECT_THAT(x.started, ElementsAre("gang-0", "gang-1", "one"));
   // The others gave their place back and say why.
   EXPECT_EQ(e.scheduler().state().Find("two"), nullptr);
-  EXPECT_THAT(*e.cycle().Waiting("two"), HasSubstr("more than 3 starts"));
-  EXPECT_THAT(*e.cycle().Waiting("cpu"), HasSubstr("more than 3 starts"));
+  EXPECT_THAT(*e.cycle().Waiting("two"),
+              HasSubstr("starting in the next pass: it fits now, but this pass already started 3"));
+  EXPECT_THAT(*e.cycle().Waiting("cpu"),
+              HasSubstr("starting in the next pass: it fits now, but this pass already started 3"));
   EXPECT_EQ(e.deferred(), 2u);
   EXPECT_EQ(e.Step(2), 2u);
   EXPECT_THAT(x.started, ElementsAre("gang-0", "gang-1", "one", "two", "cpu"));

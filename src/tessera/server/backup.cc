@@ -22,7 +22,8 @@ struct Db {
 };
 
 absl::Status SqlError(sqlite3* db, const std::string& what) {
-  return absl::InternalError(fmt::format("{}: {}", what, db ? sqlite3_errmsg(db) : "out of memory"));
+  return absl::InternalError(
+      fmt::format("{}: {}", what, db ? sqlite3_errmsg(db) : "out of memory"));
 }
 
 // The copy's schema version, job count and size, after SQLite's own check of every page.
@@ -63,7 +64,7 @@ absl::StatusOr<BackupInfo> Describe(const std::string& path) {
                     "release that made it",
                     path, version, Store::kSchemaVersion));
   if (absl::Status st = one("SELECT count(*) FROM jobs", nullptr, &info.jobs); !st.ok()) return st;
-  struct stat sb{};
+  struct stat sb {};
   if (stat(path.c_str(), &sb) == 0) info.bytes = static_cast<uint64_t>(sb.st_size);
   return info;
 }
@@ -101,8 +102,7 @@ absl::StatusOr<BackupInfo> BackupStore(const std::string& db, const std::string&
   // All pages in one step: one read transaction, so one moment of the store (a step at a time
   // would restart whenever the server writes).
   int rc;
-  while ((rc = sqlite3_backup_step(b, -1)) == SQLITE_BUSY || rc == SQLITE_LOCKED)
-    sqlite3_sleep(20);
+  while ((rc = sqlite3_backup_step(b, -1)) == SQLITE_BUSY || rc == SQLITE_LOCKED) sqlite3_sleep(20);
   sqlite3_backup_finish(b);
   if (rc != SQLITE_DONE) return fail(SqlError(out.db, "backing up " + db));
   // One self-contained file (the store's WAL mode came with its pages): no -wal to carry along.
@@ -133,9 +133,9 @@ absl::StatusOr<BackupInfo> RestoreStore(const std::string& from, const std::stri
     const ssize_t n = pread(lock, pid, sizeof pid - 1, 0);
     std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
     while (!holder.empty() && (holder.back() == '\n')) holder.pop_back();
-    return absl::FailedPreconditionError(fmt::format(
-        "a tessera server{} is using {}: stop it first (systemctl stop tessera)",
-        holder.empty() ? "" : " (pid " + holder + ")", state_dir));
+    return absl::FailedPreconditionError(
+        fmt::format("a tessera server{} is using {}: stop it first (systemctl stop tessera)",
+                    holder.empty() ? "" : " (pid " + holder + ")", state_dir));
   }
   const std::string db = state_dir + "/tessera.db";
   const std::string tmp = db + ".restoring";

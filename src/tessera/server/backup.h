@@ -1,6 +1,7 @@
 #pragma once
-// The store's backup and restore (`tessera admin backup|restore`): a consistent copy taken while the
-// server runs, readable by its owner alone, and put back only while no server uses the state folder.
+// The store's backup and restore (`tessera admin backup|restore`): a consistent copy taken while
+// the server runs, readable by its owner alone, and put back only while no server uses the state
+// folder.
 
 #include <string>
 

@@ -66,7 +66,7 @@ TEST_F(BackupTest, AnOnlineBackupIsConsistentPrivateAndNeverOverwrites) {
   EXPECT_GE(info->jobs, 100);
   EXPECT_LE(info->jobs, after);
   EXPECT_EQ(info->schema_version, Store::kSchemaVersion);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat((dir_ + "/backup.db").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u) << "it holds users' stored environments";
   EXPECT_FALSE(fs::exists(dir_ + "/backup.db-wal")) << "one self-contained file";
@@ -139,7 +139,7 @@ TEST_F(BackupTest, RestoreNeedsTheServerStoppedAndAGoodStore) {
   EXPECT_EQ(done->jobs, 3);
   ASSERT_FALSE(aside.empty());
   EXPECT_TRUE(fs::exists(aside));
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(db.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   auto restored = Store::Open(db);

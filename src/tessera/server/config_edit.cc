@@ -52,7 +52,7 @@ absl::StatusOr<std::string> EnsureToken(const std::string& path, const std::stri
                                         bool admin, bool* added) {
   *added = false;
   YAML::Node root;
-  struct stat st{};
+  struct stat st {};
   const bool exists = stat(path.c_str(), &st) == 0;
   if (exists) {
     // Only a file the config loader takes: an edit never turns a bad file into another.

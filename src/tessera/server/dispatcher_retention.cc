@@ -31,9 +31,10 @@ void Dispatcher::ApplyRetention(double now) {
     if (gone.ok()) {
       for (int64_t id : *gone) RemoveJobFiles(id);
       if (!gone->empty())
-        spdlog::info("retention: {} jobs that ended over {} ago removed with their logs (jobs {}..{})",
-                     gone->size(), core::FormatDuration(config_.retention_jobs_s), gone->front(),
-                     gone->back());
+        spdlog::info(
+            "retention: {} jobs that ended over {} ago removed with their logs (jobs {}..{})",
+            gone->size(), core::FormatDuration(config_.retention_jobs_s), gone->front(),
+            gone->back());
       more = gone->size() >= kRetentionBatch;
     } else {
       spdlog::warn("retention: {}", std::string(gone.status().message()));

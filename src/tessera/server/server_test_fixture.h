@@ -69,7 +69,7 @@ class ServerTest : public ::testing::Test {
   }
 
   json Call(const std::string& method, const std::string& path, const json& body = nullptr,
-            int* status = nullptr) {
+            int* status = nullptr, uid_t uid = geteuid()) {
     net::HttpRequest r;
     r.method = method;
     r.target = path;
@@ -84,7 +84,7 @@ class ServerTest : public ::testing::Test {
     r.content_type = "application/json";
     if (!body.is_null()) r.body = body.dump();
     r.peer.unix_socket = true;
-    r.peer.uid = geteuid();
+    r.peer.uid = uid;
     net::HttpResponse out = server_->Handle(r);
     if (status) *status = out.status;
     return json::parse(out.body, nullptr, false);

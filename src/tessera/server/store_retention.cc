@@ -97,7 +97,8 @@ absl::StatusOr<int64_t> Store::PurgeEnvironments(double before) {
                            "'$.env') END) IS NOT NULL AND (array_id = 0 OR NOT EXISTS (SELECT 1 "
                            "FROM jobs t WHERE t.array_id = jobs.array_id AND t.{1}))",
                            kEnded, kLive));
-  if (q.rc != SQLITE_OK || (sqlite3_bind_double(q.s, 1, before), sqlite3_step(q.s)) != SQLITE_DONE) {
+  if (q.rc != SQLITE_OK ||
+      (sqlite3_bind_double(q.s, 1, before), sqlite3_step(q.s)) != SQLITE_DONE) {
     const absl::Status st = Fail(db_, "dropping stored environments");
     (void)Exec("ROLLBACK");
     return st;
