@@ -32,6 +32,18 @@ cp -r "$src/deploy" "$tmp/overlay/deploy"
 printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - deploy\ncomponents:\n  - deploy/components/monitoring\n' >"$tmp/overlay/kustomization.yaml"
 kubectl kustomize "$tmp/overlay" >"$tmp/monitoring.yaml"
 grep -q "^kind: ServiceMonitor" "$tmp/monitoring.yaml" || fail "components/monitoring adds no ServiceMonitor"
+grep -q "^kind: PrometheusRule" "$tmp/monitoring.yaml" || fail "components/monitoring adds no PrometheusRule"
+# Its groups are deploy/prometheus/tessera-rules.yaml's, which promtool checks and unit-tests
+# (tests/prometheus/rules_test.yaml, ctest Prometheus.AlertRules).
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const fs = require("fs");
+const rule = yaml.loadAll(fs.readFileSync(process.argv[2], "utf8")).find((d) => d && d.kind === "PrometheusRule");
+const plain = yaml.load(fs.readFileSync(process.argv[3], "utf8"));
+if (!require("util").isDeepStrictEqual(rule.spec.groups, plain.groups)) {
+  console.error("the PrometheusRule differs from deploy/prometheus/tessera-rules.yaml: run scripts/helm-sync");
+  process.exit(1);
+}' "$here" "$tmp/monitoring.yaml" "$src/deploy/prometheus/tessera-rules.yaml" || fail "PrometheusRule out of date"
 node "$here/validate.js" <"$tmp/monitoring.yaml" >/dev/null || fail "invalid objects with components/monitoring"
 # Pod Security: the namespace says what the agent needs (host paths), so a cluster enforcing
 # baseline by default admits it; the agent'"'"'s pod is indeed outside baseline (a hostPath volume).
@@ -357,6 +369,13 @@ diff -u "$src/deploy/components/monitoring/servicemonitor.yaml" "$tmp/chart.yaml
   fail "chart template servicemonitor.yaml differs from deploy/components/monitoring"
 grep -q 'Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor"' "$chart/templates/servicemonitor.yaml" ||
   fail "the chart's ServiceMonitor is not conditional on the API serving it"
+# The PrometheusRule likewise, under monitoring.prometheusRule, its alert templates passed through.
+sed -e '1,2d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' \
+    -e 's/{{`\({{[^}]*}}\)`}}/\1/g' "$chart/templates/prometheusrule.yaml" >"$tmp/chart.yaml"
+diff -u "$src/deploy/components/monitoring/prometheusrule.yaml" "$tmp/chart.yaml" >/dev/null ||
+  fail "chart template prometheusrule.yaml differs from deploy/components/monitoring"
+grep -q 'Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule"' "$chart/templates/prometheusrule.yaml" ||
+  fail "the chart's PrometheusRule is not conditional on the API serving it"
 # The chart's dashboard is deploy/grafana's (the one tests/e2e checks against a real Prometheus).
 cmp -s "$src/deploy/grafana/tessera.json" "$chart/files/tessera.json" ||
   fail "deploy/helm/tessera/files/tessera.json differs from deploy/grafana/tessera.json"
