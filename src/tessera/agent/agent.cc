@@ -450,7 +450,7 @@ std::string Agent::Metrics() {
     counters.allocated_marks = nc.allocated_marks;
     counters.mark_errors = nc.mark_errors;
   }
-  return RenderMetrics(options_.node_name, gpus, shares, counters);
+  return RenderMetrics(options_.node_name, gpus, shares, counters, options_.metrics_virtual_gpus);
 }
 
 }  // namespace tessera::agent

@@ -49,6 +49,8 @@ struct AgentOptions {
   devices::DriverSearch driver{.dev_root = "/"};
   // /metrics on TCP ("0.0.0.0:9400", ":0" for any port); empty: only on <state_dir>/agent.sock.
   std::string metrics_address = "0.0.0.0:9400";
+  // dcgm-exporter's --kubernetes-virtual-gpus: a shared GPU's series once per pod (RenderMetrics).
+  bool metrics_virtual_gpus = false;
   devices::HealthPolicy health;
   std::chrono::milliseconds reconcile_interval{10000};
   // An allocation the kubelet does not list yet is kept this long (it records it after Allocate).

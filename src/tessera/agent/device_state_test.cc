@@ -418,6 +418,24 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   EXPECT_THAT(text, HasSubstr("pod=\"\"} 0\n"));  // GPU 1: nobody, unhealthy
   EXPECT_THAT(text, HasSubstr("pod=\"notebook \\\"x\\\"\"}"));
   EXPECT_THAT(text, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\""));
+  // A GPU two pods share: once, with its first holder's labels, as dcgm-exporter by default
+  // (NVIDIA's dashboard sums and counts per series: 990 W for 740 W when split); split per pod
+  // with --kubernetes-virtual-gpus.
+  gpus[0].holders.push_back({"ns", "infer", "srv"});
+  auto series = [](const std::string& page, const std::string& prefix) {
+    size_t n = 0;
+    for (size_t at = page.find(prefix); at != std::string::npos; at = page.find(prefix, at + 1))
+      ++n;
+    return n;
+  };
+  const std::string shared = RenderMetrics("node-1", gpus, {s}, AgentCountersSample{});
+  EXPECT_EQ(series(shared, "DCGM_FI_DEV_POWER_USAGE{gpu=\"0\""), 1u);
+  EXPECT_EQ(series(shared, "DCGM_FI_DEV_POWER_USAGE{"), 2u) << "one per GPU";
+  EXPECT_THAT(shared, ::testing::Not(HasSubstr("pod=\"infer\"")));
+  EXPECT_EQ(series(shared, "tessera_gpu_healthy{gpu=\"0\""), 1u);
+  const std::string split = RenderMetrics("node-1", gpus, {s}, AgentCountersSample{}, true);
+  EXPECT_EQ(series(split, "DCGM_FI_DEV_POWER_USAGE{gpu=\"0\""), 2u);
+  EXPECT_THAT(split, HasSubstr("pod=\"infer\"} 123.5"));
   std::string file = dir_ + "/metrics.txt";
   std::ofstream(file) << text;
   auto check = test::PromtoolCheck(file);

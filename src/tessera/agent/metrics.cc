@@ -41,12 +41,17 @@ Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef
 
 std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSample>& gpus,
                           const std::vector<ShareSample>& shares,
-                          const AgentCountersSample& counters) {
+                          const AgentCountersSample& counters, bool virtual_gpus) {
   Page p;
-  // One series per holder, or one without pod labels when nobody holds the GPU.
+  // One series per GPU with its first holder's pod labels (empty when nobody holds it), or, with
+  // virtual_gpus, one per holder.
   auto per_holder = [&](const GpuSample& s, double value, auto labels) {
     if (s.holders.empty()) {
       p.Sample(labels(hostname, *s.gpu, nullptr), value);
+      return;
+    }
+    if (!virtual_gpus) {
+      p.Sample(labels(hostname, *s.gpu, &s.holders.front()), value);
       return;
     }
     for (const ContainerRef& c : s.holders) p.Sample(labels(hostname, *s.gpu, &c), value);

@@ -55,9 +55,13 @@ struct AgentCountersSample {
   size_t share_allocations = 0;
 };
 
+// `virtual_gpus` (dcgm-exporter's --kubernetes-virtual-gpus): a GPU held by several pods (shares)
+// has its DCGM_FI_* and tessera_gpu_healthy series once per holder, each with that pod's labels.
+// Off (dcgm-exporter's default): once per GPU, with its first holder's labels - so NVIDIA's
+// dashboard, which sums and counts series per GPU, reads every GPU once.
 std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSample>& gpus,
                           const std::vector<ShareSample>& shares,
-                          const AgentCountersSample& counters);
+                          const AgentCountersSample& counters, bool virtual_gpus = false);
 
 // Reads the memory in use and the limit per device of a shared region file; false when it cannot
 // be read or is not a region.

@@ -173,6 +173,9 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
                 "libtessera-cuda.so on the host, mounted into containers given shares (default: "
                 "the one next to this binary)");
   a->add_flag("--no-shares", f.no_shares, "Serve whole GPUs only (no tessera.io/gpu-share)");
+  a->add_flag("--kubernetes-virtual-gpus", f.o.metrics_virtual_gpus,
+              "As dcgm-exporter's flag: a GPU shared by several pods has its DCGM_FI_* series once "
+              "per pod, each with its labels (default: once per GPU, its first holder's labels)");
   a->add_option("--default-priority", f.o.plugin.default_priority,
                 "Time-slice priority of shares whose pod names none")
       ->check(CLI::Range(-1000, 1000))
