@@ -197,6 +197,17 @@ TEST_F(Slurm, AStepWhoseLibraryCannotBeSetUpFailsWithThePluginsMessage) {
   run = Capture(Cmd("srun -Q --gres=shard:1 echo ran 2>&1"));
   EXPECT_NE(run.code, 0);
   EXPECT_THAT(run.out, HasSubstr("plugstack.conf gives no gpu_memory="));
+  // A typo in plugstack.conf (gpu_mem= for gpu_memory=): GPU steps refused naming it; a step
+  // without a GPU runs (it refused every step on the node before).
+  slurm_->SetPluginArgs("library=" + kLibrary + " shards_per_gpu=8 gpu_mem=16GiB");
+  run = Capture(Cmd("srun -Q --gres=shard:1 echo ran 2>&1"));
+  EXPECT_NE(run.code, 0);
+  EXPECT_THAT(run.out, HasSubstr("plugstack.conf"));
+  EXPECT_THAT(run.out, HasSubstr("gpu_mem"));
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("ran")));
+  auto cpu = Capture(Cmd("srun -Q echo cpu-ran 2>&1"));
+  EXPECT_EQ(cpu.code, 0) << cpu.out;
+  EXPECT_THAT(cpu.out, HasSubstr("cpu-ran"));
 }
 
 // While a job runs, `tessera slurm exporter` shows its use with its Slurm job id; at its end

@@ -103,12 +103,22 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     return Refuse("cannot tell the step's job, user or group");
   }
   if (step == kExternStep) return ESPANK_SUCCESS;  // the job's extern step runs nothing
-  auto config = Config(ac, av);
-  if (!config.ok()) return Refuse(std::string(config.status().message()));
   tessera::slurm::StepRequest request;
   request.gpus = Env(sp, "SLURM_STEP_GPUS");
   if (request.gpus.empty()) request.gpus = Env(sp, "SLURM_JOB_GPUS");
   request.shards = Env(sp, "SLURM_SHARDS_ON_NODE");
+  auto config = Config(ac, av);
+  if (!config.ok()) {
+    // A wrong plugstack.conf line refuses the steps it would limit - those with GPUs - not every
+    // step on the node.
+    if (request.gpus.empty() && request.shards.empty()) {
+      slurm_info("tessera: job %u step %u has no GPU; plugstack.conf: %s", job, step,
+                 std::string(config.status().message()).c_str());
+      return ESPANK_SUCCESS;
+    }
+    return Refuse("job " + std::to_string(job) +
+                  ": plugstack.conf: " + std::string(config.status().message()));
+  }
   request.share_option = share_option;
   request.mem_option = mem_option;
   auto limits = tessera::slurm::DecideLimits(*config, request);
@@ -120,6 +130,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   if (!env.ok())
     return Refuse("job " + std::to_string(job) +
                   ": its GPU limits cannot be set up: " + std::string(env.status().message()));
+  for (const std::string& note : env->notes) slurm_info("tessera: %s", note.c_str());
   for (const std::string& name : env->unset) spank_unsetenv(sp, name.c_str());
   for (const auto& [name, value] : env->set) {
     if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS)
@@ -150,7 +161,14 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
   }
   auto config = Config(ac, av);
   if (!config.ok() || job == 0) return ESPANK_SUCCESS;  // said at the step's start
-  auto acct = tessera::slurm::EndJob(*config, job, time(nullptr));
+  // The ending job's user, so that an earlier job's record under a reused id is not taken for it.
+  std::optional<uid_t> uid;
+  if (uid_t u = 0; spank_get_item(sp, S_JOB_UID, &u) == ESPANK_SUCCESS) {
+    uid = u;
+  } else if (const char* e = getenv("SLURM_JOB_UID"); e && *e) {
+    uid = static_cast<uid_t>(strtoul(e, nullptr, 10));
+  }
+  auto acct = tessera::slurm::EndJob(*config, job, time(nullptr), uid);
   // An epilog that fails drains the node: the job's end is logged, never refused.
   if (!acct.ok())
     slurm_error("tessera: job %u: %s", job, std::string(acct.status().message()).c_str());

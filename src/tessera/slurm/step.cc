@@ -77,6 +77,20 @@ absl::Status MakeFolder(const std::string& path, mode_t mode) {
   return absl::OkStatus();
 }
 
+// A record and region left by an earlier job under this id, moved to stale/<job>.<time>.json and
+// .region (kept for the admin: who it was, what it held); what was done, for the log.
+std::string SetAside(const PluginConfig& c, uint32_t job, uid_t was, uid_t now_uid, time_t now) {
+  const std::string dir = c.state_dir + "/stale";
+  (void)MakeFolder(dir, 0700);
+  const std::string base = fmt::format("{}/{}.{}", dir, job, static_cast<int64_t>(now));
+  rename(Record(c, job).c_str(), (base + ".json").c_str());
+  rename(Region(c, job).c_str(), (base + ".region").c_str());
+  return fmt::format(
+      "job {}: a record of an earlier job {} of uid {} was still here (its epilog never ran); "
+      "set aside as {}.json, not used for this job of uid {}",
+      job, job, was, base, now_uid);
+}
+
 absl::Status MakeState(const PluginConfig& c) {
   // Folders every user passes through (0711) but only root lists or writes; the records root's.
   for (const auto& [dir, mode] :
@@ -265,6 +279,12 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     return absl::InternalError(
         fmt::format("cannot lock {}/.lock: {}", config.state_dir, strerror(errno)));
   const std::string region = Region(config, job_id), record = Record(config, job_id);
+  // Another user's job under this id (a reused id): its files are never this job's.
+  if (access(record.c_str(), F_OK) == 0) {
+    const std::optional<NodeJob> earlier = ReadNodeJob(record);
+    if (!earlier || earlier->uid != uid)
+      env.notes.push_back(SetAside(config, job_id, earlier ? earlier->uid : uid_t(-1), uid, now));
+  }
   // The job's region: one for all its steps here (its memory is the job's), made by its first.
   if (access(record.c_str(), F_OK) != 0) {
     unlink(region.c_str());
@@ -346,12 +366,17 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir) {
   return out;
 }
 
-absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now) {
+absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
+                                   std::optional<uid_t> ending_uid) {
   const std::string record = Record(config, job_id), region = Region(config, job_id);
   if (access(record.c_str(), F_OK) != 0) return std::string();
   StateLock lock(config.state_dir);
   const std::optional<NodeJob> job = ReadNodeJob(record);
   if (!job) return absl::DataLossError(fmt::format("{}: not a record of the plugin", record));
+  if (ending_uid && *ending_uid != job->uid) {
+    // An earlier job's record under a reused id: not this job's to account.
+    return absl::FailedPreconditionError(SetAside(config, job_id, job->uid, *ending_uid, now));
+  }
   const std::vector<int>& gpus = job->gpus;
   const uint32_t share = job->share_permille;
   const uid_t uid = job->uid;

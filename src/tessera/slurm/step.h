@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,11 +65,14 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
 struct StepEnvironment {
   std::map<std::string, std::string> set;
   std::vector<std::string> unset;
+  std::vector<std::string> notes;  // said in slurmd's log (a stale record set aside)
 };
 
 // Sets up the job's node files for one of its steps (the first step makes the region and the
 // record; later ones reuse them) and returns its tasks' environment. Any failure is an error that
-// names the file: the plugin then refuses the step (fail closed).
+// names the file: the plugin then refuses the step (fail closed). A record of the same job id left
+// by another user's job (its epilog never ran: slurmd crashed, the node rebooted; Slurm then gave
+// the id again) is set aside in stale/ with its region, and said, never reused.
 absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
                                           gid_t gid, const StepLimits& limits,
                                           const std::string& ld_preload, time_t now);
@@ -93,6 +97,9 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
 // arbiter's GPU time, removes the region and the record, and takes the user's arbiter access away
 // when it was her last job with a compute share here. Returns the accounting file's path, empty
 // when the job had nothing set up on this node.
-absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now);
+// `uid`: the ending job's user when the epilog knows it; a record of another user's job under this
+// id (a reused id) is set aside in stale/, not accounted as this job.
+absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
+                                   std::optional<uid_t> uid = std::nullopt);
 
 }  // namespace tessera::slurm

@@ -197,6 +197,59 @@ TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
   EXPECT_EQ(*nothing, "") << "an epilog of a job with nothing here does nothing";
 }
 
+// A reused job id (slurmd crashed or the node rebooted before the epilog; Slurm then gave the id
+// again): the earlier job's record and region, another user's, are set aside and said, never
+// used - the new job gets a region it can open and is accounted as itself; an epilog of a job
+// whose user is not the record's does not account the record as its own.
+TEST_F(SlurmNodeFiles, AReusedJobIdNeverMeetsTheEarlierJobsFiles) {
+  // (getpwnam's answer is one static buffer: copied before the next call.)
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  const uid_t n_uid = nobody->pw_uid;
+  const gid_t n_gid = nobody->pw_gid;
+  const passwd* daemon = getpwnam("daemon");
+  ASSERT_NE(daemon, nullptr);
+  const uid_t d_uid = daemon->pw_uid;
+  const gid_t d_gid = daemon->pw_gid;
+  ASSERT_NE(n_uid, d_uid);
+  auto limits = DecideLimits(config_, {.gpus = "1", .shards = "2"});
+  ASSERT_TRUE(limits.ok());
+  ASSERT_TRUE(SetUpStep(config_, 42, d_uid, d_gid, *limits, "", 1000).ok());
+  const std::string region = config_.state_dir + "/regions/42.region";
+  auto env = SetUpStep(config_, 42, n_uid, n_gid, *limits, "", 5000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  ASSERT_EQ(env->notes.size(), 1u);
+  EXPECT_THAT(env->notes[0], HasSubstr("earlier job 42 of uid " + std::to_string(d_uid)));
+  EXPECT_THAT(env->notes[0], HasSubstr("set aside"));
+  struct stat st;
+  ASSERT_EQ(stat(region.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, n_uid) << "a region the new job's user can open";
+  EXPECT_EQ(NodeJobs(config_.state_dir).at(42).uid, n_uid);
+  EXPECT_EQ(NodeJobs(config_.state_dir).at(42).started, 5000);
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/stale/42.5000.json"));
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/stale/42.5000.region"));
+  // A later step of the same job keeps its own files, saying nothing.
+  auto later = SetUpStep(config_, 42, n_uid, n_gid, *limits, "", 5010);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->notes.empty());
+  // Its epilog accounts it as itself.
+  auto acct = EndJob(config_, 42, 5060, n_uid);
+  ASSERT_TRUE(acct.ok()) << acct.status();
+  std::ifstream in(*acct);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["uid"], n_uid);
+  EXPECT_EQ(j["started"], 5000);
+  // The epilog of daemon's job 43 finds nobody's record under 43 (left from before): set aside,
+  // no accounting as daemon's job.
+  ASSERT_TRUE(SetUpStep(config_, 43, n_uid, n_gid, *limits, "", 6000).ok());
+  auto other = EndJob(config_, 43, 7000, d_uid);
+  EXPECT_FALSE(other.ok());
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("set aside"));
+  EXPECT_FALSE(fs::exists(config_.state_dir + "/acct/43.json"));
+  EXPECT_FALSE(fs::exists(config_.state_dir + "/jobs/43.json"));
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/stale/43.7000.json"));
+}
+
 TEST_F(SlurmNodeFiles, ABatchStepsSettingsAreTakenOutOfAStepWithoutAShare) {
   auto whole = DecideLimits(config_, {.gpus = "0"});
   ASSERT_TRUE(whole.ok());
