@@ -266,9 +266,10 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
 }
 
 absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
-                                          gid_t gid, const StepLimits& limits,
+                                          gid_t gid, const StepLimits& asked,
                                           const std::string& ld_preload, time_t now) {
   StepEnvironment env;
+  StepLimits limits = asked;
   if (limits.gpus.empty()) return env;
   if (access(config.library.c_str(), R_OK) != 0)
     return absl::FailedPreconditionError(fmt::format("the intercept library {} cannot be read: {}",
@@ -284,6 +285,35 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     const std::optional<NodeJob> earlier = ReadNodeJob(record);
     if (!earlier || earlier->uid != uid)
       env.notes.push_back(SetAside(config, job_id, earlier ? earlier->uid : uid_t(-1), uid, now));
+  }
+  // A whole-GPU step that Slurm placed on a GPU shard jobs hold (gpu and shard are separate gres
+  // to Slurm): unpaced it would take their shares. It gets what they leave - the rest of the GPU's
+  // time and, where gpu_memory= is known, of its memory - and is paced with them.
+  if (limits.share_permille == 0 && limits.memory_bytes == 0) {
+    uint32_t taken = 0;
+    uint64_t held = 0;
+    std::vector<std::string> beside;
+    for (const auto& [id, other] : NodeJobs(config.state_dir)) {
+      if (id == job_id || other.share_permille == 0) continue;
+      if (std::none_of(other.gpus.begin(), other.gpus.end(), [&](int g) {
+            return std::find(limits.gpus.begin(), limits.gpus.end(), g) != limits.gpus.end();
+          }))
+        continue;
+      taken += other.share_permille;
+      held += other.memory_bytes;
+      beside.push_back(std::to_string(id));
+    }
+    if (!beside.empty()) {
+      limits.share_permille = taken >= 1000 ? 10 : 1000 - taken;
+      if (config.gpu_memory_bytes > held) limits.memory_bytes = config.gpu_memory_bytes - held;
+      env.notes.push_back(fmt::format(
+          "job {}: a whole GPU ({}) shard jobs {} are on: paced with them at the {:g}% they "
+          "leave{}",
+          job_id, fmt::join(limits.gpus, ","), fmt::join(beside, ","), limits.share_permille / 10.0,
+          limits.memory_bytes > 0
+              ? fmt::format(", memory {}", core::FormatBytes(limits.memory_bytes))
+              : std::string()));
+    }
   }
   // The job's region: one for all its steps here (its memory is the job's), made by its first.
   if (access(record.c_str(), F_OK) != 0) {

@@ -250,6 +250,30 @@ TEST_F(SlurmNodeFiles, AReusedJobIdNeverMeetsTheEarlierJobsFiles) {
   EXPECT_TRUE(fs::exists(config_.state_dir + "/stale/43.7000.json"));
 }
 
+// Slurm may give a whole GPU (gres gpu) that shard jobs are on (gres shard): the whole-GPU step is
+// paced with them at what they leave, its memory what they do not hold - not run unpaced over
+// their shares. A whole GPU nobody shares stays unlimited.
+TEST_F(SlurmNodeFiles, AWholeGpuStepBesideShardJobsGetsWhatTheyLeave) {
+  auto shards = DecideLimits(config_, {.gpus = "1", .shards = "2"});  // 25%, 4 GiB
+  ASSERT_TRUE(shards.ok());
+  ASSERT_TRUE(SetUpStep(config_, 50, getuid(), getgid(), *shards, "", 1000).ok());
+  auto whole = DecideLimits(config_, {.gpus = "1"});
+  ASSERT_TRUE(whole.ok());
+  ASSERT_EQ(whole->share_permille, 0u);
+  auto env = SetUpStep(config_, 51, getuid(), getgid(), *whole, "", 1001);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "75%");
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(12 * GiB));
+  ASSERT_EQ(env->notes.size(), 1u);
+  EXPECT_THAT(env->notes[0], HasSubstr("shard jobs 50 are on: paced with them at the 75%"));
+  auto alone = DecideLimits(config_, {.gpus = "2"});
+  ASSERT_TRUE(alone.ok());
+  auto free_env = SetUpStep(config_, 52, getuid(), getgid(), *alone, "", 1002);
+  ASSERT_TRUE(free_env.ok());
+  EXPECT_FALSE(free_env->set.contains("TESSERA_CUDA_COMPUTE_SHARE"));
+  EXPECT_TRUE(free_env->notes.empty());
+}
+
 TEST_F(SlurmNodeFiles, ABatchStepsSettingsAreTakenOutOfAStepWithoutAShare) {
   auto whole = DecideLimits(config_, {.gpus = "0"});
   ASSERT_TRUE(whole.ok());
