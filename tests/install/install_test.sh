@@ -18,7 +18,12 @@ work=$(mktemp -d)
 root="$work/root"
 server=""
 cleanup() {
-  [[ -n "$server" ]] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
+  # The server is its pid namespace's init (SIGTERM from outside does not reach an init without a
+  # handler) and unshare ignores SIGTERM while it waits: the namespace ends with its init, killed.
+  if [[ -n "$server" ]]; then
+    pkill -KILL -P "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
