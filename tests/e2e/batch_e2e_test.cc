@@ -558,8 +558,8 @@ TEST(Batch, CancelTakesScancelsFiltersAndSaysWhatItSent) {
   const int64_t x2 = SubmittedId(Cli(d, "submit --name sweep --gpus 1 -- sleep 60"));
   const int64_t x3 = SubmittedId(Cli(d, "submit --name sweep --gpus 1 -- sleep 60"));
   const int64_t keep = SubmittedId(Cli(d, "submit --name keep --gpus 1 -- sleep 60"));
-  const int64_t theirs =
-      SubmittedId(As(d, "nobody", "submit --name sweep --gpu-share 10% -- sleep 60").out);
+  const int64_t theirs = SubmittedId(
+      As(d, "nobody", "submit --workdir /tmp --name sweep --gpu-share 10% -- sleep 60").out);
   ASSERT_GT(theirs, 0);
   WaitForLs(d, x1, "running");
   auto none = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
