@@ -464,10 +464,13 @@ int RunCancel(State& s, std::ostream& out, std::ostream& err) {
           (*j)["array"]["id"] == (*j)["id"]) {
         out << fmt::format("array {}: {}\n", id, StateText(*j, true));
       } else {
+        // A running job's stop is sent by the server's loop, maybe after this answer: said for
+        // every running job, not only one already marked stopping.
+        const bool stopping = j->contains("stopping") || j->value("state", "") == "running";
         out << fmt::format("job {}: {}{}\n", id, j->value("state", ""),
-                           !j->contains("stopping") ? ""
-                           : s.force                ? " (stopping: SIGKILL sent)"
-                                                    : " (stopping: SIGTERM sent)");
+                           !stopping ? ""
+                           : s.force ? " (stopping: SIGKILL sent)"
+                                     : " (stopping: SIGTERM sent, SIGKILL after its grace period)");
       }
     } else {
       Emit(*j, s.client.output, out);
