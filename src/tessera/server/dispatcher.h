@@ -342,13 +342,13 @@ class Dispatcher {
   double logs_checked_ = 0;  // when CheckRunning last measured logs
   // Retention (dispatcher_retention.cc): ended jobs, their logs and stored environments past the
   // config's ages go, checked at start and hourly from the scheduling loop, in batches of
-  // kRetentionBatch jobs (one a turn while more are due).
+  // kRetentionBatch jobs of each kind (one a turn, under the loop's lock, while more are due).
   static constexpr size_t kRetentionBatch = 1000;
   void ApplyRetention(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJobFiles(int64_t id) const;  // its logs (every task's) and exit file
   double retention_due_ = 0;
-  double logs_removed_until_ = 0;  // logs of jobs ended before this are gone
-  double arbiter_checked_ = 0;     // when CheckRunning last looked whether the arbiter is whole
+  Store::Ended logs_removed_to_;  // the logs of the jobs ended up to this one are gone
+  double arbiter_checked_ = 0;    // when CheckRunning last looked whether the arbiter is whole
   void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's utilization, memory used, temperature and power, read from the driver at most once

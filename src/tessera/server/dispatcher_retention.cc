@@ -41,24 +41,28 @@ void Dispatcher::ApplyRetention(double now) {
     }
   }
   if (config_.retention_logs_s > 0) {
+    // From where the last page stopped (at start: the oldest end), a page at a time.
     const double before = now - config_.retention_logs_s;
-    if (auto ids = store_->EndedBetween(logs_removed_until_, before); ids.ok()) {
-      for (int64_t id : *ids) RemoveJobFiles(id);
-      if (!ids->empty())
-        spdlog::info("retention: logs of {} jobs that ended over {} ago removed", ids->size(),
+    if (auto page = store_->EndedAfter(logs_removed_to_, before, kRetentionBatch); page.ok()) {
+      for (const Store::Ended& e : *page) RemoveJobFiles(e.id);
+      if (!page->empty()) {
+        spdlog::info("retention: logs of {} jobs that ended over {} ago removed", page->size(),
                      core::FormatDuration(config_.retention_logs_s));
-      logs_removed_until_ = before;
+        logs_removed_to_ = page->back();
+      }
+      more = more || page->size() >= kRetentionBatch;
     } else {
-      spdlog::warn("retention: {}", std::string(ids.status().message()));
+      spdlog::warn("retention: {}", std::string(page.status().message()));
     }
   }
   if (config_.retention_env_s > 0) {
-    auto n = store_->PurgeEnvironments(now - config_.retention_env_s);
+    auto n = store_->PurgeEnvironments(now - config_.retention_env_s, kRetentionBatch);
     if (!n.ok()) {
       spdlog::warn("retention: {}", std::string(n.status().message()));
     } else if (*n > 0) {
       spdlog::info("retention: the stored environments of {} jobs that ended over {} ago dropped",
                    *n, core::FormatDuration(config_.retention_env_s));
+      more = more || *n >= static_cast<int64_t>(kRetentionBatch);
     }
   }
   retention_due_ = now + (more ? 1 : 3600);

@@ -162,11 +162,17 @@ class Store {
   // an array one of whose tasks is. Their ids are returned. 0: none go.
   absl::StatusOr<std::vector<int64_t>> PurgeEnded(double jobs_before, const std::set<int64_t>& keep,
                                                   size_t max_jobs);
-  // The stored environment (spec.env: tokens and keys users' shells had) of jobs that ended before
-  // `before` is dropped (an array's once none of its tasks waits or runs). Returns how many.
-  absl::StatusOr<int64_t> PurgeEnvironments(double before);
-  // Ids of the jobs that ended in [from, to), in order (whose logs retention removes).
-  absl::StatusOr<std::vector<int64_t>> EndedBetween(double from, double to);
+  // The stored environment (spec.env: tokens and keys users' shells had) of at most `max_jobs` jobs
+  // that ended before `before` is dropped (an array's once none of its tasks waits or runs).
+  // Returns how many.
+  absl::StatusOr<int64_t> PurgeEnvironments(double before, size_t max_jobs);
+  // The jobs that ended after `after` (by end time, then id) and before `before`, in that order, at
+  // most `limit`: pages of what retention removes the logs of, each page's last the next `after`.
+  struct Ended {
+    int64_t id = 0;
+    double ended_at = 0;
+  };
+  absl::StatusOr<std::vector<Ended>> EndedAfter(Ended after, double before, size_t limit);
 
   // Called after each commit that changed jobs or their events (under the store's lock: it must
   // be quick and must not call the store).

@@ -87,18 +87,20 @@ absl::StatusOr<std::vector<int64_t>> Store::PurgeEnded(double jobs_before,
   return gone;
 }
 
-absl::StatusOr<int64_t> Store::PurgeEnvironments(double before) {
-  if (before <= 0) return 0;
+absl::StatusOr<int64_t> Store::PurgeEnvironments(double before, size_t max_jobs) {
+  if (before <= 0 || max_jobs == 0) return 0;
   std::lock_guard lock(mu_);
   if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
   // Tasks of an array other than the first have no spec of their own ('').
-  Query q(db_, fmt::format("UPDATE jobs SET spec = json_remove(spec, '$.env') WHERE {0} AND "
-                           "ended_at < ?1 AND (CASE WHEN json_valid(spec) THEN json_type(spec, "
-                           "'$.env') END) IS NOT NULL AND (array_id = 0 OR NOT EXISTS (SELECT 1 "
-                           "FROM jobs t WHERE t.array_id = jobs.array_id AND t.{1}))",
+  Query q(db_, fmt::format("UPDATE jobs SET spec = json_remove(spec, '$.env') WHERE id IN (SELECT "
+                           "id FROM jobs j WHERE j.{0} AND j.ended_at < ?1 AND (CASE WHEN "
+                           "json_valid(j.spec) THEN json_type(j.spec, '$.env') END) IS NOT NULL "
+                           "AND (j.array_id = 0 OR NOT EXISTS (SELECT 1 FROM jobs t WHERE "
+                           "t.array_id = j.array_id AND t.{1})) LIMIT ?2)",
                            kEnded, kLive));
-  if (q.rc != SQLITE_OK ||
-      (sqlite3_bind_double(q.s, 1, before), sqlite3_step(q.s)) != SQLITE_DONE) {
+  if (q.rc != SQLITE_OK || (sqlite3_bind_double(q.s, 1, before),
+                            sqlite3_bind_int64(q.s, 2, static_cast<int64_t>(max_jobs)),
+                            sqlite3_step(q.s)) != SQLITE_DONE) {
     const absl::Status st = Fail(db_, "dropping stored environments");
     (void)Exec("ROLLBACK");
     return st;
@@ -111,20 +113,24 @@ absl::StatusOr<int64_t> Store::PurgeEnvironments(double before) {
   return n;
 }
 
-absl::StatusOr<std::vector<int64_t>> Store::EndedBetween(double from, double to) {
+absl::StatusOr<std::vector<Store::Ended>> Store::EndedAfter(Ended after, double before,
+                                                            size_t limit) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
-  Query q(db, fmt::format("SELECT id FROM jobs WHERE {} AND ended_at >= ?1 AND ended_at < ?2 "
-                          "ORDER BY id",
+  Query q(db, fmt::format("SELECT id, ended_at FROM jobs WHERE {} AND (ended_at, id) > (?1, ?2) "
+                          "AND ended_at < ?3 ORDER BY ended_at, id LIMIT ?4",
                           kEnded));
   if (q.rc != SQLITE_OK) return Fail(db, "listing ended jobs");
-  sqlite3_bind_double(q.s, 1, from);
-  sqlite3_bind_double(q.s, 2, to);
-  std::vector<int64_t> ids;
+  sqlite3_bind_double(q.s, 1, after.ended_at);
+  sqlite3_bind_int64(q.s, 2, after.id);
+  sqlite3_bind_double(q.s, 3, before);
+  sqlite3_bind_int64(q.s, 4, static_cast<int64_t>(limit));
+  std::vector<Ended> out;
   int rc;
-  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) ids.push_back(sqlite3_column_int64(q.s, 0));
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW)
+    out.push_back({sqlite3_column_int64(q.s, 0), sqlite3_column_double(q.s, 1)});
   if (rc != SQLITE_DONE) return Fail(db, "listing ended jobs");
-  return ids;
+  return out;
 }
 
 }  // namespace tessera::server

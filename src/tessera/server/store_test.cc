@@ -513,5 +513,44 @@ TEST(Store, EventsAfterASeqAndTheHistorysWindow) {
   EXPECT_EQ(s.Samples(150)->size(), 1u);
 }
 
+// Retention works in pages: every ended job is met once across pages of 2, ties of end time
+// included, queued and running ones never; environments go at most a page at a time.
+TEST(Store, RetentionPagesMeetEachEndedJobOnceAndStopAtTheirLimit) {
+  auto store = Store::Open(TempDb("retention-pages.db"));
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  std::set<int64_t> ended;
+  for (int i = 0; i < 7; ++i) {
+    JobRecord r = Job("j");
+    r.spec_json = R"({"command":["true"],"env":{"K":"v"}})";
+    auto id = s.Insert(r, 1);
+    ASSERT_TRUE(id.ok());
+    if (i == 6) continue;  // stays queued
+    ASSERT_TRUE(s.Transition(*id, JobState::kRunning, "", 2, {.started_at = 2.0}).ok());
+    if (i == 5) continue;                       // stays running
+    const double at = i < 3 ? 10.0 : 20.0 + i;  // three end at the same moment
+    ASSERT_TRUE(s.Transition(*id, JobState::kSucceeded, "", at, {.ended_at = at}).ok());
+    ended.insert(*id);
+  }
+  std::multiset<int64_t> seen;
+  Store::Ended after;
+  for (int page = 0; page < 10; ++page) {
+    auto got = s.EndedAfter(after, 1000, 2);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const Store::Ended& e : *got) seen.insert(e.id);
+    if (got->empty()) break;
+    after = got->back();
+  }
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()), ended);
+  EXPECT_EQ(seen.size(), ended.size()) << "none twice";
+  auto some = s.PurgeEnvironments(1000, 3);
+  ASSERT_TRUE(some.ok());
+  EXPECT_EQ(*some, 3);
+  auto rest = s.PurgeEnvironments(1000, 3);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(*rest, 2) << "the ended ones left, not the running or queued";
+  EXPECT_EQ(*s.PurgeEnvironments(1000, 3), 0);
+}
+
 }  // namespace
 }  // namespace tessera::server
