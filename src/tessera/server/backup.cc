@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "fmt/format.h"
+#include "tessera/server/server_util.h"
 #include "tessera/server/store.h"
 
 namespace tessera::server {
@@ -129,10 +130,7 @@ absl::StatusOr<BackupInfo> RestoreStore(const std::string& from, const std::stri
     ~Unlock() { close(fd); }
   } unlock{lock};
   if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
-    char pid[32] = {};
-    const ssize_t n = pread(lock, pid, sizeof pid - 1, 0);
-    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "";
-    while (!holder.empty() && (holder.back() == '\n')) holder.pop_back();
+    const std::string holder = LockHolder(lock);
     return absl::FailedPreconditionError(
         fmt::format("a tessera server{} is using {}: stop it first (systemctl stop tessera)",
                     holder.empty() ? "" : " (pid " + holder + ")", state_dir));

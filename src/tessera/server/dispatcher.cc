@@ -90,10 +90,7 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     for (int i = 0; i < 30 && !(locked = flock(lock, LOCK_EX | LOCK_NB) == 0); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (!locked) {
-      char holder[32] = {};
-      const ssize_t n = pread(lock, holder, sizeof holder - 1, 0);
-      std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
-      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      const std::string pid = LockHolder(lock);
       close(lock);
       return absl::FailedPreconditionError(fmt::format(
           "another tessera server{} is using the state folder {}: one server per state folder "

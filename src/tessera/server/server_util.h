@@ -44,6 +44,15 @@ inline std::string LogText(std::string_view text, size_t max = 200) {
   return out;
 }
 
+// The pid a server wrote into its state folder's lock file (`fd`, open), "" when none reads.
+inline std::string LockHolder(int fd) {
+  char holder[32] = {};
+  const ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+  std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+  while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+  return pid;
+}
+
 inline std::string Hostname() {
   char buf[256] = "";
   gethostname(buf, sizeof buf - 1);
