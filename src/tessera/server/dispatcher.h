@@ -446,6 +446,9 @@ class Dispatcher {
     std::shared_ptr<const JobSpec> spec;
     std::string owner;
     uint32_t uid = 0;  // counted against limits.max_running_jobs_per_user
+    // Its GPUs: listed on them from the pass that placed it (its start is recorded, and said on
+    // the event stream, before it moves to running_).
+    std::vector<int> gpus;
   };
   std::map<int64_t, Starting> starting_ ABSL_GUARDED_BY(mu_);
   // Jobs whose process ended and whose end is being recorded outside mu_.

@@ -561,10 +561,14 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
   const auto& state = engine_->scheduler().state();
   for (size_t g = 0; g < out.size(); ++g) {
     GpuState& s = out[g];
+    // Running, and starting (recorded as running, its process not yet known here).
     for (const auto& [id, r] : running_) {
-      if (std::find(r.gpus.begin(), r.gpus.end(), static_cast<int>(g)) != r.gpus.end())
-        s.jobs.push_back(id);
+      if (std::ranges::find(r.gpus, static_cast<int>(g)) != r.gpus.end()) s.jobs.push_back(id);
     }
+    for (const auto& [id, st] : starting_) {
+      if (std::ranges::find(st.gpus, static_cast<int>(g)) != st.gpus.end()) s.jobs.push_back(id);
+    }
+    std::ranges::sort(s.jobs);
     const auto& use = state.gpu_use(0, static_cast<int>(g));
     s.healthy = gpu_healthy_[g];
     s.reason = gpu_health_reason_[g];

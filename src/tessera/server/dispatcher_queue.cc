@@ -351,7 +351,7 @@ void Dispatcher::PassExecutor::Start(const std::string& job, const sched::Alloca
   const int64_t id = std::stoll(job);
   auto q = d.queued_.find(id);
   if (q == d.queued_.end()) return;  // the engine's queue only holds what queued_ holds
-  Starting starting{"", q->second.spec, q->second.owner, q->second.uid};  // a cancel meanwhile
+  Starting starting{"", q->second.spec, q->second.owner, q->second.uid, a.gpus};
   launches.push_back(d.PrepareLaunch(std::move(q->second), a, now));
   d.EraseQueued(q);
   d.starting_[id] = std::move(starting);

@@ -5,6 +5,7 @@
 // keeps a cgroup "busy" for as many removals as set, records the regions it was asked to make and
 // remove, the containers removed, and who may write the arbiter. Thread-safe.
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,12 @@ class FakeJobHost final : public JobHost {
   void SetUsage(int64_t job, CgroupUsage usage) {
     std::lock_guard lock(mu_);
     usage_[job] = usage;
+  }
+  // Called with each job's id as its launch begins (its start already recorded), outside the
+  // host's lock: what a reader sees while a process is being made.
+  void set_on_launch(std::function<void(int64_t)> f) {
+    std::lock_guard lock(mu_);
+    on_launch_ = std::move(f);
   }
   // The next `times` removals of job's cgroup find it busy.
   void KeepBusy(int64_t job, int times) {
@@ -78,6 +85,12 @@ class FakeJobHost final : public JobHost {
   // ---- JobHost ----
   absl::StatusOr<Launched> Launch(LaunchSpec& spec,
                                   const std::optional<CgroupLimits>& limits) override {
+    std::function<void(int64_t)> on_launch;
+    {
+      std::lock_guard lock(mu_);
+      on_launch = on_launch_;
+    }
+    if (on_launch) on_launch(spec.job_id);
     {
       std::lock_guard lock(mu_);
       launches_[spec.job_id] =
@@ -167,6 +180,7 @@ class FakeJobHost final : public JobHost {
   std::set<std::string> regions_;
   std::vector<int64_t> containers_removed_;
   std::map<uint32_t, int> arbiter_users_;
+  std::function<void(int64_t)> on_launch_;
 };
 
 }  // namespace tessera::server

@@ -135,5 +135,30 @@ TEST_F(JobHostTest, AShareGetsItsRegionAndItsOwnerTheArbiterWhileItRuns) {
   EXPECT_TRUE(host_->arbiter_users().empty());
 }
 
+// A job's start is recorded (and said on the event stream) before its process is made; a reader
+// in between (the dashboard, woken by that event) sees it running and on its GPU, never running on
+// none: no further event comes to correct it.
+TEST_F(JobHostTest, AJobBeingLaunchedIsListedOnItsGpuAsSoonAsItsStartIsRecorded) {
+  StartServer();
+  std::vector<json> seen;
+  host_->set_on_launch([&](int64_t) {
+    seen.push_back(Call("GET", "/v1/gpus"));
+    seen.push_back(Call("GET", "/v1/jobs?state=running"));
+  });
+  const int64_t id = Submit(1, 10);
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  ASSERT_EQ(seen.size(), 2u);
+  const json& running = seen[1]["jobs"];
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0]["id"], id);
+  const int gpu = Job(id)["placement"]["gpus"][0]["index"];
+  for (const json& g : seen[0]["gpus"]) {
+    EXPECT_EQ(g["jobs"], g["index"] == gpu ? json::array({id}) : json::array()) << g.dump();
+  }
+  // And once running, the same.
+  EXPECT_EQ(Call("GET", "/v1/gpus")["gpus"][gpu]["jobs"], json::array({id}));
+}
+
 }  // namespace
 }  // namespace tessera::server::testing
