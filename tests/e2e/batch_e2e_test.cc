@@ -66,7 +66,7 @@ json WaitForLs(Daemon& d, int64_t id, const std::string& state, double seconds =
   json entry;
   auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < until) {
-    json all = json::parse(Cli(d, "ls --all --limit 1000 -o json"), nullptr, false);
+    json all = json::parse(Cli(d, "ls --all --state all --limit 1000 -o json"), nullptr, false);
     for (const json& j : all.is_array() ? all : json::array()) {
       if (j.value("id", int64_t{0}) == id) entry = j;
     }
@@ -78,7 +78,7 @@ json WaitForLs(Daemon& d, int64_t id, const std::string& state, double seconds =
 }
 
 size_t JobCount(Daemon& d) {
-  return json::parse(Cli(d, "ls --all --expand --limit 100000 -o json")).size();
+  return json::parse(Cli(d, "ls --all --state all --expand --limit 100000 -o json")).size();
 }
 
 TEST(Batch, AnArrayRunsEveryIndexAtMostItsLimitAtOnceAndLsFoldsIt) {
@@ -102,10 +102,10 @@ TEST(Batch, AnArrayRunsEveryIndexAtMostItsLimitAtOnceAndLsFoldsIt) {
   EXPECT_EQ(n, 6);
   EXPECT_LE(most, 2) << "%2: never more than two tasks at once";
   EXPECT_EQ(Cli(d, fmt::format("logs {}_3", id)), fmt::format("task 3 of {}\n", id));
-  const std::string table = Cli(d, "ls");
+  const std::string table = Cli(d, "ls --ended");
   EXPECT_THAT(table, HasSubstr(fmt::format("{}_[0-5%2]", id)));
   EXPECT_THAT(table, HasSubstr("succeeded:6"));
-  json expanded = json::parse(Cli(d, "ls --expand -o json"));
+  json expanded = json::parse(Cli(d, "ls --expand --ended -o json"));
   ASSERT_EQ(expanded.size(), 6u);
   EXPECT_EQ(expanded[5]["array_index"], 5);
   EXPECT_THAT(Cli(d, fmt::format("show {}_4", id)),
@@ -297,7 +297,7 @@ TEST(Batch, RunStreamsTheJobsOutputAndExitsWithItsCodeAndCtrlCCancels) {
   kill(sleeper.pid, SIGINT);
   EXPECT_EQ(sleeper.Wait(), 128 + SIGTERM) << "the job's own code: ended by SIGTERM";
   EXPECT_THAT(tessera::test::ReadFile(err), HasSubstr("cancelling job"));
-  json jobs = json::parse(Cli(d, "ls -o json"));
+  json jobs = json::parse(Cli(d, "ls --ended -o json"));
   EXPECT_EQ(jobs.back()["state"], "cancelled");
   // Every process's output, as srun: whole lines, with -l each prefixed by its rank.
   const std::string ranks =
@@ -331,7 +331,7 @@ TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
   std::string first = tessera::test::ReadFile(out);
   EXPECT_THAT(first, HasSubstr("0/4 0 127.0.0.1 0\n"));
   EXPECT_THAT(first, HasSubstr("3/4 3 127.0.0.1 1\n")) << "every process's output";
-  const int64_t id = json::parse(Cli(d, "ls -o json")).back()["id"];
+  const int64_t id = json::parse(Cli(d, "ls --ended -o json")).back()["id"];
   EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), HasSubstr("3/4 3 127.0.0.1 1\n"));
   EXPECT_THAT(Cli(d, fmt::format("logs {} --task 3", id)), ::testing::Not(HasSubstr("\n0\n")))
       << "in the job's cgroup";
@@ -342,7 +342,7 @@ TEST(Batch, SeveralProcessesGetTheirRanksShareTheCgroupAndFailTogether) {
   EXPECT_EQ(fail.Wait(), 7) << tessera::test::ReadFile(err);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30))
       << "not the others' 60 s";
-  const int64_t failed = json::parse(Cli(d, "ls -o json")).back()["id"];
+  const int64_t failed = json::parse(Cli(d, "ls --ended -o json")).back()["id"];
   EXPECT_THAT(Cli(d, fmt::format("logs {} --stderr", failed)),
               HasSubstr("task 1 ended with code 7; stopping the other tasks"));
   // --task-failure wait: the others run to their end.

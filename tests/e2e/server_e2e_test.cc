@@ -144,7 +144,7 @@ TEST(TesseraServer, AShareOnTwoGpusGetsALimitOnEachAndOneGangAtTheArbiter) {
   json c = d.WaitFor(cli, "succeeded");
   EXPECT_EQ(c["placement"]["gpus"].size(), 2u);
   EXPECT_EQ(d.Logs(cli), "2\n");
-  EXPECT_THAT(Cli(d, "ls"), HasSubstr("50% on 2 GPUs"));
+  EXPECT_THAT(Cli(d, "ls --ended"), HasSubstr("50% on 2 GPUs"));
 }
 
 TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredicted) {
@@ -872,7 +872,11 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(out, HasSubstr("submitted job 1"));
   d.WaitFor(1, "succeeded");
   EXPECT_EQ(Cli(d, "logs 1"), "hi there\n");
-  EXPECT_THAT(Cli(d, "ls"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
+  // ls: what is queued or running (none now, and said so), like squeue; --ended, like sacct.
+  EXPECT_THAT(Cli(d, "ls"), ::testing::Not(HasSubstr("hello")));
+  EXPECT_THAT(Cli(d, "ls"), HasSubstr("no queued or running jobs (ended ones: tessera ls --ended)"));
+  EXPECT_THAT(Cli(d, "ls --ended"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
+  EXPECT_THAT(Cli(d, "ls -t all"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
   json j = json::parse(Cli(d, "show 1 -o json"));
   EXPECT_EQ(j["state"], "succeeded");
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));
@@ -906,11 +910,12 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(out, HasSubstr("submitted job 4"));
   EXPECT_EQ(d.WaitFor(4, "succeeded")["spec"]["max_runtime_s"], 3600);
   EXPECT_THAT(Cli(d, "ls --state sleeping"), HasSubstr("unknown state 'sleeping'"));
-  EXPECT_EQ(json::parse(Cli(d, "ls -o json")).size(), 4u)
+  EXPECT_EQ(json::parse(Cli(d, "ls --ended -o json")).size(), 4u)
       << "none of the bad submissions was stored";
+  EXPECT_THAT(Cli(d, "ls --ended --state queued"), HasSubstr("excludes"));
   // ls is your own jobs unless asked: another user's list is empty here, --all has everyone's.
-  EXPECT_EQ(json::parse(Cli(d, "ls --user nobody -o json")).size(), 0u);
-  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 4u);
+  EXPECT_EQ(json::parse(Cli(d, "ls --user nobody --state all -o json")).size(), 0u);
+  EXPECT_EQ(json::parse(Cli(d, "ls --all --state all -o json")).size(), 4u);
   EXPECT_THAT(Cli(d, "ls --all --user nobody"), HasSubstr("excludes"));
   json api = d.Call("GET", "/v1/openapi.json");
   EXPECT_TRUE(api["paths"].contains("/v1/jobs"));
@@ -1292,7 +1297,7 @@ TEST(TesseraServer, ASubmissionWhoseAnswerIsLostIsStoredOnce) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out, "submitted job 1\n");
   EXPECT_EQ(proxy.requests(), 2) << "the server got the submission twice";
-  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 1u) << "and stored it once";
+  EXPECT_EQ(json::parse(Cli(d, "ls --all --state all -o json")).size(), 1u) << "and stored it once";
   EXPECT_THAT(d.Log(), HasSubstr("job 1: submitted again by root (same Idempotency-Key)"));
   // A rerun with the key the user chose: the same job, said; the key for another job: refused.
   EXPECT_EQ(Cli(d, "submit --idempotency-key nightly-7 -- true"), "submitted job 2\n");
@@ -1301,7 +1306,7 @@ TEST(TesseraServer, ASubmissionWhoseAnswerIsLostIsStoredOnce) {
   EXPECT_EQ(Cli(d, "submit --idempotency-key nightly-7 -- false"),
             "tessera: Idempotency-Key 'nightly-7' was used for another submission (job 2)\n");
   EXPECT_THAT(Cli(d, "submit --idempotency-key 'a b' -- true"), HasSubstr("Idempotency-Key: "));
-  EXPECT_EQ(json::parse(Cli(d, "ls --all -o json")).size(), 2u);
+  EXPECT_EQ(json::parse(Cli(d, "ls --all --state all -o json")).size(), 2u);
 }
 
 TEST(TesseraServer, BadConfigFileIsRefusedWithItsLine) {

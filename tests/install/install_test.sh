@@ -100,7 +100,7 @@ done
 [[ "$state" == succeeded ]] || fail "the student's job: $state: $(student show "$id")"
 [[ "$(student logs "$id")" == "preload /var/lib/tessera/lib/libtessera-cuda.so" ]] ||
   fail "the job's preload: $(student logs "$id")"
-[[ "$(student ls -o json | grep -c '"owner": *"nobody"')" -ge 1 ]] || fail "ls as the student"
+[[ "$(student ls --ended -o json | grep -c '"owner": *"nobody"')" -ge 1 ]] || fail "ls as the student"
 # The admin's backup, online, beside the running server; a student cannot take one.
 out=$("$chroot" "$root" /usr/local/bin/tessera admin backup /var/lib/tessera-backup.db) ||
   fail "admin backup: $out"

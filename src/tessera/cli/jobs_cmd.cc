@@ -287,7 +287,13 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int code = kExitOk;
   std::string target = fmt::format("/v1/jobs?arrays={}", s.expand ? "expand" : "fold");
-  if (!s.states.empty()) target += "&state=" + s.states;
+  // squeue's view by default (what is waiting or running, and what is on its way back to the
+  // queue); sacct's with --ended; every job with --state all.
+  const std::string states = s.ls_ended        ? "succeeded,failed,cancelled"
+                             : s.states.empty() ? "queued,running,preempted,lost"
+                             : s.states == "all" ? ""
+                                                 : s.states;
+  if (!states.empty()) target += "&state=" + states;
   // Your own jobs unless asked otherwise; the server says who you are (socket or token).
   std::string user = s.ls_user;
   if (user.empty() && !s.ls_all) {
@@ -302,11 +308,12 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
   if (s.client.output == "table") {
     JobsTable(*jobs, out);
     // Said where a person reads it, not in what a script parses.
-    if (more)
-      err << fmt::format(
-          "tessera: the newest {} shown; older ones with --limit N (--state {} to "
-          "choose)\n",
-          jobs->size(), s.states.empty() ? "queued,running" : s.states);
+    if (more) {
+      err << fmt::format("tessera: the newest {} shown; older ones with --limit N\n",
+                         jobs->size());
+    } else if (jobs->empty() && s.states.empty() && !s.ls_ended) {
+      err << "tessera: no queued or running jobs (ended ones: tessera ls --ended)\n";
+    }
   } else {
     Emit(*jobs, s.client.output, out);
   }

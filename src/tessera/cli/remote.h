@@ -116,6 +116,7 @@ struct State {
   std::string states;
   std::string ls_user;
   bool ls_all = false;
+  bool ls_ended = false;  // ls --ended: ended jobs only (sacct's view)
   int limit = 50;
   bool expand = false;
   std::string id;  // 12, or an array's task 12_3

@@ -426,12 +426,19 @@ std::shared_ptr<void> AddServerCommands(CLI::App& app, std::function<int()>& act
   st.client.AddTo(run, false);
   run->callback([&, s] { action = [&, s] { return RunRun(*s, out, err); }; });
 
-  CLI::App* ls = app.add_subcommand("ls", "List jobs (newest last)");
-  ls->add_option("--state", st.states, "Only these states, comma-separated (queued,running,...)");
+  CLI::App* ls = app.add_subcommand(
+      "ls", "List your queued and running jobs, newest last (like squeue; --ended for the others)");
+  auto* ls_state = ls->add_option("--state,-t,--states", st.states,
+                                  "Only these states, comma-separated: queued, held, running, "
+                                  "succeeded, failed, cancelled, preempted, lost, or all "
+                                  "(default: the queued and running ones)");
+  ls->add_flag("--ended", st.ls_ended,
+               "Ended jobs only: succeeded, failed and cancelled (like sacct)")
+      ->excludes(ls_state);
   ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")
       ->check(CLI::Range(1, 100000));
   auto* ls_all = ls->add_flag("--all", st.ls_all, "Every user's jobs (default: your own)");
-  ls->add_option("--user", st.ls_user, "This user's jobs (default: your own)")->excludes(ls_all);
+  ls->add_option("--user,-u", st.ls_user, "This user's jobs (default: your own)")->excludes(ls_all);
   ls->add_flag("--expand", st.expand,
                "Every task of an array on its own line (default: an array is one line with its "
                "tasks counted by state)");
