@@ -877,6 +877,15 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_THAT(Cli(d, "ls"), HasSubstr("no queued or running jobs (ended ones: tessera ls --ended)"));
   EXPECT_THAT(Cli(d, "ls --ended"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
   EXPECT_THAT(Cli(d, "ls -t all"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
+  // An admin's purge now: what to remove named, ages as written.
+  EXPECT_THAT(Cli(d, "admin purge"), HasSubstr("name what to remove: --jobs AGE"));
+  EXPECT_THAT(Cli(d, "admin purge --logs soon"),
+              HasSubstr("--logs soon: expected an age such as 30d, 12h or 0"));
+  EXPECT_EQ(Cli(d, "admin purge --logs 30d --environments 1h"),
+            "purged the logs of 0 jobs; the stored environments of 0 jobs\n");
+  EXPECT_EQ(json::parse(Cli(d, "admin purge --logs 0 -o json"))["logs"], 1);
+  EXPECT_EQ(Cli(d, "logs 1"), "") << "its log is gone, its record stays";
+  EXPECT_EQ(json::parse(Cli(d, "show 1 -o json"))["state"], "succeeded");
   json j = json::parse(Cli(d, "show 1 -o json"));
   EXPECT_EQ(j["state"], "succeeded");
   EXPECT_THAT(Cli(d, "show 1"), HasSubstr("exit code    0"));

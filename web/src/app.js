@@ -55,6 +55,11 @@ function pct(v) {
   return v === null || v === undefined ? '–' : `${Math.round(v * 100)}%`;
 }
 
+// A count as every view says it: thousands grouped ("10,000"), one decimal at most.
+function count(v) {
+  return (Math.round(v * 10) / 10).toLocaleString('en-US');
+}
+
 function ago(t) {
   if (!t) return '–';
   const s = Math.max(0, Date.now() / 1000 - t);
@@ -235,9 +240,8 @@ function summary() {
   return h('div', { class: 'summary', 'aria-label': 'Summary' },
     card('GPUs healthy', `${healthy} of ${S.gpus.length}`, healthy < S.gpus.length ? 'unhealthy' : ''),
     card('GPUs allocated', `${alloc.toFixed(alloc % 1 ? 1 : 0)} of ${S.gpus.length}`),
-    card('jobs running', (c.running || 0).toLocaleString('en-US'), '', 'count-running'),
-    card(c.held ? `jobs queued (${c.held.toLocaleString('en-US')} held)` : 'jobs queued',
-      (c.queued || 0).toLocaleString('en-US'), '', 'count-queued'));
+    card('jobs running', count(c.running || 0), '', 'count-running'),
+    card(c.held ? `jobs queued (${count(c.held)} held)` : 'jobs queued', count(c.queued || 0), '', 'count-queued'));
 }
 
 function gpuTile(g) {
@@ -295,17 +299,17 @@ function chartsPanel() {
     lineChart({ id: 'chart-jobs', title: 'Jobs queued and running', from, to,
       series: [{ name: 'queued', color: '#e67700', points: hs.map((s) => [s.at, s.queued]) },
         { name: 'running', color: '#2b8a3e', points: hs.map((s) => [s.at, s.running]) }],
-      format: (v) => String(Math.round(v * 10) / 10) }),
+      format: count }),
     lineChart({ id: 'chart-alloc', title: 'GPUs allocated and idle', from, to, yMax: Math.max(1, n),
       series: [{ name: 'allocated', color: '#1f5fbf', points: hs.map((s) => [s.at, s.allocated]) },
         { name: 'idle', color: '#868e96', points: hs.map((s) => [s.at, s.healthy - s.busy]) }],
-      format: (v) => String(Math.round(v * 10) / 10) }));
+      format: count }));
   return wrap;
 }
 
 function quotaTable() {
   if (!S.quotas.length) return h('p', { class: 'muted' }, 'No quotas are set (quotas and group_quotas in the server\'s config).');
-  const cell = (used, limit, fmt = String) => (limit === null ? `${fmt(used)} (no limit)` : `${fmt(used)} of ${fmt(limit)}`);
+  const cell = (used, limit, fmt = count) => (limit === null ? `${fmt(used)} (no limit)` : `${fmt(used)} of ${fmt(limit)}`);
   return h('div', { class: 'scroll' }, h('table', {},
     h('thead', {}, h('tr', {}, ['Who', 'GPUs', 'Compute', 'Memory', 'Borrowing'].map((t) => h('th', { scope: 'col' }, t)))),
     h('tbody', {}, S.quotas.map((q) => h('tr', {},
@@ -324,7 +328,7 @@ function overview() {
       S.simulated ? h('div', { class: 'note' }, `Simulated machine (${S.info ? S.info.source : ''}): jobs get no real GPU; utilization is not measured.`) : null,
       summary(),
       h('h2', {}, 'Topology'),
-      h('div', { class: 'panel topology' }, topologyDiagram(S.gpus, S.links)),
+      h('div', { class: 'panel topology scroll' }, topologyDiagram(S.gpus, S.links)),
       h('h2', {}, 'GPUs'),
       h('div', { class: 'tiles' }, S.gpus.map(gpuTile)),
       h('h2', {}, 'The last hour'),
@@ -343,15 +347,15 @@ function overview() {
 function arrayNote(j) {
   const a = j.array;
   if (!a || !a.folded) return null;
-  const states = Object.entries(a.states || {}).map(([s, n]) => `${n.toLocaleString('en-US')} ${s}`).join(', ');
-  return h('div', { class: 'muted' }, `array ${a.range}: ${a.tasks.toLocaleString('en-US')} tasks (${states}${a.held ? `, ${a.held} held` : ''})`);
+  const states = Object.entries(a.states || {}).map(([s, n]) => `${count(n)} ${s}`).join(', ');
+  return h('div', { class: 'muted' }, `array ${a.range}: ${count(a.tasks)} tasks (${states}${a.held ? `, ${count(a.held)} held` : ''})`);
 }
 
 function jobsTable(rows, total) {
-  const shown = `${rows.length.toLocaleString('en-US')} ${rows.length === 1 ? 'entry' : 'entries'}`;
+  const shown = `${count(rows.length)} ${rows.length === 1 ? 'entry' : 'entries'}`;
   return h('div', { class: 'scroll' }, h('table', { id: 'jobs-table' },
     h('caption', { class: 'muted', style: 'text-align:left' },
-      total > rows.length ? `${shown}, the newest (arrays folded) of ${total.toLocaleString('en-US')} jobs` : shown),
+      total > rows.length ? `${shown}, the newest (arrays folded) of ${count(total)} jobs` : shown),
     h('thead', {}, h('tr', {}, ['Job', 'Name', 'Owner', 'State', 'Asks', 'Priority', 'Submitted', 'Why / where'].map((t) => h('th', { scope: 'col' }, t)))),
     h('tbody', {}, rows.map((j) => h('tr', { class: 'row', 'data-job': j.id },
       h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id}`)),

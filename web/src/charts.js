@@ -115,7 +115,10 @@ export function topologyDiagram(gpus, links) {
   const switched = nv.length > 0 && nv.every((l) => l.nvswitch) && nv.length === (n * (n - 1)) / 2;
   const rowY = switched ? 70 : 40 + Math.min(n, 8) * 9;
   const H = rowY + bh + 40;
+  // Shrunk to fit down to 80% (its smallest text 9 px), no further: on a narrow screen (a phone) it
+  // keeps that size and scrolls sideways in its own box rather than become unreadable.
   const svg = el('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img' });
+  svg.style.minWidth = `${Math.round(W * 0.8)}px`; // through the CSSOM: the page's CSP has no inline styles
   const words = [];
   // NUMA boxes
   const groups = new Map();

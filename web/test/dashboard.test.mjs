@@ -286,6 +286,10 @@ test('at 10,000 queued tasks and 8 running jobs the counts, tiles and filters ar
     await page.waitForSelector('#count-queued');
     assert.match(await page.locator('#count-running').innerText(), /^8\b/);
     assert.match(await page.locator('#count-queued').innerText(), /^10,001\b/);
+    // The chart says the same count the same way (it said 10001 beside the summary's 10,001).
+    await page.waitForFunction(() => /queued: 10,001;/.test(document.querySelector('#chart-jobs svg')?.getAttribute('aria-label') || ''), null, { timeout: 10000 });
+    const axis = await page.$$eval('#chart-jobs text', (ts) => ts.map((t) => t.textContent));
+    assert.ok(axis.some((t) => /^\d{1,3}(,\d{3})+$/.test(t)), `the axis groups thousands: ${axis}`);
     for (let g = 0; g < 8; g++) {
       const links = await page.locator(`.tile[data-gpu="${g}"] li a`).allInnerTexts();
       assert.equal(links.length, 1, `GPU ${g}: ${links}`);
@@ -350,6 +354,18 @@ test('at 390 px wide no page overflows the screen', async () => {
       assert.ok(row.right <= 390 && row.width > 0, `the reason cell ends at ${row.right} px: ${JSON.stringify(row)}`);
       assert.ok(row.height <= 120, `a job's row is ${row.height} px tall`);
       assert.match(row.text, /GPU \d|waits|queued|reserved|behind|no GPU/);
+    }
+    if (route === '#/') {
+      // The topology stays readable (its smallest text at least 8 px), scrolling in its own box.
+      const topo = await page.evaluate(() => {
+        const svg = document.querySelector('.topology svg');
+        const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+        const sizes = [...svg.querySelectorAll('text')].map((t) => Number(t.getAttribute('font-size') || 12) * scale);
+        const box = svg.parentElement;
+        return { smallest: Math.min(...sizes), box: box.getBoundingClientRect().right, scrolls: box.scrollWidth > box.clientWidth };
+      });
+      assert.ok(topo.smallest >= 8, `the topology's smallest text is ${topo.smallest.toFixed(1)} px`);
+      assert.ok(topo.box <= 390 && topo.scrolls, JSON.stringify(topo));
     }
   }
   await context.close();

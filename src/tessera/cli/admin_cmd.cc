@@ -10,6 +10,7 @@
 
 #include "fmt/format.h"
 #include "tessera/cli/app.h"
+#include "tessera/cli/remote.h"
 #include "tessera/cli/version.h"
 #include "tessera/core/gpu.h"
 #include "tessera/server/backup.h"
@@ -21,7 +22,15 @@ namespace {
 struct AdminState {
   std::string config, user, state_dir, file, shell = "bash";
   bool admin = false;
+  std::string purge_jobs, purge_logs, purge_env;  // ages as written: 30d, 12h, 0
+  remote::ClientFlags client;
 };
+
+// An age as a user writes it (30d, 12h, 90, 0): seconds, or nullopt.
+std::optional<double> Age(const std::string& text) {
+  if (text == "0") return 0.0;
+  return core::ParseDuration(text);
+}
 
 std::string UserName() {
   const passwd* pw = getpwuid(geteuid());
@@ -181,7 +190,7 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
   auto st = std::make_shared<AdminState>();
   AdminState& s = *st;
   CLI::App* admin =
-      app.add_subcommand("admin", "A server's upkeep: API tokens, backup and restore");
+      app.add_subcommand("admin", "A server's upkeep: API tokens, backup and restore, purge");
   admin->require_subcommand(1);
 
   CLI::App* token = admin->add_subcommand(
@@ -251,6 +260,61 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
       out << "restored " << s.file << " to " << StateDir(s) << "/tessera.db: ";
       Describe(*info, out);
       out << (aside.empty() ? std::string() : "; the database it replaced is " + aside) << "\n";
+      return kExitOk;
+    };
+  });
+
+  CLI::App* purge = admin->add_subcommand(
+      "purge",
+      "Remove now, from the running server, what its retention: would in time: the jobs that "
+      "ended over an age ago (with their logs), or only their logs, or only their stored "
+      "environments (an admin's right; jobs a waiting job's --after names stay)");
+  purge->add_option("--jobs", s.purge_jobs,
+                    "Jobs that ended over this long ago, with their logs and events (30d, 12h; 0: "
+                    "every ended job)");
+  purge->add_option("--logs", s.purge_logs, "The logs of jobs that ended over this long ago");
+  purge->add_option("--environments", s.purge_env,
+                    "The stored environments (variables, API keys...) of jobs that ended over "
+                    "this long ago");
+  s.client.AddTo(purge);
+  purge->callback([&, st] {
+    action = [&, st] {
+      remote::json body = remote::json::object();
+      for (auto [key, flag, text] : {std::tuple{"jobs_s", "--jobs", &s.purge_jobs},
+                                     {"logs_s", "--logs", &s.purge_logs},
+                                     {"environments_s", "--environments", &s.purge_env}}) {
+        if (text->empty()) continue;
+        const std::optional<double> age = Age(*text);
+        if (!age || *age < 0) {
+          err << fmt::format("tessera: {} {}: expected an age such as 30d, 12h or 0\n", flag,
+                             *text);
+          return kExitBadInput;
+        }
+        body[key] = *age;
+      }
+      if (body.empty()) {
+        err << "tessera: admin purge: name what to remove: --jobs AGE, --logs AGE or "
+               "--environments AGE\n";
+        return kExitBadInput;
+      }
+      net::HttpClient c = s.client.Client();
+      int code = kExitOk;
+      auto done = remote::Call(c, "POST", "/v1/admin/purge", body.dump(), err, &code);
+      if (!done) return code;
+      if (s.client.output != "table") {
+        remote::Emit(*done, s.client.output, out);
+        return kExitOk;
+      }
+      auto jobs = [&](const char* key) {
+        const int64_t n = (*done)[key].get<int64_t>();
+        return fmt::format("{} job{}", n, n == 1 ? "" : "s");
+      };
+      std::vector<std::string> parts;
+      if (body.contains("jobs_s")) parts.push_back(jobs("jobs") + " (with their logs)");
+      if (body.contains("logs_s")) parts.push_back("the logs of " + jobs("logs"));
+      if (body.contains("environments_s"))
+        parts.push_back("the stored environments of " + jobs("environments"));
+      out << fmt::format("purged {}\n", fmt::join(parts, "; "));
       return kExitOk;
     };
   });

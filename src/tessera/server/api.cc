@@ -126,6 +126,10 @@ net::HttpResponse Api::Handle(const net::HttpRequest& req) {
     if (auto e = only({"GET"})) return *e;
     return History(req);
   }
+  if (path == "/v1/admin/purge") {
+    if (auto e = only({"POST"})) return *e;
+    return Purge(req, c);
+  }
   if (path == "/v1/jobs") {
     if (auto e = only({"GET", "POST"})) return *e;
     return m == "POST" ? Submit(req, c) : ListJobs(req, c);

@@ -55,6 +55,9 @@ class Api {
   net::HttpResponse SimulateHealth(const std::string& gpu, const net::HttpRequest& req,
                                    const Caller& c);
   net::HttpResponse Gpus();
+  // POST /v1/admin/purge {"jobs_s": AGE, "logs_s": AGE, "environments_s": AGE}: an admin removes
+  // now what retention would (api_admin.cc); answers the counts.
+  net::HttpResponse Purge(const net::HttpRequest& req, const Caller& c);
   // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
   net::HttpResponse Acct(const net::HttpRequest& req, const Caller& c);
   absl::StatusOr<AcctReport> Accounting(double since, double until, const std::string& only_user);

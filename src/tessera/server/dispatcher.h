@@ -100,6 +100,17 @@ class Dispatcher {
                     bool hold, const std::string& user);
   absl::Status SetPriority(int64_t id, const std::string& ref, const JobRecord& first, int priority,
                            const Caller& caller);
+  // An admin's purge now (tessera admin purge): the ended jobs, logs and stored environments of
+  // jobs that ended over the given ages ago (unset: not that kind), in pages as retention does, the
+  // lock taken for each page only. Jobs a waiting job's --after names stay.
+  struct PurgeAges {
+    std::optional<double> jobs_s, logs_s, environments_s;
+  };
+  struct Purged {
+    int64_t jobs = 0, logs = 0, environments = 0;
+    bool more = false;  // a page was full: there may be more
+  };
+  absl::StatusOr<Purged> Purge(const PurgeAges& ages, double now);
   // A simulated machine's GPU made sick (an XID) or lost/found.
   absl::Status SimulateHealth(int gpu, std::optional<uint64_t> xid, std::optional<bool> lost);
 
@@ -345,6 +356,9 @@ class Dispatcher {
   // kRetentionBatch jobs of each kind (one a turn, under the loop's lock, while more are due).
   static constexpr size_t kRetentionBatch = 1000;
   void ApplyRetention(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One page of each kind asked; the logs from *logs_from on. `who` begins its log lines.
+  absl::StatusOr<Purged> PurgePage(const PurgeAges& ages, double now, Store::Ended* logs_from,
+                                   const char* who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJobFiles(int64_t id) const;  // its logs (every task's) and exit file
   double retention_due_ = 0;
   Store::Ended logs_removed_to_;  // the logs of the jobs ended up to this one are gone

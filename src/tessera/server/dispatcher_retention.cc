@@ -1,4 +1,5 @@
-// Retention: what the server keeps of ended jobs, and for how long (config retention:).
+// Retention: what the server keeps of ended jobs, and for how long (config retention:), and an
+// admin's purge now (tessera admin purge).
 #include <unistd.h>
 
 #include "fmt/format.h"
@@ -19,53 +20,75 @@ void Dispatcher::RemoveJobFiles(int64_t id) const {
   unlink(JobFile("exit", id).c_str());
 }
 
-void Dispatcher::ApplyRetention(double now) {
-  bool more = false;
-  if (config_.retention_jobs_s > 0) {
+absl::StatusOr<Dispatcher::Purged> Dispatcher::PurgePage(const PurgeAges& ages, double now,
+                                                         Store::Ended* logs_from,
+                                                         const char* who) {
+  Purged p;
+  if (ages.jobs_s) {
     // Never what a waiting job's --after names: it would wait on a job that no longer exists.
     std::set<int64_t> keep;
     for (const auto& [id, q] : queued_) {
       for (const Dependency& d : q.spec->after) keep.insert(d.job);
     }
-    auto gone = store_->PurgeEnded(now - config_.retention_jobs_s, keep, kRetentionBatch);
-    if (gone.ok()) {
-      for (int64_t id : *gone) RemoveJobFiles(id);
-      if (!gone->empty())
-        spdlog::info(
-            "retention: {} jobs that ended over {} ago removed with their logs (jobs {}..{})",
-            gone->size(), core::FormatDuration(config_.retention_jobs_s), gone->front(),
-            gone->back());
-      more = gone->size() >= kRetentionBatch;
-    } else {
-      spdlog::warn("retention: {}", std::string(gone.status().message()));
-    }
+    auto gone = store_->PurgeEnded(now - *ages.jobs_s, keep, kRetentionBatch);
+    if (!gone.ok()) return gone.status();
+    for (int64_t id : *gone) RemoveJobFiles(id);
+    if (!gone->empty())
+      spdlog::info("{}: {} jobs that ended over {} ago removed with their logs (jobs {}..{})", who,
+                   gone->size(), core::FormatDuration(*ages.jobs_s), gone->front(), gone->back());
+    p.jobs = static_cast<int64_t>(gone->size());
+    p.more = gone->size() >= kRetentionBatch;
   }
-  if (config_.retention_logs_s > 0) {
-    // From where the last page stopped (at start: the oldest end), a page at a time.
-    const double before = now - config_.retention_logs_s;
-    if (auto page = store_->EndedAfter(logs_removed_to_, before, kRetentionBatch); page.ok()) {
-      for (const Store::Ended& e : *page) RemoveJobFiles(e.id);
-      if (!page->empty()) {
-        spdlog::info("retention: logs of {} jobs that ended over {} ago removed", page->size(),
-                     core::FormatDuration(config_.retention_logs_s));
-        logs_removed_to_ = page->back();
-      }
-      more = more || page->size() >= kRetentionBatch;
-    } else {
-      spdlog::warn("retention: {}", std::string(page.status().message()));
+  if (ages.logs_s) {
+    // From where the last page stopped, a page at a time.
+    auto page = store_->EndedAfter(*logs_from, now - *ages.logs_s, kRetentionBatch);
+    if (!page.ok()) return page.status();
+    for (const Store::Ended& e : *page) RemoveJobFiles(e.id);
+    if (!page->empty()) {
+      spdlog::info("{}: logs of {} jobs that ended over {} ago removed", who, page->size(),
+                   core::FormatDuration(*ages.logs_s));
+      *logs_from = page->back();
     }
+    p.logs = static_cast<int64_t>(page->size());
+    p.more = p.more || page->size() >= kRetentionBatch;
   }
-  if (config_.retention_env_s > 0) {
-    auto n = store_->PurgeEnvironments(now - config_.retention_env_s, kRetentionBatch);
-    if (!n.ok()) {
-      spdlog::warn("retention: {}", std::string(n.status().message()));
-    } else if (*n > 0) {
-      spdlog::info("retention: the stored environments of {} jobs that ended over {} ago dropped",
-                   *n, core::FormatDuration(config_.retention_env_s));
-      more = more || *n >= static_cast<int64_t>(kRetentionBatch);
+  if (ages.environments_s) {
+    auto n = store_->PurgeEnvironments(now - *ages.environments_s, kRetentionBatch);
+    if (!n.ok()) return n.status();
+    if (*n > 0)
+      spdlog::info("{}: the stored environments of {} jobs that ended over {} ago dropped", who, *n,
+                   core::FormatDuration(*ages.environments_s));
+    p.environments = *n;
+    p.more = p.more || *n >= static_cast<int64_t>(kRetentionBatch);
+  }
+  return p;
+}
+
+void Dispatcher::ApplyRetention(double now) {
+  auto age = [](double s) { return s > 0 ? std::optional<double>(s) : std::nullopt; };
+  const PurgeAges ages{age(config_.retention_jobs_s), age(config_.retention_logs_s),
+                       age(config_.retention_env_s)};
+  auto page = PurgePage(ages, now, &logs_removed_to_, "retention");
+  if (!page.ok()) spdlog::warn("retention: {}", std::string(page.status().message()));
+  // While pages come full, the next turn goes on; else in an hour.
+  retention_due_ = now + (page.ok() && page->more ? 1 : 3600);
+}
+
+absl::StatusOr<Dispatcher::Purged> Dispatcher::Purge(const PurgeAges& ages, double now) {
+  Purged all;
+  Store::Ended logs_from;  // the oldest end: every page of logs up to the cutoff
+  for (;;) {
+    absl::StatusOr<Purged> page;
+    {
+      core::MutexLock lock(mu_);
+      page = PurgePage(ages, now, &logs_from, "purge");
     }
+    if (!page.ok()) return page.status();
+    all.jobs += page->jobs;
+    all.logs += page->logs;
+    all.environments += page->environments;
+    if (!page->more) return all;
   }
-  retention_due_ = now + (more ? 1 : 3600);
 }
 
 }  // namespace tessera::server

@@ -109,6 +109,18 @@ std::string_view OpenApiDocument() {
       R"json("#/components/responses/Error"}, "404": {"$ref": )json"
       R"json("#/components/responses/Error"}, )json"
       R"json("409": {"$ref": "#/components/responses/Error"}}}},
+    "/v1/admin/purge": {"post": {"summary": "Admins: remove now the ended jobs (with their )json"
+      R"json(logs), the logs, or the stored environments of jobs that ended over an age ago )json"
+      R"json((seconds); jobs a waiting job's --after names stay", "requestBody": {"required": )json"
+      R"json(true, "content": {"application/json": {"schema": {"type": "object", )json"
+      R"json("additionalProperties": false, "minProperties": 1, "properties": {"jobs_s": )json"
+      R"json({"type": "number", "minimum": 0}, "logs_s": {"type": "number", "minimum": 0}, )json"
+      R"json("environments_s": {"type": "number", "minimum": 0}}}}}}, "responses": {"200": )json"
+      R"json({"description": "What was removed", "content": {"application/json": {"schema": )json"
+      R"json({"type": "object", "properties": {"jobs": {"type": "integer"}, "logs": {"type": )json"
+      R"json("integer"}, "environments": {"type": "integer"}}}}}}, "400": {"$ref": )json"
+      R"json("#/components/responses/Error"}, "403": {"$ref": )json"
+      R"json("#/components/responses/Error"}}}},
     "/v1/gpus/{index}/simulate": {"post": {"summary": "Admins, simulated machines only: make )json"
       R"json(a GPU sick (an XID error) or lost, to see what the server does", "parameters": )json"
       R"json([{"name": "index", "in": "path", "required": true, "schema": {"type": "integer", )json"

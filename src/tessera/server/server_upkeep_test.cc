@@ -123,5 +123,78 @@ TEST_F(ServerTest, RetentionRemovesOldLogsEnvironmentsAndJobsButNothingStillNeed
   EXPECT_EQ(State(waiting), "succeeded");
 }
 
+// An admin's purge now (tessera admin purge), with no retention configured: each kind by its own
+// age, in pages (an array of 1,200 cancelled tasks is more than one), never what a waiting job
+// names or what runs; others are refused, and bad requests say what is wrong.
+TEST_F(ServerTest, AnAdminsPurgeRemovesNowWhatRetentionWouldAndOnlyThat) {
+  config_.default_runtime_s = 0;
+  StartServer();
+  const json secret = {{"env", {{"API_KEY", "s3cret"}}}};
+  const int64_t old = Submit(1, 1, 0, secret);
+  const int64_t needed = Submit(1, 1, 0, secret);
+  const int64_t running = Submit(1, 100 * 86400, 0, secret);
+  const int64_t sweep = Submit(1, 1, 0, {{"array", "0-1199"}, {"hold", true}});
+  Settle();
+  Call("POST", "/v1/jobs/" + std::to_string(sweep) + "/cancel");
+  Advance(2);
+  Settle();
+  ASSERT_EQ(State(old), "succeeded");
+  ASSERT_EQ(State(needed), "succeeded");
+  ASSERT_EQ(State(sweep), "cancelled");
+  const int64_t waiting = Submit(0, 1, 0, {{"hold", true}, {"after", {"ok:" + std::to_string(needed)}}});
+  Advance(2 * 86400);
+  const int64_t recent = Submit(1, 1, 0, secret);
+  Settle();
+  Advance(2);
+  Settle();
+  ASSERT_EQ(State(recent), "succeeded");
+  auto log = [&](int64_t id) { return config_.state_dir + "/logs/" + std::to_string(id) + ".out"; };
+  for (int64_t id : {old, needed, running, recent}) std::ofstream(log(id)) << "output\n";
+
+  int status = 0;
+  const std::string purge = "/v1/admin/purge";
+  // Refused: not an admin; nothing named; a bad age or field; a GET.
+  Call("POST", purge, {{"jobs_s", 0}}, &status, 65534);
+  EXPECT_EQ(status, 403);
+  for (const json& bad : {json::object(), json{{"jobs_s", -1}}, json{{"jobs_s", "30d"}},
+                          json{{"colour", 1}}, json::array()}) {
+    const json e = Call("POST", purge, bad, &status);
+    EXPECT_EQ(status, 400) << bad.dump() << " " << e.dump();
+  }
+  Call("GET", purge, nullptr, &status);
+  EXPECT_EQ(status, 405);
+  EXPECT_EQ(State(old), "succeeded") << "nothing refused removed anything";
+
+  // Environments over a day old: the two that ended two days ago; the recent and running keep.
+  json done = Call("POST", purge, {{"environments_s", 86400}}, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(done, (json{{"jobs", 0}, {"logs", 0}, {"environments", 2}}));
+  EXPECT_FALSE(Job(old)["spec"].contains("env"));
+  EXPECT_EQ(Job(recent)["spec"]["env"]["API_KEY"], "s3cret");
+  EXPECT_EQ(Job(running)["spec"]["env"]["API_KEY"], "s3cret");
+  // Logs over a day old: the old ones (the array's tasks too); the recent and running keep theirs.
+  done = Call("POST", purge, {{"logs_s", 86400}}, &status);
+  EXPECT_EQ(done["logs"], 2 + 1200) << done.dump();
+  EXPECT_FALSE(fs::exists(log(old)));
+  EXPECT_FALSE(fs::exists(log(needed)));
+  EXPECT_TRUE(fs::exists(log(recent)));
+  EXPECT_TRUE(fs::exists(log(running)));
+  EXPECT_EQ(State(old), "succeeded") << "the record stays";
+  // Jobs over a day old: all but the one the waiting job names, over two pages.
+  done = Call("POST", purge, {{"jobs_s", 86400}}, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(done["jobs"], 1 + 1200) << done.dump();
+  Call("GET", "/v1/jobs/" + std::to_string(old), json(), &status);
+  EXPECT_EQ(status, 404);
+  Call("GET", "/v1/jobs/" + std::to_string(sweep + 1199), json(), &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(State(needed), "succeeded") << "a waiting job depends on it";
+  EXPECT_EQ(State(recent), "succeeded");
+  EXPECT_EQ(State(running), "running");
+  EXPECT_EQ(State(waiting), "queued");
+  // Again: nothing left of that age.
+  EXPECT_EQ(Call("POST", purge, {{"jobs_s", 86400}}, &status)["jobs"], 0);
+}
+
 }  // namespace
 }  // namespace tessera::server::testing
