@@ -513,7 +513,7 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
   RankOutput shown(tasks, s.label);
   std::vector<int64_t> offsets(static_cast<size_t>(2 * tasks), 0);
   bool cancelling = false, started = false;
-  std::string said;
+  std::string said, state = "queued";
   for (;;) {
     if (stop_requested && !cancelling) {
       cancelling = true;
@@ -535,7 +535,8 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
         offset = (*r)["next_offset"].get<int64_t>();
         any = any || !data.empty();
         ended = (*r)["ended"].get<bool>();
-        started = started || (*r)["state"] != "queued";
+        state = (*r)["state"].get<std::string>();
+        started = started || state != "queued";
       }
     }
     if (ended && !any) {
@@ -550,11 +551,21 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
       if (!why.empty() && why != said) err << "tessera: job " << id << " waits: " << why << "\n";
       said = why;
     }
-    if (!any) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!any && !stop_requested) {
+      // Until its state changes or it writes more (the server answers at once), a quarter of a
+      // second at most so that Ctrl-C is acted on soon.
+      int64_t bytes = 0;
+      for (int64_t o : offsets) bytes += o;
+      auto w = Call(c, "GET",
+                    fmt::format("/v1/jobs/{}/wait?state={}&bytes={}&timeout_s=0.25", id, state,
+                                bytes),
+                    "", err, &code);
+      if (!w) return code;
+    }
   }
   auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", id), "", err, &code);
   if (!j) return code;
-  const std::string state = j->value("state", "");
+  state = j->value("state", "");
   if (state == "succeeded") return kExitOk;
   err << "tessera: job " << id << " " << state << ": " << j->value("reason", "") << "\n";
   // Its own exit code, as srun gives it; 130 for one cancelled here, 1 when none is known.

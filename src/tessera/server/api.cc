@@ -164,6 +164,10 @@ net::HttpResponse Api::Handle(const net::HttpRequest& req) {
       if (auto e = only({"GET"})) return *e;
       return Logs(req, *id, c);
     }
+    if (tail == "wait") {
+      if (auto e = only({"GET"})) return *e;
+      return Wait(req, *id, c);
+    }
     if (tail == "events") {
       if (auto e = only({"GET"})) return *e;
       auto ev = store_.Events(*id);

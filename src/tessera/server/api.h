@@ -50,6 +50,12 @@ class Api {
   net::HttpResponse SetPriority(const std::string& ref, const net::HttpRequest& req,
                                 const Caller& c);
   net::HttpResponse Logs(const net::HttpRequest& req, int64_t id, const Caller& c);
+  // GET /v1/jobs/N/wait?state=S&bytes=B&timeout_s=T (api_wait.cc): answers once the job's state
+  // is not S or its output (every task's stdout and stderr, where the logs endpoint reads them) is
+  // more than B bytes, or after T seconds (default 10, at most 30): how `tessera run` follows a
+  // job with no polling delay.
+  net::HttpResponse Wait(const net::HttpRequest& req, int64_t id, const Caller& c);
+  int64_t OutputBytes(const JobRecord& r);
   // POST /v1/gpus/N/simulate {"xid": X} | {"lost": bool}: an admin makes a simulated machine's
   // GPU sick (or well), to see what the server does; 409 on a real machine.
   net::HttpResponse SimulateHealth(const std::string& gpu, const net::HttpRequest& req,
