@@ -12,12 +12,14 @@ add_custom_command(
   COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/share
   COMMAND $<TARGET_FILE:tessera> man > ${CMAKE_BINARY_DIR}/share/tessera.1
   COMMAND $<TARGET_FILE:tessera> completion bash > ${CMAKE_BINARY_DIR}/share/tessera.bash
-  DEPENDS tessera
+  DEPENDS tessera tessera-full
   COMMENT "Man page and bash completion from tessera's own command line")
 add_custom_target(tessera_docs_generated ALL
   DEPENDS ${CMAKE_BINARY_DIR}/share/tessera.1 ${CMAKE_BINARY_DIR}/share/tessera.bash)
 
 install(TARGETS tessera RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The whole program, which `tessera` execs for every command but the client's (cli/client_main.cc).
+install(TARGETS tessera-full RUNTIME DESTINATION lib/tessera)
 install(TARGETS tessera-gpu-check RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} OPTIONAL)
 install(TARGETS tessera-cuda LIBRARY DESTINATION lib/tessera)
 if(TARGET tessera-spank)

@@ -874,7 +874,8 @@ TEST(TesseraServer, CliSubmitLsShowLogsTopAndOpenApi) {
   EXPECT_EQ(Cli(d, "logs 1"), "hi there\n");
   // ls: what is queued or running (none now, and said so), like squeue; --ended, like sacct.
   EXPECT_THAT(Cli(d, "ls"), ::testing::Not(HasSubstr("hello")));
-  EXPECT_THAT(Cli(d, "ls"), HasSubstr("no queued or running jobs (ended ones: tessera ls --ended)"));
+  EXPECT_THAT(Cli(d, "ls"),
+              HasSubstr("no queued or running jobs (ended ones: tessera ls --ended)"));
   EXPECT_THAT(Cli(d, "ls --ended"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
   EXPECT_THAT(Cli(d, "ls -t all"), ::testing::ContainsRegex("1 +hello +[^ ]+ +succeeded"));
   // An admin's purge now: what to remove named, ages as written.

@@ -30,7 +30,7 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 DESTDIR="$root" cmake --install "$build" --prefix /usr/local >"$work/install.log"
-for f in usr/local/bin/tessera usr/local/lib/tessera/libtessera-cuda.so \
+for f in usr/local/bin/tessera usr/local/lib/tessera/tessera-full usr/local/lib/tessera/libtessera-cuda.so \
   usr/local/lib/systemd/system/tessera.service usr/local/share/man/man1/tessera.1 \
   usr/local/share/bash-completion/completions/tessera usr/local/share/tessera/server.yaml; do
   [[ -e "$root/$f" ]] || fail "cmake --install left out /$f"
@@ -64,7 +64,8 @@ complete_words() {
 [[ " $(complete_words tessera ls -o j) " == *" json "* ]] || fail "completion: ls -o j<TAB>"
 
 # What the installed files need to run, and a shell for jobs: copied in with their paths.
-for f in "$root/usr/local/bin/tessera" "$root/usr/local/lib/tessera/libtessera-cuda.so" /bin/sh; do
+for f in "$root/usr/local/bin/tessera" "$root/usr/local/lib/tessera/tessera-full" \
+  "$root/usr/local/lib/tessera/libtessera-cuda.so" /bin/sh; do
   ldd "$f" | grep -o '/[^ ]*' | while read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"

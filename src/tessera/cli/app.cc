@@ -13,10 +13,11 @@
 #include "spdlog/spdlog.h"
 #include "tessera/cli/admin_cmd.h"
 #include "tessera/cli/agent_cmd.h"
+#include "tessera/cli/client_cmd.h"
 #include "tessera/cli/extender_cmd.h"
 #include "tessera/cli/inventory_view.h"
 #include "tessera/cli/output.h"
-#include "tessera/cli/server_cmd.h"
+#include "tessera/cli/run_app.h"
 #include "tessera/cli/sim_cmd.h"
 #include "tessera/cli/slurm_cmd.h"
 #include "tessera/cli/version.h"
@@ -25,59 +26,6 @@
 
 namespace tessera::cli {
 namespace {
-
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// What a parse error of the top level most likely means, said plainly: a misspelt command ("did
-// you mean"), or a command's option written before the command. Empty when neither.
-std::string TopLevelHint(const CLI::App& app, int argc, const char* const* argv) {
-  std::vector<std::string> commands;
-  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
-    commands.push_back(s->get_name());
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--log-level") {
-      ++i;  // and its value
-      continue;
-    }
-    if (a.rfind("--log-level=", 0) == 0) continue;
-    if (a.rfind("-", 0) == 0) {
-      std::string command = "<command>";
-      for (int j = i + 1; j < argc; ++j) {
-        if (std::find(commands.begin(), commands.end(), argv[j]) != commands.end()) {
-          command = argv[j];
-          break;
-        }
-      }
-      return fmt::format(
-          "'{}' is not an option of tessera itself: options go after the command "
-          "(tessera {} {} ...)",
-          a, command, a);
-    }
-    if (std::find(commands.begin(), commands.end(), a) != commands.end()) return "";
-    std::string best;
-    size_t best_distance = 3;  // at most 2 edits away
-    for (const std::string& c : commands) {
-      if (const size_t d = EditDistance(a, c); d < best_distance) best = c, best_distance = d;
-    }
-    return best.empty() ? fmt::format("unknown command '{}'", a)
-                        : fmt::format("unknown command '{}'; did you mean '{}'?", a, best);
-  }
-  return "";
-}
 
 // A status code from a layer below -> the exit code scripts see.
 int ExitCodeFor(const absl::Status& st) {
@@ -225,27 +173,10 @@ int RunVersion(const std::string& output, std::ostream& out) {
   return kExitOk;
 }
 
-void ConfigureLogging(const std::string& level, std::ostream& err) {
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(err, true);
-  auto logger = std::make_shared<spdlog::logger>("tessera", sink);
-  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
-  logger->set_level(spdlog::level::from_str(level));
-  spdlog::set_default_logger(logger);
-}
-
 }  // namespace
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  CLI::App app{"Tessera: GPU scheduling and sharing for deep-learning work.", "tessera"};
-  app.require_subcommand(1);
-  app.fallthrough();
-  std::string log_level = "warn";
-  bool log_level_set = false;
-  if (const char* env = std::getenv("TESSERA_LOG"); env && *env)
-    log_level = env, log_level_set = true;
-  app.add_option("--log-level", log_level, "Log level: trace, debug, info, warn, error, off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
-
+  CLI::App app{kAbout, "tessera"};
   std::function<int()> action;
 
   DeviceFlags gpus_flags;
@@ -277,47 +208,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   version->callback([&] { action = [&] { return RunVersion(version_output, out); }; });
 
   std::shared_ptr<void> sim_state = AddSimCommands(app, action, out, err);
-  std::shared_ptr<void> server_state = AddServerCommands(app, action, out, err);
+  std::shared_ptr<void> server_state = AddServeCommand(app, action, out, err);
+  std::shared_ptr<void> client_state = AddClientCommands(app, action, out, err);
   std::shared_ptr<void> agent_state = AddAgentCommand(app, action, out, err);
   std::shared_ptr<void> extender_state = AddExtenderCommand(app, action, out, err);
   std::shared_ptr<void> slurm_state = AddSlurmCommands(app, action, out, err);
   std::shared_ptr<void> admin_state = AddAdminCommands(app, action, out, err);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    out << app.help();
-    return kExitOk;
-  } catch (const CLI::CallForAllHelp& e) {
-    out << app.help("", CLI::AppFormatMode::All);
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    // Help asked on a subcommand comes here too, as CallForHelp from that subcommand.
-    if (e.get_exit_code() == 0) {
-      // The innermost subcommand that was named (`tessera sim inflate --help`).
-      const CLI::App* sub = &app;
-      for (;;) {
-        auto subs = sub->get_subcommands();
-        if (subs.empty()) break;
-        sub = subs.back();
-      }
-      out << sub->help();
-      return kExitOk;
-    }
-    const std::string hint = TopLevelHint(app, argc, argv);
-    err << "tessera: " << (hint.empty() ? std::string(e.what()) : hint)
-        << "\nRun 'tessera --help' for usage.\n";
-    return kExitBadInput;
-  }
-  // The daemons say what they do by default; the other commands only warn.
-  if (!log_level_set &&
-      (app.got_subcommand("server") || app.got_subcommand("agent") ||
-       app.got_subcommand("extender") ||
-       (app.got_subcommand("slurm") && app.get_subcommand("slurm")->got_subcommand("exporter"))) &&
-      app.count("--log-level") == 0)
-    log_level = "info";
-  ConfigureLogging(log_level, err);
-  return action ? action() : kExitBadInput;
+  return ParseAndRun(app, action, argc, argv, out, err);
 }
 
 sigset_t BlockStopSignals() {

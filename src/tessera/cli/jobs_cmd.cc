@@ -289,8 +289,8 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
   std::string target = fmt::format("/v1/jobs?arrays={}", s.expand ? "expand" : "fold");
   // squeue's view by default (what is waiting or running, and what is on its way back to the
   // queue); sacct's with --ended; every job with --state all.
-  const std::string states = s.ls_ended        ? "succeeded,failed,cancelled"
-                             : s.states.empty() ? "queued,running,preempted,lost"
+  const std::string states = s.ls_ended          ? "succeeded,failed,cancelled"
+                             : s.states.empty()  ? "queued,running,preempted,lost"
                              : s.states == "all" ? ""
                                                  : s.states;
   if (!states.empty()) target += "&state=" + states;
@@ -309,8 +309,7 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
     JobsTable(*jobs, out);
     // Said where a person reads it, not in what a script parses.
     if (more) {
-      err << fmt::format("tessera: the newest {} shown; older ones with --limit N\n",
-                         jobs->size());
+      err << fmt::format("tessera: the newest {} shown; older ones with --limit N\n", jobs->size());
     } else if (jobs->empty() && s.states.empty() && !s.ls_ended) {
       err << "tessera: no queued or running jobs (ended ones: tessera ls --ended)\n";
     }
@@ -556,10 +555,10 @@ int RunRun(State& s, std::ostream& out, std::ostream& err) {
       // second at most so that Ctrl-C is acted on soon.
       int64_t bytes = 0;
       for (int64_t o : offsets) bytes += o;
-      auto w = Call(c, "GET",
-                    fmt::format("/v1/jobs/{}/wait?state={}&bytes={}&timeout_s=0.25", id, state,
-                                bytes),
-                    "", err, &code);
+      auto w =
+          Call(c, "GET",
+               fmt::format("/v1/jobs/{}/wait?state={}&bytes={}&timeout_s=0.25", id, state, bytes),
+               "", err, &code);
       if (!w) return code;
     }
   }

@@ -15,8 +15,9 @@ net::HttpResponse Api::Purge(const net::HttpRequest& req, const Caller& c) {
   if (!c.admin) return Error(403, "only an admin may purge ended jobs");
   const json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded() || !body.is_object())
-    return Error(400, "expected a JSON object: {\"jobs_s\": AGE, \"logs_s\": AGE, "
-                      "\"environments_s\": AGE} (seconds since the jobs ended; at least one)");
+    return Error(400,
+                 "expected a JSON object: {\"jobs_s\": AGE, \"logs_s\": AGE, "
+                 "\"environments_s\": AGE} (seconds since the jobs ended; at least one)");
   Dispatcher::PurgeAges ages;
   for (const auto& [key, value] : body.items()) {
     std::optional<double>* field = key == "jobs_s"           ? &ages.jobs_s

@@ -30,9 +30,9 @@ int64_t Api::OutputBytes(const JobRecord& r) {
       const char* suffix = err ? ".err" : ".out";
       // Where the logs endpoint reads it: a file of the user's (only a regular file its owner
       // owns, as there), else the server's.
-      const std::string user = spec.ok() ? d_.OutputFile(r.id, r.array_id, r.array_index, r.owner,
-                                                          *spec, task, err)
-                                         : "";
+      const std::string user =
+          spec.ok() ? d_.OutputFile(r.id, r.array_id, r.array_index, r.owner, *spec, task, err)
+                    : "";
       const std::string path = !user.empty() ? user
                                : task == 0   ? d_.JobFile("logs", r.id, suffix)
                                              : d_.TaskLog(r.id, task, suffix);
@@ -75,8 +75,7 @@ net::HttpResponse Api::Wait(const net::HttpRequest& req, int64_t id, const Calle
   }
   // Until the job's state is not `state`, its output (every task's stdout and stderr) is more
   // than `bytes`, or the time is up. The store's commits wake it; the output is looked at often.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
   uint64_t seen = 0;
   for (bool first = true;; first = false) {
     if (!first) {

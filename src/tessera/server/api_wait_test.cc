@@ -36,9 +36,8 @@ TEST_F(ServerTest, AWaitAnswersOnceTheJobsStateOrOutputDiffersFromWhatTheClientK
   EXPECT_EQ(w["bytes"], 5);
   EXPECT_EQ(w["changed"], true);
   // The job ends while it waits: answered with its end.
-  waiting = std::async(std::launch::async, [&] {
-    return Call("GET", wait + "?state=running&bytes=5&timeout_s=30");
-  });
+  waiting = std::async(std::launch::async,
+                       [&] { return Call("GET", wait + "?state=running&bytes=5&timeout_s=30"); });
   Advance(11);
   Settle();
   w = waiting.get();
@@ -48,8 +47,8 @@ TEST_F(ServerTest, AWaitAnswersOnceTheJobsStateOrOutputDiffersFromWhatTheClientK
   // Refused: another user's job; bad parameters.
   Call("GET", wait + "?state=running", nullptr, &status, 65534);
   EXPECT_EQ(status, 403);
-  for (const char* bad : {"?state=sleeping", "?bytes=-1", "?timeout_s=31", "?timeout_s=x",
-                          "?colour=red"}) {
+  for (const char* bad :
+       {"?state=sleeping", "?bytes=-1", "?timeout_s=31", "?timeout_s=x", "?colour=red"}) {
     const json e = Call("GET", wait + bad, nullptr, &status);
     EXPECT_EQ(status, 400) << bad << " " << e.dump();
   }

@@ -21,8 +21,7 @@ void Dispatcher::RemoveJobFiles(int64_t id) const {
 }
 
 absl::StatusOr<Dispatcher::Purged> Dispatcher::PurgePage(const PurgeAges& ages, double now,
-                                                         Store::Ended* logs_from,
-                                                         const char* who) {
+                                                         Store::Ended* logs_from, const char* who) {
   Purged p;
   if (ages.jobs_s) {
     // Never what a waiting job's --after names: it would wait on a job that no longer exists.

@@ -34,6 +34,7 @@
 #include "tessera/net/http.h"
 #include "tessera/sched/quota.h"
 #include "tessera/server/launcher.h"
+#include "tessera/server/socket_path.h"
 #include "tessera/server/store.h"
 
 namespace tessera::server {
@@ -169,17 +170,6 @@ absl::StatusOr<std::string> EnsureToken(const std::string& path, const std::stri
 // Defaults for whoever runs the server: root gets /run/tessera and /var/lib/tessera, others
 // $XDG_RUNTIME_DIR (or /tmp) and ~/.local/state/tessera.
 ServerConfig DefaultServerConfig();
-// The system server's socket (the installed service's: deploy/systemd).
-inline constexpr char kSystemSocket[] = "/run/tessera/tessera.sock";
-// Where a server run by this user listens by default: the system socket for root, else
-// $XDG_RUNTIME_DIR/tessera.sock (or /tmp/tessera-<uid>.sock).
-std::string DefaultSocketPath();
-// Where a client goes when neither --socket nor TESSERA_SOCKET says: the user's own server
-// (DefaultSocketPath) when a socket is there (`listening`), else the system server's - so a
-// student on a lab machine needs no variable, and someone running their own server gets it.
-std::string ClientSocketPath(const std::string& own,
-                             const std::function<bool(const std::string&)>& listening);
-std::string ClientSocketPath();
 // The confinement cgroup of a server whose config names none: "tessera" for the default state
 // folder (what servers before this rule used), else "tessera-" and 8 hex digits of a hash of the
 // state folder's path, so that servers with other state folders never share (and sweep) a subtree.

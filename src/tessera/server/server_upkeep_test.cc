@@ -141,7 +141,8 @@ TEST_F(ServerTest, AnAdminsPurgeRemovesNowWhatRetentionWouldAndOnlyThat) {
   ASSERT_EQ(State(old), "succeeded");
   ASSERT_EQ(State(needed), "succeeded");
   ASSERT_EQ(State(sweep), "cancelled");
-  const int64_t waiting = Submit(0, 1, 0, {{"hold", true}, {"after", {"ok:" + std::to_string(needed)}}});
+  const int64_t waiting =
+      Submit(0, 1, 0, {{"hold", true}, {"after", {"ok:" + std::to_string(needed)}}});
   Advance(2 * 86400);
   const int64_t recent = Submit(1, 1, 0, secret);
   Settle();

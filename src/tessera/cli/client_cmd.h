@@ -1,0 +1,24 @@
+#pragma once
+// The client verbs (submit, run, ls, show, logs, cancel, hold, release, priority, acct, top):
+// what tessera's small front program (client_main.cc) runs itself.
+
+#include <functional>
+#include <memory>
+#include <ostream>
+
+namespace CLI {
+class App;
+}
+
+namespace tessera::cli {
+
+// Adds the commands to `app`; a parsed one sets `action`. The returned object holds the flags and
+// must outlive parsing and the action.
+std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& action,
+                                        std::ostream& out, std::ostream& err);
+
+// `tessera server` (serve_cmd.cc).
+std::shared_ptr<void> AddServeCommand(CLI::App& app, std::function<int()>& action,
+                                      std::ostream& out, std::ostream& err);
+
+}  // namespace tessera::cli
