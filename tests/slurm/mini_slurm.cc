@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -68,6 +67,16 @@ void StopChild(pid_t pid, int sig, std::chrono::milliseconds grace) {
   }
 }
 
+// Where the cluster's folder goes: the test run's own folder (tests/test_main.cc sets TEST_TMPDIR,
+// as ::testing::TempDir() reads it), else $TMPDIR or /tmp (a benchmark's); with a trailing slash.
+std::string TempRoot() {
+  for (const char* var : {"TEST_TMPDIR", "TMPDIR"}) {
+    const char* v = getenv(var);
+    if (v && *v) return std::string(v).back() == '/' ? v : std::string(v) + "/";
+  }
+  return "/tmp/";
+}
+
 }  // namespace
 
 std::string MiniSlurm::Unavailable() {
@@ -84,14 +93,15 @@ std::string MiniSlurm::Unavailable() {
 MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
   // Under the test run's own folder (tests/test_main.cc: removed when the tests end, and by the
   // next run when a test was killed), never beside it in /tmp.
-  std::string tmpl = ::testing::TempDir() + "slurm-XXXXXX";
+  std::string tmpl = TempRoot() + "slurm-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) {
     error_ = "mkdtemp " + tmpl + " failed";
     return;
   }
   dir_ = tmpl;
-  // Every user passes through the folders above it too (jobs run as other users).
-  chmod(::testing::TempDir().c_str(), 0711);
+  // Every user passes through the folders above it too (jobs run as other users): the run's own
+  // folder made so (never /tmp itself).
+  if (const char* own = getenv("TEST_TMPDIR"); own && *own) chmod(own, 0711);
   // Every user passes through (munge's socket folder must be, and jobs run as other users).
   chmod(dir_.c_str(), 0755);
   for (const char* d : {"munge", "state", "spool", "log", "dev"})
@@ -171,8 +181,10 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
 }
 
 void MiniSlurm::SetPluginArgs(const std::string& args) {
-  std::ofstream(dir_ + "/plugstack.conf")
-      << "required " << options_.plugin << " " << args << " state_dir=" << PluginStateDir() << "\n";
+  std::ofstream conf(dir_ + "/plugstack.conf");
+  if (options_.plugin.empty()) return;  // a plain Slurm (the benchmarks' baseline)
+  conf << "required " << options_.plugin << " " << args << " state_dir=" << PluginStateDir()
+       << "\n";
 }
 
 std::string MiniSlurm::Logs() const {

@@ -14,7 +14,7 @@ namespace tessera::slurm_test {
 class MiniSlurm {
  public:
   struct Options {
-    std::string plugin;       // tessera-spank.so
+    std::string plugin;       // tessera-spank.so (empty: none, a plain Slurm)
     std::string plugin_args;  // its words in plugstack.conf (but state_dir=)
     int shards_per_gpu = 8;
   };

@@ -77,12 +77,13 @@ int main(int argc, char** argv) {
   if (IsClientCommand(CommandWord(argc, argv))) {
     CLI::App app{tessera::cli::kAbout, "tessera"};
     std::function<int()> action;
-    std::shared_ptr<void> state = tessera::cli::AddClientCommands(app, action, std::cout, std::cerr);
+    std::shared_ptr<void> state =
+        tessera::cli::AddClientCommands(app, action, std::cout, std::cerr);
     return tessera::cli::ParseAndRun(app, action, argc, argv, std::cout, std::cerr);
   }
   const std::string full = FullProgram(argv[0]);
   execv(full.c_str(), argv);
-  std::cerr << "tessera: cannot run " << full << " (the rest of tessera, installed with it): "
-            << std::strerror(errno) << "\n";
+  std::cerr << "tessera: cannot run " << full
+            << " (the rest of tessera, installed with it): " << std::strerror(errno) << "\n";
   return 127;
 }

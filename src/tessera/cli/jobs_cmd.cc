@@ -294,6 +294,7 @@ int RunLs(State& s, std::ostream& out, std::ostream& err) {
                              : s.states == "all" ? ""
                                                  : s.states;
   if (!states.empty()) target += "&state=" + states;
+  if (s.client.output == "table") target += "&env=false";  // a table shows none of it
   // Your own jobs unless asked otherwise; the server says who you are (socket or token).
   std::string user = s.ls_user;
   if (user.empty() && !s.ls_all) {

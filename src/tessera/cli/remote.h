@@ -1,8 +1,8 @@
 #pragma once
 // The client side of `tessera`'s server verbs, shared by client_cmd.cc (accounting, top and the
-// wiring of every client verb), serve_cmd.cc (the daemon) and jobs_cmd.cc (submit, run, ls, show, logs, cancel, hold,
-// priority): the flags every client verb takes, one API call, how jobs are shown, the parsed
-// options, and the verbs themselves.
+// wiring of every client verb), serve_cmd.cc (the daemon) and jobs_cmd.cc (submit, run, ls, show,
+// logs, cancel, hold, priority): the flags every client verb takes, one API call, how jobs are
+// shown, the parsed options, and the verbs themselves.
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

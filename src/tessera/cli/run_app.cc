@@ -120,8 +120,7 @@ int ParseAndRun(CLI::App& app, std::function<int()>& action, int argc, const cha
       const std::string& name = sub->get_name();
       const bool exporter = name == "slurm" && !sub->get_subcommands().empty() &&
                             sub->get_subcommands().front()->get_name() == "exporter";
-      if (name == "server" || name == "agent" || name == "extender" || exporter)
-        log_level = "info";
+      if (name == "server" || name == "agent" || name == "extender" || exporter) log_level = "info";
     }
   }
   ConfigureLogging(log_level, err);

@@ -311,8 +311,16 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     fold = it->second == "fold";
   }
   for (const auto& [k, v] : req.query) {
-    if (k != "state" && k != "limit" && k != "user" && k != "arrays" && k != "before")
+    if (k != "state" && k != "limit" && k != "user" && k != "arrays" && k != "before" && k != "env")
       return Error(400, fmt::format("unknown query parameter '{}'", k));
+  }
+  // env=false: without each job's stored environment (most of a listing's bytes; a table shows
+  // none of it).
+  bool with_env = true;
+  if (auto it = req.query.find("env"); it != req.query.end()) {
+    if (it->second != "true" && it->second != "false")
+      return Error(400, fmt::format("env: expected true or false, got '{}'", it->second));
+    with_env = it->second == "true";
   }
   const std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
   std::vector<JobRecord> page;
@@ -360,6 +368,7 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
       }
     }
     if (!c.admin && r.owner != c.user) HideDetails(j);
+    if (!with_env && j["spec"].is_object()) j["spec"].erase("env");
     out.push_back(std::move(j));
   }
   json answer = {{"jobs", std::move(out)}};

@@ -30,7 +30,9 @@ std::string_view OpenApiDocument() {
                              {"name": "arrays", "in": "query", "schema": {"type": "string", )json"
       R"json("enum": ["fold", "expand"]}, "description": "fold: an array is one entry (its )json"
       R"json(first task listed) with array {id, range, tasks, states, held}; expand )json"
-      R"json((default): every task"}],
+      R"json((default): every task"},
+                             {"name": "env", "in": "query", "schema": {"type": "boolean"}, )json"
+      R"json("description": "false: without each job's stored environment (spec.env)"}],
               "responses": {"200": {"description": "{jobs: [Job], more, next_before}"}, )json"
       R"json("400": {"$ref": )json"
       R"json("#/components/responses/Error"}}},

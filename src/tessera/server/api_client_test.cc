@@ -1,6 +1,8 @@
-// GET /v1/jobs/N/wait: how `tessera run` follows a job - answered at once when the job's state or
-// output already differ from what the client knows, else as soon as they do (a store commit wakes
-// it; output is looked at every few milliseconds), else at its timeout.
+// What the client's fast paths ask of the API. GET /v1/jobs/N/wait: how `tessera run` follows a
+// job - answered at once when the job's state or output already differ from what the client
+// knows, else as soon as they do (a store commit wakes it; output is looked at every few
+// milliseconds), else at its timeout. GET /v1/jobs?env=false: a listing without the stored
+// environments (what `tessera ls` asks for a table).
 #include <future>
 
 #include "tessera/server/server_test_fixture.h"
@@ -54,6 +56,24 @@ TEST_F(ServerTest, AWaitAnswersOnceTheJobsStateOrOutputDiffersFromWhatTheClientK
   }
   Call("GET", "/v1/jobs/999/wait", nullptr, &status);
   EXPECT_EQ(status, 404);
+}
+
+TEST_F(ServerTest, AListingWithoutEnvironmentsHasEverythingElse) {
+  StartServer();
+  const int64_t id = Submit(1, 10, 0, {{"env", {{"API_KEY", "s3cret"}}}, {"name", "quiet"}});
+  Settle();
+  const json full = Call("GET", "/v1/jobs");
+  json brief = Call("GET", "/v1/jobs?env=false");
+  ASSERT_EQ(full["jobs"].size(), 1u);
+  EXPECT_EQ(full["jobs"][0]["spec"]["env"]["API_KEY"], "s3cret");
+  EXPECT_FALSE(brief["jobs"][0]["spec"].contains("env"));
+  brief["jobs"][0]["spec"]["env"] = full["jobs"][0]["spec"]["env"];
+  EXPECT_EQ(brief, full) << "all else the same (the clock is the test's: no time moved)";
+  EXPECT_EQ(Call("GET", "/v1/jobs?env=true")["jobs"][0]["spec"]["env"]["API_KEY"], "s3cret");
+  int status = 0;
+  Call("GET", "/v1/jobs?env=no", nullptr, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(Job(id)["spec"]["env"]["API_KEY"], "s3cret") << "one job's own page keeps it";
 }
 
 }  // namespace
