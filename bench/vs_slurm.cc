@@ -74,9 +74,8 @@ Stats TimeMany(const std::string& command, int runs) {
 
 // `loops` shell loops at once, each `per_loop` times `command`: the wall time of all, in s.
 double Loops(const std::string& command, int loops, int per_loop) {
-  const std::string loop =
-      fmt::format("i=0; while [ $i -lt {} ]; do {} >/dev/null || exit 1; i=$((i+1)); done",
-                  per_loop, command);
+  const std::string loop = fmt::format(
+      "i=0; while [ $i -lt {} ]; do {} >/dev/null || exit 1; i=$((i+1)); done", per_loop, command);
   const auto t0 = Clock::now();
   std::vector<pid_t> pids;
   for (int l = 0; l < loops; ++l) {
@@ -98,10 +97,10 @@ double Loops(const std::string& command, int loops, int per_loop) {
 }
 
 void Row(const char* what, const Stats& t, const Stats& s) {
-  fmt::print("| {} | {:.1f} / {:.1f} ms | {:.1f} / {:.1f} ms | {:.2f}x |{}\n", what, t.p50, t.p99,
-             s.p50, s.p99, s.p50 > 0 ? t.p50 / s.p50 : 0,
-             t.failed + s.failed ? fmt::format(" ({} tessera, {} Slurm failed)", t.failed, s.failed)
-                                 : "");
+  fmt::print(
+      "| {} | {:.1f} / {:.1f} ms | {:.1f} / {:.1f} ms | {:.2f}x |{}\n", what, t.p50, t.p99, s.p50,
+      s.p99, s.p50 > 0 ? t.p50 / s.p50 : 0,
+      t.failed + s.failed ? fmt::format(" ({} tessera, {} Slurm failed)", t.failed, s.failed) : "");
 }
 
 }  // namespace
@@ -168,9 +167,10 @@ int main(int argc, char** argv) {
     const int loops = 8, n = loops * per_loop;
     const double ts = Loops(t + "submit --hold -- true", loops, per_loop);
     const double ss = Loops(s + "sbatch --hold --wrap true", loops, per_loop);
-    fmt::print("| {} submits from {} shell loops (`submit --hold -- true` / `sbatch --hold --wrap "
-               "true`) | {:.2f} s ({:.0f}/s) | {:.2f} s ({:.0f}/s) | {:.2f}x |\n",
-               n, loops, ts, n / ts, ss, n / ss, ss > 0 ? ts / ss : 0);
+    fmt::print(
+        "| {} submits from {} shell loops (`submit --hold -- true` / `sbatch --hold --wrap "
+        "true`) | {:.2f} s ({:.0f}/s) | {:.2f} s ({:.0f}/s) | {:.2f}x |\n",
+        n, loops, ts, n / ts, ss, n / ss, ss > 0 ? ts / ss : 0);
     if (ts < 0 || ss < 0) code = 1;
     (void)TimeOnce(s + "scancel --user root");
     kill(server, SIGTERM);

@@ -336,142 +336,175 @@ CLI::Validator JobId() {
 }
 
 std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& action,
-                                        std::ostream& out, std::ostream& err) {
+                                        std::ostream& out, std::ostream& err,
+                                        std::string_view only) {
+  // Only the one named, when told (the small program: the others' options are never built).
+  auto want = [only](std::string_view name) { return only.empty() || only == name; };
   auto s = std::make_shared<State>();
   State& st = *s;
 
-  CLI::App* sub = app.add_subcommand(
-      "submit",
-      "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
-  AddSubmitOptions(sub, st);
-  st.client.AddTo(sub);
-  st.submit_app = sub;
-  sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });
-
-  CLI::App* run = app.add_subcommand(
-      "run",
-      "Submit a job, wait for it and stream its output; exits with its exit code (Ctrl-C "
-      "cancels it), like srun");
-  AddSubmitOptions(run, st);
-  run->add_flag("-l,--rank-labels", st.label,
-                "Prefix each line of output with its process's rank (\"1: \"), as srun -l "
-                "(--label is a job's KEY=VALUE label here)");
-  st.client.AddTo(run, false);
-  run->callback([&, s] { action = [&, s] { return RunRun(*s, out, err); }; });
-
-  CLI::App* ls = app.add_subcommand(
-      "ls", "List your queued and running jobs, newest last (like squeue; --ended for the others)");
-  auto* ls_state = ls->add_option("--state,-t,--states", st.states,
-                                  "Only these states, comma-separated: queued, held, running, "
-                                  "succeeded, failed, cancelled, preempted, lost, or all "
-                                  "(default: the queued and running ones)");
-  ls->add_flag("--ended", st.ls_ended,
-               "Ended jobs only: succeeded, failed and cancelled (like sacct)")
-      ->excludes(ls_state);
-  ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")
-      ->check(CLI::Range(1, 100000));
-  auto* ls_all = ls->add_flag("--all", st.ls_all, "Every user's jobs (default: your own)");
-  ls->add_option("--user,-u", st.ls_user, "This user's jobs (default: your own)")->excludes(ls_all);
-  ls->add_flag("--expand", st.expand,
-               "Every task of an array on its own line (default: an array is one line with its "
-               "tasks counted by state)");
-  st.client.AddTo(ls);
-  ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
-
-  CLI::App* show = app.add_subcommand("show", "Show one job with its events");
-  show->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
-  st.client.AddTo(show);
-  show->callback([&, s] { action = [&, s] { return RunShow(*s, out, err); }; });
-
-  CLI::App* logs = app.add_subcommand("logs", "Print a job's output");
-  logs->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
-  logs->add_flag("-f,--follow", st.follow, "Keep printing until the job ends");
-  logs->add_flag("--stderr", st.stderr_stream, "The job's stderr instead of stdout");
-  logs->add_flag("--raw", st.raw,
-                 "The bytes as the job wrote them (by default control characters other than "
-                 "newline, tab and carriage return are shown as \\xNN: a job's escape sequences "
-                 "do not reach your terminal)");
-  logs->add_option("--task", st.task,
-                   "Of a job of several processes (--ntasks): this task's (default 0)")
-      ->check(CLI::Range(0, 1023));
-  st.client.AddTo(logs, false);
-  logs->callback([&, s] { action = [&, s] { return RunLogs(*s, out, err); }; });
-
-  CLI::App* cancel =
-      app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
-  auto* cancel_ids =
-      cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
-          ->check(JobId());
-  // scancel's filters: every queued or running job that matches, instead of ids.
-  cancel
-      ->add_option("-u,--user", st.cancel_user,
-                   "Every queued or running job of this user (scancel -u; yours unless you are "
-                   "an admin)")
-      ->excludes(cancel_ids);
-  cancel
-      ->add_option("-t,--state", st.cancel_states,
-                   "With -u or --name: only jobs in these states, queued or running (scancel -t)")
-      ->check(CLI::IsMember({"queued", "running", "queued,running", "running,queued"}));
-  cancel
-      ->add_option("-n,--name", st.cancel_name,
-                   "Every queued or running job of yours (or -u's) with this name (scancel -n)")
-      ->excludes(cancel_ids);
-  cancel->add_flag("--force", st.force,
-                   "Kill running jobs now (SIGKILL) instead of SIGTERM and their grace period");
-  st.client.AddTo(cancel);
-  cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
-
-  CLI::App* prio = app.add_subcommand(
-      "priority",
-      "Change a queued job's priority (yours up to your ceiling, or anyone's as an admin)");
-  prio->add_option("id", st.id, "Job id (12, or an array's task 12_3)")->required()->check(JobId());
-  prio->add_option("priority", st.priority, "The new priority, -1000..1000 (higher first)")
-      ->required()
-      ->check(CLI::Range(-1000, 1000));
-  st.client.AddTo(prio);
-  prio->callback([&, s] { action = [&, s] { return RunPriority(*s, out, err); }; });
-
-  for (bool hold : {true, false}) {
-    CLI::App* h = app.add_subcommand(
-        hold ? "hold" : "release",
-        hold ? "Hold queued jobs: they keep their place in the queue but do not start"
-             : "Release held jobs: they start in the place they held");
-    h->add_option("ids", st.ids, "Job ids: 12, an array (its queued tasks) or one task, 12_3")
-        ->required()
-        ->check(JobId());
-    st.client.AddTo(h);
-    h->callback([&, s, hold] { action = [&, s, hold] { return RunHold(*s, hold, out, err); }; });
+  if (want("submit")) {
+    CLI::App* sub = app.add_subcommand(
+        "submit",
+        "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
+    AddSubmitOptions(sub, st);
+    st.client.AddTo(sub);
+    st.submit_app = sub;
+    sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });
   }
 
-  CLI::App* acct = app.add_subcommand(
-      "acct", "Accounting: GPU-hours, jobs, failures and waits over a period, like sacct/sreport");
-  acct->add_option("--since", st.since,
-                   "From: a duration ago (90m, 7d), a date (2026-11-01), a date and time "
-                   "(2026-11-01T08:00) or epoch seconds (default 7d)");
-  acct->add_option("--until", st.until, "To: the same forms, or now (default now)");
-  acct->add_option("--by", st.by, "One line per user, group (the owner's primary) or GPU model")
-      ->check(CLI::IsMember({"user", "group", "model"}));
-  acct->add_option("--user", st.acct_user,
-                   "Only this user's jobs (yours are all you see unless you are an admin)");
-  acct->add_flag("--jobs", st.acct_jobs,
-                 "One line per job that ended (or ran) in the period, like sacct, instead of sums");
-  acct->add_option("--format", st.acct_format,
-                   "With --jobs: the columns, from id,name,user,state,submit,start,end,elapsed,"
-                   "wait,gpus,gpu_util,gpu_mem,exit,reason")
-      ->capture_default_str();
-  acct->add_option("--socket", st.client.socket, "Server to talk to (as for the other commands)");
-  acct->add_option("--token", st.client.token, "Bearer token for an https:// or tcp:// server");
-  acct->add_option("--ca-cert", st.client.ca_cert, "CA certificate for an https:// server");
-  acct->add_option("-o,--output", st.client.output, "Output format: table, json, yaml or csv")
-      ->check(CLI::IsMember({"table", "json", "yaml", "csv"}));
-  acct->callback([&, s] { action = [&, s] { return RunAcct(*s, out, err); }; });
+  if (want("run")) {
+    CLI::App* run = app.add_subcommand(
+        "run",
+        "Submit a job, wait for it and stream its output; exits with its exit code (Ctrl-C "
+        "cancels it), like srun");
+    AddSubmitOptions(run, st);
+    run->add_flag("-l,--rank-labels", st.label,
+                  "Prefix each line of output with its process's rank (\"1: \"), as srun -l "
+                  "(--label is a job's KEY=VALUE label here)");
+    st.client.AddTo(run, false);
+    run->callback([&, s] { action = [&, s] { return RunRun(*s, out, err); }; });
+  }
 
-  CLI::App* top = app.add_subcommand("top", "A live view of the GPUs and jobs");
-  top->add_flag("--once", st.once, "Print one screen and exit");
-  top->add_option("--interval", st.interval, "Seconds between refreshes (default 1)")
-      ->check(CLI::Range(0.1, 3600.0));
-  st.client.AddTo(top);
-  top->callback([&, s] { action = [&, s] { return RunTop(*s, out, err); }; });
+  if (want("ls")) {
+    CLI::App* ls = app.add_subcommand(
+        "ls",
+        "List your queued and running jobs, newest last (like squeue; --ended for the others)");
+    auto* ls_state = ls->add_option("--state,-t,--states", st.states,
+                                    "Only these states, comma-separated: queued, held, running, "
+                                    "succeeded, failed, cancelled, preempted, lost, or all "
+                                    "(default: the queued and running ones)");
+    ls->add_flag("--ended", st.ls_ended,
+                 "Ended jobs only: succeeded, failed and cancelled (like sacct)")
+        ->excludes(ls_state);
+    ls->add_option("--limit", st.limit, "At most this many, the newest (default 50)")
+        ->check(CLI::Range(1, 100000));
+    auto* ls_all = ls->add_flag("--all", st.ls_all, "Every user's jobs (default: your own)");
+    ls->add_option("--user,-u", st.ls_user, "This user's jobs (default: your own)")
+        ->excludes(ls_all);
+    ls->add_flag("--expand", st.expand,
+                 "Every task of an array on its own line (default: an array is one line with its "
+                 "tasks counted by state)");
+    st.client.AddTo(ls);
+    ls->callback([&, s] { action = [&, s] { return RunLs(*s, out, err); }; });
+  }
+
+  if (want("show")) {
+    CLI::App* show = app.add_subcommand("show", "Show one job with its events");
+    show->add_option("id", st.id, "Job id (12, or an array's task 12_3)")
+        ->required()
+        ->check(JobId());
+    st.client.AddTo(show);
+    show->callback([&, s] { action = [&, s] { return RunShow(*s, out, err); }; });
+  }
+
+  if (want("logs")) {
+    CLI::App* logs = app.add_subcommand("logs", "Print a job's output");
+    logs->add_option("id", st.id, "Job id (12, or an array's task 12_3)")
+        ->required()
+        ->check(JobId());
+    logs->add_flag("-f,--follow", st.follow, "Keep printing until the job ends");
+    logs->add_flag("--stderr", st.stderr_stream, "The job's stderr instead of stdout");
+    logs->add_flag("--raw", st.raw,
+                   "The bytes as the job wrote them (by default control characters other than "
+                   "newline, tab and carriage return are shown as \\xNN: a job's escape sequences "
+                   "do not reach your terminal)");
+    logs->add_option("--task", st.task,
+                     "Of a job of several processes (--ntasks): this task's (default 0)")
+        ->check(CLI::Range(0, 1023));
+    st.client.AddTo(logs, false);
+    logs->callback([&, s] { action = [&, s] { return RunLogs(*s, out, err); }; });
+  }
+
+  if (want("cancel")) {
+    CLI::App* cancel =
+        app.add_subcommand("cancel", "Cancel jobs (your own, or anyone's as an admin)");
+    auto* cancel_ids =
+        cancel->add_option("ids", st.ids, "Job ids: 12, an array (all its tasks) or one task, 12_3")
+            ->check(JobId());
+    // scancel's filters: every queued or running job that matches, instead of ids.
+    cancel
+        ->add_option("-u,--user", st.cancel_user,
+                     "Every queued or running job of this user (scancel -u; yours unless you are "
+                     "an admin)")
+        ->excludes(cancel_ids);
+    cancel
+        ->add_option("-t,--state", st.cancel_states,
+                     "With -u or --name: only jobs in these states, queued or running (scancel -t)")
+        ->check(CLI::IsMember({"queued", "running", "queued,running", "running,queued"}));
+    cancel
+        ->add_option("-n,--name", st.cancel_name,
+                     "Every queued or running job of yours (or -u's) with this name (scancel -n)")
+        ->excludes(cancel_ids);
+    cancel->add_flag("--force", st.force,
+                     "Kill running jobs now (SIGKILL) instead of SIGTERM and their grace period");
+    st.client.AddTo(cancel);
+    cancel->callback([&, s] { action = [&, s] { return RunCancel(*s, out, err); }; });
+  }
+
+  if (want("priority")) {
+    CLI::App* prio = app.add_subcommand(
+        "priority",
+        "Change a queued job's priority (yours up to your ceiling, or anyone's as an admin)");
+    prio->add_option("id", st.id, "Job id (12, or an array's task 12_3)")
+        ->required()
+        ->check(JobId());
+    prio->add_option("priority", st.priority, "The new priority, -1000..1000 (higher first)")
+        ->required()
+        ->check(CLI::Range(-1000, 1000));
+    st.client.AddTo(prio);
+    prio->callback([&, s] { action = [&, s] { return RunPriority(*s, out, err); }; });
+  }
+
+  if (want("hold") || want("release")) {
+    for (bool hold : {true, false}) {
+      CLI::App* h = app.add_subcommand(
+          hold ? "hold" : "release",
+          hold ? "Hold queued jobs: they keep their place in the queue but do not start"
+               : "Release held jobs: they start in the place they held");
+      h->add_option("ids", st.ids, "Job ids: 12, an array (its queued tasks) or one task, 12_3")
+          ->required()
+          ->check(JobId());
+      st.client.AddTo(h);
+      h->callback([&, s, hold] { action = [&, s, hold] { return RunHold(*s, hold, out, err); }; });
+    }
+  }
+
+  if (want("acct")) {
+    CLI::App* acct = app.add_subcommand(
+        "acct",
+        "Accounting: GPU-hours, jobs, failures and waits over a period, like sacct/sreport");
+    acct->add_option("--since", st.since,
+                     "From: a duration ago (90m, 7d), a date (2026-11-01), a date and time "
+                     "(2026-11-01T08:00) or epoch seconds (default 7d)");
+    acct->add_option("--until", st.until, "To: the same forms, or now (default now)");
+    acct->add_option("--by", st.by, "One line per user, group (the owner's primary) or GPU model")
+        ->check(CLI::IsMember({"user", "group", "model"}));
+    acct->add_option("--user", st.acct_user,
+                     "Only this user's jobs (yours are all you see unless you are an admin)");
+    acct->add_flag(
+        "--jobs", st.acct_jobs,
+        "One line per job that ended (or ran) in the period, like sacct, instead of sums");
+    acct->add_option("--format", st.acct_format,
+                     "With --jobs: the columns, from id,name,user,state,submit,start,end,elapsed,"
+                     "wait,gpus,gpu_util,gpu_mem,exit,reason")
+        ->capture_default_str();
+    acct->add_option("--socket", st.client.socket, "Server to talk to (as for the other commands)");
+    acct->add_option("--token", st.client.token, "Bearer token for an https:// or tcp:// server");
+    acct->add_option("--ca-cert", st.client.ca_cert, "CA certificate for an https:// server");
+    acct->add_option("-o,--output", st.client.output, "Output format: table, json, yaml or csv")
+        ->check(CLI::IsMember({"table", "json", "yaml", "csv"}));
+    acct->callback([&, s] { action = [&, s] { return RunAcct(*s, out, err); }; });
+  }
+
+  if (want("top")) {
+    CLI::App* top = app.add_subcommand("top", "A live view of the GPUs and jobs");
+    top->add_flag("--once", st.once, "Print one screen and exit");
+    top->add_option("--interval", st.interval, "Seconds between refreshes (default 1)")
+        ->check(CLI::Range(0.1, 3600.0));
+    st.client.AddTo(top);
+    top->callback([&, s] { action = [&, s] { return RunTop(*s, out, err); }; });
+  }
   return s;
 }
 

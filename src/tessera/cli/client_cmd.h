@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <string_view>
 
 namespace CLI {
 class App;
@@ -14,8 +15,10 @@ namespace tessera::cli {
 
 // Adds the commands to `app`; a parsed one sets `action`. The returned object holds the flags and
 // must outlive parsing and the action.
+// With `only`, just that verb (the small program knows which was typed).
 std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& action,
-                                        std::ostream& out, std::ostream& err);
+                                        std::ostream& out, std::ostream& err,
+                                        std::string_view only = {});
 
 // `tessera server` (serve_cmd.cc).
 std::shared_ptr<void> AddServeCommand(CLI::App& app, std::function<int()>& action,

@@ -617,6 +617,7 @@ absl::StatusOr<HttpResponse> HttpClient::Send(const std::string& method, const s
     const bool reused = conn_ != nullptr;
     if (!conn_) {
       conn_ = std::make_unique<Conn>();
+      conn_->buffer.reserve(64 * 1024);  // an answer in a few reads, not 512 bytes each
       const bool https = endpoint_.rfind("https://", 0) == 0;
       if (https || endpoint_.rfind("tcp://", 0) == 0) {
         std::string hp = endpoint_.substr(https ? 8 : 6);
