@@ -231,7 +231,9 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   EXPECT_EQ(job->Line(), "holding");
   auto page = metrics.Send("GET", "/metrics");
   ASSERT_TRUE(page.ok()) << page.status();
-  const std::string labels = "{job_id=\"slurm-" + id + "\",slurm_job_id=\"" + id + "\",gpu=\"";
+  // Its user (root here: the test's jobs are root's) labels it as the server's jobs are labelled.
+  const std::string labels =
+      "{job_id=\"slurm-" + id + "\",slurm_job_id=\"" + id + "\",user=\"root\",gpu=\"";
   EXPECT_THAT(page->body, HasSubstr("tessera_job_gpu_share_ratio" + labels));
   EXPECT_THAT(page->body,
               ::testing::ContainsRegex("tessera_job_gpu_memory_used_bytes\\{job_id=\"slurm-" + id +

@@ -15,6 +15,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/net/http.h"
 #include "tessera/slurm/node.h"
+#include "tessera/slurm/step.h"
 
 namespace tessera::cli {
 namespace {
@@ -85,7 +86,7 @@ int RunExporter(const SlurmFlags& f, std::ostream& err) {
       r.body = "only GET\n";
     } else if (req.path == "/metrics") {
       r.content_type = "text/plain; version=0.0.4";
-      r.body = slurm::NodeMetrics(state_dir, hostname);
+      r.body = slurm::NodeMetrics(state_dir, hostname, slurm::BootTime());
     } else if (req.path == "/healthz") {
       r.body = "ok\n";
     } else {

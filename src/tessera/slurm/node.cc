@@ -1,5 +1,7 @@
 #include "tessera/slurm/node.h"
 
+#include <pwd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -50,9 +52,21 @@ absl::StatusOr<std::vector<json>> ReadAccounting(const std::string& state_dir,
   return out;
 }
 
-std::string NodeMetrics(const std::string& state_dir, const std::string& hostname) {
+// A user's name as the server says an owner ("uid:1234" when the machine has none).
+std::string UserName(uid_t uid) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr)
+    return found->pw_name;
+  return fmt::format("uid:{}", uid);
+}
+
+std::string NodeMetrics(const std::string& state_dir, const std::string& hostname,
+                        int64_t boot_time) {
   struct Row {
     uint32_t job;
+    std::string user;
     int gpu;
     size_t ordinal;
     double share;
@@ -61,10 +75,16 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
   std::vector<Row> rows;
   std::map<uint32_t, std::unique_ptr<shim::RegionData>> regions;
   std::map<uint32_t, bool> readable;
+  int stale = 0;
   for (const auto& [id, j] : NodeJobs(state_dir)) {
+    if (boot_time > 0 && j.started < boot_time) {
+      ++stale;  // its epilog never ran before the reboot: not running
+      continue;
+    }
+    const std::string user = UserName(j.uid);
     for (size_t i = 0; i < j.gpus.size(); ++i) {
-      rows.push_back(
-          {id, j.gpus[i], i, j.share_permille ? j.share_permille / 1000.0 : 1.0, j.memory_bytes});
+      rows.push_back({id, user, j.gpus[i], i, j.share_permille ? j.share_permille / 1000.0 : 1.0,
+                      j.memory_bytes});
     }
     auto head = shim::ReadRegionHead(fmt::format("{}/regions/{}.region", state_dir, id).c_str());
     readable[id] = head != nullptr;
@@ -74,6 +94,7 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
   auto labels = [&](const Row& row) -> net::MetricsPage::Labels {
     return {{"job_id", fmt::format("slurm-{}", row.job)},
             {"slurm_job_id", std::to_string(row.job)},
+            {"user", row.user},
             {"gpu", std::to_string(row.gpu)},
             {"hostname", hostname}};
   };
@@ -104,6 +125,10 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
            "1 when a job's shared region reads as a region, 0 when it does not (the job removed, "
            "truncated or overwrote its file): its figures are then unknown.");
   for (const Row& r : rows) p.Sample(labels(r), readable[r.job] ? 1 : 0);
+  p.Family("tessera_slurm_stale_job_records", "gauge",
+           "Records of jobs set up before this node's last boot (their epilog never ran): not "
+           "running; set aside when Slurm gives their id again, or removed by an admin.");
+  p.Sample({{"hostname", hostname}}, stale);
   net::AddSelfMetrics(p, "slurm-exporter");
   return p.Take();
 }

@@ -19,8 +19,10 @@ absl::StatusOr<std::vector<nlohmann::json>> ReadAccounting(const std::string& st
                                                            const std::vector<uint32_t>& jobs);
 
 // The running jobs' page: per job and GPU its compute share, memory limit, memory in use and GPU
-// time charged (labels job_id "slurm-<id>", slurm_job_id, gpu, hostname), and whether its region
-// reads as one.
-std::string NodeMetrics(const std::string& state_dir, const std::string& hostname);
+// time charged (labels job_id "slurm-<id>", slurm_job_id, user, gpu, hostname: the server's names),
+// and whether its region reads as one. Records of jobs started before `boot_time` (BootTime(); 0:
+// not checked) are an earlier boot's leftovers, not running jobs: left out, and counted.
+std::string NodeMetrics(const std::string& state_dir, const std::string& hostname,
+                        int64_t boot_time = 0);
 
 }  // namespace tessera::slurm

@@ -126,7 +126,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     return Refuse("job " + std::to_string(job) + ": " + std::string(limits.status().message()));
   if (limits->gpus.empty()) return ESPANK_SUCCESS;  // no GPU: left alone
   auto env = tessera::slurm::SetUpStep(*config, job, uid, gid, *limits, Env(sp, "LD_PRELOAD"),
-                                       time(nullptr));
+                                       time(nullptr), tessera::slurm::BootTime());
   if (!env.ok())
     return Refuse("job " + std::to_string(job) +
                   ": its GPU limits cannot be set up: " + std::string(env.status().message()));

@@ -265,9 +265,22 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
   return l;
 }
 
+int64_t BootTime() {
+  std::ifstream in("/proc/stat");
+  for (std::string word; in >> word;) {
+    if (word == "btime") {
+      int64_t t = 0;
+      in >> t;
+      return t;
+    }
+  }
+  return 0;
+}
+
 absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
                                           gid_t gid, const StepLimits& asked,
-                                          const std::string& ld_preload, time_t now) {
+                                          const std::string& ld_preload, time_t now,
+                                          int64_t boot_time) {
   StepEnvironment env;
   StepLimits limits = asked;
   if (limits.gpus.empty()) return env;
@@ -280,10 +293,11 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     return absl::InternalError(
         fmt::format("cannot lock {}/.lock: {}", config.state_dir, strerror(errno)));
   const std::string region = Region(config, job_id), record = Record(config, job_id);
-  // Another user's job under this id (a reused id): its files are never this job's.
+  // An earlier job under this id (a reused id: another user's, or one from before this node's
+  // boot, whoever's): its files are never this job's.
   if (access(record.c_str(), F_OK) == 0) {
     const std::optional<NodeJob> earlier = ReadNodeJob(record);
-    if (!earlier || earlier->uid != uid)
+    if (!earlier || earlier->uid != uid || (boot_time > 0 && earlier->started < boot_time))
       env.notes.push_back(SetAside(config, job_id, earlier ? earlier->uid : uid_t(-1), uid, now));
   }
   // A whole-GPU step that Slurm placed on a GPU shard jobs hold (gpu and shard are separate gres

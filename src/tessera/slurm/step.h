@@ -72,10 +72,17 @@ struct StepEnvironment {
 // record; later ones reuse them) and returns its tasks' environment. Any failure is an error that
 // names the file: the plugin then refuses the step (fail closed). A record of the same job id left
 // by another user's job (its epilog never ran: slurmd crashed, the node rebooted; Slurm then gave
-// the id again) is set aside in stale/ with its region, and said, never reused.
+// the id again), or by any job started before `boot_time` (BootTime(); 0: not checked), is set
+// aside in stale/ with its region, and said, never reused.
 absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
                                           gid_t gid, const StepLimits& limits,
-                                          const std::string& ld_preload, time_t now);
+                                          const std::string& ld_preload, time_t now,
+                                          int64_t boot_time = 0);
+
+// When this machine booted (/proc/stat's btime), 0 when unknown. A record of a job started before
+// it is an earlier job's (no job outlives a reboot): SetUpStep sets it aside even when its user is
+// the same, and the exporter leaves it out.
+int64_t BootTime();
 
 // A job set up on this node (its record, jobs/<job>.json): who, its GPUs and limits, since when.
 struct NodeJob {
