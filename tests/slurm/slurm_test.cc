@@ -175,6 +175,27 @@ TEST_F(Slurm, TheUsersOptionsAskLessAndAreRefusedPastTheShards) {
   EXPECT_NE(more.code, 0);
   EXPECT_THAT(more.out, HasSubstr("--tessera-share=50% is more than the step's shards mean (25%)"));
   EXPECT_THAT(more.out, ::testing::Not(HasSubstr("ran")));
+  // Mistyped: refused by srun and sbatch themselves, before Slurm allocates anything (no job id
+  // is used up between two held jobs submitted around them).
+  auto held = [&] {
+    auto r = Capture(slurm_->Env() + "sbatch --hold --parsable --wrap true");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return std::atol(r.out.c_str());
+  };
+  const long first = held();
+  auto typo = Capture(Cmd("srun -Q --gres=shard:2 --tessera-share=lots echo ran 2>&1"));
+  EXPECT_NE(typo.code, 0);
+  EXPECT_THAT(typo.out,
+              HasSubstr("--tessera-share=lots: expected a share of a GPU such as 30% or 0.3"));
+  EXPECT_THAT(typo.out, ::testing::Not(HasSubstr("ran")));
+  auto batch =
+      Capture(slurm_->Env() + "sbatch --gres=shard:2 --tessera-mem=plenty --wrap true 2>&1");
+  EXPECT_NE(batch.code, 0);
+  EXPECT_THAT(batch.out, HasSubstr("--tessera-mem=plenty: expected a size such as 10G or 512MiB"));
+  EXPECT_THAT(batch.out, ::testing::Not(HasSubstr("Submitted batch job")));
+  const long second = held();
+  EXPECT_EQ(second, first + 1) << "a refused submission used no job id";
+  Capture(slurm_->Env() + "scancel " + std::to_string(first) + " " + std::to_string(second));
 }
 
 TEST_F(Slurm, AJobWithoutGpusIsLeftAlone) {

@@ -48,13 +48,24 @@ int Refuse(const std::string& why) {
   return ESPANK_SUCCESS;
 }
 
+// Each option checked as it is read - by srun, sbatch and salloc too, before anything is
+// allocated: a callback that fails makes them stop (sbatch goes on past a failed init_post_opt),
+// so a mistyped option is refused at submission, not billed and failed at its step's launch. What
+// the step's shards allow is checked at the step.
+int Checked(const std::string& share, const std::string& mem) {
+  if (absl::Status st = tessera::slurm::CheckStepOptions(share, mem); !st.ok()) {
+    slurm_error("tessera: %s", std::string(st.message()).c_str());
+    return -1;
+  }
+  return 0;
+}
 int OnShare(int, const char* arg, int) {
   share_option = arg ? arg : "";
-  return 0;
+  return Checked(share_option, "");
 }
 int OnMem(int, const char* arg, int) {
   mem_option = arg ? arg : "";
-  return 0;
+  return Checked("", mem_option);
 }
 
 std::string Env(spank_t sp, const char* name) {
@@ -92,7 +103,7 @@ int slurm_spank_init(spank_t sp, int, char**) {
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
-  if (spank_remote(sp) != 1) return ESPANK_SUCCESS;  // srun/sbatch: only the options
+  if (spank_remote(sp) != 1) return ESPANK_SUCCESS;  // srun/sbatch: only the options (checked)
   uint32_t job = 0, step = 0;
   uid_t uid = 0;
   gid_t gid = 0;

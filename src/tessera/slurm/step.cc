@@ -197,6 +197,22 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
   return c;
 }
 
+absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option) {
+  if (!share_option.empty()) {
+    uint32_t p = 0;
+    if (!shim::ParseShare(share_option.c_str(), &p))
+      return absl::InvalidArgumentError(fmt::format(
+          "--tessera-share={}: expected a share of a GPU such as 30% or 0.3", share_option));
+  }
+  if (!mem_option.empty()) {
+    auto b = core::ParseBytes(mem_option);
+    if (!b || *b == 0)
+      return absl::InvalidArgumentError(
+          fmt::format("--tessera-mem={}: expected a size such as 10G or 512MiB", mem_option));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRequest& request) {
   StepLimits l;
   for (std::string_view rest = request.gpus; !rest.empty();) {
@@ -239,12 +255,11 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
     l.share_permille = std::max<uint32_t>(share, 1);
     l.memory_bytes = memory;
   }
+  if (absl::Status st = CheckStepOptions(request.share_option, request.mem_option); !st.ok())
+    return st;
   if (!request.share_option.empty()) {
     uint32_t p = 0;
-    if (!shim::ParseShare(request.share_option.c_str(), &p))
-      return absl::InvalidArgumentError(
-          fmt::format("--tessera-share={}: expected a share of a GPU such as 30% or 0.3",
-                      request.share_option));
+    (void)shim::ParseShare(request.share_option.c_str(), &p);  // checked above
     if (p > share)
       return absl::InvalidArgumentError(fmt::format(
           "--tessera-share={} is more than the step's {} mean ({:g}%)", request.share_option,
@@ -252,10 +267,7 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
     l.share_permille = p;
   }
   if (!request.mem_option.empty()) {
-    auto b = core::ParseBytes(request.mem_option);
-    if (!b || *b == 0)
-      return absl::InvalidArgumentError(fmt::format(
-          "--tessera-mem={}: expected a size such as 10G or 512MiB", request.mem_option));
+    const std::optional<uint64_t> b = core::ParseBytes(request.mem_option);  // checked above
     if (memory > 0 && *b > memory)
       return absl::InvalidArgumentError(
           fmt::format("--tessera-mem={} is more than the step's {} mean ({})", request.mem_option,

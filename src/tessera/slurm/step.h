@@ -47,6 +47,11 @@ struct StepRequest {
   std::string mem_option;    // --tessera-mem: "10G", "512MiB" (a bare number is MiB, as --mem)
 };
 
+// The user's options as written (--tessera-share, --tessera-mem), checked where srun and sbatch
+// read them - before Slurm allocates anything - so that a mistyped one is refused at submission,
+// not billed and failed at the step's launch. What the shards allow is checked at the step.
+absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option);
+
 // What a step gets: its GPUs (empty: none, the step is left alone), a compute share of each (0:
 // none, launches not paced) and a memory limit on each (0: none).
 struct StepLimits {
