@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../capture.h"
+#include "fmt/format.h"
 #include "tessera/net/http.h"
 
 namespace tessera::slurm_test {
@@ -79,12 +80,18 @@ std::string TempRoot() {
 
 }  // namespace
 
-std::string MiniSlurm::Unavailable() {
+std::string MiniSlurm::Unavailable(bool accounting) {
   for (const char* p : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged",
                         "/usr/bin/srun", "/usr/bin/sbatch"}) {
     if (access(p, X_OK) != 0)
       return std::string(p) +
              " is missing: Debian's slurm-wlm and munge (scripts/deps installs them)";
+  }
+  for (const char* p : {"/usr/sbin/slurmdbd", "/usr/sbin/mariadbd", "/usr/bin/mariadb-install-db",
+                        "/usr/bin/mariadb"}) {
+    if (accounting && access(p, X_OK) != 0)
+      return std::string(p) +
+             " is missing: Debian's slurmdbd and mariadb-server (scripts/deps installs them)";
   }
   if (geteuid() != 0) return "a Slurm of its own needs root (SlurmUser, mknod)";
   return "";
@@ -124,6 +131,7 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
   }
   const std::string host = ShortHostname();
   const int ctld = net::FreeLoopbackPort(), slurmd = net::FreeLoopbackPort();
+  if (options_.accounting) dbd_port_ = net::FreeLoopbackPort();
   std::ofstream(dir_ + "/slurm.conf")
       << "ClusterName=tessera-test\n"
       << "SlurmctldHost=" << host << "(127.0.0.1)\n"
@@ -138,7 +146,16 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
       << "SlurmctldLogFile=" << dir_ << "/log/slurmctld.log\n"
       << "SlurmdLogFile=" << dir_ << "/log/slurmd.log\n"
       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
-      << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+      << "JobAcctGatherType=jobacct_gather/none\n"
+      << (options_.accounting
+              // (AccountingStoragePass: the munge socket that talks to slurmdbd; TRES: GPUs and
+              // shards are recorded only when named, as docs/slurm.md tells a site.)
+              ? fmt::format("AccountingStorageType=accounting_storage/slurmdbd\n"
+                            "AccountingStorageHost=127.0.0.1\nAccountingStoragePort={}\n"
+                            "AccountingStoragePass={}/munge/munge.sock\n"
+                            "AccountingStorageTRES=gres/gpu,gres/shard\n",
+                            dbd_port_, dir_)
+              : std::string("AccountingStorageType=accounting_storage/none\n"))
       << "JobCompType=jobcomp/none\n"
       << "SchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
       << "SelectTypeParameters=CR_Core\n"
@@ -165,6 +182,7 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
   const auto munge_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!fs::exists(dir_ + "/munge/munge.sock") && std::chrono::steady_clock::now() < munge_by)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (options_.accounting && !StartAccounting(host)) return;
   slurmctld_ = Daemon({"/usr/sbin/slurmctld", "-D", "-i", "-f", conf}, log + "slurmctld.out");
   slurmd_ = Daemon({"/usr/sbin/slurmd", "-D", "-f", conf}, log + "slurmd.out");
   // Up when the node is idle (registered, its gres counted).
@@ -180,6 +198,77 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
   }
 }
 
+bool MiniSlurm::StartAccounting(const std::string& host) {
+  const std::string db = dir_ + "/mysql", log = dir_ + "/log/", sock = dir_ + "/mysql.sock";
+  auto init =
+      test::Capture("/usr/bin/mariadb-install-db --no-defaults --user=root --datadir=" + db +
+                    " --auth-root-authentication-method=normal --skip-test-db > " + log +
+                    "mariadb-install.log 2>&1");
+  if (init.code != 0) {
+    error_ = "mariadb-install-db failed\n" + Logs();
+    return false;
+  }
+  const int db_port = net::FreeLoopbackPort();
+  mariadbd_ = Daemon({"/usr/sbin/mariadbd", "--no-defaults", "--user=root", "--datadir=" + db,
+                      "--socket=" + sock, "--port=" + std::to_string(db_port),
+                      "--bind-address=127.0.0.1", "--pid-file=" + dir_ + "/mysql.pid",
+                      "--innodb-buffer-pool-size=16M", "--log-error=" + log + "mariadb.log"},
+                     log + "mariadbd.out");
+  const std::string sql = "/usr/bin/mariadb --no-defaults --socket=" + sock + " -u root -e ";
+  const auto db_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (test::Capture(sql + "'SELECT 1' 2>&1").code != 0) {
+    if (std::chrono::steady_clock::now() > db_by) {
+      error_ = "MariaDB did not answer in 30 s\n" + Logs();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // slurmdbd's own account, over TCP as a site's would be.
+  auto grant =
+      test::Capture(sql +
+                    "\"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm'; GRANT ALL ON "
+                    "slurm_acct_db.* TO 'slurm'@'127.0.0.1';\" 2>&1");
+  if (grant.code != 0) {
+    error_ = "MariaDB refused slurmdbd's account: " + grant.out;
+    return false;
+  }
+  {
+    // Read by slurmdbd from beside slurm.conf; its owner's alone (it holds the password).
+    const std::string conf = dir_ + "/slurmdbd.conf";
+    std::ofstream(conf) << "AuthType=auth/munge\nAuthInfo=socket=" << dir_ << "/munge/munge.sock\n"
+                        << "DbdAddr=127.0.0.1\nDbdHost=" << host << "\nDbdPort=" << dbd_port_
+                        << "\nSlurmUser=root\nStorageType=accounting_storage/mysql\n"
+                        << "StorageHost=127.0.0.1\nStoragePort=" << db_port
+                        << "\nStorageUser=slurm\nStoragePass=slurm\nStorageLoc=slurm_acct_db\n"
+                        << "LogFile=" << log << "slurmdbd.log\nPidFile=" << dir_
+                        << "/slurmdbd.pid\n";
+    chmod(conf.c_str(), 0600);
+  }
+  slurmdbd_ = Daemon({"/usr/sbin/slurmdbd", "-D"}, log + "slurmdbd.out");
+  // Up when it takes the cluster (its database made on its first start).
+  const auto dbd_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    auto add = test::Capture(Env() + "sacctmgr -i add cluster tessera-test 2>&1");
+    if (add.code == 0 || add.out.find("already exists") != std::string::npos) break;
+    if (std::chrono::steady_clock::now() > dbd_by) {
+      error_ = "slurmdbd did not take the cluster in 60 s (sacctmgr: " + add.out + ")\n" + Logs();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // An account with root and nobody in it, as a site has its users' associations.
+  for (const std::string& line :
+       {std::string("add account tessera Cluster=tessera-test"),
+        std::string("add user root,nobody Account=tessera DefaultAccount=tessera")}) {
+    auto r = test::Capture(Env() + "sacctmgr -i " + line + " 2>&1");
+    if (r.code != 0) {
+      error_ = "sacctmgr " + line + ": " + r.out;
+      return false;
+    }
+  }
+  return true;
+}
+
 void MiniSlurm::SetPluginArgs(const std::string& args) {
   std::ofstream conf(dir_ + "/plugstack.conf");
   if (options_.plugin.empty()) return;  // a plain Slurm (the benchmarks' baseline)
@@ -190,7 +279,8 @@ void MiniSlurm::SetPluginArgs(const std::string& args) {
 std::string MiniSlurm::Logs() const {
   std::string out;
   for (const char* log :
-       {"slurmctld.log", "slurmd.log", "munge.log", "slurmctld.out", "slurmd.out", "munged.out"}) {
+       {"slurmctld.log", "slurmd.log", "munge.log", "slurmctld.out", "slurmd.out", "munged.out",
+        "slurmdbd.log", "slurmdbd.out", "mariadb.log", "mariadb-install.log"}) {
     out += std::string("--- ") + log + "\n" +
            test::Capture("tail -n 20 " + dir_ + "/log/" + log + " 2>&1").out;
   }
@@ -203,6 +293,8 @@ void MiniSlurm::Stop() {
   // the folder, so they need no orderly stop (each would take 2 s).
   StopChild(slurmd_, SIGTERM, std::chrono::seconds(3));
   StopChild(slurmctld_, SIGKILL, std::chrono::seconds(3));
+  StopChild(slurmdbd_, SIGKILL, std::chrono::seconds(3));
+  StopChild(mariadbd_, SIGKILL, std::chrono::seconds(3));
   StopChild(munged_, SIGKILL, std::chrono::seconds(3));
 }
 

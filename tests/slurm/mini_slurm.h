@@ -17,9 +17,13 @@ class MiniSlurm {
     std::string plugin;       // tessera-spank.so (empty: none, a plain Slurm)
     std::string plugin_args;  // its words in plugstack.conf (but state_dir=)
     int shards_per_gpu = 8;
+    // With Slurm's accounting database: a MariaDB (Debian's mariadb-server) and slurmdbd started
+    // here too, the cluster added with sacctmgr, so that sacct answers as on a site's cluster.
+    bool accounting = false;
   };
-  // Why Slurm cannot run here (not installed, not root), or empty.
-  static std::string Unavailable();
+  // Why Slurm cannot run here (not installed, not root), or empty; with `accounting`, also
+  // slurmdbd and MariaDB.
+  static std::string Unavailable(bool accounting = false);
   explicit MiniSlurm(const Options& options);
   ~MiniSlurm();
   MiniSlurm(const MiniSlurm&) = delete;
@@ -40,7 +44,10 @@ class MiniSlurm {
   void Stop();
   Options options_;
   std::string dir_, error_;
-  pid_t munged_ = -1, slurmctld_ = -1, slurmd_ = -1;
+  pid_t munged_ = -1, slurmctld_ = -1, slurmd_ = -1, mariadbd_ = -1, slurmdbd_ = -1;
+  // MariaDB and slurmdbd up, the cluster added; false with error_ set.
+  bool StartAccounting(const std::string& host);
+  int dbd_port_ = 0;
 };
 
 }  // namespace tessera::slurm_test
