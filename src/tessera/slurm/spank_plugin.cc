@@ -123,12 +123,12 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     // A wrong plugstack.conf line refuses the steps it would limit - those with GPUs - not every
     // step on the node.
     if (request.gpus.empty() && request.shards.empty()) {
-      slurm_info("tessera: job %u step %u has no GPU; plugstack.conf: %s", job, step,
+      slurm_info("tessera: job %u step %u has no GPU; %s", job, step,
                  std::string(config.status().message()).c_str());
       return ESPANK_SUCCESS;
     }
-    return Refuse("job " + std::to_string(job) +
-                  ": plugstack.conf: " + std::string(config.status().message()));
+    return Refuse("job " + std::to_string(job) + ": " +
+                  std::string(config.status().message()));  // "plugstack.conf: 'word': why"
   }
   request.share_option = share_option;
   request.mem_option = mem_option;
