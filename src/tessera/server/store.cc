@@ -8,102 +8,15 @@
 #include <unistd.h>
 
 #include "fmt/format.h"
+#include "tessera/server/store_sql.h"
 
 namespace tessera::server {
 namespace {
 
+using namespace sql;  // NOLINT: the store's own helpers
+
 constexpr const char* kStateNames[] = {"queued",    "running",   "succeeded", "failed",
                                        "cancelled", "preempted", "lost"};
-
-absl::Status SqlError(sqlite3* db, std::string_view what) {
-  return absl::InternalError(fmt::format("store: {}: {}", what, sqlite3_errmsg(db)));
-}
-
-// A prepared statement, finalized on scope exit.
-class Stmt {
- public:
-  Stmt(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr);
-  }
-  ~Stmt() { sqlite3_finalize(s_); }
-  bool ok() const { return rc_ == SQLITE_OK; }
-  sqlite3_stmt* get() { return s_; }
-  void Bind(int i, int64_t v) { sqlite3_bind_int64(s_, i, v); }
-  void Bind(int i, double v) { sqlite3_bind_double(s_, i, v); }
-  void Bind(int i, std::string_view v) {
-    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-  }
-  template <typename T>
-  void Bind(int i, const std::optional<T>& v) {
-    if (v)
-      Bind(i, *v);
-    else
-      sqlite3_bind_null(s_, i);
-  }
-  int Step() { return sqlite3_step(s_); }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* s_ = nullptr;
-  int rc_;
-};
-
-std::string Text(sqlite3_stmt* s, int col) {
-  const unsigned char* t = sqlite3_column_text(s, col);
-  return t ? reinterpret_cast<const char*>(t) : "";
-}
-
-std::optional<double> OptDouble(sqlite3_stmt* s, int col) {
-  if (sqlite3_column_type(s, col) == SQLITE_NULL) return std::nullopt;
-  return sqlite3_column_double(s, col);
-}
-
-// Read FROM jobs j. An array's tasks read their spec from the array's first row.
-constexpr const char* kJobColumns =
-    "j.id, j.name, j.owner_uid, j.owner, "
-    "CASE WHEN j.spec = '' AND j.array_id != 0 THEN (SELECT a.spec FROM jobs a WHERE a.id = "
-    "j.array_id) ELSE j.spec END, "
-    "j.priority, j.state, j.submitted_at, j.started_at, j.ended_at, j.exit_code, j.placement, "
-    "j.pid, j.pid_start_time, j.reason, j.usage, j.idempotency_key, j.held, j.array_id, "
-    "j.array_index";
-
-JobRecord ReadJob(sqlite3_stmt* s) {
-  JobRecord r;
-  r.id = sqlite3_column_int64(s, 0);
-  r.name = Text(s, 1);
-  r.owner_uid = static_cast<uint32_t>(sqlite3_column_int64(s, 2));
-  r.owner = Text(s, 3);
-  r.spec_json = Text(s, 4);
-  r.priority = sqlite3_column_int(s, 5);
-  r.state = ParseJobState(Text(s, 6)).value_or(JobState::kLost);
-  r.submitted_at = sqlite3_column_double(s, 7);
-  r.started_at = OptDouble(s, 8);
-  r.ended_at = OptDouble(s, 9);
-  if (sqlite3_column_type(s, 10) != SQLITE_NULL) r.exit_code = sqlite3_column_int(s, 10);
-  r.placement_json = Text(s, 11);
-  r.pid = sqlite3_column_int64(s, 12);
-  r.pid_start_time = static_cast<uint64_t>(sqlite3_column_int64(s, 13));
-  r.reason = Text(s, 14);
-  r.usage_json = Text(s, 15);
-  r.idempotency_key = Text(s, 16);
-  r.held = sqlite3_column_int(s, 17) != 0;
-  r.array_id = sqlite3_column_int64(s, 18);
-  r.array_index = sqlite3_column_int(s, 19);
-  return r;
-}
-
-// The rows of a query that selects an event's job_id, at, state, reason and id, in that order.
-absl::StatusOr<std::vector<JobEvent>> ReadEvents(Stmt& s, sqlite3* db) {
-  std::vector<JobEvent> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    out.push_back({sqlite3_column_int64(s.get(), 0), sqlite3_column_double(s.get(), 1),
-                   ParseJobState(Text(s.get(), 2)).value_or(JobState::kLost), Text(s.get(), 3),
-                   sqlite3_column_int64(s.get(), 4)});
-  }
-  if (rc != SQLITE_DONE) return SqlError(db, "reading events");
-  return out;
-}
 
 }  // namespace
 
@@ -695,116 +608,6 @@ absl::Status Store::ForEachNewest(const std::vector<JobState>& states, const std
   }
   if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE job_id = ? ORDER BY id");
-  if (!s.ok()) return SqlError(db, "preparing a read");
-  s.Bind(1, id);
-  return ReadEvents(s, db);
-}
-
-absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double until) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db,
-         "SELECT j.id, j.owner_uid, j.owner, j.state, j.submitted_at, j.started_at, j.ended_at, "
-         "j.placement, j.array_id, j.array_index FROM jobs j WHERE (j.ended_at IS NULL OR "
-         "j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY j.id");
-  if (!s.ok()) return SqlError(db, "preparing a list");
-  s.Bind(1, since);
-  s.Bind(2, until);
-  std::vector<JobRecord> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    JobRecord r;
-    sqlite3_stmt* st = s.get();
-    r.id = sqlite3_column_int64(st, 0);
-    r.owner_uid = static_cast<uint32_t>(sqlite3_column_int64(st, 1));
-    r.owner = Text(st, 2);
-    r.state = ParseJobState(Text(st, 3)).value_or(JobState::kLost);
-    r.submitted_at = sqlite3_column_double(st, 4);
-    r.started_at = OptDouble(st, 5);
-    r.ended_at = OptDouble(st, 6);
-    r.placement_json = Text(st, 7);
-    r.array_id = sqlite3_column_int64(st, 8);
-    r.array_index = sqlite3_column_int(st, 9);
-    out.push_back(std::move(r));
-  }
-  if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
-  return out;
-}
-
-absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double until) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db,
-         "SELECT e.job_id, e.at, e.state, '', e.id FROM events e JOIN jobs j ON j.id = e.job_id "
-         "WHERE (j.ended_at IS NULL OR j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY "
-         "e.job_id, e.id");
-  if (!s.ok()) return SqlError(db, "preparing a read");
-  s.Bind(1, since);
-  s.Bind(2, until);
-  return ReadEvents(s, db);
-}
-
-absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE id > ? ORDER BY id LIMIT ?");
-  if (!s.ok()) return SqlError(db, "preparing a read");
-  s.Bind(1, seq);
-  s.Bind(2, int64_t{limit});
-  return ReadEvents(s, db);
-}
-
-absl::StatusOr<int64_t> Store::LastEventSeq() {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, "SELECT coalesce(max(id), 0) FROM events");
-  if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "reading the last event");
-  return sqlite3_column_int64(s.get(), 0);
-}
-
-absl::Status Store::AddSample(const Sample& sample, double drop_before) {
-  std::lock_guard lock(mu_);
-  if (absl::Status st = Exec("BEGIN"); !st.ok()) return st;
-  auto fail = [&](absl::Status st) {
-    (void)Exec("ROLLBACK");
-    return st;
-  };
-  {
-    Stmt s(db_, "INSERT OR REPLACE INTO samples (at, data) VALUES (?, ?)");
-    if (!s.ok()) return fail(SqlError(db_, "preparing a sample"));
-    s.Bind(1, sample.at);
-    s.Bind(2, sample.data);
-    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "adding a sample"));
-  }
-  {
-    Stmt s(db_, "DELETE FROM samples WHERE at < ?");
-    if (!s.ok()) return fail(SqlError(db_, "preparing a sample"));
-    s.Bind(1, drop_before);
-    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "dropping old samples"));
-  }
-  // Not a job's change: Exec's COMMIT, not Commit (which tells on_change_).
-  if (absl::Status st = Exec("COMMIT"); !st.ok()) return fail(st);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<Sample>> Store::Samples(double since) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
-  Stmt s(db, "SELECT at, data FROM samples WHERE at >= ? ORDER BY at");
-  if (!s.ok()) return SqlError(db, "preparing a read");
-  s.Bind(1, since);
-  std::vector<Sample> out;
-  int rc;
-  while ((rc = s.Step()) == SQLITE_ROW)
-    out.push_back({sqlite3_column_double(s.get(), 0), Text(s.get(), 1)});
-  if (rc != SQLITE_DONE) return SqlError(db, "reading samples");
-  return out;
 }
 
 }  // namespace tessera::server

@@ -4,6 +4,7 @@
 
 #include "fmt/format.h"
 #include "tessera/server/store.h"
+#include "tessera/server/store_sql.h"
 
 namespace tessera::server {
 namespace {
@@ -11,19 +12,6 @@ namespace {
 // Not waiting, not running: how it ended is recorded for good.
 constexpr const char* kEnded = "state NOT IN ('queued', 'running')";
 constexpr const char* kLive = "state IN ('queued', 'running')";
-
-absl::Status Fail(sqlite3* db, const std::string& what) {
-  return absl::InternalError(fmt::format("store: {}: {}", what, sqlite3_errmsg(db)));
-}
-
-struct Query {
-  Query(sqlite3* db, const std::string& sql) {
-    rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &s, nullptr);
-  }
-  ~Query() { sqlite3_finalize(s); }
-  sqlite3_stmt* s = nullptr;
-  int rc = SQLITE_OK;
-};
 
 }  // namespace
 
@@ -46,9 +34,9 @@ absl::StatusOr<std::vector<int64_t>> Store::PurgeEnded(double jobs_before,
       "t.ended_at IS NULL OR t.ended_at >= ?1))) ORDER BY id",
       kEnded, kLive);
   {
-    Query q(db_, pick);
-    if (q.rc != SQLITE_OK) return rollback(Fail(db_, "choosing ended jobs"));
-    sqlite3_bind_double(q.s, 1, jobs_before);
+    sql::Stmt q(db_, pick);
+    if (!q.ok()) return rollback(sql::SqlError(db_, "choosing ended jobs"));
+    sqlite3_bind_double(q.get(), 1, jobs_before);
     int64_t array = -1;
     std::vector<int64_t> group;
     auto flush = [&] {
@@ -61,8 +49,8 @@ absl::StatusOr<std::vector<int64_t>> Store::PurgeEnded(double jobs_before,
       group.clear();
     };
     int rc;
-    while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) {
-      const int64_t id = sqlite3_column_int64(q.s, 0), a = sqlite3_column_int64(q.s, 1);
+    while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
+      const int64_t id = sqlite3_column_int64(q.get(), 0), a = sqlite3_column_int64(q.get(), 1);
       if (a == 0 || a != array) {
         flush();
         if (gone.size() >= max_jobs) break;
@@ -70,17 +58,19 @@ absl::StatusOr<std::vector<int64_t>> Store::PurgeEnded(double jobs_before,
       array = a;
       group.push_back(id);
     }
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rollback(Fail(db_, "choosing ended jobs"));
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+      return rollback(sql::SqlError(db_, "choosing ended jobs"));
     if (gone.size() < max_jobs) flush();
   }
   for (const char* sql :
        {"DELETE FROM events WHERE job_id = ?1", "DELETE FROM jobs WHERE id = ?1"}) {
-    Query del(db_, sql);
-    if (del.rc != SQLITE_OK) return rollback(Fail(db_, "removing ended jobs"));
+    sql::Stmt del(db_, sql);
+    if (!del.ok()) return rollback(sql::SqlError(db_, "removing ended jobs"));
     for (int64_t id : gone) {
-      sqlite3_bind_int64(del.s, 1, id);
-      if (sqlite3_step(del.s) != SQLITE_DONE) return rollback(Fail(db_, "removing ended jobs"));
-      sqlite3_reset(del.s);
+      sqlite3_bind_int64(del.get(), 1, id);
+      if (sqlite3_step(del.get()) != SQLITE_DONE)
+        return rollback(sql::SqlError(db_, "removing ended jobs"));
+      sqlite3_reset(del.get());
     }
   }
   if (absl::Status st = Commit(); !st.ok()) return rollback(st);
@@ -92,16 +82,17 @@ absl::StatusOr<int64_t> Store::PurgeEnvironments(double before, size_t max_jobs)
   std::lock_guard lock(mu_);
   if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
   // Tasks of an array other than the first have no spec of their own ('').
-  Query q(db_, fmt::format("UPDATE jobs SET spec = json_remove(spec, '$.env') WHERE id IN (SELECT "
-                           "id FROM jobs j WHERE j.{0} AND j.ended_at < ?1 AND (CASE WHEN "
-                           "json_valid(j.spec) THEN json_type(j.spec, '$.env') END) IS NOT NULL "
-                           "AND (j.array_id = 0 OR NOT EXISTS (SELECT 1 FROM jobs t WHERE "
-                           "t.array_id = j.array_id AND t.{1})) LIMIT ?2)",
-                           kEnded, kLive));
-  if (q.rc != SQLITE_OK || (sqlite3_bind_double(q.s, 1, before),
-                            sqlite3_bind_int64(q.s, 2, static_cast<int64_t>(max_jobs)),
-                            sqlite3_step(q.s)) != SQLITE_DONE) {
-    const absl::Status st = Fail(db_, "dropping stored environments");
+  sql::Stmt q(db_,
+              fmt::format("UPDATE jobs SET spec = json_remove(spec, '$.env') WHERE id IN (SELECT "
+                          "id FROM jobs j WHERE j.{0} AND j.ended_at < ?1 AND (CASE WHEN "
+                          "json_valid(j.spec) THEN json_type(j.spec, '$.env') END) IS NOT NULL "
+                          "AND (j.array_id = 0 OR NOT EXISTS (SELECT 1 FROM jobs t WHERE "
+                          "t.array_id = j.array_id AND t.{1})) LIMIT ?2)",
+                          kEnded, kLive));
+  if (!q.ok() || (sqlite3_bind_double(q.get(), 1, before),
+                  sqlite3_bind_int64(q.get(), 2, static_cast<int64_t>(max_jobs)),
+                  sqlite3_step(q.get())) != SQLITE_DONE) {
+    const absl::Status st = sql::SqlError(db_, "dropping stored environments");
     (void)Exec("ROLLBACK");
     return st;
   }
@@ -117,19 +108,20 @@ absl::StatusOr<std::vector<Store::Ended>> Store::EndedAfter(Ended after, double 
                                                             size_t limit) {
   std::lock_guard lock(reader_ ? read_mu_ : mu_);
   sqlite3* db = reader_ ? reader_ : db_;
-  Query q(db, fmt::format("SELECT id, ended_at FROM jobs WHERE {} AND (ended_at, id) > (?1, ?2) "
+  sql::Stmt q(db,
+              fmt::format("SELECT id, ended_at FROM jobs WHERE {} AND (ended_at, id) > (?1, ?2) "
                           "AND ended_at < ?3 ORDER BY ended_at, id LIMIT ?4",
                           kEnded));
-  if (q.rc != SQLITE_OK) return Fail(db, "listing ended jobs");
-  sqlite3_bind_double(q.s, 1, after.ended_at);
-  sqlite3_bind_int64(q.s, 2, after.id);
-  sqlite3_bind_double(q.s, 3, before);
-  sqlite3_bind_int64(q.s, 4, static_cast<int64_t>(limit));
+  if (!q.ok()) return sql::SqlError(db, "listing ended jobs");
+  sqlite3_bind_double(q.get(), 1, after.ended_at);
+  sqlite3_bind_int64(q.get(), 2, after.id);
+  sqlite3_bind_double(q.get(), 3, before);
+  sqlite3_bind_int64(q.get(), 4, static_cast<int64_t>(limit));
   std::vector<Ended> out;
   int rc;
-  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW)
-    out.push_back({sqlite3_column_int64(q.s, 0), sqlite3_column_double(q.s, 1)});
-  if (rc != SQLITE_DONE) return Fail(db, "listing ended jobs");
+  while ((rc = sqlite3_step(q.get())) == SQLITE_ROW)
+    out.push_back({sqlite3_column_int64(q.get(), 0), sqlite3_column_double(q.get(), 1)});
+  if (rc != SQLITE_DONE) return sql::SqlError(db, "listing ended jobs");
   return out;
 }
 
