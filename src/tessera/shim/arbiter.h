@@ -256,6 +256,10 @@ class Arbiter {
   std::atomic<uint64_t> entered_launches_[kArbiterGpus] = {};
 };
 
+// A new arbiter file's settings (MapSharedFile's initialiser), from `config`, an ArbiterConfig
+// of whoever makes it (arbiter_file.cc).
+void WriteArbiterSettings(void* mem, const void* config);
+
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can
 // prepare it for jobs of several users, with the pacing settings of `c` (slice, idle, queue bound;
 // the defaults when not given). One of an older version (an upgrade) is replaced by rename: its
