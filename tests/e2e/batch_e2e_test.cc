@@ -217,6 +217,12 @@ TEST(Batch, BadArraysDependenciesAndTasksAreRefusedAndNothingIsStored) {
 
 TEST(Batch, AReleasedJobStartsInThePlaceItHeld) {
   Daemon d("hold");
+  // sbatch --parsable's habit: the id alone, for id=$(tessera submit --parsable ...).
+  const std::string parsable = Cli(d, "submit --parsable --hold -- true");
+  ASSERT_THAT(parsable, ::testing::MatchesRegex("[0-9]+\n"));
+  EXPECT_THAT(Cli(d, "show " + parsable.substr(0, parsable.size() - 1)), HasSubstr("queued, held"));
+  EXPECT_THAT(Cli(d, "submit --parsable --array 0-2 --hold -- true"),
+              ::testing::MatchesRegex("[0-9]+\n"));
   const int64_t busy = SubmittedId(Cli(d, "submit --gpus 2 -- sleep 60"));
   WaitForLs(d, busy, "running");
   const int64_t first = SubmittedId(Cli(d, "submit --hold --gpus 2 -- sleep 60"));

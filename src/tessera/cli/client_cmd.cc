@@ -348,6 +348,9 @@ std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& act
         "submit",
         "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
     AddSubmitOptions(sub, st);
+    sub->add_flag("--parsable", st.parsable,
+                  "Print only the job's id (an array's: its id), as sbatch --parsable, for "
+                  "scripts: id=$(tessera submit --parsable -- ...)");
     st.client.AddTo(sub);
     st.submit_app = sub;
     sub->callback([&, s] { action = [&, s] { return RunSubmit(*s, out, err); }; });

@@ -262,6 +262,11 @@ int RunSubmit(State& s, std::ostream& out, std::ostream& err) {
   int code = kExitOk;
   auto job = SubmitSpec(s, *spec, err, &code);
   if (!job) return code;
+  if (s.parsable) {
+    // What a script reads: the job's (or the array's) id and nothing else, as sbatch --parsable.
+    out << (*job)["id"].get<int64_t>() << "\n";
+    return kExitOk;
+  }
   if (s.client.output == "table") {
     const int64_t id = (*job)["id"].get<int64_t>();
     if (job->contains("array")) {

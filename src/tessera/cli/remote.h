@@ -133,6 +133,7 @@ struct State {
   double interval = 1;
   CLI::App* submit_app = nullptr;  // what `submit` was given, for its script's directives
   bool label = false;              // run -l
+  bool parsable = false;           // submit --parsable: the id alone, as sbatch --parsable
 };
 
 // A job's output as `tessera run` shows it: every process's, each stream in whole lines (a line
