@@ -9,7 +9,9 @@ set -euo pipefail
 build="$1"
 small="$build/tessera"
 fail() { echo "FAIL: $*" >&2; exit 1; }
-work=$(mktemp -d)
+# Named as tests/test_main.cc names its folders: one left by a killed run (a timeout) is swept by
+# the next test binary that starts.
+work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-tests-$$-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 # What it loads: the C and C++ runtimes, fmt and spdlog; abseil, OpenSSL and yaml-cpp are linked

@@ -6,7 +6,9 @@
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 here="$src/tests/deploy"
-tmp=$(mktemp -d)
+# Named as tests/test_main.cc names its folders: one left by a killed run (a timeout) is swept by
+# the next test binary that starts.
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessera-tests-$$-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "deploy_test: $*" >&2; exit 1; }
 

@@ -14,7 +14,9 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 [[ $EUID -eq 0 ]] || { echo "needs root (chroot)"; exit 77; }
-work=$(mktemp -d)
+# Named as tests/test_main.cc names its folders: one left by a killed run (a timeout) is swept by
+# the next test binary that starts.
+work=$(mktemp -d "${TMPDIR:-/tmp}/tessera-tests-$$-XXXXXX")
 root="$work/root"
 server=""
 cleanup() {

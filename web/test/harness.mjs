@@ -21,7 +21,9 @@ function binary() {
 
 export class Server {
   constructor({ simulate = 'dgx-h100', extra = '' } = {}) {
-    this.dir = mkdtempSync(join(tmpdir(), 'tessera-web-'));
+    // Named as tests/test_main.cc names its folders: one left by a killed run (a ctest timeout) is
+    // swept by the next test binary that starts.
+    this.dir = mkdtempSync(join(tmpdir(), `tessera-tests-${process.pid}-`));
     this.simulate = simulate;
     this.extra = extra;
     this.port = 0;
@@ -52,9 +54,32 @@ ${this.extra}`);
     const args = ['server', '--socket', join(this.dir, 's.sock'), '--state-dir', join(this.dir, 'state'),
       '--simulate', this.simulate, '-c', join(this.dir, 'server.yaml')];
     this.proc = spawn(binary(), args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    const exited = new Promise((resolve) => this.proc.once('exit', (code) => resolve(code)));
+    // Its end: an exit, or a spawn that failed (no binary, not executable: then no exit comes).
+    const exited = new Promise((resolve) => {
+      this.proc.once('exit', (code) => resolve(code));
+      this.proc.once('error', (e) => resolve(e.message));
+    });
     this.exited = exited;
-    const port = await new Promise((resolve, reject) => {
+    let port;
+    try {
+      port = await this.listening(exited);
+    } catch (e) {
+      // Not listening: no process left behind, and - when it never started, so no caller holds it
+      // to remove() - not its folder either.
+      if (this.proc.exitCode === null) this.proc.kill('SIGKILL');
+      await exited;
+      this.proc = null;
+      if (!this.url) rmSync(this.dir, { recursive: true, force: true });
+      throw e;
+    }
+    this.port = port;
+    this.url = `http://127.0.0.1:${port}`;
+    return this;
+  }
+
+  // The port the server says it listens on, from its log (or why it did not start).
+  listening(exited) {
+    return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`server did not start:\n${this.log}`)), 15000);
       const take = (chunk) => {
         this.log += chunk;
@@ -71,9 +96,6 @@ ${this.extra}`);
         reject(new Error(`server exited (${code}):\n${this.log}`));
       });
     });
-    this.port = port;
-    this.url = `http://127.0.0.1:${port}`;
-    return this;
   }
 
   async stop() {
