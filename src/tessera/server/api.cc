@@ -508,17 +508,14 @@ net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Calle
   }
   const size_t kMax = 1 << 20;
   std::string data;
-  const char* suffix = stream == "stdout" ? ".out" : ".err";
   // Output the job sent to a file of its user's (--stdout/--stderr) is read from there - only a
   // regular file its owner owns, not through a symbolic link: whoever may read this job's logs
   // learns nothing its owner could not read.
-  const std::string file = spec.ok() ? d_.OutputFile(id, r->array_id, r->array_index, r->owner,
-                                                     *spec, task, stream == "stderr")
-                                     : "";
+  const LogFile file = LogFileOf(*r, spec.ok() ? &*spec : nullptr, task, stream == "stderr");
   std::string file_error;
   int fd = -1;
-  if (!file.empty()) {
-    fd = open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (file.user) {
+    fd = open(file.path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     struct stat st {};
     if (fd < 0) {
       file_error = errno == ENOENT  ? "not written yet"
@@ -530,8 +527,7 @@ net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Calle
       fd = -1;
     }
   } else {
-    fd = open((task == 0 ? d_.JobFile("logs", id, suffix) : d_.TaskLog(id, task, suffix)).c_str(),
-              O_RDONLY | O_CLOEXEC);
+    fd = open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
   }
   if (fd >= 0) {
     data.resize(kMax);
@@ -544,7 +540,7 @@ net::HttpResponse Api::Logs(const net::HttpRequest& req, int64_t id, const Calle
            {"next_offset", offset + static_cast<int64_t>(data.size())},
            {"ended", IsTerminal(r->state)},
            {"state", JobStateName(r->state)}};
-  if (!file.empty()) out["file"] = file;
+  if (file.user) out["file"] = file.path;
   if (!file_error.empty()) out["file_error"] = file_error;
   return JsonResponse(200, out);
 }

@@ -55,7 +55,14 @@ class Api {
   // more than B bytes, or after T seconds (default 10, at most 30): how `tessera run` follows a
   // job with no polling delay.
   net::HttpResponse Wait(const net::HttpRequest& req, int64_t id, const Caller& c);
-  int64_t OutputBytes(const JobRecord& r);
+  // Where a task's stdout or stderr is read (by Logs, and watched by Wait): a file of the job's
+  // user's (`user`: --stdout/--stderr; read only when a regular file its owner owns, never through
+  // a link), else the server's own log. `spec` null: a spec that does not parse (the server's).
+  struct LogFile {
+    std::string path;
+    bool user = false;
+  };
+  LogFile LogFileOf(const JobRecord& r, const JobSpec* spec, int task, bool stderr_stream);
   // POST /v1/gpus/N/simulate {"xid": X} | {"lost": bool}: an admin makes a simulated machine's
   // GPU sick (or well), to see what the server does; 409 on a real machine.
   net::HttpResponse SimulateHealth(const std::string& gpu, const net::HttpRequest& req,

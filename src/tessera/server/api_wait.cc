@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -21,31 +22,20 @@ constexpr double kOutputCheckS = 0.005;
 constexpr double kMaxWaitS = 30;
 }  // namespace
 
-int64_t Api::OutputBytes(const JobRecord& r) {
-  auto spec = ParseJobSpec(r.spec_json);
-  const int tasks = spec.ok() ? spec->Tasks() : 1;
-  int64_t total = 0;
-  for (int task = 0; task < tasks; ++task) {
-    for (const bool err : {false, true}) {
-      const char* suffix = err ? ".err" : ".out";
-      // Where the logs endpoint reads it: a file of the user's (only a regular file its owner
-      // owns, as there), else the server's.
-      const std::string user =
-          spec.ok() ? d_.OutputFile(r.id, r.array_id, r.array_index, r.owner, *spec, task, err)
-                    : "";
-      const std::string path = !user.empty() ? user
-                               : task == 0   ? d_.JobFile("logs", r.id, suffix)
-                                             : d_.TaskLog(r.id, task, suffix);
-      struct stat st {};
-      if (lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-          (user.empty() || st.st_uid == r.owner_uid))
-        total += st.st_size;
-    }
+Api::LogFile Api::LogFileOf(const JobRecord& r, const JobSpec* spec, int task, bool stderr_stream) {
+  if (spec != nullptr) {
+    std::string user =
+        d_.OutputFile(r.id, r.array_id, r.array_index, r.owner, *spec, task, stderr_stream);
+    if (!user.empty()) return {std::move(user), true};
   }
-  return total;
+  const char* suffix = stderr_stream ? ".err" : ".out";
+  return {task == 0 ? d_.JobFile("logs", r.id, suffix) : d_.TaskLog(r.id, task, suffix), false};
 }
 
 net::HttpResponse Api::Wait(const net::HttpRequest& req, int64_t id, const Caller& c) {
+  // The store's version before the job is read: a commit after it is seen below.
+  uint64_t seen = 0;
+  (void)d_.feed().Wait(&seen, 0);
   auto r = store_.Get(id);
   if (!r.ok()) return StatusError(r.status());
   if (!c.admin && r->owner != c.user) {
@@ -73,16 +63,29 @@ net::HttpResponse Api::Wait(const net::HttpRequest& req, int64_t id, const Calle
       return Error(400, fmt::format("timeout_s: expected 0..{:.0f} seconds, got '{}'", kMaxWaitS,
                                     it->second));
   }
-  // Until the job's state is not `state`, its output (every task's stdout and stderr) is more
-  // than `bytes`, or the time is up. The store's commits wake it; the output is looked at often.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-  uint64_t seen = 0;
-  for (bool first = true;; first = false) {
-    if (!first) {
-      r = store_.Get(id);
-      if (!r.ok()) return StatusError(r.status());
+  // Its output: every task's stdout and stderr, where the logs endpoint reads them (the paths
+  // found once; their sizes looked at often).
+  auto spec = ParseJobSpec(r->spec_json);
+  std::vector<LogFile> files;
+  for (int task = 0; task < (spec.ok() ? spec->Tasks() : 1); ++task) {
+    for (const bool err : {false, true})
+      files.push_back(LogFileOf(*r, spec.ok() ? &*spec : nullptr, task, err));
+  }
+  auto output_bytes = [&] {
+    int64_t total = 0;
+    for (const LogFile& f : files) {
+      struct stat st {};
+      if (lstat(f.path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          (!f.user || st.st_uid == r->owner_uid))
+        total += st.st_size;
     }
-    const int64_t now_bytes = OutputBytes(*r);
+    return total;
+  };
+  // Until the job's state is not `state`, its output is more than `bytes`, or the time is up. The
+  // store's commits wake it (the job read again only then); the output is looked at every few ms.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  for (;;) {
+    const int64_t now_bytes = output_bytes();
     const bool changed = JobStateName(r->state) != known || now_bytes > bytes;
     if (changed || std::chrono::steady_clock::now() >= deadline) {
       return JsonResponse(200, json{{"state", JobStateName(r->state)},
@@ -90,8 +93,11 @@ net::HttpResponse Api::Wait(const net::HttpRequest& req, int64_t id, const Calle
                                     {"bytes", now_bytes},
                                     {"changed", changed}});
     }
-    if (!d_.feed().Wait(&seen, first ? 0 : kOutputCheckS)) {
-      return Error(503, "the server is stopping");
+    const uint64_t before = seen;
+    if (!d_.feed().Wait(&seen, kOutputCheckS)) return Error(503, "the server is stopping");
+    if (seen != before) {
+      r = store_.Get(id);
+      if (!r.ok()) return StatusError(r.status());
     }
   }
 }
