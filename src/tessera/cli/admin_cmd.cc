@@ -26,12 +26,6 @@ struct AdminState {
   remote::ClientFlags client;
 };
 
-// An age as a user writes it (30d, 12h, 90, 0): seconds, or nullopt.
-std::optional<double> Age(const std::string& text) {
-  if (text == "0") return 0.0;
-  return core::ParseDuration(text);
-}
-
 std::string UserName() {
   const passwd* pw = getpwuid(geteuid());
   return pw != nullptr ? pw->pw_name : std::to_string(geteuid());
@@ -284,8 +278,8 @@ std::shared_ptr<void> AddAdminCommands(CLI::App& app, std::function<int()>& acti
                                      {"logs_s", "--logs", &s.purge_logs},
                                      {"environments_s", "--environments", &s.purge_env}}) {
         if (text->empty()) continue;
-        const std::optional<double> age = Age(*text);
-        if (!age || *age < 0) {
+        const std::optional<double> age = core::ParseDurationOrZero(*text);
+        if (!age) {
           err << fmt::format("tessera: {} {}: expected an age such as 30d, 12h or 0\n", flag,
                              *text);
           return kExitBadInput;

@@ -242,4 +242,8 @@ std::optional<double> ParseDuration(std::string_view text) {
   return seconds;
 }
 
+std::optional<double> ParseDurationOrZero(std::string_view text) {
+  return text == "0" ? std::optional<double>(0) : ParseDuration(text);
+}
+
 }  // namespace tessera::core

@@ -122,6 +122,8 @@ std::optional<uint64_t> ParseBytes(std::string_view text);
 // "1h30m", "HH:MM:SS", "MM:SS", "D-HH:MM:SS" and "D-HH" (Slurm's --time forms, where a bare
 // "MM:SS" is minutes and seconds). Returns seconds, nullopt when malformed or not above 0.
 std::optional<double> ParseDuration(std::string_view text);
+// The same, or "0" for none (config ages and limits, `tessera admin purge`): 0, or nullopt.
+std::optional<double> ParseDurationOrZero(std::string_view text);
 // The other way, in the largest units that are exact: 604800 -> "7d", 5400 -> "1h30m", 90 ->
 // "1m30s".
 std::string FormatDuration(double seconds);

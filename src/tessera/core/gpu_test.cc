@@ -63,6 +63,16 @@ TEST(Bytes, ParsesUnits) {
   EXPECT_EQ(ParseBytes("99999999999999TiB"), std::nullopt);
 }
 
+// "0" is none where an age or limit may be off (config retention:, limits:, admin purge); every
+// other form is ParseDuration's.
+TEST(Duration, ZeroIsNoneWhereAllowedAndEverythingElseAsParseDuration) {
+  EXPECT_EQ(ParseDurationOrZero("0"), 0.0);
+  EXPECT_EQ(ParseDurationOrZero("30d"), 30 * 86400.0);
+  EXPECT_EQ(ParseDuration("0"), std::nullopt);
+  for (const char* bad : {"", "0s", "-1", "soon", "00"})
+    EXPECT_EQ(ParseDurationOrZero(bad), std::nullopt) << bad;
+}
+
 TEST(Duration, ParsesWhatPeopleAndSlurmWrite) {
   const std::pair<const char*, double> good[] = {
       {"90", 90},     {"90s", 90},           {"15m", 900},     {"1h", 3600},

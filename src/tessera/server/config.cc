@@ -435,7 +435,7 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
                               {"max_runtime", &c->max_runtime_s}}) {
       if (!l[key]) continue;
       const std::string text = l[key].as<std::string>("");
-      auto d = text == "0" ? std::optional<double>(0) : core::ParseDuration(text);
+      auto d = core::ParseDurationOrZero(text);
       if (!d || *d < 0 || *d > 1e9)
         return At(path, l[key], std::string("limits.") + key,
                   "expected a duration such as 2h, 7d, 1-00:00:00 or 0 (none)");
@@ -471,7 +471,7 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
                               {"environments", &c->retention_env_s}}) {
       if (!r[key]) continue;
       const std::string text = r[key].as<std::string>("");
-      auto d = text == "0" ? std::optional<double>(0) : core::ParseDuration(text);
+      auto d = core::ParseDurationOrZero(text);
       if (!d) {
         return At(path, r[key], std::string("retention.") + key,
                   "expected an age such as 30d or 0 (kept for good)");
