@@ -555,6 +555,123 @@ TEST(Batch, SharedMemoryAJobLeftGoesWhenItsUsersLastJobEnds) {
   fs::remove_all(shm);
 }
 
+// Each job's /tmp and /dev/shm are its own (issue 51: what jobs left there outlived them, outside
+// every limit): another job does not see them, the host neither, they go when the job ends, the
+// tasks of one job share them, and the job's working directory under /tmp stays where it is.
+TEST(Batch, AJobsTmpAndDevShmAreItsOwnAndGoWithIt) {
+  ASSERT_EQ(geteuid(), 0u) << "this test runs jobs as nobody";
+  const std::string name = "private-tmp";
+  Daemon d(name, TwoUsers());
+  EXPECT_THAT(d.Call("GET", "/v1/info")["confinement"].value("tmp", ""), HasSubstr("private"));
+  const std::string work = d.dir() + "/work";
+  fs::create_directories(work);
+  for (fs::path p = work; p != "/tmp" && p != "/"; p = p.parent_path()) chmod(p.c_str(), 0711);
+  chmod(work.c_str(), 0777);
+  const std::string wait_go =
+      "n=0; while [ ! -e go ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done";
+  const int64_t first = SubmittedId(
+      As(d, "nobody",
+         "submit --workdir " + work +
+             " -- /bin/sh -c 'echo t > /tmp/leak-$TESSERA_JOB_ID && "
+             "head -c 1048576 /dev/zero > /dev/shm/leak-$TESSERA_JOB_ID && touch written && " +
+             wait_go + "'")
+          .out);
+  ASSERT_GT(first, 0);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(work + "/written") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(work + "/written")) << d.Log();
+  const std::string leak = "leak-" + std::to_string(first);
+  EXPECT_FALSE(fs::exists("/tmp/" + leak)) << "the host's /tmp";
+  EXPECT_FALSE(fs::exists("/dev/shm/" + leak)) << "the host's /dev/shm";
+  // Where they are: the job's folders, in root's 0700 parents.
+  auto folder_with = [&](const std::string& base) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(base, ec)) {
+      const fs::path f = e.path() / ("job-" + std::to_string(first)) / leak;
+      if (e.path().filename().string().rfind(".tessera-", 0) == 0 && fs::exists(f)) return f;
+    }
+    return fs::path();
+  };
+  const fs::path tmp_copy = folder_with("/tmp"), shm_copy = folder_with("/dev/shm");
+  ASSERT_FALSE(tmp_copy.empty());
+  ASSERT_FALSE(shm_copy.empty());
+  struct stat st;
+  ASSERT_EQ(stat(tmp_copy.parent_path().parent_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  // Another job of the same user, at the same time: sees none of it.
+  const int64_t second =
+      SubmittedId(As(d, "nobody",
+                     "submit --workdir " + work + " -- /bin/sh -c 'ls /tmp/" + leak + " /dev/shm/" +
+                         leak + " >/dev/null 2>&1 && echo seen > second || echo unseen > second'")
+                      .out);
+  WaitForLs(d, second, "succeeded");
+  EXPECT_EQ(tessera::test::ReadFile(work + "/second"), "unseen\n");
+  std::ofstream(work + "/go") << "";
+  WaitForLs(d, first, "succeeded");
+  EXPECT_FALSE(fs::exists(tmp_copy.parent_path())) << "its /tmp went with it";
+  EXPECT_FALSE(fs::exists(shm_copy.parent_path())) << "its /dev/shm went with it";
+  // Two tasks of one job share them, as processes of one machine would.
+  const int64_t pair = SubmittedId(
+      As(d, "nobody",
+         "submit --ntasks 2 --workdir " + work +
+             " -- /bin/sh -c 'if [ $RANK = 0 ]; then echo r0 > /dev/shm/r0; else n=0; "
+             "while [ ! -e /dev/shm/r0 ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done; "
+             "cat /dev/shm/r0 > shared; fi'")
+          .out);
+  WaitForLs(d, pair, "succeeded");
+  EXPECT_EQ(tessera::test::ReadFile(work + "/shared"), "r0\n");
+  EXPECT_FALSE(fs::exists("/dev/shm/r0"));
+}
+
+// One user's jobs together cannot take the host's tasks (issue 51: two jobs at pids_max 16,384
+// exhausted pid_max 32,768): their user's cgroup bounds them all, while another user still starts.
+TEST(Batch, AUsersJobsTogetherStayUnderTheirTaskLimit) {
+  ASSERT_EQ(geteuid(), 0u) << "this test runs jobs as nobody";
+  const std::string name = "user-pids";
+  Daemon d(name,
+           TwoUsers(fmt::format(
+               "confinement: {{cgroup: tessera-e2e-{}-{}, pids_max: 50, user_pids_max: 60}}\n",
+               getpid(), name)));
+  if (d.Call("GET", "/v1/info")["confinement"].value("pids", "none") == "none")
+    GTEST_SKIP() << "no pids controller on this machine";
+  const std::string work = d.dir() + "/work";
+  fs::create_directories(work);
+  for (fs::path p = work; p != "/tmp" && p != "/"; p = p.parent_path()) chmod(p.c_str(), 0711);
+  chmod(work.c_str(), 0777);
+  // 40 tasks, within the job's 50: then waits.
+  const int64_t first = SubmittedId(
+      As(d, "nobody",
+         "submit --workdir " + work +
+             " -- /bin/sh -c 'for i in $(seq 40); do sleep 60 & done; touch ready; wait'")
+          .out);
+  ASSERT_GT(first, 0);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(work + "/ready") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(fs::exists(work + "/ready")) << d.Log();
+  // Another 40 of the same user: within its own job's 50, past the user's 60.
+  const int64_t second = SubmittedId(
+      As(d, "nobody",
+         "submit --workdir " + work +
+             " -- /bin/sh -c 'for i in $(seq 40); do sleep 60 & done; echo all started'")
+          .out);
+  WaitForLs(d, second, "failed");
+  EXPECT_THAT(d.Logs(second), ::testing::Not(HasSubstr("all started")));
+  EXPECT_THAT(d.Logs(second, "stderr"),
+              ::testing::AnyOf(HasSubstr("fork"), HasSubstr("Resource temporarily")));
+  // Root's job is not nobody's to share.
+  const int64_t roots =
+      SubmittedId(Cli(d, "submit --workdir " + work +
+                             " -- /bin/sh -c 'for i in $(seq 40); do sleep 1 & done; "
+                             "wait; echo all started'"));
+  WaitForLs(d, roots, "succeeded");
+  EXPECT_EQ(d.Logs(roots), "all started\n");
+  Cli(d, "cancel " + std::to_string(first));
+  WaitForLs(d, first, "cancelled");
+}
+
 // scancel's filters: -n NAME, -u USER, -t STATE take every matching queued or running job (an
 // array's tasks one by one); another user's jobs are not the caller's to cancel; with nothing to
 // cancel named, a plain error; --force says SIGKILL, not SIGTERM.

@@ -33,6 +33,7 @@
 #include "daemon.h"
 #include "fake_apiserver.h"
 #include "tessera/net/http.h"
+#include "tessera/server/cgroup.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
@@ -1404,7 +1405,8 @@ TEST(TesseraServer, AJobsCgroupHasItsLimitsAndTakesWhatItLeftBehind) {
   // its own cgroup files say them.
   json spec = Shell(
       "setsid sleep 300 >/dev/null 2>&1 & echo $! > \"$OUT\"; "
-      "cat \"$CPU/job-$TESSERA_JOB_ID/$CPUFILE\" \"$PIDS/job-$TESSERA_JOB_ID/pids.max\"",
+      "cat \"$CPU/user-0/job-$TESSERA_JOB_ID/$CPUFILE\" "
+      "\"$PIDS/user-0/job-$TESSERA_JOB_ID/pids.max\" \"$PIDS/user-0/pids.max\"",
       {{"cpus", 0.5}});
   spec["env"] = {{"OUT", out},
                  {"CPU", BaseOf(conf["cpu"])},
@@ -1412,7 +1414,9 @@ TEST(TesseraServer, AJobsCgroupHasItsLimitsAndTakesWhatItLeftBehind) {
                  {"PIDS", BaseOf(conf["pids"])}};
   int64_t id = d.Submit(spec);
   json j = d.WaitFor(id, "succeeded");
-  EXPECT_EQ(d.Logs(id), std::string(cpu_v2 ? "50000 100000\n" : "50000\n") + "16384\n");
+  // The user's cgroup: a quarter of what the host can have (confinement.user_pids_max: -1).
+  EXPECT_EQ(d.Logs(id), std::string(cpu_v2 ? "50000 100000\n" : "50000\n") + "16384\n" +
+                            std::to_string(tessera::server::UserPidsMax(-1)) + "\n");
   EXPECT_GE(j["usage"].value("cpu_seconds", -1.0), 0.0) << j.dump();
   EXPECT_GT(j["usage"].value("peak_memory_bytes", int64_t{-1}), 0) << j.dump();
   // The daemon went with the job.
@@ -1430,7 +1434,7 @@ TEST(TesseraServer, AJobsCgroupHasItsLimitsAndTakesWhatItLeftBehind) {
   EXPECT_TRUE(gone()) << "pid " << daemon << " outlived its job";
   if (!gone()) kill(daemon, SIGKILL);
   // Its cgroup goes once the killed processes are gone (the server's turns retry it).
-  const std::string cgroup = BaseOf(conf["cpu"]) + "/job-" + std::to_string(id);
+  const std::string cgroup = BaseOf(conf["cpu"]) + "/user-0/job-" + std::to_string(id);
   until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (fs::exists(cgroup) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -178,7 +178,7 @@ TEST_F(Slurm, TheUsersOptionsAskLessAndAreRefusedPastTheShards) {
   // Mistyped: refused by srun and sbatch themselves, before Slurm allocates anything (no job id
   // is used up between two held jobs submitted around them).
   auto held = [&] {
-    auto r = Capture(slurm_->Env() + "sbatch --hold --parsable --wrap true");
+    auto r = Capture(slurm_->Env() + "sbatch --hold --parsable -o /dev/null --wrap true");
     EXPECT_EQ(r.code, 0) << r.out;
     return std::atol(r.out.c_str());
   };
@@ -188,8 +188,8 @@ TEST_F(Slurm, TheUsersOptionsAskLessAndAreRefusedPastTheShards) {
   EXPECT_THAT(typo.out,
               HasSubstr("--tessera-share=lots: expected a share of a GPU such as 30% or 0.3"));
   EXPECT_THAT(typo.out, ::testing::Not(HasSubstr("ran")));
-  auto batch =
-      Capture(slurm_->Env() + "sbatch --gres=shard:2 --tessera-mem=plenty --wrap true 2>&1");
+  auto batch = Capture(slurm_->Env() +
+                       "sbatch -o /dev/null --gres=shard:2 --tessera-mem=plenty --wrap true 2>&1");
   EXPECT_NE(batch.code, 0);
   EXPECT_THAT(batch.out, HasSubstr("--tessera-mem=plenty: expected a size such as 10G or 512MiB"));
   EXPECT_THAT(batch.out, ::testing::Not(HasSubstr("Submitted batch job")));

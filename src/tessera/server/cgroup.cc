@@ -279,6 +279,16 @@ std::optional<DeviceRule> RuleFor(const std::string& path) {
 
 // Long (issue 32 asks for a reason): the hierarchies a machine may have (cgroup2, cgroup1, both)
 // probed in one place, so that which one each resource goes to reads as one decision.
+int64_t UserPidsMax(int64_t configured, const std::string& proc_sys) {
+  if (configured >= 0) return configured;
+  int64_t host = 0;
+  for (const char* f : {"pid_max", "threads-max"}) {
+    const int64_t v = Number(proc_sys + "/" + f, -1);
+    if (v > 0 && (host == 0 || v < host)) host = v;
+  }
+  return host > 0 ? std::max<int64_t>(host / 4, 1024) : 0;
+}
+
 std::unique_ptr<Cgroups> Cgroups::Open(const CgroupOptions& o) {
   std::unique_ptr<Cgroups> c(new Cgroups());
   if (o.mode == "off") {
@@ -363,6 +373,7 @@ std::unique_ptr<Cgroups> Cgroups::Open(const CgroupOptions& o) {
       }
       if (st.ok()) st = WriteFile(v2base + "/cgroup.subtree_control", enable);
       if (st.ok()) {
+        c->v2_enable_ = enable;
         const int h = add(v2base, true);
         if (v2controllers.contains("memory")) c->memory_ = h;
         if (v2controllers.contains("cpu")) c->cpu_ = h;
@@ -418,7 +429,31 @@ Cgroups::~Cgroups() {
 }
 
 std::string Cgroups::JobDir(int h, int64_t job) const {
-  return fmt::format("{}/job-{}", hierarchies_[h].base, job);
+  core::MutexLock lock(dirs_mu_);
+  return JobDirLocked(h, job);
+}
+
+std::string Cgroups::JobDirLocked(int h, int64_t job) const {
+  return fmt::format("{}/{}job-{}", hierarchies_[h].base, UserPartLocked(job), job);
+}
+
+std::string Cgroups::UserPartLocked(int64_t job) const {
+  if (auto it = user_of_.find(job); it != user_of_.end())
+    return fmt::format("user-{}/", it->second);
+  // Not made by this server (one before a restart or an upgrade): looked for once.
+  for (int h : Used()) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(hierarchies_[h].base, ec)) {
+      const std::string name = e.path().filename().string();
+      char* end = nullptr;
+      const long long uid = name.rfind("user-", 0) == 0 ? strtoll(name.c_str() + 5, &end, 10) : -1;
+      if (uid >= 0 && *end == 0 && Exists(fmt::format("{}/job-{}", e.path().string(), job))) {
+        user_of_[job] = static_cast<uint32_t>(uid);
+        return name + "/";
+      }
+    }
+  }
+  return "";
 }
 
 std::vector<int> Cgroups::Used() const {
@@ -450,28 +485,43 @@ nlohmann::json Cgroups::Describe() const {
 
 absl::StatusOr<std::vector<std::string>> Cgroups::Create(int64_t job, const CgroupLimits& l) {
   std::vector<std::string> procs;
+  core::MutexLock lock(dirs_mu_);
   // A leftover of an earlier job of that id (a crash): gone first, so its rules do not carry over.
-  Remove(job);
+  RemoveLocked(job);
+  user_of_[job] = l.uid;
   absl::Status st;
   std::string why;
   for (int h : Used()) {
-    const std::string dir = JobDir(h, job);
+    // The user's cgroup first: what all their jobs share (on cgroup2 it passes the controllers
+    // on; its pids.max bounds their tasks together).
+    const std::string user = fmt::format("{}/user-{}", hierarchies_[h].base, l.uid);
+    if (!MakeDir(user, &why)) {
+      st = absl::InternalError(why);
+      break;
+    }
+    if (hierarchies_[h].v2 && !v2_enable_.empty())
+      st = WriteFile(user + "/cgroup.subtree_control", v2_enable_);
+    if (st.ok() && h == pids_)
+      st = WriteFile(user + "/pids.max",
+                     l.user_pids_max > 0 ? std::to_string(l.user_pids_max) : "max");
+    if (!st.ok()) break;
+    const std::string dir = fmt::format("{}/job-{}", user, job);
     if (!MakeDir(dir, &why)) {
       st = absl::InternalError(why);
       break;
     }
     procs.push_back(dir + "/cgroup.procs");
   }
-  auto fail = [&](absl::Status s) {
-    Remove(job);
+  auto fail = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dirs_mu_) {
+    RemoveLocked(job);
     return s;
   };
   if (!st.ok()) return fail(st);
   if (devices_ >= 0) {
     if (hierarchies_[devices_].v2) {
-      st = AttachDeviceProgram(JobDir(devices_, job), l.devices);
+      st = AttachDeviceProgram(JobDirLocked(devices_, job), l.devices);
     } else {
-      const std::string dir = JobDir(devices_, job);
+      const std::string dir = JobDirLocked(devices_, job);
       st = WriteFile(dir + "/devices.deny", "a");
       for (const DeviceRule& r : l.devices) {
         if (st.ok()) st = WriteFile(dir + "/devices.allow", r.ToString());
@@ -480,7 +530,7 @@ absl::StatusOr<std::vector<std::string>> Cgroups::Create(int64_t job, const Cgro
     if (!st.ok()) return fail(st);
   }
   if (l.memory_bytes > 0 && memory_ >= 0) {
-    const std::string dir = JobDir(memory_, job);
+    const std::string dir = JobDirLocked(memory_, job);
     const std::string v = std::to_string(l.memory_bytes);
     if (hierarchies_[memory_].v2) {
       st = WriteFile(dir + "/memory.max", v);
@@ -495,7 +545,7 @@ absl::StatusOr<std::vector<std::string>> Cgroups::Create(int64_t job, const Cgro
     if (!st.ok()) return fail(st);
   }
   if (l.cpu_milli > 0 && cpu_ >= 0) {
-    const std::string dir = JobDir(cpu_, job);
+    const std::string dir = JobDirLocked(cpu_, job);
     const int64_t period = 100000, quota = l.cpu_milli * period / 1000;
     if (hierarchies_[cpu_].v2) {
       st = WriteFile(dir + "/cpu.max", fmt::format("{} {}", quota, period));
@@ -506,7 +556,7 @@ absl::StatusOr<std::vector<std::string>> Cgroups::Create(int64_t job, const Cgro
     if (!st.ok()) return fail(st);
   }
   if (l.pids_max > 0 && pids_ >= 0) {
-    st = WriteFile(JobDir(pids_, job) + "/pids.max", std::to_string(l.pids_max));
+    st = WriteFile(JobDirLocked(pids_, job) + "/pids.max", std::to_string(l.pids_max));
     if (!st.ok()) return fail(st);
   }
   return procs;
@@ -536,11 +586,16 @@ CgroupUsage Cgroups::Usage(int64_t job) const {
 }
 
 bool Cgroups::Remove(int64_t job) {
+  core::MutexLock lock(dirs_mu_);
+  return RemoveLocked(job);
+}
+
+bool Cgroups::RemoveLocked(int64_t job) {
   bool all = true;
   std::vector<int> used = Used();
   // What is left (a daemon the job started, a child it did not wait for) goes with the job.
   for (int h : used) {
-    const std::string dir = JobDir(h, job);
+    const std::string dir = JobDirLocked(h, job);
     if (!Exists(dir)) continue;
     if (hierarchies_[h].v2 && Exists(dir + "/cgroup.kill")) {
       (void)WriteFile(dir + "/cgroup.kill", "1");
@@ -553,25 +608,42 @@ bool Cgroups::Remove(int64_t job) {
     }
   }
   for (int h : used) {
-    const std::string dir = JobDir(h, job);
+    const std::string dir = JobDirLocked(h, job);
     if (rmdir(dir.c_str()) != 0 && errno != ENOENT) all = false;
+    // The user's cgroup when this was their last job (busy while another runs: kept).
+    if (const std::string user = UserPartLocked(job); !user.empty())
+      rmdir(fmt::format("{}/{}", hierarchies_[h].base, user).c_str());
   }
+  if (all) user_of_.erase(job);
   return all;
 }
 
 size_t Cgroups::Sweep(const std::set<int64_t>& keep) {
   std::set<int64_t> found;
+  auto job_id = [](const std::string& name) -> int64_t {
+    if (name.rfind("job-", 0) != 0) return 0;
+    char* end = nullptr;
+    const long long id = strtoll(name.c_str() + 4, &end, 10);
+    return *end == 0 && id > 0 ? id : 0;
+  };
+  std::set<std::string> users;
   for (int h : Used()) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(hierarchies_[h].base, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind("job-", 0) != 0 || !e.is_directory()) continue;
-      char* end = nullptr;
-      long long id = strtoll(name.c_str() + 4, &end, 10);
-      if (*end == 0 && id > 0 && !keep.contains(id)) found.insert(id);
+      if (!e.is_directory()) continue;
+      if (const int64_t id = job_id(name); id > 0 && !keep.contains(id)) found.insert(id);
+      if (name.rfind("user-", 0) != 0) continue;
+      users.insert(e.path().string());
+      for (const auto& j : std::filesystem::directory_iterator(e.path(), ec)) {
+        const int64_t id = job_id(j.path().filename().string());
+        if (id > 0 && j.is_directory() && !keep.contains(id)) found.insert(id);
+      }
     }
   }
   for (int64_t id : found) Remove(id);
+  // Users' cgroups none of whose jobs runs any more.
+  for (const std::string& u : users) rmdir(u.c_str());
   return found.size();
 }
 

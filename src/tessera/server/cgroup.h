@@ -11,12 +11,15 @@
 // On a hybrid machine (v1 controllers plus a cgroup2 mount without them) each resource goes where
 // its controller is; devices go to v1 in `auto` mode. Job cgroups live in a subtree of the
 // server's own cgroup (<its cgroup>/<name>/job-<id>): a delegated subtree, so that the server
-// needs no systemd API and a unit with Delegate=yes works as is (docs/server.md).
+// needs no systemd API and a unit with Delegate=yes works as is (docs/server.md). Jobs sit in a
+// cgroup of their user (<name>/user-<uid>/job-<id>) that bounds the tasks of all of that user's
+// jobs together; job-<id> directly below <name> (a server before that) is still found.
 
 #include <linux/bpf.h>
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -25,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json_fwd.hpp"
+#include "tessera/core/mutex.h"
 
 namespace tessera::server {
 
@@ -54,7 +58,14 @@ struct CgroupLimits {
   int64_t memory_bytes = 0;         // host memory; 0: no limit
   int64_t cpu_milli = 0;            // CPU time per second of wall time, thousandths; 0: no limit
   int64_t pids_max = 0;             // processes and threads; 0: no limit
+  uint32_t uid = 0;                 // the job's user: its cgroup is below theirs
+  int64_t user_pids_max = 0;        // tasks of all the user's jobs together; 0: no limit
 };
+
+// The per-user task limit `configured` means: itself when >= 0 (0: none), else (-1) a quarter of
+// what the host can have, the lesser of kernel.pid_max and kernel.threads-max (read from
+// `proc_sys`, /proc/sys/kernel), at least 1024.
+int64_t UserPidsMax(int64_t configured, const std::string& proc_sys = "/proc/sys/kernel");
 
 struct CgroupUsage {
   double cpu_seconds = -1;         // -1: not known
@@ -116,7 +127,13 @@ class Cgroups {
   };
   Cgroups() = default;
   std::string JobDir(int h, int64_t job) const;
+  std::string JobDirLocked(int h, int64_t job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(dirs_mu_);
+  // "user-<uid>/" for a job below its user's cgroup, "" for one directly below the base (made by
+  // an older server) or not found.
+  std::string UserPartLocked(int64_t job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(dirs_mu_);
   std::vector<int> Used() const;  // hierarchies that jobs get a cgroup in
+  // Removes the job's cgroups (Remove's work), under dirs_mu_.
+  bool RemoveLocked(int64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dirs_mu_);
 
   std::string mode_ = "none";
   std::string reason_;
@@ -125,6 +142,10 @@ class Cgroups {
   std::vector<Hierarchy> hierarchies_;
   // Index into hierarchies_ of where each resource is, -1: nowhere.
   int devices_ = -1, memory_ = -1, cpu_ = -1, cpuacct_ = -1, pids_ = -1, v2_ = -1;
+  std::string v2_enable_;  // the controllers a cgroup2 folder passes on ("+memory +cpu +pids")
+  // Users' folders are made and removed under it (a job's start and another's end of one user).
+  mutable core::Mutex dirs_mu_;
+  mutable std::map<int64_t, uint32_t> user_of_ ABSL_GUARDED_BY(dirs_mu_);  // job -> uid
 };
 
 }  // namespace tessera::server

@@ -7,6 +7,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+
+std::string ReadFileForTest(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 class FakeHierarchies : public ::testing::Test {
  protected:
@@ -85,12 +91,65 @@ TEST_F(FakeHierarchies, ACreateThatFailsNamesTheFileAndLeavesNothing) {
   CgroupLimits l;
   l.devices = BaseDeviceRules();
   l.memory_bytes = 1 << 30;
+  l.uid = 1000;
   auto made = c->Create(7, l);
   ASSERT_FALSE(made.ok());
   EXPECT_THAT(std::string(made.status().message()),
-              HasSubstr(dir_ + "/devices/tessera/job-7/devices.deny"));
-  EXPECT_FALSE(fs::exists(dir_ + "/devices/tessera/job-7"));
-  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-7"));
+              HasSubstr(dir_ + "/devices/tessera/user-1000/job-7/devices.deny"));
+  EXPECT_FALSE(fs::exists(dir_ + "/devices/tessera/user-1000/job-7"));
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/user-1000/job-7"));
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/user-1000")) << "their only job's";
+}
+
+// A job's cgroup is below its user's, which bounds the tasks of all their jobs; a job of an
+// earlier server (directly below the subtree) is still found, swept and removed.
+TEST_F(FakeHierarchies, JobsAreBelowTheirUsersCgroupAndOlderOnesAreStillFound) {
+  V1("memory", "memory");
+  V1("pids", "pids");
+  auto c = Open("auto");
+  // Plain folders: the files the kernel would have, made beforehand.
+  for (const char* f : {"/pids/tessera/user-1000", "/pids/tessera/user-1000/job-5"})
+    fs::create_directories(dir_ + f);
+  std::ofstream(dir_ + "/pids/tessera/user-1000/pids.max") << "max";
+  std::ofstream(dir_ + "/pids/tessera/user-1000/job-5/pids.max") << "max";
+  CgroupLimits l;
+  l.uid = 1000;
+  l.pids_max = 300;
+  l.user_pids_max = 500;
+  // (A leftover job-5 is removed first, as after a crash: rmdir of a folder with a file fails,
+  // so this one is kept by the fake, and the writes land in it.)
+  auto made = c->Create(5, l);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(ReadFileForTest(dir_ + "/pids/tessera/user-1000/pids.max"), "500");
+  EXPECT_EQ(ReadFileForTest(dir_ + "/pids/tessera/user-1000/job-5/pids.max"), "300");
+  EXPECT_THAT(*made, ::testing::Contains(dir_ + "/memory/tessera/user-1000/job-5/cgroup.procs"));
+  // An older server's job-9, directly below the subtree: swept when not running, and a re-adopted
+  // one found where it is.
+  fs::create_directories(dir_ + "/memory/tessera/job-9");
+  fs::create_directories(dir_ + "/memory/tessera/job-8");
+  EXPECT_EQ(c->Sweep({5, 8}), 1u);
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-9"));
+  EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/job-8"));
+  EXPECT_TRUE(fs::exists(dir_ + "/memory/tessera/user-1000/job-5"));
+  EXPECT_TRUE(c->Remove(8));
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/job-8"));
+  c->Remove(5);  // (the fake's pids files keep its pids folders: not removable here)
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/user-1000/job-5"));
+  EXPECT_FALSE(fs::exists(dir_ + "/memory/tessera/user-1000")) << "their last job went";
+}
+
+TEST(UserPidsMax, IsAQuarterOfWhatTheHostCanHaveUnlessConfigured) {
+  const std::string d = ::testing::TempDir() + "user-pids-" + std::to_string(getpid());
+  fs::create_directories(d);
+  std::ofstream(d + "/pid_max") << "32768\n";
+  std::ofstream(d + "/threads-max") << "192729\n";
+  EXPECT_EQ(UserPidsMax(-1, d), 8192) << "two jobs at 16384 exhausted pid_max 32768";
+  std::ofstream(d + "/pid_max") << "4194304\n";
+  EXPECT_EQ(UserPidsMax(-1, d), 48182) << "threads-max is the lesser";
+  EXPECT_EQ(UserPidsMax(0, d), 0);
+  EXPECT_EQ(UserPidsMax(777, d), 777);
+  fs::remove_all(d);
+  EXPECT_EQ(UserPidsMax(-1, d), 0) << "unknown: no limit rather than a guess";
 }
 
 TEST_F(FakeHierarchies, SweepRemovesTheCgroupsOfJobsNotRunning) {

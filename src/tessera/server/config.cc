@@ -271,9 +271,12 @@ absl::Status LoadConfinement(const std::string& path, const YAML::Node& root, Se
   if (const YAML::Node cf = root["confinement"]) {
     if (!cf.IsMap())
       return At(path, cf, "confinement",
-                "expected a map: mode, cgroup, device_dir, pids_max, shm_dir");
-    if (absl::Status st =
-            Known(path, cf, {"mode", "cgroup", "device_dir", "pids_max", "shm_dir"}, "confinement");
+                "expected a map: mode, cgroup, device_dir, pids_max, user_pids_max, shm_dir, "
+                "private_tmp");
+    if (absl::Status st = Known(
+            path, cf,
+            {"mode", "cgroup", "device_dir", "pids_max", "user_pids_max", "shm_dir", "private_tmp"},
+            "confinement");
         !st.ok()) {
       return st;
     }
@@ -319,6 +322,20 @@ absl::Status LoadConfinement(const std::string& path, const YAML::Node& root, Se
                   "expected a count of tasks in 0..4194304 (0: no limit)");
       }
       c->pids_max = v;
+    }
+    if (cf["user_pids_max"]) {
+      int64_t v = 0;
+      if (!Get(path, cf["user_pids_max"], "confinement.user_pids_max", &v).ok() || v < -1 ||
+          v > 4194304) {
+        return At(path, cf["user_pids_max"], "confinement.user_pids_max",
+                  "expected a count of tasks in 0..4194304 (0: no limit), or -1 for a quarter "
+                  "of the host's");
+      }
+      c->user_pids_max = v;
+    }
+    if (cf["private_tmp"] &&
+        !Get(path, cf["private_tmp"], "confinement.private_tmp", &c->private_tmp).ok()) {
+      return At(path, cf["private_tmp"], "confinement.private_tmp", "expected true or false");
     }
   }
   if (const YAML::Node a = root["allow_root_jobs"]) {
@@ -420,14 +437,16 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
   if (const YAML::Node l = root["limits"]) {
     if (!l.IsMap()) {
       return At(path, l, "limits",
-                "expected a map with max_queued_jobs_per_user, max_running_jobs_per_user, "
+                "expected a map with max_queued_jobs_per_user, max_queued_bytes_per_user, "
+                "max_running_jobs_per_user, "
                 "max_starts_per_pass, max_log_bytes_per_job, min_free_disk, default_runtime and "
                 "max_runtime");
     }
     if (absl::Status st =
             Known(path, l,
-                  {"max_queued_jobs_per_user", "max_running_jobs_per_user", "max_starts_per_pass",
-                   "max_log_bytes_per_job", "min_free_disk", "default_runtime", "max_runtime"},
+                  {"max_queued_jobs_per_user", "max_queued_bytes_per_user",
+                   "max_running_jobs_per_user", "max_starts_per_pass", "max_log_bytes_per_job",
+                   "min_free_disk", "default_runtime", "max_runtime"},
                   "limits");
         !st.ok())
       return st;
@@ -444,7 +463,8 @@ absl::Status LoadLimits(const std::string& path, const YAML::Node& root, ServerC
     if (c->max_runtime_s > 0 && c->default_runtime_s > c->max_runtime_s)
       return At(path, l, "limits.default_runtime", "longer than limits.max_runtime");
     for (auto [key, field] : {std::pair{"max_log_bytes_per_job", &c->max_log_bytes_per_job},
-                              {"min_free_disk", &c->min_free_disk_bytes}}) {
+                              {"min_free_disk", &c->min_free_disk_bytes},
+                              {"max_queued_bytes_per_user", &c->max_queued_bytes_per_user}}) {
       if (!l[key]) continue;
       const std::string text = l[key].as<std::string>("");
       auto b = text == "0" ? std::optional<uint64_t>(0) : core::ParseBytes(text);

@@ -81,7 +81,8 @@ containers:
   podman: /opt/podman/bin/podman
   cdi_spec_dir: /etc/cdi
   run_args: [--pull=never, --runtime, runc]
-confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 100}
+confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 100,
+              user_pids_max: 500, private_tmp: false}
 )");
   absl::Status st = LoadServerConfig(path, &c);
   ASSERT_TRUE(st.ok()) << st;
@@ -125,6 +126,8 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.cgroup_name, "gpu-jobs");
   EXPECT_EQ(c.device_dir, "/srv/dev");
   EXPECT_EQ(c.pids_max, 100);
+  EXPECT_EQ(c.user_pids_max, 500);
+  EXPECT_FALSE(c.private_tmp);
 }
 
 TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
@@ -182,6 +185,11 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"limits: {max_jobs: 5}\n", "limits.max_jobs: unknown key"},
       {"confinement: {device_dir: dev}\n", "confinement.device_dir: expected an absolute path"},
       {"confinement: {pids_max: -1}\n", "confinement.pids_max: expected a count of tasks"},
+      {"confinement: {user_pids_max: -2}\n",
+       "confinement.user_pids_max: expected a count of tasks"},
+      {"confinement: {private_tmp: perhaps}\n", "confinement.private_tmp: expected true or false"},
+      {"limits: {max_queued_bytes_per_user: lots}\n",
+       "limits.max_queued_bytes_per_user: expected a size"},
       {"confinement: {devices: all}\n", "confinement.devices: unknown key"},
       {"listener: {request_timeout_s: 0}\n", "listener.request_timeout_s: expected seconds"},
       {"listener: {max_connections: 0}\n", "listener.max_connections: expected a count"},
@@ -259,7 +267,7 @@ tcp:
       user: root
       admin: true
 allow_root_jobs: true
-limits: {default_runtime: 2h}
+limits: {default_runtime: 2h, max_queued_bytes_per_user: 2MiB}
 )");
   chmod(path.c_str(), 0600);
   std::ifstream before_in(path);
@@ -278,6 +286,7 @@ limits: {default_runtime: 2h}
   EXPECT_EQ(daemon->size(), 24u);
   ServerConfig c;
   ASSERT_TRUE(LoadServerConfig(path, &c).ok());
+  EXPECT_EQ(c.max_queued_bytes_per_user, uint64_t{2} << 20);
   ASSERT_EQ(c.tokens.size(), 3u);
   EXPECT_EQ(c.tokens[0].token, "student-token-0123456789");
   EXPECT_EQ(c.tokens[0].user, "nobody");

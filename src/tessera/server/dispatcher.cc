@@ -144,8 +144,14 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
       return absl::FailedPreconditionError(fmt::format(
           "confinement: {}: give each server its own confinement.cgroup", cgroups->busy()));
     }
-    s->own_host_ =
-        std::make_unique<LocalJobHost>(s->launcher_, std::move(cgroups), s->ArbiterFile());
+    auto private_dirs = std::make_unique<PrivateDirFolders>(c.private_tmp, "/tmp", "/dev/shm",
+                                                            InstanceName(c.state_dir));
+    if (!private_dirs->enabled())
+      spdlog::info("private /tmp: jobs share the host's /tmp and /dev/shm: {}",
+                   private_dirs->reason());
+    s->own_host_ = std::make_unique<LocalJobHost>(s->launcher_, std::move(cgroups),
+                                                  s->ArbiterFile(), std::move(private_dirs),
+                                                  std::vector<std::string>{c.state_dir});
     s->host_ = s->own_host_.get();
   }
 

@@ -218,6 +218,7 @@ class Dispatcher {
     std::string owner;
     uint32_t uid = 0;
     std::shared_ptr<const JobSpec> spec;  // one for all the tasks of an array
+    size_t spec_bytes = 0;                // of the spec as stored (counted once per `spec`)
     double submitted = 0;  // when it was submitted: its place in the queue, kept when re-queued
     double since = 0;      // submitted or re-queued at: the start of its scheduling latency
     bool held = false;
@@ -424,6 +425,10 @@ class Dispatcher {
       ABSL_GUARDED_BY(mu_);  // changed only through Enqueue and EraseQueued
   std::map<uint32_t, size_t> queued_by_uid_
       ABSL_GUARDED_BY(mu_);  // how many of queued_ each user has
+  // The bytes of their specs (Queued::spec_bytes, an array's once), and how many queued jobs
+  // share each spec.
+  std::map<uint32_t, uint64_t> queued_bytes_by_uid_ ABSL_GUARDED_BY(mu_);
+  std::map<const JobSpec*, size_t> queued_specs_ ABSL_GUARDED_BY(mu_);
   // Admission's indexes, kept as jobs come and go so that a pass costs what changed, not the
   // queue: the jobs outside the cycle by user (not the held ones), and those in it by user and by
   // array.

@@ -315,6 +315,21 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   rec.owner_uid = uid;
   rec.owner = user;
   rec.spec_json = JobSpecToJson(*spec).dump();
+  // The user's cap on what their waiting jobs hold (an array's spec counts once).
+  {
+    core::MutexLock lock(mu_);
+    const auto mine = queued_bytes_by_uid_.find(uid);
+    const uint64_t waiting = mine == queued_bytes_by_uid_.end() ? 0 : mine->second;
+    if (waiting + rec.spec_json.size() > config_.max_queued_bytes_per_user) {
+      return HttpError(
+          429,
+          fmt::format("{}'s waiting jobs hold {} (commands, environments) and this one {}: "
+                      "at most {} per user (limits.max_queued_bytes_per_user in the server's "
+                      "config)",
+                      user, core::FormatBytes(waiting), core::FormatBytes(rec.spec_json.size()),
+                      core::FormatBytes(config_.max_queued_bytes_per_user)));
+    }
+  }
   rec.priority = spec->priority;
   rec.held = held;
   rec.idempotency_key = idempotency_key;
@@ -355,6 +370,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
       q.uid = uid;
       q.spec = shared;
       q.submitted = q.since = now;
+      q.spec_bytes = rec.spec_json.size();
       q.held = held;
       if (range) {
         q.array_id = *id;

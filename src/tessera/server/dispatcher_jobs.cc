@@ -225,6 +225,9 @@ void Dispatcher::Finish(Ending& e, double now) {
     // What the job left running goes with it; a cgroup still busy is removed on a later turn.
     e.cgroup_left = !host_->Unconfine(r.id);
   }
+  // What it left in its own /tmp and /dev/shm goes with it (its processes are gone with its
+  // cgroup).
+  host_->RemovePrivateDirs(r.id);
   // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
   // its GPUs' time) and the most GPU memory it held per GPU.
   // Rounded to a tenth of a point, as stored: the history a restart reads back is the same.
@@ -512,6 +515,8 @@ Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& 
     limits.memory_bytes = q.spec->memory_mib << 20;
     limits.cpu_milli = q.spec->cpu_milli;
     limits.pids_max = config_.pids_max;
+    limits.uid = q.uid;
+    limits.user_pids_max = UserPidsMax(config_.user_pids_max);
     l.limits = std::move(limits);
   }
   if (l.run.container && !containers_) {

@@ -58,6 +58,7 @@ Dispatcher::Queued Dispatcher::QueuedOf(const JobRecord& r, std::shared_ptr<cons
   q.since = since;
   q.array_id = r.array_id;
   q.array_index = r.array_index;
+  q.spec_bytes = r.spec_json.size();
   return q;
 }
 
@@ -68,6 +69,7 @@ void Dispatcher::Enqueue(Queued q) {
   q.waiting_pass = 0;
   if (auto old = queued_.find(q.id); old != queued_.end()) EraseQueued(old);
   ++queued_by_uid_[q.uid];
+  if (++queued_specs_[q.spec.get()] == 1) queued_bytes_by_uid_[q.uid] += q.spec_bytes;
   Index(q, +1);
   queued_[q.id] = std::move(q);
   dirty_ = true;
@@ -144,6 +146,13 @@ void Dispatcher::EraseQueued(std::map<int64_t, Queued>::iterator it) {
   Queued& q = it->second;
   if (auto n = queued_by_uid_.find(q.uid); n != queued_by_uid_.end() && --n->second == 0)
     queued_by_uid_.erase(n);
+  if (auto s = queued_specs_.find(q.spec.get()); s != queued_specs_.end() && --s->second == 0) {
+    queued_specs_.erase(s);
+    if (auto b = queued_bytes_by_uid_.find(q.uid); b != queued_bytes_by_uid_.end()) {
+      b->second -= std::min<uint64_t>(b->second, q.spec_bytes);
+      if (b->second == 0) queued_bytes_by_uid_.erase(b);
+    }
+  }
   Index(q, -1);
   queued_.erase(it);
   ++left_;

@@ -77,6 +77,10 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     return containers_removed_;
   }
+  std::vector<int64_t> private_dirs_removed() const {
+    std::lock_guard lock(mu_);
+    return private_dirs_removed_;
+  }
   std::map<uint32_t, int> arbiter_users() const {
     std::lock_guard lock(mu_);
     return arbiter_users_;
@@ -144,6 +148,10 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     return std::erase_if(cgroups_, [&](int64_t id) { return !keep.contains(id); });
   }
+  void RemovePrivateDirs(int64_t job) override {
+    std::lock_guard lock(mu_);
+    private_dirs_removed_.push_back(job);
+  }
   void Close() override {}
 
   void UseContainers(const ContainerRuntime&) override {}
@@ -179,6 +187,7 @@ class FakeJobHost final : public JobHost {
   std::map<int64_t, int> unconfine_calls_;
   std::set<std::string> regions_;
   std::vector<int64_t> containers_removed_;
+  std::vector<int64_t> private_dirs_removed_;
   std::map<uint32_t, int> arbiter_users_;
   std::function<void(int64_t)> on_launch_;
 };

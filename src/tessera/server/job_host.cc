@@ -21,9 +21,23 @@ namespace tessera::server {
 namespace fs = std::filesystem;
 
 LocalJobHost::LocalJobHost(Launcher* launcher, std::unique_ptr<Cgroups> cgroups,
-                           std::string arbiter)
-    : launcher_(launcher), cgroups_(std::move(cgroups)), arbiter_(std::move(arbiter)) {
+                           std::string arbiter, std::unique_ptr<PrivateDirFolders> private_dirs,
+                           std::vector<std::string> keep)
+    : launcher_(launcher),
+      cgroups_(std::move(cgroups)),
+      arbiter_(std::move(arbiter)),
+      private_dirs_(std::move(private_dirs)),
+      keep_(std::move(keep)) {
   MakeArbiter();
+}
+
+size_t LocalJobHost::Sweep(const std::set<int64_t>& keep) {
+  const size_t n = cgroups_->Sweep(keep);
+  if (private_dirs_) {
+    if (size_t dirs = private_dirs_->Sweep(keep); dirs > 0)
+      spdlog::info("private /tmp: removed the folders of {} jobs that ended while down", dirs);
+  }
+  return n;
 }
 
 absl::StatusOr<Launched> LocalJobHost::Launch(LaunchSpec& ls,
@@ -63,21 +77,42 @@ absl::StatusOr<Launched> LocalJobHost::Launch(LaunchSpec& ls,
       spdlog::warn("job {}: chown {}: {}", ls.job_id, ls.share->region, strerror(errno));
     }
   }
-  if (!limits) return launcher_->Start(ls);
+  // Its own /tmp and /dev/shm (a container has its own already), or not started at all.
+  if (private_dirs_ && private_dirs_->enabled() && ls.uid && ls.gid && !ls.container) {
+    auto dirs = private_dirs_->Make(ls.job_id, *ls.uid, *ls.gid);
+    if (!dirs.ok()) {
+      return absl::FailedPreconditionError(fmt::format("cannot make the job's private /tmp: {}",
+                                                       std::string(dirs.status().message())));
+    }
+    dirs->keep = keep_;
+    ls.private_dirs = *dirs;
+  }
+  auto start = [&] {
+    auto launched = launcher_->Start(ls);
+    if (!launched.ok() && ls.private_dirs) private_dirs_->Remove(ls.job_id);
+    return launched;
+  };
+  if (!limits) return start();
   // Confined, or not started at all: never a job that escapes its devices by accident.
   auto procs = cgroups_->Create(ls.job_id, *limits);
   if (!procs.ok()) {
+    if (ls.private_dirs) private_dirs_->Remove(ls.job_id);
     return absl::FailedPreconditionError(
         fmt::format("cannot confine the job: {}", std::string(procs.status().message())));
   }
   ls.cgroup_procs = *procs;
-  auto launched = launcher_->Start(ls);
+  auto launched = start();
   if (!launched.ok()) cgroups_->Remove(ls.job_id);
   return launched;
 }
 
 JobHost::Confinement LocalJobHost::confinement() const {
-  return Confinement{cgroups_->mode(), cgroups_->reason(), cgroups_->Describe()};
+  Confinement c{cgroups_->mode(), cgroups_->reason(), cgroups_->Describe()};
+  c.where["tmp"] = !private_dirs_ ? "shared"
+                   : private_dirs_->enabled()
+                       ? "private: each job's own /tmp and /dev/shm, removed at its end"
+                       : "shared: " + private_dirs_->reason();
+  return c;
 }
 
 void LocalJobHost::UseContainers(const ContainerRuntime& runtime) {

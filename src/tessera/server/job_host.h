@@ -57,8 +57,11 @@ class JobHost {
   // false while it is still busy (asked again later).
   virtual CgroupUsage Usage(int64_t job) = 0;
   virtual bool Unconfine(int64_t job) = 0;
-  // Removes the cgroups of jobs not in `keep` (ended while the server was down); how many.
+  // Removes the cgroups (and private /tmp and /dev/shm) of jobs not in `keep` (ended while the
+  // server was down); how many.
   virtual size_t Sweep(const std::set<int64_t>& keep) = 0;
+  // An ended job's private /tmp and /dev/shm (LaunchSpec::private_dirs) go, with what it left.
+  virtual void RemovePrivateDirs(int64_t job) = 0;
   // The server stops: its cgroup subtree goes when no job is left in it.
   virtual void Close() = 0;
 
@@ -90,7 +93,11 @@ class JobHost {
 class LocalJobHost final : public JobHost {
  public:
   // `launcher` must outlive the host. Makes the arbiter file at `arbiter` (in a folder of its own).
-  LocalJobHost(Launcher* launcher, std::unique_ptr<Cgroups> cgroups, std::string arbiter);
+  // With `private_dirs` enabled, each job not in a container gets its own /tmp and /dev/shm, with
+  // `keep` (the state folder) still visible in them.
+  LocalJobHost(Launcher* launcher, std::unique_ptr<Cgroups> cgroups, std::string arbiter,
+               std::unique_ptr<PrivateDirFolders> private_dirs = nullptr,
+               std::vector<std::string> keep = {});
 
   absl::StatusOr<Launched> Launch(LaunchSpec& spec,
                                   const std::optional<CgroupLimits>& limits) override;
@@ -103,7 +110,10 @@ class LocalJobHost final : public JobHost {
   Confinement confinement() const override;
   CgroupUsage Usage(int64_t job) override { return cgroups_->Usage(job); }
   bool Unconfine(int64_t job) override { return cgroups_->Remove(job); }
-  size_t Sweep(const std::set<int64_t>& keep) override { return cgroups_->Sweep(keep); }
+  size_t Sweep(const std::set<int64_t>& keep) override;
+  void RemovePrivateDirs(int64_t job) override {
+    if (private_dirs_) private_dirs_->Remove(job);
+  }
   void Close() override { cgroups_->Close(); }
 
   void UseContainers(const ContainerRuntime& runtime) override;
@@ -126,6 +136,8 @@ class LocalJobHost final : public JobHost {
   std::optional<ContainerRuntime> containers_;
   std::unique_ptr<Cgroups> cgroups_;
   const std::string arbiter_;
+  std::unique_ptr<PrivateDirFolders> private_dirs_;  // null or disabled: jobs share the host's
+  const std::vector<std::string> keep_;
   // Who may write the arbiter: the owners of running jobs with a compute share, each with how
   // many (its ACL names them). Also held while a share's count is read: a read of the old file
   // after a replacement's copy was taken could see more than the copy says.

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/cord.h"
@@ -38,7 +39,7 @@ std::string Join(const std::vector<std::string>& v, char sep) {
 // What the child reports through the exec pipe when it cannot start the job.
 struct ChildError {
   int step;  // 0 chdir, 1 open stdout, 2 open stderr, 3 setgid, 4 setuid, 5 exec, 6 cgroup,
-             // 7 open the user's stdout file, 8 its stderr file
+             // 7 open the user's stdout file, 8 its stderr file, 9 private /tmp and /dev/shm
   int err;
 };
 
@@ -70,7 +71,8 @@ constexpr const char* kSteps[] = {"cannot enter the working directory",
                                   "cannot execute",
                                   "cannot enter its cgroup",
                                   "cannot open its stdout file",
-                                  "cannot open its stderr file"};
+                                  "cannot open its stderr file",
+                                  "cannot make its private /tmp and /dev/shm"};
 
 }  // namespace
 
@@ -183,6 +185,7 @@ struct Prepared {
   std::vector<int> out_r, out_w, err_r, err_w;
   std::vector<pollfd> polls;  // sized before the fork: 2 per task
   std::vector<int> log_fds;   // the log each poll entry copies to
+  PreparedMounts mounts;      // its private /tmp and /dev/shm (LaunchSpec::private_dirs)
 };
 
 // Fills `p` for `spec` (p is filled in place: its pointers point into itself).
@@ -239,6 +242,25 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
   p.err_r.assign(p.ntasks, -1), p.err_w.assign(p.ntasks, -1);
   p.polls.assign(2 * p.ntasks, pollfd{-1, 0, 0});
   p.log_fds.assign(2 * p.ntasks, -1);
+  if (spec.private_dirs) {
+    // What the job names under /tmp or /dev/shm stays where it is in its own.
+    PrivateDirs dirs = *spec.private_dirs;
+    dirs.keep.push_back(spec.workdir.empty() ? std::string(".") : spec.workdir);
+    auto at_workdir = [&](const std::string& f) {
+      return f.empty() || f[0] == '/' || spec.workdir.empty() ? f : spec.workdir + "/" + f;
+    };
+    for (size_t t = 0; t < p.ntasks; ++t) {
+      for (const char* f : {p.user_out[t], p.user_err[t]})
+        if (*f) dirs.keep.push_back(at_workdir(f));
+    }
+    if (spec.share)
+      dirs.keep.insert(dirs.keep.end(),
+                       {spec.share->library, spec.share->region, spec.share->arbiter});
+    for (std::string& k : dirs.keep) {
+      if (!k.empty() && k[0] != '/') k = std::filesystem::absolute(k).string();
+    }
+    p.mounts = PrepareMounts(dirs);
+  }
 }
 
 // In the shepherd, before its tasks are forked: a pipe for each log a task writes (they are
@@ -437,7 +459,7 @@ class LogCopy {
 
 // In a task's process: its stdio, the user's groups, gid and uid, the working directory (as the
 // user), the user's own output files (as the user), then exec. A failed step goes to `pipe_fd`.
-[[noreturn]] void ExecTask(const LaunchSpec& spec, const Prepared& p, size_t me, int pipe_fd) {
+[[noreturn]] void ExecTask(const LaunchSpec& spec, Prepared& p, size_t me, int pipe_fd) {
   int in = open("/dev/null", O_RDONLY);
   if (in >= 0) dup2(in, 0);
   if (p.out_w[me] >= 0) {
@@ -454,6 +476,9 @@ class LogCopy {
     if (fd < 0) Fail(pipe_fd, 2);
     dup2(fd, 2);
   }
+  // Its own /tmp and /dev/shm, while it may still mount: after its logs are open (they may be
+  // under /tmp), before it becomes its user.
+  if (!EnterPrivateDirs(p.mounts)) Fail(pipe_fd, 9);
   if (spec.gid && (setgroups(p.groups.size(), p.groups.data()) != 0 || setgid(*spec.gid) != 0))
     Fail(pipe_fd, 3);
   if (spec.uid && setuid(*spec.uid) != 0) Fail(pipe_fd, 4);
@@ -537,8 +562,8 @@ absl::Status ChildFailed(const LaunchSpec& spec, const Prepared& p, const ChildE
   const std::string& file = ce.step == 7 ? std::string(p.user_out[0]) : std::string(p.user_err[0]);
   std::string what = ce.step == 5   ? fmt::format("{} '{}'", kSteps[5], spec.argv[0])
                      : ce.step == 0 ? fmt::format("{} '{}'", kSteps[0], spec.workdir)
-                     : ce.step >= 7 ? fmt::format("{} '{}'", kSteps[ce.step], file)
-                                    : kSteps[ce.step];
+                     : ce.step == 7 || ce.step == 8 ? fmt::format("{} '{}'", kSteps[ce.step], file)
+                                                    : kSteps[ce.step];
   std::string message = fmt::format("job {}: {}: {}", spec.job_id, what, strerror(ce.err));
   if (!spec.stderr_path.empty() && ce.step != 2) {
     int fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);

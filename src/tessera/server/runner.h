@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tessera/server/private_dirs.h"
 
 namespace tessera::server {
 
@@ -84,6 +85,9 @@ struct LaunchSpec {
     int64_t memory_bytes = 0, cpu_milli = 0, pids_max = 0;  // the container's limits; 0: none
   };
   std::optional<Container> container;
+  // Set: each task gets these as its /tmp and /dev/shm (private_dirs.h), with the job's working
+  // directory, its output files' folders and its share's files kept visible besides `keep`.
+  std::optional<PrivateDirs> private_dirs;
 };
 
 // The exit code a shepherd wrote at `path`, nullopt when there is none (yet).

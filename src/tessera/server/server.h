@@ -102,6 +102,10 @@ struct ServerConfig {
   // array neither fills the machine's process table nor holds the scheduling loop; and processes
   // started in one scheduling pass (GPU jobs first; the rest go in the next pass).
   size_t max_queued_jobs_per_user = 20000;
+  // What one user's waiting jobs' specs (commands, environments) hold in all, as stored (an
+  // array's spec once): 300 held jobs of 0.9 MB commands made the server run out of memory and
+  // slowed everyone's starts. More is refused at submit (429).
+  uint64_t max_queued_bytes_per_user = uint64_t{64} << 20;
   size_t max_running_jobs_per_user = 1024;
   size_t max_starts_per_pass = 64;
   // Slurm's DefaultTime and MaxTime: a job that asks no max runtime gets default_runtime_s (so the
@@ -144,6 +148,12 @@ struct ServerConfig {
   bool cgroup_name_set = false;  // the config named it
   std::string device_dir = "/dev";
   int64_t pids_max = 16384;
+  // Tasks of all of a user's running jobs together (a cgroup per user above their jobs'): two jobs
+  // at pids_max exhausted a host with pid_max 32768. -1: a quarter of what the host can have
+  // (the lesser of kernel.pid_max and kernel.threads-max), 0: no limit.
+  int64_t user_pids_max = -1;
+  // Each job gets its own /tmp and /dev/shm, removed when it ends (private_dirs.h); needs root.
+  bool private_tmp = true;
   // Where jobs leave shared memory (POSIX shm_open, NCCL's segments): what a user's jobs left
   // there is removed when the last of them ends (it stayed in RAM outside every limit), unless
   // the user is root. Empty: nothing removed.
