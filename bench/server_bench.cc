@@ -20,12 +20,17 @@
 //                                                   state in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
 //                                                   storing, database growth, scheduling pass
+//   build/bench/bench/server_bench --listing        greedy readers (issue 51): 300 held jobs of
+//                                                   0.9 MB and 30,000 small ones listed in full by
+//                                                   8 readers at once: the server's peak memory,
+//                                                   a listing's time, small submits meanwhile
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -340,6 +345,154 @@ void ArrayBench(const std::string& disk_dir) {
   std::filesystem::remove_all(disk_dir);
 }
 
+// This process's resident memory now and at its peak since the last ResetPeak (kB).
+int64_t StatusKb(const char* key) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t v = -1;
+  while (fgets(line, sizeof line, f) != nullptr) {
+    if (strncmp(line, key, strlen(key)) == 0) v = std::atoll(line + strlen(key));
+  }
+  fclose(f);
+  return v;
+}
+void ResetPeak() {
+  FILE* f = fopen("/proc/self/clear_refs", "w");
+  if (f != nullptr) {
+    fputs("5", f);
+    fclose(f);
+  }
+}
+
+// Issue 51's greedy readers: every job listed, page by page as the CLI does, by 8 readers at once,
+// while one client submits small jobs. What the server (this process) held at most beyond what
+// it held before, a full listing's time, and the submits' latency with and without the readers.
+void ListingBench(const std::string& dir) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/state");
+  tessera::server::ServerConfig config = BenchConfig(dir);
+  config.confinement = "off";
+  config.max_queued_jobs_per_user = 100000;
+  config.max_queued_bytes_per_user = uint64_t{1} << 30;  // the listing, not the cap, measured here
+  auto server = tessera::server::Server::Create(config);
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server on %s\n", dir.c_str());
+    return;
+  }
+  HttpClient c(config.socket);
+  auto list_all = [&](HttpClient& h, size_t* bytes) {
+    int64_t before = 0;
+    size_t jobs = 0;
+    for (;;) {
+      auto r = h.Send("GET", "/v1/jobs" + (before ? "?before=" + std::to_string(before) : ""));
+      if (!r.ok() || r->status != 200) break;
+      *bytes += r->body.size();
+      json page = json::parse(r->body);
+      jobs += page["jobs"].size();
+      if (!page.value("more", false)) break;
+      before = page["next_before"];
+    }
+    return jobs;
+  };
+  auto submit_p50 = [&](int n) {
+    std::vector<double> ms;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      auto r = c.Send("POST", "/v1/jobs", json{{"command", {"true"}}, {"hold", true}}.dump());
+      ms.push_back(Since(t0) * 1000);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  auto round = [&](const std::string& what) {
+    const double quiet = submit_p50(50);
+    const int64_t rss = StatusKb("VmRSS:");
+    ResetPeak();
+    std::atomic<bool> done{false};
+    std::vector<double> listing_s;
+    std::mutex mu;
+    size_t listed = 0, bytes = 0;
+    std::vector<std::thread> readers;
+    for (int t = 0; t < 8; ++t) {
+      readers.emplace_back([&] {
+        HttpClient mine(config.socket);
+        for (int i = 0; i < 3; ++i) {
+          size_t b = 0;
+          auto t0 = Clock::now();
+          const size_t n = list_all(mine, &b);
+          std::lock_guard lock(mu);
+          listing_s.push_back(Since(t0));
+          listed = n;
+          bytes = b;
+        }
+      });
+    }
+    std::vector<double> busy;
+    std::thread submitter([&] {
+      while (!done) {
+        busy.push_back(submit_p50(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+    for (auto& t : readers) t.join();
+    done = true;
+    submitter.join();
+    std::sort(listing_s.begin(), listing_s.end());
+    std::sort(busy.begin(), busy.end());
+    printf(
+        "%s: %zu jobs, a full listing %.1f MiB in pages; 8 readers x 3 listings: median %.2f s; "
+        "server's peak memory +%.0f MiB over %.0f MiB; a small submit p50 %.2f ms alone, %.2f ms "
+        "during (x%.1f)\n",
+        what.c_str(), listed, bytes / 1048576.0, listing_s[listing_s.size() / 2],
+        (StatusKb("VmHWM:") - rss) / 1024.0, rss / 1024.0, quiet,
+        busy.empty() ? 0.0 : busy[busy.size() / 2],
+        busy.empty() ? 0.0 : busy[busy.size() / 2] / quiet);
+  };
+  const std::string arg(100 * 1024, 'x');
+  json fat = {{"command", {"echo", arg, arg, arg, arg, arg, arg, arg, arg, arg}}, {"hold", true}};
+  for (int i = 0; i < 300; ++i) (void)c.Send("POST", "/v1/jobs", fat.dump());
+  round("300 held jobs of 0.9 MB commands");
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 8; ++t) {
+      ts.emplace_back([&] {
+        HttpClient mine(config.socket);
+        for (int i = 0; i < 3750; ++i)
+          (void)mine.Send("POST", "/v1/jobs",
+                          json{{"command", {"sleep", "1"}}, {"hold", true}}.dump());
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  round("and 30,000 small held jobs");
+  (*server)->Stop();
+  // The cap at its default: how far one user's fat jobs get now.
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/state");
+  config.max_queued_bytes_per_user = tessera::server::ServerConfig().max_queued_bytes_per_user;
+  server = tessera::server::Server::Create(config);
+  if (server.ok() && (*server)->Start().ok()) {
+    HttpClient d(config.socket);
+    int accepted = 0;
+    std::string refused;
+    for (int i = 0; i < 300; ++i) {
+      auto r = d.Send("POST", "/v1/jobs", fat.dump());
+      if (r.ok() && r->status == 201) ++accepted;
+      if (r.ok() && r->status == 429) {
+        refused = json::parse(r->body).value("error", r->body);
+        break;
+      }
+    }
+    printf(
+        "with limits.max_queued_bytes_per_user at its default: %d of 300 fat jobs accepted, "
+        "then 429 (%s)\n",
+        accepted, refused.c_str());
+    (*server)->Stop();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 double PassSeconds(HttpClient& c) {
   std::string m = c.Send("GET", "/metrics")->body;
   size_t at = m.find("\ntessera_scheduling_pass_seconds ");
@@ -513,6 +666,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--changes") {
     std::string disk = argc > 2 ? argv[2] : "/var/tmp";
     ReadsDuringChanges(disk + "/tessera-changes-bench-" + std::to_string(getpid()));
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--listing") {
+    ListingBench("/dev/shm/tessera-listing-bench-" + std::to_string(getpid()));
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--array") {

@@ -6,11 +6,13 @@
 // against who asks first; the job store it reads directly. Thread-safe: the listeners call Handle
 // from many threads.
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,7 +26,7 @@ namespace tessera::server {
 // GET /v1/jobs pages: jobs per answer by default and at most, and about how many bytes of their
 // specs one answer holds (a page ends early past it: "more", "next_before").
 inline constexpr size_t kListDefault = 1000, kListMax = 10000;
-inline constexpr size_t kListBytes = size_t{16} << 20;
+inline constexpr size_t kListBytes = size_t{4} << 20;
 // Failed bearer tokens from one address in a minute past which it is answered 429.
 inline constexpr int kAuthFailuresLimit = 20;
 // How old /metrics' accounting totals may be (a scrape recomputes them at most this often).
@@ -33,9 +35,17 @@ inline constexpr double kMetricsAcctMaxAgeS = 10;
 class Api {
  public:
   explicit Api(Dispatcher& dispatcher);
+  ~Api();
 
   // Answers one request.
   net::HttpResponse Handle(const net::HttpRequest& req);
+
+  // /metrics' accounting totals (every job's record read: 0.24 s at 30,000 jobs) recomputed every
+  // `period_s` by a thread of its own once /metrics has been asked for, so that scrapes only read
+  // them; without it (tests driving the loop by hand) a scrape that finds them older than
+  // kMetricsAcctMaxAgeS recomputes them. Server::Start starts it with the loop.
+  void StartMetricsRefresher(double period_s);
+  void StopMetricsRefresher();
 
  private:
   net::HttpResponse Submit(const net::HttpRequest& req, const Caller& c);
@@ -125,6 +135,11 @@ class Api {
   std::optional<AcctReport> acct_cache_;
   double acct_cached_at_ = 0;
   bool acct_refreshing_ = false;
+  bool scraped_ = false;  // /metrics has been asked for: worth refreshing
+  uint64_t acct_on_request_ = 0, acct_refreshed_ = 0;  // computations, by where
+  std::condition_variable refresher_cv_;
+  bool refresher_stop_ = false;
+  std::thread refresher_;
   std::mutex auth_mu_;
   std::map<std::string, AuthFailures> auth_failures_;
   std::mutex groups_mu_;  // the primary groups cache

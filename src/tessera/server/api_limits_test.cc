@@ -13,7 +13,7 @@ namespace {
 using namespace testing;  // NOLINT: the fixture
 
 // GET /v1/jobs is paged so that no reader makes the server hold every job (issue 51: 300 jobs of
-// 0.9 MB commands and 5 readers took 4 GiB): at most `limit` jobs and about 16 MiB of specs an
+// 0.9 MB commands and 5 readers took 4 GiB): at most `limit` jobs and about 4 MiB of specs an
 // answer, "more" and "next_before" to go on, every job in exactly one page.
 TEST_F(ServerTest, ListingJobsIsPagedAndBoundedInBytes) {
   StartServer();
@@ -49,7 +49,7 @@ TEST_F(ServerTest, ListingJobsIsPagedAndBoundedInBytes) {
   most = 0;
   ids = pages("limit=10000", &most);
   EXPECT_EQ(ids.size(), submitted.size());
-  EXPECT_LT(most, kListBytes + 2 * fat.size()) << "an answer holds about 16 MiB at most";
+  EXPECT_LT(most, kListBytes + 2 * fat.size()) << "an answer holds about 4 MiB of specs at most";
   int status = 0;
   Call("GET", "/v1/jobs?limit=100000", nullptr, &status);
   EXPECT_EQ(status, 400);
@@ -154,6 +154,44 @@ TEST_F(ServerTest, MetricsAccountingIsComputedAtMostEveryTenSeconds) {
   EXPECT_EQ(ended(), 1) << "the totals of 2 s ago";
   Advance(kMetricsAcctMaxAgeS);
   EXPECT_EQ(ended(), 2) << "computed again";
+}
+
+// With the refresher (what a server with its loop runs), scrapes never compute the accounting
+// after the first: the totals follow the jobs that end, computed off the request path.
+TEST_F(ServerTest, MetricsAccountingIsRefreshedOffTheRequestPath) {
+  StartServer();
+  auto scrape = [&] {
+    net::HttpRequest r;
+    r.method = "GET";
+    r.target = r.path = "/metrics";
+    r.peer.unix_socket = true;
+    r.peer.uid = geteuid();
+    return server_->Handle(r).body;
+  };
+  auto value = [](const std::string& text, const std::string& series) {
+    const size_t at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+  };
+  const std::string on_request = "tessera_acct_computations_total{where=\"request\"}";
+  EXPECT_EQ(value(scrape(), on_request), 1) << "the first scrape computes them";
+  server_->StartMetricsRefresher(0.01);
+  Submit(0, 1);
+  Settle();
+  Advance(2);
+  Settle();
+  // Polled: the refresher runs on its own time.
+  const std::string ended =
+      "tessera_acct_jobs_ended_total{user=\"" + UserName(geteuid()) + "\",outcome=\"succeeded\"}";
+  std::string text;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(std::chrono::milliseconds(5))) {
+    text = scrape();
+    if (value(text, ended) == 1) break;
+  }
+  EXPECT_EQ(value(text, ended), 1) << text;
+  EXPECT_GE(value(text, "tessera_acct_computations_total{where=\"refresher\"}"), 1);
+  EXPECT_EQ(value(text, on_request), 1) << "no scrape computed them again";
 }
 
 }  // namespace

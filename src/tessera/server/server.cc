@@ -51,6 +51,7 @@ Server::~Server() { Stop(); }
 
 absl::Status Server::Start(StartOptions options) {
   if (absl::Status st = dispatcher_->Start(options.loop, options.health); !st.ok()) return st;
+  if (options.loop) api_->StartMetricsRefresher(kMetricsAcctMaxAgeS / 2);
   if (!options.listen) return absl::OkStatus();
   const ServerConfig& c = dispatcher_->config();
   net::HttpServerOptions ho;
@@ -91,10 +92,12 @@ absl::Status Server::Start(StartOptions options) {
 
 void Server::Stop() {
   if (http_) http_->Stop();  // no request is answered after this
+  if (api_) api_->StopMetricsRefresher();
   if (dispatcher_) dispatcher_->Stop();
 }
 
 net::HttpResponse Server::Handle(const net::HttpRequest& req) { return api_->Handle(req); }
+void Server::StartMetricsRefresher(double period_s) { api_->StartMetricsRefresher(period_s); }
 bool Server::RunOnce() { return dispatcher_->RunOnce(); }
 std::string Server::TakeSample() { return dispatcher_->TakeSample(); }
 const core::NodeSpec& Server::node() const { return dispatcher_->node(); }

@@ -223,6 +223,9 @@ class Server {
   net::HttpResponse Handle(const net::HttpRequest& req);
   // One turn of the scheduling loop at the clock's time (Dispatcher::RunOnce).
   bool RunOnce();
+  // /metrics' accounting refreshed off the request path (Api::StartMetricsRefresher; Start does
+  // it with the loop, every 5 s).
+  void StartMetricsRefresher(double period_s);
   // One sample of the machine's history now (Dispatcher::TakeSample).
   std::string TakeSample();
   // The machine as the scheduler sees it (one node).

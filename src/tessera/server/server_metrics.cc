@@ -52,6 +52,15 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   net::MetricsPage p;
   using Labels = net::MetricsPage::Labels;
   // Accounting since the store began, as counters (what `tessera acct` sums over a period).
+  p.Family("tessera_acct_computations_total", "counter",
+           "Times the accounting totals below were computed: by a scrape (request) or off the "
+           "request path (refresher).");
+  p.Sample({{"where", "request"}}, static_cast<double>(s.acct_on_request));
+  p.Sample({{"where", "refresher"}}, static_cast<double>(s.acct_refreshed));
+  if (s.acct_age_s >= 0) {
+    p.Family("tessera_acct_age_seconds", "gauge", "Age of the accounting totals below.");
+    p.Sample({}, s.acct_age_s);
+  }
   if (s.acct) {
     const AcctReport& all = *s.acct;
     p.Family("tessera_acct_gpu_seconds_total", "counter",

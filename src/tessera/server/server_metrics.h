@@ -37,6 +37,10 @@ class SchedulingStats {
 
 struct ServerMetricsSnapshot {
   std::optional<AcctReport> acct;  // since the store began; nullopt when it could not be read
+  // How often the accounting was computed by a scrape and by the refresher, and its age (s; -1:
+  // none yet).
+  uint64_t acct_on_request = 0, acct_refreshed = 0;
+  double acct_age_s = -1;
   std::string hostname;
   bool simulated = false;
   std::vector<core::Gpu> gpus;

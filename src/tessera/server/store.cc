@@ -150,24 +150,48 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     }
   }
   if (!in_memory) {
-    // Reads on a connection of their own: in WAL mode they see every committed job and do not
+    // Reads on connections of their own: in WAL mode they see every committed job and do not
     // wait for a commit's fsync (an in-memory database is one connection's alone).
-    sqlite3* reader = nullptr;
-    if (sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
-                        nullptr) != SQLITE_OK) {
-      std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
-      sqlite3_close(reader);
-      return absl::InternalError(fmt::format("store: cannot open {} to read: {}", path, msg));
+    for (size_t i = 0; i < kReaders; ++i) {
+      sqlite3* reader = nullptr;
+      if (sqlite3_open_v2(path.c_str(), &reader, SQLITE_OPEN_READONLY | SQLITE_OPEN_FULLMUTEX,
+                          nullptr) != SQLITE_OK) {
+        std::string msg = reader ? sqlite3_errmsg(reader) : "out of memory";
+        sqlite3_close(reader);
+        return absl::InternalError(fmt::format("store: cannot open {} to read: {}", path, msg));
+      }
+      sqlite3_busy_timeout(reader, 5000);
+      store->readers_.push_back(reader);
     }
-    sqlite3_busy_timeout(reader, 5000);
-    store->reader_ = reader;
+    store->free_readers_ = store->readers_;
   }
   return store;
 }
 
 Store::~Store() {
-  sqlite3_close(reader_);
+  for (sqlite3* r : readers_) sqlite3_close(r);
   sqlite3_close(db_);
+}
+
+Store::ReadLease::ReadLease(Store& s, bool bulk) : s_(s) {
+  if (s.readers_.empty()) {
+    writer_ = std::unique_lock(s.mu_);
+    db_ = s.db_;
+    return;
+  }
+  std::unique_lock lock(s.pool_mu_);
+  s.pool_cv_.wait(lock, [&] { return s.free_readers_.size() > (bulk ? 1u : 0u); });
+  db_ = s.free_readers_.back();
+  s.free_readers_.pop_back();
+}
+
+Store::ReadLease::~ReadLease() {
+  if (writer_.owns_lock()) return;
+  {
+    std::lock_guard lock(s_.pool_mu_);
+    s_.free_readers_.push_back(db_);
+  }
+  s_.pool_cv_.notify_all();
 }
 
 absl::Status Store::CheckFile() const {
@@ -506,8 +530,8 @@ absl::Status Store::SetPriority(int64_t id, int priority, std::string_view reaso
 }
 
 absl::StatusOr<int64_t> Store::TaskId(int64_t array_id, int index) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, "SELECT id FROM jobs WHERE array_id = ? AND array_index = ?");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, array_id);
@@ -520,8 +544,8 @@ absl::StatusOr<int64_t> Store::TaskId(int64_t array_id, int index) {
 }
 
 absl::StatusOr<std::vector<Store::TaskState>> Store::Tasks(int64_t array_id) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db,
          "SELECT id, array_index, state, held FROM jobs WHERE array_id = ? ORDER BY array_index");
   if (!s.ok()) return SqlError(db, "preparing a read");
@@ -550,8 +574,8 @@ absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
 }
 
 absl::StatusOr<JobRecord> Store::Get(int64_t id) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, fmt::format("SELECT {} FROM jobs j WHERE j.id = ?", kJobColumns).c_str());
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
@@ -562,8 +586,8 @@ absl::StatusOr<JobRecord> Store::Get(int64_t id) {
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& states, int limit) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   std::string sql = fmt::format("SELECT {} FROM jobs j", kJobColumns);
   if (!states.empty()) {
     sql += " WHERE j.state IN (";
@@ -585,8 +609,8 @@ absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& 
 
 absl::Status Store::ForEachNewest(const std::vector<JobState>& states, const std::string& owner,
                                   int64_t before, const std::function<bool(JobRecord&&)>& take) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this, /*bulk=*/true);
+  sqlite3* db = lease.db();
   std::string sql = fmt::format("SELECT {} FROM jobs j WHERE 1", kJobColumns);
   if (!states.empty()) {
     sql += " AND j.state IN (";

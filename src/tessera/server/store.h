@@ -2,8 +2,8 @@
 // The standalone server's durable state: jobs and the events of their lives, in SQLite (WAL mode,
 // synchronous=FULL, so a job is on disk when Insert returns). Every state change is a transaction
 // that checks the transition is allowed and records an event with its reason. Schema versioned and
-// migrated on open. Thread-safe: one connection guarded by a mutex (the server's writes are few and
-// small).
+// migrated on open. Thread-safe: one writing connection guarded by a mutex (the server's writes are
+// few and small), and a few reading connections lent one per read (ReadLease).
 
 #include <sys/types.h>
 
@@ -208,9 +208,30 @@ class Store {
   mutable std::mutex wal_mu_;
   mutable dev_t wal_dev_ = 0;
   mutable ino_t wal_ino_ = 0;
-  std::mutex mu_;              // the connection
-  sqlite3* reader_ = nullptr;  // reads (Get, List, Events); null: db_'s (in memory)
-  std::mutex read_mu_;
+  std::mutex mu_;  // the connection
+  // Reads (Get, List, Events) on connections of their own, lent one per read (WAL: readers run
+  // at once and never wait for a commit); none in memory (db_'s, under mu_). A listing (`bulk`)
+  // leaves the last free one to short reads: a single job's read, and a submit's, never waits
+  // behind greedy listings (8 readers of 270 MiB of jobs made submits wait 33 ms on one
+  // connection).
+  class ReadLease {
+   public:
+    explicit ReadLease(Store& s, bool bulk = false);
+    ~ReadLease();
+    ReadLease(const ReadLease&) = delete;
+    ReadLease& operator=(const ReadLease&) = delete;
+    sqlite3* db() const { return db_; }
+
+   private:
+    Store& s_;
+    sqlite3* db_ = nullptr;
+    std::unique_lock<std::mutex> writer_;  // in memory: the writer's connection
+  };
+  static constexpr size_t kReaders = 4;
+  std::vector<sqlite3*> readers_;
+  std::vector<sqlite3*> free_readers_;  // under pool_mu_
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
   // Group commit: inserts waiting, and whether a caller is committing a batch.
   std::mutex group_mu_;
   std::condition_variable group_cv_;

@@ -11,8 +11,8 @@ namespace tessera::server {
 using namespace sql;  // NOLINT: the store's own helpers
 
 absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE job_id = ? ORDER BY id");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
@@ -20,8 +20,8 @@ absl::StatusOr<std::vector<JobEvent>> Store::Events(int64_t id) {
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double until) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db,
          "SELECT j.id, j.owner_uid, j.owner, j.state, j.submitted_at, j.started_at, j.ended_at, "
          "j.placement, j.array_id, j.array_index FROM jobs j WHERE (j.ended_at IS NULL OR "
@@ -51,8 +51,8 @@ absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double un
 }
 
 absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double until) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db,
          "SELECT e.job_id, e.at, e.state, '', e.id FROM events e JOIN jobs j ON j.id = e.job_id "
          "WHERE (j.ended_at IS NULL OR j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY "
@@ -64,8 +64,8 @@ absl::StatusOr<std::vector<JobEvent>> Store::EventsOfPeriod(double since, double
 }
 
 absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, "SELECT job_id, at, state, reason, id FROM events WHERE id > ? ORDER BY id LIMIT ?");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, seq);
@@ -74,8 +74,8 @@ absl::StatusOr<std::vector<JobEvent>> Store::EventsAfter(int64_t seq, int limit)
 }
 
 absl::StatusOr<int64_t> Store::LastEventSeq() {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, "SELECT coalesce(max(id), 0) FROM events");
   if (!s.ok() || s.Step() != SQLITE_ROW) return SqlError(db, "reading the last event");
   return sqlite3_column_int64(s.get(), 0);
@@ -107,8 +107,8 @@ absl::Status Store::AddSample(const Sample& sample, double drop_before) {
 }
 
 absl::StatusOr<std::vector<Sample>> Store::Samples(double since) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   Stmt s(db, "SELECT at, data FROM samples WHERE at >= ? ORDER BY at");
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, since);

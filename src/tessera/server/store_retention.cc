@@ -106,8 +106,8 @@ absl::StatusOr<int64_t> Store::PurgeEnvironments(double before, size_t max_jobs)
 
 absl::StatusOr<std::vector<Store::Ended>> Store::EndedAfter(Ended after, double before,
                                                             size_t limit) {
-  std::lock_guard lock(reader_ ? read_mu_ : mu_);
-  sqlite3* db = reader_ ? reader_ : db_;
+  ReadLease lease(*this);
+  sqlite3* db = lease.db();
   sql::Stmt q(db,
               fmt::format("SELECT id, ended_at FROM jobs WHERE {} AND (ended_at, id) > (?1, ?2) "
                           "AND ended_at < ?3 ORDER BY ended_at, id LIMIT ?4",
