@@ -343,12 +343,12 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   EXPECT_THAT(m, HasSubstr("\",device=\"nvidia0\",modelName=\""));
   EXPECT_THAT(m, HasSubstr("Hostname=\"node-a\",container=\"main\",namespace=\"team-a\","
                            "pod=\"train-0\"} 10"));  // GPU 0's utilization, 10%
-  EXPECT_THAT(m, HasSubstr("tessera_gpu_healthy{gpu=\"0\",UUID=\"" + Uuid(0) +
-                           "\",device=\"nvidia0\",Hostname=\"node-a\""));
+  EXPECT_THAT(m, HasSubstr("tessera_gpu_healthy{gpu=\"0\",uuid=\"" + Uuid(0) + "\",model=\""));
+  EXPECT_THAT(m, HasSubstr("\",hostname=\"node-a\",device=\"nvidia0\",container=\""));
   EXPECT_THAT(m, HasSubstr("DCGM_FI_DEV_GPU_TEMP{"));
   EXPECT_THAT(m, HasSubstr("container=\"nb\",namespace=\"team-b\",pod=\"notebook\"} 40"));
-  EXPECT_THAT(m, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a2\",UUID=\"" + Uuid(3) +
-                           "\",Hostname=\"node-a\",container=\"nb\""));
+  EXPECT_THAT(m, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a2\",uuid=\"" + Uuid(3) +
+                           "\",hostname=\"node-a\",container=\"nb\""));
   EXPECT_THAT(m, HasSubstr("tessera_agent_allocate_requests_total{result=\"ok\"} 3"));
   std::ofstream(dir_ + "/metrics.txt") << m;
   auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
@@ -368,8 +368,8 @@ TEST_F(AgentE2e, AShareKeepsItsPodsLabelsForItsWholeLife) {
   EXPECT_THAT(Metrics(), Not(HasSubstr("tessera_share_memory_limit_bytes{")))
       << "no pod holds it yet";
   kubelet_->SetPods({{"team-c", "infer", "srv", kShare, {Uuid(1) + "::2"}}});
-  const std::string held = "tessera_share_memory_limit_bytes{allocation=\"a1\",UUID=\"" + Uuid(1) +
-                           "\",Hostname=\"node-a\",container=\"srv\"," +
+  const std::string held = "tessera_share_memory_limit_bytes{allocation=\"a1\",uuid=\"" + Uuid(1) +
+                           "\",hostname=\"node-a\",container=\"srv\"," +
                            "namespace=\"team-c\",pod=\"infer\"}";
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (Metrics().find(held) == std::string::npos && std::chrono::steady_clock::now() < until)
@@ -378,8 +378,8 @@ TEST_F(AgentE2e, AShareKeepsItsPodsLabelsForItsWholeLife) {
   kubelet_->SetPods({});  // the pod ended; the allocation stays for the grace
   const std::string m = Metrics();
   EXPECT_THAT(m, HasSubstr(held));
-  EXPECT_THAT(m, Not(HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\",UUID=\"" +
-                               Uuid(1) + "\",Hostname=\"node-a\",container=\"\"")));
+  EXPECT_THAT(m, Not(HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\",uuid=\"" +
+                               Uuid(1) + "\",hostname=\"node-a\",container=\"\"")));
 }
 
 nlohmann::json PendingPod(const std::string& name, const std::vector<std::string>& gpus) {

@@ -25,6 +25,8 @@
 #include "nlohmann/json.hpp"
 #include "prometheus.h"
 #include "tessera/net/http.h"
+#include "tessera/slurm/node.h"
+#include "tessera/slurm/step.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -572,6 +574,46 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   const std::string log = server.Log();
   const size_t at = log.find("tcp port ");
   ASSERT_NE(at, std::string::npos) << log;
+  // A Slurm node's exporter (tessera slurm exporter, the real command) with a job of 1 of 4
+  // shards on its GPU 1 and a whole-GPU job on GPU 0, as the SPANK plugin records them.
+  const std::string slurm_state = root_ + "/slurm-state";
+  std::ofstream(root_ + "/lib.so") << "";
+  auto plugin = tessera::slurm::ParsePluginArgs({"library=" + root_ + "/lib.so", "shards_per_gpu=4",
+                                                 "gpu_memory=8GiB", "state_dir=" + slurm_state});
+  ASSERT_TRUE(plugin.ok()) << plugin.status();
+  auto shard = tessera::slurm::DecideLimits(*plugin, {.gpus = "1", .shards = "1"});
+  auto whole = tessera::slurm::DecideLimits(*plugin, {.gpus = "0"});
+  ASSERT_TRUE(shard.ok() && whole.ok());
+  ASSERT_TRUE(
+      tessera::slurm::SetUpStep(*plugin, 31, getuid(), getgid(), *shard, "", time(nullptr)).ok());
+  ASSERT_TRUE(
+      tessera::slurm::SetUpStep(*plugin, 32, getuid(), getgid(), *whole, "", time(nullptr)).ok());
+  const std::string exporter_log = root_ + "/slurm-exporter.log";
+  pid_t exporter = 0;
+  {
+    const std::string cmd = std::string("exec ") + TESSERA_BINARY +
+                            " slurm exporter --listen 127.0.0.1:0 --state-dir " + slurm_state +
+                            " 2> " + exporter_log;
+    const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+    ASSERT_EQ(
+        posix_spawn(&exporter, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  }
+  int exporter_port = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       exporter_port == 0 && std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
+    const std::string text = tessera::test::ReadFile(exporter_log);
+    if (const size_t p = text.find("on port "); p != std::string::npos)
+      exporter_port = std::atoi(text.c_str() + p + 8);
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{exporter};
+  ASSERT_GT(exporter_port, 0) << tessera::test::ReadFile(exporter_log);
 
   // The agents and the extender scraped as deploy/components/monitoring/servicemonitor.yaml asks
   // the Operator to (honorLabels per endpoint: the agents' and the extender's "metrics" ports).
@@ -589,9 +631,11 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
         honor["metrics"]},
        {"tessera-extender", "127.0.0.1:" + std::to_string(metrics_port_), "", honor["metrics"]},
        {"tessera-server", "127.0.0.1:" + std::to_string(std::stoi(log.substr(at + 9))),
-        "scrape-0123456789abcdef"}});
+        "scrape-0123456789abcdef"},
+       {"tessera-slurm", "127.0.0.1:" + std::to_string(exporter_port), ""}});
   ASSERT_TRUE(prom.up()) << prom.Log();
-  ASSERT_EQ(prom.Await("up == 1", 4).size(), 4u) << prom.Query("up").dump() << prom.Log();
+  ASSERT_EQ(prom.Await("up == 1", 5).size(), 5u) << prom.Query("up").dump() << prom.Log();
+  ASSERT_FALSE(prom.Await("tessera_job_gpu_share_ratio{job_id=\"slurm-31\"}").empty());
   // What the panels read, present: a pod's namespace on the agent's series, the share's memory,
   // tensor activity (GPM needs two readings), the server's job series.
   ASSERT_FALSE(prom.Await("tessera_gpu_healthy{namespace=\"ml\"}").empty());
@@ -631,6 +675,20 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
       for (const std::string& problem : tessera::test::DashboardProblems(prom, expr)) {
         ADD_FAILURE() << file << ": " << where << ": " << expr << ": " << problem;
       }
+      // A GPU is a host's: grouping by gpu without the host merges GPU 0 of every host.
+      const std::regex by(R"(\bby\s*\(([^)]*)\))");
+      for (auto it = std::sregex_iterator(expr.begin(), expr.end(), by);
+           it != std::sregex_iterator(); ++it) {
+        const std::string list = (*it)[1];
+        if (where.rfind("variable", 0) != 0 && std::regex_search(list, std::regex(R"(\bgpu\b)")) &&
+            !std::regex_search(list, std::regex(R"(\b[Hh]ostname\b)")))
+          ADD_FAILURE() << file << ": " << where << ": groups by gpu without the host: " << expr;
+      }
+      // Each source selectable: a panel on Tessera's own series keeps those of $component.
+      if (where.rfind("variable", 0) != 0 &&
+          std::regex_search(expr, std::regex(R"(\btessera_(gpu|share|job|jobs|queue)_)")) &&
+          expr.find("tessera_build_info{component=~\"$component\"}") == std::string::npos)
+        ADD_FAILURE() << file << ": " << where << ": no $component filter: " << expr;
     }
   }
   for (int64_t id : {running, share})

@@ -27,12 +27,15 @@ Labels DcgmGpuLabels(const std::string& host, const core::Gpu& g, const Containe
   return l;
 }
 
-// Tessera's own GPU series: the same keys to join on (gpu, UUID, device, Hostname) and holders,
-// in names Prometheus' lint accepts (dcgm-exporter's less pci_bus_id and modelName).
+// Tessera's own GPU series: the labels every Tessera source gives a GPU (the server's and the Slurm
+// exporter's too: gpu, uuid, model, hostname; docs/metrics.md), with the device node and holders.
+// dcgm-exporter's capitalized keys stay on the DCGM_FI_* series alone.
 Labels GpuLabels(const std::string& host, const core::Gpu& g, const ContainerRef* c) {
-  Labels l = devices::DcgmLabels(g, host);
-  std::erase_if(l,
-                [](const auto& kv) { return kv.first == "pci_bus_id" || kv.first == "modelName"; });
+  Labels l = {{"gpu", std::to_string(g.index)},
+              {"uuid", g.uuid},
+              {"model", g.model},
+              {"hostname", host},
+              {"device", fmt::format("nvidia{}", g.minor.value_or(g.index))}};
   AddHolder(l, c);
   return l;
 }
@@ -81,7 +84,7 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
   }
   auto share_labels = [&](const ShareSample& s, size_t i) {
     Labels l = {
-        {"allocation", s.allocation.id}, {"UUID", s.allocation.gpus[i]}, {"Hostname", hostname}};
+        {"allocation", s.allocation.id}, {"uuid", s.allocation.gpus[i]}, {"hostname", hostname}};
     l.push_back({"container", s.holder ? s.holder->container : ""});
     l.push_back({"namespace", s.holder ? s.holder->pod_namespace : ""});
     l.push_back({"pod", s.holder ? s.holder->pod : ""});
