@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -180,64 +182,101 @@ inline std::vector<std::string> DashboardProblems(const Prometheus& prom,
   return out;
 }
 
-// The queries of NVIDIA's published dcgm-exporter dashboard (its panels' metric names, label
-// names and groupings, and its $Hostname/$gpu variables, written out here), run against `prom`
-// scraping `gpus` GPUs: what is wrong - a query with no answer, another number of series than one
-// per GPU (one for the totals), a label it groups by missing from a series. Empty: nothing.
+// NVIDIA's dcgm-exporter dashboard (grafana/dcgm-exporter-dashboard.json as it ships: each
+// panel's expression and its $Hostname/$gpu variables, written out here) run against `prom` one
+// host at a time, as a user picks one, with `gpus` GPUs in all: what is wrong. For each host its
+// variables list its GPUs; every per-GPU panel draws one line per GPU with the labels it groups by;
+// the Power Total gauge equals the host's power counted once per GPU (by UUID); and the host
+// exports one DCGM_FI_DEV_POWER_USAGE series per GPU (a GPU shared by pods is not split, as
+// dcgm-exporter does by default: a split drew 4 lines for 3 GPUs and 990 W for 740 W on
+// dashboards that sum the raw series). Empty: nothing.
 inline std::vector<std::string> NvidiaDashboardProblems(const Prometheus& prom, size_t gpus) {
   struct Panel {
     const char* title;
-    std::string promql;
+    const char* promql;               // $Hostname and $gpu as the dashboard has them
     std::vector<std::string> labels;  // each must be on every series the query returns
     bool per_gpu = true;              // else one series
   };
-  const std::string sel = "{Hostname=~\".+\", gpu=~\".+\"}";
   const std::vector<Panel> panels = {
       {"GPU Temperature",
-       "max(DCGM_FI_DEV_GPU_TEMP" + sel + ") by (Hostname, gpu, UUID)",
-       {"Hostname", "gpu", "UUID"}},
-      {"GPU Avg. Temp", "avg(DCGM_FI_DEV_GPU_TEMP" + sel + ")", {}, false},
+       R"(max(DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, uuid))",
+       {"Hostname", "gpu"}},
+      {"GPU Avg. Temp",
+       R"(avg(DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname", gpu=~"$gpu"}))",
+       {},
+       false},
       {"GPU Power Usage",
-       "max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu, UUID)",
-       {"Hostname", "gpu", "UUID"}},
+       R"(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, uuid))",
+       {"Hostname", "gpu"}},
       {"GPU Power Total",
-       "sum(max(DCGM_FI_DEV_POWER_USAGE" + sel + ") by (Hostname, gpu))",
+       R"(sum(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (gpu)))",
        {},
        false},
       {"GPU SM Clocks",
-       "max(DCGM_FI_DEV_SM_CLOCK" + sel + " * 1000000) by (Hostname, UUID, gpu)",
+       R"(max(DCGM_FI_DEV_SM_CLOCK{Hostname=~"$Hostname", gpu=~"$gpu"} * 1000000) by (Hostname, UUID, gpu))",
        {"Hostname", "UUID", "gpu"}},
       {"GPU Utilization",
-       "max(DCGM_FI_PROF_GR_ENGINE_ACTIVE" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       R"(max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
       {"Tensor Core Utilization",
-       "max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" + sel +
-           ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       R"(max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
       {"GPU Framebuffer Mem Used",
-       "max(DCGM_FI_DEV_FB_USED" + sel + ") by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE)",
+       R"(max(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
-      // Its variables: label_values(DCGM_FI_DEV_FB_FREE, Hostname) and (..., gpu).
-      {"$Hostname, $gpu",
-       "max(DCGM_FI_DEV_FB_FREE) by (Hostname, gpu, modelName, UUID)",
-       {"Hostname", "gpu", "modelName", "UUID"}},
+  };
+  auto with = [](std::string q, const std::string& host) {
+    for (size_t at; (at = q.find("$Hostname")) != std::string::npos;) q.replace(at, 9, host);
+    for (size_t at; (at = q.find("$gpu")) != std::string::npos;) q.replace(at, 4, ".*");
+    return q;
   };
   std::vector<std::string> out;
-  for (const Panel& p : panels) {
-    const size_t want = p.per_gpu ? gpus : 1;
-    nlohmann::json r = prom.Await(p.promql, want);
-    if (r.size() != want) {
-      out.push_back(fmt::format("{}: {} -> {} series, not {}: {}", p.title, p.promql, r.size(),
-                                want, r.dump()));
-      continue;
-    }
-    for (const nlohmann::json& series : r) {
-      for (const std::string& l : p.labels) {
-        if (series["metric"].value(l, "").empty())
-          out.push_back(fmt::format("{}: no label {} on {}", p.title, l, series.dump()));
+  // $Hostname: label_values(DCGM_FI_DEV_FB_FREE, Hostname); $gpu: (...{Hostname=~"$Hostname"},
+  // gpu).
+  std::map<std::string, size_t> hosts;
+  for (const nlohmann::json& s : prom.Await("count by (Hostname) (DCGM_FI_DEV_FB_FREE)", 1))
+    hosts[s["metric"].value("Hostname", "")] = 0;
+  size_t total = 0;
+  for (auto& [host, n] : hosts) {
+    n = prom.Query(with(R"(count by (gpu) (DCGM_FI_DEV_FB_FREE{Hostname=~"$Hostname"}))", host))
+            .size();
+    total += n;
+    const nlohmann::json raw =
+        prom.Query(with(R"(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname"})", host));
+    if (raw.size() != n)
+      out.push_back(
+          fmt::format("{}: {} DCGM_FI_DEV_POWER_USAGE series for {} GPUs", host, raw.size(), n));
+    for (const Panel& p : panels) {
+      const std::string q = with(p.promql, host);
+      const size_t want = p.per_gpu ? n : 1;
+      nlohmann::json r = prom.Await(q, want);
+      if (r.size() != want) {
+        out.push_back(fmt::format("{} on {}: {} -> {} series, not {}: {}", p.title, host, q,
+                                  r.size(), want, r.dump()));
+        continue;
+      }
+      for (const nlohmann::json& series : r) {
+        for (const std::string& l : p.labels) {
+          if (series["metric"].value(l, "").empty())
+            out.push_back(
+                fmt::format("{} on {}: no label {} on {}", p.title, host, l, series.dump()));
+        }
+      }
+      if (std::string(p.title) == "GPU Power Total") {
+        const nlohmann::json truth = prom.Query(
+            with(R"(sum(max by (UUID) (DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname"})))", host));
+        const double got = std::stod(r[0]["value"][1].get<std::string>());
+        const double want_w =
+            truth.empty() ? -1 : std::stod(truth[0]["value"][1].get<std::string>());
+        if (std::abs(got - want_w) > 0.01)
+          out.push_back(
+              fmt::format("GPU Power Total on {}: {} W, its GPUs draw {} W", host, got, want_w));
       }
     }
   }
+  if (total != gpus)
+    out.push_back(fmt::format("the dashboard's variables list {} GPUs on {} hosts, not {}", total,
+                              hosts.size(), gpus));
   return out;
 }
 

@@ -391,7 +391,12 @@ std::string Agent::Metrics() {
     if (i < health.size()) gpus[i].health = health[i];
     gpus[i].health_changes = health_changes_[i];
     auto t = source_->ReadTelemetry(static_cast<int>(i));
-    if (t.ok()) gpus[i].telemetry = *t;
+    if (t.ok()) {
+      gpus[i].telemetry = *t;
+      // dcgm-exporter's XID_ERRORS, where the driver gives readings at all.
+      if (t->utilization || t->memory_used_bytes)
+        gpus[i].telemetry->last_xid = gpus[i].health.last_xid;
+    }
   }
   for (const auto& [id, c] : holders) {
     std::optional<int> g = state_->GpuOf(id);

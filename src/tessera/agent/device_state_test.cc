@@ -397,6 +397,9 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
         0.5, 0.25, uint64_t{1} << 30, 41.0, 123.5, uint64_t{3} << 30, 1410.0, 1215.0, 0.125};
   }
   gpus[0].holders = {{"ns", "train", "main"}};
+  gpus[1].telemetry->last_xid = 79;
+  gpus[1].telemetry->energy_mj = 5000;
+  gpus[1].telemetry->row_remap_pending = true;
   gpus[1].health.healthy = false;
   gpus[1].health.xid_count = 2;
   ShareSample s;
@@ -415,6 +418,15 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   EXPECT_THAT(text, HasSubstr("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu=\"1\""));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_FB_FREE{gpu=\"1\""));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_FB_USED{"));
+  // dcgm-exporter's other fields where the driver gives them, typed as it declares them.
+  EXPECT_THAT(text, HasSubstr("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_XID_ERRORS{gpu=\"1\""));
+  EXPECT_THAT(text, HasSubstr("pod=\"\"} 79\n"));
+  EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_ROW_REMAP_PENDING{gpu=\"1\""));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("DCGM_FI_DEV_XID_ERRORS{gpu=\"0\"")))
+      << "no reading, no sample";
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("DCGM_FI_DEV_ENC_UTIL"))) << "nobody gave it";
   EXPECT_THAT(text, HasSubstr("pod=\"\"} 0\n"));  // GPU 1: nobody, unhealthy
   EXPECT_THAT(text, HasSubstr("pod=\"notebook \\\"x\\\"\"}"));
   EXPECT_THAT(text, HasSubstr("tessera_share_memory_limit_bytes{allocation=\"a1\""));

@@ -63,7 +63,7 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
     bool any = false;
     for (const GpuSample& s : gpus) any |= s.telemetry && f.value(*s.telemetry).has_value();
     if (!any) continue;
-    p.Family(f.name, "gauge", f.help);
+    p.Family(f.name, f.type, f.help);
     for (const GpuSample& s : gpus) {
       if (!s.telemetry) continue;
       if (auto v = f.value(*s.telemetry)) per_holder(s, *v, DcgmGpuLabels);

@@ -20,6 +20,7 @@ struct DcgmField {
   const char* help;  // dcgm-exporter's
   // The value in dcgm-exporter's unit (%, MiB, MHz, C, W, ratio 0..1); nullopt: no sample.
   std::optional<double> (*value)(const GpuTelemetry&);
+  const char* type = "gauge";  // "counter" where dcgm-exporter declares one
 };
 
 // Every field Tessera gives, in dcgm-exporter's order.

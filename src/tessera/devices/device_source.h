@@ -46,6 +46,18 @@ struct GpuTelemetry {
   // Share of the time the SMs did tensor-core work, 0..1, over the time since the last reading
   // (NVML's GPU performance monitoring: Hopper and later; empty elsewhere and at the first one).
   std::optional<double> tensor_active;
+  // Share of the DRAM bandwidth used, 0..1, over the same period (GPM, as tensor_active).
+  std::optional<double> dram_active;
+  std::optional<uint64_t> energy_mj;                               // since the driver loaded
+  std::optional<uint64_t> pcie_replays;                            // PCIe retries
+  std::optional<double> pcie_tx_kbps, pcie_rx_kbps;                // KB/s over NVML's last 20 ms
+  std::optional<double> encoder_utilization, decoder_utilization;  // 0..1
+  // Memory rows remapped for correctable and uncorrectable errors; a remap waiting for a GPU reset;
+  // a remap that failed (the bank is out of spare rows: the board should be replaced). Ampere+.
+  std::optional<uint64_t> remapped_rows_correctable, remapped_rows_uncorrectable;
+  std::optional<bool> row_remap_pending, row_remap_failure;
+  // The last XID seen on the GPU (its health watch's; 0: none yet): dcgm-exporter's XID_ERRORS.
+  std::optional<uint64_t> last_xid;
 
   friend bool operator==(const GpuTelemetry&, const GpuTelemetry&) = default;
 };

@@ -49,6 +49,7 @@ bool HealthTracker::OnEvent(const HealthEvent& event, core::TimePoint now) {
   switch (event.kind) {
     case HealthEvent::Kind::kXid:
       ++g.xid_count;
+      g.last_xid = event.xid;
       if (policy_.ignored_xids.contains(event.xid)) return false;
       return MarkSick(event.gpu, fmt::format("XID {}", event.xid), now);
     case HealthEvent::Kind::kEccSingleBit:

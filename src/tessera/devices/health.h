@@ -40,6 +40,7 @@ struct GpuHealth {
   core::TimePoint last_critical{};
   core::TimePoint last_probe{};
   uint64_t xid_count = 0;  // every XID seen on it, ignored ones included
+  uint64_t last_xid = 0;   // the last of them (0: none yet)
   uint64_t critical_events = 0;
 };
 

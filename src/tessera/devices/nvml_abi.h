@@ -52,6 +52,8 @@ constexpr unsigned long long nvmlEventTypeGpuUnavailableError = 0x4000ULL;
 
 // nvmlTemperatureSensors_t: the GPU die sensor.
 constexpr int kNvmlTemperatureGpu = 0;
+// nvmlPcieUtilCounter_t for nvmlDeviceGetPcieThroughput (KB/s over the last 20 ms).
+constexpr int kNvmlPcieUtilTxBytes = 0, kNvmlPcieUtilRxBytes = 1;
 
 constexpr unsigned kNvmlDeviceNameBufferSize = 96;
 constexpr unsigned kNvmlUuidBufferSize = 96;
@@ -121,6 +123,8 @@ typedef struct {
 } nvmlGpmSupport_t;
 // nvmlGpmMetricId_t: percent of the time the SMs did any tensor (HMMA/IMMA/DFMA) work, 0..100.
 constexpr unsigned NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5;
+// Percent of the DRAM bandwidth used against its theoretical maximum, 0..100.
+constexpr unsigned NVML_GPM_METRIC_DRAM_BW_UTIL = 10;
 typedef struct {
   unsigned int metricId;
   nvmlReturn_t nvmlReturn;

@@ -109,6 +109,12 @@ absl::StatusOr<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load(const std::string
   Resolve(handle, a.DeviceGetTemperature, {"nvmlDeviceGetTemperature"});
   Resolve(handle, a.DeviceGetPowerUsage, {"nvmlDeviceGetPowerUsage"});
   Resolve(handle, a.DeviceGetClockInfo, {"nvmlDeviceGetClockInfo"});
+  Resolve(handle, a.DeviceGetTotalEnergyConsumption, {"nvmlDeviceGetTotalEnergyConsumption"});
+  Resolve(handle, a.DeviceGetPcieReplayCounter, {"nvmlDeviceGetPcieReplayCounter"});
+  Resolve(handle, a.DeviceGetPcieThroughput, {"nvmlDeviceGetPcieThroughput"});
+  Resolve(handle, a.DeviceGetEncoderUtilization, {"nvmlDeviceGetEncoderUtilization"});
+  Resolve(handle, a.DeviceGetDecoderUtilization, {"nvmlDeviceGetDecoderUtilization"});
+  Resolve(handle, a.DeviceGetRemappedRows, {"nvmlDeviceGetRemappedRows"});
   Resolve(handle, a.GpmQueryDeviceSupport, {"nvmlGpmQueryDeviceSupport"});
   Resolve(handle, a.GpmSampleAlloc, {"nvmlGpmSampleAlloc"});
   Resolve(handle, a.GpmSampleFree, {"nvmlGpmSampleFree"});

@@ -47,6 +47,14 @@ struct NvmlApi {
   nvmlReturn_t (*DeviceGetTemperature)(nvmlDevice_t, int, unsigned*) = nullptr;
   nvmlReturn_t (*DeviceGetPowerUsage)(nvmlDevice_t, unsigned*) = nullptr;
   nvmlReturn_t (*DeviceGetClockInfo)(nvmlDevice_t, int, unsigned*) = nullptr;
+  // dcgm-exporter's other default fields (devices/dcgm.cc); each optional (older drivers, boards).
+  nvmlReturn_t (*DeviceGetTotalEnergyConsumption)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*DeviceGetPcieReplayCounter)(nvmlDevice_t, unsigned*) = nullptr;
+  nvmlReturn_t (*DeviceGetPcieThroughput)(nvmlDevice_t, int, unsigned*) = nullptr;
+  nvmlReturn_t (*DeviceGetEncoderUtilization)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
+  nvmlReturn_t (*DeviceGetDecoderUtilization)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
+  nvmlReturn_t (*DeviceGetRemappedRows)(nvmlDevice_t, unsigned*, unsigned*, unsigned*,
+                                        unsigned*) = nullptr;
   nvmlReturn_t (*GpmQueryDeviceSupport)(nvmlDevice_t, nvmlGpmSupport_t*) = nullptr;
   nvmlReturn_t (*GpmSampleAlloc)(nvmlGpmSample_t*) = nullptr;
   nvmlReturn_t (*GpmSampleFree)(nvmlGpmSample_t) = nullptr;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
@@ -110,11 +111,11 @@ NvmlSource::~NvmlSource() {
   if (event_set_ != nullptr && lib_->api().EventSetFree) lib_->api().EventSetFree(event_set_);
 }
 
-std::optional<double> NvmlSource::ReadTensorActive(int index) {
+std::pair<std::optional<double>, std::optional<double>> NvmlSource::ReadGpm(int index) {
   const NvmlApi& api = lib_->api();
   if (!api.GpmQueryDeviceSupport || !api.GpmSampleAlloc || !api.GpmSampleGet ||
       !api.GpmMetricsGet) {
-    return std::nullopt;
+    return {};
   }
   core::MutexLock lock(gpm_mu_);
   if (gpm_.size() < handles_.size()) gpm_.resize(handles_.size());
@@ -129,24 +130,29 @@ std::optional<double> NvmlSource::ReadTensorActive(int index) {
                       ? 1
                       : 0;
   }
-  if (g.supported == 0) return std::nullopt;
+  if (g.supported == 0) return {};
   if (api.GpmSampleGet(handles_[index], g.current) != NVML_SUCCESS) {
     g.have_previous = false;
-    return std::nullopt;
+    return {};
   }
-  std::optional<double> out;
+  std::pair<std::optional<double>, std::optional<double>> out;
   if (g.have_previous) {
     // Large (10 KiB): one per reading would do on the stack, but a reader thread's stack is not
     // ours to spend.
     auto get = std::make_unique<nvmlGpmMetricsGet_t>();
     get->version = NVML_GPM_METRICS_GET_VERSION;
-    get->numMetrics = 1;
+    get->numMetrics = 2;
     get->sample1 = g.previous;
     get->sample2 = g.current;
     get->metrics[0].metricId = NVML_GPM_METRIC_ANY_TENSOR_UTIL;
-    if (api.GpmMetricsGet(get.get()) == NVML_SUCCESS &&
-        get->metrics[0].nvmlReturn == NVML_SUCCESS && get->metrics[0].value >= 0) {
-      out = std::min(get->metrics[0].value, 100.0) / 100.0;
+    get->metrics[1].metricId = NVML_GPM_METRIC_DRAM_BW_UTIL;
+    if (api.GpmMetricsGet(get.get()) == NVML_SUCCESS) {
+      auto ratio = [&](int i) -> std::optional<double> {
+        const nvmlGpmMetric_t& m = get->metrics[i];
+        if (m.nvmlReturn != NVML_SUCCESS || m.value < 0) return std::nullopt;
+        return std::min(m.value, 100.0) / 100.0;
+      };
+      out = {ratio(0), ratio(1)};
     }
   }
   std::swap(g.previous, g.current);
@@ -460,7 +466,37 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
     if (ok(api.DeviceGetClockInfo(dev, NVML_CLOCK_MEM, &mhz), "memory clock"))
       t.memory_clock_mhz = mhz;
   }
-  t.tensor_active = ReadTensorActive(index);
+  std::tie(t.tensor_active, t.dram_active) = ReadGpm(index);
+  if (api.DeviceGetTotalEnergyConsumption) {
+    unsigned long long mj = 0;
+    if (ok(api.DeviceGetTotalEnergyConsumption(dev, &mj), "energy")) t.energy_mj = mj;
+  }
+  if (api.DeviceGetPcieReplayCounter) {
+    unsigned n = 0;
+    if (ok(api.DeviceGetPcieReplayCounter(dev, &n), "PCIe replays")) t.pcie_replays = n;
+  }
+  if (api.DeviceGetPcieThroughput) {
+    unsigned kbps = 0;
+    if (ok(api.DeviceGetPcieThroughput(dev, kNvmlPcieUtilTxBytes, &kbps), "PCIe TX"))
+      t.pcie_tx_kbps = kbps;
+    if (ok(api.DeviceGetPcieThroughput(dev, kNvmlPcieUtilRxBytes, &kbps), "PCIe RX"))
+      t.pcie_rx_kbps = kbps;
+  }
+  for (auto [fn, field, what] :
+       {std::tuple{api.DeviceGetEncoderUtilization, &GpuTelemetry::encoder_utilization, "encoder"},
+        std::tuple{api.DeviceGetDecoderUtilization, &GpuTelemetry::decoder_utilization,
+                   "decoder"}}) {
+    unsigned percent = 0, period_us = 0;
+    if (fn && ok(fn(dev, &percent, &period_us), what)) t.*field = std::min(percent, 100u) / 100.0;
+  }
+  if (api.DeviceGetRemappedRows) {
+    unsigned correctable = 0, uncorrectable = 0, pending = 0, failure = 0;
+    if (ok(api.DeviceGetRemappedRows(dev, &correctable, &uncorrectable, &pending, &failure),
+           "remapped rows")) {
+      t.remapped_rows_correctable = correctable, t.remapped_rows_uncorrectable = uncorrectable;
+      t.row_remap_pending = pending != 0, t.row_remap_failure = failure != 0;
+    }
+  }
   if (api.DeviceGetTemperature) {
     unsigned celsius = 0;
     if (ok(api.DeviceGetTemperature(dev, kNvmlTemperatureGpu, &celsius), "temperature"))

@@ -52,7 +52,9 @@ class NvmlSource final : public DeviceSource {
     nvmlGpmSample_t previous = nullptr, current = nullptr;
     bool have_previous = false;
   };
-  std::optional<double> ReadTensorActive(int index);
+  // GPM readings since the last call: tensor activity and DRAM bandwidth use, 0..1 (each empty
+  // when not given, and both at a GPU's first call).
+  std::pair<std::optional<double>, std::optional<double>> ReadGpm(int index);
   core::Mutex gpm_mu_;
   std::vector<Gpm> gpm_ ABSL_GUARDED_BY(gpm_mu_);
 

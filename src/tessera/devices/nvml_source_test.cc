@@ -431,6 +431,46 @@ TEST_F(NvmlSourceTest, ClocksFreeMemoryAndTensorActivityFromGpm) {
   EXPECT_EQ(Calls("full", "nvmlGpmSampleGet") - samples_before, 3) << "GPU 0's three readings only";
 }
 
+// dcgm-exporter's other default fields, each from its NVML call: energy, PCIe replays and
+// throughput, the video engines, remapped rows (Ampere+; a Turing board answers NOT_SUPPORTED and
+// they stay unknown), and DRAM activity from GPM beside tensor activity.
+TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
+  json s = TwoGpus();
+  s["devices"][0].update(
+      {{"energy_mj", 123456789},
+       {"pcie_replays", 7},
+       {"pcie_tx_kbps", 1500},
+       {"pcie_rx_kbps", 250},
+       {"enc_util", 12},
+       {"dec_util", 34},
+       {"dram_util", 61.5},
+       {"remapped_rows",
+        {{"correctable", 3}, {"uncorrectable", 1}, {"pending", 1}, {"failure", 0}}}});
+  s["devices"][1].update({{"cc", {7, 5}}, {"gpm", false}});
+  Scenario(s);
+  auto src = Open();
+  ASSERT_TRUE(src->ReadTelemetry(0).ok());  // GPM's first sample
+  auto t = src->ReadTelemetry(0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->energy_mj, 123456789u);
+  EXPECT_EQ(t->pcie_replays, 7u);
+  EXPECT_DOUBLE_EQ(t->pcie_tx_kbps.value(), 1500);
+  EXPECT_DOUBLE_EQ(t->pcie_rx_kbps.value(), 250);
+  EXPECT_DOUBLE_EQ(t->encoder_utilization.value(), 0.12);
+  EXPECT_DOUBLE_EQ(t->decoder_utilization.value(), 0.34);
+  EXPECT_DOUBLE_EQ(t->dram_active.value(), 0.615);
+  EXPECT_EQ(t->remapped_rows_correctable, 3u);
+  EXPECT_EQ(t->remapped_rows_uncorrectable, 1u);
+  EXPECT_EQ(t->row_remap_pending, true);
+  EXPECT_EQ(t->row_remap_failure, false);
+  auto turing = src->ReadTelemetry(1);
+  ASSERT_TRUE(turing.ok()) << turing.status();
+  EXPECT_EQ(turing->remapped_rows_correctable, std::nullopt);
+  EXPECT_EQ(turing->row_remap_pending, std::nullopt);
+  EXPECT_EQ(turing->dram_active, std::nullopt);
+  EXPECT_TRUE(turing->energy_mj.has_value()) << "its power over time, as a board counts it";
+}
+
 TEST_F(NvmlSourceTest, TelemetryTheDriverDoesNotOfferStaysUnknown) {
   json s = TwoGpus();
   s["devices"][0]["utilization"] = 40;

@@ -631,7 +631,14 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
   snap.gpus = inventory_.gpus;
   snap.telemetry = Telemetry();
   if (health_) {
-    for (const devices::GpuHealth& h : health_->Snapshot()) snap.xids.push_back(h.xid_count);
+    for (const devices::GpuHealth& h : health_->Snapshot()) {
+      // dcgm-exporter's XID_ERRORS: the last XID, where the driver gives readings at all.
+      if (snap.xids.size() < snap.telemetry.size()) {
+        devices::GpuTelemetry& t = snap.telemetry[snap.xids.size()];
+        if (t.utilization || t.memory_used_bytes) t.last_xid = h.last_xid;
+      }
+      snap.xids.push_back(h.xid_count);
+    }
   }
   core::MutexLock lock(mu_);
   snap.healthy = gpu_healthy_;

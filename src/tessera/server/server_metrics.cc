@@ -135,7 +135,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
     for (size_t g = 0; g < n && g < s.telemetry.size(); ++g)
       any |= f.value(s.telemetry[g]).has_value();
     if (!any) continue;
-    p.Family(f.name, "gauge", f.help);
+    p.Family(f.name, f.type, f.help);
     for (size_t g = 0; g < n && g < s.telemetry.size(); ++g) {
       if (auto v = f.value(s.telemetry[g]))
         p.Sample(devices::DcgmLabels(s.gpus[g], s.hostname), *v);

@@ -47,7 +47,13 @@ struct Device {
   unsigned sm_clock_mhz = 1410, mem_clock_mhz = 1215;
   // GPU performance monitoring (GPM): on Hopper and later boards; the tensor pipes' activity, %.
   bool gpm = false;
-  double tensor_util = 0;
+  double tensor_util = 0, dram_util = 0;
+  // dcgm-exporter's other fields: energy since load (mJ, from power over time when not scripted),
+  // PCIe, the video engines, remapped rows (Ampere and later: "remapped_rows" in the scenario).
+  long long energy_mj = -1;
+  unsigned pcie_replays = 0, pcie_tx_kbps = 0, pcie_rx_kbps = 0, enc_util = 0, dec_util = 0;
+  bool remapping = false;
+  unsigned rows_correctable = 0, rows_uncorrectable = 0, remap_pending = 0, remap_failure = 0;
   unsigned long long memory_used = 0;
   // Its compute processes (pid, GPU memory); self_memory > 0: the calling process is one of them.
   std::vector<std::pair<unsigned, unsigned long long>> processes;
@@ -188,6 +194,26 @@ int LoadScenario(State& s) {
     dev->gpm = d.value("gpm", dev->name.find("H100") != std::string::npos ||
                                   dev->name.find("H200") != std::string::npos);
     dev->tensor_util = d.value("tensor_util", 0.0);
+    dev->dram_util = d.value("dram_util", 0.0);
+    dev->energy_mj = d.value("energy_mj", -1LL);
+    dev->pcie_replays = d.value("pcie_replays", 0u);
+    dev->pcie_tx_kbps = d.value("pcie_tx_kbps", 0u);
+    dev->pcie_rx_kbps = d.value("pcie_rx_kbps", 0u);
+    dev->enc_util = d.value("enc_util", 0u);
+    dev->dec_util = d.value("dec_util", 0u);
+    // "remapped_rows": {"correctable": N, "uncorrectable": N, "pending": 0|1, "failure": 0|1};
+    // by default on Ampere and later (compute capability 8+), as the driver answers.
+    dev->remapping = dev->cc_major >= 8;
+    if (d.contains("remapped_rows")) {
+      const json& r = d["remapped_rows"];
+      dev->remapping = !r.is_null();
+      if (r.is_object()) {
+        dev->rows_correctable = r.value("correctable", 0u);
+        dev->rows_uncorrectable = r.value("uncorrectable", 0u);
+        dev->remap_pending = r.value("pending", 0u);
+        dev->remap_failure = r.value("failure", 0u);
+      }
+    }
     // "processes": [{"pid": N, "used_memory": bytes}], "self_memory": bytes (the caller too)
     for (const json& pr : d.value("processes", json::array()))
       dev->processes.emplace_back(pr.value("pid", 0u), pr.value("used_memory", 0ull));
@@ -580,6 +606,66 @@ EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned*
   return NVML_SUCCESS;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long long* mj) {
+  DEVICE_OR_FAIL("nvmlDeviceGetTotalEnergyConsumption");
+  if (mj == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (d->energy_mj >= 0) {
+    *mj = static_cast<unsigned long long>(d->energy_mj);
+  } else {
+    // Its power since nvmlInit, as the counter grows on a real board.
+    const double s = std::chrono::duration<double>(Clock::now() - S().init_time).count();
+    *mj = static_cast<unsigned long long>(d->power_mw * s);
+  }
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t dev, unsigned* n) {
+  DEVICE_OR_FAIL("nvmlDeviceGetPcieReplayCounter");
+  if (n == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *n = d->pcie_replays;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t dev, int counter, unsigned* kbps) {
+  DEVICE_OR_FAIL("nvmlDeviceGetPcieThroughput");
+  if (kbps == nullptr || counter < 0 || counter > 1) return NVML_ERROR_INVALID_ARGUMENT;
+  *kbps = counter == 0 ? d->pcie_tx_kbps : d->pcie_rx_kbps;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned* util,
+                                                    unsigned* period_us) {
+  DEVICE_OR_FAIL("nvmlDeviceGetEncoderUtilization");
+  if (util == nullptr || period_us == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *util = d->enc_util;
+  *period_us = 167000;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned* util,
+                                                    unsigned* period_us) {
+  DEVICE_OR_FAIL("nvmlDeviceGetDecoderUtilization");
+  if (util == nullptr || period_us == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *util = d->dec_util;
+  *period_us = 167000;
+  return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned* correctable,
+                                              unsigned* uncorrectable, unsigned* pending,
+                                              unsigned* failure) {
+  DEVICE_OR_FAIL("nvmlDeviceGetRemappedRows");
+  if (!d->remapping) return NVML_ERROR_NOT_SUPPORTED;  // before Ampere: retired pages instead
+  if (correctable == nullptr || uncorrectable == nullptr || pending == nullptr ||
+      failure == nullptr)
+    return NVML_ERROR_INVALID_ARGUMENT;
+  *correctable = d->rows_correctable;
+  *uncorrectable = d->rows_uncorrectable;
+  *pending = d->remap_pending;
+  *failure = d->remap_failure;
+  return NVML_SUCCESS;
+}
+
 // GPM as the driver has it: a sample is a snapshot of one GPU's counters; a metric needs two of the
 // same GPU, the second taken after the first.
 struct nvmlGpmSample_st {
@@ -632,6 +718,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t* get) {
     if (m.metricId == NVML_GPM_METRIC_ANY_TENSOR_UTIL) {
       m.nvmlReturn = NVML_SUCCESS;
       m.value = get->sample2->device->tensor_util;
+    } else if (m.metricId == NVML_GPM_METRIC_DRAM_BW_UTIL) {
+      m.nvmlReturn = NVML_SUCCESS;
+      m.value = get->sample2->device->dram_util;
     } else {
       m.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
       m.value = 0;
