@@ -206,23 +206,28 @@ inline std::vector<std::string> NvidiaDashboardProblems(const Prometheus& prom, 
        {},
        false},
       {"GPU Power Usage",
-       R"(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, uuid))",
+       R"(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"})"
+       R"() by (Hostname, gpu, uuid))",
        {"Hostname", "gpu"}},
       {"GPU Power Total",
        R"(sum(max(DCGM_FI_DEV_POWER_USAGE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (gpu)))",
        {},
        false},
       {"GPU SM Clocks",
-       R"(max(DCGM_FI_DEV_SM_CLOCK{Hostname=~"$Hostname", gpu=~"$gpu"} * 1000000) by (Hostname, UUID, gpu))",
+       R"(max(DCGM_FI_DEV_SM_CLOCK{Hostname=~"$Hostname", gpu=~"$gpu"} * 1000000)"
+       R"() by (Hostname, UUID, gpu))",
        {"Hostname", "UUID", "gpu"}},
       {"GPU Utilization",
-       R"(max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
+       R"(max(DCGM_FI_PROF_GR_ENGINE_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"})"
+       R"() by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
       {"Tensor Core Utilization",
-       R"(max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
+       R"(max(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{Hostname=~"$Hostname", gpu=~"$gpu"})"
+       R"() by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
       {"GPU Framebuffer Mem Used",
-       R"(max(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"}) by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
+       R"(max(DCGM_FI_DEV_FB_USED{Hostname=~"$Hostname", gpu=~"$gpu"})"
+       R"() by (Hostname, gpu, GPU_I_ID, GPU_I_PROFILE))",
        {"Hostname", "gpu"}},
   };
   auto with = [](std::string q, const std::string& host) {
