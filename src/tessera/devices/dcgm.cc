@@ -27,6 +27,8 @@ const std::vector<DcgmField>& DcgmFields() {
        [](const GpuTelemetry& t) { return t.sm_clock_mhz; }},
       {"DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).",
        [](const GpuTelemetry& t) { return t.memory_clock_mhz; }},
+      {"DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).",
+       [](const GpuTelemetry& t) { return t.memory_temperature_celsius; }},
       {"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).",
        [](const GpuTelemetry& t) { return t.temperature_celsius; }},
       {"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).",

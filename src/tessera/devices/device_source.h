@@ -58,6 +58,7 @@ struct GpuTelemetry {
   std::optional<bool> row_remap_pending, row_remap_failure;
   // The last XID seen on the GPU (its health watch's; 0: none yet): dcgm-exporter's XID_ERRORS.
   std::optional<uint64_t> last_xid;
+  std::optional<double> memory_temperature_celsius;  // HBM's (NVML field values); GDDR: none
 
   friend bool operator==(const GpuTelemetry&, const GpuTelemetry&) = default;
 };

@@ -89,6 +89,36 @@ typedef struct {
   unsigned int memory;
 } nvmlUtilization_t;
 
+// nvmlDeviceGetFieldValues: one entry per field asked (fieldId set by the caller), each answered
+// with its own return code and a value of `valueType` (nvmlValueType_t) in the 8-byte union.
+constexpr unsigned NVML_FI_DEV_MEMORY_TEMP = 82;  // memory temperature, C (HBM boards)
+enum : int {
+  kNvmlValueDouble = 0,
+  kNvmlValueUnsignedInt = 1,
+  kNvmlValueUnsignedLong = 2,
+  kNvmlValueUnsignedLongLong = 3,
+  kNvmlValueSignedLongLong = 4,
+  kNvmlValueSignedInt = 5,
+};
+typedef union {
+  double dVal;
+  int siVal;
+  unsigned int uiVal;
+  unsigned long ulVal;
+  unsigned long long ullVal;
+  long long sllVal;
+} nvmlValue_t;
+typedef struct {
+  unsigned int fieldId;
+  unsigned int scopeId;
+  long long timestamp;
+  long long latencyUsec;
+  int valueType;
+  nvmlReturn_t nvmlReturn;
+  nvmlValue_t value;
+} nvmlFieldValue_t;
+static_assert(sizeof(nvmlFieldValue_t) == 40);
+
 // A process on a GPU (nvmlDevice{Compute,Graphics}RunningProcesses): the first version's
 // record, and the one of _v2 and _v3 (with the MIG instance it runs on).
 typedef struct {

@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load(const std::string
   Resolve(handle, a.DeviceGetEncoderUtilization, {"nvmlDeviceGetEncoderUtilization"});
   Resolve(handle, a.DeviceGetDecoderUtilization, {"nvmlDeviceGetDecoderUtilization"});
   Resolve(handle, a.DeviceGetRemappedRows, {"nvmlDeviceGetRemappedRows"});
+  Resolve(handle, a.DeviceGetFieldValues, {"nvmlDeviceGetFieldValues"});
   Resolve(handle, a.GpmQueryDeviceSupport, {"nvmlGpmQueryDeviceSupport"});
   Resolve(handle, a.GpmSampleAlloc, {"nvmlGpmSampleAlloc"});
   Resolve(handle, a.GpmSampleFree, {"nvmlGpmSampleFree"});

@@ -55,6 +55,7 @@ struct NvmlApi {
   nvmlReturn_t (*DeviceGetDecoderUtilization)(nvmlDevice_t, unsigned*, unsigned*) = nullptr;
   nvmlReturn_t (*DeviceGetRemappedRows)(nvmlDevice_t, unsigned*, unsigned*, unsigned*,
                                         unsigned*) = nullptr;
+  nvmlReturn_t (*DeviceGetFieldValues)(nvmlDevice_t, int, nvmlFieldValue_t*) = nullptr;
   nvmlReturn_t (*GpmQueryDeviceSupport)(nvmlDevice_t, nvmlGpmSupport_t*) = nullptr;
   nvmlReturn_t (*GpmSampleAlloc)(nvmlGpmSample_t*) = nullptr;
   nvmlReturn_t (*GpmSampleFree)(nvmlGpmSample_t) = nullptr;

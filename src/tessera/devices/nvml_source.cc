@@ -489,6 +489,34 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
     unsigned percent = 0, period_us = 0;
     if (fn && ok(fn(dev, &percent, &period_us), what)) t.*field = std::min(percent, 100u) / 100.0;
   }
+  if (api.DeviceGetFieldValues) {
+    nvmlFieldValue_t v = {};
+    v.fieldId = NVML_FI_DEV_MEMORY_TEMP;
+    if (ok(api.DeviceGetFieldValues(dev, 1, &v), "field values") && v.nvmlReturn == NVML_SUCCESS) {
+      switch (v.valueType) {
+        case kNvmlValueDouble:
+          t.memory_temperature_celsius = v.value.dVal;
+          break;
+        case kNvmlValueUnsignedInt:
+          t.memory_temperature_celsius = v.value.uiVal;
+          break;
+        case kNvmlValueSignedInt:
+          t.memory_temperature_celsius = v.value.siVal;
+          break;
+        case kNvmlValueUnsignedLong:
+          t.memory_temperature_celsius = static_cast<double>(v.value.ulVal);
+          break;
+        case kNvmlValueUnsignedLongLong:
+          t.memory_temperature_celsius = static_cast<double>(v.value.ullVal);
+          break;
+        case kNvmlValueSignedLongLong:
+          t.memory_temperature_celsius = static_cast<double>(v.value.sllVal);
+          break;
+        default:
+          break;  // a type this build does not know: no reading rather than a wrong one
+      }
+    }
+  }
   if (api.DeviceGetRemappedRows) {
     unsigned correctable = 0, uncorrectable = 0, pending = 0, failure = 0;
     if (ok(api.DeviceGetRemappedRows(dev, &correctable, &uncorrectable, &pending, &failure),

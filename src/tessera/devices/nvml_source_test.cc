@@ -432,8 +432,9 @@ TEST_F(NvmlSourceTest, ClocksFreeMemoryAndTensorActivityFromGpm) {
 }
 
 // dcgm-exporter's other default fields, each from its NVML call: energy, PCIe replays and
-// throughput, the video engines, remapped rows (Ampere+; a Turing board answers NOT_SUPPORTED and
-// they stay unknown), and DRAM activity from GPM beside tensor activity.
+// throughput, the video engines, memory temperature (a field value: HBM only), remapped rows
+// (Ampere+; a Turing board answers NOT_SUPPORTED and they stay unknown), and DRAM activity from GPM
+// beside tensor activity.
 TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   json s = TwoGpus();
   s["devices"][0].update(
@@ -444,9 +445,10 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
        {"enc_util", 12},
        {"dec_util", 34},
        {"dram_util", 61.5},
+       {"memory_temp", 71},
        {"remapped_rows",
         {{"correctable", 3}, {"uncorrectable", 1}, {"pending", 1}, {"failure", 0}}}});
-  s["devices"][1].update({{"cc", {7, 5}}, {"gpm", false}});
+  s["devices"][1].update({{"cc", {7, 5}}, {"gpm", false}, {"name", "Tesla T4"}});
   Scenario(s);
   auto src = Open();
   ASSERT_TRUE(src->ReadTelemetry(0).ok());  // GPM's first sample
@@ -459,6 +461,7 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   EXPECT_DOUBLE_EQ(t->encoder_utilization.value(), 0.12);
   EXPECT_DOUBLE_EQ(t->decoder_utilization.value(), 0.34);
   EXPECT_DOUBLE_EQ(t->dram_active.value(), 0.615);
+  EXPECT_DOUBLE_EQ(t->memory_temperature_celsius.value(), 71);
   EXPECT_EQ(t->remapped_rows_correctable, 3u);
   EXPECT_EQ(t->remapped_rows_uncorrectable, 1u);
   EXPECT_EQ(t->row_remap_pending, true);
@@ -468,6 +471,7 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   EXPECT_EQ(turing->remapped_rows_correctable, std::nullopt);
   EXPECT_EQ(turing->row_remap_pending, std::nullopt);
   EXPECT_EQ(turing->dram_active, std::nullopt);
+  EXPECT_EQ(turing->memory_temperature_celsius, std::nullopt) << "GDDR: no memory temperature";
   EXPECT_TRUE(turing->energy_mj.has_value()) << "its power over time, as a board counts it";
 }
 

@@ -53,6 +53,7 @@ struct Device {
   long long energy_mj = -1;
   unsigned pcie_replays = 0, pcie_tx_kbps = 0, pcie_rx_kbps = 0, enc_util = 0, dec_util = 0;
   bool remapping = false;
+  int memory_temp = -1;  // -1: the field answers NOT_SUPPORTED (a GDDR board)
   unsigned rows_correctable = 0, rows_uncorrectable = 0, remap_pending = 0, remap_failure = 0;
   unsigned long long memory_used = 0;
   // Its compute processes (pid, GPU memory); self_memory > 0: the calling process is one of them.
@@ -200,6 +201,11 @@ int LoadScenario(State& s) {
     dev->pcie_tx_kbps = d.value("pcie_tx_kbps", 0u);
     dev->pcie_rx_kbps = d.value("pcie_rx_kbps", 0u);
     dev->enc_util = d.value("enc_util", 0u);
+    // HBM boards (H100, H200, A100) report their memory's temperature; others do not.
+    const bool hbm = dev->name.find("H100") != std::string::npos ||
+                     dev->name.find("H200") != std::string::npos ||
+                     dev->name.find("A100") != std::string::npos;
+    dev->memory_temp = d.value("memory_temp", hbm ? static_cast<int>(dev->temperature) + 8 : -1);
     dev->dec_util = d.value("dec_util", 0u);
     // "remapped_rows": {"correctable": N, "uncorrectable": N, "pending": 0|1, "failure": 0|1};
     // by default on Ampere and later (compute capability 8+), as the driver answers.
@@ -663,6 +669,27 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned* correc
   *uncorrectable = d->rows_uncorrectable;
   *pending = d->remap_pending;
   *failure = d->remap_failure;
+  return NVML_SUCCESS;
+}
+
+// Field values as the driver answers them: the call succeeds and each entry says whether its field
+// could be read, with its value's type.
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t* v) {
+  DEVICE_OR_FAIL("nvmlDeviceGetFieldValues");
+  if (count < 0 || (count > 0 && v == nullptr)) return NVML_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < count; ++i) {
+    v[i].timestamp = std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+    v[i].latencyUsec = 0;
+    if (v[i].fieldId == NVML_FI_DEV_MEMORY_TEMP && d->memory_temp >= 0) {
+      v[i].nvmlReturn = NVML_SUCCESS;
+      v[i].valueType = kNvmlValueUnsignedInt;
+      v[i].value.uiVal = static_cast<unsigned>(d->memory_temp);
+    } else {
+      v[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+  }
   return NVML_SUCCESS;
 }
 
