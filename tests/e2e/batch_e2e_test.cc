@@ -61,6 +61,24 @@ int64_t SubmittedId(const std::string& out) {
   return digits == std::string::npos ? 0 : std::stoll(out.substr(digits));
 }
 
+// A folder in the daemon's for jobs of root and nobody alike: writable by both, its parents
+// traversable (private /tmp binds it back into each job's own).
+std::string SharedWorkFolder(const Daemon& d) {
+  const std::string work = d.dir() + "/work";
+  fs::create_directories(work);
+  for (fs::path p = work; p != "/tmp" && p != "/"; p = p.parent_path()) chmod(p.c_str(), 0711);
+  chmod(work.c_str(), 0777);
+  return work;
+}
+
+// Polls for `path` to exist, for at most 20 s.
+bool WaitForFile(const std::string& path) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(path) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return fs::exists(path);
+}
+
 // Polls `ls -o json` (folded) until the entry for job `id` is in `state`.
 json WaitForLs(Daemon& d, int64_t id, const std::string& state, double seconds = 20) {
   json entry;
@@ -563,10 +581,7 @@ TEST(Batch, AJobsTmpAndDevShmAreItsOwnAndGoWithIt) {
   const std::string name = "private-tmp";
   Daemon d(name, TwoUsers());
   EXPECT_THAT(d.Call("GET", "/v1/info")["confinement"].value("tmp", ""), HasSubstr("private"));
-  const std::string work = d.dir() + "/work";
-  fs::create_directories(work);
-  for (fs::path p = work; p != "/tmp" && p != "/"; p = p.parent_path()) chmod(p.c_str(), 0711);
-  chmod(work.c_str(), 0777);
+  const std::string work = SharedWorkFolder(d);
   const std::string wait_go =
       "n=0; while [ ! -e go ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done";
   const int64_t first = SubmittedId(
@@ -577,10 +592,7 @@ TEST(Batch, AJobsTmpAndDevShmAreItsOwnAndGoWithIt) {
              wait_go + "'")
           .out);
   ASSERT_GT(first, 0);
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!fs::exists(work + "/written") && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(fs::exists(work + "/written")) << d.Log();
+  ASSERT_TRUE(WaitForFile(work + "/written")) << d.Log();
   const std::string leak = "leak-" + std::to_string(first);
   EXPECT_FALSE(fs::exists("/tmp/" + leak)) << "the host's /tmp";
   EXPECT_FALSE(fs::exists("/dev/shm/" + leak)) << "the host's /dev/shm";
@@ -636,10 +648,7 @@ TEST(Batch, AUsersJobsTogetherStayUnderTheirTaskLimit) {
                getpid(), name)));
   if (d.Call("GET", "/v1/info")["confinement"].value("pids", "none") == "none")
     GTEST_SKIP() << "no pids controller on this machine";
-  const std::string work = d.dir() + "/work";
-  fs::create_directories(work);
-  for (fs::path p = work; p != "/tmp" && p != "/"; p = p.parent_path()) chmod(p.c_str(), 0711);
-  chmod(work.c_str(), 0777);
+  const std::string work = SharedWorkFolder(d);
   // 40 tasks, within the job's 50: then waits.
   const int64_t first = SubmittedId(
       As(d, "nobody",
@@ -647,10 +656,7 @@ TEST(Batch, AUsersJobsTogetherStayUnderTheirTaskLimit) {
              " -- /bin/sh -c 'for i in $(seq 40); do sleep 60 & done; touch ready; wait'")
           .out);
   ASSERT_GT(first, 0);
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!fs::exists(work + "/ready") && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(fs::exists(work + "/ready")) << d.Log();
+  ASSERT_TRUE(WaitForFile(work + "/ready")) << d.Log();
   // Another 40 of the same user: within its own job's 50, past the user's 60.
   const int64_t second = SubmittedId(
       As(d, "nobody",

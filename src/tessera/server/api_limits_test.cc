@@ -12,6 +12,16 @@ namespace {
 
 using namespace testing;  // NOLINT: the fixture
 
+// GET /metrics as the test's own user (a text page: Call parses JSON).
+std::string Scrape(Server& server) {
+  net::HttpRequest r;
+  r.method = "GET";
+  r.target = r.path = "/metrics";
+  r.peer.unix_socket = true;
+  r.peer.uid = geteuid();
+  return server.Handle(r).body;
+}
+
 // GET /v1/jobs is paged so that no reader makes the server hold every job (issue 51: 300 jobs of
 // 0.9 MB commands and 5 readers took 4 GiB): at most `limit` jobs and about 4 MiB of specs an
 // answer, "more" and "next_before" to go on, every job in exactly one page.
@@ -130,12 +140,7 @@ TEST_F(ServerTest, FailedTokensAreSlowedLoggedAndLimitedPerAddress) {
 TEST_F(ServerTest, MetricsAccountingIsComputedAtMostEveryTenSeconds) {
   StartServer();
   auto ended = [&] {
-    net::HttpRequest r;
-    r.method = "GET";
-    r.target = r.path = "/metrics";
-    r.peer.unix_socket = true;
-    r.peer.uid = geteuid();
-    const std::string text = server_->Handle(r).body;
+    const std::string text = Scrape(*server_);
     int n = 0;
     for (size_t at = 0;
          (at = text.find("\ntessera_acct_jobs_ended_total{", at)) != std::string::npos; ++at)
@@ -160,14 +165,7 @@ TEST_F(ServerTest, MetricsAccountingIsComputedAtMostEveryTenSeconds) {
 // after the first: the totals follow the jobs that end, computed off the request path.
 TEST_F(ServerTest, MetricsAccountingIsRefreshedOffTheRequestPath) {
   StartServer();
-  auto scrape = [&] {
-    net::HttpRequest r;
-    r.method = "GET";
-    r.target = r.path = "/metrics";
-    r.peer.unix_socket = true;
-    r.peer.uid = geteuid();
-    return server_->Handle(r).body;
-  };
+  auto scrape = [&] { return Scrape(*server_); };
   auto value = [](const std::string& text, const std::string& series) {
     const size_t at = text.find("\n" + series + " ");
     return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
