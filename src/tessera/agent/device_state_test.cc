@@ -400,6 +400,7 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   gpus[1].telemetry->last_xid = 79;
   gpus[1].telemetry->energy_mj = 5000;
   gpus[1].telemetry->row_remap_pending = true;
+  gpus[1].telemetry->nvlink_data_kib = 9000000007;
   gpus[1].health.healthy = false;
   gpus[1].health.xid_count = 2;
   ShareSample s;
@@ -424,6 +425,8 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_XID_ERRORS{gpu=\"1\""));
   EXPECT_THAT(text, HasSubstr("pod=\"\"} 79\n"));
   EXPECT_THAT(text, HasSubstr("DCGM_FI_DEV_ROW_REMAP_PENDING{gpu=\"1\""));
+  EXPECT_THAT(text, HasSubstr("# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter\n"));
+  EXPECT_THAT(text, HasSubstr("pod=\"\"} 9000000007\n")) << "NVLink KiB, not in float notation";
   EXPECT_THAT(text, ::testing::Not(HasSubstr("DCGM_FI_DEV_XID_ERRORS{gpu=\"0\"")))
       << "no reading, no sample";
   EXPECT_THAT(text, ::testing::Not(HasSubstr("DCGM_FI_DEV_ENC_UTIL"))) << "nobody gave it";

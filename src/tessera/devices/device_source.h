@@ -59,6 +59,8 @@ struct GpuTelemetry {
   // The last XID seen on the GPU (its health watch's; 0: none yet): dcgm-exporter's XID_ERRORS.
   std::optional<uint64_t> last_xid;
   std::optional<double> memory_temperature_celsius;  // HBM's (NVML field values); GDDR: none
+  std::optional<uint64_t> nvlink_data_kib;  // NVLink payload sent + received, all links (counter)
+  std::optional<uint64_t> memory_reserved_bytes;  // the driver's own (nvmlMemory_v2_t.reserved)
 
   friend bool operator==(const GpuTelemetry&, const GpuTelemetry&) = default;
 };

@@ -92,6 +92,11 @@ typedef struct {
 // nvmlDeviceGetFieldValues: one entry per field asked (fieldId set by the caller), each answered
 // with its own return code and a value of `valueType` (nvmlValueType_t) in the 8-byte union.
 constexpr unsigned NVML_FI_DEV_MEMORY_TEMP = 82;  // memory temperature, C (HBM boards)
+// NVLink data payload sent and received since the driver loaded, KiB: scopeId is a link, or
+// kNvmlScopeAllLinks for the sum over every link (NOT_SUPPORTED without NVLink).
+constexpr unsigned NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138;
+constexpr unsigned NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139;
+constexpr unsigned kNvmlScopeAllLinks = 0xFFFFFFFFu;
 enum : int {
   kNvmlValueDouble = 0,
   kNvmlValueUnsignedInt = 1,

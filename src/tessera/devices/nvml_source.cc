@@ -57,6 +57,28 @@ std::string BusIdOf(nvmlPciInfo_t& pci, int version) {
 
 std::string CudaVersionText(int v) { return fmt::format("{}.{}", v / 1000, (v % 1000) / 10); }
 
+// A field value the driver answered, as a number; none when it could not read it or its type is
+// one this build does not know (no reading rather than a wrong one).
+std::optional<double> FieldValue(const nvmlFieldValue_t& v) {
+  if (v.nvmlReturn != NVML_SUCCESS) return std::nullopt;
+  switch (v.valueType) {
+    case kNvmlValueDouble:
+      return v.value.dVal;
+    case kNvmlValueUnsignedInt:
+      return v.value.uiVal;
+    case kNvmlValueSignedInt:
+      return v.value.siVal;
+    case kNvmlValueUnsignedLong:
+      return static_cast<double>(v.value.ulVal);
+    case kNvmlValueUnsignedLongLong:
+      return static_cast<double>(v.value.ullVal);
+    case kNvmlValueSignedLongLong:
+      return static_cast<double>(v.value.sllVal);
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
 
 std::string CanonicalPciBusId(std::string_view bus_id) {
@@ -452,8 +474,10 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
   if (api.DeviceGetMemoryInfo_v2) {
     nvmlMemory_v2_t mem = {};
     mem.version = kNvmlMemoryV2Version;
-    if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory"))
+    if (ok(api.DeviceGetMemoryInfo_v2(dev, &mem), "memory")) {
       t.memory_used_bytes = mem.used, t.memory_free_bytes = mem.free, have_memory = true;
+      t.memory_reserved_bytes = mem.reserved;
+    }
   }
   if (!have_memory && api.DeviceGetMemoryInfo) {
     nvmlMemory_t mem = {};
@@ -490,31 +514,14 @@ absl::StatusOr<GpuTelemetry> NvmlSource::ReadTelemetry(int index) {
     if (fn && ok(fn(dev, &percent, &period_us), what)) t.*field = std::min(percent, 100u) / 100.0;
   }
   if (api.DeviceGetFieldValues) {
-    nvmlFieldValue_t v = {};
-    v.fieldId = NVML_FI_DEV_MEMORY_TEMP;
-    if (ok(api.DeviceGetFieldValues(dev, 1, &v), "field values") && v.nvmlReturn == NVML_SUCCESS) {
-      switch (v.valueType) {
-        case kNvmlValueDouble:
-          t.memory_temperature_celsius = v.value.dVal;
-          break;
-        case kNvmlValueUnsignedInt:
-          t.memory_temperature_celsius = v.value.uiVal;
-          break;
-        case kNvmlValueSignedInt:
-          t.memory_temperature_celsius = v.value.siVal;
-          break;
-        case kNvmlValueUnsignedLong:
-          t.memory_temperature_celsius = static_cast<double>(v.value.ulVal);
-          break;
-        case kNvmlValueUnsignedLongLong:
-          t.memory_temperature_celsius = static_cast<double>(v.value.ullVal);
-          break;
-        case kNvmlValueSignedLongLong:
-          t.memory_temperature_celsius = static_cast<double>(v.value.sllVal);
-          break;
-        default:
-          break;  // a type this build does not know: no reading rather than a wrong one
-      }
+    nvmlFieldValue_t v[3] = {};
+    v[0].fieldId = NVML_FI_DEV_MEMORY_TEMP;
+    v[1].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, v[1].scopeId = kNvmlScopeAllLinks;
+    v[2].fieldId = NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, v[2].scopeId = kNvmlScopeAllLinks;
+    if (ok(api.DeviceGetFieldValues(dev, 3, v), "field values")) {
+      t.memory_temperature_celsius = FieldValue(v[0]);
+      std::optional<double> tx = FieldValue(v[1]), rx = FieldValue(v[2]);
+      if (tx && rx && *tx >= 0 && *rx >= 0) t.nvlink_data_kib = static_cast<uint64_t>(*tx + *rx);
     }
   }
   if (api.DeviceGetRemappedRows) {

@@ -432,9 +432,9 @@ TEST_F(NvmlSourceTest, ClocksFreeMemoryAndTensorActivityFromGpm) {
 }
 
 // dcgm-exporter's other default fields, each from its NVML call: energy, PCIe replays and
-// throughput, the video engines, memory temperature (a field value: HBM only), remapped rows
-// (Ampere+; a Turing board answers NOT_SUPPORTED and they stay unknown), and DRAM activity from GPM
-// beside tensor activity.
+// throughput, the video engines, memory temperature and NVLink traffic (field values: HBM and
+// NVLink boards only), remapped rows (Ampere+; a Turing board answers NOT_SUPPORTED and they stay
+// unknown), and DRAM activity from GPM beside tensor activity.
 TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   json s = TwoGpus();
   s["devices"][0].update(
@@ -446,6 +446,9 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
        {"dec_util", 34},
        {"dram_util", 61.5},
        {"memory_temp", 71},
+       {"nvswitch_links", 18},
+       {"nvlink_tx_kib", 5000000000ull},
+       {"nvlink_rx_kib", 4000000007ull},
        {"remapped_rows",
         {{"correctable", 3}, {"uncorrectable", 1}, {"pending", 1}, {"failure", 0}}}});
   s["devices"][1].update({{"cc", {7, 5}}, {"gpm", false}, {"name", "Tesla T4"}});
@@ -462,6 +465,8 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   EXPECT_DOUBLE_EQ(t->decoder_utilization.value(), 0.34);
   EXPECT_DOUBLE_EQ(t->dram_active.value(), 0.615);
   EXPECT_DOUBLE_EQ(t->memory_temperature_celsius.value(), 71);
+  EXPECT_EQ(t->nvlink_data_kib, 9000000007u) << "sent and received, every link once";
+  EXPECT_EQ(t->memory_reserved_bytes, 85899345920ull / 200) << "what the fake driver keeps";
   EXPECT_EQ(t->remapped_rows_correctable, 3u);
   EXPECT_EQ(t->remapped_rows_uncorrectable, 1u);
   EXPECT_EQ(t->row_remap_pending, true);
@@ -472,6 +477,7 @@ TEST_F(NvmlSourceTest, EnergyPcieVideoEnginesRemappedRowsAndDramActivity) {
   EXPECT_EQ(turing->row_remap_pending, std::nullopt);
   EXPECT_EQ(turing->dram_active, std::nullopt);
   EXPECT_EQ(turing->memory_temperature_celsius, std::nullopt) << "GDDR: no memory temperature";
+  EXPECT_EQ(turing->nvlink_data_kib, std::nullopt) << "no NVLink: no NVLink traffic, not 0";
   EXPECT_TRUE(turing->energy_mj.has_value()) << "its power over time, as a board counts it";
 }
 

@@ -399,6 +399,8 @@ void Extender::OnPodLocked(kube::EventType type, const json& pod) {
     if (!p.allocated && !engine_->cycle().Queued(id)) {
       if (absl::Status st = engine_->Submit(SubmissionOf(p)); !st.ok()) {
         spdlog::warn("extender: pod {} cannot be queued: {}", id, std::string(st.message()));
+      } else if (p.pending_since < 0) {
+        p.pending_since = Now();
       }
     }
     return;
@@ -673,6 +675,7 @@ FilterResult Extender::Filter(const json& pod, const std::vector<std::string>& c
   out = Explain(p, candidates, all, why ? *why : "not placed");
   p.queued_kind = out.wait_kind;
   if (p.queued_at < 0) p.queued_at = now;
+  if (p.pending_since < 0) p.pending_since = now;
   return out;
 }
 

@@ -152,6 +152,8 @@ class Extender {
     int reserved = 0;                              // started, not yet bound
     int bound = 0;                                 // running or bound, holding GPUs
     std::map<std::string, int> pending_by_reason;  // wait_kind -> pods queued
+    // wait_kind -> how long the longest-waiting of them has been queued, in seconds
+    std::map<std::string, double> oldest_pending_seconds;
     int gangs_waiting = 0;
     uint64_t node_updates = 0;  // nodes added, changed or removed, each in place
     // Bound Tessera pods whose GPUs are not in the model yet: their node is unknown (listed
@@ -181,7 +183,8 @@ class Extender {
     uint64_t seq = 0;         // arrival order (queue tie-break)
     std::string queued_kind;  // wait kind while queued
     double created = 0;       // metadata.creationTimestamp, seconds (queue order)
-    double queued_at = -1;
+    double queued_at = -1;      // its first filter that left it waiting
+    double pending_since = -1;  // when this extender first queued it (informer or filter)
     double started = -1;     // since when it runs (status.startTime, else when seen bound)
     bool binding = false;    // a bind to its reserved node is under way or done (PrepareBind)
     std::string assignment;  // its tessera.io/assignment annotation, once bound

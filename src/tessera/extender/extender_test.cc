@@ -240,6 +240,37 @@ TEST_F(ExtenderTest, UnplacedPodsSayWhyPerNode) {
   EXPECT_EQ(ex_->stats().queued, 1);
 }
 
+TEST_F(ExtenderTest, TheLongestWaitIsToldPerReasonAndEndsWhenThePodIsPlaced) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // 2 GPUs
+  json holder = GpuPod("ml", "holder", {.gpus = 1});
+  ASSERT_EQ(Schedule(holder, {"a"}), "a");
+  json big = GpuPod("ml", "big", {.gpus = 4});
+  EXPECT_EQ(ex_->Filter(big, {"a"}).wait_kind, "no-fit");
+  clock_.Advance(std::chrono::seconds(100));
+  json unseen = GpuPod("ml", "unseen", {.gpus = 8});
+  ex_->OnPod(Ev::kAdded, unseen);  // queued by the informer, not filtered yet
+  clock_.Advance(std::chrono::seconds(20));
+  json pair = GpuPod("ml", "pair", {.gpus = 2});
+  EXPECT_EQ(ex_->Filter(pair, {"a"}).wait_kind, "no-fit");
+  Extender::Stats s = ex_->stats();
+  EXPECT_EQ(s.pending_by_reason["no-fit"], 2);
+  EXPECT_DOUBLE_EQ(s.oldest_pending_seconds["no-fit"], 120) << "the oldest, not the newest";
+  EXPECT_EQ(s.pending_by_reason["not-yet-considered"], 1);
+  EXPECT_DOUBLE_EQ(s.oldest_pending_seconds["not-yet-considered"], 20);
+
+  // The oldest leaves: the next one's wait is told, from its first filter, not its last.
+  ex_->OnPod(Ev::kDeleted, big);
+  clock_.Advance(std::chrono::seconds(5));
+  EXPECT_EQ(ex_->Filter(pair, {"a"}).wait_kind, "no-fit");
+  EXPECT_DOUBLE_EQ(ex_->stats().oldest_pending_seconds["no-fit"], 5);
+  // Room made: it is placed and waits no more.
+  ex_->OnPod(Ev::kDeleted, holder);
+  EXPECT_EQ(ex_->Filter(pair, {"a"}).nodes, std::vector<std::string>{"a"});
+  s = ex_->stats();
+  EXPECT_FALSE(s.oldest_pending_seconds.contains("no-fit"));
+  EXPECT_DOUBLE_EQ(s.oldest_pending_seconds["not-yet-considered"], 25);
+}
+
 TEST_F(ExtenderTest, OnlyNodesKubeSchedulerOfferedAreChosen) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   ex_->OnNode(Ev::kAdded, GpuNode("b"));

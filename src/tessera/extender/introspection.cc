@@ -22,12 +22,18 @@ Extender::Stats Extender::stats() const {
     }
   }
   std::set<std::string> gangs;
+  const double now = Now();
   for (const auto& [id, p] : pods_) {
     if (p.allocated && p.node.empty()) ++s.reserved;
     if (p.allocated && !p.node.empty()) ++s.bound;
     if (engine_->cycle().Queued(id)) {
       ++s.queued;
-      ++s.pending_by_reason[p.queued_kind.empty() ? "not-yet-considered" : p.queued_kind];
+      const std::string kind = p.queued_kind.empty() ? "not-yet-considered" : p.queued_kind;
+      ++s.pending_by_reason[kind];
+      if (p.pending_since >= 0) {
+        double& oldest = s.oldest_pending_seconds[kind];
+        oldest = std::max(oldest, now - p.pending_since);
+      }
       if (!p.demand.request.gang.empty()) gangs.insert(p.demand.request.gang);
     }
   }

@@ -664,6 +664,12 @@ std::string Service::Metrics() const {
     auto it = s.pending_by_reason.find(kind);
     p.Sample({{"reason", kind}}, it == s.pending_by_reason.end() ? 0 : it->second);
   }
+  p.Family("tessera_extender_pods_pending_oldest_seconds", "gauge",
+           "How long the longest-waiting queued pod has waited, by why it waits (0: none).");
+  for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
+    auto it = s.oldest_pending_seconds.find(kind);
+    p.Sample({{"reason", kind}}, it == s.oldest_pending_seconds.end() ? 0 : it->second);
+  }
   one("tessera_extender_gangs_waiting", "gauge", "Gangs with members queued, not yet placed.",
       s.gangs_waiting);
   one("tessera_extender_node_updates_total", "counter",

@@ -51,6 +51,7 @@ struct Device {
   // dcgm-exporter's other fields: energy since load (mJ, from power over time when not scripted),
   // PCIe, the video engines, remapped rows (Ampere and later: "remapped_rows" in the scenario).
   long long energy_mj = -1;
+  unsigned long long nvlink_tx_kib = 0, nvlink_rx_kib = 0;  // over all its links
   unsigned pcie_replays = 0, pcie_tx_kbps = 0, pcie_rx_kbps = 0, enc_util = 0, dec_util = 0;
   bool remapping = false;
   int memory_temp = -1;  // -1: the field answers NOT_SUPPORTED (a GDDR board)
@@ -198,6 +199,8 @@ int LoadScenario(State& s) {
     dev->dram_util = d.value("dram_util", 0.0);
     dev->energy_mj = d.value("energy_mj", -1LL);
     dev->pcie_replays = d.value("pcie_replays", 0u);
+    dev->nvlink_tx_kib = d.value("nvlink_tx_kib", 0ull);
+    dev->nvlink_rx_kib = d.value("nvlink_rx_kib", 0ull);
     dev->pcie_tx_kbps = d.value("pcie_tx_kbps", 0u);
     dev->pcie_rx_kbps = d.value("pcie_rx_kbps", 0u);
     dev->enc_util = d.value("enc_util", 0u);
@@ -682,10 +685,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFi
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();
     v[i].latencyUsec = 0;
-    if (v[i].fieldId == NVML_FI_DEV_MEMORY_TEMP && d->memory_temp >= 0) {
+    const unsigned field = v[i].fieldId;
+    if (field == NVML_FI_DEV_MEMORY_TEMP && d->memory_temp >= 0) {
       v[i].nvmlReturn = NVML_SUCCESS;
       v[i].valueType = kNvmlValueUnsignedInt;
       v[i].value.uiVal = static_cast<unsigned>(d->memory_temp);
+    } else if ((field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ||
+                field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) &&
+               !d->nvlinks.empty()) {
+      // The scope is a link or all of them; the total is spread over the links, the rest on 0.
+      const unsigned long long total =
+          field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? d->nvlink_tx_kib : d->nvlink_rx_kib;
+      const unsigned links = static_cast<unsigned>(d->nvlinks.size());
+      const unsigned scope = v[i].scopeId;
+      if (scope != kNvmlScopeAllLinks && scope >= links) {
+        v[i].nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        continue;
+      }
+      v[i].nvmlReturn = NVML_SUCCESS;
+      v[i].valueType = kNvmlValueUnsignedLongLong;
+      v[i].value.ullVal = scope == kNvmlScopeAllLinks ? total
+                          : scope == 0               ? total / links + total % links
+                                                     : total / links;
     } else {
       v[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }
