@@ -180,14 +180,14 @@ class Extender {
     bool allocated = false;   // holds an allocation in the scheduler
     double reserved_at = -1;  // >= 0: reserved by filter, not bound yet
     std::string reserved_node;
-    uint64_t seq = 0;         // arrival order (queue tie-break)
-    std::string queued_kind;  // wait kind while queued
-    double created = 0;       // metadata.creationTimestamp, seconds (queue order)
+    uint64_t seq = 0;           // arrival order (queue tie-break)
+    std::string queued_kind;    // wait kind while queued
+    double created = 0;         // metadata.creationTimestamp, seconds (queue order)
     double queued_at = -1;      // its first filter that left it waiting
     double pending_since = -1;  // when this extender first queued it (informer or filter)
-    double started = -1;     // since when it runs (status.startTime, else when seen bound)
-    bool binding = false;    // a bind to its reserved node is under way or done (PrepareBind)
-    std::string assignment;  // its tessera.io/assignment annotation, once bound
+    double started = -1;        // since when it runs (status.startTime, else when seen bound)
+    bool binding = false;       // a bind to its reserved node is under way or done (PrepareBind)
+    std::string assignment;     // its tessera.io/assignment annotation, once bound
   };
 
   // While it lives, the GPUs of nodes outside `allowed` count as unhealthy: nothing is placed or

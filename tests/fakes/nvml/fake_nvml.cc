@@ -705,8 +705,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFi
       v[i].nvmlReturn = NVML_SUCCESS;
       v[i].valueType = kNvmlValueUnsignedLongLong;
       v[i].value.ullVal = scope == kNvmlScopeAllLinks ? total
-                          : scope == 0               ? total / links + total % links
-                                                     : total / links;
+                          : scope == 0                ? total / links + total % links
+                                                      : total / links;
     } else {
       v[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }
