@@ -100,6 +100,31 @@ TEST_F(ServerTest, AUsersWaitingJobsHoldAtMostTheirCapInBytes) {
   EXPECT_EQ(status, 201) << "a small one still fits";
 }
 
+// Jobs that start leave the waiting room and give back what they held of the cap: a user whose
+// jobs run can submit again (their specs were once still counted after the start, and the count
+// kept by the spec's address could be taken over by a later spec at the same address).
+TEST_F(ServerTest, StartedJobsNoLongerCountAgainstTheWaitingCap) {
+  config_.max_queued_bytes_per_user = 1 << 20;
+  StartServer();
+  // About 300 KiB of environment; no GPU: each starts at once.
+  json fat = {{"command", {"sleep", "1000"}}, {"env", json::object()}};
+  for (int i = 0; i < 5; ++i) fat["env"]["V" + std::to_string(i)] = std::string(60'000, 'x');
+  for (int round = 0; round < 4; ++round) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 3; ++i) {
+      int status = 0;
+      json j = Call("POST", "/v1/jobs", fat, &status);
+      ASSERT_EQ(status, 201) << "round " << round << ": " << j.dump();
+      ids.push_back(j["id"]);
+    }
+    Settle();
+    for (int64_t id : ids) ASSERT_EQ(State(id), "running") << "round " << round;
+  }
+  int status = 0;
+  Call("POST", "/v1/jobs", fat, &status);
+  EXPECT_EQ(status, 201) << "12 jobs run; none waits";
+}
+
 // The server's log shows a user's command escaped and cut (issue 51: 300 submits of 0.9 MB
 // commands wrote 276 MB of server log, and their escape sequences reached whoever read it).
 TEST(LogText, EscapesControlBytesAndCutsLongText) {

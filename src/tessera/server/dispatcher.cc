@@ -376,7 +376,7 @@ absl::Status Dispatcher::Recover() {
         ++requeued;
     }
     if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      Queued q = QueuedOf(r, shared, r.submitted_at);
+      Queued q = QueuedJob::Of(r, shared, r.submitted_at);
       q.held = r.state == JobState::kQueued && r.held;
       Enqueue(std::move(q));
       continue;
@@ -448,7 +448,7 @@ absl::Status Dispatcher::Recover() {
     if (!spec->image.empty() && containers_) host_->RemoveContainer(r.id);
   }
   spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down",
-               queued_.size(), adopted, requeued, ended);
+               admission_.size(), adopted, requeued, ended);
   return absl::OkStatus();
 }
 

@@ -28,6 +28,7 @@
 #include "tessera/core/mutex.h"
 #include "tessera/sched/engine.h"
 #include "tessera/server/acct.h"
+#include "tessera/server/admission.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
 #include "tessera/server/job_host.h"
@@ -212,31 +213,7 @@ class Dispatcher {
     int64_t gpu_peak_mib = 0;
     bool shared_gpu = false;  // a share that another share's job ran beside (CommitLaunch)
   };
-  struct Queued {
-    int64_t id = 0;
-    int priority = 0;
-    std::string owner;
-    uint32_t uid = 0;
-    std::shared_ptr<const JobSpec> spec;  // one for all the tasks of an array
-    size_t spec_bytes = 0;                // of the spec as stored (counted once per `spec`)
-    double submitted = 0;  // when it was submitted: its place in the queue, kept when re-queued
-    double since = 0;      // submitted or re-queued at: the start of its scheduling latency
-    bool held = false;
-    int64_t array_id = 0;  // a task of this array (0: none), with its index
-    int array_index = -1;
-    int throttle = 0;  // its array runs at most this many tasks at once (0: no limit)
-    // In the cycle's queue: not held, its dependencies met, room in its array (Admit). Otherwise
-    // `waiting` says why not.
-    bool in_cycle = false;  // changed only through SetInCycle (it keeps the counts below)
-    // Waiting for these dependencies (their text, "ok:12"), parked by Admit apart from the jobs it
-    // looks at each pass until one of them is settled; changed only through SetParked.
-    std::vector<std::string> parked;
-    std::string waiting;
-    uint64_t waiting_pass = 0;  // the Admit pass that wrote `waiting` (0: none)
-    // A cancel, hold, release or priority change to it is being stored (without mu_): it stays
-    // out of the cycle until that is done (BeginChange, EndChange).
-    bool changing = false;
-  };
+  using Queued = QueuedJob;
   // For a change to queued jobs written to the store without mu_: waits (releasing mu_)
   // until no other change to any of `ids` is under way, then marks those still queued as changing
   // and takes them out of the cycle's queue; returns them. EndChange (under mu_) lets them back.
@@ -244,20 +221,9 @@ class Dispatcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndChange(const std::vector<int64_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   core::CondVar changed_;  // a change ended (EndChange)
-  // A queued job as its stored record says.
-  static Queued QueuedOf(const JobRecord& r, std::shared_ptr<const JobSpec> spec, double since);
-  // How a dependency stands: not yet settled, met (the outcome it asks), or never to be met.
-  struct DependencyState {
-    enum { kPending, kOk, kNotOk, kMissing } outcome = kPending;
-    std::string what;  // "job 5 failed", "every task of array 7 succeeded"
-  };
+  // How a dependency stands, from the store and what is active here.
   DependencyState Outcome(const Dependency& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why `d` can never be met given its outcome, empty when it is met or pending.
-  static std::string Unmeetable(const Dependency& d, const DependencyState& state);
-  // Moves the queued jobs that may now run into the cycle's queue (not held, dependencies met, room
-  // in their array) and ends those whose dependencies can never be met. Under mu_.
-  void Admit(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores the end of the jobs Admit found can never run (never_met_), with mu_ released
+  // Stores the end of the jobs admission found can never run (never_met_), with mu_ released
   // meanwhile.
   void EndNeverMet(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::pair<int64_t, std::string>> never_met_ ABSL_GUARDED_BY(mu_);  // id, why
@@ -279,7 +245,7 @@ class Dispatcher {
   bool Turn()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // RunOnce with mu_ held (released while launching)
   void CheckRunning(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // releases mu_ for ends
-  // Puts a job in queued_ (and, at the next pass, the cycle's queue: Admit), under mu_.
+  // Queues a job in admission_ (and, at the next pass, the cycle's queue), under mu_.
   void Enqueue(Queued q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a queued job waits, from the cycle; empty when it is not queued.
   std::string WaitingReason(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -421,43 +387,21 @@ class Dispatcher {
   // The scheduler, the queue and the history of run times (thread-safe alone: history()).
   std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, Running> running_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Queued> queued_
-      ABSL_GUARDED_BY(mu_);  // changed only through Enqueue and EraseQueued
-  std::map<uint32_t, size_t> queued_by_uid_
-      ABSL_GUARDED_BY(mu_);  // how many of queued_ each user has
-  // The bytes of their specs (Queued::spec_bytes, an array's once), and how many queued jobs
-  // share each spec.
-  std::map<uint32_t, uint64_t> queued_bytes_by_uid_ ABSL_GUARDED_BY(mu_);
-  std::map<const JobSpec*, size_t> queued_specs_ ABSL_GUARDED_BY(mu_);
-  // Admission's indexes, kept as jobs come and go so that a pass costs what changed, not the
-  // queue: the jobs outside the cycle by user (not the held ones), and those in it by user and by
-  // array.
-  std::map<uint32_t, std::set<int64_t>> outside_by_uid_ ABSL_GUARDED_BY(mu_);
-  // Jobs parked on a pending dependency, by its text: the dependency and the jobs.
-  std::map<std::string, std::pair<Dependency, std::set<int64_t>>> parked_ ABSL_GUARDED_BY(mu_);
-  uint64_t left_ ABSL_GUARDED_BY(mu_) = 0;  // jobs that left queued_, starting_ or finishing_
-  uint64_t parked_checked_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};  // left_ at the last WakeParked
-  std::map<uint32_t, size_t> in_cycle_by_uid_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, size_t> in_cycle_by_array_ ABSL_GUARDED_BY(mu_);
-  // Users at limits.max_running_jobs_per_user in the last pass, and what their jobs outside the
-  // cycle (not examined then) say.
-  std::map<uint32_t, std::string> capped_ ABSL_GUARDED_BY(mu_);
-  uint64_t admit_pass_ ABSL_GUARDED_BY(mu_) = 0;
-  // Counts `q` into (+1) or out of (-1) the indexes above, by whether it is in the cycle.
-  void Index(const Queued& q, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetInCycle(Queued& q, bool in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Holds or releases a queued job, keeping the index of what Admit looks at.
-  void SetHeld(Queued& q, bool held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Parks a queued job under its pending dependencies `on` (empty: unparks it).
-  void SetParked(Queued& q, std::vector<std::pair<std::string, Dependency>> on)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes the parked jobs of dependencies that are no longer pending; only when a job has left
-  // the queued, starting or finishing jobs since the last look (`left_`), and one look per
-  // dependency, not per job. `outcomes` is the pass's memo.
-  void WakeParked(std::map<std::string, DependencyState>& outcomes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseQueued(std::map<int64_t, Queued>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseQueued(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The waiting room: the queued jobs, what keeps each out of the cycle's queue, what each user
+  // has waiting. What it asks of the rest of the server, admission_world_ answers under mu_.
+  Admission admission_ ABSL_GUARDED_BY(mu_){
+      {config_.max_running_jobs_per_user, 4 * config_.max_starts_per_pass}};
+  struct AdmissionWorld final : Admission::World {
+    explicit AdmissionWorld(Dispatcher& d) : d(d) {}
+    DependencyState Outcome(const Dependency& dep) override;
+    void CountActive(std::map<uint32_t, size_t>& by_user,
+                     std::map<int64_t, int>& by_array) override;
+    absl::Status EnterCycle(const QueuedJob& q) override;
+    void LeaveCycle(int64_t id) override;
+    const std::string* CycleWaiting(int64_t id) const override;
+    Dispatcher& d;
+  };
+  AdmissionWorld admission_world_{*this};
   // Jobs being launched outside mu_: what they are (their state says running already), and the
   // user who cancelled one meanwhile.
   struct Starting {

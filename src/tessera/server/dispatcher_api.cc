@@ -49,32 +49,14 @@ namespace fs = std::filesystem;
 // ---- API ----
 
 std::vector<int64_t> Dispatcher::BeginChange(const std::vector<int64_t>& ids) {
-  changed_.wait(mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int64_t t : ids) {
-      auto q = queued_.find(t);
-      if (q != queued_.end() && q->second.changing) return false;
-    }
-    return true;
-  });
-  std::vector<int64_t> out;
-  for (int64_t t : ids) {
-    auto q = queued_.find(t);
-    if (q == queued_.end()) continue;
-    q->second.changing = true;
-    if (q->second.in_cycle) {
-      engine_->Cancel(std::to_string(t));
-      SetInCycle(q->second, false);
-    }
-    out.push_back(t);
-  }
-  return out;
+  changed_.wait(mu_,
+                [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !admission_.AnyChanging(ids); });
+  return admission_.BeginChange(ids, admission_world_);
 }
 
 void Dispatcher::EndChange(const std::vector<int64_t>& ids) {
-  for (int64_t t : ids) {
-    if (auto q = queued_.find(t); q != queued_.end()) q->second.changing = false;
-  }
-  dirty_ = true;  // back into the cycle's queue (Admit) at the next pass
+  admission_.EndChange(ids);
+  dirty_ = true;  // back into the cycle's queue at the next pass
   changed_.notify_all();
 }
 
@@ -279,8 +261,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   {
     const size_t adding = range ? range->indices.size() : 1;
     core::MutexLock lock(mu_);
-    const auto mine = queued_by_uid_.find(uid);
-    const size_t waiting = mine == queued_by_uid_.end() ? 0 : mine->second;
+    const size_t waiting = admission_.JobsOf(uid);
     if (waiting + adding > config_.max_queued_jobs_per_user) {
       return HttpError(
           429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} per user "
@@ -318,8 +299,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   // The user's cap on what their waiting jobs hold (an array's spec counts once).
   {
     core::MutexLock lock(mu_);
-    const auto mine = queued_bytes_by_uid_.find(uid);
-    const uint64_t waiting = mine == queued_bytes_by_uid_.end() ? 0 : mine->second;
+    const uint64_t waiting = admission_.BytesOf(uid);
     if (waiting + rec.spec_json.size() > config_.max_queued_bytes_per_user) {
       return HttpError(
           429,
@@ -401,7 +381,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
   const std::vector<int64_t> queued = BeginChange(ids);
   std::vector<int64_t> others;
   for (int64_t t : ids) {
-    if (queued_.contains(t)) continue;
+    if (admission_.Contains(t)) continue;
     if (auto it = running_.find(t); it != running_.end()) {
       RequestStop(it->second, "cancel", reason, now);
       if (force) Kill(it->second, "cancelled with --force");
@@ -436,7 +416,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
     mu_.lock();
     if (st.ok()) {
-      for (int64_t t : queued) EraseQueued(t);
+      for (int64_t t : queued) admission_.Erase(t);
     }
     EndChange(queued);
     if (!st.ok()) return HttpError(500, std::string(st.message()));
@@ -460,7 +440,7 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
   }
   std::vector<int64_t> change;
   for (int64_t t : taken) {
-    if (queued_.at(t).held != hold) change.push_back(t);
+    if (admission_.Find(t)->held != hold) change.push_back(t);
   }
   absl::Status st;
   if (!change.empty()) {
@@ -469,11 +449,10 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
     st = store_->SetHeld(change, hold, reason, now);
     mu_.lock();
     for (int64_t t : change) {
-      auto q = queued_.find(t);  // still queued: nothing takes a job that is changing
-      if (!st.ok() || q == queued_.end()) continue;
-      SetHeld(q->second, hold);
-      q->second.waiting = hold ? fmt::format("held by {} (tessera release {})", user, ref)
-                               : "released; not yet considered";
+      if (!st.ok()) break;  // still queued: nothing takes a job that is changing
+      admission_.SetHeld(t, hold,
+                         hold ? fmt::format("held by {} (tessera release {})", user, ref)
+                              : "released; not yet considered");
     }
     // Released: it keeps its place (its submission time), so goes where it would have been.
     if (st.ok()) spdlog::info("job {}: {} ({} job(s))", ref, reason, change.size());
@@ -490,10 +469,10 @@ Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   core::MutexLock lock(mu_);
   std::shared_ptr<const JobSpec> spec;
   std::string owner;
-  if (auto q = queued_.find(id); q != queued_.end()) {
+  if (const Queued* q = admission_.Find(id)) {
     l.queued = true;
     l.waiting = WaitingReason(id);
-    spec = q->second.spec, owner = q->second.owner;
+    spec = q->spec, owner = q->owner;
     const std::optional<double> start = engine_->cycle().ExpectedStart(std::to_string(id));
     // None: no reservation; infinite: one whose start is unknown (reserved all the same).
     if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
@@ -529,13 +508,13 @@ absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const J
                                       JobStateName(now_r.ok() ? now_r->state : first.state)));
   }
   const std::string reason =
-      fmt::format("priority {} -> {} by {}", queued_.at(id).priority, priority, caller.user);
+      fmt::format("priority {} -> {} by {}", admission_.Find(id)->priority, priority, caller.user);
   mu_.unlock();
   absl::Status st = store_->SetPriority(id, priority, reason, now);
   mu_.lock();
-  if (auto q = queued_.find(id); st.ok() && q != queued_.end()) {  // nothing takes it meanwhile
-    q->second.priority = priority;
-    q->second.waiting = "priority changed; not yet considered";
+  if (Queued* q = admission_.Find(id); st.ok() && q) {  // nothing takes it meanwhile
+    q->priority = priority;
+    q->waiting = "priority changed; not yet considered";
     spdlog::info("job {}: {}", id, reason);
   }
   EndChange(change);
@@ -618,7 +597,7 @@ Dispatcher::Facts Dispatcher::Describe() const {
   f.cdi_spec = cdi_spec_path_;
   f.confinement = host_->confinement().where;
   core::MutexLock lock(mu_);
-  f.queued = queued_.size();
+  f.queued = admission_.size();
   f.running = running_.size();
   return f;
 }
@@ -659,7 +638,7 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
                            .region = r.region});
     }
   }
-  snap.queued = queued_.size();
+  snap.queued = admission_.size();
   snap.running = running_.size();
   snap.scheduling = scheduling_;
   return snap;
@@ -752,7 +731,7 @@ std::string Dispatcher::TakeSample() {
       allocated += static_cast<double>(use.milli) / core::kMilliPerGpu;
       healthy += gpu_healthy_[g] ? 1 : 0;
     }
-    queued = queued_.size();
+    queued = admission_.size();
     running = running_.size();
   }
   for (const devices::GpuTelemetry& t : telemetry) {

@@ -166,7 +166,7 @@ void Dispatcher::CheckRunning(double now) {
   std::set<uint32_t> users;
   for (Ending& e : endings) {
     finishing_.erase(e.run.id);
-    ++left_;
+    admission_.NoteLeft();
     if (e.cgroup_left) cgroups_left_.insert(e.run.id);
     if (e.requeue) Enqueue(std::move(*e.requeue));
     users.insert(e.run.uid);
@@ -308,7 +308,7 @@ void Dispatcher::Finish(Ending& e, double now) {
     auto rec = store_->Get(r.id);
     auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
     if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      e.requeue = QueuedOf(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
+      e.requeue = QueuedJob::Of(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
     }
   }
 }
@@ -580,7 +580,7 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
   const int64_t id = l.queued.id;
   std::string cancelled_by = std::move(starting_[id].cancelled_by);
   starting_.erase(id);
-  ++left_;
+  admission_.NoteLeft();
   if (!l.recorded.ok()) {
     // Not started (the store refused the transition): back in the queue for the next pass.
     spdlog::error("job {}: {}", id, std::string(l.recorded.message()));

@@ -26,7 +26,7 @@ absl::StatusOr<Dispatcher::Purged> Dispatcher::PurgePage(const PurgeAges& ages, 
   if (ages.jobs_s) {
     // Never what a waiting job's --after names: it would wait on a job that no longer exists.
     std::set<int64_t> keep;
-    for (const auto& [id, q] : queued_) {
+    for (const auto& [id, q] : admission_.jobs()) {
       for (const Dependency& d : q.spec->after) keep.insert(d.job);
     }
     auto gone = store_->PurgeEnded(now - *ages.jobs_s, keep, kRetentionBatch);
