@@ -17,6 +17,7 @@
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/server/signal_safe.h"
 
 namespace tessera::server {
 
@@ -52,13 +53,7 @@ void FdPath(int fd, char* out) {
   static constexpr char kHead[] = "/proc/self/fd/";
   size_t n = 0;
   for (const char* h = kHead; *h; ++h) out[n++] = *h;
-  char rev[12];
-  int k = 0;
-  do {
-    rev[k++] = static_cast<char>('0' + fd % 10);
-    fd /= 10;
-  } while (fd > 0 && k < 12);
-  while (k > 0) out[n++] = rev[--k];
+  n += WriteDecimal(fd, out + n);
   out[n] = 0;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "fmt/format.h"
+#include "tessera/server/signal_safe.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::server {
@@ -142,13 +143,7 @@ void SayTaskFailed(const char* log, const char* prefix, int rank, int code, cons
     while (*t && n < sizeof buf) buf[n++] = *t++;
   };
   auto num = [&](int v) {
-    char rev[16];
-    int k = 0;
-    do {
-      rev[k++] = static_cast<char>('0' + v % 10);
-      v /= 10;
-    } while (v > 0 && k < 16);
-    while (k > 0 && n < sizeof buf) buf[n++] = rev[--k];
+    if (n + kDecimalMax <= sizeof buf) n += WriteDecimal(v, buf + n);
   };
   put(prefix);
   put(": task ");
@@ -436,19 +431,12 @@ class LogCopy {
     }
   }
   logs.Finish();
-  char digits[16];
-  int n = 0;
-  int v = code;
-  char rev[16];
-  do {
-    rev[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v > 0);
-  for (int k = 0; k < n; ++k) digits[k] = rev[n - 1 - k];
+  char digits[kDecimalMax + 1];
+  size_t n = WriteDecimal(code, digits);
   digits[n++] = '\n';
   int fd = open(p.exit_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd >= 0) {
-    ssize_t w = write(fd, digits, static_cast<size_t>(n));
+    ssize_t w = write(fd, digits, n);
     (void)w;
     fsync(fd);
     close(fd);

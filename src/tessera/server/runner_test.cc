@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "tessera/server/signal_safe.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::server {
@@ -59,6 +60,23 @@ LaunchSpec Shell(const std::string& script, const std::string& name) {
   std::filesystem::remove(s.stderr_path);
   s.job_id = 7;
   return s;
+}
+
+// The numbers a child writes between fork and exec (exit codes, ranks, fd paths).
+TEST(WriteDecimal, WritesEveryInt64WithoutATerminator) {
+  auto text = [](int64_t v) {
+    char buf[kDecimalMax + 1];
+    buf[kDecimalMax] = '#';
+    const size_t n = WriteDecimal(v, buf);
+    EXPECT_EQ(buf[kDecimalMax], '#') << "within its room";
+    return std::string(buf, n);
+  };
+  EXPECT_EQ(text(0), "0");
+  EXPECT_EQ(text(7), "7");
+  EXPECT_EQ(text(255), "255");
+  EXPECT_EQ(text(-1), "-1");
+  EXPECT_EQ(text(INT64_MAX), "9223372036854775807");
+  EXPECT_EQ(text(INT64_MIN), "-9223372036854775808");
 }
 
 TEST(Runner, JobSeesItsEnvironmentDevicesAndLogs) {
