@@ -430,6 +430,15 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   auto bad = As(d, "nobody", "acct --jobs --format id,bogus");
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.out, HasSubstr("--format: unknown field 'bogus'"));
+  // What each used of what it held, as seff: a share holds its part of its GPU and its memory.
+  json eff = json::parse(Cli(d, "eff 2 -o json"));
+  EXPECT_EQ(eff["owner"], "nobody");
+  EXPECT_DOUBLE_EQ(eff["gpus"].get<double>(), 0.5) << eff.dump();
+  EXPECT_EQ(eff["gpu_memory_given_mib"], 4096);
+  EXPECT_GT(eff["elapsed_s"].get<double>(), 0.4);
+  const std::string table = Cli(d, "eff 1");
+  EXPECT_THAT(table, HasSubstr("GPUs held          1 x ")) << table;
+  EXPECT_THAT(table, HasSubstr("GPU memory")) << table;
   auto metrics = tessera::net::HttpClient(d.socket()).Send("GET", "/metrics");
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(metrics->body,

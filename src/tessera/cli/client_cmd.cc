@@ -401,6 +401,16 @@ std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& act
     show->callback([&, s] { action = [&, s] { return RunShow(*s, out, err); }; });
   }
 
+  if (want("eff")) {
+    CLI::App* eff = app.add_subcommand(
+        "eff", "What a job used of what it held: GPU time and memory, CPU, memory (as seff)");
+    eff->add_option("id", st.id, "Job id (12, or an array's task 12_3)")
+        ->required()
+        ->check(JobId());
+    st.client.AddTo(eff);
+    eff->callback([&, s] { action = [&, s] { return RunEff(*s, out, err); }; });
+  }
+
   if (want("logs")) {
     CLI::App* logs = app.add_subcommand("logs", "Print a job's output");
     logs->add_option("id", st.id, "Job id (12, or an array's task 12_3)")

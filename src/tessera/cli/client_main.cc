@@ -36,8 +36,8 @@ std::string_view CommandWord(int argc, char** argv) {
 }
 
 bool IsClientCommand(std::string_view c) {
-  for (std::string_view k : {"submit", "run", "ls", "show", "logs", "cancel", "hold", "release",
-                             "priority", "acct", "top"}) {
+  for (std::string_view k : {"submit", "run", "ls", "show", "eff", "logs", "cancel", "hold",
+                             "release", "priority", "acct", "top"}) {
     if (c == k) return true;
   }
   return false;

@@ -400,6 +400,83 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
+int RunEff(State& s, std::ostream& out, std::ostream& err) {
+  net::HttpClient c = s.client.Client();
+  int code = kExitOk;
+  auto j = Call(c, "GET", fmt::format("/v1/jobs/{}", s.id), "", err, &code);
+  if (!j) return code;
+  const json e = j->value("efficiency", json());
+  if (!e.is_object()) {
+    err << fmt::format("tessera: job {} has not started ({}): nothing used yet\n", JobRef(*j),
+                       j->value("state", ""));
+    return kExitFailure;
+  }
+  if (s.client.output != "table") {
+    json o = e;
+    o["id"] = (*j)["id"];
+    o["owner"] = j->value("owner", "");
+    o["state"] = j->value("state", "");
+    o["exit_code"] = (*j)["exit_code"];
+    Emit(o, s.client.output, out);
+    return kExitOk;
+  }
+  auto field = [&](const char* k, const std::string& v) {
+    out << fmt::format("{:<18} {}\n", k, Printable(v));
+  };
+  auto number = [&](const char* k) { return e.value(k, json()).is_number(); };
+  auto pct = [&](const char* k) { return fmt::format("{:.1f}%", e[k].get<double>()); };
+  const bool running = e.value("running", false);
+  field("job", fmt::format("{} of {}", JobRef(*j), j->value("owner", "")));
+  field("state",
+        j->value("state", "") + ((*j)["exit_code"].is_number()
+                                     ? fmt::format(" (exit code {})", (*j)["exit_code"].get<int>())
+                                     : ""));
+  field("elapsed", core::FormatDuration(e.value("elapsed_s", 0.0)));
+  const double gpus = e.value("gpus", 0.0);
+  if (gpus > 0) {
+    field("GPUs held",
+          fmt::format("{:g} x {} = {:.3f} GPU-hours", gpus,
+                      core::FormatDuration(e.value("elapsed_s", 0.0)), e.value("gpu_hours", 0.0)));
+    std::string busy = "not measured (no history sample saw it hold its GPUs alone)";
+    if (running) busy = "measured at its end";
+    if (!running && e.value("share", false))
+      busy = "not measured (the arbiter charged it no GPU time)";
+    if (number("gpu_busy_pct"))
+      busy = fmt::format("{} of what it held was busy", pct("gpu_busy_pct"));
+    field("GPU efficiency", busy);
+    std::string memory = running ? "measured at its end" : "not measured";
+    if (number("gpu_memory_given_mib"))
+      memory += fmt::format(" ({} per GPU given)",
+                            core::FormatBytes(e["gpu_memory_given_mib"].get<uint64_t>() << 20));
+    if (number("gpu_memory_peak_mib")) {
+      memory =
+          fmt::format("peak {}", core::FormatBytes(e["gpu_memory_peak_mib"].get<uint64_t>() << 20));
+      if (number("gpu_memory_pct"))
+        memory += fmt::format(" of {} per GPU ({})",
+                              core::FormatBytes(e["gpu_memory_given_mib"].get<uint64_t>() << 20),
+                              pct("gpu_memory_pct"));
+    }
+    field("GPU memory", memory);
+  }
+  if (number("cpu_seconds")) {
+    field("CPU efficiency",
+          number("cpu_pct")
+              ? fmt::format("{} of {:g} CPUs over its run ({:.1f} CPU-seconds)", pct("cpu_pct"),
+                            e["cpus"].get<double>(), e["cpu_seconds"].get<double>())
+              : fmt::format("{:.1f} CPU-seconds (no CPUs asked)", e["cpu_seconds"].get<double>()));
+  }
+  if (number("memory_peak_bytes")) {
+    field("memory",
+          fmt::format("peak {}", core::FormatBytes(e["memory_peak_bytes"].get<uint64_t>())) +
+              (number("memory_pct")
+                   ? fmt::format(" of {} ({})",
+                                 core::FormatBytes(e["memory_limit_bytes"].get<uint64_t>()),
+                                 pct("memory_pct"))
+                   : std::string(" (no limit asked)")));
+  }
+  return kExitOk;
+}
+
 int RunLogs(State& s, std::ostream& out, std::ostream& err) {
   net::HttpClient c = s.client.Client();
   int64_t offset = 0;

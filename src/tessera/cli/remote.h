@@ -144,6 +144,7 @@ struct State {
 int RunSubmit(State& s, std::ostream& out, std::ostream& err);
 int RunLs(State& s, std::ostream& out, std::ostream& err);
 int RunShow(State& s, std::ostream& out, std::ostream& err);
+int RunEff(State& s, std::ostream& out, std::ostream& err);
 int RunLogs(State& s, std::ostream& out, std::ostream& err);
 int RunCancel(State& s, std::ostream& out, std::ostream& err);
 int RunRun(State& s, std::ostream& out, std::ostream& err);

@@ -20,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/server/api_response.h"
+#include "tessera/server/efficiency.h"
 #include "tessera/server/openapi.h"
 #include "tessera/server/server_util.h"
 
@@ -426,6 +427,7 @@ net::HttpResponse Api::GetJob(int64_t id, const Caller& c) {
   AddExpectations(j, live);
   if (live.pid) j["pid"] = *live.pid;
   if (!live.stopping.empty()) j["stopping"] = live.stopping;
+  if (json e = EfficiencyOf(j, d_.Now()); !e.is_null()) j["efficiency"] = std::move(e);
   return JsonResponse(200, j);
 }
 

@@ -111,6 +111,37 @@ TEST_F(JobHostTest, TheCgroupsOomCountNamesTheMemoryLimitAndABusyCgroupIsRemoved
   EXPECT_EQ(host_->unconfine_calls(id), 3);
 }
 
+// GET /v1/jobs/N says what a job used of what it held (tessera eff): so far while it runs, then
+// with its cgroup's CPU and memory at its end.
+TEST_F(JobHostTest, AJobsEfficiencyIsWhatItUsedOfWhatItHeld) {
+  host_->set_confines(true);
+  StartServer();
+  const int64_t id =
+      Submit(1, 100, 0, {{"resources", {{"gpus", 1}, {"cpus", 2}, {"memory", "4GiB"}}}});
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  Advance(40);
+  json e = Job(id)["efficiency"];
+  ASSERT_TRUE(e.is_object()) << Job(id).dump();
+
+  EXPECT_EQ(e["running"], true);
+  EXPECT_DOUBLE_EQ(e["elapsed_s"].get<double>(), 40);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 1);
+  host_->SetUsage(id, CgroupUsage{.cpu_seconds = 100, .peak_memory_bytes = int64_t{1} << 30});
+  Advance(60);
+  Settle();
+  ASSERT_EQ(State(id), "succeeded");
+  e = Job(id)["efficiency"];
+  ASSERT_TRUE(e.contains("cpu_pct")) << Job(id).dump();
+  EXPECT_EQ(e["running"], false);
+  EXPECT_DOUBLE_EQ(e["elapsed_s"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(e["cpu_pct"].get<double>(), 50) << "100 CPU-s of 2 CPUs over 100 s";
+  EXPECT_DOUBLE_EQ(e["memory_pct"].get<double>(), 25);
+  EXPECT_GT(e["gpu_memory_given_mib"].get<int64_t>(), 0) << "the whole GPU's memory";
+  const int64_t queued = Submit(1, 100, 0, {{"hold", true}});
+  EXPECT_FALSE(Job(queued).contains("efficiency")) << "never started: nothing to say";
+}
+
 TEST_F(JobHostTest, AShareGetsItsRegionAndItsOwnerTheArbiterWhileItRuns) {
   StartServer();
   const int64_t id =

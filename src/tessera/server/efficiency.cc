@@ -1,0 +1,85 @@
+#include "tessera/server/efficiency.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/core/gpu.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+
+namespace {
+
+double Round1(double v) { return std::round(v * 10) / 10; }
+
+// A memory amount as the spec writes it ("512MiB", "40GiB"); -1 when absent or unreadable.
+int64_t SpecBytes(const json& resources, const char* key) {
+  if (!resources.is_object() || !resources.contains(key) || !resources[key].is_string()) return -1;
+  const std::optional<uint64_t> b = core::ParseBytes(resources[key].get<std::string>());
+  return b ? static_cast<int64_t>(*b) : -1;
+}
+
+}  // namespace
+
+json EfficiencyOf(const json& job, double now) {
+  const json started = job.value("started_at", json());
+  if (!started.is_number()) return nullptr;
+  const json ended = job.value("ended_at", json());
+  const bool running = !ended.is_number();
+  const double elapsed = std::max(0.0, (running ? now : ended.get<double>()) - started.get<double>());
+  json e;
+  e["running"] = running;
+  e["elapsed_s"] = Round1(elapsed);
+  const json placement = job.value("placement", json());
+  const json spec = job.value("spec", json());
+  const json resources = spec.is_object() ? spec.value("resources", json()) : json();
+  const json usage = job.value("usage", json());
+  // What it held: its GPUs, each whole or the share it was given.
+  const double per_gpu =
+      placement.is_object() ? placement.value("milli_per_gpu", 1000) / 1000.0 : 1.0;
+  double gpus = 0;
+  int64_t memory_given_mib = -1;
+  if (placement.is_object() && placement.value("gpus", json()).is_array()) {
+    gpus = static_cast<double>(placement["gpus"].size()) * per_gpu;
+    if (placement.value("memory_mib_per_gpu", 0) > 0)
+      memory_given_mib = placement["memory_mib_per_gpu"].get<int64_t>();
+  }
+  e["gpus"] = gpus;
+  e["share"] = gpus > 0 && per_gpu < 1;  // a part of each GPU (the arbiter measures its time)
+  if (memory_given_mib > 0) e["gpu_memory_given_mib"] = memory_given_mib;
+  e["gpu_hours"] = std::round(gpus * elapsed / 3600 * 1000) / 1000;
+  if (usage.is_object()) {
+    // Measured as a share of its GPUs' time (a share: of one GPU's): of what it held, its part.
+    if (usage.value("gpu_utilization_pct", json()).is_number() && per_gpu > 0) {
+      e["gpu_busy_pct"] =
+          Round1(std::min(100.0, usage["gpu_utilization_pct"].get<double>() / per_gpu));
+    }
+    if (usage.value("gpu_peak_memory_mib", json()).is_number()) {
+      const int64_t peak = usage["gpu_peak_memory_mib"].get<int64_t>();
+      e["gpu_memory_peak_mib"] = peak;
+      if (memory_given_mib > 0)
+        e["gpu_memory_pct"] = Round1(100.0 * static_cast<double>(peak) / memory_given_mib);
+    }
+    if (usage.value("cpu_seconds", json()).is_number()) {
+      const double cpu_s = usage["cpu_seconds"].get<double>();
+      e["cpu_seconds"] = Round1(cpu_s);
+      if (resources.is_object() && resources.value("cpus", json()).is_number() && elapsed > 0) {
+        const double cpus = resources["cpus"].get<double>();
+        e["cpus"] = cpus;
+        if (cpus > 0) e["cpu_pct"] = Round1(100.0 * cpu_s / (cpus * elapsed));
+      }
+    }
+    if (usage.value("peak_memory_bytes", json()).is_number()) {
+      const int64_t peak = usage["peak_memory_bytes"].get<int64_t>();
+      e["memory_peak_bytes"] = peak;
+      if (const int64_t limit = SpecBytes(resources, "memory"); limit > 0) {
+        e["memory_limit_bytes"] = limit;
+        e["memory_pct"] = Round1(100.0 * static_cast<double>(peak) / static_cast<double>(limit));
+      }
+    }
+  }
+  return e;
+}
+
+}  // namespace tessera::server

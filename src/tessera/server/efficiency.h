@@ -1,0 +1,17 @@
+#pragma once
+// A job's efficiency (seff's question for GPUs): what it used of what it was given - GPU time,
+// GPU memory, host CPU and memory - from its record as GET /v1/jobs/N gives it (placement, spec,
+// usage, times). Pure: the API attaches it to a job, `tessera eff` shows it.
+
+#include "nlohmann/json.hpp"
+
+namespace tessera::server {
+
+// For a job that started: {"elapsed_s", "gpus" (held: whole GPUs, or a share's fraction), "share",
+// "gpu_hours", and where measured "gpu_busy_pct" (of what it held), "gpu_memory_peak_mib",
+// "gpu_memory_given_mib" (per GPU), "gpu_memory_pct", "cpus", "cpu_seconds", "cpu_pct" (of the CPUs
+// asked over its run), "memory_peak_bytes", "memory_limit_bytes", "memory_pct"}; `running` true
+// while it runs (figures so far: measured ones come at its end). Null for a job that never started.
+nlohmann::json EfficiencyOf(const nlohmann::json& job, double now);
+
+}  // namespace tessera::server

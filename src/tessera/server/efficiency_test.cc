@@ -1,0 +1,71 @@
+// A job's efficiency from its record: what it used of what it held, for whole GPUs and shares,
+// with the host's CPU and memory, and nothing made up where nothing was measured.
+#include "tessera/server/efficiency.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera::server {
+namespace {
+
+using nlohmann::json;
+
+json Job(json placement, json resources, json usage, double started = 1000, json ended = 4600) {
+  return {{"started_at", started},
+          {"ended_at", ended},
+          {"placement", placement},
+          {"spec", {{"command", {"train"}}, {"resources", resources}}},
+          {"usage", usage}};
+}
+
+TEST(Efficiency, WholeGpusAgainstWhatTheyHeld) {
+  json placement = {{"gpus", {{{"index", 0}}, {{"index", 1}}}},
+                    {"milli_per_gpu", 1000},
+                    {"memory_mib_per_gpu", 81559}};
+  json usage = {{"gpu_utilization_pct", 43.0},
+                {"gpu_peak_memory_mib", 20390},
+                {"cpu_seconds", 7200.0},
+                {"peak_memory_bytes", int64_t{4} << 30}};
+  json e = EfficiencyOf(Job(placement, {{"gpus", 2}, {"cpus", 4}, {"memory", "16GiB"}}, usage), 0);
+  EXPECT_EQ(e["running"], false);
+  EXPECT_DOUBLE_EQ(e["elapsed_s"].get<double>(), 3600);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 43);
+  EXPECT_EQ(e["gpu_memory_given_mib"], 81559);
+  EXPECT_DOUBLE_EQ(e["gpu_memory_pct"].get<double>(), 25);
+  EXPECT_DOUBLE_EQ(e["cpu_pct"].get<double>(), 50) << "7,200 CPU-s of 4 CPUs x 1 h";
+  EXPECT_EQ(e["memory_limit_bytes"], int64_t{16} << 30);
+  EXPECT_DOUBLE_EQ(e["memory_pct"].get<double>(), 25);
+}
+
+TEST(Efficiency, AShareIsMeasuredAgainstItsShare) {
+  // 30% of a GPU and 10 GiB; the arbiter charged it 15% of the GPU's time: half of its share.
+  json placement = {{"gpus", {{{"index", 3}}}}, {"milli_per_gpu", 300}, {"memory_mib_per_gpu", 10240}};
+  json usage = {{"gpu_utilization_pct", 15.0}, {"gpu_peak_memory_mib", 9216}};
+  json e = EfficiencyOf(Job(placement, {{"gpu_share", "30%"}, {"gpu_memory", "10240MiB"}}, usage), 0);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 50);
+  EXPECT_DOUBLE_EQ(e["gpu_memory_pct"].get<double>(), 90);
+  EXPECT_FALSE(e.contains("cpu_pct")) << "nothing measured, nothing said";
+  EXPECT_FALSE(e.contains("memory_pct"));
+}
+
+TEST(Efficiency, RunningJobsSoFarAndJobsThatNeverStarted) {
+  json placement = {{"gpus", {{{"index", 0}}}}, {"milli_per_gpu", 1000}};
+  json e = EfficiencyOf(Job(placement, json::object(), nullptr, 1000, nullptr), 1900);
+  EXPECT_EQ(e["running"], true);
+  EXPECT_DOUBLE_EQ(e["elapsed_s"].get<double>(), 900);
+  EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 0.25);
+  EXPECT_FALSE(e.contains("gpu_busy_pct")) << "measured at its end";
+  json queued = Job(nullptr, json::object(), nullptr, 0, nullptr);
+  queued["started_at"] = nullptr;
+  EXPECT_TRUE(EfficiencyOf(queued, 0).is_null());
+  // A job that needs no GPU: none held.
+  e = EfficiencyOf(Job(nullptr, {{"cpus", 2}}, {{"cpu_seconds", 900.0}}), 0);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(e["cpu_pct"].get<double>(), 12.5);
+}
+
+}  // namespace
+}  // namespace tessera::server
