@@ -27,7 +27,8 @@ json EfficiencyOf(const json& job, double now) {
   if (!started.is_number()) return nullptr;
   const json ended = job.value("ended_at", json());
   const bool running = !ended.is_number();
-  const double elapsed = std::max(0.0, (running ? now : ended.get<double>()) - started.get<double>());
+  const double elapsed =
+      std::max(0.0, (running ? now : ended.get<double>()) - started.get<double>());
   json e;
   e["running"] = running;
   e["elapsed_s"] = Round1(elapsed);

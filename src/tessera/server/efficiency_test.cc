@@ -40,9 +40,11 @@ TEST(Efficiency, WholeGpusAgainstWhatTheyHeld) {
 
 TEST(Efficiency, AShareIsMeasuredAgainstItsShare) {
   // 30% of a GPU and 10 GiB; the arbiter charged it 15% of the GPU's time: half of its share.
-  json placement = {{"gpus", {{{"index", 3}}}}, {"milli_per_gpu", 300}, {"memory_mib_per_gpu", 10240}};
+  json placement = {
+      {"gpus", {{{"index", 3}}}}, {"milli_per_gpu", 300}, {"memory_mib_per_gpu", 10240}};
   json usage = {{"gpu_utilization_pct", 15.0}, {"gpu_peak_memory_mib", 9216}};
-  json e = EfficiencyOf(Job(placement, {{"gpu_share", "30%"}, {"gpu_memory", "10240MiB"}}, usage), 0);
+  json resources = {{"gpu_share", "30%"}, {"gpu_memory", "10240MiB"}};
+  json e = EfficiencyOf(Job(placement, resources, usage), 0);
   EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 0.3);
   EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 0.3);
   EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 50);
