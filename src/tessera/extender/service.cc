@@ -659,17 +659,18 @@ std::string Service::Metrics() const {
       {"reserved", s.reserved},
       {"bound", s.bound},
       {"unaccounted", s.unaccounted}});
-  p.Family("tessera_extender_pods_pending", "gauge", "Queued pods by why they wait.");
-  for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
-    auto it = s.pending_by_reason.find(kind);
-    p.Sample({{"reason", kind}}, it == s.pending_by_reason.end() ? 0 : it->second);
-  }
-  p.Family("tessera_extender_pods_pending_oldest_seconds", "gauge",
-           "How long the longest-waiting queued pod has waited, by why it waits (0: none).");
-  for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
-    auto it = s.oldest_pending_seconds.find(kind);
-    p.Sample({{"reason", kind}}, it == s.oldest_pending_seconds.end() ? 0 : it->second);
-  }
+  // Every reason a pod waits, each with its sample (0: none now), so that a series never vanishes.
+  auto by_reason = [&](const char* name, const char* help, const auto& values) {
+    p.Family(name, "gauge", help);
+    for (const char* kind : {"gang", "quota", "preemption", "no-fit", "not-yet-considered"}) {
+      auto it = values.find(kind);
+      p.Sample({{"reason", kind}}, it == values.end() ? 0 : static_cast<double>(it->second));
+    }
+  };
+  by_reason("tessera_extender_pods_pending", "Queued pods by why they wait.", s.pending_by_reason);
+  by_reason("tessera_extender_pods_pending_oldest_seconds",
+            "How long the longest-waiting queued pod has waited, by why it waits (0: none).",
+            s.oldest_pending_seconds);
   one("tessera_extender_gangs_waiting", "gauge", "Gangs with members queued, not yet placed.",
       s.gangs_waiting);
   one("tessera_extender_node_updates_total", "counter",

@@ -49,8 +49,9 @@ void Admission::Add(QueuedJob q) {
 
 QueuedJob Admission::Take(int64_t id) {
   auto it = jobs_.find(id);
-  QueuedJob q = it->second;  // a copy: Erase reads what the counts key on
-  Erase(it);
+  Forget(it->second);  // first: the counts key on its spec and user
+  QueuedJob q = std::move(it->second);
+  jobs_.erase(it);
   return q;
 }
 
@@ -59,7 +60,11 @@ void Admission::Erase(int64_t id) {
 }
 
 void Admission::Erase(std::map<int64_t, QueuedJob>::iterator it) {
-  const QueuedJob& q = it->second;
+  Forget(it->second);
+  jobs_.erase(it);
+}
+
+void Admission::Forget(const QueuedJob& q) {
   if (auto n = jobs_by_uid_.find(q.uid); n != jobs_by_uid_.end() && --n->second == 0)
     jobs_by_uid_.erase(n);
   if (auto s = specs_.find(q.spec.get()); s != specs_.end() && --s->second == 0) {
@@ -70,7 +75,6 @@ void Admission::Erase(std::map<int64_t, QueuedJob>::iterator it) {
     }
   }
   Index(q, -1);
-  jobs_.erase(it);
   ++left_;
 }
 

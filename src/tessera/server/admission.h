@@ -131,6 +131,8 @@ class Admission {
   std::string Waiting(int64_t id, const World& world) const;
 
  private:
+  // Takes `q` out of the counts and indexes (before it leaves jobs_ or is moved from).
+  void Forget(const QueuedJob& q);
   void Erase(std::map<int64_t, QueuedJob>::iterator it);
   // Counts `q` into (+1) or out of (-1) the indexes, by where it stands.
   void Index(const QueuedJob& q, int delta);

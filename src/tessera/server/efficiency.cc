@@ -43,8 +43,8 @@ json EfficiencyOf(const json& job, double now) {
   int64_t memory_given_mib = -1;
   if (placement.is_object() && placement.value("gpus", json()).is_array()) {
     gpus = static_cast<double>(placement["gpus"].size()) * per_gpu;
-    if (placement.value("memory_mib_per_gpu", 0) > 0)
-      memory_given_mib = placement["memory_mib_per_gpu"].get<int64_t>();
+    if (const int64_t mib = placement.value("memory_mib_per_gpu", int64_t{0}); mib > 0)
+      memory_given_mib = mib;
   }
   e["gpus"] = gpus;
   e["share"] = gpus > 0 && per_gpu < 1;  // a part of each GPU (the arbiter measures its time)
