@@ -439,6 +439,13 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   const std::string table = Cli(d, "eff 1");
   EXPECT_THAT(table, HasSubstr("GPUs held          1 x ")) << table;
   EXPECT_THAT(table, HasSubstr("GPU memory")) << table;
+  auto none = As(d, "nobody", "eff 999");
+  EXPECT_EQ(none.code, 1) << "no such job: " << none.out;
+  EXPECT_THAT(none.out, HasSubstr("999"));
+  const int64_t held = SubmittedId(Cli(d, "submit --hold -- true"));
+  auto waiting = As(d, "root", "eff " + std::to_string(held));
+  EXPECT_EQ(waiting.code, 1);
+  EXPECT_THAT(waiting.out, HasSubstr("has not started (queued): nothing used yet"));
   auto metrics = tessera::net::HttpClient(d.socket()).Send("GET", "/metrics");
   ASSERT_TRUE(metrics.ok());
   EXPECT_THAT(metrics->body,

@@ -38,7 +38,7 @@ TEST(Cli, JobIdsThatAreNotNumbersAreSaidPlainly) {
   // Before: "Value abc not in range 0.000000 to 1797693134862315...". Refused before any server
   // is asked.
   for (auto args : std::vector<std::vector<const char*>>{
-           {"show", "abc"}, {"logs", "-1"}, {"cancel", "3", "x7"}, {"show", "0"}}) {
+           {"show", "abc"}, {"logs", "-1"}, {"cancel", "3", "x7"}, {"show", "0"}, {"eff", "1x"}}) {
     Result r = Cli(args);
     EXPECT_EQ(r.code, 2) << args[0];
     EXPECT_THAT(r.err + r.out, HasSubstr("is not a job (a positive whole number)")) << args[0];
