@@ -17,6 +17,7 @@
 #include <string>
 
 #include "../capture.h"
+#include "gpu_kernel.h"
 
 namespace {
 
@@ -76,6 +77,36 @@ TEST(GpuCheck, SharesHoldUnderDeepQueuesGraphsAndAStoppedTenantOnTheFakeDriver) 
         "SIGSTOP 1.5 s, then 2 s", "lookup routes"}) {
     EXPECT_TRUE(passed.contains(name)) << name << "\n" << r.out;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// The container case: the tenant in a pid namespace of its own, the driver (the fake's kernel
+// side) listing it under its host pid, gpu-check reading NVML from outside as on a real machine.
+// Its modules (100 MiB each here) were not counted under a configured overhead: they filled the
+// 16 GiB GPU under a 1 GiB limit.
+TEST(GpuCheck, AContainersModulesStayWithinItsLimitOnTheFakeDriver) {
+  const std::string dir = Dir();
+  tessera::test::FakeGpuKernel kernel(dir);
+  const std::string json = dir + "/checks.json";
+  std::ofstream(dir + "/nvml.json")
+      << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                          "self_memory": "cuda"}]})";
+  const auto r =
+      tessera::test::Capture("LD_LIBRARY_PATH=" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" + dir +
+                             "/nvml.json FAKE_GPU_KERNEL=" + kernel.path() +
+                             " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=100 " +
+                             Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " +
+                                   json + " --only 'container memory'"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << r.out;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::set<std::string> passed;
+  for (const auto& c : doc.at("checks")) {
+    if (c.at("result") == "pass") passed.insert(c.at("name").get<std::string>());
+  }
+  EXPECT_TRUE(passed.contains("container memory limit 1 GiB: modules")) << r.out;
+  EXPECT_TRUE(passed.contains("container memory limit 1 GiB: alloc")) << r.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "client_util.h"
+#include "gpu_kernel.h"
 #include "tessera/shim/arbiter.h"
 
 namespace {
@@ -548,6 +549,59 @@ TEST(Shim, ContextAndModuleMemoryIsMeasuredAndCounted) {
                        " FAKE_NVML_SCENARIO=" +
                        na + " FAKE_CUDA_CONTEXT_MIB=300"};
   EXPECT_EQ(RunClient(unknown, "link", "ctx:0 info"), "ok\n1024 1024\n");
+}
+
+// A container: the tenant runs in a pid namespace of its own (with its own /proc, as a container
+// runtime gives it), and the driver lists it under its host pid, which it cannot see (the fake's
+// kernel side, gpu_kernel.h, as the NVIDIA driver does). The launcher's configured overhead
+// (TESSERA_CUDA_CONTEXT_OVERHEAD, set by the node agent for every pod) counted each context, but
+// no module: 5 modules of 400 MiB took 3,000 MiB under a 1 GiB limit. Now the library finds its
+// host pid by a probe and measures: each module is counted, the third refused.
+TEST(Shim, AContainersContextsAndModulesAreMeasuredUnderItsHostPid) {
+  tessera::test::FakeGpuKernel kernel(::testing::TempDir());
+  std::string path = TempPath("nvml-kernel.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                                          "self_memory": "cuda"}]})";
+  const std::string extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                            " FAKE_NVML_SCENARIO=" +
+                            path + " FAKE_GPU_KERNEL=" + kernel.path() +
+                            " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=400"
+                            " TESSERA_CUDA_CONTEXT_OVERHEAD=300MiB";
+  const std::string container = "unshare --user --map-root-user --pid --fork --mount-proc ";
+  const std::string program = "ctx:0 info module info module info moduleunload info";
+  // The fake is as unkind as the driver: inside the namespace the process is not listed under the
+  // pid it has there (1), and without the probe only the configured overhead would count.
+  const std::string listed =
+      tessera::test::Capture(container + Command(Env{.preload = false, .extra = extra}, "link",
+                                                 "ctx:0 procs:0:compute:3"))
+          .out;
+  EXPECT_THAT(listed, ::testing::StartsWith("ok\n1: "));
+  EXPECT_THAT(listed, ::testing::Not(::testing::HasSubstr("self"))) << "listed under its own pid";
+  // A tenant's NVML shows its own processes, by the pid the driver knows them by.
+  EXPECT_EQ(tessera::test::Capture(container + Command(Env{.limit = "1GiB", .extra = extra}, "link",
+                                                       "ctx:0 procs:0:compute:3"))
+                .out.substr(0, 6),
+            "ok\n1: ");
+  // Four containers at once, each probing beside the others' contexts, modules and probes.
+  std::vector<Running> tenants;
+  for (int i = 0; i < 4; ++i) {
+    tenants.push_back(
+        Spawn(container + Command(Env{.limit = "1GiB", .extra = extra}, "link", program)));
+  }
+  for (Running& t : tenants) {
+    EXPECT_EQ(t.Output(), "ok\n724 1024\nok\n324 1024\noom\n324 1024\nok\n724 1024\n");
+  }
+  // Where nothing can be found (a driver that cannot say), the configured overhead still counts
+  // each context, and modules are not seen (the old behaviour, documented).
+  std::string na = TempPath("nvml-kernel-na.json");
+  std::ofstream(na) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                                        "self_memory": 0}]})";
+  std::string blind = extra;
+  blind.replace(blind.find(path), path.size(), na);
+  EXPECT_EQ(tessera::test::Capture(container + Command(Env{.limit = "1GiB", .extra = blind}, "link",
+                                                       "ctx:0 info module info"))
+                .out,
+            "ok\n724 1024\nok\n724 1024\n");
 }
 
 // Sizes as users write them (Slurm's `16G`, SI's `GB`, decimals, a space) are the limits the docs

@@ -10,16 +10,24 @@ namespace tessera::shim {
 // buffers): every created context, and the device's primary context once while it is retained
 // (the driver hands the same one to every retain). Charged against the job's limit while it lives.
 // (Before, once per device: 5 contexts took 2,200 MiB under a 1 GiB limit in a container.)
+// The configured overhead is the fallback of a launcher that expects the driver's own figure to
+// be out of reach (a container): once this process is measured (Reconcile, by its pid or the
+// host pid a probe found), the fixed charges are given back and the measure alone counts.
 std::atomic<int> primary_retains[kMaxDevices];
+std::atomic<uint64_t> fixed_charged[kMaxDevices];  // configured overheads charged, per device
+std::atomic<bool> measured_exactly{false};
 
 bool TakeContext(int device, bool primary) {
   if (device < 0 || device >= kMaxDevices) return true;
   contexts_on[device].fetch_add(1);
   const bool first_retain = primary && primary_retains[device].fetch_add(1) == 0;
-  if (context_overhead > 0 && (!primary || first_retain) && !Reserve(device, context_overhead)) {
-    contexts_on[device].fetch_sub(1);
-    if (primary) primary_retains[device].fetch_sub(1);
-    return false;
+  if (context_overhead > 0 && !measured_exactly.load() && (!primary || first_retain)) {
+    if (!Reserve(device, context_overhead)) {
+      contexts_on[device].fetch_sub(1);
+      if (primary) primary_retains[device].fetch_sub(1);
+      return false;
+    }
+    fixed_charged[device].fetch_add(context_overhead);
   }
   return true;
 }
@@ -34,7 +42,26 @@ void DropContext(int device, bool primary) {
   };
   down(contexts_on[device]);
   const bool last_retain = primary && down(primary_retains[device]) == 1;
-  if (context_overhead > 0 && (!primary || last_retain)) region->Release(device, context_overhead);
+  if (context_overhead == 0 || (primary && !last_retain)) return;
+  // Its fixed charge, if it still has one (none once measured).
+  uint64_t charged = fixed_charged[device].load(), give = 0;
+  do {
+    give = charged < context_overhead ? charged : context_overhead;
+  } while (!fixed_charged[device].compare_exchange_weak(charged, charged - give));
+  if (give > 0) region->Release(device, give);
+}
+
+void ForgetFixedOverheads() {
+  for (auto& c : fixed_charged) c.store(0);
+  measured_exactly.store(false);
+}
+
+void DropFixedOverheads() {
+  if (measured_exactly.exchange(true)) return;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (const uint64_t charged = fixed_charged[d].exchange(0); charged > 0)
+      region->Release(d, charged);
+  }
 }
 
 std::mutex context_mu;

@@ -222,6 +222,13 @@ void Limit(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free
            unsigned long long* used);
 bool Footprint(int device, uint64_t* bytes);
 bool Reconcile(int device);
+// After fork(): the child (a new slot in the region, a new pid for the driver) has measured and
+// charged nothing yet (nvml_hooks.cc).
+void ForgetFootprint();
+// Gives back the configured context overheads charged so far and charges none from then on: this
+// process's footprint is measured (context_hooks.cc). ForgetFixedOverheads: after fork().
+void DropFixedOverheads();
+void ForgetFixedOverheads();
 
 inline bool Ready() {
   pthread_once(&init_once, Init);

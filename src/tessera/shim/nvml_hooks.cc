@@ -94,10 +94,27 @@ void Limit(nvmlDevice_t dev, unsigned long long* total, unsigned long long* free
   *free_bytes = limit - *used;
 }
 
-// The GPU memory the driver says this process holds on CUDA device `device` (NVML's process list:
-// contexts, module code, allocations); false when it cannot say (no NVML, the device not found,
-// this process not listed under its pid - as in another pid namespace).
-bool Footprint(int device, uint64_t* bytes) {
+// The processes NVML lists on CUDA device `device`, with what each holds; false when it cannot
+// say (no NVML, the device not found, more than 256 processes).
+struct Listing {
+  nvmlProcessInfo_t infos[256];
+  unsigned n = 0;
+  // What `pid` holds (0: not listed); NVML_VALUE_NOT_AVAILABLE as is.
+  uint64_t Of(unsigned pid) const {
+    for (unsigned k = 0; k < n; ++k) {
+      if (infos[k].pid == pid) return infos[k].usedGpuMemory;
+    }
+    return 0;
+  }
+  bool Has(unsigned pid) const {
+    for (unsigned k = 0; k < n; ++k) {
+      if (infos[k].pid == pid) return true;
+    }
+    return false;
+  }
+};
+
+bool List(int device, Listing* out) {
   pthread_once(&nvml_once, InitNvml);
   static const bool nvml_ready = real_nvml.Init != nullptr && real_nvml.Init() == NVML_SUCCESS;
   if (!nvml_ready || real_nvml.GetProcesses == nullptr || real_nvml.GetCount == nullptr)
@@ -108,26 +125,98 @@ bool Footprint(int device, uint64_t* bytes) {
     nvmlDevice_t dev;
     if (real_nvml.GetHandleByIndex(index, &dev) != NVML_SUCCESS || CudaOrdinal(dev) != device)
       continue;
-    nvmlProcessInfo_t infos[256];
-    unsigned n = 256;
-    if (real_nvml.GetProcesses(dev, &n, infos) != NVML_SUCCESS) return false;
-    const unsigned me = static_cast<unsigned>(getpid());
-    for (unsigned k = 0; k < n; ++k) {
-      if (infos[k].pid == me) {
-        // NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver cannot say (some vGPU and MIG
-        // setups): not measurable, never a huge charge.
-        if (infos[k].usedGpuMemory == ~0ull) return false;
-        *bytes = infos[k].usedGpuMemory;
-        return true;
-      }
-    }
-    return false;
+    out->n = 256;
+    return real_nvml.GetProcesses(dev, &out->n, out->infos) == NVML_SUCCESS;
   }
   return false;
 }
 
+// This process's pid as the driver lists it. The NVIDIA driver does not translate pids: in a pid
+// namespace (a container) it lists a process under its host pid, which the process cannot see. 0:
+// not known yet (then its own pid is looked for). Forgotten in a forked child.
+std::atomic<int> driver_pid{0};
+std::atomic<int> probes_left{3};  // rounds of ProbeDriverPid a process may spend
+
+// Finds this process in the driver's list by what only it does at that moment: a probe allocation
+// that appears under one pid while it lives and leaves with its free, by its exact size (8 to 38
+// MiB in steps of 2 MiB, drawn anew each round, so that two processes probing at once rarely
+// match each other's; the driver's memory pages are 2 MiB). Needs a current context on `device`
+// (made current by the call being measured). 0 when not found: no context here, the probe
+// refused, or another process's memory moved by as much at the same moment, three rounds over.
+// The probe is the driver's memory for those few calls, not the job's: not charged.
+int ProbeDriverPid(int device) {
+  CUdevice current = -1;
+  if (real.cuCtxGetDevice == nullptr || real.cuCtxGetDevice(&current) != CUDA_SUCCESS ||
+      current != device || real.cuMemAlloc_v2 == nullptr || real.cuMemFree_v2 == nullptr)
+    return 0;
+  static Listing before, during, after;  // 8 KiB each; under footprint_mu (Reconcile)
+  unsigned seed = static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(Arbiter::NowMicros());
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t probe = (8ull + 2ull * (rand_r(&seed) % 16)) << 20;
+    if (!List(device, &before)) return 0;
+    CUdeviceptr p = 0;
+    if (real.cuMemAlloc_v2(&p, probe) != CUDA_SUCCESS) return 0;
+    const bool listed = List(device, &during);
+    real.cuMemFree_v2(p);
+    if (!listed || !List(device, &after)) return 0;
+    auto grew_by_probe = [&](uint64_t from, uint64_t to) {
+      return to >= from + probe && to < from + probe + (1ull << 20);
+    };
+    int found = 0, candidates = 0;
+    for (unsigned k = 0; k < during.n; ++k) {
+      const unsigned pid = during.infos[k].pid;
+      const uint64_t with = during.infos[k].usedGpuMemory;
+      if (with == ~0ull) return 0;  // not measurable here
+      if (grew_by_probe(before.Of(pid), with) && grew_by_probe(after.Of(pid), with)) {
+        found = static_cast<int>(pid);
+        ++candidates;
+      }
+    }
+    if (candidates == 1) return found;
+  }
+  return 0;
+}
+
+// The GPU memory the driver says this process holds on CUDA device `device` (NVML's process list:
+// contexts, module code, allocations); false when it cannot say (no NVML, the device not found,
+// this process not found in the list: under its own pid or, in a pid namespace, the host pid a
+// probe found).
+bool Footprint(int device, uint64_t* bytes) {
+  static Listing listing;  // under footprint_mu (Reconcile)
+  if (!List(device, &listing)) return false;
+  int me = driver_pid.load();
+  if (me == 0 && !listing.Has(static_cast<unsigned>(getpid())) && probes_left.load() > 0) {
+    probes_left.fetch_sub(1);
+    if (const int found = ProbeDriverPid(device); found > 0) {
+      driver_pid.store(found);
+      if (found != getpid()) region->SetDriverPid(found);  // the job's NVML lists show it
+      if (found != getpid() && verbose) {
+        fprintf(stderr, "tessera-cuda: the driver lists this process as pid %d\n", found);
+      }
+      if (!List(device, &listing)) return false;
+    }
+  }
+  me = driver_pid.load();
+  if (me == 0) me = getpid();
+  if (!listing.Has(static_cast<unsigned>(me))) return false;
+  // NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver cannot say (some vGPU and MIG setups):
+  // not measurable, never a huge charge.
+  const uint64_t held = listing.Of(static_cast<unsigned>(me));
+  if (held == ~0ull) return false;
+  *bytes = held;
+  return true;
+}
+
 std::mutex footprint_mu;
 uint64_t invisible[kMaxDevices];  // charged for what allocations do not show; under footprint_mu
+
+void ForgetFootprint() {
+  new (&footprint_mu) std::mutex();  // fork() may have copied it locked
+  for (uint64_t& v : invisible) v = 0;
+  driver_pid.store(0);
+  probes_left.store(3);
+  ForgetFixedOverheads();
+}
 
 // Charges `device` what this process holds there beyond its counted allocations (contexts, module
 // code), as the driver measures it; false when more is needed than the limit leaves (nothing
@@ -137,7 +226,11 @@ bool Reconcile(int device) {
   std::lock_guard lock(footprint_mu);
   uint64_t measured = 0;
   // Not listed: nothing held when it has no context there; otherwise not measurable here.
-  if (!Footprint(device, &measured) && contexts_on[device].load() > 0) return true;
+  if (Footprint(device, &measured)) {
+    if (context_overhead > 0) DropFixedOverheads();  // measured: the fallback is not needed
+  } else if (contexts_on[device].load() > 0) {
+    return true;
+  }
   const uint64_t mine = region->SlotUsed(device);
   const uint64_t counted = mine > invisible[device] ? mine - invisible[device] : 0;
   const uint64_t want = measured > counted ? measured - counted : 0;

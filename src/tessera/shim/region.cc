@@ -431,9 +431,15 @@ uint64_t Region::SlotUsed(int device) const {
 bool Region::HasProcess(int pid) const {
   if (pid <= 0) return false;
   for (const ProcSlot& s : data_->procs) {
-    if (s.pid.load(std::memory_order_relaxed) == pid) return true;
+    if (s.pid.load(std::memory_order_relaxed) == pid ||
+        s.driver_pid.load(std::memory_order_relaxed) == pid)
+      return true;
   }
   return false;
+}
+
+void Region::SetDriverPid(int pid) {
+  if (slot_ != nullptr) slot_->driver_pid.store(pid);
 }
 
 void Region::ReleaseFormerImage() {
@@ -458,6 +464,7 @@ void Region::FreeSlot(ProcSlot& s) {
     data_->reclaimed_bytes.fetch_add(bytes);
   }
   s.start_time.store(0);
+  s.driver_pid.store(0);
   s.pid.store(0);
 }
 
@@ -468,6 +475,7 @@ bool Region::ClaimSlot() {
     int32_t expected = 0;
     if (s.pid.compare_exchange_strong(expected, me)) {
       s.start_time.store(start);
+      s.driver_pid.store(0);
       for (auto& u : s.used) u.store(0);
       s.kernel_launches.store(0);
       slot_ = &s;

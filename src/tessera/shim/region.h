@@ -23,7 +23,9 @@ inline constexpr int kMaxProcs = 1024;
 
 struct ProcSlot {
   std::atomic<int32_t> pid;
-  uint32_t reserved;
+  // The process's pid as the driver lists it when that is not `pid` (a pid namespace: the host's,
+  // found by the process itself); 0 otherwise. Lets a job see its own processes in NVML's lists.
+  std::atomic<int32_t> driver_pid;
   std::atomic<uint64_t> start_time;  // /proc/<pid>/stat field 22, to tell a reused pid
   std::atomic<uint64_t> used[kMaxDevices];
   std::atomic<uint64_t> kernel_launches;
@@ -62,8 +64,10 @@ class Region {
   void CountLaunch();
   // What this process's slot holds on `device`.
   uint64_t SlotUsed(int device) const;
-  // Whether `pid` holds a slot: is one of the job's processes.
+  // Whether `pid` holds a slot: is one of the job's processes (by its pid or its driver pid).
   bool HasProcess(int pid) const;
+  // Records this process's pid as the driver lists it (ProcSlot::driver_pid).
+  void SetDriverPid(int pid);
 
   // The limit on `device`: the stricter of the region's and this process's own (Attach's `limits`);
   // 0 = none.

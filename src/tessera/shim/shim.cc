@@ -41,10 +41,12 @@ int physical_gpu[kMaxDevices];  // CUDA ordinal here -> the arbiter's GPU index
 // while any context of this process lives there.
 uint64_t context_overhead = 0;
 std::atomic<int> contexts_on[kMaxDevices];
-// Without a configured overhead, the memory the job's allocations do not show (contexts, module
-// code) is measured: the driver's own figure for this process (NVML's process list) less what is
-// counted, charged per device after a context is made or a module loaded (Reconcile).
-bool measure_footprint = false;
+// The memory the job's allocations do not show (contexts, module code) is measured: the driver's
+// own figure for this process (NVML's process list, under its pid or, in a pid namespace, the host
+// pid a probe finds) less what is counted, charged per device after a context is made or a module
+// loaded (Reconcile). A configured overhead counts until the first measure, or for good where
+// nothing can be measured.
+bool measure_footprint = true;
 bool Reconcile(int device);
 pthread_once_t init_once = PTHREAD_ONCE_INIT;
 bool verbose = false;
@@ -72,6 +74,7 @@ void InitBacklog();
 
 void AfterForkChild() {
   ForgetMonotonicOffset();  // the child may be in another time namespace
+  ForgetFootprint();
   if (region != nullptr) region->ReattachAfterFork();
   if (held != nullptr) {
     new (held_mu) std::mutex();
@@ -274,7 +277,6 @@ void Init() {
   }
   if (region == nullptr) region = Region::Private(limits, count, err, sizeof err);
   const char* overhead = getenv("TESSERA_CUDA_CONTEXT_OVERHEAD");
-  measure_footprint = overhead == nullptr || *overhead == 0;
   if (overhead && *overhead) {
     uint64_t v[kMaxDevices];
     int n = 0;

@@ -11,6 +11,8 @@
 //   FAKE_CUDA_CONTEXT_MIB  device memory a context takes (default 0)
 //   FAKE_CUDA_MODULE_MIB   device memory a loaded module takes (default 0)
 //   FAKE_CUDA_SHARED_PTSZ  cuGetProcAddress answers per-thread requests with the legacy address
+//   FAKE_GPU_KERNEL        the fake driver's kernel side (gpu_kernel.h): every change of this
+//                          process's device memory is told to it
 // Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
 // launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
@@ -32,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gpu_kernel_client.h"
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/host_clock.h"
 
@@ -80,7 +83,34 @@ std::unordered_map<uint64_t, std::pair<uint64_t, int>>& Live() {  // address/han
   static auto* m = new std::unordered_map<uint64_t, std::pair<uint64_t, int>>();
   return *m;
 }
-std::atomic<uint64_t> used[16];
+// Device memory this process holds per device. With FAKE_GPU_KERNEL every change is told to the
+// fake driver's kernel side (gpu_kernel.h) before the call returns, as the real driver's own
+// accounting is, so that NVML in any process lists this one under its host pid.
+struct UsedBytes {
+  std::atomic<uint64_t> v{0};
+  void Tell() const;
+  uint64_t load() const { return v.load(); }
+  bool compare_exchange_weak(uint64_t& cur, uint64_t next) {
+    if (!v.compare_exchange_weak(cur, next)) return false;
+    Tell();
+    return true;
+  }
+  uint64_t fetch_sub(uint64_t b) {
+    const uint64_t before = v.fetch_sub(b);
+    Tell();
+    return before;
+  }
+  UsedBytes& operator-=(uint64_t b) {
+    fetch_sub(b);
+    return *this;
+  }
+};
+UsedBytes used[16];
+void UsedBytes::Tell() const {
+  if (getenv("FAKE_GPU_KERNEL") == nullptr) return;
+  fake_gpu_kernel::Ask(
+      "used " + std::to_string(this - used) + " " + std::to_string(v.load()) + "\n", nullptr);
+}
 std::atomic<uint64_t> launches{0};
 std::atomic<int> initialized{0};
 thread_local int current_device = 0;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../cuda/gpu_kernel_client.h"
 #include "tessera/devices/nvml_abi.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
@@ -434,7 +435,21 @@ nvmlReturn_t RunningProcesses(Device* d, unsigned* count, Info* infos) {
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   std::vector<std::pair<unsigned, unsigned long long>> all = d->processes;
   unsigned long long self = d->self_memory;
-  if (d->self_from_cuda) {
+  std::string listed;
+  if (d->self_from_cuda &&
+      fake_gpu_kernel::Ask("list " + std::to_string(d->minor) + "\n", &listed)) {
+    // The machine's table (gpu_kernel.h): every process by its host pid, this one included, as
+    // the real driver answers in any pid namespace.
+    unsigned pid = 0;
+    unsigned long long bytes = 0;
+    for (const char* p = listed.c_str(); sscanf(p, "%u %llu", &pid, &bytes) == 2;) {
+      all.emplace_back(pid, bytes);
+      p = strchr(p, '\n');
+      if (p == nullptr) break;
+      ++p;
+    }
+    self = 0;
+  } else if (d->self_from_cuda) {
     auto used = reinterpret_cast<uint64_t (*)(int)>(dlsym(RTLD_DEFAULT, "fakeCudaUsedBytes"));
     self = used ? used(static_cast<int>(d->minor)) : 0;
   }
