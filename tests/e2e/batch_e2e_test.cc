@@ -436,6 +436,15 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   EXPECT_DOUBLE_EQ(eff["gpus"].get<double>(), 0.5) << eff.dump();
   EXPECT_EQ(eff["gpu_memory_given_mib"], 4096);
   EXPECT_GT(eff["elapsed_s"].get<double>(), 0.4);
+  // The user's line in acct says the same of their one job (weighed by GPU time: the same; here
+  // nothing on the GPU was measured - no CUDA ran - so neither gives a figure).
+  for (const char* key : {"gpu_busy_pct", "gpu_memory_pct"}) {
+    const std::string line_key = std::string(key) == "gpu_memory_pct" ? "gpu_memory_used_pct" : key;
+    json own_line = json::parse(As(d, "nobody", "acct -o json").out)["by_user"][0];
+    EXPECT_EQ(own_line.value(line_key, json()), eff.value(key, json()))
+        << key << ": " << own_line.dump() << " / " << eff.dump();
+  }
+  EXPECT_THAT(Cli(d, "acct"), HasSubstr("GPU MEM USED"));
   const std::string table = Cli(d, "eff 1");
   EXPECT_THAT(table, HasSubstr("GPUs held          1 x ")) << table;
   EXPECT_THAT(table, HasSubstr("GPU memory")) << table;

@@ -153,6 +153,14 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
 }
 
 // `tessera acct`: GPU-hours, jobs, waits and failures over a period, per user, group or model.
+// A percentage of an accounting line ("41.5%"; in CSV the bare number); "-" (CSV: empty) where
+// nothing was measured.
+std::string Pct(const json& line, const char* key, bool csv) {
+  const json v = line.value(key, json());
+  if (!v.is_number()) return csv ? "" : "-";
+  return fmt::format(fmt::runtime(csv ? "{:.1f}" : "{:.1f}%"), v.get<double>());
+}
+
 int RunAcct(State& s, std::ostream& out, std::ostream& err) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -196,7 +204,9 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
                                            "FRACTIONAL",
                                            "STARTS",
                                            "MEAN WAIT",
-                                           "MAX WAIT"};
+                                           "MAX WAIT",
+                                           "GPU BUSY",
+                                           "GPU MEM USED"};
   const bool csv_out = s.client.output == "csv";
   auto row = [csv_out](const json& l) {
     const char* secs = csv_out ? "{:.3f}" : "{:.1f}s";
@@ -211,7 +221,9 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
                                     fmt::format("{:.4f}", l.value("fractional_gpu_hours", 0.0)),
                                     std::to_string(l.value("started", 0)),
                                     fmt::format(fmt::runtime(secs), l.value("mean_wait_s", 0.0)),
-                                    fmt::format(fmt::runtime(secs), l.value("max_wait_s", 0.0))};
+                                    fmt::format(fmt::runtime(secs), l.value("max_wait_s", 0.0)),
+                                    Pct(l, "gpu_busy_pct", csv_out),
+                                    Pct(l, "gpu_memory_used_pct", csv_out)};
   };
   if (csv_out) {
     std::vector<std::string> h = header;
@@ -223,6 +235,8 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
     h[8] = "fractional_gpu_hours";
     h[10] = "mean_wait_s";
     h[11] = "max_wait_s";
+    h[12] = "gpu_busy_pct";
+    h[13] = "gpu_memory_used_pct";
     out << CsvRow(h);
     for (const json& l : lines) out << CsvRow(row(l));
     return kExitOk;

@@ -1,6 +1,7 @@
 #include "tessera/server/acct.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "nlohmann/json.hpp"
 
@@ -44,6 +45,34 @@ void Sort(std::map<std::string, AcctLine>& lines, std::vector<AcctLine>* out) {
   });
 }
 
+double Round1(double v) { return std::round(v * 10) / 10; }
+
+// What a job used of what it held, from its measured use (the fractions `tessera eff` gives, 0..1;
+// -1 where not measured): its GPU busy share, its GPU memory peak of what it was given per GPU.
+struct Use {
+  double busy = -1, memory = -1;
+};
+Use UseOf(const std::string& usage_json, const std::string& placement_json) {
+  Use u;
+  const json usage = json::parse(usage_json, nullptr, false);
+  const json p = json::parse(placement_json, nullptr, false);
+  if (!usage.is_object() || !p.is_object()) return u;
+  const double per_gpu = p.value("milli_per_gpu", 1000) / 1000.0;
+  if (usage.value("gpu_utilization_pct", json()).is_number() && per_gpu > 0)
+    u.busy = std::clamp(usage["gpu_utilization_pct"].get<double>() / 100 / per_gpu, 0.0, 1.0);
+  const int64_t given = p.value("memory_mib_per_gpu", int64_t{0});
+  if (usage.value("gpu_peak_memory_mib", json()).is_number() && given > 0) {
+    u.memory = std::clamp(usage["gpu_peak_memory_mib"].get<double>() / static_cast<double>(given),
+                          0.0, 1.0);
+  }
+  return u;
+}
+
+// `part` of `whole` in percent, one decimal; null when nothing was measured.
+json PctOf(double part, double whole) {
+  return whole > 0 ? json(Round1(100 * part / whole)) : json();
+}
+
 json LineJson(const AcctLine& l) {
   return {{"key", l.key},
           {"jobs", l.jobs},
@@ -54,6 +83,9 @@ json LineJson(const AcctLine& l) {
           {"gpu_hours", l.gpu_seconds / 3600},
           {"whole_gpu_hours", l.whole_gpu_seconds / 3600},
           {"fractional_gpu_hours", l.fractional_gpu_seconds / 3600},
+          {"measured_gpu_hours", l.measured_gpu_seconds / 3600},
+          {"gpu_busy_pct", PctOf(l.busy_gpu_seconds, l.measured_gpu_seconds)},
+          {"gpu_memory_used_pct", PctOf(l.memory_used_gpu_seconds, l.memory_measured_gpu_seconds)},
           {"started", l.started},
           {"mean_wait_s", l.started > 0 ? l.wait_seconds / static_cast<double>(l.started) : 0.0},
           {"max_wait_s", l.max_wait_seconds}};
@@ -116,6 +148,7 @@ AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
       if (to > from) seconds += to - from;
     }
     if (seconds <= 0) continue;
+    const Use use = UseOf(j.usage_json, j.placement_json);
     for (const auto& [model, weight] : g.weights) {
       const double gs = weight * seconds;
       std::vector<AcctLine*> with_model = lines;
@@ -123,6 +156,11 @@ AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
       for (AcctLine* l : with_model) {
         l->gpu_seconds += gs;
         (g.fractional ? l->fractional_gpu_seconds : l->whole_gpu_seconds) += gs;
+        if (use.busy >= 0) l->measured_gpu_seconds += gs, l->busy_gpu_seconds += use.busy * gs;
+        if (use.memory >= 0) {
+          l->memory_measured_gpu_seconds += gs;
+          l->memory_used_gpu_seconds += use.memory * gs;
+        }
       }
     }
   }
@@ -166,6 +204,7 @@ absl::StatusOr<std::vector<AcctJob>> AcctJobs(Store& store, double since, double
     j.submitted_at = r.submitted_at;
     if (IsTerminal(r.state)) j.ended_at = r.ended_at;
     j.placement_json = r.placement_json;
+    j.usage_json = r.usage_json;
     // Both are in job order: its events are the next run of them.
     while (e < events->size() && (*events)[e].job_id < r.id) ++e;
     for (; e < events->size() && (*events)[e].job_id == r.id; ++e) {

@@ -1,8 +1,9 @@
 #pragma once
 // Accounting (`tessera acct`, GET /v1/acct, the tessera_acct_* metrics): what jobs used over a
 // period - GPU-hours, whole and fractional (a fraction of a GPU weighted by the larger of its
-// compute share and its part of the GPU's memory), jobs by outcome, waits - per user, group and
-// GPU model. Pure: built from the store's rows and run intervals, with the time given.
+// compute share and its part of the GPU's memory), how busy and how full they kept what they held,
+// jobs by outcome, waits - per user, group and GPU model. Pure: built from the store's rows and run
+// intervals, with the time given.
 
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,7 @@ struct AcctJob {
   double submitted_at = 0;
   std::optional<double> ended_at;  // terminal jobs
   std::string placement_json;      // its last placement: the GPUs weighed
+  std::string usage_json;          // what it used, measured at its end (efficiency)
   struct Run {
     double start = 0;
     std::optional<double> end;  // none: running
@@ -42,6 +44,11 @@ struct AcctLine {
   double whole_gpu_seconds = 0, fractional_gpu_seconds = 0;
   int64_t started = 0;                            // runs started in the period, for the waits
   double wait_seconds = 0, max_wait_seconds = 0;  // submission (or re-queue) to start, summed
+  // Efficiency (what jobs used of what they held), over the GPU-seconds of jobs whose use was
+  // measured: of those, the busy part (each job's GPU busy share of what it held, as `tessera eff`
+  // says), and the part of the GPU memory given that their peaks took.
+  double measured_gpu_seconds = 0, busy_gpu_seconds = 0;
+  double memory_measured_gpu_seconds = 0, memory_used_gpu_seconds = 0;
 };
 
 struct AcctReport {

@@ -77,5 +77,44 @@ TEST(Acct, SumsGpuTimeInsideThePeriodPerUserGroupAndModel) {
   EXPECT_EQ(j["by_model"][0]["key"], "H100");
 }
 
+// How busy and how full each user kept what they held, over the GPU-seconds of their measured
+// jobs, each job weighed by its GPU-seconds (the figures `tessera eff` gives per job).
+TEST(Acct, EfficiencyPerUserIsTheirMeasuredJobsWeighedByGpuTime) {
+  std::vector<AcctJob> jobs = {
+      // 2 whole GPUs for 100 s, 50% busy, 20,480 of 81,920 MiB at its peak: 200 GPU-s.
+      Job(1, "alice", JobState::kSucceeded, 0, {{0, 100}}, kTwoH100),
+      // 2 whole GPUs for 50 s, 80% busy, no memory figure: 100 GPU-s.
+      Job(2, "alice", JobState::kSucceeded, 0, {{0, 50}}, kTwoH100),
+      // Never measured (no usage): GPU time counted, not in the efficiency.
+      Job(3, "alice", JobState::kFailed, 0, {{0, 100}}, kTwoH100),
+      // A quarter of a T4's compute, its part of the T4 busy 20% of the time (5% of the GPU), and
+      // 4,000 of its 8,000 MiB: as a whole T4 half of it (memory), for 100 s: 50 GPU-s.
+      Job(4, "bob", JobState::kSucceeded, 0, {{0, 100}}, kHalfT4),
+  };
+  jobs[0].usage_json = R"({"gpu_utilization_pct": 50, "gpu_peak_memory_mib": 20480})";
+  jobs[1].usage_json = R"({"gpu_utilization_pct": 80})";
+  jobs[3].usage_json = R"({"gpu_utilization_pct": 5, "gpu_peak_memory_mib": 4000})";
+  AcctReport r = Account(jobs, Period(0, 1000));
+  ASSERT_EQ(r.by_user.size(), 2u);
+  const AcctLine& alice = r.by_user[0];
+  EXPECT_DOUBLE_EQ(alice.gpu_seconds, 500);
+  EXPECT_DOUBLE_EQ(alice.measured_gpu_seconds, 300);
+  EXPECT_DOUBLE_EQ(alice.busy_gpu_seconds, 0.5 * 200 + 0.8 * 100);
+  EXPECT_DOUBLE_EQ(alice.memory_measured_gpu_seconds, 200);
+  EXPECT_DOUBLE_EQ(alice.memory_used_gpu_seconds, 0.25 * 200);
+  const AcctLine& bob = r.by_user[1];
+  EXPECT_DOUBLE_EQ(bob.busy_gpu_seconds, 0.2 * 50);
+  nlohmann::json j = AcctJson(r);
+  EXPECT_EQ(j["by_user"][0]["gpu_busy_pct"], 60.0);  // 180 of 300
+  EXPECT_EQ(j["by_user"][0]["gpu_memory_used_pct"], 25.0);
+  EXPECT_EQ(j["by_user"][1]["gpu_busy_pct"], 20.0);
+  EXPECT_EQ(j["by_user"][1]["gpu_memory_used_pct"], 50.0);
+  EXPECT_DOUBLE_EQ(j["total"]["gpu_busy_pct"].get<double>(), 54.3);  // 190 of 350
+  // A user with nothing measured has no figure, not 0%.
+  AcctReport none =
+      Account({Job(5, "carol", JobState::kSucceeded, 0, {{0, 10}}, kTwoH100)}, Period(0, 1000));
+  EXPECT_TRUE(AcctJson(none)["by_user"][0]["gpu_busy_pct"].is_null());
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -70,6 +70,13 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
       p.Sample({{"user", l.key}, {"kind", "whole"}}, l.whole_gpu_seconds);
       p.Sample({{"user", l.key}, {"kind", "fractional"}}, l.fractional_gpu_seconds);
     }
+    p.Family("tessera_acct_measured_gpu_seconds_total", "counter",
+             "GPU-seconds of jobs whose use was measured (the efficiency's base), by user.");
+    for (const AcctLine& l : all.by_user) p.Sample({{"user", l.key}}, l.measured_gpu_seconds);
+    p.Family("tessera_acct_busy_gpu_seconds_total", "counter",
+             "Of those, the GPU-seconds the jobs kept their GPUs (or shares) busy, by user: "
+             "busy / measured is how much of what they held they used.");
+    for (const AcctLine& l : all.by_user) p.Sample({{"user", l.key}}, l.busy_gpu_seconds);
     p.Family("tessera_acct_model_gpu_seconds_total", "counter", "GPU-seconds used, by GPU model.");
     for (const AcctLine& l : all.by_model) p.Sample({{"model", l.key}}, l.gpu_seconds);
     p.Family("tessera_acct_group_gpu_seconds_total", "counter",
