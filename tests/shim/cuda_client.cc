@@ -6,6 +6,7 @@
 //          runtime does) | procaddr2 (the same through cuGetProcAddress_v2)
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          vmm:MiB (created, mapped, released at once)  vmmunmap[:K]
+//          vmmexport:MiB:SOCKET[:fabric]  vmmimport:SOCKET[:fabric] (shared between processes)
 //          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  freeall  info  total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
 //          graph:MiB (a graph with a memory node, instantiated)  graphlaunch  graphtrim  graphpool
@@ -36,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +66,8 @@ CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
 CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemExportToShareableHandle(void*, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*, void*, int);
 CUresult cuArrayCreate_v2(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 CUresult cuArray3DCreate_v2(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
 CUresult cuArrayDestroy(CUarray);
@@ -450,6 +455,101 @@ int main(int argc, char** argv) {
       if (rc == CUDA_SUCCESS) rc = api.MemRelease(h);
       if (rc == CUDA_SUCCESS) mapped.emplace_back(va, bytes);
       report(rc);
+    } else if (c[0] == "vmmexport") {
+      // vmmexport:MiB:SOCKET[:fabric] - a handle created and mapped, exported (a descriptor, or a
+      // fabric handle) and sent to the first process that connects to SOCKET (its size and fabric
+      // bytes as data, the descriptor by SCM_RIGHTS), as an inference server hands its workers a
+      // weights buffer; the sent descriptor closed here after. The handle and mapping stay.
+      const bool fab = c.size() > 3 && c[3] == "fabric";
+      CUmemAllocationProp prop{};
+      prop.type = 1;
+      prop.requestedHandleTypes = fab ? 8 : 1;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      CUmemGenericAllocationHandle h;
+      uint64_t msg[9] = {n(1) * MiB};
+      CUresult rc = api.MemCreate(&h, msg[0], &prop, 0);
+      CUdeviceptr va = 0;
+      if (rc == CUDA_SUCCESS) rc = api.MemAddressReserve(&va, msg[0], 0, 0, 0);
+      if (rc == CUDA_SUCCESS) rc = api.MemMap(va, msg[0], 0, h, 0);
+      int fd = -1;
+      if (rc == CUDA_SUCCESS) {
+        handles.push_back(h);
+        mapped.emplace_back(va, msg[0]);
+        rc = fab ? cuMemExportToShareableHandle(&msg[1], h, 8, 0)
+                 : cuMemExportToShareableHandle(&fd, h, 1, 0);
+      }
+      if (rc == CUDA_SUCCESS) {
+        const int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        strncpy(addr.sun_path, c.at(2).c_str(), sizeof addr.sun_path - 1);
+        unlink(addr.sun_path);
+        bind(srv, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+        listen(srv, 1);
+        const int peer = accept(srv, nullptr, nullptr);
+        iovec iov{msg, sizeof msg};
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (fd >= 0) {
+          m.msg_control = control;
+          m.msg_controllen = sizeof control;
+          cmsghdr* cm = CMSG_FIRSTHDR(&m);
+          cm->cmsg_level = SOL_SOCKET;
+          cm->cmsg_type = SCM_RIGHTS;
+          cm->cmsg_len = CMSG_LEN(sizeof(int));
+          memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+        }
+        if (sendmsg(peer, &m, 0) < 0) rc = CUDA_ERROR_INVALID_VALUE;
+        close(peer);
+        close(srv);
+        if (fd >= 0) close(fd);
+      }
+      report(rc);
+    } else if (c[0] == "vmmimport") {
+      // vmmimport:SOCKET[:fabric] - what vmmexport sends, imported (the received descriptor closed
+      // after, as programs do), mapped whole. The handle and mapping stay.
+      const bool fab = c.size() > 2 && c[2] == "fabric";
+      int s = -1;
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      strncpy(addr.sun_path, c.at(1).c_str(), sizeof addr.sun_path - 1);
+      for (int i = 0; i < 10000; ++i, usleep(1000)) {
+        s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+        close(s);
+        s = -1;
+      }
+      uint64_t msg[9] = {};
+      iovec iov{msg, sizeof msg};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr m{};
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      m.msg_control = control;
+      m.msg_controllen = sizeof control;
+      int fd = -1;
+      CUresult rc = s >= 0 && recvmsg(s, &m, MSG_WAITALL) == sizeof msg ? CUDA_SUCCESS
+                                                                        : CUDA_ERROR_INVALID_VALUE;
+      if (cmsghdr* cm = CMSG_FIRSTHDR(&m); cm != nullptr && cm->cmsg_type == SCM_RIGHTS)
+        memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+      if (s >= 0) close(s);
+      CUmemGenericAllocationHandle h;
+      if (rc == CUDA_SUCCESS) {
+        rc = fab ? cuMemImportFromShareableHandle(&h, &msg[1], 8)
+                 : cuMemImportFromShareableHandle(
+                       &h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), 1);
+      }
+      if (fd >= 0) close(fd);
+      CUdeviceptr va = 0;
+      if (rc == CUDA_SUCCESS) rc = api.MemAddressReserve(&va, msg[0], 0, 0, 0);
+      if (rc == CUDA_SUCCESS) rc = api.MemMap(va, msg[0], 0, h, 0);
+      if (rc == CUDA_SUCCESS) {
+        handles.push_back(h);
+        mapped.emplace_back(va, msg[0]);
+      }
+      report(rc);
     } else if (c[0] == "vmmunmap") {
       // vmmunmap[:K] - the first K mappings (default all) unmapped and their ranges freed.
       size_t k = c.size() > 1 ? std::min<size_t>(n(1), mapped.size()) : mapped.size();
@@ -790,6 +890,8 @@ int main(int argc, char** argv) {
           {"cuMemRelease", "cuMemRelease", ""},
           {"cuMemMap", "cuMemMap", ""},
           {"cuMemUnmap", "cuMemUnmap", ""},
+          {"cuMemExportToShareableHandle", "cuMemExportToShareableHandle", ""},
+          {"cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", ""},
           {"cuArrayCreate", "cuArrayCreate_v2", ""},
           {"cuArray3DCreate", "cuArray3DCreate_v2", ""},
           {"cuArrayDestroy", "cuArrayDestroy", ""},

@@ -165,6 +165,14 @@ typedef CUresult (*cuMemAddressFree_fn)(CUdeviceptr, size_t);
 typedef CUresult (*cuMemMap_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
                                 unsigned long long);
 typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr, size_t);
+// Sharing a handle's memory between processes: a POSIX descriptor (`*(int*)out`, imported from the
+// descriptor cast to a pointer) or a 64-byte fabric handle (out and in by address).
+enum { CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, CU_MEM_HANDLE_TYPE_FABRIC = 8 };
+typedef CUresult (*cuMemExportToShareableHandle_fn)(void*, CUmemGenericAllocationHandle, int,
+                                                    unsigned long long);
+typedef CUresult (*cuMemImportFromShareableHandle_fn)(CUmemGenericAllocationHandle*, void*, int);
+typedef CUresult (*cuMemGetAllocationPropertiesFromHandle_fn)(CUmemAllocationProp*,
+                                                              CUmemGenericAllocationHandle);
 typedef CUresult (*cuArrayCreate_v2_fn)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
 typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*);
 typedef CUresult (*cuArrayDestroy_fn)(CUarray);

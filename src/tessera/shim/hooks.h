@@ -41,55 +41,57 @@ using DlsymFn = void* (*)(void*, const char*);
 constexpr uint64_t kMemoryQueryReclaimUs = 100'000;
 
 // The real driver's entry points, by the names we hook.
-#define TESSERA_HOOKED(X)         \
-  X(cuMemAlloc_v2)                \
-  X(cuMemAllocPitch_v2)           \
-  X(cuMemAllocManaged)            \
-  X(cuMemAllocAsync)              \
-  X(cuMemAllocFromPoolAsync)      \
-  X(cuMemFree_v2)                 \
-  X(cuMemFreeAsync)               \
-  X(cuMemCreate)                  \
-  X(cuMemRelease)                 \
-  X(cuMemMap)                     \
-  X(cuMemUnmap)                   \
-  X(cuArrayCreate_v2)             \
-  X(cuArray3DCreate_v2)           \
-  X(cuArrayDestroy)               \
-  X(cuMipmappedArrayCreate)       \
-  X(cuMipmappedArrayDestroy)      \
-  X(cuMemGetInfo_v2)              \
-  X(cuCtxCreate_v2)               \
-  X(cuCtxCreate_v3)               \
-  X(cuCtxCreate_v4)               \
-  X(cuCtxDestroy_v2)              \
-  X(cuDevicePrimaryCtxRetain)     \
-  X(cuDevicePrimaryCtxRelease_v2) \
-  X(cuDeviceTotalMem_v2)          \
-  X(cuLaunchKernel)               \
-  X(cuLaunchKernelEx)             \
-  X(cuLaunchCooperativeKernel)    \
-  X(cuGraphLaunch)                \
-  X(cuGraphInstantiateWithFlags)  \
-  X(cuDeviceGraphMemTrim)         \
-  X(cuMemPoolCreate)              \
-  X(cuMemPoolDestroy)             \
-  X(cuMemPoolTrimTo)              \
-  X(cuModuleLoadData)             \
-  X(cuModuleLoadDataEx)           \
-  X(cuModuleUnload)               \
-  X(cuModuleLoad)                 \
-  X(cuModuleLoadFatBinary)        \
-  X(cuLibraryLoadData)            \
-  X(cuLibraryLoadFromFile)        \
-  X(cuLibraryUnload)              \
-  X(cuStreamBeginCapture_v2)      \
-  X(cuStreamEndCapture)           \
-  X(cuCtxSynchronize)             \
-  X(cuStreamSynchronize)          \
-  X(cuEventSynchronize)           \
-  X(cuGetProcAddress)             \
-  X(cuGetProcAddress_v2)          \
+#define TESSERA_HOOKED(X)           \
+  X(cuMemAlloc_v2)                  \
+  X(cuMemAllocPitch_v2)             \
+  X(cuMemAllocManaged)              \
+  X(cuMemAllocAsync)                \
+  X(cuMemAllocFromPoolAsync)        \
+  X(cuMemFree_v2)                   \
+  X(cuMemFreeAsync)                 \
+  X(cuMemCreate)                    \
+  X(cuMemRelease)                   \
+  X(cuMemMap)                       \
+  X(cuMemUnmap)                     \
+  X(cuMemExportToShareableHandle)   \
+  X(cuMemImportFromShareableHandle) \
+  X(cuArrayCreate_v2)               \
+  X(cuArray3DCreate_v2)             \
+  X(cuArrayDestroy)                 \
+  X(cuMipmappedArrayCreate)         \
+  X(cuMipmappedArrayDestroy)        \
+  X(cuMemGetInfo_v2)                \
+  X(cuCtxCreate_v2)                 \
+  X(cuCtxCreate_v3)                 \
+  X(cuCtxCreate_v4)                 \
+  X(cuCtxDestroy_v2)                \
+  X(cuDevicePrimaryCtxRetain)       \
+  X(cuDevicePrimaryCtxRelease_v2)   \
+  X(cuDeviceTotalMem_v2)            \
+  X(cuLaunchKernel)                 \
+  X(cuLaunchKernelEx)               \
+  X(cuLaunchCooperativeKernel)      \
+  X(cuGraphLaunch)                  \
+  X(cuGraphInstantiateWithFlags)    \
+  X(cuDeviceGraphMemTrim)           \
+  X(cuMemPoolCreate)                \
+  X(cuMemPoolDestroy)               \
+  X(cuMemPoolTrimTo)                \
+  X(cuModuleLoadData)               \
+  X(cuModuleLoadDataEx)             \
+  X(cuModuleUnload)                 \
+  X(cuModuleLoad)                   \
+  X(cuModuleLoadFatBinary)          \
+  X(cuLibraryLoadData)              \
+  X(cuLibraryLoadFromFile)          \
+  X(cuLibraryUnload)                \
+  X(cuStreamBeginCapture_v2)        \
+  X(cuStreamEndCapture)             \
+  X(cuCtxSynchronize)               \
+  X(cuStreamSynchronize)            \
+  X(cuEventSynchronize)             \
+  X(cuGetProcAddress)               \
+  X(cuGetProcAddress_v2)            \
   TESSERA_PER_THREAD(X)
 
 // The per-thread default stream variants of the hooked calls that take a stream.
@@ -111,6 +113,8 @@ struct Real {
   // Asked, not hooked: which pool cuMemAllocAsync takes from, and how much a pool holds.
   cuDeviceGetMemPool_fn cuDeviceGetMemPool = nullptr;
   cuMemPoolGetAttribute_fn cuMemPoolGetAttribute = nullptr;
+  // Asked, not hooked: the device of an imported handle's memory.
+  cuMemGetAllocationPropertiesFromHandle_fn cuMemGetAllocationPropertiesFromHandle = nullptr;
   // Asked, not hooked: what a graph allocates, how much the graph memory pools hold.
   cuGraphGetNodes_fn cuGraphGetNodes = nullptr;
   cuGraphNodeGetType_fn cuGraphNodeGetType = nullptr;
@@ -164,6 +168,14 @@ struct VmmState {
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> mappings;
   std::unordered_map<uint64_t, int> mapped;
   std::unordered_set<uint64_t> released;
+  // Memory shared with other processes of the job (Region::Share, Region::Join): this process's
+  // handles of it -> its id; per id, how many such handles (live, or released but still mapped)
+  // and this process's kept copy of an exported descriptor (-1: none).
+  std::unordered_map<uint64_t, uint64_t> shared;
+  std::unordered_map<uint64_t, std::pair<int, int>> ids;
+  // Imported memory that is no shared memory of the job (another job's export, or nothing to tell
+  // it by): charged here as this process's while mapped - its largest mapping - and its device.
+  std::unordered_map<uint64_t, std::pair<uint64_t, int>> foreign;
 };
 extern VmmState* vmm;
 extern std::mutex* pool_mu;

@@ -1,6 +1,9 @@
 // libtessera-cuda.so: allocations and frees of every kind (device memory, managed, async and
 // pooled, VMM handles, arrays), memory pools and graph memory, and the memory the process is told
 // it has (cuMemGetInfo, cuDeviceTotalMem): each counted against the job's limit in its region.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "tessera/shim/hooks.h"
 
 using namespace tessera::shim;  // NOLINT: the hooks are C entry points over the shared state
@@ -122,6 +125,146 @@ TESSERA_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
       handle, prop != nullptr ? prop->location.id : -2);
 }
 
+namespace {
+// Handle `h` is gone from this process (released, and its last mapping here unmapped): its charge
+// given back - or, for memory shared with other processes of the job, this process's part in it
+// (Region::Leave passes the charge to another holder, or gives it back with the last).
+void LetGo(uint64_t h) {
+  uint64_t id = 0;
+  int kept = -1;
+  std::pair<uint64_t, int> foreign{0, -1};
+  {
+    std::lock_guard lock(*held_mu);
+    if (auto it = vmm->shared.find(h); it != vmm->shared.end()) {
+      const uint64_t of = it->second;
+      vmm->shared.erase(it);
+      auto e = vmm->ids.find(of);
+      if (e != vmm->ids.end() && --e->second.first <= 0) {
+        id = of;
+        kept = e->second.second;
+        vmm->ids.erase(e);
+      }
+      if (id == 0) return;  // another handle of it here still holds it
+    } else if (auto f = vmm->foreign.find(h); f != vmm->foreign.end()) {
+      foreign = f->second;
+      vmm->foreign.erase(f);
+    }
+  }
+  if (id != 0) {
+    region->Leave(id);
+    if (kept >= 0) close(kept);
+  } else if (foreign.second >= 0) {
+    if (foreign.first > 0) region->Release(foreign.second, foreign.first);
+  } else {
+    Uncount(kHandle, h);
+  }
+}
+
+// This process's copy of a descriptor it exports or imports: the witness by which the job's other
+// processes recognise the same memory (kcmp); -1 when it cannot be made.
+int KeepCopy(int fd) { return fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1; }
+}  // namespace
+
+// Memory exported to be shared with other processes becomes the job's shared memory, charged once
+// while any process of the job holds it (RegionData::shared). The charge stays this process's
+// until it lets go; then it passes to another holder.
+TESSERA_EXPORT CUresult cuMemExportToShareableHandle(void* out, CUmemGenericAllocationHandle handle,
+                                                     int type, unsigned long long flags) {
+  if (!Ready() || real.cuMemExportToShareableHandle == nullptr || vmm == nullptr)
+    return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult rc = real.cuMemExportToShareableHandle(out, handle, type, flags);
+  if (rc != CUDA_SUCCESS || out == nullptr) return rc;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+    return rc;  // Windows handles: not on this platform
+  const bool fd_type = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const int kept = fd_type ? KeepCopy(*static_cast<const int*>(out)) : -1;
+  const auto* fabric = fd_type ? nullptr : static_cast<const uint8_t*>(out);
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(*held_mu);
+    if (auto it = vmm->shared.find(handle); it != vmm->shared.end()) id = it->second;
+  }
+  if (id != 0) {  // exported again: one more witness, if this process has none
+    bool keep = false;
+    {
+      std::lock_guard lock(*held_mu);
+      auto& e = vmm->ids[id];
+      if (e.second < 0 && kept >= 0) e.second = kept, keep = true;
+    }
+    if (keep) {
+      region->AddWitness(id, kept);
+    } else if (kept >= 0) {
+      close(kept);
+    }
+    return rc;
+  }
+  Held held;
+  if (!Forget(kHandle, handle, &held)) {  // not memory this process charged (on the host)
+    if (kept >= 0) close(kept);
+    return rc;
+  }
+  id = region->Share(held.device, held.bytes, kept, fabric);
+  bool remembered = false;
+  if (id != 0) {
+    try {
+      std::lock_guard lock(*held_mu);
+      vmm->shared[handle] = id;
+      vmm->ids[id] = {1, kept};
+      remembered = true;
+    } catch (...) {
+    }
+    if (!remembered) region->Leave(id);  // gives the charge back: charged again below
+  }
+  if (!remembered) {
+    // Not shared (a region without the table, the table full): this process's alone, as before;
+    // an importer then charges it again (too much, never too little).
+    if (kept >= 0) close(kept);
+    if (id != 0) region->Reserve(held.device, held.bytes);
+    Remember(kHandle, handle, held);
+  }
+  return rc;
+}
+
+// An imported handle of the job's shared memory holds no new memory: this process joins its
+// holders. Imported memory that is not the job's (another job's export, or no way to tell) is
+// charged as this process's own while mapped.
+TESSERA_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                       void* os_handle, int type) {
+  if (!Ready() || real.cuMemImportFromShareableHandle == nullptr || vmm == nullptr)
+    return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult rc = real.cuMemImportFromShareableHandle(handle, os_handle, type);
+  if (rc != CUDA_SUCCESS || handle == nullptr) return rc;
+  const bool fd_type = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const int fd = fd_type ? static_cast<int>(reinterpret_cast<intptr_t>(os_handle)) : -1;
+  const auto* fabric =
+      type == CU_MEM_HANDLE_TYPE_FABRIC ? static_cast<const uint8_t*>(os_handle) : nullptr;
+  const int kept = KeepCopy(fd);
+  int device = -1;
+  uint64_t bytes = 0;
+  const uint64_t id =
+      fd >= 0 || fabric != nullptr ? region->Join(fd, fabric, kept, &device, &bytes) : 0;
+  bool close_kept = id == 0;
+  try {
+    std::lock_guard lock(*held_mu);
+    if (id != 0) {
+      vmm->shared[*handle] = id;
+      auto [e, fresh] = vmm->ids.try_emplace(id, 0, kept);
+      ++e->second.first;
+      close_kept = !fresh;  // this process holds it already: one witness is enough
+    } else {
+      CUmemAllocationProp prop{};
+      const bool known =
+          real.cuMemGetAllocationPropertiesFromHandle != nullptr &&
+          real.cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS &&
+          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+      vmm->foreign[*handle] = {0, known ? prop.location.id : CurrentDevice()};
+    }
+  } catch (...) {
+  }
+  if (close_kept && kept >= 0) close(kept);
+  return rc;
+}
+
 // A handle released while it is mapped keeps its memory (the driver frees it at the last unmap):
 // it stays charged until then. NVIDIA's memmap sample releases right after mapping; 12 x 256 MiB
 // were live under a 1 GiB limit when the release gave the charge back.
@@ -136,7 +279,7 @@ TESSERA_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
       return rc;
     }
   }
-  Uncount(kHandle, handle);
+  LetGo(handle);
   return rc;
 }
 
@@ -145,12 +288,23 @@ TESSERA_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   if (!Ready() || real.cuMemMap == nullptr || vmm == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuMemMap(ptr, size, offset, handle, flags);
   if (rc != CUDA_SUCCESS) return rc;
+  bool fits = true;
   try {
     std::lock_guard lock(*held_mu);
-    vmm->mappings[ptr] = {size, handle};
-    ++vmm->mapped[handle];
+    // Another job's memory imported here: charged as this process's, its largest mapping.
+    if (auto f = vmm->foreign.find(handle); f != vmm->foreign.end() && size > f->second.first) {
+      fits = region->Reserve(f->second.second, size - f->second.first);
+      if (fits) f->second.first = size;
+    }
+    if (fits) {
+      vmm->mappings[ptr] = {size, handle};
+      ++vmm->mapped[handle];
+    }
   } catch (...) {
     // Not remembered, its release would give the charge back early: undone instead.
+    fits = false;
+  }
+  if (!fits) {
     real.cuMemUnmap(ptr, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -178,7 +332,7 @@ TESSERA_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   } catch (...) {
     // Out of memory for the list: those handles stay charged (fail closed: too much, never less).
   }
-  for (uint64_t h : gone) Uncount(kHandle, h);
+  for (uint64_t h : gone) LetGo(h);
   return rc;
 }
 

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -194,12 +195,15 @@ const char* Untrusted(int fd) {
 
 // Whether `fd` is a regular file of exactly `size` bytes whose head holds `magic` and `version`
 // (read through pread: the file may shrink meanwhile); its stat in `st`.
-bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, struct stat* st) {
+bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, struct stat* st,
+                     size_t earlier_size = 0) {
   struct {
     uint64_t magic;
     uint32_t version;
   } head = {0, 0};  // every shared file's first 8 and next 4 bytes
-  return fstat(fd, st) == 0 && S_ISREG(st->st_mode) && static_cast<size_t>(st->st_size) == size &&
+  return fstat(fd, st) == 0 && S_ISREG(st->st_mode) &&
+         (static_cast<size_t>(st->st_size) == size ||
+          (earlier_size != 0 && static_cast<size_t>(st->st_size) == earlier_size)) &&
          ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) && head.magic == magic &&
          head.version == version;
 }
@@ -207,7 +211,7 @@ bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, stru
 
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
-                    int* fd_out, char* err, size_t err_len) {
+                    int* fd_out, char* err, size_t err_len, size_t earlier_size, size_t* size_out) {
   errno = 0;
   bool creator = true;
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -243,9 +247,12 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
       SleepMicros(100);
     }
     if (static_cast<size_t>(st.st_size) != size) {
-      return fail("not a Tessera %s of this version (wrong size)", false);
+      if (earlier_size == 0 || static_cast<size_t>(st.st_size) != earlier_size)
+        return fail("not a Tessera %s of this version (wrong size)", false);
+      size = earlier_size;
     }
   }
+  if (size_out != nullptr) *size_out = size;
   void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return fail("cannot map the %s", true);
   // Every shared file starts with its magic (written last by the creator) and its version.
@@ -299,12 +306,13 @@ bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t m
   return true;
 }
 
-int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version) {
+int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version,
+                   size_t earlier_size) {
   // O_NONBLOCK: a FIFO put in the file's place must not hang the reader (S_ISREG refuses it next).
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
   struct stat st;
-  if (!HoldsSharedFile(fd, size, magic, version, &st)) {
+  if (!HoldsSharedFile(fd, size, magic, version, &st, earlier_size)) {
     close(fd);
     return -1;
   }
@@ -326,16 +334,17 @@ bool ReadSharedAt(int fd, void* out, size_t len, size_t offset) {
 
 std::unique_ptr<RegionData> ReadRegionHead(const char* path) {
   std::unique_ptr<RegionData> d(new (std::nothrow) RegionData());
-  if (d == nullptr || !ReadSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion,
-                                      d.get(), offsetof(RegionData, procs))) {
+  if (d == nullptr ||
+      !ReadSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion, d.get(),
+                      offsetof(RegionData, procs), 0, kRegionSizeWithoutShared)) {
     return nullptr;
   }
   return d;
 }
 
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
-                    size_t len, size_t offset) {
-  const int fd = OpenSharedFile(path, size, magic, version);
+                    size_t len, size_t offset, size_t earlier_size) {
+  const int fd = OpenSharedFile(path, size, magic, version, earlier_size);
   if (fd < 0) return false;
   const bool ok = ReadSharedAt(fd, out, len, offset);
   close(fd);
@@ -344,8 +353,8 @@ bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t vers
 
 namespace {
 // The region file at `path`, created for `limits` when missing.
-void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, char* err,
-                    size_t err_len) {
+void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd, size_t* size,
+                    char* err, size_t err_len) {
   struct Arg {
     const uint64_t* limits;
     int count;
@@ -356,28 +365,29 @@ void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd
         auto* p = static_cast<const Arg*>(a);
         Init(static_cast<RegionData*>(mem), p->limits, p->count, false);
       },
-      &arg, fd, err, err_len);
+      &arg, fd, err, err_len, kRegionSizeWithoutShared, size);
 }
 }  // namespace
 
 Region* Region::Attach(const char* path, const uint64_t* limits, int count, char* err,
                        size_t err_len) {
   int fd = -1;
-  void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
+  size_t size = 0;
+  void* m = MapRegionFile(path, limits, count, &fd, &size, err, err_len);
   if (m == nullptr) return nullptr;
   auto* d = static_cast<RegionData*>(m);
   auto fail = [&](const char* what) {
     errno = 0;
     SetError(err, err_len, what, path);
-    munmap(m, sizeof(RegionData));
+    munmap(m, size);
     close(fd);
     return nullptr;
   };
-  Region* r = new (std::nothrow) Region(d, fd);
+  Region* r = new (std::nothrow) Region(d, fd, size);
   if (r == nullptr) return fail("out of memory");
   // The job's user may truncate the file under its processes: zero pages in its place then, not
   // SIGBUS (fault_guard.h), and Reserve refuses from then on.
-  r->faults_ = GuardMapping(m, sizeof(RegionData));
+  r->faults_ = GuardMapping(m, size);
   r->ReleaseFormerImage();
   // The process's own limits (its environment) hold too: a region file that says less (0: none)
   // does not lift them; the stricter of the two applies.
@@ -398,9 +408,10 @@ Region* Region::Attach(const char* path, const uint64_t* limits, int count, char
 bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char* err,
                       size_t err_len) {
   int fd = -1;
-  void* m = MapRegionFile(path, limits, count, &fd, err, err_len);
+  size_t size = 0;
+  void* m = MapRegionFile(path, limits, count, &fd, &size, err, err_len);
   if (m == nullptr) return false;
-  munmap(m, sizeof(RegionData));
+  munmap(m, size);
   close(fd);
   return true;
 }
@@ -414,7 +425,7 @@ Region* Region::Private(const uint64_t* limits, int count, char* err, size_t err
   }
   auto* d = static_cast<RegionData*>(m);
   Init(d, limits, count, true);
-  Region* r = new (std::nothrow) Region(d, -1);
+  Region* r = new (std::nothrow) Region(d, -1, sizeof(RegionData));
   if (r == nullptr) {
     munmap(m, sizeof(RegionData));
     return nullptr;
@@ -489,9 +500,130 @@ bool Region::ClaimSlot() {
 void Region::ReclaimDeadLocked() {
   for (ProcSlot& s : data_->procs) {
     if (s.pid.load() == 0 || Alive(s)) continue;
+    // Shared memory it held passes to another holder first: freeing the slot would give it back.
+    if (HasSharedTable()) {
+      for (SharedAlloc& a : data_->shared) {
+        if (a.id != 0) DropHolder(a, SlotIndex(&s));
+      }
+    }
     FreeSlot(s);
     ++reclaimed_slots_;
   }
+}
+
+namespace {
+bool HolderBit(const SharedAlloc& a, int slot) { return (a.holders[slot / 64] >> (slot % 64)) & 1; }
+void SetHolderBit(SharedAlloc& a, int slot, bool on) {
+  const uint64_t bit = uint64_t{1} << (slot % 64);
+  a.holders[slot / 64] = on ? a.holders[slot / 64] | bit : a.holders[slot / 64] & ~bit;
+}
+void AddRef(SharedAlloc& a, int pid, int fd) {
+  if (fd < 0) return;
+  for (int k = 0; k < kSharedRefs; ++k) {
+    if (a.ref_pid[k] == 0) {
+      a.ref_pid[k] = pid;
+      a.ref_fd[k] = fd;
+      return;
+    }
+  }
+}
+// Whether `fd` here and `ref_fd` in `ref_pid` are the same open file (kcmp; needs the right to
+// look at the other process, which a job's own processes have unless a seccomp filter refuses it).
+bool SameFile(int fd, int ref_pid, int ref_fd) {
+  return syscall(SYS_kcmp, getpid(), ref_pid, 0 /* KCMP_FILE */, fd, ref_fd) == 0;
+}
+}  // namespace
+
+void Region::DropHolder(SharedAlloc& a, int from) {
+  if (!HolderBit(a, from)) return;
+  SetHolderBit(a, from, false);
+  const int32_t pid = data_->procs[from].pid.load();
+  for (int k = 0; k < kSharedRefs; ++k) {
+    if (a.ref_pid[k] == pid) a.ref_pid[k] = 0, a.ref_fd[k] = 0;
+  }
+  if (a.payer != from) return;
+  int next = -1;
+  for (int w = 0; w < kMaxProcs / 64 && next < 0; ++w) {
+    if (a.holders[w] != 0) next = w * 64 + __builtin_ctzll(a.holders[w]);
+  }
+  const int d = a.device;
+  auto take = [&](std::atomic<uint64_t>& u) {
+    uint64_t cur = u.load();
+    while (!u.compare_exchange_weak(cur, cur > a.bytes ? cur - a.bytes : 0)) {
+    }
+  };
+  take(data_->procs[from].used[d]);
+  if (next >= 0) {  // the charge moves; the job's total stays
+    data_->procs[next].used[d].fetch_add(a.bytes);
+    a.payer = next;
+    return;
+  }
+  take(data_->used[d]);  // the last holder: the driver frees it now
+  a = SharedAlloc{};
+}
+
+uint64_t Region::Share(int device, uint64_t bytes, int kept_fd, const uint8_t* fabric) {
+  if (!HasSharedTable() || slot_ == nullptr || device < 0 || device >= kMaxDevices) return 0;
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  uint64_t id = 0;
+  for (SharedAlloc& a : data_->shared) {
+    if (a.id != 0) continue;
+    a = SharedAlloc{};
+    a.id = id = ++data_->next_shared_id;
+    a.bytes = bytes;
+    a.device = device;
+    a.payer = SlotIndex(slot_);
+    SetHolderBit(a, a.payer, true);
+    AddRef(a, slot_->pid.load(), kept_fd);
+    if (fabric != nullptr) memcpy(a.fabric, fabric, sizeof a.fabric);
+    break;
+  }
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+  return id;
+}
+
+void Region::AddWitness(uint64_t id, int kept_fd) {
+  if (!HasSharedTable() || slot_ == nullptr || id == 0) return;
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  for (SharedAlloc& a : data_->shared) {
+    if (a.id == id) AddRef(a, slot_->pid.load(), kept_fd);
+  }
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+}
+
+uint64_t Region::Join(int fd, const uint8_t* fabric, int kept_fd, int* device, uint64_t* bytes) {
+  if (!HasSharedTable() || slot_ == nullptr) return 0;
+  static const uint8_t kNone[64] = {};
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  uint64_t id = 0;
+  for (SharedAlloc& a : data_->shared) {
+    if (a.id == 0) continue;
+    bool same = fabric != nullptr && memcmp(fabric, kNone, sizeof kNone) != 0 &&
+                memcmp(a.fabric, fabric, sizeof a.fabric) == 0;
+    for (int k = 0; !same && fd >= 0 && k < kSharedRefs; ++k) {
+      same = a.ref_pid[k] != 0 && SameFile(fd, a.ref_pid[k], a.ref_fd[k]);
+    }
+    if (!same) continue;
+    SetHolderBit(a, SlotIndex(slot_), true);
+    bool witness = false;
+    for (int k = 0; k < kSharedRefs; ++k) witness = witness || a.ref_pid[k] == slot_->pid.load();
+    if (!witness) AddRef(a, slot_->pid.load(), kept_fd);
+    id = a.id;
+    *device = a.device;
+    *bytes = a.bytes;
+    break;
+  }
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
+  return id;
+}
+
+void Region::Leave(uint64_t id) {
+  if (!HasSharedTable() || slot_ == nullptr || id == 0) return;
+  if (fd_ >= 0) flock(fd_, LOCK_EX);
+  for (SharedAlloc& a : data_->shared) {
+    if (a.id == id) DropHolder(a, SlotIndex(slot_));
+  }
+  if (fd_ >= 0) flock(fd_, LOCK_UN);
 }
 
 int Region::ReclaimDead() {

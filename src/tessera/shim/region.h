@@ -31,6 +31,26 @@ struct ProcSlot {
   std::atomic<uint64_t> kernel_launches;
 };
 
+// VMM memory a job's processes share: exported by one (cuMemExportToShareableHandle), imported by
+// others (cuMemImportFromShareableHandle). The driver frees it when the last handle and the last
+// mapping of it are gone, in whichever process; so it is charged once for the job, to one of the
+// processes holding it (`payer`, whose slot's `used` carries it), and passed on to another holder
+// when that one lets go or dies. An importer finds the entry by the exported file itself: kcmp
+// tells whether its descriptor is the same open file as a holder's kept copy (`ref_pid`/`ref_fd`);
+// a fabric handle by its bytes. Changed only under the region file's lock.
+inline constexpr int kMaxShared = 256;
+inline constexpr int kSharedRefs = 4;
+struct SharedAlloc {
+  uint64_t id;  // 0: a free entry
+  uint64_t bytes;
+  int32_t device;
+  int32_t payer;                     // index of the slot charged
+  uint64_t holders[kMaxProcs / 64];  // slots holding it (a handle or a mapping), as bits
+  int32_t ref_pid[kSharedRefs];      // 0: none
+  int32_t ref_fd[kSharedRefs];
+  uint8_t fabric[64];  // a fabric handle's bytes; zero for descriptors
+};
+
 struct RegionData {
   std::atomic<uint64_t> magic;  // written last by the creator: the region is ready once it is set
   uint32_t version;
@@ -41,7 +61,12 @@ struct RegionData {
   std::atomic<uint64_t> attaches;
   std::atomic<uint64_t> reclaimed_bytes;  // given back from dead processes, in all
   ProcSlot procs[kMaxProcs];
+  // Added later in version 2: a file without it (kRegionSizeWithoutShared bytes, made by an
+  // earlier build) is still accepted, its processes then charging each import themselves.
+  uint64_t next_shared_id;
+  SharedAlloc shared[kMaxShared];
 };
+inline constexpr size_t kRegionSizeWithoutShared = offsetof(RegionData, next_shared_id);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
 
@@ -69,6 +94,24 @@ class Region {
   // Records this process's pid as the driver lists it (ProcSlot::driver_pid).
   void SetDriverPid(int pid);
 
+  // Shared VMM memory (SharedAlloc). Each takes the file lock.
+  // Makes `bytes` on `device`, charged to this process, shared memory of the job, findable by
+  // `kept_fd` (this process's copy of an exported descriptor; -1: none) or `fabric` (64 bytes;
+  // null: none). Its id, or 0 when it cannot be (no table in this file, the table full): the charge
+  // stays this process's alone.
+  uint64_t Share(int device, uint64_t bytes, int kept_fd, const uint8_t* fabric);
+  // Another exported descriptor of shared memory `id` this process holds, as a witness.
+  void AddWitness(uint64_t id, int kept_fd);
+  // The id of the shared memory `fd` (an imported descriptor; -1: none) or `fabric` is, now held
+  // by this process too (its `kept_fd` a witness; -1: none), or 0 when it is no shared memory of
+  // the job (exported by another job, or kcmp refused): then the importer charges it itself. The
+  // entry's device and size in `device` and `bytes`.
+  uint64_t Join(int fd, const uint8_t* fabric, int kept_fd, int* device, uint64_t* bytes);
+  // This process no longer holds shared memory `id`: its charge passes to another holder, or is
+  // given back with the last.
+  void Leave(uint64_t id);
+  bool HasSharedTable() const { return size_ >= sizeof(RegionData); }
+
   // The limit on `device`: the stricter of the region's and this process's own (Attach's `limits`);
   // 0 = none.
   uint64_t Limit(int device) const;
@@ -87,7 +130,7 @@ class Region {
   RegionData* data() { return data_; }
 
  private:
-  Region(RegionData* data, int fd) : data_(data), fd_(fd) {}
+  Region(RegionData* data, int fd, size_t size) : data_(data), fd_(fd), size_(size) {}
   bool ClaimSlot();
   void ReleaseFormerImage();
   // Gives back what slot `s` holds (never taking the totals below zero) and frees it; under the
@@ -95,8 +138,13 @@ class Region {
   void FreeSlot(ProcSlot& s);
   bool TryReserve(int device, uint64_t bytes);
   void ReclaimDeadLocked();
+  // Passes slot `from`'s part in shared memory to another holder (or drops it with the last);
+  // under the file lock, before the slot is freed or as the process leaves.
+  void DropHolder(SharedAlloc& a, int from);
+  int SlotIndex(const ProcSlot* s) const { return static_cast<int>(s - data_->procs); }
   RegionData* data_;
   int fd_;
+  size_t size_;  // the mapping's: sizeof(RegionData), or kRegionSizeWithoutShared
   ProcSlot* slot_ = nullptr;
   int reclaimed_slots_ = 0;
   std::atomic<uint64_t> last_reclaim_us_{0};  // CLOCK_MONOTONIC; 0: never
@@ -117,9 +165,12 @@ bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char*
 // last `magic` (the file's first 8 and next 4 bytes); others wait briefly for that and refuse
 // another magic, version or size. Returns the mapping and its descriptor in `fd_out`, or nullptr
 // with why in `err`.
+// `earlier_size`, when not 0, is accepted too (a layout that grew since at its end), and
+// `size_out` says which was mapped.
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
-                    int* fd_out, char* err, size_t err_len);
+                    int* fd_out, char* err, size_t err_len, size_t earlier_size = 0,
+                    size_t* size_out = nullptr);
 
 // Maps the shared file now at `path` over the mapping at `at` (MAP_FIXED, `size` bytes: every
 // thread using the old mapping sees the new file from then on, at the same address), after the same
@@ -137,15 +188,16 @@ bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t m
 // bound every index read from it.
 //
 // Opens `path` for ReadSharedAt: a regular file (not a symlink, FIFO or device) of exactly `size`
-// bytes whose head holds `magic` and `version`. Returns the descriptor (the caller closes it), or
-// -1 when the file is missing or is not such a file.
-int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version);
+// bytes (or `earlier_size`, when not 0) whose head holds `magic` and `version`. Returns the
+// descriptor (the caller closes it), or -1 when the file is missing or is not such a file.
+int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version,
+                   size_t earlier_size = 0);
 // Copies `len` bytes at `offset` of the file open as `fd` into `out`; false when the file no longer
 // holds them (truncated meanwhile) or cannot be read.
 bool ReadSharedAt(int fd, void* out, size_t len, size_t offset);
 // OpenSharedFile, one ReadSharedAt of `len` bytes at `offset`, close: false when either fails.
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
-                    size_t len, size_t offset = 0);
+                    size_t len, size_t offset = 0, size_t earlier_size = 0);
 // The head of the region file at `path` (its limits, totals and peaks: all but the process slots,
 // which stay zero), read with ReadSharedFile; null when it is not a region of this version (any
 // more). What the server and the agent read of a job's or pod's usage.

@@ -298,6 +298,89 @@ TEST(Region, CreatedAheadForAJobThatThenAttaches) {
   EXPECT_NE(std::string(err).find("not a Tessera"), std::string::npos) << err;
 }
 
+// A file made by a build before the shared VMM table (its earlier, shorter size) is still a
+// region: attached and read alike, its processes charging shared memory each on their own.
+TEST(Region, AFileOfTheLayoutBeforeTheSharedTableIsStillARegion) {
+  const std::string path = Path("older");
+  uint64_t limits[1] = {4096};
+  char err[128] = {};
+  ASSERT_TRUE(CreateRegionFile(path.c_str(), limits, 1, err, sizeof err)) << err;
+  std::filesystem::resize_file(path, kRegionSizeWithoutShared);
+  Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  EXPECT_FALSE(r->HasSharedTable());
+  EXPECT_TRUE(r->Reserve(0, 1000));
+  EXPECT_EQ(r->Share(0, 1000, -1, nullptr), 0u) << "no table: not shared";
+  auto head = ReadRegionHead(path.c_str());
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->used[0].load(), 1000u);
+  std::filesystem::resize_file(path, kRegionSizeWithoutShared + 8);
+  EXPECT_EQ(ReadRegionHead(path.c_str()), nullptr) << "any other size is refused";
+}
+
+// Shared memory's charge: once, to one holder; passed on when it leaves or dies; given back with
+// the last. The other holder is a forked child (a process of its own, with a slot of its own).
+TEST(Region, SharedMemoryIsChargedOnceAndPassedOnToTheNextHolder) {
+  const std::string path = Path("shared");
+  uint64_t limits[1] = {4096};
+  char err[128] = {};
+  Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  ASSERT_TRUE(r->HasSharedTable());
+  uint8_t fabric[64] = {1, 2, 3};
+  ASSERT_TRUE(r->Reserve(0, 1000));
+  const uint64_t id = r->Share(0, 1000, -1, fabric);
+  ASSERT_NE(id, 0u);
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    r->ReattachAfterFork();
+    int device = -1;
+    uint64_t bytes = 0;
+    uint8_t other[64] = {9};
+    int code = r->Join(-1, other, -1, &device, &bytes) == 0 ? 0 : 1;  // another allocation
+    code |= r->Join(-1, fabric, -1, &device, &bytes) == id && device == 0 && bytes == 1000 ? 0 : 2;
+    char c = 'j';
+    (void)!write(to_parent[1], &c, 1);
+    (void)!read(to_child[0], &c, 1);                               // the parent left
+    code |= r->SlotUsed(0) == 1000 && r->Used(0) == 1000 ? 0 : 4;  // the charge passed here
+    r->Leave(id);
+    code |= r->Used(0) == 0 ? 0 : 8;  // the last holder gave it back
+    _exit(code);
+  }
+  char c = 0;
+  ASSERT_EQ(read(to_parent[0], &c, 1), 1);
+  EXPECT_EQ(r->Used(0), 1000u) << "once while both hold it";
+  r->Leave(id);
+  EXPECT_EQ(r->Used(0), 1000u) << "the child holds it still";
+  EXPECT_EQ(r->SlotUsed(0), 0u);
+  (void)!write(to_child[1], "l", 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits of the child's failed checks";
+  EXPECT_EQ(r->Used(0), 0u);
+  int device = -1;
+  uint64_t bytes = 0;
+  EXPECT_EQ(r->Join(-1, fabric, -1, &device, &bytes), 0u) << "gone";
+  // A holder that dies passes nothing on when it is the last: its slot gives the charge back.
+  ASSERT_TRUE(r->Reserve(0, 500));
+  const uint64_t again = r->Share(0, 500, -1, fabric);
+  const pid_t holder = fork();
+  if (holder == 0) {
+    r->ReattachAfterFork();
+    _exit(r->Join(-1, fabric, -1, &device, &bytes) == again ? 0 : 1);
+  }
+  waitpid(holder, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  r->Leave(again);
+  EXPECT_EQ(r->Used(0), 500u) << "the dead child, not yet reclaimed, holds it";
+  EXPECT_EQ(r->ReclaimDead(), 2) << "both children's slots";
+  EXPECT_EQ(r->Used(0), 0u) << "the dead holder's slot gave it back";
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
+}
+
 TEST(Region, StartTimeTellsAReusedPid) {
   EXPECT_GT(ProcessStartTime(getpid()), 0u);
   EXPECT_EQ(ProcessStartTime(999'999'999), 0u);

@@ -239,6 +239,9 @@ void Init() {
         reinterpret_cast<cuDeviceGetMemPool_fn>(sym(real.handle, "cuDeviceGetMemPool"));
     real.cuMemPoolGetAttribute =
         reinterpret_cast<cuMemPoolGetAttribute_fn>(sym(real.handle, "cuMemPoolGetAttribute"));
+    real.cuMemGetAllocationPropertiesFromHandle =
+        reinterpret_cast<cuMemGetAllocationPropertiesFromHandle_fn>(
+            sym(real.handle, "cuMemGetAllocationPropertiesFromHandle"));
 #define TESSERA_RESOLVE(name) real.name = reinterpret_cast<name##_fn>(sym(real.handle, #name));
     TESSERA_RESOLVE(cuGraphGetNodes)
     TESSERA_RESOLVE(cuGraphNodeGetType)

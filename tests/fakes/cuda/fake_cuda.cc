@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -132,6 +133,13 @@ CUresult Take(uint64_t bytes, unsigned long long* key_out) {
   return CUDA_SUCCESS;
 }
 
+// A handle's memory as a file, once it is exported or imported (cuMemExportToShareableHandle):
+// what names it across processes. Closed when the handle goes. Under mu.
+std::unordered_map<uint64_t, int>& HandleFile() {
+  static auto* m = new std::unordered_map<uint64_t, int>();
+  return *m;
+}
+
 CUresult Give(uint64_t key) {
   std::pair<uint64_t, int> v;
   {
@@ -140,6 +148,10 @@ CUresult Give(uint64_t key) {
     if (it == Live().end()) return CUDA_ERROR_INVALID_VALUE;
     v = it->second;
     Live().erase(it);
+    if (auto f = HandleFile().find(key); f != HandleFile().end()) {
+      close(f->second);
+      HandleFile().erase(f);
+    }
   }
   used[v.second].fetch_sub(v.first);
   free(reinterpret_cast<void*>(key));
@@ -540,6 +552,68 @@ FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     }
   }
   return Give(h);
+}
+// Sharing between processes. A descriptor export is a new open file of the handle's memfd each
+// time, as the driver gives a new descriptor per export; a fabric handle is 64 bytes naming the
+// memfd's inode and the size. An imported handle holds no memory of this process's own (the
+// exporter's is the memory) and keeps its file open until released.
+FAKE_EXPORT CUresult cuMemExportToShareableHandle(void* out, CUmemGenericAllocationHandle h,
+                                                  int type, unsigned long long) {
+  std::lock_guard lock(mu);
+  auto it = Live().find(h);
+  if (out == nullptr || it == Live().end()) return CUDA_ERROR_INVALID_VALUE;
+  if (type != 1 && type != 8) return CUDA_ERROR_NOT_SUPPORTED;
+  int& file = HandleFile()[h];
+  if (file == 0) {
+    file = memfd_create("fake-vmm", MFD_CLOEXEC);
+    if (file < 0 || ftruncate(file, static_cast<off_t>(it->second.first)) != 0)
+      return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  struct stat st;
+  fstat(file, &st);
+  if (type == 1) {
+    const std::string self = "/proc/self/fd/" + std::to_string(file);
+    *static_cast<int*>(out) = open(self.c_str(), O_RDWR | O_CLOEXEC);
+  } else {
+    uint64_t fabric[8] = {0x5242414642414b46ull /* "FAKEFABR" */, static_cast<uint64_t>(st.st_ino),
+                          static_cast<uint64_t>(st.st_size)};
+    memcpy(out, fabric, sizeof fabric);
+  }
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h, void* os,
+                                                    int type) {
+  if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  int file = -1;
+  if (type == 1) {
+    struct stat st;
+    const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os));
+    if (fstat(fd, &st) != 0 || st.st_size == 0) return CUDA_ERROR_INVALID_VALUE;
+    file = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  } else if (type == 8) {
+    uint64_t fabric[8];
+    memcpy(fabric, os, sizeof fabric);
+    if (fabric[0] != 0x5242414642414b46ull) return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  void* key = malloc(1);
+  std::lock_guard lock(mu);
+  Live()[reinterpret_cast<uint64_t>(key)] = {0, current_device};
+  if (file >= 0) HandleFile()[reinterpret_cast<uint64_t>(key)] = file;
+  *h = reinterpret_cast<uint64_t>(key);
+  return CUDA_SUCCESS;
+}
+FAKE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                            CUmemGenericAllocationHandle h) {
+  std::lock_guard lock(mu);
+  auto it = Live().find(h);
+  if (prop == nullptr || it == Live().end()) return CUDA_ERROR_INVALID_VALUE;
+  *prop = CUmemAllocationProp{};
+  prop->type = 1;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = it->second.second;
+  return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* p, size_t size, size_t, CUdeviceptr,
                                          unsigned long long) {
@@ -1034,6 +1108,9 @@ FAKE_EXPORT void* fakeCudaOwnSymbol(const char* name) {
       {"cuMemFreeAsync", (void*)&cuMemFreeAsync},
       {"cuMemFreeAsync_ptsz", (void*)&cuMemFreeAsync_ptsz},
       {"cuMemCreate", (void*)&cuMemCreate},
+      {"cuMemExportToShareableHandle", (void*)&cuMemExportToShareableHandle},
+      {"cuMemImportFromShareableHandle", (void*)&cuMemImportFromShareableHandle},
+      {"cuMemGetAllocationPropertiesFromHandle", (void*)&cuMemGetAllocationPropertiesFromHandle},
       {"cuMemRelease", (void*)&cuMemRelease},
       {"cuMemMap", (void*)&cuMemMap},
       {"cuMemUnmap", (void*)&cuMemUnmap},
@@ -1132,6 +1209,9 @@ void* Lookup(const std::string& name, int version, cuuint64_t flags) {
       {"cuMemFree", (void*)&cuMemFree_v2},
       {"cuMemFreeAsync", (void*)&cuMemFreeAsync},
       {"cuMemCreate", (void*)&cuMemCreate},
+      {"cuMemExportToShareableHandle", (void*)&cuMemExportToShareableHandle},
+      {"cuMemImportFromShareableHandle", (void*)&cuMemImportFromShareableHandle},
+      {"cuMemGetAllocationPropertiesFromHandle", (void*)&cuMemGetAllocationPropertiesFromHandle},
       {"cuMemRelease", (void*)&cuMemRelease},
       {"cuMemAddressReserve", (void*)&cuMemAddressReserve},
       {"cuMemAddressFree", (void*)&cuMemAddressFree},
