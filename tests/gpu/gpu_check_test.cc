@@ -110,4 +110,27 @@ TEST(GpuCheck, AContainersModulesStayWithinItsLimitOnTheFakeDriver) {
   std::filesystem::remove_all(dir);
 }
 
+// VMM memory shared between two tenants of one job on the fake driver: once while both hold it,
+// on while the importer maps it after the exporter let go, nothing after both.
+TEST(GpuCheck, SharedVmmMemoryIsChargedOnceForItsWholeLifeOnTheFakeDriver) {
+  const std::string dir = Dir();
+  const std::string json = dir + "/checks.json";
+  const auto r = tessera::test::Capture(Check(
+      "--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " + json + " --only 'shared VMM'"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << r.out;
+  std::set<std::string> passed;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  for (const auto& c : doc.at("checks")) {
+    if (c.at("result") == "pass") passed.insert(c.at("name").get<std::string>());
+  }
+  for (const char* name :
+       {"shared VMM 512 MiB: both hold it", "shared VMM 512 MiB: the exporter let go",
+        "shared VMM 512 MiB: both let go"}) {
+    EXPECT_TRUE(passed.contains(name)) << name << "\n" << r.out;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

@@ -522,6 +522,64 @@ class Checker {
     c.Wait();
   }
 
+  // VMM memory shared between two processes of a job (one region): 512 MiB exported as a
+  // descriptor by one, imported and mapped by the other. Charged once while both hold it, still
+  // charged after the exporter lets go (the importer's mapping keeps it), given back with the last.
+  void SharedVmm() {
+    const std::string name = "shared VMM 512 MiB";
+    const std::vector<std::string> env = {"TESSERA_CUDA_MEM_LIMIT=4GiB",
+                                          "TESSERA_CUDA_REGION=" + dir_ + "/shared-vmm.region"};
+    Child a, b;
+    std::string err;
+    if (!Start({"exporter", env, true, {"memory"}}, "", &a, &err) ||
+        !Start({"importer", env, true, {"memory"}}, "", &b, &err)) {
+      return Failed(name, "", err);
+    }
+    for (Child* c : {&a, &b}) {
+      if (Fields f = ParseFields(c->ReadLine()); f.count("error"))
+        return Failed(name, "", f["error"]);
+    }
+    auto used = [&](Child& c) {
+      c.Send("info");
+      Fields f = ParseFields(c.ReadLine());
+      return Num(f, "total") - Num(f, "free");
+    };
+    const double before = used(b);
+    const std::string sock = dir_ + "/shared-vmm.sock";
+    a.Send("vmmexport:" + sock);
+    b.Send("vmmimport:" + sock);
+    Fields exported = ParseFields(a.ReadLine()), imported = ParseFields(b.ReadLine());
+    if (exported["rc"] != "0" || imported["rc"] != "0") {
+      return Failed(name, "", "export rc " + exported["rc"] + ", import rc " + imported["rc"]);
+    }
+    const double both = used(b);
+    a.Send("vmmdrop");
+    a.ReadLine();
+    const double importer_only = used(b);
+    b.Send("vmmdrop");
+    b.ReadLine();
+    const double after = used(b);
+    constexpr double kShared = 512.0 * (1 << 20), kSlack = 16.0 * (1 << 20);
+    auto mib = [](double v) { return Fixed(v / (1 << 20), 0) + " MiB"; };
+    Add({name + ": both hold it",
+         "charged " + mib(both - before),
+         "512 MiB: once",
+         std::abs(both - before - kShared) < kSlack ? Verdict::kPass : Verdict::kFail,
+         {{"charged_bytes", both - before}}});
+    Add({name + ": the exporter let go",
+         "charged " + mib(importer_only - before),
+         "512 MiB: the importer's mapping keeps it",
+         std::abs(importer_only - before - kShared) < kSlack ? Verdict::kPass : Verdict::kFail,
+         {{"charged_bytes", importer_only - before}}});
+    Add({name + ": both let go",
+         "charged " + mib(after - before),
+         "0",
+         std::abs(after - before) < kSlack ? Verdict::kPass : Verdict::kFail,
+         {{"charged_bytes", after - before}}});
+    a.Wait();  // stdin closed: the tenants end
+    b.Wait();
+  }
+
   // A container's tenant (a pid namespace of its own), with the overhead the node agent sets for
   // every pod: contexts and modules measured under the host pid the library finds by its probe,
   // not only the fixed overhead (modules went uncounted: 5 x 400 MiB took 3,000 MiB under 1 GiB).
@@ -646,7 +704,8 @@ const std::vector<std::string>& Names() {
       "control",          "deep queue 200x1ms", "deep queue 400x5ms",
       "graph replays",    "long kernels",       "job of processes",
       "SIGSTOP",          "priority",           "memory",
-      "container memory", "lookup routes",      "pytorch"};
+      "container memory", "shared VMM",         "lookup routes",
+      "pytorch"};
   return names;
 }
 
@@ -726,6 +785,7 @@ int RunChecks(const Options& options, std::ostream& out) {
   }
   if (wanted("memory")) c.Memory(have_nvml ? &nvml : nullptr);
   if (wanted("container memory")) c.ContainerMemory(have_nvml ? &nvml : nullptr);
+  if (wanted("shared VMM")) c.SharedVmm();
   if (wanted("lookup routes")) c.ProcAddress();
   if (!options.torch.empty() && wanted("pytorch")) c.Torch();
   std::filesystem::remove_all(dir);

@@ -110,6 +110,8 @@ bool Driver::Load(const char* path, std::string* err) {
   Resolve(handle, "cuMemAddressFree", &cuMemAddressFree, &missing);
   Resolve(handle, "cuMemMap", &cuMemMap, &missing);
   Resolve(handle, "cuMemUnmap", &cuMemUnmap, &missing);
+  Resolve(handle, "cuMemExportToShareableHandle", &cuMemExportToShareableHandle, nullptr);
+  Resolve(handle, "cuMemImportFromShareableHandle", &cuMemImportFromShareableHandle, nullptr);
   Resolve(handle, "cuGetErrorString", &cuGetErrorString, &missing);
   Resolve(handle, "cuGetProcAddress", &cuGetProcAddress, nullptr);
   Resolve(handle, "cuGetProcAddress_v2", &cuGetProcAddress_v2, nullptr);

@@ -49,6 +49,9 @@ struct Driver {
   cuMemAddressFree_fn cuMemAddressFree = nullptr;
   cuMemMap_fn cuMemMap = nullptr;
   cuMemUnmap_fn cuMemUnmap = nullptr;
+  // Shared between processes (optional: older drivers lack them).
+  cuMemExportToShareableHandle_fn cuMemExportToShareableHandle = nullptr;
+  cuMemImportFromShareableHandle_fn cuMemImportFromShareableHandle = nullptr;
   cuGetProcAddress_fn cuGetProcAddress = nullptr;        // may be missing
   cuGetProcAddress_v2_fn cuGetProcAddress_v2 = nullptr;  // CUDA 12+; may be missing
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;

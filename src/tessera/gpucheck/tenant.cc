@@ -1,5 +1,8 @@
 #include "tessera/gpucheck/tenant.h"
 
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -147,6 +150,58 @@ int Work(const Driver& d, const Gpu& g, const Args& a) {
   return 0;
 }
 
+// A unix socket at `path`: listening (server) or connected to it, waiting up to 10 s for it to
+// appear (client); -1 on failure.
+int UnixSocket(const std::string& path, bool server) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  for (int i = 0; i < 10000; ++i, usleep(1000)) {
+    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (server) {
+      unlink(addr.sun_path);
+      if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(s, 1) == 0)
+        return s;
+    } else if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      return s;
+    }
+    close(s);
+    if (server) return -1;
+  }
+  return -1;
+}
+
+// Sends `bytes` and descriptor `fd` over connected socket `s` (SCM_RIGHTS), or receives them.
+bool SendFd(int s, uint64_t bytes, int fd) {
+  iovec iov{&bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  return sendmsg(s, &m, 0) == sizeof bytes;
+}
+bool ReceiveFd(int s, uint64_t* bytes, int* fd) {
+  iovec iov{bytes, sizeof *bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  if (recvmsg(s, &m, MSG_WAITALL) != sizeof *bytes) return false;
+  cmsghdr* cm = CMSG_FIRSTHDR(&m);
+  if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) return false;
+  memcpy(fd, CMSG_DATA(cm), sizeof *fd);
+  return true;
+}
+
 // Steps read from stdin, one result line each, so that the parent can read NVML's figures for
 // this process between them.
 int Memory(const Driver& d, const Gpu& g) {
@@ -155,6 +210,12 @@ int Memory(const Driver& d, const Gpu& g) {
   std::vector<CUmodule> modules;
   std::vector<CUdeviceptr> mapped;  // VMM: ranges of kVmm each, their handles released
   constexpr size_t kVmm = size_t{256} << 20;
+  struct Shared {
+    CUmemGenericAllocationHandle handle;
+    CUdeviceptr va;
+    uint64_t bytes;
+  };
+  std::vector<Shared> shared;  // exported or imported: released and unmapped by "vmmdrop"
   std::string step;
   std::puts("ready=1");
   std::fflush(stdout);
@@ -216,6 +277,54 @@ int Memory(const Driver& d, const Gpu& g) {
         mapped.push_back(va);
       }
       std::printf("n=%zu requested=%zu rc=%d\n", mapped.size(), mapped.size() * kVmm, rc);
+    } else if (step.rfind("vmmexport:", 0) == 0 || step.rfind("vmmimport:", 0) == 0) {
+      // 512 MiB exported as a descriptor and sent over a unix socket to the other tenant, which
+      // imports and maps it (an inference server handing its workers a weights buffer).
+      const bool exporting = step[3] == 'e';
+      const std::string path = step.substr(10);
+      uint64_t bytes = size_t{512} << 20;
+      int fd = -1;
+      CUmemGenericAllocationHandle h = 0;
+      CUdeviceptr va = 0;
+      if (d.cuMemExportToShareableHandle == nullptr ||
+          d.cuMemImportFromShareableHandle == nullptr) {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+      } else if (exporting) {
+        CUmemAllocationProp prop{};
+        prop.type = 1;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = g.device;
+        rc = d.cuMemCreate(&h, bytes, &prop, 0);
+        if (rc == CUDA_SUCCESS) rc = d.cuMemExportToShareableHandle(&fd, h, 1, 0);
+        const int srv = rc == CUDA_SUCCESS ? UnixSocket(path, true) : -1;
+        const int peer = srv >= 0 ? accept(srv, nullptr, nullptr) : -1;
+        if (rc == CUDA_SUCCESS && (peer < 0 || !SendFd(peer, bytes, fd)))
+          rc = CUDA_ERROR_INVALID_VALUE;
+        for (int x : {peer, srv, fd}) {
+          if (x >= 0) close(x);
+        }
+      } else {
+        const int s = UnixSocket(path, false);
+        rc = s >= 0 && ReceiveFd(s, &bytes, &fd) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        if (s >= 0) close(s);
+        if (rc == CUDA_SUCCESS)
+          rc = d.cuMemImportFromShareableHandle(
+              &h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)), 1);
+        if (fd >= 0) close(fd);
+      }
+      if (rc == CUDA_SUCCESS) rc = d.cuMemAddressReserve(&va, bytes, 0, 0, 0);
+      if (rc == CUDA_SUCCESS) rc = d.cuMemMap(va, bytes, 0, h, 0);
+      if (rc == CUDA_SUCCESS) shared.push_back({h, va, bytes});
+      std::printf("%s=1 rc=%d\n", exporting ? "exported" : "imported", rc);
+    } else if (step == "vmmdrop") {
+      for (const Shared& x : shared) {
+        d.cuMemRelease(x.handle);
+        d.cuMemUnmap(x.va, x.bytes);
+        d.cuMemAddressFree(x.va, x.bytes);
+      }
+      shared.clear();
+      std::puts("dropped=1");
     } else if (step == "vmmfree") {
       for (CUdeviceptr va : mapped) d.cuMemUnmap(va, kVmm), d.cuMemAddressFree(va, kVmm);
       mapped.clear();

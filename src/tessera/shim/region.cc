@@ -536,6 +536,11 @@ bool SameFile(int fd, int ref_pid, int ref_fd) {
 
 void Region::DropHolder(SharedAlloc& a, int from) {
   if (!HolderBit(a, from)) return;
+  // The job can write its region: an entry whose indices are out of bounds is dropped, not used.
+  if (a.device < 0 || a.device >= kMaxDevices || a.payer < 0 || a.payer >= kMaxProcs) {
+    a = SharedAlloc{};
+    return;
+  }
   SetHolderBit(a, from, false);
   const int32_t pid = data_->procs[from].pid.load();
   for (int k = 0; k < kSharedRefs; ++k) {
@@ -597,7 +602,7 @@ uint64_t Region::Join(int fd, const uint8_t* fabric, int kept_fd, int* device, u
   if (fd_ >= 0) flock(fd_, LOCK_EX);
   uint64_t id = 0;
   for (SharedAlloc& a : data_->shared) {
-    if (a.id == 0) continue;
+    if (a.id == 0 || a.device < 0 || a.device >= kMaxDevices) continue;
     bool same = fabric != nullptr && memcmp(fabric, kNone, sizeof kNone) != 0 &&
                 memcmp(a.fabric, fabric, sizeof a.fabric) == 0;
     for (int k = 0; !same && fd >= 0 && k < kSharedRefs; ++k) {
