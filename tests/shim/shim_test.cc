@@ -280,6 +280,23 @@ TEST(Shim, AMigDeviceIsMatchedByItsUuid) {
   EXPECT_EQ(RunClient(env, "link", "nvml:1"), "16384 16220 163 | 16384 16138 163\n");
 }
 
+// A MIG instance's contexts and modules are measured in the instance's own process list (NVML keeps
+// one per instance; the GPU's handle does not match a MIG UUID, so nothing was measured before).
+TEST(Shim, AMigInstancesContextsAndModulesAreMeasured) {
+  std::string path = TempPath("nvml-mig-self.json");
+  std::ofstream(path) << R"({"devices": [{"uuid": "GPU-bbbb0000-0000-0000-0000-000000000000",
+      "mig": 1, "self_memory": "cuda", "mig_devices": [
+        {"uuid": "MIG-cccc0000-0000-0000-0000-000000000000", "memory_total": 10737418240}]}]})";
+  Env env{.limit = "1GiB",
+          .extra = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
+                   " FAKE_NVML_SCENARIO=" +
+                   path +
+                   " CUDA_VISIBLE_DEVICES=MIG-cccc0000-0000-0000-0000-000000000000"
+                   " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=400"};
+  EXPECT_EQ(RunClient(env, "link", "ctx:0 info module info module"),
+            "ok\n724 1024\nok\n324 1024\noom\n");
+}
+
 // The server revokes a user's access to the arbiter by renaming a copy over it: a process of a job
 // that goes on launching maps the copy where the old file was, and its GPU time goes on counting
 // there (the library's own stat, glibc_compat.cc, is what tells the file was replaced).

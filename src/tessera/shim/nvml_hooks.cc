@@ -19,6 +19,7 @@ struct RealNvml {
   nvmlReturn_t (*Init)() = nullptr;
   nvmlReturn_t (*GetProcesses)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;  // _v3/_v2
   nvmlReturn_t (*GetUtilizationRates)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
+  nvmlReturn_t (*GetMigDeviceHandleByIndex)(nvmlDevice_t, unsigned, nvmlDevice_t*) = nullptr;
 };
 RealNvml real_nvml;
 pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
@@ -40,6 +41,7 @@ void InitNvml() {
   get(real_nvml.GetUUID, "nvmlDeviceGetUUID");
   get(real_nvml.Init, "nvmlInit_v2");
   get(real_nvml.GetUtilizationRates, "nvmlDeviceGetUtilizationRates");
+  get(real_nvml.GetMigDeviceHandleByIndex, "nvmlDeviceGetMigDeviceHandleByIndex");
   get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v3");
   if (real_nvml.GetProcesses == nullptr)
     get(real_nvml.GetProcesses, "nvmlDeviceGetComputeRunningProcesses_v2");
@@ -121,12 +123,21 @@ bool List(int device, Listing* out) {
     return false;
   unsigned count = 0;
   if (real_nvml.GetCount(&count) != NVML_SUCCESS) return false;
-  for (unsigned index = 0; index < count; ++index) {
-    nvmlDevice_t dev;
-    if (real_nvml.GetHandleByIndex(index, &dev) != NVML_SUCCESS || CudaOrdinal(dev) != device)
-      continue;
+  auto list = [&](nvmlDevice_t dev) {
     out->n = 256;
     return real_nvml.GetProcesses(dev, &out->n, out->infos) == NVML_SUCCESS;
+  };
+  for (unsigned index = 0; index < count; ++index) {
+    nvmlDevice_t dev;
+    if (real_nvml.GetHandleByIndex(index, &dev) != NVML_SUCCESS) continue;
+    if (CudaOrdinal(dev) == device) return list(dev);
+    // A MIG instance given to the job (CUDA_VISIBLE_DEVICES=MIG-...): its own process list, which
+    // the driver keeps per instance (NVML_VALUE_NOT_AVAILABLE where it will not tell this user).
+    for (unsigned mi = 0; real_nvml.GetMigDeviceHandleByIndex != nullptr && mi < 8; ++mi) {
+      nvmlDevice_t mig;
+      if (real_nvml.GetMigDeviceHandleByIndex(dev, mi, &mig) != NVML_SUCCESS) continue;
+      if (CudaOrdinal(mig) == device) return list(mig);
+    }
   }
   return false;
 }
