@@ -128,6 +128,9 @@ struct ArbiterConfig {
   // bound's estimate); null: not known. Bounds what a process that noticed its job's loss of the
   // GPU late (its work long done) is billed for the time past the loss.
   uint64_t (*queued_us)() = nullptr;
+  // The estimated GPU time (us) of one launch on the current device; 0 or null: not known. With
+  // queued_us, how deep a job may queue beside one of higher priority (kBoundedQueueUs).
+  uint64_t (*launch_us)() = nullptr;
 };
 
 // Called to wait for this process's queued GPU work (a real cuCtxSynchronize).
@@ -197,9 +200,13 @@ class Arbiter {
   bool Recovered();
   // Runs `drain` counted as inside a synchronize on `gpu` (not idle while it waits).
   void DrainAsSync(int gpu, DrainFn drain);
-  // Holding the GPU: whether a job of higher priority is around (then one launch in flight: its
-  // queued work drains first). False when the GPU was taken from it meanwhile: the launch waits.
+  // Holding the GPU: whether a job of higher priority is around (then its queued work stays
+  // within kBoundedQueueUs: it drains first when it would not). False when the GPU was taken from
+  // it meanwhile: the launch waits.
   bool Bound(int gpu, int self, uint64_t now, DrainFn drain);
+  // Beside a job of higher priority: whether this launch would queue more than kBoundedQueueUs
+  // (at least one launch in flight; the whole queue when the launch's length is not known).
+  bool QueueFull() const;
   // Charges the GPU time from the lease's start until `until` (the end of the job's activity: idle
   // time is never charged); the next charge starts at `now`.
   void Charge(ArbiterJob& j, uint64_t until, uint64_t now) const;

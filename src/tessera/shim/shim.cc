@@ -126,6 +126,10 @@ void InitArbiter(const char* region_path) {
   if (path == nullptr || *path == 0) return;
   ArbiterConfig c;
   c.queued_us = [] { return backlog.QueuedUs(CurrentDevice()); };
+  c.launch_us = [] {
+    const int dev = CurrentDevice();
+    return dev >= 0 && dev < kBacklogDevices ? backlog.estimate_ns(dev) / 1000 : 0;
+  };
   if (const char* v = getenv("TESSERA_CUDA_COMPUTE_SHARE");
       v && *v && !ParseShare(v, &c.share_permille)) {
     Refuse("TESSERA_CUDA_COMPUTE_SHARE", v, "a share (30%, 0.3)");
