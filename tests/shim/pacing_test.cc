@@ -229,14 +229,13 @@ TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
 // leaves a low job of short kernels (20 us, 50 per synchronize) most of its throughput. Before,
 // every launch of the low job drained the one before it for a second after each of the high
 // job's: the low job kept 18% of its throughput beside a job that used 0.1% of the GPU. Now it
-// keeps up to 500 us queued (kBoundedQueueUs): 92-93% here. The rest is the lease's round trip at
-// each of the high job's launches (its idle allowance, 1 ms, and the waits around it).
+// keeps up to 1 ms queued (kBoundedQueueUs): 98% here (92-93% with 500 us).
 TEST(Pacing, ANearlyIdleHigherPriorityJobLeavesALowJobOfShortKernelsItsThroughput) {
   const Job high{"TESSERA_CUDA_PRIORITY=10", "work:2000:100:1:100000:300:1800"};
   const Job low{"TESSERA_CUDA_PRIORITY=0", "work:2000:20:50:0:300:1800"};
   const double low_alone = Contend({low})[0];
   std::vector<double> both = Contend({high, low});
-  EXPECT_GE(both[1], 0.88 * low_alone) << both[1] << " of " << low_alone;
+  EXPECT_GE(both[1], 0.95 * low_alone) << both[1] << " of " << low_alone;
   EXPECT_GT(both[0], 0) << "the high job ran";
 }
 

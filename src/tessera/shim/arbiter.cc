@@ -30,8 +30,8 @@ constexpr uint64_t kBoundedForUs = 1000000;  // a higher-priority job counts as 
 // Beside it, the most GPU work a lower job keeps queued: what the higher job may wait for when it
 // comes back (at least one launch of the lower job's). Short kernels keep several in flight
 // instead of draining before each one (a nearly idle high job cost a job of 20 us kernels 82% of
-// its throughput that way; 7% now, on the fake driver).
-constexpr uint64_t kBoundedQueueUs = 500;
+// its throughput that way; 2% now, and the high job keeps 97-98% of alone, on the fake driver).
+constexpr uint64_t kBoundedQueueUs = 1000;
 constexpr uint64_t kDeadAfterUs =
     10000000;  // a slot of a dead process unused this long is reclaimed
 
