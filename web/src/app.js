@@ -14,6 +14,7 @@ const S = {
   running: [], // the running jobs (the GPU tiles)
   jobs: [], // the jobs page's list: a page of the newest, filtered by the server
   quotas: [],
+  acct: null, // the last 7 days' accounting: GPU-hours and efficiency per user (GET /v1/acct)
   offline: false, // the server does not answer: what is shown is as of `offlineSince`
   offlineSince: 0,
   history: { interval_s: 5, window_s: 3600, samples: [] },
@@ -320,6 +321,36 @@ function quotaTable() {
       h('td', {}, q.borrow ? `yes${q.cohort ? ` (cohort ${q.cohort})` : ''}` : 'no'))))));
 }
 
+// What each user used of what their jobs held over the last 7 days (`tessera acct`'s GPU BUSY and
+// GPU MEM USED): a user sees their own line, an admin everyone's.
+function efficiencyTable() {
+  const lines = (S.acct && S.acct.by_user) || [];
+  if (!lines.length) return h('p', { class: 'muted' }, 'No job ran in the last 7 days.');
+  const p = (v) => (v === null || v === undefined ? '–' : `${v.toFixed(1)}%`);
+  return h('div', { class: 'scroll' }, h('table', { id: 'efficiency' },
+    h('thead', {}, h('tr', {}, ['User', 'Jobs', 'GPU-hours', 'GPU busy', 'GPU memory used'].map((t) => h('th', { scope: 'col' }, t)))),
+    h('tbody', {}, lines.map((l) => h('tr', {},
+      h('td', {}, l.key),
+      h('td', {}, count(l.jobs)),
+      h('td', {}, l.gpu_hours.toFixed(2)),
+      h('td', {}, p(l.gpu_busy_pct)),
+      h('td', {}, p(l.gpu_memory_used_pct)))))));
+}
+
+// A job's efficiency (GET /v1/jobs/N's `efficiency`, `tessera eff`): what it used of what it held.
+function efficiencyList(e) {
+  const p = (v) => (v === null || v === undefined ? '–' : `${v.toFixed(1)}%`);
+  const of = (used, given, fmt) => (used === undefined ? '–' : `${fmt(used)}${given !== undefined ? ` of ${fmt(given)}` : ''}`);
+  const mib = (v) => bytes(v * 2 ** 20);
+  return h('dl', { class: 'kv panel', id: 'efficiency' },
+    h('dt', {}, 'elapsed'), h('dd', {}, `${count(e.elapsed_s)} s${e.running ? ' so far' : ''}`),
+    h('dt', {}, 'GPUs held'), h('dd', {}, `${count(e.gpus)}${e.share ? ' (a share)' : ''}, ${e.gpu_hours.toFixed(3)} GPU-hours`),
+    h('dt', {}, 'GPU busy'), h('dd', {}, p(e.gpu_busy_pct)),
+    h('dt', {}, 'GPU memory peak'), h('dd', {}, `${of(e.gpu_memory_peak_mib, e.gpu_memory_given_mib, mib)}${e.gpu_memory_pct !== undefined ? ` (${p(e.gpu_memory_pct)})` : ''}`),
+    h('dt', {}, 'CPU'), h('dd', {}, e.cpu_seconds === undefined ? '–' : `${count(e.cpu_seconds)} s${e.cpu_pct !== undefined ? ` (${p(e.cpu_pct)} of ${count(e.cpus)} asked)` : ''}`),
+    h('dt', {}, 'memory peak'), h('dd', {}, `${of(e.memory_peak_bytes, e.memory_limit_bytes, bytes)}${e.memory_pct !== undefined ? ` (${p(e.memory_pct)})` : ''}`));
+}
+
 function overview() {
   view.name = 'overview';
   const render = () => {
@@ -334,7 +365,9 @@ function overview() {
       h('h2', {}, 'The last hour'),
       chartsPanel(),
       h('h2', {}, 'Quotas'),
-      quotaTable());
+      quotaTable(),
+      h('h2', {}, 'Use of what was held, last 7 days'),
+      efficiencyTable());
   };
   view.update = render;
   view.charts = () => {
@@ -342,6 +375,13 @@ function overview() {
     if (old) old.replaceWith(chartsPanel());
   };
   render();
+  // The last 7 days' accounting, asked each time the overview is shown (not at every event: it
+  // reads the period's jobs).
+  const now = Date.now() / 1000;
+  call('GET', `/v1/acct?since=${(now - 7 * 86400).toFixed(0)}&until=${now.toFixed(0)}`).then((acct) => {
+    S.acct = acct;
+    if (view.name === 'overview') render();
+  }, () => {});
 }
 
 function arrayNote(j) {
@@ -643,6 +683,7 @@ function jobView(id) {
         h('dt', {}, 'ended'), h('dd', {}, job.ended_at ? `${ago(job.ended_at)}, exit code ${job.exit_code ?? '–'}` : '–'),
         h('dt', {}, 'placed on'), h('dd', {}, job.placement ? placedOn(job.placement) : '–'),
         job.expected_start ? [h('dt', {}, 'expected start'), h('dd', {}, new Date(job.expected_start * 1000).toLocaleTimeString())] : null),
+      job.efficiency ? [h('h2', {}, 'Use of what it held'), efficiencyList(job.efficiency)] : null,
       h('h2', {}, 'Events'),
       h('div', { class: 'scroll' }, h('table', { id: 'events' },
         h('thead', {}, h('tr', {}, ['When', 'State', 'Why'].map((t) => h('th', { scope: 'col' }, t)))),

@@ -85,6 +85,20 @@ test('a job submitted in the page appears, runs, shows its log, and can be cance
   await page.click('#cancel');
   await page.waitForSelector('h1 .state-cancelled', { timeout: 10000 });
   assert.match(await page.locator('#events').innerText(), new RegExp(`cancelled\\s+cancelled by ${ME}`));
+  // What it used of what it held, as `tessera eff` says: its run's length and GPU time, and no
+  // figure where nothing was measured (a simulated GPU).
+  await page.waitForFunction(() => /elapsed\s+[\d.,]+ s\b/.test(document.querySelector('dl#efficiency')?.innerText || ''));
+  const eff = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${id}`)).body.efficiency;
+  assert.equal(eff.running, false);
+  assert.match(await page.locator('dl#efficiency').innerText(), new RegExp(`GPUs held\\s+1, ${eff.gpu_hours.toFixed(3)} GPU-hours`));
+  assert.match(await page.locator('dl#efficiency').innerText(), /GPU busy\s+–/);
+  // The overview's last 7 days: this user's line, their GPU-hours as acct gives them.
+  await page.evaluate(() => { location.hash = '#/'; });
+  await page.waitForFunction((me) => [...document.querySelectorAll('#efficiency tbody tr')].some((r) => r.cells[0].textContent === me), ME);
+  const acct = (await server.api(USER_TOKEN, 'GET', `/v1/acct?since=${Math.floor(Date.now() / 1000 - 7 * 86400)}&until=${Math.ceil(Date.now() / 1000)}`)).body;
+  const line = acct.by_user.find((l) => l.key === ME);
+  const row = await page.locator('#efficiency tbody tr', { hasText: ME }).first().innerText();
+  assert.match(row, new RegExp(`${ME}\\s+${line.jobs}\\s+`));
   assert.deepEqual(page.errors, []);
   await page.context().close();
 });
