@@ -25,6 +25,7 @@
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
 #include "tessera/net/http.h"
+#include "tessera/shim/region.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -353,6 +354,48 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   std::ofstream(dir_ + "/metrics.txt") << m;
   auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
+}
+
+// An ended share's use of the GPU memory it was given (its region's peak) is told on its pod as a
+// Normal Event, which outlives the pod in the API server, and in the agent's log.
+TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
+  FakeApiServer api;
+  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+  StartKubelet();
+  StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
+             api.WriteKubeconfig(dir_ + "/kubeconfig"));
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse out;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
+  kubelet_->SetPods({{"team-b", "notebook", "nb", kShare, {Uuid(3) + "::1"}}});
+  // The pod's processes took 3 GiB at their peak, then gave it back.
+  const std::string region = dir_ + "/state/regions/a1.region";
+  char err[256] = "";
+  tessera::shim::Region* r =
+      tessera::shim::Region::Attach(region.c_str(), nullptr, 0, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  const uint64_t limit = r->Limit(0);
+  ASSERT_GT(limit, 3ull << 30);
+  ASSERT_TRUE(r->Reserve(0, 3ull << 30));
+  r->Release(0, 3ull << 30);
+  // The holder is seen (metrics), then the pod ends.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return Metrics().find("pod=\"notebook\"") != std::string::npos;
+  })) << Log();
+  kubelet_->SetPods({});
+  auto note = [&]() -> std::string {
+    for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-b/events")) {
+      if (e["regarding"]["name"] == "notebook" && e["reason"] == "GPUShareUse" &&
+          e["type"] == "Normal")
+        return e["note"].get<std::string>();
+    }
+    return "";
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !note().empty(); })) << Log();
+  const std::string want = "its GPU share used a peak of 3072 MiB of the " +
+                           std::to_string(limit >> 20) + " MiB given on " + Uuid(3);
+  EXPECT_THAT(note(), HasSubstr(want));
+  EXPECT_THAT(Log(), HasSubstr("allocation a1 (team-b/notebook): " + want));
 }
 
 // A share's series have one identity for the allocation's life: none before a pod is seen

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/agent/metrics.h"
@@ -90,6 +91,8 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
   auto state = DeviceState::Create(std::move(inventory), o.plugin);
   if (!state.ok()) return state.status();
   state_ = std::move(*state);
+  state_->OnRelease(
+      [this](const Allocation& a, const shim::RegionData* head) { ReportShareUse(a, head); });
   if (!o.plugin.shim_library.empty()) {
     // Every container given shares paces its launches through this one file.
     std::string arbiter = o.plugin.state_dir + "/gpu.arbiter";
@@ -304,6 +307,35 @@ void Agent::ReportSetAside(const std::string& what, const std::string& aside) {
                   what == "DRA" ? "claims in use on this node were prepared again from the "
                                   "API server"
                                 : "the kubelet's own record of each pod's devices stands"));
+}
+
+void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
+  if (head == nullptr) return;  // a whole GPU, or a region that cannot be read
+  // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
+  // server's job): logged, and a Normal Event on the pod, which outlives it in the API server.
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < a.gpus.size() && i < head->device_count; ++i) {
+    const uint64_t peak = head->peak[i].load(), limit = head->limit[i];
+    parts.push_back(limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)",
+                                            peak >> 20, limit >> 20, a.gpus[i],
+                                            100.0 * static_cast<double>(peak) / limit)
+                              : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]));
+  }
+  const std::string note =
+      fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
+  std::string ns, name;
+  if (const size_t slash = a.pod.find('/'); slash != std::string::npos) {
+    ns = a.pod.substr(0, slash), name = a.pod.substr(slash + 1);
+  } else {
+    core::MutexLock lock(share_holders_mu_);
+    if (auto it = share_holders_.find(a.id); it != share_holders_.end())
+      ns = it->second.pod_namespace, name = it->second.pod;
+  }
+  spdlog::info("allocation {} ({}): {}", a.id, name.empty() ? "pod unknown" : ns + "/" + name,
+               note);
+  if (events_ && !name.empty())
+    events_->Record({.kind = "Pod", .ns = ns, .name = name}, "Normal", "GPUShareUse", "Released",
+                    note);
 }
 
 void Agent::RebuildDra() {

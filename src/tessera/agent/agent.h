@@ -106,6 +106,8 @@ class Agent {
   void RebuildDra();
   // A Warning Event on the node: `what`'s checkpoint was moved to `aside` (nothing when empty).
   void ReportSetAside(const std::string& what, const std::string& aside);
+  // An ended share's use of its GPU memory (its region's peaks): logged, and an Event on its pod.
+  void ReportShareUse(const Allocation& a, const shim::RegionData* head);
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
     return options_.plugin.clock ? *options_.plugin.clock : core::SystemClock::Get();

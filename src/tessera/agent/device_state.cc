@@ -426,24 +426,30 @@ absl::StatusOr<v1beta1::AllocateResponse> DeviceState::Allocate(
 }
 
 int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_before_unix) {
-  core::MutexLock lock(mu_);
-  int released = 0;
-  std::erase_if(allocations_, [&](const Allocation& a) {
-    if (a.created_unix >= made_before_unix) return false;
-    for (const std::string& id : a.device_ids) {
-      if (in_use.contains(id)) return false;
+  std::vector<std::pair<Allocation, std::unique_ptr<shim::RegionData>>> ended;
+  {
+    core::MutexLock lock(mu_);
+    std::erase_if(allocations_, [&](const Allocation& a) {
+      if (a.created_unix >= made_before_unix) return false;
+      for (const std::string& id : a.device_ids) {
+        if (in_use.contains(id)) return false;
+      }
+      spdlog::info("allocation {} ({} {}) ended: releasing {}", a.id, ResourceName(a.resource),
+                   absl::StrJoin(a.device_ids, ","), a.pod.empty() ? "its devices" : a.pod);
+      // What the share used, read before its region goes (copied, never mapped: the pod's file).
+      ended.emplace_back(a, a.region.empty() ? nullptr : shim::ReadRegionHead(a.region.c_str()));
+      if (!a.region.empty()) unlink(a.region.c_str());
+      return true;
+    });
+    if (!ended.empty()) {
+      if (absl::Status st = SaveLocked(); !st.ok()) spdlog::error("{}", std::string(st.message()));
+      feed_.Bump();
     }
-    spdlog::info("allocation {} ({} {}) ended: releasing {}", a.id, ResourceName(a.resource),
-                 absl::StrJoin(a.device_ids, ","), a.pod.empty() ? "its devices" : a.pod);
-    if (!a.region.empty()) unlink(a.region.c_str());
-    ++released;
-    return true;
-  });
-  if (released > 0) {
-    if (absl::Status st = SaveLocked(); !st.ok()) spdlog::error("{}", std::string(st.message()));
-    feed_.Bump();
   }
-  return released;
+  if (on_release_) {
+    for (const auto& [a, head] : ended) on_release_(a, head.get());
+  }
+  return static_cast<int>(ended.size());
 }
 
 std::vector<Allocation> DeviceState::Allocations() const {

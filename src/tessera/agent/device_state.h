@@ -28,6 +28,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
 #include "tessera/devices/cdi.h"
+#include "tessera/shim/region.h"
 
 namespace tessera::agent {
 
@@ -127,6 +128,11 @@ class DeviceState {
   // for the other resource. A young allocation is kept: the kubelet records it only after Allocate
   // answers. Returns how many were released.
   int Release(const std::set<std::string>& in_use, int64_t made_before_unix);
+  // Called (outside the state's lock) for each allocation Release forgets, with what its region
+  // said of it at the end (limits, peaks: null for whole GPUs or an unreadable region). Set once,
+  // before serving.
+  using ReleaseHook = std::function<void(const Allocation&, const shim::RegionData*)>;
+  void OnRelease(ReleaseHook hook) { on_release_ = std::move(hook); }
 
   std::vector<Allocation> Allocations() const;
   // The GPU index an advertised ID belongs to; nullopt for an unknown ID.
@@ -155,6 +161,7 @@ class DeviceState {
   std::vector<Allocation> allocations_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::string set_aside_ ABSL_GUARDED_BY(mu_);
+  ReleaseHook on_release_;
 };
 
 }  // namespace tessera::agent
