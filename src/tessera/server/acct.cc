@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "nlohmann/json.hpp"
+#include "tessera/server/efficiency.h"
 
 namespace tessera::server {
 namespace {
@@ -47,25 +48,16 @@ void Sort(std::map<std::string, AcctLine>& lines, std::vector<AcctLine>* out) {
 
 double Round1(double v) { return std::round(v * 10) / 10; }
 
-// What a job used of what it held, from its measured use (the fractions `tessera eff` gives, 0..1;
-// -1 where not measured): its GPU busy share, its GPU memory peak of what it was given per GPU.
+// What a job used of what it held (efficiency.h's fractions, 0..1; -1 where not measured): its
+// GPU busy share, its GPU memory peak of what it was given per GPU (at most all of it).
 struct Use {
   double busy = -1, memory = -1;
 };
 Use UseOf(const std::string& usage_json, const std::string& placement_json) {
-  Use u;
   const json usage = json::parse(usage_json, nullptr, false);
   const json p = json::parse(placement_json, nullptr, false);
-  if (!usage.is_object() || !p.is_object()) return u;
-  const double per_gpu = p.value("milli_per_gpu", 1000) / 1000.0;
-  if (usage.value("gpu_utilization_pct", json()).is_number() && per_gpu > 0)
-    u.busy = std::clamp(usage["gpu_utilization_pct"].get<double>() / 100 / per_gpu, 0.0, 1.0);
-  const int64_t given = p.value("memory_mib_per_gpu", int64_t{0});
-  if (usage.value("gpu_peak_memory_mib", json()).is_number() && given > 0) {
-    u.memory = std::clamp(usage["gpu_peak_memory_mib"].get<double>() / static_cast<double>(given),
-                          0.0, 1.0);
-  }
-  return u;
+  return {GpuBusyFraction(usage, p).value_or(-1),
+          std::min(1.0, GpuMemoryFraction(usage, p).value_or(-1))};
 }
 
 // `part` of `whole` in percent, one decimal; null when nothing was measured.

@@ -20,7 +20,26 @@ int64_t SpecBytes(const json& resources, const char* key) {
   return b ? static_cast<int64_t>(*b) : -1;
 }
 
+double PerGpu(const json& placement) {
+  return placement.is_object() ? placement.value("milli_per_gpu", 1000) / 1000.0 : 1.0;
+}
+
 }  // namespace
+
+std::optional<double> GpuBusyFraction(const json& usage, const json& placement) {
+  const double per_gpu = PerGpu(placement);
+  if (!usage.is_object() || !usage.value("gpu_utilization_pct", json()).is_number() || per_gpu <= 0)
+    return std::nullopt;
+  return std::clamp(usage["gpu_utilization_pct"].get<double>() / 100 / per_gpu, 0.0, 1.0);
+}
+
+std::optional<double> GpuMemoryFraction(const json& usage, const json& placement) {
+  const int64_t given =
+      placement.is_object() ? placement.value("memory_mib_per_gpu", int64_t{0}) : 0;
+  if (!usage.is_object() || !usage.value("gpu_peak_memory_mib", json()).is_number() || given <= 0)
+    return std::nullopt;
+  return usage["gpu_peak_memory_mib"].get<double>() / static_cast<double>(given);
+}
 
 json EfficiencyOf(const json& job, double now) {
   const json started = job.value("started_at", json());
@@ -37,8 +56,7 @@ json EfficiencyOf(const json& job, double now) {
   const json resources = spec.is_object() ? spec.value("resources", json()) : json();
   const json usage = job.value("usage", json());
   // What it held: its GPUs, each whole or the share it was given.
-  const double per_gpu =
-      placement.is_object() ? placement.value("milli_per_gpu", 1000) / 1000.0 : 1.0;
+  const double per_gpu = PerGpu(placement);
   double gpus = 0;
   int64_t memory_given_mib = -1;
   if (placement.is_object() && placement.value("gpus", json()).is_array()) {
@@ -52,15 +70,12 @@ json EfficiencyOf(const json& job, double now) {
   e["gpu_hours"] = std::round(gpus * elapsed / 3600 * 1000) / 1000;
   if (usage.is_object()) {
     // Measured as a share of its GPUs' time (a share: of one GPU's): of what it held, its part.
-    if (usage.value("gpu_utilization_pct", json()).is_number() && per_gpu > 0) {
-      e["gpu_busy_pct"] =
-          Round1(std::min(100.0, usage["gpu_utilization_pct"].get<double>() / per_gpu));
-    }
+    if (const auto busy = GpuBusyFraction(usage, placement))
+      e["gpu_busy_pct"] = Round1(100 * *busy);
     if (usage.value("gpu_peak_memory_mib", json()).is_number()) {
-      const int64_t peak = usage["gpu_peak_memory_mib"].get<int64_t>();
-      e["gpu_memory_peak_mib"] = peak;
-      if (memory_given_mib > 0)
-        e["gpu_memory_pct"] = Round1(100.0 * static_cast<double>(peak) / memory_given_mib);
+      e["gpu_memory_peak_mib"] = usage["gpu_peak_memory_mib"].get<int64_t>();
+      if (const auto used = GpuMemoryFraction(usage, placement))
+        e["gpu_memory_pct"] = Round1(100 * *used);
     }
     if (usage.value("cpu_seconds", json()).is_number()) {
       const double cpu_s = usage["cpu_seconds"].get<double>();

@@ -3,6 +3,8 @@
 // GPU memory, host CPU and memory - from its record as GET /v1/jobs/N gives it (placement, spec,
 // usage, times). Pure: the API attaches it to a job, `tessera eff` shows it.
 
+#include <optional>
+
 #include "nlohmann/json.hpp"
 
 namespace tessera::server {
@@ -13,5 +15,12 @@ namespace tessera::server {
 // asked over its run), "memory_peak_bytes", "memory_limit_bytes", "memory_pct"}; `running` true
 // while it runs (figures so far: measured ones come at its end). Null for a job that never started.
 nlohmann::json EfficiencyOf(const nlohmann::json& job, double now);
+
+// The two measured fractions (0..1) both EfficiencyOf and accounting weigh, from a job's usage and
+// placement objects; nullopt where not measured. GPU busy: its GPUs' busy time of what it held (a
+// share: of its part of the GPU). GPU memory: its peak of what it was given per GPU.
+std::optional<double> GpuBusyFraction(const nlohmann::json& usage, const nlohmann::json& placement);
+std::optional<double> GpuMemoryFraction(const nlohmann::json& usage,
+                                        const nlohmann::json& placement);
 
 }  // namespace tessera::server
