@@ -277,9 +277,10 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   auto table = Capture(std::string(TESSERA_BINARY) + " slurm acct " + id + " --state-dir " +
                        slurm_->PluginStateDir() + " 2>&1");
   EXPECT_EQ(table.code, 0) << table.out;
-  EXPECT_THAT(table.out, ::testing::ContainsRegex("\n" + id +
-                                                  " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
-                                                  "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB\n"));
+  EXPECT_THAT(table.out,
+              ::testing::ContainsRegex("\n" + id +
+                                       " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
+                                       "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB +[0-9]+% +37%\n"));
 }
 
 // The cluster's own nodes (`scontrol show node -o` of this Slurm) and a sacct export replayed by

@@ -40,12 +40,25 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
     EmitStructured(all, format, out);
     return kExitOk;
   }
-  // One row per job and GPU, as sacct prints one per step.
+  // One row per job and GPU, as sacct prints one per step; with what it used of what it held, as
+  // seff does for CPUs: its busy time of its share (or whole GPU), its peak of its memory limit.
   Table t({"JOB", "UID", "START", "ELAPSED", "GPU", "SHARE", "GPU-TIME", "UTIL", "PEAK-MEM",
-           "MEM-LIMIT"});
+           "MEM-LIMIT", "BUSY", "MEM-USED"});
   for (const auto& r : *records) {
     const int64_t started = r.value("started", int64_t{0}), ended = r.value("ended", int64_t{0});
     const double share = r.value("share_percent", 0.0);
+    auto busy_of_held = [&](const nlohmann::json& g) -> std::string {
+      if (!g.contains("utilization_percent")) return "-";
+      const double held = share > 0 ? share : 100.0;
+      return fmt::format("{:.0f}%",
+                         std::min(100.0, 100 * g["utilization_percent"].get<double>() / held));
+    };
+    auto memory_used = [](const nlohmann::json& g) -> std::string {
+      if (!g.contains("peak_memory_bytes") || g.value("memory_limit_bytes", uint64_t{0}) == 0)
+        return "-";
+      return fmt::format("{:.0f}%", 100.0 * g["peak_memory_bytes"].get<double>() /
+                                        g["memory_limit_bytes"].get<double>());
+    };
     for (const auto& g : r["gpus"]) {
       auto bytes = [&](const char* key) -> std::string {
         if (!g.contains(key)) return "-";
@@ -61,7 +74,8 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
            g.contains("utilization_percent")
                ? fmt::format("{:.0f}%", g["utilization_percent"].get<double>())
                : "-",
-           bytes("peak_memory_bytes"), bytes("memory_limit_bytes")});
+           bytes("peak_memory_bytes"), bytes("memory_limit_bytes"), busy_of_held(g),
+           memory_used(g)});
     }
   }
   t.Print(out);
