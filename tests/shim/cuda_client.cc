@@ -38,7 +38,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/core/unix_socket.h"
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/host_clock.h"
 
@@ -479,29 +479,9 @@ int main(int argc, char** argv) {
                  : cuMemExportToShareableHandle(&fd, h, 1, 0);
       }
       if (rc == CUDA_SUCCESS) {
-        const int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_un addr{};
-        addr.sun_family = AF_UNIX;
-        strncpy(addr.sun_path, c.at(2).c_str(), sizeof addr.sun_path - 1);
-        unlink(addr.sun_path);
-        bind(srv, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-        listen(srv, 1);
-        const int peer = accept(srv, nullptr, nullptr);
-        iovec iov{msg, sizeof msg};
-        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-        msghdr m{};
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        if (fd >= 0) {
-          m.msg_control = control;
-          m.msg_controllen = sizeof control;
-          cmsghdr* cm = CMSG_FIRSTHDR(&m);
-          cm->cmsg_level = SOL_SOCKET;
-          cm->cmsg_type = SCM_RIGHTS;
-          cm->cmsg_len = CMSG_LEN(sizeof(int));
-          memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-        }
-        if (sendmsg(peer, &m, 0) < 0) rc = CUDA_ERROR_INVALID_VALUE;
+        const int srv = tessera::core::ListenUnix(c.at(2).c_str());
+        const int peer = srv >= 0 ? accept(srv, nullptr, nullptr) : -1;
+        if (!tessera::core::SendWithFd(peer, msg, sizeof msg, fd)) rc = CUDA_ERROR_INVALID_VALUE;
         close(peer);
         close(srv);
         if (fd >= 0) close(fd);
@@ -511,29 +491,12 @@ int main(int argc, char** argv) {
       // vmmimport:SOCKET[:fabric] - what vmmexport sends, imported (the received descriptor closed
       // after, as programs do), mapped whole. The handle and mapping stay.
       const bool fab = c.size() > 2 && c[2] == "fabric";
-      int s = -1;
-      sockaddr_un addr{};
-      addr.sun_family = AF_UNIX;
-      strncpy(addr.sun_path, c.at(1).c_str(), sizeof addr.sun_path - 1);
-      for (int i = 0; i < 10000; ++i, usleep(1000)) {
-        s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
-        close(s);
-        s = -1;
-      }
+      const int s = tessera::core::ConnectUnix(c.at(1).c_str(), 10000);
       uint64_t msg[9] = {};
-      iovec iov{msg, sizeof msg};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr m{};
-      m.msg_iov = &iov;
-      m.msg_iovlen = 1;
-      m.msg_control = control;
-      m.msg_controllen = sizeof control;
       int fd = -1;
-      CUresult rc = s >= 0 && recvmsg(s, &m, MSG_WAITALL) == sizeof msg ? CUDA_SUCCESS
-                                                                        : CUDA_ERROR_INVALID_VALUE;
-      if (cmsghdr* cm = CMSG_FIRSTHDR(&m); cm != nullptr && cm->cmsg_type == SCM_RIGHTS)
-        memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+      CUresult rc = s >= 0 && tessera::core::ReceiveWithFd(s, msg, sizeof msg, &fd)
+                        ? CUDA_SUCCESS
+                        : CUDA_ERROR_INVALID_VALUE;
       if (s >= 0) close(s);
       CUmemGenericAllocationHandle h;
       if (rc == CUDA_SUCCESS) {

@@ -1,8 +1,6 @@
 #include "tessera/gpucheck/tenant.h"
 
-#include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/unix_socket.h"
 #include "tessera/gpucheck/driver.h"
 
 namespace tessera::gpucheck {
@@ -150,58 +149,6 @@ int Work(const Driver& d, const Gpu& g, const Args& a) {
   return 0;
 }
 
-// A unix socket at `path`: listening (server) or connected to it, waiting up to 10 s for it to
-// appear (client); -1 on failure.
-int UnixSocket(const std::string& path, bool server) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  for (int i = 0; i < 10000; ++i, usleep(1000)) {
-    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (server) {
-      unlink(addr.sun_path);
-      if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && listen(s, 1) == 0)
-        return s;
-    } else if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-      return s;
-    }
-    close(s);
-    if (server) return -1;
-  }
-  return -1;
-}
-
-// Sends `bytes` and descriptor `fd` over connected socket `s` (SCM_RIGHTS), or receives them.
-bool SendFd(int s, uint64_t bytes, int fd) {
-  iovec iov{&bytes, sizeof bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&m);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  return sendmsg(s, &m, 0) == sizeof bytes;
-}
-bool ReceiveFd(int s, uint64_t* bytes, int* fd) {
-  iovec iov{bytes, sizeof *bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  if (recvmsg(s, &m, MSG_WAITALL) != sizeof *bytes) return false;
-  cmsghdr* cm = CMSG_FIRSTHDR(&m);
-  if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) return false;
-  memcpy(fd, CMSG_DATA(cm), sizeof *fd);
-  return true;
-}
-
 // Steps read from stdin, one result line each, so that the parent can read NVML's figures for
 // this process between them.
 int Memory(const Driver& d, const Gpu& g) {
@@ -297,16 +244,18 @@ int Memory(const Driver& d, const Gpu& g) {
         prop.location.id = g.device;
         rc = d.cuMemCreate(&h, bytes, &prop, 0);
         if (rc == CUDA_SUCCESS) rc = d.cuMemExportToShareableHandle(&fd, h, 1, 0);
-        const int srv = rc == CUDA_SUCCESS ? UnixSocket(path, true) : -1;
+        const int srv = rc == CUDA_SUCCESS ? core::ListenUnix(path.c_str()) : -1;
         const int peer = srv >= 0 ? accept(srv, nullptr, nullptr) : -1;
-        if (rc == CUDA_SUCCESS && (peer < 0 || !SendFd(peer, bytes, fd)))
+        if (rc == CUDA_SUCCESS && (peer < 0 || !core::SendWithFd(peer, &bytes, sizeof bytes, fd)))
           rc = CUDA_ERROR_INVALID_VALUE;
         for (int x : {peer, srv, fd}) {
           if (x >= 0) close(x);
         }
       } else {
-        const int s = UnixSocket(path, false);
-        rc = s >= 0 && ReceiveFd(s, &bytes, &fd) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        const int s = core::ConnectUnix(path.c_str(), 10000);
+        rc = s >= 0 && core::ReceiveWithFd(s, &bytes, sizeof bytes, &fd) && fd >= 0
+                 ? CUDA_SUCCESS
+                 : CUDA_ERROR_INVALID_VALUE;
         if (s >= 0) close(s);
         if (rc == CUDA_SUCCESS)
           rc = d.cuMemImportFromShareableHandle(
