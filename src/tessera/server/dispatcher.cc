@@ -205,6 +205,8 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->gpu_healthy_.assign(n, true);
     s->gpu_health_reason_.assign(n, "");
     s->gpu_xids_.assign(n, 0);
+    s->history_ = &s->engine_->history();
+    s->Publish();
   }
   s->SetUpContainers();
   return s;
@@ -353,7 +355,7 @@ absl::Status Dispatcher::Recover() {
   auto jobs = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
   if (!jobs.ok()) return jobs.status();
   int adopted = 0, requeued = 0, ended = 0;
-  core::MutexLock lock(mu_);
+  ChangeLock lock(*this);
   // An array's tasks share one spec: parsed once.
   std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
   for (const JobRecord& r : *jobs) {
@@ -453,12 +455,13 @@ absl::Status Dispatcher::Recover() {
 }
 
 void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
-  core::MutexLock lock(mu_);
+  ChangeLock lock(*this);
   if (gpu < 0 || gpu >= static_cast<int>(gpu_healthy_.size())) return;
   gpu_healthy_[gpu] = healthy;
   gpu_health_reason_[gpu] = reason;
-  feed_.Bump();
   (void)engine_->scheduler().SetGpuHealth(0, gpu, healthy);
+  Publish();  // before the event streams look
+  feed_.Bump();
   if (healthy) {
     spdlog::info("GPU {} is healthy again", gpu);
   } else {
@@ -487,7 +490,7 @@ bool Dispatcher::Turn() {
 }
 
 bool Dispatcher::RunOnce() {
-  core::MutexLock lock(mu_);
+  ChangeLock lock(*this);
   return Turn();
 }
 
@@ -501,6 +504,7 @@ void Dispatcher::Loop() {
   while (!stop_) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool passed = Turn();
+    Publish();  // before the waits below let mu_ go
     if (dirty_) {
       if (passed && !pass_decided_) {
         // A pass that started and stopped nothing (jobs arriving behind a busy machine): the next

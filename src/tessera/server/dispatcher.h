@@ -37,6 +37,7 @@
 #include "tessera/server/runner.h"
 #include "tessera/server/server.h"
 #include "tessera/server/server_metrics.h"
+#include "tessera/server/views.h"
 
 namespace tessera::devices {
 class HealthWatch;
@@ -128,7 +129,10 @@ class Dispatcher {
     std::optional<int64_t> pid;
     std::string stopping;
   };
+  // Read from the views but for a queued job's, which the cycle says (under the lock).
   Live LiveOf(int64_t id) const;
+  // The read models (views.h): what the readers below answer from, without the lock.
+  const Views& views() const { return views_; }
   // Each GPU's state: health, what is allocated on it, its jobs and telemetry.
   struct GpuState {
     bool healthy = true;
@@ -140,11 +144,7 @@ class Dispatcher {
   };
   std::vector<GpuState> Gpus();
   // Each user's and group's quota and what they use now.
-  struct QuotaState {
-    std::string kind, name;  // "user" | "group"
-    sched::OwnerQuota quota;
-    sched::GpuAmount used;
-  };
+  using QuotaState = QuotaView;
   std::vector<QuotaState> Quotas() const;
   // The server's facts (GET /v1/info).
   struct Facts {
@@ -242,6 +242,27 @@ class Dispatcher {
   // The groups of `uid` (Rights::UserGroups) that have a quota.
   std::vector<std::string> QuotaGroups(uint32_t uid);
   void Loop();
+  // Publishes what the views show (views.h) with the queue's changes since the last time: before
+  // every release of mu_ after a change (ChangeLock does it at the end of its scope).
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Views::QueueChange> queue_changes_ ABSL_GUARDED_BY(mu_);
+  // mu_ held for a change: what changed is published before it is let go.
+  class ABSL_SCOPED_LOCKABLE ChangeLock {
+   public:
+    explicit ChangeLock(Dispatcher& d) ABSL_EXCLUSIVE_LOCK_FUNCTION(d.mu_) : d_(d) {
+      d_.mu_.lock();
+    }
+    ~ChangeLock() ABSL_UNLOCK_FUNCTION() {
+      d_.mu_.AssertHeld();
+      d_.Publish();
+      d_.mu_.unlock();
+    }
+    ChangeLock(const ChangeLock&) = delete;
+    ChangeLock& operator=(const ChangeLock&) = delete;
+
+   private:
+    Dispatcher& d_;
+  };
   bool Turn()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // RunOnce with mu_ held (released while launching)
   void CheckRunning(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // releases mu_ for ends
@@ -424,6 +445,9 @@ class Dispatcher {
       ABSL_GUARDED_BY(mu_);  // latency (submit to start) and passes, for /metrics
 
   Rights rights_{config_};  // its groups cache is never held while taking mu_
+  Views views_;
+  // The engine's history of run times, which is safe to use without mu_ (sched::Engine::history).
+  sched::DurationPredictor* history_ = nullptr;
 
   core::Mutex telemetry_mu_;  // the telemetry cache; never held with mu_
   double telemetry_at_ ABSL_GUARDED_BY(telemetry_mu_) = -1;

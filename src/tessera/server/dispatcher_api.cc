@@ -340,7 +340,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   }
   const size_t n = range ? range->indices.size() : 1;
   {
-    core::MutexLock lock(mu_);
+    ChangeLock lock(*this);
     auto shared = std::make_shared<const JobSpec>(*std::move(spec));
     for (size_t i = 0; i < n; ++i) {
       Queued q;
@@ -374,7 +374,7 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
   const int64_t id = ids.front();
   const double now = Now();
   const std::string reason = "cancelled by " + user + (force ? " (forced: SIGKILL)" : "");
-  core::MutexLock lock(mu_);
+  ChangeLock lock(*this);
   // Queued ones in one transaction (an array's thousands of tasks among them), stored without mu_
   // while they are kept out of the cycle; running ones are stopped; the rest (ended, or preempted
   // and not queued again) one by one.
@@ -412,11 +412,15 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
     }
   }
   if (!queued.empty()) {
+    Publish();  // the running ones' stops
     mu_.unlock();
     absl::Status st = store_->TransitionMany(queued, JobState::kCancelled, reason, now);
     mu_.lock();
     if (st.ok()) {
-      for (int64_t t : queued) admission_.Erase(t);
+      for (int64_t t : queued) {
+        admission_.Erase(t);
+        queue_changes_.emplace_back(t, false);
+      }
     }
     EndChange(queued);
     if (!st.ok()) return HttpError(500, std::string(st.message()));
@@ -429,7 +433,7 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
                               const JobRecord& first, bool hold, const std::string& user) {
   const int64_t id = ids.front();
   const double now = Now();
-  core::MutexLock lock(mu_);
+  core::MutexLock lock(mu_);  // what the views show does not change
   // Kept out of the cycle while the change is stored without mu_: those whose state changes.
   const std::vector<int64_t> taken = BeginChange(ids);
   if (ids.size() == 1 && taken.empty()) {  // not queued (any more: BeginChange may have waited)
@@ -466,32 +470,30 @@ absl::Status Dispatcher::Hold(const std::vector<int64_t>& ids, const std::string
 Dispatcher::Live Dispatcher::LiveOf(int64_t id) const {
   Live l;
   const double now = Now();
-  core::MutexLock lock(mu_);
-  std::shared_ptr<const JobSpec> spec;
-  std::string owner;
-  if (const Queued* q = admission_.Find(id)) {
-    l.queued = true;
-    l.waiting = WaitingReason(id);
-    spec = q->spec, owner = q->owner;
-    const std::optional<double> start = engine_->cycle().ExpectedStart(std::to_string(id));
-    // None: no reservation; infinite: one whose start is unknown (reserved all the same).
-    if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
-    l.reserved = start.has_value();
-  } else if (auto r = running_.find(id); r != running_.end()) {
-    spec = r->second.spec, owner = r->second.owner;
-    l.pid = r->second.pid;
-    if (!r->second.stop.empty()) l.stopping = r->second.stop_reason;
-  } else if (auto s = starting_.find(id); s != starting_.end()) {
-    // Being started (its state already says running).
-    spec = s->second.spec, owner = s->second.owner;
-    // Cancelled meanwhile: it is stopped as soon as the process exists.
-    if (!s->second.cancelled_by.empty()) l.stopping = s->second.cancelled_by;
+  Views::Lookup f = views_.Find(id);
+  if (f.queued) {
+    core::MutexLock lock(mu_);
+    if (const Queued* q = admission_.Find(id)) {
+      l.queued = l.known = true;
+      l.waiting = WaitingReason(id);
+      const std::optional<double> start = engine_->cycle().ExpectedStart(std::to_string(id));
+      // None: no reservation; infinite: one whose start is unknown (reserved all the same).
+      if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
+      l.reserved = start.has_value();
+      l.prediction = history_->Predict(RunKindOf(*q->spec, q->owner));
+      return l;
+    }
+    f = views_.Find(id);  // started (or ended) meanwhile: the view under mu_ says so
   }
-  if (!spec) return l;
+  if (f.active == nullptr) return l;
+  const ActiveJob& a = *f.active;
   l.known = true;
-  l.prediction = engine_->history().Predict(RunKindOf(*spec, owner));
-  if (auto r = running_.find(id); r != running_.end() && l.prediction.seconds > 0)
-    l.expected_end = r->second.started + l.prediction.seconds;
+  l.stopping = a.stopping;
+  l.prediction = history_->Predict(RunKindOf(*a.spec, a.owner));
+  if (!a.starting) {
+    l.pid = a.pid;
+    if (l.prediction.seconds > 0) l.expected_end = a.started + l.prediction.seconds;
+  }
   return l;
 }
 
@@ -499,7 +501,7 @@ absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const J
                                      int priority, const Caller& caller) {
   // The caller's right to this priority was asked of Rights by the API, before this.
   const double now = Now();
-  core::MutexLock lock(mu_);
+  core::MutexLock lock(mu_);  // what the views show does not change
   // Out of the cycle while the change is stored without mu_; back at its new place after.
   const std::vector<int64_t> change = BeginChange({id});
   if (change.empty()) {  // not queued (any more: BeginChange may have waited)
@@ -549,43 +551,78 @@ absl::Status Dispatcher::SimulateHealth(int gpu, std::optional<uint64_t> xid,
   return absl::OkStatus();
 }
 
+void Dispatcher::Publish() {
+  MachineView v;
+  const auto& state = engine_->scheduler().state();
+  v.gpus.resize(inventory_.gpus.size());
+  for (size_t g = 0; g < v.gpus.size(); ++g) {
+    const auto& use = state.gpu_use(0, static_cast<int>(g));
+    v.gpus[g] = {.healthy = gpu_healthy_[g],
+                 .reason = gpu_health_reason_[g],
+                 .milli = use.milli,
+                 .memory_mib = use.memory_mib};
+  }
+  auto list = [&](int64_t id, const std::vector<int>& gpus) {
+    for (int g : gpus) {
+      if (g >= 0 && static_cast<size_t>(g) < v.gpus.size()) v.gpus[g].jobs.push_back(id);
+    }
+  };
+  for (const auto& [id, r] : running_) {
+    v.active.emplace(id, ActiveJob{.spec = r.spec,
+                                   .owner = r.owner,
+                                   .uid = r.uid,
+                                   .gpus = r.gpus,
+                                   .pid = r.pid,
+                                   .started = r.started,
+                                   .stopping = r.stop.empty() ? "" : r.stop_reason,
+                                   .gpu_milli = r.gpu_milli,
+                                   .memory_limit_mib = r.memory_limit_mib,
+                                   .region = r.region});
+    list(id, r.gpus);
+  }
+  // Being started: recorded as running, its process not yet known here.
+  for (const auto& [id, st] : starting_) {
+    v.active.emplace(id, ActiveJob{.starting = true,
+                                   .spec = st.spec,
+                                   .owner = st.owner,
+                                   .uid = st.uid,
+                                   .gpus = st.gpus,
+                                   .stopping = st.cancelled_by});
+    list(id, st.gpus);
+  }
+  for (GpuView& g : v.gpus) std::ranges::sort(g.jobs);
+  const sched::QuotaManager& qm = engine_->scheduler().quotas();
+  auto add = [&](const std::string& kind, const std::string& name, const std::string& owner) {
+    const sched::OwnerQuota* q = qm.Get(owner);
+    if (q != nullptr) v.quotas.push_back({kind, name, *q, qm.Used(owner)});
+  };
+  for (const auto& [user, q] : config_.quotas) add("user", user, user);
+  for (const auto& [group, q] : config_.group_quotas) add("group", group, "group:" + group);
+  v.queued = admission_.size();
+  v.running = running_.size();
+  v.scheduling = scheduling_;
+  views_.Publish(std::move(v), queue_changes_);
+  queue_changes_.clear();
+}
+
 std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
   const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
-  std::vector<GpuState> out(inventory_.gpus.size());
-  core::MutexLock lock(mu_);
-  const auto& state = engine_->scheduler().state();
+  const std::shared_ptr<const MachineView> v = views_.machine();
+  std::vector<GpuState> out(v->gpus.size());
   for (size_t g = 0; g < out.size(); ++g) {
+    const GpuView& gv = v->gpus[g];
     GpuState& s = out[g];
-    // Running, and starting (recorded as running, its process not yet known here).
-    for (const auto& [id, r] : running_) {
-      if (std::ranges::find(r.gpus, static_cast<int>(g)) != r.gpus.end()) s.jobs.push_back(id);
-    }
-    for (const auto& [id, st] : starting_) {
-      if (std::ranges::find(st.gpus, static_cast<int>(g)) != st.gpus.end()) s.jobs.push_back(id);
-    }
-    std::ranges::sort(s.jobs);
-    const auto& use = state.gpu_use(0, static_cast<int>(g));
-    s.healthy = gpu_healthy_[g];
-    s.reason = gpu_health_reason_[g];
-    s.milli = use.milli;
-    s.memory_mib = use.memory_mib;
+    s.jobs = gv.jobs;
+    s.healthy = gv.healthy;
+    s.reason = gv.reason;
+    s.milli = gv.milli;
+    s.memory_mib = gv.memory_mib;
     if (g < telemetry.size()) s.telemetry = telemetry[g];
   }
   return out;
 }
 
-std::vector<Dispatcher::QuotaState> Dispatcher::Quotas() const {
-  std::vector<QuotaState> out;
-  core::MutexLock lock(mu_);
-  const sched::QuotaManager& qm = engine_->scheduler().quotas();
-  auto add = [&](const std::string& kind, const std::string& name, const std::string& owner) {
-    const sched::OwnerQuota* q = qm.Get(owner);
-    if (q != nullptr) out.push_back({kind, name, *q, qm.Used(owner)});
-  };
-  for (const auto& [user, q] : config_.quotas) add("user", user, user);
-  for (const auto& [group, q] : config_.group_quotas) add("group", group, "group:" + group);
-  return out;
-}
+std::vector<Dispatcher::QuotaState> Dispatcher::Quotas() const { return views_.machine()->quotas; }
 
 Dispatcher::Facts Dispatcher::Describe() const {
   Facts f;
@@ -596,14 +633,14 @@ Dispatcher::Facts Dispatcher::Describe() const {
   f.containers_off = containers_off_;
   f.cdi_spec = cdi_spec_path_;
   f.confinement = host_->confinement().where;
-  core::MutexLock lock(mu_);
-  f.queued = admission_.size();
-  f.running = running_.size();
+  const std::shared_ptr<const MachineView> v = views_.machine();
+  f.queued = v->queued;
+  f.running = v->running;
   return f;
 }
 
 ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
-  // Taken under the lock (copies); the telemetry and the shared regions are read outside it.
+  // From the views, the telemetry and the health watch: no lock of the scheduler's.
   ServerMetricsSnapshot snap;
   snap.hostname = hostname_;
   snap.simulated = inventory_.simulated;
@@ -619,35 +656,38 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
       snap.xids.push_back(h.xid_count);
     }
   }
-  core::MutexLock lock(mu_);
-  snap.healthy = gpu_healthy_;
-  const auto& state = engine_->scheduler().state();
-  for (size_t g = 0; g < snap.gpus.size(); ++g) {
-    const auto& use = state.gpu_use(0, static_cast<int>(g));
-    snap.allocated_share.push_back(use.milli / 1000.0);
-    snap.allocated_memory_bytes.push_back(use.memory_mib * (int64_t{1} << 20));
+  const std::shared_ptr<const MachineView> v = views_.machine();
+  for (const GpuView& g : v->gpus) {
+    snap.healthy.push_back(g.healthy);
+    snap.allocated_share.push_back(g.milli / 1000.0);
+    snap.allocated_memory_bytes.push_back(g.memory_mib * (int64_t{1} << 20));
   }
-  for (const auto& [id, r] : running_) {
-    for (size_t i = 0; i < r.gpus.size(); ++i) {
+  for (const auto& [id, a] : v->active) {
+    if (a.starting) continue;
+    for (size_t i = 0; i < a.gpus.size(); ++i) {
       snap.jobs.push_back({.id = id,
-                           .user = r.owner,
-                           .gpu = r.gpus[i],
+                           .user = a.owner,
+                           .gpu = a.gpus[i],
                            .ordinal = static_cast<int>(i),
-                           .share = r.region.empty() ? 1.0 : r.gpu_milli / 1000.0,
-                           .limit_bytes = r.memory_limit_mib * (int64_t{1} << 20),
-                           .region = r.region});
+                           .share = a.region.empty() ? 1.0 : a.gpu_milli / 1000.0,
+                           .limit_bytes = a.memory_limit_mib * (int64_t{1} << 20),
+                           .region = a.region});
     }
   }
-  snap.queued = admission_.size();
-  snap.running = running_.size();
-  snap.scheduling = scheduling_;
+  snap.queued = v->queued;
+  snap.running = v->running;
+  snap.scheduling = v->scheduling;
   return snap;
 }
 
 void Dispatcher::GpuHealth(std::vector<bool>* healthy, std::vector<std::string>* reasons) const {
-  core::MutexLock lock(mu_);
-  if (healthy) *healthy = gpu_healthy_;
-  if (reasons) *reasons = gpu_health_reason_;
+  const std::shared_ptr<const MachineView> v = views_.machine();
+  if (healthy) healthy->clear();
+  if (reasons) reasons->clear();
+  for (const GpuView& g : v->gpus) {
+    if (healthy) healthy->push_back(g.healthy);
+    if (reasons) reasons->push_back(g.reason);
+  }
 }
 
 std::pair<double, uint64_t> Dispatcher::Samples() const {
@@ -704,36 +744,27 @@ std::string Dispatcher::TakeSample() {
   // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
   // the lock: for their history.
   // id, GPUs, compute, region
-  std::vector<std::tuple<int64_t, std::vector<int>, bool, std::string>> share_jobs;
-  {
-    core::MutexLock lock(mu_);
-    for (const auto& [id, r] : running_) {
-      if (!r.region.empty() && !r.gpus.empty())
-        share_jobs.emplace_back(id, r.gpus, r.gpu_milli > 0, r.region);
-    }
-  }
+  const std::shared_ptr<const MachineView> v = views_.machine();
   std::map<int64_t, ShareReading> shares;
-  for (const auto& [id, gpus, compute, region] : share_jobs)
-    shares[id] = host_->ReadShare(id, gpus, compute, region);
-  json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
-  int busy = 0, healthy = 0;
-  double allocated = 0;
-  size_t queued = 0, running = 0;
+  for (const auto& [id, a] : v->active) {
+    if (!a.starting && !a.region.empty() && !a.gpus.empty())
+      shares[id] = host_->ReadShare(id, a.gpus, a.gpu_milli > 0, a.region);
+  }
   {
     core::MutexLock lock(mu_);
     MeasureRunning(telemetry, shares);
-    const auto& state = engine_->scheduler().state();
-    for (size_t g = 0; g < inventory_.gpus.size(); ++g) {
-      const auto& use = state.gpu_use(0, static_cast<int>(g));
-      alloc.push_back(static_cast<double>(use.milli) / core::kMilliPerGpu);
-      alloc_mem.push_back(static_cast<uint64_t>(use.memory_mib) << 20);
-      busy += use.milli > 0 || use.memory_mib > 0;
-      allocated += static_cast<double>(use.milli) / core::kMilliPerGpu;
-      healthy += gpu_healthy_[g] ? 1 : 0;
-    }
-    queued = admission_.size();
-    running = running_.size();
   }
+  json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
+  int busy = 0, healthy = 0;
+  double allocated = 0;
+  for (const GpuView& g : v->gpus) {
+    alloc.push_back(static_cast<double>(g.milli) / core::kMilliPerGpu);
+    alloc_mem.push_back(static_cast<uint64_t>(g.memory_mib) << 20);
+    busy += g.milli > 0 || g.memory_mib > 0;
+    allocated += static_cast<double>(g.milli) / core::kMilliPerGpu;
+    healthy += g.healthy ? 1 : 0;
+  }
+  const size_t queued = v->queued, running = v->running;
   for (const devices::GpuTelemetry& t : telemetry) {
     util.push_back(OrNull(t.utilization));
     mem.push_back(OrNull(t.memory_used_bytes));

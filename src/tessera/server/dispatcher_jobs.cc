@@ -160,6 +160,7 @@ void Dispatcher::CheckRunning(double now) {
     finishing_.insert(id);
   }
   dirty_ = true;
+  Publish();
   mu_.unlock();
   for (Ending& e : endings) Finish(e, now);
   mu_.lock();

@@ -47,6 +47,7 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 void Dispatcher::Enqueue(Queued q) {
+  queue_changes_.emplace_back(q.id, true);
   admission_.Add(std::move(q));
   dirty_ = true;
 }
@@ -133,6 +134,7 @@ void Dispatcher::EndNeverMet(double now) {
   std::map<std::string, std::vector<int64_t>> by_reason;
   for (const auto& [id, why] : never_met_) by_reason[why].push_back(id);
   never_met_.clear();
+  Publish();  // what the pass decided, before mu_ goes
   mu_.unlock();
   std::map<std::string, absl::Status> stored;
   for (const auto& [why, ids] : by_reason)
@@ -147,7 +149,10 @@ void Dispatcher::EndNeverMet(double now) {
                        ? fmt::format("job {}", ids[0])
                        : fmt::format("{} jobs ({}..{})", ids.size(), ids.front(), ids.back()),
                    why);
-      for (int64_t id : ids) admission_.Erase(id);
+      for (int64_t id : ids) {
+        admission_.Erase(id);
+        queue_changes_.emplace_back(id, false);
+      }
     }
     EndChange(ids);  // those not stored are tried again at the next pass
   }
@@ -159,6 +164,7 @@ void Dispatcher::PassExecutor::Start(const std::string& job, const sched::Alloca
   const int64_t id = std::stoll(job);
   if (!d.admission_.Contains(id)) return;  // the engine's queue only holds what admission holds
   Queued q = d.admission_.Take(id);
+  d.queue_changes_.emplace_back(id, false);
   Starting starting{"", q.spec, q.owner, q.uid, a.gpus};
   launches.push_back(d.PrepareLaunch(std::move(q), a, now));
   d.starting_[id] = std::move(starting);
@@ -195,6 +201,7 @@ void Dispatcher::SchedulePass(double now) {
   if (launches.empty()) return;
   // The store's writes (fsync) and the forks and execs go on without the lock: API reads,
   // submissions and cancels do not wait for them.
+  Publish();  // the starts are seen (on their GPUs) before they are recorded
   mu_.unlock();
   for (Launch& l : launches) ExecuteLaunch(l, now);
   mu_.lock();

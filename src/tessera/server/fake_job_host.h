@@ -42,6 +42,12 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     on_launch_ = std::move(f);
   }
+  // Called at each RepairArbiter, which the dispatcher asks under its scheduling lock: a test
+  // holds the lock as long as `f` runs.
+  void set_on_repair_arbiter(std::function<void()> f) {
+    std::lock_guard lock(mu_);
+    on_repair_arbiter_ = std::move(f);
+  }
   // The next `times` removals of job's cgroup find it busy.
   void KeepBusy(int64_t job, int times) {
     std::lock_guard lock(mu_);
@@ -172,7 +178,14 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     if ((arbiter_users_[uid] += delta) <= 0) arbiter_users_.erase(uid);
   }
-  void RepairArbiter() override {}
+  void RepairArbiter() override {
+    std::function<void()> f;
+    {
+      std::lock_guard lock(mu_);
+      f = on_repair_arbiter_;
+    }
+    if (f) f();
+  }
   std::string arbiter_access() const override { return "a fake host"; }
 
  private:
@@ -190,6 +203,7 @@ class FakeJobHost final : public JobHost {
   std::vector<int64_t> private_dirs_removed_;
   std::map<uint32_t, int> arbiter_users_;
   std::function<void(int64_t)> on_launch_;
+  std::function<void()> on_repair_arbiter_;
 };
 
 }  // namespace tessera::server

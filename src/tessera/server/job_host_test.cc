@@ -2,6 +2,8 @@
 // device rules and limits, its share's region and the arbiter's users - asked of a FakeJobHost,
 // which touches nothing; and what the dispatcher does with the host's answers (a refusal to
 // confine, a cgroup's OOM count, a cgroup still busy).
+#include <future>
+
 #include "tessera/server/server_test_fixture.h"
 
 namespace tessera::server::testing {
@@ -189,6 +191,44 @@ TEST_F(JobHostTest, AJobBeingLaunchedIsListedOnItsGpuAsSoonAsItsStartIsRecorded)
   }
   // And once running, the same.
   EXPECT_EQ(Call("GET", "/v1/gpus")["gpus"][gpu]["jobs"], json::array({id}));
+}
+
+// The readers (the API's job, GPU, quota and info pages, /metrics) answer from the views (views.h)
+// while the scheduling loop holds its lock - here for as long as the host takes to look at the
+// arbiter - and what they answer is the machine as it stands: the running job on its GPU.
+TEST_F(JobHostTest, ReadersAnswerWhileTheSchedulingLoopHoldsItsLock) {
+  StartServer();
+  const int64_t id = Submit(1, 100);
+  Settle();
+  ASSERT_EQ(State(id), "running");
+  const int gpu = Job(id)["placement"]["gpus"][0]["index"];
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  host_->set_on_repair_arbiter([&entered, released] {
+    entered.set_value();
+    released.wait();
+  });
+  Advance(2);  // the loop looks at the arbiter about once a second
+  std::thread loop([&] { server_->RunOnce(); });
+  entered.get_future().wait();  // the loop now holds its lock until `release`
+  auto reads = std::async(std::launch::async, [&] {
+    json out;
+    out["job"] = Job(id);
+    out["gpus"] = Call("GET", "/v1/gpus");
+    out["info"] = Call("GET", "/v1/info");
+    out["quotas"] = Call("GET", "/v1/quotas");
+    out["metrics"] = Call("GET", "/metrics");  // text: parsed as nothing, asked all the same
+    return out;
+  });
+  const bool answered = reads.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  host_->set_on_repair_arbiter(nullptr);
+  release.set_value();
+  loop.join();
+  ASSERT_TRUE(answered) << "a reader waited for the scheduling lock";
+  const json out = reads.get();
+  EXPECT_EQ(out["job"]["state"], "running");
+  EXPECT_EQ(out["gpus"]["gpus"][gpu]["jobs"], json::array({id})) << out["gpus"].dump();
+  EXPECT_EQ(out["info"]["running"], 1) << out["info"].dump();
 }
 
 }  // namespace
