@@ -41,6 +41,7 @@
 #include "tessera/server/acct.h"
 #include "tessera/server/api_response.h"
 #include "tessera/server/openapi.h"
+#include "tessera/server/recovery.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server_util.h"
 
@@ -349,109 +350,60 @@ void Dispatcher::LoadHistory() {
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, engine_->history().keys());
 }
 
-absl::Status Dispatcher::Recover() {
-  const double now = Now();
-  LoadHistory();
-  auto jobs = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
-  if (!jobs.ok()) return jobs.status();
-  int adopted = 0, requeued = 0, ended = 0;
-  ChangeLock lock(*this);
-  // An array's tasks share one spec: parsed once.
-  std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
-  for (const JobRecord& r : *jobs) {
-    std::shared_ptr<const JobSpec> shared;
-    if (auto it = array_specs.find(r.array_id); r.array_id != 0 && it != array_specs.end())
-      shared = it->second;
-    auto spec = shared ? absl::StatusOr<JobSpec>(*shared) : ParseJobSpec(r.spec_json);
-    if (spec.ok() && !shared) {
-      shared = std::make_shared<const JobSpec>(*spec);
-      if (r.array_id != 0) array_specs[r.array_id] = shared;
-    }
-    if (!spec.ok()) {
-      spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id,
-                    std::string(spec.status().message()));
-      continue;
-    }
-    if (r.state == JobState::kPreempted) {
-      if (!spec->requeue.value_or(config_.requeue_preempted)) continue;
-      if (store_->Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok())
-        ++requeued;
-    }
-    if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
-      Queued q = QueuedJob::Of(r, shared, r.submitted_at);
-      q.held = r.state == JobState::kQueued && r.held;
-      Enqueue(std::move(q));
-      continue;
-    }
-    // Running when the last server stopped.
-    const std::string exit_path = JobFile("exit", r.id);
-    if (r.pid > 0 && host_->Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
-      json placement = json::parse(r.placement_json, nullptr, false);
-      sched::Allocation a;
-      a.id = std::to_string(r.id);
-      a.node = 0;
-      sched::Submission sub = SubmissionFor(*spec, r.id, r.owner, r.owner_uid, r.submitted_at);
-      a.request = sub.entry.request;
-      engine_->Expect(a.request, *sub.kind);
-      if (placement.is_object()) {
-        for (const auto& g : placement.value("gpus", json::array()))
-          a.gpus.push_back(g.value("index", 0));
-        a.milli_per_gpu = placement.value("milli_per_gpu", 0);
-        a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
-      }
-      a.start_time = r.started_at.value_or(now);
-      if (absl::Status st = engine_->Restore(a, std::move(sub)); !st.ok()) {
-        spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
-                     std::string(st.message()));
-        host_->Signal(static_cast<pid_t>(r.pid), SIGKILL);
-        (void)store_->Transition(r.id, JobState::kLost,
-                                 fmt::format("cannot re-adopt: {}", std::string(st.message())),
-                                 now);
-        continue;
-      }
-      Running run = NewRunning(r.id, *spec, a.gpus, r.started_at.value_or(now));
-      run.pid = static_cast<pid_t>(r.pid);
-      run.start_time = r.pid_start_time;
-      run.adopted = true;
-      run.cgroup = !run.container && host_->confines();
-      run.uid = r.owner_uid;
-      run.array_id = r.array_id;
-      run.spec = shared;
-      run.owner = r.owner;
-      if (!run.region.empty() && spec->gpu_milli > 0) {
-        host_->ArbiterUser(run.uid, +1);
-        run.arbiter = true;
-      }
-      running_[r.id] = run;
-      if (exits_) exits_->Watch(r.id, run.pid);
-      ++adopted;
-      spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
-      continue;
-    }
-    ++ended;
-    std::optional<int> code = r.pid > 0 ? ReadExitFile(exit_path) : std::nullopt;
-    TransitionFields f;
-    f.ended_at = now;
-    if (code) {
-      f.exit_code = *code;
-      (void)store_->Transition(
-          r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
-          fmt::format("ended with exit code {} while the server was down", *code), now, f);
-    } else {
-      (void)store_->Transition(
-          r.id, JobState::kLost,
-          r.pid > 0 ? "its process ended while the server was down, exit status unknown"
-                    : "the server stopped while starting it",
-          now, f);
-    }
-    std::error_code ec;
-    fs::remove(exit_path, ec);
-    // Its container may have outlived the podman client (killed with the server's group, say).
-    if (!spec->image.empty() && containers_) host_->RemoveContainer(r.id);
+// What recovery (recovery.h) asks of the dispatcher, under mu_.
+struct Dispatcher::RecoveryWorld final : Recovery::World {
+  explicit RecoveryWorld(Dispatcher& d) : d(d) {}
+  void Enqueue(QueuedJob q) override {
+    d.mu_.AssertHeld();
+    d.Enqueue(std::move(q));
   }
-  spdlog::info("recovered: {} queued, {} running re-adopted, {} re-queued, {} ended while down",
-               admission_.size(), adopted, requeued, ended);
-  return absl::OkStatus();
+  absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec) override {
+    d.mu_.AssertHeld();
+    const double now = d.Now();
+    json placement = json::parse(r.placement_json, nullptr, false);
+    sched::Allocation a;
+    a.id = std::to_string(r.id);
+    a.node = 0;
+    sched::Submission sub = d.SubmissionFor(*spec, r.id, r.owner, r.owner_uid, r.submitted_at);
+    a.request = sub.entry.request;
+    d.engine_->Expect(a.request, *sub.kind);
+    if (placement.is_object()) {
+      for (const auto& g : placement.value("gpus", json::array()))
+        a.gpus.push_back(g.value("index", 0));
+      a.milli_per_gpu = placement.value("milli_per_gpu", 0);
+      a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
+    }
+    a.start_time = r.started_at.value_or(now);
+    if (absl::Status st = d.engine_->Restore(a, std::move(sub)); !st.ok()) return st;
+    Running run = d.NewRunning(r.id, *spec, a.gpus, r.started_at.value_or(now));
+    run.pid = static_cast<pid_t>(r.pid);
+    run.start_time = r.pid_start_time;
+    run.adopted = true;
+    run.cgroup = !run.container && d.host_->confines();
+    run.uid = r.owner_uid;
+    run.array_id = r.array_id;
+    run.owner = r.owner;
+    if (!run.region.empty() && spec->gpu_milli > 0) {
+      d.host_->ArbiterUser(run.uid, +1);
+      run.arbiter = true;
+    }
+    run.spec = std::move(spec);
+    d.running_[r.id] = run;
+    if (d.exits_) d.exits_->Watch(r.id, run.pid);
+    return absl::OkStatus();
+  }
+  Dispatcher& d;
+};
+
+absl::Status Dispatcher::Recover() {
+  LoadHistory();
+  ChangeLock lock(*this);
+  Recovery recovery(*store_, *host_,
+                    {.state_dir = config_.state_dir,
+                     .requeue_preempted = config_.requeue_preempted,
+                     .containers = containers_.has_value()});
+  RecoveryWorld world(*this);
+  return recovery.Run(world, Now()).status();
 }
 
 void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {

@@ -234,7 +234,9 @@ class Dispatcher {
   std::string ArbiterFile() const;
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
   void SetUpContainers();
+  // Recovery (recovery.h) at Start, with what it asks of the dispatcher (dispatcher.cc).
   absl::Status Recover();
+  struct RecoveryWorld;
   // What the engine is given for a job: its request (RequestOf, plus the quota groups of its owner
   // and whether it may preempt others' jobs), what history knows it by, its own requeue wish.
   sched::Submission SubmissionFor(const JobSpec& spec, int64_t id, const std::string& owner,

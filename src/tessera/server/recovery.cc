@@ -1,0 +1,95 @@
+#include "tessera/server/recovery.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/server/job_host.h"
+#include "tessera/server/runner.h"
+#include "tessera/server/store.h"
+
+namespace tessera::server {
+
+absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
+  auto jobs = store_.List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
+  if (!jobs.ok()) return jobs.status();
+  Counts n;
+  // An array's tasks share one spec: parsed once.
+  std::map<int64_t, std::shared_ptr<const JobSpec>> array_specs;
+  for (const JobRecord& r : *jobs) {
+    std::shared_ptr<const JobSpec> spec;
+    if (auto it = array_specs.find(r.array_id); r.array_id != 0 && it != array_specs.end())
+      spec = it->second;
+    if (!spec) {
+      auto parsed = ParseJobSpec(r.spec_json);
+      if (!parsed.ok()) {
+        spdlog::error("job {}: stored spec unreadable ({}); left as is", r.id,
+                      std::string(parsed.status().message()));
+        ++n.unreadable;
+        continue;
+      }
+      spec = std::make_shared<const JobSpec>(*std::move(parsed));
+      if (r.array_id != 0) array_specs[r.array_id] = spec;
+    }
+    if (r.state == JobState::kPreempted) {
+      if (!spec->requeue.value_or(options_.requeue_preempted)) continue;
+      if (store_.Transition(r.id, JobState::kQueued, "re-queued after preemption", now).ok())
+        ++n.requeued;
+    }
+    if (r.state == JobState::kQueued || r.state == JobState::kPreempted) {
+      QueuedJob q = QueuedJob::Of(r, spec, r.submitted_at);
+      q.held = r.state == JobState::kQueued && r.held;
+      world.Enqueue(std::move(q));
+      ++n.queued;
+      continue;
+    }
+    // Running when the last server stopped.
+    const std::string exit_path = fmt::format("{}/exit/{}", options_.state_dir, r.id);
+    if (r.pid > 0 && host_.Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
+      if (absl::Status st = world.Adopt(r, spec); !st.ok()) {
+        spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
+                     std::string(st.message()));
+        host_.Signal(static_cast<pid_t>(r.pid), SIGKILL);
+        (void)store_.Transition(r.id, JobState::kLost,
+                                fmt::format("cannot re-adopt: {}", std::string(st.message())), now);
+        ++n.lost;
+        continue;
+      }
+      ++n.adopted;
+      spdlog::info("job {}: still running (pid {}), re-adopted", r.id, r.pid);
+      continue;
+    }
+    ++n.ended;
+    std::optional<int> code = r.pid > 0 ? ReadExitFile(exit_path) : std::nullopt;
+    TransitionFields f;
+    f.ended_at = now;
+    if (code) {
+      f.exit_code = *code;
+      (void)store_.Transition(
+          r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
+          fmt::format("ended with exit code {} while the server was down", *code), now, f);
+    } else {
+      (void)store_.Transition(
+          r.id, JobState::kLost,
+          r.pid > 0 ? "its process ended while the server was down, exit status unknown"
+                    : "the server stopped while starting it",
+          now, f);
+    }
+    std::error_code ec;
+    std::filesystem::remove(exit_path, ec);
+    // Its container may have outlived the podman client (killed with the server's group, say).
+    if (!spec->image.empty() && options_.containers) host_.RemoveContainer(r.id);
+  }
+  spdlog::info(
+      "recovered: {} queued ({} re-queued after preemption), {} running re-adopted, {} ended while "
+      "down, {} lost, {} unreadable",
+      n.queued, n.requeued, n.adopted, n.ended, n.lost, n.unreadable);
+  return n;
+}
+
+}  // namespace tessera::server
