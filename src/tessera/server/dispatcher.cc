@@ -207,6 +207,9 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->gpu_health_reason_.assign(n, "");
     s->gpu_xids_.assign(n, 0);
     s->history_ = &s->engine_->history();
+    s->runs_ = std::make_unique<RunningJobs>(
+        *s->host_, RunningJobs::Options{.state_dir = c.state_dir,
+                                        .max_log_bytes_per_job = c.max_log_bytes_per_job});
     s->Publish();
   }
   s->SetUpContainers();
@@ -242,6 +245,10 @@ void Dispatcher::SetUpContainers() {
   }
   cdi_spec_path_ = *path;
   containers_ = *rt;
+  {
+    core::MutexLock lock(mu_);
+    runs_->set_containers(true);  // a killed job's container is removed by name
+  }
   // Jobs with an image start as podman's client, through the host every job goes through.
   host_->UseContainers(*rt);
   size_t nodes = files.control_nodes.size();
@@ -255,7 +262,7 @@ void Dispatcher::SetUpContainers() {
 std::string Dispatcher::ArbiterFile() const { return config_.state_dir + "/arbiter/gpu.arbiter"; }
 
 std::string Dispatcher::TaskLog(int64_t id, int task, const char* suffix) const {
-  return JobFile("logs", id, fmt::format(".{}{}", task, suffix).c_str());
+  return TaskLogPath(config_.state_dir, id, task, suffix);
 }
 
 std::string Dispatcher::OutputFile(int64_t id, int64_t array_id, int array_index,
@@ -274,7 +281,7 @@ std::string Dispatcher::OutputFile(int64_t id, int64_t array_id, int array_index
 }
 
 std::string Dispatcher::JobFile(const char* dir, int64_t id, const char* suffix) const {
-  return fmt::format("{}/{}/{}{}", config_.state_dir, dir, id, suffix);
+  return JobFilePath(config_.state_dir, dir, id, suffix);
 }
 
 Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus,
@@ -388,8 +395,8 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
       run.arbiter = true;
     }
     run.spec = std::move(spec);
-    d.running_[r.id] = run;
     if (d.exits_) d.exits_->Watch(r.id, run.pid);
+    d.runs_->Add(std::move(run));
     return absl::OkStatus();
   }
   Dispatcher& d;
@@ -419,11 +426,7 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
   } else {
     spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
     const double now = Now();
-    for (auto& [id, r] : running_) {
-      if (std::find(r.gpus.begin(), r.gpus.end(), gpu) != r.gpus.end()) {
-        RequestStop(r, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason), now);
-      }
-    }
+    runs_->StopOn(gpu, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason), now);
   }
   dirty_ = true;
   wake_.notify_all();

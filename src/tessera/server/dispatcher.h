@@ -35,6 +35,7 @@
 #include "tessera/server/job_spec.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
+#include "tessera/server/running_jobs.h"
 #include "tessera/server/server.h"
 #include "tessera/server/server_metrics.h"
 #include "tessera/server/views.h"
@@ -178,41 +179,7 @@ class Dispatcher {
   std::pair<double, uint64_t> Samples() const;
 
  private:
-  struct Running {
-    int64_t id = 0;
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-    bool adopted = false;  // started by an earlier server process: not our child
-    std::vector<int> gpus;
-    std::string stop;  // why a stop was asked: cancel | preempt | timeout | unhealthy; empty: none
-    std::string stop_reason;
-    double stop_at = 0;  // when SIGTERM went out
-    bool killed = false;
-    double started = 0;
-    double max_runtime_s = 0;
-    int tasks = 1;                 // its processes, each with its logs (TaskLog)
-    double grace_period_s = 0;     // SIGTERM, then SIGKILL after this
-    int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
-    int gpu_milli = 0;
-    std::string region;
-    bool container = false;  // runs in a podman container (named ContainerName(id))
-    int64_t memory_mib = 0;  // its host memory limit (0: none)
-    bool cgroup = false;     // has its own cgroups (Cgroups::Create)
-    uint32_t uid = 0;        // its owner's
-    bool arbiter = false;    // its owner may write the GPU arbiter file for it (ArbiterUser)
-    int64_t array_id = 0;    // a task of this array
-    std::shared_ptr<const JobSpec> spec;  // for its history when it succeeds
-    std::string owner;
-    // What it is measured to use of its GPUs (TakeSample, Finish): utilization from the history
-    // samples in which it held its GPUs alone, GPU time the arbiter charged it (shares with a
-    // compute share), and the most GPU memory seen (MiB per GPU; shares: their region's peak).
-    double util_sum = 0;
-    int util_samples = 0;
-    uint64_t arbiter_busy_us = 0;
-    uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
-    int64_t gpu_peak_mib = 0;
-    bool shared_gpu = false;  // a share that another share's job ran beside (CommitLaunch)
-  };
+  using Running = RunningJob;  // running_jobs.h
   using Queued = QueuedJob;
   // For a change to queued jobs written to the store without mu_: waits (releasing mu_)
   // until no other change to any of `ids` is under way, then marks those still queued as changing
@@ -290,7 +257,7 @@ class Dispatcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
   void CommitLaunch(Launch& l, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job whose process ended: taken out of running_ (its GPUs freed) under mu_, the rest of its
+  // A job whose process ended: taken out of runs_ (its GPUs freed) under mu_, the rest of its
   // end done by Finish without mu_, then its cgroup (if still busy) and re-queueing under mu_.
   struct Ending {
     Running run;
@@ -307,19 +274,10 @@ class Dispatcher {
   // arbiter's GPU time and its region's peak memory.
   using ShareReading = JobHost::ShareUse;
   // Adds what one history sample shows of each running job's GPU use: `telemetry` for jobs that
-  // hold their GPUs alone, `shares` for fractional ones. Under mu_.
+  // hold their GPUs alone, `shares` for fractional ones (RunningJobs::Measure). Under mu_.
   void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
-                      const std::map<int64_t, ShareReading>& shares);
-  static void AddShareReading(Running& r, const ShareReading& s);
-  // A job's GPU utilization over its run (percent), when measured.
-  static std::optional<double> GpuUtilizationOf(const Running& r, double now);
-  // What a finished job's record says its utilization was, and whether it shared its GPU.
-  static std::optional<double> MeasuredUtilization(const JobRecord& r);
-  static std::optional<bool> SharedGpu(const JobRecord& r);
-  // SIGKILL to the job's process group now (its container removed); once.
-  void Kill(Running& r, const std::string& why);
-  // The size of the job's logs, every task's.
-  uint64_t LogBytes(const Running& r) const;
+                      const std::map<int64_t, ShareReading>& shares)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the store could not record (its disk full): kept and recorded at a later turn, once
   // there is room; until then the job's exit file stays too, so a restart still tells how it
   // ended. The loop thread's only.
@@ -340,7 +298,6 @@ class Dispatcher {
   bool MakeReserve();
   bool UseReserve();  // true when there was one to give up
   std::atomic<bool> reserve_used_{false};
-  double logs_checked_ = 0;  // when CheckRunning last measured logs
   // Retention (dispatcher_retention.cc): ended jobs, their logs and stored environments past the
   // config's ages go, checked at start and hourly from the scheduling loop, in batches of
   // kRetentionBatch jobs of each kind (one a turn, under the loop's lock, while more are due).
@@ -353,7 +310,6 @@ class Dispatcher {
   double retention_due_ = 0;
   Store::Ended logs_removed_to_;  // the logs of the jobs ended up to this one are gone
   double arbiter_checked_ = 0;    // when CheckRunning last looked whether the arbiter is whole
-  void RequestStop(Running& r, const std::string& why, const std::string& reason, double now);
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's utilization, memory used, temperature and power, read from the driver at most once
   // per kTelemetryMaxAgeS however often it is asked; a GPU that does not answer gets empty
@@ -409,7 +365,9 @@ class Dispatcher {
   PassExecutor executor_{*this};
   // The scheduler, the queue and the history of run times (thread-safe alone: history()).
   std::unique_ptr<sched::Engine> engine_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, Running> running_ ABSL_GUARDED_BY(mu_);
+  // The executor side's table of running jobs and what is done to them (running_jobs.h); made
+  // with the host.
+  std::unique_ptr<RunningJobs> runs_ ABSL_GUARDED_BY(mu_);
   // The waiting room: the queued jobs, what keeps each out of the cycle's queue, what each user
   // has waiting. What it asks of the rest of the server, admission_world_ answers under mu_.
   Admission admission_ ABSL_GUARDED_BY(mu_){
@@ -433,7 +391,7 @@ class Dispatcher {
     std::string owner;
     uint32_t uid = 0;  // counted against limits.max_running_jobs_per_user
     // Its GPUs: listed on them from the pass that placed it (its start is recorded, and said on
-    // the event stream, before it moves to running_).
+    // the event stream, before it moves to runs_).
     std::vector<int> gpus;
   };
   std::map<int64_t, Starting> starting_ ABSL_GUARDED_BY(mu_);

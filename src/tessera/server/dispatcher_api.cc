@@ -110,7 +110,7 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
     std::set<int64_t> keep;
     {
       core::MutexLock lock(mu_);
-      for (const auto& [id, r] : running_) keep.insert(id);
+      for (const auto& [id, r] : runs_->jobs()) keep.insert(id);
     }
     if (size_t n = host_->Sweep(keep); n > 0)
       spdlog::info("confinement: removed the cgroups of {} jobs that ended while down", n);
@@ -382,9 +382,9 @@ absl::Status Dispatcher::Cancel(const std::vector<int64_t>& ids, const std::stri
   std::vector<int64_t> others;
   for (int64_t t : ids) {
     if (admission_.Contains(t)) continue;
-    if (auto it = running_.find(t); it != running_.end()) {
-      RequestStop(it->second, "cancel", reason, now);
-      if (force) Kill(it->second, "cancelled with --force");
+    if (Running* r = runs_->Find(t)) {
+      runs_->RequestStop(*r, "cancel", reason, now);
+      if (force) runs_->Kill(*r, "cancelled with --force");
     } else if (auto s = starting_.find(t); s != starting_.end()) {
       s->second.cancelled_by = reason;  // stopped as soon as its process exists
     } else if (finishing_.contains(t)) {
@@ -567,7 +567,7 @@ void Dispatcher::Publish() {
       if (g >= 0 && static_cast<size_t>(g) < v.gpus.size()) v.gpus[g].jobs.push_back(id);
     }
   };
-  for (const auto& [id, r] : running_) {
+  for (const auto& [id, r] : runs_->jobs()) {
     v.active.emplace(id, ActiveJob{.spec = r.spec,
                                    .owner = r.owner,
                                    .uid = r.uid,
@@ -599,7 +599,7 @@ void Dispatcher::Publish() {
   for (const auto& [user, q] : config_.quotas) add("user", user, user);
   for (const auto& [group, q] : config_.group_quotas) add("group", group, "group:" + group);
   v.queued = admission_.size();
-  v.running = running_.size();
+  v.running = runs_->size();
   v.scheduling = scheduling_;
   views_.Publish(std::move(v), queue_changes_);
   queue_changes_.clear();

@@ -49,45 +49,7 @@ namespace tessera::server {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-void Dispatcher::RequestStop(Running& r, const std::string& why, const std::string& reason,
-                             double now) {
-  if (!r.stop.empty()) return;
-  r.stop = why;
-  r.stop_reason = reason;
-  r.stop_at = now;
-  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
-               r.grace_period_s);
-  if (!host_->Signal(r.pid, SIGTERM)) host_->Signal(r.pid, SIGKILL);
-}
-
-void Dispatcher::Kill(Running& r, const std::string& why) {
-  if (r.killed) return;
-  spdlog::info("job {}: {}: SIGKILL", r.id, why);
-  host_->Signal(r.pid, SIGKILL);
-  // Killing podman's client leaves the container to its monitor: remove it by name.
-  if (r.container && containers_) host_->RemoveContainer(r.id);
-  r.killed = true;
-}
-
-uint64_t Dispatcher::LogBytes(const Running& r) const {
-  uint64_t bytes = 0;
-  auto add = [&](const std::string& path) {
-    struct stat st;
-    if (stat(path.c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
-  };
-  add(JobFile("logs", r.id, ".out"));
-  add(JobFile("logs", r.id, ".err"));
-  for (int t = 1; t < r.tasks; ++t) {
-    add(TaskLog(r.id, t, ".out"));
-    add(TaskLog(r.id, t, ".err"));
-  }
-  return bytes;
-}
-
 void Dispatcher::CheckRunning(double now) {
-  // Logs are measured about once a second (a stat per log of each running job), not every turn.
-  const bool check_logs = config_.max_log_bytes_per_job > 0 && now - logs_checked_ >= 1;
-  if (check_logs) logs_checked_ = now;
   if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
     arbiter_checked_ = now;
     host_->RepairArbiter();
@@ -99,38 +61,7 @@ void Dispatcher::CheckRunning(double now) {
           "are taken");
     }
   }
-  std::vector<std::pair<int64_t, std::optional<int>>> ended;
-  for (auto& [id, r] : running_) {
-    std::optional<int> code;
-    bool gone = false;
-    if (!r.adopted) {
-      code = host_->Reap(r.pid);
-      gone = code.has_value();
-    } else if (!host_->Alive(r.pid, r.start_time)) {
-      gone = true;
-      code = ReadExitFile(JobFile("exit", id));
-    }
-    if (gone) {
-      ended.emplace_back(id, code);
-      continue;
-    }
-    if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
-      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),
-                  now);
-    }
-    if (check_logs && r.stop.empty()) {
-      if (const uint64_t bytes = LogBytes(r); bytes > config_.max_log_bytes_per_job) {
-        RequestStop(r, "logs",
-                    fmt::format("its logs reached {} MiB, over the limit of {} MiB "
-                                "(limits.max_log_bytes_per_job)",
-                                bytes >> 20, config_.max_log_bytes_per_job >> 20),
-                    now);
-      }
-    }
-    if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
-      Kill(r, fmt::format("still running {} s after SIGTERM", r.grace_period_s));
-    }
-  }
+  const std::vector<std::pair<int64_t, std::optional<int>>> ended = runs_->Check(now);
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
     it = host_->Unconfine(*it) ? cgroups_left_.erase(it) : std::next(it);
   }
@@ -141,22 +72,21 @@ void Dispatcher::CheckRunning(double now) {
   std::vector<Ending> endings;
   for (auto& [id, code] : ended) {
     if (exits_) exits_->Unwatch(id);
-    auto it = running_.find(id);
+    Running run = runs_->Take(id);
     // Its GPUs are free; stopped for preemption or a failed GPU, the engine's rules say whether
     // it goes back to the queue (Finish records it so, and it is enqueued again below).
     bool requeue = false;
     const std::string job = std::to_string(id);
-    if (it->second.stop == "preempt") {
+    if (run.stop == "preempt") {
       requeue = engine_->Stopped(job, sched::StopCause::kPreempted);
-    } else if (it->second.stop == "unhealthy") {
+    } else if (run.stop == "unhealthy") {
       requeue = engine_->Stopped(job, sched::StopCause::kUnhealthy);
     } else {
       engine_->Ended(job);
     }
-    if (it->second.arbiter) host_->ArbiterUser(it->second.uid, -1);
-    endings.push_back(Ending{std::move(it->second), code.value_or(-1), code.has_value()});
+    if (run.arbiter) host_->ArbiterUser(run.uid, -1);
+    endings.push_back(Ending{std::move(run), code.value_or(-1), code.has_value()});
     endings.back().requeue_wanted = requeue;
-    running_.erase(it);
     finishing_.insert(id);
   }
   dirty_ = true;
@@ -175,9 +105,7 @@ void Dispatcher::CheckRunning(double now) {
   // What a user's jobs left in shared memory goes once none of them runs (jobs start on this
   // thread: none starts meanwhile).
   for (uint32_t uid : users) {
-    const bool other = std::any_of(running_.begin(), running_.end(),
-                                   [&](const auto& r) { return r.second.uid == uid; });
-    if (!other) RemoveLeftShm(uid);
+    if (!runs_->AnyOf(uid)) RemoveLeftShm(uid);
   }
 }
 
@@ -210,7 +138,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   if (!r.region.empty()) {
     // Its last GPU use first: the arbiter's count and the region's peak.
     if (!r.gpus.empty())
-      AddShareReading(r, host_->ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
+      r.AddShareReading(host_->ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
     host_->RemoveRegion(r.region);
   }
   TransitionFields f;
@@ -232,7 +160,7 @@ void Dispatcher::Finish(Ending& e, double now) {
   // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
   // its GPUs' time) and the most GPU memory it held per GPU.
   // Rounded to a tenth of a point, as stored: the history a restart reads back is the same.
-  std::optional<double> util = GpuUtilizationOf(r, now);
+  std::optional<double> util = r.GpuUtilization(now);
   if (util) {
     util = std::round(*util * 10) / 10;
     u["gpu_utilization_pct"] = *util;
@@ -314,76 +242,13 @@ void Dispatcher::Finish(Ending& e, double now) {
   }
 }
 
-void Dispatcher::AddShareReading(Running& r, const ShareReading& s) {
-  // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
-  // and came back): what was counted before stays counted.
-  r.arbiter_busy_us += s.busy_us >= r.arbiter_seen_us ? s.busy_us - r.arbiter_seen_us : s.busy_us;
-  r.arbiter_seen_us = s.busy_us;
-  r.gpu_peak_mib = std::max<int64_t>(r.gpu_peak_mib, s.peak_bytes >> 20);
-}
-
-std::optional<double> Dispatcher::GpuUtilizationOf(const Running& r, double now) {
-  if (r.gpus.empty()) return std::nullopt;
-  // A share with a compute share: the GPU time the arbiter charged it over its run time.
-  if (!r.region.empty() && r.gpu_milli > 0) {
-    const double ran_us = (now - r.started) * 1e6;
-    if (ran_us <= 0 || r.arbiter_busy_us == 0) return std::nullopt;
-    return std::min(100.0, 100.0 * static_cast<double>(r.arbiter_busy_us) / ran_us);
-  }
-  // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
-  if (r.util_samples == 0) return std::nullopt;
-  return std::clamp(100.0 * r.util_sum / r.util_samples, 0.0, 100.0);
-}
-
-namespace {
-// A field of a finished job's usage record; null when it has none.
-json UsageField(const JobRecord& r, const char* key) {
-  if (r.usage_json.empty()) return nullptr;
-  const json u = json::parse(r.usage_json, nullptr, false);
-  return u.is_object() && u.contains(key) ? u[key] : json(nullptr);
-}
-}  // namespace
-
-std::optional<bool> Dispatcher::SharedGpu(const JobRecord& r) {
-  const json v = UsageField(r, "shared_gpu");
-  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
-}
-
-std::optional<double> Dispatcher::MeasuredUtilization(const JobRecord& r) {
-  const json v = UsageField(r, "gpu_utilization_pct");
-  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
-}
-
 void Dispatcher::MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                                 const std::map<int64_t, ShareReading>& shares) {
   const auto& state = engine_->scheduler().state();
-  for (auto& [id, r] : running_) {
-    if (r.gpus.empty()) continue;
-    if (auto s = shares.find(id); s != shares.end()) AddShareReading(r, s->second);
-    // The GPUs' readings count for it only where it holds them alone.
-    bool alone = true, known = true;
-    double util = 0;
-    int64_t peak = 0;
-    for (int g : r.gpus) {
-      if (static_cast<size_t>(g) >= telemetry.size() || state.gpu_use(0, g).holders != 1) {
-        alone = false;
-        break;
-      }
-      const devices::GpuTelemetry& t = telemetry[g];
-      if (t.utilization) {
-        util += *t.utilization;
-      } else {
-        known = false;
-      }
-      if (t.memory_used_bytes) peak = std::max<int64_t>(peak, *t.memory_used_bytes >> 20);
-    }
-    if (!alone) continue;
-    if (known) {
-      r.util_sum += util / static_cast<double>(r.gpus.size());
-      ++r.util_samples;
-    }
-    if (r.region.empty()) r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
-  }
+  std::vector<int> holders(inventory_.gpus.size());
+  for (size_t g = 0; g < holders.size(); ++g)
+    holders[g] = state.gpu_use(0, static_cast<int>(g)).holders;
+  runs_->Measure(telemetry, holders, shares);
 }
 
 Dispatcher::Launch Dispatcher::PrepareLaunch(Queued q, const sched::Allocation& a,
@@ -596,18 +461,12 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
     dirty_ = true;
     return;
   }
-  Running& run = running_[id] = std::move(l.run);
-  // Shares beside one another on a GPU: each's history says it ran shared.
-  if (!run.region.empty() && !run.gpus.empty()) {
-    for (auto& [other_id, other] : running_) {
-      if (other_id == id || other.region.empty() || other.gpus != run.gpus) continue;
-      other.shared_gpu = run.shared_gpu = true;
-    }
-  }
+  Running& run = runs_->Add(std::move(l.run));
+  runs_->NoteSharing(run);  // shares beside one another on a GPU: each's history says so
   if (exits_) exits_->Watch(id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
   scheduling_.Started(std::max(0.0, now - l.queued.since));
-  if (!cancelled_by.empty()) RequestStop(run, "cancel", cancelled_by, now);
+  if (!cancelled_by.empty()) runs_->RequestStop(run, "cancel", cancelled_by, now);
 }
 
 }  // namespace tessera::server

@@ -64,7 +64,7 @@ DependencyState Dispatcher::AdmissionWorld::Outcome(const Dependency& dep) {
 void Dispatcher::AdmissionWorld::CountActive(std::map<uint32_t, size_t>& by_user,
                                              std::map<int64_t, int>& by_array) {
   d.mu_.AssertHeld();
-  for (const auto& [id, r] : d.running_) {
+  for (const auto& [id, r] : d.runs_->jobs()) {
     if (r.array_id != 0) ++by_array[r.array_id];
     ++by_user[r.uid];
   }
@@ -93,7 +93,7 @@ DependencyState Dispatcher::Outcome(const Dependency& d) const {
   // Queued, starting or running here: not settled. Preempted and lost jobs that are not queued
   // again are over.
   auto active = [&](int64_t id) {
-    return admission_.Contains(id) || running_.contains(id) || starting_.contains(id) ||
+    return admission_.Contains(id) || runs_->contains(id) || starting_.contains(id) ||
            finishing_.contains(id);
   };
   auto ended = [&](int64_t id, JobState state) {
@@ -176,11 +176,11 @@ void Dispatcher::PassExecutor::Stop(const std::vector<std::string>& victims,
   const Queued* q = d.admission_.Find(std::stoll(for_id));
   if (!q) return;
   for (const std::string& victim : victims) {
-    auto it = d.running_.find(std::stoll(victim));
-    if (it == d.running_.end()) continue;
+    Running* r = d.runs_->Find(std::stoll(victim));
+    if (r == nullptr) continue;
     ++stops;
-    d.RequestStop(it->second, "preempt",
-                  fmt::format("preempted for job {} (priority {})", for_id, q->priority), now);
+    d.runs_->RequestStop(
+        *r, "preempt", fmt::format("preempted for job {} (priority {})", for_id, q->priority), now);
   }
 }
 

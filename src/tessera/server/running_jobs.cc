@@ -1,0 +1,210 @@
+#include "tessera/server/running_jobs.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/server/runner.h"
+#include "tessera/server/store.h"
+
+namespace tessera::server {
+
+using nlohmann::json;
+
+std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t id,
+                        const char* suffix) {
+  return fmt::format("{}/{}/{}{}", state_dir, dir, id, suffix);
+}
+
+std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix) {
+  return JobFilePath(state_dir, "logs", id, fmt::format(".{}{}", task, suffix).c_str());
+}
+
+void RunningJob::AddShareReading(const JobHost::ShareUse& s) {
+  // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
+  // and came back): what was counted before stays counted.
+  arbiter_busy_us += s.busy_us >= arbiter_seen_us ? s.busy_us - arbiter_seen_us : s.busy_us;
+  arbiter_seen_us = s.busy_us;
+  gpu_peak_mib = std::max<int64_t>(gpu_peak_mib, s.peak_bytes >> 20);
+}
+
+std::optional<double> RunningJob::GpuUtilization(double now) const {
+  if (gpus.empty()) return std::nullopt;
+  // A share with a compute share: the GPU time the arbiter charged it over its run time.
+  if (!region.empty() && gpu_milli > 0) {
+    const double ran_us = (now - started) * 1e6;
+    if (ran_us <= 0 || arbiter_busy_us == 0) return std::nullopt;
+    return std::min(100.0, 100.0 * static_cast<double>(arbiter_busy_us) / ran_us);
+  }
+  // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
+  if (util_samples == 0) return std::nullopt;
+  return std::clamp(100.0 * util_sum / util_samples, 0.0, 100.0);
+}
+
+namespace {
+// A field of a finished job's usage record; null when it has none.
+json UsageField(const JobRecord& r, const char* key) {
+  if (r.usage_json.empty()) return nullptr;
+  const json u = json::parse(r.usage_json, nullptr, false);
+  return u.is_object() && u.contains(key) ? u[key] : json(nullptr);
+}
+}  // namespace
+
+std::optional<bool> SharedGpu(const JobRecord& r) {
+  const json v = UsageField(r, "shared_gpu");
+  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
+}
+
+std::optional<double> MeasuredUtilization(const JobRecord& r) {
+  const json v = UsageField(r, "gpu_utilization_pct");
+  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
+}
+
+RunningJob& RunningJobs::Add(RunningJob r) {
+  const int64_t id = r.id;
+  return jobs_[id] = std::move(r);
+}
+
+void RunningJobs::NoteSharing(RunningJob& run) {
+  if (run.region.empty() || run.gpus.empty()) return;
+  for (auto& [other_id, other] : jobs_) {
+    if (other_id == run.id || other.region.empty() || other.gpus != run.gpus) continue;
+    other.shared_gpu = run.shared_gpu = true;
+  }
+}
+
+void RunningJobs::StopOn(int gpu, const std::string& why, const std::string& reason, double now) {
+  for (auto& [id, r] : jobs_) {
+    if (std::find(r.gpus.begin(), r.gpus.end(), gpu) != r.gpus.end())
+      RequestStop(r, why, reason, now);
+  }
+}
+
+RunningJob* RunningJobs::Find(int64_t id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+RunningJob RunningJobs::Take(int64_t id) {
+  auto node = jobs_.extract(id);
+  return node.empty() ? RunningJob{} : std::move(node.mapped());
+}
+
+bool RunningJobs::AnyOf(uint32_t uid) const {
+  return std::any_of(jobs_.begin(), jobs_.end(),
+                     [&](const auto& r) { return r.second.uid == uid; });
+}
+
+void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::string& reason,
+                              double now) {
+  if (!r.stop.empty()) return;
+  r.stop = why;
+  r.stop_reason = reason;
+  r.stop_at = now;
+  spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
+               r.grace_period_s);
+  if (!host_.Signal(r.pid, SIGTERM)) host_.Signal(r.pid, SIGKILL);
+}
+
+void RunningJobs::Kill(RunningJob& r, const std::string& why) {
+  if (r.killed) return;
+  spdlog::info("job {}: {}: SIGKILL", r.id, why);
+  host_.Signal(r.pid, SIGKILL);
+  // Killing podman's client leaves the container to its monitor: remove it by name.
+  if (r.container && containers_) host_.RemoveContainer(r.id);
+  r.killed = true;
+}
+
+uint64_t RunningJobs::LogBytes(const RunningJob& r) const {
+  uint64_t bytes = 0;
+  auto add = [&](const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+  };
+  add(JobFilePath(options_.state_dir, "logs", r.id, ".out"));
+  add(JobFilePath(options_.state_dir, "logs", r.id, ".err"));
+  for (int t = 1; t < r.tasks; ++t) {
+    add(TaskLogPath(options_.state_dir, r.id, t, ".out"));
+    add(TaskLogPath(options_.state_dir, r.id, t, ".err"));
+  }
+  return bytes;
+}
+
+std::vector<std::pair<int64_t, std::optional<int>>> RunningJobs::Check(double now) {
+  // Logs are measured about once a second (a stat per log of each running job), not every look.
+  const uint64_t max_logs = options_.max_log_bytes_per_job;
+  const bool check_logs = max_logs > 0 && now - logs_checked_ >= 1;
+  if (check_logs) logs_checked_ = now;
+  std::vector<std::pair<int64_t, std::optional<int>>> ended;
+  for (auto& [id, r] : jobs_) {
+    std::optional<int> code;
+    bool gone = false;
+    if (!r.adopted) {
+      code = host_.Reap(r.pid);
+      gone = code.has_value();
+    } else if (!host_.Alive(r.pid, r.start_time)) {
+      gone = true;
+      code = ReadExitFile(JobFilePath(options_.state_dir, "exit", id));
+    }
+    if (gone) {
+      ended.emplace_back(id, code);
+      continue;
+    }
+    if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
+      RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),
+                  now);
+    }
+    if (check_logs && r.stop.empty()) {
+      if (const uint64_t bytes = LogBytes(r); bytes > max_logs) {
+        RequestStop(r, "logs",
+                    fmt::format("its logs reached {} MiB, over the limit of {} MiB "
+                                "(limits.max_log_bytes_per_job)",
+                                bytes >> 20, max_logs >> 20),
+                    now);
+      }
+    }
+    if (!r.stop.empty() && !r.killed && now - r.stop_at >= r.grace_period_s) {
+      Kill(r, fmt::format("still running {} s after SIGTERM", r.grace_period_s));
+    }
+  }
+  return ended;
+}
+
+void RunningJobs::Measure(const std::vector<devices::GpuTelemetry>& telemetry,
+                          const std::vector<int>& holders,
+                          const std::map<int64_t, JobHost::ShareUse>& shares) {
+  for (auto& [id, r] : jobs_) {
+    if (r.gpus.empty()) continue;
+    if (auto s = shares.find(id); s != shares.end()) r.AddShareReading(s->second);
+    // The GPUs' readings count for it only where it holds them alone.
+    bool alone = true, known = true;
+    double util = 0;
+    int64_t peak = 0;
+    for (int g : r.gpus) {
+      const size_t i = static_cast<size_t>(g);
+      if (i >= telemetry.size() || i >= holders.size() || holders[i] != 1) {
+        alone = false;
+        break;
+      }
+      const devices::GpuTelemetry& t = telemetry[i];
+      if (t.utilization) {
+        util += *t.utilization;
+      } else {
+        known = false;
+      }
+      if (t.memory_used_bytes) peak = std::max<int64_t>(peak, *t.memory_used_bytes >> 20);
+    }
+    if (!alone) continue;
+    if (known) {
+      r.util_sum += util / static_cast<double>(r.gpus.size());
+      ++r.util_samples;
+    }
+    if (r.region.empty()) r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
+  }
+}
+
+}  // namespace tessera::server

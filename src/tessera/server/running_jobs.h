@@ -1,0 +1,134 @@
+#pragma once
+// RunningJobs: the executor side's table - the jobs whose processes run on this machine - and what
+// is done to a running job through the JobHost:
+// - a stop asked (cancel, preemption, timeout, log limit, a failed GPU): SIGTERM to its process
+//   group once (SIGKILL at once if that fails), then SIGKILL when its grace period has passed;
+// - a kill (a forced cancel, the grace run out): SIGKILL once, and its container removed by name;
+// - each look (Check): a job whose process ended is told (reaped when this server is its parent,
+//   otherwise its process gone and its exit file read), a job past its max runtime or over its log
+//   limit is stopped, one still running its grace after SIGTERM is killed;
+// - its GPU use measured from the history samples (utilization of the GPUs it holds alone, the
+//   arbiter's GPU time and the region's peak for shares), for its history and its efficiency.
+// What happens when a job ends (its GPUs freed in the engine, its end recorded, a re-queue) is the
+// dispatcher's. It takes no lock: the dispatcher calls it under its scheduling lock
+// (running_jobs_test.cc drives it alone against a FakeJobHost and a fake clock).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/devices/device_source.h"
+#include "tessera/server/job_host.h"
+#include "tessera/server/job_spec.h"
+
+namespace tessera::server {
+
+struct JobRecord;
+
+struct RunningJob {
+  int64_t id = 0;
+  pid_t pid = 0;
+  uint64_t start_time = 0;
+  bool adopted = false;  // started by an earlier server process: not our child
+  std::vector<int> gpus;
+  std::string stop;  // why a stop was asked: cancel | preempt | timeout | unhealthy | logs; empty:
+                     // none
+  std::string stop_reason;
+  double stop_at = 0;  // when SIGTERM went out
+  bool killed = false;
+  double started = 0;
+  double max_runtime_s = 0;
+  int tasks = 1;                 // its processes, each with its logs (TaskLogPath)
+  double grace_period_s = 0;     // SIGTERM, then SIGKILL after this
+  int64_t memory_limit_mib = 0;  // fractional jobs: the job's GPU memory limit
+  int gpu_milli = 0;
+  std::string region;
+  bool container = false;  // runs in a podman container (named ContainerName(id))
+  int64_t memory_mib = 0;  // its host memory limit (0: none)
+  bool cgroup = false;     // has its own cgroups (Cgroups::Create)
+  uint32_t uid = 0;        // its owner's
+  bool arbiter = false;    // its owner may write the GPU arbiter file for it (ArbiterUser)
+  int64_t array_id = 0;    // a task of this array
+  std::shared_ptr<const JobSpec> spec;  // for its history when it succeeds
+  std::string owner;
+  // What it is measured to use of its GPUs (Measure, and the dispatcher at its end): utilization
+  // from the history samples in which it held its GPUs alone, GPU time the arbiter charged it
+  // (shares with a compute share), and the most GPU memory seen (MiB per GPU; shares: their
+  // region's peak).
+  double util_sum = 0;
+  int util_samples = 0;
+  uint64_t arbiter_busy_us = 0;
+  uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
+  int64_t gpu_peak_mib = 0;
+  bool shared_gpu = false;  // a share that another share's job ran beside (Add)
+
+  // Adds one reading of its share's files (JobHost::ReadShare).
+  void AddShareReading(const JobHost::ShareUse& s);
+  // Its GPU utilization over its run until `now` (percent), when measured.
+  std::optional<double> GpuUtilization(double now) const;
+};
+
+// <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file; and the log of a job's task
+// other than task 0.
+std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t id,
+                        const char* suffix = "");
+std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix);
+
+// What a finished job's record says its utilization was, and whether it shared its GPU.
+std::optional<double> MeasuredUtilization(const JobRecord& r);
+std::optional<bool> SharedGpu(const JobRecord& r);
+
+class RunningJobs {
+ public:
+  struct Options {
+    std::string state_dir;               // the jobs' logs and exit files
+    uint64_t max_log_bytes_per_job = 0;  // 0: no limit
+  };
+  RunningJobs(JobHost& host, Options options) : host_(host), options_(std::move(options)) {}
+  // Whether jobs may run in containers (a killed one's container is then removed by name).
+  void set_containers(bool on) { containers_ = on; }
+
+  // ---- the table ----
+  // Tracks `r` (replacing a job of its id).
+  RunningJob& Add(RunningJob r);
+  // A share that has just started on the same GPUs as other shares: each is marked as having run
+  // shared (its history says so).
+  void NoteSharing(RunningJob& run);
+  RunningJob* Find(int64_t id);
+  // Stops tracking it; it leaves with what was measured of it.
+  RunningJob Take(int64_t id);
+  bool contains(int64_t id) const { return jobs_.contains(id); }
+  size_t size() const { return jobs_.size(); }
+  const std::map<int64_t, RunningJob>& jobs() const { return jobs_; }
+  bool AnyOf(uint32_t uid) const;
+
+  // ---- what is done to a job ----
+  void RequestStop(RunningJob& r, const std::string& why, const std::string& reason, double now);
+  void Kill(RunningJob& r, const std::string& why);
+  // Every job on GPU `gpu` asked to stop (the GPU failed).
+  void StopOn(int gpu, const std::string& why, const std::string& reason, double now);
+  // One look at every job at `now`: those whose process ended, with their exit code when known;
+  // the others stopped or killed as their limits and grace say. Logs are measured about once a
+  // second of `now`, not at every look.
+  std::vector<std::pair<int64_t, std::optional<int>>> Check(double now);
+  // One history sample: `telemetry` per GPU, `holders` per GPU (how many jobs hold it: readings
+  // count for a job only where it holds its GPUs alone), and the shares' own readings by job.
+  void Measure(const std::vector<devices::GpuTelemetry>& telemetry, const std::vector<int>& holders,
+               const std::map<int64_t, JobHost::ShareUse>& shares);
+
+  // The size of a job's logs, every task's.
+  uint64_t LogBytes(const RunningJob& r) const;
+
+ private:
+  JobHost& host_;
+  Options options_;
+  bool containers_ = false;
+  std::map<int64_t, RunningJob> jobs_;
+  double logs_checked_ = 0;  // when Check last measured logs
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,185 @@
+// The executor side's table alone (running_jobs.h): processes on a FakeLauncher behind a
+// FakeJobHost, on a fake clock; logs and exit files in a temporary folder.
+#include "tessera/server/running_jobs.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tessera/core/clock.h"
+#include "tessera/server/fake_job_host.h"
+#include "tessera/server/fake_launcher.h"
+
+namespace tessera::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+class RunningJobsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tessera-running-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    fs::create_directories(dir_ + "/logs");
+    fs::create_directories(dir_ + "/exit");
+    runs_ = std::make_unique<RunningJobs>(host_, RunningJobs::Options{.state_dir = dir_});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  double Now() const { return core::Seconds(clock_.Now()); }
+  void Advance(double s) {
+    clock_.Advance(std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(s)));
+  }
+  // A job running `seconds` on `gpus`, tracked.
+  RunningJob& Start(int64_t id, double seconds, std::vector<int> gpus = {0}) {
+    LaunchSpec spec;
+    spec.job_id = id;
+    spec.argv = {"sleep", std::to_string(seconds)};
+    auto l = launcher_.Start(spec);
+    EXPECT_TRUE(l.ok()) << l.status();
+    RunningJob r;
+    r.id = id;
+    r.pid = l->pid;
+    r.start_time = l->start_time;
+    r.gpus = std::move(gpus);
+    r.started = Now();
+    r.grace_period_s = 5;
+    return runs_->Add(std::move(r));
+  }
+  std::vector<int> Signals(pid_t pid) const {
+    std::vector<int> out;
+    for (const auto& [p, sig] : launcher_.signals()) {
+      if (p == pid) out.push_back(sig);
+    }
+    return out;
+  }
+
+  std::string dir_;
+  core::FakeClock clock_{core::TimePoint(std::chrono::seconds(1'800'000'000))};
+  FakeLauncher launcher_{clock_, /*stop_latency_s=*/1000};  // SIGTERM is ignored
+  FakeJobHost host_{launcher_};
+  std::unique_ptr<RunningJobs> runs_;  // made in SetUp, with dir_
+};
+
+TEST_F(RunningJobsTest, AStopIsSigtermOnceThenSigkillWhenTheGraceHasPassed) {
+  RunningJob& r = Start(1, 100);
+  const pid_t pid = r.pid;
+  runs_->RequestStop(r, "cancel", "cancelled by alice", Now());
+  runs_->RequestStop(r, "preempt", "preempted for job 2", Now());  // the first reason stays
+  EXPECT_EQ(r.stop, "cancel");
+  EXPECT_EQ(r.stop_reason, "cancelled by alice");
+  EXPECT_EQ(Signals(pid), std::vector<int>{SIGTERM});
+  Advance(4.9);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_EQ(Signals(pid), std::vector<int>{SIGTERM});  // within its grace
+  Advance(0.1);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_EQ(Signals(pid), (std::vector<int>{SIGTERM, SIGKILL}));
+  EXPECT_TRUE(runs_->Find(1)->killed);
+  // The next look finds it ended, killed; it is told once and stays in the table until taken.
+  const auto ended = runs_->Check(Now());
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].first, 1);
+  EXPECT_EQ(ended[0].second, 128 + SIGKILL);
+  const RunningJob gone = runs_->Take(1);
+  EXPECT_EQ(gone.stop, "cancel");
+  EXPECT_EQ(runs_->size(), 0u);
+  EXPECT_EQ(Signals(pid).size(), 2u);  // nothing more was sent
+}
+
+TEST_F(RunningJobsTest, AJobPastItsMaxRuntimeIsStoppedAsATimeout) {
+  RunningJob& r = Start(1, 100);
+  r.max_runtime_s = 10;
+  Advance(10);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_TRUE(runs_->Find(1)->stop.empty());
+  Advance(0.5);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_EQ(runs_->Find(1)->stop, "timeout");
+  EXPECT_EQ(runs_->Find(1)->stop_reason, "ran past its max runtime of 10 s");
+}
+
+TEST_F(RunningJobsTest, AJobOverItsLogLimitIsStoppedAndLogsAreMeasuredAboutOnceASecond) {
+  RunningJobs runs(host_, {.state_dir = dir_, .max_log_bytes_per_job = 2 << 20});
+  LaunchSpec spec;
+  spec.argv = {"sleep", "100"};
+  RunningJob r;
+  r.id = 7;
+  r.pid = launcher_.Start(spec)->pid;
+  r.tasks = 2;
+  r.grace_period_s = 5;
+  runs.Add(r);
+  runs.Check(Now());  // measured now: no logs yet
+  // Task 1's stderr grows past the limit (task 0's logs are the job's own .out/.err).
+  const std::string err = TaskLogPath(dir_, 7, 1, ".err");
+  std::ofstream(err).close();
+  fs::resize_file(err, (2 << 20) + 1);
+  EXPECT_EQ(runs.LogBytes(*runs.Find(7)), uint64_t{(2 << 20) + 1});
+  Advance(0.5);
+  runs.Check(Now());
+  EXPECT_TRUE(runs.Find(7)->stop.empty()) << "measured again within the second";
+  Advance(0.5);
+  runs.Check(Now());
+  EXPECT_EQ(runs.Find(7)->stop, "logs");
+  EXPECT_NE(runs.Find(7)->stop_reason.find("over the limit of 2 MiB"), std::string::npos);
+}
+
+TEST_F(RunningJobsTest, AnAdoptedJobsEndIsReadFromItsExitFile) {
+  RunningJob& r = Start(3, 10);
+  r.adopted = true;  // not this process's child: never reaped, looked at as a pid
+  Advance(10);
+  std::ofstream(JobFilePath(dir_, "exit", 3)) << "4\n";
+  const auto ended = runs_->Check(Now());
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].second, 4);
+}
+
+TEST_F(RunningJobsTest, AFailedGpuStopsOnlyTheJobsOnIt) {
+  Start(1, 100, {0});
+  Start(2, 100, {1, 2});
+  Start(3, 100, {});
+  runs_->StopOn(2, "unhealthy", "GPU 2 turned unhealthy: XID 79", Now());
+  EXPECT_TRUE(runs_->Find(1)->stop.empty());
+  EXPECT_EQ(runs_->Find(2)->stop, "unhealthy");
+  EXPECT_TRUE(runs_->Find(3)->stop.empty());
+}
+
+TEST_F(RunningJobsTest, UseIsMeasuredWhereAJobHoldsItsGpusAloneAndSharesByTheirOwnReadings) {
+  Start(1, 100, {0});  // alone on GPU 0
+  Start(2, 100, {1});  // beside another job on GPU 1
+  RunningJob& s = Start(3, 100, {2});
+  s.region = dir_ + "/regions/3.region";
+  s.gpu_milli = 500;
+  RunningJob& t = Start(4, 100, {2});
+  t.region = dir_ + "/regions/4.region";
+  runs_->NoteSharing(*runs_->Find(4));
+  EXPECT_TRUE(runs_->Find(3)->shared_gpu);
+  EXPECT_TRUE(runs_->Find(4)->shared_gpu);
+  EXPECT_FALSE(runs_->Find(1)->shared_gpu);
+  std::vector<devices::GpuTelemetry> telemetry(3);
+  telemetry[0].utilization = 0.8;
+  telemetry[0].memory_used_bytes = uint64_t{3000} << 20;
+  telemetry[1].utilization = 0.1;
+  telemetry[2].utilization = 0.5;
+  const std::vector<int> holders = {1, 2, 2};
+  runs_->Measure(telemetry, holders,
+                 {{3, {.busy_us = 2'000'000, .peak_bytes = uint64_t{700} << 20}}});
+  telemetry[0].utilization = 0.4;
+  // The share's arbiter count started again (a process of it came back): what was counted stays.
+  runs_->Measure(telemetry, holders,
+                 {{3, {.busy_us = 1'000'000, .peak_bytes = uint64_t{600} << 20}}});
+  Advance(10);
+  EXPECT_DOUBLE_EQ(*runs_->Find(1)->GpuUtilization(Now()), 60.0);
+  EXPECT_EQ(runs_->Find(1)->gpu_peak_mib, 3000);
+  EXPECT_FALSE(runs_->Find(2)->GpuUtilization(Now()).has_value());  // never alone on its GPU
+  EXPECT_EQ(runs_->Find(3)->arbiter_busy_us, 3'000'000u);
+  EXPECT_DOUBLE_EQ(*runs_->Find(3)->GpuUtilization(Now()), 30.0);  // 3 s of GPU time in 10 s
+  EXPECT_EQ(runs_->Find(3)->gpu_peak_mib, 700);
+}
+
+}  // namespace
+}  // namespace tessera::server
