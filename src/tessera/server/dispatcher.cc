@@ -212,6 +212,15 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                                         .max_log_bytes_per_job = c.max_log_bytes_per_job});
     s->Publish();
   }
+  s->sampler_ = std::make_unique<Sampler>(
+      *s->store_, *s->source_, s->inventory_.gpus.size(), *s->host_, s->views_, *s->clock_,
+      s->feed_,
+      Sampler::Options{.interval_s = c.history_interval_s, .window_s = c.history_window_s},
+      [d = s.get()](const std::vector<devices::GpuTelemetry>& telemetry,
+                    const std::map<int64_t, JobHost::ShareUse>& shares) {
+        core::MutexLock lock(d->mu_);
+        d->MeasureRunning(telemetry, shares);
+      });
   s->SetUpContainers();
   return s;
 }

@@ -36,6 +36,7 @@
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
+#include "tessera/server/sampler.h"
 #include "tessera/server/server.h"
 #include "tessera/server/server_metrics.h"
 #include "tessera/server/views.h"
@@ -157,22 +158,9 @@ class Dispatcher {
   Facts Describe() const;
   // The /metrics snapshot, but for the accounting (the API's).
   ServerMetricsSnapshot MetricsSnapshot();
-  // The event streams' side: what wakes them, each GPU's health, and the history's sample count.
-  class Feed {
-   public:
-    void Bump();
-    // Waits until the version passes `seen` (then updates it) or `timeout_s`; false once closed.
-    bool Wait(uint64_t* seen, double timeout_s);
-    // Waits until `t` or the close; false once closed.
-    bool SleepUntil(std::chrono::steady_clock::time_point t);
-    void Close();
-
-   private:
-    core::Mutex mu_;
-    core::CondVar cv_;
-    uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-    bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  };
+  // The event streams' side (sampler.h): what wakes them, each GPU's health, and the history's
+  // sample count.
+  using Feed = server::Feed;
   Feed& feed() { return feed_; }
   void GpuHealth(std::vector<bool>* healthy, std::vector<std::string>* reasons) const;
   // The last sample's time (-1: none yet) and how many were taken.
@@ -311,19 +299,15 @@ class Dispatcher {
   Store::Ended logs_removed_to_;  // the logs of the jobs ended up to this one are gone
   double arbiter_checked_ = 0;    // when CheckRunning last looked whether the arbiter is whole
   void OnHealth(int gpu, bool healthy, const std::string& reason);
-  // Every GPU's utilization, memory used, temperature and power, read from the driver at most once
-  // per kTelemetryMaxAgeS however often it is asked; a GPU that does not answer gets empty
-  // readings.
-  std::vector<devices::GpuTelemetry> Telemetry();
+  // Every GPU's telemetry (Sampler::Telemetry).
+  std::vector<devices::GpuTelemetry> Telemetry() { return sampler_->Telemetry(); }
 
-  // Loads the stored history and starts the sampler (a thread when `thread`).
+  // Tells the event streams of the store's changes and starts the sampler (a thread when
+  // `thread`).
   void StartHistory(bool thread);
 
   Feed feed_;
-  std::thread sampler_;
-  mutable core::Mutex history_mu_;  // taken alone
-  double last_sample_at_ ABSL_GUARDED_BY(history_mu_) = -1;
-  uint64_t samples_taken_ ABSL_GUARDED_BY(history_mu_) = 0;
+  std::unique_ptr<Sampler> sampler_;  // the history and the telemetry (sampler.h)
 
   ServerConfig config_;
   const core::Clock* clock_;
@@ -408,10 +392,6 @@ class Dispatcher {
   Views views_;
   // The engine's history of run times, which is safe to use without mu_ (sched::Engine::history).
   sched::DurationPredictor* history_ = nullptr;
-
-  core::Mutex telemetry_mu_;  // the telemetry cache; never held with mu_
-  double telemetry_at_ ABSL_GUARDED_BY(telemetry_mu_) = -1;
-  std::vector<devices::GpuTelemetry> telemetry_ ABSL_GUARDED_BY(telemetry_mu_);
 
   std::unique_ptr<ExitWatcher> exits_;  // wakes the loop when a job's process ends
 

@@ -60,27 +60,6 @@ void Dispatcher::EndChange(const std::vector<int64_t>& ids) {
   changed_.notify_all();
 }
 
-namespace {
-constexpr double kTelemetryMaxAgeS = 1.0;
-
-}  // namespace
-
-std::vector<devices::GpuTelemetry> Dispatcher::Telemetry() {
-  core::MutexLock lock(telemetry_mu_);
-  const double now = Now();
-  if (telemetry_at_ >= 0 && now - telemetry_at_ < kTelemetryMaxAgeS) return telemetry_;
-  telemetry_.assign(inventory_.gpus.size(), devices::GpuTelemetry{});
-  for (size_t g = 0; g < telemetry_.size(); ++g) {
-    auto t = source_->ReadTelemetry(static_cast<int>(g));
-    if (t.ok()) {
-      telemetry_[g] = *t;
-    } else {
-      spdlog::debug("gpu {}: no telemetry: {}", g, std::string(t.status().message()));
-    }
-  }
-  telemetry_at_ = now;
-  return telemetry_;
-}
 absl::Status Dispatcher::Start(bool loop, bool health) {
   if (!inventory_.simulated) {
     spdlog::info("GPUs from {} (driver {}): {}", inventory_.source, inventory_.driver_version,
@@ -130,7 +109,7 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
 void Dispatcher::Stop() {
   if (stop_.exchange(true)) return;
   feed_.Close();  // event streams end, the sampler stops
-  if (sampler_.joinable()) sampler_.join();
+  if (sampler_) sampler_->Stop();
   wake_.notify_all();
   if (loop_.joinable()) loop_.join();
   exits_.reset();  // not under mu_: its thread may be waiting for it
@@ -690,100 +669,13 @@ void Dispatcher::GpuHealth(std::vector<bool>* healthy, std::vector<std::string>*
   }
 }
 
-std::pair<double, uint64_t> Dispatcher::Samples() const {
-  core::MutexLock lock(history_mu_);
-  return {last_sample_at_, samples_taken_};
-}
-
-void Dispatcher::Feed::Bump() {
-  {
-    core::MutexLock lock(mu_);
-    ++version_;
-  }
-  cv_.notify_all();
-}
-
-bool Dispatcher::Feed::Wait(uint64_t* seen, double timeout_s) {
-  core::MutexLock lock(mu_);
-  lock.WaitFor(cv_, std::chrono::duration<double>(timeout_s),
-               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || version_ != *seen; });
-  *seen = version_;
-  return !closed_;
-}
-
-bool Dispatcher::Feed::SleepUntil(std::chrono::steady_clock::time_point t) {
-  core::MutexLock lock(mu_);
-  cv_.wait_until(mu_, t, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; });
-  return !closed_;
-}
-
-void Dispatcher::Feed::Close() {
-  {
-    core::MutexLock lock(mu_);
-    closed_ = true;
-  }
-  cv_.notify_all();
-}
+std::pair<double, uint64_t> Dispatcher::Samples() const { return sampler_->Samples(); }
 
 void Dispatcher::StartHistory(bool thread) {
   store_->set_on_change([this] { feed_.Bump(); });
-  if (!thread) return;
-  sampler_ = std::thread([this] {
-    auto next = std::chrono::steady_clock::now();
-    do {
-      TakeSample();
-      next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(config_.history_interval_s));
-    } while (feed_.SleepUntil(next));  // the interval, or until the server stops
-  });
+  if (thread) sampler_->Start();
 }
 
-std::string Dispatcher::TakeSample() {
-  const double now = Now();
-  const std::vector<devices::GpuTelemetry> telemetry = Telemetry();
-  // The fractional jobs' own files (the arbiter's GPU time, their regions' peaks), read without
-  // the lock: for their history.
-  // id, GPUs, compute, region
-  const std::shared_ptr<const MachineView> v = views_.machine();
-  std::map<int64_t, ShareReading> shares;
-  for (const auto& [id, a] : v->active) {
-    if (!a.starting && !a.region.empty() && !a.gpus.empty())
-      shares[id] = host_->ReadShare(id, a.gpus, a.gpu_milli > 0, a.region);
-  }
-  {
-    core::MutexLock lock(mu_);
-    MeasureRunning(telemetry, shares);
-  }
-  json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
-  int busy = 0, healthy = 0;
-  double allocated = 0;
-  for (const GpuView& g : v->gpus) {
-    alloc.push_back(static_cast<double>(g.milli) / core::kMilliPerGpu);
-    alloc_mem.push_back(static_cast<uint64_t>(g.memory_mib) << 20);
-    busy += g.milli > 0 || g.memory_mib > 0;
-    allocated += static_cast<double>(g.milli) / core::kMilliPerGpu;
-    healthy += g.healthy ? 1 : 0;
-  }
-  const size_t queued = v->queued, running = v->running;
-  for (const devices::GpuTelemetry& t : telemetry) {
-    util.push_back(OrNull(t.utilization));
-    mem.push_back(OrNull(t.memory_used_bytes));
-  }
-  const json j = {
-      {"at", now},          {"queued", queued},       {"running", running}, {"busy", busy},
-      {"healthy", healthy}, {"allocated", allocated}, {"util", util},       {"mem", mem},
-      {"alloc", alloc},     {"alloc_mem", alloc_mem}};
-  std::string data = j.dump();
-  if (absl::Status st = store_->AddSample({now, data}, now - config_.history_window_s); !st.ok()) {
-    spdlog::warn("history: sample not stored: {}", std::string(st.message()));
-  }
-  {
-    core::MutexLock lock(history_mu_);
-    last_sample_at_ = now;
-    ++samples_taken_;
-  }
-  feed_.Bump();
-  return data;
-}
+std::string Dispatcher::TakeSample() { return sampler_->TakeSample(); }
 
 }  // namespace tessera::server

@@ -48,6 +48,11 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     on_repair_arbiter_ = std::move(f);
   }
+  // What ReadShare answers for `job` from now on (nothing measured until set).
+  void SetShareUse(int64_t job, ShareUse use) {
+    std::lock_guard lock(mu_);
+    share_use_[job] = use;
+  }
   // The next `times` removals of job's cgroup find it busy.
   void KeepBusy(int64_t job, int times) {
     std::lock_guard lock(mu_);
@@ -166,8 +171,10 @@ class FakeJobHost final : public JobHost {
     containers_removed_.push_back(job);
   }
 
-  ShareUse ReadShare(int64_t, const std::vector<int>&, bool, const std::string&) override {
-    return {};
+  ShareUse ReadShare(int64_t job, const std::vector<int>&, bool, const std::string&) override {
+    std::lock_guard lock(mu_);
+    auto it = share_use_.find(job);
+    return it == share_use_.end() ? ShareUse{} : it->second;
   }
   void RemoveRegion(const std::string& region) override {
     std::lock_guard lock(mu_);
@@ -204,6 +211,7 @@ class FakeJobHost final : public JobHost {
   std::map<uint32_t, int> arbiter_users_;
   std::function<void(int64_t)> on_launch_;
   std::function<void()> on_repair_arbiter_;
+  std::map<int64_t, ShareUse> share_use_;
 };
 
 }  // namespace tessera::server
