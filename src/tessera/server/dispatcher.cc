@@ -222,6 +222,14 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
         d->MeasureRunning(telemetry, shares);
       });
   s->SetUpContainers();
+  s->launch_setup_ = {.config = &s->config_,
+                      .inventory = &s->inventory_,
+                      .node = &s->node(),
+                      .hostname = s->hostname_,
+                      .arbiter_file = s->ArbiterFile(),
+                      .confines = s->host_->confines(),
+                      .containers = s->containers_.has_value(),
+                      .containers_off = s->containers_off_};
   return s;
 }
 
@@ -277,41 +285,11 @@ std::string Dispatcher::TaskLog(int64_t id, int task, const char* suffix) const 
 std::string Dispatcher::OutputFile(int64_t id, int64_t array_id, int array_index,
                                    const std::string& owner, const JobSpec& spec, int task,
                                    bool err) const {
-  if (spec.stdout_file.empty() && spec.stderr_file.empty()) return "";
-  OutputNames n;
-  n.job_id = id;
-  n.array_id = array_id;
-  n.array_index = array_index;
-  n.task = task;
-  n.user = owner;
-  n.name = !spec.name.empty() ? spec.name : fs::path(spec.command.at(0)).filename().string();
-  n.host = hostname_;
-  return OutputFileOf(spec, n, err);
+  return OutputFilePath(launch_setup_, id, array_id, array_index, owner, spec, task, err);
 }
 
 std::string Dispatcher::JobFile(const char* dir, int64_t id, const char* suffix) const {
   return JobFilePath(config_.state_dir, dir, id, suffix);
-}
-
-Dispatcher::Running Dispatcher::NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus,
-                                           double started) const {
-  Running run;
-  run.id = id;
-  run.gpus = std::move(gpus);
-  run.started = started;
-  run.max_runtime_s = spec.max_runtime_s;
-  run.tasks = spec.Tasks();
-  // A job's own grace, within the server's maximum (one stored under a larger maximum included).
-  run.grace_period_s =
-      std::min(spec.grace_period_s >= 0 ? spec.grace_period_s : config_.grace_period_s,
-               config_.max_grace_period_s);
-  run.memory_limit_mib = spec.gpu_memory_mib;
-  run.gpu_milli = spec.gpu_milli;
-  if (RequestOf(spec, id, "").fractional() && !run.gpus.empty())
-    run.region = JobFile("regions", id, ".region");
-  run.container = !spec.image.empty();
-  run.memory_mib = spec.memory_mib;
-  return run;
 }
 
 sched::Submission Dispatcher::SubmissionFor(const JobSpec& spec, int64_t id,
@@ -391,7 +369,7 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
     }
     a.start_time = r.started_at.value_or(now);
     if (absl::Status st = d.engine_->Restore(a, std::move(sub)); !st.ok()) return st;
-    Running run = d.NewRunning(r.id, *spec, a.gpus, r.started_at.value_or(now));
+    Running run = NewRunningJob(d.config_, r.id, *spec, a.gpus, r.started_at.value_or(now));
     run.pid = static_cast<pid_t>(r.pid);
     run.start_time = r.pid_start_time;
     run.adopted = true;

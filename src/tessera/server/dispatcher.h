@@ -33,6 +33,7 @@
 #include "tessera/server/container.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/launch_plan.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
@@ -183,8 +184,6 @@ class Dispatcher {
   void EndNeverMet(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::pair<int64_t, std::string>> never_met_ ABSL_GUARDED_BY(mu_);  // id, why
   Dispatcher(ServerConfig config, ServerDeps deps);
-  // What is tracked of a running job, from its spec (fractional jobs on a GPU get a region).
-  Running NewRunning(int64_t id, const JobSpec& spec, std::vector<int> gpus, double started) const;
   // The GPU arbiter file (made by the job host) that the fractional jobs of every user pace by.
   std::string ArbiterFile() const;
   // Finds podman and writes the CDI spec; otherwise says why jobs with an image are refused.
@@ -231,18 +230,14 @@ class Dispatcher {
   // the store records the starts and the processes are launched.
   void SchedulePass(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A start decided under mu_ and carried out without it.
-  struct Launch {
+  // Its plan (launch_plan.h: PlanLaunch, decided under mu_) and what came of it.
+  struct Launch : LaunchPlan {
     Queued queued;
-    LaunchSpec spec;
-    Running run;
-    std::string where, placement_json;
-    absl::Status refused;   // why it must not run (decided under mu_)
     absl::Status recorded;  // the store's transition to running
     absl::StatusOr<Launched> launched = Launched{};
-    std::optional<CgroupLimits> limits;  // its cgroup, when jobs get one
   };
-  Launch PrepareLaunch(Queued q, const sched::Allocation& a, double now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a plan reads of the server (set at the end of Create).
+  LaunchSetup launch_setup_;
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
   void CommitLaunch(Launch& l, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job whose process ended: taken out of runs_ (its GPUs freed) under mu_, the rest of its

@@ -166,7 +166,10 @@ void Dispatcher::PassExecutor::Start(const std::string& job, const sched::Alloca
   Queued q = d.admission_.Take(id);
   d.queue_changes_.emplace_back(id, false);
   Starting starting{"", q.spec, q.owner, q.uid, a.gpus};
-  launches.push_back(d.PrepareLaunch(std::move(q), a, now));
+  Launch l;
+  static_cast<LaunchPlan&>(l) = PlanLaunch(d.launch_setup_, q, a, now);
+  l.queued = std::move(q);
+  launches.push_back(std::move(l));
   d.starting_[id] = std::move(starting);
 }
 
