@@ -80,7 +80,7 @@ CUresult CountedContext(CUcontext* ctx, CUdevice device, Create create) {
     DropContext(device, false);
     return rc;
   }
-  if (measure_footprint && !Reconcile(device)) {  // its memory does not fit the job's limit
+  if (!Reconcile(device)) {  // its memory does not fit the job's limit
     real.cuCtxDestroy_v2(*ctx);
     DropContext(device, false);
     Reconcile(device);
@@ -131,7 +131,7 @@ TESSERA_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
       }
     }
     DropContext(device, false);
-    if (measure_footprint && device >= 0) Reconcile(device);
+    if (device >= 0) Reconcile(device);
   }
   return rc;
 }
@@ -142,7 +142,7 @@ TESSERA_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice device
   CUresult rc = real.cuDevicePrimaryCtxRetain(ctx, device);
   if (rc != CUDA_SUCCESS) {
     DropContext(device, true);
-  } else if (measure_footprint && !Reconcile(device)) {
+  } else if (!Reconcile(device)) {
     real.cuDevicePrimaryCtxRelease_v2(device);
     DropContext(device, true);
     Reconcile(device);
@@ -156,7 +156,7 @@ TESSERA_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   CUresult rc = real.cuDevicePrimaryCtxRelease_v2(device);
   if (rc == CUDA_SUCCESS) {
     DropContext(device, true);
-    if (measure_footprint) Reconcile(device);
+    Reconcile(device);
   }
   return rc;
 }
@@ -165,7 +165,7 @@ namespace {
 // A module's code and data live in device memory: measured like a context's (Reconcile); one that
 // does not fit the job's limit is unloaded again and refused.
 CUresult CountedModule(CUresult rc, CUmodule* module) {
-  if (rc != CUDA_SUCCESS || !measure_footprint || module == nullptr) return rc;
+  if (rc != CUDA_SUCCESS || module == nullptr) return rc;
   const int device = CurrentDevice();
   if (Reconcile(device)) return rc;
   real.cuModuleUnload(*module);
@@ -188,7 +188,7 @@ TESSERA_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, 
 TESSERA_EXPORT CUresult cuModuleUnload(CUmodule module) {
   if (!Ready() || real.cuModuleUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuModuleUnload(module);
-  if (rc == CUDA_SUCCESS && measure_footprint) Reconcile(CurrentDevice());
+  if (rc == CUDA_SUCCESS) Reconcile(CurrentDevice());
   return rc;
 }
 
@@ -216,7 +216,7 @@ bool ReconcileContextDevices() {
 // it is first launched there: measured at the next event): measured on each device with one of
 // this process's contexts; one that does not fit is unloaded again and refused.
 CUresult CountedLibrary(CUresult rc, CUlibrary* library) {
-  if (rc != CUDA_SUCCESS || !measure_footprint || library == nullptr) return rc;
+  if (rc != CUDA_SUCCESS || library == nullptr) return rc;
   if (ReconcileContextDevices()) return rc;
   real.cuLibraryUnload(*library);
   ReconcileContextDevices();
@@ -247,6 +247,6 @@ TESSERA_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* pa
 TESSERA_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
   if (!Ready() || real.cuLibraryUnload == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult rc = real.cuLibraryUnload(library);
-  if (rc == CUDA_SUCCESS && measure_footprint) ReconcileContextDevices();
+  if (rc == CUDA_SUCCESS) ReconcileContextDevices();
   return rc;
 }

@@ -156,7 +156,6 @@ extern uint64_t queue_bound_us;
 extern int physical_gpu[kMaxDevices];
 extern uint64_t context_overhead;
 extern std::atomic<int> contexts_on[kMaxDevices];
-extern bool measure_footprint;
 extern pthread_once_t init_once;
 extern bool verbose;
 extern std::mutex* held_mu;

@@ -46,7 +46,6 @@ std::atomic<int> contexts_on[kMaxDevices];
 // pid a probe finds) less what is counted, charged per device after a context is made or a module
 // loaded (Reconcile). A configured overhead counts until the first measure, or for good where
 // nothing can be measured.
-bool measure_footprint = true;
 bool Reconcile(int device);
 pthread_once_t init_once = PTHREAD_ONCE_INIT;
 bool verbose = false;
