@@ -134,8 +134,6 @@ class Dispatcher {
   };
   // Read from the views but for a queued job's, which the cycle says (under the lock).
   Live LiveOf(int64_t id) const;
-  // The read models (views.h): what the readers below answer from, without the lock.
-  const Views& views() const { return views_; }
   // Each GPU's state: health, what is allocated on it, its jobs and telemetry.
   struct GpuState {
     bool healthy = true;
