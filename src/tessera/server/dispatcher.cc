@@ -1,7 +1,7 @@
-// The dispatcher: its setup (the machine, sharing, containers, the arbiter), who may do what,
-// recovery after a restart, the health watch and the loop. The running jobs are in
-// dispatcher_jobs.cc, the queue and the scheduling pass in dispatcher_queue.cc, what the API asks
-// in dispatcher_api.cc.
+// The dispatcher: its setup (the machine, sharing, containers, the arbiter, the rooms), who may do
+// what, what recovery asks of it after a restart, the health watch and the loop. What an end means
+// and a start's execution are in dispatcher_jobs.cc, the queue and the scheduling pass in
+// dispatcher_queue.cc, what the API asks in dispatcher_api.cc.
 #include "tessera/server/dispatcher.h"
 
 #include <arpa/inet.h>

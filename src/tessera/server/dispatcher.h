@@ -1,11 +1,13 @@
 #pragma once
-// The dispatcher: the standalone server's core. It owns the machine's state - the queue, the
-// running jobs, the GPUs' health - and is the server's executor of the scheduling engine
-// (sched::Engine, the simulator's and the extender's too): jobs are admitted to the engine's queue,
-// its decisions carried out (launches through the Launcher, stops, re-queues), ends recorded in
-// the Store, history sampled. The HTTP API (api.h) asks it through
-// the public operations and views below and never touches its lock; none of them holds its lock
-// while a process is forked or the store syncs.
+// The dispatcher: the standalone server's composition root. It makes the server's rooms - the
+// waiting room (admission.h), the running jobs (running_jobs.h), recovery (recovery.h), the
+// launch plans (launch_plan.h), a submission's checks (submit_checks.h), the read models
+// (views.h), the sampler (sampler.h) - and holds the one lock that orders every change to them. It
+// is the server's executor of the scheduling engine (sched::Engine, the simulator's and the
+// extender's too): jobs are admitted to the engine's queue, its decisions carried out (launches
+// through the JobHost, stops, re-queues), ends recorded in the Store. The HTTP API (api.h) asks it
+// through the public operations and views below; the views answer from the read models without
+// its lock, and none of the operations holds it while a process is forked or the store syncs.
 
 #include <sys/types.h>
 

@@ -1,6 +1,6 @@
 // What the API asks of the dispatcher: submissions, cancels, holds, priorities, simulated health,
-// the views (jobs, GPUs, quotas, facts, metrics), the event feed and the history samples; and the
-// start and stop of its threads.
+// the views (jobs, GPUs, quotas, facts, metrics: from the read models, views.h, which Publish
+// keeps), the event feed and the history samples; and the start and stop of its threads.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>

@@ -1,6 +1,7 @@
-// The dispatcher's running jobs: stops and kills, their ends (how a job ended, its usage, its
-// re-queueing), what they measure (shares' memory, GPU time, utilization), and their launch
-// (prepared under the lock, started without it, committed).
+// The dispatcher's side of running jobs (the table and what is done to each job are
+// running_jobs.h's): their ends (how a job ended, its usage, its re-queueing, an end the full disk
+// kept from being recorded), the history samples' measurements, and their launch (planned under
+// the lock by launch_plan.h, executed without it, committed).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
