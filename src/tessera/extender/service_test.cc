@@ -518,11 +518,14 @@ TEST_F(ServiceTest, DraPodsAreFilteredAndScoredByTheirClaimsAndOthersPassUntouch
 
   // deploy/components/dra grants the extender exactly the resource.k8s.io verbs it used.
   std::set<std::string> used, granted;
-  for (const auto& r : api_.Requests()) {
-    if (r.user == "tester" && r.resource.ends_with(".resource.k8s.io")) {
-      used.insert(r.verb + " " + r.resource);
+  auto collect_used = [&] {
+    used.clear();
+    for (const auto& r : api_.Requests()) {
+      if (r.user == "tester" && r.resource.ends_with(".resource.k8s.io")) {
+        used.insert(r.verb + " " + r.resource);
+      }
     }
-  }
+  };
   for (const YAML::Node& doc :
        YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/components/dra/rbac.yaml")) {
     if (doc["kind"].as<std::string>() != "ClusterRole" ||
@@ -540,6 +543,12 @@ TEST_F(ServiceTest, DraPodsAreFilteredAndScoredByTheirClaimsAndOthersPassUntouch
       }
     }
   }
+  // Each informer's watch begins after its list, on its own thread: waited for, not assumed.
+  Eventually([&] {
+    collect_used();
+    return used == granted;
+  });
+  collect_used();
   EXPECT_EQ(used, granted);
 }
 
