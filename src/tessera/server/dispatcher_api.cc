@@ -481,7 +481,6 @@ void Dispatcher::Publish() {
   for (const auto& [id, r] : runs_->jobs()) {
     v.active.emplace(id, ActiveJob{.spec = r.spec,
                                    .owner = r.owner,
-                                   .uid = r.uid,
                                    .gpus = r.gpus,
                                    .pid = r.pid,
                                    .started = r.started,
@@ -496,7 +495,6 @@ void Dispatcher::Publish() {
     v.active.emplace(id, ActiveJob{.starting = true,
                                    .spec = st.spec,
                                    .owner = st.owner,
-                                   .uid = st.uid,
                                    .gpus = st.gpus,
                                    .stopping = st.cancelled_by});
     list(id, st.gpus);

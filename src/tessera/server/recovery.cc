@@ -11,6 +11,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/runner.h"
+#include "tessera/server/running_jobs.h"
 #include "tessera/server/store.h"
 
 namespace tessera::server {
@@ -49,7 +50,7 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
       continue;
     }
     // Running when the last server stopped.
-    const std::string exit_path = fmt::format("{}/exit/{}", options_.state_dir, r.id);
+    const std::string exit_path = JobFilePath(options_.state_dir, "exit", r.id);
     if (r.pid > 0 && host_.Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
       if (absl::Status st = world.Adopt(r, spec); !st.ok()) {
         spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,

@@ -41,7 +41,6 @@ struct ActiveJob {
   bool starting = false;
   std::shared_ptr<const JobSpec> spec;
   std::string owner;
-  uint32_t uid = 0;
   std::vector<int> gpus;
   pid_t pid = 0;
   double started = 0;
