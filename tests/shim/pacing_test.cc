@@ -229,13 +229,15 @@ TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
 // leaves a low job of short kernels (20 us, 50 per synchronize) most of its throughput. Before,
 // every launch of the low job drained the one before it for a second after each of the high
 // job's: the low job kept 18% of its throughput beside a job that used 0.1% of the GPU. Now it
-// keeps up to 1 ms queued (kBoundedQueueUs): 98% here (92-93% with 500 us).
+// keeps up to 1 ms queued (kBoundedQueueUs): 98% here on a quiet machine (92-93% with 500 us).
+// The bound is 85%: a shared 2-core CI machine measured 94.6% once (the two runs are seconds apart
+// and the client's own wake-ups vary), and the defect this guards against kept 18%.
 TEST(Pacing, ANearlyIdleHigherPriorityJobLeavesALowJobOfShortKernelsItsThroughput) {
   const Job high{"TESSERA_CUDA_PRIORITY=10", "work:2000:100:1:100000:300:1800"};
   const Job low{"TESSERA_CUDA_PRIORITY=0", "work:2000:20:50:0:300:1800"};
   const double low_alone = Contend({low})[0];
   std::vector<double> both = Contend({high, low});
-  EXPECT_GE(both[1], 0.95 * low_alone) << both[1] << " of " << low_alone;
+  EXPECT_GE(both[1], 0.85 * low_alone) << both[1] << " of " << low_alone;
   EXPECT_GT(both[0], 0) << "the high job ran";
 }
 
