@@ -1,7 +1,7 @@
 // The dispatcher: its setup (the machine, sharing, containers, the arbiter, the rooms), who may do
-// what, what recovery asks of it after a restart, the health watch and the loop. What an end means
-// and a start's execution are in dispatcher_jobs.cc, the queue and the scheduling pass in
-// dispatcher_queue.cc, what the API asks in dispatcher_api.cc.
+// what, what recovery asks of it after a restart, the health watch and the loop. The look at
+// running jobs and a start's execution are in dispatcher_jobs.cc, the queue and the scheduling
+// pass in dispatcher_queue.cc, what the API asks in dispatcher_api.cc.
 #include "tessera/server/dispatcher.h"
 
 #include <arpa/inet.h>
@@ -44,6 +44,7 @@
 #include "tessera/server/recovery.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server_util.h"
+#include "tessera/server/state_dir.h"
 
 namespace tessera::server {
 
@@ -69,70 +70,19 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                                                                ServerDeps deps) {
   std::unique_ptr<Dispatcher> s(new Dispatcher(std::move(config), std::move(deps)));
   const ServerConfig& c = s->config_;
-  std::error_code ec;
-  for (const char* sub : {"", "/logs", "/regions", "/exit"}) {
-    fs::create_directories(c.state_dir + sub, ec);
-    if (ec)
-      return absl::FailedPreconditionError(
-          fmt::format("cannot create {}{}: {}", c.state_dir, sub, ec.message()));
-  }
-  // One server per state folder, decided before anything in it is read or changed: recovery
-  // re-adopts and ends jobs and the sweep removes cgroups, which a second server must never do to a
-  // live one's. The lock goes with the process (flock), so a killed server leaves none behind.
-  {
-    const std::string lock_path = c.state_dir + "/server.lock";
-    const int lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (lock < 0)
-      return absl::FailedPreconditionError(
-          fmt::format("cannot open {}: {}", lock_path, strerror(errno)));
-    // A server killed while forking a job leaves the lock in that child for a moment (until the
-    // child closes what it inherited): a few seconds are waited out, a live server's lock is not.
-    bool locked = false;
-    for (int i = 0; i < 30 && !(locked = flock(lock, LOCK_EX | LOCK_NB) == 0); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (!locked) {
-      const std::string pid = LockHolder(lock);
-      close(lock);
-      return absl::FailedPreconditionError(fmt::format(
-          "another tessera server{} is using the state folder {}: one server per state folder "
-          "(give this one its own state_dir)",
-          pid.empty() ? "" : " (pid " + pid + ")", c.state_dir));
-    }
-    const std::string me = std::to_string(getpid()) + "\n";
-    if (ftruncate(lock, 0) != 0 || pwrite(lock, me.data(), me.size(), 0) < 0)
-      spdlog::warn("{}: cannot record this server's pid: {}", lock_path, strerror(errno));
-    s->state_lock_ = lock;
-  }
+  // One server per state folder, its lock taken before anything in it is read or changed
+  // (state_dir.h).
+  auto lock = TakeStateDir(c.state_dir);
+  if (!lock.ok()) return lock.status();
+  s->state_lock_ = *lock;
   if (!c.cgroup_name_set) s->config_.cgroup_name = StateCgroupName(c.state_dir);
   // Jobs preload the server's own copy of the intercept library, installed by rename (issue 49):
   // a rebuild or reinstall writes the build's file in place (the linker does), which would kill
   // every running job that has it mapped; a server restarted on a new build replaces this name and
   // its running jobs keep the inode they mapped.
-  if (!c.intercept_library.empty()) {
-    const std::string lib_dir = c.state_dir + "/lib";
-    fs::create_directories(lib_dir, ec);
-    chmod(lib_dir.c_str(), 0755);  // jobs run as their users
-    const std::string copy = lib_dir + "/libtessera-cuda.so";
-    bool changed = false;
-    if (absl::Status st = devices::InstallFile(c.intercept_library, copy, 0755, &changed);
-        st.ok()) {
-      if (changed) spdlog::info("intercept library {} installed as {}", c.intercept_library, copy);
-      s->config_.intercept_library = copy;
-    } else {
-      spdlog::warn(
-          "intercept library: {}; jobs preload {} itself (a rebuild under running jobs "
-          "would stop them)",
-          std::string(st.message()), c.intercept_library);
-    }
-  }
-  // Room kept to record how jobs end when the disk fills up (given up then; Finish).
-  if (!s->MakeReserve()) {
-    spdlog::warn(
-        "{}/reserve: cannot keep {} MiB for recording job ends ({}); submits are refused "
-        "until there is room",
-        c.state_dir, kReserveBytes >> 20, strerror(errno));
-    s->reserve_used_ = true;
-  }
+  if (!c.intercept_library.empty())
+    s->config_.intercept_library = InstallInterceptLibrary(c.intercept_library, c.state_dir);
+  std::error_code ec;
   fs::create_directories(fs::path(c.socket).parent_path(), ec);
   if (!s->store_) {
     auto store = Store::Open(c.state_dir + "/tessera.db");
@@ -207,6 +157,10 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     s->gpu_health_reason_.assign(n, "");
     s->gpu_xids_.assign(n, 0);
     s->history_ = &s->engine_->history();
+    auto age = [](double s) { return s > 0 ? std::optional<double>(s) : std::nullopt; };
+    s->retention_ = std::make_unique<Retention>(
+        *s->store_, c.state_dir,
+        PurgeAges{age(c.retention_jobs_s), age(c.retention_logs_s), age(c.retention_env_s)});
     s->runs_ = std::make_unique<RunningJobs>(
         *s->host_, RunningJobs::Options{.state_dir = c.state_dir,
                                         .max_log_bytes_per_job = c.max_log_bytes_per_job});
@@ -222,6 +176,17 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
         d->MeasureRunning(telemetry, shares);
       });
   s->SetUpContainers();
+  s->ends_ = std::make_unique<JobEnds>(
+      *s->host_, *s->store_, *s->history_,
+      JobEnds::Options{.state_dir = c.state_dir, .containers = s->containers_.has_value()});
+  // Room kept to record how jobs end when the disk fills up (given up then: job_ends.h).
+  if (!s->ends_->MakeReserve()) {
+    spdlog::warn(
+        "{}/reserve: cannot keep {} MiB for recording job ends ({}); submits are refused "
+        "until there is room",
+        c.state_dir, JobEnds::kReserveBytes >> 20, strerror(errno));
+    s->ends_->set_disk_full();
+  }
   s->launch_setup_ = {.config = &s->config_,
                       .inventory = &s->inventory_,
                       .node = &s->node(),
@@ -422,7 +387,7 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
 bool Dispatcher::Turn() {
   const double now = Now();
   CheckRunning(now);
-  if (now >= retention_due_) ApplyRetention(now);
+  if (retention_->Due(now)) retention_->Apply(now, DependedOn());
   if (!dirty_) return false;
   dirty_ = false;
   auto t0 = std::chrono::steady_clock::now();

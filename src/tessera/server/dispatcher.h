@@ -33,9 +33,11 @@
 #include "tessera/server/admission.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/container.h"
+#include "tessera/server/job_ends.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/launch_plan.h"
+#include "tessera/server/retention.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
@@ -108,15 +110,10 @@ class Dispatcher {
   absl::Status SetPriority(int64_t id, const std::string& ref, const JobRecord& first, int priority,
                            const Caller& caller);
   // An admin's purge now (tessera admin purge): the ended jobs, logs and stored environments of
-  // jobs that ended over the given ages ago (unset: not that kind), in pages as retention does, the
-  // lock taken for each page only. Jobs a waiting job's --after names stay.
-  struct PurgeAges {
-    std::optional<double> jobs_s, logs_s, environments_s;
-  };
-  struct Purged {
-    int64_t jobs = 0, logs = 0, environments = 0;
-    bool more = false;  // a page was full: there may be more
-  };
+  // jobs that ended over the given ages ago (unset: not that kind), in pages as retention does
+  // (retention.h), the lock taken for each page only. Jobs a waiting job's --after names stay.
+  using PurgeAges = server::PurgeAges;
+  using Purged = server::Purged;
   absl::StatusOr<Purged> Purge(const PurgeAges& ages, double now);
   // A simulated machine's GPU made sick (an XID) or lost/found.
   absl::Status SimulateHealth(int gpu, std::optional<uint64_t> xid, std::optional<bool> lost);
@@ -240,19 +237,10 @@ class Dispatcher {
   LaunchSetup launch_setup_;
   void ExecuteLaunch(Launch& l, double now);  // without mu_: store writes, files, fork and exec
   void CommitLaunch(Launch& l, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job whose process ended: taken out of runs_ (its GPUs freed) under mu_, the rest of its
-  // end done by Finish without mu_, then its cgroup (if still busy) and re-queueing under mu_.
-  struct Ending {
-    Running run;
-    int exit_code = -1;
-    bool exit_known = false;
-    bool cgroup_left = false;       // its cgroup could not be removed yet
-    bool requeue_wanted = false;    // stopped, and the engine's rules put it back in the queue
-    std::optional<Queued> requeue;  // re-queued: to be enqueued
-  };
-  void Finish(Ending& e, double now);  // without mu_: cgroup accounting, containers, the store
-  // Removes the files user `uid` owns in ServerConfig::shm_dir (not root's, not the server's).
-  void RemoveLeftShm(uint32_t uid);
+  // Ends (job_ends.h): a job whose process ended is taken out of runs_ (its GPUs freed) under
+  // mu_, its end recorded by ends_ without mu_, then its cgroup (if still busy) and re-queueing
+  // handled under mu_. Made at the end of Create; the loop thread's, but for disk_full().
+  std::unique_ptr<JobEnds> ends_;
   // What a fractional job's files say of its use (read without mu_, JobHost::ReadShare): the
   // arbiter's GPU time and its region's peak memory.
   using ShareReading = JobHost::ShareUse;
@@ -261,38 +249,12 @@ class Dispatcher {
   void MeasureRunning(const std::vector<devices::GpuTelemetry>& telemetry,
                       const std::map<int64_t, ShareReading>& shares)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends the store could not record (its disk full): kept and recorded at a later turn, once
-  // there is room; until then the job's exit file stays too, so a restart still tells how it
-  // ended. The loop thread's only.
-  struct UnrecordedEnd {
-    int64_t id = 0;
-    JobState to = JobState::kFailed;
-    std::string reason;
-    double at = 0;
-    TransitionFields fields;
-  };
-  std::vector<UnrecordedEnd> unrecorded_;
-  // Records what it can of unrecorded_ (an end recorded removes its exit file).
-  void RecordUnrecorded();
-  // A file of kReserveBytes in the state folder (its blocks allocated), given up when the disk is
-  // full so that an end can still be recorded, and made again once there is room. While it is
-  // given up, submits are refused (507).
-  static constexpr uint64_t kReserveBytes = uint64_t{8} << 20;
-  bool MakeReserve();
-  bool UseReserve();  // true when there was one to give up
-  std::atomic<bool> reserve_used_{false};
-  // Retention (dispatcher_retention.cc): ended jobs, their logs and stored environments past the
-  // config's ages go, checked at start and hourly from the scheduling loop, in batches of
-  // kRetentionBatch jobs of each kind (one a turn, under the loop's lock, while more are due).
-  static constexpr size_t kRetentionBatch = 1000;
-  void ApplyRetention(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One page of each kind asked; the logs from *logs_from on. `who` begins its log lines.
-  absl::StatusOr<Purged> PurgePage(const PurgeAges& ages, double now, Store::Ended* logs_from,
-                                   const char* who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveJobFiles(int64_t id) const;  // its logs (every task's) and exit file
-  double retention_due_ = 0;
-  Store::Ended logs_removed_to_;  // the logs of the jobs ended up to this one are gone
-  double arbiter_checked_ = 0;    // when CheckRunning last looked whether the arbiter is whole
+  // Retention (retention.h): ended jobs, their logs and stored environments past the config's
+  // ages go, a page at a time under mu_, from the loop (when due) and Purge. Made in Create.
+  std::unique_ptr<Retention> retention_ ABSL_GUARDED_BY(mu_);
+  // The jobs a waiting job's --after names: retention keeps them.
+  std::set<int64_t> DependedOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double arbiter_checked_ = 0;  // when CheckRunning last looked whether the arbiter is whole
   void OnHealth(int gpu, bool healthy, const std::string& reason);
   // Every GPU's telemetry (Sampler::Telemetry).
   std::vector<devices::GpuTelemetry> Telemetry() { return sampler_->Telemetry(); }

@@ -1,6 +1,7 @@
-// What the API asks of the dispatcher: submissions, cancels, holds, priorities, simulated health,
-// the views (jobs, GPUs, quotas, facts, metrics: from the read models, views.h, which Publish
-// keeps), the event feed and the history samples; and the start and stop of its threads.
+// What the API asks of the dispatcher: submissions, cancels, holds, priorities, purges,
+// simulated health, the views (jobs, GPUs, quotas, facts, metrics: from the read models, views.h,
+// which Publish keeps), the event feed and the history samples; and the start and stop of its
+// threads.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -127,22 +128,7 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   std::optional<JobSpec> spec(std::move(spec_in));
   // Room for the store to record every end: no new work once the state folder's disk is nearly
   // full.
-  if (struct statvfs fs;
-      config_.min_free_disk_bytes > 0 && statvfs(config_.state_dir.c_str(), &fs) == 0 &&
-      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < config_.min_free_disk_bytes) {
-    return HttpError(
-        507,
-        fmt::format("the server's disk ({}) has {} MiB free, under its reserve of {} MiB "
-                    "(limits.min_free_disk): no new work until room is made",
-                    config_.state_dir, (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
-                    config_.min_free_disk_bytes >> 20));
-  }
-  if (reserve_used_.load()) {
-    return HttpError(507,
-                     fmt::format("the server's disk ({}) filled up: its reserve went to record "
-                                 "how jobs ended; no new work until room is made",
-                                 config_.state_dir));
-  }
+  if (absl::Status st = CheckDiskRoom(config_, ends_->disk_full()); !st.ok()) return st;
   if (absl::Status st = CheckSubmitLimits(*spec, {.config = &config_,
                                                   .inventory = &inventory_,
                                                   .containers = containers_.has_value(),
@@ -168,38 +154,6 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
     if (!a.ok()) return HttpError(400, fmt::format("array: {}", std::string(a.status().message())));
     range = *std::move(a);
   }
-  // The user's cap on jobs waiting: an array counts each task.
-  {
-    const size_t adding = range ? range->indices.size() : 1;
-    core::MutexLock lock(mu_);
-    const size_t waiting = admission_.JobsOf(uid);
-    if (waiting + adding > config_.max_queued_jobs_per_user) {
-      return HttpError(
-          429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} per user "
-                           "(limits.max_queued_jobs_per_user in the server's config)",
-                           user, waiting, adding, config_.max_queued_jobs_per_user));
-    }
-  }
-  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form) and that
-  // can still turn out as asked (whose they may be was asked of Rights by the API).
-  {
-    core::MutexLock lock(mu_);
-    for (const Dependency& d : spec->after) {
-      auto dep = store_->Get(d.job);
-      if (!dep.ok() && dep.status().code() != absl::StatusCode::kNotFound)
-        return HttpError(500, std::string(dep.status().message()));
-      const std::string ref =
-          d.task >= 0 ? fmt::format("{}_{}", d.job, d.task) : std::to_string(d.job);
-      if (!dep.ok() || (d.task >= 0 && !store_->TaskId(d.job, d.task).ok())) {
-        return HttpError(400,
-                         fmt::format("after {}: job {} does not exist (a dependency names a job "
-                                     "submitted before, so dependencies never form a cycle)",
-                                     DependencyText(d), ref));
-      }
-      if (std::string why = Unmeetable(d, Outcome(d)); !why.empty())
-        return HttpError(422, fmt::format("after {}: {}", DependencyText(d), why));
-    }
-  }
   const bool held = spec->hold;
   spec->hold = false;  // a state of the job (held, released), not of its spec
   JobRecord rec;
@@ -207,29 +161,33 @@ absl::StatusOr<Dispatcher::Submitted> Dispatcher::Submit(JobSpec spec_in, const 
   rec.owner_uid = uid;
   rec.owner = user;
   rec.spec_json = JobSpecToJson(*spec).dump();
-  // The user's cap on what their waiting jobs hold (an array's spec counts once).
+  // The user's caps on what waits: an array counts each task, its spec once.
   {
     core::MutexLock lock(mu_);
-    const uint64_t waiting = admission_.BytesOf(uid);
-    if (waiting + rec.spec_json.size() > config_.max_queued_bytes_per_user) {
-      return HttpError(
-          429,
-          fmt::format("{}'s waiting jobs hold {} (commands, environments) and this one {}: "
-                      "at most {} per user (limits.max_queued_bytes_per_user in the server's "
-                      "config)",
-                      user, core::FormatBytes(waiting), core::FormatBytes(rec.spec_json.size()),
-                      core::FormatBytes(config_.max_queued_bytes_per_user)));
+    if (absl::Status st =
+            CheckQueueRoom(config_, user, admission_.JobsOf(uid), range ? range->indices.size() : 1,
+                           admission_.BytesOf(uid), rec.spec_json.size());
+        !st.ok()) {
+      return st;
     }
+  }
+  // Dependencies: on jobs that exist (submitted before this one, so no cycle can form) and that
+  // can still turn out as asked (whose they may be was asked of Rights by the API).
+  {
+    core::MutexLock lock(mu_);
+    const DependencyLookup look{
+        .exists = [&](int64_t job, int task) -> absl::Status {
+          if (task < 0) return store_->Get(job).status();
+          return store_->TaskId(job, task).ok() ? absl::OkStatus() : absl::NotFoundError("");
+        },
+        .outcome = [&](const Dependency& d)
+                       ABSL_NO_THREAD_SAFETY_ANALYSIS { return Outcome(d); }};  // mu_ held above
+    if (absl::Status st = CheckDependencies(spec->after, look); !st.ok()) return st;
   }
   rec.priority = spec->priority;
   rec.held = held;
   rec.idempotency_key = idempotency_key;
-  if (rec.idempotency_key.size() > 128 ||
-      std::any_of(rec.idempotency_key.begin(), rec.idempotency_key.end(),
-                  [](unsigned char c) { return c < 0x21 || c > 0x7e; })) {
-    return HttpError(400,
-                     "Idempotency-Key: expected at most 128 printable characters without spaces");
-  }
+  if (absl::Status st = CheckIdempotencyKey(idempotency_key); !st.ok()) return st;
   const double now = Now();
   bool existed = false;
   // Durable before the answer; an array's tasks all at once.
@@ -434,6 +392,31 @@ absl::Status Dispatcher::SetPriority(int64_t id, const std::string& ref, const J
   if (!st.ok()) return HttpError(500, std::string(st.message()));
   wake_.notify_all();
   return absl::OkStatus();
+}
+
+std::set<int64_t> Dispatcher::DependedOn() const {
+  std::set<int64_t> keep;
+  for (const auto& [id, q] : admission_.jobs()) {
+    for (const Dependency& d : q.spec->after) keep.insert(d.job);
+  }
+  return keep;
+}
+
+absl::StatusOr<Dispatcher::Purged> Dispatcher::Purge(const PurgeAges& ages, double now) {
+  Purged all;
+  Store::Ended logs_from;  // the oldest end: every page of logs up to the cutoff
+  for (;;) {
+    absl::StatusOr<Purged> page;
+    {
+      core::MutexLock lock(mu_);
+      page = retention_->PurgePage(ages, now, DependedOn(), &logs_from, "purge");
+    }
+    if (!page.ok()) return page.status();
+    all.jobs += page->jobs;
+    all.logs += page->logs;
+    all.environments += page->environments;
+    if (!page->more) return all;
+  }
 }
 
 absl::Status Dispatcher::SimulateHealth(int gpu, std::optional<uint64_t> xid,

@@ -1,7 +1,8 @@
 // The dispatcher's side of running jobs (the table and what is done to each job are
-// running_jobs.h's): their ends (how a job ended, its usage, its re-queueing, an end the full disk
-// kept from being recorded), the history samples' measurements, and their launch (planned under
-// the lock by launch_plan.h, executed without it, committed).
+// running_jobs.h's, what an end means and its record job_ends.h's): a look at them each turn (the
+// ended ones taken out and handed to JobEnds without the lock, re-queued ones enqueued again), the
+// history samples' measurements, and their launch (planned under the lock by launch_plan.h,
+// executed without it, committed).
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -54,13 +55,7 @@ void Dispatcher::CheckRunning(double now) {
   if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
     arbiter_checked_ = now;
     host_->RepairArbiter();
-    if (!unrecorded_.empty()) RecordUnrecorded();
-    if (reserve_used_.load() && unrecorded_.empty() && MakeReserve()) {
-      reserve_used_ = false;
-      spdlog::info(
-          "the state folder's disk has room again: its reserve is made again, submits "
-          "are taken");
-    }
+    ends_->Tend();
   }
   const std::vector<std::pair<int64_t, std::optional<int>>> ended = runs_->Check(now);
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
@@ -75,7 +70,7 @@ void Dispatcher::CheckRunning(double now) {
     if (exits_) exits_->Unwatch(id);
     Running run = runs_->Take(id);
     // Its GPUs are free; stopped for preemption or a failed GPU, the engine's rules say whether
-    // it goes back to the queue (Finish records it so, and it is enqueued again below).
+    // it goes back to the queue (JobEnds records it so, and it is enqueued again below).
     bool requeue = false;
     const std::string job = std::to_string(id);
     if (run.stop == "preempt") {
@@ -93,7 +88,7 @@ void Dispatcher::CheckRunning(double now) {
   dirty_ = true;
   Publish();
   mu_.unlock();
-  for (Ending& e : endings) Finish(e, now);
+  for (Ending& e : endings) ends_->Record(e, now);
   mu_.lock();
   std::set<uint32_t> users;
   for (Ending& e : endings) {
@@ -106,140 +101,7 @@ void Dispatcher::CheckRunning(double now) {
   // What a user's jobs left in shared memory goes once none of them runs (jobs start on this
   // thread: none starts meanwhile).
   for (uint32_t uid : users) {
-    if (!runs_->AnyOf(uid)) RemoveLeftShm(uid);
-  }
-}
-
-void Dispatcher::RemoveLeftShm(uint32_t uid) {
-  if (config_.shm_dir.empty() || uid == 0 || uid == geteuid()) return;
-  DIR* dir = opendir(config_.shm_dir.c_str());
-  if (dir == nullptr) return;
-  const int fd = dirfd(dir);
-  size_t files = 0;
-  uint64_t bytes = 0;
-  while (const dirent* e = readdir(dir)) {
-    struct stat st;
-    if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
-    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;
-    if (unlinkat(fd, e->d_name, 0) == 0) ++files, bytes += static_cast<uint64_t>(st.st_size);
-  }
-  closedir(dir);
-  if (files > 0) {
-    spdlog::info(
-        "user {}: removed {} files ({} MiB) their jobs left in {}: none of their jobs runs",
-        UserName(uid), files, bytes >> 20, config_.shm_dir);
-  }
-}
-
-void Dispatcher::Finish(Ending& e, double now) {
-  Running& r = e.run;
-  const int exit_code = e.exit_code;
-  const bool exit_known = e.exit_known;
-  std::error_code ec;
-  if (!r.region.empty()) {
-    // Its last GPU use first: the arbiter's count and the region's peak.
-    if (!r.gpus.empty())
-      r.AddShareReading(host_->ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
-    host_->RemoveRegion(r.region);
-  }
-  TransitionFields f;
-  f.ended_at = now;
-  if (exit_known) f.exit_code = exit_code;
-  CgroupUsage usage;
-  json u = json::object();
-  if (r.cgroup) {
-    usage = host_->Usage(r.id);
-    if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
-    if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
-    u["oom_kills"] = usage.oom_kills;
-    // What the job left running goes with it; a cgroup still busy is removed on a later turn.
-    e.cgroup_left = !host_->Unconfine(r.id);
-  }
-  // What it left in its own /tmp and /dev/shm goes with it (its processes are gone with its
-  // cgroup).
-  host_->RemovePrivateDirs(r.id);
-  // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
-  // its GPUs' time) and the most GPU memory it held per GPU.
-  // Rounded to a tenth of a point, as stored: the history a restart reads back is the same.
-  std::optional<double> util = r.GpuUtilization(now);
-  if (util) {
-    util = std::round(*util * 10) / 10;
-    u["gpu_utilization_pct"] = *util;
-  }
-  if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
-  if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
-  if (!u.empty()) f.usage_json = u.dump();
-  JobState to;
-  std::string reason;
-  bool requeue = false;
-  if (r.stop == "cancel") {
-    to = JobState::kCancelled, reason = r.stop_reason;
-  } else if (r.stop == "preempt") {
-    to = JobState::kPreempted, reason = r.stop_reason;
-    requeue = e.requeue_wanted;
-  } else if (r.stop == "unhealthy") {
-    requeue = e.requeue_wanted;
-    to = requeue ? JobState::kPreempted : JobState::kFailed, reason = r.stop_reason;
-  } else if (r.stop == "timeout" || r.stop == "logs") {
-    to = JobState::kFailed, reason = r.stop_reason;
-  } else if (!exit_known) {
-    to = JobState::kLost,
-    reason = "its process ended while the server was not its parent; exit status unknown";
-  } else if (exit_code == 0) {
-    to = JobState::kSucceeded, reason = "exit code 0";
-  } else if (r.container && exit_code >= 125 && exit_code <= 127) {
-    // podman's own codes: it could not run the container, or the command in it.
-    to = JobState::kFailed;
-    reason = exit_code == 125   ? "podman could not run the container (exit code 125; its error is "
-                                  "in the job's stderr log)"
-             : exit_code == 126 ? "the command cannot be run in the container (exit code 126)"
-                                : "the command was not found in the container (exit code 127)";
-  } else {
-    to = JobState::kFailed;
-    reason = exit_code > 128
-                 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
-                 : fmt::format("exit code {}", exit_code);
-    if (usage.oom_kills > 0) {
-      reason = fmt::format(
-          "over its memory limit of {} MiB: the kernel killed {} of its processes (OOM); {}",
-          r.memory_mib, usage.oom_kills, reason);
-    }
-  }
-  // A container left behind: its client was stopped, or ended while another server was its parent.
-  // (One killed after the grace period was removed then.)
-  if (r.container && containers_ && !r.killed && (!r.stop.empty() || !exit_known))
-    host_->RemoveContainer(r.id);
-  // Its run time joins the history that predicts the next ones - before its end is recorded, so
-  // that whoever sees it ended (and submits the next run) finds it in the history.
-  if (to == JobState::kSucceeded && r.spec) {
-    engine_->history().Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
-                           r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
-  }
-  absl::Status st = store_->Transition(r.id, to, reason, now, f);
-  if (!st.ok() && UseReserve()) {
-    spdlog::warn(
-        "job {}: recording its end: {}; the disk is full: its reserve of {} MiB is given up for "
-        "it (submits are refused until there is room again)",
-        r.id, std::string(st.message()), kReserveBytes >> 20);
-    st = store_->Transition(r.id, to, reason, now, f);
-  }
-  if (!st.ok()) {
-    spdlog::error(
-        "job {}: its end ({}) cannot be recorded now ({}): it is kept and recorded once "
-        "the disk has room",
-        r.id, JobStateName(to), std::string(st.message()));
-    unrecorded_.push_back(UnrecordedEnd{r.id, to, reason, now, f});
-    return;
-  }
-  // Recorded: a restart no longer needs the exit file to tell how it ended.
-  fs::remove(JobFile("exit", r.id), ec);
-  spdlog::info("job {}: {} ({})", r.id, JobStateName(to), reason);
-  if (requeue) {
-    auto rec = store_->Get(r.id);
-    auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
-    if (spec.ok() && store_->Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      e.requeue = QueuedJob::Of(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
-    }
+    if (!runs_->AnyOf(uid)) RemoveUserShm(config_.shm_dir, uid);
   }
 }
 
@@ -319,46 +181,6 @@ void Dispatcher::CommitLaunch(Launch& l, double now) {
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
   scheduling_.Started(std::max(0.0, now - l.queued.since));
   if (!cancelled_by.empty()) runs_->RequestStop(run, "cancel", cancelled_by, now);
-}
-
-}  // namespace tessera::server
-
-namespace tessera::server {
-
-void Dispatcher::RecordUnrecorded() {
-  std::error_code ec;
-  for (auto it = unrecorded_.begin(); it != unrecorded_.end();) {
-    if (absl::Status st = store_->Transition(it->id, it->to, it->reason, it->at, it->fields);
-        !st.ok()) {
-      ++it;
-      continue;
-    }
-    fs::remove(JobFile("exit", it->id), ec);
-    spdlog::info("job {}: {} ({}), recorded now that the disk has room", it->id,
-                 JobStateName(it->to), it->reason);
-    it = unrecorded_.erase(it);
-  }
-}
-
-bool Dispatcher::MakeReserve() {
-  const std::string path = config_.state_dir + "/reserve";
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return false;
-  // Blocks allocated now (not a sparse file): giving it up frees them.
-  const bool ok = posix_fallocate(fd, 0, static_cast<off_t>(kReserveBytes)) == 0;
-  close(fd);
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return false;
-  }
-  return true;
-}
-
-bool Dispatcher::UseReserve() {
-  if (unlink((config_.state_dir + "/reserve").c_str()) != 0) return false;
-  reserve_used_ = true;
-  return true;
 }
 
 }  // namespace tessera::server

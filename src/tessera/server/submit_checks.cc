@@ -1,5 +1,7 @@
 #include "tessera/server/submit_checks.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -96,6 +98,73 @@ absl::Status CheckFits(const JobSpec& spec, const core::Request& r, const core::
         400, fmt::format(
                  "resources: this machine has {} matching GPU(s) of {}; the job could never start",
                  matching, machine_gpus));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDiskRoom(const ServerConfig& config, bool disk_full) {
+  if (struct statvfs fs;
+      config.min_free_disk_bytes > 0 && statvfs(config.state_dir.c_str(), &fs) == 0 &&
+      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < config.min_free_disk_bytes) {
+    return HttpError(
+        507, fmt::format("the server's disk ({}) has {} MiB free, under its reserve of {} MiB "
+                         "(limits.min_free_disk): no new work until room is made",
+                         config.state_dir, (static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) >> 20,
+                         config.min_free_disk_bytes >> 20));
+  }
+  if (disk_full) {
+    return HttpError(507,
+                     fmt::format("the server's disk ({}) filled up: its reserve went to record "
+                                 "how jobs ended; no new work until room is made",
+                                 config.state_dir));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIdempotencyKey(const std::string& key) {
+  if (key.size() > 128 ||
+      std::any_of(key.begin(), key.end(), [](unsigned char c) { return c < 0x21 || c > 0x7e; })) {
+    return HttpError(400,
+                     "Idempotency-Key: expected at most 128 printable characters without spaces");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQueueRoom(const ServerConfig& config, const std::string& user,
+                            size_t waiting_jobs, size_t jobs, uint64_t waiting_bytes,
+                            uint64_t bytes) {
+  if (waiting_jobs + jobs > config.max_queued_jobs_per_user) {
+    return HttpError(429, fmt::format("{} has {} jobs waiting and this would add {}: at most {} "
+                                      "per user (limits.max_queued_jobs_per_user in the server's "
+                                      "config)",
+                                      user, waiting_jobs, jobs, config.max_queued_jobs_per_user));
+  }
+  if (waiting_bytes + bytes > config.max_queued_bytes_per_user) {
+    return HttpError(
+        429, fmt::format("{}'s waiting jobs hold {} (commands, environments) and this one {}: "
+                         "at most {} per user (limits.max_queued_bytes_per_user in the server's "
+                         "config)",
+                         user, core::FormatBytes(waiting_bytes), core::FormatBytes(bytes),
+                         core::FormatBytes(config.max_queued_bytes_per_user)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDependencies(const std::vector<Dependency>& after, const DependencyLookup& look) {
+  for (const Dependency& d : after) {
+    absl::Status st = look.exists(d.job, -1);
+    if (st.ok() && d.task >= 0) st = look.exists(d.job, d.task);
+    if (!st.ok() && st.code() != absl::StatusCode::kNotFound)
+      return HttpError(500, std::string(st.message()));
+    if (!st.ok()) {
+      const std::string ref =
+          d.task >= 0 ? fmt::format("{}_{}", d.job, d.task) : std::to_string(d.job);
+      return HttpError(400, fmt::format("after {}: job {} does not exist (a dependency names a job "
+                                        "submitted before, so dependencies never form a cycle)",
+                                        DependencyText(d), ref));
+    }
+    if (std::string why = Unmeetable(d, look.outcome(d)); !why.empty())
+      return HttpError(422, fmt::format("after {}: {}", DependencyText(d), why));
   }
   return absl::OkStatus();
 }

@@ -114,5 +114,59 @@ TEST_F(SubmitChecksTest, AQuotaThatCouldNeverAllowTheJobRefusesIt) {
   EXPECT_NE(e.find("the job could never start"), std::string::npos) << e;
 }
 
+// What the server's state says: the disk's room, the user's caps on what waits, an
+// Idempotency-Key's form.
+TEST_F(SubmitChecksTest, TheDiskTheQueueCapsAndTheKeyAreHeld) {
+  auto said = [](const absl::Status& st) {
+    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
+  };
+  config_.state_dir = "/tmp";
+  EXPECT_EQ(said(CheckDiskRoom(config_, false)), "");
+  EXPECT_EQ(said(CheckDiskRoom(config_, true)),
+            "507 the server's disk (/tmp) filled up: its reserve went to record how jobs ended; "
+            "no new work until room is made");
+  config_.min_free_disk_bytes = uint64_t{1} << 62;  // more than any disk has free
+  EXPECT_EQ(said(CheckDiskRoom(config_, false)).substr(0, 3), "507");
+  config_.max_queued_jobs_per_user = 10;
+  config_.max_queued_bytes_per_user = 1000;
+  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 9, 1, 0, 1000)), "");
+  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 9, 2, 0, 10)),
+            "429 alice has 9 jobs waiting and this would add 2: at most 10 per user "
+            "(limits.max_queued_jobs_per_user in the server's config)");
+  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 0, 1, 900, 101)).substr(0, 45),
+            "429 alice's waiting jobs hold 900 B (commands");
+  EXPECT_EQ(said(CheckIdempotencyKey("")), "");
+  EXPECT_EQ(said(CheckIdempotencyKey(std::string(128, 'k'))), "");
+  for (const std::string bad : {std::string(129, 'k'), std::string("a b"), std::string("a\x01")})
+    EXPECT_EQ(said(CheckIdempotencyKey(bad)).substr(0, 18), "400 Idempotency-Ke") << bad;
+}
+
+// Dependencies on jobs that exist and can still turn out as asked.
+TEST_F(SubmitChecksTest, ADependencyOnAJobThatIsNotOrCanNeverTurnOutAsAskedIsRefused) {
+  const DependencyLookup look{.exists = [](int64_t job, int task) -> absl::Status {
+                                if (job == 99) return absl::InternalError("store: disk I/O error");
+                                if (job > 5 || task > 3) return absl::NotFoundError("no such job");
+                                return absl::OkStatus();
+                              },
+                              .outcome =
+                                  [](const Dependency& d) {
+                                    return d.job == 2 ? DependencyState{DependencyState::kNotOk,
+                                                                        "job 2 failed"}
+                                                      : DependencyState{};
+                                  }};
+  auto said = [&](std::vector<Dependency> after) {
+    const absl::Status st = CheckDependencies(after, look);
+    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
+  };
+  EXPECT_EQ(said({{.job = 1}, {.job = 3, .task = 2}}), "");
+  EXPECT_EQ(said({{.job = 1}, {.job = 7}}),
+            "400 after ok:7: job 7 does not exist (a dependency names a job submitted before, so "
+            "dependencies never form a cycle)");
+  EXPECT_EQ(said({{.job = 3, .task = 4}}).substr(0, 34), "400 after ok:3_4: job 3_4 does not");
+  EXPECT_EQ(said({{.job = 2}}).substr(0, 16), "422 after ok:2: ");
+  EXPECT_EQ(said({{.kind = Dependency::Kind::kNotOk, .job = 2}}), "") << "failed, as asked";
+  EXPECT_EQ(said({{.job = 99}}), "500 store: disk I/O error");
+}
+
 }  // namespace
 }  // namespace tessera::server

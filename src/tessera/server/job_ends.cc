@@ -1,0 +1,198 @@
+#include "tessera/server/job_ends.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "tessera/sched/predictor.h"
+#include "tessera/server/server_util.h"
+
+namespace tessera::server {
+
+EndOutcome EndOf(const RunningJob& r, int exit_code, bool exit_known, const CgroupUsage& usage,
+                 bool requeue_wanted) {
+  if (r.stop == "cancel") return {JobState::kCancelled, r.stop_reason};
+  if (r.stop == "preempt") return {JobState::kPreempted, r.stop_reason, requeue_wanted};
+  if (r.stop == "unhealthy") {
+    return {requeue_wanted ? JobState::kPreempted : JobState::kFailed, r.stop_reason,
+            requeue_wanted};
+  }
+  if (r.stop == "timeout" || r.stop == "logs") return {JobState::kFailed, r.stop_reason};
+  if (!exit_known) {
+    return {JobState::kLost,
+            "its process ended while the server was not its parent; exit status unknown"};
+  }
+  if (exit_code == 0) return {JobState::kSucceeded, "exit code 0"};
+  if (r.container && exit_code >= 125 && exit_code <= 127) {
+    // podman's own codes: it could not run the container, or the command in it.
+    return {JobState::kFailed,
+            exit_code == 125   ? "podman could not run the container (exit code 125; its error is "
+                                 "in the job's stderr log)"
+            : exit_code == 126 ? "the command cannot be run in the container (exit code 126)"
+                               : "the command was not found in the container (exit code 127)"};
+  }
+  std::string reason =
+      exit_code > 128 ? fmt::format("ended by signal {} (exit code {})", exit_code - 128, exit_code)
+                      : fmt::format("exit code {}", exit_code);
+  if (usage.oom_kills > 0) {
+    reason = fmt::format(
+        "over its memory limit of {} MiB: the kernel killed {} of its processes (OOM); {}",
+        r.memory_mib, usage.oom_kills, reason);
+  }
+  return {JobState::kFailed, std::move(reason)};
+}
+
+JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history, Options options)
+    : host_(host), store_(store), history_(history), options_(std::move(options)) {}
+
+void JobEnds::RemoveExitFile(int64_t id) const {
+  unlink(JobFilePath(options_.state_dir, "exit", id).c_str());
+}
+
+void JobEnds::Record(Ending& e, double now) {
+  RunningJob& r = e.run;
+  if (!r.region.empty()) {
+    // Its last GPU use first: the arbiter's count and the region's peak.
+    if (!r.gpus.empty())
+      r.AddShareReading(host_.ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
+    host_.RemoveRegion(r.region);
+  }
+  TransitionFields f;
+  f.ended_at = now;
+  if (e.exit_known) f.exit_code = e.exit_code;
+  CgroupUsage usage;
+  nlohmann::json u = nlohmann::json::object();
+  if (r.cgroup) {
+    usage = host_.Usage(r.id);
+    if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
+    if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
+    u["oom_kills"] = usage.oom_kills;
+    // What the job left running goes with it; a cgroup still busy is removed on a later turn.
+    e.cgroup_left = !host_.Unconfine(r.id);
+  }
+  // What it left in its own /tmp and /dev/shm goes with it (its processes are gone with its
+  // cgroup).
+  host_.RemovePrivateDirs(r.id);
+  // Its GPU use, for the history that predicts the next runs: measured utilization (percent of
+  // its GPUs' time) and the most GPU memory it held per GPU. Rounded to a tenth of a point, as
+  // stored: the history a restart reads back is the same.
+  std::optional<double> util = r.GpuUtilization(now);
+  if (util) {
+    util = std::round(*util * 10) / 10;
+    u["gpu_utilization_pct"] = *util;
+  }
+  if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
+  if (!u.empty()) f.usage_json = u.dump();
+  const EndOutcome end = EndOf(r, e.exit_code, e.exit_known, usage, e.requeue_wanted);
+  // A container left behind: its client was stopped, or ended while another server was its parent.
+  // (One killed after the grace period was removed then.)
+  if (r.container && options_.containers && !r.killed && (!r.stop.empty() || !e.exit_known))
+    host_.RemoveContainer(r.id);
+  // Its run time joins the history that predicts the next ones - before its end is recorded, so
+  // that whoever sees it ended (and submits the next run) finds it in the history.
+  if (end.to == JobState::kSucceeded && r.spec) {
+    history_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
+                 r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
+  }
+  absl::Status st = store_.Transition(r.id, end.to, end.reason, now, f);
+  if (!st.ok() && UseReserve()) {
+    spdlog::warn(
+        "job {}: recording its end: {}; the disk is full: its reserve of {} MiB is given up for "
+        "it (submits are refused until there is room again)",
+        r.id, std::string(st.message()), kReserveBytes >> 20);
+    st = store_.Transition(r.id, end.to, end.reason, now, f);
+  }
+  if (!st.ok()) {
+    spdlog::error(
+        "job {}: its end ({}) cannot be recorded now ({}): it is kept and recorded once "
+        "the disk has room",
+        r.id, JobStateName(end.to), std::string(st.message()));
+    unrecorded_.push_back(Unrecorded{r.id, end.to, end.reason, now, f});
+    return;
+  }
+  // Recorded: a restart no longer needs the exit file to tell how it ended.
+  RemoveExitFile(r.id);
+  spdlog::info("job {}: {} ({})", r.id, JobStateName(end.to), end.reason);
+  if (end.requeue) {
+    auto rec = store_.Get(r.id);
+    auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
+    if (spec.ok() && store_.Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
+      e.requeue = QueuedJob::Of(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
+    }
+  }
+}
+
+void JobEnds::Tend() {
+  for (auto it = unrecorded_.begin(); it != unrecorded_.end();) {
+    if (!store_.Transition(it->id, it->to, it->reason, it->at, it->fields).ok()) {
+      ++it;
+      continue;
+    }
+    RemoveExitFile(it->id);
+    spdlog::info("job {}: {} ({}), recorded now that the disk has room", it->id,
+                 JobStateName(it->to), it->reason);
+    it = unrecorded_.erase(it);
+  }
+  if (reserve_used_.load() && unrecorded_.empty() && MakeReserve()) {
+    reserve_used_ = false;
+    spdlog::info(
+        "the state folder's disk has room again: its reserve is made again, submits are taken");
+  }
+}
+
+bool JobEnds::MakeReserve() {
+  const std::string path = options_.state_dir + "/reserve";
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  // Blocks allocated now (not a sparse file): giving it up frees them.
+  const int err = posix_fallocate(fd, 0, static_cast<off_t>(kReserveBytes));
+  close(fd);
+  if (err != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    if (err != 0) errno = err;
+    const int saved = errno;
+    unlink(tmp.c_str());
+    errno = saved;
+    return false;
+  }
+  return true;
+}
+
+bool JobEnds::UseReserve() {
+  if (unlink((options_.state_dir + "/reserve").c_str()) != 0) return false;
+  reserve_used_ = true;
+  return true;
+}
+
+size_t RemoveUserShm(const std::string& shm_dir, uint32_t uid) {
+  if (shm_dir.empty() || uid == 0 || uid == geteuid()) return 0;
+  DIR* dir = opendir(shm_dir.c_str());
+  if (dir == nullptr) return 0;
+  const int fd = dirfd(dir);
+  size_t files = 0;
+  uint64_t bytes = 0;
+  while (const dirent* e = readdir(dir)) {
+    struct stat st;
+    if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;
+    if (unlinkat(fd, e->d_name, 0) == 0) ++files, bytes += static_cast<uint64_t>(st.st_size);
+  }
+  closedir(dir);
+  if (files > 0) {
+    spdlog::info(
+        "user {}: removed {} files ({} MiB) their jobs left in {}: none of their jobs runs",
+        UserName(uid), files, bytes >> 20, shm_dir);
+  }
+  return files;
+}
+
+}  // namespace tessera::server

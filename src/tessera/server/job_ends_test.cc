@@ -1,0 +1,281 @@
+// Job ends alone (job_ends.h): what an end means (EndOf), and its record against a store in a
+// temporary folder and a FakeJobHost: the last GPU use read, what the job left removed, the
+// history told of a success, a re-queue, and a full disk (a small tmpfs the test mounts) that
+// loses no end.
+#include "tessera/server/job_ends.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "nlohmann/json.hpp"
+#include "tessera/core/clock.h"
+#include "tessera/sched/predictor.h"
+#include "tessera/server/fake_job_host.h"
+#include "tessera/server/fake_launcher.h"
+
+namespace tessera::server {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+TEST(EndOf, EachWayAJobEndsHasItsStateAndReason) {
+  RunningJob r;
+  auto end = [&](int code, bool known = true, bool requeue = false,
+                 const CgroupUsage& u = CgroupUsage{}) {
+    return EndOf(r, code, known, u, requeue);
+  };
+  EndOutcome e = end(0);
+  EXPECT_EQ(e.to, JobState::kSucceeded);
+  EXPECT_EQ(e.reason, "exit code 0");
+  EXPECT_EQ(end(3).reason, "exit code 3");
+  EXPECT_EQ(end(137).reason, "ended by signal 9 (exit code 137)");
+  e = end(137, true, false, CgroupUsage{.oom_kills = 2});
+  EXPECT_EQ(e.to, JobState::kFailed);
+  EXPECT_EQ(e.reason,
+            "over its memory limit of 0 MiB: the kernel killed 2 of its processes (OOM); ended by "
+            "signal 9 (exit code 137)");
+  e = end(-1, /*known=*/false);
+  EXPECT_EQ(e.to, JobState::kLost);
+  EXPECT_EQ(end(127).reason, "exit code 127") << "not in a container: the shell's code";
+  r.container = true;
+  EXPECT_EQ(end(127).reason, "the command was not found in the container (exit code 127)");
+  EXPECT_EQ(end(126).reason, "the command cannot be run in the container (exit code 126)");
+  EXPECT_EQ(end(125).to, JobState::kFailed);
+  // A stop asked says why, whatever the exit code.
+  r.stop = "cancel", r.stop_reason = "cancelled by alice";
+  e = end(0);
+  EXPECT_EQ(e.to, JobState::kCancelled);
+  EXPECT_EQ(e.reason, "cancelled by alice");
+  EXPECT_FALSE(e.requeue);
+  r.stop = "preempt", r.stop_reason = "preempted for job 9";
+  EXPECT_EQ(end(143, true, true).to, JobState::kPreempted);
+  EXPECT_TRUE(end(143, true, true).requeue);
+  EXPECT_FALSE(end(143, true, false).requeue);
+  r.stop = "unhealthy", r.stop_reason = "GPU 0 turned unhealthy";
+  EXPECT_EQ(end(143, true, true).to, JobState::kPreempted) << "re-queued: preempted";
+  EXPECT_EQ(end(143, true, false).to, JobState::kFailed) << "not re-queued: failed";
+  r.stop = "timeout", r.stop_reason = "over its max runtime";
+  EXPECT_EQ(end(0).to, JobState::kFailed);
+  r.stop = "logs";
+  EXPECT_EQ(end(0).to, JobState::kFailed);
+}
+
+class JobEndsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tessera-ends-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    OpenStore();
+  }
+  void TearDown() override {
+    ends_.reset();
+    store_.reset();
+    if (mounted_) umount2(dir_.c_str(), MNT_DETACH);
+    fs::remove_all(dir_);
+  }
+  void OpenStore() {
+    fs::create_directories(dir_ + "/exit");
+    auto store = Store::Open(dir_ + "/tessera.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    ends_ = std::make_unique<JobEnds>(host_, *store_, history_,
+                                      JobEnds::Options{.state_dir = dir_, .containers = true});
+  }
+  // A job recorded running since t=100, with its exit file as its wrapper leaves it.
+  RunningJob Running(json spec = {{"command", {"train"}}, {"name", "train"}}) {
+    JobRecord rec;
+    rec.owner = "alice";
+    rec.owner_uid = 1000;
+    rec.spec_json = spec.dump();
+    auto id = store_->Insert(rec, 90);
+    EXPECT_TRUE(id.ok()) << id.status();
+    TransitionFields f;
+    f.started_at = 100;
+    EXPECT_TRUE(store_->Transition(*id, JobState::kRunning, "placed", 100, f).ok());
+    std::ofstream(JobFilePath(dir_, "exit", *id)) << "0\n";
+    RunningJob r;
+    r.id = *id;
+    r.started = 100;
+    r.gpus = {0};
+    r.owner = "alice";
+    auto parsed = ParseJobSpec(spec.dump());
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    r.spec = std::make_shared<const JobSpec>(*parsed);
+    return r;
+  }
+  JobRecord Stored(int64_t id) {
+    auto r = store_->Get(id);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : JobRecord{};
+  }
+  bool ExitFile(int64_t id) const { return fs::exists(JobFilePath(dir_, "exit", id)); }
+
+  std::string dir_;
+  bool mounted_ = false;
+  core::FakeClock clock_{core::TimePoint(std::chrono::seconds(1'800'000'000))};
+  FakeLauncher launcher_{clock_};
+  FakeJobHost host_{launcher_};
+  sched::DurationPredictor history_{/*kind_only=*/true};
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<JobEnds> ends_;
+};
+
+// A share that ran 100 s: its last arbiter reading and region peak are read before its region
+// goes; its cgroup's accounting, its GPU use and whether it shared are in its record; its exit
+// file, region, cgroup and private folders are gone; its run time is in the history before the
+// record says it ended.
+TEST_F(JobEndsTest, ASuccessIsMeasuredCleanedUpRecordedAndJoinsTheHistory) {
+  RunningJob r = Running();
+  r.region = dir_ + "/regions/share";
+  r.gpu_milli = 500;
+  r.cgroup = true;
+  r.shared_gpu = true;
+  host_.SetShareUse(r.id, {.busy_us = 40'000'000, .peak_bytes = uint64_t{3} << 30});
+  host_.SetUsage(r.id, CgroupUsage{.cpu_seconds = 12.5, .peak_memory_bytes = 1 << 30});
+  const int64_t id = r.id;
+  Ending e{std::move(r), 0, true};
+  ends_->Record(e, 200);
+  const JobRecord rec = Stored(id);
+  EXPECT_EQ(rec.state, JobState::kSucceeded);
+  EXPECT_EQ(rec.exit_code, 0);
+  const json usage = json::parse(rec.usage_json);
+  EXPECT_EQ(usage["gpu_utilization_pct"], 40.0) << "40 s of GPU time over 100 s: " << usage;
+  EXPECT_EQ(usage["gpu_peak_memory_mib"], 3072);
+  EXPECT_EQ(usage["cpu_seconds"], 12.5);
+  EXPECT_EQ(usage["peak_memory_bytes"], 1 << 30);
+  EXPECT_EQ(usage["shared_gpu"], true);
+  EXPECT_FALSE(ExitFile(id)) << "recorded: the exit file is no longer needed";
+  EXPECT_EQ(host_.unconfine_calls(id), 1);
+  EXPECT_FALSE(e.cgroup_left);
+  EXPECT_EQ(host_.private_dirs_removed(), std::vector<int64_t>{id});
+  EXPECT_TRUE(host_.containers_removed().empty()) << "not in a container";
+  const sched::Prediction p = history_.Predict(RunKindOf(*e.run.spec, "alice"));
+  EXPECT_EQ(p.seconds, 100) << p.basis;
+  EXPECT_FALSE(e.requeue);
+}
+
+// A failure is not history; a container whose client was stopped is removed by name; a cgroup
+// still busy is left for the dispatcher to retry.
+TEST_F(JobEndsTest, AStoppedContainerIsRemovedAndABusyCgroupLeftForLater) {
+  RunningJob r = Running();
+  r.container = true;
+  r.cgroup = true;
+  r.stop = "cancel";
+  r.stop_reason = "cancelled by bob";
+  host_.KeepBusy(r.id, 1);
+  const int64_t id = r.id;
+  Ending e{std::move(r), 143, true};
+  ends_->Record(e, 150);
+  EXPECT_EQ(Stored(id).state, JobState::kCancelled);
+  EXPECT_EQ(Stored(id).reason, "cancelled by bob");
+  EXPECT_EQ(host_.containers_removed(), std::vector<int64_t>{id});
+  EXPECT_TRUE(e.cgroup_left);
+  EXPECT_EQ(history_.Predict(RunKindOf(*e.run.spec, "alice")).samples, 0);
+}
+
+// Preempted with the engine's leave to re-queue: recorded preempted, then queued again, and handed
+// back with its first submission time (its place in the queue).
+TEST_F(JobEndsTest, APreemptedJobIsRecordedThenQueuedAgain) {
+  RunningJob r = Running();
+  r.stop = "preempt";
+  r.stop_reason = "preempted for job 7";
+  const int64_t id = r.id;
+  Ending e{std::move(r), 143, true, /*requeue_wanted=*/true};
+  ends_->Record(e, 150);
+  const JobRecord rec = Stored(id);
+  EXPECT_EQ(rec.state, JobState::kQueued);
+  auto events = store_->Events(id);
+  ASSERT_TRUE(events.ok() && events->size() >= 2);
+  EXPECT_EQ((*events)[events->size() - 2].state, JobState::kPreempted);
+  EXPECT_EQ((*events)[events->size() - 2].reason, "preempted for job 7");
+  ASSERT_TRUE(e.requeue.has_value());
+  EXPECT_EQ(e.requeue->id, id);
+  EXPECT_EQ(e.requeue->submitted, 90);
+  EXPECT_EQ(e.requeue->since, 150);
+}
+
+// The state folder on a 12 MiB tmpfs (the reserve is 8): filled to the last block, an end is
+// recorded with the reserve (disk_full from then on); filled again, the next end is kept, its exit
+// file with it; once there is room, Tend records it, removes its exit file and makes the reserve
+// again.
+TEST_F(JobEndsTest, AFullDiskLosesNoEnd) {
+  ASSERT_EQ(geteuid(), 0u) << "this test mounts a small file system (root, as in CI)";
+  ends_.reset();
+  store_.reset();
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  ASSERT_EQ(mount("tmpfs", dir_.c_str(), "tmpfs", 0, "size=12m,mode=0755"), 0) << strerror(errno);
+  mounted_ = true;
+  OpenStore();
+  ASSERT_TRUE(ends_->MakeReserve()) << strerror(errno);
+  EXPECT_FALSE(ends_->disk_full());
+  RunningJob a = Running(), b = Running();
+  const int64_t ida = a.id, idb = b.id;
+  auto fill = [&](const std::string& name) {
+    const int fd = open((dir_ + "/" + name).c_str(), O_WRONLY | O_CREAT, 0600);
+    static char block[1 << 16];
+    while (write(fd, block, sizeof block) > 0) {
+    }
+    while (write(fd, block, 512) > 0) {
+    }
+    close(fd);
+  };
+  fill("fill-1");
+  Ending ea{std::move(a), 0, true};
+  ends_->Record(ea, 200);
+  EXPECT_EQ(Stored(ida).state, JobState::kSucceeded) << "recorded with the reserve";
+  EXPECT_TRUE(ends_->disk_full());
+  EXPECT_FALSE(fs::exists(dir_ + "/reserve"));
+  fill("fill-2");
+  Ending eb{std::move(b), 0, true};
+  ends_->Record(eb, 210);
+  EXPECT_EQ(ends_->kept(), 1u);
+  EXPECT_EQ(Stored(idb).state, JobState::kRunning) << "not recorded yet";
+  EXPECT_TRUE(ExitFile(idb)) << "kept: a restart still tells how it ended";
+  ends_->Tend();
+  EXPECT_EQ(ends_->kept(), 1u) << "still no room";
+  EXPECT_TRUE(ends_->disk_full());
+  fs::remove(dir_ + "/fill-1");
+  fs::remove(dir_ + "/fill-2");
+  ends_->Tend();
+  EXPECT_EQ(ends_->kept(), 0u);
+  const JobRecord rec = Stored(idb);
+  EXPECT_EQ(rec.state, JobState::kSucceeded);
+  ASSERT_TRUE(rec.ended_at.has_value());
+  EXPECT_EQ(*rec.ended_at, 210) << "when it ended, not when it was recorded";
+  EXPECT_FALSE(ExitFile(idb));
+  EXPECT_FALSE(ends_->disk_full());
+  EXPECT_TRUE(fs::exists(dir_ + "/reserve"));
+}
+
+// What a user's jobs left in shared memory: their files go, others' and root's stay.
+TEST(RemoveUserShm, RemovesOnlyThatUsersFiles) {
+  ASSERT_EQ(geteuid(), 0u) << "files of other users are made by chown (root, as in CI)";
+  char tmpl[] = "/tmp/tessera-shm-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  for (const auto& [name, uid] : {std::pair{"a1", 1000}, {"a2", 1000}, {"b", 1001}, {"r", 0}}) {
+    const std::string p = dir + "/" + name;
+    std::ofstream(p) << "x";
+    ASSERT_EQ(chown(p.c_str(), uid, uid), 0);
+  }
+  EXPECT_EQ(RemoveUserShm(dir, 1000), 2u);
+  EXPECT_FALSE(fs::exists(dir + "/a1"));
+  EXPECT_TRUE(fs::exists(dir + "/b"));
+  EXPECT_TRUE(fs::exists(dir + "/r"));
+  EXPECT_EQ(RemoveUserShm(dir, 0), 0u) << "root's files are never a job's leftovers";
+  EXPECT_EQ(RemoveUserShm("", 1001), 0u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera::server
