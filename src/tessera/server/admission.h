@@ -7,8 +7,8 @@
 // that make a pass cost what changed, not the queue.
 //
 // What it needs of the rest of the server - how a dependency stands, what runs, the cycle's queue
-// - it asks through Admission::World. It does no I/O and takes no lock: the dispatcher calls it
-// under its own lock (admission_test.cc drives it alone against a World of its own).
+// - it asks through Admission::World. It does no I/O and takes no lock: it lives in DispatchState,
+// called under its lock (admission_test.cc drives it alone against a World of its own).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,6 @@
-// The dispatcher: its setup (the machine, sharing, containers, the arbiter, the rooms), who may do
-// what, what recovery asks of it after a restart, the health watch and the loop. The look at
-// running jobs and a start's execution are in dispatcher_jobs.cc, the queue and the scheduling
-// pass in dispatcher_queue.cc, what the API asks in dispatcher_api.cc.
+// The dispatcher: its setup (the state folder, the machine, the rooms in the order they need one
+// another, containers, the arbiter), what recovery asks of it after a restart, and the health
+// watch's changes. Its start and stop and the views' answers are in dispatcher_api.cc.
 #include "tessera/server/dispatcher.h"
 
 #include <arpa/inet.h>
@@ -135,13 +134,18 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
   if (auto n = scheduler->AddNode(node); !n.ok()) return n.status();
   for (const auto& [user, q] : c.quotas) scheduler->quotas().Set(user, q);
   for (const auto& [group, q] : c.group_quotas) scheduler->quotas().Set("group:" + group, q);
+  // The rooms (dispatcher.h), in the order they need one another.
+  s->state_ = std::make_unique<DispatchState>(s->config_, s->rights_, *s->store_,
+                                              s->inventory_.gpus.size());
+  DispatchState& state = *s->state_;
+  s->loop_ = std::make_unique<SchedulingLoop>(state, *s->host_, s->launch_setup_, *s->clock_);
   // A job stopped for preemption or a failed GPU goes back through the store and Admit (holds,
-  // dependencies, per-user limits): the engine says so, the dispatcher does it.
+  // dependencies, per-user limits): the engine says so, the loop does it.
   {
-    // Set up before any thread runs; under mu_ all the same, as every later use is.
-    core::MutexLock lock(s->mu_);
-    s->engine_ = std::make_unique<sched::Engine>(
-        std::move(scheduler), s->executor_,
+    // Set up before any thread runs; under the lock all the same, as every later use is.
+    core::MutexLock lock(state.mu);
+    state.engine = std::make_unique<sched::Engine>(
+        std::move(scheduler), s->loop_->executor(),
         sched::EngineOptions{.cycle = {.fair_share_half_life_s = c.fair_share_half_life_s,
                                        .reservations = c.backfill_reservations},
                              .requeue_preempted = c.requeue_preempted,
@@ -152,40 +156,35 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                              .max_starts_setting = "limits.max_starts_per_pass",
                              .utilization_ceiling_pct = c.utilization_ceiling_pct,
                              .utilization_ceiling_strict = c.utilization_ceiling_strict});
-    const size_t n = s->inventory_.gpus.size();
-    s->gpu_healthy_.assign(n, true);
-    s->gpu_health_reason_.assign(n, "");
-    s->gpu_xids_.assign(n, 0);
-    s->history_ = &s->engine_->history();
+    state.history = &state.engine->history();
     auto age = [](double s) { return s > 0 ? std::optional<double>(s) : std::nullopt; };
-    s->retention_ = std::make_unique<Retention>(
+    state.retention = std::make_unique<Retention>(
         *s->store_, c.state_dir,
         PurgeAges{age(c.retention_jobs_s), age(c.retention_logs_s), age(c.retention_env_s)});
-    s->runs_ = std::make_unique<RunningJobs>(
+    state.runs = std::make_unique<RunningJobs>(
         *s->host_, RunningJobs::Options{.state_dir = c.state_dir,
                                         .max_log_bytes_per_job = c.max_log_bytes_per_job});
-    s->Publish();
+    state.Publish();
   }
   s->sampler_ = std::make_unique<Sampler>(
-      *s->store_, *s->source_, s->inventory_.gpus.size(), *s->host_, s->views_, *s->clock_,
+      *s->store_, *s->source_, s->inventory_.gpus.size(), *s->host_, state.views, *s->clock_,
       s->feed_,
       Sampler::Options{.interval_s = c.history_interval_s, .window_s = c.history_window_s},
       [d = s.get()](const std::vector<devices::GpuTelemetry>& telemetry,
                     const std::map<int64_t, JobHost::ShareUse>& shares) {
-        core::MutexLock lock(d->mu_);
-        d->MeasureRunning(telemetry, shares);
+        d->loop_->Measure(telemetry, shares);
       });
   s->SetUpContainers();
-  s->ends_ = std::make_unique<JobEnds>(
-      *s->host_, *s->store_, *s->history_,
+  state.ends = std::make_unique<JobEnds>(
+      *s->host_, *s->store_, *state.history,
       JobEnds::Options{.state_dir = c.state_dir, .containers = s->containers_.has_value()});
   // Room kept to record how jobs end when the disk fills up (given up then: job_ends.h).
-  if (!s->ends_->MakeReserve()) {
+  if (!state.ends->MakeReserve()) {
     spdlog::warn(
         "{}/reserve: cannot keep {} MiB for recording job ends ({}); submits are refused "
         "until there is room",
         c.state_dir, JobEnds::kReserveBytes >> 20, strerror(errno));
-    s->ends_->set_disk_full();
+    state.ends->set_disk_full();
   }
   s->launch_setup_ = {.config = &s->config_,
                       .inventory = &s->inventory_,
@@ -195,6 +194,7 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                       .confines = s->host_->confines(),
                       .containers = s->containers_.has_value(),
                       .containers_off = s->containers_off_};
+  s->ops_ = std::make_unique<JobOperations>(state, s->launch_setup_, *s->clock_);
   return s;
 }
 
@@ -228,8 +228,8 @@ void Dispatcher::SetUpContainers() {
   cdi_spec_path_ = *path;
   containers_ = *rt;
   {
-    core::MutexLock lock(mu_);
-    runs_->set_containers(true);  // a killed job's container is removed by name
+    core::MutexLock lock(state_->mu);
+    state_->runs->set_containers(true);  // a killed job's container is removed by name
   }
   // Jobs with an image start as podman's client, through the host every job goes through.
   host_->UseContainers(*rt);
@@ -257,30 +257,6 @@ std::string Dispatcher::JobFile(const char* dir, int64_t id, const char* suffix)
   return JobFilePath(config_.state_dir, dir, id, suffix);
 }
 
-sched::Submission Dispatcher::SubmissionFor(const JobSpec& spec, int64_t id,
-                                            const std::string& owner, uint32_t uid,
-                                            double submitted) {
-  sched::Submission s;
-  s.entry.submitted = submitted;
-  s.entry.seq = static_cast<uint64_t>(id);  // the job number: the queue's third key
-  core::Request& r = s.entry.request = RequestOf(spec, id, owner);
-  r.quota_groups = QuotaGroups(uid);
-  r.preempts_others = rights_.MayPreemptOthers({owner, uid, rights_.IsAdmin(owner, uid)});
-  s.kind = RunKindOf(spec, owner, r);
-  s.requeue = spec.requeue;
-  return s;
-}
-
-std::vector<std::string> Dispatcher::QuotaGroups(uint32_t uid) {
-  if (config_.group_quotas.empty()) return {};
-  std::vector<std::string> out;
-  for (const std::string& g : rights_.UserGroups(uid)) {
-    if (config_.group_quotas.contains(g.substr(std::string_view("group:").size())))
-      out.push_back(g);
-  }
-  return out;
-}
-
 void Dispatcher::LoadHistory() {
   auto done = store_->List({JobState::kSucceeded});
   if (!done.ok()) {
@@ -300,32 +276,31 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    core::MutexLock lock(mu_);
-    engine_->history().Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
-                           MeasuredUtilization(r), SharedGpu(r));
+    state_->history->Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
+                         MeasuredUtilization(r), SharedGpu(r));
     ++runs;
   }
-  core::MutexLock lock(mu_);
-  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, engine_->history().keys());
+  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, state_->history->keys());
 }
 
-// What recovery (recovery.h) asks of the dispatcher, under mu_.
+// What recovery (recovery.h) asks of the dispatcher, under the lock.
 struct Dispatcher::RecoveryWorld final : Recovery::World {
   explicit RecoveryWorld(Dispatcher& d) : d(d) {}
   void Enqueue(QueuedJob q) override {
-    d.mu_.AssertHeld();
-    d.Enqueue(std::move(q));
+    d.state_->mu.AssertHeld();
+    d.state_->Enqueue(std::move(q));
   }
   absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec) override {
-    d.mu_.AssertHeld();
+    d.state_->mu.AssertHeld();
     const double now = d.Now();
     json placement = json::parse(r.placement_json, nullptr, false);
     sched::Allocation a;
     a.id = std::to_string(r.id);
     a.node = 0;
-    sched::Submission sub = d.SubmissionFor(*spec, r.id, r.owner, r.owner_uid, r.submitted_at);
+    sched::Submission sub =
+        d.state_->SubmissionFor(*spec, r.id, r.owner, r.owner_uid, r.submitted_at);
     a.request = sub.entry.request;
-    d.engine_->Expect(a.request, *sub.kind);
+    d.state_->engine->Expect(a.request, *sub.kind);
     if (placement.is_object()) {
       for (const auto& g : placement.value("gpus", json::array()))
         a.gpus.push_back(g.value("index", 0));
@@ -333,8 +308,8 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
       a.memory_mib_per_gpu = placement.value("memory_mib_per_gpu", int64_t{0});
     }
     a.start_time = r.started_at.value_or(now);
-    if (absl::Status st = d.engine_->Restore(a, std::move(sub)); !st.ok()) return st;
-    Running run = NewRunningJob(d.config_, r.id, *spec, a.gpus, r.started_at.value_or(now));
+    if (absl::Status st = d.state_->engine->Restore(a, std::move(sub)); !st.ok()) return st;
+    RunningJob run = NewRunningJob(d.config_, r.id, *spec, a.gpus, r.started_at.value_or(now));
     run.pid = static_cast<pid_t>(r.pid);
     run.start_time = r.pid_start_time;
     run.adopted = true;
@@ -347,8 +322,8 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
       run.arbiter = true;
     }
     run.spec = std::move(spec);
-    if (d.exits_) d.exits_->Watch(r.id, run.pid);
-    d.runs_->Add(std::move(run));
+    if (d.state_->exits) d.state_->exits->Watch(r.id, run.pid);
+    d.state_->runs->Add(std::move(run));
     return absl::OkStatus();
   }
   Dispatcher& d;
@@ -356,7 +331,7 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
 
 absl::Status Dispatcher::Recover() {
   LoadHistory();
-  ChangeLock lock(*this);
+  DispatchState::ChangeLock lock(*state_);
   Recovery recovery(*store_, *host_,
                     {.state_dir = config_.state_dir,
                      .requeue_preempted = config_.requeue_preempted,
@@ -366,64 +341,30 @@ absl::Status Dispatcher::Recover() {
 }
 
 void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
-  ChangeLock lock(*this);
-  if (gpu < 0 || gpu >= static_cast<int>(gpu_healthy_.size())) return;
-  gpu_healthy_[gpu] = healthy;
-  gpu_health_reason_[gpu] = reason;
-  (void)engine_->scheduler().SetGpuHealth(0, gpu, healthy);
-  Publish();  // before the event streams look
+  DispatchState& state = *state_;
+  DispatchState::ChangeLock lock(state);
+  if (gpu < 0 || gpu >= static_cast<int>(state.gpu_healthy.size())) return;
+  state.gpu_healthy[gpu] = healthy;
+  state.gpu_health_reason[gpu] = reason;
+  (void)state.engine->scheduler().SetGpuHealth(0, gpu, healthy);
+  state.Publish();  // before the event streams look
   feed_.Bump();
   if (healthy) {
     spdlog::info("GPU {} is healthy again", gpu);
   } else {
     spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
-    const double now = Now();
-    runs_->StopOn(gpu, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason), now);
+    state.runs->StopOn(gpu, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason),
+                       Now());
   }
-  dirty_ = true;
-  wake_.notify_all();
+  state.dirty = true;
+  state.wake.notify_all();
 }
 
-bool Dispatcher::Turn() {
-  const double now = Now();
-  CheckRunning(now);
-  if (retention_->Due(now)) retention_->Apply(now, DependedOn());
-  if (!dirty_) return false;
-  dirty_ = false;
-  auto t0 = std::chrono::steady_clock::now();
-  SchedulePass(now);
-  scheduling_.Pass(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return true;
-}
+bool Dispatcher::RunOnce() { return loop_->RunOnce(); }
 
-bool Dispatcher::RunOnce() {
-  ChangeLock lock(*this);
-  return Turn();
-}
-
-// Without mu_: the node's spec is fixed when the engine is made (health is kept apart from it).
+// Without the lock: the node's spec is fixed when the engine is made (health is kept apart).
 const core::NodeSpec& Dispatcher::node() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  return engine_->scheduler().state().node_spec(0);
-}
-
-void Dispatcher::Loop() {
-  core::MutexLock lock(mu_);
-  while (!stop_) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool passed = Turn();
-    Publish();  // before the waits below let mu_ go
-    if (dirty_) {
-      if (passed && !pass_decided_) {
-        // A pass that started and stopped nothing (jobs arriving behind a busy machine): the next
-        // waits as long as this one took, so that a stream of submissions is admitted in batches
-        // - the loop spends at most half its time in such passes, not one pass per submission.
-        const auto now = std::chrono::steady_clock::now();
-        wake_.wait_until(mu_, now + (now - t0), [&] { return stop_.load(); });
-      }
-      continue;
-    }
-    wake_.wait_for(mu_, std::chrono::duration<double>(config_.poll_interval_s));
-  }
+  return state_->engine->scheduler().state().node_spec(0);
 }
 
 }  // namespace tessera::server

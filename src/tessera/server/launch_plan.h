@@ -1,7 +1,7 @@
 #pragma once
 // The launch plan: what a job is given when it starts on this machine, decided under the
 // dispatcher's lock from the job, the engine's allocation and the server's setup, and carried out
-// without it (Dispatcher::ExecuteLaunch, through the JobHost):
+// without it (SchedulingLoop::ExecuteLaunch, through the JobHost):
 // - its placement (its GPUs by index, UUID and model; a share's milli and MiB per GPU), stored
 //   with its start;
 // - its LaunchSpec: command, environment (its own, then the names a batch script written for

@@ -9,8 +9,8 @@
 //   limit is stopped, one still running its grace after SIGTERM is killed;
 // - its GPU use measured from the history samples (utilization of the GPUs it holds alone, the
 //   arbiter's GPU time and the region's peak for shares), for its history and its efficiency.
-// What happens when a job ends (its GPUs freed in the engine, its end recorded, a re-queue) is the
-// dispatcher's. It takes no lock: the dispatcher calls it under its scheduling lock
+// What happens when a job ends (its GPUs freed in the engine, its end recorded, a re-queue) is
+// SchedulingLoop's and JobEnds'. It takes no lock: its callers hold DispatchState's
 // (running_jobs_test.cc drives it alone against a FakeJobHost and a fake clock).
 
 #include <cstdint>

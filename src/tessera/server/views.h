@@ -14,7 +14,7 @@
 // - A reader holds Views' own lock only to copy a pointer or look up one id; no other lock is ever
 //   taken under it.
 // Why a queued job waits is the scheduling cycle's to say, and is still asked of the dispatcher
-// (Dispatcher::LiveOf takes its lock for queued jobs only).
+// (JobOperations::LiveOf takes the lock for queued jobs only).
 
 #include <sys/types.h>
 
