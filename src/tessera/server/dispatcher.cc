@@ -3,43 +3,24 @@
 // watch's changes. Its start and stop and the views' answers are in dispatcher_api.cc.
 #include "tessera/server/dispatcher.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <netinet/in.h>
-#include <pwd.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <thread>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
-#include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 #include "tessera/devices/simulated_source.h"
-#include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
-#include "tessera/server/acct.h"
-#include "tessera/server/api_response.h"
-#include "tessera/server/openapi.h"
 #include "tessera/server/recovery.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server_util.h"

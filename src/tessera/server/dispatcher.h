@@ -14,22 +14,15 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
-#include "tessera/core/mutex.h"
 #include "tessera/sched/engine.h"
 #include "tessera/server/acct.h"
 #include "tessera/server/container.h"

@@ -2,26 +2,12 @@
 // health, the views (GPUs, quotas, facts, metrics: from the read models, views.h, which
 // DispatchState::Publish keeps), the event feed and the history samples; and the start and stop of
 // its threads.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <netinet/in.h>
-#include <pwd.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <thread>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -32,13 +18,9 @@
 #include "tessera/devices/health.h"
 #include "tessera/devices/open.h"
 #include "tessera/devices/simulated_source.h"
-#include "tessera/sched/cycle.h"
 #include "tessera/sched/policy.h"
 #include "tessera/sched/scheduler.h"
-#include "tessera/server/acct.h"
-#include "tessera/server/api_response.h"
 #include "tessera/server/dispatcher.h"
-#include "tessera/server/openapi.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/server_util.h"
 #include "tessera/server/submit_checks.h"
