@@ -142,6 +142,39 @@ TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
   EXPECT_THAT(t.out, ::testing::HasSubstr("ALLOC (BUSY)"));
 }
 
+// --right-size: each policy again on right-sized requests, the GPUs' busy figure beside their
+// allocation, the use model's draws said on stderr; a bad model is exit 2 naming the field.
+TEST(TesseraSim, ReplayRightSizedRequestsBesideThoseAsAsked) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  Result r = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd --right-size --use-mean 0.2 -o json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["policy"], "fgd");
+  EXPECT_EQ(j[1]["policy"], "fgd right-sized");
+  EXPECT_EQ(j[1]["finished"], 5);
+  ASSERT_TRUE(j[0]["busyMeanGpuBusyRatio"].is_number()) << j[0].dump();
+  EXPECT_LT(j[1]["busyMeanAllocatedRatio"].get<double>(),
+            j[0]["busyMeanAllocatedRatio"].get<double>())
+      << "jobs that use a fifth of what they ask hold less right-sized";
+  EXPECT_NEAR(j[1]["busyMeanGpuBusyRatio"].get<double>(),
+              j[0]["busyMeanGpuBusyRatio"].get<double>(), 1e-9)
+      << "the same work";
+  Result t = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd --right-size 2>&1");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("right-sizing: the use of 4 jobs drawn from the model"));
+  EXPECT_THAT(t.out, ::testing::HasSubstr("GPU BUSY (BUSY)"));
+  EXPECT_THAT(t.out, ::testing::HasSubstr("fgd right-sized"));
+  for (const char* flag :
+       {"--use-mean 1", "--use-concentration 0", "--margin -1", "--granularity 0"}) {
+    Result f = Tessera("sim replay --nodes " + nodes + " --pods " + jobs + " --right-size " + flag +
+                       " 2>&1");
+    EXPECT_EQ(f.code, 2) << flag << ": " << f.out;
+  }
+}
+
 TEST(TesseraSim, BadInputIsExitTwoNamingTheLine) {
   std::string nodes = WriteTemp("nodes.csv", kNodes);
   std::string bad = WriteTemp("bad.csv", "name,cpu_milli,memory_mib,gpus\nx,1,1,-3\n");

@@ -24,6 +24,7 @@
 #include "tessera/sim/paper.h"
 #include "tessera/sim/replay.h"
 #include "tessera/sim/report.h"
+#include "tessera/sim/right_size.h"
 #include "tessera/sim/slurm_trace.h"
 #include "tessera/sim/trace.h"
 
@@ -333,6 +334,10 @@ struct ReplayFlags {
   int utilization_ceiling = 0;
   bool ceiling_strict = false;
   bool interference = false;
+  // Each policy also run with requests right-sized from a use model (sim/right_size.h).
+  bool right_size = false;
+  sim::UseModel use;
+  sim::RightSizing sizing;
 };
 
 // The replay's files in --out: its series, runs and waits as CSV, and report.html with its plots.
@@ -345,7 +350,7 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
         "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
-        "backfill reservations {}, durations predicted {}{}{}.",
+        "backfill reservations {}, durations predicted {}{}{}{}.",
         l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression,
         o.arrival_order ? "arrival" : "priority then arrival", o.reservations,
         o.predict ? "from earlier jobs (p75 per owner and shape), else the trace's"
@@ -354,7 +359,12 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
             ? fmt::format(", shared GPUs under {}% predicted utilization{}", o.utilization_ceiling,
                           o.ceiling_strict ? " (strict)" : "")
             : "",
-        o.interference ? ", interference between shares modelled" : "");
+        o.interference ? ", interference between shares modelled" : "",
+        o.right_size ? fmt::format(", each policy also with requests right-sized (use model: mean "
+                                   "{:g}, concentration {:g}; margin {:g}, {} milli granules)",
+                                   o.use.mean, o.use.concentration, o.sizing.margin,
+                                   o.sizing.granularity_milli)
+                     : "");
     for (auto [name, text] :
          {std::pair{"replay_series.csv", sim::ReplaySeriesCsv(results)},
           std::pair{"replay_runs.csv", sim::ReplayRunsCsv(results)},
@@ -381,6 +391,12 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
         "WAIT P95", "WAIT MAX",     "JCT MEAN",   "JCT P95"};
     // With interference modelled: how much the shares were slowed (run time / duration).
     if (o.interference) columns.insert(columns.end(), {"SHARE SLOWDOWN", "SLOWDOWN MAX"});
+    // Where the jobs' utilization is known (the trace's, or the use model's): how busy the GPUs
+    // were over the busy period, beside how much of them was allocated.
+    const bool busy_known =
+        std::any_of(results.begin(), results.end(),
+                    [](const sim::ReplayResult& r) { return r.utilization_known; });
+    if (busy_known) columns.insert(columns.begin() + 7, "GPU BUSY (BUSY)");
     columns.push_back("SECONDS");
     Table t(columns);
     for (const sim::ReplayResult& r : results) {
@@ -398,6 +414,10 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
                                       fmt::format("{:.0f}s", r.wait.max),
                                       fmt::format("{:.0f}s", r.jct.mean),
                                       fmt::format("{:.0f}s", r.jct.p95)};
+      if (busy_known) {
+        row.insert(row.begin() + 7,
+                   fmt::format("{:.2f}%", 100 * sim::MeanBusyOver(r, r.busy_start, r.busy_end)));
+      }
       if (o.interference) {
         row.push_back(fmt::format("{:.3f}x", r.share_slowdown_mean));
         row.push_back(fmt::format("{:.3f}x", r.share_slowdown_max));
@@ -432,6 +452,10 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
                    {"busyStart", r.busy_start},
                    {"busyEnd", r.busy_end},
                    {"busyMeanAllocatedRatio", r.busy_mean_allocated},
+                   {"busyMeanGpuBusyRatio",
+                    r.utilization_known
+                        ? nlohmann::ordered_json(sim::MeanBusyOver(r, r.busy_start, r.busy_end))
+                        : nlohmann::ordered_json()},
                    {"peakAllocatedRatio", r.peak_allocated},
                    {"meanAllocatedRatio", r.mean_allocated},
                    {"busyMeanQueued", r.busy_mean_queued},
@@ -465,6 +489,33 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
   if (compression != 1) {
     for (sim::SimJob& j : l.jobs) j.submit /= compression;
   }
+  // Right-sizing: the jobs' use from the trace or the model, and each policy run again on the
+  // right-sized requests.
+  std::vector<sim::SimJob> sized;
+  const size_t policies = runs.size();
+  if (o.right_size) {
+    for (absl::Status st : {sim::CheckUseModel(o.use), sim::CheckRightSizing(o.sizing)}) {
+      if (!st.ok()) {
+        err << "tessera: " << st.message() << "\n";
+        return kExitBadInput;
+      }
+    }
+    sim::UseModel use = o.use;
+    use.seed = f.seed;  // --seed: the model's draws too
+    const size_t drawn = sim::ApplyUseModel(l.jobs, use);
+    sized = sim::RightSize(l.jobs, o.sizing);
+    size_t changed = 0;
+    for (size_t i = 0; i < sized.size(); ++i) {
+      changed += sized[i].request.gpus != l.jobs[i].request.gpus ||
+                 sized[i].request.gpu_milli != l.jobs[i].request.gpu_milli;
+    }
+    err << fmt::format(
+        "right-sizing: the use of {} jobs drawn from the model (the trace's own for "
+        "the rest); {} of {} jobs ask less right-sized\n",
+        drawn, changed, l.jobs.size());
+    for (size_t i = 0; i < policies; ++i)
+      runs.push_back({runs[i].label + " right-sized", runs[i].policies});
+  }
   std::vector<sim::ReplayResult> results(runs.size());
   Progress progress(err, static_cast<int>(runs.size()), f.progress);
   auto t0 = std::chrono::steady_clock::now();
@@ -483,7 +534,8 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     c.utilization_ceiling_strict = o.ceiling_strict;
     c.interference = o.interference;
     c.arrival_order = o.arrival_order;
-    results[i] = sim::RunReplay(l.nodes, l.jobs, l.typical, c);
+    results[i] =
+        sim::RunReplay(l.nodes, static_cast<size_t>(i) < policies ? l.jobs : sized, l.typical, c);
     progress.Done(c.label);
   });
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -635,6 +687,26 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   replay->add_flag("--interference", rf.interference,
                    "Model interference: shares on one GPU whose utilizations add up to more than "
                    "100% each run that much slower");
+  replay->add_flag("--right-size", rf.right_size,
+                   "Run each policy again with every job of one GPU or less asking for what it "
+                   "uses plus --margin (its utilization from the trace, else drawn from the use "
+                   "model: --use-mean, --use-concentration), and compare");
+  replay
+      ->add_option("--use-mean", rf.use.mean,
+                   "Use model: the mean share of what it was given a job uses, where the trace "
+                   "does not say (0..1)")
+      ->capture_default_str();
+  replay
+      ->add_option("--use-concentration", rf.use.concentration,
+                   "Use model: the Beta distribution's concentration (higher: uses closer to the "
+                   "mean)")
+      ->capture_default_str();
+  replay->add_option("--margin", rf.sizing.margin, "Right-sizing: headroom over the measured use")
+      ->capture_default_str();
+  replay
+      ->add_option("--granularity", rf.sizing.granularity_milli,
+                   "Right-sizing: requests rounded up to this many thousandths of a GPU")
+      ->capture_default_str();
   replay->add_option("--samples", rf.samples, "Points of each time series")
       ->check(CLI::Range(2, 100000))
       ->capture_default_str();
