@@ -843,8 +843,12 @@ TEST(TesseraServer, AnArbiterTruncatedByAUserIsReplacedAndItsTenantsLive) {
     return tessera::shim::ReadSharedFile(arbiter.c_str(), sizeof *now, tessera::shim::kArbiterMagic,
                                          tessera::shim::kArbiterVersion, now.get(), sizeof *now);
   };
+  // The server renames the fresh file into place, then says so: both are waited for (the file can
+  // be whole a moment before the log line is written).
+  const std::string said = "was damaged (truncated, or not an arbiter any more): replaced";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!whole() && std::chrono::steady_clock::now() < deadline)
+  while ((!whole() || d.Log().find(said) == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ASSERT_TRUE(whole()) << d.Log();
   struct stat after;
@@ -853,7 +857,7 @@ TEST(TesseraServer, AnArbiterTruncatedByAUserIsReplacedAndItsTenantsLive) {
   EXPECT_EQ(after.st_mode & 07, 0u) << "nothing for others (the group bits are the ACL's mask)";
   EXPECT_EQ(tessera::server::AclUsers(arbiter), std::set<uid_t>{nobody->pw_uid})
       << "the running job's user keeps her entry";
-  EXPECT_THAT(d.Log(), HasSubstr("was damaged (truncated, or not an arbiter any more): replaced"));
+  EXPECT_THAT(d.Log(), HasSubstr(said));
   tenant->BeforeLaunch(0, nullptr);  // follows the new file: paced again
   EXPECT_EQ(tenant->data()->magic.load(), tessera::shim::kArbiterMagic);
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
