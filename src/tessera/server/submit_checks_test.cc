@@ -28,16 +28,15 @@ class SubmitChecksTest : public ::testing::Test {
     s.command = {"x"};
     return s;
   }
-  // The check of `s` as alice's request; "" when it passes, else "<status> <message>".
+  // What a check said: "" when it passed, else "<status> <message>".
+  static std::string Said(const absl::Status& st) {
+    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
+  }
+  // The check of `s` as alice's request.
   std::string Fits(const JobSpec& s) {
-    const absl::Status st =
-        CheckFits(s, RequestOf(s, 1, "alice"), node_, quotas_, inventory_.gpus.size());
-    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
+    return Said(CheckFits(s, RequestOf(s, 1, "alice"), node_, quotas_, inventory_.gpus.size()));
   }
-  std::string Limits(JobSpec& s) {
-    const absl::Status st = CheckSubmitLimits(s, setup_);
-    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
-  }
+  std::string Limits(JobSpec& s) { return Said(CheckSubmitLimits(s, setup_)); }
 
   core::NodeInventory inventory_;
   core::NodeSpec node_;
@@ -117,28 +116,25 @@ TEST_F(SubmitChecksTest, AQuotaThatCouldNeverAllowTheJobRefusesIt) {
 // What the server's state says: the disk's room, the user's caps on what waits, an
 // Idempotency-Key's form.
 TEST_F(SubmitChecksTest, TheDiskTheQueueCapsAndTheKeyAreHeld) {
-  auto said = [](const absl::Status& st) {
-    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
-  };
   config_.state_dir = "/tmp";
-  EXPECT_EQ(said(CheckDiskRoom(config_, false)), "");
-  EXPECT_EQ(said(CheckDiskRoom(config_, true)),
+  EXPECT_EQ(Said(CheckDiskRoom(config_, false)), "");
+  EXPECT_EQ(Said(CheckDiskRoom(config_, true)),
             "507 the server's disk (/tmp) filled up: its reserve went to record how jobs ended; "
             "no new work until room is made");
   config_.min_free_disk_bytes = uint64_t{1} << 62;  // more than any disk has free
-  EXPECT_EQ(said(CheckDiskRoom(config_, false)).substr(0, 3), "507");
+  EXPECT_EQ(Said(CheckDiskRoom(config_, false)).substr(0, 3), "507");
   config_.max_queued_jobs_per_user = 10;
   config_.max_queued_bytes_per_user = 1000;
-  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 9, 1, 0, 1000)), "");
-  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 9, 2, 0, 10)),
+  EXPECT_EQ(Said(CheckQueueRoom(config_, "alice", 9, 1, 0, 1000)), "");
+  EXPECT_EQ(Said(CheckQueueRoom(config_, "alice", 9, 2, 0, 10)),
             "429 alice has 9 jobs waiting and this would add 2: at most 10 per user "
             "(limits.max_queued_jobs_per_user in the server's config)");
-  EXPECT_EQ(said(CheckQueueRoom(config_, "alice", 0, 1, 900, 101)).substr(0, 45),
+  EXPECT_EQ(Said(CheckQueueRoom(config_, "alice", 0, 1, 900, 101)).substr(0, 45),
             "429 alice's waiting jobs hold 900 B (commands");
-  EXPECT_EQ(said(CheckIdempotencyKey("")), "");
-  EXPECT_EQ(said(CheckIdempotencyKey(std::string(128, 'k'))), "");
+  EXPECT_EQ(Said(CheckIdempotencyKey("")), "");
+  EXPECT_EQ(Said(CheckIdempotencyKey(std::string(128, 'k'))), "");
   for (const std::string bad : {std::string(129, 'k'), std::string("a b"), std::string("a\x01")})
-    EXPECT_EQ(said(CheckIdempotencyKey(bad)).substr(0, 18), "400 Idempotency-Ke") << bad;
+    EXPECT_EQ(Said(CheckIdempotencyKey(bad)).substr(0, 18), "400 Idempotency-Ke") << bad;
 }
 
 // Dependencies on jobs that exist and can still turn out as asked.
@@ -154,10 +150,7 @@ TEST_F(SubmitChecksTest, ADependencyOnAJobThatIsNotOrCanNeverTurnOutAsAskedIsRef
                                                                         "job 2 failed"}
                                                       : DependencyState{};
                                   }};
-  auto said = [&](std::vector<Dependency> after) {
-    const absl::Status st = CheckDependencies(after, look);
-    return st.ok() ? "" : std::to_string(HttpStatusOf(st)) + " " + std::string(st.message());
-  };
+  auto said = [&](std::vector<Dependency> after) { return Said(CheckDependencies(after, look)); };
   EXPECT_EQ(said({{.job = 1}, {.job = 3, .task = 2}}), "");
   EXPECT_EQ(said({{.job = 1}, {.job = 7}}),
             "400 after ok:7: job 7 does not exist (a dependency names a job submitted before, so "
