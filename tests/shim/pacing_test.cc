@@ -212,7 +212,9 @@ TEST(Pacing, WorkConservingUsesIdleTimeCappedDoesNot) {
 
 TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
   // The high-priority job computes 5 ms then pauses 5 ms (leaving room); the low one has 4 ms of
-  // kernels queued at any time.
+  // kernels queued at any time. On a quiet machine the high job keeps 96-99% of its throughput
+  // paced and 77% unpaced (the defect this guards against). The bound is 88%: a shared 2-core CI
+  // machine measured 91% once (the runs are seconds apart and the client's own wake-ups vary).
   const Job high{"TESSERA_CUDA_PRIORITY=10", "work:2000:1000:5:5000:300:1800"};
   const Job low{"TESSERA_CUDA_PRIORITY=0", "work:2000:200:20:0:300:1800"};
   const double high_alone = Contend({high})[0];
@@ -221,7 +223,7 @@ TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {
   EXPECT_LT(unpaced[0], 0.9 * high_alone)
       << "without the library the low job's queue slows the high one";
   std::vector<double> both = Contend({high, low});
-  EXPECT_GE(both[0], 0.95 * high_alone) << both[0] << " of " << high_alone;
+  EXPECT_GE(both[0], 0.88 * high_alone) << both[0] << " of " << high_alone;
   EXPECT_GE(both[1], 0.20 * low_alone) << both[1] << " of " << low_alone;
 }
 
