@@ -2,8 +2,9 @@
 // fsyncs are the disk's business, not ours): submit-to-running latency of a job that fits (median,
 // p99), API read throughput on the unix socket (GET /v1/jobs/1, keep-alive, 1 and 2 client
 // threads), the hand-over of all GPUs from a job that ends to one that waits for them, one
-// scheduling pass over 10,000 queued jobs that cannot start (identical, and 2,001 distinct shapes),
-// and the latency of API reads while 200 jobs are submitted and started at once.
+// scheduling pass over 10,000 queued jobs that cannot start (identical, and 2,001 distinct shapes)
+// with the latency of reading a queued job meanwhile, and the latency of API reads while 200 jobs
+// are submitted and started at once.
 //   build/bench/bench/server_bench            everything
 //   build/bench/bench/server_bench --burst    only the reads during a burst of starts
 //   build/bench/bench/server_bench --submit [DIR]   only durable submits from 8 clients, state in
@@ -65,16 +66,17 @@ std::string Job(const std::string& cmd, int gpus, int priority = 0, bool preempt
       .dump();
 }
 
-// A reader on its own connection timing GET /v1/info and GET /v1/jobs/1 (both need the server's
-// state) one after the other until Stop, which prints what it saw during `what`.
+// A reader on its own connection timing GETs of `paths` in turn (by default /v1/jobs/1 and
+// /v1/info, both need the server's state) until Stop, which prints what it saw during `what`.
 class Reader {
  public:
-  explicit Reader(const std::string& socket)
-      : thread_([this, socket] {
+  explicit Reader(const std::string& socket,
+                  std::vector<std::string> paths = {"/v1/jobs/1", "/v1/info"})
+      : thread_([this, socket, paths = std::move(paths)] {
           HttpClient mine(socket);
-          for (int i = 0; !stop_; ++i) {
+          for (size_t i = 0; !stop_; ++i) {
             auto t0 = Clock::now();
-            (void)mine.Send("GET", i % 2 ? "/v1/info" : "/v1/jobs/1");
+            (void)mine.Send("GET", paths[i % paths.size()]);
             lat_.push_back(Since(t0) * 1000);
           }
         }) {}
@@ -533,6 +535,17 @@ void QueuedPasses(const std::string& dir, int reservations, int count) {
         "%.1f s)\n",
         ids.size() + 1, variant == 0 ? "one shape" : "2,001 shapes", reservations,
         PassSeconds(c) * 1000, count, submit_s);
+    // A queued job's page (why it waits, when it is expected to start) read while 100 more
+    // submissions each make the loop pass over the queue.
+    {
+      Reader reader(config.socket, {"/v1/jobs/" + std::to_string(ids[ids.size() / 2])});
+      auto t1 = Clock::now();
+      for (int i = 0; i < 100; ++i) {
+        ids.push_back(json::parse(c.Send("POST", "/v1/jobs", Job("true", 8))->body)["id"]);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a pass each
+      }
+      reader.Stop("of a queued job while 100 submissions pass over the queue", Since(t1));
+    }
     for (int64_t id : ids) (void)c.Send("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   }
   (void)c.Send("POST",

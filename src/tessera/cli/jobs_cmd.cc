@@ -496,10 +496,11 @@ void AddSubmitOptions(CLI::App* c, State& s) {
                              "fraction (default one)")
                    ->check(CLI::Range(0, 64));
   c->add_option("--gpu-mem", s.gpu_mem,
-                "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs");
+                "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs; "
+                "auto: sized by the server from what jobs of its kind used");
   c->add_option("--gpu-share", s.gpu_share,
                 "A fraction of a GPU: this share of its compute (30%, 30 or 0.3), on each of "
-                "--gpus GPUs");
+                "--gpus GPUs; auto: sized by the server from what jobs of its kind used");
   auto* models = c->add_option("--model", s.models,
                                "Acceptable GPU model(s): a name as `tessera gpus` shows it, or "
                                "whole words of one (H100, 'A100 80GB')")

@@ -93,6 +93,8 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
                       (*j)["sharing_slowdown"].get<double>(), j->value("sharing_prediction", "")));
   }
   field("asks", Resources((*j)["spec"]));
+  if (const json sized = (*j)["spec"].value("sized", json()); sized.is_object())
+    field("sized", sized.value("basis", ""));
   field("gpus", Where(*j));
   if ((*j)["spec"].contains("image"))
     field("image", (*j)["spec"]["image"].get<std::string>() + " (podman)");

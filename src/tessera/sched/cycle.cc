@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <unordered_set>
+#include <utility>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -84,6 +85,7 @@ absl::Status Cycle::Enqueue(QueueEntry entry, std::string waiting) {
   }
   auto [it, added] = entries_.emplace(std::move(id), std::move(e));
   order_.emplace(std::move(key), &it->second);
+  Note(it->second);
   ++queue_version_;
   return absl::OkStatus();
 }
@@ -95,6 +97,31 @@ bool Cycle::Remove(const std::string& id) {
   entries_.erase(it);
   ++queue_version_;
   return true;
+}
+
+void Cycle::Say(Entry& e, std::string_view why) {
+  if (e.waiting == why) return;
+  e.waiting.assign(why);
+  Note(e);
+}
+
+void Cycle::SetStart(Entry& e, std::optional<double> start) {
+  if (e.expected_start == start) return;
+  e.expected_start = start;
+  Note(e);
+}
+
+void Cycle::Note(Entry& e) {
+  if (e.noted || !options_.note_changes) return;
+  e.noted = true;
+  noted_.push_back(e.queued.request.id);
+}
+
+std::vector<std::string> Cycle::TakeNoted() {
+  for (const std::string& id : noted_) {
+    if (auto it = entries_.find(id); it != entries_.end()) it->second.noted = false;
+  }
+  return std::exchange(noted_, {});
 }
 
 const std::string* Cycle::Waiting(const std::string& id) const {
@@ -324,7 +351,7 @@ void Cycle::StepGang(Entry& first, Pass& pass) {
     for (Entry* e : members) {
       if (e->reserved_node >= 0)
         reserved.push_back({e->reserved_node, &e->reserved_gpus, &e->queued.request.id});
-      e->waiting = why;
+      Say(*e, why);
     }
     return;
   }
@@ -387,7 +414,7 @@ void Cycle::StepGang(Entry& first, Pass& pass) {
       }
     }
   }
-  for (Entry* e : members) e->waiting = why;
+  for (Entry* e : members) Say(*e, why);
 }
 
 void Cycle::AskToStop(Entry& e, std::vector<std::string> victims, NodeId node,
@@ -451,7 +478,7 @@ bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,
     AskToStop(e, std::move(victims[i]), placed[i].node, std::move(placed[i].gpus),
               fmt::format("preempted for gang {} (priority {})", gang, e.queued.request.priority),
               reserved, out);
-    e.waiting = why;
+    Say(e, why);
   }
   return true;
 }
@@ -506,7 +533,7 @@ std::vector<CycleDecision> Cycle::Step(double now, const Scope* scope) {
     Entry& e = *entry;
     const core::Request& r = e.queued.request;
     const std::string* id = &r.id;
-    e.expected_start.reset();
+    SetStart(e, std::nullopt);
     // The scoped request (or its gang): narrowed while the cycle looks at it, and kept out of the
     // memos of what fits, which hold for requests that are not narrowed.
     const bool scoped =
@@ -544,7 +571,7 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   if (!e.awaiting.empty()) {
     std::erase_if(e.awaiting, [&](const std::string& v) { return !StillHeld(v); });
     if (!e.awaiting.empty()) {
-      e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+      Say(e, fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size()));
       pass.reserved.push_back({e.reserved_node, &e.reserved_gpus, &r.id});
       return;
     }
@@ -569,14 +596,14 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
   const std::string& memo = *memo_key;
   const std::string& shape_memo = *shape_key;
   if (auto m = pass.no_fit.find(memo); m != pass.no_fit.end()) {
-    e.waiting = *m->second;
+    Say(e, *m->second);
     return;
   }
   const double end = r.expected_duration_s > 0 ? now + r.expected_duration_s : kNever;
   std::string reserved_why;
   absl::StatusOr<Allocation> placed = PlaceAround(r, end, pass, &reserved_why);
   if (!reserved_why.empty()) {
-    e.waiting = std::move(reserved_why);
+    Say(e, reserved_why);
     pass.no_fit.emplace(memo, &e.waiting);
     return;
   }
@@ -584,8 +611,8 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
     if (const std::string* holder = Delays(*placed, end, pass.backfill)) {
       // Reserved GPUs still busy, or partly used, that its placement took.
       (void)scheduler_.Release(r.id);
-      e.waiting =
-          fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder);
+      Say(e,
+          fmt::format("the GPUs it could take are reserved for {}, which waits longer", *holder));
       pass.no_fit.emplace(memo, &e.waiting);
       return;
     }
@@ -596,15 +623,15 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
       // another of its shape may fit elsewhere, the reservation is about the place, not the
       // shape).
       (void)scheduler_.Release(r.id);
-      e.waiting =
-          fmt::format("its node is reserved for {}, which preempted to make room there", *holder);
+      Say(e,
+          fmt::format("its node is reserved for {}, which preempted to make room there", *holder));
       return;
     }
     pass.started.insert(r.id);
     pass.out.push_back(StartOf(std::move(*placed)));
     return;
   }
-  e.waiting = WithoutSubject(std::string(placed.status().message()));
+  Say(e, WithoutSubject(std::string(placed.status().message())));
   // A quota says no for this owner only: others of the same shape may still fit.
   if (e.waiting.rfind("quota", 0) == 0) return;
   // Whether preemption can make room for it at this state is known: off, or planned in vain.
@@ -617,7 +644,7 @@ void Cycle::StepOne(Entry& e, bool scoped, Pass& pass) {
       AskToStop(e, std::move(plan.victims), plan.node, std::move(plan.gpus),
                 fmt::format("preempted for {} (priority {})", r.id, r.priority), pass.reserved,
                 pass.out);
-      e.waiting = fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size());
+      Say(e, fmt::format("waiting for {} preempted job(s) to stop", e.awaiting.size()));
       return;
     }
   }
@@ -671,7 +698,7 @@ bool Cycle::ReserveAhead(Entry& e, Pass& pass) {
   const core::Request& r = e.queued.request;
   std::optional<Backfill> b = Reserve(r, pass.now);
   if (!b) return false;
-  e.expected_start = b->start;
+  SetStart(e, b->start);
   // Its GPUs that are free now are held by phantoms for the rest of this Step, so that the
   // policies place later requests around them.
   const core::NodeSpec& spec = scheduler_.state().node_spec(b->node);
@@ -693,8 +720,9 @@ bool Cycle::ReserveAhead(Entry& e, Pass& pass) {
   }
   std::vector<std::string> gpus;
   for (int g : b->gpus) gpus.push_back(std::to_string(g));
-  e.waiting += fmt::format("; GPU {} of {} reserved for it ({})", fmt::join(gpus, ","),
-                           scheduler_.state().node_name(b->node), StartText(b->start, pass.now));
+  Say(e, e.waiting + fmt::format("; GPU {} of {} reserved for it ({})", fmt::join(gpus, ","),
+                                 scheduler_.state().node_name(b->node),
+                                 StartText(b->start, pass.now)));
   pass.backfill.push_back(*std::move(b));
   return true;
 }

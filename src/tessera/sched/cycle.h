@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -60,6 +61,9 @@ struct CycleOptions {
   // cannot fit would otherwise cost that for each of them at every step. Later requests wait for a
   // later step. 0: no limit.
   int preemption_plans = 32;
+  // Keep which queued requests' Waiting() or ExpectedStart() changed, for TakeNoted (a read model
+  // of the queue asks; nobody else pays for it).
+  bool note_changes = false;
 };
 
 struct CycleDecision {
@@ -131,6 +135,10 @@ class Cycle {
   // (infinity: reserved, but the running work it waits for has no expected end); nullopt when it
   // holds none.
   std::optional<double> ExpectedStart(const std::string& id) const;
+  // With note_changes: the queued ids whose Waiting() or ExpectedStart() changed since the last
+  // call, each once (some may have left the queue since): what a read model of the queue
+  // refreshes, at the cost of what changed rather than of the queue.
+  std::vector<std::string> TakeNoted();
 
  private:
   // (-priority, submitted, seq, id): std::set order is the queue order.
@@ -151,6 +159,7 @@ class Cycle {
     // while the state is the same, a pass gives it the same answer without asking again.
     uint64_t settled_at = 0;
     bool unreservable = false;
+    bool noted = false;  // in noted_
     void GiveUpRoom() {
       reserved_gpus.clear();
       reserved_node = -1;
@@ -217,11 +226,16 @@ class Cycle {
   void SetRate();
   // The queued entries in this Step's order.
   std::vector<Entry*> Ordered() const;
+  // Sets what Waiting() and ExpectedStart() say of `e`, noting it (TakeNoted) when that changes.
+  void Say(Entry& e, std::string_view why);
+  void SetStart(Entry& e, std::optional<double> start);
+  void Note(Entry& e);
 
   Scheduler& scheduler_;
   CycleOptions options_;
   std::map<Key, Entry*> order_;  // into entries_ (its nodes stay put)
   std::unordered_map<std::string, Entry> entries_;
+  std::vector<std::string> noted_;  // TakeNoted's
   std::set<std::string> stopping_;  // victims asked to stop, until their allocation is released
   std::unordered_map<std::string, double> usage_;  // owner -> decayed GPU-seconds (fair share)
   std::unordered_map<std::string, double> rate_;   // owner -> GPUs held since the last Step

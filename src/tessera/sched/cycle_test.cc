@@ -7,7 +7,12 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <optional>
+#include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "tessera/sched/test_util.h"
 
@@ -536,6 +541,65 @@ TEST(Cycle, AGpuHealthChangeAtTheSameInstantIsAChange) {
   EXPECT_THAT(c.Step(1), ::testing::IsEmpty());
   ASSERT_TRUE(s.SetGpuHealth(0, 0, true).ok());
   EXPECT_THAT(Started(c.Step(1)), ElementsAre("j"));
+}
+
+// A reader's copy of why each request waits and when it is expected to start, refreshed only for
+// the requests TakeNoted names, stays equal to the cycle's own through starts, ends, preemption,
+// reservations and removals; without note_changes nothing is kept.
+TEST(Cycle, WhatTakeNotedNamesKeepsAReadersCopyOfTheQueueTrue) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+    Scheduler s;
+    ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());
+    ASSERT_TRUE(s.AddNode(Node("b", 2)).ok());
+    Cycle c(s, {.preemption = seed % 2 == 0, .reservations = pick(3), .note_changes = true});
+    struct Said {
+      std::string waiting;
+      std::optional<double> start;
+    };
+    std::map<std::string, Said> copy;
+    std::vector<std::string> running;
+    size_t noted = 0, queued_looks = 0;
+    for (int step = 0, next = 0; step < 60; ++step) {
+      for (int n = pick(4); n > 0; --n, ++next) {
+        core::Request r = Prio(Whole("r" + std::to_string(next), 1 + pick(4)), pick(3));
+        if (pick(2) == 0) r.expected_duration_s = 10 + pick(50);
+        ASSERT_TRUE(c.Enqueue(Entry(std::move(r), step, next)).ok());
+      }
+      if (!running.empty() && pick(3) == 0) {  // one ends
+        const size_t i = static_cast<size_t>(pick(static_cast<int>(running.size())));
+        (void)s.Release(running[i]);
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      if (c.size() > 0 && pick(5) == 0) (void)c.Remove(c.Order().front());  // one cancelled
+      for (const CycleDecision& d : c.Step(step)) {
+        if (d.kind == CycleDecision::Kind::kStart) running.push_back(d.id);
+        for (const std::string& v : d.victims) {
+          (void)s.Release(v);  // stopped at once
+          std::erase(running, v);
+        }
+      }
+      for (const std::string& id : c.TakeNoted()) {
+        ++noted;
+        if (const std::string* w = c.Waiting(id)) copy[id] = {*w, c.ExpectedStart(id)};
+      }
+      for (const std::string& id : c.Order()) {
+        ++queued_looks;
+        ASSERT_TRUE(copy.contains(id)) << id << " was queued without being noted";
+        EXPECT_EQ(copy[id].waiting, *c.Waiting(id)) << id << " at step " << step;
+        EXPECT_EQ(copy[id].start, c.ExpectedStart(id)) << id << " at step " << step;
+      }
+    }
+    EXPECT_LT(noted, queued_looks) << "only what changed is noted, not the queue at each step";
+  }
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(Node("a", 1)).ok());
+  Cycle quiet(s);
+  ASSERT_TRUE(quiet.Enqueue(Entry(Whole("x", 2), 1, 1)).ok());
+  quiet.Step(1);
+  EXPECT_TRUE(quiet.TakeNoted().empty()) << "not asked for: nothing kept";
 }
 
 }  // namespace

@@ -121,6 +121,9 @@ class Engine {
   Scheduler& scheduler() { return *scheduler_; }
   const Scheduler& scheduler() const { return *scheduler_; }
   const Cycle& cycle() const { return cycle_; }
+  // The queued ids whose reason or expected start changed (Cycle::TakeNoted; with
+  // cycle.note_changes).
+  std::vector<std::string> TakeNoted() { return cycle_.TakeNoted(); }
   const EngineOptions& options() const { return options_; }
 
  private:

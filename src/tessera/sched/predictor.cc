@@ -54,14 +54,15 @@ void Push(Runs& runs, const std::string& key, double v) {
   if (d.size() > DurationPredictor::kKept) d.pop_front();
 }
 
-// The 75th percentile of the nearest key with enough values (else the nearest with any), with how
-// many values and what it is "p75 of alice's runs of 'train' (4 runs)"; nullopt when none has any.
+// The `pct`th percentile of the nearest key with enough values (else the nearest with any), with
+// how many values and what it is "p75 of alice's runs of 'train' (4 runs)"; nullopt when none has
+// any.
 struct Quantile {
   double value = 0;
   int samples = 0;
   std::string basis;
 };
-std::optional<Quantile> P75(const Runs& runs, const std::vector<Key>& keys) {
+std::optional<Quantile> Percentile(const Runs& runs, const std::vector<Key>& keys, int pct) {
   const std::deque<double>* chosen = nullptr;
   std::string basis;
   for (const Key& k : keys) {
@@ -76,10 +77,12 @@ std::optional<Quantile> P75(const Runs& runs, const std::vector<Key>& keys) {
   }
   if (!chosen) return std::nullopt;
   std::vector<double> v(chosen->begin(), chosen->end());
-  const size_t at = std::min(v.size() - 1, static_cast<size_t>(std::ceil(0.75 * v.size())) - 1);
+  const size_t at =
+      std::min(v.size() - 1, static_cast<size_t>(std::ceil(pct / 100.0 * v.size())) - 1);
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
-  return Quantile{v[at], static_cast<int>(v.size()),
-                  fmt::format("p75 of {} ({} run{})", basis, v.size(), v.size() == 1 ? "" : "s")};
+  return Quantile{
+      v[at], static_cast<int>(v.size()),
+      fmt::format("p{} of {} ({} run{})", pct, basis, v.size(), v.size() == 1 ? "" : "s")};
 }
 
 double Median(const std::deque<double>& d) {
@@ -115,16 +118,30 @@ void DurationPredictor::Add(const RunKind& kind, double runtime_s, std::optional
   }
 }
 
+void DurationPredictor::AddGpuMemoryPeak(const RunKind& kind, double mib) {
+  if (!(mib > 0) || !std::isfinite(mib)) return;
+  const std::vector<Key> keys = KeysOf(kind, kind_only_);
+  core::MutexLock lock(mu_);
+  for (const Key& k : keys) Push(peaks_, k.text, mib);
+}
+
 Prediction DurationPredictor::Predict(const RunKind& kind) const {
   Prediction p;
   {
     const std::vector<Key> keys = KeysOf(kind, kind_only_);
     core::MutexLock lock(mu_);
-    if (std::optional<Quantile> q = P75(runs_, keys)) {
+    if (std::optional<Quantile> q = Percentile(runs_, keys, 75)) {
       p.seconds = q->value, p.samples = q->samples, p.basis = std::move(q->basis);
     }
-    if (std::optional<Quantile> q = P75(utils_, keys)) {
+    if (std::optional<Quantile> q = Percentile(utils_, keys, 75)) {
       p.util_pct = q->value, p.util_samples = q->samples, p.util_basis = std::move(q->basis);
+    }
+    if (std::optional<Quantile> q = Percentile(utils_, keys, kSizingPercentile)) {
+      p.util_high_pct = q->value, p.util_high_basis = std::move(q->basis);
+    }
+    if (std::optional<Quantile> q = Percentile(peaks_, keys, kSizingPercentile)) {
+      p.gpu_memory_peak_mib = q->value, p.memory_samples = q->samples;
+      p.memory_basis = std::move(q->basis);
     }
     // The nearest key with at least two runs of each kind.
     for (const Key& k : keys) {

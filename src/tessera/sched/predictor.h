@@ -48,6 +48,13 @@ struct Prediction {
   // made it (the medians' ratio, 1..4; 1 when not known), and from what.
   double sharing_slowdown = 1;
   std::string sharing_basis;  // "alice's runs of 'infer': 3 shared, 2 alone"
+  // For sizing a job from what jobs like it used (kSizingPercentile of the same keys): its GPU
+  // utilization (0: unknown), and the most GPU memory per GPU its runs held, MiB (0: unknown).
+  double util_high_pct = 0;
+  std::string util_high_basis;
+  double gpu_memory_peak_mib = 0;
+  int memory_samples = 0;
+  std::string memory_basis;  // "p95 of alice's runs of 'train' (6 runs)"
 };
 
 class DurationPredictor {
@@ -60,17 +67,22 @@ class DurationPredictor {
   // one and, for a share, whether another job shared its GPU while it ran.
   void Add(const RunKind& kind, double runtime_s, std::optional<double> util_pct = std::nullopt,
            std::optional<bool> shared_gpu = std::nullopt);
+  // Records the most GPU memory per GPU a run held (MiB): a run that succeeded, or one that failed
+  // at its automatic memory size (the next is sized past it).
+  void AddGpuMemoryPeak(const RunKind& kind, double mib);
   Prediction Predict(const RunKind& kind) const;
   size_t keys() const;
 
   static constexpr size_t kKept = 50;      // runs kept per key
   static constexpr size_t kConfident = 3;  // runs a key needs to be preferred to a wider one
+  static constexpr int kSizingPercentile = 95;
 
  private:
   const bool kind_only_;
   mutable core::Mutex mu_;
   std::unordered_map<std::string, std::deque<double>> runs_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::deque<double>> utils_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::deque<double>> peaks_ ABSL_GUARDED_BY(mu_);  // GPU MiB
   // A share's run times by whether another job shared its GPU while it ran.
   std::unordered_map<std::string, std::deque<double>> shared_runs_ ABSL_GUARDED_BY(mu_), alone_runs_
       ABSL_GUARDED_BY(mu_);

@@ -99,6 +99,7 @@ uint64_t Admission::BytesOf(uint32_t uid) const {
 }
 
 void Admission::Index(const QueuedJob& q, int delta) {
+  if (delta > 0) Note(q.id);  // where it stands changed: what it says may have
   if (q.in_cycle) {
     auto count = [&](auto& counts, auto key) {
       auto it = counts.try_emplace(key, 0).first;
@@ -154,12 +155,22 @@ void Admission::SetHeld(int64_t id, bool held, std::string waiting) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   QueuedJob& q = it->second;
-  q.waiting = std::move(waiting);
+  Say(q, std::move(waiting));
   if (q.held == held) return;
   Index(q, -1);
   q.held = held;
   q.parked.clear();  // released, it is looked at again
   Index(q, +1);
+}
+
+void Admission::SetWaiting(int64_t id, std::string waiting) {
+  if (QueuedJob* q = Find(id)) Say(*q, std::move(waiting));
+}
+
+void Admission::Say(QueuedJob& q, std::string waiting) {
+  if (q.waiting == waiting) return;
+  q.waiting = std::move(waiting);
+  Note(q.id);
 }
 
 void Admission::SetInCycle(QueuedJob& q, bool in) {
@@ -182,6 +193,7 @@ std::vector<int64_t> Admission::BeginChange(const std::vector<int64_t>& ids, Wor
     QueuedJob* q = Find(t);
     if (!q) continue;
     q->changing = true;
+    Note(t);
     if (q->in_cycle) {
       world.LeaveCycle(t);
       SetInCycle(*q, false);
@@ -193,23 +205,44 @@ std::vector<int64_t> Admission::BeginChange(const std::vector<int64_t>& ids, Wor
 
 void Admission::EndChange(const std::vector<int64_t>& ids) {
   for (int64_t t : ids) {
-    if (QueuedJob* q = Find(t)) q->changing = false;
+    if (QueuedJob* q = Find(t)) q->changing = false, Note(t);
   }
 }
 
-std::string Admission::Waiting(int64_t id, const World& world) const {
-  const QueuedJob* q = Find(id);
-  if (!q) return "";
-  if (q->changing) return "a change to it (cancel, hold, release, priority) is being stored";
-  if (!q->in_cycle) {
+std::string WaitingText(const WaitingFacts& f, const CappedUsers& capped) {
+  if (f.changing) return "a change to it (cancel, hold, release, priority) is being stored";
+  if (!f.in_cycle && f.cappable && f.examined != capped.pass) {
     // A user at her limit: her jobs the last pass did not examine say so.
-    if (auto c = capped_.find(q->uid);
-        c != capped_.end() && !q->held && q->parked.empty() && q->waiting_pass != pass_)
-      return c->second;
-    return q->waiting;
+    if (auto c = capped.users.find(f.uid); c != capped.users.end()) return c->second;
   }
-  const std::string* why = world.CycleWaiting(id);
-  return why ? *why : "";
+  return f.waiting;
+}
+
+std::optional<WaitingFacts> Admission::FactsOf(int64_t id, const World& world) const {
+  const QueuedJob* q = Find(id);
+  if (!q) return std::nullopt;
+  WaitingFacts f{.uid = q->uid,
+                 .changing = q->changing,
+                 .in_cycle = q->in_cycle,
+                 .cappable = !q->held && q->parked.empty(),
+                 .examined = q->waiting_pass};
+  if (!q->in_cycle) {
+    f.waiting = q->waiting;
+  } else if (const std::string* why = world.CycleWaiting(id)) {
+    f.waiting = *why;
+  }
+  return f;
+}
+
+std::string Admission::Waiting(int64_t id, const World& world) const {
+  std::optional<WaitingFacts> f = FactsOf(id, world);
+  return f ? WaitingText(*f, capped_) : "";
+}
+
+std::vector<int64_t> Admission::TakeNoted() {
+  std::vector<int64_t> out(noted_.begin(), noted_.end());
+  noted_.clear();
+  return out;
 }
 
 std::vector<std::pair<int64_t, std::string>> Admission::Admit(World& world) {
@@ -228,23 +261,30 @@ std::vector<std::pair<int64_t, std::string>> Admission::Admit(World& world) {
   std::vector<std::pair<QueuedJob*, std::vector<std::pair<std::string, Dependency>>>> park;
   std::vector<std::pair<int64_t, std::string>> never;
   std::vector<QueuedJob*> admitted;
-  capped_.clear();
+  capped_.users.clear();
+  capped_.pass = pass_;
   auto cap = [&](uint32_t uid, const std::string& owner) {
-    capped_[uid] = fmt::format(
+    capped_.users[uid] = fmt::format(
         "{} has {} jobs running or starting, the most per user "
         "(limits.max_running_jobs_per_user)",
         owner, user_active[uid]);
   };
   // By user: a user at her limit costs one look, not one per job she has waiting.
+  // The jobs a capped user's loop examined before her cap say their own reason (noted: what they
+  // say depends on it); a user not capped needs no note of it.
+  std::vector<int64_t> examined;
   for (auto& [uid, ids] : outside_by_uid_) {
+    examined.clear();
     for (int64_t id : ids) {
       QueuedJob& q = jobs_.at(id);
       if (user_active[uid] >= limits_.max_running_per_user) {
         cap(uid, q.owner);
+        for (int64_t e : examined) Note(e);
         break;
       }
       if (q.changing) continue;
       q.waiting_pass = pass_;
+      examined.push_back(id);
       std::string pending, broken;
       std::vector<std::pair<std::string, Dependency>> pending_on;
       for (const Dependency& d : q.spec->after) {
@@ -269,23 +309,23 @@ std::vector<std::pair<int64_t, std::string>> Admission::Admit(World& world) {
       }
       if (!pending.empty()) {
         // Parked until one of them is settled: not looked at again each pass.
-        q.waiting = pending;
+        Say(q, pending);
         park.emplace_back(&q, std::move(pending_on));
         continue;
       }
       if (q.array_id != 0 && q.throttle > 0 && active[q.array_id] >= q.throttle) {
-        q.waiting = fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id,
-                                q.throttle, q.throttle);
+        Say(q, fmt::format("array {} runs at most {} tasks at once (%{})", q.array_id, q.throttle,
+                           q.throttle));
         continue;
       }
       if (q.array_id != 0 && array_in_cycle[q.array_id] >= limits_.array_window) {
-        q.waiting = fmt::format("behind the first {} waiting tasks of array {}",
-                                array_in_cycle[q.array_id], q.array_id);
+        Say(q, fmt::format("behind the first {} waiting tasks of array {}",
+                           array_in_cycle[q.array_id], q.array_id));
         continue;
       }
       if (absl::Status st = world.EnterCycle(q); !st.ok()) {
         spdlog::error("job {}: cannot queue it: {}", id, std::string(st.message()));
-        q.waiting = std::string(st.message());
+        Say(q, std::string(st.message()));
         continue;
       }
       admitted.push_back(&q);
@@ -297,7 +337,7 @@ std::vector<std::pair<int64_t, std::string>> Admission::Admit(World& world) {
   for (auto& [q, on] : park) SetParked(*q, std::move(on));
   // Jobs whose dependencies can never be met end, so that nobody waits for them forever; their
   // own dependents are settled at a later pass. Changing until the caller has stored their end.
-  for (const auto& [id, why] : never) jobs_.at(id).changing = true;
+  for (const auto& [id, why] : never) jobs_.at(id).changing = true, Note(id);
   return never;
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -56,6 +57,26 @@ struct QueuedJob {
   static QueuedJob Of(const JobRecord& r, std::shared_ptr<const JobSpec> spec, double since);
 };
 
+// What a reader needs to say why a queued job waits without the dispatcher's lock (Views keeps
+// them, refreshed as they change: Admission::TakeNoted).
+struct WaitingFacts {
+  uint32_t uid = 0;
+  bool changing = false;  // a change to it is being stored
+  bool in_cycle = false;
+  bool cappable = false;  // neither held nor parked: its user's cap may be what it waits for
+  uint64_t examined = 0;  // the last pass that looked at it (0: none)
+  std::string waiting;    // its reason: in the cycle's queue, the cycle's own
+};
+// The users at limits.max_running_jobs_per_user in a pass, and what their jobs that pass did not
+// examine say.
+struct CappedUsers {
+  uint64_t pass = 0;
+  std::map<uint32_t, std::string> users;
+  bool operator==(const CappedUsers&) const = default;
+};
+// Why a queued job waits, from its facts and the users capped in the last pass.
+std::string WaitingText(const WaitingFacts& f, const CappedUsers& capped);
+
 // How a dependency stands: not yet settled, met (the outcome it asks), or never to be met.
 struct DependencyState {
   enum { kPending, kOk, kNotOk, kMissing } outcome = kPending;
@@ -97,8 +118,8 @@ class Admission {
   // A job that leaves for good (cancelled, ended).
   void Erase(int64_t id);
   bool Contains(int64_t id) const { return jobs_.contains(id); }
-  // Its record; null when not queued. Change `priority` and `waiting` through it, never `held`,
-  // `in_cycle`, `parked` or what the counts below key on.
+  // Its record; null when not queued. Change `priority` through it (`waiting` through
+  // SetWaiting), never `held`, `in_cycle`, `parked` or what the counts below key on.
   QueuedJob* Find(int64_t id);
   const QueuedJob* Find(int64_t id) const;
   const std::map<int64_t, QueuedJob>& jobs() const { return jobs_; }
@@ -121,6 +142,8 @@ class Admission {
   void EndChange(const std::vector<int64_t>& ids);
   // Holds or releases a queued job, saying why it waits.
   void SetHeld(int64_t id, bool held, std::string waiting);
+  // Says why a queued job (out of the cycle) waits.
+  void SetWaiting(int64_t id, std::string waiting);
 
   // ---- the pass ----
   // Moves the jobs that may now run into the cycle's queue and says why the others wait. Returns
@@ -130,6 +153,16 @@ class Admission {
   // Why a queued job waits; empty when it is not queued.
   std::string Waiting(int64_t id, const World& world) const;
 
+  // ---- for a read model (Views) ----
+  // What Waiting() is made of for a queued job (nullopt: not queued), and the users capped.
+  std::optional<WaitingFacts> FactsOf(int64_t id, const World& world) const;
+  const CappedUsers& capped() const { return capped_; }
+  // The jobs whose facts may have changed since the last call, each once (some may have left the
+  // queue since): a job added, held or released, parked or woken, into or out of the cycle, a
+  // change begun or ended, its reason changed, or examined by a pass that then met its user's cap.
+  // The cycle's reasons are the cycle's to note (sched::Cycle::TakeNoted).
+  std::vector<int64_t> TakeNoted();
+
  private:
   // Takes `q` out of the counts and indexes (before it leaves jobs_ or is moved from).
   void Forget(const QueuedJob& q);
@@ -137,6 +170,8 @@ class Admission {
   // Counts `q` into (+1) or out of (-1) the indexes, by where it stands.
   void Index(const QueuedJob& q, int delta);
   void SetInCycle(QueuedJob& q, bool in);
+  void Say(QueuedJob& q, std::string waiting);  // sets `waiting`, noting a change
+  void Note(int64_t id) { noted_.insert(id); }
   void SetParked(QueuedJob& q, std::vector<std::pair<std::string, Dependency>> on);
   // Wakes the jobs parked on dependencies no longer pending: only when a job has left since the
   // last look, and one look per dependency. `outcomes` is the pass's memo.
@@ -154,7 +189,8 @@ class Admission {
   std::map<uint32_t, size_t> in_cycle_by_uid_;
   std::map<int64_t, size_t> in_cycle_by_array_;
   // Users at their limit in the last pass, and what their jobs not examined then say.
-  std::map<uint32_t, std::string> capped_;
+  CappedUsers capped_;
+  std::set<int64_t> noted_;  // TakeNoted's
   uint64_t pass_ = 0;
   uint64_t left_ = 0;                       // jobs that left (here or elsewhere: NoteLeft)
   uint64_t parked_checked_ = ~uint64_t{0};  // left_ at the last WakeParked

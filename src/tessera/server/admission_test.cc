@@ -5,7 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace tessera::server {
 namespace {
@@ -222,6 +227,121 @@ TEST(Admission, AChangeKeepsJobsOutOfTheCycleUntilItEnds) {
   a.Admit(w);
   EXPECT_THAT(w.cycle, ElementsAre(1, 2));
   EXPECT_EQ(a.Find(1)->priority, 9);
+}
+
+// A reader's copy of each queued job's facts, refreshed only for the jobs TakeNoted names (and
+// the capped users whole), says what Waiting() says through adds, holds, releases, dependencies
+// settled, arrays' throttles and windows, users reaching and leaving their cap, changes, starts
+// and cancels; and a pass that changes nothing names nothing.
+TEST(Admission, WhatTakeNotedNamesKeepsAReadersCopyOfWhyJobsWaitTrue) {
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+    Admission a({.max_running_per_user = 3, .array_window = 2});
+    FakeWorld w;
+    std::map<int64_t, WaitingFacts> copy;
+    auto refresh = [&] {
+      size_t n = 0;
+      for (int64_t id : a.TakeNoted()) {
+        ++n;
+        if (std::optional<WaitingFacts> f = a.FactsOf(id, w)) copy[id] = *std::move(f);
+      }
+      std::erase_if(copy, [&](const auto& kv) { return !a.Contains(kv.first); });
+      return n;
+    };
+    auto check = [&](const std::string& after) {
+      for (const auto& [id, q] : a.jobs()) {
+        ASSERT_TRUE(copy.contains(id)) << id << " queued without being noted, after " << after;
+        EXPECT_EQ(WaitingText(copy[id], a.capped()), a.Waiting(id, w)) << id << " after " << after;
+      }
+    };
+    auto queued = [&] {
+      std::vector<int64_t> ids;
+      for (const auto& [id, q] : a.jobs()) ids.push_back(id);
+      return ids;
+    };
+    int64_t next = 1;
+    for (int step = 0; step < 80; ++step) {
+      std::string what;
+      switch (pick(8)) {
+        case 0: {  // a job, maybe held, maybe after another
+          std::vector<std::string> after;
+          if (next > 1 && pick(3) == 0) after.push_back("ok:" + std::to_string(1 + pick(next - 1)));
+          QueuedJob q = Job(next++, Spec(after), 1000 + pick(3));
+          q.held = pick(4) == 0;
+          a.Add(std::move(q));
+          what = "add";
+          break;
+        }
+        case 1: {  // an array of 4, throttled to 2
+          const int64_t array = next;
+          auto spec = Spec({}, "0-3%2");
+          for (int i = 0; i < 4; ++i) a.Add(Task(next++, array, spec));
+          what = "array";
+          break;
+        }
+        case 2:
+        case 3: {  // held or released, a change begun and ended, a new reason
+          std::vector<int64_t> ids = queued();
+          if (ids.empty()) break;
+          const int64_t id = ids[static_cast<size_t>(pick(static_cast<int>(ids.size())))];
+          if (a.AnyChanging({id})) {
+            a.EndChange({id});
+            what = "end a change";
+          } else if (pick(3) == 0) {
+            a.BeginChange({id}, w);
+            what = "begin a change";
+          } else if (pick(2) == 0) {
+            a.SetHeld(id, !a.Find(id)->held, a.Find(id)->held ? "released" : "held");
+            what = "hold or release";
+          } else {
+            a.SetWaiting(id, "priority changed; not yet considered");
+            what = "a new reason";
+          }
+          break;
+        }
+        case 4: {  // one in the cycle starts, or a queued one is cancelled
+          std::vector<int64_t> ids = queued();
+          if (ids.empty()) break;
+          const int64_t id = ids[static_cast<size_t>(pick(static_cast<int>(ids.size())))];
+          if (a.AnyChanging({id})) break;
+          const QueuedJob q = a.Take(id);
+          if (w.cycle.erase(id) > 0) {
+            ++w.running_by_user[q.uid];
+            if (q.array_id != 0) ++w.running_by_array[q.array_id];
+          }
+          what = "start or cancel";
+          break;
+        }
+        case 5: {  // a running job ends, settling dependencies on it
+          for (auto& [uid, n] : w.running_by_user) {
+            if (n > 0 && pick(2) == 0) --n;
+          }
+          for (auto& [array, n] : w.running_by_array) {
+            if (n > 0 && pick(2) == 0) --n;
+          }
+          if (next > 1) {
+            w.outcomes["ok:" + std::to_string(1 + pick(next - 1))] = {DependencyState::kOk, "ok"};
+          }
+          a.NoteLeft();
+          what = "an end";
+          break;
+        }
+        default:
+          for (const auto& [id, why] : a.Admit(w)) a.Erase(id);  // never met: ended
+          what = "a pass";
+      }
+      refresh();
+      check(what);
+    }
+    // Quiet: a second pass over the same world changes no job's facts.
+    for (const auto& [id, why] : a.Admit(w)) a.Erase(id);
+    refresh();
+    for (const auto& [id, why] : a.Admit(w)) ADD_FAILURE() << id << ": " << why;
+    EXPECT_EQ(refresh(), 0u) << "a pass that changes nothing names nothing";
+    check("quiet passes");
+  }
 }
 
 }  // namespace

@@ -44,6 +44,21 @@ absl::Status Get(const std::string& file, const YAML::Node& n, const std::string
   }
 }
 
+// A whole percentage 0..`max` ("70%" or 70) at `key`; `example` is how the error shows one.
+absl::Status Percent(const std::string& file, const YAML::Node& n, const std::string& key, int max,
+                     const std::string& example, int* out) {
+  std::string text;
+  if (!Get(file, n, key, &text).ok())
+    return At(file, n, key, fmt::format("expected a percentage such as {}", example));
+  if (!text.empty() && text.back() == '%') text.pop_back();
+  int pct = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pct);
+  if (ec != std::errc() || end != text.data() + text.size() || pct < 0 || pct > max)
+    return At(file, n, key, fmt::format("expected a percentage 0..{} such as {}", max, example));
+  *out = pct;
+  return absl::OkStatus();
+}
+
 absl::Status Amount(const std::string& file, const YAML::Node& q, const std::string& key,
                     sched::GpuAmount* a) {
   if (!q.IsMap()) return At(file, q, key, "expected a map of gpus, gpu_share, gpu_memory");
@@ -564,16 +579,16 @@ absl::Status LoadHistory(const std::string& path, const YAML::Node& root, Server
     }
   }
   if (const YAML::Node u = root["utilization_ceiling"]) {
-    std::string text;
-    if (!Get(path, u, "utilization_ceiling", &text).ok())
-      return At(path, u, "utilization_ceiling", "expected a percentage such as 70%, or 0 for none");
-    if (!text.empty() && text.back() == '%') text.pop_back();
-    int pct = -1;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pct);
-    if (ec != std::errc() || end != text.data() + text.size() || pct < 0 || pct > 100) {
-      return At(path, u, "utilization_ceiling", "expected a percentage 0..100 such as 70%");
-    }
-    c->utilization_ceiling_pct = pct;
+    if (absl::Status st =
+            Percent(path, u, "utilization_ceiling", 100, "70%", &c->utilization_ceiling_pct);
+        !st.ok())
+      return st;
+  }
+  if (const YAML::Node m = root["auto_size_margin"]) {
+    if (absl::Status st =
+            Percent(path, m, "auto_size_margin", 200, "20%", &c->auto_size_margin_pct);
+        !st.ok())
+      return st;
   }
   if (const YAML::Node u = root["utilization_ceiling_strict"]) {
     if (!Get(path, u, "utilization_ceiling_strict", &c->utilization_ceiling_strict).ok())
@@ -633,7 +648,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "history",
                                "retention",
                                "utilization_ceiling",
-                               "utilization_ceiling_strict"},
+                               "utilization_ceiling_strict",
+                               "auto_size_margin"},
                               "");
       !st.ok()) {
     return st;

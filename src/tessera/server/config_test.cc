@@ -71,6 +71,7 @@ fair_share: {half_life_s: 7200}
 backfill: {reservations: 1}
 utilization_ceiling: 60%
 utilization_ceiling_strict: true
+auto_size_margin: 35%
 max_array_tasks: 500
 listener:
   idle_timeout_s: 30
@@ -105,6 +106,7 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.backfill_reservations, 1);
   EXPECT_EQ(c.utilization_ceiling_pct, 60);
   EXPECT_TRUE(c.utilization_ceiling_strict);
+  EXPECT_EQ(c.auto_size_margin_pct, 35);
   EXPECT_EQ(c.history_interval_s, 2);
   EXPECT_EQ(c.history_window_s, 7200);
   EXPECT_EQ(c.max_array_tasks, 500u);
@@ -206,6 +208,8 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"utilization_ceiling: high\n", "utilization_ceiling: expected a percentage 0..100"},
       {"utilization_ceiling: [70]\n", "utilization_ceiling: expected a percentage such as 70%"},
       {"utilization_ceiling_strict: maybe\n", "utilization_ceiling_strict: expected true or false"},
+      {"auto_size_margin: 300%\n", "auto_size_margin: expected a percentage 0..200"},
+      {"auto_size_margin: [20]\n", "auto_size_margin: expected a percentage such as 20%"},
       {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
       {"containers: {docker: x}\n", "containers.docker: unknown key"},
       {"containers: {cdi_spec_dir: cdi}\n",

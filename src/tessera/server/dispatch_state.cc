@@ -1,6 +1,9 @@
 #include "tessera/server/dispatch_state.h"
 
 #include <algorithm>
+#include <charconv>
+#include <optional>
+#include <system_error>
 
 #include "fmt/format.h"
 #include "tessera/server/job_spec.h"
@@ -63,8 +66,37 @@ void DispatchState::Publish() {
   v.queued = admission.size();
   v.running = runs->size();
   v.scheduling = scheduling;
-  views.Publish(std::move(v), queue_changes_);
+  views.Publish(std::move(v), queue_changes_, QueuedFacts(), CappedChange());
   queue_changes_.clear();
+}
+
+std::vector<std::pair<int64_t, QueuedView>> DispatchState::QueuedFacts() {
+  std::vector<int64_t> ids = admission.TakeNoted();
+  for (const std::string& noted : engine->TakeNoted()) {
+    int64_t id = 0;
+    const char* end = noted.data() + noted.size();
+    if (auto [p, ec] = std::from_chars(noted.data(), end, id); ec == std::errc() && p == end)
+      ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  std::vector<std::pair<int64_t, QueuedView>> out;
+  out.reserve(ids.size());
+  for (int64_t id : ids) {
+    std::optional<WaitingFacts> f = admission.FactsOf(id, admission_world_);
+    if (!f) continue;  // left the queue since
+    const QueuedJob& q = *admission.Find(id);
+    out.emplace_back(id, QueuedView{.spec = q.spec, .owner = q.owner, .facts = *std::move(f)});
+    if (q.in_cycle)
+      out.back().second.expected_start = engine->cycle().ExpectedStart(std::to_string(id));
+  }
+  return out;
+}
+
+std::shared_ptr<const CappedUsers> DispatchState::CappedChange() {
+  if (published_capped_ != nullptr && *published_capped_ == admission.capped()) return nullptr;
+  published_capped_ = std::make_shared<const CappedUsers>(admission.capped());
+  return published_capped_;
 }
 
 void DispatchState::Enqueue(QueuedJob q) {
@@ -81,10 +113,6 @@ void DispatchState::Dequeue(int64_t id) {
 QueuedJob DispatchState::TakeQueued(int64_t id) {
   queue_changes_.emplace_back(id, false);
   return admission.Take(id);
-}
-
-std::string DispatchState::WaitingReason(int64_t id) const {
-  return admission.Waiting(id, admission_world_);
 }
 
 std::set<int64_t> DispatchState::DependedOn() const {

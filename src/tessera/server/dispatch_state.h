@@ -9,7 +9,7 @@
 //   order they were made; readers never take `mu`;
 // - the rooms the lock's holders share: retention (under `mu`), job ends and the exit watcher
 //   (the loop's, safe without `mu`).
-// Its steps: Enqueue, how a dependency stands (Outcome), why a job waits, what the engine is given
+// Its steps: Enqueue, how a dependency stands (Outcome), what the engine is given
 // for a job (SubmissionFor), and a change to queued jobs stored without `mu` (BeginChange, then
 // EndChange: the jobs stay out of the cycle meanwhile). Admission asks the rest of the server
 // through it (AdmissionWorld).
@@ -95,8 +95,6 @@ class DispatchState {
   QueuedJob TakeQueued(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // How a dependency stands, from the store and what is active here.
   DependencyState Outcome(const Dependency& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Why a queued job waits, from admission and the cycle; empty when it is not queued.
-  std::string WaitingReason(int64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The jobs a waiting job's --after names (retention keeps them).
   std::set<int64_t> DependedOn() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // For a change to queued jobs stored without `mu`: waits (releasing `mu`) until no other change
@@ -142,8 +140,14 @@ class DispatchState {
     const std::string* CycleWaiting(int64_t id) const override;
     DispatchState& s;
   };
+  // For Publish: the facts of the queued jobs that admission or the cycle noted as changed, and
+  // the users capped when they changed (else null).
+  std::vector<std::pair<int64_t, QueuedView>> QueuedFacts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  std::shared_ptr<const CappedUsers> CappedChange() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   AdmissionWorld admission_world_{*this};
   std::vector<Views::QueueChange> queue_changes_ ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const CappedUsers> published_capped_ ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace tessera::server

@@ -128,7 +128,8 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
     state.engine = std::make_unique<sched::Engine>(
         std::move(scheduler), s->loop_->executor(),
         sched::EngineOptions{.cycle = {.fair_share_half_life_s = c.fair_share_half_life_s,
-                                       .reservations = c.backfill_reservations},
+                                       .reservations = c.backfill_reservations,
+                                       .note_changes = true},  // for the views
                              .requeue_preempted = c.requeue_preempted,
                              .requeue_unhealthy = c.unhealthy_action == "requeue",
                              .requeue_through_driver = true,
@@ -156,9 +157,11 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
         d->loop_->Measure(telemetry, shares);
       });
   s->SetUpContainers();
-  state.ends = std::make_unique<JobEnds>(
-      *s->host_, *s->store_, *state.history,
-      JobEnds::Options{.state_dir = c.state_dir, .containers = s->containers_.has_value()});
+  state.ends =
+      std::make_unique<JobEnds>(*s->host_, *s->store_, *state.history,
+                                JobEnds::Options{.state_dir = c.state_dir,
+                                                 .containers = s->containers_.has_value(),
+                                                 .sizing = SizingPolicyOf(c, nullptr, {})});
   // Room kept to record how jobs end when the disk fills up (given up then: job_ends.h).
   if (!state.ends->MakeReserve()) {
     spdlog::warn(
@@ -259,6 +262,7 @@ void Dispatcher::LoadHistory() {
     }
     state_->history->Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
                          MeasuredUtilization(r), SharedGpu(r));
+    state_->history->AddGpuMemoryPeak(RunKindOf(*spec, r.owner), MeasuredGpuPeak(r));
     ++runs;
   }
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, state_->history->keys());

@@ -92,7 +92,16 @@ void JobEnds::Record(Ending& e, double now) {
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
   if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
   if (!u.empty()) f.usage_json = u.dump();
-  const EndOutcome end = EndOf(r, e.exit_code, e.exit_known, usage, e.requeue_wanted);
+  EndOutcome end = EndOf(r, e.exit_code, e.exit_known, usage, e.requeue_wanted);
+  // Sized automatically and failed near its memory size: said, and its peak remembered, so that
+  // the next run of its kind is sized past it.
+  if (end.to == JobState::kFailed && r.spec) {
+    if (std::string grew = OutgrewItsSize(*r.spec, r.gpu_peak_mib, options_.sizing);
+        !grew.empty()) {
+      end.reason += "; " + grew;
+      history_.AddGpuMemoryPeak(RunKindOf(*r.spec, r.owner), static_cast<double>(r.gpu_peak_mib));
+    }
+  }
   // A container left behind: its client was stopped, or ended while another server was its parent.
   // (One killed after the grace period was removed then.)
   if (r.container && options_.containers && !r.killed && (!r.stop.empty() || !e.exit_known))
@@ -102,6 +111,7 @@ void JobEnds::Record(Ending& e, double now) {
   if (end.to == JobState::kSucceeded && r.spec) {
     history_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
                  r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
+    history_.AddGpuMemoryPeak(RunKindOf(*r.spec, r.owner), static_cast<double>(r.gpu_peak_mib));
   }
   absl::Status st = store_.Transition(r.id, end.to, end.reason, now, f);
   if (!st.ok() && UseReserve()) {

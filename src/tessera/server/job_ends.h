@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tessera/server/admission.h"
+#include "tessera/server/auto_size.h"
 #include "tessera/server/cgroup.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/running_jobs.h"
@@ -61,6 +62,7 @@ class JobEnds {
   struct Options {
     std::string state_dir;    // the exit files and the reserve
     bool containers = false;  // jobs may run in containers (one left behind is removed)
+    SizingPolicy sizing;      // a job sized automatically that outgrew its size says so
   };
   JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history, Options options);
 

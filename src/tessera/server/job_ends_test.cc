@@ -5,6 +5,7 @@
 #include "tessera/server/job_ends.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -160,7 +161,42 @@ TEST_F(JobEndsTest, ASuccessIsMeasuredCleanedUpRecordedAndJoinsTheHistory) {
   EXPECT_TRUE(host_.containers_removed().empty()) << "not in a container";
   const sched::Prediction p = history_.Predict(RunKindOf(*e.run.spec, "alice"));
   EXPECT_EQ(p.seconds, 100) << p.basis;
+  EXPECT_EQ(p.gpu_memory_peak_mib, 3072) << "its peak too, for sizing jobs of its kind";
   EXPECT_FALSE(e.requeue);
+}
+
+// A job whose GPU memory was sized automatically and that failed with its peak at its size says
+// it may have outgrown it, with the peak and what to ask; the peak joins the history, so that the
+// next run of its kind is sized past it. One that failed far below its size is another failure.
+TEST_F(JobEndsTest, AJobThatOutgrewItsAutomaticMemorySaysSoAndTheNextIsSizedPastIt) {
+  const json spec = {{"command", {"serve"}},
+                     {"name", "serve"},
+                     {"resources", {{"gpu_share", "30%"}, {"gpu_memory", "auto"}}},
+                     {"sized", {{"basis", "gpu_memory 4864MiB: ..."}, {"gpu_memory", "4864MiB"}}}};
+  for (const uint64_t peak_mib : {4800, 1000}) {
+    RunningJob r = Running(spec);
+    ASSERT_EQ(r.spec->gpu_memory_mib, 4864);
+    r.region = dir_ + "/regions/share";
+    r.gpu_milli = 300;
+    host_.SetShareUse(r.id, {.busy_us = 1'000'000, .peak_bytes = peak_mib << 20});
+    const int64_t id = r.id;
+    std::ofstream(JobFilePath(dir_, "exit", id)) << "1\n";
+    Ending e{std::move(r), 1, true};
+    ends_->Record(e, 200);
+    const JobRecord rec = Stored(id);
+    EXPECT_EQ(rec.state, JobState::kFailed);
+    const sched::Prediction p = history_.Predict(RunKindOf(*e.run.spec, "alice"));
+    if (peak_mib == 4800) {
+      EXPECT_THAT(rec.reason,
+                  ::testing::HasSubstr("it may have outgrown its automatic GPU memory: 4864MiB, "
+                                       "measured peak 4800MiB"));
+      EXPECT_THAT(rec.reason, ::testing::HasSubstr("or ask --gpu-mem 5888MiB"));
+      EXPECT_EQ(p.gpu_memory_peak_mib, 4800);
+    } else {
+      EXPECT_EQ(rec.reason.find("outgrown"), std::string::npos) << rec.reason;
+      EXPECT_EQ(p.memory_samples, 1) << "a failure far below its size is not history";
+    }
+  }
 }
 
 // A failure is not history; a container whose client was stopped is removed by name; a cgroup

@@ -195,13 +195,19 @@ TEST_F(JobHostTest, AJobBeingLaunchedIsListedOnItsGpuAsSoonAsItsStartIsRecorded)
 
 // The readers (the API's job, GPU, quota and info pages, /metrics) answer from the views (views.h)
 // while the scheduling loop holds its lock - here for as long as the host takes to look at the
-// arbiter - and what they answer is the machine as it stands: the running job on its GPU.
+// arbiter - and what they answer is the machine as it stands: the running job on its GPU, and a
+// queued job with why it waits.
 TEST_F(JobHostTest, ReadersAnswerWhileTheSchedulingLoopHoldsItsLock) {
   StartServer();
   const int64_t id = Submit(1, 100);
   Settle();
   ASSERT_EQ(State(id), "running");
   const int gpu = Job(id)["placement"]["gpus"][0]["index"];
+  const int64_t queued = Submit(static_cast<int>(Call("GET", "/v1/gpus")["gpus"].size()), 10);
+  Settle();
+  ASSERT_EQ(State(queued), "queued");
+  const json waiting = Job(queued)["waiting"];
+  ASSERT_TRUE(waiting.is_string() && !waiting.get<std::string>().empty()) << Job(queued).dump();
   std::promise<void> entered, release;
   std::shared_future<void> released = release.get_future().share();
   host_->set_on_repair_arbiter([&entered, released] {
@@ -214,6 +220,7 @@ TEST_F(JobHostTest, ReadersAnswerWhileTheSchedulingLoopHoldsItsLock) {
   auto reads = std::async(std::launch::async, [&] {
     json out;
     out["job"] = Job(id);
+    out["queued"] = Job(queued);
     out["gpus"] = Call("GET", "/v1/gpus");
     out["info"] = Call("GET", "/v1/info");
     out["quotas"] = Call("GET", "/v1/quotas");
@@ -227,6 +234,8 @@ TEST_F(JobHostTest, ReadersAnswerWhileTheSchedulingLoopHoldsItsLock) {
   ASSERT_TRUE(answered) << "a reader waited for the scheduling lock";
   const json out = reads.get();
   EXPECT_EQ(out["job"]["state"], "running");
+  EXPECT_EQ(out["queued"]["state"], "queued");
+  EXPECT_EQ(out["queued"]["waiting"], waiting) << out["queued"].dump();
   EXPECT_EQ(out["gpus"]["gpus"][gpu]["jobs"], json::array({id})) << out["gpus"].dump();
   EXPECT_EQ(out["info"]["running"], 1) << out["info"].dump();
 }

@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/server/auto_size.h"
 #include "tessera/server/server_util.h"
 #include "tessera/server/submit_checks.h"
 
@@ -27,6 +28,14 @@ absl::StatusOr<JobOperations::Submitted> JobOperations::Submit(JobSpec spec_in,
                                                   .containers_off = setup_.containers_off});
       !st.ok()) {
     return st;
+  }
+  // "auto" resources: sized now, from what jobs of its kind used (stored sized, so that a restart
+  // queues the same request); its kind is what it asked, "auto".
+  if (!spec->sizing.empty())
+    return HttpError(400, "sized: set by the server; ask gpu_share or gpu_memory \"auto\"");
+  if (spec->Auto()) {
+    SizeAutomatically(*spec, state_.history->Predict(RunKindOf(*spec, user)),
+                      SizingPolicyOf(state_.config, setup_.inventory, spec->models));
   }
   // Refuse what can never fit (more GPUs than the machine has, a model it lacks) now, not in the
   // queue: by the scheduler's own test of a GPU against the request.
@@ -196,7 +205,7 @@ absl::Status JobOperations::Hold(const std::vector<int64_t>& ids, const std::str
                                  const JobRecord& first, bool hold, const std::string& user) {
   const int64_t id = ids.front();
   const double now = Now();
-  core::MutexLock lock(state_.mu);  // what the views show does not change
+  DispatchState::ChangeLock lock(state_);  // the jobs' reasons are published before it goes
   // Kept out of the cycle while the change is stored without the lock: those whose state changes.
   const std::vector<int64_t> taken = state_.BeginChange(ids);
   if (ids.size() == 1 && taken.empty()) {  // not queued (any more: BeginChange may have waited)
@@ -212,6 +221,7 @@ absl::Status JobOperations::Hold(const std::vector<int64_t>& ids, const std::str
   absl::Status st;
   if (!change.empty()) {
     const std::string reason = fmt::format("{} by {}", hold ? "held" : "released", user);
+    state_.Publish();  // they say a change is being stored
     state_.mu.unlock();
     st = state_.store.SetHeld(change, hold, reason, now);
     state_.mu.lock();
@@ -233,20 +243,17 @@ absl::Status JobOperations::Hold(const std::vector<int64_t>& ids, const std::str
 JobOperations::Live JobOperations::LiveOf(int64_t id) const {
   Live l;
   const double now = Now();
-  Views::Lookup f = state_.views.Find(id);
+  const Views::Lookup f = state_.views.Find(id);  // never the scheduling lock
   if (f.queued) {
-    core::MutexLock lock(state_.mu);
-    if (const QueuedJob* q = state_.admission.Find(id)) {
-      l.queued = l.known = true;
-      l.waiting = state_.WaitingReason(id);
-      const std::optional<double> start = state_.engine->cycle().ExpectedStart(std::to_string(id));
-      // None: no reservation; infinite: one whose start is unknown (reserved all the same).
-      if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
-      l.reserved = start.has_value();
-      l.prediction = state_.history->Predict(RunKindOf(*q->spec, q->owner));
-      return l;
-    }
-    f = state_.views.Find(id);  // started (or ended) meanwhile: the view under the lock says so
+    const QueuedView& q = *f.queued;
+    l.queued = l.known = true;
+    l.waiting = WaitingText(q.facts, *f.capped);
+    // None: no reservation; infinite: one whose start is unknown (reserved all the same).
+    const std::optional<double>& start = q.expected_start;
+    if (start && std::isfinite(*start)) l.expected_start = std::max(*start, now);
+    l.reserved = start.has_value();
+    if (q.spec) l.prediction = state_.history->Predict(RunKindOf(*q.spec, q.owner));
+    return l;
   }
   if (f.active == nullptr) return l;
   const ActiveJob& a = *f.active;
@@ -264,7 +271,7 @@ absl::Status JobOperations::SetPriority(int64_t id, const std::string& ref, cons
                                         int priority, const Caller& caller) {
   // The caller's right to this priority was asked of Rights by the API, before this.
   const double now = Now();
-  core::MutexLock lock(state_.mu);  // what the views show does not change
+  DispatchState::ChangeLock lock(state_);  // the job's reason is published before it goes
   // Out of the cycle while the change is stored without the lock; back at its new place after.
   const std::vector<int64_t> change = state_.BeginChange({id});
   if (change.empty()) {  // not queued (any more: BeginChange may have waited)
@@ -274,12 +281,13 @@ absl::Status JobOperations::SetPriority(int64_t id, const std::string& ref, cons
   }
   const std::string reason = fmt::format(
       "priority {} -> {} by {}", state_.admission.Find(id)->priority, priority, caller.user);
+  state_.Publish();  // it says a change is being stored
   state_.mu.unlock();
   absl::Status st = state_.store.SetPriority(id, priority, reason, now);
   state_.mu.lock();
   if (QueuedJob* q = state_.admission.Find(id); st.ok() && q) {  // nothing takes it meanwhile
     q->priority = priority;
-    q->waiting = "priority changed; not yet considered";
+    state_.admission.SetWaiting(id, "priority changed; not yet considered");
     spdlog::info("job {}: {}", id, reason);
   }
   state_.EndChange(change);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <optional>
+#include <system_error>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -155,6 +157,33 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
 // Long by design (issue 32 asks for a reason): one block per field of the job format, in the
 // order of its reference in docs/server.md, each with its own error; split, the fields would only
 // move apart from each other.
+// The server's sizing of a job's "auto" resources, as stored with it (JobSpecToJson): the sizes
+// it was given (none: whole GPUs) and how they were found.
+static absl::Status ParseSized(const json& v, JobSpec& s) {
+  if (!v.is_object() || !v.contains("basis") || !v["basis"].is_string())
+    return Bad("sized", "expected an object with a basis (set by the server)");
+  if (absl::Status st = Unknown(v, {"basis", "gpu_share", "gpu_memory"}, "sized"); !st.ok())
+    return st;
+  s.sizing = v["basis"].get<std::string>();
+  if (v.contains("gpu_memory")) {
+    if (!s.gpu_memory_auto) return Bad("sized.gpu_memory", "the job's gpu_memory is not auto");
+    if (absl::Status st = Memory(v["gpu_memory"], "sized.gpu_memory", &s.gpu_memory_mib); !st.ok())
+      return st;
+  }
+  if (v.contains("gpu_share")) {
+    if (!s.gpu_share_auto) return Bad("sized.gpu_share", "the job's gpu_share is not auto");
+    std::string t = v["gpu_share"].is_string() ? v["gpu_share"].get<std::string>() : "";
+    double pct = 0;
+    if (!t.empty() && t.back() == '%') t.pop_back();
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), pct);
+    if (ec != std::errc() || end != t.data() + t.size() || !(pct >= kMinSharePercent && pct < 100))
+      return Bad("sized.gpu_share",
+                 fmt::format("expected a share such as \"35%\", got {}", v["gpu_share"].dump()));
+    s.gpu_milli = static_cast<int>(std::lround(pct * 10));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   if (!j.is_object())
     return absl::InvalidArgumentError(fmt::format("expected a JSON object, got {}", TypeName(j)));
@@ -162,7 +191,8 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
           j, {"command",       "env",          "workdir",     "name",          "labels",
               "resources",     "priority",     "preemptible", "max_runtime_s", "grace_period_s",
               "image",         "array",        "after",       "hold",          "ntasks",
-              "tasks_per_gpu", "task_failure", "stdout_file", "stderr_file",   "requeue"},
+              "tasks_per_gpu", "task_failure", "stdout_file", "stderr_file",   "requeue",
+              "sized"},
           "");
       !st.ok()) {
     return st;
@@ -295,12 +325,16 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       if (absl::Status st = Integer(r["gpus"], "resources.gpus", 0, 64, &g); !st.ok()) return st;
       s.gpus = static_cast<int>(g);
     }
-    if (r.contains("gpu_memory")) {
+    if (r.contains("gpu_memory") && r["gpu_memory"] == "auto") {
+      s.gpu_memory_auto = true;
+    } else if (r.contains("gpu_memory")) {
       if (absl::Status st = Memory(r["gpu_memory"], "resources.gpu_memory", &s.gpu_memory_mib);
           !st.ok())
         return st;
     }
-    if (r.contains("gpu_share")) {
+    if (r.contains("gpu_share") && r["gpu_share"] == "auto") {
+      s.gpu_share_auto = true;
+    } else if (r.contains("gpu_share")) {
       // "30%" and 30 are percent; a number below 1 without '%' is a fraction (0.3 = 30%, as the
       // intercept library reads TESSERA_CUDA_COMPUTE_SHARE); 1 without '%' is ambiguous (1%, or a
       // whole GPU?) and refused.
@@ -387,6 +421,9 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       }
     }
   }
+  if (j.contains("sized")) {
+    if (absl::Status st = ParseSized(j["sized"], s); !st.ok()) return st;
+  }
   if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
     return Bad("resources", why);
   if (s.tasks_per_gpu > 0 && s.gpus == 0 && !s.Share()) {
@@ -407,8 +444,24 @@ json JobSpecToJson(const JobSpec& s) {
   if (!s.labels.empty()) j["labels"] = s.labels;
   json r = json::object();
   if (s.gpus > 0) r["gpus"] = s.gpus;
-  if (s.gpu_memory_mib > 0) r["gpu_memory"] = fmt::format("{}MiB", s.gpu_memory_mib);
-  if (s.gpu_milli > 0) r["gpu_share"] = fmt::format("{:g}%", s.gpu_milli / 10.0);
+  if (s.gpu_memory_auto) {
+    r["gpu_memory"] = "auto";
+  } else if (s.gpu_memory_mib > 0) {
+    r["gpu_memory"] = fmt::format("{}MiB", s.gpu_memory_mib);
+  }
+  if (s.gpu_share_auto) {
+    r["gpu_share"] = "auto";
+  } else if (s.gpu_milli > 0) {
+    r["gpu_share"] = fmt::format("{:g}%", s.gpu_milli / 10.0);
+  }
+  if (!s.sizing.empty()) {
+    json sized = {{"basis", s.sizing}};
+    if (s.gpu_share_auto && s.gpu_milli > 0)
+      sized["gpu_share"] = fmt::format("{:g}%", s.gpu_milli / 10.0);
+    if (s.gpu_memory_auto && s.gpu_memory_mib > 0)
+      sized["gpu_memory"] = fmt::format("{}MiB", s.gpu_memory_mib);
+    j["sized"] = std::move(sized);
+  }
   if (!s.models.empty()) r["model"] = s.models;
   if (s.min_gpu_memory_mib > 0) r["min_gpu_memory"] = fmt::format("{}MiB", s.min_gpu_memory_mib);
   if (s.topology != "none") r["topology"] = s.topology;
@@ -693,12 +746,21 @@ sched::RunKind RunKindOf(const JobSpec& spec, const std::string& user, const cor
   return {.user = user,
           .name = spec.name,
           .command = spec.command,
-          .shape = sched::HistoryShape(r, spec.Tasks()),
+          .shape = spec.Auto() ? HistoryShape(spec) : sched::HistoryShape(r, spec.Tasks()),
           .max_runtime_s = spec.max_runtime_s};
 }
 
 std::string HistoryShape(const JobSpec& spec) {
-  return sched::HistoryShape(RequestOf(spec, 0, ""), spec.Tasks());
+  if (!spec.Auto()) return sched::HistoryShape(RequestOf(spec, 0, ""), spec.Tasks());
+  // Sized automatically: known by what it asked ("auto"), not by what it was sized to, so that its
+  // runs are one kind whatever each was given.
+  std::string s = fmt::format(
+      "{} {}", spec.gpu_share_auto ? "auto" : fmt::format("{:g}%", spec.gpu_milli / 10.0),
+      spec.gpu_memory_auto ? "auto" : fmt::format("{}MiB", spec.gpu_memory_mib));
+  if (spec.gpus > 1) s += fmt::format(" on {} GPUs", spec.gpus);
+  if (spec.Tasks() > 1) s += fmt::format(" x{}", spec.Tasks());
+  if (!spec.models.empty()) s += fmt::format(" [{}]", fmt::join(spec.models, ","));
+  return s;
 }
 
 }  // namespace tessera::server

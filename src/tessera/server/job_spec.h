@@ -57,6 +57,12 @@ struct JobSpec {
   int gpus = 0;
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
+  // gpu_share / gpu_memory "auto": sized by the server at submission from what jobs of its kind
+  // used (auto_size.h), into gpu_milli / gpu_memory_mib (or whole GPUs); `sizing` says how (empty:
+  // not sized yet; stored with the job as "sized", so that a restart queues the same request).
+  bool gpu_share_auto = false;
+  bool gpu_memory_auto = false;
+  std::string sizing;
   std::vector<std::string>
       models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;
@@ -95,6 +101,7 @@ struct JobSpec {
   std::optional<bool> requeue;
   // Whether it asks for a fraction of a GPU (then on each of `gpus` GPUs) rather than whole ones.
   bool Share() const { return gpu_milli > 0 || gpu_memory_mib > 0; }
+  bool Auto() const { return gpu_share_auto || gpu_memory_auto; }
   // How many processes the job starts.
   int Tasks() const {
     return tasks_per_gpu > 0 ? tasks_per_gpu * std::max(gpus, 1) : std::max(ntasks, 1);

@@ -64,6 +64,11 @@ std::optional<double> MeasuredUtilization(const JobRecord& r) {
   return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
 }
 
+double MeasuredGpuPeak(const JobRecord& r) {
+  const json v = UsageField(r, "gpu_peak_memory_mib");
+  return v.is_number() ? v.get<double>() : 0;
+}
+
 RunningJob& RunningJobs::Add(RunningJob r) {
   const int64_t id = r.id;
   return jobs_[id] = std::move(r);

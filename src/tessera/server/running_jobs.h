@@ -78,8 +78,10 @@ std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t i
                         const char* suffix = "");
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix);
 
-// What a finished job's record says its utilization was, and whether it shared its GPU.
+// What a finished job's record says its utilization was, its peak GPU memory per GPU (MiB, 0:
+// not measured), and whether it shared its GPU.
 std::optional<double> MeasuredUtilization(const JobRecord& r);
+double MeasuredGpuPeak(const JobRecord& r);
 std::optional<bool> SharedGpu(const JobRecord& r);
 
 class RunningJobs {

@@ -5,10 +5,14 @@
 // read models.
 #include "tessera/server/scheduling_loop.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
+#include <string>
 
 #include "tessera/core/clock.h"
 #include "tessera/devices/simulated_source.h"
@@ -166,6 +170,88 @@ TEST_F(RoomsTest, HoldsReleasesAndCancelsAreCarriedOutByTheNextTurn) {
   loop_->RunOnce();  // SIGTERM ends a fake job at once (stop latency 0)
   EXPECT_EQ(Stored(held), JobState::kCancelled);
   EXPECT_EQ(launcher_.started().size(), 1u) << "the cancelled queued job never started";
+}
+
+// Why a queued job waits is read from the views: LiveOf answers while the scheduling lock is held
+// (a pass under way), with what admission and the cycle last said - held, then the cycle's
+// reason, then a change being stored - and a turn that changes nothing leaves it as it was.
+TEST_F(RoomsTest, AQueuedJobsReasonIsReadWithoutTheSchedulingLock) {
+  const int64_t running = Submit(2, 100);
+  loop_->RunOnce();
+  ASSERT_EQ(Stored(running), JobState::kRunning);
+  const int64_t waiting = Submit(2, 10, /*hold=*/true);
+  auto live_under_the_lock = [&] {
+    core::MutexLock lock(state_->mu);  // as a pass holds it
+    auto live = std::async(std::launch::async, [&] { return ops_->LiveOf(waiting); });
+    EXPECT_EQ(live.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+        << "LiveOf waited for the scheduling lock";
+    return live.get();  // (after the lock goes, should it have waited)
+  };
+  EXPECT_EQ(live_under_the_lock().waiting,
+            "held (tessera release " + std::to_string(waiting) + ")");
+  auto rec = store_->Get(waiting);
+  ASSERT_TRUE(ops_->Hold({waiting}, std::to_string(waiting), *rec, false, "alice").ok());
+  EXPECT_EQ(live_under_the_lock().waiting, "released; not yet considered");
+  loop_->RunOnce();  // into the cycle, where both GPUs are taken
+  const JobOperations::Live first = live_under_the_lock();
+  EXPECT_TRUE(first.queued);
+  EXPECT_NE(first.waiting.find("GPU"), std::string::npos) << first.waiting;
+  Advance(1);
+  state_->Publish();  // nothing changed: nothing of the queue is republished
+  loop_->RunOnce();
+  EXPECT_EQ(live_under_the_lock().waiting, first.waiting);
+  // A change being stored says so while it is (the store's write is without the lock).
+  {
+    core::MutexLock lock(state_->mu);
+    state_->BeginChange({waiting});
+    state_->Publish();
+  }
+  EXPECT_EQ(live_under_the_lock().waiting,
+            "a change to it (cancel, hold, release, priority) is being stored");
+  {
+    DispatchState::ChangeLock lock(*state_);
+    state_->EndChange({waiting});
+  }
+  loop_->RunOnce();
+  EXPECT_EQ(live_under_the_lock().waiting, first.waiting);
+}
+
+// A job asking "auto" is sized at submission from its kind's measured history and starts on that
+// share (the views show its compute and memory limit); stored sized, it says how. Without history
+// it gets a whole GPU; a submission that sets `sized` itself is refused.
+TEST_F(RoomsTest, AnAutoJobIsSizedFromItsKindsHistoryAndStartsOnThatShare) {
+  auto spec = ParseJobSpec(R"({"command": ["sleep", "10"], "name": "serve",
+                               "resources": {"gpu_share": "auto", "gpu_memory": "auto"}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const Caller alice{"alice", 1000, false};
+  auto first = ops_->Submit(*spec, alice, "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(ParseJobSpec(store_->Get(first->record.id)->spec_json)->sizing,
+              ::testing::HasSubstr("whole GPUs this time"));
+  loop_->RunOnce();
+  ASSERT_NE(state_->views.Find(first->record.id).active, nullptr);
+  EXPECT_EQ(state_->views.Find(first->record.id).active->gpu_milli, 0) << "a whole GPU";
+  for (int i = 0; i < 5; ++i) {
+    const sched::RunKind kind = RunKindOf(*spec, "alice");
+    state_->history->Add(kind, 10, 20.0 + i);
+    state_->history->AddGpuMemoryPeak(kind, 2000);
+  }
+  auto sized = ops_->Submit(*spec, alice, "");
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  const JobSpec stored = *ParseJobSpec(store_->Get(sized->record.id)->spec_json);
+  EXPECT_EQ(stored.gpu_milli, 300) << stored.sizing;        // p95 24% + 20% = 28.8%: 30%
+  EXPECT_EQ(stored.gpu_memory_mib, 2560) << stored.sizing;  // 2000 + 20% = 2400: 2560
+  loop_->RunOnce();
+  const Views::Lookup l = state_->views.Find(sized->record.id);
+  ASSERT_NE(l.active, nullptr);
+  EXPECT_EQ(l.active->gpu_milli, 300);
+  EXPECT_EQ(l.active->memory_limit_mib, 2560);
+  JobSpec forged = *spec;
+  forged.sizing = "mine";
+  auto refused = ops_->Submit(forged, alice, "");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("sized: set by the server"));
 }
 
 // Dependencies as DispatchState tells them: pending while the job is queued or running here,

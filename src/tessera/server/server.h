@@ -89,6 +89,9 @@ struct ServerConfig {
   // least busy GPU with room, or, strict, it waits. 0: no ceiling.
   int utilization_ceiling_pct = 70;
   bool utilization_ceiling_strict = false;
+  // A job asking gpu_share/gpu_memory "auto" is sized at the 95th percentile of what its kind used
+  // plus this margin, percent (auto_size.h).
+  int auto_size_margin_pct = 20;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   // The most a job's own grace period may be: a job ignoring SIGTERM keeps its GPUs this long at
   // most after a stop (cancel --force kills at once).

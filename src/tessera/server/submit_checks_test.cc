@@ -133,7 +133,7 @@ TEST_F(SubmitChecksTest, TheDiskTheQueueCapsAndTheKeyAreHeld) {
             "429 alice's waiting jobs hold 900 B (commands");
   EXPECT_EQ(Said(CheckIdempotencyKey("")), "");
   EXPECT_EQ(Said(CheckIdempotencyKey(std::string(128, 'k'))), "");
-  for (const std::string bad : {std::string(129, 'k'), std::string("a b"), std::string("a\x01")})
+  for (const std::string& bad : {std::string(129, 'k'), std::string("a b"), std::string("a\x01")})
     EXPECT_EQ(Said(CheckIdempotencyKey(bad)).substr(0, 18), "400 Idempotency-Ke") << bad;
 }
 

@@ -13,8 +13,10 @@
 //   queue to its start is seen queued or started, never neither.
 // - A reader holds Views' own lock only to copy a pointer or look up one id; no other lock is ever
 //   taken under it.
-// Why a queued job waits is the scheduling cycle's to say, and is still asked of the dispatcher
-// (JobOperations::LiveOf takes the lock for queued jobs only).
+// - Each queued job's facts (why it waits, its expected start) are kept apart the same way and
+//   refreshed only for the jobs whose facts changed (Admission and the cycle note them), so that a
+//   pass that changes nothing publishes nothing of ten thousand queued jobs; the users capped in
+//   the last pass come whole (they are few).
 
 #include <sys/types.h>
 
@@ -22,14 +24,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "tessera/core/mutex.h"
 #include "tessera/sched/quota.h"
+#include "tessera/server/admission.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/server_metrics.h"
 
@@ -64,6 +68,15 @@ struct QuotaView {
   sched::GpuAmount used;
 };
 
+// A queued job as a reader sees it.
+struct QueuedView {
+  std::shared_ptr<const JobSpec> spec;
+  std::string owner;
+  WaitingFacts facts;  // why it waits: WaitingText(facts, capped users)
+  // Its backfill reservation's start (infinity: reserved, its start unknown); nullopt: none.
+  std::optional<double> expected_start;
+};
+
 struct MachineView {
   uint64_t version = 0;  // set by Views::Publish, one more each time
   std::vector<GpuView> gpus;
@@ -81,21 +94,26 @@ class Views {
   // A job that entered the queue (true) or left it (false).
   using QueueChange = std::pair<int64_t, bool>;
   // Publishes `v` with the queue's changes since the last publication, in the order they were
-  // made.
-  void Publish(MachineView v, const std::vector<QueueChange>& queue_changes);
-  // What a reader learns of one job at once: the view it was read from, and whether the job is
-  // queued (then it is not in view->active).
+  // made, then the facts of the queued jobs whose facts changed (those no longer queued are
+  // skipped), and the users capped (null: unchanged).
+  void Publish(MachineView v, const std::vector<QueueChange>& queue_changes,
+               std::vector<std::pair<int64_t, QueuedView>> queued_facts = {},
+               std::shared_ptr<const CappedUsers> capped = nullptr);
+  // What a reader learns of one job at once: the view it was read from, and the job as queued
+  // (then it is not in view->active) or as started.
   struct Lookup {
     std::shared_ptr<const MachineView> view;
-    bool queued = false;
-    const ActiveJob* active = nullptr;  // into *view; null: not started or ended
+    std::optional<QueuedView> queued;
+    std::shared_ptr<const CappedUsers> capped;  // with `queued`
+    const ActiveJob* active = nullptr;          // into *view; null: not started or ended
   };
   Lookup Find(int64_t id) const;
 
  private:
   mutable core::Mutex mu_;
   std::shared_ptr<const MachineView> view_ ABSL_GUARDED_BY(mu_);
-  std::unordered_set<int64_t> queued_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<int64_t, QueuedView> queued_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const CappedUsers> capped_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::server

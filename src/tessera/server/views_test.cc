@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,6 +43,36 @@ TEST(Views, QueueChangesApplyInTheOrderTheyWereMade) {
   views.Publish(MachineView{}, {{3, false}});
   EXPECT_FALSE(views.Find(3).queued);
   EXPECT_EQ(views.machine()->version, 2u);
+}
+
+// A queued job's facts come with the publication that queues it and stay until new ones come;
+// facts for a job no longer queued are dropped; the capped users stay until replaced.
+TEST(Views, QueuedFactsAreKeptPerJobUntilReplacedAndDroppedWithTheJob) {
+  Views views;
+  auto facts = [](std::string why, uint32_t uid = 1000) {
+    return QueuedView{.owner = "alice", .facts = {.uid = uid, .cappable = true, .waiting = why}};
+  };
+  auto capped = std::make_shared<const CappedUsers>(
+      CappedUsers{.pass = 4, .users = {{1000, "alice is at her cap"}}});
+  views.Publish(MachineView{}, {{1, true}, {2, true}, {3, true}, {3, false}},
+                {{1, facts("no GPU free")}, {2, facts("held", 2000)}, {3, facts("gone")}}, capped);
+  Views::Lookup l = views.Find(1);
+  ASSERT_TRUE(l.queued);
+  EXPECT_EQ(l.queued->facts.waiting, "no GPU free");
+  EXPECT_EQ(WaitingText(l.queued->facts, *l.capped), "alice is at her cap")
+      << "not examined in the capped pass: her cap is why";
+  EXPECT_EQ(WaitingText(views.Find(2).queued->facts, *views.Find(2).capped), "held")
+      << "another user";
+  EXPECT_FALSE(views.Find(3).queued) << "cancelled in the same publication";
+  // A publication without facts or capped users keeps those it had.
+  views.Publish(MachineView{}, {});
+  EXPECT_EQ(views.Find(1).queued->facts.waiting, "no GPU free");
+  EXPECT_EQ(views.Find(1).capped, capped);
+  views.Publish(MachineView{}, {{1, false}}, {{1, facts("late")}, {2, facts("released")}},
+                std::make_shared<const CappedUsers>(CappedUsers{.pass = 5}));
+  EXPECT_FALSE(views.Find(1).queued) << "facts do not bring back a job that left";
+  l = views.Find(2);
+  EXPECT_EQ(WaitingText(l.queued->facts, *l.capped), "released");
 }
 
 TEST(Views, APublishedViewStaysWholeForItsReaderWhileNewOnesArePublished) {
