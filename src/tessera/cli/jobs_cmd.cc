@@ -130,6 +130,7 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   spec["preemptible"] = !s.no_preempt;
   if (!s.max_runtime.empty()) spec["max_runtime_s"] = s.max_runtime;
   if (!s.grace.empty()) spec["grace_period_s"] = s.grace;
+  if (!s.trial.empty()) spec["trial_s"] = s.trial;
   if (!s.array.empty()) spec["array"] = s.array;
   if (!s.after.empty()) {
     // "ok:5,6" (or Slurm's "ok:5:6") is ok:5 and ok:6; the server checks each.
@@ -550,6 +551,11 @@ void AddSubmitOptions(CLI::App* c, State& s) {
           "TIME"))
       ->check(Duration(false, 1e9))
       ->excludes(max_runtime);
+  c->add_option("--trial", s.trial,
+                "A trial run: stop it after this long (2m, 90s), as a success that says what it "
+                "used and the --gpu-share/--gpu-mem it recommends; its use sizes later "
+                "--gpu-share/--gpu-mem auto jobs of its kind")
+      ->check(Duration(false, 86400));
   c->add_option("--grace", s.grace,
                 "Time between SIGTERM and SIGKILL when the job is stopped: 30, 30s, 2m (default: "
                 "the server's, 30 s; at most its maximum)")

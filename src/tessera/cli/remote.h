@@ -110,6 +110,7 @@ struct State {
   std::vector<std::string> models, envs, labels, command;
   int priority = 0;
   bool no_preempt = false, no_env = false;
+  std::string trial;        // --trial: as the user wrote it ("2m")
   std::string max_runtime;  // as the user wrote it ("1h", "01:00:00", 3600): the server parses it
   std::string grace;
   // ls / show / logs / cancel / top

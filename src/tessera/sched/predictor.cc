@@ -125,6 +125,13 @@ void DurationPredictor::AddGpuMemoryPeak(const RunKind& kind, double mib) {
   for (const Key& k : keys) Push(peaks_, k.text, mib);
 }
 
+void DurationPredictor::AddUtilization(const RunKind& kind, double util_pct) {
+  if (!(util_pct >= 0 && util_pct <= 100)) return;
+  const std::vector<Key> keys = KeysOf(kind, kind_only_);
+  core::MutexLock lock(mu_);
+  for (const Key& k : keys) Push(utils_, k.text, util_pct);
+}
+
 Prediction DurationPredictor::Predict(const RunKind& kind) const {
   Prediction p;
   {

@@ -70,6 +70,8 @@ class DurationPredictor {
   // Records the most GPU memory per GPU a run held (MiB): a run that succeeded, or one that failed
   // at its automatic memory size (the next is sized past it).
   void AddGpuMemoryPeak(const RunKind& kind, double mib);
+  // Records a run's measured GPU utilization (percent) without its run time: a trial, cut short.
+  void AddUtilization(const RunKind& kind, double util_pct);
   Prediction Predict(const RunKind& kind) const;
   size_t keys() const;
 

@@ -84,6 +84,38 @@ void SizeAutomatically(JobSpec& spec, const sched::Prediction& p, const SizingPo
   spec.sizing = fmt::format("{}", fmt::join(said, "; "));
 }
 
+std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
+                         const SizingPolicy& policy) {
+  std::vector<std::string> measured;
+  if (util_pct) measured.push_back(fmt::format("GPU {:.0f}% busy", *util_pct));
+  if (peak_mib > 0) measured.push_back(fmt::format("peak GPU memory {}MiB", peak_mib));
+  if (measured.empty()) return over + "; nothing was measured (no GPU use seen)";
+  JobSpec sized;
+  sized.gpu_share_auto = sized.gpu_memory_auto = true;
+  sched::Prediction p;
+  p.util_high_pct = util_pct.value_or(0), p.util_high_basis = "the trial";
+  p.gpu_memory_peak_mib = static_cast<double>(peak_mib), p.memory_basis = "the trial";
+  SizeAutomatically(sized, p, policy);
+  std::string ask = sized.Share() ? "" : "--gpus 1";
+  if (sized.gpu_milli > 0) ask = fmt::format("--gpu-share {:g}%", sized.gpu_milli / 10.0);
+  if (sized.gpu_memory_mib > 0)
+    ask += fmt::format("{}--gpu-mem {}MiB", ask.empty() ? "" : " ", sized.gpu_memory_mib);
+  return fmt::format(
+      "{}: {}; recommended: {} (with {}% margin), or --gpu-share auto --gpu-mem auto, which sizes "
+      "from this trial",
+      over, fmt::join(measured, ", "), ask, policy.margin_pct);
+}
+
+std::vector<sched::RunKind> TrialKinds(const JobSpec& spec, const std::string& user) {
+  std::vector<sched::RunKind> kinds = {RunKindOf(spec, user)};
+  JobSpec as_auto = spec;
+  as_auto.gpu_share_auto = as_auto.gpu_memory_auto = true;
+  as_auto.gpus = spec.Share() ? spec.gpus : (spec.gpus > 1 ? spec.gpus : 0);
+  sched::RunKind k = RunKindOf(as_auto, user);
+  if (k.shape != kinds[0].shape) kinds.push_back(std::move(k));
+  return kinds;
+}
+
 std::string OutgrewItsSize(const JobSpec& spec, int64_t peak_mib, const SizingPolicy& policy) {
   if (!spec.gpu_memory_auto || spec.gpu_memory_mib <= 0 || peak_mib <= 0) return "";
   if (peak_mib * 10 < spec.gpu_memory_mib * 9) return "";

@@ -6,6 +6,7 @@
 // Pure: the server sizes a job at submission (JobOperations::Submit), before it is stored.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,15 @@ SizingPolicy SizingPolicyOf(const ServerConfig& config, const core::NodeInventor
 // Sets `spec`'s gpu_milli / gpu_memory_mib (or whole GPUs) for its "auto" parts from `history`
 // and says how in spec.sizing. A spec without "auto" is left alone.
 void SizeAutomatically(JobSpec& spec, const sched::Prediction& history, const SizingPolicy& policy);
+
+// What a trial that ran its course says: `over` (its trial is over), what it measured - its GPU
+// utilization (percent; nullopt: not measured) and peak GPU memory per GPU (MiB; 0: not measured)
+// - and the size that recommends (as SizeAutomatically would size a job from it alone).
+std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
+                         const SizingPolicy& policy);
+// The kinds a trial's use is recorded under: its own, and the kind of the same job asking
+// gpu_share and gpu_memory "auto" (which is what a trial sizes).
+std::vector<sched::RunKind> TrialKinds(const JobSpec& spec, const std::string& user);
 
 // Why a job sized automatically that failed ended, when its measured peak GPU memory (MiB, per
 // GPU) came within 10% of its automatic memory size: it may have outgrown it. Names the peak and

@@ -26,6 +26,8 @@ EndOutcome EndOf(const RunningJob& r, int exit_code, bool exit_known, const Cgro
             requeue_wanted};
   }
   if (r.stop == "timeout" || r.stop == "logs") return {JobState::kFailed, r.stop_reason};
+  // A trial stopped at its end did what it was for (JobEnds::Record says what it measured).
+  if (r.stop == "trial") return {JobState::kSucceeded, r.stop_reason};
   if (!exit_known) {
     return {JobState::kLost,
             "its process ended while the server was not its parent; exit status unknown"};
@@ -106,9 +108,17 @@ void JobEnds::Record(Ending& e, double now) {
   // (One killed after the grace period was removed then.)
   if (r.container && options_.containers && !r.killed && (!r.stop.empty() || !e.exit_known))
     host_.RemoveContainer(r.id);
-  // Its run time joins the history that predicts the next ones - before its end is recorded, so
-  // that whoever sees it ended (and submits the next run) finds it in the history.
-  if (end.to == JobState::kSucceeded && r.spec) {
+  // A trial: what it measured and the size that recommends, and its use joins the history that
+  // "auto" sizes jobs of its kind from (its run time, cut short, does not).
+  if (r.stop == "trial" && r.spec) {
+    end.reason = TrialSummary(end.reason, util, r.gpu_peak_mib, options_.sizing);
+    for (const sched::RunKind& kind : TrialKinds(*r.spec, r.owner)) {
+      if (util) history_.AddUtilization(kind, *util);
+      history_.AddGpuMemoryPeak(kind, static_cast<double>(r.gpu_peak_mib));
+    }
+  } else if (end.to == JobState::kSucceeded && r.spec) {
+    // Its run time joins the history that predicts the next ones - before its end is recorded, so
+    // that whoever sees it ended (and submits the next run) finds it in the history.
     history_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
                  r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
     history_.AddGpuMemoryPeak(RunKindOf(*r.spec, r.owner), static_cast<double>(r.gpu_peak_mib));

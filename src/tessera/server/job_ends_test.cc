@@ -165,6 +165,40 @@ TEST_F(JobEndsTest, ASuccessIsMeasuredCleanedUpRecordedAndJoinsTheHistory) {
   EXPECT_FALSE(e.requeue);
 }
 
+// A trial stopped at its end succeeds, saying what it measured and the size that recommends; its
+// use (not its cut-short run time) joins the history under its kind and its "auto" kind, so that a
+// later --gpu-share/--gpu-mem auto submission is sized from it.
+TEST_F(JobEndsTest, ATrialSaysWhatItUsedAndRecommendsASizeThatAutoThenUses) {
+  const json spec = {
+      {"command", {"serve"}}, {"name", "serve"}, {"resources", {{"gpus", 1}}}, {"trial_s", 100}};
+  RunningJob r = Running(spec);
+  r.stop = "trial";
+  r.stop_reason = "its trial of 1m40s is over";
+  r.util_sum = 0.4 * 10, r.util_samples = 10;  // NVML's samples of its GPU, held alone: 40%
+  r.gpu_peak_mib = 3072;
+  const int64_t id = r.id;
+  Ending e{std::move(r), 143, true};  // its SIGTERM
+  ends_->Record(e, 200);
+  const JobRecord rec = Stored(id);
+  EXPECT_EQ(rec.state, JobState::kSucceeded);
+  // 40% + 20% = 48%: 50%; 3072 MiB + 20% = 3686: 3840 (15 x 256).
+  EXPECT_EQ(rec.reason,
+            "its trial of 1m40s is over: GPU 40% busy, peak GPU memory 3072MiB; recommended: "
+            "--gpu-share 50% --gpu-mem 3840MiB (with 20% margin), or --gpu-share auto --gpu-mem "
+            "auto, which sizes from this trial");
+  EXPECT_EQ(history_.Predict(RunKindOf(*e.run.spec, "alice")).samples, 0)
+      << "a trial's run time is cut short: not history";
+  JobSpec later = *e.run.spec;
+  later.gpus = 0, later.trial_s = 0;
+  later.gpu_share_auto = later.gpu_memory_auto = true;
+  const sched::Prediction p = history_.Predict(RunKindOf(later, "alice"));
+  EXPECT_EQ(p.util_high_pct, 40) << p.util_high_basis;
+  EXPECT_EQ(p.gpu_memory_peak_mib, 3072) << p.memory_basis;
+  SizeAutomatically(later, p, {});
+  EXPECT_EQ(later.gpu_milli, 500);
+  EXPECT_EQ(later.gpu_memory_mib, 3840);
+}
+
 // A job whose GPU memory was sized automatically and that failed with its peak at its size says
 // it may have outgrown it, with the peak and what to ask; the peak joins the history, so that the
 // next run of its kind is sized past it. One that failed far below its size is another failure.

@@ -192,7 +192,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
               "resources",     "priority",     "preemptible", "max_runtime_s", "grace_period_s",
               "image",         "array",        "after",       "hold",          "ntasks",
               "tasks_per_gpu", "task_failure", "stdout_file", "stderr_file",   "requeue",
-              "sized"},
+              "sized",         "trial_s"},
           "");
       !st.ok()) {
     return st;
@@ -251,6 +251,10 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
     if (absl::Status st =
             Seconds(j["grace_period_s"], "grace_period_s", true, 3600, &s.grace_period_s);
         !st.ok())
+      return st;
+  }
+  if (j.contains("trial_s")) {
+    if (absl::Status st = Seconds(j["trial_s"], "trial_s", false, 86400, &s.trial_s); !st.ok())
       return st;
   }
   if (j.contains("array")) {
@@ -472,6 +476,7 @@ json JobSpecToJson(const JobSpec& s) {
   j["preemptible"] = s.preemptible;
   if (s.max_runtime_s > 0) j["max_runtime_s"] = s.max_runtime_s;
   if (s.grace_period_s >= 0) j["grace_period_s"] = s.grace_period_s;
+  if (s.trial_s > 0) j["trial_s"] = s.trial_s;
   if (!s.image.empty()) j["image"] = s.image;
   if (!s.array.empty()) j["array"] = s.array;
   if (!s.after.empty()) {

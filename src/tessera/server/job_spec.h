@@ -63,6 +63,9 @@ struct JobSpec {
   bool gpu_share_auto = false;
   bool gpu_memory_auto = false;
   std::string sizing;
+  // A trial run (`tessera submit --trial 2m`): stopped after this long, as a success, with its
+  // measured use and the size it recommends; its use joins the history "auto" sizes from. 0: none.
+  double trial_s = 0;
   std::vector<std::string>
       models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;

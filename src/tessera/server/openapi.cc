@@ -190,9 +190,11 @@ std::string_view OpenApiDocument() {
           "resources": {"type": "object", "additionalProperties": false,
             "properties": {
               "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
-              "gpu_memory": {"oneOf": [{"type": "string", "example": "10GiB"}, {"type": )json"
+              "gpu_memory": {"oneOf": [{"type": "string", "example": "10GiB", )json"
+      R"json("description": "or auto: sized from what jobs of its kind used"}, {"type": )json"
       R"json("integer", "description": "MiB"}]},
-              "gpu_share": {"oneOf": [{"type": "string", "example": "30%"}, {"type": )json"
+              "gpu_share": {"oneOf": [{"type": "string", "example": "30%", "description": )json"
+      R"json("or auto: sized from what jobs of its kind used"}, {"type": )json"
       R"json("number", "description": "percent; below 1, a fraction (0.3 = 30%)"}]},
               "model": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": )json"
       R"json("string"}}]},
@@ -228,7 +230,14 @@ std::string_view OpenApiDocument() {
       R"json(%A %a %t %u %x %N %%; relative to workdir"},
           "stderr_file": {"type": "string", "example": "train-%j.err"},
           "requeue": {"type": "boolean", "description": "back to the queue when preempted )json"
-      R"json(or its GPU fails (true) or not (false); absent: the server's settings"}}}
+      R"json(or its GPU fails (true) or not (false); absent: the server's settings"},
+          "trial_s": {"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": true, )json"
+      R"json("maximum": 86400}, {"type": "string", "example": "2m"}], "description": "a )json"
+      R"json(trial run: stopped after this long, its use measured and a size recommended"},
+          "sized": {"type": "object", "readOnly": true, "description": "set by the server )json"
+      R"json(for auto resources: the sizes given and their basis", "properties": {"basis": )json"
+      R"json({"type": "string"}, "gpu_share": {"type": "string"}, "gpu_memory": {"type": )json"
+      R"json("string"}}}}}
     }
   }
 })json";

@@ -8,6 +8,7 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tessera/core/gpu.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
 
@@ -158,6 +159,11 @@ std::vector<std::pair<int64_t, std::optional<int>>> RunningJobs::Check(double no
     if (gone) {
       ended.emplace_back(id, code);
       continue;
+    }
+    if (r.spec && r.spec->trial_s > 0 && now - r.started >= r.spec->trial_s) {
+      RequestStop(r, "trial",
+                  fmt::format("its trial of {} is over", core::FormatDuration(r.spec->trial_s)),
+                  now);
     }
     if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
       RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),

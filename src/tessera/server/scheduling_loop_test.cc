@@ -254,6 +254,28 @@ TEST_F(RoomsTest, AnAutoJobIsSizedFromItsKindsHistoryAndStartsOnThatShare) {
               ::testing::HasSubstr("sized: set by the server"));
 }
 
+// A trial runs until its time is up, is stopped as any stop is (SIGTERM), and ends as a success
+// that says its trial is over.
+TEST_F(RoomsTest, ATrialIsStoppedWhenItsTimeIsUpAndEndsAsASuccess) {
+  JobSpec spec;
+  spec.command = {"sleep", "1000"};
+  spec.gpus = 1;
+  spec.trial_s = 30;
+  auto s = ops_->Submit(spec, Caller{"alice", 1000, false}, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int64_t id = s->record.id;
+  loop_->RunOnce();
+  ASSERT_EQ(Stored(id), JobState::kRunning);
+  Advance(29);
+  loop_->RunOnce();
+  EXPECT_EQ(Stored(id), JobState::kRunning) << "not before its time";
+  Advance(1);
+  loop_->RunOnce();  // asked to stop (SIGTERM ends a fake job at once)
+  loop_->RunOnce();
+  EXPECT_EQ(Stored(id), JobState::kSucceeded);
+  EXPECT_THAT(store_->Get(id)->reason, ::testing::HasSubstr("its trial of 30s is over"));
+}
+
 // Dependencies as DispatchState tells them: pending while the job is queued or running here,
 // met once it has succeeded; a job that does not exist can never be waited on.
 TEST_F(RoomsTest, ADependencyIsPendingUntilItsJobHasEnded) {
