@@ -178,6 +178,50 @@ TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredi
   d.Call("POST", "/v1/jobs/" + std::to_string(next) + "/cancel");
 }
 
+// A trial of a CUDA program (against the fake driver, under its 50% share) is stopped when its time
+// is up and says what the intercept library measured - the 700 MiB it held at most, the GPU time
+// it was charged - and the size that recommends; the same program asked "auto" is then sized from
+// that trial, and starts on that size.
+TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
+  Daemon d("trial");
+  json spec = {{"name", "served"},
+               {"command",
+                {TESSERA_CUDA_CLIENT, "link", "alloc:500", "alloc:200", "freeall", "alloc:100",
+                 "work:60000:1000:1:20000:0:60000"}},  // 1 ms kernels, 20 ms apart
+               {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}},
+               {"trial_s", 1},
+               {"grace_period_s", 2}};
+  const int64_t trial = d.Submit(spec);
+  json t = d.WaitFor(trial, "succeeded");
+  const std::string reason = t.value("reason", "");
+  EXPECT_THAT(reason, HasSubstr("its trial of 1s is over: GPU ")) << t.dump();
+  EXPECT_THAT(reason, HasSubstr("peak GPU memory 700MiB; recommended: --gpu-share "));
+  ASSERT_TRUE(t["usage"]["gpu_utilization_pct"].is_number()) << t.dump();
+  const double busy = t["usage"]["gpu_utilization_pct"].get<double>();
+  EXPECT_LT(busy, 60) << "its kernels leave the GPU idle most of the time";
+  EXPECT_THAT(reason, HasSubstr("--gpu-mem 1024MiB (with 20% margin)")) << "700 + 20%: 1024";
+  EXPECT_EQ(t["usage"]["gpu_peak_memory_mib"], 700) << t.dump();
+  // The same program, sized automatically: from the trial.
+  json later = spec;
+  later.erase("trial_s");
+  later["command"] = {"sleep", "30"};
+  later["resources"] = {{"gpu_memory", "auto"}, {"gpu_share", "auto"}};
+  const int64_t sized = d.Submit(later);
+  json s = d.WaitFor(sized, "running");
+  EXPECT_EQ(s["spec"]["resources"]["gpu_memory"], "auto") << s.dump();
+  EXPECT_EQ(s["spec"]["sized"]["gpu_memory"], "1024MiB") << s.dump();
+  EXPECT_THAT(s["spec"]["sized"].value("basis", ""), HasSubstr("'s runs of 'served' (1 run)"));
+  EXPECT_EQ(s["placement"]["memory_mib_per_gpu"], 1024) << s.dump();
+  // Its share is the trial's busy share plus 20%, rounded up to 5%: what the trial recommended.
+  const int share = static_cast<int>(std::ceil(busy * 1.2 / 5 - 1e-9)) * 5;
+  EXPECT_EQ(s["spec"]["sized"]["gpu_share"], fmt::format("{}%", share)) << s.dump();
+  EXPECT_THAT(reason, HasSubstr(fmt::format("--gpu-share {}% --gpu-mem 1024MiB", share)));
+  EXPECT_EQ(s["placement"]["milli_per_gpu"], share * 10) << s.dump();
+  EXPECT_THAT(Cli(d, "show " + std::to_string(sized)), HasSubstr("sized        gpu_"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(sized) + "/cancel");
+  d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
+}
+
 TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {
   Daemon d("cancel");
   int64_t id = d.Submit(Shell("sleep 60 & echo $! > child; wait", {{"gpus", 1}}));
