@@ -150,7 +150,8 @@ class Admission {
   // the jobs whose dependencies can never be met, with why: marked changing, for the caller to
   // end (EndChange when stored, or to try again).
   std::vector<std::pair<int64_t, std::string>> Admit(World& world);
-  // Why a queued job waits; empty when it is not queued.
+  // Why a queued job waits (WaitingText of its facts, as now); empty when it is not queued. The
+  // server's readers get the same from the views, as of the last publication.
   std::string Waiting(int64_t id, const World& world) const;
 
   // ---- for a read model (Views) ----
