@@ -2,6 +2,7 @@
 // What a workload asks of the scheduler (Request) and what a node offers (NodeSpec). Plain values.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,13 @@ enum class TopologyScope : uint8_t {
 };
 
 inline constexpr int kMilliPerGpu = 1000;
+
+// A measured use plus `margin` (a fraction: 0.2 = 20%), rounded up to a multiple of `step`: how a
+// request is sized from what was used (the simulator's right-sizing, the server's "auto"). A value
+// a hair over a multiple from floating-point error stays on it.
+inline double SizeFromUse(double use, double margin, double step) {
+  return std::ceil(use * (1 + margin) / step - 1e-9) * step;
+}
 
 struct Request {
   std::string id;  // unique among live allocations

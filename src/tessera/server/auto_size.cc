@@ -10,9 +10,8 @@
 namespace tessera::server {
 namespace {
 
-// `value` plus the margin, rounded up to a multiple of `step`.
 double WithMargin(double value, int margin_pct, double step) {
-  return std::ceil(value * (100.0 + margin_pct) / 100.0 / step) * step;
+  return core::SizeFromUse(value, margin_pct / 100.0, step);
 }
 
 }  // namespace

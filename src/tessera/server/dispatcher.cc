@@ -260,9 +260,9 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    state_->history->Add(RunKindOf(*spec, r.owner), *r.ended_at - *r.started_at,
-                         MeasuredUtilization(r), SharedGpu(r));
-    state_->history->AddGpuMemoryPeak(RunKindOf(*spec, r.owner), MeasuredGpuPeak(r));
+    const sched::RunKind kind = RunKindOf(*spec, r.owner);
+    state_->history->Add(kind, *r.ended_at - *r.started_at, MeasuredUtilization(r), SharedGpu(r));
+    state_->history->AddGpuMemoryPeak(kind, MeasuredGpuPeak(r));
     ++runs;
   }
   spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, state_->history->keys());

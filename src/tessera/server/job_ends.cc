@@ -119,9 +119,10 @@ void JobEnds::Record(Ending& e, double now) {
   } else if (end.to == JobState::kSucceeded && r.spec) {
     // Its run time joins the history that predicts the next ones - before its end is recorded, so
     // that whoever sees it ended (and submits the next run) finds it in the history.
-    history_.Add(RunKindOf(*r.spec, r.owner), now - r.started, util,
+    const sched::RunKind kind = RunKindOf(*r.spec, r.owner);
+    history_.Add(kind, now - r.started, util,
                  r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
-    history_.AddGpuMemoryPeak(RunKindOf(*r.spec, r.owner), static_cast<double>(r.gpu_peak_mib));
+    history_.AddGpuMemoryPeak(kind, static_cast<double>(r.gpu_peak_mib));
   }
   absl::Status st = store_.Transition(r.id, end.to, end.reason, now, f);
   if (!st.ok() && UseReserve()) {

@@ -68,8 +68,8 @@ std::vector<SimJob> RightSize(const std::vector<SimJob>& jobs, const RightSizing
     if (j.utilization < 0 || !UsesGpuCompute(q) || q.gpus > 1) continue;
     // Its use of one GPU, in milli of the GPU's time, with the margin; never more than it asked.
     const int32_t asked = q.gpus == 1 ? core::kMilliPerGpu : q.gpu_milli;
-    const double want = std::min(j.utilization, 100.0) * 10 * (1 + r.margin);
-    int32_t milli = static_cast<int32_t>(std::ceil(want / g - 1e-9)) * g;
+    int32_t milli =
+        static_cast<int32_t>(core::SizeFromUse(std::min(j.utilization, 100.0) * 10, r.margin, g));
     milli = std::clamp(milli, std::min(g, asked), asked);
     if (milli >= core::kMilliPerGpu) continue;  // a whole GPU stays a whole GPU
     q.gpus = 0;
