@@ -222,6 +222,93 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
 }
 
+// GPU 0 shared by MPS (the fake control daemon; the fake driver its client): an MPS job is a
+// client of GPU 0's daemon with its share as MPS's limits, a share asking nothing goes in time
+// slices on GPU 1; the daemon killed, its clients are stopped and requeued while GPU 0 takes no
+// work, and it is started again and they run again.
+TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItDies) {
+  const std::string control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
+  Daemon d("mps", "mps: {gpus: [0], control: " + control + ", check_interval_s: 0.05}\n");
+  const std::string pipe = d.dir() + "/state/mps/gpu0/pipe";
+  // The daemon outlives the server by design (its clients are jobs a restart keeps): not the test.
+  struct Quit {
+    std::string cmd;
+    ~Quit() { tessera::test::Capture(cmd); }
+  } quit{"echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
+  json gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_EQ(gpus["gpus"][0]["sharing"], "mps") << gpus.dump();
+  EXPECT_EQ(gpus["gpus"][1]["sharing"], "time-slice");
+  EXPECT_FALSE(gpus["gpus"][1].contains("mps"));
+  EXPECT_TRUE(gpus["gpus"][0]["mps"]["daemon_up"].get<bool>()) << "up before the API answers";
+  EXPECT_TRUE(gpus["gpus"][0]["healthy"].get<bool>());
+  json spec =
+      Shell("env | grep ^CUDA_MPS_ | sort > " + d.dir() + "/mps.env; exec " + TESSERA_CUDA_CLIENT +
+                " link alloc:700 kernel waitfile:" + d.dir() + "/never",
+            {{"gpu_share", "40%"}, {"gpu_memory", "1GiB"}, {"sharing", "mps"}});
+  spec["grace_period_s"] = 0;
+  spec["priority"] = -1;  // below normal among the server's clients
+  const int64_t mps = d.Submit(spec);
+  json j = d.WaitFor(mps, "running");
+  EXPECT_EQ(j["placement"]["gpus"][0]["index"], 0) << j.dump();
+  EXPECT_EQ(j["spec"]["resources"]["sharing"], "mps");
+  const std::string log = d.dir() + "/state/mps/gpu0/log/control.log";
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(tessera::test::ReadFile(d.dir() + "/mps.env"),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\nCUDA_MPS_CLIENT_PRIORITY=1\n"
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M\n"
+            "CUDA_MPS_PIPE_DIRECTORY=" +
+                pipe + "\n");
+  EXPECT_THAT(tessera::test::ReadFile(log),
+              HasSubstr("active_thread_percentage 40 pinned_mem_limit 0=1024M"))
+      << "the fake driver connected as a client of GPU 0's daemon";
+  // A share asking nothing: time slices, on the other GPU though GPU 0 has room.
+  const int64_t sliced = d.Submit(Shell("sleep 60", {{"gpu_share", "50%"}}));
+  j = d.WaitFor(sliced, "running");
+  EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
+  // The daemon dies.
+  pid_t daemon = 0;
+  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  ASSERT_GT(daemon, 0);
+  ASSERT_EQ(kill(daemon, SIGKILL), 0);
+  // Its client is stopped and requeued, the daemon started again, and the job runs again on it.
+  json back;
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    back = d.Call("GET", "/v1/jobs/" + std::to_string(mps));
+    if (back["state"] == "running" && back["events"].size() >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<std::string> states;
+  for (const json& e : back["events"]) states.push_back(e["state"]);
+  EXPECT_EQ(states,
+            (std::vector<std::string>{"queued", "running", "preempted", "queued", "running"}))
+      << back.dump();
+  EXPECT_THAT(back["events"][2].value("reason", ""),
+              HasSubstr("GPU 0 turned unhealthy: the MPS control daemon stopped"));
+  gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_TRUE(gpus["gpus"][0]["healthy"].get<bool>()) << gpus.dump();
+  EXPECT_EQ(gpus["gpus"][0]["mps"]["deaths"], 1);
+  EXPECT_EQ(gpus["gpus"][0]["mps"]["starts"], 2);
+  pid_t again = 0;
+  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> again;
+  EXPECT_NE(again, daemon);
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(sliced))["state"], "running")
+      << "a time-sliced job is no client of the daemon";
+  HttpClient c(d.socket());
+  const std::string metrics = c.Send("GET", "/metrics")->body;
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("tessera_gpu_mps_daemon_up\\{gpu=\"0\"[^}]*\\} 1"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           "tessera_gpu_mps_daemon_deaths_total\\{gpu=\"0\"[^}]*\\} 1"));
+  EXPECT_THAT(metrics, Not(HasSubstr("tessera_gpu_mps_daemon_up{gpu=\"1\"")));
+  EXPECT_THAT(Cli(d, "top --once"), HasSubstr("ok (MPS)"));
+  for (int64_t id : {mps, sliced}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.WaitFor(mps, "cancelled");
+  d.WaitFor(sliced, "cancelled");
+}
+
 TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {
   Daemon d("cancel");
   int64_t id = d.Submit(Shell("sleep 60 & echo $! > child; wait", {{"gpus", 1}}));

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -30,6 +31,16 @@ std::string Dir() {
 std::string Check(const std::string& args) {
   return std::string("TMPDIR=") + Dir() +
          " " TESSERA_GPU_CHECK " --library " TESSERA_SHIM_LIBRARY " " + args + " 2>&1";
+}
+
+// The environment in which the fake NVML reports what the fake driver's processes hold (its
+// kernel side), as a real NVML reads the driver's.
+std::string NvmlOfTheFakeDriver(const std::string& dir, const tessera::test::FakeGpuKernel& k) {
+  std::ofstream(dir + "/nvml.json")
+      << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
+                          "self_memory": "cuda"}]})";
+  return "LD_LIBRARY_PATH=" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" + dir +
+         "/nvml.json FAKE_GPU_KERNEL=" + k.path();
 }
 
 TEST(GpuCheck, WithoutADriverItSaysSoAndExits77) {
@@ -88,15 +99,10 @@ TEST(GpuCheck, AContainersModulesStayWithinItsLimitOnTheFakeDriver) {
   const std::string dir = Dir();
   tessera::test::FakeGpuKernel kernel(dir);
   const std::string json = dir + "/checks.json";
-  std::ofstream(dir + "/nvml.json")
-      << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
-                          "self_memory": "cuda"}]})";
-  const auto r =
-      tessera::test::Capture("LD_LIBRARY_PATH=" TESSERA_FAKE_NVML_DIR " FAKE_NVML_SCENARIO=" + dir +
-                             "/nvml.json FAKE_GPU_KERNEL=" + kernel.path() +
-                             " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=100 " +
-                             Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " +
-                                   json + " --only 'container memory'"));
+  const auto r = tessera::test::Capture(
+      NvmlOfTheFakeDriver(dir, kernel) + " FAKE_CUDA_CONTEXT_MIB=300 FAKE_CUDA_MODULE_MIB=100 " +
+      Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " + json +
+            " --only 'container memory'"));
   EXPECT_EQ(r.code, 0) << r.out;
   std::ifstream in(json);
   ASSERT_TRUE(in) << r.out;
@@ -107,6 +113,44 @@ TEST(GpuCheck, AContainersModulesStayWithinItsLimitOnTheFakeDriver) {
   }
   EXPECT_TRUE(passed.contains("container memory limit 1 GiB: modules")) << r.out;
   EXPECT_TRUE(passed.contains("container memory limit 1 GiB: alloc")) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// The MPS checks against the fake control daemon (tests/fakes/mps) and the fake driver as its
+// client: they start and stop a daemon of their own, measure 4 tenants in time slices and under
+// MPS (the fake runs one process's kernels at a time: no overlap to show, but every client works),
+// hold the pinned memory limit against NVML (the fake driver honours it only as a client of a
+// daemon: without one, the tenant would fill the 16 GiB GPU), and see co-tenants go on after one
+// client is killed.
+TEST(GpuCheck, TheMpsChecksRunAgainstTheFakeControlDaemonAndDriver) {
+  const std::string dir = Dir();
+  tessera::test::FakeGpuKernel kernel(dir);
+  const std::string json = dir + "/checks.json";
+  const auto r = tessera::test::Capture(
+      NvmlOfTheFakeDriver(dir, kernel) + " FAKE_CUDA_CLOCK=" + dir + "/clock " +
+      Check("--libcuda " TESSERA_FAKE_CUDA_DIR "/libcuda.so.1 --json " + json +
+            " --only MPS --mps-control " TESSERA_FAKE_MPS_CONTROL));
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << r.out;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::map<std::string, nlohmann::json> checks;
+  for (const auto& c : doc.at("checks")) checks[c.at("name").get<std::string>()] = c;
+  ASSERT_TRUE(checks.contains("MPS: 4 tenants of small kernels")) << r.out;
+  const nlohmann::json& small = checks["MPS: 4 tenants of small kernels"]["data"];
+  ASSERT_EQ(small.at("mps_us").size(), 4u) << r.out;
+  for (const auto& us : small.at("mps_us")) EXPECT_GT(us.get<double>(), 0) << r.out;
+  EXPECT_GT(small.at("mps_ratio").get<double>(), 0.5) << r.out;
+  EXPECT_GT(small.at("time_slices_ratio").get<double>(), 0.5) << r.out;
+  EXPECT_EQ(checks["MPS: pinned memory limit 1 GiB"].value("result", ""), "pass") << r.out;
+  EXPECT_EQ(checks["MPS: a client killed mid-kernel"]["data"].value("co_tenants_running", -1), 3)
+      << r.out;
+  // Without a daemon the checks say so and fail nothing.
+  const auto none = tessera::test::Capture(Check("--libcuda " TESSERA_FAKE_CUDA_DIR
+                                                 "/libcuda.so.1 --only MPS --mps-control " +
+                                                 dir + "/no-such-control"));
+  EXPECT_EQ(none.code, 0) << none.out;
+  EXPECT_NE(none.out.find("no MPS here"), std::string::npos) << none.out;
   std::filesystem::remove_all(dir);
 }
 

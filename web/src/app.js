@@ -252,8 +252,9 @@ function gpuTile(g) {
   const title = `GPU ${g.index}`;
   return h('section', { class: `panel tile ${g.healthy ? '' : 'unhealthy'}`, 'data-gpu': g.index, 'aria-label': `${title}, ${g.healthy ? 'healthy' : 'unhealthy'}` },
     h('h3', {}, title, h('span', { class: 'badge' }, g.healthy ? 'healthy' : 'unhealthy')),
-    h('div', { class: 'muted' }, g.model),
+    h('div', { class: 'muted' }, g.model, g.sharing === 'mps' ? ' · MPS' : ''),
     g.healthy ? null : h('div', { class: 'alert' }, g.health_reason || 'unhealthy'),
+    g.mps && g.mps.deaths > 0 ? h('div', { class: 'muted' }, `MPS daemon died ${g.mps.deaths}×, started ${g.mps.starts}×`) : null,
     h('div', {}, `memory ${bytes(memUsed)} of ${bytes(g.memory_bytes)}${g.memory_used_bytes === null ? ' allocated' : ''}`),
     h('div', { class: 'meter', role: 'meter', 'aria-label': 'memory', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': Math.round(memFrac * 100) },
       h('span', { style: `width:${(memFrac * 100).toFixed(1)}%` })),

@@ -302,7 +302,9 @@ int RunTop(State& s, std::ostream& out, std::ostream& err) {
       for (const json& id : x["jobs"]) ids.push_back(std::to_string(id.get<int64_t>()));
       g.AddRow(
           {std::to_string(x["index"].get<int>()), x["model"].get<std::string>(),
-           x["healthy"].get<bool>() ? "ok" : "UNHEALTHY: " + x["health_reason"].get<std::string>(),
+           (x["healthy"].get<bool>() ? std::string("ok")
+                                     : "UNHEALTHY: " + x["health_reason"].get<std::string>()) +
+               (x.value("sharing", "") == "mps" ? " (MPS)" : ""),
            fmt::format("{} {:3d}%", meter, milli / 10),
            fmt::format("{} / {}",
                        core::FormatBytes(

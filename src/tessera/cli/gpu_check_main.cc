@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
   app.add_option("--set", options.settings,
                  "a library setting for every tenant, KEY=VALUE (TESSERA_CUDA_QUEUE_US=2000); "
                  "repeatable");
+  app.add_option("--mps-control", options.mps_control,
+                 "the MPS checks' control program (they start a daemon of their own for the "
+                 "device; info where it will not start)")
+      ->capture_default_str();
   std::string names;
   for (const std::string& name : gc::CheckNames()) names += (names.empty() ? "" : ", ") + name;
   app.add_option("--only", options.only, "run only these checks (names or prefixes: " + names + ")")

@@ -122,6 +122,7 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   if (s.gpus > 0) res["gpus"] = s.gpus;
   if (!s.gpu_mem.empty()) res["gpu_memory"] = s.gpu_mem;
   if (!s.gpu_share.empty()) res["gpu_share"] = s.gpu_share;
+  if (!s.sharing.empty()) res["sharing"] = s.sharing;
   if (!s.models.empty()) res["model"] = s.models;
   if (s.cpus > 0) res["cpus"] = s.cpus;
   if (!s.mem.empty()) res["memory"] = s.mem;
@@ -502,6 +503,12 @@ void AddSubmitOptions(CLI::App* c, State& s) {
   c->add_option("--gpu-share", s.gpu_share,
                 "A fraction of a GPU: this share of its compute (30%, 30 or 0.3), on each of "
                 "--gpus GPUs; auto: sized by the server from what jobs of its kind used");
+  c->add_option("--sharing", s.sharing,
+                "How its GPUs are shared: time-slice (paced slices: priorities, preemption, a "
+                "share whatever its process count) or mps (NVIDIA MPS: kernels of several "
+                "processes at once; an MPS GPU serves one user's jobs at a time). Default: a "
+                "share in time slices")
+      ->check(CLI::IsMember({"time-slice", "mps"}));
   auto* models = c->add_option("--model", s.models,
                                "Acceptable GPU model(s): a name as `tessera gpus` shows it, or "
                                "whole words of one (H100, 'A100 80GB')")

@@ -104,7 +104,7 @@ struct State {
   bool requeue = false, no_requeue = false;
   int ntasks = 0, tasks_per_gpu = 0;
   int gpus = 0;
-  std::string gpu_mem, gpu_share, name, workdir, image, mem, idempotency_key;
+  std::string gpu_mem, gpu_share, sharing, name, workdir, image, mem, idempotency_key;
   std::string gres;  // Slurm's --gres, already put in gpus and models
   double cpus = 0;
   std::vector<std::string> models, envs, labels, command;

@@ -4,6 +4,16 @@
 
 namespace tessera::core {
 
+std::string_view GpuSharingName(GpuSharing mode) {
+  return mode == GpuSharing::kMps ? "mps" : "time-slice";
+}
+
+std::optional<GpuSharing> ParseGpuSharing(std::string_view text) {
+  if (text == "mps") return GpuSharing::kMps;
+  if (text == "time-slice") return GpuSharing::kTimeSlice;
+  return std::nullopt;
+}
+
 std::string ValidateRequest(const Request& r) {
   if (r.cpu_milli < 0) return "cpu_milli: must not be negative";
   if (r.memory_mib < 0) return "memory_mib: must not be negative";
@@ -50,6 +60,11 @@ std::string RequestShapeKey(const Request& r) {
           : -1);
   add(static_cast<int>(r.topology) * 4 + static_cast<int>(r.topology_scope));
   add((r.expected_util_pct * 1000 + r.util_ceiling_pct) * 2 + (r.util_ceiling_strict ? 1 : 0));
+  add(r.sharing ? 1 + static_cast<int>(*r.sharing) : 0);
+  if (r.mps()) {
+    key += r.owner;
+    key.push_back('\0');
+  }
   for (const std::string& m : r.models) {
     key += m;
     key.push_back('\0');
@@ -64,7 +79,8 @@ bool GpuAccepted(const NodeGpu& gpu, const Request& r) {
   }
   if (gpu.memory_mib < r.min_gpu_memory_mib) return false;
   if (r.min_compute_capability && gpu.compute_capability < *r.min_compute_capability) return false;
-  return true;
+  if (r.sharing) return gpu.sharing == *r.sharing;
+  return !r.fractional() || gpu.sharing == GpuSharing::kTimeSlice;
 }
 
 NodeSpec NodeFromInventory(const NodeInventory& inv, int64_t cpu_milli, int64_t memory_mib) {

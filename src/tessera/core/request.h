@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,16 @@ enum class TopologyScope : uint8_t {
 };
 
 inline constexpr int kMilliPerGpu = 1000;
+
+// How a GPU is shared between the jobs holding a part of it: in time slices the intercept
+// library paces (priorities, preemption, a job's share whatever its process count), or by
+// NVIDIA's Multi-Process Service (kernels of several processes at once; one user's clients per
+// GPU at a time). A GPU is in one mode; a request may ask for one.
+enum class GpuSharing : uint8_t { kTimeSlice, kMps };
+// "time-slice", "mps".
+std::string_view GpuSharingName(GpuSharing mode);
+// Parses a name as GpuSharingName writes it; nullopt when it is neither.
+std::optional<GpuSharing> ParseGpuSharing(std::string_view text);
 
 // A measured use plus `margin` (a fraction: 0.2 = 20%), rounded up to a multiple of `step`: how a
 // request is sized from what was used (the simulator's right-sizing, the server's "auto"). A value
@@ -50,6 +61,12 @@ struct Request {
 
   TopologyMode topology = TopologyMode::kNone;
   TopologyScope topology_scope = TopologyScope::kNvlink;
+
+  // The sharing mode asked for; none: a share goes on a time-sliced GPU, whole GPUs on either
+  // (held whole, a GPU's mode does not matter). Asked, only GPUs in that mode take it. A request
+  // in MPS mode shares a GPU only with requests of its own owner (the MPS control daemon runs one
+  // user's server per GPU at a time; a client of another user waits until its clients end).
+  std::optional<GpuSharing> sharing;
 
   int priority = 0;
   bool preemptible = true;
@@ -83,6 +100,8 @@ struct Request {
   int shared_gpu_count() const { return fractional() ? std::max(share_gpus, 1) : 0; }
   // How many GPUs it is placed on, whole or shared.
   int gpu_count() const { return gpus > 0 ? gpus : shared_gpu_count(); }
+  // Whether it runs as an MPS client (asked MPS mode).
+  bool mps() const { return sharing == GpuSharing::kMps; }
   // GPU compute asked for, in thousandths of a GPU.
   int64_t gpu_milli_total() const {
     return int64_t{gpus} * kMilliPerGpu + int64_t{gpu_milli} * std::max(share_gpus, 1);
@@ -99,6 +118,7 @@ struct NodeGpu {
   ComputeCapability compute_capability;
   int numa_node = -1;
   std::string uuid;
+  GpuSharing sharing = GpuSharing::kTimeSlice;
   friend bool operator==(const NodeGpu&, const NodeGpu&) = default;
 };
 
@@ -114,14 +134,16 @@ struct NodeSpec {
 
 // Whether a GPU of this kind satisfies the request's attribute selector: its model is one of
 // `r.models` (exact names; any when empty), it has at least `r.min_gpu_memory_mib` and at least
-// `r.min_compute_capability`.
+// `r.min_compute_capability`, and it is in the sharing mode asked (time slices for a share that
+// asks none).
 bool GpuAccepted(const NodeGpu& gpu, const Request& r);
 
 // The request's shape: the fields that decide where, and whether, it fits on a given cluster state
 // and how each place scores (resources, attribute selector, topology wish), as a compact byte
 // string. Requests of one shape fit or fail alike; the scheduler's caches and the scheduling
 // cycle's "this shape did not fit" memo both key on it. Priority, owner and gang are not part of
-// it: a caller that also depends on them (preemption depends on priority) adds them itself.
+// it: a caller that also depends on them (preemption depends on priority) adds them itself. The
+// owner is, for a request in MPS mode: where it fits depends on whose clients hold a GPU.
 std::string RequestShapeKey(const Request& r);
 
 // A node for the scheduling model from a discovered inventory.

@@ -259,6 +259,10 @@ class Checker {
   // beside 4 at 70%, and a PyTorch allocation over the limit.
   void Torch();
   void ProcAddress();
+  // MPS beside time slices (checks_mps.cc): 4 tenants of small kernels alone, in slices and under
+  // MPS; MPS's pinned memory limit against NVML; a client killed mid-kernel. Info where there is
+  // no MPS.
+  void Mps(Nvml* nvml);
 
  private:
   const Options& options_;

@@ -265,13 +265,23 @@ using check::Verdict;
 using check::Work;
 
 const std::vector<std::string>& Names() {
-  static const std::vector<std::string> names = {
-      "calibrate",        "launch cost",        "shares 20/30/50",
-      "control",          "deep queue 200x1ms", "deep queue 400x5ms",
-      "graph replays",    "long kernels",       "job of processes",
-      "SIGSTOP",          "priority",           "memory",
-      "container memory", "shared VMM",         "lookup routes",
-      "pytorch"};
+  static const std::vector<std::string> names = {"calibrate",
+                                                 "launch cost",
+                                                 "shares 20/30/50",
+                                                 "control",
+                                                 "deep queue 200x1ms",
+                                                 "deep queue 400x5ms",
+                                                 "graph replays",
+                                                 "long kernels",
+                                                 "job of processes",
+                                                 "SIGSTOP",
+                                                 "priority",
+                                                 "memory",
+                                                 "container memory",
+                                                 "shared VMM",
+                                                 "lookup routes",
+                                                 "MPS",
+                                                 "pytorch"};
   return names;
 }
 
@@ -353,6 +363,7 @@ int RunChecks(const Options& options, std::ostream& out) {
   if (wanted("container memory")) c.ContainerMemory(have_nvml ? &nvml : nullptr);
   if (wanted("shared VMM")) c.SharedVmm();
   if (wanted("lookup routes")) c.ProcAddress();
+  if (wanted("MPS") && c.iters_per_us > 0) c.Mps(have_nvml ? &nvml : nullptr);
   if (!options.torch.empty() && wanted("pytorch")) c.Torch();
   std::filesystem::remove_all(dir);
 

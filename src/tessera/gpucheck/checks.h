@@ -24,6 +24,7 @@ struct Options {
   std::string torch;  // tests/gpu/torch_tenant.py: also check PyTorch tenants; empty: not
   std::string python = "python3";
   std::vector<std::string> settings;  // KEY=VALUE given to every tenant (the library's settings)
+  std::string mps_control = "nvidia-cuda-mps-control";  // the MPS checks' control program
   int device = 0;
 };
 

@@ -28,6 +28,12 @@ ClassGpu DecodeGpu(uint64_t w) {
 
 }  // namespace
 
+uint64_t MpsUserKey(const std::string& owner) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: stable across runs, so keys are reproducible
+  for (unsigned char c : owner) h = (h ^ c) * 0x100000001b3ull;
+  return h | 1;
+}
+
 int AffinityTag(const core::Request& r) {
   if (r.fractional()) return 1;
   if (r.gpus <= 0) return 0;
@@ -58,8 +64,10 @@ ShapeId ClusterState::InternShape(const core::NodeSpec& spec) {
       it = s.kinds.end() - 1;
     }
     s.gpu_kind.push_back(static_cast<uint16_t>(it - s.kinds.begin()));
+    s.has_mps = s.has_mps || g.sharing == core::GpuSharing::kMps;
   }
   const int n = static_cast<int>(spec.gpus.size());
+  s.positional = s.has_mps;
   for (int a = 0; a < n && !s.positional; ++a) {
     if (spec.gpus[a].numa_node != spec.gpus[0].numa_node) s.positional = true;
     for (int b = 0; b < s.topology.size() && !s.positional; ++b) {
@@ -146,7 +154,7 @@ std::vector<uint64_t> ClusterState::KeyOf(NodeId n) const {
   uint16_t tags = 0;
   for (int t = 0; t < kAffinityTags; ++t) tags |= node.tag_counts[t] ? (1u << t) : 0;
   std::vector<uint64_t> key;
-  key.reserve(3 + shape.gpus.size());
+  key.reserve(3 + shape.gpus.size() * (shape.has_mps ? 2 : 1));
   key.push_back((uint64_t(node.shape) << 16) | tags);
   key.push_back(static_cast<uint64_t>(node.spec.cpu_milli - node.cpu_used));
   key.push_back(static_cast<uint64_t>(node.spec.memory_mib - node.memory_used));
@@ -154,6 +162,11 @@ std::vector<uint64_t> ClusterState::KeyOf(NodeId n) const {
     key.push_back(GpuWord(shape.gpu_kind[g], gpu_uses_[node.gpu_offset + g], shape.gpus[g]));
   }
   if (!shape.positional) std::sort(key.begin() + 3, key.end());
+  // Whose MPS clients hold each GPU, in index order (a shape with MPS GPUs is positional).
+  if (shape.has_mps) {
+    for (size_t g = 0; g < shape.gpus.size(); ++g)
+      key.push_back(gpu_uses_[node.gpu_offset + g].mps_user);
+  }
   return key;
 }
 
@@ -235,7 +248,11 @@ void ClusterState::Reclassify(NodeId n) {
     cls.cpu_left = static_cast<int64_t>(key[1]);
     cls.memory_left = static_cast<int64_t>(key[2]);
     cls.gpus.clear();
-    for (size_t i = 3; i < key.size(); ++i) cls.gpus.push_back(DecodeGpu(key[i]));
+    const size_t gpu_count = shapes_[node.shape].gpus.size();
+    for (size_t i = 0; i < gpu_count; ++i) cls.gpus.push_back(DecodeGpu(key[3 + i]));
+    if (shapes_[node.shape].has_mps) {
+      for (size_t i = 0; i < gpu_count; ++i) cls.gpus[i].mps_user = key[3 + gpu_count + i];
+    }
     cls.members.clear();
     class_index_.emplace(std::move(key), c);
   }
@@ -285,6 +302,10 @@ absl::Status ClusterState::Apply(Allocation a) {
       return absl::InvalidArgumentError(
           fmt::format("allocation {}: GPU {} of node {} is too full", a.id, g, node.name));
     }
+    if (!MpsUserAllows(u.mps_user, r)) {
+      return absl::InvalidArgumentError(fmt::format(
+          "allocation {}: GPU {} of node {} runs another owner's MPS clients", a.id, g, node.name));
+    }
   }
   node.cpu_used += r.cpu_milli;
   node.memory_used += r.memory_mib;
@@ -294,6 +315,10 @@ absl::Status ClusterState::Apply(Allocation a) {
     u.memory_mib += a.memory_mib_per_gpu;
     if (r.fractional()) u.util_pct += r.expected_util_pct;
     ++u.holders;
+    if (r.mps()) {
+      ++u.mps_holders;
+      u.mps_user = MpsUserKey(r.owner);
+    }
   }
   ++node.tag_counts[AffinityTag(r)];
   node_allocs_[a.node].push_back(a.id);
@@ -328,7 +353,8 @@ absl::StatusOr<Allocation> ClusterState::Remove(const std::string& id) {
     u.memory_mib -= a.memory_mib_per_gpu;
     if (a.request.fractional()) u.util_pct -= a.request.expected_util_pct;
     --u.holders;
-    assert(u.milli >= 0 && u.memory_mib >= 0 && u.holders >= 0);
+    if (a.request.mps() && --u.mps_holders == 0) u.mps_user = 0;
+    assert(u.milli >= 0 && u.memory_mib >= 0 && u.holders >= 0 && u.mps_holders >= 0);
   }
   --node.tag_counts[AffinityTag(a.request)];
   auto& ids = node_allocs_[a.node];

@@ -30,9 +30,11 @@ struct NodeShape {
   // GPU kinds: distinct (model, memory, compute capability, NUMA node); gpu_kind[i] indexes them.
   std::vector<core::NodeGpu> kinds;
   std::vector<uint16_t> gpu_kind;
-  // True when GPU positions matter (links or NUMA differ between GPUs): class keys then keep GPUs
-  // in index order instead of sorting them.
+  // True when GPU positions matter (links or NUMA differ between GPUs, or some GPU is shared by
+  // MPS): class keys then keep GPUs in index order instead of sorting them.
   bool positional = false;
+  // Whether any GPU is in MPS mode: class keys then carry whose MPS clients hold each GPU.
+  bool has_mps = false;
 };
 
 // What is allocated on one GPU.
@@ -42,8 +44,19 @@ struct GpuUse {
   int32_t holders = 0;     // allocations on it
   int32_t util_pct = 0;    // its shares' predicted utilization, summed (Request::expected_util_pct)
   bool healthy = true;
+  // MPS clients on it: how many allocations, and their owner's MpsUserKey (0: none).
+  int32_t mps_holders = 0;
+  uint64_t mps_user = 0;
   friend bool operator==(const GpuUse&, const GpuUse&) = default;
 };
+
+// An owner as the class keys carry the user of an MPS GPU: a 64-bit hash, never 0.
+uint64_t MpsUserKey(const std::string& owner);
+// Whether a request may go on a GPU whose MPS clients are `mps_user`'s: none there, or its own
+// owner's (only a request in MPS mode is limited).
+inline bool MpsUserAllows(uint64_t mps_user, const core::Request& r) {
+  return mps_user == 0 || !r.mps() || mps_user == MpsUserKey(r.owner);
+}
 
 // An allocation tag by size, for policies that cluster alike work (GPU clustering).
 int AffinityTag(const core::Request& r);  // 0 none, 1 share, 2.. = 1 + whole GPU count (capped)
@@ -66,7 +79,8 @@ struct ClassGpu {
   bool healthy = true;
   int32_t milli_left = 0;
   int64_t memory_left_mib = 0;
-  int32_t util_pct = 0;  // GpuUse::util_pct, capped at 255
+  int32_t util_pct = 0;   // GpuUse::util_pct, capped at 255
+  uint64_t mps_user = 0;  // GpuUse::mps_user
 };
 
 class ClusterState {

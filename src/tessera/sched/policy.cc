@@ -345,11 +345,16 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
     }
   } else if (r.fractional()) {
     Gpus candidates, over;  // with room: within the utilization ceiling, or over it
+    int other_users = 0;    // with room, but running another owner's MPS clients
     for (size_t p = 0; p < gpus.size(); ++p) {
       const ClassGpu& g = gpus[p];
       // A GPU held whole (no compute left) takes no share, not even a memory-only one.
       if (g.healthy && node.Accepts(g.kind, r) && g.milli_left >= std::max(r.gpu_milli, 1) &&
           g.memory_left_mib >= r.gpu_memory_mib) {
+        if (!MpsUserAllows(g.mps_user, r)) {
+          ++other_users;
+          continue;
+        }
         (UnderUtilizationCeiling(g, r) ? candidates : over).push_back(static_cast<int>(p));
       }
     }
@@ -358,6 +363,11 @@ Evaluation PolicySet::Evaluate(const NodeView& node, const core::Request& r,
       if (want_reason) {
         if (gpus.empty()) {
           ev.reason = "has no GPUs";
+        } else if (other_users > 0 && candidates.size() + over.size() < want) {
+          ev.reason = fmt::format(
+              "{} MPS GPU{} with room run{} another user's clients (MPS serves one user per GPU "
+              "at a time)",
+              other_users, other_users == 1 ? "" : "s", other_users == 1 ? "s" : "");
         } else if (!over.empty()) {
           ev.reason = fmt::format(
               "{} GPU{} with room would be predicted busier than the {}% utilization ceiling "

@@ -94,11 +94,13 @@ struct Scheduler::PreemptionSearch {
       const GpuUse& u = st.gpu_use(n, static_cast<int>(g));
       base[g] = ClassGpu{shape.gpu_kind[g], u.healthy, core::kMilliPerGpu - u.milli,
                          shape.gpus[g].memory_mib - u.memory_mib};
+      base[g].mps_user = u.mps_user;
     }
     auto fits_without = [&](const std::vector<bool>& gone, Evaluation* out) {
       std::vector<ClassGpu> gpus = base;
       int64_t cpu_left = shape.cpu_milli - st.cpu_used(n);
       int64_t mem_left = shape.memory_mib - st.memory_used(n);
+      std::vector<int> mps_gone(gpus.size(), 0);
       for (size_t i = 0; i < candidates.size(); ++i) {
         if (!gone[i]) continue;
         const Allocation* a = candidates[i];
@@ -107,6 +109,8 @@ struct Scheduler::PreemptionSearch {
         for (int g : a->gpus) {
           gpus[g].milli_left += a->milli_per_gpu;
           gpus[g].memory_left_mib += a->memory_mib_per_gpu;
+          if (a->request.mps() && ++mps_gone[g] == st.gpu_use(n, g).mps_holders)
+            gpus[g].mps_user = 0;
         }
       }
       // Whole-GPU holders with memory_mib_per_gpu 0 (mixed sizes) free all of the GPU's memory.

@@ -208,6 +208,105 @@ TEST(Scheduler, GangIsAllOrNothing) {
   EXPECT_EQ(s.PlaceGang(gang).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A node whose GPUs 0 and 1 are shared by MPS, 2 and 3 in time slices.
+core::NodeSpec MpsNode(const std::string& name) {
+  core::NodeSpec n = Node(name, 4);
+  n.gpus[0].sharing = n.gpus[1].sharing = core::GpuSharing::kMps;
+  return n;
+}
+
+core::Request Mps(core::Request r, const std::string& owner) {
+  r.sharing = core::GpuSharing::kMps;
+  r.owner = owner;
+  return r;
+}
+
+TEST(Scheduler, ASharingModeAskedIsPlacedOnlyOnGpusInThatMode) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(MpsNode("a")).ok());
+  // Three MPS shares of one user: on the MPS GPUs only, packed.
+  for (int i = 0; i < 3; ++i) {
+    auto a = s.Place(Mps(Share("m" + std::to_string(i), 300), "alice"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_LT(a->gpus[0], 2) << "an MPS share goes on an MPS GPU";
+  }
+  // A share asking nothing goes in time slices, never on an MPS GPU, though they have room.
+  for (int i = 0; i < 2; ++i) {
+    auto t = s.Place(Share("t" + std::to_string(i), 900));
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_GE(t->gpus[0], 2);
+  }
+  auto none = s.Place(Share("t2", 900));
+  ASSERT_FALSE(none.ok()) << "the MPS GPUs' room is not for time-sliced shares";
+  // Asked time slices explicitly: the same.
+  core::Request ts = Share("ts", 50);
+  ts.sharing = core::GpuSharing::kTimeSlice;
+  auto t = s.Place(ts);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_GE(t->gpus[0], 2);
+  // Whole GPUs asking nothing may take an idle MPS GPU; asking MPS, only one.
+  ASSERT_TRUE(s.Release("m0").ok());
+  ASSERT_TRUE(s.Release("m1").ok());
+  ASSERT_TRUE(s.Release("m2").ok());
+  auto whole = s.Place(Mps(Whole("w", 2), "bob"));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_THAT(whole->gpus, ::testing::ElementsAre(0, 1));
+  EXPECT_FALSE(s.Place(Mps(Whole("w2", 1), "bob")).ok()) << "no MPS GPU left";
+}
+
+TEST(Scheduler, AnMpsGpuServesOneUsersClientsAtATime) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(MpsNode("a")).ok());
+  ASSERT_TRUE(s.Place(Mps(Share("alice-1", 200), "alice")).ok());
+  const int alice_gpu = s.state().Find("alice-1")->gpus[0];
+  // Bob's client goes on the other MPS GPU, though alice's has more room packed.
+  auto bob = s.Place(Mps(Share("bob-1", 200), "bob"));
+  ASSERT_TRUE(bob.ok()) << bob.status();
+  EXPECT_NE(bob->gpus[0], alice_gpu);
+  // Carol finds both MPS GPUs held by another user and waits, told why.
+  auto carol = s.Place(Mps(Share("carol-1", 100), "carol"));
+  ASSERT_EQ(carol.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(carol.status().message(), HasSubstr("another user's clients"));
+  // Alice's second client joins her own GPU.
+  auto alice2 = s.Place(Mps(Share("alice-2", 500), "alice"));
+  ASSERT_TRUE(alice2.ok()) << alice2.status();
+  EXPECT_EQ(alice2->gpus[0], alice_gpu);
+  // The model refuses another owner's client on it, whatever the caller says.
+  Allocation forced;
+  forced.id = "forced";
+  forced.node = 0;
+  forced.gpus = {alice_gpu};
+  forced.milli_per_gpu = 100;
+  forced.request = Mps(Share("forced", 100), "carol");
+  ClusterState copy = s.state();
+  EXPECT_FALSE(copy.Apply(forced).ok());
+  // A time-sliced share is not bound by it (it cannot go there anyway: wrong mode), and once
+  // alice's clients end, carol's fits where alice's ran - not before the last one ends.
+  ASSERT_TRUE(s.Release("alice-1").ok());
+  EXPECT_FALSE(s.Place(Mps(Share("carol-1", 100), "carol")).ok());
+  ASSERT_TRUE(s.Release("alice-2").ok());
+  auto carol2 = s.Place(Mps(Share("carol-1", 100), "carol"));
+  ASSERT_TRUE(carol2.ok()) << carol2.status();
+  EXPECT_EQ(carol2->gpus[0], alice_gpu);
+  EXPECT_EQ(s.state().gpu_use(0, alice_gpu).mps_user, MpsUserKey("carol"));
+  EXPECT_EQ(s.state().gpu_use(0, alice_gpu).mps_holders, 1);
+}
+
+TEST(Scheduler, PreemptionFreesAnMpsGpuOfAnotherUsersClients) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddNode(MpsNode("a")).ok());
+  ASSERT_TRUE(s.Place(Prio(Mps(Share("a1", 100), "alice"), 1)).ok());
+  ASSERT_TRUE(s.Place(Prio(Mps(Share("a2", 100), "alice"), 1)).ok());
+  ASSERT_TRUE(s.Place(Prio(Mps(Share("b1", 100), "bob"), 2)).ok());
+  const int alice_gpu = s.state().Find("a1")->gpus[0];
+  ASSERT_EQ(s.state().Find("a2")->gpus[0], alice_gpu);
+  // Room on both GPUs, but each has another user's clients: carol's urgent client must take one
+  // GPU's clients all, and the cheapest are alice's (lower priority), both of them.
+  PreemptionPlan plan = s.PlanPreemption(Prio(Mps(Share("c", 100), "carol"), 10));
+  ASSERT_TRUE(plan.possible) << plan.why_not;
+  EXPECT_THAT(plan.victims, UnorderedElementsAre("a1", "a2"));
+}
+
 TEST(Scheduler, PreemptionChoosesFewestLowestVictims) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(Node("a", 4)).ok());

@@ -630,7 +630,14 @@ net::HttpResponse Api::Gpus() {
                    {"temperature_celsius", OrNull(s.telemetry.temperature_celsius)},
                    {"power_watts", OrNull(s.telemetry.power_watts)},
                    {"numa_node", OrNull(gpu.numa_node)},
+                   {"sharing", core::GpuSharingName(s.sharing)},
                    {"jobs", s.jobs}});
+    if (s.mps) {
+      out.back()["mps"] = {{"daemon_up", s.mps->up},
+                           {"reason", s.mps->reason},
+                           {"starts", s.mps->starts},
+                           {"deaths", s.mps->deaths}};
+    }
   }
   // The links between GPUs: NVLink where there is some, else the PCIe level (nvidia-smi's codes).
   json links = json::array();

@@ -554,6 +554,39 @@ absl::Status LoadContainers(const std::string& path, const YAML::Node& root, Ser
   return absl::OkStatus();
 }
 
+// GPUs shared by MPS and their control daemons.
+absl::Status LoadMps(const std::string& path, const YAML::Node& root, ServerConfig* c) {
+  const YAML::Node m = root["mps"];
+  if (!m) return absl::OkStatus();
+  if (!m.IsMap()) return At(path, m, "mps", "expected a map with gpus, control, check_interval_s");
+  if (absl::Status st = Known(path, m, {"gpus", "control", "check_interval_s"}, "mps"); !st.ok())
+    return st;
+  if (const YAML::Node g = m["gpus"]) {
+    c->mps_gpus.clear();
+    if (g.IsScalar() && g.as<std::string>() == "all") {
+      c->mps_gpus.push_back("all");
+    } else if (g.IsSequence()) {
+      for (const YAML::Node& one : g) {
+        if (!one.IsScalar() || one.as<std::string>().empty())
+          return At(path, one, "mps.gpus[]", "expected a GPU index or UUID");
+        c->mps_gpus.push_back(one.as<std::string>());
+      }
+    } else {
+      return At(path, g, "mps.gpus", "expected a list of GPU indices or UUIDs, or all");
+    }
+  }
+  if (const YAML::Node p = m["control"]) {
+    if (!Get(path, p, "mps.control", &c->mps_control).ok() || c->mps_control.empty())
+      return At(path, p, "mps.control", "expected the control program's name or path");
+  }
+  if (const YAML::Node v = m["check_interval_s"]) {
+    if (!Get(path, v, "mps.check_interval_s", &c->mps_check_interval_s).ok() ||
+        c->mps_check_interval_s < 0.05 || c->mps_check_interval_s > 600)
+      return At(path, v, "mps.check_interval_s", "expected 0.05..600 seconds");
+  }
+  return absl::OkStatus();
+}
+
 // Run-time history, interference-aware sharing and the loop's poll interval.
 absl::Status LoadHistory(const std::string& path, const YAML::Node& root, ServerConfig* c) {
   if (const YAML::Node h = root["history"]) {
@@ -649,7 +682,8 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "retention",
                                "utilization_ceiling",
                                "utilization_ceiling_strict",
-                               "auto_size_margin"},
+                               "auto_size_margin",
+                               "mps"},
                               "");
       !st.ok()) {
     return st;
@@ -695,6 +729,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
   if (absl::Status st = LoadLimits(path, root, c); !st.ok()) return st;
   if (absl::Status st = LoadContainers(path, root, c); !st.ok()) return st;
   if (absl::Status st = LoadHistory(path, root, c); !st.ok()) return st;
+  if (absl::Status st = LoadMps(path, root, c); !st.ok()) return st;
   return absl::OkStatus();
 }
 

@@ -72,6 +72,7 @@ backfill: {reservations: 1}
 utilization_ceiling: 60%
 utilization_ceiling_strict: true
 auto_size_margin: 35%
+mps: {gpus: [1, GPU-abc], control: /opt/nvidia/mps-control, check_interval_s: 0.5}
 max_array_tasks: 500
 listener:
   idle_timeout_s: 30
@@ -107,6 +108,9 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.utilization_ceiling_pct, 60);
   EXPECT_TRUE(c.utilization_ceiling_strict);
   EXPECT_EQ(c.auto_size_margin_pct, 35);
+  EXPECT_EQ(c.mps_gpus, (std::vector<std::string>{"1", "GPU-abc"}));
+  EXPECT_EQ(c.mps_control, "/opt/nvidia/mps-control");
+  EXPECT_EQ(c.mps_check_interval_s, 0.5);
   EXPECT_EQ(c.history_interval_s, 2);
   EXPECT_EQ(c.history_window_s, 7200);
   EXPECT_EQ(c.max_array_tasks, 500u);
@@ -210,6 +214,12 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"utilization_ceiling_strict: maybe\n", "utilization_ceiling_strict: expected true or false"},
       {"auto_size_margin: 300%\n", "auto_size_margin: expected a percentage 0..200"},
       {"auto_size_margin: [20]\n", "auto_size_margin: expected a percentage such as 20%"},
+      {"mps: [0]\n", "mps: expected a map with gpus, control, check_interval_s"},
+      {"mps: {gpu: [0]}\n", "mps.gpu: unknown key"},
+      {"mps: {gpus: 0}\n", "mps.gpus: expected a list of GPU indices or UUIDs, or all"},
+      {"mps: {gpus: [[0]]}\n", "mps.gpus[]: expected a GPU index or UUID"},
+      {"mps: {control: \"\"}\n", "mps.control: expected the control program's name or path"},
+      {"mps: {check_interval_s: 0}\n", "mps.check_interval_s: expected 0.05..600 seconds"},
       {"containers: podman\n", "containers: expected a map with podman, cdi_spec_dir and run_args"},
       {"containers: {docker: x}\n", "containers.docker: unknown key"},
       {"containers: {cdi_spec_dir: cdi}\n",

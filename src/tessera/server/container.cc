@@ -1,9 +1,7 @@
 #include "tessera/server/container.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,99 +13,13 @@
 
 #include "fmt/format.h"
 #include "tessera/devices/cdi.h"
+#include "tessera/server/program.h"
 
 extern char** environ;
 
 namespace tessera::server {
-namespace {
 
 namespace fs = std::filesystem;
-
-struct Output {
-  int status = -1;  // exit code, -1 when it did not end normally
-  std::string text;
-};
-
-// Runs argv (no shell) with stdin from /dev/null, and collects stdout and stderr together; kills it
-// after `timeout`.
-absl::StatusOr<Output> RunCapture(const std::vector<std::string>& args,
-                                  std::chrono::milliseconds timeout) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0)
-    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    return absl::FailedPreconditionError(fmt::format("cannot run {}: {}", args[0], strerror(rc)));
-  }
-  Output out;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  char buf[4096];
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      kill(pid, SIGKILL);
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    int r = poll(&p, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (out.text.size() < (1 << 20)) out.text.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
-  return out;
-}
-
-std::string LookUp(const std::string& name) {
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    std::string dir =
-        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (!dir.empty()) {
-      std::string candidate = dir + "/" + name;
-      struct stat st;
-      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-          access(candidate.c_str(), X_OK) == 0) {
-        return candidate;
-      }
-    }
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  return "";
-}
-
-std::string FirstLine(const std::string& s) {
-  std::string line = s.substr(0, s.find('\n'));
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-  return line;
-}
-
-}  // namespace
 
 absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman,
                                             const std::string& cdi_spec_dir,
@@ -119,14 +31,14 @@ absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman,
                                    ? fmt::format("{} is not an executable file", podman)
                                    : fmt::format("'{}' is not in PATH", podman));
   }
-  auto version = RunCapture({rt.podman, "--version"}, std::chrono::seconds(20));
+  auto version = RunCapture({rt.podman, "--version"});
   if (!version.ok()) return version.status();
   if (version->status != 0) {
     return absl::FailedPreconditionError(fmt::format("{} --version failed (exit {}): {}", rt.podman,
                                                      version->status, FirstLine(version->text)));
   }
   rt.version = FirstLine(version->text);
-  auto help = RunCapture({rt.podman, "--help"}, std::chrono::seconds(20));
+  auto help = RunCapture({rt.podman, "--help"});
   rt.pass_cdi_spec_dir = help.ok() && help->text.find("--cdi-spec-dir") != std::string::npos;
   rt.cdi_spec_dir = cdi_spec_dir;
   fs::path normal = fs::path(cdi_spec_dir).lexically_normal();

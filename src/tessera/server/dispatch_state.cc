@@ -16,7 +16,10 @@ DispatchState::DispatchState(const ServerConfig& config, Rights& rights, Store& 
       store(store),
       admission({config.max_running_jobs_per_user, 4 * config.max_starts_per_pass}),
       gpu_healthy(gpus, true),
-      gpu_health_reason(gpus) {}
+      gpu_health_reason(gpus),
+      gpu_device_healthy(gpus, true),
+      gpu_device_reason(gpus),
+      gpu_mps_down(gpus) {}
 
 void DispatchState::Publish() {
   MachineView v;

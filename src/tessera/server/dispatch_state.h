@@ -75,8 +75,13 @@ class DispatchState {
   std::map<int64_t, Starting> starting ABSL_GUARDED_BY(mu);
   // Jobs whose process ended and whose end is being recorded without `mu`.
   std::set<int64_t> finishing ABSL_GUARDED_BY(mu);
+  // Each GPU's health as the scheduler takes it: the device's (the health watch's) and, for a GPU
+  // in MPS mode, its control daemon's; the reason of whichever is not well.
   std::vector<bool> gpu_healthy ABSL_GUARDED_BY(mu);
   std::vector<std::string> gpu_health_reason ABSL_GUARDED_BY(mu);
+  std::vector<bool> gpu_device_healthy ABSL_GUARDED_BY(mu);
+  std::vector<std::string> gpu_device_reason ABSL_GUARDED_BY(mu);
+  std::vector<std::string> gpu_mps_down ABSL_GUARDED_BY(mu);  // why its daemon is down; empty: up
   bool dirty ABSL_GUARDED_BY(mu) = true;  // something changed that may let a queued job start
   SchedulingStats scheduling ABSL_GUARDED_BY(mu);  // submit to start, and passes (/metrics)
   std::unique_ptr<Retention> retention ABSL_GUARDED_BY(mu);

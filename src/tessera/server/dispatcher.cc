@@ -112,6 +112,13 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   core::NodeSpec node = core::NodeFromInventory(s->inventory_, cpus * 1000,
                                                 static_cast<int64_t>(pages) * page / (1 << 20));
+  // GPUs in MPS mode (mps.gpus), each with its control daemon.
+  {
+    auto mps = MpsGpusOf(c.mps_gpus, s->inventory_);
+    if (!mps.ok()) return mps.status();
+    for (const MpsGpu& g : *mps) node.gpus[g.index].sharing = core::GpuSharing::kMps;
+    s->mps_ = std::make_unique<MpsDaemons>(c.mps_control, c.state_dir + "/mps", *mps);
+  }
   if (auto n = scheduler->AddNode(node); !n.ok()) return n.status();
   for (const auto& [user, q] : c.quotas) scheduler->quotas().Set(user, q);
   for (const auto& [group, q] : c.group_quotas) scheduler->quotas().Set("group:" + group, q);
@@ -177,7 +184,8 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                       .arbiter_file = s->ArbiterFile(),
                       .confines = s->host_->confines(),
                       .containers = s->containers_.has_value(),
-                      .containers_off = s->containers_off_};
+                      .containers_off = s->containers_off_,
+                      .mps = s->mps_.get()};
   s->ops_ = std::make_unique<JobOperations>(state, s->launch_setup_, *s->clock_);
   return s;
 }
@@ -329,17 +337,37 @@ void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {
   DispatchState& state = *state_;
   DispatchState::ChangeLock lock(state);
   if (gpu < 0 || gpu >= static_cast<int>(state.gpu_healthy.size())) return;
+  state.gpu_device_healthy[gpu] = healthy;
+  state.gpu_device_reason[gpu] = reason;
+  ApplyHealth(state, gpu, false);
+}
+
+void Dispatcher::OnMps(int gpu, bool up, const std::string& reason) {
+  DispatchState& state = *state_;
+  DispatchState::ChangeLock lock(state);
+  if (gpu < 0 || gpu >= static_cast<int>(state.gpu_healthy.size())) return;
+  state.gpu_mps_down[gpu] = up ? "" : reason.empty() ? "its MPS control daemon is down" : reason;
+  ApplyHealth(state, gpu, true);
+}
+
+void Dispatcher::ApplyHealth(DispatchState& state, int gpu, bool mps_only) {
+  const bool healthy = state.gpu_device_healthy[gpu] && state.gpu_mps_down[gpu].empty();
+  const std::string reason =
+      !state.gpu_device_healthy[gpu] ? state.gpu_device_reason[gpu] : state.gpu_mps_down[gpu];
+  const bool was = state.gpu_healthy[gpu];
   state.gpu_healthy[gpu] = healthy;
-  state.gpu_health_reason[gpu] = reason;
+  state.gpu_health_reason[gpu] = healthy ? "" : reason;
   (void)state.engine->scheduler().SetGpuHealth(0, gpu, healthy);
   state.Publish();  // before the event streams look
   feed_.Bump();
   if (healthy) {
-    spdlog::info("GPU {} is healthy again", gpu);
+    if (!was) spdlog::info("GPU {} is healthy again", gpu);
   } else {
     spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
+    // A device that failed takes every job on it; a dead MPS daemon its clients only (a whole-GPU
+    // job that is no MPS client does not use it).
     state.runs->StopOn(gpu, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason),
-                       Now());
+                       Now(), mps_only && state.gpu_device_healthy[gpu]);
   }
   state.dirty = true;
   state.wake.notify_all();

@@ -31,6 +31,7 @@
 #include "tessera/server/job_operations.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/launch_plan.h"
+#include "tessera/server/mps.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/sampler.h"
@@ -119,8 +120,12 @@ class Dispatcher {
     int64_t memory_mib = 0;
     std::vector<int64_t> jobs;
     devices::GpuTelemetry telemetry;
+    core::GpuSharing sharing = core::GpuSharing::kTimeSlice;
+    std::optional<MpsDaemonState> mps;  // its MPS daemon, when in MPS mode
   };
   std::vector<GpuState> Gpus();
+  // The MPS daemons' states (none when no GPU is in MPS mode).
+  std::vector<MpsDaemonState> MpsStates() const { return mps_->States(); }
   // Each user's and group's quota and what they use now.
   using QuotaState = QuotaView;
   std::vector<QuotaState> Quotas() const;
@@ -156,6 +161,13 @@ class Dispatcher {
   static constexpr size_t kHistoryJobs = 5000;
   // A GPU's health changed (the health watch): the engine told, jobs on a failed GPU stopped.
   void OnHealth(int gpu, bool healthy, const std::string& reason);
+  // A GPU's MPS daemon went down or came back (MpsDaemons' watch): the GPU takes no new work while
+  // it is down, and its MPS clients are stopped (they lost their server).
+  void OnMps(int gpu, bool up, const std::string& reason);
+  // Sets a GPU's health from its device's and its MPS daemon's (under the lock); `mps_only`: only
+  // its MPS clients are stopped when it turns unhealthy.
+  void ApplyHealth(DispatchState& state, int gpu, bool mps_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu);
   // Every GPU's telemetry (Sampler::Telemetry).
   std::vector<devices::GpuTelemetry> Telemetry() { return sampler_->Telemetry(); }
   // Tells the event streams of the store's changes and starts the sampler (a thread when
@@ -172,6 +184,7 @@ class Dispatcher {
   std::unique_ptr<Store> store_;
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<devices::HealthWatch> health_;
+  std::unique_ptr<MpsDaemons> mps_;  // GPUs in MPS mode (mps.gpus); null when none
   std::string fallback_reason_;
   core::NodeInventory inventory_;
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image

@@ -48,7 +48,19 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
       state_->wake.notify_all();
     });
   }
+  // A GPU in MPS mode takes no work until its daemon answers (an MPS job placed on it before
+  // would run without MPS: a CUDA client that finds no daemon goes on without one).
+  for (const MpsGpu& g : mps_->gpus())
+    OnMps(g.index, false, "its MPS control daemon is not started yet");
   if (absl::Status st = Recover(); !st.ok()) return st;
+  mps_->QuitLeftBehind();
+  if (!mps_->gpus().empty()) {
+    // Each daemon started (or found running, with the clients of the jobs recovered) before the
+    // first pass, then watched.
+    mps_->Start(
+        std::chrono::milliseconds(static_cast<int64_t>(config_.mps_check_interval_s * 1000)),
+        [this](int gpu, bool up, const std::string& reason) { OnMps(gpu, up, reason); });
+  }
   if (const JobHost::Confinement c = host_->confinement(); c.mode != "none") {
     const json& where = c.where;
     spdlog::info("confinement: {}: devices by {}; memory {}, cpu {}, pids {}{}", c.mode,
@@ -85,6 +97,9 @@ void Dispatcher::Stop() {
   if (loop_) loop_->Stop();
   if (state_) state_->exits.reset();  // not under the lock: its thread may be waiting for it
   if (health_) health_->Stop();
+  // The daemons keep running, as the jobs do: their clients are MPS jobs a restarted server
+  // re-adopts.
+  if (mps_) mps_->StopWatch(false);
   if (host_) host_->Close();  // the cgroup subtree goes when no job is left in it
   // Jobs keep running: a restarted server re-adopts them.
 }
@@ -129,6 +144,11 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
     s.memory_mib = gv.memory_mib;
     if (g < telemetry.size()) s.telemetry = telemetry[g];
   }
+  for (const MpsDaemonState& m : mps_->States()) {
+    if (m.gpu < 0 || static_cast<size_t>(m.gpu) >= out.size()) continue;
+    out[m.gpu].sharing = core::GpuSharing::kMps;
+    out[m.gpu].mps = m;
+  }
   return out;
 }
 
@@ -168,6 +188,7 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
       snap.xids.push_back(h.xid_count);
     }
   }
+  for (const MpsDaemonState& m : mps_->States()) snap.mps.push_back({m.gpu, m.up, m.deaths});
   const std::shared_ptr<const MachineView> v = state_->views.machine();
   for (const GpuView& g : v->gpus) {
     snap.healthy.push_back(g.healthy);

@@ -319,7 +319,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       return Bad("resources", fmt::format("expected an object, got {}", TypeName(r)));
     if (absl::Status st = Unknown(r,
                                   {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory",
-                                   "topology", "cpus", "memory"},
+                                   "topology", "cpus", "memory", "sharing"},
                                   "resources");
         !st.ok()) {
       return st;
@@ -425,6 +425,15 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       }
     }
   }
+  if (j.contains("resources") && j["resources"].contains("sharing")) {
+    if (absl::Status st = String(j["resources"]["sharing"], "resources.sharing", &s.sharing, 16);
+        !st.ok())
+      return st;
+    if (!core::ParseGpuSharing(s.sharing)) {
+      return Bad("resources.sharing",
+                 fmt::format("expected time-slice or mps, got '{}'", s.sharing));
+    }
+  }
   if (j.contains("sized")) {
     if (absl::Status st = ParseSized(j["sized"], s); !st.ok()) return st;
   }
@@ -436,6 +445,19 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (s.Tasks() > 1 && !s.image.empty())
     return Bad("image", "a job in a container runs one process; ntasks/tasks_per_gpu need none");
+  if (s.sharing == "mps") {
+    if (!s.image.empty()) {
+      return Bad("image",
+                 "an MPS job runs on the host: its daemon's pipes are not handed to containers "
+                 "yet");
+    }
+    if (s.gpus > 1 && s.Tasks() < s.gpus) {
+      return Bad("resources.sharing",
+                 fmt::format("an MPS job on {} GPUs needs a process per GPU (tasks_per_gpu, or "
+                             "ntasks >= {}): each process is a client of one GPU's daemon",
+                             s.gpus, s.gpus));
+    }
+  }
   return s;
 }
 
@@ -469,6 +491,7 @@ json JobSpecToJson(const JobSpec& s) {
   if (!s.models.empty()) r["model"] = s.models;
   if (s.min_gpu_memory_mib > 0) r["min_gpu_memory"] = fmt::format("{}MiB", s.min_gpu_memory_mib);
   if (s.topology != "none") r["topology"] = s.topology;
+  if (!s.sharing.empty()) r["sharing"] = s.sharing;
   if (s.cpu_milli > 0) r["cpus"] = static_cast<double>(s.cpu_milli) / 1000;
   if (s.memory_mib > 0) r["memory"] = fmt::format("{}MiB", s.memory_mib);
   j["resources"] = r;
@@ -737,6 +760,7 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   r.topology = s.topology == "require"  ? core::TopologyMode::kRequire
                : s.topology == "prefer" ? core::TopologyMode::kPrefer
                                         : core::TopologyMode::kNone;
+  r.sharing = core::ParseGpuSharing(s.sharing);
   r.priority = s.priority;
   r.preemptible = s.preemptible;
   r.owner = owner;

@@ -70,6 +70,10 @@ struct JobSpec {
       models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;
   std::string topology = "none";  // none | prefer | require (NVLink between the GPUs)
+  // How its GPUs are shared (core::GpuSharing): "time-slice", "mps", or empty: a share in time
+  // slices, whole GPUs in either mode. An MPS job's processes are clients of their GPU's MPS
+  // daemon, and an MPS GPU serves one user's jobs at a time.
+  std::string sharing;
   // Host CPU (thousandths of a CPU) and memory: scheduled against the machine's, and limits of
   // the job's cgroup. 0: not asked (no limit).
   int64_t cpu_milli = 0;

@@ -202,6 +202,39 @@ TEST(JobSpec, AShareOnSeveralGpusIsOneRankPerGpu) {
   EXPECT_EQ(RequestOf(*one, 8, "ada").shared_gpu_count(), 1);
 }
 
+TEST(JobSpec, ASharingModeIsAskedCheckedAndRoundTrips) {
+  auto s = ParseJobSpec(R"({"command": ["serve"], "tasks_per_gpu": 1,
+      "resources": {"gpus": 2, "gpu_share": "25%", "sharing": "mps"}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const core::Request r = RequestOf(*s, 3, "ada");
+  ASSERT_TRUE(r.sharing.has_value());
+  EXPECT_TRUE(r.mps());
+  EXPECT_EQ(r.owner, "ada");
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->sharing, "mps");
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*s));
+  // None asked: none in the request (a share goes in time slices, whole GPUs anywhere).
+  auto plain = ParseJobSpec(R"({"command": ["ls"], "resources": {"gpu_share": "25%"}})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(RequestOf(*plain, 4, "ada").sharing.has_value());
+  EXPECT_FALSE(JobSpecToJson(*plain)["resources"].contains("sharing"));
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"command": ["ls"], "resources": {"sharing": "spatial"}})",
+       "resources.sharing: expected time-slice or mps, got 'spatial'"},
+      {R"({"command": ["ls"], "resources": {"sharing": 1}})", "resources.sharing"},
+      {R"({"command": ["ls"], "resources": {"gpus": 2, "gpu_share": "25%", "sharing": "mps"}})",
+       "an MPS job on 2 GPUs needs a process per GPU"},
+      {R"({"command": ["ls"], "image": "x", "resources": {"gpus": 1, "sharing": "mps"}})",
+       "image: an MPS job runs on the host"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = ParseJobSpec(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(want)) << text;
+  }
+}
+
 TEST(JobSpec, DependenciesAndTasksParseAndRoundTrip) {
   auto s = ParseJobSpec(R"({"command": ["ls"], "array": "0-9%2", "after": ["ok:5", "notok:7_3",
       "any:9", "ok:5"], "hold": true, "tasks_per_gpu": 2, "task_failure": "wait",

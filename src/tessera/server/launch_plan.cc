@@ -156,6 +156,37 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
     }
     ls.share = share;
   }
+  // An MPS job's processes are clients of their GPU's daemon (its pipe folder), with its share as
+  // MPS's own limits: its part of the GPU's SMs and its pinned memory. The library's memory
+  // accounting stays on (MPS's limit is per process; the job's total holds by the library); its
+  // kernels are not paced in time slices (they run beside the other clients').
+  std::optional<std::string> not_mps;
+  if (q.spec->sharing == "mps" && !a.gpus.empty()) {
+    for (int g : a.gpus) {
+      if (setup.mps == nullptr || !setup.mps->Has(g)) {
+        not_mps = fmt::format("it asked MPS and GPU {} is not in MPS mode (mps.gpus)", g);
+      }
+    }
+    if (!not_mps) {
+      // Each client sees its own daemon's one GPU, as CUDA ordinal 0.
+      auto client = [&](int g) {
+        return MpsClientEnv(setup.mps->PipeDir(g), a.request.fractional() ? a.milli_per_gpu : 0,
+                            a.request.fractional() ? a.memory_mib_per_gpu : 0, 1, q.priority);
+      };
+      for (const auto& [k, v] : client(a.gpus[0])) ls.env[k] = v;
+      // A task of a job on several MPS GPUs is a client of its own GPU's daemon and sees that GPU
+      // alone (a client shown a GPU its server does not have fails, as NVIDIA's MPS documentation
+      // warns): LOCAL_RANK is no device ordinal then, every task's GPU is ordinal 0.
+      for (size_t r = 0; r < ls.tasks.size() && a.gpus.size() > 1; ++r) {
+        const int g = a.gpus[r * a.gpus.size() / ls.tasks.size()];
+        for (const auto& [k, v] : client(g)) ls.tasks[r].env[k] = v;
+        ls.tasks[r].env["CUDA_VISIBLE_DEVICES"] = inventory.gpus[g].uuid;
+        ls.tasks[r].env["NVIDIA_VISIBLE_DEVICES"] = inventory.gpus[g].uuid;
+        ls.tasks[r].env["TESSERA_TASK_GPU"] = "0";
+      }
+      if (ls.share) ls.share->arbiter.clear();
+    }
+  }
   // A user's job runs with that user's own uid, gid and groups, or not at all: an account that
   // cannot be looked up now (no passwd entry, deleted since submitting, an NSS outage) has no
   // group to run in, and the server's would be root's.
@@ -205,6 +236,10 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
         "jobs do not run as root on this server (allow_root_jobs is off)");
   } else if (no_account) {
     l.refused = absl::FailedPreconditionError(*no_account);
+  } else if (not_mps) {
+    // Placed by an engine that had the GPU in MPS mode (a job recovered across a config change):
+    // run outside MPS, it would not be what it asked.
+    l.refused = absl::FailedPreconditionError(*not_mps);
   }
   return l;
 }

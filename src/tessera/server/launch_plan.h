@@ -27,6 +27,7 @@
 #include "tessera/sched/engine.h"
 #include "tessera/server/admission.h"
 #include "tessera/server/cgroup.h"
+#include "tessera/server/mps.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
 #include "tessera/server/server.h"
@@ -40,9 +41,10 @@ struct LaunchSetup {
   const core::NodeSpec* node = nullptr;
   std::string hostname;
   std::string arbiter_file;
-  bool confines = false;       // jobs get cgroups (JobHost::confines)
-  bool containers = false;     // podman is there
-  std::string containers_off;  // why not
+  bool confines = false;            // jobs get cgroups (JobHost::confines)
+  bool containers = false;          // podman is there
+  std::string containers_off;       // why not
+  const MpsDaemons* mps = nullptr;  // the GPUs in MPS mode and their daemons' pipes; null: none
 };
 
 // Where process `task` of a job writes its stdout (err false) or stderr when its spec names files

@@ -131,6 +131,66 @@ TEST_F(LaunchPlanTest, AJobOfSeveralTasksGetsRanksAndEachTaskItsOwnLogs) {
   EXPECT_EQ(p.run.tasks, 4);
 }
 
+TEST_F(LaunchPlanTest, AnMpsJobsProcessesAreClientsOfTheirGpusDaemonsWithTheirShareAsLimits) {
+  MpsDaemons mps("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
+                 {{0, inventory_.gpus[0].uuid}, {1, inventory_.gpus[1].uuid}});
+  setup_.mps = &mps;
+  JobSpec spec;
+  spec.command = {"serve"};
+  spec.gpus = 2;
+  spec.gpu_milli = 250;
+  spec.gpu_memory_mib = 2048;
+  spec.tasks_per_gpu = 1;
+  spec.sharing = "mps";
+  sched::Allocation a = On({0, 1}, 250, 2048);
+  a.request = RequestOf(spec, 5, "alice");
+  QueuedJob q = Job(5, spec);
+  q.priority = -2;
+  const LaunchPlan p = PlanLaunch(setup_, q, a, 100);
+  ASSERT_TRUE(p.refused.ok()) << p.refused;
+  ASSERT_TRUE(p.spec.share.has_value());
+  EXPECT_TRUE(p.spec.share->arbiter.empty()) << "its kernels run beside the others', not in turns";
+  EXPECT_EQ(p.spec.share->memory_bytes, uint64_t{2048} << 20) << "the library's limit stays";
+  ASSERT_EQ(p.spec.tasks.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const auto& env = p.spec.tasks[r].env;
+    EXPECT_EQ(env.at("CUDA_MPS_PIPE_DIRECTORY"),
+              "/var/lib/tessera-test/mps/gpu" + std::to_string(r) + "/pipe");
+    EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), inventory_.gpus[r].uuid) << "its own GPU alone";
+    EXPECT_EQ(env.at("TESSERA_TASK_GPU"), "0");
+    EXPECT_EQ(env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25");
+    EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=2048M");
+    EXPECT_EQ(env.at("CUDA_MPS_CLIENT_PRIORITY"), "1");
+  }
+  // A whole GPU asked in MPS mode: all of its SMs, no pinned limit, no library.
+  JobSpec whole;
+  whole.command = {"mpirun-free"};
+  whole.gpus = 1;
+  whole.sharing = "mps";
+  sched::Allocation w = On({1});
+  w.request = RequestOf(whole, 6, "alice");
+  const LaunchPlan wp = PlanLaunch(setup_, Job(6, whole), w, 100);
+  ASSERT_TRUE(wp.refused.ok()) << wp.refused;
+  EXPECT_EQ(wp.spec.env.at("CUDA_MPS_PIPE_DIRECTORY"), "/var/lib/tessera-test/mps/gpu1/pipe");
+  EXPECT_EQ(wp.spec.env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "100");
+  EXPECT_FALSE(wp.spec.env.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"));
+  EXPECT_FALSE(wp.spec.share.has_value());
+  // A job that asked MPS on a GPU no longer in MPS mode (the config changed under it) is refused,
+  // not run outside MPS.
+  MpsDaemons only0("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
+                   {{0, inventory_.gpus[0].uuid}});
+  setup_.mps = &only0;
+  const LaunchPlan refused = PlanLaunch(setup_, Job(6, whole), w, 100);
+  EXPECT_EQ(refused.refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.refused.message().find("GPU 1 is not in MPS mode"), std::string::npos)
+      << refused.refused;
+  // A job that asked no mode gets no MPS variable, even on an MPS GPU.
+  JobSpec plain = whole;
+  plain.sharing.clear();
+  const LaunchPlan pp = PlanLaunch(setup_, Job(7, plain), w, 100);
+  EXPECT_FALSE(pp.spec.env.contains("CUDA_MPS_PIPE_DIRECTORY"));
+}
+
 TEST_F(LaunchPlanTest, OutputFilesOfTheUsersAreExpandedPerTask) {
   JobSpec spec;
   spec.command = {"/opt/bin/solve"};

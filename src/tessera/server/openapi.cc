@@ -17,7 +17,9 @@ std::string_view OpenApiDocument() {
       R"json("responses": {"200": {"description": "info"}}}},
     "/v1/gpus": {"get": {"summary": "GPUs with health, allocation, jobs and the driver's )json"
       R"json(readings (utilization, memory_used_bytes, temperature_celsius, power_watts; null )json"
-      R"json(when unknown)", "responses": {"200": {"description": "GPUs"}}}},
+      R"json(when unknown), sharing (time-slice or mps) and, for MPS, its daemon's state )json"
+      R"json((mps: {daemon_up, reason, starts, deaths})", "responses": {"200": )json"
+      R"json({"description": "GPUs"}}}},
     "/v1/jobs": {
       "get": {"summary": "Jobs, oldest first",
               "parameters": [{"name": "state", "in": "query", "schema": {"type": "string"}, )json"
@@ -200,6 +202,9 @@ std::string_view OpenApiDocument() {
       R"json("string"}}]},
               "min_gpu_memory": {"type": "string"},
               "topology": {"type": "string", "enum": ["none", "prefer", "require"]},
+              "sharing": {"type": "string", "enum": ["time-slice", "mps"], "description": )json"
+      R"json("how its GPUs are shared; default: a share in time slices, whole GPUs in either )json"
+      R"json(mode"},
               "cpus": {"type": "number", "minimum": 0.01, "maximum": 4096, "description": )json"
       R"json("host CPUs: scheduled, and the job's cgroup CPU limit"},
               "memory": {"oneOf": [{"type": "string", "example": "16GiB"}, {"type": )json"

@@ -83,8 +83,10 @@ void RunningJobs::NoteSharing(RunningJob& run) {
   }
 }
 
-void RunningJobs::StopOn(int gpu, const std::string& why, const std::string& reason, double now) {
+void RunningJobs::StopOn(int gpu, const std::string& why, const std::string& reason, double now,
+                         bool mps_only) {
   for (auto& [id, r] : jobs_) {
+    if (mps_only && !(r.spec && r.spec->sharing == "mps")) continue;
     if (std::find(r.gpus.begin(), r.gpus.end(), gpu) != r.gpus.end())
       RequestStop(r, why, reason, now);
   }

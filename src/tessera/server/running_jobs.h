@@ -111,8 +111,10 @@ class RunningJobs {
   // ---- what is done to a job ----
   void RequestStop(RunningJob& r, const std::string& why, const std::string& reason, double now);
   void Kill(RunningJob& r, const std::string& why);
-  // Every job on GPU `gpu` asked to stop (the GPU failed).
-  void StopOn(int gpu, const std::string& why, const std::string& reason, double now);
+  // Every job on GPU `gpu` asked to stop (the GPU failed); with `mps_only`, only its MPS clients
+  // (the GPU's MPS daemon died).
+  void StopOn(int gpu, const std::string& why, const std::string& reason, double now,
+              bool mps_only = false);
   // One look at every job at `now`: those whose process ended, with their exit code when known;
   // the others stopped or killed as their limits and grace say. Logs are measured about once a
   // second of `now`, not at every look.

@@ -164,6 +164,11 @@ struct ServerConfig {
   std::string podman = "podman";  // for jobs with an image; empty: containers off
   std::string cdi_spec_dir;  // where the CDI spec goes; empty: /var/run/cdi (root), <state_dir>/cdi
   std::vector<std::string> podman_run_args;  // added to every `podman run`
+  // GPUs shared by NVIDIA MPS instead of time slices (mps:): by index or UUID, or "all"; each gets
+  // its own control daemon, run by this program (mps.h), asked every mps_check_interval_s.
+  std::vector<std::string> mps_gpus;
+  std::string mps_control = "nvidia-cuda-mps-control";
+  double mps_check_interval_s = 2;
   // The machine's history (GET /v1/history, the dashboard's charts): a sample every interval_s,
   // the last window_s kept in the store (across restarts).
   double history_interval_s = 5;

@@ -110,6 +110,20 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
   p.Family("tessera_gpu_healthy", "gauge",
            "1 when the GPU takes work, 0 when it turned unhealthy.");
   for (size_t g = 0; g < n; ++g) p.Sample(gpu(g), g < s.healthy.size() && s.healthy[g] ? 1 : 0);
+  if (!s.mps.empty()) {
+    p.Family("tessera_gpu_mps_daemon_up", "gauge",
+             "For a GPU shared by MPS: 1 when its control daemon answers, 0 when it is down (the "
+             "GPU takes no work then).");
+    for (const ServerMetricsSnapshot::Mps& m : s.mps) {
+      if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.up ? 1 : 0);
+    }
+    p.Family("tessera_gpu_mps_daemon_deaths_total", "counter",
+             "For a GPU shared by MPS: times its control daemon was found gone (its clients lost "
+             "their server; it was started again).");
+    for (const ServerMetricsSnapshot::Mps& m : s.mps) {
+      if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.deaths);
+    }
+  }
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU, ignored ones included.");
   for (size_t g = 0; g < n; ++g)

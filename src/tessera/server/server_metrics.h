@@ -60,6 +60,13 @@ struct ServerMetricsSnapshot {
     std::string region;       // fractional jobs: their shared region (memory in use read from it)
   };
   std::vector<Job> jobs;  // the running ones
+  // The GPUs in MPS mode: whether each one's control daemon answers, and how often it died.
+  struct Mps {
+    int gpu = 0;
+    bool up = false;
+    int deaths = 0;
+  };
+  std::vector<Mps> mps;
   size_t queued = 0, running = 0;
   SchedulingStats scheduling;
 };

@@ -13,17 +13,26 @@
 //   FAKE_CUDA_SHARED_PTSZ  cuGetProcAddress answers per-thread requests with the legacy address
 //   FAKE_GPU_KERNEL        the fake driver's kernel side (gpu_kernel.h): every change of this
 //                          process's device memory is told to it
+// MPS, as the real driver reads it: with CUDA_MPS_PIPE_DIRECTORY naming a folder where a control
+// daemon listens (mps/fake_mps_control.cc), cuInit connects as its client (waiting, as MPS makes
+// it, while another user's server runs) and tells it CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
+// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; the pinned limit ("0=4096M,1=2G") caps each ordinal's
+// allocations; a launch after the daemon went away fails (CUDA_ERROR_MPS_CONNECTION_FAILED). No
+// daemon there: the process runs without MPS, as the real driver does.
 // Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
 // launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
 // this process's kernels on the current device are done.
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,11 +126,78 @@ std::atomic<uint64_t> launches{0};
 std::atomic<int> initialized{0};
 thread_local int current_device = 0;
 
+// MPS (see the top): the connection to the control daemon (-1: not a client) and the pinned
+// memory limit per ordinal (0: none).
+constexpr CUresult kMpsConnectionFailed = static_cast<CUresult>(805);
+int mps_fd = -1;
+uint64_t mps_limit[16] = {};
+
+// "0=4096M,1=2G" into mps_limit (K, M, G suffixes; bare bytes).
+void ParsePinnedLimits(const char* text) {
+  for (const char* p = text; p && *p;) {
+    char* end = nullptr;
+    const long ordinal = strtol(p, &end, 10);
+    if (end == p || *end != '=') return;
+    p = end + 1;
+    uint64_t v = strtoull(p, &end, 10);
+    if (end == p) return;
+    if (*end == 'K' || *end == 'k') v <<= 10, ++end;
+    if (*end == 'M' || *end == 'm') v <<= 20, ++end;
+    if (*end == 'G' || *end == 'g') v <<= 30, ++end;
+    if (ordinal >= 0 && ordinal < 16) mps_limit[ordinal] = v;
+    if (*end != ',') return;
+    p = end + 1;
+  }
+}
+
+// Connects to the MPS control daemon when there is one, and waits until it gives this process a
+// server (another user's may run). Once, at the first cuInit.
+void ConnectMps() {
+  const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  if (dir == nullptr) return;
+  const std::string path = std::string(dir) + "/control";
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) return;
+  strcpy(a.sun_path, path.c_str());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return;
+  }
+  const char* pct = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+  const char* limits = getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+  const std::string hello = "client " + std::to_string(getpid()) + " " + std::to_string(getuid()) +
+                            " " + (pct && *pct ? pct : "-") + " " +
+                            (limits && *limits ? limits : "-") + "\n";
+  if (send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
+    close(fd);
+    return;
+  }
+  char reply[64];
+  const ssize_t n = read(fd, reply, sizeof reply);  // blocks while another user's server runs
+  if (n < 3 || strncmp(reply, "ok ", 3) != 0) {
+    close(fd);
+    return;
+  }
+  ParsePinnedLimits(limits);
+  mps_fd = fd;
+}
+
+// Whether this process is an MPS client whose server went away.
+bool MpsLost() {
+  if (mps_fd < 0) return false;
+  pollfd p{mps_fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+}
+
 CUresult Take(uint64_t bytes, unsigned long long* key_out) {
   int dev = current_device;
   uint64_t cur = used[dev].load();
   do {
     if (cur + bytes > MemoryPerDevice()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mps_limit[dev] > 0 && cur + bytes > mps_limit[dev]) return CUDA_ERROR_OUT_OF_MEMORY;
   } while (!used[dev].compare_exchange_weak(cur, cur + bytes));
   void* p = malloc(bytes ? bytes : 1);  // untouched pages cost nothing
   if (p == nullptr) {
@@ -162,6 +238,8 @@ CUresult Give(uint64_t key) {
 }  // namespace
 
 FAKE_EXPORT CUresult cuInit(unsigned int) {
+  static std::once_flag mps_once;
+  std::call_once(mps_once, ConnectMps);
   initialized = 1;
   return CUDA_SUCCESS;
 }
@@ -803,6 +881,7 @@ FAKE_EXPORT uint64_t fakeCudaKernelNs() { return my_kernel_ns.load(); }
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, unsigned int,
                                     unsigned int, unsigned int, unsigned int, unsigned int,
                                     CUstream stream, void**, void**) {
+  if (MpsLost()) return kMpsConnectionFailed;
   return Recorded(stream) ? CUDA_SUCCESS : Occupy(gx);
 }
 

@@ -1,0 +1,138 @@
+#include "tessera/server/program.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "fmt/format.h"
+
+extern char** environ;
+
+namespace tessera::server {
+
+absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
+                                         const ProgramRun& run) {
+  int out_fds[2], in_fds[2] = {-1, -1};
+  if (pipe2(out_fds, O_CLOEXEC) != 0)
+    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  if (run.input && pipe2(in_fds, O_CLOEXEC) != 0) {
+    close(out_fds[0]);
+    close(out_fds[1]);
+    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (run.input) {
+    posix_spawn_file_actions_adddup2(&fa, in_fds[0], 0);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  }
+  posix_spawn_file_actions_adddup2(&fa, out_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, out_fds[1], 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  std::vector<char*> envp;
+  if (run.env) {
+    for (const auto& [k, v] : *run.env) env_text.push_back(k + "=" + v);
+    for (std::string& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+  }
+  pid_t pid = 0;
+  const int rc =
+      posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), run.env ? envp.data() : environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out_fds[1]);
+  if (run.input) close(in_fds[0]);
+  if (rc != 0) {
+    close(out_fds[0]);
+    if (run.input) close(in_fds[1]);
+    return absl::FailedPreconditionError(fmt::format("cannot run {}: {}", args[0], strerror(rc)));
+  }
+  if (run.input) {
+    // Short commands: they fit the pipe's buffer. A program that exits without reading gets
+    // EPIPE here, not SIGPIPE (MSG_NOSIGNAL has no write() form: the signal is blocked).
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    size_t done = 0;
+    while (done < run.input->size()) {
+      const ssize_t n = write(in_fds[1], run.input->data() + done, run.input->size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    close(in_fds[1]);
+    // A SIGPIPE raised while blocked is taken back before the mask is restored.
+    timespec zero{};
+    siginfo_t info;
+    while (sigtimedwait(&pipe_set, &info, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+  ProgramOutput out;
+  const auto deadline = std::chrono::steady_clock::now() + run.timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd p{out_fds[0], POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    const ssize_t n = read(out_fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (out.text.size() < (1 << 20)) out.text.append(buf, static_cast<size_t>(n));
+  }
+  close(out_fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
+  return out;
+}
+
+std::string FirstLine(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+std::string LookUp(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = getenv("PATH");
+  const std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t colon = dirs.find(':', start);
+    const std::string dir =
+        dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (!dir.empty()) {
+      const std::string candidate = dir + "/" + name;
+      struct stat st;
+      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          access(candidate.c_str(), X_OK) == 0) {
+        return candidate;
+      }
+    }
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return "";
+}
+
+}  // namespace tessera::server

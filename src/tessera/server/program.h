@@ -1,0 +1,40 @@
+#pragma once
+// Running a helper program and reading what it says: podman's version, the MPS control
+// program's answers. No shell; a deadline on each run.
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tessera::server {
+
+struct ProgramOutput {
+  int status = -1;   // exit code, -1 when it did not end normally (killed at the deadline)
+  std::string text;  // stdout and stderr together, the first MiB
+};
+
+struct ProgramRun {
+  // Written to its stdin, which is then closed; nullopt: stdin from /dev/null.
+  std::optional<std::string> input;
+  // Its whole environment; nullopt: the server's.
+  std::optional<std::map<std::string, std::string>> env;
+  std::chrono::milliseconds timeout{20000};  // killed after
+};
+
+// Runs argv (argv[0] a path) and collects its stdout and stderr; an error when it cannot be
+// started.
+absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
+                                         const ProgramRun& run = {});
+
+// The first line of `text`, without trailing blanks.
+std::string FirstLine(const std::string& text);
+
+// `name` as the server's PATH finds it (an executable regular file), or as given when it holds a
+// slash and is executable; empty when none.
+std::string LookUp(const std::string& name);
+
+}  // namespace tessera::server
