@@ -231,10 +231,15 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   Daemon d("mps", "mps: {gpus: [0], control: " + control + ", check_interval_s: 0.05}\n");
   const std::string pipe = d.dir() + "/state/mps/gpu0/pipe";
   // The daemon outlives the server by design (its clients are jobs a restart keeps): not the test.
+  // The server first, or its watch would start the daemon again.
   struct Quit {
+    Daemon& d;
     std::string cmd;
-    ~Quit() { tessera::test::Capture(cmd); }
-  } quit{"echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
+    ~Quit() {
+      d.Kill(SIGTERM);
+      tessera::test::Capture(cmd);
+    }
+  } quit{d, "echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
   json gpus = d.Call("GET", "/v1/gpus");
   EXPECT_EQ(gpus["gpus"][0]["sharing"], "mps") << gpus.dump();
   EXPECT_EQ(gpus["gpus"][1]["sharing"], "time-slice");
@@ -307,6 +312,91 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   for (int64_t id : {mps, sliced}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
   d.WaitFor(mps, "cancelled");
   d.WaitFor(sliced, "cancelled");
+}
+
+// The daemon outlives a server killed -9, as its clients (the jobs) do: the restarted server
+// finds it answering, keeps it and re-adopts the job, which goes on as its client. Restarted
+// with GPU 0 out of MPS mode, the server tells the daemon to quit.
+TEST(TesseraServer, AnMpsDaemonAndItsClientsOutliveAServerRestartAndItQuitsWhenItsGpuLeavesMps) {
+  const std::string control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
+  Daemon d("mps-restart", "mps: {gpus: [0], control: " + control + ", check_interval_s: 0.05}\n");
+  const std::string pipe = d.dir() + "/state/mps/gpu0/pipe";
+  struct Quit {
+    Daemon& d;
+    std::string cmd;
+    ~Quit() {
+      d.Kill(SIGTERM);
+      tessera::test::Capture(cmd);
+    }
+  } quit{d, "echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
+  json spec = Shell(std::string("exec ") + TESSERA_CUDA_CLIENT +
+                        " link kernel waitfile:" + d.dir() + "/go kernel",
+                    {{"gpus", 1}, {"sharing", "mps"}});
+  const int64_t id = d.Submit(spec);
+  d.WaitForProcess(id);
+  const std::string log = d.dir() + "/state/mps/gpu0/log/control.log";
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  pid_t daemon = 0;
+  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  ASSERT_GT(daemon, 0);
+  d.Kill(SIGKILL);
+  d.Start();
+  json gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_TRUE(gpus["gpus"][0]["healthy"].get<bool>()) << gpus.dump();
+  EXPECT_EQ(gpus["gpus"][0]["mps"]["starts"], 0) << "the running daemon was kept";
+  pid_t after = 0;
+  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> after;
+  EXPECT_EQ(after, daemon);
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "running");
+  std::ofstream(d.dir() + "/go").close();
+  d.WaitFor(id, "succeeded");
+  EXPECT_EQ(d.Logs(id), "ok\nok\n") << "its second kernel ran on the same server";
+  EXPECT_THAT(tessera::test::ReadFile(log), Not(HasSubstr("quit")));
+  // The daemon dies while the server is down: the restarted server stops the recovered client
+  // (its server is gone) and requeues it, starts a daemon, and the job runs again on it.
+  json again = spec;
+  again["command"][2] = std::string("exec ") + TESSERA_CUDA_CLIENT +
+                        " link kernel waitfile:" + d.dir() + "/go2 kernel";
+  const int64_t second = d.Submit(again);
+  d.WaitForProcess(second);
+  d.Kill(SIGKILL);
+  ASSERT_EQ(kill(daemon, SIGKILL), 0);
+  d.Start();
+  json j;
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(second));
+    if (j["state"] == "running" && j["events"].size() >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(j["events"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["events"][2]["state"], "preempted") << j.dump();
+  EXPECT_THAT(j["events"][2].value("reason", ""),
+              HasSubstr("the MPS control daemon was not running"));
+  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  EXPECT_NE(daemon, after) << "a new daemon";
+  std::ofstream(d.dir() + "/go2").close();
+  d.WaitFor(second, "succeeded");
+  // GPU 0 leaves MPS mode.
+  {
+    std::string config = tessera::test::ReadFile(d.dir() + "/server.yaml");
+    const size_t at = config.find("mps: {gpus: [0]");
+    ASSERT_NE(at, std::string::npos);
+    config.replace(at, 15, "mps: {gpus: []");
+    std::ofstream(d.dir() + "/server.yaml") << config;
+  }
+  d.Kill(SIGTERM);
+  d.Start();
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (kill(daemon, 0) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(kill(daemon, 0), 0) << "told to quit";
+  EXPECT_THAT(d.Log(), HasSubstr("is no longer in MPS mode"));
+  gpus = d.Call("GET", "/v1/gpus");
+  EXPECT_EQ(gpus["gpus"][0]["sharing"], "time-slice") << gpus.dump();
 }
 
 TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {

@@ -355,6 +355,7 @@ void Dispatcher::ApplyHealth(DispatchState& state, int gpu, bool mps_only) {
   const std::string reason =
       !state.gpu_device_healthy[gpu] ? state.gpu_device_reason[gpu] : state.gpu_mps_down[gpu];
   const bool was = state.gpu_healthy[gpu];
+  const bool said = !was && state.gpu_health_reason[gpu] == reason;
   state.gpu_healthy[gpu] = healthy;
   state.gpu_health_reason[gpu] = healthy ? "" : reason;
   (void)state.engine->scheduler().SetGpuHealth(0, gpu, healthy);
@@ -363,7 +364,7 @@ void Dispatcher::ApplyHealth(DispatchState& state, int gpu, bool mps_only) {
   if (healthy) {
     if (!was) spdlog::info("GPU {} is healthy again", gpu);
   } else {
-    spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
+    if (!said) spdlog::warn("GPU {} turned unhealthy: {}; it takes no new work", gpu, reason);
     // A device that failed takes every job on it; a dead MPS daemon its clients only (a whole-GPU
     // job that is no MPS client does not use it).
     state.runs->StopOn(gpu, "unhealthy", fmt::format("GPU {} turned unhealthy: {}", gpu, reason),

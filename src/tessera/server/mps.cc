@@ -40,9 +40,14 @@ absl::Status StartDaemon(const std::string& control, const std::map<std::string,
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  // The server blocks SIGTERM in its threads: the daemon must not keep that (an admin's or
+  // systemd's SIGTERM would not stop it).
+  posix_spawnattr_t attr;
+  CleanSignals(&attr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  const int rc = posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     return absl::FailedPreconditionError(fmt::format("cannot run {}: {}", control, strerror(rc)));
   }
@@ -240,35 +245,36 @@ void MpsDaemons::Round() {
       reported = states_[g.index].reported;
     }
     if (st.ok() && was_up) continue;
-    if (!st.ok() && was_up) {
-      const std::string why = "the MPS control daemon stopped: " + std::string(st.message());
-      spdlog::warn("MPS: GPU {}: {}; starting it again", g.index, why);
-      {
-        core::MutexLock lock(mu_);
-        MpsDaemonState& s = states_[g.index];
-        s.up = false;
-        s.reason = why;
-        ++s.deaths;
+    // Down (to be) said: it died since the last round, or it was not running when the watch
+    // began (a server started after a reboot, or after the daemon died while it was down: clients
+    // recovered with their jobs lost their server). Said once, with what starting it again gave.
+    std::string down;
+    if (!st.ok()) {
+      const std::string gone(st.message());
+      st = Ensure(g.index);
+      if (was_up) {
+        down = "the MPS control daemon stopped: " + gone;
+        spdlog::warn("MPS: GPU {}: {}; {}", g.index, down,
+                     st.ok() ? "started again" : "it cannot be started again");
+      } else if (!reported) {
+        down = st.ok() ? "the MPS control daemon was not running: " + gone
+                       : "the MPS control daemon cannot be started: " + std::string(st.message());
       }
-      if (changed_) changed_(g.index, false, why);
     }
-    if (!st.ok()) st = Ensure(g.index);
-    std::string why;
     {
       core::MutexLock lock(mu_);
       MpsDaemonState& s = states_[g.index];
-      if (st.ok()) {
-        s.up = true;
-        s.reason.clear();
-      } else {
-        why = "the MPS control daemon cannot be started: " + std::string(st.message());
-        if (s.reason != why) spdlog::error("MPS: GPU {}: {}", g.index, why);
-        s.reason = why;
-        if (reported) continue;  // said already
-      }
+      if (was_up) ++s.deaths;
+      s.up = st.ok();
+      const std::string why =
+          st.ok() ? "" : "the MPS control daemon cannot be started: " + std::string(st.message());
+      if (!st.ok() && s.reason != why) spdlog::error("MPS: GPU {}: {}", g.index, why);
+      s.reason = why;
       s.reported = true;
     }
-    if (changed_) changed_(g.index, st.ok(), why);
+    if (!changed_) continue;
+    if (!down.empty()) changed_(g.index, false, down);
+    if (st.ok()) changed_(g.index, true, "");
   }
 }
 

@@ -46,10 +46,13 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
     for (std::string& e : env_text) envp.push_back(e.data());
     envp.push_back(nullptr);
   }
+  posix_spawnattr_t attr;
+  CleanSignals(&attr);
   pid_t pid = 0;
   const int rc =
-      posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), run.env ? envp.data() : environ);
+      posix_spawn(&pid, argv[0], &fa, &attr, argv.data(), run.env ? envp.data() : environ);
   posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
   close(out_fds[1]);
   if (run.input) close(in_fds[0]);
   if (rc != 0) {
@@ -104,6 +107,16 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
   }
   if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
   return out;
+}
+
+void CleanSignals(posix_spawnattr_t* attr) {
+  posix_spawnattr_init(attr);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(attr, &none);
+  posix_spawnattr_setsigdefault(attr, &all);
+  posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 }
 
 std::string FirstLine(const std::string& text) {

@@ -2,6 +2,8 @@
 // Running a helper program and reading what it says: podman's version, the MPS control
 // program's answers. No shell; a deadline on each run.
 
+#include <spawn.h>
+
 #include <chrono>
 #include <map>
 #include <optional>
@@ -26,9 +28,14 @@ struct ProgramRun {
 };
 
 // Runs argv (argv[0] a path) and collects its stdout and stderr; an error when it cannot be
-// started.
+// started. It starts with no signal blocked and every signal's default action (the server blocks
+// SIGTERM in its threads; a helper or a daemon it starts must not inherit that).
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run = {});
+
+// Attributes for posix_spawn that give the child no blocked signal and every signal's default
+// action; posix_spawnattr_destroy it after.
+void CleanSignals(posix_spawnattr_t* attr);
 
 // The first line of `text`, without trailing blanks.
 std::string FirstLine(const std::string& text);
