@@ -222,24 +222,46 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
 }
 
+// A test server whose GPU 0 is shared by MPS through the fake control daemon (tests/fakes/mps),
+// checked every 50 ms. The daemon outlives the server by design (its clients are jobs a restart
+// keeps), not the test: the server is stopped first (or its watch would start the daemon again),
+// then the daemon told to quit.
+class MpsServer {
+ public:
+  explicit MpsServer(const std::string& name)
+      : d(name, "mps: {gpus: [0], control: " + Control() + ", check_interval_s: 0.05}\n"),
+        pipe(d.dir() + "/state/mps/gpu0/pipe"),
+        log(d.dir() + "/state/mps/gpu0/log/control.log") {}
+  ~MpsServer() {
+    d.Kill(SIGTERM);
+    tessera::test::Capture("echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + Control());
+  }
+  static std::string Control() { return TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control"; }
+  pid_t DaemonPid() const {
+    pid_t pid = 0;
+    std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> pid;
+    return pid;
+  }
+  // Polls until a client is on a server of the daemon (the fake driver logs it there).
+  void WaitForAClient() const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  Daemon d;
+  const std::string pipe, log;
+};
+
 // GPU 0 shared by MPS (the fake control daemon; the fake driver its client): an MPS job is a
 // client of GPU 0's daemon with its share as MPS's limits, a share asking nothing goes in time
 // slices on GPU 1; the daemon killed, its clients are stopped and requeued while GPU 0 takes no
 // work, and it is started again and they run again.
 TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItDies) {
-  const std::string control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
-  Daemon d("mps", "mps: {gpus: [0], control: " + control + ", check_interval_s: 0.05}\n");
-  const std::string pipe = d.dir() + "/state/mps/gpu0/pipe";
-  // The daemon outlives the server by design (its clients are jobs a restart keeps): not the test.
-  // The server first, or its watch would start the daemon again.
-  struct Quit {
-    Daemon& d;
-    std::string cmd;
-    ~Quit() {
-      d.Kill(SIGTERM);
-      tessera::test::Capture(cmd);
-    }
-  } quit{d, "echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
+  MpsServer m("mps");
+  Daemon& d = m.d;
+  const std::string& pipe = m.pipe;
   json gpus = d.Call("GET", "/v1/gpus");
   EXPECT_EQ(gpus["gpus"][0]["sharing"], "mps") << gpus.dump();
   EXPECT_EQ(gpus["gpus"][1]["sharing"], "time-slice");
@@ -256,11 +278,8 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   json j = d.WaitFor(mps, "running");
   EXPECT_EQ(j["placement"]["gpus"][0]["index"], 0) << j.dump();
   EXPECT_EQ(j["spec"]["resources"]["sharing"], "mps");
-  const std::string log = d.dir() + "/state/mps/gpu0/log/control.log";
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  m.WaitForAClient();
+  const std::string& log = m.log;
   EXPECT_EQ(tessera::test::ReadFile(d.dir() + "/mps.env"),
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\nCUDA_MPS_CLIENT_PRIORITY=1\n"
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M\n"
@@ -274,13 +293,12 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   j = d.WaitFor(sliced, "running");
   EXPECT_EQ(j["placement"]["gpus"][0]["index"], 1) << j.dump();
   // The daemon dies.
-  pid_t daemon = 0;
-  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  pid_t daemon = m.DaemonPid();
   ASSERT_GT(daemon, 0);
   ASSERT_EQ(kill(daemon, SIGKILL), 0);
   // Its client is stopped and requeued, the daemon started again, and the job runs again on it.
   json back;
-  until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < until) {
     back = d.Call("GET", "/v1/jobs/" + std::to_string(mps));
     if (back["state"] == "running" && back["events"].size() >= 4) break;
@@ -297,9 +315,7 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   EXPECT_TRUE(gpus["gpus"][0]["healthy"].get<bool>()) << gpus.dump();
   EXPECT_EQ(gpus["gpus"][0]["mps"]["deaths"], 1);
   EXPECT_EQ(gpus["gpus"][0]["mps"]["starts"], 2);
-  pid_t again = 0;
-  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> again;
-  EXPECT_NE(again, daemon);
+  EXPECT_NE(m.DaemonPid(), daemon);
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(sliced))["state"], "running")
       << "a time-sliced job is no client of the daemon";
   HttpClient c(d.socket());
@@ -318,37 +334,23 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
 // finds it answering, keeps it and re-adopts the job, which goes on as its client. Restarted
 // with GPU 0 out of MPS mode, the server tells the daemon to quit.
 TEST(TesseraServer, AnMpsDaemonAndItsClientsOutliveAServerRestartAndItQuitsWhenItsGpuLeavesMps) {
-  const std::string control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
-  Daemon d("mps-restart", "mps: {gpus: [0], control: " + control + ", check_interval_s: 0.05}\n");
-  const std::string pipe = d.dir() + "/state/mps/gpu0/pipe";
-  struct Quit {
-    Daemon& d;
-    std::string cmd;
-    ~Quit() {
-      d.Kill(SIGTERM);
-      tessera::test::Capture(cmd);
-    }
-  } quit{d, "echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + control};
+  MpsServer m("mps-restart");
+  Daemon& d = m.d;
   json spec = Shell(std::string("exec ") + TESSERA_CUDA_CLIENT +
                         " link kernel waitfile:" + d.dir() + "/go kernel",
                     {{"gpus", 1}, {"sharing", "mps"}});
   const int64_t id = d.Submit(spec);
   d.WaitForProcess(id);
-  const std::string log = d.dir() + "/state/mps/gpu0/log/control.log";
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  pid_t daemon = 0;
-  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  m.WaitForAClient();
+  const std::string& log = m.log;
+  pid_t daemon = m.DaemonPid();
   ASSERT_GT(daemon, 0);
   d.Kill(SIGKILL);
   d.Start();
   json gpus = d.Call("GET", "/v1/gpus");
   EXPECT_TRUE(gpus["gpus"][0]["healthy"].get<bool>()) << gpus.dump();
   EXPECT_EQ(gpus["gpus"][0]["mps"]["starts"], 0) << "the running daemon was kept";
-  pid_t after = 0;
-  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> after;
+  const pid_t after = m.DaemonPid();
   EXPECT_EQ(after, daemon);
   EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "running");
   std::ofstream(d.dir() + "/go").close();
@@ -366,7 +368,7 @@ TEST(TesseraServer, AnMpsDaemonAndItsClientsOutliveAServerRestartAndItQuitsWhenI
   ASSERT_EQ(kill(daemon, SIGKILL), 0);
   d.Start();
   json j;
-  until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < until) {
     j = d.Call("GET", "/v1/jobs/" + std::to_string(second));
     if (j["state"] == "running" && j["events"].size() >= 4) break;
@@ -376,7 +378,7 @@ TEST(TesseraServer, AnMpsDaemonAndItsClientsOutliveAServerRestartAndItQuitsWhenI
   EXPECT_EQ(j["events"][2]["state"], "preempted") << j.dump();
   EXPECT_THAT(j["events"][2].value("reason", ""),
               HasSubstr("the MPS control daemon was not running"));
-  std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> daemon;
+  daemon = m.DaemonPid();
   EXPECT_NE(daemon, after) << "a new daemon";
   std::ofstream(d.dir() + "/go2").close();
   d.WaitFor(second, "succeeded");
