@@ -288,6 +288,16 @@ TEST(TesseraServer, AnMpsGpusJobsAreClientsOfItsDaemonWhichIsStartedAgainWhenItD
   EXPECT_THAT(tessera::test::ReadFile(log),
               HasSubstr("active_thread_percentage 40 pinned_mem_limit 0=1024M"))
       << "the fake driver connected as a client of GPU 0's daemon";
+  EXPECT_THAT(Cli(d, "show " + std::to_string(mps)), HasSubstr("40% 1024MiB MPS"));
+  // From the command line: --sharing mps goes on GPU 0, and is refused where MPS cannot go.
+  const std::string submitted = Cli(d, "submit --sharing mps --gpu-share 10% -o json -- sleep 30");
+  const json cli = json::parse(submitted, nullptr, false);
+  ASSERT_TRUE(cli.is_object()) << submitted;
+  j = d.WaitFor(cli["id"].get<int64_t>(), "running");
+  EXPECT_EQ(j["placement"]["gpus"][0]["index"], 0) << j.dump();
+  d.Call("POST", "/v1/jobs/" + std::to_string(cli["id"].get<int64_t>()) + "/cancel");
+  d.WaitFor(cli["id"].get<int64_t>(), "cancelled");
+  EXPECT_THAT(Cli(d, "submit --sharing spatial -- sleep 1"), HasSubstr("--sharing"));
   // A share asking nothing: time slices, on the other GPU though GPU 0 has room.
   const int64_t sliced = d.Submit(Shell("sleep 60", {{"gpu_share", "50%"}}));
   j = d.WaitFor(sliced, "running");

@@ -67,10 +67,20 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
     if (opt == "-J" || opt == "--job-name") {
       out.insert(out.end(), {"--name", value});
     } else if (opt == "--gres") {
-      // gpu:N or gpu:TYPE:N (several gres, comma-separated: the gpu one).
+      // gpu:N or gpu:TYPE:N (several gres, comma-separated: the gpu one); Slurm's mps:N (N
+      // percent of one GPU, as gres/mps counts it) is a share of one GPU under MPS.
       bool found = false;
       std::stringstream items(value);
       for (std::string item; std::getline(items, item, ',');) {
+        if (item.rfind("mps:", 0) == 0) {
+          const std::string pct = item.substr(4);
+          if (!Whole(pct) || std::stoi(pct) < 1 || std::stoi(pct) > 99)
+            return absl::InvalidArgumentError(
+                fmt::format("--gres={}: expected mps:count, 1..99 percent of a GPU", value));
+          out.insert(out.end(), {"--sharing", "mps", "--gpu-share", pct + "%"});
+          found = true;
+          continue;
+        }
         if (item.rfind("gpu", 0) != 0) continue;
         std::vector<std::string> parts;
         std::stringstream p(item);

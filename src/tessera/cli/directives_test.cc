@@ -22,6 +22,7 @@ TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
   EXPECT_THAT(Sbatch("-J train"), ElementsAre("--name", "train"));
   EXPECT_THAT(Sbatch("--gres=gpu:2"), ElementsAre("--gpus", "2"));
   EXPECT_THAT(Sbatch("--gres=gpu:a100:4"), ElementsAre("--gpus", "4", "--model", "a100"));
+  EXPECT_THAT(Sbatch("--gres=mps:25"), ElementsAre("--sharing", "mps", "--gpu-share", "25%"));
   EXPECT_THAT(Sbatch("--gpus=h100:2"), ElementsAre("--gpus", "2", "--model", "h100"));
   EXPECT_THAT(Sbatch("-G 1"), ElementsAre("--gpus", "1"));
   EXPECT_THAT(Sbatch("-c 8 --mem=64G"), ElementsAre("--cpus", "8", "--mem", "64G"));
@@ -42,6 +43,8 @@ TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
   EXPECT_THAT(ignored, ElementsAre("--partition=gpu", "-A", "--qos"));
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
            {"--gres=gpu:x", "--gres=gpu:x: expected gpu[:type]:count"},
+           {"--gres=mps:100", "--gres=mps:100: expected mps:count, 1..99 percent of a GPU"},
+           {"--gres=mps:half", "--gres=mps:half: expected mps:count"},
            {"--dependency=after:3", "Tessera has afterok, afternotok and afterany"},
            {"-J", "-J needs a value"}}) {
     std::vector<std::string> dropped;

@@ -514,16 +514,21 @@ void AddSubmitOptions(CLI::App* c, State& s) {
                                "whole words of one (H100, 'A100 80GB')")
                      ->allow_extra_args(false);
   // Slurm's spelling: gpu:N or gpu:TYPE:N, as sbatch takes it.
-  c->add_option("--gres", s.gres, "Slurm's gpu:N or gpu:TYPE:N (--gpus N --model TYPE)")
+  c->add_option("--gres", s.gres,
+                "Slurm's gpu:N or gpu:TYPE:N (--gpus N --model TYPE), or mps:N (--sharing mps "
+                "--gpu-share N%)")
       ->check(CLI::Validator(
           [&s](std::string& v) -> std::string {
             std::vector<std::string> ignored;
             auto args = TranslateSbatch({"--gres", v}, &ignored);
             if (!args.ok()) return std::string(args.status().message());
-            if (args->empty()) return "--gres=" + v + ": Tessera schedules gpu (gpu:N, gpu:TYPE:N)";
+            if (args->empty())
+              return "--gres=" + v + ": Tessera schedules gpu (gpu:N, gpu:TYPE:N) and mps:N";
             for (size_t i = 0; i + 1 < args->size(); i += 2) {
               if ((*args)[i] == "--gpus") s.gpus = std::stoi((*args)[i + 1]);
               if ((*args)[i] == "--model") s.models.push_back((*args)[i + 1]);
+              if ((*args)[i] == "--sharing") s.sharing = (*args)[i + 1];
+              if ((*args)[i] == "--gpu-share") s.gpu_share = (*args)[i + 1];
             }
             return "";
           },

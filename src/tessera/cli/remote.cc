@@ -79,6 +79,7 @@ std::string Resources(const json& spec) {
   if (r.contains("cpus"))
     out += (out.empty() ? "" : " ") + fmt::format("{:g} CPU", r["cpus"].get<double>());
   if (r.contains("memory")) out += (out.empty() ? "" : " ") + r["memory"].get<std::string>();
+  if (r.value("sharing", "") == "mps") out += (out.empty() ? "" : " ") + std::string("MPS");
   return out.empty() ? "-" : out;
 }
 
