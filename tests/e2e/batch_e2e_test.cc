@@ -30,6 +30,7 @@ namespace {
 using nlohmann::json;
 using tessera::test::Cli;
 using tessera::test::Daemon;
+using tessera::test::MpsServer;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -596,6 +597,33 @@ TEST(Batch, SharedMemoryAJobLeftGoesWhenItsUsersLastJobEnds) {
   EXPECT_TRUE(fs::exists(shm + "/roots")) << "root's files stay";
   EXPECT_THAT(d.Log(), HasSubstr("user nobody: removed 2 files (1 MiB) their jobs left in " + shm));
   fs::remove_all(shm);
+}
+
+// An MPS job keeps the host's /dev/shm, where its MPS server's segments are (NVIDIA's MPS puts
+// cuda.shm.* there, shared by the control daemon and its clients); its /tmp stays its own.
+TEST(Batch, AnMpsJobKeepsTheHostsDevShmForItsServerAndItsOwnTmp) {
+  ASSERT_EQ(geteuid(), 0u) << "this test runs jobs as nobody";
+  MpsServer m("mps-shm", TwoUsers());
+  Daemon& d = m.d;
+  const std::string work = SharedWorkFolder(d);
+  const int64_t id = SubmittedId(
+      As(d, "nobody",
+         "submit --sharing mps --gpu-share 20% --workdir " + work +
+             " -- /bin/sh -c 'echo s > /dev/shm/tessera-mps-$TESSERA_JOB_ID && "
+             "echo t > /tmp/tessera-mps-$TESSERA_JOB_ID && env | grep ^CUDA_MPS_PIPE > pipe && "
+             "touch written && n=0; while [ ! -e go ] && [ $n -lt 600 ]; do sleep 0.05; "
+             "n=$((n+1)); done'")
+          .out);
+  ASSERT_GT(id, 0) << d.Log();
+  ASSERT_TRUE(WaitForFile(work + "/written")) << d.Log();
+  const std::string name = "tessera-mps-" + std::to_string(id);
+  EXPECT_TRUE(fs::exists("/dev/shm/" + name)) << "the host's /dev/shm, its server's";
+  EXPECT_FALSE(fs::exists("/tmp/" + name)) << "its own /tmp";
+  EXPECT_EQ(tessera::test::ReadFile(work + "/pipe"), "CUDA_MPS_PIPE_DIRECTORY=" + m.pipe + "\n");
+  std::ofstream(work + "/go") << "";
+  WaitForLs(d, id, "succeeded");
+  std::error_code ec;
+  fs::remove("/dev/shm/" + name, ec);
 }
 
 // Each job's /tmp and /dev/shm are its own (issue 51: what jobs left there outlived them, outside

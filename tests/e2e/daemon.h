@@ -168,6 +168,39 @@ class Daemon {
   pid_t pid_ = -1;
 };
 
+// A test server (more_config added to its config) whose GPU 0 is shared by MPS through the fake
+// control daemon (tests/fakes/mps), checked every 50 ms. The daemon outlives the server by design
+// (its clients are jobs a restart keeps), not the test: the server is stopped first (or its watch
+// would start the daemon again), then the daemon told to quit.
+class MpsServer {
+ public:
+  explicit MpsServer(const std::string& name, const std::string& more_config = "")
+      : d(name,
+          "mps: {gpus: [0], control: " + Control() + ", check_interval_s: 0.05}\n" + more_config),
+        pipe(d.dir() + "/state/mps/gpu0/pipe"),
+        log(d.dir() + "/state/mps/gpu0/log/control.log") {}
+  ~MpsServer() {
+    d.Kill(SIGTERM);
+    tessera::test::Capture("echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + Control());
+  }
+  static std::string Control() { return TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control"; }
+  pid_t DaemonPid() const {
+    pid_t pid = 0;
+    std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> pid;
+    return pid;
+  }
+  // Polls until a client is on a server of the daemon (the fake driver logs it there).
+  void WaitForAClient() const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  Daemon d;
+  const std::string pipe, log;
+};
+
 inline json Shell(const std::string& script, json resources = json::object()) {
   return json{{"command", {"/bin/sh", "-c", script}}, {"resources", resources}};
 }

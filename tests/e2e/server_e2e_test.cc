@@ -52,6 +52,7 @@ constexpr char kToken[] = "bob-token-0123456789";
 
 using tessera::test::Cli;
 using tessera::test::Daemon;
+using tessera::test::MpsServer;
 using tessera::test::Shell;
 
 TEST(TesseraServer, RunsAJobOnItsGpuWithEnvAndLogs) {
@@ -221,38 +222,6 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   d.Call("POST", "/v1/jobs/" + std::to_string(sized) + "/cancel");
   d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
 }
-
-// A test server whose GPU 0 is shared by MPS through the fake control daemon (tests/fakes/mps),
-// checked every 50 ms. The daemon outlives the server by design (its clients are jobs a restart
-// keeps), not the test: the server is stopped first (or its watch would start the daemon again),
-// then the daemon told to quit.
-class MpsServer {
- public:
-  explicit MpsServer(const std::string& name)
-      : d(name, "mps: {gpus: [0], control: " + Control() + ", check_interval_s: 0.05}\n"),
-        pipe(d.dir() + "/state/mps/gpu0/pipe"),
-        log(d.dir() + "/state/mps/gpu0/log/control.log") {}
-  ~MpsServer() {
-    d.Kill(SIGTERM);
-    tessera::test::Capture("echo quit | CUDA_MPS_PIPE_DIRECTORY=" + pipe + " " + Control());
-  }
-  static std::string Control() { return TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control"; }
-  pid_t DaemonPid() const {
-    pid_t pid = 0;
-    std::ifstream(pipe + "/nvidia-cuda-mps-control.pid") >> pid;
-    return pid;
-  }
-  // Polls until a client is on a server of the daemon (the fake driver logs it there).
-  void WaitForAClient() const {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (tessera::test::ReadFile(log).find("on server") == std::string::npos &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-
-  Daemon d;
-  const std::string pipe, log;
-};
 
 // GPU 0 shared by MPS (the fake control daemon; the fake driver its client): an MPS job is a
 // client of GPU 0's daemon with its share as MPS's limits, a share asking nothing goes in time

@@ -85,6 +85,7 @@ absl::StatusOr<Launched> LocalJobHost::Launch(LaunchSpec& ls,
                                                        std::string(dirs.status().message())));
     }
     dirs->keep = keep_;
+    if (ls.host_shm) dirs->keep.push_back("/dev/shm");  // kept, the host's is shared
     ls.private_dirs = *dirs;
   }
   auto start = [&] {

@@ -185,6 +185,7 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
         ls.tasks[r].env["TESSERA_TASK_GPU"] = "0";
       }
       if (ls.share) ls.share->arbiter.clear();
+      ls.host_shm = true;
     }
   }
   // A user's job runs with that user's own uid, gid and groups, or not at all: an account that

@@ -151,6 +151,7 @@ TEST_F(LaunchPlanTest, AnMpsJobsProcessesAreClientsOfTheirGpusDaemonsWithTheirSh
   ASSERT_TRUE(p.spec.share.has_value());
   EXPECT_TRUE(p.spec.share->arbiter.empty()) << "its kernels run beside the others', not in turns";
   EXPECT_EQ(p.spec.share->memory_bytes, uint64_t{2048} << 20) << "the library's limit stays";
+  EXPECT_TRUE(p.spec.host_shm) << "its server's segments are in the host's /dev/shm";
   ASSERT_EQ(p.spec.tasks.size(), 2u);
   for (int r = 0; r < 2; ++r) {
     const auto& env = p.spec.tasks[r].env;
@@ -189,6 +190,7 @@ TEST_F(LaunchPlanTest, AnMpsJobsProcessesAreClientsOfTheirGpusDaemonsWithTheirSh
   plain.sharing.clear();
   const LaunchPlan pp = PlanLaunch(setup_, Job(7, plain), w, 100);
   EXPECT_FALSE(pp.spec.env.contains("CUDA_MPS_PIPE_DIRECTORY"));
+  EXPECT_FALSE(pp.spec.host_shm);
 }
 
 TEST_F(LaunchPlanTest, OutputFilesOfTheUsersAreExpandedPerTask) {

@@ -88,6 +88,9 @@ struct LaunchSpec {
   // Set: each task gets these as its /tmp and /dev/shm (private_dirs.h), with the job's working
   // directory, its output files' folders and its share's files kept visible besides `keep`.
   std::optional<PrivateDirs> private_dirs;
+  // Keeps the host's /dev/shm (a private /tmp still): an MPS client's server has its segments
+  // there (cuda.shm.*), shared by the control daemon and its clients.
+  bool host_shm = false;
 };
 
 // The exit code a shepherd wrote at `path`, nullopt when there is none (yet).
