@@ -240,14 +240,18 @@ TEST(MpsGpusOf, NamesIndicesUuidsOrAll) {
 
 // A CUDA program (cuda_client, on the fake driver) started with `env` (added to ours), optionally
 // as another uid; its output to `out`.
-pid_t Spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-            const std::string& out, std::optional<uid_t> uid = std::nullopt) {
+// The client and the fake driver are run from `bin` when given: copies another uid can reach
+// (the build folder may be its user's alone).
+pid_t Spawn(const std::vector<std::string>& args, std::map<std::string, std::string> env,
+            const std::string& out, std::optional<uid_t> uid = std::nullopt,
+            const std::string& bin = "") {
   std::vector<std::string> argv;
   if (uid) {
     argv = {"/usr/bin/setpriv", "--reuid=" + std::to_string(*uid),
             "--regid=" + std::to_string(*uid), "--clear-groups"};
   }
-  argv.push_back(TESSERA_CUDA_CLIENT);
+  argv.push_back(bin.empty() ? std::string(TESSERA_CUDA_CLIENT) : bin + "/cuda_client");
+  if (!bin.empty()) env["LD_LIBRARY_PATH"] = bin;
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) envs.emplace_back(*e);
@@ -295,9 +299,13 @@ TEST_F(MpsTest, TheFakeDriverIsAClientWithItsLimitsAndAnotherUsersClientWaitsIts
     return;
   }
   // Another user's client waits for the first user's server to end, in cuInit, as MPS makes it.
+  const std::string bin = root_ + "/bin";
+  fs::create_directories(bin);
+  fs::copy_file(TESSERA_CUDA_CLIENT, bin + "/cuda_client");
+  fs::copy_file(TESSERA_TEST_FAKES_DIR "/cuda/libcuda.so.1", bin + "/libcuda.so.1");
   const std::string other_out = root_ + "/other";
-  const pid_t other =
-      Spawn({"link", "alloc:100", "kernel"}, MpsClientEnv(d.PipeDir(0), 0, 0, 1), other_out, 65534);
+  const pid_t other = Spawn({"link", "alloc:100", "kernel"}, MpsClientEnv(d.PipeDir(0), 0, 0, 1),
+                            other_out, 65534, bin);
   // The first is killed mid-run (a crash): its server ends with it, and the waiting client is
   // served by a new server of its user.
   ASSERT_TRUE(Eventually([&] { return Read(root_ + "/first").find("ok\noom\nok\n") == 0; }));
