@@ -424,14 +424,13 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
                    fmt::format("expected none, prefer or require, got '{}'", s.topology));
       }
     }
-  }
-  if (j.contains("resources") && j["resources"].contains("sharing")) {
-    if (absl::Status st = String(j["resources"]["sharing"], "resources.sharing", &s.sharing, 16);
-        !st.ok())
-      return st;
-    if (!core::ParseGpuSharing(s.sharing)) {
-      return Bad("resources.sharing",
-                 fmt::format("expected time-slice or mps, got '{}'", s.sharing));
+    if (r.contains("sharing")) {
+      if (absl::Status st = String(r["sharing"], "resources.sharing", &s.sharing, 16); !st.ok())
+        return st;
+      if (!core::ParseGpuSharing(s.sharing)) {
+        return Bad("resources.sharing",
+                   fmt::format("expected time-slice or mps, got '{}'", s.sharing));
+      }
     }
   }
   if (j.contains("sized")) {

@@ -139,18 +139,23 @@ std::map<std::string, std::string> MpsDaemons::Env(int gpu) const {
   return env;
 }
 
-absl::Status MpsDaemons::Check(int gpu) const {
-  if (!Has(gpu)) return absl::NotFoundError(fmt::format("GPU {} is not in MPS mode", gpu));
+absl::StatusOr<ProgramOutput> MpsDaemons::Ask(int gpu, const std::string& command,
+                                              std::chrono::milliseconds timeout) const {
   const std::string control = LookUp(control_);
   if (control.empty()) {
     return absl::FailedPreconditionError(
         fmt::format("the MPS control program '{}' is not found", control_));
   }
   ProgramRun run;
-  run.input = "get_server_list\n";
+  run.input = command + "\n";
   run.env = Env(gpu);
-  run.timeout = std::chrono::seconds(5);
-  auto out = RunCapture({control}, run);
+  run.timeout = timeout;
+  return RunCapture({control}, run);
+}
+
+absl::Status MpsDaemons::Check(int gpu) const {
+  if (!Has(gpu)) return absl::NotFoundError(fmt::format("GPU {} is not in MPS mode", gpu));
+  auto out = Ask(gpu, "get_server_list", std::chrono::seconds(5));
   if (!out.ok()) return out.status();
   if (out->status != 0) {
     return absl::UnavailableError(
@@ -220,12 +225,7 @@ absl::Status MpsDaemons::Ensure(int gpu, std::chrono::milliseconds wait) {
 absl::Status MpsDaemons::Stop(int gpu) {
   if (!Has(gpu)) return absl::NotFoundError(fmt::format("GPU {} is not in MPS mode", gpu));
   if (!Check(gpu).ok()) return absl::OkStatus();
-  const std::string control = LookUp(control_);
-  ProgramRun run;
-  run.input = "quit\n";
-  run.env = Env(gpu);
-  run.timeout = std::chrono::seconds(10);
-  auto out = RunCapture({control}, run);
+  auto out = Ask(gpu, "quit", std::chrono::seconds(10));
   if (!out.ok()) return out.status();
   if (out->status != 0) {
     return absl::InternalError(
@@ -288,13 +288,9 @@ std::vector<int> MpsDaemons::QuitLeftBehind() {
     const char* first = name.data() + 3;
     const auto [end, err] = std::from_chars(first, name.data() + name.size(), gpu);
     if (err != std::errc() || end != name.data() + name.size() || gpu < 0 || Has(gpu)) continue;
-    const std::string control = LookUp(control_);
-    if (control.empty()) break;
-    ProgramRun run;
-    run.input = "quit\n";
-    run.env = Env(gpu);  // its pipe and log folders; no GPU named (none is in MPS mode now)
-    run.timeout = std::chrono::seconds(10);
-    auto quit = RunCapture({control}, run);
+    if (LookUp(control_).empty()) break;
+    // Its pipe and log folders; no GPU named (none is in MPS mode now).
+    auto quit = Ask(gpu, "quit", std::chrono::seconds(10));
     if (quit.ok() && quit->status == 0) {
       spdlog::info("MPS: GPU {} is no longer in MPS mode: its control daemon was told to quit",
                    gpu);

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
+#include "tessera/server/program.h"
 
 namespace tessera::server {
 
@@ -77,6 +78,10 @@ class MpsDaemons {
   std::vector<MpsDaemonState> States() const;
 
  private:
+  // Runs the control program with `command` on its stdin, to `gpu`'s daemon (its folders; any
+  // GPU index, in MPS mode or not).
+  absl::StatusOr<ProgramOutput> Ask(int gpu, const std::string& command,
+                                    std::chrono::milliseconds timeout) const;
   // The control program's environment for `gpu`'s daemon.
   std::map<std::string, std::string> Env(int gpu) const;
   const MpsGpu* Find(int gpu) const;
