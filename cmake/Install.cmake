@@ -26,6 +26,10 @@ if(TARGET tessera-spank)
   install(TARGETS tessera-spank LIBRARY DESTINATION lib/tessera)
 endif()
 install(FILES ${CMAKE_BINARY_DIR}/deploy/tessera.service DESTINATION lib/systemd/system)
+if(TARGET tessera-spank)
+  install(FILES ${CMAKE_SOURCE_DIR}/deploy/systemd/tessera-slurm-mps@.service
+          DESTINATION lib/systemd/system)
+endif()
 install(FILES ${CMAKE_BINARY_DIR}/share/tessera.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${CMAKE_BINARY_DIR}/share/tessera.bash
         DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME tessera)

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
+#include "tessera/devices/mps.h"
 #include "tessera/net/http.h"
 #include "tessera/shim/region.h"
 #include "yaml-cpp/yaml.h"
@@ -313,6 +315,71 @@ TEST_F(AgentE2e, AnAgentRestartKeepsEveryAllocationAndRegion) {
   v1beta1::AllocateResponse again;
   ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(1) + "::3", Uuid(1) + "::2"}}, &again).ok());
   EXPECT_EQ(again.container_responses(0).annotations().at("tessera.io/allocation"), id);
+}
+
+TEST_F(AgentE2e, AnMpsGpusDaemonIsRunWatchedAndOutlivesTheAgentAndItsSharesAreItsClients) {
+  const std::string control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
+  tessera::devices::MpsDaemons daemon(control, dir_ + "/state/mps", {{1, ""}});
+  struct Quit {
+    tessera::devices::MpsDaemons& d;
+    ~Quit() { (void)d.Stop(1); }
+  } quit{daemon};
+  fs::create_directories(dir_ + "/shm");
+  const std::string mps = "--mps-gpus 1 --mps-control " + control +
+                          " --mps-check-interval 0.1 --mps-shm-dir " + dir_ + "/shm";
+  StartKubelet();
+  StartAgent(mps);
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  // GPU 1's daemon runs before the kubelet is served, with its own folders.
+  EXPECT_TRUE(daemon.Check(1).ok()) << Log();
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    return p.at(kShare).devices.size() == 16 && p.at(kShare).devices[4].health() == "Healthy";
+  })) << Log();
+  // A share of GPU 1 is a client of its daemon; a share of GPU 3 is time-sliced.
+  v1beta1::AllocateResponse share;
+  grpc::Status s = kubelet_->Allocate(kShare, {{Uuid(1) + "::0"}}, &share);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto& sc = share.container_responses(0);
+  EXPECT_EQ(sc.envs().at("CUDA_MPS_PIPE_DIRECTORY"), "/var/run/tessera/mps");
+  EXPECT_EQ(sc.envs().at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25");
+  EXPECT_EQ(sc.envs().at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=10240M");
+  EXPECT_FALSE(sc.envs().contains("TESSERA_CUDA_ARBITER"));
+  std::map<std::string, std::string> mounts;
+  for (const auto& m : sc.mounts()) mounts[m.container_path()] = m.host_path();
+  EXPECT_EQ(mounts.at("/var/run/tessera/mps"), daemon.PipeDir(1));
+  EXPECT_TRUE(fs::exists(daemon.PipeDir(1) + "/control")) << "the daemon's socket";
+  EXPECT_EQ(mounts.at("/dev/shm"), dir_ + "/shm");
+  v1beta1::AllocateResponse sliced;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::0"}}, &sliced).ok());
+  EXPECT_EQ(sliced.container_responses(0).envs().at("TESSERA_CUDA_ARBITER_GPUS"), "3");
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_gpu_mps_daemon_up{gpu=\"1\""));
+
+  // The daemon dies: seen within the check interval, GPU 1 offered Unhealthy (for as long as the
+  // new daemon takes to answer: here, milliseconds) and the death counted.
+  pid_t pid = 0;
+  std::ifstream(daemon.PipeDir(1) + "/nvidia-cuda-mps-control.pid") >> pid;
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  const std::regex died("tessera_gpu_mps_daemon_deaths_total\\{gpu=\"1\"[^}]*\\} 1\n");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (!std::regex_search(Metrics(), died) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::regex_search(Metrics(), died)) << Metrics() << Log();
+  EXPECT_THAT(Log(), HasSubstr("its MPS daemon is down (the MPS control daemon stopped"));
+  ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
+    return p.at(kShare).devices.size() == 16 && p.at(kShare).devices[5].health() == "Healthy";
+  })) << Log();
+  EXPECT_TRUE(daemon.Check(1).ok()) << "started again";
+
+  // The agent stops (an upgrade): the daemon stays, for the pods that are its clients. An agent
+  // started without GPU 1 in MPS mode tells it to quit.
+  StopAgent(SIGTERM);
+  EXPECT_TRUE(daemon.Check(1).ok()) << "outlives the agent";
+  StartAgent("--mps-control " + control);
+  ASSERT_TRUE(WaitRegistered(4)) << Log();
+  EXPECT_FALSE(daemon.Check(1).ok()) << Log();
+  EXPECT_THAT(Log(), HasSubstr("GPU 1 is no longer in MPS mode"));
 }
 
 TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {

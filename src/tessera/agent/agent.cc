@@ -31,6 +31,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   if (!inventory.ok()) return inventory.status();
   if (absl::Status s = a->PrepareState(*std::move(inventory)); !s.ok()) return s;
   a->WatchHealth();
+  a->StartMps();
   if (absl::Status s = a->ServeKubelet(); !s.ok()) return s;
   a->health_->Start();
   if (absl::Status s = a->ServeMetrics(); !s.ok()) return s;
@@ -88,6 +89,15 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
     return absl::InvalidArgumentError(
         fmt::format("--shim-library {}: {}", o.plugin.shim_library, strerror(errno)));
   }
+  // Made without MPS GPUs too: the daemons an earlier start ran are found and told to quit.
+  absl::StatusOr<std::vector<devices::MpsGpu>> mps = std::vector<devices::MpsGpu>{};
+  if (!o.mps_gpus.empty()) mps = devices::MpsGpusOf(o.mps_gpus, inventory);
+  if (!mps.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("--mps-gpus: {}", std::string(mps.status().message())));
+  }
+  mps_ = std::make_unique<devices::MpsDaemons>(o.mps_control, o.plugin.state_dir + "/mps", *mps);
+  o.plugin.mps = mps_.get();
   auto state = DeviceState::Create(std::move(inventory), o.plugin);
   if (!state.ok()) return state.status();
   state_ = std::move(*state);
@@ -119,11 +129,80 @@ void Agent::WatchHealth() {
         } else {
           spdlog::warn("GPU {} ({}) is unhealthy: {}", gpu, g.uuid, h.reason);
         }
-        state_->SetHealth(gpu, h.healthy, h.reason);
-        if (dra_state_) dra_state_->SetHealth(gpu, h.healthy, h.reason);
-        if (slices_) slices_->Poke();
-        if (node_sync_) node_sync_->Poke();
+        {
+          core::MutexLock lock(gpu_health_mu_);
+          device_health_[gpu] = h;
+        }
+        ApplyHealth(gpu);
       });
+  core::MutexLock lock(gpu_health_mu_);
+  device_health_.assign(n, devices::GpuHealth{});
+}
+
+void Agent::StartMps() {
+  mps_->QuitLeftBehind();  // each said in the log
+  if (mps_->gpus().empty()) return;
+  {
+    // No MPS GPU is offered until its daemon answers (the watch's first round, below).
+    core::MutexLock lock(gpu_health_mu_);
+    for (const devices::MpsGpu& g : mps_->gpus()) mps_down_[g.index] = "not started yet";
+  }
+  mps_->Start(options_.mps_check_interval, [this](int gpu, bool up, const std::string& reason) {
+    const core::Gpu& g = state_->inventory().gpus[gpu];
+    bool died = false;
+    {
+      core::MutexLock lock(gpu_health_mu_);
+      died = !up && !mps_down_.contains(gpu);
+      if (up) {
+        mps_down_.erase(gpu);
+      } else {
+        mps_down_[gpu] = reason;
+      }
+    }
+    if (up) {
+      spdlog::info("GPU {} ({}): its MPS daemon answers", gpu, g.uuid);
+    } else {
+      spdlog::warn(
+          "GPU {} ({}): its MPS daemon is down ({}); the GPU is offered as Unhealthy "
+          "until it answers",
+          gpu, g.uuid, reason);
+    }
+    ApplyHealth(gpu);
+    // The pods whose processes were its clients lost their MPS server: said on each.
+    if (!died || !events_) return;
+    for (const Allocation& a : state_->Allocations()) {
+      const size_t slash = a.pod.find('/');
+      if (slash == std::string::npos ||
+          std::find(a.gpus.begin(), a.gpus.end(), g.uuid) == a.gpus.end()) {
+        continue;
+      }
+      events_->Record(
+          {.kind = "Pod", .ns = a.pod.substr(0, slash), .name = a.pod.substr(slash + 1)}, "Warning",
+          "MpsDaemonDied", "Serving",
+          fmt::format("GPU {} ({}): its MPS control daemon {}; this pod's CUDA processes lost "
+                      "their MPS server (a new daemon is started for new ones)",
+                      gpu, g.uuid, reason));
+    }
+  });
+}
+
+void Agent::ApplyHealth(int gpu) {
+  bool healthy = true;
+  std::string reason;
+  {
+    core::MutexLock lock(gpu_health_mu_);
+    if (gpu < 0 || gpu >= static_cast<int>(device_health_.size())) return;
+    healthy = device_health_[gpu].healthy;
+    reason = device_health_[gpu].reason;
+    if (auto it = mps_down_.find(gpu); it != mps_down_.end()) {
+      reason = healthy ? "MPS daemon: " + it->second : reason + "; MPS daemon: " + it->second;
+      healthy = false;
+    }
+  }
+  state_->SetHealth(gpu, healthy, reason);
+  if (dra_state_) dra_state_->SetHealth(gpu, healthy, reason);
+  if (slices_) slices_->Poke();
+  if (node_sync_) node_sync_->Poke();
 }
 
 absl::Status Agent::ServeKubelet() {
@@ -213,6 +292,8 @@ absl::Status Agent::StartDra() {
   auto state = DraState::Create(state_->inventory(), o.plugin, d);
   if (!state.ok()) return state.status();
   dra_state_ = std::move(*state);
+  // What is already known of the GPUs (their MPS daemons' first answers).
+  for (int g = 0; g < static_cast<int>(state_->inventory().gpus.size()); ++g) ApplyHealth(g);
   if (!dra_state_->set_aside().empty()) RebuildDra();
   DraPluginOptions po = o.dra_plugin;
   // A (re)started kubelet wipes the node's slices: looked at when it registers the driver.
@@ -262,6 +343,8 @@ void Agent::Stop() {
   if (node_sync_) node_sync_->Stop();
   events_.reset();
   if (health_) health_->Stop();
+  // The daemons stay: the pods that are their clients outlive the agent (an upgrade, a restart).
+  if (mps_) mps_->StopWatch(false);
   if (http_) http_->Stop();
 }
 
@@ -421,6 +504,8 @@ std::string Agent::Metrics() {
   for (size_t i = 0; i < gpus.size(); ++i) {
     gpus[i].gpu = &inv.gpus[i];
     if (i < health.size()) gpus[i].health = health[i];
+    // As advertised: an MPS GPU whose daemon is down is not healthy.
+    gpus[i].health.healthy = state_->healthy(static_cast<int>(i));
     gpus[i].health_changes = health_changes_[i];
     auto t = source_->ReadTelemetry(static_cast<int>(i));
     if (t.ok()) {
@@ -435,6 +520,9 @@ std::string Agent::Metrics() {
     if (!g) continue;
     auto& list = gpus[*g].holders;
     if (std::find(list.begin(), list.end(), c) == list.end()) list.push_back(c);
+  }
+  for (const devices::MpsDaemonState& m : mps_->States()) {
+    if (m.gpu >= 0 && m.gpu < static_cast<int>(gpus.size())) gpus[m.gpu].mps = m;
   }
   std::vector<ShareSample> shares;
   AgentCountersSample counters;

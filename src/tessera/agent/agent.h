@@ -25,6 +25,7 @@
 #include "tessera/core/mutex.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/health.h"
+#include "tessera/devices/mps.h"
 #include "tessera/devices/open.h"
 #include "tessera/kube/events.h"
 
@@ -69,6 +70,12 @@ struct AgentOptions {
   DraOptions dra_options;  // pool (the node name), dir and cdi_dir filled in when empty
   DraPluginOptions dra_plugin;
   std::string sysfs_root = "/sys";  // PCIe roots for ResourceSlices
+  // NVIDIA MPS (docs/kubernetes.md): the GPUs shared by MPS ("all", indices, UUIDs), each with its
+  // control daemon (pipe and log folders under <state_dir>/mps); the control program; how often
+  // each daemon is asked whether it answers. A GPU whose daemon is down is advertised Unhealthy.
+  std::vector<std::string> mps_gpus;
+  std::string mps_control = "nvidia-cuda-mps-control";
+  std::chrono::milliseconds mps_check_interval{2000};
 };
 
 class Agent {
@@ -96,6 +103,11 @@ class Agent {
   absl::StatusOr<core::NodeInventory> OpenDevices();         // NVML (or a simulated machine)
   absl::Status PrepareState(core::NodeInventory inventory);  // CDI spec, checkpoint, arbiter
   void WatchHealth();
+  // The MPS daemons: those left behind for GPUs no longer in MPS mode told to quit, each MPS GPU's
+  // started (and watched) before the kubelet is served.
+  void StartMps();
+  // A GPU's health as advertised: the driver's (the health watch) and, in MPS mode, its daemon's.
+  void ApplyHealth(int gpu);
   absl::Status ServeKubelet();  // the API server, then the device plugin or DRA
   absl::Status ServeMetrics();
   void StartReconcile();  // PodResources: releases the allocations of ended pods
@@ -117,6 +129,11 @@ class Agent {
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<DeviceState> state_;
   std::unique_ptr<devices::HealthWatch> health_;
+  std::unique_ptr<devices::MpsDaemons> mps_;  // its gpus() empty when none is in MPS mode
+  // What ApplyHealth combines, per GPU: the driver's word, and why its MPS daemon is down.
+  core::Mutex gpu_health_mu_;
+  std::vector<devices::GpuHealth> device_health_ ABSL_GUARDED_BY(gpu_health_mu_);
+  std::map<int, std::string> mps_down_ ABSL_GUARDED_BY(gpu_health_mu_);
   std::unique_ptr<PluginServer> plugin_;
   std::unique_ptr<DraState> dra_state_;
   std::unique_ptr<DraPlugin> dra_plugin_;

@@ -28,6 +28,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
 #include "tessera/devices/cdi.h"
+#include "tessera/devices/mps.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::agent {
@@ -42,6 +43,8 @@ std::string_view ResourceName(Resource r);
 inline constexpr char kContainerShim[] = "/usr/local/lib/tessera/libtessera-cuda.so";
 inline constexpr char kContainerRegion[] = "/var/run/tessera/region";
 inline constexpr char kContainerArbiter[] = "/var/run/tessera/gpu.arbiter";
+// Where an MPS client's container finds its GPU's control daemon (CUDA_MPS_PIPE_DIRECTORY).
+inline constexpr char kContainerMpsPipe[] = "/var/run/tessera/mps";
 
 struct PluginOptions {
   int shares_per_gpu = 10;  // 1..100
@@ -55,7 +58,16 @@ struct PluginOptions {
   // Wall time: when an allocation was made (its checkpoint record, the release grace). Null: the
   // system's. Must outlive the state.
   const core::Clock* clock = nullptr;
+  // The GPUs in MPS mode and their control daemons (the agent runs them); null: none. A share of
+  // one is a client of its daemon (ShareEdits). Must outlive the state.
+  const devices::MpsDaemons* mps = nullptr;
+  // The host folder that is the daemons' /dev/shm (MPS's server and clients meet there), mounted
+  // at /dev/shm in their clients' containers.
+  std::string mps_shm_dir = "/dev/shm";
 };
+
+// Whether GPU `g` is in MPS mode.
+inline bool IsMps(const PluginOptions& o, int g) { return o.mps != nullptr && o.mps->Has(g); }
 
 // What the scheduler extender chose for a pod (its annotations), when there is such a pod.
 struct PodHint {

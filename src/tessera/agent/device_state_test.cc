@@ -221,6 +221,56 @@ TEST_F(DeviceStateTest, SharesOnTwoGpusGetALimitOnEachAndOneGangAtTheArbiter) {
   EXPECT_THAT(limit, ElementsAre(quarter, quarter));
 }
 
+TEST_F(DeviceStateTest, AShareOfAnMpsGpuIsAClientOfItsDaemonWithItsLimitsAndNoTimeSlices) {
+  // GPU 2 in MPS mode (the agent's --mps-gpus); the arbiter exists, for the time-sliced GPUs.
+  fs::create_directories(dir_ + "/state");
+  std::ofstream(dir_ + "/state/gpu.arbiter") << "";
+  devices::MpsDaemons mps("nvidia-cuda-mps-control", dir_ + "/state/mps", {{2, Uuid(2)}});
+  PluginOptions o = state_->options();
+  o.mps = &mps;
+  o.mps_shm_dir = dir_ + "/mps-shm";
+  state_.reset();
+  auto made = DeviceState::Create(inventory_, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  state_ = std::move(*made);
+  PodHint hint;
+  hint.pod_namespace = "serving";
+  hint.pod_name = "small";
+  hint.gpus = {Uuid(2)};
+  hint.memory = uint64_t{3} << 30;
+  hint.priority = -1;
+  auto r = state_->Allocate(Resource::kShare, Request({{Share(2, 0)}}), &hint);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& c = r->container_responses(0);
+  const auto& env = c.envs();
+  EXPECT_EQ(env.at("CUDA_MPS_PIPE_DIRECTORY"), kContainerMpsPipe);
+  EXPECT_EQ(env.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25") << "a quarter of the GPU's SMs";
+  EXPECT_EQ(env.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=3072M") << "the pod's memory";
+  EXPECT_EQ(env.at("CUDA_MPS_CLIENT_PRIORITY"), "1") << "a negative priority: below normal";
+  // The library's memory accounting stays on; its kernels are not paced in time slices.
+  EXPECT_EQ(env.at("LD_PRELOAD"), kContainerShim);
+  EXPECT_EQ(env.at("TESSERA_CUDA_MEM_LIMIT"), "0:" + std::to_string(uint64_t{3} << 30));
+  EXPECT_FALSE(env.contains("TESSERA_CUDA_ARBITER"));
+  std::map<std::string, std::pair<std::string, bool>> mounts;
+  for (const auto& m : c.mounts()) mounts[m.container_path()] = {m.host_path(), m.read_only()};
+  EXPECT_EQ(mounts.at(kContainerMpsPipe), std::make_pair(mps.PipeDir(2), false));
+  EXPECT_EQ(mounts.at("/dev/shm"), std::make_pair(dir_ + "/mps-shm", false));
+  EXPECT_FALSE(mounts.contains(kContainerArbiter));
+
+  // A time-sliced GPU's share is paced as before; a share of two GPUs one of which is MPS's is
+  // refused (a process is the client of one MPS server), and nothing is kept of it.
+  auto sliced = state_->Allocate(Resource::kShare, Request({{Share(3, 0)}}));
+  ASSERT_TRUE(sliced.ok()) << sliced.status();
+  EXPECT_FALSE(sliced->container_responses(0).envs().contains("CUDA_MPS_PIPE_DIRECTORY"));
+  EXPECT_TRUE(sliced->container_responses(0).envs().contains("TESSERA_CUDA_ARBITER"));
+  const size_t before = state_->Allocations().size();
+  auto both = state_->Allocate(Resource::kShare, Request({{Share(2, 1), Share(4, 0)}}));
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(both.status().message(), HasSubstr("MPS"));
+  EXPECT_EQ(state_->Allocations().size(), before);
+}
+
 TEST_F(DeviceStateTest, BadAllocateRequestsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(state_->Allocate(Resource::kGpu, Request({{Uuid(0)}})).ok());
   std::string checkpoint = test::ReadFile(state_->checkpoint_path());
@@ -451,6 +501,13 @@ TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {
   const std::string split = RenderMetrics("node-1", gpus, {s}, AgentCountersSample{}, true);
   EXPECT_EQ(series(split, "DCGM_FI_DEV_POWER_USAGE{gpu=\"0\""), 2u);
   EXPECT_THAT(split, HasSubstr("pod=\"infer\"} 123.5"));
+  // An MPS GPU's daemon: up or not, and its deaths.
+  gpus[1].mps = devices::MpsDaemonState{.gpu = 1, .up = false, .deaths = 2};
+  text = RenderMetrics("node-1", gpus, {s}, AgentCountersSample{});
+  EXPECT_THAT(text, HasSubstr("tessera_gpu_mps_daemon_up{gpu=\"1\""));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("tessera_gpu_mps_daemon_up{gpu=\"0\"")))
+      << "a time-sliced GPU has no daemon";
+  EXPECT_EQ(series(text, "tessera_gpu_mps_daemon_deaths_total{"), 1u);
   std::string file = dir_ + "/metrics.txt";
   std::ofstream(file) << text;
   auto check = test::PromtoolCheck(file);

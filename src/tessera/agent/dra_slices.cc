@@ -142,6 +142,7 @@ struct NodeFacts {
   std::map<int, int> nvlink;
   std::string driver_version, cuda_version;
   std::map<int, std::string> roots;  // PCIe roots by GPU, read from sysfs once
+  const PluginOptions& plugin;
 };
 
 json DeviceAttributes(const DraDevice& d, NodeFacts& n, const SliceContext& ctx) {
@@ -170,6 +171,9 @@ json DeviceAttributes(const DraDevice& d, NodeFacts& n, const SliceContext& ctx)
     attrs["nvlinkDomain"] = Attr("int", it->second);
   }
   if (d.share) attrs["sharesPerGpu"] = Attr("int", n.shares);
+  // A GPU's mode (MPS or time slices), which a DeviceClass or request selects on and a
+  // ShareConfig's `sharing` is checked against.
+  attrs["sharing"] = Attr("string", IsMps(n.plugin, d.gpu) ? "mps" : "time-slice");
   return attrs;
 }
 
@@ -243,7 +247,8 @@ std::vector<json> BuildResourceSlices(const DraState& state, const SliceContext&
       NvlinkDomains(inv),
       SemanticVersion(ctx.driver_version.empty() ? inv.driver_version : ctx.driver_version),
       SemanticVersion(inv.cuda_driver_version),
-      {}};
+      {},
+      state.plugin_options()};
   std::vector<json> devices;
   for (const DraDevice& d : state.devices()) {
     if (state.healthy(d.gpu)) devices.push_back(Device(d, facts, ctx));

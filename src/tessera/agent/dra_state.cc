@@ -15,6 +15,7 @@
 #include "tessera/agent/checkpoint.h"
 #include "tessera/agent/share_edits.h"
 #include "tessera/core/gpu.h"
+#include "tessera/core/request.h"
 #include "tessera/devices/atomic_file.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/kube/object.h"
@@ -50,6 +51,7 @@ PreparedDevice DeviceFromJson(const json& j) {
 struct DraState::RequestConfig {
   std::optional<uint64_t> memory;  // bytes per GPU
   std::optional<int> priority;
+  std::optional<core::GpuSharing> sharing;  // the mode its GPUs must be in
 };
 
 // What a consumable device's allocation takes of it (its consumedCapacity), and its shareID.
@@ -260,9 +262,15 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
                 fmt::format("{}: priority: expected a whole number", where));
           }
           rc.priority = v.get<int>();
+        } else if (k == "sharing") {
+          rc.sharing = v.is_string() ? core::ParseGpuSharing(v.get<std::string>()) : std::nullopt;
+          if (!rc.sharing) {
+            return absl::InvalidArgumentError(
+                fmt::format("{}: sharing: expected time-slice or mps, got {}", where, v.dump()));
+          }
         } else {
           return absl::InvalidArgumentError(fmt::format(
-              "{}: unknown field '{}' (ShareConfig has memory and priority)", where, k));
+              "{}: unknown field '{}' (ShareConfig has memory, priority and sharing)", where, k));
         }
       }
       std::vector<std::string> requests;
@@ -278,6 +286,7 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
         RequestConfig& into = config[r];
         if (rc.memory) into.memory = rc.memory;
         if (rc.priority) into.priority = rc.priority;
+        if (rc.sharing) into.sharing = rc.sharing;
       }
     }
   }
@@ -344,6 +353,17 @@ absl::Status DraState::CheckLocked(const std::string& who, const ClaimAllocation
   return absl::OkStatus();
 }
 
+std::string DraState::MpsNamespaceLocked(int gpu, const std::string& except_uid) const {
+  for (const auto& [uid, c] : claims_) {
+    if (uid == except_uid) continue;
+    for (const PreparedDevice& p : c->devices) {
+      auto d = by_name_.find(p.device);
+      if (d != by_name_.end() && devices_[d->second].gpu == gpu) return c->ns;
+    }
+  }
+  return "";
+}
+
 // Long (issue 32 asks for a reason): the regions, then the CDI spec, each request's edits built in
 // one loop over the requests; the undo of the regions written is one list. Split, the loop's
 // state (the spec being built, the claim's devices, the undo list) would be passed around.
@@ -380,6 +400,28 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
     // give every GPU). CUDA then sees exactly the device nodes, whatever other claims the
     // container has; only a share names its GPUs, in the order its limits are for.
     edits.env["NVIDIA_VISIBLE_DEVICES"] = "void";
+    // A request that names a sharing mode is given GPUs in that mode only; an MPS GPU serves one
+    // namespace's claims at a time (MPS runs one user's clients per server: the kubelet tries
+    // again, and the claim is prepared once the other namespace's claims on it are gone).
+    const RequestConfig& rc = config[request];
+    for (int g : gpus) {
+      const auto mode = IsMps(plugin_, g) ? core::GpuSharing::kMps : core::GpuSharing::kTimeSlice;
+      if (rc.sharing && *rc.sharing != mode) {
+        undo();
+        return absl::FailedPreconditionError(fmt::format(
+            "{}: request {} asks sharing {} and its GPU {} is in {} mode (select on the device "
+            "attribute sharing)",
+            who, request, core::GpuSharingName(*rc.sharing), g, core::GpuSharingName(mode)));
+      }
+      if (mode != core::GpuSharing::kMps) continue;
+      if (std::string other = MpsNamespaceLocked(g, uid); !other.empty() && other != ns) {
+        undo();
+        return absl::FailedPreconditionError(fmt::format(
+            "{}: GPU {} is shared by MPS and its server runs namespace {}'s pods; MPS serves one "
+            "user's clients at a time, so this claim waits until those end",
+            who, g, other));
+      }
+    }
     // A consumable device taken in part is a share of it: its amounts are the limits.
     bool partial = false;
     for (const DraDevice& d : devs) {
@@ -390,7 +432,6 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
     }
     if ((devs.front().share || partial) && !admin.contains(devs.front().name)) {
       edits.env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(uuids, ",");
-      const RequestConfig& rc = config[request];
       ShareRequest share;
       share.gpus = gpus;
       for (int g : gpus) {
@@ -411,10 +452,23 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
       share.region = fmt::format("{}/regions/claim-{}-{}.region", plugin_.state_dir, uid, request);
       if (absl::Status st = ShareEdits(share, inventory_, plugin_, &edits); !st.ok()) {
         undo();
-        return absl::InternalError(fmt::format("{}: {}", who, std::string(st.message())));
+        return absl::Status(st.code() == absl::StatusCode::kFailedPrecondition
+                                ? st.code()
+                                : absl::StatusCode::kInternal,
+                            fmt::format("{}: {}", who, std::string(st.message())));
       }
       made->regions.push_back(share.region);
       made->region_limits[share.region] = share.limits;
+    } else if (rc.sharing == core::GpuSharing::kMps && !admin.contains(devs.front().name)) {
+      // A whole GPU asked as MPS: its processes are clients of its daemon, all its SMs theirs.
+      if (gpus.size() > 1) {
+        undo();
+        return absl::FailedPreconditionError(fmt::format(
+            "{}: request {} asks sharing mps on {} GPUs: a process is the client of one GPU's MPS "
+            "server (one request per GPU)",
+            who, request, gpus.size()));
+      }
+      MpsEdits(gpus[0], 1.0, 0, rc.priority.value_or(plugin_.default_priority), plugin_, &edits);
     }
     const std::string cdi_name = fmt::format("{}-{}", uid, request);
     ordered_json cdev;

@@ -142,6 +142,10 @@ class DraState {
                                                           const std::string& uid,
                                                           const ClaimAllocation& a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The namespace of a prepared claim other than `except_uid` with a device on GPU `gpu` (whose
+  // MPS server then runs that namespace's clients); empty when none.
+  std::string MpsNamespaceLocked(int gpu, const std::string& except_uid) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options);
   absl::Status Load();
   absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

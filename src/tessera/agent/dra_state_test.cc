@@ -133,6 +133,69 @@ TEST_F(DraStateTest, TheClassConfigIsOverriddenByTheClaimsAndUnknownFieldsAreRef
   EXPECT_THAT(bad.status().message(), HasSubstr("status.allocation.devices.config[0]"));
 }
 
+TEST_F(DraStateTest, AnMpsGpusClaimsAreClientsOfItsDaemonOneNamespaceAtATime) {
+  // GPU 7 in shares and in MPS mode; GPU 2 whole and time-sliced.
+  devices::MpsDaemons mps("nvidia-cuda-mps-control", dir_ + "/state/mps", {{7, "GPU-7"}});
+  Options o = OptionsFor({7});
+  o.plugin.mps = &mps;
+  o.plugin.mps_shm_dir = dir_ + "/shm";
+  auto s = DraState::Create(inventory_, o.plugin, o.dra);
+  ASSERT_TRUE(s.ok()) << s.status();
+  // The devices say their GPU's mode, for a DeviceClass or a request to select on.
+  std::map<std::string, std::string> mode;
+  for (const json& sl : BuildResourceSlices(**s, {.generation = 1, .sysfs_root = ""})) {
+    for (const json& d : sl["spec"]["devices"])
+      mode[d["name"]] = d["attributes"]["sharing"]["string"];
+  }
+  EXPECT_EQ(mode.at("gpu-7-share-0"), "mps");
+  EXPECT_EQ(mode.at("gpu-2"), "time-slice");
+
+  auto cfg = [](json params) {
+    params["kind"] = "ShareConfig";
+    return json::array(
+        {{{"source", "FromClaim"}, {"opaque", {{"driver", kDraDriver}, {"parameters", params}}}}});
+  };
+  auto env_of = [&](const std::string& uid) {
+    return json::parse(test::ReadFile((*s)->CdiSpecPath(uid)))["devices"][0]["containerEdits"];
+  };
+  auto got = (*s)->Prepare(
+      "serving", "a", "u1",
+      Claim("u1", {Result("s", "gpu-7-share-0")}, cfg({{"sharing", "mps"}, {"memory", "2Gi"}})));
+  ASSERT_TRUE(got.ok()) << got.status();
+  json edits = env_of("u1");
+  EXPECT_THAT(edits["env"].dump(), HasSubstr("CUDA_MPS_PIPE_DIRECTORY=/var/run/tessera/mps"));
+  EXPECT_THAT(edits["env"].dump(), HasSubstr("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"));
+  EXPECT_THAT(edits["env"].dump(), HasSubstr("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"));
+  EXPECT_THAT(edits["env"].dump(), ::testing::Not(HasSubstr("TESSERA_CUDA_ARBITER")));
+  EXPECT_THAT(edits["mounts"].dump(), HasSubstr(mps.PipeDir(7)));
+  EXPECT_THAT(edits["mounts"].dump(), HasSubstr(dir_ + "/shm"));
+  // Another namespace's claim on the same GPU waits (the kubelet tries again): MPS serves one
+  // user's clients at a time. The same namespace's is served beside the first.
+  auto other = (*s)->Prepare("batch", "b", "u2", Claim("u2", {Result("s", "gpu-7-share-1")}));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(), HasSubstr("namespace serving"));
+  EXPECT_FALSE(fs::exists((*s)->CdiSpecPath("u2")));
+  ASSERT_TRUE(
+      (*s)->Prepare("serving", "c", "u3", Claim("u3", {Result("s", "gpu-7-share-2")})).ok());
+  ASSERT_TRUE((*s)->Unprepare("u1").ok());
+  EXPECT_FALSE((*s)->Prepare("batch", "b", "u2", Claim("u2", {Result("s", "gpu-7-share-1")})).ok());
+  ASSERT_TRUE((*s)->Unprepare("u3").ok());
+  EXPECT_TRUE((*s)->Prepare("batch", "b", "u2", Claim("u2", {Result("s", "gpu-7-share-1")})).ok())
+      << "once the other namespace's claims are gone";
+
+  // A request asking a mode its GPU is not in, or a mode that does not exist, is refused.
+  auto wrong =
+      (*s)->Prepare("a", "w", "u4", Claim("u4", {Result("g", "gpu-2")}, cfg({{"sharing", "mps"}})));
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("asks sharing mps and its GPU 2 is in time-slice"));
+  auto bad = (*s)->Prepare("a", "x", "u5",
+                           Claim("u5", {Result("g", "gpu-2")}, cfg({{"sharing", "spatial"}})));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("sharing: expected time-slice or mps"));
+}
+
 TEST_F(DraStateTest, AnUnhealthyGpuIsRefusedAndItsHealthIsAChange) {
   auto s = Make();
   ASSERT_TRUE(s.ok());

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "fmt/format.h"
 #include "tessera/devices/dcgm.h"
 #include "tessera/net/prometheus.h"
@@ -72,6 +74,20 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
   p.Family("tessera_gpu_healthy", "gauge",
            "1 while the GPU is healthy (advertised to the kubelet as Healthy), else 0.");
   for (const GpuSample& s : gpus) per_holder(s, s.health.healthy ? 1 : 0, GpuLabels);
+  if (std::any_of(gpus.begin(), gpus.end(), [](const GpuSample& s) { return s.mps; })) {
+    p.Family("tessera_gpu_mps_daemon_up", "gauge",
+             "For a GPU shared by MPS: 1 when its control daemon answers, 0 when it is down (the "
+             "GPU is advertised Unhealthy then).");
+    for (const GpuSample& s : gpus) {
+      if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->up ? 1 : 0);
+    }
+    p.Family("tessera_gpu_mps_daemon_deaths_total", "counter",
+             "For a GPU shared by MPS: times its control daemon was found gone (its clients lost "
+             "their server; it was started again).");
+    for (const GpuSample& s : gpus) {
+      if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->deaths);
+    }
+  }
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU since the agent started, ignored ones included.");
   for (const GpuSample& s : gpus) {

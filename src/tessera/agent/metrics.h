@@ -17,6 +17,7 @@
 #include "tessera/agent/pod_resources.h"
 #include "tessera/devices/device_source.h"
 #include "tessera/devices/health.h"
+#include "tessera/devices/mps.h"
 
 namespace tessera::agent {
 
@@ -26,6 +27,7 @@ struct GpuSample {
   uint64_t health_changes = 0;
   std::optional<devices::GpuTelemetry> telemetry;  // empty when the GPU did not answer
   std::vector<ContainerRef> holders;               // containers given it (whole or shares)
+  std::optional<devices::MpsDaemonState> mps;      // its MPS daemon, when in MPS mode
 };
 
 struct ShareSample {

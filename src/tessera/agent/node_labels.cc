@@ -39,6 +39,9 @@ std::map<std::string, std::string> DesiredLabels(const NodeFacts& facts) {
   if (inv.simulated) l["tessera.io/gpu.simulated"] = "true";
   if (facts.shares_per_gpu > 0) l["tessera.io/gpu.shares"] = std::to_string(facts.shares_per_gpu);
   if (n == 0) return l;
+  // How its GPUs are shared: a pod that needs MPS (or must not have it) selects on this.
+  const auto mps = std::count(facts.sharing.begin(), facts.sharing.end(), core::GpuSharing::kMps);
+  l["tessera.io/gpu.sharing"] = mps == 0 ? "time-slice" : mps == n ? "mps" : "mixed";
 
   std::set<std::string> products;
   std::optional<uint64_t> memory;
@@ -86,7 +89,7 @@ std::map<std::string, std::string> DesiredLabels(const NodeFacts& facts) {
 }
 
 std::map<std::string, std::string> DesiredAnnotations(const NodeFacts& facts) {
-  kube::NodeGpus n{*facts.inventory, facts.healthy, facts.shares_per_gpu};
+  kube::NodeGpus n{*facts.inventory, facts.healthy, facts.shares_per_gpu, facts.sharing};
   return {{kube::kNodeGpusAnnotation, kube::FormatNodeGpus(n)}};
 }
 

@@ -13,6 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
+#include "tessera/core/request.h"
 
 namespace tessera::agent {
 
@@ -27,7 +28,8 @@ std::string LabelValue(std::string_view text);
 struct NodeFacts {
   const core::NodeInventory* inventory = nullptr;
   std::vector<bool> healthy;
-  int shares_per_gpu = 0;  // 0: shares not served
+  int shares_per_gpu = 0;                 // 0: shares not served
+  std::vector<core::GpuSharing> sharing;  // per GPU; empty: all time-sliced
 };
 
 std::map<std::string, std::string> DesiredLabels(const NodeFacts& facts);

@@ -67,6 +67,17 @@ TEST(DesiredLabels, DescribeTheMachine) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_FALSE(parsed->healthy[5]);
   EXPECT_EQ(parsed->shares_per_gpu, 10);
+
+  // How the GPUs are shared: a label to select on, and each GPU's mode for the extender.
+  EXPECT_THAT(l, Contains(Pair("tessera.io/gpu.sharing", "time-slice")));
+  f.sharing.assign(8, core::GpuSharing::kTimeSlice);
+  f.sharing[2] = core::GpuSharing::kMps;
+  EXPECT_THAT(DesiredLabels(f), Contains(Pair("tessera.io/gpu.sharing", "mixed")));
+  parsed = kube::ParseNodeGpus(DesiredAnnotations(f).at(kube::kNodeGpusAnnotation));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->sharing, f.sharing);
+  f.sharing.assign(8, core::GpuSharing::kMps);
+  EXPECT_THAT(DesiredLabels(f), Contains(Pair("tessera.io/gpu.sharing", "mps")));
 }
 
 TEST(NodePatch, SetsChangesRemovesOwnedAndLeavesTheRest) {

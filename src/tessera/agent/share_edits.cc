@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_join.h"
@@ -28,6 +29,15 @@ absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& 
                         const PluginOptions& options, ContainerEdits* out) {
   if (request.gpus.empty() || request.gpus.size() != request.limits.size()) {
     return absl::InvalidArgumentError("a share names no GPU, or not one limit per GPU");
+  }
+  const bool mps = IsMps(options, request.gpus[0]);
+  for (int g : request.gpus) {
+    if (request.gpus.size() > 1 && IsMps(options, g)) {
+      return absl::FailedPreconditionError(fmt::format(
+          "a share of GPUs {} includes GPU {} in MPS mode: a process is the client of one GPU's "
+          "MPS server, so an MPS share is of one GPU",
+          absl::StrJoin(request.gpus, ","), g));
+    }
   }
   if (absl::Status st = MakeShareRegion(request.region, request.limits); !st.ok()) return st;
   std::vector<std::string> limit_text;
@@ -64,6 +74,11 @@ absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& 
   }
   out->mounts.push_back({options.shim_library, kContainerShim, true});
   out->mounts.push_back({request.region, kContainerRegion, false});
+  if (mps) {
+    // Its kernels run beside the other clients' on the SMs MPS gives it, not in time slices.
+    MpsEdits(request.gpus[0], request.share, request.limits[0], request.priority, options, out);
+    return absl::OkStatus();
+  }
   std::string arbiter = options.state_dir + "/gpu.arbiter";
   if (access(arbiter.c_str(), F_OK) == 0) {
     out->mounts.push_back({arbiter, kContainerArbiter, false});
@@ -71,6 +86,18 @@ absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& 
     env["TESSERA_CUDA_ARBITER_GPUS"] = absl::StrJoin(request.gpus, ",");
   }
   return absl::OkStatus();
+}
+
+void MpsEdits(int gpu, double share, uint64_t memory, int priority, const PluginOptions& options,
+              ContainerEdits* out) {
+  const int milli = static_cast<int>(std::lround(share * 1000));
+  for (const auto& [k, v] :
+       devices::MpsClientEnv(kContainerMpsPipe, milli < 1000 ? milli : 0,
+                             static_cast<int64_t>(memory >> 20), 1, priority)) {
+    out->env[k] = v;
+  }
+  out->mounts.push_back({options.mps->PipeDir(gpu), kContainerMpsPipe, false});
+  out->mounts.push_back({options.mps_shm_dir, "/dev/shm", false});
 }
 
 }  // namespace tessera::agent

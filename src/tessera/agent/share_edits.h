@@ -44,8 +44,17 @@ struct ShareRequest {
 absl::Status MakeShareRegion(const std::string& path, const std::vector<uint64_t>& limits);
 
 // Creates the region file (MakeShareRegion) and fills `out` with the
-// environment and mounts. kInternal naming the region file when it cannot be created.
+// environment and mounts. kInternal naming the region file when it cannot be created. A share of a
+// GPU in MPS mode (IsMps) is a client of its daemon (MpsEdits) instead of being paced at the
+// arbiter; the library's memory accounting stays on. kFailedPrecondition for a share of several
+// GPUs any of which is in MPS mode: a process is the client of one MPS server, which has one GPU.
 absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& inventory,
                         const PluginOptions& options, ContainerEdits* out);
+
+// What makes a container's processes clients of GPU `gpu`'s MPS daemon, with `share` (0..1) of its
+// SMs, `memory` bytes of pinned memory (0: no limit) and `priority` (negative: below normal): the
+// pipe folder and the daemons' /dev/shm mounted, MPS's environment (devices::MpsClientEnv).
+void MpsEdits(int gpu, double share, uint64_t memory, int priority, const PluginOptions& options,
+              ContainerEdits* out);
 
 }  // namespace tessera::agent

@@ -28,6 +28,7 @@ struct AgentFlags {
   bool no_api_server = false;
   double label_resync_s = 60;
   std::vector<int> dra_share_gpus;
+  double mps_check_s = 2;
   std::string install_from, install_to;
 };
 
@@ -49,6 +50,7 @@ int RunAgent(AgentFlags& f, std::ostream& err) {
   o.use_api_server = !f.no_api_server;
   o.label_resync = std::chrono::milliseconds(static_cast<int64_t>(f.label_resync_s * 1000));
   o.dra_options.share_gpus = {f.dra_share_gpus.begin(), f.dra_share_gpus.end()};
+  o.mps_check_interval = std::chrono::milliseconds(static_cast<int64_t>(f.mps_check_s * 1000));
   if (!o.dra &&
       (!f.dra_share_gpus.empty() || o.dra_options.partitionable || o.dra_options.consumable)) {
     err << "tessera: --dra-share-gpus, --dra-partitionable and --dra-consumable need --dra\n";
@@ -215,6 +217,22 @@ std::shared_ptr<void> AddAgentCommand(CLI::App& app, std::function<int()>& actio
               "DRAConsumableCapacity feature gate; with --dra)");
   a->add_option("--sysfs-root", f.o.sysfs_root,
                 "Where sysfs is, for the PCIe root of each GPU in ResourceSlices")
+      ->capture_default_str();
+  a->add_option("--mps-gpus", f.o.mps_gpus,
+                "GPUs shared by NVIDIA MPS instead of time slices: all, or indices and UUIDs "
+                "(comma-separated). Each gets its own nvidia-cuda-mps-control daemon; a share of "
+                "one is a client of it")
+      ->delimiter(',');
+  a->add_option("--mps-control", f.o.mps_control,
+                "The MPS control program (a path, or a name the PATH finds)")
+      ->capture_default_str();
+  a->add_option("--mps-check-interval", f.mps_check_s,
+                "Seconds between checks that each MPS daemon answers (a dead one is started again)")
+      ->check(CLI::Range(0.05, 3600.0))
+      ->capture_default_str();
+  a->add_option("--mps-shm-dir", f.o.plugin.mps_shm_dir,
+                "The host folder that is the MPS daemons' /dev/shm, mounted at /dev/shm in their "
+                "clients' containers (the agent's own /dev/shm must be this folder)")
       ->capture_default_str();
   a->add_option("--release-grace", f.release_grace_s,
                 "Seconds an allocation is kept although PodResources does not list it (the kubelet "

@@ -4,8 +4,10 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -334,6 +336,9 @@ struct ReplayFlags {
   int utilization_ceiling = 0;
   bool ceiling_strict = false;
   bool interference = false;
+  bool mps = false;
+  double mps_capacity = 1;
+  std::string mps_figures;  // a tessera-gpu-check --json report: mps_capacity from it
   // Each policy also run with requests right-sized from a use model (sim/right_size.h).
   bool right_size = false;
   sim::UseModel use;
@@ -350,7 +355,7 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
         "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
-        "backfill reservations {}, durations predicted {}{}{}{}.",
+        "backfill reservations {}, durations predicted {}{}{}{}{}.",
         l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression,
         o.arrival_order ? "arrival" : "priority then arrival", o.reservations,
         o.predict ? "from earlier jobs (p75 per owner and shape), else the trace's"
@@ -360,6 +365,7 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
                           o.ceiling_strict ? " (strict)" : "")
             : "",
         o.interference ? ", interference between shares modelled" : "",
+        o.mps ? fmt::format(", GPUs shared by MPS (capacity {:g})", o.mps_capacity) : "",
         o.right_size ? fmt::format(", each policy also with requests right-sized (use model: mean "
                                    "{:g}, concentration {:g}; margin {:g}, {} milli granules)",
                                    o.use.mean, o.use.concentration, o.sizing.margin,
@@ -470,7 +476,7 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
   }
 }
 
-int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std::ostream& err) {
+int RunReplayCmd(const SimFlags& f, ReplayFlags o, std::ostream& out, std::ostream& err) {
   const bool no_preemption = o.no_preemption;
   const double compression = o.compression;
   std::vector<PolicyRun> runs;
@@ -488,6 +494,22 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
   // Compressing arrivals raises the load: a sampled trace is often far lighter than its cluster.
   if (compression != 1) {
     for (sim::SimJob& j : l.jobs) j.submit /= compression;
+  }
+  // MPS: its capacity as a GPU measured it (tessera-gpu-check's report), else as given.
+  if (!o.mps_figures.empty()) {
+    std::ifstream in(o.mps_figures);
+    const nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
+    absl::StatusOr<double> capacity =
+        in ? sim::MpsCapacityOf(report)
+           : absl::InvalidArgumentError(fmt::format("cannot read it: {}", strerror(errno)));
+    if (!capacity.ok()) {
+      err << "tessera: --mps-figures " << o.mps_figures << ": " << capacity.status().message()
+          << "\n";
+      return kExitBadInput;
+    }
+    o.mps_capacity = *capacity;
+    err << fmt::format("MPS capacity {:.2f} GPUs' worth of time-sliced work, from {} ({})\n",
+                       o.mps_capacity, o.mps_figures, report.value("gpu", "a GPU"));
   }
   // Right-sizing: the jobs' use from the trace or the model, and each policy run again on the
   // right-sized requests.
@@ -533,6 +555,8 @@ int RunReplayCmd(const SimFlags& f, const ReplayFlags& o, std::ostream& out, std
     c.utilization_ceiling_pct = o.utilization_ceiling;
     c.utilization_ceiling_strict = o.ceiling_strict;
     c.interference = o.interference;
+    c.mps = o.mps;
+    c.mps_capacity = o.mps_capacity;
     c.arrival_order = o.arrival_order;
     results[i] =
         sim::RunReplay(l.nodes, static_cast<size_t>(i) < policies ? l.jobs : sized, l.typical, c);
@@ -687,6 +711,18 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   replay->add_flag("--interference", rf.interference,
                    "Model interference: shares on one GPU whose utilizations add up to more than "
                    "100% each run that much slower");
+  replay->add_flag("--mps", rf.mps,
+                   "Share GPUs by NVIDIA MPS instead of time slices: one owner's shares on a GPU "
+                   "at a time, and with --interference, shares slowed only beyond --mps-capacity");
+  replay
+      ->add_option("--mps-capacity", rf.mps_capacity,
+                   "With --mps: the summed utilization an MPS GPU serves before its clients slow "
+                   "down, in GPUs (time slices: 1)")
+      ->check(CLI::Range(0.1, 16.0))
+      ->capture_default_str();
+  replay->add_option("--mps-figures", rf.mps_figures,
+                     "With --mps: take --mps-capacity from a tessera-gpu-check --json report of a "
+                     "real GPU (its check \"MPS: 4 tenants of small kernels\")");
   replay->add_flag("--right-size", rf.right_size,
                    "Run each policy again with every job of one GPU or less asking for what it "
                    "uses plus --margin (its utilization from the trace, else drawn from the use "

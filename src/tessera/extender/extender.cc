@@ -48,8 +48,9 @@ std::string Fingerprint(const NodeGpusInfo& n) {
   std::string f = fmt::format("{}|{}|{}|{}", n.spec.cpu_milli, n.spec.memory_mib, n.shares_per_gpu,
                               n.spec.topology.size());
   for (const auto& g : n.spec.gpus) {
-    f += fmt::format("|{},{},{}.{},{},{}", g.model, g.memory_mib, g.compute_capability.major,
-                     g.compute_capability.minor, g.numa_node, g.uuid);
+    f += fmt::format("|{},{},{}.{},{},{},{}", g.model, g.memory_mib, g.compute_capability.major,
+                     g.compute_capability.minor, g.numa_node, g.uuid,
+                     core::GpuSharingName(g.sharing));
   }
   for (int i = 0; i < n.spec.topology.size(); ++i) {
     for (int j = 0; j < n.spec.topology.size(); ++j) {

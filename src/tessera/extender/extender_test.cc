@@ -147,6 +147,33 @@ TEST_F(ExtenderTest, SharesThatSayTheirUtilizationAreKeptUnderTheCeiling) {
   EXPECT_THAT(bad.error, HasSubstr("tessera.io/gpu-utilization: expected a percentage"));
 }
 
+TEST_F(ExtenderTest, AnMpsGpuTakesOneNamespacesSharesAtATime) {
+  // GPU 0 in MPS mode, GPU 1 time-sliced.
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4, {0}));
+  auto mps = [](const std::string& ns, const std::string& name) {
+    return GpuPod(ns, name, {.shares = 1, .annotations = {{"tessera.io/sharing", "mps"}}});
+  };
+  const json one = mps("ml", "one"), two = mps("ml", "two");
+  ASSERT_EQ(Schedule(one, {"a"}), "a");
+  ASSERT_EQ(Schedule(two, {"a"}), "a");
+  EXPECT_EQ(ex_->AllocationOf("ml/one")->gpus, std::vector<int>{0}) << "the MPS GPU";
+  EXPECT_EQ(ex_->AllocationOf("ml/two")->gpus, std::vector<int>{0}) << "beside its namespace's";
+  // Another namespace's MPS share waits, saying why; a share that asks no mode goes in slices.
+  FilterResult other = ex_->Filter(mps("web", "three"), {"a"});
+  EXPECT_TRUE(other.nodes.empty());
+  EXPECT_THAT(other.failed["a"], HasSubstr("MPS"));
+  ASSERT_EQ(Schedule(GpuPod("web", "plain", {.shares = 1}), {"a"}), "a");
+  EXPECT_EQ(ex_->AllocationOf("web/plain")->gpus, std::vector<int>{1});
+  // Once the first namespace's pods are gone, the other's is placed there.
+  for (const json& p : {one, two}) {
+    json gone = p;
+    gone["spec"]["nodeName"] = "a";
+    ex_->OnPod(Ev::kDeleted, gone);
+  }
+  ASSERT_EQ(Schedule(mps("web", "three"), {"a"}), "a");
+  EXPECT_EQ(ex_->AllocationOf("web/three")->gpus, std::vector<int>{0});
+}
+
 TEST_F(ExtenderTest, ThePodsOfAJobArePredictedFromItsRunsThatSucceeded) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));
   auto of_job = [](const std::string& name) {

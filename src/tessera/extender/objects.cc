@@ -73,6 +73,7 @@ absl::StatusOr<NodeGpusInfo> NodeOf(const json& node) {
     if (g.compute_capability) ng.compute_capability = *g.compute_capability;
     ng.numa_node = g.numa_node.value_or(-1);
     ng.uuid = g.uuid;
+    ng.sharing = parsed->sharing[out.spec.gpus.size()];
     out.spec.gpus.push_back(std::move(ng));
   }
   out.spec.topology = parsed->inventory.topology;
@@ -241,6 +242,20 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
                              kGpuUtilizationAnnotation));
     }
     r.expected_util_pct = pct;
+  }
+  if (std::string m = annotation(kSharingAnnotation); !m.empty()) {
+    r.sharing = core::ParseGpuSharing(m);
+    if (!r.sharing) {
+      return bad(fmt::format("annotation {}: expected time-slice or mps, got \"{}\"",
+                             kSharingAnnotation, m));
+    }
+    // The device plugin makes a container an MPS client only for a share (DRA: ShareConfig).
+    if (r.mps() && !r.fractional()) {
+      return bad(fmt::format(
+          "annotation {}: mps is for a pod asking for tessera.io/gpu-share (a whole GPU is the "
+          "pod's own; with DRA, a ShareConfig's sharing asks MPS for whole GPUs)",
+          kSharingAnnotation));
+    }
   }
   if (std::string p = annotation(kPreemptibleAnnotation); !p.empty()) {
     if (p != "true" && p != "false") {

@@ -35,6 +35,9 @@ inline constexpr char kGangSizeAnnotation[] = "tessera.io/gang-size";
 // A share's expected GPU utilization ("40%"), for the utilization ceiling (interference-aware
 // sharing): set by whoever knows the workload (its owner, or a controller from its history).
 inline constexpr char kGpuUtilizationAnnotation[] = "tessera.io/gpu-utilization";
+// How its GPU is shared: "mps" (a share placed only on GPUs in MPS mode, one namespace's pods at a
+// time on each) or "time-slice"; none: a share goes on a time-sliced GPU.
+inline constexpr char kSharingAnnotation[] = "tessera.io/sharing";
 inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
 
 struct NodeGpusInfo {

@@ -167,6 +167,12 @@ TEST(PodDemandOf, AShareWithMemory) {
       10);
   ASSERT_TRUE(busy.ok()) << busy.status();
   EXPECT_EQ(busy->request.expected_util_pct, 40);
+  EXPECT_FALSE(busy->request.sharing.has_value());
+  auto mps = PodDemandOf(
+      Pod({Container("nb", "tessera.io/gpu-share", 3)}, {{"tessera.io/sharing", "mps"}}), 10);
+  ASSERT_TRUE(mps.ok()) << mps.status();
+  EXPECT_TRUE(mps->request.mps());
+  EXPECT_EQ(mps->request.owner, "team-a") << "MPS's one user: the namespace";
 }
 
 TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
@@ -195,6 +201,10 @@ TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
        "tessera.io/gpu-utilization: expected a percentage 1..100"},
       {Pod({Container("a", "tessera.io/gpu", 1)}, {{"tessera.io/gpu-utilization", "40%"}}),
        "only a pod asking for tessera.io/gpu-share"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/sharing", "spatial"}}),
+       "tessera.io/sharing: expected time-slice or mps"},
+      {Pod({Container("a", "tessera.io/gpu", 1)}, {{"tessera.io/sharing", "mps"}}),
+       "mps is for a pod asking for tessera.io/gpu-share"},
       {Pod(json::object()), "spec.containers: expected a list"},
   };
   for (const Case& c : cases) {

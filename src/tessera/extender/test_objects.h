@@ -13,11 +13,15 @@
 namespace tessera::extender::testing {
 
 // A node simulated from a preset ("t4x2", "dgx-h100"), every GPU healthy unless `sick` names it.
+// `mps`: the GPUs its agent runs in MPS mode.
 inline nlohmann::json GpuNode(const std::string& name, const std::string& preset = "t4x2",
-                              std::vector<int> sick = {}, int shares_per_gpu = 4) {
+                              std::vector<int> sick = {}, int shares_per_gpu = 4,
+                              std::vector<int> mps = {}) {
   auto m = devices::LoadSimulatedMachine(preset);
   kube::NodeGpus n{m->inventory, std::vector<bool>(m->inventory.gpus.size(), true), shares_per_gpu};
   for (int g : sick) n.healthy[g] = false;
+  n.sharing.assign(m->inventory.gpus.size(), core::GpuSharing::kTimeSlice);
+  for (int g : mps) n.sharing[g] = core::GpuSharing::kMps;
   return {{"apiVersion", "v1"},
           {"kind", "Node"},
           {"metadata",

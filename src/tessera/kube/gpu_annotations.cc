@@ -211,6 +211,10 @@ std::string FormatNodeGpus(const NodeGpus& n) {
     if (g.numa_node) e["numa"] = *g.numa_node;
     if (g.mig_enabled) e["mig"] = *g.mig_enabled;
     e["healthy"] = i < n.healthy.size() ? static_cast<bool>(n.healthy[i]) : true;
+    // Only MPS is written: an older extender reads the rest as it always has.
+    if (i < n.sharing.size() && n.sharing[i] == core::GpuSharing::kMps) {
+      e["sharing"] = core::GpuSharingName(core::GpuSharing::kMps);
+    }
     gpus.push_back(std::move(e));
   }
   json links = json::array();
@@ -260,14 +264,15 @@ absl::StatusOr<NodeGpus> ParseNodeGpus(std::string_view text) {
     if (!e.is_object()) return Bad(kN, fmt::format("gpus[{}]: expected an object", i));
     core::Gpu g;
     g.index = static_cast<int>(i);
-    std::optional<std::string> uuid, model, cc;
+    std::optional<std::string> uuid, model, cc, sharing;
     std::optional<uint64_t> memory;
     std::optional<int> numa;
     std::optional<bool> mig, healthy;
-    for (auto s : {Member(e, "uuid", kN, where, uuid), Member(e, "model", kN, where, model),
-                   Member(e, "cc", kN, where, cc), Member(e, "memory", kN, where, memory),
-                   Member(e, "numa", kN, where, numa), Member(e, "mig", kN, where, mig),
-                   Member(e, "healthy", kN, where, healthy)}) {
+    for (auto s :
+         {Member(e, "uuid", kN, where, uuid), Member(e, "model", kN, where, model),
+          Member(e, "cc", kN, where, cc), Member(e, "memory", kN, where, memory),
+          Member(e, "numa", kN, where, numa), Member(e, "mig", kN, where, mig),
+          Member(e, "healthy", kN, where, healthy), Member(e, "sharing", kN, where, sharing)}) {
       if (!s.ok()) return s;
     }
     g.uuid = uuid.value_or("");
@@ -282,8 +287,12 @@ absl::StatusOr<NodeGpus> ParseNodeGpus(std::string_view text) {
     if (numa && (*numa < 0 || *numa > 1023)) return Bad(kN, where + "numa: expected 0..1023");
     g.numa_node = numa;
     g.mig_enabled = mig;
+    std::optional<core::GpuSharing> mode =
+        sharing ? core::ParseGpuSharing(*sharing) : core::GpuSharing::kTimeSlice;
+    if (!mode) return Bad(kN, where + "sharing: expected time-slice or mps, got " + *sharing);
     n.inventory.gpus.push_back(std::move(g));
     n.healthy.push_back(healthy.value_or(true));
+    n.sharing.push_back(*mode);
   }
   const int count = static_cast<int>(n.inventory.gpus.size());
   n.inventory.topology = core::Topology(count);

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "tessera/core/gpu.h"
+#include "tessera/core/request.h"
 
 namespace tessera::kube {
 
@@ -57,7 +58,8 @@ absl::StatusOr<std::set<int>> ParseAllocated(std::string_view text);
 struct NodeGpus {
   core::NodeInventory inventory;
   std::vector<bool> healthy;
-  int shares_per_gpu = 0;  // 0: no share resource served
+  int shares_per_gpu = 0;                 // 0: no share resource served
+  std::vector<core::GpuSharing> sharing;  // per GPU ("sharing": "mps"); empty: all time-sliced
 };
 
 std::string FormatNodeGpus(const NodeGpus& n);

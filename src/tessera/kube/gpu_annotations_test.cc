@@ -96,6 +96,16 @@ TEST(NodeGpus, RoundTripsAPresetWithTopologyAndHealth) {
   }
   EXPECT_EQ(back->inventory.topology, n.inventory.topology);
   EXPECT_TRUE(back->inventory.simulated);
+  EXPECT_EQ(back->sharing, std::vector<core::GpuSharing>(8, core::GpuSharing::kTimeSlice))
+      << "no word of MPS: every GPU time-sliced";
+  // GPUs in MPS mode say so, and only they (an older reader sees the rest as before).
+  n.sharing.assign(8, core::GpuSharing::kTimeSlice);
+  n.sharing[6] = core::GpuSharing::kMps;
+  const std::string text = FormatNodeGpus(n);
+  EXPECT_EQ(text.find("\"sharing\""), text.rfind("\"sharing\"")) << text;
+  back = ParseNodeGpus(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sharing, n.sharing);
 }
 
 TEST(NodeGpus, BadAnnotationsNameTheField) {
@@ -109,6 +119,8 @@ TEST(NodeGpus, BadAnnotationsNameTheField) {
       {R"({"v":1,"gpus":[{"uuid":"A"},{"uuid":"B"}],"links":[{"a":0,"b":1,"pcie":"Q"}]})",
        "links[0].pcie"},
       {R"({"v":1,"shares":1000,"gpus":[]})", "shares: expected 0..100"},
+      {R"({"v":1,"gpus":[{"uuid":"A","sharing":"spatial"}]})",
+       "gpus[0].sharing: expected time-slice or mps"},
   };
   for (const Case& c : cases) {
     auto r = ParseNodeGpus(c.text);

@@ -13,7 +13,7 @@
 
 #include "fmt/format.h"
 #include "tessera/devices/cdi.h"
-#include "tessera/server/program.h"
+#include "tessera/devices/program.h"
 
 extern char** environ;
 
@@ -25,20 +25,21 @@ absl::StatusOr<ContainerRuntime> FindPodman(const std::string& podman,
                                             const std::string& cdi_spec_dir,
                                             std::vector<std::string> extra_args) {
   ContainerRuntime rt;
-  rt.podman = LookUp(podman);
+  rt.podman = devices::LookUp(podman);
   if (rt.podman.empty()) {
     return absl::NotFoundError(podman.find('/') != std::string::npos
                                    ? fmt::format("{} is not an executable file", podman)
                                    : fmt::format("'{}' is not in PATH", podman));
   }
-  auto version = RunCapture({rt.podman, "--version"});
+  auto version = devices::RunCapture({rt.podman, "--version"});
   if (!version.ok()) return version.status();
   if (version->status != 0) {
     return absl::FailedPreconditionError(fmt::format("{} --version failed (exit {}): {}", rt.podman,
-                                                     version->status, FirstLine(version->text)));
+                                                     version->status,
+                                                     devices::FirstLine(version->text)));
   }
-  rt.version = FirstLine(version->text);
-  auto help = RunCapture({rt.podman, "--help"});
+  rt.version = devices::FirstLine(version->text);
+  auto help = devices::RunCapture({rt.podman, "--help"});
   rt.pass_cdi_spec_dir = help.ok() && help->text.find("--cdi-spec-dir") != std::string::npos;
   rt.cdi_spec_dir = cdi_spec_dir;
   fs::path normal = fs::path(cdi_spec_dir).lexically_normal();

@@ -114,10 +114,10 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(ServerConfig conf
                                                 static_cast<int64_t>(pages) * page / (1 << 20));
   // GPUs in MPS mode (mps.gpus), each with its control daemon.
   {
-    auto mps = MpsGpusOf(c.mps_gpus, s->inventory_);
+    auto mps = devices::MpsGpusOf(c.mps_gpus, s->inventory_);
     if (!mps.ok()) return mps.status();
-    for (const MpsGpu& g : *mps) node.gpus[g.index].sharing = core::GpuSharing::kMps;
-    s->mps_ = std::make_unique<MpsDaemons>(c.mps_control, c.state_dir + "/mps", *mps);
+    for (const devices::MpsGpu& g : *mps) node.gpus[g.index].sharing = core::GpuSharing::kMps;
+    s->mps_ = std::make_unique<devices::MpsDaemons>(c.mps_control, c.state_dir + "/mps", *mps);
   }
   if (auto n = scheduler->AddNode(node); !n.ok()) return n.status();
   for (const auto& [user, q] : c.quotas) scheduler->quotas().Set(user, q);

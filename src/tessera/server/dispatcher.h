@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tessera/devices/mps.h"
 #include "tessera/sched/engine.h"
 #include "tessera/server/acct.h"
 #include "tessera/server/container.h"
@@ -31,7 +32,6 @@
 #include "tessera/server/job_operations.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/launch_plan.h"
-#include "tessera/server/mps.h"
 #include "tessera/server/rights.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/sampler.h"
@@ -121,11 +121,11 @@ class Dispatcher {
     std::vector<int64_t> jobs;
     devices::GpuTelemetry telemetry;
     core::GpuSharing sharing = core::GpuSharing::kTimeSlice;
-    std::optional<MpsDaemonState> mps;  // its MPS daemon, when in MPS mode
+    std::optional<devices::MpsDaemonState> mps;  // its MPS daemon, when in MPS mode
   };
   std::vector<GpuState> Gpus();
   // The MPS daemons' states (none when no GPU is in MPS mode).
-  std::vector<MpsDaemonState> MpsStates() const { return mps_->States(); }
+  std::vector<devices::MpsDaemonState> MpsStates() const { return mps_->States(); }
   // Each user's and group's quota and what they use now.
   using QuotaState = QuotaView;
   std::vector<QuotaState> Quotas() const;
@@ -184,7 +184,7 @@ class Dispatcher {
   std::unique_ptr<Store> store_;
   std::unique_ptr<devices::DeviceSource> source_;
   std::unique_ptr<devices::HealthWatch> health_;
-  std::unique_ptr<MpsDaemons> mps_;  // GPUs in MPS mode (mps.gpus); null when none
+  std::unique_ptr<devices::MpsDaemons> mps_;  // GPUs in MPS mode (mps.gpus); null when none
   std::string fallback_reason_;
   core::NodeInventory inventory_;
   std::optional<ContainerRuntime> containers_;  // podman, when jobs can have an image

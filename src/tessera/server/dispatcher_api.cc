@@ -50,7 +50,7 @@ absl::Status Dispatcher::Start(bool loop, bool health) {
   }
   // A GPU in MPS mode takes no work until its daemon answers (an MPS job placed on it before
   // would run without MPS: a CUDA client that finds no daemon goes on without one).
-  for (const MpsGpu& g : mps_->gpus())
+  for (const devices::MpsGpu& g : mps_->gpus())
     OnMps(g.index, false, "its MPS control daemon is not started yet");
   if (absl::Status st = Recover(); !st.ok()) return st;
   mps_->QuitLeftBehind();
@@ -144,7 +144,7 @@ std::vector<Dispatcher::GpuState> Dispatcher::Gpus() {
     s.memory_mib = gv.memory_mib;
     if (g < telemetry.size()) s.telemetry = telemetry[g];
   }
-  for (const MpsDaemonState& m : mps_->States()) {
+  for (const devices::MpsDaemonState& m : mps_->States()) {
     if (m.gpu < 0 || static_cast<size_t>(m.gpu) >= out.size()) continue;
     out[m.gpu].sharing = core::GpuSharing::kMps;
     out[m.gpu].mps = m;
@@ -188,7 +188,8 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
       snap.xids.push_back(h.xid_count);
     }
   }
-  for (const MpsDaemonState& m : mps_->States()) snap.mps.push_back({m.gpu, m.up, m.deaths});
+  for (const devices::MpsDaemonState& m : mps_->States())
+    snap.mps.push_back({m.gpu, m.up, m.deaths});
   const std::shared_ptr<const MachineView> v = state_->views.machine();
   for (const GpuView& g : v->gpus) {
     snap.healthy.push_back(g.healthy);

@@ -170,8 +170,9 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
     if (!not_mps) {
       // Each client sees its own daemon's one GPU, as CUDA ordinal 0.
       auto client = [&](int g) {
-        return MpsClientEnv(setup.mps->PipeDir(g), a.request.fractional() ? a.milli_per_gpu : 0,
-                            a.request.fractional() ? a.memory_mib_per_gpu : 0, 1, q.priority);
+        return devices::MpsClientEnv(
+            setup.mps->PipeDir(g), a.request.fractional() ? a.milli_per_gpu : 0,
+            a.request.fractional() ? a.memory_mib_per_gpu : 0, 1, q.priority);
       };
       for (const auto& [k, v] : client(a.gpus[0])) ls.env[k] = v;
       // A task of a job on several MPS GPUs is a client of its own GPU's daemon and sees that GPU

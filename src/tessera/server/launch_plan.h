@@ -24,10 +24,10 @@
 
 #include "absl/status/status.h"
 #include "tessera/core/gpu.h"
+#include "tessera/devices/mps.h"
 #include "tessera/sched/engine.h"
 #include "tessera/server/admission.h"
 #include "tessera/server/cgroup.h"
-#include "tessera/server/mps.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
 #include "tessera/server/server.h"
@@ -41,10 +41,11 @@ struct LaunchSetup {
   const core::NodeSpec* node = nullptr;
   std::string hostname;
   std::string arbiter_file;
-  bool confines = false;            // jobs get cgroups (JobHost::confines)
-  bool containers = false;          // podman is there
-  std::string containers_off;       // why not
-  const MpsDaemons* mps = nullptr;  // the GPUs in MPS mode and their daemons' pipes; null: none
+  bool confines = false;       // jobs get cgroups (JobHost::confines)
+  bool containers = false;     // podman is there
+  std::string containers_off;  // why not
+  const devices::MpsDaemons* mps =
+      nullptr;  // the GPUs in MPS mode and their daemons' pipes; null: none
 };
 
 // Where process `task` of a job writes its stdout (err false) or stderr when its spec names files

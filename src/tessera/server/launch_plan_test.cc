@@ -132,8 +132,8 @@ TEST_F(LaunchPlanTest, AJobOfSeveralTasksGetsRanksAndEachTaskItsOwnLogs) {
 }
 
 TEST_F(LaunchPlanTest, AnMpsJobsProcessesAreClientsOfTheirGpusDaemonsWithTheirShareAsLimits) {
-  MpsDaemons mps("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
-                 {{0, inventory_.gpus[0].uuid}, {1, inventory_.gpus[1].uuid}});
+  devices::MpsDaemons mps("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
+                          {{0, inventory_.gpus[0].uuid}, {1, inventory_.gpus[1].uuid}});
   setup_.mps = &mps;
   JobSpec spec;
   spec.command = {"serve"};
@@ -178,8 +178,8 @@ TEST_F(LaunchPlanTest, AnMpsJobsProcessesAreClientsOfTheirGpusDaemonsWithTheirSh
   EXPECT_FALSE(wp.spec.share.has_value());
   // A job that asked MPS on a GPU no longer in MPS mode (the config changed under it) is refused,
   // not run outside MPS.
-  MpsDaemons only0("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
-                   {{0, inventory_.gpus[0].uuid}});
+  devices::MpsDaemons only0("nvidia-cuda-mps-control", "/var/lib/tessera-test/mps",
+                            {{0, inventory_.gpus[0].uuid}});
   setup_.mps = &only0;
   const LaunchPlan refused = PlanLaunch(setup_, Job(6, whole), w, 100);
   EXPECT_EQ(refused.refused.code(), absl::StatusCode::kFailedPrecondition);

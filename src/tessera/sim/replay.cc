@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "tessera/sched/cycle.h"
 #include "tessera/sched/engine.h"
 #include "tessera/sched/predictor.h"
@@ -218,7 +219,16 @@ Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJo
   out_.label = config.label;
   out_.seed = config.seed;
   out_.jobs = static_cast<int64_t>(jobs.size());
-  auto scheduler = NewSimScheduler(nodes, typical, config.policies, config.seed, &capacity_);
+  // MPS: every GPU in MPS mode (its shares placed one owner at a time, Enqueue).
+  std::vector<core::NodeSpec> mps_nodes;
+  if (config.mps) {
+    mps_nodes = nodes;
+    for (core::NodeSpec& n : mps_nodes) {
+      for (core::NodeGpu& g : n.gpus) g.sharing = core::GpuSharing::kMps;
+    }
+  }
+  auto scheduler = NewSimScheduler(config.mps ? mps_nodes : nodes, typical, config.policies,
+                                   config.seed, &capacity_);
   scheduler_ = scheduler.get();
   gpu_count_ = static_cast<double>(capacity_) / core::kMilliPerGpu;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -250,6 +260,7 @@ sched::RunKind Replay::KindOf(size_t i) const {
 void Replay::Enqueue(size_t i) {
   core::Request r = jobs_[i].request;
   if (config_.arrival_order) r.priority = 0;
+  if (config_.mps && r.fractional()) r.sharing = core::GpuSharing::kMps;
   // The trace's own prediction, where it has one (0 means unknown to the cycle: a prediction of
   // no time at all is a millisecond); history's replaces it (config.predict).
   if (jobs_[i].predicted_duration >= 0)
@@ -277,6 +288,12 @@ void Replay::AddLoad(int64_t key, double pct) {
 }
 
 double Replay::RateOf(const std::vector<size_t>& on, size_t j) const {
+  if (config_.mps) {  // at once on the SMs: slowed only beyond what MPS serves
+    double total = 0;
+    for (size_t k : on) total += Demand(k);
+    const double capacity = 100 * config_.mps_capacity;
+    return total > capacity ? capacity / total : 1.0;
+  }
   if (!config_.interference_priorities) {
     double total = 0;
     for (size_t k : on) total += Demand(k);
@@ -515,6 +532,29 @@ void Replay::Summarize(double start_time, double horizon) {
 }
 
 }  // namespace
+
+absl::StatusOr<double> MpsCapacityOf(const nlohmann::json& report) {
+  constexpr std::string_view kCheck = "MPS: 4 tenants of small kernels";
+  const nlohmann::json* checks =
+      report.is_object() && report.contains("checks") ? &report["checks"] : nullptr;
+  if (checks == nullptr || !checks->is_array()) {
+    return absl::InvalidArgumentError("not a tessera-gpu-check --json report (no list \"checks\")");
+  }
+  for (const nlohmann::json& c : *checks) {
+    if (!c.is_object() || c.value("name", "") != kCheck) continue;
+    const nlohmann::json d = c.value("data", nlohmann::json::object());
+    const double slices = d.value("time_slices_ratio", 0.0), mps = d.value("mps_ratio", 0.0);
+    if (!(slices > 0) || !(mps > 0)) {
+      return absl::InvalidArgumentError(
+          fmt::format("check \"{}\" has no time_slices_ratio and mps_ratio above 0 (it failed: {})",
+                      kCheck, c.value("measured", "")));
+    }
+    return mps / slices;
+  }
+  return absl::InvalidArgumentError(fmt::format(
+      "the report has no check \"{}\" (run tessera-gpu-check --only MPS --json FILE on a GPU)",
+      kCheck));
+}
 
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
                        const std::vector<sched::TypicalRequest>& typical,

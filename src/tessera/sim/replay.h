@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 #include "tessera/sched/cluster_state.h"
 #include "tessera/sched/fragmentation.h"
 #include "tessera/sched/policy.h"
@@ -66,6 +68,14 @@ struct ReplayConfig {
   // would alone (the arbiter's cost of switching; measured on an H100: 0.93-0.94). Off: all alike.
   bool interference_priorities = false;
   double priority_share_efficiency = 1;
+  // NVIDIA MPS instead of time slices (docs/sharing.md): every GPU in MPS mode and every share its
+  // client, placed by MPS's rule (one owner's shares on a GPU at a time), as the server places
+  // them. With `interference`: the shares of one GPU run at once on its SMs, so they slow down
+  // only when their utilizations add up to more than `mps_capacity` GPUs' worth (time slices: 1),
+  // all alike (MPS has no priorities to speak of: interference_priorities is not applied). The
+  // figure is measured by tessera-gpu-check (MpsCapacityOf).
+  bool mps = false;
+  double mps_capacity = 1;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.
@@ -145,6 +155,11 @@ struct ReplayResult {
   double seconds = 0;           // wall time
   std::vector<ReplayRun> runs;  // in start order, when ReplayConfig::record_runs
 };
+
+// MPS's capacity (ReplayConfig::mps_capacity) from a tessera-gpu-check --json report: its check
+// "MPS: 4 tenants of small kernels", total throughput under MPS over that in time slices.
+// kInvalidArgument naming what the report lacks.
+absl::StatusOr<double> MpsCapacityOf(const nlohmann::json& report);
 
 ReplayResult RunReplay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJob>& jobs,
                        const std::vector<sched::TypicalRequest>& typical,

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tessera/sched/test_util.h"
 #include "tessera/sim/inflation.h"
 #include "tessera/sim/replay.h"
@@ -366,6 +367,66 @@ TEST(Replay, AShareThatJoinsMovesTheEndOfTheOneAlreadyThere) {
   EXPECT_NEAR(r.end_time, 180, 1e-9);
   EXPECT_NEAR(r.jct.max, 130, 1e-9);   // b: 50 -> 180
   EXPECT_NEAR(r.jct.mean, 130, 1e-9);  // a: 0 -> 130
+}
+
+TEST(Replay, UnderMpsSharesRunAtOnceUpToItsCapacityAndOneOwnerAtATime) {
+  // One GPU. "a" and "b" (alice's, 80% busy each, 100 s of work) together: in time slices 160%,
+  // each at 100/160 (160 s); under MPS of capacity 1.6 GPUs' worth, both at full speed (100 s).
+  // Under a capacity of 1.25, each at 125/160 (128 s).
+  std::vector<core::NodeSpec> nodes = {Node("a", 1)};
+  SimJob a;
+  a.request.id = "a";
+  a.request.owner = "alice";
+  a.request.gpu_milli = 300;  // three fit on the GPU
+  a.duration = 100;
+  a.utilization = 80;
+  SimJob b = a;
+  b.request.id = "b";
+  ReplayConfig c = ReplayWith(false);
+  c.interference = true;
+  EXPECT_NEAR(RunReplay(nodes, {a, b}, {}, c).end_time, 160, 1e-9);
+  c.mps = true;
+  c.mps_capacity = 1.6;
+  EXPECT_NEAR(RunReplay(nodes, {a, b}, {}, c).end_time, 100, 1e-9);
+  c.mps_capacity = 1.25;
+  EXPECT_NEAR(RunReplay(nodes, {a, b}, {}, c).end_time, 128, 1e-9);
+  // Bob's share waits for alice's to end (MPS serves one user's clients at a time), though the
+  // GPU has room; in time slices it goes beside them.
+  SimJob bob = a;
+  bob.request.id = "bob";
+  bob.request.owner = "bob";
+  bob.utilization = 10;
+  c.mps_capacity = 1.6;
+  c.record_runs = true;
+  ReplayResult mps = RunReplay(nodes, {a, b, bob}, {}, c);
+  double bob_start = -1;
+  for (const ReplayRun& run : mps.runs) {
+    if (run.id == "bob") bob_start = run.start;
+  }
+  EXPECT_NEAR(bob_start, 100, 1e-9) << "after alice's two";
+  c.mps = false;
+  ReplayResult sliced = RunReplay(nodes, {a, b, bob}, {}, c);
+  for (const ReplayRun& run : sliced.runs) {
+    if (run.id == "bob") EXPECT_NEAR(run.start, 0, 1e-9);
+  }
+}
+
+TEST(Replay, MpsCapacityIsReadFromAGpuChecksReport) {
+  nlohmann::json report = {{"gpu", "NVIDIA H200"},
+                           {"checks",
+                            {{{"name", "MPS: 4 tenants of small kernels"},
+                              {"data", {{"time_slices_ratio", 0.9}, {"mps_ratio", 1.8}}}}}}};
+  auto capacity = MpsCapacityOf(report);
+  ASSERT_TRUE(capacity.ok()) << capacity.status();
+  EXPECT_NEAR(*capacity, 2.0, 1e-12);
+  report["checks"][0]["data"] = nlohmann::json::object();
+  report["checks"][0]["measured"] = "error: no GPU";
+  EXPECT_THAT(std::string(MpsCapacityOf(report).status().message()),
+              ::testing::HasSubstr("it failed: error: no GPU"));
+  report["checks"][0]["name"] = "Memory";
+  EXPECT_THAT(std::string(MpsCapacityOf(report).status().message()),
+              ::testing::HasSubstr("run tessera-gpu-check --only MPS"));
+  EXPECT_FALSE(MpsCapacityOf(nlohmann::json::array()).ok());
 }
 
 TEST(Replay, TheArbiterServesAGpusSharesByPriority) {

@@ -15,10 +15,12 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
+#include "tessera/devices/mps.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
@@ -189,12 +191,30 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       if (!b || (key == "gpu_memory" && *b == 0))
         return bad("expected a size such as 80GiB or 16G");
       (key == "gpu_memory" ? c.gpu_memory_bytes : c.context_overhead_bytes) = *b;
+    } else if (key == "mps_gpus") {
+      c.mps_all = value == "all";
+      const std::vector<std::string> words = absl::StrSplit(value, ',');
+      for (const std::string& w : words) {
+        if (c.mps_all) break;
+        auto n = ParseWhole(w);
+        if (!n || *n > 1023) return bad("expected all, or GPU indices such as 0,1");
+        c.mps_gpus.push_back(static_cast<int>(*n));
+      }
+    } else if (key == "mps_control") {
+      c.mps_control = value;
     } else {
-      return bad("unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead)");
+      return bad(
+          "unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead, "
+          "mps_gpus, mps_control)");
     }
   }
   if (c.library.empty()) return absl::InvalidArgumentError("plugstack.conf: library= is required");
   return c;
+}
+
+bool IsMps(const PluginConfig& config, int gpu) {
+  return config.mps_all ||
+         std::find(config.mps_gpus.begin(), config.mps_gpus.end(), gpu) != config.mps_gpus.end();
 }
 
 absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option) {
@@ -312,6 +332,38 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     if (!earlier || earlier->uid != uid || (boot_time > 0 && earlier->started < boot_time))
       env.notes.push_back(SetAside(config, job_id, earlier ? earlier->uid : uid_t(-1), uid, now));
   }
+  const bool mps =
+      std::any_of(limits.gpus.begin(), limits.gpus.end(), [&](int g) { return IsMps(config, g); });
+  std::optional<devices::MpsDaemons> daemons;
+  if (mps) {
+    const int g = limits.gpus[0];
+    if (limits.gpus.size() > 1) {
+      return absl::FailedPreconditionError(fmt::format(
+          "its GPUs {} include one shared by MPS (plugstack.conf mps_gpus=): a process is the "
+          "client of one GPU's MPS server, so a step on an MPS GPU has one GPU",
+          fmt::join(limits.gpus, ",")));
+    }
+    for (const auto& [id, other] : NodeJobs(config.state_dir)) {
+      if (id == job_id || other.uid == uid ||
+          std::find(other.gpus.begin(), other.gpus.end(), g) == other.gpus.end())
+        continue;
+      return absl::FailedPreconditionError(fmt::format(
+          "GPU {} is shared by MPS and its server runs user {}'s job {}: MPS serves one user's "
+          "clients at a time (submit again once it ends, or ask for a GPU not in mps_gpus=)",
+          g, other.uid, id));
+    }
+    // The daemon (tessera-slurm-mps@<gpu>.service: outside every job's cgroup, so that it
+    // outlives the job that would have started it) shows its GPU by index: its clients name it
+    // alike. A step is a client only of a daemon that answers.
+    daemons.emplace(config.mps_control, config.state_dir + "/mps",
+                    std::vector<devices::MpsGpu>{{g, std::to_string(g)}});
+    if (absl::Status st = daemons->Check(g); !st.ok()) {
+      return absl::FailedPreconditionError(fmt::format(
+          "GPU {} is shared by MPS and its daemon does not answer ({}): start it with systemctl "
+          "start tessera-slurm-mps@{}",
+          g, std::string(st.message()), g));
+    }
+  }
   // A whole-GPU step that Slurm placed on a GPU shard jobs hold (gpu and shard are separate gres
   // to Slurm): unpaced it would take their shares. It gets what they leave - the rest of the GPU's
   // time and, where gpu_memory= is known, of its memory - and is paced with them.
@@ -378,6 +430,19 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     env.set["TESSERA_CUDA_CONTEXT_OVERHEAD"] = std::to_string(config.context_overhead_bytes);
   const char* arbiter_vars[] = {"TESSERA_CUDA_ARBITER", "TESSERA_CUDA_ARBITER_GPUS",
                                 "TESSERA_CUDA_COMPUTE_SHARE", "TESSERA_CUDA_PRIORITY"};
+  if (daemons) {
+    // Its kernels run beside the other clients' on the SMs MPS gives it, not in time slices; the
+    // library's memory accounting stays on.
+    const int g = limits.gpus[0];
+    for (const auto& [k, v] :
+         devices::MpsClientEnv(daemons->PipeDir(g), static_cast<int>(limits.share_permille),
+                               static_cast<int64_t>(limits.memory_bytes >> 20), 1)) {
+      env.set[k] = v;
+    }
+    env.set["CUDA_VISIBLE_DEVICES"] = std::to_string(g);
+    env.unset.insert(env.unset.end(), std::begin(arbiter_vars), std::end(arbiter_vars));
+    return env;
+  }
   if (limits.share_permille == 0) {
     env.unset.insert(env.unset.end(), std::begin(arbiter_vars), std::end(arbiter_vars));
     return env;

@@ -35,7 +35,16 @@ struct PluginConfig {
   int shards_per_gpu = 0;               // shards_per_gpu=: gres.conf's shard Count per GPU
   uint64_t gpu_memory_bytes = 0;        // gpu_memory=: each GPU's memory (16GiB, 80G...)
   uint64_t context_overhead_bytes = 0;  // context_overhead=: per process and GPU
+  // mps_gpus=: GPUs (indices, "0,1", or "all") shared by NVIDIA MPS instead of time slices. A step
+  // on one is a client of its GPU's control daemon (tessera-slurm-mps@<N>.service; pipe and log
+  // folders under state_dir/mps/gpu<N>/), with its share and memory as MPS's own limits; one
+  // user's steps at a time on each.
+  std::vector<int> mps_gpus;
+  bool mps_all = false;
+  std::string mps_control = "nvidia-cuda-mps-control";  // mps_control=
 };
+// Whether GPU `gpu` is in MPS mode.
+bool IsMps(const PluginConfig& config, int gpu);
 // Unknown keys, malformed values and a missing library= are errors naming the word.
 absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args);
 
@@ -74,11 +83,14 @@ struct StepEnvironment {
 };
 
 // Sets up the job's node files for one of its steps (the first step makes the region and the
-// record; later ones reuse them) and returns its tasks' environment. Any failure is an error that
-// names the file: the plugin then refuses the step (fail closed). A record of the same job id left
-// by another user's job (its epilog never ran: slurmd crashed, the node rebooted; Slurm then gave
-// the id again), or by any job started before `boot_time` (BootTime(); 0: not checked), is set
-// aside in stale/ with its region, and said, never reused.
+// record; later ones reuse them) and returns its tasks' environment. A step on a GPU in MPS mode
+// (IsMps) is one GPU's (kFailedPrecondition for more: a process is the client of one MPS server),
+// refused while another user's job is on that GPU (MPS serves one user's clients at a time) or
+// while its daemon does not answer, and gets MPS's environment (devices::MpsClientEnv). Any failure
+// is an error that names the file: the plugin then refuses the step (fail closed). A record of the
+// same job id left by another user's job (its epilog never ran: slurmd crashed, the node rebooted;
+// Slurm then gave the id again), or by any job started before `boot_time` (BootTime(); 0: not
+// checked), is set aside in stale/ with its region, and said, never reused.
 absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t job_id, uid_t uid,
                                           gid_t gid, const StepLimits& limits,
                                           const std::string& ld_preload, time_t now,

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "nlohmann/json.hpp"
+#include "tessera/devices/mps.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
@@ -52,6 +53,23 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
     ASSERT_FALSE(bad.ok());
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr(why));
   }
+}
+
+TEST(SlurmPluginArgs, MpsGpusAreIndicesOrAll) {
+  auto c = ParsePluginArgs({"library=/l.so", "mps_gpus=1,3", "mps_control=/opt/mps-control"});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(IsMps(*c, 1));
+  EXPECT_TRUE(IsMps(*c, 3));
+  EXPECT_FALSE(IsMps(*c, 0));
+  EXPECT_EQ(c->mps_control, "/opt/mps-control");
+  auto all = ParsePluginArgs({"library=/l.so", "mps_gpus=all"});
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(IsMps(*all, 7));
+  EXPECT_FALSE(IsMps(*ParsePluginArgs({"library=/l.so"}), 0));
+  auto bad = ParsePluginArgs({"library=/l.so", "mps_gpus=1,x"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("'mps_gpus=1,x': expected all, or GPU indices"));
 }
 
 TEST(SlurmLimits, ShardsMeanTheirPartOfTheGpusTimeAndMemory) {
@@ -285,6 +303,55 @@ TEST_F(SlurmNodeFiles, ABatchStepsSettingsAreTakenOutOfAStepWithoutAShare) {
               ::testing::IsSupersetOf({"TESSERA_CUDA_ARBITER", "TESSERA_CUDA_COMPUTE_SHARE",
                                        "TESSERA_CUDA_MEM_LIMIT"}));
   EXPECT_TRUE(fs::exists(config_.state_dir + "/regions/7.region")) << "its peak is recorded";
+}
+
+TEST_F(SlurmNodeFiles, AStepOnAnMpsGpuIsAClientOfItsDaemonOneUserAtATime) {
+  // GPU 1 in MPS mode; its daemon is tessera-slurm-mps@1.service's, started here as it would.
+  config_.mps_gpus = {1};
+  config_.mps_control = TESSERA_TEST_FAKES_DIR "/mps/nvidia-cuda-mps-control";
+  devices::MpsDaemons daemon(config_.mps_control, config_.state_dir + "/mps", {{1, "1"}});
+  struct Quit {
+    devices::MpsDaemons& d;
+    ~Quit() { (void)d.Stop(1); }
+  } quit{daemon};
+  auto shards = DecideLimits(config_, {.gpus = "1", .shards = "2"});  // 25%, 4 GiB
+  ASSERT_TRUE(shards.ok());
+  // No daemon answers: the step is refused (fail closed), saying how to start it.
+  auto down = SetUpStep(config_, 60, getuid(), getgid(), *shards, "", 1000);
+  ASSERT_FALSE(down.ok());
+  EXPECT_THAT(std::string(down.status().message()), HasSubstr("its daemon does not answer"));
+  EXPECT_THAT(std::string(down.status().message()),
+              HasSubstr("systemctl start tessera-slurm-mps@1"));
+  ASSERT_TRUE(daemon.Ensure(1).ok());
+  auto env = SetUpStep(config_, 60, getuid(), getgid(), *shards, "", 1000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->set.at("CUDA_MPS_PIPE_DIRECTORY"), daemon.PipeDir(1));
+  EXPECT_EQ(env->set.at("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "25");
+  EXPECT_EQ(env->set.at("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), "0=4096M");
+  EXPECT_EQ(env->set.at("CUDA_VISIBLE_DEVICES"), "1") << "as its daemon sees it";
+  // The library's accounting stays (its region, its limit); no time slices.
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(4 * GiB));
+  EXPECT_FALSE(env->set.contains("TESSERA_CUDA_ARBITER"));
+  EXPECT_THAT(env->unset, ::testing::Contains("TESSERA_CUDA_ARBITER"));
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/regions/60.region"));
+  // The same user's next job goes beside it; another user's is refused while it runs.
+  ASSERT_TRUE(SetUpStep(config_, 61, getuid(), getgid(), *shards, "", 1001).ok());
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  auto other = SetUpStep(config_, 62, nobody->pw_uid, nobody->pw_gid, *shards, "", 1002);
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr("MPS serves one user's clients at a time"));
+  ASSERT_TRUE(EndJob(config_, 60, 1003).ok());
+  ASSERT_TRUE(EndJob(config_, 61, 1004).ok());
+  EXPECT_TRUE(SetUpStep(config_, 62, nobody->pw_uid, nobody->pw_gid, *shards, "", 1005).ok())
+      << "once that user's jobs ended";
+  // A step of two GPUs one of which is MPS's: refused (a process has one MPS server).
+  auto two = DecideLimits(config_, {.gpus = "1,2"});
+  ASSERT_TRUE(two.ok());
+  auto refused = SetUpStep(config_, 63, getuid(), getgid(), *two, "", 1006);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("has one GPU"));
 }
 
 TEST_F(SlurmNodeFiles, AStepWhoseLibraryCannotBeReadIsRefused) {

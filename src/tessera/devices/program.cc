@@ -1,4 +1,4 @@
-#include "tessera/server/program.h"
+#include "tessera/devices/program.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,7 +15,7 @@
 
 extern char** environ;
 
-namespace tessera::server {
+namespace tessera::devices {
 
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run) {
@@ -148,4 +148,4 @@ std::string LookUp(const std::string& name) {
   return "";
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::devices

@@ -1,4 +1,4 @@
-#include "tessera/server/mps.h"
+#include "tessera/devices/mps.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,9 +15,9 @@
 
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
-#include "tessera/server/program.h"
+#include "tessera/devices/program.h"
 
-namespace tessera::server {
+namespace tessera::devices {
 namespace {
 
 namespace fs = std::filesystem;
@@ -356,4 +356,4 @@ std::map<std::string, std::string> MpsClientEnv(const std::string& pipe_dir, int
   return env;
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::devices

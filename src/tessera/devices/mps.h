@@ -20,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
-#include "tessera/server/program.h"
+#include "tessera/devices/program.h"
 
-namespace tessera::server {
+namespace tessera::devices {
 
 struct MpsGpu {
   int index = 0;     // the server's GPU index
@@ -108,4 +108,4 @@ class MpsDaemons {
 std::map<std::string, std::string> MpsClientEnv(const std::string& pipe_dir, int share_milli,
                                                 int64_t memory_mib, int ordinals, int priority = 0);
 
-}  // namespace tessera::server
+}  // namespace tessera::devices

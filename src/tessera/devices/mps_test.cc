@@ -1,7 +1,7 @@
 // The MPS control daemons (mps.h) against the fake nvidia-cuda-mps-control (tests/fakes/mps),
 // and the fake driver as their client: limits as MPS's environment gives them, one user's
 // clients at a time, a killed client.
-#include "tessera/server/mps.h"
+#include "tessera/devices/mps.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -22,7 +22,7 @@
 
 extern char** environ;
 
-namespace tessera::server {
+namespace tessera::devices {
 namespace {
 
 using ::testing::HasSubstr;
@@ -337,4 +337,4 @@ TEST_F(MpsTest, AClientWhoseDaemonDiedFailsItsNextLaunch) {
 }
 
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::devices

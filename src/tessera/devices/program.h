@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tessera::server {
+namespace tessera::devices {
 
 struct ProgramOutput {
   int status = -1;   // exit code, -1 when it did not end normally (killed at the deadline)
@@ -44,4 +44,4 @@ std::string FirstLine(const std::string& text);
 // slash and is executable; empty when none.
 std::string LookUp(const std::string& name);
 
-}  // namespace tessera::server
+}  // namespace tessera::devices
