@@ -214,6 +214,30 @@ for (const [f, toolkit] of [[process.argv[2], true], [process.argv[3], false]]) 
 }
 ' "$here" "$tmp/rendered.yaml" "$tmp/cdi-node.yaml"
 
+# MPS (the mps component through an overlay, docs/kubernetes.md "MPS"): the agent runs the daemons
+# (--mps-gpus) with CUDA from the toolkit (compute), and its /dev/shm is the host folder
+# --mps-shm-dir names, which it mounts into its clients.
+mkdir -p "$tmp/mps"
+cp -r "$src/deploy" "$tmp/mps/deploy"
+printf 'resources:\n  - deploy\ncomponents:\n  - deploy/components/mps\n' >"$tmp/mps/kustomization.yaml"
+kubectl kustomize "$tmp/mps" >"$tmp/mps.yaml"
+node "$here/validate.js" <"$tmp/mps.yaml" >"$tmp/validate-mps.txt" || { cat "$tmp/validate-mps.txt"; fail "invalid objects with the mps component"; }
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const fs = require("fs");
+const fail = (m) => { console.error("deploy_test: mps: " + m); process.exit(1); };
+const ds = yaml.loadAll(fs.readFileSync(process.argv[2], "utf8")).find((d) => d && d.kind === "DaemonSet" && d.metadata.name === "tessera-agent");
+const pod = ds.spec.template.spec, c = pod.containers[0];
+const arg = (n) => (c.args.find((a) => a.startsWith(n + "=")) || "").slice(n.length + 1);
+if (!arg("--mps-gpus")) fail("no --mps-gpus");
+const shm = arg("--mps-shm-dir");
+const m = c.volumeMounts.find((v) => v.mountPath === "/dev/shm");
+const vol = m && pod.volumes.find((v) => v.name === m.name);
+if (!vol || !vol.hostPath || vol.hostPath.path !== shm) fail("the agent'"'"'s /dev/shm is not the host folder " + shm);
+const caps = (c.env.find((e) => e.name === "NVIDIA_DRIVER_CAPABILITIES") || {}).value || "";
+if (!caps.split(",").includes("compute") || !caps.split(",").includes("utility")) fail("the daemons get no CUDA (compute) or NVML (utility): " + caps);
+' "$here" "$tmp/mps.yaml"
+
 # DRA (the dra component through an overlay, docs/kubernetes.md "DRA or the device plugin"): the
 # agent runs with --dra and the kubelet's plugin folders at their paths; the DeviceClasses select
 # the driver's devices by type; RBAC grants what the driver calls and no more; the admission policy
@@ -224,6 +248,11 @@ printf 'resources:\n  - deploy\ncomponents:\n  - deploy/components/dra\n' >"$tmp
 kubectl kustomize "$tmp/dra" >"$tmp/dra.yaml"
 node "$here/validate.js" <"$tmp/dra.yaml" >"$tmp/validate-dra.txt" || { cat "$tmp/validate-dra.txt"; fail "invalid objects with the dra component"; }
 node "$here/validate.js" <"$src/deploy/examples/dra/claims.yaml" >"$tmp/validate-claims.txt" || { cat "$tmp/validate-claims.txt"; fail "invalid DRA example claims"; }
+node "$here/validate.js" <"$src/deploy/examples/mps/pods.yaml" >"$tmp/validate-mps-pods.txt" || { cat "$tmp/validate-mps-pods.txt"; fail "invalid MPS example pods"; }
+# Every DeviceClass an example names is one the dra component installs.
+for c in $(grep -ho 'deviceClassName: [a-z.-]*' "$src"/deploy/examples/*/*.yaml | sort -u | cut -d' ' -f2); do
+  grep -q "^  name: $c$" "$src/deploy/components/dra/deviceclasses.yaml" || fail "an example names DeviceClass $c, which deploy/components/dra does not install"
+done
 node -e '
 const yaml = require(process.argv[1] + "/node_modules/js-yaml");
 const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8")).filter((d) => d);
@@ -353,7 +382,10 @@ for f in "$src"/deploy/base/*.yaml; do
       -e "s|{{ .Values.scheduler.image }}|$sched_image|" \
       -e 's/{{ .Values.agent.runtimeClassName }}/nvidia/' \
       -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' \
-      -e '/^{{- if .Values.dra.enabled }}$/,/^{{- end }}$/d' "$t" >"$tmp/chart.yaml"
+      -e '/^{{- if .Values.dra.enabled }}$/,/^{{- end }}$/d' \
+      -e '/^{{- if .Values.agent.mps.gpus }}$/,/^{{- end }}$/d' \
+      -e 's/value: {{ if .Values.agent.mps.gpus }}compute,{{ end }}utility$/value: utility/' \
+      "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
 # With dra.enabled, the DRA component's objects, as deploy/components/dra has them.

@@ -49,6 +49,20 @@ cp -a /usr/lib/systemd/system/*.target "$root/usr/lib/systemd/system/"
 if ! out=$(systemd-analyze verify --man=no --root="$root" tessera.service 2>&1) || [[ -n "$out" ]]; then
   fail "systemd-analyze verify: $out"
 fi
+# The Slurm plugin's MPS daemon unit (where the plugin is built), with the programs it runs: the
+# fake control daemon standing for NVIDIA's, the host's install and sh.
+if [[ -e "$root/usr/local/lib/systemd/system/tessera-slurm-mps@.service" ]]; then
+  mkdir -p "$root/usr/bin" "$root/bin"
+  cp "$build/tests/fakes/mps/nvidia-cuda-mps-control" /usr/bin/install "$root/usr/bin/"
+  cp /bin/sh "$root/bin/"
+  if ! out=$(systemd-analyze verify --man=no --root="$root" tessera-slurm-mps@0.service 2>&1) ||
+    [[ -n "$out" ]]; then
+    fail "systemd-analyze verify tessera-slurm-mps@0.service: $out"
+  fi
+  rm -rf "$root/usr/bin" "$root/bin"
+elif [[ -e "$build/tessera-spank.so" ]]; then
+  fail "cmake --install left out the Slurm plugin's tessera-slurm-mps@.service"
+fi
 rm -rf "$root/usr/lib/systemd"
 
 # The man page, rendered with every groff warning on; the completion, in bash.
