@@ -70,6 +70,7 @@ std::vector<std::string> PodmanRunArgv(const ContainerRuntime& rt, const Contain
   if (job.cpu_milli > 0)
     a.insert(a.end(), {"--cpus", fmt::format("{:g}", static_cast<double>(job.cpu_milli) / 1000)});
   if (job.pids_max > 0) a.insert(a.end(), {"--pids-limit", std::to_string(job.pids_max)});
+  if (job.host_ipc) a.push_back("--ipc=host");
   if (!job.workdir.empty()) a.insert(a.end(), {"--workdir", job.workdir});
   for (const std::string& d : job.cdi_devices) a.insert(a.end(), {"--device", d});
   for (const std::string& f : job.read_only_files)
@@ -147,6 +148,11 @@ LaunchSpec PodmanClientLaunch(const ContainerRuntime& runtime, const LaunchSpec&
     if (c.env.contains("TESSERA_CUDA_ARBITER"))
       c.writable_files.push_back(std::filesystem::path(job.share->arbiter).parent_path().string());
   }
+  // An MPS job's process is a client of its GPU's daemon: the daemon's pipe folder at its own
+  // path (CUDA_MPS_PIPE_DIRECTORY names it), and the host's /dev/shm, where the server is met.
+  if (auto pipe = c.env.find("CUDA_MPS_PIPE_DIRECTORY"); pipe != c.env.end())
+    c.writable_files.push_back(pipe->second);
+  c.host_ipc = job.host_shm;
   if (job.uid) c.user = fmt::format("{}:{}", *job.uid, job.gid.value_or(*job.uid));
   // podman confines the container itself (its own cgroup, only the CDI devices): the same limits.
   c.memory_bytes = job.container->memory_bytes;

@@ -46,6 +46,9 @@ struct ContainerJob {
   int64_t memory_bytes = 0;  // --memory; 0: none
   int64_t cpu_milli = 0;     // --cpus; 0: none
   int64_t pids_max = 0;      // --pids-limit; 0: podman's default
+  // --ipc=host: the host's IPC namespace and /dev/shm, where an MPS client meets its GPU's server
+  // (the MPS server keeps its segments there).
+  bool host_ipc = false;
 };
 
 // The container's name: tessera-job-<id>.

@@ -83,6 +83,22 @@ TEST(Container, PodmanLauncherStartsJobsWithAnImageAsPodmansClientOthersUnchange
   EXPECT_THAT(argv, HasSubstr("\"--env\", \"SEED=1\""));
   EXPECT_THAT(argv, ::testing::Not(HasSubstr("PATH=/usr/bin")));
   EXPECT_THAT(argv, HasSubstr("\"pytorch:24\", \"python\", \"train.py\""));
+  EXPECT_THAT(argv, ::testing::Not(HasSubstr("--ipc")));
+  // An MPS job: its daemon's pipe folder bound at its path, and the host's /dev/shm (--ipc=host),
+  // where MPS's server keeps its segments (one word, as the config's run_args are).
+  LaunchSpec mps = boxed;
+  mps.job_id = 8;
+  mps.env["CUDA_MPS_PIPE_DIRECTORY"] = "/var/lib/tessera/mps/gpu1/pipe";
+  mps.host_shm = true;
+  ASSERT_TRUE(podman.Start(mps).ok());
+  const std::string mps_argv = ::testing::PrintToString(inner.started.back().argv);
+  EXPECT_THAT(mps_argv, HasSubstr("\"--ipc=host\""));
+  EXPECT_THAT(
+      mps_argv,
+      HasSubstr(
+          "\"--volume\", \"/var/lib/tessera/mps/gpu1/pipe:/var/lib/tessera/mps/gpu1/pipe:rw\""));
+  EXPECT_THAT(mps_argv,
+              HasSubstr("\"--env\", \"CUDA_MPS_PIPE_DIRECTORY=/var/lib/tessera/mps/gpu1/pipe\""));
   // Signals, reaping and liveness are the inner launcher's.
   EXPECT_FALSE(podman.WatchableByPidfd());
   EXPECT_TRUE(podman.Alive(1002, 0));

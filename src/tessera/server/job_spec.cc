@@ -445,11 +445,6 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   if (s.Tasks() > 1 && !s.image.empty())
     return Bad("image", "a job in a container runs one process; ntasks/tasks_per_gpu need none");
   if (s.sharing == "mps") {
-    if (!s.image.empty()) {
-      return Bad("image",
-                 "an MPS job runs on the host: its daemon's pipes are not handed to containers "
-                 "yet");
-    }
     if (s.gpus > 1 && s.Tasks() < s.gpus) {
       return Bad("resources.sharing",
                  fmt::format("an MPS job on {} GPUs needs a process per GPU (tasks_per_gpu, or "
