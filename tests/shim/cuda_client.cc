@@ -7,7 +7,8 @@
 //   CMD:   alloc:MiB  pitch:W:H  managed:MiB  async:MiB  pool:MiB  create:MiB  array:W:H
 //          vmm:MiB (created, mapped, released at once)  vmmunmap[:K]
 //          vmmexport:MiB:SOCKET[:fabric]  vmmimport:SOCKET[:fabric] (shared between processes)
-//          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  kernel (one, its result)  freeall  info
+//          array3d:W:H:D  mipmap:W:H:LEVELS  launch:N  kernel (one, its result)  fault (a kernel
+//          that faults: an illegal address)  freeall  info
 //          total  fill:MiB  cycle:N:MiB
 //          newpool:D  frompool:MiB  pooldestroy  threshold:MiB|max  trim:MiB  freeasync  sync
 //          graph:MiB (a graph with a memory node, instantiated)  graphlaunch  graphtrim  graphpool
@@ -544,6 +545,8 @@ int main(int argc, char** argv) {
       report(rc);
     } else if (c[0] == "kernel") {
       report(api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+    } else if (c[0] == "fault") {  // a kernel that faults (the fake driver's grid 0xFA17)
+      report(api.LaunchKernel(nullptr, 0xFA17, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
     } else if (c[0] == "launch") {
       for (size_t k = 0; k < n(1); ++k)
         api.LaunchKernel(nullptr, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);

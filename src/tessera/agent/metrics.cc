@@ -87,6 +87,13 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
     for (const GpuSample& s : gpus) {
       if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->deaths);
     }
+    p.Family(
+        "tessera_gpu_mps_server_faults_total", "counter",
+        "For a GPU shared by MPS: times one of its MPS servers ended while clients of it still "
+        "ran (a fatal fault in one client ends its server and the other clients on it).");
+    for (const GpuSample& s : gpus) {
+      if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->server_faults);
+    }
   }
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU since the agent started, ignored ones included.");

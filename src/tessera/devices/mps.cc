@@ -12,8 +12,12 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 #include "tessera/devices/program.h"
 
@@ -235,6 +239,46 @@ absl::Status MpsDaemons::Stop(int gpu) {
   return absl::OkStatus();
 }
 
+void MpsDaemons::WatchServers(int gpu) {
+  auto list = Ask(gpu, "get_server_list", std::chrono::seconds(5));
+  if (!list.ok() || list->status != 0) return;
+  std::map<long, std::vector<long>> now;
+  std::istringstream servers(list->text);
+  for (long id = 0; servers >> id;) {
+    auto clients = Ask(gpu, "get_client_list " + std::to_string(id), std::chrono::seconds(5));
+    std::vector<long>& pids = now[id];
+    if (!clients.ok() || clients->status != 0) continue;
+    std::istringstream in(clients->text);
+    for (long pid = 0; in >> pid;) pids.push_back(pid);
+  }
+  // A live process, not one that has exited and waits to be reaped.
+  auto running = [](long pid) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    return close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'Z' &&
+           text[close + 2] != 'X';
+  };
+  core::MutexLock lock(mu_);
+  std::map<long, std::vector<long>>& before = servers_[gpu];
+  for (const auto& [id, pids] : before) {
+    if (now.contains(id)) continue;
+    std::vector<long> alive;
+    for (long pid : pids) {
+      if (running(pid)) alive.push_back(pid);
+    }
+    if (alive.empty()) continue;  // ended with its last client
+    ++states_[gpu].server_faults;
+    spdlog::warn(
+        "MPS: GPU {}: server {} ended while its clients {} still ran: a fatal fault in one client "
+        "ends its server and the other clients on it",
+        gpu, id, fmt::join(alive, ","));
+  }
+  states_[gpu].clients = 0;
+  for (const auto& [id, pids] : now) states_[gpu].clients += static_cast<int>(pids.size());
+  before = std::move(now);
+}
+
 void MpsDaemons::Round() {
   for (const MpsGpu& g : gpus_) {
     absl::Status st = Check(g.index);
@@ -244,7 +288,10 @@ void MpsDaemons::Round() {
       was_up = states_[g.index].up;
       reported = states_[g.index].reported;
     }
-    if (st.ok() && was_up) continue;
+    if (st.ok() && was_up) {
+      WatchServers(g.index);
+      continue;
+    }
     // Down (to be) said: it died since the last round, or it was not running when the watch
     // began (a server started after a reboot, or after the daemon died while it was down: clients
     // recovered with their jobs lost their server). Said once, with what starting it again gave.
@@ -264,6 +311,7 @@ void MpsDaemons::Round() {
     {
       core::MutexLock lock(mu_);
       MpsDaemonState& s = states_[g.index];
+      servers_.erase(g.index);  // a new daemon: the old one's servers went with it
       if (was_up) ++s.deaths;
       s.up = st.ok();
       const std::string why =

@@ -7,7 +7,8 @@
 // and stopped through the control program's documented commands on its stdin (get_server_list,
 // quit). A job's processes reach their GPU's daemon through its pipe folder (MpsClientEnv).
 // A watch thread asks each daemon every interval; one that stops answering is reported down, is
-// started again, and reported up once it answers.
+// started again, and reported up once it answers. It also lists each daemon's servers and their
+// clients, and counts a server that ended under running clients (a client's fatal fault).
 
 #include <chrono>
 #include <functional>
@@ -38,9 +39,13 @@ absl::StatusOr<std::vector<MpsGpu>> MpsGpusOf(const std::vector<std::string>& na
 struct MpsDaemonState {
   int gpu = 0;
   bool up = false;
-  std::string reason;     // why not, when down
-  int starts = 0;         // times this server started it (a restart after a death counts)
-  int deaths = 0;         // times it was seen gone after it had answered
+  std::string reason;  // why not, when down
+  int starts = 0;      // times this server started it (a restart after a death counts)
+  int deaths = 0;      // times it was seen gone after it had answered
+  // Times one of its MPS servers ended while clients of it still ran: a fatal fault in one client
+  // ends its server and every other client of it (the daemon then starts a new server).
+  int server_faults = 0;
+  int clients = 0;        // the processes its servers had at the last look
   bool reported = false;  // the watch has told its state at least once
 };
 
@@ -85,8 +90,14 @@ class MpsDaemons {
   // The control program's environment for `gpu`'s daemon.
   std::map<std::string, std::string> Env(int gpu) const;
   const MpsGpu* Find(int gpu) const;
-  // One round of the watch: each daemon checked, a dead one started again.
+  // One round of the watch: each daemon checked, a dead one started again, the servers of one
+  // that answers looked at (WatchServers).
   void Round();
+  // The MPS servers of `gpu`'s daemon and their clients' pids now. A server gone since the last
+  // look while a client of it still runs (a live process, not a zombie) ended under its clients:
+  // counted in server_faults and said. Clients are seen by the pids the daemon gives, so a daemon
+  // in another pid namespace than this process's counts nothing.
+  void WatchServers(int gpu);
 
   std::string control_, root_;
   std::vector<MpsGpu> gpus_;
@@ -96,6 +107,8 @@ class MpsDaemons {
   core::CondVar wake_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, MpsDaemonState> states_ ABSL_GUARDED_BY(mu_);
+  // By GPU: its daemon's servers (ids) and their clients' pids at the last look.
+  std::map<int, std::map<long, std::vector<long>>> servers_ ABSL_GUARDED_BY(mu_);
   std::thread watch_;
 };
 

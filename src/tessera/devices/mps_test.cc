@@ -336,5 +336,38 @@ TEST_F(MpsTest, AClientWhoseDaemonDiedFailsItsNextLaunch) {
   EXPECT_EQ(Read(root_ + "/out"), "ok\nerr 805\n") << "CUDA_ERROR_MPS_CONNECTION_FAILED";
 }
 
+TEST_F(MpsTest, AClientsFatalFaultEndsItsServersOtherClientsAndIsCounted) {
+  MpsDaemons d(kControl, root_, {{0, "GPU-zero"}});
+  d.Start(std::chrono::milliseconds(10), nullptr);
+  const auto env = MpsClientEnv(d.PipeDir(0), 500, 0, 1);
+  const std::string hold = root_ + "/hold", go = root_ + "/go";
+  // Two clients of one server; the bystander is held until after the fault.
+  const pid_t bystander =
+      Spawn({"link", "kernel", "waitfile:" + hold, "kernel"}, env, root_ + "/bystander");
+  const pid_t faulty = Spawn({"link", "kernel", "waitfile:" + go, "fault"}, env, root_ + "/faulty");
+  auto state = [&] { return d.States().at(0); };
+  ASSERT_TRUE(Eventually([&] { return state().clients == 2; })) << "both on one server";
+  EXPECT_EQ(state().server_faults, 0);
+  // The fault: its kernel fails, its server ends under the bystander (counted), and the
+  // bystander's next launch fails.
+  std::ofstream(go).close();
+  EXPECT_EQ(Wait(faulty), 0);
+  EXPECT_EQ(Read(root_ + "/faulty"), "ok\nerr 700\n") << "CUDA_ERROR_ILLEGAL_ADDRESS";
+  ASSERT_TRUE(Eventually([&] { return state().server_faults == 1; }))
+      << "the bystander still runs: its server ended under it";
+  std::ofstream(hold).close();
+  EXPECT_EQ(Wait(bystander), 0);
+  EXPECT_EQ(Read(root_ + "/bystander"), "ok\nerr 805\n") << "CUDA_ERROR_MPS_CONNECTION_FAILED";
+  // A new client gets a new server; clients that end on their own end it with them: no fault.
+  const pid_t calm = Spawn({"link", "kernel", "waitfile:" + go + "2"}, env, root_ + "/calm");
+  ASSERT_TRUE(Eventually([&] { return state().clients == 1; }));
+  std::ofstream(go + "2").close();
+  EXPECT_EQ(Wait(calm), 0);
+  EXPECT_EQ(Read(root_ + "/calm"), "ok\n");
+  ASSERT_TRUE(Eventually([&] { return state().clients == 0; }));
+  EXPECT_EQ(state().server_faults, 1);
+  d.StopWatch(false);
+}
+
 }  // namespace
 }  // namespace tessera::devices

@@ -636,7 +636,8 @@ net::HttpResponse Api::Gpus() {
       out.back()["mps"] = {{"daemon_up", s.mps->up},
                            {"reason", s.mps->reason},
                            {"starts", s.mps->starts},
-                           {"deaths", s.mps->deaths}};
+                           {"deaths", s.mps->deaths},
+                           {"server_faults", s.mps->server_faults}};
     }
   }
   // The links between GPUs: NVLink where there is some, else the PCIe level (nvidia-smi's codes).

@@ -189,7 +189,7 @@ ServerMetricsSnapshot Dispatcher::MetricsSnapshot() {
     }
   }
   for (const devices::MpsDaemonState& m : mps_->States())
-    snap.mps.push_back({m.gpu, m.up, m.deaths});
+    snap.mps.push_back({m.gpu, m.up, m.deaths, m.server_faults});
   const std::shared_ptr<const MachineView> v = state_->views.machine();
   for (const GpuView& g : v->gpus) {
     snap.healthy.push_back(g.healthy);

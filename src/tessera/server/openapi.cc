@@ -18,7 +18,7 @@ std::string_view OpenApiDocument() {
     "/v1/gpus": {"get": {"summary": "GPUs with health, allocation, jobs and the driver's )json"
       R"json(readings (utilization, memory_used_bytes, temperature_celsius, power_watts; null )json"
       R"json(when unknown), sharing (time-slice or mps) and, for MPS, its daemon's state )json"
-      R"json((mps: {daemon_up, reason, starts, deaths})", "responses": {"200": )json"
+      R"json((mps: {daemon_up, reason, starts, deaths, server_faults})", "responses": {"200": )json"
       R"json({"description": "GPUs"}}}},
     "/v1/jobs": {
       "get": {"summary": "Jobs, oldest first",

@@ -123,6 +123,13 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
     for (const ServerMetricsSnapshot::Mps& m : s.mps) {
       if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.deaths);
     }
+    p.Family(
+        "tessera_gpu_mps_server_faults_total", "counter",
+        "For a GPU shared by MPS: times one of its MPS servers ended while clients of it still "
+        "ran (a fatal fault in one client ends its server and the other clients on it).");
+    for (const ServerMetricsSnapshot::Mps& m : s.mps) {
+      if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.server_faults);
+    }
   }
   p.Family("tessera_gpu_xid_errors_total", "counter",
            "XID errors seen on the GPU, ignored ones included.");

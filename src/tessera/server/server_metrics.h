@@ -65,6 +65,7 @@ struct ServerMetricsSnapshot {
     int gpu = 0;
     bool up = false;
     int deaths = 0;
+    int server_faults = 0;
   };
   std::vector<Mps> mps;
   size_t queued = 0, running = 0;

@@ -18,7 +18,9 @@
 // it, while another user's server runs) and tells it CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and
 // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; the pinned limit ("0=4096M,1=2G") caps each ordinal's
 // allocations; a launch after the daemon went away fails (CUDA_ERROR_MPS_CONNECTION_FAILED). No
-// daemon there: the process runs without MPS, as the real driver does.
+// daemon there: the process runs without MPS, as the real driver does. A kernel of grid width
+// 0xFA17 faults (CUDA_ERROR_ILLEGAL_ADDRESS); an MPS client's fault ends its server, and the
+// other clients' next launch fails as above.
 // Kernels occupy virtual GPU time: gridDimX microseconds each, run one at a time per device in
 // launch order across processes (first come, first served, as one GPU's queue), asynchronously: a
 // launch returns at once and cuCtxSynchronize/cuStreamSynchronize/cuEventSynchronize wait until
@@ -129,6 +131,10 @@ thread_local int current_device = 0;
 // MPS (see the top): the connection to the control daemon (-1: not a client) and the pinned
 // memory limit per ordinal (0: none).
 constexpr CUresult kMpsConnectionFailed = static_cast<CUresult>(805);
+constexpr CUresult kIllegalAddress = static_cast<CUresult>(700);
+// A kernel launched with this grid width faults (an illegal address): CUDA_ERROR_ILLEGAL_ADDRESS,
+// and as an MPS client it tells the daemon, which ends its server and so its other clients.
+constexpr unsigned int kFaultingGrid = 0xFA17;
 int mps_fd = -1;
 uint64_t mps_limit[16] = {};
 
@@ -882,6 +888,10 @@ FAKE_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int gx, unsigned int, u
                                     unsigned int, unsigned int, unsigned int, unsigned int,
                                     CUstream stream, void**, void**) {
   if (MpsLost()) return kMpsConnectionFailed;
+  if (gx == kFaultingGrid) {
+    if (mps_fd >= 0) (void)!send(mps_fd, "fault\n", 6, MSG_NOSIGNAL);
+    return kIllegalAddress;
+  }
   return Recorded(stream) ? CUDA_SUCCESS : Occupy(gx);
 }
 

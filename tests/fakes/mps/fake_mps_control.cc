@@ -13,7 +13,9 @@
 // (cuda/fake_cuda.cc) connects as a client with "client PID UID PERCENT LIMITS" and keeps the
 // connection for its life; it is answered "ok SERVER" at once when no server runs or the running
 // one is its user's, and otherwise only when the other user's clients have all ended (MPS runs
-// one user's server at a time). Each client and what it asked is written to control.log.
+// one user's server at a time). A client that says "fault" (a fatal GPU fault) ends its server:
+// every client of it is cut off, and the next client gets a new server. Each client and what it
+// asked is written to control.log.
 // FAKE_MPS_FAIL_START=1: -d fails (a daemon that cannot start).
 
 #include <fcntl.h>
@@ -224,6 +226,22 @@ class Daemon {
       in >> c.pid >> c.uid >> c.percent >> c.limits;
       if (c.percent.empty()) c.percent = "-";
       if (c.limits.empty()) c.limits = "-";
+      return true;
+    }
+    if (cmd == "fault" && c.client && c.answered) {
+      // A fatal fault in a client ends its server, and with it every client of that server; the
+      // next client gets a new server.
+      int others = 0;
+      for (Conn& k : conns_) {
+        if (!k.client || !k.answered) continue;
+        others += k.fd != c.fd;
+        shutdown(k.fd, SHUT_RDWR);
+        k.answered = false;
+        k.client = false;
+      }
+      Log("client " + std::to_string(c.pid) + " hit a fatal fault: server " +
+          std::to_string(server_) + " ends with its " + std::to_string(others) + " other clients");
+      server_ = 0;
       return true;
     }
     std::string reply;
