@@ -162,10 +162,11 @@ void Agent::StartMps() {
     if (up) {
       spdlog::info("GPU {} ({}): its MPS daemon answers", gpu, g.uuid);
     } else {
-      spdlog::warn(
-          "GPU {} ({}): its MPS daemon is down ({}); the GPU is offered as Unhealthy "
-          "until it answers",
-          gpu, g.uuid, reason);
+      // A death is news; a daemon not running yet at the start is not.
+      spdlog::log(died ? spdlog::level::warn : spdlog::level::info,
+                  "GPU {} ({}): its MPS daemon is down ({}); the GPU is offered as Unhealthy "
+                  "until it answers",
+                  gpu, g.uuid, reason);
     }
     ApplyHealth(gpu);
     // The pods whose processes were its clients lost their MPS server: said on each.
