@@ -330,11 +330,11 @@ TEST_F(AgentE2e, AnMpsGpusDaemonIsRunWatchedAndOutlivesTheAgentAndItsSharesAreIt
   StartKubelet();
   StartAgent(mps);
   ASSERT_TRUE(WaitRegistered(2)) << Log();
-  // GPU 1's daemon runs before the kubelet is served, with its own folders.
-  EXPECT_TRUE(daemon.Check(1).ok()) << Log();
+  // GPU 1 is offered once its daemon, with its own folders, answers.
   ASSERT_TRUE(kubelet_->WaitFor([](const Plugins& p) {
     return p.at(kShare).devices.size() == 16 && p.at(kShare).devices[4].health() == "Healthy";
   })) << Log();
+  EXPECT_TRUE(daemon.Check(1).ok()) << Log();
   // A share of GPU 1 is a client of its daemon; a share of GPU 3 is time-sliced.
   v1beta1::AllocateResponse share;
   grpc::Status s = kubelet_->Allocate(kShare, {{Uuid(1) + "::0"}}, &share);

@@ -31,9 +31,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
   if (!inventory.ok()) return inventory.status();
   if (absl::Status s = a->PrepareState(*std::move(inventory)); !s.ok()) return s;
   a->WatchHealth();
-  a->StartMps();
+  a->PrepareMps();
   if (absl::Status s = a->ServeKubelet(); !s.ok()) return s;
   a->health_->Start();
+  a->StartMps();
   if (absl::Status s = a->ServeMetrics(); !s.ok()) return s;
   a->StartReconcile();
   return a;
@@ -139,14 +140,20 @@ void Agent::WatchHealth() {
   device_health_.assign(n, devices::GpuHealth{});
 }
 
-void Agent::StartMps() {
+void Agent::PrepareMps() {
   mps_->QuitLeftBehind();  // each said in the log
-  if (mps_->gpus().empty()) return;
   {
-    // No MPS GPU is offered until its daemon answers (the watch's first round, below).
+    // No MPS GPU is offered until its daemon answers (StartMps).
     core::MutexLock lock(gpu_health_mu_);
     for (const devices::MpsGpu& g : mps_->gpus()) mps_down_[g.index] = "not started yet";
   }
+  for (const devices::MpsGpu& g : mps_->gpus()) ApplyHealth(g.index);
+}
+
+void Agent::StartMps() {
+  if (mps_->gpus().empty()) return;
+  // After the kubelet's API and the API server's clients exist: the watch's calls use them. Its
+  // first round (each daemon started) is done before this returns.
   mps_->Start(options_.mps_check_interval, [this](int gpu, bool up, const std::string& reason) {
     const core::Gpu& g = state_->inventory().gpus[gpu];
     bool died = false;
@@ -293,7 +300,7 @@ absl::Status Agent::StartDra() {
   auto state = DraState::Create(state_->inventory(), o.plugin, d);
   if (!state.ok()) return state.status();
   dra_state_ = std::move(*state);
-  // What is already known of the GPUs (their MPS daemons' first answers).
+  // What is already known of the GPUs (an MPS GPU whose daemon has not answered yet).
   for (int g = 0; g < static_cast<int>(state_->inventory().gpus.size()); ++g) ApplyHealth(g);
   if (!dra_state_->set_aside().empty()) RebuildDra();
   DraPluginOptions po = o.dra_plugin;

@@ -103,8 +103,10 @@ class Agent {
   absl::StatusOr<core::NodeInventory> OpenDevices();         // NVML (or a simulated machine)
   absl::Status PrepareState(core::NodeInventory inventory);  // CDI spec, checkpoint, arbiter
   void WatchHealth();
-  // The MPS daemons: those left behind for GPUs no longer in MPS mode told to quit, each MPS GPU's
-  // started (and watched) before the kubelet is served.
+  // The MPS daemons: those left behind for GPUs no longer in MPS mode told to quit, and each MPS
+  // GPU offered Unhealthy until its daemon answers (before the kubelet is served); then each MPS
+  // GPU's daemon started and watched (after: the watch's calls reach the kubelet's API).
+  void PrepareMps();
   void StartMps();
   // A GPU's health as advertised: the driver's (the health watch) and, in MPS mode, its daemon's.
   void ApplyHealth(int gpu);
