@@ -23,6 +23,8 @@ namespace {
 // has at most a few hundred shares).
 constexpr int kMaxDevicesPerRequest = 4096;
 constexpr size_t kMaxDeviceIdLength = 256;
+// How soon a registration that failed on a kubelet socket which had just appeared is tried again.
+constexpr std::chrono::milliseconds kFreshSocketRetry{200};
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -327,14 +329,22 @@ void PluginServer::Run() {
       }
       // A kubelet.sock that appeared since the last failed try (the kubelet is back): now, not
       // at the end of the backoff.
+      bool fresh = false;
       if (!e->registered && kubelet != 0 && kubelet != e->failed_inode) {
         e->next_try = {};
         e->backoff = options_.initial_backoff;
+        fresh = true;
       }
       if (!e->registered && now >= e->next_try) {
         e->registered = Register(*e);
-        e->failed_inode = e->registered ? 0 : InodeOf(options_.kubelet_socket);
-        if (!e->registered) {
+        // The socket as it was before this try: one that appears while it fails is new to the
+        // next round (read after the try, it would be taken for the one that failed).
+        e->failed_inode = e->registered ? 0 : kubelet;
+        if (!e->registered && fresh) {
+          // A socket file exists from its bind(), before its server listens: one that just
+          // appeared is tried once more soon, then by the backoff.
+          e->next_try = now + std::min<std::chrono::milliseconds>(e->backoff, kFreshSocketRetry);
+        } else if (!e->registered) {
           e->next_try = now + e->backoff;
           e->backoff = std::min(e->backoff * 2, options_.max_backoff);
         }

@@ -24,7 +24,9 @@ struct PluginServerOptions {
   std::string plugin_dir = "/var/lib/kubelet/device-plugins";
   std::string kubelet_socket;  // empty: <plugin_dir>/kubelet.sock
   // Between failed registrations: from initial_backoff, doubling to max_backoff - but at once when
-  // a new kubelet.sock appears (the kubelet is back), whatever is left of the wait.
+  // a new kubelet.sock appears (the kubelet is back), whatever is left of the wait; a try on a
+  // socket that has just appeared that fails (its server not listening yet) is made again within
+  // 200 ms before the backoff applies.
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
 };
