@@ -27,6 +27,7 @@
 #include "tessera/core/clock.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/mutex.h"
+#include "tessera/core/request.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/devices/mps.h"
 #include "tessera/shim/region.h"
@@ -66,8 +67,11 @@ struct PluginOptions {
   std::string mps_shm_dir = "/dev/shm";
 };
 
-// Whether GPU `g` is in MPS mode.
+// Whether GPU `g` is in MPS mode, and its mode.
 inline bool IsMps(const PluginOptions& o, int g) { return o.mps != nullptr && o.mps->Has(g); }
+inline core::GpuSharing SharingOf(const PluginOptions& o, int g) {
+  return IsMps(o, g) ? core::GpuSharing::kMps : core::GpuSharing::kTimeSlice;
+}
 
 // What the scheduler extender chose for a pod (its annotations), when there is such a pod.
 struct PodHint {

@@ -173,7 +173,7 @@ json DeviceAttributes(const DraDevice& d, NodeFacts& n, const SliceContext& ctx)
   if (d.share) attrs["sharesPerGpu"] = Attr("int", n.shares);
   // A GPU's mode (MPS or time slices), which a DeviceClass or request selects on and a
   // ShareConfig's `sharing` is checked against.
-  attrs["sharing"] = Attr("string", IsMps(n.plugin, d.gpu) ? "mps" : "time-slice");
+  attrs["sharing"] = Attr("string", std::string(core::GpuSharingName(SharingOf(n.plugin, d.gpu))));
   return attrs;
 }
 

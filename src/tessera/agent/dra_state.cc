@@ -405,7 +405,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
     // again, and the claim is prepared once the other namespace's claims on it are gone).
     const RequestConfig& rc = config[request];
     for (int g : gpus) {
-      const auto mode = IsMps(plugin_, g) ? core::GpuSharing::kMps : core::GpuSharing::kTimeSlice;
+      const core::GpuSharing mode = SharingOf(plugin_, g);
       if (rc.sharing && *rc.sharing != mode) {
         undo();
         return absl::FailedPreconditionError(fmt::format(

@@ -225,9 +225,7 @@ bool NodeSync::SyncLabels() {
   facts.inventory = &state_.inventory();
   for (size_t i = 0; i < facts.inventory->gpus.size(); ++i) {
     facts.healthy.push_back(state_.healthy(static_cast<int>(i)));
-    facts.sharing.push_back(IsMps(state_.options(), static_cast<int>(i))
-                                ? core::GpuSharing::kMps
-                                : core::GpuSharing::kTimeSlice);
+    facts.sharing.push_back(SharingOf(state_.options(), static_cast<int>(i)));
   }
   facts.shares_per_gpu = state_.serves(Resource::kShare) ? state_.options().shares_per_gpu : 0;
   auto patch = NodePatch(*node, DesiredLabels(facts), DesiredAnnotations(facts));

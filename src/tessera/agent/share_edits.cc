@@ -32,12 +32,11 @@ absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& 
   }
   const bool mps = IsMps(options, request.gpus[0]);
   for (int g : request.gpus) {
-    if (request.gpus.size() > 1 && IsMps(options, g)) {
-      return absl::FailedPreconditionError(fmt::format(
-          "a share of GPUs {} includes GPU {} in MPS mode: a process is the client of one GPU's "
-          "MPS server, so an MPS share is of one GPU",
-          absl::StrJoin(request.gpus, ","), g));
-    }
+    if (request.gpus.size() == 1 || !IsMps(options, g)) continue;
+    return absl::FailedPreconditionError(fmt::format(
+        "a share of GPUs {} includes GPU {} in MPS mode: a process is the client of one GPU's "
+        "MPS server, so an MPS share is of one GPU",
+        absl::StrJoin(request.gpus, ","), g));
   }
   if (absl::Status st = MakeShareRegion(request.region, request.limits); !st.ok()) return st;
   std::vector<std::string> limit_text;

@@ -193,9 +193,9 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       (key == "gpu_memory" ? c.gpu_memory_bytes : c.context_overhead_bytes) = *b;
     } else if (key == "mps_gpus") {
       c.mps_all = value == "all";
-      const std::vector<std::string> words = absl::StrSplit(value, ',');
+      std::vector<std::string> words;
+      if (!c.mps_all) words = absl::StrSplit(value, ',');
       for (const std::string& w : words) {
-        if (c.mps_all) break;
         auto n = ParseWhole(w);
         if (!n || *n > 1023) return bad("expected all, or GPU indices such as 0,1");
         c.mps_gpus.push_back(static_cast<int>(*n));
