@@ -157,7 +157,7 @@ absl::StatusOr<ProgramOutput> MpsDaemons::Ask(int gpu, const std::string& comman
   return RunCapture({control}, run);
 }
 
-absl::Status MpsDaemons::Check(int gpu) const {
+absl::StatusOr<std::string> MpsDaemons::ServerList(int gpu) const {
   if (!Has(gpu)) return absl::NotFoundError(fmt::format("GPU {} is not in MPS mode", gpu));
   auto out = Ask(gpu, "get_server_list", std::chrono::seconds(5));
   if (!out.ok()) return out.status();
@@ -166,8 +166,10 @@ absl::Status MpsDaemons::Check(int gpu) const {
         fmt::format("its control daemon does not answer (exit {}: {})", out->status,
                     FirstLine(out->text).empty() ? "no output" : FirstLine(out->text)));
   }
-  return absl::OkStatus();
+  return out->text;
 }
+
+absl::Status MpsDaemons::Check(int gpu) const { return ServerList(gpu).status(); }
 
 absl::Status MpsDaemons::Ensure(int gpu, std::chrono::milliseconds wait) {
   if (!Has(gpu)) return absl::NotFoundError(fmt::format("GPU {} is not in MPS mode", gpu));
@@ -239,11 +241,9 @@ absl::Status MpsDaemons::Stop(int gpu) {
   return absl::OkStatus();
 }
 
-void MpsDaemons::WatchServers(int gpu) {
-  auto list = Ask(gpu, "get_server_list", std::chrono::seconds(5));
-  if (!list.ok() || list->status != 0) return;
+void MpsDaemons::WatchServers(int gpu, const std::string& server_list) {
   std::map<long, std::vector<long>> now;
-  std::istringstream servers(list->text);
+  std::istringstream servers(server_list);
   for (long id = 0; servers >> id;) {
     auto clients = Ask(gpu, "get_client_list " + std::to_string(id), std::chrono::seconds(5));
     std::vector<long>& pids = now[id];
@@ -281,7 +281,8 @@ void MpsDaemons::WatchServers(int gpu) {
 
 void MpsDaemons::Round() {
   for (const MpsGpu& g : gpus_) {
-    absl::Status st = Check(g.index);
+    const absl::StatusOr<std::string> servers = ServerList(g.index);
+    absl::Status st = servers.status();
     bool was_up, reported;
     {
       core::MutexLock lock(mu_);
@@ -289,7 +290,7 @@ void MpsDaemons::Round() {
       reported = states_[g.index].reported;
     }
     if (st.ok() && was_up) {
-      WatchServers(g.index);
+      WatchServers(g.index, *servers);
       continue;
     }
     // Down (to be) said: it died since the last round, or it was not running when the watch

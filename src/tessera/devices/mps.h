@@ -93,11 +93,15 @@ class MpsDaemons {
   // One round of the watch: each daemon checked, a dead one started again, the servers of one
   // that answers looked at (WatchServers).
   void Round();
-  // The MPS servers of `gpu`'s daemon and their clients' pids now. A server gone since the last
-  // look while a client of it still runs (a live process, not a zombie) ended under its clients:
-  // counted in server_faults and said. Clients are seen by the pids the daemon gives, so a daemon
-  // in another pid namespace than this process's counts nothing.
-  void WatchServers(int gpu);
+  // Its daemon's answer to get_server_list (the servers' ids, a line each); kUnavailable saying
+  // how it does not answer. Check is this without the list.
+  absl::StatusOr<std::string> ServerList(int gpu) const;
+  // The MPS servers of `gpu`'s daemon (`server_list`, as ServerList gave it) and their clients'
+  // pids now. A server gone since the last look while a client of it still runs (a live process,
+  // not a zombie) ended under its clients: counted in server_faults and said. Clients are seen by
+  // the pids the daemon gives, so a daemon in another pid namespace than this process's counts
+  // nothing.
+  void WatchServers(int gpu, const std::string& server_list);
 
   std::string control_, root_;
   std::vector<MpsGpu> gpus_;
