@@ -25,6 +25,7 @@
 #include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_kubelet.h"
+#include "fmt/format.h"
 #include "tessera/devices/mps.h"
 #include "tessera/net/http.h"
 #include "tessera/shim/region.h"
@@ -450,19 +451,40 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
     return Metrics().find("pod=\"notebook\"") != std::string::npos;
   })) << Log();
   kubelet_->SetPods({});
-  auto note = [&]() -> std::string {
+  // The note of the GPUShareUse Event of `type` on `pod`; empty while there is none.
+  auto said = [&](const std::string& pod, const std::string& type) -> std::string {
     for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-b/events")) {
-      if (e["regarding"]["name"] == "notebook" && e["reason"] == "GPUShareUse" &&
-          e["type"] == "Normal")
+      if (e["regarding"]["name"] == pod && e["reason"] == "GPUShareUse" && e["type"] == type)
         return e["note"].get<std::string>();
     }
     return "";
   };
+  auto note = [&] { return said("notebook", "Normal"); };
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !note().empty(); })) << Log();
   const std::string want = "its GPU share used a peak of 3072 MiB of the " +
                            std::to_string(limit >> 20) + " MiB given on " + Uuid(3);
   EXPECT_THAT(note(), HasSubstr(want));
   EXPECT_THAT(Log(), HasSubstr("allocation a1 (team-b/notebook): " + want));
+
+  // A share whose limit refused an allocation: a Warning, with the most it asked.
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(2) + "::1"}}, &out).ok());
+  kubelet_->SetPods({{"team-b", "trainer", "tr", kShare, {Uuid(2) + "::1"}}});
+  tessera::shim::Region* r2 = tessera::shim::Region::Attach(
+      (dir_ + "/state/regions/a2.region").c_str(), nullptr, 0, err, sizeof err);
+  ASSERT_NE(r2, nullptr) << err;
+  ASSERT_TRUE(r2->Reserve(0, 1ull << 30));
+  EXPECT_FALSE(r2->Reserve(0, r2->Limit(0)));
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return Metrics().find("pod=\"trainer\"") != std::string::npos;
+  })) << Log();
+  kubelet_->SetPods({});
+  auto warning = [&] { return said("trainer", "Warning"); };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !warning().empty(); })) << Log();
+  EXPECT_THAT(warning(), HasSubstr(fmt::format(
+                             "1024 MiB of the {} MiB given on {} ({:.0f}%), and 1 allocation "
+                             "refused at that limit (it asked for {} MiB at most)",
+                             r2->Limit(0) >> 20, Uuid(2), 100.0 * 1024 / (r2->Limit(0) >> 20),
+                             (r2->Limit(0) >> 20) + 1024)));
 }
 
 // A share's series have one identity for the allocation's life: none before a pod is seen

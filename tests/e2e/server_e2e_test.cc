@@ -179,6 +179,28 @@ TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredi
   d.Call("POST", "/v1/jobs/" + std::to_string(next) + "/cancel");
 }
 
+// A CUDA program whose allocation its 1 GiB limit refused (the intercept library's count, read
+// from its region at its end) fails saying so - what it held, what it asked at most, what to ask
+// next time - and `tessera eff` shows the refusal.
+TEST(TesseraServer, AJobItsGpuMemoryLimitRefusedSaysWhatItAskedAndWhatToAsk) {
+  Daemon d("refused");
+  const json spec = {{"name", "greedy"},
+                     {"command", {TESSERA_CUDA_CLIENT, "link", "alloc:500", "alloc:800", "crash"}},
+                     {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}};
+  const int64_t id = d.Submit(spec);
+  json j = d.WaitFor(id, "failed");
+  EXPECT_THAT(d.Logs(id), HasSubstr("ok\noom\n"));
+  EXPECT_THAT(j.value("reason", ""),
+              HasSubstr("its GPU memory limit of 1024MiB refused 1 allocation (measured peak "
+                        "500MiB; it asked for 1300MiB at most): ask --gpu-mem 1792MiB next time"))
+      << j.dump();
+  EXPECT_EQ(j["usage"]["gpu_memory_refused"], 1) << j.dump();
+  EXPECT_EQ(j["efficiency"]["gpu_memory_wanted_mib"], 1300) << j.dump();
+  EXPECT_THAT(Cli(d, "eff " + std::to_string(id)),
+              HasSubstr("peak 500 MiB of 1 GiB per GPU (48.8%); 1 allocation refused at its limit "
+                        "(it asked for 1.3 GiB at most)"));
+}
+
 // A trial of a CUDA program (against the fake driver, under its 50% share) is stopped when its time
 // is up and says what the intercept library measured - the 700 MiB it held at most, the GPU time
 // it was charged - and the size that recommends; the same program asked "auto" is then sized from

@@ -404,13 +404,24 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   if (head == nullptr) return;  // a whole GPU, or a region that cannot be read
   // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
   // server's job): logged, and a Normal Event on the pod, which outlives it in the API server.
+  // Allocations its limit refused make it a Warning, with the most it asked.
   std::vector<std::string> parts;
+  bool refused = false;
   for (size_t i = 0; i < a.gpus.size() && i < head->device_count; ++i) {
     const uint64_t peak = head->peak[i].load(), limit = head->limit[i];
-    parts.push_back(limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)",
-                                            peak >> 20, limit >> 20, a.gpus[i],
-                                            100.0 * static_cast<double>(peak) / limit)
-                              : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]));
+    std::string part =
+        limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)", peak >> 20,
+                                limit >> 20, a.gpus[i], 100.0 * static_cast<double>(peak) / limit)
+                  : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]);
+    if (const uint64_t n = head->refused[i].load(); n > 0) {
+      const uint64_t wanted = head->wanted_peak[i].load();
+      part += fmt::format(
+          ", and {} allocation{} refused at that limit (it asked for {} MiB at most)", n,
+          n == 1 ? "" : "s",
+          wanted >= (uint64_t{1} << 62) ? wanted >> 20 : (wanted + (1 << 20) - 1) >> 20);
+      refused = true;
+    }
+    parts.push_back(std::move(part));
   }
   const std::string note =
       fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
@@ -425,8 +436,8 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   spdlog::info("allocation {} ({}): {}", a.id, name.empty() ? "pod unknown" : ns + "/" + name,
                note);
   if (events_ && !name.empty())
-    events_->Record({.kind = "Pod", .ns = ns, .name = name}, "Normal", "GPUShareUse", "Released",
-                    note);
+    events_->Record({.kind = "Pod", .ns = ns, .name = name}, refused ? "Warning" : "Normal",
+                    "GPUShareUse", "Released", note);
 }
 
 void Agent::RebuildDra() {

@@ -186,6 +186,12 @@ int RunEff(State& s, std::ostream& out, std::ostream& err) {
                               core::FormatBytes(e["gpu_memory_given_mib"].get<uint64_t>() << 20),
                               pct("gpu_memory_pct"));
     }
+    if (number("gpu_memory_refused")) {
+      const auto n = e["gpu_memory_refused"].get<uint64_t>();
+      memory += fmt::format("; {} allocation{} refused at its limit (it asked for {} at most)", n,
+                            n == 1 ? "" : "s",
+                            core::FormatBytes(e.value("gpu_memory_wanted_mib", uint64_t{0}) << 20));
+    }
     field("GPU memory", memory);
   }
   if (number("cpu_seconds")) {

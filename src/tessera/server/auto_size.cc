@@ -18,7 +18,8 @@ double WithMargin(double value, int margin_pct, double step) {
 
 SizingPolicy SizingPolicyOf(const ServerConfig& config, const core::NodeInventory* inventory,
                             const std::vector<std::string>& models) {
-  SizingPolicy policy{.margin_pct = config.auto_size_margin_pct};
+  SizingPolicy policy{.margin_pct = config.auto_size_margin_pct,
+                      .trial_s = config.auto_size_trial_s};
   if (inventory == nullptr) return policy;
   for (const core::Gpu& g : inventory->gpus) {
     if (!g.memory_bytes || (!models.empty() && std::ranges::find(models, g.model) == models.end()))
@@ -75,12 +76,31 @@ void SizeAutomatically(JobSpec& spec, const sched::Prediction& p, const SizingPo
   // whole (or the rest unasked): whole GPUs.
   const bool compute_whole = spec.gpu_share_auto ? whole_compute : spec.gpu_milli == 0;
   const bool memory_whole = spec.gpu_memory_auto ? whole_memory : spec.gpu_memory_mib == 0;
+  const bool unmeasured = (spec.gpu_share_auto && p.util_high_pct <= 0) ||
+                          (spec.gpu_memory_auto && p.gpu_memory_peak_mib <= 0);
+  const bool trial = unmeasured && policy.trial_s > 0 && spec.trial_s <= 0 && spec.array.empty();
+  spec.sizing_trial_s = trial ? policy.trial_s : 0;
   if (compute_whole && memory_whole) {
     spec.gpu_milli = 0, spec.gpu_memory_mib = 0;
     spec.gpus = std::max(spec.gpus, 1);
-    said.push_back("whole GPUs this time; its use is measured for the next");
+    if (!trial) said.push_back("whole GPUs this time; its use is measured for the next");
+  }
+  if (trial) {
+    said.push_back(fmt::format(
+        "its first run is a trial of {} with that headroom, then it is re-queued sized from it",
+        core::FormatDuration(policy.trial_s)));
   }
   spec.sizing = fmt::format("{}", fmt::join(said, "; "));
+}
+
+JobSpec ResizeAfterTrial(const JobSpec& spec, const sched::Prediction& history,
+                         SizingPolicy policy) {
+  JobSpec next = spec;
+  next.sizing.clear();
+  next.sizing_trial_s = 0;
+  policy.trial_s = 0;
+  SizeAutomatically(next, history, policy);
+  return next;
 }
 
 std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
@@ -115,15 +135,43 @@ std::vector<sched::RunKind> TrialKinds(const JobSpec& spec, const std::string& u
   return kinds;
 }
 
-std::string OutgrewItsSize(const JobSpec& spec, int64_t peak_mib, const SizingPolicy& policy) {
-  if (!spec.gpu_memory_auto || spec.gpu_memory_mib <= 0 || peak_mib <= 0) return "";
-  if (peak_mib * 10 < spec.gpu_memory_mib * 9) return "";
-  const double next = WithMargin(static_cast<double>(spec.gpu_memory_mib), policy.margin_pct,
+std::string OutgrewItsSize(const JobSpec& spec, const GpuMemoryUse& use, const SizingPolicy& policy,
+                           int64_t* learn_mib) {
+  *learn_mib = 0;
+  const int64_t limit = spec.gpu_memory_mib;
+  if (limit <= 0) return "";
+  const bool refused = use.refused > 0 && use.wanted_mib > limit;
+  if (!refused && (!spec.gpu_memory_auto || use.peak_mib <= 0 || use.peak_mib * 10 < limit * 9))
+    return "";
+  // What it needed at least: what it asked at most when refused, else past its size.
+  const int64_t needed = refused ? use.wanted_mib : limit;
+  const double next = WithMargin(static_cast<double>(needed), policy.margin_pct,
                                  static_cast<double>(policy.memory_step_mib));
+  const bool whole =
+      policy.gpu_memory_mib > 0 && next >= static_cast<double>(policy.gpu_memory_mib);
+  const std::string ask =
+      whole ? fmt::format("a whole GPU (--gpus 1{})", needed > policy.gpu_memory_mib
+                                                          ? ", and less memory: it asked more than "
+                                                            "one GPU has"
+                                                          : "")
+            : fmt::format("--gpu-mem {:.0f}MiB", next);
+  if (spec.gpu_memory_auto) *learn_mib = std::max(needed, use.peak_mib);
+  const std::string next_time = spec.gpu_memory_auto
+                                    ? fmt::format(
+                                          "the next run of its kind is sized past it (or "
+                                          "ask {})",
+                                          ask)
+                                    : fmt::format("ask {} next time", ask);
+  if (refused) {
+    return fmt::format(
+        "its GPU memory limit of {}MiB{} refused {} allocation{} (measured peak {}MiB; it asked "
+        "for {}MiB at most): {}",
+        limit, spec.gpu_memory_auto ? " (sized automatically)" : "", use.refused,
+        use.refused == 1 ? "" : "s", use.peak_mib, use.wanted_mib, next_time);
+  }
   return fmt::format(
-      "it may have outgrown its automatic GPU memory: {}MiB, measured peak {}MiB; the next run of "
-      "its kind is sized past it (or ask --gpu-mem {:.0f}MiB)",
-      spec.gpu_memory_mib, peak_mib, next);
+      "it may have outgrown its automatic GPU memory: {}MiB, measured peak {}MiB; {}", limit,
+      use.peak_mib, next_time);
 }
 
 }  // namespace tessera::server

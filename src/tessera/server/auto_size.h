@@ -22,6 +22,8 @@ struct SizingPolicy {
   int64_t memory_step_mib = 256;  // memory is rounded up to this
   int64_t gpu_memory_mib = 0;     // of the GPUs it may run on (the least): a size at or past it
                                   // is the whole GPU's
+  double trial_s =
+      0;  // a kind never measured: its first run is a trial this long (auto_size_trial)
 };
 
 struct ServerConfig;
@@ -31,7 +33,9 @@ SizingPolicy SizingPolicyOf(const ServerConfig& config, const core::NodeInventor
                             const std::vector<std::string>& models);
 
 // Sets `spec`'s gpu_milli / gpu_memory_mib (or whole GPUs) for its "auto" parts from `history`
-// and says how in spec.sizing. A spec without "auto" is left alone.
+// and says how in spec.sizing. A spec without "auto" is left alone. A part never measured is not
+// limited; with policy.trial_s (and neither a trial asked nor an array), the run is then a trial
+// of that long (spec.sizing_trial_s), re-queued sized from it (ResizeAfterTrial).
 void SizeAutomatically(JobSpec& spec, const sched::Prediction& history, const SizingPolicy& policy);
 
 // What a trial that ran its course says: `over` (its trial is over), what it measured - its GPU
@@ -39,13 +43,27 @@ void SizeAutomatically(JobSpec& spec, const sched::Prediction& history, const Si
 // - and the size that recommends (as SizeAutomatically would size a job from it alone).
 std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
                          const SizingPolicy& policy);
+// A job whose first run was the server's trial (spec.sizing_trial_s), sized again from `history`
+// (which has the trial's use by now): the spec it is re-queued with. Never a trial again.
+JobSpec ResizeAfterTrial(const JobSpec& spec, const sched::Prediction& history,
+                         SizingPolicy policy);
 // The kinds a trial's use is recorded under: its own, and the kind of the same job asking
 // gpu_share and gpu_memory "auto" (which is what a trial sizes).
 std::vector<sched::RunKind> TrialKinds(const JobSpec& spec, const std::string& user);
 
-// Why a job sized automatically that failed ended, when its measured peak GPU memory (MiB, per
-// GPU) came within 10% of its automatic memory size: it may have outgrown it. Names the peak and
-// what to ask next time; empty otherwise.
-std::string OutgrewItsSize(const JobSpec& spec, int64_t peak_mib, const SizingPolicy& policy);
+// What a job measured of its GPU memory (per GPU): its peak, the allocations its limit refused,
+// and the most it would have held had they been given (what it held then plus what it asked).
+struct GpuMemoryUse {
+  int64_t peak_mib = 0;
+  uint64_t refused = 0;
+  int64_t wanted_mib = 0;
+};
+// Why a job with a GPU memory limit that failed ended, when the limit held it back: its
+// allocations were refused at it (any limit: says how many, the peak, the most it asked and what
+// to ask next time), or - sized automatically - its peak came within 10% of its size (a program
+// that gave up without asking past it). Empty otherwise. `learn_mib` gets what the history of a
+// job sized automatically should learn its kind needs (0: nothing).
+std::string OutgrewItsSize(const JobSpec& spec, const GpuMemoryUse& use, const SizingPolicy& policy,
+                           int64_t* learn_mib);
 
 }  // namespace tessera::server

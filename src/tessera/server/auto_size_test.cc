@@ -13,6 +13,7 @@
 namespace tessera::server {
 namespace {
 
+using nlohmann::json;
 using ::testing::HasSubstr;
 
 JobSpec Auto(bool share, bool memory) {
@@ -73,6 +74,57 @@ TEST(AutoSize, WithoutMeasuredRunsAJobGetsAWholeGpuThisTime) {
   EXPECT_EQ(r.gpus, 1) << "a whole GPU after a restart too";
 }
 
+// With the server's auto_size_trial, a kind never measured runs first as a trial on that headroom
+// (stored with its sizing, so that a restart runs the same trial), and after it is sized from the
+// trial's use - never a trial again, even when the trial measured nothing. A job that asked its own
+// trial, an array, or a kind measured already is not given one.
+TEST(AutoSize, AKindNeverMeasuredRunsFirstAsATrialThenIsSizedFromIt) {
+  const SizingPolicy policy{.margin_pct = 20, .gpu_memory_mib = 81559, .trial_s = 120};
+  JobSpec spec = Auto(true, true);
+  SizeAutomatically(spec, sched::Prediction{}, policy);
+  EXPECT_EQ(spec.gpus, 1);
+  EXPECT_FALSE(spec.Share()) << "the headroom: a whole GPU";
+  EXPECT_EQ(spec.sizing_trial_s, 120);
+  EXPECT_EQ(spec.TrialSeconds(), 120);
+  EXPECT_THAT(spec.sizing, HasSubstr("its first run is a trial of 2m with that headroom, then it "
+                                     "is re-queued sized from it"));
+  EXPECT_EQ(spec.sizing.find("whole GPUs this time"), std::string::npos) << spec.sizing;
+  const json stored = JobSpecToJson(spec);
+  EXPECT_EQ(stored["sized"]["trial_s"], 120) << stored;
+  EXPECT_FALSE(stored.contains("trial_s")) << "not the user's trial";
+  EXPECT_EQ(JobSpecFromJson(stored)->sizing_trial_s, 120) << "a restart runs the same trial";
+
+  sched::Prediction measured;
+  measured.util_high_pct = 40, measured.util_high_basis = "the trial";
+  measured.gpu_memory_peak_mib = 3072, measured.memory_basis = "the trial";
+  const JobSpec next = ResizeAfterTrial(spec, measured, policy);
+  EXPECT_EQ(next.sizing_trial_s, 0);
+  EXPECT_EQ(next.gpu_milli, 500);
+  EXPECT_EQ(next.gpu_memory_mib, 3840);
+  EXPECT_EQ(RunKindOf(next, "alice").shape, RunKindOf(spec, "alice").shape)
+      << "one kind: the history the trial joined is the one it is sized from";
+  const JobSpec unmeasured = ResizeAfterTrial(spec, sched::Prediction{}, policy);
+  EXPECT_EQ(unmeasured.sizing_trial_s, 0) << "never a trial again";
+  EXPECT_THAT(unmeasured.sizing, HasSubstr("whole GPUs this time"));
+
+  JobSpec asked = Auto(true, true);
+  asked.trial_s = 30;
+  SizeAutomatically(asked, sched::Prediction{}, policy);
+  EXPECT_EQ(asked.sizing_trial_s, 0) << "its own trial";
+  JobSpec array = Auto(true, true);
+  array.array = "0-3";
+  SizeAutomatically(array, sched::Prediction{}, policy);
+  EXPECT_EQ(array.sizing_trial_s, 0) << "an array's tasks run as they are";
+  JobSpec known = Auto(true, true);
+  SizeAutomatically(known, measured, policy);
+  EXPECT_EQ(known.sizing_trial_s, 0);
+  EXPECT_EQ(known.gpu_milli, 500);
+  auto forged = ParseJobSpec(R"({"command": ["x"], "resources": {"gpu_share": "auto"},
+                                  "sized": {"basis": "b", "trial_s": -1}})");
+  ASSERT_FALSE(forged.ok());
+  EXPECT_THAT(std::string(forged.status().message()), HasSubstr("sized.trial_s"));
+}
+
 TEST(AutoSize, APartAskedOutrightStaysAndAWholeSizeIsTheGpus) {
   // Memory auto beside an asked 30% share: the share stays, memory is sized.
   auto s = ParseJobSpec(
@@ -105,12 +157,53 @@ TEST(AutoSize, AJobThatFailedAtItsAutomaticMemorySaysWhatItPeakedAt) {
   p.gpu_memory_peak_mib = 4000, p.memory_basis = "p95 of z";
   SizeAutomatically(spec, p, {.margin_pct = 20, .gpu_memory_mib = 81559});
   ASSERT_EQ(spec.gpu_memory_mib, 4864);
-  EXPECT_EQ(OutgrewItsSize(spec, 4800, {.margin_pct = 20}),
+  int64_t learn = -1;
+  EXPECT_EQ(OutgrewItsSize(spec, {.peak_mib = 4800}, {.margin_pct = 20}, &learn),
             "it may have outgrown its automatic GPU memory: 4864MiB, measured peak 4800MiB; the "
             "next run of its kind is sized past it (or ask --gpu-mem 5888MiB)");
-  EXPECT_EQ(OutgrewItsSize(spec, 2000, {}), "") << "far below its size: another failure";
+  EXPECT_EQ(learn, 4864) << "past its size: at least its size";
+  EXPECT_EQ(OutgrewItsSize(spec, {.peak_mib = 2000}, {}, &learn), "")
+      << "far below its size, nothing refused: another failure";
+  EXPECT_EQ(learn, 0);
   JobSpec asked = *ParseJobSpec(R"({"command": ["x"], "resources": {"gpu_memory": "4864MiB"}})");
-  EXPECT_EQ(OutgrewItsSize(asked, 4864, {}), "") << "asked outright: the user's own size";
+  EXPECT_EQ(OutgrewItsSize(asked, {.peak_mib = 4864}, {}, &learn), "")
+      << "asked outright and nothing refused: the user's own size";
+}
+
+// Allocations its limit refused name what it asked at most and what to ask: for a size asked
+// outright too (never learnt: the user's own), for one sized automatically (learnt, so that the
+// next run of its kind is sized past it), far below the limit too (one large allocation), and as a
+// whole GPU when its want plus the margin is a GPU's memory or more.
+TEST(AutoSize, AllocationsItsLimitRefusedSayWhatItAskedAndWhatToAskNextTime) {
+  JobSpec asked = *ParseJobSpec(R"({"command": ["x"], "resources": {"gpu_memory": "1GiB"}})");
+  const SizingPolicy policy{.margin_pct = 20, .gpu_memory_mib = 81559};
+  int64_t learn = -1;
+  EXPECT_EQ(
+      OutgrewItsSize(asked, {.peak_mib = 500, .refused = 2, .wanted_mib = 1300}, policy, &learn),
+      "its GPU memory limit of 1024MiB refused 2 allocations (measured peak 500MiB; it asked "
+      "for 1300MiB at most): ask --gpu-mem 1792MiB next time");
+  EXPECT_EQ(learn, 0) << "asked outright: not the history's to learn";
+  JobSpec sized = Auto(false, true);
+  sched::Prediction p;
+  p.gpu_memory_peak_mib = 800, p.memory_basis = "p95 of z";
+  SizeAutomatically(sized, p, policy);
+  ASSERT_EQ(sized.gpu_memory_mib, 1024);
+  EXPECT_EQ(
+      OutgrewItsSize(sized, {.peak_mib = 300, .refused = 1, .wanted_mib = 4396}, policy, &learn),
+      "its GPU memory limit of 1024MiB (sized automatically) refused 1 allocation (measured "
+      "peak 300MiB; it asked for 4396MiB at most): the next run of its kind is sized past it "
+      "(or ask --gpu-mem 5376MiB)");
+  EXPECT_EQ(learn, 4396);
+  EXPECT_THAT(
+      OutgrewItsSize(asked, {.peak_mib = 900, .refused = 1, .wanted_mib = 70000}, policy, &learn),
+      HasSubstr("ask a whole GPU (--gpus 1) next time"));
+  EXPECT_THAT(
+      OutgrewItsSize(asked, {.peak_mib = 900, .refused = 1, .wanted_mib = 90000}, policy, &learn),
+      HasSubstr("(--gpus 1, and less memory: it asked more than one GPU has)"));
+  EXPECT_EQ(
+      OutgrewItsSize(asked, {.peak_mib = 900, .refused = 1, .wanted_mib = 1000}, policy, &learn),
+      "")
+      << "a refusal within its limit (another process's count raced it) says nothing";
 }
 
 TEST(AutoSize, ASizingIsTheServersToSayNotTheUsers) {

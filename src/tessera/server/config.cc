@@ -623,6 +623,13 @@ absl::Status LoadHistory(const std::string& path, const YAML::Node& root, Server
         !st.ok())
       return st;
   }
+  if (const YAML::Node t = root["auto_size_trial"]) {
+    auto d = core::ParseDurationOrZero(t.as<std::string>(""));
+    if (!d || *d < 0 || *d > 86400)
+      return At(path, t, "auto_size_trial",
+                "expected a duration up to a day, such as 2m, or 0 (none)");
+    c->auto_size_trial_s = *d;
+  }
   if (const YAML::Node u = root["utilization_ceiling_strict"]) {
     if (!Get(path, u, "utilization_ceiling_strict", &c->utilization_ceiling_strict).ok())
       return At(path, u, "utilization_ceiling_strict", "expected true or false");
@@ -683,6 +690,7 @@ absl::Status LoadServerConfig(const std::string& path, ServerConfig* c) {
                                "utilization_ceiling",
                                "utilization_ceiling_strict",
                                "auto_size_margin",
+                               "auto_size_trial",
                                "mps"},
                               "");
       !st.ok()) {

@@ -72,6 +72,7 @@ backfill: {reservations: 1}
 utilization_ceiling: 60%
 utilization_ceiling_strict: true
 auto_size_margin: 35%
+auto_size_trial: 5m
 mps: {gpus: [1, GPU-abc], control: /opt/nvidia/mps-control, check_interval_s: 0.5}
 max_array_tasks: 500
 listener:
@@ -108,6 +109,7 @@ confinement: {mode: cgroup2, cgroup: gpu-jobs, device_dir: /srv/dev, pids_max: 1
   EXPECT_EQ(c.utilization_ceiling_pct, 60);
   EXPECT_TRUE(c.utilization_ceiling_strict);
   EXPECT_EQ(c.auto_size_margin_pct, 35);
+  EXPECT_EQ(c.auto_size_trial_s, 300);
   EXPECT_EQ(c.mps_gpus, (std::vector<std::string>{"1", "GPU-abc"}));
   EXPECT_EQ(c.mps_control, "/opt/nvidia/mps-control");
   EXPECT_EQ(c.mps_check_interval_s, 0.5);
@@ -214,6 +216,8 @@ TEST(ServerConfig, RefusesBadFilesNamingLineAndKey) {
       {"utilization_ceiling_strict: maybe\n", "utilization_ceiling_strict: expected true or false"},
       {"auto_size_margin: 300%\n", "auto_size_margin: expected a percentage 0..200"},
       {"auto_size_margin: [20]\n", "auto_size_margin: expected a percentage such as 20%"},
+      {"auto_size_trial: 2d\n", "auto_size_trial: expected a duration up to a day"},
+      {"auto_size_trial: soon\n", "auto_size_trial: expected a duration up to a day"},
       {"mps: [0]\n", "mps: expected a map with gpus, control, check_interval_s"},
       {"mps: {gpu: [0]}\n", "mps.gpu: unknown key"},
       {"mps: {gpus: 0}\n", "mps.gpus: expected a list of GPU indices or UUIDs, or all"},

@@ -250,9 +250,11 @@ std::string Dispatcher::JobFile(const char* dir, int64_t id, const char* suffix)
 }
 
 void Dispatcher::LoadHistory() {
-  auto done = store_->List({JobState::kSucceeded});
+  // What the ends in the store teach, by the rule of an end as it happens (LearnFromEnd): the
+  // successes, trials, and failures that outgrew their automatic memory.
+  auto done = store_->List({JobState::kSucceeded, JobState::kFailed});
   if (!done.ok()) {
-    spdlog::warn("history: cannot read the jobs that succeeded ({}); no predictions yet",
+    spdlog::warn("history: cannot read the jobs that ended ({}); no predictions yet",
                  std::string(done.status().message()));
     return;
   }
@@ -268,12 +270,22 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    const sched::RunKind kind = RunKindOf(*spec, r.owner);
-    state_->history->Add(kind, *r.ended_at - *r.started_at, MeasuredUtilization(r), SharedGpu(r));
-    state_->history->AddGpuMemoryPeak(kind, MeasuredGpuPeak(r));
-    ++runs;
+    const GpuMemoryUse memory = RecordedGpuMemory(r);
+    int64_t outgrown_mib = 0;
+    if (r.state == JobState::kFailed) OutgrewItsSize(*spec, memory, {}, &outgrown_mib);
+    const json usage = json::parse(r.usage_json, nullptr, false);
+    LearnFromEnd(*state_->history, *spec, r.owner,
+                 {.to = r.state,
+                  .trial = usage.is_object() && usage.contains("trial") &&
+                           usage["trial"].is_boolean() && usage["trial"].get<bool>(),
+                  .run_s = *r.ended_at - *r.started_at,
+                  .util = MeasuredUtilization(r),
+                  .shared_gpu = SharedGpu(r),
+                  .peak_mib = memory.peak_mib,
+                  .outgrown_mib = outgrown_mib});
+    runs += r.state == JobState::kSucceeded || outgrown_mib > 0;
   }
-  spdlog::info("history: {} runs of jobs that succeeded, {} keys", runs, state_->history->keys());
+  spdlog::info("history: {} runs of jobs that ended, {} keys", runs, state_->history->keys());
 }
 
 // What recovery (recovery.h) asks of the dispatcher, under the lock.

@@ -77,6 +77,10 @@ json EfficiencyOf(const json& job, double now) {
       if (const auto used = GpuMemoryFraction(usage, placement))
         e["gpu_memory_pct"] = Round1(100 * *used);
     }
+    if (usage.value("gpu_memory_refused", json()).is_number_unsigned()) {
+      e["gpu_memory_refused"] = usage["gpu_memory_refused"].get<uint64_t>();
+      e["gpu_memory_wanted_mib"] = usage.value("gpu_memory_wanted_mib", int64_t{0});
+    }
     if (usage.value("cpu_seconds", json()).is_number()) {
       const double cpu_s = usage["cpu_seconds"].get<double>();
       e["cpu_seconds"] = Round1(cpu_s);

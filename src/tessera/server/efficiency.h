@@ -11,9 +11,11 @@ namespace tessera::server {
 
 // For a job that started: {"elapsed_s", "gpus" (held: whole GPUs, or a share's fraction), "share",
 // "gpu_hours", and where measured "gpu_busy_pct" (of what it held), "gpu_memory_peak_mib",
-// "gpu_memory_given_mib" (per GPU), "gpu_memory_pct", "cpus", "cpu_seconds", "cpu_pct" (of the CPUs
-// asked over its run), "memory_peak_bytes", "memory_limit_bytes", "memory_pct"}; `running` true
-// while it runs (figures so far: measured ones come at its end). Null for a job that never started.
+// "gpu_memory_given_mib" (per GPU), "gpu_memory_pct", "gpu_memory_refused" (allocations its limit
+// refused) with "gpu_memory_wanted_mib" (the most it asked per GPU), "cpus", "cpu_seconds",
+// "cpu_pct" (of the CPUs asked over its run), "memory_peak_bytes", "memory_limit_bytes",
+// "memory_pct"}; `running` true while it runs (figures so far: measured ones come at its end). Null
+// for a job that never started.
 nlohmann::json EfficiencyOf(const nlohmann::json& job, double now);
 
 // The two measured fractions (0..1) both EfficiencyOf and accounting weigh, from a job's usage and

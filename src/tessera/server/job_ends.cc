@@ -52,6 +52,34 @@ EndOutcome EndOf(const RunningJob& r, int exit_code, bool exit_known, const Cgro
   return {JobState::kFailed, std::move(reason)};
 }
 
+void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const std::string& owner,
+                  const EndFacts& e) {
+  if (e.trial) {
+    for (const sched::RunKind& kind : TrialKinds(spec, owner)) {
+      if (e.util) history.AddUtilization(kind, *e.util);
+      history.AddGpuMemoryPeak(kind, static_cast<double>(e.peak_mib));
+    }
+  } else if (e.to == JobState::kSucceeded) {
+    const sched::RunKind kind = RunKindOf(spec, owner);
+    history.Add(kind, e.run_s, e.util, e.shared_gpu);
+    history.AddGpuMemoryPeak(kind, static_cast<double>(e.peak_mib));
+  } else if (e.to == JobState::kFailed && e.outgrown_mib > 0) {
+    history.AddGpuMemoryPeak(RunKindOf(spec, owner), static_cast<double>(e.outgrown_mib));
+  }
+}
+
+GpuMemoryUse RecordedGpuMemory(const JobRecord& r) {
+  const nlohmann::json u = nlohmann::json::parse(r.usage_json, nullptr, false);
+  if (!u.is_object()) return {};
+  auto number = [&](const char* key) -> int64_t {
+    const nlohmann::json v = u.value(key, nlohmann::json());
+    return v.is_number_integer() ? std::max<int64_t>(0, v.get<int64_t>()) : 0;
+  };
+  return {.peak_mib = number("gpu_peak_memory_mib"),
+          .refused = static_cast<uint64_t>(number("gpu_memory_refused")),
+          .wanted_mib = number("gpu_memory_wanted_mib")};
+}
+
 JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history, Options options)
     : host_(host), store_(store), history_(history), options_(std::move(options)) {}
 
@@ -92,37 +120,56 @@ void JobEnds::Record(Ending& e, double now) {
     u["gpu_utilization_pct"] = *util;
   }
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (r.gpu_refused > 0) {
+    u["gpu_memory_refused"] = r.gpu_refused;
+    u["gpu_memory_wanted_mib"] = r.gpu_wanted_mib;
+  }
   if (!r.region.empty()) u["shared_gpu"] = r.shared_gpu;
+  if (r.stop == "trial")
+    u["trial"] = true;  // its use is a trial's (LearnFromEnd, at a restart too)
   if (!u.empty()) f.usage_json = u.dump();
   EndOutcome end = EndOf(r, e.exit_code, e.exit_known, usage, e.requeue_wanted);
-  // Sized automatically and failed near its memory size: said, and its peak remembered, so that
-  // the next run of its kind is sized past it.
+  // Failed where its GPU memory limit refused it (or, sized automatically, near its size): said
+  // with what to ask, and - sized automatically - what it needed remembered, so that the next run
+  // of its kind is sized past it.
+  int64_t outgrown_mib = 0;
   if (end.to == JobState::kFailed && r.spec) {
-    if (std::string grew = OutgrewItsSize(*r.spec, r.gpu_peak_mib, options_.sizing);
+    if (std::string grew = OutgrewItsSize(
+            *r.spec,
+            {.peak_mib = r.gpu_peak_mib, .refused = r.gpu_refused, .wanted_mib = r.gpu_wanted_mib},
+            options_.sizing, &outgrown_mib);
         !grew.empty()) {
       end.reason += "; " + grew;
-      history_.AddGpuMemoryPeak(RunKindOf(*r.spec, r.owner), static_cast<double>(r.gpu_peak_mib));
     }
   }
   // A container left behind: its client was stopped, or ended while another server was its parent.
   // (One killed after the grace period was removed then.)
   if (r.container && options_.containers && !r.killed && (!r.stop.empty() || !e.exit_known))
     host_.RemoveContainer(r.id);
-  // A trial: what it measured and the size that recommends, and its use joins the history that
-  // "auto" sizes jobs of its kind from (its run time, cut short, does not).
+  // What it teaches the history - before its end is recorded, so that whoever sees it ended (and
+  // submits the next run) finds it there.
+  if (r.spec) {
+    LearnFromEnd(history_, *r.spec, r.owner,
+                 {.to = end.to,
+                  .trial = r.stop == "trial",
+                  .run_s = now - r.started,
+                  .util = util,
+                  .shared_gpu = r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu),
+                  .peak_mib = r.gpu_peak_mib,
+                  .outgrown_mib = outgrown_mib});
+  }
+  // A trial: what it measured and the size that recommends.
   if (r.stop == "trial" && r.spec) {
     end.reason = TrialSummary(end.reason, util, r.gpu_peak_mib, options_.sizing);
-    for (const sched::RunKind& kind : TrialKinds(*r.spec, r.owner)) {
-      if (util) history_.AddUtilization(kind, *util);
-      history_.AddGpuMemoryPeak(kind, static_cast<double>(r.gpu_peak_mib));
+    // The server's trial of an "auto" job never measured: the job itself goes on, re-queued
+    // under its id and sized from what the trial measured (its stored spec so, for a restart).
+    if (r.spec->trial_s <= 0 && r.spec->sizing_trial_s > 0) {
+      const JobSpec next =
+          ResizeAfterTrial(*r.spec, history_.Predict(RunKindOf(*r.spec, r.owner)), options_.sizing);
+      end = {JobState::kPreempted,
+             fmt::format("{}; re-queued sized from it: {}", end.reason, next.sizing), true};
+      f.spec_json = JobSpecToJson(next).dump();
     }
-  } else if (end.to == JobState::kSucceeded && r.spec) {
-    // Its run time joins the history that predicts the next ones - before its end is recorded, so
-    // that whoever sees it ended (and submits the next run) finds it in the history.
-    const sched::RunKind kind = RunKindOf(*r.spec, r.owner);
-    history_.Add(kind, now - r.started, util,
-                 r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu));
-    history_.AddGpuMemoryPeak(kind, static_cast<double>(r.gpu_peak_mib));
   }
   absl::Status st = store_.Transition(r.id, end.to, end.reason, now, f);
   if (!st.ok() && UseReserve()) {

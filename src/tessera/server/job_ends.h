@@ -46,6 +46,28 @@ struct Ending {
   std::optional<QueuedJob> requeue;  // recorded queued again: to be enqueued
 };
 
+// What a job's end teaches the history that predicts run times and sizes "auto" jobs - the one
+// rule for an end as it happens (JobEnds::Record) and for the ends a restart reads back from the
+// store (Dispatcher::LoadHistory):
+// - a trial (`trial`: stopped at its time): its use, under its kind and its "auto" kind
+//   (TrialKinds), not its cut-short run time;
+// - a success: its run time, utilization and peak GPU memory under its kind;
+// - a failure: only what it needed past its automatic memory size (`outgrown_mib`, from
+//   OutgrewItsSize; 0: nothing).
+struct EndFacts {
+  JobState to = JobState::kFailed;
+  bool trial = false;
+  double run_s = 0;
+  std::optional<double> util;
+  std::optional<bool> shared_gpu;
+  int64_t peak_mib = 0;
+  int64_t outgrown_mib = 0;
+};
+void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const std::string& owner,
+                  const EndFacts& end);
+// A finished job's record's GPU memory figures (its usage: peak, refusals, the most it asked).
+GpuMemoryUse RecordedGpuMemory(const JobRecord& r);
+
 // The end of a job: the state it goes to and why, and whether it is queued again.
 struct EndOutcome {
   JobState to = JobState::kFailed;

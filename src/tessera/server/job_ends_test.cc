@@ -199,9 +199,45 @@ TEST_F(JobEndsTest, ATrialSaysWhatItUsedAndRecommendsASizeThatAutoThenUses) {
   EXPECT_EQ(later.gpu_memory_mib, 3840);
 }
 
+// The server's trial of an "auto" job never measured: it says what it measured, is re-queued
+// under its id (preempted, then queued) with its stored spec sized from that - no longer a trial -
+// and the re-queued job the dispatcher gets is that spec.
+TEST_F(JobEndsTest, TheServersTrialOfAnAutoJobReQueuesItSizedFromWhatItMeasured) {
+  JobSpec spec = *ParseJobSpec(R"({"command": ["serve"], "name": "serve",
+                                   "resources": {"gpu_share": "auto", "gpu_memory": "auto"}})");
+  SizeAutomatically(spec, sched::Prediction{}, {.trial_s = 120});
+  ASSERT_EQ(spec.sizing_trial_s, 120);
+  RunningJob r = Running(JobSpecToJson(spec));
+  r.stop = "trial";
+  r.stop_reason = "its trial of 2m is over";
+  r.util_sum = 0.4 * 10, r.util_samples = 10;  // its GPU, held alone: 40% busy
+  r.gpu_peak_mib = 3072;
+  const int64_t id = r.id;
+  Ending e{std::move(r), 143, true};
+  ends_->Record(e, 220);
+  const JobRecord rec = Stored(id);
+  EXPECT_EQ(rec.state, JobState::kQueued);
+  const auto events = *store_->Events(id);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[events.size() - 2].state, JobState::kPreempted);
+  EXPECT_THAT(events[events.size() - 2].reason,
+              ::testing::HasSubstr("its trial of 2m is over: GPU 40% busy, peak GPU memory "
+                                   "3072MiB; recommended: --gpu-share 50% --gpu-mem 3840MiB"));
+  EXPECT_THAT(events[events.size() - 2].reason,
+              ::testing::HasSubstr("; re-queued sized from it: gpu_share 50%: 40% busy"));
+  const JobSpec stored = *ParseJobSpec(rec.spec_json);
+  EXPECT_EQ(stored.sizing_trial_s, 0);
+  EXPECT_EQ(stored.gpu_milli, 500);
+  EXPECT_EQ(stored.gpu_memory_mib, 3840);
+  ASSERT_TRUE(e.requeue.has_value());
+  EXPECT_EQ(e.requeue->spec->gpu_milli, 500) << "the dispatcher queues the sized spec";
+  EXPECT_EQ(e.requeue->spec->sizing_trial_s, 0);
+}
+
 // A job whose GPU memory was sized automatically and that failed with its peak at its size says
-// it may have outgrown it, with the peak and what to ask; the peak joins the history, so that the
-// next run of its kind is sized past it. One that failed far below its size is another failure.
+// it may have outgrown it, with the peak and what to ask; its size joins the history (it needed at
+// least that), so that the next run of its kind is sized past it. One that failed far below its
+// size, with nothing refused, is another failure.
 TEST_F(JobEndsTest, AJobThatOutgrewItsAutomaticMemorySaysSoAndTheNextIsSizedPastIt) {
   const json spec = {{"command", {"serve"}},
                      {"name", "serve"},
@@ -225,10 +261,52 @@ TEST_F(JobEndsTest, AJobThatOutgrewItsAutomaticMemorySaysSoAndTheNextIsSizedPast
                   ::testing::HasSubstr("it may have outgrown its automatic GPU memory: 4864MiB, "
                                        "measured peak 4800MiB"));
       EXPECT_THAT(rec.reason, ::testing::HasSubstr("or ask --gpu-mem 5888MiB"));
-      EXPECT_EQ(p.gpu_memory_peak_mib, 4800);
+      EXPECT_EQ(p.gpu_memory_peak_mib, 4864) << "at least its size: it needed more";
     } else {
       EXPECT_EQ(rec.reason.find("outgrown"), std::string::npos) << rec.reason;
       EXPECT_EQ(p.memory_samples, 1) << "a failure far below its size is not history";
+    }
+  }
+}
+
+// A job whose GPU memory limit refused allocations says so at its failure - how many, the most it
+// asked, what to ask next time - and keeps the figures in its usage; a job sized automatically
+// teaches its kind's history what it asked, so that the next run is sized past it.
+TEST_F(JobEndsTest, AJobItsLimitRefusedSaysWhatItAskedAndAnAutoOnesKindLearnsIt) {
+  for (const bool automatic : {false, true}) {
+    json spec = {{"command", {"train"}},
+                 {"name", "train"},
+                 {"resources", {{"gpu_share", "30%"}, {"gpu_memory", "1GiB"}}}};
+    if (automatic) {
+      spec["resources"]["gpu_memory"] = "auto";
+      spec["sized"] = {{"basis", "gpu_memory 1024MiB: ..."}, {"gpu_memory", "1024MiB"}};
+    }
+    RunningJob r = Running(spec);
+    ASSERT_EQ(r.spec->gpu_memory_mib, 1024);
+    r.region = dir_ + "/regions/share";
+    r.gpu_milli = 300;
+    host_.SetShareUse(r.id, {.busy_us = 1'000'000,
+                             .peak_bytes = uint64_t{500} << 20,
+                             .refused = 2,
+                             .wanted_bytes = (uint64_t{1300} << 20) - 5});
+    const int64_t id = r.id;
+    Ending e{std::move(r), 1, true};
+    ends_->Record(e, 200);
+    const JobRecord rec = Stored(id);
+    EXPECT_EQ(rec.state, JobState::kFailed);
+    EXPECT_THAT(rec.reason, ::testing::HasSubstr("exit code 1; its GPU memory limit of 1024MiB"));
+    EXPECT_THAT(rec.reason, ::testing::HasSubstr("refused 2 allocations (measured peak 500MiB; it "
+                                                 "asked for 1300MiB at most)"));
+    const json usage = json::parse(rec.usage_json);
+    EXPECT_EQ(usage["gpu_memory_refused"], 2) << usage;
+    EXPECT_EQ(usage["gpu_memory_wanted_mib"], 1300) << "rounded up to a MiB";
+    const sched::Prediction p = history_.Predict(RunKindOf(*e.run.spec, "alice"));
+    if (automatic) {
+      EXPECT_THAT(rec.reason, ::testing::HasSubstr("the next run of its kind is sized past it"));
+      EXPECT_EQ(p.gpu_memory_peak_mib, 1300) << p.memory_basis;
+    } else {
+      EXPECT_THAT(rec.reason, ::testing::HasSubstr("ask --gpu-mem 1792MiB next time"));
+      EXPECT_EQ(p.memory_samples, 0) << "a size asked outright is not the history's to learn";
     }
   }
 }

@@ -137,7 +137,10 @@ JobHost::ShareUse LocalJobHost::ReadShare(int64_t job, const std::vector<int>& g
                                 shim::ArbiterJobKey(std::to_string(job).c_str())) /
         gpus.size();
   }
-  s.peak_bytes = ReadRegionMemory(region).peak;
+  const RegionMemory m = ReadRegionMemory(region);
+  s.peak_bytes = m.peak;
+  s.refused = m.refused;
+  s.wanted_bytes = m.wanted;
   return s;
 }
 

@@ -70,11 +70,15 @@ class JobHost {
   // Removes job `job`'s container by name (its client was killed, or ended without it).
   virtual void RemoveContainer(int64_t job) = 0;
 
-  // A share's files: what its region says it held at most (bytes, one GPU) and, with a compute
-  // share, the GPU time the arbiter charged it (microseconds, the mean over `gpus`); then removal.
+  // A share's files: what its region says it held at most (bytes, one GPU), the allocations it
+  // refused for the limit (all GPUs) and the most the job would have held (bytes, one GPU) and,
+  // with a compute share, the GPU time the arbiter charged it (microseconds, the mean over
+  // `gpus`); then removal.
   struct ShareUse {
     uint64_t busy_us = 0;
     uint64_t peak_bytes = 0;
+    uint64_t refused = 0;
+    uint64_t wanted_bytes = 0;
   };
   virtual ShareUse ReadShare(int64_t job, const std::vector<int>& gpus, bool compute_share,
                              const std::string& region) = 0;

@@ -162,9 +162,15 @@ absl::StatusOr<JobSpec> ParseJobSpec(std::string_view text) {
 static absl::Status ParseSized(const json& v, JobSpec& s) {
   if (!v.is_object() || !v.contains("basis") || !v["basis"].is_string())
     return Bad("sized", "expected an object with a basis (set by the server)");
-  if (absl::Status st = Unknown(v, {"basis", "gpu_share", "gpu_memory"}, "sized"); !st.ok())
+  if (absl::Status st = Unknown(v, {"basis", "gpu_share", "gpu_memory", "trial_s"}, "sized");
+      !st.ok())
     return st;
   s.sizing = v["basis"].get<std::string>();
+  if (v.contains("trial_s")) {
+    if (absl::Status st = Seconds(v["trial_s"], "sized.trial_s", false, 86400, &s.sizing_trial_s);
+        !st.ok())
+      return st;
+  }
   if (v.contains("gpu_memory")) {
     if (!s.gpu_memory_auto) return Bad("sized.gpu_memory", "the job's gpu_memory is not auto");
     if (absl::Status st = Memory(v["gpu_memory"], "sized.gpu_memory", &s.gpu_memory_mib); !st.ok())
@@ -480,6 +486,7 @@ json JobSpecToJson(const JobSpec& s) {
       sized["gpu_share"] = fmt::format("{:g}%", s.gpu_milli / 10.0);
     if (s.gpu_memory_auto && s.gpu_memory_mib > 0)
       sized["gpu_memory"] = fmt::format("{}MiB", s.gpu_memory_mib);
+    if (s.sizing_trial_s > 0) sized["trial_s"] = s.sizing_trial_s;
     j["sized"] = std::move(sized);
   }
   if (!s.models.empty()) r["model"] = s.models;

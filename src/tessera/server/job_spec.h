@@ -66,6 +66,11 @@ struct JobSpec {
   // A trial run (`tessera submit --trial 2m`): stopped after this long, as a success, with its
   // measured use and the size it recommends; its use joins the history "auto" sizes from. 0: none.
   double trial_s = 0;
+  // Sized "auto" with nothing measured of its kind: its first run is a trial this long (set by the
+  // server, stored in "sized"), after which it is re-queued sized from it. 0: none.
+  double sizing_trial_s = 0;
+  // How long its run is a trial: asked (trial_s), or the server's first run of an "auto" job.
+  double TrialSeconds() const { return trial_s > 0 ? trial_s : sizing_trial_s; }
   std::vector<std::string>
       models;  // acceptable GPU models, exact names as NVML gives them; empty: any
   int64_t min_gpu_memory_mib = 0;

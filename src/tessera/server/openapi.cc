@@ -242,7 +242,8 @@ std::string_view OpenApiDocument() {
           "sized": {"type": "object", "readOnly": true, "description": "set by the server )json"
       R"json(for auto resources: the sizes given and their basis", "properties": {"basis": )json"
       R"json({"type": "string"}, "gpu_share": {"type": "string"}, "gpu_memory": {"type": )json"
-      R"json("string"}}}}}
+      R"json("string"}, "trial_s": {"type": "number", "description": "a kind never measured: )json"
+      R"json(its first run is a trial this long, then it is re-queued sized from it"}}}}}
     }
   }
 })json";

@@ -31,6 +31,12 @@ void RunningJob::AddShareReading(const JobHost::ShareUse& s) {
   arbiter_busy_us += s.busy_us >= arbiter_seen_us ? s.busy_us - arbiter_seen_us : s.busy_us;
   arbiter_seen_us = s.busy_us;
   gpu_peak_mib = std::max<int64_t>(gpu_peak_mib, s.peak_bytes >> 20);
+  gpu_refused = std::max(gpu_refused, s.refused);
+  // Rounded up: a refusal of a few bytes past the limit still wanted more than the limit.
+  const uint64_t wanted_mib = s.wanted_bytes > (uint64_t{1} << 62)
+                                  ? uint64_t{1} << 42
+                                  : (s.wanted_bytes + (1 << 20) - 1) >> 20;
+  gpu_wanted_mib = std::max<int64_t>(gpu_wanted_mib, static_cast<int64_t>(wanted_mib));
 }
 
 std::optional<double> RunningJob::GpuUtilization(double now) const {
@@ -63,11 +69,6 @@ std::optional<bool> SharedGpu(const JobRecord& r) {
 std::optional<double> MeasuredUtilization(const JobRecord& r) {
   const json v = UsageField(r, "gpu_utilization_pct");
   return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
-}
-
-double MeasuredGpuPeak(const JobRecord& r) {
-  const json v = UsageField(r, "gpu_peak_memory_mib");
-  return v.is_number() ? v.get<double>() : 0;
 }
 
 RunningJob& RunningJobs::Add(RunningJob r) {
@@ -162,10 +163,11 @@ std::vector<std::pair<int64_t, std::optional<int>>> RunningJobs::Check(double no
       ended.emplace_back(id, code);
       continue;
     }
-    if (r.spec && r.spec->trial_s > 0 && now - r.started >= r.spec->trial_s) {
-      RequestStop(r, "trial",
-                  fmt::format("its trial of {} is over", core::FormatDuration(r.spec->trial_s)),
-                  now);
+    if (r.spec && r.spec->TrialSeconds() > 0 && now - r.started >= r.spec->TrialSeconds()) {
+      RequestStop(
+          r, "trial",
+          fmt::format("its trial of {} is over", core::FormatDuration(r.spec->TrialSeconds())),
+          now);
     }
     if (r.max_runtime_s > 0 && now - r.started > r.max_runtime_s) {
       RequestStop(r, "timeout", fmt::format("ran past its max runtime of {:g} s", r.max_runtime_s),

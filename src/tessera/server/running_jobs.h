@@ -64,7 +64,9 @@ struct RunningJob {
   uint64_t arbiter_busy_us = 0;
   uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
   int64_t gpu_peak_mib = 0;
-  bool shared_gpu = false;  // a share that another share's job ran beside (Add)
+  uint64_t gpu_refused = 0;    // GPU memory allocations refused for its limit (its region's count)
+  int64_t gpu_wanted_mib = 0;  // the most GPU memory it would have held (per GPU) had they not been
+  bool shared_gpu = false;     // a share that another share's job ran beside (Add)
 
   // Adds one reading of its share's files (JobHost::ReadShare).
   void AddShareReading(const JobHost::ShareUse& s);
@@ -78,10 +80,9 @@ std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t i
                         const char* suffix = "");
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix);
 
-// What a finished job's record says its utilization was, its peak GPU memory per GPU (MiB, 0:
-// not measured), and whether it shared its GPU.
+// What a finished job's record says its utilization was, and whether it shared its GPU (its GPU
+// memory: RecordedGpuMemory, job_ends.h).
 std::optional<double> MeasuredUtilization(const JobRecord& r);
-double MeasuredGpuPeak(const JobRecord& r);
 std::optional<bool> SharedGpu(const JobRecord& r);
 
 class RunningJobs {

@@ -218,7 +218,7 @@ TEST_F(RoomsTest, AQueuedJobsReasonIsReadWithoutTheSchedulingLock) {
 
 // A job asking "auto" is sized at submission from its kind's measured history and starts on that
 // share (the views show its compute and memory limit); stored sized, it says how. Without history
-// it gets a whole GPU; a submission that sets `sized` itself is refused.
+// it runs first as a trial on a whole GPU; a submission that sets `sized` itself is refused.
 TEST_F(RoomsTest, AnAutoJobIsSizedFromItsKindsHistoryAndStartsOnThatShare) {
   auto spec = ParseJobSpec(R"({"command": ["sleep", "10"], "name": "serve",
                                "resources": {"gpu_share": "auto", "gpu_memory": "auto"}})");
@@ -227,7 +227,7 @@ TEST_F(RoomsTest, AnAutoJobIsSizedFromItsKindsHistoryAndStartsOnThatShare) {
   auto first = ops_->Submit(*spec, alice, "");
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_THAT(ParseJobSpec(store_->Get(first->record.id)->spec_json)->sizing,
-              ::testing::HasSubstr("whole GPUs this time"));
+              ::testing::HasSubstr("its first run is a trial of 2m"));
   loop_->RunOnce();
   ASSERT_NE(state_->views.Find(first->record.id).active, nullptr);
   EXPECT_EQ(state_->views.Find(first->record.id).active->gpu_milli, 0) << "a whole GPU";
@@ -274,6 +274,44 @@ TEST_F(RoomsTest, ATrialIsStoppedWhenItsTimeIsUpAndEndsAsASuccess) {
   loop_->RunOnce();
   EXPECT_EQ(Stored(id), JobState::kSucceeded);
   EXPECT_THAT(store_->Get(id)->reason, ::testing::HasSubstr("its trial of 30s is over"));
+}
+
+// An "auto" job of a kind never measured: its first run is the server's trial, stopped when its
+// time is up and re-queued under its id (preempted, then queued: not a success the user would take
+// for its end), its stored spec sized again and no longer a trial; it then runs on past the trial's
+// time. (What the size is, from the trial's measured use: JobEndsTest.)
+TEST_F(RoomsTest, AnAutoJobNeverMeasuredRunsATrialFirstAndGoesOnSizedFromIt) {
+  auto spec = ParseJobSpec(R"({"command": ["sleep", "1000"], "name": "fresh",
+                               "resources": {"gpu_share": "auto", "gpu_memory": "auto"}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto s = ops_->Submit(*spec, Caller{"alice", 1000, false}, "");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int64_t id = s->record.id;
+  EXPECT_EQ(ParseJobSpec(store_->Get(id)->spec_json)->sizing_trial_s, 120);
+  loop_->RunOnce();
+  ASSERT_EQ(Stored(id), JobState::kRunning);
+  Advance(119);
+  loop_->RunOnce();
+  EXPECT_EQ(Stored(id), JobState::kRunning) << "not before its time";
+  Advance(1);
+  loop_->RunOnce();  // asked to stop (SIGTERM ends a fake job at once)
+  loop_->RunOnce();  // its end: re-queued, and started again at once (the GPUs are free)
+  const JobRecord rec = *store_->Get(id);
+  EXPECT_EQ(rec.state, JobState::kRunning) << rec.reason;
+  const JobSpec after = *ParseJobSpec(rec.spec_json);
+  EXPECT_EQ(after.sizing_trial_s, 0) << after.sizing;
+  EXPECT_TRUE(after.gpu_share_auto && after.gpu_memory_auto);
+  std::vector<std::string> said;
+  const std::vector<JobEvent> events = *store_->Events(id);
+  for (const JobEvent& e : events)
+    said.push_back(std::string(JobStateName(e.state)) + ": " + e.reason);
+  EXPECT_THAT(said, ::testing::Contains(::testing::HasSubstr(
+                        "preempted: its trial of 2m is over; nothing was measured (no GPU use "
+                        "seen); re-queued sized from it: ")));
+  EXPECT_THAT(said, ::testing::Contains("queued: re-queued"));
+  Advance(500);
+  loop_->RunOnce();
+  EXPECT_EQ(Stored(id), JobState::kRunning) << "no longer a trial";
 }
 
 // Dependencies as DispatchState tells them: pending while the job is queued or running here,

@@ -92,6 +92,9 @@ struct ServerConfig {
   // A job asking gpu_share/gpu_memory "auto" is sized at the 95th percentile of what its kind used
   // plus this margin, percent (auto_size.h).
   int auto_size_margin_pct = 20;
+  // A job asking "auto" of a kind never measured runs first as a trial this long on a whole GPU,
+  // then is re-queued sized from it (0: it runs on a whole GPU, measured for the next run).
+  double auto_size_trial_s = 120;
   double grace_period_s = 30;  // SIGTERM, then SIGKILL after this (a job may ask for its own)
   // The most a job's own grace period may be: a job ignoring SIGTERM keeps its GPUs this long at
   // most after a stop (cancel --force kills at once).

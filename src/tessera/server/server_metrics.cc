@@ -43,6 +43,8 @@ RegionMemory ReadRegionMemory(const std::string& path) {
   for (int i = 0; i < shim::kMaxDevices; ++i) {
     out.used += d->used[i].load();
     out.peak = std::max(out.peak, d->peak[i].load());
+    out.refused += d->refused[i].load();
+    out.wanted = std::max(out.wanted, d->wanted_peak[i].load());
   }
   return out;
 }

@@ -81,6 +81,7 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s);
 // through pread and never faults).
 struct RegionMemory {
   uint64_t used = 0, peak = 0;
+  uint64_t refused = 0, wanted = 0;  // allocations refused for the limit; the most it wanted
   bool readable = true;
 };
 RegionMemory ReadRegionMemory(const std::string& path);

@@ -140,6 +140,80 @@ TEST_F(ServerTest, HistoryLearnsEachJobsGpuUseAndKeepsBusySharesApart) {
   EXPECT_EQ(State(c), "running");
 }
 
+// A restart learns from the store what the ends taught as they happened: a failure whose limit
+// refused allocations teaches its kind what it asked (the next runs are sized past it), and a trial
+// teaches the "auto" kind its use (not its cut-short run time as a run of its own kind).
+TEST_F(ServerTest, ARestartRelearnsWhatTrialsAndOutgrownFailuresTaught) {
+  config_.auto_size_trial_s = 0;  // a kind never measured runs unlimited (the trial: below)
+  StartServer();
+  char err[256] = "";
+  const uint64_t none = 0;
+  auto hold = [&](int64_t id, std::initializer_list<uint64_t> mibs) {
+    std::unique_ptr<shim::Region> region(shim::Region::Attach(
+        (config_.state_dir + "/regions/" + std::to_string(id) + ".region").c_str(), &none, 1, err,
+        sizeof err));
+    EXPECT_NE(region, nullptr) << err;
+    int refused = 0;
+    for (uint64_t mib : mibs) refused += region && !region->Reserve(0, mib << 20);
+    return refused;
+  };
+  const json grow = {{"name", "grow"},
+                     {"resources", {{"gpu_share", "30%"}, {"gpu_memory", "auto"}}},
+                     {"max_runtime_s", 5}};
+  auto sized_mib = [&](int64_t id) { return ParseJobSpec(Job(id)["spec"].dump())->gpu_memory_mib; };
+  // Measured once: 800 MiB.
+  const int64_t first = Submit(0, 4, 0, grow);
+  Settle();
+  ASSERT_EQ(State(first), "running");
+  EXPECT_EQ(hold(first, {800}), 0);
+  Advance(4);
+  Settle();
+  ASSERT_EQ(State(first), "succeeded");
+  // Sized 1024 MiB from it; asks 600 then 700 more, refused: it wanted 1300 MiB. Its time runs
+  // out: failed, saying so.
+  const int64_t second = Submit(0, 100, 0, grow);
+  Settle();
+  ASSERT_EQ(sized_mib(second), 1024);
+  EXPECT_EQ(hold(second, {600, 700}), 1);
+  Advance(6);
+  Settle();
+  Advance(3);
+  Settle();
+  json j = Job(second);
+  ASSERT_EQ(j["state"], "failed") << j.dump();
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("refused 1 allocation"));
+  const int64_t third = Submit(0, 1, 0, grow);
+  const int64_t learnt = sized_mib(third);
+  EXPECT_GE(learnt, 1300 * 12 / 10) << "sized past what it asked";
+  // A trial of another job, on a share: its 2000 MiB teach the "auto" kind of it.
+  const json probe = {{"name", "probe"}, {"resources", {{"gpu_share", "50%"}}}, {"trial_s", 10}};
+  const int64_t trial = Submit(0, 100, 0, probe);
+  Settle();
+  ASSERT_EQ(State(trial), "running");
+  EXPECT_EQ(hold(trial, {2000}), 0);
+  Advance(10);
+  Settle();
+  Advance(3);
+  Settle();
+  ASSERT_EQ(State(trial), "succeeded");
+  json asked_auto = probe;
+  asked_auto.erase("trial_s");
+  asked_auto["resources"] = {{"gpu_share", "auto"}, {"gpu_memory", "auto"}};
+  EXPECT_EQ(sized_mib(Submit(0, 1, 0, asked_auto)), 2560) << "2000 + 20%, rounded up";
+
+  // After a restart, the same.
+  StartServer();
+  EXPECT_EQ(sized_mib(Submit(0, 1, 0, grow)), learnt);
+  EXPECT_EQ(sized_mib(Submit(0, 1, 0, asked_auto)), 2560);
+  json again = probe;
+  again.erase("trial_s");
+  again["max_runtime_s"] = 100;
+  const int64_t run = Submit(0, 100, 0, again);
+  Settle();
+  EXPECT_EQ(Job(run).value("prediction", ""), "its max runtime")
+      << "the trial's cut-short run time predicts nothing: " << Job(run).dump();
+}
+
 TEST_F(ServerTest, HistoryLearnsHowMuchSharingSlowsAShare) {
   StartServer();
   const json infer = {{"name", "infer"}, {"resources", {{"gpu_share", "30%"}}}};

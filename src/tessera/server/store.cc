@@ -382,8 +382,8 @@ absl::Status Store::TransitionOne(int64_t id, JobState to, std::string_view reas
            "UPDATE jobs SET state = ?, reason = ?, started_at = coalesce(?, started_at), "
            "ended_at = coalesce(?, ended_at), exit_code = coalesce(?, exit_code), "
            "placement = coalesce(?, placement), pid = coalesce(?, pid), "
-           "pid_start_time = coalesce(?, pid_start_time), usage = coalesce(?, usage) "
-           "WHERE id = ?");
+           "pid_start_time = coalesce(?, pid_start_time), usage = coalesce(?, usage), "
+           "spec = coalesce(?, spec) WHERE id = ?");
     if (!s.ok()) return SqlError(db_, "preparing an update");
     s.Bind(1, JobStateName(to));
     s.Bind(2, reason);
@@ -397,7 +397,8 @@ absl::Status Store::TransitionOne(int64_t id, JobState to, std::string_view reas
     s.Bind(8, f.pid_start_time ? std::optional<int64_t>(static_cast<int64_t>(*f.pid_start_time))
                                : std::nullopt);
     s.Bind(9, f.usage_json);
-    s.Bind(10, id);
+    s.Bind(10, f.spec_json);
+    s.Bind(11, id);
     if (s.Step() != SQLITE_DONE) return SqlError(db_, "updating a job");
   }
   {

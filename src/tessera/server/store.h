@@ -81,6 +81,7 @@ struct TransitionFields {
   std::optional<int64_t> pid;
   std::optional<uint64_t> pid_start_time;
   std::optional<std::string> usage_json;
+  std::optional<std::string> spec_json;  // its spec anew (a job re-queued sized differently)
 };
 
 class Store {

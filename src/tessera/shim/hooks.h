@@ -273,7 +273,7 @@ CUresult PoolAlloc(CUmemoryPool pool, int device, uint64_t bytes, CUdeviceptr* o
       return need > u.charged ? need - u.charged : 0;
     };
     extra = missing();
-    if (extra > 0 && !region->Reserve(device, extra)) {
+    if (extra > 0 && !region->Reserve(device, extra, /*count_refusal=*/false)) {
       TrimIdleLocked(device);
       extra = missing();
       if (extra > 0 && !region->Reserve(device, extra)) return CUDA_ERROR_OUT_OF_MEMORY;

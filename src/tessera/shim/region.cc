@@ -196,14 +196,15 @@ const char* Untrusted(int fd) {
 // Whether `fd` is a regular file of exactly `size` bytes whose head holds `magic` and `version`
 // (read through pread: the file may shrink meanwhile); its stat in `st`.
 bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, struct stat* st,
-                     size_t earlier_size = 0) {
+                     std::span<const size_t> earlier_sizes = {}) {
   struct {
     uint64_t magic;
     uint32_t version;
   } head = {0, 0};  // every shared file's first 8 and next 4 bytes
   return fstat(fd, st) == 0 && S_ISREG(st->st_mode) &&
          (static_cast<size_t>(st->st_size) == size ||
-          (earlier_size != 0 && static_cast<size_t>(st->st_size) == earlier_size)) &&
+          std::ranges::find(earlier_sizes, static_cast<size_t>(st->st_size)) !=
+              earlier_sizes.end()) &&
          ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) && head.magic == magic &&
          head.version == version;
 }
@@ -211,7 +212,8 @@ bool HoldsSharedFile(int fd, size_t size, uint64_t magic, uint32_t version, stru
 
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
-                    int* fd_out, char* err, size_t err_len, size_t earlier_size, size_t* size_out) {
+                    int* fd_out, char* err, size_t err_len, std::span<const size_t> earlier_sizes,
+                    size_t* size_out) {
   errno = 0;
   bool creator = true;
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -247,9 +249,9 @@ void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t ma
       SleepMicros(100);
     }
     if (static_cast<size_t>(st.st_size) != size) {
-      if (earlier_size == 0 || static_cast<size_t>(st.st_size) != earlier_size)
+      if (std::ranges::find(earlier_sizes, static_cast<size_t>(st.st_size)) == earlier_sizes.end())
         return fail("not a Tessera %s of this version (wrong size)", false);
-      size = earlier_size;
+      size = static_cast<size_t>(st.st_size);
     }
   }
   if (size_out != nullptr) *size_out = size;
@@ -307,12 +309,12 @@ bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t m
 }
 
 int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version,
-                   size_t earlier_size) {
+                   std::span<const size_t> earlier_sizes) {
   // O_NONBLOCK: a FIFO put in the file's place must not hang the reader (S_ISREG refuses it next).
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
   struct stat st;
-  if (!HoldsSharedFile(fd, size, magic, version, &st, earlier_size)) {
+  if (!HoldsSharedFile(fd, size, magic, version, &st, earlier_sizes)) {
     close(fd);
     return -1;
   }
@@ -334,17 +336,23 @@ bool ReadSharedAt(int fd, void* out, size_t len, size_t offset) {
 
 std::unique_ptr<RegionData> ReadRegionHead(const char* path) {
   std::unique_ptr<RegionData> d(new (std::nothrow) RegionData());
-  if (d == nullptr ||
-      !ReadSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion, d.get(),
-                      offsetof(RegionData, procs), 0, kRegionSizeWithoutShared)) {
-    return nullptr;
-  }
-  return d;
+  if (d == nullptr) return nullptr;
+  const int fd =
+      OpenSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion, kRegionEarlierSizes);
+  if (fd < 0) return nullptr;
+  constexpr size_t kRefusals = sizeof(RegionData) - kRegionSizeWithoutRefusals;
+  struct stat st;
+  bool ok = ReadSharedAt(fd, d.get(), offsetof(RegionData, procs), 0);
+  // The refusals where the file has them (read whole: a file shrunk meanwhile fails the read).
+  if (ok && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == sizeof(RegionData))
+    ok = ReadSharedAt(fd, d->refused, kRefusals, kRegionSizeWithoutRefusals);
+  close(fd);
+  return ok ? std::move(d) : nullptr;
 }
 
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
-                    size_t len, size_t offset, size_t earlier_size) {
-  const int fd = OpenSharedFile(path, size, magic, version, earlier_size);
+                    size_t len, size_t offset, std::span<const size_t> earlier_sizes) {
+  const int fd = OpenSharedFile(path, size, magic, version, earlier_sizes);
   if (fd < 0) return false;
   const bool ok = ReadSharedAt(fd, out, len, offset);
   close(fd);
@@ -365,7 +373,7 @@ void* MapRegionFile(const char* path, const uint64_t* limits, int count, int* fd
         auto* p = static_cast<const Arg*>(a);
         Init(static_cast<RegionData*>(mem), p->limits, p->count, false);
       },
-      &arg, fd, err, err_len, kRegionSizeWithoutShared, size);
+      &arg, fd, err, err_len, kRegionEarlierSizes, size);
 }
 }  // namespace
 
@@ -660,10 +668,25 @@ void Region::ReattachAfterFork() {
   if (fd_ >= 0) flock(fd_, LOCK_UN);
 }
 
-bool Region::Reserve(int device, uint64_t bytes) {
+bool Region::Reserve(int device, uint64_t bytes, bool count_refusal) {
   if (TryReserve(device, bytes)) return true;
   // Before saying no, give back what dead processes still hold.
-  return ReclaimDead() > 0 && TryReserve(device, bytes);
+  if (ReclaimDead() > 0 && TryReserve(device, bytes)) return true;
+  if (count_refusal) NoteRefused(device, bytes);
+  return false;
+}
+
+void Region::NoteRefused(int device, uint64_t bytes) {
+  if (device < 0 || device >= kMaxDevices || size_ < sizeof(RegionData) || Limit(device) == 0)
+    return;
+  if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;
+  data_->refused[device].fetch_add(1, std::memory_order_relaxed);
+  const uint64_t used = data_->used[device].load(std::memory_order_relaxed);
+  const uint64_t wanted = bytes > UINT64_MAX - used ? UINT64_MAX : used + bytes;
+  for (uint64_t w = data_->wanted_peak[device].load(std::memory_order_relaxed);
+       w < wanted &&
+       !data_->wanted_peak[device].compare_exchange_weak(w, wanted, std::memory_order_relaxed);) {
+  }
 }
 
 bool Region::TryReserve(int device, uint64_t bytes) {

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 namespace tessera::shim {
 
@@ -65,8 +66,17 @@ struct RegionData {
   // earlier build) is still accepted, its processes then charging each import themselves.
   uint64_t next_shared_id;
   SharedAlloc shared[kMaxShared];
+  // Added later still (a file without them, kRegionSizeWithoutRefusals bytes, is accepted): the
+  // allocations refused for the limit per device, and the most the job would have held - what it
+  // held at a refusal plus what it asked then. What a job that outgrew its size needed (at least).
+  std::atomic<uint64_t> refused[kMaxDevices];
+  std::atomic<uint64_t> wanted_peak[kMaxDevices];
 };
 inline constexpr size_t kRegionSizeWithoutShared = offsetof(RegionData, next_shared_id);
+inline constexpr size_t kRegionSizeWithoutRefusals = offsetof(RegionData, refused);
+// The sizes a region file of an earlier build has (its layout grew at its end since).
+inline constexpr size_t kRegionEarlierSizes[] = {kRegionSizeWithoutRefusals,
+                                                 kRegionSizeWithoutShared};
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
 
@@ -82,8 +92,9 @@ class Region {
 
   // Takes `bytes` on `device` if the total stays within the limit (after giving back dead
   // processes' memory when it would not); false (nothing taken) otherwise. Safe under concurrent
-  // calls from any number of processes.
-  bool Reserve(int device, uint64_t bytes);
+  // calls from any number of processes. A refusal for the limit is counted (NoteRefused) unless
+  // `count_refusal` is false (the caller will try again after making room).
+  bool Reserve(int device, uint64_t bytes, bool count_refusal = true);
   // Gives `bytes` back; never takes the counters below zero.
   void Release(int device, uint64_t bytes);
   void CountLaunch();
@@ -110,7 +121,7 @@ class Region {
   // This process no longer holds shared memory `id`: its charge passes to another holder, or is
   // given back with the last.
   void Leave(uint64_t id);
-  bool HasSharedTable() const { return size_ >= sizeof(RegionData); }
+  bool HasSharedTable() const { return size_ >= kRegionSizeWithoutRefusals; }
 
   // The limit on `device`: the stricter of the region's and this process's own (Attach's `limits`);
   // 0 = none.
@@ -137,6 +148,9 @@ class Region {
   // file lock.
   void FreeSlot(ProcSlot& s);
   bool TryReserve(int device, uint64_t bytes);
+  // Counts a reservation of `bytes` on `device` refused for the limit (RegionData::refused,
+  // wanted_peak); nothing in a file without them or on a device without a limit.
+  void NoteRefused(int device, uint64_t bytes);
   void ReclaimDeadLocked();
   // Passes slot `from`'s part in shared memory to another holder (or drops it with the last);
   // under the file lock, before the slot is freed or as the process leaves.
@@ -144,7 +158,7 @@ class Region {
   int SlotIndex(const ProcSlot* s) const { return static_cast<int>(s - data_->procs); }
   RegionData* data_;
   int fd_;
-  size_t size_;  // the mapping's: sizeof(RegionData), or kRegionSizeWithoutShared
+  size_t size_;  // the mapping's: sizeof(RegionData), or one of kRegionEarlierSizes
   ProcSlot* slot_ = nullptr;
   int reclaimed_slots_ = 0;
   std::atomic<uint64_t> last_reclaim_us_{0};  // CLOCK_MONOTONIC; 0: never
@@ -165,12 +179,12 @@ bool CreateRegionFile(const char* path, const uint64_t* limits, int count, char*
 // last `magic` (the file's first 8 and next 4 bytes); others wait briefly for that and refuse
 // another magic, version or size. Returns the mapping and its descriptor in `fd_out`, or nullptr
 // with why in `err`.
-// `earlier_size`, when not 0, is accepted too (a layout that grew since at its end), and
-// `size_out` says which was mapped.
+// `earlier_sizes` are accepted too (a layout that grew since at its end), and `size_out` says
+// which was mapped.
 void* MapSharedFile(const char* path, const char* kind, size_t size, uint64_t magic,
                     uint32_t version, void (*init)(void* mem, const void* arg), const void* arg,
-                    int* fd_out, char* err, size_t err_len, size_t earlier_size = 0,
-                    size_t* size_out = nullptr);
+                    int* fd_out, char* err, size_t err_len,
+                    std::span<const size_t> earlier_sizes = {}, size_t* size_out = nullptr);
 
 // Maps the shared file now at `path` over the mapping at `at` (MAP_FIXED, `size` bytes: every
 // thread using the old mapping sees the new file from then on, at the same address), after the same
@@ -188,19 +202,20 @@ bool RemapSharedFile(const char* path, const char* kind, size_t size, uint64_t m
 // bound every index read from it.
 //
 // Opens `path` for ReadSharedAt: a regular file (not a symlink, FIFO or device) of exactly `size`
-// bytes (or `earlier_size`, when not 0) whose head holds `magic` and `version`. Returns the
+// bytes (or one of `earlier_sizes`) whose head holds `magic` and `version`. Returns the
 // descriptor (the caller closes it), or -1 when the file is missing or is not such a file.
 int OpenSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version,
-                   size_t earlier_size = 0);
+                   std::span<const size_t> earlier_sizes = {});
 // Copies `len` bytes at `offset` of the file open as `fd` into `out`; false when the file no longer
 // holds them (truncated meanwhile) or cannot be read.
 bool ReadSharedAt(int fd, void* out, size_t len, size_t offset);
 // OpenSharedFile, one ReadSharedAt of `len` bytes at `offset`, close: false when either fails.
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
-                    size_t len, size_t offset = 0, size_t earlier_size = 0);
+                    size_t len, size_t offset = 0, std::span<const size_t> earlier_sizes = {});
 // The head of the region file at `path` (its limits, totals and peaks: all but the process slots,
-// which stay zero), read with ReadSharedFile; null when it is not a region of this version (any
-// more). What the server and the agent read of a job's or pod's usage.
+// which stay zero) and its refusals (zero in a file without them), read like ReadSharedFile; null
+// when it is not a region of this version (any more). What the server and the agent read of a job's
+// or pod's usage.
 std::unique_ptr<RegionData> ReadRegionHead(const char* path);
 
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks

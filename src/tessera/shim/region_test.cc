@@ -318,6 +318,50 @@ TEST(Region, AFileOfTheLayoutBeforeTheSharedTableIsStillARegion) {
   EXPECT_EQ(ReadRegionHead(path.c_str()), nullptr) << "any other size is refused";
 }
 
+// An allocation refused for the limit is counted, with what the job would have held had it been
+// given; the reader sees both. A file of the layout before them (the shared table's) is still a
+// region whose refusals read as none; a device without a limit refuses nothing.
+TEST(Region, RefusalsAreCountedWithWhatTheJobWouldHaveHeld) {
+  const std::string path = Path("refusals");
+  uint64_t limits[2] = {4096, 0};
+  char err[128] = {};
+  Region* r = Region::Attach(path.c_str(), limits, 2, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  ASSERT_TRUE(r->Reserve(0, 3000));
+  EXPECT_FALSE(r->Reserve(0, 2000));
+  EXPECT_FALSE(r->Reserve(0, 1500));
+  EXPECT_TRUE(r->Reserve(0, 1000));
+  EXPECT_FALSE(r->Reserve(0, UINT64_MAX)) << "no wrap-around";
+  auto head = ReadRegionHead(path.c_str());
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->refused[0].load(), 3u);
+  EXPECT_EQ(head->wanted_peak[0].load(), UINT64_MAX) << "the largest want, saturated";
+  EXPECT_EQ(head->peak[0].load(), 4000u);
+  EXPECT_EQ(head->refused[1].load(), 0u);
+
+  const std::string small = Path("refusals-small");
+  Region* s = Region::Attach(small.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(s, nullptr) << err;
+  ASSERT_TRUE(s->Reserve(0, 3000));
+  EXPECT_FALSE(s->Reserve(0, 2000));
+  head = ReadRegionHead(small.c_str());
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->wanted_peak[0].load(), 5000u) << "held 3000, asked 2000 more";
+
+  const std::string older = Path("refusals-older");
+  ASSERT_TRUE(CreateRegionFile(older.c_str(), limits, 1, err, sizeof err)) << err;
+  std::filesystem::resize_file(older, kRegionSizeWithoutRefusals);
+  Region* o = Region::Attach(older.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(o, nullptr) << err;
+  EXPECT_TRUE(o->HasSharedTable()) << "the shared table is in that layout";
+  EXPECT_FALSE(o->Reserve(0, 5000)) << "still refused, just not counted";
+  head = ReadRegionHead(older.c_str());
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->refused[0].load(), 0u);
+  EXPECT_EQ(std::filesystem::file_size(older), kRegionSizeWithoutRefusals)
+      << "nothing written past";
+}
+
 // Shared memory's charge: once, to one holder; passed on when it leaves or dies; given back with
 // the last. The other holder is a forked child (a process of its own, with a slot of its own).
 TEST(Region, SharedMemoryIsChargedOnceAndPassedOnToTheNextHolder) {

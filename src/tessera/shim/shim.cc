@@ -450,11 +450,11 @@ bool ChargeGraphLocked(int device, uint64_t bytes) {
 
 // Region::Reserve, trying again after trimming the pools' idle memory on that device.
 bool Reserve(int device, uint64_t bytes) {
-  if (region->Reserve(device, bytes)) return true;
-  if (!any_pool.load(std::memory_order_acquire) &&
-      !any_graph_memory.load(std::memory_order_acquire)) {
-    return false;
-  }
+  // A refusal is counted once, when it is the program's answer: not before idle pools are trimmed.
+  const bool can_trim =
+      any_pool.load(std::memory_order_acquire) || any_graph_memory.load(std::memory_order_acquire);
+  if (region->Reserve(device, bytes, !can_trim)) return true;
+  if (!can_trim) return false;
   std::lock_guard lock(*pool_mu);
   TrimIdleLocked(device);
   return region->Reserve(device, bytes);
