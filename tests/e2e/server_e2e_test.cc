@@ -245,6 +245,40 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
 }
 
+// An "auto" memory size of a kind never measured: the job's first run is the server's trial (1 s
+// here) without a memory limit; it is stopped (its SIGTERM), re-queued under its id and started
+// again with a limit sized from the 500 MiB the trial measured (500 + 20%: 768 MiB), the trial's
+// measurement on its record's events.
+TEST(TesseraServer, AnAutoJobNeverMeasuredRunsATrialThenGoesOnSizedFromIt) {
+  Daemon d("autotrial", "auto_size_trial: 1s\n");
+  const json spec = {
+      {"name", "fresh"},
+      {"command", {TESSERA_CUDA_CLIENT, "link", "alloc:500", "work:60000:1000:1:20000:0:60000"}},
+      {"resources", {{"gpu_share", "50%"}, {"gpu_memory", "auto"}}},
+      {"grace_period_s", 2}};
+  const int64_t id = d.Submit(spec);
+  json j = d.WaitFor(id, "running");
+  EXPECT_EQ(j["spec"]["sized"]["trial_s"], 1) << j.dump();
+  EXPECT_FALSE(j["spec"]["sized"].contains("gpu_memory")) << "not limited during its trial";
+  // Polled with a deadline: its trial ends, and it runs again, sized.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until &&
+         !(j.value("state", "") == "running" && j["spec"]["sized"].contains("gpu_memory"))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+  }
+  ASSERT_EQ(j["spec"]["sized"].value("gpu_memory", ""), "768MiB") << j.dump() << d.Log();
+  EXPECT_FALSE(j["spec"]["sized"].contains("trial_s")) << "a trial once";
+  EXPECT_EQ(j["placement"]["memory_mib_per_gpu"], 768) << j.dump();
+  const json events = d.Call("GET", "/v1/jobs/" + std::to_string(id) + "/events");
+  EXPECT_THAT(events.dump(), HasSubstr("its trial of 1s is over: GPU ")) << events.dump();
+  EXPECT_THAT(events.dump(), HasSubstr("peak GPU memory 500MiB"));
+  EXPECT_THAT(events.dump(),
+              HasSubstr("re-queued sized from it: gpu_memory 768MiB: a peak of 500MiB"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.WaitFor(id, "cancelled");
+}
+
 // GPU 0 shared by MPS (the fake control daemon; the fake driver its client): an MPS job is a
 // client of GPU 0's daemon with its share as MPS's limits, a share asking nothing goes in time
 // slices on GPU 1; the daemon killed, its clients are stopped and requeued while GPU 0 takes no
