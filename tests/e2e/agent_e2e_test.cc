@@ -672,6 +672,14 @@ TEST_F(AgentE2e, BadFlagsAndAMissingPluginFolderAreExitCodesWithReasons) {
                              " agent --simulate t4x2 --label-resync 0 2>&1");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.out, HasSubstr("--label-resync"));
+  // An MPS GPU the machine does not have: refused before anything is written, started or served.
+  r = tessera::test::Capture(std::string(TESSERA_BINARY) +
+                             " agent --simulate t4x2 --mps-gpus 0,7 --state-dir " + dir_ +
+                             "/mps-state --cdi-dir " + dir_ + "/cdi 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, HasSubstr("--mps-gpus: mps.gpus: no GPU '7' on this machine (it has 2 GPUs"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/cdi/tessera.io-gpu.json")) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/mps-state/mps")) << "no daemon started";
   r = tessera::test::Capture(std::string(TESSERA_BINARY) + " agent --simulate t4x2 --state-dir " +
                              dir_ + "/state --cdi-dir '' --metrics-address '' " +
                              "--device-plugin-dir " + dir_ + "/nope 2>&1");

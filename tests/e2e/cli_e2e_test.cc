@@ -116,6 +116,31 @@ TEST(TesseraSim, InflateTableAndYaml) {
   EXPECT_THAT(y.out, ::testing::HasSubstr("- policy: \"random\"\n  runs: 10\n"));
 }
 
+// --mps-figures: a GPU check's report gives the MPS capacity (said on stderr); a file that cannot
+// be read, is not JSON, or is not such a report is a bad input (exit 2) that says which.
+TEST(TesseraSim, ReplayReadsMpsCapacityFromAGpuCheckReportAndSaysWhatIsWrongWithOne) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  const std::string base = "sim replay --nodes " + nodes + " --pods " + jobs + " --mps";
+  const std::string report =
+      WriteTemp("report.json",
+                R"({"gpu": "NVIDIA H200", "checks": [{"name": "MPS: 4 tenants of small kernels",
+          "data": {"time_slices_ratio": 0.9, "mps_ratio": 1.8}}]})");
+  Result r = Tessera(base + " --mps-figures " + report + " -o json 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out,
+              ::testing::HasSubstr("MPS capacity 2.00 GPUs' worth of time-sliced work, from " +
+                                   report + " (NVIDIA H200)"));
+  r = Tessera(base + " --mps-figures " + report + ".missing 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, ::testing::HasSubstr(".missing: cannot read it: No such file or directory"));
+  r = Tessera(base + " --mps-figures " + WriteTemp("junk.json", "{not json") + " 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("junk.json: not JSON"));
+  r = Tessera(base + " --mps-figures " + WriteTemp("other.json", R"({"checks": []})") + " 2>&1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("other.json: "));
+}
+
 TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
   std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
   std::string out = nodes + ".replay";

@@ -79,6 +79,17 @@ absl::StatusOr<core::NodeInventory> Agent::OpenDevices() {
 
 absl::Status Agent::PrepareState(core::NodeInventory inventory) {
   AgentOptions& o = options_;
+  // The flags checked against the machine first: a bad one leaves nothing written.
+  if (!o.plugin.shim_library.empty() && access(o.plugin.shim_library.c_str(), R_OK) != 0) {
+    return absl::InvalidArgumentError(
+        fmt::format("--shim-library {}: {}", o.plugin.shim_library, strerror(errno)));
+  }
+  absl::StatusOr<std::vector<devices::MpsGpu>> mps = std::vector<devices::MpsGpu>{};
+  if (!o.mps_gpus.empty()) mps = devices::MpsGpusOf(o.mps_gpus, inventory);
+  if (!mps.ok()) {
+    return absl::InvalidArgumentError(
+        fmt::format("--mps-gpus: {}", std::string(mps.status().message())));
+  }
   o.plugin.driver_files = devices::FindDriverFiles(inventory, o.driver);
   if (!o.cdi_dir.empty()) {
     auto path =
@@ -86,17 +97,7 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
     if (!path.ok()) return path.status();
     spdlog::info("CDI spec written to {}", *path);
   }
-  if (!o.plugin.shim_library.empty() && access(o.plugin.shim_library.c_str(), R_OK) != 0) {
-    return absl::InvalidArgumentError(
-        fmt::format("--shim-library {}: {}", o.plugin.shim_library, strerror(errno)));
-  }
   // Made without MPS GPUs too: the daemons an earlier start ran are found and told to quit.
-  absl::StatusOr<std::vector<devices::MpsGpu>> mps = std::vector<devices::MpsGpu>{};
-  if (!o.mps_gpus.empty()) mps = devices::MpsGpusOf(o.mps_gpus, inventory);
-  if (!mps.ok()) {
-    return absl::InvalidArgumentError(
-        fmt::format("--mps-gpus: {}", std::string(mps.status().message())));
-  }
   mps_ = std::make_unique<devices::MpsDaemons>(o.mps_control, o.plugin.state_dir + "/mps", *mps);
   o.plugin.mps = mps_.get();
   auto state = DeviceState::Create(std::move(inventory), o.plugin);

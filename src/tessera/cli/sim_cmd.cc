@@ -498,10 +498,16 @@ int RunReplayCmd(const SimFlags& f, ReplayFlags o, std::ostream& out, std::ostre
   // MPS: its capacity as a GPU measured it (tessera-gpu-check's report), else as given.
   if (!o.mps_figures.empty()) {
     std::ifstream in(o.mps_figures);
-    const nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
-    absl::StatusOr<double> capacity =
-        in ? sim::MpsCapacityOf(report)
-           : absl::InvalidArgumentError(fmt::format("cannot read it: {}", strerror(errno)));
+    const int open_errno = errno;
+    nlohmann::json report;
+    absl::StatusOr<double> capacity = absl::InvalidArgumentError(
+        fmt::format("cannot read it: {}", strerror(open_errno != 0 ? open_errno : EIO)));
+    if (in.is_open()) {
+      report = nlohmann::json::parse(in, nullptr, false);
+      capacity = report.is_discarded()
+                     ? absl::InvalidArgumentError("not JSON (a tessera-gpu-check --json report)")
+                     : sim::MpsCapacityOf(report);
+    }
     if (!capacity.ok()) {
       err << "tessera: --mps-figures " << o.mps_figures << ": " << capacity.status().message()
           << "\n";
