@@ -348,6 +348,9 @@ function efficiencyList(e) {
     h('dt', {}, 'GPUs held'), h('dd', {}, `${count(e.gpus)}${e.share ? ' (a share)' : ''}, ${e.gpu_hours.toFixed(3)} GPU-hours`),
     h('dt', {}, 'GPU busy'), h('dd', {}, p(e.gpu_busy_pct)),
     h('dt', {}, 'GPU memory peak'), h('dd', {}, `${of(e.gpu_memory_peak_mib, e.gpu_memory_given_mib, mib)}${e.gpu_memory_pct !== undefined ? ` (${p(e.gpu_memory_pct)})` : ''}`),
+    // Allocations its GPU memory limit refused (the intercept library's count), with the most it asked.
+    e.gpu_memory_refused ? [h('dt', {}, 'GPU memory refused'),
+      h('dd', { class: 'warn' }, `${count(e.gpu_memory_refused)} allocation${e.gpu_memory_refused === 1 ? '' : 's'} at its limit; it asked for ${mib(e.gpu_memory_wanted_mib)} at most`)] : null,
     h('dt', {}, 'CPU'), h('dd', {}, e.cpu_seconds === undefined ? '–' : `${count(e.cpu_seconds)} s${e.cpu_pct !== undefined ? ` (${p(e.cpu_pct)} of ${count(e.cpus)} asked)` : ''}`),
     h('dt', {}, 'memory peak'), h('dd', {}, `${of(e.memory_peak_bytes, e.memory_limit_bytes, bytes)}${e.memory_pct !== undefined ? ` (${p(e.memory_pct)})` : ''}`));
 }

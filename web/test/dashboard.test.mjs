@@ -103,6 +103,26 @@ test('a job submitted in the page appears, runs, shows its log, and can be cance
   await page.context().close();
 });
 
+// A CUDA program (the fake driver, under the intercept library) whose 1 GiB limit refused an
+// allocation: its page says so beside its peak, as `tessera eff` does.
+test('a job whose GPU memory limit refused allocations says so on its page', async () => {
+  const client = process.env.TESSERA_CUDA_CLIENT;
+  assert.ok(client, 'TESSERA_CUDA_CLIENT: set it to the test CUDA program (ctest does)');
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
+    { command: [client, 'link', 'alloc:500', 'alloc:800'], resources: { gpu_share: '50%', gpu_memory: '1GiB' } });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${sub.body.id}`);
+  await page.waitForSelector('h1 .state-succeeded', { timeout: 15000 });
+  const eff = (await server.api(USER_TOKEN, 'GET', `/v1/jobs/${sub.body.id}`)).body.efficiency;
+  assert.equal(eff.gpu_memory_refused, 1, JSON.stringify(eff));
+  await page.waitForFunction(() => /GPU memory refused/.test(document.querySelector('dl#efficiency')?.innerText || ''));
+  const shown = await page.locator('dl#efficiency').innerText();
+  assert.match(shown, /GPU memory peak\s+500 MiB of 1\.0 GiB \(48\.8%\)/);
+  assert.match(shown, /GPU memory refused\s+1 allocation at its limit; it asked for 1\.3 GiB at most/);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a share of several GPUs is said as one, on its GPUs', async () => {
   const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
     { command: sh('sleep 60'), resources: { gpus: 2, gpu_share: '50%', gpu_memory: '10GiB' }, hold: true });
