@@ -218,7 +218,9 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   json t = d.WaitFor(trial, "succeeded");
   const std::string reason = t.value("reason", "");
   EXPECT_THAT(reason, HasSubstr("its trial of 1s is over: GPU ")) << t.dump();
-  EXPECT_THAT(reason, HasSubstr("peak GPU memory 700MiB; recommended: --gpu-share "));
+  EXPECT_THAT(reason, HasSubstr("peak GPU memory 700MiB, "));
+  EXPECT_THAT(reason, HasSubstr(" kernel launches (")) << "its kernel mix, from its region";
+  EXPECT_THAT(reason, HasSubstr(" of GPU time each on average); recommended: --gpu-share "));
   ASSERT_TRUE(t["usage"]["gpu_utilization_pct"].is_number()) << t.dump();
   const double busy = t["usage"]["gpu_utilization_pct"].get<double>();
   EXPECT_LT(busy, 60) << "its kernels leave the GPU idle most of the time";

@@ -103,11 +103,23 @@ JobSpec ResizeAfterTrial(const JobSpec& spec, const sched::Prediction& history,
   return next;
 }
 
-std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
-                         const SizingPolicy& policy) {
+std::string TrialSummary(const std::string& over, const TrialUse& use, const SizingPolicy& policy) {
+  const std::optional<double> util_pct = use.util_pct;
+  const int64_t peak_mib = use.peak_mib;
   std::vector<std::string> measured;
   if (util_pct) measured.push_back(fmt::format("GPU {:.0f}% busy", *util_pct));
   if (peak_mib > 0) measured.push_back(fmt::format("peak GPU memory {}MiB", peak_mib));
+  if (use.kernel_launches > 0 && use.run_s > 0) {
+    const double n = static_cast<double>(use.kernel_launches);
+    std::string mix =
+        fmt::format("{} kernel launches ({:.0f}/s", use.kernel_launches, n / use.run_s);
+    if (util_pct && *util_pct > 0) {
+      const double us = *util_pct / 100 * use.run_s * 1e6 / n;
+      mix += us >= 1000 ? fmt::format(", {:.1f} ms of GPU time each on average", us / 1000)
+                        : fmt::format(", {:.0f} us of GPU time each on average", us);
+    }
+    measured.push_back(mix + ")");
+  }
   if (measured.empty()) return over + "; nothing was measured (no GPU use seen)";
   JobSpec sized;
   sized.gpu_share_auto = sized.gpu_memory_auto = true;

@@ -38,11 +38,19 @@ SizingPolicy SizingPolicyOf(const ServerConfig& config, const core::NodeInventor
 // of that long (spec.sizing_trial_s), re-queued sized from it (ResizeAfterTrial).
 void SizeAutomatically(JobSpec& spec, const sched::Prediction& history, const SizingPolicy& policy);
 
-// What a trial that ran its course says: `over` (its trial is over), what it measured - its GPU
-// utilization (percent; nullopt: not measured) and peak GPU memory per GPU (MiB; 0: not measured)
-// - and the size that recommends (as SizeAutomatically would size a job from it alone).
-std::string TrialSummary(const std::string& over, std::optional<double> util_pct, int64_t peak_mib,
-                         const SizingPolicy& policy);
+// What a trial measured: its GPU utilization (percent; nullopt: not measured), peak GPU memory
+// per GPU (MiB; 0: not measured), and its kernel mix - the kernel launches its region counted (a
+// share's; 0: not counted) over its run of `run_s` seconds.
+struct TrialUse {
+  std::optional<double> util_pct;
+  int64_t peak_mib = 0;
+  uint64_t kernel_launches = 0;
+  double run_s = 0;
+};
+// What a trial that ran its course says: `over` (its trial is over), what it measured - with its
+// kernel mix: launches per second and, with its utilization, the mean GPU time of a kernel - and
+// the size that recommends (as SizeAutomatically would size a job from it alone).
+std::string TrialSummary(const std::string& over, const TrialUse& use, const SizingPolicy& policy);
 // A job whose first run was the server's trial (spec.sizing_trial_s), sized again from `history`
 // (which has the trial's use by now): the spec it is re-queued with. Never a trial again.
 JobSpec ResizeAfterTrial(const JobSpec& spec, const sched::Prediction& history,

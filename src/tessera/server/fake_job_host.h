@@ -53,6 +53,11 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     share_use_[job] = use;
   }
+  // What KernelLaunches answers for `region` from now on (0 until set).
+  void SetKernelLaunches(const std::string& region, uint64_t n) {
+    std::lock_guard lock(mu_);
+    kernel_launches_[region] = n;
+  }
   // The next `times` removals of job's cgroup find it busy.
   void KeepBusy(int64_t job, int times) {
     std::lock_guard lock(mu_);
@@ -180,6 +185,11 @@ class FakeJobHost final : public JobHost {
     std::lock_guard lock(mu_);
     regions_.erase(region);
   }
+  uint64_t KernelLaunches(const std::string& region) override {
+    std::lock_guard lock(mu_);
+    auto it = kernel_launches_.find(region);
+    return it == kernel_launches_.end() ? 0 : it->second;
+  }
 
   void ArbiterUser(uint32_t uid, int delta) override {
     std::lock_guard lock(mu_);
@@ -212,6 +222,7 @@ class FakeJobHost final : public JobHost {
   std::function<void(int64_t)> on_launch_;
   std::function<void()> on_repair_arbiter_;
   std::map<int64_t, ShareUse> share_use_;
+  std::map<std::string, uint64_t> kernel_launches_;
 };
 
 }  // namespace tessera::server

@@ -93,6 +93,7 @@ void JobEnds::Record(Ending& e, double now) {
     // Its last GPU use first: the arbiter's count and the region's peak.
     if (!r.gpus.empty())
       r.AddShareReading(host_.ReadShare(r.id, r.gpus, r.gpu_milli > 0, r.region));
+    r.kernel_launches = host_.KernelLaunches(r.region);
     host_.RemoveRegion(r.region);
   }
   TransitionFields f;
@@ -120,6 +121,7 @@ void JobEnds::Record(Ending& e, double now) {
     u["gpu_utilization_pct"] = *util;
   }
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
+  if (r.kernel_launches > 0) u["kernel_launches"] = r.kernel_launches;
   if (r.gpu_refused > 0) {
     u["gpu_memory_refused"] = r.gpu_refused;
     u["gpu_memory_wanted_mib"] = r.gpu_wanted_mib;
@@ -160,7 +162,12 @@ void JobEnds::Record(Ending& e, double now) {
   }
   // A trial: what it measured and the size that recommends.
   if (r.stop == "trial" && r.spec) {
-    end.reason = TrialSummary(end.reason, util, r.gpu_peak_mib, options_.sizing);
+    end.reason = TrialSummary(end.reason,
+                              {.util_pct = util,
+                               .peak_mib = r.gpu_peak_mib,
+                               .kernel_launches = r.kernel_launches,
+                               .run_s = now - r.started},
+                              options_.sizing);
     // The server's trial of an "auto" job never measured: the job itself goes on, re-queued
     // under its id and sized from what the trial measured (its stored spec so, for a restart).
     if (r.spec->trial_s <= 0 && r.spec->sizing_trial_s > 0) {

@@ -199,6 +199,31 @@ TEST_F(JobEndsTest, ATrialSaysWhatItUsedAndRecommendsASizeThatAutoThenUses) {
   EXPECT_EQ(later.gpu_memory_mib, 3840);
 }
 
+// A share's trial says its kernel mix too: the launches its region counted, per second of its run,
+// and - with its GPU time - the mean GPU time of one (here 40 s of GPU time over 20,000 launches).
+TEST_F(JobEndsTest, AShareTrialSaysItsKernelMix) {
+  const json spec = {{"command", {"serve"}},
+                     {"name", "serve"},
+                     {"resources", {{"gpu_share", "50%"}}},
+                     {"trial_s", 100}};
+  RunningJob r = Running(spec);
+  r.region = dir_ + "/regions/trial";
+  r.gpu_milli = 500;
+  r.stop = "trial";
+  r.stop_reason = "its trial of 1m40s is over";
+  host_.SetShareUse(r.id, {.busy_us = 40'000'000, .peak_bytes = uint64_t{1000} << 20});
+  host_.SetKernelLaunches(r.region, 20'000);
+  const int64_t id = r.id;
+  Ending e{std::move(r), 143, true};
+  ends_->Record(e, 200);
+  const JobRecord rec = Stored(id);
+  EXPECT_THAT(rec.reason,
+              ::testing::HasSubstr("its trial of 1m40s is over: GPU 40% busy, peak GPU memory "
+                                   "1000MiB, 20000 kernel launches (200/s, 2.0 ms of GPU time each "
+                                   "on average); recommended: "));
+  EXPECT_EQ(json::parse(rec.usage_json)["kernel_launches"], 20'000);
+}
+
 // The server's trial of an "auto" job never measured: it says what it measured, is re-queued
 // under its id (preempted, then queued) with its stored spec sized from that - no longer a trial -
 // and the re-queued job the dispatcher gets is that spec.

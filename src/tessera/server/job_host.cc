@@ -144,6 +144,10 @@ JobHost::ShareUse LocalJobHost::ReadShare(int64_t job, const std::vector<int>& g
   return s;
 }
 
+uint64_t LocalJobHost::KernelLaunches(const std::string& region) {
+  return shim::ReadRegionLaunches(region.c_str());
+}
+
 void LocalJobHost::RemoveRegion(const std::string& region) {
   std::error_code ec;
   fs::remove(region, ec);

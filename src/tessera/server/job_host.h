@@ -83,6 +83,9 @@ class JobHost {
   virtual ShareUse ReadShare(int64_t job, const std::vector<int>& gpus, bool compute_share,
                              const std::string& region) = 0;
   virtual void RemoveRegion(const std::string& region) = 0;
+  // The kernel launches a share's region counted (shim::ReadRegionLaunches); read at its end only
+  // (the slots are about 150 KB).
+  virtual uint64_t KernelLaunches(const std::string& region) = 0;
 
   // The GPU arbiter file every compute share paces by: counts a job of `uid` that uses it in (+1)
   // or out (-1); the users with one may write it, no one else. RepairArbiter replaces it when a
@@ -126,6 +129,7 @@ class LocalJobHost final : public JobHost {
   ShareUse ReadShare(int64_t job, const std::vector<int>& gpus, bool compute_share,
                      const std::string& region) override;
   void RemoveRegion(const std::string& region) override;
+  uint64_t KernelLaunches(const std::string& region) override;
 
   void ArbiterUser(uint32_t uid, int delta) override;
   void RepairArbiter() override;

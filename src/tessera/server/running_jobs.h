@@ -64,6 +64,7 @@ struct RunningJob {
   uint64_t arbiter_busy_us = 0;
   uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
   int64_t gpu_peak_mib = 0;
+  uint64_t kernel_launches = 0;  // a share's, counted by its region (read at its end)
   uint64_t gpu_refused = 0;    // GPU memory allocations refused for its limit (its region's count)
   int64_t gpu_wanted_mib = 0;  // the most GPU memory it would have held (per GPU) had they not been
   bool shared_gpu = false;     // a share that another share's job ran beside (Add)

@@ -350,6 +350,23 @@ std::unique_ptr<RegionData> ReadRegionHead(const char* path) {
   return ok ? std::move(d) : nullptr;
 }
 
+uint64_t ReadRegionLaunches(const char* path) {
+  std::unique_ptr<ProcSlot[]> slots(new (std::nothrow) ProcSlot[kMaxProcs]);
+  if (slots == nullptr) return 0;
+  const int fd =
+      OpenSharedFile(path, sizeof(RegionData), kRegionMagic, kRegionVersion, kRegionEarlierSizes);
+  if (fd < 0) return 0;
+  const bool ok =
+      ReadSharedAt(fd, slots.get(), sizeof(ProcSlot) * kMaxProcs, offsetof(RegionData, procs));
+  close(fd);
+  uint64_t launches = 0;
+  for (int i = 0; ok && i < kMaxProcs; ++i) {
+    const uint64_t n = slots[i].kernel_launches.load(std::memory_order_relaxed);
+    launches = n > UINT64_MAX - launches ? UINT64_MAX : launches + n;  // the job's word: bounded
+  }
+  return ok ? launches : 0;
+}
+
 bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t version, void* out,
                     size_t len, size_t offset, std::span<const size_t> earlier_sizes) {
   const int fd = OpenSharedFile(path, size, magic, version, earlier_sizes);

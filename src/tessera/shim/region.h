@@ -217,6 +217,11 @@ bool ReadSharedFile(const char* path, size_t size, uint64_t magic, uint32_t vers
 // when it is not a region of this version (any more). What the server and the agent read of a job's
 // or pod's usage.
 std::unique_ptr<RegionData> ReadRegionHead(const char* path);
+// The kernel launches the process slots of the region file at `path` counted, read like
+// ReadRegionHead (all the slots: about 150 KB): a freed slot keeps its count until another process
+// claims it, so this is exact for a job whose processes did not come and go, and at least what its
+// live and last processes launched otherwise. 0 when it is not a region of this version.
+uint64_t ReadRegionLaunches(const char* path);
 
 // /proc/<pid>/stat's state letter (field 3: R, S, Z, ...) and start time (field 22, clock ticks
 // since boot); false if there is no such process.

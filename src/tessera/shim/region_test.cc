@@ -362,6 +362,31 @@ TEST(Region, RefusalsAreCountedWithWhatTheJobWouldHaveHeld) {
       << "nothing written past";
 }
 
+// The launches every process counted in its slot add up for the reader, a process that ended
+// included; a file that is not a region reads as none.
+TEST(Region, EveryProcesssLaunchesAddUpForTheReader) {
+  const std::string path = Path("launches");
+  uint64_t limits[1] = {0};
+  char err[128] = {};
+  Region* r = Region::Attach(path.c_str(), limits, 1, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  for (int i = 0; i < 3; ++i) r->CountLaunch();
+  const pid_t child = fork();
+  if (child == 0) {
+    r->ReattachAfterFork();
+    r->CountLaunch();
+    r->CountLaunch();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(ReadRegionLaunches(path.c_str()), 5u);
+  const std::string junk = Path("launches-junk");
+  { std::ofstream(junk) << "not a region"; }
+  EXPECT_EQ(ReadRegionLaunches(junk.c_str()), 0u);
+  EXPECT_EQ(ReadRegionLaunches(Path("launches-missing").c_str()), 0u);
+}
+
 // Shared memory's charge: once, to one holder; passed on when it leaves or dies; given back with
 // the last. The other holder is a forked child (a process of its own, with a slot of its own).
 TEST(Region, SharedMemoryIsChargedOnceAndPassedOnToTheNextHolder) {
