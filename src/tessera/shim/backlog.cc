@@ -2,17 +2,9 @@
 
 #include <algorithm>
 
+#include "tessera/shim/raise_to.h"
+
 namespace tessera::shim {
-
-namespace {
-
-void RaiseTo(std::atomic<uint64_t>& a, uint64_t v) {
-  uint64_t cur = a.load(std::memory_order_relaxed);
-  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
-
-}  // namespace
 
 void Backlog::Init(const BacklogOps& ops, uint64_t bound_us) {
   ops_ = ops;

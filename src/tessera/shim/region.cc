@@ -18,6 +18,7 @@
 
 #include "tessera/shim/fault_guard.h"
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
+#include "tessera/shim/raise_to.h"
 
 namespace tessera::shim {
 namespace {
@@ -699,11 +700,7 @@ void Region::NoteRefused(int device, uint64_t bytes) {
   if (faults_ != nullptr && faults_->load(std::memory_order_relaxed) != 0) return;
   data_->refused[device].fetch_add(1, std::memory_order_relaxed);
   const uint64_t used = data_->used[device].load(std::memory_order_relaxed);
-  const uint64_t wanted = bytes > UINT64_MAX - used ? UINT64_MAX : used + bytes;
-  for (uint64_t w = data_->wanted_peak[device].load(std::memory_order_relaxed);
-       w < wanted &&
-       !data_->wanted_peak[device].compare_exchange_weak(w, wanted, std::memory_order_relaxed);) {
-  }
+  RaiseTo(data_->wanted_peak[device], bytes > UINT64_MAX - used ? UINT64_MAX : used + bytes);
 }
 
 bool Region::TryReserve(int device, uint64_t bytes) {
@@ -725,11 +722,8 @@ bool Region::TryReserve(int device, uint64_t bytes) {
     if (data_->used[device].compare_exchange_weak(cur, cur + bytes, std::memory_order_acq_rel))
       break;
   }
-  // The peak follows (monotonic: a lost race only retries while the value is still lower).
-  for (uint64_t peak = data_->peak[device].load(std::memory_order_relaxed);
-       peak < cur + bytes &&
-       !data_->peak[device].compare_exchange_weak(peak, cur + bytes, std::memory_order_relaxed);) {
-  }
+  // The peak follows (monotonic).
+  RaiseTo(data_->peak[device], cur + bytes);
   // Counted in the total first: a crash between the two steps can only over-count (never lets the
   // job exceed its limit); the slot is what a reclaim gives back.
   if (slot_ != nullptr) slot_->used[device].fetch_add(bytes, std::memory_order_relaxed);
