@@ -270,18 +270,16 @@ void Dispatcher::LoadHistory() {
       if (!parsed.ok()) continue;
       spec = std::make_shared<const JobSpec>(*std::move(parsed));
     }
-    const GpuMemoryUse memory = RecordedGpuMemory(r);
+    const RecordedUse use = UsageOf(r);
     int64_t outgrown_mib = 0;
-    if (r.state == JobState::kFailed) OutgrewItsSize(*spec, memory, {}, &outgrown_mib);
-    const json usage = json::parse(r.usage_json, nullptr, false);
+    if (r.state == JobState::kFailed) OutgrewItsSize(*spec, use.memory, {}, &outgrown_mib);
     LearnFromEnd(*state_->history, *spec, r.owner,
                  {.to = r.state,
-                  .trial = usage.is_object() && usage.contains("trial") &&
-                           usage["trial"].is_boolean() && usage["trial"].get<bool>(),
+                  .trial = use.trial,
                   .run_s = *r.ended_at - *r.started_at,
-                  .util = MeasuredUtilization(r),
-                  .shared_gpu = SharedGpu(r),
-                  .peak_mib = memory.peak_mib,
+                  .util = use.util,
+                  .shared_gpu = use.shared_gpu,
+                  .peak_mib = use.memory.peak_mib,
                   .outgrown_mib = outgrown_mib});
     runs += r.state == JobState::kSucceeded || outgrown_mib > 0;
   }

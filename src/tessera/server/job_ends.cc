@@ -68,18 +68,6 @@ void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const 
   }
 }
 
-GpuMemoryUse RecordedGpuMemory(const JobRecord& r) {
-  const nlohmann::json u = nlohmann::json::parse(r.usage_json, nullptr, false);
-  if (!u.is_object()) return {};
-  auto number = [&](const char* key) -> int64_t {
-    const nlohmann::json v = u.value(key, nlohmann::json());
-    return v.is_number_integer() ? std::max<int64_t>(0, v.get<int64_t>()) : 0;
-  };
-  return {.peak_mib = number("gpu_peak_memory_mib"),
-          .refused = static_cast<uint64_t>(number("gpu_memory_refused")),
-          .wanted_mib = number("gpu_memory_wanted_mib")};
-}
-
 JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history, Options options)
     : host_(host), store_(store), history_(history), options_(std::move(options)) {}
 

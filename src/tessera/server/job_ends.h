@@ -65,8 +65,6 @@ struct EndFacts {
 };
 void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const std::string& owner,
                   const EndFacts& end);
-// A finished job's record's GPU memory figures (its usage: peak, refusals, the most it asked).
-GpuMemoryUse RecordedGpuMemory(const JobRecord& r);
 
 // The end of a job: the state it goes to and why, and whether it is queued again.
 struct EndOutcome {

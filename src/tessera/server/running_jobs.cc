@@ -52,23 +52,23 @@ std::optional<double> RunningJob::GpuUtilization(double now) const {
   return std::clamp(100.0 * util_sum / util_samples, 0.0, 100.0);
 }
 
-namespace {
-// A field of a finished job's usage record; null when it has none.
-json UsageField(const JobRecord& r, const char* key) {
-  if (r.usage_json.empty()) return nullptr;
-  const json u = json::parse(r.usage_json, nullptr, false);
-  return u.is_object() && u.contains(key) ? u[key] : json(nullptr);
-}
-}  // namespace
-
-std::optional<bool> SharedGpu(const JobRecord& r) {
-  const json v = UsageField(r, "shared_gpu");
-  return v.is_boolean() ? std::optional<bool>(v.get<bool>()) : std::nullopt;
-}
-
-std::optional<double> MeasuredUtilization(const JobRecord& r) {
-  const json v = UsageField(r, "gpu_utilization_pct");
-  return v.is_number() ? std::optional<double>(v.get<double>()) : std::nullopt;
+RecordedUse UsageOf(const JobRecord& r) {
+  RecordedUse out;
+  const json u = r.usage_json.empty() ? json() : json::parse(r.usage_json, nullptr, false);
+  if (!u.is_object()) return out;
+  auto field = [&](const char* key) { return u.contains(key) ? u[key] : json(); };
+  auto mib = [&](const char* key) -> int64_t {
+    const json v = field(key);
+    return v.is_number_integer() ? std::max<int64_t>(0, v.get<int64_t>()) : 0;
+  };
+  if (const json v = field("gpu_utilization_pct"); v.is_number()) out.util = v.get<double>();
+  if (const json v = field("shared_gpu"); v.is_boolean()) out.shared_gpu = v.get<bool>();
+  const json trial = field("trial");
+  out.trial = trial.is_boolean() && trial.get<bool>();
+  out.memory = {.peak_mib = mib("gpu_peak_memory_mib"),
+                .refused = static_cast<uint64_t>(mib("gpu_memory_refused")),
+                .wanted_mib = mib("gpu_memory_wanted_mib")};
+  return out;
 }
 
 RunningJob& RunningJobs::Add(RunningJob r) {

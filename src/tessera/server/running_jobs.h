@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tessera/devices/device_source.h"
+#include "tessera/server/auto_size.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/job_spec.h"
 
@@ -81,10 +82,16 @@ std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t i
                         const char* suffix = "");
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix);
 
-// What a finished job's record says its utilization was, and whether it shared its GPU (its GPU
-// memory: RecordedGpuMemory, job_ends.h).
-std::optional<double> MeasuredUtilization(const JobRecord& r);
-std::optional<bool> SharedGpu(const JobRecord& r);
+// What a finished job's record says it used (its usage, read once): its utilization, whether it
+// shared its GPU, its GPU memory figures (peak, refusals, the most it asked), and whether its run
+// was a trial.
+struct RecordedUse {
+  std::optional<double> util;
+  std::optional<bool> shared_gpu;
+  GpuMemoryUse memory;
+  bool trial = false;
+};
+RecordedUse UsageOf(const JobRecord& r);
 
 class RunningJobs {
  public:
