@@ -352,11 +352,11 @@ TEST(Pacing, ATenantStoppedWhileWaitingBanksNoCredit) {
 
 // The same mix with 2, 5 and 8 steady tenants of unequal shares: beside a bursty tenant stopped at
 // random and a job killed inside synchronizes over and over, each steady tenant's part of what the
-// steady ones got stays within 5 points of its part of their shares, over one 2 s window that all
+// steady ones got stays within 5 points of its part of their shares, over one 4 s window that all
 // of them measure (WORK_START_MS: the same stretch of time, however long each took to start).
-// Measured here under a load average of 4.9-5.5 (a build on both cores): at most 1.7 points off
-// with 2 tenants, 3.7 with 5, 2.7 with 8 (4, 4 and 8 runs); before the windows were aligned, 8
-// tenants reached 5.3.
+// Over 2 s windows, 8 tenants were 5.2 points off once in CI (up to 3.9 here in 30 runs, quiet or
+// beside two busy loops); over 4 s, at most 2.7 here in 5 runs beside two busy loops (2 tenants
+// 2.0, 5 tenants 1.8). Before the windows were aligned, 8 tenants reached 5.3.
 class PacingTenants : public ::testing::TestWithParam<std::vector<int>> {};
 
 TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
@@ -381,19 +381,19 @@ TEST_P(PacingTenants, EachSteadyShareHoldsBesideStoppedAndKilledTenants) {
   int total = 0;
   for (size_t i = 0; i < shares.size(); ++i) {
     steady.push_back(Spawn("exec " + Command(env("steady-" + std::to_string(i), shares[i]), "link",
-                                             "work:2600:500:4:0:500:2500")));
+                                             "work:4600:500:4:0:500:4500")));
     total += shares[i];
   }
   Running bursty =
-      Spawn("exec " + Command(env("bursty", 10), "link", "work:2600:1000:3:4000:500:2500"));
+      Spawn("exec " + Command(env("bursty", 10), "link", "work:4600:1000:3:4000:500:4500"));
   Running killed =
-      Spawn("end=$(($(date +%s) + 3)); while [ $(date +%s) -lt $end ]; do " +
+      Spawn("end=$(($(date +%s) + 5)); while [ $(date +%s) -lt $end ]; do " +
             Command(env("killed", 10, false), "link", "work:40:500:4:0:0:0 syncdie:20000") +
             " >/dev/null 2>&1; sleep 0.1; done");
   const unsigned seed = TestSeed() + static_cast<unsigned>(shares.size());
   SCOPED_TRACE(::testing::Message() << "TESSERA_TEST_SEED=" << TestSeed());
   std::mt19937 rng(seed);
-  const auto until = origin + std::chrono::milliseconds(2500);
+  const auto until = origin + std::chrono::milliseconds(4500);
   while (std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(60 + rng() % 120));
     kill(bursty.pid, SIGSTOP);
