@@ -21,6 +21,14 @@ std::string ValidateRequest(const Request& r) {
   if (r.gpus > 0 && (r.gpu_milli != 0 || r.gpu_memory_mib != 0)) {
     return "a request asks for whole GPUs or a share of one, not both";
   }
+  if (r.gpus_max != 0) {
+    if (r.gpus < 1) return "gpus_max: an elastic request asks for whole GPUs (gpus 1 or more)";
+    if (r.gpus_max < r.gpus || r.gpus_max > 64) {
+      return "gpus_max: expected " + std::to_string(r.gpus) + "..64 (gpus..64), got " +
+             std::to_string(r.gpus_max);
+    }
+    if (!r.gang.empty()) return "gpus_max: a gang member is not elastic (its gang is)";
+  }
   if (r.gpu_milli < 0 || r.gpu_milli >= kMilliPerGpu) {
     return "gpu_milli: expected 1..999 (a share of a GPU), got " + std::to_string(r.gpu_milli);
   }

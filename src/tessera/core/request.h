@@ -46,6 +46,10 @@ struct Request {
 
   // Either whole GPUs...
   int gpus = 0;
+  // ...at least `gpus` of them and, elastic, up to `gpus_max` (0: exactly `gpus`): it is placed
+  // with `gpus`, grows onto GPUs of its node no queued request can use and gives them back when one
+  // can (sched::Engine). Not part of its shape: where it fits is where its `gpus` fit.
+  int gpus_max = 0;
   // ...or a fractional share of a GPU: a compute share in thousandths (1..999) and/or GPU
   // memory, on each of `share_gpus` different GPUs of one node (0 or 1: one GPU; more: a job whose
   // ranks run on several shared GPUs).
@@ -100,6 +104,8 @@ struct Request {
   int shared_gpu_count() const { return fractional() ? std::max(share_gpus, 1) : 0; }
   // How many GPUs it is placed on, whole or shared.
   int gpu_count() const { return gpus > 0 ? gpus : shared_gpu_count(); }
+  // Whether it may grow past `gpus` (gpus_max).
+  bool elastic() const { return gpus_max > gpus && gpus > 0; }
   // Whether it runs as an MPS client (asked MPS mode).
   bool mps() const { return sharing == GpuSharing::kMps; }
   // GPU compute asked for, in thousandths of a GPU.

@@ -71,6 +71,9 @@ struct Allocation {
   core::Request request;
   double start_time = 0;  // caller's clock, seconds
   bool borrowed = false;  // placed on quota borrowed from other owners (reclaimable)
+  // GPUs an elastic request grew onto (sched::Engine): any queued request that can use them takes
+  // them back, whatever its priority or owner (the request holding them shrinks).
+  bool reclaimable = false;
 };
 
 // A class of nodes in identical state, decoded for policies.

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "fmt/format.h"
@@ -105,21 +107,143 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     auto it = queued_.find(d.id);
     running_[d.id] = std::move(it->second);
     queued_.erase(it);
+    if (d.allocation.request.elastic()) elastic_.insert(d.id);
     executor_.Start(d.id, d.allocation, now);
     ++started;
   }
   for (const CycleDecision& d : decisions) {
-    if (d.kind == CycleDecision::Kind::kPreempt) executor_.Stop(d.victims, d.id, d.reason, now);
+    if (d.kind != CycleDecision::Kind::kPreempt) continue;
+    // GPUs an elastic request grew onto are taken back by shrinking it, not by stopping it (when
+    // it is not stopped whole anyway: its grown GPUs go with it).
+    std::vector<std::string> whole;
+    for (const std::string& v : d.victims) {
+      if (const std::string* grown = GrownOf(v)) {
+        if (std::find(d.victims.begin(), d.victims.end(), *grown) == d.victims.end())
+          Shrink(*grown, now);
+      } else {
+        whole.push_back(v);
+      }
+    }
+    if (!whole.empty()) executor_.Stop(whole, d.id, d.reason, now);
   }
+  Grow(now);
   return started;
+}
+
+const std::string* Engine::GrownOf(const std::string& allocation_id) const {
+  const Allocation* a = scheduler_->state().Find(allocation_id);
+  if (a == nullptr || !a->reclaimable) return nullptr;
+  constexpr std::string_view kSuffix = "+grown";
+  if (!allocation_id.ends_with(kSuffix)) return nullptr;
+  auto it = elastic_.find(allocation_id.substr(0, allocation_id.size() - kSuffix.size()));
+  return it == elastic_.end() ? nullptr : &*it;
+}
+
+void Engine::Shrink(const std::string& id, double now) {
+  if (!shrinking_.insert(id).second) return;
+  if (const Allocation* own = scheduler_->state().Find(id)) executor_.Resize(id, *own, now);
+}
+
+bool Engine::Resized(const std::string& id) {
+  if (shrinking_.erase(id) == 0) return false;
+  (void)scheduler_->Release(GrownId(id));
+  return true;
+}
+
+std::optional<Allocation> Engine::Holding(const std::string& id) const {
+  const Allocation* own = scheduler_->state().Find(id);
+  if (own == nullptr) return std::nullopt;
+  Allocation holds = *own;
+  if (const Allocation* grown = scheduler_->state().Find(GrownId(id));
+      grown && grown->reclaimable) {
+    holds.gpus.insert(holds.gpus.end(), grown->gpus.begin(), grown->gpus.end());
+    std::sort(holds.gpus.begin(), holds.gpus.end());
+    holds.request.gpus = static_cast<int>(holds.gpus.size());
+  }
+  return holds;
+}
+
+void Engine::Grow(double now) {
+  if (elastic_.empty() || !executor_.Resizes() || !options_.cycle.preemption) return;
+  // Only onto GPUs no queued request can use: with one waiting for a GPU, nothing grows (one that
+  // waits for something else - a quota, its victims - may yet take a GPU freed meanwhile).
+  for (const auto& [id, s] : queued_) {
+    if (s.entry.request.wants_gpu()) return;
+  }
+  const ClusterState& st = scheduler_->state();
+  for (const std::string& id : elastic_) {
+    if (shrinking_.contains(id)) continue;
+    const Allocation* own = st.Find(id);
+    if (own == nullptr) continue;
+    const std::string grown_id = GrownId(id);
+    const Allocation* grown = st.Find(grown_id);
+    const int have = static_cast<int>(own->gpus.size() + (grown ? grown->gpus.size() : 0));
+    const int room = own->request.gpus_max - have;
+    if (room <= 0) continue;
+    std::vector<int> free;
+    const core::NodeSpec& node = st.node_spec(own->node);
+    for (int g = 0; g < st.gpu_count(own->node) && static_cast<int>(free.size()) < room; ++g) {
+      const GpuUse& u = st.gpu_use(own->node, g);
+      if (u.holders == 0 && u.milli == 0 && u.healthy &&
+          core::GpuAccepted(node.gpus[g], own->request))
+        free.push_back(g);
+    }
+    if (free.empty()) continue;
+    // What it grows onto counts against its owner's quota (and groups'), within their own limits.
+    core::Request more = own->request;
+    more.id = grown_id;
+    more.gpus = static_cast<int>(free.size());
+    more.gpus_max = 0;
+    more.cpu_milli = 0;
+    more.memory_mib = 0;
+    more.topology = core::TopologyMode::kNone;
+    more.priority = std::numeric_limits<int>::min();
+    more.preemptible = true;
+    auto within = [&] {
+      more.gpus = static_cast<int>(free.size());
+      const GpuAmount delta = scheduler_->QuotaAmount(more, own->node, free);
+      bool ok = scheduler_->quotas().WithinOwnLimit(more.owner, delta);
+      for (const std::string& group : more.quota_groups)
+        ok = ok && scheduler_->quotas().WithinOwnLimit(group, delta);
+      return ok;
+    };
+    while (!free.empty() && !within()) free.pop_back();
+    if (free.empty()) continue;
+    Allocation next;
+    if (grown != nullptr) {
+      next = *grown;
+      (void)scheduler_->Release(grown_id);
+    } else {
+      next.id = grown_id;
+      next.node = own->node;
+      next.milli_per_gpu = own->milli_per_gpu;
+      next.memory_mib_per_gpu = own->memory_mib_per_gpu;
+      next.start_time = now;
+      next.reclaimable = true;
+      next.request = more;
+    }
+    next.gpus.insert(next.gpus.end(), free.begin(), free.end());
+    std::sort(next.gpus.begin(), next.gpus.end());
+    next.request.gpus = static_cast<int>(next.gpus.size());
+    if (!scheduler_->Restore(next).ok()) continue;
+    executor_.Resize(id, *Holding(id), now);
+  }
+}
+
+void Engine::ForgetElastic(const std::string& id) {
+  if (elastic_.erase(id) == 0) return;
+  shrinking_.erase(id);
+  (void)scheduler_->Release(GrownId(id));
 }
 
 bool Engine::Ended(const std::string& id) {
   running_.erase(id);
+  ForgetElastic(id);
   return scheduler_->Release(id).ok();
 }
 
 bool Engine::Stopped(const std::string& id, StopCause cause) {
+  ForgetElastic(id);
   (void)scheduler_->Release(id);
   const bool by_rule =
       cause == StopCause::kPreempted ? options_.requeue_preempted : options_.requeue_unhealthy;
@@ -134,6 +258,7 @@ bool Engine::Stopped(const std::string& id, StopCause cause) {
 
 absl::Status Engine::Restore(const Allocation& a, std::optional<Submission> s) {
   if (absl::Status st = scheduler_->Restore(a); !st.ok()) return st;
+  if (a.request.elastic()) elastic_.insert(a.id);
   if (s) running_[a.id] = *std::move(s);
   return absl::OkStatus();
 }
@@ -141,7 +266,11 @@ absl::Status Engine::Restore(const Allocation& a, std::optional<Submission> s) {
 absl::StatusOr<std::vector<Allocation>> Engine::RemoveNode(NodeId node) {
   auto released = cycle_.RemoveNode(node);
   if (released.ok())
-    for (const Allocation& a : *released) running_.erase(a.id);
+    for (const Allocation& a : *released) {
+      running_.erase(a.id);
+      elastic_.erase(a.id);
+      shrinking_.erase(a.id);
+    }
   return released;
 }
 

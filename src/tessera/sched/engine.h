@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +41,16 @@ class Executor {
   // (Engine::Stopped); meanwhile `for_id` waits for exactly them.
   virtual void Stop(const std::vector<std::string>& victims, const std::string& for_id,
                     const std::string& reason, double now) = 0;
+  // Whether this driver resizes running work; when not, an elastic request (core::Request::
+  // gpus_max) runs on its minimum from start to end.
+  virtual bool Resizes() const { return false; }
+  // Resize running elastic request `id` to `holds`: every GPU it holds now, its own and those it
+  // grew onto (Engine::Holding). Grown, the new GPUs are already recorded as its own; shrunk, the
+  // GPUs it gives up stay its own until the driver calls Engine::Resized(id) (the job checkpointed
+  // and runs on `holds` alone). Called only when Resizes().
+  virtual void Resize(const std::string& id, const Allocation& holds, double now) {
+    (void)id, (void)holds, (void)now;
+  }
 };
 
 // Why a running allocation was stopped, for the requeue rules.
@@ -103,6 +114,26 @@ class Engine {
   // queue when the rules (or its own wish) say so - queued here, unless requeue_through_driver.
   // Returns whether it goes back.
   bool Stopped(const std::string& id, StopCause cause);
+  // Elastic requests (core::Request::gpus_max), when the Executor Resizes(): a started one grows,
+  // at the end of a Step, onto free GPUs of its node - only when no queued request wants a GPU, and
+  // within its owner's quota - as a second allocation (GrownId: reclaimable, the lowest priority,
+  // no CPU or memory of its own) that quotas and fair share count as its. A queued request that can
+  // use them plans preemption as it would (preemption on: without it nothing grows), finds the
+  // grown GPUs the cheapest victims, whatever its priority or owner, and the engine asks the
+  // request to shrink back to its minimum (Executor::Resize) instead of stopping anyone whole. The
+  // GPUs stay held until the driver says it shrank (Resized); meanwhile the queued request waits
+  // for exactly them, as for any victim. Ending or stopping a request releases what it grew onto.
+  //
+  // A shrink asked of `id` is done: the GPUs it grew onto are free. false when none was asked.
+  bool Resized(const std::string& id);
+  // What running request `id` holds now: its allocation and the GPUs it grew onto, in one
+  // allocation (its request's gpus the total); nullopt when it is not running here.
+  std::optional<Allocation> Holding(const std::string& id) const;
+  // The id of the allocation of the GPUs elastic request `id` grew onto.
+  static std::string GrownId(const std::string& id) { return id + "+grown"; }
+  // Whether `id` was asked to shrink and has not yet said it did.
+  bool Shrinking(const std::string& id) const { return shrinking_.contains(id); }
+
   // Records an allocation decided earlier (a server re-adopting its running jobs, the extender
   // learning of a pod bound before it started): Scheduler::Restore. With its submission, it can be
   // queued again when stopped, as if it had started here.
@@ -129,6 +160,14 @@ class Engine {
  private:
   // Queues `s` (Submit) with `waiting` as its reason until the next Step looks.
   absl::Status Queue(Submission s, std::string waiting);
+  // The elastic request whose grown GPUs `allocation_id` are; nullptr when it is none.
+  const std::string* GrownOf(const std::string& allocation_id) const;
+  // Asks elastic `id` to give back what it grew onto (once until Resized).
+  void Shrink(const std::string& id, double now);
+  // Grows the running elastic requests onto free GPUs (see Resized).
+  void Grow(double now);
+  // Forgets elastic `id` and frees the GPUs it grew onto (it ended, stopped or left).
+  void ForgetElastic(const std::string& id);
 
   std::unique_ptr<Scheduler> scheduler_;
   Executor& executor_;
@@ -138,6 +177,8 @@ class Engine {
   // Requests as submitted (before Expect), to queue them again: while in the cycle's queue, and
   // once started until Ended or Stopped.
   std::unordered_map<std::string, Submission> queued_, running_;
+  // Running elastic requests (ordered: growth is deterministic), and those asked to shrink.
+  std::set<std::string> elastic_, shrinking_;
   size_t deferred_ = 0;
 };
 

@@ -71,6 +71,143 @@ TEST(Engine, TellsItsExecutorToStartAndToStopAndWaitsForTheStop) {
   EXPECT_THAT(x.started, ElementsAre("low", "high"));
 }
 
+// A driver that resizes running work: what it was asked, by request.
+struct Resizer : Recorder {
+  std::vector<std::pair<std::string, std::vector<int>>> resizes;
+  bool Resizes() const override { return true; }
+  void Resize(const std::string& id, const Allocation& holds, double) override {
+    EXPECT_EQ(holds.request.gpus, static_cast<int>(holds.gpus.size()));
+    resizes.emplace_back(id, holds.gpus);
+  }
+};
+
+core::Request Elastic(const std::string& id, int min, int max) {
+  core::Request r = Whole(id, min);
+  r.gpus_max = max;
+  return r;
+}
+
+// No GPU is held twice: every GPU of the node is in one allocation at most.
+void ExpectNoGpuHeldTwice(const Engine& e) {
+  std::map<std::pair<NodeId, int>, std::string> holder;
+  for (const auto& [id, a] : e.scheduler().state().allocations()) {
+    for (int g : a.gpus) {
+      auto [it, fresh] = holder.emplace(std::make_pair(a.node, g), id);
+      EXPECT_TRUE(fresh) << "GPU " << g << " held by " << it->second << " and " << id;
+    }
+  }
+}
+
+TEST(Engine, AnElasticRequestGrowsOntoIdleGpusAndGivesThemBackToAQueuedOne) {
+  Resizer x;
+  Engine e(OneNode(4), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("busy", 2), 1, 1)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 4), 1, 2)).ok());
+  // Started on its minimum, it grows at once onto the one GPU nobody queued wants.
+  EXPECT_EQ(e.Step(1), 2u);
+  ASSERT_EQ(x.resizes.size(), 1u);
+  EXPECT_EQ(x.resizes[0].first, "el");
+  EXPECT_EQ(x.resizes[0].second.size(), 2u);
+  EXPECT_EQ(e.Holding("el")->gpus, x.resizes[0].second);
+  ExpectNoGpuHeldTwice(e);
+  // Two more GPUs free: it takes them, up to its maximum.
+  EXPECT_TRUE(e.Ended("busy"));
+  e.Step(2);
+  ASSERT_EQ(x.resizes.size(), 2u);
+  EXPECT_THAT(x.resizes[1].second, ElementsAre(0, 1, 2, 3));
+  // A request of no higher priority arrives: the grown GPUs are the victims - the elastic request
+  // is asked to shrink to its minimum, nobody is stopped.
+  ASSERT_TRUE(e.Submit(Sub(Whole("next", 2), 3, 3)).ok());
+  EXPECT_EQ(e.Step(3), 0u);
+  EXPECT_TRUE(x.stops.empty());
+  ASSERT_EQ(x.resizes.size(), 3u);
+  EXPECT_EQ(x.resizes[2].second.size(), 1u);
+  EXPECT_TRUE(e.Shrinking("el"));
+  // Until it says it shrank, its GPUs stay its own: nothing starts, nothing is asked twice.
+  EXPECT_EQ(e.Step(4), 0u);
+  EXPECT_EQ(x.resizes.size(), 3u);
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 4u);
+  ExpectNoGpuHeldTwice(e);
+  EXPECT_TRUE(e.Resized("el"));
+  EXPECT_FALSE(e.Resized("el"));
+  // The queued request starts on what it gave back; the one GPU left idle is grown onto again.
+  EXPECT_EQ(e.Step(5), 1u);
+  EXPECT_THAT(x.started, ElementsAre("busy", "el", "next"));
+  ASSERT_EQ(x.resizes.size(), 4u);
+  EXPECT_EQ(x.resizes[3].second.size(), 2u);
+  ExpectNoGpuHeldTwice(e);
+  // Its end frees what it grew onto too.
+  EXPECT_TRUE(e.Ended("el"));
+  EXPECT_EQ(e.scheduler().state().allocations().size(), 1u);
+}
+
+TEST(Engine, AHigherPriorityArrivalShrinksAnElasticRequestBeforeItStopsAnyoneWhole) {
+  Resizer x;
+  Engine e(OneNode(4), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("low", 1), 1, 1)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 4), 1, 2)).ok());
+  e.Step(1);
+  ASSERT_EQ(e.Holding("el")->gpus.size(), 3u);
+  ASSERT_TRUE(e.Submit(Sub(Whole("high", 2), 2, 3, /*priority=*/5)).ok());
+  EXPECT_EQ(e.Step(2), 0u);
+  EXPECT_TRUE(x.stops.empty()) << x.stops[0].victims[0];
+  EXPECT_TRUE(e.Shrinking("el"));
+  EXPECT_TRUE(e.Resized("el"));
+  EXPECT_EQ(e.Step(3), 1u);
+  EXPECT_THAT(x.started, ElementsAre("low", "el", "high"));
+  ExpectNoGpuHeldTwice(e);
+  // Needing more than the grown GPUs, a later arrival stops work whole, and a stopped elastic
+  // request frees all it held.
+  ASSERT_TRUE(e.Submit(Sub(Whole("top", 4), 3, 4, /*priority=*/9)).ok());
+  e.Step(4);
+  ASSERT_EQ(x.stops.size(), 1u);
+  EXPECT_THAT(x.stops[0].victims, ::testing::UnorderedElementsAre("low", "el", "high"));
+  for (const char* id : {"low", "el", "high"}) e.Stopped(id, StopCause::kPreempted);
+  EXPECT_EQ(e.Step(5), 1u);
+  EXPECT_EQ(x.started.back(), "top");
+  ExpectNoGpuHeldTwice(e);
+}
+
+TEST(Engine, AStoppedElasticRequestFreesWhatItGrewOntoWithoutAShrink) {
+  Resizer x;
+  Engine e(OneNode(4), x);
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 4), 1, 1)).ok());
+  e.Step(1);
+  ASSERT_EQ(e.Holding("el")->gpus.size(), 4u);
+  // All four wanted at a higher priority: the request and its grown GPUs are the victims; it is
+  // stopped, not asked to shrink first.
+  ASSERT_TRUE(e.Submit(Sub(Whole("big", 4), 2, 2, /*priority=*/5)).ok());
+  e.Step(2);
+  ASSERT_EQ(x.stops.size(), 1u);
+  EXPECT_THAT(x.stops[0].victims, ElementsAre("el"));
+  EXPECT_FALSE(e.Shrinking("el"));
+  EXPECT_EQ(x.resizes.size(), 1u);
+  EXPECT_TRUE(e.Stopped("el", StopCause::kPreempted));
+  EXPECT_EQ(e.Step(3), 1u);
+  EXPECT_EQ(x.started.back(), "big");
+  ExpectNoGpuHeldTwice(e);
+}
+
+TEST(Engine, AnElasticRequestGrowsWithinItsOwnersQuotaAndOnlyWithADriverThatResizes) {
+  Resizer x;
+  auto s = OneNode(8);
+  s->quotas().Set("team", OwnerQuota{.limit = {3, -1, -1}});
+  Engine e(std::move(s), x);
+  core::Request r = Elastic("el", 1, 8);
+  r.owner = "team";
+  ASSERT_TRUE(e.Submit(Sub(r, 1, 1)).ok());
+  e.Step(1);
+  // Its owner may hold 3 GPUs: it grows by the 2 its quota has left, not onto all 8.
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 3u);
+  EXPECT_EQ(e.scheduler().quotas().Used("team").gpus, 3);
+  r.id = "el2";
+  Recorder plain;
+  Engine fixed(OneNode(8), plain);
+  ASSERT_TRUE(fixed.Submit(Sub(r, 1, 1)).ok());
+  fixed.Step(1);
+  EXPECT_EQ(fixed.Holding("el2")->gpus.size(), 1u);
+}
+
 TEST(Engine, RequeueRulesByCauseAndTheRequestsOwnWish) {
   Recorder x;
   Engine e(OneNode(4), x, {.requeue_preempted = true, .requeue_unhealthy = false});

@@ -39,6 +39,7 @@ struct Scheduler::PreemptionSearch {
 
   bool Eligible(const Allocation& a) const {
     if (!a.request.preemptible) return false;
+    if (a.reclaimable) return true;
     if (a.request.priority < r.priority) return r.preempts_others || a.request.owner == r.owner;
     return a.borrowed && a.request.owner != r.owner && requester_within_quota;
   }
