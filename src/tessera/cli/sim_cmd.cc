@@ -343,6 +343,10 @@ struct ReplayFlags {
   bool right_size = false;
   sim::UseModel use;
   sim::RightSizing sizing;
+  // Each policy also run with this share of the multi-GPU jobs elastic (ReplayConfig::elastic).
+  double elastic = 0;
+  double elastic_serial_fraction = 0.05;
+  double resize_overhead = 60;
 };
 
 // The replay's files in --out: its series, runs and waits as CSV, and report.html with its plots.
@@ -355,7 +359,7 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
     std::filesystem::path dir(f.out_dir);
     std::string subtitle = fmt::format(
         "{} nodes, {} jobs, seed {}, preemption {}, arrivals compressed {}x, queue order {}, "
-        "backfill reservations {}, durations predicted {}{}{}{}{}.",
+        "backfill reservations {}, durations predicted {}{}{}{}{}{}.",
         l.nodes.size(), l.jobs.size(), f.seed, no_preemption ? "off" : "on", compression,
         o.arrival_order ? "arrival" : "priority then arrival", o.reservations,
         o.predict ? "from earlier jobs (p75 per owner and shape), else the trace's"
@@ -366,6 +370,10 @@ std::optional<int> WriteReplayFiles(const SimFlags& f, const ReplayFlags& o, con
             : "",
         o.interference ? ", interference between shares modelled" : "",
         o.mps ? fmt::format(", GPUs shared by MPS (capacity {:g})", o.mps_capacity) : "",
+        o.elastic > 0 ? fmt::format(", each policy also with {:g} of the multi-GPU jobs elastic "
+                                    "(serial fraction {:g}, {:g}s per resize)",
+                                    o.elastic, o.elastic_serial_fraction, o.resize_overhead)
+                      : "",
         o.right_size ? fmt::format(", each policy also with requests right-sized (use model: mean "
                                    "{:g}, concentration {:g}; margin {:g}, {} milli granules)",
                                    o.use.mean, o.use.concentration, o.sizing.margin,
@@ -397,6 +405,8 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
         "WAIT P95", "WAIT MAX",     "JCT MEAN",   "JCT P95"};
     // With interference modelled: how much the shares were slowed (run time / duration).
     if (o.interference) columns.insert(columns.end(), {"SHARE SLOWDOWN", "SLOWDOWN MAX"});
+    // With elastic runs: how many jobs were elastic, and how often they grew and shrank.
+    if (o.elastic > 0) columns.insert(columns.end(), {"ELASTIC", "GROWS", "SHRINKS"});
     // Where the jobs' utilization is known (the trace's, or the use model's): how busy the GPUs
     // were over the busy period, beside how much of them was allocated.
     const bool busy_known =
@@ -427,6 +437,10 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
       if (o.interference) {
         row.push_back(fmt::format("{:.3f}x", r.share_slowdown_mean));
         row.push_back(fmt::format("{:.3f}x", r.share_slowdown_max));
+      }
+      if (o.elastic > 0) {
+        row.insert(row.end(), {std::to_string(r.elastic_jobs), std::to_string(r.grows),
+                               std::to_string(r.shrinks)});
       }
       row.push_back(fmt::format("{:.2f}", r.seconds));
       t.AddRow(row);
@@ -470,7 +484,10 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
                    {"waitSecondsBySize", by_size(r)},
                    {"jctSeconds", dist(r.jct)},
                    {"shareSlowdownMean", r.share_slowdown_mean},
-                   {"shareSlowdownMax", r.share_slowdown_max}});
+                   {"shareSlowdownMax", r.share_slowdown_max},
+                   {"elasticJobs", r.elastic_jobs},
+                   {"grows", r.grows},
+                   {"shrinks", r.shrinks}});
     }
     EmitStructured(j, format, out);
   }
@@ -544,6 +561,12 @@ int RunReplayCmd(const SimFlags& f, ReplayFlags o, std::ostream& out, std::ostre
     for (size_t i = 0; i < policies; ++i)
       runs.push_back({runs[i].label + " right-sized", runs[i].policies});
   }
+  // Elastic: each policy run again with a share of the multi-GPU jobs elastic.
+  const size_t first_elastic = runs.size();
+  if (o.elastic > 0) {
+    for (size_t i = 0; i < policies; ++i)
+      runs.push_back({runs[i].label + " elastic", runs[i].policies});
+  }
   std::vector<sim::ReplayResult> results(runs.size());
   Progress progress(err, static_cast<int>(runs.size()), f.progress);
   auto t0 = std::chrono::steady_clock::now();
@@ -564,8 +587,14 @@ int RunReplayCmd(const SimFlags& f, ReplayFlags o, std::ostream& out, std::ostre
     c.mps = o.mps;
     c.mps_capacity = o.mps_capacity;
     c.arrival_order = o.arrival_order;
-    results[i] =
-        sim::RunReplay(l.nodes, static_cast<size_t>(i) < policies ? l.jobs : sized, l.typical, c);
+    const bool elastic = static_cast<size_t>(i) >= first_elastic;
+    if (elastic) {
+      c.elastic = o.elastic;
+      c.elastic_serial_fraction = o.elastic_serial_fraction;
+      c.resize_overhead_s = o.resize_overhead;
+    }
+    const bool right_sized = static_cast<size_t>(i) >= policies && !elastic;
+    results[i] = sim::RunReplay(l.nodes, right_sized ? sized : l.jobs, l.typical, c);
     progress.Done(c.label);
   });
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -729,6 +758,24 @@ std::shared_ptr<void> AddSimCommands(CLI::App& app, std::function<int()>& action
   replay->add_option("--mps-figures", rf.mps_figures,
                      "With --mps: take --mps-capacity from a tessera-gpu-check --json report of a "
                      "real GPU (its check \"MPS: 4 tenants of small kernels\")");
+  replay
+      ->add_option("--elastic", rf.elastic,
+                   "Run each policy again with this share (0..1) of the jobs of 2 or more whole "
+                   "GPUs elastic: each asks half its GPUs to all of them, grows onto idle GPUs and "
+                   "shrinks back when a queued job can use them (docs/simulator.md), and compare")
+      ->check(CLI::Range(0.0, 1.0));
+  replay
+      ->add_option("--elastic-serial-fraction", rf.elastic_serial_fraction,
+                   "With --elastic: the part of an elastic job's work more GPUs do not speed up "
+                   "(Amdahl's law)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  replay
+      ->add_option("--resize-overhead", rf.resize_overhead,
+                   "With --elastic: the seconds of no progress each resize costs a job (its "
+                   "checkpoint and restart)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   replay->add_flag("--right-size", rf.right_size,
                    "Run each policy again with every job of one GPU or less asking for what it "
                    "uses plus --margin (its utilization from the trace, else drawn from the use "

@@ -149,6 +149,8 @@ class Replay final : public sched::Executor {
   void Start(const std::string& id, const sched::Allocation& a, double now) override;
   void Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
             double now) override;
+  bool Resizes() const override { return config_.elastic > 0; }
+  void Resize(const std::string& id, const sched::Allocation& holds, double now) override;
 
  private:
   struct State {
@@ -164,6 +166,11 @@ class Replay final : public sched::Executor {
     int gen = 0;
     double end = 0;  // when its departure is due (the natural end a stop is compared with)
     std::vector<int64_t> gpu_keys;  // the GPUs it holds, whole or shared (the busy figure)
+    int64_t held_milli = 0;         // GPU compute it holds
+    // Elastic: its GPUs now (the speed it runs at), and after a shrink under way.
+    int gpus = 0, shrink_to = 0;
+    std::vector<int> shrink_gpus;
+    sched::NodeId node = -1;
   };
   using Departure = std::tuple<double, size_t, int, int>;  // end time, job, epoch, generation
   using Departures = std::priority_queue<Departure, std::vector<Departure>, std::greater<>>;
@@ -183,8 +190,15 @@ class Replay final : public sched::Executor {
   void StartJob(size_t i, double now, const sched::Allocation& a);
   void StopJob(size_t i, double now);
   void Record(double t);
-  bool Depart(double now);    // the departures due by `now`; whether any
-  bool EndStops(double now);  // the stops due by `now`; whether any
+  bool Depart(double now);      // the departures due by `now`; whether any
+  bool EndStops(double now);    // the stops due by `now`; whether any
+  bool EndShrinks(double now);  // the shrinks due by `now`; whether any
+  // Elastic: how fast it runs on `n` GPUs, relative to its traced size (Amdahl's law).
+  double Speed(size_t i, int n) const;
+  // Elastic: holds `gpus` of `node` now (the busy and allocated figures).
+  void Hold(size_t i, sched::NodeId node, const std::vector<int>& gpus);
+  // Elastic: from `now` (after `pause` without progress) it runs on `n` GPUs.
+  void Reschedule(size_t i, double now, double pause, int n);
   void Summarize(double start_time, double horizon);
 
   const std::vector<SimJob>& jobs_;
@@ -196,7 +210,9 @@ class Replay final : public sched::Executor {
   std::vector<State> state_;
   std::unordered_map<std::string, size_t> index_of_;
   Departures departures_;
-  Departures stops_;  // victims asked to stop hold their resources until the stop latency passed
+  Departures stops_;    // victims asked to stop hold their resources until the stop latency passed
+  Departures shrinks_;  // elastic jobs giving GPUs back, until the stop latency passed
+  std::vector<bool> elastic_;  // by job: made elastic (ReplayConfig::elastic)
   int64_t running_ = 0, allocated_milli_ = 0;
   // How busy each GPU (node << 8 | GPU) is: its holders' summed utilization, and the sum over GPUs
   // of that up to 100%.
@@ -231,9 +247,18 @@ Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJo
                                    config.seed, &capacity_);
   scheduler_ = scheduler.get();
   gpu_count_ = static_cast<double>(capacity_) / core::kMilliPerGpu;
+  elastic_.assign(jobs.size(), false);
+  std::mt19937_64 draw(config.seed ^ 0x656c6173u);
   for (size_t i = 0; i < jobs.size(); ++i) {
     state_[i].remaining = jobs[i].duration;
     index_of_[jobs[i].request.id] = i;
+    const core::Request& r = jobs[i].request;
+    // Drawn for every job, so that the same seed makes the same jobs elastic at any share.
+    const double u = std::uniform_real_distribution<double>(0, 1)(draw);
+    if (r.gpus >= 2 && r.gang.empty() && u < config.elastic) {
+      elastic_[i] = true;
+      ++out_.elastic_jobs;
+    }
   }
   // The queue, its order, backfill, preemption planning, requeue after preemption and run-time
   // predictions (config.predict: from the jobs finished so far) are the production engine's.
@@ -259,6 +284,10 @@ sched::RunKind Replay::KindOf(size_t i) const {
 
 void Replay::Enqueue(size_t i) {
   core::Request r = jobs_[i].request;
+  if (elastic_[i]) {
+    r.gpus_max = r.gpus;
+    r.gpus = (r.gpus + 1) / 2;
+  }
   if (config_.arrival_order) r.priority = 0;
   if (config_.mps && r.fractional()) r.sharing = core::GpuSharing::kMps;
   // The trace's own prediction, where it has one (0 means unknown to the cycle: a prediction of
@@ -337,12 +366,15 @@ void Replay::StartJob(size_t i, double now, const sched::Allocation& a) {
   st.running = true;
   st.started = now;
   ++running_;
-  allocated_milli_ += jobs_[i].request.gpu_milli_total();
-  for (int g : a.gpus) {
-    st.gpu_keys.push_back((int64_t{a.node} << 8) | g);
-    AddLoad(st.gpu_keys.back(), Load(i));
-  }
+  st.held_milli = 0;
+  Hold(i, a.node, a.gpus);
   if (st.remaining < 0) return;  // runs to the end of the replay
+  if (elastic_[i]) {
+    st.work_left = st.remaining;
+    st.gpus = 0;
+    Reschedule(i, now, 0, static_cast<int>(a.gpus.size()));
+    return;
+  }
   // Modelled for a share of one GPU; one of several GPUs runs at its own pace.
   if (config_.interference && jobs_[i].request.fractional() && a.gpus.size() == 1) {
     st.gpu_key = (int64_t{a.node} << 8) | a.gpus[0];
@@ -360,15 +392,86 @@ void Replay::StopJob(size_t i, double now) {
   State& st = state_[i];
   st.running = false;
   --running_;
-  allocated_milli_ -= jobs_[i].request.gpu_milli_total();
+  allocated_milli_ -= st.held_milli;
+  st.held_milli = 0;
   for (int64_t key : st.gpu_keys) AddLoad(key, -Load(i));
   st.gpu_keys.clear();
+  st.shrink_to = 0;
   if (st.gpu_key >= 0) {
     std::vector<size_t>& on = shares_on_[st.gpu_key];
     on.erase(std::find(on.begin(), on.end(), i));
     Rebalance(st.gpu_key, now);
     st.gpu_key = -1;
   }
+}
+
+void Replay::Hold(size_t i, sched::NodeId node, const std::vector<int>& gpus) {
+  State& st = state_[i];
+  for (int64_t key : st.gpu_keys) AddLoad(key, -Load(i));
+  st.gpu_keys.clear();
+  for (int g : gpus) {
+    st.gpu_keys.push_back((int64_t{node} << 8) | g);
+    AddLoad(st.gpu_keys.back(), Load(i));
+  }
+  allocated_milli_ -= st.held_milli;
+  st.held_milli = jobs_[i].request.fractional()
+                      ? jobs_[i].request.gpu_milli_total()
+                      : int64_t{core::kMilliPerGpu} * int64_t(gpus.size());
+  allocated_milli_ += st.held_milli;
+  st.node = node;
+}
+
+double Replay::Speed(size_t i, int n) const {
+  const double s = config_.elastic_serial_fraction;
+  auto speedup = [&](double g) { return 1 / (s + (1 - s) / g); };
+  return speedup(n) / speedup(jobs_[i].request.gpus);
+}
+
+void Replay::Reschedule(size_t i, double now, double pause, int n) {
+  State& st = state_[i];
+  if (st.gpus > 0)
+    st.work_left = std::max(0.0, st.work_left - std::max(0.0, now - st.since) * st.rate);
+  st.gpus = n;
+  st.since = now + pause;
+  st.rate = Speed(i, n);
+  ++st.gen;
+  st.end = st.since + st.work_left / st.rate;
+  departures_.emplace(st.end, i, st.epoch, st.gen);
+}
+
+void Replay::Resize(const std::string& id, const sched::Allocation& holds, double now) {
+  const size_t i = index_of_.at(id);
+  State& st = state_[i];
+  if (!st.running || st.remaining < 0) return;
+  const int n = static_cast<int>(holds.gpus.size());
+  if (n > st.gpus) {  // grown: the new GPUs are its own now; it restarts on all of them
+    ++out_.grows;
+    Hold(i, holds.node, holds.gpus);
+    // Grown in the step that started it, it starts on all of them: no restart to pay for.
+    Reschedule(i, now, now > st.started ? config_.resize_overhead_s : 0, n);
+    return;
+  }
+  // Shrinking: it checkpoints and gives the GPUs back after the stop latency, then runs on fewer.
+  ++out_.shrinks;
+  st.shrink_to = n;
+  st.shrink_gpus = holds.gpus;
+  shrinks_.emplace(now + config_.stop_latency_s, i, st.epoch, st.gen);
+}
+
+bool Replay::EndShrinks(double now) {
+  bool any = false;
+  while (!shrinks_.empty() && std::get<0>(shrinks_.top()) <= now) {
+    auto [when, i, epoch, gen] = shrinks_.top();
+    shrinks_.pop();
+    State& st = state_[i];
+    if (epoch != st.epoch || !st.running || st.shrink_to == 0) continue;
+    Hold(i, st.node, st.shrink_gpus);
+    Reschedule(i, when, config_.resize_overhead_s, st.shrink_to);
+    st.shrink_to = 0;
+    engine_->Resized(jobs_[i].request.id);
+    any = true;
+  }
+  return any;
 }
 
 void Replay::Start(const std::string& id, const sched::Allocation& a, double now) {
@@ -469,11 +572,13 @@ ReplayResult Replay::Run() {
   };
   size_t next_arrival = 0;
   Record(start_time);
-  while (next_arrival < order.size() || !departures_.empty() || !stops_.empty()) {
-    double now = std::min(next_time(departures_), next_time(stops_));
+  while (next_arrival < order.size() || !departures_.empty() || !stops_.empty() ||
+         !shrinks_.empty()) {
+    double now = std::min({next_time(departures_), next_time(stops_), next_time(shrinks_)});
     if (next_arrival < order.size()) now = std::min(now, jobs_[order[next_arrival]].submit);
     bool changed = Depart(now);
     changed = EndStops(now) || changed;
+    changed = EndShrinks(now) || changed;
     while (next_arrival < order.size() && jobs_[order[next_arrival]].submit <= now) {
       last_arrival_ = jobs_[order[next_arrival]].submit;
       Enqueue(order[next_arrival]);

@@ -76,6 +76,15 @@ struct ReplayConfig {
   // figure is measured by tessera-gpu-check (MpsCapacityOf).
   bool mps = false;
   double mps_capacity = 1;
+  // Elastic jobs (docs/simulator.md): this share of the trace's jobs of 2 or more whole GPUs (not
+  // of a gang), drawn by the seed, asks for half its GPUs (rounded up) to the number the trace
+  // gave it, and the production engine grows and shrinks it (sched::Engine). Its traced duration is
+  // its work at the traced size; on n GPUs it runs at Amdahl's speedup(n) / speedup(traced) with
+  // `elastic_serial_fraction`, and each resize costs it `resize_overhead_s` of no progress (a
+  // checkpoint and a restart). A shrink gives its GPUs back after `stop_latency_s`, as a stop.
+  double elastic = 0;
+  double elastic_serial_fraction = 0.05;
+  double resize_overhead_s = 60;
   // Whether the result lists every start (ReplayResult::runs).
   bool record_runs = false;
   // Points of each time series: ReplayResult::series over the busy period, ::whole over the replay.
@@ -146,6 +155,8 @@ struct ReplayResult {
   int64_t never_started = 0;  // never ran (still queued at the end, or larger than any node)
   int64_t queued_at_end = 0;  // waiting when the replay ended (preempted jobs included)
   int64_t preemptions = 0;    // evictions
+  int64_t elastic_jobs = 0;   // jobs made elastic (ReplayConfig::elastic)
+  int64_t grows = 0, shrinks = 0;
   double mean_allocated = 0;  // time-weighted over the whole replay
   double peak_allocated = 0;  // the highest allocation (reached within the busy period)
   // Shares that finished: their run time over their duration (above 1: slowed by interference,

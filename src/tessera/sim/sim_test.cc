@@ -407,7 +407,9 @@ TEST(Replay, UnderMpsSharesRunAtOnceUpToItsCapacityAndOneOwnerAtATime) {
   c.mps = false;
   ReplayResult sliced = RunReplay(nodes, {a, b, bob}, {}, c);
   for (const ReplayRun& run : sliced.runs) {
-    if (run.id == "bob") EXPECT_NEAR(run.start, 0, 1e-9);
+    if (run.id == "bob") {
+      EXPECT_NEAR(run.start, 0, 1e-9);
+    }
   }
 }
 
@@ -618,6 +620,59 @@ TEST(Replay, PreemptionEvictsLowerPriorityWorkWhichStartsOver) {
   // Non-preemptible work is never evicted.
   jobs[0].request.preemptible = false;
   EXPECT_EQ(RunReplay(nodes, jobs, {}, ReplayWith(true)).preemptions, 0);
+}
+
+// An elastic job grows onto the idle GPUs at its start, gives them back to a small job that
+// arrives (a shrink, not a preemption), grows onto what is left and then onto all again. Linear
+// speedup (serial fraction 0), 50 s per resize, stops at once:
+//   A (4 GPUs traced, 1000 s of work at 4): starts at 0 on 2 and grows at once to 4 (no cost).
+//   B (1 GPU, 100 s) arrives at 10: A shrinks to 2 (990 s of work left), resumes at 60 at half
+//   speed, and grows onto the GPU B left free (3: 0.75, still from 60). B runs 10..110.
+//   At 110 A grows to 4: 990 - 50 * 0.75 = 952.5 s left from 160, ends at 1112.5.
+// Fixed-size, B waits for all of A: 1000..1100.
+TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingItWait) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 4)};
+  std::vector<SimJob> jobs = {Job("A", 4, 0, 1000), Job("B", 1, 10, 100)};
+  ReplayConfig c = ReplayWith();
+  c.elastic = 1;
+  c.elastic_serial_fraction = 0;
+  c.resize_overhead_s = 50;
+  const ReplayResult elastic = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(elastic.elastic_jobs, 1);
+  EXPECT_EQ(elastic.finished, 2);
+  EXPECT_EQ(elastic.preemptions, 0);
+  EXPECT_EQ(elastic.grows, 3);
+  EXPECT_EQ(elastic.shrinks, 1);
+  EXPECT_DOUBLE_EQ(elastic.wait.max, 0);
+  EXPECT_DOUBLE_EQ(elastic.jct.max, 1112.5);
+  EXPECT_DOUBLE_EQ(elastic.jct.mean, (1112.5 + 100) / 2);
+  // All four GPUs allocated from start to end but for the shrink's instant.
+  EXPECT_DOUBLE_EQ(elastic.peak_allocated, 1);
+  c.elastic = 0;
+  const ReplayResult fixed = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(fixed.elastic_jobs, 0);
+  EXPECT_EQ(fixed.grows, 0);
+  EXPECT_DOUBLE_EQ(fixed.wait.max, 990);
+  EXPECT_DOUBLE_EQ(fixed.jct.mean, (1000 + 1090) / 2.0);
+  // The same with stops that take 30 s: B waits for the shrink, A pays no more.
+  c.elastic = 1;
+  c.stop_latency_s = 30;
+  const ReplayResult slow = RunReplay(nodes, jobs, {}, c);
+  EXPECT_DOUBLE_EQ(slow.wait.max, 30);
+  EXPECT_EQ(slow.finished, 2);
+}
+
+// Without preemption nothing can take grown GPUs back, so nothing grows: an elastic job runs on
+// its minimum.
+TEST(Replay, WithoutPreemptionAnElasticJobKeepsItsMinimum) {
+  std::vector<core::NodeSpec> nodes = {Node("a", 4)};
+  std::vector<SimJob> jobs = {Job("A", 4, 0, 1000)};
+  ReplayConfig c = ReplayWith(/*preemption=*/false);
+  c.elastic = 1;
+  c.elastic_serial_fraction = 0;
+  const ReplayResult r = RunReplay(nodes, jobs, {}, c);
+  EXPECT_EQ(r.grows, 0);
+  EXPECT_DOUBLE_EQ(r.jct.max, 2000);  // half its GPUs, half its speed
 }
 
 TEST(Replay, JobLargerThanAnyNodeNeverStarts) {
