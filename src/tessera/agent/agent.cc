@@ -10,6 +10,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/agent/metrics.h"
 #include "tessera/core/clock.h"
+#include "tessera/core/gpu.h"
 #include "tessera/devices/cdi.h"
 #include "tessera/kube/object.h"
 #include "tessera/net/http.h"
@@ -418,8 +419,7 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
       const uint64_t wanted = head->wanted_peak[i].load();
       part += fmt::format(
           ", and {} allocation{} refused at that limit (it asked for {} MiB at most)", n,
-          n == 1 ? "" : "s",
-          wanted >= (uint64_t{1} << 62) ? wanted >> 20 : (wanted + (1 << 20) - 1) >> 20);
+          n == 1 ? "" : "s", core::MibRoundedUp(wanted));
       refused = true;
     }
     parts.push_back(std::move(part));

@@ -111,6 +111,13 @@ struct NodeInventory {
 // driver 580.159.04, CUDA 13.0, 2026-11-25); 512 MiB for models not measured.
 uint64_t DefaultContextOverhead(std::string_view model);
 
+// Bytes in MiB rounded up (a refusal a few bytes past a limit still wanted more than it); a
+// value past 2^62 (no allocation asks that much: a corrupt counter) is rounded down instead of
+// overflowing.
+inline uint64_t MibRoundedUp(uint64_t bytes) {
+  return bytes >= (uint64_t{1} << 62) ? bytes >> 20 : (bytes + (uint64_t{1} << 20) - 1) >> 20;
+}
+
 // 81559 MiB -> "79.6 GiB"; bytes are shown in the largest binary unit that keeps a value >= 1.
 std::string FormatBytes(uint64_t bytes);
 // Parses "80GiB", "512 MiB", "16G", "16Gi", "1.5GB", "81920" (MiB when no unit): returns bytes,

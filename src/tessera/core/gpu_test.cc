@@ -48,6 +48,11 @@ TEST(ContextOverhead, MeasuredModelsAndADefaultForTheRest) {
 }
 
 TEST(Bytes, ParsesUnits) {
+  EXPECT_EQ(MibRoundedUp(0), 0u);
+  EXPECT_EQ(MibRoundedUp(1), 1u);
+  EXPECT_EQ(MibRoundedUp(1ull << 20), 1u);
+  EXPECT_EQ(MibRoundedUp((1ull << 20) + 1), 2u);
+  EXPECT_EQ(MibRoundedUp(~0ull), ~0ull >> 20) << "no overflow";
   EXPECT_EQ(ParseBytes("80GiB"), 80ull << 30);
   EXPECT_EQ(ParseBytes("16G"), 16ull << 30) << "Slurm's --mem=16G";
   EXPECT_EQ(ParseBytes("16Gi"), 16ull << 30) << "Kubernetes' 16Gi";

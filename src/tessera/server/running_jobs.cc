@@ -32,11 +32,8 @@ void RunningJob::AddShareReading(const JobHost::ShareUse& s) {
   arbiter_seen_us = s.busy_us;
   gpu_peak_mib = std::max<int64_t>(gpu_peak_mib, s.peak_bytes >> 20);
   gpu_refused = std::max(gpu_refused, s.refused);
-  // Rounded up: a refusal of a few bytes past the limit still wanted more than the limit.
-  const uint64_t wanted_mib = s.wanted_bytes > (uint64_t{1} << 62)
-                                  ? uint64_t{1} << 42
-                                  : (s.wanted_bytes + (1 << 20) - 1) >> 20;
-  gpu_wanted_mib = std::max<int64_t>(gpu_wanted_mib, static_cast<int64_t>(wanted_mib));
+  gpu_wanted_mib =
+      std::max<int64_t>(gpu_wanted_mib, static_cast<int64_t>(core::MibRoundedUp(s.wanted_bytes)));
 }
 
 std::optional<double> RunningJob::GpuUtilization(double now) const {
