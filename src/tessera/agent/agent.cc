@@ -417,9 +417,9 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
                   : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]);
     if (const uint64_t n = head->refused[i].load(); n > 0) {
       const uint64_t wanted = head->wanted_peak[i].load();
-      part += fmt::format(
-          ", and {} allocation{} refused at that limit (it asked for {} MiB at most)", n,
-          n == 1 ? "" : "s", core::MibRoundedUp(wanted));
+      part +=
+          fmt::format(", and {} allocation{} refused at that limit (it asked for {} MiB at most)",
+                      n, n == 1 ? "" : "s", core::MibRoundedUp(wanted));
       refused = true;
     }
     parts.push_back(std::move(part));

@@ -454,10 +454,10 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
       return nlohmann::ordered_json{{"count", d.count}, {"mean", d.mean}, {"p50", d.p50},
                                     {"p95", d.p95},     {"p99", d.p99},   {"max", d.max}};
     };
-    auto by_size = [&](const sim::ReplayResult& r) {
+    auto by_size = [&](const std::map<std::string, sim::Distribution>& m) {
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
       for (const char* k : sim::kGpuSizeClasses) {
-        if (auto it = r.wait_by_gpus.find(k); it != r.wait_by_gpus.end()) o[k] = dist(it->second);
+        if (auto it = m.find(k); it != m.end()) o[k] = dist(it->second);
       }
       return o;
     };
@@ -481,8 +481,9 @@ void PrintReplayResults(const SimFlags& f, const ReplayFlags& o,
                    {"busyMeanQueued", r.busy_mean_queued},
                    {"peakQueued", r.peak_queued},
                    {"waitSeconds", dist(r.wait)},
-                   {"waitSecondsBySize", by_size(r)},
+                   {"waitSecondsBySize", by_size(r.wait_by_gpus)},
                    {"jctSeconds", dist(r.jct)},
+                   {"jctSecondsBySize", by_size(r.jct_by_gpus)},
                    {"shareSlowdownMean", r.share_slowdown_mean},
                    {"shareSlowdownMax", r.share_slowdown_max},
                    {"elasticJobs", r.elastic_jobs},

@@ -108,7 +108,17 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     running_[d.id] = std::move(it->second);
     queued_.erase(it);
     if (d.allocation.request.elastic()) elastic_.insert(d.id);
+  }
+  const bool may_grow = MayGrow();
+  for (size_t i : starts) {
+    if (!go[i]) continue;
+    CycleDecision& d = decisions[i];
+    // An elastic request that could start larger now starts larger, where the larger size fits
+    // best (placed for its minimum, the packing policies put it where it has no room to grow).
+    const bool larger =
+        may_grow && d.allocation.request.elastic() && PlaceLarger(d.allocation, now);
     executor_.Start(d.id, d.allocation, now);
+    if (larger) executor_.Resize(d.id, *Holding(d.id), now);
     ++started;
   }
   for (const CycleDecision& d : decisions) {
@@ -163,13 +173,66 @@ std::optional<Allocation> Engine::Holding(const std::string& id) const {
   return holds;
 }
 
-void Engine::Grow(double now) {
-  if (elastic_.empty() || !executor_.Resizes() || !options_.cycle.preemption) return;
+bool Engine::MayGrow() const {
+  if (elastic_.empty() || !executor_.Resizes() || !options_.cycle.preemption) return false;
   // Only onto GPUs no queued request can use: with one waiting for a GPU, nothing grows (one that
   // waits for something else - a quota, its victims - may yet take a GPU freed meanwhile).
   for (const auto& [id, s] : queued_) {
-    if (s.entry.request.wants_gpu()) return;
+    if (s.entry.request.wants_gpu()) return false;
   }
+  return true;
+}
+
+bool Engine::PlaceLarger(Allocation& own, double now) {
+  const Allocation placed = own;
+  const core::Request& r = placed.request;
+  (void)scheduler_->Release(own.id);
+  for (int n = r.gpus_max; n > r.gpus; --n) {
+    core::Request larger = r;
+    larger.gpus = n;
+    larger.gpus_max = 0;
+    absl::StatusOr<Allocation> a = scheduler_->Place(larger, now);
+    if (!a.ok()) continue;
+    if (a->borrowed) {  // grown only within its owner's own quota
+      (void)scheduler_->Release(own.id);
+      continue;
+    }
+    // Its own GPUs are the first of them; the rest it holds as grown (reclaimable).
+    (void)scheduler_->Release(own.id);
+    own = *a;
+    own.request = r;
+    own.gpus.resize(r.gpus);
+    Allocation grown = *a;
+    grown.id = GrownId(own.id);
+    grown.gpus.erase(grown.gpus.begin(), grown.gpus.begin() + r.gpus);
+    grown.request = GrownRequest(r, static_cast<int>(grown.gpus.size()));
+    grown.reclaimable = true;
+    grown.borrowed = false;
+    if (scheduler_->Restore(own).ok() && scheduler_->Restore(grown).ok()) return true;
+    (void)scheduler_->Release(own.id);
+    (void)scheduler_->Release(grown.id);
+    break;
+  }
+  own = placed;
+  (void)scheduler_->Restore(own);
+  return false;
+}
+
+core::Request Engine::GrownRequest(const core::Request& r, int gpus) {
+  core::Request more = r;
+  more.id = GrownId(r.id);
+  more.gpus = gpus;
+  more.gpus_max = 0;
+  more.cpu_milli = 0;
+  more.memory_mib = 0;
+  more.topology = core::TopologyMode::kNone;
+  more.priority = std::numeric_limits<int>::min();
+  more.preemptible = true;
+  return more;
+}
+
+void Engine::Grow(double now) {
+  if (!MayGrow()) return;
   const ClusterState& st = scheduler_->state();
   for (const std::string& id : elastic_) {
     if (shrinking_.contains(id)) continue;
@@ -190,15 +253,7 @@ void Engine::Grow(double now) {
     }
     if (free.empty()) continue;
     // What it grows onto counts against its owner's quota (and groups'), within their own limits.
-    core::Request more = own->request;
-    more.id = grown_id;
-    more.gpus = static_cast<int>(free.size());
-    more.gpus_max = 0;
-    more.cpu_milli = 0;
-    more.memory_mib = 0;
-    more.topology = core::TopologyMode::kNone;
-    more.priority = std::numeric_limits<int>::min();
-    more.preemptible = true;
+    core::Request more = GrownRequest(own->request, static_cast<int>(free.size()));
     auto within = [&] {
       more.gpus = static_cast<int>(free.size());
       const GpuAmount delta = scheduler_->QuotaAmount(more, own->node, free);

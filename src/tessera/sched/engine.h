@@ -164,6 +164,14 @@ class Engine {
   const std::string* GrownOf(const std::string& allocation_id) const;
   // Asks elastic `id` to give back what it grew onto (once until Resized).
   void Shrink(const std::string& id, double now);
+  // Whether elastic requests may grow now (see Resized).
+  bool MayGrow() const;
+  // Places elastic `own`, just placed for its minimum, on the most GPUs up to its maximum that fit
+  // now (the policies choosing where), the part past its minimum as its grown allocation; false,
+  // `own` as it was, when no larger size fits.
+  bool PlaceLarger(Allocation& own, double now);
+  // The request of what elastic `r` grew onto: `gpus` of them, reclaimable, the lowest priority.
+  static core::Request GrownRequest(const core::Request& r, int gpus);
   // Grows the running elastic requests onto free GPUs (see Resized).
   void Grow(double now);
   // Forgets elastic `id` and frees the GPUs it grew onto (it ended, stopped or left).

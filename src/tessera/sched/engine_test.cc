@@ -141,6 +141,30 @@ TEST(Engine, AnElasticRequestGrowsOntoIdleGpusAndGivesThemBackToAQueuedOne) {
   EXPECT_EQ(e.scheduler().state().allocations().size(), 1u);
 }
 
+// Placed for its minimum, a packing policy would put an elastic request where it cannot grow; with
+// nothing queued it starts on the largest size that fits anywhere, the rest of it grown.
+TEST(Engine, AnElasticRequestStartsOnTheLargestSizeThatFitsNow) {
+  Resizer x;
+  auto s = std::make_unique<Scheduler>();
+  ASSERT_TRUE(s->AddNode(Node("small", 2)).ok());
+  ASSERT_TRUE(s->AddNode(Node("large", 4)).ok());
+  Engine e(std::move(s), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("one", 1), 1, 1)).ok());
+  e.Step(1);
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 4), 2, 2)).ok());
+  e.Step(2);
+  const Allocation holds = *e.Holding("el");
+  EXPECT_EQ(e.scheduler().state().node_name(holds.node), "large");
+  EXPECT_EQ(holds.gpus.size(), 4u);
+  // The driver is told its own allocation at the start, then all it holds.
+  ASSERT_EQ(x.allocations.size(), 2u);
+  EXPECT_EQ(x.allocations[1].gpus.size(), 1u);
+  EXPECT_EQ(x.allocations[1].node, holds.node);
+  ASSERT_EQ(x.resizes.size(), 1u);
+  EXPECT_EQ(x.resizes[0].second, holds.gpus);
+  ExpectNoGpuHeldTwice(e);
+}
+
 TEST(Engine, AHigherPriorityArrivalShrinksAnElasticRequestBeforeItStopsAnyoneWhole) {
   Resizer x;
   Engine e(OneNode(4), x);

@@ -222,6 +222,7 @@ class Replay final : public sched::Executor {
   // Interference: the running shares of each GPU (node << 8 | GPU).
   std::unordered_map<int64_t, std::vector<size_t>> shares_on_;
   std::vector<double> jcts_, slowdowns_;
+  std::map<std::string, std::vector<double>> jct_by_gpus_;
   std::map<int, std::vector<double>> jct_by_priority_, slowdown_by_priority_;
   // The state after every event (the report resamples it over the busy period and the whole
   // replay); the time-weighted means are integrals of this step function.
@@ -532,6 +533,7 @@ bool Replay::Depart(double now) {
           job.utilization >= 0 ? std::optional<double>(job.utilization) : std::nullopt);
     }
     jcts_.push_back(end - job.submit);
+    jct_by_gpus_[GpuSizeClass(job.request)].push_back(jcts_.back());
     jct_by_priority_[job.request.priority].push_back(jcts_.back());
     if (job.duration >= 1)
       slowdown_by_priority_[job.request.priority].push_back(jcts_.back() / job.duration);
@@ -622,6 +624,7 @@ void Replay::Summarize(double start_time, double horizon) {
   out.waits = waits;
   out.wait = sim::Summarize(std::move(waits));
   out.jct = sim::Summarize(std::move(jcts_));
+  for (auto& [size, v] : jct_by_gpus_) out.jct_by_gpus[size] = sim::Summarize(std::move(v));
   for (auto& [p, v] : jct_by_priority_) out.jct_by_priority[p] = sim::Summarize(std::move(v));
   for (auto& [p, v] : slowdown_by_priority_)
     out.slowdown_by_priority[p] = sim::Summarize(std::move(v));

@@ -144,6 +144,9 @@ struct ReplayResult {
   // starvation.
   std::map<std::string, Distribution> wait_by_gpus;
   Distribution jct;  // seconds from submit to finish, jobs that finished
+  // JCT by how many GPUs the trace's job asks for (GpuSizeClass; an elastic job by its traced
+  // size, so the same jobs compare between elastic and fixed-size runs).
+  std::map<std::string, Distribution> jct_by_gpus;
   // By the trace's priority (also with `arrival_order`), jobs that finished: JCT, and slowdown =
   // JCT over duration (jobs of at least a second): waiting and interference together.
   std::map<int, Distribution> jct_by_priority, slowdown_by_priority;

@@ -646,6 +646,7 @@ TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingI
   EXPECT_DOUBLE_EQ(elastic.wait.max, 0);
   EXPECT_DOUBLE_EQ(elastic.jct.max, 1112.5);
   EXPECT_DOUBLE_EQ(elastic.jct.mean, (1112.5 + 100) / 2);
+  EXPECT_DOUBLE_EQ(elastic.jct_by_gpus.at("3-4").max, 1112.5) << "by its traced size";
   // All four GPUs allocated from start to end but for the shrink's instant.
   EXPECT_DOUBLE_EQ(elastic.peak_allocated, 1);
   c.elastic = 0;
