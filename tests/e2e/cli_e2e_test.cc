@@ -169,6 +169,38 @@ TEST(TesseraSim, ReplayReportsWaitsAndSeries) {
 
 // --right-size: each policy again on right-sized requests, the GPUs' busy figure beside their
 // allocation, the use model's draws said on stderr; a bad model is exit 2 naming the field.
+// --elastic: each policy again with the multi-GPU jobs elastic (job c asks 4 GPUs: 2 to 4); on a
+// cluster with room it starts on all 4 at once, so it finishes as fixed-size.
+TEST(TesseraSim, ReplayElasticJobsBesideTheSameJobsFixedSize) {
+  std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
+  Result r = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd --elastic 1 -o json 2>/dev/null");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["policy"], "fgd");
+  EXPECT_EQ(j[0]["elasticJobs"], 0);
+  EXPECT_EQ(j[1]["policy"], "fgd elastic");
+  EXPECT_EQ(j[1]["elasticJobs"], 1);
+  EXPECT_EQ(j[1]["grows"], 1);
+  EXPECT_EQ(j[1]["shrinks"], 0);
+  EXPECT_EQ(j[1]["finished"], 5);
+  EXPECT_EQ(j[1]["jctSecondsBySize"]["3-4"]["mean"], j[0]["jctSecondsBySize"]["3-4"]["mean"]);
+  Result t = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
+                     " --policies fgd --elastic 0.5 2>&1");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, ::testing::HasSubstr("ELASTIC"));
+  EXPECT_THAT(t.out, ::testing::HasSubstr("fgd elastic"));
+  for (const char* flag : {"--elastic 2", "--elastic 1 --elastic-serial-fraction 1.5",
+                           "--elastic 1 --resize-overhead -1"}) {
+    Result f = Tessera("sim replay --nodes " + nodes + " --pods " + jobs + " " + flag + " 2>&1");
+    EXPECT_EQ(f.code, 2) << flag << ": " << f.out;
+    EXPECT_THAT(f.out, ::testing::HasSubstr(std::string(flag).substr(std::string(flag).rfind("--"),
+                                                                      8)))
+        << flag;
+  }
+}
+
 TEST(TesseraSim, ReplayRightSizedRequestsBesideThoseAsAsked) {
   std::string nodes = WriteTemp("nodes.csv", kNodes), jobs = WriteTemp("jobs.csv", kJobs);
   Result r = Tessera("sim replay --nodes " + nodes + " --pods " + jobs +
