@@ -195,8 +195,8 @@ TEST(TesseraSim, ReplayElasticJobsBesideTheSameJobsFixedSize) {
                            "--elastic 1 --resize-overhead -1"}) {
     Result f = Tessera("sim replay --nodes " + nodes + " --pods " + jobs + " " + flag + " 2>&1");
     EXPECT_EQ(f.code, 2) << flag << ": " << f.out;
-    EXPECT_THAT(f.out, ::testing::HasSubstr(std::string(flag).substr(std::string(flag).rfind("--"),
-                                                                      8)))
+    EXPECT_THAT(f.out,
+                ::testing::HasSubstr(std::string(flag).substr(std::string(flag).rfind("--"), 8)))
         << flag;
   }
 }
