@@ -265,8 +265,10 @@ void Engine::Grow(double now) {
     while (!free.empty() && !within()) free.pop_back();
     if (free.empty()) continue;
     Allocation next;
+    std::optional<Allocation> before;
     if (grown != nullptr) {
       next = *grown;
+      before = *grown;
       (void)scheduler_->Release(grown_id);
     } else {
       next.id = grown_id;
@@ -280,7 +282,10 @@ void Engine::Grow(double now) {
     next.gpus.insert(next.gpus.end(), free.begin(), free.end());
     std::sort(next.gpus.begin(), next.gpus.end());
     next.request.gpus = static_cast<int>(next.gpus.size());
-    if (!scheduler_->Restore(next).ok()) continue;
+    if (!scheduler_->Restore(next).ok()) {
+      if (before) (void)scheduler_->Restore(*before);  // it keeps what it held
+      continue;
+    }
     executor_.Resize(id, *Holding(id), now);
   }
 }
