@@ -212,6 +212,96 @@ TEST(Engine, AStoppedElasticRequestFreesWhatItGrewOntoWithoutAShrink) {
   ExpectNoGpuHeldTwice(e);
 }
 
+// Random arrivals, ends, acknowledged shrinks and stops with elastic requests among fixed ones, on
+// three nodes: after every step no GPU is held twice, every elastic request holds between its
+// minimum and its maximum, grown GPUs belong to a running elastic request, and nothing grew in a
+// step that left a request wanting a GPU queued.
+TEST(Engine, ElasticGrowthAndShrinkKeepTheirInvariantsUnderRandomTraffic) {
+  struct Driver : Resizer {
+    std::map<std::string, size_t> held;  // what each running request holds, as last told
+    bool grew = false;
+    void Start(const std::string& id, const Allocation& a, double now) override {
+      Resizer::Start(id, a, now);
+      held[id] = a.gpus.size();
+    }
+    void Resize(const std::string& id, const Allocation& holds, double now) override {
+      Resizer::Resize(id, holds, now);
+      grew = grew || holds.gpus.size() > held[id];
+      held[id] = holds.gpus.size();
+    }
+  };
+  const unsigned seed = 20261130;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  Driver x;
+  auto s = std::make_unique<Scheduler>();
+  for (const char* n : {"a", "b", "c"}) ASSERT_TRUE(s->AddNode(Node(n, 4)).ok());
+  Engine e(std::move(s), x);
+  std::map<std::string, core::Request> asked, queued, running;
+  std::set<std::string> stopping;
+  size_t shrinks_done = 0, grown_ever = 0;
+  for (int step = 1; step <= 1500; ++step) {
+    const int action = static_cast<int>(rng() % 10);
+    if (action < 4) {
+      const std::string id = "r" + std::to_string(step);
+      core::Request r = rng() % 3 == 0 ? Elastic(id, 1 + static_cast<int>(rng() % 2), 4)
+                                       : Whole(id, 1 + static_cast<int>(rng() % 3));
+      ASSERT_TRUE(e.Submit(Sub(r, step, step, static_cast<int>(rng() % 3))).ok());
+      asked[id] = queued[id] = r;
+    } else if (action < 7 && !running.empty()) {
+      auto it = std::next(running.begin(), static_cast<long>(rng() % running.size()));
+      if (!stopping.contains(it->first)) {
+        EXPECT_TRUE(e.Ended(it->first));
+        x.held.erase(it->first);
+        running.erase(it);
+      }
+    } else if (action < 9) {
+      for (const auto& [id, r] : running) {
+        if (e.Shrinking(id) && rng() % 2 == 0) {
+          EXPECT_TRUE(e.Resized(id));
+          ++shrinks_done;
+        }
+      }
+    } else if (!stopping.empty()) {
+      const std::string id = *stopping.begin();
+      stopping.erase(stopping.begin());
+      x.held.erase(id);
+      running.erase(id);
+      if (e.Stopped(id, StopCause::kPreempted)) queued[id] = asked[id];  // requeued as it was
+    }
+    x.grew = false;
+    const size_t started_before = x.started.size();
+    e.Step(step);
+    for (size_t i = started_before; i < x.started.size(); ++i) {
+      running[x.started[i]] = queued[x.started[i]];
+      queued.erase(x.started[i]);
+    }
+    for (const auto& stop : x.stops)
+      for (const std::string& v : stop.victims) stopping.insert(v);
+    x.stops.clear();
+    ExpectNoGpuHeldTwice(e);
+    for (const auto& [id, a] : e.scheduler().state().allocations()) {
+      if (!a.reclaimable) continue;
+      ++grown_ever;
+      EXPECT_EQ(id, Engine::GrownId(id.substr(0, id.size() - 6)));
+      EXPECT_TRUE(running.contains(id.substr(0, id.size() - 6))) << id << " outlived its request";
+    }
+    for (const auto& [id, r] : running) {
+      if (!r.elastic()) continue;
+      const size_t n = e.Holding(id)->gpus.size();
+      EXPECT_GE(n, static_cast<size_t>(r.gpus)) << id;
+      EXPECT_LE(n, static_cast<size_t>(r.gpus_max)) << id;
+    }
+    bool wants = false;
+    for (const auto& [id, r] : queued) wants = wants || (e.cycle().Queued(id) && r.wants_gpu());
+    EXPECT_FALSE(x.grew && wants) << "grew at step " << step << " with a GPU request queued";
+    if (::testing::Test::HasFailure()) break;
+  }
+  // The traffic exercised what it is about.
+  EXPECT_GT(grown_ever, 0u);
+  EXPECT_GT(shrinks_done, 0u);
+}
+
 TEST(Engine, AnElasticRequestGrowsWithinItsOwnersQuotaAndOnlyWithADriverThatResizes) {
   Resizer x;
   auto s = OneNode(8);
