@@ -37,14 +37,22 @@ absl::Status Engine::Queue(Submission s, std::string waiting) {
   if (s.kind) Expect(e.request, *s.kind);
   const std::string id = e.request.id;
   if (absl::Status st = cycle_.Enqueue(std::move(e), std::move(waiting)); !st.ok()) return st;
+  if (s.entry.request.wants_gpu()) ++queued_for_gpus_;
   queued_[id] = std::move(s);
   return absl::OkStatus();
+}
+
+Submission Engine::Unqueue(std::unordered_map<std::string, Submission>::iterator it) {
+  Submission s = std::move(it->second);
+  queued_.erase(it);
+  if (s.entry.request.wants_gpu()) --queued_for_gpus_;
+  return s;
 }
 
 absl::Status Engine::Submit(Submission s) { return Queue(std::move(s), "not yet considered"); }
 
 bool Engine::Cancel(const std::string& id) {
-  queued_.erase(id);
+  if (auto it = queued_.find(id); it != queued_.end()) (void)Unqueue(it);
   return cycle_.Remove(id);
 }
 
@@ -91,10 +99,7 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     ++deferred_;
     const std::string& id = decisions[i].id;
     (void)scheduler_->Release(id);
-    auto it = queued_.find(id);
-    Submission s = std::move(it->second);
-    queued_.erase(it);
-    (void)Queue(std::move(s),
+    (void)Queue(Unqueue(queued_.find(id)),
                 fmt::format("starting in the next pass: it fits now, but this pass "
                             "already started {}, the most at once ({}); a pass takes well under a "
                             "second",
@@ -104,9 +109,7 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
   for (size_t i : starts) {
     if (!go[i]) continue;
     const CycleDecision& d = decisions[i];
-    auto it = queued_.find(d.id);
-    running_[d.id] = std::move(it->second);
-    queued_.erase(it);
+    running_[d.id] = Unqueue(queued_.find(d.id));
     if (d.allocation.request.elastic()) elastic_.insert(d.id);
   }
   const bool may_grow = MayGrow();
@@ -177,10 +180,7 @@ bool Engine::MayGrow() const {
   if (elastic_.empty() || !executor_.Resizes() || !options_.cycle.preemption) return false;
   // Only onto GPUs no queued request can use: with one waiting for a GPU, nothing grows (one that
   // waits for something else - a quota, its victims - may yet take a GPU freed meanwhile).
-  for (const auto& [id, s] : queued_) {
-    if (s.entry.request.wants_gpu()) return false;
-  }
-  return true;
+  return queued_for_gpus_ == 0;
 }
 
 bool Engine::PlaceLarger(Allocation& own, double now) {
@@ -202,12 +202,8 @@ bool Engine::PlaceLarger(Allocation& own, double now) {
     own = *a;
     own.request = r;
     own.gpus.resize(r.gpus);
-    Allocation grown = *a;
-    grown.id = GrownId(own.id);
-    grown.gpus.erase(grown.gpus.begin(), grown.gpus.begin() + r.gpus);
-    grown.request = GrownRequest(r, static_cast<int>(grown.gpus.size()));
-    grown.reclaimable = true;
-    grown.borrowed = false;
+    const Allocation grown =
+        GrownAllocation(own, std::vector<int>(a->gpus.begin() + r.gpus, a->gpus.end()), now);
     if (scheduler_->Restore(own).ok() && scheduler_->Restore(grown).ok()) return true;
     (void)scheduler_->Release(own.id);
     (void)scheduler_->Release(grown.id);
@@ -216,6 +212,20 @@ bool Engine::PlaceLarger(Allocation& own, double now) {
   own = placed;
   (void)scheduler_->Restore(own);
   return false;
+}
+
+Allocation Engine::GrownAllocation(const Allocation& own, std::vector<int> gpus, double now) {
+  std::sort(gpus.begin(), gpus.end());
+  Allocation grown;
+  grown.id = GrownId(own.id);
+  grown.node = own.node;
+  grown.request = GrownRequest(own.request, static_cast<int>(gpus.size()));
+  grown.gpus = std::move(gpus);
+  grown.milli_per_gpu = own.milli_per_gpu;
+  grown.memory_mib_per_gpu = own.memory_mib_per_gpu;
+  grown.start_time = now;
+  grown.reclaimable = true;
+  return grown;
 }
 
 core::Request Engine::GrownRequest(const core::Request& r, int gpus) {
@@ -264,24 +274,13 @@ void Engine::Grow(double now) {
     };
     while (!free.empty() && !within()) free.pop_back();
     if (free.empty()) continue;
-    Allocation next;
     std::optional<Allocation> before;
     if (grown != nullptr) {
-      next = *grown;
       before = *grown;
+      free.insert(free.end(), grown->gpus.begin(), grown->gpus.end());
       (void)scheduler_->Release(grown_id);
-    } else {
-      next.id = grown_id;
-      next.node = own->node;
-      next.milli_per_gpu = own->milli_per_gpu;
-      next.memory_mib_per_gpu = own->memory_mib_per_gpu;
-      next.start_time = now;
-      next.reclaimable = true;
-      next.request = more;
     }
-    next.gpus.insert(next.gpus.end(), free.begin(), free.end());
-    std::sort(next.gpus.begin(), next.gpus.end());
-    next.request.gpus = static_cast<int>(next.gpus.size());
+    Allocation next = GrownAllocation(*own, std::move(free), before ? before->start_time : now);
     if (!scheduler_->Restore(next).ok()) {
       if (before) (void)scheduler_->Restore(*before);  // it keeps what it held
       continue;

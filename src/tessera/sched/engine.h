@@ -160,6 +160,8 @@ class Engine {
  private:
   // Queues `s` (Submit) with `waiting` as its reason until the next Step looks.
   absl::Status Queue(Submission s, std::string waiting);
+  // Takes `it`'s submission out of queued_ (it started, was cancelled or is queued again).
+  Submission Unqueue(std::unordered_map<std::string, Submission>::iterator it);
   // The elastic request whose grown GPUs `allocation_id` are; nullptr when it is none.
   const std::string* GrownOf(const std::string& allocation_id) const;
   // Asks elastic `id` to give back what it grew onto (once until Resized).
@@ -170,6 +172,9 @@ class Engine {
   // now (the policies choosing where), the part past its minimum as its grown allocation; false,
   // `own` as it was, when no larger size fits.
   bool PlaceLarger(Allocation& own, double now);
+  // The allocation of `gpus` that elastic `own` grew onto (GrownId, reclaimable, on its node, its
+  // share per GPU, GrownRequest), from `now`.
+  static Allocation GrownAllocation(const Allocation& own, std::vector<int> gpus, double now);
   // The request of what elastic `r` grew onto: `gpus` of them, reclaimable, the lowest priority.
   static core::Request GrownRequest(const core::Request& r, int gpus);
   // Grows the running elastic requests onto free GPUs (see Resized).
@@ -185,6 +190,8 @@ class Engine {
   // Requests as submitted (before Expect), to queue them again: while in the cycle's queue, and
   // once started until Ended or Stopped.
   std::unordered_map<std::string, Submission> queued_, running_;
+  // How many of queued_ want a GPU (MayGrow at every step without a walk of the queue).
+  size_t queued_for_gpus_ = 0;
   // Running elastic requests (ordered: growth is deterministic), and those asked to shrink.
   std::set<std::string> elastic_, shrinking_;
   size_t deferred_ = 0;
