@@ -44,19 +44,23 @@ struct Scheduler::PreemptionSearch {
     return a.borrowed && a.request.owner != r.owner && requester_within_quota;
   }
 
-  // Most failures have no possible victim at all (equal priorities, nothing borrowed): said at
-  // once when no preemptible work is below the request or borrowed, else after one pass over the
-  // allocations instead of looking node by node.
-  bool AnyVictim() const {
+  // The nodes holding a possible victim, in id order. Most failures have none at all (equal
+  // priorities, nothing borrowed): said at once when no preemptible work is below the request or
+  // borrowed, else after one pass over the allocations. Only these nodes are looked at one by one
+  // (a few GPUs an elastic request grew onto make every request's search look, not at every node).
+  std::vector<NodeId> VictimNodes() const {
     const ClusterState& st = s.state_;
+    std::vector<NodeId> nodes;
     if (!st.AnyPreemptibleBelow(r.priority) &&
         !(requester_within_quota && st.AnyBorrowedPreemptible())) {
-      return false;
+      return nodes;
     }
     for (const auto& [id, a] : st.allocations()) {
-      if (Eligible(a)) return true;
+      if (Eligible(a)) nodes.push_back(a.node);
     }
-    return false;
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    return nodes;
   }
 
   const std::vector<const Allocation*>& GangOf(const std::string& gang) {
@@ -190,14 +194,12 @@ PreemptionPlan Scheduler::PlanPreemption(const core::Request& r, double now) {
   }
   PreemptionSearch search(*this, r, now);
   std::optional<PreemptionSearch::NodePlan> best;
-  if (search.AnyVictim()) {
-    for (NodeId n = 0; n < state_.node_count(); ++n) {
-      if (!state_.node_live(n)) continue;
-      std::optional<PreemptionSearch::NodePlan> p = search.OnNode(n);
-      if (p && (!best || p->cost < best->cost)) {
-        best = std::move(p);
-        plan.node = n;
-      }
+  for (NodeId n : search.VictimNodes()) {
+    if (!state_.node_live(n)) continue;
+    std::optional<PreemptionSearch::NodePlan> p = search.OnNode(n);
+    if (p && (!best || p->cost < best->cost)) {
+      best = std::move(p);
+      plan.node = n;
     }
   }
   if (!best) {
