@@ -113,15 +113,18 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     if (d.allocation.request.elastic()) elastic_.insert(d.id);
   }
   const bool may_grow = MayGrow();
+  // A driver that does not resize starts an elastic request larger for good, when nothing queued
+  // wants a GPU (what the queue could use would be held to the request's end).
+  const bool start_larger = !executor_.Resizes() && queued_for_gpus_ == 0;
   for (size_t i : starts) {
     if (!go[i]) continue;
     CycleDecision& d = decisions[i];
     // An elastic request that could start larger now starts larger, where the larger size fits
     // best (placed for its minimum, the packing policies put it where it has no room to grow).
-    const bool larger =
-        may_grow && d.allocation.request.elastic() && PlaceLarger(d.allocation, now);
+    const bool larger = d.allocation.request.elastic() && (may_grow || start_larger) &&
+                        PlaceLarger(d.allocation, may_grow, now);
     executor_.Start(d.id, d.allocation, now);
-    if (larger) executor_.Resize(d.id, *Holding(d.id), now);
+    if (larger && may_grow) executor_.Resize(d.id, *Holding(d.id), now);
     ++started;
   }
   for (const CycleDecision& d : decisions) {
@@ -183,7 +186,7 @@ bool Engine::MayGrow() const {
   return queued_for_gpus_ == 0;
 }
 
-bool Engine::PlaceLarger(Allocation& own, double now) {
+bool Engine::PlaceLarger(Allocation& own, bool grown_part, double now) {
   const Allocation placed = own;
   const core::Request& r = placed.request;
   (void)scheduler_->Release(own.id);
@@ -196,6 +199,10 @@ bool Engine::PlaceLarger(Allocation& own, double now) {
     if (a->borrowed) {  // grown only within its owner's own quota
       (void)scheduler_->Release(own.id);
       continue;
+    }
+    if (!grown_part) {  // all its own, as placed: a fixed size from now on
+      own = *a;
+      return true;
     }
     // Its own GPUs are the first of them; the rest it holds as grown (reclaimable).
     (void)scheduler_->Release(own.id);
@@ -315,7 +322,18 @@ bool Engine::Stopped(const std::string& id, StopCause cause) {
   return requeue;
 }
 
-absl::Status Engine::Restore(const Allocation& a, std::optional<Submission> s) {
+absl::Status Engine::Restore(const Allocation& restored, std::optional<Submission> s) {
+  Allocation a = restored;
+  core::Request& r = a.request;
+  if (r.elastic() && !r.fractional()) {
+    const int held = static_cast<int>(a.gpus.size());
+    if (held < r.gpus || held > r.gpus_max) {
+      return absl::InvalidArgumentError(
+          fmt::format("allocation {}: {} GPUs, outside its request's {} to {}", a.id, held, r.gpus,
+                      r.gpus_max));
+    }
+    r.gpus = held;
+  }
   if (absl::Status st = scheduler_->Restore(a); !st.ok()) return st;
   if (a.request.elastic()) elastic_.insert(a.id);
   if (s) running_[a.id] = *std::move(s);

@@ -41,8 +41,10 @@ class Executor {
   // (Engine::Stopped); meanwhile `for_id` waits for exactly them.
   virtual void Stop(const std::vector<std::string>& victims, const std::string& for_id,
                     const std::string& reason, double now) = 0;
-  // Whether this driver resizes running work; when not, an elastic request (core::Request::
-  // gpus_max) runs on its minimum from start to end.
+  // Whether this driver resizes running work. When not, an elastic request (core::Request::
+  // gpus_max) starts on the most GPUs up to its maximum that fit when it starts, if no queued
+  // request wants a GPU then (else on its minimum), all of them its own, and keeps that size to its
+  // end (Slurm's --nodes MIN-MAX).
   virtual bool Resizes() const { return false; }
   // Resize running elastic request `id` to `holds`: every GPU it holds now, its own and those it
   // grew onto (Engine::Holding). Grown, the new GPUs are already recorded as its own; shrunk, the
@@ -136,7 +138,9 @@ class Engine {
 
   // Records an allocation decided earlier (a server re-adopting its running jobs, the extender
   // learning of a pod bound before it started): Scheduler::Restore. With its submission, it can be
-  // queued again when stopped, as if it had started here.
+  // queued again when stopped, as if it had started here. An elastic request of whole GPUs that
+  // started larger holds what its allocation lists (its request's gpus that many, up to its
+  // maximum).
   absl::Status Restore(const Allocation& a, std::optional<Submission> s = std::nullopt);
   // Takes a node out (Cycle::RemoveNode): its allocations are released and returned.
   absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId node);
@@ -169,9 +173,10 @@ class Engine {
   // Whether elastic requests may grow now (see Resized).
   bool MayGrow() const;
   // Places elastic `own`, just placed for its minimum, on the most GPUs up to its maximum that fit
-  // now (the policies choosing where), the part past its minimum as its grown allocation; false,
-  // `own` as it was, when no larger size fits.
-  bool PlaceLarger(Allocation& own, double now);
+  // now within its owner's own quota (the policies choosing where): the part past its minimum as
+  // its grown allocation when `grown`, else all of them its own (its request's gpus that many);
+  // false, `own` as it was, when no larger size fits.
+  bool PlaceLarger(Allocation& own, bool grown, double now);
   // The allocation of `gpus` that elastic `own` grew onto (GrownId, reclaimable, on its node, its
   // share per GPU, GrownRequest), from `now`.
   static Allocation GrownAllocation(const Allocation& own, std::vector<int> gpus, double now);

@@ -314,12 +314,81 @@ TEST(Engine, AnElasticRequestGrowsWithinItsOwnersQuotaAndOnlyWithADriverThatResi
   // Its owner may hold 3 GPUs: it grows by the 2 its quota has left, not onto all 8.
   EXPECT_EQ(e.Holding("el")->gpus.size(), 3u);
   EXPECT_EQ(e.scheduler().quotas().Used("team").gpus, 3);
+  // A driver that does not resize: it starts on what its quota allows, for good.
   r.id = "el2";
   Recorder plain;
-  Engine fixed(OneNode(8), plain);
+  auto capped = OneNode(8);
+  capped->quotas().Set("team", OwnerQuota{.limit = {3, -1, -1}});
+  Engine fixed(std::move(capped), plain);
   ASSERT_TRUE(fixed.Submit(Sub(r, 1, 1)).ok());
   fixed.Step(1);
-  EXPECT_EQ(fixed.Holding("el2")->gpus.size(), 1u);
+  EXPECT_EQ(fixed.Holding("el2")->gpus.size(), 3u);
+  EXPECT_EQ(fixed.scheduler().quotas().Used("team").gpus, 3);
+}
+
+TEST(Engine, ADriverThatDoesNotResizeStartsAnElasticRequestLargerForGood) {
+  Recorder x;
+  auto s = OneNode(8);
+  s->quotas().Set("capped", OwnerQuota{.limit = {0, -1, -1}});
+  Engine e(std::move(s), x);
+  ASSERT_TRUE(e.Submit(Sub(Whole("busy", 4), 1, 1)).ok());
+  e.Step(1);
+  // Nothing queued wants a GPU: it starts on the 4 free GPUs, all its own (nothing reclaimable,
+  // no grown part), and its request says 4.
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 2, 8), 2, 2)).ok());
+  e.Step(2);
+  ASSERT_EQ(x.started, (std::vector<std::string>{"busy", "el"}));
+  EXPECT_EQ(x.allocations[1].gpus.size(), 4u);
+  EXPECT_EQ(x.allocations[1].request.gpus, 4);
+  const Allocation* own = e.scheduler().state().Find("el");
+  ASSERT_NE(own, nullptr);
+  EXPECT_FALSE(own->reclaimable);
+  EXPECT_EQ(own->gpus.size(), 4u);
+  EXPECT_EQ(e.scheduler().state().Find(Engine::GrownId("el")), nullptr);
+  // GPUs freed later are not grown onto: it keeps the size it started with.
+  EXPECT_TRUE(e.Ended("busy"));
+  e.Step(3);
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 4u);
+  EXPECT_TRUE(e.Ended("el"));
+  // With a request queued that wants a GPU (here waiting for its quota), an elastic one starts on
+  // its minimum: what it took past that would be kept from the queue to its end.
+  core::Request waits = Whole("waits", 1);
+  waits.owner = "capped";
+  ASSERT_TRUE(e.Submit(Sub(waits, 4, 3)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el2", 2, 8), 4, 4)).ok());
+  e.Step(4);
+  EXPECT_TRUE(e.cycle().Queued("waits"));
+  ASSERT_EQ(x.started.back(), "el2");
+  EXPECT_EQ(x.allocations.back().gpus.size(), 2u);
+  // Stopped, it goes back to the queue as it was asked: 2 to 8 GPUs.
+  EXPECT_TRUE(e.Stopped("el2", StopCause::kPreempted));
+  EXPECT_TRUE(e.Cancel("waits"));
+  e.Step(5);
+  ASSERT_EQ(x.started.back(), "el2");
+  EXPECT_EQ(x.allocations.back().gpus.size(), 8u);
+  ExpectNoGpuHeldTwice(e);
+}
+
+TEST(Engine, AnElasticRequestRestoredLargerHoldsWhatItsAllocationLists) {
+  Recorder x;
+  Engine e(OneNode(8), x);
+  Allocation a;
+  a.id = "el";
+  a.node = 0;
+  a.gpus = {0, 1, 2, 3, 4};
+  a.milli_per_gpu = 1000;
+  a.request = Elastic("el", 2, 6);
+  ASSERT_TRUE(e.Restore(a).ok());
+  EXPECT_EQ(e.scheduler().state().Find("el")->request.gpus, 5);
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 5u);
+  // More than its maximum (or fewer than its minimum) is no allocation it could have had.
+  a.id = "bad";
+  a.request = Elastic("bad", 1, 2);
+  a.gpus = {5, 6, 7};
+  const absl::Status st = e.Restore(a);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("3 GPUs, outside its request's 1 to 2"));
+  EXPECT_EQ(e.scheduler().state().Find("bad"), nullptr);
 }
 
 TEST(Engine, RequeueRulesByCauseAndTheRequestsOwnWish) {
