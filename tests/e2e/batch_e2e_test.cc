@@ -216,6 +216,10 @@ TEST(Batch, BadArraysDependenciesAndTasksAreRefusedAndNothingIsStored) {
       // Ranks on shares of more GPUs than the machine has.
       {"root", "--tasks-per-gpu 1 --gpus 9 --gpu-mem 1GiB", "the job could never start"},
       {"root", "--tasks-per-gpu 2", "asks for no GPU"},
+      // Elastic ranges: backwards, with a share, more than the machine has at its minimum.
+      {"root", "--gpus 3-1", "--gpus 3-1: its most (1) is below its fewest (3)"},
+      {"root", "--gpus 1-2 --gpu-mem 1GiB", "an elastic job asks for whole GPUs"},
+      {"root", "--gpus 3-4", "the job could never start"},
   };
   for (const Bad& b : cases) {
     auto r = As(d, b.user, "submit " + b.args + " -- true");
@@ -834,6 +838,14 @@ TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
   auto both = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
                                      " submit --time 5 --max-runtime 45 " + script + " 2>&1");
   EXPECT_EQ(both.code, 2) << both.out;
+  // An elastic range in a script, as sbatch's --gpus spelling.
+  const std::string elastic = d.dir() + "/elastic.sh";
+  std::ofstream(elastic) << "#!/bin/sh\n#SBATCH --gpus=1-2\necho $CUDA_VISIBLE_DEVICES\n";
+  const int64_t ranged = SubmittedId(Cli(d, "submit --hold " + elastic));
+  json r = json::parse(Cli(d, fmt::format("show {} -o json", ranged)));
+  EXPECT_EQ(r["spec"]["resources"]["gpus"], 1) << r.dump();
+  EXPECT_EQ(r["spec"]["resources"]["gpus_max"], 2) << r.dump();
+  EXPECT_THAT(Cli(d, fmt::format("show {}", ranged)), HasSubstr("1-2 GPU"));
   auto gres = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
                                      " submit --gres gpu:x " + script + " 2>&1");
   EXPECT_EQ(gres.code, 2);

@@ -556,6 +556,62 @@ TEST(TesseraServer, KillNineKeepsEveryJobAndReadoptsRunningOnes) {
   EXPECT_EQ(d.Logs(queued), "later\n");
 }
 
+// Polls job `id` until the scheduler has said why it waits (not before its first look).
+json WaitingSaid(Daemon& d, int64_t id) {
+  json j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (j["state"] == "queued" &&
+         (j.value("waiting", "").empty() || j.value("waiting", "") == "not yet considered") &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+  }
+  return j;
+}
+
+// An elastic job (1 to 2 GPUs of the machine's 2): started on both when nothing waits, for good
+// (a job queued behind it waits, before and after a kill -9 of the server, which re-adopts it on
+// both); started on its minimum when a queued job wants a GPU.
+TEST(TesseraServer, AnElasticJobStartsOnWhatFitsAndKeepsItAcrossAKillNine) {
+  Daemon d("elastic");
+  const json elastic = {{"gpus", 1}, {"gpus_max", 2}};
+  int64_t wide = d.Submit(Shell("echo $CUDA_VISIBLE_DEVICES; sleep 60", elastic));
+  json j = d.WaitFor(wide, "running");
+  EXPECT_EQ(j["placement"]["gpus"].size(), 2u) << j.dump();
+  d.WaitForProcess(wide);
+  EXPECT_THAT(Cli(d, "ls"), HasSubstr("1-2 GPU"));
+  int64_t next = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  j = WaitingSaid(d, next);
+  EXPECT_EQ(j["state"], "queued") << j.dump();
+  d.Kill(SIGKILL);
+  d.Start();
+  j = d.Call("GET", "/v1/jobs/" + std::to_string(wide));
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_EQ(j["placement"]["gpus"].size(), 2u) << j.dump();
+  // A pass after the restart has looked at `next`: one that started a job queued behind it.
+  d.WaitFor(d.Submit(Shell("true")), "succeeded");
+  j = d.Call("GET", "/v1/jobs/" + std::to_string(next));
+  EXPECT_EQ(j["state"], "queued") << "the re-adopted elastic job holds both GPUs: " << j.dump();
+  // Its log names both GPUs (the job reads its size from CUDA_VISIBLE_DEVICES).
+  const std::string visible = d.Logs(wide);
+  EXPECT_EQ(std::count(visible.begin(), visible.end(), ','), 1) << visible;
+  d.Call("POST", "/v1/jobs/" + std::to_string(wide) + "/cancel");
+  d.WaitFor(next, "running");
+  // One GPU is free, and a job queued before it wants two: the elastic one starts on its minimum
+  // (backfilled: it says it ends first).
+  int64_t pair = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
+  WaitingSaid(d, pair);
+  json narrow_spec = Shell("sleep 60", elastic);
+  narrow_spec["max_runtime_s"] = 60;
+  int64_t narrow = d.Submit(narrow_spec);
+  j = d.WaitFor(narrow, "running");
+  EXPECT_EQ(j["placement"]["gpus"].size(), 1u) << j.dump();
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(pair))["state"], "queued");
+  for (int64_t id : {next, pair, narrow})
+    d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  for (int64_t id : {wide, next, pair, narrow}) d.WaitFor(id, "cancelled");
+}
+
 TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   std::string inv = ::testing::TempDir() + "unhealthy-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(inv) << "name: two\ngpus:\n  - {model: Tesla T4, count: 2, memory: 15GiB, "

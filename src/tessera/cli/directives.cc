@@ -18,6 +18,29 @@ std::string SlurmTime(const std::string& t) { return Whole(t) ? t + "m" : t; }
 
 }  // namespace
 
+absl::StatusOr<std::pair<int, int>> ParseGpuRange(const std::string& text) {
+  const size_t dash = text.find('-');
+  const std::string min = text.substr(0, dash);
+  const std::string max = dash == std::string::npos ? "" : text.substr(dash + 1);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        fmt::format("--gpus {}: {} (N: 0 to 64 GPUs; MIN-MAX: an elastic job, 2-8)", text, why));
+  };
+  if (!Whole(min) || min.size() > 2 ||
+      (dash != std::string::npos && (!Whole(max) || max.size() > 2)))
+    return bad("not a GPU count");
+  const int lo = std::stoi(min);
+  if (dash == std::string::npos) {
+    if (lo > 64) return bad("more than 64 GPUs");
+    return std::pair{lo, 0};
+  }
+  const int hi = std::stoi(max);
+  if (lo < 1) return bad("an elastic job starts on 1 GPU or more");
+  if (hi < lo) return bad(fmt::format("its most ({}) is below its fewest ({})", hi, lo));
+  if (hi > 64) return bad("more than 64 GPUs");
+  return std::pair{lo, hi};
+}
+
 std::vector<std::string> SplitWords(const std::string& text) {
   std::vector<std::string> out;
   std::string cur;
@@ -99,8 +122,9 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
       // N or TYPE:N.
       const size_t colon = value.rfind(':');
       const std::string count = colon == std::string::npos ? value : value.substr(colon + 1);
-      if (!Whole(count))
-        return absl::InvalidArgumentError(fmt::format("{}={}: expected [type:]count", opt, value));
+      if (!ParseGpuRange(count).ok())
+        return absl::InvalidArgumentError(
+            fmt::format("{}={}: expected [type:]count or [type:]MIN-MAX", opt, value));
       out.insert(out.end(), {"--gpus", count});
       if (colon != std::string::npos) out.insert(out.end(), {"--model", value.substr(0, colon)});
     } else if (opt == "-c" || opt == "--cpus-per-task") {

@@ -5,6 +5,7 @@
 // on the command line win over the script's, as with sbatch. docs/server.md, "Coming from Slurm".
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +33,10 @@ absl::StatusOr<ScriptDirectives> ParseDirectives(const std::string& text, const 
 // not use go to `ignored` (as written). Error: what is wrong with one.
 absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::string>& words,
                                                          std::vector<std::string>* ignored);
+
+// `--gpus` as written: "N" (0 to 64 GPUs) or "MIN-MAX" (elastic, 1 <= MIN <= MAX <= 64), as
+// {N, 0} or {MIN, MAX}. Error: what is wrong, naming the text.
+absl::StatusOr<std::pair<int, int>> ParseGpuRange(const std::string& text);
 
 // Splits a directive's rest into words: spaces separate, '...' and "..." quote.
 std::vector<std::string> SplitWords(const std::string& text);

@@ -25,6 +25,7 @@ TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
   EXPECT_THAT(Sbatch("--gres=mps:25"), ElementsAre("--sharing", "mps", "--gpu-share", "25%"));
   EXPECT_THAT(Sbatch("--gpus=h100:2"), ElementsAre("--gpus", "2", "--model", "h100"));
   EXPECT_THAT(Sbatch("-G 1"), ElementsAre("--gpus", "1"));
+  EXPECT_THAT(Sbatch("--gpus=h100:2-4"), ElementsAre("--gpus", "2-4", "--model", "h100"));
   EXPECT_THAT(Sbatch("-c 8 --mem=64G"), ElementsAre("--cpus", "8", "--mem", "64G"));
   EXPECT_THAT(Sbatch("--time=90"), ElementsAre("--max-runtime", "90m")) << "Slurm's minutes";
   EXPECT_THAT(Sbatch("-t 1-00:00:00"), ElementsAre("--max-runtime", "1-00:00:00"));
@@ -46,11 +47,34 @@ TEST(Directives, SbatchOptionsBecomeTesserasWhereTheyMeanTheSame) {
            {"--gres=mps:100", "--gres=mps:100: expected mps:count, 1..99 percent of a GPU"},
            {"--gres=mps:half", "--gres=mps:half: expected mps:count"},
            {"--dependency=after:3", "Tessera has afterok, afternotok and afterany"},
+           {"--gpus=4-2", "--gpus=4-2: expected [type:]count or [type:]MIN-MAX"},
            {"-J", "-J needs a value"}}) {
     std::vector<std::string> dropped;
     auto a = TranslateSbatch(SplitWords(bad), &dropped);
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_THAT(std::string(a.status().message()), HasSubstr(why));
+  }
+}
+
+TEST(Directives, AGpuCountOrAnElasticRange) {
+  EXPECT_EQ(*ParseGpuRange("0"), (std::pair{0, 0}));
+  EXPECT_EQ(*ParseGpuRange("8"), (std::pair{8, 0}));
+  EXPECT_EQ(*ParseGpuRange("2-8"), (std::pair{2, 8}));
+  EXPECT_EQ(*ParseGpuRange("4-4"), (std::pair{4, 4}));
+  for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+           {"", "--gpus : not a GPU count"},
+           {"two", "--gpus two: not a GPU count"},
+           {"2-", "--gpus 2-: not a GPU count"},
+           {"-2", "--gpus -2: not a GPU count"},
+           {"2-4-6", "--gpus 2-4-6: not a GPU count"},
+           {"65", "--gpus 65: more than 64 GPUs"},
+           {"999999999999", "not a GPU count"},
+           {"0-4", "an elastic job starts on 1 GPU or more"},
+           {"8-2", "its most (2) is below its fewest (8)"},
+           {"2-65", "more than 64 GPUs"}}) {
+    auto r = ParseGpuRange(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(why)) << bad;
   }
 }
 

@@ -120,6 +120,7 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   if (!s.name.empty()) spec["name"] = s.name;
   json res = json::object();
   if (s.gpus > 0) res["gpus"] = s.gpus;
+  if (s.gpus_max > 0) res["gpus_max"] = s.gpus_max;
   if (!s.gpu_mem.empty()) res["gpu_memory"] = s.gpu_mem;
   if (!s.gpu_share.empty()) res["gpu_share"] = s.gpu_share;
   if (!s.sharing.empty()) res["sharing"] = s.sharing;
@@ -493,10 +494,20 @@ CLI::Validator Duration(bool zero, double most) {
 
 // The options of a job, for submit and run alike.
 void AddSubmitOptions(CLI::App* c, State& s) {
-  auto* gpus = c->add_option("--gpus", s.gpus,
-                             "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that "
-                             "fraction (default one)")
-                   ->check(CLI::Range(0, 64));
+  auto* gpus =
+      c->add_option("--gpus", s.gpus_text,
+                    "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that fraction "
+                    "(default one). MIN-MAX (2-8): elastic, it starts when MIN fit, on as many "
+                    "up to MAX as fit while nothing queued wants a GPU, and keeps that size; it "
+                    "reads how many it got from CUDA_VISIBLE_DEVICES")
+          ->check(CLI::Validator(
+              [&s](std::string& v) -> std::string {
+                absl::StatusOr<std::pair<int, int>> range = ParseGpuRange(v);
+                if (!range.ok()) return std::string(range.status().message());
+                std::tie(s.gpus, s.gpus_max) = *range;
+                return "";
+              },
+              "N|MIN-MAX"));
   c->add_option("--gpu-mem", s.gpu_mem,
                 "A fraction of a GPU: this much of its memory (10GiB), on each of --gpus GPUs; "
                 "auto: sized by the server from what jobs of its kind used");

@@ -74,6 +74,8 @@ std::string Resources(const json& spec) {
     out += (out.empty() ? "" : " ") + r["gpu_memory"].get<std::string>();
   // Whole GPUs, or how many GPUs get the share.
   if (r.contains("gpus") && !share) out = fmt::format("{} GPU", r["gpus"].get<int>());
+  if (r.contains("gpus_max") && !share)  // elastic: "2-8 GPU"
+    out = fmt::format("{}-{} GPU", r.value("gpus", 0), r["gpus_max"].get<int>());
   if (r.contains("gpus") && share && r["gpus"].get<int>() > 1)
     out += fmt::format(" on {} GPUs", r["gpus"].get<int>());
   if (r.contains("cpus"))

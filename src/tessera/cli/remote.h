@@ -104,6 +104,8 @@ struct State {
   bool requeue = false, no_requeue = false;
   int ntasks = 0, tasks_per_gpu = 0;
   int gpus = 0;
+  int gpus_max = 0;       // --gpus MIN-MAX: elastic
+  std::string gpus_text;  // --gpus as written (N or MIN-MAX), put in gpus and gpus_max
   std::string gpu_mem, gpu_share, sharing, name, workdir, image, mem, idempotency_key;
   std::string gres;  // Slurm's --gres, already put in gpus and models
   double cpus = 0;

@@ -324,8 +324,8 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
     if (!r.is_object())
       return Bad("resources", fmt::format("expected an object, got {}", TypeName(r)));
     if (absl::Status st = Unknown(r,
-                                  {"gpus", "gpu_memory", "gpu_share", "model", "min_gpu_memory",
-                                   "topology", "cpus", "memory", "sharing"},
+                                  {"gpus", "gpus_max", "gpu_memory", "gpu_share", "model",
+                                   "min_gpu_memory", "topology", "cpus", "memory", "sharing"},
                                   "resources");
         !st.ok()) {
       return st;
@@ -334,6 +334,17 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
       int64_t g = 0;
       if (absl::Status st = Integer(r["gpus"], "resources.gpus", 0, 64, &g); !st.ok()) return st;
       s.gpus = static_cast<int>(g);
+    }
+    if (r.contains("gpus_max")) {
+      int64_t g = 0;
+      if (absl::Status st = Integer(r["gpus_max"], "resources.gpus_max", 1, 64, &g); !st.ok())
+        return st;
+      s.gpus_max = static_cast<int>(g);
+      if (s.gpus_max < std::max(s.gpus, 1)) {
+        return Bad("resources.gpus_max",
+                   fmt::format("{} is below resources.gpus ({}): give the most GPUs it can use",
+                               s.gpus_max, s.gpus));
+      }
     }
     if (r.contains("gpu_memory") && r["gpu_memory"] == "auto") {
       s.gpu_memory_auto = true;
@@ -444,6 +455,15 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
   }
   if (std::string why = core::ValidateRequest(RequestOf(s, 1, "")); !why.empty())
     return Bad("resources", why);
+  if (s.gpus_max > 0) {
+    // The job is told its size by its GPU list; per-GPU processes and shares have one size.
+    if (s.Share() || s.gpu_share_auto || s.gpu_memory_auto)
+      return Bad("resources.gpus_max", "an elastic job asks for whole GPUs, not a share of them");
+    if (s.tasks_per_gpu > 0)
+      return Bad("resources.gpus_max",
+                 "an elastic job runs its own processes on the GPUs it is given; not with "
+                 "tasks_per_gpu");
+  }
   if (s.tasks_per_gpu > 0 && s.gpus == 0 && !s.Share()) {
     return Bad("tasks_per_gpu",
                "the job asks for no GPU (resources.gpus, gpu_share, gpu_memory); use ntasks");
@@ -470,6 +490,7 @@ json JobSpecToJson(const JobSpec& s) {
   if (!s.labels.empty()) j["labels"] = s.labels;
   json r = json::object();
   if (s.gpus > 0) r["gpus"] = s.gpus;
+  if (s.gpus_max > 0) r["gpus_max"] = s.gpus_max;
   if (s.gpu_memory_auto) {
     r["gpu_memory"] = "auto";
   } else if (s.gpu_memory_mib > 0) {
@@ -754,6 +775,7 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   // With a share (gpu_share, gpu_memory), `gpus` is how many GPUs get it; else whole GPUs.
   r.gpus = s.Share() ? 0 : s.gpus;
   r.share_gpus = s.Share() ? s.gpus : 0;
+  r.gpus_max = s.Share() ? 0 : s.gpus_max;
   r.gpu_milli = s.gpu_milli;
   r.gpu_memory_mib = s.gpu_memory_mib;
   r.models = s.models;

@@ -55,6 +55,10 @@ struct JobSpec {
   // Resources: whole GPUs, or a fraction of a GPU (compute share in thousandths and/or memory) -
   // then on each of `gpus` GPUs (0 or 1: one).
   int gpus = 0;
+  // Elastic (resources.gpus_max, `--gpus MIN-MAX`): whole GPUs from `gpus` up to this many; 0: not
+  // elastic. The server starts it on the most that fit when nothing queued wants a GPU, and it
+  // keeps that size (sched::Executor::Resizes).
+  int gpus_max = 0;
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
   // gpu_share / gpu_memory "auto": sized by the server at submission from what jobs of its kind

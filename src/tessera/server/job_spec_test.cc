@@ -86,6 +86,37 @@ TEST(JobSpec, HostCpusAndMemoryAreScheduledAndRoundTrip) {
   EXPECT_EQ(again->memory_mib, 16384);
 }
 
+TEST(JobSpec, AnElasticJobAsksForAGpuRangeAndRoundTrips) {
+  auto s = ParseJobSpec(R"({"command": ["ls"], "resources": {"gpus": 2, "gpus_max": 8}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->gpus, 2);
+  EXPECT_EQ(s->gpus_max, 8);
+  core::Request r = RequestOf(*s, 1, "bob");
+  EXPECT_EQ(r.gpus, 2);
+  EXPECT_EQ(r.gpus_max, 8);
+  EXPECT_TRUE(r.elastic());
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->gpus_max, 8);
+  EXPECT_FALSE(RequestOf(*ParseJobSpec(R"({"command": ["ls"], "resources": {"gpus": 2}})"), 1, "")
+                   .elastic());
+  for (const auto& [json, why] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"command": ["ls"], "resources": {"gpus": 4, "gpus_max": 2}})",
+            "resources.gpus_max: 2 is below resources.gpus (4)"},
+           {R"({"command": ["ls"], "resources": {"gpus": 2, "gpus_max": 65}})",
+            "resources.gpus_max: expected 1..64"},
+           {R"({"command": ["ls"], "resources": {"gpus_max": 4}})",
+            "an elastic request asks for whole GPUs (gpus 1 or more)"},
+           {R"({"command": ["ls"], "resources": {"gpus": 1, "gpus_max": 4, "gpu_share": "30%"}})",
+            "resources.gpus_max: an elastic job asks for whole GPUs, not a share of them"},
+           {R"({"command": ["ls"], "tasks_per_gpu": 1, "resources": {"gpus": 1, "gpus_max": 4}})",
+            "resources.gpus_max: an elastic job runs its own processes"}}) {
+    auto bad = ParseJobSpec(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(why), std::string::npos) << bad.status();
+  }
+}
+
 TEST(JobSpec, RefusesBadInputNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "malformed JSON"},

@@ -192,6 +192,9 @@ std::string_view OpenApiDocument() {
           "resources": {"type": "object", "additionalProperties": false,
             "properties": {
               "gpus": {"type": "integer", "minimum": 0, "maximum": 64},
+              "gpus_max": {"type": "integer", "minimum": 1, "maximum": 64, "description": )json"
+      R"json("elastic: from gpus up to this many whole GPUs, as many as fit at its start )json"
+      R"json(while nothing queued wants a GPU"},
               "gpu_memory": {"oneOf": [{"type": "string", "example": "10GiB", )json"
       R"json("description": "or auto: sized from what jobs of its kind used"}, {"type": )json"
       R"json("integer", "description": "MiB"}]},
