@@ -444,6 +444,57 @@ TEST_F(ExtenderTest, GangsArePlacedWholeOrNotAtAll) {
   EXPECT_EQ(ex_->stats().gpu_milli_allocated, 0);
 }
 
+// An elastic gang (issue 59): a PodGroup whose minMember is below its replicas starts when its
+// minimum fits, whole; the members past it are placed one by one as GPUs free up, and a member
+// that waits holds nothing and never holds the started gang back.
+TEST_F(ExtenderTest, AGangStartsAtItsMinMemberAndGrowsToItsReplicasAsGpusFree) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a"));  // two GPUs each
+  ex_->OnNode(Ev::kAdded, GpuNode("b"));
+  json busy = GpuPod("ml", "busy", {.gpus = 2});
+  FilterResult fb = ex_->Filter(busy, {"b"});
+  ASSERT_EQ(fb.nodes, std::vector<std::string>{"b"}) << fb.reason;
+  auto pb = ex_->PrepareBind("ml", "busy", "", "b");
+  ASSERT_TRUE(pb.ok());
+  const json busy_bound = Bound(busy, *pb);
+  ex_->OnPod(Ev::kModified, busy_bound);
+  // minMember 2 of 4 replicas, a GPU each.
+  ex_->OnPodGroup(Ev::kAdded, testing::PodGroup("ml", "job", 2));
+  std::vector<json> w;
+  for (int i = 0; i < 4; ++i)
+    w.push_back(GpuPod("ml", "w" + std::to_string(i), {.gpus = 1, .pod_group = "job"}));
+  FilterResult f0 = ex_->Filter(w[0], {"a", "b"});
+  EXPECT_THAT(f0.nodes, IsEmpty());
+  EXPECT_EQ(f0.wait_kind, "gang");
+  EXPECT_EQ(Schedule(w[1], {"a", "b"}), "a") << "its minimum fits on a: it starts";
+  EXPECT_EQ(Schedule(w[0], {"a", "b"}), "a");
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 4000);
+  // The third member is placed on its own: no GPU is free, so it waits, holding nothing, and not
+  // for a gang.
+  FilterResult f2 = ex_->Filter(w[2], {"a", "b"});
+  EXPECT_THAT(f2.nodes, IsEmpty());
+  EXPECT_NE(f2.wait_kind, "gang") << f2.reason;
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 4000);
+  // The started gang keeps running whatever its later members do (no "did not bind whole").
+  clock_.Advance(std::chrono::seconds(31));
+  ex_->Expire();
+  EXPECT_THAT(ex_->TakeEvictions(), IsEmpty());
+  // GPUs free up: the rest of its replicas start, up to its size.
+  ex_->OnPod(Ev::kDeleted, busy_bound);
+  EXPECT_EQ(Schedule(w[2], {"a", "b"}), "b");
+  EXPECT_EQ(Schedule(w[3], {"a", "b"}), "b");
+  EXPECT_EQ(ex_->stats().gpu_milli_allocated, 4000);
+  EXPECT_EQ(ex_->stats().bound, 4);
+  // A higher-priority pod takes a GPU back from a member past the minimum (the gang shrinks
+  // toward it), not from the gang's first two, which would be stopped whole.
+  json high = GpuPod("ml", "high", {.gpus = 1, .priority = 100});
+  FilterResult fh = ex_->Filter(high, {"a", "b"});
+  EXPECT_EQ(fh.wait_kind, "preemption") << fh.reason;
+  auto victims = ex_->TakeEvictions();
+  ASSERT_EQ(victims.size(), 1u);
+  EXPECT_TRUE(victims[0].name == "w2" || victims[0].name == "w3") << victims[0].name;
+  EXPECT_EQ(victims[0].node, "b");
+}
+
 // kube-scheduler may offer a pod only some nodes (percentageOfNodesToScore, its own filters): a
 // gang member reserved on a node left out waits for it rather than go elsewhere.
 TEST_F(ExtenderTest, AGangMemberWhoseReservedNodeIsNotOfferedWaitsForIt) {
