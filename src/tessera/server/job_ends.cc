@@ -166,6 +166,7 @@ void JobEnds::Record(Ending& e, double now) {
       f.spec_json = JobSpecToJson(next).dump();
     }
   }
+  if (end.requeue) f.requeue = "re-queued";
   absl::Status st = store_.Transition(r.id, end.to, end.reason, now, f);
   if (!st.ok() && UseReserve()) {
     spdlog::warn(
@@ -185,24 +186,35 @@ void JobEnds::Record(Ending& e, double now) {
   // Recorded: a restart no longer needs the exit file to tell how it ended.
   RemoveExitFile(r.id);
   spdlog::info("job {}: {} ({})", r.id, JobStateName(end.to), end.reason);
-  if (end.requeue) {
-    auto rec = store_.Get(r.id);
-    auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
-    if (spec.ok() && store_.Transition(r.id, JobState::kQueued, "re-queued", now).ok()) {
-      e.requeue = QueuedJob::Of(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
-    }
-  }
+  if (end.requeue) e.requeue = Requeued(r.id, now);
 }
 
-void JobEnds::Tend() {
+std::optional<QueuedJob> JobEnds::Requeued(int64_t id, double now) {
+  auto rec = store_.Get(id);
+  auto spec = rec.ok() ? ParseJobSpec(rec->spec_json) : absl::StatusOr<JobSpec>(rec.status());
+  if (!spec.ok()) {
+    spdlog::error(
+        "job {}: re-queued, but its record cannot be read back ({}): it waits for the "
+        "next start of the server",
+        id, std::string(spec.status().message()));
+    return std::nullopt;
+  }
+  return QueuedJob::Of(*rec, std::make_shared<const JobSpec>(*std::move(spec)), now);
+}
+
+std::vector<QueuedJob> JobEnds::Tend(double now) {
+  std::vector<QueuedJob> requeued;
   for (auto it = unrecorded_.begin(); it != unrecorded_.end();) {
     if (!store_.Transition(it->id, it->to, it->reason, it->at, it->fields).ok()) {
       ++it;
       continue;
     }
     RemoveExitFile(it->id);
-    spdlog::info("job {}: {} ({}), recorded now that the disk has room", it->id,
-                 JobStateName(it->to), it->reason);
+    spdlog::info("job {}: {} ({}), recorded now that the disk has room{}", it->id,
+                 JobStateName(it->to), it->reason, it->fields.requeue ? "; re-queued" : "");
+    if (it->fields.requeue) {
+      if (std::optional<QueuedJob> q = Requeued(it->id, now)) requeued.push_back(*std::move(q));
+    }
     it = unrecorded_.erase(it);
   }
   if (reserve_used_.load() && unrecorded_.empty() && MakeReserve()) {
@@ -210,6 +222,7 @@ void JobEnds::Tend() {
     spdlog::info(
         "the state folder's disk has room again: its reserve is made again, submits are taken");
   }
+  return requeued;
 }
 
 bool JobEnds::MakeReserve() {

@@ -90,7 +90,9 @@ class JobEnds {
   // disk is full); e.cgroup_left and e.requeue say what is left for the dispatcher.
   void Record(Ending& e, double now);
   // About once a second: records the ends kept, once there is room, then makes the reserve again.
-  void Tend();
+  // Returns the jobs those records queued again (preempted and re-queued), for the dispatcher to
+  // enqueue, as Record's e.requeue.
+  std::vector<QueuedJob> Tend(double now);
   // Makes the reserve; false (errno set) when it cannot be.
   bool MakeReserve();
   // The reserve has been given up (or could not be made): no new work until Tend makes it again.
@@ -110,6 +112,9 @@ class JobEnds {
     TransitionFields fields;
   };
   bool UseReserve();  // true when there was one to give up
+  // Job `id`, recorded queued again, as the dispatcher enqueues it; nullopt (said) when its record
+  // cannot be read back.
+  std::optional<QueuedJob> Requeued(int64_t id, double now);
   void RemoveExitFile(int64_t id) const;
 
   JobHost& host_;

@@ -391,8 +391,10 @@ TEST_F(JobEndsTest, AFullDiskLosesNoEnd) {
   OpenStore();
   ASSERT_TRUE(ends_->MakeReserve()) << strerror(errno);
   EXPECT_FALSE(ends_->disk_full());
-  RunningJob a = Running(), b = Running();
-  const int64_t ida = a.id, idb = b.id;
+  RunningJob a = Running(), b = Running(), c = Running();
+  const int64_t ida = a.id, idb = b.id, idc = c.id;
+  c.stop = "preempt";
+  c.stop_reason = "preempted for job 7";
   auto fill = [&](const std::string& name) {
     const int fd = open((dir_ + "/" + name).c_str(), O_WRONLY | O_CREAT, 0600);
     static char block[1 << 16];
@@ -414,12 +416,25 @@ TEST_F(JobEndsTest, AFullDiskLosesNoEnd) {
   EXPECT_EQ(ends_->kept(), 1u);
   EXPECT_EQ(Stored(idb).state, JobState::kRunning) << "not recorded yet";
   EXPECT_TRUE(ExitFile(idb)) << "kept: a restart still tells how it ended";
-  ends_->Tend();
-  EXPECT_EQ(ends_->kept(), 1u) << "still no room";
+  // A preempted job the rules put back in the queue: kept too, and queued again once recorded.
+  Ending ec{std::move(c), 143, true, /*requeue_wanted=*/true};
+  ends_->Record(ec, 212);
+  EXPECT_FALSE(ec.requeue.has_value()) << "not recorded: not queued yet";
+  EXPECT_EQ(ends_->kept(), 2u);
+  EXPECT_THAT(ends_->Tend(215), ::testing::IsEmpty());
+  EXPECT_EQ(ends_->kept(), 2u) << "still no room";
   EXPECT_TRUE(ends_->disk_full());
   fs::remove(dir_ + "/fill-1");
   fs::remove(dir_ + "/fill-2");
-  ends_->Tend();
+  const std::vector<QueuedJob> requeued = ends_->Tend(220);
+  ASSERT_EQ(requeued.size(), 1u);
+  EXPECT_EQ(requeued[0].id, idc);
+  EXPECT_EQ(requeued[0].since, 220);
+  EXPECT_EQ(Stored(idc).state, JobState::kQueued);
+  const auto events = *store_->Events(idc);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[events.size() - 2].state, JobState::kPreempted);
+  EXPECT_EQ(events[events.size() - 2].at, 212) << "when it was stopped";
   EXPECT_EQ(ends_->kept(), 0u);
   const JobRecord rec = Stored(idb);
   EXPECT_EQ(rec.state, JobState::kSucceeded);

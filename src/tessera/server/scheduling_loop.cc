@@ -67,7 +67,7 @@ void SchedulingLoop::CheckRunning(double now) {
   if (now - arbiter_checked_ >= 1) {  // about once a second: an open and a 12-byte read
     arbiter_checked_ = now;
     host_.RepairArbiter();
-    state_.ends->Tend();
+    for (QueuedJob& q : state_.ends->Tend(now)) state_.Enqueue(std::move(q));
   }
   const std::vector<std::pair<int64_t, std::optional<int>>> ended = state_.runs->Check(now);
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {

@@ -334,15 +334,11 @@ absl::Status Store::Transition(int64_t id, JobState to, std::string_view reason,
                                const TransitionFields& f) {
   std::lock_guard lock(mu_);
   if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
-  if (absl::Status st = TransitionOne(id, to, reason, now, f); !st.ok()) {
-    (void)Exec("ROLLBACK");
-    return st;
-  }
-  if (absl::Status st = Commit(); !st.ok()) {
-    (void)Exec("ROLLBACK");
-    return st;
-  }
-  return absl::OkStatus();
+  absl::Status st = TransitionOne(id, to, reason, now, f);
+  if (st.ok() && f.requeue) st = TransitionOne(id, JobState::kQueued, *f.requeue, now, {});
+  if (st.ok()) st = Commit();
+  if (!st.ok()) (void)Exec("ROLLBACK");
+  return st;
 }
 
 absl::Status Store::TransitionMany(const std::vector<int64_t>& ids, JobState to,

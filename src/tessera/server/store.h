@@ -82,6 +82,9 @@ struct TransitionFields {
   std::optional<uint64_t> pid_start_time;
   std::optional<std::string> usage_json;
   std::optional<std::string> spec_json;  // its spec anew (a job re-queued sized differently)
+  // Then queued again, with this reason, in the same transaction (a job preempted and re-queued:
+  // no crash between the two leaves it preempted for good).
+  std::optional<std::string> requeue;
 };
 
 class Store {

@@ -280,6 +280,38 @@ TEST(Store, LifecycleWithPreemptionAndRequeue) {
   EXPECT_EQ(s.Events(id)->size(), 6u);
 }
 
+// A preemption and its re-queue are one transaction: no crash between them leaves a job that was
+// to run again preempted for good. All or none: a re-queue not allowed undoes the first step too.
+TEST(Store, APreemptionAndItsRequeueAreOneTransaction) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  Store& s = **store;
+  int64_t id = *s.Insert(Job("a"), 1);
+  ASSERT_TRUE(s.Transition(id, JobState::kRunning, "started", 2).ok());
+  ASSERT_TRUE(
+      s.Transition(
+           id, JobState::kPreempted, "its trial is over", 3,
+           {.ended_at = 3.0, .spec_json = R"({"command": ["sized"]})", .requeue = "re-queued"})
+          .ok());
+  auto job = s.Get(id);
+  EXPECT_EQ(job->state, JobState::kQueued);
+  EXPECT_EQ(job->spec_json, R"({"command": ["sized"]})");
+  auto events = *s.Events(id);
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[2].state, JobState::kPreempted);
+  EXPECT_EQ(events[2].reason, "its trial is over");
+  EXPECT_EQ(events[3].state, JobState::kQueued);
+  EXPECT_EQ(events[3].reason, "re-queued");
+  ASSERT_TRUE(s.Transition(id, JobState::kRunning, "started", 4).ok());
+  absl::Status st =
+      s.Transition(id, JobState::kSucceeded, "exit 0", 5, {.exit_code = 0, .requeue = "again?"});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  job = s.Get(id);
+  EXPECT_EQ(job->state, JobState::kRunning) << "the first step was undone with the second";
+  EXPECT_FALSE(job->exit_code.has_value());
+  EXPECT_EQ(s.Events(id)->size(), 5u);
+}
+
 TEST(Store, ListsByStateOldestFirst) {
   auto store = Store::Open(":memory:");
   ASSERT_TRUE(store.ok());
