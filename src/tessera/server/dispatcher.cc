@@ -283,7 +283,27 @@ void Dispatcher::LoadHistory() {
                   .outgrown_mib = outgrown_mib});
     runs += r.state == JobState::kSucceeded || outgrown_mib > 0;
   }
-  spdlog::info("history: {} runs of jobs that ended, {} keys", runs, state_->history->keys());
+  // A job the server tried first, re-queued sized from its trial (JobEnds), has not ended: its
+  // trial, recorded with it, teaches as well (else a restart before its run ends forgot it, and
+  // the next job of its kind was tried again).
+  size_t trials = 0;
+  auto waiting = store_->List({JobState::kQueued, JobState::kRunning, JobState::kPreempted});
+  for (const JobRecord& r : waiting.ok() ? *waiting : std::vector<JobRecord>{}) {
+    if (r.usage_json.empty()) continue;
+    const RecordedUse use = UsageOf(r);
+    if (!use.trial) continue;
+    auto spec = ParseJobSpec(r.spec_json);
+    if (!spec.ok()) continue;
+    LearnFromEnd(*state_->history, *spec, r.owner,
+                 {.to = JobState::kPreempted,
+                  .trial = true,
+                  .util = use.util,
+                  .shared_gpu = use.shared_gpu,
+                  .peak_mib = use.memory.peak_mib});
+    ++trials;
+  }
+  spdlog::info("history: {} runs of jobs that ended, {} trials of jobs re-queued, {} keys", runs,
+               trials, state_->history->keys());
 }
 
 // What recovery (recovery.h) asks of the dispatcher, under the lock.

@@ -214,6 +214,40 @@ TEST_F(ServerTest, ARestartRelearnsWhatTrialsAndOutgrownFailuresTaught) {
       << "the trial's cut-short run time predicts nothing: " << Job(run).dump();
 }
 
+// The server's trial of an "auto" job re-queues it sized from what the trial measured. A restart
+// before that run ends keeps what the trial taught: the next job of its kind is sized from it, not
+// tried again.
+TEST_F(ServerTest, ARestartBeforeATriedJobEndsKeepsWhatItsTrialMeasured) {
+  config_.auto_size_trial_s = 10;
+  own_source_ = true;
+  StartServer();
+  const json svc = {{"name", "svc"},
+                    {"resources", {{"gpu_share", "auto"}, {"gpu_memory", "auto"}}}};
+  auto spec_of = [&](int64_t id) { return *ParseJobSpec(Job(id)["spec"].dump()); };
+  const int64_t first = Submit(0, 1000, 0, svc);
+  Settle();
+  ASSERT_EQ(State(first), "running");
+  ASSERT_EQ(spec_of(first).sizing_trial_s, 10) << "never measured: tried first";
+  // Its trial runs on a whole GPU: the GPU's readings are its use (40% busy, 2000 MiB).
+  const int gpu = Job(first)["placement"]["gpus"][0]["index"].get<int>();
+  ASSERT_TRUE(
+      source_->SetTelemetry(gpu, {.utilization = 0.4, .memory_used_bytes = uint64_t{2000} << 20})
+          .ok());
+  Advance(5);
+  server_->TakeSample();
+  Advance(5);
+  Settle();
+  Advance(3);
+  Settle();
+  json j = Job(first);
+  ASSERT_NE(j["state"], "succeeded") << j.dump();
+  ASSERT_EQ(spec_of(first).sizing_trial_s, 0) << "re-queued sized from its trial: " << j.dump();
+  StartServer();
+  const JobSpec next = spec_of(Submit(0, 1, 0, svc));
+  EXPECT_EQ(next.sizing_trial_s, 0) << "not tried again";
+  EXPECT_EQ(next.gpu_memory_mib, 2560) << "2000 MiB measured + 20%, rounded up";
+}
+
 TEST_F(ServerTest, HistoryLearnsHowMuchSharingSlowsAShare) {
   StartServer();
   const json infer = {{"name", "infer"}, {"resources", {{"gpu_share", "30%"}}}};
