@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "tessera/devices/dcgm.h"
+#include "tessera/devices/mps_metrics.h"
 #include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
@@ -75,22 +76,16 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
            "1 while the GPU is healthy (advertised to the kubelet as Healthy), else 0.");
   for (const GpuSample& s : gpus) per_holder(s, s.health.healthy ? 1 : 0, GpuLabels);
   if (std::any_of(gpus.begin(), gpus.end(), [](const GpuSample& s) { return s.mps; })) {
-    p.Family("tessera_gpu_mps_daemon_up", "gauge",
-             "For a GPU shared by MPS: 1 when its control daemon answers, 0 when it is down (the "
-             "GPU is advertised Unhealthy then).");
+    using devices::kMpsDaemonUp, devices::kMpsDaemonDeaths, devices::kMpsServerFaults;
+    p.Family(kMpsDaemonUp.name, kMpsDaemonUp.type, kMpsDaemonUp.help);
     for (const GpuSample& s : gpus) {
       if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->up ? 1 : 0);
     }
-    p.Family("tessera_gpu_mps_daemon_deaths_total", "counter",
-             "For a GPU shared by MPS: times its control daemon was found gone (its clients lost "
-             "their server; it was started again).");
+    p.Family(kMpsDaemonDeaths.name, kMpsDaemonDeaths.type, kMpsDaemonDeaths.help);
     for (const GpuSample& s : gpus) {
       if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->deaths);
     }
-    p.Family(
-        "tessera_gpu_mps_server_faults_total", "counter",
-        "For a GPU shared by MPS: times one of its MPS servers ended while clients of it still "
-        "ran (a fatal fault in one client ends its server and the other clients on it).");
+    p.Family(kMpsServerFaults.name, kMpsServerFaults.type, kMpsServerFaults.help);
     for (const GpuSample& s : gpus) {
       if (s.mps) p.Sample(GpuLabels(hostname, *s.gpu, nullptr), s.mps->server_faults);
     }

@@ -7,6 +7,7 @@
 
 #include "fmt/format.h"
 #include "tessera/devices/dcgm.h"
+#include "tessera/devices/mps_metrics.h"
 #include "tessera/net/prometheus.h"
 #include "tessera/shim/region.h"
 
@@ -113,22 +114,16 @@ std::string RenderServerMetrics(const ServerMetricsSnapshot& s) {
            "1 when the GPU takes work, 0 when it turned unhealthy.");
   for (size_t g = 0; g < n; ++g) p.Sample(gpu(g), g < s.healthy.size() && s.healthy[g] ? 1 : 0);
   if (!s.mps.empty()) {
-    p.Family("tessera_gpu_mps_daemon_up", "gauge",
-             "For a GPU shared by MPS: 1 when its control daemon answers, 0 when it is down (the "
-             "GPU takes no work then).");
+    using devices::kMpsDaemonUp, devices::kMpsDaemonDeaths, devices::kMpsServerFaults;
+    p.Family(kMpsDaemonUp.name, kMpsDaemonUp.type, kMpsDaemonUp.help);
     for (const ServerMetricsSnapshot::Mps& m : s.mps) {
       if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.up ? 1 : 0);
     }
-    p.Family("tessera_gpu_mps_daemon_deaths_total", "counter",
-             "For a GPU shared by MPS: times its control daemon was found gone (its clients lost "
-             "their server; it was started again).");
+    p.Family(kMpsDaemonDeaths.name, kMpsDaemonDeaths.type, kMpsDaemonDeaths.help);
     for (const ServerMetricsSnapshot::Mps& m : s.mps) {
       if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.deaths);
     }
-    p.Family(
-        "tessera_gpu_mps_server_faults_total", "counter",
-        "For a GPU shared by MPS: times one of its MPS servers ended while clients of it still "
-        "ran (a fatal fault in one client ends its server and the other clients on it).");
+    p.Family(kMpsServerFaults.name, kMpsServerFaults.type, kMpsServerFaults.help);
     for (const ServerMetricsSnapshot::Mps& m : s.mps) {
       if (static_cast<size_t>(m.gpu) < n) p.Sample(gpu(m.gpu), m.server_faults);
     }
