@@ -612,6 +612,26 @@ TEST(TesseraServer, AnElasticJobStartsOnWhatFitsAndKeepsItAcrossAKillNine) {
   for (int64_t id : {wide, next, pair, narrow}) d.WaitFor(id, "cancelled");
 }
 
+// A cancel acknowledged just before a kill -9 of the server is not lost: the restarted server
+// re-adopts the job still stopping (its stop file), SIGKILLs it when its grace from the cancel has
+// passed (it ignores SIGTERM), and records it cancelled.
+TEST(TesseraServer, ACancelAskedBeforeAKillNineIsCarriedOutAfterTheRestart) {
+  Daemon d("cancel-restart");
+  json spec = Shell("trap '' TERM; echo ready; while :; do sleep 0.1; done", {{"gpus", 1}});
+  spec["grace_period_s"] = 2;
+  const int64_t id = d.Submit(spec);
+  d.WaitForProcess(id);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (d.Logs(id).empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its trap is set
+  d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.Kill(SIGKILL);
+  d.Start();
+  json j = d.WaitFor(id, "cancelled");
+  EXPECT_THAT(j.value("reason", ""), HasSubstr("cancelled by")) << j.dump();
+  EXPECT_THAT(d.Log(), HasSubstr("re-adopted"));
+}
+
 TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
   std::string inv = ::testing::TempDir() + "unhealthy-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(inv) << "name: two\ngpus:\n  - {model: Tesla T4, count: 2, memory: 15GiB, "

@@ -313,7 +313,8 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
     d.state_->mu.AssertHeld();
     d.state_->Enqueue(std::move(q));
   }
-  absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec) override {
+  absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec,
+                     std::optional<StopAsked> stop) override {
     d.state_->mu.AssertHeld();
     const double now = d.Now();
     json placement = json::parse(r.placement_json, nullptr, false);
@@ -336,6 +337,11 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
     run.pid = static_cast<pid_t>(r.pid);
     run.start_time = r.pid_start_time;
     run.adopted = true;
+    if (stop) {  // still stopping: SIGKILL once its grace from the stop has passed
+      run.stop = stop->why;
+      run.stop_reason = stop->reason;
+      run.stop_at = stop->at;
+    }
     run.cgroup = !run.container && d.host_->confines();
     run.uid = r.owner_uid;
     run.array_id = r.array_id;

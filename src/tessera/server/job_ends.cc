@@ -73,6 +73,7 @@ JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history,
 
 void JobEnds::RemoveExitFile(int64_t id) const {
   unlink(JobFilePath(options_.state_dir, "exit", id).c_str());
+  RemoveStopFile(options_.state_dir, id);
 }
 
 void JobEnds::Record(Ending& e, double now) {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/server/job_ends.h"
 #include "tessera/server/job_host.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/running_jobs.h"
@@ -51,8 +52,9 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
     }
     // Running when the last server stopped.
     const std::string exit_path = JobFilePath(options_.state_dir, "exit", r.id);
+    std::optional<StopAsked> stop = ReadStopFile(options_.state_dir, r.id);
     if (r.pid > 0 && host_.Alive(static_cast<pid_t>(r.pid), r.pid_start_time)) {
-      if (absl::Status st = world.Adopt(r, spec); !st.ok()) {
+      if (absl::Status st = world.Adopt(r, spec, stop); !st.ok()) {
         spdlog::warn("job {}: cannot re-adopt its GPUs ({}); stopping it", r.id,
                      std::string(st.message()));
         host_.Signal(static_cast<pid_t>(r.pid), SIGKILL);
@@ -69,8 +71,31 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
     std::optional<int> code = r.pid > 0 ? ReadExitFile(exit_path) : std::nullopt;
     TransitionFields f;
     f.ended_at = now;
-    if (code) {
-      f.exit_code = *code;
+    if (code) f.exit_code = *code;
+    if (stop && r.pid > 0) {
+      // Stopped before the server went down: its end is what the stop asked (EndOf), not its
+      // exit code - a preempted job goes back to the queue by the rules, a cancelled one is
+      // cancelled. A trial that ended so measured nothing: the job is tried again.
+      RunningJob asked;
+      asked.stop = stop->why;
+      asked.stop_reason = stop->reason;
+      asked.container = !spec->image.empty();
+      const bool requeue_wanted = spec->requeue.value_or(options_.requeue_preempted);
+      EndOutcome end = EndOf(asked, code.value_or(-1), code.has_value(), {}, requeue_wanted);
+      if (stop->why == "trial" && spec->trial_s <= 0 && spec->sizing_trial_s > 0) {
+        end = {JobState::kPreempted,
+               fmt::format("{}; it ended while the server was down, unmeasured: re-queued to be "
+                           "tried again",
+                           stop->reason),
+               true};
+      }
+      if (end.requeue) f.requeue = "re-queued after a stop asked before the server went down";
+      end.reason += " (ended while the server was down)";
+      if (store_.Transition(r.id, end.to, end.reason, now, f).ok() && end.requeue) {
+        world.Enqueue(QueuedJob::Of(r, spec, now));
+        ++n.requeued;
+      }
+    } else if (code) {
       (void)store_.Transition(
           r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
           fmt::format("ended with exit code {} while the server was down", *code), now, f);
@@ -83,6 +108,7 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
     }
     std::error_code ec;
     std::filesystem::remove(exit_path, ec);
+    RemoveStopFile(options_.state_dir, r.id);
     // Its container may have outlived the podman client (killed with the server's group, say).
     if (!spec->image.empty() && options_.containers) host_.RemoveContainer(r.id);
   }

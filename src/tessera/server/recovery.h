@@ -19,11 +19,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "tessera/server/admission.h"
 #include "tessera/server/job_spec.h"
+#include "tessera/server/running_jobs.h"
 
 namespace tessera::server {
 
@@ -39,11 +41,13 @@ class Recovery {
     // A job that waits again (queued or re-queued).
     virtual void Enqueue(QueuedJob q) = 0;
     // A running job whose process is alive, to be tracked again with its GPUs (its record's
-    // placement). An error: it cannot be (the GPUs are held); it is then killed and lost.
-    virtual absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec) = 0;
+    // placement), still stopping when `stop` says a stop was asked of it (its stop file). An
+    // error: it cannot be (the GPUs are held); it is then killed and lost.
+    virtual absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec,
+                               std::optional<StopAsked> stop) = 0;
   };
   struct Options {
-    std::string state_dir;           // its exit/<id> files
+    std::string state_dir;           // its exit/<id> and stop/<id> files
     bool requeue_preempted = false;  // the server's default (a spec's `requeue` wins)
     bool containers = false;         // podman is there: a container left behind is removed
   };

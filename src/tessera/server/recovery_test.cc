@@ -31,6 +31,7 @@ class RecoveryTest : public ::testing::Test, public Recovery::World {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     fs::create_directories(dir_ + "/exit");
+    fs::create_directories(dir_ + "/stop");
     auto store = Store::Open(dir_ + "/tessera.db");
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -39,9 +40,11 @@ class RecoveryTest : public ::testing::Test, public Recovery::World {
 
   // ---- Recovery::World ----
   void Enqueue(QueuedJob q) override { queued_[q.id] = std::move(q); }
-  absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec) override {
+  absl::Status Adopt(const JobRecord& r, std::shared_ptr<const JobSpec> spec,
+                     std::optional<StopAsked> stop) override {
     if (refuse_.contains(r.id)) return absl::FailedPreconditionError("GPU 0 is held by job 1");
     adopted_[r.id] = std::move(spec);
+    if (stop) stopping_[r.id] = *stop;
     return absl::OkStatus();
   }
 
@@ -92,6 +95,7 @@ class RecoveryTest : public ::testing::Test, public Recovery::World {
   FakeJobHost host_{launcher_};
   std::map<int64_t, QueuedJob> queued_;
   std::map<int64_t, std::shared_ptr<const JobSpec>> adopted_;
+  std::map<int64_t, StopAsked> stopping_;
   std::set<int64_t> refuse_;
 };
 
@@ -185,6 +189,68 @@ TEST_F(RecoveryTest, APreemptedJobIsQueuedAgainOnlyWhenItsSpecOrTheServerSaysSo)
   EXPECT_EQ(n.requeued, 1);
   EXPECT_TRUE(queued_.contains(by_default));
   EXPECT_FALSE(queued_.contains(refuses));
+}
+
+// A stop asked before the server went down (its stop file) is carried out: a job that ended
+// meanwhile ends as the stop asked, not by its exit code (SIGTERM's 143), and one still running
+// is re-adopted still stopping.
+TEST_F(RecoveryTest, AStopAskedBeforeTheServerWentDownIsCarriedOut) {
+  auto stopped = [&](json spec, pid_t pid, const std::string& why, const std::string& reason) {
+    const int64_t id = Insert(spec);
+    Running(id, pid);
+    if (pid >= 4000) std::ofstream(dir_ + "/exit/" + std::to_string(id)) << "143\n";
+    WriteStopFile(dir_, id, {why, reason, 150});
+    return id;
+  };
+  const json sleep = {{"command", {"sleep", "100"}}};
+  json requeue = sleep;
+  requeue["requeue"] = true;
+  const int64_t back = stopped(requeue, 4101, "preempt", "preempted for job 9");
+  const int64_t stays = stopped(sleep, 4102, "preempt", "preempted for job 9");
+  const int64_t cancelled = stopped(sleep, 4103, "cancel", "cancelled by alice");
+  const int64_t timed_out = stopped(sleep, 4104, "timeout", "ran past its max runtime of 60 s");
+  const int64_t tried = stopped(json{{"command", {"serve"}},
+                                     {"resources", {{"gpu_share", "auto"}, {"gpu_memory", "auto"}}},
+                                     {"sized", {{"basis", "no runs yet"}, {"trial_s", 120}}}},
+                                4105, "trial", "its trial of 2m is over");
+  const int64_t alive = stopped(sleep, Process(1000), "cancel", "cancelled by alice");
+  const Recovery::Counts n = Run(/*requeue_preempted=*/false);
+  EXPECT_EQ(n.ended, 5);
+  EXPECT_EQ(n.requeued, 2);
+  EXPECT_EQ(n.adopted, 1);
+  JobRecord r = Get(back);
+  EXPECT_EQ(r.state, JobState::kQueued);
+  EXPECT_TRUE(queued_.contains(back));
+  auto events = *store_->Events(back);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[events.size() - 2].state, JobState::kPreempted);
+  EXPECT_EQ(events[events.size() - 2].reason,
+            "preempted for job 9 (ended while the server was down)");
+  r = Get(stays);
+  EXPECT_EQ(r.state, JobState::kPreempted) << "its spec and the server say no re-queue";
+  EXPECT_EQ(r.exit_code, 143);
+  EXPECT_FALSE(queued_.contains(stays));
+  EXPECT_EQ(Get(cancelled).state, JobState::kCancelled);
+  EXPECT_EQ(Get(cancelled).reason, "cancelled by alice (ended while the server was down)");
+  EXPECT_EQ(Get(timed_out).state, JobState::kFailed);
+  EXPECT_EQ(Get(timed_out).reason,
+            "ran past its max runtime of 60 s (ended while the server was down)");
+  EXPECT_EQ(Get(tried).state, JobState::kQueued) << "its trial measured nothing: tried again";
+  EXPECT_TRUE(queued_.contains(tried));
+  ASSERT_TRUE(stopping_.contains(alive));
+  EXPECT_EQ(stopping_.at(alive).why, "cancel");
+  EXPECT_EQ(stopping_.at(alive).at, 150) << "its grace counts from the stop";
+  for (int64_t id : {back, stays, cancelled, timed_out, tried})
+    EXPECT_FALSE(fs::exists(dir_ + "/stop/" + std::to_string(id))) << id;
+  EXPECT_TRUE(fs::exists(dir_ + "/stop/" + std::to_string(alive))) << "until its end is recorded";
+  // A stop file that is not one is said and ignored: the exit code tells.
+  const int64_t garbled = Insert(sleep);
+  Running(garbled, 4106);
+  std::ofstream(dir_ + "/exit/" + std::to_string(garbled)) << "143\n";
+  std::ofstream(dir_ + "/stop/" + std::to_string(garbled)) << "{\"why\": 7}";
+  Run();
+  EXPECT_EQ(Get(garbled).state, JobState::kFailed);
+  EXPECT_EQ(Get(garbled).exit_code, 143);
 }
 
 TEST_F(RecoveryTest, AnArraysTasksShareOneSpecAndAnUnreadableSpecIsLeftAsItIs) {

@@ -20,6 +20,7 @@ void RemoveJobFiles(const std::string& state_dir, int64_t id) {
     if (!out && !err) break;
   }
   unlink(JobFilePath(state_dir, "exit", id).c_str());
+  RemoveStopFile(state_dir, id);
 }
 
 Retention::Retention(Store& store, std::string state_dir, PurgeAges ages)

@@ -1,9 +1,14 @@
 #include "tessera/server/running_jobs.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
@@ -19,6 +24,42 @@ using nlohmann::json;
 std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t id,
                         const char* suffix) {
   return fmt::format("{}/{}/{}{}", state_dir, dir, id, suffix);
+}
+
+void WriteStopFile(const std::string& state_dir, int64_t id, const StopAsked& stop) {
+  const std::string path = JobFilePath(state_dir, "stop", id);
+  const std::string tmp = path + ".tmp";
+  const std::string text =
+      nlohmann::json{{"why", stop.why}, {"reason", stop.reason}, {"at", stop.at}}.dump();
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  const bool ok =
+      fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (fd >= 0) close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::warn(
+        "job {}: cannot keep its stop in {} ({}): a restart before it ends records it "
+        "by its exit code",
+        id, path, strerror(errno));
+    unlink(tmp.c_str());
+  }
+}
+
+std::optional<StopAsked> ReadStopFile(const std::string& state_dir, int64_t id) {
+  const std::string path = JobFilePath(state_dir, "stop", id);
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || !j.contains("why") || !j["why"].is_string() || !j.contains("reason") ||
+      !j["reason"].is_string() || !j.contains("at") || !j["at"].is_number()) {
+    spdlog::warn("job {}: its stop file {} is unreadable; ignored", id, path);
+    return std::nullopt;
+  }
+  return StopAsked{j["why"].get<std::string>(), j["reason"].get<std::string>(),
+                   j["at"].get<double>()};
+}
+
+void RemoveStopFile(const std::string& state_dir, int64_t id) {
+  unlink(JobFilePath(state_dir, "stop", id).c_str());
 }
 
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix) {
@@ -111,6 +152,7 @@ void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::
   r.stop = why;
   r.stop_reason = reason;
   r.stop_at = now;
+  WriteStopFile(options_.state_dir, r.id, {why, reason, now});
   spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
                r.grace_period_s);
   if (!host_.Signal(r.pid, SIGTERM)) host_.Signal(r.pid, SIGKILL);

@@ -82,6 +82,20 @@ std::string JobFilePath(const std::string& state_dir, const char* dir, int64_t i
                         const char* suffix = "");
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix);
 
+// A stop asked of a running job (RunningJob::stop, stop_reason, stop_at), kept in
+// <state_dir>/stop/<id> until its end is recorded: a server restarted meanwhile re-adopts it still
+// stopping, or records its end as the stop asked (preempted and re-queued, cancelled...), not as
+// an exit code. Written through a temporary file and renamed, not fsynced: it need only outlive
+// the server's process (a power loss ends the job too).
+struct StopAsked {
+  std::string why, reason;
+  double at = 0;
+};
+void WriteStopFile(const std::string& state_dir, int64_t id, const StopAsked& stop);
+// nullopt: none, or unreadable (said).
+std::optional<StopAsked> ReadStopFile(const std::string& state_dir, int64_t id);
+void RemoveStopFile(const std::string& state_dir, int64_t id);
+
 // What a finished job's record says it used (its usage, read once): its utilization, whether it
 // shared its GPU, its GPU memory figures (peak, refusals, the most it asked), and whether its run
 // was a trial.
