@@ -29,7 +29,9 @@ class Differential : public ::testing::TestWithParam<std::tuple<uint64_t, bool, 
 TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus) {
   const auto [seed, fair_share, reservations] = GetParam();
   fs::remove_all(dir_);
-  const std::vector<StreamJob> stream = Stream(seed, 80);
+  // Elastic jobs among them: both drivers start one on the most GPUs that fit while nothing queued
+  // wants one, and keep that size (neither resizes running work).
+  const std::vector<StreamJob> stream = Stream(seed, 80, /*elastic=*/true);
   // Several owners when the test may act as other users (root, as in CI): root, daemon and nobody
   // in turn; otherwise this user alone.
   const std::vector<uid_t> uids =
@@ -56,6 +58,15 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   EXPECT_GT(replay.preemptions, 0);
   EXPECT_GT(replay.wait.max, 0);
   EXPECT_EQ(replay.finished, static_cast<int64_t>(stream.size()));
+  // Elastic jobs started larger than their minimum on both sides, or they prove nothing here.
+  int larger = 0;
+  for (size_t i = 0; i < sim_starts.size(); ++i) {
+    const json& res = stream[std::stoi(sim_starts[i].id) - 1].spec["resources"];
+    larger += res.contains("gpus_max") &&
+              static_cast<int>(sim_starts[i].gpus.size()) > res["gpus"].get<int>();
+  }
+  EXPECT_GT(larger, 0) << "no elastic job started larger than its minimum" << leg.Events("21")
+                       << leg.Events("41") << leg.Events("61");
   // The first start where they part is the one worth reading.
   for (size_t i = 0; i < std::min(server_starts.size(), sim_starts.size()); ++i) {
     ASSERT_EQ(server_starts[i], sim_starts[i])

@@ -24,14 +24,18 @@ struct StreamJob {
 };
 
 // A seeded stream: whole-second arrivals and durations (exact in both clocks), priorities 0..2,
-// shapes from one GPU to all eight and fractions of one.
-inline std::vector<StreamJob> Stream(uint64_t seed, int n) {
+// shapes from one GPU to all eight and fractions of one; with `elastic`, half the jobs of
+// two or more whole GPUs may take up to twice as many (resources.gpus_max, at most eight), and a
+// lull of ten minutes after every twentieth job lets the queue drain for an elastic one (2 to 4).
+inline std::vector<StreamJob> Stream(uint64_t seed, int n, bool elastic = false) {
   std::mt19937_64 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   std::vector<StreamJob> jobs;
   double t = 0;
   for (int i = 0; i < n; ++i) {
     t += pick(0, 6);
+    // A lull: the queue drains, and the elastic job that comes next starts larger.
+    if (elastic && i % 20 == 19) t += 600;
     StreamJob j;
     j.submit = t;
     j.duration = pick(5, 60);
@@ -41,10 +45,13 @@ inline std::vector<StreamJob> Stream(uint64_t seed, int n) {
     if (shape < 6) {
       static constexpr int kGpus[] = {1, 1, 2, 2, 4, 8};
       j.spec["resources"] = {{"gpus", kGpus[shape]}};
+      if (elastic && kGpus[shape] >= 2 && kGpus[shape] < 8 && pick(0, 1) == 0)
+        j.spec["resources"]["gpus_max"] = 2 * kGpus[shape];
     } else {
       j.spec["resources"] = {{"gpu_share", std::to_string(pick(1, 6) * 10) + "%"},
                              {"gpu_memory", "8GiB"}};
     }
+    if (elastic && i > 0 && i % 20 == 0) j.spec["resources"] = {{"gpus", 2}, {"gpus_max", 4}};
     if (pick(0, 9) == 0) j.spec["preemptible"] = false;
     jobs.push_back(std::move(j));
   }
