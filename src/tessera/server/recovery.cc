@@ -82,15 +82,11 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
       asked.container = !spec->image.empty();
       const bool requeue_wanted = spec->requeue.value_or(options_.requeue_preempted);
       EndOutcome end = EndOf(asked, code.value_or(-1), code.has_value(), {}, requeue_wanted);
-      if (stop->why == "trial" && spec->trial_s <= 0 && spec->sizing_trial_s > 0) {
-        end = {JobState::kPreempted,
-               fmt::format("{}; it ended while the server was down, unmeasured: re-queued to be "
-                           "tried again",
-                           stop->reason),
-               true};
-      }
-      if (end.requeue) f.requeue = "re-queued after a stop asked before the server went down";
       end.reason += " (ended while the server was down)";
+      if (stop->why == "trial" && spec->trial_s <= 0 && spec->sizing_trial_s > 0)
+        end = {JobState::kPreempted, end.reason + ", unmeasured: re-queued to be tried again",
+               true};
+      if (end.requeue) f.requeue = "re-queued after a stop asked before the server went down";
       if (store_.Transition(r.id, end.to, end.reason, now, f).ok() && end.requeue) {
         world.Enqueue(QueuedJob::Of(r, spec, now));
         ++n.requeued;

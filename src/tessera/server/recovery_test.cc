@@ -236,6 +236,10 @@ TEST_F(RecoveryTest, AStopAskedBeforeTheServerWentDownIsCarriedOut) {
   EXPECT_EQ(Get(timed_out).reason,
             "ran past its max runtime of 60 s (ended while the server was down)");
   EXPECT_EQ(Get(tried).state, JobState::kQueued) << "its trial measured nothing: tried again";
+  events = *store_->Events(tried);
+  EXPECT_EQ(events[events.size() - 2].reason,
+            "its trial of 2m is over (ended while the server was down), unmeasured: re-queued to "
+            "be tried again");
   EXPECT_TRUE(queued_.contains(tried));
   ASSERT_TRUE(stopping_.contains(alive));
   EXPECT_EQ(stopping_.at(alive).why, "cancel");
