@@ -364,6 +364,7 @@ absl::Status Dispatcher::Recover() {
   Recovery recovery(*store_, *host_,
                     {.state_dir = config_.state_dir,
                      .requeue_preempted = config_.requeue_preempted,
+                     .requeue_unhealthy = config_.unhealthy_action == "requeue",
                      .containers = containers_.has_value()});
   RecoveryWorld world(*this);
   return recovery.Run(world, Now()).status();

@@ -80,7 +80,8 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
       asked.stop = stop->why;
       asked.stop_reason = stop->reason;
       asked.container = !spec->image.empty();
-      const bool requeue_wanted = spec->requeue.value_or(options_.requeue_preempted);
+      const bool requeue_wanted = spec->requeue.value_or(
+          stop->why == "unhealthy" ? options_.requeue_unhealthy : options_.requeue_preempted);
       EndOutcome end = EndOf(asked, code.value_or(-1), code.has_value(), {}, requeue_wanted);
       end.reason += " (ended while the server was down)";
       if (stop->why == "trial" && spec->trial_s <= 0 && spec->sizing_trial_s > 0)

@@ -49,6 +49,7 @@ class Recovery {
   struct Options {
     std::string state_dir;           // its exit/<id> and stop/<id> files
     bool requeue_preempted = false;  // the server's default (a spec's `requeue` wins)
+    bool requeue_unhealthy = false;  // the same for a job stopped for its failed GPU
     bool containers = false;         // podman is there: a container left behind is removed
   };
   struct Counts {

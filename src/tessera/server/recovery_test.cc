@@ -81,8 +81,12 @@ class RecoveryTest : public ::testing::Test, public Recovery::World {
     EXPECT_TRUE(r.ok()) << r.status();
     return *r;
   }
-  Recovery::Counts Run(bool requeue_preempted = false) {
-    Recovery recovery(*store_, host_, {dir_, requeue_preempted, /*containers=*/true});
+  Recovery::Counts Run(bool requeue_preempted = false, bool requeue_unhealthy = false) {
+    Recovery recovery(*store_, host_,
+                      {.state_dir = dir_,
+                       .requeue_preempted = requeue_preempted,
+                       .requeue_unhealthy = requeue_unhealthy,
+                       .containers = true});
     auto n = recovery.Run(*this, 200);
     EXPECT_TRUE(n.ok()) << n.status();
     return *n;
@@ -214,9 +218,12 @@ TEST_F(RecoveryTest, AStopAskedBeforeTheServerWentDownIsCarriedOut) {
                                      {"sized", {{"basis", "no runs yet"}, {"trial_s", 120}}}},
                                 4105, "trial", "its trial of 2m is over");
   const int64_t alive = stopped(sleep, Process(1000), "cancel", "cancelled by alice");
-  const Recovery::Counts n = Run(/*requeue_preempted=*/false);
-  EXPECT_EQ(n.ended, 5);
-  EXPECT_EQ(n.requeued, 2);
+  // Its GPU failed: re-queued by the server's rule for that (unhealthy.action requeue).
+  const int64_t sick = stopped(sleep, 4107, "unhealthy", "its GPU 0 turned unhealthy (XID 79)");
+  const Recovery::Counts n = Run(/*requeue_preempted=*/false, /*requeue_unhealthy=*/true);
+  EXPECT_EQ(n.ended, 6);
+  EXPECT_EQ(n.requeued, 3);
+  EXPECT_TRUE(queued_.contains(sick));
   EXPECT_EQ(n.adopted, 1);
   JobRecord r = Get(back);
   EXPECT_EQ(r.state, JobState::kQueued);
@@ -244,7 +251,7 @@ TEST_F(RecoveryTest, AStopAskedBeforeTheServerWentDownIsCarriedOut) {
   ASSERT_TRUE(stopping_.contains(alive));
   EXPECT_EQ(stopping_.at(alive).why, "cancel");
   EXPECT_EQ(stopping_.at(alive).at, 150) << "its grace counts from the stop";
-  for (int64_t id : {back, stays, cancelled, timed_out, tried})
+  for (int64_t id : {back, stays, cancelled, timed_out, tried, sick})
     EXPECT_FALSE(fs::exists(dir_ + "/stop/" + std::to_string(id))) << id;
   EXPECT_TRUE(fs::exists(dir_ + "/stop/" + std::to_string(alive))) << "until its end is recorded";
   // A stop file that is not one is said and ignored: the exit code tells.
