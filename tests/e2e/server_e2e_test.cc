@@ -247,6 +247,26 @@ TEST(TesseraServer, ATrialRecommendsASizeAndAnAutoJobOfItsKindIsSizedFromIt) {
   d.WaitFor(sized, "cancelled");  // (jobs outlive a stopped server: its cgroup would wait for it)
 }
 
+// A trial on a whole GPU (no share, no limit) says its kernel mix too: the intercept library
+// counts its launches in a region of its own, and what it allocated is its peak on a simulated
+// machine, whose GPUs report no memory use.
+TEST(TesseraServer, AWholeGpuTrialSaysItsKernelMix) {
+  Daemon d("whole-trial");
+  json spec = {
+      {"name", "whole"},
+      {"command", {TESSERA_CUDA_CLIENT, "link", "alloc:500", "work:60000:1000:1:20000:0:60000"}},
+      {"resources", {{"gpus", 1}}},
+      {"trial_s", 1},
+      {"grace_period_s", 2}};
+  json t = d.WaitFor(d.Submit(spec), "succeeded");
+  const std::string reason = t.value("reason", "");
+  EXPECT_THAT(reason, HasSubstr("its trial of 1s is over: ")) << t.dump();
+  EXPECT_THAT(reason, HasSubstr(" kernel launches (")) << "its kernel mix, from its region";
+  EXPECT_EQ(t["usage"]["gpu_peak_memory_mib"], 500) << t.dump();
+  EXPECT_GT(t["usage"].value("kernel_launches", 0), 0) << t.dump();
+  EXPECT_TRUE(t["spec"]["resources"].value("gpu_memory", "").empty()) << "no limit was set";
+}
+
 // An "auto" memory size of a kind never measured: the job's first run is the server's trial (1 s
 // here) without a memory limit; it is stopped (its SIGTERM), re-queued under its id and started
 // again with a limit sized from the 500 MiB the trial measured (500 + 20%: 768 MiB), the trial's

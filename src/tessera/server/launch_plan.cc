@@ -45,7 +45,9 @@ RunningJob NewRunningJob(const ServerConfig& config, int64_t id, const JobSpec& 
                config.max_grace_period_s);
   run.memory_limit_mib = spec.gpu_memory_mib;
   run.gpu_milli = spec.gpu_milli;
-  if (RequestOf(spec, id, "").fractional() && !run.gpus.empty())
+  // A share's limits are kept in its region; a trial on whole GPUs gets one too, without limits,
+  // for the intercept library to count its kernels (its kernel mix) and what it allocates.
+  if ((RequestOf(spec, id, "").fractional() || spec.TrialSeconds() > 0) && !run.gpus.empty())
     run.region = JobFilePath(config.state_dir, "regions", id, ".region");
   run.container = !spec.image.empty();
   run.memory_mib = spec.memory_mib;

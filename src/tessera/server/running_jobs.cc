@@ -257,7 +257,9 @@ void RunningJobs::Measure(const std::vector<devices::GpuTelemetry>& telemetry,
       r.util_sum += util / static_cast<double>(r.gpus.size());
       ++r.util_samples;
     }
-    if (r.region.empty()) r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
+    // Whole GPUs: what the GPUs say they hold (context included), with what a trial's region saw.
+    if (r.region.empty() || (r.gpu_milli == 0 && r.memory_limit_mib == 0))
+      r.gpu_peak_mib = std::max(r.gpu_peak_mib, peak);
   }
 }
 
