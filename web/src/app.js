@@ -75,7 +75,9 @@ function shape(job) {
   const parts = [];
   // A share (gpu_share, gpu_memory) is on each of `gpus` GPUs; without one, `gpus` are whole.
   const share = r.gpu_share !== undefined || r.gpu_memory !== undefined;
-  if (r.gpus && !share) parts.push(`${r.gpus} GPU${r.gpus > 1 ? 's' : ''}`);
+  // Elastic (gpus_max): its range; where it runs says how many it got.
+  if (r.gpus && !share && r.gpus_max) parts.push(`${r.gpus}-${r.gpus_max} GPUs`);
+  else if (r.gpus && !share) parts.push(`${r.gpus} GPU${r.gpus > 1 ? 's' : ''}`);
   if (r.gpu_share !== undefined) parts.push(`${typeof r.gpu_share === 'number' ? `${r.gpu_share}%` : r.gpu_share} share`);
   if (r.gpu_memory) parts.push(`${r.gpu_memory}`);
   if (share && r.gpus > 1) parts.push(`on ${r.gpus} GPUs`);

@@ -134,6 +134,17 @@ test('a share of several GPUs is said as one, on its GPUs', async () => {
   await page.context().close();
 });
 
+test('an elastic job says its range of GPUs', async () => {
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
+    { command: sh('sleep 60'), resources: { gpus: 1, gpus_max: 2 }, hold: true });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${sub.body.id}`);
+  await page.waitForFunction(() => [...document.querySelectorAll('dt')].some((dt) => dt.textContent === 'asks' && dt.nextElementSibling.textContent === '1-2 GPUs'));
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a job on no GPU is said to be on none, in the list and on its page', async () => {
   const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'cpu-only', command: sh('sleep 60') });
   assert.equal(sub.status, 201, JSON.stringify(sub.body));
