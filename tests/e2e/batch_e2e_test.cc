@@ -610,24 +610,28 @@ TEST(Batch, AnMpsJobKeepsTheHostsDevShmForItsServerAndItsOwnTmp) {
   MpsServer m("mps-shm", TwoUsers());
   Daemon& d = m.d;
   const std::string work = SharedWorkFolder(d);
+  // A file of root's in the host's /dev/shm, which the job must see. (Not a file of nobody's
+  // there: another test's server removes nobody's files when its own last job of nobody ends.)
+  const std::string marker = "tessera-mps-host-" + std::to_string(getpid());
+  std::ofstream("/dev/shm/" + marker) << "host";
   const int64_t id = SubmittedId(
       As(d, "nobody",
          "submit --sharing mps --gpu-share 20% --workdir " + work +
-             " -- /bin/sh -c 'echo s > /dev/shm/tessera-mps-$TESSERA_JOB_ID && "
-             "echo t > /tmp/tessera-mps-$TESSERA_JOB_ID && env | grep ^CUDA_MPS_PIPE > pipe && "
-             "touch written && n=0; while [ ! -e go ] && [ $n -lt 600 ]; do sleep 0.05; "
+             " -- /bin/sh -c 'cat /dev/shm/" + marker +
+             " > shm && echo t > /tmp/tessera-mps-$TESSERA_JOB_ID && env | grep ^CUDA_MPS_PIPE > "
+             "pipe && touch written && n=0; while [ ! -e go ] && [ $n -lt 600 ]; do sleep 0.05; "
              "n=$((n+1)); done'")
           .out);
   ASSERT_GT(id, 0) << d.Log();
   ASSERT_TRUE(WaitForFile(work + "/written")) << d.Log();
   const std::string name = "tessera-mps-" + std::to_string(id);
-  EXPECT_TRUE(fs::exists("/dev/shm/" + name)) << "the host's /dev/shm, its server's";
+  EXPECT_EQ(tessera::test::ReadFile(work + "/shm"), "host") << "the host's /dev/shm, its server's";
   EXPECT_FALSE(fs::exists("/tmp/" + name)) << "its own /tmp";
   EXPECT_EQ(tessera::test::ReadFile(work + "/pipe"), "CUDA_MPS_PIPE_DIRECTORY=" + m.pipe + "\n");
   std::ofstream(work + "/go") << "";
   WaitForLs(d, id, "succeeded");
   std::error_code ec;
-  fs::remove("/dev/shm/" + name, ec);
+  fs::remove("/dev/shm/" + marker, ec);
 }
 
 // Each job's /tmp and /dev/shm are its own (issue 51: what jobs left there outlived them, outside
