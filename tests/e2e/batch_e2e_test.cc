@@ -217,7 +217,7 @@ TEST(Batch, BadArraysDependenciesAndTasksAreRefusedAndNothingIsStored) {
       {"root", "--tasks-per-gpu 1 --gpus 9 --gpu-mem 1GiB", "the job could never start"},
       {"root", "--tasks-per-gpu 2", "asks for no GPU"},
       // Elastic ranges: backwards, with a share, more than the machine has at its minimum.
-      {"root", "--gpus 3-1", "--gpus 3-1: its most (1) is below its fewest (3)"},
+      {"root", "--gpus 3-1", "--gpus: '3-1': its most (1) is below its fewest (3)"},
       {"root", "--gpus 1-2 --gpu-mem 1GiB", "an elastic job asks for whole GPUs"},
       {"root", "--gpus 3-4", "the job could never start"},
   };

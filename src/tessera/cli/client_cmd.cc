@@ -362,7 +362,8 @@ std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& act
   if (want("submit")) {
     CLI::App* sub = app.add_subcommand(
         "submit",
-        "Submit a job: tessera submit [--gpus N | --gpu-mem 10GiB --gpu-share 30%] -- cmd args");
+        "Submit a job: tessera submit [--gpus N|MIN-MAX | --gpu-mem 10GiB --gpu-share 30%] -- cmd "
+        "args");
     AddSubmitOptions(sub, st);
     sub->add_flag("--parsable", st.parsable,
                   "Print only the job's id (an array's: its id), as sbatch --parsable, for "

@@ -24,7 +24,7 @@ absl::StatusOr<std::pair<int, int>> ParseGpuRange(const std::string& text) {
   const std::string max = dash == std::string::npos ? "" : text.substr(dash + 1);
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(
-        fmt::format("--gpus {}: {} (N: 0 to 64 GPUs; MIN-MAX: an elastic job, 2-8)", text, why));
+        fmt::format("'{}': {} (N: 0 to 64 GPUs; MIN-MAX: an elastic job, 2-8)", text, why));
   };
   if (!Whole(min) || min.size() > 2 ||
       (dash != std::string::npos && (!Whole(max) || max.size() > 2)))

@@ -35,7 +35,7 @@ absl::StatusOr<std::vector<std::string>> TranslateSbatch(const std::vector<std::
                                                          std::vector<std::string>* ignored);
 
 // `--gpus` as written: "N" (0 to 64 GPUs) or "MIN-MAX" (elastic, 1 <= MIN <= MAX <= 64), as
-// {N, 0} or {MIN, MAX}. Error: what is wrong, naming the text.
+// {N, 0} or {MIN, MAX}. Error: what is wrong, naming the text (the caller names the flag).
 absl::StatusOr<std::pair<int, int>> ParseGpuRange(const std::string& text);
 
 // Splits a directive's rest into words: spaces separate, '...' and "..." quote.

@@ -62,12 +62,12 @@ TEST(Directives, AGpuCountOrAnElasticRange) {
   EXPECT_EQ(*ParseGpuRange("2-8"), (std::pair{2, 8}));
   EXPECT_EQ(*ParseGpuRange("4-4"), (std::pair{4, 4}));
   for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
-           {"", "--gpus : not a GPU count"},
-           {"two", "--gpus two: not a GPU count"},
-           {"2-", "--gpus 2-: not a GPU count"},
-           {"-2", "--gpus -2: not a GPU count"},
-           {"2-4-6", "--gpus 2-4-6: not a GPU count"},
-           {"65", "--gpus 65: more than 64 GPUs"},
+           {"", "'': not a GPU count"},
+           {"two", "'two': not a GPU count"},
+           {"2-", "'2-': not a GPU count"},
+           {"-2", "'-2': not a GPU count"},
+           {"2-4-6", "'2-4-6': not a GPU count"},
+           {"65", "'65': more than 64 GPUs"},
            {"999999999999", "not a GPU count"},
            {"0-4", "an elastic job starts on 1 GPU or more"},
            {"8-2", "its most (2) is below its fewest (8)"},
