@@ -71,7 +71,7 @@ void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const 
 JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history, Options options)
     : host_(host), store_(store), history_(history), options_(std::move(options)) {}
 
-void JobEnds::RemoveExitFile(int64_t id) const {
+void JobEnds::RemoveEndFiles(int64_t id) const {
   unlink(JobFilePath(options_.state_dir, "exit", id).c_str());
   RemoveStopFile(options_.state_dir, id);
 }
@@ -185,7 +185,7 @@ void JobEnds::Record(Ending& e, double now) {
     return;
   }
   // Recorded: a restart no longer needs the exit file to tell how it ended.
-  RemoveExitFile(r.id);
+  RemoveEndFiles(r.id);
   spdlog::info("job {}: {} ({})", r.id, JobStateName(end.to), end.reason);
   if (end.requeue) e.requeue = Requeued(r.id, now);
 }
@@ -210,7 +210,7 @@ std::vector<QueuedJob> JobEnds::Tend(double now) {
       ++it;
       continue;
     }
-    RemoveExitFile(it->id);
+    RemoveEndFiles(it->id);
     spdlog::info("job {}: {} ({}), recorded now that the disk has room{}", it->id,
                  JobStateName(it->to), it->reason, it->fields.requeue ? "; re-queued" : "");
     if (it->fields.requeue) {

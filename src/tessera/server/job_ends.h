@@ -115,7 +115,7 @@ class JobEnds {
   // Job `id`, recorded queued again, as the dispatcher enqueues it; nullopt (said) when its record
   // cannot be read back.
   std::optional<QueuedJob> Requeued(int64_t id, double now);
-  void RemoveExitFile(int64_t id) const;  // and its stop file: its end is recorded
+  void RemoveEndFiles(int64_t id) const;  // its exit and stop files: its end is recorded
 
   JobHost& host_;
   Store& store_;
