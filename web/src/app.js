@@ -91,6 +91,25 @@ function placedOn(p) {
   return gpus.length ? `GPU${gpus.length > 1 ? 's' : ''} ${gpus.map((g) => g.index).join(', ')}` : 'no GPU';
 }
 
+// An elastic job resized while it ran: its GPUs over time, as a step chart and in words.
+function sizesPanel(job) {
+  const sizes = (job.placement && job.placement.sizes) || [];
+  if (!sizes.length) return null;
+  const to = job.ended_at || Math.max(Date.now() / 1000, sizes[sizes.length - 1].at + 1);
+  const points = [];
+  sizes.forEach((z, i) => {
+    if (i > 0) points.push([z.at, sizes[i - 1].gpus]);
+    points.push([z.at, z.gpus]);
+  });
+  points.push([to, sizes[sizes.length - 1].gpus]);
+  const most = (job.spec.resources || {}).gpus_max || Math.max(...sizes.map((z) => z.gpus));
+  const said = sizes.map((z) => `${z.gpus} GPU${z.gpus === 1 ? '' : 's'} from ${new Date(z.at * 1000).toLocaleTimeString()}`).join(', ');
+  return [h('h2', {}, 'Size over time'),
+    h('p', { id: 'sizes' }, `${said} (started again ${count(job.placement.restarts || 0)} times)`),
+    lineChart({ id: 'chart-size', title: 'GPUs held', from: sizes[0].at, to, yMax: most,
+      series: [{ name: 'GPUs', color: PALETTE[0], points }], format: count })];
+}
+
 function stateCell(s) {
   return h('span', { class: `state state-${s}` }, s);
 }
@@ -690,6 +709,7 @@ function jobView(id) {
         h('dt', {}, 'placed on'), h('dd', {}, job.placement ? placedOn(job.placement) : '–'),
         job.expected_start ? [h('dt', {}, 'expected start'), h('dd', {}, new Date(job.expected_start * 1000).toLocaleTimeString())] : null),
       job.efficiency ? [h('h2', {}, 'Use of what it held'), efficiencyList(job.efficiency)] : null,
+      sizesPanel(job),
       h('h2', {}, 'Events'),
       h('div', { class: 'scroll' }, h('table', { id: 'events' },
         h('thead', {}, h('tr', {}, ['When', 'State', 'Why'].map((t) => h('th', { scope: 'col' }, t)))),

@@ -145,6 +145,24 @@ test('an elastic job says its range of GPUs', async () => {
   await page.context().close();
 });
 
+test('an elastic job resized while it runs shows its size over time', async () => {
+  // One GPU held by another job; the elastic one starts on the rest and grows onto it when it is
+  // given back (resized by restart: stopped and started again on them all).
+  const hog = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { command: sh('sleep 60'), resources: { gpus: 1 } });
+  assert.equal(hog.status, 201, JSON.stringify(hog.body));
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
+    { command: sh('sleep 60'), resources: { gpus: 1, gpus_max: 8 }, resize: { by: 'restart' } });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${sub.body.id}`);
+  await page.waitForSelector('h1 .state-running', { timeout: 10000 });
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${hog.body.id}/cancel`);
+  await page.waitForFunction(() => /GPUs? from .*, \d GPUs from .* \(started again 1 times\)/.test((document.querySelector('#sizes') || {}).textContent || ''), null, { timeout: 15000 });
+  assert.ok(await page.$('#chart-size svg'));
+  await server.api(USER_TOKEN, 'POST', `/v1/jobs/${sub.body.id}/cancel`);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a job on no GPU is said to be on none, in the list and on its page', async () => {
   const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs', { name: 'cpu-only', command: sh('sleep 60') });
   assert.equal(sub.status, 201, JSON.stringify(sub.body));

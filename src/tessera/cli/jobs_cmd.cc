@@ -133,6 +133,15 @@ std::optional<json> BuildSpec(const State& s, const char* verb, std::ostream& er
   if (!s.max_runtime.empty()) spec["max_runtime_s"] = s.max_runtime;
   if (!s.grace.empty()) spec["grace_period_s"] = s.grace;
   if (!s.trial.empty()) spec["trial_s"] = s.trial;
+  if (!s.resize.empty()) {
+    json resize = {{"by", s.resize}};
+    if (!s.resize_grace.empty()) resize["grace_s"] = s.resize_grace;
+    if (!s.resize_unanswered.empty()) resize["unanswered"] = s.resize_unanswered;
+    spec["resize"] = resize;
+  } else if (!s.resize_grace.empty() || !s.resize_unanswered.empty()) {
+    err << "tessera: --resize-grace and --resize-unanswered go with --resize signal\n";
+    return std::nullopt;
+  }
   if (!s.array.empty()) spec["array"] = s.array;
   if (!s.after.empty()) {
     // "ok:5,6" (or Slurm's "ok:5:6") is ok:5 and ok:6; the server checks each.
@@ -498,8 +507,9 @@ void AddSubmitOptions(CLI::App* c, State& s) {
       c->add_option("--gpus", s.gpus_text,
                     "Whole GPUs; with --gpu-mem/--gpu-share, how many GPUs get that fraction "
                     "(default one). MIN-MAX (2-8): elastic, it starts when MIN fit, on as many "
-                    "up to MAX as fit while nothing queued wants a GPU, and keeps that size; it "
-                    "reads how many it got from CUDA_VISIBLE_DEVICES")
+                    "up to MAX as fit while nothing queued wants a GPU, and keeps that size "
+                    "(with --resize: resized while it runs); it reads how many it got from "
+                    "CUDA_VISIBLE_DEVICES")
           ->check(CLI::Validator(
               [&s](std::string& v) -> std::string {
                 absl::StatusOr<std::pair<int, int>> range = ParseGpuRange(v);
@@ -579,6 +589,20 @@ void AddSubmitOptions(CLI::App* c, State& s) {
                 "used and the --gpu-share/--gpu-mem it recommends; its use sizes later "
                 "--gpu-share/--gpu-mem auto jobs of its kind")
       ->check(Duration(false, 86400));
+  c->add_option("--resize", s.resize,
+                "With --gpus MIN-MAX: resize the job while it runs. signal: it is told its new "
+                "GPUs in $TESSERA_RESIZE_FILE and by SIGUSR1, checkpoints and exits 75, and is "
+                "started again on them; restart: it is stopped (SIGTERM) and started again on "
+                "them. Default: its size is fixed when it starts")
+      ->check(CLI::IsMember({"signal", "restart"}));
+  c->add_option("--resize-grace", s.resize_grace,
+                "With --resize signal: how long it has to exit 75 after SIGUSR1 (default 60s)")
+      ->check(Duration(true, 3600));
+  c->add_option("--resize-unanswered", s.resize_unanswered,
+                "With --resize signal, when it has not exited in its grace: restart (stop it and "
+                "start it again on its new size; the default) or keep (a growth is given up; a "
+                "shrink is carried out anyway)")
+      ->check(CLI::IsMember({"restart", "keep"}));
   c->add_option("--grace", s.grace,
                 "Time between SIGTERM and SIGKILL when the job is stopped: 30, 30s, 2m (default: "
                 "the server's, 30 s; at most its maximum)")

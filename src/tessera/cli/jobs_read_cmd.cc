@@ -96,6 +96,24 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
   if (const json sized = (*j)["spec"].value("sized", json()); sized.is_object())
     field("sized", sized.value("basis", ""));
   field("gpus", Where(*j));
+  if (const json rz = (*j)["spec"].value("resize", json()); rz.is_object()) {
+    field("resized", rz.value("by", "") == "signal"
+                         ? fmt::format("by signal (SIGUSR1, exit 75 within {:g} s, else {})",
+                                       rz.value("grace_s", 60.0), rz.value("unanswered", "restart"))
+                         : std::string("by restart (stopped and started again)"));
+  }
+  // An elastic job's sizes over its run (each from when): "2 GPUs 14:02:10, 4 GPUs 14:05:31".
+  if (const json p = j->value("placement", json()); p.is_object() && p.contains("sizes")) {
+    std::vector<std::string> sizes;
+    for (const json& z : p["sizes"]) {
+      std::time_t at = static_cast<std::time_t>(z.value("at", 0.0));
+      char buf[16];
+      std::strftime(buf, sizeof buf, "%H:%M:%S", std::localtime(&at));
+      sizes.push_back(fmt::format("{} GPU{} from {}", z.value("gpus", 0),
+                                  z.value("gpus", 0) == 1 ? "" : "s", buf));
+    }
+    field("sizes", fmt::format("{}", fmt::join(sizes, ", ")));
+  }
   if ((*j)["spec"].contains("image"))
     field("image", (*j)["spec"]["image"].get<std::string>() + " (podman)");
   field("command",

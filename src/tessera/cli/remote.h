@@ -115,6 +115,9 @@ struct State {
   std::string trial;        // --trial: as the user wrote it ("2m")
   std::string max_runtime;  // as the user wrote it ("1h", "01:00:00", 3600): the server parses it
   std::string grace;
+  // --resize signal|restart, --resize-grace, --resize-unanswered: an elastic job resized while it
+  // runs
+  std::string resize, resize_grace, resize_unanswered;
   // ls / show / logs / cancel / top
   std::string states;
   std::string ls_user;

@@ -50,6 +50,10 @@ struct Request {
   // with `gpus`, grows onto GPUs of its node no queued request can use and gives them back when one
   // can (sched::Engine). Not part of its shape: where it fits is where its `gpus` fit.
   int gpus_max = 0;
+  // Elastic and resized while it runs when its driver resizes (sched::Executor::Resizes): its job
+  // answers a resize (the server's `resize: signal`, the simulator's elastic jobs). Otherwise an
+  // elastic request's size is fixed when it starts.
+  bool resizable = false;
   // ...or a fractional share of a GPU: a compute share in thousandths (1..999) and/or GPU
   // memory, on each of `share_gpus` different GPUs of one node (0 or 1: one GPU; more: a job whose
   // ranks run on several shared GPUs).

@@ -110,21 +110,22 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
     if (!go[i]) continue;
     const CycleDecision& d = decisions[i];
     running_[d.id] = Unqueue(queued_.find(d.id));
-    if (d.allocation.request.elastic()) elastic_.insert(d.id);
+    if (Resizing(d.allocation.request)) elastic_.insert(d.id);
   }
   const bool may_grow = MayGrow();
-  // A driver that does not resize starts an elastic request larger for good, when nothing queued
-  // wants a GPU (what the queue could use would be held to the request's end).
-  const bool start_larger = !executor_.Resizes() && queued_for_gpus_ == 0;
+  // An elastic request that is not resized starts larger for good, when nothing queued wants a
+  // GPU (what the queue could use would be held to the request's end).
+  const bool start_larger = queued_for_gpus_ == 0;
   for (size_t i : starts) {
     if (!go[i]) continue;
     CycleDecision& d = decisions[i];
     // An elastic request that could start larger now starts larger, where the larger size fits
     // best (placed for its minimum, the packing policies put it where it has no room to grow).
-    const bool larger = d.allocation.request.elastic() && (may_grow || start_larger) &&
-                        PlaceLarger(d.allocation, may_grow, now);
+    const bool resizing = Resizing(d.allocation.request);
+    const bool larger = d.allocation.request.elastic() && (resizing ? may_grow : start_larger) &&
+                        PlaceLarger(d.allocation, resizing, now);
     executor_.Start(d.id, d.allocation, now);
-    if (larger && may_grow) executor_.Resize(d.id, *Holding(d.id), now);
+    if (larger && resizing) executor_.Resize(d.id, *Holding(d.id), now);
     ++started;
   }
   for (const CycleDecision& d : decisions) {
@@ -179,8 +180,12 @@ std::optional<Allocation> Engine::Holding(const std::string& id) const {
   return holds;
 }
 
+bool Engine::Resizing(const core::Request& r) const {
+  return r.elastic() && r.resizable && executor_.Resizes();
+}
+
 bool Engine::MayGrow() const {
-  if (elastic_.empty() || !executor_.Resizes() || !options_.cycle.preemption) return false;
+  if (elastic_.empty() || !options_.cycle.preemption) return false;
   // Only onto GPUs no queued request can use: with one waiting for a GPU, nothing grows (one that
   // waits for something else - a quota, its victims - may yet take a GPU freed meanwhile).
   return queued_for_gpus_ == 0;
@@ -302,6 +307,12 @@ void Engine::ForgetElastic(const std::string& id) {
   (void)scheduler_->Release(GrownId(id));
 }
 
+bool Engine::FixSize(const std::string& id) {
+  if (!elastic_.contains(id)) return false;
+  ForgetElastic(id);
+  return true;
+}
+
 bool Engine::Ended(const std::string& id) {
   running_.erase(id);
   ForgetElastic(id);
@@ -325,6 +336,7 @@ bool Engine::Stopped(const std::string& id, StopCause cause) {
 absl::Status Engine::Restore(const Allocation& restored, std::optional<Submission> s) {
   Allocation a = restored;
   core::Request& r = a.request;
+  std::optional<Allocation> grown;
   if (r.elastic() && !r.fractional()) {
     const int held = static_cast<int>(a.gpus.size());
     if (held < r.gpus || held > r.gpus_max) {
@@ -332,10 +344,23 @@ absl::Status Engine::Restore(const Allocation& restored, std::optional<Submissio
           fmt::format("allocation {}: {} GPUs, outside its request's {} to {}", a.id, held, r.gpus,
                       r.gpus_max));
     }
-    r.gpus = held;
+    if (!Resizing(r)) {
+      r.gpus = held;  // started larger for good
+    } else if (held > r.gpus) {
+      // Resized while it runs: its first `gpus` its own, the rest grown onto (given back first).
+      grown =
+          GrownAllocation(a, std::vector<int>(a.gpus.begin() + r.gpus, a.gpus.end()), a.start_time);
+      a.gpus.resize(r.gpus);
+    }
   }
   if (absl::Status st = scheduler_->Restore(a); !st.ok()) return st;
-  if (a.request.elastic()) elastic_.insert(a.id);
+  if (grown) {
+    if (absl::Status st = scheduler_->Restore(*grown); !st.ok()) {
+      (void)scheduler_->Release(a.id);
+      return st;
+    }
+  }
+  if (Resizing(a.request)) elastic_.insert(a.id);
   if (s) running_[a.id] = *std::move(s);
   return absl::OkStatus();
 }

@@ -41,10 +41,10 @@ class Executor {
   // (Engine::Stopped); meanwhile `for_id` waits for exactly them.
   virtual void Stop(const std::vector<std::string>& victims, const std::string& for_id,
                     const std::string& reason, double now) = 0;
-  // Whether this driver resizes running work. When not, an elastic request (core::Request::
-  // gpus_max) starts on the most GPUs up to its maximum that fit when it starts, if no queued
-  // request wants a GPU then (else on its minimum), all of them its own, and keeps that size to its
-  // end (Slurm's --nodes MIN-MAX).
+  // Whether this driver resizes running work: its elastic requests that are resizable (core::
+  // Request::resizable). The others (core::Request::gpus_max) start on the most GPUs up to their
+  // maximum that fit when they start, if no queued request wants a GPU then (else on their
+  // minimum), all of them their own, and keep that size to their end (Slurm's --nodes MIN-MAX).
   virtual bool Resizes() const { return false; }
   // Resize running elastic request `id` to `holds`: every GPU it holds now, its own and those it
   // grew onto (Engine::Holding). Grown, the new GPUs are already recorded as its own; shrunk, the
@@ -116,7 +116,8 @@ class Engine {
   // queue when the rules (or its own wish) say so - queued here, unless requeue_through_driver.
   // Returns whether it goes back.
   bool Stopped(const std::string& id, StopCause cause);
-  // Elastic requests (core::Request::gpus_max), when the Executor Resizes(): a started one grows,
+  // Elastic requests (core::Request::gpus_max) that are resizable, when the Executor Resizes(): a
+  // started one grows,
   // at the end of a Step, onto free GPUs of its node - only when no queued request wants a GPU, and
   // within its owner's quota - as a second allocation (GrownId: reclaimable, the lowest priority,
   // no CPU or memory of its own) that quotas and fair share count as its. A queued request that can
@@ -135,12 +136,16 @@ class Engine {
   static std::string GrownId(const std::string& id) { return id + "+grown"; }
   // Whether `id` was asked to shrink and has not yet said it did.
   bool Shrinking(const std::string& id) const { return shrinking_.contains(id); }
+  // Elastic `id` keeps the size it runs at (it did not answer a resize to grow): what it grew onto
+  // is free again, and it is neither grown nor shrunk from now on. false when it was not resized.
+  bool FixSize(const std::string& id);
 
   // Records an allocation decided earlier (a server re-adopting its running jobs, the extender
   // learning of a pod bound before it started): Scheduler::Restore. With its submission, it can be
   // queued again when stopped, as if it had started here. An elastic request of whole GPUs that
   // started larger holds what its allocation lists (its request's gpus that many, up to its
-  // maximum).
+  // maximum); one resized while it runs holds its first `gpus` as its own and the rest as grown
+  // onto (they are given back first).
   absl::Status Restore(const Allocation& a, std::optional<Submission> s = std::nullopt);
   // Takes a node out (Cycle::RemoveNode): its allocations are released and returned.
   absl::StatusOr<std::vector<Allocation>> RemoveNode(NodeId node);
@@ -170,6 +175,8 @@ class Engine {
   const std::string* GrownOf(const std::string& allocation_id) const;
   // Asks elastic `id` to give back what it grew onto (once until Resized).
   void Shrink(const std::string& id, double now);
+  // Whether elastic `r` is resized while it runs: it is resizable and the driver resizes.
+  bool Resizing(const core::Request& r) const;
   // Whether elastic requests may grow now (see Resized).
   bool MayGrow() const;
   // Places elastic `own`, just placed for its minimum, on the most GPUs up to its maximum that fit

@@ -84,6 +84,7 @@ struct Resizer : Recorder {
 core::Request Elastic(const std::string& id, int min, int max) {
   core::Request r = Whole(id, min);
   r.gpus_max = max;
+  r.resizable = true;
   return r;
 }
 
@@ -389,6 +390,65 @@ TEST(Engine, AnElasticRequestRestoredLargerHoldsWhatItsAllocationLists) {
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("3 GPUs, outside its request's 1 to 2"));
   EXPECT_EQ(e.scheduler().state().Find("bad"), nullptr);
+}
+
+TEST(Engine, AResizedRequestRestoredGivesBackWhatItGrewOntoFirst) {
+  Resizer x;
+  Engine e(OneNode(4), x);
+  Allocation a;
+  a.id = "el";
+  a.node = 0;
+  a.gpus = {2, 0, 3};  // its own first, as its driver recorded it
+  a.milli_per_gpu = 1000;
+  a.request = Elastic("el", 1, 4);
+  ASSERT_TRUE(e.Restore(a, Sub(a.request, 1, 1)).ok());
+  // Its first GPU its own, the two it grew onto held as grown (reclaimable).
+  EXPECT_EQ(e.scheduler().state().Find("el")->gpus, std::vector<int>{2});
+  const Allocation* grown = e.scheduler().state().Find(Engine::GrownId("el"));
+  ASSERT_NE(grown, nullptr);
+  EXPECT_TRUE(grown->reclaimable);
+  EXPECT_EQ(grown->gpus, (std::vector<int>{0, 3}));
+  EXPECT_EQ(e.Holding("el")->gpus, (std::vector<int>{0, 2, 3}));
+  // A request that wants two GPUs: it shrinks back to its own instead of being stopped.
+  core::Request two = Whole("two", 2);
+  two.priority = 5;
+  ASSERT_TRUE(e.Submit(Sub(two, 2, 2)).ok());
+  e.Step(2);
+  EXPECT_TRUE(x.stops.empty());
+  EXPECT_TRUE(e.Shrinking("el"));
+  ASSERT_FALSE(x.resizes.empty());
+  EXPECT_EQ(x.resizes.back(), (std::pair<std::string, std::vector<int>>{"el", {2}}));
+  EXPECT_TRUE(e.Resized("el"));
+  e.Step(3);
+  EXPECT_EQ(x.started.back(), "two");
+  ExpectNoGpuHeldTwice(e);
+}
+
+TEST(Engine, AnElasticRequestThatIsNotResizableStartsLargerForGoodBesideResizedOnes) {
+  Resizer x;
+  Engine e(OneNode(8), x);
+  core::Request fixed = Elastic("fixed", 2, 4);
+  fixed.resizable = false;
+  ASSERT_TRUE(e.Submit(Sub(fixed, 1, 1)).ok());
+  e.Step(1);
+  // All 4 its own, never resized; the driver is told of no resize.
+  EXPECT_EQ(e.scheduler().state().Find("fixed")->gpus.size(), 4u);
+  EXPECT_EQ(e.scheduler().state().Find(Engine::GrownId("fixed")), nullptr);
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 8), 2, 2)).ok());
+  e.Step(2);
+  // The resizable one grows onto the other 4 and is told so.
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 4u);
+  ASSERT_EQ(x.resizes.size(), 1u);
+  EXPECT_EQ(x.resizes[0].first, "el");
+  // Kept at its size (it did not answer the resize): what it grew onto is free, and it is not
+  // grown again.
+  EXPECT_TRUE(e.FixSize("el"));
+  EXPECT_FALSE(e.FixSize("fixed"));
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 1u);
+  e.Step(3);
+  EXPECT_EQ(e.Holding("el")->gpus.size(), 1u);
+  EXPECT_EQ(x.resizes.size(), 1u);
+  ExpectNoGpuHeldTwice(e);
 }
 
 TEST(Engine, RequeueRulesByCauseAndTheRequestsOwnWish) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "nlohmann/json.hpp"
 #include "tessera/server/efficiency.h"
@@ -83,6 +84,32 @@ json LineJson(const AcctLine& l) {
           {"max_wait_s", l.max_wait_seconds}};
 }
 
+// The GPU-seconds inside [since, until] of a job whose placement lists its sizes over time
+// ({"at", "gpus"}, from its run's start); nullopt when it lists none.
+std::optional<double> ResizedGpuSeconds(const AcctJob& j, double since, double until) {
+  const json p = json::parse(j.placement_json, nullptr, false);
+  if (!p.is_object() || !p.contains("sizes") || !p["sizes"].is_array() || p["sizes"].empty())
+    return std::nullopt;
+  std::vector<std::pair<double, int>> sizes;
+  for (const json& z : p["sizes"]) {
+    if (z.is_object() && z.contains("at") && z["at"].is_number())
+      sizes.emplace_back(z["at"].get<double>(), std::max(0, z.value("gpus", 0)));
+  }
+  if (sizes.empty()) return std::nullopt;
+  double gs = 0;
+  for (const AcctJob::Run& run : j.runs) {
+    const double run_from = std::max(run.start, since);
+    const double run_to = std::min(run.end.value_or(until), until);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      // The first size counts from the run's start; each until the next.
+      const double from = std::max(run_from, i == 0 ? run.start : sizes[i].first);
+      const double to = std::min(run_to, i + 1 < sizes.size() ? sizes[i + 1].first : run_to);
+      if (to > from) gs += sizes[i].second * (to - from);
+    }
+  }
+  return gs;
+}
+
 }  // namespace
 
 AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
@@ -141,8 +168,12 @@ AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
     }
     if (seconds <= 0) continue;
     const Use use = UseOf(j.usage_json, j.placement_json);
+    // An elastic job resized while it ran: its GPUs over time (its sizes), each model its part of
+    // its last placement.
+    const std::optional<double> resized = ResizedGpuSeconds(j, o.since, o.until);
     for (const auto& [model, weight] : g.weights) {
-      const double gs = weight * seconds;
+      const double gs =
+          resized ? *resized / static_cast<double>(g.weights.size()) : weight * seconds;
       std::vector<AcctLine*> with_model = lines;
       with_model.push_back(&models[model]);
       for (AcctLine* l : with_model) {
@@ -201,6 +232,8 @@ absl::StatusOr<std::vector<AcctJob>> AcctJobs(Store& store, double since, double
     while (e < events->size() && (*events)[e].job_id < r.id) ++e;
     for (; e < events->size() && (*events)[e].job_id == r.id; ++e) {
       const JobEvent& ev = (*events)[e];
+      // Running again while it runs: resized (started again on a new size), the same run.
+      if (ev.state == JobState::kRunning && !j.runs.empty() && !j.runs.back().end) continue;
       if (!j.runs.empty() && !j.runs.back().end) j.runs.back().end = ev.at;
       if (ev.state == JobState::kRunning) j.runs.push_back({ev.at, std::nullopt});
     }

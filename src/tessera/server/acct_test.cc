@@ -79,6 +79,30 @@ TEST(Acct, SumsGpuTimeInsideThePeriodPerUserGroupAndModel) {
 
 // How busy and how full each user kept what they held, over the GPU-seconds of their measured
 // jobs, each job weighed by its GPU-seconds (the figures `tessera eff` gives per job).
+// An elastic job resized while it ran counts the GPUs it held at each time (its placement's
+// sizes), inside the period only; its models by its last placement.
+TEST(Acct, AnElasticJobCountsItsSizesOverTime) {
+  const std::string resized =
+      R"({"gpus":[{"index":0,"model":"H100"},{"index":1,"model":"H100"}],"milli_per_gpu":1000,)"
+      R"("sizes":[{"at":100,"gpus":1},{"at":200,"gpus":4},{"at":300,"gpus":2}],"restarts":2})";
+  // 1 GPU 100..200, 4 GPUs 200..300, 2 GPUs 300..400.
+  std::vector<AcctJob> jobs = {Job(1, "alice", JobState::kSucceeded, 90, {{100, 400}}, resized)};
+  AcctReport all = Account(jobs, Period(0, 1000));
+  EXPECT_DOUBLE_EQ(all.total.gpu_seconds, 1 * 100 + 4 * 100 + 2 * 100);
+  ASSERT_EQ(all.by_model.size(), 1u);
+  EXPECT_EQ(all.by_model[0].key, "H100");
+  EXPECT_DOUBLE_EQ(all.by_model[0].gpu_seconds, 700);
+  // Inside [150, 350]: 1 GPU for 50 s, 4 for 100 s, 2 for 50 s.
+  AcctReport part = Account(jobs, Period(150, 350));
+  EXPECT_DOUBLE_EQ(part.total.gpu_seconds, 50 + 400 + 100);
+  EXPECT_DOUBLE_EQ(part.total.whole_gpu_seconds, 550);
+  // Still running at the period's end: its last size until then.
+  jobs[0].state = JobState::kRunning;
+  jobs[0].runs = {{100, std::nullopt}};
+  jobs[0].ended_at.reset();
+  EXPECT_DOUBLE_EQ(Account(jobs, Period(0, 500)).total.gpu_seconds, 100 + 400 + 2 * 200);
+}
+
 TEST(Acct, EfficiencyPerUserIsTheirMeasuredJobsWeighedByGpuTime) {
   std::vector<AcctJob> jobs = {
       // 2 whole GPUs for 100 s, 50% busy, 20,480 of 81,920 MiB at its peak: 200 GPU-s.

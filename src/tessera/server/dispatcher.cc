@@ -342,6 +342,21 @@ struct Dispatcher::RecoveryWorld final : Recovery::World {
       run.stop_reason = stop->reason;
       run.stop_at = stop->at;
     }
+    if (spec->Resizable() && placement.is_object()) {
+      // Resized before: its sizes so far. Asked to resize (stopping for it, or told by signal):
+      // started again, when it ends so, on what it holds now.
+      for (const json& z : placement.value("sizes", json::array())) {
+        if (z.is_object()) run.sizes.emplace_back(z.value("at", 0.0), z.value("gpus", 0));
+      }
+      run.restarts = placement.value("restarts", 0);
+      const std::optional<double> asked = ReadResizeFile(d.config_.state_dir, r.id);
+      if (asked || (stop && stop->why == "resize")) {
+        run.resize_to = d.state_->engine->Holding(a.id)->gpus;
+        run.resize_at = asked.value_or(stop ? stop->at : now);
+      }
+    }
+    run.priority = r.priority;
+    run.array_index = r.array_index;
     run.cgroup = !run.container && d.host_->confines();
     run.uid = r.owner_uid;
     run.array_id = r.array_id;

@@ -21,6 +21,9 @@ EndOutcome EndOf(const RunningJob& r, int exit_code, bool exit_known, const Cgro
                  bool requeue_wanted) {
   if (r.stop == "cancel") return {JobState::kCancelled, r.stop_reason};
   if (r.stop == "preempt") return {JobState::kPreempted, r.stop_reason, requeue_wanted};
+  // Stopped to be resized, and not started again here (a restarted server found it ended): it
+  // goes back to the queue at its place.
+  if (r.stop == "resize") return {JobState::kPreempted, r.stop_reason, true};
   if (r.stop == "unhealthy") {
     return {requeue_wanted ? JobState::kPreempted : JobState::kFailed, r.stop_reason,
             requeue_wanted};
@@ -74,6 +77,7 @@ JobEnds::JobEnds(JobHost& host, Store& store, sched::DurationPredictor& history,
 void JobEnds::RemoveEndFiles(int64_t id) const {
   unlink(JobFilePath(options_.state_dir, "exit", id).c_str());
   RemoveStopFile(options_.state_dir, id);
+  RemoveResizeFile(options_.state_dir, id);
 }
 
 void JobEnds::Record(Ending& e, double now) {

@@ -198,7 +198,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
               "resources",     "priority",     "preemptible", "max_runtime_s", "grace_period_s",
               "image",         "array",        "after",       "hold",          "ntasks",
               "tasks_per_gpu", "task_failure", "stdout_file", "stderr_file",   "requeue",
-              "sized",         "trial_s"},
+              "sized",         "trial_s",      "resize"},
           "");
       !st.ok()) {
     return st;
@@ -258,6 +258,31 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
             Seconds(j["grace_period_s"], "grace_period_s", true, 3600, &s.grace_period_s);
         !st.ok())
       return st;
+  }
+  if (j.contains("resize")) {
+    const json& rz = j["resize"];
+    if (!rz.is_object())
+      return Bad("resize", fmt::format("expected an object, got {}", TypeName(rz)));
+    if (absl::Status st = Unknown(rz, {"by", "grace_s", "unanswered"}, "resize"); !st.ok())
+      return st;
+    if (!rz.contains("by")) return Bad("resize.by", "required: signal or restart");
+    if (absl::Status st = String(rz["by"], "resize.by", &s.resize_by, 16); !st.ok()) return st;
+    if (s.resize_by != "signal" && s.resize_by != "restart")
+      return Bad("resize.by", fmt::format("expected signal or restart, got '{}'", s.resize_by));
+    if (rz.contains("grace_s")) {
+      if (absl::Status st = Seconds(rz["grace_s"], "resize.grace_s", true, 3600, &s.resize_grace_s);
+          !st.ok())
+        return st;
+    }
+    if (rz.contains("unanswered")) {
+      if (absl::Status st = String(rz["unanswered"], "resize.unanswered", &s.resize_unanswered, 16);
+          !st.ok())
+        return st;
+      if (s.resize_unanswered != "restart" && s.resize_unanswered != "keep") {
+        return Bad("resize.unanswered",
+                   fmt::format("expected restart or keep, got '{}'", s.resize_unanswered));
+      }
+    }
   }
   if (j.contains("trial_s")) {
     if (absl::Status st = Seconds(j["trial_s"], "trial_s", false, 86400, &s.trial_s); !st.ok())
@@ -464,6 +489,16 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const json& j) {
                  "an elastic job runs its own processes on the GPUs it is given; not with "
                  "tasks_per_gpu");
   }
+  if (!s.resize_by.empty()) {
+    if (s.gpus_max == 0)
+      return Bad("resize", "only an elastic job is resized: ask a range of GPUs (--gpus MIN-MAX)");
+    if (s.Tasks() > 1)
+      return Bad("resize", "a job resized while it runs is one process group: not with ntasks");
+    if (!s.image.empty() && s.resize_by == "signal") {
+      return Bad("resize.by",
+                 "a job in a container does not see the resize file; use resize by restart");
+    }
+  }
   if (s.tasks_per_gpu > 0 && s.gpus == 0 && !s.Share()) {
     return Bad("tasks_per_gpu",
                "the job asks for no GPU (resources.gpus, gpu_share, gpu_memory); use ntasks");
@@ -522,6 +557,10 @@ json JobSpecToJson(const JobSpec& s) {
   if (s.max_runtime_s > 0) j["max_runtime_s"] = s.max_runtime_s;
   if (s.grace_period_s >= 0) j["grace_period_s"] = s.grace_period_s;
   if (s.trial_s > 0) j["trial_s"] = s.trial_s;
+  if (!s.resize_by.empty()) {
+    j["resize"] = {
+        {"by", s.resize_by}, {"grace_s", s.resize_grace_s}, {"unanswered", s.resize_unanswered}};
+  }
   if (!s.image.empty()) j["image"] = s.image;
   if (!s.array.empty()) j["array"] = s.array;
   if (!s.after.empty()) {
@@ -776,6 +815,7 @@ core::Request RequestOf(const JobSpec& s, int64_t job_id, const std::string& own
   r.gpus = s.Share() ? 0 : s.gpus;
   r.share_gpus = s.Share() ? s.gpus : 0;
   r.gpus_max = s.Share() ? 0 : s.gpus_max;
+  r.resizable = r.gpus_max > 0 && !s.resize_by.empty();
   r.gpu_milli = s.gpu_milli;
   r.gpu_memory_mib = s.gpu_memory_mib;
   r.models = s.models;

@@ -56,9 +56,19 @@ struct JobSpec {
   // then on each of `gpus` GPUs (0 or 1: one).
   int gpus = 0;
   // Elastic (resources.gpus_max, `--gpus MIN-MAX`): whole GPUs from `gpus` up to this many; 0: not
-  // elastic. The server starts it on the most that fit when nothing queued wants a GPU, and it
-  // keeps that size (sched::Executor::Resizes).
+  // elastic. Without `resize_by` the server starts it on the most that fit when nothing queued
+  // wants a GPU, and it keeps that size (sched::Executor::Resizes).
   int gpus_max = 0;
+  // How an elastic job is resized while it runs (`resize`, docs/server.md "Elastic jobs"):
+  // "signal": told its new GPUs in a file and by SIGUSR1, it checkpoints and exits 75, and is
+  // started again on them; "restart": stopped as for a preemption (SIGTERM, its grace) and
+  // started again on them; empty: never (its size is fixed when it starts). A "signal" job that
+  // has not exited within resize_grace_s is stopped and restarted ("restart") or, when it was to
+  // grow, left as it is ("keep"; a shrink is always carried out: another job waits for the GPUs).
+  std::string resize_by;
+  double resize_grace_s = 60;
+  std::string resize_unanswered = "restart";
+  bool Resizable() const { return gpus_max > 0 && !resize_by.empty(); }
   int gpu_milli = 0;
   int64_t gpu_memory_mib = 0;
   // gpu_share / gpu_memory "auto": sized by the server at submission from what jobs of its kind

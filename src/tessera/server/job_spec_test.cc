@@ -117,6 +117,54 @@ TEST(JobSpec, AnElasticJobAsksForAGpuRangeAndRoundTrips) {
   }
 }
 
+TEST(JobSpec, AnElasticJobResizedWhileItRunsSaysHowAndRoundTrips) {
+  auto s = ParseJobSpec(
+      R"({"command": ["train"], "resources": {"gpus": 1, "gpus_max": 4},
+          "resize": {"by": "signal", "grace_s": "2m", "unanswered": "keep"}})");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->resize_by, "signal");
+  EXPECT_EQ(s->resize_grace_s, 120);
+  EXPECT_EQ(s->resize_unanswered, "keep");
+  EXPECT_TRUE(s->Resizable());
+  EXPECT_TRUE(RequestOf(*s, 1, "").resizable);
+  auto again = JobSpecFromJson(JobSpecToJson(*s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->resize_by, "signal");
+  EXPECT_EQ(again->resize_grace_s, 120);
+  EXPECT_EQ(again->resize_unanswered, "keep");
+  // The defaults: a grace of 60 s, restarted when unanswered; without `resize`, never resized.
+  auto plain = ParseJobSpec(R"({"command": ["train"], "resources": {"gpus": 1, "gpus_max": 4},
+                                 "resize": {"by": "restart"}})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->resize_grace_s, 60);
+  EXPECT_EQ(plain->resize_unanswered, "restart");
+  EXPECT_FALSE(
+      RequestOf(*ParseJobSpec(R"({"command": ["ls"], "resources": {"gpus": 1, "gpus_max": 4}})"), 1,
+                "")
+          .resizable);
+  const std::string elastic = R"("command": ["ls"], "resources": {"gpus": 1, "gpus_max": 4})";
+  for (const auto& [json, why] : std::vector<std::pair<std::string, std::string>>{
+           {"{" + elastic + R"(, "resize": "signal"})", "resize: expected an object, got string"},
+           {"{" + elastic + R"(, "resize": {}})", "resize.by: required: signal or restart"},
+           {"{" + elastic + R"(, "resize": {"by": "sigusr1"}})",
+            "resize.by: expected signal or restart, got 'sigusr1'"},
+           {"{" + elastic + R"(, "resize": {"by": "signal", "unanswered": "wait"}})",
+            "resize.unanswered: expected restart or keep, got 'wait'"},
+           {"{" + elastic + R"(, "resize": {"by": "signal", "grace_s": -1}})", "resize.grace_s"},
+           {"{" + elastic + R"(, "resize": {"by": "signal", "every": 1}})",
+            "resize: unknown field 'every'"},
+           {R"({"command": ["ls"], "resources": {"gpus": 2}, "resize": {"by": "signal"}})",
+            "resize: only an elastic job is resized"},
+           {"{" + elastic + R"(, "ntasks": 2, "resize": {"by": "signal"}})",
+            "resize: a job resized while it runs is one process group"},
+           {"{" + elastic + R"(, "image": "pytorch", "resize": {"by": "signal"}})",
+            "resize.by: a job in a container does not see the resize file"}}) {
+    auto bad = ParseJobSpec(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find(why), std::string::npos) << bad.status();
+  }
+}
+
 TEST(JobSpec, RefusesBadInputNamingTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "malformed JSON"},

@@ -95,6 +95,9 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
     ls.env["SLURM_ARRAY_JOB_ID"] = std::to_string(q.array_id);
     ls.env["SLURM_ARRAY_TASK_ID"] = std::to_string(q.array_index);
   }
+  // Resized by signal while it runs: where it reads its new GPUs (RunningJobs::AskResize).
+  if (q.spec->Resizable() && q.spec->resize_by == "signal")
+    ls.env["TESSERA_RESIZE_FILE"] = ResizeFilePath(config.state_dir, q.id);
   ls.stdout_path = job_file("logs", ".out");
   ls.stderr_path = job_file("logs", ".err");
   ls.user_stdout = output_file(0, false);
@@ -137,6 +140,8 @@ LaunchPlan PlanLaunch(const LaunchSetup& setup, const QueuedJob& q, const sched:
   l.run = NewRunningJob(config, q.id, *q.spec, a.gpus, now);
   l.run.uid = q.uid;
   l.run.array_id = q.array_id;
+  l.run.array_index = q.array_index;
+  l.run.priority = q.priority;
   l.run.spec = q.spec;
   l.run.owner = q.owner;
   if (!l.run.region.empty()) {

@@ -239,6 +239,16 @@ std::string_view OpenApiDocument() {
           "stderr_file": {"type": "string", "example": "train-%j.err"},
           "requeue": {"type": "boolean", "description": "back to the queue when preempted )json"
       R"json(or its GPU fails (true) or not (false); absent: the server's settings"},
+          "resize": {"type": "object", "required": ["by"], "additionalProperties": false, )json"
+      R"json("description": "an elastic job (resources.gpus_max) resized while it runs", )json"
+      R"json("properties": {"by": {"type": "string", "enum": ["signal", "restart"], )json"
+      R"json("description": "signal: told its new GPUs in TESSERA_RESIZE_FILE and by SIGUSR1, )json"
+      R"json(it exits 75 and starts again on them; restart: stopped and started again"}, )json"
+      R"json("grace_s": {"oneOf": [{"type": "number", "minimum": 0, "maximum": 3600}, )json"
+      R"json({"type": "string", "example": "2m"}], "description": "by signal: how long it )json"
+      R"json(has to exit 75 (default 60)"}, "unanswered": {"type": "string", "enum": )json"
+      R"json(["restart", "keep"], "description": "by signal, not answered in its grace: )json"
+      R"json(stopped and started again, or a growth given up (default restart)"}}},
           "trial_s": {"oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": true, )json"
       R"json("maximum": 86400}, {"type": "string", "example": "2m"}], "description": "a )json"
       R"json(trial run: stopped after this long, its use measured and a size recommended"},

@@ -92,6 +92,21 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
         world.Enqueue(QueuedJob::Of(r, spec, now));
         ++n.requeued;
       }
+    } else if (spec->Resizable() && r.pid > 0 && (!code || *code == kResizeExitCode) &&
+               ReadResizeFile(options_.state_dir, r.id)) {
+      // Asked to resize by signal, it ended (checkpointed) while the server was down: it goes
+      // back to the queue at its place, and starts again on what fits then.
+      f.requeue = "re-queued: it ended for its resize while the server was down";
+      if (store_
+              .Transition(r.id, JobState::kPreempted,
+                          fmt::format("ended for its resize ({}) while the server was down",
+                                      code ? fmt::format("exit code {}", *code)
+                                           : std::string("exit status unknown")),
+                          now, f)
+              .ok()) {
+        world.Enqueue(QueuedJob::Of(r, spec, now));
+        ++n.requeued;
+      }
     } else if (code) {
       (void)store_.Transition(
           r.id, *code == 0 ? JobState::kSucceeded : JobState::kFailed,
@@ -106,6 +121,7 @@ absl::StatusOr<Recovery::Counts> Recovery::Run(World& world, double now) {
     std::error_code ec;
     std::filesystem::remove(exit_path, ec);
     RemoveStopFile(options_.state_dir, r.id);
+    RemoveResizeFile(options_.state_dir, r.id);
     // Its container may have outlived the podman client (killed with the server's group, say).
     if (!spec->image.empty() && options_.containers) host_.RemoveContainer(r.id);
   }

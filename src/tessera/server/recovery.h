@@ -10,7 +10,8 @@
 //   adopted job holds them), its process group is killed and it is recorded lost;
 // - running, its process gone: ended, with the exit code its exit file holds (written by the
 //   runner at its end) or lost when there is none, the exit file removed, and a container left
-//   behind by a killed podman client removed;
+//   behind by a killed podman client removed; an elastic job asked to resize (its stop or resize
+//   file) that ended so is queued again at its place;
 // - a stored spec that no longer parses: left as it is, and said.
 // It records through the Store and asks the machine through the JobHost; what the server does with
 // a queued or adopted job - its queue, the engine, its tables of running jobs - it asks through

@@ -32,6 +32,7 @@ class RecoveryTest : public ::testing::Test, public Recovery::World {
     dir_ = tmpl;
     fs::create_directories(dir_ + "/exit");
     fs::create_directories(dir_ + "/stop");
+    fs::create_directories(dir_ + "/resize");
     auto store = Store::Open(dir_ + "/tessera.db");
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -262,6 +263,50 @@ TEST_F(RecoveryTest, AStopAskedBeforeTheServerWentDownIsCarriedOut) {
   Run();
   EXPECT_EQ(Get(garbled).state, JobState::kFailed);
   EXPECT_EQ(Get(garbled).exit_code, 143);
+}
+
+// An elastic job asked to resize before the server went down: one that ended for it meanwhile
+// (exit 75 after its signal, stopped to be restarted, or gone before its new process was known)
+// goes back to the queue at its place, never run twice; one still running is re-adopted (its
+// resize is the dispatcher's to carry on); a resizable job that ended otherwise ends as its code
+// says.
+TEST_F(RecoveryTest, AnElasticJobThatEndedForItsResizeIsQueuedAgainAtItsPlace) {
+  const json elastic = {{"command", {"train"}},
+                        {"resources", {{"gpus", 1}, {"gpus_max", 4}}},
+                        {"resize", {{"by", "signal"}}}};
+  auto asked = [&](pid_t pid, std::optional<int> code) {
+    const int64_t id = Insert(elastic);
+    Running(id, pid);
+    if (code) std::ofstream(dir_ + "/exit/" + std::to_string(id)) << *code << "\n";
+    WriteResizeFile(dir_, id, {"GPU-a", "GPU-b"}, 150, 0);
+    return id;
+  };
+  const int64_t answered = asked(4201, kResizeExitCode);
+  const int64_t unknown = asked(4202, std::nullopt);
+  const int64_t finished = asked(4203, 0);  // it ended on its own before it answered
+  const int64_t alive = asked(Process(1000), std::nullopt);
+  const int64_t stopped = Insert(elastic);
+  Running(stopped, 4204);
+  WriteStopFile(dir_, stopped, {"resize", "stopped to be started again on 2 GPUs (0,1)", 150});
+  const Recovery::Counts n = Run();
+  EXPECT_EQ(n.adopted, 1);
+  EXPECT_TRUE(adopted_.contains(alive));
+  EXPECT_TRUE(fs::exists(ResizeFilePath(dir_, alive))) << "the adopted job's resize goes on";
+  for (int64_t id : {answered, unknown, stopped}) {
+    EXPECT_EQ(Get(id).state, JobState::kQueued) << id;
+    ASSERT_TRUE(queued_.contains(id)) << id;
+    EXPECT_EQ(queued_.at(id).submitted, 100) << "its place: its submission";
+    auto events = *store_->Events(id);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events[events.size() - 2].state, JobState::kPreempted) << id;
+    EXPECT_FALSE(fs::exists(ResizeFilePath(dir_, id))) << id;
+  }
+  const auto events = *store_->Events(answered);
+  EXPECT_EQ(events[events.size() - 2].reason,
+            "ended for its resize (exit code 75) while the server was down");
+  EXPECT_EQ(Get(finished).state, JobState::kSucceeded);
+  EXPECT_FALSE(queued_.contains(finished));
+  EXPECT_EQ(n.requeued, 3);
 }
 
 TEST_F(RecoveryTest, AnArraysTasksShareOneSpecAndAnUnreadableSpecIsLeftAsItIs) {

@@ -251,6 +251,8 @@ void Prepare(const LaunchSpec& spec, Prepared& p) {
     if (spec.share)
       dirs.keep.insert(dirs.keep.end(),
                        {spec.share->library, spec.share->region, spec.share->arbiter});
+    if (auto f = spec.env.find("TESSERA_RESIZE_FILE"); f != spec.env.end())
+      dirs.keep.push_back(f->second);
     for (std::string& k : dirs.keep) {
       if (!k.empty() && k[0] != '/') k = std::filesystem::absolute(k).string();
     }
@@ -520,11 +522,12 @@ class LogCopy {
   ResetSignals();
   if (spec.exit_path.empty()) ExecTask(spec, p, 0, pipe_fd);
   // The shepherd: the group leader, waiting for the job (its child) to record how it ended. Stops
-  // are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a stop sent to
-  // the group the moment the job exists cannot end the shepherd first.
+  // and resizes are for the job; SIGKILL still ends the shepherd. Ignored before the fork, so a
+  // stop sent to the group the moment the job exists cannot end the shepherd first.
   signal(SIGTERM, SIG_IGN);
   signal(SIGINT, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
+  signal(SIGUSR1, SIG_IGN);  // an elastic job's resize (RunningJobs::AskResize)
   // The tasks' pids, in storage sized before the fork (nothing is allocated in the child).
   std::vector<pid_t>& pids = p.task_pids;
   if (p.log_cap > 0 && !MakeLogPipes(p)) Fail(pipe_fd, 1);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -60,6 +61,50 @@ std::optional<StopAsked> ReadStopFile(const std::string& state_dir, int64_t id) 
 
 void RemoveStopFile(const std::string& state_dir, int64_t id) {
   unlink(JobFilePath(state_dir, "stop", id).c_str());
+}
+
+std::string ResizeFilePath(const std::string& state_dir, int64_t id) {
+  return JobFilePath(state_dir, "resize", id);
+}
+
+void WriteResizeFile(const std::string& state_dir, int64_t id,
+                     const std::vector<std::string>& uuids, double asked_at, uint32_t uid) {
+  const std::string path = ResizeFilePath(state_dir, id);
+  const std::string tmp = path + ".tmp";
+  const std::string text = fmt::format(
+      "TESSERA_RESIZE_GPUS={}\nCUDA_VISIBLE_DEVICES={}\nTESSERA_RESIZE_ASKED_AT={:.3f}\n",
+      uuids.size(), fmt::join(uuids, ","), asked_at);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0400);
+  bool ok = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  // Its job reads it as its owner.
+  if (ok && geteuid() == 0 && uid != 0) ok = fchown(fd, uid, static_cast<gid_t>(-1)) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::warn("job {}: cannot write its resize file {} ({}); it is resized when it ends", id,
+                 path, strerror(errno));
+    unlink(tmp.c_str());
+  }
+}
+
+std::optional<double> ReadResizeFile(const std::string& state_dir, int64_t id) {
+  const std::string path = ResizeFilePath(state_dir, id);
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string line;
+  while (std::getline(in, line)) {
+    constexpr std::string_view kAt = "TESSERA_RESIZE_ASKED_AT=";
+    if (!line.starts_with(kAt)) continue;
+    char* end = nullptr;
+    const std::string v = line.substr(kAt.size());
+    const double at = std::strtod(v.c_str(), &end);
+    if (end != v.c_str() && *end == '\0' && std::isfinite(at)) return at;
+  }
+  spdlog::warn("job {}: its resize file {} is unreadable; taken as asked now", id, path);
+  return 0.0;
+}
+
+void RemoveResizeFile(const std::string& state_dir, int64_t id) {
+  unlink(ResizeFilePath(state_dir, id).c_str());
 }
 
 std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, const char* suffix) {
@@ -148,14 +193,62 @@ bool RunningJobs::AnyOf(uint32_t uid) const {
 
 void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::string& reason,
                               double now) {
-  if (!r.stop.empty()) return;
+  if (!r.stop.empty()) {
+    // Stopping to be resized: another stop is what its end is, its SIGTERM already sent.
+    if (r.stop != "resize" || why == "resize") return;
+    r.stop = why;
+    r.stop_reason = reason;
+    r.resize_to.clear();
+    RemoveResizeFile(options_.state_dir, r.id);
+    WriteStopFile(options_.state_dir, r.id, {why, reason, r.stop_at});
+    spdlog::info("job {}: stopping ({}) while it stopped to be resized", r.id, reason);
+    return;
+  }
   r.stop = why;
   r.stop_reason = reason;
   r.stop_at = now;
+  if (why != "resize") {
+    r.resize_to.clear();
+    RemoveResizeFile(options_.state_dir, r.id);
+  }
   WriteStopFile(options_.state_dir, r.id, {why, reason, now});
   spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
                r.grace_period_s);
   if (!host_.Signal(r.pid, SIGTERM)) host_.Signal(r.pid, SIGKILL);
+}
+
+void RunningJobs::AskResize(RunningJob& r, std::vector<int> to,
+                            const std::vector<std::string>& uuids, double now) {
+  if (!r.spec || !r.spec->Resizable()) return;
+  if (!r.stop.empty() && r.stop != "resize") return;  // its GPUs go with it
+  const bool asked = !r.resize_to.empty();
+  if (!asked && to == r.gpus) return;
+  r.resize_to = std::move(to);
+  const std::string size =
+      fmt::format("{} GPU{} ({})", r.resize_to.size(), r.resize_to.size() == 1 ? "" : "s",
+                  fmt::join(r.resize_to, ","));
+  if (r.spec->resize_by == "restart") {
+    RequestStop(r, "resize", fmt::format("stopped to be started again on {}", size), now);
+    return;
+  }
+  // By signal: told in its file (rewritten when asked again), signalled once.
+  const double at = asked ? r.resize_at : now;
+  WriteResizeFile(options_.state_dir, r.id, uuids, at, r.uid);
+  if (asked || !r.stop.empty()) {
+    spdlog::info("job {}: its resize is now to {}", r.id, size);
+    return;
+  }
+  r.resize_at = now;
+  spdlog::info("job {}: resizing to {}: SIGUSR1; started again there when it exits {} within {} s",
+               r.id, size, kResizeExitCode, r.spec->resize_grace_s);
+  host_.Signal(r.pid, SIGUSR1);
+}
+
+bool RunningJobs::EndsForResize(const RunningJob& r, std::optional<int> code) {
+  if (r.resize_to.empty()) return false;
+  if (r.stop == "resize") return true;
+  // Killed by the signal itself (no handler yet, as just after a start): it went as asked.
+  return r.stop.empty() && (code == kResizeExitCode || code == 128 + SIGUSR1);
 }
 
 void RunningJobs::Kill(RunningJob& r, const std::string& why) {
@@ -201,6 +294,33 @@ std::vector<std::pair<int64_t, std::optional<int>>> RunningJobs::Check(double no
     if (gone) {
       ended.emplace_back(id, code);
       continue;
+    }
+    if (!r.resize_to.empty() && r.stop.empty() && r.spec &&
+        now - r.resize_at >= r.spec->resize_grace_s) {
+      // It did not answer its resize by signal in its grace: a shrink is carried out anyway (a
+      // job waits for the GPUs), a growth as it declared.
+      const bool grows = r.resize_to.size() > r.gpus.size();
+      std::vector<int> to = r.resize_to, on = r.gpus;
+      std::sort(to.begin(), to.end());
+      std::sort(on.begin(), on.end());
+      if (to == on) {
+        // Asked before a server restart, to where it runs now: nothing to do.
+        r.resize_to.clear();
+        RemoveResizeFile(options_.state_dir, id);
+      } else if (grows && r.spec->resize_unanswered == "keep") {
+        spdlog::info("job {}: did not answer its resize in {} s; it keeps its {} GPU(s)", id,
+                     r.spec->resize_grace_s, r.gpus.size());
+        r.resize_to.clear();
+        RemoveResizeFile(options_.state_dir, id);
+        kept_.push_back(id);
+      } else {
+        RequestStop(
+            r, "resize",
+            fmt::format("did not answer its resize in {:g} s: stopped to be started again "
+                        "on {} GPU(s) ({})",
+                        r.spec->resize_grace_s, r.resize_to.size(), fmt::join(r.resize_to, ",")),
+            now);
+      }
     }
     if (r.spec && r.spec->TrialSeconds() > 0 && now - r.started >= r.spec->TrialSeconds()) {
       RequestStop(

@@ -69,6 +69,16 @@ struct RunningJob {
   uint64_t gpu_refused = 0;    // GPU memory allocations refused for its limit (its region's count)
   int64_t gpu_wanted_mib = 0;  // the most GPU memory it would have held (per GPU) had they not been
   bool shared_gpu = false;     // a share that another share's job ran beside (Add)
+  // Elastic, resized while it runs (JobSpec::Resizable): the GPUs it is to run on next (empty: no
+  // resize asked), when it was asked to move there (its job told, for resize by signal), its
+  // place in its array, its priority, how many times it was started again on a new size, and its
+  // sizes so far (from when, how many GPUs; empty: the one it started with).
+  std::vector<int> resize_to;
+  double resize_at = 0;
+  int array_index = -1;
+  int priority = 0;
+  int restarts = 0;
+  std::vector<std::pair<double, int>> sizes;
 
   // Adds one reading of its share's files (JobHost::ReadShare).
   void AddShareReading(const JobHost::ShareUse& s);
@@ -95,6 +105,21 @@ void WriteStopFile(const std::string& state_dir, int64_t id, const StopAsked& st
 // nullopt: none, or unreadable (said).
 std::optional<StopAsked> ReadStopFile(const std::string& state_dir, int64_t id);
 void RemoveStopFile(const std::string& state_dir, int64_t id);
+
+// A resize asked of a running elastic job by signal, kept in <state_dir>/resize/<id> until it is
+// carried out or its job ends: what the job reads (TESSERA_RESIZE_FILE, lines of NAME=value:
+// TESSERA_RESIZE_GPUS, CUDA_VISIBLE_DEVICES with the new GPUs' UUIDs, TESSERA_RESIZE_ASKED_AT), and
+// what a restarted server finds asked. Written through a temporary file and renamed, readable by
+// the job's owner alone (`uid`, when the server runs as root).
+std::string ResizeFilePath(const std::string& state_dir, int64_t id);
+void WriteResizeFile(const std::string& state_dir, int64_t id,
+                     const std::vector<std::string>& uuids, double asked_at, uint32_t uid);
+// When the resize in the file was asked; nullopt: none (or unreadable, said).
+std::optional<double> ReadResizeFile(const std::string& state_dir, int64_t id);
+void RemoveResizeFile(const std::string& state_dir, int64_t id);
+// The exit code by which a job resized by signal says it checkpointed and is to be started again on
+// its new GPUs (sysexits.h's EX_TEMPFAIL: try again).
+inline constexpr int kResizeExitCode = 75;
 
 // What a finished job's record says it used (its usage, read once): its utilization, whether it
 // shared its GPU, its GPU memory figures (peak, refusals, the most it asked), and whether its run
@@ -132,7 +157,22 @@ class RunningJobs {
   bool AnyOf(uint32_t uid) const;
 
   // ---- what is done to a job ----
+  // A stop asked once; one asked for any other reason while the job stops to be resized ("resize")
+  // takes its place (the job is not started again), its SIGTERM already sent.
   void RequestStop(RunningJob& r, const std::string& why, const std::string& reason, double now);
+  // Elastic `r` is to run on `to` (its GPUs' `uuids`): by signal, its resize file written and
+  // SIGUSR1 sent (once, until it is carried out; a later ask rewrites the file); by restart, it is
+  // stopped ("resize"). Nothing when it is stopping for another reason, or `to` is what it runs on
+  // and nothing was asked yet.
+  void AskResize(RunningJob& r, std::vector<int> to, const std::vector<std::string>& uuids,
+                 double now);
+  // Whether `r`'s end is the one its resize asked (it is then started again on resize_to): it was
+  // stopped to be resized, or after its signal it exited kResizeExitCode or was killed by the
+  // signal (it had no handler yet: a job signalled the moment it started loses nothing).
+  static bool EndsForResize(const RunningJob& r, std::optional<int> code);
+  // The jobs that did not answer a resize to grow in their grace and keep the size they run at
+  // (resize.unanswered keep), since the last call: the engine frees what they were to grow onto.
+  std::vector<int64_t> TakeKept() { return std::exchange(kept_, {}); }
   void Kill(RunningJob& r, const std::string& why);
   // Every job on GPU `gpu` asked to stop (the GPU failed); with `mps_only`, only its MPS clients
   // (the GPU's MPS daemon died).
@@ -155,7 +195,8 @@ class RunningJobs {
   Options options_;
   bool containers_ = false;
   std::map<int64_t, RunningJob> jobs_;
-  double logs_checked_ = 0;  // when Check last measured logs
+  double logs_checked_ = 0;    // when Check last measured logs
+  std::vector<int64_t> kept_;  // TakeKept
 };
 
 }  // namespace tessera::server

@@ -91,6 +91,98 @@ TEST_F(RunningJobsTest, AStopIsSigtermOnceThenSigkillWhenTheGraceHasPassed) {
   EXPECT_EQ(Signals(pid).size(), 2u);  // nothing more was sent
 }
 
+// An elastic job resized by signal: told once (its file rewritten when asked again), and when it
+// does not answer in its grace, stopped to be started again ("restart") or, asked to grow, left as
+// it is ("keep"); a shrink is carried out whatever it declared; another stop takes a resize's
+// place.
+TEST_F(RunningJobsTest, AResizeBySignalIsToldOnceAndAnUnansweredOneIsCarriedOutAsDeclared) {
+  fs::create_directories(dir_ + "/resize");
+  fs::create_directories(dir_ + "/stop");
+  auto spec = [](const std::string& unanswered) {
+    auto s = std::make_shared<JobSpec>();
+    s->gpus = 1;
+    s->gpus_max = 4;
+    s->resize_by = "signal";
+    s->resize_grace_s = 10;
+    s->resize_unanswered = unanswered;
+    return std::shared_ptr<const JobSpec>(s);
+  };
+  RunningJob& grows = Start(1, 100, {0});
+  grows.spec = spec("restart");
+  const pid_t pid = grows.pid;
+  runs_->AskResize(grows, {0, 1, 2}, {"GPU-a", "GPU-b", "GPU-c"}, Now());
+  EXPECT_EQ(Signals(pid), std::vector<int>{SIGUSR1});
+  std::ifstream in(ResizeFilePath(dir_, 1));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("TESSERA_RESIZE_GPUS=3\nCUDA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(fs::status(ResizeFilePath(dir_, 1)).permissions() & fs::perms::all,
+            fs::perms::owner_read);
+  EXPECT_EQ(ReadResizeFile(dir_, 1), Now());
+  Advance(4);
+  runs_->AskResize(grows, {0, 1, 2, 3}, {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}, Now());
+  EXPECT_EQ(Signals(pid), std::vector<int>{SIGUSR1}) << "signalled once";
+  EXPECT_EQ(grows.resize_to, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ReadResizeFile(dir_, 1), Now() - 4) << "asked when it was first told";
+  // It exits 75: the end its resize asked. Another code is its own end.
+  EXPECT_TRUE(RunningJobs::EndsForResize(grows, kResizeExitCode));
+  EXPECT_FALSE(RunningJobs::EndsForResize(grows, 0));
+  EXPECT_TRUE(RunningJobs::EndsForResize(grows, 128 + SIGUSR1)) << "killed by it: no handler yet";
+  EXPECT_FALSE(RunningJobs::EndsForResize(grows, 128 + SIGSEGV));
+  // Its grace passes unanswered: stopped to be started again on its new size.
+  Advance(6);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_EQ(grows.stop, "resize");
+  EXPECT_EQ(Signals(pid), (std::vector<int>{SIGUSR1, SIGTERM}));
+  EXPECT_TRUE(RunningJobs::EndsForResize(grows, std::nullopt));
+  // A cancel meanwhile is its end: it is not started again.
+  runs_->RequestStop(grows, "cancel", "cancelled by alice", Now());
+  EXPECT_EQ(grows.stop, "cancel");
+  EXPECT_FALSE(RunningJobs::EndsForResize(grows, std::nullopt));
+  EXPECT_FALSE(fs::exists(ResizeFilePath(dir_, 1)));
+  EXPECT_EQ(Signals(pid), (std::vector<int>{SIGUSR1, SIGTERM})) << "no second SIGTERM";
+
+  // Declared "keep": a growth not answered is given up, the job told nothing more.
+  RunningJob& keeps = Start(2, 100, {1});
+  keeps.spec = spec("keep");
+  runs_->AskResize(keeps, {1, 2}, {"GPU-b", "GPU-c"}, Now());
+  Advance(10);
+  EXPECT_TRUE(runs_->Check(Now()).empty());
+  EXPECT_TRUE(keeps.stop.empty());
+  EXPECT_TRUE(keeps.resize_to.empty());
+  EXPECT_EQ(runs_->TakeKept(), std::vector<int64_t>{2});
+  EXPECT_TRUE(runs_->TakeKept().empty());
+  EXPECT_FALSE(fs::exists(ResizeFilePath(dir_, 2)));
+  EXPECT_EQ(Signals(keeps.pid), std::vector<int>{SIGUSR1});
+  // ...but a shrink not answered is carried out: a job waits for the GPUs.
+  runs_->AskResize(keeps, {1}, {"GPU-b"}, Now());  // what it runs on, nothing asked: nothing
+  EXPECT_EQ(Signals(keeps.pid), std::vector<int>{SIGUSR1});
+  keeps.gpus = {1, 2};
+  runs_->AskResize(keeps, {1}, {"GPU-b"}, Now());
+  Advance(10);
+  runs_->Check(Now());
+  EXPECT_EQ(keeps.stop, "resize");
+  EXPECT_EQ(Signals(keeps.pid), (std::vector<int>{SIGUSR1, SIGUSR1, SIGTERM}));
+
+  // By restart: stopped at once, its stop kept for a restarted server.
+  RunningJob& restarts = Start(3, 100, {3});
+  auto by_restart = std::make_shared<JobSpec>(*spec("restart"));
+  by_restart->resize_by = "restart";
+  restarts.spec = by_restart;
+  runs_->AskResize(restarts, {2, 3}, {"GPU-c", "GPU-d"}, Now());
+  EXPECT_EQ(Signals(restarts.pid), std::vector<int>{SIGTERM});
+  EXPECT_FALSE(fs::exists(ResizeFilePath(dir_, 3)));
+  ASSERT_TRUE(ReadStopFile(dir_, 3).has_value());
+  EXPECT_EQ(ReadStopFile(dir_, 3)->why, "resize");
+  // A job that is not resizable is never resized.
+  RunningJob& fixed = Start(4, 100, {0});
+  fixed.spec = std::make_shared<const JobSpec>();
+  runs_->AskResize(fixed, {0, 1}, {"GPU-a", "GPU-b"}, Now());
+  EXPECT_TRUE(Signals(fixed.pid).empty());
+  EXPECT_TRUE(fixed.resize_to.empty());
+}
+
 TEST_F(RunningJobsTest, AJobPastItsMaxRuntimeIsStoppedAsATimeout) {
   RunningJob& r = Start(1, 100);
   r.max_runtime_s = 10;

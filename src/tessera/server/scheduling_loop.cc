@@ -1,12 +1,16 @@
 #include "tessera/server/scheduling_loop.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 
 #include "fmt/format.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace tessera::server {
+
+using nlohmann::json;
 
 SchedulingLoop::SchedulingLoop(DispatchState& state, JobHost& host, const LaunchSetup& launch,
                                const core::Clock& clock)
@@ -73,14 +77,25 @@ void SchedulingLoop::CheckRunning(double now) {
   for (auto it = cgroups_left_.begin(); it != cgroups_left_.end();) {
     it = host_.Unconfine(*it) ? cgroups_left_.erase(it) : std::next(it);
   }
+  // Elastic jobs that did not answer a growth keep their size: what they were to grow onto is free.
+  for (int64_t id : state_.runs->TakeKept()) {
+    if (state_.engine->FixSize(std::to_string(id))) state_.dirty = true;
+  }
   if (ended.empty()) return;
   // Their GPUs are free at once; what else an end takes (the cgroup's accounting, a container left
   // behind, the store's record with its fsync) is done without the lock, so that API reads do not
   // wait for it. Meanwhile the jobs are `finishing`: a cancel is told they have ended.
   std::vector<Ending> endings;
+  std::vector<Launch> restarts;
   for (auto& [id, code] : ended) {
     if (state_.exits) state_.exits->Unwatch(id);
     RunningJob run = state_.runs->Take(id);
+    if (RunningJobs::EndsForResize(run, code)) {
+      // It checkpointed (or was stopped) for its resize: started again on its new size, under its
+      // id, as a start is (recorded, launched without the lock, then committed).
+      restarts.push_back(PlanRestart(std::move(run), now));
+      continue;
+    }
     // Its GPUs are free; stopped for preemption or a failed GPU, the engine's rules say whether
     // it goes back to the queue (JobEnds records it so, and it is enqueued again below).
     bool requeue = false;
@@ -100,8 +115,10 @@ void SchedulingLoop::CheckRunning(double now) {
   state_.dirty = true;
   state_.Publish();
   state_.mu.unlock();
+  for (Launch& l : restarts) ExecuteLaunch(l, now);
   for (Ending& e : endings) state_.ends->Record(e, now);
   state_.mu.lock();
+  for (Launch& l : restarts) CommitLaunch(l, now);
   std::set<uint32_t> users;
   for (Ending& e : endings) {
     state_.finishing.erase(e.run.id);
@@ -140,6 +157,67 @@ void SchedulingLoop::PassExecutor::Start(const std::string& job, const sched::Al
   l.queued = std::move(q);
   launches.push_back(std::move(l));
   s.starting[id] = std::move(starting);
+}
+
+void SchedulingLoop::PassExecutor::Resize(const std::string& job, const sched::Allocation& holds,
+                                          double now) {
+  DispatchState& s = loop.state_;
+  s.mu.AssertHeld();
+  const int64_t id = std::stoll(job);
+  for (Launch& l : launches) {
+    if (l.queued.id != id) continue;
+    // Started in this pass, not yet launched: it starts on all it holds.
+    static_cast<LaunchPlan&>(l) = PlanLaunch(loop.launch_, l.queued, holds, now);
+    s.starting[id].gpus = holds.gpus;
+    return;
+  }
+  RunningJob* r = s.runs->Find(id);
+  if (r == nullptr) return;
+  std::vector<std::string> uuids;
+  for (int g : holds.gpus) uuids.push_back(loop.launch_.inventory->gpus[g].uuid);
+  s.runs->AskResize(*r, holds.gpus, uuids, now);
+}
+
+SchedulingLoop::Launch SchedulingLoop::PlanRestart(RunningJob run, double now) {
+  const std::string job = std::to_string(run.id);
+  if (state_.engine->Shrinking(job)) state_.engine->Resized(job);  // it runs on its own alone now
+  const std::optional<sched::Allocation> holds = state_.engine->Holding(job);
+  Launch l;
+  l.restart = true;
+  l.queued.id = run.id;
+  l.queued.priority = run.priority;
+  l.queued.owner = run.owner;
+  l.queued.uid = run.uid;
+  l.queued.spec = run.spec;
+  l.queued.array_id = run.array_id;
+  l.queued.array_index = run.array_index;
+  l.queued.since = now;
+  sched::Allocation a = holds.value_or(sched::Allocation{});
+  static_cast<LaunchPlan&>(l) = PlanLaunch(launch_, l.queued, a, now);
+  if (!holds) l.refused = absl::InternalError("the scheduler holds no GPU for it");
+  // The same job: its run's start, limits and what was measured of it go on; its sizes grow.
+  RunningJob& next = l.run;
+  next.started = run.started;
+  next.restarts = run.restarts + 1;
+  next.sizes = run.sizes;
+  if (next.sizes.empty()) next.sizes.emplace_back(run.started, static_cast<int>(run.gpus.size()));
+  next.sizes.emplace_back(now, static_cast<int>(a.gpus.size()));
+  next.util_sum = run.util_sum;
+  next.util_samples = run.util_samples;
+  next.gpu_peak_mib = run.gpu_peak_mib;
+  json placement = json::parse(l.placement_json, nullptr, false);
+  json sizes = json::array();
+  for (const auto& [at, n] : next.sizes) sizes.push_back({{"at", at}, {"gpus", n}});
+  placement["sizes"] = sizes;
+  placement["restarts"] = next.restarts;
+  l.placement_json = placement.dump();
+  l.spec.env["TESSERA_RESTARTS"] = std::to_string(next.restarts);
+  l.where = fmt::format("{} (resized from {} to {} GPUs, restart {})", l.where, run.gpus.size(),
+                        a.gpus.size(), next.restarts);
+  RemoveResizeFile(state_.config.state_dir, run.id);
+  RemoveStopFile(state_.config.state_dir, run.id);
+  state_.starting[run.id] = DispatchState::Starting{"", run.spec, run.owner, run.uid, a.gpus};
+  return l;
 }
 
 void SchedulingLoop::PassExecutor::Stop(const std::vector<std::string>& victims,
@@ -212,10 +290,18 @@ void SchedulingLoop::EndNeverMet(double now) {
 void SchedulingLoop::ExecuteLaunch(Launch& l, double now) {
   const QueuedJob& q = l.queued;
   LaunchSpec& ls = l.spec;
-  TransitionFields f;
-  f.started_at = now;
-  f.placement_json = l.placement_json;
-  l.recorded = state_.store.Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
+  if (l.restart) {
+    // Its new placement, its process not yet known (a crash before it is: lost, never run twice),
+    // and the exit file of the run that ended gone.
+    l.recorded = state_.store.SetPlacement(q.id, l.placement_json, 0, "placed on " + l.where, now);
+    std::error_code ec;
+    std::filesystem::remove(JobFilePath(state_.config.state_dir, "exit", q.id), ec);
+  } else {
+    TransitionFields f;
+    f.started_at = now;
+    f.placement_json = l.placement_json;
+    l.recorded = state_.store.Transition(q.id, JobState::kRunning, "placed on " + l.where, now, f);
+  }
   if (!l.recorded.ok()) return;
   // Its owner may write the arbiter while it runs (a job with a compute share uses it).
   if (l.refused.ok() && ls.share && ls.share->share_milli > 0) {
@@ -255,7 +341,19 @@ void SchedulingLoop::CommitLaunch(Launch& l, double now) {
   const int64_t id = l.queued.id;
   std::string cancelled_by = std::move(state_.starting[id].cancelled_by);
   state_.starting.erase(id);
-  state_.admission.NoteLeft();
+  if (!l.restart) state_.admission.NoteLeft();
+  if (!l.recorded.ok() && l.restart) {
+    // Not restarted (the store refused its placement): it ends, lost, its GPUs free.
+    spdlog::error("job {}: not started again on its new size: {}", id,
+                  std::string(l.recorded.message()));
+    state_.engine->Ended(std::to_string(id));
+    (void)state_.store.Transition(
+        id, JobState::kLost,
+        fmt::format("not started again on its new size: {}", std::string(l.recorded.message())),
+        now);
+    state_.dirty = true;
+    return;
+  }
   if (!l.recorded.ok()) {
     // Not started (the store refused the transition): back in the queue for the next pass.
     spdlog::error("job {}: {}", id, std::string(l.recorded.message()));
@@ -274,7 +372,7 @@ void SchedulingLoop::CommitLaunch(Launch& l, double now) {
   state_.runs->NoteSharing(run);  // shares beside one another on a GPU: each's history says so
   if (state_.exits) state_.exits->Watch(id, run.pid);
   spdlog::info("job {}: running on {} (pid {})", id, l.where, run.pid);
-  state_.scheduling.Started(std::max(0.0, now - l.queued.since));
+  if (!l.restart) state_.scheduling.Started(std::max(0.0, now - l.queued.since));
   if (!cancelled_by.empty()) state_.runs->RequestStop(run, "cancel", cancelled_by, now);
 }
 

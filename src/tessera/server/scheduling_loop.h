@@ -59,6 +59,9 @@ class SchedulingLoop {
     QueuedJob queued;
     absl::Status recorded;  // the store's transition to running
     absl::StatusOr<Launched> launched = Launched{};
+    // A running elastic job started again on its new size (its end was its resize's): its store
+    // record's placement changes, not its state.
+    bool restart = false;
   };
   // What the engine decides in a pass: starts prepared (launched after the pass) and preemption
   // stops asked.
@@ -67,6 +70,10 @@ class SchedulingLoop {
     void Start(const std::string& id, const sched::Allocation& a, double now) override;
     void Stop(const std::vector<std::string>& victims, const std::string& for_id,
               const std::string& reason, double now) override;
+    // Elastic jobs with a resize (JobSpec::resize_by) are resized while they run; one started in
+    // this pass starts on all it holds.
+    bool Resizes() const override { return true; }
+    void Resize(const std::string& id, const sched::Allocation& holds, double now) override;
     SchedulingLoop& loop;
     std::vector<Launch> launches;
     size_t stops = 0;  // victims asked to stop in this pass
@@ -80,6 +87,9 @@ class SchedulingLoop {
   void SchedulePass(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   // Stores the end of the jobs admission found can never run, with the lock released meanwhile.
   void EndNeverMet(double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
+  // The launch of elastic `run`, ended for its resize, on what the engine says it holds now (a
+  // shrink asked is done). Carried out as a start's.
+  Launch PlanRestart(RunningJob run, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
   void ExecuteLaunch(Launch& l, double now);  // without the lock: store, files, fork and exec
   void CommitLaunch(Launch& l, double now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu);
 

@@ -19,7 +19,7 @@ namespace tessera::server {
 
 absl::StatusOr<int> TakeStateDir(const std::string& dir, double wait_s) {
   std::error_code ec;
-  for (const char* sub : {"", "/logs", "/regions", "/exit", "/stop"}) {
+  for (const char* sub : {"", "/logs", "/regions", "/exit", "/stop", "/resize"}) {
     std::filesystem::create_directories(dir + sub, ec);
     if (ec)
       return absl::FailedPreconditionError(

@@ -570,6 +570,38 @@ absl::Status Store::SetProcess(int64_t id, int64_t pid, uint64_t start_time) {
   return absl::OkStatus();
 }
 
+absl::Status Store::SetPlacement(int64_t id, std::string_view placement_json, int64_t pid,
+                                 std::string_view reason, double now) {
+  std::lock_guard lock(mu_);
+  if (absl::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+  auto fail = [&](absl::Status st) {
+    (void)Exec("ROLLBACK");
+    return st;
+  };
+  {
+    Stmt s(db_,
+           "UPDATE jobs SET placement = ?, pid = ?, pid_start_time = 0, reason = ? WHERE id = ? "
+           "AND state = 'running'");
+    if (!s.ok()) return fail(SqlError(db_, "preparing an update"));
+    s.Bind(1, placement_json);
+    s.Bind(2, pid);
+    s.Bind(3, reason);
+    s.Bind(4, id);
+    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "updating a job's placement"));
+    if (sqlite3_changes(db_) != 1)
+      return fail(absl::NotFoundError(fmt::format("job {}: not running", id)));
+  }
+  {
+    Stmt s(db_, "INSERT INTO events (job_id, at, state, reason) VALUES (?, ?, 'running', ?)");
+    if (!s.ok()) return fail(SqlError(db_, "preparing an event"));
+    s.Bind(1, id);
+    s.Bind(2, now);
+    s.Bind(3, reason);
+    if (s.Step() != SQLITE_DONE) return fail(SqlError(db_, "recording an event"));
+  }
+  return Exec("COMMIT");
+}
+
 absl::StatusOr<JobRecord> Store::Get(int64_t id) {
   ReadLease lease(*this);
   sqlite3* db = lease.db();

@@ -135,6 +135,11 @@ class Store {
   // Records the process of a running job (started after its transition to running was stored, so a
   // crash in between leaves a running job without a process: lost, never started twice).
   absl::Status SetProcess(int64_t id, int64_t pid, uint64_t start_time);
+  // A running job's new placement and process (an elastic job started again on its new size;
+  // pid 0: not started yet, as a crash before SetProcess leaves it), with an event of its state
+  // (running) saying why, in one transaction. kNotFound when not running.
+  absl::Status SetPlacement(int64_t id, std::string_view placement_json, int64_t pid,
+                            std::string_view reason, double now);
   absl::StatusOr<JobRecord> Get(int64_t id);
   // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
   absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {},

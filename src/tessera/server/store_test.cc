@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "fmt/format.h"
+#include "tessera/server/acct.h"
 
 namespace tessera::server {
 namespace {
@@ -310,6 +311,40 @@ TEST(Store, APreemptionAndItsRequeueAreOneTransaction) {
   EXPECT_EQ(job->state, JobState::kRunning) << "the first step was undone with the second";
   EXPECT_FALSE(job->exit_code.has_value());
   EXPECT_EQ(s.Events(id)->size(), 5u);
+}
+
+TEST(Store, ARunningJobsNewPlacementIsStoredWithItsEvent) {
+  auto store = Store::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  Store& s = **store;
+  int64_t id = *s.Insert(Job("a"), 1);
+  // Queued: no placement to change, nothing recorded.
+  absl::Status st = s.SetPlacement(id, R"({"gpus":[]})", 0, "placed on GPU 0,1", 2);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_EQ(s.Events(id)->size(), 1u);
+  ASSERT_TRUE(
+      s.Transition(id, JobState::kRunning, "placed on GPU 0", 2,
+                   {.started_at = 2.0, .placement_json = R"({"gpus":[{"index":0}]})", .pid = 42})
+          .ok());
+  ASSERT_TRUE(s.SetPlacement(id, R"({"gpus":[{"index":0},{"index":1}]})", 0,
+                             "placed on GPU 0,1 (resized from 1 to 2 GPUs, restart 1)", 3)
+                  .ok());
+  auto job = s.Get(id);
+  EXPECT_EQ(job->state, JobState::kRunning);
+  EXPECT_EQ(job->placement_json, R"({"gpus":[{"index":0},{"index":1}]})");
+  EXPECT_EQ(job->pid, 0) << "its new process is not known yet";
+  EXPECT_EQ(job->started_at, 2) << "the same run";
+  auto events = *s.Events(id);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[2].state, JobState::kRunning);
+  EXPECT_EQ(events[2].reason, "placed on GPU 0,1 (resized from 1 to 2 GPUs, restart 1)");
+  EXPECT_EQ(events[2].at, 3);
+  // Accounting reads it as the same run, not a second start.
+  auto acct = AcctJobs(s, 0, 100);
+  ASSERT_TRUE(acct.ok()) << acct.status();
+  ASSERT_EQ(acct->size(), 1u);
+  ASSERT_EQ((*acct)[0].runs.size(), 1u);
+  EXPECT_EQ((*acct)[0].runs[0].start, 2);
 }
 
 TEST(Store, ListsByStateOldestFirst) {

@@ -287,6 +287,7 @@ void Replay::Enqueue(size_t i) {
   core::Request r = jobs_[i].request;
   if (elastic_[i]) {
     r.gpus_max = r.gpus;
+    r.resizable = true;
     r.gpus = (r.gpus + 1) / 2;
   }
   if (config_.arrival_order) r.priority = 0;
