@@ -24,6 +24,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -650,6 +651,266 @@ TEST(TesseraServer, ACancelAskedBeforeAKillNineIsCarriedOutAfterTheRestart) {
   json j = d.WaitFor(id, "cancelled");
   EXPECT_THAT(j.value("reason", ""), HasSubstr("cancelled by")) << j.dump();
   EXPECT_THAT(d.Log(), HasSubstr("re-adopted"));
+}
+
+// Polls job `id` until `ok` says yes of it (or 20 s have passed); returns what it was last.
+json WaitUntil(Daemon& d, int64_t id, const std::function<bool(const json&)>& ok) {
+  json j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!ok(j) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    j = d.Call("GET", "/v1/jobs/" + std::to_string(id));
+  }
+  return j;
+}
+// Running on `n` GPUs, its process known, started again `restarts` times.
+std::function<bool(const json&)> RunsOn(size_t n, int restarts) {
+  return [=](const json& j) {
+    return j.value("state", "") == "running" && !j["pid"].is_null() &&
+           j["placement"]["gpus"].size() == n && j["placement"].value("restarts", 0) == restarts;
+  };
+}
+std::string FourT4s(const std::string& name) {
+  const std::string inv = ::testing::TempDir() + name + "-" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(inv) << "name: four\ngpus:\n  - {model: Tesla T4, count: 4, memory: 15GiB, "
+                        "compute_capability: \"7.5\"}\n";
+  return inv;
+}
+// The indices of the GPUs a job's placement names.
+std::set<int> GpusOf(const json& j) {
+  std::set<int> out;
+  for (const json& g : j["placement"]["gpus"]) out.insert(g["index"].get<int>());
+  return out;
+}
+
+// An elastic job resized by signal (--gpus 1-4 --resize signal) on 4 GPUs: it starts on the two
+// that are free, grows onto the two a job gives back (told in its file and by SIGUSR1, it exits 75
+// and is started again on 4 under its id), and shrinks for a higher-priority job that wants two
+// instead of being preempted; it then grows onto the one left. It is never preempted, no GPU is
+// held twice, and its log says each size it ran at.
+TEST(TesseraServer, AnElasticJobResizedBySignalGrowsAndShrinksUnderItsId) {
+  Daemon d("resize-signal", "", FourT4s("resize-signal"));
+  const int64_t busy = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
+  d.WaitForProcess(busy);
+  json spec = Shell(
+      "trap 'echo resize $(head -1 $TESSERA_RESIZE_FILE); exit 75' USR1; "
+      "echo start ${TESSERA_RESTARTS:-0} $CUDA_VISIBLE_DEVICES; while :; do sleep 0.05; done",
+      {{"gpus", 1}, {"gpus_max", 4}});
+  spec["resize"] = {{"by", "signal"}, {"grace_s", 30}};
+  const int64_t el = d.Submit(spec);
+  json j = WaitUntil(d, el, RunsOn(2, 0));
+  ASSERT_TRUE(RunsOn(2, 0)(j)) << j.dump();
+  EXPECT_THAT(Cli(d, "show " + std::to_string(el)), HasSubstr("1-4 GPU"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(busy) + "/cancel");
+  j = WaitUntil(d, el, RunsOn(4, 1));
+  ASSERT_TRUE(RunsOn(4, 1)(j)) << j.dump() << d.Log();
+  ASSERT_EQ(j["placement"]["sizes"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["placement"]["sizes"][0]["gpus"], 2);
+  EXPECT_EQ(j["placement"]["sizes"][1]["gpus"], 4);
+  bool said = false;
+  for (const json& e : j["events"])
+    said |= e["state"] == "running" &&
+            e["reason"].get<std::string>().find("(resized from 2 to 4 GPUs, restart 1)") !=
+                std::string::npos;
+  EXPECT_TRUE(said) << j.dump();
+  const std::string show = Cli(d, "show " + std::to_string(el));
+  EXPECT_THAT(show, ::testing::ContainsRegex("2 GPUs from [0-9:]+, 4 GPUs from [0-9:]+"));
+  EXPECT_THAT(show, HasSubstr("by signal (SIGUSR1, exit 75 within 30 s, else restart)"));
+  // The higher-priority job takes two of them back: it shrinks to its minimum and grows onto the
+  // one left.
+  json hi_spec = Shell("sleep 60", {{"gpus", 2}});
+  hi_spec["priority"] = 10;
+  const int64_t hi = d.Submit(hi_spec);
+  json h = d.WaitFor(hi, "running");
+  j = WaitUntil(d, el, RunsOn(2, 3));
+  ASSERT_TRUE(RunsOn(2, 3)(j)) << j.dump() << d.Log();
+  h = d.Call("GET", "/v1/jobs/" + std::to_string(hi));
+  std::set<int> both = GpusOf(j);
+  for (int g : GpusOf(h)) EXPECT_TRUE(both.insert(g).second) << "GPU " << g << " held twice";
+  for (const json& e : j["events"]) EXPECT_NE(e["state"], "preempted") << j.dump();
+  // Each run said its GPUs; each resize its new size.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string log = d.Logs(el);
+  while (log.find("start 3 ") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log = d.Logs(el);
+  }
+  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=4\nstart 1 GPU-"));
+  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=1\nstart 2 GPU-"));
+  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=2\nstart 3 GPU-"));
+  EXPECT_THAT(d.Log(), HasSubstr("resizing to 4 GPUs"));
+  for (int64_t id : {el, hi}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  d.WaitFor(hi, "cancelled");
+  j = d.WaitFor(el, "cancelled");
+  EXPECT_FALSE(fs::exists(d.dir() + "/state/resize/" + std::to_string(el)));
+}
+
+// A job that does not answer its resize signal in its grace (resize.unanswered restart, the
+// default) is stopped and started again on its new size.
+TEST(TesseraServer, AnElasticJobThatIgnoresItsResizeSignalIsRestartedOnItsNewSize) {
+  Daemon d("resize-ignored");
+  const int64_t busy = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitForProcess(busy);
+  json spec = Shell("trap '' USR1; echo start ${TESSERA_RESTARTS:-0}; sleep 60",
+                    {{"gpus", 1}, {"gpus_max", 2}});
+  spec["resize"] = {{"by", "signal"}, {"grace_s", 1}};
+  const int64_t el = d.Submit(spec);
+  d.WaitForProcess(el);
+  d.Call("POST", "/v1/jobs/" + std::to_string(busy) + "/cancel");
+  json j = WaitUntil(d, el, RunsOn(2, 1));
+  ASSERT_TRUE(RunsOn(2, 1)(j)) << j.dump() << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("did not answer its resize in 1 s"));
+  d.Call("POST", "/v1/jobs/" + std::to_string(el) + "/cancel");
+  d.WaitFor(el, "cancelled");
+}
+
+// A kill -9 of the server while a job checkpoints for its resize: the job ends (exit 75) while the
+// server is down; the restarted server queues it again at its place and starts it once - it never
+// runs twice at a time (its lock folder), and nothing of it is lost.
+TEST(TesseraServer, AResizeAcrossAKillNineRunsTheJobOnceAndLosesNothing) {
+  Daemon d("resize-kill9");
+  const std::string lock = d.dir() + "/el.lock";
+  const int64_t busy = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitForProcess(busy);
+  json spec = Shell("mkdir " + lock +
+                        " || { echo TWICE; exit 9; }; "
+                        "trap 'echo got; sleep 1; rmdir " +
+                        lock +
+                        "; exit 75' USR1; "
+                        "trap 'rmdir " +
+                        lock +
+                        "; exit 143' TERM; "
+                        "echo start; while :; do sleep 0.05; done",
+                    {{"gpus", 1}, {"gpus_max", 2}});
+  spec["resize"] = {{"by", "signal"}};
+  spec["workdir"] = d.dir();  // its lock folder is seen by each of its runs (a private /tmp)
+  const int64_t el = d.Submit(spec);
+  d.WaitForProcess(el);
+  d.Call("POST", "/v1/jobs/" + std::to_string(busy) + "/cancel");
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (d.Logs(el).find("got") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_THAT(d.Logs(el), HasSubstr("got"));
+  d.Kill(SIGKILL);
+  const std::string exit_file = d.dir() + "/state/exit/" + std::to_string(el);
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!fs::exists(exit_file) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(fs::exists(exit_file));
+  d.Start();
+  json j = WaitUntil(d, el, [](const json& j) {
+    return j.value("state", "") == "running" && !j["pid"].is_null();
+  });
+  ASSERT_EQ(j["state"], "running") << j.dump();
+  bool requeued = false;
+  for (const json& e : j["events"])
+    requeued |= e["state"] == "preempted" &&
+                e["reason"].get<std::string>().find("ended for its resize") != std::string::npos;
+  EXPECT_TRUE(requeued) << j.dump();
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string log = d.Logs(el);
+  while (log != "start\ngot\nstart\n" && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log = d.Logs(el);
+  }
+  EXPECT_EQ(log, "start\ngot\nstart\n");
+  d.Call("POST", "/v1/jobs/" + std::to_string(el) + "/cancel");
+  d.WaitFor(el, "cancelled");
+}
+
+// A job grown onto GPUs past its minimum and re-adopted after a kill -9 of the server still
+// holds them as grown onto: a job queued after the restart makes it shrink, not wait for its end.
+TEST(TesseraServer, AGrownJobReadoptedAfterAKillNineStillGivesBackWhatItGrewOnto) {
+  Daemon d("resize-readopt");
+  json spec =
+      Shell("trap 'exit 75' USR1; while :; do sleep 0.05; done", {{"gpus", 1}, {"gpus_max", 2}});
+  spec["resize"] = {{"by", "signal"}};
+  const int64_t el = d.Submit(spec);
+  json j = WaitUntil(d, el, RunsOn(2, 0));
+  ASSERT_TRUE(RunsOn(2, 0)(j)) << j.dump();
+  d.Kill(SIGKILL);
+  d.Start();
+  j = d.Call("GET", "/v1/jobs/" + std::to_string(el));
+  EXPECT_TRUE(RunsOn(2, 0)(j)) << "re-adopted on both: " << j.dump();
+  const int64_t one = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  json o = d.WaitFor(one, "running");
+  j = WaitUntil(d, el, RunsOn(1, 1));
+  ASSERT_TRUE(RunsOn(1, 1)(j)) << j.dump() << d.Log();
+  o = d.Call("GET", "/v1/jobs/" + std::to_string(one));
+  std::set<int> both = GpusOf(j);
+  for (int g : GpusOf(o)) EXPECT_TRUE(both.insert(g).second) << "GPU " << g << " held twice";
+  for (int64_t id : {el, one}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  for (int64_t id : {el, one}) d.WaitFor(id, "cancelled");
+}
+
+// The contract across ranks, with a real elastic launcher: torchrun's agents (--nnodes=1:2, c10d
+// rendezvous; Debian's python3-torch, workers on gloo) started as jobs one by one as GPUs free up -
+// as a Kubernetes elastic gang's members past its minimum are. The first trains alone (a world of
+// 1); when the second starts, the agents re-form one world of 2 (the first's workers restarted by
+// its agent, under the same job), and both jobs succeed.
+TEST(TesseraServer, TorchrunAgentsStartedAsGpusFreeUpReformOneWorld) {
+  ASSERT_TRUE(fs::exists("/usr/bin/torchrun"))
+      << "python3-torch (scripts/debian-packages.txt) brings torchrun";
+  Daemon d("torchrun");
+  const std::string train = d.dir() + "/train.py";
+  std::ofstream(train) << R"py(import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {rank} world {world} "
+      f"sum {int(t.item())}", flush=True)
+if world == 2:
+    dist.barrier()
+    sys.exit(0)
+while True:  # a world of one trains until its agent re-forms the world
+    time.sleep(0.1)
+)py";
+  const int port = tessera::net::FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  const json agent = {
+      {"command",
+       {"/usr/bin/torchrun", "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=127.0.0.1:" + std::to_string(port), "--rdzv_id=tessera",
+        "--rdzv_conf=last_call_timeout=1", "--max_restarts=2", "--monitor_interval=1",
+        // Workers' stdout teed to the agent's: Debian's torch 1.13 under Python 3.11 cannot read
+        // the default "0" (its Std flag has no member 0 there).
+        "--redirects=1", "--tee=1", train}},
+      {"resources", {{"gpus", 1}}},
+      {"env", {{"HOME", d.dir()}, {"PYTHONUNBUFFERED", "1"}}},
+      {"workdir", d.dir()}};
+  const int64_t busy = d.Submit(Shell("sleep 600", {{"gpus", 1}}));
+  d.WaitForProcess(busy);
+  const int64_t first = d.Submit(agent);
+  d.WaitForProcess(first);
+  auto said = [&](int64_t id, const std::string& what) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    std::string log = d.Logs(id);
+    while (log.find(what) == std::string::npos && std::chrono::steady_clock::now() < until &&
+           d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"] == "running") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      log = d.Logs(id);
+    }
+    return log;
+  };
+  EXPECT_THAT(said(first, "world 1"), HasSubstr("restart 0 rank 0 world 1 sum 1"))
+      << d.Logs(first, "stderr");
+  ASSERT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(first))["state"], "running");
+  const int64_t second = d.Submit(agent);
+  json j = WaitingSaid(d, second);
+  EXPECT_EQ(j["state"], "queued") << "both GPUs are held";
+  d.Call("POST", "/v1/jobs/" + std::to_string(busy) + "/cancel");
+  j = d.WaitFor(first, "succeeded", 180);
+  ASSERT_EQ(j["state"], "succeeded") << d.Logs(first, "stderr");
+  j = d.WaitFor(second, "succeeded", 60);
+  EXPECT_EQ(j["state"], "succeeded") << d.Logs(second, "stderr");
+  // Its workers were restarted by its agent into the larger world (a membership change is no
+  // failure: TORCHELASTIC_RESTART_COUNT stays 0).
+  EXPECT_THAT(d.Logs(first),
+              ::testing::ContainsRegex("world 1 sum 1\n.*restart 0 rank [01] world 2 sum 2"));
+  EXPECT_THAT(d.Logs(second), ::testing::ContainsRegex("rank [01] world 2 sum 2"));
+  d.WaitFor(busy, "cancelled");
 }
 
 TEST(TesseraServer, UnhealthyGpuTakesNoWorkAndItsJobIsRequeued) {
