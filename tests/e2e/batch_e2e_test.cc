@@ -844,12 +844,24 @@ TEST(Batch, AScriptsDirectivesAreItsOptionsAndTheCommandLineWins) {
   EXPECT_EQ(both.code, 2) << both.out;
   // An elastic range in a script, as sbatch's --gpus spelling.
   const std::string elastic = d.dir() + "/elastic.sh";
-  std::ofstream(elastic) << "#!/bin/sh\n#SBATCH --gpus=1-2\necho $CUDA_VISIBLE_DEVICES\n";
+  std::ofstream(elastic)
+      << "#!/bin/sh\n#SBATCH --gpus=1-2\n"
+         "#TESSERA --resize signal --resize-grace 2m\necho $CUDA_VISIBLE_DEVICES\n";
   const int64_t ranged = SubmittedId(Cli(d, "submit --hold " + elastic));
   json r = json::parse(Cli(d, fmt::format("show {} -o json", ranged)));
   EXPECT_EQ(r["spec"]["resources"]["gpus"], 1) << r.dump();
   EXPECT_EQ(r["spec"]["resources"]["gpus_max"], 2) << r.dump();
+  EXPECT_EQ(r["spec"]["resize"],
+            (json{{"by", "signal"}, {"grace_s", 120}, {"unanswered", "restart"}}))
+      << r.dump();
   EXPECT_THAT(Cli(d, fmt::format("show {}", ranged)), HasSubstr("1-2 GPU"));
+  EXPECT_THAT(Cli(d, fmt::format("show {}", ranged)),
+              HasSubstr("by signal (SIGUSR1, exit 75 within 120 s, else restart)"));
+  auto unasked =
+      tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
+                             " submit --gpus 1-2 --resize-unanswered keep " + script + " 2>&1");
+  EXPECT_EQ(unasked.code, 2);
+  EXPECT_THAT(unasked.out, HasSubstr("--resize-grace and --resize-unanswered go with --resize"));
   auto gres = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
                                      " submit --gres gpu:x " + script + " 2>&1");
   EXPECT_EQ(gres.code, 2);
