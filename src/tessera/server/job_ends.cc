@@ -95,7 +95,7 @@ void JobEnds::Record(Ending& e, double now) {
   CgroupUsage usage;
   nlohmann::json u = nlohmann::json::object();
   if (r.cgroup) {
-    usage = host_.Usage(r.id);
+    usage = r.WithEarlier(host_.Usage(r.id));
     if (usage.cpu_seconds >= 0) u["cpu_seconds"] = usage.cpu_seconds;
     if (usage.peak_memory_bytes >= 0) u["peak_memory_bytes"] = usage.peak_memory_bytes;
     u["oom_kills"] = usage.oom_kills;

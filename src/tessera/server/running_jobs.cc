@@ -135,6 +135,16 @@ std::optional<double> RunningJob::GpuUtilization(double now) const {
   return std::clamp(100.0 * util_sum / util_samples, 0.0, 100.0);
 }
 
+CgroupUsage RunningJob::WithEarlier(const CgroupUsage& last) const {
+  if (restarts == 0) return last;
+  CgroupUsage all = last;
+  if (earlier.cpu_seconds >= 0)
+    all.cpu_seconds = std::max(0.0, last.cpu_seconds) + earlier.cpu_seconds;
+  all.peak_memory_bytes = std::max(last.peak_memory_bytes, earlier.peak_memory_bytes);
+  all.oom_kills = last.oom_kills + earlier.oom_kills;
+  return all;
+}
+
 RecordedUse UsageOf(const JobRecord& r) {
   RecordedUse out;
   const json u = r.usage_json.empty() ? json() : json::parse(r.usage_json, nullptr, false);

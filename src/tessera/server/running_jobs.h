@@ -79,6 +79,11 @@ struct RunningJob {
   int priority = 0;
   int restarts = 0;
   std::vector<std::pair<double, int>> sizes;
+  // What its runs before its last restart used of their cgroups (CPU time summed, memory peak the
+  // most, OOM kills summed; each made anew at a restart): its end adds its last run's.
+  CgroupUsage earlier;
+  // Its usage over all its runs: `last` (its last run's cgroup) with `earlier`.
+  CgroupUsage WithEarlier(const CgroupUsage& last) const;
 
   // Adds one reading of its share's files (JobHost::ReadShare).
   void AddShareReading(const JobHost::ShareUse& s);

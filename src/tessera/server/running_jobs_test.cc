@@ -183,6 +183,21 @@ TEST_F(RunningJobsTest, AResizeBySignalIsToldOnceAndAnUnansweredOneIsCarriedOutA
   EXPECT_TRUE(fixed.resize_to.empty());
 }
 
+// A job restarted for its resizes has a cgroup per run: its end counts them all.
+TEST(RunningJob, ItsUsageAddsWhatItsRunsBeforeItsRestartsUsed) {
+  RunningJob r;
+  const CgroupUsage last{.cpu_seconds = 2.5, .peak_memory_bytes = 100, .oom_kills = 1};
+  EXPECT_EQ(r.WithEarlier(last).cpu_seconds, 2.5) << "never restarted: its one run";
+  r.restarts = 1;
+  EXPECT_EQ(r.WithEarlier(last).cpu_seconds, 2.5) << "nothing known of the run before";
+  r.earlier = {.cpu_seconds = 4, .peak_memory_bytes = 300, .oom_kills = 2};
+  const CgroupUsage all = r.WithEarlier(last);
+  EXPECT_EQ(all.cpu_seconds, 6.5);
+  EXPECT_EQ(all.peak_memory_bytes, 300);
+  EXPECT_EQ(all.oom_kills, 3);
+  EXPECT_EQ(r.WithEarlier(CgroupUsage{}).cpu_seconds, 4) << "the last run's not known";
+}
+
 TEST_F(RunningJobsTest, AJobPastItsMaxRuntimeIsStoppedAsATimeout) {
   RunningJob& r = Start(1, 100);
   r.max_runtime_s = 10;

@@ -202,6 +202,8 @@ SchedulingLoop::Launch SchedulingLoop::PlanRestart(RunningJob run, double now) {
   next.sizes = run.sizes;
   if (next.sizes.empty()) next.sizes.emplace_back(run.started, static_cast<int>(run.gpus.size()));
   next.sizes.emplace_back(now, static_cast<int>(a.gpus.size()));
+  next.earlier = run.earlier;
+  l.cgroup_before = run.cgroup;
   next.util_sum = run.util_sum;
   next.util_samples = run.util_samples;
   next.gpu_peak_mib = run.gpu_peak_mib;
@@ -294,6 +296,8 @@ void SchedulingLoop::ExecuteLaunch(Launch& l, double now) {
     // Its new placement, its process not yet known (a crash before it is: lost, never run twice),
     // and the exit file of the run that ended gone.
     l.recorded = state_.store.SetPlacement(q.id, l.placement_json, 0, "placed on " + l.where, now);
+    // What its run used of its cgroup, before the launch makes that anew.
+    if (l.cgroup_before) l.run.earlier = l.run.WithEarlier(host_.Usage(q.id));
     std::error_code ec;
     std::filesystem::remove(JobFilePath(state_.config.state_dir, "exit", q.id), ec);
   } else {

@@ -62,6 +62,7 @@ class SchedulingLoop {
     // A running elastic job started again on its new size (its end was its resize's): its store
     // record's placement changes, not its state.
     bool restart = false;
+    bool cgroup_before = false;  // its run before the restart had a cgroup (its usage is read)
   };
   // What the engine decides in a pass: starts prepared (launched after the pass) and preemption
   // stops asked.
