@@ -201,6 +201,16 @@ bool RunningJobs::AnyOf(uint32_t uid) const {
                      [&](const auto& r) { return r.second.uid == uid; });
 }
 
+namespace {
+
+// No resize is asked of `r` any more: its target and its resize file go.
+void DropResize(RunningJob& r, const std::string& state_dir) {
+  r.resize_to.clear();
+  RemoveResizeFile(state_dir, r.id);
+}
+
+}  // namespace
+
 void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::string& reason,
                               double now) {
   if (!r.stop.empty()) {
@@ -208,8 +218,7 @@ void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::
     if (r.stop != "resize" || why == "resize") return;
     r.stop = why;
     r.stop_reason = reason;
-    r.resize_to.clear();
-    RemoveResizeFile(options_.state_dir, r.id);
+    DropResize(r, options_.state_dir);
     WriteStopFile(options_.state_dir, r.id, {why, reason, r.stop_at});
     spdlog::info("job {}: stopping ({}) while it stopped to be resized", r.id, reason);
     return;
@@ -217,10 +226,7 @@ void RunningJobs::RequestStop(RunningJob& r, const std::string& why, const std::
   r.stop = why;
   r.stop_reason = reason;
   r.stop_at = now;
-  if (why != "resize") {
-    r.resize_to.clear();
-    RemoveResizeFile(options_.state_dir, r.id);
-  }
+  if (why != "resize") DropResize(r, options_.state_dir);
   WriteStopFile(options_.state_dir, r.id, {why, reason, now});
   spdlog::info("job {}: stopping ({}): SIGTERM, SIGKILL after {} s", r.id, reason,
                r.grace_period_s);
@@ -315,13 +321,11 @@ std::vector<std::pair<int64_t, std::optional<int>>> RunningJobs::Check(double no
       std::sort(on.begin(), on.end());
       if (to == on) {
         // Asked before a server restart, to where it runs now: nothing to do.
-        r.resize_to.clear();
-        RemoveResizeFile(options_.state_dir, id);
+        DropResize(r, options_.state_dir);
       } else if (grows && r.spec->resize_unanswered == "keep") {
         spdlog::info("job {}: did not answer its resize in {} s; it keeps its {} GPU(s)", id,
                      r.spec->resize_grace_s, r.gpus.size());
-        r.resize_to.clear();
-        RemoveResizeFile(options_.state_dir, id);
+        DropResize(r, options_.state_dir);
         kept_.push_back(id);
       } else {
         RequestStop(
