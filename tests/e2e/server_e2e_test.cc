@@ -1031,6 +1031,36 @@ json ReadJson(const std::string& path) {
   return json::parse(in, nullptr, false);
 }
 
+// An elastic job in a container resized by restart: stopped (the stop reaches the container) and
+// run again, the same container name, on both GPUs as CDI devices.
+TEST(TesseraServer, AnElasticJobInAContainerIsResizedByRestart) {
+  const std::string p = FakePodmanDir("resize", "example/train:1\n");
+  Daemon d("containers-resize", "containers: {podman: " + p + "/podman, cdi_spec_dir: " + p +
+                                    "/cdi, run_args: [--pull=never]}\n");
+  const int64_t busy = d.Submit(Shell("sleep 60", {{"gpus", 1}}));
+  d.WaitForProcess(busy);
+  json spec = Shell("echo start $CUDA_VISIBLE_DEVICES; sleep 60", {{"gpus", 1}, {"gpus_max", 2}});
+  spec["image"] = "example/train:1";
+  spec["resize"] = {{"by", "restart"}};
+  const int64_t el = d.Submit(spec);
+  json j = WaitUntil(d, el, RunsOn(1, 0));
+  ASSERT_TRUE(RunsOn(1, 0)(j)) << j.dump() << d.Log();
+  d.Call("POST", "/v1/jobs/" + std::to_string(busy) + "/cancel");
+  j = WaitUntil(d, el, RunsOn(2, 1));
+  ASSERT_TRUE(RunsOn(2, 1)(j)) << j.dump() << d.Log();
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  json rec;
+  while (std::chrono::steady_clock::now() < until) {
+    rec = ReadJson(p + "/state/tessera-job-" + std::to_string(el) + ".json");
+    if (rec.is_object() && rec["devices"].size() == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(rec["devices"].size(), 2u) << rec.dump();
+  d.Call("POST", "/v1/jobs/" + std::to_string(el) + "/cancel");
+  d.WaitFor(busy, "cancelled");
+  d.WaitFor(el, "cancelled");
+}
+
 // Jobs with an image run under podman with their GPUs as CDI devices from the spec the server
 // wrote; a stop reaches the container; podman's own failures are told apart from the job's.
 TEST(TesseraServer, ImageJobsRunUnderPodmanWithCdiDevices) {
