@@ -34,6 +34,8 @@ class ServerLeg {
     config.podman = "";
     config.allow_root_jobs = true;
     config.priority_ceiling = 1000;  // the stream's priorities, for every owner
+    // Elastic jobs resized by signal checkpoint and go on from there on their new size.
+    launcher_.AnswerResizes(kRestartOverhead);
     server::ServerDeps deps;
     deps.clock = &clock_;
     deps.launcher = &launcher_;
@@ -78,7 +80,8 @@ class ServerLeg {
     }
   }
 
-  // Every start, in the order the launcher saw them; GPUs by their index on the machine.
+  // Every start, in the order the launcher saw them (a resized job's start again on its new size
+  // among them); GPUs by their index on the machine.
   std::vector<Start> Starts() const {
     std::vector<Start> out;
     std::map<std::string, int> index_of;
@@ -154,9 +157,14 @@ inline sim::ReplayConfig ReplayConfigOf(const server::ServerConfig& config) {
   rc.requeue_preempted = config.requeue_preempted;
   rc.predict = true;
   rc.predict_from_kind_only = true;  // as the server predicts
+  // Elastic jobs: the fake launcher's "sleep N" takes N seconds on any number of GPUs (no speed-up:
+  // a serial fraction of 1), and a restart on a new size costs both sides the same.
+  rc.elastic_serial_fraction = 1;
+  rc.resize_overhead_s = kRestartOverhead;
   return rc;
 }
 
+// Every start, a resized job's start again on its new size among them.
 inline std::vector<Start> ReplayStarts(const sim::ReplayResult& replay) {
   std::vector<Start> out;
   for (const sim::ReplayRun& r : replay.runs) out.push_back({r.id, r.start, r.gpus});

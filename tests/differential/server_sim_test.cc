@@ -30,7 +30,9 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   const auto [seed, fair_share, reservations] = GetParam();
   fs::remove_all(dir_);
   // Elastic jobs among them: both drivers start one on the most GPUs that fit while nothing queued
-  // wants one, and keep that size (neither resizes running work).
+  // wants one; those resized by signal grow onto GPUs no queued job can use and shrink for one
+  // that needs them (they checkpoint and start again, under their id), the others keep their
+  // size.
   const std::vector<StreamJob> stream = Stream(seed, 80, /*elastic=*/true);
   // Several owners when the test may act as other users (root, as in CI): root, daemon and nobody
   // in turn; otherwise this user alone.
@@ -67,6 +69,18 @@ TEST_P(Differential, ServerAndReplayStartTheSameJobsAtTheSameTimesOnTheSameGpus)
   }
   EXPECT_GT(larger, 0) << "no elastic job started larger than its minimum" << leg.Events("21")
                        << leg.Events("41") << leg.Events("61");
+  // Running jobs grew and shrank: started again on more GPUs than their run before, and on fewer.
+  int grew = 0, shrank = 0;
+  std::map<std::string, size_t> gpus_of;
+  for (const sim::ReplayRun& r : replay.runs) {
+    if (r.resized) {
+      grew += r.gpus.size() > gpus_of[r.id];
+      shrank += r.gpus.size() < gpus_of[r.id];
+    }
+    gpus_of[r.id] = r.gpus.size();
+  }
+  EXPECT_GT(grew, 0) << "no running job started again on more GPUs";
+  EXPECT_GT(shrank, 0) << "no running job started again on fewer GPUs";
   // The first start where they part is the one worth reading.
   for (size_t i = 0; i < std::min(server_starts.size(), sim_starts.size()); ++i) {
     ASSERT_EQ(server_starts[i], sim_starts[i])

@@ -2,11 +2,15 @@
 // FakeLauncher: a Launcher for tests that starts no process. A job "sleep N" runs N seconds of the
 // given clock (a core::FakeClock the test advances) and exits 0; "false" exits 1 at once; any other
 // command cannot be executed. SIGTERM ends a job `stop_latency_s` later (exit 143), SIGKILL at once
-// (137). Like a shepherd, it writes the job's exit file when a job that is not reaped as a child (a
-// re-adopted one) is seen to have ended. Records every start and signal. Thread-safe.
+// (137). With AnswerResizes, a job answers SIGUSR1 as an elastic job resized by signal does
+// (docs/server.md): it checkpoints and exits 75 `stop_latency_s` later, and started again
+// (TESSERA_RESTARTS) it goes on from its checkpoint. Like a shepherd, it writes the job's exit file
+// when a job that is not reaped as a child (a re-adopted one) is seen to have ended. Records every
+// start and signal. Thread-safe.
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
@@ -47,8 +51,17 @@ class FakeLauncher final : public Launcher {
     }
     const double now = Now();
     Job j;
+    j.job_id = spec.job_id;
     if (spec.argv.size() == 2 && spec.argv[0] == "sleep") {
-      j.end = now + std::stod(spec.argv[1]);
+      j.resumed = now;
+      // Started again for its resize: after its restart's cost, it goes on from its checkpoint.
+      auto done = checkpoints_.find(spec.job_id);
+      if (done != checkpoints_.end() && spec.env.contains("TESSERA_RESTARTS")) {
+        j.done = done->second;
+        j.resumed = now + restart_overhead_s_;
+      }
+      checkpoints_.erase(spec.job_id);  // any other start is a new run, from the beginning
+      j.end = j.resumed + std::max(0.0, std::stod(spec.argv[1]) - j.done);
     } else if (spec.argv.size() == 1 && spec.argv[0] == "false") {
       j.end = now;
       j.code = 1;
@@ -74,6 +87,10 @@ class FakeLauncher final : public Launcher {
       j.end = Now(), j.code = 128 + SIGKILL;
     } else if (sig == SIGTERM && Now() + stop_latency_s_ < j.end) {
       j.end = Now() + stop_latency_s_, j.code = 128 + SIGTERM;
+    } else if (sig == SIGUSR1 && answer_resizes_ && Now() + stop_latency_s_ < j.end) {
+      // It works on until it has checkpointed, and exits as the resize contract asks.
+      j.end = Now() + stop_latency_s_, j.code = 75;
+      checkpoints_[j.job_id] = j.done + std::max(0.0, j.end - j.resumed);
     }
     return true;
   }
@@ -117,6 +134,14 @@ class FakeLauncher final : public Launcher {
                              [&] { return held_ > 0; });
   }
 
+  // From now on, jobs answer SIGUSR1 as an elastic job resized by signal does; started again, one
+  // spends `restart_overhead_s` (loading its checkpoint) before it goes on.
+  void AnswerResizes(double restart_overhead_s) {
+    std::lock_guard lock(mu_);
+    answer_resizes_ = true;
+    restart_overhead_s_ = restart_overhead_s;
+  }
+
   // How long jobs started from now on take to stop after SIGTERM.
   void set_stop_latency(double seconds) {
     std::lock_guard lock(mu_);
@@ -141,9 +166,12 @@ class FakeLauncher final : public Launcher {
 
  private:
   struct Job {
+    int64_t job_id = 0;
     double end = 0;
     int code = 0;
     std::string exit_path;
+    // A "sleep N": when it began to make progress, and how much of N it had done before then.
+    double resumed = 0, done = 0;
   };
   double Now() const { return core::Seconds(clock_.Now()); }
 
@@ -156,6 +184,9 @@ class FakeLauncher final : public Launcher {
   std::map<pid_t, Job> jobs_;  // running (or ended, not yet reaped)
   std::vector<Started> started_;
   std::vector<std::pair<pid_t, int>> signals_;
+  bool answer_resizes_ = false;
+  double restart_overhead_s_ = 0;
+  std::map<int64_t, double> checkpoints_;  // by job id: the seconds of its work done
   pid_t next_pid_ = 1000;
 };
 

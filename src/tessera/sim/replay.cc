@@ -149,7 +149,7 @@ class Replay final : public sched::Executor {
   void Start(const std::string& id, const sched::Allocation& a, double now) override;
   void Stop(const std::vector<std::string>& victims, const std::string&, const std::string&,
             double now) override;
-  bool Resizes() const override { return config_.elastic > 0; }
+  bool Resizes() const override { return out_.elastic_jobs > 0; }
   void Resize(const std::string& id, const sched::Allocation& holds, double now) override;
 
  private:
@@ -167,9 +167,11 @@ class Replay final : public sched::Executor {
     double end = 0;  // when its departure is due (the natural end a stop is compared with)
     std::vector<int64_t> gpu_keys;  // the GPUs it holds, whole or shared (the busy figure)
     int64_t held_milli = 0;         // GPU compute it holds
-    // Elastic: its GPUs now (the speed it runs at), and after a shrink under way.
-    int gpus = 0, shrink_to = 0;
-    std::vector<int> shrink_gpus;
+    // Elastic: its GPUs now (the speed it runs at); a resize under way: its new size and GPUs,
+    // and when the job has checkpointed for it (asked + the stop latency).
+    int gpus = 0, resize_to = 0;
+    std::vector<int> resize_gpus;
+    double resize_at = 0;
     sched::NodeId node = -1;
   };
   using Departure = std::tuple<double, size_t, int, int>;  // end time, job, epoch, generation
@@ -192,7 +194,7 @@ class Replay final : public sched::Executor {
   void Record(double t);
   bool Depart(double now);      // the departures due by `now`; whether any
   bool EndStops(double now);    // the stops due by `now`; whether any
-  bool EndShrinks(double now);  // the shrinks due by `now`; whether any
+  bool EndResizes(double now);  // the resizes due by `now`; whether any
   // Elastic: how fast it runs on `n` GPUs, relative to its traced size (Amdahl's law).
   double Speed(size_t i, int n) const;
   // Elastic: holds `gpus` of `node` now (the busy and allocated figures).
@@ -211,8 +213,10 @@ class Replay final : public sched::Executor {
   std::unordered_map<std::string, size_t> index_of_;
   Departures departures_;
   Departures stops_;    // victims asked to stop hold their resources until the stop latency passed
-  Departures shrinks_;  // elastic jobs giving GPUs back, until the stop latency passed
-  std::vector<bool> elastic_;  // by job: made elastic (ReplayConfig::elastic)
+  Departures resizes_;  // elastic jobs checkpointing for a resize, until the stop latency passed
+  // By job: elastic, made so (ReplayConfig::elastic: its request halved at its arrival) or as it
+  // arrived (core::Request::resizable).
+  std::vector<bool> elastic_, made_elastic_;
   int64_t running_ = 0, allocated_milli_ = 0;
   // How busy each GPU (node << 8 | GPU) is: its holders' summed utilization, and the sum over GPUs
   // of that up to 100%.
@@ -249,6 +253,7 @@ Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJo
   scheduler_ = scheduler.get();
   gpu_count_ = static_cast<double>(capacity_) / core::kMilliPerGpu;
   elastic_.assign(jobs.size(), false);
+  made_elastic_.assign(jobs.size(), false);
   std::mt19937_64 draw(config.seed ^ 0x656c6173u);
   for (size_t i = 0; i < jobs.size(); ++i) {
     state_[i].remaining = jobs[i].duration;
@@ -256,8 +261,11 @@ Replay::Replay(const std::vector<core::NodeSpec>& nodes, const std::vector<SimJo
     const core::Request& r = jobs[i].request;
     // Drawn for every job, so that the same seed makes the same jobs elastic at any share.
     const double u = std::uniform_real_distribution<double>(0, 1)(draw);
-    if (r.gpus >= 2 && r.gang.empty() && u < config.elastic) {
+    if (r.resizable && r.elastic()) {
       elastic_[i] = true;
+      ++out_.elastic_jobs;
+    } else if (r.gpus >= 2 && r.gang.empty() && u < config.elastic) {
+      elastic_[i] = made_elastic_[i] = true;
       ++out_.elastic_jobs;
     }
   }
@@ -285,7 +293,7 @@ sched::RunKind Replay::KindOf(size_t i) const {
 
 void Replay::Enqueue(size_t i) {
   core::Request r = jobs_[i].request;
-  if (elastic_[i]) {
+  if (made_elastic_[i]) {
     r.gpus_max = r.gpus;
     r.resizable = true;
     r.gpus = (r.gpus + 1) / 2;
@@ -398,7 +406,7 @@ void Replay::StopJob(size_t i, double now) {
   st.held_milli = 0;
   for (int64_t key : st.gpu_keys) AddLoad(key, -Load(i));
   st.gpu_keys.clear();
-  st.shrink_to = 0;
+  st.resize_to = 0;
   if (st.gpu_key >= 0) {
     std::vector<size_t>& on = shares_on_[st.gpu_key];
     on.erase(std::find(on.begin(), on.end(), i));
@@ -446,31 +454,44 @@ void Replay::Resize(const std::string& id, const sched::Allocation& holds, doubl
   State& st = state_[i];
   if (!st.running || st.remaining < 0) return;
   const int n = static_cast<int>(holds.gpus.size());
-  if (n > st.gpus) {  // grown: the new GPUs are its own now; it restarts on all of them
+  if (n > st.gpus) {
     ++out_.grows;
+  } else {
+    ++out_.shrinks;
+  }
+  if (now <= st.started) {  // grown in the step that started it: it starts on all of them
     Hold(i, holds.node, holds.gpus);
-    // Grown in the step that started it, it starts on all of them: no restart to pay for.
-    Reschedule(i, now, now > st.started ? config_.resize_overhead_s : 0, n);
+    Reschedule(i, now, 0, n);
+    if (config_.record_runs && !out_.runs.empty() && out_.runs.back().id == id)
+      out_.runs.back().gpus = holds.gpus;
     return;
   }
-  // Shrinking: it checkpoints and gives the GPUs back after the stop latency, then runs on fewer.
-  ++out_.shrinks;
-  st.shrink_to = n;
-  st.shrink_gpus = holds.gpus;
-  shrinks_.emplace(now + config_.stop_latency_s, i, st.epoch, st.gen);
+  // Grown: the new GPUs are held from now on (idle until it starts again on them).
+  if (holds.gpus.size() > st.gpu_keys.size()) Hold(i, holds.node, holds.gpus);
+  // Asked once: a later resize before it has checkpointed changes where it starts again, not
+  // when (as the server rewrites the resize file and signals once).
+  if (st.resize_to == 0) {
+    st.resize_at = now + config_.stop_latency_s;
+    resizes_.emplace(st.resize_at, i, st.epoch, 0);
+  }
+  st.resize_to = n;
+  st.resize_gpus = holds.gpus;
 }
 
-bool Replay::EndShrinks(double now) {
+bool Replay::EndResizes(double now) {
   bool any = false;
-  while (!shrinks_.empty() && std::get<0>(shrinks_.top()) <= now) {
-    auto [when, i, epoch, gen] = shrinks_.top();
-    shrinks_.pop();
+  while (!resizes_.empty() && std::get<0>(resizes_.top()) <= now) {
+    auto [when, i, epoch, gen] = resizes_.top();
+    resizes_.pop();
     State& st = state_[i];
-    if (epoch != st.epoch || !st.running || st.shrink_to == 0) continue;
-    Hold(i, st.node, st.shrink_gpus);
-    Reschedule(i, when, config_.resize_overhead_s, st.shrink_to);
-    st.shrink_to = 0;
-    engine_->Resized(jobs_[i].request.id);
+    if (epoch != st.epoch || !st.running || st.resize_to == 0) continue;
+    // It has checkpointed and exited: it starts again on its new GPUs (a shrink's others free).
+    Hold(i, st.node, st.resize_gpus);
+    Reschedule(i, when, config_.resize_overhead_s, st.resize_to);
+    if (config_.record_runs)
+      out_.runs.push_back({jobs_[i].request.id, when, st.node, st.resize_gpus, true});
+    st.resize_to = 0;
+    (void)engine_->Resized(jobs_[i].request.id);  // a shrink's GPUs go back to the engine
     any = true;
   }
   return any;
@@ -490,7 +511,9 @@ void Replay::Stop(const std::vector<std::string>& victims, const std::string&, c
     // the server, which cannot tell a checkpoint-and-exit from a natural end, it starts over.
     State& vs = state_[victim->second];
     ++vs.epoch;  // its departure no longer counts
-    const double natural_end = vs.remaining >= 0 ? vs.end : now + config_.stop_latency_s;
+    double natural_end = vs.remaining >= 0 ? vs.end : now + config_.stop_latency_s;
+    // Checkpointing for a resize, it exits then (as the server sees it: preempted).
+    if (vs.resize_to > 0) natural_end = std::min(natural_end, vs.resize_at);
     stops_.emplace(std::min(now + config_.stop_latency_s, natural_end), victim->second, vs.epoch,
                    0);
   }
@@ -576,12 +599,12 @@ ReplayResult Replay::Run() {
   size_t next_arrival = 0;
   Record(start_time);
   while (next_arrival < order.size() || !departures_.empty() || !stops_.empty() ||
-         !shrinks_.empty()) {
-    double now = std::min({next_time(departures_), next_time(stops_), next_time(shrinks_)});
+         !resizes_.empty()) {
+    double now = std::min({next_time(departures_), next_time(stops_), next_time(resizes_)});
     if (next_arrival < order.size()) now = std::min(now, jobs_[order[next_arrival]].submit);
     bool changed = Depart(now);
     changed = EndStops(now) || changed;
-    changed = EndShrinks(now) || changed;
+    changed = EndResizes(now) || changed;
     while (next_arrival < order.size() && jobs_[order[next_arrival]].submit <= now) {
       last_arrival_ = jobs_[order[next_arrival]].submit;
       Enqueue(order[next_arrival]);

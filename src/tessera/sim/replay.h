@@ -78,10 +78,14 @@ struct ReplayConfig {
   double mps_capacity = 1;
   // Elastic jobs (docs/simulator.md): this share of the trace's jobs of 2 or more whole GPUs (not
   // of a gang), drawn by the seed, asks for half its GPUs (rounded up) to the number the trace
-  // gave it, and the production engine grows and shrinks it (sched::Engine). Its traced duration is
-  // its work at the traced size; on n GPUs it runs at Amdahl's speedup(n) / speedup(traced) with
-  // `elastic_serial_fraction`, and each resize costs it `resize_overhead_s` of no progress (a
-  // checkpoint and a restart). A shrink gives its GPUs back after `stop_latency_s`, as a stop.
+  // gave it, and the production engine grows and shrinks it (sched::Engine). A job that arrives
+  // resizable (core::Request::resizable, as the server builds one with `resize`) is elastic as it
+  // asks. Its traced duration is its work at the traced size (one that arrives resizable: at its
+  // minimum); on n GPUs it runs at Amdahl's speedup(n) / speedup(traced) with
+  // `elastic_serial_fraction`. A resize is the server's contract (docs/server.md): the job
+  // checkpoints and exits `stop_latency_s` after it is asked (a growth's new GPUs held meanwhile,
+  // a shrink's given back then), and starts again on its new size after `resize_overhead_s` of no
+  // progress.
   double elastic = 0;
   double elastic_serial_fraction = 0.05;
   double resize_overhead_s = 60;
@@ -109,6 +113,7 @@ struct ReplayRun {
   double start = 0;
   sched::NodeId node = -1;
   std::vector<int> gpus;
+  bool resized = false;  // started again on a new size (an elastic job's resize)
 };
 
 struct Distribution {

@@ -18,7 +18,9 @@ namespace tessera::sim {
 namespace {
 
 using sched::testing::Node;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Pair;
 
 TEST(TesseraCsv, NodesWithCountAndModelMemory) {
   auto nodes = ParseTesseraNodes(
@@ -655,12 +657,25 @@ TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingI
   EXPECT_EQ(fixed.grows, 0);
   EXPECT_DOUBLE_EQ(fixed.wait.max, 990);
   EXPECT_DOUBLE_EQ(fixed.jct.mean, (1000 + 1090) / 2.0);
-  // The same with stops that take 30 s: B waits for the shrink, A pays no more.
+  // The same with stops that take 30 s: each resize takes effect when A has checkpointed, 30 s
+  // after it is asked, as on the server. B waits for the shrink (10..40). A works on at 4 until
+  // 40 (960 s left), starts again on 2 (from 90), is asked at 40 to grow onto the free GPU and
+  // starts again on 3 at 70 (from 120, at 0.75); asked at 140 (B's end) to grow to 4, it starts
+  // again at 170 with 960 - 50 * 0.75 = 922.5 s left from 220, and ends at 1142.5.
   c.elastic = 1;
   c.stop_latency_s = 30;
+  c.record_runs = true;
   const ReplayResult slow = RunReplay(nodes, jobs, {}, c);
   EXPECT_DOUBLE_EQ(slow.wait.max, 30);
   EXPECT_EQ(slow.finished, 2);
+  EXPECT_EQ(slow.grows, 3);
+  EXPECT_EQ(slow.shrinks, 1);
+  EXPECT_DOUBLE_EQ(slow.jct.max, 1142.5);
+  std::vector<std::pair<double, size_t>> a_runs;  // A's starts: when, on how many GPUs
+  for (const ReplayRun& run : slow.runs) {
+    if (run.id == jobs[0].request.id) a_runs.emplace_back(run.start, run.gpus.size());
+  }
+  EXPECT_THAT(a_runs, ElementsAre(Pair(0, 4), Pair(40, 2), Pair(70, 3), Pair(170, 4)));
 }
 
 // Without preemption nothing can take grown GPUs back, so nothing grows: an elastic job runs on
