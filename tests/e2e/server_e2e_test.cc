@@ -685,9 +685,10 @@ std::set<int> GpusOf(const json& j) {
 
 // An elastic job resized by signal (--gpus 1-4 --resize signal) on 4 GPUs: it starts on the two
 // that are free, grows onto the two a job gives back (told in its file and by SIGUSR1, it exits 75
-// and is started again on 4 under its id), and shrinks for a higher-priority job that wants two
-// instead of being preempted; it then grows onto the one left. It is never preempted, no GPU is
-// held twice, and its log says each size it ran at.
+// and is started again on 4 under its id), and gives two back to a higher-priority job that wants
+// two instead of being preempted (it keeps the other one it grew onto); it grows onto them again
+// when that job ends. It is never preempted, no GPU is held twice, and its log says each size it
+// ran at.
 TEST(TesseraServer, AnElasticJobResizedBySignalGrowsAndShrinksUnderItsId) {
   Daemon d("resize-signal", "", FourT4s("resize-signal"));
   const int64_t busy = d.Submit(Shell("sleep 60", {{"gpus", 2}}));
@@ -716,18 +717,25 @@ TEST(TesseraServer, AnElasticJobResizedBySignalGrowsAndShrinksUnderItsId) {
   const std::string show = Cli(d, "show " + std::to_string(el));
   EXPECT_THAT(show, ::testing::ContainsRegex("2 GPUs from [0-9:]+, 4 GPUs from [0-9:]+"));
   EXPECT_THAT(show, HasSubstr("by signal (SIGUSR1, exit 75 within 30 s, else restart)"));
-  // The higher-priority job takes two of them back: it shrinks to its minimum and grows onto the
-  // one left.
+  // The higher-priority job takes two of them back: it shrinks by those two (to 2, not to its
+  // minimum), and nothing is left for it to grow onto.
   json hi_spec = Shell("sleep 60", {{"gpus", 2}});
   hi_spec["priority"] = 10;
   const int64_t hi = d.Submit(hi_spec);
   json h = d.WaitFor(hi, "running");
-  j = WaitUntil(d, el, RunsOn(2, 3));
-  ASSERT_TRUE(RunsOn(2, 3)(j)) << j.dump() << d.Log();
+  j = WaitUntil(d, el, RunsOn(2, 2));
+  ASSERT_TRUE(RunsOn(2, 2)(j)) << j.dump() << d.Log();
   h = d.Call("GET", "/v1/jobs/" + std::to_string(hi));
   std::set<int> both = GpusOf(j);
   for (int g : GpusOf(h)) EXPECT_TRUE(both.insert(g).second) << "GPU " << g << " held twice";
   for (const json& e : j["events"]) EXPECT_NE(e["state"], "preempted") << j.dump();
+  // That job ends: it grows onto its GPUs again.
+  d.Call("POST", "/v1/jobs/" + std::to_string(hi) + "/cancel");
+  d.WaitFor(hi, "cancelled");
+  j = WaitUntil(d, el, RunsOn(4, 3));
+  ASSERT_TRUE(RunsOn(4, 3)(j)) << j.dump() << d.Log();
+  ASSERT_EQ(j["placement"]["sizes"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["placement"]["sizes"][2]["gpus"], 2);
   // Each run said its GPUs; each resize its new size.
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::string log = d.Logs(el);
@@ -736,11 +744,10 @@ TEST(TesseraServer, AnElasticJobResizedBySignalGrowsAndShrinksUnderItsId) {
     log = d.Logs(el);
   }
   EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=4\nstart 1 GPU-"));
-  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=1\nstart 2 GPU-"));
-  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=2\nstart 3 GPU-"));
+  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=2\nstart 2 GPU-"));
+  EXPECT_THAT(log, HasSubstr("resize TESSERA_RESIZE_GPUS=4\nstart 3 GPU-"));
   EXPECT_THAT(d.Log(), HasSubstr("resizing to 4 GPUs"));
-  for (int64_t id : {el, hi}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
-  d.WaitFor(hi, "cancelled");
+  d.Call("POST", "/v1/jobs/" + std::to_string(el) + "/cancel");
   j = d.WaitFor(el, "cancelled");
   EXPECT_FALSE(fs::exists(d.dir() + "/state/resize/" + std::to_string(el)));
 }

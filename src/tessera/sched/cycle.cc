@@ -429,7 +429,8 @@ void Cycle::AskToStop(Entry& e, std::vector<std::string> victims, NodeId node,
     if (stopping_.insert(v).second) d.victims.push_back(v);
   }
   e.awaiting = std::move(victims);
-  e.reserved_node = node;
+  e.reserved_node = d.node = node;
+  d.gpus = gpus;
   e.reserved_gpus = std::move(gpus);
   reserved.push_back({e.reserved_node, &e.reserved_gpus, &e.queued.request.id});
   if (!d.victims.empty()) out.push_back(std::move(d));

@@ -73,6 +73,9 @@ struct CycleDecision {
   Allocation allocation;             // kStart: where it now runs (recorded in the Scheduler)
   std::vector<std::string> victims;  // kPreempt: allocations to stop, gang mates included
   std::string reason;                // kPreempt: for the victims' records
+  // kPreempt: where the request goes once the victims are gone (the room it waits for).
+  NodeId node = -1;
+  std::vector<int> gpus;
 };
 
 class Cycle {
@@ -112,6 +115,9 @@ class Cycle {
   size_t size() const { return entries_.size(); }
   // Allocations asked to stop whose resources are still held.
   size_t stopping() const { return stopping_.size(); }
+  // Victim `allocation_id` gave back what it was asked to, though an allocation of its id stays
+  // (an elastic request that keeps part of what it grew onto): no request waits for it now.
+  void Stopped(const std::string& allocation_id) { stopping_.erase(allocation_id); }
   // Queued ids in queue order (with fair share: as of the last Step's usage).
   std::vector<std::string> Order() const;
   // An owner's recent GPU use as fair share counts it: decayed GPU-seconds, as of the last Step.

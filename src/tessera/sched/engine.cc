@@ -131,12 +131,13 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
   for (const CycleDecision& d : decisions) {
     if (d.kind != CycleDecision::Kind::kPreempt) continue;
     // GPUs an elastic request grew onto are taken back by shrinking it, not by stopping it (when
-    // it is not stopped whole anyway: its grown GPUs go with it).
+    // it is not stopped whole anyway: its grown GPUs go with it) - by as many as `d` needs.
     std::vector<std::string> whole;
     for (const std::string& v : d.victims) {
       if (const std::string* grown = GrownOf(v)) {
-        if (std::find(d.victims.begin(), d.victims.end(), *grown) == d.victims.end())
-          Shrink(*grown, now);
+        if (std::find(d.victims.begin(), d.victims.end(), *grown) == d.victims.end()) {
+          Shrink(*grown, KeptFrom(d, v), now);
+        }
       } else {
         whole.push_back(v);
       }
@@ -156,14 +157,54 @@ const std::string* Engine::GrownOf(const std::string& allocation_id) const {
   return it == elastic_.end() ? nullptr : &*it;
 }
 
-void Engine::Shrink(const std::string& id, double now) {
-  if (!shrinking_.insert(id).second) return;
-  if (const Allocation* own = scheduler_->state().Find(id)) executor_.Resize(id, *own, now);
+std::vector<int> Engine::KeptFrom(const CycleDecision& d, const std::string& grown_id) const {
+  // The grown GPUs outside the room `d` waits for stay with the elastic request.
+  const Allocation* grown = scheduler_->state().Find(grown_id);
+  if (grown == nullptr || grown->node != d.node) return {};
+  std::vector<int> kept;
+  for (int g : grown->gpus) {
+    if (std::find(d.gpus.begin(), d.gpus.end(), g) == d.gpus.end()) kept.push_back(g);
+  }
+  if (kept.size() == grown->gpus.size()) kept.clear();  // its plan takes none: all, to be sure
+  return kept;
+}
+
+void Engine::Shrink(const std::string& id, std::vector<int> keep, double now) {
+  auto [it, asked] = shrinking_.try_emplace(id, keep);
+  if (!asked) {
+    // Asked again before it shrank: it keeps only what both leave it.
+    std::vector<int> both;
+    for (int g : it->second) {
+      if (std::find(keep.begin(), keep.end(), g) != keep.end()) both.push_back(g);
+    }
+    if (both == it->second) return;
+    it->second = std::move(both);
+  }
+  const Allocation* own = scheduler_->state().Find(id);
+  if (own == nullptr) return;
+  Allocation holds = *own;
+  holds.gpus.insert(holds.gpus.end(), it->second.begin(), it->second.end());
+  std::sort(holds.gpus.begin(), holds.gpus.end());
+  holds.request.gpus = static_cast<int>(holds.gpus.size());
+  executor_.Resize(id, holds, now);
 }
 
 bool Engine::Resized(const std::string& id) {
-  if (shrinking_.erase(id) == 0) return false;
+  auto it = shrinking_.find(id);
+  if (it == shrinking_.end()) return false;
+  const std::vector<int> keep = std::move(it->second);
+  shrinking_.erase(it);
+  const Allocation* own = scheduler_->state().Find(id);
+  const Allocation* grown = scheduler_->state().Find(GrownId(id));
+  const std::optional<Allocation> kept =
+      own && grown && !keep.empty()
+          ? std::optional<Allocation>(GrownAllocation(*own, keep, grown->start_time))
+          : std::nullopt;
   (void)scheduler_->Release(GrownId(id));
+  if (kept) {  // what it still holds past its minimum, no longer a victim anyone waits for
+    (void)scheduler_->Restore(*kept);
+    cycle_.Stopped(kept->id);
+  }
   return true;
 }
 

@@ -12,6 +12,7 @@
 // thread (history()).
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -117,17 +118,20 @@ class Engine {
   // Returns whether it goes back.
   bool Stopped(const std::string& id, StopCause cause);
   // Elastic requests (core::Request::gpus_max) that are resizable, when the Executor Resizes(): a
-  // started one grows,
-  // at the end of a Step, onto free GPUs of its node - only when no queued request wants a GPU, and
-  // within its owner's quota - as a second allocation (GrownId: reclaimable, the lowest priority,
-  // no CPU or memory of its own) that quotas and fair share count as its. A queued request that can
-  // use them plans preemption as it would (preemption on: without it nothing grows), finds the
-  // grown GPUs the cheapest victims, whatever its priority or owner, and the engine asks the
-  // request to shrink back to its minimum (Executor::Resize) instead of stopping anyone whole. The
-  // GPUs stay held until the driver says it shrank (Resized); meanwhile the queued request waits
-  // for exactly them, as for any victim. Ending or stopping a request releases what it grew onto.
+  // started one grows, at the end of a Step, onto free GPUs of its node - only when no queued
+  // request wants a GPU, and within its owner's quota - as a second allocation (GrownId:
+  // reclaimable, the lowest priority, no CPU or memory of its own) that quotas and fair share count
+  // as its. A queued request that can use them plans preemption as it would (preemption on: without
+  // it nothing grows), finds the grown GPUs the cheapest victims, whatever its priority or owner,
+  // and the engine asks the request to shrink (Executor::Resize) instead of stopping anyone whole:
+  // by the grown GPUs in the room the queued request's plan waits for, keeping the others (a
+  // request that counted on a victim already asked to stop for another plans again once that one
+  // shrank, which may shrink it further). The GPUs stay held until the driver says it shrank
+  // (Resized); meanwhile the queued request waits for exactly them, as for any victim. Ending or
+  // stopping a request releases what it grew onto.
   //
-  // A shrink asked of `id` is done: the GPUs it grew onto are free. false when none was asked.
+  // A shrink asked of `id` is done: the GPUs it gave back are free (what it keeps past its minimum
+  // stays grown onto). false when none was asked.
   bool Resized(const std::string& id);
   // What running request `id` holds now: its allocation and the GPUs it grew onto, in one
   // allocation (its request's gpus the total); nullopt when it is not running here.
@@ -173,8 +177,12 @@ class Engine {
   Submission Unqueue(std::unordered_map<std::string, Submission>::iterator it);
   // The elastic request whose grown GPUs `allocation_id` are; nullptr when it is none.
   const std::string* GrownOf(const std::string& allocation_id) const;
-  // Asks elastic `id` to give back what it grew onto (once until Resized).
-  void Shrink(const std::string& id, double now);
+  // The GPUs of grown allocation `grown_id` (a victim of `d`) outside the room `d` waits for: what
+  // the elastic request keeps when it shrinks. Empty (all given back) when the room takes none.
+  std::vector<int> KeptFrom(const CycleDecision& d, const std::string& grown_id) const;
+  // Asks elastic `id` to give back what it grew onto but `keep` (asked again before Resized: it
+  // keeps what both asks leave it).
+  void Shrink(const std::string& id, std::vector<int> keep, double now);
   // Whether elastic `r` is resized while it runs: it is resizable and the driver resizes.
   bool Resizing(const core::Request& r) const;
   // Whether elastic requests may grow now (see Resized).
@@ -204,8 +212,10 @@ class Engine {
   std::unordered_map<std::string, Submission> queued_, running_;
   // How many of queued_ want a GPU (MayGrow at every step without a walk of the queue).
   size_t queued_for_gpus_ = 0;
-  // Running elastic requests (ordered: growth is deterministic), and those asked to shrink.
-  std::set<std::string> elastic_, shrinking_;
+  // Running elastic requests (ordered: growth is deterministic), and those asked to shrink with
+  // the grown GPUs each keeps.
+  std::set<std::string> elastic_;
+  std::map<std::string, std::vector<int>> shrinking_;
   size_t deferred_ = 0;
 };
 

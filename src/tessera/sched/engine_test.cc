@@ -14,6 +14,7 @@
 namespace tessera::sched {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::Node;
@@ -117,12 +118,14 @@ TEST(Engine, AnElasticRequestGrowsOntoIdleGpusAndGivesThemBackToAQueuedOne) {
   ASSERT_EQ(x.resizes.size(), 2u);
   EXPECT_THAT(x.resizes[1].second, ElementsAre(0, 1, 2, 3));
   // A request of no higher priority arrives: the grown GPUs are the victims - the elastic request
-  // is asked to shrink to its minimum, nobody is stopped.
+  // is asked to give back the two it needs, nobody is stopped. It keeps its own and one more.
   ASSERT_TRUE(e.Submit(Sub(Whole("next", 2), 3, 3)).ok());
   EXPECT_EQ(e.Step(3), 0u);
   EXPECT_TRUE(x.stops.empty());
   ASSERT_EQ(x.resizes.size(), 3u);
-  EXPECT_EQ(x.resizes[2].second.size(), 1u);
+  EXPECT_EQ(x.resizes[2].second.size(), 2u);
+  const std::vector<int> kept = x.resizes[2].second;
+  EXPECT_THAT(kept, Contains(e.scheduler().state().Find("el")->gpus[0])) << "its own GPU";
   EXPECT_TRUE(e.Shrinking("el"));
   // Until it says it shrank, its GPUs stay its own: nothing starts, nothing is asked twice.
   EXPECT_EQ(e.Step(4), 0u);
@@ -131,15 +134,22 @@ TEST(Engine, AnElasticRequestGrowsOntoIdleGpusAndGivesThemBackToAQueuedOne) {
   ExpectNoGpuHeldTwice(e);
   EXPECT_TRUE(e.Resized("el"));
   EXPECT_FALSE(e.Resized("el"));
-  // The queued request starts on what it gave back; the one GPU left idle is grown onto again.
+  EXPECT_EQ(e.Holding("el")->gpus, kept);
+  // The queued request starts on what it gave back; nothing is left to grow onto, so no second
+  // resize (shrunk to its minimum, it would grow again onto the GPU left idle).
   EXPECT_EQ(e.Step(5), 1u);
   EXPECT_THAT(x.started, ElementsAre("busy", "el", "next"));
-  ASSERT_EQ(x.resizes.size(), 4u);
-  EXPECT_EQ(x.resizes[3].second.size(), 2u);
+  EXPECT_EQ(x.resizes.size(), 3u);
+  EXPECT_EQ(e.Holding("el")->gpus, kept);
   ExpectNoGpuHeldTwice(e);
+  // When it ends, the elastic request grows back onto what it gave.
+  EXPECT_TRUE(e.Ended("next"));
+  e.Step(6);
+  ASSERT_EQ(x.resizes.size(), 4u);
+  EXPECT_THAT(x.resizes[3].second, ElementsAre(0, 1, 2, 3));
   // Its end frees what it grew onto too.
   EXPECT_TRUE(e.Ended("el"));
-  EXPECT_EQ(e.scheduler().state().allocations().size(), 1u);
+  EXPECT_TRUE(e.scheduler().state().allocations().empty());
 }
 
 // Placed for its minimum, a packing policy would put an elastic request where it cannot grow; with
@@ -409,7 +419,8 @@ TEST(Engine, AResizedRequestRestoredGivesBackWhatItGrewOntoFirst) {
   EXPECT_TRUE(grown->reclaimable);
   EXPECT_EQ(grown->gpus, (std::vector<int>{0, 3}));
   EXPECT_EQ(e.Holding("el")->gpus, (std::vector<int>{0, 2, 3}));
-  // A request that wants two GPUs: it shrinks back to its own instead of being stopped.
+  // A request that wants two GPUs (one is free): it gives back one it grew onto instead of being
+  // stopped, and keeps its own.
   core::Request two = Whole("two", 2);
   two.priority = 5;
   ASSERT_TRUE(e.Submit(Sub(two, 2, 2)).ok());
@@ -417,10 +428,13 @@ TEST(Engine, AResizedRequestRestoredGivesBackWhatItGrewOntoFirst) {
   EXPECT_TRUE(x.stops.empty());
   EXPECT_TRUE(e.Shrinking("el"));
   ASSERT_FALSE(x.resizes.empty());
-  EXPECT_EQ(x.resizes.back(), (std::pair<std::string, std::vector<int>>{"el", {2}}));
+  EXPECT_EQ(x.resizes.back().first, "el");
+  EXPECT_EQ(x.resizes.back().second.size(), 2u);
+  EXPECT_THAT(x.resizes.back().second, Contains(2));
   EXPECT_TRUE(e.Resized("el"));
   e.Step(3);
   EXPECT_EQ(x.started.back(), "two");
+  EXPECT_EQ(e.Holding("el")->gpus, x.resizes.back().second);
   ExpectNoGpuHeldTwice(e);
 }
 

@@ -624,13 +624,12 @@ TEST(Replay, PreemptionEvictsLowerPriorityWorkWhichStartsOver) {
   EXPECT_EQ(RunReplay(nodes, jobs, {}, ReplayWith(true)).preemptions, 0);
 }
 
-// An elastic job grows onto the idle GPUs at its start, gives them back to a small job that
-// arrives (a shrink, not a preemption), grows onto what is left and then onto all again. Linear
-// speedup (serial fraction 0), 50 s per resize, stops at once:
+// An elastic job grows onto the idle GPUs at its start, gives one back to a small job that
+// arrives (a shrink by what it needs, not a preemption) and grows onto all again when it ends.
+// Linear speedup (serial fraction 0), 50 s per resize, stops at once:
 //   A (4 GPUs traced, 1000 s of work at 4): starts at 0 on 2 and grows at once to 4 (no cost).
-//   B (1 GPU, 100 s) arrives at 10: A shrinks to 2 (990 s of work left), resumes at 60 at half
-//   speed, and grows onto the GPU B left free (3: 0.75, still from 60). B runs 10..110.
-//   At 110 A grows to 4: 990 - 50 * 0.75 = 952.5 s left from 160, ends at 1112.5.
+//   B (1 GPU, 100 s) arrives at 10: A shrinks to 3 (990 s of work left) and resumes at 60 at 0.75.
+//   B runs 10..110. At 110 A grows to 4: 990 - 50 * 0.75 = 952.5 s left from 160, ends at 1112.5.
 // Fixed-size, B waits for all of A: 1000..1100.
 TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingItWait) {
   std::vector<core::NodeSpec> nodes = {Node("a", 4)};
@@ -643,7 +642,7 @@ TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingI
   EXPECT_EQ(elastic.elastic_jobs, 1);
   EXPECT_EQ(elastic.finished, 2);
   EXPECT_EQ(elastic.preemptions, 0);
-  EXPECT_EQ(elastic.grows, 3);
+  EXPECT_EQ(elastic.grows, 2);
   EXPECT_EQ(elastic.shrinks, 1);
   EXPECT_DOUBLE_EQ(elastic.wait.max, 0);
   EXPECT_DOUBLE_EQ(elastic.jct.max, 1112.5);
@@ -659,23 +658,22 @@ TEST(Replay, AnElasticJobGrowsOntoIdleGpusAndShrinksForAnArrivalInsteadOfMakingI
   EXPECT_DOUBLE_EQ(fixed.jct.mean, (1000 + 1090) / 2.0);
   // The same with stops that take 30 s: each resize takes effect when A has checkpointed, 30 s
   // after it is asked, as on the server. B waits for the shrink (10..40). A works on at 4 until
-  // 40 (960 s left), starts again on 2 (from 90), is asked at 40 to grow onto the free GPU and
-  // starts again on 3 at 70 (from 120, at 0.75); asked at 140 (B's end) to grow to 4, it starts
-  // again at 170 with 960 - 50 * 0.75 = 922.5 s left from 220, and ends at 1142.5.
+  // 40 (960 s left) and starts again on 3 (from 90, at 0.75); asked at 140 (B's end) to grow to 4,
+  // it starts again at 170 with 960 - 80 * 0.75 = 900 s left from 220, and ends at 1120.
   c.elastic = 1;
   c.stop_latency_s = 30;
   c.record_runs = true;
   const ReplayResult slow = RunReplay(nodes, jobs, {}, c);
   EXPECT_DOUBLE_EQ(slow.wait.max, 30);
   EXPECT_EQ(slow.finished, 2);
-  EXPECT_EQ(slow.grows, 3);
+  EXPECT_EQ(slow.grows, 2);
   EXPECT_EQ(slow.shrinks, 1);
-  EXPECT_DOUBLE_EQ(slow.jct.max, 1142.5);
+  EXPECT_DOUBLE_EQ(slow.jct.max, 1120);
   std::vector<std::pair<double, size_t>> a_runs;  // A's starts: when, on how many GPUs
   for (const ReplayRun& run : slow.runs) {
     if (run.id == jobs[0].request.id) a_runs.emplace_back(run.start, run.gpus.size());
   }
-  EXPECT_THAT(a_runs, ElementsAre(Pair(0, 4), Pair(40, 2), Pair(70, 3), Pair(170, 4)));
+  EXPECT_THAT(a_runs, ElementsAre(Pair(0, 4), Pair(40, 3), Pair(170, 4)));
 }
 
 // Without preemption nothing can take grown GPUs back, so nothing grows: an elastic job runs on
