@@ -28,6 +28,7 @@
 #include "fmt/format.h"
 #include "tessera/devices/mps.h"
 #include "tessera/net/http.h"
+#include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 #include "yaml-cpp/yaml.h"
 
@@ -434,6 +435,12 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
              api.WriteKubeconfig(dir_ + "/kubeconfig"));
   ASSERT_TRUE(WaitRegistered(2)) << Log();
   v1beta1::AllocateResponse out;
+  auto unix_now = [] {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t allocated = unix_now();
   ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
   kubelet_->SetPods({{"team-b", "notebook", "nb", kShare, {Uuid(3) + "::1"}}});
   // The pod's processes took 3 GiB at their peak, then gave it back.
@@ -446,9 +453,19 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   ASSERT_GT(limit, 3ull << 30);
   ASSERT_TRUE(r->Reserve(0, 3ull << 30));
   r->Release(0, 3ull << 30);
-  // The holder is seen (metrics), then the pod ends.
+  // Its processes' kernels kept GPU 3 busy 0.6 s in all, as the arbiter charged them (its key is
+  // the allocation's id, TESSERA_JOB_ID).
+  std::unique_ptr<tessera::shim::Arbiter> arbiter(
+      tessera::shim::Arbiter::Attach((dir_ + "/state/gpu.arbiter").c_str(),
+                                     tessera::shim::ArbiterJobKey("a1"), {}, err, sizeof err));
+  ASSERT_NE(arbiter, nullptr) << err;
+  const int slot = arbiter->Slot(3);
+  ASSERT_GE(slot, 0);
+  arbiter->data()->gpus[3].jobs[slot].busy_us.store(600'000);
+  // The holder is seen (metrics), then the pod ends - once it has lived a whole second, so that
+  // its GPU time is weighed against its life (the agent counts allocations' ages in seconds).
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
-    return Metrics().find("pod=\"notebook\"") != std::string::npos;
+    return Metrics().find("pod=\"notebook\"") != std::string::npos && unix_now() >= allocated + 2;
   })) << Log();
   kubelet_->SetPods({});
   // The note of the GPUShareUse Event of `type` on `pod`; empty while there is none.
@@ -465,10 +482,30 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
                            std::to_string(limit >> 20) + " MiB given on " + Uuid(3);
   EXPECT_THAT(note(), HasSubstr(want));
   EXPECT_THAT(Log(), HasSubstr("allocation a1 (team-b/notebook): " + want));
+  // Its GPU time against its life, and against its share of GPU 3 (1 of 4 devices: 25%).
+  std::smatch held;
+  const std::string told = note();
+  ASSERT_TRUE(std::regex_search(told, held, std::regex("; 0.6 s of GPU time in its ([0-9]+) s")))
+      << told;
+  ASSERT_GE(std::stoi(held[1]), 1) << told;
+  EXPECT_THAT(told, HasSubstr(fmt::format(" s ({:.0f}% of its 25% share)",
+                                          100 * 0.6 / (std::stoi(held[1]) * 0.25))));
+  // Its namespace's counters: GPU-seconds given and busy (their ratio, the namespace's efficiency).
+  const std::string m = Metrics();
+  EXPECT_THAT(m, HasSubstr("tessera_share_busy_gpu_seconds_total{namespace=\"team-b\","
+                           "hostname=\"node-a\"} 0.6"));
+  EXPECT_THAT(m,
+              HasSubstr(fmt::format("tessera_share_given_gpu_seconds_total{{namespace=\"team-b\","
+                                    "hostname=\"node-a\"}} {:g}",
+                                    std::stoi(held[1]) * 0.25)));
 
-  // A share whose limit refused an allocation: a Warning, with the most it asked.
-  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(2) + "::1"}}, &out).ok());
-  kubelet_->SetPods({{"team-b", "trainer", "tr", kShare, {Uuid(2) + "::1"}}});
+  // A share whose limit refused an allocation: a Warning, with the most it asked. (On GPU 1: the
+  // scenario's XID makes GPU 2 unhealthy a second or so after the agent starts.)
+  {
+    auto st = kubelet_->Allocate(kShare, {{Uuid(1) + "::1"}}, &out);
+    ASSERT_TRUE(st.ok()) << st.error_message() << Log();
+  }
+  kubelet_->SetPods({{"team-b", "trainer", "tr", kShare, {Uuid(1) + "::1"}}});
   tessera::shim::Region* r2 = tessera::shim::Region::Attach(
       (dir_ + "/state/regions/a2.region").c_str(), nullptr, 0, err, sizeof err);
   ASSERT_NE(r2, nullptr) << err;
@@ -483,7 +520,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   EXPECT_THAT(warning(), HasSubstr(fmt::format(
                              "1024 MiB of the {} MiB given on {} ({:.0f}%), and 1 allocation "
                              "refused at that limit (it asked for {} MiB at most)",
-                             r2->Limit(0) >> 20, Uuid(2), 100.0 * 1024 / (r2->Limit(0) >> 20),
+                             r2->Limit(0) >> 20, Uuid(1), 100.0 * 1024 / (r2->Limit(0) >> 20),
                              (r2->Limit(0) >> 20) + 1024)));
 }
 

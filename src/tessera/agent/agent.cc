@@ -424,8 +424,7 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
     }
     parts.push_back(std::move(part));
   }
-  const std::string note =
-      fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
+  std::string note = fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
   std::string ns, name;
   if (const size_t slash = a.pod.find('/'); slash != std::string::npos) {
     ns = a.pod.substr(0, slash), name = a.pod.substr(slash + 1);
@@ -433,6 +432,42 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
     core::MutexLock lock(share_holders_mu_);
     if (auto it = share_holders_.find(a.id); it != share_holders_.end())
       ns = it->second.pod_namespace, name = it->second.pod;
+  }
+  // Its GPU time: what the arbiter charged it over its life, against its share of its GPUs then
+  // (seff's question, as `tessera eff` answers it on the standalone server). Not for a gang's
+  // share (its time slices are the gang's on this node) or an MPS client (no time slices).
+  const DeviceState& state = *state_;
+  std::vector<int> gpus;
+  double share = 1;
+  bool sliced = a.arbiter_job.empty();
+  for (const std::string& uuid : a.gpus) {
+    int n = 0, g = -1;
+    for (const std::string& id : a.device_ids) {
+      const std::optional<int> of = state.GpuOf(id);
+      if (of && state.inventory().gpus[*of].uuid == uuid) ++n, g = *of;
+    }
+    if (g < 0 || IsMps(state.options(), g)) sliced = false;
+    gpus.push_back(g);
+    share = std::min(share, static_cast<double>(n) / state.options().shares_per_gpu);
+  }
+  const std::string arbiter = options_.plugin.state_dir + "/gpu.arbiter";
+  if (sliced && !gpus.empty() && access(arbiter.c_str(), F_OK) == 0) {
+    const double busy_s = static_cast<double>(shim::ArbiterBusyMicros(
+                              arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                              shim::ArbiterJobKey(a.id.c_str()))) /
+                          1e6;
+    const double held_s = static_cast<double>(
+        std::max<int64_t>(0, static_cast<int64_t>(core::Seconds(Clock().Now())) - a.created_unix));
+    const double given_s = held_s * share * static_cast<double>(gpus.size());
+    note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
+    if (given_s > 0) {
+      note += fmt::format(" ({:.0f}% of its {:g}% share{})", 100 * busy_s / given_s, 100 * share,
+                          gpus.size() > 1 ? " of each GPU" : "");
+    }
+    core::MutexLock lock(ended_mu_);
+    std::pair<double, double>& seconds = ended_share_seconds_[ns];
+    seconds.first += given_s;
+    seconds.second += busy_s;
   }
   spdlog::info("allocation {} ({}): {}", a.id, name.empty() ? "pod unknown" : ns + "/" + name,
                note);
@@ -582,6 +617,10 @@ std::string Agent::Metrics() {
     counters.allocation_errors = dc.prepare_errors;
   }
   counters.pod_resources_errors = pod_resources_errors_;
+  {
+    core::MutexLock lock(ended_mu_);
+    counters.ended_share_seconds = ended_share_seconds_;
+  }
   counters.api_server_configured = node_sync_ != nullptr;
   if (node_sync_) {
     const NodeSyncCounters& nc = node_sync_->counters();

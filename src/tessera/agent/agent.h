@@ -120,7 +120,9 @@ class Agent {
   void RebuildDra();
   // A Warning Event on the node: `what`'s checkpoint was moved to `aside` (nothing when empty).
   void ReportSetAside(const std::string& what, const std::string& aside);
-  // An ended share's use of its GPU memory (its region's peaks): logged, and an Event on its pod.
+  // An ended share's use of its GPU memory (its region's peaks) and of its GPU time (the arbiter's
+  // charge against its share over its life): logged, an Event on its pod, and its namespace's
+  // counters.
   void ReportShareUse(const Allocation& a, const shim::RegionData* head);
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
@@ -154,6 +156,10 @@ class Agent {
   // its labels), and a share no pod has held yet has none (Metrics).
   core::Mutex share_holders_mu_;
   std::map<std::string, ContainerRef> share_holders_ ABSL_GUARDED_BY(share_holders_mu_);
+  // Ended shares' GPU-seconds by namespace since the agent started: given (its share of its GPUs
+  // over its life) and busy (what the arbiter charged it). Metrics' tessera_share_*_total.
+  core::Mutex ended_mu_;
+  std::map<std::string, std::pair<double, double>> ended_share_seconds_ ABSL_GUARDED_BY(ended_mu_);
   std::mutex reconcile_mu_;  // one reconcile at a time
 
   std::mutex mu_;

@@ -357,6 +357,8 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
     }
     ContainerEdits edits;
     if (absl::Status st = ShareEdits(share, inventory_, options_, &edits); !st.ok()) return st;
+    if (auto job = edits.env.find("TESSERA_JOB_ID"); job != edits.env.end() && job->second != a.id)
+      a.arbiter_job = job->second;
     for (const auto& [k, v] : edits.env) (*resp.mutable_envs())[k] = v;
     for (const ContainerMount& m : edits.mounts) {
       auto* mount = resp.add_mounts();
@@ -470,6 +472,8 @@ absl::Status DeviceState::SaveLocked() const {
                                 {"region", a.region},
                                 {"pod", a.pod},
                                 {"created_unix", a.created_unix}});
+    // Only when set: a checkpoint an earlier agent reads back is the same.
+    if (!a.arbiter_job.empty()) j["allocations"].back()["arbiter_job"] = a.arbiter_job;
   }
   return devices::WriteFileAtomically(checkpoint_path(), j.dump(1) + "\n", 0600);
 }
@@ -507,6 +511,7 @@ absl::Status DeviceState::Load() {
       a.region = e.at("region").get<std::string>();
       a.pod = e.at("pod").get<std::string>();
       a.created_unix = e.at("created_unix").get<int64_t>();
+      a.arbiter_job = e.value("arbiter_job", "");
       bool here = std::all_of(a.device_ids.begin(), a.device_ids.end(),
                               [&](const std::string& id) { return GpuOf(id).has_value(); });
       if (!here) {

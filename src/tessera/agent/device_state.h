@@ -96,6 +96,9 @@ struct Allocation {
   std::string region;                   // host path of the shared region; shares only
   std::string pod;                      // "namespace/name" when the extender named it
   int64_t created_unix = 0;
+  // A share's job at the GPU arbiter (TESSERA_JOB_ID) when it is not `id`: a gang's, whose time
+  // slices on this node are charged to the gang, not to this pod alone.
+  std::string arbiter_job;
 };
 
 class DeviceState {

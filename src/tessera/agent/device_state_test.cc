@@ -435,6 +435,19 @@ TEST_F(DeviceStateTest, AGangsSharesOnThisNodeAreOneJobAtTheArbiter) {
   auto a3 = state_->Allocate(Resource::kShare, Request({{Share(7, 0)}}));
   ASSERT_TRUE(a3.ok());
   EXPECT_FALSE(a3->container_responses(0).envs().contains("TESSERA_CUDA_GANG_GPUS"));
+  // Each allocation knows the job its time slices are charged to (its GPU time when it ends),
+  // across a restart of the agent: the gang's, else its own (arbiter_job empty).
+  for (int pass = 0; pass < 2; ++pass) {
+    std::map<std::string, std::string> jobs;
+    for (const Allocation& a : state_->Allocations()) jobs[a.gpus[0]] = a.arbiter_job;
+    EXPECT_EQ(jobs.at(Uuid(4)), "gang:ml/job") << "pass " << pass;
+    EXPECT_EQ(jobs.at(Uuid(5)), "gang:ml/job");
+    EXPECT_EQ(jobs.at(Uuid(6)), "");
+    EXPECT_EQ(jobs.at(Uuid(7)), "");
+    state_.reset();
+    state_ = Make();
+    ASSERT_NE(state_, nullptr);
+  }
 }
 
 TEST_F(DeviceStateTest, MetricsJoinPodsAndPassPromtool) {

@@ -55,6 +55,9 @@ struct AgentCountersSample {
   uint64_t mark_errors = 0;
   size_t whole_allocations = 0;
   size_t share_allocations = 0;
+  // Ended time-sliced shares by namespace: GPU-seconds given (share x GPUs x life) and busy (the
+  // arbiter's charge).
+  std::map<std::string, std::pair<double, double>> ended_share_seconds;
 };
 
 // `virtual_gpus` (dcgm-exporter's --kubernetes-virtual-gpus): a GPU held by several pods (shares)
