@@ -492,11 +492,11 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
                                           100 * 0.6 / (std::stoi(held[1]) * 0.25))));
   // Its namespace's counters: GPU-seconds given and busy (their ratio, the namespace's efficiency).
   const std::string m = Metrics();
-  EXPECT_THAT(m, HasSubstr("tessera_share_busy_gpu_seconds_total{namespace=\"team-b\","
-                           "hostname=\"node-a\"} 0.6"));
+  EXPECT_THAT(m, HasSubstr("tessera_pod_gpu_busy_seconds_total{namespace=\"team-b\",resource="
+                           "\"tessera.io/gpu-share\",hostname=\"node-a\"} 0.6"));
   EXPECT_THAT(m,
-              HasSubstr(fmt::format("tessera_share_given_gpu_seconds_total{{namespace=\"team-b\","
-                                    "hostname=\"node-a\"}} {:g}",
+              HasSubstr(fmt::format("tessera_pod_gpu_given_seconds_total{{namespace=\"team-b\","
+                                    "resource=\"tessera.io/gpu-share\",hostname=\"node-a\"}} {:g}",
                                     std::stoi(held[1]) * 0.25)));
 
   // A share whose limit refused an allocation: a Warning, with the most it asked. (On GPU 1: the
@@ -522,6 +522,63 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
                              "refused at that limit (it asked for {} MiB at most)",
                              r2->Limit(0) >> 20, Uuid(1), 100.0 * 1024 / (r2->Limit(0) >> 20),
                              (r2->Limit(0) >> 20) + 1024)));
+}
+
+// An ended pod's whole GPU: how busy it was, its utilization sampled at every reconcile over the
+// pod's life (the fake driver says 10% for GPU 0), told on the pod as a Normal Event and added to
+// its namespace's counters.
+TEST_F(AgentE2e, AnEndedWholeGpuPodsBusyShareIsToldOnItsPod) {
+  FakeApiServer api;
+  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+  StartKubelet();
+  StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
+             api.WriteKubeconfig(dir_ + "/kubeconfig"));
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  auto unix_now = [] {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  v1beta1::AllocateResponse out;
+  const int64_t allocated = unix_now();
+  ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
+  kubelet_->SetPods({{"team-a", "train-0", "main", kGpu, {Uuid(0)}}});
+  // It lives two seconds or more (sampled every 0.1 s), then ends.
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return unix_now() >= allocated + 2; }));
+  kubelet_->SetPods({});
+  auto note = [&]() -> std::string {
+    for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
+      if (e["regarding"]["name"] == "train-0" && e["reason"] == "GPUUse" && e["type"] == "Normal")
+        return e["note"].get<std::string>();
+    }
+    return "";
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !note().empty(); })) << Log();
+  const std::string told = note();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      told, m,
+      std::regex("^its GPU was busy 10% of the time sampled \\(([0-9]+) s of its ([0-9]+) s, "
+                 "every 0.1 s\\)$")))
+      << told;
+  const int held = std::stoi(m[2]);
+  EXPECT_GE(held, 1);
+  EXPECT_LE(std::stoi(m[1]), held + 1) << "sampled no longer than it lived";
+  EXPECT_THAT(Log(), HasSubstr("allocation a1 (team-a/train-0): " + told));
+  // Its namespace's counters: its GPU-seconds, and a tenth of them busy.
+  const std::string metrics = Metrics();
+  auto counter = [&](const std::string& name) {
+    std::smatch v;
+    const std::regex re(name +
+                        "\\{namespace=\"team-a\",resource=\"tessera.io/gpu\","
+                        "hostname=\"node-a\"\\} ([0-9.e+-]+)");
+    return std::regex_search(metrics, v, re) ? std::stod(v[1]) : -1.0;
+  };
+  EXPECT_DOUBLE_EQ(counter("tessera_pod_gpu_given_seconds_total"), held) << metrics;
+  EXPECT_NEAR(counter("tessera_pod_gpu_busy_seconds_total"), held * 0.1, 1e-9) << metrics;
+  std::ofstream(dir_ + "/metrics.txt") << metrics;
+  auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
+  EXPECT_EQ(check.code, 0) << check.out;
 }
 
 // A share's series have one identity for the allocation's life: none before a pod is seen

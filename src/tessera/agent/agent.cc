@@ -104,8 +104,13 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
   auto state = DeviceState::Create(std::move(inventory), o.plugin);
   if (!state.ok()) return state.status();
   state_ = std::move(*state);
-  state_->OnRelease(
-      [this](const Allocation& a, const shim::RegionData* head) { ReportShareUse(a, head); });
+  state_->OnRelease([this](const Allocation& a, const shim::RegionData* head) {
+    if (a.resource == Resource::kGpu) {
+      ReportWholeUse(a);
+    } else {
+      ReportShareUse(a, head);
+    }
+  });
   if (!o.plugin.shim_library.empty()) {
     // Every container given shares paces its launches through this one file.
     std::string arbiter = o.plugin.state_dir + "/gpu.arbiter";
@@ -465,7 +470,7 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
                           gpus.size() > 1 ? " of each GPU" : "");
     }
     core::MutexLock lock(ended_mu_);
-    std::pair<double, double>& seconds = ended_share_seconds_[ns];
+    std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(kShareResource)}];
     seconds.first += given_s;
     seconds.second += busy_s;
   }
@@ -538,9 +543,79 @@ bool Agent::Reconcile() {
   }
   std::set<std::string> in_use;
   for (const auto& [id, c] : *held) in_use.insert(id);
+  SampleWholeGpus(*held);
   const auto now_unix = static_cast<int64_t>(core::Seconds(Clock().Now()));
   state_->Release(in_use, now_unix - options_.release_grace.count());
   return true;
+}
+
+void Agent::SampleWholeGpus(const DeviceHolders& holders) {
+  const double now = core::Seconds(Clock().Now());
+  std::map<int, std::optional<double>> util;  // percent, read once per GPU
+  const std::vector<Allocation> held = state_->Allocations();
+  core::MutexLock lock(ended_mu_);
+  std::map<std::string, WholeUse> next;
+  for (const Allocation& a : held) {
+    if (a.resource != Resource::kGpu) continue;
+    auto known = whole_use_.find(a.id);
+    WholeUse use = known != whole_use_.end() ? known->second : WholeUse{};
+    const double dt = use.last_s < 0 ? 0 : now - use.last_s;
+    use.last_s = now;
+    for (const std::string& id : a.device_ids) {
+      if (auto h = holders.find(id); h != holders.end()) use.holder = h->second;
+      const std::optional<int> g = state_->GpuOf(id);
+      if (!g || dt <= 0) continue;
+      if (!util.contains(*g)) {
+        auto t = source_->ReadTelemetry(*g);
+        util[*g] =
+            t.ok() && t->utilization ? std::optional<double>(100 * *t->utilization) : std::nullopt;
+      }
+      if (!util[*g]) continue;  // not read: this stretch is not counted
+      use.sampled_s += dt;
+      use.busy_pct_s += *util[*g] * dt;
+    }
+    next[a.id] = use;
+  }
+  // Released meanwhile: kept until ReportWholeUse takes it.
+  for (auto& [id, use] : whole_use_) next.try_emplace(id, use);
+  whole_use_ = std::move(next);
+}
+
+void Agent::ReportWholeUse(const Allocation& a) {
+  WholeUse use;
+  {
+    core::MutexLock lock(ended_mu_);
+    auto it = whole_use_.find(a.id);
+    if (it == whole_use_.end()) return;
+    use = it->second;
+    whole_use_.erase(it);
+  }
+  if (use.sampled_s <= 0) return;  // never sampled twice while held: nothing to say
+  std::string ns, name;
+  if (const size_t slash = a.pod.find('/'); slash != std::string::npos) {
+    ns = a.pod.substr(0, slash), name = a.pod.substr(slash + 1);
+  } else if (use.holder) {
+    ns = use.holder->pod_namespace, name = use.holder->pod;
+  }
+  const double gpus = static_cast<double>(a.gpus.size());
+  const double held_s = static_cast<double>(
+      std::max<int64_t>(0, static_cast<int64_t>(core::Seconds(Clock().Now())) - a.created_unix));
+  const double busy_pct = use.busy_pct_s / use.sampled_s;
+  const std::string note = fmt::format(
+      "its GPU{} {} busy {:.0f}% of the time sampled ({:.0f} s of its {:.0f} s, every {:g} s)",
+      a.gpus.size() == 1 ? "" : "s", a.gpus.size() == 1 ? "was" : "were", busy_pct,
+      use.sampled_s / gpus, held_s,
+      std::chrono::duration<double>(options_.reconcile_interval).count());
+  spdlog::info("allocation {} ({}): {}", a.id, name.empty() ? "pod unknown" : ns + "/" + name,
+               note);
+  {
+    core::MutexLock lock(ended_mu_);
+    std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(kGpuResource)}];
+    seconds.first += held_s * gpus;
+    seconds.second += held_s * gpus * busy_pct / 100;
+  }
+  if (events_ && !name.empty())
+    events_->Record({.kind = "Pod", .ns = ns, .name = name}, "Normal", "GPUUse", "Released", note);
 }
 
 std::string Agent::Metrics() {
@@ -619,7 +694,7 @@ std::string Agent::Metrics() {
   counters.pod_resources_errors = pod_resources_errors_;
   {
     core::MutexLock lock(ended_mu_);
-    counters.ended_share_seconds = ended_share_seconds_;
+    counters.ended_gpu_seconds = ended_gpu_seconds_;
   }
   counters.api_server_configured = node_sync_ != nullptr;
   if (node_sync_) {

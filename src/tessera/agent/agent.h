@@ -122,7 +122,7 @@ class Agent {
   void ReportSetAside(const std::string& what, const std::string& aside);
   // An ended share's use of its GPU memory (its region's peaks) and of its GPU time (the arbiter's
   // charge against its share over its life): logged, an Event on its pod, and its namespace's
-  // counters.
+  // counters. A whole GPU's goes to ReportWholeUse.
   void ReportShareUse(const Allocation& a, const shim::RegionData* head);
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
@@ -156,10 +156,25 @@ class Agent {
   // its labels), and a share no pod has held yet has none (Metrics).
   core::Mutex share_holders_mu_;
   std::map<std::string, ContainerRef> share_holders_ ABSL_GUARDED_BY(share_holders_mu_);
-  // Ended shares' GPU-seconds by namespace since the agent started: given (its share of its GPUs
-  // over its life) and busy (what the arbiter charged it). Metrics' tessera_share_*_total.
+  // Ended pods' GPU-seconds by namespace and resource since the agent started: given (its GPUs,
+  // or its share of them, over its life) and busy (what the arbiter charged a share; a whole
+  // GPU's sampled utilization). Metrics' tessera_pod_gpu_*_seconds_total.
   core::Mutex ended_mu_;
-  std::map<std::string, std::pair<double, double>> ended_share_seconds_ ABSL_GUARDED_BY(ended_mu_);
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> ended_gpu_seconds_
+      ABSL_GUARDED_BY(ended_mu_);
+  // Whole-GPU allocations' utilization as sampled at each reconcile: the GPU-seconds sampled and
+  // the utilization (percent) times them, summed over its GPUs; and when it was last sampled.
+  struct WholeUse {
+    double sampled_s = 0, busy_pct_s = 0, last_s = -1;
+    std::optional<ContainerRef> holder;  // the pod PodResources last said holds it
+  };
+  std::map<std::string, WholeUse> whole_use_ ABSL_GUARDED_BY(ended_mu_);
+  // Adds each whole-GPU allocation's utilization since its last sample, and who holds it
+  // (Reconcile, with PodResources' holders).
+  void SampleWholeGpus(const DeviceHolders& holders);
+  // An ended whole-GPU allocation's busy share, sampled over its life: logged, an Event on its pod,
+  // and its namespace's counters.
+  void ReportWholeUse(const Allocation& a);
   std::mutex reconcile_mu_;  // one reconcile at a time
 
   std::mutex mu_;

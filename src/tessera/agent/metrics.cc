@@ -122,17 +122,21 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
       p.Sample(share_labels(s, i), static_cast<double>(s.limit[i]));
     }
   }
-  // Their ratio is a namespace's GPU efficiency on its shares (what `tessera eff` says of one job).
-  p.Family("tessera_share_given_gpu_seconds_total", "counter",
-           "GPU-seconds ended time-sliced shares were given (share x GPUs x their life), by "
-           "namespace, since the agent started.");
-  for (const auto& [ns, seconds] : counters.ended_share_seconds)
-    p.Sample({{"namespace", ns}, {"hostname", hostname}}, seconds.first);
-  p.Family("tessera_share_busy_gpu_seconds_total", "counter",
-           "GPU-seconds ended time-sliced shares kept their GPUs busy (the arbiter's charge), by "
-           "namespace, since the agent started.");
-  for (const auto& [ns, seconds] : counters.ended_share_seconds)
-    p.Sample({{"namespace", ns}, {"hostname", hostname}}, seconds.second);
+  // Their ratio is a namespace's GPU efficiency (what `tessera eff` says of one job).
+  p.Family("tessera_pod_gpu_given_seconds_total", "counter",
+           "GPU-seconds ended pods were given (GPUs, or a share of them, times their life), by "
+           "namespace and resource, since the agent started.");
+  for (const auto& [key, seconds] : counters.ended_gpu_seconds) {
+    p.Sample({{"namespace", key.first}, {"resource", key.second}, {"hostname", hostname}},
+             seconds.first);
+  }
+  p.Family("tessera_pod_gpu_busy_seconds_total", "counter",
+           "GPU-seconds ended pods kept their GPUs busy (a share: the arbiter's charge; a whole "
+           "GPU: its utilization as sampled), by namespace and resource, since the agent started.");
+  for (const auto& [key, seconds] : counters.ended_gpu_seconds) {
+    p.Sample({{"namespace", key.first}, {"resource", key.second}, {"hostname", hostname}},
+             seconds.second);
+  }
   p.Family("tessera_agent_allocations", "gauge", "Allocations the agent holds, by resource.");
   p.Sample({{"resource", kGpuResource}}, static_cast<double>(counters.whole_allocations));
   p.Sample({{"resource", kShareResource}}, static_cast<double>(counters.share_allocations));

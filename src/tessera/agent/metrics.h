@@ -55,9 +55,9 @@ struct AgentCountersSample {
   uint64_t mark_errors = 0;
   size_t whole_allocations = 0;
   size_t share_allocations = 0;
-  // Ended time-sliced shares by namespace: GPU-seconds given (share x GPUs x life) and busy (the
-  // arbiter's charge).
-  std::map<std::string, std::pair<double, double>> ended_share_seconds;
+  // Ended pods by namespace and resource: GPU-seconds given (GPUs, or share x GPUs, x life) and
+  // busy (a share's arbiter charge; a whole GPU's sampled utilization).
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> ended_gpu_seconds;
 };
 
 // `virtual_gpus` (dcgm-exporter's --kubernetes-virtual-gpus): a GPU held by several pods (shares)
