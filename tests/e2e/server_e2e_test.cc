@@ -825,6 +825,53 @@ TEST(TesseraServer, AResizeAcrossAKillNineRunsTheJobOnceAndLosesNothing) {
   d.WaitFor(el, "cancelled");
 }
 
+// A kill -9 of the server just after it asked an elastic job to give back two of the four GPUs it
+// holds for a higher-priority job: the job checkpoints (2 s) while the server starts again - back
+// before the job exits, it re-adopts it with its resize pending; later, it queues it again at its
+// place - and either way the end is the same: the queued job runs on two GPUs, the elastic one on
+// the other two under its id, no GPU held twice, and the elastic job never ran twice at a time.
+TEST(TesseraServer, AShrinkAcrossAKillNineGivesTheQueuedJobItsGpusAndRunsTheJobOnce) {
+  Daemon d("shrink-kill9", "", FourT4s("shrink-kill9"));
+  const std::string lock = d.dir() + "/el.lock";
+  json spec =
+      Shell("mkdir " + lock + " || { echo TWICE; exit 9; }; trap 'echo got; sleep 2; rmdir " +
+                lock + "; exit 75' USR1; trap 'rmdir " + lock +
+                "; exit 143' TERM; echo start; while :; do sleep 0.05; done",
+            {{"gpus", 1}, {"gpus_max", 4}});
+  spec["resize"] = {{"by", "signal"}};
+  spec["workdir"] = d.dir();  // its lock folder is seen by each of its runs (a private /tmp)
+  const int64_t el = d.Submit(spec);
+  json j = WaitUntil(d, el, RunsOn(4, 0));
+  ASSERT_TRUE(RunsOn(4, 0)(j)) << j.dump();
+  json hi_spec = Shell("sleep 60", {{"gpus", 2}});
+  hi_spec["priority"] = 10;
+  const int64_t hi = d.Submit(hi_spec);
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (d.Logs(el).find("got") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_THAT(d.Logs(el), HasSubstr("got"));
+  d.Kill(SIGKILL);
+  d.Start();
+  json h = d.WaitFor(hi, "running");
+  j = WaitUntil(d, el, [](const json& j) {
+    return j.value("state", "") == "running" && !j["pid"].is_null() &&
+           j["placement"]["gpus"].size() == 2;
+  });
+  ASSERT_EQ(j["placement"]["gpus"].size(), 2u) << j.dump() << d.Log();
+  h = d.Call("GET", "/v1/jobs/" + std::to_string(hi));
+  std::set<int> all = GpusOf(j);
+  for (int g : GpusOf(h)) EXPECT_TRUE(all.insert(g).second) << "GPU " << g << " held twice";
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string log = d.Logs(el);
+  while (log != "start\ngot\nstart\n" && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log = d.Logs(el);
+  }
+  EXPECT_EQ(log, "start\ngot\nstart\n") << d.Log();
+  for (int64_t id : {el, hi}) d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
+  for (int64_t id : {el, hi}) d.WaitFor(id, "cancelled");
+}
+
 // A job grown onto GPUs past its minimum and re-adopted after a kill -9 of the server still
 // holds them as grown onto: a job queued after the restart makes it shrink, not wait for its end.
 TEST(TesseraServer, AGrownJobReadoptedAfterAKillNineStillGivesBackWhatItGrewOnto) {
