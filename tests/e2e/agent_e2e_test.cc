@@ -109,6 +109,12 @@ class AgentE2e : public ::testing::Test {
                },
                std::chrono::seconds(15));
   }
+  // Wall time in whole seconds, as the agent counts allocations' ages.
+  static int64_t UnixNow() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
   std::string Metrics() {
     tessera::net::HttpClient c(dir_ + "/state/agent.sock");
     auto r = c.Send("GET", "/metrics");
@@ -425,8 +431,9 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   EXPECT_EQ(check.code, 0) << check.out;
 }
 
-// An ended share's use of the GPU memory it was given (its region's peak) is told on its pod as a
-// Normal Event, which outlives the pod in the API server, and in the agent's log.
+// An ended share's use of the GPU memory it was given (its region's peak) and of its GPU time (the
+// arbiter's charge against its share over its life) is told on its pod as a Normal Event, which
+// outlives the pod in the API server, in the agent's log, and in its namespace's counters.
 TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   FakeApiServer api;
   api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
@@ -435,12 +442,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
              api.WriteKubeconfig(dir_ + "/kubeconfig"));
   ASSERT_TRUE(WaitRegistered(2)) << Log();
   v1beta1::AllocateResponse out;
-  auto unix_now = [] {
-    return std::chrono::duration_cast<std::chrono::seconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  };
-  const int64_t allocated = unix_now();
+  const int64_t allocated = UnixNow();
   ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
   kubelet_->SetPods({{"team-b", "notebook", "nb", kShare, {Uuid(3) + "::1"}}});
   // The pod's processes took 3 GiB at their peak, then gave it back.
@@ -465,7 +467,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   // The holder is seen (metrics), then the pod ends - once it has lived a whole second, so that
   // its GPU time is weighed against its life (the agent counts allocations' ages in seconds).
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
-    return Metrics().find("pod=\"notebook\"") != std::string::npos && unix_now() >= allocated + 2;
+    return Metrics().find("pod=\"notebook\"") != std::string::npos && UnixNow() >= allocated + 2;
   })) << Log();
   kubelet_->SetPods({});
   // The note of the GPUShareUse Event of `type` on `pod`; empty while there is none.
@@ -534,17 +536,12 @@ TEST_F(AgentE2e, AnEndedWholeGpuPodsBusyShareIsToldOnItsPod) {
   StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
              api.WriteKubeconfig(dir_ + "/kubeconfig"));
   ASSERT_TRUE(WaitRegistered(2)) << Log();
-  auto unix_now = [] {
-    return std::chrono::duration_cast<std::chrono::seconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  };
   v1beta1::AllocateResponse out;
-  const int64_t allocated = unix_now();
+  const int64_t allocated = UnixNow();
   ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
   kubelet_->SetPods({{"team-a", "train-0", "main", kGpu, {Uuid(0)}}});
   // It lives two seconds or more (sampled every 0.1 s), then ends.
-  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return unix_now() >= allocated + 2; }));
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return UnixNow() >= allocated + 2; }));
   kubelet_->SetPods({});
   auto note = [&]() -> std::string {
     for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
