@@ -576,8 +576,7 @@ void Agent::SampleWholeGpus(const DeviceHolders& holders) {
     }
     next[a.id] = use;
   }
-  // Released meanwhile: kept until ReportWholeUse takes it.
-  for (auto& [id, use] : whole_use_) next.try_emplace(id, use);
+  // Only what is held now: Reconcile releases right after (ReportWholeUse takes what it ends).
   whole_use_ = std::move(next);
 }
 
