@@ -751,7 +751,8 @@ TEST(Batch, CancelTakesScancelsFiltersAndSaysWhatItSent) {
   const int64_t theirs = SubmittedId(
       As(d, "nobody", "submit --workdir /tmp --name sweep --gpu-share 10% -- sleep 60").out);
   ASSERT_GT(theirs, 0);
-  WaitForLs(d, x1, "running");
+  // All four run before the filters are tried (a pass may start them one after another).
+  for (int64_t id : {x1, x2, x3, keep}) WaitForLs(d, id, "running");
   auto none = tessera::test::Capture("TESSERA_SOCKET=" + d.socket() + " " + TESSERA_BINARY +
                                      " cancel 2>&1");
   EXPECT_EQ(none.code, 2);
