@@ -170,23 +170,18 @@ std::vector<int> Engine::KeptFrom(const CycleDecision& d, const std::string& gro
 }
 
 void Engine::Shrink(const std::string& id, std::vector<int> keep, double now) {
-  auto [it, asked] = shrinking_.try_emplace(id, keep);
-  if (!asked) {
-    // Asked again before it shrank: it keeps only what both leave it.
-    std::vector<int> both;
-    for (int g : it->second) {
-      if (std::find(keep.begin(), keep.end(), g) != keep.end()) both.push_back(g);
-    }
-    if (both == it->second) return;
-    it->second = std::move(both);
-  }
-  const Allocation* own = scheduler_->state().Find(id);
-  if (own == nullptr) return;
-  Allocation holds = *own;
-  holds.gpus.insert(holds.gpus.end(), it->second.begin(), it->second.end());
-  std::sort(holds.gpus.begin(), holds.gpus.end());
-  holds.request.gpus = static_cast<int>(holds.gpus.size());
-  executor_.Resize(id, holds, now);
+  // Once until Resized: its grown allocation stays a victim the cycle does not name again.
+  auto [it, asked] = shrinking_.try_emplace(id, std::move(keep));
+  if (!asked) return;
+  if (const Allocation* own = scheduler_->state().Find(id))
+    executor_.Resize(id, WithGpus(*own, it->second), now);
+}
+
+Allocation Engine::WithGpus(Allocation own, const std::vector<int>& more) {
+  own.gpus.insert(own.gpus.end(), more.begin(), more.end());
+  std::sort(own.gpus.begin(), own.gpus.end());
+  own.request.gpus = static_cast<int>(own.gpus.size());
+  return own;
 }
 
 bool Engine::Resized(const std::string& id) {
@@ -211,14 +206,11 @@ bool Engine::Resized(const std::string& id) {
 std::optional<Allocation> Engine::Holding(const std::string& id) const {
   const Allocation* own = scheduler_->state().Find(id);
   if (own == nullptr) return std::nullopt;
-  Allocation holds = *own;
   if (const Allocation* grown = scheduler_->state().Find(GrownId(id));
       grown && grown->reclaimable) {
-    holds.gpus.insert(holds.gpus.end(), grown->gpus.begin(), grown->gpus.end());
-    std::sort(holds.gpus.begin(), holds.gpus.end());
-    holds.request.gpus = static_cast<int>(holds.gpus.size());
+    return WithGpus(*own, grown->gpus);
   }
-  return holds;
+  return *own;
 }
 
 bool Engine::Resizing(const core::Request& r) const {

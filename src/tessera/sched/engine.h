@@ -180,9 +180,10 @@ class Engine {
   // The GPUs of grown allocation `grown_id` (a victim of `d`) outside the room `d` waits for: what
   // the elastic request keeps when it shrinks. Empty (all given back) when the room takes none.
   std::vector<int> KeptFrom(const CycleDecision& d, const std::string& grown_id) const;
-  // Asks elastic `id` to give back what it grew onto but `keep` (asked again before Resized: it
-  // keeps what both asks leave it).
+  // Asks elastic `id` to give back what it grew onto but `keep` (once until Resized).
   void Shrink(const std::string& id, std::vector<int> keep, double now);
+  // `own` with `more` GPUs of its node as well (sorted; its request's gpus the total).
+  static Allocation WithGpus(Allocation own, const std::vector<int>& more);
   // Whether elastic `r` is resized while it runs: it is resizable and the driver resizes.
   bool Resizing(const core::Request& r) const;
   // Whether elastic requests may grow now (see Resized).
