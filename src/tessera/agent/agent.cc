@@ -113,7 +113,7 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
   });
   if (!o.plugin.shim_library.empty()) {
     // Every container given shares paces its launches through this one file.
-    std::string arbiter = o.plugin.state_dir + "/gpu.arbiter";
+    std::string arbiter = DeviceState::ArbiterPath(o.plugin);
     char err[256] = "";
     if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
       spdlog::warn("GPU arbiter {}: {}; compute shares will not be enforced", arbiter, err);
@@ -407,6 +407,19 @@ void Agent::ReportSetAside(const std::string& what, const std::string& aside) {
                                 : "the kubelet's own record of each pod's devices stands"));
 }
 
+std::pair<std::string, std::string> Agent::PodOf(const Allocation& a,
+                                                 const std::optional<ContainerRef>& holder) {
+  if (const size_t slash = a.pod.find('/'); slash != std::string::npos)
+    return {a.pod.substr(0, slash), a.pod.substr(slash + 1)};
+  if (holder) return {holder->pod_namespace, holder->pod};
+  return {};
+}
+
+double Agent::HeldSeconds(const Allocation& a) const {
+  const auto now = static_cast<int64_t>(core::Seconds(Clock().Now()));
+  return static_cast<double>(std::max<int64_t>(0, now - a.created_unix));
+}
+
 void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   if (head == nullptr) return;  // a whole GPU, or a region that cannot be read
   // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
@@ -430,39 +443,30 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
     parts.push_back(std::move(part));
   }
   std::string note = fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
-  std::string ns, name;
-  if (const size_t slash = a.pod.find('/'); slash != std::string::npos) {
-    ns = a.pod.substr(0, slash), name = a.pod.substr(slash + 1);
-  } else {
+  std::optional<ContainerRef> holder;
+  {
     core::MutexLock lock(share_holders_mu_);
-    if (auto it = share_holders_.find(a.id); it != share_holders_.end())
-      ns = it->second.pod_namespace, name = it->second.pod;
+    if (auto it = share_holders_.find(a.id); it != share_holders_.end()) holder = it->second;
   }
+  const auto [ns, name] = PodOf(a, holder);
   // Its GPU time: what the arbiter charged it over its life, against its share of its GPUs then
   // (seff's question, as `tessera eff` answers it on the standalone server). Not for a gang's
   // share (its time slices are the gang's on this node) or an MPS client (no time slices).
-  const DeviceState& state = *state_;
   std::vector<int> gpus;
   double share = 1;
   bool sliced = a.arbiter_job.empty();
-  for (const std::string& uuid : a.gpus) {
-    int n = 0, g = -1;
-    for (const std::string& id : a.device_ids) {
-      const std::optional<int> of = state.GpuOf(id);
-      if (of && state.inventory().gpus[*of].uuid == uuid) ++n, g = *of;
-    }
-    if (g < 0 || IsMps(state.options(), g)) sliced = false;
+  for (const auto& [g, n] : state_->SharesOnGpus(a)) {
+    sliced = sliced && !IsMps(state_->options(), g);
     gpus.push_back(g);
-    share = std::min(share, static_cast<double>(n) / state.options().shares_per_gpu);
+    share = std::min(share, static_cast<double>(n) / state_->options().shares_per_gpu);
   }
-  const std::string arbiter = options_.plugin.state_dir + "/gpu.arbiter";
+  const std::string arbiter = state_->arbiter_path();
   if (sliced && !gpus.empty() && access(arbiter.c_str(), F_OK) == 0) {
     const double busy_s = static_cast<double>(shim::ArbiterBusyMicros(
                               arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
                               shim::ArbiterJobKey(a.id.c_str()))) /
                           1e6;
-    const double held_s = static_cast<double>(
-        std::max<int64_t>(0, static_cast<int64_t>(core::Seconds(Clock().Now())) - a.created_unix));
+    const double held_s = HeldSeconds(a);
     const double given_s = held_s * share * static_cast<double>(gpus.size());
     note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
     if (given_s > 0) {
@@ -590,15 +594,9 @@ void Agent::ReportWholeUse(const Allocation& a) {
     whole_use_.erase(it);
   }
   if (use.sampled_s <= 0) return;  // never sampled twice while held: nothing to say
-  std::string ns, name;
-  if (const size_t slash = a.pod.find('/'); slash != std::string::npos) {
-    ns = a.pod.substr(0, slash), name = a.pod.substr(slash + 1);
-  } else if (use.holder) {
-    ns = use.holder->pod_namespace, name = use.holder->pod;
-  }
+  const auto [ns, name] = PodOf(a, use.holder);
   const double gpus = static_cast<double>(a.gpus.size());
-  const double held_s = static_cast<double>(
-      std::max<int64_t>(0, static_cast<int64_t>(core::Seconds(Clock().Now())) - a.created_unix));
+  const double held_s = HeldSeconds(a);
   const double busy_pct = use.busy_pct_s / use.sampled_s;
   const std::string note = fmt::format(
       "its GPU{} {} busy {:.0f}% of the time sampled ({:.0f} s of its {:.0f} s, every {:g} s)",

@@ -124,6 +124,12 @@ class Agent {
   // charge against its share over its life): logged, an Event on its pod, and its namespace's
   // counters. A whole GPU's goes to ReportWholeUse.
   void ReportShareUse(const Allocation& a, const shim::RegionData* head);
+  // An ended allocation's pod (namespace, name): as the extender named it, else as `holder` (who
+  // PodResources said held it) is; empty when neither is known.
+  static std::pair<std::string, std::string> PodOf(const Allocation& a,
+                                                   const std::optional<ContainerRef>& holder);
+  // How long `a` has been held, in whole seconds (its age as created_unix counts it).
+  double HeldSeconds(const Allocation& a) const;
   // Wall time (options_.plugin.clock, else the system's): the health watch, allocations' ages.
   const core::Clock& Clock() const {
     return options_.plugin.clock ? *options_.plugin.clock : core::SystemClock::Get();

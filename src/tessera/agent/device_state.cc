@@ -79,6 +79,17 @@ absl::StatusOr<std::unique_ptr<DeviceState>> DeviceState::Create(core::NodeInven
   return s;
 }
 
+std::vector<std::pair<int, int>> DeviceState::SharesOnGpus(const Allocation& a) const {
+  std::vector<std::pair<int, int>> out;
+  for (const std::string& uuid : a.gpus) {
+    const int g = by_uuid_.at(uuid);
+    int n = 0;
+    for (const std::string& id : a.device_ids) n += GpuOf(id) == g;
+    out.emplace_back(g, n);
+  }
+  return out;
+}
+
 std::optional<int> DeviceState::GpuOf(const std::string& device_id, Resource* resource) const {
   size_t sep = device_id.find(kShareSep);
   std::string uuid = sep == std::string::npos ? device_id : device_id.substr(0, sep);
@@ -326,10 +337,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> DeviceState::AllocateOneLocke
   if (r == Resource::kShare) {
     ShareRequest share;
     share.share = 1;
-    for (size_t i = 0; i < a.gpus.size(); ++i) {
-      int g = by_uuid_.at(a.gpus[i]);
-      int n = 0;
-      for (const std::string& id : a.device_ids) n += *GpuOf(id) == g;
+    for (const auto& [g, n] : SharesOnGpus(a)) {
       share.share = std::min(share.share, static_cast<double>(n) / options_.shares_per_gpu);
       uint64_t total = inventory_.gpus[g].memory_bytes.value_or(0);
       share.limits.push_back(hint && hint->memory ? *hint->memory

@@ -156,6 +156,12 @@ class DeviceState {
   std::vector<Allocation> Allocations() const;
   // The GPU index an advertised ID belongs to; nullopt for an unknown ID.
   std::optional<int> GpuOf(const std::string& device_id, Resource* resource = nullptr) const;
+  // A share allocation's GPUs (their indices, in `a.gpus`' order) and how many of its device IDs
+  // are on each: n of shares_per_gpu is its share of that GPU.
+  std::vector<std::pair<int, int>> SharesOnGpus(const Allocation& a) const;
+  // Where the shares' GPU arbiter file is (agent.cc makes it; ShareEdits mounts it).
+  std::string arbiter_path() const { return ArbiterPath(options_); }
+  static std::string ArbiterPath(const PluginOptions& o) { return o.state_dir + "/gpu.arbiter"; }
   std::string checkpoint_path() const { return options_.state_dir + "/checkpoint.json"; }
   // Where an unusable checkpoint was moved at start; empty when it was fine.
   std::string set_aside() const;

@@ -78,7 +78,7 @@ absl::Status ShareEdits(const ShareRequest& request, const core::NodeInventory& 
     MpsEdits(request.gpus[0], request.share, request.limits[0], request.priority, options, out);
     return absl::OkStatus();
   }
-  std::string arbiter = options.state_dir + "/gpu.arbiter";
+  const std::string arbiter = DeviceState::ArbiterPath(options);
   if (access(arbiter.c_str(), F_OK) == 0) {
     out->mounts.push_back({arbiter, kContainerArbiter, false});
     env["TESSERA_CUDA_ARBITER"] = kContainerArbiter;
