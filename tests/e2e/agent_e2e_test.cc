@@ -109,6 +109,15 @@ class AgentE2e : public ::testing::Test {
                },
                std::chrono::seconds(15));
   }
+  // The kubelet and an agent that releases an ended pod's devices at its next reconcile (every
+  // 0.1 s), with `api` as its API server (node-a there).
+  void StartReleasingAgent(FakeApiServer& api) {
+    api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
+    StartKubelet();
+    StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
+               api.WriteKubeconfig(dir_ + "/kubeconfig"));
+    ASSERT_TRUE(WaitRegistered(2)) << Log();
+  }
   // Wall time in whole seconds, as the agent counts allocations' ages.
   static int64_t UnixNow() {
     return std::chrono::duration_cast<std::chrono::seconds>(
@@ -436,11 +445,8 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
 // outlives the pod in the API server, in the agent's log, and in its namespace's counters.
 TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   FakeApiServer api;
-  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
-  StartKubelet();
-  StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
-             api.WriteKubeconfig(dir_ + "/kubeconfig"));
-  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  StartReleasingAgent(api);
+  if (HasFatalFailure()) return;
   v1beta1::AllocateResponse out;
   const int64_t allocated = UnixNow();
   ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
@@ -531,11 +537,8 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
 // its namespace's counters.
 TEST_F(AgentE2e, AnEndedWholeGpuPodsBusyShareIsToldOnItsPod) {
   FakeApiServer api;
-  api.Put("/api/v1/nodes", {{"metadata", {{"name", "node-a"}}}});
-  StartKubelet();
-  StartAgent("--reconcile-interval 0.1 --release-grace 0 --kubeconfig " +
-             api.WriteKubeconfig(dir_ + "/kubeconfig"));
-  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  StartReleasingAgent(api);
+  if (HasFatalFailure()) return;
   v1beta1::AllocateResponse out;
   const int64_t allocated = UnixNow();
   ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(0)}}, &out).ok());
