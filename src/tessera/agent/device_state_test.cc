@@ -371,11 +371,19 @@ TEST_F(DeviceStateTest, CheckpointKeepsAllocationsAndRegionsAcrossARestart) {
 TEST_F(DeviceStateTest, ACorruptCheckpointIsSetAsideAndTheStateStartsEmpty) {
   ASSERT_TRUE(state_->Allocate(Resource::kGpu, Request({{Uuid(0)}})).ok());
   state_.reset();
-  // Truncated, garbled, another version, a record it cannot use: set aside, never a crash loop.
+  // Truncated, garbled, another version, a record it cannot use (an unknown resource; an arbiter
+  // job that is no text): set aside, never a crash loop.
+  const std::string wrong_job =
+      "{\"version\": 1, \"next_id\": 2, \"allocations\": [{\"id\": \"a1\", \"resource\": "
+      "\"tessera.io/gpu\", \"device_ids\": [\"" +
+      Uuid(0) + "\"], \"gpus\": [\"" + Uuid(0) +
+      "\"], \"region\": \"\", \"pod\": \"\", \"created_unix\": 1, \"arbiter_job\": 5}]}";
   for (const std::string bad :
-       {"{\"version\": 1, \"allocations\": [", "not json at all", "{\"version\": 9}",
-        "{\"version\": 1, \"next_id\": 2, \"allocations\": [{\"id\": \"a\", \"resource\": "
-        "\"x\"}]}"}) {
+       {std::string("{\"version\": 1, \"allocations\": ["), std::string("not json at all"),
+        std::string("{\"version\": 9}"),
+        std::string("{\"version\": 1, \"next_id\": 2, \"allocations\": [{\"id\": \"a\", "
+                    "\"resource\": \"x\"}]}"),
+        wrong_job}) {
     std::ofstream(dir_ + "/state/checkpoint.json") << bad;
     PluginOptions o;
     o.state_dir = dir_ + "/state";
