@@ -27,6 +27,7 @@
 #include "fake_kubelet.h"
 #include "fmt/format.h"
 #include "tessera/devices/mps.h"
+#include "tessera/kube/gpu_annotations.h"
 #include "tessera/net/http.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
@@ -475,6 +476,10 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
     return Metrics().find("pod=\"notebook\"") != std::string::npos && UnixNow() >= allocated + 2;
   })) << Log();
+  // It ended (its pod object stays, Succeeded, as a Job's does).
+  api.Put("/api/v1/namespaces/team-b/pods",
+          {{"metadata", {{"name", "notebook"}, {"namespace", "team-b"}}},
+           {"status", {{"phase", "Succeeded"}}}});
   kubelet_->SetPods({});
   // The note of the GPUShareUse Event of `type` on `pod`; empty while there is none.
   auto said = [&](const std::string& pod, const std::string& type) -> std::string {
@@ -506,6 +511,22 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
               HasSubstr(fmt::format("tessera_pod_gpu_given_seconds_total{{namespace=\"team-b\","
                                     "resource=\"tessera.io/gpu-share\",hostname=\"node-a\"}} {:g}",
                                     std::stoi(held[1]) * 0.25)));
+  // And on the ended pod, for the extender's history (pods sized "auto"): what it measured.
+  auto use_of = [&](const std::string& pod) -> std::string {
+    auto p = api.Get("/api/v1/namespaces/team-b/pods", pod);
+    if (!p) return "";
+    return (*p)["metadata"]
+        .value("annotations", nlohmann::json::object())
+        .value("tessera.io/gpu-use", "");
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !use_of("notebook").empty(); })) << Log();
+  auto use = tessera::kube::ParseGpuUse(use_of("notebook"));
+  ASSERT_TRUE(use.ok()) << use.status();
+  EXPECT_EQ(use->seconds, std::stoi(held[1]));
+  EXPECT_EQ(use->peak_mib, 3072);
+  EXPECT_EQ(use->limit_mib, static_cast<int64_t>(limit >> 20));
+  EXPECT_EQ(use->busy_permille, std::lround(1000 * 0.6 / std::stoi(held[1])));
+  EXPECT_FALSE(use->refused);
 
   // A share whose limit refused an allocation: a Warning, with the most it asked. (On GPU 1: the
   // scenario's XID makes GPU 2 unhealthy a second or so after the agent starts.)
@@ -522,6 +543,10 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
     return Metrics().find("pod=\"trainer\"") != std::string::npos;
   })) << Log();
+  // A newer pod of its name runs already (a StatefulSet's): the ended one's use is not its own.
+  api.Put("/api/v1/namespaces/team-b/pods",
+          {{"metadata", {{"name", "trainer"}, {"namespace", "team-b"}}},
+           {"status", {{"phase", "Running"}}}});
   kubelet_->SetPods({});
   auto warning = [&] { return said("trainer", "Warning"); };
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !warning().empty(); })) << Log();
@@ -530,6 +555,11 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
                              "refused at that limit (it asked for {} MiB at most)",
                              r2->Limit(0) >> 20, Uuid(1), 100.0 * 1024 / (r2->Limit(0) >> 20),
                              (r2->Limit(0) >> 20) + 1024)));
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return Log().find("pod team-b/trainer is Running: a newer pod of that name") !=
+           std::string::npos;
+  })) << Log();
+  EXPECT_EQ(use_of("trainer"), "");
 }
 
 // An ended pod's whole GPU: how busy it was, its utilization sampled at every reconcile over the
@@ -545,6 +575,9 @@ TEST_F(AgentE2e, AnEndedWholeGpuPodsBusyShareIsToldOnItsPod) {
   kubelet_->SetPods({{"team-a", "train-0", "main", kGpu, {Uuid(0)}}});
   // It lives two seconds or more (sampled every 0.1 s), then ends.
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return UnixNow() >= allocated + 2; }));
+  api.Put("/api/v1/namespaces/team-a/pods",
+          {{"metadata", {{"name", "train-0"}, {"namespace", "team-a"}}},
+           {"status", {{"phase", "Failed"}}}});
   kubelet_->SetPods({});
   auto note = [&]() -> std::string {
     for (const nlohmann::json& e : api.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
@@ -579,6 +612,16 @@ TEST_F(AgentE2e, AnEndedWholeGpuPodsBusyShareIsToldOnItsPod) {
   std::ofstream(dir_ + "/metrics.txt") << metrics;
   auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
+  // On the ended pod: its life and its busy share, for the extender's history.
+  auto use = [&]() -> std::string {
+    auto p = api.Get("/api/v1/namespaces/team-a/pods", "train-0");
+    return p ? (*p)["metadata"]
+                   .value("annotations", nlohmann::json::object())
+                   .value("tessera.io/gpu-use", "")
+             : "";
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !use().empty(); })) << Log();
+  EXPECT_EQ(use(), fmt::format(R"({{"busyPermille":100,"seconds":{}}})", held));
 }
 
 // A share's series have one identity for the allocation's life: none before a pod is seen

@@ -1,7 +1,7 @@
 // libFuzzer target: the annotations the extender and the agent exchange (tessera.io/assignment,
-// tessera.io/allocated, tessera.io/gpus), which anyone allowed to edit a pod or node can write.
-// Arbitrary bytes give a value or an invalid-argument error, never a crash; an accepted value
-// survives its formatted form unchanged. The first byte picks the parser.
+// tessera.io/allocated, tessera.io/gpus, tessera.io/gpu-use), which anyone allowed to edit a pod or
+// node can write. Arbitrary bytes give a value or an invalid-argument error, never a crash; an
+// accepted value survives its formatted form unchanged. The first byte picks the parser.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
   namespace k = tessera::kube;
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0: {
       auto a = k::ParseAssignment(text);
       if (!a.ok()) {
@@ -28,6 +28,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!d.ok()) return 0;
       auto again = k::ParseAllocated(k::FormatAllocated(*d));
       if (!again.ok() || *again != *d) __builtin_trap();
+      break;
+    }
+    case 2: {
+      auto u = k::ParseGpuUse(text);
+      if (!u.ok()) {
+        if (u.status().code() != absl::StatusCode::kInvalidArgument) __builtin_trap();
+        return 0;
+      }
+      auto again = k::ParseGpuUse(k::FormatGpuUse(*u));
+      if (!again.ok() || !(*again == *u)) __builtin_trap();
       break;
     }
     default: {

@@ -427,14 +427,20 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   // Allocations its limit refused make it a Warning, with the most it asked.
   std::vector<std::string> parts;
   bool refused = false;
+  kube::GpuUse use{.seconds = static_cast<int64_t>(HeldSeconds(a))};
+  auto most = [](std::optional<int64_t>& at, int64_t v) { at = std::max(at.value_or(0), v); };
   for (size_t i = 0; i < a.gpus.size() && i < head->device_count; ++i) {
     const uint64_t peak = head->peak[i].load(), limit = head->limit[i];
+    most(use.peak_mib, static_cast<int64_t>(core::MibRoundedUp(peak)));
+    if (limit > 0) most(use.limit_mib, static_cast<int64_t>(limit >> 20));
     std::string part =
         limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)", peak >> 20,
                                 limit >> 20, a.gpus[i], 100.0 * static_cast<double>(peak) / limit)
                   : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]);
     if (const uint64_t n = head->refused[i].load(); n > 0) {
       const uint64_t wanted = head->wanted_peak[i].load();
+      use.refused = use.refused.value_or(0) + static_cast<int64_t>(n);
+      most(use.wanted_mib, static_cast<int64_t>(core::MibRoundedUp(wanted)));
       part +=
           fmt::format(", and {} allocation{} refused at that limit (it asked for {} MiB at most)",
                       n, n == 1 ? "" : "s", core::MibRoundedUp(wanted));
@@ -473,6 +479,10 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
       note += fmt::format(" ({:.0f}% of its {:g}% share{})", 100 * busy_s / given_s, 100 * share,
                           gpus.size() > 1 ? " of each GPU" : "");
     }
+    if (held_s > 0) {
+      use.busy_permille = std::clamp<int64_t>(
+          std::llround(1000 * busy_s / held_s / static_cast<double>(gpus.size())), 0, 1000);
+    }
     core::MutexLock lock(ended_mu_);
     std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(kShareResource)}];
     seconds.first += given_s;
@@ -483,6 +493,11 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   if (events_ && !name.empty())
     events_->Record({.kind = "Pod", .ns = ns, .name = name}, refused ? "Warning" : "Normal",
                     "GPUShareUse", "Released", note);
+  TellUse(ns, name, use);
+}
+
+void Agent::TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use) {
+  if (node_sync_ && !name.empty()) node_sync_->Used(ns, name, kube::FormatGpuUse(use));
 }
 
 void Agent::RebuildDra() {
@@ -613,6 +628,9 @@ void Agent::ReportWholeUse(const Allocation& a) {
   }
   if (events_ && !name.empty())
     events_->Record({.kind = "Pod", .ns = ns, .name = name}, "Normal", "GPUUse", "Released", note);
+  TellUse(ns, name,
+          {.seconds = static_cast<int64_t>(held_s),
+           .busy_permille = std::clamp<int64_t>(std::llround(busy_pct * 10), 0, 1000)});
 }
 
 std::string Agent::Metrics() {

@@ -28,6 +28,7 @@
 #include "tessera/devices/mps.h"
 #include "tessera/devices/open.h"
 #include "tessera/kube/events.h"
+#include "tessera/kube/gpu_annotations.h"
 
 namespace tessera::net {
 class HttpServer;
@@ -124,6 +125,9 @@ class Agent {
   // charge against its share over its life): logged, an Event on its pod, and its namespace's
   // counters. A whole GPU's goes to ReportWholeUse.
   void ReportShareUse(const Allocation& a, const shim::RegionData* head);
+  // Writes `use` on the ended pod (tessera.io/gpu-use) through the node sync: the extender's
+  // history for pods sized "auto" learns from it.
+  void TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use);
   // An ended allocation's pod (namespace, name): as the extender named it, else as `holder` (who
   // PodResources said held it) is; empty when neither is known.
   static std::pair<std::string, std::string> PodOf(const Allocation& a,

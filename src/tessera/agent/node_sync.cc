@@ -198,6 +198,40 @@ void NodeSync::Allocated(const PodHint& hint) {
   cv_.notify_all();
 }
 
+void NodeSync::Used(const std::string& pod_namespace, const std::string& pod_name,
+                    std::string use) {
+  {
+    std::lock_guard lock(mu_);
+    marks_.push_back({pod_namespace, pod_name, "", std::move(use)});
+  }
+  cv_.notify_all();
+}
+
+bool NodeSync::WriteUse(const Mark& m) {
+  std::string path = fmt::format("/api/v1/namespaces/{}/pods/{}", m.pod_namespace, m.pod_name);
+  auto pod = client_.Get(path);
+  absl::Status s = pod.status();
+  if (pod.ok()) {
+    const std::string phase = StringAt(*pod, {"status", "phase"});
+    if (phase != "Succeeded" && phase != "Failed") {
+      spdlog::info("pod {}/{} is {}: a newer pod of that name, not told the GPU use of the last",
+                   m.pod_namespace, m.pod_name, phase.empty() ? "without a phase" : phase);
+      return true;
+    }
+    json patch = {{"metadata", {{"annotations", {{kube::kGpuUseAnnotation, m.use}}}}}};
+    s = client_.MergePatch(path, patch).status();
+  }
+  if (s.code() == absl::StatusCode::kNotFound) return true;  // gone: nobody to tell
+  if (!s.ok()) {
+    ++counters_.mark_errors;
+    spdlog::warn("writing the GPU use of pod {}/{}: {}", m.pod_namespace, m.pod_name,
+                 std::string(s.message()));
+    return false;
+  }
+  ++counters_.use_marks;
+  return true;
+}
+
 bool NodeSync::SyncLabels() {
   // Counted every time, logged once per distinct error.
   auto fail = [&](const std::string& err) {
@@ -253,7 +287,13 @@ bool NodeSync::FlushMarks() {
       std::lock_guard lock(mu_);
       if (marks_.empty()) return true;
       m = marks_.front();
-      done = done_[m.uid];
+      if (m.use.empty()) done = done_[m.uid];
+    }
+    if (!m.use.empty()) {
+      if (!WriteUse(m)) return false;
+      std::lock_guard lock(mu_);
+      if (!marks_.empty()) marks_.pop_front();
+      continue;
     }
     // Union with what the pod already says (another agent restart may have written some).
     std::string path = fmt::format("/api/v1/namespaces/{}/pods/{}", m.pod_namespace, m.pod_name);

@@ -42,6 +42,7 @@ struct NodeSyncCounters {
   std::atomic<uint64_t> hint_errors{0};  // bad annotations, failed lists
   std::atomic<uint64_t> allocated_marks{0};
   std::atomic<uint64_t> mark_errors{0};
+  std::atomic<uint64_t> use_marks{0};  // ended pods told what they used (tessera.io/gpu-use)
 };
 
 // The pending pod whose next unallocated container needs `count` devices of `r`, oldest
@@ -73,6 +74,9 @@ class NodeSync {
   std::optional<PodHint> Hint(Resource r, int count);
   // Allocate succeeded for `hint`'s container: remember it now, write it to the pod soon.
   void Allocated(const PodHint& hint);
+  // A pod's GPUs were released: write what it used (`tessera.io/gpu-use`, FormatGpuUse) on it soon
+  // - only while the pod of that name has ended (a newer pod of the same name is not it).
+  void Used(const std::string& pod_namespace, const std::string& pod_name, std::string use);
 
   const NodeSyncCounters& counters() const { return counters_; }
   // Whether the last label write (or check) succeeded.
@@ -101,8 +105,10 @@ class NodeSync {
   std::map<std::string, std::set<int>> done_;  // pod UID -> container indices allocated
   struct Mark {
     std::string pod_namespace, pod_name, uid;
+    std::string use;  // not empty: this is its tessera.io/gpu-use to write instead
   };
-  std::deque<Mark> marks_;          // pods whose tessera.io/allocated must be written
+  bool WriteUse(const Mark& m);
+  std::deque<Mark> marks_;          // pods whose tessera.io/allocated or gpu-use must be written
   std::set<std::string> reported_;  // problems already logged
   std::string last_label_error_;
   nlohmann::json last_written_;  // the node as our last patch left it (the watch may lag)

@@ -200,6 +200,46 @@ absl::StatusOr<std::set<int>> ParseAllocated(std::string_view text) {
   return out;
 }
 
+std::string FormatGpuUse(const GpuUse& u) {
+  json j = {{"seconds", u.seconds}};
+  auto put = [&](const char* key, const std::optional<int64_t>& v) {
+    if (v) j[key] = *v;
+  };
+  put("busyPermille", u.busy_permille);
+  put("peakMiB", u.peak_mib);
+  put("limitMiB", u.limit_mib);
+  put("refused", u.refused);
+  put("wantedMiB", u.wanted_mib);
+  return j.dump();
+}
+
+absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text) {
+  if (text.size() > 4096) return Bad(kGpuUseAnnotation, "longer than 4 KiB");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Bad(kGpuUseAnnotation, "expected a JSON object");
+  GpuUse u;
+  std::optional<int64_t> seconds;
+  struct Part {
+    const char* key;
+    std::optional<int64_t>* out;
+    int64_t max;
+  };
+  constexpr int64_t kMaxMib = int64_t{1} << 30;  // a PiB: more than any GPU holds
+  for (const Part& p :
+       {Part{"seconds", &seconds, int64_t{1} << 40}, Part{"busyPermille", &u.busy_permille, 1000},
+        Part{"peakMiB", &u.peak_mib, kMaxMib}, Part{"limitMiB", &u.limit_mib, kMaxMib},
+        Part{"refused", &u.refused, int64_t{1} << 50}, Part{"wantedMiB", &u.wanted_mib, kMaxMib}}) {
+    if (absl::Status s = Member(j, p.key, kGpuUseAnnotation, "", *p.out); !s.ok()) return s;
+    if (*p.out && (**p.out < 0 || **p.out > p.max)) {
+      return Bad(kGpuUseAnnotation,
+                 fmt::format("{}: expected 0..{}, got {}", p.key, p.max, **p.out));
+    }
+  }
+  if (!seconds) return Bad(kGpuUseAnnotation, "seconds: missing");
+  u.seconds = *seconds;
+  return u;
+}
+
 std::string FormatNodeGpus(const NodeGpus& n) {
   const core::NodeInventory& inv = n.inventory;
   json gpus = json::array();

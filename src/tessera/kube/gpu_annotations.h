@@ -22,6 +22,9 @@ namespace tessera::kube {
 inline constexpr char kNodeGpusAnnotation[] = "tessera.io/gpus";
 inline constexpr char kAssignmentAnnotation[] = "tessera.io/assignment";
 inline constexpr char kAllocatedAnnotation[] = "tessera.io/allocated";
+// What an ended pod used of its GPUs, written on it by the agent that released them, read by the
+// extender into the history that sizes pods asking `tessera.io/gpu-memory: auto`.
+inline constexpr char kGpuUseAnnotation[] = "tessera.io/gpu-use";
 
 // One container's GPUs as the extender chose them.
 struct ContainerAssignment {
@@ -52,6 +55,20 @@ absl::StatusOr<Assignment> ParseAssignment(std::string_view text);
 // `tessera.io/allocated`: the indices (into Assignment::containers) already allocated, "0,2".
 std::string FormatAllocated(const std::set<int>& done);
 absl::StatusOr<std::set<int>> ParseAllocated(std::string_view text);
+
+// `tessera.io/gpu-use`: what a pod measured while it held its GPUs (per GPU; the largest of its
+// GPUs where it had several). Each part is left out where it was not measured.
+struct GpuUse {
+  int64_t seconds = 0;                   // how long it held them
+  std::optional<int64_t> busy_permille;  // its GPU time against that time, of one GPU (0..1000)
+  std::optional<int64_t> peak_mib;       // the most GPU memory its processes held
+  std::optional<int64_t> limit_mib;      // its memory limit (a share)
+  std::optional<int64_t> refused;        // allocations its limit refused
+  std::optional<int64_t> wanted_mib;     // the most it would have held had they been given
+  friend bool operator==(const GpuUse&, const GpuUse&) = default;
+};
+std::string FormatGpuUse(const GpuUse& u);
+absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text);
 
 // What a node has, for the extender: every GPU with its health, the links between them, and how
 // many shares the agent divides a GPU into.

@@ -76,6 +76,33 @@ TEST(Allocated, IndicesRoundTripAndGarbageIsRefused) {
   }
 }
 
+TEST(GpuUse, RoundTripsWhatWasMeasuredAndRefusesWhatCannotBe) {
+  GpuUse u{.seconds = 600, .busy_permille = 70, .peak_mib = 3072, .limit_mib = 10240};
+  EXPECT_EQ(FormatGpuUse(u),
+            R"({"busyPermille":70,"limitMiB":10240,"peakMiB":3072,"seconds":600})");
+  EXPECT_EQ(*ParseGpuUse(FormatGpuUse(u)), u);
+  GpuUse whole{.seconds = 2, .busy_permille = 100};
+  EXPECT_EQ(*ParseGpuUse(FormatGpuUse(whole)), whole);
+  struct Case {
+    const char* text;
+    const char* want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"", "expected a JSON object"},
+           {"[1]", "expected a JSON object"},
+           {R"({"busyPermille":70})", "seconds: missing"},
+           {R"({"seconds":1,"busyPermille":1001})", "busyPermille: expected 0..1000, got 1001"},
+           {R"({"seconds":-1})", "seconds: expected 0.."},
+           {R"({"seconds":1,"peakMiB":"3Gi"})", "peakMiB: expected a whole number"},
+           {R"({"seconds":1.5})", "seconds: expected a whole number"},
+       }) {
+    auto r = ParseGpuUse(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.want)) << c.text;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("tessera.io/gpu-use")) << c.text;
+  }
+}
+
 TEST(NodeGpus, RoundTripsAPresetWithTopologyAndHealth) {
   auto machine = devices::LoadSimulatedMachine("dgx-h100");
   ASSERT_TRUE(machine.ok()) << machine.status();
