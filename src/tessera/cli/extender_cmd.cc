@@ -166,6 +166,11 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
       ->capture_default_str();
   e->add_flag("--utilization-ceiling-strict", f.o.extender.utilization_ceiling_strict,
               "Such a share waits rather than go over the ceiling");
+  e->add_option("--auto-size-margin", f.o.extender.auto_size_margin_pct,
+                "A pod asking tessera.io/gpu-memory: auto gets the 95th percentile of the peak GPU "
+                "memory pods of its kind used plus this percentage (a trial's recommendation too)")
+      ->check(CLI::Range(0, 200))
+      ->capture_default_str();
   e->add_option("--fair-share-half-life", f.fair_share_half_life_s,
                 "Order equal-priority pods by their namespace's recent GPU use, decaying by half "
                 "in this many seconds; 0: off")

@@ -43,6 +43,11 @@ absl::Status Extender::RestoreBound(const std::string& id, PodRec& p) {
     auto as = kube::ParseAssignment(p.assignment);
     if (as.ok() && as->node == p.node) {
       for (const auto& c : as->containers) {
+        // A share counts the memory it was given (sized "auto" then, maybe otherwise now).
+        if (c.memory && r.fractional()) {
+          a.memory_mib_per_gpu = static_cast<int64_t>(*c.memory >> 20);
+          a.request.gpu_memory_mib = a.memory_mib_per_gpu;
+        }
         for (const std::string& uuid : c.gpus) {
           for (size_t g = 0; g < spec.gpus.size(); ++g) {
             if (spec.gpus[g].uuid == uuid &&

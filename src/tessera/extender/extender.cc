@@ -264,6 +264,7 @@ absl::StatusOr<PodDemand> Extender::DemandOf(const json& pod) {
     d->request.gang.clear();
     d->request.gang_size = 0;
   }
+  SizeAuto(*d);
   return d;
 }
 
@@ -346,6 +347,11 @@ void Extender::OnPodLocked(kube::EventType type, const json& pod) {
   auto it = pods_.find(id);
   const bool other =
       it != pods_.end() && !uid.empty() && !it->second.uid.empty() && uid != it->second.uid;
+  if (type == kube::EventType::kDeleted) {
+    learned_.erase(uid);
+  } else if (Terminal(pod)) {
+    LearnUse(pod);
+  }
   if (type == kube::EventType::kDeleted || Terminal(pod)) {
     // (the end of an older pod of the same name is no news)
     if (it != pods_.end() && !other) {
@@ -757,6 +763,13 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
     }
     plan.assignment.gang = gang;
     plan.assignment.gang_gpus.assign(gpus.begin(), gpus.end());
+  }
+  plan.sizing = p.demand.sizing;
+  // A trial runs its time at most: the kubelet ends it at spec.activeDeadlineSeconds (unless the
+  // pod has a shorter one of its own).
+  if (const double t = p.demand.trial_s;
+      t > 0 && (p.demand.kind.max_runtime_s <= 0 || p.demand.kind.max_runtime_s > t)) {
+    plan.trial_s = t;
   }
   p.reserved_at = Now();  // the bind is under way: not expired meanwhile
   p.binding = true;

@@ -66,6 +66,16 @@ struct ExtenderOptions {
   // percentage, else on the least busy GPU with room (strict: it waits). 0: off.
   int utilization_ceiling_pct = 70;
   bool utilization_ceiling_strict = false;
+  // A pod sized "auto" (tessera.io/gpu-memory: auto) gets the 95th percentile of what pods of its
+  // kind used plus this margin (percent), rounded up to 256 MiB.
+  int auto_size_margin_pct = 20;
+};
+
+// An Event the service should post on a pod (the extender does no I/O).
+struct Notice {
+  std::string ns, name, uid;
+  std::string type;  // "Normal" or "Warning"
+  std::string reason, action, note;
 };
 
 // A filter answer, as kube-scheduler's ExtenderFilterResult has it.
@@ -95,6 +105,8 @@ struct PreemptResult {
 struct BindPlan {
   kube::Assignment assignment;
   std::string pod_id;  // "ns/name"
+  std::string sizing;  // sized "auto": how (written on the pod as tessera.io/sizing)
+  double trial_s = 0;  // a trial: its spec.activeDeadlineSeconds is set to this first
 };
 
 struct QuotaUse {
@@ -102,6 +114,12 @@ struct QuotaUse {
   sched::OwnerQuota quota;
   bool has_quota = false;
 };
+
+// What a trial pod's end says (Event TrialResult): what it measured and, for a pod on one GPU, the
+// shares and memory to ask with `margin_pct` (rounded up to a share of `shares_per_gpu` and 256
+// MiB), or a whole GPU.
+std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_per_gpu,
+                        int margin_pct);
 
 class Extender {
  public:
@@ -138,6 +156,8 @@ class Extender {
   // (pod id, node). The service marks them (annotation tessera.io/reservation), which is a pod
   // update, so kube-scheduler takes them out of its unschedulable queue and asks again.
   std::vector<std::pair<std::string, std::string>> TakeNudges();
+  // Events to post: a trial's result, a pod that outgrew its automatic memory.
+  std::vector<Notice> TakeNotices();
   // Releases reservations older than the timeout. Filter calls it too.
   void Expire();
 
@@ -259,6 +279,11 @@ class Extender {
     bool released = false;  // a victim was only reserved: released at once, room made now
   };
   void NoteTypical(const core::Request& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An ended pod's tessera.io/gpu-use (written by its agent) into the history that sizes "auto"
+  // pods, once per pod; a trial's result and an outgrown automatic size said (notices_).
+  void LearnUse(const nlohmann::json& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pod's tessera.io/gpu-memory "auto" sized from its kind's history (d.sizing says how).
+  void SizeAuto(PodDemand& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `all`: the candidates cover every node with Tessera GPUs.
   FilterResult Explain(const PodRec& p, const std::vector<std::string>& candidates, bool all,
                        const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -291,6 +316,9 @@ class Extender {
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Victim> evictions_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> nudges_ ABSL_GUARDED_BY(mu_);
+  std::vector<Notice> notices_ ABSL_GUARDED_BY(mu_);
+  // UIDs of ended pods whose use history has (until they are deleted).
+  std::unordered_set<std::string> learned_ ABSL_GUARDED_BY(mu_);
   uint64_t nodes_version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a node comes or goes
   std::vector<std::string> last_candidates_ ABSL_GUARDED_BY(mu_);
   std::unordered_set<std::string> last_allowed_ ABSL_GUARDED_BY(mu_);

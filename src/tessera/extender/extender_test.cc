@@ -207,6 +207,135 @@ TEST_F(ExtenderTest, ThePodsOfAJobArePredictedFromItsRunsThatSucceeded) {
   EXPECT_EQ(ex_->AllocationOf("ml/infer-1")->request.expected_duration_s, 0);
 }
 
+// Issue 58 on Kubernetes: an ended pod's measured use (tessera.io/gpu-use, written by its agent)
+// sizes the next pods of its kind that ask tessera.io/gpu-memory "auto" - the 95th percentile of
+// their peaks plus the margin, rounded up to 256 MiB - and one that outgrows its size is told so
+// and teaches its kind what it asked.
+TEST_F(ExtenderTest, APodAskingAutoMemoryIsSizedFromWhatEndedPodsOfItsKindUsed) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+  auto of_job = [](const std::string& name, const std::string& memory) {
+    json pod =
+        GpuPod("ml", name, {.shares = 1, .annotations = {{"tessera.io/gpu-memory", memory}}});
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "infer";
+    pod["spec"]["containers"][0]["command"] = {"python", "serve.py"};
+    return pod;
+  };
+  auto ended = [&](json pod, const std::string& phase, const kube::GpuUse& use) {
+    pod["spec"]["nodeName"] = "a";
+    pod["status"]["phase"] = phase;
+    pod["metadata"]["annotations"][kube::kGpuUseAnnotation] = kube::FormatGpuUse(use);
+    ex_->OnPod(Ev::kModified, pod);
+  };
+  auto bind = [&](const json& pod) -> BindPlan {
+    FilterResult f = ex_->Filter(pod, {"a"});
+    EXPECT_EQ(f.nodes, std::vector<std::string>{"a"}) << f.reason;
+    auto plan = ex_->PrepareBind("ml", pod["metadata"]["name"], pod["metadata"]["uid"], "a");
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? *plan : BindPlan{};
+  };
+  // Nothing measured of its kind yet: its share's part of the GPU's memory, as without the
+  // annotation (no memory in the assignment), and said so.
+  json first = of_job("infer-1", "auto");
+  BindPlan plan = bind(first);
+  EXPECT_FALSE(plan.assignment.containers.at(0).memory);
+  EXPECT_THAT(plan.sizing, HasSubstr("gpu-memory: no measured runs of its kind yet"));
+  ex_->OnPod(Ev::kModified, Bound(first, plan));
+  ended(first, "Succeeded", {.seconds = 60, .busy_permille = 150, .peak_mib = 2000});
+  // Three runs of the same Job with a size of their own teach its "auto" kind too.
+  for (int i = 0; i < 3; ++i) {
+    ended(of_job("fixed-" + std::to_string(i), "6Gi"), "Succeeded",
+          {.seconds = 60, .peak_mib = 3000 + 500 * i, .limit_mib = 6144});
+  }
+  // An ended pod seen again (another field changed) is not counted twice.
+  json again = of_job("fixed-2", "6Gi");
+  again["metadata"]["labels"]["seen"] = "twice";
+  ended(again, "Succeeded", {.seconds = 60, .peak_mib = 4000, .limit_mib = 6144});
+  // 4 runs: p95 is the largest, 4000 MiB; + 20% = 4800, rounded up to 256 MiB: 4864.
+  json second = of_job("infer-2", "auto");
+  plan = bind(second);
+  EXPECT_EQ(plan.assignment.containers.at(0).memory, uint64_t{4864} << 20);
+  EXPECT_EQ(ex_->AllocationOf("ml/infer-2")->memory_mib_per_gpu, 4864);
+  EXPECT_THAT(plan.sizing, HasSubstr("gpu-memory 4864Mi: a peak of 4000MiB (p95 of ml's runs of "
+                                     "'infer' with this command (4 runs)) + 20%"));
+  ex_->OnPod(Ev::kModified, Bound(second, plan));
+  EXPECT_TRUE(ex_->TakeNotices().empty()) << "nothing outgrown, no trial";
+  // It outgrew its size: its limit refused allocations of up to 6000 MiB. Told, and learned.
+  ended(second, "Failed",
+        {.seconds = 30, .peak_mib = 4700, .limit_mib = 4864, .refused = 2, .wanted_mib = 6000});
+  std::vector<Notice> told = ex_->TakeNotices();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].name, "infer-2");
+  EXPECT_EQ(told[0].type, "Warning");
+  EXPECT_EQ(told[0].reason, "OutgrewGPUMemory");
+  // (6000 + 20% = 7200: 7424, rounded up to 256 MiB.)
+  EXPECT_EQ(told[0].note,
+            "its automatic GPU memory of 4864Mi refused 2 allocations (measured peak 4700MiB; it "
+            "asked for 6000MiB at most): the next pod of its kind is sized past it (or set "
+            "tessera.io/gpu-memory: 7424Mi)");
+  plan = bind(of_job("infer-3", "auto"));
+  EXPECT_EQ(plan.assignment.containers.at(0).memory, uint64_t{7424} << 20);
+}
+
+// A trial pod (tessera.io/trial) is bound with its deadline, and its end says what it used and
+// what to ask.
+TEST_F(ExtenderTest, ATrialPodRunsItsTimeAndItsEndSaysWhatToAsk) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+  json trial = GpuPod("ml", "try", {.shares = 2, .annotations = {{"tessera.io/trial", "2m"}}});
+  FilterResult f = ex_->Filter(trial, {"a"});
+  ASSERT_EQ(f.nodes, std::vector<std::string>{"a"}) << f.reason;
+  auto plan = ex_->PrepareBind("ml", "try", "", "a");
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->trial_s, 120);
+  // A pod whose own deadline is shorter keeps it.
+  json short_one =
+      GpuPod("ml", "short", {.shares = 1, .annotations = {{"tessera.io/trial", "2m"}}});
+  short_one["spec"]["activeDeadlineSeconds"] = 60;
+  ASSERT_EQ(ex_->Filter(short_one, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_EQ(ex_->PrepareBind("ml", "short", "", "a")->trial_s, 0);
+  // Its kubelet ended it at the deadline; its agent measured 18% of the GPU busy, 3000 MiB.
+  json done = Bound(trial, *plan);
+  done["status"]["phase"] = "Failed";
+  done["status"]["reason"] = "DeadlineExceeded";
+  done["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+      kube::FormatGpuUse({.seconds = 120, .busy_permille = 180, .peak_mib = 3000});
+  ex_->OnPod(Ev::kModified, done);
+  std::vector<Notice> told = ex_->TakeNotices();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].reason, "TrialResult");
+  EXPECT_EQ(told[0].type, "Normal");
+  // 18% + 20% is 21.6%: one share of 4 (25%); 3000 MiB + 20%: 3840 MiB.
+  EXPECT_EQ(
+      told[0].note,
+      "its trial of 2m ended after 120 s: its GPU 18% busy, peak GPU memory 3000MiB; "
+      "recommended: tessera.io/gpu-share: 1 (of 4 per GPU) with tessera.io/gpu-memory: "
+      "3840Mi (with 20% margin), or tessera.io/gpu-memory: auto, which sizes from this trial");
+  // The same pod asking "auto" now is sized from the trial.
+  json sized =
+      GpuPod("ml", "try-2", {.shares = 2, .annotations = {{"tessera.io/gpu-memory", "auto"}}});
+  ASSERT_EQ(ex_->Filter(sized, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_EQ(ex_->PrepareBind("ml", "try-2", "", "a")->assignment.containers.at(0).memory,
+            uint64_t{3840} << 20);
+}
+
+TEST(TrialAdvice, AskWholeGpusSharesOrNothingFromWhatWasMeasured) {
+  PodDemand d;
+  d.trial_s = 300;
+  d.request.gpus = 1;
+  // A whole GPU kept 90% busy: 108% with the margin, a whole GPU.
+  EXPECT_EQ(TrialAdvice(d, {.seconds = 300, .busy_permille = 900}, 10, 20),
+            "its trial of 5m ended after 300 s: its GPU 90% busy; recommended: tessera.io/gpu: 1 "
+            "(with 20% margin)");
+  // 12%: 14.4% with the margin, 2 shares of 10.
+  EXPECT_THAT(TrialAdvice(d, {.seconds = 300, .busy_permille = 120}, 10, 20),
+              HasSubstr("recommended: tessera.io/gpu-share: 2 (of 10 per GPU) (with 20% margin)"));
+  EXPECT_EQ(TrialAdvice(d, {.seconds = 3}, 10, 20),
+            "its trial of 5m ended after 3 s; nothing was measured (no GPU use seen)");
+  // Several GPUs: what they did, no share to ask.
+  d.request.gpus = 2;
+  EXPECT_EQ(TrialAdvice(d, {.seconds = 300, .busy_permille = 400}, 10, 20),
+            "its trial of 5m ended after 300 s: its GPUs 40% busy");
+}
+
 TEST_F(ExtenderTest, APendingPodIsQueuedWhenSeenNotAtItsFirstFilter) {
   ex_->OnNode(Ev::kAdded, GpuNode("a"));  // 2 GPUs
   json low = GpuPod("ml", "low", {.gpus = 2});

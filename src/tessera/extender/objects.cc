@@ -100,6 +100,28 @@ bool HasTesseraResources(const json& pod) {
   return false;
 }
 
+namespace {
+
+// HistoryShape's form for a share whose memory is "auto": "30% auto" where it says "30% 0MiB".
+std::string AutoShape(const std::string& shape, const core::Request& r) {
+  const std::string sized = fmt::format(" {}MiB", r.gpu_memory_mib);
+  std::string out = shape;
+  if (size_t at = out.find(sized); at != std::string::npos) out.replace(at, sized.size(), " auto");
+  return out;
+}
+
+}  // namespace
+
+std::vector<sched::RunKind> UseKinds(const PodDemand& d) {
+  std::vector<sched::RunKind> kinds = {d.kind};
+  if (d.request.fractional() && !d.memory_auto) {
+    sched::RunKind k = d.kind;
+    k.shape = AutoShape(k.shape, d.request);
+    kinds.push_back(std::move(k));
+  }
+  return kinds;
+}
+
 absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
   std::string name = StringAt(pod, {"metadata", "name"});
   std::string ns = StringAt(pod, {"metadata", "namespace"});
@@ -188,11 +210,14 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     }
     r.gpu_milli = count * core::kMilliPerGpu / shares_per_gpu;
     if (r.gpu_milli < 1) r.gpu_milli = 1;
-    if (std::string m = annotation(kGpuMemoryAnnotation); !m.empty()) {
+    if (std::string m = annotation(kGpuMemoryAnnotation); m == "auto") {
+      d.memory_auto = true;
+    } else if (!m.empty()) {
       auto mib = ParseQuantity(m, 1.0 / (1 << 20));
       if (!mib || *mib <= 0) {
-        return bad(fmt::format("annotation {}: expected a quantity such as 10Gi, got \"{}\"",
-                               kGpuMemoryAnnotation, m));
+        return bad(
+            fmt::format("annotation {}: expected a quantity such as 10Gi, or auto, got \"{}\"",
+                        kGpuMemoryAnnotation, m));
       }
       r.gpu_memory_mib = *mib;
     }
@@ -257,6 +282,15 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
           kSharingAnnotation));
     }
   }
+  if (std::string t = annotation(kTrialAnnotation); !t.empty()) {
+    std::optional<double> s = core::ParseDuration(t);
+    if (!s || *s < 1 || *s > 7 * 86400) {
+      return bad(fmt::format(
+          "annotation {}: expected a duration from 1s to 7d such as 2m or 90s, got \"{}\"",
+          kTrialAnnotation, t));
+    }
+    d.trial_s = std::ceil(*s);
+  }
   if (std::string p = annotation(kPreemptibleAnnotation); !p.empty()) {
     if (p != "true" && p != "false") {
       return bad(fmt::format("annotation {}: expected true or false", kPreemptibleAnnotation));
@@ -296,6 +330,8 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     }
   }
   d.kind.shape = sched::HistoryShape(r);
+  // Sized automatically: known by what it asked, whatever each run was given.
+  if (d.memory_auto) d.kind.shape = AutoShape(d.kind.shape, r);
   if (const json* dl = FieldAt(pod, {"spec", "activeDeadlineSeconds"}); dl && dl->is_number())
     d.kind.max_runtime_s = std::max(0.0, dl->get<double>());
   return d;

@@ -39,6 +39,13 @@ inline constexpr char kGpuUtilizationAnnotation[] = "tessera.io/gpu-utilization"
 // time on each) or "time-slice"; none: a share goes on a time-sliced GPU.
 inline constexpr char kSharingAnnotation[] = "tessera.io/sharing";
 inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
+// A trial run ("2m"): the pod runs that long at most (the extender sets its
+// spec.activeDeadlineSeconds as it binds it, which the kubelet enforces), and its end says what it
+// used and what to ask (Event TrialResult); its use joins the history "auto" sizes from.
+inline constexpr char kTrialAnnotation[] = "tessera.io/trial";
+// Written by the extender on a pod sized "auto" (tessera.io/gpu-memory: auto): its size and from
+// what.
+inline constexpr char kSizingAnnotation[] = "tessera.io/sizing";
 
 struct NodeGpusInfo {
   core::NodeSpec spec;
@@ -65,7 +72,16 @@ struct PodDemand {
   // label, else its controller's name), its first container's command and arguments, its shape
   // and its spec.activeDeadlineSeconds.
   sched::RunKind kind;
+  // tessera.io/gpu-memory "auto": its memory is the extender's to size (Extender::DemandOf) from
+  // the history of `kind`, whose shape says "auto" in place of a size; `sizing` says how.
+  bool memory_auto = false;
+  std::string sizing;
+  double trial_s = 0;  // tessera.io/trial; 0: none
 };
+
+// The history kinds an ended pod's measured use joins: its own, and for a share not sized "auto",
+// that of the same pod asking tessera.io/gpu-memory "auto" (which its use sizes too).
+std::vector<sched::RunKind> UseKinds(const PodDemand& d);
 
 // A Pod object. `shares_per_gpu` converts a share count to compute thousandths (the node's; the
 // extender checks them per node, this uses the cluster's common value). kInvalidArgument for what

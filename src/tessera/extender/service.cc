@@ -459,19 +459,32 @@ net::HttpResponse Service::HandleBind(const std::string& body) {
                  std::string(plan.status().message()));
     return JsonReply(200, json{{"Error", std::string(plan.status().message())}});
   }
+  const std::string pod_path = "/api/v1/namespaces/" + Escape(ns) + "/pods/" + Escape(name);
+  if (plan->trial_s > 0) {
+    // A trial: the kubelet ends it at its deadline (counted from its start on the node). Set
+    // before the Binding, so that it never runs without it; the API server lets a pod's
+    // activeDeadlineSeconds be set or lowered, never raised.
+    json patch = {{"spec", {{"activeDeadlineSeconds", static_cast<int64_t>(plan->trial_s)}}}};
+    if (!uid.empty()) patch["metadata"] = {{"uid", uid}};
+    auto patched = client_.MergePatch(pod_path, patch);
+    if (!patched.ok()) {
+      ++counters_.bind_errors;
+      std::string why = "setting its trial's spec.activeDeadlineSeconds: " +
+                        std::string(patched.status().message());
+      extender_->BindFailed(plan->pod_id, why);
+      return JsonReply(200, json{{"Error", "binding " + plan->pod_id + ": " + why}});
+    }
+  }
   // One call: the API server copies a Binding's annotations onto the pod as it binds it, so the
   // agent never sees the pod bound without its GPUs.
+  json annotations = {{kube::kAssignmentAnnotation, kube::FormatAssignment(plan->assignment)}};
+  if (!plan->sizing.empty()) annotations[kSizingAnnotation] = plan->sizing;
   json binding = {{"apiVersion", "v1"},
                   {"kind", "Binding"},
-                  {"metadata",
-                   {{"name", name},
-                    {"namespace", ns},
-                    {"annotations",
-                     {{kube::kAssignmentAnnotation, kube::FormatAssignment(plan->assignment)}}}}},
+                  {"metadata", {{"name", name}, {"namespace", ns}, {"annotations", annotations}}},
                   {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
   if (!uid.empty()) binding["metadata"]["uid"] = uid;
-  auto created = client_.Create(
-      "/api/v1/namespaces/" + Escape(ns) + "/pods/" + Escape(name) + "/binding", binding);
+  auto created = client_.Create(pod_path + "/binding", binding);
   if (!created.ok()) {
     ++counters_.bind_errors;
     std::string why = std::string(created.status().message());
@@ -483,7 +496,12 @@ net::HttpResponse Service::HandleBind(const std::string& body) {
   for (const auto& c : plan->assignment.containers) {
     for (const auto& g : c.gpus) gpus += (gpus.empty() ? "" : ",") + g;
   }
-  spdlog::info("extender: bound {} to {} (GPUs {})", plan->pod_id, node, gpus);
+  spdlog::info("extender: bound {} to {} (GPUs {}{}{})", plan->pod_id, node, gpus,
+               plan->sizing.empty() ? "" : "; sized ", plan->sizing.empty() ? "" : plan->sizing);
+  if (events_ && !plan->sizing.empty()) {
+    events_->Record({.kind = "Pod", .ns = ns, .name = name, .uid = uid}, "Normal",
+                    "SizedAutomatically", "Binding", plan->sizing);
+  }
   return JsonReply(200, json{{"Error", ""}});
 }
 
@@ -568,6 +586,13 @@ void Service::Work() {
       if (!r.ok()) {
         spdlog::warn("extender: marking {} reserved on {}: {}", id, node,
                      std::string(r.status().message()));
+      }
+    }
+    for (const Notice& n : extender_->TakeNotices()) {
+      spdlog::info("extender: pod {}/{}: {}: {}", n.ns, n.name, n.reason, n.note);
+      if (events_) {
+        events_->Record({.kind = "Pod", .ns = n.ns, .name = n.name, .uid = n.uid}, n.type, n.reason,
+                        n.action, n.note);
       }
     }
     std::vector<Victim> victims = extender_->TakeEvictions();

@@ -127,6 +127,55 @@ TEST_F(ServiceTest, FilterPrioritizeBindAsKubeSchedulerCallsThem) {
   EXPECT_THAT(m->body, HasSubstr("tessera_extender_pods{state=\"bound\"} 1"));
 }
 
+// Issue 58 on Kubernetes: a trial pod is bound with its deadline set first (the kubelet ends it
+// there), its end - with what its agent measured - is told on it with what to ask, and a pod of its
+// kind asking tessera.io/gpu-memory "auto" is then sized from it, which the pod says.
+TEST_F(ServiceTest, ATrialIsBoundWithItsDeadlineAndItsEndSizesTheNextAutoPod) {
+  Start();
+  ASSERT_TRUE(Eventually([&] { return service_->extender().stats().nodes == 2; }));
+  auto schedule = [&](const json& pod) {
+    json f = Post("filter", {{"Pod", pod}, {"NodeNames", {"n1"}}});
+    EXPECT_EQ(f["NodeNames"], json({"n1"})) << f.dump();
+    return Post("bind", {{"PodName", pod["metadata"]["name"]},
+                         {"PodNamespace", "ml"},
+                         {"PodUID", pod["metadata"]["uid"]},
+                         {"Node", "n1"}});
+  };
+  json trial =
+      Create(GpuPod("ml", "try", {.shares = 1, .annotations = {{"tessera.io/trial", "2m"}}}));
+  EXPECT_EQ(schedule(trial)["Error"], "");
+  json stored = *api_.Get(Pods("ml"), "try");
+  EXPECT_EQ(stored["spec"]["nodeName"], "n1");
+  EXPECT_EQ(stored["spec"]["activeDeadlineSeconds"], 120);
+  // (What the bind relies on: the API server never lets that deadline be raised or removed.)
+  EXPECT_FALSE(
+      client_->MergePatch(Pods("ml") + "/try", {{"spec", {{"activeDeadlineSeconds", 600}}}}).ok());
+  // The kubelet ended it at its deadline; its agent wrote what it used.
+  stored["status"] = {{"phase", "Failed"}, {"reason", "DeadlineExceeded"}};
+  stored["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+      kube::FormatGpuUse({.seconds = 120, .busy_permille = 180, .peak_mib = 3000});
+  api_.Put(Pods("ml"), stored);
+  ASSERT_TRUE(Eventually([&] { return !EventOn("try", "TrialResult").empty(); }));
+  EXPECT_EQ(
+      EventOn("try", "TrialResult"),
+      "its trial of 2m ended after 120 s: its GPU 18% busy, peak GPU memory 3000MiB; "
+      "recommended: tessera.io/gpu-share: 1 (of 4 per GPU) with tessera.io/gpu-memory: "
+      "3840Mi (with 20% margin), or tessera.io/gpu-memory: auto, which sizes from this trial");
+  json sized = Create(
+      GpuPod("ml", "try-2", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}}));
+  EXPECT_EQ(schedule(sized)["Error"], "");
+  stored = *api_.Get(Pods("ml"), "try-2");
+  EXPECT_FALSE(stored["spec"].contains("activeDeadlineSeconds")) << "not a trial";
+  const std::string sizing = stored["metadata"]["annotations"].value("tessera.io/sizing", "");
+  EXPECT_EQ(sizing,
+            "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's 25% auto jobs (1 run)) + 20%");
+  auto as = kube::ParseAssignment(
+      stored["metadata"]["annotations"][kube::kAssignmentAnnotation].get<std::string>());
+  ASSERT_TRUE(as.ok()) << as.status();
+  EXPECT_EQ(as->containers.at(0).memory, uint64_t{3840} << 20);
+  ASSERT_TRUE(Eventually([&] { return EventOn("try-2", "SizedAutomatically") == sizing; }));
+}
+
 // Restarted while the API server fails: until nodes, pods and PodGroups are listed, every node
 // waits with the reason (a placement now could give out GPUs a running pod holds). A cluster
 // without the coscheduling CRD is ready all the same.

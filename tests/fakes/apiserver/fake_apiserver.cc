@@ -862,6 +862,40 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
   if (FieldOf(updated, "metadata.name") != t.name) {
     return fail(422, "Invalid", "metadata.name: cannot be changed");
   }
+  // A write naming another object's UID is a failed precondition (a newer object of that name).
+  if (const json* u = body.contains("metadata") && body["metadata"].is_object() &&
+                              body["metadata"].contains("uid")
+                          ? &body["metadata"]["uid"]
+                          : nullptr;
+      u && *u != it->second["metadata"].value("uid", "")) {
+    return fail(409, "Conflict",
+                "Precondition failed: UID in precondition: " + u->dump() +
+                    ", UID in object meta: " + it->second["metadata"].value("uid", ""));
+  }
+  if (t.resource == "pods" && t.sub.empty()) {
+    // The API server's pod update rules for spec.activeDeadlineSeconds: set, or lowered; never
+    // raised or removed.
+    auto deadline = [](const json& pod) -> const json* {
+      if (!pod.contains("spec") || !pod["spec"].is_object()) return nullptr;
+      auto d = pod["spec"].find("activeDeadlineSeconds");
+      return d == pod["spec"].end() || d->is_null() ? nullptr : &*d;
+    };
+    const json* was = deadline(it->second);
+    const json* now = deadline(updated);
+    if (now && (!now->is_number_integer() || now->get<int64_t>() < 0 ||
+                now->get<int64_t>() > 2147483647)) {
+      return fail(422, "Invalid", "spec.activeDeadlineSeconds: must be between 0 and 2147483647");
+    }
+    if (was && now && was->get<int64_t>() < now->get<int64_t>()) {
+      return fail(422, "Invalid",
+                  "spec.activeDeadlineSeconds: must be less than or equal to previous value");
+    }
+    if (was && !now) {
+      return fail(422, "Invalid",
+                  "spec.activeDeadlineSeconds: must not update from a positive integer to nil "
+                  "value");
+    }
+  }
   it->second = StampLocked(store, updated, &it->second);
   return reply(200, it->second);
 }

@@ -1,0 +1,153 @@
+// Pods that ask for what they use (issue 58): an ended pod's measured use (tessera.io/gpu-use,
+// written by its node's agent) joins the history of its kind; a pod asking
+// tessera.io/gpu-memory "auto" is sized from that history as it is first seen; a trial pod's end
+// says what it used and what to ask.
+#include <algorithm>
+#include <cmath>
+
+#include "fmt/format.h"
+#include "spdlog/spdlog.h"
+#include "tessera/extender/extender.h"
+#include "tessera/kube/object.h"
+
+namespace tessera::extender {
+namespace {
+
+using nlohmann::json;
+using kube::StringAt;
+
+constexpr double kMemoryStepMib = 256;
+
+std::string PodIdOf(const json& pod) {
+  std::string ns = StringAt(pod, {"metadata", "namespace"});
+  return (ns.empty() ? "default" : ns) + "/" + StringAt(pod, {"metadata", "name"});
+}
+
+}  // namespace
+
+std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_per_gpu,
+                        int margin_pct) {
+  const double margin = margin_pct / 100.0;
+  std::vector<std::string> measured;
+  if (use.busy_permille) {
+    measured.push_back(fmt::format("its GPU{} {:g}% busy", d.request.gpu_count() > 1 ? "s" : "",
+                                   static_cast<double>(*use.busy_permille) / 10));
+  }
+  if (use.peak_mib && *use.peak_mib > 0)
+    measured.push_back(fmt::format("peak GPU memory {}MiB", *use.peak_mib));
+  std::string said = fmt::format("its trial of {} ended after {} s", core::FormatDuration(d.trial_s),
+                                 use.seconds);
+  if (measured.empty()) return said + "; nothing was measured (no GPU use seen)";
+  said += ": " + measured[0] + (measured.size() > 1 ? ", " + measured[1] : "");
+  // What to ask: shares of one GPU where one GPU held it, from its busy share and peak memory.
+  if (d.request.gpu_count() > 1 || shares_per_gpu <= 0) return said;
+  std::string ask;
+  if (use.busy_permille) {
+    const double pct = static_cast<double>(*use.busy_permille) / 10;
+    const int count = std::max(
+        1, static_cast<int>(core::SizeFromUse(pct, margin, 100.0 / shares_per_gpu) *
+                                shares_per_gpu / 100 +
+                            0.5));
+    ask = count >= shares_per_gpu
+              ? "tessera.io/gpu: 1"
+              : fmt::format("tessera.io/gpu-share: {} (of {} per GPU)", count, shares_per_gpu);
+  }
+  if (use.peak_mib && *use.peak_mib > 0 && ask != "tessera.io/gpu: 1") {
+    const auto mib = static_cast<int64_t>(
+        core::SizeFromUse(static_cast<double>(*use.peak_mib), margin, kMemoryStepMib));
+    ask += fmt::format("{}tessera.io/gpu-memory: {}Mi", ask.empty() ? "" : " with ", mib);
+  }
+  if (ask.empty()) return said;
+  return fmt::format("{}; recommended: {} (with {}% margin){}", said, ask, margin_pct,
+                     ask == "tessera.io/gpu: 1"
+                         ? ""
+                         : ", or tessera.io/gpu-memory: auto, which sizes from this trial");
+}
+
+void Extender::SizeAuto(PodDemand& d) const {
+  if (!d.memory_auto) return;
+  const sched::Prediction p = engine_->history().Predict(d.kind);
+  d.request.gpu_memory_mib = 0;
+  if (p.gpu_memory_peak_mib <= 0) {
+    d.sizing =
+        "gpu-memory: no measured runs of its kind yet, its shares' part of its GPU's memory; its "
+        "use is measured for the next";
+    return;
+  }
+  d.request.gpu_memory_mib = static_cast<int64_t>(core::SizeFromUse(
+      p.gpu_memory_peak_mib, options_.auto_size_margin_pct / 100.0, kMemoryStepMib));
+  d.sizing = fmt::format("gpu-memory {}Mi: a peak of {:.0f}MiB ({}) + {}%",
+                         d.request.gpu_memory_mib, p.gpu_memory_peak_mib, p.memory_basis,
+                         options_.auto_size_margin_pct);
+}
+
+void Extender::LearnUse(const json& pod) {
+  const std::string uid = StringAt(pod, {"metadata", "uid"});
+  const std::string text = StringAt(pod, {"metadata", "annotations", kube::kGpuUseAnnotation});
+  if (text.empty() || uid.empty() || learned_.contains(uid)) return;
+  const std::string id = PodIdOf(pod);
+  auto use = kube::ParseGpuUse(text);
+  if (!use.ok()) {
+    learned_.insert(uid);
+    spdlog::warn("extender: pod {}: {}; not learned from", id, std::string(use.status().message()));
+    return;
+  }
+  auto d = PodDemandOf(pod, SharesPerGpu());
+  if (!d.ok()) {
+    spdlog::info("extender: pod {} ended; its use is not learned: {}", id,
+                 std::string(d.status().message()));
+    return;  // read again at its next event (a node may say how many shares a GPU has by then)
+  }
+  learned_.insert(uid);
+  const bool refused = use->refused.value_or(0) > 0;
+  // What its kind needs: its peak, or what it asked at most where its limit refused it.
+  int64_t learn_mib = use->peak_mib.value_or(0);
+  if (refused) learn_mib = std::max(learn_mib, use->wanted_mib.value_or(0));
+  for (const sched::RunKind& k : UseKinds(*d)) {
+    if (use->busy_permille)
+      engine_->history().AddUtilization(k, static_cast<double>(*use->busy_permille) / 10);
+    if (learn_mib > 0) engine_->history().AddGpuMemoryPeak(k, static_cast<double>(learn_mib));
+  }
+  spdlog::info("extender: pod {} ended; its kind ({}) learns {}", id, d->kind.shape, text);
+  const std::string ns = StringAt(pod, {"metadata", "namespace"});
+  auto notice = [&](const char* type, const char* reason, std::string note) {
+    notices_.push_back({.ns = ns.empty() ? "default" : ns,
+                        .name = StringAt(pod, {"metadata", "name"}),
+                        .uid = uid,
+                        .type = type,
+                        .reason = reason,
+                        .action = "Sizing",
+                        .note = std::move(note)});
+  };
+  // An automatic size it outgrew: never silent (its next run of its kind is sized past it).
+  const int64_t limit = use->limit_mib.value_or(0);
+  const int64_t peak = use->peak_mib.value_or(0);
+  const bool failed = StringAt(pod, {"status", "phase"}) == "Failed";
+  if (d->memory_auto && limit > 0 && (refused || (failed && peak * 10 >= limit * 9))) {
+    const auto next = static_cast<int64_t>(core::SizeFromUse(
+        static_cast<double>(std::max(learn_mib, limit)), options_.auto_size_margin_pct / 100.0,
+        kMemoryStepMib));
+    notice("Warning", "OutgrewGPUMemory",
+           refused ? fmt::format("its automatic GPU memory of {}Mi refused {} allocation{} "
+                                 "(measured peak {}MiB; it asked for {}MiB at most): the next pod "
+                                 "of its kind is sized past it (or set tessera.io/gpu-memory: {}Mi)",
+                                 limit, *use->refused, *use->refused == 1 ? "" : "s", peak,
+                                 use->wanted_mib.value_or(0), next)
+                   : fmt::format("it failed near its automatic GPU memory of {}Mi (measured peak "
+                                 "{}MiB): it may have outgrown it; the next pod of its kind is "
+                                 "sized from this peak too (or set tessera.io/gpu-memory: {}Mi)",
+                                 limit, peak, next));
+  }
+  if (d->trial_s > 0)
+    notice("Normal", "TrialResult",
+           TrialAdvice(*d, *use, SharesPerGpu(), options_.auto_size_margin_pct));
+}
+
+std::vector<Notice> Extender::TakeNotices() {
+  core::MutexLock lock(mu_);
+  std::vector<Notice> out;
+  out.swap(notices_);
+  return out;
+}
+
+}  // namespace tessera::extender
