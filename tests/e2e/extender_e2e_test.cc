@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus.h"
 #include "tessera/net/http.h"
+#include "tessera/shim/region.h"
 #include "tessera/slurm/node.h"
 #include "tessera/slurm/step.h"
 #include "yaml-cpp/yaml.h"
@@ -141,7 +142,8 @@ class ExtenderE2e : public ::testing::Test {
                 "/dp --pod-resources-socket " + node.dir + "/pr/kubelet.sock --state-dir " +
                 node.dir + "/state --cdi-dir " + node.dir + "/cdi --metrics-address " +
                 (metrics ? "127.0.0.1:0" : "''") + " --shares-per-gpu 4 " +
-                "--health-recovery 0 --health-probe 0.1 >>" + node.dir + "/agent.log 2>&1");
+                "--health-recovery 0 --health-probe 0.1 " + agent_flags_ + " >>" + node.dir +
+                "/agent.log 2>&1");
       ASSERT_GT(node.agent, 0);
     }
     for (Node& node : nodes_) {
@@ -287,6 +289,7 @@ class ExtenderE2e : public ::testing::Test {
 
   FakeApiServer api_;
   std::string root_, kubeconfig_;
+  std::string agent_flags_;  // more flags for the agents StartNodes starts
   Node nodes_[2];
   pid_t extender_ = -1;
   int port_ = 0, metrics_port_ = 0;
@@ -369,6 +372,74 @@ TEST_F(ExtenderE2e, WholeFractionalAndGangPodsRunOnTheGpusTheExtenderChose) {
     return pod && (*pod)["metadata"]["annotations"].value("tessera.io/allocated", "") == "0";
   }));
   EXPECT_THAT(Log(root_ + "/extender.log"), HasSubstr("bound ml/train to " + node));
+}
+
+// Issue 58 across the processes: a share pod asking tessera.io/gpu-memory "auto" ends; its node's
+// agent writes what its processes used on it (their peak, from the share's region), the extender
+// learns it, and the next pod of its Job is sized from it - which reaches the kubelet's Allocate as
+// the intercept library's limit.
+TEST_F(ExtenderE2e, AnAutoPodIsSizedFromWhatTheLastOfItsKindUsed) {
+  agent_flags_ = "--reconcile-interval 0.1 --release-grace 0";
+  StartNodes();
+  StartExtender();
+  auto of_job = [&](const std::string& name) {
+    json pod = PodSpec("ml", name, kShare, 1, {{"tessera.io/gpu-memory", "auto"}},
+                       {{"batch.kubernetes.io/job-name", "infer"}});
+    pod["spec"]["containers"][0]["command"] = {"python", "serve.py"};
+    return api_.Put(std::string(kPods) + "ml/pods", pod);
+  };
+  json first = of_job("infer-1");
+  const std::string node = Schedule(first);
+  ASSERT_FALSE(node.empty());
+  auto stored = api_.Get(std::string(kPods) + "ml/pods", "infer-1");
+  EXPECT_THAT((*stored)["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("no measured runs of its kind yet"));
+  Node& n = nodes_[node == "node-a" ? 0 : 1];
+  grpc::Status s;
+  auto allocated = Admit(node, kShare, 1, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message() << Log(n.dir + "/agent.log");
+  const std::string device = allocated.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES");
+  std::string id;
+  for (const auto& [k, v] : allocated.container_responses(0).annotations())
+    if (k == "tessera.io/allocation") id = v;
+  ASSERT_FALSE(id.empty());
+  // Its processes held 3 GiB at their peak.
+  char err[256] = "";
+  tessera::shim::Region* r = tessera::shim::Region::Attach(
+      (n.dir + "/state/regions/" + id + ".region").c_str(), nullptr, 0, err, sizeof err);
+  ASSERT_NE(r, nullptr) << err;
+  ASSERT_TRUE(r->Reserve(0, 3ull << 30));
+  r->Release(0, 3ull << 30);
+  // The pod ran (PodResources lists it), then succeeded: the kubelet frees its device.
+  const auto share_ids = n.kubelet->plugins().at(kShare).devices;
+  std::string held;
+  for (const auto& d : share_ids)
+    if (d.id().rfind(device, 0) == 0) held = d.id();
+  n.kubelet->SetPods({{"ml", "infer-1", "main", kShare, {held}}});
+  ASSERT_TRUE(Until([&] {
+    return Log(n.dir + "/agent.log").find("ml/infer-1") != std::string::npos;
+  })) << Log(n.dir + "/agent.log");
+  (*stored)["status"]["phase"] = "Succeeded";
+  api_.Put(std::string(kPods) + "ml/pods", *stored);
+  n.kubelet->SetPods({});
+  ASSERT_TRUE(Until([&] {
+    return Log(root_ + "/extender.log").find("pod ml/infer-1 ended; its kind") != std::string::npos;
+  })) << Log(n.dir + "/agent.log")
+      << Log(root_ + "/extender.log");
+  auto ended = api_.Get(std::string(kPods) + "ml/pods", "infer-1");
+  EXPECT_THAT((*ended)["metadata"]["annotations"].value("tessera.io/gpu-use", ""),
+              HasSubstr("\"peakMiB\":3072"));
+  // The next pod of the Job: 3072 MiB + 20%, rounded up to 256 MiB, is 3840 MiB - its limit.
+  json second = of_job("infer-2");
+  const std::string node2 = Schedule(second);
+  ASSERT_FALSE(node2.empty());
+  stored = api_.Get(std::string(kPods) + "ml/pods", "infer-2");
+  EXPECT_THAT((*stored)["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("gpu-memory 3840Mi: a peak of 3072MiB (p95 of ml's runs of 'infer'"));
+  allocated = Admit(node2, kShare, 1, &s);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_THAT(allocated.container_responses(0).envs().at("TESSERA_CUDA_MEM_LIMIT"),
+              HasSubstr(std::to_string(3840ull << 20)));
 }
 
 TEST_F(ExtenderE2e, AQuotaBorrowerIsPreemptedWhenTheLenderReturns) {
@@ -535,6 +606,7 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   api_.Put("/api/v1/namespaces/tessera-system/configmaps",
            {{"metadata", {{"name", "tessera-quotas"}, {"namespace", "tessera-system"}}},
             {"data", {{"quotas.yaml", "namespaces:\n  ml: {guaranteed: {gpus: 2}}\n"}}}});
+  agent_flags_ = "--reconcile-interval 0.1 --release-grace 0";  // an ended pod released at once
   StartNodes(-1, "NVIDIA H100 80GB HBM3", /*metrics=*/true);
   StartExtender();
   json train = api_.Put(std::string(kPods) + "ml/pods", PodSpec("ml", "train", kGpu, 1));
@@ -545,6 +617,16 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   v1beta1::AllocateResponse out;
   ASSERT_TRUE(n.kubelet->Allocate(kGpu, {{Uuid(n.letter, 0)}}, &out).ok());
   ASSERT_TRUE(n.kubelet->Allocate(kShare, {{Uuid(n.letter, 1) + "::1"}}, &out).ok());
+  // And a short one ends beside them: the efficiency counters of ended pods.
+  ASSERT_TRUE(n.kubelet->Allocate(kShare, {{Uuid(n.letter, 1) + "::2"}}, &out).ok());
+  n.kubelet->SetPods({{"ml", "train", "main", kGpu, {Uuid(n.letter, 0)}},
+                      {"lab", "notebook", "nb", kShare, {Uuid(n.letter, 1) + "::1"}},
+                      {"lab", "short", "job", kShare, {Uuid(n.letter, 1) + "::2"}}});
+  tessera::net::HttpClient agent_metrics("tcp://127.0.0.1:" + std::to_string(MetricsPort(n)));
+  ASSERT_TRUE(Until([&] {
+    auto m = agent_metrics.Send("GET", "/metrics");
+    return m.ok() && m->body.find("pod=\"short\"") != std::string::npos;
+  })) << Log(n.dir + "/agent.log");
   n.kubelet->SetPods({{"ml", "train", "main", kGpu, {Uuid(n.letter, 0)}},
                       {"lab", "notebook", "nb", kShare, {Uuid(n.letter, 1) + "::1"}}});
   // The standalone server, on the fake NVML too, with a job that ended and one that runs.
@@ -644,6 +726,7 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
   ASSERT_FALSE(prom.Await("tessera_job_gpu_share_ratio").empty());
   ASSERT_FALSE(prom.Await("tessera_job_usage_readable").empty());
   ASSERT_FALSE(prom.Await("tessera_extender_quota_used_gpus{namespace=\"ml\"}").empty());
+  ASSERT_FALSE(prom.Await("tessera_pod_gpu_given_seconds_total{namespace=\"lab\"}").empty());
 
   // The agents' and the server's GPUs answer NVIDIA's own dashboard (4 GPUs on 2 nodes, 2 on the
   // server), and nothing arrives renamed (the agents' pod, namespace and container labels,

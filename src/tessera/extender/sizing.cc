@@ -13,8 +13,8 @@
 namespace tessera::extender {
 namespace {
 
-using nlohmann::json;
 using kube::StringAt;
+using nlohmann::json;
 
 constexpr double kMemoryStepMib = 256;
 
@@ -35,8 +35,8 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
   }
   if (use.peak_mib && *use.peak_mib > 0)
     measured.push_back(fmt::format("peak GPU memory {}MiB", *use.peak_mib));
-  std::string said = fmt::format("its trial of {} ended after {} s", core::FormatDuration(d.trial_s),
-                                 use.seconds);
+  std::string said =
+      fmt::format("its trial of {} ended after {} s", core::FormatDuration(d.trial_s), use.seconds);
   if (measured.empty()) return said + "; nothing was measured (no GPU use seen)";
   said += ": " + measured[0] + (measured.size() > 1 ? ", " + measured[1] : "");
   // What to ask: shares of one GPU where one GPU held it, from its busy share and peak memory.
@@ -45,9 +45,9 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
   if (use.busy_permille) {
     const double pct = static_cast<double>(*use.busy_permille) / 10;
     const int count = std::max(
-        1, static_cast<int>(core::SizeFromUse(pct, margin, 100.0 / shares_per_gpu) *
-                                shares_per_gpu / 100 +
-                            0.5));
+        1,
+        static_cast<int>(
+            core::SizeFromUse(pct, margin, 100.0 / shares_per_gpu) * shares_per_gpu / 100 + 0.5));
     ask = count >= shares_per_gpu
               ? "tessera.io/gpu: 1"
               : fmt::format("tessera.io/gpu-share: {} (of {} per GPU)", count, shares_per_gpu);
@@ -76,9 +76,9 @@ void Extender::SizeAuto(PodDemand& d) const {
   }
   d.request.gpu_memory_mib = static_cast<int64_t>(core::SizeFromUse(
       p.gpu_memory_peak_mib, options_.auto_size_margin_pct / 100.0, kMemoryStepMib));
-  d.sizing = fmt::format("gpu-memory {}Mi: a peak of {:.0f}MiB ({}) + {}%",
-                         d.request.gpu_memory_mib, p.gpu_memory_peak_mib, p.memory_basis,
-                         options_.auto_size_margin_pct);
+  d.sizing =
+      fmt::format("gpu-memory {}Mi: a peak of {:.0f}MiB ({}) + {}%", d.request.gpu_memory_mib,
+                  p.gpu_memory_peak_mib, p.memory_basis, options_.auto_size_margin_pct);
 }
 
 void Extender::LearnUse(const json& pod) {
@@ -124,13 +124,14 @@ void Extender::LearnUse(const json& pod) {
   const int64_t peak = use->peak_mib.value_or(0);
   const bool failed = StringAt(pod, {"status", "phase"}) == "Failed";
   if (d->memory_auto && limit > 0 && (refused || (failed && peak * 10 >= limit * 9))) {
-    const auto next = static_cast<int64_t>(core::SizeFromUse(
-        static_cast<double>(std::max(learn_mib, limit)), options_.auto_size_margin_pct / 100.0,
-        kMemoryStepMib));
+    const auto next = static_cast<int64_t>(
+        core::SizeFromUse(static_cast<double>(std::max(learn_mib, limit)),
+                          options_.auto_size_margin_pct / 100.0, kMemoryStepMib));
     notice("Warning", "OutgrewGPUMemory",
            refused ? fmt::format("its automatic GPU memory of {}Mi refused {} allocation{} "
                                  "(measured peak {}MiB; it asked for {}MiB at most): the next pod "
-                                 "of its kind is sized past it (or set tessera.io/gpu-memory: {}Mi)",
+                                 "of its kind is sized past it (or set "
+                                 "tessera.io/gpu-memory: {}Mi)",
                                  limit, *use->refused, *use->refused == 1 ? "" : "s", peak,
                                  use->wanted_mib.value_or(0), next)
                    : fmt::format("it failed near its automatic GPU memory of {}Mi (measured peak "
