@@ -332,6 +332,25 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   EXPECT_EQ(got.out, "ok\noom\n") << cmd;
   // The region the library keeps its accounting in is the claim's.
   EXPECT_THAT(env["TESSERA_CUDA_REGION"], HasSubstr("claim-" + uid + "-s.region"));
+  // Its pod ended: the kubelet unprepares the claim, which is told what its share used (a
+  // Warning: its limit refused the second allocation).
+  dra::NodeUnprepareResourcesResponse un;
+  ASSERT_TRUE(kubelet.Unprepare({Ref("infer")}, &un).ok());
+  auto note = [&]() -> std::string {
+    for (const json& e : api_.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
+      if (e["regarding"]["kind"] == "ResourceClaim" && e["regarding"]["name"] == "infer" &&
+          e["reason"] == "GPUShareUse")
+        return e["type"].get<std::string>() + ": " + e["note"].get<std::string>();
+    }
+    return "";
+  };
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !note().empty(); })) << Log();
+  EXPECT_EQ(note(),
+            "Warning: request s: its GPU share used a peak of 800 MiB of the 1024 MiB given "
+            "on " +
+                Uuid(3) +
+                " (78%), and 1 allocation refused at that limit (it asked "
+                "for 1100 MiB at most)");
 }
 
 class AgentDraSlicesE2e : public AgentDraE2e {

@@ -307,6 +307,8 @@ absl::Status Agent::StartDra() {
   auto state = DraState::Create(state_->inventory(), o.plugin, d);
   if (!state.ok()) return state.status();
   dra_state_ = std::move(*state);
+  dra_state_->OnUnprepare(
+      [this](const std::vector<DraState::ShareUse>& used) { ReportClaimUse(used); });
   // What is already known of the GPUs (an MPS GPU whose daemon has not answered yet).
   for (int g = 0; g < static_cast<int>(state_->inventory().gpus.size()); ++g) ApplyHealth(g);
   if (!dra_state_->set_aside().empty()) RebuildDra();
@@ -420,35 +422,58 @@ double Agent::HeldSeconds(const Allocation& a) const {
   return static_cast<double>(std::max<int64_t>(0, now - a.created_unix));
 }
 
+std::string Agent::MemoryUseNote(const shim::RegionData& head, const std::vector<std::string>& gpus,
+                                 kube::GpuUse* use) {
+  std::vector<std::string> parts;
+  auto most = [](std::optional<int64_t>& at, int64_t v) { at = std::max(at.value_or(0), v); };
+  for (size_t i = 0; i < gpus.size() && i < head.device_count; ++i) {
+    const uint64_t peak = head.peak[i].load(), limit = head.limit[i];
+    most(use->peak_mib, static_cast<int64_t>(core::MibRoundedUp(peak)));
+    if (limit > 0) most(use->limit_mib, static_cast<int64_t>(limit >> 20));
+    std::string part =
+        limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)", peak >> 20,
+                                limit >> 20, gpus[i], 100.0 * static_cast<double>(peak) / limit)
+                  : fmt::format("{} MiB on {}", peak >> 20, gpus[i]);
+    if (const uint64_t n = head.refused[i].load(); n > 0) {
+      const uint64_t wanted = head.wanted_peak[i].load();
+      use->refused = use->refused.value_or(0) + static_cast<int64_t>(n);
+      most(use->wanted_mib, static_cast<int64_t>(core::MibRoundedUp(wanted)));
+      part +=
+          fmt::format(", and {} allocation{} refused at that limit (it asked for {} MiB at most)",
+                      n, n == 1 ? "" : "s", core::MibRoundedUp(wanted));
+    }
+    parts.push_back(std::move(part));
+  }
+  return fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
+}
+
+void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
+  // A DRA claim's share requests, as a device plugin share's pod is told (its memory; the
+  // claim's GPU time is not read): on the ResourceClaim, which `kubectl describe` shows, and in
+  // the log.
+  for (const DraState::ShareUse& u : used) {
+    if (!u.head) continue;
+    kube::GpuUse use;
+    std::string note =
+        fmt::format("request {}: {}", u.request, MemoryUseNote(*u.head, u.gpus, &use));
+    spdlog::info("claim {}/{}: {}", u.ns, u.name, note);
+    if (events_)
+      events_->Record({.api_version = "resource.k8s.io/v1",
+                       .kind = "ResourceClaim",
+                       .ns = u.ns,
+                       .name = u.name},
+                      use.refused ? "Warning" : "Normal", "GPUShareUse", "Unprepared", note);
+  }
+}
+
 void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
   if (head == nullptr) return;  // a whole GPU, or a region that cannot be read
   // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
   // server's job): logged, and a Normal Event on the pod, which outlives it in the API server.
   // Allocations its limit refused make it a Warning, with the most it asked.
-  std::vector<std::string> parts;
-  bool refused = false;
   kube::GpuUse use{.seconds = static_cast<int64_t>(HeldSeconds(a))};
-  auto most = [](std::optional<int64_t>& at, int64_t v) { at = std::max(at.value_or(0), v); };
-  for (size_t i = 0; i < a.gpus.size() && i < head->device_count; ++i) {
-    const uint64_t peak = head->peak[i].load(), limit = head->limit[i];
-    most(use.peak_mib, static_cast<int64_t>(core::MibRoundedUp(peak)));
-    if (limit > 0) most(use.limit_mib, static_cast<int64_t>(limit >> 20));
-    std::string part =
-        limit > 0 ? fmt::format("{} MiB of the {} MiB given on {} ({:.0f}%)", peak >> 20,
-                                limit >> 20, a.gpus[i], 100.0 * static_cast<double>(peak) / limit)
-                  : fmt::format("{} MiB on {}", peak >> 20, a.gpus[i]);
-    if (const uint64_t n = head->refused[i].load(); n > 0) {
-      const uint64_t wanted = head->wanted_peak[i].load();
-      use.refused = use.refused.value_or(0) + static_cast<int64_t>(n);
-      most(use.wanted_mib, static_cast<int64_t>(core::MibRoundedUp(wanted)));
-      part +=
-          fmt::format(", and {} allocation{} refused at that limit (it asked for {} MiB at most)",
-                      n, n == 1 ? "" : "s", core::MibRoundedUp(wanted));
-      refused = true;
-    }
-    parts.push_back(std::move(part));
-  }
-  std::string note = fmt::format("its GPU share used a peak of {}", absl::StrJoin(parts, "; "));
+  std::string note = MemoryUseNote(*head, a.gpus, &use);
+  const bool refused = use.refused.has_value();
   std::optional<ContainerRef> holder;
   {
     core::MutexLock lock(share_holders_mu_);

@@ -128,6 +128,12 @@ class Agent {
   // Writes `use` on the ended pod (tessera.io/gpu-use) through the node sync: the extender's
   // history for pods sized "auto" learns from it.
   void TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use);
+  // "its GPU share used a peak of 3072 MiB of the 10240 MiB given on GPU-... (30%)[, and N
+  // allocations refused ...]" for a region's `gpus`, with the same figures into `use`.
+  static std::string MemoryUseNote(const shim::RegionData& head,
+                                   const std::vector<std::string>& gpus, kube::GpuUse* use);
+  // An unprepared DRA claim's share requests: a GPUShareUse Event on the ResourceClaim.
+  void ReportClaimUse(const std::vector<DraState::ShareUse>& used);
   // An ended allocation's pod (namespace, name): as the extender named it, else as `holder` (who
   // PodResources said held it) is; empty when neither is known.
   static std::pair<std::string, std::string> PodOf(const Allocation& a,

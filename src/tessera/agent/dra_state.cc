@@ -602,23 +602,48 @@ absl::Status DraState::RestoreFilesLocked(const std::string& uid, const Claim& c
   return absl::OkStatus();
 }
 
+void DraState::OnUnprepare(std::function<void(const std::vector<ShareUse>&)> hook) {
+  on_unprepare_ = std::move(hook);
+}
+
 absl::Status DraState::Unprepare(const std::string& uid) {
-  core::MutexLock lock(mu_);
-  auto it = claims_.find(uid);
-  if (it == claims_.end()) return absl::OkStatus();
-  std::unique_ptr<Claim> gone = std::move(it->second);
-  claims_.erase(it);
-  if (absl::Status st = SaveLocked(); !st.ok()) {
-    claims_[uid] = std::move(gone);
-    return absl::InternalError(
-        fmt::format("checkpoint not written: {}", std::string(st.message())));
+  std::vector<ShareUse> used;
+  {
+    core::MutexLock lock(mu_);
+    auto it = claims_.find(uid);
+    if (it == claims_.end()) return absl::OkStatus();
+    std::unique_ptr<Claim> gone = std::move(it->second);
+    claims_.erase(it);
+    if (absl::Status st = SaveLocked(); !st.ok()) {
+      claims_[uid] = std::move(gone);
+      return absl::InternalError(
+          fmt::format("checkpoint not written: {}", std::string(st.message())));
+    }
+    std::string spec = CdiSpecPath(uid);
+    if (unlink(spec.c_str()) != 0 && errno != ENOENT) {
+      spdlog::warn("claim {}: CDI spec {} not removed: {}", uid, spec, strerror(errno));
+    }
+    // What each share request used, read before its region goes ("claim-<uid>-<request>.region").
+    const std::string prefix = fmt::format("claim-{}-", uid);
+    for (const std::string& r : gone->regions) {
+      ShareUse u{.ns = gone->ns, .name = gone->name};
+      const std::string file = r.substr(r.rfind('/') + 1);
+      if (file.starts_with(prefix) && file.ends_with(".region"))
+        u.request = file.substr(prefix.size(), file.size() - prefix.size() - 7);
+      for (const PreparedDevice& d : gone->devices) {
+        auto dev = by_name_.find(d.device);
+        if (dev == by_name_.end() || std::ranges::find(d.requests, u.request) == d.requests.end())
+          continue;
+        const std::string& uuid = inventory_.gpus[devices_[dev->second].gpu].uuid;
+        if (std::ranges::find(u.gpus, uuid) == u.gpus.end()) u.gpus.push_back(uuid);
+      }
+      u.head = shim::ReadRegionHead(r.c_str());
+      used.push_back(std::move(u));
+      unlink(r.c_str());
+    }
+    spdlog::info("unprepared claim {}/{} (UID {})", gone->ns, gone->name, uid);
   }
-  std::string spec = CdiSpecPath(uid);
-  if (unlink(spec.c_str()) != 0 && errno != ENOENT) {
-    spdlog::warn("claim {}: CDI spec {} not removed: {}", uid, spec, strerror(errno));
-  }
-  for (const std::string& r : gone->regions) unlink(r.c_str());
-  spdlog::info("unprepared claim {}/{} (UID {})", gone->ns, gone->name, uid);
+  if (on_unprepare_ && !used.empty()) on_unprepare_(used);
   return absl::OkStatus();
 }
 

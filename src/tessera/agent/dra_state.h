@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -108,6 +109,16 @@ class DraState {
                                                       const nlohmann::json& claim);
   // Removes the claim's CDI spec and regions and forgets it; a claim never prepared is OK.
   absl::Status Unprepare(const std::string& uid);
+  // What a share request of an unprepared claim used, read from its region before it is removed:
+  // the claim, the request, its GPUs' UUIDs (in the region's device order) and the region's head
+  // (limits, peaks, refusals; null when it could not be read).
+  struct ShareUse {
+    std::string ns, name, request;
+    std::vector<std::string> gpus;
+    std::unique_ptr<shim::RegionData> head;
+  };
+  // Called by Unprepare, after the claim is forgotten, with each of its share requests' use.
+  void OnUnprepare(std::function<void(const std::vector<ShareUse>&)> hook);
   std::vector<std::string> PreparedClaims() const;
 
   // Health from the watch. Returns whether it changed.
@@ -165,6 +176,7 @@ class DraState {
   std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Claim>> claims_ ABSL_GUARDED_BY(mu_);  // by UID
   std::string set_aside_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::vector<ShareUse>&)> on_unprepare_;  // set before use
 };
 
 }  // namespace tessera::agent
