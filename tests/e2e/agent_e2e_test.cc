@@ -462,6 +462,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   ASSERT_GT(limit, 3ull << 30);
   ASSERT_TRUE(r->Reserve(0, 3ull << 30));
   r->Release(0, 3ull << 30);
+  for (int i = 0; i < 300; ++i) r->CountLaunch();  // its kernel mix: 300 launches
   // Its processes' kernels kept GPU 3 busy 0.6 s in all, as the arbiter charged them (its key is
   // the allocation's id, TESSERA_JOB_ID).
   std::unique_ptr<tessera::shim::Arbiter> arbiter(
@@ -527,6 +528,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   EXPECT_EQ(use->limit_mib, static_cast<int64_t>(limit >> 20));
   EXPECT_EQ(use->busy_permille, std::lround(1000 * 0.6 / std::stoi(held[1])));
   EXPECT_FALSE(use->refused);
+  EXPECT_EQ(use->kernel_launches, 300);
 
   // A share whose limit refused an allocation: a Warning, with the most it asked. (On GPU 1: the
   // scenario's XID makes GPU 2 unhealthy a second or so after the agent starts.)

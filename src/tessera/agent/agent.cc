@@ -104,11 +104,11 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
   auto state = DeviceState::Create(std::move(inventory), o.plugin);
   if (!state.ok()) return state.status();
   state_ = std::move(*state);
-  state_->OnRelease([this](const Allocation& a, const shim::RegionData* head) {
+  state_->OnRelease([this](const Allocation& a, const shim::RegionData* head, uint64_t launches) {
     if (a.resource == Resource::kGpu) {
       ReportWholeUse(a);
     } else {
-      ReportShareUse(a, head);
+      ReportShareUse(a, head, launches);
     }
   });
   if (!o.plugin.shim_library.empty()) {
@@ -466,12 +466,13 @@ void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
   }
 }
 
-void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head) {
+void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head, uint64_t launches) {
   if (head == nullptr) return;  // a whole GPU, or a region that cannot be read
   // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
   // server's job): logged, and a Normal Event on the pod, which outlives it in the API server.
   // Allocations its limit refused make it a Warning, with the most it asked.
   kube::GpuUse use{.seconds = static_cast<int64_t>(HeldSeconds(a))};
+  if (launches > 0) use.kernel_launches = static_cast<int64_t>(launches);
   std::string note = MemoryUseNote(*head, a.gpus, &use);
   const bool refused = use.refused.has_value();
   std::optional<ContainerRef> holder;

@@ -124,7 +124,7 @@ class Agent {
   // An ended share's use of its GPU memory (its region's peaks) and of its GPU time (the arbiter's
   // charge against its share over its life): logged, an Event on its pod, and its namespace's
   // counters. A whole GPU's goes to ReportWholeUse.
-  void ReportShareUse(const Allocation& a, const shim::RegionData* head);
+  void ReportShareUse(const Allocation& a, const shim::RegionData* head, uint64_t launches);
   // Writes `use` on the ended pod (tessera.io/gpu-use) through the node sync: the extender's
   // history for pods sized "auto" learns from it.
   void TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use);

@@ -436,7 +436,12 @@ absl::StatusOr<v1beta1::AllocateResponse> DeviceState::Allocate(
 }
 
 int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_before_unix) {
-  std::vector<std::pair<Allocation, std::unique_ptr<shim::RegionData>>> ended;
+  struct Ended {
+    Allocation a;
+    std::unique_ptr<shim::RegionData> head;
+    uint64_t launches = 0;
+  };
+  std::vector<Ended> ended;
   {
     core::MutexLock lock(mu_);
     std::erase_if(allocations_, [&](const Allocation& a) {
@@ -447,7 +452,9 @@ int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_befor
       spdlog::info("allocation {} ({} {}) ended: releasing {}", a.id, ResourceName(a.resource),
                    absl::StrJoin(a.device_ids, ","), a.pod.empty() ? "its devices" : a.pod);
       // What the share used, read before its region goes (copied, never mapped: the pod's file).
-      ended.emplace_back(a, a.region.empty() ? nullptr : shim::ReadRegionHead(a.region.c_str()));
+      Ended e{a, a.region.empty() ? nullptr : shim::ReadRegionHead(a.region.c_str())};
+      if (e.head) e.launches = shim::ReadRegionLaunches(a.region.c_str());
+      ended.push_back(std::move(e));
       if (!a.region.empty()) unlink(a.region.c_str());
       return true;
     });
@@ -457,7 +464,7 @@ int DeviceState::Release(const std::set<std::string>& in_use, int64_t made_befor
     }
   }
   if (on_release_) {
-    for (const auto& [a, head] : ended) on_release_(a, head.get());
+    for (const Ended& e : ended) on_release_(e.a, e.head.get(), e.launches);
   }
   return static_cast<int>(ended.size());
 }

@@ -150,7 +150,9 @@ class DeviceState {
   // Called (outside the state's lock) for each allocation Release forgets, with what its region
   // said of it at the end (limits, peaks: null for whole GPUs or an unreadable region). Set once,
   // before serving.
-  using ReleaseHook = std::function<void(const Allocation&, const shim::RegionData*)>;
+  // An ended allocation, its region's head (null: none, or unreadable) and the kernel launches
+  // its processes counted (ReadRegionLaunches; 0: none).
+  using ReleaseHook = std::function<void(const Allocation&, const shim::RegionData*, uint64_t)>;
   void OnRelease(ReleaseHook hook) { on_release_ = std::move(hook); }
 
   std::vector<Allocation> Allocations() const;

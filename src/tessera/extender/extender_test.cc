@@ -328,6 +328,11 @@ TEST(TrialAdvice, AskWholeGpusSharesOrNothingFromWhatWasMeasured) {
   // 12%: 14.4% with the margin, 2 shares of 10.
   EXPECT_THAT(TrialAdvice(d, {.seconds = 300, .busy_permille = 120}, 10, 20),
               HasSubstr("recommended: tessera.io/gpu-share: 2 (of 10 per GPU) (with 20% margin)"));
+  // Its kernel mix: 18% of 300 s over 27000 launches is 2.0 ms each.
+  EXPECT_THAT(
+      TrialAdvice(d, {.seconds = 300, .busy_permille = 180, .kernel_launches = 27000}, 10, 20),
+      HasSubstr("its GPU 18% busy, 27000 kernel launches (90/s, 2.0 ms of GPU time each on "
+                "average); recommended: tessera.io/gpu-share: 3 (of 10 per GPU)"));
   EXPECT_EQ(TrialAdvice(d, {.seconds = 3}, 10, 20),
             "its trial of 5m ended after 3 s; nothing was measured (no GPU use seen)");
   // Several GPUs: what they did, no share to ask.

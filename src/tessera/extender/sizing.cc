@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
 #include "tessera/extender/extender.h"
@@ -35,10 +36,23 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
   }
   if (use.peak_mib && *use.peak_mib > 0)
     measured.push_back(fmt::format("peak GPU memory {}MiB", *use.peak_mib));
+  // Its kernel mix, as the server's trial says it: many short kernels pay the most for time
+  // slices' switches (and gain the most from MPS).
+  if (use.kernel_launches && *use.kernel_launches > 0 && use.seconds > 0) {
+    const auto n = static_cast<double>(*use.kernel_launches);
+    const auto run_s = static_cast<double>(use.seconds);
+    std::string mix = fmt::format("{} kernel launches ({:.0f}/s", *use.kernel_launches, n / run_s);
+    if (use.busy_permille && *use.busy_permille > 0) {
+      const double us = static_cast<double>(*use.busy_permille) / 1000 * run_s * 1e6 / n;
+      mix += us >= 1000 ? fmt::format(", {:.1f} ms of GPU time each on average", us / 1000)
+                        : fmt::format(", {:.0f} us of GPU time each on average", us);
+    }
+    measured.push_back(mix + ")");
+  }
   std::string said =
       fmt::format("its trial of {} ended after {} s", core::FormatDuration(d.trial_s), use.seconds);
   if (measured.empty()) return said + "; nothing was measured (no GPU use seen)";
-  said += ": " + measured[0] + (measured.size() > 1 ? ", " + measured[1] : "");
+  said += ": " + absl::StrJoin(measured, ", ");
   // What to ask: shares of one GPU where one GPU held it, from its busy share and peak memory.
   if (d.request.gpu_count() > 1 || shares_per_gpu <= 0) return said;
   std::string ask;

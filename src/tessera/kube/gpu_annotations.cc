@@ -210,6 +210,7 @@ std::string FormatGpuUse(const GpuUse& u) {
   put("limitMiB", u.limit_mib);
   put("refused", u.refused);
   put("wantedMiB", u.wanted_mib);
+  put("kernelLaunches", u.kernel_launches);
   return j.dump();
 }
 
@@ -228,7 +229,8 @@ absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text) {
   for (const Part& p :
        {Part{"seconds", &seconds, int64_t{1} << 40}, Part{"busyPermille", &u.busy_permille, 1000},
         Part{"peakMiB", &u.peak_mib, kMaxMib}, Part{"limitMiB", &u.limit_mib, kMaxMib},
-        Part{"refused", &u.refused, int64_t{1} << 50}, Part{"wantedMiB", &u.wanted_mib, kMaxMib}}) {
+        Part{"refused", &u.refused, int64_t{1} << 50}, Part{"wantedMiB", &u.wanted_mib, kMaxMib},
+        Part{"kernelLaunches", &u.kernel_launches, int64_t{1} << 60}}) {
     if (absl::Status s = Member(j, p.key, kGpuUseAnnotation, "", *p.out); !s.ok()) return s;
     if (*p.out && (**p.out < 0 || **p.out > p.max)) {
       return Bad(kGpuUseAnnotation,

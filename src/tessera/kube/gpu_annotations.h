@@ -59,12 +59,13 @@ absl::StatusOr<std::set<int>> ParseAllocated(std::string_view text);
 // `tessera.io/gpu-use`: what a pod measured while it held its GPUs (per GPU; the largest of its
 // GPUs where it had several). Each part is left out where it was not measured.
 struct GpuUse {
-  int64_t seconds = 0;                   // how long it held them
-  std::optional<int64_t> busy_permille;  // its GPU time against that time, of one GPU (0..1000)
-  std::optional<int64_t> peak_mib;       // the most GPU memory its processes held
-  std::optional<int64_t> limit_mib;      // its memory limit (a share)
-  std::optional<int64_t> refused;        // allocations its limit refused
-  std::optional<int64_t> wanted_mib;     // the most it would have held had they been given
+  int64_t seconds = 0;                     // how long it held them
+  std::optional<int64_t> busy_permille;    // its GPU time against that time, of one GPU (0..1000)
+  std::optional<int64_t> peak_mib;         // the most GPU memory its processes held
+  std::optional<int64_t> limit_mib;        // its memory limit (a share)
+  std::optional<int64_t> refused;          // allocations its limit refused
+  std::optional<int64_t> wanted_mib;       // the most it would have held had they been given
+  std::optional<int64_t> kernel_launches;  // a share: the kernels its processes launched
   friend bool operator==(const GpuUse&, const GpuUse&) = default;
 };
 std::string FormatGpuUse(const GpuUse& u);
