@@ -153,6 +153,12 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
                 "namespace/name of the ConfigMap whose quotas.yaml sets per-namespace GPU quotas; "
                 "empty: no quotas")
       ->capture_default_str();
+  f.o.history_configmap = "tessera-system/tessera-gpu-history";
+  e->add_option("--history-configmap", f.o.history_configmap,
+                "namespace/name of the ConfigMap where what ended pods used (the history "
+                "tessera.io/gpu-memory: auto sizes from) is kept across restarts; empty: in "
+                "memory only")
+      ->capture_default_str();
   e->add_option("--reservation-timeout", f.o.extender.reservation_timeout_s,
                 "Seconds a pod's chosen GPUs stay reserved for its bind (gang members: for the "
                 "whole gang)")

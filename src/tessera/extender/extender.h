@@ -30,6 +30,7 @@
 // Thread-safe: one lock around the model (kube-scheduler's filter and bind calls overlap).
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -158,6 +159,15 @@ class Extender {
   std::vector<std::pair<std::string, std::string>> TakeNudges();
   // Events to post: a trial's result, a pod that outgrew its automatic memory.
   std::vector<Notice> TakeNotices();
+  // The measured use it has learned (the last kUseRecordsKept ended pods' records, per history
+  // kind), for the service to keep in a ConfigMap across restarts: a JSON array, or nullopt when
+  // nothing changed since the last call. LoadUseHistory replays such an array into the history
+  // (records of pods learned already are skipped, and their pods' later events too); malformed
+  // records are skipped and counted in the answer.
+  std::optional<nlohmann::json> TakeUseHistory();
+  int LoadUseHistory(const nlohmann::json& records);
+  static constexpr size_t kUseRecordsKept = 2000;
+  static constexpr size_t kUseHistoryBytes = 900 * 1024;  // the array's JSON, at most
   // Releases reservations older than the timeout. Filter calls it too.
   void Expire();
 
@@ -319,6 +329,12 @@ class Extender {
   std::vector<Notice> notices_ ABSL_GUARDED_BY(mu_);
   // UIDs of ended pods whose use history has (until they are deleted).
   std::unordered_set<std::string> learned_ ABSL_GUARDED_BY(mu_);
+  // What it learned, oldest first (bounded: kUseRecordsKept), as TakeUseHistory gives it.
+  std::deque<nlohmann::json> use_records_ ABSL_GUARDED_BY(mu_);
+  bool use_records_changed_ ABSL_GUARDED_BY(mu_) = false;
+  // One ended pod's measured use (its uid) into the history under `kind`.
+  void Learn(const std::string& uid, const sched::RunKind& kind, std::optional<double> busy_pct,
+             double peak_mib) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t nodes_version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a node comes or goes
   std::vector<std::string> last_candidates_ ABSL_GUARDED_BY(mu_);
   std::unordered_set<std::string> last_allowed_ ABSL_GUARDED_BY(mu_);

@@ -317,6 +317,45 @@ TEST_F(ExtenderTest, ATrialPodRunsItsTimeAndItsEndSaysWhatToAsk) {
             uint64_t{3840} << 20);
 }
 
+// The use history as the service keeps it in a ConfigMap: read back with bad records skipped, and
+// never more than a ConfigMap holds (the oldest records go first).
+TEST_F(ExtenderTest, TheUseHistoryReadsBackSkipsBadRecordsAndStaysWithinAConfigMap) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+  EXPECT_EQ(ex_->LoadUseHistory(json::object()), 1);
+  json records = json::array();
+  const std::string long_arg(10000, 'x');  // 300 records of 10 KB: over a ConfigMap's room
+  for (int i = 0; i < 300; ++i) {
+    records.push_back({{"uid", "old-" + std::to_string(i)},
+                       {"user", "ml"},
+                       {"name", ""},
+                       {"command", {"python", long_arg}},
+                       {"shape", "25% auto"},
+                       {"peakMiB", 1000}});
+  }
+  records.push_back({{"uid", "bad"}, {"user", "ml"}, {"shape", "25% auto"}});  // no name, command
+  records.push_back({{"uid", "bad"},
+                     {"user", "ml"},
+                     {"name", ""},
+                     {"command", json::array()},
+                     {"shape", "25% auto"},
+                     {"busyPercent", 250}});
+  EXPECT_EQ(ex_->LoadUseHistory(records), 2);
+  EXPECT_FALSE(ex_->TakeUseHistory()) << "what was read is what is stored";
+  // A pod ends: the history is written again, within 900 KiB, its newest record last.
+  json pod = GpuPod("ml", "new", {.shares = 1});
+  pod["spec"]["nodeName"] = "a";
+  pod["status"]["phase"] = "Succeeded";
+  pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+      kube::FormatGpuUse({.seconds = 9, .peak_mib = 500});
+  ex_->OnPod(Ev::kModified, pod);
+  auto h = ex_->TakeUseHistory();
+  ASSERT_TRUE(h);
+  EXPECT_LE(h->dump().size(), Extender::kUseHistoryBytes);
+  EXPECT_GT(h->size(), 50u);
+  EXPECT_EQ(h->back()["uid"], "uid-ml-new");
+  EXPECT_EQ(h->back()["peakMiB"], 500);
+}
+
 TEST(TrialAdvice, AskWholeGpusSharesOrNothingFromWhatWasMeasured) {
   PodDemand d;
   d.trial_s = 300;

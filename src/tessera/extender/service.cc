@@ -69,8 +69,23 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
     quota_ns = options.quota_configmap.substr(0, slash);
     quota_name = options.quota_configmap.substr(slash + 1);
   }
+  std::string history_path;
+  if (!options.history_configmap.empty()) {
+    const std::string& h = options.history_configmap;
+    const size_t slash = h.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == h.size() ||
+        h.find('/', slash + 1) != std::string::npos) {
+      return absl::InvalidArgumentError(
+          fmt::format("history ConfigMap '{}': expected namespace/name", h));
+    }
+    history_path = "/api/v1/namespaces/" + Escape(h.substr(0, slash)) + "/configmaps/" +
+                   Escape(h.substr(slash + 1));
+  }
   std::unique_ptr<Service> s(new Service(client, std::move(options), clock));
   Service* self = s.get();
+  // The history first: an ended pod the informer lists next is then known as learned already.
+  s->history_path_ = history_path;
+  if (!history_path.empty()) s->LoadHistory();
   Extender* ex = s->extender_.get();
   auto add = [&](kube::InformerOptions o, kube::Informer::Handler h) {
     s->informers_.push_back(std::make_unique<kube::Informer>(client, std::move(o), std::move(h)));
@@ -559,6 +574,59 @@ net::HttpResponse Service::HandlePreempt(const std::string& body) {
   return JsonReply(200, json{{"NodeNameToMetaVictims", out}});
 }
 
+bool Service::LoadHistory() {
+  auto cm = client_.Get(history_path_);
+  if (!cm.ok() && cm.status().code() != absl::StatusCode::kNotFound) {
+    spdlog::warn(
+        "extender: reading the use history {}: {}; sizing from what this start learns, "
+        "read again later",
+        options_.history_configmap, std::string(cm.status().message()));
+    return false;
+  }
+  history_loaded_ = true;
+  if (!cm.ok()) {
+    spdlog::info("extender: no use history {} yet: made when a pod's use is first learned",
+                 options_.history_configmap);
+    return true;
+  }
+  const std::string text = kube::StringAt(*cm, {"data", "history.json"});
+  const json records = json::parse(text.empty() ? "[]" : text, nullptr, false);
+  const int bad = extender_->LoadUseHistory(records);
+  spdlog::info("extender: use history {}: {} record(s) read{}", options_.history_configmap,
+               records.is_array() ? records.size() : 0,
+               bad > 0 ? fmt::format(", {} unreadable and skipped", bad) : "");
+  return true;
+}
+
+bool Service::SaveHistory(const json& records) {
+  const size_t slash = options_.history_configmap.find('/');
+  json cm = {{"apiVersion", "v1"},
+             {"kind", "ConfigMap"},
+             {"metadata",
+              {{"name", options_.history_configmap.substr(slash + 1)},
+               {"namespace", options_.history_configmap.substr(0, slash)},
+               {"labels", {{"app.kubernetes.io/name", "tessera"}}}}},
+             {"data", {{"history.json", records.dump()}}}};
+  auto have = client_.Get(history_path_);
+  absl::StatusOr<json> wrote = absl::UnknownError("not written");
+  if (!have.ok()) wrote = have.status();
+  if (have.ok()) {
+    // Replaced as read: another writer in between is a 409, and this is tried again.
+    cm["metadata"]["resourceVersion"] = kube::StringAt(*have, {"metadata", "resourceVersion"});
+    wrote = client_.Replace(history_path_, cm);
+  } else if (have.status().code() == absl::StatusCode::kNotFound) {
+    wrote = client_.Create(history_path_.substr(0, history_path_.rfind('/')), cm);
+  }
+  if (!wrote.ok()) {
+    ++counters_.history_errors;
+    spdlog::warn("extender: writing the use history {}: {}; will retry", options_.history_configmap,
+                 std::string(wrote.status().message()));
+    return false;
+  }
+  ++counters_.history_writes;
+  return true;
+}
+
 void Service::Work() {
   std::vector<Victim> retry;
   std::unique_lock lock(mu_);
@@ -586,6 +654,18 @@ void Service::Work() {
       if (!r.ok()) {
         spdlog::warn("extender: marking {} reserved on {}: {}", id, node,
                      std::string(r.status().message()));
+      }
+    }
+    // The use history kept across restarts: read once it can be, written when it changed.
+    if (!history_path_.empty() && (history_loaded_ || LoadHistory())) {
+      if (auto h = extender_->TakeUseHistory()) history_pending_ = std::move(*h);
+      const auto now = std::chrono::steady_clock::now();
+      if (history_pending_ &&
+          now - history_written_ >=
+              std::chrono::duration<double>(options_.history_write_interval_s) &&
+          SaveHistory(*history_pending_)) {
+        history_pending_.reset();
+        history_written_ = now;
       }
     }
     for (const Notice& n : extender_->TakeNotices()) {
@@ -671,6 +751,10 @@ std::string Service::Metrics() const {
       c.untrusted);
   by("tessera_extender_quota_loads_total", "counter", "Quota ConfigMap loads by result.", "result",
      {{"ok", c.quota_loads}, {"error", c.quota_errors}});
+  by("tessera_extender_use_history_writes_total", "counter",
+     "Writes of the use history ConfigMap (what ended pods used, which sizes \"auto\" pods) by "
+     "result.",
+     "result", {{"ok", c.history_writes}, {"error", c.history_errors}});
 
   Extender::Stats s = extender_->stats();
   one("tessera_extender_nodes", "gauge", "Nodes with Tessera GPUs in the extender's state.",

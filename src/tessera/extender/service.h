@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <variant>
@@ -40,6 +41,11 @@ struct ServiceOptions {
   std::string metrics_listen;
   // The quota ConfigMap, "namespace/name"; empty: no quotas.
   std::string quota_configmap;
+  // Where the measured use of ended pods (the history "auto" pods are sized from) is kept across
+  // restarts, "namespace/name" (key history.json); empty: in memory only. Written when it
+  // changed, at most once per history_write_interval_s.
+  std::string history_configmap;
+  double history_write_interval_s = 10;
   // Whether to watch scheduling.x-k8s.io/v1alpha1 PodGroups (their minMember makes gangs).
   bool pod_groups = true;
   // Seconds between sweeps of expired reservations.
@@ -111,6 +117,10 @@ class Service {
   net::HttpResponse HandleBind(const std::string& body);
   net::HttpResponse HandlePreempt(const std::string& body);
   void Work();  // evictions and reservation expiry
+  // The history ConfigMap read into the extender (true: read, or there is none yet).
+  bool LoadHistory();
+  // `records` written to it (created when missing); false to try again later.
+  bool SaveHistory(const nlohmann::json& records);
   void Observe(double seconds);
 
   kube::Client& client_;
@@ -131,6 +141,12 @@ class Service {
   std::chrono::steady_clock::time_point next_expiry_{};  // Work's next look for lapsed reservations
   bool wake_ = false;
   std::thread worker_;
+  // The history ConfigMap (Work's alone after Start): its path, whether it was read, what waits to
+  // be written, and when it was last written.
+  std::string history_path_;
+  bool history_loaded_ = false;
+  std::optional<nlohmann::json> history_pending_;
+  std::chrono::steady_clock::time_point history_written_{};
 
   // Counters for /metrics.
   struct Counters {
@@ -142,6 +158,7 @@ class Service {
     std::atomic<uint64_t> bad_requests{0};
     std::atomic<uint64_t> untrusted{0};  // requests naming a pod the API server does not have
     std::atomic<uint64_t> quota_loads{0}, quota_errors{0};
+    std::atomic<uint64_t> history_writes{0}, history_errors{0};
     std::atomic<uint64_t> dra_filter{0}, dra_prioritize{0};  // DRA pods of Tessera's driver
   };
   mutable Counters counters_;

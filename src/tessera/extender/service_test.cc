@@ -176,6 +176,59 @@ TEST_F(ServiceTest, ATrialIsBoundWithItsDeadlineAndItsEndSizesTheNextAutoPod) {
   ASSERT_TRUE(Eventually([&] { return EventOn("try-2", "SizedAutomatically") == sizing; }));
 }
 
+// The use history outlives the extender: what ended pods used is kept in its ConfigMap, read back
+// at a restart - after the ended pods are gone - and a pod still in the API server is not counted
+// twice; unreadable records are skipped, the rest read.
+TEST_F(ServiceTest, TheUseHistoryOutlivesARestartAndTheEndedPodsGone) {
+  ServiceOptions o;
+  o.history_configmap = "tessera-system/tessera-gpu-history";
+  o.history_write_interval_s = 0;
+  Start(o);
+  ASSERT_TRUE(Eventually([&] { return service_->extender().stats().nodes == 2; }));
+  auto ended = [&](const std::string& name, int64_t peak) {
+    json pod = GpuPod("ml", name, {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "4Gi"}}});
+    pod["spec"]["nodeName"] = "n1";
+    pod["status"]["phase"] = "Succeeded";
+    pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+        kube::FormatGpuUse({.seconds = 60, .peak_mib = peak, .limit_mib = 4096});
+    return Create(pod);
+  };
+  auto stored = [&]() -> json {
+    auto cm = api_.Get("/api/v1/namespaces/tessera-system/configmaps", "tessera-gpu-history");
+    return cm ? json::parse((*cm)["data"].value("history.json", "[]"), nullptr, false) : json();
+  };
+  ended("gone", 3000);
+  // Two records per pod: its own kind and its shape's "auto" kind.
+  ASSERT_TRUE(Eventually([&] { return stored().is_array() && stored().size() == 2; }))
+      << stored().dump();
+  ended("kept", 2000);
+  ASSERT_TRUE(Eventually([&] { return stored().size() == 4; })) << stored().dump();
+  service_->Stop();
+  service_.reset();
+  ASSERT_TRUE(api_.Delete(Pods("ml"), "gone"));
+  // A record someone broke by hand is skipped; the others are read.
+  auto cm = *api_.Get("/api/v1/namespaces/tessera-system/configmaps", "tessera-gpu-history");
+  json records = stored();
+  records.push_back({{"uid", "x"}, {"shape", 7}});
+  cm["data"]["history.json"] = records.dump();
+  api_.Put("/api/v1/namespaces/tessera-system/configmaps", cm);
+  Start(o);
+  ASSERT_TRUE(Eventually([&] { return service_->extender().stats().nodes == 2; }));
+  json pod = Create(
+      GpuPod("ml", "sized", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}}));
+  json f = Post("filter", {{"Pod", pod}, {"NodeNames", {"n1"}}});
+  ASSERT_EQ(f["NodeNames"], json({"n1"})) << f.dump();
+  EXPECT_EQ(Post("bind", {{"PodName", "sized"}, {"PodNamespace", "ml"}, {"Node", "n1"}})["Error"],
+            "");
+  // The two pods' peaks - not three: the kept pod, listed again, was learned already.
+  // p95 of 2000 and 3000 MiB is 3000; + 20% = 3600, rounded up to 256 MiB: 3840.
+  EXPECT_EQ(
+      (*api_.Get(Pods("ml"), "sized"))["metadata"]["annotations"].value("tessera.io/sizing", ""),
+      "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's 25% auto jobs (2 runs)) + 20%");
+  EXPECT_THAT(service_->Metrics(),
+              HasSubstr("tessera_extender_use_history_writes_total{result=\"error\"} 0"));
+}
+
 // Restarted while the API server fails: until nodes, pods and PodGroups are listed, every node
 // waits with the reason (a placement now could give out GPUs a running pod holds). A cluster
 // without the coscheduling CRD is ready all the same.
@@ -379,8 +432,24 @@ TEST_F(ServiceTest, RbacInDeployCoversExactlyTheVerbsUsed) {
            testing::PodGroup("ml", "job", 2));
   ServiceOptions o;
   o.quota_configmap = "tessera-system/tessera-quotas";
+  o.history_configmap = "tessera-system/tessera-gpu-history";
+  o.history_write_interval_s = 0;
   o.event_repeat_s = 0;  // the waiting gang member's repeats patch its event
   Start(o);
+  // Two pods end with their use measured: the use history is made, then replaced.
+  for (const char* name : {"done-0", "done-1"}) {
+    json pod = GpuPod("ml", name, {.shares = 1});
+    pod["spec"]["nodeName"] = "n1";
+    pod["status"]["phase"] = "Succeeded";
+    pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+        kube::FormatGpuUse({.seconds = 60, .peak_mib = 1000});
+    const std::string uid = Create(pod)["metadata"]["uid"];
+    ASSERT_TRUE(Eventually([&] {
+      auto cm = api_.Get("/api/v1/namespaces/tessera-system/configmaps", "tessera-gpu-history");
+      return cm &&
+             (*cm)["data"].value("history.json", "").find('"' + uid + '"') != std::string::npos;
+    }));
+  }
   // A gang of two on n2: the first waits, the second completes it, the first is marked reserved.
   json g0 = Create(GpuPod("ml", "g0", {.gpus = 1, .pod_group = "job"}));
   ASSERT_TRUE(Eventually([&] {

@@ -117,11 +117,10 @@ void Extender::LearnUse(const json& pod) {
   // What its kind needs: its peak, or what it asked at most where its limit refused it.
   int64_t learn_mib = use->peak_mib.value_or(0);
   if (refused) learn_mib = std::max(learn_mib, use->wanted_mib.value_or(0));
-  for (const sched::RunKind& k : UseKinds(*d)) {
-    if (use->busy_permille)
-      engine_->history().AddUtilization(k, static_cast<double>(*use->busy_permille) / 10);
-    if (learn_mib > 0) engine_->history().AddGpuMemoryPeak(k, static_cast<double>(learn_mib));
-  }
+  const std::optional<double> busy =
+      use->busy_permille ? std::optional<double>(static_cast<double>(*use->busy_permille) / 10)
+                         : std::nullopt;
+  for (const sched::RunKind& k : UseKinds(*d)) Learn(uid, k, busy, static_cast<double>(learn_mib));
   spdlog::info("extender: pod {} ended; its kind ({}) learns {}", id, d->kind.shape, text);
   const std::string ns = StringAt(pod, {"metadata", "namespace"});
   auto notice = [&](const char* type, const char* reason, std::string note) {
@@ -156,6 +155,82 @@ void Extender::LearnUse(const json& pod) {
   if (d->trial_s > 0)
     notice("Normal", "TrialResult",
            TrialAdvice(*d, *use, SharesPerGpu(), options_.auto_size_margin_pct));
+}
+
+void Extender::Learn(const std::string& uid, const sched::RunKind& kind,
+                     std::optional<double> busy_pct, double peak_mib) {
+  if (busy_pct) engine_->history().AddUtilization(kind, *busy_pct);
+  if (peak_mib > 0) engine_->history().AddGpuMemoryPeak(kind, peak_mib);
+  json r = {{"uid", uid},
+            {"user", kind.user},
+            {"name", kind.name},
+            {"command", kind.command},
+            {"shape", kind.shape}};
+  if (busy_pct) r["busyPercent"] = *busy_pct;
+  if (peak_mib > 0) r["peakMiB"] = peak_mib;
+  use_records_.push_back(std::move(r));
+  while (use_records_.size() > kUseRecordsKept) use_records_.pop_front();
+  use_records_changed_ = true;
+}
+
+std::optional<json> Extender::TakeUseHistory() {
+  core::MutexLock lock(mu_);
+  if (!use_records_changed_) return std::nullopt;
+  use_records_changed_ = false;
+  // Within what a ConfigMap holds (1 MiB in all): the oldest records go first.
+  size_t bytes = 2;
+  for (const json& r : use_records_) bytes += r.dump().size() + 1;
+  while (bytes > kUseHistoryBytes && !use_records_.empty()) {
+    bytes -= use_records_.front().dump().size() + 1;
+    use_records_.pop_front();
+  }
+  return json(use_records_);
+}
+
+int Extender::LoadUseHistory(const json& records) {
+  core::MutexLock lock(mu_);
+  if (!records.is_array()) return 1;
+  const bool learned_since_start = !use_records_.empty();
+  int bad = 0;
+  std::unordered_set<std::string> loaded;  // a pod's records (one per kind) all replayed
+  for (const json& r : records) {
+    auto text = [&](const char* key) -> const json* {
+      auto it = r.is_object() ? r.find(key) : r.end();
+      return r.is_object() && it != r.end() && it->is_string() ? &*it : nullptr;
+    };
+    const json* uid = text("uid");
+    const json* shape = text("shape");
+    const json* user = text("user");
+    const json* name = text("name");
+    const json* command = r.is_object() && r.contains("command") ? &r["command"] : nullptr;
+    const json* busy = r.is_object() && r.contains("busyPercent") ? &r["busyPercent"] : nullptr;
+    const json* peak = r.is_object() && r.contains("peakMiB") ? &r["peakMiB"] : nullptr;
+    if (!uid || !shape || !user || !name || !command || !command->is_array() ||
+        (busy && (!busy->is_number() || *busy < 0 || *busy > 100)) ||
+        (peak && (!peak->is_number() || *peak <= 0))) {
+      ++bad;
+      continue;
+    }
+    sched::RunKind kind{.user = *user, .name = *name, .shape = *shape};
+    bool words = true;
+    for (const json& a : *command) {
+      if (!a.is_string()) words = false;
+      if (words) kind.command.push_back(a.get<std::string>());
+    }
+    if (!words) {
+      ++bad;
+      continue;
+    }
+    const std::string id = uid->get<std::string>();
+    if (learned_.contains(id) && !loaded.contains(id)) continue;  // learned since this start
+    learned_.insert(id);
+    loaded.insert(id);
+    Learn(id, kind, busy ? std::optional<double>(busy->get<double>()) : std::nullopt,
+          peak ? peak->get<double>() : 0);
+  }
+  // What was just read is what is stored; what was learned before it still needs writing.
+  use_records_changed_ = learned_since_start;
+  return bad;
 }
 
 std::vector<Notice> Extender::TakeNotices() {
