@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!again.ok() || *again != *d) __builtin_trap();
       break;
     }
-    case 2: {
+    case 3: {
       auto u = k::ParseGpuUse(text);
       if (!u.ok()) {
         if (u.status().code() != absl::StatusCode::kInvalidArgument) __builtin_trap();

@@ -233,6 +233,21 @@ TEST_F(ExtenderTest, APodAskingAutoMemoryIsSizedFromWhatEndedPodsOfItsKindUsed) 
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.ok() ? *plan : BindPlan{};
   };
+  // Another namespace's pods of the same shape never size this one's (whoever may edit a pod can
+  // write its tessera.io/gpu-use).
+  for (int i = 0; i < 3; ++i) {
+    json theirs = GpuPod("other", "p" + std::to_string(i), {.shares = 1});
+    theirs["spec"]["nodeName"] = "a";
+    theirs["status"]["phase"] = "Succeeded";
+    theirs["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+        kube::FormatGpuUse({.seconds = 9, .peak_mib = 1});
+    ex_->OnPod(Ev::kModified, theirs);
+  }
+  json bare =
+      GpuPod("ml", "bare", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}});
+  ASSERT_EQ(ex_->Filter(bare, {"a"}).nodes, std::vector<std::string>{"a"});
+  EXPECT_THAT(ex_->PrepareBind("ml", "bare", "", "a")->sizing,
+              HasSubstr("gpu-memory: no measured runs of its kind yet"));
   // Nothing measured of its kind yet: its share's part of the GPU's memory, as without the
   // annotation (no memory in the assignment), and said so.
   json first = of_job("infer-1", "auto");

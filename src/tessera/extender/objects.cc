@@ -112,10 +112,18 @@ std::string AutoShape(const std::string& shape, const core::Request& r) {
 
 }  // namespace
 
+sched::RunKind UseKind(sched::RunKind kind) {
+  // Known by neither a Job, a controller nor a command, a pod is one of its namespace's pods of
+  // its shape - never of every namespace's (the history's shape-only keys): whoever may edit a pod
+  // can write its tessera.io/gpu-use, so what sizes a namespace's pods comes from its own.
+  if (kind.name.empty() && kind.command.empty()) kind.command = {kPodsOfItsShape};
+  return kind;
+}
+
 std::vector<sched::RunKind> UseKinds(const PodDemand& d) {
-  std::vector<sched::RunKind> kinds = {d.kind};
+  std::vector<sched::RunKind> kinds = {UseKind(d.kind)};
   if (d.request.fractional() && !d.memory_auto) {
-    sched::RunKind k = d.kind;
+    sched::RunKind k = UseKind(d.kind);
     k.shape = AutoShape(k.shape, d.request);
     kinds.push_back(std::move(k));
   }

@@ -82,6 +82,10 @@ struct PodDemand {
 // The history kinds an ended pod's measured use joins: its own, and for a share not sized "auto",
 // that of the same pod asking tessera.io/gpu-memory "auto" (which its use sizes too).
 std::vector<sched::RunKind> UseKinds(const PodDemand& d);
+// The kind measured use is kept and sized under: `kind`, known by kPodsOfItsShape when a Job, a
+// controller or a command does not name it, so that no namespace's use sizes another's pods.
+inline constexpr char kPodsOfItsShape[] = "pods of its shape";
+sched::RunKind UseKind(sched::RunKind kind);
 
 // A Pod object. `shares_per_gpu` converts a share count to compute thousandths (the node's; the
 // extender checks them per node, this uses the cluster's common value). kInvalidArgument for what

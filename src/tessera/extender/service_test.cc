@@ -168,7 +168,8 @@ TEST_F(ServiceTest, ATrialIsBoundWithItsDeadlineAndItsEndSizesTheNextAutoPod) {
   EXPECT_FALSE(stored["spec"].contains("activeDeadlineSeconds")) << "not a trial";
   const std::string sizing = stored["metadata"]["annotations"].value("tessera.io/sizing", "");
   EXPECT_EQ(sizing,
-            "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's 25% auto jobs (1 run)) + 20%");
+            "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's runs of 'pods of its shape' (1 "
+            "run)) + 20%");
   auto as = kube::ParseAssignment(
       stored["metadata"]["annotations"][kube::kAssignmentAnnotation].get<std::string>());
   ASSERT_TRUE(as.ok()) << as.status();
@@ -224,7 +225,8 @@ TEST_F(ServiceTest, TheUseHistoryOutlivesARestartAndTheEndedPodsGone) {
   // p95 of 2000 and 3000 MiB is 3000; + 20% = 3600, rounded up to 256 MiB: 3840.
   EXPECT_EQ(
       (*api_.Get(Pods("ml"), "sized"))["metadata"]["annotations"].value("tessera.io/sizing", ""),
-      "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's 25% auto jobs (2 runs)) + 20%");
+      "gpu-memory 3840Mi: a peak of 3000MiB (p95 of ml's runs of 'pods of its shape' (2 runs)) + "
+      "20%");
   EXPECT_THAT(service_->Metrics(),
               HasSubstr("tessera_extender_use_history_writes_total{result=\"error\"} 0"));
 }

@@ -80,7 +80,7 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
 
 void Extender::SizeAuto(PodDemand& d) const {
   if (!d.memory_auto) return;
-  const sched::Prediction p = engine_->history().Predict(d.kind);
+  const sched::Prediction p = engine_->history().Predict(UseKind(d.kind));
   d.request.gpu_memory_mib = 0;
   if (p.gpu_memory_peak_mib <= 0) {
     d.sizing =
