@@ -173,6 +173,25 @@ TEST(PodDemandOf, AShareWithMemory) {
   ASSERT_TRUE(mps.ok()) << mps.status();
   EXPECT_TRUE(mps->request.mps());
   EXPECT_EQ(mps->request.owner, "team-a") << "MPS's one user: the namespace";
+  // Memory "auto": the extender sizes it; its kind says "auto" whatever each run is given. A
+  // trial's time.
+  auto sized = PodDemandOf(Pod({Container("nb", "tessera.io/gpu-share", 3)},
+                               {{"tessera.io/gpu-memory", "auto"}, {"tessera.io/trial", "90s"}}),
+                           10);
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_TRUE(sized->memory_auto);
+  EXPECT_EQ(sized->request.gpu_memory_mib, 0);
+  EXPECT_EQ(sized->kind.shape, "30% auto");
+  EXPECT_EQ(sized->trial_s, 90);
+  // The kinds an ended share's use joins: its own and its "auto" one; a pod named by nothing is
+  // its namespace's pods of its shape.
+  std::vector<sched::RunKind> kinds = UseKinds(*d);
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0].shape, "30% 10240MiB");
+  EXPECT_EQ(kinds[1].shape, "30% auto");
+  EXPECT_EQ(kinds[1].user, "team-a");
+  EXPECT_EQ(kinds[1].command, std::vector<std::string>{kPodsOfItsShape});
+  EXPECT_EQ(UseKinds(*sized).size(), 1u);
 }
 
 TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
@@ -206,6 +225,12 @@ TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {
       {Pod({Container("a", "tessera.io/gpu", 1)}, {{"tessera.io/sharing", "mps"}}),
        "mps is for a pod asking for tessera.io/gpu-share"},
       {Pod(json::object()), "spec.containers: expected a list"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/trial", "soon"}}),
+       "tessera.io/trial: expected a duration from 1s to 7d"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/trial", "30d"}}),
+       "tessera.io/trial: expected a duration from 1s to 7d"},
+      {Pod({Container("a", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-memory", "Auto"}}),
+       "tessera.io/gpu-memory: expected a quantity such as 10Gi, or auto"},
   };
   for (const Case& c : cases) {
     auto d = PodDemandOf(c.pod, 10);
