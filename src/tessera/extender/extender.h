@@ -160,11 +160,11 @@ class Extender {
   // Events to post: a trial's result, a pod that outgrew its automatic memory.
   std::vector<Notice> TakeNotices();
   // The measured use it has learned (the last kUseRecordsKept ended pods' records, per history
-  // kind), for the service to keep in a ConfigMap across restarts: a JSON array, or nullopt when
-  // nothing changed since the last call. LoadUseHistory replays such an array into the history
-  // (records of pods learned already are skipped, and their pods' later events too); malformed
-  // records are skipped and counted in the answer.
-  std::optional<nlohmann::json> TakeUseHistory();
+  // kind, at most kUseHistoryBytes), for the service to keep in a ConfigMap across restarts: a
+  // JSON array's text, or nullopt when nothing changed since the last call. LoadUseHistory replays
+  // such an array into the history (records of pods learned already are skipped, and their pods'
+  // later events too); malformed records are skipped and counted in the answer.
+  std::optional<std::string> TakeUseHistory();
   int LoadUseHistory(const nlohmann::json& records);
   static constexpr size_t kUseRecordsKept = 2000;
   static constexpr size_t kUseHistoryBytes = 900 * 1024;  // the array's JSON, at most
@@ -329,8 +329,10 @@ class Extender {
   std::vector<Notice> notices_ ABSL_GUARDED_BY(mu_);
   // UIDs of ended pods whose use history has (until they are deleted).
   std::unordered_set<std::string> learned_ ABSL_GUARDED_BY(mu_);
-  // What it learned, oldest first (bounded: kUseRecordsKept), as TakeUseHistory gives it.
-  std::deque<nlohmann::json> use_records_ ABSL_GUARDED_BY(mu_);
+  // What it learned, oldest first, each record's JSON text (bounded: kUseRecordsKept, and
+  // use_bytes_ within kUseHistoryBytes), as TakeUseHistory gives it.
+  std::deque<std::string> use_records_ ABSL_GUARDED_BY(mu_);
+  size_t use_bytes_ ABSL_GUARDED_BY(mu_) = 2;  // of the array: "[", "]" and a comma a record
   bool use_records_changed_ ABSL_GUARDED_BY(mu_) = false;
   // One ended pod's measured use (its uid) into the history under `kind`.
   void Learn(const std::string& uid, const sched::RunKind& kind, std::optional<double> busy_pct,

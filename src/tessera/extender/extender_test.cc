@@ -363,12 +363,17 @@ TEST_F(ExtenderTest, TheUseHistoryReadsBackSkipsBadRecordsAndStaysWithinAConfigM
   pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
       kube::FormatGpuUse({.seconds = 9, .peak_mib = 500});
   ex_->OnPod(Ev::kModified, pod);
-  auto h = ex_->TakeUseHistory();
-  ASSERT_TRUE(h);
-  EXPECT_LE(h->dump().size(), Extender::kUseHistoryBytes);
-  EXPECT_GT(h->size(), 50u);
-  EXPECT_EQ(h->back()["uid"], "uid-ml-new");
-  EXPECT_EQ(h->back()["peakMiB"], 500);
+  auto text = ex_->TakeUseHistory();
+  ASSERT_TRUE(text);
+  EXPECT_LE(text->size(), Extender::kUseHistoryBytes);
+  json h = json::parse(*text);
+  EXPECT_GT(h.size(), 50u);
+  EXPECT_EQ(h.back()["uid"], "uid-ml-new");
+  EXPECT_EQ(h.back()["peakMiB"], 500);
+  EXPECT_EQ(h.back()["command"], json::array({kPodsOfItsShape}));
+  // Read back by another extender: the same records.
+  Extender again({}, clock_);
+  EXPECT_EQ(again.LoadUseHistory(h), 0);
 }
 
 TEST(TrialAdvice, AskWholeGpusSharesOrNothingFromWhatWasMeasured) {

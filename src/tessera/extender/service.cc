@@ -598,7 +598,7 @@ bool Service::LoadHistory() {
   return true;
 }
 
-bool Service::SaveHistory(const json& records) {
+bool Service::SaveHistory(const std::string& records) {
   const size_t slash = options_.history_configmap.find('/');
   json cm = {{"apiVersion", "v1"},
              {"kind", "ConfigMap"},
@@ -606,7 +606,7 @@ bool Service::SaveHistory(const json& records) {
               {{"name", options_.history_configmap.substr(slash + 1)},
                {"namespace", options_.history_configmap.substr(0, slash)},
                {"labels", {{"app.kubernetes.io/name", "tessera"}}}}},
-             {"data", {{"history.json", records.dump()}}}};
+             {"data", {{"history.json", records}}}};
   auto have = client_.Get(history_path_);
   absl::StatusOr<json> wrote = absl::UnknownError("not written");
   if (!have.ok()) wrote = have.status();

@@ -120,7 +120,7 @@ class Service {
   // The history ConfigMap read into the extender (true: read, or there is none yet).
   bool LoadHistory();
   // `records` written to it (created when missing); false to try again later.
-  bool SaveHistory(const nlohmann::json& records);
+  bool SaveHistory(const std::string& records);
   void Observe(double seconds);
 
   kube::Client& client_;
@@ -145,7 +145,7 @@ class Service {
   // be written, and when it was last written.
   std::string history_path_;
   bool history_loaded_ = false;
-  std::optional<nlohmann::json> history_pending_;
+  std::optional<std::string> history_pending_;  // a JSON array's text
   std::chrono::steady_clock::time_point history_written_{};
 
   // Counters for /metrics.
