@@ -120,7 +120,7 @@ void LoadFullHistory(benchmark::State& state) {
 
 BENCHMARK(LearnEndedPod)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(FilterOnce, sized_6Gi, std::string("6Gi"))->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(FilterOnce, auto, std::string("auto"))->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(FilterOnce, auto, std::string("auto")) -> Unit(benchmark::kMicrosecond);
 BENCHMARK(TakeFullHistory)->Unit(benchmark::kMillisecond);
 BENCHMARK(LoadFullHistory)->Unit(benchmark::kMillisecond);
 
