@@ -529,6 +529,7 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   EXPECT_EQ(use->busy_permille, std::lround(1000 * 0.6 / std::stoi(held[1])));
   EXPECT_FALSE(use->refused);
   EXPECT_EQ(use->kernel_launches, 300);
+  EXPECT_THAT(Metrics(), HasSubstr("tessera_agent_pod_gpu_use_writes_total{result=\"ok\"} 1"));
 
   // A share whose limit refused an allocation: a Warning, with the most it asked. (On GPU 1: the
   // scenario's XID makes GPU 2 unhealthy a second or so after the agent starts.)

@@ -749,6 +749,8 @@ std::string Agent::Metrics() {
     counters.hint_errors = nc.hint_errors;
     counters.allocated_marks = nc.allocated_marks;
     counters.mark_errors = nc.mark_errors;
+    counters.use_marks = nc.use_marks;
+    counters.use_errors = nc.use_errors;
   }
   return RenderMetrics(options_.node_name, gpus, shares, counters, options_.metrics_virtual_gpus);
 }

@@ -182,6 +182,10 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
            "Pods marked tessera.io/allocated, by result.");
   p.Sample({{"result", "ok"}}, static_cast<double>(counters.allocated_marks));
   p.Sample({{"result", "error"}}, static_cast<double>(counters.mark_errors));
+  p.Family("tessera_agent_pod_gpu_use_writes_total", "counter",
+           "Ended pods told what they used of their GPUs (tessera.io/gpu-use), by result.");
+  p.Sample({{"result", "ok"}}, static_cast<double>(counters.use_marks));
+  p.Sample({{"result", "error"}}, static_cast<double>(counters.use_errors));
   net::AddSelfMetrics(p, "agent");
   return p.Take();
 }

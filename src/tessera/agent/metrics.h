@@ -53,6 +53,8 @@ struct AgentCountersSample {
   uint64_t hint_errors = 0;
   uint64_t allocated_marks = 0;
   uint64_t mark_errors = 0;
+  uint64_t use_marks = 0;  // tessera.io/gpu-use written on ended pods
+  uint64_t use_errors = 0;
   size_t whole_allocations = 0;
   size_t share_allocations = 0;
   // Ended pods by namespace and resource: GPU-seconds given (GPUs, or share x GPUs, x life) and

@@ -223,7 +223,7 @@ bool NodeSync::WriteUse(const Mark& m) {
   }
   if (s.code() == absl::StatusCode::kNotFound) return true;  // gone: nobody to tell
   if (!s.ok()) {
-    ++counters_.mark_errors;
+    ++counters_.use_errors;
     spdlog::warn("writing the GPU use of pod {}/{}: {}", m.pod_namespace, m.pod_name,
                  std::string(s.message()));
     return false;

@@ -42,7 +42,9 @@ struct NodeSyncCounters {
   std::atomic<uint64_t> hint_errors{0};  // bad annotations, failed lists
   std::atomic<uint64_t> allocated_marks{0};
   std::atomic<uint64_t> mark_errors{0};
-  std::atomic<uint64_t> use_marks{0};  // ended pods told what they used (tessera.io/gpu-use)
+  // Ended pods told what they used (tessera.io/gpu-use), and writes that failed (retried).
+  std::atomic<uint64_t> use_marks{0};
+  std::atomic<uint64_t> use_errors{0};
 };
 
 // The pending pod whose next unallocated container needs `count` devices of `r`, oldest
