@@ -471,7 +471,8 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head, ui
   // What the share's pod used of the GPU memory it was given, per GPU (as `tessera eff` says of a
   // server's job): logged, and a Normal Event on the pod, which outlives it in the API server.
   // Allocations its limit refused make it a Warning, with the most it asked.
-  kube::GpuUse use{.seconds = static_cast<int64_t>(HeldSeconds(a))};
+  const double held_s = HeldSeconds(a);
+  kube::GpuUse use{.seconds = static_cast<int64_t>(held_s)};
   if (launches > 0) use.kernel_launches = static_cast<int64_t>(launches);
   std::string note = MemoryUseNote(*head, a.gpus, &use);
   const bool refused = use.refused.has_value();
@@ -498,7 +499,6 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head, ui
                               arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
                               shim::ArbiterJobKey(a.id.c_str()))) /
                           1e6;
-    const double held_s = HeldSeconds(a);
     const double given_s = held_s * share * static_cast<double>(gpus.size());
     note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
     if (given_s > 0) {

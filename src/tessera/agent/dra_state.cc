@@ -160,6 +160,10 @@ std::optional<DraDevice> DraState::Find(const std::string& name) const {
   return devices_[it->second];
 }
 
+std::string DraState::RegionPath(const std::string& uid, const std::string& request) const {
+  return fmt::format("{}/regions/claim-{}-{}.region", plugin_.state_dir, uid, request);
+}
+
 std::string DraState::CdiSpecPath(const std::string& uid) const {
   return options_.cdi_dir + "/tessera.io-claim_" + uid + ".json";
 }
@@ -449,7 +453,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
       }
       share.priority = rc.priority.value_or(plugin_.default_priority);
       share.job_id = fmt::format("claim-{}-{}", uid, request);
-      share.region = fmt::format("{}/regions/claim-{}-{}.region", plugin_.state_dir, uid, request);
+      share.region = RegionPath(uid, request);
       if (absl::Status st = ShareEdits(share, inventory_, plugin_, &edits); !st.ok()) {
         undo();
         return absl::Status(st.code() == absl::StatusCode::kFailedPrecondition
@@ -623,24 +627,25 @@ absl::Status DraState::Unprepare(const std::string& uid) {
     if (unlink(spec.c_str()) != 0 && errno != ENOENT) {
       spdlog::warn("claim {}: CDI spec {} not removed: {}", uid, spec, strerror(errno));
     }
-    // What each share request used, read before its region goes ("claim-<uid>-<request>.region").
-    const std::string prefix = fmt::format("claim-{}-", uid);
-    for (const std::string& r : gone->regions) {
-      ShareUse u{.ns = gone->ns, .name = gone->name};
-      const std::string file = r.substr(r.rfind('/') + 1);
-      if (file.starts_with(prefix) && file.ends_with(".region"))
-        u.request = file.substr(prefix.size(), file.size() - prefix.size() - 7);
-      for (const PreparedDevice& d : gone->devices) {
-        auto dev = by_name_.find(d.device);
-        if (dev == by_name_.end() || std::ranges::find(d.requests, u.request) == d.requests.end())
-          continue;
+    // What each share request used, read before its region goes: a request whose region the
+    // claim made, with its devices' GPUs in their order.
+    for (const PreparedDevice& d : gone->devices) {
+      auto dev = by_name_.find(d.device);
+      for (const std::string& request : d.requests) {
+        const std::string region = RegionPath(uid, request);
+        if (std::ranges::find(gone->regions, region) == gone->regions.end()) continue;
+        auto u = std::ranges::find(used, request, &ShareUse::request);
+        if (u == used.end()) {
+          used.push_back({.ns = gone->ns, .name = gone->name, .request = request});
+          used.back().head = shim::ReadRegionHead(region.c_str());
+          u = used.end() - 1;
+        }
+        if (dev == by_name_.end()) continue;
         const std::string& uuid = inventory_.gpus[devices_[dev->second].gpu].uuid;
-        if (std::ranges::find(u.gpus, uuid) == u.gpus.end()) u.gpus.push_back(uuid);
+        if (std::ranges::find(u->gpus, uuid) == u->gpus.end()) u->gpus.push_back(uuid);
       }
-      u.head = shim::ReadRegionHead(r.c_str());
-      used.push_back(std::move(u));
-      unlink(r.c_str());
     }
+    for (const std::string& r : gone->regions) unlink(r.c_str());
     spdlog::info("unprepared claim {}/{} (UID {})", gone->ns, gone->name, uid);
   }
   if (on_unprepare_ && !used.empty()) on_unprepare_(used);

@@ -134,6 +134,8 @@ class DraState {
   // Where an unusable checkpoint was moved at start; empty when it was fine.
   std::string set_aside() const;
   std::string CdiSpecPath(const std::string& uid) const;
+  // Where a share request's region is: its limits at prepare, what it used at unprepare.
+  std::string RegionPath(const std::string& uid, const std::string& request) const;
 
   struct Claim;
   struct ClaimAllocation;
