@@ -100,18 +100,6 @@ bool HasTesseraResources(const json& pod) {
   return false;
 }
 
-namespace {
-
-// HistoryShape's form for a share whose memory is "auto": "30% auto" where it says "30% 0MiB".
-std::string AutoShape(const std::string& shape, const core::Request& r) {
-  const std::string sized = fmt::format(" {}MiB", r.gpu_memory_mib);
-  std::string out = shape;
-  if (size_t at = out.find(sized); at != std::string::npos) out.replace(at, sized.size(), " auto");
-  return out;
-}
-
-}  // namespace
-
 sched::RunKind UseKind(sched::RunKind kind) {
   // Known by neither a Job, a controller nor a command, a pod is one of its namespace's pods of
   // its shape - never of every namespace's (the history's shape-only keys): whoever may edit a pod
@@ -124,7 +112,7 @@ std::vector<sched::RunKind> UseKinds(const PodDemand& d) {
   std::vector<sched::RunKind> kinds = {UseKind(d.kind)};
   if (d.request.fractional() && !d.memory_auto) {
     sched::RunKind k = UseKind(d.kind);
-    k.shape = AutoShape(k.shape, d.request);
+    k.shape = sched::HistoryShape(d.request, 1, /*memory_auto=*/true);
     kinds.push_back(std::move(k));
   }
   return kinds;
@@ -337,9 +325,7 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
         if (a.is_string()) d.kind.command.push_back(a.get<std::string>());
     }
   }
-  d.kind.shape = sched::HistoryShape(r);
-  // Sized automatically: known by what it asked, whatever each run was given.
-  if (d.memory_auto) d.kind.shape = AutoShape(d.kind.shape, r);
+  d.kind.shape = sched::HistoryShape(r, 1, d.memory_auto);
   if (const json* dl = FieldAt(pod, {"spec", "activeDeadlineSeconds"}); dl && dl->is_number())
     d.kind.max_runtime_s = std::max(0.0, dl->get<double>());
   return d;

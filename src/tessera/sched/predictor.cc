@@ -94,9 +94,11 @@ double Median(const std::deque<double>& d) {
 
 }  // namespace
 
-std::string HistoryShape(const core::Request& r, int tasks) {
+std::string HistoryShape(const core::Request& r, int tasks, bool memory_auto) {
   const bool share = r.fractional();
-  std::string s = share        ? fmt::format("{:g}% {}MiB", r.gpu_milli / 10.0, r.gpu_memory_mib)
+  const std::string memory =
+      memory_auto ? std::string("auto") : fmt::format("{}MiB", r.gpu_memory_mib);
+  std::string s = share        ? fmt::format("{:g}% {}", r.gpu_milli / 10.0, memory)
                   : r.gpus > 0 ? fmt::format("{} GPU", r.gpus)
                                : std::string("no-GPU");
   if (share && r.share_gpus > 1) s += fmt::format(" on {} GPUs", r.share_gpus);

@@ -35,7 +35,9 @@ struct RunKind {
 
 // A run's shape as history keys it: "2 GPU", "30% 10240MiB", "50% 10240MiB on 2 GPUs x2", with
 // its models ("1 GPU [H100]"); `tasks`: processes started (each with the whole request).
-std::string HistoryShape(const core::Request& r, int tasks = 1);
+// `memory_auto`: a share sized automatically, known by what it asked ("30% auto"), whatever each
+// run was given.
+std::string HistoryShape(const core::Request& r, int tasks = 1, bool memory_auto = false);
 
 struct Prediction {
   double seconds = 0;   // 0: unknown
