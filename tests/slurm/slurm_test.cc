@@ -283,6 +283,52 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
                                        "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB +[0-9]+% +37%\n"));
 }
 
+// --tessera-trial in a real Slurm: slurmstepd stops the batch script and its srun step at the
+// trial's end (they would hold forever; `timeout` bounds a watch that failed), the epilog says
+// what to ask, and the user's next job of that name asking --tessera-mem=auto gets it (said on its
+// stderr); one that outgrows it is told what to ask next.
+TEST_F(Slurm, ATrialIsStoppedAtItsLengthAndSizesTheNextAutoJobOfItsName) {
+  const std::string out = slurm_->dir() + "/trial.out";
+  std::string said;
+  const std::string job = Batch("-J bert --gres=shard:2 --tessera-trial=2s -o " + out +
+                                    " --wrap 'echo started; srun -Q " + kClient +
+                                    " link alloc:1000 hold; echo not stopped'",
+                                &said);
+  ASSERT_NE(job, "") << said;
+  ASSERT_TRUE(WaitForEpilog(job)) << slurm_->Logs();
+  const std::string text = tessera::test::ReadFile(out);
+  EXPECT_THAT(text, HasSubstr("tessera: job " + job + " is a trial of 2s: its steps are stopped"));
+  EXPECT_THAT(text, HasSubstr("holding"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("not stopped"))) << "the script was stopped too";
+  auto acct = nlohmann::json::parse(
+      tessera::test::ReadFile(slurm_->PluginStateDir() + "/acct/" + job + ".json"), nullptr, false);
+  ASSERT_TRUE(acct.is_object());
+  EXPECT_EQ(acct["trial_s"], 2.0);
+  EXPECT_THAT(acct["advice"].get<std::string>(),
+              HasSubstr("peak GPU memory 1000MiB; recommended: --gres=shard:1 "
+                        "--tessera-mem=1280M (with 20% margin)"));
+  auto table = Capture(std::string(TESSERA_BINARY) + " slurm acct " + job + " --state-dir " +
+                       slurm_->PluginStateDir() + " 2>&1");
+  EXPECT_THAT(table.out, HasSubstr("\njob " + job + ": its trial of 2s ended after "));
+
+  auto sized = Capture(Cmd("timeout 60 srun -J bert --gres=shard:2 --tessera-mem=auto " +
+                           std::string(kClient) + " link alloc:1200 alloc:200 2>&1"));
+  EXPECT_EQ(sized.code, 0) << sized.out;
+  EXPECT_THAT(sized.out, HasSubstr(": --tessera-mem=auto: 1280MiB (a peak of 1000MiB, p95 of 1 "
+                                   "run of your jobs named 'bert', + 20%)"));
+  EXPECT_THAT(sized.out, HasSubstr("ok\noom\n")) << "1200 + 200 MiB is past its 1280";
+  const std::string id = sized.out.substr(sized.out.find("tessera: job ") + 13);
+  const std::string outgrown = id.substr(0, id.find(':'));
+  ASSERT_TRUE(WaitForEpilog(outgrown)) << slurm_->Logs();
+  acct = nlohmann::json::parse(
+      tessera::test::ReadFile(slurm_->PluginStateDir() + "/acct/" + outgrown + ".json"), nullptr,
+      false);
+  ASSERT_TRUE(acct.is_object());
+  EXPECT_THAT(acct.value("outgrew", ""),
+              HasSubstr("(measured peak 1200MiB; it asked for 1400MiB at most): the next job "
+                        "named 'bert' is sized past it (or ask --tessera-mem=1792M)"));
+}
+
 // The cluster's own nodes (`scontrol show node -o` of this Slurm) and a sacct export replayed by
 // `tessera sim replay`: a small one of jobs like the tests', and a synthetic one of 3,000 jobs;
 // a malformed row is refused naming its file and line.

@@ -79,6 +79,13 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
     }
   }
   t.Print(out);
+  // What a trial recommends, how "auto" sized a job and whether it outgrew it, under the table.
+  for (const auto& r : *records) {
+    for (const char* key : {"sizing", "advice", "outgrew"}) {
+      if (r.contains(key) && r[key].is_string())
+        out << "job " << r.value("job_id", 0u) << ": " << r[key].get<std::string>() << "\n";
+    }
+  }
   return kExitOk;
 }
 

@@ -15,11 +15,17 @@ extern "C" {
 #include <slurm/spank.h>
 }
 
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/slurm/step.h"
@@ -36,7 +42,9 @@ namespace {
 
 constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
 
-std::string share_option, mem_option;
+std::string share_option, mem_option, trial_option;
+// Said on the step's first task's stderr (how "auto" sized the job, its trial).
+std::string say;
 // Why the step's limits could not be set (slurmstepd): said on each task's stderr, where the user
 // looks (in init_post_opt the step's output is not connected yet), and the task not run.
 std::string refusal;
@@ -52,8 +60,8 @@ int Refuse(const std::string& why) {
 // allocated: a callback that fails makes them stop (sbatch goes on past a failed init_post_opt),
 // so a mistyped option is refused at submission, not billed and failed at its step's launch. What
 // the step's shards allow is checked at the step.
-int Checked(const std::string& share, const std::string& mem) {
-  if (absl::Status st = tessera::slurm::CheckStepOptions(share, mem); !st.ok()) {
+int Checked(const std::string& share, const std::string& mem, const std::string& trial = "") {
+  if (absl::Status st = tessera::slurm::CheckStepOptions(share, mem, trial); !st.ok()) {
     slurm_error("tessera: %s", std::string(st.message()).c_str());
     return -1;
   }
@@ -67,6 +75,67 @@ int OnMem(int, const char* arg, int) {
   mem_option = arg ? arg : "";
   return Checked("", mem_option);
 }
+int OnTrial(int, const char* arg, int) {
+  trial_option = arg ? arg : "";
+  return Checked("", "", trial_option);
+}
+
+// A trial's end (slurmstepd, a thread of its own): at the deadline its tasks - each a pidfd, so
+// that a pid reused after the task was reaped is never signalled - and their process groups get
+// SIGTERM, and SIGKILL 10 s later if they are still there (Slurm's own KillWait default). The
+// step's end (slurm_spank_exit) stops the watch.
+class TrialWatch {
+ public:
+  void Arm(int64_t deadline) { deadline_ = deadline; }
+  bool armed() const { return deadline_ > 0; }
+  void Add(pid_t pid, uint32_t job) {
+    std::lock_guard<std::mutex> l(mu_);
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    tasks_.push_back({pid, fd});
+    if (!thread_.joinable()) thread_ = std::thread([this, job] { Watch(job); });
+  }
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    for (const Task& t : tasks_)
+      if (t.fd >= 0) close(t.fd);
+    tasks_.clear();
+  }
+
+ private:
+  struct Task {
+    pid_t pid;
+    int fd;
+  };
+  void Signal(int sig) {
+    for (const Task& t : tasks_) {
+      if (t.fd < 0 || syscall(SYS_pidfd_send_signal, t.fd, sig, nullptr, 0) != 0) continue;
+      // Its process group too (a batch script's children), never slurmstepd's own.
+      if (const pid_t g = getpgid(t.pid); g > 1 && g != getpgrp()) kill(-g, sig);
+    }
+  }
+  void Watch(uint32_t job) {
+    std::unique_lock<std::mutex> l(mu_);
+    const auto at = std::chrono::system_clock::from_time_t(static_cast<time_t>(deadline_));
+    if (cv_.wait_until(l, at, [this] { return stop_; })) return;
+    slurm_info("tessera: job %u: its trial is over: its step is stopped (SIGTERM)", job);
+    Signal(SIGTERM);
+    if (cv_.wait_for(l, std::chrono::seconds(10), [this] { return stop_; })) return;
+    Signal(SIGKILL);
+  }
+  int64_t deadline_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<Task> tasks_;
+  std::thread thread_;
+};
+TrialWatch trial;
+uint32_t step_job = 0;
 
 std::string Env(spank_t sp, const char* name) {
   char buf[4096] = {};
@@ -87,12 +156,16 @@ int slurm_spank_init(spank_t sp, int, char**) {
   static struct spank_option options[] = {
       {const_cast<char*>("tessera-share"), const_cast<char*>("SHARE"),
        const_cast<char*>("[Tessera] GPU time share of each GPU, at most what the step's shards "
-                         "mean (30% or 0.3)"),
+                         "mean (30% or 0.3), or auto: sized from your jobs of this name"),
        1, 0, OnShare},
       {const_cast<char*>("tessera-mem"), const_cast<char*>("SIZE"),
        const_cast<char*>("[Tessera] GPU memory limit on each GPU, at most what the step's "
-                         "shards mean (10G, 512MiB)"),
-       1, 0, OnMem}};
+                         "shards mean (10G, 512MiB), or auto: sized from your jobs of this name"),
+       1, 0, OnMem},
+      {const_cast<char*>("tessera-trial"), const_cast<char*>("LENGTH"),
+       const_cast<char*>("[Tessera] a trial run: stopped after LENGTH (2m, 90s), its GPU use "
+                         "measured and a size recommended (tessera slurm acct JOB)"),
+       1, 0, OnTrial}};
   for (auto& o : options) {
     if (spank_option_register(sp, &o) != ESPANK_SUCCESS) {
       slurm_error("tessera: cannot register --%s", o.name);
@@ -132,6 +205,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   }
   request.share_option = share_option;
   request.mem_option = mem_option;
+  request.trial_option = trial_option;
+  request.job_name = Env(sp, "SLURM_JOB_NAME");
   auto limits = tessera::slurm::DecideLimits(*config, request);
   if (!limits.ok())
     return Refuse("job " + std::to_string(job) + ": " + std::string(limits.status().message()));
@@ -142,6 +217,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
     return Refuse("job " + std::to_string(job) +
                   ": its GPU limits cannot be set up: " + std::string(env.status().message()));
   for (const std::string& note : env->notes) slurm_info("tessera: %s", note.c_str());
+  say = env->say;
+  if (!say.empty()) slurm_info("%s", say.c_str());
+  step_job = job;
+  if (env->trial_deadline > 0) trial.Arm(env->trial_deadline);
   for (const std::string& name : env->unset) spank_unsetenv(sp, name.c_str());
   for (const auto& [name, value] : env->set) {
     if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS)
@@ -157,11 +236,33 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
 // Each task, in its own process before it runs the user's program: a refused step runs nothing.
 // (slurmstepd only logs a failed callback and runs the task anyway: the task ends here, exit code
 // 1, the reason on its stderr.)
-int slurm_spank_task_init_privileged(spank_t, int, char**) {
-  if (refusal.empty()) return ESPANK_SUCCESS;
+int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
+  if (refusal.empty()) {
+    // How it was sized, or its trial: once per step, on its first task's stderr.
+    if (uint32_t task = 1; !say.empty() &&
+                           spank_get_item(sp, S_TASK_GLOBAL_ID, &task) == ESPANK_SUCCESS &&
+                           task == 0) {
+      fprintf(stderr, "%s\n", say.c_str());
+      fflush(stderr);
+    }
+    return ESPANK_SUCCESS;
+  }
   slurm_error("%s", refusal.c_str());
   fflush(stderr);
   _exit(1);
+}
+
+// slurmstepd, each task just started: a trial's tasks are watched until its end.
+int slurm_spank_task_post_fork(spank_t sp, int, char**) {
+  if (spank_remote(sp) != 1 || !trial.armed()) return ESPANK_SUCCESS;
+  pid_t pid = 0;
+  if (spank_get_item(sp, S_TASK_PID, &pid) == ESPANK_SUCCESS && pid > 0) trial.Add(pid, step_job);
+  return ESPANK_SUCCESS;
+}
+
+int slurm_spank_exit(spank_t sp, int, char**) {
+  if (spank_remote(sp) == 1) trial.Stop();
+  return ESPANK_SUCCESS;
 }
 
 int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {

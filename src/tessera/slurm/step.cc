@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -20,6 +22,7 @@
 #include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
+#include "tessera/core/request.h"
 #include "tessera/devices/mps.h"
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
@@ -120,6 +123,11 @@ std::optional<NodeJob> ReadNodeJob(const std::string& path) {
     j.share_permille = r.value("share_permille", 0u);
     j.memory_bytes = r.value("memory_bytes", uint64_t{0});
     j.started = r.value("started", int64_t{0});
+    j.name = r.value("name", "");
+    j.share_auto = r.value("share_auto", false);
+    j.memory_auto = r.value("memory_auto", false);
+    j.sizing = r.value("sizing", "");
+    j.trial_s = r.value("trial_s", 0.0);
     return j;
   } catch (const json::exception&) {
     return std::nullopt;  // a field of another type
@@ -127,13 +135,19 @@ std::optional<NodeJob> ReadNodeJob(const std::string& path) {
 }
 
 json RecordJson(const NodeJob& j) {
-  return {{"job_id", j.job_id},
-          {"uid", j.uid},
-          {"gid", j.gid},
-          {"gpus", j.gpus},
-          {"share_permille", j.share_permille},
-          {"memory_bytes", j.memory_bytes},
-          {"started", j.started}};
+  json r = {{"job_id", j.job_id},
+            {"uid", j.uid},
+            {"gid", j.gid},
+            {"gpus", j.gpus},
+            {"share_permille", j.share_permille},
+            {"memory_bytes", j.memory_bytes},
+            {"started", j.started}};
+  if (!j.name.empty()) r["name"] = j.name;
+  if (j.share_auto) r["share_auto"] = true;
+  if (j.memory_auto) r["memory_auto"] = true;
+  if (!j.sizing.empty()) r["sizing"] = j.sizing;
+  if (j.trial_s > 0) r["trial_s"] = j.trial_s;
+  return r;
 }
 
 // The users with a job that has a compute share on this node (from the records).
@@ -157,6 +171,75 @@ absl::Status WriteFile(const std::string& path, const std::string& text, mode_t 
     unlink(tmp.c_str());
     return absl::InternalError(fmt::format("cannot write {}: {}", path, strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr double kMemoryStepMiB = 256, kShareStepPct = 5;
+
+// The nearest-rank percentile `pct` of `v` (not empty).
+double Percentile(std::vector<double> v, int pct) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(pct / 100.0 * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+std::string Mib(uint64_t bytes) { return fmt::format("{}MiB", (bytes + kMiB - 1) / kMiB); }
+
+// What a job sized "auto" that its memory limit held back should be told: how many allocations
+// were refused, its peak, the most it asked and what to ask; empty otherwise.
+std::string Outgrew(const PluginConfig& config, const json& acct) {
+  if (!acct.value("memory_auto", false)) return "";
+  uint64_t refused = 0, peak = 0, wanted = 0, limit = 0;
+  for (const json& g : acct["gpus"]) {
+    refused += g.value("refused", uint64_t{0});
+    peak = std::max(peak, g.value("peak_memory_bytes", uint64_t{0}));
+    wanted = std::max(wanted, g.value("wanted_peak_bytes", uint64_t{0}));
+    limit = std::max(limit, g.value("memory_limit_bytes", uint64_t{0}));
+  }
+  if (refused == 0) return "";
+  const double next = core::SizeFromUse(static_cast<double>(std::max(peak, wanted)) / kMiB,
+                                        config.auto_margin_pct / 100.0, kMemoryStepMiB);
+  return fmt::format(
+      "its automatic GPU memory of {} refused {} allocation{} (measured peak {}; it asked for {} "
+      "at most): the next job named '{}' is sized past it (or ask --tessera-mem={:.0f}M)",
+      Mib(limit), refused, refused == 1 ? "" : "s", Mib(peak), Mib(wanted), acct.value("name", ""),
+      next);
+}
+
+// A job name's part of its history files' names (FNV-1a, hex): a step reads only its name's
+// records, not all its user's.
+std::string NameKey(const std::string& name) {
+  uint64_t h = 14695981039346656037ull;
+  for (const unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+// The user's folder of the history: root's alone (0700), as the records are.
+std::string UserHistory(const PluginConfig& config, uid_t uid) {
+  return fmt::format("{}/{}", HistoryDir(config), uid);
+}
+
+// Writes an ended job's record into its user's history (<job>.<host>.json: the nodes of a shared
+// history_dir= write files of their own) and keeps the newest kHistoryKept.
+absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
+  const std::string dir = UserHistory(config, acct.value("uid", 0u));
+  for (const std::string& d : {HistoryDir(config), dir}) {
+    if (absl::Status st = MakeFolder(d, 0700); !st.ok()) return st;
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string path = fmt::format("{}/{}.{}.{}.json", dir, NameKey(acct.value("name", "")),
+                                       acct.value("job_id", 0u), host);
+  if (absl::Status st = WriteFile(path, acct.dump() + "\n", 0600); !st.ok()) return st;
+  std::vector<std::pair<fs::file_time_type, fs::path>> kept;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".json") kept.emplace_back(e.last_write_time(ec), e.path());
+  }
+  if (kept.size() <= kHistoryKept) return absl::OkStatus();
+  std::sort(kept.begin(), kept.end());
+  for (size_t i = 0; i + kHistoryKept < kept.size(); ++i) fs::remove(kept[i].second, ec);
   return absl::OkStatus();
 }
 
@@ -202,10 +285,18 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       }
     } else if (key == "mps_control") {
       c.mps_control = value;
+    } else if (key == "history_dir") {
+      if (value[0] != '/') return bad("the folder's path must be absolute");
+      c.history_dir = value;
+      while (c.history_dir.size() > 1 && c.history_dir.back() == '/') c.history_dir.pop_back();
+    } else if (key == "auto_margin") {
+      auto n = ParseWhole(value.back() == '%' ? value.substr(0, value.size() - 1) : value);
+      if (!n || *n < 0 || *n > 200) return bad("expected a margin from 0% to 200%");
+      c.auto_margin_pct = static_cast<int>(*n);
     } else {
       return bad(
           "unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead, "
-          "mps_gpus, mps_control)");
+          "mps_gpus, mps_control, history_dir, auto_margin)");
     }
   }
   if (c.library.empty()) return absl::InvalidArgumentError("plugstack.conf: library= is required");
@@ -217,18 +308,31 @@ bool IsMps(const PluginConfig& config, int gpu) {
          std::find(config.mps_gpus.begin(), config.mps_gpus.end(), gpu) != config.mps_gpus.end();
 }
 
-absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option) {
-  if (!share_option.empty()) {
+std::string HistoryDir(const PluginConfig& config) {
+  return config.history_dir.empty() ? config.state_dir + "/history" : config.history_dir;
+}
+
+absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option,
+                              const std::string& trial_option) {
+  if (!trial_option.empty()) {
+    const std::optional<double> s = core::ParseDuration(trial_option);
+    if (!s || *s > kMaxTrialSeconds)
+      return absl::InvalidArgumentError(fmt::format(
+          "--tessera-trial={}: expected a length of at most a day such as 2m, 90s or 1:00:00",
+          trial_option));
+  }
+  if (!share_option.empty() && share_option != "auto") {
     uint32_t p = 0;
     if (!shim::ParseShare(share_option.c_str(), &p))
-      return absl::InvalidArgumentError(fmt::format(
-          "--tessera-share={}: expected a share of a GPU such as 30% or 0.3", share_option));
+      return absl::InvalidArgumentError(
+          fmt::format("--tessera-share={}: expected a share of a GPU such as 30% or 0.3, or auto",
+                      share_option));
   }
-  if (!mem_option.empty()) {
+  if (!mem_option.empty() && mem_option != "auto") {
     auto b = core::ParseBytes(mem_option);
     if (!b || *b == 0)
-      return absl::InvalidArgumentError(
-          fmt::format("--tessera-mem={}: expected a size such as 10G or 512MiB", mem_option));
+      return absl::InvalidArgumentError(fmt::format(
+          "--tessera-mem={}: expected a size such as 10G or 512MiB, or auto", mem_option));
   }
   return absl::OkStatus();
 }
@@ -245,12 +349,13 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
     l.gpus.push_back(static_cast<int>(*n));
     rest = comma == std::string_view::npos ? "" : rest.substr(comma + 1);
   }
-  const bool asks = !request.share_option.empty() || !request.mem_option.empty();
+  const bool asks =
+      !request.share_option.empty() || !request.mem_option.empty() || !request.trial_option.empty();
   if (l.gpus.empty()) {
     if (asks)
       return absl::InvalidArgumentError(
-          "--tessera-share/--tessera-mem need GPUs: ask for them with --gres=shard:N or "
-          "--gres=gpu:N");
+          "--tessera-share/--tessera-mem/--tessera-trial need GPUs: ask for them with "
+          "--gres=shard:N or --gres=gpu:N");
     return l;  // no GPU: left alone
   }
   // What the step's gres means: its shards' part of each GPU, or whole GPUs.
@@ -275,9 +380,19 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
     l.share_permille = std::max<uint32_t>(share, 1);
     l.memory_bytes = memory;
   }
-  if (absl::Status st = CheckStepOptions(request.share_option, request.mem_option); !st.ok())
+  if (absl::Status st =
+          CheckStepOptions(request.share_option, request.mem_option, request.trial_option);
+      !st.ok())
     return st;
-  if (!request.share_option.empty()) {
+  l.name = request.job_name;
+  if (!request.trial_option.empty()) {
+    // A trial measures: it runs on what its shards mean, whatever else it asked.
+    l.trial_s = *core::ParseDuration(request.trial_option);
+    return l;
+  }
+  l.share_auto = request.share_option == "auto";
+  l.memory_auto = request.mem_option == "auto";
+  if (!request.share_option.empty() && !l.share_auto) {
     uint32_t p = 0;
     (void)shim::ParseShare(request.share_option.c_str(), &p);  // checked above
     if (p > share)
@@ -286,7 +401,7 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
           request.shards.empty() ? "GPUs" : "shards", share / 10.0));
     l.share_permille = p;
   }
-  if (!request.mem_option.empty()) {
+  if (!request.mem_option.empty() && !l.memory_auto) {
     const std::optional<uint64_t> b = core::ParseBytes(request.mem_option);  // checked above
     if (memory > 0 && *b > memory)
       return absl::InvalidArgumentError(
@@ -332,6 +447,30 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     if (!earlier || earlier->uid != uid || (boot_time > 0 && earlier->started < boot_time))
       env.notes.push_back(SetAside(config, job_id, earlier ? earlier->uid : uid_t(-1), uid, now));
   }
+  // "auto" and a trial are the job's, decided at its first step here; its later steps (srun in
+  // its batch script) get what that one was given.
+  int64_t started = now;
+  std::string sizing;
+  if (access(record.c_str(), F_OK) == 0) {
+    if (const std::optional<NodeJob> first = ReadNodeJob(record)) {
+      started = first->started;
+      sizing = first->sizing;
+      if (limits.memory_auto && first->memory_auto) limits.memory_bytes = first->memory_bytes;
+      if (limits.share_auto && first->share_auto) limits.share_permille = first->share_permille;
+      if (first->trial_s > 0) limits.trial_s = first->trial_s;
+    }
+  } else if (limits.memory_auto || limits.share_auto) {
+    sizing = SizeAuto(config, HistoryOf(config, uid, limits.name), limits);
+  }
+  if (!sizing.empty()) env.say = fmt::format("tessera: job {}: {}", job_id, sizing);
+  if (limits.trial_s > 0) {
+    env.trial_deadline = started + static_cast<int64_t>(std::ceil(limits.trial_s));
+    env.say = fmt::format(
+        "tessera: job {} is a trial of {}: its steps are stopped {} s after its start, then "
+        "`tessera "
+        "slurm acct {}` on its node says what it used and what to ask",
+        job_id, core::FormatDuration(limits.trial_s), env.trial_deadline - started, job_id);
+  }
   const bool mps =
       std::any_of(limits.gpus.begin(), limits.gpus.end(), [&](int g) { return IsMps(config, g); });
   std::optional<devices::MpsDaemons> daemons;
@@ -367,7 +506,7 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
   // A whole-GPU step that Slurm placed on a GPU shard jobs hold (gpu and shard are separate gres
   // to Slurm): unpaced it would take their shares. It gets what they leave - the rest of the GPU's
   // time and, where gpu_memory= is known, of its memory - and is paced with them.
-  if (limits.share_permille == 0 && limits.memory_bytes == 0) {
+  if (limits.share_permille == 0 && (limits.memory_bytes == 0 || limits.memory_auto)) {
     uint32_t taken = 0;
     uint64_t held = 0;
     std::vector<std::string> beside;
@@ -383,7 +522,10 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     }
     if (!beside.empty()) {
       limits.share_permille = taken >= 1000 ? 10 : 1000 - taken;
-      if (config.gpu_memory_bytes > held) limits.memory_bytes = config.gpu_memory_bytes - held;
+      if (config.gpu_memory_bytes > held) {
+        const uint64_t left = config.gpu_memory_bytes - held;
+        limits.memory_bytes = limits.memory_bytes > 0 ? std::min(limits.memory_bytes, left) : left;
+      }
       env.notes.push_back(fmt::format(
           "job {}: a whole GPU ({}) shard jobs {} are on: paced with them at the {:g}% they "
           "leave{}",
@@ -403,13 +545,18 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
       return absl::InternalError(err);
     if (chown(region.c_str(), uid, gid) != 0)
       return absl::InternalError(fmt::format("chown {}: {}", region, strerror(errno)));
-    const NodeJob job{job_id,
-                      uid,
-                      gid,
-                      limits.gpus,
-                      limits.share_permille,
-                      limits.memory_bytes,
-                      static_cast<int64_t>(now)};
+    const NodeJob job{.job_id = job_id,
+                      .uid = uid,
+                      .gid = gid,
+                      .gpus = limits.gpus,
+                      .share_permille = limits.share_permille,
+                      .memory_bytes = limits.memory_bytes,
+                      .started = static_cast<int64_t>(now),
+                      .name = limits.name,
+                      .share_auto = limits.share_auto,
+                      .memory_auto = limits.memory_auto,
+                      .sizing = sizing,
+                      .trial_s = limits.trial_s};
     if (absl::Status st = WriteFile(record, RecordJson(job).dump() + "\n", 0600); !st.ok())
       return st;
   }
@@ -512,6 +659,10 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
     if (head && i < shim::kMaxDevices) {
       g["peak_memory_bytes"] = head->peak[i].load();
       g["memory_limit_bytes"] = head->limit[i];
+      if (const uint64_t refused = head->refused[i].load(); refused > 0) {
+        g["refused"] = refused;
+        g["wanted_peak_bytes"] = head->wanted_peak[i].load();
+      }
     }
     if (share > 0) {
       const uint64_t busy = shim::ArbiterBusyMicros(Arbiter(config).c_str(), gpus[i],
@@ -529,8 +680,23 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
                {"memory_limit_bytes", job->memory_bytes},
                {"gpus", per_gpu}};
   if (!head) acct["usage"] = "unreadable: the job's region was not a region any more";
+  if (const uint64_t launches = shim::ReadRegionLaunches(region.c_str()); launches > 0)
+    acct["kernel_launches"] = launches;
+  if (!job->name.empty()) acct["name"] = job->name;
+  if (job->memory_auto) acct["memory_auto"] = true;
+  if (job->share_auto) acct["share_auto"] = true;
+  if (!job->sizing.empty()) acct["sizing"] = job->sizing;
+  if (job->trial_s > 0) {
+    acct["trial_s"] = job->trial_s;
+    acct["advice"] = TrialAdvice(config, acct);
+  }
+  if (std::string outgrew = Outgrew(config, acct); !outgrew.empty()) acct["outgrew"] = outgrew;
   const std::string path = Acct(config, job_id);
   absl::Status written = WriteFile(path, acct.dump(2) + "\n", 0644);
+  if (head) {
+    // Its user's history, for "auto": never fails the epilog (said in slurmd's log).
+    if (absl::Status st = KeepInHistory(config, acct); !st.ok() && written.ok()) written = st;
+  }
   unlink(region.c_str());
   unlink(record.c_str());
   if (share > 0 && uid != geteuid()) {
@@ -542,6 +708,173 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
   }
   if (!written.ok()) return written;
   return path;
+}
+
+}  // namespace tessera::slurm
+
+namespace tessera::slurm {
+
+KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name) {
+  // The user's newest records of this name.
+  std::vector<std::pair<int64_t, json>> runs;
+  KindUse use;
+  const std::string dir = UserHistory(config, uid);
+  for (const std::string& d : {HistoryDir(config), dir}) {
+    struct stat st;
+    if (lstat(d.c_str(), &st) != 0) return use;  // nothing kept yet
+    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
+      use.unusable = fmt::format("{} is not a folder of the plugin's own user alone", d);
+      return use;
+    }
+  }
+  // Its name's files, newest written first: only the newest kHistorySized records are read.
+  std::error_code ec;
+  const std::string prefix = NameKey(name) + ".";
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".json" && e.path().filename().string().starts_with(prefix))
+      files.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(files.begin(), files.end(), std::greater<>());
+  for (const auto& [written, path] : files) {
+    if (runs.size() == kHistorySized) break;
+    std::ifstream in(path);
+    json r = json::parse(in, nullptr, false);
+    if (!r.is_object() || r.value("name", "") != name || !r.contains("gpus") ||
+        !r["gpus"].is_array())
+      continue;  // not one, or another name of the same hash
+    const json::number_integer_t ended = r.value("ended", json::number_integer_t{0});
+    runs.emplace_back(ended, std::move(r));
+  }
+  std::vector<double> peaks, utils;
+  for (const auto& [ended, r] : runs) {
+    try {
+      double peak = 0, util = -1;
+      for (const json& g : r["gpus"]) {
+        double mib = g.value("peak_memory_bytes", 0.0) / kMiB;
+        // Held back by its automatic size: it needed at least what it asked.
+        if (r.value("memory_auto", false) && g.value("refused", 0) > 0)
+          mib = std::max(mib, g.value("wanted_peak_bytes", 0.0) / kMiB);
+        peak = std::max(peak, mib);
+        if (g.contains("utilization_percent"))
+          util = std::max(util, g["utilization_percent"].get<double>());
+      }
+      if (peak > 0) peaks.push_back(peak);
+      if (util >= 0) utils.push_back(util);
+    } catch (const json::exception&) {
+      continue;  // a field of another type
+    }
+  }
+  if (!peaks.empty()) {
+    use.peak_bytes = static_cast<uint64_t>(Percentile(peaks, 95) * kMiB);
+    use.memory_runs = static_cast<int>(peaks.size());
+  }
+  if (!utils.empty()) {
+    use.util_pct = Percentile(utils, 95);
+    use.util_runs = static_cast<int>(utils.size());
+  }
+  return use;
+}
+
+std::string SizeAuto(const PluginConfig& config, const KindUse& use, StepLimits& limits) {
+  std::vector<std::string> said;
+  const double margin = config.auto_margin_pct / 100.0;
+  const std::string kind = fmt::format("of your jobs named '{}'", limits.name) +
+                           (use.unusable.empty() ? "" : " readable (" + use.unusable + ")");
+  if (limits.memory_auto) {
+    // The most it may be given: what its shards mean, or a whole GPU's memory.
+    const uint64_t ceiling =
+        limits.memory_bytes > 0 ? limits.memory_bytes : config.gpu_memory_bytes;
+    const std::string most = ceiling > 0 ? core::FormatBytes(ceiling) : "not limited";
+    if (use.memory_runs == 0) {
+      said.push_back(fmt::format(
+          "--tessera-mem=auto: {} (no ended run {} yet: measured for the next)", most, kind));
+    } else {
+      const double peak_mib = static_cast<double>(use.peak_bytes) / kMiB;
+      const auto sized =
+          static_cast<uint64_t>(core::SizeFromUse(peak_mib, margin, kMemoryStepMiB)) * kMiB;
+      const std::string basis =
+          fmt::format("a peak of {:.0f}MiB, p95 of {} run{} {}, + {}%", peak_mib, use.memory_runs,
+                      use.memory_runs == 1 ? "" : "s", kind, config.auto_margin_pct);
+      if (ceiling > 0 && sized >= ceiling) {
+        said.push_back(fmt::format("--tessera-mem=auto: {} ({}: all it may have)", most, basis));
+      } else {
+        limits.memory_bytes = sized;
+        said.push_back(fmt::format("--tessera-mem=auto: {} ({})", Mib(sized), basis));
+      }
+    }
+  }
+  if (limits.share_auto) {
+    const uint32_t ceiling = limits.share_permille > 0 ? limits.share_permille : 1000;
+    if (use.util_runs == 0) {
+      said.push_back(
+          fmt::format("--tessera-share=auto: {:g}% (no ended run {} with a measured share yet)",
+                      ceiling / 10.0, kind));
+    } else {
+      const double pct = std::max(core::SizeFromUse(use.util_pct, margin, kShareStepPct), 5.0);
+      const auto permille = static_cast<uint32_t>(std::lround(pct * 10));
+      const std::string basis =
+          fmt::format("{:.0f}% busy, p95 of {} run{} {}, + {}%", use.util_pct, use.util_runs,
+                      use.util_runs == 1 ? "" : "s", kind, config.auto_margin_pct);
+      if (permille >= ceiling) {
+        said.push_back(fmt::format("--tessera-share=auto: {:g}% ({}: all it may have)",
+                                   ceiling / 10.0, basis));
+      } else {
+        limits.share_permille = permille;
+        said.push_back(fmt::format("--tessera-share=auto: {:g}% ({})", permille / 10.0, basis));
+      }
+    }
+  }
+  return fmt::format("{}", fmt::join(said, "; "));
+}
+
+std::string TrialAdvice(const PluginConfig& config, const json& acct) {
+  const double ran =
+      static_cast<double>(acct.value("ended", int64_t{0}) - acct.value("started", int64_t{0}));
+  uint64_t peak = 0;
+  double util = -1;
+  size_t gpus = 0;
+  for (const json& g : acct.value("gpus", json::array())) {
+    ++gpus;
+    peak = std::max(peak, g.value("peak_memory_bytes", uint64_t{0}));
+    if (g.contains("utilization_percent"))
+      util = std::max(util, g.value("utilization_percent", 0.0));
+  }
+  const double margin = config.auto_margin_pct / 100.0;
+  std::vector<std::string> measured;
+  measured.push_back(util >= 0
+                         ? fmt::format("its GPU {:.0f}% busy", util)
+                         : std::string("its GPU time not measured (a whole GPU is not paced)"));
+  measured.push_back(fmt::format("peak GPU memory {}", Mib(peak)));
+  if (const uint64_t launches = acct.value("kernel_launches", uint64_t{0}); launches > 0)
+    measured.push_back(fmt::format("{} kernel launches ({:.1f}/s)", launches,
+                                   static_cast<double>(launches) / std::max(ran, 1.0)));
+  const double mem_mib =
+      peak > 0 ? core::SizeFromUse(static_cast<double>(peak) / kMiB, margin, kMemoryStepMiB) : 0;
+  std::string ask;
+  const std::string memory = mem_mib > 0 ? fmt::format(" --tessera-mem={:.0f}M", mem_mib) : "";
+  const int per_gpu = config.shards_per_gpu;
+  const double gpu_mib = static_cast<double>(config.gpu_memory_bytes) / kMiB;
+  if (per_gpu > 0 && gpu_mib > 0) {
+    // Shards enough for its memory and (where measured) its GPU time, with the margin.
+    int shards = std::max(1, static_cast<int>(std::ceil(mem_mib / gpu_mib * per_gpu - 1e-9)));
+    if (util >= 0) {
+      const double pct = core::SizeFromUse(util, margin, kShareStepPct);
+      shards = std::max(shards, static_cast<int>(std::ceil(pct / 100.0 * per_gpu - 1e-9)));
+    }
+    ask = shards >= per_gpu
+              ? fmt::format("--gres=gpu:{} (its use with {}% margin is a whole GPU's)",
+                            std::max<size_t>(gpus, 1), config.auto_margin_pct)
+              : fmt::format("--gres=shard:{}{} (with {}% margin)", shards, memory,
+                            config.auto_margin_pct);
+  } else {
+    ask = fmt::format("{} (with {}% margin)", memory.empty() ? "its shards" : memory.substr(1),
+                      config.auto_margin_pct);
+  }
+  return fmt::format(
+      "its trial of {} ended after {:.0f} s: {}; recommended: {}, or --tessera-mem=auto, which "
+      "sizes from this trial",
+      core::FormatDuration(acct.value("trial_s", 0.0)), ran, fmt::join(measured, ", "), ask);
 }
 
 }  // namespace tessera::slurm

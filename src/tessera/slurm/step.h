@@ -13,6 +13,10 @@
 //   jobs/<job>.json       what was set up for the job (who, GPUs, limits, since when)
 //   acct/<job>.json       written at the job's end on the node: its GPU time and peak memory per
 //                         GPU (0644, as sacct shows every job to everyone by default)
+//   history/<uid>/<name>.<job>.<host>.json  (<name>: a hash of the job's name)
+//                         the same, kept per user for --tessera-mem/--tessera-share auto (root's,
+//                         0700; under history_dir= instead: a folder the nodes share makes it the
+//                         cluster's history); the newest kHistoryKept of each user
 
 #include <sys/types.h>
 
@@ -25,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace tessera::slurm {
 
@@ -42,7 +47,18 @@ struct PluginConfig {
   std::vector<int> mps_gpus;
   bool mps_all = false;
   std::string mps_control = "nvidia-cuda-mps-control";  // mps_control=
+  // history_dir=: where ended jobs are kept for sizing "auto" (empty: <state_dir>/history). A
+  // folder every node mounts (NFS) makes one history for the cluster; each epilog writes files of
+  // its own host's name.
+  std::string history_dir;
+  int auto_margin_pct = 20;  // auto_margin=: added to the measured use when sizing "auto"
 };
+// The folder of ended jobs' records for sizing "auto" (history_dir=, or <state_dir>/history).
+std::string HistoryDir(const PluginConfig& config);
+// Records kept per user in the history (the oldest go first), and the newest of a job's kind
+// that size it.
+inline constexpr size_t kHistoryKept = 500;
+inline constexpr size_t kHistorySized = 50;
 // Whether GPU `gpu` is in MPS mode.
 bool IsMps(const PluginConfig& config, int gpu);
 // Unknown keys, malformed values and a missing library= are errors naming the word.
@@ -54,12 +70,17 @@ struct StepRequest {
   std::string shards;        // SLURM_SHARDS_ON_NODE: "3"; empty without shards
   std::string share_option;  // --tessera-share: "30%", "0.3"
   std::string mem_option;    // --tessera-mem: "10G", "512MiB" (a bare number is MiB, as --mem)
+  std::string trial_option;  // --tessera-trial: "2m", "90s", "1:30:00"
+  std::string job_name;      // SLURM_JOB_NAME: with the user, the kind "auto" is sized from
 };
 
-// The user's options as written (--tessera-share, --tessera-mem), checked where srun and sbatch
-// read them - before Slurm allocates anything - so that a mistyped one is refused at submission,
-// not billed and failed at the step's launch. What the shards allow is checked at the step.
-absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option);
+// The user's options as written (--tessera-share, --tessera-mem: a value or "auto";
+// --tessera-trial: a length of at most a day), checked where srun and sbatch read them - before
+// Slurm allocates anything - so that a mistyped one is refused at submission, not billed and
+// failed at the step's launch. What the shards allow is checked at the step.
+absl::Status CheckStepOptions(const std::string& share_option, const std::string& mem_option,
+                              const std::string& trial_option = "");
+inline constexpr double kMaxTrialSeconds = 86400;
 
 // What a step gets: its GPUs (empty: none, the step is left alone), a compute share of each (0:
 // none, launches not paced) and a memory limit on each (0: none).
@@ -67,11 +88,19 @@ struct StepLimits {
   std::vector<int> gpus;
   uint32_t share_permille = 0;
   uint64_t memory_bytes = 0;
+  // "auto": sized by SetUpStep from the history of the user's jobs of this name (the job's first
+  // step on the node; its later steps get what it was given). Until then the limits are what the
+  // shards mean, the most "auto" may give.
+  bool share_auto = false, memory_auto = false;
+  std::string name;  // the job's name (its kind, with its user)
+  // A trial (--tessera-trial): its steps are stopped this long after the job's start on the node,
+  // on what its shards mean (never sized "auto": a trial measures), and its end recommends a size.
+  double trial_s = 0;
 };
 
 // Shards N of `shards_per_gpu` on a GPU mean N/shards_per_gpu of its time and of its memory; the
 // options may ask less (never more: refused). A step with whole GPUs gets no limit unless its
-// options ask one (its peak memory is still recorded).
+// options ask one (its peak memory is still recorded). "auto" leaves what the shards mean.
 absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRequest& request);
 
 // The environment a step's tasks get (set) and the variables taken out of it (unset: a step
@@ -80,6 +109,10 @@ struct StepEnvironment {
   std::map<std::string, std::string> set;
   std::vector<std::string> unset;
   std::vector<std::string> notes;  // said in slurmd's log (a stale record set aside)
+  // Said to the user on the step's first task's stderr: how "auto" sized the job, its trial.
+  std::string say;
+  // A trial: when its steps are stopped (seconds since the epoch; 0: not a trial).
+  int64_t trial_deadline = 0;
 };
 
 // Sets up the job's node files for one of its steps (the first step makes the region and the
@@ -110,6 +143,10 @@ struct NodeJob {
   uint32_t share_permille = 0;
   uint64_t memory_bytes = 0;
   int64_t started = 0;
+  std::string name;  // SLURM_JOB_NAME
+  bool share_auto = false, memory_auto = false;
+  std::string sizing;  // how "auto" sized it
+  double trial_s = 0;
 };
 
 // The records (<job>.json) of the folder `dir` by job id: jobs/ (set up, running) or acct/ (ended).
@@ -123,7 +160,32 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
 // when the job had nothing set up on this node.
 // `uid`: the ending job's user when the epilog knows it; a record of another user's job under this
 // id (a reused id) is set aside in stale/, not accounted as this job.
+// The record also goes to the user's history (HistoryDir), and says what a trial recommends
+// ("advice") or how a job sized "auto" outgrew its memory ("outgrew").
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
                                    std::optional<uid_t> uid = std::nullopt);
+
+// What the user's ended jobs named `name` used (HistoryDir/<uid>/), the newest kHistorySized:
+// the 95th percentile of their peak GPU memory per GPU (past the most a job sized "auto" asked
+// where its limit refused it) and of their GPU utilization, with the runs each comes from.
+struct KindUse {
+  uint64_t peak_bytes = 0;
+  int memory_runs = 0;
+  double util_pct = 0;
+  int util_runs = 0;
+  // Why the history was not read (its folder not root's alone: records anyone could have
+  // written), empty when it was.
+  std::string unusable;
+};
+KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name);
+
+// Sizes the "auto" parts of `limits` from `use`: the percentile plus auto_margin=, the memory
+// rounded up to 256 MiB, the share to 5%, never past what the shards mean (the limits as
+// DecideLimits left them). Returns how, as said to the user.
+std::string SizeAuto(const PluginConfig& config, const KindUse& use, StepLimits& limits);
+
+// What a trial recommends from what it used: its shards (or whole GPUs) and --tessera-mem, with
+// the margin; `acct` is its accounting record (EndJob's).
+std::string TrialAdvice(const PluginConfig& config, const nlohmann::json& acct);
 
 }  // namespace tessera::slurm

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "nlohmann/json.hpp"
 #include "tessera/devices/mps.h"
@@ -121,6 +122,44 @@ TEST(SlurmLimits, WholeGpusAreLeftUnlimitedAndNoGpusUntouched) {
   EXPECT_THAT(std::string(unset.status().message()), HasSubstr("no shards_per_gpu="));
 }
 
+// "auto" and a trial are checked where srun and sbatch read them; at the step a trial runs on
+// what its shards mean, and "auto" starts from there (SetUpStep sizes it).
+TEST(SlurmLimits, AutoAndATrialAreCheckedAsReadAndStartFromWhatTheShardsMean) {
+  EXPECT_TRUE(CheckStepOptions("auto", "auto", "2m").ok());
+  for (const char* trial : {"2x", "0", "2d"}) {
+    const absl::Status st = CheckStepOptions("", "", trial);
+    ASSERT_FALSE(st.ok()) << trial;
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr(std::string("--tessera-trial=") + trial + ": expected a length"));
+  }
+  EXPECT_THAT(std::string(CheckStepOptions("", "automatic").message()),
+              HasSubstr("--tessera-mem=automatic: expected a size such as 10G or 512MiB, or auto"));
+  auto l = DecideLimits(Eight(), {.gpus = "1",
+                                  .shards = "2",
+                                  .share_option = "auto",
+                                  .mem_option = "auto",
+                                  .job_name = "train"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->share_auto && l->memory_auto);
+  EXPECT_EQ(l->share_permille, 250u);
+  EXPECT_EQ(l->memory_bytes, 4 * GiB);
+  EXPECT_EQ(l->name, "train");
+  l = DecideLimits(Eight(),
+                   {.gpus = "1", .shards = "2", .mem_option = "1G", .trial_option = "90s"});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->trial_s, 90);
+  EXPECT_EQ(l->memory_bytes, 4 * GiB) << "a trial measures on what its shards mean";
+  EXPECT_FALSE(DecideLimits(Eight(), {.trial_option = "2m"}).ok()) << "a trial without GPUs";
+  auto margin = ParsePluginArgs({"library=/l.so", "auto_margin=30%", "history_dir=/shared/h/"});
+  ASSERT_TRUE(margin.ok()) << margin.status();
+  EXPECT_EQ(margin->auto_margin_pct, 30);
+  EXPECT_EQ(HistoryDir(*margin), "/shared/h");
+  EXPECT_EQ(HistoryDir(Eight()), "/var/lib/tessera-slurm/history");
+  auto bad = ParsePluginArgs({"library=/l.so", "auto_margin=lots"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'auto_margin=lots'"));
+}
+
 class SlurmNodeFiles : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -134,9 +173,191 @@ class SlurmNodeFiles : public ::testing::Test {
     config_.state_dir = dir_ / "state";
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // Job `id` of `uid` on GPU 0 with `request`'s options: it is set up at `start`, its processes
+  // hold `peak` bytes at most (and ask `ask` more past that, refused at its limit), the arbiter
+  // charges it `busy_s` of GPU time, and it ends `ran_s` later. Its environment.
+  StepEnvironment Run(uint32_t id, uid_t uid, StepRequest request, uint64_t peak, time_t start,
+                      time_t ran_s, uint64_t ask = 0, double busy_s = 0) {
+    request.gpus = "0";
+    if (request.shards.empty()) request.shards = "2";
+    auto limits = DecideLimits(config_, request);
+    EXPECT_TRUE(limits.ok()) << limits.status();
+    auto env = SetUpStep(config_, id, uid, uid, *limits, "", start);
+    EXPECT_TRUE(env.ok()) << env.status();
+    if (!env.ok()) return {};
+    const std::string region = env->set.at("TESSERA_CUDA_REGION");
+    const std::string arbiter =
+        env->set.contains("TESSERA_CUDA_ARBITER") ? env->set.at("TESSERA_CUDA_ARBITER") : "";
+    EXPECT_EQ(
+        AsUser(uid,
+               [&] {
+                 const uint64_t none[] = {0};
+                 char err[256] = "";
+                 std::unique_ptr<shim::Region> r(
+                     shim::Region::Attach(region.c_str(), none, 1, err, sizeof err));
+                 if (r == nullptr || !r->Reserve(0, peak)) return 3;
+                 if (ask > 0 && r->Reserve(0, ask)) return 4;  // past its limit
+                 r->Release(0, peak);
+                 if (busy_s <= 0) return 0;
+                 std::unique_ptr<shim::Arbiter> a(shim::Arbiter::Attach(
+                     arbiter.c_str(), shim::ArbiterJobKey(("slurm-" + std::to_string(id)).c_str()),
+                     shim::ArbiterConfig{}, err, sizeof err));
+                 if (a == nullptr) return 5;
+                 a->data()->gpus[0].jobs[a->Slot(0)].busy_us.store(
+                     static_cast<uint64_t>(busy_s * 1e6));
+                 return 0;
+               }),
+        0);
+    EXPECT_TRUE(EndJob(config_, id, start + ran_s).ok());
+    return *env;
+  }
+  // Runs `fn` in a child process as user `uid` (a job's process): its exit code.
+  int AsUser(uid_t uid, const std::function<int()>& fn) {
+    for (const fs::path& d : {fs::path(::testing::TempDir()), dir_}) chmod(d.c_str(), 0711);
+    const pid_t kid = fork();
+    if (kid == 0) {
+      if (uid != getuid() && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(2);
+      _exit(fn());
+    }
+    int status = 0;
+    if (waitpid(kid, &status, 0) != kid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
+  }
+  nlohmann::json Acct(uint32_t id) {
+    std::ifstream in(config_.state_dir + "/acct/" + std::to_string(id) + ".json");
+    return nlohmann::json::parse(in, nullptr, false);
+  }
   fs::path dir_, library_;
   PluginConfig config_;
 };
+
+constexpr uint64_t MiB = uint64_t{1} << 20;
+
+// --tessera-mem=auto: the p95 of the peaks of the user's ended jobs of that name (another user's
+// and another name's left out) + the margin, rounded up to 256 MiB, said to the user; the job's
+// later steps get the same; a job held back by it is told what it asked and the next is sized
+// past it; a name never run gets what its shards mean.
+TEST_F(SlurmNodeFiles, AnAutoJobIsSizedFromItsUsersEndedJobsOfItsNameAndOutgrowsItLoudly) {
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  const uid_t u = nobody->pw_uid;
+  Run(1, u, {.job_name = "train"}, 1000 * MiB, 1000, 60);
+  Run(2, u, {.job_name = "train"}, 3000 * MiB, 1100, 60);
+  Run(3, u, {.job_name = "train"}, 1500 * MiB, 1200, 60);
+  Run(4, u, {.job_name = "infer"}, 3900 * MiB, 1300, 60);
+  Run(5, 0, {.job_name = "train"}, 3950 * MiB, 1400, 60);  // root's
+  struct stat st;
+  ASSERT_EQ(stat((config_.state_dir + "/history/" + std::to_string(u)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << "root's alone";
+  const KindUse use = HistoryOf(config_, u, "train");
+  EXPECT_EQ(use.peak_bytes, 3000 * MiB);
+  EXPECT_EQ(use.memory_runs, 3);
+
+  auto auto_mem = [&](const char* name, const char* shards) {
+    return *DecideLimits(config_,
+                         {.gpus = "0", .shards = shards, .mem_option = "auto", .job_name = name});
+  };
+  auto env = SetUpStep(config_, 6, u, u, auto_mem("train", "2"), "", 2000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string sized =
+      "--tessera-mem=auto: 3840MiB (a peak of 3000MiB, p95 of 3 runs of your jobs named 'train', "
+      "+ 20%)";
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(3840 * MiB));
+  EXPECT_EQ(env->say, "tessera: job 6: " + sized);
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "25%") << "its shards' share, not auto";
+  // A later step of the job (srun in its script) gets what its first was given.
+  auto again = SetUpStep(config_, 6, u, u, auto_mem("train", "2"), "", 2010);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(3840 * MiB));
+  const std::string region = env->set.at("TESSERA_CUDA_REGION");
+  EXPECT_EQ(AsUser(u,
+                   [&] {
+                     const uint64_t none[] = {0};
+                     char err[256] = "";
+                     std::unique_ptr<shim::Region> r(
+                         shim::Region::Attach(region.c_str(), none, 1, err, sizeof err));
+                     if (r == nullptr || !r->Reserve(0, 2000 * MiB)) return 3;
+                     return r->Reserve(0, 3000 * MiB) ? 4 : 0;  // 5000 MiB: past its 3840
+                   }),
+            0);
+  ASSERT_TRUE(EndJob(config_, 6, 2100).ok());
+  const nlohmann::json acct = Acct(6);
+  EXPECT_EQ(acct["sizing"], sized);
+  EXPECT_EQ(acct["outgrew"],
+            "its automatic GPU memory of 3840MiB refused 1 allocation (measured peak 2000MiB; it "
+            "asked for 5000MiB at most): the next job named 'train' is sized past it (or ask "
+            "--tessera-mem=6144M)");
+  // The next is: the most it asked counts as its kind's need.
+  env = SetUpStep(config_, 7, u, u, auto_mem("train", "4"), "", 2200);
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(6144 * MiB));
+  ASSERT_TRUE(EndJob(config_, 7, 2300).ok());
+  // Past what its shards mean: all they mean, and said.
+  env = SetUpStep(config_, 8, u, u, auto_mem("train", "2"), "", 2400);
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(4 * GiB));
+  EXPECT_THAT(env->say, HasSubstr("--tessera-mem=auto: 4 GiB (a peak of 5000MiB"));
+  EXPECT_THAT(env->say, HasSubstr(": all it may have)"));
+  ASSERT_TRUE(EndJob(config_, 8, 2500).ok());
+  // A name never run.
+  env = SetUpStep(config_, 9, u, u, auto_mem("new", "2"), "", 2600);
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(4 * GiB));
+  EXPECT_THAT(env->say, HasSubstr("no ended run of your jobs named 'new' yet"));
+  ASSERT_TRUE(EndJob(config_, 9, 2700).ok());
+  // A history anyone may write is not read: its records could be anyone's.
+  const std::string mine = config_.state_dir + "/history/" + std::to_string(u);
+  ASSERT_EQ(chmod(mine.c_str(), 0777), 0);
+  env = SetUpStep(config_, 10, u, u, auto_mem("train", "2"), "", 2800);
+  ASSERT_TRUE(env.ok());
+  EXPECT_EQ(env->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(4 * GiB));
+  EXPECT_THAT(env->say, HasSubstr("(" + mine + " is not a folder of the plugin's own user alone)"));
+}
+
+// --tessera-trial: it runs on what its shards mean whatever else it asked, its steps are told
+// when it stops, and its end says what it used and what to ask - which "auto" then gives.
+TEST_F(SlurmNodeFiles, ATrialRunsOnItsShardsAndItsEndSaysWhatToAskWhichAutoGives) {
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  const uid_t u = nobody->pw_uid;
+  // 12 s of GPU time in 120 s: 10% of the GPU busy; a peak of 1000 MiB.
+  const StepEnvironment env =
+      Run(1, u, {.shards = "4", .mem_option = "1G", .trial_option = "2m", .job_name = "bert"},
+          1000 * MiB, 1000, 120, 0, 12);
+  EXPECT_EQ(env.trial_deadline, 1120);
+  EXPECT_EQ(env.set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(8 * GiB)) << "its shards'";
+  EXPECT_THAT(env.say, HasSubstr("tessera: job 1 is a trial of 2m: its steps are stopped 120 s "
+                                 "after its start"));
+  const nlohmann::json acct = Acct(1);
+  EXPECT_EQ(acct["trial_s"], 120.0);
+  EXPECT_EQ(acct["name"], "bert");
+  // 10% + 20% = 12%, 15% in 5% steps: 2 of 8 shards; 1000 MiB + 20% = 1280 MiB (1 shard).
+  EXPECT_EQ(acct["advice"],
+            "its trial of 2m ended after 120 s: its GPU 10% busy, peak GPU memory 1000MiB; "
+            "recommended: --gres=shard:2 --tessera-mem=1280M (with 20% margin), or "
+            "--tessera-mem=auto, which sizes from this trial");
+  // Both auto: sized from the trial.
+  auto limits = DecideLimits(config_, {.gpus = "0",
+                                       .shards = "2",
+                                       .share_option = "auto",
+                                       .mem_option = "auto",
+                                       .job_name = "bert"});
+  ASSERT_TRUE(limits.ok());
+  auto next = SetUpStep(config_, 2, u, u, *limits, "", 2000);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(1280 * MiB));
+  EXPECT_EQ(next->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "15%");
+  EXPECT_EQ(next->trial_deadline, 0);
+  ASSERT_TRUE(EndJob(config_, 2, 2100).ok());
+  // A trial that needs more than a GPU's shards: whole GPUs.
+  Run(3, u, {.shards = "8", .trial_option = "1m", .job_name = "big"}, 14000 * MiB, 3000, 60);
+  EXPECT_THAT(Acct(3)["advice"].get<std::string>(),
+              HasSubstr("recommended: --gres=gpu:1 (its use with 20% margin is a whole GPU's)"));
+  // One that used no GPU memory is not told to ask none.
+  Run(4, u, {.shards = "2", .trial_option = "1m", .job_name = "idle"}, 0, 4000, 60);
+  EXPECT_THAT(Acct(4)["advice"].get<std::string>(),
+              HasSubstr("peak GPU memory 0MiB; recommended: --gres=shard:1 (with 20% margin)"));
+}
 
 TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
   const passwd* nobody = getpwnam("nobody");

@@ -1,0 +1,88 @@
+// What --tessera-mem=auto costs a Slurm step (issue 58): the plugin's step setup in slurmstepd with
+// a size asked against the same step asking "auto" (its user's history read: kHistoryKept records,
+// kHistorySized of them of its name), the history read alone, and the epilog that keeps a record
+// (writes it and drops the oldest past kHistoryKept). Node files in a temporary folder, as root
+// writes them on a node (run as root: the plugin's folders must be its own user's).
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tessera/slurm/step.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using tessera::slurm::PluginConfig;
+
+struct Node {
+  Node() {
+    dir = fs::temp_directory_path() / ("slurm-history-bench-" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    std::ofstream(dir / "lib.so") << "";
+    config = *tessera::slurm::ParsePluginArgs({"library=" + (dir / "lib.so").string(),
+                                              "shards_per_gpu=8", "gpu_memory=80GiB",
+                                              "state_dir=" + (dir / "state").string()});
+    // The user's history full: every tenth job of the name the step asks by.
+    for (uint32_t id = 1; id <= tessera::slurm::kHistoryKept; ++id) Run(id, id % 10 ? "other" : "train", "4G");
+  }
+  ~Node() { fs::remove_all(dir); }
+  // A job of `name` asking `mem` set up and ended (what its epilog keeps).
+  void Run(uint32_t id, const std::string& name, const std::string& mem) {
+    Setup(id, name, mem);
+    (void)tessera::slurm::EndJob(config, id, 2000 + id);
+  }
+  bool Setup(uint32_t id, const std::string& name, const std::string& mem) {
+    auto limits = tessera::slurm::DecideLimits(
+        config, {.gpus = "0", .shards = "2", .mem_option = mem, .job_name = name});
+    return limits.ok() && tessera::slurm::SetUpStep(config, id, 1000, 1000, *limits, "", 1000 + id).ok();
+  }
+  fs::path dir;
+  PluginConfig config;
+  uint32_t next = 100000;
+};
+
+Node& TheNode() {
+  static Node node;
+  return node;
+}
+
+void Step(benchmark::State& state, const char* mem) {
+  Node& n = TheNode();
+  for (auto _ : state) {
+    const uint32_t id = ++n.next;
+    if (!n.Setup(id, "train", mem)) state.SkipWithError("SetUpStep failed");
+    state.PauseTiming();
+    (void)tessera::slurm::EndJob(n.config, id, 3000);
+    state.ResumeTiming();
+  }
+}
+void BM_StepSetUpSized(benchmark::State& state) { Step(state, "4G"); }
+void BM_StepSetUpAuto(benchmark::State& state) { Step(state, "auto"); }
+BENCHMARK(BM_StepSetUpSized)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StepSetUpAuto)->Unit(benchmark::kMicrosecond);
+
+void BM_HistoryOf(benchmark::State& state) {
+  Node& n = TheNode();
+  for (auto _ : state) benchmark::DoNotOptimize(tessera::slurm::HistoryOf(n.config, 1000, "train"));
+}
+BENCHMARK(BM_HistoryOf)->Unit(benchmark::kMicrosecond);
+
+void BM_EpilogKeepsARecord(benchmark::State& state) {
+  Node& n = TheNode();
+  for (auto _ : state) {
+    state.PauseTiming();
+    const uint32_t id = ++n.next;
+    n.Setup(id, "train", "4G");
+    state.ResumeTiming();
+    if (!tessera::slurm::EndJob(n.config, id, 3000).ok()) state.SkipWithError("EndJob failed");
+  }
+}
+BENCHMARK(BM_EpilogKeepsARecord)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
