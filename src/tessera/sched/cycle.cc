@@ -426,14 +426,14 @@ void Cycle::AskToStop(Entry& e, std::vector<std::string> victims, NodeId node,
   d.reason = std::move(reason);
   // A victim already stopping for another request is not asked twice; this one waits for it too.
   for (const std::string& v : victims) {
-    if (stopping_.insert(v).second) d.victims.push_back(v);
+    (stopping_.insert(v).second ? d.victims : d.already_stopping).push_back(v);
   }
   e.awaiting = std::move(victims);
   e.reserved_node = d.node = node;
   d.gpus = gpus;
   e.reserved_gpus = std::move(gpus);
   reserved.push_back({e.reserved_node, &e.reserved_gpus, &e.queued.request.id});
-  if (!d.victims.empty()) out.push_back(std::move(d));
+  if (!d.victims.empty() || !d.already_stopping.empty()) out.push_back(std::move(d));
 }
 
 bool Cycle::PreemptForGang(const std::vector<Entry*>& members, double now,

@@ -72,7 +72,10 @@ struct CycleDecision {
   std::string id;                    // the queued request
   Allocation allocation;             // kStart: where it now runs (recorded in the Scheduler)
   std::vector<std::string> victims;  // kPreempt: allocations to stop, gang mates included
-  std::string reason;                // kPreempt: for the victims' records
+  // kPreempt: victims it waits for too that an earlier request of the pass already asked to stop
+  // (not asked twice; an elastic request shrinking is asked to give back this room as well).
+  std::vector<std::string> already_stopping;
+  std::string reason;  // kPreempt: for the victims' records
   // kPreempt: where the request goes once the victims are gone (the room it waits for).
   NodeId node = -1;
   std::vector<int> gpus;

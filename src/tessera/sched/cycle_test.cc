@@ -185,8 +185,12 @@ TEST(Cycle, PreemptionWaitsForItsVictimsToStopAndAsksOnce) {
   ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent", 2), 10), 1, 1)).ok());
   ASSERT_TRUE(c.Enqueue(Entry(Prio(Whole("urgent-too", 2), 10), 2, 2)).ok());
   std::vector<CycleDecision> ds = c.Step(5);
-  ASSERT_EQ(ds.size(), 1u)
-      << "the second urgent request waits for the same victim, asking nothing more";
+  ASSERT_EQ(ds.size(), 2u);
+  // The second urgent request waits for the same victim, asking nothing more (its decision says
+  // what it waits for, for an elastic victim's shrink).
+  EXPECT_EQ(ds[1].id, "urgent-too");
+  EXPECT_THAT(ds[1].victims, ::testing::IsEmpty());
+  EXPECT_THAT(ds[1].already_stopping, ElementsAre("low"));
   EXPECT_EQ(ds[0].kind, CycleDecision::Kind::kPreempt);
   EXPECT_EQ(ds[0].id, "urgent");
   EXPECT_THAT(ds[0].victims, ElementsAre("low"));

@@ -142,6 +142,29 @@ size_t Engine::Step(double now, const Cycle::Scope* scope) {
         whole.push_back(v);
       }
     }
+    // A grown victim an earlier request of this pass already asked to shrink gives back this
+    // request's room too, in the same resize: not a second restart once it has shrunk.
+    // Plans of one pass do not see each other's rooms, so this one may count on GPUs the earlier
+    // request's room already takes: as many others of what it keeps go too.
+    for (const std::string& v : d.already_stopping) {
+      const std::string* grown = GrownOf(v);
+      const Allocation* held = scheduler_->state().Find(v);
+      auto asked = grown ? shrinking_.find(*grown) : shrinking_.end();
+      if (asked == shrinking_.end() || held->node != d.node) continue;
+      const auto in_room = [&](int g) {
+        return std::find(d.gpus.begin(), d.gpus.end(), g) != d.gpus.end();
+      };
+      auto need = static_cast<size_t>(std::count_if(held->gpus.begin(), held->gpus.end(), in_room));
+      std::vector<int> keep;
+      for (int g : asked->second) {
+        if (in_room(g))
+          need = need > 0 ? need - 1 : 0;
+        else
+          keep.push_back(g);
+      }
+      for (; need > 0 && !keep.empty(); --need) keep.pop_back();
+      Shrink(*grown, std::move(keep), now);
+    }
     if (!whole.empty()) executor_.Stop(whole, d.id, d.reason, now);
   }
   Grow(now);
@@ -170,9 +193,18 @@ std::vector<int> Engine::KeptFrom(const CycleDecision& d, const std::string& gro
 }
 
 void Engine::Shrink(const std::string& id, std::vector<int> keep, double now) {
-  // Once until Resized: its grown allocation stays a victim the cycle does not name again.
-  auto [it, asked] = shrinking_.try_emplace(id, std::move(keep));
-  if (!asked) return;
+  // Its grown allocation stays a victim the cycle does not name again until Resized. Asked again
+  // before then (another request of the same pass waits for it too), it keeps only what neither
+  // takes, and the resize is asked again with that: the job restarts once, on what is left.
+  auto [it, asked] = shrinking_.try_emplace(id, keep);
+  if (!asked) {
+    std::vector<int> both;
+    for (int g : it->second) {
+      if (std::find(keep.begin(), keep.end(), g) != keep.end()) both.push_back(g);
+    }
+    if (both.size() == it->second.size()) return;  // this room was given back already
+    it->second = std::move(both);
+  }
   if (const Allocation* own = scheduler_->state().Find(id))
     executor_.Resize(id, WithGpus(*own, it->second), now);
 }

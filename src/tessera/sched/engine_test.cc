@@ -152,6 +152,37 @@ TEST(Engine, AnElasticRequestGrowsOntoIdleGpusAndGivesThemBackToAQueuedOne) {
   EXPECT_TRUE(e.scheduler().state().allocations().empty());
 }
 
+// Two queued requests of one pass that each count on a GPU the elastic request grew onto: it is
+// asked to give back both rooms before it restarts, and restarts once - not once for the first,
+// then again when the second plans again.
+TEST(Engine, TwoQueuedRequestsOfOnePassShrinkAnElasticRequestOnce) {
+  Resizer x;
+  Engine e(OneNode(4), x);
+  ASSERT_TRUE(e.Submit(Sub(Elastic("el", 1, 4), 1, 1)).ok());
+  e.Step(1);
+  ASSERT_EQ(e.Holding("el")->gpus.size(), 4u);
+  const size_t before = x.resizes.size();
+  ASSERT_TRUE(e.Submit(Sub(Whole("a", 1), 2, 2)).ok());
+  ASSERT_TRUE(e.Submit(Sub(Whole("b", 1), 2, 3)).ok());
+  EXPECT_EQ(e.Step(2), 0u);
+  EXPECT_TRUE(x.stops.empty());
+  ASSERT_GT(x.resizes.size(), before);
+  const std::vector<int> kept = x.resizes.back().second;
+  EXPECT_EQ(kept.size(), 2u) << "its own GPU and one grown: each queued request takes one";
+  EXPECT_THAT(kept, Contains(e.scheduler().state().Find("el")->gpus[0]));
+  EXPECT_TRUE(e.Resized("el"));
+  EXPECT_EQ(e.Holding("el")->gpus, kept);
+  ExpectNoGpuHeldTwice(e);
+  // Both start on what it gave back; it is not asked to shrink again.
+  const size_t asked = x.resizes.size();
+  EXPECT_EQ(e.Step(3), 2u);
+  EXPECT_EQ(e.Step(4), 0u);
+  EXPECT_EQ(x.resizes.size(), asked);
+  EXPECT_FALSE(e.Shrinking("el"));
+  EXPECT_EQ(e.Holding("el")->gpus, kept);
+  ExpectNoGpuHeldTwice(e);
+}
+
 // Placed for its minimum, a packing policy would put an elastic request where it cannot grow; with
 // nothing queued it starts on the largest size that fits anywhere, the rest of it grown.
 TEST(Engine, AnElasticRequestStartsOnTheLargestSizeThatFitsNow) {
