@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -32,6 +33,8 @@
 #include "agent_scenario.h"
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
+#include "fmt/format.h"
+#include "tessera/shim/arbiter.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -303,6 +306,12 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   FakeDraKubelet kubelet(dir_ + "/kubelet");
   ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
   dra::NodePrepareResourcesResponse out;
+  const auto unix_now = [] {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t prepared = unix_now();
   ASSERT_TRUE(kubelet.Prepare({Ref("infer")}, &out).ok());
   const auto& entry = out.claims().at(uid);
   ASSERT_EQ(entry.error(), "") << Log();
@@ -332,8 +341,19 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   EXPECT_EQ(got.out, "ok\noom\n") << cmd;
   // The region the library keeps its accounting in is the claim's.
   EXPECT_THAT(env["TESSERA_CUDA_REGION"], HasSubstr("claim-" + uid + "-s.region"));
+  // Its kernels kept GPU 3 busy 0.4 s, as the arbiter charged them under the request's key (its
+  // TESSERA_JOB_ID); the pod lived at least two whole seconds.
+  EXPECT_EQ(env["TESSERA_JOB_ID"], "claim-" + uid + "-s");
+  char err[256] = "";
+  std::unique_ptr<tessera::shim::Arbiter> arbiter(tessera::shim::Arbiter::Attach(
+      (dir_ + "/state/gpu.arbiter").c_str(),
+      tessera::shim::ArbiterJobKey(env["TESSERA_JOB_ID"].c_str()), {}, err, sizeof err));
+  ASSERT_NE(arbiter, nullptr) << err;
+  ASSERT_GE(arbiter->Slot(3), 0);
+  arbiter->data()->gpus[3].jobs[arbiter->Slot(3)].busy_us.store(400'000);
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return unix_now() >= prepared + 2; }));
   // Its pod ended: the kubelet unprepares the claim, which is told what its share used (a
-  // Warning: its limit refused the second allocation).
+  // Warning: its limit refused the second allocation) of its memory and of its GPU time.
   dra::NodeUnprepareResourcesResponse un;
   ASSERT_TRUE(kubelet.Unprepare({Ref("infer")}, &un).ok());
   auto note = [&]() -> std::string {
@@ -345,12 +365,19 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
     return "";
   };
   ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !note().empty(); })) << Log();
-  EXPECT_EQ(note(),
-            "Warning: request s: its GPU share used a peak of 800 MiB of the 1024 MiB given "
-            "on " +
-                Uuid(3) +
-                " (78%), and 1 allocation refused at that limit (it asked "
-                "for 1100 MiB at most)");
+  const std::string told = note();
+  EXPECT_THAT(told, HasSubstr("Warning: request s: its GPU share used a peak of 800 MiB of the "
+                              "1024 MiB given on " +
+                              Uuid(3) +
+                              " (78%), and 1 allocation refused at that limit (it asked for 1100 "
+                              "MiB at most); 0.4 s of GPU time in its "));
+  std::smatch held;
+  ASSERT_TRUE(std::regex_search(told, held, std::regex("; 0.4 s of GPU time in its ([0-9]+) s")))
+      << told;
+  const int lived = std::stoi(held[1]);
+  EXPECT_GE(lived, 2) << told;
+  EXPECT_THAT(told, ::testing::EndsWith(
+                        fmt::format(" s ({:.0f}% of its 50% share)", 100 * 0.4 / (lived * 0.5))));
 }
 
 class AgentDraSlicesE2e : public AgentDraE2e {

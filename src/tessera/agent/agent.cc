@@ -448,14 +448,18 @@ std::string Agent::MemoryUseNote(const shim::RegionData& head, const std::vector
 }
 
 void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
-  // A DRA claim's share requests, as a device plugin share's pod is told (its memory; the
-  // claim's GPU time is not read): on the ResourceClaim, which `kubectl describe` shows, and in
-  // the log.
+  // A DRA claim's share requests, as a device plugin share's pod is told (its memory and GPU
+  // time): on the ResourceClaim, which `kubectl describe` shows, and in the log.
   for (const DraState::ShareUse& u : used) {
     if (!u.head) continue;
     kube::GpuUse use;
     std::string note =
         fmt::format("request {}: {}", u.request, MemoryUseNote(*u.head, u.gpus, &use));
+    // Its GPU time, as a device plugin share's (not for an MPS client: no time slices; not for
+    // a claim of an earlier agent, which did not keep when it was prepared).
+    if (u.sliced && u.held_s >= 0)
+      AddGpuTime(u.ns, kDraDriver, u.indices, u.share, u.arbiter_job, u.held_s,
+                 dra_state_->arbiter_path(), &note, &use);
     spdlog::info("claim {}/{}: {}", u.ns, u.name, note);
     if (events_)
       events_->Record({.api_version = "resource.k8s.io/v1",
@@ -493,33 +497,39 @@ void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head, ui
     gpus.push_back(g);
     share = std::min(share, static_cast<double>(n) / state_->options().shares_per_gpu);
   }
-  const std::string arbiter = state_->arbiter_path();
-  if (sliced && !gpus.empty() && access(arbiter.c_str(), F_OK) == 0) {
-    const double busy_s = static_cast<double>(shim::ArbiterBusyMicros(
-                              arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
-                              shim::ArbiterJobKey(a.id.c_str()))) /
-                          1e6;
-    const double given_s = held_s * share * static_cast<double>(gpus.size());
-    note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
-    if (given_s > 0) {
-      note += fmt::format(" ({:.0f}% of its {:g}% share{})", 100 * busy_s / given_s, 100 * share,
-                          gpus.size() > 1 ? " of each GPU" : "");
-    }
-    if (held_s > 0) {
-      use.busy_permille = std::clamp<int64_t>(
-          std::llround(1000 * busy_s / held_s / static_cast<double>(gpus.size())), 0, 1000);
-    }
-    core::MutexLock lock(ended_mu_);
-    std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(kShareResource)}];
-    seconds.first += given_s;
-    seconds.second += busy_s;
-  }
+  if (sliced)
+    AddGpuTime(ns, kShareResource, gpus, share, a.id, held_s, state_->arbiter_path(), &note, &use);
   spdlog::info("allocation {} ({}): {}", a.id, name.empty() ? "pod unknown" : ns + "/" + name,
                note);
   if (events_ && !name.empty())
     events_->Record({.kind = "Pod", .ns = ns, .name = name}, refused ? "Warning" : "Normal",
                     "GPUShareUse", "Released", note);
   TellUse(ns, name, use);
+}
+
+void Agent::AddGpuTime(const std::string& ns, std::string_view resource,
+                       const std::vector<int>& gpus, double share, const std::string& job,
+                       double held_s, const std::string& arbiter, std::string* note,
+                       kube::GpuUse* use) {
+  if (gpus.empty() || access(arbiter.c_str(), F_OK) != 0) return;
+  const double busy_s = static_cast<double>(shim::ArbiterBusyMicros(
+                            arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                            shim::ArbiterJobKey(job.c_str()))) /
+                        1e6;
+  const double given_s = held_s * share * static_cast<double>(gpus.size());
+  *note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
+  if (given_s > 0) {
+    *note += fmt::format(" ({:.0f}% of its {:g}% share{})", 100 * busy_s / given_s, 100 * share,
+                         gpus.size() > 1 ? " of each GPU" : "");
+  }
+  if (held_s > 0) {
+    use->busy_permille = std::clamp<int64_t>(
+        std::llround(1000 * busy_s / held_s / static_cast<double>(gpus.size())), 0, 1000);
+  }
+  core::MutexLock lock(ended_mu_);
+  std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(resource)}];
+  seconds.first += given_s;
+  seconds.second += busy_s;
 }
 
 void Agent::TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use) {

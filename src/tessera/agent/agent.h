@@ -132,6 +132,13 @@ class Agent {
   // allocations refused ...]" for a region's `gpus`, with the same figures into `use`.
   static std::string MemoryUseNote(const shim::RegionData& head,
                                    const std::vector<std::string>& gpus, kube::GpuUse* use);
+  // What the arbiter charged `job` (its key) on `gpus` over its `held_s` with `share` (0..1) of
+  // each: said in `note` ("; 42.0 s of GPU time in its 600 s (28% of its 25% share)"), its busy
+  // share in `use`, and both added to the namespace's counters for `resource`. Nothing where the
+  // arbiter file is not there.
+  void AddGpuTime(const std::string& ns, std::string_view resource, const std::vector<int>& gpus,
+                  double share, const std::string& job, double held_s, const std::string& arbiter,
+                  std::string* note, kube::GpuUse* use);
   // An unprepared DRA claim's share requests: a GPUShareUse Event on the ResourceClaim.
   void ReportClaimUse(const std::vector<DraState::ShareUse>& used);
   // An ended allocation's pod (namespace, name): as the extender named it, else as `holder` (who

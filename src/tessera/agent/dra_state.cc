@@ -30,6 +30,15 @@ namespace {
 
 constexpr int kCheckpointVersion = 1;
 
+// The key the arbiter paces (and charges) a claim's share request under: its TESSERA_JOB_ID.
+std::string ShareJobId(const std::string& uid, const std::string& request) {
+  return fmt::format("claim-{}-{}", uid, request);
+}
+
+core::TimePoint Now(const core::Clock* clock) {
+  return (clock ? *clock : core::SystemClock::Get()).Now();
+}
+
 // "gpu/first" -> "gpu": the kubelet matches a container's claim request by its main request.
 std::string MainRequest(const std::string& request) { return request.substr(0, request.find('/')); }
 
@@ -78,6 +87,10 @@ struct DraState::Claim {
   // again from these.
   std::string spec;
   std::map<std::string, std::vector<uint64_t>> region_limits;
+  // Each region's compute share (0..1), and when the claim was prepared (unix seconds; 0 in the
+  // checkpoint of an earlier agent): its requests' GPU time is told at its unprepare.
+  std::map<std::string, double> region_shares;
+  int64_t prepared_unix = 0;
   // What it takes of consumable devices (--dra-consumable): device, memory bytes, compute percent.
   struct Use {
     std::string device;
@@ -382,6 +395,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
   std::map<std::string, RequestConfig> config = a.config;
   auto made = std::make_unique<Claim>();
   made->ns = ns;
+  made->prepared_unix = static_cast<int64_t>(core::Seconds(Now(plugin_.clock)));
   made->name = name;
   auto undo = [&] {
     for (const std::string& r : made->regions) unlink(r.c_str());
@@ -452,7 +466,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
                                          : total / plugin_.shares_per_gpu * per_gpu[g]);
       }
       share.priority = rc.priority.value_or(plugin_.default_priority);
-      share.job_id = fmt::format("claim-{}-{}", uid, request);
+      share.job_id = ShareJobId(uid, request);
       share.region = RegionPath(uid, request);
       if (absl::Status st = ShareEdits(share, inventory_, plugin_, &edits); !st.ok()) {
         undo();
@@ -463,6 +477,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
       }
       made->regions.push_back(share.region);
       made->region_limits[share.region] = share.limits;
+      made->region_shares[share.region] = share.share;
     } else if (rc.sharing == core::GpuSharing::kMps && !admin.contains(devs.front().name)) {
       // A whole GPU asked as MPS: its processes are clients of its daemon, all its SMs theirs.
       if (gpus.size() > 1) {
@@ -606,6 +621,8 @@ absl::Status DraState::RestoreFilesLocked(const std::string& uid, const Claim& c
   return absl::OkStatus();
 }
 
+std::string DraState::arbiter_path() const { return DeviceState::ArbiterPath(plugin_); }
+
 void DraState::OnUnprepare(std::function<void(const std::vector<ShareUse>&)> hook) {
   on_unprepare_ = std::move(hook);
 }
@@ -639,10 +656,22 @@ absl::Status DraState::Unprepare(const std::string& uid) {
           used.push_back({.ns = gone->ns, .name = gone->name, .request = request});
           used.back().head = shim::ReadRegionHead(region.c_str());
           u = used.end() - 1;
+          u->arbiter_job = ShareJobId(uid, request);
+          auto share = gone->region_shares.find(region);
+          u->share = share == gone->region_shares.end() ? 0 : share->second;
+          u->sliced = u->share > 0;
+          if (gone->prepared_unix > 0)
+            u->held_s = static_cast<double>(std::max<int64_t>(
+                0, static_cast<int64_t>(core::Seconds(Now(plugin_.clock))) - gone->prepared_unix));
         }
         if (dev == by_name_.end()) continue;
-        const std::string& uuid = inventory_.gpus[devices_[dev->second].gpu].uuid;
-        if (std::ranges::find(u->gpus, uuid) == u->gpus.end()) u->gpus.push_back(uuid);
+        const int gpu = devices_[dev->second].gpu;
+        const std::string& uuid = inventory_.gpus[gpu].uuid;
+        if (std::ranges::find(u->gpus, uuid) == u->gpus.end()) {
+          u->gpus.push_back(uuid);
+          u->indices.push_back(gpu);
+          u->sliced = u->sliced && !IsMps(plugin_, gpu);
+        }
       }
     }
     for (const std::string& r : gone->regions) unlink(r.c_str());
@@ -697,6 +726,8 @@ absl::Status DraState::SaveLocked() const {
                         {"devices", devs},
                         {"regions", c->regions},
                         {"region_limits", c->region_limits},
+                        {"region_shares", c->region_shares},
+                        {"prepared_unix", c->prepared_unix},
                         {"spec", c->spec},
                         {"uses", uses}};
   }
@@ -729,6 +760,9 @@ absl::Status DraState::Load() {
       if (const json* l = e.contains("region_limits") ? &e["region_limits"] : nullptr) {
         c->region_limits = l->get<std::map<std::string, std::vector<uint64_t>>>();
       }
+      if (const json* r = e.contains("region_shares") ? &e["region_shares"] : nullptr)
+        c->region_shares = r->get<std::map<std::string, double>>();
+      c->prepared_unix = e.value("prepared_unix", int64_t{0});
       for (const json& u : e.value("uses", json::array())) {
         c->uses.push_back({u.at("device").get<std::string>(), u.at("memory").get<uint64_t>(),
                            u.at("compute").get<int>()});

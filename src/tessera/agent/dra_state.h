@@ -116,7 +116,18 @@ class DraState {
     std::string ns, name, request;
     std::vector<std::string> gpus;
     std::unique_ptr<shim::RegionData> head;
+    // Its GPU time: its GPUs' physical indices (the arbiter's), its compute share of each (0..1),
+    // the key the arbiter charges it under, how long it was prepared (seconds; -1: not known - a
+    // claim of an earlier agent's checkpoint), and whether it was paced in time slices (none of
+    // its GPUs in MPS mode).
+    std::vector<int> indices;
+    double share = 0;
+    std::string arbiter_job;
+    double held_s = -1;
+    bool sliced = false;
   };
+  // The arbiter the claims' shares are paced by (the device plugin's).
+  std::string arbiter_path() const;
   // Called by Unprepare, after the claim is forgotten, with each of its share requests' use.
   void OnUnprepare(std::function<void(const std::vector<ShareUse>&)> hook);
   std::vector<std::string> PreparedClaims() const;
