@@ -24,10 +24,11 @@ struct Node {
     fs::create_directories(dir);
     std::ofstream(dir / "lib.so") << "";
     config = *tessera::slurm::ParsePluginArgs({"library=" + (dir / "lib.so").string(),
-                                              "shards_per_gpu=8", "gpu_memory=80GiB",
-                                              "state_dir=" + (dir / "state").string()});
+                                               "shards_per_gpu=8", "gpu_memory=80GiB",
+                                               "state_dir=" + (dir / "state").string()});
     // The user's history full: every tenth job of the name the step asks by.
-    for (uint32_t id = 1; id <= tessera::slurm::kHistoryKept; ++id) Run(id, id % 10 ? "other" : "train", "4G");
+    for (uint32_t id = 1; id <= tessera::slurm::kHistoryKept; ++id)
+      Run(id, id % 10 ? "other" : "train", "4G");
   }
   ~Node() { fs::remove_all(dir); }
   // A job of `name` asking `mem` set up and ended (what its epilog keeps).
@@ -38,7 +39,8 @@ struct Node {
   bool Setup(uint32_t id, const std::string& name, const std::string& mem) {
     auto limits = tessera::slurm::DecideLimits(
         config, {.gpus = "0", .shards = "2", .mem_option = mem, .job_name = name});
-    return limits.ok() && tessera::slurm::SetUpStep(config, id, 1000, 1000, *limits, "", 1000 + id).ok();
+    return limits.ok() &&
+           tessera::slurm::SetUpStep(config, id, 1000, 1000, *limits, "", 1000 + id).ok();
   }
   fs::path dir;
   PluginConfig config;
