@@ -714,9 +714,45 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
 
 namespace tessera::slurm {
 
+KindUse KindUseOf(const std::vector<std::string>& records, const std::string& name) {
+  std::vector<double> peaks, utils;
+  for (const std::string& text : records) {
+    const json r = json::parse(text, nullptr, false);
+    if (!r.is_object()) continue;
+    try {
+      if (r.value("name", "") != name || !r.contains("gpus") || !r["gpus"].is_array())
+        continue;  // another kind (a name of the same hash)
+      double peak = 0, util = -1;
+      const bool sized = r.value("memory_auto", false);
+      for (const json& g : r["gpus"]) {
+        double mib = g.value("peak_memory_bytes", 0.0) / kMiB;
+        // Held back by its automatic size: it needed at least what it asked.
+        if (sized && g.value("refused", 0.0) > 0)
+          mib = std::max(mib, g.value("wanted_peak_bytes", 0.0) / kMiB);
+        peak = std::max(peak, mib);
+        if (g.contains("utilization_percent"))
+          util = std::max(util, g["utilization_percent"].get<double>());
+      }
+      // Only what a record of the plugin can say: no negative, no infinite use.
+      if (std::isfinite(peak) && peak > 0) peaks.push_back(peak);
+      if (std::isfinite(util) && util >= 0) utils.push_back(std::min(util, 100.0));
+    } catch (const json::exception&) {
+      continue;  // a field of another type
+    }
+  }
+  KindUse use;
+  if (!peaks.empty()) {
+    use.peak_bytes = static_cast<uint64_t>(std::min(Percentile(peaks, 95), 1e12) * kMiB);
+    use.memory_runs = static_cast<int>(peaks.size());
+  }
+  if (!utils.empty()) {
+    use.util_pct = Percentile(utils, 95);
+    use.util_runs = static_cast<int>(utils.size());
+  }
+  return use;
+}
+
 KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name) {
-  // The user's newest records of this name.
-  std::vector<std::pair<int64_t, json>> runs;
   KindUse use;
   const std::string dir = UserHistory(config, uid);
   for (const std::string& d : {HistoryDir(config), dir}) {
@@ -727,7 +763,7 @@ KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name
       return use;
     }
   }
-  // Its name's files, newest written first: only the newest kHistorySized records are read.
+  // Its name's files, newest written first: only the newest kHistorySized are read.
   std::error_code ec;
   const std::string prefix = NameKey(name) + ".";
   std::vector<std::pair<fs::file_time_type, fs::path>> files;
@@ -736,44 +772,13 @@ KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name
       files.emplace_back(e.last_write_time(ec), e.path());
   }
   std::sort(files.begin(), files.end(), std::greater<>());
+  if (files.size() > kHistorySized) files.resize(kHistorySized);
+  std::vector<std::string> records;
   for (const auto& [written, path] : files) {
-    if (runs.size() == kHistorySized) break;
     std::ifstream in(path);
-    json r = json::parse(in, nullptr, false);
-    if (!r.is_object() || r.value("name", "") != name || !r.contains("gpus") ||
-        !r["gpus"].is_array())
-      continue;  // not one, or another name of the same hash
-    const json::number_integer_t ended = r.value("ended", json::number_integer_t{0});
-    runs.emplace_back(ended, std::move(r));
+    records.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  std::vector<double> peaks, utils;
-  for (const auto& [ended, r] : runs) {
-    try {
-      double peak = 0, util = -1;
-      for (const json& g : r["gpus"]) {
-        double mib = g.value("peak_memory_bytes", 0.0) / kMiB;
-        // Held back by its automatic size: it needed at least what it asked.
-        if (r.value("memory_auto", false) && g.value("refused", 0) > 0)
-          mib = std::max(mib, g.value("wanted_peak_bytes", 0.0) / kMiB);
-        peak = std::max(peak, mib);
-        if (g.contains("utilization_percent"))
-          util = std::max(util, g["utilization_percent"].get<double>());
-      }
-      if (peak > 0) peaks.push_back(peak);
-      if (util >= 0) utils.push_back(util);
-    } catch (const json::exception&) {
-      continue;  // a field of another type
-    }
-  }
-  if (!peaks.empty()) {
-    use.peak_bytes = static_cast<uint64_t>(Percentile(peaks, 95) * kMiB);
-    use.memory_runs = static_cast<int>(peaks.size());
-  }
-  if (!utils.empty()) {
-    use.util_pct = Percentile(utils, 95);
-    use.util_runs = static_cast<int>(utils.size());
-  }
-  return use;
+  return KindUseOf(records, name);
 }
 
 std::string SizeAuto(const PluginConfig& config, const KindUse& use, StepLimits& limits) {

@@ -178,6 +178,9 @@ struct KindUse {
   std::string unusable;
 };
 KindUse HistoryOf(const PluginConfig& config, uid_t uid, const std::string& name);
+// The same of records' texts (the history's files): those named `name` only; a text that is not
+// a record, or a field of another type, is skipped.
+KindUse KindUseOf(const std::vector<std::string>& records, const std::string& name);
 
 // Sizes the "auto" parts of `limits` from `use`: the percentile plus auto_margin=, the memory
 // rounded up to 256 MiB, the share to 5%, never past what the shards mean (the limits as

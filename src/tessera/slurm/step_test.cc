@@ -160,6 +160,25 @@ TEST(SlurmLimits, AutoAndATrialAreCheckedAsReadAndStartFromWhatTheShardsMean) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'auto_margin=lots'"));
 }
 
+// The history's records as "auto" reads them: its name's alone; one that is not a record, or has
+// a field of another type, is skipped, never thrown through slurmstepd.
+TEST(SlurmHistory, OnlyRecordsOfItsNameCountAndBadOnesAreSkipped) {
+  const KindUse use = KindUseOf(
+      {R"({"name":"train","gpus":[{"peak_memory_bytes":1048576000,"utilization_percent":10}]})",
+       R"({"name":"train","gpus":[{"peak_memory_bytes":2097152000},{"peak_memory_bytes":5}]})",
+       R"({"name":"train","memory_auto":true,"gpus":[{"peak_memory_bytes":1048576000,)"
+       R"("refused":2,"wanted_peak_bytes":3145728000,"utilization_percent":250}]})",
+       R"({"name":"infer","gpus":[{"peak_memory_bytes":9999999999}]})", R"({"name":5,"gpus":[]})",
+       R"({"name":"train","gpus":"x"})",
+       R"({"name":"train","gpus":[{"peak_memory_bytes":"lots"}]})",
+       R"({"name":"train","gpus":[{"peak_memory_bytes":-5}]})", "not json", ""},
+      "train");
+  EXPECT_EQ(use.memory_runs, 3);
+  EXPECT_EQ(use.peak_bytes, uint64_t{3000} << 20) << "the most the auto one asked";
+  EXPECT_EQ(use.util_runs, 2);
+  EXPECT_EQ(use.util_pct, 100) << "at most a whole GPU";
+}
+
 class SlurmNodeFiles : public ::testing::Test {
  protected:
   void SetUp() override {
