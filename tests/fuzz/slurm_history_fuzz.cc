@@ -23,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> words = absl::StrSplit(lines[4], ' ', absl::SkipEmpty());
   words.push_back("library=/usr/lib/tessera/libtessera-cuda.so");
   auto config = slurm::ParsePluginArgs(words);
-  if (!config.ok()) config = slurm::ParsePluginArgs({"library=/l.so", "shards_per_gpu=8",
-                                                      "gpu_memory=16GiB"});
+  if (!config.ok())
+    config = slurm::ParsePluginArgs({"library=/l.so", "shards_per_gpu=8", "gpu_memory=16GiB"});
   const std::vector<std::string> records(lines.begin() + 5, lines.end());
   const slurm::KindUse use = slurm::KindUseOf(records, name);
   if (use.memory_runs < 0 || static_cast<size_t>(use.memory_runs) > records.size() ||
