@@ -454,12 +454,8 @@ void Replay::Resize(const std::string& id, const sched::Allocation& holds, doubl
   State& st = state_[i];
   if (!st.running || st.remaining < 0) return;
   const int n = static_cast<int>(holds.gpus.size());
-  if (n > st.gpus) {
-    ++out_.grows;
-  } else {
-    ++out_.shrinks;
-  }
   if (now <= st.started) {  // grown in the step that started it: it starts on all of them
+    ++out_.grows;
     Hold(i, holds.node, holds.gpus);
     Reschedule(i, now, 0, n);
     if (config_.record_runs && !out_.runs.empty() && out_.runs.back().id == id)
@@ -486,6 +482,9 @@ bool Replay::EndResizes(double now) {
     State& st = state_[i];
     if (epoch != st.epoch || !st.running || st.resize_to == 0) continue;
     // It has checkpointed and exited: it starts again on its new GPUs (a shrink's others free).
+    // Counted now, once however often it was asked before (the engine asks a shrink again when
+    // a second queued request of the same pass takes more of what it grew onto).
+    ++(st.resize_to > st.gpus ? out_.grows : out_.shrinks);
     Hold(i, st.node, st.resize_gpus);
     Reschedule(i, when, config_.resize_overhead_s, st.resize_to);
     if (config_.record_runs)

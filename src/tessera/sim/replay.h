@@ -164,6 +164,8 @@ struct ReplayResult {
   int64_t queued_at_end = 0;  // waiting when the replay ended (preempted jobs included)
   int64_t preemptions = 0;    // evictions
   int64_t elastic_jobs = 0;   // jobs made elastic (ReplayConfig::elastic)
+  // Resizes that took effect (the job started again larger or smaller; asked again before it
+  // checkpointed, once), and growths at its start.
   int64_t grows = 0, shrinks = 0;
   double mean_allocated = 0;  // time-weighted over the whole replay
   double peak_allocated = 0;  // the highest allocation (reached within the busy period)
