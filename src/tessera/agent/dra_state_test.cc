@@ -9,10 +9,12 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "../../../tests/capture.h"
 #include "fake_apiserver.h"
 #include "tessera/agent/dra_slices.h"
+#include "tessera/core/clock.h"
 #include "tessera/devices/inventory.h"
 #include "tessera/kube/quantity.h"
 
@@ -230,6 +232,52 @@ TEST_F(DraStateTest, ACorruptCheckpointIsSetAsideAndBadOptionsAreRefused) {
   EXPECT_EQ(Make({8}).status().code(), absl::StatusCode::kInvalidArgument);  // no GPU 8
   shim_.clear();
   EXPECT_THAT(Make({1}).status().message(), HasSubstr("need --shim-library"));
+}
+
+// An unprepared claim's share request says what its GPU time is weighed against: its GPUs (the
+// arbiter's indices), its share, the key the arbiter charged it under and how long it was
+// prepared - across a restart of the agent (the checkpoint keeps when); a claim in the checkpoint
+// of an earlier agent, which did not, is not timed.
+TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
+  core::FakeClock clock;
+  Options o = OptionsFor();
+  o.plugin.clock = &clock;
+  std::vector<std::tuple<std::string, std::vector<int>, double, std::string, double, bool>> told;
+  auto make = [&] {
+    auto s = DraState::Create(inventory_, o.plugin, o.dra);
+    EXPECT_TRUE(s.ok()) << s.status();
+    (*s)->OnUnprepare([&](const std::vector<DraState::ShareUse>& used) {
+      for (const auto& u : used)
+        told.emplace_back(u.request, u.indices, u.share, u.arbiter_job, u.held_s, u.sliced);
+    });
+    return std::move(*s);
+  };
+  auto s = make();
+  ASSERT_TRUE(s->Prepare("a", "c", "u1",
+                         Claim("u1", {Result("s", "gpu-7-share-0"), Result("s", "gpu-7-share-1")}))
+                  .ok());
+  ASSERT_TRUE(s->Prepare("a", "d", "u2", Claim("u2", {Result("s", "gpu-7-share-2")})).ok());
+  clock.Advance(std::chrono::seconds(90));
+  s.reset();
+  s = make();  // the agent restarted
+  clock.Advance(std::chrono::seconds(30));
+  ASSERT_TRUE(s->Unprepare("u1").ok());
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0], std::make_tuple(std::string("s"), std::vector<int>{7}, 0.5,
+                                     std::string("claim-u1-s"), 120.0, true));
+  // u2 as an earlier agent's checkpoint has it: no time it was prepared.
+  s.reset();
+  const std::string path = dir_ + "/plugin/checkpoint.json";
+  json checkpoint = json::parse(std::ifstream(path));
+  ASSERT_TRUE(checkpoint["claims"]["u2"].contains("prepared_unix"));
+  checkpoint["claims"]["u2"].erase("prepared_unix");
+  checkpoint["claims"]["u2"].erase("region_shares");
+  std::ofstream(path) << checkpoint.dump();
+  s = make();
+  ASSERT_TRUE(s->Unprepare("u2").ok());
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(std::get<4>(told[1]), -1) << "not timed";
+  EXPECT_FALSE(std::get<5>(told[1])) << "its share not known";
 }
 
 TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
