@@ -91,6 +91,9 @@ class TrialWatch {
   void Add(pid_t pid, uint32_t job) {
     std::lock_guard<std::mutex> l(mu_);
     const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    // Without a pidfd (a kernel before 5.3) the task is not stopped at the trial's end: said.
+    if (fd < 0)
+      slurm_error("tessera: job %u: task %d cannot be watched for its trial: %m", job, pid);
     tasks_.push_back({pid, fd});
     if (!thread_.joinable()) thread_ = std::thread([this, job] { Watch(job); });
   }
