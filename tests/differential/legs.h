@@ -34,8 +34,12 @@ class ServerLeg {
     config.podman = "";
     config.allow_root_jobs = true;
     config.priority_ceiling = 1000;  // the stream's priorities, for every owner
-    // Elastic jobs resized by signal checkpoint and go on from there on their new size.
-    launcher_.AnswerResizes(kRestartOverhead);
+    // Elastic jobs resized by signal checkpoint and go on from there on their new size, faster on
+    // more GPUs by Amdahl's law (the replay's model, with its serial fraction).
+    launcher_.AnswerResizes(kRestartOverhead, kSerialFraction, [this](int64_t id) {
+      auto base = base_gpus_.find(id);
+      return base == base_gpus_.end() ? 0 : base->second;
+    });
     server::ServerDeps deps;
     deps.clock = &clock_;
     deps.launcher = &launcher_;
@@ -52,14 +56,20 @@ class ServerLeg {
   // Runs the stream to its end; the owner of each job as the server named it.
   void Run(const std::vector<StreamJob>& stream, const std::vector<uid_t>& uids) {
     auto now = [&] { return core::Seconds(clock_.Now()) - kEpoch; };
+    // A job resized while it runs works its duration on its minimum (as the replay's do).
+    for (size_t i = 0; i < stream.size(); ++i) {
+      const json& spec = stream[i].spec;
+      if (spec.contains("resize") && spec["resources"].contains("gpus_max"))
+        base_gpus_[static_cast<int64_t>(i + 1)] = spec["resources"]["gpus"].get<int>();
+    }
     size_t next = 0;
     while (next < stream.size() || launcher_.NextEnd() < std::numeric_limits<double>::infinity()) {
       double t =
           next < stream.size() ? stream[next].submit : std::numeric_limits<double>::infinity();
       t = std::min(t, launcher_.NextEnd() - kEpoch);
       ASSERT_LT(t, 1e6) << "the stream never drains";
-      clock_.Advance(
-          std::chrono::duration_cast<core::Duration>(std::chrono::duration<double>(t - now())));
+      // Rounded up to the clock's nanosecond: an end between two ticks has come at the later.
+      clock_.Advance(std::chrono::ceil<core::Duration>(std::chrono::duration<double>(t - now())));
       while (next < stream.size() && stream[next].submit <= now()) {
         net::HttpRequest r;
         r.method = "POST";
@@ -117,6 +127,7 @@ class ServerLeg {
  private:
   core::FakeClock clock_{core::TimePoint(std::chrono::seconds(static_cast<int64_t>(kEpoch)))};
   server::FakeLauncher launcher_{clock_, kStopLatency};
+  std::map<int64_t, int> base_gpus_;  // job id -> its minimum, for those resized while they run
   std::unique_ptr<server::Server> srv_;
 };
 
@@ -157,9 +168,9 @@ inline sim::ReplayConfig ReplayConfigOf(const server::ServerConfig& config) {
   rc.requeue_preempted = config.requeue_preempted;
   rc.predict = true;
   rc.predict_from_kind_only = true;  // as the server predicts
-  // Elastic jobs: the fake launcher's "sleep N" takes N seconds on any number of GPUs (no speed-up:
-  // a serial fraction of 1), and a restart on a new size costs both sides the same.
-  rc.elastic_serial_fraction = 1;
+  // Elastic jobs: both sides' "sleep N" takes N seconds on its minimum and less on more GPUs, by
+  // one Amdahl's law, and a restart on a new size costs both sides the same.
+  rc.elastic_serial_fraction = kSerialFraction;
   rc.resize_overhead_s = kRestartOverhead;
   return rc;
 }

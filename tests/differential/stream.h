@@ -2,6 +2,7 @@
 // The job stream the differential tests run through the scheduling engine's executors, and what
 // they compare: every start (which job, when, on which GPUs).
 
+#include <cmath>
 #include <cstdint>
 #include <ostream>
 #include <random>
@@ -18,6 +19,9 @@ constexpr double kEpoch = 1'800'000'000;  // the fake clock's start, seconds
 constexpr double kStopLatency = 2;
 // What an elastic job's restart on its new size costs it (loading its checkpoint), on both sides.
 constexpr double kRestartOverhead = 3;
+// Amdahl's serial fraction of a job resized while it runs (both sides): on 4 GPUs a job of 2 works
+// 1.69x as fast.
+constexpr double kSerialFraction = 0.1;
 
 struct StreamJob {
   double submit;  // seconds after kEpoch, whole
@@ -92,7 +96,12 @@ struct Start {
   std::string id;
   double at;
   std::vector<int> gpus;
-  bool operator==(const Start&) const = default;
+  // The same start: the same job on the same GPUs at the same time - to the microsecond, as the
+  // server's clock counts whole nanoseconds and a job that works faster on more GPUs ends between
+  // them.
+  bool operator==(const Start& o) const {
+    return id == o.id && gpus == o.gpus && std::abs(at - o.at) < 1e-6;
+  }
 };
 inline std::ostream& operator<<(std::ostream& o, const Start& s) {
   o << "job " << s.id << " at " << s.at << " on [";

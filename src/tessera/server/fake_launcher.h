@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -54,14 +55,16 @@ class FakeLauncher final : public Launcher {
     j.job_id = spec.job_id;
     if (spec.argv.size() == 2 && spec.argv[0] == "sleep") {
       j.resumed = now;
+      j.left = std::stod(spec.argv[1]);
+      j.rate = Rate(spec.job_id, static_cast<int>(spec.gpu_uuids.size()));
       // Started again for its resize: after its restart's cost, it goes on from its checkpoint.
-      auto done = checkpoints_.find(spec.job_id);
-      if (done != checkpoints_.end() && spec.env.contains("TESSERA_RESTARTS")) {
-        j.done = done->second;
+      auto left = checkpoints_.find(spec.job_id);
+      if (left != checkpoints_.end() && spec.env.contains("TESSERA_RESTARTS")) {
+        j.left = left->second;
         j.resumed = now + restart_overhead_s_;
       }
       checkpoints_.erase(spec.job_id);  // any other start is a new run, from the beginning
-      j.end = j.resumed + std::max(0.0, std::stod(spec.argv[1]) - j.done);
+      j.end = j.resumed + j.left / j.rate;
     } else if (spec.argv.size() == 1 && spec.argv[0] == "false") {
       j.end = now;
       j.code = 1;
@@ -90,7 +93,7 @@ class FakeLauncher final : public Launcher {
     } else if (sig == SIGUSR1 && answer_resizes_ && Now() + stop_latency_s_ < j.end) {
       // It works on until it has checkpointed, and exits as the resize contract asks.
       j.end = Now() + stop_latency_s_, j.code = 75;
-      checkpoints_[j.job_id] = j.done + std::max(0.0, j.end - j.resumed);
+      checkpoints_[j.job_id] = std::max(0.0, j.left - std::max(0.0, j.end - j.resumed) * j.rate);
     }
     return true;
   }
@@ -136,10 +139,16 @@ class FakeLauncher final : public Launcher {
 
   // From now on, jobs answer SIGUSR1 as an elastic job resized by signal does; started again, one
   // spends `restart_overhead_s` (loading its checkpoint) before it goes on.
-  void AnswerResizes(double restart_overhead_s) {
+  // With `base_gpus` (a job's id -> the GPUs its "sleep N" takes N seconds on; 0: any), such a
+  // job on n GPUs works at Amdahl's speedup(n) / speedup(base) with `serial_fraction`, as the
+  // simulator's elastic jobs do (sim::ReplayConfig::elastic_serial_fraction).
+  void AnswerResizes(double restart_overhead_s, double serial_fraction = 1,
+                     std::function<int(int64_t)> base_gpus = nullptr) {
     std::lock_guard lock(mu_);
     answer_resizes_ = true;
     restart_overhead_s_ = restart_overhead_s;
+    serial_fraction_ = serial_fraction;
+    base_gpus_ = std::move(base_gpus);
   }
 
   // How long jobs started from now on take to stop after SIGTERM.
@@ -170,9 +179,18 @@ class FakeLauncher final : public Launcher {
     double end = 0;
     int code = 0;
     std::string exit_path;
-    // A "sleep N": when it began to make progress, and how much of N it had done before then.
-    double resumed = 0, done = 0;
+    // A "sleep N": when it began to make progress, how much of N was left then, and how fast it
+    // works (1: N seconds).
+    double resumed = 0, left = 0, rate = 1;
   };
+  // The rate of job `id` on `n` GPUs (the replay's Speed, in the same order of operations).
+  double Rate(int64_t id, int n) const {
+    const int base = base_gpus_ ? base_gpus_(id) : 0;
+    if (base <= 0 || n <= 0) return 1;
+    const double s = serial_fraction_;
+    auto speedup = [&](double g) { return 1 / (s + (1 - s) / g); };
+    return speedup(n) / speedup(base);
+  }
   double Now() const { return core::Seconds(clock_.Now()); }
 
   const core::Clock& clock_;
@@ -186,6 +204,8 @@ class FakeLauncher final : public Launcher {
   std::vector<std::pair<pid_t, int>> signals_;
   bool answer_resizes_ = false;
   double restart_overhead_s_ = 0;
+  double serial_fraction_ = 1;
+  std::function<int(int64_t)> base_gpus_;
   std::map<int64_t, double> checkpoints_;  // by job id: the seconds of its work done
   pid_t next_pid_ = 1000;
 };
