@@ -465,6 +465,13 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
   if (!sizing.empty()) env.say = fmt::format("tessera: job {}: {}", job_id, sizing);
   if (limits.trial_s > 0) {
     env.trial_deadline = started + static_cast<int64_t>(std::ceil(limits.trial_s));
+    // A step of the job after its trial ended (a batch script's srun past it) is not started only
+    // to be stopped at once.
+    if (env.trial_deadline <= now) {
+      return absl::FailedPreconditionError(
+          fmt::format("its trial of {} ended {} s ago: the step is not run",
+                      core::FormatDuration(limits.trial_s), now - env.trial_deadline));
+    }
     env.say = fmt::format(
         "tessera: job {} is a trial of {}: its steps are stopped {} s after its start, then "
         "`tessera "

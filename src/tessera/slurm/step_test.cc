@@ -344,6 +344,20 @@ TEST_F(SlurmNodeFiles, ATrialRunsOnItsShardsAndItsEndSaysWhatToAskWhichAutoGives
       Run(1, u, {.shards = "4", .mem_option = "1G", .trial_option = "2m", .job_name = "bert"},
           1000 * MiB, 1000, 120, 0, 12);
   EXPECT_EQ(env.trial_deadline, 1120);
+  {
+    // A later step of a trial (srun in its script): stopped at the same moment; none past it.
+    auto l = DecideLimits(config_, {.gpus = "0", .shards = "4", .trial_option = "2m"});
+    ASSERT_TRUE(l.ok());
+    auto first = SetUpStep(config_, 11, u, u, *l, "", 5000);
+    ASSERT_TRUE(first.ok()) << first.status();
+    auto later = SetUpStep(config_, 11, u, u, *l, "", 5100);
+    ASSERT_TRUE(later.ok()) << later.status();
+    EXPECT_EQ(later->trial_deadline, 5120) << "the job's trial, from its first step";
+    auto past = SetUpStep(config_, 11, u, u, *l, "", 5130);
+    ASSERT_FALSE(past.ok());
+    EXPECT_EQ(past.status().message(), "its trial of 2m ended 10 s ago: the step is not run");
+    ASSERT_TRUE(EndJob(config_, 11, 5140).ok());
+  }
   EXPECT_EQ(env.set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(8 * GiB)) << "its shards'";
   EXPECT_THAT(env.say, HasSubstr("tessera: job 1 is a trial of 2m: its steps are stopped 120 s "
                                  "after its start"));
