@@ -220,8 +220,8 @@ std::string UserHistory(const PluginConfig& config, uid_t uid) {
   return fmt::format("{}/{}", HistoryDir(config), uid);
 }
 
-// Writes an ended job's record into its user's history (<job>.<host>.json: the nodes of a shared
-// history_dir= write files of their own) and keeps the newest kHistoryKept.
+// Writes an ended job's record into its user's history (<name hash>.<job>.<host>.json: the nodes
+// of a shared history_dir= write files of their own) and keeps the newest kHistoryKept.
 absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
   const std::string dir = UserHistory(config, acct.value("uid", 0u));
   for (const std::string& d : {HistoryDir(config), dir}) {
