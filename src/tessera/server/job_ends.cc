@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <fstream>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <utility>
 
 #include "fmt/format.h"
@@ -254,24 +257,74 @@ bool JobEnds::UseReserve() {
   return true;
 }
 
-size_t RemoveUserShm(const std::string& shm_dir, uint32_t uid) {
+namespace {
+
+// The inodes on `dev` under `shm_dir` that the live processes of user `uid` hold open or mapped.
+std::set<ino_t> HeldShmFiles(const std::string& proc_dir, const std::string& shm_dir, dev_t dev,
+                             uint32_t uid) {
+  std::set<ino_t> held;
+  DIR* procs = opendir(proc_dir.c_str());
+  if (procs == nullptr) return held;
+  const std::string prefix = shm_dir + "/";
+  while (const dirent* p = readdir(procs)) {
+    if (p->d_name[0] < '1' || p->d_name[0] > '9') continue;  // not a process
+    const std::string pid_dir = proc_dir + "/" + p->d_name;
+    struct stat ps;
+    if (stat(pid_dir.c_str(), &ps) != 0 || ps.st_uid != uid) continue;
+    // Its descriptors...
+    if (DIR* fds = opendir((pid_dir + "/fd").c_str())) {
+      while (const dirent* f = readdir(fds)) {
+        struct stat st;
+        if (f->d_name[0] != '.' && fstatat(dirfd(fds), f->d_name, &st, 0) == 0 && st.st_dev == dev)
+          held.insert(st.st_ino);
+      }
+      closedir(fds);
+    }
+    // ...and its mappings (a file mapped and then closed, as POSIX shared memory and semaphores).
+    std::ifstream maps(pid_dir + "/maps");
+    for (std::string line; std::getline(maps, line);) {
+      const size_t path = line.find(prefix);
+      if (path == std::string::npos) continue;
+      std::istringstream fields(line.substr(0, path));
+      std::string range, perms, offset, device;
+      unsigned long long ino = 0;
+      if (fields >> range >> perms >> offset >> device >> ino) held.insert(static_cast<ino_t>(ino));
+    }
+  }
+  closedir(procs);
+  return held;
+}
+
+}  // namespace
+
+size_t RemoveUserShm(const std::string& shm_dir, uint32_t uid, const std::string& proc_dir) {
   if (shm_dir.empty() || uid == 0 || uid == geteuid()) return 0;
+  struct stat folder;
+  if (stat(shm_dir.c_str(), &folder) != 0) return 0;
+  // What a live process of the user still holds is not a leftover: their processes outside the
+  // server (a login session, a notebook) keep their shared memory.
+  const std::set<ino_t> held = HeldShmFiles(proc_dir, shm_dir, folder.st_dev, uid);
   DIR* dir = opendir(shm_dir.c_str());
   if (dir == nullptr) return 0;
   const int fd = dirfd(dir);
-  size_t files = 0;
+  size_t files = 0, kept = 0;
   uint64_t bytes = 0;
   while (const dirent* e = readdir(dir)) {
     struct stat st;
     if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) continue;
     if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) continue;
+    if (S_ISREG(st.st_mode) && st.st_dev == folder.st_dev && held.contains(st.st_ino)) {
+      ++kept;
+      continue;
+    }
     if (unlinkat(fd, e->d_name, 0) == 0) ++files, bytes += static_cast<uint64_t>(st.st_size);
   }
   closedir(dir);
-  if (files > 0) {
+  if (files > 0 || kept > 0) {
     spdlog::info(
-        "user {}: removed {} files ({} MiB) their jobs left in {}: none of their jobs runs",
-        UserName(uid), files, bytes >> 20, shm_dir);
+        "user {}: removed {} files ({} MiB) their jobs left in {}: none of their jobs runs; {} "
+        "kept, held by a live process of theirs",
+        UserName(uid), files, bytes >> 20, shm_dir, kept);
   }
   return files;
 }

@@ -125,8 +125,10 @@ class JobEnds {
   std::atomic<bool> reserve_used_{false};
 };
 
-// Removes the files user `uid` owns directly in `shm_dir` (not root's, not this process's user's):
+// Removes the files user `uid` owns directly in `shm_dir` (not root's, not this process's user's)
+// that no live process of that user holds open or mapped (read from `proc_dir`'s fd/ and maps):
 // what a user's jobs left in shared memory, once none of them runs. Returns how many went.
-size_t RemoveUserShm(const std::string& shm_dir, uint32_t uid);
+size_t RemoveUserShm(const std::string& shm_dir, uint32_t uid,
+                     const std::string& proc_dir = "/proc");
 
 }  // namespace tessera::server

@@ -8,7 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -462,6 +464,53 @@ TEST(RemoveUserShm, RemovesOnlyThatUsersFiles) {
   EXPECT_TRUE(fs::exists(dir + "/r"));
   EXPECT_EQ(RemoveUserShm(dir, 0), 0u) << "root's files are never a job's leftovers";
   EXPECT_EQ(RemoveUserShm("", 1001), 0u);
+  fs::remove_all(dir);
+}
+
+// A file a live process of the user still holds - open, or mapped after its descriptor was closed
+// (POSIX shared memory, a semaphore) - is no leftover: kept until nothing holds it.
+TEST(RemoveUserShm, KeepsWhatALiveProcessOfTheUserHolds) {
+  ASSERT_EQ(geteuid(), 0u) << "files of other users are made by chown (root, as in CI)";
+  char tmpl[] = "/tmp/tessera-shm-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  for (const char* name : {"open", "mapped", "left"}) {
+    std::ofstream(dir + "/" + name) << "x";
+    ASSERT_EQ(chown((dir + "/" + name).c_str(), 1000, 1000), 0);
+  }
+  int ready[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t kid = fork();
+  if (kid == 0) {
+    // A process of the user outside the server: one file open, one mapped and closed.
+    if (setgid(1000) != 0 || setuid(1000) != 0) _exit(2);
+    const int open_fd = open((dir + "/open").c_str(), O_RDWR);
+    const int map_fd = open((dir + "/mapped").c_str(), O_RDWR);
+    if (open_fd < 0 || map_fd < 0) _exit(3);
+    if (mmap(nullptr, 1, PROT_READ, MAP_SHARED, map_fd, 0) == MAP_FAILED) _exit(4);
+    close(map_fd);
+    close(done[1]);
+    (void)!write(ready[1], "r", 1);
+    char c;
+    (void)!read(done[0], &c, 1);  // until the test closes its end
+    _exit(0);
+  }
+  close(ready[1]);
+  close(done[0]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  EXPECT_EQ(RemoveUserShm(dir, 1000), 1u);
+  EXPECT_FALSE(fs::exists(dir + "/left"));
+  EXPECT_TRUE(fs::exists(dir + "/open"));
+  EXPECT_TRUE(fs::exists(dir + "/mapped"));
+  close(done[1]);
+  int status = 0;
+  ASSERT_EQ(waitpid(kid, &status, 0), kid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(RemoveUserShm(dir, 1000), 2u) << "nothing holds them now";
+  close(ready[0]);
   fs::remove_all(dir);
 }
 
