@@ -35,11 +35,11 @@ constexpr int kCheckpointVersion = 1;
 
 std::string ShareId(const std::string& uuid, int k) { return fmt::format("{}::{}", uuid, k); }
 
+}  // namespace
+
 int64_t UnixSeconds(const core::Clock* clock) {
   return static_cast<int64_t>(core::Seconds((clock ? *clock : core::SystemClock::Get()).Now()));
 }
-
-}  // namespace
 
 std::string_view ResourceName(Resource r) {
   return r == Resource::kGpu ? kGpuResource : kShareResource;

@@ -67,6 +67,9 @@ struct PluginOptions {
   std::string mps_shm_dir = "/dev/shm";
 };
 
+// Wall time in whole seconds from `clock` (PluginOptions::clock; null: the system's).
+int64_t UnixSeconds(const core::Clock* clock);
+
 // Whether GPU `g` is in MPS mode, and its mode.
 inline bool IsMps(const PluginOptions& o, int g) { return o.mps != nullptr && o.mps->Has(g); }
 inline core::GpuSharing SharingOf(const PluginOptions& o, int g) {

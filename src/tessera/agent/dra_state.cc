@@ -35,10 +35,6 @@ std::string ShareJobId(const std::string& uid, const std::string& request) {
   return fmt::format("claim-{}-{}", uid, request);
 }
 
-core::TimePoint Now(const core::Clock* clock) {
-  return (clock ? *clock : core::SystemClock::Get()).Now();
-}
-
 // "gpu/first" -> "gpu": the kubelet matches a container's claim request by its main request.
 std::string MainRequest(const std::string& request) { return request.substr(0, request.find('/')); }
 
@@ -174,7 +170,7 @@ std::optional<DraDevice> DraState::Find(const std::string& name) const {
 }
 
 std::string DraState::RegionPath(const std::string& uid, const std::string& request) const {
-  return fmt::format("{}/regions/claim-{}-{}.region", plugin_.state_dir, uid, request);
+  return fmt::format("{}/regions/{}.region", plugin_.state_dir, ShareJobId(uid, request));
 }
 
 std::string DraState::CdiSpecPath(const std::string& uid) const {
@@ -395,7 +391,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
   std::map<std::string, RequestConfig> config = a.config;
   auto made = std::make_unique<Claim>();
   made->ns = ns;
-  made->prepared_unix = static_cast<int64_t>(core::Seconds(Now(plugin_.clock)));
+  made->prepared_unix = UnixSeconds(plugin_.clock);
   made->name = name;
   auto undo = [&] {
     for (const std::string& r : made->regions) unlink(r.c_str());
@@ -646,6 +642,7 @@ absl::Status DraState::Unprepare(const std::string& uid) {
     }
     // What each share request used, read before its region goes: a request whose region the
     // claim made, with its devices' GPUs in their order.
+    const int64_t now = UnixSeconds(plugin_.clock);
     for (const PreparedDevice& d : gone->devices) {
       auto dev = by_name_.find(d.device);
       for (const std::string& request : d.requests) {
@@ -661,8 +658,7 @@ absl::Status DraState::Unprepare(const std::string& uid) {
           u->share = share == gone->region_shares.end() ? 0 : share->second;
           u->sliced = u->share > 0;
           if (gone->prepared_unix > 0)
-            u->held_s = static_cast<double>(std::max<int64_t>(
-                0, static_cast<int64_t>(core::Seconds(Now(plugin_.clock))) - gone->prepared_unix));
+            u->held_s = static_cast<double>(std::max<int64_t>(0, now - gone->prepared_unix));
         }
         if (dev == by_name_.end()) continue;
         const int gpu = devices_[dev->second].gpu;

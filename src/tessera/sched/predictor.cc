@@ -6,6 +6,7 @@
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "tessera/core/numeric.h"
 
 namespace tessera::sched {
 namespace {
@@ -76,13 +77,10 @@ std::optional<Quantile> Percentile(const Runs& runs, const std::vector<Key>& key
     if (!chosen) chosen = &it->second, basis = k.describe;
   }
   if (!chosen) return std::nullopt;
-  std::vector<double> v(chosen->begin(), chosen->end());
-  const size_t at =
-      std::min(v.size() - 1, static_cast<size_t>(std::ceil(pct / 100.0 * v.size())) - 1);
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(at), v.end());
+  const size_t n = chosen->size();
   return Quantile{
-      v[at], static_cast<int>(v.size()),
-      fmt::format("p{} of {} ({} run{})", pct, basis, v.size(), v.size() == 1 ? "" : "s")};
+      core::Percentile(std::vector<double>(chosen->begin(), chosen->end()), pct / 100.0),
+      static_cast<int>(n), fmt::format("p{} of {} ({} run{})", pct, basis, n, n == 1 ? "" : "s")};
 }
 
 double Median(const std::deque<double>& d) {

@@ -23,6 +23,7 @@
 
 #include "fmt/format.h"
 #include "tessera/core/clock.h"
+#include "tessera/core/numeric.h"
 #include "tessera/server/launcher.h"
 
 namespace tessera::server {
@@ -183,13 +184,10 @@ class FakeLauncher final : public Launcher {
     // works (1: N seconds).
     double resumed = 0, left = 0, rate = 1;
   };
-  // The rate of job `id` on `n` GPUs (the replay's Speed, in the same order of operations).
+  // The rate of job `id` on `n` GPUs (the replay's Speed: one ElasticSpeed).
   double Rate(int64_t id, int n) const {
     const int base = base_gpus_ ? base_gpus_(id) : 0;
-    if (base <= 0 || n <= 0) return 1;
-    const double s = serial_fraction_;
-    auto speedup = [&](double g) { return 1 / (s + (1 - s) / g); };
-    return speedup(n) / speedup(base);
+    return base <= 0 || n <= 0 ? 1 : core::ElasticSpeed(serial_fraction_, n, base);
   }
   double Now() const { return core::Seconds(clock_.Now()); }
 

@@ -12,6 +12,7 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "tessera/core/numeric.h"
 #include "tessera/sched/cycle.h"
 #include "tessera/sched/engine.h"
 #include "tessera/sched/predictor.h"
@@ -19,13 +20,6 @@
 
 namespace tessera::sim {
 namespace {
-
-double Percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  // Nearest rank.
-  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
-}
 
 // The time-weighted mean of a step function (each event's value holds until the next event) over
 // [from, to]; the value at `from` if the interval is empty.
@@ -128,9 +122,9 @@ Distribution Summarize(std::vector<double> values) {
   double sum = 0;
   for (double v : values) sum += v;
   d.mean = sum / static_cast<double>(values.size());
-  d.p50 = Percentile(values, 0.50);
-  d.p95 = Percentile(values, 0.95);
-  d.p99 = Percentile(values, 0.99);
+  d.p50 = core::PercentileOfSorted(values, 0.50);
+  d.p95 = core::PercentileOfSorted(values, 0.95);
+  d.p99 = core::PercentileOfSorted(values, 0.99);
   d.max = values.back();
   return d;
 }
@@ -432,9 +426,7 @@ void Replay::Hold(size_t i, sched::NodeId node, const std::vector<int>& gpus) {
 }
 
 double Replay::Speed(size_t i, int n) const {
-  const double s = config_.elastic_serial_fraction;
-  auto speedup = [&](double g) { return 1 / (s + (1 - s) / g); };
-  return speedup(n) / speedup(jobs_[i].request.gpus);
+  return core::ElasticSpeed(config_.elastic_serial_fraction, n, jobs_[i].request.gpus);
 }
 
 void Replay::Reschedule(size_t i, double now, double pause, int n) {

@@ -22,6 +22,7 @@
 #include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/gpu.h"
+#include "tessera/core/numeric.h"
 #include "tessera/core/request.h"
 #include "tessera/devices/mps.h"
 #include "tessera/server/file_acl.h"
@@ -177,14 +178,7 @@ absl::Status WriteFile(const std::string& path, const std::string& text, mode_t 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr double kMemoryStepMiB = 256, kShareStepPct = 5;
 
-// The nearest-rank percentile `pct` of `v` (not empty).
-double Percentile(std::vector<double> v, int pct) {
-  std::sort(v.begin(), v.end());
-  const size_t rank = static_cast<size_t>(std::ceil(pct / 100.0 * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
-
-std::string Mib(uint64_t bytes) { return fmt::format("{}MiB", (bytes + kMiB - 1) / kMiB); }
+std::string Mib(uint64_t bytes) { return fmt::format("{}MiB", core::MibRoundedUp(bytes)); }
 
 // What a job sized "auto" that its memory limit held back should be told: how many allocations
 // were refused, its peak, the most it asked and what to ask; empty otherwise.
@@ -474,8 +468,7 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     }
     env.say = fmt::format(
         "tessera: job {} is a trial of {}: its steps are stopped {} s after its start, then "
-        "`tessera "
-        "slurm acct {}` on its node says what it used and what to ask",
+        "`tessera slurm acct {}` on its node says what it used and what to ask",
         job_id, core::FormatDuration(limits.trial_s), env.trial_deadline - started, job_id);
   }
   const bool mps =
@@ -717,10 +710,6 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
   return path;
 }
 
-}  // namespace tessera::slurm
-
-namespace tessera::slurm {
-
 KindUse KindUseOf(const std::vector<std::string>& records, const std::string& name) {
   std::vector<double> peaks, utils;
   for (const std::string& text : records) {
@@ -749,11 +738,11 @@ KindUse KindUseOf(const std::vector<std::string>& records, const std::string& na
   }
   KindUse use;
   if (!peaks.empty()) {
-    use.peak_bytes = static_cast<uint64_t>(std::min(Percentile(peaks, 95), 1e12) * kMiB);
+    use.peak_bytes = static_cast<uint64_t>(std::min(core::Percentile(peaks, 0.95), 1e12) * kMiB);
     use.memory_runs = static_cast<int>(peaks.size());
   }
   if (!utils.empty()) {
-    use.util_pct = Percentile(utils, 95);
+    use.util_pct = core::Percentile(utils, 0.95);
     use.util_runs = static_cast<int>(utils.size());
   }
   return use;
