@@ -128,10 +128,15 @@ void SchedulingLoop::CheckRunning(double now) {
     users.insert(e.run.uid);
   }
   // What a user's jobs left in shared memory goes once none of them runs (jobs start on this
-  // thread: none starts meanwhile).
+  // thread: none starts meanwhile). Without the lock: the sweep reads /proc.
+  std::vector<uint32_t> idle;
   for (uint32_t uid : users) {
-    if (!state_.runs->AnyOf(uid)) RemoveUserShm(state_.config.shm_dir, uid);
+    if (!state_.runs->AnyOf(uid)) idle.push_back(uid);
   }
+  if (idle.empty()) return;
+  state_.mu.unlock();
+  for (uint32_t uid : idle) RemoveUserShm(state_.config.shm_dir, uid);
+  state_.mu.lock();
 }
 
 void SchedulingLoop::Measure(const std::vector<devices::GpuTelemetry>& telemetry,
