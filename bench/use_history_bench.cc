@@ -3,7 +3,8 @@
 // a filter of a pod asking tessera.io/gpu-memory "auto" against one with a size of its own (the
 // ratio is the sizing's cost), and, with the history full (2,000 records of commands as long as a
 // training job's), writing it out (TakeUseHistory, under the lock every --history-write-interval)
-// and reading it back at a restart (LoadUseHistory).
+// and reading it back at a restart (LoadUseHistory); the admission webhook's answer for a pod
+// asking tessera.io/gpu-share "auto".
 //   use_history_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -116,8 +117,41 @@ void LoadFullHistory(benchmark::State& state) {
   }
 }
 
+// The admission webhook's answer for a pod creation (AdmitPod with the extender's SizeShare, 200
+// runs of its kind in the history): a pod asking tessera.io/gpu-share "auto" against one that does
+// not (which the webhook configuration's matchConditions never send; here the floor: parsing the
+// review). The API server waits for it as it creates the pod.
+void Admit(benchmark::State& state, bool automatic) {
+  core::FakeClock clock;
+  extender::Extender ex({}, clock);
+  ex.OnNode(Ev::kAdded, GpuNode("a", "dgx-h100", {}, 8));
+  for (int i = 0; i < 200; ++i) ex.OnPod(Ev::kModified, Ended(OfJob("infer", "6Gi"), -1 - i));
+  json pod = OfJob("", "6Gi");
+  pod["metadata"].erase("name");
+  pod["metadata"]["generateName"] = "infer-";
+  if (automatic) pod["metadata"]["annotations"]["tessera.io/gpu-share"] = "auto";
+  const std::string review =
+      json({{"apiVersion", "admission.k8s.io/v1"},
+            {"kind", "AdmissionReview"},
+            {"request",
+             {{"uid", "u"},
+              {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+              {"namespace", "ml"},
+              {"operation", "CREATE"},
+              {"object", pod}}}})
+          .dump();
+  for (auto _ : state) {
+    auto a = extender::AdmitPod(
+        review, [&](const json& p, size_t c, int asked) { return ex.SizeShare(p, c, asked); });
+    if (automatic && !a.body["response"].contains("patch")) state.SkipWithError("not sized");
+    benchmark::DoNotOptimize(a);
+  }
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(Admit, auto_share, true)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(Admit, not_auto, false)->Unit(benchmark::kMicrosecond);
 BENCHMARK(LearnEndedPod)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(FilterOnce, sized_6Gi, std::string("6Gi"))->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(FilterOnce, auto, std::string("auto")) -> Unit(benchmark::kMicrosecond);

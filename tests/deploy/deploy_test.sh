@@ -365,6 +365,48 @@ if (docs.some((d) => d.kind === "ClusterRole" && d.rules.some((x) => (x.resource
   fail("secrets in a ClusterRole");
 ' "$here" "$tmp/rendered.yaml"
 
+# Sized shares (the auto-share component through an overlay, docs/kubernetes.md "Pods sized from
+# what they used"): valid objects; the webhook calls the extender's Service on a port that reaches
+# the container's webhook port, which the NetworkPolicy opens; the extender serves it and names the
+# configuration whose caBundle it sets; only pods asking auto are sent; RBAC is that one object.
+mkdir -p "$tmp/auto-share"
+cp -r "$src/deploy" "$tmp/auto-share/deploy"
+printf 'resources:\n  - deploy\ncomponents:\n  - deploy/components/auto-share\n' >"$tmp/auto-share/kustomization.yaml"
+kubectl kustomize "$tmp/auto-share" >"$tmp/auto-share.yaml"
+node "$here/validate.js" <"$tmp/auto-share.yaml" >"$tmp/validate-auto-share.txt" || { cat "$tmp/validate-auto-share.txt"; fail "invalid objects with the auto-share component"; }
+node -e '
+const yaml = require(process.argv[1] + "/node_modules/js-yaml");
+const docs = yaml.loadAll(require("fs").readFileSync(process.argv[2], "utf8")).filter((d) => d);
+const fail = (m) => { console.error("deploy_test: auto-share: " + m); process.exit(1); };
+const one = (kind, name) => docs.find((d) => d.kind === kind && d.metadata.name === name) || fail("no " + kind + " " + name);
+const cfg = one("MutatingWebhookConfiguration", "tessera-auto-share");
+const hook = cfg.webhooks[0];
+const ext = one("Deployment", "tessera-extender"), c = ext.spec.template.spec.containers[0];
+const svc = one("Service", "tessera-extender");
+const ref = hook.clientConfig.service;
+if (ref.name !== svc.metadata.name || ref.namespace !== svc.metadata.namespace) fail("the webhook calls " + ref.namespace + "/" + ref.name);
+const port = svc.spec.ports.find((p) => p.port === (ref.port || 443)) || fail("the Service has no port " + ref.port);
+const cport = c.ports.find((p) => p.name === port.targetPort) || fail("the container has no port " + port.targetPort);
+const arg = (flag) => (c.args.find((a) => a.startsWith(flag + "=")) || "").slice(flag.length + 1);
+if (arg("--webhook-listen") !== "0.0.0.0:" + cport.containerPort) fail("--webhook-listen is not the container port " + cport.containerPort);
+if (arg("--webhook-configuration") !== cfg.metadata.name) fail("--webhook-configuration is not " + cfg.metadata.name);
+if (!arg("--tls-secret")) fail("the extender has no --tls-secret (the CA it writes as caBundle)");
+if (ref.path !== "/mutate-pods") fail("the webhook path is " + ref.path);
+const np = one("NetworkPolicy", "tessera-extender");
+if (!np.spec.ingress.some((r) => !r.from && r.ports.some((p) => p.port === cport.containerPort))) fail("the NetworkPolicy does not open " + cport.containerPort);
+if (hook.failurePolicy !== "Fail" || hook.sideEffects !== "None" || !hook.admissionReviewVersions.includes("v1")) fail("failurePolicy, sideEffects or admissionReviewVersions");
+const r = hook.rules;
+if (r.length !== 1 || r[0].operations.join() !== "CREATE" || r[0].resources.join() !== "pods" || r[0].apiGroups.join() !== "") fail("rules are not pod CREATE alone");
+if (!hook.matchConditions.some((m) => m.expression.includes("[\x27tessera.io/gpu-share\x27] == \x27auto\x27"))) fail("pods without tessera.io/gpu-share: auto are sent");
+const role = one("ClusterRole", "tessera-extender-auto-share");
+const rule = role.rules[0];
+if (role.rules.length !== 1 || rule.apiGroups.join() !== "admissionregistration.k8s.io" || rule.resources.join() !== "mutatingwebhookconfigurations" ||
+    rule.resourceNames.join() !== cfg.metadata.name || [...rule.verbs].sort().join() !== "get,update")
+  fail("ClusterRole tessera-extender-auto-share grants more, or other, than get/update of " + cfg.metadata.name);
+const b = one("ClusterRoleBinding", "tessera-extender-auto-share");
+if (b.subjects[0].name !== ext.spec.template.spec.serviceAccountName) fail("the binding names " + b.subjects[0].name);
+' "$here" "$tmp/auto-share.yaml"
+
 # The Helm chart renders the same objects as kustomize: its templates are deploy/base with the
 # image and namespace as values (scripts/helm-sync writes them); compare after substitution.
 chart="$src/deploy/helm/tessera"
@@ -384,6 +426,7 @@ for f in "$src"/deploy/base/*.yaml; do
       -e 's/: {{ .Values.agent.privileged }}/: false  # agent.privileged/' \
       -e '/^{{- if .Values.dra.enabled }}$/,/^{{- end }}$/d' \
       -e '/^{{- if .Values.agent.mps.gpus }}$/,/^{{- end }}$/d' \
+      -e '/^{{- if .Values.autoShare.enabled }}$/,/^{{- end }}$/d' \
       -e 's/value: {{ if .Values.agent.mps.gpus }}compute,{{ end }}utility$/value: utility/' \
       "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
@@ -397,6 +440,17 @@ for f in deviceclasses.yaml rbac.yaml policy.yaml; do
     fail "chart template $(basename "$t") differs from deploy/components/dra/$f"
 done
 grep -q -- "- --dra" "$chart/templates/agent.yaml" || fail "the chart's agent has no --dra under dra.enabled"
+# With autoShare.enabled, the auto-share component's objects, and the extender's flags and ports.
+for f in webhook.yaml rbac.yaml; do
+  t="$chart/templates/auto-share-$f"
+  [ -f "$t" ] || fail "the chart has no template for deploy/components/auto-share/$f"
+  sed -e '1d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$t" >"$tmp/chart.yaml"
+  diff -u "$src/deploy/components/auto-share/$f" "$tmp/chart.yaml" >/dev/null ||
+    fail "chart template $(basename "$t") differs from deploy/components/auto-share/$f"
+done
+for want in "--webhook-listen=0.0.0.0:9443" "--webhook-configuration=tessera-auto-share" "containerPort: 9443"; do
+  grep -q -- "$want" "$chart/templates/extender.yaml" || fail "the chart's extender has no $want under autoShare.enabled"
+done
 # The ServiceMonitor as deploy/components/monitoring has it, under monitoring.serviceMonitor.
 sed -e '1,2d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$chart/templates/servicemonitor.yaml" >"$tmp/chart.yaml"
 diff -u "$src/deploy/components/monitoring/servicemonitor.yaml" "$tmp/chart.yaml" >/dev/null ||

@@ -82,6 +82,18 @@ int RunExtender(ExtenderFlags& f, std::ostream& err) {
     f.o.tls_key_file = files->key_file;
     f.o.client_ca_file = files->ca_file;
     if (f.o.client_names.empty()) f.o.client_names = {t.client_name};
+    f.o.webhook_ca_file = files->ca_file;
+  }
+  if (!f.o.webhook_configuration.empty() && f.tls_secret.empty()) {
+    std::filesystem::remove_all(tls_dir);
+    err << "tessera: --webhook-configuration sets the CA of --tls-secret as its caBundle: give "
+           "--tls-secret too (or set caBundle yourself and leave it out)\n";
+    return kExitBadInput;
+  }
+  if (!f.o.webhook_configuration.empty() && f.o.webhook_listen.empty()) {
+    std::filesystem::remove_all(tls_dir);
+    err << "tessera: --webhook-configuration without --webhook-listen: nothing serves it\n";
+    return kExitBadInput;
   }
   struct RemoveDir {
     std::string dir;
@@ -138,6 +150,17 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
                 "host:port of a plain-HTTP listener for GET /metrics and /healthz only (for "
                 "Prometheus and probes when --listen wants client certificates); empty: none")
       ->capture_default_str();
+  e->add_option("--webhook-listen", f.o.webhook_listen,
+                "host:port of the mutating admission webhook that sizes pods asking "
+                "tessera.io/gpu-share: auto (POST /mutate-pods, HTTPS with the --tls-secret or "
+                "--tls-cert certificate, no client certificate asked; "
+                "deploy/components/auto-share); empty: none");
+  e->add_option("--webhook-configuration", f.o.webhook_configuration,
+                "Name of the MutatingWebhookConfiguration whose caBundle the extender keeps set to "
+                "the CA of --tls-secret");
+  e->add_option("--webhook-client-ca", f.o.webhook_client_ca_file,
+                "PEM CA: only callers of the webhook presenting a certificate of it (an API server "
+                "configured with one for admission webhooks)");
   e->add_option("--kubeconfig", f.kubeconfig,
                 "kubeconfig for the API server (default: $KUBECONFIG, else the pod's service "
                 "account)");

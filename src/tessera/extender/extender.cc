@@ -764,7 +764,9 @@ absl::StatusOr<BindPlan> Extender::PrepareBind(const std::string& ns, const std:
     plan.assignment.gang = gang;
     plan.assignment.gang_gpus.assign(gpus.begin(), gpus.end());
   }
-  plan.sizing = p.demand.sizing;
+  // Its share's sizing at admission (already on the pod), then its memory's.
+  plan.sizing = p.demand.admitted_sizing;
+  if (!p.demand.sizing.empty()) plan.sizing += (plan.sizing.empty() ? "" : "; ") + p.demand.sizing;
   // A trial runs its time at most: the kubelet ends it at spec.activeDeadlineSeconds (unless the
   // pod has a shorter one of its own).
   if (const double t = p.demand.trial_s;

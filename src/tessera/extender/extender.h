@@ -44,6 +44,7 @@
 #include "nlohmann/json.hpp"
 #include "tessera/core/clock.h"
 #include "tessera/core/mutex.h"
+#include "tessera/extender/admission.h"
 #include "tessera/extender/objects.h"
 #include "tessera/kube/client.h"
 #include "tessera/kube/gpu_annotations.h"
@@ -143,6 +144,13 @@ class Extender {
                                                       const std::vector<std::string>& candidates);
   // The assignment for a reserved pod, or why not (then its reservation is released and the pod
   // requeued by kube-scheduler). kFailedPrecondition: no reservation or another node.
+  // The admission webhook's question (admission.h): the share of `pod`'s container `container`,
+  // which asks `asked` shares (0: none), when the pod asks tessera.io/gpu-share "auto": the 95th
+  // percentile of the busy share of the ended pods of its kind (its shape with "auto" for its
+  // share) plus auto_size_margin_pct, rounded up to whole shares, never more than it asks (a
+  // whole GPU's shares when it asks none); a whole GPU when that reaches one. Nothing measured
+  // yet: what it asks, else a whole GPU. kUnavailable until a node says how many shares a GPU has.
+  absl::StatusOr<ShareSize> SizeShare(const nlohmann::json& pod, size_t container, int asked);
   absl::StatusOr<BindPlan> PrepareBind(const std::string& ns, const std::string& name,
                                        const std::string& uid, const std::string& node);
   // The service could not write the assignment or the Binding: the reservation is released.
@@ -334,9 +342,10 @@ class Extender {
   std::deque<std::string> use_records_ ABSL_GUARDED_BY(mu_);
   size_t use_bytes_ ABSL_GUARDED_BY(mu_) = 2;  // of the array: "[", "]" and a comma a record
   bool use_records_changed_ ABSL_GUARDED_BY(mu_) = false;
-  // One ended pod's measured use (its uid) into the history under `kind`.
-  void Learn(const std::string& uid, const sched::RunKind& kind, std::optional<double> busy_pct,
-             double peak_mib) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One ended pod's measured use (its uid) into the history under each of `kinds` (its own first,
+  // then those of the same name and command its use sizes too, UseKinds), kept as one record.
+  void Learn(const std::string& uid, const std::vector<sched::RunKind>& kinds,
+             std::optional<double> busy_pct, double peak_mib) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t nodes_version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a node comes or goes
   std::vector<std::string> last_candidates_ ABSL_GUARDED_BY(mu_);
   std::unordered_set<std::string> last_allowed_ ABSL_GUARDED_BY(mu_);

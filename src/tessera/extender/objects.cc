@@ -108,12 +108,33 @@ sched::RunKind UseKind(sched::RunKind kind) {
   return kind;
 }
 
+std::string PodShape(const core::Request& r, bool share_auto, bool memory_auto,
+                     int64_t memory_mib) {
+  if (!share_auto) {
+    if (!r.fractional()) return sched::HistoryShape(r, 1, false);
+    core::Request m = r;
+    m.gpu_memory_mib = memory_mib;
+    return sched::HistoryShape(m, 1, memory_auto);
+  }
+  core::Request any = r;  // written as a share of any size, then "auto" in place of its size
+  any.gpus = 0;
+  any.gpu_milli = 1;
+  any.gpu_memory_mib = memory_mib;
+  const std::string s = sched::HistoryShape(any, 1, memory_auto);
+  return "auto" + s.substr(s.find(' '));
+}
+
 std::vector<sched::RunKind> UseKinds(const PodDemand& d) {
   std::vector<sched::RunKind> kinds = {UseKind(d.kind)};
-  if (d.request.fractional() && !d.memory_auto) {
-    sched::RunKind k = UseKind(d.kind);
-    k.shape = sched::HistoryShape(d.request, 1, /*memory_auto=*/true);
-    kinds.push_back(std::move(k));
+  if (!d.request.fractional() && !d.share_auto) return kinds;
+  const int64_t mib = d.memory_auto ? 0 : d.request.gpu_memory_mib;
+  for (bool share_auto : {d.share_auto, true}) {
+    for (bool memory_auto : {d.memory_auto, true}) {
+      sched::RunKind k = UseKind(d.kind);
+      k.shape = PodShape(d.request, share_auto, memory_auto, mib);
+      if (std::ranges::none_of(kinds, [&](const auto& o) { return o.shape == k.shape; }))
+        kinds.push_back(std::move(k));
+    }
   }
   return kinds;
 }
@@ -206,17 +227,43 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     }
     r.gpu_milli = count * core::kMilliPerGpu / shares_per_gpu;
     if (r.gpu_milli < 1) r.gpu_milli = 1;
-    if (std::string m = annotation(kGpuMemoryAnnotation); m == "auto") {
-      d.memory_auto = true;
-    } else if (!m.empty()) {
-      auto mib = ParseQuantity(m, 1.0 / (1 << 20));
-      if (!mib || *mib <= 0) {
-        return bad(
-            fmt::format("annotation {}: expected a quantity such as 10Gi, or auto, got \"{}\"",
-                        kGpuMemoryAnnotation, m));
-      }
-      r.gpu_memory_mib = *mib;
+  }
+  // A share's memory (a pod whose share was sized "auto" keeps it in its kind's shape even where
+  // it was sized a whole GPU, which has all of its GPU's memory).
+  int64_t memory_mib = 0;
+  bool memory_auto = false;
+  if (std::string m = annotation(kGpuMemoryAnnotation); m == "auto") {
+    memory_auto = true;
+  } else if (!m.empty()) {
+    auto mib = ParseQuantity(m, 1.0 / (1 << 20));
+    if (!mib || *mib <= 0) {
+      return bad(fmt::format("annotation {}: expected a quantity such as 10Gi, or auto, got \"{}\"",
+                             kGpuMemoryAnnotation, m));
     }
+    memory_mib = *mib;
+  }
+  if (std::string a = annotation(kGpuShareAnnotation); !a.empty()) {
+    if (a != "auto") {
+      return bad(fmt::format(
+          "annotation {}: expected auto (a count of shares goes in the container's resources), "
+          "got \"{}\"",
+          kGpuShareAnnotation, a));
+    }
+    d.share_auto = true;
+    d.admitted_sizing = annotation(kSizingAnnotation);
+    // Sized at admission, or not at all: without the webhook the pod's count is a guess nobody
+    // checked, and it would be placed as if it were measured.
+    if (d.admitted_sizing.rfind("gpu-share", 0) != 0) {
+      return bad(fmt::format(
+          "annotation {}: auto, but the pod was not sized when it was created (no {} from the "
+          "extender's admission webhook): is deploy/components/auto-share installed? "
+          "(docs/kubernetes.md)",
+          kGpuShareAnnotation, kSizingAnnotation));
+    }
+  }
+  if (r.fractional()) {
+    d.memory_auto = memory_auto;
+    r.gpu_memory_mib = memory_auto ? 0 : memory_mib;
   }
   if (const json* p = FieldAt(pod, {"spec", "priority"}); p && !p->is_null()) {
     if (!p->is_number_integer()) return bad("spec.priority: expected a whole number");
@@ -325,7 +372,7 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
         if (a.is_string()) d.kind.command.push_back(a.get<std::string>());
     }
   }
-  d.kind.shape = sched::HistoryShape(r, 1, d.memory_auto);
+  d.kind.shape = PodShape(r, d.share_auto, memory_auto, memory_mib);
   if (const json* dl = FieldAt(pod, {"spec", "activeDeadlineSeconds"}); dl && dl->is_number())
     d.kind.max_runtime_s = std::max(0.0, dl->get<double>());
   return d;

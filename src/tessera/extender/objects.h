@@ -43,8 +43,13 @@ inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
 // spec.activeDeadlineSeconds as it binds it, which the kubelet enforces), and its end says what it
 // used and what to ask (Event TrialResult); its use joins the history "auto" sizes from.
 inline constexpr char kTrialAnnotation[] = "tessera.io/trial";
-// Written by the extender on a pod sized "auto" (tessera.io/gpu-memory: auto): its size and from
-// what.
+// "auto" on a pod: its compute share is sized at admission from what ended pods of its kind used
+// (the extender's mutating webhook, admission.h), which sets its container's tessera.io/gpu-share
+// count (or tessera.io/gpu: 1) before the pod is created.
+inline constexpr char kGpuShareAnnotation[] = "tessera.io/gpu-share";
+// Written by the extender on a pod sized "auto" (tessera.io/gpu-share or tessera.io/gpu-memory:
+// auto): its size and from what. The webhook writes the share's part ("gpu-share ..."), the
+// Binding adds the memory's.
 inline constexpr char kSizingAnnotation[] = "tessera.io/sizing";
 
 struct NodeGpusInfo {
@@ -77,10 +82,20 @@ struct PodDemand {
   bool memory_auto = false;
   std::string sizing;
   double trial_s = 0;  // tessera.io/trial; 0: none
+  // tessera.io/gpu-share "auto": its share (or whole GPU) was sized at admission, which said how
+  // in `admitted_sizing` (its tessera.io/sizing); its kind's shape says "auto" in place of its
+  // share, so that what it measures sizes the next pod of its kind whatever this one got.
+  bool share_auto = false;
+  std::string admitted_sizing;
 };
 
-// The history kinds an ended pod's measured use joins: its own, and for a share not sized "auto",
-// that of the same pod asking tessera.io/gpu-memory "auto" (which its use sizes too).
+// The history shape of a pod of request `r`: its share (or "auto" when `share_auto`) and its
+// memory (or "auto" when `memory_auto`; `memory_mib` else), as sched::HistoryShape writes them.
+std::string PodShape(const core::Request& r, bool share_auto, bool memory_auto, int64_t memory_mib);
+
+// The history kinds an ended pod's measured use joins: its own, and for a share (or a pod sized
+// "auto"), those of the same pod asking "auto" for its share, its memory or both (which its use
+// sizes too).
 std::vector<sched::RunKind> UseKinds(const PodDemand& d);
 // The kind measured use is kept and sized under: `kind`, known by kPodsOfItsShape when a Job, a
 // controller or a command does not name it, so that no namespace's use sizes another's pods.

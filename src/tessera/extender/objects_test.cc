@@ -183,15 +183,44 @@ TEST(PodDemandOf, AShareWithMemory) {
   EXPECT_EQ(sized->request.gpu_memory_mib, 0);
   EXPECT_EQ(sized->kind.shape, "30% auto");
   EXPECT_EQ(sized->trial_s, 90);
-  // The kinds an ended share's use joins: its own and its "auto" one; a pod named by nothing is
-  // its namespace's pods of its shape.
+  // The kinds an ended share's use joins: its own and its "auto" ones (memory, share, both); a
+  // pod named by nothing is its namespace's pods of its shape.
   std::vector<sched::RunKind> kinds = UseKinds(*d);
-  ASSERT_EQ(kinds.size(), 2u);
+  ASSERT_EQ(kinds.size(), 4u);
   EXPECT_EQ(kinds[0].shape, "30% 10240MiB");
   EXPECT_EQ(kinds[1].shape, "30% auto");
+  EXPECT_EQ(kinds[2].shape, "auto 10240MiB");
+  EXPECT_EQ(kinds[3].shape, "auto auto");
   EXPECT_EQ(kinds[1].user, "team-a");
   EXPECT_EQ(kinds[1].command, std::vector<std::string>{kPodsOfItsShape});
-  EXPECT_EQ(UseKinds(*sized).size(), 1u);
+  kinds = UseKinds(*sized);
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_EQ(kinds[1].shape, "auto auto");
+}
+
+// tessera.io/gpu-share "auto": sized at admission (the webhook's tessera.io/sizing), its kind's
+// shape says "auto" whatever it got - a share or a whole GPU; never placed unsized.
+TEST(PodDemandOf, AShareSizedAutoIsOfTheAutoKindAndNeverUnsized) {
+  const json sized = {{"tessera.io/gpu-share", "auto"},
+                      {"tessera.io/gpu-memory", "10Gi"},
+                      {"tessera.io/sizing", "gpu-share 1 (of 10 per GPU): ..."}};
+  auto share = PodDemandOf(Pod({Container("nb", "tessera.io/gpu-share", 1)}, sized), 10);
+  ASSERT_TRUE(share.ok()) << share.status();
+  EXPECT_TRUE(share->share_auto);
+  EXPECT_EQ(share->admitted_sizing, "gpu-share 1 (of 10 per GPU): ...");
+  EXPECT_EQ(share->kind.shape, "auto 10240MiB");
+  auto whole = PodDemandOf(Pod({Container("nb", "tessera.io/gpu", 1)}, sized), 10);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->kind.shape, "auto 10240MiB") << "sized a whole GPU, of the same kind";
+  EXPECT_EQ(whole->request.gpus, 1);
+  auto unsized = PodDemandOf(
+      Pod({Container("nb", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-share", "auto"}}), 10);
+  ASSERT_FALSE(unsized.ok());
+  EXPECT_THAT(std::string(unsized.status().message()), HasSubstr("not sized when it was created"));
+  auto count = PodDemandOf(
+      Pod({Container("nb", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-share", "2"}}), 10);
+  ASSERT_FALSE(count.ok());
+  EXPECT_THAT(std::string(count.status().message()), HasSubstr("expected auto"));
 }
 
 TEST(PodDemandOf, WhatTesseraCannotPlaceIsNamed) {

@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "fmt/format.h"
 #include "spdlog/spdlog.h"
+#include "tessera/extender/admission.h"
 #include "tessera/kube/object.h"
 #include "tessera/net/prometheus.h"
 
@@ -168,6 +172,48 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
     spdlog::info("extender: /metrics and /healthz on {} (port {}, HTTP)",
                  s->options_.metrics_listen, s->metrics_port());
   }
+  if (!s->options_.webhook_listen.empty()) {
+    if (s->options_.tls_cert_file.empty() || s->options_.tls_key_file.empty()) {
+      s->Stop();
+      return absl::InvalidArgumentError(
+          "--webhook-listen: the API server calls admission webhooks over HTTPS only: give "
+          "--tls-secret (or --tls-cert and --tls-key)");
+    }
+    if (!s->options_.webhook_configuration.empty()) {
+      std::ifstream in(s->options_.webhook_ca_file);
+      std::stringstream text;
+      text << in.rdbuf();
+      s->webhook_ca_ = text.str();
+      if (s->webhook_ca_.find("BEGIN CERTIFICATE") == std::string::npos) {
+        s->Stop();
+        return absl::InvalidArgumentError(fmt::format(
+            "--webhook-configuration {}: no CA certificate to set as its caBundle in '{}' (give "
+            "--tls-secret, whose CA it is)",
+            s->options_.webhook_configuration, s->options_.webhook_ca_file));
+      }
+    }
+    net::HttpServerOptions w;
+    w.tcp_address = s->options_.webhook_listen;
+    w.tls_cert_file = s->options_.tls_cert_file;
+    w.tls_key_file = s->options_.tls_key_file;
+    w.tls_client_ca_file = s->options_.webhook_client_ca_file;
+    w.max_body_bytes = 8 << 20;  // a pod: at most the API server's 3 MiB request, reviewed
+    auto webhook = net::HttpServer::Start(w, [self](const net::HttpRequest& r) {
+      if (r.method == "POST" && r.path == "/mutate-pods") return self->HandleAdmission(r.body);
+      if (r.method == "GET" && r.path == "/healthz") return self->Handle(r);
+      return net::HttpResponse{404, "text/plain", "this port serves only POST /mutate-pods\n"};
+    });
+    if (!webhook.ok()) {
+      s->Stop();
+      return absl::Status(webhook.status().code(),
+                          fmt::format("--webhook-listen {}: {}", s->options_.webhook_listen,
+                                      std::string(webhook.status().message())));
+    }
+    s->webhook_http_ = std::move(*webhook);
+    spdlog::info("extender: the admission webhook (POST /mutate-pods) on {} (port {}, HTTPS{})",
+                 s->options_.webhook_listen, s->webhook_http_->tcp_port(),
+                 s->options_.webhook_client_ca_file.empty() ? "" : ", client certificates only");
+  }
   s->worker_ = std::thread([self] { self->Work(); });
   spdlog::info("extender: listening on {} (port {}, {})", s->options_.listen, s->port(),
                s->options_.tls_cert_file.empty()    ? "HTTP"
@@ -181,6 +227,7 @@ Service::~Service() { Stop(); }
 void Service::Stop() {
   if (http_) http_->Stop();
   if (metrics_http_) metrics_http_->Stop();
+  if (webhook_http_) webhook_http_->Stop();
   for (auto& i : informers_) i->Stop();
   {
     std::lock_guard lock(mu_);
@@ -520,6 +567,71 @@ net::HttpResponse Service::HandleBind(const std::string& body) {
   return JsonReply(200, json{{"Error", ""}});
 }
 
+net::HttpResponse Service::HandleAdmission(const std::string& body) {
+  AdmissionAnswer a = AdmitPod(
+      body, [this](const json& pod, size_t container, int asked) -> absl::StatusOr<ShareSize> {
+        // Sized from the history and the nodes as listed: not before they are (a restarted
+        // extender would size from nothing).
+        if (!Ready()) return absl::UnavailableError(kStarting);
+        return extender_->SizeShare(pod, container, asked);
+      });
+  if (a.http_status != 200) {
+    ++counters_.admit_bad;
+    spdlog::warn("extender: admission: {}", a.said);
+  } else if (a.said.empty()) {
+    ++counters_.admit_unchanged;
+  } else if (a.body["response"].value("allowed", false)) {
+    ++counters_.admit_sized;
+    spdlog::info("extender: admission: {}", a.said);
+  } else {
+    ++counters_.admit_refused;
+    spdlog::warn("extender: admission refused: {}", a.said);
+  }
+  return JsonReply(a.http_status, a.body);
+}
+
+bool Service::EnsureCaBundle() {
+  const std::string path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" +
+                           Escape(options_.webhook_configuration);
+  const std::string bundle = absl::Base64Escape(webhook_ca_);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto got = client_.Get(path);
+    if (!got.ok()) {
+      ++counters_.ca_bundle_errors;
+      spdlog::warn("extender: reading the MutatingWebhookConfiguration {}: {}; will retry",
+                   options_.webhook_configuration, std::string(got.status().message()));
+      return false;
+    }
+    json config = std::move(*got);
+    bool changed = false;
+    if (config.is_object() && config.contains("webhooks") && config["webhooks"].is_array()) {
+      for (json& h : config["webhooks"]) {
+        if (!h.is_object()) continue;
+        json& cc = h["clientConfig"];
+        if (!cc.is_object()) cc = json::object();
+        if (cc.value("caBundle", json()) != bundle) cc["caBundle"] = bundle, changed = true;
+      }
+    }
+    if (!changed) return true;
+    auto put = client_.Replace(path, config);  // at its resourceVersion: a 409 reads it again
+    if (put.ok()) {
+      ++counters_.ca_bundle_writes;
+      spdlog::info("extender: set its CA as the caBundle of the MutatingWebhookConfiguration {}",
+                   options_.webhook_configuration);
+      return true;
+    }
+    if (kube::HttpStatusOf(put.status()) != 409) {
+      ++counters_.ca_bundle_errors;
+      spdlog::warn(
+          "extender: setting the caBundle of the MutatingWebhookConfiguration {}: {}; "
+          "will retry",
+          options_.webhook_configuration, std::string(put.status().message()));
+      return false;
+    }
+  }
+  return false;
+}
+
 net::HttpResponse Service::HandlePreempt(const std::string& body) {
   json args = json::parse(body, nullptr, false);
   if (args.is_discarded() || !args.is_object()) {
@@ -656,6 +768,17 @@ void Service::Work() {
                      std::string(r.status().message()));
       }
     }
+    // The webhook's caBundle: set until it is, then looked at again now and then (a manifest
+    // applied again may clear it).
+    if (!webhook_ca_.empty()) {
+      if (const auto now = std::chrono::steady_clock::now(); now >= next_ca_check_) {
+        const bool current = EnsureCaBundle();
+        counters_.ca_bundle_current = current;
+        next_ca_check_ =
+            now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(current ? options_.webhook_ca_check_s : 2.0));
+      }
+    }
     // The use history kept across restarts: read once it can be, written when it changed.
     if (!history_path_.empty() && (history_loaded_ || LoadHistory())) {
       if (auto h = extender_->TakeUseHistory()) history_pending_ = std::move(*h);
@@ -751,6 +874,22 @@ std::string Service::Metrics() const {
       c.untrusted);
   by("tessera_extender_quota_loads_total", "counter", "Quota ConfigMap loads by result.", "result",
      {{"ok", c.quota_loads}, {"error", c.quota_errors}});
+  by("tessera_extender_admission_total", "counter",
+     "Admission reviews of pod creations (the webhook that sizes tessera.io/gpu-share: auto) by "
+     "result: left unchanged, sized, refused, not a review.",
+     "result",
+     {{"unchanged", c.admit_unchanged},
+      {"sized", c.admit_sized},
+      {"refused", c.admit_refused},
+      {"bad", c.admit_bad}});
+  if (!webhook_ca_.empty()) {
+    one("tessera_extender_webhook_ca_bundle_current", "gauge",
+        "1 when every webhook of the MutatingWebhookConfiguration carries the extender's CA.",
+        c.ca_bundle_current ? 1 : 0);
+    by("tessera_extender_webhook_ca_bundle_writes_total", "counter",
+       "Writes of the extender's CA into the MutatingWebhookConfiguration by result.", "result",
+       {{"ok", c.ca_bundle_writes}, {"error", c.ca_bundle_errors}});
+  }
   by("tessera_extender_use_history_writes_total", "counter",
      "Writes of the use history ConfigMap (what ended pods used, which sizes \"auto\" pods) by "
      "result.",

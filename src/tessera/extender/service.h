@@ -46,6 +46,21 @@ struct ServiceOptions {
   // changed, at most once per history_write_interval_s.
   std::string history_configmap;
   double history_write_interval_s = 10;
+  // The mutating admission webhook that sizes pods asking tessera.io/gpu-share "auto"
+  // (admission.h): POST /mutate-pods on a listener of its own, host:port, HTTPS with
+  // tls_cert_file/tls_key_file (the API server calls webhooks over HTTPS only) and without the
+  // scheduler's client certificates; empty: none.
+  std::string webhook_listen;
+  // Set: only callers presenting a certificate of this CA may call the webhook (an API server
+  // given one in its AdmissionConfiguration's kubeConfigFile); else any caller, who learns no
+  // more than the size of the pod it describes.
+  std::string webhook_client_ca_file;
+  // The MutatingWebhookConfiguration (its name) whose webhooks' clientConfig.caBundle the
+  // extender keeps set to webhook_ca_file (the CA of its TLS Secret), checked every
+  // webhook_ca_check_s and when it is not yet so; empty: whoever installs it sets caBundle.
+  std::string webhook_configuration;
+  std::string webhook_ca_file;
+  double webhook_ca_check_s = 60;
   // Whether to watch scheduling.x-k8s.io/v1alpha1 PodGroups (their minMember makes gangs).
   bool pod_groups = true;
   // Seconds between sweeps of expired reservations.
@@ -79,6 +94,7 @@ class Service {
   bool Ready() const;
   int port() const;
   int metrics_port() const;
+  int webhook_port() const { return webhook_http_ ? webhook_http_->tcp_port() : 0; }
   Extender& extender() { return *extender_; }
   DraAdvisor* dra() { return dra_.get(); }
   std::string Metrics() const;
@@ -116,6 +132,11 @@ class Service {
   net::HttpResponse HandleDra(const std::string& body, bool prioritize);
   net::HttpResponse HandleBind(const std::string& body);
   net::HttpResponse HandlePreempt(const std::string& body);
+  // POST /mutate-pods on the webhook listener: an AdmissionReview (admission.h).
+  net::HttpResponse HandleAdmission(const std::string& body);
+  // Sets webhook_ca_file's CA as the caBundle of every webhook of webhook_configuration that
+  // lacks it (Work's): true when each has it.
+  bool EnsureCaBundle();
   void Work();  // evictions and reservation expiry
   // The history ConfigMap read into the extender (true: read, or there is none yet).
   bool LoadHistory();
@@ -132,7 +153,7 @@ class Service {
   kube::Informer* nodes_ = nullptr;
   kube::Informer* pods_ = nullptr;
   kube::Informer* pod_groups_ = nullptr;  // null with --no-pod-groups
-  std::unique_ptr<net::HttpServer> http_, metrics_http_;
+  std::unique_ptr<net::HttpServer> http_, metrics_http_, webhook_http_;
   std::unique_ptr<kube::EventRecorder> events_;  // when options_.events
 
   std::mutex mu_;
@@ -147,6 +168,9 @@ class Service {
   bool history_loaded_ = false;
   std::optional<std::string> history_pending_;  // a JSON array's text
   std::chrono::steady_clock::time_point history_written_{};
+  // The webhook configuration's caBundle (Work's): the CA's PEM, and when it is next looked at.
+  std::string webhook_ca_;
+  std::chrono::steady_clock::time_point next_ca_check_{};
 
   // Counters for /metrics.
   struct Counters {
@@ -160,6 +184,10 @@ class Service {
     std::atomic<uint64_t> quota_loads{0}, quota_errors{0};
     std::atomic<uint64_t> history_writes{0}, history_errors{0};
     std::atomic<uint64_t> dra_filter{0}, dra_prioritize{0};  // DRA pods of Tessera's driver
+    // Admission reviews: pods left alone, sized, refused; bodies that were no review.
+    std::atomic<uint64_t> admit_unchanged{0}, admit_sized{0}, admit_refused{0}, admit_bad{0};
+    std::atomic<uint64_t> ca_bundle_writes{0}, ca_bundle_errors{0};
+    std::atomic<bool> ca_bundle_current{false};
   };
   mutable Counters counters_;
   // Filter latency histogram (seconds).

@@ -199,11 +199,13 @@ TEST_F(ServiceTest, TheUseHistoryOutlivesARestartAndTheEndedPodsGone) {
     return cm ? json::parse((*cm)["data"].value("history.json", "[]"), nullptr, false) : json();
   };
   ended("gone", 3000);
-  // Two records per pod: its own kind and its shape's "auto" kind.
-  ASSERT_TRUE(Eventually([&] { return stored().is_array() && stored().size() == 2; }))
+  // One record per pod: its own kind's shape, and those of the "auto" kinds it sizes too.
+  ASSERT_TRUE(Eventually([&] { return stored().is_array() && stored().size() == 1; }))
       << stored().dump();
+  EXPECT_EQ(stored()[0]["shape"], "25% 4096MiB");
+  EXPECT_EQ(stored()[0]["alsoShapes"], json({"25% auto", "auto 4096MiB", "auto auto"}));
   ended("kept", 2000);
-  ASSERT_TRUE(Eventually([&] { return stored().size() == 4; })) << stored().dump();
+  ASSERT_TRUE(Eventually([&] { return stored().size() == 2; })) << stored().dump();
   service_->Stop();
   service_.reset();
   ASSERT_TRUE(api_.Delete(Pods("ml"), "gone"));
@@ -670,6 +672,179 @@ TEST_F(ServiceTest, DraPodsAreFilteredAndScoredByTheirClaimsAndOthersPassUntouch
   });
   collect_used();
   EXPECT_EQ(used, granted);
+}
+
+}  // namespace
+}  // namespace tessera::extender
+
+namespace tessera::extender {
+namespace {
+
+// A YAML document as the API server would hold it: quoted scalars stay strings, plain ones that
+// read as numbers or booleans become them.
+json JsonOf(const YAML::Node& n) {
+  if (n.IsMap()) {
+    json o = json::object();
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = JsonOf(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    json a = json::array();
+    for (const auto& v : n) a.push_back(JsonOf(v));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string s = n.as<std::string>();
+  if (n.Tag() == "!") return s;
+  if (s == "true" || s == "false") return s == "true";
+  if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) return std::stoll(s);
+  return s;
+}
+
+// tessera.io/gpu-share: auto end to end with deploy/components/auto-share's own webhook
+// configuration: the extender writes its CA into it, the API server (the fake, calling webhooks
+// as the real one does: only pods its matchConditions select, the certificate checked against
+// that caBundle) sends each "auto" pod's creation to the extender, which sizes its share from what
+// ended pods of its kind used; the pod is stored sized, and bound with its sizing said. With the
+// extender away, an "auto" pod is not created (failurePolicy Fail), other pods are. The RBAC of
+// the component is exactly what the extender used.
+TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
+  const std::string dir = ::testing::TempDir() + "auto-share-tls";
+  auto tls = EnsureTlsSecret(
+      *client_,
+      {.ns = "tessera-system", .name = "tessera-extender-tls", .dns = {"localhost"}, .dir = dir});
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  json config =
+      JsonOf(YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
+  ASSERT_EQ(config["kind"], "MutatingWebhookConfiguration");
+  api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config);
+  api_.ClearRequests();
+  ServiceOptions o;
+  o.tls_cert_file = tls->cert_file;
+  o.tls_key_file = tls->key_file;
+  o.webhook_listen = "127.0.0.1:0";
+  o.webhook_configuration = config["metadata"]["name"];
+  o.webhook_ca_file = tls->ca_file;
+  o.listen = "127.0.0.1:0";
+  o.extender.scheduler.random_ties = false;
+  o.sweep_interval_s = 0.05;
+  auto started = Service::Start(*client_, o, clock_);
+  ASSERT_TRUE(started.ok()) << started.status();
+  service_ = std::move(*started);
+  ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
+  ASSERT_GT(service_->webhook_port(), 0);
+  http_ = std::make_unique<net::HttpClient>("https://localhost:" + std::to_string(service_->port()),
+                                            "", tls->ca_file);
+  const json& ref = config["webhooks"][0]["clientConfig"]["service"];
+  api_.SetServiceAddress(ref["namespace"], ref["name"], ref.value("port", 443),
+                         "localhost:" + std::to_string(service_->webhook_port()));
+  ASSERT_TRUE(Eventually([&] {
+    auto c = api_.Get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                      "tessera-auto-share");
+    return c && !(*c)["webhooks"][0]["clientConfig"].value("caBundle", "").empty();
+  }));
+  ASSERT_TRUE(Eventually([&] {
+    return service_->Metrics().find("tessera_extender_webhook_ca_bundle_current 1") !=
+           std::string::npos;
+  }));
+  auto create = [&](json pod) { return client_->Create(Pods("ml"), pod); };
+  auto infer = [&](const std::string& name, int shares, bool automatic) {
+    json pod = GpuPod("ml", name, {.shares = shares});
+    pod["metadata"].erase("uid");
+    pod["metadata"]["labels"] = {{"batch.kubernetes.io/job-name", "infer"}};
+    if (automatic) pod["metadata"]["annotations"]["tessera.io/gpu-share"] = "auto";
+    return pod;
+  };
+  // Not asking auto: never sent to the webhook (matchConditions), created as asked.
+  ASSERT_TRUE(create(infer("plain", 2, false)).ok());
+  EXPECT_EQ(api_.admission_calls(), 0);
+  // Nothing measured yet: what its container asks.
+  auto first = create(infer("first", 3, true));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(api_.admission_calls(), 1);
+  EXPECT_EQ((*first)["spec"]["containers"][0]["resources"]["limits"]["tessera.io/gpu-share"], "3");
+  EXPECT_EQ((*first)["metadata"]["annotations"]["tessera.io/sizing"],
+            "gpu-share 3 (of 4 per GPU): no measured runs of its kind yet, the count its "
+            "container asks; its use is measured for the next");
+  // Pods of its kind end, measured 10%, 20% and 15% busy (by hand-sized shares, and by itself).
+  int i = 0;
+  for (int permille : {100, 200, 150}) {
+    json pod =
+        i == 2 ? *api_.Get(Pods("ml"), "first") : infer("done-" + std::to_string(i), 2, false);
+    pod["spec"]["nodeName"] = "n1";
+    pod["status"]["phase"] = "Succeeded";
+    pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+        kube::FormatGpuUse({.seconds = 600, .busy_permille = permille, .peak_mib = 900});
+    api_.Put(Pods("ml"), pod);
+    ++i;
+  }
+  // p95 of 10, 20, 15% is 20%; + 20% is 24%: one share of four.
+  json sized;
+  ASSERT_TRUE(Eventually([&] {
+    auto p = create(infer("next-" + std::to_string(++i), 3, true));
+    if (!p.ok()) return false;
+    sized = *p;  // once the extender has learned all three
+    return sized["metadata"]["annotations"].value("tessera.io/sizing", "").find("(3 runs)") !=
+           std::string::npos;
+  })) << sized.dump();
+  EXPECT_EQ(sized["spec"]["containers"][0]["resources"]["limits"]["tessera.io/gpu-share"], "1");
+  const std::string sizing = sized["metadata"]["annotations"]["tessera.io/sizing"];
+  EXPECT_EQ(
+      sizing,
+      "gpu-share 1 (of 4 per GPU): 20% busy (p95 of ml's runs of 'infer' with this command (3 "
+      "runs)) + 20%");
+  // Placed and bound as sized; the Binding keeps how, and an Event says it.
+  const std::string name = sized["metadata"]["name"];
+  json f = Post("filter", {{"Pod", sized}, {"NodeNames", {"n2"}}});
+  ASSERT_EQ(f["NodeNames"], json({"n2"})) << f.dump();
+  EXPECT_EQ(Post("bind", {{"PodName", name},
+                          {"PodNamespace", "ml"},
+                          {"PodUID", sized["metadata"]["uid"]},
+                          {"Node", "n2"}})["Error"],
+            "");
+  json bound = *api_.Get(Pods("ml"), name);
+  EXPECT_EQ(bound["metadata"]["annotations"]["tessera.io/sizing"], sizing);
+  auto as = kube::ParseAssignment(
+      bound["metadata"]["annotations"][kube::kAssignmentAnnotation].get<std::string>());
+  ASSERT_TRUE(as.ok()) << as.status();
+  EXPECT_EQ(as->containers.at(0).count, 1);
+  ASSERT_TRUE(Eventually([&] { return EventOn(name, "SizedAutomatically") == sizing; }));
+  // A pod that says auto but was never sized (created before the webhook was installed) is not
+  // placed as if it had been.
+  json unsized = Create(infer("unsized", 2, true));
+  EXPECT_THAT(Post("filter", {{"Pod", unsized}, {"NodeNames", {"n2"}}})["Error"].dump(),
+              HasSubstr("not sized when it was created"));
+  EXPECT_THAT(service_->Metrics(), HasSubstr("tessera_extender_admission_total{result=\"sized\"} " +
+                                             std::to_string(api_.admission_calls())));
+
+  // The webhook configuration's RBAC (deploy/components/auto-share/rbac.yaml) is what was used.
+  std::set<std::string> used, granted;
+  for (const auto& r : api_.Requests()) {
+    if (r.resource.find("mutatingwebhookconfigurations") != std::string::npos)
+      used.insert(r.verb + " " + r.resource);
+  }
+  for (const YAML::Node& doc :
+       YAML::LoadAllFromFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/rbac.yaml")) {
+    if (doc["kind"].as<std::string>() != "ClusterRole") continue;
+    for (const YAML::Node& rule : doc["rules"]) {
+      EXPECT_EQ(rule["resourceNames"][0].as<std::string>(), "tessera-auto-share");
+      for (const YAML::Node& verb : rule["verbs"])
+        granted.insert(verb.as<std::string>() + " mutatingwebhookconfigurations." +
+                       rule["apiGroups"][0].as<std::string>());
+    }
+  }
+  EXPECT_EQ(used, granted);
+
+  // The extender away: an auto pod is refused (never created unsized), others are created.
+  service_->Stop();
+  auto refused = create(infer("while-away", 2, true));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(kube::HttpStatusOf(refused.status()), 500);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("failed calling webhook \"auto-share.tessera.io\""));
+  EXPECT_FALSE(api_.Get(Pods("ml"), "while-away").has_value());
+  EXPECT_TRUE(create(infer("plain-2", 2, false)).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

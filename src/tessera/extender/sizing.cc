@@ -95,6 +95,62 @@ void Extender::SizeAuto(PodDemand& d) const {
                   p.gpu_memory_peak_mib, p.memory_basis, options_.auto_size_margin_pct);
 }
 
+absl::StatusOr<ShareSize> Extender::SizeShare(const json& pod, size_t container, int asked) {
+  core::MutexLock lock(mu_);
+  const int n = SharesPerGpu();
+  if (n <= 1) {
+    return absl::UnavailableError(
+        "no node serves tessera.io/gpu-share yet (the extender has seen no node whose agent says "
+        "how many shares a GPU has): an auto share cannot be sized now; create the pod again "
+        "later");
+  }
+  // Its kind as the pod will have it, whatever it gets: a share of any size (its shape says
+  // "auto" in place of it). At admission a pod may have no name yet (generateName).
+  json p = pod;
+  json& meta = p["metadata"];
+  if (!meta.is_object()) return absl::InvalidArgumentError("pod: metadata: expected an object");
+  if (StringAt(p, {"metadata", "name"}).empty())
+    meta["name"] = StringAt(p, {"metadata", "generateName"}) + "0";
+  if (meta.contains("annotations") && meta["annotations"].is_object())
+    meta["annotations"].erase(kGpuShareAnnotation);
+  json& resources = p["spec"]["containers"][container]["resources"];
+  if (!resources.is_object()) resources = json::object();
+  for (const char* part : {"limits", "requests"}) {
+    if (resources.contains(part) && resources[part].is_object()) {
+      resources[part].erase("tessera.io/gpu");
+      resources[part].erase("tessera.io/gpu-share");
+    }
+  }
+  resources["limits"]["tessera.io/gpu-share"] = "1";
+  auto d = PodDemandOf(p, n);
+  if (!d.ok()) return d.status();
+  sched::RunKind kind = UseKind(d->kind);
+  kind.shape = PodShape(d->request, /*share_auto=*/true, d->memory_auto, d->request.gpu_memory_mib);
+  const int ceiling = asked > 0 ? std::min(asked, n) : n;
+  const int margin = options_.auto_size_margin_pct;
+  const sched::Prediction pr = engine_->history().Predict(kind);
+  ShareSize out;
+  std::string why;
+  if (pr.util_high_pct <= 0) {
+    out.count = ceiling;
+    why = asked > 0 ? "no measured runs of its kind yet, the count its container asks"
+                    : "no measured runs of its kind yet, a whole GPU";
+  } else {
+    const double pct = core::SizeFromUse(pr.util_high_pct, margin / 100.0, 100.0 / n);
+    out.count = std::max(1, static_cast<int>(std::lround(pct * n / 100)));
+    why = fmt::format("{:.0f}% busy ({}) + {}%", pr.util_high_pct, pr.util_high_basis, margin);
+    if (out.count > ceiling) {
+      out.count = ceiling;
+      if (ceiling < n) why += fmt::format(", held to the {} its container asks", ceiling);
+    }
+  }
+  out.whole_gpu = out.count >= n;
+  out.sizing = out.whole_gpu ? fmt::format("gpu-share: {}, a whole GPU (tessera.io/gpu: 1)", why)
+                             : fmt::format("gpu-share {} (of {} per GPU): {}", out.count, n, why);
+  if (pr.util_high_pct <= 0) out.sizing += "; its use is measured for the next";
+  return out;
+}
+
 void Extender::LearnUse(const json& pod) {
   const std::string uid = StringAt(pod, {"metadata", "uid"});
   const std::string text = StringAt(pod, {"metadata", "annotations", kube::kGpuUseAnnotation});
@@ -120,7 +176,7 @@ void Extender::LearnUse(const json& pod) {
   const std::optional<double> busy =
       use->busy_permille ? std::optional<double>(static_cast<double>(*use->busy_permille) / 10)
                          : std::nullopt;
-  for (const sched::RunKind& k : UseKinds(*d)) Learn(uid, k, busy, static_cast<double>(learn_mib));
+  Learn(uid, UseKinds(*d), busy, static_cast<double>(learn_mib));
   spdlog::info("extender: pod {} ended; its kind ({}) learns {}", id, d->kind.shape, text);
   const std::string ns = StringAt(pod, {"metadata", "namespace"});
   auto notice = [&](const char* type, const char* reason, std::string note) {
@@ -157,15 +213,24 @@ void Extender::LearnUse(const json& pod) {
            TrialAdvice(*d, *use, SharesPerGpu(), options_.auto_size_margin_pct));
 }
 
-void Extender::Learn(const std::string& uid, const sched::RunKind& kind,
+void Extender::Learn(const std::string& uid, const std::vector<sched::RunKind>& kinds,
                      std::optional<double> busy_pct, double peak_mib) {
-  if (busy_pct) engine_->history().AddUtilization(kind, *busy_pct);
-  if (peak_mib > 0) engine_->history().AddGpuMemoryPeak(kind, peak_mib);
+  if (kinds.empty()) return;
+  for (const sched::RunKind& kind : kinds) {
+    if (busy_pct) engine_->history().AddUtilization(kind, *busy_pct);
+    if (peak_mib > 0) engine_->history().AddGpuMemoryPeak(kind, peak_mib);
+  }
+  const sched::RunKind& kind = kinds.front();
   json r = {{"uid", uid},
             {"user", kind.user},
             {"name", kind.name},
             {"command", kind.command},
             {"shape", kind.shape}};
+  if (kinds.size() > 1) {
+    json also = json::array();
+    for (size_t i = 1; i < kinds.size(); ++i) also.push_back(kinds[i].shape);
+    r["alsoShapes"] = std::move(also);
+  }
   if (busy_pct) r["busyPercent"] = *busy_pct;
   if (peak_mib > 0) r["peakMiB"] = peak_mib;
   // Kept as text once: writing the history out then joins them (under the lock every filter
@@ -214,7 +279,10 @@ int Extender::LoadUseHistory(const json& records) {
     const json* command = r.is_object() && r.contains("command") ? &r["command"] : nullptr;
     const json* busy = r.is_object() && r.contains("busyPercent") ? &r["busyPercent"] : nullptr;
     const json* peak = r.is_object() && r.contains("peakMiB") ? &r["peakMiB"] : nullptr;
+    const json* also = r.is_object() && r.contains("alsoShapes") ? &r["alsoShapes"] : nullptr;
     if (!uid || !shape || !user || !name || !command || !command->is_array() ||
+        (also && (!also->is_array() ||
+                  std::ranges::any_of(*also, [](const json& a) { return !a.is_string(); }))) ||
         (busy && (!busy->is_number() || *busy < 0 || *busy > 100)) ||
         (peak && (!peak->is_number() || *peak <= 0))) {
       ++bad;
@@ -234,7 +302,15 @@ int Extender::LoadUseHistory(const json& records) {
     if (learned_.contains(id) && !loaded.contains(id)) continue;  // learned since this start
     learned_.insert(id);
     loaded.insert(id);
-    Learn(id, kind, busy ? std::optional<double>(busy->get<double>()) : std::nullopt,
+    // Records of one pod per kind (an older extender's) are each read; one record names them all.
+    std::vector<sched::RunKind> kinds = {kind};
+    if (also) {
+      for (const json& a : *also) {
+        kinds.push_back(kind);
+        kinds.back().shape = a.get<std::string>();
+      }
+    }
+    Learn(id, kinds, busy ? std::optional<double>(busy->get<double>()) : std::nullopt,
           peak ? peak->get<double>() : 0);
   }
   // What was just read is what is stored; what was learned before it still needs writing.

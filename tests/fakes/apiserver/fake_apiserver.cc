@@ -9,8 +9,10 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -498,6 +500,259 @@ void FakeApiServer::Record(ApiRequest r) {
   requests_.push_back(std::move(r));
 }
 
+void FakeApiServer::SetServiceAddress(const std::string& ns, const std::string& name, int port,
+                                      const std::string& address) {
+  std::lock_guard lock(mu_);
+  service_addresses_[ns + "/" + name + ":" + std::to_string(port)] = address;
+}
+
+int FakeApiServer::admission_calls() const {
+  std::lock_guard lock(mu_);
+  return admission_calls_;
+}
+
+namespace {
+
+std::string Base64Decode(const std::string& in) {
+  std::string out(in.size(), '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(in.data()),
+                                static_cast<int>(in.size()));
+  if (n < 0) return "";
+  out.resize(static_cast<size_t>(n));
+  // EVP_DecodeBlock counts the padding's zero bytes.
+  for (size_t i = in.size(); i > 0 && in[i - 1] == '='; --i) out.pop_back();
+  return out;
+}
+
+bool Contains(const json& list, const std::string& want) {
+  if (!list.is_array()) return false;
+  for (const json& v : list)
+    if (v.is_string() && (v == want || v == "*")) return true;
+  return false;
+}
+
+// A metav1.LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against
+// `labels`; an absent or empty selector matches everything.
+bool SelectorMatches(const json& selector, const json& labels) {
+  if (!selector.is_object()) return true;
+  auto label = [&](const std::string& k) -> const json* {
+    return labels.is_object() && labels.contains(k) ? &labels[k] : nullptr;
+  };
+  for (auto& [k, v] : selector.value("matchLabels", json::object()).items()) {
+    const json* l = label(k);
+    if (!l || *l != v) return false;
+  }
+  for (const json& e : selector.value("matchExpressions", json::array())) {
+    const std::string op = e.value("operator", ""), key = e.value("key", "");
+    const json* l = label(key);
+    const bool in = l && Contains(e.value("values", json::array()), l->get<std::string>());
+    if ((op == "In" && !in) || (op == "NotIn" && in) || (op == "Exists" && !l) ||
+        (op == "DoesNotExist" && l))
+      return false;
+  }
+  return true;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(0, 1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+// One quoted CEL string ('x' or "x") at the start of `s`; its text and what follows it.
+std::optional<std::pair<std::string, std::string>> Quoted(const std::string& s) {
+  if (s.empty() || (s[0] != '\'' && s[0] != '"')) return std::nullopt;
+  const size_t end = s.find(s[0], 1);
+  if (end == std::string::npos) return std::nullopt;
+  return std::pair{s.substr(1, end - 1), Trim(s.substr(end + 1))};
+}
+
+// The CEL subset of the header's comment; nullopt for anything else.
+std::optional<bool> EvalCondition(const std::string& expression, const json& object) {
+  const json meta = object.value("metadata", json::object());
+  std::string rest = expression;
+  bool all = true;
+  while (!Trim(rest).empty()) {
+    const size_t and_at = rest.find("&&");
+    const std::string term = Trim(rest.substr(0, and_at));
+    rest = and_at == std::string::npos ? "" : rest.substr(and_at + 2);
+    std::optional<bool> v;
+    for (const char* map : {"annotations", "labels"}) {
+      const std::string field = std::string("object.metadata.") + map;
+      const json m = meta.value(map, json::object());
+      if (term == "has(" + field + ")") v = meta.contains(map);
+      if (auto q = Quoted(term); q && q->second == "in " + field) v = m.contains(q->first);
+      if (term.rfind(field + "[", 0) == 0) {
+        auto key = Quoted(term.substr(field.size() + 1));
+        if (!key || key->second.rfind("]", 0) != 0) return std::nullopt;
+        const std::string cmp = Trim(key->second.substr(1));
+        if (cmp.rfind("==", 0) != 0) return std::nullopt;
+        auto value = Quoted(Trim(cmp.substr(2)));
+        if (!value || !value->second.empty()) return std::nullopt;
+        if (!m.contains(key->first)) {
+          if (all) return std::nullopt;  // CEL: no such key is an error, unless already false
+          v = false;
+        } else {
+          v = m[key->first] == value->first;
+        }
+      }
+    }
+    if (!v) return std::nullopt;
+    all = all && *v;
+  }
+  return all;
+}
+
+}  // namespace
+
+std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
+                                                          const std::string& user, json& pod) {
+  std::vector<json> configs;
+  json ns_labels = json::object();
+  std::map<std::string, std::string> addresses;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, c] :
+         objects_["admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"])
+      configs.push_back(c);
+    auto& nss = objects_["v1/namespaces"];
+    if (auto it = nss.find(ns); it != nss.end())
+      ns_labels = it->second["metadata"].value("labels", json::object());
+    addresses = service_addresses_;
+  }
+  ns_labels["kubernetes.io/metadata.name"] = ns;  // as the real one labels every namespace
+  for (const json& config : configs) {
+    for (const json& w : config.value("webhooks", json::array())) {
+      const std::string name = w.value("name", "");
+      bool rule = false;
+      for (const json& r : w.value("rules", json::array())) {
+        rule = rule || (Contains(r.value("operations", json()), "CREATE") &&
+                        Contains(r.value("apiGroups", json()), "") &&
+                        Contains(r.value("apiVersions", json()), "v1") &&
+                        Contains(r.value("resources", json()), "pods"));
+      }
+      if (!rule || !SelectorMatches(w.value("namespaceSelector", json()), ns_labels) ||
+          !SelectorMatches(w.value("objectSelector", json()),
+                           pod["metadata"].value("labels", json::object())))
+        continue;
+      const bool ignore = w.value("failurePolicy", "Fail") == "Ignore";
+      auto failed = [&](const std::string& why) -> std::optional<Denial> {
+        if (ignore) return std::nullopt;
+        return Denial{500, "InternalError",
+                      "Internal error occurred: failed calling webhook \"" + name +
+                          "\": failed to call webhook: " + why};
+      };
+      bool conditions = true;
+      for (const json& c : w.value("matchConditions", json::array())) {
+        auto v = EvalCondition(c.value("expression", ""), pod);
+        if (!v) {
+          return Denial{500, "InternalError",
+                        "fake API server: matchCondition '" + c.value("name", "") + "' (" +
+                            c.value("expression", "") + ") is CEL this fake does not read"};
+        }
+        conditions = conditions && *v;
+      }
+      if (!conditions) continue;
+      if (!Contains(w.value("admissionReviewVersions", json()), "v1"))
+        return failed("admissionReviewVersions names no version this API server speaks (v1)");
+      const std::string effects = w.value("sideEffects", "");
+      if (effects != "None" && effects != "NoneOnDryRun")
+        return failed("sideEffects must be None or NoneOnDryRun, not '" + effects + "'");
+      const json cc = w.value("clientConfig", json::object());
+      std::string address, path = "/";
+      if (cc.contains("service")) {
+        const json& svc = cc["service"];
+        const std::string key = svc.value("namespace", "") + "/" + svc.value("name", "") + ":" +
+                                std::to_string(svc.value("port", 443));
+        if (auto it = addresses.find(key); it != addresses.end()) address = it->second;
+        path = svc.value("path", "/");
+        if (address.empty()) return failed("service \"" + key + "\" has no endpoints");
+      } else {
+        return failed("this fake calls Services only (clientConfig.url is not read)");
+      }
+      const std::string ca = Base64Decode(cc.value("caBundle", ""));
+      if (ca.find("BEGIN CERTIFICATE") == std::string::npos)
+        return failed(
+            "tls: failed to verify certificate: x509: certificate signed by unknown "
+            "authority (no caBundle)");
+      char ca_path[] = "/tmp/fake-apiserver-ca.XXXXXX";
+      const int fd = mkstemp(ca_path);
+      if (fd < 0 || write(fd, ca.data(), ca.size()) != static_cast<ssize_t>(ca.size())) {
+        if (fd >= 0) close(fd);
+        return failed("writing its caBundle");
+      }
+      close(fd);
+      const size_t colon = address.rfind(':');
+      httplib::SSLClient client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+      client.set_ca_cert_path(ca_path);
+      client.enable_server_certificate_verification(true);
+      const int timeout = w.value("timeoutSeconds", 10);
+      client.set_connection_timeout(timeout);
+      client.set_read_timeout(timeout);
+      const std::string uid = "admission-" + std::to_string(++uid_);
+      json review = {
+          {"apiVersion", "admission.k8s.io/v1"},
+          {"kind", "AdmissionReview"},
+          {"request",
+           {{"uid", uid},
+            {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+            {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+            {"requestKind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
+            {"requestResource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+            {"namespace", ns},
+            {"operation", "CREATE"},
+            {"userInfo", {{"username", user}}},
+            {"object", pod},
+            {"oldObject", nullptr},
+            {"dryRun", false},
+            {"options", {{"apiVersion", "meta.k8s.io/v1"}, {"kind", "CreateOptions"}}}}}};
+      {
+        std::lock_guard lock(mu_);
+        ++admission_calls_;
+      }
+      auto r = client.Post(path.c_str(), review.dump(), "application/json");
+      unlink(ca_path);
+      if (!r)
+        return failed("Post \"https://" + address + path + "\": " + httplib::to_string(r.error()));
+      if (r->status != 200)
+        return failed("expected response code 200, got " + std::to_string(r->status));
+      const json answer = json::parse(r->body, nullptr, false);
+      const json* response =
+          answer.is_object() && answer.contains("response") && answer["response"].is_object()
+              ? &answer["response"]
+              : nullptr;
+      if (!response || answer.value("apiVersion", "") != "admission.k8s.io/v1" ||
+          answer.value("kind", "") != "AdmissionReview")
+        return failed("the response is not an admission.k8s.io/v1 AdmissionReview");
+      if (response->value("uid", "") != uid)
+        return failed("expected response.uid=\"" + uid + "\", got \"" + response->value("uid", "") +
+                      "\"");
+      if (!response->value("allowed", false)) {
+        const json st = response->value("status", json::object());
+        int code = st.value("code", 0);
+        if (code < 400) code = 400;
+        std::string msg = "admission webhook \"" + name + "\" denied the request";
+        if (!st.value("message", "").empty()) msg += ": " + st.value("message", "");
+        return Denial{code, st.value("reason", "BadRequest"), msg};
+      }
+      if (response->contains("patch")) {
+        if (response->value("patchType", "") != "JSONPatch")
+          return failed("patchType must be JSONPatch");
+        const json ops = json::parse(Base64Decode(response->value("patch", "")), nullptr, false);
+        try {
+          pod = pod.patch(ops);
+        } catch (const json::exception& e) {
+          return Denial{500, "InternalError",
+                        "Internal error occurred: webhook \"" + name +
+                            "\": its JSON Patch does not apply: " + e.what()};
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) {
   ApiRequest rec;
   rec.method = req.method;
@@ -708,6 +963,20 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
     return;
   }
 
+  // A pod's creation passes the mutating admission webhooks first, outside the lock.
+  std::string admitted;
+  if (req.method == "POST" && t.group_version == "v1" && t.resource == "pods" && t.sub.empty()) {
+    json pod = json::parse(req.body, nullptr, false);
+    if (pod.is_object()) {
+      if (!pod.contains("metadata") || !pod["metadata"].is_object())
+        pod["metadata"] = json::object();
+      if (auto denied = Admit(t.ns, rec.user, pod)) {
+        Fail(res, denied->code, denied->reason, denied->message);
+        return finish(denied->code);
+      }
+      admitted = pod.dump();
+    }
+  }
   std::lock_guard lock(mu_);
   auto& objs = objects_[store];
   auto reply = [&](int code, const json& body) {
@@ -729,7 +998,7 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
   json body;
   if (req.method != "DELETE") {
     try {
-      body = json::parse(req.body);
+      body = json::parse(admitted.empty() ? req.body : admitted);
     } catch (const json::exception& e) {
       return fail(400, "BadRequest", std::string("the body is not JSON: ") + e.what());
     }

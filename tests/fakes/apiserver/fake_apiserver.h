@@ -4,9 +4,11 @@
 // get, list (label and field selectors, limit/continue pages), watch (from a resource version,
 // replayed from history; ERROR 410 Expired once compacted; objects leaving a selector are sent as
 // DELETED; timeoutSeconds; bookmarks), create, replace, JSON merge patch, delete, and the pod
-// `binding` subresource. Every request needs `Authorization: Bearer <token>` of a known user (else
-// 401). Faults for tests: garbage answers, a forced HTTP status, compaction, closing every watch.
-// Every request is recorded with the Kubernetes verb and resource it used. Thread-safe.
+// `binding` subresource. A pod's creation goes through the mutating admission webhooks of the
+// stored MutatingWebhookConfigurations as the real one calls them (below). Every request needs
+// `Authorization: Bearer <token>` of a known user (else 401). Faults for tests: garbage answers, a
+// forced HTTP status, compaction, closing every watch. Every request is recorded with the
+// Kubernetes verb and resource it used. Thread-safe.
 
 #include <chrono>
 #include <condition_variable>
@@ -89,7 +91,23 @@ class FakeApiServer {
   // An API group ("scheduling.x-k8s.io") not served: every path under /apis/<group>/ is a 404, as
   // for a CRD that is not installed. Every group is served until said otherwise.
   void SetServed(const std::string& group, bool served);
-  void CloseWatches();   // ends every open watch stream
+  void CloseWatches();  // ends every open watch stream
+
+  // Mutating admission webhooks, as the real API server calls them on a pod's CREATE: each webhook
+  // of each stored admissionregistration.k8s.io/v1 MutatingWebhookConfiguration (in name order)
+  // whose rules, namespaceSelector, objectSelector and matchConditions match gets an
+  // AdmissionReview (v1) over HTTPS, the server's certificate checked against its caBundle (none:
+  // refused, as the real one has no system CAs for a Service); its JSON Patch is applied, a denial
+  // answered with its status (a code under 400 made 400), and a failed call answered 500 under
+  // failurePolicy Fail (the default), skipped under Ignore. matchConditions are CEL: this fake
+  // reads `&&` of has(object.metadata.annotations|labels), 'k' in object.metadata.annotations
+  // and object.metadata.annotations['k'] == 'v' (and labels), and fails the request on any other
+  // (so a manifest and this fake never disagree silently). A webhook's Service is reached at
+  // `address` ("localhost:1234"), set here for "namespace/name:port" (a Service with no address
+  // set has no endpoints: the call fails).
+  void SetServiceAddress(const std::string& ns, const std::string& name, int port,
+                         const std::string& address);
+  int admission_calls() const;
   void SendBookmarks();  // a BOOKMARK on every watch that asked for them
   int open_watches() const;
 
@@ -109,6 +127,13 @@ class FakeApiServer {
 
  private:
   void Handle(const httplib::Request& req, httplib::Response& res);
+  struct Denial {
+    int code = 0;
+    std::string reason, message;
+  };
+  // The mutating webhooks on the creation of `pod` in `ns` by `user` (outside mu_: a webhook may
+  // be slow); `pod` patched. A denial or a failed call under failurePolicy Fail says why.
+  std::optional<Denial> Admit(const std::string& ns, const std::string& user, nlohmann::json& pod);
   void Record(ApiRequest r);
   // graceful_pod_deletion: marks a bound pod terminating instead of removing it; false when it is
   // to be removed now (off, unbound, or a grace of 0).
@@ -139,6 +164,8 @@ class FakeApiServer {
   std::map<std::string, std::map<std::string, nlohmann::json>> objects_;
   std::vector<Event> history_;
   std::vector<ApiRequest> requests_;
+  std::map<std::string, std::string> service_addresses_;  // "ns/name:port" -> "host:port"
+  int admission_calls_ = 0;
 };
 
 }  // namespace tessera::fakes

@@ -1,0 +1,173 @@
+#include "tessera/extender/admission.h"
+
+#include "absl/strings/escaping.h"
+#include "fmt/format.h"
+#include "tessera/extender/objects.h"
+#include "tessera/kube/object.h"
+#include "tessera/kube/quantity.h"
+
+namespace tessera::extender {
+namespace {
+
+using kube::FieldAt;
+using kube::StringAt;
+using nlohmann::json;
+
+constexpr char kShare[] = "tessera.io/gpu-share";
+constexpr char kWhole[] = "tessera.io/gpu";
+
+// A container's count of `resource` in limits or requests (-1: malformed; 0: none).
+int64_t CountOf(const json& container, const char* resource) {
+  int64_t out = 0;
+  for (const char* part : {"limits", "requests"}) {
+    const json* v = FieldAt(container, {"resources", part, resource});
+    if (!v || v->is_null()) continue;
+    std::optional<int64_t> n;
+    if (v->is_string()) {
+      n = kube::ParseQuantity(v->get<std::string>(), 1);
+    } else if (v->is_number_integer() && v->get<int64_t>() >= 0) {
+      n = v->get<int64_t>();
+    }
+    if (!n || *n > 1000) return -1;
+    out = std::max(out, *n);
+  }
+  return out;
+}
+
+// A JSON Pointer's reference token (RFC 6901): "tessera.io/sizing" -> "tessera.io~1sizing".
+std::string Token(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
+  AdmissionAnswer a;
+  const json review = json::parse(body, nullptr, false);
+  auto bad = [&](const std::string& why) {
+    a.http_status = 400;
+    a.body = {{"error", "not an admission.k8s.io/v1 AdmissionReview: " + why}};
+    a.said = a.body["error"];
+    return a;
+  };
+  if (review.is_discarded() || !review.is_object()) return bad("the body is not a JSON object");
+  if (StringAt(review, {"apiVersion"}) != "admission.k8s.io/v1" ||
+      StringAt(review, {"kind"}) != "AdmissionReview") {
+    return bad(
+        fmt::format("apiVersion \"{}\", kind \"{}\" (this webhook speaks "
+                    "admission.k8s.io/v1 only: admissionReviewVersions [v1])",
+                    StringAt(review, {"apiVersion"}), StringAt(review, {"kind"})));
+  }
+  const json* request = FieldAt(review, {"request"});
+  if (!request || !request->is_object()) return bad("request: expected an object");
+  const std::string uid = StringAt(*request, {"uid"});
+  if (uid.empty()) return bad("request.uid is missing");
+  a.body = {{"apiVersion", "admission.k8s.io/v1"},
+            {"kind", "AdmissionReview"},
+            {"response", {{"uid", uid}, {"allowed", true}}}};
+  json& response = a.body["response"];
+  const json* pod = FieldAt(*request, {"object"});
+  if (StringAt(*request, {"operation"}) != "CREATE" ||
+      StringAt(*request, {"resource", "resource"}) != "pods" ||
+      !StringAt(*request, {"subResource"}).empty() || !pod || !pod->is_object() ||
+      StringAt(*pod, {"metadata", "annotations", kGpuShareAnnotation}) != "auto") {
+    return a;  // not ours to change
+  }
+  std::string ns = StringAt(*request, {"namespace"});
+  std::string name = StringAt(*pod, {"metadata", "name"});
+  if (name.empty()) name = StringAt(*pod, {"metadata", "generateName"}) + "*";
+  const std::string id = (ns.empty() ? "default" : ns) + "/" + name.substr(0, kMaxNameLength);
+  auto refuse = [&](int code, const std::string& why) {
+    response["allowed"] = false;
+    response["status"] = {
+        {"status", "Failure"},
+        {"code", code},
+        {"reason", code == 503 ? "ServiceUnavailable" : "BadRequest"},
+        {"message", fmt::format("{}: {}: auto: {}", id, kGpuShareAnnotation, why)}};
+    a.said = response["status"]["message"];
+    return a;
+  };
+  for (const char* list : {"initContainers", "ephemeralContainers"}) {
+    const json* cs = FieldAt(*pod, {"spec", list});
+    if (!cs || !cs->is_array()) continue;
+    for (const json& c : *cs) {
+      if (c.is_object() && (CountOf(c, kShare) != 0 || CountOf(c, kWhole) != 0))
+        return refuse(400, fmt::format("spec.{} ask for Tessera GPUs: it sizes one of "
+                                       "spec.containers",
+                                       list));
+    }
+  }
+  const json* containers = FieldAt(*pod, {"spec", "containers"});
+  if (!containers || !containers->is_array() || containers->empty())
+    return refuse(400, "spec.containers: expected a list of at least one container");
+  std::optional<size_t> which;
+  int asked = 0;
+  for (size_t i = 0; i < containers->size(); ++i) {
+    const json& c = (*containers)[i];
+    if (!c.is_object())
+      return refuse(400, fmt::format("spec.containers[{}]: expected an object", i));
+    const int64_t whole = CountOf(c, kWhole), share = CountOf(c, kShare);
+    if (whole != 0) {
+      return refuse(400, fmt::format("spec.containers[{}] asks for {}: auto sizes a share (ask "
+                                     "for neither, or for the most shares it may have)",
+                                     i, kWhole));
+    }
+    if (share < 0)
+      return refuse(400, fmt::format("spec.containers[{}]: {}: expected a whole count", i, kShare));
+    if (share == 0) continue;
+    if (which) {
+      return refuse(400, fmt::format("spec.containers[{}] and [{}] both ask for {}: it sizes one "
+                                     "container's share",
+                                     *which, i, kShare));
+    }
+    which = i;
+    asked = static_cast<int>(share);
+  }
+  const size_t index = which.value_or(0);
+  auto sized = size(*pod, index, asked);
+  if (!sized.ok()) {
+    return refuse(sized.status().code() == absl::StatusCode::kUnavailable ? 503 : 400,
+                  std::string(sized.status().message()));
+  }
+  // Its container's resources with the size in them (requests too where it has them: an extended
+  // resource's request must equal its limit).
+  const json& c = (*containers)[index];
+  json resources =
+      c.contains("resources") && c["resources"].is_object() ? c["resources"] : json::object();
+  for (const char* part : {"limits", "requests"}) {
+    if (resources.contains(part) && !resources[part].is_object()) resources.erase(part);
+    const bool had = resources.contains(part) && resources[part].contains(kShare);
+    if (std::string(part) == "requests" && !had) continue;
+    json& r = resources[part];
+    if (!r.is_object()) r = json::object();
+    r.erase(kShare);
+    if (sized->whole_gpu) {
+      r[kWhole] = "1";
+    } else {
+      r[kShare] = std::to_string(sized->count);
+    }
+  }
+  json patch = json::array();
+  patch.push_back({{"op", "add"},
+                   {"path", fmt::format("/spec/containers/{}/resources", index)},
+                   {"value", resources}});
+  patch.push_back({{"op", "add"},
+                   {"path", "/metadata/annotations/" + Token(kSizingAnnotation)},
+                   {"value", sized->sizing}});
+  response["patchType"] = "JSONPatch";
+  response["patch"] = absl::Base64Escape(patch.dump());
+  a.said = fmt::format("{}: container {}: {}", id, StringAt(c, {"name"}), sized->sizing);
+  return a;
+}
+
+}  // namespace tessera::extender
