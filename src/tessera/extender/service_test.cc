@@ -725,6 +725,7 @@ TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
   o.webhook_listen = "127.0.0.1:0";
   o.webhook_configuration = config["metadata"]["name"];
   o.webhook_ca_file = tls->ca_file;
+  o.webhook_ca_check_s = 0.05;
   o.listen = "127.0.0.1:0";
   o.extender.scheduler.random_ties = false;
   o.sweep_interval_s = 0.05;
@@ -746,6 +747,13 @@ TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
   ASSERT_TRUE(Eventually([&] {
     return service_->Metrics().find("tessera_extender_webhook_ca_bundle_current 1") !=
            std::string::npos;
+  }));
+  // The configuration applied again (kubectl apply, helm upgrade) without a caBundle: set again.
+  api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config);
+  ASSERT_TRUE(Eventually([&] {
+    auto c = api_.Get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                      "tessera-auto-share");
+    return c && !(*c)["webhooks"][0]["clientConfig"].value("caBundle", "").empty();
   }));
   auto create = [&](json pod) { return client_->Create(Pods("ml"), pod); };
   auto infer = [&](const std::string& name, int shares, bool automatic) {
