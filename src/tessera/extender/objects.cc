@@ -127,11 +127,10 @@ std::string PodShape(const core::Request& r, bool share_auto, bool memory_auto,
 std::vector<sched::RunKind> UseKinds(const PodDemand& d) {
   std::vector<sched::RunKind> kinds = {UseKind(d.kind)};
   if (!d.request.fractional() && !d.share_auto) return kinds;
-  const int64_t mib = d.memory_auto ? 0 : d.request.gpu_memory_mib;
   for (bool share_auto : {d.share_auto, true}) {
-    for (bool memory_auto : {d.memory_auto, true}) {
+    for (bool memory_auto : {d.memory_auto_asked, true}) {
       sched::RunKind k = UseKind(d.kind);
-      k.shape = PodShape(d.request, share_auto, memory_auto, mib);
+      k.shape = PodShape(d.request, share_auto, memory_auto, d.memory_mib_asked);
       if (std::ranges::none_of(kinds, [&](const auto& o) { return o.shape == k.shape; }))
         kinds.push_back(std::move(k));
     }
@@ -261,6 +260,8 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
           kGpuShareAnnotation, kSizingAnnotation));
     }
   }
+  d.memory_auto_asked = memory_auto;
+  d.memory_mib_asked = memory_mib;
   if (r.fractional()) {
     d.memory_auto = memory_auto;
     r.gpu_memory_mib = memory_auto ? 0 : memory_mib;

@@ -87,6 +87,10 @@ struct PodDemand {
   // share, so that what it measures sizes the next pod of its kind whatever this one got.
   bool share_auto = false;
   std::string admitted_sizing;
+  // Its memory as tessera.io/gpu-memory asks it ("auto", or MiB; 0: none), whatever it was sized
+  // (a share sized a whole GPU keeps it in its kinds' shapes).
+  bool memory_auto_asked = false;
+  int64_t memory_mib_asked = 0;
 };
 
 // The history shape of a pod of request `r`: its share (or "auto" when `share_auto`) and its

@@ -213,6 +213,9 @@ TEST(PodDemandOf, AShareSizedAutoIsOfTheAutoKindAndNeverUnsized) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->kind.shape, "auto 10240MiB") << "sized a whole GPU, of the same kind";
   EXPECT_EQ(whole->request.gpus, 1);
+  std::vector<sched::RunKind> kinds = UseKinds(*whole);
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_EQ(kinds[1].shape, "auto auto") << "its memory as asked, not the whole GPU's";
   auto unsized = PodDemandOf(
       Pod({Container("nb", "tessera.io/gpu-share", 2)}, {{"tessera.io/gpu-share", "auto"}}), 10);
   ASSERT_FALSE(unsized.ok());

@@ -726,13 +726,7 @@ TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
   o.webhook_configuration = config["metadata"]["name"];
   o.webhook_ca_file = tls->ca_file;
   o.webhook_ca_check_s = 0.05;
-  o.listen = "127.0.0.1:0";
-  o.extender.scheduler.random_ties = false;
-  o.sweep_interval_s = 0.05;
-  auto started = Service::Start(*client_, o, clock_);
-  ASSERT_TRUE(started.ok()) << started.status();
-  service_ = std::move(*started);
-  ASSERT_TRUE(service_->WaitForSync(std::chrono::seconds(10)));
+  Start(o);
   ASSERT_GT(service_->webhook_port(), 0);
   http_ = std::make_unique<net::HttpClient>("https://localhost:" + std::to_string(service_->port()),
                                             "", tls->ca_file);
