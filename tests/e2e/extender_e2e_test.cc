@@ -589,6 +589,10 @@ TEST_F(ExtenderE2e, BadFlagsAreExitTwoNamingWhatIsWrong) {
                 "--tls-secret takes namespace/name"},
            Case{"--kubeconfig " + kubeconfig_ + " --tls-secret ns/x --tls-cert " + root_ + "/x.crt",
                 "replaces --tls-cert, --tls-key and --client-ca"},
+           Case{"--kubeconfig " + kubeconfig_ + " --webhook-configuration tessera-auto-share",
+                "--webhook-configuration sets the CA of --tls-secret"},
+           Case{"--kubeconfig " + kubeconfig_ + " --webhook-listen 127.0.0.1:0",
+                "--webhook-listen: the API server calls admission webhooks over HTTPS only"},
        }) {
     auto r = tessera::test::Capture(run + c.flags + " 2>&1");
     EXPECT_EQ(r.code, 2) << c.flags << "\n" << r.out;

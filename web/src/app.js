@@ -402,8 +402,10 @@ function overview() {
   render();
   // The last 7 days' accounting, asked each time the overview is shown (not at every event: it
   // reads the period's jobs).
+  // Whole seconds, rounded outward: `until` rounded down left out a job that ended in the last
+  // half second.
   const now = Date.now() / 1000;
-  call('GET', `/v1/acct?since=${(now - 7 * 86400).toFixed(0)}&until=${now.toFixed(0)}`).then((acct) => {
+  call('GET', `/v1/acct?since=${Math.floor(now - 7 * 86400)}&until=${Math.ceil(now)}`).then((acct) => {
     S.acct = acct;
     if (view.name === 'overview') render();
   }, () => {});

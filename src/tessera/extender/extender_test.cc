@@ -323,7 +323,8 @@ TEST_F(ExtenderTest, ATrialPodRunsItsTimeAndItsEndSaysWhatToAsk) {
       told[0].note,
       "its trial of 2m ended after 120 s: its GPU 18% busy, peak GPU memory 3000MiB; "
       "recommended: tessera.io/gpu-share: 1 (of 4 per GPU) with tessera.io/gpu-memory: "
-      "3840Mi (with 20% margin), or tessera.io/gpu-memory: auto, which sizes from this trial");
+      "3840Mi (with 20% margin), or tessera.io/gpu-share and tessera.io/gpu-memory: auto, which "
+      "size from this trial");
   // The same pod asking "auto" now is sized from the trial.
   json sized =
       GpuPod("ml", "try-2", {.shares = 2, .annotations = {{"tessera.io/gpu-memory", "auto"}}});

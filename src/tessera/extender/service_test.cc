@@ -160,7 +160,8 @@ TEST_F(ServiceTest, ATrialIsBoundWithItsDeadlineAndItsEndSizesTheNextAutoPod) {
       EventOn("try", "TrialResult"),
       "its trial of 2m ended after 120 s: its GPU 18% busy, peak GPU memory 3000MiB; "
       "recommended: tessera.io/gpu-share: 1 (of 4 per GPU) with tessera.io/gpu-memory: "
-      "3840Mi (with 20% margin), or tessera.io/gpu-memory: auto, which sizes from this trial");
+      "3840Mi (with 20% margin), or tessera.io/gpu-share and tessera.io/gpu-memory: auto, which "
+      "size from this trial");
   json sized = Create(
       GpuPod("ml", "try-2", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}}));
   EXPECT_EQ(schedule(sized)["Error"], "");

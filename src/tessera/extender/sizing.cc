@@ -75,7 +75,8 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
   return fmt::format("{}; recommended: {} (with {}% margin){}", said, ask, margin_pct,
                      ask == "tessera.io/gpu: 1"
                          ? ""
-                         : ", or tessera.io/gpu-memory: auto, which sizes from this trial");
+                         : ", or tessera.io/gpu-share and tessera.io/gpu-memory: auto, which "
+                           "size from this trial");
 }
 
 void Extender::SizeAuto(PodDemand& d) const {
