@@ -179,8 +179,8 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
   f.o.history_configmap = "tessera-system/tessera-gpu-history";
   e->add_option("--history-configmap", f.o.history_configmap,
                 "namespace/name of the ConfigMap where what ended pods used (the history "
-                "tessera.io/gpu-memory: auto sizes from) is kept across restarts; empty: in "
-                "memory only")
+                "tessera.io/gpu-memory and gpu-share: auto size from) is kept across restarts; "
+                "empty: in memory only")
       ->capture_default_str();
   e->add_option("--reservation-timeout", f.o.extender.reservation_timeout_s,
                 "Seconds a pod's chosen GPUs stay reserved for its bind (gang members: for the "
@@ -197,7 +197,9 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
               "Such a share waits rather than go over the ceiling");
   e->add_option("--auto-size-margin", f.o.extender.auto_size_margin_pct,
                 "A pod asking tessera.io/gpu-memory: auto gets the 95th percentile of the peak GPU "
-                "memory pods of its kind used plus this percentage (a trial's recommendation too)")
+                "memory pods of its kind used plus this percentage, one asking "
+                "tessera.io/gpu-share: auto their busy share plus it (a trial's recommendation "
+                "too)")
       ->check(CLI::Range(0, 200))
       ->capture_default_str();
   e->add_option("--fair-share-half-life", f.fair_share_half_life_s,
