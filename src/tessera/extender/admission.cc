@@ -34,21 +34,6 @@ int64_t CountOf(const json& container, const char* resource) {
   return out;
 }
 
-// A JSON Pointer's reference token (RFC 6901): "tessera.io/sizing" -> "tessera.io~1sizing".
-std::string Token(const std::string& key) {
-  std::string out;
-  for (char c : key) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
@@ -161,9 +146,10 @@ AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
   patch.push_back({{"op", "add"},
                    {"path", fmt::format("/spec/containers/{}/resources", index)},
                    {"value", resources}});
-  patch.push_back({{"op", "add"},
-                   {"path", "/metadata/annotations/" + Token(kSizingAnnotation)},
-                   {"value", sized->sizing}});
+  patch.push_back(
+      {{"op", "add"},
+       {"path", (json::json_pointer("/metadata/annotations") / kSizingAnnotation).to_string()},
+       {"value", sized->sizing}});
   response["patchType"] = "JSONPatch";
   response["patch"] = absl::Base64Escape(patch.dump());
   a.said = fmt::format("{}: container {}: {}", id, StringAt(c, {"name"}), sized->sizing);
