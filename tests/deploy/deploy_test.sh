@@ -431,23 +431,23 @@ for f in "$src"/deploy/base/*.yaml; do
       "$t" >"$tmp/chart.yaml"
   diff -u "$f" "$tmp/chart.yaml" >/dev/null || { diff -u "$f" "$tmp/chart.yaml" | head -20; fail "chart template $(basename "$f") differs from deploy/base"; }
 done
+# A component's objects as the chart has them (templates/<component>-<file>, under its value's `if`).
+same_as_component() {
+  local component=$1 f t
+  shift
+  for f in "$@"; do
+    t="$chart/templates/$component-$f"
+    [ -f "$t" ] || fail "the chart has no template for deploy/components/$component/$f"
+    sed -e '1d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$t" >"$tmp/chart.yaml"
+    diff -u "$src/deploy/components/$component/$f" "$tmp/chart.yaml" >/dev/null ||
+      fail "chart template $(basename "$t") differs from deploy/components/$component/$f"
+  done
+}
 # With dra.enabled, the DRA component's objects, as deploy/components/dra has them.
-for f in deviceclasses.yaml rbac.yaml policy.yaml; do
-  t="$chart/templates/dra-$f"
-  [ -f "$t" ] || fail "the chart has no template for deploy/components/dra/$f"
-  sed -e '1d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$t" >"$tmp/chart.yaml"
-  diff -u "$src/deploy/components/dra/$f" "$tmp/chart.yaml" >/dev/null ||
-    fail "chart template $(basename "$t") differs from deploy/components/dra/$f"
-done
+same_as_component dra deviceclasses.yaml rbac.yaml policy.yaml
 grep -q -- "- --dra" "$chart/templates/agent.yaml" || fail "the chart's agent has no --dra under dra.enabled"
 # With autoShare.enabled, the auto-share component's objects, and the extender's flags and ports.
-for f in webhook.yaml rbac.yaml; do
-  t="$chart/templates/auto-share-$f"
-  [ -f "$t" ] || fail "the chart has no template for deploy/components/auto-share/$f"
-  sed -e '1d' -e '$d' -e 's/{{ .Release.Namespace }}/tessera-system/g' "$t" >"$tmp/chart.yaml"
-  diff -u "$src/deploy/components/auto-share/$f" "$tmp/chart.yaml" >/dev/null ||
-    fail "chart template $(basename "$t") differs from deploy/components/auto-share/$f"
-done
+same_as_component auto-share webhook.yaml rbac.yaml
 for want in "--webhook-listen=0.0.0.0:9443" "--webhook-configuration=tessera-auto-share" "containerPort: 9443"; do
   grep -q -- "$want" "$chart/templates/extender.yaml" || fail "the chart's extender has no $want under autoShare.enabled"
 done
