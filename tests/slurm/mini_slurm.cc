@@ -138,7 +138,10 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
       << "SlurmctldPort=" << ctld << "\nSlurmdPort=" << slurmd << "\n"
       << "SlurmUser=root\nSlurmdUser=root\n"
       << "AuthType=auth/munge\nCredType=cred/munge\n"
-      << "AuthInfo=socket=" << dir_ << "/munge/munge.sock\n"
+      << "AuthInfo=socket=" << dir_ << "/munge/munge.sock"
+      << (options_.cred_expire_s > 0 ? fmt::format(",cred_expire={}", options_.cred_expire_s)
+                                     : std::string())
+      << "\n"
       << "StateSaveLocation=" << dir_ << "/state\n"
       << "SlurmdSpoolDir=" << dir_ << "/spool\n"
       << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"

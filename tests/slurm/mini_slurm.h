@@ -20,6 +20,9 @@ class MiniSlurm {
     // With Slurm's accounting database: a MariaDB (Debian's mariadb-server) and slurmdbd started
     // here too, the cluster added with sacctmgr, so that sacct answers as on a site's cluster.
     bool accounting = false;
+    // AuthInfo's cred_expire= (0: Slurm's 120 s), which is also how long a requeued job waits
+    // before it may start again (at least 5).
+    int cred_expire_s = 0;
   };
   // Why Slurm cannot run here (not installed, not root), or empty; with `accounting`, also
   // slurmdbd and MariaDB.

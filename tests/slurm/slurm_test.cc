@@ -329,6 +329,93 @@ TEST_F(Slurm, ATrialIsStoppedAtItsLengthAndSizesTheNextAutoJobOfItsName) {
                         "named 'bert' is sized past it (or ask --tessera-mem=1792M)"));
 }
 
+// auto_trial= in a real Slurm (its requeue delay 5 s): a batch job asking --tessera-mem=auto of a
+// name never measured runs as a trial, is requeued by slurmstepd at its end (slurm_requeue, the
+// script would hold forever), runs again sized from it and keeps the trial's record; one Slurm
+// may not requeue (--no-requeue) runs on past its trial, and its accounting says why.
+class SlurmRequeue : public Slurm {
+ protected:
+  static void SetUpTestSuite() {
+    if (const std::string why = MiniSlurm::Unavailable(); !why.empty()) {
+      skip_ = why;
+      return;
+    }
+    slurm_ =
+        new MiniSlurm({.plugin = TESSERA_SPANK_PLUGIN, .plugin_args = kArgs, .cred_expire_s = 5});
+  }
+};
+
+TEST_F(SlurmRequeue, AnAutoJobNeverMeasuredIsATrialRequeuedAndSizedFromIt) {
+  slurm_->SetPluginArgs(kArgs + " auto_trial=2s");
+  const std::string out = slurm_->dir() + "/auto.out",
+                    acct_dir = slurm_->PluginStateDir() + "/acct/";
+  std::string said;
+  const std::string job = Batch(
+      "-J gpt --gres=shard:2 --tessera-mem=auto --open-mode=append -o " + out +
+          " --wrap 'echo run ${SLURM_RESTART_COUNT:-0}; if [ -z \"$SLURM_RESTART_COUNT\" ]; then "
+          "srun -Q " +
+          kClient + " link alloc:1000 hold; echo not requeued; else srun -Q " + kClient +
+          " link alloc:1000; fi'",
+      &said);
+  ASSERT_NE(job, "") << said;
+  ASSERT_TRUE(WaitForEpilog(job)) << slurm_->Logs();
+  auto show = Capture(slurm_->Env() + "scontrol show job -o " + job + " 2>&1");
+  EXPECT_THAT(show.out, HasSubstr("JobState=COMPLETED")) << show.out << slurm_->Logs();
+  EXPECT_THAT(show.out, HasSubstr("Restarts=1")) << show.out;
+  const std::string text = tessera::test::ReadFile(out);
+  EXPECT_THAT(text, HasSubstr("run 0\n"));
+  EXPECT_THAT(text, HasSubstr("tessera: job " + job +
+                              ": auto: no ended run of your jobs named 'gpt' yet: this run is a "
+                              "trial of 2s on what its shards mean, then the job is requeued"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("not requeued"))) << "Slurm stopped it, requeued";
+  EXPECT_THAT(text, HasSubstr("run 1\n"));
+  EXPECT_THAT(text, HasSubstr("tessera: job " + job +
+                              ": --tessera-mem=auto: 1280MiB (a peak of 1000MiB, p95 of 1 run of "
+                              "your jobs named 'gpt', + 20%)"))
+      << text;
+  auto acct =
+      nlohmann::json::parse(tessera::test::ReadFile(acct_dir + job + ".json"), nullptr, false);
+  ASSERT_TRUE(acct.is_object());
+  EXPECT_EQ(acct["restarts"], 1);
+  EXPECT_EQ(acct["memory_limit_bytes"], uint64_t{1280} << 20);
+  ASSERT_EQ(acct["earlier_runs"].size(), 1u) << acct.dump();
+  EXPECT_EQ(acct["earlier_runs"][0]["auto_trial"], true);
+  EXPECT_THAT(acct["earlier_runs"][0].value("advice", ""),
+              HasSubstr("peak GPU memory 1000MiB; then requeued: its next run is sized from it"));
+  auto table = Capture(std::string(TESSERA_BINARY) + " slurm acct " + job + " --state-dir " +
+                       slurm_->PluginStateDir() + " 2>&1");
+  EXPECT_THAT(table.out, HasSubstr("\njob " + job + ": its automatic trial of 2s ended after "));
+  EXPECT_THAT(table.out, HasSubstr("\njob " + job + ": --tessera-mem=auto: 1280MiB")) << table.out;
+
+  // --no-requeue: no trial, it runs on its shards, said.
+  const std::string plain = slurm_->dir() + "/plain.out";
+  const std::string once = Batch("-J gpt-c --no-requeue --gres=shard:2 --tessera-mem=auto -o " +
+                                     plain + " --wrap 'srun -Q " + kClient + " link alloc:500'",
+                                 &said);
+  ASSERT_NE(once, "") << said;
+  ASSERT_TRUE(WaitForEpilog(once)) << slurm_->Logs();
+  EXPECT_THAT(tessera::test::ReadFile(plain),
+              HasSubstr("--tessera-mem=auto: 4 GiB (no ended run of your jobs named 'gpt-c' yet: "
+                        "measured for the next); no trial first: --no-requeue (or JobRequeue=0)"));
+  // Made not requeueable while it runs: its trial's end leaves it running (the script ends it
+  // 4 s in), and its accounting says why.
+  const std::string kept = slurm_->dir() + "/kept.out";
+  const std::string no = Batch("-J gpt-b --gres=shard:2 --tessera-mem=auto -o " + kept +
+                                   " --wrap 'scontrol update JobId=$SLURM_JOB_ID Requeue=0; "
+                                   "timeout 4 srun -Q " +
+                                   kClient + " link alloc:500 hold; echo ran on'",
+                               &said);
+  ASSERT_NE(no, "") << said;
+  ASSERT_TRUE(WaitForEpilog(no)) << slurm_->Logs();
+  EXPECT_THAT(tessera::test::ReadFile(kept), HasSubstr("ran on"));
+  show = Capture(slurm_->Env() + "scontrol show job -o " + no + " 2>&1");
+  EXPECT_THAT(show.out, HasSubstr("Restarts=0")) << show.out;
+  acct = nlohmann::json::parse(tessera::test::ReadFile(acct_dir + no + ".json"), nullptr, false);
+  ASSERT_TRUE(acct.is_object());
+  EXPECT_THAT(acct.value("advice", ""), HasSubstr("; Slurm did not requeue it ("));
+  EXPECT_THAT(acct.value("advice", ""), HasSubstr("): it ran on, on what its shards mean"));
+}
+
 // The cluster's own nodes (`scontrol show node -o` of this Slurm) and a sacct export replayed by
 // `tessera sim replay`: a small one of jobs like the tests', and a synthetic one of 3,000 jobs;
 // a malformed row is refused naming its file and line.

@@ -44,7 +44,15 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   // seff does for CPUs: its busy time of its share (or whole GPU), its peak of its memory limit.
   Table t({"JOB", "UID", "START", "ELAPSED", "GPU", "SHARE", "GPU-TIME", "UTIL", "PEAK-MEM",
            "MEM-LIMIT", "BUSY", "MEM-USED"});
+  // A requeued job's earlier runs (an automatic trial) first, each a run of its own.
+  std::vector<nlohmann::json> runs;
   for (const auto& r : *records) {
+    if (r.contains("earlier_runs") && r["earlier_runs"].is_array())
+      for (const auto& e : r["earlier_runs"])
+        if (e.is_object() && e.contains("gpus") && e["gpus"].is_array()) runs.push_back(e);
+    runs.push_back(r);
+  }
+  for (const auto& r : runs) {
     const int64_t started = r.value("started", int64_t{0}), ended = r.value("ended", int64_t{0});
     const double share = r.value("share_percent", 0.0);
     auto busy_of_held = [&](const nlohmann::json& g) -> std::string {
@@ -80,7 +88,7 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   }
   t.Print(out);
   // What a trial recommends, how "auto" sized a job and whether it outgrew it, under the table.
-  for (const auto& r : *records) {
+  for (const auto& r : runs) {
     for (const char* key : {"sizing", "advice", "outgrew"}) {
       if (r.contains(key) && r[key].is_string())
         out << "job " << r.value("job_id", 0u) << ": " << r[key].get<std::string>() << "\n";

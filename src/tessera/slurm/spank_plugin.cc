@@ -12,17 +12,21 @@
 // Slurm's own device confinement (ConstrainDevices) stays Slurm's. docs/slurm.md.
 // spank.h declares the plugin's callbacks outside its own extern "C" block.
 extern "C" {
+#include <slurm/slurm.h>
 #include <slurm/spank.h>
 }
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -41,6 +45,52 @@ extern const unsigned int spank_plugin_version = 1;
 namespace {
 
 constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
+constexpr uint32_t kBatchStep = 0xfffffffb;   // slurm.h's SLURM_BATCH_SCRIPT
+constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue only if running
+
+// Requeues the job (slurmctld then stops its steps everywhere and queues it again) with
+// slurm_requeue of the slurmstepd this runs in: the plugin links nothing of libslurm, so it calls
+// the one the daemon already loaded (libslurmfull). Empty when done, else why not.
+// The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" batch
+// job's trial, how often it was requeued and whether Slurm would requeue it.
+void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
+  const auto load =
+      reinterpret_cast<decltype(&slurm_load_job)>(dlsym(RTLD_DEFAULT, "slurm_load_job"));
+  const auto free_msg = reinterpret_cast<decltype(&slurm_free_job_info_msg)>(
+      dlsym(RTLD_DEFAULT, "slurm_free_job_info_msg"));
+  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
+  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
+  if (!load || !free_msg) {
+    request.not_requeueable = "slurmstepd has no slurm_load_job";
+    return;
+  }
+  job_info_msg_t* info = nullptr;
+  if (load(&info, job, SHOW_ALL) != 0 || info == nullptr || info->record_count < 1) {
+    const int e = get_errno ? get_errno() : errno;
+    request.not_requeueable = "slurmctld did not say whether it may requeue it: " +
+                              (text ? std::string(text(e)) : std::string(strerror(e)));
+    if (info) free_msg(info);
+    return;
+  }
+  const slurm_job_info_t& j = info->job_array[0];
+  request.restarts = j.restart_cnt;
+  request.not_requeueable = j.requeue == 0 ? "--no-requeue (or JobRequeue=0)" : "";
+  free_msg(info);
+}
+
+std::string Requeue(uint32_t job) {
+  using RequeueFn = int (*)(uint32_t, uint32_t);
+  using ErrnoFn = int (*)();
+  using StrerrorFn = char* (*)(int);
+  const auto requeue = reinterpret_cast<RequeueFn>(dlsym(RTLD_DEFAULT, "slurm_requeue"));
+  if (!requeue) return "slurmstepd has no slurm_requeue";
+  // JOB_RUNNING: a job already requeued (by another of its steps' trial end) is left as it is.
+  if (requeue(job, kJobRunning) == 0) return "";
+  const auto get_errno = reinterpret_cast<ErrnoFn>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
+  const auto text = reinterpret_cast<StrerrorFn>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
+  const int e = get_errno ? get_errno() : errno;
+  return text ? std::string(text(e)) : std::string(strerror(e));
+}
 
 std::string share_option, mem_option, trial_option;
 // Said on the step's first task's stderr (how "auto" sized the job, its trial).
@@ -84,9 +134,16 @@ int OnTrial(int, const char* arg, int) {
 // that a pid reused after the task was reaped is never signalled - and their process groups get
 // SIGTERM, and SIGKILL 10 s later if they are still there (Slurm's own KillWait default). The
 // step's end (slurm_spank_exit) stops the watch.
+// An auto_trial= run's end requeues the job instead (Requeue); where Slurm refuses (a job not
+// requeueable: --no-requeue, JobRequeue=0, an array task being ended) it runs on, measured, and
+// its accounting says why.
 class TrialWatch {
  public:
-  void Arm(int64_t deadline) { deadline_ = deadline; }
+  void Arm(int64_t deadline, bool requeue, tessera::slurm::PluginConfig config) {
+    deadline_ = deadline;
+    requeue_ = requeue;
+    config_ = std::move(config);
+  }
   bool armed() const { return deadline_ > 0; }
   void Add(pid_t pid, uint32_t job) {
     std::lock_guard<std::mutex> l(mu_);
@@ -125,12 +182,25 @@ class TrialWatch {
     std::unique_lock<std::mutex> l(mu_);
     const auto at = std::chrono::system_clock::from_time_t(static_cast<time_t>(deadline_));
     if (cv_.wait_until(l, at, [this] { return stop_; })) return;
+    if (requeue_) {
+      l.unlock();  // its tasks' start (Add) is not held up by the RPC
+      const std::string why = Requeue(job);
+      const std::string said = why.empty() ? "then requeued: its next run is sized from it"
+                                           : "Slurm did not requeue it (" + why +
+                                                 "): it ran on, on what its shards mean";
+      slurm_info("tessera: job %u: its automatic trial is over: %s", job, said.c_str());
+      if (absl::Status st = tessera::slurm::NoteTrialEnd(config_, job, said); !st.ok())
+        slurm_error("tessera: job %u: %s", job, std::string(st.message()).c_str());
+      return;  // Slurm stops its steps (requeued), or they run on
+    }
     slurm_info("tessera: job %u: its trial is over: its step is stopped (SIGTERM)", job);
     Signal(SIGTERM);
     if (cv_.wait_for(l, std::chrono::seconds(10), [this] { return stop_; })) return;
     Signal(SIGKILL);
   }
   int64_t deadline_ = 0;
+  bool requeue_ = false;
+  tessera::slurm::PluginConfig config_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -210,6 +280,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   request.mem_option = mem_option;
   request.trial_option = trial_option;
   request.job_name = Env(sp, "SLURM_JOB_NAME");
+  request.batch_step = step == kBatchStep;
+  // (S_SLURM_RESTART_COUNT is 0 in a batch step of Slurm 22.05: slurmctld is asked.)
+  if (request.batch_step && config.ok() && config->auto_trial_s > 0 &&
+      request.trial_option.empty() && (share_option == "auto" || mem_option == "auto"))
+    AskSlurmctld(job, request);
   auto limits = tessera::slurm::DecideLimits(*config, request);
   if (!limits.ok())
     return Refuse("job " + std::to_string(job) + ": " + std::string(limits.status().message()));
@@ -223,7 +298,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   say = env->say;
   if (!say.empty()) slurm_info("%s", say.c_str());
   step_job = job;
-  if (env->trial_deadline > 0) trial.Arm(env->trial_deadline);
+  if (env->trial_deadline > 0) trial.Arm(env->trial_deadline, env->requeue_at_trial_end, *config);
   for (const std::string& name : env->unset) spank_unsetenv(sp, name.c_str());
   for (const auto& [name, value] : env->set) {
     if (spank_setenv(sp, name.c_str(), value.c_str(), 1) != ESPANK_SUCCESS)

@@ -129,6 +129,9 @@ std::optional<NodeJob> ReadNodeJob(const std::string& path) {
     j.memory_auto = r.value("memory_auto", false);
     j.sizing = r.value("sizing", "");
     j.trial_s = r.value("trial_s", 0.0);
+    j.auto_trial = r.value("auto_trial", false);
+    j.restarts = r.value("restarts", 0u);
+    j.trial_end = r.value("trial_end", "");
     return j;
   } catch (const json::exception&) {
     return std::nullopt;  // a field of another type
@@ -148,6 +151,9 @@ json RecordJson(const NodeJob& j) {
   if (j.memory_auto) r["memory_auto"] = true;
   if (!j.sizing.empty()) r["sizing"] = j.sizing;
   if (j.trial_s > 0) r["trial_s"] = j.trial_s;
+  if (j.auto_trial) r["auto_trial"] = true;
+  if (j.restarts > 0) r["restarts"] = j.restarts;
+  if (!j.trial_end.empty()) r["trial_end"] = j.trial_end;
   return r;
 }
 
@@ -223,8 +229,11 @@ absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
   }
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  const std::string path = fmt::format("{}/{}.{}.{}.json", dir, NameKey(acct.value("name", "")),
-                                       acct.value("job_id", 0u), host);
+  // A requeued run's record beside its earlier runs' (Slurm keeps the job's id): <job>-<restarts>.
+  const uint32_t restarts = acct.value("restarts", 0u);
+  const std::string path = fmt::format(
+      "{}/{}.{}{}.{}.json", dir, NameKey(acct.value("name", "")), acct.value("job_id", 0u),
+      restarts > 0 ? fmt::format("-{}", restarts) : std::string(), host);
   if (absl::Status st = WriteFile(path, acct.dump() + "\n", 0600); !st.ok()) return st;
   std::vector<std::pair<fs::file_time_type, fs::path>> kept;
   std::error_code ec;
@@ -287,10 +296,15 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       auto n = ParseWhole(value.back() == '%' ? value.substr(0, value.size() - 1) : value);
       if (!n || *n < 0 || *n > 200) return bad("expected a margin from 0% to 200%");
       c.auto_margin_pct = static_cast<int>(*n);
+    } else if (key == "auto_trial") {
+      const std::optional<double> s = core::ParseDurationOrZero(value);
+      if (!s || *s > kMaxTrialSeconds)
+        return bad("expected a length of at most a day such as 2m or 90s (0: none)");
+      c.auto_trial_s = *s;
     } else {
       return bad(
           "unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead, "
-          "mps_gpus, mps_control, history_dir, auto_margin)");
+          "mps_gpus, mps_control, history_dir, auto_margin, auto_trial)");
     }
   }
   if (c.library.empty()) return absl::InvalidArgumentError("plugstack.conf: library= is required");
@@ -379,6 +393,9 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
       !st.ok())
     return st;
   l.name = request.job_name;
+  l.batch_step = request.batch_step;
+  l.restarts = request.restarts;
+  l.not_requeueable = request.not_requeueable;
   if (!request.trial_option.empty()) {
     // A trial measures: it runs on what its shards mean, whatever else it asked.
     l.trial_s = *core::ParseDuration(request.trial_option);
@@ -452,12 +469,40 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
       if (limits.memory_auto && first->memory_auto) limits.memory_bytes = first->memory_bytes;
       if (limits.share_auto && first->share_auto) limits.share_permille = first->share_permille;
       if (first->trial_s > 0) limits.trial_s = first->trial_s;
+      limits.auto_trial = first->auto_trial;
+      if (!first->trial_end.empty()) sizing += "; " + first->trial_end;
     }
   } else if (limits.memory_auto || limits.share_auto) {
-    sizing = SizeAuto(config, HistoryOf(config, uid, limits.name), limits);
+    const KindUse use = HistoryOf(config, uid, limits.name);
+    // Nothing measured for what it sizes "auto": with auto_trial=, a batch job's first run is a
+    // trial, then it is requeued and sized from it (once: a requeued run is never a trial again).
+    const bool unmeasured =
+        (limits.memory_auto && use.memory_runs == 0) || (limits.share_auto && use.util_runs == 0);
+    const std::string no_trial = !limits.batch_step                ? "not a batch job"
+                                 : limits.restarts > 0             ? "requeued already"
+                                 : !limits.not_requeueable.empty() ? limits.not_requeueable
+                                                                   : "";
+    if (unmeasured && config.auto_trial_s > 0 && no_trial.empty()) {
+      limits.trial_s = config.auto_trial_s;
+      limits.auto_trial = true;
+      sizing = fmt::format(
+          "auto: no ended run of your jobs named '{}' yet{}: this run is a trial of {} on what its "
+          "shards mean, then the job is requeued and sized from it",
+          limits.name, use.unusable.empty() ? "" : " readable (" + use.unusable + ")",
+          core::FormatDuration(config.auto_trial_s));
+    } else {
+      sizing = SizeAuto(config, use, limits);
+      if (unmeasured && config.auto_trial_s > 0)
+        sizing += fmt::format("; no trial first: {}", no_trial);
+    }
   }
   if (!sizing.empty()) env.say = fmt::format("tessera: job {}: {}", job_id, sizing);
-  if (limits.trial_s > 0) {
+  if (limits.trial_s > 0 && limits.auto_trial) {
+    env.trial_deadline = started + static_cast<int64_t>(std::ceil(limits.trial_s));
+    env.requeue_at_trial_end = true;
+    // Its steps started past the deadline (the requeue refused: it runs on) run measured.
+    if (env.trial_deadline <= now) env.trial_deadline = 0, env.requeue_at_trial_end = false;
+  } else if (limits.trial_s > 0) {
     env.trial_deadline = started + static_cast<int64_t>(std::ceil(limits.trial_s));
     // A step of the job after its trial ended (a batch script's srun past it) is not started only
     // to be stopped at once.
@@ -556,7 +601,9 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
                       .share_auto = limits.share_auto,
                       .memory_auto = limits.memory_auto,
                       .sizing = sizing,
-                      .trial_s = limits.trial_s};
+                      .trial_s = limits.trial_s,
+                      .auto_trial = limits.auto_trial,
+                      .restarts = limits.restarts};
     if (absl::Status st = WriteFile(record, RecordJson(job).dump() + "\n", 0600); !st.ok())
       return st;
   }
@@ -688,14 +735,33 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
   if (!job->sizing.empty()) acct["sizing"] = job->sizing;
   if (job->trial_s > 0) {
     acct["trial_s"] = job->trial_s;
+    if (job->auto_trial) acct["auto_trial"] = true;
+    if (!job->trial_end.empty()) acct["trial_end"] = job->trial_end;
     acct["advice"] = TrialAdvice(config, acct);
   }
+  if (job->restarts > 0) acct["restarts"] = job->restarts;
   if (std::string outgrew = Outgrew(config, acct); !outgrew.empty()) acct["outgrew"] = outgrew;
   const std::string path = Acct(config, job_id);
+  if (job->restarts > 0) {
+    // A requeued job's earlier run here (its trial) ended under the same id: kept with this one.
+    std::ifstream in(path);
+    json earlier = json::parse(in, nullptr, false);
+    if (earlier.is_object() && earlier.value("uid", uid_t(-1)) == uid &&
+        earlier.value("started", int64_t{0}) < started) {
+      json runs = earlier.contains("earlier_runs") && earlier["earlier_runs"].is_array()
+                      ? earlier["earlier_runs"]
+                      : json::array();
+      earlier.erase("earlier_runs");
+      runs.push_back(std::move(earlier));
+      acct["earlier_runs"] = std::move(runs);
+    }
+  }
   absl::Status written = WriteFile(path, acct.dump(2) + "\n", 0644);
   if (head) {
     // Its user's history, for "auto": never fails the epilog (said in slurmd's log).
-    if (absl::Status st = KeepInHistory(config, acct); !st.ok() && written.ok()) written = st;
+    json run = acct;
+    run.erase("earlier_runs");  // each kept as its own record already
+    if (absl::Status st = KeepInHistory(config, run); !st.ok() && written.ok()) written = st;
   }
   unlink(region.c_str());
   unlink(record.c_str());
@@ -708,6 +774,18 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
   }
   if (!written.ok()) return written;
   return path;
+}
+
+absl::Status NoteTrialEnd(const PluginConfig& config, uint32_t job_id, const std::string& said) {
+  StateLock lock(config.state_dir);
+  if (!lock.ok())
+    return absl::InternalError(
+        fmt::format("cannot lock {}/.lock: {}", config.state_dir, strerror(errno)));
+  const std::string record = Record(config, job_id);
+  std::optional<NodeJob> job = ReadNodeJob(record);
+  if (!job) return absl::NotFoundError(fmt::format("{}: no record of the job", record));
+  job->trial_end = said;
+  return WriteFile(record, RecordJson(*job).dump() + "\n", 0600);
 }
 
 KindUse KindUseOf(const std::vector<std::string>& records, const std::string& name) {
@@ -871,6 +949,13 @@ std::string TrialAdvice(const PluginConfig& config, const json& acct) {
   } else {
     ask = fmt::format("{} (with {}% margin)", memory.empty() ? "its shards" : memory.substr(1),
                       config.auto_margin_pct);
+  }
+  if (acct.value("auto_trial", false)) {
+    // auto_trial='s run: what it asked is "auto", sized from this trial when it runs again.
+    return fmt::format("its automatic trial of {} ended after {:.0f} s: {}; {}",
+                       core::FormatDuration(acct.value("trial_s", 0.0)), ran,
+                       fmt::join(measured, ", "),
+                       acct.value("trial_end", std::string("its next run is sized from it")));
   }
   return fmt::format(
       "its trial of {} ended after {:.0f} s: {}; recommended: {}, or --tessera-mem=auto, which "

@@ -52,6 +52,10 @@ struct PluginConfig {
   // its own host's name.
   std::string history_dir;
   int auto_margin_pct = 20;  // auto_margin=: added to the measured use when sizing "auto"
+  // auto_trial=: a batch job asking "auto" of a name with no measured run yet runs first as a
+  // trial this long on what its shards mean, then is requeued (slurm_requeue) and its next run
+  // sized from it - the server's auto_size_trial. 0 (the default): none, it runs on its shards.
+  double auto_trial_s = 0;
 };
 // The folder of ended jobs' records for sizing "auto" (history_dir=, or <state_dir>/history).
 std::string HistoryDir(const PluginConfig& config);
@@ -72,6 +76,12 @@ struct StepRequest {
   std::string mem_option;    // --tessera-mem: "10G", "512MiB" (a bare number is MiB, as --mem)
   std::string trial_option;  // --tessera-trial: "2m", "90s", "1:30:00"
   std::string job_name;      // SLURM_JOB_NAME: with the user, the kind "auto" is sized from
+  bool batch_step = false;   // the step is a batch job's script (SLURM_BATCH_SCRIPT)
+  // The job as slurmctld has it, asked (slurm_load_job) only of a batch job asking "auto" where
+  // auto_trial= is set: the times it was requeued, and why Slurm would not requeue it (empty:
+  // it would; "--no-requeue", or why slurmctld did not say).
+  uint32_t restarts = 0;
+  std::string not_requeueable = "not asked";
 };
 
 // The user's options as written (--tessera-share, --tessera-mem: a value or "auto";
@@ -96,6 +106,12 @@ struct StepLimits {
   // A trial (--tessera-trial): its steps are stopped this long after the job's start on the node,
   // on what its shards mean (never sized "auto": a trial measures), and its end recommends a size.
   double trial_s = 0;
+  // StepRequest's: an "auto" batch job's trial (auto_trial=) requeues it.
+  bool batch_step = false;
+  uint32_t restarts = 0;
+  std::string not_requeueable = "not asked";
+  // Set by SetUpStep: this run is auto_trial='s, requeued at its end to be sized from it.
+  bool auto_trial = false;
 };
 
 // Shards N of `shards_per_gpu` on a GPU mean N/shards_per_gpu of its time and of its memory; the
@@ -113,6 +129,8 @@ struct StepEnvironment {
   std::string say;
   // A trial: when its steps are stopped (seconds since the epoch; 0: not a trial).
   int64_t trial_deadline = 0;
+  // At the trial's end the job is requeued (an auto_trial= run) instead of its steps stopped.
+  bool requeue_at_trial_end = false;
 };
 
 // Sets up the job's node files for one of its steps (the first step makes the region and the
@@ -147,6 +165,9 @@ struct NodeJob {
   bool share_auto = false, memory_auto = false;
   std::string sizing;  // how "auto" sized it
   double trial_s = 0;
+  bool auto_trial = false;  // auto_trial='s run: requeued at its end
+  uint32_t restarts = 0;    // the times the job was requeued before this run
+  std::string trial_end;    // what its trial's end did (NoteTrialEnd)
 };
 
 // The records (<job>.json) of the folder `dir` by job id: jobs/ (set up, running) or acct/ (ended).
@@ -161,9 +182,15 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
 // `uid`: the ending job's user when the epilog knows it; a record of another user's job under this
 // id (a reused id) is set aside in stale/, not accounted as this job.
 // The record also goes to the user's history (HistoryDir), and says what a trial recommends
-// ("advice") or how a job sized "auto" outgrew its memory ("outgrew").
+// ("advice") or how a job sized "auto" outgrew its memory ("outgrew"). A requeued job's run keeps
+// its earlier runs' records of this node (its auto_trial='s) in "earlier_runs", as Slurm keeps
+// the job's id.
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
                                    std::optional<uid_t> uid = std::nullopt);
+
+// What an auto_trial= run's end did (requeued, or why it could not be: it then runs on), kept in
+// the job's record for its accounting ("trial_end"). NotFound when the job has no record here.
+absl::Status NoteTrialEnd(const PluginConfig& config, uint32_t job_id, const std::string& said);
 
 // What the user's ended jobs named `name` used (HistoryDir/<uid>/), the newest kHistorySized:
 // the 95th percentile of their peak GPU memory per GPU (past the most a job sized "auto" asked

@@ -40,6 +40,9 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
   EXPECT_EQ(c->shards_per_gpu, 4);
   EXPECT_EQ(c->gpu_memory_bytes, 80 * GiB);
   EXPECT_EQ(c->context_overhead_bytes, uint64_t{300} << 20);
+  EXPECT_EQ(c->auto_trial_s, 0) << "no automatic trial unless the admin asks";
+  EXPECT_EQ(ParsePluginArgs({"library=/l.so", "auto_trial=2m"})->auto_trial_s, 120);
+  EXPECT_EQ(ParsePluginArgs({"library=/l.so", "auto_trial=0"})->auto_trial_s, 0);
   for (const auto& [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{}, "library= is required"},
            {{"library=l.so"}, "'library=l.so': the library's path must be absolute"},
@@ -49,7 +52,10 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
             "arbiter paces)"},
            {{"library=/l.so", "gpu_memory=lots"}, "'gpu_memory=lots': expected a size"},
            {{"library=/l.so", "shards=8"}, "'shards=8': unknown key"},
-           {{"library=/l.so", "state_dir"}, "'state_dir': expected key=value"}}) {
+           {{"library=/l.so", "state_dir"}, "'state_dir': expected key=value"},
+           {{"library=/l.so", "auto_trial=soon"},
+            "'auto_trial=soon': expected a length of at most a day such as 2m or 90s (0: none)"},
+           {{"library=/l.so", "auto_trial=2d"}, "'auto_trial=2d': expected a length"}}) {
     auto bad = ParsePluginArgs(args);
     ASSERT_FALSE(bad.ok());
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr(why));
@@ -390,6 +396,122 @@ TEST_F(SlurmNodeFiles, ATrialRunsOnItsShardsAndItsEndSaysWhatToAskWhichAutoGives
   Run(4, u, {.shards = "2", .trial_option = "1m", .job_name = "idle"}, 0, 4000, 60);
   EXPECT_THAT(Acct(4)["advice"].get<std::string>(),
               HasSubstr("peak GPU memory 0MiB; recommended: --gres=shard:1 (with 20% margin)"));
+}
+
+// auto_trial=: a batch job asking "auto" of a name never measured runs first as a trial on its
+// shards and is requeued at its end (its steps not stopped by the plugin); its requeued run is
+// sized from the trial and keeps the trial's record. Never a trial for an srun job, a requeued
+// run, a kind measured already, or without auto_trial=.
+TEST_F(SlurmNodeFiles, AnAutoBatchJobNeverMeasuredIsATrialThenRequeuedAndSizedFromIt) {
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  const uid_t u = nobody->pw_uid;
+  config_.auto_trial_s = 120;
+  const StepRequest asked{.gpus = "0",
+                          .shards = "4",
+                          .share_option = "auto",
+                          .mem_option = "auto",
+                          .job_name = "gpt",
+                          .batch_step = true,
+                          .not_requeueable = ""};
+  auto limits = DecideLimits(config_, asked);
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  // Neither an srun job's step nor a run already requeued once is a trial: they run on the shards.
+  {
+    StepRequest srun = asked;
+    srun.batch_step = false;
+    auto l = DecideLimits(config_, srun);
+    auto env = SetUpStep(config_, 7, u, u, *l, "", 500);
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->trial_deadline, 0);
+    EXPECT_THAT(env->say, HasSubstr("no ended run of your jobs named 'gpt' yet"));
+    EXPECT_THAT(env->say, HasSubstr("; no trial first: not a batch job"));
+    ASSERT_TRUE(EndJob(config_, 7, 501).ok());
+    fs::remove_all(HistoryDir(config_));  // (it measured nothing: not history for what follows)
+    for (const auto& [restarts, not_requeueable, why] :
+         std::vector<std::tuple<uint32_t, std::string, std::string>>{
+             {1, "", "requeued already"},
+             {0, "--no-requeue (or JobRequeue=0)", "--no-requeue (or JobRequeue=0)"}}) {
+      StepRequest again = asked;
+      again.restarts = restarts;
+      again.not_requeueable = not_requeueable;
+      l = DecideLimits(config_, again);
+      env = SetUpStep(config_, 8, u, u, *l, "", 502);
+      ASSERT_TRUE(env.ok()) << env.status();
+      EXPECT_EQ(env->trial_deadline, 0) << why;
+      EXPECT_THAT(env->say, HasSubstr("; no trial first: " + why));
+      ASSERT_TRUE(EndJob(config_, 8, 503).ok());
+      fs::remove_all(HistoryDir(config_));
+    }
+  }
+  auto trial = SetUpStep(config_, 9, u, u, *limits, "", 1000);
+  ASSERT_TRUE(trial.ok()) << trial.status();
+  EXPECT_EQ(trial->trial_deadline, 1120);
+  EXPECT_TRUE(trial->requeue_at_trial_end);
+  EXPECT_EQ(trial->say,
+            "tessera: job 9: auto: no ended run of your jobs named 'gpt' yet: this run is a trial "
+            "of 2m on what its shards mean, then the job is requeued and sized from it");
+  EXPECT_EQ(trial->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(8 * GiB)) << "its shards'";
+  EXPECT_EQ(trial->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "50%");
+  // Its srun step in the script: the same deadline, and past it (the requeue refused) it runs on.
+  StepRequest step = asked;
+  step.batch_step = false;
+  auto sl = DecideLimits(config_, step);
+  auto later = SetUpStep(config_, 9, u, u, *sl, "", 1010);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->trial_deadline, 1120);
+  EXPECT_TRUE(later->requeue_at_trial_end);
+  ASSERT_TRUE(NoteTrialEnd(config_, 9, "then requeued: its next run is sized from it").ok());
+  EXPECT_EQ(NoteTrialEnd(config_, 99, "x").code(), absl::StatusCode::kNotFound);
+  auto past = SetUpStep(config_, 9, u, u, *sl, "", 1130);
+  ASSERT_TRUE(past.ok()) << past.status();
+  EXPECT_EQ(past->trial_deadline, 0);
+  EXPECT_THAT(past->say, HasSubstr("; then requeued: its next run is sized from it"));
+  // What it used: a peak of 3000 MiB and 24 s of GPU time in its 120 s (20% busy).
+  EXPECT_EQ(AsUser(u,
+                   [&] {
+                     const uint64_t none[] = {0};
+                     char err[256] = "";
+                     std::unique_ptr<shim::Region> r(shim::Region::Attach(
+                         trial->set.at("TESSERA_CUDA_REGION").c_str(), none, 1, err, sizeof err));
+                     if (r == nullptr || !r->Reserve(0, 3000 * MiB)) return 3;
+                     std::unique_ptr<shim::Arbiter> a(shim::Arbiter::Attach(
+                         trial->set.at("TESSERA_CUDA_ARBITER").c_str(),
+                         shim::ArbiterJobKey("slurm-9"), shim::ArbiterConfig{}, err, sizeof err));
+                     if (a == nullptr) return 5;
+                     a->data()->gpus[0].jobs[a->Slot(0)].busy_us.store(24'000'000);
+                     return 0;
+                   }),
+            0);
+  ASSERT_TRUE(EndJob(config_, 9, 1120).ok());
+  const nlohmann::json first = Acct(9);
+  EXPECT_EQ(first["auto_trial"], true);
+  EXPECT_EQ(first["advice"],
+            "its automatic trial of 2m ended after 120 s: its GPU 20% busy, peak GPU memory "
+            "3000MiB; then requeued: its next run is sized from it");
+  // Requeued (Slurm keeps the id): sized from the trial; its accounting keeps the trial's.
+  StepRequest requeued = asked;
+  requeued.restarts = 1;
+  auto rl = DecideLimits(config_, requeued);
+  auto sized = SetUpStep(config_, 9, u, u, *rl, "", 1300);
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ(sized->trial_deadline, 0);
+  // 3000 MiB + 20% = 3600, 3840 in 256 MiB steps; 20% + 20% = 24%, 25% in 5% steps.
+  EXPECT_EQ(sized->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(3840 * MiB));
+  EXPECT_EQ(sized->set.at("TESSERA_CUDA_COMPUTE_SHARE"), "25%");
+  ASSERT_TRUE(EndJob(config_, 9, 1400).ok());
+  const nlohmann::json second = Acct(9);
+  EXPECT_EQ(second["restarts"], 1);
+  EXPECT_FALSE(second.contains("auto_trial"));
+  ASSERT_EQ(second["earlier_runs"].size(), 1u) << second.dump();
+  EXPECT_EQ(second["earlier_runs"][0]["started"], 1000);
+  EXPECT_EQ(second["earlier_runs"][0]["advice"], first["advice"]);
+  // A kind measured already is sized at once, even on a first run.
+  auto measured = SetUpStep(config_, 10, u, u, *limits, "", 2000);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  EXPECT_EQ(measured->trial_deadline, 0);
+  EXPECT_EQ(measured->set.at("TESSERA_CUDA_MEM_LIMIT"), std::to_string(3840 * MiB));
+  ASSERT_TRUE(EndJob(config_, 10, 2100).ok());
 }
 
 TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
