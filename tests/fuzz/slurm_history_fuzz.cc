@@ -23,6 +23,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> words = absl::StrSplit(lines[4], ' ', absl::SkipEmpty());
   words.push_back("library=/usr/lib/tessera/libtessera-cuda.so");
   auto config = slurm::ParsePluginArgs(words);
+  // auto_trial= is a length of at most a day, or none.
+  if (config.ok() && (config->auto_trial_s < 0 || config->auto_trial_s > slurm::kMaxTrialSeconds))
+    __builtin_trap();
   if (!config.ok())
     config = slurm::ParsePluginArgs({"library=/l.so", "shards_per_gpu=8", "gpu_memory=16GiB"});
   const std::vector<std::string> records(lines.begin() + 5, lines.end());
