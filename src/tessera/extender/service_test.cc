@@ -8,11 +8,13 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "fake_apiserver.h"
 #include "tessera/extender/test_objects.h"
 #include "tessera/extender/tls_secret.h"
+#include "tessera/net/certs.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tessera::extender {
@@ -709,36 +711,62 @@ json JsonOf(const YAML::Node& n) {
 // ended pods of its kind used; the pod is stored sized, and bound with its sizing said. With the
 // extender away, an "auto" pod is not created (failurePolicy Fail), other pods are. The RBAC of
 // the component is exactly what the extender used.
-TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
-  const std::string dir = ::testing::TempDir() + "auto-share-tls";
-  auto tls = EnsureTlsSecret(
-      *client_,
-      {.ns = "tessera-system", .name = "tessera-extender-tls", .dns = {"localhost"}, .dir = dir});
-  ASSERT_TRUE(tls.ok()) << tls.status();
-  json config =
-      JsonOf(YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
-  ASSERT_EQ(config["kind"], "MutatingWebhookConfiguration");
-  api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config);
-  api_.ClearRequests();
-  ServiceOptions o;
-  o.tls_cert_file = tls->cert_file;
-  o.tls_key_file = tls->key_file;
-  o.webhook_listen = "127.0.0.1:0";
-  o.webhook_configuration = config["metadata"]["name"];
-  o.webhook_ca_file = tls->ca_file;
-  o.webhook_ca_check_s = 0.05;
-  Start(o);
-  ASSERT_GT(service_->webhook_port(), 0);
-  http_ = std::make_unique<net::HttpClient>("https://localhost:" + std::to_string(service_->port()),
-                                            "", tls->ca_file);
-  const json& ref = config["webhooks"][0]["clientConfig"]["service"];
-  api_.SetServiceAddress(ref["namespace"], ref["name"], ref.value("port", 443),
-                         "localhost:" + std::to_string(service_->webhook_port()));
-  ASSERT_TRUE(Eventually([&] {
-    auto c = api_.Get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                      "tessera-auto-share");
-    return c && !(*c)["webhooks"][0]["clientConfig"].value("caBundle", "").empty();
-  }));
+class AutoShareTest : public ServiceTest {
+ protected:
+  void TearDown() override {
+    ServiceTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  // The extender started with its webhook (and `o`'s other options), deploy/components/auto-share's
+  // webhook configuration stored, its Service reached at the webhook's port, and its caBundle
+  // written by the extender.
+  void StartWebhook(ServiceOptions o = {}) {
+    auto tls = EnsureTlsSecret(*client_, {.ns = "tessera-system",
+                                          .name = "tessera-extender-tls",
+                                          .dns = {"localhost"},
+                                          .dir = dir_});
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    tls_ = *tls;
+    config_ =
+        JsonOf(YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
+    ASSERT_EQ(config_["kind"], "MutatingWebhookConfiguration");
+    api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config_);
+    api_.ClearRequests();
+    o.tls_cert_file = tls_.cert_file;
+    o.tls_key_file = tls_.key_file;
+    o.webhook_listen = "127.0.0.1:0";
+    o.webhook_configuration = config_["metadata"]["name"];
+    o.webhook_ca_file = tls_.ca_file;
+    o.webhook_ca_check_s = 0.05;
+    Start(o);
+    ASSERT_GT(service_->webhook_port(), 0);
+    http_ = std::make_unique<net::HttpClient>(
+        "https://localhost:" + std::to_string(service_->port()), "", tls_.ca_file);
+    const json& ref = config_["webhooks"][0]["clientConfig"]["service"];
+    api_.SetServiceAddress(ref["namespace"], ref["name"], ref.value("port", 443),
+                           "localhost:" + std::to_string(service_->webhook_port()));
+    ASSERT_TRUE(Eventually([&] {
+      auto c = api_.Get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                        "tessera-auto-share");
+      return c && !(*c)["webhooks"][0]["clientConfig"].value("caBundle", "").empty();
+    }));
+  }
+  // A pod of Job "infer" asking `shares`, annotated gpu-share: auto when `automatic`.
+  static json Infer(const std::string& name, int shares, bool automatic) {
+    json pod = GpuPod("ml", name, {.shares = shares});
+    pod["metadata"].erase("uid");
+    pod["metadata"]["labels"] = {{"batch.kubernetes.io/job-name", "infer"}};
+    if (automatic) pod["metadata"]["annotations"]["tessera.io/gpu-share"] = "auto";
+    return pod;
+  }
+  const std::string dir_ = ::testing::TempDir() + "auto-share-tls";
+  TlsFiles tls_;
+  json config_;
+};
+
+TEST_F(AutoShareTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
+  ASSERT_NO_FATAL_FAILURE(StartWebhook());
+  const json& config = config_;
   ASSERT_TRUE(Eventually([&] {
     return service_->Metrics().find("tessera_extender_webhook_ca_bundle_current 1") !=
            std::string::npos;
@@ -751,13 +779,7 @@ TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
     return c && !(*c)["webhooks"][0]["clientConfig"].value("caBundle", "").empty();
   }));
   auto create = [&](json pod) { return client_->Create(Pods("ml"), pod); };
-  auto infer = [&](const std::string& name, int shares, bool automatic) {
-    json pod = GpuPod("ml", name, {.shares = shares});
-    pod["metadata"].erase("uid");
-    pod["metadata"]["labels"] = {{"batch.kubernetes.io/job-name", "infer"}};
-    if (automatic) pod["metadata"]["annotations"]["tessera.io/gpu-share"] = "auto";
-    return pod;
-  };
+  auto infer = &AutoShareTest::Infer;
   // Not asking auto: never sent to the webhook (matchConditions), created as asked.
   ASSERT_TRUE(create(infer("plain", 2, false)).ok());
   EXPECT_EQ(api_.admission_calls(), 0);
@@ -847,7 +869,56 @@ TEST_F(ServiceTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
               HasSubstr("failed calling webhook \"auto-share.tessera.io\""));
   EXPECT_FALSE(api_.Get(Pods("ml"), "while-away").has_value());
   EXPECT_TRUE(create(infer("plain-2", 2, false)).ok());
-  std::filesystem::remove_all(dir);
+}
+
+// --webhook-client-ca: the webhook answers only a caller presenting a certificate of that CA (the
+// API server's, from its admission kubeconfig); one with none, or of another CA, fails its TLS
+// handshake, and the pod is not created (failurePolicy Fail).
+TEST_F(AutoShareTest, TheWebhookAnswersOnlyAClientCertificateOfItsCa) {
+  auto ca = net::MakeCertificateAuthority("kube-apiserver-webhook-client");
+  auto other = net::MakeCertificateAuthority("someone-else");
+  ASSERT_TRUE(ca.ok() && other.ok());
+  std::filesystem::create_directories(dir_);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  };
+  ServiceOptions o;
+  o.webhook_client_ca_file = write("client-ca.crt", ca->cert);
+  ASSERT_NO_FATAL_FAILURE(StartWebhook(o));
+  auto create = [&](const std::string& name) {
+    return client_->Create(Pods("ml"), Infer(name, 2, true));
+  };
+  auto refused = [&](const std::string& name) {
+    auto r = create(name);
+    EXPECT_FALSE(r.ok()) << name;
+    if (r.ok()) return;
+    EXPECT_EQ(kube::HttpStatusOf(r.status()), 500);
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("failed calling webhook \"auto-share.tessera.io\": failed to call "
+                          "webhook: Post \"https://localhost:"));
+    EXPECT_FALSE(api_.Get(Pods("ml"), name).has_value()) << "never stored unsized";
+  };
+  refused("no-certificate");
+  auto stranger = net::IssueCertificate(*other, {.common_name = "kube-apiserver", .client = true});
+  ASSERT_TRUE(stranger.ok());
+  api_.SetWebhookClientCertificate(write("other.crt", stranger->cert),
+                                   write("other.key", stranger->key));
+  refused("another-ca");
+  auto apiserver = net::IssueCertificate(*ca, {.common_name = "kube-apiserver", .client = true});
+  ASSERT_TRUE(apiserver.ok());
+  api_.SetWebhookClientCertificate(write("apiserver.crt", apiserver->cert),
+                                   write("apiserver.key", apiserver->key));
+  auto sized = create("its-ca");
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ((*sized)["spec"]["containers"][0]["resources"]["limits"]["tessera.io/gpu-share"], "2");
+  EXPECT_THAT((*sized)["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("gpu-share 2 (of 4 per GPU)"));
+  // Only the caller with its certificate got as far as a review.
+  EXPECT_THAT(service_->Metrics(),
+              HasSubstr("tessera_extender_admission_total{result=\"sized\"} 1"));
+  EXPECT_EQ(api_.admission_calls(), 3);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 namespace tessera::fakes {
@@ -506,6 +507,13 @@ void FakeApiServer::SetServiceAddress(const std::string& ns, const std::string& 
   service_addresses_[ns + "/" + name + ":" + std::to_string(port)] = address;
 }
 
+void FakeApiServer::SetWebhookClientCertificate(const std::string& cert_file,
+                                                const std::string& key_file) {
+  std::lock_guard lock(mu_);
+  webhook_client_cert_ = cert_file;
+  webhook_client_key_ = key_file;
+}
+
 int FakeApiServer::admission_calls() const {
   std::lock_guard lock(mu_);
   return admission_calls_;
@@ -611,8 +619,11 @@ std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
   std::vector<json> configs;
   json ns_labels = json::object();
   std::map<std::string, std::string> addresses;
+  std::string client_cert, client_key;
   {
     std::lock_guard lock(mu_);
+    client_cert = webhook_client_cert_;
+    client_key = webhook_client_key_;
     for (const auto& [name, c] :
          objects_["admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"])
       configs.push_back(c);
@@ -684,7 +695,12 @@ std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
       }
       close(fd);
       const size_t colon = address.rfind(':');
-      httplib::SSLClient client(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+      const std::string host = address.substr(0, colon);
+      const int port = std::stoi(address.substr(colon + 1));
+      auto tls = client_cert.empty()
+                     ? std::make_unique<httplib::SSLClient>(host, port)
+                     : std::make_unique<httplib::SSLClient>(host, port, client_cert, client_key);
+      httplib::SSLClient& client = *tls;
       client.set_ca_cert_path(ca_path);
       client.enable_server_certificate_verification(true);
       const int timeout = w.value("timeoutSeconds", 10);

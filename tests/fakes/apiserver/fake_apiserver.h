@@ -107,6 +107,10 @@ class FakeApiServer {
   // set has no endpoints: the call fails).
   void SetServiceAddress(const std::string& ns, const std::string& name, int port,
                          const std::string& address);
+  // The client certificate it presents to every webhook (files, PEM), as the real one does where
+  // its --admission-control-config-file gives a kubeconfig with one for the webhook's Service;
+  // empty (the default): none.
+  void SetWebhookClientCertificate(const std::string& cert_file, const std::string& key_file);
   int admission_calls() const;
   void SendBookmarks();  // a BOOKMARK on every watch that asked for them
   int open_watches() const;
@@ -166,6 +170,7 @@ class FakeApiServer {
   std::vector<ApiRequest> requests_;
   std::map<std::string, std::string> service_addresses_;  // "ns/name:port" -> "host:port"
   int admission_calls_ = 0;
+  std::string webhook_client_cert_, webhook_client_key_;
 };
 
 }  // namespace tessera::fakes
