@@ -34,6 +34,7 @@
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
 #include "fmt/format.h"
+#include "tessera/kube/gpu_annotations.h"
 #include "tessera/shim/arbiter.h"
 #include "yaml-cpp/yaml.h"
 
@@ -290,17 +291,25 @@ TEST_F(AgentDraE2e, BadClaimsGetErrorsAndTheOthersInTheCallArePrepared) {
 }
 
 TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
-  // Two of GPU 3's four shares (half its compute), 1 GiB of its memory by the claim's config.
-  api_.Put(kClaims, Claim("infer", {{"s", "gpu-3-share-0"}, {"s", "gpu-3-share-2"}}, "node-a",
-                          json::array({{{"source", "FromClaim"},
-                                        {"requests", {"s"}},
-                                        {"opaque",
-                                         {{"driver", kDriver},
-                                          {"parameters",
-                                           {{"apiVersion", "gpu.tessera.io/v1alpha1"},
-                                            {"kind", "ShareConfig"},
-                                            {"memory", "1Gi"},
-                                            {"priority", 2}}}}}}})));
+  // Two of GPU 3's four shares (half its compute), 1 GiB of its memory by the claim's config;
+  // reserved for two pods (one ends, one is still running when the claim is unprepared).
+  json claim = Claim("infer", {{"s", "gpu-3-share-0"}, {"s", "gpu-3-share-2"}}, "node-a",
+                     json::array({{{"source", "FromClaim"},
+                                   {"requests", {"s"}},
+                                   {"opaque",
+                                    {{"driver", kDriver},
+                                     {"parameters",
+                                      {{"apiVersion", "gpu.tessera.io/v1alpha1"},
+                                       {"kind", "ShareConfig"},
+                                       {"memory", "1Gi"},
+                                       {"priority", 2}}}}}}}));
+  claim["status"]["reservedFor"] = {{{"resource", "pods"}, {"name", "infer-0"}, {"uid", "p0"}},
+                                    {{"resource", "pods"}, {"name", "infer-1"}, {"uid", "p1"}}};
+  api_.Put(kClaims, claim);
+  for (const char* pod : {"infer-0", "infer-1"})
+    api_.Put("/api/v1/namespaces/team-a/pods",
+             {{"metadata", {{"name", pod}, {"namespace", "team-a"}}},
+              {"status", {{"phase", std::string(pod) == "infer-0" ? "Succeeded" : "Running"}}}});
   const std::string uid = ClaimUid("infer");
   StartAgent();
   FakeDraKubelet kubelet(dir_ + "/kubelet");
@@ -378,6 +387,31 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   EXPECT_GE(lived, 2) << told;
   EXPECT_THAT(told, ::testing::EndsWith(
                         fmt::format(" s ({:.0f}% of its 50% share)", 100 * 0.4 / (lived * 0.5))));
+  // The pod that ended carries it in tessera.io/gpu-use (what the extender sizes "auto" from);
+  // the one still running is not told (a newer pod of that name would be told another's use).
+  std::string use_text;
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    auto p = api_.Get("/api/v1/namespaces/team-a/pods", "infer-0");
+    use_text =
+        p ? (*p)["metadata"].value("annotations", json::object()).value("tessera.io/gpu-use", "")
+          : "";
+    return !use_text.empty();
+  })) << Log();
+  auto use = tessera::kube::ParseGpuUse(use_text);
+  ASSERT_TRUE(use.ok()) << use.status() << use_text;
+  EXPECT_EQ(use->peak_mib, 800);
+  EXPECT_EQ(use->limit_mib, 1024);
+  EXPECT_EQ(use->refused, 1);
+  EXPECT_EQ(use->wanted_mib, 1100);
+  EXPECT_NEAR(use->seconds, lived, 1);
+  // 0.4 s of GPU time in at least 2 s: at most 200 permille of the GPU.
+  ASSERT_TRUE(use->busy_permille.has_value()) << use_text;
+  EXPECT_GT(*use->busy_permille, 0);
+  EXPECT_LE(*use->busy_permille, 200);
+  auto running = api_.Get("/api/v1/namespaces/team-a/pods", "infer-1");
+  ASSERT_TRUE(running.has_value());
+  EXPECT_FALSE(
+      (*running)["metadata"].value("annotations", json::object()).contains("tessera.io/gpu-use"));
 }
 
 class AgentDraSlicesE2e : public AgentDraE2e {

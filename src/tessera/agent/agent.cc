@@ -449,7 +449,16 @@ std::string Agent::MemoryUseNote(const shim::RegionData& head, const std::vector
 
 void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
   // A DRA claim's share requests, as a device plugin share's pod is told (its memory and GPU
-  // time): on the ResourceClaim, which `kubectl describe` shows, and in the log.
+  // time): on the ResourceClaim, which `kubectl describe` shows, and in the log; and on each pod
+  // it was reserved for, in tessera.io/gpu-use once it has ended (its requests together: the
+  // longest held, the busiest, the highest peak, the refusals and launches of all).
+  std::optional<kube::GpuUse> together;
+  auto most = [](std::optional<int64_t>& a, const std::optional<int64_t>& b) {
+    if (b) a = std::max(a.value_or(*b), *b);
+  };
+  auto sum = [](std::optional<int64_t>& a, const std::optional<int64_t>& b) {
+    if (b) a = a.value_or(0) + *b;
+  };
   for (const DraState::ShareUse& u : used) {
     if (!u.head) continue;
     kube::GpuUse use;
@@ -467,7 +476,21 @@ void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
                        .ns = u.ns,
                        .name = u.name},
                       use.refused ? "Warning" : "Normal", "GPUShareUse", "Unprepared", note);
+    if (u.held_s >= 0) use.seconds = static_cast<int64_t>(u.held_s);
+    if (!together) {
+      together = use;
+      continue;
+    }
+    together->seconds = std::max(together->seconds, use.seconds);
+    most(together->busy_permille, use.busy_permille);
+    most(together->peak_mib, use.peak_mib);
+    most(together->limit_mib, use.limit_mib);
+    most(together->wanted_mib, use.wanted_mib);
+    sum(together->refused, use.refused);
+    sum(together->kernel_launches, use.kernel_launches);
   }
+  if (together && !used.empty())
+    for (const std::string& pod : used.front().pods) TellUse(used.front().ns, pod, *together);
 }
 
 void Agent::ReportShareUse(const Allocation& a, const shim::RegionData* head, uint64_t launches) {

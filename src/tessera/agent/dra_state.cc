@@ -72,6 +72,7 @@ struct DraState::ClaimAllocation {
   std::set<std::string> admin;  // devices given with adminAccess: no exclusivity, no share setup
   std::map<std::pair<std::string, std::string>, Consumed> consumed;  // (request, device)
   std::map<std::string, RequestConfig> config;                       // by request
+  std::vector<std::string> pods;  // the pods it is reserved for (status.reservedFor), by name
 };
 
 struct DraState::Claim {
@@ -94,6 +95,8 @@ struct DraState::Claim {
     int compute = 0;
   };
   std::vector<Use> uses;
+  // The pods it was reserved for when prepared (its namespace's): told what its shares used.
+  std::vector<std::string> pods;
 };
 
 DraState::DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options)
@@ -199,6 +202,15 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
         fmt::format("{}: not allocated (no status.allocation)", who));
   }
   ClaimAllocation a;
+  // Its consumers, told its use when it is unprepared: the pods of its reservedFor.
+  if (const json* reserved = kube::FieldAt(claim, {"status", "reservedFor"});
+      reserved && reserved->is_array()) {
+    for (const json& r : *reserved) {
+      if (r.is_object() && r.value("resource", "") == "pods" && r.value("apiGroup", "") == "" &&
+          r.contains("name") && r["name"].is_string())
+        a.pods.push_back(r["name"].get<std::string>());
+    }
+  }
   auto& by_request = a.by_request;
   auto& admin = a.admin;
   auto& consumed = a.consumed;
@@ -391,6 +403,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
   std::map<std::string, RequestConfig> config = a.config;
   auto made = std::make_unique<Claim>();
   made->ns = ns;
+  made->pods = a.pods;
   made->prepared_unix = UnixSeconds(plugin_.clock);
   made->name = name;
   auto undo = [&] {
@@ -650,7 +663,8 @@ absl::Status DraState::Unprepare(const std::string& uid) {
         if (std::ranges::find(gone->regions, region) == gone->regions.end()) continue;
         auto u = std::ranges::find(used, request, &ShareUse::request);
         if (u == used.end()) {
-          used.push_back({.ns = gone->ns, .name = gone->name, .request = request});
+          used.push_back(
+              {.ns = gone->ns, .name = gone->name, .request = request, .pods = gone->pods});
           used.back().head = shim::ReadRegionHead(region.c_str());
           u = used.end() - 1;
           u->arbiter_job = ShareJobId(uid, request);
@@ -725,7 +739,8 @@ absl::Status DraState::SaveLocked() const {
                         {"region_shares", c->region_shares},
                         {"prepared_unix", c->prepared_unix},
                         {"spec", c->spec},
-                        {"uses", uses}};
+                        {"uses", uses},
+                        {"pods", c->pods}};
   }
   return devices::WriteFileAtomically(checkpoint_path(), j.dump(2) + "\n", 0600);
 }
@@ -759,6 +774,7 @@ absl::Status DraState::Load() {
       if (const json* r = e.contains("region_shares") ? &e["region_shares"] : nullptr)
         c->region_shares = r->get<std::map<std::string, double>>();
       c->prepared_unix = e.value("prepared_unix", int64_t{0});
+      c->pods = e.value("pods", std::vector<std::string>{});  // none in an earlier agent's
       for (const json& u : e.value("uses", json::array())) {
         c->uses.push_back({u.at("device").get<std::string>(), u.at("memory").get<uint64_t>(),
                            u.at("compute").get<int>()});

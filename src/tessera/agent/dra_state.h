@@ -114,6 +114,7 @@ class DraState {
   // (limits, peaks, refusals; null when it could not be read).
   struct ShareUse {
     std::string ns, name, request;
+    std::vector<std::string> pods;  // the pods it was reserved for at prepare (its namespace's)
     std::vector<std::string> gpus;
     std::unique_ptr<shim::RegionData> head;
     // Its GPU time: its GPUs' physical indices (the arbiter's), its compute share of each (0..1),

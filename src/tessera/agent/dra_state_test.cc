@@ -236,26 +236,33 @@ TEST_F(DraStateTest, ACorruptCheckpointIsSetAsideAndBadOptionsAreRefused) {
 
 // An unprepared claim's share request says what its GPU time is weighed against: its GPUs (the
 // arbiter's indices), its share, the key the arbiter charged it under and how long it was
-// prepared - across a restart of the agent (the checkpoint keeps when); a claim in the checkpoint
-// of an earlier agent, which did not, is not timed.
+// prepared - across a restart of the agent (the checkpoint keeps when, and the pods it was
+// reserved for); a claim in the checkpoint of an earlier agent, which did not, is not timed.
 TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   core::FakeClock clock;
   Options o = OptionsFor();
   o.plugin.clock = &clock;
   std::vector<std::tuple<std::string, std::vector<int>, double, std::string, double, bool>> told;
+  std::vector<std::vector<std::string>> pods;
   auto make = [&] {
     auto s = DraState::Create(inventory_, o.plugin, o.dra);
     EXPECT_TRUE(s.ok()) << s.status();
     (*s)->OnUnprepare([&](const std::vector<DraState::ShareUse>& used) {
-      for (const auto& u : used)
+      for (const auto& u : used) {
         told.emplace_back(u.request, u.indices, u.share, u.arbiter_job, u.held_s, u.sliced);
+        pods.push_back(u.pods);
+      }
     });
     return std::move(*s);
   };
   auto s = make();
-  ASSERT_TRUE(s->Prepare("a", "c", "u1",
-                         Claim("u1", {Result("s", "gpu-7-share-0"), Result("s", "gpu-7-share-1")}))
-                  .ok());
+  json reserved = Claim("u1", {Result("s", "gpu-7-share-0"), Result("s", "gpu-7-share-1")});
+  // Its consumers: pods only (a reservation for another kind of consumer is not a pod to tell).
+  reserved["status"]["reservedFor"] = {
+      {{"resource", "pods"}, {"name", "train-0"}, {"uid", "p0"}},
+      {{"apiGroup", "example.com"}, {"resource", "pods"}, {"name", "other"}, {"uid", "x"}},
+      {{"resource", "pods"}, {"name", "train-1"}, {"uid", "p1"}}};
+  ASSERT_TRUE(s->Prepare("a", "c", "u1", reserved).ok());
   ASSERT_TRUE(s->Prepare("a", "d", "u2", Claim("u2", {Result("s", "gpu-7-share-2")})).ok());
   clock.Advance(std::chrono::seconds(90));
   s.reset();
@@ -265,6 +272,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   ASSERT_EQ(told.size(), 1u);
   EXPECT_EQ(told[0], std::make_tuple(std::string("s"), std::vector<int>{7}, 0.5,
                                      std::string("claim-u1-s"), 120.0, true));
+  EXPECT_EQ(pods[0], (std::vector<std::string>{"train-0", "train-1"}));
   // u2 as an earlier agent's checkpoint has it: no time it was prepared.
   s.reset();
   const std::string path = dir_ + "/plugin/checkpoint.json";
@@ -278,6 +286,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   ASSERT_EQ(told.size(), 2u);
   EXPECT_EQ(std::get<4>(told[1]), -1) << "not timed";
   EXPECT_FALSE(std::get<5>(told[1])) << "its share not known";
+  EXPECT_TRUE(pods[1].empty()) << "not reserved for any pod when prepared";
 }
 
 TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {

@@ -243,6 +243,17 @@ TEST_F(ExtenderTest, APodAskingAutoMemoryIsSizedFromWhatEndedPodsOfItsKindUsed) 
         kube::FormatGpuUse({.seconds = 9, .peak_mib = 1});
     ex_->OnPod(Ev::kModified, theirs);
   }
+  (void)ex_->TakeUseHistory();
+  // A DRA pod (no tessera.io/gpu: its claims' use told by the agent) is not a kind to learn.
+  json dra = GpuPod("ml", "dra", {.shares = 1});
+  dra["spec"]["containers"][0]["resources"] = json::object();
+  dra["spec"]["resourceClaims"] = {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}};
+  dra["spec"]["nodeName"] = "a";
+  dra["status"]["phase"] = "Succeeded";
+  dra["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+      kube::FormatGpuUse({.seconds = 9, .busy_permille = 100, .peak_mib = 500});
+  ex_->OnPod(Ev::kModified, dra);
+  EXPECT_FALSE(ex_->TakeUseHistory().has_value()) << "nothing learned of a DRA pod";
   json bare =
       GpuPod("ml", "bare", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}});
   ASSERT_EQ(ex_->Filter(bare, {"a"}).nodes, std::vector<std::string>{"a"});
