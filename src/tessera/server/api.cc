@@ -413,12 +413,12 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
 }
 
 net::HttpResponse Api::GetJob(int64_t id, const Caller& c) {
-  auto r = store_.Get(id);
+  std::vector<JobEvent> events;
+  auto r = store_.Get(id, &events);
   if (!r.ok()) return StatusError(r.status());
   json j = JobJson(*r);
   if (!c.admin && r->owner != c.user) HideDetails(j);
-  auto ev = store_.Events(id);
-  if (ev.ok()) j["events"] = EventsJson(*ev);
+  j["events"] = EventsJson(events);
   if (r->array_id != 0)
     j["array"] =
         ArraySummary(r->array_id, j["spec"].is_object() ? j["spec"].value("array", "") : "");

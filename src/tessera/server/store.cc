@@ -602,16 +602,38 @@ absl::Status Store::SetPlacement(int64_t id, std::string_view placement_json, in
   return Exec("COMMIT");
 }
 
-absl::StatusOr<JobRecord> Store::Get(int64_t id) {
+absl::StatusOr<JobRecord> Store::Get(int64_t id, std::vector<JobEvent>* events) {
   ReadLease lease(*this);
   sqlite3* db = lease.db();
+  // With its events: one read transaction, so the row and its events are of one moment (a
+  // transition between two reads would show a state its events have left).
+  struct Snapshot {
+    sqlite3* db = nullptr;
+    ~Snapshot() {
+      if (db) sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+    }
+  } snapshot;
+  if (events) {
+    if (sqlite3_exec(db, "BEGIN", nullptr, nullptr, nullptr) != SQLITE_OK)
+      return SqlError(db, "starting a read");
+    snapshot.db = db;
+  }
   Stmt s(db, fmt::format("SELECT {} FROM jobs j WHERE j.id = ?", kJobColumns).c_str());
   if (!s.ok()) return SqlError(db, "preparing a read");
   s.Bind(1, id);
   int rc = s.Step();
   if (rc == SQLITE_DONE) return absl::NotFoundError(fmt::format("job {}: not found", id));
   if (rc != SQLITE_ROW) return SqlError(db, "reading a job");
-  return ReadJob(s.get());
+  JobRecord r = ReadJob(s.get());
+  if (events) {
+    Stmt e(db, "SELECT job_id, at, state, reason, id FROM events WHERE job_id = ? ORDER BY id");
+    if (!e.ok()) return SqlError(db, "preparing a read");
+    e.Bind(1, id);
+    auto read = ReadEvents(e, db);
+    if (!read.ok()) return read.status();
+    *events = *std::move(read);
+  }
+  return r;
 }
 
 absl::StatusOr<std::vector<JobRecord>> Store::List(const std::vector<JobState>& states, int limit) {

@@ -140,7 +140,8 @@ class Store {
   // (running) saying why, in one transaction. kNotFound when not running.
   absl::Status SetPlacement(int64_t id, std::string_view placement_json, int64_t pid,
                             std::string_view reason, double now);
-  absl::StatusOr<JobRecord> Get(int64_t id);
+  // A job; with `events`, its events too, read with the row in one snapshot.
+  absl::StatusOr<JobRecord> Get(int64_t id, std::vector<JobEvent>* events = nullptr);
   // Jobs in the given states (all when empty), oldest first, at most `limit` (0 = no limit).
   absl::StatusOr<std::vector<JobRecord>> List(const std::vector<JobState>& states = {},
                                               int limit = 0);

@@ -48,9 +48,6 @@ constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
 constexpr uint32_t kBatchStep = 0xfffffffb;   // slurm.h's SLURM_BATCH_SCRIPT
 constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue only if running
 
-// Requeues the job (slurmctld then stops its steps everywhere and queues it again) with
-// slurm_requeue of the slurmstepd this runs in: the plugin links nothing of libslurm, so it calls
-// the one the daemon already loaded (libslurmfull). Empty when done, else why not.
 // The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" batch
 // job's trial, how often it was requeued and whether Slurm would requeue it.
 void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
@@ -78,6 +75,9 @@ void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
   free_msg(info);
 }
 
+// Requeues the job (slurmctld then stops its steps everywhere and queues it again) with
+// slurm_requeue of the slurmstepd this runs in: the plugin links nothing of libslurm, so it calls
+// the one the daemon already loaded (libslurmfull). Empty when done, else why not.
 std::string Requeue(uint32_t job) {
   using RequeueFn = int (*)(uint32_t, uint32_t);
   using ErrnoFn = int (*)();
