@@ -152,9 +152,10 @@ std::shared_ptr<void> AddExtenderCommand(CLI::App& app, std::function<int()>& ac
       ->capture_default_str();
   e->add_option("--webhook-listen", f.o.webhook_listen,
                 "host:port of the mutating admission webhook that sizes pods asking "
-                "tessera.io/gpu-share: auto (POST /mutate-pods, HTTPS with the --tls-secret or "
-                "--tls-cert certificate, no client certificate asked; "
-                "deploy/components/auto-share); empty: none");
+                "tessera.io/gpu-share: auto (POST /mutate-pods) and DRA claims asking "
+                "tessera.io/gpu-share or gpu-memory: auto (POST /mutate-resourceclaims), HTTPS "
+                "with the --tls-secret or --tls-cert certificate (client certificates: "
+                "--webhook-client-ca); deploy/components/auto-share; empty: none");
   e->add_option("--webhook-configuration", f.o.webhook_configuration,
                 "Name of the MutatingWebhookConfiguration whose caBundle the extender keeps set to "
                 "the CA of --tls-secret");

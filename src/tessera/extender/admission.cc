@@ -2,6 +2,7 @@
 
 #include "absl/strings/escaping.h"
 #include "fmt/format.h"
+#include "tessera/extender/dra.h"
 #include "tessera/extender/objects.h"
 #include "tessera/kube/object.h"
 #include "tessera/kube/quantity.h"
@@ -34,16 +35,15 @@ int64_t CountOf(const json& container, const char* resource) {
   return out;
 }
 
-}  // namespace
-
-AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
-  AdmissionAnswer a;
-  const json review = json::parse(body, nullptr, false);
-  auto bad = [&](const std::string& why) {
+// The review's request, with `a` set to allow it unchanged; nullptr with `a` a 400 when `body` is
+// not an admission.k8s.io/v1 AdmissionReview.
+const json* OpenReview(const std::string& body, json& review, AdmissionAnswer& a) {
+  review = json::parse(body, nullptr, false);
+  auto bad = [&](const std::string& why) -> const json* {
     a.http_status = 400;
     a.body = {{"error", "not an admission.k8s.io/v1 AdmissionReview: " + why}};
     a.said = a.body["error"];
-    return a;
+    return nullptr;
   };
   if (review.is_discarded() || !review.is_object()) return bad("the body is not a JSON object");
   if (StringAt(review, {"apiVersion"}) != "admission.k8s.io/v1" ||
@@ -60,6 +60,36 @@ AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
   a.body = {{"apiVersion", "admission.k8s.io/v1"},
             {"kind", "AdmissionReview"},
             {"response", {{"uid", uid}, {"allowed", true}}}};
+  return request;
+}
+
+// The object's "ns/name" for messages (generateName's prefix and "*" before it has a name).
+std::string IdOf(const json& request, const json& object) {
+  const std::string ns = StringAt(request, {"namespace"});
+  std::string name = StringAt(object, {"metadata", "name"});
+  if (name.empty()) name = StringAt(object, {"metadata", "generateName"}) + "*";
+  return (ns.empty() ? "default" : ns) + "/" + name.substr(0, kMaxNameLength);
+}
+
+// Refuses the review with `code` (503: try again later; else 400) and `message`.
+AdmissionAnswer& Refuse(AdmissionAnswer& a, int code, const std::string& message) {
+  json& response = a.body["response"];
+  response["allowed"] = false;
+  response["status"] = {{"status", "Failure"},
+                        {"code", code},
+                        {"reason", code == 503 ? "ServiceUnavailable" : "BadRequest"},
+                        {"message", message}};
+  a.said = message;
+  return a;
+}
+
+}  // namespace
+
+AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
+  AdmissionAnswer a;
+  json review;
+  const json* request = OpenReview(body, review, a);
+  if (!request) return a;
   json& response = a.body["response"];
   const json* pod = FieldAt(*request, {"object"});
   if (StringAt(*request, {"operation"}) != "CREATE" ||
@@ -68,19 +98,9 @@ AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
       StringAt(*pod, {"metadata", "annotations", kGpuShareAnnotation}) != "auto") {
     return a;  // not ours to change
   }
-  std::string ns = StringAt(*request, {"namespace"});
-  std::string name = StringAt(*pod, {"metadata", "name"});
-  if (name.empty()) name = StringAt(*pod, {"metadata", "generateName"}) + "*";
-  const std::string id = (ns.empty() ? "default" : ns) + "/" + name.substr(0, kMaxNameLength);
+  const std::string id = IdOf(*request, *pod);
   auto refuse = [&](int code, const std::string& why) {
-    response["allowed"] = false;
-    response["status"] = {
-        {"status", "Failure"},
-        {"code", code},
-        {"reason", code == 503 ? "ServiceUnavailable" : "BadRequest"},
-        {"message", fmt::format("{}: {}: auto: {}", id, kGpuShareAnnotation, why)}};
-    a.said = response["status"]["message"];
-    return a;
+    return Refuse(a, code, fmt::format("{}: {}: auto: {}", id, kGpuShareAnnotation, why));
   };
   for (const char* list : {"initContainers", "ephemeralContainers"}) {
     const json* cs = FieldAt(*pod, {"spec", list});
@@ -153,6 +173,106 @@ AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
   response["patchType"] = "JSONPatch";
   response["patch"] = absl::Base64Escape(patch.dump());
   a.said = fmt::format("{}: container {}: {}", id, StringAt(c, {"name"}), sized->sizing);
+  return a;
+}
+
+AdmissionAnswer AdmitClaim(const std::string& body, const ClaimSizer& size) {
+  AdmissionAnswer a;
+  json review;
+  const json* request = OpenReview(body, review, a);
+  if (!request) return a;
+  const json* claim = FieldAt(*request, {"object"});
+  if (StringAt(*request, {"operation"}) != "CREATE" ||
+      StringAt(*request, {"resource", "resource"}) != "resourceclaims" || !claim ||
+      !claim->is_object())
+    return a;  // not ours to change
+  ClaimAsk ask;
+  ask.share_auto = StringAt(*claim, {"metadata", "annotations", kGpuShareAnnotation}) == "auto";
+  ask.memory_auto = StringAt(*claim, {"metadata", "annotations", kGpuMemoryAnnotation}) == "auto";
+  if (!ask.share_auto && !ask.memory_auto) return a;
+  const std::string id = IdOf(*request, *claim);
+  auto refuse = [&](int code, const std::string& why) {
+    return Refuse(a, code, fmt::format("ResourceClaim {}: auto: {}", id, why));
+  };
+  if (const json* owners = FieldAt(*claim, {"metadata", "ownerReferences"});
+      owners && owners->is_array()) {
+    for (const json& o : *owners) {
+      if (o.is_object() && o.value("kind", "") == "Pod" && o.value("controller", false) &&
+          o.contains("name") && o["name"].is_string())
+        ask.pod = o["name"].get<std::string>(), ask.pod_uid = o.value("uid", "");
+    }
+  }
+  if (ask.pod.empty())
+    return refuse(400,
+                  "sized for the pod it is made for: a claim of a pod's ResourceClaimTemplate "
+                  "(no Pod owns this one)");
+  const json* requests = FieldAt(*claim, {"spec", "devices", "requests"});
+  if (!requests || !requests->is_array())
+    return refuse(400, "spec.devices.requests: expected a list");
+  std::optional<size_t> which;
+  for (size_t i = 0; i < requests->size(); ++i) {
+    const json& r = (*requests)[i];
+    if (StringAt(r, {"exactly", "deviceClassName"}) != kDraShareClass) continue;
+    if (which)
+      return refuse(400, fmt::format("spec.devices.requests[{}] and [{}] both ask for {}: it "
+                                     "sizes one request",
+                                     *which, i, kDraShareClass));
+    which = i;
+  }
+  if (!which)
+    return refuse(400, fmt::format("no request of spec.devices.requests asks for DeviceClass {} "
+                                   "exactly (a prioritized list is not sized)",
+                                   kDraShareClass));
+  const json& r = (*requests)[*which];
+  ask.request = StringAt(r, {"name"});
+  const std::string mode = StringAt(r, {"exactly", "allocationMode"});
+  if (!mode.empty() && mode != "ExactCount")
+    return refuse(400, fmt::format("spec.devices.requests[{}]: allocationMode {}: it sizes a count",
+                                   *which, mode));
+  const json* count = FieldAt(r, {"exactly", "count"});
+  ask.count = 1;
+  if (count && !count->is_null()) {
+    if (!count->is_number_integer() || count->get<int64_t>() < 1 || count->get<int64_t>() > 1000)
+      return refuse(
+          400, fmt::format("spec.devices.requests[{}].exactly.count: expected a count", *which));
+    ask.count = static_cast<int>(count->get<int64_t>());
+  }
+  auto sized = size(StringAt(*request, {"namespace"}), ask);
+  if (!sized.ok()) {
+    return refuse(sized.status().code() == absl::StatusCode::kUnavailable ? 503 : 400,
+                  std::string(sized.status().message()));
+  }
+  json patch = json::array();
+  if (ask.share_auto) {
+    patch.push_back({{"op", "add"},
+                     {"path", fmt::format("/spec/devices/requests/{}/exactly/count", *which)},
+                     {"value", sized->count}});
+  }
+  if (ask.memory_auto && sized->memory_mib > 0) {
+    const json config = {{"requests", {ask.request}},
+                         {"opaque",
+                          {{"driver", kDraDriverName},
+                           {"parameters",
+                            {{"apiVersion", "gpu.tessera.io/v1alpha1"},
+                             {"kind", "ShareConfig"},
+                             {"memory", fmt::format("{}Mi", sized->memory_mib)}}}}}};
+    const json* configs = FieldAt(*claim, {"spec", "devices", "config"});
+    if (configs && configs->is_array()) {
+      patch.push_back({{"op", "add"}, {"path", "/spec/devices/config/-"}, {"value", config}});
+    } else {
+      patch.push_back(
+          {{"op", "add"}, {"path", "/spec/devices/config"}, {"value", json::array({config})}});
+    }
+  }
+  patch.push_back(
+      {{"op", "add"},
+       {"path", (json::json_pointer("/metadata/annotations") / kSizingAnnotation).to_string()},
+       {"value", sized->sizing}});
+  json& response = a.body["response"];
+  response["patchType"] = "JSONPatch";
+  response["patch"] = absl::Base64Escape(patch.dump());
+  a.said = fmt::format("ResourceClaim {} (pod {}): request {}: {}", id, ask.pod, ask.request,
+                       sized->sizing);
   return a;
 }
 

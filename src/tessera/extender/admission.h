@@ -42,4 +42,30 @@ struct AdmissionAnswer {
 // naming what is wrong (the API server shows it to whoever created the pod).
 AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size);
 
+// DRA (docs/kubernetes.md, "DRA claims sized from what their pods used"): a ResourceClaim that a
+// pod's ResourceClaimTemplate makes carries the template's annotations tessera.io/gpu-share and
+// tessera.io/gpu-memory "auto"; its one request of DeviceClass gpu-share.tessera.io is sized
+// as it is created, from what ended pods of its pod's kind used.
+struct ClaimAsk {
+  std::string pod, pod_uid;  // the pod it is made for (its controller ownerReference)
+  std::string request;       // its gpu-share.tessera.io request's name
+  int count = 0;             // the shares that request asks (the most "auto" may give)
+  bool share_auto = false, memory_auto = false;
+};
+// What it gets: `count` shares (its asked count where the share is not "auto"), a memory limit
+// where memory is "auto" (0: none measured yet: its shares' part), and its tessera.io/sizing.
+struct ClaimSize {
+  int count = 0;
+  int64_t memory_mib = 0;
+  std::string sizing;
+};
+// kUnavailable when it cannot be sized now (its pod not seen yet: the resourceclaim controller
+// tries again), kInvalidArgument for a claim Tessera cannot size.
+using ClaimSizer =
+    std::function<absl::StatusOr<ClaimSize>(const std::string& ns, const ClaimAsk& ask)>;
+// The answer for a ResourceClaim's CREATE: claims not annotated "auto" are allowed unchanged; an
+// "auto" one gets its request's count and, for memory, a ShareConfig for that request appended to
+// spec.devices.config (later entries win), and tessera.io/sizing.
+AdmissionAnswer AdmitClaim(const std::string& body, const ClaimSizer& size);
+
 }  // namespace tessera::extender

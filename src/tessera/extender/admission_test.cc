@@ -153,5 +153,152 @@ TEST(WebhookAdmission, WhatIsNoReviewIsA400) {
   }
 }
 
+// DRA: a ResourceClaim as kube-controller-manager's resourceclaim controller makes it from a
+// pod's ResourceClaimTemplate - the template's annotations, the pod its controller owner.
+json ClaimReview(const json& claim) {
+  json r = Review(claim);
+  r["request"]["kind"] = {
+      {"group", "resource.k8s.io"}, {"version", "v1"}, {"kind", "ResourceClaim"}};
+  r["request"]["resource"] = {
+      {"group", "resource.k8s.io"}, {"version", "v1"}, {"resource", "resourceclaims"}};
+  return r;
+}
+
+json Claim(json annotations, json requests, json config = nullptr) {
+  json c = {{"apiVersion", "resource.k8s.io/v1"},
+            {"kind", "ResourceClaim"},
+            {"metadata",
+             {{"generateName", "infer-0-gpu-"},
+              {"annotations", annotations},
+              {"ownerReferences",
+               {{{"apiVersion", "v1"},
+                 {"kind", "Pod"},
+                 {"name", "infer-0"},
+                 {"uid", "p-1"},
+                 {"controller", true},
+                 {"blockOwnerDeletion", true}}}}}},
+            {"spec", {{"devices", {{"requests", requests}}}}}};
+  if (!config.is_null()) c["spec"]["devices"]["config"] = config;
+  return c;
+}
+
+json Exactly(const std::string& name, const std::string& cls, json count = nullptr) {
+  json r = {{"name", name}, {"exactly", {{"deviceClassName", cls}}}};
+  if (!count.is_null()) r["exactly"]["count"] = count;
+  return r;
+}
+
+struct ClaimSizerDouble {
+  absl::StatusOr<ClaimSize> answer;
+  int calls = 0;
+  std::string ns;
+  ClaimAsk ask;
+  ClaimSizer Get() {
+    return [this](const std::string& n, const ClaimAsk& a) -> absl::StatusOr<ClaimSize> {
+      ++calls, ns = n, ask = a;
+      return answer;
+    };
+  }
+};
+
+// Its share request gets its count, and its memory a ShareConfig for that request after the
+// claim's own (later entries win); the other requests are left as they are.
+TEST(WebhookAdmission, AnAutoClaimGetsItsShareRequestsCountAndAShareConfigOfItsMemory) {
+  ClaimSizerDouble s{ClaimSize{.count = 2, .memory_mib = 1536, .sizing = "count 2; memory 1536Mi"}};
+  const json own = {{{"requests", {"share"}},
+                     {"opaque",
+                      {{"driver", "gpu.tessera.io"},
+                       {"parameters",
+                        {{"apiVersion", "gpu.tessera.io/v1alpha1"},
+                         {"kind", "ShareConfig"},
+                         {"priority", "high"}}}}}}};
+  const json claim =
+      Claim({{"tessera.io/gpu-share", "auto"}, {"tessera.io/gpu-memory", "auto"}},
+            {Exactly("nic", "nic.example.com"), Exactly("share", "gpu-share.tessera.io", 4)}, own);
+  AdmissionAnswer a = AdmitClaim(ClaimReview(claim).dump(), s.Get());
+  ASSERT_EQ(a.http_status, 200) << a.said;
+  EXPECT_EQ(a.body["response"]["allowed"], true);
+  EXPECT_EQ(s.ns, "ml");
+  EXPECT_EQ(s.ask.pod, "infer-0");
+  EXPECT_EQ(s.ask.pod_uid, "p-1");
+  EXPECT_EQ(s.ask.request, "share");
+  EXPECT_EQ(s.ask.count, 4);
+  EXPECT_TRUE(s.ask.share_auto && s.ask.memory_auto);
+  const json after = Patched(claim, a);
+  EXPECT_EQ(after["spec"]["devices"]["requests"][1]["exactly"]["count"], 2);
+  EXPECT_EQ(after["spec"]["devices"]["requests"][0], claim["spec"]["devices"]["requests"][0]);
+  const json& config = after["spec"]["devices"]["config"];
+  ASSERT_EQ(config.size(), 2u);
+  EXPECT_EQ(config[0], own[0]);
+  EXPECT_EQ(config[1]["requests"], json({"share"}));
+  EXPECT_EQ(config[1]["opaque"]["driver"], "gpu.tessera.io");
+  EXPECT_EQ(config[1]["opaque"]["parameters"], json({{"apiVersion", "gpu.tessera.io/v1alpha1"},
+                                                     {"kind", "ShareConfig"},
+                                                     {"memory", "1536Mi"}}));
+  EXPECT_EQ(after["metadata"]["annotations"]["tessera.io/sizing"], "count 2; memory 1536Mi");
+  EXPECT_THAT(a.said, HasSubstr("ResourceClaim ml/infer-0-gpu-* (pod infer-0): request share"));
+
+  // Memory alone, nothing measured (0): the count as asked (1 when unsaid), no ShareConfig.
+  s.answer = ClaimSize{.count = 1, .memory_mib = 0, .sizing = "memory: none measured yet"};
+  const json bare =
+      Claim({{"tessera.io/gpu-memory", "auto"}}, {Exactly("s", "gpu-share.tessera.io")});
+  a = AdmitClaim(ClaimReview(bare).dump(), s.Get());
+  ASSERT_EQ(a.http_status, 200);
+  EXPECT_EQ(s.ask.count, 1);
+  EXPECT_FALSE(s.ask.share_auto);
+  const json kept = Patched(bare, a);
+  EXPECT_FALSE(kept["spec"]["devices"].contains("config"));
+  EXPECT_FALSE(kept["spec"]["devices"]["requests"][0]["exactly"].contains("count"));
+  EXPECT_EQ(kept["metadata"]["annotations"]["tessera.io/sizing"], "memory: none measured yet");
+  // Memory measured, no config of its own: the list is made.
+  s.answer = ClaimSize{.count = 1, .memory_mib = 768, .sizing = "memory 768Mi"};
+  a = AdmitClaim(ClaimReview(bare).dump(), s.Get());
+  EXPECT_EQ(Patched(bare, a)["spec"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
+            "768Mi");
+}
+
+TEST(WebhookAdmission, ClaimsNotAskingAutoPassUnchangedAndWhatCannotBeSizedIsRefusedSayingWhy) {
+  ClaimSizerDouble s{ClaimSize{.count = 1, .sizing = "x"}};
+  const json share = Exactly("s", "gpu-share.tessera.io", 2);
+  for (const json& claim :
+       {Claim({{"tessera.io/gpu-share", "2"}}, {share}), Claim(json::object(), {share})}) {
+    AdmissionAnswer a = AdmitClaim(ClaimReview(claim).dump(), s.Get());
+    EXPECT_EQ(a.http_status, 200);
+    EXPECT_EQ(a.body["response"]["allowed"], true);
+    EXPECT_FALSE(a.body["response"].contains("patch"));
+    EXPECT_TRUE(a.said.empty());
+  }
+  json update = ClaimReview(Claim({{"tessera.io/gpu-share", "auto"}}, {share}));
+  update["request"]["operation"] = "UPDATE";
+  EXPECT_FALSE(AdmitClaim(update.dump(), s.Get()).body["response"].contains("patch"));
+  EXPECT_EQ(s.calls, 0);
+
+  auto refused = [&](const json& claim, const std::string& why, int code = 400) {
+    AdmissionAnswer a = AdmitClaim(ClaimReview(claim).dump(), s.Get());
+    EXPECT_EQ(a.http_status, 200);
+    EXPECT_EQ(a.body["response"]["allowed"], false) << why;
+    EXPECT_EQ(a.body["response"]["status"]["code"], code) << why;
+    EXPECT_THAT(a.body["response"]["status"]["message"].get<std::string>(), HasSubstr(why));
+    EXPECT_FALSE(a.body["response"].contains("patch"));
+  };
+  const json autos = {{"tessera.io/gpu-share", "auto"}};
+  json unowned = Claim(autos, {share});
+  unowned["metadata"].erase("ownerReferences");
+  refused(unowned, "no Pod owns this one");
+  refused(Claim(autos, {share, Exactly("t", "gpu-share.tessera.io")}),
+          "spec.devices.requests[0] and [1] both ask for gpu-share.tessera.io");
+  refused(Claim(autos, {Exactly("g", "gpu.tessera.io")}), "no request of spec.devices.requests");
+  json all = share;
+  all["exactly"]["allocationMode"] = "All";
+  refused(Claim(autos, {all}), "allocationMode All");
+  refused(Claim(autos, {Exactly("s", "gpu-share.tessera.io", 0)}), "exactly.count");
+  refused(Claim(autos, {Exactly("s", "gpu-share.tessera.io", "2")}), "exactly.count");
+  refused(Claim(autos, "x"), "spec.devices.requests: expected a list");
+  s.answer = absl::UnavailableError("its pod: not seen yet");
+  refused(Claim(autos, {share}), "its pod: not seen yet", 503);
+  s.answer = absl::InvalidArgumentError("bad");
+  refused(Claim(autos, {share}), "ResourceClaim ml/infer-0-gpu-*: auto: bad");
+}
+
 }  // namespace
 }  // namespace tessera::extender

@@ -405,4 +405,16 @@ std::map<std::string, DraAdvisor::NodeFree> DraAdvisor::Free() const {
   return out;
 }
 
+int DraAdvisor::SharesPerGpu() const {
+  core::MutexLock lock(mu_);
+  std::map<int, int> seen;  // shares per GPU -> GPUs
+  for (const auto& [name, p] : pools_)
+    for (const auto& [gpu, n] : p.shares_per_gpu) ++seen[n];
+  int most = 0, gpus = 0;
+  for (const auto& [n, count] : seen) {
+    if (count >= gpus) most = n, gpus = count;
+  }
+  return most;
+}
+
 }  // namespace tessera::extender

@@ -67,6 +67,9 @@ class DraAdvisor {
     int shares = 0;
   };
   std::map<std::string, NodeFree> Free() const;
+  // The shares of one GPU its nodes' slices publish (gpu-share.tessera.io devices): the most
+  // common count over their GPUs (the larger on a tie), 0 when none publishes shares.
+  int SharesPerGpu() const;
 
   struct Device {
     std::string name;

@@ -151,6 +151,15 @@ class Extender {
   // whole GPU's shares when it asks none); a whole GPU when that reaches one. Nothing measured
   // yet: what it asks, else a whole GPU. kUnavailable until a node says how many shares a GPU has.
   absl::StatusOr<ShareSize> SizeShare(const nlohmann::json& pod, size_t container, int asked);
+  // The admission webhook's question for a DRA claim asking "auto" (admission.h's ClaimAsk), made
+  // for `pod`: sized from the ended pods of the pod's kind whose claims' use their agents wrote
+  // (kDraShareShape): its memory the 95th percentile of their peaks plus auto_size_margin_pct,
+  // rounded up to 256 MiB; its count of shares their busy share plus that margin, in shares of
+  // `shares_per_gpu` (the DRA driver's, DraAdvisor::SharesPerGpu), never more than it asks.
+  // Nothing measured yet: what it asks (memory: its shares' part). kUnavailable where a count is
+  // "auto" and no node publishes shares yet.
+  absl::StatusOr<ClaimSize> SizeClaim(const nlohmann::json& pod, const ClaimAsk& ask,
+                                      int shares_per_gpu);
   absl::StatusOr<BindPlan> PrepareBind(const std::string& ns, const std::string& name,
                                        const std::string& uid, const std::string& node);
   // The service could not write the assignment or the Binding: the reservation is released.

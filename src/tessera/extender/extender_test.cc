@@ -207,6 +207,63 @@ TEST_F(ExtenderTest, ThePodsOfAJobArePredictedFromItsRunsThatSucceeded) {
   EXPECT_EQ(ex_->AllocationOf("ml/infer-1")->request.expected_duration_s, 0);
 }
 
+// DRA claims asking "auto" (the admission webhook's SizeClaim): sized from what the claims of
+// ended pods of their pod's kind used (the agent writes it on the pods), 95th percentile plus the
+// margin - memory rounded up to 256 MiB, a count of the driver's shares of a GPU held to what
+// the claim asks; another namespace's pods never size them; nothing measured: as asked.
+TEST_F(ExtenderTest, DraShareClaimsOfAKindAreSizedFromWhatItsEndedPodsClaimsUsed) {
+  auto of_job = [](const std::string& ns, const std::string& name) {
+    json pod = GpuPod(ns, name, {.shares = 1});
+    pod["spec"]["containers"][0]["resources"] = json::object();
+    pod["spec"]["resourceClaims"] = {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}};
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "infer";
+    pod["spec"]["containers"][0]["command"] = {"python", "serve.py"};
+    return pod;
+  };
+  const ClaimAsk both{
+      .pod = "next", .request = "s", .count = 4, .share_auto = true, .memory_auto = true};
+  auto first = ex_->SizeClaim(of_job("ml", "next"), both, 8);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->count, 4) << "nothing measured: the count it asks";
+  EXPECT_EQ(first->memory_mib, 0) << "nothing measured: its shares' part";
+  EXPECT_THAT(first->sizing, HasSubstr("no measured runs of its kind yet"));
+  EXPECT_THAT(first->sizing, HasSubstr("its use is measured for the next"));
+  EXPECT_EQ(ex_->SizeClaim(of_job("ml", "next"), both, 0).status().code(),
+            absl::StatusCode::kUnavailable)
+      << "an auto count before any node publishes shares";
+  for (int i = 0; i < 3; ++i) {
+    for (const std::string ns : {"ml", "other"}) {
+      json pod = of_job(ns, "infer-" + std::to_string(i));
+      pod["spec"]["nodeName"] = "a";
+      pod["status"]["phase"] = "Succeeded";
+      pod["metadata"]["uid"] = ns + std::to_string(i);
+      // Its namespace's: 20% of a GPU busy, a peak of 700 MiB; the other's far more.
+      pod["metadata"]["annotations"][kube::kGpuUseAnnotation] = kube::FormatGpuUse(
+          ns == "ml" ? kube::GpuUse{.seconds = 60, .busy_permille = 200, .peak_mib = 700}
+                     : kube::GpuUse{.seconds = 60, .busy_permille = 900, .peak_mib = 9000});
+      ex_->OnPod(Ev::kModified, pod);
+    }
+  }
+  auto sized = ex_->SizeClaim(of_job("ml", "next"), both, 8);
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  // 20% + 20% = 24% of a GPU of 8 shares (12.5% each): 2 shares; 700 MiB + 20% = 840: 1024 MiB.
+  EXPECT_EQ(sized->count, 2) << sized->sizing;
+  EXPECT_EQ(sized->memory_mib, 1024) << sized->sizing;
+  EXPECT_THAT(sized->sizing, HasSubstr("count 2 (of 8 per GPU): 20% busy"));
+  EXPECT_THAT(sized->sizing, HasSubstr("memory 1024Mi: a peak of 700MiB"));
+  // Held to what it asks; a count not "auto" is left as asked.
+  auto held = ex_->SizeClaim(of_job("ml", "next"),
+                             {.pod = "next", .request = "s", .count = 1, .share_auto = true}, 8);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->count, 1);
+  EXPECT_THAT(held->sizing, HasSubstr("held to the 1 it asks"));
+  auto memory = ex_->SizeClaim(of_job("ml", "next"),
+                               {.pod = "next", .request = "s", .count = 3, .memory_auto = true}, 0);
+  ASSERT_TRUE(memory.ok()) << "memory alone needs no shares published";
+  EXPECT_EQ(memory->count, 3);
+  EXPECT_EQ(memory->memory_mib, 1024);
+}
+
 // Issue 58 on Kubernetes: an ended pod's measured use (tessera.io/gpu-use, written by its agent)
 // sizes the next pods of its kind that ask tessera.io/gpu-memory "auto" - the 95th percentile of
 // their peaks plus the margin, rounded up to 256 MiB - and one that outgrows its size is told so
@@ -244,7 +301,8 @@ TEST_F(ExtenderTest, APodAskingAutoMemoryIsSizedFromWhatEndedPodsOfItsKindUsed) 
     ex_->OnPod(Ev::kModified, theirs);
   }
   (void)ex_->TakeUseHistory();
-  // A DRA pod (no tessera.io/gpu: its claims' use told by the agent) is not a kind to learn.
+  // A DRA pod (no tessera.io/gpu: its claims' use told by the agent) is learned as its claims'
+  // kind (DraShareClaimsOfAKindAreSizedFromWhatItsEndedPodsClaimsUsed), never a share's.
   json dra = GpuPod("ml", "dra", {.shares = 1});
   dra["spec"]["containers"][0]["resources"] = json::object();
   dra["spec"]["resourceClaims"] = {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}};
@@ -253,7 +311,9 @@ TEST_F(ExtenderTest, APodAskingAutoMemoryIsSizedFromWhatEndedPodsOfItsKindUsed) 
   dra["metadata"]["annotations"][kube::kGpuUseAnnotation] =
       kube::FormatGpuUse({.seconds = 9, .busy_permille = 100, .peak_mib = 500});
   ex_->OnPod(Ev::kModified, dra);
-  EXPECT_FALSE(ex_->TakeUseHistory().has_value()) << "nothing learned of a DRA pod";
+  const auto dra_record = ex_->TakeUseHistory();
+  ASSERT_TRUE(dra_record.has_value());
+  EXPECT_THAT(*dra_record, HasSubstr("\"shape\":\"dra gpu-share\"")) << "its claims' kind alone";
   json bare =
       GpuPod("ml", "bare", {.shares = 1, .annotations = {{"tessera.io/gpu-memory", "auto"}}});
   ASSERT_EQ(ex_->Filter(bare, {"a"}).nodes, std::vector<std::string>{"a"});

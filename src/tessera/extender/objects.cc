@@ -354,29 +354,41 @@ absl::StatusOr<PodDemand> PodDemandOf(const json& pod, int shares_per_gpu) {
     r.gang_size = n;
   }
   if (std::string err = core::ValidateRequest(r); !err.empty()) return bad(err);
-  d.kind.user = ns;
-  d.kind.name = StringAt(pod, {"metadata", "labels", "batch.kubernetes.io/job-name"});
-  if (d.kind.name.empty()) d.kind.name = StringAt(pod, {"metadata", "labels", "job-name"});
+  d.kind = PodKindOf(pod);
+  d.kind.shape = PodShape(r, d.share_auto, memory_auto, memory_mib);
+  return d;
+}
+
+sched::RunKind PodKindOf(const json& pod) {
+  sched::RunKind k;
+  k.user = StringAt(pod, {"metadata", "namespace"});
+  if (k.user.empty()) k.user = "default";
+  k.name = StringAt(pod, {"metadata", "labels", "batch.kubernetes.io/job-name"});
+  if (k.name.empty()) k.name = StringAt(pod, {"metadata", "labels", "job-name"});
   if (const json* owners = FieldAt(pod, {"metadata", "ownerReferences"});
-      d.kind.name.empty() && owners && owners->is_array()) {
+      k.name.empty() && owners && owners->is_array()) {
     for (const json& o : *owners) {
       if (o.is_object() && o.value("controller", false) && o.value("name", json()).is_string()) {
-        d.kind.name = o.value("kind", std::string()) + "/" + o["name"].get<std::string>();
+        k.name = o.value("kind", std::string()) + "/" + o["name"].get<std::string>();
       }
     }
   }
-  if (const json* cs = FieldAt(pod, {"spec", "containers"}); cs && !cs->empty()) {
+  if (const json* cs = FieldAt(pod, {"spec", "containers"}); cs && cs->is_array() && !cs->empty()) {
     for (const char* part : {"command", "args"}) {
       const json* v = FieldAt((*cs)[0], {part});
       if (!v || !v->is_array()) continue;
       for (const json& a : *v)
-        if (a.is_string()) d.kind.command.push_back(a.get<std::string>());
+        if (a.is_string()) k.command.push_back(a.get<std::string>());
     }
   }
-  d.kind.shape = PodShape(r, d.share_auto, memory_auto, memory_mib);
   if (const json* dl = FieldAt(pod, {"spec", "activeDeadlineSeconds"}); dl && dl->is_number())
-    d.kind.max_runtime_s = std::max(0.0, dl->get<double>());
-  return d;
+    k.max_runtime_s = std::max(0.0, dl->get<double>());
+  return k;
+}
+
+bool AsksDraClaims(const json& pod) {
+  const json* claims = FieldAt(pod, {"spec", "resourceClaims"});
+  return claims && claims->is_array() && !claims->empty();
 }
 
 }  // namespace tessera::extender

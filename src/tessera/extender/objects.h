@@ -105,6 +105,14 @@ std::vector<sched::RunKind> UseKinds(const PodDemand& d);
 // controller or a command does not name it, so that no namespace's use sizes another's pods.
 inline constexpr char kPodsOfItsShape[] = "pods of its shape";
 sched::RunKind UseKind(sched::RunKind kind);
+// A pod's kind, its shape aside: its namespace, its Job (or controller, "Kind/name") and its
+// first container's command and args; its activeDeadlineSeconds.
+sched::RunKind PodKindOf(const nlohmann::json& pod);
+// The shape of a pod's DRA share claims (gpu-share.tessera.io) in the history: what they used,
+// whatever count or memory they got, sizes the next claims of its kind's pods.
+inline constexpr char kDraShareShape[] = "dra gpu-share";
+// Whether the pod asks for DRA claims (spec.resourceClaims).
+bool AsksDraClaims(const nlohmann::json& pod);
 
 // A Pod object. `shares_per_gpu` converts a share count to compute thousandths (the node's; the
 // extender checks them per node, this uses the cluster's common value). kInvalidArgument for what

@@ -200,8 +200,12 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
     w.max_body_bytes = 8 << 20;  // a pod: at most the API server's 3 MiB request, reviewed
     auto webhook = net::HttpServer::Start(w, [self](const net::HttpRequest& r) {
       if (r.method == "POST" && r.path == "/mutate-pods") return self->HandleAdmission(r.body);
+      if (r.method == "POST" && r.path == "/mutate-resourceclaims")
+        return self->HandleClaimAdmission(r.body);
       if (r.method == "GET" && r.path == "/healthz") return self->Handle(r);
-      return net::HttpResponse{404, "text/plain", "this port serves only POST /mutate-pods\n"};
+      return net::HttpResponse{
+          404, "text/plain",
+          "this port serves only POST /mutate-pods and POST /mutate-resourceclaims\n"};
     });
     if (!webhook.ok()) {
       s->Stop();
@@ -210,9 +214,11 @@ absl::StatusOr<std::unique_ptr<Service>> Service::Start(kube::Client& client,
                                       std::string(webhook.status().message())));
     }
     s->webhook_http_ = std::move(*webhook);
-    spdlog::info("extender: the admission webhook (POST /mutate-pods) on {} (port {}, HTTPS{})",
-                 s->options_.webhook_listen, s->webhook_http_->tcp_port(),
-                 s->options_.webhook_client_ca_file.empty() ? "" : ", client certificates only");
+    spdlog::info(
+        "extender: the admission webhook (POST /mutate-pods, /mutate-resourceclaims) on {} (port "
+        "{}, HTTPS{})",
+        s->options_.webhook_listen, s->webhook_http_->tcp_port(),
+        s->options_.webhook_client_ca_file.empty() ? "" : ", client certificates only");
   }
   s->worker_ = std::thread([self] { self->Work(); });
   spdlog::info("extender: listening on {} (port {}, {})", s->options_.listen, s->port(),
@@ -567,14 +573,7 @@ net::HttpResponse Service::HandleBind(const std::string& body) {
   return JsonReply(200, json{{"Error", ""}});
 }
 
-net::HttpResponse Service::HandleAdmission(const std::string& body) {
-  AdmissionAnswer a = AdmitPod(
-      body, [this](const json& pod, size_t container, int asked) -> absl::StatusOr<ShareSize> {
-        // Sized from the history and the nodes as listed: not before they are (a restarted
-        // extender would size from nothing).
-        if (!Ready()) return absl::UnavailableError(kStarting);
-        return extender_->SizeShare(pod, container, asked);
-      });
+net::HttpResponse Service::Answer(const AdmissionAnswer& a) {
   if (a.http_status != 200) {
     ++counters_.admit_bad;
     spdlog::warn("extender: admission: {}", a.said);
@@ -588,6 +587,36 @@ net::HttpResponse Service::HandleAdmission(const std::string& body) {
     spdlog::warn("extender: admission refused: {}", a.said);
   }
   return JsonReply(a.http_status, a.body);
+}
+
+net::HttpResponse Service::HandleAdmission(const std::string& body) {
+  AdmissionAnswer a = AdmitPod(
+      body, [this](const json& pod, size_t container, int asked) -> absl::StatusOr<ShareSize> {
+        // Sized from the history and the nodes as listed: not before they are (a restarted
+        // extender would size from nothing).
+        if (!Ready()) return absl::UnavailableError(kStarting);
+        return extender_->SizeShare(pod, container, asked);
+      });
+  return Answer(a);
+}
+
+net::HttpResponse Service::HandleClaimAdmission(const std::string& body) {
+  AdmissionAnswer a = AdmitClaim(
+      body, [this](const std::string& ns, const ClaimAsk& ask) -> absl::StatusOr<ClaimSize> {
+        if (!Ready()) return absl::UnavailableError(kStarting);
+        // Its pod (the resourceclaim controller makes a pod's claims once the pod exists): from
+        // the watch, or asked.
+        auto pod = TrustedPod(json{{"metadata",
+                                    {{"namespace", ns.empty() ? "default" : ns},
+                                     {"name", ask.pod},
+                                     {"uid", ask.pod_uid}}}});
+        if (!pod.ok()) {
+          return absl::UnavailableError(fmt::format("its pod: {}; it is sized when its pod is seen",
+                                                    std::string(pod.status().message())));
+        }
+        return extender_->SizeClaim(*pod, ask, dra_ ? dra_->SharesPerGpu() : 0);
+      });
+  return Answer(a);
 }
 
 bool Service::EnsureCaBundle() {

@@ -46,8 +46,9 @@ struct ServiceOptions {
   // changed, at most once per history_write_interval_s.
   std::string history_configmap;
   double history_write_interval_s = 10;
-  // The mutating admission webhook that sizes pods asking tessera.io/gpu-share "auto"
-  // (admission.h): POST /mutate-pods on a listener of its own, host:port, HTTPS with
+  // The mutating admission webhook that sizes pods asking tessera.io/gpu-share "auto", and DRA
+  // claims asking "auto" (admission.h): POST /mutate-pods and /mutate-resourceclaims on a
+  // listener of its own, host:port, HTTPS with
   // tls_cert_file/tls_key_file (the API server calls webhooks over HTTPS only) and without the
   // scheduler's client certificates; empty: none.
   std::string webhook_listen;
@@ -134,6 +135,9 @@ class Service {
   net::HttpResponse HandlePreempt(const std::string& body);
   // POST /mutate-pods on the webhook listener: an AdmissionReview (admission.h).
   net::HttpResponse HandleAdmission(const std::string& body);
+  // POST /mutate-resourceclaims: a DRA claim asking "auto" (admission.h's AdmitClaim).
+  net::HttpResponse HandleClaimAdmission(const std::string& body);
+  net::HttpResponse Answer(const AdmissionAnswer& a);  // counted and logged
   // Sets webhook_ca_file's CA as the caBundle of every webhook of webhook_configuration that
   // lacks it (Work's): true when each has it.
   bool EnsureCaBundle();

@@ -871,6 +871,116 @@ TEST_F(AutoShareTest, AnAutoSharePodIsSizedAsTheApiServerCreatesIt) {
   EXPECT_TRUE(create(infer("plain-2", 2, false)).ok());
 }
 
+// DRA: kube-controller-manager's resourceclaim controller makes a pod's claim from its
+// ResourceClaimTemplate (the template's annotations, the pod its controller owner) - the claim
+// asking "auto" is sized as the API server creates it (deploy/components/auto-share's second
+// webhook): its gpu-share.tessera.io request's count from the busy share of its pod's kind's
+// ended pods, in the driver's shares of a GPU (the ResourceSlices'), and a ShareConfig memory
+// limit from their peaks. A claim not asking "auto" is never sent; one whose pod the API server
+// does not have, or while the extender is away, is refused and not created.
+TEST_F(AutoShareTest, AnAutoDraClaimIsSizedAsTheApiServerCreatesIt) {
+  api_.Put("/apis/resource.k8s.io/v1/resourceslices", testing::DraSlice("n1"));  // 4 per GPU
+  ServiceOptions o;
+  o.dra = true;
+  ASSERT_NO_FATAL_FAILURE(StartWebhook(o));
+  ASSERT_TRUE(Eventually([&] { return service_->dra()->SharesPerGpu() == 4; }));
+  const std::string claims = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
+  auto pod_of_job = [](const std::string& name) {
+    json pod = GpuPod("ml", name, {.shares = 1});
+    pod["metadata"].erase("uid");
+    pod["metadata"]["labels"] = {{"batch.kubernetes.io/job-name", "infer"}};
+    pod["spec"]["containers"][0]["resources"] = json::object();
+    pod["spec"]["resourceClaims"] = {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}};
+    return pod;
+  };
+  auto claim_of = [](const json& pod, const std::string& name, json annotations) {
+    return json{
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata",
+         {{"name", name},
+          {"namespace", "ml"},
+          {"annotations", annotations},
+          {"ownerReferences",
+           {{{"apiVersion", "v1"},
+             {"kind", "Pod"},
+             {"name", pod["metadata"]["name"]},
+             {"uid", pod["metadata"].value("uid", "none")},
+             {"controller", true},
+             {"blockOwnerDeletion", true}}}}}},
+        {"spec",
+         {{"devices",
+           {{"requests",
+             {{{"name", "share"},
+               {"exactly", {{"deviceClassName", "gpu-share.tessera.io"}, {"count", 3}}}}}}}}}}};
+  };
+  const json autos = {{"tessera.io/gpu-share", "auto"}, {"tessera.io/gpu-memory", "auto"}};
+  // Not asking auto: never sent (matchConditions), created as asked.
+  auto first_pod = client_->Create(Pods("ml"), pod_of_job("first"));
+  ASSERT_TRUE(first_pod.ok()) << first_pod.status();
+  ASSERT_TRUE(client_->Create(claims, claim_of(*first_pod, "plain", {{"team", "a"}})).ok());
+  EXPECT_EQ(api_.admission_calls(), 0);
+  // Nothing measured yet: as asked.
+  auto first = client_->Create(claims, claim_of(*first_pod, "first-gpu", autos));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(api_.admission_calls(), 1);
+  EXPECT_EQ((*first)["spec"]["devices"]["requests"][0]["exactly"]["count"], 3);
+  EXPECT_FALSE((*first)["spec"]["devices"].contains("config"));
+  EXPECT_THAT((*first)["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("no measured runs of its kind yet"));
+  // Pods of its kind end; their agents wrote their claims' use: 10%, 20%, 15% busy, peaks of 600,
+  // 900 and 700 MiB.
+  int i = 0;
+  for (auto [permille, peak] : {std::pair{100, 600}, {200, 900}, {150, 700}}) {
+    json pod = pod_of_job("done-" + std::to_string(i++));
+    pod["metadata"]["uid"] = "done-uid-" + std::to_string(i);
+    pod["spec"]["nodeName"] = "n1";
+    pod["status"]["phase"] = "Succeeded";
+    pod["metadata"]["annotations"][kube::kGpuUseAnnotation] =
+        kube::FormatGpuUse({.seconds = 600, .busy_permille = permille, .peak_mib = peak});
+    api_.Put(Pods("ml"), pod);
+  }
+  // p95 of 10, 20, 15% is 20%, + 20%: 24%, one share of four; a peak of 900 MiB + 20%: 1280 MiB.
+  auto next_pod = client_->Create(Pods("ml"), pod_of_job("next"));
+  ASSERT_TRUE(next_pod.ok());
+  json sized;
+  ASSERT_TRUE(Eventually([&] {
+    auto c = client_->Create(claims, claim_of(*next_pod, "next-gpu-" + std::to_string(++i), autos));
+    if (!c.ok()) return false;
+    sized = *c;
+    return sized["metadata"]["annotations"].value("tessera.io/sizing", "").find("(3 runs)") !=
+           std::string::npos;
+  })) << sized.dump();
+  EXPECT_EQ(sized["spec"]["devices"]["requests"][0]["exactly"]["count"], 1) << sized.dump();
+  const json& config = sized["spec"]["devices"]["config"];
+  ASSERT_EQ(config.size(), 1u) << sized.dump();
+  EXPECT_EQ(config[0]["requests"], json({"share"}));
+  EXPECT_EQ(config[0]["opaque"]["driver"], "gpu.tessera.io");
+  EXPECT_EQ(config[0]["opaque"]["parameters"]["kind"], "ShareConfig");
+  EXPECT_EQ(config[0]["opaque"]["parameters"]["memory"], "1280Mi");
+  EXPECT_EQ(sized["metadata"]["annotations"]["tessera.io/sizing"],
+            "count 1 (of 4 per GPU): 20% busy (p95 of ml's runs of 'infer' with this command (3 "
+            "runs)) + 20%; memory 1280Mi: a peak of 900MiB (p95 of ml's runs of 'infer' with this "
+            "command (3 runs)) + 20%");
+  // Its pod not on the API server (deleted as its claim is made): refused, not created.
+  json ghost = pod_of_job("ghost");
+  ghost["metadata"]["uid"] = "ghost-uid";
+  auto refused = client_->Create(claims, claim_of(ghost, "ghost-gpu", autos));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(kube::HttpStatusOf(refused.status()), 503) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("pod ml/ghost"));
+  EXPECT_FALSE(api_.Get(claims, "ghost-gpu").has_value());
+  // The extender away: refused (never created unsized); others are created.
+  service_->Stop();
+  refused = client_->Create(claims, claim_of(*next_pod, "while-away", autos));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(kube::HttpStatusOf(refused.status()), 500);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("failed calling webhook \"auto-claim.tessera.io\""));
+  EXPECT_FALSE(api_.Get(claims, "while-away").has_value());
+  EXPECT_TRUE(client_->Create(claims, claim_of(*next_pod, "plain-2", json::object())).ok());
+}
+
 // --webhook-client-ca: the webhook answers only a caller presenting a certificate of that CA (the
 // API server's, from its admission kubeconfig); one with none, or of another CA, fails its TLS
 // handshake, and the pod is not created (failurePolicy Fail).

@@ -152,6 +152,56 @@ absl::StatusOr<ShareSize> Extender::SizeShare(const json& pod, size_t container,
   return out;
 }
 
+absl::StatusOr<ClaimSize> Extender::SizeClaim(const json& pod, const ClaimAsk& ask,
+                                              int shares_per_gpu) {
+  core::MutexLock lock(mu_);
+  sched::RunKind kind = UseKind(PodKindOf(pod));
+  kind.shape = kDraShareShape;
+  const sched::Prediction pr = engine_->history().Predict(kind);
+  const int margin = options_.auto_size_margin_pct;
+  ClaimSize out{.count = ask.count};
+  std::vector<std::string> said;
+  if (ask.share_auto) {
+    if (shares_per_gpu <= 0) {
+      return absl::UnavailableError(
+          "no node publishes gpu-share.tessera.io devices yet (the extender has seen no "
+          "ResourceSlice of them): an auto count cannot be sized now; create the claim again "
+          "later");
+    }
+    if (pr.util_high_pct <= 0) {
+      said.push_back(
+          fmt::format("count {}: no measured runs of its kind yet, the count it asks", ask.count));
+    } else {
+      const int n = shares_per_gpu;
+      const double pct = core::SizeFromUse(pr.util_high_pct, margin / 100.0, 100.0 / n);
+      out.count = std::max(1, static_cast<int>(std::lround(pct * n / 100)));
+      std::string why = fmt::format("count {} (of {} per GPU): {:.0f}% busy ({}) + {}%",
+                                    std::min(out.count, ask.count), n, pr.util_high_pct,
+                                    pr.util_high_basis, margin);
+      if (out.count > ask.count) {
+        out.count = ask.count;
+        why += fmt::format(", held to the {} it asks", ask.count);
+      }
+      said.push_back(std::move(why));
+    }
+  }
+  if (ask.memory_auto) {
+    if (pr.gpu_memory_peak_mib <= 0) {
+      said.push_back(
+          "memory: no measured runs of its kind yet, its shares' part of its GPU's memory");
+    } else {
+      out.memory_mib = static_cast<int64_t>(
+          core::SizeFromUse(pr.gpu_memory_peak_mib, margin / 100.0, kMemoryStepMib));
+      said.push_back(fmt::format("memory {}Mi: a peak of {:.0f}MiB ({}) + {}%", out.memory_mib,
+                                 pr.gpu_memory_peak_mib, pr.memory_basis, margin));
+    }
+  }
+  out.sizing = absl::StrJoin(said, "; ");
+  if (pr.util_high_pct <= 0 || pr.gpu_memory_peak_mib <= 0)
+    out.sizing += "; its use is measured for the next";
+  return out;
+}
+
 void Extender::LearnUse(const json& pod) {
   const std::string uid = StringAt(pod, {"metadata", "uid"});
   const std::string text = StringAt(pod, {"metadata", "annotations", kube::kGpuUseAnnotation});
@@ -161,6 +211,22 @@ void Extender::LearnUse(const json& pod) {
   if (!use.ok()) {
     learned_.insert(uid);
     spdlog::warn("extender: pod {}: {}; not learned from", id, std::string(use.status().message()));
+    return;
+  }
+  if (!HasTesseraResources(pod) && AsksDraClaims(pod)) {
+    // Its DRA claims' use (their agents write it on the pods they were reserved for): the kind
+    // of its pod's claims, whatever count and memory they got.
+    learned_.insert(uid);
+    sched::RunKind kind = UseKind(PodKindOf(pod));
+    kind.shape = kDraShareShape;
+    int64_t learn_mib = use->peak_mib.value_or(0);
+    if (use->refused.value_or(0) > 0) learn_mib = std::max(learn_mib, use->wanted_mib.value_or(0));
+    Learn(uid, {kind},
+          use->busy_permille ? std::optional<double>(static_cast<double>(*use->busy_permille) / 10)
+                             : std::nullopt,
+          static_cast<double>(learn_mib));
+    spdlog::info("extender: pod {} ended; its kind's DRA claims ({}) learn {}", id,
+                 kind.name.empty() ? kind.user : kind.name, text);
     return;
   }
   auto d = PodDemandOf(pod, SharesPerGpu());

@@ -576,46 +576,113 @@ std::optional<std::pair<std::string, std::string>> Quoted(const std::string& s) 
   return std::pair{s.substr(1, end - 1), Trim(s.substr(end + 1))};
 }
 
-// The CEL subset of the header's comment; nullopt for anything else.
+// CEL's three outcomes of a condition's term: true, false, or an error (a missing key), which
+// `false && error` and `true || error` absorb, as CEL's commutative && and || do.
+enum class Cel { kFalse, kTrue, kError };
+
+// One term of the header's subset; nullopt for anything else.
+std::optional<Cel> EvalTerm(const std::string& term, const json& meta) {
+  for (const char* map : {"annotations", "labels"}) {
+    const std::string field = std::string("object.metadata.") + map;
+    const json m = meta.value(map, json::object());
+    auto of = [](bool b) { return b ? Cel::kTrue : Cel::kFalse; };
+    if (term == "has(" + field + ")") return of(meta.contains(map));
+    if (auto q = Quoted(term); q && q->second == "in " + field) return of(m.contains(q->first));
+    if (term.rfind(field + "[", 0) == 0) {
+      auto key = Quoted(term.substr(field.size() + 1));
+      if (!key || key->second.rfind("]", 0) != 0) return std::nullopt;
+      const std::string cmp = Trim(key->second.substr(1));
+      if (cmp.rfind("==", 0) != 0) return std::nullopt;
+      auto value = Quoted(Trim(cmp.substr(2)));
+      if (!value || !value->second.empty()) return std::nullopt;
+      if (!m.contains(key->first)) return Cel::kError;  // CEL: no such key
+      return of(m[key->first] == value->first);
+    }
+  }
+  return std::nullopt;
+}
+
+// expr := and ('||' and)*; and := unary ('&&' unary)*; unary := '(' expr ')' | term. `at` moves
+// past what was read; nullopt for what the subset does not hold.
+std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta);
+
+void SkipSpace(const std::string& s, size_t& at) {
+  while (at < s.size() && std::isspace(static_cast<unsigned char>(s[at]))) ++at;
+}
+
+std::optional<Cel> EvalUnary(const std::string& s, size_t& at, const json& meta) {
+  SkipSpace(s, at);
+  if (at < s.size() && s[at] == '(') {
+    ++at;
+    auto v = EvalOr(s, at, meta);
+    SkipSpace(s, at);
+    if (!v || at >= s.size() || s[at] != ')') return std::nullopt;
+    ++at;
+    return v;
+  }
+  // A term runs to the next && or || or unmatched ')' outside quotes and brackets.
+  size_t end = at;
+  int depth = 0;
+  char quote = 0;
+  for (; end < s.size(); ++end) {
+    const char c = s[end];
+    if (quote) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    if (c == '\'' || c == '"') quote = c;
+    if (c == '(' || c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ')' && depth-- == 0) break;
+    if (depth == 0 && (s.compare(end, 2, "&&") == 0 || s.compare(end, 2, "||") == 0)) break;
+  }
+  const std::string term = Trim(s.substr(at, end - at));
+  at = end;
+  return EvalTerm(term, meta);
+}
+
+// A chain of `op` ("&&" or "||") over what `next` reads: `absorbing` (false for &&, true for ||)
+// wins over all, then an error.
+std::optional<Cel> EvalChain(const std::string& s, size_t& at, const json& meta, const char* op,
+                             std::optional<Cel> (*next)(const std::string&, size_t&, const json&),
+                             Cel absorbing) {
+  auto v = next(s, at, meta);
+  for (SkipSpace(s, at); v && s.compare(at, 2, op) == 0; SkipSpace(s, at)) {
+    at += 2;
+    auto w = next(s, at, meta);
+    if (!w) return std::nullopt;
+    const Cel other = absorbing == Cel::kTrue ? Cel::kFalse : Cel::kTrue;
+    v = *v == absorbing || *w == absorbing       ? absorbing
+        : *v == Cel::kError || *w == Cel::kError ? Cel::kError
+                                                 : other;
+  }
+  return v;
+}
+
+std::optional<Cel> EvalAnd(const std::string& s, size_t& at, const json& meta) {
+  return EvalChain(s, at, meta, "&&", EvalUnary, Cel::kFalse);
+}
+
+std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta) {
+  return EvalChain(s, at, meta, "||", EvalAnd, Cel::kTrue);
+}
+
+// The CEL subset of the header's comment: true or false; nullopt for anything else, and for an
+// error (the real API server then fails the request under failurePolicy Fail, as this does).
 std::optional<bool> EvalCondition(const std::string& expression, const json& object) {
   const json meta = object.value("metadata", json::object());
-  std::string rest = expression;
-  bool all = true;
-  while (!Trim(rest).empty()) {
-    const size_t and_at = rest.find("&&");
-    const std::string term = Trim(rest.substr(0, and_at));
-    rest = and_at == std::string::npos ? "" : rest.substr(and_at + 2);
-    std::optional<bool> v;
-    for (const char* map : {"annotations", "labels"}) {
-      const std::string field = std::string("object.metadata.") + map;
-      const json m = meta.value(map, json::object());
-      if (term == "has(" + field + ")") v = meta.contains(map);
-      if (auto q = Quoted(term); q && q->second == "in " + field) v = m.contains(q->first);
-      if (term.rfind(field + "[", 0) == 0) {
-        auto key = Quoted(term.substr(field.size() + 1));
-        if (!key || key->second.rfind("]", 0) != 0) return std::nullopt;
-        const std::string cmp = Trim(key->second.substr(1));
-        if (cmp.rfind("==", 0) != 0) return std::nullopt;
-        auto value = Quoted(Trim(cmp.substr(2)));
-        if (!value || !value->second.empty()) return std::nullopt;
-        if (!m.contains(key->first)) {
-          if (all) return std::nullopt;  // CEL: no such key is an error, unless already false
-          v = false;
-        } else {
-          v = m[key->first] == value->first;
-        }
-      }
-    }
-    if (!v) return std::nullopt;
-    all = all && *v;
-  }
-  return all;
+  size_t at = 0;
+  auto v = EvalOr(expression, at, meta);
+  SkipSpace(expression, at);
+  if (!v || at != expression.size() || *v == Cel::kError) return std::nullopt;
+  return *v == Cel::kTrue;
 }
 
 }  // namespace
 
 std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
-                                                          const std::string& user, json& pod) {
+                                                          const std::string& user, const Kind& kind,
+                                                          json& pod) {
   std::vector<json> configs;
   json ns_labels = json::object();
   std::map<std::string, std::string> addresses;
@@ -639,9 +706,9 @@ std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
       bool rule = false;
       for (const json& r : w.value("rules", json::array())) {
         rule = rule || (Contains(r.value("operations", json()), "CREATE") &&
-                        Contains(r.value("apiGroups", json()), "") &&
-                        Contains(r.value("apiVersions", json()), "v1") &&
-                        Contains(r.value("resources", json()), "pods"));
+                        Contains(r.value("apiGroups", json()), kind.group) &&
+                        Contains(r.value("apiVersions", json()), kind.version) &&
+                        Contains(r.value("resources", json()), kind.resource));
       }
       if (!rule || !SelectorMatches(w.value("namespaceSelector", json()), ns_labels) ||
           !SelectorMatches(w.value("objectSelector", json()),
@@ -712,10 +779,13 @@ std::optional<FakeApiServer::Denial> FakeApiServer::Admit(const std::string& ns,
           {"kind", "AdmissionReview"},
           {"request",
            {{"uid", uid},
-            {"kind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
-            {"resource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
-            {"requestKind", {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}}},
-            {"requestResource", {{"group", ""}, {"version", "v1"}, {"resource", "pods"}}},
+            {"kind", {{"group", kind.group}, {"version", kind.version}, {"kind", kind.kind}}},
+            {"resource",
+             {{"group", kind.group}, {"version", kind.version}, {"resource", kind.resource}}},
+            {"requestKind",
+             {{"group", kind.group}, {"version", kind.version}, {"kind", kind.kind}}},
+            {"requestResource",
+             {{"group", kind.group}, {"version", kind.version}, {"resource", kind.resource}}},
             {"namespace", ns},
             {"operation", "CREATE"},
             {"userInfo", {{"username", user}}},
@@ -979,14 +1049,20 @@ void FakeApiServer::Handle(const httplib::Request& req, httplib::Response& res) 
     return;
   }
 
-  // A pod's creation passes the mutating admission webhooks first, outside the lock.
+  // A pod's or a ResourceClaim's creation passes the mutating admission webhooks first, outside
+  // the lock.
   std::string admitted;
-  if (req.method == "POST" && t.group_version == "v1" && t.resource == "pods" && t.sub.empty()) {
+  std::optional<Kind> admits;
+  if (t.group_version == "v1" && t.resource == "pods")
+    admits = Kind{"", "v1", "pods", "Pod"};
+  else if (t.group_version == "resource.k8s.io/v1" && t.resource == "resourceclaims")
+    admits = Kind{"resource.k8s.io", "v1", "resourceclaims", "ResourceClaim"};
+  if (req.method == "POST" && admits && t.sub.empty()) {
     json pod = json::parse(req.body, nullptr, false);
     if (pod.is_object()) {
       if (!pod.contains("metadata") || !pod["metadata"].is_object())
         pod["metadata"] = json::object();
-      if (auto denied = Admit(t.ns, rec.user, pod)) {
+      if (auto denied = Admit(t.ns, rec.user, *admits, pod)) {
         Fail(res, denied->code, denied->reason, denied->message);
         return finish(denied->code);
       }

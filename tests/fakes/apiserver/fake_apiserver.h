@@ -93,18 +93,20 @@ class FakeApiServer {
   void SetServed(const std::string& group, bool served);
   void CloseWatches();  // ends every open watch stream
 
-  // Mutating admission webhooks, as the real API server calls them on a pod's CREATE: each webhook
+  // Mutating admission webhooks, as the real API server calls them on the CREATE of a pod or a
+  // ResourceClaim (resource.k8s.io/v1; the objects this fake admits): each webhook
   // of each stored admissionregistration.k8s.io/v1 MutatingWebhookConfiguration (in name order)
   // whose rules, namespaceSelector, objectSelector and matchConditions match gets an
   // AdmissionReview (v1) over HTTPS, the server's certificate checked against its caBundle (none:
   // refused, as the real one has no system CAs for a Service); its JSON Patch is applied, a denial
   // answered with its status (a code under 400 made 400), and a failed call answered 500 under
   // failurePolicy Fail (the default), skipped under Ignore. matchConditions are CEL: this fake
-  // reads `&&` of has(object.metadata.annotations|labels), 'k' in object.metadata.annotations
-  // and object.metadata.annotations['k'] == 'v' (and labels), and fails the request on any other
-  // (so a manifest and this fake never disagree silently). A webhook's Service is reached at
-  // `address` ("localhost:1234"), set here for "namespace/name:port" (a Service with no address
-  // set has no endpoints: the call fails).
+  // reads `&&`, `||` and parentheses over has(object.metadata.annotations|labels),
+  // 'k' in object.metadata.annotations and object.metadata.annotations['k'] == 'v' (and labels),
+  // with CEL's errors (a missing key; absorbed by `false &&` and `true ||`), and fails the request
+  // on an error or anything else (so a manifest and this fake never disagree silently). A webhook's
+  // Service is reached at `address` ("localhost:1234"), set here for "namespace/name:port" (a
+  // Service with no address set has no endpoints: the call fails).
   void SetServiceAddress(const std::string& ns, const std::string& name, int port,
                          const std::string& address);
   // The client certificate it presents to every webhook (files, PEM), as the real one does where
@@ -135,9 +137,15 @@ class FakeApiServer {
     int code = 0;
     std::string reason, message;
   };
-  // The mutating webhooks on the creation of `pod` in `ns` by `user` (outside mu_: a webhook may
-  // be slow); `pod` patched. A denial or a failed call under failurePolicy Fail says why.
-  std::optional<Denial> Admit(const std::string& ns, const std::string& user, nlohmann::json& pod);
+  // What a webhook's rules match: the object's API group, version, resource and kind.
+  struct Kind {
+    std::string group, version, resource, kind;
+  };
+  // The mutating webhooks on the creation of `object` (a `kind`) in `ns` by `user` (outside mu_:
+  // a webhook may be slow); `object` patched. A denial or a failed call under failurePolicy Fail
+  // says why.
+  std::optional<Denial> Admit(const std::string& ns, const std::string& user, const Kind& kind,
+                              nlohmann::json& object);
   void Record(ApiRequest r);
   // graceful_pod_deletion: marks a bound pod terminating instead of removing it; false when it is
   // to be removed now (off, unbound, or a grace of 0).
