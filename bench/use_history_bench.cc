@@ -4,7 +4,7 @@
 // ratio is the sizing's cost), and, with the history full (2,000 records of commands as long as a
 // training job's), writing it out (TakeUseHistory, under the lock every --history-write-interval)
 // and reading it back at a restart (LoadUseHistory); the admission webhook's answer for a pod
-// asking tessera.io/gpu-share "auto".
+// asking tessera.io/gpu-share "auto", and for a DRA claim asking "auto".
 //   use_history_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -148,8 +148,55 @@ void Admit(benchmark::State& state, bool automatic) {
   }
 }
 
+// The same for a DRA claim (AdmitClaim with SizeClaim; 200 ended DRA pods of its pod's kind, 8
+// shares per GPU): a claim asking count and memory "auto", as the resourceclaim controller
+// creates it. The service also reads its pod (from its watch; asked of the API server only when
+// not seen yet), not counted here.
+void AdmitDraClaim(benchmark::State& state) {
+  core::FakeClock clock;
+  extender::Extender ex({}, clock);
+  auto dra_pod = [](const std::string& name) {
+    json pod = OfJob(name, "6Gi");
+    pod["spec"]["containers"][0]["resources"] = json::object();
+    pod["spec"]["resourceClaims"] = {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}};
+    return pod;
+  };
+  for (int i = 0; i < 200; ++i) ex.OnPod(Ev::kModified, Ended(dra_pod("infer"), -1 - i));
+  const json pod = dra_pod("infer-next");
+  const json claim = {
+      {"metadata",
+       {{"generateName", "infer-next-gpu-"},
+        {"annotations", {{"tessera.io/gpu-share", "auto"}, {"tessera.io/gpu-memory", "auto"}}},
+        {"ownerReferences",
+         {{{"apiVersion", "v1"}, {"kind", "Pod"}, {"name", "infer-next"}, {"controller", true}}}}}},
+      {"spec",
+       {{"devices",
+         {{"requests",
+           {{{"name", "s"},
+             {"exactly", {{"deviceClassName", "gpu-share.tessera.io"}, {"count", 4}}}}}}}}}}};
+  const std::string review =
+      json({{"apiVersion", "admission.k8s.io/v1"},
+            {"kind", "AdmissionReview"},
+            {"request",
+             {{"uid", "u"},
+              {"resource",
+               {{"group", "resource.k8s.io"}, {"version", "v1"}, {"resource", "resourceclaims"}}},
+              {"namespace", "ml"},
+              {"operation", "CREATE"},
+              {"object", claim}}}})
+          .dump();
+  for (auto _ : state) {
+    auto a = extender::AdmitClaim(review, [&](const std::string&, const extender::ClaimAsk& ask) {
+      return ex.SizeClaim(pod, ask, 8);
+    });
+    if (!a.body["response"].contains("patch")) state.SkipWithError("not sized");
+    benchmark::DoNotOptimize(a);
+  }
+}
+
 }  // namespace
 
+BENCHMARK(AdmitDraClaim)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(Admit, auto_share, true)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(Admit, not_auto, false)->Unit(benchmark::kMicrosecond);
 BENCHMARK(LearnEndedPod)->Unit(benchmark::kMicrosecond);
