@@ -1,7 +1,10 @@
 #include "tessera/extender/admission.h"
 
+#include <cmath>
+
 #include "absl/strings/escaping.h"
 #include "fmt/format.h"
+#include "tessera/core/gpu.h"
 #include "tessera/extender/dra.h"
 #include "tessera/extender/objects.h"
 #include "tessera/kube/object.h"
@@ -94,11 +97,36 @@ AdmissionAnswer AdmitPod(const std::string& body, const ShareSizer& size) {
   const json* pod = FieldAt(*request, {"object"});
   if (StringAt(*request, {"operation"}) != "CREATE" ||
       StringAt(*request, {"resource", "resource"}) != "pods" ||
-      !StringAt(*request, {"subResource"}).empty() || !pod || !pod->is_object() ||
-      StringAt(*pod, {"metadata", "annotations", kGpuShareAnnotation}) != "auto") {
+      !StringAt(*request, {"subResource"}).empty() || !pod || !pod->is_object()) {
     return a;  // not ours to change
   }
   const std::string id = IdOf(*request, *pod);
+  // A DRA pod's trial (tessera.io/trial): no Binding of the extender's sets its deadline (the
+  // scheduler binds DRA pods itself), so it is set as the pod is created; the kubelet counts it
+  // from the pod's start on its node.
+  if (const std::string trial = StringAt(*pod, {"metadata", "annotations", kTrialAnnotation});
+      !trial.empty() && AsksDraClaims(*pod) && !HasTesseraResources(*pod)) {
+    const std::optional<double> t = core::ParseDuration(trial);
+    if (!t || *t < 1 || *t > 7 * 86400) {
+      return Refuse(a, 400,
+                    fmt::format("{}: annotation {}: expected a duration from 1s to 7d such as 2m "
+                                "or 90s, got \"{}\"",
+                                id, kTrialAnnotation, trial.substr(0, 64)));
+    }
+    const auto seconds = static_cast<int64_t>(std::ceil(*t));
+    const json* own = FieldAt(*pod, {"spec", "activeDeadlineSeconds"});
+    if (own && own->is_number_integer() && own->get<int64_t>() <= seconds)
+      return a;  // its own deadline, shorter, ends it first
+    const json patch = {
+        {{"op", "add"}, {"path", "/spec/activeDeadlineSeconds"}, {"value", seconds}}};
+    json& response = a.body["response"];
+    response["patchType"] = "JSONPatch";
+    response["patch"] = absl::Base64Escape(patch.dump());
+    a.said = fmt::format("{}: DRA trial of {}: spec.activeDeadlineSeconds {}", id, trial, seconds);
+    return a;
+  }
+  if (StringAt(*pod, {"metadata", "annotations", kGpuShareAnnotation}) != "auto")
+    return a;  // not ours to change
   auto refuse = [&](int code, const std::string& why) {
     return Refuse(a, code, fmt::format("{}: {}: auto: {}", id, kGpuShareAnnotation, why));
   };

@@ -300,5 +300,46 @@ TEST(WebhookAdmission, ClaimsNotAskingAutoPassUnchangedAndWhatCannotBeSizedIsRef
   refused(Claim(autos, {share}), "ResourceClaim ml/infer-0-gpu-*: auto: bad");
 }
 
+// A DRA pod's trial: kube-scheduler binds it, so its deadline is set as it is created; its own
+// shorter deadline is kept; a device-plugin pod's trial is the Binding's (not changed here).
+TEST(WebhookAdmission, ADraPodsTrialGetsItsDeadlineAsItIsCreated) {
+  Sizer s{ShareSize{.count = 1, .sizing = "x"}};
+  auto dra_pod = [](const std::string& trial) {
+    json pod = {
+        {"metadata", {{"generateName", "try-"}, {"annotations", {{"tessera.io/trial", trial}}}}},
+        {"spec",
+         {{"containers", {{{"name", "main"}, {"image", "infer:1"}}}},
+          {"resourceClaims", {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}}}}}};
+    return pod;
+  };
+  json pod = dra_pod("2m");
+  AdmissionAnswer a = AdmitPod(Review(pod).dump(), s.Get());
+  ASSERT_EQ(a.http_status, 200);
+  EXPECT_EQ(a.body["response"]["allowed"], true);
+  EXPECT_EQ(Patched(pod, a)["spec"]["activeDeadlineSeconds"], 120);
+  EXPECT_THAT(a.said, HasSubstr("ml/try-*: DRA trial of 2m: spec.activeDeadlineSeconds 120"));
+  // A longer deadline of its own is lowered; a shorter one kept.
+  pod["spec"]["activeDeadlineSeconds"] = 3600;
+  EXPECT_EQ(Patched(pod, AdmitPod(Review(pod).dump(), s.Get()))["spec"]["activeDeadlineSeconds"],
+            120);
+  pod["spec"]["activeDeadlineSeconds"] = 60;
+  a = AdmitPod(Review(pod).dump(), s.Get());
+  EXPECT_FALSE(a.body["response"].contains("patch"));
+  // A trial that is no duration is refused, naming it.
+  for (const std::string bad : {"soon", "0s", "30d"}) {
+    a = AdmitPod(Review(dra_pod(bad)).dump(), s.Get());
+    EXPECT_EQ(a.body["response"]["allowed"], false) << bad;
+    EXPECT_THAT(a.body["response"]["status"]["message"].get<std::string>(),
+                HasSubstr("annotation tessera.io/trial: expected a duration from 1s to 7d"));
+  }
+  // A device-plugin pod's trial, and a DRA pod without one: unchanged.
+  json plugin = Pod({{"tessera.io/gpu-share", "1"}}, nullptr, {{"tessera.io/trial", "2m"}});
+  EXPECT_FALSE(AdmitPod(Review(plugin).dump(), s.Get()).body["response"].contains("patch"));
+  json plain = dra_pod("2m");
+  plain["metadata"]["annotations"].erase("tessera.io/trial");
+  EXPECT_FALSE(AdmitPod(Review(plain).dump(), s.Get()).body["response"].contains("patch"));
+  EXPECT_EQ(s.calls, 0) << "a trial is not sized";
+}
+
 }  // namespace
 }  // namespace tessera::extender

@@ -122,6 +122,9 @@ struct QuotaUse {
 // MiB), or a whole GPU.
 std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_per_gpu,
                         int margin_pct);
+// The same for a DRA pod's trial of `trial_s`: its claims' shares as a part of a GPU and their
+// ShareConfig memory, with `margin_pct`.
+std::string DraTrialAdvice(double trial_s, const kube::GpuUse& use, int margin_pct);
 
 class Extender {
  public:

@@ -262,6 +262,27 @@ TEST_F(ExtenderTest, DraShareClaimsOfAKindAreSizedFromWhatItsEndedPodsClaimsUsed
   ASSERT_TRUE(memory.ok()) << "memory alone needs no shares published";
   EXPECT_EQ(memory->count, 3);
   EXPECT_EQ(memory->memory_mib, 1024);
+  // A DRA pod's trial ended (its deadline set at its creation): an Event says what it measured
+  // and what to ask, and its use sizes its kind's claims as any ended pod's does.
+  (void)ex_->TakeNotices();
+  json trial = of_job("ml", "try");
+  trial["metadata"]["uid"] = "try-uid";
+  trial["metadata"]["annotations"]["tessera.io/trial"] = "2m";
+  trial["spec"]["nodeName"] = "a";
+  trial["status"]["phase"] = "Failed";
+  trial["metadata"]["annotations"][kube::kGpuUseAnnotation] = kube::FormatGpuUse(
+      {.seconds = 120, .busy_permille = 180, .peak_mib = 3000, .kernel_launches = 12000});
+  ex_->OnPod(Ev::kModified, trial);
+  const std::vector<Notice> notices = ex_->TakeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].reason, "TrialResult");
+  EXPECT_EQ(notices[0].name, "try");
+  EXPECT_EQ(notices[0].note,
+            "its trial of 2m ended after 120 s: its GPU 18% busy, peak GPU memory 3000MiB, 12000 "
+            "kernel launches (100/s, 1.8 ms of GPU time each on average); recommended: shares for "
+            "22% of a GPU and a ShareConfig memory of 3840Mi (with 20% margin), or "
+            "tessera.io/gpu-share and tessera.io/gpu-memory: auto on its ResourceClaimTemplate, "
+            "which size its claims from this trial");
 }
 
 // Issue 58 on Kubernetes: an ended pod's measured use (tessera.io/gpu-use, written by its agent)

@@ -962,6 +962,21 @@ TEST_F(AutoShareTest, AnAutoDraClaimIsSizedAsTheApiServerCreatesIt) {
             "count 1 (of 4 per GPU): 20% busy (p95 of ml's runs of 'infer' with this command (3 "
             "runs)) + 20%; memory 1280Mi: a peak of 900MiB (p95 of ml's runs of 'infer' with this "
             "command (3 runs)) + 20%");
+  // A DRA pod's trial gets its deadline as it is created (the pods' webhook, matched by its
+  // annotation and spec.resourceClaims); a device-plugin pod's trial is not sent (its Binding's).
+  const int calls = api_.admission_calls();
+  json trial = pod_of_job("try");
+  trial["metadata"]["annotations"] = {{"tessera.io/trial", "90s"}};
+  auto tried = client_->Create(Pods("ml"), trial);
+  ASSERT_TRUE(tried.ok()) << tried.status();
+  EXPECT_EQ((*tried)["spec"]["activeDeadlineSeconds"], 90);
+  EXPECT_EQ(api_.admission_calls(), calls + 1);
+  json plugin_trial = Infer("plugin-try", 1, false);
+  plugin_trial["metadata"]["annotations"] = {{"tessera.io/trial", "90s"}};
+  auto plugin_tried = client_->Create(Pods("ml"), plugin_trial);
+  ASSERT_TRUE(plugin_tried.ok());
+  EXPECT_FALSE((*plugin_tried)["spec"].contains("activeDeadlineSeconds"));
+  EXPECT_EQ(api_.admission_calls(), calls + 1) << "not sent";
   // Its pod not on the API server (deleted as its claim is made): refused, not created.
   json ghost = pod_of_job("ghost");
   ghost["metadata"]["uid"] = "ghost-uid";

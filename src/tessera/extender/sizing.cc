@@ -26,12 +26,14 @@ std::string PodIdOf(const json& pod) {
 
 }  // namespace
 
-std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_per_gpu,
-                        int margin_pct) {
-  const double margin = margin_pct / 100.0;
+namespace {
+
+// What a trial of `trial_s` on `gpus` GPUs measured, in words (TrialAdvice's first part); `any`
+// says whether anything was.
+std::string TrialMeasured(double trial_s, int gpus, const kube::GpuUse& use, bool* any) {
   std::vector<std::string> measured;
   if (use.busy_permille) {
-    measured.push_back(fmt::format("its GPU{} {:g}% busy", d.request.gpu_count() > 1 ? "s" : "",
+    measured.push_back(fmt::format("its GPU{} {:g}% busy", gpus > 1 ? "s" : "",
                                    static_cast<double>(*use.busy_permille) / 10));
   }
   if (use.peak_mib && *use.peak_mib > 0)
@@ -50,9 +52,20 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
     measured.push_back(mix + ")");
   }
   std::string said =
-      fmt::format("its trial of {} ended after {} s", core::FormatDuration(d.trial_s), use.seconds);
+      fmt::format("its trial of {} ended after {} s", core::FormatDuration(trial_s), use.seconds);
+  *any = !measured.empty();
   if (measured.empty()) return said + "; nothing was measured (no GPU use seen)";
-  said += ": " + absl::StrJoin(measured, ", ");
+  return said + ": " + absl::StrJoin(measured, ", ");
+}
+
+}  // namespace
+
+std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_per_gpu,
+                        int margin_pct) {
+  const double margin = margin_pct / 100.0;
+  bool any = false;
+  const std::string said = TrialMeasured(d.trial_s, d.request.gpu_count(), use, &any);
+  if (!any) return said;
   // What to ask: shares of one GPU where one GPU held it, from its busy share and peak memory.
   if (d.request.gpu_count() > 1 || shares_per_gpu <= 0) return said;
   std::string ask;
@@ -77,6 +90,29 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
                          ? ""
                          : ", or tessera.io/gpu-share and tessera.io/gpu-memory: auto, which "
                            "size from this trial");
+}
+
+std::string DraTrialAdvice(double trial_s, const kube::GpuUse& use, int margin_pct) {
+  bool any = false;
+  const std::string said = TrialMeasured(trial_s, 1, use, &any);
+  if (!any) return said;
+  std::vector<std::string> ask;
+  if (use.busy_permille) {
+    ask.push_back(fmt::format(
+        "shares for {:.0f}% of a GPU",
+        core::SizeFromUse(static_cast<double>(*use.busy_permille) / 10, margin_pct / 100.0, 1)));
+  }
+  if (use.peak_mib && *use.peak_mib > 0) {
+    ask.push_back(
+        fmt::format("a ShareConfig memory of {}Mi",
+                    static_cast<int64_t>(core::SizeFromUse(static_cast<double>(*use.peak_mib),
+                                                           margin_pct / 100.0, kMemoryStepMib))));
+  }
+  if (ask.empty()) return said;
+  return fmt::format(
+      "{}; recommended: {} (with {}% margin), or tessera.io/gpu-share and tessera.io/gpu-memory: "
+      "auto on its ResourceClaimTemplate, which size its claims from this trial",
+      said, absl::StrJoin(ask, " and "), margin_pct);
 }
 
 void Extender::SizeAuto(PodDemand& d) const {
@@ -227,6 +263,20 @@ void Extender::LearnUse(const json& pod) {
           static_cast<double>(learn_mib));
     spdlog::info("extender: pod {} ended; its kind's DRA claims ({}) learn {}", id,
                  kind.name.empty() ? kind.user : kind.name, text);
+    // A trial (its deadline set as it was created, admission.h): what it measured, what to ask.
+    const std::optional<double> trial =
+        core::ParseDuration(StringAt(pod, {"metadata", "annotations", kTrialAnnotation}));
+    if (trial && *trial >= 1) {
+      const std::string ns = StringAt(pod, {"metadata", "namespace"});
+      notices_.push_back(
+          {.ns = ns.empty() ? "default" : ns,
+           .name = StringAt(pod, {"metadata", "name"}),
+           .uid = uid,
+           .type = "Normal",
+           .reason = "TrialResult",
+           .action = "Sizing",
+           .note = DraTrialAdvice(std::ceil(*trial), *use, options_.auto_size_margin_pct)});
+    }
     return;
   }
   auto d = PodDemandOf(pod, SharesPerGpu());

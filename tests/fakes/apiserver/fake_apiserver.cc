@@ -581,7 +581,12 @@ std::optional<std::pair<std::string, std::string>> Quoted(const std::string& s) 
 enum class Cel { kFalse, kTrue, kError };
 
 // One term of the header's subset; nullopt for anything else.
-std::optional<Cel> EvalTerm(const std::string& term, const json& meta) {
+std::optional<Cel> EvalTerm(const std::string& term, const json& meta, const json& spec) {
+  if (term.rfind("has(object.spec.", 0) == 0 && term.back() == ')') {
+    const std::string field = term.substr(16, term.size() - 17);
+    if (field.empty() || field.find_first_of(".()[]'\" ") != std::string::npos) return std::nullopt;
+    return spec.contains(field) ? Cel::kTrue : Cel::kFalse;
+  }
   for (const char* map : {"annotations", "labels"}) {
     const std::string field = std::string("object.metadata.") + map;
     const json m = meta.value(map, json::object());
@@ -604,17 +609,17 @@ std::optional<Cel> EvalTerm(const std::string& term, const json& meta) {
 
 // expr := and ('||' and)*; and := unary ('&&' unary)*; unary := '(' expr ')' | term. `at` moves
 // past what was read; nullopt for what the subset does not hold.
-std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta);
+std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta, const json& spec);
 
 void SkipSpace(const std::string& s, size_t& at) {
   while (at < s.size() && std::isspace(static_cast<unsigned char>(s[at]))) ++at;
 }
 
-std::optional<Cel> EvalUnary(const std::string& s, size_t& at, const json& meta) {
+std::optional<Cel> EvalUnary(const std::string& s, size_t& at, const json& meta, const json& spec) {
   SkipSpace(s, at);
   if (at < s.size() && s[at] == '(') {
     ++at;
-    auto v = EvalOr(s, at, meta);
+    auto v = EvalOr(s, at, meta, spec);
     SkipSpace(s, at);
     if (!v || at >= s.size() || s[at] != ')') return std::nullopt;
     ++at;
@@ -638,18 +643,20 @@ std::optional<Cel> EvalUnary(const std::string& s, size_t& at, const json& meta)
   }
   const std::string term = Trim(s.substr(at, end - at));
   at = end;
-  return EvalTerm(term, meta);
+  return EvalTerm(term, meta, spec);
 }
 
 // A chain of `op` ("&&" or "||") over what `next` reads: `absorbing` (false for &&, true for ||)
 // wins over all, then an error.
-std::optional<Cel> EvalChain(const std::string& s, size_t& at, const json& meta, const char* op,
-                             std::optional<Cel> (*next)(const std::string&, size_t&, const json&),
+std::optional<Cel> EvalChain(const std::string& s, size_t& at, const json& meta, const json& spec,
+                             const char* op,
+                             std::optional<Cel> (*next)(const std::string&, size_t&, const json&,
+                                                        const json&),
                              Cel absorbing) {
-  auto v = next(s, at, meta);
+  auto v = next(s, at, meta, spec);
   for (SkipSpace(s, at); v && s.compare(at, 2, op) == 0; SkipSpace(s, at)) {
     at += 2;
-    auto w = next(s, at, meta);
+    auto w = next(s, at, meta, spec);
     if (!w) return std::nullopt;
     const Cel other = absorbing == Cel::kTrue ? Cel::kFalse : Cel::kTrue;
     v = *v == absorbing || *w == absorbing       ? absorbing
@@ -659,20 +666,21 @@ std::optional<Cel> EvalChain(const std::string& s, size_t& at, const json& meta,
   return v;
 }
 
-std::optional<Cel> EvalAnd(const std::string& s, size_t& at, const json& meta) {
-  return EvalChain(s, at, meta, "&&", EvalUnary, Cel::kFalse);
+std::optional<Cel> EvalAnd(const std::string& s, size_t& at, const json& meta, const json& spec) {
+  return EvalChain(s, at, meta, spec, "&&", EvalUnary, Cel::kFalse);
 }
 
-std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta) {
-  return EvalChain(s, at, meta, "||", EvalAnd, Cel::kTrue);
+std::optional<Cel> EvalOr(const std::string& s, size_t& at, const json& meta, const json& spec) {
+  return EvalChain(s, at, meta, spec, "||", EvalAnd, Cel::kTrue);
 }
 
 // The CEL subset of the header's comment: true or false; nullopt for anything else, and for an
 // error (the real API server then fails the request under failurePolicy Fail, as this does).
 std::optional<bool> EvalCondition(const std::string& expression, const json& object) {
   const json meta = object.value("metadata", json::object());
+  const json spec = object.value("spec", json::object());
   size_t at = 0;
-  auto v = EvalOr(expression, at, meta);
+  auto v = EvalOr(expression, at, meta, spec);
   SkipSpace(expression, at);
   if (!v || at != expression.size() || *v == Cel::kError) return std::nullopt;
   return *v == Cel::kTrue;

@@ -103,6 +103,7 @@ class FakeApiServer {
   // failurePolicy Fail (the default), skipped under Ignore. matchConditions are CEL: this fake
   // reads `&&`, `||` and parentheses over has(object.metadata.annotations|labels),
   // 'k' in object.metadata.annotations and object.metadata.annotations['k'] == 'v' (and labels),
+  // has(object.spec.field),
   // with CEL's errors (a missing key; absorbed by `false &&` and `true ||`), and fails the request
   // on an error or anything else (so a manifest and this fake never disagree silently). A webhook's
   // Service is reached at `address` ("localhost:1234"), set here for "namespace/name:port" (a
