@@ -262,6 +262,7 @@ TEST_F(ExtenderTest, DraShareClaimsOfAKindAreSizedFromWhatItsEndedPodsClaimsUsed
   ASSERT_TRUE(memory.ok()) << "memory alone needs no shares published";
   EXPECT_EQ(memory->count, 3);
   EXPECT_EQ(memory->memory_mib, 1024);
+  EXPECT_THAT(memory->sizing, Not(HasSubstr("measured for the next"))) << "what it asked is";
   // A DRA pod's trial ended (its deadline set at its creation): an Event says what it measured
   // and what to ask, and its use sizes its kind's claims as any ended pod's does.
   (void)ex_->TakeNotices();

@@ -233,7 +233,7 @@ absl::StatusOr<ClaimSize> Extender::SizeClaim(const json& pod, const ClaimAsk& a
     }
   }
   out.sizing = absl::StrJoin(said, "; ");
-  if (pr.util_high_pct <= 0 || pr.gpu_memory_peak_mib <= 0)
+  if ((ask.share_auto && pr.util_high_pct <= 0) || (ask.memory_auto && pr.gpu_memory_peak_mib <= 0))
     out.sizing += "; its use is measured for the next";
   return out;
 }
