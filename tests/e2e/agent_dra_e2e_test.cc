@@ -305,6 +305,9 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
                                        {"priority", 2}}}}}}}));
   claim["status"]["reservedFor"] = {{{"resource", "pods"}, {"name", "infer-0"}, {"uid", "p0"}},
                                     {{"resource", "pods"}, {"name", "infer-1"}, {"uid", "p1"}}};
+  // Its memory sized "auto" by the extender's webhook (the ShareConfig above is what it appends).
+  claim["metadata"]["annotations"] = {{"tessera.io/gpu-memory", "auto"},
+                                      {"tessera.io/sizing", "memory 1024Mi: a peak of 800MiB"}};
   api_.Put(kClaims, claim);
   for (const char* pod : {"infer-0", "infer-1"})
     api_.Put("/api/v1/namespaces/team-a/pods",
@@ -408,6 +411,19 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   ASSERT_TRUE(use->busy_permille.has_value()) << use_text;
   EXPECT_GT(*use->busy_permille, 0);
   EXPECT_LE(*use->busy_permille, 200);
+  // Its automatic memory outgrown: a Warning says so and what to set, never silently.
+  std::string outgrew;
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    for (const json& e : api_.List("/apis/events.k8s.io/v1/namespaces/team-a/events")) {
+      if (e["regarding"]["name"] == "infer" && e["reason"] == "OutgrewGPUMemory")
+        outgrew = e["type"].get<std::string>() + ": " + e["note"].get<std::string>();
+    }
+    return !outgrew.empty();
+  })) << Log();
+  EXPECT_EQ(outgrew,
+            "Warning: request s: its automatic GPU memory of 1024Mi refused 1 allocation (measured "
+            "peak 800MiB; it asked for 1100MiB at most): the next claim of its kind is sized past "
+            "it (or set a ShareConfig memory of at least 1100Mi)");
   auto running = api_.Get("/api/v1/namespaces/team-a/pods", "infer-1");
   ASSERT_TRUE(running.has_value());
   EXPECT_FALSE(

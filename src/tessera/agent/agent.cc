@@ -470,12 +470,29 @@ void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
       AddGpuTime(u.ns, kDraDriver, u.indices, u.share, u.arbiter_job, u.held_s,
                  dra_state_->arbiter_path(), &note, &use);
     spdlog::info("claim {}/{}: {}", u.ns, u.name, note);
-    if (events_)
-      events_->Record({.api_version = "resource.k8s.io/v1",
-                       .kind = "ResourceClaim",
-                       .ns = u.ns,
-                       .name = u.name},
-                      use.refused ? "Warning" : "Normal", "GPUShareUse", "Unprepared", note);
+    auto tell = [&](const char* type, const char* reason, const std::string& what) {
+      if (events_)
+        events_->Record({.api_version = "resource.k8s.io/v1",
+                         .kind = "ResourceClaim",
+                         .ns = u.ns,
+                         .name = u.name},
+                        type, reason, "Unprepared", what);
+    };
+    tell(use.refused ? "Warning" : "Normal", "GPUShareUse", note);
+    // Outgrown: its memory was sized "auto" (the extender's webhook) and its limit refused
+    // allocations - never silent; its pods' tessera.io/gpu-use teaches its kind the most it
+    // asked, so the next claim is sized past it.
+    if (u.auto_memory && use.refused.value_or(0) > 0) {
+      const std::string outgrew = fmt::format(
+          "request {}: its automatic GPU memory of {}Mi refused {} allocation{} (measured peak "
+          "{}MiB; it asked for {}MiB at most): the next claim of its kind is sized past it (or "
+          "set a ShareConfig memory of at least {}Mi)",
+          u.request, use.limit_mib.value_or(0), *use.refused, *use.refused == 1 ? "" : "s",
+          use.peak_mib.value_or(0), use.wanted_mib.value_or(0),
+          std::max(use.wanted_mib.value_or(0), use.peak_mib.value_or(0)));
+      spdlog::warn("claim {}/{}: {}", u.ns, u.name, outgrew);
+      tell("Warning", "OutgrewGPUMemory", outgrew);
+    }
     if (u.held_s >= 0) use.seconds = static_cast<int64_t>(u.held_s);
     if (!together) {
       together = use;

@@ -73,6 +73,7 @@ struct DraState::ClaimAllocation {
   std::map<std::pair<std::string, std::string>, Consumed> consumed;  // (request, device)
   std::map<std::string, RequestConfig> config;                       // by request
   std::vector<std::string> pods;  // the pods it is reserved for (status.reservedFor), by name
+  bool auto_memory = false;       // annotated tessera.io/gpu-memory: auto (the extender sized it)
 };
 
 struct DraState::Claim {
@@ -97,6 +98,7 @@ struct DraState::Claim {
   std::vector<Use> uses;
   // The pods it was reserved for when prepared (its namespace's): told what its shares used.
   std::vector<std::string> pods;
+  bool auto_memory = false;  // its memory sized "auto": outgrowing it is said
 };
 
 DraState::DraState(core::NodeInventory inventory, PluginOptions plugin, DraOptions options)
@@ -202,6 +204,8 @@ absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::st
         fmt::format("{}: not allocated (no status.allocation)", who));
   }
   ClaimAllocation a;
+  a.auto_memory =
+      kube::StringAt(claim, {"metadata", "annotations", "tessera.io/gpu-memory"}) == "auto";
   // Its consumers, told its use when it is unprepared: the pods of its reservedFor.
   if (const json* reserved = kube::FieldAt(claim, {"status", "reservedFor"});
       reserved && reserved->is_array()) {
@@ -404,6 +408,7 @@ absl::StatusOr<std::vector<PreparedDevice>> DraState::WriteLocked(const std::str
   auto made = std::make_unique<Claim>();
   made->ns = ns;
   made->pods = a.pods;
+  made->auto_memory = a.auto_memory;
   made->prepared_unix = UnixSeconds(plugin_.clock);
   made->name = name;
   auto undo = [&] {
@@ -663,8 +668,11 @@ absl::Status DraState::Unprepare(const std::string& uid) {
         if (std::ranges::find(gone->regions, region) == gone->regions.end()) continue;
         auto u = std::ranges::find(used, request, &ShareUse::request);
         if (u == used.end()) {
-          used.push_back(
-              {.ns = gone->ns, .name = gone->name, .request = request, .pods = gone->pods});
+          used.push_back({.ns = gone->ns,
+                          .name = gone->name,
+                          .request = request,
+                          .pods = gone->pods,
+                          .auto_memory = gone->auto_memory});
           used.back().head = shim::ReadRegionHead(region.c_str());
           u = used.end() - 1;
           u->arbiter_job = ShareJobId(uid, request);
@@ -740,7 +748,8 @@ absl::Status DraState::SaveLocked() const {
                         {"prepared_unix", c->prepared_unix},
                         {"spec", c->spec},
                         {"uses", uses},
-                        {"pods", c->pods}};
+                        {"pods", c->pods},
+                        {"auto_memory", c->auto_memory}};
   }
   return devices::WriteFileAtomically(checkpoint_path(), j.dump(2) + "\n", 0600);
 }
@@ -775,6 +784,7 @@ absl::Status DraState::Load() {
         c->region_shares = r->get<std::map<std::string, double>>();
       c->prepared_unix = e.value("prepared_unix", int64_t{0});
       c->pods = e.value("pods", std::vector<std::string>{});  // none in an earlier agent's
+      c->auto_memory = e.value("auto_memory", false);
       for (const json& u : e.value("uses", json::array())) {
         c->uses.push_back({u.at("device").get<std::string>(), u.at("memory").get<uint64_t>(),
                            u.at("compute").get<int>()});

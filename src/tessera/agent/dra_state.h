@@ -115,6 +115,7 @@ class DraState {
   struct ShareUse {
     std::string ns, name, request;
     std::vector<std::string> pods;  // the pods it was reserved for at prepare (its namespace's)
+    bool auto_memory = false;       // its claim asked tessera.io/gpu-memory "auto" (the extender's)
     std::vector<std::string> gpus;
     std::unique_ptr<shim::RegionData> head;
     // Its GPU time: its GPUs' physical indices (the arbiter's), its compute share of each (0..1),

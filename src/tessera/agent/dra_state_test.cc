@@ -244,6 +244,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   o.plugin.clock = &clock;
   std::vector<std::tuple<std::string, std::vector<int>, double, std::string, double, bool>> told;
   std::vector<std::vector<std::string>> pods;
+  std::vector<bool> auto_memory;
   auto make = [&] {
     auto s = DraState::Create(inventory_, o.plugin, o.dra);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -251,6 +252,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
       for (const auto& u : used) {
         told.emplace_back(u.request, u.indices, u.share, u.arbiter_job, u.held_s, u.sliced);
         pods.push_back(u.pods);
+        auto_memory.push_back(u.auto_memory);
       }
     });
     return std::move(*s);
@@ -262,6 +264,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
       {{"resource", "pods"}, {"name", "train-0"}, {"uid", "p0"}},
       {{"apiGroup", "example.com"}, {"resource", "pods"}, {"name", "other"}, {"uid", "x"}},
       {{"resource", "pods"}, {"name", "train-1"}, {"uid", "p1"}}};
+  reserved["metadata"]["annotations"] = {{"tessera.io/gpu-memory", "auto"}};
   ASSERT_TRUE(s->Prepare("a", "c", "u1", reserved).ok());
   ASSERT_TRUE(s->Prepare("a", "d", "u2", Claim("u2", {Result("s", "gpu-7-share-2")})).ok());
   clock.Advance(std::chrono::seconds(90));
@@ -273,6 +276,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   EXPECT_EQ(told[0], std::make_tuple(std::string("s"), std::vector<int>{7}, 0.5,
                                      std::string("claim-u1-s"), 120.0, true));
   EXPECT_EQ(pods[0], (std::vector<std::string>{"train-0", "train-1"}));
+  EXPECT_TRUE(auto_memory[0]) << "its memory sized auto, kept across the restart";
   // u2 as an earlier agent's checkpoint has it: no time it was prepared.
   s.reset();
   const std::string path = dir_ + "/plugin/checkpoint.json";
@@ -287,6 +291,7 @@ TEST_F(DraStateTest, AnUnpreparedShareSaysWhatItsGpuTimeIsWeighedAgainst) {
   EXPECT_EQ(std::get<4>(told[1]), -1) << "not timed";
   EXPECT_FALSE(std::get<5>(told[1])) << "its share not known";
   EXPECT_TRUE(pods[1].empty()) << "not reserved for any pod when prepared";
+  EXPECT_FALSE(auto_memory[1]) << "not annotated auto";
 }
 
 TEST_F(DraStateTest, SlicesHoldAtMost128DevicesAndLeaveOutUnhealthyGpus) {
