@@ -472,6 +472,8 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   const int slot = arbiter->Slot(3);
   ASSERT_GE(slot, 0);
   arbiter->data()->gpus[3].jobs[slot].busy_us.store(600'000);
+  // And its launches waited 1 s for the GPU (other pods' slices): it wanted more than it got.
+  arbiter->data()->gpus[3].jobs[slot].held_us.store(1'000'000);
   // The holder is seen (metrics), then the pod ends - once it has lived a whole second, so that
   // its GPU time is weighed against its life (the agent counts allocations' ages in seconds).
   ASSERT_TRUE(FakeApiServer::WaitFor([&] {
@@ -504,6 +506,8 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   ASSERT_GE(std::stoi(held[1]), 1) << told;
   EXPECT_THAT(told, HasSubstr(fmt::format(" s ({:.0f}% of its 25% share)",
                                           100 * 0.6 / (std::stoi(held[1]) * 0.25))));
+  EXPECT_THAT(told, HasSubstr(fmt::format("; its launches waited for the GPU {:.0f}% of the time",
+                                          100 * 1.0 / std::stoi(held[1]))));
   // Its namespace's counters: GPU-seconds given and busy (their ratio, the namespace's efficiency).
   const std::string m = Metrics();
   EXPECT_THAT(m, HasSubstr("tessera_pod_gpu_busy_seconds_total{namespace=\"team-b\",resource="
@@ -527,6 +531,9 @@ TEST_F(AgentE2e, AnEndedSharesPeakGpuMemoryIsToldOnItsPod) {
   EXPECT_EQ(use->peak_mib, 3072);
   EXPECT_EQ(use->limit_mib, static_cast<int64_t>(limit >> 20));
   EXPECT_EQ(use->busy_permille, std::lround(1000 * 0.6 / std::stoi(held[1])));
+  EXPECT_EQ(use->held_back_permille, std::lround(1000 * 1.0 / std::stoi(held[1])));
+  EXPECT_GT(use->WantedPermille().value_or(0), *use->busy_permille)
+      << "what it would have used, for its kind's history";
   EXPECT_FALSE(use->refused);
   EXPECT_EQ(use->kernel_launches, 300);
   EXPECT_THAT(Metrics(), HasSubstr("tessera_agent_pod_gpu_use_writes_total{result=\"ok\"} 1"));

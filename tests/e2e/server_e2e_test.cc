@@ -180,6 +180,39 @@ TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredi
   d.Call("POST", "/v1/jobs/" + std::to_string(next) + "/cancel");
 }
 
+// Two CUDA programs that would each keep a GPU busy, given half of the same GPU: each is charged
+// about its half, and its launches waited for the GPU meanwhile - its usage and `tessera eff` say
+// how long, and that it would have used more than it was charged (what its kind learns).
+TEST(TesseraServer, SharesThatWantMoreThanTheirShareSayTheyWereHeldBack) {
+  Daemon d("held");
+  std::vector<int64_t> ids;
+  for (const char* name : {"held-a", "held-b"}) {
+    ids.push_back(d.Submit({{"name", name},
+                            {"command", {TESSERA_CUDA_CLIENT, "link", "work:2000:500:4:0:0:2000"}},
+                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
+  }
+  std::vector<json> done;
+  for (int64_t id : ids) done.push_back(d.WaitFor(id, "succeeded"));
+  ASSERT_EQ(done[0]["placement"]["gpus"], done[1]["placement"]["gpus"])
+      << "the fullest GPU that fits: the same one";
+  for (const json& j : done) {
+    const json& u = j["usage"];
+    ASSERT_TRUE(u.contains("gpu_held_back_pct")) << j.dump();
+    const double util = u["gpu_utilization_pct"].get<double>();
+    const double held = u["gpu_held_back_pct"].get<double>();
+    const double demand = u["gpu_demand_pct"].get<double>();
+    // Overlapping most of their runs, each waited for the other's slices.
+    EXPECT_GT(held, 15) << u.dump();
+    EXPECT_LT(held + util, 105) << "waiting and running do not overlap: " << u.dump();
+    EXPECT_GT(demand, util + 10) << u.dump();
+    EXPECT_DOUBLE_EQ(j["efficiency"]["gpu_demand_pct"].get<double>(), demand);
+    EXPECT_THAT(Cli(d, "eff " + std::to_string(j["id"].get<int64_t>())),
+                HasSubstr(fmt::format("its launches waited for the GPU {:.1f}% of its run: it "
+                                      "would have used {:.1f}% of each GPU's time",
+                                      held, demand)));
+  }
+}
+
 // A CUDA program whose allocation its 1 GiB limit refused (the intercept library's count, read
 // from its region at its end) fails saying so - what it held, what it asked at most, what to ask
 // next time - and `tessera eff` shows the refusal.

@@ -38,6 +38,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       auto again = k::ParseGpuUse(k::FormatGpuUse(*u));
       if (!again.ok() || !(*again == *u)) __builtin_trap();
+      // What it would have used: a part of one GPU, never less than what it used.
+      if (const auto w = u->WantedPermille();
+          w && (*w < 0 || *w > 1000 || *w < u->busy_permille.value_or(0))) {
+        __builtin_trap();
+      }
       break;
     }
     default: {

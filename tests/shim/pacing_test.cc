@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "client_util.h"
+#include "tessera/shim/arbiter.h"
 
 namespace {
 
@@ -208,6 +209,61 @@ TEST(Pacing, WorkConservingUsesIdleTimeCappedDoesNot) {
   // alone, so the client's own time between kernels (sync wake-ups, 10-20% of the window on a busy
   // 2-core machine) is not counted against the library.
   EXPECT_NEAR(100 * capped[0] / alone[0], 30, 5) << "capped: its share even when the GPU is idle";
+}
+
+// One job alone, `settings` its environment: what the arbiter charged it, how long it was held
+// back, and its run time (from before its process started to after it ended: a little more than
+// the arbiter saw, as the server's or the agent's run time of a job is).
+struct Measured {
+  double busy_us = 0, held_us = 0, run_us = 0;
+  double Demand() const {
+    return tessera::shim::DemandPct(static_cast<uint64_t>(busy_us), static_cast<uint64_t>(held_us),
+                                    static_cast<uint64_t>(run_us));
+  }
+};
+Measured RunAlone(const std::string& settings, const std::string& work) {
+  std::string arbiter = TempPath("arbiter");
+  std::string clock = TempPath("clock");
+  std::filesystem::remove(arbiter);
+  std::filesystem::remove(clock);
+  Env env{.extra = "FAKE_CUDA_CLOCK=" + clock + " TESSERA_CUDA_ARBITER=" + arbiter +
+                   " TESSERA_JOB_ID=alone " + settings};
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = RunClient(env, "link", work);
+  const double run_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(out, ::testing::StartsWith("gpu_us")) << settings;
+  const int gpu = 0;
+  const tessera::shim::ArbiterUse use =
+      tessera::shim::ArbiterJobUse(arbiter.c_str(), &gpu, 1, tessera::shim::ArbiterJobKey("alone"));
+  return {static_cast<double>(use.busy_us), static_cast<double>(use.held_us), run_us};
+}
+
+// A capped share is measured at most at its share; how long its launches were held back tells
+// what it would have used: the same job's use alone, whether it only launches (about all of the
+// GPU) or pauses between its batches (about 37% alone: then it waits less, and says 37%, not
+// all of it).
+TEST(Pacing, AJobHeldToItsShareSaysWhatItWouldHaveUsed) {
+  for (const char* work : {"work:1500:500:4:0:0:1500", "work:1500:500:4:6000:0:1500"}) {
+    SCOPED_TRACE(work);
+    const Measured alone = RunAlone("TESSERA_CUDA_COMPUTE_SHARE=100%", work);
+    const Measured capped =
+        RunAlone("TESSERA_CUDA_COMPUTE_SHARE=20% TESSERA_CUDA_WORK_CONSERVING=0", work);
+    printf(
+        "%s: alone %.1f%% busy; capped at 20%%: %.1f%% busy, held back %.1f%%, would have used "
+        "%.1f%%\n",
+        work, 100 * alone.busy_us / alone.run_us, 100 * capped.busy_us / capped.run_us,
+        100 * capped.held_us / capped.run_us, capped.Demand());
+    EXPECT_LT(alone.held_us, 0.02 * alone.run_us) << "alone on its GPU, nothing holds it back";
+    EXPECT_LT(100 * capped.busy_us / capped.run_us, 25) << "capped: charged its share at most";
+    EXPECT_GT(capped.held_us, 0.2 * capped.run_us) << "its launches waited for its share";
+    // What it would have used: what it used alone (the client's own time between kernels, 10-20%
+    // of its run on a busy 2-core machine, is in both).
+    EXPECT_NEAR(capped.Demand(), alone.Demand(), 12)
+        << "alone " << alone.busy_us << "/" << alone.run_us << " us busy; capped " << capped.busy_us
+        << " busy, " << capped.held_us << " held of " << capped.run_us;
+    EXPECT_GT(capped.Demand(), 100 * capped.busy_us / capped.run_us + 15);
+  }
 }
 
 TEST(Pacing, HigherPriorityKeepsItsThroughputLowerGetsTheRoomLeft) {

@@ -368,6 +368,9 @@ function efficiencyList(e) {
     h('dt', {}, 'elapsed'), h('dd', {}, `${count(e.elapsed_s)} s${e.running ? ' so far' : ''}`),
     h('dt', {}, 'GPUs held'), h('dd', {}, `${count(e.gpus)}${e.share ? ' (a share)' : ''}, ${e.gpu_hours.toFixed(3)} GPU-hours`),
     h('dt', {}, 'GPU busy'), h('dd', {}, p(e.gpu_busy_pct)),
+    // A share whose launches waited for the GPU: how long, and what it would have used had they not.
+    e.gpu_held_back_pct !== undefined ? [h('dt', {}, 'GPU held back'),
+      h('dd', { class: 'warn' }, `its launches waited ${p(e.gpu_held_back_pct)} of its run; it would have used ${p(e.gpu_demand_pct)} of a GPU`)] : null,
     h('dt', {}, 'GPU memory peak'), h('dd', {}, `${of(e.gpu_memory_peak_mib, e.gpu_memory_given_mib, mib)}${e.gpu_memory_pct !== undefined ? ` (${p(e.gpu_memory_pct)})` : ''}`),
     // Allocations its GPU memory limit refused (the intercept library's count), with the most it asked.
     e.gpu_memory_refused ? [h('dt', {}, 'GPU memory refused'),

@@ -500,6 +500,7 @@ void Agent::ReportClaimUse(const std::vector<DraState::ShareUse>& used) {
     }
     together->seconds = std::max(together->seconds, use.seconds);
     most(together->busy_permille, use.busy_permille);
+    most(together->held_back_permille, use.held_back_permille);
     most(together->peak_mib, use.peak_mib);
     most(together->limit_mib, use.limit_mib);
     most(together->wanted_mib, use.wanted_mib);
@@ -552,10 +553,11 @@ void Agent::AddGpuTime(const std::string& ns, std::string_view resource,
                        double held_s, const std::string& arbiter, std::string* note,
                        kube::GpuUse* use) {
   if (gpus.empty() || access(arbiter.c_str(), F_OK) != 0) return;
-  const double busy_s = static_cast<double>(shim::ArbiterBusyMicros(
-                            arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
-                            shim::ArbiterJobKey(job.c_str()))) /
-                        1e6;
+  const shim::ArbiterUse arbiter_use =
+      shim::ArbiterJobUse(arbiter.c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                          shim::ArbiterJobKey(job.c_str()));
+  const double busy_s = static_cast<double>(arbiter_use.busy_us) / 1e6;
+  const double waited_s = static_cast<double>(arbiter_use.held_us) / 1e6;
   const double given_s = held_s * share * static_cast<double>(gpus.size());
   *note += fmt::format("; {:.1f} s of GPU time in its {:.0f} s", busy_s, held_s);
   if (given_s > 0) {
@@ -563,13 +565,26 @@ void Agent::AddGpuTime(const std::string& ns, std::string_view resource,
                          gpus.size() > 1 ? " of each GPU" : "");
   }
   if (held_s > 0) {
-    use->busy_permille = std::clamp<int64_t>(
-        std::llround(1000 * busy_s / held_s / static_cast<double>(gpus.size())), 0, 1000);
+    const double n = static_cast<double>(gpus.size());
+    use->busy_permille = std::clamp<int64_t>(std::llround(1000 * busy_s / held_s / n), 0, 1000);
+    // Its launches waited for the GPU (other pods' slices): how long, and what it would have used
+    // had they not - what its kind learns (a share held to its slices measures at most its size).
+    const int64_t held_back =
+        std::clamp<int64_t>(std::llround(1000 * waited_s / held_s / n), 0, 1000);
+    if (held_back > 0) {
+      use->held_back_permille = held_back;
+      *note += fmt::format(
+          "; its launches waited for the GPU {:.0f}% of the time: it would have "
+          "used {:.0f}% of a GPU",
+          static_cast<double>(held_back) / 10,
+          static_cast<double>(use->WantedPermille().value_or(0)) / 10);
+    }
   }
   core::MutexLock lock(ended_mu_);
   std::pair<double, double>& seconds = ended_gpu_seconds_[{ns, std::string(resource)}];
   seconds.first += given_s;
   seconds.second += busy_s;
+  ended_held_back_seconds_[{ns, std::string(resource)}] += waited_s;
 }
 
 void Agent::TellUse(const std::string& ns, const std::string& name, const kube::GpuUse& use) {
@@ -786,6 +801,7 @@ std::string Agent::Metrics() {
   {
     core::MutexLock lock(ended_mu_);
     counters.ended_gpu_seconds = ended_gpu_seconds_;
+    counters.ended_held_back_seconds = ended_held_back_seconds_;
   }
   counters.api_server_configured = node_sync_ != nullptr;
   if (node_sync_) {

@@ -185,6 +185,10 @@ class Agent {
   core::Mutex ended_mu_;
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> ended_gpu_seconds_
       ABSL_GUARDED_BY(ended_mu_);
+  // Time-sliced shares': how long their launches waited for the GPU (other pods' slices), in
+  // GPU-seconds. tessera_pod_gpu_held_back_seconds_total.
+  std::map<std::pair<std::string, std::string>, double> ended_held_back_seconds_
+      ABSL_GUARDED_BY(ended_mu_);
   // Whole-GPU allocations' utilization as sampled at each reconcile: the GPU-seconds sampled and
   // the utilization (percent) times them, summed over its GPUs; and when it was last sampled.
   struct WholeUse {

@@ -137,6 +137,13 @@ std::string RenderMetrics(const std::string& hostname, const std::vector<GpuSamp
     p.Sample({{"namespace", key.first}, {"resource", key.second}, {"hostname", hostname}},
              seconds.second);
   }
+  p.Family("tessera_pod_gpu_held_back_seconds_total", "counter",
+           "GPU-seconds the launches of ended time-sliced share pods waited for their GPU (other "
+           "pods' slices: they wanted more than they got), by namespace and resource, since the "
+           "agent started.");
+  for (const auto& [key, seconds] : counters.ended_held_back_seconds) {
+    p.Sample({{"namespace", key.first}, {"resource", key.second}, {"hostname", hostname}}, seconds);
+  }
   p.Family("tessera_agent_allocations", "gauge", "Allocations the agent holds, by resource.");
   p.Sample({{"resource", kGpuResource}}, static_cast<double>(counters.whole_allocations));
   p.Sample({{"resource", kShareResource}}, static_cast<double>(counters.share_allocations));

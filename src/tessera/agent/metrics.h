@@ -60,6 +60,8 @@ struct AgentCountersSample {
   // Ended pods by namespace and resource: GPU-seconds given (GPUs, or share x GPUs, x life) and
   // busy (a share's arbiter charge; a whole GPU's sampled utilization).
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> ended_gpu_seconds;
+  // Time-sliced shares among them: how long their launches waited for the GPU, in GPU-seconds.
+  std::map<std::pair<std::string, std::string>, double> ended_held_back_seconds;
 };
 
 // `virtual_gpus` (dcgm-exporter's --kubernetes-virtual-gpus): a GPU held by several pods (shares)

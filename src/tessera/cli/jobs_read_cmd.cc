@@ -192,6 +192,12 @@ int RunEff(State& s, std::ostream& out, std::ostream& err) {
     if (number("gpu_busy_pct"))
       busy = fmt::format("{} of what it held was busy", pct("gpu_busy_pct"));
     field("GPU efficiency", busy);
+    if (number("gpu_held_back_pct") && number("gpu_demand_pct")) {
+      field("GPU held back",
+            fmt::format("its launches waited for the GPU {} of its run: it would have used {} of "
+                        "each GPU's time",
+                        pct("gpu_held_back_pct"), pct("gpu_demand_pct")));
+    }
     std::string memory = running ? "measured at its end" : "not measured";
     if (number("gpu_memory_given_mib"))
       memory += fmt::format(" ({} per GPU given)",

@@ -89,6 +89,19 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   t.Print(out);
   // What a trial recommends, how "auto" sized a job and whether it outgrew it, under the table.
   for (const auto& r : runs) {
+    // A share whose launches waited for the GPU: what it would have used (seff's question, asked
+    // of what it wanted rather than what it was let use).
+    for (const auto& g : r["gpus"]) {
+      if (!g.is_object() || !g.contains("held_back_percent") || !g.contains("demand_percent") ||
+          !g["held_back_percent"].is_number() || !g["demand_percent"].is_number()) {
+        continue;
+      }
+      out << fmt::format(
+          "job {} GPU {}: its launches waited for the GPU {:.0f}% of its run: it would have used "
+          "{:.0f}% of it\n",
+          r.value("job_id", 0u), g.value("index", -1), g["held_back_percent"].get<double>(),
+          g["demand_percent"].get<double>());
+    }
     for (const char* key : {"sizing", "advice", "outgrew"}) {
       if (r.contains(key) && r[key].is_string())
         out << "job " << r.value("job_id", 0u) << ": " << r[key].get<std::string>() << "\n";

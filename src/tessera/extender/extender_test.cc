@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "fmt/format.h"
 #include "tessera/extender/test_objects.h"
 
 namespace tessera::extender {
@@ -486,12 +487,56 @@ TEST(TrialAdvice, AskWholeGpusSharesOrNothingFromWhatWasMeasured) {
       TrialAdvice(d, {.seconds = 300, .busy_permille = 180, .kernel_launches = 27000}, 10, 20),
       HasSubstr("its GPU 18% busy, 27000 kernel launches (90/s, 2.0 ms of GPU time each on "
                 "average); recommended: tessera.io/gpu-share: 3 (of 10 per GPU)"));
+  // Held back by other pods' slices 70% of its run: 12% busy of the 30% it ran as it wished is
+  // 40% wanted; with the margin 48%, 5 shares of 10.
+  EXPECT_THAT(
+      TrialAdvice(d, {.seconds = 300, .busy_permille = 120, .held_back_permille = 700}, 10, 20),
+      HasSubstr("its GPU 12% busy (its launches waited for the GPU 70% of the time: it would have "
+                "used 40%); recommended: tessera.io/gpu-share: 5 (of 10 per GPU)"));
   EXPECT_EQ(TrialAdvice(d, {.seconds = 3}, 10, 20),
             "its trial of 5m ended after 3 s; nothing was measured (no GPU use seen)");
   // Several GPUs: what they did, no share to ask.
   d.request.gpus = 2;
   EXPECT_EQ(TrialAdvice(d, {.seconds = 300, .busy_permille = 400}, 10, 20),
             "its trial of 5m ended after 300 s: its GPUs 40% busy");
+}
+
+// A pod sized `tessera.io/gpu-share: auto` whose launches waited for its slices (it wanted more
+// than its share) teaches its kind what it would have used, so the next is sized past its share
+// in one step; one never held back teaches its busy share (plus the margin, whole shares).
+TEST_F(ExtenderTest, AnAutoShareHeldBackByItsSlicesSizesTheNextPastItsShare) {
+  ex_->OnNode(Ev::kAdded, GpuNode("a", "t4x2", {}, 4));
+  for (const int held : {700, 0}) {
+    SCOPED_TRACE(held);
+    const std::string job = fmt::format("infer-{}", held);  // a kind of its own
+    auto pod = [&](const std::string& name) {
+      json p = GpuPod("ml", name, {.shares = 1, .annotations = {{"tessera.io/gpu-share", "auto"}}});
+      p["metadata"]["labels"]["batch.kubernetes.io/job-name"] = job;
+      return p;
+    };
+    json done = pod(job + "-1");
+    done["spec"]["nodeName"] = "a";
+    done["status"]["phase"] = "Succeeded";
+    done["metadata"]["annotations"]["tessera.io/sizing"] = "gpu-share 1 (of 4 per GPU): ...";
+    // One share of four (25%), busy all of it, waiting for the GPU 70% of its run.
+    done["metadata"]["annotations"][kube::kGpuUseAnnotation] = kube::FormatGpuUse(
+        {.seconds = 600,
+         .busy_permille = 250,
+         .held_back_permille = held > 0 ? std::optional<int64_t>(held) : std::nullopt});
+    ex_->OnPod(Ev::kModified, done);
+    auto size = ex_->SizeShare(pod(job + "-2"), 0, 0);
+    ASSERT_TRUE(size.ok()) << size.status();
+    ASSERT_THAT(size->sizing, HasSubstr("(1 run)")) << "learned";
+    if (held > 0) {
+      // 250 of the 300 it ran as it wished: 83.3%; + 20% is a whole GPU.
+      EXPECT_TRUE(size->whole_gpu) << size->sizing;
+      EXPECT_THAT(size->sizing, HasSubstr("83% busy (p95 of"));
+    } else {
+      // 25% + 20% = 30%: two shares of four.
+      EXPECT_FALSE(size->whole_gpu) << size->sizing;
+      EXPECT_EQ(size->count, 2) << size->sizing;
+    }
+  }
 }
 
 TEST_F(ExtenderTest, APendingPodIsQueuedWhenSeenNotAtItsFirstFilter) {

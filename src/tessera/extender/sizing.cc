@@ -28,6 +28,13 @@ std::string PodIdOf(const json& pod) {
 
 namespace {
 
+// What a pod would have used of one GPU, in percent (kube::GpuUse::WantedPermille): a share held
+// back by its time slices is measured at most at what it was given.
+std::optional<double> WantedPct(const kube::GpuUse& use) {
+  const std::optional<int64_t> w = use.WantedPermille();
+  return w ? std::optional<double>(static_cast<double>(*w) / 10) : std::nullopt;
+}
+
 // What a trial of `trial_s` on `gpus` GPUs measured, in words (TrialAdvice's first part); `any`
 // says whether anything was.
 std::string TrialMeasured(double trial_s, int gpus, const kube::GpuUse& use, bool* any) {
@@ -35,6 +42,11 @@ std::string TrialMeasured(double trial_s, int gpus, const kube::GpuUse& use, boo
   if (use.busy_permille) {
     measured.push_back(fmt::format("its GPU{} {:g}% busy", gpus > 1 ? "s" : "",
                                    static_cast<double>(*use.busy_permille) / 10));
+    if (use.held_back_permille && *use.held_back_permille > 0) {
+      measured.back() += fmt::format(
+          " (its launches waited for the GPU {:g}% of the time: it would have used {:g}%)",
+          static_cast<double>(*use.held_back_permille) / 10, *WantedPct(use));
+    }
   }
   if (use.peak_mib && *use.peak_mib > 0)
     measured.push_back(fmt::format("peak GPU memory {}MiB", *use.peak_mib));
@@ -70,7 +82,7 @@ std::string TrialAdvice(const PodDemand& d, const kube::GpuUse& use, int shares_
   if (d.request.gpu_count() > 1 || shares_per_gpu <= 0) return said;
   std::string ask;
   if (use.busy_permille) {
-    const double pct = static_cast<double>(*use.busy_permille) / 10;
+    const double pct = *WantedPct(use);
     const int count = std::max(
         1,
         static_cast<int>(
@@ -98,9 +110,8 @@ std::string DraTrialAdvice(double trial_s, const kube::GpuUse& use, int margin_p
   if (!any) return said;
   std::vector<std::string> ask;
   if (use.busy_permille) {
-    ask.push_back(fmt::format(
-        "shares for {:.0f}% of a GPU",
-        core::SizeFromUse(static_cast<double>(*use.busy_permille) / 10, margin_pct / 100.0, 1)));
+    ask.push_back(fmt::format("shares for {:.0f}% of a GPU",
+                              core::SizeFromUse(*WantedPct(use), margin_pct / 100.0, 1)));
   }
   if (use.peak_mib && *use.peak_mib > 0) {
     ask.push_back(
@@ -171,7 +182,7 @@ absl::StatusOr<ShareSize> Extender::SizeShare(const json& pod, size_t container,
   if (pr.util_high_pct <= 0) {
     out.count = ceiling;
     why = asked > 0 ? "no measured runs of its kind yet, the count its container asks"
-                    : "no measured runs of its kind yet, a whole GPU";
+                    : "no measured runs of its kind yet";  // then a whole GPU, said below
   } else {
     const double pct = core::SizeFromUse(pr.util_high_pct, margin / 100.0, 100.0 / n);
     out.count = std::max(1, static_cast<int>(std::lround(pct * n / 100)));
@@ -257,10 +268,7 @@ void Extender::LearnUse(const json& pod) {
     kind.shape = kDraShareShape;
     int64_t learn_mib = use->peak_mib.value_or(0);
     if (use->refused.value_or(0) > 0) learn_mib = std::max(learn_mib, use->wanted_mib.value_or(0));
-    Learn(uid, {kind},
-          use->busy_permille ? std::optional<double>(static_cast<double>(*use->busy_permille) / 10)
-                             : std::nullopt,
-          static_cast<double>(learn_mib));
+    Learn(uid, {kind}, WantedPct(*use), static_cast<double>(learn_mib));
     spdlog::info("extender: pod {} ended; its kind's DRA claims ({}) learn {}", id,
                  kind.name.empty() ? kind.user : kind.name, text);
     // A trial (its deadline set as it was created, admission.h): what it measured, what to ask.
@@ -290,10 +298,9 @@ void Extender::LearnUse(const json& pod) {
   // What its kind needs: its peak, or what it asked at most where its limit refused it.
   int64_t learn_mib = use->peak_mib.value_or(0);
   if (refused) learn_mib = std::max(learn_mib, use->wanted_mib.value_or(0));
-  const std::optional<double> busy =
-      use->busy_permille ? std::optional<double>(static_cast<double>(*use->busy_permille) / 10)
-                         : std::nullopt;
-  Learn(uid, UseKinds(*d), busy, static_cast<double>(learn_mib));
+  // What it would have used: a share held back by its slices learns past its size (its busy
+  // share alone would grow its kind by the margin only).
+  Learn(uid, UseKinds(*d), WantedPct(*use), static_cast<double>(learn_mib));
   spdlog::info("extender: pod {} ended; its kind ({}) learns {}", id, d->kind.shape, text);
   const std::string ns = StringAt(pod, {"metadata", "namespace"});
   auto notice = [&](const char* type, const char* reason, std::string note) {

@@ -131,7 +131,8 @@ class Checker {
   }
 
   // Runs the tenants at once from a shared start; each one's result line. `during` runs while
-  // they do (pids, start in ms). "charged_us" is added: the GPU time the arbiter charged the job.
+  // they do (pids, start in ms). "charged_us" is added: the GPU time the arbiter charged the job;
+  // "held_us": how long its launches waited for the GPU.
   std::vector<Fields> Contend(
       const std::string& scenario, std::vector<Tenant> tenants, double run_ms, double from_ms,
       double to_ms, const std::function<void(const std::vector<pid_t>&, double)>& during = {}) {
@@ -163,8 +164,12 @@ class Checker {
       const int status = children[i]->Wait();
       if (!out[i].count("error") && !out[i].count("window_us"))
         out[i]["error"] = "tenant ended without a result (status " + std::to_string(status) + ")";
-      out[i]["charged_us"] = std::to_string(shim::ArbiterBusyMicros(
-          arbiter.c_str(), options_.device, shim::ArbiterJobKey(tenants[i].job.c_str())));
+      const int device = options_.device;
+      const shim::ArbiterUse used = shim::ArbiterJobUse(
+          arbiter.c_str(), &device, 1, shim::ArbiterJobKey(tenants[i].job.c_str()));
+      out[i]["charged_us"] = std::to_string(used.busy_us);
+      // How long its launches waited for the GPU (what it would have used: docs/sharing.md).
+      out[i]["held_us"] = std::to_string(used.held_us);
     }
     std::error_code ec;
     std::filesystem::remove(arbiter, ec);
@@ -234,6 +239,7 @@ class Checker {
           {"used_percent", used},
           {"window_us", {Num(r[0], "window_us"), Num(r[1], "window_us")}},
           {"charged_us", {Num(r[0], "charged_us"), Num(r[1], "charged_us")}},
+          {"held_us", {Num(r[0], "held_us"), Num(r[1], "held_us")}},
           {"total_us", {Num(r[0], "total_us"), Num(r[1], "total_us")}}}});
   }
 

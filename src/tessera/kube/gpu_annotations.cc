@@ -211,7 +211,17 @@ std::string FormatGpuUse(const GpuUse& u) {
   put("refused", u.refused);
   put("wantedMiB", u.wanted_mib);
   put("kernelLaunches", u.kernel_launches);
+  put("heldBackPermille", u.held_back_permille);
   return j.dump();
+}
+
+std::optional<int64_t> GpuUse::WantedPermille() const {
+  if (!busy_permille) return std::nullopt;
+  const int64_t held = held_back_permille.value_or(0);
+  if (held <= 0 || *busy_permille <= 0) return busy_permille;
+  // Held back for (nearly) all it did not run: it used all it was let.
+  if (*busy_permille + held >= 1000) return 1000;
+  return std::min<int64_t>(1000, (*busy_permille * 1000 + (1000 - held) / 2) / (1000 - held));
 }
 
 absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text) {
@@ -230,7 +240,8 @@ absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text) {
        {Part{"seconds", &seconds, int64_t{1} << 40}, Part{"busyPermille", &u.busy_permille, 1000},
         Part{"peakMiB", &u.peak_mib, kMaxMib}, Part{"limitMiB", &u.limit_mib, kMaxMib},
         Part{"refused", &u.refused, int64_t{1} << 50}, Part{"wantedMiB", &u.wanted_mib, kMaxMib},
-        Part{"kernelLaunches", &u.kernel_launches, int64_t{1} << 60}}) {
+        Part{"kernelLaunches", &u.kernel_launches, int64_t{1} << 60},
+        Part{"heldBackPermille", &u.held_back_permille, 1000}}) {
     if (absl::Status s = Member(j, p.key, kGpuUseAnnotation, "", *p.out); !s.ok()) return s;
     if (*p.out && (**p.out < 0 || **p.out > p.max)) {
       return Bad(kGpuUseAnnotation,

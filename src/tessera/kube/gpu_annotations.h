@@ -66,7 +66,13 @@ struct GpuUse {
   std::optional<int64_t> refused;          // allocations its limit refused
   std::optional<int64_t> wanted_mib;       // the most it would have held had they been given
   std::optional<int64_t> kernel_launches;  // a share: the kernels its processes launched
+  // A time-sliced share: how much of that time its launches waited for the GPU (another pod's
+  // slices), 0..1000. Left out when they never did.
+  std::optional<int64_t> held_back_permille;
   friend bool operator==(const GpuUse&, const GpuUse&) = default;
+  // What it would have used of one GPU had its launches not waited (0..1000): its GPU time over
+  // the time it ran as it wished (shim::DemandPct); its busy share when never held back.
+  std::optional<int64_t> WantedPermille() const;
 };
 std::string FormatGpuUse(const GpuUse& u);
 absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text);

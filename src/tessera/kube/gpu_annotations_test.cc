@@ -95,12 +95,28 @@ TEST(GpuUse, RoundTripsWhatWasMeasuredAndRefusesWhatCannotBe) {
            {R"({"seconds":-1})", "seconds: expected 0.."},
            {R"({"seconds":1,"peakMiB":"3Gi"})", "peakMiB: expected a whole number"},
            {R"({"seconds":1.5})", "seconds: expected a whole number"},
+           {R"({"seconds":1,"heldBackPermille":1200})", "heldBackPermille: expected 0..1000"},
        }) {
     auto r = ParseGpuUse(c.text);
     ASSERT_FALSE(r.ok()) << c.text;
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.want)) << c.text;
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("tessera.io/gpu-use")) << c.text;
   }
+}
+
+// A share whose launches waited for the GPU: what it would have used is its GPU time over the
+// time it ran as it wished.
+TEST(GpuUse, WhatAShareHeldBackWouldHaveUsed) {
+  GpuUse u{.seconds = 100, .busy_permille = 250, .held_back_permille = 700};
+  EXPECT_EQ(FormatGpuUse(u), R"({"busyPermille":250,"heldBackPermille":700,"seconds":100})");
+  EXPECT_EQ(*ParseGpuUse(FormatGpuUse(u)), u);
+  EXPECT_EQ(u.WantedPermille(), 833) << "250 of the 300 it was let run";
+  u.held_back_permille = 750;
+  EXPECT_EQ(u.WantedPermille(), 1000) << "waiting whenever it did not run: all of it";
+  u.held_back_permille = std::nullopt;
+  EXPECT_EQ(u.WantedPermille(), 250) << "never held back: what it used";
+  u.busy_permille = std::nullopt;
+  EXPECT_EQ(u.WantedPermille(), std::nullopt) << "nothing measured";
 }
 
 TEST(NodeGpus, RoundTripsAPresetWithTopologyAndHealth) {

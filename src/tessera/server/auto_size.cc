@@ -108,6 +108,11 @@ std::string TrialSummary(const std::string& over, const TrialUse& use, const Siz
   const int64_t peak_mib = use.peak_mib;
   std::vector<std::string> measured;
   if (util_pct) measured.push_back(fmt::format("GPU {:.0f}% busy", *util_pct));
+  if (util_pct && use.held_back_pct && use.demand_pct) {
+    measured.back() += fmt::format(
+        " (its launches waited for the GPU {:.0f}% of its run: it would have used {:.0f}%)",
+        *use.held_back_pct, *use.demand_pct);
+  }
   if (peak_mib > 0) measured.push_back(fmt::format("peak GPU memory {}MiB", peak_mib));
   if (use.kernel_launches > 0 && use.run_s > 0) {
     const double n = static_cast<double>(use.kernel_launches);
@@ -124,7 +129,8 @@ std::string TrialSummary(const std::string& over, const TrialUse& use, const Siz
   JobSpec sized;
   sized.gpu_share_auto = sized.gpu_memory_auto = true;
   sched::Prediction p;
-  p.util_high_pct = util_pct.value_or(0), p.util_high_basis = "the trial";
+  p.util_high_pct = use.demand_pct.value_or(util_pct.value_or(0));
+  p.util_high_basis = "the trial";
   p.gpu_memory_peak_mib = static_cast<double>(peak_mib), p.memory_basis = "the trial";
   SizeAutomatically(sized, p, policy);
   std::string ask = sized.Share() ? "" : "--gpus 1";

@@ -43,6 +43,9 @@ void SizeAutomatically(JobSpec& spec, const sched::Prediction& history, const Si
 // share's; 0: not counted) over its run of `run_s` seconds.
 struct TrialUse {
   std::optional<double> util_pct;
+  // Its launches waited for the GPU (another job's slices): for how much of its run (percent),
+  // and what it would have used had they not (percent of a GPU), which is what it is sized from.
+  std::optional<double> held_back_pct, demand_pct;
   int64_t peak_mib = 0;
   uint64_t kernel_launches = 0;
   double run_s = 0;

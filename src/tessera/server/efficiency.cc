@@ -72,6 +72,13 @@ json EfficiencyOf(const json& job, double now) {
     // Measured as a share of its GPUs' time (a share: of one GPU's): of what it held, its part.
     if (const auto busy = GpuBusyFraction(usage, placement))
       e["gpu_busy_pct"] = Round1(100 * *busy);
+    // A share whose launches waited for the GPU: for how much of its run, and what it would have
+    // used of one GPU had they not (its time-slices held it to less than it wanted).
+    if (usage.value("gpu_held_back_pct", json()).is_number() &&
+        usage.value("gpu_demand_pct", json()).is_number()) {
+      e["gpu_held_back_pct"] = usage["gpu_held_back_pct"].get<double>();
+      e["gpu_demand_pct"] = usage["gpu_demand_pct"].get<double>();
+    }
     if (usage.value("gpu_peak_memory_mib", json()).is_number()) {
       e["gpu_memory_peak_mib"] = usage["gpu_peak_memory_mib"].get<int64_t>();
       if (const auto used = GpuMemoryFraction(usage, placement))

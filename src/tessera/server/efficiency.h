@@ -10,7 +10,9 @@
 namespace tessera::server {
 
 // For a job that started: {"elapsed_s", "gpus" (held: whole GPUs, or a share's fraction), "share",
-// "gpu_hours", and where measured "gpu_busy_pct" (of what it held), "gpu_memory_peak_mib",
+// "gpu_hours", and where measured "gpu_busy_pct" (of what it held), "gpu_held_back_pct" (of its
+// run its launches waited for the GPU) with "gpu_demand_pct" (what it would have used of a GPU's
+// time had they not), "gpu_memory_peak_mib",
 // "gpu_memory_given_mib" (per GPU), "gpu_memory_pct", "gpu_memory_refused" (allocations its limit
 // refused) with "gpu_memory_wanted_mib" (the most it asked per GPU), "cpus", "cpu_seconds",
 // "cpu_pct" (of the CPUs asked over its run), "memory_peak_bytes", "memory_limit_bytes",

@@ -53,6 +53,21 @@ TEST(Efficiency, AShareIsMeasuredAgainstItsShare) {
   EXPECT_FALSE(e.contains("memory_pct"));
 }
 
+// A share that used all its share and waited for the GPU most of the rest: said with what it would
+// have used; one never held back says nothing of it.
+TEST(Efficiency, AShareHeldBackSaysWhatItWouldHaveUsed) {
+  json placement = {{"gpus", {{{"index", 0}}}}, {"milli_per_gpu", 250}};
+  json usage = {
+      {"gpu_utilization_pct", 25.0}, {"gpu_held_back_pct", 70.0}, {"gpu_demand_pct", 83.3}};
+  json e = EfficiencyOf(Job(placement, {{"gpu_share", "25%"}}, usage), 0);
+  EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 100) << "all of its share";
+  EXPECT_DOUBLE_EQ(e["gpu_held_back_pct"].get<double>(), 70);
+  EXPECT_DOUBLE_EQ(e["gpu_demand_pct"].get<double>(), 83.3);
+  usage.erase("gpu_held_back_pct");
+  e = EfficiencyOf(Job(placement, {{"gpu_share", "25%"}}, usage), 0);
+  EXPECT_FALSE(e.contains("gpu_demand_pct")) << "only both together";
+}
+
 TEST(Efficiency, RunningJobsSoFarAndJobsThatNeverStarted) {
   json placement = {{"gpus", {{{"index", 0}}}}, {"milli_per_gpu", 1000}};
   json e = EfficiencyOf(Job(placement, json::object(), nullptr, 1000, nullptr), 1900);

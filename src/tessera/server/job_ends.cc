@@ -116,6 +116,21 @@ void JobEnds::Record(Ending& e, double now) {
     util = std::round(*util * 10) / 10;
     u["gpu_utilization_pct"] = *util;
   }
+  // A compute share whose launches waited for the GPU: how long, and what it would have used had
+  // they not - what it teaches (a share held to its slices is measured at most at its size).
+  std::optional<double> held_back, demand;
+  std::optional<double> teaches = util;
+  if (const auto held = r.GpuHeldBack(now); held && util) {
+    held_back = std::round(held->pct * 10) / 10;
+    demand = std::max(*util, std::round(held->demand_pct * 10) / 10);
+    if (*held_back > 0) {
+      u["gpu_held_back_pct"] = *held_back;
+      u["gpu_demand_pct"] = *demand;
+      teaches = demand;
+    } else {
+      held_back = demand = std::nullopt;
+    }
+  }
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
   if (r.kernel_launches > 0) u["kernel_launches"] = r.kernel_launches;
   if (r.gpu_refused > 0) {
@@ -151,7 +166,7 @@ void JobEnds::Record(Ending& e, double now) {
                  {.to = end.to,
                   .trial = r.stop == "trial",
                   .run_s = now - r.started,
-                  .util = util,
+                  .util = teaches,
                   .shared_gpu = r.region.empty() ? std::nullopt : std::optional<bool>(r.shared_gpu),
                   .peak_mib = r.gpu_peak_mib,
                   .outgrown_mib = outgrown_mib});
@@ -160,6 +175,8 @@ void JobEnds::Record(Ending& e, double now) {
   if (r.stop == "trial" && r.spec) {
     end.reason = TrialSummary(end.reason,
                               {.util_pct = util,
+                               .held_back_pct = held_back,
+                               .demand_pct = demand,
                                .peak_mib = r.gpu_peak_mib,
                                .kernel_launches = r.kernel_launches,
                                .run_s = now - r.started},

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "tessera/core/clock.h"
 #include "tessera/sched/predictor.h"
@@ -199,6 +200,53 @@ TEST_F(JobEndsTest, ATrialSaysWhatItUsedAndRecommendsASizeThatAutoThenUses) {
   SizeAutomatically(later, p, {});
   EXPECT_EQ(later.gpu_milli, 500);
   EXPECT_EQ(later.gpu_memory_mib, 3840);
+}
+
+// A share sized automatically whose launches waited for its slices (held to 25% of a GPU by its
+// share while it wanted more): its usage says for how long and what it would have used, and that
+// is what its kind learns - so the next run is sized past its share, not at it plus the margin.
+// A restart reads the same back from its record (UsageOf). One never held back teaches its use.
+TEST_F(JobEndsTest, AShareHeldBackByItsSlicesTeachesWhatItWouldHaveUsed) {
+  for (const uint64_t held_s : {70, 0}) {
+    SCOPED_TRACE(held_s);
+    const json spec = {{"command", {"serve"}},
+                       {"name", fmt::format("serve-{}", held_s)},  // a kind of its own
+                       {"resources", {{"gpu_share", "auto"}, {"gpu_memory", "4GiB"}}},
+                       {"sized", {{"basis", "gpu_share 25%: ..."}, {"gpu_share", "25%"}}}};
+    RunningJob r = Running(spec);
+    ASSERT_EQ(r.spec->gpu_milli, 250);
+    r.region = dir_ + "/regions/share";
+    r.gpu_milli = 250;
+    // 100 s: 25 s of GPU time, 70 s waiting for it - it ran as it wished for 30 s, 25 of them busy.
+    host_.SetShareUse(r.id, {.busy_us = 25'000'000, .held_us = held_s * 1'000'000});
+    const int64_t id = r.id;
+    Ending e{std::move(r), 0, true};
+    ends_->Record(e, 200);
+    const JobRecord rec = Stored(id);
+    ASSERT_EQ(rec.state, JobState::kSucceeded);
+    const json usage = json::parse(rec.usage_json);
+    EXPECT_EQ(usage["gpu_utilization_pct"], 25.0) << usage;
+    const sched::RunKind kind = RunKindOf(*e.run.spec, "alice");
+    JobSpec next = *e.run.spec;
+    next.sizing.clear();
+    SizeAutomatically(next, history_.Predict(kind), {});
+    if (held_s == 0) {
+      EXPECT_FALSE(usage.contains("gpu_held_back_pct")) << usage;
+      EXPECT_EQ(history_.Predict(kind).util_high_pct, 25);
+      EXPECT_EQ(next.gpu_milli, 300) << "25% + 20%: " << next.sizing;
+      continue;
+    }
+    EXPECT_EQ(usage["gpu_held_back_pct"], 70.0) << usage;
+    EXPECT_EQ(usage["gpu_demand_pct"], 83.3) << "25 s busy of the 30 s it was let run";
+    EXPECT_DOUBLE_EQ(history_.Predict(kind).util_high_pct, 83.3);
+    EXPECT_EQ(next.gpu_milli, 0) << "83% + 20% is a whole GPU's compute: " << next.sizing;
+    EXPECT_THAT(next.sizing, ::testing::HasSubstr("83% busy (p95 of "));
+    EXPECT_THAT(next.sizing, ::testing::HasSubstr("+ 20% is a whole GPU"));
+    // A restart learns the same from the record.
+    const RecordedUse use = UsageOf(rec);
+    ASSERT_TRUE(use.util.has_value());
+    EXPECT_DOUBLE_EQ(*use.util, 83.3);
+  }
 }
 
 // A share's trial says its kernel mix too: the launches its region counted, per second of its run,

@@ -132,10 +132,11 @@ JobHost::ShareUse LocalJobHost::ReadShare(int64_t job, const std::vector<int>& g
   if (compute_share && !gpus.empty()) {
     // On several GPUs: the mean per GPU (its utilization is of one GPU, as a share is).
     core::MutexLock lock(arbiter_mu_);
-    s.busy_us =
-        shim::ArbiterBusyMicros(arbiter_.c_str(), gpus.data(), static_cast<int>(gpus.size()),
-                                shim::ArbiterJobKey(std::to_string(job).c_str())) /
-        gpus.size();
+    const shim::ArbiterUse use =
+        shim::ArbiterJobUse(arbiter_.c_str(), gpus.data(), static_cast<int>(gpus.size()),
+                            shim::ArbiterJobKey(std::to_string(job).c_str()));
+    s.busy_us = use.busy_us / gpus.size();
+    s.held_us = use.held_us / gpus.size();
   }
   const RegionMemory m = ReadRegionMemory(region);
   s.peak_bytes = m.peak;

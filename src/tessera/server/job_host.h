@@ -76,6 +76,7 @@ class JobHost {
   // `gpus`); then removal.
   struct ShareUse {
     uint64_t busy_us = 0;
+    uint64_t held_us = 0;  // how long its launches waited for the GPU (shim::ArbiterJob::held_us)
     uint64_t peak_bytes = 0;
     uint64_t refused = 0;
     uint64_t wanted_bytes = 0;

@@ -17,6 +17,7 @@
 #include "tessera/core/gpu.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
+#include "tessera/shim/arbiter.h"
 
 namespace tessera::server {
 
@@ -116,6 +117,9 @@ void RunningJob::AddShareReading(const JobHost::ShareUse& s) {
   // and came back): what was counted before stays counted.
   arbiter_busy_us += s.busy_us >= arbiter_seen_us ? s.busy_us - arbiter_seen_us : s.busy_us;
   arbiter_seen_us = s.busy_us;
+  arbiter_held_us +=
+      s.held_us >= arbiter_held_seen_us ? s.held_us - arbiter_held_seen_us : s.held_us;
+  arbiter_held_seen_us = s.held_us;
   gpu_peak_mib = std::max<int64_t>(gpu_peak_mib, s.peak_bytes >> 20);
   gpu_refused = std::max(gpu_refused, s.refused);
   gpu_wanted_mib =
@@ -133,6 +137,16 @@ std::optional<double> RunningJob::GpuUtilization(double now) const {
   // Otherwise the GPUs' own utilization, from the samples in which it held them alone.
   if (util_samples == 0) return std::nullopt;
   return std::clamp(100.0 * util_sum / util_samples, 0.0, 100.0);
+}
+
+std::optional<RunningJob::HeldBack> RunningJob::GpuHeldBack(double now) const {
+  if (gpus.empty() || region.empty() || gpu_milli <= 0 || arbiter_held_us == 0) return std::nullopt;
+  const double ran_us = (now - started) * 1e6;
+  if (ran_us < 1) return std::nullopt;
+  const double demand =
+      shim::DemandPct(arbiter_busy_us, arbiter_held_us, static_cast<uint64_t>(ran_us));
+  if (demand < 0) return std::nullopt;
+  return HeldBack{std::min(100.0, 100.0 * static_cast<double>(arbiter_held_us) / ran_us), demand};
 }
 
 CgroupUsage RunningJob::WithEarlier(const CgroupUsage& last) const {
@@ -155,6 +169,8 @@ RecordedUse UsageOf(const JobRecord& r) {
     return v.is_number_integer() ? std::max<int64_t>(0, v.get<int64_t>()) : 0;
   };
   if (const json v = field("gpu_utilization_pct"); v.is_number()) out.util = v.get<double>();
+  if (const json v = field("gpu_demand_pct"); v.is_number() && out.util)
+    out.util = std::max(*out.util, v.get<double>());
   if (const json v = field("shared_gpu"); v.is_boolean()) out.shared_gpu = v.get<bool>();
   const json trial = field("trial");
   out.trial = trial.is_boolean() && trial.get<bool>();

@@ -64,6 +64,8 @@ struct RunningJob {
   int util_samples = 0;
   uint64_t arbiter_busy_us = 0;
   uint64_t arbiter_seen_us = 0;  // the arbiter's count when last read
+  uint64_t arbiter_held_us = 0;  // how long its launches waited for the GPU (per GPU)
+  uint64_t arbiter_held_seen_us = 0;
   int64_t gpu_peak_mib = 0;
   uint64_t kernel_launches = 0;  // a share's, counted by its region (read at its end)
   uint64_t gpu_refused = 0;    // GPU memory allocations refused for its limit (its region's count)
@@ -89,6 +91,14 @@ struct RunningJob {
   void AddShareReading(const JobHost::ShareUse& s);
   // Its GPU utilization over its run until `now` (percent), when measured.
   std::optional<double> GpuUtilization(double now) const;
+  // A compute share's launches that waited for the GPU (another job's slice, or its cap): the
+  // part of its run until `now` it was held back (percent), and what it would have used had it
+  // not been (shim::DemandPct); nullopt when it never waited or is not a compute share.
+  struct HeldBack {
+    double pct = 0;         // of its run
+    double demand_pct = 0;  // of a GPU
+  };
+  std::optional<HeldBack> GpuHeldBack(double now) const;
 };
 
 // <state_dir>/<dir>/<id><suffix>: a job's log, exit or region file; and the log of a job's task
@@ -130,6 +140,8 @@ inline constexpr int kResizeExitCode = 75;
 // shared its GPU, its GPU memory figures (peak, refusals, the most it asked), and whether its run
 // was a trial.
 struct RecordedUse {
+  // What it teaches of its GPU utilization: what it would have used where it was held back
+  // (gpu_demand_pct), else what it used (gpu_utilization_pct).
   std::optional<double> util;
   std::optional<bool> shared_gpu;
   GpuMemoryUse memory;

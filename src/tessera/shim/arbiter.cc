@@ -203,6 +203,8 @@ bool Arbiter::TryClaim(ArbiterGpu& g, int slot) {
   j.lost_us.store(0);
   j.billed_until_us.store(0);
   j.granted_us.store(0);
+  j.held_us.store(0);
+  j.held_until_us.store(0);
   // A newcomer starts level with the least-served job there, not with credit for its absence.
   uint64_t least = UINT64_MAX;
   for (int i = 0; i < kArbiterJobs; ++i) {
@@ -639,9 +641,24 @@ void Arbiter::BeforeLaunch(int gpu, DrainFn drain) {
       continue;
     }
     if (TryTake(gpu, self, now, lease, counted) && Bound(gpu, self, now, drain)) break;
+    // Held back while it sleeps (from here: a drain above, Bound's, is its own work, not a wait).
+    const uint64_t asleep = NowMicros();
     SleepMicros(config_.poll_us);
+    Held(g.jobs[self], asleep, NowMicros());
   }
   Launching(gpu, NowMicros());
+}
+
+void Arbiter::Held(ArbiterJob& j, uint64_t from, uint64_t to) {
+  uint64_t until = j.held_until_us.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t start = std::max(from, until);
+    if (to <= start) return;
+    if (j.held_until_us.compare_exchange_weak(until, to, std::memory_order_relaxed)) {
+      j.held_us.fetch_add(to - start, std::memory_order_relaxed);
+      return;
+    }
+  }
 }
 
 void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
@@ -708,7 +725,15 @@ void Arbiter::BeforeLaunchGang(int gpu, DrainFn drain) {
       if (aligned) break;
       continue;
     }
+    const uint64_t asleep = NowMicros();
     SleepMicros(config_.poll_us);
+    const uint64_t after = NowMicros();
+    // Held back on the GPUs it waits for; on those it holds meanwhile it is charged (its cost).
+    for (uint32_t m = config_.gang_mask; m; m &= m - 1) {
+      const int b = __builtin_ctz(m);
+      if (Holder(data_->gpus[b].lease.load(std::memory_order_acquire)) != slots[b])
+        Held(data_->gpus[b].jobs[slots[b]], asleep, after);
+    }
   }
   // A gang that lost this GPU while it drained launches anyway: it takes its GPUs together, and
   // waiting here for the one again would hold the others idle.

@@ -30,7 +30,8 @@
 namespace tessera::shim {
 
 inline constexpr uint64_t kArbiterMagic = 0x5242524153534554ull;  // "TESSARBR"
-inline constexpr uint32_t kArbiterVersion = 5;  // 3: sync_pids; 4: settings; 5: handovers
+inline constexpr uint32_t kArbiterVersion = 6;  // 3: sync_pids; 4: settings; 5: handovers; 6: held
+                                                // back
 inline constexpr int kArbiterGpus = 16;         // physical GPUs of a machine
 inline constexpr int kArbiterJobs = 64;         // jobs per GPU
 inline constexpr int kSyncPids = 32;            // processes of a job tracked inside a synchronize
@@ -73,6 +74,13 @@ struct ArbiterJob {
   std::atomic<uint64_t> billed_until_us;
   std::atomic<uint64_t> granted_us;  // when the job last got the GPU (lease_start_us moves on at
                                      // every slice it keeps)
+  // How long the job was held back: wall time in which a launch of it waited for the GPU (another
+  // job's slice, or - capped - its own share's pause), its processes' waits counted once (each
+  // adds what of its wait lies past held_until_us). With its run time it tells what the job would
+  // have used had it not waited (ArbiterUse::DemandPct): a share held to its slices is measured
+  // at most at what it was given, but its waits say how much more it wanted.
+  std::atomic<uint64_t> held_us;
+  std::atomic<uint64_t> held_until_us;
 };
 
 struct ArbiterGpu {
@@ -238,6 +246,9 @@ class Arbiter {
   // sync_pids, of this process's pid namespace). Returns whether any was.
   bool ReapSyncs(ArbiterJob& j) const;
   void Granted(ArbiterGpu& g, int slot, uint64_t now);
+  // A launch of job `j` waited for the GPU from `from` to `to`: what of it is not counted yet (by
+  // another process of the job waiting at the same time) is added to its held_us.
+  static void Held(ArbiterJob& j, uint64_t from, uint64_t to);
   ArbiterData* data_;
   uint64_t key_;
   ArbiterConfig config_;
@@ -292,6 +303,20 @@ uint64_t ArbiterJobKey(const char* job_id);
 uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key);
 // The same summed over `count` GPUs (a job on several), the file mapped once.
 uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key);
+
+// A job's GPU time and how long it was held back (ArbiterJob::held_us), summed over its GPUs.
+struct ArbiterUse {
+  uint64_t busy_us = 0;
+  uint64_t held_us = 0;
+};
+ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t key);
+
+// What a job would have used of a GPU had it not been held back, in percent: its GPU time over
+// the part of its run (`run_us`, per GPU) in which it was not waiting for the GPU - its rate while
+// it ran as it wished. A job that computes between its kernels waits less than one that only
+// launches, so this is its own rate, not the whole GPU. At most 100; -1 when the run or the busy
+// time is not known.
+double DemandPct(uint64_t busy_us, uint64_t held_us, uint64_t run_us);
 
 // How long a utilization window of a job is (NVML's sample period is 1/6 s to 1 s).
 inline constexpr uint64_t kUtilizationWindowUs = 1'000'000;

@@ -121,27 +121,43 @@ uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key) {
 }
 
 uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key) {
-  if (key == 0 || count <= 0) return 0;
+  return ArbiterJobUse(path, gpus, count, key).busy_us;
+}
+
+ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t key) {
+  ArbiterUse sum;
+  if (key == 0 || count <= 0) return sum;
   // Every user with a share job may write the file: read a copy of each GPU's row, never a
   // mapping (truncation under a mapping faults its reader).
   const int fd = OpenSharedFile(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion);
-  if (fd < 0) return 0;
+  if (fd < 0) return sum;
   auto* row = new (std::nothrow) ArbiterGpu;
-  uint64_t sum = 0;
   for (int i = 0; row != nullptr && i < count; ++i) {
     if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
     const size_t at =
         offsetof(ArbiterData, gpus) + sizeof(ArbiterGpu) * static_cast<size_t>(gpus[i]);
     if (!ReadSharedAt(fd, row, sizeof(ArbiterGpu), at)) break;
-    uint64_t busy = 0;
+    // One slot per job and GPU; a second (claimed again by a race) counts its most.
+    uint64_t busy = 0, held = 0;
     for (const ArbiterJob& j : row->jobs) {
-      if (j.key.load() == key) busy = std::max(busy, j.busy_us.load());
+      if (j.key.load() != key) continue;
+      busy = std::max(busy, j.busy_us.load());
+      held = std::max(held, j.held_us.load());
     }
-    sum += busy;
+    sum.busy_us += busy;
+    sum.held_us += held;
   }
   delete row;
   close(fd);
   return sum;
+}
+
+double DemandPct(uint64_t busy_us, uint64_t held_us, uint64_t run_us) {
+  if (run_us == 0 || busy_us == 0) return -1;
+  // Held back for (nearly) all of it: it used all it was let.
+  if (held_us + busy_us >= run_us) return 100;
+  return std::min(100.0,
+                  100.0 * static_cast<double>(busy_us) / static_cast<double>(run_us - held_us));
 }
 
 int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t now_us) {

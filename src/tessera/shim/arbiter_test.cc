@@ -375,6 +375,45 @@ TEST(Arbiter, IdleTimeIsNeverChargedAndBanksNoCredit) {
   unlink(path.c_str());
 }
 
+// Two processes of one job (two attachments of its key) waiting at once for the GPU another job
+// holds: the job was held back for as long as they waited, counted once; what it then would have
+// used is its GPU time over the rest of its run.
+TEST(Arbiter, AJobIsHeldBackForAsLongAsItsLaunchesWaitedCountedOnce) {
+  const std::string path = TempFile("held");
+  unlink(path.c_str());
+  char err[256];
+  const ArbiterConfig c = Fast();
+  std::unique_ptr<Arbiter> holder(Arbiter::Attach(path.c_str(), 1, c, err, sizeof err));
+  std::unique_ptr<Arbiter> p1(Arbiter::Attach(path.c_str(), 2, c, err, sizeof err));
+  std::unique_ptr<Arbiter> p2(Arbiter::Attach(path.c_str(), 2, c, err, sizeof err));
+  ASSERT_TRUE(holder && p1 && p2) << err;
+  holder->BeforeLaunch(0, nullptr);
+  holder->EnterSync(0);  // waiting for its own work: not idle, it keeps the GPU
+  const uint64_t t0 = Arbiter::NowMicros();
+  std::thread w1([&] { p1->BeforeLaunch(0, nullptr); });
+  std::thread w2([&] { p2->BeforeLaunch(0, nullptr); });
+  usleep(60000);
+  holder->LeaveSync(0);  // then idle: the waiters take the GPU
+  w1.join();
+  w2.join();
+  const uint64_t waited = Arbiter::NowMicros() - t0;
+  const int gpu = 0;
+  const ArbiterUse use = ArbiterJobUse(path.c_str(), &gpu, 1, 2);
+  EXPECT_GE(use.held_us, 50000u) << "it waited at least as long as the holder kept the GPU";
+  EXPECT_LE(use.held_us, waited) << "two processes waiting at once are one job held back once";
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), &gpu, 1, 1).held_us, 0u) << "the holder never waited";
+  unlink(path.c_str());
+}
+
+TEST(Arbiter, WhatAJobWouldHaveUsedIsItsRateWhileNotHeldBack) {
+  EXPECT_EQ(DemandPct(300, 0, 1000), 30) << "never held back: what it used";
+  EXPECT_EQ(DemandPct(200, 800, 1000), 100) << "waiting whenever it did not run: all of it";
+  EXPECT_EQ(DemandPct(200, 500, 1000), 40) << "busy 200 of the 500 it was let run";
+  EXPECT_EQ(DemandPct(200, 1500, 1000), 100) << "waits past its run (clock noise): all of it";
+  EXPECT_EQ(DemandPct(0, 500, 1000), -1) << "no GPU time: not known";
+  EXPECT_EQ(DemandPct(200, 0, 0), -1) << "no run time: not known";
+}
+
 // What the drain of a bounded low-priority launch does in the test below: the high-priority job
 // comes back and takes the GPU while the low one waits for its kernel in flight (once).
 Arbiter* g_high = nullptr;

@@ -115,11 +115,19 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
   p.Family("tessera_job_gpu_busy_seconds_total", "counter",
            "GPU time the arbiter charged a job with a compute share.");
   const std::string arbiter = state_dir + "/arbiter/gpu.arbiter";
-  for (const Row& r : rows) {
+  std::vector<shim::ArbiterUse> used(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
     if (r.share >= 1.0) continue;
-    const uint64_t busy = shim::ArbiterBusyMicros(
-        arbiter.c_str(), r.gpu, shim::ArbiterJobKey(fmt::format("slurm-{}", r.job).c_str()));
-    p.Sample(labels(r), static_cast<double>(busy) / 1e6);
+    used[i] = shim::ArbiterJobUse(arbiter.c_str(), &r.gpu, 1,
+                                  shim::ArbiterJobKey(fmt::format("slurm-{}", r.job).c_str()));
+    p.Sample(labels(r), static_cast<double>(used[i].busy_us) / 1e6);
+  }
+  p.Family("tessera_job_gpu_held_back_seconds_total", "counter",
+           "How long a job with a compute share had launches waiting for its GPU (other jobs' "
+           "slices: it wanted more than it got).");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].share < 1.0) p.Sample(labels(rows[i]), static_cast<double>(used[i].held_us) / 1e6);
   }
   p.Family("tessera_job_usage_readable", "gauge",
            "1 when a job's shared region reads as a region, 0 when it does not (the job removed, "

@@ -712,10 +712,18 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
       }
     }
     if (share > 0) {
-      const uint64_t busy = shim::ArbiterBusyMicros(Arbiter(config).c_str(), gpus[i],
-                                                    shim::ArbiterJobKey(JobKey(job_id).c_str()));
-      g["gpu_time_s"] = static_cast<double>(busy) / 1e6;
-      g["utilization_percent"] = std::min(100.0, static_cast<double>(busy) / 1e4 / ran_s);
+      const shim::ArbiterUse use = shim::ArbiterJobUse(Arbiter(config).c_str(), &gpus[i], 1,
+                                                       shim::ArbiterJobKey(JobKey(job_id).c_str()));
+      g["gpu_time_s"] = static_cast<double>(use.busy_us) / 1e6;
+      g["utilization_percent"] = std::min(100.0, static_cast<double>(use.busy_us) / 1e4 / ran_s);
+      // Its launches waited for the GPU (other jobs' slices): for how long, and what it would
+      // have used had they not - what its kind learns (KindUseOf).
+      const double demand =
+          shim::DemandPct(use.busy_us, use.held_us, static_cast<uint64_t>(ran_s * 1e6));
+      if (use.held_us > 0 && demand >= 0) {
+        g["held_back_percent"] = std::min(100.0, static_cast<double>(use.held_us) / 1e4 / ran_s);
+        g["demand_percent"] = demand;
+      }
     }
     per_gpu.push_back(g);
   }
@@ -806,6 +814,10 @@ KindUse KindUseOf(const std::vector<std::string>& records, const std::string& na
         peak = std::max(peak, mib);
         if (g.contains("utilization_percent"))
           util = std::max(util, g["utilization_percent"].get<double>());
+        // What it would have used where its launches waited for the GPU: a share held to its
+        // slices is measured at most at its size.
+        if (g.contains("demand_percent") && g.contains("utilization_percent"))
+          util = std::max(util, g["demand_percent"].get<double>());
       }
       // Only what a record of the plugin can say: no negative, no infinite use.
       if (std::isfinite(peak) && peak > 0) peaks.push_back(peak);
@@ -911,19 +923,29 @@ std::string TrialAdvice(const PluginConfig& config, const json& acct) {
   const double ran =
       static_cast<double>(acct.value("ended", int64_t{0}) - acct.value("started", int64_t{0}));
   uint64_t peak = 0;
-  double util = -1;
+  double util = -1, held = -1, demand = -1;
   size_t gpus = 0;
   for (const json& g : acct.value("gpus", json::array())) {
     ++gpus;
     peak = std::max(peak, g.value("peak_memory_bytes", uint64_t{0}));
     if (g.contains("utilization_percent"))
       util = std::max(util, g.value("utilization_percent", 0.0));
+    if (g.contains("demand_percent") && g.contains("held_back_percent")) {
+      demand = std::max(demand, g.value("demand_percent", 0.0));
+      held = std::max(held, g.value("held_back_percent", 0.0));
+    }
   }
   const double margin = config.auto_margin_pct / 100.0;
   std::vector<std::string> measured;
   measured.push_back(util >= 0
                          ? fmt::format("its GPU {:.0f}% busy", util)
                          : std::string("its GPU time not measured (a whole GPU is not paced)"));
+  if (util >= 0 && demand > util) {
+    measured.back() += fmt::format(
+        " (its launches waited for the GPU {:.0f}% of the time: it would have used {:.0f}%)", held,
+        demand);
+    util = demand;  // what it is sized from
+  }
   measured.push_back(fmt::format("peak GPU memory {}", Mib(peak)));
   if (const uint64_t launches = acct.value("kernel_launches", uint64_t{0}); launches > 0)
     measured.push_back(fmt::format("{} kernel launches ({:.1f}/s)", launches,

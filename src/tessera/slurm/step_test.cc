@@ -183,6 +183,13 @@ TEST(SlurmHistory, OnlyRecordsOfItsNameCountAndBadOnesAreSkipped) {
   EXPECT_EQ(use.peak_bytes, uint64_t{3000} << 20) << "the most the auto one asked";
   EXPECT_EQ(use.util_runs, 2);
   EXPECT_EQ(use.util_pct, 100) << "at most a whole GPU";
+  // A share whose launches waited for the GPU counts what it would have used.
+  const KindUse held =
+      KindUseOf({R"({"name":"infer","gpus":[{"utilization_percent":25,"held_back_percent":70,)"
+                 R"("demand_percent":83.3}]})"},
+                "infer");
+  EXPECT_EQ(held.util_runs, 1);
+  EXPECT_DOUBLE_EQ(held.util_pct, 83.3);
 }
 
 class SlurmNodeFiles : public ::testing::Test {
@@ -561,6 +568,8 @@ TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
         arbiter.c_str(), shim::ArbiterJobKey("slurm-42"), shim::ArbiterConfig{}, err, sizeof err));
     if (a == nullptr) _exit(4);
     a->data()->gpus[1].jobs[a->Slot(1)].busy_us.store(30'000'000);
+    // Its launches waited 20 s for the GPU (other jobs' slices).
+    a->data()->gpus[1].jobs[a->Slot(1)].held_us.store(20'000'000);
     _exit(0);
   }
   int status = 0;
@@ -579,6 +588,8 @@ TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
   EXPECT_EQ(j["gpus"][0]["peak_memory_bytes"], 3 * GiB);
   EXPECT_EQ(j["gpus"][0]["gpu_time_s"], 30.0);
   EXPECT_EQ(j["gpus"][0]["utilization_percent"], 50.0);
+  EXPECT_NEAR(j["gpus"][0]["held_back_percent"].get<double>(), 33.3, 0.1);
+  EXPECT_EQ(j["gpus"][0]["demand_percent"], 75.0) << "30 s busy of the 40 s it ran as it wished";
   // Its files are gone; nobody's access too, kept descriptors included (the file replaced).
   EXPECT_FALSE(fs::exists(region));
   EXPECT_FALSE(fs::exists(config_.state_dir + "/jobs/42.json"));
