@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "client_util.h"
+#include "tessera/core/numeric.h"
 #include "tessera/shim/arbiter.h"
 
 namespace {
@@ -216,10 +217,7 @@ TEST(Pacing, WorkConservingUsesIdleTimeCappedDoesNot) {
 // the arbiter saw, as the server's or the agent's run time of a job is).
 struct Measured {
   double busy_us = 0, held_us = 0, run_us = 0;
-  double Demand() const {
-    return tessera::shim::DemandPct(static_cast<uint64_t>(busy_us), static_cast<uint64_t>(held_us),
-                                    static_cast<uint64_t>(run_us));
-  }
+  double Demand() const { return tessera::core::DemandPct(busy_us, held_us, run_us); }
 };
 Measured RunAlone(const std::string& settings, const std::string& work) {
   std::string arbiter = TempPath("arbiter");

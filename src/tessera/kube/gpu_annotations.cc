@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "tessera/core/numeric.h"
 
 namespace tessera::kube {
 namespace {
@@ -216,12 +217,10 @@ std::string FormatGpuUse(const GpuUse& u) {
 }
 
 std::optional<int64_t> GpuUse::WantedPermille() const {
-  if (!busy_permille) return std::nullopt;
-  const int64_t held = held_back_permille.value_or(0);
-  if (held <= 0 || *busy_permille <= 0) return busy_permille;
-  // Held back for (nearly) all it did not run: it used all it was let.
-  if (*busy_permille + held >= 1000) return 1000;
-  return std::min<int64_t>(1000, (*busy_permille * 1000 + (1000 - held) / 2) / (1000 - held));
+  if (!busy_permille || held_back_permille.value_or(0) <= 0 || *busy_permille <= 0)
+    return busy_permille;
+  return std::llround(10 * core::DemandPct(static_cast<double>(*busy_permille),
+                                           static_cast<double>(*held_back_permille), 1000));
 }
 
 absl::StatusOr<GpuUse> ParseGpuUse(std::string_view text) {

@@ -71,7 +71,7 @@ struct GpuUse {
   std::optional<int64_t> held_back_permille;
   friend bool operator==(const GpuUse&, const GpuUse&) = default;
   // What it would have used of one GPU had its launches not waited (0..1000): its GPU time over
-  // the time it ran as it wished (shim::DemandPct); its busy share when never held back.
+  // the time it ran as it wished (core::DemandPct); its busy share when never held back.
   std::optional<int64_t> WantedPermille() const;
 };
 std::string FormatGpuUse(const GpuUse& u);

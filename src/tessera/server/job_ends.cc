@@ -119,18 +119,13 @@ void JobEnds::Record(Ending& e, double now) {
   // A compute share whose launches waited for the GPU: how long, and what it would have used had
   // they not - what it teaches (a share held to its slices is measured at most at its size).
   std::optional<double> held_back, demand;
-  std::optional<double> teaches = util;
-  if (const auto held = r.GpuHeldBack(now); held && util) {
+  if (const auto held = r.GpuHeldBack(now); held && util && std::round(held->pct * 10) > 0) {
     held_back = std::round(held->pct * 10) / 10;
     demand = std::max(*util, std::round(held->demand_pct * 10) / 10);
-    if (*held_back > 0) {
-      u["gpu_held_back_pct"] = *held_back;
-      u["gpu_demand_pct"] = *demand;
-      teaches = demand;
-    } else {
-      held_back = demand = std::nullopt;
-    }
+    u["gpu_held_back_pct"] = *held_back;
+    u["gpu_demand_pct"] = *demand;
   }
+  const std::optional<double> teaches = demand ? demand : util;
   if (r.gpu_peak_mib > 0) u["gpu_peak_memory_mib"] = r.gpu_peak_mib;
   if (r.kernel_launches > 0) u["kernel_launches"] = r.kernel_launches;
   if (r.gpu_refused > 0) {

@@ -15,9 +15,9 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tessera/core/gpu.h"
+#include "tessera/core/numeric.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
-#include "tessera/shim/arbiter.h"
 
 namespace tessera::server {
 
@@ -113,13 +113,14 @@ std::string TaskLogPath(const std::string& state_dir, int64_t id, int task, cons
 }
 
 void RunningJob::AddShareReading(const JobHost::ShareUse& s) {
-  // The arbiter's count starts again when a process of the job claims a fresh slot (one that died
+  // The arbiter's counts start again when a process of the job claims a fresh slot (one that died
   // and came back): what was counted before stays counted.
-  arbiter_busy_us += s.busy_us >= arbiter_seen_us ? s.busy_us - arbiter_seen_us : s.busy_us;
-  arbiter_seen_us = s.busy_us;
-  arbiter_held_us +=
-      s.held_us >= arbiter_held_seen_us ? s.held_us - arbiter_held_seen_us : s.held_us;
-  arbiter_held_seen_us = s.held_us;
+  auto add = [](uint64_t reading, uint64_t& seen, uint64_t& total) {
+    total += reading >= seen ? reading - seen : reading;
+    seen = reading;
+  };
+  add(s.busy_us, arbiter_seen_us, arbiter_busy_us);
+  add(s.held_us, arbiter_held_seen_us, arbiter_held_us);
   gpu_peak_mib = std::max<int64_t>(gpu_peak_mib, s.peak_bytes >> 20);
   gpu_refused = std::max(gpu_refused, s.refused);
   gpu_wanted_mib =
@@ -143,8 +144,8 @@ std::optional<RunningJob::HeldBack> RunningJob::GpuHeldBack(double now) const {
   if (gpus.empty() || region.empty() || gpu_milli <= 0 || arbiter_held_us == 0) return std::nullopt;
   const double ran_us = (now - started) * 1e6;
   if (ran_us < 1) return std::nullopt;
-  const double demand =
-      shim::DemandPct(arbiter_busy_us, arbiter_held_us, static_cast<uint64_t>(ran_us));
+  const double demand = core::DemandPct(static_cast<double>(arbiter_busy_us),
+                                        static_cast<double>(arbiter_held_us), ran_us);
   if (demand < 0) return std::nullopt;
   return HeldBack{std::min(100.0, 100.0 * static_cast<double>(arbiter_held_us) / ran_us), demand};
 }

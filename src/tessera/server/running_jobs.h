@@ -93,7 +93,7 @@ struct RunningJob {
   std::optional<double> GpuUtilization(double now) const;
   // A compute share's launches that waited for the GPU (another job's slice, or its cap): the
   // part of its run until `now` it was held back (percent), and what it would have used had it
-  // not been (shim::DemandPct); nullopt when it never waited or is not a compute share.
+  // not been (core::DemandPct); nullopt when it never waited or is not a compute share.
   struct HeldBack {
     double pct = 0;         // of its run
     double demand_pct = 0;  // of a GPU

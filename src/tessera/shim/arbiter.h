@@ -77,7 +77,7 @@ struct ArbiterJob {
   // How long the job was held back: wall time in which a launch of it waited for the GPU (another
   // job's slice, or - capped - its own share's pause), its processes' waits counted once (each
   // adds what of its wait lies past held_until_us). With its run time it tells what the job would
-  // have used had it not waited (ArbiterUse::DemandPct): a share held to its slices is measured
+  // have used had it not waited (core::DemandPct): a share held to its slices is measured
   // at most at what it was given, but its waits say how much more it wanted.
   std::atomic<uint64_t> held_us;
   std::atomic<uint64_t> held_until_us;
@@ -310,13 +310,6 @@ struct ArbiterUse {
   uint64_t held_us = 0;
 };
 ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t key);
-
-// What a job would have used of a GPU had it not been held back, in percent: its GPU time over
-// the part of its run (`run_us`, per GPU) in which it was not waiting for the GPU - its rate while
-// it ran as it wished. A job that computes between its kernels waits less than one that only
-// launches, so this is its own rate, not the whole GPU. At most 100; -1 when the run or the busy
-// time is not known.
-double DemandPct(uint64_t busy_us, uint64_t held_us, uint64_t run_us);
 
 // How long a utilization window of a job is (NVML's sample period is 1/6 s to 1 s).
 inline constexpr uint64_t kUtilizationWindowUs = 1'000'000;

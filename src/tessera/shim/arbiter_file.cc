@@ -152,14 +152,6 @@ ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t 
   return sum;
 }
 
-double DemandPct(uint64_t busy_us, uint64_t held_us, uint64_t run_us) {
-  if (run_us == 0 || busy_us == 0) return -1;
-  // Held back for (nearly) all of it: it used all it was let.
-  if (held_us + busy_us >= run_us) return 100;
-  return std::min(100.0,
-                  100.0 * static_cast<double>(busy_us) / static_cast<double>(run_us - held_us));
-}
-
 int JobUtilizationPermille(const ArbiterData* d, int gpu, uint64_t key, uint64_t now_us) {
   if (d == nullptr || gpu < 0 || gpu >= kArbiterGpus || key == 0) return -1;
   for (const ArbiterJob& j : d->gpus[gpu].jobs) {

@@ -405,15 +405,6 @@ TEST(Arbiter, AJobIsHeldBackForAsLongAsItsLaunchesWaitedCountedOnce) {
   unlink(path.c_str());
 }
 
-TEST(Arbiter, WhatAJobWouldHaveUsedIsItsRateWhileNotHeldBack) {
-  EXPECT_EQ(DemandPct(300, 0, 1000), 30) << "never held back: what it used";
-  EXPECT_EQ(DemandPct(200, 800, 1000), 100) << "waiting whenever it did not run: all of it";
-  EXPECT_EQ(DemandPct(200, 500, 1000), 40) << "busy 200 of the 500 it was let run";
-  EXPECT_EQ(DemandPct(200, 1500, 1000), 100) << "waits past its run (clock noise): all of it";
-  EXPECT_EQ(DemandPct(0, 500, 1000), -1) << "no GPU time: not known";
-  EXPECT_EQ(DemandPct(200, 0, 0), -1) << "no run time: not known";
-}
-
 // What the drain of a bounded low-priority launch does in the test below: the high-priority job
 // comes back and takes the GPU while the low one waits for its kernel in flight (once).
 Arbiter* g_high = nullptr;

@@ -718,8 +718,8 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
       g["utilization_percent"] = std::min(100.0, static_cast<double>(use.busy_us) / 1e4 / ran_s);
       // Its launches waited for the GPU (other jobs' slices): for how long, and what it would
       // have used had they not - what its kind learns (KindUseOf).
-      const double demand =
-          shim::DemandPct(use.busy_us, use.held_us, static_cast<uint64_t>(ran_s * 1e6));
+      const double demand = core::DemandPct(static_cast<double>(use.busy_us),
+                                            static_cast<double>(use.held_us), ran_s * 1e6);
       if (use.held_us > 0 && demand >= 0) {
         g["held_back_percent"] = std::min(100.0, static_cast<double>(use.held_us) / 1e4 / ran_s);
         g["demand_percent"] = demand;
