@@ -389,18 +389,36 @@ TEST(Arbiter, AJobIsHeldBackForAsLongAsItsLaunchesWaitedCountedOnce) {
   ASSERT_TRUE(holder && p1 && p2) << err;
   holder->BeforeLaunch(0, nullptr);
   holder->EnterSync(0);  // waiting for its own work: not idle, it keeps the GPU
-  const uint64_t t0 = Arbiter::NowMicros();
-  std::thread w1([&] { p1->BeforeLaunch(0, nullptr); });
-  std::thread w2([&] { p2->BeforeLaunch(0, nullptr); });
-  usleep(60000);
+  // Each process: when it began to wait, and when it got the GPU.
+  std::atomic<uint64_t> began[2] = {0, 0}, got[2] = {0, 0};
+  auto wait = [&](Arbiter* a, int i) {
+    began[i].store(Arbiter::NowMicros());
+    a->BeforeLaunch(0, nullptr);
+    got[i].store(Arbiter::NowMicros());
+  };
+  std::thread w1(wait, p1.get(), 0);
+  std::thread w2(wait, p2.get(), 1);
+  const int gpu = 0;
+  // Both waiting, together for 30 ms (polled; the holder is overtaken as stuck only after 100 ms).
+  const uint64_t deadline = Arbiter::NowMicros() + 10'000'000;
+  while ((began[0].load() == 0 || began[1].load() == 0 ||
+          Arbiter::NowMicros() < std::max(began[0].load(), began[1].load()) + 30000) &&
+         Arbiter::NowMicros() < deadline) {
+    usleep(1000);
+  }
   holder->LeaveSync(0);  // then idle: the waiters take the GPU
   w1.join();
   w2.join();
-  const uint64_t waited = Arbiter::NowMicros() - t0;
-  const int gpu = 0;
+  const uint64_t first = std::min(began[0].load(), began[1].load());
+  const uint64_t last = std::max(began[0].load(), began[1].load());
+  const uint64_t taken = std::min(got[0].load(), got[1].load());
+  const uint64_t both_done = std::max(got[0].load(), got[1].load());
   const ArbiterUse use = ArbiterJobUse(path.c_str(), &gpu, 1, 2);
-  EXPECT_GE(use.held_us, 50000u) << "it waited at least as long as the holder kept the GPU";
-  EXPECT_LE(use.held_us, waited) << "two processes waiting at once are one job held back once";
+  // From the first wait until the GPU was taken, less the gaps between its polls (a few us each).
+  EXPECT_GE(use.held_us + 2000, (taken - first) * 9 / 10) << "it waited as long as it was kept out";
+  // Both waited together from the later start: counted twice, that stretch would pass the bound.
+  ASSERT_GT(taken, last + 20000) << "the two processes waited together for at least 20 ms";
+  EXPECT_LE(use.held_us, both_done - first) << "two processes waiting at once are held back once";
   EXPECT_EQ(ArbiterJobUse(path.c_str(), &gpu, 1, 1).held_us, 0u) << "the holder never waited";
   unlink(path.c_str());
 }
