@@ -213,6 +213,58 @@ TEST(TesseraServer, SharesThatWantMoreThanTheirShareSayTheyWereHeldBack) {
   }
 }
 
+// The same two shares (4 s each) with the server killed (-9) as they start and started again
+// only once they have waited 1.2 s each while it was down: the arbiter counted on, and the server
+// that re-adopts them reads its whole count - the held-back time of each job's whole run, none of
+// it lost to the restart (counted from the restart on, it would be at most 0.8 s). That they ran
+// beside each other, which the old server knew, the new one tells again.
+TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
+  Daemon d("held-restart");
+  const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
+  std::vector<int64_t> ids;
+  for (const char* name : {"held-a", "held-b"}) {
+    ids.push_back(d.Submit({{"name", name},
+                            {"command", {TESSERA_CUDA_CLIENT, "link", "work:4000:500:4:0:0:4000"}},
+                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
+  }
+  std::vector<int> gpus;
+  for (int64_t id : ids) {
+    d.WaitForProcess(id);
+    gpus.push_back(d.Call("GET", "/v1/jobs/" + std::to_string(id))["placement"]["gpus"][0]["index"]
+                       .get<int>());
+  }
+  d.Kill(SIGKILL);
+  auto held_us = [&](size_t k) {
+    return tessera::shim::ArbiterJobUse(
+               arbiter.c_str(), &gpus[k], 1,
+               tessera::shim::ArbiterJobKey(std::to_string(ids[k]).c_str()))
+        .held_us;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((held_us(0) < 1'200'000 || held_us(1) < 1'200'000) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const uint64_t down[2] = {held_us(0), held_us(1)};
+  ASSERT_GE(std::min(down[0], down[1]), 1'200'000u)
+      << "both waited 1.2 s while the server was down";
+  d.Start();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const json j = d.WaitFor(ids[k], "succeeded");
+    const json& u = j["usage"];
+    ASSERT_TRUE(u.contains("gpu_held_back_pct")) << j.dump();
+    EXPECT_EQ(u["shared_gpu"], true) << "it ran beside the other: " << u.dump();
+    const double ran_s = j["ended_at"].get<double>() - j["started_at"].get<double>();
+    const double held_s = u["gpu_held_back_pct"].get<double>() / 100 * ran_s;
+    // What was counted before the restart is in it (its percentage is rounded to 0.1).
+    EXPECT_GE(held_s + 0.001 * ran_s, static_cast<double>(down[k]) / 1e6) << u.dump();
+    EXPECT_LT(u["gpu_held_back_pct"].get<double>() + u["gpu_utilization_pct"].get<double>(), 105)
+        << "waiting and running do not overlap: " << u.dump();
+    EXPECT_GT(u["gpu_demand_pct"].get<double>(), u["gpu_utilization_pct"].get<double>() + 10)
+        << u.dump();
+  }
+}
+
 // A CUDA program whose allocation its 1 GiB limit refused (the intercept library's count, read
 // from its region at its end) fails saying so - what it held, what it asked at most, what to ask
 // next time - and `tessera eff` shows the refusal.

@@ -382,7 +382,16 @@ absl::Status Dispatcher::Recover() {
                      .requeue_unhealthy = config_.unhealthy_action == "requeue",
                      .containers = containers_.has_value()});
   RecoveryWorld world(*this);
-  return recovery.Run(world, Now()).status();
+  const double now = Now();
+  if (absl::Status st = recovery.Run(world, now).status(); !st.ok()) return st;
+  // Whether each re-adopted share ran beside another is not stored: told again from the jobs of
+  // its run (what its history learns of its run time at its end).
+  if (const std::optional<double> since = state_->runs->EarliestAdoptedShare()) {
+    auto period = store_->ListPeriod(*since, now);
+    if (!period.ok()) return period.status();
+    state_->runs->NoteSharingSince(*period);
+  }
+  return absl::OkStatus();
 }
 
 void Dispatcher::OnHealth(int gpu, bool healthy, const std::string& reason) {

@@ -16,6 +16,7 @@
 #include "spdlog/spdlog.h"
 #include "tessera/core/gpu.h"
 #include "tessera/core/numeric.h"
+#include "tessera/core/request.h"
 #include "tessera/server/runner.h"
 #include "tessera/server/store.h"
 
@@ -192,6 +193,40 @@ void RunningJobs::NoteSharing(RunningJob& run) {
     if (other_id == run.id || other.region.empty() || other.gpus != run.gpus) continue;
     other.shared_gpu = run.shared_gpu = true;
   }
+}
+
+void RunningJobs::NoteSharingSince(const std::vector<JobRecord>& others) {
+  std::map<int64_t, std::vector<int>> placed;  // the others' GPUs, each parsed once
+  for (const JobRecord& o : others) {
+    if (!o.started_at || !o.ended_at || jobs_.contains(o.id)) continue;
+    const json p = json::parse(o.placement_json, nullptr, false);
+    // A whole GPU (all its compute) never ran beside a share on it.
+    if (!p.is_object() || !p.contains("gpus") || !p["gpus"].is_array() ||
+        p.value("milli_per_gpu", 0) >= core::kMilliPerGpu) {
+      continue;
+    }
+    std::vector<int>& gpus = placed[o.id];
+    for (const json& g : p["gpus"])
+      if (g.is_object() && g.value("index", -1) >= 0) gpus.push_back(g["index"].get<int>());
+  }
+  for (auto& [id, run] : jobs_) {
+    if (!run.adopted || run.region.empty() || run.gpus.empty()) continue;
+    NoteSharing(run);
+    for (const JobRecord& o : others) {
+      auto it = placed.find(o.id);
+      if (it != placed.end() && it->second == run.gpus && *o.ended_at > run.started)
+        run.shared_gpu = true;
+    }
+  }
+}
+
+std::optional<double> RunningJobs::EarliestAdoptedShare() const {
+  std::optional<double> at;
+  for (const auto& [id, run] : jobs_) {
+    if (run.adopted && !run.region.empty() && !run.gpus.empty())
+      at = std::min(at.value_or(run.started), run.started);
+  }
+  return at;
 }
 
 void RunningJobs::StopOn(int gpu, const std::string& why, const std::string& reason, double now,

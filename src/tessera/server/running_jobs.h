@@ -165,6 +165,13 @@ class RunningJobs {
   // A share that has just started on the same GPUs as other shares: each is marked as having run
   // shared (its history says so).
   void NoteSharing(RunningJob& run);
+  // After a restart: each re-adopted share that ran beside another - one re-adopted with it, or
+  // one in `others` (the store's jobs of its run, with their placements) that ran on the same GPUs
+  // and ended after it started (also while the server was down) - is marked shared, as it was
+  // before (the mark itself is not stored).
+  void NoteSharingSince(const std::vector<JobRecord>& others);
+  // When the earliest re-adopted share started (nullopt: none): the period NoteSharingSince needs.
+  std::optional<double> EarliestAdoptedShare() const;
   RunningJob* Find(int64_t id);
   // Stops tracking it; it leaves with what was measured of it.
   RunningJob Take(int64_t id);

@@ -12,6 +12,7 @@
 #include "tessera/core/clock.h"
 #include "tessera/server/fake_job_host.h"
 #include "tessera/server/fake_launcher.h"
+#include "tessera/server/store.h"
 
 namespace tessera::server {
 namespace {
@@ -286,6 +287,56 @@ TEST_F(RunningJobsTest, UseIsMeasuredWhereAJobHoldsItsGpusAloneAndSharesByTheirO
   EXPECT_EQ(runs_->Find(3)->arbiter_busy_us, 3'000'000u);
   EXPECT_DOUBLE_EQ(*runs_->Find(3)->GpuUtilization(Now()), 30.0);  // 3 s of GPU time in 10 s
   EXPECT_EQ(runs_->Find(3)->gpu_peak_mib, 700);
+}
+
+// A restarted server re-adopts shares without knowing which ran beside another (the mark is not
+// stored): a share re-adopted with another on its GPU, or one whose GPU another share had when it
+// started, or got later and gave up while the server was down, ran shared; one that never had
+// company, or whose company was on other GPUs, a whole GPU before it, or ended before it started,
+// did not.
+TEST_F(RunningJobsTest, ReAdoptedSharesAreToldAgainWhetherTheyRanBesideAnother) {
+  auto share = [&](int64_t id, std::vector<int> gpus, double started) -> RunningJob& {
+    RunningJob& r = Start(id, 100, std::move(gpus));
+    r.region = dir_ + "/regions/" + std::to_string(id) + ".region";
+    r.gpu_milli = 300;
+    r.started = started;
+    r.adopted = true;
+    return r;
+  };
+  const double t = Now();
+  share(1, {0}, t - 50);  // beside 2, both re-adopted
+  share(2, {0}, t - 40);
+  share(3, {1}, t - 50);  // beside job 10 (ended while the server was down)
+  share(4, {2}, t - 50);  // job 11 on GPUs 2 and 3, job 12 a whole GPU, 13 ended before it
+  share(5, {3}, t - 50);  // its partner ended a second after it started
+  RunningJob& fresh = Start(6, 100, {4});  // started by this server: NoteSharing's to mark
+  fresh.region = dir_ + "/regions/6.region";
+  auto ended = [](int64_t id, const char* placement, double started, double ended_at) {
+    JobRecord r;
+    r.id = id;
+    r.placement_json = placement;
+    r.started_at = started;
+    r.ended_at = ended_at;
+    return r;
+  };
+  const std::vector<JobRecord> period = {
+      ended(10, R"({"gpus":[{"index":1}],"milli_per_gpu":500})", t - 60, t),
+      ended(11, R"({"gpus":[{"index":2},{"index":3}],"milli_per_gpu":500})", t - 60, t - 10),
+      ended(12, R"({"gpus":[{"index":2}],"milli_per_gpu":1000})", t - 90, t - 45),
+      ended(13, R"({"gpus":[{"index":2}],"milli_per_gpu":200})", t - 90, t - 51),
+      ended(14, R"({"gpus":[{"index":3}],"milli_per_gpu":200})", t - 90, t - 49),
+      ended(15, R"({"gpus":[{"index":4}],"milli_per_gpu":200})", t - 90, t - 1),
+      ended(16, "not json", t - 90, t - 1),
+  };
+  EXPECT_EQ(runs_->EarliestAdoptedShare(), t - 50);
+  runs_->NoteSharingSince(period);
+  EXPECT_TRUE(runs_->Find(1)->shared_gpu);
+  EXPECT_TRUE(runs_->Find(2)->shared_gpu);
+  EXPECT_TRUE(runs_->Find(3)->shared_gpu) << "its partner ended while the server was down";
+  EXPECT_FALSE(runs_->Find(4)->shared_gpu)
+      << "other GPUs, a whole GPU, a share that ended before it started";
+  EXPECT_TRUE(runs_->Find(5)->shared_gpu);
+  EXPECT_FALSE(runs_->Find(6)->shared_gpu) << "not re-adopted: what this server saw is its mark";
 }
 
 }  // namespace

@@ -423,6 +423,48 @@ TEST(Arbiter, AJobIsHeldBackForAsLongAsItsLaunchesWaitedCountedOnce) {
   unlink(path.c_str());
 }
 
+// A gang on GPUs 0 and 1 takes GPU 0 and waits for 1, which another job holds: it is held back
+// on GPU 1 only. GPU 0 was its own meanwhile (it is charged for it there, the cost of taking its
+// GPUs together), so a wait counted there too would say it wanted twice the GPU time it was kept
+// from.
+TEST(Arbiter, AGangIsHeldBackOnlyOnTheGpusItWaitsFor) {
+  const std::string path = TempFile("gang-held");
+  unlink(path.c_str());
+  char err[256];
+  ArbiterConfig gc = Fast();
+  gc.gang_mask = 0b11;
+  std::unique_ptr<Arbiter> other(Arbiter::Attach(path.c_str(), 1, Fast(), err, sizeof err));
+  std::unique_ptr<Arbiter> gang(Arbiter::Attach(path.c_str(), 2, gc, err, sizeof err));
+  ASSERT_TRUE(other && gang) << err;
+  other->BeforeLaunch(1, nullptr);
+  other->EnterSync(1);  // waiting for its own work: it keeps GPU 1
+  std::atomic<uint64_t> began = 0, got = 0;
+  std::thread rank([&] {
+    began.store(Arbiter::NowMicros());
+    gang->BeforeLaunch(0, nullptr);
+    got.store(Arbiter::NowMicros());
+  });
+  const ArbiterGpu& g0 = gang->data()->gpus[0];
+  const uint64_t deadline = Arbiter::NowMicros() + 10'000'000;
+  // The gang holds GPU 0 and has waited 30 ms for GPU 1 (polled).
+  while ((began.load() == 0 || static_cast<int>(g0.lease.load() >> 48) - 1 != gang->Slot(0) ||
+          Arbiter::NowMicros() < began.load() + 30000) &&
+         Arbiter::NowMicros() < deadline) {
+    usleep(1000);
+  }
+  ASSERT_EQ(got.load(), 0u) << "the gang launched while GPU 1 was another job's";
+  other->LeaveSync(1);  // then idle: the gang takes GPU 1 and launches
+  rank.join();
+  const int gpu0 = 0, gpu1 = 1;
+  const ArbiterUse on1 = ArbiterJobUse(path.c_str(), &gpu1, 1, 2);
+  EXPECT_GE(on1.held_us + 2000, (got.load() - began.load()) * 9 / 10)
+      << "held back on GPU 1 for as long as it waited for it";
+  EXPECT_LE(on1.held_us, got.load() - began.load());
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), &gpu0, 1, 2).held_us, 0u)
+      << "GPU 0 was the gang's while it waited: not held back there";
+  unlink(path.c_str());
+}
+
 // What the drain of a bounded low-priority launch does in the test below: the high-priority job
 // comes back and takes the GPU while the low one waits for its kernel in flight (once).
 Arbiter* g_high = nullptr;
