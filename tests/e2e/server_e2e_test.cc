@@ -180,17 +180,25 @@ TEST(TesseraServer, AShareIsMeasuredUnderTheInterceptLibraryAndItsNextRunIsPredi
   d.Call("POST", "/v1/jobs/" + std::to_string(next) + "/cancel");
 }
 
+// Two CUDA programs that would each keep a GPU busy for `ms`, each given half of a GPU (the
+// fullest that fits: the same one).
+std::vector<int64_t> SubmitTwoBusyHalves(Daemon& d, int ms) {
+  const std::string work = fmt::format("work:{0}:500:4:0:0:{0}", ms);
+  std::vector<int64_t> ids;
+  for (const char* name : {"held-a", "held-b"}) {
+    ids.push_back(d.Submit({{"name", name},
+                            {"command", {TESSERA_CUDA_CLIENT, "link", work}},
+                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
+  }
+  return ids;
+}
+
 // Two CUDA programs that would each keep a GPU busy, given half of the same GPU: each is charged
 // about its half, and its launches waited for the GPU meanwhile - its usage and `tessera eff` say
 // how long, and that it would have used more than it was charged (what its kind learns).
 TEST(TesseraServer, SharesThatWantMoreThanTheirShareSayTheyWereHeldBack) {
   Daemon d("held");
-  std::vector<int64_t> ids;
-  for (const char* name : {"held-a", "held-b"}) {
-    ids.push_back(d.Submit({{"name", name},
-                            {"command", {TESSERA_CUDA_CLIENT, "link", "work:2000:500:4:0:0:2000"}},
-                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
-  }
+  const std::vector<int64_t> ids = SubmitTwoBusyHalves(d, 2000);
   std::vector<json> done;
   for (int64_t id : ids) done.push_back(d.WaitFor(id, "succeeded"));
   ASSERT_EQ(done[0]["placement"]["gpus"], done[1]["placement"]["gpus"])
@@ -221,12 +229,7 @@ TEST(TesseraServer, SharesThatWantMoreThanTheirShareSayTheyWereHeldBack) {
 TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
   Daemon d("held-restart");
   const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
-  std::vector<int64_t> ids;
-  for (const char* name : {"held-a", "held-b"}) {
-    ids.push_back(d.Submit({{"name", name},
-                            {"command", {TESSERA_CUDA_CLIENT, "link", "work:4000:500:4:0:0:4000"}},
-                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
-  }
+  const std::vector<int64_t> ids = SubmitTwoBusyHalves(d, 4000);
   std::vector<int> gpus;
   for (int64_t id : ids) {
     d.WaitForProcess(id);

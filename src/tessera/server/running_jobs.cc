@@ -196,7 +196,11 @@ void RunningJobs::NoteSharing(RunningJob& run) {
 }
 
 void RunningJobs::NoteSharingSince(const std::vector<JobRecord>& others) {
-  std::map<int64_t, std::vector<int>> placed;  // the others' GPUs, each parsed once
+  struct Ended {
+    std::vector<int> gpus;
+    double at = 0;
+  };
+  std::vector<Ended> ended;  // the shares among the others that ended, their placements parsed once
   for (const JobRecord& o : others) {
     if (!o.started_at || !o.ended_at || jobs_.contains(o.id)) continue;
     const json p = json::parse(o.placement_json, nullptr, false);
@@ -205,18 +209,15 @@ void RunningJobs::NoteSharingSince(const std::vector<JobRecord>& others) {
         p.value("milli_per_gpu", 0) >= core::kMilliPerGpu) {
       continue;
     }
-    std::vector<int>& gpus = placed[o.id];
+    Ended& e = ended.emplace_back(Ended{.at = *o.ended_at});
     for (const json& g : p["gpus"])
-      if (g.is_object() && g.value("index", -1) >= 0) gpus.push_back(g["index"].get<int>());
+      if (g.is_object() && g.value("index", -1) >= 0) e.gpus.push_back(g["index"].get<int>());
   }
   for (auto& [id, run] : jobs_) {
     if (!run.adopted || run.region.empty() || run.gpus.empty()) continue;
     NoteSharing(run);
-    for (const JobRecord& o : others) {
-      auto it = placed.find(o.id);
-      if (it != placed.end() && it->second == run.gpus && *o.ended_at > run.started)
-        run.shared_gpu = true;
-    }
+    for (const Ended& e : ended)
+      if (e.gpus == run.gpus && e.at > run.started) run.shared_gpu = true;
   }
 }
 
