@@ -3,7 +3,10 @@
 // (and with a compute share on a GPU arbiter, where launches take the lease holder's fast path).
 // Then the shared-region attach time: one process at a time (quiet baseline), 64 processes starting
 // at once, and 64 again while two busy loops load the machine, with wall and CPU time each.
-//   build/bench/bench/shim_bench
+// Last, what reading a job's GPU time from the arbiter file costs (the server reads each running
+// share every sample), alone and with an upgrade's previous file beside it (read too).
+//   build/bench/bench/shim_bench          (all)
+//   build/bench/bench/shim_bench use      (the arbiter reads alone)
 #include <dlfcn.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "tessera/shim/arbiter.h"
 #include "tessera/shim/cuda_abi.h"
 #include "tessera/shim/region.h"
+#include "tessera/shim/version5_arbiter_file.h"
 
 extern char** environ;
 
@@ -222,9 +227,49 @@ void MemoryQueries(const char* self) {
 
 }  // namespace
 
+// ArbiterJobUse of a job on 2 GPUs, ns per read: the newest file alone, then with a version 5
+// file kept at its previous path (an upgrade's, the job's older processes in it), in one run.
+void UseReads() {
+  namespace shim = tessera::shim;
+  const std::string arbiter = "/tmp/shim-bench-use-" + std::to_string(getpid()) + ".arbiter";
+  char err[256] = "", previous[4200];
+  shim::ArbiterPreviousPath(arbiter.c_str(), previous, sizeof previous);
+  unlink(arbiter.c_str());
+  if (!shim::CreateArbiterFile(arbiter.c_str(), err, sizeof err)) {
+    fprintf(stderr, "shim_bench: %s\n", err);
+    return;
+  }
+  const int gpus[] = {0, 3};
+  const uint64_t key = shim::ArbiterJobKey("41");
+  auto time_reads = [&] {
+    constexpr int kReads = 20000;
+    uint64_t sum = 0;
+    const double t0 = Now();
+    for (int i = 0; i < kReads; ++i)
+      sum += shim::ArbiterJobUse(arbiter.c_str(), gpus, 2, key).busy_us;
+    const double ns = (Now() - t0) * 1e9 / kReads;
+    static volatile uint64_t sink;  // the reads are kept
+    sink = sum;
+    return ns;
+  };
+  const double alone = time_reads();
+  double with_previous = 0;
+  {
+    shim::Version5ArbiterFile v5(previous, 0600);
+    v5.Put(3, 5, key, 1000, shim::Arbiter::NowMicros(), getpid(), shim::PidNamespace());
+    with_previous = time_reads();
+  }
+  printf("%-40s %10.0f ns\n", "a job's use read (2 GPUs)", alone);
+  printf("%-40s %10.0f ns  ratio %.2f\n", "the same, a previous file beside it", with_previous,
+         with_previous / alone);
+  unlink(previous);
+  unlink(arbiter.c_str());
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "calls") == 0) return Calls();
   if (argc > 1 && strcmp(argv[1], "info") == 0) return Info();
+  if (argc > 1 && strcmp(argv[1], "use") == 0) return UseReads(), 0;
   double direct_launch, direct_alloc, hooked_launch, hooked_alloc;
   if (sscanf(RunSelf(argv[0], false).c_str(), "%lf %lf", &direct_launch, &direct_alloc) != 2 ||
       sscanf(RunSelf(argv[0], true).c_str(), "%lf %lf", &hooked_launch, &hooked_alloc) != 2) {
@@ -286,5 +331,6 @@ int main(int argc, char** argv) {
   for (pid_t h : hogs) kill(h, SIGKILL), waitpid(h, nullptr, 0);
   row("region attach, 64 at once, 2 busy loops", load, loaded);
   MemoryQueries(argv[0]);
+  UseReads();
   return 0;
 }

@@ -38,6 +38,7 @@
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
+#include "tessera/shim/version5_arbiter_file.h"
 
 extern char** environ;
 
@@ -266,6 +267,46 @@ TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
     EXPECT_GT(u["gpu_demand_pct"].get<double>(), u["gpu_utilization_pct"].get<double>() + 10)
         << u.dump();
   }
+}
+
+// An upgrade under running work: the server is killed (-9) while a share runs, and the older
+// Tessera's arbiter file (version 5) is where the new server starts, with the job's old processes
+// charged in it - they keep that file mapped, and go on charging it after the new server renamed
+// a fresh one over it. The re-adopted job's GPU time is what they were charged there: 1.6 s of
+// its run (before, the new server read only the new file: 0, the job ended unmeasured). The old
+// file is kept for the server alone at <arbiter>.previous, and the log says so.
+TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcessesKept) {
+  Daemon d("upgrade-arbiter");
+  const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
+  const int64_t id = d.Submit({{"name", "across"},
+                               {"command", {"sleep", "6"}},
+                               {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
+  d.WaitForProcess(id);
+  const int gpu =
+      d.Call("GET", "/v1/jobs/" + std::to_string(id))["placement"]["gpus"][0]["index"].get<int>();
+  d.Kill(SIGKILL);
+  // The older Tessera's file in its place (renamed in, as it was there before the upgrade).
+  const std::string older = arbiter + ".v5";
+  tessera::shim::Version5ArbiterFile v5(older, 0600);
+  ASSERT_TRUE(v5.ok());
+  const uint64_t key = tessera::shim::ArbiterJobKey(std::to_string(id).c_str());
+  v5.Put(gpu, 7, key, 1'000'000, tessera::shim::Arbiter::NowMicros(), getpid(),
+         tessera::shim::PidNamespace());
+  ASSERT_EQ(rename(older.c_str(), arbiter.c_str()), 0);
+  d.Start();
+  d.Call("GET", "/v1/info");  // up: the file replaced
+  struct stat kept;
+  ASSERT_EQ(stat((arbiter + ".previous").c_str(), &kept), 0);
+  EXPECT_EQ(kept.st_mode & 07777, 0600u);
+  EXPECT_THAT(d.Log(), HasSubstr("the one of before an upgrade is kept at " + arbiter +
+                                 ".previous (the server's alone)"));
+  // Its old processes charge on in the file they mapped.
+  v5.Job(gpu, 7).busy_us = 1'600'000;
+  const json j = d.WaitFor(id, "succeeded");
+  const json& u = j["usage"];
+  ASSERT_TRUE(u.value("gpu_utilization_pct", json()).is_number()) << "measured: " << j.dump();
+  const double ran_s = j["ended_at"].get<double>() - j["started_at"].get<double>();
+  EXPECT_NEAR(u["gpu_utilization_pct"].get<double>() / 100 * ran_s, 1.6, 0.002 * ran_s) << j.dump();
 }
 
 // A CUDA program whose allocation its 1 GiB limit refused (the intercept library's count, read

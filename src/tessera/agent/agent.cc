@@ -119,6 +119,13 @@ absl::Status Agent::PrepareState(core::NodeInventory inventory) {
       spdlog::warn("GPU arbiter {}: {}; compute shares will not be enforced", arbiter, err);
     } else {
       chmod(arbiter.c_str(), 0666);
+      if (char previous[4200];
+          shim::ArbiterPreviousKept(arbiter.c_str(), previous, sizeof previous))
+        spdlog::info(
+            "GPU arbiter {}: the one of before an upgrade is kept at {} (the agent's "
+            "alone) while containers that mapped it may run: their GPU time is read from "
+            "both",
+            arbiter, previous);
     }
   }
   return absl::OkStatus();

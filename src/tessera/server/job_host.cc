@@ -177,6 +177,11 @@ void LocalJobHost::MakeArbiter() {
     arbiter_access_ = fmt::format("none: {}", err);
     return;
   }
+  if (char previous[4200]; shim::ArbiterPreviousKept(arbiter_.c_str(), previous, sizeof previous))
+    spdlog::info(
+        "GPU arbiter file {}: the one of before an upgrade is kept at {} (the server's "
+        "alone) while jobs that mapped it may run: their GPU time is read from both",
+        arbiter_, previous);
   // The server's alone, and the users with a job using it (an ACL per user, kept as jobs start and
   // end): another local user cannot overwrite what every fractional job relies on.
   if (chmod(arbiter_.c_str(), 0600) != 0) spdlog::warn("chmod {}: {}", arbiter_, strerror(errno));

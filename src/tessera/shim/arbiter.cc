@@ -53,17 +53,6 @@ void SleepMicros(uint64_t us) {
   nanosleep(&t, nullptr);
 }
 
-bool ProcessGone(int32_t pid) { return pid <= 0 || (kill(pid, 0) == -1 && errno == ESRCH); }
-
-// The inode of this process's pid namespace (/proc/self/ns/pid -> "pid:[4026531836]"); 0 unknown.
-uint32_t PidNamespace() {
-  char link[64] = {};
-  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
-  if (n <= 0) return 0;
-  const char* open = strchr(link, '[');
-  return open ? static_cast<uint32_t>(strtoul(open + 1, nullptr, 10)) : 0;
-}
-
 // What ProcessStateOf read of a process lately. Every waiter looks at the holder at each poll
 // (every 100 us): eight waiters reading the holder's /proc/<pid>/stat each time made 13,000 reads a
 // second and kept two cores busy in the kernel, the CPU the holder needed to launch its work. A
@@ -111,6 +100,16 @@ char ProcessStateOf(int32_t pid) {
 }
 
 }  // namespace
+
+bool ProcessGone(int32_t pid) { return pid <= 0 || (kill(pid, 0) == -1 && errno == ESRCH); }
+
+uint32_t PidNamespace() {
+  char link[64] = {};
+  ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+  if (n <= 0) return 0;
+  const char* open = strchr(link, '[');
+  return open ? static_cast<uint32_t>(strtoul(open + 1, nullptr, 10)) : 0;
+}
 
 // The host's monotonic clock: leases and charges are compared across processes, some of which may
 // be in time namespaces of their own (host_clock.h).

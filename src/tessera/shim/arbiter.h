@@ -281,7 +281,10 @@ void WriteArbiterSettings(void* mem, const void* config);
 // Creates (when missing) the arbiter file at `path` without joining it, so that a server can
 // prepare it for jobs of several users, with the pacing settings of `c` (slice, idle, queue bound;
 // the defaults when not given). One of an older version (an upgrade) is replaced by rename: its
-// processes keep the one they mapped. False with why in `err`.
+// processes keep the one they mapped, and it stays readable at ArbiterPreviousPath (0600: for
+// its maker, not its tenants) when its layout is known (version 5 on), so that what those jobs
+// use is still measured (ArbiterJobUse). That file is removed by a later call once none of its
+// jobs can still be running or unread (ArbiterPreviousIsStale). False with why in `err`.
 bool CreateArbiterFile(const char* path, char* err, size_t err_len,
                        const ArbiterConfig& c = ArbiterConfig());
 
@@ -305,11 +308,35 @@ uint64_t ArbiterBusyMicros(const char* path, int gpu, uint64_t key);
 uint64_t ArbiterBusyMicros(const char* path, const int* gpus, int count, uint64_t key);
 
 // A job's GPU time and how long it was held back (ArbiterJob::held_us), summed over its GPUs.
+// After an upgrade replaced a file of an older version (CreateArbiterFile), what the job's
+// processes of before charged there (they keep it mapped) is added: read at
+// ArbiterPreviousPath when that file has the owner of the one at `path` (its held time where
+// its version counted it; version 5 did not).
 struct ArbiterUse {
   uint64_t busy_us = 0;
   uint64_t held_us = 0;
 };
 ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t key);
+
+// Where an arbiter file replaced by an upgrade is kept while its jobs may run: `path`.previous.
+void ArbiterPreviousPath(const char* path, char* out, size_t out_len);
+// ArbiterPreviousPath, and whether a file is there (an upgrade's, kept: said by its maker).
+bool ArbiterPreviousKept(const char* path, char* out, size_t out_len);
+// How long after its last use a slot of the previous file keeps it (its job may have ended only
+// then, and whoever reads a job's use at its end - the server, an epilog - not have read it yet).
+inline constexpr uint64_t kArbiterPreviousKeepUs = 3600ull * 1000 * 1000;
+// Whether the previous arbiter file at `path` (ArbiterPreviousPath's) holds no job that may still
+// use it or be unread, at `now_us` (Arbiter::NowMicros): each slot's job last used it more than
+// kArbiterPreviousKeepUs ago (or before this boot: a time past now) and its process is gone from
+// this pid namespace (one in another namespace cannot be told: the time alone decides). True for a
+// file that is no readable arbiter. False when it cannot be read (missing included).
+bool ArbiterPreviousIsStale(const char* path, uint64_t now_us);
+
+// Whether process `pid` is gone (kill(pid, 0): ESRCH). A pid of another pid namespace means
+// nothing here.
+bool ProcessGone(int32_t pid);
+// The inode of this process's pid namespace (/proc/self/ns/pid -> "pid:[4026531836]"); 0 unknown.
+uint32_t PidNamespace();
 
 // How long a utilization window of a job is (NVML's sample period is 1/6 s to 1 s).
 inline constexpr uint64_t kUtilizationWindowUs = 1'000'000;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/glibc_compat.h"  // pins the symbol versions
+#include "tessera/shim/host_clock.h"
 #include "tessera/shim/region.h"
 
 namespace tessera::shim {
@@ -29,25 +31,165 @@ void WriteArbiterSettings(void* mem, const void* arg) {
 
 namespace {
 // Whether `path` is an arbiter file of another version (its head: the magic, then the version): a
-// file that is no arbiter at all is never replaced.
-bool OlderArbiterFile(const char* path) {
+// file that is no arbiter at all is never replaced. Its version, 0 when it is none such.
+uint32_t OlderArbiterFile(const char* path) {
   const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return false;
+  if (fd < 0) return 0;
   struct {
     uint64_t magic;
     uint32_t version;
   } head = {0, 0};
   const bool read_all = ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0);
   close(fd);
-  return read_all && head.magic == kArbiterMagic && head.version != kArbiterVersion;
+  return read_all && head.magic == kArbiterMagic && head.version != kArbiterVersion ? head.version
+                                                                                    : 0;
+}
+
+// The layouts of arbiter files a job's use can be read from: this version's, and the one before
+// it (an upgrade's previous file). Version 5's job slot is this one without the held-back
+// counters at its end; everything else is where it is now.
+struct Layout {
+  uint32_t version;
+  size_t job_bytes;  // one ArbiterJob
+  bool held;         // counts held_us
+  constexpr size_t gpu_bytes() const {
+    return offsetof(ArbiterGpu, jobs) + job_bytes * kArbiterJobs;
+  }
+  constexpr size_t file_bytes() const {
+    return offsetof(ArbiterData, gpus) + gpu_bytes() * kArbiterGpus + sizeof(ArbiterSettings);
+  }
+};
+static_assert(offsetof(ArbiterJob, held_until_us) + sizeof(uint64_t) == sizeof(ArbiterJob),
+              "version 5's slot is version 6's without its last two counters");
+constexpr Layout kLayouts[] = {{kArbiterVersion, sizeof(ArbiterJob), true},
+                               {5, offsetof(ArbiterJob, held_us), false}};
+static_assert(kLayouts[0].file_bytes() == sizeof(ArbiterData));
+const Layout* LayoutOf(uint32_t version) {
+  for (const Layout& l : kLayouts) {
+    if (l.version == version) return &l;
+  }
+  return nullptr;
+}
+
+// A field (`T`, at `field` in ArbiterJob) of slot `slot` in a GPU's row read as bytes in `layout`.
+template <typename T = uint64_t>
+T Field(const char* row, const Layout& layout, int slot, size_t field) {
+  T v = 0;
+  memcpy(&v,
+         row + offsetof(ArbiterGpu, jobs) + layout.job_bytes * static_cast<size_t>(slot) + field,
+         sizeof v);
+  return v;
+}
+
+// Opens the arbiter file at `path` for reading its rows: a regular file (no symlink) of a layout
+// above and its size, owned by `owner` (any when -1). -1 when it is none such.
+int OpenArbiterOf(const char* path, uid_t owner, const Layout** layout) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st;
+  struct {
+    uint64_t magic;
+    uint32_t version;
+  } head = {0, 0};
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      (owner == static_cast<uid_t>(-1) || st.st_uid == owner) &&
+      ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) &&
+      head.magic == kArbiterMagic && (*layout = LayoutOf(head.version)) != nullptr &&
+      static_cast<size_t>(st.st_size) == (*layout)->file_bytes()) {
+    return fd;
+  }
+  close(fd);
+  return -1;
+}
+
+// Adds job `key`'s use on `gpus` in the arbiter file open as `fd` (of `layout`) to `sum`. One
+// slot per job and GPU; a second (claimed again by a race) counts its most.
+void AddUse(int fd, const Layout& layout, const int* gpus, int count, uint64_t key,
+            ArbiterUse& sum) {
+  auto* row = new (std::nothrow) char[layout.gpu_bytes()];
+  for (int i = 0; row != nullptr && i < count; ++i) {
+    if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
+    const size_t at =
+        offsetof(ArbiterData, gpus) + layout.gpu_bytes() * static_cast<size_t>(gpus[i]);
+    if (!ReadSharedAt(fd, row, layout.gpu_bytes(), at)) break;
+    uint64_t busy = 0, held = 0;
+    for (int slot = 0; slot < kArbiterJobs; ++slot) {
+      if (Field(row, layout, slot, offsetof(ArbiterJob, key)) != key) continue;
+      busy = std::max(busy, Field(row, layout, slot, offsetof(ArbiterJob, busy_us)));
+      if (layout.held)
+        held = std::max(held, Field(row, layout, slot, offsetof(ArbiterJob, held_us)));
+    }
+    sum.busy_us += busy;
+    sum.held_us += held;
+  }
+  delete[] row;
+}
+
+// Keeps the arbiter file at `path`, of `version`, about to be replaced by an upgrade, readable at
+// its previous path for its maker alone (0600 also masks the ACL entries of its users: they keep
+// what they mapped, and need not open it again), when its layout can be read; else none.
+void KeepPrevious(const char* path, uint32_t version) {
+  char previous[4200];
+  ArbiterPreviousPath(path, previous, sizeof previous);
+  unlink(previous);  // one upgrade back is read; a file from before that is not
+  if (LayoutOf(version) == nullptr || link(path, previous) != 0) return;
+  if (chmod(previous, 0600) != 0) unlink(previous);
 }
 }  // namespace
+
+void ArbiterPreviousPath(const char* path, char* out, size_t out_len) {
+  snprintf(out, out_len, "%s.previous", path);
+}
+
+bool ArbiterPreviousKept(const char* path, char* out, size_t out_len) {
+  ArbiterPreviousPath(path, out, out_len);
+  return access(out, F_OK) == 0;
+}
+
+bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
+  if (access(previous, F_OK) != 0) return false;
+  const Layout* layout = nullptr;
+  const int fd = OpenArbiterOf(previous, static_cast<uid_t>(-1), &layout);
+  if (fd < 0) return true;  // no arbiter of a layout known here: nothing in it is read
+  const uint32_t pidns = PidNamespace();
+  bool stale = true;
+  auto* row = new (std::nothrow) char[layout->gpu_bytes()];
+  for (int g = 0; stale && g < kArbiterGpus; ++g) {
+    const size_t at = offsetof(ArbiterData, gpus) + layout->gpu_bytes() * static_cast<size_t>(g);
+    if (row == nullptr || !ReadSharedAt(fd, row, layout->gpu_bytes(), at)) {
+      stale = false;  // not read: kept
+      break;
+    }
+    for (int slot = 0; stale && slot < kArbiterJobs; ++slot) {
+      if (Field(row, *layout, slot, offsetof(ArbiterJob, key)) == 0) continue;
+      uint64_t last = 0;
+      for (size_t f : {offsetof(ArbiterJob, last_launch_us), offsetof(ArbiterJob, lease_start_us),
+                       offsetof(ArbiterJob, granted_us), offsetof(ArbiterJob, want_us),
+                       offsetof(ArbiterJob, window_start_us)}) {
+        last = std::max(last, Field(row, *layout, slot, f));
+      }
+      if (last > now_us) continue;  // used before this boot: nobody of then runs
+      const int32_t pid = Field<int32_t>(row, *layout, slot, offsetof(ArbiterJob, pid));
+      const bool here =
+          pidns != 0 && Field<uint32_t>(row, *layout, slot, offsetof(ArbiterJob, pidns)) == pidns;
+      if (now_us - last < kArbiterPreviousKeepUs || (here && !ProcessGone(pid))) stale = false;
+    }
+  }
+  delete[] row;
+  close(fd);
+  return stale;
+}
 
 bool CreateArbiterFile(const char* path, char* err, size_t err_len, const ArbiterConfig& c) {
   int fd = -1;
   void* m = MapSharedFile(path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
                           kArbiterVersion, WriteArbiterSettings, &c, &fd, err, err_len);
-  if (m == nullptr && OlderArbiterFile(path)) {
+  if (m != nullptr) {
+    // The file of before the last upgrade goes once nothing in it is used or unread.
+    char previous[4200];
+    ArbiterPreviousPath(path, previous, sizeof previous);
+    if (ArbiterPreviousIsStale(previous, HostMonotonicNs() / 1000)) unlink(previous);
+  } else if (const uint32_t older = OlderArbiterFile(path); older != 0) {
     // Left by an older Tessera (an upgrade): a fresh one renamed over it. Processes that mapped
     // the old one keep it until they end; new ones are paced in this one.
     char fresh[4200];
@@ -55,6 +197,7 @@ bool CreateArbiterFile(const char* path, char* err, size_t err_len, const Arbite
     unlink(fresh);
     m = MapSharedFile(fresh, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
                       kArbiterVersion, WriteArbiterSettings, &c, &fd, err, err_len);
+    if (m != nullptr) KeepPrevious(path, older);
     if (m != nullptr && rename(fresh, path) != 0) {
       snprintf(err, err_len, "%s: cannot replace the arbiter file of an older version: %s", path,
                strerror(errno));
@@ -129,26 +272,21 @@ ArbiterUse ArbiterJobUse(const char* path, const int* gpus, int count, uint64_t 
   if (key == 0 || count <= 0) return sum;
   // Every user with a share job may write the file: read a copy of each GPU's row, never a
   // mapping (truncation under a mapping faults its reader).
-  const int fd = OpenSharedFile(path, sizeof(ArbiterData), kArbiterMagic, kArbiterVersion);
+  // (A file of the version before, not replaced yet, is read as it is.)
+  const Layout* layout = nullptr;
+  const int fd = OpenArbiterOf(path, static_cast<uid_t>(-1), &layout);
   if (fd < 0) return sum;
-  auto* row = new (std::nothrow) ArbiterGpu;
-  for (int i = 0; row != nullptr && i < count; ++i) {
-    if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
-    const size_t at =
-        offsetof(ArbiterData, gpus) + sizeof(ArbiterGpu) * static_cast<size_t>(gpus[i]);
-    if (!ReadSharedAt(fd, row, sizeof(ArbiterGpu), at)) break;
-    // One slot per job and GPU; a second (claimed again by a race) counts its most.
-    uint64_t busy = 0, held = 0;
-    for (const ArbiterJob& j : row->jobs) {
-      if (j.key.load() != key) continue;
-      busy = std::max(busy, j.busy_us.load());
-      held = std::max(held, j.held_us.load());
-    }
-    sum.busy_us += busy;
-    sum.held_us += held;
-  }
-  delete row;
+  struct stat st;
+  const bool newest = layout->version == kArbiterVersion && fstat(fd, &st) == 0;
+  AddUse(fd, *layout, gpus, count, key, sum);
   close(fd);
+  // The job's processes started before an upgrade charge the file they mapped then.
+  char previous[4200];
+  ArbiterPreviousPath(path, previous, sizeof previous);
+  if (const int before = newest ? OpenArbiterOf(previous, st.st_uid, &layout) : -1; before >= 0) {
+    if (layout->version != kArbiterVersion) AddUse(before, *layout, gpus, count, key, sum);
+    close(before);
+  }
   return sum;
 }
 

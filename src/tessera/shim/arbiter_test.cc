@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tessera/shim/region.h"
+#include "tessera/shim/version5_arbiter_file.h"
 
 namespace tessera::shim {
 namespace {
@@ -111,6 +112,138 @@ TEST(Arbiter, TheFilesSettingsAreItsMakersAndAnOlderFileIsReplaced) {
   ASSERT_NE(b, nullptr) << err;
   EXPECT_EQ(b->slice_us(), ArbiterConfig().slice_us);
   unlink(path.c_str());
+}
+
+// A pid that is no process any more (a child reaped).
+int32_t GonePid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  return child;
+}
+
+// An upgrade under running work: the new maker renames a fresh file over a version 5 one, whose
+// jobs keep it mapped and charged. Their GPU time is still read - from the old file, kept for the
+// maker alone at <path>.previous, added to what the job's new processes charge in the new one; a
+// job of neither file reads 0. Without the kept file the old job read 0 (it ended unmeasured).
+TEST(Arbiter, JobsOnTheFileOfBeforeAnUpgradeAreStillMeasured) {
+  const std::string path = TempFile("upgrade");
+  char previous[4200];
+  ArbiterPreviousPath(path.c_str(), previous, sizeof previous);
+  unlink(previous);
+  const uint64_t job = ArbiterJobKey("41");
+  const int gpu[] = {2};
+  Version5ArbiterFile old(path);
+  ASSERT_TRUE(old.ok());
+  old.Put(2, 3, job, 1'500'000, Arbiter::NowMicros(), getpid(), PidNamespace());
+  struct stat before;
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  char err[256] = "";
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << err;
+  auto now = std::make_unique<ArbiterData>();
+  EXPECT_TRUE(ReadSharedFile(path.c_str(), sizeof *now, kArbiterMagic, kArbiterVersion, now.get(),
+                             sizeof *now))
+      << "a version " << kArbiterVersion << " file at the path";
+  struct stat kept;
+  ASSERT_EQ(stat(previous, &kept), 0) << "the old file is kept at " << previous;
+  EXPECT_EQ(kept.st_ino, before.st_ino) << "the very file its jobs mapped";
+  EXPECT_EQ(kept.st_mode & 07777, 0600u) << "for its maker alone";
+
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, job).busy_us, 1'500'000u);
+  // The old job's processes go on charging the file they mapped.
+  old.Job(2, 3).busy_us = 2'000'000;
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, job).busy_us, 2'000'000u);
+  // A process of the job started after the upgrade (the new library) joins the new file: both
+  // count, and only the new file counts held-back time (version 5 did not).
+  std::unique_ptr<Arbiter> fresh(
+      Arbiter::Attach(path.c_str(), job, ArbiterConfig(), err, sizeof err));
+  ASSERT_NE(fresh, nullptr) << err;
+  const int slot = fresh->Slot(2);
+  ASSERT_GE(slot, 0);
+  fresh->data()->gpus[2].jobs[slot].busy_us = 700'000;
+  fresh->data()->gpus[2].jobs[slot].held_us = 300'000;
+  ArbiterUse use = ArbiterJobUse(path.c_str(), gpu, 1, job);
+  EXPECT_EQ(use.busy_us, 2'700'000u);
+  EXPECT_EQ(use.held_us, 300'000u);
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, ArbiterJobKey("42")).busy_us, 0u);
+  const int other_gpu[] = {1};
+  EXPECT_EQ(ArbiterJobUse(path.c_str(), other_gpu, 1, job).busy_us, 0u);
+
+  // Its job runs: a later maker keeps the file.
+  ASSERT_TRUE(CreateArbiterFile(path.c_str(), err, sizeof err)) << err;
+  EXPECT_EQ(access(previous, F_OK), 0) << "removed while its job runs";
+  // A file there of another owner than the arbiter's is not the maker's: not read (root only can
+  // make one here; CI runs the tests as root).
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(previous, 65534, 65534), 0);
+    EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, job).busy_us, 700'000u);
+  }
+  fresh.reset();
+  unlink(previous);
+  unlink(path.c_str());
+}
+
+// The previous file goes once no job in it can still use it or be unread: each slot's job last
+// used it over an hour ago (or before this boot: a time past now) and its process is gone here.
+// Another pid namespace's process cannot be told: the time alone decides for it.
+TEST(Arbiter, ThePreviousFileGoesOnceNoJobInItCanStillRunOrBeUnread) {
+  const std::string path = TempFile("stale");
+  const uint64_t now = 10ull * 3600 * 1000 * 1000;  // a machine up 10 hours
+  const uint64_t two_hours_ago = now - 2ull * 3600 * 1000 * 1000;
+  const uint32_t here = PidNamespace();
+  ASSERT_NE(here, 0u);
+  const int32_t gone = GonePid();
+  unlink(path.c_str());
+  EXPECT_FALSE(ArbiterPreviousIsStale(path.c_str(), now)) << "none there";
+  struct Case {
+    const char* what;
+    uint64_t last_us;
+    int32_t pid;
+    uint32_t pidns;
+    bool stale;
+  } cases[] = {
+      {"used a minute ago, its process gone (its end maybe unread)", now - 60'000'000, gone, here,
+       false},
+      {"idle two hours, its process running here", two_hours_ago, getpid(), here, false},
+      {"idle two hours, its process gone", two_hours_ago, gone, here, true},
+      {"idle two hours, in another pid namespace", two_hours_ago, getpid(), here + 1, true},
+      {"used before this boot (a pid of then running now is another process)", now + 1000, getpid(),
+       here, true},
+  };
+  for (const Case& c : cases) {
+    Version5ArbiterFile old(path);
+    old.Put(5, 0, 77, 1000, now - 1000, getpid(), here);  // a slot that keeps it...
+    old.Put(5, 0, 0, 0, 0, 0, 0);                         // ...freed: only the case's decides
+    old.Put(9, 63, 77, 1000, c.last_us, c.pid, c.pidns);
+    EXPECT_EQ(ArbiterPreviousIsStale(path.c_str(), now), c.stale) << c.what;
+    old.Put(0, 0, 78, 1000, now - 1000, getpid(), here);  // and a job in use beside it
+    EXPECT_FALSE(ArbiterPreviousIsStale(path.c_str(), now)) << c.what << ", beside one in use";
+  }
+  {
+    Version5ArbiterFile empty(path);
+    EXPECT_TRUE(ArbiterPreviousIsStale(path.c_str(), now)) << "no job in it";
+  }
+  std::ofstream(path, std::ios::trunc) << "not an arbiter";
+  EXPECT_TRUE(ArbiterPreviousIsStale(path.c_str(), now)) << "nothing readable in it";
+  unlink(path.c_str());
+
+  // A maker removes it when it is stale, on the machine's own clock.
+  const std::string arbiter = TempFile("stale-maker");
+  char previous[4200];
+  ArbiterPreviousPath(arbiter.c_str(), previous, sizeof previous);
+  unlink(arbiter.c_str());
+  char err[256] = "";
+  ASSERT_TRUE(CreateArbiterFile(arbiter.c_str(), err, sizeof err)) << err;
+  {
+    Version5ArbiterFile old(previous);
+    old.Put(3, 1, 79, 1000, Arbiter::NowMicros(), gone, here);
+    ASSERT_TRUE(CreateArbiterFile(arbiter.c_str(), err, sizeof err)) << err;
+    EXPECT_EQ(access(previous, F_OK), 0) << "its job ended just now: its use may be unread";
+    old.Put(3, 1, 79, 1000, Arbiter::NowMicros() + 1000 * 1000 * 1000, gone, here);
+    ASSERT_TRUE(CreateArbiterFile(arbiter.c_str(), err, sizeof err)) << err;
+    EXPECT_NE(access(previous, F_OK), 0) << "left from before this boot: removed";
+  }
+  unlink(arbiter.c_str());
 }
 
 TEST(Arbiter, AloneAJobHoldsTheGpuAndIsChargedForIt) {

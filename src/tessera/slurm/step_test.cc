@@ -16,6 +16,7 @@
 #include "tessera/server/file_acl.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
+#include "tessera/shim/version5_arbiter_file.h"
 
 namespace tessera::slurm {
 namespace {
@@ -600,6 +601,35 @@ TEST_F(SlurmNodeFiles, AShardStepGetsItsRegionTheArbiterAndTheEnvironment) {
   auto nothing = EndJob(config_, 42, 1070);
   ASSERT_TRUE(nothing.ok());
   EXPECT_EQ(*nothing, "") << "an epilog of a job with nothing here does nothing";
+}
+
+// The plugin upgraded under a running job: its processes keep the older Tessera's arbiter file
+// (version 5) mapped and charged, the next step on the node (another job's) puts a fresh one in
+// its place, and the running job's epilog still accounts the GPU time it was charged there (the
+// old file kept at gpu.arbiter.previous, root's alone); without it the job ended with none.
+TEST_F(SlurmNodeFiles, AJobRunningAcrossAnUpgradeIsAccountedFromTheOlderArbiterFile) {
+  auto limits = DecideLimits(config_, {.gpus = "1", .shards = "2"});
+  ASSERT_TRUE(limits.ok());
+  ASSERT_TRUE(SetUpStep(config_, 42, 0, 0, *limits, "", 1000).ok());
+  const std::string arbiter = config_.state_dir + "/arbiter/gpu.arbiter";
+  const std::string older = arbiter + ".v5";
+  shim::Version5ArbiterFile v5(older, 0600);
+  ASSERT_TRUE(v5.ok());
+  v5.Put(1, 0, shim::ArbiterJobKey("slurm-42"), 20'000'000, shim::Arbiter::NowMicros(), getpid(),
+         shim::PidNamespace());
+  ASSERT_EQ(rename(older.c_str(), arbiter.c_str()), 0);
+  // Another job's step, by the upgraded plugin.
+  ASSERT_TRUE(SetUpStep(config_, 43, 0, 0, *limits, "", 1010).ok());
+  struct stat kept;
+  ASSERT_EQ(stat((arbiter + ".previous").c_str(), &kept), 0);
+  EXPECT_EQ(kept.st_mode & 07777, 0600u);
+  v5.Job(1, 0).busy_us = 30'000'000;  // its processes charge on
+  ASSERT_TRUE(EndJob(config_, 42, 1060).ok());
+  const nlohmann::json j = Acct(42);
+  EXPECT_EQ(j["gpus"][0]["gpu_time_s"], 30.0) << j.dump();
+  EXPECT_EQ(j["gpus"][0]["utilization_percent"], 50.0) << j.dump();
+  EXPECT_FALSE(j["gpus"][0].contains("held_back_percent")) << "version 5 did not count it";
+  ASSERT_TRUE(EndJob(config_, 43, 1070).ok());
 }
 
 // A reused job id (slurmd crashed or the node rebooted before the epilog; Slurm then gave the id
