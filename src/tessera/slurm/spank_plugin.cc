@@ -48,8 +48,8 @@ constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
 constexpr uint32_t kBatchStep = 0xfffffffb;   // slurm.h's SLURM_BATCH_SCRIPT
 constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue only if running
 
-// The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" batch
-// job's trial, how often it was requeued and whether Slurm would requeue it.
+// The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" job's
+// trial, how often it was requeued, whether Slurm would requeue it, and a batch job's batch node.
 void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
   const auto load =
       reinterpret_cast<decltype(&slurm_load_job)>(dlsym(RTLD_DEFAULT, "slurm_load_job"));
@@ -72,6 +72,7 @@ void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
   const slurm_job_info_t& j = info->job_array[0];
   request.restarts = j.restart_cnt;
   request.not_requeueable = j.requeue == 0 ? "--no-requeue (or JobRequeue=0)" : "";
+  if (j.batch_flag != 0 && j.batch_host != nullptr) request.batch_host = j.batch_host;
   free_msg(info);
 }
 
@@ -281,9 +282,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   request.trial_option = trial_option;
   request.job_name = Env(sp, "SLURM_JOB_NAME");
   request.batch_step = step == kBatchStep;
-  // (S_SLURM_RESTART_COUNT is 0 in a batch step of Slurm 22.05: slurmctld is asked.)
-  if (request.batch_step && config.ok() && config->auto_trial_s > 0 &&
-      request.trial_option.empty() && (share_option == "auto" || mem_option == "auto"))
+  // (S_SLURM_RESTART_COUNT is 0 in a batch step of Slurm 22.05: slurmctld is asked. Also of
+  // another step: on a node of a batch job other than its batch node, it says so.)
+  if (config.ok() && config->auto_trial_s > 0 && request.trial_option.empty() &&
+      (share_option == "auto" || mem_option == "auto"))
     AskSlurmctld(job, request);
   auto limits = tessera::slurm::DecideLimits(*config, request);
   if (!limits.ok())

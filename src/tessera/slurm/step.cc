@@ -396,6 +396,7 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
   l.batch_step = request.batch_step;
   l.restarts = request.restarts;
   l.not_requeueable = request.not_requeueable;
+  l.batch_host = request.batch_host;
   if (!request.trial_option.empty()) {
     // A trial measures: it runs on what its shards mean, whatever else it asked.
     l.trial_s = *core::ParseDuration(request.trial_option);
@@ -478,10 +479,17 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
     // trial, then it is requeued and sized from it (once: a requeued run is never a trial again).
     const bool unmeasured =
         (limits.memory_auto && use.memory_runs == 0) || (limits.share_auto && use.util_runs == 0);
-    const std::string no_trial = !limits.batch_step                ? "not a batch job"
-                                 : limits.restarts > 0             ? "requeued already"
-                                 : !limits.not_requeueable.empty() ? limits.not_requeueable
-                                                                   : "";
+    // (A batch job's step on another of its nodes: its trial, if any, is its batch step's.)
+    const std::string no_trial =
+        !limits.batch_step && !limits.batch_host.empty()
+            ? fmt::format(
+                  "a batch job's trial is decided on its batch node {} (this step runs measured, "
+                  "and a requeue there ends it)",
+                  limits.batch_host)
+        : !limits.batch_step              ? "not a batch job"
+        : limits.restarts > 0             ? "requeued already"
+        : !limits.not_requeueable.empty() ? limits.not_requeueable
+                                          : "";
     if (unmeasured && config.auto_trial_s > 0 && no_trial.empty()) {
       limits.trial_s = config.auto_trial_s;
       limits.auto_trial = true;

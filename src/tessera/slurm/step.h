@@ -77,11 +77,15 @@ struct StepRequest {
   std::string trial_option;  // --tessera-trial: "2m", "90s", "1:30:00"
   std::string job_name;      // SLURM_JOB_NAME: with the user, the kind "auto" is sized from
   bool batch_step = false;   // the step is a batch job's script (SLURM_BATCH_SCRIPT)
-  // The job as slurmctld has it, asked (slurm_load_job) only of a batch job asking "auto" where
+  // The job as slurmctld has it, asked (slurm_load_job) only of a job asking "auto" where
   // auto_trial= is set: the times it was requeued, and why Slurm would not requeue it (empty:
   // it would; "--no-requeue", or why slurmctld did not say).
   uint32_t restarts = 0;
   std::string not_requeueable = "not asked";
+  // A batch job's: the node its script runs on, where its trial is decided (a step of it on
+  // another of its nodes runs measured beside it, and the requeue ends it too); empty: not a batch
+  // job, or not asked.
+  std::string batch_host;
 };
 
 // The user's options as written (--tessera-share, --tessera-mem: a value or "auto";
@@ -110,6 +114,7 @@ struct StepLimits {
   bool batch_step = false;
   uint32_t restarts = 0;
   std::string not_requeueable = "not asked";
+  std::string batch_host;
   // Set by SetUpStep: this run is auto_trial='s, requeued at its end to be sized from it.
   bool auto_trial = false;
 };

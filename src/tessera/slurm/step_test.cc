@@ -436,6 +436,18 @@ TEST_F(SlurmNodeFiles, AnAutoBatchJobNeverMeasuredIsATrialThenRequeuedAndSizedFr
     EXPECT_THAT(env->say, HasSubstr("; no trial first: not a batch job"));
     ASSERT_TRUE(EndJob(config_, 7, 501).ok());
     fs::remove_all(HistoryDir(config_));  // (it measured nothing: not history for what follows)
+    // A batch job's step on another of its nodes (srun in its script): its trial is the batch
+    // node's, this step runs measured beside it - said so, not "not a batch job".
+    srun.batch_host = "node-a";
+    l = DecideLimits(config_, srun);
+    env = SetUpStep(config_, 7, u, u, *l, "", 500);
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->trial_deadline, 0);
+    EXPECT_THAT(env->say, HasSubstr("; no trial first: a batch job's trial is decided on its batch "
+                                    "node node-a (this step runs measured, and a requeue there "
+                                    "ends it)"));
+    ASSERT_TRUE(EndJob(config_, 7, 501).ok());
+    fs::remove_all(HistoryDir(config_));
     for (const auto& [restarts, not_requeueable, why] :
          std::vector<std::tuple<uint32_t, std::string, std::string>>{
              {1, "", "requeued already"},
