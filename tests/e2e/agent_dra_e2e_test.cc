@@ -34,9 +34,11 @@
 #include "fake_apiserver.h"
 #include "fake_dra_kubelet.h"
 #include "fmt/format.h"
+#include "tessera/kube/client.h"
 #include "tessera/kube/gpu_annotations.h"
 #include "tessera/shim/arbiter.h"
 #include "yaml-cpp/yaml.h"
+#include "yaml_object.h"
 
 extern char** environ;
 
@@ -428,6 +430,173 @@ TEST_F(AgentDraE2e, AShareGetsItsMemoryLimitAndComputeShareInTheContainer) {
   ASSERT_TRUE(running.has_value());
   EXPECT_FALSE(
       (*running)["metadata"].value("annotations", json::object()).contains("tessera.io/gpu-use"));
+}
+
+// Issue 58's DRA chain across the processes: a `tessera extender` (its admission webhook as
+// deploy/components/auto-share configures it, called by the API server over HTTPS) and this node's
+// `tessera agent --dra`, with this test as kube-controller-manager (a claim made from its pod's
+// template), kube-scheduler (the claim allocated from the agent's slices, its config copied) and
+// the kubelet. A claim asking tessera.io/gpu-memory "auto" of a kind never measured is created as
+// asked; its pod's processes held 800 MiB at their peak; the pod ends, the agent writes that on
+// it, the extender learns it from its watch; the next pod's claim is sized 1024Mi as the API
+// server creates it (800 MiB + 20%, in 256 MiB steps), and that limit is what the agent gives its
+// container - where a process asking past it is refused.
+TEST_F(AgentDraE2e, AnAutoClaimIsSizedFromWhatTheAgentMeasuredOfItsKindsLastPod) {
+  dra_flags_ = "--dra-share-gpus 3";
+  StartAgent();
+  FakeDraKubelet kubelet(dir_ + "/kubelet");
+  ASSERT_TRUE(kubelet.Register(kDriver)) << kubelet.why() << Log();
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] { return !Slices().empty(); })) << Log();
+  // The extender with its webhook, as deploy/components/auto-share runs it.
+  const json hooks = tessera::fakes::JsonOfYaml(
+      YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
+  api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", hooks);
+  const std::string extender_log = dir_ + "/extender.log";
+  const std::string cmd =
+      std::string("unset KUBECONFIG KUBERNETES_SERVICE_HOST; exec setpriv --pdeathsig TERM ") +
+      TESSERA_BINARY + " extender --kubeconfig " + api_.WriteKubeconfig(dir_ + "/ext-kubeconfig") +
+      " --dra --listen 127.0.0.1:0 --tls-secret tessera-system/tessera-extender-tls --tls-dns "
+      "localhost --metrics-listen '' --webhook-listen 127.0.0.1:0 --webhook-configuration " +
+      hooks["metadata"]["name"].get<std::string>() + " >>" + extender_log + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t extender = -1;
+  ASSERT_EQ(posix_spawn(&extender, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
+            0);
+  struct Stopped {
+    pid_t& pid;
+    ~Stopped() { kill(pid, SIGTERM), waitpid(pid, nullptr, 0); }
+  } stop_extender{extender};
+  std::smatch port;
+  const std::regex webhook_re("/mutate-resourceclaims\\) on 127.0.0.1:0 \\(port ([0-9]+), HTTPS");
+  std::string said;
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    said = tessera::test::ReadFile(extender_log);
+    return std::regex_search(said, port, webhook_re);
+  })) << said;
+  const json& service = hooks["webhooks"][1]["clientConfig"]["service"];
+  api_.SetServiceAddress(service["namespace"], service["name"], service.value("port", 443),
+                         "localhost:" + port[1].str());
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    auto c = api_.Get("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                      hooks["metadata"]["name"]);
+    return c && !(*c)["webhooks"][1]["clientConfig"].value("caBundle", "").empty();
+  })) << tessera::test::ReadFile(extender_log);
+
+  tessera::kube::ClusterConfig cluster;
+  cluster.server = api_.url();
+  cluster.token = "test-token";
+  auto client = tessera::kube::Client::Create(cluster);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string pods = "/api/v1/namespaces/team-a/pods";
+  // A pod of Job "infer" and the claim kube-controller-manager makes from its template (the
+  // template's annotations; the pod its controller owner).
+  auto pod_and_claim = [&](const std::string& name, json* claim) {
+    json pod = {{"metadata",
+                 {{"name", name},
+                  {"namespace", "team-a"},
+                  {"labels", {{"batch.kubernetes.io/job-name", "infer"}}}}},
+                {"spec",
+                 {{"containers", {{{"name", "main"}, {"command", {"python", "serve.py"}}}}},
+                  {"resourceClaims", {{{"name", "gpu"}, {"resourceClaimTemplateName", "share"}}}}}},
+                {"status", {{"phase", "Pending"}}}};
+    auto made = (*client)->Create(pods, pod);
+    ASSERT_TRUE(made.ok()) << made.status();
+    pod = *made;
+    json c = {
+        {"apiVersion", "resource.k8s.io/v1"},
+        {"kind", "ResourceClaim"},
+        {"metadata",
+         {{"name", name + "-gpu"},
+          {"namespace", "team-a"},
+          {"annotations", {{"tessera.io/gpu-memory", "auto"}}},
+          {"ownerReferences",
+           {{{"apiVersion", "v1"},
+             {"kind", "Pod"},
+             {"name", name},
+             {"uid", pod["metadata"]["uid"]},
+             {"controller", true},
+             {"blockOwnerDeletion", true}}}}}},
+        {"spec",
+         {{"devices",
+           {{"requests",
+             {{{"name", "s"},
+               {"exactly", {{"deviceClassName", "gpu-share.tessera.io"}, {"count", 2}}}}}}}}}}};
+    auto created = (*client)->Create(kClaims, c);
+    ASSERT_TRUE(created.ok()) << created.status() << tessera::test::ReadFile(extender_log);
+    *claim = *created;
+    // kube-scheduler: two shares of GPU 3 from the agent's slice, the claim's config copied (as
+    // FromClaim), reserved for its pod.
+    json& alloc = (*claim)["status"]["allocation"]["devices"];
+    alloc["results"] = json::array();
+    for (const char* device : {"gpu-3-share-0", "gpu-3-share-1"})
+      alloc["results"].push_back(
+          {{"request", "s"}, {"driver", kDriver}, {"pool", "node-a"}, {"device", device}});
+    alloc["config"] = json::array();
+    for (json config : (*claim)["spec"]["devices"].value("config", json::array())) {
+      config["source"] = "FromClaim";
+      alloc["config"].push_back(config);
+    }
+    (*claim)["status"]["reservedFor"] = {
+        {{"resource", "pods"}, {"name", name}, {"uid", pod["metadata"]["uid"]}}};
+    *claim = api_.Put(kClaims, *claim);
+    pod["status"]["phase"] = "Running";
+    api_.Put(pods, pod);
+  };
+  // What the container gets: the CDI edits of its claim's request, applied.
+  auto container_env = [&](const std::string& claim_name) {
+    dra::NodePrepareResourcesResponse out;
+    EXPECT_TRUE(kubelet.Prepare({Ref(claim_name)}, &out).ok());
+    const std::string uid = ClaimUid(claim_name);
+    EXPECT_EQ(out.claims().at(uid).error(), "") << Log();
+    json spec =
+        json::parse(tessera::test::ReadFile(dir_ + "/cdi/tessera.io-claim_" + uid + ".json"));
+    tessera::test::CdiProcess process;
+    tessera::test::ApplyCdiEdits(spec["devices"][0]["containerEdits"], &process);
+    std::string env = "env -i";
+    for (const auto& [k, v] : process.env) env += " '" + k + "=" + v + "'";
+    return std::make_pair(process.env, env);
+  };
+
+  json first;
+  ASSERT_NO_FATAL_FAILURE(pod_and_claim("infer-1", &first));
+  EXPECT_THAT(first["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("no measured runs of its kind yet"))
+      << first.dump();
+  EXPECT_FALSE(first["spec"]["devices"].contains("config")) << "as asked: " << first.dump();
+  auto [env1, run1] = container_env("infer-1-gpu");
+  auto got = tessera::test::Capture(run1 + " " + TESSERA_CUDA_CLIENT + " link alloc:800 2>&1");
+  EXPECT_EQ(got.out, "ok\n");
+  // Its pod ends; the kubelet unprepares its claim; the agent writes what it used on the pod.
+  auto ended = api_.Get(pods, "infer-1");
+  (*ended)["status"]["phase"] = "Succeeded";
+  api_.Put(pods, *ended);
+  dra::NodeUnprepareResourcesResponse un;
+  ASSERT_TRUE(kubelet.Unprepare({Ref("infer-1-gpu")}, &un).ok());
+  ASSERT_TRUE(FakeApiServer::WaitFor([&] {
+    return tessera::test::ReadFile(extender_log)
+               .find("pod team-a/infer-1 ended; its kind's DRA claims") != std::string::npos;
+  })) << Log()
+      << tessera::test::ReadFile(extender_log);
+  auto use =
+      tessera::kube::ParseGpuUse((*api_.Get(pods, "infer-1"))["metadata"]["annotations"].value(
+          tessera::kube::kGpuUseAnnotation, ""));
+  ASSERT_TRUE(use.ok()) << use.status();
+  EXPECT_EQ(use->peak_mib, 800);
+
+  // The next pod of its Job: its claim is sized as it is created, and its container gets that.
+  json second;
+  ASSERT_NO_FATAL_FAILURE(pod_and_claim("infer-2", &second));
+  EXPECT_THAT(second["metadata"]["annotations"].value("tessera.io/sizing", ""),
+              HasSubstr("memory 1024Mi: a peak of 800MiB (p95 of team-a's runs of 'infer'"))
+      << second.dump();
+  ASSERT_EQ(second["status"]["allocation"]["devices"]["config"].size(), 1u) << second.dump();
+  EXPECT_EQ(
+      second["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["memory"],
+      "1024Mi");
+  auto [env2, run2] = container_env("infer-2-gpu");
+  EXPECT_EQ(env2["TESSERA_CUDA_MEM_LIMIT"], "0:1073741824");
+  got = tessera::test::Capture(run2 + " " + TESSERA_CUDA_CLIENT + " link alloc:800 alloc:300 2>&1");
+  EXPECT_EQ(got.out, "ok\noom\n") << "800 MiB fits its 1024 MiB; 300 MiB more does not";
 }
 
 class AgentDraSlicesE2e : public AgentDraE2e {

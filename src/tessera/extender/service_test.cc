@@ -16,6 +16,7 @@
 #include "tessera/extender/tls_secret.h"
 #include "tessera/net/certs.h"
 #include "yaml-cpp/yaml.h"
+#include "yaml_object.h"
 
 namespace tessera::extender {
 namespace {
@@ -683,27 +684,6 @@ TEST_F(ServiceTest, DraPodsAreFilteredAndScoredByTheirClaimsAndOthersPassUntouch
 namespace tessera::extender {
 namespace {
 
-// A YAML document as the API server would hold it: quoted scalars stay strings, plain ones that
-// read as numbers or booleans become them.
-json JsonOf(const YAML::Node& n) {
-  if (n.IsMap()) {
-    json o = json::object();
-    for (const auto& kv : n) o[kv.first.as<std::string>()] = JsonOf(kv.second);
-    return o;
-  }
-  if (n.IsSequence()) {
-    json a = json::array();
-    for (const auto& v : n) a.push_back(JsonOf(v));
-    return a;
-  }
-  if (n.IsNull()) return nullptr;
-  const std::string s = n.as<std::string>();
-  if (n.Tag() == "!") return s;
-  if (s == "true" || s == "false") return s == "true";
-  if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) return std::stoll(s);
-  return s;
-}
-
 // tessera.io/gpu-share: auto end to end with deploy/components/auto-share's own webhook
 // configuration: the extender writes its CA into it, the API server (the fake, calling webhooks
 // as the real one does: only pods its matchConditions select, the certificate checked against
@@ -727,8 +707,8 @@ class AutoShareTest : public ServiceTest {
                                           .dir = dir_});
     ASSERT_TRUE(tls.ok()) << tls.status();
     tls_ = *tls;
-    config_ =
-        JsonOf(YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
+    config_ = fakes::JsonOfYaml(
+        YAML::LoadFile(TESSERA_SOURCE_DIR "/deploy/components/auto-share/webhook.yaml"));
     ASSERT_EQ(config_["kind"], "MutatingWebhookConfiguration");
     api_.Put("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config_);
     api_.ClearRequests();
