@@ -274,9 +274,10 @@ TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
 // charged in it - they keep that file mapped, and go on charging it after the new server renamed
 // a fresh one over it. The re-adopted job's GPU time is what they were charged there: 1.6 s of
 // its run (before, the new server read only the new file: 0, the job ended unmeasured). The old
-// file is kept for the server alone at <arbiter>.previous, and the log says so.
+// file is kept for the server alone at <arbiter>.previous, and the log says so; it goes at a
+// sample once none of its jobs can use it or be unread.
 TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcessesKept) {
-  Daemon d("upgrade-arbiter");
+  Daemon d("upgrade-arbiter", "history: {interval_s: 0.2, window_s: 60}\n");
   const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
   const int64_t id = d.Submit({{"name", "across"},
                                {"command", {"sleep", "6"}},
@@ -307,6 +308,17 @@ TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcess
   ASSERT_TRUE(u.value("gpu_utilization_pct", json()).is_number()) << "measured: " << j.dump();
   const double ran_s = j["ended_at"].get<double>() - j["started_at"].get<double>();
   EXPECT_NEAR(u["gpu_utilization_pct"].get<double>() / 100 * ran_s, 1.6, 0.002 * ran_s) << j.dump();
+  // It goes at a sample once no process of its jobs is left here and none used it within the
+  // hour: here, its one slot's last use and process are from before this boot (the kept file's
+  // rules in full: Arbiter.ThePreviousFileGoesOnceNoJobInItCanStillRunOrBeUnread).
+  EXPECT_TRUE(fs::exists(arbiter + ".previous")) << "kept while its process lives";
+  v5.Job(gpu, 7).last_launch_us = tessera::shim::Arbiter::NowMicros() + 3'600'000'000ull;
+  v5.Job(gpu, 7).window_start_us = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (fs::exists(arbiter + ".previous") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(fs::exists(arbiter + ".previous")) << d.Log();
+  EXPECT_THAT(d.Log(), HasSubstr("the one of before an upgrade is removed"));
 }
 
 // A CUDA program whose allocation its 1 GiB limit refused (the intercept library's count, read

@@ -661,6 +661,14 @@ bool Agent::Reconcile() {
   std::set<std::string> in_use;
   for (const auto& [id, c] : *held) in_use.insert(id);
   SampleWholeGpus(*held);
+  if (!options_.plugin.shim_library.empty()) {
+    const std::string arbiter = DeviceState::ArbiterPath(options_.plugin);
+    if (shim::RemoveStaleArbiterPrevious(arbiter.c_str()))
+      spdlog::info(
+          "GPU arbiter {}: the one of before an upgrade is removed: none of the "
+          "containers that mapped it has used it for an hour, and none is left here",
+          arbiter);
+  }
   const auto now_unix = static_cast<int64_t>(core::Seconds(Clock().Now()));
   state_->Release(in_use, now_unix - options_.release_grace.count());
   return true;

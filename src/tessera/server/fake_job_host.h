@@ -204,6 +204,7 @@ class FakeJobHost final : public JobHost {
     if (f) f();
   }
   std::string arbiter_access() const override { return "a fake host"; }
+  void TidyArbiter() override {}
 
  private:
   FakeLauncher& launcher_;

@@ -201,6 +201,14 @@ void LocalJobHost::MakeArbiter() {
   spdlog::warn("GPU arbiter file {} is {}", arbiter_, arbiter_access_);
 }
 
+void LocalJobHost::TidyArbiter() {
+  if (shim::RemoveStaleArbiterPrevious(arbiter_.c_str()))
+    spdlog::info(
+        "GPU arbiter file {}: the one of before an upgrade is removed: none of the jobs "
+        "that mapped it has used it for an hour, and none of their processes is left",
+        arbiter_);
+}
+
 std::set<uid_t> LocalJobHost::ArbiterUsersLocked() const {
   std::set<uid_t> users;
   for (const auto& [u, count] : arbiter_users_) users.insert(u);

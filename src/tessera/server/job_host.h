@@ -94,6 +94,9 @@ class JobHost {
   virtual void ArbiterUser(uint32_t uid, int delta) = 0;
   virtual void RepairArbiter() = 0;
   virtual std::string arbiter_access() const = 0;
+  // Removes the arbiter file an upgrade kept (shim::RemoveStaleArbiterPrevious) once none of its
+  // jobs may still use it or be unread; said. Asked at each sample.
+  virtual void TidyArbiter() = 0;
 };
 
 // This machine: processes through a Launcher (runner.h; podman's clients for jobs with an image),
@@ -135,6 +138,7 @@ class LocalJobHost final : public JobHost {
   void ArbiterUser(uint32_t uid, int delta) override;
   void RepairArbiter() override;
   std::string arbiter_access() const override { return arbiter_access_; }
+  void TidyArbiter() override;
 
  private:
   void MakeArbiter();

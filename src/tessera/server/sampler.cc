@@ -84,6 +84,7 @@ std::string Sampler::TakeSample() {
       shares[id] = host_.ReadShare(id, a.gpus, a.gpu_milli > 0, a.region);
   }
   if (measure_) measure_(telemetry, shares);
+  host_.TidyArbiter();  // an upgrade's older arbiter file, once its jobs are done
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;

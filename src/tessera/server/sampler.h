@@ -10,7 +10,8 @@
 // (views.h) and the telemetry, stored (the store keeps history_window_s of them) and told to the
 // streams. Each sample's readings (the telemetry, and the shares' own files: the arbiter's GPU
 // time and each region's peak, read here without any lock) are handed to `measure`, which adds
-// them to what the running jobs are measured to use. Telemetry is read from the driver at most
+// them to what the running jobs are measured to use; then the arbiter file an upgrade kept is
+// removed once its jobs are done (JobHost::TidyArbiter). Telemetry is read from the driver at most
 // once a second however often it is asked (the API's GPU page and /metrics ask too). Only its own
 // locks are taken; `measure` takes the dispatcher's. sampler_test.cc drives it alone.
 

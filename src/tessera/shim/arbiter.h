@@ -331,6 +331,10 @@ inline constexpr uint64_t kArbiterPreviousKeepUs = 3600ull * 1000 * 1000;
 // this pid namespace (one in another namespace cannot be told: the time alone decides). True for a
 // file that is no readable arbiter. False when it cannot be read (missing included).
 bool ArbiterPreviousIsStale(const char* path, uint64_t now_us);
+// Removes the previous arbiter file of the arbiter at `path` when it is stale now (the host's
+// monotonic clock); true when it did. CreateArbiterFile calls it; so do makers that run on (the
+// server at each sample, the agent at each reconcile), so that it goes once its jobs are done.
+bool RemoveStaleArbiterPrevious(const char* path);
 
 // Whether process `pid` is gone (kill(pid, 0): ESRCH). A pid of another pid namespace means
 // nothing here.

@@ -180,15 +180,18 @@ bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
   return stale;
 }
 
+bool RemoveStaleArbiterPrevious(const char* path) {
+  char previous[4200];
+  ArbiterPreviousPath(path, previous, sizeof previous);
+  return ArbiterPreviousIsStale(previous, HostMonotonicNs() / 1000) && unlink(previous) == 0;
+}
+
 bool CreateArbiterFile(const char* path, char* err, size_t err_len, const ArbiterConfig& c) {
   int fd = -1;
   void* m = MapSharedFile(path, "GPU arbiter file", sizeof(ArbiterData), kArbiterMagic,
                           kArbiterVersion, WriteArbiterSettings, &c, &fd, err, err_len);
   if (m != nullptr) {
-    // The file of before the last upgrade goes once nothing in it is used or unread.
-    char previous[4200];
-    ArbiterPreviousPath(path, previous, sizeof previous);
-    if (ArbiterPreviousIsStale(previous, HostMonotonicNs() / 1000)) unlink(previous);
+    RemoveStaleArbiterPrevious(path);  // nothing in it used or unread any more
   } else if (const uint32_t older = OlderArbiterFile(path); older != 0) {
     // Left by an older Tessera (an upgrade): a fresh one renamed over it. Processes that mapped
     // the old one keep it until they end; new ones are paced in this one.
