@@ -157,6 +157,10 @@ async function loadAll() {
   S.summary = summary;
   S.running = running.jobs;
   S.quotas = quotas.quotas;
+  // Samples the stream brought while this was fetched are newer than the answer (read before they
+  // were taken): kept, or a chart would go back to older data after showing the newer.
+  const last = history.samples.length ? history.samples[history.samples.length - 1].at : -Infinity;
+  for (const sample of S.history.samples) if (sample.at > last) history.samples.push(sample);
   S.history = history;
 }
 
