@@ -30,19 +30,25 @@ void WriteArbiterSettings(void* mem, const void* arg) {
 }
 
 namespace {
-// Whether `path` is an arbiter file of another version (its head: the magic, then the version): a
-// file that is no arbiter at all is never replaced. Its version, 0 when it is none such.
+// An arbiter file's head: the magic, then the version.
+struct Head {
+  uint64_t magic = 0;
+  uint32_t version = 0;
+};
+bool ReadHead(int fd, Head* head) {
+  return ReadSharedAt(fd, head, sizeof(uint64_t) + sizeof(uint32_t), 0) &&
+         head->magic == kArbiterMagic;
+}
+
+// Whether `path` is an arbiter file of another version: a file that is no arbiter at all is never
+// replaced. Its version, 0 when it is none such.
 uint32_t OlderArbiterFile(const char* path) {
   const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return 0;
-  struct {
-    uint64_t magic;
-    uint32_t version;
-  } head = {0, 0};
-  const bool read_all = ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0);
+  Head head;
+  const bool arbiter = ReadHead(fd, &head);
   close(fd);
-  return read_all && head.magic == kArbiterMagic && head.version != kArbiterVersion ? head.version
-                                                                                    : 0;
+  return arbiter && head.version != kArbiterVersion ? head.version : 0;
 }
 
 // The layouts of arbiter files a job's use can be read from: this version's, and the one before
@@ -57,6 +63,11 @@ struct Layout {
   }
   constexpr size_t file_bytes() const {
     return offsetof(ArbiterData, gpus) + gpu_bytes() * kArbiterGpus + sizeof(ArbiterSettings);
+  }
+  // Copies GPU `gpu`'s row (gpu_bytes) of the file open as `fd` into `row`.
+  bool ReadRow(int fd, int gpu, char* row) const {
+    return ReadSharedAt(fd, row, gpu_bytes(),
+                        offsetof(ArbiterData, gpus) + gpu_bytes() * static_cast<size_t>(gpu));
   }
 };
 static_assert(offsetof(ArbiterJob, held_until_us) + sizeof(uint64_t) == sizeof(ArbiterJob),
@@ -87,14 +98,10 @@ int OpenArbiterOf(const char* path, uid_t owner, const Layout** layout) {
   const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
   struct stat st;
-  struct {
-    uint64_t magic;
-    uint32_t version;
-  } head = {0, 0};
+  Head head;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      (owner == static_cast<uid_t>(-1) || st.st_uid == owner) &&
-      ReadSharedAt(fd, &head, sizeof(uint64_t) + sizeof(uint32_t), 0) &&
-      head.magic == kArbiterMagic && (*layout = LayoutOf(head.version)) != nullptr &&
+      (owner == static_cast<uid_t>(-1) || st.st_uid == owner) && ReadHead(fd, &head) &&
+      (*layout = LayoutOf(head.version)) != nullptr &&
       static_cast<size_t>(st.st_size) == (*layout)->file_bytes()) {
     return fd;
   }
@@ -109,9 +116,7 @@ void AddUse(int fd, const Layout& layout, const int* gpus, int count, uint64_t k
   auto* row = new (std::nothrow) char[layout.gpu_bytes()];
   for (int i = 0; row != nullptr && i < count; ++i) {
     if (gpus[i] < 0 || gpus[i] >= kArbiterGpus) continue;
-    const size_t at =
-        offsetof(ArbiterData, gpus) + layout.gpu_bytes() * static_cast<size_t>(gpus[i]);
-    if (!ReadSharedAt(fd, row, layout.gpu_bytes(), at)) break;
+    if (!layout.ReadRow(fd, gpus[i], row)) break;
     uint64_t busy = 0, held = 0;
     for (int slot = 0; slot < kArbiterJobs; ++slot) {
       if (Field(row, layout, slot, offsetof(ArbiterJob, key)) != key) continue;
@@ -155,8 +160,7 @@ bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
   bool stale = true;
   auto* row = new (std::nothrow) char[layout->gpu_bytes()];
   for (int g = 0; stale && g < kArbiterGpus; ++g) {
-    const size_t at = offsetof(ArbiterData, gpus) + layout->gpu_bytes() * static_cast<size_t>(g);
-    if (row == nullptr || !ReadSharedAt(fd, row, layout->gpu_bytes(), at)) {
+    if (row == nullptr || !layout->ReadRow(fd, g, row)) {
       stale = false;  // not read: kept
       break;
     }
