@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -177,6 +178,26 @@ TEST(Arbiter, JobsOnTheFileOfBeforeAnUpgradeAreStillMeasured) {
   if (geteuid() == 0) {
     ASSERT_EQ(chown(previous, 65534, 65534), 0);
     EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, job).busy_us, 700'000u);
+    ASSERT_EQ(chown(previous, geteuid(), getegid()), 0);
+  }
+  // A file there of another size than its version's (cut short, or grown) is not read - mapped,
+  // its rows past the end would fault - and, nothing readable in it, it is stale.
+  std::string bytes;
+  {
+    std::ifstream in(previous, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 4096u);
+  EXPECT_FALSE(ArbiterPreviousIsStale(previous, Arbiter::NowMicros())) << "the whole file";
+  for (const size_t size : {bytes.size() - 4096, bytes.size() + 1}) {
+    unlink(previous);
+    {
+      std::ofstream out(previous, std::ios::binary);
+      out << bytes.substr(0, size) << std::string(size > bytes.size() ? 1 : 0, '\0');
+    }
+    ASSERT_EQ(chmod(previous, 0600), 0);
+    EXPECT_EQ(ArbiterJobUse(path.c_str(), gpu, 1, job).busy_us, 700'000u) << size << " bytes";
+    EXPECT_TRUE(ArbiterPreviousIsStale(previous, Arbiter::NowMicros())) << size << " bytes";
   }
   fresh.reset();
   unlink(previous);
