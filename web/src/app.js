@@ -220,6 +220,8 @@ function onEvent(type, data) {
     loadAll().then(async () => {
       if (view.reload) await view.reload();
       update();
+      // How many such reloads are shown (the tests wait for it).
+      document.body.dataset.reloads = String(Number(document.body.dataset.reloads || 0) + 1);
     }).catch(() => {});
   } else if (type === 'job') {
     const j = S.jobs.find((x) => x.id === data.job);

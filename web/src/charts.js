@@ -89,8 +89,17 @@ export function lineChart({ title, series, from, to, yMax, format = (v) => Strin
   });
   fig.append(legend);
   let points = 0;
-  for (const s of series) points += s.points.filter(([t, v]) => t >= from && v !== null).length;
+  let newest = null;
+  for (const s of series) {
+    for (const [t, v] of s.points) {
+      if (t < from || v === null || v === undefined) continue;
+      points++;
+      if (newest === null || t > newest) newest = t;
+    }
+  }
   fig.dataset.points = String(points);
+  // The time of the newest point drawn (the tests check it never goes back).
+  if (newest !== null) fig.dataset.newest = String(newest);
   return fig;
 }
 

@@ -294,6 +294,45 @@ test('the page survives the server restarting: it reconnects and shows what chan
   await page.context().close();
 });
 
+// The stream's hello reloads the page's data; samples the stream brings while /v1/history is
+// fetched are newer than its answer. The answer is held here until the page has drawn such a
+// sample: applying it must not take the charts back to older data.
+test('a reload of the page\'s data keeps the samples the stream drew while the history was fetched', async () => {
+  let calls = 0;
+  let take;
+  const held = new Promise((resolve) => { take = resolve; });
+  const page = await openPage(browser, server, USER_TOKEN, '#/', (p) => p.route('**/v1/history', async (route) => {
+    // The first is the page's start; the second, the stream's hello.
+    if (++calls !== 2) return route.continue();
+    const response = await route.fetch();
+    take({ route, response, body: await response.json() });
+  }));
+  const { route, response, body } = await held;
+  assert.ok(body.samples.length > 0, 'the server has samples');
+  const answered = body.samples[body.samples.length - 1].at;
+  // Every drawing of the jobs chart from now on, by the newest point it shows.
+  await page.evaluate(() => {
+    window.drawn = [];
+    const note = () => {
+      const chart = document.querySelector('#chart-jobs');
+      if (chart && chart.dataset.newest) window.drawn.push(Number(chart.dataset.newest));
+    };
+    note();
+    new MutationObserver(note).observe(document.getElementById('main'), { childList: true, subtree: true });
+  });
+  await page.waitForFunction((t) => Number(document.querySelector('#chart-jobs')?.dataset.newest) > t, answered, { timeout: 10000 });
+  assert.equal(await page.evaluate(() => document.body.dataset.reloads), undefined, 'the held reload is not applied yet');
+  await route.fulfill({ response });
+  await page.waitForSelector('body[data-reloads="1"]');
+  const drawn = await page.evaluate(() => window.drawn);
+  assert.ok(drawn.some((t) => t > answered), `a sample newer than the answer was drawn: ${drawn}`);
+  for (let i = 1; i < drawn.length; i++) {
+    assert.ok(drawn[i] >= drawn[i - 1], `the chart went back from ${drawn[i - 1]} to ${drawn[i]} (drawn: ${drawn}; the answer ended at ${answered})`);
+  }
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 // Accessibility by axe-core's WCAG 2 A and AA rules (labels, names, contrast, landmarks...): every
 // page kind, no violation. (axe is injected past the page's CSP, which would refuse it.)
 test('every page passes axe-core\'s WCAG 2 A and AA checks', async () => {

@@ -148,8 +148,9 @@ export async function launchBrowser() {
 }
 
 // A page signed in with `token` (handed over in the address, as scripts/run prints it), failing the
-// test on any error the page logs (a script error, a CSP refusal).
-export async function openPage(browser, server, token, path = '#/') {
+// test on any error the page logs (a script error, a CSP refusal). `prepare(page)`, if given, runs
+// before the page is loaded (to route its requests).
+export async function openPage(browser, server, token, path = '#/', prepare = null) {
   const context = await browser.newContext({ viewport: { width: 1400, height: 900 } });
   const page = await context.newPage();
   page.errors = [];
@@ -157,6 +158,7 @@ export async function openPage(browser, server, token, path = '#/') {
   page.on('console', (m) => {
     if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) page.errors.push(m.text());
   });
+  if (prepare) await prepare(page);
   await page.goto(`${server.url}/#token=${token}`);
   // Signed in and shown: the page says which route it shows once it has its data.
   await page.waitForSelector('body[data-route="#/"]');
