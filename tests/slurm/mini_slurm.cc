@@ -131,6 +131,27 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
   }
   const std::string host = ShortHostname();
   const int ctld = net::FreeLoopbackPort(), slurmd = net::FreeLoopbackPort();
+  const bool several = options_.nodes > 1;
+  if (several) {
+    for (int i = 0; i < options_.nodes; ++i) nodes_.push_back(std::string("node-") + char('a' + i));
+  } else {
+    nodes_.push_back(host);
+  }
+  // Each node's line (several: its own slurmd port) and its GPUs in gres.conf.
+  std::string node_lines, gres_lines;
+  for (const std::string& node : nodes_) {
+    node_lines += fmt::format(
+        "NodeName={} NodeAddr=127.0.0.1{} CPUs=2 RealMemory=1000 Gres=gpu:2,shard:{} "
+        "State=UNKNOWN\n",
+        node, several ? fmt::format(" Port={}", net::FreeLoopbackPort()) : std::string(),
+        2 * options_.shards_per_gpu);
+    gres_lines += fmt::format("NodeName={} Name=gpu File={}/dev/nvidia[0-1]\n", node, dir_);
+    for (int gpu = 0; gpu < 2; ++gpu)
+      gres_lines += fmt::format("NodeName={} Name=shard Count={} File={}/dev/nvidia{}\n", node,
+                                options_.shards_per_gpu, dir_, gpu);
+  }
+  // (A slurmd per node: its spool, pid and log files by its name, %n.)
+  const std::string slurmd_file = several ? "slurmd-%n" : "slurmd";
   if (options_.accounting) dbd_port_ = net::FreeLoopbackPort();
   std::ofstream(dir_ + "/slurm.conf")
       << "ClusterName=tessera-test\n"
@@ -143,11 +164,11 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
                                      : std::string())
       << "\n"
       << "StateSaveLocation=" << dir_ << "/state\n"
-      << "SlurmdSpoolDir=" << dir_ << "/spool\n"
+      << "SlurmdSpoolDir=" << dir_ << (several ? "/spool-%n\n" : "/spool\n")
       << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"
-      << "SlurmdPidFile=" << dir_ << "/slurmd.pid\n"
+      << "SlurmdPidFile=" << dir_ << "/" << slurmd_file << ".pid\n"
       << "SlurmctldLogFile=" << dir_ << "/log/slurmctld.log\n"
-      << "SlurmdLogFile=" << dir_ << "/log/slurmd.log\n"
+      << "SlurmdLogFile=" << dir_ << "/log/" << slurmd_file << ".log\n"
       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
       << "JobAcctGatherType=jobacct_gather/none\n"
       << (options_.accounting
@@ -165,15 +186,8 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
       << "SchedulerParameters=batch_sched_delay=0,sched_interval=1\n"
       << "GresTypes=gpu,shard\nReturnToService=2\n"
       << "PlugStackConfig=" << dir_ << "/plugstack.conf\n"
-      << "NodeName=" << host << " NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 Gres=gpu:2,shard:"
-      << 2 * options_.shards_per_gpu << " State=UNKNOWN\n"
-      << "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n";
-  std::ofstream(dir_ + "/gres.conf")
-      << "NodeName=" << host << " Name=gpu File=" << dir_ << "/dev/nvidia[0-1]\n"
-      << "NodeName=" << host << " Name=shard Count=" << options_.shards_per_gpu << " File=" << dir_
-      << "/dev/nvidia0\n"
-      << "NodeName=" << host << " Name=shard Count=" << options_.shards_per_gpu << " File=" << dir_
-      << "/dev/nvidia1\n";
+      << node_lines << "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n";
+  std::ofstream(dir_ + "/gres.conf") << gres_lines;
   SetPluginArgs(options_.plugin_args);
   const std::string conf = dir_ + "/slurm.conf", log = dir_ + "/log/";
   munged_ =
@@ -187,7 +201,14 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (options_.accounting && !StartAccounting(host)) return;
   slurmctld_ = Daemon({"/usr/sbin/slurmctld", "-D", "-i", "-f", conf}, log + "slurmctld.out");
-  slurmd_ = Daemon({"/usr/sbin/slurmd", "-D", "-f", conf}, log + "slurmd.out");
+  for (const std::string& node : nodes_) {
+    if (several) {
+      slurmd_.push_back(Daemon({"/usr/sbin/slurmd", "-D", "-N", node, "-f", conf},
+                               log + "slurmd-" + node + ".out"));
+    } else {
+      slurmd_.push_back(Daemon({"/usr/sbin/slurmd", "-D", "-f", conf}, log + "slurmd.out"));
+    }
+  }
   // Up when the node is idle (registered, its gres counted).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (error_.empty()) {
@@ -276,14 +297,20 @@ void MiniSlurm::SetPluginArgs(const std::string& args) {
   std::ofstream conf(dir_ + "/plugstack.conf");
   if (options_.plugin.empty()) return;  // a plain Slurm (the benchmarks' baseline)
   conf << "required " << options_.plugin << " " << args << " state_dir=" << PluginStateDir()
-       << "\n";
+       << (options_.nodes > 1 ? "/%n" : "") << "\n";
 }
 
 std::string MiniSlurm::Logs() const {
   std::string out;
-  for (const char* log :
-       {"slurmctld.log", "slurmd.log", "munge.log", "slurmctld.out", "slurmd.out", "munged.out",
-        "slurmdbd.log", "slurmdbd.out", "mariadb.log", "mariadb-install.log"}) {
+  std::vector<std::string> logs = {"slurmctld.log", "munge.log", "slurmctld.out", "munged.out"};
+  for (const std::string& node : nodes_) {
+    const std::string name = options_.nodes > 1 ? "slurmd-" + node : "slurmd";
+    logs.push_back(name + ".log");
+    logs.push_back(name + ".out");
+  }
+  if (options_.accounting)
+    logs.insert(logs.end(), {"slurmdbd.log", "slurmdbd.out", "mariadb.log", "mariadb-install.log"});
+  for (const std::string& log : logs) {
     out += std::string("--- ") + log + "\n" +
            test::Capture("tail -n 20 " + dir_ + "/log/" + log + " 2>&1").out;
   }
@@ -294,7 +321,8 @@ void MiniSlurm::Stop() {
   // slurmd first, with the controller still there (it may need SIGKILL while it retries
   // registering with one that is gone); the controller's and munge's state is thrown away with
   // the folder, so they need no orderly stop (each would take 2 s).
-  StopChild(slurmd_, SIGTERM, std::chrono::seconds(3));
+  for (const pid_t slurmd : slurmd_) kill(slurmd, SIGTERM);
+  for (const pid_t slurmd : slurmd_) StopChild(slurmd, SIGTERM, std::chrono::seconds(3));
   StopChild(slurmctld_, SIGKILL, std::chrono::seconds(3));
   StopChild(slurmdbd_, SIGKILL, std::chrono::seconds(3));
   StopChild(mariadbd_, SIGKILL, std::chrono::seconds(3));

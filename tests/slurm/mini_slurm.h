@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace tessera::slurm_test {
 
@@ -23,6 +24,10 @@ class MiniSlurm {
     // AuthInfo's cred_expire= (0: Slurm's 120 s), which is also how long a requeued job waits
     // before it may start again (at least 5).
     int cred_expire_s = 0;
+    // Nodes: 1, this host by its name; more, as a site with several slurmd per host runs them
+    // (node-a, node-b...: a slurmd each, -N, with its own port, spool and log, %n; the plugin's
+    // state_dir= <dir>/tessera/%n, each node's own as on a cluster's local disks).
+    int nodes = 1;
   };
   // Why Slurm cannot run here (not installed, not root), or empty; with `accounting`, also
   // slurmdbd and MariaDB.
@@ -41,13 +46,21 @@ class MiniSlurm {
   // and state_dir= the cluster's own folder for it.
   void SetPluginArgs(const std::string& args);
   std::string PluginStateDir() const { return dir_ + "/tessera"; }
+  // A node's own state_dir= (of a cluster of several nodes).
+  std::string PluginStateDir(const std::string& node) const {
+    return options_.nodes > 1 ? dir_ + "/tessera/" + node : PluginStateDir();
+  }
+  // The nodes' Slurm names, the first the batch node of a job of them all.
+  const std::vector<std::string>& nodes() const { return nodes_; }
   std::string Logs() const;
 
  private:
   void Stop();
   Options options_;
   std::string dir_, error_;
-  pid_t munged_ = -1, slurmctld_ = -1, slurmd_ = -1, mariadbd_ = -1, slurmdbd_ = -1;
+  pid_t munged_ = -1, slurmctld_ = -1, mariadbd_ = -1, slurmdbd_ = -1;
+  std::vector<pid_t> slurmd_;
+  std::vector<std::string> nodes_;
   // MariaDB and slurmdbd up, the cluster added; false with error_ set.
   bool StartAccounting(const std::string& host);
   int dbd_port_ = 0;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../capture.h"
 #include "fmt/format.h"
@@ -414,6 +416,121 @@ TEST_F(SlurmRequeue, AnAutoJobNeverMeasuredIsATrialRequeuedAndSizedFromIt) {
   ASSERT_TRUE(acct.is_object());
   EXPECT_THAT(acct.value("advice", ""), HasSubstr("; Slurm did not requeue it ("));
   EXPECT_THAT(acct.value("advice", ""), HasSubstr("): it ran on, on what its shards mean"));
+}
+
+// A job of two nodes (two slurmd on this host, as a site running several per host has them, each
+// with its own plugin state_dir=, %n) asking --tessera-mem=auto of a name never measured, with
+// auto_trial= and one history_dir= for the cluster: its trial is decided on its batch node
+// (node-a), which says so; node-b's step says its trial is node-a's and runs measured; node-a's
+// trial end requeues the whole job, each node's epilog records its part (named by node, not by the
+// host both share: one would overwrite the other), and the requeued run is sized on both nodes
+// from both parts - node-b's rank, which used more, fits.
+class SlurmTwoNodes : public Slurm {
+ protected:
+  static void SetUpTestSuite() {
+    if (const std::string why = MiniSlurm::Unavailable(); !why.empty()) {
+      skip_ = why;
+      return;
+    }
+    slurm_ = new MiniSlurm(
+        {.plugin = TESSERA_SPANK_PLUGIN, .plugin_args = kArgs, .cred_expire_s = 5, .nodes = 2});
+  }
+  // Until the job's epilog has run on every node.
+  static bool WaitForEpilogs(const std::string& job) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (const std::string& node : slurm_->nodes()) {
+      const std::string record = slurm_->PluginStateDir(node) + "/jobs/" + job + ".json";
+      while (fs::exists(record) && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (fs::exists(record)) return false;
+    }
+    return true;
+  }
+};
+
+TEST_F(SlurmTwoNodes, AnAutoJobIsTriedOnItsBatchNodeAndSizedOnEachFromBothNodesParts) {
+  ASSERT_EQ(slurm_->nodes(), (std::vector<std::string>{"node-a", "node-b"}));
+  const std::string history = slurm_->dir() + "/history", out = slurm_->dir() + "/two.out",
+                    script = slurm_->dir() + "/two.sh";
+  slurm_->SetPluginArgs(kArgs + " auto_trial=2s history_dir=" + history);
+  // Rank 0 (node-a) uses 400 MiB, rank 1 (node-b) 900; the trial holds until it is ended.
+  std::ofstream(script) << "#!/bin/sh\n"
+                        << "echo run ${SLURM_RESTART_COUNT:-0}\n"
+                        << "hold=; [ -z \"$SLURM_RESTART_COUNT\" ] && hold=hold\n"
+                        << "srun -Q -l sh -c '" << kClient
+                        << " link alloc:$((SLURM_NODEID == 0 ? 400 : 900)) '$hold\n"
+                        << "[ -n \"$hold\" ] && echo not requeued\n"
+                        << "exit 0\n";
+  std::string said;
+  const std::string job = Batch(
+      "-J bert -N2 --ntasks-per-node=1 --gres=shard:2 --tessera-mem=auto "
+      "--open-mode=append -o " +
+          out + " " + script,
+      &said);
+  ASSERT_NE(job, "") << said;
+  ASSERT_TRUE(WaitForEpilogs(job)) << slurm_->Logs();
+  auto show = Capture(slurm_->Env() + "scontrol show job -o " + job + " 2>&1");
+  EXPECT_THAT(show.out, HasSubstr("JobState=COMPLETED")) << show.out << slurm_->Logs();
+  EXPECT_THAT(show.out, HasSubstr("Restarts=1")) << show.out;
+  EXPECT_THAT(show.out, HasSubstr("BatchHost=node-a")) << show.out;
+  const std::string text = tessera::test::ReadFile(out);
+  const size_t rerun = text.find("run 1\n");
+  ASSERT_NE(rerun, std::string::npos) << text;
+  const std::string first = text.substr(0, rerun), second = text.substr(rerun);
+  EXPECT_THAT(first, HasSubstr("tessera: job " + job +
+                               " on node-a: auto: no ended run of your jobs named 'bert' yet: this "
+                               "run is a trial of 2s on what its shards mean"))
+      << text;
+  EXPECT_THAT(first, HasSubstr("1: tessera: job " + job +
+                               " on node-b: --tessera-mem=auto: 4 GiB (no ended run of your jobs "
+                               "named 'bert' yet: measured for the next); no trial first: a batch "
+                               "job's trial is decided on its batch node node-a (this step runs "
+                               "measured, and a requeue there ends it)"))
+      << text;
+  EXPECT_THAT(first, ::testing::Not(HasSubstr("not requeued"))) << "Slurm stopped it, requeued";
+  // Each node's part is in the cluster's history, under its own node's name.
+  std::vector<std::string> parts;
+  for (const auto& e : fs::recursive_directory_iterator(history))
+    if (e.is_regular_file()) parts.push_back(e.path().filename().string());
+  std::sort(parts.begin(), parts.end());
+  ASSERT_EQ(parts.size(), 4u) << ::testing::PrintToString(parts);
+  for (const std::string& node : slurm_->nodes()) {
+    EXPECT_EQ(std::count_if(parts.begin(), parts.end(),
+                            [&](const std::string& p) {
+                              return p.find("." + job) != std::string::npos &&
+                                     p.ends_with("." + node + ".json");
+                            }),
+              2)
+        << node << ": its trial's part and its requeued run's: " << ::testing::PrintToString(parts);
+  }
+  // The requeued run, on each node: sized from both parts (p95 of node-a's 400 MiB and node-b's
+  // 900), and node-b's rank fits.
+  for (const std::string& node : slurm_->nodes()) {
+    EXPECT_THAT(second, HasSubstr("tessera: job " + job + " on " + node + ": --tessera-mem=auto: "))
+        << text;
+  }
+  EXPECT_THAT(second, HasSubstr(", p95 of 2 runs of your jobs named 'bert', + 20%)")) << text;
+  EXPECT_THAT(second, HasSubstr("0: ok")) << text;
+  EXPECT_THAT(second, HasSubstr("1: ok")) << text;
+  EXPECT_THAT(second, ::testing::Not(HasSubstr("oom"))) << text;
+  std::map<std::string, nlohmann::json> acct;
+  for (const std::string& node : slurm_->nodes()) {
+    acct[node] = nlohmann::json::parse(
+        tessera::test::ReadFile(slurm_->PluginStateDir(node) + "/acct/" + job + ".json"), nullptr,
+        false);
+    ASSERT_TRUE(acct[node].is_object()) << node;
+    EXPECT_EQ(acct[node]["restarts"], 1) << node;
+    EXPECT_GE(acct[node].value("memory_limit_bytes", uint64_t{0}), uint64_t{900} << 20) << node;
+    ASSERT_EQ(acct[node]["earlier_runs"].size(), 1u) << node << ": " << acct[node].dump();
+  }
+  EXPECT_EQ(acct["node-a"]["memory_limit_bytes"], acct["node-b"]["memory_limit_bytes"]);
+  // The trial was node-a's; node-b's part of that run is an ordinary measured run.
+  EXPECT_EQ(acct["node-a"]["earlier_runs"][0].value("auto_trial", false), true);
+  EXPECT_EQ(acct["node-b"]["earlier_runs"][0].value("auto_trial", false), false);
+  const nlohmann::json& measured = acct["node-b"]["earlier_runs"][0]["gpus"];
+  ASSERT_EQ(measured.size(), 1u) << acct["node-b"].dump();
+  EXPECT_EQ(measured[0].value("peak_memory_bytes", uint64_t{0}) >> 20, 900u)
+      << acct["node-b"].dump();
 }
 
 // The cluster's own nodes (`scontrol show node -o` of this Slurm) and a sacct export replayed by

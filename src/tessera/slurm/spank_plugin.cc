@@ -216,8 +216,9 @@ std::string Env(spank_t sp, const char* name) {
   return spank_getenv(sp, name, buf, sizeof buf) == ESPANK_SUCCESS ? std::string(buf) : "";
 }
 
-absl::StatusOr<tessera::slurm::PluginConfig> Config(int ac, char** av) {
-  return tessera::slurm::ParsePluginArgs(std::vector<std::string>(av, av + ac));
+// `node`: the Slurm node's name (SLURMD_NODENAME), for %n and the history's file names.
+absl::StatusOr<tessera::slurm::PluginConfig> Config(int ac, char** av, const std::string& node) {
+  return tessera::slurm::ParsePluginArgs(std::vector<std::string>(av, av + ac), node);
 }
 
 }  // namespace
@@ -265,7 +266,9 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   request.gpus = Env(sp, "SLURM_STEP_GPUS");
   if (request.gpus.empty()) request.gpus = Env(sp, "SLURM_JOB_GPUS");
   request.shards = Env(sp, "SLURM_SHARDS_ON_NODE");
-  auto config = Config(ac, av);
+  // (slurmstepd sets SLURMD_NODENAME in its own environment at its start; the tasks' is set later.)
+  const char* node = getenv("SLURMD_NODENAME");
+  auto config = Config(ac, av, node ? node : Env(sp, "SLURMD_NODENAME"));
   if (!config.ok()) {
     // A wrong plugstack.conf line refuses the steps it would limit - those with GPUs - not every
     // step on the node.
@@ -282,6 +285,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
   request.trial_option = trial_option;
   request.job_name = Env(sp, "SLURM_JOB_NAME");
   request.batch_step = step == kBatchStep;
+  if (uint32_t nodes = 0; spank_get_item(sp, S_JOB_NNODES, &nodes) == ESPANK_SUCCESS && nodes > 0)
+    request.nodes = nodes;
   // (S_SLURM_RESTART_COUNT is 0 in a batch step of Slurm 22.05: slurmctld is asked. Also of
   // another step: on a node of a batch job other than its batch node, it says so.)
   if (config.ok() && config->auto_trial_s > 0 && request.trial_option.empty() &&
@@ -318,10 +323,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char** av) {
 // 1, the reason on its stderr.)
 int slurm_spank_task_init_privileged(spank_t sp, int, char**) {
   if (refusal.empty()) {
-    // How it was sized, or its trial: once per step, on its first task's stderr.
-    if (uint32_t task = 1; !say.empty() &&
-                           spank_get_item(sp, S_TASK_GLOBAL_ID, &task) == ESPANK_SUCCESS &&
-                           task == 0) {
+    // How it was sized, or its trial: once per step and node (each sizes its part), on its first
+    // task there's stderr.
+    if (int task = 1;
+        !say.empty() && spank_get_item(sp, S_TASK_ID, &task) == ESPANK_SUCCESS && task == 0) {
       fprintf(stderr, "%s\n", say.c_str());
       fflush(stderr);
     }
@@ -351,7 +356,8 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
     const char* id = getenv("SLURM_JOB_ID");
     job = id ? static_cast<uint32_t>(strtoul(id, nullptr, 10)) : 0;
   }
-  auto config = Config(ac, av);
+  const char* node = getenv("SLURMD_NODENAME");
+  auto config = Config(ac, av, node ? node : "");
   if (!config.ok() || job == 0) return ESPANK_SUCCESS;  // said at the step's start
   // The ending job's user, so that an earlier job's record under a reused id is not taken for it.
   std::optional<uid_t> uid;

@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -98,6 +99,18 @@ std::string SetAside(const PluginConfig& c, uint32_t job, uid_t was, uid_t now_u
 }
 
 absl::Status MakeState(const PluginConfig& c) {
+  // Folders above it that are missing (state_dir=/var/lib/tessera-slurm/%n on a fresh node) are
+  // made as mkdir -p would, passable by every user (0711); existing ones are left as they are.
+  std::vector<std::string> missing;
+  for (fs::path p = fs::path(c.state_dir).parent_path(); !p.empty() && p != p.root_path();
+       p = p.parent_path()) {
+    if (access(p.c_str(), F_OK) == 0) break;
+    missing.push_back(p.string());
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (mkdir(it->c_str(), 0711) != 0 && errno != EEXIST)
+      return absl::InternalError(fmt::format("cannot create {}: {}", *it, strerror(errno)));
+  }
   // Folders every user passes through (0711) but only root lists or writes; the records root's.
   for (const auto& [dir, mode] :
        std::vector<std::pair<std::string, mode_t>>{{c.state_dir, 0711},
@@ -220,8 +233,9 @@ std::string UserHistory(const PluginConfig& config, uid_t uid) {
   return fmt::format("{}/{}", HistoryDir(config), uid);
 }
 
-// Writes an ended job's record into its user's history (<name hash>.<job>.<host>.json: the nodes
-// of a shared history_dir= write files of their own) and keeps the newest kHistoryKept.
+// Writes an ended job's record into its user's history (<name hash>.<job>.<node>.json: the nodes
+// of a shared history_dir= write files of their own - named by the Slurm node, else the host,
+// which several slurmd of one host share) and keeps the newest kHistoryKept.
 absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
   const std::string dir = UserHistory(config, acct.value("uid", 0u));
   for (const std::string& d : {HistoryDir(config), dir}) {
@@ -229,11 +243,14 @@ absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
   }
   char host[256] = {};
   gethostname(host, sizeof host - 1);
+  const std::string node = config.node.empty() || config.node.find('/') != std::string::npos
+                               ? std::string(host)
+                               : config.node;
   // A requeued run's record beside its earlier runs' (Slurm keeps the job's id): <job>-<restarts>.
   const uint32_t restarts = acct.value("restarts", 0u);
   const std::string path = fmt::format(
       "{}/{}.{}{}.{}.json", dir, NameKey(acct.value("name", "")), acct.value("job_id", 0u),
-      restarts > 0 ? fmt::format("-{}", restarts) : std::string(), host);
+      restarts > 0 ? fmt::format("-{}", restarts) : std::string(), node);
   if (absl::Status st = WriteFile(path, acct.dump() + "\n", 0600); !st.ok()) return st;
   std::vector<std::pair<fs::file_time_type, fs::path>> kept;
   std::error_code ec;
@@ -248,16 +265,25 @@ absl::Status KeepInHistory(const PluginConfig& config, const json& acct) {
 
 }  // namespace
 
-absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args) {
+absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args,
+                                             const std::string& node) {
   PluginConfig c;
+  c.node = node;
   for (const std::string& a : args) {
     const size_t eq = a.find('=');
-    const std::string key = a.substr(0, eq),
-                      value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    const std::string key = a.substr(0, eq);
+    std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
     auto bad = [&](std::string_view why) {
       return absl::InvalidArgumentError(fmt::format("plugstack.conf: '{}': {}", a, why));
     };
     if (eq == std::string::npos || value.empty()) return bad("expected key=value");
+    if ((key == "state_dir" || key == "history_dir") && value.find("%n") != std::string::npos) {
+      if (node.empty() || node.find('/') != std::string::npos || node == "." || node == "..")
+        return bad(node.empty() ? "%n is the Slurm node's name, which is not known here "
+                                  "(SLURMD_NODENAME is not set)"
+                                : "%n: the node's name '" + node + "' is no folder name");
+      value = absl::StrReplaceAll(value, {{"%n", node}});
+    }
     if (key == "library") {
       if (value[0] != '/') return bad("the library's path must be absolute");
       c.library = value;
@@ -397,6 +423,7 @@ absl::StatusOr<StepLimits> DecideLimits(const PluginConfig& config, const StepRe
   l.restarts = request.restarts;
   l.not_requeueable = request.not_requeueable;
   l.batch_host = request.batch_host;
+  l.nodes = request.nodes;
   if (!request.trial_option.empty()) {
     // A trial measures: it runs on what its shards mean, whatever else it asked.
     l.trial_s = *core::ParseDuration(request.trial_option);
@@ -504,7 +531,11 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
         sizing += fmt::format("; no trial first: {}", no_trial);
     }
   }
-  if (!sizing.empty()) env.say = fmt::format("tessera: job {}: {}", job_id, sizing);
+  // A job of several nodes is said on each (each node sizes its own part): named.
+  const std::string said_job = limits.nodes > 1 && !config.node.empty()
+                                   ? fmt::format("job {} on {}", job_id, config.node)
+                                   : fmt::format("job {}", job_id);
+  if (!sizing.empty()) env.say = fmt::format("tessera: {}: {}", said_job, sizing);
   if (limits.trial_s > 0 && limits.auto_trial) {
     env.trial_deadline = started + static_cast<int64_t>(std::ceil(limits.trial_s));
     env.requeue_at_trial_end = true;
@@ -520,9 +551,9 @@ absl::StatusOr<StepEnvironment> SetUpStep(const PluginConfig& config, uint32_t j
                       core::FormatDuration(limits.trial_s), now - env.trial_deadline));
     }
     env.say = fmt::format(
-        "tessera: job {} is a trial of {}: its steps are stopped {} s after its start, then "
+        "tessera: {} is a trial of {}: its steps are stopped {} s after its start, then "
         "`tessera slurm acct {}` on its node says what it used and what to ask",
-        job_id, core::FormatDuration(limits.trial_s), env.trial_deadline - started, job_id);
+        said_job, core::FormatDuration(limits.trial_s), env.trial_deadline - started, job_id);
   }
   const bool mps =
       std::any_of(limits.gpus.begin(), limits.gpus.end(), [&](int g) { return IsMps(config, g); });

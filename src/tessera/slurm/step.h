@@ -56,6 +56,10 @@ struct PluginConfig {
   // trial this long on what its shards mean, then is requeued (slurm_requeue) and its next run
   // sized from it - the server's auto_size_trial. 0 (the default): none, it runs on its shards.
   double auto_trial_s = 0;
+  // The Slurm node this runs as (SLURMD_NODENAME; empty: not known here). `%n` in state_dir= and
+  // history_dir= is it - Slurm's own SlurmdSpoolDir convention, for hosts that run a slurmd per
+  // node (--enable-multiple-slurmd) - and a history record is named by it (else the host's name).
+  std::string node;
 };
 // The folder of ended jobs' records for sizing "auto" (history_dir=, or <state_dir>/history).
 std::string HistoryDir(const PluginConfig& config);
@@ -65,8 +69,10 @@ inline constexpr size_t kHistoryKept = 500;
 inline constexpr size_t kHistorySized = 50;
 // Whether GPU `gpu` is in MPS mode.
 bool IsMps(const PluginConfig& config, int gpu);
-// Unknown keys, malformed values and a missing library= are errors naming the word.
-absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args);
+// Unknown keys, malformed values and a missing library= are errors naming the word. `node` is
+// the Slurm node's name (PluginConfig::node); a `%n` where it is empty is an error.
+absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& args,
+                                             const std::string& node = "");
 
 // What Slurm says of a step (its environment) and what its user asked with the plugin's options.
 struct StepRequest {
@@ -86,6 +92,7 @@ struct StepRequest {
   // another of its nodes runs measured beside it, and the requeue ends it too); empty: not a batch
   // job, or not asked.
   std::string batch_host;
+  uint32_t nodes = 1;  // the job's nodes (S_JOB_NNODES): of more than one, what is said names this
 };
 
 // The user's options as written (--tessera-share, --tessera-mem: a value or "auto";
@@ -115,6 +122,7 @@ struct StepLimits {
   uint32_t restarts = 0;
   std::string not_requeueable = "not asked";
   std::string batch_host;
+  uint32_t nodes = 1;
   // Set by SetUpStep: this run is auto_trial='s, requeued at its end to be sized from it.
   bool auto_trial = false;
 };

@@ -63,6 +63,28 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
   }
 }
 
+// %n in state_dir= and history_dir= is the Slurm node's name (SLURMD_NODENAME), as in Slurm's
+// own SlurmdSpoolDir: a host running a slurmd per node keeps each node's files apart.
+TEST(SlurmPluginArgs, PercentNIsTheNodesName) {
+  auto c = ParsePluginArgs(
+      {"library=/l.so", "state_dir=/var/lib/tessera-slurm/%n/", "history_dir=/nfs/h/%n"}, "node-b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state_dir, "/var/lib/tessera-slurm/node-b");
+  EXPECT_EQ(c->history_dir, "/nfs/h/node-b");
+  EXPECT_EQ(c->node, "node-b");
+  EXPECT_EQ(ParsePluginArgs({"library=/l.so", "state_dir=/srv/t"}, "node-b")->state_dir, "/srv/t");
+  for (const auto& [node, why] : std::vector<std::pair<std::string, std::string>>{
+           {"",
+            "'state_dir=/srv/%n': %n is the Slurm node's name, which is not known here "
+            "(SLURMD_NODENAME is not set)"},
+           {"..", "'state_dir=/srv/%n': %n: the node's name '..' is no folder name"},
+           {"a/b", "'state_dir=/srv/%n': %n: the node's name 'a/b' is no folder name"}}) {
+    auto bad = ParsePluginArgs({"library=/l.so", "state_dir=/srv/%n"}, node);
+    ASSERT_FALSE(bad.ok()) << node;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(why));
+  }
+}
+
 TEST(SlurmPluginArgs, MpsGpusAreIndicesOrAll) {
   auto c = ParsePluginArgs({"library=/l.so", "mps_gpus=1,3", "mps_control=/opt/mps-control"});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -448,6 +470,26 @@ TEST_F(SlurmNodeFiles, AnAutoBatchJobNeverMeasuredIsATrialThenRequeuedAndSizedFr
                                     "ends it)"));
     ASSERT_TRUE(EndJob(config_, 7, 501).ok());
     fs::remove_all(HistoryDir(config_));
+    // Of a job of several nodes, each says its part naming its node, and its history record is
+    // named by it (several slurmd of one host share its name).
+    {
+      PluginConfig on_b = config_;
+      on_b.node = "node-b";
+      srun.nodes = 2;
+      l = DecideLimits(on_b, srun);
+      env = SetUpStep(on_b, 7, u, u, *l, "", 500);
+      ASSERT_TRUE(env.ok()) << env.status();
+      EXPECT_THAT(env->say,
+                  ::testing::StartsWith("tessera: job 7 on node-b: --tessera-mem=auto: "));
+      ASSERT_TRUE(EndJob(on_b, 7, 501).ok());
+      std::vector<std::string> kept;
+      for (const auto& e : fs::recursive_directory_iterator(HistoryDir(on_b)))
+        if (e.is_regular_file()) kept.push_back(e.path().filename().string());
+      ASSERT_EQ(kept.size(), 1u);
+      EXPECT_THAT(kept[0], ::testing::EndsWith(".7.node-b.json"));
+      srun.nodes = 1;
+      fs::remove_all(HistoryDir(config_));
+    }
     for (const auto& [restarts, not_requeueable, why] :
          std::vector<std::tuple<uint32_t, std::string, std::string>>{
              {1, "", "requeued already"},
