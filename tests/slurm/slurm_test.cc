@@ -527,6 +527,20 @@ TEST_F(SlurmTwoNodes, AnAutoJobIsTriedOnItsBatchNodeAndSizedOnEachFromBothNodesP
   // The trial was node-a's; node-b's part of that run is an ordinary measured run.
   EXPECT_EQ(acct["node-a"]["earlier_runs"][0].value("auto_trial", false), true);
   EXPECT_EQ(acct["node-b"]["earlier_runs"][0].value("auto_trial", false), false);
+  // `tessera slurm acct` on each node shows its part of both runs and what it was told.
+  for (const auto& [node, first_run] : std::map<std::string, std::string>{
+           {"node-a", ": its automatic trial of 2s ended after "},
+           {"node-b",
+            ": --tessera-mem=auto: 4 GiB (no ended run of your jobs named 'bert' yet: "
+            "measured for the next); no trial first: a batch job's trial is decided on "
+            "its batch node node-a"}}) {
+    auto table = Capture(std::string(TESSERA_BINARY) + " slurm acct " + job + " --state-dir " +
+                         slurm_->PluginStateDir(node) + " 2>&1");
+    EXPECT_EQ(table.code, 0) << table.out;
+    EXPECT_THAT(table.out, HasSubstr("\njob " + job + first_run)) << node << ":\n" << table.out;
+    EXPECT_THAT(table.out, HasSubstr("\njob " + job + ": --tessera-mem=auto: ")) << node << ":\n"
+                                                                                 << table.out;
+  }
   const nlohmann::json& measured = acct["node-b"]["earlier_runs"][0]["gpus"];
   ASSERT_EQ(measured.size(), 1u) << acct["node-b"].dump();
   EXPECT_EQ(measured[0].value("peak_memory_bytes", uint64_t{0}) >> 20, 900u)
