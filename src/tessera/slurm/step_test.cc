@@ -292,6 +292,34 @@ constexpr uint64_t MiB = uint64_t{1} << 20;
 // and another name's left out) + the margin, rounded up to 256 MiB, said to the user; the job's
 // later steps get the same; a job held back by it is told what it asked and the next is sized
 // past it; a name never run gets what its shards mean.
+// state_dir=/var/lib/tessera-slurm/%n on a fresh node: the folders above it are made, passable by
+// every user and listable by none but root (as the state folder itself); existing ones are left.
+TEST_F(SlurmNodeFiles, TheFoldersAboveAStateDirOfItsNodeAreMadeAsItsOwn) {
+  chmod(dir_.c_str(), 0750);
+  auto c = ParsePluginArgs(
+      {"library=" + library_.string(), "state_dir=" + (dir_ / "lib/tessera-slurm/%n").string()},
+      "node-b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  config_.state_dir = c->state_dir;
+  StepRequest request;
+  request.gpus = "0";
+  request.shards = "2";
+  auto limits = DecideLimits(config_, request);
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  const uid_t u = getuid();
+  ASSERT_TRUE(SetUpStep(config_, 3, u, u, *limits, "", 100).ok());
+  EXPECT_TRUE(fs::exists(dir_ / "lib/tessera-slurm/node-b/jobs/3.json"));
+  for (const fs::path& made : {dir_ / "lib", dir_ / "lib/tessera-slurm"}) {
+    struct stat st;
+    ASSERT_EQ(stat(made.c_str(), &st), 0) << made;
+    EXPECT_EQ(st.st_mode & 07777, 0711u) << made;
+  }
+  struct stat above;
+  ASSERT_EQ(stat(dir_.c_str(), &above), 0);
+  EXPECT_EQ(above.st_mode & 07777, 0750u) << "an existing folder is left as it is";
+  ASSERT_TRUE(EndJob(config_, 3, 101).ok());
+}
+
 TEST_F(SlurmNodeFiles, AnAutoJobIsSizedFromItsUsersEndedJobsOfItsNameAndOutgrowsItLoudly) {
   const passwd* nobody = getpwnam("nobody");
   ASSERT_NE(nobody, nullptr);
