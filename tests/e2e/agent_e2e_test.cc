@@ -31,6 +31,7 @@
 #include "tessera/net/http.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
+#include "tessera/shim/version5_arbiter_file.h"
 #include "yaml-cpp/yaml.h"
 
 extern char** environ;
@@ -439,6 +440,44 @@ TEST_F(AgentE2e, EndedPodsAreReleasedAndMetricsAreJoinedToPods) {
   std::ofstream(dir_ + "/metrics.txt") << m;
   auto check = tessera::test::PromtoolCheck(dir_ + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
+}
+
+// An upgrade's kept arbiter file (<state>/gpu.arbiter.previous) stays while a share the agent still
+// holds is in it - its container's processes run in a pid namespace of their own, where an idle
+// one cannot be told from a gone one - and goes at a reconcile once that share is released.
+TEST_F(AgentE2e, TheArbiterFileKeptByAnUpgradeStaysWhileItsSharesAreHeld) {
+  StartKubelet();
+  StartAgent("--reconcile-interval 0.1 --release-grace 0");
+  ASSERT_TRUE(WaitRegistered(2)) << Log();
+  v1beta1::AllocateResponse out;
+  ASSERT_TRUE(kubelet_->Allocate(kShare, {{Uuid(3) + "::1"}}, &out).ok());
+  const std::string job = out.container_responses(0).envs().at("TESSERA_JOB_ID");
+  // Its slot there: last used before this boot (a time past now), its process in another pid
+  // namespace - by the times alone, nothing in it is live.
+  const std::string previous = dir_ + "/state/gpu.arbiter.previous";
+  {
+    tessera::shim::Version5ArbiterFile v5(previous, 0600);
+    ASSERT_TRUE(v5.ok());
+    v5.Put(3, 0, tessera::shim::ArbiterJobKey(job.c_str()), 1'000'000,
+           tessera::shim::Arbiter::NowMicros() + 3'600'000'000ull, 1,
+           tessera::shim::PidNamespace() + 1);
+  }
+  // A whole GPU whose pod is gone is released at a reconcile - which tidied the file first.
+  ASSERT_TRUE(kubelet_->Allocate(kGpu, {{Uuid(1)}}, &out).ok());
+  kubelet_->SetPods({{"team-b", "notebook", "nb", kShare, {Uuid(3) + "::1"}}});
+  const auto released_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Log().find("ended: releasing") == std::string::npos &&
+         std::chrono::steady_clock::now() < released_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_THAT(Log(), HasSubstr("ended: releasing"));
+  EXPECT_TRUE(fs::exists(previous)) << "kept while its share is held\n" << Log();
+  // The share's pod ends: released, then the file goes.
+  kubelet_->SetPods({});
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (fs::exists(previous) && std::chrono::steady_clock::now() < gone_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(fs::exists(previous)) << Log();
+  EXPECT_THAT(Log(), HasSubstr("the one of before an upgrade is removed"));
 }
 
 // An ended share's use of the GPU memory it was given (its region's peak) and of its GPU time (the

@@ -275,13 +275,16 @@ TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
 // a fresh one over it. The re-adopted job's GPU time is what they were charged there: 1.6 s of
 // its run (before, the new server read only the new file: 0, the job ended unmeasured). The old
 // file is kept for the server alone at <arbiter>.previous, and the log says so; it goes at a
-// sample once none of its jobs can use it or be unread.
+// sample once none of its jobs can use it or be unread - never while the server still runs the
+// job, whatever its slot's times (a container's processes cannot be seen from the server).
 TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcessesKept) {
   Daemon d("upgrade-arbiter", "history: {interval_s: 0.2, window_s: 60}\n");
   const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
-  const int64_t id = d.Submit({{"name", "across"},
-                               {"command", {"sleep", "6"}},
-                               {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
+  const std::string go = d.dir() + "/go";  // the job runs until this is there
+  const int64_t id =
+      d.Submit({{"name", "across"},
+                {"command", {"sh", "-c", "while [ ! -e " + go + " ]; do sleep 0.05; done"}},
+                {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
   d.WaitForProcess(id);
   const int gpu =
       d.Call("GET", "/v1/jobs/" + std::to_string(id))["placement"]["gpus"][0]["index"].get<int>();
@@ -303,17 +306,30 @@ TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcess
                                  ".previous (the server's alone)"));
   // Its old processes charge on in the file they mapped.
   v5.Job(gpu, 7).busy_us = 1'600'000;
+  // Its slot's last use and process from before this boot, as a container's would look idle: the
+  // job still runs, so samples keep the file.
+  v5.Job(gpu, 7).last_launch_us = tessera::shim::Arbiter::NowMicros() + 3'600'000'000ull;
+  v5.Job(gpu, 7).window_start_us = 0;
+  auto last_sample = [&] {
+    const json h = d.Call("GET", "/v1/history");
+    return h["samples"].empty() ? 0.0 : h["samples"].back()["at"].get<double>();
+  };
+  const double changed = last_sample();
+  const auto samples_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (last_sample() < changed + 0.3 && std::chrono::steady_clock::now() < samples_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(last_sample(), changed + 0.3) << "samples taken since";
+  EXPECT_EQ(d.Call("GET", "/v1/jobs/" + std::to_string(id))["state"], "running");
+  EXPECT_TRUE(fs::exists(arbiter + ".previous")) << "kept while the server runs its job";
+  std::ofstream(go) << "";
   const json j = d.WaitFor(id, "succeeded");
   const json& u = j["usage"];
   ASSERT_TRUE(u.value("gpu_utilization_pct", json()).is_number()) << "measured: " << j.dump();
   const double ran_s = j["ended_at"].get<double>() - j["started_at"].get<double>();
   EXPECT_NEAR(u["gpu_utilization_pct"].get<double>() / 100 * ran_s, 1.6, 0.002 * ran_s) << j.dump();
-  // It goes at a sample once no process of its jobs is left here and none used it within the
-  // hour: here, its one slot's last use and process are from before this boot (the kept file's
-  // rules in full: Arbiter.ThePreviousFileGoesOnceNoJobInItCanStillRunOrBeUnread).
-  EXPECT_TRUE(fs::exists(arbiter + ".previous")) << "kept while its process lives";
-  v5.Job(gpu, 7).last_launch_us = tessera::shim::Arbiter::NowMicros() + 3'600'000'000ull;
-  v5.Job(gpu, 7).window_start_us = 0;
+  // It goes at a sample once the job ended, no process of its jobs is left here and none used it
+  // within the hour: here, its one slot's last use and process are from before this boot (the
+  // kept file's rules in full: Arbiter.ThePreviousFileGoesOnceNoJobInItCanStillRunOrBeUnread).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (fs::exists(arbiter + ".previous") && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

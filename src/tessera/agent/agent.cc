@@ -663,10 +663,21 @@ bool Agent::Reconcile() {
   SampleWholeGpus(*held);
   if (!options_.plugin.shim_library.empty()) {
     const std::string arbiter = DeviceState::ArbiterPath(options_.plugin);
-    if (shim::RemoveStaleArbiterPrevious(arbiter.c_str()))
+    // The jobs of the containers it still holds keep it (theirs run in pid namespaces of their
+    // own: idle, they cannot be told from gone).
+    std::vector<uint64_t> jobs;
+    for (const Allocation& a : state_->Allocations()) {
+      if (!a.region.empty())
+        jobs.push_back(shim::ArbiterJobKey((a.arbiter_job.empty() ? a.id : a.arbiter_job).c_str()));
+    }
+    if (dra_state_) {
+      for (const std::string& job : dra_state_->ArbiterJobs())
+        jobs.push_back(shim::ArbiterJobKey(job.c_str()));
+    }
+    if (shim::RemoveStaleArbiterPrevious(arbiter.c_str(), jobs.data(), jobs.size()))
       spdlog::info(
           "GPU arbiter {}: the one of before an upgrade is removed: none of the "
-          "containers that mapped it has used it for an hour, and none is left here",
+          "containers that mapped it is held here any more, used it for an hour, or is left",
           arbiter);
   }
   const auto now_unix = static_cast<int64_t>(core::Seconds(Clock().Now()));

@@ -196,6 +196,22 @@ std::vector<std::string> DraState::PreparedClaims() const {
   return out;
 }
 
+std::vector<std::string> DraState::ArbiterJobs() const {
+  core::MutexLock lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [uid, c] : claims_) {
+    for (const PreparedDevice& d : c->devices) {
+      for (const std::string& request : d.requests) {
+        if (std::ranges::find(c->regions, RegionPath(uid, request)) != c->regions.end())
+          out.push_back(ShareJobId(uid, request));
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 absl::StatusOr<DraState::ClaimAllocation> DraState::ReadAllocation(const std::string& who,
                                                                    const json& claim) const {
   const json* results = kube::FieldAt(claim, {"status", "allocation", "devices", "results"});

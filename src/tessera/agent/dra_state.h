@@ -133,6 +133,8 @@ class DraState {
   // Called by Unprepare, after the claim is forgotten, with each of its share requests' use.
   void OnUnprepare(std::function<void(const std::vector<ShareUse>&)> hook);
   std::vector<std::string> PreparedClaims() const;
+  // The jobs (TESSERA_JOB_ID) the prepared claims' shares are paced as at the arbiter.
+  std::vector<std::string> ArbiterJobs() const;
 
   // Health from the watch. Returns whether it changed.
   bool SetHealth(int gpu, bool healthy, const std::string& reason);

@@ -103,6 +103,16 @@ TEST_F(DraStateTest, AdminAccessSharesADeviceWithItsClaimAndGetsNoShareSetUp) {
   json spec = json::parse(test::ReadFile((*s)->CdiSpecPath("u2")));
   EXPECT_THAT(spec["devices"][0]["containerEdits"]["env"].dump(),
               ::testing::Not(HasSubstr("LD_PRELOAD")));
+  // The jobs the prepared shares are paced as (what keeps an upgrade's arbiter file): u1's share,
+  // as its containers are told, and nothing of the admin's claim.
+  std::string job;
+  const json shared = json::parse(test::ReadFile((*s)->CdiSpecPath("u1")));
+  for (const auto& e : shared["devices"][0]["containerEdits"]["env"]) {
+    const std::string v = e.get<std::string>();
+    if (v.rfind("TESSERA_JOB_ID=", 0) == 0) job = v.substr(15);
+  }
+  ASSERT_FALSE(job.empty()) << shared.dump();
+  EXPECT_EQ((*s)->ArbiterJobs(), std::vector<std::string>{job});
   // Without adminAccess the same device is refused.
   auto refused = (*s)->Prepare("b", "other", "u3", Claim("u3", {Result("g", "gpu-7-share-0")}));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);

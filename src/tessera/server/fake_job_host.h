@@ -204,7 +204,7 @@ class FakeJobHost final : public JobHost {
     if (f) f();
   }
   std::string arbiter_access() const override { return "a fake host"; }
-  void TidyArbiter() override {}
+  void TidyArbiter(const std::vector<int64_t>&) override {}
 
  private:
   FakeLauncher& launcher_;

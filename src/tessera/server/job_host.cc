@@ -201,8 +201,12 @@ void LocalJobHost::MakeArbiter() {
   spdlog::warn("GPU arbiter file {} is {}", arbiter_, arbiter_access_);
 }
 
-void LocalJobHost::TidyArbiter() {
-  if (shim::RemoveStaleArbiterPrevious(arbiter_.c_str()))
+void LocalJobHost::TidyArbiter(const std::vector<int64_t>& running) {
+  std::vector<uint64_t> held;
+  held.reserve(running.size());
+  for (const int64_t job : running)
+    held.push_back(shim::ArbiterJobKey(std::to_string(job).c_str()));
+  if (shim::RemoveStaleArbiterPrevious(arbiter_.c_str(), held.data(), held.size()))
     spdlog::info(
         "GPU arbiter file {}: the one of before an upgrade is removed: none of the jobs "
         "that mapped it has used it for an hour, and none of their processes is left",

@@ -95,8 +95,9 @@ class JobHost {
   virtual void RepairArbiter() = 0;
   virtual std::string arbiter_access() const = 0;
   // Removes the arbiter file an upgrade kept (shim::RemoveStaleArbiterPrevious) once none of its
-  // jobs may still use it or be unread; said. Asked at each sample.
-  virtual void TidyArbiter() = 0;
+  // jobs may still use it or be unread - `running`, the jobs the server holds, keep it however long
+  // idle (a container's processes cannot be seen from here); said. Asked at each sample.
+  virtual void TidyArbiter(const std::vector<int64_t>& running) = 0;
 };
 
 // This machine: processes through a Launcher (runner.h; podman's clients for jobs with an image),
@@ -138,7 +139,7 @@ class LocalJobHost final : public JobHost {
   void ArbiterUser(uint32_t uid, int delta) override;
   void RepairArbiter() override;
   std::string arbiter_access() const override { return arbiter_access_; }
-  void TidyArbiter() override;
+  void TidyArbiter(const std::vector<int64_t>& running) override;
 
  private:
   void MakeArbiter();

@@ -79,12 +79,14 @@ std::string Sampler::TakeSample() {
   // any lock: for their history.
   const std::shared_ptr<const MachineView> v = views_.machine();
   std::map<int64_t, JobHost::ShareUse> shares;
+  std::vector<int64_t> running;
   for (const auto& [id, a] : v->active) {
+    running.push_back(id);
     if (!a.starting && !a.region.empty() && !a.gpus.empty())
       shares[id] = host_.ReadShare(id, a.gpus, a.gpu_milli > 0, a.region);
   }
   if (measure_) measure_(telemetry, shares);
-  host_.TidyArbiter();  // an upgrade's older arbiter file, once its jobs are done
+  host_.TidyArbiter(running);  // an upgrade's older arbiter file, once its jobs are done
   json util = json::array(), mem = json::array(), alloc = json::array(), alloc_mem = json::array();
   int busy = 0, healthy = 0;
   double allocated = 0;

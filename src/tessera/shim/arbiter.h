@@ -329,12 +329,17 @@ inline constexpr uint64_t kArbiterPreviousKeepUs = 3600ull * 1000 * 1000;
 // use it or be unread, at `now_us` (Arbiter::NowMicros): each slot's job last used it more than
 // kArbiterPreviousKeepUs ago (or before this boot: a time past now) and its process is gone from
 // this pid namespace (one in another namespace cannot be told: the time alone decides). True for a
-// file that is no readable arbiter. False when it cannot be read (missing included).
-bool ArbiterPreviousIsStale(const char* path, uint64_t now_us);
+// file that is no readable arbiter. False when it cannot be read (missing included). A slot of a
+// job in `held` (ArbiterJobKey of the jobs its maker still runs: n_held of them) keeps it however
+// long idle - a container's process, in another pid namespace, cannot be seen to run.
+bool ArbiterPreviousIsStale(const char* path, uint64_t now_us, const uint64_t* held = nullptr,
+                            size_t n_held = 0);
 // Removes the previous arbiter file of the arbiter at `path` when it is stale now (the host's
 // monotonic clock); true when it did. CreateArbiterFile calls it; so do makers that run on (the
-// server at each sample, the agent at each reconcile), so that it goes once its jobs are done.
-bool RemoveStaleArbiterPrevious(const char* path);
+// server at each sample, the agent at each reconcile, each with the jobs it holds), so that it
+// goes once its jobs are done.
+bool RemoveStaleArbiterPrevious(const char* path, const uint64_t* held = nullptr,
+                                size_t n_held = 0);
 
 // Whether process `pid` is gone (kill(pid, 0): ESRCH). A pid of another pid namespace means
 // nothing here.

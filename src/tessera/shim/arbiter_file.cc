@@ -151,7 +151,8 @@ bool ArbiterPreviousKept(const char* path, char* out, size_t out_len) {
   return access(out, F_OK) == 0;
 }
 
-bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
+bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us, const uint64_t* held,
+                            size_t n_held) {
   if (access(previous, F_OK) != 0) return false;
   const Layout* layout = nullptr;
   const int fd = OpenArbiterOf(previous, static_cast<uid_t>(-1), &layout);
@@ -165,7 +166,12 @@ bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
       break;
     }
     for (int slot = 0; stale && slot < kArbiterJobs; ++slot) {
-      if (Field(row, *layout, slot, offsetof(ArbiterJob, key)) == 0) continue;
+      const uint64_t key = Field(row, *layout, slot, offsetof(ArbiterJob, key));
+      if (key == 0) continue;
+      if (held != nullptr && std::find(held, held + n_held, key) != held + n_held) {
+        stale = false;  // its maker still runs the job
+        break;
+      }
       uint64_t last = 0;
       for (size_t f : {offsetof(ArbiterJob, last_launch_us), offsetof(ArbiterJob, lease_start_us),
                        offsetof(ArbiterJob, granted_us), offsetof(ArbiterJob, want_us),
@@ -184,10 +190,11 @@ bool ArbiterPreviousIsStale(const char* previous, uint64_t now_us) {
   return stale;
 }
 
-bool RemoveStaleArbiterPrevious(const char* path) {
+bool RemoveStaleArbiterPrevious(const char* path, const uint64_t* held, size_t n_held) {
   char previous[4200];
   ArbiterPreviousPath(path, previous, sizeof previous);
-  return ArbiterPreviousIsStale(previous, HostMonotonicNs() / 1000) && unlink(previous) == 0;
+  return ArbiterPreviousIsStale(previous, HostMonotonicNs() / 1000, held, n_held) &&
+         unlink(previous) == 0;
 }
 
 bool CreateArbiterFile(const char* path, char* err, size_t err_len, const ArbiterConfig& c) {

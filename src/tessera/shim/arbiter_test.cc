@@ -241,6 +241,16 @@ TEST(Arbiter, ThePreviousFileGoesOnceNoJobInItCanStillRunOrBeUnread) {
     EXPECT_FALSE(ArbiterPreviousIsStale(path.c_str(), now)) << c.what << ", beside one in use";
   }
   {
+    // A job its maker still runs (a container's, idle two hours in its own pid namespace): kept,
+    // whatever its times say; one it runs no more is judged as before.
+    Version5ArbiterFile old(path);
+    old.Put(9, 63, 77, 1000, two_hours_ago, getpid(), here + 1);
+    const uint64_t runs[] = {5, 77}, other[] = {78};
+    EXPECT_FALSE(ArbiterPreviousIsStale(path.c_str(), now, runs, 2)) << "its maker runs job 77";
+    EXPECT_TRUE(ArbiterPreviousIsStale(path.c_str(), now, other, 1)) << "it runs 78 alone";
+    EXPECT_TRUE(ArbiterPreviousIsStale(path.c_str(), now)) << "held jobs not said";
+  }
+  {
     Version5ArbiterFile empty(path);
     EXPECT_TRUE(ArbiterPreviousIsStale(path.c_str(), now)) << "no job in it";
   }
