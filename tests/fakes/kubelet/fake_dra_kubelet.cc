@@ -22,6 +22,7 @@ struct FakeDraKubelet::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   v1::NodeWatchResourcesResponse last;
+  std::vector<v1::NodeWatchResourcesResponse> seen;  // every message, in order
   int messages = 0;
 };
 
@@ -158,6 +159,7 @@ void FakeDraKubelet::WatchHealth() {
     auto keep = [this](const v1::NodeWatchResourcesResponse& r) {
       std::lock_guard lock(impl_->mu);
       impl_->last = r;
+      impl_->seen.push_back(r);
       ++impl_->messages;
       impl_->cv.notify_all();
     };
@@ -206,6 +208,14 @@ bool FakeDraKubelet::WaitHealth(
   std::unique_lock lock(impl_->mu);
   return impl_->cv.wait_for(lock, timeout,
                             [&] { return impl_->messages > 0 && pred(impl_->last); });
+}
+
+bool FakeDraKubelet::WaitHealthSeen(
+    const std::function<bool(const v1::NodeWatchResourcesResponse&)>& pred,
+    std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mu);
+  return impl_->cv.wait_for(
+      lock, timeout, [&] { return std::any_of(impl_->seen.begin(), impl_->seen.end(), pred); });
 }
 
 int FakeDraKubelet::health_messages() const {

@@ -50,6 +50,11 @@ class FakeDraKubelet {
   std::string health_error() const;
   bool WaitHealth(const std::function<bool(const v1::NodeWatchResourcesResponse&)>& pred,
                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Whether any message since the stream opened satisfies `pred` (waiting for one until the
+  // timeout): a state the driver said and left again (a GPU unhealthy, then recovered) is seen
+  // however late the test looks.
+  bool WaitHealthSeen(const std::function<bool(const v1::NodeWatchResourcesResponse&)>& pred,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
   int health_messages() const;
 
   struct Impl;
