@@ -280,11 +280,12 @@ TEST(TesseraServer, AShareHeldBackWhileTheServerWasDownSaysSoForItsWholeRun) {
 TEST(TesseraServer, AShareRunningAcrossAnUpgradeIsMeasuredInTheFileItsOldProcessesKept) {
   Daemon d("upgrade-arbiter", "history: {interval_s: 0.2, window_s: 60}\n");
   const std::string arbiter = d.Call("GET", "/v1/info")["arbiter"]["file"];
-  const std::string go = d.dir() + "/go";  // the job runs until this is there
-  const int64_t id =
-      d.Submit({{"name", "across"},
-                {"command", {"sh", "-c", "while [ ! -e " + go + " ]; do sleep 0.05; done"}},
-                {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
+  // The job runs until this is there, then 2 s more (its 1.6 s of GPU time fit in its run).
+  const std::string go = d.dir() + "/go";
+  const int64_t id = d.Submit(
+      {{"name", "across"},
+       {"command", {"sh", "-c", "while [ ! -e " + go + " ]; do sleep 0.05; done; sleep 2"}},
+       {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
   d.WaitForProcess(id);
   const int gpu =
       d.Call("GET", "/v1/jobs/" + std::to_string(id))["placement"]["gpus"][0]["index"].get<int>();
