@@ -661,7 +661,10 @@ bool Agent::Reconcile() {
   std::set<std::string> in_use;
   for (const auto& [id, c] : *held) in_use.insert(id);
   SampleWholeGpus(*held);
-  if (!options_.plugin.shim_library.empty()) {
+  char previous[4200];
+  if (!options_.plugin.shim_library.empty() &&
+      shim::ArbiterPreviousKept(DeviceState::ArbiterPath(options_.plugin).c_str(), previous,
+                                sizeof previous)) {
     const std::string arbiter = DeviceState::ArbiterPath(options_.plugin);
     // The jobs of the containers it still holds keep it (theirs run in pid namespaces of their
     // own: idle, they cannot be told from gone).
