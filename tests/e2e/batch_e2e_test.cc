@@ -469,6 +469,26 @@ TEST(Batch, AcctSumsGpuHoursPerUserForThoseAllowedToSeeThem) {
   std::ofstream(d.dir() + "/metrics.txt") << metrics->body;
   auto check = tessera::test::PromtoolCheck(d.dir() + "/metrics.txt");
   EXPECT_EQ(check.code, 0) << check.out;
+  // A share of GPU memory only holds its memory's part of its GPU: eff and acct weigh it alike
+  // (before, eff said it held no GPU and showed none of its GPU memory).
+  const double before = json::parse(Cli(d, "acct -o json"))["total"]["fractional_gpu_hours"];
+  Cli(d, "run --gpu-mem 6GiB -- sleep 0.5");
+  const std::string memory_only =
+      std::to_string(json::parse(Cli(d, "ls --ended -o json")).back()["id"].get<int64_t>());
+  json m = json::parse(Cli(d, "eff " + memory_only + " -o json"));
+  const json gpus = d.Call("GET", "/v1/gpus")["gpus"];
+  const int index = d.Call("GET", "/v1/jobs/" + memory_only)["placement"]["gpus"][0]["index"];
+  const double total_mib = gpus[index]["memory_bytes"].get<double>() / (1 << 20);
+  EXPECT_NEAR(m["gpus"].get<double>(), 6144 / total_mib, 0.001) << m.dump();
+  EXPECT_EQ(m["share"], true);
+  EXPECT_EQ(m["gpu_memory_given_mib"], 6144);
+  const double after = json::parse(Cli(d, "acct -o json"))["total"]["fractional_gpu_hours"];
+  EXPECT_NEAR(after - before, 6144 / total_mib * m["elapsed_s"].get<double>() / 3600, 0.2 / 3600)
+      << "acct adds what eff says it held";
+  const std::string shown = Cli(d, "eff " + memory_only);
+  EXPECT_THAT(shown, HasSubstr("(its memory's part of each GPU)")) << shown;
+  EXPECT_THAT(shown, HasSubstr("a share of GPU memory only")) << shown;
+  EXPECT_THAT(shown, HasSubstr("GPU memory         not measured (6 GiB per GPU given)")) << shown;
 }
 
 // Slurm's --output/--error as --stdout/--stderr (and as #SBATCH lines): the user's own files named

@@ -182,13 +182,20 @@ int RunEff(State& s, std::ostream& out, std::ostream& err) {
   field("elapsed", core::FormatDuration(e.value("elapsed_s", 0.0)));
   const double gpus = e.value("gpus", 0.0);
   if (gpus > 0) {
+    // A memory-only share (no part of the compute asked) holds its memory's part of the GPU.
+    const json placement = j->value("placement", json());
+    const bool memory_only =
+        placement.is_object() && placement.value("milli_per_gpu", json()) == json(0);
     field("GPUs held",
-          fmt::format("{:g} x {} = {:.3f} GPU-hours", gpus,
-                      core::FormatDuration(e.value("elapsed_s", 0.0)), e.value("gpu_hours", 0.0)));
+          fmt::format("{:g} x {} = {:.3f} GPU-hours{}", gpus,
+                      core::FormatDuration(e.value("elapsed_s", 0.0)), e.value("gpu_hours", 0.0),
+                      memory_only ? " (its memory's part of each GPU)" : ""));
     std::string busy = "not measured (no history sample saw it hold its GPUs alone)";
     if (running) busy = "measured at its end";
     if (!running && e.value("share", false))
       busy = "not measured (the arbiter charged it no GPU time)";
+    if (memory_only)
+      busy = "not measured (a share of GPU memory only: its compute is not timed by the arbiter)";
     if (number("gpu_busy_pct"))
       busy = fmt::format("{} of what it held was busy", pct("gpu_busy_pct"));
     field("GPU efficiency", busy);

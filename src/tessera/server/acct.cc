@@ -27,10 +27,7 @@ Gpus Weigh(const std::string& placement_json, const AcctOptions& o) {
   for (const json& x : p["gpus"]) {
     if (!x.is_object()) continue;
     const int64_t total = o.gpu_memory_mib ? o.gpu_memory_mib(x.value("index", -1)) : 0;
-    double w = milli >= 1000 ? 1.0 : milli / 1000.0;
-    if (total > 0) w = std::max(w, static_cast<double>(memory) / static_cast<double>(total));
-    if (milli == 0 && total <= 0) w = 1;  // nothing tells the fraction: count the GPU
-    w = std::min(w, 1.0);
+    const double w = HeldOfGpu(milli, memory, total);
     g.fractional = g.fractional || w < 1;
     g.weights.emplace_back(x.value("model", "unknown"), w);
   }

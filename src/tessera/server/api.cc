@@ -427,7 +427,8 @@ net::HttpResponse Api::GetJob(int64_t id, const Caller& c) {
   AddExpectations(j, live);
   if (live.pid) j["pid"] = *live.pid;
   if (!live.stopping.empty()) j["stopping"] = live.stopping;
-  if (json e = EfficiencyOf(j, d_.Now()); !e.is_null()) j["efficiency"] = std::move(e);
+  if (json e = EfficiencyOf(j, d_.Now(), GpuMemoryMib()); !e.is_null())
+    j["efficiency"] = std::move(e);
   return JsonResponse(200, j);
 }
 
@@ -688,12 +689,16 @@ absl::StatusOr<AcctReport> Api::Accounting(double since, double until,
   o.since = since;
   o.until = until;
   o.group_of = [this](uint32_t uid) { return PrimaryGroup(uid); };
-  o.gpu_memory_mib = [this](int g) -> int64_t {
+  o.gpu_memory_mib = GpuMemoryMib();
+  return Account(*jobs, o);
+}
+
+std::function<int64_t(int gpu)> Api::GpuMemoryMib() const {
+  return [this](int g) -> int64_t {
     const core::NodeInventory& inventory = d_.inventory();
     if (g < 0 || static_cast<size_t>(g) >= inventory.gpus.size()) return 0;
     return static_cast<int64_t>(inventory.gpus[g].memory_bytes.value_or(0) >> 20);
   };
-  return Account(*jobs, o);
 }
 
 net::HttpResponse Api::Acct(const net::HttpRequest& req, const Caller& c) {

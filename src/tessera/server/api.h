@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -84,6 +85,8 @@ class Api {
   // GET /v1/acct?since=&until=[&user=]: accounting over a period (acct.h).
   net::HttpResponse Acct(const net::HttpRequest& req, const Caller& c);
   absl::StatusOr<AcctReport> Accounting(double since, double until, const std::string& only_user);
+  // A GPU's memory in MiB by index (0 when not known): how a share's memory weighs against it.
+  std::function<int64_t(int gpu)> GpuMemoryMib() const;
   // A user's primary group's name (accounting's group); cached.
   std::string PrimaryGroup(uint32_t uid);
   nlohmann::json Info();

@@ -41,7 +41,16 @@ std::optional<double> GpuMemoryFraction(const json& usage, const json& placement
   return usage["gpu_peak_memory_mib"].get<double>() / static_cast<double>(given);
 }
 
-json EfficiencyOf(const json& job, double now) {
+double HeldOfGpu(int milli, int64_t memory_mib, int64_t total_mib) {
+  double w = milli >= 1000 ? 1.0 : std::max(milli, 0) / 1000.0;
+  if (total_mib > 0)
+    w = std::max(w, static_cast<double>(memory_mib) / static_cast<double>(total_mib));
+  if (milli <= 0 && total_mib <= 0) w = 1;
+  return std::min(w, 1.0);
+}
+
+json EfficiencyOf(const json& job, double now,
+                  const std::function<int64_t(int gpu)>& gpu_memory_mib) {
   const json started = job.value("started_at", json());
   if (!started.is_number()) return nullptr;
   const json ended = job.value("ended_at", json());
@@ -55,17 +64,23 @@ json EfficiencyOf(const json& job, double now) {
   const json spec = job.value("spec", json());
   const json resources = spec.is_object() ? spec.value("resources", json()) : json();
   const json usage = job.value("usage", json());
-  // What it held: its GPUs, each whole or the share it was given.
-  const double per_gpu = PerGpu(placement);
+  // What it held: its GPUs, each whole or the part of it its share was given (of its compute or,
+  // where larger, of its memory; a memory-only share's memory).
   double gpus = 0;
+  bool share = false;
   int64_t memory_given_mib = -1;
   if (placement.is_object() && placement.value("gpus", json()).is_array()) {
-    gpus = static_cast<double>(placement["gpus"].size()) * per_gpu;
-    if (const int64_t mib = placement.value("memory_mib_per_gpu", int64_t{0}); mib > 0)
-      memory_given_mib = mib;
+    const int milli = placement.value("milli_per_gpu", 1000);
+    const int64_t mib = placement.value("memory_mib_per_gpu", int64_t{0});
+    if (mib > 0) memory_given_mib = mib;
+    for (const json& g : placement["gpus"]) {
+      const int index = g.is_object() ? g.value("index", -1) : -1;
+      gpus += HeldOfGpu(milli, mib, gpu_memory_mib ? gpu_memory_mib(index) : 0);
+    }
+    share = !placement["gpus"].empty() && milli < 1000;
   }
-  e["gpus"] = gpus;
-  e["share"] = gpus > 0 && per_gpu < 1;  // a part of each GPU (the arbiter measures its time)
+  e["gpus"] = std::round(gpus * 1000) / 1000;
+  e["share"] = share;  // a part of each GPU
   if (memory_given_mib > 0) e["gpu_memory_given_mib"] = memory_given_mib;
   e["gpu_hours"] = std::round(gpus * elapsed / 3600 * 1000) / 1000;
   if (usage.is_object()) {

@@ -53,6 +53,34 @@ TEST(Efficiency, AShareIsMeasuredAgainstItsShare) {
   EXPECT_FALSE(e.contains("memory_pct"));
 }
 
+// A share of GPU memory only (no compute part asked): it holds its memory's part of the GPU, as
+// accounting weighs it - not nothing - and its memory is measured against what it was given.
+TEST(Efficiency, AMemoryOnlyShareHoldsItsMemorysPartOfTheGpu) {
+  json placement = {{"gpus", {{{"index", 1}}}}, {"milli_per_gpu", 0}, {"memory_mib_per_gpu", 2048}};
+  json usage = {{"gpu_peak_memory_mib", 1500}};
+  auto memory = [](int gpu) -> int64_t { return gpu == 1 ? 81920 : 0; };
+  json e = EfficiencyOf(Job(placement, {{"gpu_memory", "2GiB"}}, usage), 0, memory);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 0.025) << "2 GiB of 80 GiB";
+  EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 0.025);
+  EXPECT_EQ(e["share"], true);
+  EXPECT_EQ(e["gpu_memory_given_mib"], 2048);
+  EXPECT_DOUBLE_EQ(e["gpu_memory_pct"].get<double>(), 73.2);
+  EXPECT_FALSE(e.contains("gpu_busy_pct")) << "no compute part: nothing to be busy of";
+  // Where the GPU's memory is not known, the GPU counts whole, as accounting counts it.
+  e = EfficiencyOf(Job(placement, {{"gpu_memory", "2GiB"}}, usage), 0);
+  EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 1);
+}
+
+TEST(Efficiency, HeldOfGpuIsTheLargerOfComputeAndMemory) {
+  EXPECT_DOUBLE_EQ(HeldOfGpu(1000, 81920, 81920), 1);
+  EXPECT_DOUBLE_EQ(HeldOfGpu(300, 8192, 81920), 0.3) << "compute the larger";
+  EXPECT_DOUBLE_EQ(HeldOfGpu(100, 40960, 81920), 0.5) << "memory the larger";
+  EXPECT_DOUBLE_EQ(HeldOfGpu(100, 40960, 0), 0.1) << "memory not known: compute alone";
+  EXPECT_DOUBLE_EQ(HeldOfGpu(0, 8192, 81920), 0.1);
+  EXPECT_DOUBLE_EQ(HeldOfGpu(0, 8192, 0), 1);
+  EXPECT_DOUBLE_EQ(HeldOfGpu(500, 1 << 20, 81920), 1) << "never more than the GPU";
+}
+
 // A share that used all its share and waited for the GPU most of the rest: said with what it would
 // have used; one never held back says nothing of it.
 TEST(Efficiency, AShareHeldBackSaysWhatItWouldHaveUsed) {
