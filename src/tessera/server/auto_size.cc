@@ -137,10 +137,19 @@ std::string TrialSummary(const std::string& over, const TrialUse& use, const Siz
   if (sized.gpu_milli > 0) ask = fmt::format("--gpu-share {:g}%", sized.gpu_milli / 10.0);
   if (sized.gpu_memory_mib > 0)
     ask += fmt::format("{}--gpu-mem {}MiB", ask.empty() ? "" : " ", sized.gpu_memory_mib);
+  // Its memory is a part of a GPU but its compute is all of one: a share of memory alone, whose
+  // kernels are not time-sliced - said, so that no one reads it as a small job.
+  std::string whole_compute;
+  if (sized.Share() && sized.gpu_milli == 0 && p.util_high_pct > 0) {
+    whole_compute =
+        fmt::format(" and no --gpu-share ({:.0f}% busy + {}% is all of a GPU's compute)",
+                    p.util_high_pct, policy.margin_pct);
+  }
   return fmt::format(
-      "{}: {}; recommended: {} (with {}% margin), or --gpu-share auto --gpu-mem auto, which sizes "
+      "{}: {}; recommended: {} (with {}% margin){}, or --gpu-share auto --gpu-mem auto, which "
+      "sizes "
       "from this trial",
-      over, fmt::join(measured, ", "), ask, policy.margin_pct);
+      over, fmt::join(measured, ", "), ask, policy.margin_pct, whole_compute);
 }
 
 std::vector<sched::RunKind> TrialKinds(const JobSpec& spec, const std::string& user) {

@@ -78,6 +78,32 @@ TEST(AutoSize, WithoutMeasuredRunsAJobGetsAWholeGpuThisTime) {
 // (stored with its sizing, so that a restart runs the same trial), and after it is sized from the
 // trial's use - never a trial again, even when the trial measured nothing. A job that asked its own
 // trial, an array, or a kind measured already is not given one.
+// What a trial recommends: a share of both where it used a part of each; memory alone, said to be
+// all of the compute, where it kept the GPU busy; a whole GPU where it used all of both.
+TEST(AutoSize, ATrialRecommendsWhatItUsedOfEach) {
+  const SizingPolicy policy{.margin_pct = 20, .gpu_memory_mib = 81559, .trial_s = 120};
+  TrialUse use{.util_pct = 40, .peak_mib = 3072, .kernel_launches = 24000, .run_s = 120};
+  std::string said = TrialSummary("its trial of 2m is over", use, policy);
+  EXPECT_THAT(said, HasSubstr("GPU 40% busy, peak GPU memory 3072MiB, 24000 kernel launches "
+                              "(200/s, 2.0 ms of GPU time each on average)"));
+  EXPECT_THAT(said, HasSubstr("recommended: --gpu-share 50% --gpu-mem 3840MiB (with 20% margin)"));
+  use.util_pct = 98;
+  said = TrialSummary("its trial of 2m is over", use, policy);
+  EXPECT_THAT(said, HasSubstr("recommended: --gpu-mem 3840MiB (with 20% margin) and no --gpu-share "
+                              "(98% busy + 20% is all of a GPU's compute), or"))
+      << said;
+  use.peak_mib = 79000;
+  said = TrialSummary("its trial of 2m is over", use, policy);
+  EXPECT_THAT(said, HasSubstr("recommended: --gpus 1 (with 20% margin)")) << said;
+  // Held back by another job's slices: sized from what it would have used.
+  use = {.util_pct = 25, .held_back_pct = 70, .demand_pct = 60, .peak_mib = 1000};
+  said = TrialSummary("its trial of 2m is over", use, policy);
+  EXPECT_THAT(said, HasSubstr("it would have used 60%)")) << said;
+  EXPECT_THAT(said, HasSubstr("recommended: --gpu-share 75% --gpu-mem 1280MiB")) << said;
+  EXPECT_THAT(TrialSummary("its trial of 2m is over", TrialUse{}, policy),
+              HasSubstr("nothing was measured"));
+}
+
 TEST(AutoSize, AKindNeverMeasuredRunsFirstAsATrialThenIsSizedFromIt) {
   const SizingPolicy policy{.margin_pct = 20, .gpu_memory_mib = 81559, .trial_s = 120};
   JobSpec spec = Auto(true, true);
