@@ -222,6 +222,26 @@ TEST(TesseraServer, SharesThatWantMoreThanTheirShareSayTheyWereHeldBack) {
   }
 }
 
+// A busy half share alone on its GPU: work-conserving sharing lends it the idle half, so it uses
+// more of the GPU's time than its share. Its efficiency is all of what it held, and eff says how
+// far past its share it went (what sizing reads as "a whole GPU's compute").
+TEST(TesseraServer, AShareAloneThatUsedIdleTimePastItsShareSaysHowMuch) {
+  Daemon d("lent");
+  const int64_t id =
+      d.Submit({{"name", "lent"},
+                {"command", {TESSERA_CUDA_CLIENT, "link", "work:1500:500:4:0:0:1500"}},
+                {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}});
+  const json j = d.WaitFor(id, "succeeded");
+  const double util = j["usage"]["gpu_utilization_pct"].get<double>();
+  ASSERT_GT(util, 50) << "alone, it ran past its half: " << j.dump();
+  EXPECT_DOUBLE_EQ(j["efficiency"]["gpu_busy_pct"].get<double>(), 100) << j.dump();
+  EXPECT_DOUBLE_EQ(j["efficiency"]["gpu_used_pct"].get<double>(), std::round(util * 10) / 10);
+  EXPECT_THAT(Cli(d, "eff " + std::to_string(id)),
+              HasSubstr(fmt::format("100.0% of what it held was busy; it used {:.1f}% of its GPU's "
+                                    "time, past its share (idle time lent to it)",
+                                    j["efficiency"]["gpu_used_pct"].get<double>())));
+}
+
 // The same two shares (4 s each) with the server killed (-9) as they start and started again
 // only once they have waited 1.2 s each while it was down: the arbiter counted on, and the server
 // that re-adopts them reads its whole count - the held-back time of each job's whole run, none of

@@ -373,7 +373,7 @@ function efficiencyList(e) {
   return h('dl', { class: 'kv panel', id: 'efficiency' },
     h('dt', {}, 'elapsed'), h('dd', {}, `${count(e.elapsed_s)} s${e.running ? ' so far' : ''}`),
     h('dt', {}, 'GPUs held'), h('dd', {}, `${count(e.gpus)}${e.share ? ' (a share)' : ''}, ${e.gpu_hours.toFixed(3)} GPU-hours`),
-    h('dt', {}, 'GPU busy'), h('dd', {}, p(e.gpu_busy_pct)),
+    h('dt', {}, 'GPU busy'), h('dd', {}, `${p(e.gpu_busy_pct)}${e.gpu_used_pct !== undefined ? `; it used ${p(e.gpu_used_pct)} of its GPU's time, past its share (idle time lent to it)` : ''}`),
     // A share whose launches waited for the GPU: how long, and what it would have used had they not.
     e.gpu_held_back_pct !== undefined ? [h('dt', {}, 'GPU held back'),
       h('dd', { class: 'warn' }, `its launches waited ${p(e.gpu_held_back_pct)} of its run; it would have used ${p(e.gpu_demand_pct)} of a GPU`)] : null,

@@ -198,6 +198,10 @@ int RunEff(State& s, std::ostream& out, std::ostream& err) {
       busy = "not measured (a share of GPU memory only: its compute is not timed by the arbiter)";
     if (number("gpu_busy_pct"))
       busy = fmt::format("{} of what it held was busy", pct("gpu_busy_pct"));
+    if (number("gpu_used_pct")) {
+      busy += fmt::format("; it used {} of its GPU's time, past its share (idle time lent to it)",
+                          pct("gpu_used_pct"));
+    }
     field("GPU efficiency", busy);
     if (number("gpu_held_back_pct") && number("gpu_demand_pct")) {
       field("GPU held back",

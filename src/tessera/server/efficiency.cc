@@ -85,8 +85,14 @@ json EfficiencyOf(const json& job, double now,
   e["gpu_hours"] = std::round(gpus * elapsed / 3600 * 1000) / 1000;
   if (usage.is_object()) {
     // Measured as a share of its GPUs' time (a share: of one GPU's): of what it held, its part.
-    if (const auto busy = GpuBusyFraction(usage, placement))
+    if (const auto busy = GpuBusyFraction(usage, placement)) {
       e["gpu_busy_pct"] = Round1(100 * *busy);
+      // A share that used more of its GPU's time than its share: the idle time work-conserving
+      // sharing lent it (busy is at most all of what it held; this says by how much it went past).
+      const double used = usage["gpu_utilization_pct"].get<double>();
+      const int milli = placement.is_object() ? placement.value("milli_per_gpu", 1000) : 1000;
+      if (milli > 0 && milli < 1000 && used > milli / 10.0) e["gpu_used_pct"] = Round1(used);
+    }
     // A share whose launches waited for the GPU: for how much of its run, and what it would have
     // used of one GPU had they not (its time-slices held it to less than it wanted).
     if (usage.value("gpu_held_back_pct", json()).is_number() &&

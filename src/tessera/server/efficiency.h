@@ -12,15 +12,16 @@
 namespace tessera::server {
 
 // For a job that started: {"elapsed_s", "gpus" (held: whole GPUs, or a share's fraction), "share",
-// "gpu_hours", and where measured "gpu_busy_pct" (of what it held), "gpu_held_back_pct" (of its
-// run its launches waited for the GPU) with "gpu_demand_pct" (what it would have used of a GPU's
-// time had they not), "gpu_memory_peak_mib",
-// "gpu_memory_given_mib" (per GPU), "gpu_memory_pct", "gpu_memory_refused" (allocations its limit
-// refused) with "gpu_memory_wanted_mib" (the most it asked per GPU), "cpus", "cpu_seconds",
-// "cpu_pct" (of the CPUs asked over its run), "memory_peak_bytes", "memory_limit_bytes",
-// "memory_pct"}; `running` true while it runs (figures so far: measured ones come at its end). Null
-// for a job that never started. `gpu_memory_mib` gives a GPU's memory by index (0 when not known):
-// a share's "gpus" is weighed as accounting weighs it (HeldOfGpu), so its GPU-hours are the same.
+// "gpu_hours", and where measured "gpu_busy_pct" (of what it held; at most 100), "gpu_used_pct"
+// (a share that used more of its GPU's time than its share: how much, lent idle time),
+// "gpu_held_back_pct" (of its run its launches waited for the GPU) with "gpu_demand_pct" (what it
+// would have used of a GPU's time had they not), "gpu_memory_peak_mib", "gpu_memory_given_mib" (per
+// GPU), "gpu_memory_pct", "gpu_memory_refused" (allocations its limit refused) with
+// "gpu_memory_wanted_mib" (the most it asked per GPU), "cpus", "cpu_seconds", "cpu_pct" (of the
+// CPUs asked over its run), "memory_peak_bytes", "memory_limit_bytes", "memory_pct"}; `running`
+// true while it runs (figures so far: measured ones come at its end). Null for a job that never
+// started. `gpu_memory_mib` gives a GPU's memory by index (0 when not known): a share's "gpus" is
+// weighed as accounting weighs it (HeldOfGpu), so its GPU-hours are the same.
 nlohmann::json EfficiencyOf(const nlohmann::json& job, double now,
                             const std::function<int64_t(int gpu)>& gpu_memory_mib = nullptr);
 

@@ -49,7 +49,14 @@ TEST(Efficiency, AShareIsMeasuredAgainstItsShare) {
   EXPECT_DOUBLE_EQ(e["gpu_hours"].get<double>(), 0.3);
   EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 50);
   EXPECT_DOUBLE_EQ(e["gpu_memory_pct"].get<double>(), 90);
+  EXPECT_FALSE(e.contains("gpu_used_pct")) << "within its share";
   EXPECT_FALSE(e.contains("cpu_pct")) << "nothing measured, nothing said";
+  // Alone on its GPU, work-conserving sharing lent it the idle time: busy is all of what it held,
+  // and how far past its share it went is said.
+  usage["gpu_utilization_pct"] = 57.0;
+  e = EfficiencyOf(Job(placement, resources, usage), 0);
+  EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(e["gpu_used_pct"].get<double>(), 57);
   EXPECT_FALSE(e.contains("memory_pct"));
 }
 
