@@ -380,6 +380,48 @@ TEST(TesseraServer, AJobItsGpuMemoryLimitRefusedSaysWhatItAskedAndWhatToAsk) {
                         "(it asked for 1.3 GiB at most)"));
 }
 
+// A program that goes on after its limit refused an allocation (it ignores the error, as a
+// framework that frees its cache would not need to) succeeds - and says so, never silently: asked
+// outright, what to ask next time; sized automatically, its kind learns what it asked, and the
+// next run is sized past it.
+TEST(TesseraServer, ASuccessItsGpuMemoryLimitRefusedSaysSoAndTheNextRunIsSizedPastIt) {
+  Daemon d("refusedok", "auto_size_trial: 0\n");
+  const json asked = {{"name", "ignores"},
+                      {"command", {TESSERA_CUDA_CLIENT, "link", "alloc:500", "alloc:800"}},
+                      {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}};
+  const int64_t id = d.Submit(asked);
+  json j = d.WaitFor(id, "succeeded");
+  EXPECT_THAT(d.Logs(id), HasSubstr("ok\noom\n"));
+  EXPECT_EQ(j.value("reason", ""),
+            "exit code 0; its GPU memory limit of 1024MiB refused 1 allocation (measured peak "
+            "500MiB; it asked for 1300MiB at most): ask --gpu-mem 1792MiB next time")
+      << j.dump();
+  EXPECT_THAT(Cli(d, "ls --ended"), HasSubstr("exit code 0; its GPU memory limit of 1024MiB"));
+  // Sized automatically: a first run (whole GPU memory, no trial) that peaks at 500 MiB...
+  json grows = {{"name", "grows"},
+                {"command", {TESSERA_CUDA_CLIENT, "link", "alloc:500"}},
+                {"resources", {{"gpu_memory", "auto"}, {"gpu_share", "50%"}}}};
+  d.WaitFor(d.Submit(grows), "succeeded");
+  // ...sizes the next at 768 MiB, which asks for 1300 and is refused, and goes on.
+  grows["command"] = {TESSERA_CUDA_CLIENT, "link", "alloc:500", "alloc:800"};
+  const int64_t second = d.Submit(grows);
+  j = d.WaitFor(second, "succeeded");
+  EXPECT_EQ(j["placement"]["memory_mib_per_gpu"], 768) << j.dump();
+  EXPECT_THAT(j.value("reason", ""),
+              HasSubstr("exit code 0; its GPU memory limit of 768MiB (sized automatically) refused "
+                        "1 allocation (measured peak 500MiB; it asked for 1300MiB at most): the "
+                        "next run of its kind is sized past it"))
+      << j.dump();
+  // The third is sized from what the second asked, not from its refused peak - by a server
+  // started again, which reads the history back from the store by the same rule.
+  d.Kill(SIGTERM);
+  d.Start();
+  const int64_t third = d.Submit(grows);
+  j = d.WaitFor(third, "succeeded");
+  EXPECT_EQ(j["placement"]["memory_mib_per_gpu"], 1792) << j.dump();
+  EXPECT_EQ(j.value("reason", ""), "exit code 0") << "it fits now: nothing to say";
+}
+
 // A trial of a CUDA program (against the fake driver, under its 50% share) is stopped when its time
 // is up and says what the intercept library measured - the 700 MiB it held at most, the GPU time
 // it was charged - and the size that recommends; the same program asked "auto" is then sized from

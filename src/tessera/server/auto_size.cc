@@ -113,7 +113,14 @@ std::string TrialSummary(const std::string& over, const TrialUse& use, const Siz
         " (its launches waited for the GPU {:.0f}% of its run: it would have used {:.0f}%)",
         *use.held_back_pct, *use.demand_pct);
   }
-  if (peak_mib > 0) measured.push_back(fmt::format("peak GPU memory {}MiB", peak_mib));
+  if (peak_mib > 0) {
+    measured.push_back(fmt::format("peak GPU memory {}MiB", peak_mib));
+    if (use.refused > 0) {
+      measured.back() +=
+          fmt::format(" (its limit refused {} allocation{}: it asked for {}MiB at most)",
+                      use.refused, use.refused == 1 ? "" : "s", use.wanted_mib);
+    }
+  }
   if (use.kernel_launches > 0 && use.run_s > 0) {
     const double n = static_cast<double>(use.kernel_launches);
     std::string mix =
@@ -131,7 +138,9 @@ std::string TrialSummary(const std::string& over, const TrialUse& use, const Siz
   sched::Prediction p;
   p.util_high_pct = use.demand_pct.value_or(util_pct.value_or(0));
   p.util_high_basis = "the trial";
-  p.gpu_memory_peak_mib = static_cast<double>(peak_mib), p.memory_basis = "the trial";
+  p.gpu_memory_peak_mib =
+      static_cast<double>(std::max(peak_mib, use.refused > 0 ? use.wanted_mib : int64_t{0}));
+  p.memory_basis = "the trial";
   SizeAutomatically(sized, p, policy);
   std::string ask = sized.Share() ? "" : "--gpus 1";
   if (sized.gpu_milli > 0) ask = fmt::format("--gpu-share {:g}%", sized.gpu_milli / 10.0);
@@ -199,6 +208,17 @@ std::string OutgrewItsSize(const JobSpec& spec, const GpuMemoryUse& use, const S
   return fmt::format(
       "it may have outgrown its automatic GPU memory: {}MiB, measured peak {}MiB; {}", limit,
       use.peak_mib, next_time);
+}
+
+std::string MemoryOutgrownAtEnd(const JobSpec& spec, bool failed, bool trial,
+                                const GpuMemoryUse& use, const SizingPolicy& policy,
+                                int64_t* learn_mib) {
+  *learn_mib = 0;
+  std::string said;
+  if (failed || use.refused > 0) said = OutgrewItsSize(spec, use, policy, learn_mib);
+  if (!trial) return said;
+  if (use.refused > 0) *learn_mib = std::max({*learn_mib, use.wanted_mib, use.peak_mib});
+  return "";
 }
 
 }  // namespace tessera::server

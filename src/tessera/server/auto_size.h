@@ -47,6 +47,9 @@ struct TrialUse {
   // and what it would have used had they not (percent of a GPU), which is what it is sized from.
   std::optional<double> held_back_pct, demand_pct;
   int64_t peak_mib = 0;
+  // Allocations its GPU memory limit refused, and the most it asked (what it is sized from then).
+  uint64_t refused = 0;
+  int64_t wanted_mib = 0;
   uint64_t kernel_launches = 0;
   double run_s = 0;
 };
@@ -76,5 +79,13 @@ struct GpuMemoryUse {
 // job sized automatically should learn its kind needs (0: nothing).
 std::string OutgrewItsSize(const JobSpec& spec, const GpuMemoryUse& use, const SizingPolicy& policy,
                            int64_t* learn_mib);
+// The same at a run's end, `failed` or else succeeded: a failure as OutgrewItsSize says, and a
+// success whose limit refused allocations too (it went on without them - a framework that frees
+// its cache, a program that ignores the error - and must not pass silently). A `trial` says its
+// refusals in its summary (TrialSummary) and gets nothing said here; its kinds learn what it
+// asked (`learn_mib`).
+std::string MemoryOutgrownAtEnd(const JobSpec& spec, bool failed, bool trial,
+                                const GpuMemoryUse& use, const SizingPolicy& policy,
+                                int64_t* learn_mib);
 
 }  // namespace tessera::server

@@ -100,6 +100,13 @@ TEST(AutoSize, ATrialRecommendsWhatItUsedOfEach) {
   said = TrialSummary("its trial of 2m is over", use, policy);
   EXPECT_THAT(said, HasSubstr("it would have used 60%)")) << said;
   EXPECT_THAT(said, HasSubstr("recommended: --gpu-share 75% --gpu-mem 1280MiB")) << said;
+  // Its limit refused it: said, and sized from what it asked.
+  use = {.util_pct = 30, .peak_mib = 1000, .refused = 2, .wanted_mib = 3000};
+  said = TrialSummary("its trial of 2m is over", use, policy);
+  EXPECT_THAT(said, HasSubstr("peak GPU memory 1000MiB (its limit refused 2 allocations: it asked "
+                              "for 3000MiB at most)"))
+      << said;
+  EXPECT_THAT(said, HasSubstr("recommended: --gpu-share 40% --gpu-mem 3840MiB")) << said;
   EXPECT_THAT(TrialSummary("its trial of 2m is over", TrialUse{}, policy),
               HasSubstr("nothing was measured"));
 }
@@ -230,6 +237,45 @@ TEST(AutoSize, AllocationsItsLimitRefusedSayWhatItAskedAndWhatToAskNextTime) {
       OutgrewItsSize(asked, {.peak_mib = 900, .refused = 1, .wanted_mib = 1000}, policy, &learn),
       "")
       << "a refusal within its limit (another process's count raced it) says nothing";
+}
+
+// At a run's end: a success its limit refused allocations says so as a failure would (it went on
+// without them - never silently), and one sized automatically teaches what it asked; a success
+// without refusals, or near its size, says nothing; a trial says nothing here (its summary does)
+// but its kinds learn what it asked.
+TEST(AutoSize, ASuccessItsLimitRefusedSaysSoAndATrialLearnsWhatItAsked) {
+  const SizingPolicy policy{.margin_pct = 20, .gpu_memory_mib = 81559};
+  JobSpec sized = Auto(false, true);
+  sched::Prediction p;
+  p.gpu_memory_peak_mib = 1500, p.memory_basis = "p95 of z";
+  SizeAutomatically(sized, p, policy);
+  ASSERT_EQ(sized.gpu_memory_mib, 2048);
+  int64_t learn = -1;
+  const GpuMemoryUse refused{.peak_mib = 1500, .refused = 1, .wanted_mib = 3000};
+  EXPECT_EQ(MemoryOutgrownAtEnd(sized, /*failed=*/false, /*trial=*/false, refused, policy, &learn),
+            "its GPU memory limit of 2048MiB (sized automatically) refused 1 allocation (measured "
+            "peak 1500MiB; it asked for 3000MiB at most): the next run of its kind is sized past "
+            "it (or ask --gpu-mem 3840MiB)");
+  EXPECT_EQ(learn, 3000);
+  EXPECT_EQ(MemoryOutgrownAtEnd(sized, false, false, {.peak_mib = 2000}, policy, &learn), "")
+      << "a success near its size without a refusal is a success";
+  EXPECT_EQ(learn, 0);
+  EXPECT_THAT(
+      MemoryOutgrownAtEnd(sized, /*failed=*/true, false, {.peak_mib = 2000}, policy, &learn),
+      HasSubstr("it may have outgrown its automatic GPU memory"));
+  EXPECT_EQ(MemoryOutgrownAtEnd(sized, false, /*trial=*/true, refused, policy, &learn), "");
+  EXPECT_EQ(learn, 3000);
+  JobSpec asked = *ParseJobSpec(R"({"command": ["x"], "resources": {"gpu_memory": "1GiB"}})");
+  EXPECT_EQ(
+      MemoryOutgrownAtEnd(asked, false, true, {.peak_mib = 900, .refused = 2, .wanted_mib = 1300},
+                          policy, &learn),
+      "");
+  EXPECT_EQ(learn, 1300) << "a trial of a size asked outright teaches its auto kind too";
+  EXPECT_THAT(
+      MemoryOutgrownAtEnd(asked, false, false, {.peak_mib = 900, .refused = 2, .wanted_mib = 1300},
+                          policy, &learn),
+      HasSubstr("ask --gpu-mem 1792MiB next time"));
+  EXPECT_EQ(learn, 0);
 }
 
 TEST(AutoSize, ASizingIsTheServersToSayNotTheUsers) {

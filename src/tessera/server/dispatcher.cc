@@ -272,7 +272,8 @@ void Dispatcher::LoadHistory() {
     }
     const RecordedUse use = UsageOf(r);
     int64_t outgrown_mib = 0;
-    if (r.state == JobState::kFailed) OutgrewItsSize(*spec, use.memory, {}, &outgrown_mib);
+    MemoryOutgrownAtEnd(*spec, r.state == JobState::kFailed, use.trial, use.memory, {},
+                        &outgrown_mib);
     LearnFromEnd(*state_->history, *spec, r.owner,
                  {.to = r.state,
                   .trial = use.trial,

@@ -60,15 +60,17 @@ EndOutcome EndOf(const RunningJob& r, int exit_code, bool exit_known, const Cgro
 
 void LearnFromEnd(sched::DurationPredictor& history, const JobSpec& spec, const std::string& owner,
                   const EndFacts& e) {
+  // Its memory: its peak, or past it what its limit refused it (outgrown_mib).
+  const auto memory = static_cast<double>(std::max(e.peak_mib, e.outgrown_mib));
   if (e.trial) {
     for (const sched::RunKind& kind : TrialKinds(spec, owner)) {
       if (e.util) history.AddUtilization(kind, *e.util);
-      history.AddGpuMemoryPeak(kind, static_cast<double>(e.peak_mib));
+      history.AddGpuMemoryPeak(kind, memory);
     }
   } else if (e.to == JobState::kSucceeded) {
     const sched::RunKind kind = RunKindOf(spec, owner);
     history.Add(kind, e.run_s, e.util, e.shared_gpu);
-    history.AddGpuMemoryPeak(kind, static_cast<double>(e.peak_mib));
+    history.AddGpuMemoryPeak(kind, memory);
   } else if (e.to == JobState::kFailed && e.outgrown_mib > 0) {
     history.AddGpuMemoryPeak(RunKindOf(spec, owner), static_cast<double>(e.outgrown_mib));
   }
@@ -137,13 +139,13 @@ void JobEnds::Record(Ending& e, double now) {
     u["trial"] = true;  // its use is a trial's (LearnFromEnd, at a restart too)
   if (!u.empty()) f.usage_json = u.dump();
   EndOutcome end = EndOf(r, e.exit_code, e.exit_known, usage, e.requeue_wanted);
-  // Failed where its GPU memory limit refused it (or, sized automatically, near its size): said
-  // with what to ask, and - sized automatically - what it needed remembered, so that the next run
-  // of its kind is sized past it.
+  // Failed where its GPU memory limit refused it (or, sized automatically, near its size), or
+  // succeeded though its limit refused it: said with what to ask, and - sized automatically, or a
+  // trial - what it needed remembered, so that the next run of its kind is sized past it.
   int64_t outgrown_mib = 0;
-  if (end.to == JobState::kFailed && r.spec) {
-    if (std::string grew = OutgrewItsSize(
-            *r.spec,
+  if ((end.to == JobState::kFailed || end.to == JobState::kSucceeded) && r.spec) {
+    if (std::string grew = MemoryOutgrownAtEnd(
+            *r.spec, end.to == JobState::kFailed, r.stop == "trial",
             {.peak_mib = r.gpu_peak_mib, .refused = r.gpu_refused, .wanted_mib = r.gpu_wanted_mib},
             options_.sizing, &outgrown_mib);
         !grew.empty()) {
@@ -173,6 +175,8 @@ void JobEnds::Record(Ending& e, double now) {
                                .held_back_pct = held_back,
                                .demand_pct = demand,
                                .peak_mib = r.gpu_peak_mib,
+                               .refused = r.gpu_refused,
+                               .wanted_mib = r.gpu_wanted_mib,
                                .kernel_launches = r.kernel_launches,
                                .run_s = now - r.started},
                               options_.sizing);

@@ -52,8 +52,9 @@ struct Ending {
 // - a trial (`trial`: stopped at its time): its use, under its kind and its "auto" kind
 //   (TrialKinds), not its cut-short run time;
 // - a success: its run time, utilization and peak GPU memory under its kind;
-// - a failure: only what it needed past its automatic memory size (`outgrown_mib`, from
-//   OutgrewItsSize; 0: nothing).
+// - a failure: only what it needed past its automatic memory size;
+// its memory, for a trial or a success, the larger of its peak and what its limit refused it
+// (`outgrown_mib`, from MemoryOutgrownAtEnd; 0: nothing).
 struct EndFacts {
   JobState to = JobState::kFailed;
   bool trial = false;
