@@ -159,19 +159,23 @@ TEST(Runner, StopReachesTheWholeProcessGroup) {
   std::filesystem::remove(pidfile);
   std::filesystem::remove(termfile);
   // The child starts with SIGTERM ignored (and keeps it so); the shell then notes each SIGTERM it
-  // gets and goes on waiting for its child.
-  LaunchSpec s = Shell("trap '' TERM; sleep 30 & echo $! > " + pidfile + "; trap 'echo term >> " +
-                           termfile + "' TERM; while kill -0 $! 2>/dev/null; do wait $!; done",
-                       "group");
+  // gets and goes on waiting for its child. The child's pid is written once the shell's trap is
+  // set: written before it, a SIGTERM in between was ignored (seen on a loaded machine).
+  LaunchSpec s =
+      Shell("trap '' TERM; sleep 30 & c=$!; trap 'echo term >> " + termfile + "' TERM; echo $c > " +
+                pidfile + "; while kill -0 $c 2>/dev/null; do wait $c; done",
+            "group");
   auto l = Start(s);
   ASSERT_TRUE(l.ok()) << l.status();
-  for (int i = 0; i < 400 && ReadAll(pidfile).empty(); ++i) {
+  // Deadlines, not waits: generous, for a loaded machine.
+  for (int i = 0; i < 6000 && ReadAll(pidfile).find('\n') == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  ASSERT_NE(ReadAll(pidfile).find('\n'), std::string::npos) << "the shell never started its child";
   pid_t child = std::stoi(ReadAll(pidfile));
   EXPECT_TRUE(SignalGroup(l->pid, SIGTERM));
   // Handled (the shell's trap ran), and the group lives on: no fixed wait to decide either.
-  for (int i = 0; i < 2000 && ReadAll(termfile).empty(); ++i) {
+  for (int i = 0; i < 6000 && ReadAll(termfile).empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(ReadAll(termfile), "term\n");
@@ -180,7 +184,7 @@ TEST(Runner, StopReachesTheWholeProcessGroup) {
   EXPECT_EQ(WaitExit(l->pid), 128 + SIGKILL);
   // The grandchild was in the group too (reparented to init, so poll for it to go).
   bool gone = false;
-  for (int i = 0; i < 400 && !gone; ++i) {
+  for (int i = 0; i < 6000 && !gone; ++i) {
     gone = kill(child, 0) != 0 || !SameProcess(child, shim::ProcessStartTime(child));
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
