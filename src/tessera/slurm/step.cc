@@ -199,10 +199,11 @@ constexpr double kMemoryStepMiB = 256, kShareStepPct = 5;
 
 std::string Mib(uint64_t bytes) { return fmt::format("{}MiB", core::MibRoundedUp(bytes)); }
 
-// What a job sized "auto" that its memory limit held back should be told: how many allocations
-// were refused, its peak, the most it asked and what to ask; empty otherwise.
+// What a job that its memory limit held back should be told, whether it failed or went on: how
+// many allocations were refused, its peak, the most it asked and what to ask (sized "auto": that
+// its next job of the name is sized past it); empty otherwise.
 std::string Outgrew(const PluginConfig& config, const json& acct) {
-  if (!acct.value("memory_auto", false)) return "";
+  const bool sized = acct.value("memory_auto", false);
   uint64_t refused = 0, peak = 0, wanted = 0, limit = 0;
   for (const json& g : acct["gpus"]) {
     refused += g.value("refused", uint64_t{0});
@@ -213,11 +214,13 @@ std::string Outgrew(const PluginConfig& config, const json& acct) {
   if (refused == 0) return "";
   const double next = core::SizeFromUse(static_cast<double>(std::max(peak, wanted)) / kMiB,
                                         config.auto_margin_pct / 100.0, kMemoryStepMiB);
-  return fmt::format(
-      "its automatic GPU memory of {} refused {} allocation{} (measured peak {}; it asked for {} "
-      "at most): the next job named '{}' is sized past it (or ask --tessera-mem={:.0f}M)",
-      Mib(limit), refused, refused == 1 ? "" : "s", Mib(peak), Mib(wanted), acct.value("name", ""),
-      next);
+  const std::string said =
+      fmt::format("{} of {} refused {} allocation{} (measured peak {}; it asked for {} at most)",
+                  sized ? "its automatic GPU memory" : "its GPU memory limit", Mib(limit), refused,
+                  refused == 1 ? "" : "s", Mib(peak), Mib(wanted));
+  if (!sized) return fmt::format("{}: ask --tessera-mem={:.0f}M next time", said, next);
+  return fmt::format("{}: the next job named '{}' is sized past it (or ask --tessera-mem={:.0f}M)",
+                     said, acct.value("name", ""), next);
 }
 
 // A job name's part of its history files' names (FNV-1a, hex): a step reads only its name's

@@ -397,6 +397,39 @@ TEST_F(SlurmNodeFiles, AnAutoJobIsSizedFromItsUsersEndedJobsOfItsNameAndOutgrows
   EXPECT_THAT(env->say, HasSubstr("(" + mine + " is not a folder of the plugin's own user alone)"));
 }
 
+// A limit asked outright that refused an allocation is said too, whether the job failed or went on:
+// what to ask next time (the history of its name is not changed by it).
+TEST_F(SlurmNodeFiles, ALimitAskedOutrightThatRefusedAnAllocationSaysWhatToAsk) {
+  const passwd* nobody = getpwnam("nobody");
+  ASSERT_NE(nobody, nullptr);
+  const uid_t u = nobody->pw_uid;
+  auto limits =
+      DecideLimits(config_, {.gpus = "0", .shards = "2", .mem_option = "1G", .job_name = "fixed"});
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  auto env = SetUpStep(config_, 21, u, u, *limits, "", 3000);
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string region = env->set.at("TESSERA_CUDA_REGION");
+  EXPECT_EQ(AsUser(u,
+                   [&] {
+                     const uint64_t none[] = {0};
+                     char err[256] = "";
+                     std::unique_ptr<shim::Region> r(
+                         shim::Region::Attach(region.c_str(), none, 1, err, sizeof err));
+                     if (r == nullptr || !r->Reserve(0, 800 * MiB)) return 3;
+                     return r->Reserve(0, 600 * MiB) ? 4 : 0;  // 1400 MiB: past its 1024
+                   }),
+            0);
+  ASSERT_TRUE(EndJob(config_, 21, 3100).ok());
+  EXPECT_EQ(Acct(21)["outgrew"],
+            "its GPU memory limit of 1024MiB refused 1 allocation (measured peak 800MiB; it asked "
+            "for 1400MiB at most): ask --tessera-mem=1792M next time");
+  // Within its limit: nothing said.
+  env = SetUpStep(config_, 22, u, u, *limits, "", 3200);
+  ASSERT_TRUE(env.ok());
+  ASSERT_TRUE(EndJob(config_, 22, 3300).ok());
+  EXPECT_FALSE(Acct(22).contains("outgrew")) << Acct(22).dump();
+}
+
 // --tessera-trial: it runs on what its shards mean whatever else it asked, its steps are told
 // when it stops, and its end says what it used and what to ask - which "auto" then gives.
 TEST_F(SlurmNodeFiles, ATrialRunsOnItsShardsAndItsEndSaysWhatToAskWhichAutoGives) {
