@@ -21,6 +21,8 @@
 //                                                   state in DIR (default /var/tmp), fsync +5 ms
 //   build/bench/bench/server_bench --array [DIR]    a 10,000-task array against 10,000 jobs:
 //                                                   storing, database growth, scheduling pass
+//   build/bench/bench/server_bench --acct-jobs [N]  a page of N (1,000) ended jobs listed without
+//                                                   and with each job's efficiency (issue 58)
 //   build/bench/bench/server_bench --listing        greedy readers (issue 51): 300 held jobs of
 //                                                   0.9 MB and 30,000 small ones listed in full by
 //                                                   8 readers at once: the server's peak memory,
@@ -660,6 +662,60 @@ void ReadsDuringChanges(const std::string& disk_dir) {
   std::filesystem::remove_all(disk_dir);
 }
 
+// `tessera acct --jobs` with efficiency fields (issue 58): a page of N ended jobs, each with a GPU
+// (so each has GPU-hours to weigh), listed as `ls` lists them and with each job's efficiency
+// computed by the server, interleaved; the medians, their ratio and the bytes of each answer.
+void AcctJobsBench(const std::string& dir, int count) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/state");
+  tessera::server::ServerConfig config = BenchConfig(dir);
+  config.confinement = "off";
+  config.max_queued_jobs_per_user = 100000;
+  auto server = tessera::server::Server::Create(config);
+  if (!server.ok() || !(*server)->Start().ok()) {
+    fprintf(stderr, "server_bench: cannot start the server on %s\n", dir.c_str());
+    return;
+  }
+  HttpClient c(config.socket);
+  for (int i = 0; i < count; ++i) (void)c.Send("POST", "/v1/jobs", Job("true", 1));
+  const Clock::time_point deadline = Clock::now() + std::chrono::minutes(5);
+  for (;;) {
+    auto r = c.Send("GET", "/v1/jobs?state=queued,running&limit=1&env=false");
+    if (r.ok() && r->status == 200 && json::parse(r->body)["jobs"].empty()) break;
+    if (Clock::now() > deadline) {
+      fprintf(stderr, "server_bench: %d jobs did not end in 5 minutes\n", count);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string plain = fmt::format("/v1/jobs?limit={}&env=false", count);
+  const std::string eff = plain + "&efficiency=true";
+  std::vector<double> plain_s, eff_s;
+  size_t plain_bytes = 0, eff_bytes = 0;
+  for (int round = 0; round < 30; ++round) {
+    for (bool with : {false, true}) {
+      const Clock::time_point t0 = Clock::now();
+      auto r = c.Send("GET", with ? eff : plain);
+      const double took = Since(t0);
+      if (!r.ok() || r->status != 200) {
+        fprintf(stderr, "server_bench: listing failed\n");
+        return;
+      }
+      (with ? eff_s : plain_s).push_back(took);
+      (with ? eff_bytes : plain_bytes) = r->body.size();
+    }
+  }
+  std::sort(plain_s.begin(), plain_s.end());
+  std::sort(eff_s.begin(), eff_s.end());
+  const double p = plain_s[plain_s.size() / 2], e = eff_s[eff_s.size() / 2];
+  printf(
+      "acct --jobs over %d ended jobs (one page): median %.1f ms without efficiency (%.0f KB), "
+      "%.1f ms with each job's efficiency (%.0f KB): %.2fx\n",
+      count, p * 1e3, plain_bytes / 1024.0, e * 1e3, eff_bytes / 1024.0, e / p);
+  (*server)->Stop();
+  std::filesystem::remove_all(dir);
+}
+
 int main(int argc, char** argv) {
   const bool burst_only = argc > 1 && std::string(argv[1]) == "--burst";
   const bool submit_only = argc > 1 && std::string(argv[1]) == "--submit";
@@ -683,6 +739,11 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "--listing") {
     ListingBench("/dev/shm/tessera-listing-bench-" + std::to_string(getpid()));
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--acct-jobs") {
+    AcctJobsBench("/dev/shm/tessera-acct-jobs-bench-" + std::to_string(getpid()),
+                  argc > 2 ? std::atoi(argv[2]) : 1000);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--array") {

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -240,6 +241,68 @@ TEST(TesseraServer, AShareAloneThatUsedIdleTimePastItsShareSaysHowMuch) {
               HasSubstr(fmt::format("100.0% of what it held was busy; it used {:.1f}% of its GPU's "
                                     "time, past its share (idle time lent to it)",
                                     j["efficiency"]["gpu_used_pct"].get<double>())));
+}
+
+// An admin's question over many jobs: who held GPU time and left it idle. `acct --jobs` gives each
+// job's efficiency as `eff` does (GPU-hours held, busy of what it held) and the idle GPU-hours it
+// implies, and ranks the jobs by it: a share that launched a kernel every 20 ms comes before one
+// that kept its GPU busy, whatever order they ran in.
+TEST(TesseraServer, AcctJobsRanksJobsByTheGpuTimeTheyHeldIdle) {
+  Daemon d("idle");
+  std::vector<int64_t> ids;
+  for (const char* work : {"work:1500:500:4:0:0:1500", "work:1500:500:1:20000:0:1500"}) {
+    const std::string alloc = ids.empty() ? "alloc:256" : "alloc:512";
+    ids.push_back(d.Submit({{"name", "ranked"},
+                            {"command", {TESSERA_CUDA_CLIENT, "link", alloc, work}},
+                            {"resources", {{"gpu_memory", "1GiB"}, {"gpu_share", "50%"}}}}));
+    d.WaitFor(ids.back(), "succeeded");  // one at a time: neither waits for the other's slices
+  }
+  std::map<std::string, json> eff;  // by id, as GET /v1/jobs/N gives it
+  for (int64_t id : ids)
+    eff[std::to_string(id)] = d.Call("GET", "/v1/jobs/" + std::to_string(id))["efficiency"];
+  const json busy = eff[std::to_string(ids[0])], idle = eff[std::to_string(ids[1])];
+  ASSERT_TRUE(busy.contains("gpu_busy_pct") && idle.contains("gpu_busy_pct")) << busy << idle;
+  ASSERT_LT(idle["gpu_busy_pct"].get<double>() + 20, busy["gpu_busy_pct"].get<double>())
+      << busy << idle;
+  const json rows =
+      json::parse(Cli(d,
+                      "acct --jobs --format id,gpu_hours,gpu_eff,idle_gpu_hours,gpu_mem_eff "
+                      "--sort idle_gpu_hours -o json"));
+  ASSERT_EQ(rows.size(), 2u) << rows.dump();
+  EXPECT_EQ(rows[0]["id"], std::to_string(ids[1])) << "the idler first: " << rows.dump();
+  EXPECT_EQ(rows[1]["id"], std::to_string(ids[0])) << rows.dump();
+  for (const json& r : rows) {
+    const json& e = eff[r["id"].get<std::string>()];
+    // Held: half a GPU for its run (eff's gpu_hours, unrounded).
+    const double held = e["gpus"].get<double>() * e["elapsed_s"].get<double>() / 3600;
+    EXPECT_DOUBLE_EQ(e["gpus"].get<double>(), 0.5) << e;
+    EXPECT_NEAR(r["gpu_hours"].get<double>(), held, 1e-12) << r << e;
+    EXPECT_NEAR(e["gpu_hours"].get<double>(), held, 0.0005) << "eff's, rounded: " << e;
+    EXPECT_EQ(r["gpu_eff"], e["gpu_busy_pct"]) << r << e;
+    EXPECT_NEAR(r["idle_gpu_hours"].get<double>(),
+                held * (1 - e["gpu_busy_pct"].get<double>() / 100), 1e-12)
+        << r << e;
+    EXPECT_EQ(r["gpu_mem_eff"], e["gpu_memory_pct"]) << r << e;
+  }
+  EXPECT_EQ(rows[0]["gpu_mem_eff"], 50) << "512 of its 1024 MiB";
+  EXPECT_EQ(rows[1]["gpu_mem_eff"], 25) << "256 of its 1024 MiB";
+  // The other way: the busiest first; a table names the columns.
+  const json reversed =
+      json::parse(Cli(d, "acct --jobs --format id,gpu_eff --sort gpu_eff --reverse -o json"));
+  ASSERT_EQ(reversed.size(), 2u);
+  EXPECT_EQ(reversed[0]["id"], std::to_string(ids[1])) << "lowest efficiency first with --reverse";
+  const std::string table = Cli(d, "acct --jobs --format id,gpu_eff,idle_gpu_hours --sort id");
+  EXPECT_THAT(table, HasSubstr("GPU EFF")) << table;
+  EXPECT_THAT(table, HasSubstr("IDLE GPU HOURS")) << table;
+  EXPECT_LT(table.find("\n" + std::to_string(ids[1]) + " "),
+            table.find("\n" + std::to_string(ids[0]) + " "))
+      << "ids largest first: " << table;
+  EXPECT_THAT(Cli(d, "acct --jobs --sort bogus"), HasSubstr("--sort: unknown field 'bogus'"));
+  EXPECT_THAT(Cli(d, "acct --sort gpu_eff"), HasSubstr("--sort requires --jobs"));
+  auto bad = HttpClient(d.socket()).Send("GET", "/v1/jobs?efficiency=yes");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_THAT(bad->body, HasSubstr("efficiency: expected true or false"));
 }
 
 // The same two shares (4 s each) with the server killed (-9) as they start and started again

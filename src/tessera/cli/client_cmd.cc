@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -37,26 +39,43 @@ using namespace remote;  // NOLINT: this file wires remote's verbs
 // The job spec the submit options describe; on bad input says why on `err` and returns nullopt.
 
 // `acct --jobs`: one line per job that ended in the period or ran in it, like sacct, with the
-// columns --format names.
+// columns --format names, in the order --sort names.
 int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, double until,
              std::ostream& out, std::ostream& err) {
   static const std::vector<std::string> kFields = {
-      "id",      "name", "user", "state",    "submit",  "start", "end",
-      "elapsed", "wait", "gpus", "gpu_util", "gpu_mem", "exit",  "reason"};
+      "id",          "name",    "user",      "state",   "submit",
+      "start",       "end",     "elapsed",   "wait",    "gpus",
+      "gpu_util",    "gpu_mem", "gpu_hours", "gpu_eff", "idle_gpu_hours",
+      "gpu_mem_eff", "cpu_eff", "mem_eff",   "exit",    "reason"};
+  // Fields from the job's efficiency (as `tessera eff` shows it), asked of the server only when
+  // wanted: a server older than them refuses the parameter.
+  static const std::set<std::string> kEfficiency = {"gpu_hours",   "gpu_eff", "idle_gpu_hours",
+                                                    "gpu_mem_eff", "cpu_eff", "mem_eff"};
+  auto known = [&](std::string f, const char* flag) -> std::optional<std::string> {
+    for (char& ch : f) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (std::find(kFields.begin(), kFields.end(), f) != kFields.end()) return f;
+    err << "tessera: " << flag << ": unknown field '" << f << "' ("
+        << fmt::format("{}", fmt::join(kFields, ", ")) << ")\n";
+    return std::nullopt;
+  };
   std::vector<std::string> fields;
   for (size_t at = 0; at <= s.acct_format.size();) {
     const size_t comma = s.acct_format.find(',', at);
-    std::string f = s.acct_format.substr(at, comma == std::string::npos ? comma : comma - at);
-    for (char& ch : f) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (std::find(kFields.begin(), kFields.end(), f) == kFields.end()) {
-      err << "tessera: --format: unknown field '" << f << "' ("
-          << fmt::format("{}", fmt::join(kFields, ", ")) << ")\n";
-      return kExitBadInput;
-    }
-    fields.push_back(f);
+    auto f = known(s.acct_format.substr(at, comma == std::string::npos ? comma : comma - at),
+                   "--format");
+    if (!f) return kExitBadInput;
+    fields.push_back(*std::move(f));
     if (comma == std::string::npos) break;
     at = comma + 1;
   }
+  std::string sort;
+  if (!s.acct_sort.empty()) {
+    auto f = known(s.acct_sort, "--sort");
+    if (!f) return kExitBadInput;
+    sort = *std::move(f);
+  }
+  bool efficiency = kEfficiency.contains(sort);
+  for (const std::string& f : fields) efficiency = efficiency || kEfficiency.contains(f);
   // Whose: --user, else every user's for an admin (as the summary's scope says), else your own.
   std::string user = s.acct_user;
   if (user.empty() && acct.value("scope", "") != "every user's jobs") {
@@ -64,81 +83,123 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
     user = scope.substr(0, scope.rfind("'s jobs"));
   }
   int code = kExitOk;
-  std::string target = "/v1/jobs?arrays=expand";
+  std::string target = "/v1/jobs?arrays=expand&env=false";
+  if (efficiency) target += "&efficiency=true";
   if (!user.empty()) target += "&user=" + user;
   auto all = ListJobs(c, target, 0, err, &code);
   if (!all) return code;
-  const json listed = {{"jobs", *std::move(all)}};
-  const json* r = &listed;
   auto number = [](const json& j, const char* k) {
-    return j.contains(k) && j[k].is_number() ? std::optional<double>(j[k].get<double>())
-                                             : std::nullopt;
+    return j.is_object() && j.contains(k) && j[k].is_number()
+               ? std::optional<double>(j[k].get<double>())
+               : std::nullopt;
   };
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  json rows = json::array();
-  std::vector<std::vector<std::string>> cells;
-  for (const json& j : (*r)["jobs"]) {
+  // One field of one job: its value (a number, text or null where not known) and its text.
+  auto field = [&](const std::string& f, const json& j) -> std::pair<json, std::string> {
+    const auto started = number(j, "started_at"), ended = number(j, "ended_at");
+    const json& e = j.contains("efficiency") ? j["efficiency"] : json();
+    auto known_or_dash = [](std::optional<double> x,
+                            const char* form) -> std::pair<json, std::string> {
+      if (!x) return {nullptr, "-"};
+      return {*x, fmt::format(fmt::runtime(form), *x)};
+    };
+    if (f == "id") {
+      const std::string ref = JobRef(j);
+      return {ref, ref};
+    }
+    if (f == "name" || f == "user" || f == "state" || f == "reason") {
+      const std::string v = j.value(f == "user" ? "owner" : f, "");
+      return {v, v};
+    }
+    if (f == "submit" || f == "start" || f == "end") {
+      const auto t = number(j, f == "submit"  ? "submitted_at"
+                               : f == "start" ? "started_at"
+                                              : "ended_at");
+      return {t ? json(*t) : json(nullptr), t ? LocalTimestamp(*t) : "-"};
+    }
+    if (f == "elapsed") {
+      const double v = started ? (ended ? *ended : now) - *started : 0;
+      return {v, ElapsedClock(v)};
+    }
+    if (f == "wait") {
+      const auto sub = number(j, "submitted_at");
+      const double w = sub ? (started ? *started : ended ? *ended : now) - *sub : 0;
+      return {w, ElapsedClock(std::max(0.0, w))};
+    }
+    if (f == "gpus") {
+      const json& p = j.value("placement", json());
+      const size_t n = p.is_object() && p.contains("gpus") ? p["gpus"].size() : 0;
+      return {n, std::to_string(n)};
+    }
+    if (f == "gpu_util" || f == "gpu_mem") {
+      const json& u = j.value("usage", json());
+      if (f == "gpu_util") return known_or_dash(number(u, "gpu_utilization_pct"), "{:.0f}%");
+      return known_or_dash(number(u, "gpu_peak_memory_mib"), "{:.0f}MiB");
+    }
+    // GPU-hours from what it held and for how long (the efficiency's own gpu_hours is rounded to
+    // thousandths: a job of seconds says 0, and would not rank).
+    const auto gpus = number(e, "gpus"), seconds = number(e, "elapsed_s");
+    const auto held =
+        gpus && seconds ? std::optional<double>(*gpus * *seconds / 3600) : std::nullopt;
+    if (f == "gpu_hours") return known_or_dash(held, "{:.3f}");
+    if (f == "gpu_eff") return known_or_dash(number(e, "gpu_busy_pct"), "{:.0f}%");
+    if (f == "idle_gpu_hours") {
+      // What it held and left idle: its GPU-hours times the part not busy, where measured.
+      const auto busy = number(e, "gpu_busy_pct");
+      return known_or_dash(
+          held && busy ? std::optional<double>(*held * (1 - *busy / 100)) : std::nullopt, "{:.3f}");
+    }
+    if (f == "gpu_mem_eff") return known_or_dash(number(e, "gpu_memory_pct"), "{:.0f}%");
+    if (f == "cpu_eff") return known_or_dash(number(e, "cpu_pct"), "{:.0f}%");
+    if (f == "mem_eff") return known_or_dash(number(e, "memory_pct"), "{:.0f}%");
+    // exit
+    const auto x = number(j, "exit_code");
+    return {x ? json(static_cast<int>(*x)) : json(nullptr),
+            x ? std::to_string(static_cast<int>(*x)) : "-"};
+  };
+  struct Row {
+    json row;
+    std::vector<std::string> line;
+    json key;  // --sort's field
+  };
+  std::vector<Row> rows;
+  for (const json& j : *all) {
     const auto started = number(j, "started_at"), ended = number(j, "ended_at");
     const bool in_period = ended
                                ? *ended >= since && *ended <= until
                                : started && *started <= until && j.value("state", "") == "running";
     if (!in_period) continue;
-    json row;
-    std::vector<std::string> line;
+    Row r;
     for (const std::string& f : fields) {
-      json v;
-      std::string text;
-      if (f == "id") {
-        v = JobRef(j), text = v.get<std::string>();
-      } else if (f == "name") {
-        v = j.value("name", ""), text = v.get<std::string>();
-      } else if (f == "user") {
-        v = j.value("owner", ""), text = v.get<std::string>();
-      } else if (f == "state") {
-        v = j.value("state", ""), text = v.get<std::string>();
-      } else if (f == "submit" || f == "start" || f == "end") {
-        const auto t = number(j, f == "submit"  ? "submitted_at"
-                                 : f == "start" ? "started_at"
-                                                : "ended_at");
-        v = t ? json(*t) : json(nullptr), text = t ? LocalTimestamp(*t) : "-";
-      } else if (f == "elapsed") {
-        const double e = started ? (ended ? *ended : now) - *started : 0;
-        v = e, text = ElapsedClock(e);
-      } else if (f == "wait") {
-        const auto sub = number(j, "submitted_at");
-        const double w = sub ? (started ? *started : ended ? *ended : now) - *sub : 0;
-        v = w, text = ElapsedClock(std::max(0.0, w));
-      } else if (f == "gpus") {
-        const json& p = j.value("placement", json());
-        v = p.is_object() && p.contains("gpus") ? p["gpus"].size() : 0;
-        text = std::to_string(v.get<size_t>());
-      } else if (f == "gpu_util" || f == "gpu_mem") {
-        const json& u = j.value("usage", json());
-        const char* k = f == "gpu_util" ? "gpu_utilization_pct" : "gpu_peak_memory_mib";
-        const auto x = u.is_object() ? number(u, k) : std::nullopt;
-        v = x ? json(*x) : json(nullptr);
-        text = !x                ? "-"
-               : f == "gpu_util" ? fmt::format("{:.0f}%", *x)
-                                 : fmt::format("{:.0f}MiB", *x);
-      } else if (f == "exit") {
-        const auto x = number(j, "exit_code");
-        v = x ? json(static_cast<int>(*x)) : json(nullptr),
-        text = x ? std::to_string(static_cast<int>(*x)) : "-";
-      } else {
-        v = j.value("reason", ""), text = v.get<std::string>();
-      }
-      row[f] = v;
-      line.push_back(text);
+      auto [v, text] = field(f, j);
+      r.row[f] = std::move(v);
+      r.line.push_back(std::move(text));
     }
-    rows.push_back(row);
-    cells.push_back(line);
+    // (ids as numbers: 9 before 10)
+    if (!sort.empty())
+      r.key = sort == "id" ? json(j.value("id", int64_t{0})) : field(sort, j).first;
+    rows.push_back(std::move(r));
+  }
+  // --sort: numbers largest first (times latest first), text in order, --reverse the other way;
+  // jobs without the figure last either way; ties stay in the server's order.
+  if (!sort.empty()) {
+    std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+      if (a.key.is_null() || b.key.is_null()) return !a.key.is_null() && b.key.is_null();
+      const bool before = a.key.is_number() ? a.key.get<double>() > b.key.get<double>()
+                                            : a.key.get<std::string>() < b.key.get<std::string>();
+      const bool after = a.key.is_number() ? b.key.get<double>() > a.key.get<double>()
+                                           : b.key.get<std::string>() < a.key.get<std::string>();
+      return s.acct_reverse ? after : before;
+    });
   }
   if (s.client.output == "json" || s.client.output == "yaml") {
-    Emit(rows, s.client.output, out);
+    json listed = json::array();
+    for (Row& r : rows) listed.push_back(std::move(r.row));
+    Emit(listed, s.client.output, out);
   } else if (s.client.output == "csv") {
     out << CsvRow(fields);
-    for (const auto& line : cells) out << CsvRow(line);
+    for (const Row& r : rows) out << CsvRow(r.line);
   } else {
     std::vector<std::string> header;
     for (std::string f : fields) {
@@ -146,7 +207,7 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
       header.push_back(f);
     }
     Table t(header);
-    for (auto& line : cells) t.AddRow(line);
+    for (const Row& r : rows) t.AddRow(r.line);
     t.Print(out);
   }
   return kExitOk;
@@ -512,13 +573,23 @@ std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& act
         ->check(CLI::IsMember({"user", "group", "model"}));
     acct->add_option("--user", st.acct_user,
                      "Only this user's jobs (yours are all you see unless you are an admin)");
-    acct->add_flag(
+    CLI::Option* jobs = acct->add_flag(
         "--jobs", st.acct_jobs,
         "One line per job that ended (or ran) in the period, like sacct, instead of sums");
     acct->add_option("--format", st.acct_format,
                      "With --jobs: the columns, from id,name,user,state,submit,start,end,elapsed,"
-                     "wait,gpus,gpu_util,gpu_mem,exit,reason")
+                     "wait,gpus,gpu_util,gpu_mem,gpu_hours,gpu_eff,idle_gpu_hours,gpu_mem_eff,"
+                     "cpu_eff,mem_eff,exit,reason (gpu_eff: busy of what it held, as tessera eff; "
+                     "idle_gpu_hours: the GPU-hours it held and left idle)")
         ->capture_default_str();
+    CLI::Option* sort =
+        acct->add_option(
+                "--sort", st.acct_sort,
+                "With --jobs: order by this field - numbers largest first (times latest "
+                "first), text in order, jobs without the figure last (--sort idle_gpu_hours: "
+                "who left most GPU time idle)")
+            ->needs(jobs);
+    acct->add_flag("--reverse", st.acct_reverse, "With --sort: the other way")->needs(sort);
     acct->add_option("--socket", st.client.socket, "Server to talk to (as for the other commands)");
     acct->add_option("--token", st.client.token, "Bearer token for an https:// or tcp:// server");
     acct->add_option("--ca-cert", st.client.ca_cert, "CA certificate for an https:// server");

@@ -136,6 +136,8 @@ struct State {
   std::string cancel_user, cancel_states, cancel_name;  // cancel -u, -t, -n
   bool acct_jobs = false;                               // acct --jobs
   std::string acct_format = "id,name,user,state,start,end,elapsed,gpus,exit";
+  std::string acct_sort;      // acct --jobs --sort FIELD
+  bool acct_reverse = false;  // acct --jobs --reverse
   double interval = 1;
   CLI::App* submit_app = nullptr;  // what `submit` was given, for its script's directives
   bool label = false;              // run -l

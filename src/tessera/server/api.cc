@@ -347,7 +347,8 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     fold = it->second == "fold";
   }
   for (const auto& [k, v] : req.query) {
-    if (k != "state" && k != "limit" && k != "user" && k != "arrays" && k != "before" && k != "env")
+    if (k != "state" && k != "limit" && k != "user" && k != "arrays" && k != "before" &&
+        k != "env" && k != "efficiency")
       return Error(400, fmt::format("unknown query parameter '{}'", k));
   }
   // env=false: without each job's stored environment (most of a listing's bytes; a table shows
@@ -357,6 +358,14 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     if (it->second != "true" && it->second != "false")
       return Error(400, fmt::format("env: expected true or false, got '{}'", it->second));
     with_env = it->second == "true";
+  }
+  // efficiency=true: each job that started with its `efficiency`, as GET /v1/jobs/N gives it
+  // (`tessera acct --jobs` ranks jobs by the GPU time they held idle).
+  bool with_efficiency = false;
+  if (auto it = req.query.find("efficiency"); it != req.query.end()) {
+    if (it->second != "true" && it->second != "false")
+      return Error(400, fmt::format("efficiency: expected true or false, got '{}'", it->second));
+    with_efficiency = it->second == "true";
   }
   const std::string only_user = req.query.contains("user") ? req.query.at("user") : "";
   std::vector<JobRecord> page;
@@ -384,6 +393,7 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
   std::sort(page.begin(), page.end(),
             [](const JobRecord& a, const JobRecord& b) { return a.id < b.id; });
   json out = json::array();
+  const auto gpu_memory_mib = GpuMemoryMib();
   for (const JobRecord& r : page) {
     json j = JobJson(r);
     const Dispatcher::Live live = d_.LiveOf(r.id);
@@ -405,6 +415,10 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     }
     if (!c.admin && r.owner != c.user) HideDetails(j);
     if (!with_env && j["spec"].is_object()) j["spec"].erase("env");
+    if (with_efficiency && !(fold && r.array_id != 0)) {
+      if (json e = EfficiencyOf(j, d_.Now(), gpu_memory_mib); !e.is_null())
+        j["efficiency"] = std::move(e);
+    }
     out.push_back(std::move(j));
   }
   json answer = {{"jobs", std::move(out)}};

@@ -20,6 +20,15 @@ int64_t SpecBytes(const json& resources, const char* key) {
   return b ? static_cast<int64_t>(*b) : -1;
 }
 
+// `j[key]` without copying it (a listing weighs a thousand jobs: their specs are most of their
+// bytes); null when `j` is not an object or has no such key.
+const json& Member(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
 double PerGpu(const json& placement) {
   return placement.is_object() ? placement.value("milli_per_gpu", 1000) / 1000.0 : 1.0;
 }
@@ -28,7 +37,7 @@ double PerGpu(const json& placement) {
 
 std::optional<double> GpuBusyFraction(const json& usage, const json& placement) {
   const double per_gpu = PerGpu(placement);
-  if (!usage.is_object() || !usage.value("gpu_utilization_pct", json()).is_number() || per_gpu <= 0)
+  if (!usage.is_object() || !Member(usage, "gpu_utilization_pct").is_number() || per_gpu <= 0)
     return std::nullopt;
   return std::clamp(usage["gpu_utilization_pct"].get<double>() / 100 / per_gpu, 0.0, 1.0);
 }
@@ -36,7 +45,7 @@ std::optional<double> GpuBusyFraction(const json& usage, const json& placement) 
 std::optional<double> GpuMemoryFraction(const json& usage, const json& placement) {
   const int64_t given =
       placement.is_object() ? placement.value("memory_mib_per_gpu", int64_t{0}) : 0;
-  if (!usage.is_object() || !usage.value("gpu_peak_memory_mib", json()).is_number() || given <= 0)
+  if (!usage.is_object() || !Member(usage, "gpu_peak_memory_mib").is_number() || given <= 0)
     return std::nullopt;
   return usage["gpu_peak_memory_mib"].get<double>() / static_cast<double>(given);
 }
@@ -51,25 +60,24 @@ double HeldOfGpu(int milli, int64_t memory_mib, int64_t total_mib) {
 
 json EfficiencyOf(const json& job, double now,
                   const std::function<int64_t(int gpu)>& gpu_memory_mib) {
-  const json started = job.value("started_at", json());
+  const json& started = Member(job, "started_at");
   if (!started.is_number()) return nullptr;
-  const json ended = job.value("ended_at", json());
+  const json& ended = Member(job, "ended_at");
   const bool running = !ended.is_number();
   const double elapsed =
       std::max(0.0, (running ? now : ended.get<double>()) - started.get<double>());
   json e;
   e["running"] = running;
   e["elapsed_s"] = Round1(elapsed);
-  const json placement = job.value("placement", json());
-  const json spec = job.value("spec", json());
-  const json resources = spec.is_object() ? spec.value("resources", json()) : json();
-  const json usage = job.value("usage", json());
+  const json& placement = Member(job, "placement");
+  const json& resources = Member(Member(job, "spec"), "resources");
+  const json& usage = Member(job, "usage");
   // What it held: its GPUs, each whole or the part of it its share was given (of its compute or,
   // where larger, of its memory; a memory-only share's memory).
   double gpus = 0;
   bool share = false;
   int64_t memory_given_mib = -1;
-  if (placement.is_object() && placement.value("gpus", json()).is_array()) {
+  if (placement.is_object() && Member(placement, "gpus").is_array()) {
     const int milli = placement.value("milli_per_gpu", 1000);
     const int64_t mib = placement.value("memory_mib_per_gpu", int64_t{0});
     if (mib > 0) memory_given_mib = mib;
@@ -95,30 +103,30 @@ json EfficiencyOf(const json& job, double now,
     }
     // A share whose launches waited for the GPU: for how much of its run, and what it would have
     // used of one GPU had they not (its time-slices held it to less than it wanted).
-    if (usage.value("gpu_held_back_pct", json()).is_number() &&
-        usage.value("gpu_demand_pct", json()).is_number()) {
+    if (Member(usage, "gpu_held_back_pct").is_number() &&
+        Member(usage, "gpu_demand_pct").is_number()) {
       e["gpu_held_back_pct"] = usage["gpu_held_back_pct"].get<double>();
       e["gpu_demand_pct"] = usage["gpu_demand_pct"].get<double>();
     }
-    if (usage.value("gpu_peak_memory_mib", json()).is_number()) {
+    if (Member(usage, "gpu_peak_memory_mib").is_number()) {
       e["gpu_memory_peak_mib"] = usage["gpu_peak_memory_mib"].get<int64_t>();
       if (const auto used = GpuMemoryFraction(usage, placement))
         e["gpu_memory_pct"] = Round1(100 * *used);
     }
-    if (usage.value("gpu_memory_refused", json()).is_number_unsigned()) {
+    if (Member(usage, "gpu_memory_refused").is_number_unsigned()) {
       e["gpu_memory_refused"] = usage["gpu_memory_refused"].get<uint64_t>();
       e["gpu_memory_wanted_mib"] = usage.value("gpu_memory_wanted_mib", int64_t{0});
     }
-    if (usage.value("cpu_seconds", json()).is_number()) {
+    if (Member(usage, "cpu_seconds").is_number()) {
       const double cpu_s = usage["cpu_seconds"].get<double>();
       e["cpu_seconds"] = Round1(cpu_s);
-      if (resources.is_object() && resources.value("cpus", json()).is_number() && elapsed > 0) {
+      if (resources.is_object() && Member(resources, "cpus").is_number() && elapsed > 0) {
         const double cpus = resources["cpus"].get<double>();
         e["cpus"] = cpus;
         if (cpus > 0) e["cpu_pct"] = Round1(100.0 * cpu_s / (cpus * elapsed));
       }
     }
-    if (usage.value("peak_memory_bytes", json()).is_number()) {
+    if (Member(usage, "peak_memory_bytes").is_number()) {
       const int64_t peak = usage["peak_memory_bytes"].get<int64_t>();
       e["memory_peak_bytes"] = peak;
       if (const int64_t limit = SpecBytes(resources, "memory"); limit > 0) {
