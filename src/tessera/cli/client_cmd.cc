@@ -142,13 +142,13 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
     const auto gpus = number(e, "gpus"), seconds = number(e, "elapsed_s");
     const auto held =
         gpus && seconds ? std::optional<double>(*gpus * *seconds / 3600) : std::nullopt;
-    if (f == "gpu_hours") return known_or_dash(held, "{:.3f}");
+    if (f == "gpu_hours") return known_or_dash(held, "{:.4f}");
     if (f == "gpu_eff") return known_or_dash(number(e, "gpu_busy_pct"), "{:.0f}%");
     if (f == "idle_gpu_hours") {
       // What it held and left idle: its GPU-hours times the part not busy, where measured.
       const auto busy = number(e, "gpu_busy_pct");
       return known_or_dash(
-          held && busy ? std::optional<double>(*held * (1 - *busy / 100)) : std::nullopt, "{:.3f}");
+          held && busy ? std::optional<double>(*held * (1 - *busy / 100)) : std::nullopt, "{:.4f}");
     }
     if (f == "gpu_mem_eff") return known_or_dash(number(e, "gpu_memory_pct"), "{:.0f}%");
     if (f == "cpu_eff") return known_or_dash(number(e, "cpu_pct"), "{:.0f}%");
