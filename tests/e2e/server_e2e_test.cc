@@ -299,6 +299,15 @@ TEST(TesseraServer, AcctJobsRanksJobsByTheGpuTimeTheyHeldIdle) {
       << "ids largest first: " << table;
   EXPECT_THAT(Cli(d, "acct --jobs --sort bogus"), HasSubstr("--sort: unknown field 'bogus'"));
   EXPECT_THAT(Cli(d, "acct --sort gpu_eff"), HasSubstr("--sort requires --jobs"));
+  // The summary names the jobs that left GPU time idle too (the busy one left none).
+  const json acct = json::parse(Cli(d, "acct -o json"));
+  ASSERT_EQ(acct["most_idle"].size(), 1u) << acct.dump();
+  EXPECT_EQ(acct["most_idle"][0]["id"], ids[1]) << acct.dump();
+  EXPECT_EQ(acct["most_idle"][0]["name"], "ranked");
+  EXPECT_EQ(acct["most_idle"][0]["gpu_busy_pct"], idle["gpu_busy_pct"]) << "as eff says";
+  const std::string summary = Cli(d, "acct");
+  EXPECT_THAT(summary, HasSubstr("the jobs that left the most GPU time idle")) << summary;
+  EXPECT_THAT(summary, HasSubstr(fmt::format("\n{}   root  ranked  ", ids[1]))) << summary;
   auto bad = HttpClient(d.socket()).Send("GET", "/v1/jobs?efficiency=yes");
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(bad->status, 400);

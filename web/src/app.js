@@ -365,6 +365,22 @@ function efficiencyTable() {
       h('td', {}, p(l.gpu_memory_used_pct)))))));
 }
 
+// The measured jobs that left the most of what they held idle over the last 7 days (`tessera
+// acct`'s most_idle), each a link to its page: where the idle GPU time went.
+function idleJobsTable() {
+  const jobs = (S.acct && S.acct.most_idle) || [];
+  if (!jobs.length) return h('p', { class: 'muted' }, 'No measured job left GPU time idle in the last 7 days.');
+  return h('div', { class: 'scroll' }, h('table', { id: 'most-idle' },
+    h('thead', {}, h('tr', {}, ['Job', 'Name', 'Owner', 'GPU-hours', 'GPU busy', 'Idle GPU-hours'].map((t) => h('th', { scope: 'col' }, t)))),
+    h('tbody', {}, jobs.map((j) => h('tr', { 'data-job': j.id },
+      h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `#${j.id}`)),
+      h('td', {}, j.name || ''),
+      h('td', {}, j.owner),
+      h('td', {}, j.gpu_hours.toFixed(4)),
+      h('td', {}, `${j.gpu_busy_pct.toFixed(1)}%`),
+      h('td', {}, j.idle_gpu_hours.toFixed(4)))))));
+}
+
 // A job's efficiency (GET /v1/jobs/N's `efficiency`, `tessera eff`): what it used of what it held.
 function efficiencyList(e) {
   const p = (v) => (v === null || v === undefined ? '–' : `${v.toFixed(1)}%`);
@@ -401,7 +417,9 @@ function overview() {
       h('h2', {}, 'Quotas'),
       quotaTable(),
       h('h2', {}, 'Use of what was held, last 7 days'),
-      efficiencyTable());
+      efficiencyTable(),
+      h('h2', {}, 'Jobs that left the most GPU time idle, last 7 days'),
+      idleJobsTable());
   };
   view.update = render;
   view.charts = () => {

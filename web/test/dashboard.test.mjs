@@ -123,6 +123,32 @@ test('a job whose GPU memory limit refused allocations says so on its page', asy
   await page.context().close();
 });
 
+// A CUDA program that launches a kernel every 20 ms on half a GPU: the overview lists it among the
+// jobs that left GPU time idle, with the figures `tessera acct` gives (most_idle).
+test('the overview says which jobs left the most GPU time idle', async () => {
+  const client = process.env.TESSERA_CUDA_CLIENT;
+  assert.ok(client, 'TESSERA_CUDA_CLIENT: set it to the test CUDA program (ctest does)');
+  const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
+    { name: 'mostly-idle', command: [client, 'link', 'work:1500:500:1:20000:0:1500'], resources: { gpu_share: '50%', gpu_memory: '1GiB' } });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  const id = sub.body.id;
+  const page = await openPage(browser, server, USER_TOKEN, `#/jobs/${id}`);
+  await page.waitForSelector('h1 .state-succeeded', { timeout: 15000 });
+  await page.evaluate(() => { location.hash = '#/'; });
+  await page.waitForSelector(`#most-idle tr[data-job="${id}"]`);
+  const acct = (await server.api(USER_TOKEN, 'GET', `/v1/acct?since=${Math.floor(Date.now() / 1000 - 7 * 86400)}&until=${Math.ceil(Date.now() / 1000)}`)).body;
+  const line = acct.most_idle.find((j) => j.id === id);
+  assert.ok(line, JSON.stringify(acct.most_idle));
+  assert.ok(line.gpu_busy_pct < 60, `a kernel every 20 ms keeps little of half a GPU busy: ${JSON.stringify(line)}`);
+  const row = await page.locator(`#most-idle tr[data-job="${id}"]`).innerText();
+  assert.match(row, new RegExp(`#${id}\\s+mostly-idle\\s+${ME}\\s+${line.gpu_hours.toFixed(4)}\\s+${line.gpu_busy_pct.toFixed(1)}%\\s+${line.idle_gpu_hours.toFixed(4)}`));
+  // A link to the job's page.
+  await page.click(`#most-idle tr[data-job="${id}"] a`);
+  await page.waitForURL(new RegExp(`#/jobs/${id}$`));
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
 test('a share of several GPUs is said as one, on its GPUs', async () => {
   const sub = await server.api(USER_TOKEN, 'POST', '/v1/jobs',
     { command: sh('sleep 60'), resources: { gpus: 2, gpu_share: '50%', gpu_memory: '10GiB' }, hold: true });

@@ -315,6 +315,21 @@ int RunAcct(State& s, std::ostream& out, std::ostream& err) {
   total[0] = "(total)";
   t.AddRow(total);
   t.Print(out);
+  // Where the idle time went: the measured jobs that left the most of what they held idle.
+  const json& idle = r->value("most_idle", json::array());
+  if (idle.is_array() && !idle.empty()) {
+    out << "\nthe jobs that left the most GPU time idle (one: tessera eff ID; every job: tessera "
+           "acct --jobs --format id,user,name,gpu_hours,gpu_eff,idle_gpu_hours --sort "
+           "idle_gpu_hours)\n";
+    Table most({"ID", "USER", "NAME", "GPU-HOURS", "GPU BUSY", "IDLE GPU-HOURS"});
+    for (const json& x : idle) {
+      most.AddRow({std::to_string(x.value("id", int64_t{0})), x.value("owner", ""),
+                   x.value("name", ""), fmt::format("{:.4f}", x.value("gpu_hours", 0.0)),
+                   Pct(x, "gpu_busy_pct", false),
+                   fmt::format("{:.4f}", x.value("idle_gpu_hours", 0.0))});
+    }
+    most.Print(out);
+  }
   return kExitOk;
 }
 

@@ -168,9 +168,11 @@ AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
     // An elastic job resized while it ran: its GPUs over time (its sizes), each model its part of
     // its last placement.
     const std::optional<double> resized = ResizedGpuSeconds(j, o.since, o.until);
+    double job_gpu_seconds = 0;
     for (const auto& [model, weight] : g.weights) {
       const double gs =
           resized ? *resized / static_cast<double>(g.weights.size()) : weight * seconds;
+      job_gpu_seconds += gs;
       std::vector<AcctLine*> with_model = lines;
       with_model.push_back(&models[model]);
       for (AcctLine* l : with_model) {
@@ -183,7 +185,19 @@ AcctReport Account(const std::vector<AcctJob>& jobs, const AcctOptions& o) {
         }
       }
     }
+    if (use.busy >= 0 && use.busy < 1 && job_gpu_seconds > 0) {
+      r.most_idle.push_back(
+          {j.id, j.owner, j.name, job_gpu_seconds, use.busy, job_gpu_seconds * (1 - use.busy)});
+    }
   }
+  auto idler = [](const AcctIdleJob& a, const AcctIdleJob& b) {
+    return a.idle_gpu_seconds != b.idle_gpu_seconds ? a.idle_gpu_seconds > b.idle_gpu_seconds
+                                                    : a.id < b.id;
+  };
+  const size_t kept = std::min(kMostIdle, r.most_idle.size());
+  std::partial_sort(r.most_idle.begin(), r.most_idle.begin() + static_cast<ptrdiff_t>(kept),
+                    r.most_idle.end(), idler);
+  r.most_idle.resize(kept);
   r.total.key = "total";
   Sort(users, &r.by_user);
   Sort(groups, &r.by_group);
@@ -204,6 +218,16 @@ json AcctJson(const AcctReport& r) {
     for (const AcctLine& l : lines) a.push_back(LineJson(l));
     j[std::string("by_") + by] = a;
   }
+  json idle = json::array();
+  for (const AcctIdleJob& x : r.most_idle) {
+    idle.push_back({{"id", x.id},
+                    {"owner", x.owner},
+                    {"name", x.name},
+                    {"gpu_hours", x.gpu_seconds / 3600},
+                    {"gpu_busy_pct", Round1(100 * x.busy)},
+                    {"idle_gpu_hours", x.idle_gpu_seconds / 3600}});
+  }
+  j["most_idle"] = std::move(idle);
   return j;
 }
 
@@ -219,6 +243,7 @@ absl::StatusOr<std::vector<AcctJob>> AcctJobs(Store& store, double since, double
     AcctJob j;
     j.id = r.id;
     j.owner = r.owner;
+    j.name = r.name;
     j.owner_uid = r.owner_uid;
     j.state = r.state;
     j.submitted_at = r.submitted_at;

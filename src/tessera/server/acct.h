@@ -22,6 +22,7 @@ namespace tessera::server {
 struct AcctJob {
   int64_t id = 0;
   std::string owner;
+  std::string name;
   uint32_t owner_uid = 0;
   JobState state = JobState::kQueued;
   double submitted_at = 0;
@@ -51,11 +52,26 @@ struct AcctLine {
   double memory_measured_gpu_seconds = 0, memory_used_gpu_seconds = 0;
 };
 
+// A measured job's GPU time inside the period and the part of it its GPUs (or its share) sat idle:
+// what an admin tired of half-idle GPUs asks first.
+struct AcctIdleJob {
+  int64_t id = 0;
+  std::string owner, name;
+  double gpu_seconds = 0;       // what it held inside the period, weighed as the lines weigh it
+  double busy = 0;              // the busy part of what it held, 0..1 (as `tessera eff` says)
+  double idle_gpu_seconds = 0;  // gpu_seconds x (1 - busy)
+};
+
 struct AcctReport {
   double since = 0, until = 0;
   AcctLine total;
   std::vector<AcctLine> by_user, by_group, by_model;  // sorted by GPU-seconds, most first
+  // The kMostIdle measured jobs that left the most GPU time idle in the period, most first (ties:
+  // the older job first); none left no time idle.
+  std::vector<AcctIdleJob> most_idle;
 };
+
+inline constexpr size_t kMostIdle = 10;
 
 struct AcctOptions {
   double since = 0, until = 0;

@@ -140,5 +140,58 @@ TEST(Acct, EfficiencyPerUserIsTheirMeasuredJobsWeighedByGpuTime) {
   EXPECT_TRUE(AcctJson(none)["by_user"][0]["gpu_busy_pct"].is_null());
 }
 
+// The jobs that left the most of what they held idle inside the period, most first: what to look
+// at first. Unmeasured jobs and jobs that kept all they held busy are not in it.
+TEST(Acct, TheJobsThatLeftTheMostGpuTimeIdleComeFirst) {
+  std::vector<AcctJob> jobs = {
+      // 200 GPU-s, 50% busy: 100 idle.
+      Job(1, "alice", JobState::kSucceeded, 0, {{0, 100}}, kTwoH100),
+      // 100 GPU-s, 80% busy: 20 idle.
+      Job(2, "alice", JobState::kSucceeded, 0, {{0, 50}}, kTwoH100),
+      // Not measured.
+      Job(3, "alice", JobState::kFailed, 0, {{0, 100}}, kTwoH100),
+      // Half a T4 for 100 s (50 GPU-s), its share 20% busy: 40 idle.
+      Job(4, "bob", JobState::kSucceeded, 0, {{0, 100}}, kHalfT4),
+      // All it held busy: nothing idle.
+      Job(5, "bob", JobState::kSucceeded, 0, {{0, 100}}, kTwoH100),
+  };
+  jobs[0].usage_json = R"({"gpu_utilization_pct": 50})";
+  jobs[1].usage_json = R"({"gpu_utilization_pct": 80})";
+  jobs[3].usage_json = R"({"gpu_utilization_pct": 5})";
+  jobs[4].usage_json = R"({"gpu_utilization_pct": 100})";
+  jobs[0].name = "train";
+  AcctReport r = Account(jobs, Period(0, 1000));
+  ASSERT_EQ(r.most_idle.size(), 3u);
+  EXPECT_EQ(r.most_idle[0].id, 1);
+  EXPECT_EQ(r.most_idle[0].name, "train");
+  EXPECT_DOUBLE_EQ(r.most_idle[0].gpu_seconds, 200);
+  EXPECT_DOUBLE_EQ(r.most_idle[0].idle_gpu_seconds, 100);
+  EXPECT_EQ(r.most_idle[1].id, 4);
+  EXPECT_DOUBLE_EQ(r.most_idle[1].idle_gpu_seconds, 0.8 * 50);
+  EXPECT_EQ(r.most_idle[2].id, 2);
+  EXPECT_DOUBLE_EQ(r.most_idle[2].idle_gpu_seconds, 0.2 * 100);
+  // Inside the period only: the first 25 s of each.
+  AcctReport part = Account(jobs, Period(0, 25));
+  ASSERT_EQ(part.most_idle.size(), 3u);
+  EXPECT_DOUBLE_EQ(part.most_idle[0].idle_gpu_seconds, 0.5 * 2 * 25);
+  nlohmann::json j = AcctJson(r);
+  ASSERT_EQ(j["most_idle"].size(), 3u);
+  EXPECT_EQ(j["most_idle"][0]["owner"], "alice");
+  EXPECT_DOUBLE_EQ(j["most_idle"][0]["idle_gpu_hours"].get<double>(), 100 / 3600.0);
+  EXPECT_DOUBLE_EQ(j["most_idle"][0]["gpu_hours"].get<double>(), 200 / 3600.0);
+  EXPECT_EQ(j["most_idle"][1]["gpu_busy_pct"], 20.0);
+  // At most kMostIdle, ties the older job first.
+  std::vector<AcctJob> many;
+  for (int i = 1; i <= 12; ++i) {
+    many.push_back(Job(i, "carol", JobState::kSucceeded, 0, {{0, 10}}, kTwoH100));
+    many.back().usage_json =
+        i == 12 ? R"({"gpu_utilization_pct": 10})" : R"({"gpu_utilization_pct": 50})";
+  }
+  AcctReport capped = Account(many, Period(0, 1000));
+  ASSERT_EQ(capped.most_idle.size(), kMostIdle);
+  EXPECT_EQ(capped.most_idle[0].id, 12) << "the idlest";
+  for (size_t i = 1; i < kMostIdle; ++i) EXPECT_EQ(capped.most_idle[i].id, static_cast<int64_t>(i));
+}
+
 }  // namespace
 }  // namespace tessera::server

@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double un
   sqlite3* db = lease.db();
   Stmt s(db,
          "SELECT j.id, j.owner_uid, j.owner, j.state, j.submitted_at, j.started_at, j.ended_at, "
-         "j.placement, j.array_id, j.array_index, j.usage FROM jobs j WHERE (j.ended_at IS NULL OR "
+         "j.placement, j.array_id, j.array_index, j.usage, j.name FROM jobs j WHERE (j.ended_at IS "
+         "NULL OR "
          "j.ended_at >= ?) AND j.submitted_at <= ? ORDER BY j.id");
   if (!s.ok()) return SqlError(db, "preparing a list");
   s.Bind(1, since);
@@ -45,6 +46,7 @@ absl::StatusOr<std::vector<JobRecord>> Store::ListPeriod(double since, double un
     r.array_id = sqlite3_column_int64(st, 8);
     r.array_index = sqlite3_column_int(st, 9);
     r.usage_json = Text(st, 10);
+    r.name = Text(st, 11);
     out.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) return SqlError(db, "listing jobs");
