@@ -527,10 +527,11 @@ TEST(Shim, AnotherCopyOfTheDriverIsRefused) {
 }
 
 TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
-  // The GPU is 93% busy with its tenants (the fake's figure); memory bandwidth 40%.
+  // The GPU's own figure (the fake's) is 3% busy, one the job's cannot be after it kept the GPU
+  // busy (at least 10%, below): the job's figure passed through would fail. Memory bandwidth 40%.
   std::string path = TempPath("nvml-util.json");
   std::ofstream(path) << R"({"devices": [{"uuid": "GPU-aaaa0000-0000-0000-0000-000000000000",
-      "utilization": 93, "memory_utilization": 40}]})";
+      "utilization": 3, "memory_utilization": 40}]})";
   const std::string nvml = "LD_LIBRARY_PATH=" TESSERA_FAKE_CUDA_DIR ":" TESSERA_FAKE_NVML_DIR
                            " FAKE_NVML_SCENARIO=" +
                            path;
@@ -539,12 +540,13 @@ TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
   const std::string job = nvml + " TESSERA_CUDA_ARBITER=" + arbiter +
                           " TESSERA_CUDA_COMPUTE_SHARE=50% TESSERA_JOB_ID=util-job";
   // Outside a job with a share: the GPU's own figures.
-  EXPECT_EQ(RunClient(Env{.extra = nvml}, "link", "nvmlutil:0"), "util 93 mem 40\n");
-  // In the job, before it has run anything on the GPU: its own 0%, not its neighbours' 93%.
+  EXPECT_EQ(RunClient(Env{.extra = nvml}, "link", "nvmlutil:0"), "util 3 mem 40\n");
+  // In the job, before it has run anything on the GPU: its own 0%, not the GPU's 3%.
   EXPECT_EQ(RunClient(Env{.extra = job}, "link", "nvmlutil:0"), "util 0 mem 40\n");
   // After it kept the GPU busy alone for 1.2 s (work-conserving, so all of it): a process of the
   // job asking afterwards (as nvidia-smi would) sees the job's recent utilization, well above 0,
-  // computed from the arbiter's count - the fake's 93 would be a coincidence.
+  // computed from the arbiter's count (it was 93% once on a loaded machine: any figure of a busy
+  // job may be, so the GPU's own is one no busy job can have).
   EXPECT_THAT(RunClient(Env{.extra = job}, "link", "work:1200:1000:4:0:0:1200"),
               ::testing::HasSubstr("batches"));
   const std::string out = RunClient(Env{.extra = job}, "link", "nvmlutil:0");
@@ -552,7 +554,6 @@ TEST(Shim, NvmlUtilizationInsideAJobWithAComputeShareIsItsOwn) {
   ASSERT_EQ(sscanf(out.c_str(), "util %u mem %u", &util, &mem), 2) << out;
   EXPECT_GE(util, 10u) << out;
   EXPECT_LE(util, 100u) << out;
-  EXPECT_NE(util, 93u) << out;
   EXPECT_EQ(mem, 40u) << "memory bandwidth is the GPU's";
   unlink(arbiter.c_str());
 }

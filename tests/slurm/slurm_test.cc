@@ -609,6 +609,23 @@ TEST_F(Slurm, ItsNodesAndASacctExportReplayInTheSimulator) {
   runs = nlohmann::json::parse(large.out, nullptr, false);
   ASSERT_TRUE(runs.is_array() && !runs.empty()) << large.out;
   for (const auto& r : runs) EXPECT_EQ(r["finished"], 3000) << r.dump();
+  // Right-sized (issue 58), the same export: each job of a GPU or less (gres/gpu=1, shards) asks
+  // for what the use model says it used; the same jobs finish, the same work keeps the GPUs as
+  // busy, and they hold less of them. (Waits do not move here: 2 CPUs and a CPU each are this
+  // cluster's bottleneck, which right-sizing GPUs leaves alone.)
+  auto sized = Capture(sim + " --pods " + big + " --policies tessera --right-size 2>/dev/null");
+  ASSERT_EQ(sized.code, 0) << sized.out;
+  runs = nlohmann::json::parse(sized.out, nullptr, false);
+  ASSERT_TRUE(runs.is_array() && runs.size() == 2) << sized.out;
+  EXPECT_EQ(runs[0]["policy"], "tessera");
+  EXPECT_EQ(runs[1]["policy"], "tessera right-sized");
+  for (const auto& r : runs) EXPECT_EQ(r["finished"], 3000) << r.dump();
+  EXPECT_LT(runs[1]["busyMeanAllocatedRatio"].get<double>() + 0.1,
+            runs[0]["busyMeanAllocatedRatio"].get<double>())
+      << sized.out;
+  EXPECT_NEAR(runs[1]["busyMeanGpuBusyRatio"].get<double>(),
+              runs[0]["busyMeanGpuBusyRatio"].get<double>(), 1e-9)
+      << "the same work";
   auto refused = Capture(sim + " --pods " + bad + " 2>&1");
   EXPECT_EQ(refused.code, 2);
   EXPECT_THAT(refused.out, HasSubstr(bad + ":2: AllocTRES: mem=lots"));
@@ -699,6 +716,16 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
   ASSERT_EQ(replay.code, 0) << replay.out << exported;
   auto runs = nlohmann::json::parse(replay.out, nullptr, false);
   ASSERT_TRUE(runs.is_array() && !runs.empty()) << replay.out;
+  for (const auto& r : runs) EXPECT_EQ(r["finished"], 2) << r.dump() << exported;
+  // And right-sized: both jobs (a GPU, and 3 shards) are sized from the use model and finish.
+  auto sized = Capture(std::string(TESSERA_BINARY) +
+                       " sim replay --no-progress --gpu-memory 16GiB -o json --policies tessera "
+                       "--right-size --nodes " +
+                       nodes + " --pods " + jobs + " 2>/dev/null");
+  ASSERT_EQ(sized.code, 0) << sized.out << exported;
+  runs = nlohmann::json::parse(sized.out, nullptr, false);
+  ASSERT_TRUE(runs.is_array() && runs.size() == 2) << sized.out;
+  EXPECT_EQ(runs[1]["policy"], "tessera right-sized");
   for (const auto& r : runs) EXPECT_EQ(r["finished"], 2) << r.dump() << exported;
 }
 

@@ -592,10 +592,11 @@ std::shared_ptr<void> AddClientCommands(CLI::App& app, std::function<int()>& act
         "--jobs", st.acct_jobs,
         "One line per job that ended (or ran) in the period, like sacct, instead of sums");
     acct->add_option("--format", st.acct_format,
-                     "With --jobs: the columns, from id,name,user,state,submit,start,end,elapsed,"
-                     "wait,gpus,gpu_util,gpu_mem,gpu_hours,gpu_eff,idle_gpu_hours,gpu_mem_eff,"
-                     "cpu_eff,mem_eff,exit,reason (gpu_eff: busy of what it held, as tessera eff; "
-                     "idle_gpu_hours: the GPU-hours it held and left idle)")
+                     "With --jobs: the columns, comma-separated, of id, name, user, state, "
+                     "submit, start, end, elapsed, wait, gpus, gpu_util, gpu_mem, gpu_hours, "
+                     "gpu_eff, idle_gpu_hours, gpu_mem_eff, cpu_eff, mem_eff, exit, reason "
+                     "(gpu_eff: busy of what it held, as tessera eff; idle_gpu_hours: the "
+                     "GPU-hours it held and left idle)")
         ->capture_default_str();
     CLI::Option* sort =
         acct->add_option(
