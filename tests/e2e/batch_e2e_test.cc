@@ -616,10 +616,15 @@ TEST(Batch, SharedMemoryAJobLeftGoesWhenItsUsersLastJobEnds) {
   WaitForLs(d, quick, "succeeded");
   EXPECT_TRUE(fs::exists(shm + "/b")) << "another job of nobody's still runs";
   WaitForLs(d, longer, "succeeded");
+  // The sweep follows the end's record (the job reads as succeeded a moment before): wait for it.
+  const std::string removed = "user nobody: removed 2 files (1 MiB) their jobs left in " + shm;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (d.Log().find(removed) == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_THAT(d.Log(), HasSubstr(removed));
   EXPECT_FALSE(fs::exists(shm + "/a"));
   EXPECT_FALSE(fs::exists(shm + "/b"));
   EXPECT_TRUE(fs::exists(shm + "/roots")) << "root's files stay";
-  EXPECT_THAT(d.Log(), HasSubstr("user nobody: removed 2 files (1 MiB) their jobs left in " + shm));
   fs::remove_all(shm);
 }
 
