@@ -753,12 +753,26 @@ TEST(TesseraServer, AnMpsDaemonAndItsClientsOutliveAServerRestartAndItQuitsWhenI
 
 TEST(TesseraServer, CancelStopsTheWholeProcessGroup) {
   Daemon d("cancel");
-  int64_t id = d.Submit(Shell("sleep 60 & echo $! > child; wait", {{"gpus", 1}}));
+  // The shell's child pid goes to the daemon's folder (the job's working directory is the test's:
+  // a source checkout when run by hand).
+  const std::string pidfile = d.dir() + "/child";
+  int64_t id = d.Submit(Shell("sleep 60 & echo $! > " + pidfile + "; wait", {{"gpus", 1}}));
   json j = d.WaitFor(id, "running");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  pid_t child = 0;
+  while ((child = std::atoi(tessera::test::ReadFile(pidfile).c_str())) <= 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(child, 0) << "the job wrote its child's pid";
   std::string out = Cli(d, "cancel " + std::to_string(id));
   EXPECT_THAT(out, HasSubstr("SIGTERM sent"));
   j = d.WaitFor(id, "cancelled");
   EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("cancelled by"));
+  // The shell's child (its own process, in the job's group) went with it.
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (kill(child, 0) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(kill(child, 0), 0) << "the sleep the shell started is gone too";
   // Cancelling again is a conflict, an unknown job is not found.
   int status = 0;
   d.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel", "", &status);
