@@ -93,12 +93,17 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
                ? std::optional<double>(j[k].get<double>())
                : std::nullopt;
   };
+  // `j[k]` read in place (json::value copies: a page of a thousand jobs), null when absent.
+  static const json kNone;
+  auto member = [](const json& j, const char* k) -> const json& {
+    return j.is_object() && j.contains(k) ? j[k] : kNone;
+  };
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // One field of one job: its value (a number, text or null where not known) and its text.
   auto field = [&](const std::string& f, const json& j) -> std::pair<json, std::string> {
     const auto started = number(j, "started_at"), ended = number(j, "ended_at");
-    const json& e = j.contains("efficiency") ? j["efficiency"] : json();
+    const json& e = member(j, "efficiency");
     auto known_or_dash = [](std::optional<double> x,
                             const char* form) -> std::pair<json, std::string> {
       if (!x) return {nullptr, "-"};
@@ -128,12 +133,11 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
       return {w, ElapsedClock(std::max(0.0, w))};
     }
     if (f == "gpus") {
-      const json& p = j.value("placement", json());
-      const size_t n = p.is_object() && p.contains("gpus") ? p["gpus"].size() : 0;
+      const size_t n = member(member(j, "placement"), "gpus").size();
       return {n, std::to_string(n)};
     }
     if (f == "gpu_util" || f == "gpu_mem") {
-      const json& u = j.value("usage", json());
+      const json& u = member(j, "usage");
       if (f == "gpu_util") return known_or_dash(number(u, "gpu_utilization_pct"), "{:.0f}%");
       return known_or_dash(number(u, "gpu_peak_memory_mib"), "{:.0f}MiB");
     }
@@ -184,13 +188,14 @@ int AcctJobs(State& s, net::HttpClient& c, const json& acct, double since, doubl
   // --sort: numbers largest first (times latest first), text in order, --reverse the other way;
   // jobs without the figure last either way; ties stay in the server's order.
   if (!sort.empty()) {
+    // Whether `a` comes before `b` by --sort's order alone (a field's keys are all of one kind).
+    auto first = [](const json& a, const json& b) {
+      return a.is_number() ? a.get<double>() > b.get<double>()
+                           : a.get<std::string>() < b.get<std::string>();
+    };
     std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
       if (a.key.is_null() || b.key.is_null()) return !a.key.is_null() && b.key.is_null();
-      const bool before = a.key.is_number() ? a.key.get<double>() > b.key.get<double>()
-                                            : a.key.get<std::string>() < b.key.get<std::string>();
-      const bool after = a.key.is_number() ? b.key.get<double>() > a.key.get<double>()
-                                           : b.key.get<std::string>() < a.key.get<std::string>();
-      return s.acct_reverse ? after : before;
+      return s.acct_reverse ? first(b.key, a.key) : first(a.key, b.key);
     });
   }
   if (s.client.output == "json" || s.client.output == "yaml") {

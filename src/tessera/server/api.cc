@@ -394,6 +394,7 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
             [](const JobRecord& a, const JobRecord& b) { return a.id < b.id; });
   json out = json::array();
   const auto gpu_memory_mib = GpuMemoryMib();
+  const double now = d_.Now();
   for (const JobRecord& r : page) {
     json j = JobJson(r);
     const Dispatcher::Live live = d_.LiveOf(r.id);
@@ -416,7 +417,7 @@ net::HttpResponse Api::ListJobs(const net::HttpRequest& req, const Caller& c) {
     if (!c.admin && r.owner != c.user) HideDetails(j);
     if (!with_env && j["spec"].is_object()) j["spec"].erase("env");
     if (with_efficiency && !(fold && r.array_id != 0)) {
-      if (json e = EfficiencyOf(j, d_.Now(), gpu_memory_mib); !e.is_null())
+      if (json e = EfficiencyOf(j, now, gpu_memory_mib); !e.is_null())
         j["efficiency"] = std::move(e);
     }
     out.push_back(std::move(j));
