@@ -286,7 +286,7 @@ TEST(TesseraServer, AcctJobsRanksJobsByTheGpuTimeTheyHeldIdle) {
   }
   EXPECT_EQ(rows[0]["gpu_mem_eff"], 50) << "512 of its 1024 MiB";
   EXPECT_EQ(rows[1]["gpu_mem_eff"], 25) << "256 of its 1024 MiB";
-  // The other way: the busiest first; a table names the columns.
+  // The other way: the least efficient first; a table names the columns.
   const json reversed =
       json::parse(Cli(d, "acct --jobs --format id,gpu_eff --sort gpu_eff --reverse -o json"));
   ASSERT_EQ(reversed.size(), 2u);
