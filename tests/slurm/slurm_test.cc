@@ -268,6 +268,14 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   page = metrics.Send("GET", "/metrics");
   ASSERT_TRUE(page.ok());
   EXPECT_THAT(page->body, ::testing::Not(HasSubstr("slurm-" + id))) << "ended: no series";
+  // Counted in its user's totals on the node (the other tests' jobs too: at least this one).
+  EXPECT_THAT(page->body, ::testing::ContainsRegex(
+                              "\ntessera_slurm_acct_jobs_ended_total\\{user=\"root\",hostname="
+                              "\"[^\"]+\"\\} [1-9][0-9]*\n"));
+  EXPECT_THAT(page->body, ::testing::ContainsRegex(
+                              "\ntessera_slurm_acct_measured_gpu_seconds_total\\{user=\"root\","
+                              "hostname=\"[^\"]+\"\\} [0-9.e+]+\n"));
+  EXPECT_THAT(page->body, HasSubstr("tessera_slurm_acct_totals_readable{hostname="));
   const std::string acct = slurm_->PluginStateDir() + "/acct/" + id + ".json";
   auto j = nlohmann::json::parse(tessera::test::ReadFile(acct), nullptr, false);
   ASSERT_TRUE(j.is_object()) << acct;
@@ -282,7 +290,13 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   EXPECT_THAT(table.out,
               ::testing::ContainsRegex("\n" + id +
                                        " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
-                                       "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB +[0-9]+% +37%\n"));
+                                       "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB +[0-9]+% +[0-9:]+ +"
+                                       "37%\n"));
+  // Root's jobs on the node, those that left the most GPU time idle first: this one among them.
+  table = Capture(std::string(TESSERA_BINARY) + " slurm acct --user root --since 1h --sort idle" +
+                  " --state-dir " + slurm_->PluginStateDir() + " 2>&1");
+  EXPECT_EQ(table.code, 0) << table.out;
+  EXPECT_THAT(table.out, HasSubstr("\n" + id + " ")) << table.out;
 }
 
 // --tessera-trial in a real Slurm: slurmstepd stops the batch script and its srun step at the

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 namespace tessera::cli {
@@ -216,6 +217,122 @@ TEST(Cli, VersionAndPresets) {
   Result show = Cli({"presets", "--show", "t4x2"});
   ASSERT_EQ(show.code, kExitOk);
   EXPECT_THAT(show.out, HasSubstr("name: t4x2"));
+}
+
+// `tessera slurm acct` on a node's accounting records: each GPU's GPU time held and left idle
+// (what it held over its run less its GPU time; not measured for a whole GPU), the rows ordered
+// by it (a requeued job's earlier run a row of its own), one user's or those ended since a time
+// only; JSON keeps each record whole, in the rows' order, with idle_gpu_s per measured GPU.
+TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("tessera-slurm-acct-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "acct");
+  auto gpu = [](int index, double gpu_time, double util) {
+    return nlohmann::json{{"index", index},
+                          {"gpu_time_s", gpu_time},
+                          {"utilization_percent", util},
+                          {"peak_memory_bytes", uint64_t{1} << 30},
+                          {"memory_limit_bytes", uint64_t{2} << 30}};
+  };
+  // 41: a quarter for 1000 s, 50 s busy: 200 s held idle. 42 (nobody's): a half for 100 s, 45 s
+  // busy: 5 s idle. 43: a whole GPU, not measured. 44: its trial (24 s idle), then its run (0).
+  constexpr int64_t t0 = 1'790'000'000;  // 2026-09-21
+  const std::vector<nlohmann::json> records = {{{"job_id", 41},
+                                                {"uid", 0},
+                                                {"started", t0 + 1000},
+                                                {"ended", t0 + 2000},
+                                                {"share_percent", 25.0},
+                                                {"gpus", {gpu(0, 50, 5)}}},
+                                               {{"job_id", 42},
+                                                {"uid", 65534},
+                                                {"started", t0 + 1000},
+                                                {"ended", t0 + 1100},
+                                                {"share_percent", 50.0},
+                                                {"gpus", {gpu(1, 45, 45)}}},
+                                               {{"job_id", 43},
+                                                {"uid", 0},
+                                                {"started", t0 + 3000},
+                                                {"ended", t0 + 4000},
+                                                {"share_percent", 0.0},
+                                                {"gpus", {{{"index", 2}}}}},
+                                               {{"job_id", 44},
+                                                {"uid", 0},
+                                                {"started", t0 + 5000},
+                                                {"ended", t0 + 5100},
+                                                {"share_percent", 25.0},
+                                                {"gpus", {gpu(0, 25, 25)}},
+                                                {"earlier_runs",
+                                                 {{{"job_id", 44},
+                                                   {"uid", 0},
+                                                   {"started", t0 + 500},
+                                                   {"ended", t0 + 600},
+                                                   {"share_percent", 25.0},
+                                                   {"gpus", {gpu(0, 1, 1)}}}}}}};
+  for (const auto& r : records)
+    std::ofstream(dir / "acct" / (std::to_string(r["job_id"].get<int>()) + ".json")) << r.dump();
+  const std::string state = dir.string();
+  // The row of `job` that reads `idle` in the IDLE column, its offset in `out` (npos: none).
+  auto at = [](const std::string& out, const std::string& job, const std::string& idle) {
+    std::smatch m;
+    const std::regex row("\n" + job + " [^\n]* " + idle + " +[^ \n]+\n");  // IDLE, MEM-USED
+    return std::regex_search(out, m, row) ? static_cast<size_t>(m.position(0)) : std::string::npos;
+  };
+  Result r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--sort", "idle"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(" BUSY  IDLE      MEM-USED\n")) << r.out;
+  const size_t j41 = at(r.out, "41", "00:03:20"), trial = at(r.out, "44", "00:00:24"),
+               j42 = at(r.out, "42", "00:00:05"), j44 = at(r.out, "44", "00:00:00"),
+               j43 = at(r.out, "43", "-");
+  for (size_t p : {j41, trial, j42, j44, j43}) ASSERT_NE(p, std::string::npos) << r.out;
+  EXPECT_LT(j41, trial) << r.out;
+  EXPECT_LT(trial, j42) << r.out;
+  EXPECT_LT(j42, j44) << r.out;
+  EXPECT_LT(j44, j43) << "unmeasured last\n" << r.out;
+  r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--sort", "idle", "--reverse"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_LT(at(r.out, "44", "00:00:00"), at(r.out, "42", "00:00:05")) << r.out;
+  EXPECT_LT(at(r.out, "44", "00:00:24"), at(r.out, "41", "00:03:20")) << r.out;
+  EXPECT_LT(at(r.out, "41", "00:03:20"), at(r.out, "43", "-")) << "unmeasured last still";
+  // One user's (a name or a uid), those ended since a time.
+  r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--user", "nobody"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(at(r.out, "42", "00:00:05"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n41 "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n44 "), std::string::npos) << r.out;
+  const std::string since = std::to_string(t0 + 2500);
+  r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--user", "0", "--since", since.c_str()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out.find("\n41 "), std::string::npos) << "ended before --since\n" << r.out;
+  EXPECT_EQ(r.out.find("\n42 "), std::string::npos) << r.out;
+  EXPECT_NE(at(r.out, "43", "-"), std::string::npos) << r.out;
+  EXPECT_NE(at(r.out, "44", "00:00:00"), std::string::npos) << r.out;
+  EXPECT_EQ(at(r.out, "44", "00:00:24"), std::string::npos) << "its trial ended before\n" << r.out;
+  // JSON: whole records in the rows' order, idle_gpu_s on measured GPUs, earlier runs kept.
+  r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--sort", "idle", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto all = nlohmann::json::parse(r.out);
+  ASSERT_EQ(all.size(), 4u) << r.out;
+  std::vector<int> order;
+  for (const auto& j : all) order.push_back(j["job_id"]);
+  EXPECT_EQ(order, (std::vector<int>{41, 44, 42, 43}));
+  EXPECT_EQ(all[0]["gpus"][0]["idle_gpu_s"], 200.0);
+  EXPECT_EQ(all[1]["earlier_runs"][0]["gpus"][0]["idle_gpu_s"], 24.0);
+  EXPECT_EQ(all[1]["gpus"][0]["idle_gpu_s"], 0.0);
+  EXPECT_FALSE(all[3]["gpus"][0].contains("idle_gpu_s")) << "a whole GPU is not measured";
+  // Bad flags: said, exit 2.
+  for (const auto& [args, why] : std::vector<std::pair<std::vector<const char*>, std::string>>{
+           {{"--user", "no-such-user-here"}, "--user no-such-user-here: no such user"},
+           {{"--since", "last tuesday"}, "--since last tuesday: expected a duration ago"},
+           {{"--sort", "fun"}, "--sort: fun not in {job,start,end,elapsed,gpu_time,util,busy"},
+           {{"--reverse"}, "--reverse requires --sort"}}) {
+    std::vector<const char*> a = {"slurm", "acct", "--state-dir", state.c_str()};
+    a.insert(a.end(), args.begin(), args.end());
+    r = Cli(a);
+    EXPECT_EQ(r.code, 2) << args[0];
+    EXPECT_THAT(r.err + r.out, HasSubstr(why)) << args[0];
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

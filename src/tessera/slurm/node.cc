@@ -137,6 +137,43 @@ std::string NodeMetrics(const std::string& state_dir, const std::string& hostnam
            "Records of jobs set up before this node's last boot (their epilog never ran): not "
            "running; set aside when Slurm gives their id again, or removed by an admin.");
   p.Sample({{"hostname", hostname}}, stale);
+  // Ended jobs, per user, since the plugin first ran on this node (totals.json): counters to sum
+  // over the cluster's nodes (the server's tessera_acct_* are one server's).
+  const NodeTotals totals = ReadTotals(state_dir);
+  std::vector<std::pair<std::string, const UserTotals*>> users;
+  for (const auto& [uid, t] : totals.users) users.emplace_back(UserName(uid), &t);
+  auto user = [&](const std::string& name) -> net::MetricsPage::Labels {
+    return {{"user", name}, {"hostname", hostname}};
+  };
+  p.Family("tessera_slurm_acct_totals_readable", "gauge",
+           "1 when the node's totals of ended jobs (totals.json) read as such; 0 when not (the "
+           "next epilog sets the file aside and counts anew).");
+  p.Sample({{"hostname", hostname}}, totals.unreadable.empty() ? 1 : 0);
+  p.Family("tessera_slurm_acct_jobs_ended_total", "counter",
+           "Jobs with GPUs that ended on this node, by user.");
+  for (const auto& [name, t] : users) p.Sample(user(name), static_cast<double>(t->jobs));
+  p.Family("tessera_slurm_acct_gpu_seconds_total", "counter",
+           "GPU-seconds ended jobs held on this node (a compute share weighted by its share), by "
+           "user and kind (whole, fractional: a share or a GPU memory limit).");
+  for (const auto& [name, t] : users) {
+    auto l = user(name);
+    l.emplace_back("kind", "whole");
+    p.Sample(l, t->whole_gpu_seconds);
+    l.back().second = "fractional";
+    p.Sample(l, t->fractional_gpu_seconds);
+  }
+  p.Family("tessera_slurm_acct_measured_gpu_seconds_total", "counter",
+           "Of those, the GPU-seconds of jobs whose GPU time was measured (a compute share), by "
+           "user.");
+  for (const auto& [name, t] : users) p.Sample(user(name), t->measured_gpu_seconds);
+  p.Family("tessera_slurm_acct_busy_gpu_seconds_total", "counter",
+           "The GPU time those jobs used, at most what they held, by user: busy / measured is how "
+           "much of what they held they used.");
+  for (const auto& [name, t] : users) p.Sample(user(name), t->busy_gpu_seconds);
+  p.Family("tessera_slurm_acct_gpu_memory_refused_jobs_total", "counter",
+           "Ended jobs whose GPU memory limit refused an allocation, by user.");
+  for (const auto& [name, t] : users)
+    p.Sample(user(name), static_cast<double>(t->memory_refused_jobs));
   net::AddSelfMetrics(p, "slurm-exporter");
   return p.Take();
 }

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -102,6 +103,101 @@ TEST_F(SlurmNode, RunningJobsAreMetricsWithTheSlurmJobId) {
   auto nowhere = ReadAccounting((dir_ / "elsewhere").string(), {});
   ASSERT_FALSE(nowhere.ok());
   EXPECT_THAT(std::string(nowhere.status().message()), HasSubstr("no such folder"));
+}
+
+// The node's totals of ended jobs per user (the exporter's counters): each job counted once, at
+// its epilog; a share's GPU-seconds weighed by its share, its busy time at most what it held;
+// they never go down when a record is removed or its id given again, and a totals file that is
+// not one is set aside and counted anew, said.
+TEST_F(SlurmNode, EndedJobsAreCountedOncePerUserAndTheCountersNeverGoDown) {
+  auto share = DecideLimits(config_, {.gpus = "1", .shards = "1"});  // 25%, 2 GiB
+  auto whole = DecideLimits(config_, {.gpus = "0"});
+  ASSERT_TRUE(share.ok() && whole.ok());
+  const std::string region = config_.state_dir + "/regions/31.region";
+  // Job 31's use: `busy_s` of GPU time, and an allocation past its limit when `refuse`.
+  auto use = [&](uint64_t busy_s, bool refuse) {
+    char err[256] = "";
+    const uint64_t l[] = {uint64_t{2} << 30};
+    std::unique_ptr<shim::Region> r(shim::Region::Attach(region.c_str(), l, 1, err, sizeof err));
+    ASSERT_NE(r, nullptr) << err;
+    if (refuse) {
+      ASSERT_FALSE(r->Reserve(0, uint64_t{3} << 30));
+    }
+    std::unique_ptr<shim::Arbiter> a(
+        shim::Arbiter::Attach((config_.state_dir + "/arbiter/gpu.arbiter").c_str(),
+                              shim::ArbiterJobKey("slurm-31"), {}, err, sizeof err));
+    ASSERT_NE(a, nullptr) << err;
+    a->data()->gpus[1].jobs[a->Slot(1)].busy_us.store(busy_s * 1'000'000);
+  };
+  ASSERT_TRUE(SetUpStep(config_, 31, getuid(), getgid(), *share, "", 1000).ok());
+  ASSERT_TRUE(SetUpStep(config_, 32, getuid(), getgid(), *whole, "", 1000).ok());
+  use(6, true);  // 6 s busy of the 25 GPU-seconds a quarter held over 100 s
+  ASSERT_TRUE(EndJob(config_, 31, 1100).ok());
+  ASSERT_TRUE(EndJob(config_, 32, 1200).ok());
+  NodeTotals t = ReadTotals(config_.state_dir);
+  EXPECT_EQ(t.unreadable, "");
+  ASSERT_EQ(t.users.count(getuid()), 1u);
+  EXPECT_EQ(t.users[getuid()].jobs, 2u);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].fractional_gpu_seconds, 25);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].whole_gpu_seconds, 200);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].measured_gpu_seconds, 25) << "a whole GPU is not measured";
+  EXPECT_DOUBLE_EQ(t.users[getuid()].busy_gpu_seconds, 6);
+  EXPECT_EQ(t.users[getuid()].memory_refused_jobs, 1u);
+  struct stat st;
+  ASSERT_EQ(stat((config_.state_dir + "/totals.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  // The exporter's page: the same, per user and node.
+  const passwd* pw = getpwuid(getuid());
+  const std::string user =
+      "{user=\"" + std::string(pw != nullptr ? pw->pw_name : "uid:" + std::to_string(getuid())) +
+      "\",hostname=\"node7\"";
+  std::string page = NodeMetrics(config_.state_dir, "node7");
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_jobs_ended_total" + user + "} 2\n"));
+  EXPECT_THAT(page,
+              HasSubstr("tessera_slurm_acct_gpu_seconds_total" + user + ",kind=\"whole\"} 200\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_gpu_seconds_total" + user +
+                              ",kind=\"fractional\"} 25\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_measured_gpu_seconds_total" + user + "} 25\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_busy_gpu_seconds_total" + user + "} 6\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_gpu_memory_refused_jobs_total" + user + "} 1\n"));
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_totals_readable{hostname=\"node7\"} 1\n"));
+
+  // A second epilog of 31 counts nothing; its record removed by an admin and its id given again
+  // (100 s of GPU time over 300 s on a quarter: it used idle time past its share, counted as the
+  // 75 GPU-seconds it held) add, never lower.
+  ASSERT_EQ(*EndJob(config_, 31, 1300), "");
+  ASSERT_TRUE(fs::remove(config_.state_dir + "/acct/31.json"));
+  ASSERT_TRUE(SetUpStep(config_, 31, getuid(), getgid(), *share, "", 2000).ok());
+  use(100, false);
+  ASSERT_TRUE(EndJob(config_, 31, 2300).ok());
+  t = ReadTotals(config_.state_dir);
+  EXPECT_EQ(t.users[getuid()].jobs, 3u);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].fractional_gpu_seconds, 100);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].measured_gpu_seconds, 100);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].busy_gpu_seconds, 81);
+  EXPECT_EQ(t.users[getuid()].memory_refused_jobs, 1u);
+
+  // A totals file that is not one: read as none, said on the page; the next epilog accounts its
+  // job, sets the file aside and counts anew, and says so.
+  std::ofstream(config_.state_dir + "/totals.json", std::ios::trunc) << R"({"users": [1]})";
+  t = ReadTotals(config_.state_dir);
+  EXPECT_THAT(t.unreadable, HasSubstr("totals.json: not the plugin's totals"));
+  EXPECT_TRUE(t.users.empty());
+  page = NodeMetrics(config_.state_dir, "node7");
+  EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_totals_readable{hostname=\"node7\"} 0\n"));
+  EXPECT_THAT(page, ::testing::Not(HasSubstr("tessera_slurm_acct_jobs_ended_total{")));
+  ASSERT_TRUE(SetUpStep(config_, 33, getuid(), getgid(), *whole, "", 3000).ok());
+  auto said = EndJob(config_, 33, 3050);
+  ASSERT_FALSE(said.ok());
+  EXPECT_THAT(std::string(said.status().message()), HasSubstr("set aside as " + config_.state_dir +
+                                                              "/totals.json.unreadable.3050, "
+                                                              "counted anew from this job"));
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/acct/33.json")) << "its job accounted still";
+  EXPECT_TRUE(fs::exists(config_.state_dir + "/totals.json.unreadable.3050"));
+  t = ReadTotals(config_.state_dir);
+  EXPECT_EQ(t.unreadable, "");
+  EXPECT_EQ(t.users[getuid()].jobs, 1u);
+  EXPECT_DOUBLE_EQ(t.users[getuid()].whole_gpu_seconds, 50);
 }
 
 // After a reboot with leftovers (slurmd never ran the epilog of jobs that were running): their

@@ -723,6 +723,92 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir) {
   return out;
 }
 
+namespace {
+
+std::string TotalsPath(const std::string& state_dir) { return state_dir + "/totals.json"; }
+
+json TotalsJson(const UserTotals& t) {
+  return {{"jobs", t.jobs},
+          {"whole_gpu_seconds", t.whole_gpu_seconds},
+          {"fractional_gpu_seconds", t.fractional_gpu_seconds},
+          {"measured_gpu_seconds", t.measured_gpu_seconds},
+          {"busy_gpu_seconds", t.busy_gpu_seconds},
+          {"memory_refused_jobs", t.memory_refused_jobs}};
+}
+
+// Adds the ended job's record to its user's totals (the state lock held). A totals file that is
+// not one is set aside as totals.json.unreadable.<time> and counted anew: said in the status.
+absl::Status CountInTotals(const PluginConfig& config, const json& acct, time_t now) {
+  const std::string path = TotalsPath(config.state_dir);
+  NodeTotals totals = ReadTotals(config.state_dir);
+  std::string said;
+  if (!totals.unreadable.empty()) {
+    const std::string aside = fmt::format("{}.unreadable.{}", path, static_cast<int64_t>(now));
+    rename(path.c_str(), aside.c_str());
+    said = fmt::format("{}; set aside as {}, counted anew from this job", totals.unreadable, aside);
+  }
+  AddToTotals(acct, totals.users[acct.value("uid", uid_t{0})]);
+  json users = json::object();
+  for (const auto& [uid, t] : totals.users) users[std::to_string(uid)] = TotalsJson(t);
+  absl::Status st = WriteFile(path, json{{"users", users}}.dump(1) + "\n", 0644);
+  if (!st.ok()) return st;
+  if (!said.empty()) return absl::DataLossError(said);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddToTotals(const json& acct, UserTotals& t) {
+  ++t.jobs;
+  const double ran = static_cast<double>(
+      std::max<int64_t>(0, acct.value("ended", int64_t{0}) - acct.value("started", int64_t{0})));
+  const double share = acct.value("share_percent", 0.0);
+  const bool fractional = share > 0 || acct.value("memory_limit_bytes", uint64_t{0}) > 0;
+  bool refused = false;
+  for (const json& g : acct.value("gpus", json::array())) {
+    if (!g.is_object()) continue;
+    const double held = ran * (share > 0 ? share / 100 : 1.0);
+    (fractional ? t.fractional_gpu_seconds : t.whole_gpu_seconds) += held;
+    if (const auto busy = g.find("gpu_time_s"); busy != g.end() && busy->is_number()) {
+      t.measured_gpu_seconds += held;
+      t.busy_gpu_seconds += std::min(held, busy->get<double>());
+    }
+    if (const auto r = g.find("refused"); r != g.end() && r->is_number() && r->get<double>() > 0)
+      refused = true;
+  }
+  if (refused) ++t.memory_refused_jobs;
+}
+
+NodeTotals ReadTotals(const std::string& state_dir) {
+  NodeTotals out;
+  const std::string path = TotalsPath(state_dir);
+  std::ifstream in(path);
+  if (!in) return out;  // no job ended here yet
+  const json all = json::parse(in, nullptr, false);
+  auto unreadable = [&] {
+    out.users.clear();
+    out.unreadable = fmt::format("{}: not the plugin's totals", path);
+    return out;
+  };
+  if (!all.is_object() || !all.contains("users") || !all["users"].is_object()) return unreadable();
+  try {
+    for (const auto& [key, v] : all["users"].items()) {
+      const std::optional<long> uid = ParseWhole(key);
+      if (!uid || *uid < 0 || !v.is_object()) return unreadable();
+      UserTotals& t = out.users[static_cast<uid_t>(*uid)];
+      t.jobs = v.value("jobs", uint64_t{0});
+      t.whole_gpu_seconds = v.value("whole_gpu_seconds", 0.0);
+      t.fractional_gpu_seconds = v.value("fractional_gpu_seconds", 0.0);
+      t.measured_gpu_seconds = v.value("measured_gpu_seconds", 0.0);
+      t.busy_gpu_seconds = v.value("busy_gpu_seconds", 0.0);
+      t.memory_refused_jobs = v.value("memory_refused_jobs", uint64_t{0});
+    }
+  } catch (const json::exception&) {
+    return unreadable();  // a figure of another type
+  }
+  return out;
+}
+
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
                                    std::optional<uid_t> ending_uid) {
   const std::string record = Record(config, job_id), region = Region(config, job_id);
@@ -813,6 +899,8 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
     run.erase("earlier_runs");  // each kept as its own record already
     if (absl::Status st = KeepInHistory(config, run); !st.ok() && written.ok()) written = st;
   }
+  // Its user's totals here (the exporter's counters): once, as its record goes below.
+  if (absl::Status st = CountInTotals(config, acct, now); !st.ok() && written.ok()) written = st;
   unlink(region.c_str());
   unlink(record.c_str());
   if (share > 0 && uid != geteuid()) {

@@ -201,6 +201,26 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
                                    std::optional<uid_t> uid = std::nullopt);
 
+// What the jobs of each user that ended on this node held and used, since the plugin first
+// ran here: <state_dir>/totals.json (0644), added to by each EndJob. Counters: they never go
+// down when an accounting record is overwritten (a reused id) or removed by an admin. GPU-seconds
+// held weigh a compute share by its share ("fractional": a share or a memory limit; "whole" the
+// rest); measured ones are those whose GPU time was charged (a compute share), busy their GPU
+// time, at most what they held.
+struct UserTotals {
+  uint64_t jobs = 0;
+  double whole_gpu_seconds = 0, fractional_gpu_seconds = 0;
+  double measured_gpu_seconds = 0, busy_gpu_seconds = 0;
+  uint64_t memory_refused_jobs = 0;  // jobs whose GPU memory limit refused an allocation
+};
+struct NodeTotals {
+  std::map<uid_t, UserTotals> users;
+  std::string unreadable;  // why totals.json was not read (then `users` is empty)
+};
+NodeTotals ReadTotals(const std::string& state_dir);
+// What one accounting record (acct/<job>.json as EndJob writes it) adds to its user's totals.
+void AddToTotals(const nlohmann::json& acct, UserTotals& t);
+
 // What an auto_trial= run's end did (requeued, or why it could not be: it then runs on), kept in
 // the job's record for its accounting ("trial_end"). NotFound when the job has no record here.
 absl::Status NoteTrialEnd(const PluginConfig& config, uint32_t job_id, const std::string& said);
