@@ -13,6 +13,7 @@
 // spank.h declares the plugin's callbacks outside its own extern "C" block.
 extern "C" {
 #include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
 #include <slurm/spank.h>
 }
 
@@ -27,11 +28,16 @@ extern "C" {
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "nlohmann/json.hpp"
+#include "tessera/devices/program.h"
 #include "tessera/slurm/step.h"
 
 // SPANK_PLUGIN(tessera, 1), with the external linkage that a const at namespace scope lacks in C++.
@@ -47,6 +53,8 @@ namespace {
 constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
 constexpr uint32_t kBatchStep = 0xfffffffb;   // slurm.h's SLURM_BATCH_SCRIPT
 constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue only if running
+// The most a call of sacct or sacctmgr may take in an epilog (slurmd's own has a timeout).
+constexpr std::chrono::milliseconds kSlurmCall{10000};
 
 // The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" job's
 // trial, how often it was requeued, whether Slurm would requeue it, and a batch job's batch node.
@@ -91,6 +99,111 @@ std::string Requeue(uint32_t job) {
   const auto text = reinterpret_cast<StrerrorFn>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
   const int e = get_errno ? get_errno() : errno;
   return text ? std::string(text(e)) : std::string(strerror(e));
+}
+
+// `part` in the AdminComment `current` gives (nullopt: could not be read, `err` set) by `write`
+// (false: refused, `err` set), keeping what others wrote there. The job's nodes end at once, each
+// writing its part: a part another node's write replaced is written again, five times at most.
+// Empty when done, else why not.
+std::string WriteComment(const std::string& node, const std::string& part,
+                         const std::function<std::optional<std::string>(std::string&)>& current,
+                         const std::function<bool(const std::string&, std::string&)>& write) {
+  std::string err;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const std::optional<std::string> now = current(err);
+    if (!now) return err;
+    if (now->find(part) != std::string::npos) return "";
+    if (!write(tessera::slurm::MergeAdminComment(*now, node, part), err)) return err;
+    // Another node's part written at the same time may have replaced this one: read it back.
+    const std::optional<std::string> after = current(err);
+    if (!after) return err;
+    if (after->find(part) != std::string::npos) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 + (getpid() + attempt * 37) % 200));
+  }
+  return "other nodes' writes kept replacing it";
+}
+
+// Writes the job's use on this node into its AdminComment, where sacct shows it after the job.
+// While slurmctld still has the job unfinished (a requeued run), with slurm_update_job of the
+// slurmstepd this epilog runs in (as root, an administrator); a finished job's (slurmctld
+// refuses to change it) in its accounting record, with sacctmgr, as Slurm's own tools do - which
+// needs slurmdbd. Where it went, or why it did not.
+std::string CommentOnJob(uint32_t job, const std::string& node, const std::string& part) {
+  const auto load =
+      reinterpret_cast<decltype(&slurm_load_job)>(dlsym(RTLD_DEFAULT, "slurm_load_job"));
+  const auto free_msg = reinterpret_cast<decltype(&slurm_free_job_info_msg)>(
+      dlsym(RTLD_DEFAULT, "slurm_free_job_info_msg"));
+  const auto init = reinterpret_cast<decltype(&slurm_init_job_desc_msg)>(
+      dlsym(RTLD_DEFAULT, "slurm_init_job_desc_msg"));
+  const auto update =
+      reinterpret_cast<decltype(&slurm_update_job)>(dlsym(RTLD_DEFAULT, "slurm_update_job"));
+  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
+  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
+  bool finished = false;
+  std::string api = "slurmstepd has no slurm_update_job";
+  if (load && free_msg && init && update) {
+    auto why = [&] {
+      const int e = get_errno ? get_errno() : errno;
+      finished = finished || e == ESLURM_JOB_FINISHED;
+      return text ? std::string(text(e)) : std::string(strerror(e));
+    };
+    api = WriteComment(
+        node, part,
+        [&](std::string& err) -> std::optional<std::string> {
+          job_info_msg_t* info = nullptr;
+          if (load(&info, job, SHOW_ALL) != 0 || info == nullptr || info->record_count < 1) {
+            err = "slurmctld did not give the job: " + why();
+            if (info) free_msg(info);
+            return std::nullopt;
+          }
+          const char* c = info->job_array[0].admin_comment;
+          std::string comment = c ? c : "";
+          free_msg(info);
+          return comment;
+        },
+        [&](const std::string& merged, std::string& err) {
+          job_desc_msg_t desc;
+          init(&desc);
+          desc.job_id = job;
+          std::string copy = merged;
+          desc.admin_comment = copy.data();
+          if (update(&desc) == 0) return true;
+          err = "slurmctld refused it: " + why();
+          return false;
+        });
+    if (api.empty()) return "";
+  }
+  if (!finished) return api;
+  // Finished: its accounting record.
+  const std::string sacct = tessera::devices::LookUp("sacct"),
+                    sacctmgr = tessera::devices::LookUp("sacctmgr");
+  if (sacct.empty() || sacctmgr.empty()) return api + "; sacctmgr is not here";
+  const std::string id = std::to_string(job);
+  const std::string db = WriteComment(
+      node, part,
+      [&](std::string& err) -> std::optional<std::string> {
+        auto r = tessera::devices::RunCapture(
+            {sacct, "-j", id, "-X", "-n", "-P", "-o", "AdminComment"}, {.timeout = kSlurmCall});
+        if (!r.ok() || r->status != 0) {
+          err = "sacct: " +
+                (r.ok() ? tessera::devices::FirstLine(r->text) : std::string(r.status().message()));
+          return std::nullopt;
+        }
+        std::string comment = r->text;
+        while (!comment.empty() && (comment.back() == '\n' || comment.back() == ' '))
+          comment.pop_back();
+        return comment;
+      },
+      [&](const std::string& merged, std::string& err) {
+        auto r = tessera::devices::RunCapture({sacctmgr, "-i", "update", "job", "where",
+                                               "jobid=" + id, "set", "AdminComment=" + merged},
+                                              {.timeout = kSlurmCall});
+        if (r.ok() && r->status == 0) return true;
+        err = "sacctmgr: " +
+              (r.ok() ? tessera::devices::FirstLine(r->text) : std::string(r.status().message()));
+        return false;
+      });
+  return db.empty() ? "" : api + "; in its accounting record: " + db;
 }
 
 std::string share_option, mem_option, trial_option;
@@ -372,6 +485,23 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
     slurm_error("tessera: job %u: %s", job, std::string(acct.status().message()).c_str());
   else if (!acct->empty())
     slurm_info("tessera: job %u: accounting in %s", job, acct->c_str());
+  if (acct.ok() && !acct->empty() && config->admin_comment) {
+    // Its use here in the job's AdminComment: sacct shows every node's, after the job too.
+    std::string name = config->node;
+    if (name.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof host - 1);
+      name = host;
+    }
+    std::ifstream in(*acct);
+    const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
+    const std::string part = tessera::slurm::AdminCommentPart(record, name);
+    if (std::string why = CommentOnJob(job, name, part); why.empty())
+      slurm_info("tessera: job %u: AdminComment: %s", job, part.c_str());
+    else
+      slurm_error("tessera: job %u: its AdminComment was not written (%s): %s", job, why.c_str(),
+                  part.c_str());
+  }
   return ESPANK_SUCCESS;
 }
 

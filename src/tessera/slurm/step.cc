@@ -17,6 +17,9 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
@@ -330,10 +333,13 @@ absl::StatusOr<PluginConfig> ParsePluginArgs(const std::vector<std::string>& arg
       if (!s || *s > kMaxTrialSeconds)
         return bad("expected a length of at most a day such as 2m or 90s (0: none)");
       c.auto_trial_s = *s;
+    } else if (key == "admin_comment") {
+      if (value != "yes" && value != "no") return bad("expected yes or no");
+      c.admin_comment = value == "yes";
     } else {
       return bad(
           "unknown key (library, state_dir, shards_per_gpu, gpu_memory, context_overhead, "
-          "mps_gpus, mps_control, history_dir, auto_margin, auto_trial)");
+          "mps_gpus, mps_control, history_dir, auto_margin, auto_trial, admin_comment)");
     }
   }
   if (c.library.empty()) return absl::InvalidArgumentError("plugstack.conf: library= is required");
@@ -1113,6 +1119,67 @@ std::string TrialAdvice(const PluginConfig& config, const json& acct) {
       "its trial of {} ended after {:.0f} s: {}; recommended: {}, or --tessera-mem=auto, which "
       "sizes from this trial",
       core::FormatDuration(acct.value("trial_s", 0.0)), ran, fmt::join(measured, ", "), ask);
+}
+
+std::string AdminCommentPart(const json& acct, const std::string& node) {
+  const double ran = static_cast<double>(
+      std::max<int64_t>(0, acct.value("ended", int64_t{0}) - acct.value("started", int64_t{0})));
+  const double share = acct.value("share_percent", 0.0);
+  std::vector<std::string> gpus;
+  double held = 0, busy = 0, peak = 0, peak_of = 0, limit = 0;
+  bool measured = false;
+  uint64_t refused = 0;
+  for (const json& g : acct.value("gpus", json::array())) {
+    if (!g.is_object()) continue;
+    gpus.push_back(std::to_string(g.value("index", -1)));
+    const double h = ran * (share > 0 ? share / 100 : 1.0);
+    if (const auto t = g.find("gpu_time_s"); t != g.end() && t->is_number()) {
+      measured = true;
+      held += h;
+      busy += std::min(h, t->get<double>());
+    }
+    const double p = g.value("peak_memory_bytes", 0.0), l = g.value("memory_limit_bytes", 0.0);
+    if (p >= peak) peak = p, limit = l;
+    if (l > 0) peak_of = std::max(peak_of, 100 * p / l);
+    refused += g.value("refused", uint64_t{0});
+  }
+  std::vector<std::string> said;
+  if (ran < 1) {
+    said.push_back("ran under a second");
+  } else if (measured) {
+    said.push_back(fmt::format("{:.0f}% busy", held > 0 ? 100 * busy / held : 0.0));
+    said.push_back(fmt::format("{} of GPU time idle", core::FormatDuration(held - busy)));
+  } else {
+    said.push_back("busy not measured (a whole GPU)");
+  }
+  if (peak > 0 || limit > 0) {
+    said.push_back(limit > 0
+                       ? fmt::format("peak {} of {} ({:.0f}%)",
+                                     core::FormatBytes(static_cast<uint64_t>(peak)),
+                                     core::FormatBytes(static_cast<uint64_t>(limit)), peak_of)
+                       : fmt::format("peak {}", core::FormatBytes(static_cast<uint64_t>(peak))));
+  }
+  if (refused > 0)
+    said.push_back(
+        fmt::format("{} allocation{} refused at its limit", refused, refused == 1 ? "" : "s"));
+  // In lower case: sacctmgr, which writes it to a finished job's record, lowers what it is given.
+  return absl::AsciiStrToLower(fmt::format(
+      "tessera@{}: GPU{} {} ({}): {}", node, gpus.size() == 1 ? "" : "s", fmt::join(gpus, ","),
+      share > 0 ? fmt::format("{:g}% share{}", share, gpus.size() == 1 ? "" : " each")
+                : std::string(gpus.size() == 1 ? "whole" : "whole GPUs"),
+      fmt::join(said, ", ")));
+}
+
+std::string MergeAdminComment(const std::string& existing, const std::string& node,
+                              const std::string& part) {
+  const std::string mine = absl::AsciiStrToLower("tessera@" + node + ":");
+  std::vector<std::string> kept;
+  for (absl::string_view p : absl::StrSplit(existing, " | ")) {
+    const absl::string_view t = absl::StripAsciiWhitespace(p);
+    if (!t.empty() && !absl::StartsWithIgnoreCase(t, mine)) kept.emplace_back(t);
+  }
+  kept.push_back(part);
+  return absl::StrJoin(kept, " | ");
 }
 
 }  // namespace tessera::slurm

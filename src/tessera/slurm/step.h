@@ -60,6 +60,9 @@ struct PluginConfig {
   // history_dir= is it - Slurm's own SlurmdSpoolDir convention, for hosts that run a slurmd per
   // node (--enable-multiple-slurmd) - and a history record is named by it (else the host's name).
   std::string node;
+  // admin_comment=: whether the epilog writes the job's use on the node into its AdminComment
+  // (AdminCommentPart): yes (the default) or no.
+  bool admin_comment = true;
 };
 // The folder of ended jobs' records for sizing "auto" (history_dir=, or <state_dir>/history).
 std::string HistoryDir(const PluginConfig& config);
@@ -250,5 +253,18 @@ std::string SizeAuto(const PluginConfig& config, const KindUse& use, StepLimits&
 // What a trial recommends from what it used: its shards (or whole GPUs) and --tessera-mem, with
 // the margin; `acct` is its accounting record (EndJob's).
 std::string TrialAdvice(const PluginConfig& config, const nlohmann::json& acct);
+
+// The job's use on this node as one part of its AdminComment, which its epilog writes (plugstack
+// word admin_comment=, on by default) so that `sacct -o JobID,AdminComment` shows every node's
+// across the cluster, kept after the job as Slurm keeps the job: "tessera@<node>: gpu 0 (25%
+// share): 96% busy, 8s of gpu time idle, peak 3.9 gib of 4 gib (98%)" - several GPUs summed
+// (busy of what they held together, the highest peak), a whole GPU's busy not measured. In lower
+// case, as sacctmgr stores it.
+std::string AdminCommentPart(const nlohmann::json& acct, const std::string& node);
+// `existing` (the job's AdminComment) with `part` in place of any earlier part of the same node;
+// what others wrote there (another node's part, a site's own notes) is kept. Parts are joined by
+// " | ".
+std::string MergeAdminComment(const std::string& existing, const std::string& node,
+                              const std::string& part);
 
 }  // namespace tessera::slurm

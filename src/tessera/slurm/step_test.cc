@@ -44,6 +44,8 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
   EXPECT_EQ(c->auto_trial_s, 0) << "no automatic trial unless the admin asks";
   EXPECT_EQ(ParsePluginArgs({"library=/l.so", "auto_trial=2m"})->auto_trial_s, 120);
   EXPECT_EQ(ParsePluginArgs({"library=/l.so", "auto_trial=0"})->auto_trial_s, 0);
+  EXPECT_TRUE(c->admin_comment) << "the job's use in its AdminComment unless the admin says no";
+  EXPECT_FALSE(ParsePluginArgs({"library=/l.so", "admin_comment=no"})->admin_comment);
   for (const auto& [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{}, "library= is required"},
            {{"library=l.so"}, "'library=l.so': the library's path must be absolute"},
@@ -56,7 +58,9 @@ TEST(SlurmPluginArgs, ParseAndRefuseWithTheWordNamed) {
            {{"library=/l.so", "state_dir"}, "'state_dir': expected key=value"},
            {{"library=/l.so", "auto_trial=soon"},
             "'auto_trial=soon': expected a length of at most a day such as 2m or 90s (0: none)"},
-           {{"library=/l.so", "auto_trial=2d"}, "'auto_trial=2d': expected a length"}}) {
+           {{"library=/l.so", "auto_trial=2d"}, "'auto_trial=2d': expected a length"},
+           {{"library=/l.so", "admin_comment=maybe"},
+            "'admin_comment=maybe': expected yes or no"}}) {
     auto bad = ParsePluginArgs(args);
     ASSERT_FALSE(bad.ok());
     EXPECT_THAT(std::string(bad.status().message()), HasSubstr(why));
@@ -905,6 +909,57 @@ TEST_F(SlurmNodeFiles, AStateFolderOfAnotherUserIsRefused) {
   ASSERT_FALSE(env.ok());
   EXPECT_THAT(std::string(env.status().message()),
               HasSubstr("is not a folder of the plugin's own user: refused"));
+}
+
+// The job's use on a node as its AdminComment says it: a share's busy time of what it held and
+// the GPU time it left idle, its peak of its limit, refusals; several GPUs summed; a whole GPU's
+// busy not measured. In lower case, as sacctmgr keeps it. Each node replaces its own part only.
+TEST(SlurmAdminComment, SaysWhatTheJobUsedOnTheNodeAndKeepsOtherNodesParts) {
+  const nlohmann::json share = {{"started", 1000},
+                                {"ended", 1100},
+                                {"share_percent", 25.0},
+                                {"gpus",
+                                 {{{"index", 1},
+                                   {"gpu_time_s", 20.0},
+                                   {"peak_memory_bytes", 3 * GiB},
+                                   {"memory_limit_bytes", 4 * GiB},
+                                   {"refused", 2}}}}};
+  EXPECT_EQ(AdminCommentPart(share, "Node-A"),
+            "tessera@node-a: gpu 1 (25% share): 80% busy, 5s of gpu time idle, peak 3 gib of 4 "
+            "gib (75%), 2 allocations refused at its limit");
+  const nlohmann::json two = {{"started", 0},
+                              {"ended", 100},
+                              {"share_percent", 50.0},
+                              {"gpus",
+                               {{{"index", 0},
+                                 {"gpu_time_s", 10.0},
+                                 {"peak_memory_bytes", GiB},
+                                 {"memory_limit_bytes", 8 * GiB}},
+                                {{"index", 1},
+                                 {"gpu_time_s", 70.0},
+                                 {"peak_memory_bytes", 6 * GiB},
+                                 {"memory_limit_bytes", 8 * GiB}}}}};
+  // 50 + 50 GPU-seconds held: 10 + 50 (70 is past its half, counted as the 50 it held) busy.
+  EXPECT_EQ(AdminCommentPart(two, "n2"),
+            "tessera@n2: gpus 0,1 (50% share each): 60% busy, 40s of gpu time idle, peak 6 gib of "
+            "8 gib (75%)");
+  const nlohmann::json whole = {{"started", 0},
+                                {"ended", 3600},
+                                {"share_percent", 0.0},
+                                {"gpus", {{{"index", 2}, {"peak_memory_bytes", 40 * GiB}}}}};
+  EXPECT_EQ(AdminCommentPart(whole, "n3"),
+            "tessera@n3: gpu 2 (whole): busy not measured (a whole gpu), peak 40 gib");
+  nlohmann::json quick = share;
+  quick["ended"] = 1000;
+  EXPECT_THAT(AdminCommentPart(quick, "n4"), HasSubstr("(25% share): ran under a second, peak"));
+
+  // A site's own note and another node's part stay; this node's earlier part is replaced.
+  EXPECT_EQ(MergeAdminComment("", "n1", "tessera@n1: a"), "tessera@n1: a");
+  EXPECT_EQ(MergeAdminComment("JS1:abc | tessera@n2: b | tessera@N1: old", "n1", "tessera@n1: new"),
+            "JS1:abc | tessera@n2: b | tessera@n1: new");
+  EXPECT_EQ(MergeAdminComment("tessera@n10: c", "n1", "tessera@n1: d"),
+            "tessera@n10: c | tessera@n1: d")
+      << "n10 is not n1";
 }
 
 }  // namespace
