@@ -499,8 +499,10 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
     if (std::string why = CommentOnJob(job, name, part); why.empty())
       slurm_info("tessera: job %u: AdminComment: %s", job, part.c_str());
     else
-      slurm_error("tessera: job %u: its AdminComment was not written (%s): %s", job, why.c_str(),
-                  part.c_str());
+      slurm_error(
+          "tessera: job %u: its AdminComment was not written (%s; a cluster without slurmdbd: "
+          "admin_comment=no in plugstack.conf): %s",
+          job, why.c_str(), part.c_str());
   }
   return ESPANK_SUCCESS;
 }
