@@ -1,7 +1,8 @@
 // What --tessera-mem=auto costs a Slurm step (issue 58): the plugin's step setup in slurmstepd with
 // a size asked against the same step asking "auto" (its user's history read: kHistoryKept records,
 // kHistorySized of them of its name), the history read alone, and the epilog that keeps a record
-// (writes it and drops the oldest past kHistoryKept). Node files in a temporary folder, as root
+// (writes it and drops the oldest past kHistoryKept, adds it to the node's per-user totals), and
+// reading those totals with one user and a thousand. Node files in a temporary folder, as root
 // writes them on a node (run as root: the plugin's folders must be its own user's).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -84,6 +85,32 @@ void BM_EpilogKeepsARecord(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_EpilogKeepsARecord)->Unit(benchmark::kMicrosecond);
+
+// The node's per-user totals each epilog reads and writes again (totals.json), with state.range(0)
+// users in it: what they add to the epilog above (whose node has one user).
+void BM_ReadTotals(benchmark::State& state) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("slurm-totals-bench-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "totals.json");
+    out << "{\"users\": {";
+    for (int64_t u = 0; u < state.range(0); ++u) {
+      out << (u ? "," : "") << "\"" << 1000 + u
+          << "\": {\"jobs\": 812, \"whole_gpu_seconds\": 5123456.5, \"fractional_gpu_seconds\": "
+             "912345.25, \"measured_gpu_seconds\": 912345.25, \"busy_gpu_seconds\": 401234.75, "
+             "\"memory_refused_jobs\": 3}";
+    }
+    out << "}}\n";
+  }
+  for (auto _ : state) {
+    const tessera::slurm::NodeTotals t = tessera::slurm::ReadTotals(dir.string());
+    if (t.users.size() != static_cast<size_t>(state.range(0))) state.SkipWithError("not read");
+    benchmark::DoNotOptimize(t);
+  }
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_ReadTotals)->Arg(1)->Arg(1000)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
