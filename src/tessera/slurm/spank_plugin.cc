@@ -144,7 +144,8 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
   if (load && free_msg && init && update) {
     auto why = [&] {
       const int e = get_errno ? get_errno() : errno;
-      finished = finished || e == ESLURM_JOB_FINISHED;
+      // Finished, or already gone from slurmctld's memory (MinJobAge): its accounting record.
+      finished = finished || e == ESLURM_JOB_FINISHED || e == ESLURM_INVALID_JOB_ID;
       return text ? std::string(text(e)) : std::string(strerror(e));
     };
     api = WriteComment(
