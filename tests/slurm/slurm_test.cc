@@ -304,7 +304,7 @@ TEST_F(Slurm, AJobsUseIsExportedWhileItRunsAndRecordedAtItsEnd) {
   EXPECT_EQ(table.code, 0) << table.out;
   EXPECT_THAT(table.out,
               ::testing::ContainsRegex("\n" + id +
-                                       " +0 +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
+                                       " +root +[-0-9T:]+ +[0-9:]+ +[01] +25% +"
                                        "[0-9:]+ +[0-9]+% +1.5 GiB +4 GiB +[0-9]+% +[0-9:]+ +"
                                        "37%\n"));
   // Root's jobs on the node, those that left the most GPU time idle first: this one among them.

@@ -298,6 +298,7 @@ TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
   r = Cli({"slurm", "acct", "--state-dir", state.c_str(), "--user", "nobody"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(at(r.out, "42", "00:00:05"), std::string::npos) << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\n42 +nobody +")) << "its user by name";
   EXPECT_EQ(r.out.find("\n41 "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("\n44 "), std::string::npos) << r.out;
   const std::string since = std::to_string(t0 + 2500);

@@ -175,8 +175,22 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   // One row per job and GPU, as sacct prints one per step; with what it used of what it held, as
   // seff does for CPUs: its busy time of its share (or whole GPU), the GPU time it held idle, its
   // peak of its memory limit.
-  Table t({"JOB", "UID", "START", "ELAPSED", "GPU", "SHARE", "GPU-TIME", "UTIL", "PEAK-MEM",
+  Table t({"JOB", "USER", "START", "ELAPSED", "GPU", "SHARE", "GPU-TIME", "UTIL", "PEAK-MEM",
            "MEM-LIMIT", "BUSY", "IDLE", "MEM-USED"});
+  // Its user's name, as sacct shows it (the uid where this machine has no such user).
+  std::map<uid_t, std::string> names;
+  auto user_name = [&](uid_t uid) -> const std::string& {
+    auto [it, added] = names.try_emplace(uid);
+    if (added) {
+      std::vector<char> buf(16384);
+      passwd pw{};
+      passwd* found = nullptr;
+      it->second = getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr
+                       ? std::string(found->pw_name)
+                       : std::to_string(uid);
+    }
+    return it->second;
+  };
   auto percent = [](const std::optional<double>& v) -> std::string {
     return v ? fmt::format("{:.0f}%", *v) : "-";
   };
@@ -191,7 +205,7 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
       if (!v) return "-";
       return *v == 0 && limit ? "none" : core::FormatBytes(static_cast<uint64_t>(*v));
     };
-    t.AddRow({std::to_string(r.value("job_id", 0u)), std::to_string(r.value("uid", 0u)),
+    t.AddRow({std::to_string(r.value("job_id", 0u)), user_name(r.value("uid", uid_t{0})),
               LocalTimestamp(static_cast<double>(started)),
               ElapsedClock(static_cast<double>(std::max<int64_t>(0, ended - started))),
               std::to_string(g.value("index", -1)),
