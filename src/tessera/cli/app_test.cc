@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -224,10 +225,12 @@ TEST(Cli, VersionAndPresets) {
 // by it (a requeued job's earlier run a row of its own), one user's or those ended since a time
 // only; JSON keeps each record whole, in the rows' order, with idle_gpu_s per measured GPU.
 TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("tessera-slurm-acct-" + std::to_string(getpid()));
+  // Under the tests' own folder (removed when they end), and removed here however the test ends.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-acct";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir / "acct");
+  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
+      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
   auto gpu = [](int index, double gpu_time, double util) {
     return nlohmann::json{{"index", index},
                           {"gpu_time_s", gpu_time},
@@ -333,7 +336,6 @@ TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
     EXPECT_EQ(r.code, 2) << args[0];
     EXPECT_THAT(r.err + r.out, HasSubstr(why)) << args[0];
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
