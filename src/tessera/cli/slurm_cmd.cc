@@ -50,14 +50,13 @@ AcctRow RowOf(const nlohmann::json& run, const nlohmann::json& g) {
     if (it == g.end() || !it->is_number()) return std::nullopt;
     return it->get<double>();
   };
-  const double ran = static_cast<double>(
-      std::max<int64_t>(0, run.value("ended", int64_t{0}) - run.value("started", int64_t{0})));
   const double held = row.share > 0 ? row.share : 100.0;  // percent of the GPU
   row.gpu_time = number("gpu_time_s");
   row.util = number("utilization_percent");
   if (row.util) row.busy = std::min(100.0, 100 * *row.util / held);
   // The GPU time it held and left idle: what it held over its run less what it used of that.
-  if (row.gpu_time) row.idle = std::max(0.0, ran * held / 100 - *row.gpu_time);
+  if (const slurm::GpuHeld use = slurm::HeldOf(run, g); use.busy_s)
+    row.idle = use.held_s - *use.busy_s;
   row.peak = number("peak_memory_bytes");
   row.limit = number("memory_limit_bytes");
   if (row.peak && row.limit && *row.limit > 0) row.mem_used = 100 * *row.peak / *row.limit;

@@ -187,8 +187,11 @@ TEST_F(SlurmNode, EndedJobsAreCountedOncePerUserAndTheCountersNeverGoDown) {
   EXPECT_THAT(page, HasSubstr("tessera_slurm_acct_totals_readable{hostname=\"node7\"} 0\n"));
   EXPECT_THAT(page, ::testing::Not(HasSubstr("tessera_slurm_acct_jobs_ended_total{")));
   ASSERT_TRUE(SetUpStep(config_, 33, getuid(), getgid(), *whole, "", 3000).ok());
-  auto said = EndJob(config_, 33, 3050);
+  nlohmann::json record;
+  auto said = EndJob(config_, 33, 3050, std::nullopt, &record);
   ASSERT_FALSE(said.ok());
+  EXPECT_EQ(record.value("job_id", 0u), 33u)
+      << "the record as built, for the epilog's AdminComment";
   EXPECT_THAT(std::string(said.status().message()), HasSubstr("set aside as " + config_.state_dir +
                                                               "/totals.json.unreadable.3050, "
                                                               "counted anew from this job"));

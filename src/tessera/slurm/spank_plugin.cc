@@ -28,7 +28,6 @@ extern "C" {
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -480,22 +479,22 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
   } else if (const char* e = getenv("SLURM_JOB_UID"); e && *e) {
     uid = static_cast<uid_t>(strtoul(e, nullptr, 10));
   }
-  auto acct = tessera::slurm::EndJob(*config, job, time(nullptr), uid);
+  nlohmann::json record;
+  auto acct = tessera::slurm::EndJob(*config, job, time(nullptr), uid, &record);
   // An epilog that fails drains the node: the job's end is logged, never refused.
   if (!acct.ok())
     slurm_error("tessera: job %u: %s", job, std::string(acct.status().message()).c_str());
   else if (!acct->empty())
     slurm_info("tessera: job %u: accounting in %s", job, acct->c_str());
-  if (acct.ok() && !acct->empty() && config->admin_comment) {
-    // Its use here in the job's AdminComment: sacct shows every node's, after the job too.
+  if (record.is_object() && config->admin_comment) {
+    // Its use here in the job's AdminComment: sacct shows every node's, after the job too - and
+    // where its file, history or totals could not be written (a full disk), the one place left.
     std::string name = config->node;
     if (name.empty()) {
       char host[256] = {};
       gethostname(host, sizeof host - 1);
       name = host;
     }
-    std::ifstream in(*acct);
-    const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
     const std::string part = tessera::slurm::AdminCommentPart(record, name);
     if (std::string why = CommentOnJob(job, name, part); why.empty())
       slurm_info("tessera: job %u: AdminComment: %s", job, part.c_str());

@@ -764,20 +764,28 @@ absl::Status CountInTotals(const PluginConfig& config, const json& acct, time_t 
 
 }  // namespace
 
+GpuHeld HeldOf(const json& run, const json& gpu) {
+  const double ran = static_cast<double>(
+      std::max<int64_t>(0, run.value("ended", int64_t{0}) - run.value("started", int64_t{0})));
+  const double share = run.value("share_percent", 0.0);
+  GpuHeld out{.held_s = ran * (share > 0 ? share / 100 : 1.0)};
+  if (const auto busy = gpu.find("gpu_time_s"); busy != gpu.end() && busy->is_number())
+    out.busy_s = std::min(out.held_s, busy->get<double>());
+  return out;
+}
+
 void AddToTotals(const json& acct, UserTotals& t) {
   ++t.jobs;
-  const double ran = static_cast<double>(
-      std::max<int64_t>(0, acct.value("ended", int64_t{0}) - acct.value("started", int64_t{0})));
-  const double share = acct.value("share_percent", 0.0);
-  const bool fractional = share > 0 || acct.value("memory_limit_bytes", uint64_t{0}) > 0;
+  const bool fractional =
+      acct.value("share_percent", 0.0) > 0 || acct.value("memory_limit_bytes", uint64_t{0}) > 0;
   bool refused = false;
   for (const json& g : acct.value("gpus", json::array())) {
     if (!g.is_object()) continue;
-    const double held = ran * (share > 0 ? share / 100 : 1.0);
-    (fractional ? t.fractional_gpu_seconds : t.whole_gpu_seconds) += held;
-    if (const auto busy = g.find("gpu_time_s"); busy != g.end() && busy->is_number()) {
-      t.measured_gpu_seconds += held;
-      t.busy_gpu_seconds += std::min(held, busy->get<double>());
+    const GpuHeld use = HeldOf(acct, g);
+    (fractional ? t.fractional_gpu_seconds : t.whole_gpu_seconds) += use.held_s;
+    if (use.busy_s) {
+      t.measured_gpu_seconds += use.held_s;
+      t.busy_gpu_seconds += *use.busy_s;
     }
     if (const auto r = g.find("refused"); r != g.end() && r->is_number() && r->get<double>() > 0)
       refused = true;
@@ -816,7 +824,7 @@ NodeTotals ReadTotals(const std::string& state_dir) {
 }
 
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
-                                   std::optional<uid_t> ending_uid) {
+                                   std::optional<uid_t> ending_uid, json* record_out) {
   const std::string record = Record(config, job_id), region = Region(config, job_id);
   if (access(record.c_str(), F_OK) != 0) return std::string();
   StateLock lock(config.state_dir);
@@ -907,6 +915,7 @@ absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, 
   }
   // Its user's totals here (the exporter's counters): once, as its record goes below.
   if (absl::Status st = CountInTotals(config, acct, now); !st.ok() && written.ok()) written = st;
+  if (record_out != nullptr) *record_out = std::move(acct);
   unlink(region.c_str());
   unlink(record.c_str());
   if (share > 0 && uid != geteuid()) {
@@ -1132,11 +1141,10 @@ std::string AdminCommentPart(const json& acct, const std::string& node) {
   for (const json& g : acct.value("gpus", json::array())) {
     if (!g.is_object()) continue;
     gpus.push_back(std::to_string(g.value("index", -1)));
-    const double h = ran * (share > 0 ? share / 100 : 1.0);
-    if (const auto t = g.find("gpu_time_s"); t != g.end() && t->is_number()) {
+    if (const GpuHeld use = HeldOf(acct, g); use.busy_s) {
       measured = true;
-      held += h;
-      busy += std::min(h, t->get<double>());
+      held += use.held_s;
+      busy += *use.busy_s;
     }
     const double p = g.value("peak_memory_bytes", 0.0), l = g.value("memory_limit_bytes", 0.0);
     if (p >= peak) peak = p, limit = l;

@@ -200,9 +200,11 @@ std::map<uint32_t, NodeJob> NodeJobs(const std::string& state_dir);
 // The record also goes to the user's history (HistoryDir), and says what a trial recommends
 // ("advice") or how a job sized "auto" outgrew its memory ("outgrew"). A requeued job's run keeps
 // its earlier runs' records of this node (its auto_trial='s) in "earlier_runs", as Slurm keeps
-// the job's id.
+// the job's id. `record`, when given, gets the accounting record as built - even when writing it,
+// the history or the totals then failed (a full disk): what the epilog still says elsewhere.
 absl::StatusOr<std::string> EndJob(const PluginConfig& config, uint32_t job_id, time_t now,
-                                   std::optional<uid_t> uid = std::nullopt);
+                                   std::optional<uid_t> uid = std::nullopt,
+                                   nlohmann::json* record = nullptr);
 
 // What the jobs of each user that ended on this node held and used, since the plugin first
 // ran here: <state_dir>/totals.json (0644), added to by each EndJob. Counters: they never go
@@ -221,6 +223,16 @@ struct NodeTotals {
   std::string unreadable;  // why totals.json was not read (then `users` is empty)
 };
 NodeTotals ReadTotals(const std::string& state_dir);
+// What a run (an accounting record, or one of its earlier_runs) held of one of its GPUs and used
+// of that: GPU-seconds held (its length, times its compute share where it had one) and, where its
+// GPU time was measured (a compute share), the GPU-seconds it kept busy - at most what it held
+// (time it used past its share was other jobs' idle time). The one rule of the totals, the
+// AdminComment and `tessera slurm acct`'s IDLE.
+struct GpuHeld {
+  double held_s = 0;
+  std::optional<double> busy_s;
+};
+GpuHeld HeldOf(const nlohmann::json& run, const nlohmann::json& gpu);
 // What one accounting record (acct/<job>.json as EndJob writes it) adds to its user's totals.
 void AddToTotals(const nlohmann::json& acct, UserTotals& t);
 
