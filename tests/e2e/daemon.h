@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -28,8 +29,11 @@ using nlohmann::json;
 using tessera::net::HttpClient;
 namespace fs = std::filesystem;
 
-// Removes the cgroup subtrees named `name` (a daemon's, see Daemon::Confinement) with whatever
-// still runs in them: jobs outlive their server by design, not the test that started them.
+// Removes the cgroup subtrees named `name` (a daemon's, see Daemon::Confinement: <name>/user-<uid>/
+// job-<id> in each hierarchy, one per controller on cgroup v1) with whatever still runs in them:
+// jobs outlive their server by design, not the test that started them. Every process of the
+// subtree is killed first, then each folder is removed after its children, once its killed
+// processes are gone (a cgroup with processes or children cannot be removed).
 inline void RemoveCgroups(const std::string& name) {
   std::vector<fs::path> found;
   std::error_code ec;
@@ -44,18 +48,25 @@ inline void RemoveCgroups(const std::string& name) {
       it.disable_recursion_pending();
     }
   }
+  std::vector<fs::path> subtree;  // parents before their children
   for (const fs::path& base : found) {
-    for (const auto& job : fs::directory_iterator(base, ec)) {
-      if (!job.is_directory()) continue;
-      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      do {
-        std::ifstream procs(job.path() / "cgroup.procs");
-        for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
-        if (rmdir(job.path().c_str()) == 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      } while (std::chrono::steady_clock::now() < until);
+    subtree.push_back(base);
+    for (auto d = fs::recursive_directory_iterator(base, ec);
+         !ec && d != fs::recursive_directory_iterator(); d.increment(ec)) {
+      if (d->is_directory(ec)) subtree.push_back(d->path());
     }
-    rmdir(base.c_str());
+  }
+  for (const fs::path& dir : subtree) {
+    std::ifstream procs(dir / "cgroup.procs");
+    for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
+  }
+  for (auto d = subtree.rbegin(); d != subtree.rend(); ++d) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (rmdir(d->c_str()) != 0 && errno == EBUSY && std::chrono::steady_clock::now() < until) {
+      std::ifstream procs(*d / "cgroup.procs");
+      for (pid_t pid; procs >> pid;) kill(pid, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 }
 
