@@ -2,7 +2,7 @@
 # library in a folder of its own (found by the server as ../lib/tessera/ from its binary), the
 # SPANK plugin, the systemd unit, the man page and bash completion (made by the built binary from
 # its own command line), and the example config under share/ (scripts/install copies it to /etc
-# only when there is none).
+# only when there is none), with the Grafana dashboards and Prometheus alerting rules to load.
 include(GNUInstallDirs)
 set(TESSERA_INSTALL_BINDIR ${CMAKE_INSTALL_FULL_BINDIR})
 configure_file(${CMAKE_SOURCE_DIR}/deploy/systemd/tessera.service.in
@@ -35,3 +35,9 @@ install(FILES ${CMAKE_BINARY_DIR}/share/tessera.bash
         DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME tessera)
 install(FILES ${CMAKE_SOURCE_DIR}/deploy/systemd/server.yaml
         DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera)
+install(FILES ${CMAKE_SOURCE_DIR}/deploy/grafana/tessera-server.json
+              ${CMAKE_SOURCE_DIR}/deploy/grafana/tessera-slurm.json
+              ${CMAKE_SOURCE_DIR}/deploy/grafana/tessera.json
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera/grafana)
+install(FILES ${CMAKE_SOURCE_DIR}/deploy/prometheus/tessera-rules.yaml
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/tessera/prometheus)

@@ -4,6 +4,7 @@
 // its order and JSON, with NodeNames) and each node's kubelet (GetPreferredAllocation, Allocate).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus.h"
 #include "tessera/net/http.h"
+#include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 #include "tessera/slurm/node.h"
 #include "tessera/slurm/step.h"
@@ -674,6 +676,29 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
       tessera::slurm::SetUpStep(*plugin, 31, getuid(), getgid(), *shard, "", time(nullptr)).ok());
   ASSERT_TRUE(
       tessera::slurm::SetUpStep(*plugin, 32, getuid(), getgid(), *whole, "", time(nullptr)).ok());
+  // Shard jobs that ended on GPU 1 after 100 s, 6 s of it busy (of the 25 GPU-seconds a quarter
+  // held): one before Prometheus starts, one while it scrapes (the per-user counters' increase);
+  // the second's memory limit refused an allocation.
+  auto ended_shard = [&](uint32_t id, bool refuse) {
+    const time_t now = time(nullptr);
+    ASSERT_TRUE(
+        tessera::slurm::SetUpStep(*plugin, id, getuid(), getgid(), *shard, "", now - 100).ok());
+    char err[256] = "";
+    const uint64_t limit[] = {shard->memory_bytes};
+    std::unique_ptr<tessera::shim::Region> region(tessera::shim::Region::Attach(
+        fmt::format("{}/regions/{}.region", slurm_state, id).c_str(), limit, 1, err, sizeof err));
+    ASSERT_NE(region, nullptr) << err;
+    if (refuse) {
+      ASSERT_FALSE(region->Reserve(0, shard->memory_bytes + 1));
+    }
+    std::unique_ptr<tessera::shim::Arbiter> arbiter(tessera::shim::Arbiter::Attach(
+        (slurm_state + "/arbiter/gpu.arbiter").c_str(),
+        tessera::shim::ArbiterJobKey(fmt::format("slurm-{}", id).c_str()), {}, err, sizeof err));
+    ASSERT_NE(arbiter, nullptr) << err;
+    arbiter->data()->gpus[1].jobs[arbiter->Slot(1)].busy_us.store(6'000'000);
+    ASSERT_TRUE(tessera::slurm::EndJob(*plugin, id, now).ok());
+  };
+  ended_shard(33, false);
   const std::string exporter_log = root_ + "/slurm-exporter.log";
   pid_t exporter = 0;
   {
@@ -739,7 +764,8 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
     ADD_FAILURE() << "agents and server: " << problem;
   for (const std::string& renamed : tessera::test::RenamedLabels(prom, "{job=~\"tessera-.*\"}"))
     ADD_FAILURE() << renamed;
-  for (const char* file : {"tessera.json", "tessera-server.json"}) {
+  for (const char* file : {"tessera.json", "tessera-server.json", "tessera-slurm.json"}) {
+    const bool slurm_board = std::string(file) == "tessera-slurm.json";
     std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/" + file);
     json board = json::parse(in, nullptr, false);
     ASSERT_TRUE(board.is_object()) << file;
@@ -771,13 +797,71 @@ TEST_F(ExtenderE2e, GrafanaDashboardsReadOnlyMetricsAndLabelsThatExist) {
             !std::regex_search(list, std::regex(R"(\b[Hh]ostname\b)")))
           ADD_FAILURE() << file << ": " << where << ": groups by gpu without the host: " << expr;
       }
+      // Slurm's board reads Slurm's jobs only: the server's job series carry no slurm_job_id.
+      if (slurm_board && where.rfind("variable", 0) != 0) {
+        const std::regex job_series(R"(\btessera_job_\w+(\{[^}]*\})?)");
+        for (auto it = std::sregex_iterator(expr.begin(), expr.end(), job_series);
+             it != std::sregex_iterator(); ++it) {
+          if ((*it)[1].str().find("slurm_job_id!=\"\"") == std::string::npos)
+            ADD_FAILURE() << file << ": " << where << ": not only Slurm's jobs: " << it->str();
+        }
+      }
       // Each source selectable: a panel on Tessera's own series keeps those of $component.
-      if (where.rfind("variable", 0) != 0 &&
+      if (!slurm_board && where.rfind("variable", 0) != 0 &&
           std::regex_search(expr, std::regex(R"(\btessera_(gpu|share|job|jobs|queue)_)")) &&
           expr.find("tessera_build_info{component=~\"$component\"}") == std::string::npos)
         ADD_FAILURE() << file << ": " << where << ": no $component filter: " << expr;
     }
   }
+
+  // What the Slurm board draws, with the server's jobs of the same user beside them: its running
+  // jobs hold 1.25 GPUs (a shard and a whole GPU; the server's 1.3 not counted), and as jobs end
+  // the per-user panels rise by their figures (a shard's 6 of 25 GPU-seconds busy, 19 idle, a
+  // refusal; a whole GPU's 100 GPU-seconds, held but not measured).
+  std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/grafana/tessera-slurm.json");
+  const json slurm_board = json::parse(in, nullptr, false);
+  ASSERT_TRUE(slurm_board.is_object());
+  const passwd* pw = getpwuid(getuid());
+  const std::string me = pw != nullptr ? pw->pw_name : "uid:" + std::to_string(getuid());
+  // Panel `title`'s target `k`, as Grafana asks it with every variable at All: each series' value.
+  auto draws = [&](const std::string& title, size_t k = 0) {
+    std::map<std::string, double> out;
+    for (const json& p : slurm_board["panels"]) {
+      if (p["title"] != title) continue;
+      for (const json& s :
+           prom.Query(tessera::test::WithVariables(p["targets"].at(k)["expr"].get<std::string>())))
+        out[s["metric"].value("user", "") + " " + s["metric"].value("kind", "")] =
+            std::stod(s["value"][1].get<std::string>());
+      return out;
+    }
+    ADD_FAILURE() << "no panel " << title;
+    return out;
+  };
+  EXPECT_EQ(draws("GPUs held by running jobs, by user"),
+            (std::map<std::string, double>{{me + " ", 1.25}}));
+  ASSERT_FALSE(prom.Await("tessera_slurm_acct_jobs_ended_total == 1").empty());
+  ended_shard(34, true);
+  // And a whole GPU's 100 s beside it: held, not measured (the busy panel reads measured time).
+  ASSERT_TRUE(
+      tessera::slurm::SetUpStep(*plugin, 35, getuid(), getgid(), *whole, "", time(nullptr) - 100)
+          .ok());
+  ASSERT_TRUE(tessera::slurm::EndJob(*plugin, 35, time(nullptr)).ok());
+  const std::string busy = "Held GPU time used, by user (last day)";
+  std::map<std::string, double> used = draws(busy);
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       !(used[me + " "] > 0) && std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(std::chrono::milliseconds(100))) {
+    used = draws(busy);
+  }
+  // increase() scales both counters of one scrape alike: the ratios are the jobs' own.
+  EXPECT_NEAR(used[me + " "], 6.0 / 25, 0.005)
+      << prom.Query("tessera_slurm_acct_busy_gpu_seconds_total").dump();
+  const double held =
+      draws("GPU-hours ended jobs held, by user and kind (last day)")[me + " fractional"];
+  EXPECT_GT(held, 0);
+  EXPECT_NEAR(draws("GPU-hours held idle, by user (last day)")[me + " "] / held, 19.0 / 25, 0.005);
+  EXPECT_GT(draws("Jobs ended, and refused at their GPU memory limit (last day)", 1)[me + " "], 0);
+
   for (int64_t id : {running, share})
     server.Call("POST", "/v1/jobs/" + std::to_string(id) + "/cancel");
 }

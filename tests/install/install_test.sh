@@ -34,7 +34,9 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 DESTDIR="$root" cmake --install "$build" --prefix /usr/local >"$work/install.log"
 for f in usr/local/bin/tessera usr/local/lib/tessera/tessera-full usr/local/lib/tessera/libtessera-cuda.so \
   usr/local/lib/systemd/system/tessera.service usr/local/share/man/man1/tessera.1 \
-  usr/local/share/bash-completion/completions/tessera usr/local/share/tessera/server.yaml; do
+  usr/local/share/bash-completion/completions/tessera usr/local/share/tessera/server.yaml \
+  usr/local/share/tessera/grafana/tessera-server.json usr/local/share/tessera/grafana/tessera-slurm.json \
+  usr/local/share/tessera/grafana/tessera.json usr/local/share/tessera/prometheus/tessera-rules.yaml; do
   [[ -e "$root/$f" ]] || fail "cmake --install left out /$f"
 done
 grep -q '^ExecStart=/usr/local/bin/tessera server --config /etc/tessera/server.yaml$' \
