@@ -24,6 +24,7 @@
 #include "fmt/format.h"
 #include "mini_slurm.h"
 #include "tessera/net/http.h"
+#include "tessera/slurm/step.h"
 
 namespace {
 
@@ -757,6 +758,55 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
         << id << "\n"
         << slurm.Logs();
   }
+  // `tessera slurm eff`, as on a login node: sacct's figures and the parts, read back. The shard
+  // job's figures are its node's record's (tessera slurm acct, on the node).
+  const std::string eff = std::string(TESSERA_BINARY) + " slurm eff ";
+  auto node = Capture(std::string(TESSERA_BINARY) + " slurm acct " + ids[0] + " -o json" +
+                      " --state-dir " + slurm.PluginStateDir() + " 2>&1");
+  ASSERT_EQ(node.code, 0) << node.out;
+  const nlohmann::json record = nlohmann::json::parse(node.out, nullptr, false)[0];
+  ASSERT_TRUE(record.is_object()) << node.out;
+  auto shard = Capture(slurm.Env() + eff + ids[0] + " -o json 2>&1");
+  ASSERT_EQ(shard.code, 0) << shard.out;
+  const nlohmann::json e = nlohmann::json::parse(shard.out, nullptr, false);
+  ASSERT_TRUE(e.is_object()) << shard.out;
+  EXPECT_EQ(e["job_id"], ids[0]);
+  EXPECT_EQ(e["user"], "root");
+  EXPECT_EQ(e["state"], "COMPLETED");
+  EXPECT_EQ(e["nodes"], 1);
+  EXPECT_GE(e["cpus"].get<int>(), 1);
+  ASSERT_EQ(e["gpu_nodes"].size(), 1u) << shard.out;
+  EXPECT_EQ(e["gpu_nodes"][0]["gpus"], nlohmann::json::array({record["gpus"][0]["index"]}));
+  EXPECT_EQ(e["gpu_nodes"][0]["share_percent"], 37.5);
+  EXPECT_EQ(e["gpu_memory_peak_bytes"], record["gpus"][0]["peak_memory_bytes"]);
+  EXPECT_EQ(e["gpu_memory_limit_bytes"], record["gpus"][0]["memory_limit_bytes"]);
+  const auto used = tessera::slurm::HeldOf(record, record["gpus"][0]);
+  ASSERT_TRUE(used.busy_s) << node.out;
+  // The part says a whole percentage; sacct's elapsed is whole seconds.
+  EXPECT_NEAR(e["gpu_busy_pct"].get<double>(), 100 * *used.busy_s / used.held_s, 0.5) << shard.out;
+  EXPECT_NEAR(e["gpu_idle_seconds"].get<double>(), used.held_s - *used.busy_s, 0.5) << shard.out;
+  auto table = Capture(slurm.Env() + eff + ids[0] + " 2>&1");
+  EXPECT_EQ(table.code, 0) << table.out;
+  EXPECT_THAT(table.out, ::testing::ContainsRegex(
+                             "GPU efficiency +[0-9.]+% of what its compute shares held was busy "
+                             "\\(1 GPU on 1 node\\)"))
+      << table.out;
+  EXPECT_THAT(table.out, HasSubstr("GPU memory         peak 600 MiB of 6 GiB per GPU (9.8%)"))
+      << table.out;
+  EXPECT_THAT(table.out,
+              ::testing::ContainsRegex("CPU efficiency +[0-9.]+% of [0-9]+ CPUs? over its run"))
+      << table.out;
+  auto whole = Capture(slurm.Env() + eff + ids[1] + " 2>&1");
+  EXPECT_EQ(whole.code, 0) << whole.out;
+  EXPECT_THAT(whole.out, HasSubstr("GPU efficiency     not measured (1 GPU on 1 node: whole GPUs"))
+      << whole.out;
+  // A job sacct does not know; an id that is not one.
+  auto unknown = Capture(slurm.Env() + eff + "999999 2>&1");
+  EXPECT_EQ(unknown.code, 1) << unknown.out;
+  EXPECT_THAT(unknown.out, HasSubstr("sacct lists no job 999999")) << unknown.out;
+  auto bad = Capture(slurm.Env() + eff + "42.batch 2>&1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("expected a job id such as 42 or 42_3")) << bad.out;
   // The export, as docs/slurm.md has a site run it: the jobs that ended in the period, selected
   // by their states. (Without -s, sacct selects jobs by their eligible time, which Slurm 22.05
   // never records for a job started at its submission - both of these - so they would be missed.)

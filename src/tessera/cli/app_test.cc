@@ -11,6 +11,8 @@
 #include <regex>
 #include <sstream>
 
+#include "tessera/slurm/eff.h"
+
 namespace tessera::cli {
 namespace {
 
@@ -224,6 +226,90 @@ TEST(Cli, VersionAndPresets) {
 // (what it held over its run less its GPU time; not measured for a whole GPU), the rows ordered
 // by it (a requeued job's earlier run a row of its own), one user's or those ended since a time
 // only; JSON keeps each record whole, in the rows' order, with idle_gpu_s per measured GPU.
+// `tessera slurm eff` against a sacct that prints what Slurm 22.05's prints for a two-node job
+// (its own line and its steps', the two nodes' parts in its AdminComment) and a warning on stderr.
+TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-eff";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
+      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
+  const std::string comment =
+      "site: checked | tessera@node-a: gpu 1 (25% share): 80% busy, 5s of gpu time idle, peak 3 "
+      "gib of 4 gib (75%), 2 allocations refused at its limit | tessera@n2: gpus 0,1 (50% share "
+      "each): 60% busy, 40s of gpu time idle, peak 6 gib of 8 gib (75%)";
+  // It answers only what `tessera slurm eff` must ask: the job, its steps, the fields, raw units.
+  auto script = [&](const std::string& name, const std::string& comment_field) {
+    const std::string path = (dir / name).string();
+    std::ofstream(path)
+        << "#!/bin/sh\n"
+           "[ \"$*\" = \"-j 42 -P -n --noconvert --delimiter=$(printf '\\037') -o "
+        << tessera::slurm::kEffFields
+        << "\" ] || { echo \"sacct: error: unexpected arguments: $*\" >&2; exit 1; }\n"
+           "echo 'sacct: warning: the database is slow' >&2\n"
+           "printf '42\\037train\\037alice\\037COMPLETED\\0370:0\\0372\\0378\\037100\\03706:40.000"
+           "\\0378000M\\037\\037%s\\n' '"
+        << comment_field
+        << "'\n"
+           "printf '42.batch\\037batch\\037\\037COMPLETED\\0370:0\\0371\\0374\\037100\\03703:20.500"
+           "\\037\\0371048576K\\037\\n'\n"
+           "printf '42.0\\037python\\037\\037COMPLETED\\0370:0\\0372\\0378\\03795\\03703:19.500"
+           "\\037\\0372097152K\\037\\n'\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+    return path;
+  };
+  const std::string sacct = script("sacct", comment);
+  Result r = Cli({"slurm", "eff", "42", "--sacct", sacct.c_str()});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_THAT(r.err, HasSubstr("sacct: warning: the database is slow")) << "said, not parsed";
+  for (const char* line : {
+           "job                42 (train) of alice\n",
+           "state              COMPLETED (exit code 0:0)\n",
+           "elapsed            1m40s on 2 nodes, 8 CPUs\n",
+           // 25 GPU-seconds at 80% and 100 at 60%: 80 of 125 busy.
+           "GPU efficiency     64.0% of what its compute shares held was busy (3 GPUs on 2 nodes); "
+           "45s of GPU time held idle\n",
+           "GPU memory         peak 6 GiB of 8 GiB per GPU (75.0%); 2 allocations refused at its "
+           "limit\n",
+           "CPU efficiency     50.0% of 8 CPUs over its run (400.0 CPU-seconds)\n",
+           "memory             peak 2 GiB (its largest task) of 3.9 GiB per node asked (51.2%)\n",
+       }) {
+    EXPECT_THAT(r.out, HasSubstr(line)) << r.out;
+  }
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\nnode-a +1 +25% +80% +5s +3 GiB +4 GiB +2\n"))
+      << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("\nn2 +0,1 +50% +60% +40s +6 GiB +8 GiB +0\n"))
+      << r.out;
+  r = Cli({"slurm", "eff", "42", "--sacct", sacct.c_str(), "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto e = nlohmann::json::parse(r.out);
+  EXPECT_EQ(e["gpu_busy_pct"], 64.0);
+  EXPECT_EQ(e["gpu_idle_seconds"], 45.0);
+  EXPECT_EQ(e["gpu_nodes"].size(), 2u);
+  r = Cli({"slurm", "eff", "42", "--sacct", sacct.c_str(), "-o", "yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(YAML::Load(r.out)["gpu_busy_pct"].as<double>(), 64.0) << r.out;
+  // A part someone changed into what it is not: named, and Slurm's own figures still shown.
+  const std::string changed = script("sacct-changed", "tessera@node-a: gpu 1 (lots): 80% busy");
+  r = Cli({"slurm", "eff", "42", "--sacct", changed.c_str()});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("'lots' is neither a share nor whole GPUs")) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not recorded")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("CPU efficiency     50.0% of 8 CPUs")) << r.out;
+  // sacct failing (another job than the script knows), missing; a job id that is not one.
+  r = Cli({"slurm", "eff", "43", "--sacct", sacct.c_str()});
+  EXPECT_EQ(r.code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr(" -j 43 failed (exit 1): sacct: error: unexpected arguments"));
+  r = Cli({"slurm", "eff", "42", "--sacct", (dir / "none").c_str()});
+  EXPECT_EQ(r.code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("it reads the job from Slurm's accounting")) << r.err;
+  for (const char* id : {"42.0", "x", "-1", "42_", "12345678901"}) {
+    r = Cli({"slurm", "eff", id, "--sacct", sacct.c_str()});
+    EXPECT_EQ(r.code, kExitBadInput) << id;
+    EXPECT_THAT(r.err, HasSubstr("expected a job id such as 42 or 42_3")) << id << r.err;
+  }
+}
+
 TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
   // Under the tests' own folder (removed when they end), and removed here however the test ends.
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-acct";

@@ -1,0 +1,321 @@
+#include "tessera/slurm/eff.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "fmt/format.h"
+#include "tessera/core/gpu.h"
+
+namespace tessera::slurm {
+namespace {
+
+using nlohmann::json;
+
+// For fmt, which knows std's string_view and not this absl's.
+std::string_view Std(absl::string_view v) { return {v.data(), v.size()}; }
+
+// A number as text holds it whole ("96", "3.9"), not negative; nullopt else.
+std::optional<double> Number(absl::string_view t) {
+  double v = 0;
+  if (t.empty() || t.front() == '-' || t.front() == '+') return std::nullopt;
+  const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (r.ec != std::errc() || r.ptr != t.data() + t.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// "3.9 gib", "512 mib", "0 b": FormatBytes' forms, lower case.
+std::optional<uint64_t> PartBytes(absl::string_view t) {
+  const size_t space = t.find(' ');
+  if (space == absl::string_view::npos) return std::nullopt;
+  const std::optional<double> v = Number(t.substr(0, space));
+  const absl::string_view unit = t.substr(space + 1);
+  int shift = -1;
+  for (const auto& [name, s] : {std::pair<absl::string_view, int>{"b", 0},
+                                {"kib", 10},
+                                {"mib", 20},
+                                {"gib", 30},
+                                {"tib", 40}}) {
+    if (unit == name) shift = s;
+  }
+  if (!v || shift < 0 || *v * std::ldexp(1.0, shift) >= 1.8e19) return std::nullopt;
+  return static_cast<uint64_t>(std::llround(*v * std::ldexp(1.0, shift)));
+}
+
+// sacct's sizes with --noconvert: "1234K", "4000M", "0", "" (none); powers of 1024.
+absl::StatusOr<std::optional<uint64_t>> SacctBytes(absl::string_view t) {
+  if (t.empty()) return std::optional<uint64_t>();
+  int shift = 0;
+  const char* units = "KMGTP";
+  if (const char* u = std::strchr(units, std::toupper(static_cast<unsigned char>(t.back())));
+      u != nullptr && *u != '\0') {
+    shift = 10 * static_cast<int>(u - units + 1);
+    t.remove_suffix(1);
+  }
+  const std::optional<double> v = Number(t);
+  if (!v) return absl::InvalidArgumentError("not a size such as 1234K or 4000M");
+  // Slurm's "none" and "unlimited" (NO_VAL64, INFINITE64), as sacct prints them: unknown (seen for
+  // ReqMem as 18446744073709551616.00M).
+  if (*v >= 0x1p63 || *v * std::ldexp(1.0, shift) >= 0x1p63) return std::optional<uint64_t>();
+  return std::optional<uint64_t>(static_cast<uint64_t>(std::llround(*v * std::ldexp(1.0, shift))));
+}
+
+// sacct's times: [D-]HH:MM:SS, MM:SS.mmm, 00:MM:SS; "" none (0).
+absl::StatusOr<double> SacctSeconds(absl::string_view t) {
+  if (t.empty()) return 0.0;
+  const auto bad =
+      absl::InvalidArgumentError("not a time such as 1-02:03:04, 02:03:04 or 03:04.567");
+  double days = 0;
+  if (const size_t dash = t.find('-'); dash != absl::string_view::npos) {
+    const std::optional<double> d = Number(t.substr(0, dash));
+    if (!d || *d != std::floor(*d)) return bad;
+    days = *d;
+    t.remove_prefix(dash + 1);
+  }
+  std::vector<absl::string_view> f = absl::StrSplit(t, ':');
+  if (f.size() != 2 && f.size() != 3) return bad;
+  double s = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const std::optional<double> v = Number(f[i]);
+    // Only the seconds have a fraction; minutes and seconds are under 60.
+    if (!v || (i + 1 < f.size() && *v != std::floor(*v)) || (i > 0 && *v >= 60)) return bad;
+    s = s * 60 + *v;
+  }
+  return days * 86400 + s;
+}
+
+absl::StatusOr<int> Count(absl::string_view t) {
+  int v = 0;
+  const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || v < 0)
+    return absl::InvalidArgumentError("not a count");
+  return v;
+}
+
+absl::StatusOr<NodePart> ReadPart(absl::string_view part) {
+  const std::string lower = absl::AsciiStrToLower(part);
+  absl::string_view rest = lower;
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        fmt::format("AdminComment part '{}': {}", Std(part), Std(why)));
+  };
+  rest.remove_prefix(absl::string_view("tessera@").size());
+  NodePart p;
+  const size_t colon = rest.find(": ");
+  if (colon == 0 || colon == absl::string_view::npos) return bad("no node name before ': '");
+  p.node = std::string(rest.substr(0, colon));
+  rest.remove_prefix(colon + 2);
+  if (!absl::ConsumePrefix(&rest, "gpus ") && !absl::ConsumePrefix(&rest, "gpu "))
+    return bad("expected 'gpu N' or 'gpus N,M' after the node");
+  const size_t open = rest.find(" (");
+  const size_t close = rest.find("): ");
+  if (open == absl::string_view::npos || close == absl::string_view::npos || close < open)
+    return bad("expected '(25% share)' or '(whole)' after the GPUs, then ': '");
+  for (absl::string_view g : absl::StrSplit(rest.substr(0, open), ',', absl::SkipEmpty())) {
+    absl::StatusOr<int> i = Count(g);
+    if (!i.ok()) return bad(fmt::format("GPU '{}' is not an index", Std(g)));
+    p.gpus.push_back(*i);
+  }
+  absl::string_view kind = rest.substr(open + 2, close - open - 2);
+  if (kind != "whole" && kind != "whole gpus") {
+    if (!absl::ConsumeSuffix(&kind, "% share each") && !absl::ConsumeSuffix(&kind, "% share"))
+      return bad(fmt::format("'{}' is neither a share nor whole GPUs", Std(kind)));
+    const std::optional<double> share = Number(kind);
+    if (!share || *share <= 0 || *share > 100) return bad(fmt::format("share '{}%'", Std(kind)));
+    p.share_percent = *share;
+  }
+  rest.remove_prefix(close + 3);
+  // What it says of its use; items a newer plugin adds are passed over.
+  for (absl::string_view item : absl::StrSplit(rest, ", ")) {
+    absl::string_view v = item;
+    if (item == "ran under a second") {
+      p.under_a_second = true;
+    } else if (absl::ConsumeSuffix(&v, "% busy")) {
+      const std::optional<double> b = Number(v);
+      if (!b || *b > 100) return bad(fmt::format("'{}'", Std(item)));
+      p.busy_percent = *b;
+    } else if (absl::ConsumeSuffix(&v, " of gpu time idle")) {
+      const std::optional<double> s = v == "0s" ? 0.0 : core::ParseDuration(Std(v));
+      if (!s) return bad(fmt::format("'{}'", Std(item)));
+      p.idle_s = *s;
+    } else if (absl::ConsumePrefix(&v, "peak ")) {
+      const size_t of = v.find(" of ");
+      p.peak_bytes = PartBytes(v.substr(0, of));
+      if (!p.peak_bytes) return bad(fmt::format("'{}'", Std(item)));
+      if (of != absl::string_view::npos) {
+        absl::string_view limit = v.substr(of + 4);
+        if (const size_t paren = limit.find(" ("); paren != absl::string_view::npos)
+          limit = limit.substr(0, paren);
+        p.limit_bytes = PartBytes(limit);
+        if (!p.limit_bytes) return bad(fmt::format("'{}'", Std(item)));
+      }
+    } else if (absl::ConsumeSuffix(&v, " allocations refused at its limit") ||
+               absl::ConsumeSuffix(&v, " allocation refused at its limit")) {
+      absl::StatusOr<int> n = Count(v);
+      if (!n.ok()) return bad(fmt::format("'{}'", Std(item)));
+      p.refused = static_cast<uint64_t>(*n);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NodePart>> ParseAdminComment(std::string_view comment_text) {
+  const absl::string_view comment(comment_text.data(), comment_text.size());
+  std::vector<NodePart> out;
+  for (absl::string_view part : absl::StrSplit(comment, " | ")) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!absl::StartsWithIgnoreCase(part, "tessera@")) continue;
+    absl::StatusOr<NodePart> p = ReadPart(part);
+    if (!p.ok()) return p.status();
+    out.push_back(std::move(*p));
+  }
+  return out;
+}
+
+absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_view job_id_in) {
+  const absl::string_view text(text_in.data(), text_in.size()),
+      job_id(job_id_in.data(), job_id_in.size());
+  static const std::vector<std::string> kNames = absl::StrSplit(kEffFields, ',');
+  std::vector<std::vector<absl::string_view>> rows;
+  size_t n = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++n;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, kEffDelimiter);
+    if (f.size() != kNames.size())
+      return absl::InvalidArgumentError(fmt::format("sacct line {}: {} fields, expected {} ({})", n,
+                                                    f.size(), kNames.size(), kEffFields));
+    rows.push_back(std::move(f));
+  }
+  // The job's own line: its id as asked, else the one line that is not a step (a job array's task
+  // asked by its own id, which sacct lists as 42_3).
+  const std::vector<absl::string_view>* job = nullptr;
+  std::vector<absl::string_view> jobs;
+  for (const auto& r : rows) {
+    if (r[0].find('.') != absl::string_view::npos) continue;
+    jobs.push_back(r[0]);
+    if (r[0] == job_id) job = &r;
+  }
+  if (job == nullptr && jobs.size() == 1) {
+    for (const auto& r : rows) {
+      if (r[0] == jobs[0]) job = &r;
+    }
+  }
+  if (job == nullptr && jobs.empty())
+    return absl::NotFoundError(fmt::format("sacct lists no job {}", Std(job_id)));
+  if (job == nullptr)
+    return absl::InvalidArgumentError(
+        fmt::format("job {} is an array of {} tasks ({}, ...): name one", Std(job_id), jobs.size(),
+                    Std(jobs[0])));
+  const auto& j = *job;
+  auto field_error = [&](size_t i, const absl::Status& st) {
+    return absl::InvalidArgumentError(fmt::format("sacct, job {}: {} '{}': {}", Std(j[0]),
+                                                  kNames[i], Std(j[i]), Std(st.message())));
+  };
+  SacctEff e;
+  e.job_id = std::string(j[0]);
+  e.name = std::string(j[1]);
+  e.user = std::string(j[2]);
+  e.state = std::string(j[3]);
+  e.exit_code = std::string(j[4]);
+  for (auto [i, out] : {std::pair<size_t, int*>{5, &e.nodes}, {6, &e.cpus}}) {
+    absl::StatusOr<int> v = Count(j[i]);
+    if (!v.ok()) return field_error(i, v.status());
+    *out = *v;
+  }
+  absl::StatusOr<int> elapsed = Count(j[7]);
+  if (!elapsed.ok()) return field_error(7, elapsed.status());
+  e.elapsed_s = *elapsed;
+  absl::StatusOr<double> cpu = SacctSeconds(j[8]);
+  if (!cpu.ok()) return field_error(8, cpu.status());
+  e.total_cpu_s = *cpu;
+  absl::StatusOr<std::optional<uint64_t>> mem = SacctBytes(j[9]);
+  if (!mem.ok()) return field_error(9, mem.status());
+  e.req_mem_bytes = *mem;
+  e.admin_comment = std::string(j[11]);
+  // Its largest task: the highest MaxRSS of its steps (and its own line, where sacct gives one).
+  const std::string step = e.job_id + ".";
+  for (const auto& r : rows) {
+    if (&r != job && !absl::StartsWith(r[0], step)) continue;
+    absl::StatusOr<std::optional<uint64_t>> rss = SacctBytes(r[10]);
+    if (!rss.ok())
+      return absl::InvalidArgumentError(fmt::format("sacct, step {}: MaxRSS '{}': {}", Std(r[0]),
+                                                    Std(r[10]), Std(rss.status().message())));
+    if (*rss && (!e.max_rss_bytes || **rss > *e.max_rss_bytes)) e.max_rss_bytes = *rss;
+  }
+  return e;
+}
+
+json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
+  json o = {
+      {"job_id", job.job_id},      {"name", job.name},           {"user", job.user},
+      {"state", job.state},        {"exit_code", job.exit_code}, {"nodes", job.nodes},
+      {"cpus", job.cpus},          {"elapsed_s", job.elapsed_s}, {"cpu_seconds", job.total_cpu_s},
+      {"gpu_nodes", json::array()}};
+  if (job.elapsed_s > 0 && job.cpus > 0)
+    o["cpu_pct"] = 100 * job.total_cpu_s / (job.elapsed_s * job.cpus);
+  if (job.max_rss_bytes) o["memory_peak_bytes"] = *job.max_rss_bytes;
+  if (job.req_mem_bytes && *job.req_mem_bytes > 0) {
+    const uint64_t per_node = *job.req_mem_bytes / static_cast<uint64_t>(std::max(1, job.nodes));
+    o["memory_asked_per_node_bytes"] = per_node;
+    if (job.max_rss_bytes && per_node > 0)
+      o["memory_pct"] = 100.0 * static_cast<double>(*job.max_rss_bytes) / per_node;
+  }
+  double held = 0, busy = 0, idle = 0;
+  bool measured = false;
+  size_t gpus = 0;
+  uint64_t refused = 0;
+  std::optional<uint64_t> peak, limit;
+  std::optional<double> peak_pct;
+  for (const NodePart& p : parts) {
+    json n = {{"node", p.node}, {"gpus", p.gpus}, {"share_percent", p.share_percent}};
+    gpus += p.gpus.size();
+    if (p.busy_percent && !p.under_a_second) {
+      const double h = job.elapsed_s * p.share_percent / 100 * static_cast<double>(p.gpus.size());
+      measured = true;
+      held += h;
+      busy += h * *p.busy_percent / 100;
+      idle += p.idle_s.value_or(h * (1 - *p.busy_percent / 100));
+      n["busy_pct"] = *p.busy_percent;
+      n["held_gpu_seconds"] = h;
+      if (p.idle_s) n["idle_gpu_seconds"] = *p.idle_s;
+    }
+    if (p.peak_bytes) n["gpu_memory_peak_bytes"] = *p.peak_bytes;
+    if (p.limit_bytes) n["gpu_memory_limit_bytes"] = *p.limit_bytes;
+    if (p.peak_bytes) {
+      const std::optional<double> pct =
+          p.limit_bytes && *p.limit_bytes > 0
+              ? std::optional<double>(100.0 * static_cast<double>(*p.peak_bytes) / *p.limit_bytes)
+              : std::nullopt;
+      if (!peak || *p.peak_bytes > *peak) peak = p.peak_bytes, limit = p.limit_bytes;
+      if (pct && (!peak_pct || *pct > *peak_pct)) peak_pct = pct;
+    }
+    n["refused"] = p.refused;
+    refused += p.refused;
+    if (p.under_a_second) n["ran_under_a_second"] = true;
+    o["gpu_nodes"].push_back(std::move(n));
+  }
+  o["gpus"] = gpus;
+  if (measured) {
+    o["gpu_held_seconds"] = held;
+    o["gpu_busy_seconds"] = busy;
+    o["gpu_idle_seconds"] = idle;
+    if (held > 0) o["gpu_busy_pct"] = 100 * busy / held;
+  }
+  if (peak) o["gpu_memory_peak_bytes"] = *peak;
+  if (limit) o["gpu_memory_limit_bytes"] = *limit;
+  if (peak_pct) o["gpu_memory_pct"] = *peak_pct;
+  o["gpu_memory_refused"] = refused;
+  return o;
+}
+
+}  // namespace tessera::slurm
