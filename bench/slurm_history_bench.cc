@@ -2,8 +2,10 @@
 // a size asked against the same step asking "auto" (its user's history read: kHistoryKept records,
 // kHistorySized of them of its name), the history read alone, and the epilog that keeps a record
 // (writes it and drops the oldest past kHistoryKept, adds it to the node's per-user totals), and
-// reading those totals with one user and a thousand. Node files in a temporary folder, as root
-// writes them on a node (run as root: the plugin's folders must be its own user's).
+// reading those totals with one user and a thousand; and `tessera slurm eff`'s reading of what
+// sacct says of a job of 1 and 64 nodes (its lines, a step per node, and the nodes' parts). Node
+// files in a temporary folder, as root writes them on a node (run as root: the plugin's folders
+// must be its own user's).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <string>
 
+#include "tessera/slurm/eff.h"
 #include "tessera/slurm/step.h"
 
 namespace {
@@ -111,6 +114,37 @@ void BM_ReadTotals(benchmark::State& state) {
   fs::remove_all(dir);
 }
 BENCHMARK(BM_ReadTotals)->Arg(1)->Arg(1000)->Unit(benchmark::kMicrosecond);
+
+// sacct's answer for a job on state.range(0) nodes, each with its part of the AdminComment and a
+// step, read into the job's efficiency.
+void BM_SlurmEff(benchmark::State& state) {
+  const std::string d = tessera::slurm::kEffDelimiter;
+  std::string comment = "site: checked";
+  for (int64_t n = 0; n < state.range(0); ++n) {
+    comment += " | tessera@node-" + std::to_string(n) +
+               ": gpus 0,1 (50% share each): 60% busy, 1h2m3s of gpu time idle, peak 6.2 gib of 8 "
+               "gib (78%), 2 allocations refused at its limit";
+  }
+  std::string text = "42" + d + "train" + d + "alice" + d + "COMPLETED" + d + "0:0" + d +
+                     std::to_string(state.range(0)) + d + "64" + d + "7200" + d + "1-02:03:04" + d +
+                     "256000M" + d + d + comment + "\n";
+  for (int64_t n = 0; n < state.range(0); ++n) {
+    text += "42." + std::to_string(n) + d + "python" + d + d + "COMPLETED" + d + "0:0" + d + "1" +
+            d + "64" + d + "7100" + d + "10:11:12" + d + d + std::to_string(1000000 + n) + "K" + d +
+            "\n";
+  }
+  for (auto _ : state) {
+    auto job = tessera::slurm::ParseSacctEff(text, "42");
+    auto parts = job.ok() ? tessera::slurm::ParseAdminComment(job->admin_comment)
+                          : absl::StatusOr<std::vector<tessera::slurm::NodePart>>(job.status());
+    if (!parts.ok() || parts->size() != static_cast<size_t>(state.range(0))) {
+      state.SkipWithError("not read");
+      break;
+    }
+    benchmark::DoNotOptimize(tessera::slurm::EffOf(*job, *parts));
+  }
+}
+BENCHMARK(BM_SlurmEff)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

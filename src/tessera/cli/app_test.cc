@@ -239,7 +239,8 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
       "gib of 4 gib (75%), 2 allocations refused at its limit | tessera@n2: gpus 0,1 (50% share "
       "each): 60% busy, 40s of gpu time idle, peak 6 gib of 8 gib (75%)";
   // It answers only what `tessera slurm eff` must ask: the job, its steps, the fields, raw units.
-  auto script = [&](const std::string& name, const std::string& comment_field) {
+  auto script = [&](const std::string& name, const std::string& comment_field,
+                    const std::string& state = "COMPLETED") {
     const std::string path = (dir / name).string();
     std::ofstream(path)
         << "#!/bin/sh\n"
@@ -247,7 +248,9 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
         << tessera::slurm::kEffFields
         << "\" ] || { echo \"sacct: error: unexpected arguments: $*\" >&2; exit 1; }\n"
            "echo 'sacct: warning: the database is slow' >&2\n"
-           "printf '42\\037train\\037alice\\037COMPLETED\\0370:0\\0372\\0378\\037100\\03706:40.000"
+           "printf '42\\037train\\037alice\\037"
+        << state
+        << "\\0370:0\\0372\\0378\\037100\\03706:40.000"
            "\\0378000M\\037\\037%s\\n' '"
         << comment_field
         << "'\n"
@@ -296,6 +299,13 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   EXPECT_THAT(r.err, HasSubstr("'lots' is neither a share nor whole GPUs")) << r.err;
   EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not recorded")) << r.out;
   EXPECT_THAT(r.out, HasSubstr("CPU efficiency     50.0% of 8 CPUs")) << r.out;
+  // A job still running: its nodes have not written their parts yet.
+  const std::string running = script("sacct-running", "", "RUNNING");
+  r = Cli({"slurm", "eff", "42", "--sacct", running.c_str()});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not yet: each node writes its part when the "
+                               "job ends there"))
+      << r.out;
   // sacct failing (another job than the script knows), missing; a job id that is not one.
   r = Cli({"slurm", "eff", "43", "--sacct", sacct.c_str()});
   EXPECT_EQ(r.code, kExitFailure);
@@ -303,10 +313,10 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   r = Cli({"slurm", "eff", "42", "--sacct", (dir / "none").c_str()});
   EXPECT_EQ(r.code, kExitFailure);
   EXPECT_THAT(r.err, HasSubstr("it reads the job from Slurm's accounting")) << r.err;
-  for (const char* id : {"42.0", "x", "-1", "42_", "12345678901"}) {
+  for (const char* id : {"42.0", "x", "-1", "42_", "42+", "42_1+2", "12345678901"}) {
     r = Cli({"slurm", "eff", id, "--sacct", sacct.c_str()});
     EXPECT_EQ(r.code, kExitBadInput) << id;
-    EXPECT_THAT(r.err, HasSubstr("expected a job id such as 42 or 42_3")) << id << r.err;
+    EXPECT_THAT(r.err, HasSubstr("expected a job id such as 42, 42_3 or 42+1")) << id << r.err;
   }
 }
 

@@ -1,8 +1,9 @@
-// `tessera`: the one command users type. The client verbs (submit, run, ls, show, logs, cancel...)
-// run here, in a small program that loads a few libraries and starts in a few milliseconds (the
-// whole program loads 88: gRPC, protobuf, SQLite...); every other command (server, agent, sim,
-// admin, --help...) is the whole program's, tessera-full, exec'd in this process's place with the
-// same arguments: beside this one (a build folder) or in ../lib/tessera (installed).
+// `tessera`: the one command users type. The client verbs (submit, run, ls, show, logs, cancel...,
+// and slurm eff) run here, in a small program that loads a few libraries and starts in a few
+// milliseconds (the whole program loads 88: gRPC, protobuf, SQLite...); every other command
+// (server, agent, sim, admin, --help...) is the whole program's, tessera-full, exec'd in this
+// process's place with the same arguments: beside this one (a build folder) or in ../lib/tessera
+// (installed).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -12,27 +13,31 @@
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tessera/cli/app.h"
 #include "tessera/cli/client_cmd.h"
 #include "tessera/cli/run_app.h"
+#include "tessera/cli/slurm_eff_cmd.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// The command word: the first argument that is not tessera's own option (--log-level V).
-std::string_view CommandWord(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
+// The command words: the first `n` arguments that are not tessera's own option (--log-level V).
+std::vector<std::string_view> CommandWords(int argc, char** argv, size_t n) {
+  std::vector<std::string_view> words;
+  for (int i = 1; i < argc && words.size() < n; ++i) {
     const std::string_view a = argv[i];
     if (a == "--log-level") {
       ++i;
       continue;
     }
     if (a.rfind("--log-level=", 0) == 0) continue;
-    return a;
+    words.push_back(a);
   }
-  return {};
+  words.resize(n);
+  return words;
 }
 
 bool IsClientCommand(std::string_view c) {
@@ -74,11 +79,20 @@ std::string FullProgram(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (IsClientCommand(CommandWord(argc, argv))) {
+  const std::vector<std::string_view> words = CommandWords(argc, argv, 2);
+  if (IsClientCommand(words[0])) {
     CLI::App app{tessera::cli::kAbout, "tessera"};
     std::function<int()> action;
     std::shared_ptr<void> state =
         tessera::cli::AddClientCommands(app, action, std::cout, std::cerr);
+    return tessera::cli::ParseAndRun(app, action, argc, argv, std::cout, std::cerr);
+  }
+  if (words[0] == "slurm" && words[1] == "eff") {
+    CLI::App app{tessera::cli::kAbout, "tessera"};
+    std::function<int()> action;
+    CLI::App* slurm = app.add_subcommand("slurm", "What the Slurm plugin records (docs/slurm.md)");
+    slurm->require_subcommand(1);
+    std::shared_ptr<void> state = tessera::cli::AddSlurmEff(*slurm, action, std::cout, std::cerr);
     return tessera::cli::ParseAndRun(app, action, argc, argv, std::cout, std::cerr);
   }
   const std::string full = FullProgram(argv[0]);

@@ -12,18 +12,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
 #include "fmt/format.h"
-#include "fmt/ranges.h"
 #include "spdlog/spdlog.h"
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
+#include "tessera/cli/slurm_eff_cmd.h"
 #include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
-#include "tessera/devices/program.h"
 #include "tessera/net/http.h"
-#include "tessera/slurm/eff.h"
 #include "tessera/slurm/node.h"
 #include "tessera/slurm/step.h"
 
@@ -37,7 +33,6 @@ struct SlurmFlags {
   std::string listen = "127.0.0.1:9410";
   std::string user, since, sort;
   bool reverse = false;
-  std::string job, sacct = "sacct";
 };
 
 // One row of `tessera slurm acct`: a run of a job on one GPU, with its figures (nullopt: not
@@ -243,134 +238,6 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
-// seff's question for GPUs, asked of sacct on any machine of the cluster: Slurm's own figures of
-// the job and its nodes' AdminComment parts (docs/slurm.md).
-int RunEff(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
-  const std::string sacct = devices::LookUp(f.sacct);
-  if (sacct.empty()) {
-    err << "tessera slurm eff: no " << f.sacct
-        << " here: it reads the job from Slurm's accounting (sacct, slurmdbd)\n";
-    return kExitFailure;
-  }
-  auto run = devices::RunCapture(
-      {sacct, "-j", f.job, "-P", "-n", "--noconvert",
-       std::string("--delimiter=") + slurm::kEffDelimiter, "-o", slurm::kEffFields},
-      {.timeout = std::chrono::seconds(60)});
-  if (!run.ok() || run->status != 0) {
-    err << "tessera slurm eff: " << sacct << " -j " << f.job
-        << (run.ok()
-                ? fmt::format(" failed (exit {}): {}", run->status, devices::FirstLine(run->text))
-                : ": " + std::string(run.status().message()))
-        << "\n";
-    return kExitFailure;
-  }
-  // sacct's own warnings (its stderr comes with its output) said, not read as the job's lines.
-  std::string lines;
-  for (absl::string_view line : absl::StrSplit(run->text, '\n')) {
-    if (absl::StartsWith(line, "sacct: ")) {
-      err << line << "\n";
-    } else {
-      lines.append(line.data(), line.size()).append("\n");
-    }
-  }
-  auto job = slurm::ParseSacctEff(lines, f.job);
-  if (!job.ok()) {
-    err << "tessera slurm eff: " << job.status().message() << "\n";
-    return kExitFailure;
-  }
-  auto parts = slurm::ParseAdminComment(job->admin_comment);
-  if (!parts.ok()) {
-    err << "tessera slurm eff: job " << job->job_id << ": " << parts.status().message()
-        << ": its GPU figures are left out\n";
-    parts = std::vector<slurm::NodePart>();
-  }
-  const nlohmann::json e = slurm::EffOf(*job, *parts);
-  const Format format = *ParseFormat(f.output);
-  if (format != Format::kTable) {
-    EmitStructured(nlohmann::ordered_json::parse(e.dump()), format, out);
-    return kExitOk;
-  }
-  auto field = [&](const char* k, const std::string& v) {
-    out << fmt::format("{:<18} {}\n", k, Printable(v));
-  };
-  auto pct = [&](const char* k) { return fmt::format("{:.1f}%", e[k].get<double>()); };
-  auto has = [&](const char* k) { return e.contains(k) && e[k].is_number(); };
-  auto bytes = [&](const char* k) { return core::FormatBytes(e[k].get<uint64_t>()); };
-  field("job", fmt::format("{}{} of {}", job->job_id,
-                           job->name.empty() ? "" : " (" + job->name + ")", job->user));
-  field("state", fmt::format("{} (exit code {})", job->state, job->exit_code));
-  field("elapsed",
-        fmt::format("{} on {} node{}, {} CPU{}", core::FormatDuration(job->elapsed_s), job->nodes,
-                    job->nodes == 1 ? "" : "s", job->cpus, job->cpus == 1 ? "" : "s"));
-  const size_t gpus = e["gpus"].get<size_t>();
-  const size_t nodes = e["gpu_nodes"].size();
-  if (nodes == 0) {
-    field("GPU efficiency",
-          "not recorded: no tessera@ part in its AdminComment (a job without GPUs, a plugin with "
-          "admin_comment=no, or a cluster without slurmdbd)");
-  } else {
-    const std::string where = fmt::format("{} GPU{} on {} node{}", gpus, gpus == 1 ? "" : "s",
-                                          nodes, nodes == 1 ? "" : "s");
-    if (has("gpu_busy_pct")) {
-      field("GPU efficiency",
-            fmt::format("{} of what its compute shares held was busy ({}); {} of GPU time held "
-                        "idle",
-                        pct("gpu_busy_pct"), where,
-                        core::FormatDuration(e["gpu_idle_seconds"].get<double>())));
-    } else {
-      field("GPU efficiency",
-            fmt::format("not measured ({}: whole GPUs, whose busy time is not timed, or a run "
-                        "under a second)",
-                        where));
-    }
-    std::string memory = "not measured";
-    if (has("gpu_memory_peak_bytes")) {
-      memory = "peak " + bytes("gpu_memory_peak_bytes");
-      if (has("gpu_memory_limit_bytes") && has("gpu_memory_pct"))
-        memory += fmt::format(" of {} per GPU ({})", bytes("gpu_memory_limit_bytes"),
-                              pct("gpu_memory_pct"));
-    }
-    if (const auto n = e["gpu_memory_refused"].get<uint64_t>(); n > 0)
-      memory += fmt::format("; {} allocation{} refused at its limit", n, n == 1 ? "" : "s");
-    field("GPU memory", memory);
-  }
-  field("CPU efficiency",
-        has("cpu_pct")
-            ? fmt::format("{} of {} CPU{} over its run ({:.1f} CPU-seconds)", pct("cpu_pct"),
-                          job->cpus, job->cpus == 1 ? "" : "s", job->total_cpu_s)
-            : fmt::format("{:.1f} CPU-seconds", job->total_cpu_s));
-  std::string memory = "not measured";
-  if (has("memory_peak_bytes")) {
-    memory = "peak " + bytes("memory_peak_bytes") + " (its largest task)";
-    if (has("memory_pct"))
-      memory += fmt::format(" of {} per node asked ({})", bytes("memory_asked_per_node_bytes"),
-                            pct("memory_pct"));
-  }
-  field("memory", memory);
-  if (nodes > 0) {
-    out << "\n";
-    Table t({"NODE", "GPUS", "SHARE", "BUSY", "IDLE", "PEAK-MEM", "MEM-LIMIT", "REFUSED"});
-    for (const nlohmann::json& n : e["gpu_nodes"]) {
-      std::vector<std::string> ids;
-      for (const auto& g : n["gpus"]) ids.push_back(std::to_string(g.get<int>()));
-      auto b = [&](const char* k) {
-        return n.contains(k) ? core::FormatBytes(n[k].get<uint64_t>()) : std::string("-");
-      };
-      const double share = n["share_percent"].get<double>();
-      t.AddRow({n["node"].get<std::string>(), fmt::format("{}", fmt::join(ids, ",")),
-                share > 0 ? fmt::format("{:g}%", share) : "whole",
-                n.contains("busy_pct") ? fmt::format("{:.0f}%", n["busy_pct"].get<double>()) : "-",
-                n.contains("idle_gpu_seconds")
-                    ? core::FormatDuration(n["idle_gpu_seconds"].get<double>())
-                    : "-",
-                b("gpu_memory_peak_bytes"), b("gpu_memory_limit_bytes"),
-                std::to_string(n["refused"].get<uint64_t>())});
-    }
-    t.Print(out);
-  }
-  return kExitOk;
-}
-
 int RunExporter(const SlurmFlags& f, std::ostream& err) {
   sigset_t set;
   sigemptyset(&set);
@@ -445,36 +312,14 @@ std::shared_ptr<void> AddSlurmCommands(CLI::App& app, std::function<int()>& acti
   acct->add_option("-o,--output", f.output, "Output format: table, json or yaml")
       ->check(CLI::IsMember({"table", "json", "yaml"}));
   acct->callback([&, s] { action = [&, s] { return RunAcct(f, out, err); }; });
-  CLI::App* eff = slurm->add_subcommand(
-      "eff",
-      "What an ended job used of what it held, from sacct on any machine of the cluster: its GPUs' "
-      "busy time and memory (each node's part of its AdminComment), CPU and memory (as seff)");
-  eff->add_option("job", f.job, "The Slurm job id (an array's task as 42_3)")
-      ->required()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            const size_t u = v.find('_');
-            auto digits = [](std::string_view d) {
-              return !d.empty() && d.size() < 11 &&
-                     d.find_first_not_of("0123456789") == std::string_view::npos;
-            };
-            return digits(std::string_view(v).substr(0, u)) &&
-                           (u == std::string::npos || digits(std::string_view(v).substr(u + 1)))
-                       ? ""
-                       : "expected a job id such as 42 or 42_3";
-          },
-          "", ""));
-  eff->add_option("--sacct", f.sacct, "The sacct program to ask")->capture_default_str();
-  eff->add_option("-o,--output", f.output, "Output format: table, json or yaml")
-      ->check(CLI::IsMember({"table", "json", "yaml"}));
-  eff->callback([&, s] { action = [&, s] { return RunEff(f, out, err); }; });
+  auto eff = AddSlurmEff(*slurm, action, out, err);
   CLI::App* exporter = slurm->add_subcommand(
       "exporter", "Serve the running jobs' GPU use on this node as Prometheus metrics");
   state(exporter);
   exporter->add_option("--listen", f.listen, "host:port for /metrics and /healthz (:0 any port)")
       ->capture_default_str();
   exporter->callback([&, s] { action = [&, s] { return RunExporter(f, err); }; });
-  return s;
+  return std::make_shared<std::pair<std::shared_ptr<SlurmFlags>, std::shared_ptr<void>>>(s, eff);
 }
 
 }  // namespace tessera::cli

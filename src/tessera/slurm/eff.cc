@@ -214,8 +214,9 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
     return absl::NotFoundError(fmt::format("sacct lists no job {}", Std(job_id)));
   if (job == nullptr)
     return absl::InvalidArgumentError(
-        fmt::format("job {} is an array of {} tasks ({}, ...): name one", Std(job_id), jobs.size(),
-                    Std(jobs[0])));
+        fmt::format("sacct lists {} jobs for {} ({}, ...: an array's tasks or a heterogeneous "
+                    "job's components): name one",
+                    jobs.size(), Std(job_id), Std(jobs[0])));
   const auto& j = *job;
   auto field_error = [&](size_t i, const absl::Status& st) {
     return absl::InvalidArgumentError(fmt::format("sacct, job {}: {} '{}': {}", Std(j[0]),

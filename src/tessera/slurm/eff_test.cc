@@ -223,7 +223,7 @@ TEST(SlurmEff, SacctLinesThatDoNotReadAreNamed) {
       Lines({{"42_1", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""},
              {"42_2", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""}});
   EXPECT_THAT(ParseSacctEff(array, "42").status().message(),
-              HasSubstr("job 42 is an array of 2 tasks (42_1, ...): name one"));
+              HasSubstr("sacct lists 2 jobs for 42 (42_1, ...: an array's tasks"));
   EXPECT_EQ(ParseSacctEff(array, "42_2")->job_id, "42_2");
   auto task = ParseSacctEff(
       Lines({{"42_3", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""}}),
