@@ -1238,7 +1238,8 @@ while True:  # a world of one trains until its agent re-forms the world
         // the default "0" (its Std flag has no member 0 there).
         "--redirects=1", "--tee=1", train}},
       {"resources", {{"gpus", 1}}},
-      {"env", {{"HOME", d.dir()}, {"PYTHONUNBUFFERED", "1"}}},
+      // TMPDIR: torchrun's agent makes its log folder there (torchelastic_*), the test's not /tmp.
+      {"env", {{"HOME", d.dir()}, {"PYTHONUNBUFFERED", "1"}, {"TMPDIR", d.dir()}}},
       {"workdir", d.dir()}};
   const int64_t busy = d.Submit(Shell("sleep 600", {{"gpus", 1}}));
   d.WaitForProcess(busy);
