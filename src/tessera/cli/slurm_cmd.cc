@@ -19,6 +19,7 @@
 #include "tessera/cli/slurm_eff_cmd.h"
 #include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
+#include "tessera/core/users.h"
 #include "tessera/net/http.h"
 #include "tessera/slurm/node.h"
 #include "tessera/slurm/step.h"
@@ -181,14 +182,7 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   std::map<uid_t, std::string> names;
   auto user_name = [&](uid_t uid) -> const std::string& {
     auto [it, added] = names.try_emplace(uid);
-    if (added) {
-      std::vector<char> buf(16384);
-      passwd pw{};
-      passwd* found = nullptr;
-      it->second = getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr
-                       ? std::string(found->pw_name)
-                       : std::to_string(uid);
-    }
+    if (added) it->second = core::LoginName(uid).value_or(std::to_string(uid));
     return it->second;
   };
   auto percent = [](const std::optional<double>& v) -> std::string {

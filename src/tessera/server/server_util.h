@@ -12,17 +12,14 @@
 
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "tessera/core/users.h"
 #include "tessera/server/job_spec.h"
 #include "tessera/server/store.h"
 
 namespace tessera::server {
 
 inline std::string UserName(uid_t uid) {
-  passwd pw;
-  passwd* found = nullptr;
-  char buf[4096];
-  if (getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) return pw.pw_name;
-  return fmt::format("uid:{}", uid);
+  return core::LoginName(uid).value_or(fmt::format("uid:{}", uid));
 }
 
 // Text a user chose (a command), as the server's log shows it: control characters and bytes

@@ -1,13 +1,12 @@
 #include "tessera/slurm/node.h"
 
-#include <pwd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "fmt/format.h"
+#include "tessera/core/users.h"
 #include "tessera/net/prometheus.h"
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
@@ -54,12 +53,7 @@ absl::StatusOr<std::vector<json>> ReadAccounting(const std::string& state_dir,
 
 // A user's name as the server says an owner ("uid:1234" when the machine has none).
 std::string UserName(uid_t uid) {
-  std::vector<char> buf(16384);
-  passwd pw{};
-  passwd* found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr)
-    return found->pw_name;
-  return fmt::format("uid:{}", uid);
+  return core::LoginName(uid).value_or(fmt::format("uid:{}", uid));
 }
 
 std::string NodeMetrics(const std::string& state_dir, const std::string& hostname,
