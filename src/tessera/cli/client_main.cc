@@ -80,19 +80,19 @@ std::string FullProgram(const char* argv0) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string_view> words = CommandWords(argc, argv, 2);
-  if (IsClientCommand(words[0])) {
+  const bool client = IsClientCommand(words[0]);
+  if (client || (words[0] == "slurm" && words[1] == "eff")) {
     CLI::App app{tessera::cli::kAbout, "tessera"};
     std::function<int()> action;
-    std::shared_ptr<void> state =
-        tessera::cli::AddClientCommands(app, action, std::cout, std::cerr);
-    return tessera::cli::ParseAndRun(app, action, argc, argv, std::cout, std::cerr);
-  }
-  if (words[0] == "slurm" && words[1] == "eff") {
-    CLI::App app{tessera::cli::kAbout, "tessera"};
-    std::function<int()> action;
-    CLI::App* slurm = app.add_subcommand("slurm", "What the Slurm plugin records (docs/slurm.md)");
-    slurm->require_subcommand(1);
-    std::shared_ptr<void> state = tessera::cli::AddSlurmEff(*slurm, action, std::cout, std::cerr);
+    std::shared_ptr<void> state;
+    if (client) {
+      state = tessera::cli::AddClientCommands(app, action, std::cout, std::cerr);
+    } else {
+      CLI::App* slurm =
+          app.add_subcommand("slurm", "What the Slurm plugin records (docs/slurm.md)");
+      slurm->require_subcommand(1);
+      state = tessera::cli::AddSlurmEff(*slurm, action, std::cout, std::cerr);
+    }
     return tessera::cli::ParseAndRun(app, action, argc, argv, std::cout, std::cerr);
   }
   const std::string full = FullProgram(argv[0]);
