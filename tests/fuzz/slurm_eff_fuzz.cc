@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parts = slurm::ParseAdminComment(job->admin_comment);
   if (!parts.ok()) return 0;
   check(*parts);
-  const nlohmann::json e = slurm::EffOf(*job, *parts);
+  const nlohmann::ordered_json e = slurm::EffOf(*job, *parts);
   if (e.contains("gpu_busy_seconds") &&
       e["gpu_busy_seconds"].get<double>() > e["gpu_held_seconds"].get<double>() * (1 + 1e-9))
     __builtin_trap();

@@ -62,9 +62,7 @@ int RunShow(State& s, std::ostream& out, std::ostream& err) {
     Emit(*j, s.client.output, out);
     return kExitOk;
   }
-  auto field = [&](const char* k, const std::string& v) {
-    out << fmt::format("{:<12} {}\n", k, Printable(v));
-  };
+  auto field = [&](const char* k, const std::string& v) { PrintField(out, k, v, 12); };
   field("id", JobRef(*j) == std::to_string((*j)["id"].get<int64_t>())
                   ? JobRef(*j)
                   : fmt::format("{} (job {})", JobRef(*j), (*j)["id"].get<int64_t>()));
@@ -168,9 +166,7 @@ int RunEff(State& s, std::ostream& out, std::ostream& err) {
     Emit(o, s.client.output, out);
     return kExitOk;
   }
-  auto field = [&](const char* k, const std::string& v) {
-    out << fmt::format("{:<18} {}\n", k, Printable(v));
-  };
+  auto field = [&](const char* k, const std::string& v) { PrintField(out, k, v, 18); };
   auto number = [&](const char* k) { return e.value(k, json()).is_number(); };
   auto pct = [&](const char* k) { return fmt::format("{:.1f}%", e[k].get<double>()); };
   const bool running = e.value("running", false);

@@ -107,6 +107,10 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
+void PrintField(std::ostream& out, std::string_view key, std::string_view value, size_t width) {
+  out << fmt::format("{:<{}} {}\n", key, width, Printable(value));
+}
+
 std::string TerminalSafe(std::string_view chunk, std::string* carry) {
   std::string text = *carry;
   text.append(chunk);

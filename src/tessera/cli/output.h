@@ -23,6 +23,10 @@ void EmitStructured(const nlohmann::ordered_json& value, Format format, std::ost
 // terminal, are shown visibly as \xNN (\t, \n, \r as such); the rest, UTF-8 included, as it is.
 std::string Printable(std::string_view text);
 
+// One "key   value" line of a page about one thing (`tessera show`, `tessera eff`): the key
+// padded to `width`, the value made Printable.
+void PrintField(std::ostream& out, std::string_view key, std::string_view value, size_t width);
+
 // A job's output as `tessera logs` prints it: as Printable, but newlines, tabs and carriage returns
 // (progress bars) pass as they are. `carry`: a C1 sequence's first byte left at the end of the
 // last chunk, prefixed to this one (kept for the next when this one ends in one).

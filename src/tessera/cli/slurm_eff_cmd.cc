@@ -65,15 +65,13 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
         << ": its GPU figures are left out\n";
     parts = std::vector<slurm::NodePart>();
   }
-  const nlohmann::json e = slurm::EffOf(*job, *parts);
+  const nlohmann::ordered_json e = slurm::EffOf(*job, *parts);
   const Format format = *ParseFormat(f.output);
   if (format != Format::kTable) {
-    EmitStructured(nlohmann::ordered_json::parse(e.dump()), format, out);
+    EmitStructured(e, format, out);
     return kExitOk;
   }
-  auto field = [&](const char* k, const std::string& v) {
-    out << fmt::format("{:<18} {}\n", k, Printable(v));
-  };
+  auto field = [&](const char* k, const std::string& v) { PrintField(out, k, v, 18); };
   auto pct = [&](const char* k) { return fmt::format("{:.1f}%", e[k].get<double>()); };
   auto has = [&](const char* k) { return e.contains(k) && e[k].is_number(); };
   auto bytes = [&](const char* k) { return core::FormatBytes(e[k].get<uint64_t>()); };
@@ -136,7 +134,7 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
   if (nodes > 0) {
     out << "\n";
     Table t({"NODE", "GPUS", "SHARE", "BUSY", "IDLE", "PEAK-MEM", "MEM-LIMIT", "REFUSED"});
-    for (const nlohmann::json& n : e["gpu_nodes"]) {
+    for (const nlohmann::ordered_json& n : e["gpu_nodes"]) {
       std::vector<std::string> ids;
       for (const auto& g : n["gpus"]) ids.push_back(std::to_string(g.get<int>()));
       auto b = [&](const char* k) {

@@ -256,12 +256,12 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
   return e;
 }
 
-json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
-  json o = {
-      {"job_id", job.job_id},      {"name", job.name},           {"user", job.user},
-      {"state", job.state},        {"exit_code", job.exit_code}, {"nodes", job.nodes},
-      {"cpus", job.cpus},          {"elapsed_s", job.elapsed_s}, {"cpu_seconds", job.total_cpu_s},
-      {"gpu_nodes", json::array()}};
+nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
+  using ojson = nlohmann::ordered_json;
+  ojson o = {
+      {"job_id", job.job_id}, {"name", job.name},           {"user", job.user},
+      {"state", job.state},   {"exit_code", job.exit_code}, {"nodes", job.nodes},
+      {"cpus", job.cpus},     {"elapsed_s", job.elapsed_s}, {"cpu_seconds", job.total_cpu_s}};
   if (job.elapsed_s > 0 && job.cpus > 0)
     o["cpu_pct"] = 100 * job.total_cpu_s / (job.elapsed_s * job.cpus);
   if (job.max_rss_bytes) o["memory_peak_bytes"] = *job.max_rss_bytes;
@@ -277,8 +277,9 @@ json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
   uint64_t refused = 0;
   std::optional<uint64_t> peak, limit;
   std::optional<double> peak_pct;
+  ojson nodes = ojson::array();
   for (const NodePart& p : parts) {
-    json n = {{"node", p.node}, {"gpus", p.gpus}, {"share_percent", p.share_percent}};
+    ojson n = {{"node", p.node}, {"gpus", p.gpus}, {"share_percent", p.share_percent}};
     gpus += p.gpus.size();
     if (p.busy_percent && !p.under_a_second) {
       const double h = job.elapsed_s * p.share_percent / 100 * static_cast<double>(p.gpus.size());
@@ -290,20 +291,19 @@ json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
       n["held_gpu_seconds"] = h;
       if (p.idle_s) n["idle_gpu_seconds"] = *p.idle_s;
     }
-    if (p.peak_bytes) n["gpu_memory_peak_bytes"] = *p.peak_bytes;
-    if (p.limit_bytes) n["gpu_memory_limit_bytes"] = *p.limit_bytes;
     if (p.peak_bytes) {
-      const std::optional<double> pct =
-          p.limit_bytes && *p.limit_bytes > 0
-              ? std::optional<double>(100.0 * static_cast<double>(*p.peak_bytes) / *p.limit_bytes)
-              : std::nullopt;
+      n["gpu_memory_peak_bytes"] = *p.peak_bytes;
       if (!peak || *p.peak_bytes > *peak) peak = p.peak_bytes, limit = p.limit_bytes;
-      if (pct && (!peak_pct || *pct > *peak_pct)) peak_pct = pct;
+      if (p.limit_bytes && *p.limit_bytes > 0) {
+        const double pct = 100.0 * static_cast<double>(*p.peak_bytes) / *p.limit_bytes;
+        if (!peak_pct || pct > *peak_pct) peak_pct = pct;
+      }
     }
+    if (p.limit_bytes) n["gpu_memory_limit_bytes"] = *p.limit_bytes;
     n["refused"] = p.refused;
     refused += p.refused;
     if (p.under_a_second) n["ran_under_a_second"] = true;
-    o["gpu_nodes"].push_back(std::move(n));
+    nodes.push_back(std::move(n));
   }
   o["gpus"] = gpus;
   if (measured) {
@@ -316,6 +316,7 @@ json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
   if (limit) o["gpu_memory_limit_bytes"] = *limit;
   if (peak_pct) o["gpu_memory_pct"] = *peak_pct;
   o["gpu_memory_refused"] = refused;
+  o["gpu_nodes"] = std::move(nodes);
   return o;
 }
 

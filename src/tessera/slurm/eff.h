@@ -53,11 +53,12 @@ struct SacctEff {
 // several tasks.
 absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text, std::string_view job_id);
 
-// What the job used of what it held, as `tessera slurm eff -o json` gives it: Slurm's figures
-// (cpu_pct as seff: CPU time over elapsed x CPUs; memory_pct: the largest task's RSS over the
-// memory asked per node) and the GPUs' from the nodes' parts: GPU-seconds a compute share held on
-// each node (its elapsed x share x GPUs) and, weighed by that, how much was busy; the GPU time
-// left idle as the nodes said it; the highest peak of GPU memory against its limit; refusals.
-nlohmann::json EffOf(const SacctEff& job, const std::vector<NodePart>& parts);
+// What the job used of what it held, as `tessera slurm eff -o json` gives it (in this order):
+// Slurm's figures (cpu_pct as seff: CPU time over elapsed x CPUs; memory_pct: the largest task's
+// RSS over the memory asked per node) and the GPUs' from the nodes' parts: GPU-seconds a compute
+// share held on each node (its elapsed x share x GPUs) and, weighed by that, how much was busy; the
+// GPU time left idle as the nodes said it; the highest peak of GPU memory against its limit;
+// refusals.
+nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& parts);
 
 }  // namespace tessera::slurm

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "tessera/slurm/runs_test.h"
 #include "tessera/slurm/step.h"
 
 namespace tessera::slurm {
@@ -15,33 +16,9 @@ namespace {
 using ::testing::HasSubstr;
 constexpr uint64_t GiB = uint64_t{1} << 30;
 
-// The records of SlurmAdminComment's test: a quarter of GPU 1 for 100 s, 20 s of it busy, two
-// refusals; halves of GPUs 0 and 1 for 100 s, 10 and 70 (counted as 50) busy; a whole GPU.
-const nlohmann::json kShare = {{"started", 1000},
-                               {"ended", 1100},
-                               {"share_percent", 25.0},
-                               {"gpus",
-                                {{{"index", 1},
-                                  {"gpu_time_s", 20.0},
-                                  {"peak_memory_bytes", 3 * GiB},
-                                  {"memory_limit_bytes", 4 * GiB},
-                                  {"refused", 2}}}}};
-const nlohmann::json kHalves = {{"started", 0},
-                                {"ended", 100},
-                                {"share_percent", 50.0},
-                                {"gpus",
-                                 {{{"index", 0},
-                                   {"gpu_time_s", 10.0},
-                                   {"peak_memory_bytes", GiB},
-                                   {"memory_limit_bytes", 8 * GiB}},
-                                  {{"index", 1},
-                                   {"gpu_time_s", 70.0},
-                                   {"peak_memory_bytes", 6 * GiB},
-                                   {"memory_limit_bytes", 8 * GiB}}}}};
-const nlohmann::json kWhole = {{"started", 0},
-                               {"ended", 3600},
-                               {"share_percent", 0.0},
-                               {"gpus", {{{"index", 2}, {"peak_memory_bytes", 40 * GiB}}}}};
+const nlohmann::json& kShare = test::QuarterRun();
+const nlohmann::json& kHalves = test::HalvesRun();
+const nlohmann::json& kWhole = test::WholeRun();
 
 TEST(SlurmEff, TheNodesPartsReadBackAsTheEpilogWroteThem) {
   nlohmann::json quick = kShare;
@@ -154,7 +131,7 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   EXPECT_EQ(job->max_rss_bytes, 2 * GiB) << "the largest task of any step";
   auto parts = ParseAdminComment(job->admin_comment);
   ASSERT_TRUE(parts.ok()) << parts.status();
-  const nlohmann::json e = EffOf(*job, *parts);
+  const nlohmann::ordered_json e = EffOf(*job, *parts);
   // 25 GPU-seconds held at 80% and 100 at 60%: 80 of 125 busy; 5 + 40 idle.
   EXPECT_DOUBLE_EQ(e["gpu_held_seconds"].get<double>(), 125);
   EXPECT_DOUBLE_EQ(e["gpu_busy_seconds"].get<double>(), 80);
@@ -174,10 +151,11 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   EXPECT_DOUBLE_EQ(e["memory_pct"].get<double>(), 100.0 * 2048 / 4000);
 
   // A whole GPU only: held, nothing measured; no parts at all: none of the GPU figures.
-  const nlohmann::json whole = EffOf(*job, *ParseAdminComment(AdminCommentPart(kWhole, "n3")));
+  const nlohmann::ordered_json whole =
+      EffOf(*job, *ParseAdminComment(AdminCommentPart(kWhole, "n3")));
   EXPECT_FALSE(whole.contains("gpu_busy_pct"));
   EXPECT_EQ(whole["gpus"], 1);
-  const nlohmann::json none = EffOf(*job, {});
+  const nlohmann::ordered_json none = EffOf(*job, {});
   EXPECT_EQ(none["gpus"], 0);
   EXPECT_FALSE(none.contains("gpu_memory_peak_bytes"));
 

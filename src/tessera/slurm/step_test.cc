@@ -17,6 +17,7 @@
 #include "tessera/shim/arbiter.h"
 #include "tessera/shim/region.h"
 #include "tessera/shim/version5_arbiter_file.h"
+#include "tessera/slurm/runs_test.h"
 
 namespace tessera::slurm {
 namespace {
@@ -915,38 +916,16 @@ TEST_F(SlurmNodeFiles, AStateFolderOfAnotherUserIsRefused) {
 // the GPU time it left idle, its peak of its limit, refusals; several GPUs summed; a whole GPU's
 // busy not measured. In lower case, as sacctmgr keeps it. Each node replaces its own part only.
 TEST(SlurmAdminComment, SaysWhatTheJobUsedOnTheNodeAndKeepsOtherNodesParts) {
-  const nlohmann::json share = {{"started", 1000},
-                                {"ended", 1100},
-                                {"share_percent", 25.0},
-                                {"gpus",
-                                 {{{"index", 1},
-                                   {"gpu_time_s", 20.0},
-                                   {"peak_memory_bytes", 3 * GiB},
-                                   {"memory_limit_bytes", 4 * GiB},
-                                   {"refused", 2}}}}};
+  const nlohmann::json& share = test::QuarterRun();
   EXPECT_EQ(AdminCommentPart(share, "Node-A"),
             "tessera@node-a: gpu 1 (25% share): 80% busy, 5s of gpu time idle, peak 3 gib of 4 "
             "gib (75%), 2 allocations refused at its limit");
-  const nlohmann::json two = {{"started", 0},
-                              {"ended", 100},
-                              {"share_percent", 50.0},
-                              {"gpus",
-                               {{{"index", 0},
-                                 {"gpu_time_s", 10.0},
-                                 {"peak_memory_bytes", GiB},
-                                 {"memory_limit_bytes", 8 * GiB}},
-                                {{"index", 1},
-                                 {"gpu_time_s", 70.0},
-                                 {"peak_memory_bytes", 6 * GiB},
-                                 {"memory_limit_bytes", 8 * GiB}}}}};
+  const nlohmann::json& two = test::HalvesRun();
   // 50 + 50 GPU-seconds held: 10 + 50 (70 is past its half, counted as the 50 it held) busy.
   EXPECT_EQ(AdminCommentPart(two, "n2"),
             "tessera@n2: gpus 0,1 (50% share each): 60% busy, 40s of gpu time idle, peak 6 gib of "
             "8 gib (75%)");
-  const nlohmann::json whole = {{"started", 0},
-                                {"ended", 3600},
-                                {"share_percent", 0.0},
-                                {"gpus", {{{"index", 2}, {"peak_memory_bytes", 40 * GiB}}}}};
+  const nlohmann::json& whole = test::WholeRun();
   EXPECT_EQ(AdminCommentPart(whole, "n3"),
             "tessera@n3: gpu 2 (whole): busy not measured (a whole gpu), peak 40 gib");
   nlohmann::json quick = share;
