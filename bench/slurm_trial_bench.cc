@@ -25,22 +25,15 @@ extern "C" {
 #include "../tests/capture.h"
 #include "../tests/slurm/mini_slurm.h"
 #include "fmt/format.h"
+#include "slurm_bench.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using tessera::bench::Clock;
+using tessera::bench::Ms;
+using tessera::bench::P50P99;
 using tessera::slurm_test::MiniSlurm;
-
-double Ms(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-std::pair<double, double> P50P99(std::vector<double> v) {
-  if (v.empty()) return {0, 0};
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v[std::min(v.size() - 1, v.size() * 99 / 100)]};
-}
 
 // sbatch `args` and wait for its end (COMPLETED or failed); its wall time in s, -1 when it did
 // not end in 60 s.
@@ -76,10 +69,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "slurm_trial_bench: {}\n", why);
     return 1;
   }
-  std::string tmpl = (fs::temp_directory_path() / "slurm-trial-bench-XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) return 1;
-  const std::string dir = tmpl;
-  setenv("TEST_TMPDIR", dir.c_str(), 1);  // the Slurm's folder goes under it
+  const std::string dir = tessera::bench::SlurmFolder("slurm-trial-bench");
+  if (dir.empty()) return 1;
   int code = 0;
   {
     fmt::print(stderr, "starting a one-node Slurm with the plugin under {}\n", dir);

@@ -170,7 +170,11 @@ MiniSlurm::MiniSlurm(const Options& options) : options_(options) {
       << "SlurmctldLogFile=" << dir_ << "/log/slurmctld.log\n"
       << "SlurmdLogFile=" << dir_ << "/log/" << slurmd_file << ".log\n"
       << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
-      << "JobAcctGatherType=jobacct_gather/none\n"
+      // With accounting, Slurm's own per-task figures (TotalCPU, MaxRSS) as a site gathers them,
+      // sampled each second (a site's default is 30) so that a short test job has its samples.
+      << (options_.accounting ? "JobAcctGatherType=jobacct_gather/linux\n"
+                                "JobAcctGatherFrequency=task=1\n"
+                              : "JobAcctGatherType=jobacct_gather/none\n")
       << (options_.accounting
               // (AccountingStoragePass: the munge socket that talks to slurmdbd; TRES: GPUs and
               // shards are recorded only when named, as docs/slurm.md tells a site.)
@@ -293,11 +297,11 @@ bool MiniSlurm::StartAccounting(const std::string& host) {
   return true;
 }
 
-void MiniSlurm::SetPluginArgs(const std::string& args) {
+void MiniSlurm::SetPluginArgs(const std::string& args, const std::string& plugin) {
   std::ofstream conf(dir_ + "/plugstack.conf");
   if (options_.plugin.empty()) return;  // a plain Slurm (the benchmarks' baseline)
-  conf << "required " << options_.plugin << " " << args << " state_dir=" << PluginStateDir()
-       << (options_.nodes > 1 ? "/%n" : "") << "\n";
+  conf << "required " << (plugin.empty() ? options_.plugin : plugin) << " " << args
+       << " state_dir=" << PluginStateDir() << (options_.nodes > 1 ? "/%n" : "") << "\n";
 }
 
 std::string MiniSlurm::Logs() const {

@@ -19,7 +19,8 @@ class MiniSlurm {
     std::string plugin_args;  // its words in plugstack.conf (but state_dir=)
     int shards_per_gpu = 8;
     // With Slurm's accounting database: a MariaDB (Debian's mariadb-server) and slurmdbd started
-    // here too, the cluster added with sacctmgr, so that sacct answers as on a site's cluster.
+    // here too, the cluster added with sacctmgr, so that sacct answers as on a site's cluster;
+    // and jobacct_gather/linux, so that it has each step's CPU time and largest task's memory.
     bool accounting = false;
     // AuthInfo's cred_expire= (0: Slurm's 120 s), which is also how long a requeued job waits
     // before it may start again (at least 5).
@@ -42,9 +43,10 @@ class MiniSlurm {
   const std::string& dir() const { return dir_; }
   // "SLURM_CONF=... " to put before srun/sbatch/squeue command lines.
   std::string Env() const { return "SLURM_CONF=" + dir_ + "/slurm.conf "; }
-  // Rewrites plugstack.conf (read again by each step and by srun/sbatch): the plugin with `args`
-  // and state_dir= the cluster's own folder for it.
-  void SetPluginArgs(const std::string& args);
+  // Rewrites plugstack.conf (read again by each step and by srun/sbatch): the plugin (or another
+  // build of it, `plugin`: a benchmark's baseline) with `args` and state_dir= the cluster's own
+  // folder for it.
+  void SetPluginArgs(const std::string& args, const std::string& plugin = "");
   std::string PluginStateDir() const { return dir_ + "/tessera"; }
   // A node's own state_dir= (of a cluster of several nodes).
   std::string PluginStateDir(const std::string& node) const {
@@ -53,6 +55,8 @@ class MiniSlurm {
   // The nodes' Slurm names, the first the batch node of a job of them all.
   const std::vector<std::string>& nodes() const { return nodes_; }
   std::string Logs() const;
+  // slurmdbd's process (with accounting; -1 without), for a test to stop and continue it.
+  pid_t slurmdbd() const { return slurmdbd_; }
 
  private:
   void Stop();

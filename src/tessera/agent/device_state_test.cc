@@ -378,7 +378,7 @@ TEST_F(DeviceStateTest, ACorruptCheckpointIsSetAsideAndTheStateStartsEmpty) {
       "\"tessera.io/gpu\", \"device_ids\": [\"" +
       Uuid(0) + "\"], \"gpus\": [\"" + Uuid(0) +
       "\"], \"region\": \"\", \"pod\": \"\", \"created_unix\": 1, \"arbiter_job\": 5}]}";
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("{\"version\": 1, \"allocations\": ["), std::string("not json at all"),
         std::string("{\"version\": 9}"),
         std::string("{\"version\": 1, \"next_id\": 2, \"allocations\": [{\"id\": \"a\", "

@@ -17,6 +17,40 @@ extern char** environ;
 
 namespace tessera::devices {
 
+namespace {
+
+// What `fd` gives until its end (the first MiB kept), `pid` killed when `timeout` has passed
+// first; whether it was.
+bool ReadUntilEnd(int fd, pid_t pid, std::chrono::milliseconds timeout, std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid, SIGKILL);
+      return true;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(left.count()));
+    if (r <= 0) continue;  // interrupted, or the deadline (checked above)
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    if (text.size() < (1 << 20)) text.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// `pid`'s wait status, once it has ended.
+int Reap(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+}  // namespace
+
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run) {
   int out_fds[2], in_fds[2] = {-1, -1};
@@ -83,30 +117,51 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
   ProgramOutput out;
-  const auto deadline = std::chrono::steady_clock::now() + run.timeout;
-  char buf[4096];
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      kill(pid, SIGKILL);
-      break;
-    }
-    pollfd p{out_fds[0], POLLIN, 0};
-    const int r = poll(&p, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    const ssize_t n = read(out_fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (out.text.size() < (1 << 20)) out.text.append(buf, static_cast<size_t>(n));
-  }
+  (void)ReadUntilEnd(out_fds[0], pid, run.timeout, out.text);
   close(out_fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = Reap(pid);
   if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
   return out;
+}
+
+absl::StatusOr<std::string> RunInChild(const std::function<std::string()>& fn,
+                                       std::chrono::milliseconds timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return absl::InternalError(fmt::format("fork: {}", strerror(errno)));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    // A mark first: an answer that is empty is not a child that ended without one.
+    const std::string answer = "=" + fn();
+    for (size_t done = 0; done < answer.size();) {
+      const ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);  // no atexit handlers or buffers of the parent's
+  }
+  close(fds[1]);
+  std::string text;
+  const bool killed = ReadUntilEnd(fds[0], pid, timeout, text);
+  close(fds[0]);
+  const int status = Reap(pid);
+  if (killed)
+    return absl::DeadlineExceededError(fmt::format("no answer in {} ms", timeout.count()));
+  if (text.empty() || text[0] != '=' || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(WIFSIGNALED(status)
+                                   ? fmt::format("it ended on signal {} ({})", WTERMSIG(status),
+                                                 strsignal(WTERMSIG(status)))
+                                   : fmt::format("it ended without an answer (exit status {})",
+                                                 WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+  }
+  return text.substr(1);
 }
 
 void CleanSignals(posix_spawnattr_t* attr) {

@@ -5,6 +5,7 @@
 #include <spawn.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -32,6 +33,13 @@ struct ProgramRun {
 // SIGTERM in its threads; a helper or a daemon it starts must not inherit that).
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run = {});
+
+// `fn`'s answer, computed in a child process (fork) that is killed when it has not answered in
+// `timeout`: a library call that may block far longer than its caller can wait, or crash, cannot
+// hold or take down the caller. DeadlineExceeded when killed; Internal when the child ended
+// without an answer (a crash: its signal named).
+absl::StatusOr<std::string> RunInChild(const std::function<std::string()>& fn,
+                                       std::chrono::milliseconds timeout);
 
 // Attributes for posix_spawn that give the child no blocked signal and every signal's default
 // action; posix_spawnattr_destroy it after.

@@ -14,6 +14,7 @@
 extern "C" {
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
+#include <slurm/slurmdb.h>
 #include <slurm/spank.h>
 }
 
@@ -33,6 +34,7 @@ extern "C" {
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -52,8 +54,8 @@ namespace {
 constexpr uint32_t kExternStep = 0xfffffffc;  // slurm.h's SLURM_EXTERN_CONT
 constexpr uint32_t kBatchStep = 0xfffffffb;   // slurm.h's SLURM_BATCH_SCRIPT
 constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue only if running
-// The most a call of sacct or sacctmgr may take in an epilog (slurmd's own has a timeout).
-constexpr std::chrono::milliseconds kSlurmCall{10000};
+// The most the epilog waits for a part's write into an ended job's accounting record (slurmdbd).
+constexpr std::chrono::seconds kDatabaseWrite{10};
 
 // The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" job's
 // trial, how often it was requeued, whether Slurm would requeue it, and a batch job's batch node.
@@ -103,11 +105,18 @@ std::string Requeue(uint32_t job) {
 // `part` in the AdminComment `current` gives (nullopt: could not be read, `err` set) by `write`
 // (false: refused, `err` set), keeping what others wrote there. The job's nodes end at once, each
 // writing its part: a part another node's write replaced is written again, five times at most.
-// Empty when done, else why not.
+// `alone`: the comment of a job of this one node as slurmctld gave it, which no other node writes
+// at once - one write, without reading it before and after (each a round trip to slurmdbd; done
+// as for several nodes where the write is refused). Empty when done, else why not.
 std::string WriteComment(const std::string& node, const std::string& part,
                          const std::function<std::optional<std::string>(std::string&)>& current,
-                         const std::function<bool(const std::string&, std::string&)>& write) {
+                         const std::function<bool(const std::string&, std::string&)>& write,
+                         const std::optional<std::string>& alone = std::nullopt) {
   std::string err;
+  if (alone) {
+    if (alone->find(part) != std::string::npos) return "";
+    if (write(tessera::slurm::MergeAdminComment(*alone, node, part), err)) return "";
+  }
   for (int attempt = 0; attempt < 5; ++attempt) {
     const std::optional<std::string> now = current(err);
     if (!now) return err;
@@ -122,12 +131,110 @@ std::string WriteComment(const std::string& node, const std::string& part,
   return "other nodes' writes kept replacing it";
 }
 
+// `part` in an ended job's AdminComment in its accounting record, through the slurmdbd API of the
+// slurmstepd this epilog runs in (libslurmfull's slurmdb_*: the query and the update sacct and
+// sacctmgr would make, on one connection, without starting them; a job of one node, `alone`, is
+// not read before or after). Empty when written, else why not.
+std::string CommentInDatabase(uint32_t job, const std::string& node, const std::string& part,
+                              const std::optional<std::string>& alone) {
+  auto find = [](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(RTLD_DEFAULT, name));
+    return fn != nullptr;
+  };
+  decltype(&slurmdb_connection_get) connect;
+  decltype(&slurmdb_connection_close) close;
+  decltype(&slurmdb_connection_commit) commit;
+  decltype(&slurmdb_jobs_get) jobs_get;
+  decltype(&slurmdb_job_modify) job_modify;
+  decltype(&slurm_list_create) list_create;
+  decltype(&slurm_list_destroy) list_destroy;
+  decltype(&slurm_list_append) list_append;
+  decltype(&slurm_list_iterator_create) iterate;
+  decltype(&slurm_list_next) next;
+  decltype(&slurm_list_iterator_destroy) iterated;
+  decltype(&slurm_list_count) list_count;
+  slurm_conf_t* conf = nullptr;
+  if (!find(connect, "slurmdb_connection_get") || !find(close, "slurmdb_connection_close") ||
+      !find(commit, "slurmdb_connection_commit") || !find(jobs_get, "slurmdb_jobs_get") ||
+      !find(job_modify, "slurmdb_job_modify") || !find(list_create, "slurm_list_create") ||
+      !find(list_destroy, "slurm_list_destroy") || !find(list_append, "slurm_list_append") ||
+      !find(iterate, "slurm_list_iterator_create") || !find(next, "slurm_list_next") ||
+      !find(iterated, "slurm_list_iterator_destroy") || !find(list_count, "slurm_list_count") ||
+      !find(conf, "slurm_conf") || conf->cluster_name == nullptr)
+    return "slurmstepd has no slurmdbd API (slurmdb_job_modify)";
+  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
+  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
+  auto why = [&] {
+    const int e = get_errno ? get_errno() : errno;
+    return text ? std::string(text(e)) : std::string(strerror(e));
+  };
+  uint16_t flags = 0;
+  void* db = connect(&flags);
+  if (db == nullptr) return "slurmdbd: no connection: " + why();
+  // This job (its latest run, as sacct -X shows it) on this cluster: a job of the same id on
+  // another cluster of the same database is not this one.
+  slurm_selected_step_t step{};
+  step.array_task_id = NO_VAL;
+  step.het_job_offset = NO_VAL;
+  step.step_id = {job, NO_VAL, NO_VAL};
+  slurmdb_job_cond_t cond{};
+  cond.db_flags = SLURMDB_JOB_FLAG_NOTSET;
+  cond.flags = JOBCOND_FLAG_NO_STEP | JOBCOND_FLAG_NO_DEFAULT_USAGE;
+  cond.cluster_list = list_create(nullptr);  // (items not ours to free)
+  list_append(cond.cluster_list, conf->cluster_name);
+  cond.step_list = list_create(nullptr);
+  list_append(cond.step_list, &step);
+  const std::string err = WriteComment(
+      node, part,
+      [&](std::string& e) -> std::optional<std::string> {
+        List jobs = jobs_get(db, &cond);
+        if (jobs == nullptr) {
+          e = "slurmdbd did not list the job: " + why();
+          return std::nullopt;
+        }
+        std::string comment;
+        ListIterator it = iterate(jobs);
+        if (const auto* rec = static_cast<slurmdb_job_rec_t*>(next(it)); rec && rec->admin_comment)
+          comment = rec->admin_comment;
+        iterated(it);
+        list_destroy(jobs);
+        return comment;
+      },
+      [&](const std::string& merged, std::string& e) {
+        // As slurmdb_create_job_rec makes one: no field but the AdminComment changed.
+        slurmdb_job_rec_t rec{};
+        rec.array_task_id = NO_VAL;
+        rec.derived_ec = NO_VAL;
+        rec.state = JOB_PENDING;
+        rec.requid = -1;
+        rec.lft = NO_VAL;
+        rec.resvid = NO_VAL;
+        std::string copy = merged;
+        rec.admin_comment = copy.data();
+        List changed = job_modify(db, &cond, &rec);
+        const bool ok = changed != nullptr && list_count(changed) > 0;
+        if (!ok) e = "slurmdbd did not change it: " + why();
+        if (changed) list_destroy(changed);
+        if (ok && commit(db, true) != SLURM_SUCCESS) {
+          e = "slurmdbd did not commit it: " + why();
+          return false;
+        }
+        return ok;
+      },
+      alone);
+  list_destroy(cond.cluster_list);
+  list_destroy(cond.step_list);
+  close(&db);
+  return err;
+}
+
 // Writes the job's use on this node into its AdminComment, where sacct shows it after the job.
 // While slurmctld still has the job unfinished (a requeued run), with slurm_update_job of the
-// slurmstepd this epilog runs in (as root, an administrator); a finished job's (slurmctld
-// refuses to change it) in its accounting record, with sacctmgr, as Slurm's own tools do - which
-// needs slurmdbd. Where it went, or why it did not.
-std::string CommentOnJob(uint32_t job, const std::string& node, const std::string& part) {
+// slurmstepd this epilog runs in (as root, an administrator); an ended job's (slurmctld refuses
+// to change it) in its accounting record, through slurmdbd - which a cluster needs for it. Empty
+// when written (`where` says where), else why not.
+std::string CommentOnJob(uint32_t job, const std::string& node, const std::string& part,
+                         std::string& where) {
   const auto load =
       reinterpret_cast<decltype(&slurm_load_job)>(dlsym(RTLD_DEFAULT, "slurm_load_job"));
   const auto free_msg = reinterpret_cast<decltype(&slurm_free_job_info_msg)>(
@@ -140,6 +247,10 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
   const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
   bool finished = false;
   std::string api = "slurmstepd has no slurm_update_job";
+  // A job of this one node: its comment as slurmctld has it (see WriteComment).
+  std::optional<std::string> alone;
+  // slurmctld did not give the job (not there, or did not answer).
+  bool unknown = !(load && free_msg && init && update);
   if (load && free_msg && init && update) {
     auto why = [&] {
       const int e = get_errno ? get_errno() : errno;
@@ -153,15 +264,24 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
           job_info_msg_t* info = nullptr;
           if (load(&info, job, SHOW_ALL) != 0 || info == nullptr || info->record_count < 1) {
             err = "slurmctld did not give the job: " + why();
+            unknown = true;
             if (info) free_msg(info);
             return std::nullopt;
           }
           const char* c = info->job_array[0].admin_comment;
           std::string comment = c ? c : "";
+          alone.reset();
+          if (info->job_array[0].num_nodes == 1) alone = comment;
+          // (Ended, as at an epilog but a requeued run's: slurmctld refuses to change it.)
+          finished = (info->job_array[0].job_state & JOB_STATE_BASE) > JOB_SUSPENDED;
           free_msg(info);
           return comment;
         },
         [&](const std::string& merged, std::string& err) {
+          if (finished) {
+            err = "the job has ended";
+            return false;
+          }
           job_desc_msg_t desc;
           init(&desc);
           desc.job_id = job;
@@ -171,39 +291,22 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
           err = "slurmctld refused it: " + why();
           return false;
         });
-    if (api.empty()) return "";
+    if (api.empty()) {
+      where = "slurmctld";
+      return "";
+    }
   }
-  if (!finished) return api;
-  // Finished: its accounting record.
-  const std::string sacct = tessera::devices::LookUp("sacct"),
-                    sacctmgr = tessera::devices::LookUp("sacctmgr");
-  if (sacct.empty() || sacctmgr.empty()) return api + "; sacctmgr is not here";
-  const std::string id = std::to_string(job);
-  const std::string db = WriteComment(
-      node, part,
-      [&](std::string& err) -> std::optional<std::string> {
-        auto r = tessera::devices::RunCapture(
-            {sacct, "-j", id, "-X", "-n", "-P", "-o", "AdminComment"}, {.timeout = kSlurmCall});
-        if (!r.ok() || r->status != 0) {
-          err = "sacct: " +
-                (r.ok() ? tessera::devices::FirstLine(r->text) : std::string(r.status().message()));
-          return std::nullopt;
-        }
-        std::string comment = r->text;
-        while (!comment.empty() && (comment.back() == '\n' || comment.back() == ' '))
-          comment.pop_back();
-        return comment;
-      },
-      [&](const std::string& merged, std::string& err) {
-        auto r = tessera::devices::RunCapture({sacctmgr, "-i", "update", "job", "where",
-                                               "jobid=" + id, "set", "AdminComment=" + merged},
-                                              {.timeout = kSlurmCall});
-        if (r.ok() && r->status == 0) return true;
-        err = "sacctmgr: " +
-              (r.ok() ? tessera::devices::FirstLine(r->text) : std::string(r.status().message()));
-        return false;
-      });
-  return db.empty() ? "" : api + "; in its accounting record: " + db;
+  if (!finished && !unknown) return api;
+  // Ended (or slurmctld would not say): its accounting record - from a child process, which is
+  // given kDatabaseWrite: Slurm waits MessageTimeout + 35 s for each answer of slurmdbd, and the
+  // job's resources wait for its epilog; nor can a crash in those calls take the epilog with it.
+  const absl::StatusOr<std::string> db = tessera::devices::RunInChild(
+      [&] { return CommentInDatabase(job, node, part, alone); }, kDatabaseWrite);
+  if (!db.ok())
+    return api + "; in its accounting record: slurmdbd: " + std::string(db.status().message());
+  if (!db->empty()) return api + "; in its accounting record: " + *db;
+  where = "slurmdbd";
+  return "";
 }
 
 std::string share_option, mem_option, trial_option;
@@ -496,13 +599,20 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
       name = host;
     }
     const std::string part = tessera::slurm::AdminCommentPart(record, name);
-    if (std::string why = CommentOnJob(job, name, part); why.empty())
-      slurm_info("tessera: job %u: AdminComment: %s", job, part.c_str());
+    // (How long it took: the node's epilog, which holds the job's resources until it ends.)
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string where;
+    const std::string why = CommentOnJob(job, name, part, where);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (why.empty())
+      slurm_info("tessera: job %u: AdminComment (%s, written in %.0f ms): %s", job, where.c_str(),
+                 ms, part.c_str());
     else
       slurm_error(
-          "tessera: job %u: its AdminComment was not written (%s; a cluster without slurmdbd: "
-          "admin_comment=no in plugstack.conf): %s",
-          job, why.c_str(), part.c_str());
+          "tessera: job %u: its AdminComment was not written in %.0f ms (%s; a cluster without "
+          "slurmdbd: admin_comment=no in plugstack.conf): %s",
+          job, ms, why.c_str(), part.c_str());
   }
   return ESPANK_SUCCESS;
 }
