@@ -102,35 +102,6 @@ std::string Requeue(uint32_t job) {
   return text ? std::string(text(e)) : std::string(strerror(e));
 }
 
-// `part` in the AdminComment `current` gives (nullopt: could not be read, `err` set) by `write`
-// (false: refused, `err` set), keeping what others wrote there. The job's nodes end at once, each
-// writing its part: a part another node's write replaced is written again, five times at most.
-// `alone`: the comment of a job of this one node as slurmctld gave it, which no other node writes
-// at once - one write, without reading it before and after (each a round trip to slurmdbd; done
-// as for several nodes where the write is refused). Empty when done, else why not.
-std::string WriteComment(const std::string& node, const std::string& part,
-                         const std::function<std::optional<std::string>(std::string&)>& current,
-                         const std::function<bool(const std::string&, std::string&)>& write,
-                         const std::optional<std::string>& alone = std::nullopt) {
-  std::string err;
-  if (alone) {
-    if (alone->find(part) != std::string::npos) return "";
-    if (write(tessera::slurm::MergeAdminComment(*alone, node, part), err)) return "";
-  }
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    const std::optional<std::string> now = current(err);
-    if (!now) return err;
-    if (now->find(part) != std::string::npos) return "";
-    if (!write(tessera::slurm::MergeAdminComment(*now, node, part), err)) return err;
-    // Another node's part written at the same time may have replaced this one: read it back.
-    const std::optional<std::string> after = current(err);
-    if (!after) return err;
-    if (after->find(part) != std::string::npos) return "";
-    std::this_thread::sleep_for(std::chrono::milliseconds(50 + (getpid() + attempt * 37) % 200));
-  }
-  return "other nodes' writes kept replacing it";
-}
-
 // `part` in an ended job's AdminComment in its accounting record, through the slurmdbd API of the
 // slurmstepd this epilog runs in (libslurmfull's slurmdb_*: the query and the update sacct and
 // sacctmgr would make, on one connection, without starting them; a job of one node, `alone`, is
@@ -184,7 +155,7 @@ std::string CommentInDatabase(uint32_t job, const std::string& node, const std::
   list_append(cond.cluster_list, conf->cluster_name);
   cond.step_list = list_create(nullptr);
   list_append(cond.step_list, &step);
-  const std::string err = WriteComment(
+  const std::string err = tessera::slurm::WriteAdminComment(
       node, part,
       [&](std::string& e) -> std::optional<std::string> {
         List jobs = jobs_get(db, &cond);
@@ -247,7 +218,7 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
   const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
   bool finished = false;
   std::string api = "slurmstepd has no slurm_update_job";
-  // A job of this one node: its comment as slurmctld has it (see WriteComment).
+  // A job of this one node: its comment as slurmctld has it (see WriteAdminComment).
   std::optional<std::string> alone;
   // slurmctld did not give the job (not there, or did not answer).
   bool unknown = !(load && free_msg && init && update);
@@ -258,7 +229,7 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
       finished = finished || e == ESLURM_JOB_FINISHED || e == ESLURM_INVALID_JOB_ID;
       return text ? std::string(text(e)) : std::string(strerror(e));
     };
-    api = WriteComment(
+    api = tessera::slurm::WriteAdminComment(
         node, part,
         [&](std::string& err) -> std::optional<std::string> {
           job_info_msg_t* info = nullptr;

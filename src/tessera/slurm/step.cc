@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -1188,6 +1189,36 @@ std::string MergeAdminComment(const std::string& existing, const std::string& no
   }
   kept.push_back(part);
   return absl::StrJoin(kept, " | ");
+}
+
+std::string WriteAdminComment(
+    const std::string& node, const std::string& part,
+    const std::function<std::optional<std::string>(std::string&)>& current,
+    const std::function<bool(const std::string&, std::string&)>& write,
+    const std::optional<std::string>& alone,
+    const std::function<void(std::chrono::milliseconds)>& wait) {
+  std::string err;
+  if (alone) {
+    if (alone->find(part) != std::string::npos) return "";
+    if (write(MergeAdminComment(*alone, node, part), err)) return "";
+  }
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const std::optional<std::string> now = current(err);
+    if (!now) return err;
+    if (now->find(part) != std::string::npos) return "";
+    if (!write(MergeAdminComment(*now, node, part), err)) return err;
+    // Another node's part written at the same time may have replaced this one: read it back.
+    const std::optional<std::string> after = current(err);
+    if (!after) return err;
+    if (after->find(part) != std::string::npos) return "";
+    const std::chrono::milliseconds pause(50 + (getpid() + attempt * 37) % 200);
+    if (wait) {
+      wait(pause);
+    } else {
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  return "other nodes' writes kept replacing it";
 }
 
 }  // namespace tessera::slurm

@@ -20,8 +20,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -278,5 +280,19 @@ std::string AdminCommentPart(const nlohmann::json& acct, const std::string& node
 // " | ".
 std::string MergeAdminComment(const std::string& existing, const std::string& node,
                               const std::string& part);
+// How an epilog writes its part into the job's AdminComment while the job's other nodes write
+// theirs: `part` merged (MergeAdminComment) into the comment `current` reads (nullopt: could not be
+// read, `err` set) and written by `write` (false: refused, `err` set), then read back; a part
+// another node's write replaced is written again, five times at most, `wait` between (nullptr:
+// sleeps 50-250 ms, a different time on each node). `alone`: the comment of a job of this one node
+// as slurmctld gave it, which no other node writes at once - one write, without reading before or
+// after (each a round trip to slurmdbd); done as for several nodes where that write is refused.
+// Empty when done, else why not.
+std::string WriteAdminComment(
+    const std::string& node, const std::string& part,
+    const std::function<std::optional<std::string>(std::string&)>& current,
+    const std::function<bool(const std::string&, std::string&)>& write,
+    const std::optional<std::string>& alone = std::nullopt,
+    const std::function<void(std::chrono::milliseconds)>& wait = nullptr);
 
 }  // namespace tessera::slurm

@@ -941,5 +941,108 @@ TEST(SlurmAdminComment, SaysWhatTheJobUsedOnTheNodeAndKeepsOtherNodesParts) {
       << "n10 is not n1";
 }
 
+// The job's AdminComment as slurmdbd keeps it, written by several epilogs at once: each write
+// replaces the whole comment, so a node that read before another's write and writes after it
+// drops the other's part - which that node then sees when it reads its own write back.
+struct SharedComment {
+  std::string text;
+  int reads = 0, writes = 0;
+  std::vector<std::chrono::milliseconds> waits;
+  // Run before each read (another node's write landing in between).
+  std::function<void()> before_read;
+  std::function<std::optional<std::string>(std::string&)> Current() {
+    return [this](std::string&) -> std::optional<std::string> {
+      ++reads;
+      if (before_read) before_read();
+      return text;
+    };
+  }
+  std::function<bool(const std::string&, std::string&)> Write() {
+    return [this](const std::string& merged, std::string&) {
+      ++writes;
+      text = merged;
+      return true;
+    };
+  }
+  std::function<void(std::chrono::milliseconds)> Wait() {
+    return [this](std::chrono::milliseconds d) { waits.push_back(d); };
+  }
+};
+
+TEST(SlurmAdminComment, AOneNodeJobIsWrittenOnceWithoutReading) {
+  SharedComment db{.text = "site note"};
+  EXPECT_EQ(
+      WriteAdminComment("n1", "tessera@n1: a", db.Current(), db.Write(), "site note", db.Wait()),
+      "");
+  EXPECT_EQ(db.text, "site note | tessera@n1: a");
+  EXPECT_EQ(db.writes, 1);
+  EXPECT_EQ(db.reads, 0);
+  // Already there (the epilog run again): nothing written.
+  EXPECT_EQ(WriteAdminComment("n1", "tessera@n1: a", db.Current(), db.Write(), db.text, db.Wait()),
+            "");
+  EXPECT_EQ(db.writes, 1);
+}
+
+TEST(SlurmAdminComment, AOneNodeWriteThatIsRefusedIsDoneAsForSeveralNodes) {
+  // (slurmdbd did not have the job's row yet: refused once, then it has.)
+  SharedComment db;
+  int refusals = 1;
+  auto write = [&](const std::string& merged, std::string& err) {
+    if (refusals-- > 0) {
+      err = "slurmdbd did not change it";
+      return false;
+    }
+    return db.Write()(merged, err);
+  };
+  EXPECT_EQ(WriteAdminComment("n1", "tessera@n1: a", db.Current(), write, "", db.Wait()), "");
+  EXPECT_EQ(db.text, "tessera@n1: a");
+  EXPECT_EQ(db.reads, 2) << "read, written, read back";
+  // A write refused in the loop too is said.
+  SharedComment closed;
+  auto refuse = [](const std::string&, std::string& err) {
+    err = "slurmdbd did not change it";
+    return false;
+  };
+  EXPECT_EQ(WriteAdminComment("n1", "tessera@n1: a", closed.Current(), refuse, "", closed.Wait()),
+            "slurmdbd did not change it");
+  // And a read that fails.
+  auto unreadable = [](std::string& err) -> std::optional<std::string> {
+    err = "slurmdbd did not list the job";
+    return std::nullopt;
+  };
+  EXPECT_EQ(WriteAdminComment("n1", "tessera@n1: a", unreadable, closed.Write(), std::nullopt,
+                              closed.Wait()),
+            "slurmdbd did not list the job");
+  EXPECT_EQ(closed.writes, 0);
+}
+
+TEST(SlurmAdminComment, APartAnotherNodeReplacedIsWrittenAgainAndBothStay) {
+  // n2's epilog wrote a comment without n1's part just after n1 wrote (it had read before): n1
+  // sees that when it reads its write back, waits, and writes again - merged with n2's part.
+  SharedComment db{.text = "tessera@n2: b"};
+  int n2_writes = 1;
+  db.before_read = [&] {
+    if (db.reads == 2 && n2_writes-- > 0) db.text = "tessera@n2: b";
+  };
+  EXPECT_EQ(
+      WriteAdminComment("n1", "tessera@n1: a", db.Current(), db.Write(), std::nullopt, db.Wait()),
+      "");
+  EXPECT_EQ(db.text, "tessera@n2: b | tessera@n1: a");
+  EXPECT_EQ(db.writes, 2);
+  ASSERT_EQ(db.waits.size(), 1u);
+  EXPECT_GE(db.waits[0], std::chrono::milliseconds(50));
+  EXPECT_LT(db.waits[0], std::chrono::milliseconds(250));
+  // Replaced on every read back: given up after five writes, and said so.
+  SharedComment busy;
+  busy.before_read = [&] {
+    if (busy.reads % 2 == 0) busy.text = "tessera@n2: b";
+  };
+  EXPECT_EQ(WriteAdminComment("n1", "tessera@n1: a", busy.Current(), busy.Write(), std::nullopt,
+                              busy.Wait()),
+            "other nodes' writes kept replacing it");
+  EXPECT_EQ(busy.writes, 5);
+  EXPECT_EQ(busy.waits.size(), 5u);
+}
+
 }  // namespace
 }  // namespace tessera::slurm
