@@ -240,7 +240,7 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
       "each): 60% busy, 40s of gpu time idle, peak 6 gib of 8 gib (75%)";
   // It answers only what `tessera slurm eff` must ask: the job, its steps, the fields, raw units.
   auto script = [&](const std::string& name, const std::string& comment_field,
-                    const std::string& state = "COMPLETED") {
+                    const std::string& state = "COMPLETED", const std::string& job = "train") {
     const std::string path = (dir / name).string();
     std::ofstream(path)
         << "#!/bin/sh\n"
@@ -248,8 +248,8 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
         << tessera::slurm::kEffFields
         << "\" ] || { echo \"sacct: error: unexpected arguments: $*\" >&2; exit 1; }\n"
            "echo 'sacct: warning: the database is slow' >&2\n"
-           "printf '42\\037train\\037alice\\037"
-        << state
+           "printf '42\\037"
+        << job << "\\037alice\\037" << state
         << "\\0370:0\\0372\\0378\\037100\\03706:40.000"
            "\\0378000M\\037\\037%s\\n' '"
         << comment_field
@@ -299,6 +299,18 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   EXPECT_THAT(r.err, HasSubstr("'lots' is neither a share nor whole GPUs")) << r.err;
   EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not recorded")) << r.out;
   EXPECT_THAT(r.out, HasSubstr("CPU efficiency     50.0% of 8 CPUs")) << r.out;
+  // A job name that is not UTF-8 (Latin-1) and holds a terminal's escape: JSON that reads, with
+  // the byte replaced; the table shows the escape instead of obeying it.
+  const std::string latin = script("sacct-latin1", comment, "COMPLETED", "caf\xe9\x1b[2J");
+  r = Cli({"slurm", "eff", "42", "--sacct", latin.c_str(), "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto named = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(named.is_object()) << r.out;
+  EXPECT_EQ(named["name"], "caf\xef\xbf\xbd\x1b[2J");
+  r = Cli({"slurm", "eff", "42", "--sacct", latin.c_str()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("job                42 (caf")) << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\x1b"))) << r.out;
   // A job still running: its nodes have not written their parts yet.
   const std::string running = script("sacct-running", "", "RUNNING");
   r = Cli({"slurm", "eff", "42", "--sacct", running.c_str()});
