@@ -127,11 +127,13 @@ void BM_SlurmEff(benchmark::State& state) {
   }
   std::string text = "42" + d + "train" + d + "alice" + d + "COMPLETED" + d + "0:0" + d +
                      std::to_string(state.range(0)) + d + "64" + d + "7200" + d + "1-02:03:04" + d +
-                     "256000M" + d + d + comment + "\n";
+                     "256000M" + d + d + comment + d +
+                     "billing=64,cpu=64,gres/shard=" + std::to_string(8 * state.range(0)) +
+                     ",node=" + std::to_string(state.range(0)) + "\n";
   for (int64_t n = 0; n < state.range(0); ++n) {
     text += "42." + std::to_string(n) + d + "python" + d + d + "COMPLETED" + d + "0:0" + d + "1" +
             d + "64" + d + "7100" + d + "10:11:12" + d + d + std::to_string(1000000 + n) + "K" + d +
-            "\n";
+            d + "\n";
   }
   for (auto _ : state) {
     auto job = tessera::slurm::ParseSacctEff(text, "42");

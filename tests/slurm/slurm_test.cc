@@ -786,6 +786,8 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
   ASSERT_EQ(e["gpu_nodes"].size(), 1u) << shard.out;
   EXPECT_EQ(e["gpu_nodes"][0]["gpus"], nlohmann::json::array({record["gpus"][0]["index"]}));
   EXPECT_EQ(e["gpu_nodes"][0]["share_percent"], 37.5);
+  EXPECT_EQ(e["shards_allocated"], 3) << "AllocTRES, as AccountingStorageTRES names them";
+  EXPECT_EQ(e["gpus_allocated"], 0);
   EXPECT_EQ(e["gpu_memory_peak_bytes"], record["gpus"][0]["peak_memory_bytes"]);
   EXPECT_EQ(e["gpu_memory_limit_bytes"], record["gpus"][0]["memory_limit_bytes"]);
   const auto used = tessera::slurm::HeldOf(record, record["gpus"][0]);
@@ -808,6 +810,9 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
   EXPECT_EQ(whole.code, 0) << whole.out;
   EXPECT_THAT(whole.out, HasSubstr("GPU efficiency     not measured (1 GPU on 1 node: whole GPUs"))
       << whole.out;
+  auto whole_json = Capture(slurm.Env() + eff + ids[1] + " -o json 2>&1");
+  EXPECT_EQ(nlohmann::json::parse(whole_json.out, nullptr, false)["gpus_allocated"], 1)
+      << whole_json.out;
   // A job sacct does not know; an id that is not one.
   auto unknown = Capture(slurm.Env() + eff + "999999 2>&1");
   EXPECT_EQ(unknown.code, 1) << unknown.out;
@@ -934,11 +939,14 @@ sys.exit("sstat never saw 256 MiB resident: '" + rss + "'")
               1e-9)
       << hog_eff.out;
   EXPECT_EQ(h["gpu_nodes"].size(), 0u) << hog_eff.out;
+  EXPECT_EQ(h["gpus_allocated"], 0) << hog_eff.out;
   auto hog_table = Capture(slurm.Env() + eff + hog_id + " 2>&1");
   EXPECT_EQ(hog_table.code, 0) << hog_table.out;
   EXPECT_THAT(hog_table.out,
               ::testing::ContainsRegex("\nmemory +peak [0-9.]+ MiB \\(its largest task\\) of "
                                        "512 MiB per node asked \\([0-9.]+%\\)\n"))
+      << hog_table.out;
+  EXPECT_THAT(hog_table.out, HasSubstr("GPU efficiency     none: Slurm gave it no GPUs"))
       << hog_table.out;
 }
 

@@ -240,7 +240,8 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
       "each): 60% busy, 40s of gpu time idle, peak 6 gib of 8 gib (75%)";
   // It answers only what `tessera slurm eff` must ask: the job, its steps, the fields, raw units.
   auto script = [&](const std::string& name, const std::string& comment_field,
-                    const std::string& state = "COMPLETED", const std::string& job = "train") {
+                    const std::string& state = "COMPLETED", const std::string& job = "train",
+                    const std::string& tres = "billing=8,cpu=8,gres/shard=10,node=2") {
     const std::string path = (dir / name).string();
     std::ofstream(path)
         << "#!/bin/sh\n"
@@ -251,13 +252,13 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
            "printf '42\\037"
         << job << "\\037alice\\037" << state
         << "\\0370:0\\0372\\0378\\037100\\03706:40.000"
-           "\\0378000M\\037\\037%s\\n' '"
-        << comment_field
+           "\\0378000M\\037\\037%s\\037%s\\n' '"
+        << comment_field << "' '" << tres
         << "'\n"
            "printf '42.batch\\037batch\\037\\037COMPLETED\\0370:0\\0371\\0374\\037100\\03703:20.500"
-           "\\037\\0371048576K\\037\\n'\n"
+           "\\037\\0371048576K\\037\\037\\n'\n"
            "printf '42.0\\037python\\037\\037COMPLETED\\0370:0\\0372\\0378\\03795\\03703:19.500"
-           "\\037\\0372097152K\\037\\n'\n";
+           "\\037\\0372097152K\\037\\037\\n'\n";
     std::filesystem::permissions(path, std::filesystem::perms::owner_all);
     return path;
   };
@@ -297,7 +298,9 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   r = Cli({"slurm", "eff", "42", "--sacct", changed.c_str()});
   EXPECT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.err, HasSubstr("'lots' is neither a share nor whole GPUs")) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not recorded")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("GPU efficiency     not recorded: Slurm gave it 10 shards, and no "
+                               "tessera@ part is in its AdminComment"))
+      << r.out;
   EXPECT_THAT(r.out, HasSubstr("CPU efficiency     50.0% of 8 CPUs")) << r.out;
   // A job name that is not UTF-8 (Latin-1) and holds a terminal's escape: JSON that reads, with
   // the byte replaced; the table shows the escape instead of obeying it.
@@ -311,6 +314,14 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("job                42 (caf")) << r.out;
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\x1b"))) << r.out;
+  // A job Slurm gave no GPUs: none to measure (JSON: what Slurm gave, from AllocTRES).
+  const std::string cpus = script("sacct-cpus", "", "COMPLETED", "train", "billing=8,cpu=8,node=2");
+  r = Cli({"slurm", "eff", "42", "--sacct", cpus.c_str()});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("GPU efficiency     none: Slurm gave it no GPUs")) << r.out;
+  r = Cli({"slurm", "eff", "42", "--sacct", sacct.c_str(), "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["shards_allocated"], 10) << r.out;
   // A job still running: its nodes have not written their parts yet.
   const std::string running = script("sacct-running", "", "RUNNING");
   r = Cli({"slurm", "eff", "42", "--sacct", running.c_str()});

@@ -24,6 +24,17 @@ struct EffFlags {
   std::string job, sacct = "sacct", output = "table";
 };
 
+// What Slurm gave the job: "2 GPUs", "3 shards", "1 GPU and 3 shards".
+std::string Allocated(const slurm::SacctEff& job) {
+  std::vector<std::string> what;
+  if (job.gpus_allocated > 0)
+    what.push_back(fmt::format("{} GPU{}", job.gpus_allocated, job.gpus_allocated == 1 ? "" : "s"));
+  if (job.shards_allocated > 0)
+    what.push_back(
+        fmt::format("{} shard{}", job.shards_allocated, job.shards_allocated == 1 ? "" : "s"));
+  return fmt::format("{}", fmt::join(what, " and "));
+}
+
 // seff's question for GPUs, asked of sacct on any machine of the cluster: Slurm's own figures of
 // the job and its nodes' AdminComment parts (docs/slurm.md).
 int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
@@ -88,10 +99,16 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
     field("GPU efficiency",
           "not yet: each node writes its part when the job ends there (tessera slurm acct on the "
           "node, or its exporter, has the figures while it runs)");
+  } else if (nodes == 0 && job->gpus_allocated == 0 && job->shards_allocated == 0) {
+    field("GPU efficiency",
+          "none: Slurm gave it no GPUs (no gres/gpu or gres/shard in its AllocTRES; a cluster "
+          "whose AccountingStorageTRES does not name them records none)");
   } else if (nodes == 0) {
     field("GPU efficiency",
-          "not recorded: no tessera@ part in its AdminComment (a job without GPUs, a plugin with "
-          "admin_comment=no, or a cluster without slurmdbd)");
+          fmt::format("not recorded: Slurm gave it {}, and no tessera@ part is in its "
+                      "AdminComment (a plugin with admin_comment=no, nodes without it, or a "
+                      "cluster without slurmdbd)",
+                      Allocated(*job)));
   } else {
     const std::string where = fmt::format("{} GPU{} on {} node{}", gpus, gpus == 1 ? "" : "s",
                                           nodes, nodes == 1 ? "" : "s");

@@ -243,6 +243,16 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
   if (!mem.ok()) return field_error(9, mem.status());
   e.req_mem_bytes = *mem;
   e.admin_comment = std::string(j[11]);
+  // "billing=8,cpu=8,gres/gpu=2,gres/shard=3,mem=8000M,node=2": the untyped counts (a type's own,
+  // gres/gpu:a100=2, is within them).
+  for (absl::string_view item : absl::StrSplit(j[12], ',', absl::SkipEmpty())) {
+    const size_t eq = item.find('=');
+    const absl::string_view key = item.substr(0, eq);
+    if (eq == absl::string_view::npos || (key != "gres/gpu" && key != "gres/shard")) continue;
+    absl::StatusOr<int> n = Count(item.substr(eq + 1));
+    if (!n.ok()) return field_error(12, n.status());
+    (key == "gres/gpu" ? e.gpus_allocated : e.shards_allocated) = *n;
+  }
   // Its largest task: the highest MaxRSS of its steps (and its own line, where sacct gives one).
   const std::string step = e.job_id + ".";
   for (const auto& r : rows) {
@@ -305,6 +315,9 @@ nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& p
     if (p.under_a_second) n["ran_under_a_second"] = true;
     nodes.push_back(std::move(n));
   }
+  // What Slurm gave it; then what the nodes' parts say it held.
+  o["gpus_allocated"] = job.gpus_allocated;
+  o["shards_allocated"] = job.shards_allocated;
   o["gpus"] = gpus;
   if (measured) {
     o["gpu_held_seconds"] = held;

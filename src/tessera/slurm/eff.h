@@ -20,7 +20,7 @@ namespace tessera::slurm {
 // (AdminComment's parts are joined by " | ", sacct's own -P delimiter).
 inline constexpr char kEffFields[] =
     "JobID,JobName,User,State,ExitCode,NNodes,AllocCPUS,ElapsedRaw,TotalCPU,ReqMem,MaxRSS,"
-    "AdminComment";
+    "AdminComment,AllocTRES";
 inline constexpr char kEffDelimiter[] = "\x1f";
 
 // One node's part of an AdminComment, read back.
@@ -46,6 +46,9 @@ struct SacctEff {
   std::optional<uint64_t> req_mem_bytes;  // the job's memory, all its nodes
   std::optional<uint64_t> max_rss_bytes;  // its largest task's peak RSS, of any step
   std::string admin_comment;
+  // What Slurm gave it (AllocTRES' gres/gpu and gres/shard: recorded where AccountingStorageTRES
+  // names them, as docs/slurm.md has a site do).
+  int gpus_allocated = 0, shards_allocated = 0;
 };
 
 // sacct's lines for `job_id` (its own and its steps', as kEffFields asks them). Errors name the
@@ -54,11 +57,11 @@ struct SacctEff {
 absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text, std::string_view job_id);
 
 // What the job used of what it held, as `tessera slurm eff -o json` gives it (in this order):
-// Slurm's figures (cpu_pct as seff: CPU time over elapsed x CPUs; memory_pct: the largest task's
-// RSS over the memory asked per node) and the GPUs' from the nodes' parts: GPU-seconds a compute
-// share held on each node (its elapsed x share x GPUs) and, weighed by that, how much was busy; the
-// GPU time left idle as the nodes said it; the highest peak of GPU memory against its limit;
-// refusals.
+// Slurm's figures (the GPUs and shards it gave the job among them) (cpu_pct as seff: CPU time over
+// elapsed x CPUs; memory_pct: the largest task's RSS over the memory asked per node) and the GPUs'
+// from the nodes' parts: GPU-seconds a compute share held on each node (its elapsed x share x GPUs)
+// and, weighed by that, how much was busy; the GPU time left idle as the nodes said it; the highest
+// peak of GPU memory against its limit; refusals.
 nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& parts);
 
 }  // namespace tessera::slurm

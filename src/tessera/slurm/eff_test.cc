@@ -110,14 +110,15 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   std::string comment;
   comment = MergeAdminComment(comment, "node-a", AdminCommentPart(kShare, "node-a"));
   comment = MergeAdminComment(comment, "n2", AdminCommentPart(kHalves, "n2"));
-  const std::string text = Lines(
-      {{"42", "train", "alice", "COMPLETED", "0:0", "2", "8", "100", "06:40.000", "8000M", "",
-        comment},
-       {"42.batch", "batch", "", "COMPLETED", "0:0", "1", "4", "100", "03:20.500", "", "1048576K",
-        ""},
-       {"42.extern", "extern", "", "COMPLETED", "0:0", "2", "8", "100", "00:00:00", "", "0", ""},
-       {"42.0", "python", "", "COMPLETED", "0:0", "2", "8", "95", "03:19.500", "", "2097152K",
-        ""}});
+  const std::string text =
+      Lines({{"42", "train", "alice", "COMPLETED", "0:0", "2", "8", "100", "06:40.000", "8000M", "",
+              comment, "billing=8,cpu=8,gres/gpu:a100=1,gres/gpu=1,gres/shard=8,mem=8000M,node=2"},
+             {"42.batch", "batch", "", "COMPLETED", "0:0", "1", "4", "100", "03:20.500", "",
+              "1048576K", "", "cpu=4,gres/gpu=1,mem=4000M,node=1"},
+             {"42.extern", "extern", "", "COMPLETED", "0:0", "2", "8", "100", "00:00:00", "", "0",
+              "", "billing=8,cpu=8,gres/gpu=1,mem=8000M,node=2"},
+             {"42.0", "python", "", "COMPLETED", "0:0", "2", "8", "95", "03:19.500", "", "2097152K",
+              "", "cpu=8,gres/gpu=1,mem=8000M,node=2"}});
   auto job = ParseSacctEff(text, "42");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->job_id, "42");
@@ -129,6 +130,9 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   EXPECT_DOUBLE_EQ(job->total_cpu_s, 400);
   EXPECT_EQ(job->req_mem_bytes, uint64_t{8000} << 20);
   EXPECT_EQ(job->max_rss_bytes, 2 * GiB) << "the largest task of any step";
+  // Its own line's, untyped (a type's count is within it).
+  EXPECT_EQ(job->gpus_allocated, 1);
+  EXPECT_EQ(job->shards_allocated, 8);
   auto parts = ParseAdminComment(job->admin_comment);
   ASSERT_TRUE(parts.ok()) << parts.status();
   const nlohmann::ordered_json e = EffOf(*job, *parts);
@@ -137,6 +141,8 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   EXPECT_DOUBLE_EQ(e["gpu_busy_seconds"].get<double>(), 80);
   EXPECT_DOUBLE_EQ(e["gpu_busy_pct"].get<double>(), 64);
   EXPECT_DOUBLE_EQ(e["gpu_idle_seconds"].get<double>(), 45);
+  EXPECT_EQ(e["gpus_allocated"], 1);
+  EXPECT_EQ(e["shards_allocated"], 8);
   EXPECT_EQ(e["gpus"], 3);
   EXPECT_EQ(e["gpu_memory_peak_bytes"], 6 * GiB);
   EXPECT_EQ(e["gpu_memory_limit_bytes"], 8 * GiB);
@@ -162,7 +168,7 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   // Slurm's "unlimited" memory asked, as sacct 22.05 printed it for a job of the real Slurm's
   // tests: unknown, not an error.
   auto unlimited = ParseSacctEff(Lines({{"9", "n", "u", "COMPLETED", "0:0", "1", "1", "2",
-                                         "00:00:00", "18446744073709551616.00M", "", ""}}),
+                                         "00:00:00", "18446744073709551616.00M", "", "", ""}}),
                                  "9");
   ASSERT_TRUE(unlimited.ok()) << unlimited.status();
   EXPECT_FALSE(unlimited->req_mem_bytes);
@@ -172,24 +178,28 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   for (const auto& [cpu, seconds] : std::vector<std::pair<std::string, double>>{
            {"02:03:04", 7384}, {"1-00:00:01", 86401}, {"00:05:06", 306}, {"", 0}}) {
     auto t = ParseSacctEff(
-        Lines({{"7", "n", "u", "RUNNING", "0:0", "1", "1", "1", cpu, "1G", "", ""}}), "7");
+        Lines({{"7", "n", "u", "RUNNING", "0:0", "1", "1", "1", cpu, "1G", "", "", ""}}), "7");
     ASSERT_TRUE(t.ok()) << cpu << ": " << t.status();
     EXPECT_DOUBLE_EQ(t->total_cpu_s, seconds) << cpu;
   }
 }
 
 TEST(SlurmEff, SacctLinesThatDoNotReadAreNamed) {
-  auto row = [](std::string elapsed, std::string cpu, std::string mem, std::string rss) {
-    return Lines({{"42", "n", "u", "COMPLETED", "0:0", "1", "4", elapsed, cpu, mem, "", ""},
-                  {"42.0", "n", "", "COMPLETED", "0:0", "1", "4", "1", "00:01.000", "", rss, ""}});
+  auto row = [](std::string elapsed, std::string cpu, std::string mem, std::string rss,
+                std::string tres = "cpu=4,gres/gpu=1,node=1") {
+    return Lines(
+        {{"42", "n", "u", "COMPLETED", "0:0", "1", "4", elapsed, cpu, mem, "", "", tres},
+         {"42.0", "n", "", "COMPLETED", "0:0", "1", "4", "1", "00:01.000", "", rss, "", ""}});
   };
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
-           {"42|n|u\n", "sacct line 1: 1 fields, expected 12"},
+           {"42|n|u\n", "sacct line 1: 1 fields, expected 13"},
            {row("ten", "00:01.000", "1G", "1K"), "ElapsedRaw 'ten'"},
            {row("10", "1:2:3:4", "1G", "1K"), "TotalCPU '1:2:3:4'"},
            {row("10", "00:61", "1G", "1K"), "TotalCPU '00:61'"},
            {row("10", "00:01.000", "lots", "1K"), "ReqMem 'lots'"},
            {row("10", "00:01.000", "1G", "-5K"), "step 42.0: MaxRSS '-5K'"},
+           {row("10", "00:01.000", "1G", "1K", "cpu=4,gres/gpu=two"),
+            "AllocTRES 'cpu=4,gres/gpu=two': not a count"},
        }) {
     auto job = ParseSacctEff(text, "42");
     ASSERT_FALSE(job.ok()) << text;
@@ -198,13 +208,13 @@ TEST(SlurmEff, SacctLinesThatDoNotReadAreNamed) {
   EXPECT_THAT(ParseSacctEff("", "42").status().message(), HasSubstr("sacct lists no job 42"));
   // An array: its tasks are jobs of their own, named 42_N; one asked by its own id is found.
   const std::string array =
-      Lines({{"42_1", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""},
-             {"42_2", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""}});
+      Lines({{"42_1", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", "", ""},
+             {"42_2", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", "", ""}});
   EXPECT_THAT(ParseSacctEff(array, "42").status().message(),
               HasSubstr("sacct lists 2 jobs for 42 (42_1, ...: an array's tasks"));
   EXPECT_EQ(ParseSacctEff(array, "42_2")->job_id, "42_2");
   auto task = ParseSacctEff(
-      Lines({{"42_3", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", ""}}),
+      Lines({{"42_3", "a", "u", "COMPLETED", "0:0", "1", "1", "5", "00:01.000", "1G", "", "", ""}}),
       "45");
   ASSERT_TRUE(task.ok()) << task.status();
   EXPECT_EQ(task->job_id, "42_3");
