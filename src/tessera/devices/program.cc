@@ -137,8 +137,14 @@ absl::StatusOr<std::string> RunInChild(const std::function<std::string()>& fn,
   }
   if (pid == 0) {
     close(fds[0]);
-    // A mark first: an answer that is empty is not a child that ended without one.
-    const std::string answer = "=" + fn();
+    // A mark first: an answer that is empty is not a child that ended without one. (An
+    // exception must not unwind into the parent's frames, copied here.)
+    std::string answer;
+    try {
+      answer = "=" + fn();
+    } catch (...) {
+      _exit(1);
+    }
     for (size_t done = 0; done < answer.size();) {
       const ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
       if (n < 0 && errno == EINTR) continue;

@@ -34,10 +34,10 @@ struct ProgramRun {
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run = {});
 
-// `fn`'s answer, computed in a child process (fork) that is killed when it has not answered in
-// `timeout`: a library call that may block far longer than its caller can wait, or crash, cannot
-// hold or take down the caller. DeadlineExceeded when killed; Internal when the child ended
-// without an answer (a crash: its signal named).
+// `fn`'s answer (its first MiB), computed in a child process (fork) that is killed when it has not
+// answered in `timeout`: a library call that may block far longer than its caller can wait, or
+// crash, cannot hold or take down the caller. DeadlineExceeded when killed; Internal when the child
+// ended without an answer (a crash: its signal named; an exception: exit status 1).
 absl::StatusOr<std::string> RunInChild(const std::function<std::string()>& fn,
                                        std::chrono::milliseconds timeout);
 

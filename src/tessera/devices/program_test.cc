@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 namespace tessera::devices {
@@ -60,6 +61,14 @@ TEST(RunInChild, AChildThatCrashesIsNamedWithItsSignal) {
   auto exited = RunInChild([]() -> std::string { _exit(3); }, std::chrono::seconds(30));
   ASSERT_FALSE(exited.ok());
   EXPECT_THAT(exited.status().message(), HasSubstr("without an answer (exit status 3)"));
+  // An exception ends the child: it does not go on as a copy of the caller.
+  int after = 0;
+  auto threw =
+      RunInChild([]() -> std::string { throw std::runtime_error("no"); }, std::chrono::seconds(30));
+  ++after;
+  ASSERT_FALSE(threw.ok());
+  EXPECT_THAT(threw.status().message(), HasSubstr("without an answer (exit status 1)"));
+  EXPECT_EQ(after, 1);
 }
 
 }  // namespace
