@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -80,18 +81,29 @@ std::vector<std::string> Words(const std::string& text) {
   return out;
 }
 
+// What `sacct <args>` says once `done` holds of it (slurmctld sends jobs and their ends to
+// slurmdbd on its own time), or when `within` has passed: its last answer.
+std::string SacctUntil(const std::string& env, const std::string& args,
+                       const std::function<bool(const std::string&)>& done,
+                       std::chrono::seconds within = std::chrono::seconds(60)) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  std::string out;
+  do {
+    out = Capture(env + "sacct " + args).out;
+    if (done(out)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (std::chrono::steady_clock::now() < until);
+  return out;
+}
+
 // The job's AdminComment in slurmdbd (sacct; `env` the cluster's) once it matches `re` - each
 // node's epilog writes its part after the job's end - or as it is 30 s on.
 std::string SacctAdminComment(const std::string& env, const std::string& job,
                               const std::string& re) {
-  std::string comment;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  do {
-    comment = Capture(env + "sacct -X -n -P -o AdminComment -j " + job + " 2>&1").out;
-    if (std::regex_search(comment, std::regex(re))) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  } while (std::chrono::steady_clock::now() < until);
-  return comment;
+  return SacctUntil(
+      env, "-X -n -P -o AdminComment -j " + job + " 2>&1",
+      [&](const std::string& out) { return std::regex_search(out, std::regex(re)); },
+      std::chrono::seconds(30));
 }
 
 class Slurm : public ::testing::Test {
@@ -736,13 +748,9 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
   }
   // Recorded once slurmctld has sent the ends to slurmdbd (it does so on its own time).
   const std::string list = ids[0] + "," + ids[1];
-  std::string states;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline) {
-    states = Capture(slurm.Env() + "sacct -a -X -P -n -j " + list + " --format=State 2>&1").out;
-    if (states == "COMPLETED\nCOMPLETED\n") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  const std::string states =
+      SacctUntil(slurm.Env(), "-a -X -P -n -j " + list + " --format=State 2>&1",
+                 [](const std::string& out) { return out == "COMPLETED\nCOMPLETED\n"; });
   ASSERT_EQ(states, "COMPLETED\nCOMPLETED\n") << slurm.Logs();
   // Each job's use on its node in its AdminComment, written by its epilog into its accounting
   // record (slurmctld refuses to change a finished job): seff's question for GPUs, cluster-wide,
@@ -862,11 +870,8 @@ TEST(SlurmAccounting, ASacctExportFromSlurmdbdReplaysInTheSimulator) {
   auto cpu = Capture(env + "srun -Q -t 10 printenv SLURM_JOB_ID");
   ASSERT_EQ(cpu.code, 0) << cpu.out;
   const std::string plain = cpu.out.substr(0, cpu.out.find('\n'));
-  const auto recorded = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Capture(slurm.Env() + "sacct -a -X -P -n -s CD -j " + plain + " --format=State").out !=
-             "COMPLETED\n" &&
-         std::chrono::steady_clock::now() < recorded)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  (void)SacctUntil(slurm.Env(), "-a -X -P -n -s CD -j " + plain + " --format=State",
+                   [](const std::string& out) { return out == "COMPLETED\n"; });
   EXPECT_THAT(Capture(slurm.Env() + "sacct -a -X -P -n -S now-1hours -E now -s CD,F,CA,TO,OOM,NF,"
                                     "PR,DL --format=JobID")
                   .out,
@@ -902,22 +907,15 @@ sys.exit("sstat never saw 256 MiB resident: '" + rss + "'")
                         "/hog.out " + hog + " 2>&1");
   ASSERT_EQ(submit.code, 0) << submit.out << slurm.Logs();
   const std::string hog_id = submit.out.substr(0, submit.out.find_first_of(";\n"));
-  const auto known = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Capture(slurm.Env() + "sacct -X -P -n -j " + hog_id + " --format=JobName").out !=
-             "hog\n" &&
-         std::chrono::steady_clock::now() < known)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  (void)SacctUntil(slurm.Env(), "-X -P -n -j " + hog_id + " --format=JobName",
+                   [](const std::string& out) { return out == "hog\n"; });
   ASSERT_EQ(Capture(slurm.Env() + "scontrol release " + hog_id).code, 0);
   // Its batch step's record too (MaxRSS is a step's figure).
-  const auto stepped = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::string steps;
-  while (std::chrono::steady_clock::now() < stepped) {
-    steps = Capture(slurm.Env() + "sacct -P -n -j " + hog_id + " --format=JobID,State").out;
-    if (steps.find(hog_id + ".batch|COMPLETED\n") != std::string::npos &&
-        steps.find(hog_id + "|COMPLETED\n") != std::string::npos)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  const std::string steps = SacctUntil(
+      slurm.Env(), "-P -n -j " + hog_id + " --format=JobID,State", [&](const std::string& out) {
+        return out.find(hog_id + ".batch|COMPLETED\n") != std::string::npos &&
+               out.find(hog_id + "|COMPLETED\n") != std::string::npos;
+      });
   ASSERT_THAT(steps, HasSubstr(hog_id + ".batch|COMPLETED\n"))
       << tessera::test::ReadFile(slurm.dir() + "/hog.out") << slurm.Logs();
   auto hog_eff = Capture(slurm.Env() + eff + hog_id + " -o json 2>&1");

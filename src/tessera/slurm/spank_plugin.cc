@@ -57,6 +57,20 @@ constexpr uint32_t kJobRunning = 1;           // slurm.h's JOB_RUNNING: requeue 
 // The most the epilog waits for a part's write into an ended job's accounting record (slurmdbd).
 constexpr std::chrono::seconds kDatabaseWrite{10};
 
+// The error of the last Slurm call, as slurm_get_errno of the slurmstepd this runs in says it
+// (errno where it has none).
+int SlurmErrno() {
+  const auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
+  return get ? get() : errno;
+}
+
+// `e` in Slurm's words (slurm_strerror knows its own codes too), else strerror's.
+std::string SlurmError(int e) {
+  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
+  return text ? std::string(text(e)) : std::string(strerror(e));
+}
+std::string SlurmError() { return SlurmError(SlurmErrno()); }
+
 // The job as slurmctld has it (slurm_load_job, looked up as Requeue's is): for an "auto" job's
 // trial, how often it was requeued, whether Slurm would requeue it, and a batch job's batch node.
 void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
@@ -64,17 +78,13 @@ void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
       reinterpret_cast<decltype(&slurm_load_job)>(dlsym(RTLD_DEFAULT, "slurm_load_job"));
   const auto free_msg = reinterpret_cast<decltype(&slurm_free_job_info_msg)>(
       dlsym(RTLD_DEFAULT, "slurm_free_job_info_msg"));
-  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
-  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
   if (!load || !free_msg) {
     request.not_requeueable = "slurmstepd has no slurm_load_job";
     return;
   }
   job_info_msg_t* info = nullptr;
   if (load(&info, job, SHOW_ALL) != 0 || info == nullptr || info->record_count < 1) {
-    const int e = get_errno ? get_errno() : errno;
-    request.not_requeueable = "slurmctld did not say whether it may requeue it: " +
-                              (text ? std::string(text(e)) : std::string(strerror(e)));
+    request.not_requeueable = "slurmctld did not say whether it may requeue it: " + SlurmError();
     if (info) free_msg(info);
     return;
   }
@@ -90,16 +100,11 @@ void AskSlurmctld(uint32_t job, tessera::slurm::StepRequest& request) {
 // the one the daemon already loaded (libslurmfull). Empty when done, else why not.
 std::string Requeue(uint32_t job) {
   using RequeueFn = int (*)(uint32_t, uint32_t);
-  using ErrnoFn = int (*)();
-  using StrerrorFn = char* (*)(int);
   const auto requeue = reinterpret_cast<RequeueFn>(dlsym(RTLD_DEFAULT, "slurm_requeue"));
   if (!requeue) return "slurmstepd has no slurm_requeue";
   // JOB_RUNNING: a job already requeued (by another of its steps' trial end) is left as it is.
   if (requeue(job, kJobRunning) == 0) return "";
-  const auto get_errno = reinterpret_cast<ErrnoFn>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
-  const auto text = reinterpret_cast<StrerrorFn>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
-  const int e = get_errno ? get_errno() : errno;
-  return text ? std::string(text(e)) : std::string(strerror(e));
+  return SlurmError();
 }
 
 // `part` in an ended job's AdminComment in its accounting record, through the slurmdbd API of the
@@ -133,15 +138,9 @@ std::string CommentInDatabase(uint32_t job, const std::string& node, const std::
       !find(iterated, "slurm_list_iterator_destroy") || !find(list_count, "slurm_list_count") ||
       !find(conf, "slurm_conf") || conf->cluster_name == nullptr)
     return "slurmstepd has no slurmdbd API (slurmdb_job_modify)";
-  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
-  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
-  auto why = [&] {
-    const int e = get_errno ? get_errno() : errno;
-    return text ? std::string(text(e)) : std::string(strerror(e));
-  };
   uint16_t flags = 0;
   void* db = connect(&flags);
-  if (db == nullptr) return "slurmdbd: no connection: " + why();
+  if (db == nullptr) return "slurmdbd: no connection: " + SlurmError();
   // This job (its latest run, as sacct -X shows it) on this cluster: a job of the same id on
   // another cluster of the same database is not this one.
   slurm_selected_step_t step{};
@@ -160,7 +159,7 @@ std::string CommentInDatabase(uint32_t job, const std::string& node, const std::
       [&](std::string& e) -> std::optional<std::string> {
         List jobs = jobs_get(db, &cond);
         if (jobs == nullptr) {
-          e = "slurmdbd did not list the job: " + why();
+          e = "slurmdbd did not list the job: " + SlurmError();
           return std::nullopt;
         }
         std::string comment;
@@ -184,10 +183,10 @@ std::string CommentInDatabase(uint32_t job, const std::string& node, const std::
         rec.admin_comment = copy.data();
         List changed = job_modify(db, &cond, &rec);
         const bool ok = changed != nullptr && list_count(changed) > 0;
-        if (!ok) e = "slurmdbd did not change it: " + why();
+        if (!ok) e = "slurmdbd did not change it: " + SlurmError();
         if (changed) list_destroy(changed);
         if (ok && commit(db, true) != SLURM_SUCCESS) {
-          e = "slurmdbd did not commit it: " + why();
+          e = "slurmdbd did not commit it: " + SlurmError();
           return false;
         }
         return ok;
@@ -214,20 +213,18 @@ std::string CommentOnJob(uint32_t job, const std::string& node, const std::strin
       dlsym(RTLD_DEFAULT, "slurm_init_job_desc_msg"));
   const auto update =
       reinterpret_cast<decltype(&slurm_update_job)>(dlsym(RTLD_DEFAULT, "slurm_update_job"));
-  const auto get_errno = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "slurm_get_errno"));
-  const auto text = reinterpret_cast<char* (*)(int)>(dlsym(RTLD_DEFAULT, "slurm_strerror"));
   bool finished = false;
   std::string api = "slurmstepd has no slurm_update_job";
   // A job of this one node: its comment as slurmctld has it (see WriteAdminComment).
   std::optional<std::string> alone;
   // slurmctld did not give the job (not there, or did not answer).
   bool unknown = !(load && free_msg && init && update);
-  if (load && free_msg && init && update) {
+  if (!unknown) {
     auto why = [&] {
-      const int e = get_errno ? get_errno() : errno;
+      const int e = SlurmErrno();
       // Finished, or already gone from slurmctld's memory (MinJobAge): its accounting record.
       finished = finished || e == ESLURM_JOB_FINISHED || e == ESLURM_INVALID_JOB_ID;
-      return text ? std::string(text(e)) : std::string(strerror(e));
+      return SlurmError(e);
     };
     api = tessera::slurm::WriteAdminComment(
         node, part,
