@@ -116,7 +116,7 @@ std::string TerminalSafe(std::string_view chunk, std::string* carry) {
   text.append(chunk);
   carry->clear();
   if (!text.empty() && static_cast<unsigned char>(text.back()) == 0xc2) {
-    *carry = "\xc2";  // perhaps the start of a C1 character: decided with the next chunk
+    carry->assign(1, '\xc2');  // perhaps the start of a C1 character: decided with the next chunk
     text.pop_back();
   }
   std::string out;

@@ -89,6 +89,10 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
   field("job", fmt::format("{}{} of {}", job->job_id,
                            job->name.empty() ? "" : " (" + job->name + ")", job->user));
   field("state", fmt::format("{} (exit code {})", job->state, job->exit_code));
+  if (job->from_first_step)
+    field("record",
+          "from its first step only so far (its name and the memory it asked are not "
+          "in sacct yet): slurmctld sends its own within 5 s; ask again then");
   field("elapsed",
         fmt::format("{} on {} node{}, {} CPU{}", core::FormatDuration(job->elapsed_s), job->nodes,
                     job->nodes == 1 ? "" : "s", job->cpus, job->cpus == 1 ? "" : "s"));
@@ -146,6 +150,8 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
     if (has("memory_pct"))
       memory += fmt::format(" of {} per node asked ({})", bytes("memory_asked_per_node_bytes"),
                             pct("memory_pct"));
+    else if (job->from_first_step)
+      memory += "; the memory it asked is not in sacct yet";
   }
   field("memory", memory);
   if (nodes > 0) {

@@ -242,6 +242,7 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
   absl::StatusOr<std::optional<uint64_t>> mem = SacctBytes(j[9]);
   if (!mem.ok()) return field_error(9, mem.status());
   e.req_mem_bytes = *mem;
+  e.from_first_step = e.name == "allocation" && !e.req_mem_bytes;
   e.admin_comment = std::string(j[11]);
   // "billing=8,cpu=8,gres/gpu=2,gres/shard=3,mem=8000M,node=2": the untyped counts (a type's own,
   // gres/gpu:a100=2, is within them).
@@ -272,6 +273,7 @@ nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& p
       {"job_id", job.job_id}, {"name", job.name},           {"user", job.user},
       {"state", job.state},   {"exit_code", job.exit_code}, {"nodes", job.nodes},
       {"cpus", job.cpus},     {"elapsed_s", job.elapsed_s}, {"cpu_seconds", job.total_cpu_s}};
+  if (job.from_first_step) o["recorded_from_first_step"] = true;
   if (job.elapsed_s > 0 && job.cpus > 0)
     o["cpu_pct"] = 100 * job.total_cpu_s / (job.elapsed_s * job.cpus);
   if (job.max_rss_bytes) o["memory_peak_bytes"] = *job.max_rss_bytes;

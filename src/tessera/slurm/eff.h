@@ -49,6 +49,11 @@ struct SacctEff {
   // What Slurm gave it (AllocTRES' gres/gpu and gres/shard: recorded where AccountingStorageTRES
   // names them, as docs/slurm.md has a site do).
   int gpus_allocated = 0, shards_allocated = 0;
+  // slurmdbd has the job from its first step only: named "allocation", without the memory it
+  // asked. Slurm 22.05's slurmdbd makes such a record when a job's first step reaches it before
+  // slurmctld's record of the job; slurmctld sends that within 5 s (its pass over jobs without
+  // one), and the record is whole from then on.
+  bool from_first_step = false;
 };
 
 // sacct's lines for `job_id` (its own and its steps', as kEffFields asks them). Errors name the

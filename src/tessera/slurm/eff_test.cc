@@ -173,6 +173,21 @@ TEST(SlurmEff, SlurmsFiguresAndTheGpusPartsMakeTheJobsEfficiency) {
   ASSERT_TRUE(unlimited.ok()) << unlimited.status();
   EXPECT_FALSE(unlimited->req_mem_bytes);
   EXPECT_FALSE(EffOf(*unlimited, {}).contains("memory_asked_per_node_bytes"));
+  EXPECT_FALSE(unlimited->from_first_step) << "a name of its own: a whole record";
+  EXPECT_FALSE(EffOf(*unlimited, {}).contains("recorded_from_first_step"));
+  // The record slurmdbd makes from a job's first step, before slurmctld's of the job: named
+  // "allocation", its memory asked unknown. A job its user named so has its memory asked.
+  auto first = ParseSacctEff(Lines({{"9", "allocation", "u", "COMPLETED", "0:0", "1", "1", "2",
+                                     "00:00:00", "18446744073709551616.00M", "", "", ""}}),
+                             "9");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->from_first_step);
+  EXPECT_EQ(EffOf(*first, {})["recorded_from_first_step"], true);
+  auto named = ParseSacctEff(Lines({{"9", "allocation", "u", "COMPLETED", "0:0", "1", "1", "2",
+                                     "00:00:00", "300M", "", "", ""}}),
+                             "9");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_FALSE(named->from_first_step);
 
   // Times past an hour and a day, as sacct writes them.
   for (const auto& [cpu, seconds] : std::vector<std::pair<std::string, double>>{
