@@ -7,7 +7,10 @@
 //     one starts only once the last one's epilog is done, so a job's whole cycle is what the
 //     node's GPUs are held per job, with the write and without it (admin_comment=no), in
 //     alternating rounds; with --baseline, also with another build of the plugin (an earlier
-//     commit's tessera-spank.so) writing it.
+//     commit's tessera-spank.so) writing it;
+//   - then, over the jobs those rounds ran (each with its part and its step), `tessera slurm eff`
+//     for the period (one line per job, and --by user) against sacct's own answer to the same
+//     question, alternating, 10 calls each: what reading and summing the jobs adds to sacct.
 // Usage (root: Slurm's daemons, MariaDB, mknod):
 //   slurm_epilog_bench [--jobs N] [--rounds R] [--baseline PLUGIN.so]
 #include <algorithm>
@@ -140,8 +143,36 @@ int main(int argc, char** argv) {
             with[r] / std::max(base[r], 1e-9));
     }
     if (failed > 0 || writes.empty()) code = 1;
-    fs::copy_file(slurm.dir() + "/log/slurmd.log", "/tmp/dbg-slurmd.log",
-                  fs::copy_options::overwrite_existing);
+    // The period's jobs, as sacct gives them and as `tessera slurm eff` reads them.
+    const std::vector<std::pair<std::string, std::string>> calls = {
+        {"sacct alone (the same selection, -S now-1hours -E now -s <ended> -a)",
+         "sacct -P -n --noconvert -o JobID,JobName,User,State,ExitCode,NNodes,AllocCPUS,"
+         "ElapsedRaw,TotalCPU,ReqMem,MaxRSS,AdminComment,AllocTRES -S now-1hours -E now -s "
+         "CD,F,CA,TO,OOM,NF,PR,DL -a"},
+        {"`tessera slurm eff --since 1h -a`",
+         std::string(TESSERA_BINARY) + " slurm eff --since 1h -a"},
+        {"`tessera slurm eff --since 1h -a --by user`",
+         std::string(TESSERA_BINARY) + " slurm eff --since 1h -a --by user"}};
+    std::vector<std::vector<double>> took(calls.size());
+    size_t listed = 0;
+    for (int i = 0; i < 10 && code == 0; ++i) {
+      for (size_t c = 0; c < calls.size(); ++c) {
+        const auto t0 = Clock::now();
+        auto run = tessera::test::Capture(slurm.Env() + calls[c].second + " 2>&1");
+        took[c].push_back(Ms(t0));
+        if (run.code != 0) {
+          fmt::print(stderr, "slurm_epilog_bench: {} failed: {}\n", calls[c].second, run.out);
+          code = 1;
+        }
+        if (c == 0) listed = static_cast<size_t>(std::count(run.out.begin(), run.out.end(), '\n'));
+      }
+    }
+    const double sacct = P50P99(took[0]).first;
+    for (size_t c = 0; c < calls.size() && code == 0; ++c) {
+      const double p50 = P50P99(took[c]).first;
+      fmt::print("| {} ({} lines of jobs and steps), p50 of 10 | {:.0f} ms | {:.2f}x |\n",
+                 calls[c].first, listed, p50, p50 / std::max(sacct, 1e-9));
+    }
   }
   fs::remove_all(dir);
   return code;

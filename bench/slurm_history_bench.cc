@@ -148,6 +148,45 @@ void BM_SlurmEff(benchmark::State& state) {
 }
 BENCHMARK(BM_SlurmEff)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 
+// sacct's answer for a period of state.range(0) jobs of 100 users (each on one node with its part,
+// a batch step and a step), read, each job's efficiency, and summed per user: `tessera slurm eff
+// --since 7d --by user` less sacct.
+void BM_SlurmEffPeriod(benchmark::State& state) {
+  const std::string d = tessera::slurm::kEffDelimiter;
+  std::string text;
+  for (int64_t j = 0; j < state.range(0); ++j) {
+    const std::string id = std::to_string(1000 + j);
+    text += id + d + "train" + d + "user" + std::to_string(j % 100) + d + "COMPLETED" + d + "0:0" +
+            d + "1" + d + "8" + d + "3600" + d + "05:11:12" + d + "32000M" + d + d +
+            "tessera@node-" + std::to_string(j % 64) +
+            ": gpu 3 (25% share): 41% busy, 8m51s of gpu time idle, peak 3.1 gib of 4 gib (78%)" +
+            d + "billing=8,cpu=8,gres/shard=2,mem=32000M,node=1\n";
+    text += id + ".batch" + d + "batch" + d + d + "COMPLETED" + d + "0:0" + d + "1" + d + "8" + d +
+            "3600" + d + "00:01.000" + d + d + "10240K" + d + d + "cpu=8,mem=32000M,node=1\n";
+    text += id + ".0" + d + "python" + d + d + "COMPLETED" + d + "0:0" + d + "1" + d + "8" + d +
+            "3598" + d + "05:11:11" + d + d + "20480000K" + d + d + "cpu=8,mem=32000M,node=1\n";
+  }
+  for (auto _ : state) {
+    auto jobs = tessera::slurm::ParseSacctEffAll(text);
+    if (!jobs.ok() || jobs->jobs.size() != static_cast<size_t>(state.range(0))) {
+      state.SkipWithError("not read");
+      break;
+    }
+    std::vector<nlohmann::ordered_json> effs;
+    effs.reserve(jobs->jobs.size());
+    for (const auto& job : jobs->jobs) {
+      auto parts = tessera::slurm::ParseAdminComment(job.admin_comment);
+      effs.push_back(tessera::slurm::EffOf(job, *parts));
+    }
+    benchmark::DoNotOptimize(tessera::slurm::EffByUser(effs));
+  }
+  state.counters["per_job_us"] = benchmark::Counter(
+      static_cast<double>(state.range(0)),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(text.size()));
+}
+BENCHMARK(BM_SlurmEffPeriod)->Arg(1000)->Arg(100000)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -964,6 +964,30 @@ sys.exit("sstat never saw 256 MiB resident: '" + rss + "'")
       << hog_table.out;
   EXPECT_THAT(hog_table.out, HasSubstr("GPU efficiency     none: Slurm gave it no GPUs"))
       << hog_table.out;
+  // Every job that ended in the last hour, as sacct selects them (root: all users): the four, each
+  // with the figures `eff JOB` gives; summed per user.
+  auto period =
+      Capture(slurm.Env() + std::string(TESSERA_BINARY) + " slurm eff --since 1h -o json 2>&1");
+  ASSERT_EQ(period.code, 0) << period.out;
+  const nlohmann::json listed = nlohmann::json::parse(period.out, nullptr, false);
+  ASSERT_TRUE(listed.is_object()) << period.out;
+  std::map<std::string, nlohmann::json> by_id;
+  for (const auto& j : listed["jobs"]) by_id[j["job_id"].get<std::string>()] = j;
+  for (const std::string& id : {ids[0], ids[1], plain, hog_id})
+    EXPECT_TRUE(by_id.count(id)) << id << "\n" << period.out;
+  EXPECT_EQ(by_id[ids[0]], nlohmann::json(completed)) << "as `tessera slurm eff " << ids[0] << "`";
+  EXPECT_EQ(by_id[hog_id]["memory_peak_bytes"], h["memory_peak_bytes"]) << period.out;
+  auto users = Capture(slurm.Env() + std::string(TESSERA_BINARY) +
+                       " slurm eff --since 1h --by user -o json 2>&1");
+  ASSERT_EQ(users.code, 0) << users.out;
+  const nlohmann::json summed = nlohmann::json::parse(users.out, nullptr, false);
+  ASSERT_TRUE(summed.is_object()) << users.out;
+  ASSERT_EQ(summed["users"].size(), 1u) << users.out;
+  EXPECT_EQ(summed["users"][0]["user"], "root");
+  EXPECT_EQ(summed["users"][0]["jobs"], listed["jobs"].size());
+  EXPECT_EQ(summed["users"][0]["gpu_jobs"], 2) << "the shard job and the whole GPU's";
+  EXPECT_EQ(summed["users"][0]["gpu_held_seconds"], completed["gpu_held_seconds"])
+      << "only the share's GPU time is measured";
 }
 
 // A slurmdbd that stops answering (SIGSTOP: a database host gone quiet) holds no job's end past

@@ -363,6 +363,168 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
   }
 }
 
+// Without a job: every job that ended in a period, as sacct selects them (the period, the ended
+// states, its users), one line each or each user's sums, the GPU time left idle most first.
+TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-eff-all";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
+      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
+  auto line = [](std::vector<std::string> f) {
+    std::string out;
+    for (size_t i = 0; i < f.size(); ++i) out += (i ? tessera::slurm::kEffDelimiter : "") + f[i];
+    return out + "\n";
+  };
+  // alice's share job on two nodes (125 GPU-seconds held, 80 busy, 45 idle), bob's on one (25
+  // held, 5 busy), alice's without GPUs, bob's whose line does not read, carol's whole GPU.
+  const std::string alice =
+      line({"42", "train", "alice", "COMPLETED", "0:0", "2", "8", "100", "06:40.000", "8000M", "",
+            "tessera@node-a: gpu 1 (25% share): 80% busy, 5s of gpu time idle, peak 3 gib of 4 "
+            "gib (75%), 2 allocations refused at its limit | tessera@n2: gpus 0,1 (50% share "
+            "each): 60% busy, 40s of gpu time idle, peak 6 gib of 8 gib (75%)",
+            "billing=8,cpu=8,gres/shard=10,node=2"}) +
+      line({"42.batch", "batch", "", "COMPLETED", "0:0", "1", "4", "100", "03:20.500", "",
+            "1048576K", "", ""}) +
+      line({"42.0", "python", "", "COMPLETED", "0:0", "2", "8", "95", "03:19.500", "", "2097152K",
+            "", ""});
+  const std::string bob =
+      line({"43", "eval", "bob", "COMPLETED", "0:0", "1", "2", "50", "00:50.000", "1000M", "",
+            "tessera@node-b: gpu 0 (50% share): 20% busy, 20s of gpu time idle, peak 1 gib of 8 "
+            "gib (12%)",
+            "billing=2,cpu=2,gres/shard=4,node=1"}) +
+      line({"43.0", "python", "", "COMPLETED", "0:0", "1", "2", "50", "00:50.000", "", "512000K",
+            "", ""}) +
+      line({"45", "bad", "bob", "COMPLETED", "0:0", "1", "1", "10", "00:01.000", "lots", "", "",
+            ""});
+  const std::string rest =
+      line({"44", "prep", "alice", "FAILED", "1:0", "1", "4", "10", "00:40.000", "4000M", "", "",
+            "billing=4,cpu=4,node=1"}) +
+      line({"46", "whole", "carol", "TIMEOUT", "0:0", "1", "1", "30", "00:15.000", "1000M", "",
+            "tessera@node-c: gpu 1 (whole): busy not measured (a whole gpu)", "gres/gpu=1"});
+  std::ofstream(dir / "all.txt") << alice << bob << rest;
+  std::ofstream(dir / "bob.txt") << bob;
+  // It answers only what the command must ask: the period (local time), the ended states, -a or
+  // -u bob; a warning on stderr, written between its lines.
+  const std::string base = std::string("-P -n --noconvert --delimiter=$(printf '\\037') -o ") +
+                           tessera::slurm::kEffFields +
+                           " -S 2026-11-01T00:00:00 -E 2026-11-02T08:00:00 -s "
+                           "CD,F,CA,TO,OOM,NF,PR,DL";
+  const std::string sacct = (dir / "sacct").string();
+  std::ofstream(sacct) << "#!/bin/sh\n"
+                          "if [ \"$*\" = \""
+                       << base << " -a\" ]; then f=all; elif [ \"$*\" = \"" << base
+                       << " -u bob\" ]; then f=bob; else\n"
+                          "  echo \"sacct: error: unexpected arguments: $*\" >&2; exit 1; fi\n"
+                          "head -n 2 "
+                       << (dir / "").string() << "$f.txt\n"
+                       << "echo 'sacct: warning: the database is slow' >&2\n"
+                          "tail -n +3 "
+                       << (dir / "").string() << "$f.txt\n";
+  std::filesystem::permissions(sacct, std::filesystem::perms::owner_all);
+  const std::vector<const char*> period = {"slurm",   "eff",        "--sacct", sacct.c_str(),
+                                           "--since", "2026-11-01", "--until", "2026-11-02T08:00"};
+  auto with = [&](std::vector<const char*> more) {
+    std::vector<const char*> args = period;
+    args.insert(args.end(), more.begin(), more.end());
+    return Cli(args);
+  };
+  Result r = with({"-a"});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_THAT(r.err, HasSubstr("sacct: warning: the database is slow\n")) << "said, not parsed";
+  EXPECT_THAT(r.err, HasSubstr("tessera slurm eff: sacct, job 45: ReqMem 'lots': not a size "
+                               "such as 1234K or 4000M: the job is left out\n"))
+      << r.err;
+  for (const std::string re :
+       {"JOBID +NAME +USER +STATE +ELAPSED +GRES +BUSY +IDLE +GPU-MEM +REFUSED +CPU +MEM\n",
+        "\n42 +train +alice +COMPLETED +00:01:40 +shard:10 +64% +45s +75% +2 +50% +51%\n",
+        "\n43 +eval +bob +COMPLETED +00:00:50 +shard:4 +20% +20s +12% +0 +50% +50%\n",
+        "\n44 +prep +alice +FAILED +00:00:10 +- +- +- +- +0 +100% +-\n",
+        "\n46 +whole +carol +TIMEOUT +00:00:30 +gpu:1 +- +- +- +0 +50% +-\n",
+        // 150 GPU-seconds held by shares, 85 busy, 65 idle.
+        "\n\n4 jobs ended between 2026-11-01T00:00:00 and 2026-11-02T08:00:00; their compute "
+        "shares held 2m30s of GPU time, 56.7% busy, 1m5s idle\n"})
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(re)) << r.out;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\n45 "))) << r.out;
+  // As JSON: the period and each job's figures, as for one job.
+  r = with({"-a", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto all = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(all.is_object()) << r.out;
+  EXPECT_EQ(all["since"], "2026-11-01T00:00:00");
+  EXPECT_EQ(all["until"], "2026-11-02T08:00:00");
+  ASSERT_EQ(all["jobs"].size(), 4u) << r.out;
+  EXPECT_EQ(all["jobs"][0]["job_id"], "42");
+  EXPECT_EQ(all["jobs"][0]["gpu_busy_pct"], 64.0);
+  EXPECT_EQ(all["jobs"][0]["memory_peak_bytes"], 2u << 30) << "its steps' largest task";
+  EXPECT_EQ(all["jobs"][1]["memory_pct"], 50.0);
+  // Sorted: the GPU time left idle, most first, unmeasured last; --reverse the other way (the
+  // unmeasured still last).
+  r = with({"-a", "--sort", "idle", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> order;
+  nlohmann::json sorted = nlohmann::json::parse(r.out);
+  for (const auto& j : sorted["jobs"]) order.push_back(j["job_id"]);
+  EXPECT_EQ(order, (std::vector<std::string>{"42", "43", "44", "46"}));
+  r = with({"-a", "--sort", "idle", "--reverse", "-o", "json"});
+  order.clear();
+  sorted = nlohmann::json::parse(r.out);
+  for (const auto& j : sorted["jobs"]) order.push_back(j["job_id"]);
+  EXPECT_EQ(order, (std::vector<std::string>{"43", "42", "44", "46"}));
+  // Per user: their jobs' sums, the GPU time left idle most first.
+  r = with({"-a", "--by", "user"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  for (const std::string re :
+       {"USER +JOBS +GPU-JOBS +GPU-HELD +BUSY +IDLE +GPU-MEM +GPU-MEM-MAX +REFUSED +CPU\n",
+        // alice: 440 CPU-seconds of 840.
+        "\nalice +2 +1 +2m5s +64% +45s +75% +75% +1 +52%\n",
+        "\nbob +1 +1 +25s +20% +20s +12% +12% +0 +50%\n", "\ncarol +1 +1 +- +- +- +- +- +0 +50%\n"})
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(re)) << r.out;
+  EXPECT_LT(r.out.find("\nalice"), r.out.find("\nbob")) << r.out;
+  EXPECT_LT(r.out.find("\nbob"), r.out.find("\ncarol")) << r.out;
+  r = with({"-a", "--by", "user", "-o", "yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const YAML::Node users = YAML::Load(r.out)["users"];
+  ASSERT_EQ(users.size(), 3u) << r.out;
+  EXPECT_EQ(users[0]["user"].as<std::string>(), "alice");
+  EXPECT_DOUBLE_EQ(users[0]["gpu_held_seconds"].as<double>(), 125);
+  EXPECT_DOUBLE_EQ(users[0]["cpu_pct"].as<double>(), 100.0 * 440 / 840);
+  r = with({"-a", "--by", "user", "--sort", "jobs", "-o", "json"});
+  EXPECT_EQ(nlohmann::json::parse(r.out)["users"][0]["user"], "alice") << r.out;
+  // One user, as sacct -u selects them.
+  r = with({"-u", "bob", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["jobs"].size(), 1u) << r.out;
+  // sacct refusing (arguments it does not answer: here, none of -a and -u), said with its own
+  // words; flags that do not go together; times that are not times.
+  r = with({});
+  EXPECT_EQ(r.code, kExitFailure);
+  EXPECT_THAT(r.err, HasSubstr("failed (exit 1): sacct: error: unexpected arguments")) << r.err;
+  for (const auto& [args, says] : std::vector<std::pair<std::vector<const char*>, std::string>>{
+           {{"--since", "yesterdayish"}, "--since yesterdayish: expected a duration ago"},
+           {{"--sort", "held"}, "--sort held is a user's figure: with --by user"},
+           {{"--since", "2026-11-01", "--until", "2026-10-01"},
+            "is after --until 2026-10-01T00:00:00"}}) {
+    std::vector<const char*> a = {"slurm", "eff", "--sacct", sacct.c_str()};
+    a.insert(a.end(), args.begin(), args.end());
+    r = Cli(a);
+    EXPECT_EQ(r.code, kExitBadInput) << says;
+    EXPECT_THAT(r.err, HasSubstr(says)) << r.err;
+  }
+  r = Cli({"slurm", "eff", "42", "--since", "1d"});
+  EXPECT_EQ(r.code, kExitBadInput);
+  // A period without jobs.
+  const std::string none = (dir / "sacct-none").string();
+  std::ofstream(none) << "#!/bin/sh\nexit 0\n";
+  std::filesystem::permissions(none, std::filesystem::perms::owner_all);
+  r = Cli(
+      {"slurm", "eff", "--sacct", none.c_str(), "--since", "2026-11-01", "--until", "2026-11-02"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("no job ended between 2026-11-01T00:00:00 and "
+                               "2026-11-02T00:00:00 (sacct -P -n"))
+      << r.out;
+}
+
 TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
   // Under the tests' own folder (removed when they end), and removed here however the test ends.
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-acct";

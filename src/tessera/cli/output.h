@@ -2,6 +2,7 @@
 // Output for every command: -o table|json|yaml. Structured data is built once as JSON; YAML is
 // rendered from the same tree, so the two never disagree. Table is a small column aligner.
 
+#include <algorithm>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <ostream>
@@ -44,6 +45,18 @@ std::string CsvRow(const std::vector<std::string>& cells);
 std::string ElapsedClock(double seconds);
 // A time (seconds since the epoch) in local time as sacct writes it: "2026-11-25T20:58:03".
 std::string LocalTimestamp(double seconds);
+
+// `rows` in the order of a figure (`key(row)`: an optional number), largest first and those
+// without it last; `reverse`: smallest first, those without it still last. Stable: rows of one
+// figure keep their order (`--sort` of the accounting commands).
+template <typename Rows, typename Key>
+void SortByFigure(Rows& rows, const Key& key, bool reverse) {
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+    const auto x = key(a), y = key(b);
+    if (!x || !y) return x.has_value() && !y.has_value();
+    return reverse ? *x < *y : *x > *y;
+  });
+}
 
 // Rows of cells printed under a header, columns padded to the widest cell, two spaces apart; every
 // cell made Printable.

@@ -129,11 +129,8 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
   }
   if (!f.sort.empty()) {
     // Largest first (latest, for times), those without the figure last; --reverse the other way.
-    std::stable_sort(rows.begin(), rows.end(), [&](const AcctRow& a, const AcctRow& b) {
-      const auto x = SortKey(a, f.sort), y = SortKey(b, f.sort);
-      if (!x || !y) return x.has_value() && !y.has_value();
-      return f.reverse ? *x < *y : *x > *y;
-    });
+    SortByFigure(
+        rows, [&](const AcctRow& r) { return SortKey(r, f.sort); }, f.reverse);
   }
   const Format format = *ParseFormat(f.output);
   if (format != Format::kTable) {

@@ -1,8 +1,11 @@
 #include "tessera/cli/slurm_eff_cmd.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "fmt/ranges.h"
 #include "tessera/cli/app.h"
 #include "tessera/cli/output.h"
+#include "tessera/cli/when.h"
 #include "tessera/core/gpu.h"
 #include "tessera/devices/program.h"
 #include "tessera/slurm/eff.h"
@@ -22,7 +26,16 @@ namespace {
 
 struct EffFlags {
   std::string job, sacct = "sacct", output = "table";
+  // Without a job: the jobs that ended in a period.
+  std::string since, until, user, by, sort;
+  bool all_users = false, reverse = false;
 };
+
+// The states of a job that ended, as docs/slurm.md's export selects them (sacct -s: a job in one
+// of these in the period, which is when it ended).
+constexpr char kEndedStates[] = "CD,F,CA,TO,OOM,NF,PR,DL";
+// Kept of sacct's answer for a period: a month of a large cluster's jobs and steps.
+constexpr size_t kMaxSacctAnswer = size_t{512} << 20;
 
 // What Slurm gave the job: "2 GPUs", "3 shards", "1 GPU and 3 shards".
 std::string Allocated(const slurm::SacctEff& job) {
@@ -35,6 +48,183 @@ std::string Allocated(const slurm::SacctEff& job) {
   return fmt::format("{}", fmt::join(what, " and "));
 }
 
+// "gpu:2", "shard:3", "gpu:1,shard:3", "-": what Slurm gave the job, as --gres asks it.
+std::string Gres(const slurm::SacctEff& job) {
+  std::vector<std::string> what;
+  if (job.gpus_allocated > 0) what.push_back(fmt::format("gpu:{}", job.gpus_allocated));
+  if (job.shards_allocated > 0) what.push_back(fmt::format("shard:{}", job.shards_allocated));
+  return what.empty() ? "-" : fmt::format("{}", fmt::join(what, ","));
+}
+
+// The figure --sort orders by, for a job's or a user's summary.
+std::optional<double> SortKey(const nlohmann::ordered_json& e, const std::string& field) {
+  static const std::map<std::string, const char*> keys = {{"elapsed", "elapsed_s"},
+                                                          {"busy", "gpu_busy_pct"},
+                                                          {"idle", "gpu_idle_seconds"},
+                                                          {"gpu_mem", "gpu_memory_pct"},
+                                                          {"cpu", "cpu_pct"},
+                                                          {"mem", "memory_pct"},
+                                                          {"jobs", "jobs"},
+                                                          {"held", "gpu_held_seconds"}};
+  const char* key = keys.at(field);
+  // A user's GPU memory is the median of their jobs'.
+  if (field == "gpu_mem" && e.contains("gpu_memory_pct_median")) key = "gpu_memory_pct_median";
+  if (!e.contains(key) || !e[key].is_number()) return std::nullopt;
+  return e[key].get<double>();
+}
+
+// The jobs that ended in a period (sacct -S -E -s, its users as sacct selects them), one line
+// each or summed per user.
+int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, std::ostream& err) {
+  if ((f.sort == "jobs" || f.sort == "held") && f.by != "user") {
+    err << "tessera slurm eff: --sort " << f.sort << " is a user's figure: with --by user\n";
+    return kExitBadInput;
+  }
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  double when[2] = {0, now};
+  const std::string* texts[2] = {&f.since, &f.until};
+  for (int i = 0; i < 2; ++i) {
+    const std::string text = texts[i]->empty() ? (i == 0 ? "7d" : "now") : *texts[i];
+    const std::optional<double> t = ParseWhen(text, now);
+    if (!t) {
+      err << "tessera slurm eff: " << (i == 0 ? "--since " : "--until ") << text
+          << ": expected a duration ago (90m, 7d), today, yesterday, a date (2026-11-01), a date "
+             "and time (2026-11-01T08:00) or seconds since the epoch\n";
+      return kExitBadInput;
+    }
+    when[i] = *t;
+  }
+  if (when[0] > when[1]) {
+    err << "tessera slurm eff: --since " << LocalTimestamp(when[0]) << " is after --until "
+        << LocalTimestamp(when[1]) << "\n";
+    return kExitBadInput;
+  }
+  std::vector<std::string> args = {sacct,
+                                   "-P",
+                                   "-n",
+                                   "--noconvert",
+                                   std::string("--delimiter=") + slurm::kEffDelimiter,
+                                   "-o",
+                                   slurm::kEffFields,
+                                   "-S",
+                                   LocalTimestamp(when[0]),
+                                   "-E",
+                                   LocalTimestamp(when[1]),
+                                   "-s",
+                                   kEndedStates};
+  if (!f.user.empty()) {
+    args.insert(args.end(), {"-u", f.user});
+  } else if (f.all_users) {
+    args.push_back("-a");
+  }
+  auto run = devices::RunCapture(
+      args,
+      {.timeout = std::chrono::minutes(10), .max_output = kMaxSacctAnswer, .stderr_apart = true});
+  std::string command = fmt::format("{}", fmt::join(args.begin() + 1, args.end(), " "));
+  if (!run.ok() || run->status != 0) {
+    err << "tessera slurm eff: " << sacct << " "
+        << (run.ok() ? fmt::format("failed (exit {}): {}", run->status,
+                                   devices::FirstLine(run->err.empty() ? run->text : run->err))
+                     : std::string(run.status().message()))
+        << "\n";
+    return kExitFailure;
+  }
+  // sacct's own warnings said as they are.
+  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty()))
+    err << line << "\n";
+  if (run->cut) {
+    err << "tessera slurm eff: sacct's answer for the period is over " << (kMaxSacctAnswer >> 20)
+        << " MiB: ask a shorter one (--since, --until) or one user (--user)\n";
+    return kExitFailure;
+  }
+  auto jobs = slurm::ParseSacctEffAll(run->text);
+  if (!jobs.ok()) {
+    err << "tessera slurm eff: " << jobs.status().message() << "\n";
+    return kExitFailure;
+  }
+  for (const std::string& e : jobs->errors)
+    err << "tessera slurm eff: " << e << ": the job is left out\n";
+  std::vector<nlohmann::ordered_json> effs;
+  for (const slurm::SacctEff& job : jobs->jobs) {
+    auto parts = slurm::ParseAdminComment(job.admin_comment);
+    if (!parts.ok()) {
+      err << "tessera slurm eff: job " << job.job_id << ": " << parts.status().message()
+          << ": its GPU figures are left out\n";
+      parts = std::vector<slurm::NodePart>();
+    }
+    effs.push_back(slurm::EffOf(job, *parts));
+  }
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (f.by == "user") {
+    rows = slurm::EffByUser(effs);
+  } else {
+    for (auto& e : effs) rows.push_back(std::move(e));
+  }
+  if (!f.sort.empty()) {
+    SortByFigure(
+        rows, [&](const nlohmann::ordered_json& r) { return SortKey(r, f.sort); }, f.reverse);
+  }
+  const Format format = *ParseFormat(f.output);
+  if (format != Format::kTable) {
+    nlohmann::ordered_json o = {{"since", LocalTimestamp(when[0])},
+                                {"until", LocalTimestamp(when[1])}};
+    o[f.by == "user" ? "users" : "jobs"] = std::move(rows);
+    EmitStructured(o, format, out);
+    return kExitOk;
+  }
+  auto pct = [](const nlohmann::ordered_json& e, const char* k) {
+    return e.contains(k) ? fmt::format("{:.0f}%", e[k].get<double>()) : std::string("-");
+  };
+  auto duration = [](const nlohmann::ordered_json& e, const char* k) {
+    return e.contains(k) ? core::FormatDuration(e[k].get<double>()) : std::string("-");
+  };
+  if (rows.empty()) {
+    out << "no job ended between " << LocalTimestamp(when[0]) << " and " << LocalTimestamp(when[1])
+        << " (sacct " << command << ")\n";
+    return kExitOk;
+  }
+  if (f.by == "user") {
+    Table t({"USER", "JOBS", "GPU-JOBS", "GPU-HELD", "BUSY", "IDLE", "GPU-MEM", "GPU-MEM-MAX",
+             "REFUSED", "CPU"});
+    for (const auto& u : rows)
+      t.AddRow({u["user"].get<std::string>(), std::to_string(u["jobs"].get<int>()),
+                std::to_string(u["gpu_jobs"].get<int>()), duration(u, "gpu_held_seconds"),
+                pct(u, "gpu_busy_pct"), duration(u, "gpu_idle_seconds"),
+                pct(u, "gpu_memory_pct_median"), pct(u, "gpu_memory_pct_max"),
+                std::to_string(u["gpu_memory_refused_jobs"].get<int>()), pct(u, "cpu_pct")});
+    t.Print(out);
+  } else {
+    Table t({"JOBID", "NAME", "USER", "STATE", "ELAPSED", "GRES", "BUSY", "IDLE", "GPU-MEM",
+             "REFUSED", "CPU", "MEM"});
+    std::map<std::string, const slurm::SacctEff*> by_id;
+    for (const slurm::SacctEff& job : jobs->jobs) by_id[job.job_id] = &job;
+    for (const auto& e : rows) {
+      const slurm::SacctEff& job = *by_id.at(e["job_id"].get<std::string>());
+      t.AddRow({job.job_id, job.name, job.user, job.state, ElapsedClock(job.elapsed_s), Gres(job),
+                pct(e, "gpu_busy_pct"), duration(e, "gpu_idle_seconds"), pct(e, "gpu_memory_pct"),
+                std::to_string(e["gpu_memory_refused"].get<uint64_t>()), pct(e, "cpu_pct"),
+                pct(e, "memory_pct")});
+    }
+    t.Print(out);
+  }
+  // The period's GPU figures together: what the shares held, how much was busy, the time idle.
+  double held = 0, busy = 0, idle = 0;
+  for (const auto& e : rows) {
+    held += e.value("gpu_held_seconds", 0.0);
+    busy += e.value("gpu_busy_seconds", 0.0);
+    idle += e.value("gpu_idle_seconds", 0.0);
+  }
+  out << "\n"
+      << effs.size() << " job" << (effs.size() == 1 ? "" : "s") << " ended between "
+      << LocalTimestamp(when[0]) << " and " << LocalTimestamp(when[1]);
+  if (held > 0)
+    out << fmt::format("; their compute shares held {} of GPU time, {:.1f}% busy, {} idle",
+                       core::FormatDuration(held), 100 * busy / held, core::FormatDuration(idle));
+  out << "\n";
+  return kExitOk;
+}
+
 // seff's question for GPUs, asked of sacct on any machine of the cluster: Slurm's own figures of
 // the job and its nodes' AdminComment parts (docs/slurm.md).
 int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
@@ -44,6 +234,7 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
         << " here: it reads the job from Slurm's accounting (sacct, slurmdbd)\n";
     return kExitFailure;
   }
+  if (f.job.empty()) return RunPeriod(f, sacct, out, err);
   auto run = devices::RunCapture(
       {sacct, "-j", f.job, "-P", "-n", "--noconvert",
        std::string("--delimiter=") + slurm::kEffDelimiter, "-o", slurm::kEffFields},
@@ -187,24 +378,53 @@ std::shared_ptr<void> AddSlurmEff(CLI::App& slurm, std::function<int()>& action,
   CLI::App* eff = slurm.add_subcommand(
       "eff",
       "What an ended job used of what it held, from sacct on any machine of the cluster: its GPUs' "
-      "busy time and memory (each node's part of its AdminComment), CPU and memory (as seff)");
-  eff->add_option("job", f.job,
-                  "The Slurm job id (an array's task as 42_3, a heterogeneous job's component as "
-                  "42+1)")
-      ->required()
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            const size_t u = v.find_first_of("_+");
-            auto digits = [](std::string_view d) {
-              return !d.empty() && d.size() < 11 &&
-                     d.find_first_not_of("0123456789") == std::string_view::npos;
-            };
-            return digits(std::string_view(v).substr(0, u)) &&
-                           (u == std::string::npos || digits(std::string_view(v).substr(u + 1)))
-                       ? ""
-                       : "expected a job id such as 42, 42_3 or 42+1";
-          },
-          "", ""));
+      "busy time and memory (each node's part of its AdminComment), CPU and memory (as seff); "
+      "without a job, every job that ended in a period, or each user's sums (--by user)");
+  CLI::Option* job =
+      eff->add_option("job", f.job,
+                      "The Slurm job id (an array's task as 42_3, a heterogeneous job's component "
+                      "as 42+1); without one, the jobs that ended in a period")
+          ->check(CLI::Validator(
+              [](std::string& v) -> std::string {
+                const size_t u = v.find_first_of("_+");
+                auto digits = [](std::string_view d) {
+                  return !d.empty() && d.size() < 11 &&
+                         d.find_first_not_of("0123456789") == std::string_view::npos;
+                };
+                return digits(std::string_view(v).substr(0, u)) &&
+                               (u == std::string::npos || digits(std::string_view(v).substr(u + 1)))
+                           ? ""
+                           : "expected a job id such as 42, 42_3 or 42+1";
+              },
+              "", ""));
+  const std::string when =
+      ": a duration ago (90m, 7d), today, yesterday, a date (2026-11-01), a date and time "
+      "(2026-11-01T08:00) or epoch seconds";
+  for (CLI::Option* o :
+       {eff->add_option("-S,--since", f.since,
+                        "Without a job: the jobs that ended since" + when + " (default 7d)"),
+        eff->add_option("-E,--until", f.until,
+                        "Without a job: and before" + when + ", or now (default now)"),
+        eff->add_option("-u,--user", f.user,
+                        "Without a job: only this user's (sacct's default: yours, or everyone's "
+                        "for root)"),
+        eff->add_flag("-a,--all-users", f.all_users,
+                      "Without a job: every user's (as sacct -a; slurmdbd's PrivateData may "
+                      "refuse)"),
+        eff->add_option("--by", f.by,
+                        "Without a job: one line per user, the GPU time they left idle most "
+                        "first")
+            ->check(CLI::IsMember({"user"})),
+        eff->add_option("--sort", f.sort,
+                        "Without a job: order the lines by elapsed, busy, idle, gpu_mem, cpu or "
+                        "mem (with --by user: also jobs, held) - largest first, unmeasured last")
+            ->check(
+                CLI::IsMember({"elapsed", "busy", "idle", "gpu_mem", "cpu", "mem", "jobs", "held"})
+                    .description(""))
+            ->type_name("FIELD")})
+    o->excludes(job);
+  eff->add_flag("--reverse", f.reverse, "With --sort: the other way")->needs("--sort");
+  eff->get_option("--user")->excludes("--all-users");
   eff->add_option("--sacct", f.sacct, "The sacct program to ask")->capture_default_str();
   eff->add_option("-o,--output", f.output, "Output format: table, json or yaml")
       ->check(CLI::IsMember({"table", "json", "yaml"}));

@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "fmt/format.h"
 
@@ -19,26 +21,46 @@ namespace tessera::devices {
 
 namespace {
 
-// What `fd` gives until its end (the first MiB kept), `pid` killed when `timeout` has passed
-// first; whether it was.
-bool ReadUntilEnd(int fd, pid_t pid, std::chrono::milliseconds timeout, std::string& text) {
+// A pipe read until its end: what it gave, the first `max` bytes kept; whether more came.
+struct Sink {
+  int fd;
+  std::string* text;
+  size_t max = size_t{1} << 20;
+  bool cut = false;
+};
+
+// What each pipe gives until all have ended, `pid` killed when `timeout` has passed first; whether
+// it was. (Read together: a program blocked writing one while the other is waited on never ends.)
+bool ReadUntilEnd(std::vector<Sink>& sinks, pid_t pid, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  char buf[4096];
-  for (;;) {
+  std::vector<pollfd> polls;
+  for (const Sink& s : sinks) polls.push_back({s.fd, POLLIN, 0});
+  char buf[65536];
+  for (size_t open = polls.size(); open > 0;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       kill(pid, SIGKILL);
       return true;
     }
-    pollfd p{fd, POLLIN, 0};
-    const int r = poll(&p, 1, static_cast<int>(left.count()));
+    const int r = poll(polls.data(), polls.size(), static_cast<int>(left.count()));
     if (r <= 0) continue;  // interrupted, or the deadline (checked above)
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    if (text.size() < (1 << 20)) text.append(buf, static_cast<size_t>(n));
+    for (size_t i = 0; i < polls.size(); ++i) {
+      if (polls[i].fd < 0 || polls[i].revents == 0) continue;
+      const ssize_t n = read(polls[i].fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        polls[i].fd = -1;  // ended: poll leaves it out
+        --open;
+        continue;
+      }
+      Sink& s = sinks[i];
+      const size_t keep = std::min(static_cast<size_t>(n), s.max - std::min(s.max, s.text->size()));
+      s.text->append(buf, keep);
+      if (keep < static_cast<size_t>(n)) s.cut = true;
+    }
   }
+  return false;
 }
 
 // `pid`'s wait status, once it has ended.
@@ -53,13 +75,15 @@ int Reap(pid_t pid) {
 
 absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
                                          const ProgramRun& run) {
-  int out_fds[2], in_fds[2] = {-1, -1};
+  int out_fds[2], in_fds[2] = {-1, -1}, err_fds[2] = {-1, -1};
   if (pipe2(out_fds, O_CLOEXEC) != 0)
     return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
-  if (run.input && pipe2(in_fds, O_CLOEXEC) != 0) {
-    close(out_fds[0]);
-    close(out_fds[1]);
-    return absl::InternalError(fmt::format("pipe: {}", strerror(errno)));
+  if ((run.input && pipe2(in_fds, O_CLOEXEC) != 0) ||
+      (run.stderr_apart && pipe2(err_fds, O_CLOEXEC) != 0)) {
+    const std::string why = strerror(errno);
+    for (int fd : {out_fds[0], out_fds[1], in_fds[0], in_fds[1]})
+      if (fd >= 0) close(fd);
+    return absl::InternalError(fmt::format("pipe: {}", why));
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -69,7 +93,7 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   }
   posix_spawn_file_actions_adddup2(&fa, out_fds[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, out_fds[1], 2);
+  posix_spawn_file_actions_adddup2(&fa, run.stderr_apart ? err_fds[1] : out_fds[1], 2);
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -89,9 +113,11 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
   posix_spawnattr_destroy(&attr);
   close(out_fds[1]);
   if (run.input) close(in_fds[0]);
+  if (run.stderr_apart) close(err_fds[1]);
   if (rc != 0) {
     close(out_fds[0]);
     if (run.input) close(in_fds[1]);
+    if (run.stderr_apart) close(err_fds[0]);
     return absl::FailedPreconditionError(fmt::format("cannot run {}: {}", args[0], strerror(rc)));
   }
   if (run.input) {
@@ -117,8 +143,12 @@ absl::StatusOr<ProgramOutput> RunCapture(const std::vector<std::string>& args,
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
   }
   ProgramOutput out;
-  (void)ReadUntilEnd(out_fds[0], pid, run.timeout, out.text);
+  std::vector<Sink> sinks = {{.fd = out_fds[0], .text = &out.text, .max = run.max_output}};
+  if (run.stderr_apart) sinks.push_back({.fd = err_fds[0], .text = &out.err});
+  (void)ReadUntilEnd(sinks, pid, run.timeout);
+  out.cut = sinks[0].cut;
   close(out_fds[0]);
+  if (run.stderr_apart) close(err_fds[0]);
   const int status = Reap(pid);
   if (WIFEXITED(status)) out.status = WEXITSTATUS(status);
   return out;
@@ -155,7 +185,8 @@ absl::StatusOr<std::string> RunInChild(const std::function<std::string()>& fn,
   }
   close(fds[1]);
   std::string text;
-  const bool killed = ReadUntilEnd(fds[0], pid, timeout, text);
+  std::vector<Sink> sinks = {{.fd = fds[0], .text = &text}};
+  const bool killed = ReadUntilEnd(sinks, pid, timeout);
   close(fds[0]);
   const int status = Reap(pid);
   if (killed)

@@ -17,7 +17,9 @@ namespace tessera::devices {
 
 struct ProgramOutput {
   int status = -1;   // exit code, -1 when it did not end normally (killed at the deadline)
-  std::string text;  // stdout and stderr together, the first MiB
+  std::string text;  // stdout and stderr together (stdout alone with stderr_apart), max_output
+  std::string err;   // with stderr_apart: stderr, the first MiB
+  bool cut = false;  // text is the first max_output bytes of more
 };
 
 struct ProgramRun {
@@ -26,6 +28,10 @@ struct ProgramRun {
   // Its whole environment; nullopt: the server's.
   std::optional<std::map<std::string, std::string>> env;
   std::chrono::milliseconds timeout{20000};  // killed after
+  size_t max_output = size_t{1} << 20;       // kept of its output; the rest read and dropped
+  // stderr in `err` instead of with stdout: a program whose stdout is large and buffered (a pipe)
+  // writes its warnings into the middle of its lines otherwise.
+  bool stderr_apart = false;
 };
 
 // Runs argv (argv[0] a path) and collects its stdout and stderr; an error when it cannot be

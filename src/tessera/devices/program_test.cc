@@ -71,5 +71,37 @@ TEST(RunInChild, AChildThatCrashesIsNamedWithItsSignal) {
   EXPECT_EQ(after, 1);
 }
 
+// A program's output: both streams together by default, the first MiB kept; with stderr_apart,
+// its stderr alone in `err` (a large stdout, buffered in a pipe, is not broken by its warnings,
+// and a program that fills both pipes is read to its end); max_output kept and the cut said.
+TEST(RunCapture, KeepsWhatItIsToldOfEachStream) {
+  const std::string sh = "/bin/sh";
+  auto both = RunCapture({sh, "-c", "echo out; echo err >&2; exit 3"});
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->status, 3);
+  EXPECT_THAT(both->text, HasSubstr("out\n"));
+  EXPECT_THAT(both->text, HasSubstr("err\n"));
+  EXPECT_EQ(both->err, "");
+  EXPECT_FALSE(both->cut);
+  // 3 MiB on stdout between two warnings, and 200 KB on stderr after: more than a pipe holds on
+  // each, so the two must be read together.
+  const std::string big =
+      "echo first >&2; head -c 3145728 /dev/zero | tr '\\0' x; echo; echo second >&2; "
+      "head -c 200000 /dev/zero | tr '\\0' e >&2";
+  auto apart = RunCapture({sh, "-c", big}, {.max_output = size_t{8} << 20, .stderr_apart = true});
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_EQ(apart->status, 0);
+  EXPECT_EQ(apart->text, std::string(3 << 20, 'x') + "\n");
+  EXPECT_FALSE(apart->cut);
+  EXPECT_THAT(apart->err, ::testing::StartsWith("first\nsecond\neee"));
+  EXPECT_EQ(apart->err.size(), 13u + 200000u);
+  // The first MiB by default; what passed max_output dropped and said.
+  auto cut = RunCapture({sh, "-c", big}, {.stderr_apart = true});
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->status, 0) << "read to its end, not stopped at the limit";
+  EXPECT_EQ(cut->text, std::string(1 << 20, 'x'));
+  EXPECT_TRUE(cut->cut);
+}
+
 }  // namespace
 }  // namespace tessera::devices

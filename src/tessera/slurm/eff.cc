@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <unordered_map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -180,44 +182,35 @@ absl::StatusOr<std::vector<NodePart>> ParseAdminComment(std::string_view comment
   return out;
 }
 
-absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_view job_id_in) {
-  const absl::string_view text(text_in.data(), text_in.size()),
-      job_id(job_id_in.data(), job_id_in.size());
-  static const std::vector<std::string> kNames = absl::StrSplit(kEffFields, ',');
-  std::vector<std::vector<absl::string_view>> rows;
+namespace {
+
+using Row = std::vector<absl::string_view>;
+
+const std::vector<std::string>& FieldNames() {
+  static const std::vector<std::string> names = absl::StrSplit(kEffFields, ',');
+  return names;
+}
+
+// sacct's lines, each split into its fields; an error names a line without as many as asked.
+absl::StatusOr<std::vector<Row>> SacctRows(absl::string_view text) {
+  std::vector<Row> rows;
   size_t n = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty()) continue;
-    std::vector<absl::string_view> f = absl::StrSplit(line, kEffDelimiter);
-    if (f.size() != kNames.size())
+    Row f = absl::StrSplit(line, kEffDelimiter);
+    if (f.size() != FieldNames().size())
       return absl::InvalidArgumentError(fmt::format("sacct line {}: {} fields, expected {} ({})", n,
-                                                    f.size(), kNames.size(), kEffFields));
+                                                    f.size(), FieldNames().size(), kEffFields));
     rows.push_back(std::move(f));
   }
-  // The job's own line: its id as asked, else the one line that is not a step (a job array's task
-  // asked by its own id, which sacct lists as 42_3).
-  const std::vector<absl::string_view>* job = nullptr;
-  std::vector<absl::string_view> jobs;
-  for (const auto& r : rows) {
-    if (r[0].find('.') != absl::string_view::npos) continue;
-    jobs.push_back(r[0]);
-    if (r[0] == job_id) job = &r;
-  }
-  if (job == nullptr && jobs.size() == 1) {
-    for (const auto& r : rows) {
-      if (r[0] == jobs[0]) job = &r;
-    }
-  }
-  if (job == nullptr && jobs.empty())
-    return absl::NotFoundError(fmt::format("sacct lists no job {}", Std(job_id)));
-  if (job == nullptr)
-    return absl::InvalidArgumentError(
-        fmt::format("sacct lists {} jobs for {} ({}, ...: an array's tasks or a heterogeneous "
-                    "job's components): name one",
-                    jobs.size(), Std(job_id), Std(jobs[0])));
-  const auto& j = *job;
+  return rows;
+}
+
+// The job of line `j` with its steps' lines (`steps`: those whose id is the job's and a dot).
+absl::StatusOr<SacctEff> JobOf(const Row& j, const std::vector<const Row*>& steps) {
+  const std::vector<std::string>& kNames = FieldNames();
   auto field_error = [&](size_t i, const absl::Status& st) {
     return absl::InvalidArgumentError(fmt::format("sacct, job {}: {} '{}': {}", Std(j[0]),
                                                   kNames[i], Std(j[i]), Std(st.message())));
@@ -255,9 +248,10 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
     (key == "gres/gpu" ? e.gpus_allocated : e.shards_allocated) = *n;
   }
   // Its largest task: the highest MaxRSS of its steps (and its own line, where sacct gives one).
-  const std::string step = e.job_id + ".";
-  for (const auto& r : rows) {
-    if (&r != job && !absl::StartsWith(r[0], step)) continue;
+  std::vector<const Row*> lines = steps;
+  lines.push_back(&j);
+  for (const Row* line : lines) {
+    const Row& r = *line;
     absl::StatusOr<std::optional<uint64_t>> rss = SacctBytes(r[10]);
     if (!rss.ok())
       return absl::InvalidArgumentError(fmt::format("sacct, step {}: MaxRSS '{}': {}", Std(r[0]),
@@ -265,6 +259,71 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_vie
     if (*rss && (!e.max_rss_bytes || **rss > *e.max_rss_bytes)) e.max_rss_bytes = *rss;
   }
   return e;
+}
+
+}  // namespace
+
+absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text_in, std::string_view job_id_in) {
+  const absl::string_view text(text_in.data(), text_in.size()),
+      job_id(job_id_in.data(), job_id_in.size());
+  absl::StatusOr<std::vector<Row>> read = SacctRows(text);
+  if (!read.ok()) return read.status();
+  const std::vector<Row>& rows = *read;
+  // The job's own line: its id as asked, else the one line that is not a step (a job array's task
+  // asked by its own id, which sacct lists as 42_3).
+  const Row* job = nullptr;
+  std::vector<absl::string_view> jobs;
+  for (const auto& r : rows) {
+    if (r[0].find('.') != absl::string_view::npos) continue;
+    jobs.push_back(r[0]);
+    if (r[0] == job_id) job = &r;
+  }
+  if (job == nullptr && jobs.size() == 1) {
+    for (const auto& r : rows) {
+      if (r[0] == jobs[0]) job = &r;
+    }
+  }
+  if (job == nullptr && jobs.empty())
+    return absl::NotFoundError(fmt::format("sacct lists no job {}", Std(job_id)));
+  if (job == nullptr)
+    return absl::InvalidArgumentError(
+        fmt::format("sacct lists {} jobs for {} ({}, ...: an array's tasks or a heterogeneous "
+                    "job's components): name one",
+                    jobs.size(), Std(job_id), Std(jobs[0])));
+  std::vector<const Row*> steps;
+  const std::string step = std::string((*job)[0]) + ".";
+  for (const Row& r : rows)
+    if (absl::StartsWith(r[0], step)) steps.push_back(&r);
+  return JobOf(*job, steps);
+}
+
+absl::StatusOr<SacctJobs> ParseSacctEffAll(std::string_view text_in) {
+  absl::StatusOr<std::vector<Row>> rows =
+      SacctRows(absl::string_view(text_in.data(), text_in.size()));
+  if (!rows.ok()) return rows.status();
+  // Each job's line, in sacct's order, with the lines of its steps (after it, as sacct lists them;
+  // a step whose job's line is not there is left out: sacct lists none such).
+  std::vector<std::pair<const Row*, std::vector<const Row*>>> jobs;
+  std::unordered_map<std::string_view, size_t> index;
+  for (const Row& r : *rows) {
+    const size_t dot = r[0].find('.');
+    if (dot == absl::string_view::npos) {
+      index.emplace(Std(r[0]), jobs.size());
+      jobs.push_back({&r, {}});
+    } else if (auto it = index.find(Std(r[0].substr(0, dot))); it != index.end()) {
+      jobs[it->second].second.push_back(&r);
+    }
+  }
+  SacctJobs out;
+  for (const auto& [line, steps] : jobs) {
+    absl::StatusOr<SacctEff> job = JobOf(*line, steps);
+    if (job.ok()) {
+      out.jobs.push_back(std::move(*job));
+    } else {
+      out.errors.push_back(std::string(job.status().message()));
+    }
+  }
+  return out;
 }
 
 nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& parts) {
@@ -333,6 +392,57 @@ nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& p
   o["gpu_memory_refused"] = refused;
   o["gpu_nodes"] = std::move(nodes);
   return o;
+}
+
+nlohmann::ordered_json EffByUser(const std::vector<nlohmann::ordered_json>& jobs) {
+  using ojson = nlohmann::ordered_json;
+  struct Sums {
+    int jobs = 0, gpu_jobs = 0, refused_jobs = 0;
+    double held = 0, busy = 0, idle = 0, cpu = 0, cpu_held = 0;
+    bool measured = false;
+    std::vector<double> memory_pct;
+  };
+  std::map<std::string, Sums> users;
+  for (const ojson& j : jobs) {
+    Sums& u = users[j.value("user", std::string())];
+    ++u.jobs;
+    if (!j["gpu_nodes"].empty()) ++u.gpu_jobs;
+    if (j.contains("gpu_held_seconds")) {
+      u.measured = true;
+      u.held += j["gpu_held_seconds"].get<double>();
+      u.busy += j["gpu_busy_seconds"].get<double>();
+      u.idle += j["gpu_idle_seconds"].get<double>();
+    }
+    if (j.contains("gpu_memory_pct")) u.memory_pct.push_back(j["gpu_memory_pct"].get<double>());
+    if (j["gpu_memory_refused"].get<uint64_t>() > 0) ++u.refused_jobs;
+    u.cpu += j["cpu_seconds"].get<double>();
+    u.cpu_held += j["elapsed_s"].get<double>() * j["cpus"].get<double>();
+  }
+  ojson out = ojson::array();
+  for (auto& [user, u] : users) {
+    ojson o = {{"user", user}, {"jobs", u.jobs}, {"gpu_jobs", u.gpu_jobs}};
+    if (u.measured) {
+      o["gpu_held_seconds"] = u.held;
+      o["gpu_busy_seconds"] = u.busy;
+      o["gpu_idle_seconds"] = u.idle;
+      if (u.held > 0) o["gpu_busy_pct"] = 100 * u.busy / u.held;
+    }
+    if (!u.memory_pct.empty()) {
+      // The middle job's peak of its GPU memory limit (the lower of the two middle ones).
+      std::sort(u.memory_pct.begin(), u.memory_pct.end());
+      o["gpu_memory_pct_median"] = u.memory_pct[(u.memory_pct.size() - 1) / 2];
+      o["gpu_memory_pct_max"] = u.memory_pct.back();
+    }
+    o["gpu_memory_refused_jobs"] = u.refused_jobs;
+    o["cpu_seconds"] = u.cpu;
+    if (u.cpu_held > 0) o["cpu_pct"] = 100 * u.cpu / u.cpu_held;
+    out.push_back(std::move(o));
+  }
+  // The GPU time left idle, most first (unmeasured last), then by name.
+  std::stable_sort(out.begin(), out.end(), [](const ojson& a, const ojson& b) {
+    return a.value("gpu_idle_seconds", -1.0) > b.value("gpu_idle_seconds", -1.0);
+  });
+  return out;
 }
 
 }  // namespace tessera::slurm

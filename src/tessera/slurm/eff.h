@@ -61,6 +61,15 @@ struct SacctEff {
 // several tasks.
 absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text, std::string_view job_id);
 
+// sacct's lines for many jobs (a period's, as `tessera slurm eff --since` asks them), each with
+// its steps, in sacct's order. A job whose line does not read is left out and named in `errors`;
+// an error: lines that are not sacct's answer to kEffFields.
+struct SacctJobs {
+  std::vector<SacctEff> jobs;
+  std::vector<std::string> errors;
+};
+absl::StatusOr<SacctJobs> ParseSacctEffAll(std::string_view text);
+
 // What the job used of what it held, as `tessera slurm eff -o json` gives it (in this order):
 // Slurm's figures (the GPUs and shards it gave the job among them) (cpu_pct as seff: CPU time over
 // elapsed x CPUs; memory_pct: the largest task's RSS over the memory asked per node) and the GPUs'
@@ -68,5 +77,11 @@ absl::StatusOr<SacctEff> ParseSacctEff(std::string_view text, std::string_view j
 // and, weighed by that, how much was busy; the GPU time left idle as the nodes said it; the highest
 // peak of GPU memory against its limit; refusals.
 nlohmann::ordered_json EffOf(const SacctEff& job, const std::vector<NodePart>& parts);
+
+// Jobs' EffOf summed per user, the GPU time they held idle most first (those with none measured
+// last): jobs, jobs with GPU parts, GPU time held, busy and idle and busy over held, the median
+// and highest of the jobs' GPU memory peaks over their limits, jobs whose limit refused an
+// allocation, CPU time over elapsed x CPUs.
+nlohmann::ordered_json EffByUser(const std::vector<nlohmann::ordered_json>& jobs);
 
 }  // namespace tessera::slurm
