@@ -988,6 +988,25 @@ sys.exit("sstat never saw 256 MiB resident: '" + rss + "'")
   EXPECT_EQ(summed["users"][0]["gpu_jobs"], 2) << "the shard job and the whole GPU's";
   EXPECT_EQ(summed["users"][0]["gpu_held_seconds"], completed["gpu_held_seconds"])
       << "only the share's GPU time is measured";
+  // An array's own id: sacct lists its tasks, each a line of `eff`.
+  auto array =
+      Capture(env + "sbatch --parsable --array=1-2 -J sweep -t 5 -o /dev/null --wrap true 2>&1");
+  ASSERT_EQ(array.code, 0) << array.out << slurm.Logs();
+  const std::string array_id = array.out.substr(0, array.out.find_first_of(";\n"));
+  (void)SacctUntil(slurm.Env(), "-X -P -n -j " + array_id + " --format=JobID,JobName,State",
+                   [&](const std::string& out) {
+                     return out ==
+                            array_id + "_1|sweep|COMPLETED\n" + array_id + "_2|sweep|COMPLETED\n";
+                   });
+  auto tasks = Capture(slurm.Env() + eff + array_id + " -o json 2>&1");
+  ASSERT_EQ(tasks.code, 0) << tasks.out;
+  const nlohmann::json listed_tasks = nlohmann::json::parse(tasks.out, nullptr, false);
+  ASSERT_TRUE(listed_tasks.is_object()) << tasks.out;
+  EXPECT_EQ(listed_tasks["job"], array_id);
+  ASSERT_EQ(listed_tasks["jobs"].size(), 2u) << tasks.out;
+  EXPECT_EQ(listed_tasks["jobs"][0]["job_id"], array_id + "_1") << tasks.out;
+  EXPECT_EQ(listed_tasks["jobs"][1]["job_id"], array_id + "_2") << tasks.out;
+  EXPECT_EQ(listed_tasks["jobs"][1]["state"], "COMPLETED") << tasks.out;
 }
 
 // A slurmdbd that stops answering (SIGSTOP: a database host gone quiet) holds no job's end past

@@ -513,6 +513,52 @@ TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
   }
   r = Cli({"slurm", "eff", "42", "--since", "1d"});
   EXPECT_EQ(r.code, kExitBadInput);
+  // An array's own id: sacct lists its tasks, each a line as for a period; --by and --sort too.
+  std::ofstream(dir / "array.txt")
+      << line({"50_1", "sweep", "dana", "COMPLETED", "0:0", "1", "2", "100", "01:40.000", "2000M",
+               "", "tessera@node-a: gpu 0 (25% share): 90% busy, 3s of gpu time idle",
+               "gres/shard=2"})
+      << line({"50_1.0", "python", "", "COMPLETED", "0:0", "1", "2", "99", "01:40.000", "",
+               "1024000K", "", ""})
+      << line({"50_2", "sweep", "dana", "FAILED", "1:0", "1", "2", "100", "00:20.000", "2000M", "",
+               "tessera@node-b: gpu 1 (25% share): 10% busy, 23s of gpu time idle",
+               "gres/shard=2"});
+  const std::string array = (dir / "sacct-array").string();
+  std::ofstream(array) << "#!/bin/sh\n[ \"$*\" = \"-j 50 -P -n --noconvert "
+                          "--delimiter=$(printf '\\037') -o "
+                       << tessera::slurm::kEffFields
+                       << "\" ] || { echo \"sacct: error: unexpected arguments: $*\" >&2; exit 1; "
+                          "}\ncat "
+                       << (dir / "array.txt").string() << "\n";
+  std::filesystem::permissions(array, std::filesystem::perms::owner_all);
+  r = Cli({"slurm", "eff", "50", "--sacct", array.c_str()});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  for (const std::string re : {"\n50_1 +sweep +dana +COMPLETED +00:01:40 +shard:2 +90% +3s +- +0 "
+                               "+50% +50%\n",
+                               "\n50_2 +sweep +dana +FAILED +00:01:40 +shard:2 +10% +23s +- +0 "
+                               "+10% +-\n",
+                               "\n2 jobs listed for 50; their compute shares held 50s of GPU "
+                               "time, 50.0% busy, 26s idle\n"})
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(re)) << r.out;
+  r = Cli({"slurm", "eff", "50", "--sacct", array.c_str(), "--sort", "busy", "--reverse", "-o",
+           "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto tasks = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_EQ(tasks["job"], "50") << r.out;
+  ASSERT_EQ(tasks["jobs"].size(), 2u) << r.out;
+  EXPECT_EQ(tasks["jobs"][0]["job_id"], "50_2") << "the least busy first";
+  r = Cli({"slurm", "eff", "50", "--sacct", array.c_str(), "--by", "user", "-o", "json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["users"][0]["jobs"], 2) << r.out;
+  // One job: --by and --sort have nothing to order or sum.
+  std::ofstream(dir / "one.txt") << alice;
+  const std::string one = (dir / "sacct-one").string();
+  std::ofstream(one) << "#!/bin/sh\ncat " << (dir / "one.txt").string() << "\n";
+  std::filesystem::permissions(one, std::filesystem::perms::owner_all);
+  r = Cli({"slurm", "eff", "42", "--sacct", one.c_str(), "--sort", "busy"});
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--by and --sort order and sum several jobs (a period's, an "
+                               "array's tasks): 42 is one"));
   // A period without jobs.
   const std::string none = (dir / "sacct-none").string();
   std::ofstream(none) << "#!/bin/sh\nexit 0\n";

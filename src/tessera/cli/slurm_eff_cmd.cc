@@ -73,13 +73,94 @@ std::optional<double> SortKey(const nlohmann::ordered_json& e, const std::string
   return e[key].get<double>();
 }
 
+// Jobs as sacct listed them (a period's, an array's tasks): one line each or summed per user
+// (--by user), --sort's order, and their GPU figures together. `head`: what JSON says first (the
+// period, the job asked); `which`: what they are ("ended between ..."); `none`: said when there
+// are none.
+int PrintJobs(const EffFlags& f, const slurm::SacctJobs& jobs, nlohmann::ordered_json head,
+              const std::string& which, const std::string& none, std::ostream& out,
+              std::ostream& err) {
+  for (const std::string& e : jobs.errors)
+    err << "tessera slurm eff: " << e << ": the job is left out\n";
+  std::vector<nlohmann::ordered_json> effs;
+  for (const slurm::SacctEff& job : jobs.jobs) {
+    auto parts = slurm::ParseAdminComment(job.admin_comment);
+    if (!parts.ok()) {
+      err << "tessera slurm eff: job " << job.job_id << ": " << parts.status().message()
+          << ": its GPU figures are left out\n";
+      parts = std::vector<slurm::NodePart>();
+    }
+    effs.push_back(slurm::EffOf(job, *parts));
+  }
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (f.by == "user") {
+    rows = slurm::EffByUser(effs);
+  } else {
+    for (auto& e : effs) rows.push_back(std::move(e));
+  }
+  if (!f.sort.empty()) {
+    SortByFigure(
+        rows, [&](const nlohmann::ordered_json& r) { return SortKey(r, f.sort); }, f.reverse);
+  }
+  const Format format = *ParseFormat(f.output);
+  if (format != Format::kTable) {
+    nlohmann::ordered_json o = std::move(head);
+    o[f.by == "user" ? "users" : "jobs"] = std::move(rows);
+    EmitStructured(o, format, out);
+    return kExitOk;
+  }
+  auto pct = [](const nlohmann::ordered_json& e, const char* k) {
+    return e.contains(k) ? fmt::format("{:.0f}%", e[k].get<double>()) : std::string("-");
+  };
+  auto duration = [](const nlohmann::ordered_json& e, const char* k) {
+    return e.contains(k) ? core::FormatDuration(e[k].get<double>()) : std::string("-");
+  };
+  if (rows.empty()) {
+    out << none << "\n";
+    return kExitOk;
+  }
+  if (f.by == "user") {
+    Table t({"USER", "JOBS", "GPU-JOBS", "GPU-HELD", "BUSY", "IDLE", "GPU-MEM", "GPU-MEM-MAX",
+             "REFUSED", "CPU"});
+    for (const auto& u : rows)
+      t.AddRow({u["user"].get<std::string>(), std::to_string(u["jobs"].get<int>()),
+                std::to_string(u["gpu_jobs"].get<int>()), duration(u, "gpu_held_seconds"),
+                pct(u, "gpu_busy_pct"), duration(u, "gpu_idle_seconds"),
+                pct(u, "gpu_memory_pct_median"), pct(u, "gpu_memory_pct_max"),
+                std::to_string(u["gpu_memory_refused_jobs"].get<int>()), pct(u, "cpu_pct")});
+    t.Print(out);
+  } else {
+    Table t({"JOBID", "NAME", "USER", "STATE", "ELAPSED", "GRES", "BUSY", "IDLE", "GPU-MEM",
+             "REFUSED", "CPU", "MEM"});
+    std::map<std::string, const slurm::SacctEff*> by_id;
+    for (const slurm::SacctEff& job : jobs.jobs) by_id[job.job_id] = &job;
+    for (const auto& e : rows) {
+      const slurm::SacctEff& job = *by_id.at(e["job_id"].get<std::string>());
+      t.AddRow({job.job_id, job.name, job.user, job.state, ElapsedClock(job.elapsed_s), Gres(job),
+                pct(e, "gpu_busy_pct"), duration(e, "gpu_idle_seconds"), pct(e, "gpu_memory_pct"),
+                std::to_string(e["gpu_memory_refused"].get<uint64_t>()), pct(e, "cpu_pct"),
+                pct(e, "memory_pct")});
+    }
+    t.Print(out);
+  }
+  // The jobs' GPU figures together: what the shares held, how much was busy, the time idle.
+  double held = 0, busy = 0, idle = 0;
+  for (const auto& e : rows) {
+    held += e.value("gpu_held_seconds", 0.0);
+    busy += e.value("gpu_busy_seconds", 0.0);
+    idle += e.value("gpu_idle_seconds", 0.0);
+  }
+  out << "\n" << effs.size() << " job" << (effs.size() == 1 ? "" : "s") << " " << which;
+  if (held > 0)
+    out << fmt::format("; their compute shares held {} of GPU time, {:.1f}% busy, {} idle",
+                       core::FormatDuration(held), 100 * busy / held, core::FormatDuration(idle));
+  out << "\n";
+  return kExitOk;
+}
+
 // The jobs that ended in a period (sacct -S -E -s, its users as sacct selects them), one line
 // each or summed per user.
 int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, std::ostream& err) {
-  if ((f.sort == "jobs" || f.sort == "held") && f.by != "user") {
-    err << "tessera slurm eff: --sort " << f.sort << " is a user's figure: with --by user\n";
-    return kExitBadInput;
-  }
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   double when[2] = {0, now};
@@ -143,86 +224,12 @@ int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, st
     err << "tessera slurm eff: " << jobs.status().message() << "\n";
     return kExitFailure;
   }
-  for (const std::string& e : jobs->errors)
-    err << "tessera slurm eff: " << e << ": the job is left out\n";
-  std::vector<nlohmann::ordered_json> effs;
-  for (const slurm::SacctEff& job : jobs->jobs) {
-    auto parts = slurm::ParseAdminComment(job.admin_comment);
-    if (!parts.ok()) {
-      err << "tessera slurm eff: job " << job.job_id << ": " << parts.status().message()
-          << ": its GPU figures are left out\n";
-      parts = std::vector<slurm::NodePart>();
-    }
-    effs.push_back(slurm::EffOf(job, *parts));
-  }
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  if (f.by == "user") {
-    rows = slurm::EffByUser(effs);
-  } else {
-    for (auto& e : effs) rows.push_back(std::move(e));
-  }
-  if (!f.sort.empty()) {
-    SortByFigure(
-        rows, [&](const nlohmann::ordered_json& r) { return SortKey(r, f.sort); }, f.reverse);
-  }
-  const Format format = *ParseFormat(f.output);
-  if (format != Format::kTable) {
-    nlohmann::ordered_json o = {{"since", LocalTimestamp(when[0])},
-                                {"until", LocalTimestamp(when[1])}};
-    o[f.by == "user" ? "users" : "jobs"] = std::move(rows);
-    EmitStructured(o, format, out);
-    return kExitOk;
-  }
-  auto pct = [](const nlohmann::ordered_json& e, const char* k) {
-    return e.contains(k) ? fmt::format("{:.0f}%", e[k].get<double>()) : std::string("-");
-  };
-  auto duration = [](const nlohmann::ordered_json& e, const char* k) {
-    return e.contains(k) ? core::FormatDuration(e[k].get<double>()) : std::string("-");
-  };
-  if (rows.empty()) {
-    out << "no job ended between " << LocalTimestamp(when[0]) << " and " << LocalTimestamp(when[1])
-        << " (sacct " << command << ")\n";
-    return kExitOk;
-  }
-  if (f.by == "user") {
-    Table t({"USER", "JOBS", "GPU-JOBS", "GPU-HELD", "BUSY", "IDLE", "GPU-MEM", "GPU-MEM-MAX",
-             "REFUSED", "CPU"});
-    for (const auto& u : rows)
-      t.AddRow({u["user"].get<std::string>(), std::to_string(u["jobs"].get<int>()),
-                std::to_string(u["gpu_jobs"].get<int>()), duration(u, "gpu_held_seconds"),
-                pct(u, "gpu_busy_pct"), duration(u, "gpu_idle_seconds"),
-                pct(u, "gpu_memory_pct_median"), pct(u, "gpu_memory_pct_max"),
-                std::to_string(u["gpu_memory_refused_jobs"].get<int>()), pct(u, "cpu_pct")});
-    t.Print(out);
-  } else {
-    Table t({"JOBID", "NAME", "USER", "STATE", "ELAPSED", "GRES", "BUSY", "IDLE", "GPU-MEM",
-             "REFUSED", "CPU", "MEM"});
-    std::map<std::string, const slurm::SacctEff*> by_id;
-    for (const slurm::SacctEff& job : jobs->jobs) by_id[job.job_id] = &job;
-    for (const auto& e : rows) {
-      const slurm::SacctEff& job = *by_id.at(e["job_id"].get<std::string>());
-      t.AddRow({job.job_id, job.name, job.user, job.state, ElapsedClock(job.elapsed_s), Gres(job),
-                pct(e, "gpu_busy_pct"), duration(e, "gpu_idle_seconds"), pct(e, "gpu_memory_pct"),
-                std::to_string(e["gpu_memory_refused"].get<uint64_t>()), pct(e, "cpu_pct"),
-                pct(e, "memory_pct")});
-    }
-    t.Print(out);
-  }
-  // The period's GPU figures together: what the shares held, how much was busy, the time idle.
-  double held = 0, busy = 0, idle = 0;
-  for (const auto& e : rows) {
-    held += e.value("gpu_held_seconds", 0.0);
-    busy += e.value("gpu_busy_seconds", 0.0);
-    idle += e.value("gpu_idle_seconds", 0.0);
-  }
-  out << "\n"
-      << effs.size() << " job" << (effs.size() == 1 ? "" : "s") << " ended between "
-      << LocalTimestamp(when[0]) << " and " << LocalTimestamp(when[1]);
-  if (held > 0)
-    out << fmt::format("; their compute shares held {} of GPU time, {:.1f}% busy, {} idle",
-                       core::FormatDuration(held), 100 * busy / held, core::FormatDuration(idle));
-  out << "\n";
-  return kExitOk;
+  return PrintJobs(f, *jobs,
+                   {{"since", LocalTimestamp(when[0])}, {"until", LocalTimestamp(when[1])}},
+                   "ended between " + LocalTimestamp(when[0]) + " and " + LocalTimestamp(when[1]),
+                   "no job ended between " + LocalTimestamp(when[0]) + " and " +
+                       LocalTimestamp(when[1]) + " (sacct " + command + ")",
+                   out, err);
 }
 
 // seff's question for GPUs, asked of sacct on any machine of the cluster: Slurm's own figures of
@@ -234,27 +241,40 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
         << " here: it reads the job from Slurm's accounting (sacct, slurmdbd)\n";
     return kExitFailure;
   }
+  if ((f.sort == "jobs" || f.sort == "held") && f.by != "user") {
+    err << "tessera slurm eff: --sort " << f.sort << " is a user's figure: with --by user\n";
+    return kExitBadInput;
+  }
   if (f.job.empty()) return RunPeriod(f, sacct, out, err);
   auto run = devices::RunCapture(
       {sacct, "-j", f.job, "-P", "-n", "--noconvert",
        std::string("--delimiter=") + slurm::kEffDelimiter, "-o", slurm::kEffFields},
-      {.timeout = std::chrono::seconds(60)});
+      {.timeout = std::chrono::seconds(60), .stderr_apart = true});
   if (!run.ok() || run->status != 0) {
     err << "tessera slurm eff: " << sacct << " -j " << f.job
-        << (run.ok()
-                ? fmt::format(" failed (exit {}): {}", run->status, devices::FirstLine(run->text))
-                : ": " + std::string(run.status().message()))
+        << (run.ok() ? fmt::format(" failed (exit {}): {}", run->status,
+                                   devices::FirstLine(run->err.empty() ? run->text : run->err))
+                     : ": " + std::string(run.status().message()))
         << "\n";
     return kExitFailure;
   }
-  // sacct's own warnings (its stderr comes with its output) said, not read as the job's lines.
-  std::string lines;
-  for (absl::string_view line : absl::StrSplit(run->text, '\n')) {
-    if (absl::StartsWith(line, "sacct: ")) {
-      err << line << "\n";
-    } else {
-      lines.append(line.data(), line.size()).append("\n");
-    }
+  // sacct's own warnings said, not read as the job's lines.
+  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty()))
+    err << line << "\n";
+  const std::string& lines = run->text;
+  // An array's id lists its tasks (a heterogeneous job's, its components): each one's line, as
+  // for a period.
+  if (auto all = slurm::ParseSacctEffAll(lines);
+      all.ok() && all->jobs.size() + all->errors.size() > 1 &&
+      std::none_of(all->jobs.begin(), all->jobs.end(),
+                   [&](const slurm::SacctEff& j) { return j.job_id == f.job; })) {
+    return PrintJobs(f, *all, {{"job", f.job}}, "listed for " + f.job, "", out, err);
+  }
+  if (!f.by.empty() || !f.sort.empty()) {
+    err << "tessera slurm eff: --by and --sort order and sum several jobs (a period's, an "
+           "array's tasks): "
+        << f.job << " is one\n";
+    return kExitBadInput;
   }
   auto job = slurm::ParseSacctEff(lines, f.job);
   if (!job.ok()) {
@@ -383,7 +403,8 @@ std::shared_ptr<void> AddSlurmEff(CLI::App& slurm, std::function<int()>& action,
   CLI::Option* job =
       eff->add_option("job", f.job,
                       "The Slurm job id (an array's task as 42_3, a heterogeneous job's component "
-                      "as 42+1); without one, the jobs that ended in a period")
+                      "as 42+1; an array's own id lists its tasks); without one, the jobs that "
+                      "ended in a period")
           ->check(CLI::Validator(
               [](std::string& v) -> std::string {
                 const size_t u = v.find_first_of("_+");
@@ -412,17 +433,18 @@ std::shared_ptr<void> AddSlurmEff(CLI::App& slurm, std::function<int()>& action,
                       "Without a job: every user's (as sacct -a; slurmdbd's PrivateData may "
                       "refuse)"),
         eff->add_option("--by", f.by,
-                        "Without a job: one line per user, the GPU time they left idle most "
-                        "first")
+                        "A period's jobs (or an array's tasks): one line per user, the GPU time "
+                        "they left idle most first")
             ->check(CLI::IsMember({"user"})),
         eff->add_option("--sort", f.sort,
-                        "Without a job: order the lines by elapsed, busy, idle, gpu_mem, cpu or "
-                        "mem (with --by user: also jobs, held) - largest first, unmeasured last")
+                        "A period's jobs (or an array's tasks): order the lines by elapsed, busy, "
+                        "idle, gpu_mem, cpu or mem (with --by user: also jobs, held) - largest "
+                        "first, unmeasured last")
             ->check(
                 CLI::IsMember({"elapsed", "busy", "idle", "gpu_mem", "cpu", "mem", "jobs", "held"})
                     .description(""))
             ->type_name("FIELD")})
-    o->excludes(job);
+    if (o->get_name() != "--by" && o->get_name() != "--sort") o->excludes(job);
   eff->add_flag("--reverse", f.reverse, "With --sort: the other way")->needs("--sort");
   eff->get_option("--user")->excludes("--all-users");
   eff->add_option("--sacct", f.sacct, "The sacct program to ask")->capture_default_str();
