@@ -559,6 +559,15 @@ TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
   EXPECT_EQ(r.code, kExitBadInput) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--by and --sort order and sum several jobs (a period's, an "
                                "array's tasks): 42 is one"));
+  // An answer past what is kept (128 MiB): refused, with what to do, not read in part.
+  const std::string huge = (dir / "sacct-huge").string();
+  std::ofstream(huge) << "#!/bin/sh\nhead -c 134217829 /dev/zero | tr '\\0' x\n";
+  std::filesystem::permissions(huge, std::filesystem::perms::owner_all);
+  r = Cli({"slurm", "eff", "--sacct", huge.c_str()});
+  EXPECT_EQ(r.code, kExitFailure) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("sacct's answer for the period is over 128 MiB: ask a shorter one "
+                               "(--since, --until) or one user (--user)"));
+  EXPECT_EQ(r.out, "");
   // A period without jobs.
   const std::string none = (dir / "sacct-none").string();
   std::ofstream(none) << "#!/bin/sh\nexit 0\n";

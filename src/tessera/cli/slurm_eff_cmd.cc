@@ -34,8 +34,9 @@ struct EffFlags {
 // The states of a job that ended, as docs/slurm.md's export selects them (sacct -s: a job in one
 // of these in the period, which is when it ended).
 constexpr char kEndedStates[] = "CD,F,CA,TO,OOM,NF,PR,DL";
-// Kept of sacct's answer for a period: a month of a large cluster's jobs and steps.
-constexpr size_t kMaxSacctAnswer = size_t{512} << 20;
+// Kept of sacct's answer for a period: about 300,000 jobs of a step each, whose figures take
+// about 1.2 GB here (100,000: 400 MB resident, docs/benchmarks.md).
+constexpr size_t kMaxSacctAnswer = size_t{128} << 20;
 
 // What Slurm gave the job: "2 GPUs", "3 shards", "1 GPU and 3 shards".
 std::string Allocated(const slurm::SacctEff& job) {
