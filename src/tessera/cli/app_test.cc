@@ -576,8 +576,10 @@ TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
       {"slurm", "eff", "--sacct", none.c_str(), "--since", "2026-11-01", "--until", "2026-11-02"});
   EXPECT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("no job ended between 2026-11-01T00:00:00 and "
-                               "2026-11-02T00:00:00 (sacct -P -n"))
+                               "2026-11-02T00:00:00 (sacct -P -n --noconvert --delimiter=$'\\x1f' "
+                               "-o JobID,"))
       << r.out;
+  EXPECT_EQ(r.out.find('\x1f'), std::string::npos) << "no control character on the terminal";
 }
 
 TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {

@@ -1,8 +1,11 @@
 #include "tessera/cli/slurm_eff_cmd.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -200,10 +203,20 @@ int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, st
   } else if (f.all_users) {
     args.push_back("-a");
   }
+  // sacct takes a while over a long period of a large cluster: said on a terminal meanwhile.
+  const bool tty = &err == &std::cerr && isatty(STDERR_FILENO);
+  if (tty)
+    err << "asking sacct for the jobs that ended between " << LocalTimestamp(when[0]) << " and "
+        << LocalTimestamp(when[1]) << "..." << std::flush;
   auto run = devices::RunCapture(
       args,
       {.timeout = std::chrono::minutes(10), .max_output = kMaxSacctAnswer, .stderr_apart = true});
-  std::string command = fmt::format("{}", fmt::join(args.begin() + 1, args.end(), " "));
+  if (tty) err << "\r\x1b[K" << std::flush;  // the line cleared
+  // The call as a shell takes it (the delimiter, a control character, as bash's $'\x1f').
+  std::vector<std::string> shown(args.begin() + 1, args.end());
+  for (std::string& a : shown)
+    if (absl::StartsWith(a, "--delimiter=")) a = "--delimiter=$'\\x1f'";
+  const std::string command = fmt::format("{}", fmt::join(shown, " "));
   if (!run.ok() || run->status != 0) {
     err << "tessera slurm eff: " << sacct << " "
         << (run.ok() ? fmt::format("failed (exit {}): {}", run->status,
