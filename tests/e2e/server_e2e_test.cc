@@ -1103,7 +1103,7 @@ TEST(TesseraServer, AResizeAcrossAKillNineRunsTheJobOnceAndLosesNothing) {
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   while (d.Logs(el).find("got") == std::string::npos && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_THAT(d.Logs(el), HasSubstr("got"));
+  ASSERT_THAT(d.Logs(el), HasSubstr("got")) << "the server's log:\n" << d.Log();
   d.Kill(SIGKILL);
   const std::string exit_file = d.dir() + "/state/exit/" + std::to_string(el);
   until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -1155,7 +1155,7 @@ TEST(TesseraServer, AShrinkAcrossAKillNineGivesTheQueuedJobItsGpusAndRunsTheJobO
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   while (d.Logs(el).find("got") == std::string::npos && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_THAT(d.Logs(el), HasSubstr("got"));
+  ASSERT_THAT(d.Logs(el), HasSubstr("got")) << "the server's log:\n" << d.Log();
   d.Kill(SIGKILL);
   d.Start();
   json h = d.WaitFor(hi, "running");

@@ -155,6 +155,16 @@ PrivateDirFolders::PrivateDirFolders(bool on, std::string tmp_base, std::string 
   }
 }
 
+PrivateDirFolders::~PrivateDirFolders() {
+  if (!enabled()) return;
+  for (const std::string& base : {tmp_base_, shm_base_}) {
+    // rmdir: only an empty folder goes (ENOTEMPTY else, and nothing removed).
+    const std::string parent = fmt::format("{}/.tessera-{}", base, instance_);
+    if (rmdir(parent.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
+      spdlog::warn("private /tmp: removing {}: {}", parent, strerror(errno));
+  }
+}
+
 std::string PrivateDirFolders::FolderOf(const std::string& base, int64_t job) const {
   return fmt::format("{}/.tessera-{}/job-{}", base, instance_, job);
 }

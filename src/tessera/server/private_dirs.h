@@ -60,6 +60,12 @@ class PrivateDirFolders {
   // run jobs of the same id). Disabled, with the reason, when the server is not root (its jobs
   // then run as its own user) or `on` is false.
   PrivateDirFolders(bool on, std::string tmp_base, std::string shm_base, std::string instance);
+  // The two parents removed when no job's folder is in them (the server stopped without jobs; a
+  // job still running through a restart keeps its folder and so its parent). A host that runs
+  // many servers in turn (each test's) is not left one pair of folders for each.
+  ~PrivateDirFolders();
+  PrivateDirFolders(const PrivateDirFolders&) = delete;
+  PrivateDirFolders& operator=(const PrivateDirFolders&) = delete;
 
   bool enabled() const { return reason_.empty(); }
   // Why not enabled; empty when it is.
