@@ -97,9 +97,7 @@ int RunAcct(const SlurmFlags& f, std::ostream& out, std::ostream& err) {
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     since = ParseWhen(f.since, now);
     if (!since) {
-      err << "tessera slurm acct: --since " << f.since
-          << ": expected a duration ago (90m, 7d), today, yesterday, a date (2026-11-01), a "
-             "date and time (2026-11-01T08:00) or seconds since the epoch\n";
+      err << "tessera slurm acct: --since " << f.since << ": expected " << kWhenForms << "\n";
       return kExitBadInput;
     }
   }

@@ -52,6 +52,27 @@ std::string Allocated(const slurm::SacctEff& job) {
   return fmt::format("{}", fmt::join(what, " and "));
 }
 
+// sacct's answer to `args` (its stderr apart: its warnings said on `err`, not read as its lines);
+// nullopt when it could not be run or failed, said on `err` as `what` failing.
+std::optional<devices::ProgramOutput> AskSacct(const std::vector<std::string>& args,
+                                               const std::string& what, devices::ProgramRun run,
+                                               std::ostream& err) {
+  run.stderr_apart = true;
+  auto answer = devices::RunCapture(args, run);
+  if (!answer.ok() || answer->status != 0) {
+    err << "tessera slurm eff: " << what
+        << (answer.ok()
+                ? fmt::format(" failed (exit {}): {}", answer->status,
+                              devices::FirstLine(answer->err.empty() ? answer->text : answer->err))
+                : ": " + std::string(answer.status().message()))
+        << "\n";
+    return std::nullopt;
+  }
+  for (absl::string_view line : absl::StrSplit(answer->err, '\n', absl::SkipEmpty()))
+    err << line << "\n";
+  return std::move(*answer);
+}
+
 // "gpu:2", "shard:3", "gpu:1,shard:3", "-": what Slurm gave the job, as --gres asks it.
 std::string Gres(const slurm::SacctEff& job) {
   std::vector<std::string> what;
@@ -173,9 +194,8 @@ int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, st
     const std::string text = texts[i]->empty() ? (i == 0 ? "7d" : "now") : *texts[i];
     const std::optional<double> t = ParseWhen(text, now);
     if (!t) {
-      err << "tessera slurm eff: " << (i == 0 ? "--since " : "--until ") << text
-          << ": expected a duration ago (90m, 7d), today, yesterday, a date (2026-11-01), a date "
-             "and time (2026-11-01T08:00) or seconds since the epoch\n";
+      err << "tessera slurm eff: " << (i == 0 ? "--since " : "--until ") << text << ": expected "
+          << kWhenForms << "\n";
       return kExitBadInput;
     }
     when[i] = *t;
@@ -208,26 +228,15 @@ int RunPeriod(const EffFlags& f, const std::string& sacct, std::ostream& out, st
   if (tty)
     err << "asking sacct for the jobs that ended between " << LocalTimestamp(when[0]) << " and "
         << LocalTimestamp(when[1]) << "..." << std::flush;
-  auto run = devices::RunCapture(
-      args,
-      {.timeout = std::chrono::minutes(10), .max_output = kMaxSacctAnswer, .stderr_apart = true});
+  auto run = AskSacct(args, sacct,
+                      {.timeout = std::chrono::minutes(10), .max_output = kMaxSacctAnswer}, err);
   if (tty) err << "\r\x1b[K" << std::flush;  // the line cleared
   // The call as a shell takes it (the delimiter, a control character, as bash's $'\x1f').
   std::vector<std::string> shown(args.begin() + 1, args.end());
   for (std::string& a : shown)
     if (absl::StartsWith(a, "--delimiter=")) a = "--delimiter=$'\\x1f'";
   const std::string command = fmt::format("{}", fmt::join(shown, " "));
-  if (!run.ok() || run->status != 0) {
-    err << "tessera slurm eff: " << sacct << " "
-        << (run.ok() ? fmt::format("failed (exit {}): {}", run->status,
-                                   devices::FirstLine(run->err.empty() ? run->text : run->err))
-                     : std::string(run.status().message()))
-        << "\n";
-    return kExitFailure;
-  }
-  // sacct's own warnings said as they are.
-  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty()))
-    err << line << "\n";
+  if (!run) return kExitFailure;
   if (run->cut) {
     err << "tessera slurm eff: sacct's answer for the period is over " << (kMaxSacctAnswer >> 20)
         << " MiB: ask a shorter one (--since, --until) or one user (--user)\n";
@@ -260,21 +269,10 @@ int RunEff(const EffFlags& f, std::ostream& out, std::ostream& err) {
     return kExitBadInput;
   }
   if (f.job.empty()) return RunPeriod(f, sacct, out, err);
-  auto run = devices::RunCapture(
-      {sacct, "-j", f.job, "-P", "-n", "--noconvert",
-       std::string("--delimiter=") + slurm::kEffDelimiter, "-o", slurm::kEffFields},
-      {.timeout = std::chrono::seconds(60), .stderr_apart = true});
-  if (!run.ok() || run->status != 0) {
-    err << "tessera slurm eff: " << sacct << " -j " << f.job
-        << (run.ok() ? fmt::format(" failed (exit {}): {}", run->status,
-                                   devices::FirstLine(run->err.empty() ? run->text : run->err))
-                     : ": " + std::string(run.status().message()))
-        << "\n";
-    return kExitFailure;
-  }
-  // sacct's own warnings said, not read as the job's lines.
-  for (absl::string_view line : absl::StrSplit(run->err, '\n', absl::SkipEmpty()))
-    err << line << "\n";
+  auto run = AskSacct({sacct, "-j", f.job, "-P", "-n", "--noconvert",
+                       std::string("--delimiter=") + slurm::kEffDelimiter, "-o", slurm::kEffFields},
+                      sacct + " -j " + f.job, {.timeout = std::chrono::seconds(60)}, err);
+  if (!run) return kExitFailure;
   const std::string& lines = run->text;
   // An array's id lists its tasks (a heterogeneous job's, its components): each one's line, as
   // for a period.

@@ -15,4 +15,10 @@ namespace tessera::cli {
 // epoch).
 std::optional<double> ParseWhen(const std::string& text, double now);
 
+// What ParseWhen takes, as an error about a time that is none of it says: "...: expected " +
+// kWhenForms.
+inline constexpr char kWhenForms[] =
+    "a duration ago (90m, 7d), today, yesterday, a date (2026-11-01), a date and time "
+    "(2026-11-01T08:00) or seconds since the epoch";
+
 }  // namespace tessera::cli
