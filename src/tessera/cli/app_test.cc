@@ -228,12 +228,22 @@ TEST(Cli, VersionAndPresets) {
 // only; JSON keeps each record whole, in the rows' order, with idle_gpu_s per measured GPU.
 // `tessera slurm eff` against a sacct that prints what Slurm 22.05's prints for a two-node job
 // (its own line and its steps', the two nodes' parts in its AdminComment) and a warning on stderr.
+// A new empty folder `name` under the tests' own, removed when this goes however the test ends.
+struct ScratchDir {
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::path(::testing::TempDir()) / name) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::filesystem::path path;
+};
+
 TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-eff";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
-      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
+  const ScratchDir scratch("slurm-eff");
+  const std::filesystem::path& dir = scratch.path;
   const std::string comment =
       "site: checked | tessera@node-a: gpu 1 (25% share): 80% busy, 5s of gpu time idle, peak 3 "
       "gib of 4 gib (75%), 2 allocations refused at its limit | tessera@n2: gpus 0,1 (50% share "
@@ -366,11 +376,8 @@ TEST(Cli, SlurmEffSaysWhatAJobUsedFromSacct) {
 // Without a job: every job that ended in a period, as sacct selects them (the period, the ended
 // states, its users), one line each or each user's sums, the GPU time left idle most first.
 TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-eff-all";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
-      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
+  const ScratchDir scratch("slurm-eff-all");
+  const std::filesystem::path& dir = scratch.path;
   auto line = [](std::vector<std::string> f) {
     std::string out;
     for (size_t i = 0; i < f.size(); ++i) out += (i ? tessera::slurm::kEffDelimiter : "") + f[i];
@@ -584,11 +591,9 @@ TEST(Cli, SlurmEffListsAPeriodsJobsAndSumsThemPerUser) {
 
 TEST(Cli, SlurmAcctSaysAndSortsTheGpuTimeHeldIdle) {
   // Under the tests' own folder (removed when they end), and removed here however the test ends.
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "slurm-acct";
-  std::filesystem::remove_all(dir);
+  const ScratchDir scratch("slurm-acct");
+  const std::filesystem::path& dir = scratch.path;
   std::filesystem::create_directories(dir / "acct");
-  const std::unique_ptr<const std::filesystem::path, void (*)(const std::filesystem::path*)> gone(
-      &dir, [](const std::filesystem::path* d) { std::filesystem::remove_all(*d); });
   auto gpu = [](int index, double gpu_time, double util) {
     return nlohmann::json{{"index", index},
                           {"gpu_time_s", gpu_time},
